@@ -1,0 +1,1247 @@
+/* ===========================================================================================
+   Backend registry, plugins and backend data
+   =========================================================================================== */
+#include "impl_begin.h"
+
+#if !defined(TB_NO_PLUGINS) && !defined(_WIN32)
+#define TB__HAVE_PLUGINS 1
+#else
+#define TB__HAVE_PLUGINS 0
+#endif
+
+/* A registered backend. Entries are separate allocations so that handles stay valid while the
+   registry's array grows; they live until tb_shutdown. */
+struct tb_backend {
+    char name[TB_MAX_NAME + 1];
+    char *tags;
+    tb_backend_impl impl;
+    bool ready;         /* false while its init runs: lookups wait, the name is taken */
+    uintptr_t init_thread; /* the thread running init (whose own lookups do not wait) */
+    bool defaults_set;  /* default_type/default_ordinal hold the backend's defaults */
+    tb_device_type default_type;
+    int32_t default_ordinal;
+    void *plugin;       /* the shared object it came from (closed at shutdown), or NULL */
+};
+
+typedef struct tb__registry {
+    tb_backend **items;
+    size_t count, cap;
+    tb_backend *current;      /* NULL until chosen (lazily from the desc) */
+    bool warned_default;      /* the unknown-default warning was logged */
+    int32_t builtins_done;    /* read atomically */
+    const tb_backend *cpu;    /* the reference backend, whose payloads are tb__host_buffer */
+} tb__registry;
+
+static tb__registry tb__reg;
+static tb__mutex tb__reg_mutex = TB__MUTEX_INIT;
+/* Held while the built-in backends register (one thread does it, the others wait). */
+static tb__mutex tb__builtin_mutex = TB__MUTEX_INIT;
+/* Set on the thread registering the built-ins, whose registrations re-enter the registry. */
+static TB__THREAD_LOCAL bool tb__builtin_thread = false;
+
+/* ---- names and tags ---- */
+
+static bool tb__ident_char(char c, bool first) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+           (!first && c >= '0' && c <= '9');
+}
+
+/* 1..TB_MAX_NAME bytes of [A-Za-z_][A-Za-z0-9_]* */
+static bool tb__name_valid(const char *name) {
+    size_t i;
+    if (name == NULL || name[0] == '\0') return false;
+    for (i = 0; name[i] != '\0'; i++) {
+        if (i >= TB_MAX_NAME || !tb__ident_char(name[i], i == 0)) return false;
+    }
+    return true;
+}
+
+static tb_status tb__name_check(const char *fn, const char *what, const char *name) {
+    if (name == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s name is NULL", fn, what);
+    if (tb__name_valid(name)) return TB_OK;
+    if (strlen(name) > TB_MAX_NAME) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s name '%.64s' is longer than %d bytes",
+                         fn, what, name, TB_MAX_NAME);
+    }
+    return tb__error(TB_ERR_INVALID_ARGUMENT,
+                     "%s: bad %s name '%.64s' (expected [A-Za-z_][A-Za-z0-9_]*, 1..%d bytes)", fn,
+                     what, name, TB_MAX_NAME);
+}
+
+/* Walks comma-separated tags; spaces around a tag are ignored. Returns false on a bad list. */
+static bool tb__tags_next(const char **cursor, const char **tag, size_t *len) {
+    const char *p = *cursor;
+    while (*p == ' ') p++;
+    *tag = p;
+    while (tb__ident_char(*p, p == *tag)) p++;
+    *len = (size_t)(p - *tag);
+    while (*p == ' ') p++;
+    if (*len == 0) return false;
+    if (*p == ',') {
+        p++;
+        if (*p == '\0') return false; /* a trailing comma */
+    } else if (*p != '\0') {
+        return false;
+    }
+    *cursor = p;
+    return true;
+}
+
+static bool tb__tags_valid(const char *tags) {
+    const char *cursor = tags, *tag;
+    size_t len;
+    while (*cursor != '\0') {
+        if (!tb__tags_next(&cursor, &tag, &len)) return false;
+    }
+    return true;
+}
+
+static bool tb__tags_have(const char *tags, const char *wanted) {
+    const char *cursor = tags, *tag;
+    size_t len;
+    if (tags == NULL || wanted == NULL) return false;
+    while (*cursor != '\0') {
+        if (!tb__tags_next(&cursor, &tag, &len)) return false;
+        if (strlen(wanted) == len && strncmp(tag, wanted, len) == 0) return true;
+    }
+    return false;
+}
+
+/* ---- the registry ---- */
+
+static void tb__registry_ensure(void) {
+    if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) != 0 || tb__builtin_thread) return;
+    tb__mutex_lock(&tb__builtin_mutex);
+    if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) == 0) {
+        tb__saved_error saved;
+        tb__error_save(&saved);
+        tb__builtin_thread = true;
+        tb__register_builtin_backends();
+        tb__builtin_thread = false;
+        tb__error_restore(&saved);
+        TB__ATOMIC_ADD(&tb__reg.builtins_done, 1);
+    }
+    tb__mutex_unlock(&tb__builtin_mutex);
+}
+
+/* Any entry of that name, ready or not. Called with the lock held. */
+static tb_backend *tb__find_locked(const char *name) {
+    size_t i;
+    for (i = 0; i < tb__reg.count; i++) {
+        if (strcmp(tb__reg.items[i]->name, name) == 0) return tb__reg.items[i];
+    }
+    return NULL;
+}
+
+/* A registered backend of that name. One whose init is running on another thread is waited
+   for (inits are short and rare), so that a lookup racing a registration sees its outcome. */
+static tb_backend *tb__find_ready(const char *name) {
+    for (;;) {
+        tb_backend *b;
+        bool pending = false;
+        tb__mutex_lock(&tb__reg_mutex);
+        b = tb__find_locked(name);
+        if (b != NULL && !b->ready) {
+            pending = b->init_thread != tb__thread_id();
+            b = NULL;
+        }
+        tb__mutex_unlock(&tb__reg_mutex);
+        if (!pending) return b;
+        tb__yield();
+    }
+}
+
+static void tb__remove_entry(tb_backend *b) {
+    size_t i;
+    tb__mutex_lock(&tb__reg_mutex);
+    for (i = 0; i < tb__reg.count; i++) {
+        if (tb__reg.items[i] == b) {
+            memmove(tb__reg.items + i, tb__reg.items + i + 1,
+                    (tb__reg.count - i - 1) * sizeof *tb__reg.items);
+            tb__reg.count--;
+            break;
+        }
+    }
+    tb__mutex_unlock(&tb__reg_mutex);
+}
+
+static void tb__entry_free(tb_backend *b) {
+    if (b == NULL) return;
+    tb__free(b->tags);
+    tb__free(b);
+}
+
+/* Keeps a backend entry's own message after it failed, or writes one when it gave none.
+   The caller cleared the error before the call. */
+static tb_status tb__backend_failed(tb_status st, const tb_backend *b, const char *entry) {
+    if (tb_last_status() == TB_OK || tb_last_error()[0] == '\0') {
+        return tb__error(st, "backend '%s': %s failed (%s)", b->name, entry,
+                         tb_status_string(st));
+    }
+    tb__err_status = st;
+    return st;
+}
+
+static const char *const tb__required_entries[] = {
+    "data_from_host",          "data_to_host", "data_release",        "create_lowering_context",
+    "compile",                 "execute",      "release_computation", "get_backend_devices"};
+
+/* The name of the first required entry the vtable lacks, or NULL. */
+static const char *tb__missing_entry(const tb_backend_impl *impl) {
+    bool present[8];
+    size_t i;
+    present[0] = impl->data_from_host != NULL;
+    present[1] = impl->data_to_host != NULL;
+    present[2] = impl->data_release != NULL;
+    present[3] = impl->create_lowering_context != NULL;
+    present[4] = impl->compile != NULL;
+    present[5] = impl->execute != NULL;
+    present[6] = impl->release_computation != NULL;
+    present[7] = impl->get_backend_devices != NULL;
+    for (i = 0; i < 8; i++) {
+        if (!present[i]) return tb__required_entries[i];
+    }
+    return NULL;
+}
+
+/* Registers a backend. The name is reserved before init runs (outside the lock, so init may
+   call the library), which makes a concurrent registration of the same name fail with
+   TB_ERR_DUPLICATE; an init failure releases the name again. */
+static tb_status tb__backend_register(const char *fn, const char *name,
+                                      const tb_backend_impl *impl, const char *tags, void *plugin,
+                                      tb_backend **out) {
+    tb_backend *b;
+    const char *missing;
+    tb_status st;
+    st = tb__name_check(fn, "backend", name);
+    if (st != TB_OK) return st;
+    if (impl == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: impl is NULL", fn);
+    missing = tb__missing_entry(impl);
+    if (missing != NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "%s: backend '%s' lacks the required entry %s", fn, name, missing);
+    }
+    if (tags == NULL) tags = "";
+    if (!tb__tags_valid(tags)) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "%s: bad tags '%.64s' for backend '%s' (expected comma-separated "
+                         "identifiers)",
+                         fn, tags, name);
+    }
+    b = (tb_backend *)tb__calloc(1, sizeof *b);
+    if (b == NULL) return tb_last_status();
+    memcpy(b->name, name, strlen(name) + 1);
+    b->tags = tb__strdup(tags);
+    if (b->tags == NULL) {
+        tb__free(b);
+        return tb_last_status();
+    }
+    b->impl = *impl;
+    b->plugin = plugin;
+    b->init_thread = tb__thread_id();
+
+    tb__mutex_lock(&tb__reg_mutex);
+    if (tb__find_locked(name) != NULL) {
+        tb__mutex_unlock(&tb__reg_mutex);
+        tb__entry_free(b);
+        return tb__error(TB_ERR_DUPLICATE, "%s: duplicate name: %s", fn, name);
+    }
+    {
+        void *items = tb__reg.items;
+        st = tb__grow(&items, &tb__reg.cap, tb__reg.count + 1, sizeof *tb__reg.items);
+        tb__reg.items = (tb_backend **)items;
+    }
+    if (st != TB_OK) {
+        tb__mutex_unlock(&tb__reg_mutex);
+        tb__entry_free(b);
+        return st;
+    }
+    tb__reg.items[tb__reg.count++] = b;
+    tb__mutex_unlock(&tb__reg_mutex);
+
+    if (impl->init != NULL) {
+        tb__saved_error saved;
+        tb__error_save(&saved);
+        tb_clear_error();
+        st = impl->init(impl->user_data);
+        if (st != TB_OK) {
+            char reason[TB__ERROR_CAP];
+            snprintf(reason, sizeof reason, "%s",
+                     tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
+            tb__remove_entry(b);
+            tb__entry_free(b);
+            return tb__error(st, "%s: init of backend '%s' failed: %s", fn, name, reason);
+        }
+        tb__error_restore(&saved);
+    }
+    tb__mutex_lock(&tb__reg_mutex);
+    b->ready = true;
+    tb__mutex_unlock(&tb__reg_mutex);
+    if (out != NULL) *out = b;
+    return TB_OK;
+}
+
+TBDEF tb_status tb_backend_register(const char *name, const tb_backend_impl *impl,
+                                    const char *tags) {
+    tb__ensure_setup();
+    tb__registry_ensure();
+    return tb__backend_register("tb_backend_register", name, impl, tags, NULL, NULL);
+}
+
+/* The ready names, sorted, as "a, b, c" (for messages). */
+static void tb__available_names(char *buf, size_t cap) {
+    const char *prev = NULL;
+    size_t len = 0;
+    buf[0] = '\0';
+    tb__mutex_lock(&tb__reg_mutex);
+    for (;;) {
+        const char *next = NULL;
+        size_t i;
+        int n;
+        for (i = 0; i < tb__reg.count; i++) {
+            const char *nm = tb__reg.items[i]->name;
+            if (!tb__reg.items[i]->ready) continue;
+            if (prev != NULL && strcmp(nm, prev) <= 0) continue;
+            if (next == NULL || strcmp(nm, next) < 0) next = nm;
+        }
+        if (next == NULL) break;
+        n = snprintf(buf + len, cap - len, "%s%s", prev != NULL ? ", " : "", next);
+        if (n < 0 || (size_t)n >= cap - len) break;
+        len += (size_t)n;
+        prev = next;
+    }
+    tb__mutex_unlock(&tb__reg_mutex);
+    if (buf[0] == '\0') snprintf(buf, cap, "(none)");
+}
+
+/* ---- plugins ---- */
+
+#if TB__HAVE_PLUGINS
+static tb_status tb__host_set_error(tb_status status, const char *message) {
+    return tb__error(status, "%s", message != NULL ? message : "");
+}
+
+static void tb__host_log(tb_log_level level, const char *message) {
+    tb_log_message(level, "%s", message != NULL ? message : "");
+}
+
+static void *tb__host_alloc(size_t size) {
+    return tb__alloc(size);
+}
+
+static void tb__host_free(void *ptr) {
+    tb__free(ptr);
+}
+
+/* Static: plugins keep the pointer for as long as they are loaded. */
+static const tb_plugin_host tb__plugin_host = {TB_API_VERSION, tb__host_set_error, tb__host_log,
+                                               tb__host_alloc, tb__host_free};
+
+/* Loads the shared object at `path` and registers the backend it describes; `expected` is the
+   name it must give (NULL: any). Every failure closes the object and leaves the registry as it
+   was: TB_ERR_PLUGIN, or TB_ERR_DUPLICATE when the name is taken. */
+static tb_status tb__plugin_load(const char *fn, const char *path, const char *expected,
+                                 tb_backend **out) {
+    void *handle, *sym;
+    tb_plugin_entry_fn entry;
+    tb_plugin_desc desc;
+    tb_status st;
+    char reason[TB__ERROR_CAP];
+    const char *err;
+
+    dlerror();
+    handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (handle == NULL) {
+        err = dlerror();
+        return tb__error(TB_ERR_PLUGIN, "%s: cannot load plugin %.400s: %.400s", fn, path,
+                         err != NULL ? err : "unknown reason");
+    }
+    sym = dlsym(handle, TB_PLUGIN_ENTRY_NAME);
+    if (sym == NULL) {
+        dlclose(handle);
+        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s does not export %s", fn, path,
+                         TB_PLUGIN_ENTRY_NAME);
+    }
+    /* ISO C has no cast from an object pointer to a function pointer; POSIX guarantees the
+       representations match. */
+    memcpy(&entry, &sym, sizeof entry);
+
+    memset(&desc, 0, sizeof desc);
+    {
+        tb__saved_error saved;
+        tb__error_save(&saved);
+        tb_clear_error();
+        st = entry(&tb__plugin_host, &desc);
+        if (st != TB_OK) {
+            snprintf(reason, sizeof reason, "%s",
+                     tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
+            dlclose(handle);
+            return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s: %s failed: %s", fn, path,
+                             TB_PLUGIN_ENTRY_NAME, reason);
+        }
+        tb__error_restore(&saved);
+    }
+    if (desc.api_version != TB_API_VERSION) {
+        dlclose(handle);
+        return tb__error(TB_ERR_PLUGIN,
+                         "%s: plugin %.400s was built for API version %u, this library has %u",
+                         fn, path, (unsigned)desc.api_version, (unsigned)TB_API_VERSION);
+    }
+    if (!tb__name_valid(desc.name)) {
+        dlclose(handle);
+        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s gives a bad backend name '%.64s'", fn,
+                         path, desc.name != NULL ? desc.name : "(null)");
+    }
+    if (expected != NULL && strcmp(desc.name, expected) != 0) {
+        snprintf(reason, sizeof reason, "%s", desc.name);
+        dlclose(handle);
+        return tb__error(TB_ERR_PLUGIN,
+                         "%s: plugin %.400s registers backend '%s', expected '%s'", fn, path,
+                         reason, expected);
+    }
+    st = tb__backend_register(fn, desc.name, &desc.impl, desc.tags, handle, out);
+    if (st != TB_OK) {
+        /* The message may quote the plugin's strings: copy it before unloading. */
+        snprintf(reason, sizeof reason, "%s", tb_last_error());
+        dlclose(handle);
+        if (st == TB_ERR_DUPLICATE) return tb__error(st, "%s", reason);
+        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s: %s", fn, path, reason);
+    }
+    return TB_OK;
+}
+
+static bool tb__is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Searches $TB_BACKEND_PATH for libtb_backend_<name>.so and loads the first one found.
+   NULL with *found false: no such file (no error set); NULL with *found true: it failed. */
+static tb_backend *tb__plugin_search(const char *fn, const char *name, bool *found) {
+    const char *dirs = tb__getenv("TB_BACKEND_PATH");
+    const char *p = dirs;
+    *found = false;
+    while (p != NULL && *p != '\0') {
+        const char *end = strchr(p, ':');
+        size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        if (len > 0) {
+            char *path = tb__format("%.*s/libtb_backend_%s.so", (int)len, p, name);
+            if (path == NULL) {
+                *found = true;
+                return NULL;
+            }
+            if (tb__is_file(path)) {
+                tb_backend *b = NULL;
+                tb_status st;
+                *found = true;
+                st = tb__plugin_load(fn, path, name, &b);
+                tb__free(path);
+                if (st == TB_OK) return b;
+                /* another thread loaded it meanwhile */
+                if (st == TB_ERR_DUPLICATE) return tb__find_ready(name);
+                return NULL;
+            }
+            tb__free(path);
+        }
+        p = end != NULL ? end + 1 : NULL;
+    }
+    return NULL;
+}
+#endif
+
+/* Lookup with messages naming `fn`; loads a plugin on a miss. */
+static tb_backend *tb__lookup(const char *fn, const char *name) {
+    tb_backend *b;
+    char available[512];
+    if (name == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: backend name is NULL", fn);
+        return NULL;
+    }
+    tb__ensure_setup();
+    tb__registry_ensure();
+    b = tb__find_ready(name);
+    if (b != NULL) return b;
+#if TB__HAVE_PLUGINS
+    if (tb__name_valid(name)) {
+        bool found;
+        b = tb__plugin_search(fn, name, &found);
+        if (b != NULL || found) return b;
+    }
+#endif
+    tb__available_names(available, sizeof available);
+    tb__error(TB_ERR_NOT_FOUND, "%s: unknown backend '%.64s'; available: %s", fn, name,
+              available);
+    return NULL;
+}
+
+TBDEF tb_backend *tb_backend_lookup(const char *name) {
+    return tb__lookup("tb_backend_lookup", name);
+}
+
+TBDEF bool tb_has_backend(const char *name) {
+    tb__saved_error saved;
+    tb_backend *b;
+    if (name == NULL) return false;
+    tb__error_save(&saved);
+    b = tb__lookup("tb_has_backend", name);
+    tb__error_restore(&saved);
+    return b != NULL;
+}
+
+static bool tb__hidden(const tb_backend *b) {
+    return tb__tags_have(b->tags, "debug") || tb__tags_have(b->tags, "experimental");
+}
+
+TBDEF size_t tb_backend_list(const char **names, size_t cap, bool include_hidden) {
+    const char *prev = NULL;
+    size_t n = 0;
+    if (names == NULL && cap > 0) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_list: names is NULL but cap is %zu", cap);
+        return 0;
+    }
+    tb__ensure_setup();
+    tb__registry_ensure();
+    tb__mutex_lock(&tb__reg_mutex);
+    /* Selection by "next larger name": no allocation, and the lists are short. */
+    for (;;) {
+        const char *next = NULL;
+        size_t i;
+        for (i = 0; i < tb__reg.count; i++) {
+            const tb_backend *b = tb__reg.items[i];
+            if (!b->ready || (!include_hidden && tb__hidden(b))) continue;
+            if (prev != NULL && strcmp(b->name, prev) <= 0) continue;
+            if (next == NULL || strcmp(b->name, next) < 0) next = b->name;
+        }
+        if (next == NULL) break;
+        if (n < cap) names[n] = next;
+        n++;
+        prev = next;
+    }
+    tb__mutex_unlock(&tb__reg_mutex);
+    return n;
+}
+
+TBDEF const char *tb_backend_name(const tb_backend *backend) {
+    if (backend == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_name: backend is NULL");
+        return NULL;
+    }
+    return backend->name;
+}
+
+TBDEF const char *tb_backend_tags(const tb_backend *backend) {
+    if (backend == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_tags: backend is NULL");
+        return NULL;
+    }
+    return backend->tags;
+}
+
+TBDEF bool tb_backend_has_tag(const tb_backend *backend, const char *tag) {
+    if (backend == NULL || tag == NULL) return false;
+    return tb__tags_have(backend->tags, tag);
+}
+
+TBDEF const tb_backend_impl *tb_backend_get_impl(const tb_backend *backend) {
+    if (backend == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_get_impl: backend is NULL");
+        return NULL;
+    }
+    return &backend->impl;
+}
+
+static TB__UNUSED const tb_backend_impl *tb__backend_vtable(const tb_backend *backend) {
+    return &backend->impl;
+}
+
+/* ---- the current backend ---- */
+
+TBDEF tb_status tb_set_backend(const char *name) {
+    tb_backend *b = tb__lookup("tb_set_backend", name);
+    if (b == NULL) return tb_last_status();
+    tb__mutex_lock(&tb__reg_mutex);
+    tb__reg.current = b;
+    tb__mutex_unlock(&tb__reg_mutex);
+    return TB_OK;
+}
+
+TBDEF const char *tb_get_backend(void) {
+    tb_backend *b;
+    const char *wanted;
+    tb__saved_error saved;
+    tb__ensure_setup();
+    tb__registry_ensure();
+    tb__mutex_lock(&tb__reg_mutex);
+    b = tb__reg.current;
+    tb__mutex_unlock(&tb__reg_mutex);
+    if (b != NULL) return b->name;
+
+    wanted = tb__desc()->backend != NULL ? tb__desc()->backend : "cpu";
+    tb__error_save(&saved);
+    b = tb__lookup("tb_get_backend", wanted);
+    if (b == NULL) {
+        bool warn;
+        tb__mutex_lock(&tb__reg_mutex);
+        warn = !tb__reg.warned_default;
+        tb__reg.warned_default = true;
+        tb__mutex_unlock(&tb__reg_mutex);
+        if (warn) {
+            tb_log_message(TB_LOG_WARN, "the default backend '%.64s' is not usable (%s); using 'cpu'",
+                   wanted, tb_last_error());
+        }
+        b = tb__find_ready("cpu");
+    }
+    tb__error_restore(&saved);
+    if (b == NULL) return "cpu"; /* only when registering the reference backend ran out of memory */
+    tb__mutex_lock(&tb__reg_mutex);
+    if (tb__reg.current == NULL) tb__reg.current = b;
+    b = tb__reg.current;
+    tb__mutex_unlock(&tb__reg_mutex);
+    return b->name;
+}
+
+/* ---- devices ---- */
+
+/* The backend's device list: in `stack` when it fits, else in an allocation (*list != stack,
+   the caller frees it). Fills the backend name and each ordinal. */
+static tb_status tb__device_list(const tb_backend *b, tb_device *stack, size_t stack_cap,
+                                 tb_device **list, size_t *count) {
+    size_t n, i;
+    tb_device *items = stack;
+    memset(stack, 0, stack_cap * sizeof *stack);
+    n = b->impl.get_backend_devices(b->impl.user_data, stack, stack_cap);
+    if (n > stack_cap) {
+        size_t m;
+        items = (tb_device *)tb__calloc(n, sizeof *items);
+        if (items == NULL) return tb_last_status();
+        m = b->impl.get_backend_devices(b->impl.user_data, items, n);
+        if (m < n) n = m;
+    }
+    for (i = 0; i < n; i++) {
+        memcpy(items[i].backend, b->name, sizeof items[i].backend);
+        items[i].ordinal = (int32_t)i;
+    }
+    *list = items;
+    *count = n;
+    return TB_OK;
+}
+
+/* The device `ordinal` of backend `b`. Messages name `fn`. */
+static tb_status tb__device_of(const char *fn, const tb_backend *b, int32_t ordinal,
+                               tb_device *out) {
+    tb_device stack[16], *list = NULL, d;
+    size_t count = 0;
+    tb_status st;
+    if (ordinal < 0) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: device ordinal %d is negative", fn,
+                         (int)ordinal);
+    }
+    st = tb__device_list(b, stack, 16, &list, &count);
+    if (st != TB_OK) return st;
+    if (count == 0) {
+        if (list != stack) tb__free(list);
+        return tb__error(TB_ERR_UNAVAILABLE, "%s: backend '%s' has no devices", fn, b->name);
+    }
+    if ((size_t)ordinal >= count) {
+        if (list != stack) tb__free(list);
+        return tb__error(TB_ERR_NOT_FOUND,
+                         "%s: device ordinal %d out of range: backend '%s' has %zu device%s", fn,
+                         (int)ordinal, b->name, count, count == 1 ? "" : "s");
+    }
+    d = list[ordinal];
+    if (list != stack) tb__free(list);
+    if (b->impl.get_backend_device != NULL) {
+        tb__saved_error saved;
+        tb__error_save(&saved);
+        tb_clear_error();
+        st = b->impl.get_backend_device(b->impl.user_data, ordinal, &d);
+        if (st != TB_OK) return tb__backend_failed(st, b, "get_backend_device");
+        tb__error_restore(&saved);
+        memcpy(d.backend, b->name, sizeof d.backend);
+        d.ordinal = ordinal;
+    }
+    if (!((int)d.type >= 0 && (int)d.type < (int)TB_DEVICE_TYPE_COUNT)) {
+        return tb__error(TB_ERR_INTERNAL, "%s: backend '%s' gives device %d the invalid type %d",
+                         fn, b->name, (int)ordinal, (int)d.type);
+    }
+    *out = d;
+    return TB_OK;
+}
+
+static TB__UNUSED tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
+                                    tb_device *out) {
+    tb_backend *b = tb__lookup(fn, backend);
+    if (b == NULL) return tb_last_status();
+    return tb__device_of(fn, b, ordinal, out);
+}
+
+TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t cap,
+                                   size_t *count) {
+    tb_backend *b;
+    size_t n, i;
+    if (out == NULL && cap > 0) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_devices: out is NULL but cap is %zu",
+                         cap);
+    }
+    b = tb__lookup("tb_backend_devices", backend);
+    if (b == NULL) return tb_last_status();
+    if (cap > 0) memset(out, 0, cap * sizeof *out);
+    n = b->impl.get_backend_devices(b->impl.user_data, out, cap);
+    for (i = 0; i < n && i < cap; i++) {
+        memcpy(out[i].backend, b->name, sizeof out[i].backend);
+        out[i].ordinal = (int32_t)i;
+    }
+    if (count != NULL) *count = n;
+    return TB_OK;
+}
+
+TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *out) {
+    tb_device d;
+    tb_status st;
+    tb_backend *b;
+    if (device == NULL || out == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_device_info: %s is NULL",
+                         device == NULL ? "device" : "out");
+    }
+    if (device->backend[0] == '\0') {
+        st = tb_current_device(&d);
+    } else {
+        char name[TB_MAX_NAME + 1];
+        memcpy(name, device->backend, TB_MAX_NAME);
+        name[TB_MAX_NAME] = '\0';
+        st = tb__backend_device("tb_backend_device_info", name, device->ordinal, &d);
+    }
+    if (st != TB_OK) return st;
+    b = tb__lookup("tb_backend_device_info", d.backend);
+    if (b == NULL) return tb_last_status();
+    memset(out, 0, sizeof *out);
+    out->device = d;
+    if (b->impl.get_device_info != NULL) {
+        tb__saved_error saved;
+        tb__error_save(&saved);
+        tb_clear_error();
+        st = b->impl.get_device_info(b->impl.user_data, d.ordinal, out);
+        if (st != TB_OK) return tb__backend_failed(st, b, "get_device_info");
+        tb__error_restore(&saved);
+        out->device = d;
+        /* whatever the backend wrote, the strings end inside their arrays */
+        out->name[sizeof out->name - 1] = '\0';
+        out->vendor[sizeof out->vendor - 1] = '\0';
+        out->driver_version[sizeof out->driver_version - 1] = '\0';
+        out->language_version[sizeof out->language_version - 1] = '\0';
+        out->extensions[sizeof out->extensions - 1] = '\0';
+    }
+    return TB_OK;
+}
+
+/* Fills the library-kept defaults from device 0 the first time they are needed. */
+static void tb__defaults_init(tb_backend *b) {
+    tb_device stack[16], *list = NULL;
+    size_t count = 0;
+    tb_device_type type = TB_DEVICE_CPU;
+    bool set;
+    tb__mutex_lock(&tb__reg_mutex);
+    set = b->defaults_set;
+    tb__mutex_unlock(&tb__reg_mutex);
+    if (set) return;
+    if (tb__device_list(b, stack, 16, &list, &count) == TB_OK) {
+        if (count > 0) type = list[0].type;
+        if (list != stack) tb__free(list);
+    }
+    tb__mutex_lock(&tb__reg_mutex);
+    if (!b->defaults_set) {
+        b->default_type = type;
+        b->default_ordinal = 0;
+        b->defaults_set = true;
+    }
+    tb__mutex_unlock(&tb__reg_mutex);
+}
+
+TBDEF tb_status tb_backend_get_default_device_type(const char *backend, tb_device_type *out) {
+    tb_backend *b;
+    if (out == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_get_default_device_type: out is NULL");
+    }
+    b = tb__lookup("tb_backend_get_default_device_type", backend);
+    if (b == NULL) return tb_last_status();
+    if (b->impl.get_default_device_type != NULL) {
+        *out = b->impl.get_default_device_type(b->impl.user_data);
+        return TB_OK;
+    }
+    tb__defaults_init(b);
+    tb__mutex_lock(&tb__reg_mutex);
+    *out = b->default_type;
+    tb__mutex_unlock(&tb__reg_mutex);
+    return TB_OK;
+}
+
+TBDEF tb_status tb_backend_get_default_device_ordinal(const char *backend, int32_t *out) {
+    tb_backend *b;
+    if (out == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_backend_get_default_device_ordinal: out is NULL");
+    }
+    b = tb__lookup("tb_backend_get_default_device_ordinal", backend);
+    if (b == NULL) return tb_last_status();
+    if (b->impl.get_default_device_ordinal != NULL) {
+        *out = b->impl.get_default_device_ordinal(b->impl.user_data);
+        return TB_OK;
+    }
+    tb__defaults_init(b);
+    tb__mutex_lock(&tb__reg_mutex);
+    *out = b->default_ordinal;
+    tb__mutex_unlock(&tb__reg_mutex);
+    return TB_OK;
+}
+
+/* Without hooks the library keeps the default as a device: setting a type moves the default
+   to the first device of that type (unless the current default already has it), setting an
+   ordinal takes that device's type. */
+TBDEF tb_status tb_backend_set_default_device_type(const char *backend, tb_device_type type) {
+    static const char fn[] = "tb_backend_set_default_device_type";
+    tb_backend *b;
+    tb_device stack[16], *list = NULL;
+    size_t count = 0, i;
+    tb_status st;
+    int32_t ordinal;
+    if (!((int)type >= 0 && (int)type < (int)TB_DEVICE_TYPE_COUNT)) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: invalid device type %d", fn, (int)type);
+    }
+    b = tb__lookup(fn, backend);
+    if (b == NULL) return tb_last_status();
+    if (b->impl.set_default_device_type != NULL) {
+        tb__saved_error saved;
+        tb__error_save(&saved);
+        tb_clear_error();
+        st = b->impl.set_default_device_type(b->impl.user_data, type);
+        if (st != TB_OK) return tb__backend_failed(st, b, "set_default_device_type");
+        tb__error_restore(&saved);
+        tb__defaults_init(b);
+        tb__mutex_lock(&tb__reg_mutex);
+        b->default_type = type;
+        tb__mutex_unlock(&tb__reg_mutex);
+        return TB_OK;
+    }
+    tb__defaults_init(b);
+    st = tb__device_list(b, stack, 16, &list, &count);
+    if (st != TB_OK) return st;
+    tb__mutex_lock(&tb__reg_mutex);
+    ordinal = b->default_ordinal;
+    tb__mutex_unlock(&tb__reg_mutex);
+    if (ordinal < 0 || (size_t)ordinal >= count || list[ordinal].type != type) {
+        ordinal = -1;
+        for (i = 0; i < count; i++) {
+            if (list[i].type == type) {
+                ordinal = (int32_t)i;
+                break;
+            }
+        }
+    }
+    if (list != stack) tb__free(list);
+    if (ordinal < 0) {
+        return tb__error(TB_ERR_NOT_FOUND, "%s: backend '%s' has no %s device", fn, b->name,
+                         tb_device_type_name(type));
+    }
+    tb__mutex_lock(&tb__reg_mutex);
+    b->default_type = type;
+    b->default_ordinal = ordinal;
+    tb__mutex_unlock(&tb__reg_mutex);
+    return TB_OK;
+}
+
+TBDEF tb_status tb_backend_set_default_device_ordinal(const char *backend, int32_t ordinal) {
+    static const char fn[] = "tb_backend_set_default_device_ordinal";
+    tb_backend *b;
+    tb_device d;
+    tb_status st;
+    b = tb__lookup(fn, backend);
+    if (b == NULL) return tb_last_status();
+    if (b->impl.set_default_device_ordinal != NULL) {
+        tb__saved_error saved;
+        if (ordinal < 0) {
+            return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: device ordinal %d is negative", fn,
+                             (int)ordinal);
+        }
+        tb__error_save(&saved);
+        tb_clear_error();
+        st = b->impl.set_default_device_ordinal(b->impl.user_data, ordinal);
+        if (st != TB_OK) return tb__backend_failed(st, b, "set_default_device_ordinal");
+        tb__error_restore(&saved);
+        tb__defaults_init(b);
+        tb__mutex_lock(&tb__reg_mutex);
+        b->default_ordinal = ordinal;
+        tb__mutex_unlock(&tb__reg_mutex);
+        return TB_OK;
+    }
+    st = tb__device_of(fn, b, ordinal, &d);
+    if (st != TB_OK) return st;
+    tb__defaults_init(b);
+    tb__mutex_lock(&tb__reg_mutex);
+    b->default_ordinal = ordinal;
+    b->default_type = d.type;
+    tb__mutex_unlock(&tb__reg_mutex);
+    return TB_OK;
+}
+
+TBDEF tb_status tb_backend_default_device(const char *backend, tb_device *out) {
+    static const char fn[] = "tb_backend_default_device";
+    tb_backend *b;
+    int32_t ordinal;
+    if (out == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    b = tb__lookup(fn, backend);
+    if (b == NULL) return tb_last_status();
+    if (b->impl.get_default_device_ordinal != NULL) {
+        ordinal = b->impl.get_default_device_ordinal(b->impl.user_data);
+    } else {
+        tb__defaults_init(b);
+        tb__mutex_lock(&tb__reg_mutex);
+        ordinal = b->default_ordinal;
+        tb__mutex_unlock(&tb__reg_mutex);
+    }
+    return tb__device_of(fn, b, ordinal, out);
+}
+
+TBDEF tb_status tb_backend_eager_fallback_device_type(const char *backend, tb_device_type *out) {
+    tb_backend *b;
+    if (out == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_backend_eager_fallback_device_type: out is NULL");
+    }
+    b = tb__lookup("tb_backend_eager_fallback_device_type", backend);
+    if (b == NULL) return tb_last_status();
+    *out = b->impl.eager_fallback_device_type != NULL
+               ? b->impl.eager_fallback_device_type(b->impl.user_data)
+               : TB_DEVICE_CPU;
+    return TB_OK;
+}
+
+TBDEF char *tb_backend_metrics_report(const char *backend) {
+    tb_backend *b = tb__lookup("tb_backend_metrics_report", backend);
+    char small[512], *text;
+    size_t n;
+    if (b == NULL) return NULL;
+    if (b->impl.create_metrics_report == NULL) return tb__strdup("");
+    small[0] = '\0';
+    n = b->impl.create_metrics_report(b->impl.user_data, small, sizeof small);
+    if (n < sizeof small) {
+        small[n] = '\0';
+        return tb__strdup(small);
+    }
+    if (n == SIZE_MAX) {
+        tb__error(TB_ERR_OVERFLOW, "tb_backend_metrics_report: backend '%s' gives a report of "
+                                   "SIZE_MAX bytes",
+                  b->name);
+        return NULL;
+    }
+    text = (char *)tb__alloc(n + 1);
+    if (text == NULL) return NULL;
+    text[0] = '\0';
+    b->impl.create_metrics_report(b->impl.user_data, text, n + 1);
+    text[n] = '\0';
+    return text;
+}
+
+TBDEF tb_status tb_backend_load_plugin(const char *path) {
+    if (path == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_load_plugin: path is NULL");
+    }
+    tb__ensure_setup();
+    tb__registry_ensure();
+#if TB__HAVE_PLUGINS
+    if (!tb__is_file(path)) {
+        return tb__error(TB_ERR_IO, "tb_backend_load_plugin: cannot open %.400s: %s", path,
+                         strerror(errno));
+    }
+    return tb__plugin_load("tb_backend_load_plugin", path, NULL, NULL);
+#else
+    return tb__error(TB_ERR_UNSUPPORTED,
+                     "tb_backend_load_plugin: plugins are not available in this build (%.400s)",
+                     path);
+#endif
+}
+
+static TB__UNUSED tb_backend *tb__backend_for_device(const tb_device *device) {
+    char name[TB_MAX_NAME + 1];
+    if (device == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb: device is NULL");
+        return NULL;
+    }
+    if (device->backend[0] == '\0') {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb: a device without a backend name (resolve the "
+                                           "current device first)");
+        return NULL;
+    }
+    memcpy(name, device->backend, TB_MAX_NAME);
+    name[TB_MAX_NAME] = '\0';
+    return tb__lookup("tb_backend_lookup", name);
+}
+
+/* Called by tb_shutdown after the executor, metrics and IR let go of their data. */
+static void tb__registry_shutdown(void) {
+    tb_backend **items;
+    size_t count, i;
+    tb__mutex_lock(&tb__reg_mutex);
+    items = tb__reg.items;
+    count = tb__reg.count;
+    tb__reg.items = NULL;
+    tb__reg.count = 0;
+    tb__reg.cap = 0;
+    tb__reg.current = NULL;
+    tb__reg.warned_default = false;
+    tb__reg.cpu = NULL;
+    tb__mutex_unlock(&tb__reg_mutex);
+    if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) != 0) TB__ATOMIC_ADD(&tb__reg.builtins_done, -1);
+    for (i = 0; i < count; i++) {
+        if (items[i]->impl.prepare_to_exit != NULL) {
+            items[i]->impl.prepare_to_exit(items[i]->impl.user_data);
+        }
+    }
+    for (i = 0; i < count; i++) {
+        void *plugin = items[i]->plugin;
+        tb__entry_free(items[i]);
+#if TB__HAVE_PLUGINS
+        if (plugin != NULL) dlclose(plugin);
+#else
+        (void)plugin;
+#endif
+    }
+    tb__free(items);
+}
+
+/* ---- backend data ---- */
+
+/* The cpu backend's payload: a host array, owned or borrowed from the caller. */
+typedef struct tb__host_buffer {
+    void *data;
+    size_t size;
+    bool borrowed;
+} tb__host_buffer;
+
+/* An owned host buffer of `size` bytes (uninitialised). */
+static TB__UNUSED tb__host_buffer *tb__host_buffer_new(size_t size) {
+    tb__host_buffer *hb = (tb__host_buffer *)tb__alloc(sizeof *hb);
+    if (hb == NULL) return NULL;
+    hb->data = tb__alloc(size);
+    if (hb->data == NULL) {
+        tb__free(hb);
+        return NULL;
+    }
+    hb->size = size;
+    hb->borrowed = false;
+    return hb;
+}
+
+static TB__UNUSED void tb__host_buffer_free(tb__host_buffer *hb) {
+    if (hb == NULL) return;
+    if (!hb->borrowed) tb__free(hb->data);
+    tb__free(hb);
+}
+
+static TB__UNUSED void *tb__host_data(const tb_backend_data *data) {
+    const tb_backend *cpu;
+    if (data == NULL || data->payload == NULL) return NULL;
+    tb__mutex_lock(&tb__reg_mutex);
+    cpu = tb__reg.cpu;
+    tb__mutex_unlock(&tb__reg_mutex);
+    if (data->tb__backend != cpu) return NULL;
+    return ((const tb__host_buffer *)data->payload)->data;
+}
+
+static TB__UNUSED tb_backend_data *tb__data_new(const tb_backend *backend, const tb_device *device,
+                                     const tb_shape *shape) {
+    tb_backend_data *d = (tb_backend_data *)tb__calloc(1, sizeof *d);
+    if (d == NULL) return NULL;
+    d->device = *device;
+    d->shape = *shape;
+    d->tb__refcount = 1;
+    d->tb__backend = backend;
+    return d;
+}
+
+static TB__UNUSED void tb__data_retain(tb_backend_data *data) {
+    if (data != NULL) TB__ATOMIC_ADD(&data->tb__refcount, 1);
+}
+
+static TB__UNUSED void tb__data_release(tb_backend_data *data) {
+    if (data == NULL) return;
+    if (TB__ATOMIC_ADD(&data->tb__refcount, -1) != 0) return;
+    if (data->payload != NULL && data->tb__backend != NULL) {
+        const tb_backend_impl *impl = &data->tb__backend->impl;
+        impl->data_release(impl->user_data, data);
+    }
+    tb__free(data);
+}
+
+/* Frees a data that never left this file after its backend entry failed. */
+static void tb__data_discard(tb_backend_data *data) {
+    tb__saved_error saved;
+    tb__error_save(&saved);
+    tb__data_release(data);
+    tb__error_restore(&saved);
+}
+
+static TB__UNUSED tb_backend_data *tb__data_from_host(const tb_device *device, const tb_shape *shape,
+                                           const void *host) {
+    tb_backend *b;
+    tb_backend_data *d;
+    size_t nbytes;
+    uint64_t t0;
+    tb_status st;
+    tb__saved_error saved;
+    if (tb__shape_check("tb_tensor_from_host", shape) != TB_OK) return NULL;
+    tb_shape_nbytes(shape, &nbytes);
+    if (host == NULL && nbytes > 0) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_tensor_from_host: data is NULL");
+        return NULL;
+    }
+    b = tb__backend_for_device(device);
+    if (b == NULL) return NULL;
+    d = tb__data_new(b, device, shape);
+    if (d == NULL) return NULL;
+    tb__error_save(&saved);
+    tb_clear_error();
+    t0 = tb__now_ns();
+    st = b->impl.data_from_host(b->impl.user_data, d, host);
+    if (st != TB_OK) {
+        tb__backend_failed(st, b, "data_from_host");
+        tb__data_discard(d);
+        return NULL;
+    }
+    tb__error_restore(&saved);
+    tb__metric_sample("TransferToDeviceTime", (double)(tb__now_ns() - t0));
+    tb__metric_count("CreateDataHandles", 1);
+    return d;
+}
+
+/* A rank-0 data holding a scalar (LTC MakeComputationDataFromScalar); without a
+   data_from_scalar entry the value is converted on the host and copied. */
+static TB__UNUSED tb_backend_data *tb__data_from_scalar(const tb_device *device, tb_scalar value) {
+    tb_backend *b;
+    tb_backend_data *d;
+    tb_shape shape;
+    uint64_t t0;
+    tb_status st;
+    tb__saved_error saved;
+    if (!tb_dtype_is_valid(value.dtype)) {
+        tb__error(TB_ERR_DTYPE, "tb_scalar: invalid dtype %d", (int)value.dtype);
+        return NULL;
+    }
+    b = tb__backend_for_device(device);
+    if (b == NULL) return NULL;
+    memset(&shape, 0, sizeof shape);
+    shape.dtype = value.dtype;
+    d = tb__data_new(b, device, &shape);
+    if (d == NULL) return NULL;
+    d->is_scalar = true;
+    d->scalar = value;
+    tb__error_save(&saved);
+    tb_clear_error();
+    t0 = tb__now_ns();
+    if (b->impl.data_from_scalar != NULL) {
+        st = b->impl.data_from_scalar(b->impl.user_data, d, value);
+    } else {
+        unsigned char bytes[8];
+        tb__scalar_store(value, value.dtype, bytes);
+        st = b->impl.data_from_host(b->impl.user_data, d, bytes);
+    }
+    if (st != TB_OK) {
+        tb__backend_failed(st, b, b->impl.data_from_scalar != NULL ? "data_from_scalar"
+                                                                   : "data_from_host");
+        tb__data_discard(d);
+        return NULL;
+    }
+    tb__error_restore(&saved);
+    tb__metric_sample("TransferToDeviceTime", (double)(tb__now_ns() - t0));
+    tb__metric_count("CreateDataHandles", 1);
+    return d;
+}
+
+/* A cpu data that uses `host` in place. NULL without an error when the device's backend cannot
+   borrow host memory (the caller copies instead, which also reports any error). */
+static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device, const tb_shape *shape,
+                                             const void *host) {
+    tb_backend *b;
+    tb_backend_data *d;
+    tb__host_buffer *hb;
+    size_t nbytes;
+    const tb_backend *cpu;
+    tb__saved_error saved;
+    if (device == NULL || shape == NULL || host == NULL) return NULL;
+    if (strncmp(device->backend, "cpu", sizeof device->backend) != 0) return NULL;
+    tb__error_save(&saved);
+    b = tb__backend_for_device(device);
+    tb__mutex_lock(&tb__reg_mutex);
+    cpu = tb__reg.cpu;
+    tb__mutex_unlock(&tb__reg_mutex);
+    if (b == NULL || b != cpu || tb_shape_nbytes(shape, &nbytes) != TB_OK) {
+        tb__error_restore(&saved);
+        return NULL;
+    }
+    hb = (tb__host_buffer *)tb__alloc(sizeof *hb);
+    d = hb != NULL ? tb__data_new(b, device, shape) : NULL;
+    if (d == NULL) {
+        tb__free(hb);
+        tb__error_restore(&saved);
+        return NULL;
+    }
+    /* The caller promised the array outlives the data; the const is given back on read. */
+    memcpy(&hb->data, &host, sizeof hb->data);
+    hb->size = nbytes;
+    hb->borrowed = true;
+    d->payload = hb;
+    tb__metric_count("CreateDataHandles", 1);
+    return d;
+}
+
+static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *host) {
+    const tb_backend *b;
+    size_t nbytes;
+    uint64_t t0;
+    tb_status st;
+    tb__saved_error saved;
+    if (data == NULL || data->tb__backend == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_tensor_to_host: data is NULL");
+    }
+    b = data->tb__backend;
+    st = tb__shape_check("tb_tensor_to_host", &data->shape);
+    if (st != TB_OK) return st;
+    tb_shape_nbytes(&data->shape, &nbytes);
+    if (host == NULL && nbytes > 0) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_tensor_to_host: destination is NULL");
+    }
+    if (data->payload == NULL) {
+        return tb__error(TB_ERR_STATE, "tb_tensor_to_host: the data on backend '%s' has no value "
+                                       "yet (a placeholder)",
+                         b->name);
+    }
+    tb__error_save(&saved);
+    tb_clear_error();
+    t0 = tb__now_ns();
+    st = b->impl.data_to_host(b->impl.user_data, data, host);
+    if (st != TB_OK) return tb__backend_failed(st, b, "data_to_host");
+    tb__error_restore(&saved);
+    tb__metric_sample("TransferFromDeviceTime", (double)(tb__now_ns() - t0));
+    return TB_OK;
+}
+
+/* ---- built-in backends ---- */
+
+static void tb__register_builtin_backends(void) {
+    tb_backend_impl impl;
+    tb_backend *cpu = NULL;
+    tb__cpu_backend_impl(&impl);
+    if (tb__backend_register("tb_backend_register", "cpu", &impl, "", NULL, &cpu) == TB_OK) {
+        tb__mutex_lock(&tb__reg_mutex);
+        tb__reg.cpu = cpu;
+        tb__mutex_unlock(&tb__reg_mutex);
+    } else {
+        tb_log_message(TB_LOG_ERROR, "cannot register the cpu backend: %s", tb_last_error());
+    }
+#if !defined(TB_NO_OPENCL)
+    if (tb__opencl_register() != TB_OK) {
+        tb_log_message(TB_LOG_DEBUG, "the opencl backend is not registered: %s", tb_last_error());
+    }
+#endif
+}
+
+#undef TB__HAVE_PLUGINS

@@ -1,0 +1,90 @@
+/* torch_backend.h - v0.1.0 - a lazy-tensor backend layer with an OpenCL execution path, in C.
+   Public domain-style single-file library; BSD-3-Clause, see the end of README.md and LICENSE.
+
+   WHAT IT IS
+     The C form of PyTorch's Lazy Tensor Core backend layer and of torch._dynamo's backend
+     registry: a registry of backends, devices, shapes, an IR of lazy tensor nodes, an executor with
+     a computation cache, a CPU reference backend that is always present, and an OpenCL backend
+     that lowers IR graphs to generated OpenCL C kernels.
+
+   USAGE
+     Do this:
+         #define TB_IMPLEMENTATION
+     before you include this file in *one* C or C++ file to create the implementation:
+
+         #include ...
+         #define TB_IMPLEMENTATION
+         #include "torch_backend.h"
+
+     Every other file includes "torch_backend.h" without the define. Link with -ldl -lpthread -lm
+     where the C library needs them. No OpenCL SDK is needed: the ICD loader (libOpenCL.so.1) is
+     opened at run time.
+
+   CONFIGURATION MACROS (define before the implementation include)
+     TB_STATIC              make every public function static to the including file
+     TB_OPENCL_LINKED       call the OpenCL entry points directly (link with -lOpenCL) instead of
+                            opening the ICD loader at run time
+     TB_NO_OPENCL           leave the OpenCL backend out entirely
+     TB_NO_PLUGINS          leave plugin loading (dlopen) out
+     TB_ASSERT(x)           your own assert for internal invariants (default: assert.h)
+
+   ENVIRONMENT VARIABLES
+     TB_BACKEND          the default backend (default "cpu"; a desc field overrides it)
+     TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0"
+     TB_BACKEND_PATH     ':'-separated folders searched for plugins libtb_backend_<name>.so
+     TB_CACHE_DIR        folder for the OpenCL program binary cache; "off" disables it
+     TB_OPENCL_LIBRARY   path of the OpenCL ICD loader (default libOpenCL.so.1)
+     TB_DEBUG            1: one line per graph compile/run; 2: also one line per kernel with time,
+                         GB/s, GFLOP/s; 3: also the IR and the generated OpenCL C
+     TB_CHECK            1: run every graph on the reference backend too and report the first node
+                         whose value differs
+
+   ERRORS
+     Functions return a tb_status (TB_OK is 0) or, for functions returning a handle, NULL. The
+     reason is in tb_last_error() (thread-local). An op given a NULL input returns NULL and keeps
+     the first error, so a chain of ops can be checked once at the end.
+
+   THREAD SAFETY
+     The registry, the op table, the metrics and the computation cache are guarded by locks. A
+     tensor may be read from several threads; building graphs on the same tensors from several
+     threads at once needs the caller's own lock. Each function's comment says more where needed.
+
+   VERSION
+     0.1.0 (TB_VERSION_MAJOR/MINOR/PATCH); plugin API version TB_API_VERSION.
+*/
+#ifndef TORCH_BACKEND_H
+#define TORCH_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#define TB_VERSION_MAJOR  0
+#define TB_VERSION_MINOR  1
+#define TB_VERSION_PATCH  0
+#define TB_VERSION_STRING "0.1.0"
+/* The binary contract between the library and a backend plugin; bumped whenever
+   tb_backend_impl, tb_backend_data or tb_plugin_desc change layout. */
+#define TB_API_VERSION 1
+
+#ifndef TBDEF
+#ifdef TB_STATIC
+#if defined(__GNUC__) || defined(__clang__)
+#define TBDEF static __attribute__((unused))
+#else
+#define TBDEF static
+#endif
+#else
+#define TBDEF extern
+#endif
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define TB_PRINTF_LIKE(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
+#define TB_PRINTF_LIKE(fmt, args)
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif

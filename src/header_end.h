@@ -1,0 +1,5 @@
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* TORCH_BACKEND_H */

@@ -1,0 +1,233 @@
+/* ===========================================================================================
+   Implementation
+   =========================================================================================== */
+#if defined(TB_IMPLEMENTATION) && !defined(TB_IMPLEMENTATION_DONE)
+#define TB_IMPLEMENTATION_DONE
+
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE) &&                      \
+    !defined(_DEFAULT_SOURCE)
+/* dlopen, pthread, clock_gettime, strdup-free POSIX calls under -std=c99 */
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <float.h>
+#include <limits.h>
+#include <errno.h>
+#include <time.h>
+#ifndef TB_ASSERT
+#include <assert.h>
+#define TB_ASSERT(x) assert(x)
+#endif
+
+#if defined(_WIN32)
+#include <windows.h>
+#else
+#include <pthread.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <fcntl.h>
+#if !defined(TB_NO_PLUGINS) || !defined(TB_NO_OPENCL)
+#include <dlfcn.h>
+#endif
+#endif
+
+/* ---- platform helpers (internal) ---- */
+
+#if defined(__cplusplus) && __cplusplus >= 201103L
+#define TB__THREAD_LOCAL thread_local
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L && !defined(__STDC_NO_THREADS__)
+#define TB__THREAD_LOCAL _Thread_local
+#elif defined(_MSC_VER)
+#define TB__THREAD_LOCAL __declspec(thread)
+#else
+#define TB__THREAD_LOCAL __thread
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define TB__UNUSED __attribute__((unused))
+#else
+#define TB__UNUSED
+#endif
+
+/* Atomic add on an int32 refcount; returns the new value. */
+#if defined(_MSC_VER) && !defined(__clang__)
+#define TB__ATOMIC_ADD(ptr, v) (InterlockedExchangeAdd((volatile LONG *)(ptr), (v)) + (v))
+#define TB__ATOMIC_LOAD(ptr)   (*(volatile int32_t *)(ptr))
+#else
+#define TB__ATOMIC_ADD(ptr, v) __atomic_add_fetch((ptr), (v), __ATOMIC_ACQ_REL)
+#define TB__ATOMIC_LOAD(ptr)   __atomic_load_n((ptr), __ATOMIC_ACQUIRE)
+#endif
+
+/* A recursive mutex, statically initialisable. POSIX only offers a static recursive initialiser
+   under _GNU_SOURCE (not in -std=c99/c11 builds), so recursion is counted by hand: `owner` is
+   the address of a thread-local marker of the thread holding it. */
+#if defined(_WIN32)
+typedef struct tb__mutex {
+    INIT_ONCE once;
+    CRITICAL_SECTION cs;
+} tb__mutex;
+#define TB__MUTEX_INIT                                                                             \
+    { INIT_ONCE_STATIC_INIT }
+#else
+typedef struct tb__mutex {
+    pthread_mutex_t m;
+    uintptr_t owner; /* read and written atomically */
+    int32_t depth;   /* touched by the owner only */
+} tb__mutex;
+#define TB__MUTEX_INIT                                                                             \
+    { PTHREAD_MUTEX_INITIALIZER, 0, 0 }
+#endif
+
+/* ---- internal contracts between the parts (each defined in the part named) ---- */
+
+/* base.c */
+static void *tb__alloc(size_t size);                /* NULL + TB_ERR_OUT_OF_MEMORY error */
+static void *tb__calloc(size_t count, size_t size); /* zeroed; overflow-checked */
+static void tb__free(void *ptr);
+/* grows *items (element size `elem`) to hold at least `need`; doubles; keeps content */
+static tb_status tb__grow(void **items, size_t *cap, size_t need, size_t elem);
+static char *tb__strdup(const char *s);
+static char *tb__format(const char *fmt, ...) TB_PRINTF_LIKE(1, 2); /* allocated */
+static tb_status tb__error(tb_status status, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
+static void tb__mutex_lock(tb__mutex *m);
+static void tb__mutex_unlock(tb__mutex *m);
+static void tb__ensure_setup(void);              /* implicit setup with a zero desc */
+static const tb_desc *tb__desc(void);            /* the effective desc (defaults filled) */
+static const char *tb__getenv(const char *name); /* NULL when unset or empty */
+static uint64_t tb__now_ns(void);                /* monotonic clock */
+/* 64-bit hashing: stable across runs and machines */
+static uint64_t tb__hash_bytes(uint64_t seed, const void *data, size_t size);
+static uint64_t tb__hash_u64(uint64_t seed, uint64_t value);
+/* a growable string buffer */
+typedef struct tb__str {
+    char *data;
+    size_t len;
+    size_t cap;
+    bool failed; /* an allocation failed; the text is incomplete */
+} tb__str;
+static void tb__str_append(tb__str *s, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
+static char *tb__str_take(tb__str *s); /* the text (caller frees), NULL if failed */
+static void tb__str_free(tb__str *s);
+/* teardown hooks of later layers, called by tb_shutdown in reverse layer order */
+static void tb__registry_shutdown(void);
+static void tb__ir_shutdown(void);
+static void tb__metrics_shutdown(void);
+static void tb__executor_shutdown(void);
+
+/* rng.c: Philox 4x32-10 */
+static void tb__philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
+/* the value of element `index` of rand (uniform [0,1)) / randn for a seed and offset */
+static double tb__rng_uniform(tb_dtype dtype, uint64_t seed, uint64_t offset, uint64_t index);
+static double tb__rng_normal(tb_dtype dtype, uint64_t seed, uint64_t offset, uint64_t index);
+/* the seed and first counter for a call of `numel` elements (the operands of RAND/RANDN); the
+   global offset advances by ceil(numel / 2). Thread-safe. */
+static void tb__rng_reserve(uint64_t numel, uint64_t *seed, uint64_t *offset);
+static void tb__rng_set_seed(uint64_t seed); /* and offset 0 (tb_manual_seed) */
+static void tb__rng_reset(void);             /* the default seed, offset 0 (shutdown) */
+
+/* shape.c */
+static size_t tb__shape_text(const tb_shape *shape, char buf[96]); /* cut with "...]" if long */
+/* writes one element of `dtype` holding the value (C conversions; out-of-range floats saturate) */
+static void tb__scalar_store(tb_scalar value, tb_dtype dtype, void *out);
+
+/* backend.c: backend data and the registry */
+static tb_backend *tb__backend_for_device(const tb_device *device); /* error if unknown */
+static const tb_backend_impl *tb__backend_vtable(const tb_backend *backend);
+/* a new data (refcount 1, payload NULL) for a device of `backend` */
+static tb_backend_data *tb__data_new(const tb_backend *backend, const tb_device *device,
+                                     const tb_shape *shape);
+static void tb__data_retain(tb_backend_data *data);
+static void tb__data_release(tb_backend_data *data); /* frees the payload at 0 */
+/* copies a host array into a new data on `device` (TransferToDeviceTime) */
+static tb_backend_data *tb__data_from_host(const tb_device *device, const tb_shape *shape,
+                                           const void *host);
+static tb_status tb__data_to_host(const tb_backend_data *data, void *host); /* FromDevice time */
+/* a rank-0 data of the scalar's dtype (the backend's data_from_scalar, else via the host) */
+static tb_backend_data *tb__data_from_scalar(const tb_device *device, tb_scalar value);
+/* a cpu data using `host` in place (no copy); NULL without an error when the device's backend
+   cannot borrow host memory: copy with tb__data_from_host instead */
+static tb_backend_data *tb__data_borrow_host(const tb_device *device, const tb_shape *shape,
+                                             const void *host);
+/* the host array of a cpu backend data (payload tb__host_buffer, defined in backend.c);
+   NULL for another backend's data or a placeholder */
+static void *tb__host_data(const tb_backend_data *data);
+/* the device `ordinal` of a backend, its type asked from the backend; messages name `fn`
+   (unknown backend: lists those that exist; bad ordinal: gives the device count) */
+static tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
+                                    tb_device *out);
+static void tb__register_builtin_backends(void); /* cpu, opencl: called once by the registry */
+
+/* ir.c: nodes. Operands are retained by the node; the node is created with refcount 1. */
+struct tb_node {
+    int32_t refcount;
+    tb_op op;
+    tb_shape shape;
+    tb_device device;
+    uint32_t num_operands;
+    tb_node **operands;
+    uint32_t num_attrs;
+    int64_t attrs[TB_MAX_ATTRS];
+    double fattrs[2];
+    uint64_t hash;
+    uint64_t id;
+    tb_backend_data *data; /* DEVICE_DATA: the value (owned reference) */
+    tb_scalar scalar;      /* SCALAR: the value (not hashed) */
+    bool wrapped_number;   /* SCALAR from a host number: weak in type promotion */
+    /* set by the executor when a node's value was computed apart (eager fallback); owned */
+    tb_backend_data *value;
+    /* the executor's bound on the computed (non-parameter) nodes of this node's graph, for the
+       automatic flush; tb__node_new sets it to 0 and only tensor.c writes it */
+    uint64_t graph_size;
+};
+static tb_node *tb__node_new(tb_op op, const tb_shape *shape, const tb_device *device,
+                             tb_node *const *operands, size_t num_operands, const int64_t *attrs,
+                             size_t num_attrs, const double *fattrs);
+static tb_node *tb__node_device_data(tb_backend_data *data); /* retains data */
+static tb_node *tb__node_scalar(tb_scalar value, const tb_device *device, bool wrapped_number);
+static void tb__node_retain(tb_node *node);
+static void tb__node_release(tb_node *node); /* iterative: deep chains do not recurse */
+/* shape inference for a built-in or custom op (used by ops.c and tb_call_op) */
+static tb_status tb__op_infer_shape(tb_op op, const tb_shape *inputs, size_t num_inputs,
+                                    const int64_t *attrs, size_t num_attrs, tb_shape *out);
+
+/* metrics.c */
+static void tb__metric_count(const char *name, int64_t delta);
+static void tb__metric_sample(const char *name, double value);
+
+/* tensor.c: tensors and the executor.
+   Graphs handed to backends: graph->parameters are the nodes whose values arrive as execute
+   arguments, in that order: DEVICE_DATA and SCALAR nodes, and nodes of ANY op whose value was
+   computed apart (node->value: the eager fallback, or a node synced earlier). A backend takes
+   every node listed in parameters as an input and never lowers it; such a node's operands are
+   not in graph->nodes. The executor does not retain graph nodes past the calls: a backend that
+   keeps node pointers in a computation retains them (that also keeps their data alive). */
+/* a new tensor owning `node` (consumes the caller's reference); NULL node -> NULL */
+static tb_tensor *tb__tensor_from_node(tb_node *node);
+/* the node standing for the tensor's value as an operand (pending IR or device data); borrowed */
+static tb_node *tb__tensor_ir(tb_tensor *tensor);
+/* the device to use for a new tensor when the caller gave `device` (NULL: current) */
+static tb_status tb__resolve_device(const tb_device *device, tb_device *out);
+/* a new tensor holding `data` (consumes the caller's reference); NULL data -> NULL */
+static tb_tensor *tb__tensor_from_data(tb_backend_data *data);
+
+/* reference.c: the reference interpreter. A graph's parameter values and results are
+   contiguous host arrays of the nodes' shapes. */
+static tb_status tb__ref_run_graph(const tb_graph *graph, const void *const *parameters,
+                                   void *const *results);
+/* one node from contiguous host arrays of its operands */
+static tb_status tb__ref_eval_node(const tb_node *node, const void *const *operands, void *output);
+
+/* cpu_backend.c: the "cpu" backend's vtable (registered by backend.c) */
+static void tb__cpu_backend_impl(tb_backend_impl *out);
+
+/* opencl.c */
+#if !defined(TB_NO_OPENCL)
+/* registers the "opencl" backend (called once by tb__register_builtin_backends) */
+static tb_status tb__opencl_register(void);
+#endif

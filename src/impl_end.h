@@ -1,0 +1,1 @@
+#endif /* TB_IMPLEMENTATION */

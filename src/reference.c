@@ -1,0 +1,2446 @@
+/* ===========================================================================================
+   Reference interpreter: every op in plain C on host arrays. The cpu backend executes graphs
+   with it, the executor runs eager fallbacks with it and TB_CHECK compares against it.
+   Values are views (a refcounted buffer, an element offset and element strides), so movement
+   ops never copy; kernels walk strided views with one N-d iterator.
+   =========================================================================================== */
+
+#define TB__REF_MAX_OPS 4
+
+/* Large buffers freed during a graph run are kept in a small pool and reused by the next
+   allocations: a fresh multi-megabyte malloc is an mmap whose page faults cost more than the
+   elementwise work itself. The pool is the running graph's (thread-local; nested runs, e.g. from
+   a custom op, save and restore it). */
+#define TB__REF_POOL_SLOTS 8
+#define TB__REF_POOL_MIN   (64u * 1024u) /* smaller blocks are cheap to malloc */
+
+typedef struct tb__ref_pool {
+    char *data[TB__REF_POOL_SLOTS];
+    size_t cap[TB__REF_POOL_SLOTS];
+    uint32_t count;
+} tb__ref_pool;
+
+static TB__THREAD_LOCAL tb__ref_pool *tb__ref_current_pool = NULL;
+
+typedef struct tb__rbuf {
+    int32_t refs;
+    bool owned; /* false: a caller's array (parameters), never freed or written */
+    char *data;
+    size_t cap; /* bytes allocated (owned buffers) */
+} tb__rbuf;
+
+typedef struct tb__rview {
+    tb__rbuf *buf;                /* NULL: no value */
+    int64_t offset;               /* elements */
+    int64_t strides[TB_MAX_RANK]; /* elements; 0 for broadcast axes, negative for flipped ones */
+    tb_shape shape;
+} tb__rview;
+
+/* ---- buffers and views ---- */
+
+static void tb__ref_pool_drain(tb__ref_pool *pool) {
+    uint32_t i;
+    for (i = 0; i < pool->count; i++)
+        tb__free(pool->data[i]);
+    pool->count = 0;
+}
+
+/* A pooled block of at least `nbytes` and not more than twice that, or NULL. */
+static char *tb__ref_pool_take(size_t nbytes, size_t *cap) {
+    tb__ref_pool *pool = tb__ref_current_pool;
+    uint32_t i, best = UINT32_MAX;
+    char *data;
+    if (!pool || nbytes < TB__REF_POOL_MIN) return NULL;
+    for (i = 0; i < pool->count; i++)
+        if (pool->cap[i] >= nbytes && pool->cap[i] / 2u <= nbytes &&
+            (best == UINT32_MAX || pool->cap[i] < pool->cap[best]))
+            best = i;
+    if (best == UINT32_MAX) return NULL;
+    data = pool->data[best];
+    *cap = pool->cap[best];
+    pool->count--;
+    pool->data[best] = pool->data[pool->count];
+    pool->cap[best] = pool->cap[pool->count];
+    return data;
+}
+
+static void tb__ref_pool_give(char *data, size_t cap) {
+    tb__ref_pool *pool = tb__ref_current_pool;
+    if (!pool || cap < TB__REF_POOL_MIN) {
+        tb__free(data);
+        return;
+    }
+    if (pool->count == TB__REF_POOL_SLOTS) {
+        /* full: the oldest block goes */
+        tb__free(pool->data[0]);
+        memmove(pool->data, pool->data + 1, (TB__REF_POOL_SLOTS - 1) * sizeof(char *));
+        memmove(pool->cap, pool->cap + 1, (TB__REF_POOL_SLOTS - 1) * sizeof(size_t));
+        pool->count--;
+    }
+    pool->data[pool->count] = data;
+    pool->cap[pool->count] = cap;
+    pool->count++;
+}
+
+static tb__rbuf *tb__rbuf_new(size_t nbytes) {
+    tb__rbuf *b = (tb__rbuf *)tb__alloc(sizeof(tb__rbuf));
+    if (!b) return NULL;
+    /* one byte at least: empty tensors still get a valid pointer */
+    if (nbytes == 0) nbytes = 1;
+    b->data = tb__ref_pool_take(nbytes, &b->cap);
+    if (!b->data) {
+        b->data = (char *)tb__alloc(nbytes);
+        b->cap = nbytes;
+    }
+    if (!b->data) {
+        tb__free(b);
+        return NULL;
+    }
+    b->refs = 1;
+    b->owned = true;
+    return b;
+}
+
+static tb__rbuf *tb__rbuf_borrow(const void *data) {
+    tb__rbuf *b = (tb__rbuf *)tb__alloc(sizeof(tb__rbuf));
+    if (!b) return NULL;
+    b->data = (char *)data;
+    b->cap = 0;
+    b->refs = 1;
+    b->owned = false;
+    return b;
+}
+
+static void tb__rbuf_release(tb__rbuf *b) {
+    if (!b) return;
+    if (--b->refs == 0) {
+        if (b->owned) tb__ref_pool_give(b->data, b->cap);
+        tb__free(b);
+    }
+}
+
+static void tb__rview_clear(tb__rview *v) {
+    tb__rbuf_release(v->buf);
+    v->buf = NULL;
+}
+
+static int64_t tb__ref_esize(tb_dtype dtype) {
+    return (int64_t)tb_dtype_size(dtype);
+}
+
+/* Element count of a validated shape (fits in int64). */
+static int64_t tb__ref_numel(const tb_shape *s) {
+    int64_t n = 1;
+    int32_t d;
+    for (d = 0; d < s->rank; d++)
+        n *= s->dims[d];
+    return n;
+}
+
+/* Row-major strides. For an empty shape the products of the other dims may not fit, and the
+   strides are never used to address memory, so they saturate instead of overflowing. */
+static void tb__ref_contig_strides(const tb_shape *s, int64_t *strides) {
+    int64_t acc = 1;
+    int32_t d;
+    for (d = s->rank - 1; d >= 0; d--) {
+        strides[d] = acc;
+        if (s->dims[d] > 1) acc = (acc <= INT64_MAX / s->dims[d]) ? acc * s->dims[d] : INT64_MAX;
+    }
+}
+
+static tb_status tb__ref_nbytes(const tb_shape *shape, size_t *out) {
+    tb_status st = tb_shape_nbytes(shape, out);
+    if (st != TB_OK) {
+        char text[96];
+        tb__shape_text(shape, text);
+        return tb__error(TB_ERR_OVERFLOW, "reference: the size of %s does not fit in memory", text);
+    }
+    return TB_OK;
+}
+
+/* A new contiguous view of `shape` over a fresh buffer. */
+static tb_status tb__rview_alloc(tb__rview *v, const tb_shape *shape) {
+    size_t nbytes;
+    tb_status st = tb__ref_nbytes(shape, &nbytes);
+    if (st != TB_OK) return st;
+    memset(v, 0, sizeof(*v));
+    v->buf = tb__rbuf_new(nbytes);
+    if (!v->buf) return TB_ERR_OUT_OF_MEMORY;
+    v->shape = *shape;
+    v->offset = 0;
+    tb__ref_contig_strides(shape, v->strides);
+    return TB_OK;
+}
+
+/* A contiguous view over a caller's array (not copied). */
+static tb_status tb__rview_borrow(tb__rview *v, const tb_shape *shape, const void *data) {
+    memset(v, 0, sizeof(*v));
+    if (!data) {
+        char text[96];
+        tb__shape_text(shape, text);
+        return tb__error(TB_ERR_INTERNAL, "reference: no host array for a value of %s", text);
+    }
+    v->buf = tb__rbuf_borrow(data);
+    if (!v->buf) return TB_ERR_OUT_OF_MEMORY;
+    v->shape = *shape;
+    tb__ref_contig_strides(shape, v->strides);
+    return TB_OK;
+}
+
+static void tb__rview_share(tb__rview *dst, const tb__rview *src) {
+    *dst = *src;
+    dst->buf->refs++;
+}
+
+static char *tb__rview_ptr(const tb__rview *v) {
+    return v->buf->data + v->offset * tb__ref_esize(v->shape.dtype);
+}
+
+/* Whether the elements lie in row-major order from the offset on (size-1 axes do not count). */
+static bool tb__rview_is_contig(const tb__rview *v) {
+    int64_t expect = 1;
+    int32_t d;
+    if (tb__ref_numel(&v->shape) == 0) return true;
+    for (d = v->shape.rank - 1; d >= 0; d--) {
+        if (v->shape.dims[d] == 1) continue;
+        if (v->strides[d] != expect) return false;
+        expect *= v->shape.dims[d];
+    }
+    return true;
+}
+
+/* ---- scalar conversions (defined for every input: no UB on NaN or out-of-range values) ---- */
+
+/* Truncation toward zero, saturating at the int64 range; NaN gives 0. */
+static int64_t tb__ref_f2i(double v) {
+    if (v != v) return 0;
+    if (v >= 9223372036854775808.0) return INT64_MAX;
+    if (v <= -9223372036854775808.0) return INT64_MIN;
+    return (int64_t)v;
+}
+
+static double tb__ld_f(tb_dtype dt, const char *p) {
+    switch (dt) {
+    case TB_F32:
+        return (double)*(const float *)p;
+    case TB_F64:
+        return *(const double *)p;
+    case TB_I32:
+        return (double)*(const int32_t *)p;
+    case TB_I64:
+        return (double)*(const int64_t *)p;
+    case TB_U8:
+        return (double)*(const uint8_t *)p;
+    case TB_BOOL:
+        return *(const uint8_t *)p ? 1.0 : 0.0;
+    default:
+        return 0.0;
+    }
+}
+
+static int64_t tb__ld_i(tb_dtype dt, const char *p) {
+    switch (dt) {
+    case TB_F32:
+        return tb__ref_f2i((double)*(const float *)p);
+    case TB_F64:
+        return tb__ref_f2i(*(const double *)p);
+    case TB_I32:
+        return (int64_t)(*(const int32_t *)p);
+    case TB_I64:
+        return *(const int64_t *)p;
+    case TB_U8:
+        return (int64_t)(*(const uint8_t *)p);
+    case TB_BOOL:
+        return *(const uint8_t *)p ? 1 : 0;
+    default:
+        return 0;
+    }
+}
+
+/* Truth value as PyTorch's bool(): nonzero (NaN included) is true. */
+static bool tb__ld_b(tb_dtype dt, const char *p) {
+    switch (dt) {
+    case TB_F32:
+        return *(const float *)p != 0.0f;
+    case TB_F64:
+        return *(const double *)p != 0.0;
+    case TB_I32:
+        return *(const int32_t *)p != 0;
+    case TB_I64:
+        return *(const int64_t *)p != 0;
+    default:
+        return *(const uint8_t *)p != 0;
+    }
+}
+
+static void tb__st_f(tb_dtype dt, char *p, double v) {
+    switch (dt) {
+    case TB_F32:
+        *(float *)p = (float)v;
+        break;
+    case TB_F64:
+        *(double *)p = v;
+        break;
+    case TB_I32:
+        *(int32_t *)p = (int32_t)(uint32_t)(uint64_t)tb__ref_f2i(v);
+        break;
+    case TB_I64:
+        *(int64_t *)p = tb__ref_f2i(v);
+        break;
+    case TB_U8:
+        *(uint8_t *)p = (uint8_t)(uint64_t)tb__ref_f2i(v);
+        break;
+    case TB_BOOL:
+        *(uint8_t *)p = (uint8_t)(v != 0.0);
+        break;
+    default:
+        break;
+    }
+}
+
+static void tb__st_i(tb_dtype dt, char *p, int64_t v) {
+    switch (dt) {
+    case TB_F32:
+        *(float *)p = (float)v;
+        break;
+    case TB_F64:
+        *(double *)p = (double)v;
+        break;
+    case TB_I32:
+        *(int32_t *)p = (int32_t)(uint32_t)(uint64_t)v;
+        break;
+    case TB_I64:
+        *(int64_t *)p = v;
+        break;
+    case TB_U8:
+        *(uint8_t *)p = (uint8_t)(uint64_t)v;
+        break;
+    case TB_BOOL:
+        *(uint8_t *)p = (uint8_t)(v != 0);
+        break;
+    default:
+        break;
+    }
+}
+
+/* One element of dtype `sd` at `a` converted to `dd` at `o` (CAST's rules). */
+static void tb__ref_convert(tb_dtype dd, char *o, tb_dtype sd, const char *a) {
+    if (tb_dtype_is_float(sd))
+        tb__st_f(dd, o, tb__ld_f(sd, a));
+    else
+        tb__st_i(dd, o, tb__ld_i(sd, a));
+}
+
+/* ---- the strided N-d iterator ----
+   Operand 0 is usually the output. Every operand has strides over the same dims (0 where it is
+   broadcast). Axes of size 1 are dropped and adjacent axes that are contiguous for every operand
+   are merged, so contiguous work becomes one long run. */
+
+typedef tb_status (*tb__run_fn)(void *ctx, int64_t n, char *const *ptrs, const int64_t *strides);
+
+typedef struct tb__iter {
+    int32_t nops;
+    int32_t rank;
+    int64_t dims[TB_MAX_RANK];
+    int64_t strides[TB__REF_MAX_OPS][TB_MAX_RANK];
+    int64_t offset[TB__REF_MAX_OPS];
+    char *base[TB__REF_MAX_OPS];
+    int64_t esize[TB__REF_MAX_OPS];
+} tb__iter;
+
+static void tb__iter_begin(tb__iter *it, int32_t rank, const int64_t *dims) {
+    memset(it, 0, sizeof(*it));
+    it->rank = rank;
+    if (rank > 0) memcpy(it->dims, dims, (size_t)rank * sizeof(int64_t));
+}
+
+static void tb__iter_add(tb__iter *it, char *base, int64_t offset, const int64_t *strides,
+                         int64_t esize) {
+    int32_t k = it->nops++;
+    it->base[k] = base;
+    it->offset[k] = offset;
+    it->esize[k] = esize;
+    if (it->rank > 0) memcpy(it->strides[k], strides, (size_t)it->rank * sizeof(int64_t));
+}
+
+/* A malformed node: a bug in the layer that built the graph, not the user's doing. */
+static tb_status tb__ref_malformed(const tb_node *node, const tb_shape *operand) {
+    char a[96], b[96];
+    const char *name = tb_op_name(node->op);
+    tb__shape_text(operand, a);
+    tb__shape_text(&node->shape, b);
+    return tb__error(TB_ERR_INTERNAL, "reference: malformed %s node (operand %s, output %s)",
+                     name ? name : "custom", a, b);
+}
+
+/* Adds a view, broadcasting it (NumPy rules, aligned at the last axis) to the iterator's dims. */
+static tb_status tb__iter_add_view(tb__iter *it, const tb__rview *v) {
+    int64_t strides[TB_MAX_RANK];
+    int32_t d, shift = it->rank - v->shape.rank;
+    bool ok = shift >= 0;
+    for (d = 0; d < it->rank && ok; d++) {
+        int32_t j = d - shift;
+        if (j < 0 || v->shape.dims[j] == 1)
+            strides[d] = 0;
+        else if (v->shape.dims[j] == it->dims[d])
+            strides[d] = v->strides[j];
+        else
+            ok = false;
+    }
+    if (!ok) {
+        char a[96], b[96];
+        tb_shape s = v->shape;
+        tb__shape_text(&s, a);
+        s.rank = it->rank;
+        if (it->rank > 0) memcpy(s.dims, it->dims, (size_t)it->rank * sizeof(int64_t));
+        tb__shape_text(&s, b);
+        return tb__error(TB_ERR_INTERNAL, "reference: operand %s does not broadcast to %s", a, b);
+    }
+    tb__iter_add(it, v->buf->data, v->offset, strides, tb__ref_esize(v->shape.dtype));
+    return TB_OK;
+}
+
+static tb_status tb__iter_run(tb__iter *it, tb__run_fn fn, void *ctx) {
+    int64_t dims[TB_MAX_RANK], strides[TB__REF_MAX_OPS][TB_MAX_RANK];
+    int64_t idx[TB_MAX_RANK], off[TB__REF_MAX_OPS], inner[TB__REF_MAX_OPS];
+    char *ptrs[TB__REF_MAX_OPS];
+    int32_t r = 0, d, k, nops = it->nops;
+    for (d = 0; d < it->rank; d++)
+        if (it->dims[d] == 0) return TB_OK;
+    for (d = 0; d < it->rank; d++) {
+        bool merge = r > 0;
+        if (it->dims[d] == 1) continue;
+        for (k = 0; k < nops && merge; k++)
+            merge = strides[k][r - 1] == it->strides[k][d] * it->dims[d];
+        if (merge) {
+            dims[r - 1] *= it->dims[d];
+            for (k = 0; k < nops; k++)
+                strides[k][r - 1] = it->strides[k][d];
+        } else {
+            dims[r] = it->dims[d];
+            for (k = 0; k < nops; k++)
+                strides[k][r] = it->strides[k][d];
+            r++;
+        }
+    }
+    if (r == 0) {
+        dims[0] = 1;
+        for (k = 0; k < nops; k++)
+            strides[k][0] = 0;
+        r = 1;
+    }
+    for (k = 0; k < nops; k++) {
+        off[k] = it->offset[k];
+        inner[k] = strides[k][r - 1];
+    }
+    memset(idx, 0, sizeof(idx));
+    for (;;) {
+        tb_status st;
+        for (k = 0; k < nops; k++)
+            ptrs[k] = it->base[k] + off[k] * it->esize[k];
+        st = fn(ctx, dims[r - 1], ptrs, inner);
+        if (st != TB_OK) return st;
+        for (d = r - 2; d >= 0; d--) {
+            idx[d]++;
+            for (k = 0; k < nops; k++)
+                off[k] += strides[k][d];
+            if (idx[d] < dims[d]) break;
+            for (k = 0; k < nops; k++)
+                off[k] -= strides[k][d] * dims[d];
+            idx[d] = 0;
+        }
+        if (d < 0) break;
+    }
+    return TB_OK;
+}
+
+/* ---- copies ---- */
+
+static tb_status tb__ref_copy_run(void *ctx, int64_t n, char *const *p, const int64_t *s) {
+    int64_t es = *(const int64_t *)ctx, i;
+    if (s[0] == 1 && s[1] == 1) {
+        memcpy(p[0], p[1], (size_t)(n * es));
+        return TB_OK;
+    }
+    /* fixed-size memcpy compiles to one load and store, without breaking aliasing rules */
+    switch (es) {
+    case 1:
+        for (i = 0; i < n; i++)
+            p[0][i * s[0]] = p[1][i * s[1]];
+        break;
+    case 4:
+        for (i = 0; i < n; i++)
+            memcpy(p[0] + i * s[0] * 4, p[1] + i * s[1] * 4, 4);
+        break;
+    case 8:
+        for (i = 0; i < n; i++)
+            memcpy(p[0] + i * s[0] * 8, p[1] + i * s[1] * 8, 8);
+        break;
+    default:
+        for (i = 0; i < n; i++)
+            memcpy(p[0] + i * s[0] * es, p[1] + i * s[1] * es, (size_t)es);
+        break;
+    }
+    return TB_OK;
+}
+
+typedef struct tb__conv_ctx {
+    tb_dtype sd, dd;
+} tb__conv_ctx;
+
+#define TB__TOI_FLOAT(x) tb__ref_f2i((double)(x))
+#define TB__TOI_INT(x)   ((int64_t)(x))
+#define TB__TOI_BOOL(x)  ((int64_t)((x) != 0))
+#define TB__TOF_NUM(x)   ((double)(x))
+#define TB__TOF_BOOL(x)  ((double)((x) != 0))
+#define TB__CONV_LOOP(TD, EXPR)                                                                    \
+    do {                                                                                           \
+        TD *o_ = (TD *)p[0];                                                                       \
+        for (i = 0; i < n; i++)                                                                    \
+            o_[i * s[0]] = (TD)(EXPR);                                                             \
+    } while (0)
+#define TB__CONV_SWITCH(TS, TOI, TOF)                                                              \
+    do {                                                                                           \
+        const TS *a_ = (const TS *)p[1];                                                           \
+        switch (dd) {                                                                              \
+        case TB_F32:                                                                               \
+            TB__CONV_LOOP(float, TOF(a_[i * s[1]]));                                               \
+            break;                                                                                 \
+        case TB_F64:                                                                               \
+            TB__CONV_LOOP(double, TOF(a_[i * s[1]]));                                              \
+            break;                                                                                 \
+        case TB_I32:                                                                               \
+            TB__CONV_LOOP(int32_t, (uint32_t)(uint64_t)TOI(a_[i * s[1]]));                         \
+            break;                                                                                 \
+        case TB_I64:                                                                               \
+            TB__CONV_LOOP(int64_t, TOI(a_[i * s[1]]));                                             \
+            break;                                                                                 \
+        case TB_U8:                                                                                \
+            TB__CONV_LOOP(uint8_t, (uint64_t)TOI(a_[i * s[1]]));                                   \
+            break;                                                                                 \
+        case TB_BOOL:                                                                              \
+            TB__CONV_LOOP(uint8_t, a_[i * s[1]] != 0);                                             \
+            break;                                                                                 \
+        default:                                                                                   \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+static tb_status tb__ref_conv_run(void *ctx, int64_t n, char *const *p, const int64_t *s) {
+    const tb__conv_ctx *c = (const tb__conv_ctx *)ctx;
+    tb_dtype dd = c->dd;
+    int64_t i;
+    switch (c->sd) {
+    case TB_F32:
+        TB__CONV_SWITCH(float, TB__TOI_FLOAT, TB__TOF_NUM);
+        break;
+    case TB_F64:
+        TB__CONV_SWITCH(double, TB__TOI_FLOAT, TB__TOF_NUM);
+        break;
+    case TB_I32:
+        TB__CONV_SWITCH(int32_t, TB__TOI_INT, TB__TOF_NUM);
+        break;
+    case TB_I64:
+        TB__CONV_SWITCH(int64_t, TB__TOI_INT, TB__TOF_NUM);
+        break;
+    case TB_U8:
+        TB__CONV_SWITCH(uint8_t, TB__TOI_INT, TB__TOF_NUM);
+        break;
+    case TB_BOOL:
+        TB__CONV_SWITCH(uint8_t, TB__TOI_BOOL, TB__TOF_BOOL);
+        break;
+    default:
+        break;
+    }
+    return TB_OK;
+}
+
+#undef TB__TOI_FLOAT
+#undef TB__TOI_INT
+#undef TB__TOI_BOOL
+#undef TB__TOF_NUM
+#undef TB__TOF_BOOL
+#undef TB__CONV_LOOP
+#undef TB__CONV_SWITCH
+
+/* dst[...] = src[...] (same dims; src may broadcast), converting the dtype if they differ. */
+static tb_status tb__ref_copy(const tb__rview *dst, const tb__rview *src) {
+    tb__iter it;
+    tb_status st;
+    tb__iter_begin(&it, dst->shape.rank, dst->shape.dims);
+    tb__iter_add(&it, dst->buf->data, dst->offset, dst->strides, tb__ref_esize(dst->shape.dtype));
+    st = tb__iter_add_view(&it, src);
+    if (st != TB_OK) return st;
+    if (src->shape.dtype == dst->shape.dtype) {
+        int64_t es = tb__ref_esize(dst->shape.dtype);
+        return tb__iter_run(&it, tb__ref_copy_run, &es);
+    } else {
+        tb__conv_ctx c;
+        c.sd = src->shape.dtype;
+        c.dd = dst->shape.dtype;
+        return tb__iter_run(&it, tb__ref_conv_run, &c);
+    }
+}
+
+/* A contiguous view with the same value: the view itself (shared) when it already is one. */
+static tb_status tb__rview_contig(const tb__rview *src, tb__rview *out) {
+    tb_status st;
+    if (tb__rview_is_contig(src)) {
+        tb__rview_share(out, src);
+        tb__ref_contig_strides(&out->shape, out->strides);
+        return TB_OK;
+    }
+    st = tb__rview_alloc(out, &src->shape);
+    if (st != TB_OK) return st;
+    st = tb__ref_copy(out, src);
+    if (st != TB_OK) tb__rview_clear(out);
+    return st;
+}
+
+/* Copies a view into a caller's contiguous array of its shape. */
+static tb_status tb__rview_to_host(const tb__rview *v, void *host) {
+    tb__rview dst;
+    tb_status st;
+    size_t nbytes;
+    st = tb__ref_nbytes(&v->shape, &nbytes);
+    if (st != TB_OK) return st;
+    if (nbytes == 0) return TB_OK;
+    if (tb__rview_is_contig(v)) {
+        memcpy(host, tb__rview_ptr(v), nbytes);
+        return TB_OK;
+    }
+    st = tb__rview_borrow(&dst, &v->shape, host);
+    if (st != TB_OK) return st;
+    st = tb__ref_copy(&dst, v);
+    tb__rview_clear(&dst);
+    return st;
+}
+
+/* ---- elementwise ops ---- */
+
+#define TB__REF_SQRT1_2 0.70710678118654752440
+
+static double tb__ref_sigmoid(double x) {
+    /* exp of a negative argument only: no overflow for large |x| */
+    if (x >= 0) return 1.0 / (1.0 + exp(-x));
+    {
+        double e = exp(x);
+        return e / (1.0 + e);
+    }
+}
+
+static double tb__ref_maxf(double a, double b) {
+    if (a != a) return a;
+    if (b != b) return b;
+    return a > b ? a : b;
+}
+
+static double tb__ref_minf(double a, double b) {
+    if (a != a) return a;
+    if (b != b) return b;
+    return a < b ? a : b;
+}
+
+static double tb__ref_unary_f(tb_op op, double x) {
+    switch (op) {
+    case TB_OP_NEG:
+        return -x;
+    case TB_OP_ABS:
+        return fabs(x);
+    case TB_OP_EXP:
+        return exp(x);
+    case TB_OP_LOG:
+        return log(x);
+    case TB_OP_SQRT:
+        return sqrt(x);
+    case TB_OP_RSQRT:
+        return 1.0 / sqrt(x);
+    case TB_OP_SIN:
+        return sin(x);
+    case TB_OP_COS:
+        return cos(x);
+    case TB_OP_TANH:
+        return tanh(x);
+    case TB_OP_SIGMOID:
+        return tb__ref_sigmoid(x);
+    case TB_OP_RELU:
+        return x < 0 ? 0.0 : x; /* NaN stays NaN */
+    case TB_OP_GELU:
+        return 0.5 * x * (1.0 + erf(x * TB__REF_SQRT1_2));
+    case TB_OP_SILU:
+        return x * tb__ref_sigmoid(x);
+    case TB_OP_RECIPROCAL:
+        return 1.0 / x;
+    case TB_OP_FLOOR:
+        return floor(x);
+    case TB_OP_CEIL:
+        return ceil(x);
+    case TB_OP_ROUND:
+        return nearbyint(x); /* half to even under the default rounding mode */
+    case TB_OP_SIGN:
+        return (double)((x > 0) - (x < 0)); /* PyTorch: sign(NaN) = 0 */
+    case TB_OP_LOGICAL_NOT:
+        return x == 0 ? 1.0 : 0.0;
+    default:
+        return x;
+    }
+}
+
+static int64_t tb__ref_unary_i(tb_op op, int64_t x) {
+    switch (op) {
+    case TB_OP_NEG:
+        return (int64_t)(0u - (uint64_t)x); /* wraps as PyTorch's integers do */
+    case TB_OP_ABS:
+        return x < 0 ? (int64_t)(0u - (uint64_t)x) : x;
+    case TB_OP_RELU:
+        return x < 0 ? 0 : x;
+    case TB_OP_SIGN:
+        return (int64_t)((x > 0) - (x < 0));
+    case TB_OP_LOGICAL_NOT:
+        return x == 0;
+    default:
+        return x; /* FLOOR CEIL ROUND of integers */
+    }
+}
+
+/* Ops that are exact on integers; the others compute in double even for integer T. */
+static bool tb__ref_unary_has_int(tb_op op) {
+    switch (op) {
+    case TB_OP_NEG:
+    case TB_OP_ABS:
+    case TB_OP_RELU:
+    case TB_OP_SIGN:
+    case TB_OP_FLOOR:
+    case TB_OP_CEIL:
+    case TB_OP_ROUND:
+    case TB_OP_LOGICAL_NOT:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static double tb__ref_binary_f(tb_op op, double a, double b) {
+    switch (op) {
+    case TB_OP_ADD:
+        return a + b;
+    case TB_OP_SUB:
+        return a - b;
+    case TB_OP_MUL:
+        return a * b;
+    case TB_OP_DIV:
+        return a / b;
+    case TB_OP_POW:
+        return pow(a, b);
+    case TB_OP_MAXIMUM:
+        return tb__ref_maxf(a, b);
+    case TB_OP_MINIMUM:
+        return tb__ref_minf(a, b);
+    case TB_OP_EQ:
+        return a == b;
+    case TB_OP_NE:
+        return a != b;
+    case TB_OP_LT:
+        return a < b;
+    case TB_OP_LE:
+        return a <= b;
+    case TB_OP_GT:
+        return a > b;
+    case TB_OP_GE:
+        return a >= b;
+    default:
+        return 0.0;
+    }
+}
+
+static tb_status tb__ref_ipow(int64_t base, int64_t e, int64_t *out) {
+    uint64_t r = 1, b = (uint64_t)base;
+    if (e < 0)
+        return tb__error(TB_ERR_EXECUTE,
+                         "tb_pow: integers to negative integer powers are not allowed (%lld ** "
+                         "%lld)",
+                         (long long)base, (long long)e);
+    while (e > 0) {
+        if (e & 1) r *= b;
+        e >>= 1;
+        if (e > 0) b *= b;
+    }
+    *out = (int64_t)r;
+    return TB_OK;
+}
+
+static tb_status tb__ref_binary_i(tb_op op, int64_t a, int64_t b, int64_t *out) {
+    switch (op) {
+    /* unsigned arithmetic: overflow wraps instead of being undefined */
+    case TB_OP_ADD:
+        *out = (int64_t)((uint64_t)a + (uint64_t)b);
+        break;
+    case TB_OP_SUB:
+        *out = (int64_t)((uint64_t)a - (uint64_t)b);
+        break;
+    case TB_OP_MUL:
+        *out = (int64_t)((uint64_t)a * (uint64_t)b);
+        break;
+    case TB_OP_DIV:
+        if (b == 0)
+            return tb__error(TB_ERR_EXECUTE, "tb_div: integer division by zero (%lld / 0)",
+                             (long long)a);
+        *out = (a == INT64_MIN && b == -1) ? INT64_MIN : a / b;
+        break;
+    case TB_OP_POW:
+        return tb__ref_ipow(a, b, out);
+    case TB_OP_MAXIMUM:
+        *out = a > b ? a : b;
+        break;
+    case TB_OP_MINIMUM:
+        *out = a < b ? a : b;
+        break;
+    case TB_OP_EQ:
+        *out = a == b;
+        break;
+    case TB_OP_NE:
+        *out = a != b;
+        break;
+    case TB_OP_LT:
+        *out = a < b;
+        break;
+    case TB_OP_LE:
+        *out = a <= b;
+        break;
+    case TB_OP_GT:
+        *out = a > b;
+        break;
+    case TB_OP_GE:
+        *out = a >= b;
+        break;
+    default:
+        *out = 0;
+        break;
+    }
+    return TB_OK;
+}
+
+/* How the generic elementwise loop computes one element. */
+typedef enum tb__ew_mode {
+    TB__EW_CAST,
+    TB__EW_NOT,
+    TB__EW_UNARY_F,
+    TB__EW_UNARY_I,
+    TB__EW_BINARY_F,
+    TB__EW_BINARY_I,
+    TB__EW_LOGIC,
+    TB__EW_WHERE,
+    TB__EW_CLAMP_F,
+    TB__EW_CLAMP_I
+} tb__ew_mode;
+
+typedef struct tb__ew_ctx {
+    tb_op op;
+    tb__ew_mode mode;
+    int32_t nops; /* output + operands */
+    tb_dtype dt[TB__REF_MAX_OPS];
+    int64_t es[TB__REF_MAX_OPS];
+} tb__ew_ctx;
+
+static tb_status tb__ref_ew_generic_run(void *ctx, int64_t n, char *const *p, const int64_t *s) {
+    const tb__ew_ctx *c = (const tb__ew_ctx *)ctx;
+    const char *x[TB__REF_MAX_OPS];
+    tb_dtype od = c->dt[0];
+    int64_t i;
+    int32_t k;
+    for (i = 0; i < n; i++) {
+        char *o = p[0] + i * s[0] * c->es[0];
+        for (k = 1; k < c->nops; k++)
+            x[k] = p[k] + i * s[k] * c->es[k];
+        switch (c->mode) {
+        case TB__EW_CAST:
+            tb__ref_convert(od, o, c->dt[1], x[1]);
+            break;
+        case TB__EW_NOT:
+            tb__st_i(od, o, !tb__ld_b(c->dt[1], x[1]));
+            break;
+        case TB__EW_UNARY_F:
+            tb__st_f(od, o, tb__ref_unary_f(c->op, tb__ld_f(c->dt[1], x[1])));
+            break;
+        case TB__EW_UNARY_I:
+            tb__st_i(od, o, tb__ref_unary_i(c->op, tb__ld_i(c->dt[1], x[1])));
+            break;
+        case TB__EW_BINARY_F:
+            tb__st_f(od, o,
+                     tb__ref_binary_f(c->op, tb__ld_f(c->dt[1], x[1]), tb__ld_f(c->dt[2], x[2])));
+            break;
+        case TB__EW_BINARY_I: {
+            int64_t r = 0;
+            tb_status st =
+                tb__ref_binary_i(c->op, tb__ld_i(c->dt[1], x[1]), tb__ld_i(c->dt[2], x[2]), &r);
+            if (st != TB_OK) return st;
+            tb__st_i(od, o, r);
+            break;
+        }
+        case TB__EW_LOGIC: {
+            bool a = tb__ld_b(c->dt[1], x[1]), b = tb__ld_b(c->dt[2], x[2]);
+            tb__st_i(od, o, c->op == TB_OP_LOGICAL_AND ? (a && b) : (a || b));
+            break;
+        }
+        case TB__EW_WHERE:
+            if (tb__ld_b(c->dt[1], x[1]))
+                tb__ref_convert(od, o, c->dt[2], x[2]);
+            else
+                tb__ref_convert(od, o, c->dt[3], x[3]);
+            break;
+        case TB__EW_CLAMP_F: {
+            double v = tb__ref_maxf(tb__ld_f(c->dt[1], x[1]), tb__ld_f(c->dt[2], x[2]));
+            tb__st_f(od, o, tb__ref_minf(v, tb__ld_f(c->dt[3], x[3])));
+            break;
+        }
+        case TB__EW_CLAMP_I: {
+            int64_t v = tb__ld_i(c->dt[1], x[1]), lo = tb__ld_i(c->dt[2], x[2]),
+                    hi = tb__ld_i(c->dt[3], x[3]);
+            v = v < lo ? lo : v;
+            tb__st_i(od, o, v > hi ? hi : v);
+            break;
+        }
+        }
+    }
+    return TB_OK;
+}
+
+/* Typed loops for f32 and f64, the dtypes that carry the bulk of the work. Float ops compute in
+   double and round once; + - * / are done in T, which rounds the same way. */
+#define TB__UN_LOOP(T, EXPR)                                                                       \
+    do {                                                                                           \
+        T *o_ = (T *)p[0];                                                                         \
+        const T *a_ = (const T *)p[1];                                                             \
+        if (s[0] == 1 && s[1] == 1) {                                                              \
+            for (i = 0; i < n; i++) {                                                              \
+                double x = (double)a_[i];                                                          \
+                o_[i] = (T)(EXPR);                                                                 \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (i = 0; i < n; i++) {                                                              \
+                double x = (double)a_[i * s[1]];                                                   \
+                o_[i * s[0]] = (T)(EXPR);                                                          \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+#define TB__UN_FUNC(NAME, T)                                                                       \
+    static tb_status NAME(void *ctx, int64_t n, char *const *p, const int64_t *s) {                \
+        int64_t i;                                                                                 \
+        switch (((const tb__ew_ctx *)ctx)->op) {                                                   \
+        case TB_OP_NEG:                                                                            \
+            TB__UN_LOOP(T, -x);                                                                    \
+            break;                                                                                 \
+        case TB_OP_ABS:                                                                            \
+            TB__UN_LOOP(T, fabs(x));                                                               \
+            break;                                                                                 \
+        case TB_OP_EXP:                                                                            \
+            TB__UN_LOOP(T, exp(x));                                                                \
+            break;                                                                                 \
+        case TB_OP_LOG:                                                                            \
+            TB__UN_LOOP(T, log(x));                                                                \
+            break;                                                                                 \
+        case TB_OP_SQRT:                                                                           \
+            TB__UN_LOOP(T, sqrt(x));                                                               \
+            break;                                                                                 \
+        case TB_OP_RSQRT:                                                                          \
+            TB__UN_LOOP(T, 1.0 / sqrt(x));                                                         \
+            break;                                                                                 \
+        case TB_OP_SIN:                                                                            \
+            TB__UN_LOOP(T, sin(x));                                                                \
+            break;                                                                                 \
+        case TB_OP_COS:                                                                            \
+            TB__UN_LOOP(T, cos(x));                                                                \
+            break;                                                                                 \
+        case TB_OP_TANH:                                                                           \
+            TB__UN_LOOP(T, tanh(x));                                                               \
+            break;                                                                                 \
+        case TB_OP_RELU:                                                                           \
+            TB__UN_LOOP(T, x < 0 ? 0.0 : x);                                                       \
+            break;                                                                                 \
+        case TB_OP_RECIPROCAL:                                                                     \
+            TB__UN_LOOP(T, 1.0 / x);                                                               \
+            break;                                                                                 \
+        case TB_OP_FLOOR:                                                                          \
+            TB__UN_LOOP(T, floor(x));                                                              \
+            break;                                                                                 \
+        case TB_OP_CEIL:                                                                           \
+            TB__UN_LOOP(T, ceil(x));                                                               \
+            break;                                                                                 \
+        default:                                                                                   \
+            TB__UN_LOOP(T, tb__ref_unary_f(((const tb__ew_ctx *)ctx)->op, x));                     \
+            break;                                                                                 \
+        }                                                                                          \
+        return TB_OK;                                                                              \
+    }
+
+TB__UN_FUNC(tb__ref_unary_f32_run, float)
+TB__UN_FUNC(tb__ref_unary_f64_run, double)
+
+/* Binary loops with the common stride patterns spelled out so that they vectorise. */
+#define TB__BIN_LOOP(T, TO, EXPR)                                                                  \
+    do {                                                                                           \
+        TO *o_ = (TO *)p[0];                                                                       \
+        const T *a_ = (const T *)p[1];                                                             \
+        const T *b_ = (const T *)p[2];                                                             \
+        if (s[0] == 1 && s[1] == 1 && s[2] == 1) {                                                 \
+            for (i = 0; i < n; i++) {                                                              \
+                T a = a_[i], b = b_[i];                                                            \
+                o_[i] = (TO)(EXPR);                                                                \
+            }                                                                                      \
+        } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {                                          \
+            T b = b_[0];                                                                           \
+            for (i = 0; i < n; i++) {                                                              \
+                T a = a_[i];                                                                       \
+                o_[i] = (TO)(EXPR);                                                                \
+            }                                                                                      \
+        } else if (s[0] == 1 && s[1] == 0 && s[2] == 1) {                                          \
+            T a = a_[0];                                                                           \
+            for (i = 0; i < n; i++) {                                                              \
+                T b = b_[i];                                                                       \
+                o_[i] = (TO)(EXPR);                                                                \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (i = 0; i < n; i++) {                                                              \
+                T a = a_[i * s[1]], b = b_[i * s[2]];                                              \
+                o_[i * s[0]] = (TO)(EXPR);                                                         \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+#define TB__BIN_FUNC(NAME, T)                                                                      \
+    static tb_status NAME(void *ctx, int64_t n, char *const *p, const int64_t *s) {                \
+        int64_t i;                                                                                 \
+        switch (((const tb__ew_ctx *)ctx)->op) {                                                   \
+        case TB_OP_ADD:                                                                            \
+            TB__BIN_LOOP(T, T, a + b);                                                             \
+            break;                                                                                 \
+        case TB_OP_SUB:                                                                            \
+            TB__BIN_LOOP(T, T, a - b);                                                             \
+            break;                                                                                 \
+        case TB_OP_MUL:                                                                            \
+            TB__BIN_LOOP(T, T, a *b);                                                              \
+            break;                                                                                 \
+        case TB_OP_DIV:                                                                            \
+            TB__BIN_LOOP(T, T, a / b);                                                             \
+            break;                                                                                 \
+        case TB_OP_POW:                                                                            \
+            TB__BIN_LOOP(T, T, pow((double)a, (double)b));                                         \
+            break;                                                                                 \
+        case TB_OP_MAXIMUM:                                                                        \
+            TB__BIN_LOOP(T, T, tb__ref_maxf((double)a, (double)b));                                \
+            break;                                                                                 \
+        case TB_OP_MINIMUM:                                                                        \
+            TB__BIN_LOOP(T, T, tb__ref_minf((double)a, (double)b));                                \
+            break;                                                                                 \
+        case TB_OP_EQ:                                                                             \
+            TB__BIN_LOOP(T, uint8_t, a == b);                                                      \
+            break;                                                                                 \
+        case TB_OP_NE:                                                                             \
+            TB__BIN_LOOP(T, uint8_t, a != b);                                                      \
+            break;                                                                                 \
+        case TB_OP_LT:                                                                             \
+            TB__BIN_LOOP(T, uint8_t, a < b);                                                       \
+            break;                                                                                 \
+        case TB_OP_LE:                                                                             \
+            TB__BIN_LOOP(T, uint8_t, a <= b);                                                      \
+            break;                                                                                 \
+        case TB_OP_GT:                                                                             \
+            TB__BIN_LOOP(T, uint8_t, a > b);                                                       \
+            break;                                                                                 \
+        case TB_OP_GE:                                                                             \
+            TB__BIN_LOOP(T, uint8_t, a >= b);                                                      \
+            break;                                                                                 \
+        default:                                                                                   \
+            break;                                                                                 \
+        }                                                                                          \
+        return TB_OK;                                                                              \
+    }
+
+TB__BIN_FUNC(tb__ref_binary_f32_run, float)
+TB__BIN_FUNC(tb__ref_binary_f64_run, double)
+
+#undef TB__UN_LOOP
+#undef TB__UN_FUNC
+#undef TB__BIN_LOOP
+#undef TB__BIN_FUNC
+
+static bool tb__ref_is_compare(tb_op op) {
+    return op == TB_OP_EQ || op == TB_OP_NE || op == TB_OP_LT || op == TB_OP_LE || op == TB_OP_GT ||
+           op == TB_OP_GE;
+}
+
+static tb_status tb__ref_elementwise(const tb_node *node, const tb__rview *in, tb__rview *out) {
+    tb__ew_ctx c;
+    tb__iter it;
+    tb__run_fn fn = tb__ref_ew_generic_run;
+    tb__conv_ctx conv;
+    void *ctx = &c;
+    tb_dtype od = node->shape.dtype;
+    int32_t k, nin = (int32_t)node->num_operands;
+    tb_status st;
+    bool any_float = false;
+    memset(&c, 0, sizeof(c));
+    c.op = node->op;
+    c.nops = nin + 1;
+    c.dt[0] = od;
+    c.es[0] = tb__ref_esize(od);
+    for (k = 0; k < nin; k++) {
+        c.dt[k + 1] = in[k].shape.dtype;
+        c.es[k + 1] = tb__ref_esize(in[k].shape.dtype);
+        any_float = any_float || tb_dtype_is_float(in[k].shape.dtype);
+    }
+    switch (node->op) {
+    case TB_OP_CAST:
+        c.mode = TB__EW_CAST;
+        conv.sd = c.dt[1];
+        conv.dd = od;
+        fn = tb__ref_conv_run;
+        ctx = &conv;
+        break;
+    case TB_OP_LOGICAL_NOT:
+        c.mode = TB__EW_NOT;
+        break;
+    case TB_OP_LOGICAL_AND:
+    case TB_OP_LOGICAL_OR:
+        c.mode = TB__EW_LOGIC;
+        break;
+    case TB_OP_WHERE:
+        c.mode = TB__EW_WHERE;
+        break;
+    case TB_OP_CLAMP:
+        c.mode = tb_dtype_is_float(od) ? TB__EW_CLAMP_F : TB__EW_CLAMP_I;
+        break;
+    default:
+        if (nin == 1) {
+            bool as_int = !tb_dtype_is_float(od) && !tb_dtype_is_float(c.dt[1]) &&
+                          tb__ref_unary_has_int(node->op);
+            c.mode = as_int ? TB__EW_UNARY_I : TB__EW_UNARY_F;
+            if (c.dt[1] == od && od == TB_F32) fn = tb__ref_unary_f32_run;
+            if (c.dt[1] == od && od == TB_F64) fn = tb__ref_unary_f64_run;
+        } else {
+            bool cmp = tb__ref_is_compare(node->op);
+            bool as_float = cmp ? any_float : tb_dtype_is_float(od);
+            tb_dtype want = cmp ? TB_BOOL : c.dt[1];
+            c.mode = as_float ? TB__EW_BINARY_F : TB__EW_BINARY_I;
+            if (c.dt[1] == c.dt[2] && od == want && c.dt[1] == TB_F32) fn = tb__ref_binary_f32_run;
+            if (c.dt[1] == c.dt[2] && od == want && c.dt[1] == TB_F64) fn = tb__ref_binary_f64_run;
+        }
+        break;
+    }
+    st = tb__rview_alloc(out, &node->shape);
+    if (st != TB_OK) return st;
+    tb__iter_begin(&it, node->shape.rank, node->shape.dims);
+    tb__iter_add(&it, out->buf->data, 0, out->strides, c.es[0]);
+    for (k = 0; k < nin && st == TB_OK; k++)
+        st = tb__iter_add_view(&it, &in[k]);
+    if (st == TB_OK) st = tb__iter_run(&it, fn, ctx);
+    if (st != TB_OK) tb__rview_clear(out);
+    return st;
+}
+
+/* ---- reductions ---- */
+
+typedef struct tb__red_ctx {
+    tb_op op;
+    tb_dtype dt;
+    int64_t es;
+} tb__red_ctx;
+
+#define TB__RED_BODY(LOAD)                                                                         \
+    do {                                                                                           \
+        switch (c->op) {                                                                           \
+        case TB_OP_PROD:                                                                           \
+            if (s[0] == 0) {                                                                       \
+                double t = acc[0];                                                                 \
+                for (i = 0; i < n; i++)                                                            \
+                    t *= (double)(LOAD);                                                           \
+                acc[0] = t;                                                                        \
+            } else {                                                                               \
+                for (i = 0; i < n; i++)                                                            \
+                    acc[i * s[0]] *= (double)(LOAD);                                               \
+            }                                                                                      \
+            break;                                                                                 \
+        case TB_OP_MAX:                                                                            \
+            for (i = 0; i < n; i++) {                                                              \
+                double v = (double)(LOAD), t = acc[i * s[0]];                                      \
+                if (v > t || v != v) acc[i * s[0]] = v;                                            \
+            }                                                                                      \
+            break;                                                                                 \
+        case TB_OP_MIN:                                                                            \
+            for (i = 0; i < n; i++) {                                                              \
+                double v = (double)(LOAD), t = acc[i * s[0]];                                      \
+                if (v < t || v != v) acc[i * s[0]] = v;                                            \
+            }                                                                                      \
+            break;                                                                                 \
+        default: /* SUM MEAN */                                                                    \
+            if (s[0] == 0) {                                                                       \
+                double t = acc[0];                                                                 \
+                for (i = 0; i < n; i++)                                                            \
+                    t += (double)(LOAD);                                                           \
+                acc[0] = t;                                                                        \
+            } else {                                                                               \
+                for (i = 0; i < n; i++)                                                            \
+                    acc[i * s[0]] += (double)(LOAD);                                               \
+            }                                                                                      \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+/* Float reductions accumulate in double: a sum of millions of f32 stays accurate. */
+static tb_status tb__ref_reduce_f_run(void *ctx, int64_t n, char *const *p, const int64_t *s) {
+    const tb__red_ctx *c = (const tb__red_ctx *)ctx;
+    double *acc = (double *)p[0];
+    int64_t i;
+    if (c->dt == TB_F32) {
+        const float *x = (const float *)p[1];
+        TB__RED_BODY(x[i * s[1]]);
+    } else if (c->dt == TB_F64) {
+        const double *x = (const double *)p[1];
+        TB__RED_BODY(x[i * s[1]]);
+    } else {
+        TB__RED_BODY(tb__ld_f(c->dt, p[1] + i * s[1] * c->es));
+    }
+    return TB_OK;
+}
+
+#undef TB__RED_BODY
+
+/* Integer reductions accumulate in int64 with wrapping arithmetic. */
+static tb_status tb__ref_reduce_i_run(void *ctx, int64_t n, char *const *p, const int64_t *s) {
+    const tb__red_ctx *c = (const tb__red_ctx *)ctx;
+    int64_t *acc = (int64_t *)p[0];
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        int64_t v = tb__ld_i(c->dt, p[1] + i * s[1] * c->es);
+        int64_t *a = &acc[i * s[0]];
+        switch (c->op) {
+        case TB_OP_PROD:
+            *a = (int64_t)((uint64_t)*a * (uint64_t)v);
+            break;
+        case TB_OP_MAX:
+            *a = v > *a ? v : *a;
+            break;
+        case TB_OP_MIN:
+            *a = v < *a ? v : *a;
+            break;
+        default:
+            *a = (int64_t)((uint64_t)*a + (uint64_t)v);
+            break;
+        }
+    }
+    return TB_OK;
+}
+
+static bool tb__ref_mask_has(int64_t mask, int32_t axis) {
+    return (((uint64_t)mask >> axis) & 1u) != 0;
+}
+
+static tb_status tb__ref_reduce(const tb_node *node, const tb__rview *x, tb__rview *out) {
+    int64_t mask = node->num_attrs > 0 ? node->attrs[0] : 0;
+    const tb_shape *xs = &x->shape;
+    int64_t ast[TB_MAX_RANK], kept = 1, count = 1, onumel, i;
+    int32_t d;
+    bool facc = tb_dtype_is_float(xs->dtype) || tb_dtype_is_float(node->shape.dtype);
+    char *acc;
+    tb__iter it;
+    tb__red_ctx c;
+    tb_status st;
+    /* accumulator strides over x's axes: kept axes contiguous, reduced axes 0 */
+    for (d = xs->rank - 1; d >= 0; d--) {
+        if (tb__ref_mask_has(mask, d)) {
+            ast[d] = 0;
+            count *= xs->dims[d];
+        } else {
+            ast[d] = kept;
+            kept *= xs->dims[d];
+        }
+    }
+    onumel = tb__ref_numel(&node->shape);
+    if (onumel != kept || ((uint64_t)mask >> xs->rank) != 0)
+        return tb__error(TB_ERR_INTERNAL, "reference: %s node with a malformed axes mask",
+                         tb_op_name(node->op));
+    if ((uint64_t)onumel > SIZE_MAX / 8u)
+        return tb__error(TB_ERR_OVERFLOW, "reference: %s accumulator too large",
+                         tb_op_name(node->op));
+    acc = (char *)tb__alloc((size_t)(onumel ? onumel : 1) * 8u);
+    if (!acc) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < onumel; i++) {
+        if (facc) {
+            double v = 0.0;
+            if (node->op == TB_OP_PROD) v = 1.0;
+            if (node->op == TB_OP_MAX) v = -HUGE_VAL;
+            if (node->op == TB_OP_MIN) v = HUGE_VAL;
+            ((double *)acc)[i] = v;
+        } else {
+            int64_t v = 0;
+            if (node->op == TB_OP_PROD) v = 1;
+            if (node->op == TB_OP_MAX) v = INT64_MIN;
+            if (node->op == TB_OP_MIN) v = INT64_MAX;
+            ((int64_t *)acc)[i] = v;
+        }
+    }
+    c.op = node->op;
+    c.dt = xs->dtype;
+    c.es = tb__ref_esize(xs->dtype);
+    tb__iter_begin(&it, xs->rank, xs->dims);
+    tb__iter_add(&it, acc, 0, ast, 8);
+    tb__iter_add(&it, x->buf->data, x->offset, x->strides, c.es);
+    st = tb__iter_run(&it, facc ? tb__ref_reduce_f_run : tb__ref_reduce_i_run, &c);
+    if (st == TB_OK) st = tb__rview_alloc(out, &node->shape);
+    if (st == TB_OK) {
+        tb_dtype od = node->shape.dtype;
+        int64_t oes = tb__ref_esize(od);
+        char *o = out->buf->data;
+        for (i = 0; i < onumel; i++) {
+            if (!facc) {
+                tb__st_i(od, o + i * oes, ((int64_t *)acc)[i]);
+            } else if (node->op == TB_OP_MEAN) {
+                double sum = ((double *)acc)[i];
+                tb__st_f(od, o + i * oes, count > 0 ? sum / (double)count : NAN);
+            } else {
+                tb__st_f(od, o + i * oes, ((double *)acc)[i]);
+            }
+        }
+    }
+    tb__free(acc);
+    return st;
+}
+
+/* ARGMAX/ARGMIN: the first extreme element along one axis; NaN counts as the extreme. */
+static tb_status tb__ref_argminmax(const tb_node *node, const tb__rview *x, tb__rview *out) {
+    const tb_shape *xs = &x->shape;
+    int32_t axis = node->num_attrs > 0 ? (int32_t)node->attrs[0] : 0;
+    int64_t len, stride, onumel, o;
+    int64_t idx[TB_MAX_RANK];
+    int64_t off;
+    int64_t es = tb__ref_esize(xs->dtype);
+    int32_t d;
+    bool is_max = node->op == TB_OP_ARGMAX, as_float = tb_dtype_is_float(xs->dtype);
+    tb_status st;
+    if (xs->rank < 1 || axis < 0 || axis >= xs->rank || xs->dims[axis] < 1)
+        return tb__error(TB_ERR_INTERNAL, "reference: %s node with a malformed axis",
+                         tb_op_name(node->op));
+    len = xs->dims[axis];
+    stride = x->strides[axis];
+    st = tb__rview_alloc(out, &node->shape);
+    if (st != TB_OK) return st;
+    onumel = tb__ref_numel(&node->shape);
+    memset(idx, 0, sizeof(idx));
+    off = x->offset;
+    for (o = 0; o < onumel; o++) {
+        const char *p = x->buf->data + off * es;
+        int64_t best = 0, k;
+        if (as_float) {
+            double bv = tb__ld_f(xs->dtype, p);
+            for (k = 1; k < len && bv == bv; k++) {
+                double v = tb__ld_f(xs->dtype, p + k * stride * es);
+                if (v != v || (is_max ? v > bv : v < bv)) {
+                    bv = v;
+                    best = k;
+                }
+            }
+        } else {
+            int64_t bv = tb__ld_i(xs->dtype, p);
+            for (k = 1; k < len; k++) {
+                int64_t v = tb__ld_i(xs->dtype, p + k * stride * es);
+                if (is_max ? v > bv : v < bv) {
+                    bv = v;
+                    best = k;
+                }
+            }
+        }
+        tb__st_i(node->shape.dtype, out->buf->data + o * tb__ref_esize(node->shape.dtype), best);
+        /* next position over the other axes, row-major */
+        for (d = xs->rank - 1; d >= 0; d--) {
+            if (d == axis) continue;
+            idx[d]++;
+            off += x->strides[d];
+            if (idx[d] < xs->dims[d]) break;
+            off -= x->strides[d] * xs->dims[d];
+            idx[d] = 0;
+        }
+    }
+    return TB_OK;
+}
+
+/* ---- matmul ---- */
+
+#define TB__MM_JB 256 /* output columns per tile: four rows of accumulators stay in L1 */
+
+/* Packs the [rows, cols] matrix at element `off` of `v` (strides rs, cs) into a double or int64
+   array, row-major. */
+static void tb__ref_mm_pack(const tb__rview *v, int64_t off, int64_t rows, int64_t cols, int64_t rs,
+                            int64_t cs, bool as_float, void *dst) {
+    tb_dtype dt = v->shape.dtype;
+    int64_t es = tb__ref_esize(dt), r, k;
+    const char *base = v->buf->data;
+    if (as_float && dt == TB_F32) {
+        const float *a = (const float *)base + off;
+        double *o = (double *)dst;
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < cols; k++)
+                o[r * cols + k] = (double)a[r * rs + k * cs];
+    } else if (as_float) {
+        double *o = (double *)dst;
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < cols; k++)
+                o[r * cols + k] = tb__ld_f(dt, base + (off + r * rs + k * cs) * es);
+    } else {
+        int64_t *o = (int64_t *)dst;
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < cols; k++)
+                o[r * cols + k] = tb__ld_i(dt, base + (off + r * rs + k * cs) * es);
+    }
+}
+
+/* c[M,N] = a[M,K] b[K,N] in double, four rows at a time over column tiles. */
+static void tb__ref_mm_f(const double *a, const double *b, double *acc, int64_t M, int64_t K,
+                         int64_t N, tb_dtype od, char *out) {
+    int64_t jb, ib, k, j, r;
+    int64_t oes = tb__ref_esize(od);
+    for (jb = 0; jb < N; jb += TB__MM_JB) {
+        int64_t jn = N - jb < TB__MM_JB ? N - jb : TB__MM_JB;
+        for (ib = 0; ib < M; ib += 4) {
+            int64_t rows = M - ib < 4 ? M - ib : 4;
+            double *c0 = acc, *c1 = acc + TB__MM_JB, *c2 = acc + 2 * TB__MM_JB,
+                   *c3 = acc + 3 * TB__MM_JB;
+            for (j = 0; j < 4 * TB__MM_JB; j++)
+                acc[j] = 0.0;
+            for (k = 0; k < K; k++) {
+                const double *brow = b + k * N + jb;
+                if (rows == 4) {
+                    double a0 = a[ib * K + k], a1 = a[(ib + 1) * K + k], a2 = a[(ib + 2) * K + k],
+                           a3 = a[(ib + 3) * K + k];
+                    for (j = 0; j < jn; j++) {
+                        double bj = brow[j];
+                        c0[j] += a0 * bj;
+                        c1[j] += a1 * bj;
+                        c2[j] += a2 * bj;
+                        c3[j] += a3 * bj;
+                    }
+                } else {
+                    for (r = 0; r < rows; r++) {
+                        double ar = a[(ib + r) * K + k];
+                        double *cr = acc + r * TB__MM_JB;
+                        for (j = 0; j < jn; j++)
+                            cr[j] += ar * brow[j];
+                    }
+                }
+            }
+            for (r = 0; r < rows; r++) {
+                const double *cr = acc + r * TB__MM_JB;
+                int64_t base = (ib + r) * N + jb;
+                if (od == TB_F32) {
+                    float *o = (float *)out + base;
+                    for (j = 0; j < jn; j++)
+                        o[j] = (float)cr[j];
+                } else if (od == TB_F64) {
+                    memcpy((double *)out + base, cr, (size_t)jn * sizeof(double));
+                } else {
+                    for (j = 0; j < jn; j++)
+                        tb__st_f(od, out + (base + j) * oes, cr[j]);
+                }
+            }
+        }
+    }
+}
+
+static void tb__ref_mm_i(const int64_t *a, const int64_t *b, int64_t M, int64_t K, int64_t N,
+                         tb_dtype od, char *out) {
+    int64_t i, k, j, oes = tb__ref_esize(od);
+    for (i = 0; i < M; i++) {
+        char *orow = out + i * N * oes;
+        for (j = 0; j < N; j++)
+            tb__st_i(od, orow + j * oes, 0);
+        if (od == TB_I64) {
+            int64_t *o = (int64_t *)orow;
+            for (k = 0; k < K; k++) {
+                uint64_t av = (uint64_t)a[i * K + k];
+                const int64_t *brow = b + k * N;
+                for (j = 0; j < N; j++)
+                    o[j] = (int64_t)((uint64_t)o[j] + av * (uint64_t)brow[j]);
+            }
+        } else {
+            for (j = 0; j < N; j++) {
+                uint64_t t = 0;
+                for (k = 0; k < K; k++)
+                    t += (uint64_t)a[i * K + k] * (uint64_t)b[k * N + j];
+                tb__st_i(od, orow + j * oes, (int64_t)t);
+            }
+        }
+    }
+}
+
+static tb_status tb__ref_matmul(const tb_node *node, const tb__rview *a, const tb__rview *b,
+                                tb__rview *out) {
+    const tb_shape *os = &node->shape;
+    int32_t r = os->rank, d;
+    int64_t M, K, N, batch = 1, bi, aoff, boff, last_aoff = -1, last_boff = -1;
+    int64_t idx[TB_MAX_RANK];
+    bool as_float = tb_dtype_is_float(os->dtype);
+    void *pa = NULL, *pb = NULL;
+    double *acc = NULL;
+    int64_t oes = tb__ref_esize(os->dtype);
+    tb_status st = TB_OK;
+    if (r < 2 || a->shape.rank != r || b->shape.rank != r)
+        return tb__ref_malformed(node, &a->shape);
+    M = os->dims[r - 2];
+    N = os->dims[r - 1];
+    K = a->shape.dims[r - 1];
+    if (a->shape.dims[r - 2] != M || b->shape.dims[r - 2] != K || b->shape.dims[r - 1] != N)
+        return tb__ref_malformed(node, &a->shape);
+    for (d = 0; d < r - 2; d++) {
+        if ((a->shape.dims[d] != os->dims[d] && a->shape.dims[d] != 1) ||
+            (b->shape.dims[d] != os->dims[d] && b->shape.dims[d] != 1))
+            return tb__ref_malformed(node, &a->shape);
+        batch *= os->dims[d];
+    }
+    st = tb__rview_alloc(out, os);
+    if (st != TB_OK) return st;
+    if (batch == 0 || M == 0 || N == 0) return TB_OK;
+    /* M*K and K*N are element counts of the operands, so they fit; 8 bytes each might not */
+    if ((uint64_t)(M * K) > SIZE_MAX / 8u - 1u || (uint64_t)(K * N) > SIZE_MAX / 8u - 1u) {
+        st = tb__error(TB_ERR_OVERFLOW, "reference: matmul operands too large to pack");
+        goto done;
+    }
+    pa = tb__alloc((size_t)(M * K + 1) * 8u);
+    pb = tb__alloc((size_t)(K * N + 1) * 8u);
+    acc = (double *)tb__alloc(4 * TB__MM_JB * sizeof(double));
+    if (!pa || !pb || !acc) {
+        st = TB_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    memset(idx, 0, sizeof(idx));
+    aoff = a->offset;
+    boff = b->offset;
+    for (bi = 0; bi < batch; bi++) {
+        char *o = out->buf->data + bi * M * N * oes;
+        /* operands broadcast over the batch (stride 0) are packed once */
+        if (aoff != last_aoff)
+            tb__ref_mm_pack(a, aoff, M, K, a->strides[r - 2], a->strides[r - 1], as_float, pa);
+        if (boff != last_boff)
+            tb__ref_mm_pack(b, boff, K, N, b->strides[r - 2], b->strides[r - 1], as_float, pb);
+        last_aoff = aoff;
+        last_boff = boff;
+        if (as_float)
+            tb__ref_mm_f((const double *)pa, (const double *)pb, acc, M, K, N, os->dtype, o);
+        else
+            tb__ref_mm_i((const int64_t *)pa, (const int64_t *)pb, M, K, N, os->dtype, o);
+        for (d = r - 3; d >= 0; d--) {
+            int64_t as_ = a->shape.dims[d] == 1 ? 0 : a->strides[d];
+            int64_t bs_ = b->shape.dims[d] == 1 ? 0 : b->strides[d];
+            idx[d]++;
+            aoff += as_;
+            boff += bs_;
+            if (idx[d] < os->dims[d]) break;
+            aoff -= as_ * os->dims[d];
+            boff -= bs_ * os->dims[d];
+            idx[d] = 0;
+        }
+    }
+done:
+    tb__free(pa);
+    tb__free(pb);
+    tb__free(acc);
+    if (st != TB_OK) tb__rview_clear(out);
+    return st;
+}
+
+#undef TB__MM_JB
+
+/* ---- softmax, log_softmax, layer_norm ---- */
+
+/* Reads n elements (stride in elements) into doubles. */
+static void tb__ref_load_row(tb_dtype dt, const char *p, int64_t stride, int64_t n, double *dst) {
+    int64_t i, es = tb__ref_esize(dt);
+    if (dt == TB_F32) {
+        const float *a = (const float *)p;
+        for (i = 0; i < n; i++)
+            dst[i] = (double)a[i * stride];
+    } else if (dt == TB_F64) {
+        const double *a = (const double *)p;
+        for (i = 0; i < n; i++)
+            dst[i] = a[i * stride];
+    } else {
+        for (i = 0; i < n; i++)
+            dst[i] = tb__ld_f(dt, p + i * stride * es);
+    }
+}
+
+static void tb__ref_store_row(tb_dtype dt, char *p, int64_t stride, int64_t n, const double *src) {
+    int64_t i, es = tb__ref_esize(dt);
+    if (dt == TB_F32) {
+        float *a = (float *)p;
+        for (i = 0; i < n; i++)
+            a[i * stride] = (float)src[i];
+    } else if (dt == TB_F64) {
+        double *a = (double *)p;
+        for (i = 0; i < n; i++)
+            a[i * stride] = src[i];
+    } else {
+        for (i = 0; i < n; i++)
+            tb__st_f(dt, p + i * stride * es, src[i]);
+    }
+}
+
+static tb_status tb__ref_alloc_row(int64_t n, double **row) {
+    if ((uint64_t)n > SIZE_MAX / sizeof(double) - 1u)
+        return tb__error(TB_ERR_OVERFLOW, "reference: a row of %lld elements is too large",
+                         (long long)n);
+    *row = (double *)tb__alloc((size_t)(n + 1) * sizeof(double));
+    return *row ? TB_OK : TB_ERR_OUT_OF_MEMORY;
+}
+
+static tb_status tb__ref_softmax(const tb_node *node, const tb__rview *x, tb__rview *out) {
+    int32_t axis = node->num_attrs > 0 ? (int32_t)node->attrs[0] : 0, d;
+    const tb_shape *xs = &x->shape;
+    int64_t outer = 1, len, inner = 1, o, in, l, es = tb__ref_esize(xs->dtype);
+    bool log_form = node->op == TB_OP_LOG_SOFTMAX;
+    tb__rview xc;
+    double *row = NULL;
+    tb_status st;
+    if (xs->rank < 1 || axis < 0 || axis >= xs->rank)
+        return tb__error(TB_ERR_INTERNAL, "reference: %s node with a malformed axis",
+                         tb_op_name(node->op));
+    for (d = 0; d < axis; d++)
+        outer *= xs->dims[d];
+    for (d = axis + 1; d < xs->rank; d++)
+        inner *= xs->dims[d];
+    len = xs->dims[axis];
+    st = tb__rview_contig(x, &xc);
+    if (st != TB_OK) return st;
+    st = tb__ref_alloc_row(len, &row);
+    if (st == TB_OK) st = tb__rview_alloc(out, &node->shape);
+    if (st == TB_OK) {
+        const char *src = tb__rview_ptr(&xc);
+        char *dst = out->buf->data;
+        tb_dtype od = node->shape.dtype;
+        int64_t oes = tb__ref_esize(od);
+        for (o = 0; o < outer; o++) {
+            for (in = 0; in < inner; in++) {
+                int64_t base = o * len * inner + in;
+                double m = -HUGE_VAL, sum = 0.0;
+                tb__ref_load_row(xs->dtype, src + base * es, inner, len, row);
+                /* subtracting the max keeps exp in range; NaN propagates, and a row of -inf
+                   gives NaN (-inf - -inf) as PyTorch */
+                for (l = 0; l < len; l++)
+                    m = tb__ref_maxf(m, row[l]);
+                for (l = 0; l < len; l++)
+                    sum += exp(row[l] - m);
+                if (log_form) {
+                    double lse = log(sum);
+                    for (l = 0; l < len; l++)
+                        row[l] = row[l] - m - lse;
+                } else {
+                    for (l = 0; l < len; l++)
+                        row[l] = exp(row[l] - m) / sum;
+                }
+                tb__ref_store_row(od, dst + base * oes, inner, len, row);
+            }
+        }
+    }
+    tb__free(row);
+    tb__rview_clear(&xc);
+    return st;
+}
+
+static tb_status tb__ref_layer_norm(const tb_node *node, const tb__rview *in, tb__rview *out) {
+    int32_t nd = node->num_attrs > 0 ? (int32_t)node->attrs[0] : 1, d;
+    bool has_w = node->num_attrs > 1 && node->attrs[1] != 0;
+    bool has_b = node->num_attrs > 2 && node->attrs[2] != 0;
+    double eps = node->fattrs[0];
+    const tb_shape *xs = &in[0].shape;
+    int64_t len = 1, rows = 1, r, l;
+    tb__rview xc, wc, bc;
+    double *row = NULL, *w = NULL, *b = NULL;
+    tb_status st = TB_OK;
+    uint32_t need = 1u + (has_w ? 1u : 0u) + (has_b ? 1u : 0u);
+    memset(&xc, 0, sizeof(xc));
+    memset(&wc, 0, sizeof(wc));
+    memset(&bc, 0, sizeof(bc));
+    if (nd < 1 || nd > xs->rank || node->num_operands != need)
+        return tb__error(TB_ERR_INTERNAL, "reference: malformed layer_norm node");
+    for (d = 0; d < xs->rank; d++) {
+        if (d < xs->rank - nd)
+            rows *= xs->dims[d];
+        else
+            len *= xs->dims[d];
+    }
+    st = tb__rview_contig(&in[0], &xc);
+    if (st == TB_OK && has_w) st = tb__rview_contig(&in[1], &wc);
+    if (st == TB_OK && has_b) st = tb__rview_contig(&in[has_w ? 2 : 1], &bc);
+    if (st == TB_OK) st = tb__ref_alloc_row(len, &row);
+    if (st == TB_OK && has_w) st = tb__ref_alloc_row(len, &w);
+    if (st == TB_OK && has_b) st = tb__ref_alloc_row(len, &b);
+    if (st == TB_OK &&
+        ((has_w && tb__ref_numel(&wc.shape) != len) || (has_b && tb__ref_numel(&bc.shape) != len)))
+        st = tb__error(TB_ERR_INTERNAL, "reference: layer_norm weight or bias of the wrong size");
+    if (st == TB_OK) st = tb__rview_alloc(out, &node->shape);
+    if (st == TB_OK) {
+        const char *src = tb__rview_ptr(&xc);
+        int64_t es = tb__ref_esize(xs->dtype), oes = tb__ref_esize(node->shape.dtype);
+        if (has_w) tb__ref_load_row(wc.shape.dtype, tb__rview_ptr(&wc), 1, len, w);
+        if (has_b) tb__ref_load_row(bc.shape.dtype, tb__rview_ptr(&bc), 1, len, b);
+        for (r = 0; r < rows; r++) {
+            double mean = 0.0, var = 0.0, rstd;
+            tb__ref_load_row(xs->dtype, src + r * len * es, 1, len, row);
+            /* two passes: the variance of large values with a small spread stays exact */
+            for (l = 0; l < len; l++)
+                mean += row[l];
+            mean /= (double)len;
+            for (l = 0; l < len; l++)
+                var += (row[l] - mean) * (row[l] - mean);
+            var /= (double)len;
+            rstd = 1.0 / sqrt(var + eps);
+            for (l = 0; l < len; l++) {
+                double y = (row[l] - mean) * rstd;
+                if (has_w) y *= w[l];
+                if (has_b) y += b[l];
+                row[l] = y;
+            }
+            tb__ref_store_row(node->shape.dtype, out->buf->data + r * len * oes, 1, len, row);
+        }
+    }
+    tb__free(row);
+    tb__free(w);
+    tb__free(b);
+    tb__rview_clear(&xc);
+    tb__rview_clear(&wc);
+    tb__rview_clear(&bc);
+    return st;
+}
+
+/* ---- movement ops: views, no copies ---- */
+
+/* Strides that let a view of dims/strides be read with new dims without copying, as NumPy's
+   attempt_nocopy_reshape; false when the memory layout does not allow it. */
+static bool tb__ref_reshape_strides(const tb__rview *v, const tb_shape *ns, int64_t *nstrides) {
+    int64_t od[TB_MAX_RANK], ost[TB_MAX_RANK];
+    int32_t oldnd = 0, newnd = ns->rank, d;
+    int32_t oi = 0, oj = 1, ni = 0, nj = 1, ok, nk;
+    for (d = 0; d < v->shape.rank; d++) {
+        if (v->shape.dims[d] != 1) {
+            od[oldnd] = v->shape.dims[d];
+            ost[oldnd] = v->strides[d];
+            oldnd++;
+        }
+    }
+    while (ni < newnd && oi < oldnd) {
+        int64_t np = ns->dims[ni], op = od[oi];
+        while (np != op) {
+            if (np < op) {
+                if (nj >= newnd) return false;
+                np *= ns->dims[nj++];
+            } else {
+                if (oj >= oldnd) return false;
+                op *= od[oj++];
+            }
+        }
+        for (ok = oi; ok < oj - 1; ok++)
+            if (ost[ok] != od[ok + 1] * ost[ok + 1]) return false;
+        nstrides[nj - 1] = ost[oj - 1];
+        for (nk = nj - 1; nk > ni; nk--)
+            nstrides[nk - 1] = nstrides[nk] * ns->dims[nk];
+        ni = nj++;
+        oi = oj++;
+    }
+    /* trailing axes of size 1: any stride will do */
+    for (nk = ni; nk < newnd; nk++)
+        nstrides[nk] = 1;
+    return true;
+}
+
+static tb_status tb__ref_movement(const tb_node *node, const tb__rview *x, tb__rview *out) {
+    const tb_shape *xs = &x->shape, *os = &node->shape;
+    int32_t d;
+    tb_status st;
+    if (os->dtype != xs->dtype) return tb__ref_malformed(node, xs);
+    switch (node->op) {
+    case TB_OP_RESHAPE: {
+        int64_t ns[TB_MAX_RANK];
+        if (tb__ref_numel(xs) != tb__ref_numel(os)) return tb__ref_malformed(node, xs);
+        if (tb__ref_reshape_strides(x, os, ns)) {
+            tb__rview_share(out, x);
+            out->shape = *os;
+            memcpy(out->strides, ns, sizeof(ns));
+            return TB_OK;
+        }
+        st = tb__rview_contig(x, out);
+        if (st != TB_OK) return st;
+        out->shape = *os;
+        tb__ref_contig_strides(os, out->strides);
+        return TB_OK;
+    }
+    case TB_OP_PERMUTE: {
+        uint32_t seen = 0;
+        if (os->rank != xs->rank || (int64_t)node->num_attrs != os->rank)
+            return tb__ref_malformed(node, xs);
+        tb__rview_share(out, x);
+        out->shape = *os;
+        for (d = 0; d < os->rank; d++) {
+            int64_t p = node->attrs[d];
+            if (p < 0 || p >= xs->rank || ((seen >> p) & 1u) || xs->dims[p] != os->dims[d]) {
+                tb__rview_clear(out);
+                return tb__ref_malformed(node, xs);
+            }
+            seen |= 1u << p;
+            out->strides[d] = x->strides[p];
+        }
+        return TB_OK;
+    }
+    case TB_OP_EXPAND: {
+        int32_t shift = os->rank - xs->rank;
+        if (shift < 0) return tb__ref_malformed(node, xs);
+        for (d = 0; d < os->rank; d++) {
+            int32_t j = d - shift;
+            if (j >= 0 && xs->dims[j] != os->dims[d] && xs->dims[j] != 1)
+                return tb__ref_malformed(node, xs);
+        }
+        tb__rview_share(out, x);
+        out->shape = *os;
+        for (d = 0; d < os->rank; d++) {
+            int32_t j = d - shift;
+            out->strides[d] = (j < 0 || xs->dims[j] != os->dims[d]) ? 0 : x->strides[j];
+        }
+        return TB_OK;
+    }
+    case TB_OP_SLICE: {
+        int64_t dim, start, step;
+        if (node->num_attrs < 4 || os->rank != xs->rank) return tb__ref_malformed(node, xs);
+        dim = node->attrs[0];
+        start = node->attrs[1];
+        step = node->attrs[3];
+        if (dim < 0 || dim >= xs->rank || start < 0 || step < 1) return tb__ref_malformed(node, xs);
+        for (d = 0; d < os->rank; d++)
+            if (d != dim && os->dims[d] != xs->dims[d]) return tb__ref_malformed(node, xs);
+        /* the last element read must exist (the output is not empty here) */
+        if (os->dims[dim] > 0 && start + (os->dims[dim] - 1) * step >= xs->dims[dim])
+            return tb__ref_malformed(node, xs);
+        tb__rview_share(out, x);
+        out->shape = *os;
+        out->offset += start * x->strides[dim];
+        out->strides[dim] = x->strides[dim] * step;
+        return TB_OK;
+    }
+    case TB_OP_FLIP: {
+        int64_t mask = node->num_attrs > 0 ? node->attrs[0] : 0;
+        if (!tb_shape_equal(xs, os) || ((uint64_t)mask >> xs->rank) != 0)
+            return tb__ref_malformed(node, xs);
+        tb__rview_share(out, x);
+        for (d = 0; d < xs->rank; d++) {
+            if (tb__ref_mask_has(mask, d)) {
+                out->offset += (xs->dims[d] - 1) * x->strides[d];
+                out->strides[d] = -x->strides[d];
+            }
+        }
+        return TB_OK;
+    }
+    default:
+        break;
+    }
+    return tb__ref_malformed(node, xs);
+}
+
+/* ---- concat, pad, gather, index_select ---- */
+
+static tb_status tb__ref_concat(const tb_node *node, const tb__rview *in, tb__rview *out) {
+    int32_t dim = node->num_attrs > 0 ? (int32_t)node->attrs[0] : 0, d;
+    const tb_shape *os = &node->shape;
+    int64_t at = 0;
+    uint32_t k;
+    tb_status st;
+    if (dim < 0 || dim >= os->rank || node->num_operands < 1) goto bad;
+    for (k = 0; k < node->num_operands; k++) {
+        if (in[k].shape.rank != os->rank) goto bad;
+        for (d = 0; d < os->rank; d++)
+            if (d != dim && in[k].shape.dims[d] != os->dims[d]) goto bad;
+        at += in[k].shape.dims[dim];
+    }
+    if (at != os->dims[dim]) goto bad;
+    st = tb__rview_alloc(out, os);
+    if (st != TB_OK) return st;
+    at = 0;
+    for (k = 0; k < node->num_operands && st == TB_OK; k++) {
+        tb__rview dst = *out;
+        dst.shape.dims[dim] = in[k].shape.dims[dim];
+        if (dst.shape.dims[dim] == 0 || tb__ref_numel(&dst.shape) == 0) continue;
+        dst.offset = at * out->strides[dim];
+        at += in[k].shape.dims[dim];
+        st = tb__ref_copy(&dst, &in[k]);
+    }
+    if (st != TB_OK) tb__rview_clear(out);
+    return st;
+bad:
+    return tb__ref_malformed(node, &in[0].shape);
+}
+
+/* Fills a contiguous view with one element's bytes. */
+static void tb__ref_fill(tb__rview *v, const char *elem) {
+    int64_t n = tb__ref_numel(&v->shape), es = tb__ref_esize(v->shape.dtype), i;
+    char *p = tb__rview_ptr(v);
+    for (i = 0; i < n; i++)
+        memcpy(p + i * es, elem, (size_t)es);
+}
+
+static tb_status tb__ref_pad(const tb_node *node, const tb__rview *in, tb__rview *out) {
+    const tb__rview *x = &in[0];
+    const tb_shape *os = &node->shape;
+    char value[8];
+    tb__rview dst, src;
+    int32_t d;
+    tb_status st;
+    if (os->rank != x->shape.rank || (int64_t)node->num_attrs != 2 * (int64_t)os->rank ||
+        tb__ref_numel(&in[1].shape) != 1)
+        goto bad;
+    for (d = 0; d < os->rank; d++) {
+        int64_t before = node->attrs[2 * d], after = node->attrs[2 * d + 1];
+        if (before < 0 || after < 0 || before + x->shape.dims[d] + after != os->dims[d]) goto bad;
+    }
+    st = tb__rview_alloc(out, os);
+    if (st != TB_OK) return st;
+    memset(value, 0, sizeof(value));
+    tb__ref_convert(os->dtype, value, in[1].shape.dtype, tb__rview_ptr(&in[1]));
+    tb__ref_fill(out, value);
+    if (tb__ref_numel(&x->shape) == 0) return TB_OK;
+    dst = *out;
+    src = *x;
+    dst.shape = x->shape;
+    dst.shape.dtype = os->dtype;
+    for (d = 0; d < os->rank; d++)
+        dst.offset += node->attrs[2 * d] * out->strides[d];
+    st = tb__ref_copy(&dst, &src);
+    if (st != TB_OK) tb__rview_clear(out);
+    return st;
+bad:
+    return tb__ref_malformed(node, &in[0].shape);
+}
+
+static tb_status tb__ref_index_error(const tb_node *node, int64_t index, int32_t dim,
+                                     int64_t size) {
+    return tb__error(TB_ERR_EXECUTE, "tb_%s: index %lld is out of range for dim %d of size %lld",
+                     tb_op_name(node->op), (long long)index, (int)dim, (long long)size);
+}
+
+static tb_status tb__ref_gather(const tb_node *node, const tb__rview *in, tb__rview *out) {
+    const tb__rview *x = &in[0], *ix = &in[1];
+    const tb_shape *os = &node->shape;
+    int32_t dim = node->num_attrs > 0 ? (int32_t)node->attrs[0] : 0, d;
+    int64_t idx[TB_MAX_RANK], xoff, ioff, n, o;
+    int64_t es = tb__ref_esize(x->shape.dtype), ies = tb__ref_esize(ix->shape.dtype);
+    tb_status st;
+    if (x->shape.rank < 1 || ix->shape.rank != x->shape.rank || os->rank != x->shape.rank ||
+        dim < 0 || dim >= os->rank || os->dtype != x->shape.dtype)
+        goto bad;
+    for (d = 0; d < os->rank; d++)
+        if (ix->shape.dims[d] != os->dims[d] || (d != dim && os->dims[d] > x->shape.dims[d]))
+            goto bad;
+    st = tb__rview_alloc(out, os);
+    if (st != TB_OK) return st;
+    n = tb__ref_numel(os);
+    memset(idx, 0, sizeof(idx));
+    xoff = x->offset;
+    ioff = ix->offset;
+    for (o = 0; o < n; o++) {
+        int64_t i = tb__ld_i(ix->shape.dtype, ix->buf->data + ioff * ies);
+        if (i < 0 || i >= x->shape.dims[dim]) {
+            tb__rview_clear(out);
+            return tb__ref_index_error(node, i, dim, x->shape.dims[dim]);
+        }
+        memcpy(out->buf->data + o * es, x->buf->data + (xoff + i * x->strides[dim]) * es,
+               (size_t)es);
+        for (d = os->rank - 1; d >= 0; d--) {
+            int64_t xs_ = d == dim ? 0 : x->strides[d];
+            idx[d]++;
+            xoff += xs_;
+            ioff += ix->strides[d];
+            if (idx[d] < os->dims[d]) break;
+            xoff -= xs_ * os->dims[d];
+            ioff -= ix->strides[d] * os->dims[d];
+            idx[d] = 0;
+        }
+    }
+    return TB_OK;
+bad:
+    return tb__ref_malformed(node, &in[0].shape);
+}
+
+static tb_status tb__ref_index_select(const tb_node *node, const tb__rview *in, tb__rview *out) {
+    const tb__rview *x = &in[0], *ix = &in[1];
+    const tb_shape *os = &node->shape;
+    int32_t dim = node->num_attrs > 0 ? (int32_t)node->attrs[0] : 0, d;
+    int64_t len, i, ies = tb__ref_esize(ix->shape.dtype);
+    tb_status st = TB_OK;
+    if (x->shape.rank < 1 || ix->shape.rank != 1 || os->rank != x->shape.rank || dim < 0 ||
+        dim >= os->rank || os->dtype != x->shape.dtype)
+        goto bad;
+    len = ix->shape.dims[0];
+    for (d = 0; d < os->rank; d++)
+        if (os->dims[d] != (d == dim ? len : x->shape.dims[d])) goto bad;
+    /* every index is checked first, so a bad one fails before any work */
+    for (i = 0; i < len; i++) {
+        int64_t v =
+            tb__ld_i(ix->shape.dtype, ix->buf->data + (ix->offset + i * ix->strides[0]) * ies);
+        if (v < 0 || v >= x->shape.dims[dim])
+            return tb__ref_index_error(node, v, dim, x->shape.dims[dim]);
+    }
+    st = tb__rview_alloc(out, os);
+    if (st != TB_OK) return st;
+    if (tb__ref_numel(os) == 0) return TB_OK;
+    for (i = 0; i < len && st == TB_OK; i++) {
+        int64_t v =
+            tb__ld_i(ix->shape.dtype, ix->buf->data + (ix->offset + i * ix->strides[0]) * ies);
+        tb__rview src = *x, dst = *out;
+        src.shape.dims[dim] = 1;
+        src.offset += v * x->strides[dim];
+        dst.shape.dims[dim] = 1;
+        dst.offset = i * out->strides[dim];
+        st = tb__ref_copy(&dst, &src);
+    }
+    if (st != TB_OK) tb__rview_clear(out);
+    return st;
+bad:
+    return tb__ref_malformed(node, &in[0].shape);
+}
+
+/* ---- leaves and generators ---- */
+
+static tb_status tb__ref_leaf(const tb_node *node, tb__rview *out) {
+    const tb_shape *os = &node->shape;
+    int64_t n = tb__ref_numel(os), i, es = tb__ref_esize(os->dtype);
+    tb_status st = tb__rview_alloc(out, os);
+    char *o;
+    if (st != TB_OK) return st;
+    o = out->buf->data;
+    switch (node->op) {
+    case TB_OP_DEVICE_DATA:
+        if (!node->data) {
+            st = tb__error(TB_ERR_INTERNAL, "reference: device data node without data");
+            break;
+        }
+        if (n > 0) st = tb__data_to_host(node->data, o);
+        break;
+    case TB_OP_SCALAR:
+        if (tb_dtype_is_float(node->scalar.dtype))
+            tb__st_f(os->dtype, o, node->scalar.f);
+        else
+            tb__st_i(os->dtype, o, node->scalar.i);
+        break;
+    case TB_OP_ARANGE: {
+        double start = node->fattrs[0], step = node->fattrs[1];
+        if (tb_dtype_is_float(os->dtype)) {
+            for (i = 0; i < n; i++)
+                tb__st_f(os->dtype, o + i * es, start + (double)i * step);
+        } else {
+            /* whole start and step: exact in int64 (wrapping, never undefined) */
+            int64_t s0 = tb__ref_f2i(start), s1 = tb__ref_f2i(step);
+            for (i = 0; i < n; i++)
+                tb__st_i(os->dtype, o + i * es,
+                         (int64_t)((uint64_t)s0 + (uint64_t)i * (uint64_t)s1));
+        }
+        break;
+    }
+    case TB_OP_EYE: {
+        int64_t rows, cols;
+        if (os->rank != 2) {
+            st = tb__error(TB_ERR_INTERNAL, "reference: eye node of rank %d", (int)os->rank);
+            break;
+        }
+        rows = os->dims[0];
+        cols = os->dims[1];
+        if (n > 0) memset(o, 0, (size_t)(n * es));
+        for (i = 0; i < rows && i < cols; i++)
+            tb__st_i(os->dtype, o + (i * cols + i) * es, 1);
+        break;
+    }
+    default:
+        st = tb__error(TB_ERR_INTERNAL, "reference: %s is not a leaf", tb_op_name(node->op));
+        break;
+    }
+    if (st != TB_OK) tb__rview_clear(out);
+    return st;
+}
+
+static tb_status tb__ref_random(const tb_node *node, const tb__rview *in, tb__rview *out) {
+    const tb_shape *os = &node->shape;
+    int64_t n = tb__ref_numel(os), i, es = tb__ref_esize(os->dtype);
+    uint64_t seed, offset;
+    tb_status st;
+    if (tb__ref_numel(&in[0].shape) != 1 || tb__ref_numel(&in[1].shape) != 1)
+        return tb__error(TB_ERR_INTERNAL, "reference: %s seed and offset must be scalars",
+                         tb_op_name(node->op));
+    /* i64 scalars holding the uint64 values bit for bit */
+    seed = (uint64_t)tb__ld_i(in[0].shape.dtype, tb__rview_ptr(&in[0]));
+    offset = (uint64_t)tb__ld_i(in[1].shape.dtype, tb__rview_ptr(&in[1]));
+    st = tb__rview_alloc(out, os);
+    if (st != TB_OK) return st;
+    for (i = 0; i < n; i++) {
+        double v = node->op == TB_OP_RAND ? tb__rng_uniform(os->dtype, seed, offset, (uint64_t)i)
+                                          : tb__rng_normal(os->dtype, seed, offset, (uint64_t)i);
+        tb__st_f(os->dtype, out->buf->data + i * es, v);
+    }
+    return TB_OK;
+}
+
+/* ---- custom ops ---- */
+
+static tb_status tb__ref_custom(const tb_node *node, const tb__rview *in, tb__rview *out) {
+    const tb_custom_op_desc *desc = tb_op_custom_desc(node->op);
+    uint32_t n = node->num_operands, k;
+    tb__rview *views = NULL;
+    const void **ptrs = NULL;
+    tb_shape *shapes = NULL;
+    char before[1024];
+    tb_status st = TB_OK;
+    if (!desc || !desc->reference)
+        return tb__error(TB_ERR_INTERNAL, "reference: unknown op %d", (int)node->op);
+    views = (tb__rview *)tb__calloc(n + 1u, sizeof(tb__rview));
+    ptrs = (const void **)tb__calloc(n + 1u, sizeof(void *));
+    shapes = (tb_shape *)tb__calloc(n + 1u, sizeof(tb_shape));
+    if (!views || !ptrs || !shapes) st = TB_ERR_OUT_OF_MEMORY;
+    for (k = 0; k < n && st == TB_OK; k++) {
+        st = tb__rview_contig(&in[k], &views[k]);
+        if (st == TB_OK) {
+            ptrs[k] = tb__rview_ptr(&views[k]);
+            shapes[k] = in[k].shape;
+        }
+    }
+    if (st == TB_OK) st = tb__rview_alloc(out, &node->shape);
+    if (st == TB_OK) {
+        /* the op may report its own reason; give one when it did not */
+        snprintf(before, sizeof(before), "%s", tb_last_error());
+        st = desc->reference(ptrs, shapes, n, out->buf->data, &node->shape, node->attrs,
+                             node->num_attrs, desc->user_data);
+        if (st != TB_OK) {
+            if (tb_last_status() == TB_OK || strcmp(before, tb_last_error()) == 0) {
+                tb_status code = st;
+                if (code <= TB_OK || code >= TB_STATUS_COUNT) code = TB_ERR_EXECUTE;
+                st = tb__error(code, "%s: the custom op's reference failed (%s)", desc->name,
+                               tb_status_string(code));
+            }
+            tb__rview_clear(out);
+        }
+    }
+    if (views)
+        for (k = 0; k < n; k++)
+            tb__rview_clear(&views[k]);
+    tb__free(views);
+    tb__free((void *)ptrs);
+    tb__free(shapes);
+    return st;
+}
+
+/* ---- one node ---- */
+
+static tb_status tb__ref_check_arity(const tb_node *node) {
+    int32_t arity = tb_op_arity(node->op);
+    if (node->op == TB_OP_LAYER_NORM || node->op == TB_OP_CONCAT) return TB_OK;
+    if (node->op >= TB_OP_BUILTIN_COUNT) {
+        const tb_custom_op_desc *desc = tb_op_custom_desc(node->op);
+        arity = desc ? desc->num_inputs : -1;
+    }
+    if (arity < 0 || (uint32_t)arity != node->num_operands)
+        return tb__error(TB_ERR_INTERNAL, "reference: %s node with %u operands",
+                         tb_op_name(node->op) ? tb_op_name(node->op) : "unknown",
+                         (unsigned)node->num_operands);
+    return TB_OK;
+}
+
+/* Computes `node` from its operands' values into *out (a new view holding a reference). */
+static tb_status tb__ref_compute(const tb_node *node, const tb__rview *in, tb__rview *out) {
+    tb_status st;
+    uint32_t k;
+    memset(out, 0, sizeof(*out));
+    st = tb__ref_check_arity(node);
+    if (st != TB_OK) return st;
+    for (k = 0; k < node->num_operands; k++)
+        if (!in[k].buf) return tb__error(TB_ERR_INTERNAL, "reference: an operand has no value");
+    /* an empty result needs no work (and no index checks, as in PyTorch) */
+    if (tb__ref_numel(&node->shape) == 0 && node->op != TB_OP_DEVICE_DATA)
+        return tb__rview_alloc(out, &node->shape);
+    if (node->op >= TB_OP_BUILTIN_COUNT) return tb__ref_custom(node, in, out);
+    switch (tb_op_get_kind(node->op)) {
+    case TB_KIND_UNARY:
+    case TB_KIND_BINARY:
+    case TB_KIND_TERNARY:
+        return tb__ref_elementwise(node, in, out);
+    case TB_KIND_MOVEMENT:
+        return tb__ref_movement(node, &in[0], out);
+    default:
+        break;
+    }
+    switch (node->op) {
+    case TB_OP_DEVICE_DATA:
+    case TB_OP_SCALAR:
+    case TB_OP_ARANGE:
+    case TB_OP_EYE:
+        return tb__ref_leaf(node, out);
+    case TB_OP_RAND:
+    case TB_OP_RANDN:
+        return tb__ref_random(node, in, out);
+    case TB_OP_SUM:
+    case TB_OP_MEAN:
+    case TB_OP_MAX:
+    case TB_OP_MIN:
+    case TB_OP_PROD:
+        return tb__ref_reduce(node, &in[0], out);
+    case TB_OP_ARGMAX:
+    case TB_OP_ARGMIN:
+        return tb__ref_argminmax(node, &in[0], out);
+    case TB_OP_MATMUL:
+        return tb__ref_matmul(node, &in[0], &in[1], out);
+    case TB_OP_SOFTMAX:
+    case TB_OP_LOG_SOFTMAX:
+        return tb__ref_softmax(node, &in[0], out);
+    case TB_OP_LAYER_NORM:
+        return tb__ref_layer_norm(node, in, out);
+    case TB_OP_CONCAT:
+        return tb__ref_concat(node, in, out);
+    case TB_OP_PAD:
+        return tb__ref_pad(node, in, out);
+    case TB_OP_GATHER:
+        return tb__ref_gather(node, in, out);
+    case TB_OP_INDEX_SELECT:
+        return tb__ref_index_select(node, in, out);
+    default:
+        break;
+    }
+    return tb__error(TB_ERR_INTERNAL, "reference: no implementation of op %d", (int)node->op);
+}
+
+TB__UNUSED static tb_status tb__ref_eval_node(const tb_node *node, const void *const *operands,
+                                              void *output) {
+    tb__rview *in = NULL, out;
+    uint32_t n, k;
+    tb_status st = TB_OK;
+    if (!node || (node->num_operands > 0 && !operands))
+        return tb__error(TB_ERR_INTERNAL, "reference: eval_node without a node or operands");
+    n = node->num_operands;
+    in = (tb__rview *)tb__calloc(n + 1u, sizeof(tb__rview));
+    if (!in) return TB_ERR_OUT_OF_MEMORY;
+    for (k = 0; k < n && st == TB_OK; k++)
+        st = tb__rview_borrow(&in[k], &node->operands[k]->shape, operands[k]);
+    if (st == TB_OK) st = tb__ref_compute(node, in, &out);
+    if (st == TB_OK) {
+        if (!output && tb__ref_numel(&node->shape) > 0)
+            st = tb__error(TB_ERR_INTERNAL, "reference: eval_node without an output array");
+        else if (output)
+            st = tb__rview_to_host(&out, output);
+        tb__rview_clear(&out);
+    }
+    for (k = 0; k < n; k++)
+        tb__rview_clear(&in[k]);
+    tb__free(in);
+    return st;
+}
+
+/* ---- whole graphs ---- */
+
+typedef struct tb__ref_slot {
+    const tb_node *node;
+    tb__rview value;
+    int64_t uses;   /* operand uses by needed nodes not yet run */
+    int64_t param;  /* index in graph->parameters, -1 when computed */
+    int64_t result; /* first index in graph->results, -1 when none */
+    bool needed;
+} tb__ref_slot;
+
+typedef struct tb__ref_map {
+    const tb_node **keys;
+    size_t *vals;
+    size_t mask;
+} tb__ref_map;
+
+static size_t tb__ref_ptr_hash(const void *p) {
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+static tb_status tb__ref_map_init(tb__ref_map *m, size_t count) {
+    size_t cap = 16;
+    while (cap < count * 2u) {
+        if (cap > SIZE_MAX / 4u) return tb__error(TB_ERR_OVERFLOW, "reference: graph too large");
+        cap *= 2u;
+    }
+    m->mask = cap - 1u;
+    m->keys = (const tb_node **)tb__calloc(cap, sizeof(tb_node *));
+    m->vals = (size_t *)tb__calloc(cap, sizeof(size_t));
+    if (!m->keys || !m->vals) return TB_ERR_OUT_OF_MEMORY;
+    return TB_OK;
+}
+
+static void tb__ref_map_free(tb__ref_map *m) {
+    tb__free((void *)m->keys);
+    tb__free(m->vals);
+}
+
+/* The slot of `node`, or SIZE_MAX. */
+static size_t tb__ref_map_get(const tb__ref_map *m, const tb_node *node) {
+    size_t h = tb__ref_ptr_hash(node) & m->mask;
+    while (m->keys[h]) {
+        if (m->keys[h] == node) return m->vals[h];
+        h = (h + 1u) & m->mask;
+    }
+    return SIZE_MAX;
+}
+
+/* Inserts unless present; returns the node's slot. */
+static size_t tb__ref_map_put(tb__ref_map *m, const tb_node *node, size_t slot) {
+    size_t h = tb__ref_ptr_hash(node) & m->mask;
+    while (m->keys[h]) {
+        if (m->keys[h] == node) return m->vals[h];
+        h = (h + 1u) & m->mask;
+    }
+    m->keys[h] = node;
+    m->vals[h] = slot;
+    return slot;
+}
+
+TB__UNUSED static tb_status tb__ref_run_graph(const tb_graph *graph, const void *const *parameters,
+                                              void *const *results) {
+    tb__ref_slot *slots = NULL;
+    int64_t *next_result = NULL;
+    tb__rview *in = NULL;
+    size_t in_cap = 0, nslots = 0, i, total;
+    tb__ref_map map;
+    tb__ref_pool pool, *outer_pool = tb__ref_current_pool;
+    tb_status st = TB_OK;
+    memset(&map, 0, sizeof(map));
+    memset(&pool, 0, sizeof(pool));
+    if (!graph || (graph->num_nodes > 0 && !graph->nodes) ||
+        (graph->num_parameters > 0 && !parameters) ||
+        (graph->num_parameters > 0 && !graph->parameters) ||
+        (graph->num_results > 0 && (!results || !graph->results)))
+        return tb__error(TB_ERR_INTERNAL, "reference: malformed graph");
+    if (graph->num_nodes > SIZE_MAX / 4u - graph->num_parameters)
+        return tb__error(TB_ERR_OVERFLOW, "reference: graph too large");
+    total = graph->num_nodes + graph->num_parameters;
+    slots = (tb__ref_slot *)tb__calloc(total + 1u, sizeof(tb__ref_slot));
+    next_result = (int64_t *)tb__calloc(graph->num_results + 1u, sizeof(int64_t));
+    if (!slots || !next_result) {
+        st = TB_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    st = tb__ref_map_init(&map, total);
+    if (st != TB_OK) goto done;
+    tb__ref_current_pool = &pool;
+
+    /* slots: the nodes in post-order, then parameters the node list lacks */
+    for (i = 0; i < graph->num_nodes; i++) {
+        const tb_node *node = graph->nodes[i];
+        if (!node) {
+            st = tb__error(TB_ERR_INTERNAL, "reference: NULL node in the graph");
+            goto done;
+        }
+        if (tb__ref_map_put(&map, node, nslots) == nslots) {
+            slots[nslots].node = node;
+            slots[nslots].param = -1;
+            slots[nslots].result = -1;
+            nslots++;
+        }
+    }
+    for (i = 0; i < graph->num_parameters; i++) {
+        const tb_node *node = graph->parameters[i];
+        size_t s;
+        if (!node) {
+            st = tb__error(TB_ERR_INTERNAL, "reference: NULL parameter in the graph");
+            goto done;
+        }
+        s = tb__ref_map_put(&map, node, nslots);
+        if (s == nslots) {
+            slots[nslots].node = node;
+            slots[nslots].result = -1;
+            nslots++;
+        }
+        slots[s].param = (int64_t)i;
+    }
+    for (i = graph->num_results; i-- > 0;) {
+        size_t s = graph->results[i] ? tb__ref_map_get(&map, graph->results[i]) : SIZE_MAX;
+        if (s == SIZE_MAX) {
+            st = tb__error(TB_ERR_INTERNAL, "reference: result %zu is not a node of the graph", i);
+            goto done;
+        }
+        next_result[i] = slots[s].result;
+        slots[s].result = (int64_t)i;
+        slots[s].needed = true;
+    }
+    /* what the results need, and how often each value is used (consumers come after their
+       operands, so a backward walk sees every consumer first) */
+    for (i = nslots; i-- > 0;) {
+        tb__ref_slot *sl = &slots[i];
+        uint32_t k;
+        if (!sl->needed || sl->param >= 0) continue;
+        if (sl->node->num_operands > 0 && !sl->node->operands) {
+            st = tb__error(TB_ERR_INTERNAL, "reference: node without its operands");
+            goto done;
+        }
+        for (k = 0; k < sl->node->num_operands; k++) {
+            size_t s = tb__ref_map_get(&map, sl->node->operands[k]);
+            if (s == SIZE_MAX || s >= i) {
+                st = tb__error(TB_ERR_INTERNAL,
+                               "reference: an operand of a %s node is not before it in the graph",
+                               tb_op_name(sl->node->op) ? tb_op_name(sl->node->op) : "custom");
+                goto done;
+            }
+            slots[s].needed = true;
+            slots[s].uses++;
+        }
+        if (sl->node->num_operands > in_cap) in_cap = sl->node->num_operands;
+    }
+    in = (tb__rview *)tb__calloc(in_cap + 1u, sizeof(tb__rview));
+    if (!in) {
+        st = TB_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+
+    /* parameters first: nodes that are not in the node list come after it */
+    for (i = 0; i < nslots; i++) {
+        tb__ref_slot *sl = &slots[i];
+        if (sl->needed && sl->param >= 0) {
+            st = tb__rview_borrow(&sl->value, &sl->node->shape, parameters[sl->param]);
+            if (st != TB_OK) goto done;
+        }
+    }
+    for (i = 0; i < nslots; i++) {
+        tb__ref_slot *sl = &slots[i];
+        int64_t r;
+        uint32_t k;
+        if (!sl->needed) continue;
+        if (sl->param < 0) {
+            for (k = 0; k < sl->node->num_operands; k++)
+                in[k] = slots[tb__ref_map_get(&map, sl->node->operands[k])].value;
+            st = tb__ref_compute(sl->node, in, &sl->value);
+            if (st != TB_OK) goto done;
+            /* operands whose last user this was are freed now: memory stays bounded */
+            for (k = 0; k < sl->node->num_operands; k++) {
+                tb__ref_slot *op = &slots[tb__ref_map_get(&map, sl->node->operands[k])];
+                if (--op->uses == 0) tb__rview_clear(&op->value);
+            }
+        }
+        for (r = sl->result; r >= 0; r = next_result[r]) {
+            st = tb__rview_to_host(&sl->value, results[r]);
+            if (st != TB_OK) goto done;
+        }
+        if (sl->uses == 0) tb__rview_clear(&sl->value);
+    }
+
+done:
+    if (slots)
+        for (i = 0; i < nslots; i++)
+            tb__rview_clear(&slots[i].value);
+    tb__ref_current_pool = outer_pool;
+    tb__ref_pool_drain(&pool);
+    tb__free(slots);
+    tb__free(next_result);
+    tb__free(in);
+    tb__ref_map_free(&map);
+    return st;
+}
+
+#undef TB__REF_MAX_OPS
+#undef TB__REF_POOL_SLOTS
+#undef TB__REF_POOL_MIN
+#undef TB__REF_SQRT1_2

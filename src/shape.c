@@ -1,0 +1,518 @@
+/* ===========================================================================================
+   Dtypes, scalars and shapes
+   =========================================================================================== */
+#include "impl_begin.h"
+
+TBDEF bool tb_dtype_is_valid(tb_dtype dtype) {
+    return (int)dtype >= 0 && (int)dtype < (int)TB_DTYPE_COUNT;
+}
+
+TBDEF const char *tb_dtype_name(tb_dtype dtype) {
+    switch (dtype) {
+    case TB_F32: return "f32";
+    case TB_F64: return "f64";
+    case TB_I32: return "i32";
+    case TB_I64: return "i64";
+    case TB_U8: return "u8";
+    case TB_BOOL: return "bool";
+    case TB_DTYPE_COUNT: break;
+    }
+    return "invalid";
+}
+
+TBDEF size_t tb_dtype_size(tb_dtype dtype) {
+    switch (dtype) {
+    case TB_F32: return 4;
+    case TB_F64: return 8;
+    case TB_I32: return 4;
+    case TB_I64: return 8;
+    case TB_U8: return 1;
+    case TB_BOOL: return 1;
+    case TB_DTYPE_COUNT: break;
+    }
+    return 0;
+}
+
+TBDEF tb_status tb_dtype_parse(const char *text, tb_dtype *out) {
+    static const struct {
+        const char *name;
+        tb_dtype dtype;
+    } names[] = {{"f32", TB_F32},    {"float32", TB_F32}, {"float", TB_F32},  {"f64", TB_F64},
+                 {"float64", TB_F64}, {"double", TB_F64},  {"i32", TB_I32},    {"int32", TB_I32},
+                 {"int", TB_I32},     {"i64", TB_I64},     {"int64", TB_I64},  {"long", TB_I64},
+                 {"u8", TB_U8},       {"uint8", TB_U8},    {"bool", TB_BOOL}};
+    size_t i;
+    if (text == NULL || out == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_dtype_parse: %s is NULL",
+                         text == NULL ? "text" : "out");
+    }
+    for (i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(text, names[i].name) == 0) {
+            *out = names[i].dtype;
+            return TB_OK;
+        }
+    }
+    return tb__error(TB_ERR_INVALID_ARGUMENT,
+                     "tb_dtype_parse: unknown dtype '%.64s' (expected f32, f64, i32, i64, u8 or "
+                     "bool)",
+                     text);
+}
+
+TBDEF bool tb_dtype_is_float(tb_dtype dtype) {
+    return dtype == TB_F32 || dtype == TB_F64;
+}
+
+TBDEF bool tb_dtype_is_integer(tb_dtype dtype) {
+    return dtype == TB_I32 || dtype == TB_I64 || dtype == TB_U8;
+}
+
+/* Position in the promotion lattice, which is a chain for these dtypes. */
+static int tb__dtype_rank(tb_dtype dtype) {
+    switch (dtype) {
+    case TB_BOOL: return 0;
+    case TB_U8: return 1;
+    case TB_I32: return 2;
+    case TB_I64: return 3;
+    case TB_F32: return 4;
+    case TB_F64: return 5;
+    case TB_DTYPE_COUNT: break;
+    }
+    return -1;
+}
+
+TBDEF tb_dtype tb_dtype_promote(tb_dtype a, tb_dtype b) {
+    if (!tb_dtype_is_valid(a) || !tb_dtype_is_valid(b)) {
+        tb__error(TB_ERR_DTYPE, "tb_dtype_promote: invalid dtype %d",
+                  tb_dtype_is_valid(a) ? (int)b : (int)a);
+        return TB_DTYPE_COUNT;
+    }
+    return tb__dtype_rank(a) >= tb__dtype_rank(b) ? a : b;
+}
+
+/* ---- scalars ---- */
+
+/* double -> int64 without undefined behaviour: truncates, saturates, NaN gives 0. */
+static int64_t tb__double_to_i64(double v) {
+    if (v != v) return 0;
+    if (v >= 9223372036854775807.0) return INT64_MAX;
+    if (v <= -9223372036854775808.0) return INT64_MIN;
+    return (int64_t)v;
+}
+
+/* An integer brought into an integer dtype's range the way a C cast does (wrapping). */
+static int64_t tb__wrap_int(tb_dtype dtype, int64_t v) {
+    switch (dtype) {
+    case TB_I32: {
+        uint32_t u = (uint32_t)(uint64_t)v;
+        return u <= (uint32_t)INT32_MAX ? (int64_t)u : (int64_t)u - (int64_t)4294967296LL;
+    }
+    case TB_U8: return (int64_t)(uint8_t)(uint64_t)v;
+    case TB_BOOL: return v != 0;
+    default: return v;
+    }
+}
+
+TBDEF tb_scalar tb_scalar_f(tb_dtype dtype, double value) {
+    tb_scalar s;
+    s.dtype = dtype;
+    if (!tb_dtype_is_valid(dtype)) {
+        tb__error(TB_ERR_DTYPE, "tb_scalar_f: invalid dtype %d", (int)dtype);
+        s.f = value;
+        s.i = 0;
+    } else if (tb_dtype_is_float(dtype)) {
+        s.f = value;
+        s.i = tb__double_to_i64(value);
+    } else if (dtype == TB_BOOL) {
+        s.i = value != 0.0;
+        s.f = (double)s.i;
+    } else {
+        s.i = tb__wrap_int(dtype, tb__double_to_i64(value));
+        s.f = (double)s.i;
+    }
+    return s;
+}
+
+TBDEF tb_scalar tb_scalar_i(tb_dtype dtype, int64_t value) {
+    tb_scalar s;
+    s.dtype = dtype;
+    if (!tb_dtype_is_valid(dtype)) {
+        tb__error(TB_ERR_DTYPE, "tb_scalar_i: invalid dtype %d", (int)dtype);
+        s.i = value;
+        s.f = 0.0;
+    } else if (tb_dtype_is_float(dtype)) {
+        s.f = (double)value;
+        s.i = value;
+    } else {
+        s.i = tb__wrap_int(dtype, value);
+        s.f = (double)s.i;
+    }
+    return s;
+}
+
+TBDEF double tb_scalar_as_double(tb_scalar s) {
+    return tb_dtype_is_float(s.dtype) ? s.f : (double)s.i;
+}
+
+TBDEF int64_t tb_scalar_as_int(tb_scalar s) {
+    return tb_dtype_is_float(s.dtype) ? tb__double_to_i64(s.f) : s.i;
+}
+
+/* Writes one element of `dtype` holding the scalar's value (C conversion rules, with
+   out-of-range floats saturating instead of being undefined). */
+static TB__UNUSED void tb__scalar_store(tb_scalar value, tb_dtype dtype, void *out) {
+    switch (dtype) {
+    case TB_F32: {
+        /* Out of float range the cast is undefined in C; round as IEEE does instead:
+           below FLT_MAX + half an ulp (2^103) to FLT_MAX, beyond it to infinity. */
+        double d = tb_scalar_as_double(value);
+        double limit = (double)FLT_MAX + ldexp(1.0, 103);
+        float f;
+        if (d > (double)FLT_MAX) {
+            f = d < limit ? FLT_MAX : HUGE_VALF;
+        } else if (d < -(double)FLT_MAX) {
+            f = d > -limit ? -FLT_MAX : -HUGE_VALF;
+        } else {
+            f = (float)d;
+        }
+        memcpy(out, &f, sizeof f);
+        break;
+    }
+    case TB_F64: {
+        double d = tb_scalar_as_double(value);
+        memcpy(out, &d, sizeof d);
+        break;
+    }
+    case TB_I32: {
+        int32_t v = (int32_t)tb__wrap_int(TB_I32, tb_scalar_as_int(value));
+        memcpy(out, &v, sizeof v);
+        break;
+    }
+    case TB_I64: {
+        int64_t v = tb_scalar_as_int(value);
+        memcpy(out, &v, sizeof v);
+        break;
+    }
+    case TB_U8: {
+        uint8_t v = (uint8_t)tb__wrap_int(TB_U8, tb_scalar_as_int(value));
+        memcpy(out, &v, sizeof v);
+        break;
+    }
+    case TB_BOOL: {
+        uint8_t v = (uint8_t)(tb_dtype_is_float(value.dtype) ? value.f != 0.0 : value.i != 0);
+        memcpy(out, &v, sizeof v);
+        break;
+    }
+    case TB_DTYPE_COUNT: break;
+    }
+}
+
+/* ---- shapes ---- */
+
+/* "f32[2,3]", cut with "...]" in the (absurd) case it does not fit 96 bytes. */
+static TB__UNUSED size_t tb__shape_text(const tb_shape *shape, char buf[96]) {
+    char big[320];
+    size_t n = tb_shape_format(shape, big, sizeof big);
+    if (n >= sizeof big) n = sizeof big - 1;
+    if (n > 95) {
+        memcpy(buf, big, 91);
+        memcpy(buf + 91, "...]", 5);
+        return 95;
+    }
+    memcpy(buf, big, n + 1);
+    return n;
+}
+
+/* The checks of tb_shape_make on a filled shape; messages start with `fn`. */
+static tb_status tb__shape_check(const char *fn, const tb_shape *shape) {
+    int32_t i;
+    int64_t numel = 1;
+    bool zero = false;
+    char text[96];
+    if (shape == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: shape is NULL", fn);
+    if (!tb_dtype_is_valid(shape->dtype)) {
+        return tb__error(TB_ERR_DTYPE, "%s: invalid dtype %d", fn, (int)shape->dtype);
+    }
+    if (shape->rank < 0 || shape->rank > TB_MAX_RANK) {
+        return tb__error(TB_ERR_SHAPE, "%s: rank %d out of range 0..%d", fn, (int)shape->rank,
+                         TB_MAX_RANK);
+    }
+    for (i = 0; i < shape->rank; i++) {
+        if (shape->dims[i] < 0) {
+            return tb__error(TB_ERR_SHAPE, "%s: dim %d is %lld (dims must be >= 0)", fn, (int)i,
+                             (long long)shape->dims[i]);
+        }
+        if (shape->dims[i] == 0) zero = true;
+    }
+    if (zero) return TB_OK;
+    for (i = 0; i < shape->rank; i++) {
+        if (numel > INT64_MAX / shape->dims[i]) {
+            tb__shape_text(shape, text);
+            return tb__error(TB_ERR_OVERFLOW, "%s: %s has more elements than fit in int64", fn,
+                             text);
+        }
+        numel *= shape->dims[i];
+    }
+    if ((uint64_t)numel > (uint64_t)(SIZE_MAX / tb_dtype_size(shape->dtype))) {
+        tb__shape_text(shape, text);
+        return tb__error(TB_ERR_OVERFLOW, "%s: the byte size of %s does not fit in size_t", fn,
+                         text);
+    }
+    return TB_OK;
+}
+
+/* The element count of a shape that passed tb__shape_check. */
+static int64_t tb__shape_numel(const tb_shape *shape) {
+    int64_t n = 1;
+    int32_t i;
+    for (i = 0; i < shape->rank; i++) {
+        if (shape->dims[i] == 0) return 0; /* the other dims' product may not fit */
+    }
+    for (i = 0; i < shape->rank; i++) n *= shape->dims[i];
+    return n;
+}
+
+TBDEF tb_status tb_shape_make(tb_shape *out, tb_dtype dtype, int32_t rank, const int64_t *dims) {
+    tb_shape s;
+    tb_status st;
+    int32_t i;
+    if (out == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_shape_make: out is NULL");
+    if (rank > 0 && rank <= TB_MAX_RANK && dims == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_shape_make: dims is NULL for rank %d",
+                         (int)rank);
+    }
+    memset(&s, 0, sizeof s);
+    s.dtype = dtype;
+    s.rank = rank;
+    if (rank > 0 && rank <= TB_MAX_RANK) {
+        for (i = 0; i < rank; i++) s.dims[i] = dims[i];
+    }
+    st = tb__shape_check("tb_shape_make", &s);
+    if (st != TB_OK) return st;
+    *out = s;
+    return TB_OK;
+}
+
+TBDEF tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, ...) {
+    tb_shape s;
+    va_list ap;
+    int32_t i;
+    memset(&s, 0, sizeof s);
+    s.dtype = dtype;
+    s.rank = rank;
+    if (rank > 0 && rank <= TB_MAX_RANK) {
+        va_start(ap, rank);
+        for (i = 0; i < rank; i++) s.dims[i] = (int64_t)va_arg(ap, int);
+        va_end(ap);
+    }
+    if (tb__shape_check("tb_shape_of", &s) != TB_OK) {
+        memset(s.dims, 0, sizeof s.dims);
+        s.rank = -1;
+    }
+    return s;
+}
+
+TBDEF tb_status tb_shape_validate(const tb_shape *shape) {
+    return tb__shape_check("tb_shape_validate", shape);
+}
+
+TBDEF tb_status tb_shape_numel(const tb_shape *shape, int64_t *out) {
+    tb_status st;
+    if (out == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_shape_numel: out is NULL");
+    st = tb__shape_check("tb_shape_numel", shape);
+    if (st != TB_OK) return st;
+    *out = tb__shape_numel(shape);
+    return TB_OK;
+}
+
+TBDEF tb_status tb_shape_nbytes(const tb_shape *shape, size_t *out) {
+    tb_status st;
+    if (out == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_shape_nbytes: out is NULL");
+    st = tb__shape_check("tb_shape_nbytes", shape);
+    if (st != TB_OK) return st;
+    *out = (size_t)tb__shape_numel(shape) * tb_dtype_size(shape->dtype);
+    return TB_OK;
+}
+
+TBDEF bool tb_shape_equal(const tb_shape *a, const tb_shape *b) {
+    int32_t i, rank;
+    if (a == NULL || b == NULL) return false;
+    if (a->dtype != b->dtype || a->rank != b->rank) return false;
+    rank = a->rank < 0 ? 0 : (a->rank > TB_MAX_RANK ? TB_MAX_RANK : a->rank);
+    for (i = 0; i < rank; i++) {
+        if (a->dims[i] != b->dims[i]) return false;
+    }
+    return true;
+}
+
+TBDEF tb_status tb_shape_broadcast(const tb_shape *a, const tb_shape *b, tb_shape *out) {
+    tb_shape r;
+    tb_status st;
+    int32_t i;
+    if (a == NULL || b == NULL || out == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_shape_broadcast: %s is NULL",
+                         a == NULL ? "a" : (b == NULL ? "b" : "out"));
+    }
+    st = tb__shape_check("tb_shape_broadcast", a);
+    if (st == TB_OK) st = tb__shape_check("tb_shape_broadcast", b);
+    if (st != TB_OK) return st;
+    memset(&r, 0, sizeof r);
+    r.dtype = tb_dtype_promote(a->dtype, b->dtype);
+    r.rank = a->rank > b->rank ? a->rank : b->rank;
+    for (i = 0; i < r.rank; i++) {
+        /* aligned from the last dim; a missing dim counts as 1 */
+        int32_t ia = a->rank - r.rank + i, ib = b->rank - r.rank + i;
+        int64_t da = ia >= 0 ? a->dims[ia] : 1, db = ib >= 0 ? b->dims[ib] : 1;
+        if (da == db || db == 1) {
+            r.dims[i] = da;
+        } else if (da == 1) {
+            r.dims[i] = db;
+        } else {
+            char ta[96], tb[96];
+            tb__shape_text(a, ta);
+            tb__shape_text(b, tb);
+            return tb__error(TB_ERR_SHAPE, "tb_shape_broadcast: shapes %s and %s do not broadcast",
+                             ta, tb);
+        }
+    }
+    st = tb__shape_check("tb_shape_broadcast", &r);
+    if (st != TB_OK) return st;
+    *out = r;
+    return TB_OK;
+}
+
+TBDEF tb_status tb_shape_strides(const tb_shape *shape, int64_t strides[TB_MAX_RANK]) {
+    int64_t s[TB_MAX_RANK], acc = 1;
+    int32_t i;
+    tb_status st;
+    if (strides == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_shape_strides: strides is NULL");
+    }
+    st = tb__shape_check("tb_shape_strides", shape);
+    if (st != TB_OK) return st;
+    memset(s, 0, sizeof s);
+    /* As PyTorch: a dim of size 0 counts as 1, so strides stay meaningful for empty tensors. */
+    for (i = shape->rank - 1; i >= 0; i--) {
+        int64_t d = shape->dims[i] == 0 ? 1 : shape->dims[i];
+        s[i] = acc;
+        if (i > 0 && acc > INT64_MAX / d) {
+            char text[96];
+            tb__shape_text(shape, text);
+            return tb__error(TB_ERR_OVERFLOW, "tb_shape_strides: the strides of %s overflow int64",
+                             text);
+        }
+        acc *= d;
+    }
+    memcpy(strides, s, sizeof s);
+    return TB_OK;
+}
+
+TBDEF size_t tb_shape_format(const tb_shape *shape, char *buf, size_t cap) {
+    char text[320];
+    int n = 0;
+    int32_t i;
+    size_t len;
+    if (shape == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_shape_format: shape is NULL");
+        text[0] = '\0';
+    } else if (shape->rank < 0 || shape->rank > TB_MAX_RANK) {
+        n = snprintf(text, sizeof text, "%s[rank %d]", tb_dtype_name(shape->dtype),
+                     (int)shape->rank);
+    } else {
+        n = snprintf(text, sizeof text, "%s[", tb_dtype_name(shape->dtype));
+        for (i = 0; i < shape->rank; i++) {
+            n += snprintf(text + n, sizeof text - (size_t)n, i == 0 ? "%lld" : ",%lld",
+                          (long long)shape->dims[i]);
+        }
+        n += snprintf(text + n, sizeof text - (size_t)n, "]");
+    }
+    len = n < 0 ? 0 : (size_t)n;
+    if (buf != NULL && cap > 0) {
+        size_t c = len < cap ? len : cap - 1;
+        memcpy(buf, text, c);
+        buf[c] = '\0';
+    }
+    return len;
+}
+
+static bool tb__is_space(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out) {
+    tb_shape s;
+    tb_status st;
+    char name[16];
+    size_t pos = 0, n = 0;
+    if (text == NULL || out == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_shape_parse: %s is NULL",
+                         text == NULL ? "text" : "out");
+    }
+    memset(&s, 0, sizeof s);
+    while ((text[pos] >= 'a' && text[pos] <= 'z') || (text[pos] >= '0' && text[pos] <= '9')) {
+        if (n + 1 >= sizeof name) break;
+        name[n++] = text[pos++];
+    }
+    name[n] = '\0';
+    if (n == 0 || tb_dtype_parse(name, &s.dtype) != TB_OK) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_shape_parse: bad shape text '%.100s': unknown dtype at position 0",
+                         text);
+    }
+    if (text[pos] != '[') {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_shape_parse: bad shape text '%.100s': expected '[' at position %zu",
+                         text, pos);
+    }
+    pos++;
+    while (tb__is_space(text[pos])) pos++;
+    if (text[pos] != ']') {
+        for (;;) {
+            uint64_t v = 0;
+            bool too_big = false;
+            while (tb__is_space(text[pos])) pos++;
+            if (text[pos] < '0' || text[pos] > '9') {
+                return tb__error(TB_ERR_INVALID_ARGUMENT,
+                                 "tb_shape_parse: bad shape text '%.100s': expected a dim (a "
+                                 "number >= 0) at position %zu",
+                                 text, pos);
+            }
+            if (s.rank == TB_MAX_RANK) {
+                return tb__error(TB_ERR_INVALID_ARGUMENT,
+                                 "tb_shape_parse: bad shape text '%.100s': more than %d dims at "
+                                 "position %zu",
+                                 text, TB_MAX_RANK, pos);
+            }
+            while (text[pos] >= '0' && text[pos] <= '9') {
+                unsigned digit = (unsigned)(text[pos] - '0');
+                if (v > ((uint64_t)INT64_MAX - digit) / 10) too_big = true;
+                if (!too_big) v = v * 10 + digit;
+                pos++;
+            }
+            if (too_big) {
+                return tb__error(TB_ERR_OVERFLOW,
+                                 "tb_shape_parse: dim %d of '%.100s' does not fit in int64",
+                                 (int)s.rank, text);
+            }
+            s.dims[s.rank++] = (int64_t)v;
+            while (tb__is_space(text[pos])) pos++;
+            if (text[pos] == ']') break;
+            if (text[pos] != ',') {
+                return tb__error(TB_ERR_INVALID_ARGUMENT,
+                                 "tb_shape_parse: bad shape text '%.100s': expected ',' or ']' at "
+                                 "position %zu",
+                                 text, pos);
+            }
+            pos++;
+        }
+    }
+    pos++; /* the ']' */
+    if (text[pos] != '\0') {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_shape_parse: bad shape text '%.100s': unexpected text at position %zu",
+                         text, pos);
+    }
+    st = tb__shape_check("tb_shape_parse", &s);
+    if (st != TB_OK) return st;
+    *out = s;
+    return TB_OK;
+}

@@ -1,0 +1,80 @@
+/* ===========================================================================================
+   Dtypes, scalars and shapes
+   =========================================================================================== */
+
+typedef enum tb_dtype {
+    TB_F32 = 0,
+    TB_F64,
+    TB_I32,
+    TB_I64,
+    TB_U8,
+    TB_BOOL,
+    TB_DTYPE_COUNT
+} tb_dtype;
+
+#define TB_MAX_RANK 8
+
+/* A dtype and its dims. rank 0 is a scalar (numel 1). Dims are >= 0. */
+typedef struct tb_shape {
+    tb_dtype dtype;
+    int32_t rank;
+    int64_t dims[TB_MAX_RANK];
+} tb_shape;
+
+/* A typed host value: `f` for floating dtypes, `i` for integer and bool dtypes. */
+typedef struct tb_scalar {
+    tb_dtype dtype;
+    double f;
+    int64_t i;
+} tb_scalar;
+
+/* "f32", "f64", "i32", "i64", "u8", "bool"; "invalid" for anything else. */
+TBDEF const char *tb_dtype_name(tb_dtype dtype);
+/* Bytes per element (bool is 1 byte); 0 for an invalid dtype. */
+TBDEF size_t tb_dtype_size(tb_dtype dtype);
+/* Parses a dtype name ("f32", also "float32", "float", "int64", ...). */
+TBDEF tb_status tb_dtype_parse(const char *text, tb_dtype *out);
+TBDEF bool tb_dtype_is_valid(tb_dtype dtype);
+TBDEF bool tb_dtype_is_float(tb_dtype dtype);
+TBDEF bool tb_dtype_is_integer(tb_dtype dtype); /* i32 i64 u8 (not bool) */
+/* PyTorch's promotion of two tensor dtypes: bool < u8 < i32 < i64 < f32 < f64, with
+   u8 combined with a signed type giving the signed type (u8 + i32 = i32). */
+TBDEF tb_dtype tb_dtype_promote(tb_dtype a, tb_dtype b);
+
+/* Scalars of each kind. */
+TBDEF tb_scalar tb_scalar_f(tb_dtype dtype, double value);
+TBDEF tb_scalar tb_scalar_i(tb_dtype dtype, int64_t value);
+/* The value as a double / as an int64 (truncating), whatever its dtype. */
+TBDEF double tb_scalar_as_double(tb_scalar s);
+TBDEF int64_t tb_scalar_as_int(tb_scalar s);
+
+/* Builds a shape, checking dtype, rank (0..TB_MAX_RANK), dims >= 0 and that the element count
+   and the byte size fit. `dims` may be NULL when rank is 0. On error *out is untouched. */
+TBDEF tb_status tb_shape_make(tb_shape *out, tb_dtype dtype, int32_t rank, const int64_t *dims);
+/* Convenience for literals: tb_shape_of(TB_F32, 2, 3, 4) is f32[3,4]. The dims are read as
+   `int` (the type of a literal): pass int values, and use tb_shape_make for dims above INT_MAX
+   or for int64_t variables. Checks as tb_shape_make; on error it returns a shape of rank -1
+   (which every function rejects) and sets the error. */
+TBDEF tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, ...);
+
+/* Element count, TB_ERR_OVERFLOW if it does not fit in int64. */
+TBDEF tb_status tb_shape_numel(const tb_shape *shape, int64_t *out);
+/* Byte size, TB_ERR_OVERFLOW if it does not fit in size_t. */
+TBDEF tb_status tb_shape_nbytes(const tb_shape *shape, size_t *out);
+/* Same dtype, rank and dims. NULL equals nothing. */
+TBDEF bool tb_shape_equal(const tb_shape *a, const tb_shape *b);
+/* Checks a shape as tb_shape_make does (for shapes built by hand). */
+TBDEF tb_status tb_shape_validate(const tb_shape *shape);
+/* NumPy/PyTorch broadcasting of the dims; the result's dtype is tb_dtype_promote of both.
+   Error: "tb_shape_broadcast: shapes f32[2,3] and f32[4] do not broadcast". */
+TBDEF tb_status tb_shape_broadcast(const tb_shape *a, const tb_shape *b, tb_shape *out);
+/* Row-major element strides of a contiguous tensor of this shape. */
+TBDEF tb_status tb_shape_strides(const tb_shape *shape, int64_t strides[TB_MAX_RANK]);
+/* Writes "f32[2,3]" ("f32[]" for rank 0) like snprintf: returns the length the full text needs
+   (without the NUL), writes at most `cap` bytes including the NUL. `buf` may be NULL if cap is 0.
+ */
+TBDEF size_t tb_shape_format(const tb_shape *shape, char *buf, size_t cap);
+/* Parses the text form back ("f32[2,3]", "i64[]", spaces allowed around numbers).
+   Bad text is TB_ERR_INVALID_ARGUMENT with the position; a valid text with too large dims is
+   TB_ERR_OVERFLOW. On error *out is untouched. */
+TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out);

@@ -1,0 +1,1703 @@
+/* ===========================================================================================
+   Lazy tensors and the executor: the C form of LTC's LazyTensor and LazyGraphExecutor
+   (torch/csrc/lazy/core/lazy_graph_executor.cpp): a tensor holds either a pending IR node or a
+   materialised backend data; a sync walks the pending graph, looks its hash up in the
+   computation cache, compiles on a miss, executes, and gives each tensor its result.
+   =========================================================================================== */
+
+struct tb_tensor {
+    int32_t refcount;
+    tb_device device;
+    tb_shape shape;
+    tb_node *node;         /* the pending IR (owned), NULL once materialised */
+    tb_backend_data *data; /* the materialised value (owned), NULL while pending */
+    tb_node *data_node;    /* a DEVICE_DATA node over `data` for use as an operand (owned) */
+    tb_tensor *live_prev;  /* the list of live tensors that tb_mark_step syncs */
+    tb_tensor *live_next;
+    bool live_linked;
+};
+
+static tb__mutex tb__tensor_live_mutex = TB__MUTEX_INIT;
+static tb_tensor *tb__tensor_live_head = NULL;
+
+/* ---- small helpers ---- */
+
+static void tb__exec_device_text(const tb_device *device, char buf[64]) {
+    tb_device_format(device, buf, 64);
+}
+
+/* The error for a NULL tensor argument: the first error of a chain stays. */
+static void tb__tensor_null_error(const char *func, const char *what) {
+    if (tb_last_status() == TB_OK) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", func, what);
+    }
+}
+
+/* Adds one to a refcount unless it already dropped to 0 (a tensor being destroyed). */
+static bool tb__tensor_retain_if_alive(int32_t *refcount) {
+#if defined(_MSC_VER) && !defined(__clang__)
+    LONG seen = *(volatile LONG *)refcount;
+    while (seen > 0) {
+        LONG prev = InterlockedCompareExchange((volatile LONG *)refcount, seen + 1, seen);
+        if (prev == seen) return true;
+        seen = prev;
+    }
+    return false;
+#else
+    int32_t seen = __atomic_load_n(refcount, __ATOMIC_ACQUIRE);
+    while (seen > 0) {
+        if (__atomic_compare_exchange_n(refcount, &seen, seen + 1, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+            return true;
+        }
+    }
+    return false;
+#endif
+}
+
+/* One host element of `dtype` as a double. */
+static double tb__exec_host_to_double(const void *in, tb_dtype dtype) {
+    switch (dtype) {
+    case TB_F32: {
+        float v;
+        memcpy(&v, in, sizeof(v));
+        return (double)v;
+    }
+    case TB_F64: {
+        double v;
+        memcpy(&v, in, sizeof(v));
+        return v;
+    }
+    case TB_I32: {
+        int32_t v;
+        memcpy(&v, in, sizeof(v));
+        return (double)v;
+    }
+    case TB_I64: {
+        int64_t v;
+        memcpy(&v, in, sizeof(v));
+        return (double)v;
+    }
+    case TB_U8:
+        return (double)*(const uint8_t *)in;
+    case TB_BOOL:
+        return *(const uint8_t *)in != 0 ? 1.0 : 0.0;
+    default:
+        return 0.0;
+    }
+}
+
+/* A host buffer for `shape` (at least one byte, so that empty tensors need no special case). */
+static void *tb__exec_host_alloc(const tb_shape *shape, size_t *nbytes) {
+    size_t n = 0;
+    if (tb_shape_nbytes(shape, &n) != TB_OK) return NULL;
+    if (nbytes != NULL) *nbytes = n;
+    return tb__alloc(n > 0 ? n : 1);
+}
+
+/* ---- tensors ---- */
+
+static tb_tensor *tb__tensor_new(const tb_device *device, const tb_shape *shape) {
+    tb_tensor *t = (tb_tensor *)tb__calloc(1, sizeof(tb_tensor));
+    if (t == NULL) return NULL;
+    t->refcount = 1;
+    t->device = *device;
+    t->shape = *shape;
+    tb__mutex_lock(&tb__tensor_live_mutex);
+    t->live_next = tb__tensor_live_head;
+    if (tb__tensor_live_head != NULL) tb__tensor_live_head->live_prev = t;
+    tb__tensor_live_head = t;
+    t->live_linked = true;
+    tb__mutex_unlock(&tb__tensor_live_mutex);
+    return t;
+}
+
+static void tb__tensor_destroy(tb_tensor *t) {
+    tb__mutex_lock(&tb__tensor_live_mutex);
+    if (t->live_linked) {
+        if (t->live_prev != NULL) {
+            t->live_prev->live_next = t->live_next;
+        } else {
+            tb__tensor_live_head = t->live_next;
+        }
+        if (t->live_next != NULL) t->live_next->live_prev = t->live_prev;
+    }
+    tb__mutex_unlock(&tb__tensor_live_mutex);
+    if (t->node != NULL) tb__node_release(t->node);
+    if (t->data_node != NULL) tb__node_release(t->data_node);
+    if (t->data != NULL) tb__data_release(t->data);
+    tb__free(t);
+}
+
+static tb_tensor *tb__tensor_from_data(tb_backend_data *data) {
+    tb_tensor *t;
+    if (data == NULL) return NULL;
+    t = tb__tensor_new(&data->device, &data->shape);
+    if (t == NULL) {
+        tb__data_release(data);
+        return NULL;
+    }
+    t->data = data;
+    return t;
+}
+
+static tb_node *tb__tensor_ir(tb_tensor *tensor) {
+    if (tensor == NULL) return NULL;
+    if (tensor->node != NULL) return tensor->node;
+    if (tensor->data_node == NULL) {
+        if (tensor->data == NULL) {
+            tb__error(TB_ERR_INTERNAL, "tb__tensor_ir: a tensor with neither IR nor data");
+            return NULL;
+        }
+        tensor->data_node = tb__node_device_data(tensor->data);
+    }
+    return tensor->data_node;
+}
+
+static tb_status tb__resolve_device(const tb_device *device, tb_device *out) {
+    tb_device made;
+    tb_status st;
+    if (device == NULL || device->backend[0] == '\0') return tb_current_device(out);
+    if (memchr(device->backend, '\0', sizeof(device->backend)) == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_device: the backend name is not NUL-terminated within %d bytes",
+                         TB_MAX_NAME + 1);
+    }
+    st = tb_device_make(device->backend, device->ordinal, &made);
+    if (st != TB_OK) return st;
+    *out = made;
+    return TB_OK;
+}
+
+TBDEF tb_tensor *tb_tensor_retain(tb_tensor *tensor) {
+    if (tensor != NULL) TB__ATOMIC_ADD(&tensor->refcount, 1);
+    return tensor;
+}
+
+TBDEF void tb_tensor_release(tb_tensor *tensor) {
+    if (tensor == NULL) return;
+    if (TB__ATOMIC_ADD(&tensor->refcount, -1) == 0) tb__tensor_destroy(tensor);
+}
+
+TBDEF tb_shape tb_tensor_shape(const tb_tensor *tensor) {
+    tb_shape s;
+    if (tensor != NULL) return tensor->shape;
+    memset(&s, 0, sizeof(s));
+    return s;
+}
+
+TBDEF tb_device tb_tensor_device(const tb_tensor *tensor) {
+    tb_device d;
+    if (tensor != NULL) return tensor->device;
+    memset(&d, 0, sizeof(d));
+    return d;
+}
+
+TBDEF const tb_node *tb_tensor_node(const tb_tensor *tensor) {
+    return tensor != NULL ? tensor->node : NULL;
+}
+
+/* ---- node sets: node pointer -> int64, open addressing ---- */
+
+typedef struct tb__exec_map {
+    const tb_node **keys;
+    int64_t *values;
+    size_t cap; /* a power of two, or 0 */
+    size_t count;
+} tb__exec_map;
+
+static size_t tb__exec_map_slot(const tb__exec_map *m, const tb_node *key) {
+    uint64_t h = (uint64_t)(uintptr_t)key;
+    size_t mask = m->cap - 1, i;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    i = (size_t)h & mask;
+    while (m->keys[i] != NULL && m->keys[i] != key)
+        i = (i + 1) & mask;
+    return i;
+}
+
+static int64_t *tb__exec_map_get(const tb__exec_map *m, const tb_node *key) {
+    size_t i;
+    if (m->cap == 0) return NULL;
+    i = tb__exec_map_slot(m, key);
+    return m->keys[i] != NULL ? &m->values[i] : NULL;
+}
+
+static tb_status tb__exec_map_put(tb__exec_map *m, const tb_node *key, int64_t value) {
+    size_t i;
+    if ((m->count + 1) * 2 > m->cap) {
+        tb__exec_map bigger;
+        size_t j;
+        bigger.cap = m->cap > 0 ? m->cap * 2 : 64;
+        bigger.count = m->count;
+        bigger.keys = (const tb_node **)tb__calloc(bigger.cap, sizeof(const tb_node *));
+        bigger.values = (int64_t *)tb__calloc(bigger.cap, sizeof(int64_t));
+        if (bigger.keys == NULL || bigger.values == NULL) {
+            tb__free((void *)bigger.keys);
+            tb__free(bigger.values);
+            return TB_ERR_OUT_OF_MEMORY;
+        }
+        for (j = 0; j < m->cap; j++) {
+            if (m->keys[j] != NULL) {
+                size_t k = tb__exec_map_slot(&bigger, m->keys[j]);
+                bigger.keys[k] = m->keys[j];
+                bigger.values[k] = m->values[j];
+            }
+        }
+        tb__free((void *)m->keys);
+        tb__free(m->values);
+        *m = bigger;
+    }
+    i = tb__exec_map_slot(m, key);
+    if (m->keys[i] == NULL) {
+        m->keys[i] = key;
+        m->count++;
+    }
+    m->values[i] = value;
+    return TB_OK;
+}
+
+static void tb__exec_map_free(tb__exec_map *m) {
+    tb__free((void *)m->keys);
+    tb__free(m->values);
+    memset(m, 0, sizeof(*m));
+}
+
+/* ---- the post-order walk (LTC's Util::ComputePostOrder, without recursion) ---- */
+
+typedef struct tb__exec_frame {
+    const tb_node *node;
+    uint32_t next; /* the next operand to visit */
+    bool param;
+} tb__exec_frame;
+
+typedef struct tb__exec_walk {
+    tb__exec_map pos; /* node -> post-order position; -1 while the node is on the stack */
+    const tb_node **order;
+    size_t num_order, cap_order;
+    const tb_node **params;
+    size_t num_params, cap_params;
+    tb__exec_frame *stack;
+    size_t cap_stack;
+    uint64_t hash;
+    /* non-NULL: nodes this backend does not support are parameters too (graphs that are only
+       compiled, for the backend text: the eager fallback would make them device data) */
+    const tb_backend_impl *cut;
+} tb__exec_walk;
+
+static void tb__exec_walk_free(tb__exec_walk *w) {
+    tb__exec_map_free(&w->pos);
+    tb__free((void *)w->order);
+    tb__free((void *)w->params);
+    tb__free(w->stack);
+    memset(w, 0, sizeof(*w));
+}
+
+/* Leaves whose values arrive at execution: device data, scalars and nodes computed apart. */
+static bool tb__exec_is_param(const tb_node *n) {
+    return n->op == TB_OP_DEVICE_DATA || n->op == TB_OP_SCALAR || n->value != NULL;
+}
+
+static bool tb__exec_supported(const tb_backend_impl *vt, const tb_node *n) {
+    return vt->supports_node == NULL || vt->supports_node(vt->user_data, n);
+}
+
+static uint64_t tb__exec_hash_shape(uint64_t h, const tb_shape *s) {
+    int32_t i;
+    h = tb__hash_u64(h, (uint64_t)s->dtype);
+    h = tb__hash_u64(h, (uint64_t)(uint32_t)s->rank);
+    for (i = 0; i < s->rank && i < TB_MAX_RANK; i++)
+        h = tb__hash_u64(h, (uint64_t)s->dims[i]);
+    return h;
+}
+
+/* The hash of the node the walk is placing next: its structure, with operands named by their
+   positions (x + x and x + y differ) and parameters by their index (values never enter). */
+static uint64_t tb__exec_walk_node_hash(const tb__exec_walk *w, const tb_node *n, bool param) {
+    uint64_t h = tb__hash_u64(0x7462677261706801ull, (uint64_t)(uint32_t)n->op);
+    uint32_t i;
+    if (param) {
+        /* device data and values computed apart are the same kind of input for a backend */
+        if (n->op == TB_OP_SCALAR) {
+            h = tb__hash_u64(0x5343414c41520001ull, n->wrapped_number ? 1u : 0u);
+        } else {
+            h = tb__hash_u64(0x4441544100000001ull, 0);
+        }
+        h = tb__exec_hash_shape(h, &n->shape);
+        return tb__hash_u64(h, (uint64_t)w->num_params);
+    }
+    h = tb__exec_hash_shape(h, &n->shape);
+    h = tb__hash_u64(h, n->num_attrs);
+    for (i = 0; i < n->num_attrs && i < TB_MAX_ATTRS; i++)
+        h = tb__hash_u64(h, (uint64_t)n->attrs[i]);
+    for (i = 0; i < 2; i++) {
+        uint64_t bits;
+        memcpy(&bits, &n->fattrs[i], sizeof(bits));
+        h = tb__hash_u64(h, bits);
+    }
+    h = tb__hash_u64(h, n->num_operands);
+    for (i = 0; i < n->num_operands; i++) {
+        const int64_t *p = tb__exec_map_get(&w->pos, n->operands[i]);
+        h = tb__hash_u64(h, p != NULL ? (uint64_t)*p : ~(uint64_t)0);
+    }
+    return h;
+}
+
+static tb_status tb__exec_walk_push(tb__exec_walk *w, size_t *sp, const tb_node *n) {
+    tb_status st;
+    if (tb__grow((void **)&w->stack, &w->cap_stack, *sp + 1, sizeof(tb__exec_frame)) != TB_OK) {
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    st = tb__exec_map_put(&w->pos, n, -1);
+    if (st != TB_OK) return st;
+    w->stack[*sp].node = n;
+    w->stack[*sp].next = 0;
+    w->stack[*sp].param =
+        tb__exec_is_param(n) || (w->cut != NULL && !tb__exec_supported(w->cut, n));
+    (*sp)++;
+    return TB_OK;
+}
+
+/* Adds the graphs of `roots` to the walk: every node once, operands first. */
+static tb_status tb__exec_walk_add(tb__exec_walk *w, const char *func, tb_node *const *roots,
+                                   size_t n) {
+    size_t r, sp = 0;
+    for (r = 0; r < n; r++) {
+        if (tb__exec_map_get(&w->pos, roots[r]) != NULL) continue;
+        if (tb__exec_walk_push(w, &sp, roots[r]) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
+        while (sp > 0) {
+            tb__exec_frame *f = &w->stack[sp - 1];
+            const tb_node *node = f->node;
+            int64_t *p;
+            if (!f->param && f->next < node->num_operands) {
+                const tb_node *operand = node->operands[f->next++];
+                if (operand == NULL) {
+                    return tb__error(TB_ERR_INTERNAL, "%s: node %llu (%s) has a NULL operand", func,
+                                     (unsigned long long)node->id, tb_op_name(node->op));
+                }
+                p = tb__exec_map_get(&w->pos, operand);
+                if (p != NULL) {
+                    if (*p < 0) {
+                        return tb__error(TB_ERR_INTERNAL,
+                                         "%s: the graph has a loop through node %llu (%s)", func,
+                                         (unsigned long long)operand->id, tb_op_name(operand->op));
+                    }
+                    continue;
+                }
+                if (tb__exec_walk_push(w, &sp, operand) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
+                continue;
+            }
+            if (tb__grow((void **)&w->order, &w->cap_order, w->num_order + 1,
+                         sizeof(const tb_node *)) != TB_OK) {
+                return TB_ERR_OUT_OF_MEMORY;
+            }
+            if (f->param && tb__grow((void **)&w->params, &w->cap_params, w->num_params + 1,
+                                     sizeof(const tb_node *)) != TB_OK) {
+                return TB_ERR_OUT_OF_MEMORY;
+            }
+            w->hash = tb__hash_u64(w->hash, tb__exec_walk_node_hash(w, node, f->param));
+            p = tb__exec_map_get(&w->pos, node);
+            *p = (int64_t)w->num_order;
+            w->order[w->num_order++] = node;
+            if (f->param) w->params[w->num_params++] = node;
+            sp--;
+        }
+    }
+    return TB_OK;
+}
+
+static int64_t tb__exec_walk_position(const tb__exec_walk *w, const tb_node *node) {
+    const int64_t *p = tb__exec_map_get(&w->pos, node);
+    return p != NULL ? *p : -1;
+}
+
+static bool tb__exec_walk_is_param(const tb__exec_walk *w, const tb_node *node) {
+    /* parameters are exactly the nodes the walk did not descend into */
+    size_t lo = 0, hi = w->num_params;
+    int64_t at = tb__exec_walk_position(w, node);
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int64_t p = tb__exec_walk_position(w, w->params[mid]);
+        if (p == at) return true;
+        if (p < at) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return false;
+}
+
+/* ---- dumps of a walked graph ---- */
+
+/* Which tensor's node sits where: (post-order position, tensor index), sorted, so that a dump
+   marks results in one pass however many tensors there are. */
+typedef struct tb__exec_mark {
+    int64_t pos;
+    size_t index;
+} tb__exec_mark;
+
+static int tb__exec_mark_compare(const void *a, const void *b) {
+    const tb__exec_mark *x = (const tb__exec_mark *)a, *y = (const tb__exec_mark *)b;
+    if (x->pos != y->pos) return x->pos < y->pos ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+static tb__exec_mark *tb__exec_marks(const tb__exec_walk *w, tb_node *const *nodes, size_t n) {
+    tb__exec_mark *marks = (tb__exec_mark *)tb__calloc(n + 1, sizeof(tb__exec_mark));
+    size_t i;
+    if (marks == NULL) return NULL;
+    for (i = 0; i < n; i++) {
+        marks[i].pos = tb__exec_walk_position(w, nodes[i]);
+        marks[i].index = i;
+    }
+    qsort(marks, n, sizeof(tb__exec_mark), tb__exec_mark_compare);
+    marks[n].pos = -1; /* an end that matches no position */
+    return marks;
+}
+
+/* `nodes[i]` is the node of result i (tensors[i] for a dump). */
+static void tb__exec_text_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes,
+                                 size_t n) {
+    size_t i, next_param = 0, next_mark = 0;
+    tb__exec_mark *marks = tb__exec_marks(w, nodes, n);
+    if (marks == NULL) {
+        s->failed = true;
+        return;
+    }
+    for (i = 0; i < w->num_order; i++) {
+        const tb_node *node = w->order[i];
+        char shape[96];
+        uint32_t k;
+        bool param = next_param < w->num_params && w->params[next_param] == node;
+        tb__shape_text(&node->shape, shape);
+        tb__str_append(s, "%%%lu = %s", (unsigned long)i, tb_op_name(node->op));
+        if (!param && node->num_operands > 0) {
+            tb__str_append(s, "(");
+            for (k = 0; k < node->num_operands; k++) {
+                tb__str_append(s, "%s%%%lld", k > 0 ? ", " : "",
+                               (long long)tb__exec_walk_position(w, node->operands[k]));
+            }
+            tb__str_append(s, ")");
+        }
+        tb__str_append(s, " %s", shape);
+        if (!param && node->num_attrs > 0) {
+            tb__str_append(s, " attrs=[");
+            for (k = 0; k < node->num_attrs && k < TB_MAX_ATTRS; k++) {
+                tb__str_append(s, "%s%lld", k > 0 ? ", " : "", (long long)node->attrs[k]);
+            }
+            tb__str_append(s, "]");
+        }
+        if (!param && (node->fattrs[0] != 0.0 || node->fattrs[1] != 0.0)) {
+            tb__str_append(s, " fattrs=[%.17g, %.17g]", node->fattrs[0], node->fattrs[1]);
+        }
+        if (param) {
+            tb__str_append(s, " (param %lu", (unsigned long)next_param);
+            if (node->op == TB_OP_SCALAR) {
+                tb__str_append(s, ", value %.17g", tb_scalar_as_double(node->scalar));
+            } else if (node->op != TB_OP_DEVICE_DATA) {
+                tb__str_append(s, "%s",
+                               node->value != NULL ? ", computed apart" : ", not supported");
+            }
+            tb__str_append(s, ")");
+            next_param++;
+        }
+        for (; marks[next_mark].pos == (int64_t)i; next_mark++) {
+            tb__str_append(s, " (result %lu)", (unsigned long)marks[next_mark].index);
+        }
+        tb__str_append(s, "\n");
+    }
+    tb__free(marks);
+}
+
+static void tb__exec_dot_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes,
+                                size_t n) {
+    size_t i, next_param = 0, next_mark = 0;
+    tb__exec_mark *marks = tb__exec_marks(w, nodes, n);
+    if (marks == NULL) {
+        s->failed = true;
+        return;
+    }
+    tb__str_append(s, "digraph tb {\n  node [shape=box, fontname=\"monospace\"];\n");
+    for (i = 0; i < w->num_order; i++) {
+        const tb_node *node = w->order[i];
+        char shape[96];
+        bool param = next_param < w->num_params && w->params[next_param] == node;
+        tb__shape_text(&node->shape, shape);
+        /* a backend that groups nodes into kernels would wrap them in "subgraph cluster_k" here */
+        tb__str_append(s, "  n%lu [label=\"%%%lu %s\\n%s", (unsigned long)i, (unsigned long)i,
+                       tb_op_name(node->op), shape);
+        if (param) tb__str_append(s, "\\nparam %lu", (unsigned long)next_param);
+        for (; marks[next_mark].pos == (int64_t)i; next_mark++) {
+            tb__str_append(s, "\\nresult %lu", (unsigned long)marks[next_mark].index);
+        }
+        tb__str_append(s, "\"%s];\n", param ? ", style=rounded" : "");
+        if (param) {
+            next_param++;
+        } else {
+            uint32_t k;
+            for (k = 0; k < node->num_operands; k++) {
+                tb__str_append(s, "  n%lld -> n%lu;\n",
+                               (long long)tb__exec_walk_position(w, node->operands[k]),
+                               (unsigned long)i);
+            }
+        }
+    }
+    tb__str_append(s, "}\n");
+    tb__free(marks);
+}
+
+/* ---- the computation cache (LTC's ComputationCache: an LRU keyed by the graph hash) ---- */
+
+typedef struct tb__comp_cache_entry {
+    uint64_t key;
+    uint64_t graph_hash;
+    tb_device device;
+    const tb_backend *backend;
+    void *computation;
+    int32_t refcount; /* the cache's reference and the users'; guarded by the cache mutex */
+    struct tb__comp_cache_entry *lru_prev; /* most recently used first */
+    struct tb__comp_cache_entry *lru_next;
+    struct tb__comp_cache_entry *bucket_next;
+} tb__comp_cache_entry;
+
+static tb__mutex tb__comp_cache_mutex = TB__MUTEX_INIT;
+static tb__comp_cache_entry **tb__comp_cache_buckets = NULL;
+static size_t tb__comp_cache_num_buckets = 0;
+static size_t tb__comp_cache_count = 0;
+static tb__comp_cache_entry *tb__comp_cache_lru_head = NULL;
+static tb__comp_cache_entry *tb__comp_cache_lru_tail = NULL;
+
+static uint64_t tb__comp_cache_key(uint64_t graph_hash, const tb_device *device) {
+    uint64_t h = tb__hash_bytes(graph_hash, device->backend, strlen(device->backend));
+    return tb__hash_u64(h, (uint64_t)(uint32_t)device->ordinal);
+}
+
+static void tb__comp_cache_entry_destroy(tb__comp_cache_entry *e) {
+    const tb_backend_impl *vt = tb__backend_vtable(e->backend);
+    if (vt != NULL) vt->release_computation(vt->user_data, e->computation);
+    tb__free(e);
+}
+
+/* Drops a reference; returns the entry when the caller must destroy it (outside the lock). */
+static tb__comp_cache_entry *tb__comp_cache_unref_locked(tb__comp_cache_entry *e) {
+    e->refcount--;
+    return e->refcount == 0 ? e : NULL;
+}
+
+static void tb__comp_cache_release(tb__comp_cache_entry *e) {
+    tb__comp_cache_entry *dead;
+    if (e == NULL) return;
+    tb__mutex_lock(&tb__comp_cache_mutex);
+    dead = tb__comp_cache_unref_locked(e);
+    tb__mutex_unlock(&tb__comp_cache_mutex);
+    if (dead != NULL) tb__comp_cache_entry_destroy(dead);
+}
+
+static void tb__comp_cache_unlink_locked(tb__comp_cache_entry *e) {
+    tb__comp_cache_entry **link =
+        &tb__comp_cache_buckets[e->key & (tb__comp_cache_num_buckets - 1)];
+    while (*link != e)
+        link = &(*link)->bucket_next;
+    *link = e->bucket_next;
+    if (e->lru_prev != NULL) {
+        e->lru_prev->lru_next = e->lru_next;
+    } else {
+        tb__comp_cache_lru_head = e->lru_next;
+    }
+    if (e->lru_next != NULL) {
+        e->lru_next->lru_prev = e->lru_prev;
+    } else {
+        tb__comp_cache_lru_tail = e->lru_prev;
+    }
+    e->lru_prev = NULL;
+    e->lru_next = NULL;
+    e->bucket_next = NULL;
+    tb__comp_cache_count--;
+}
+
+static void tb__comp_cache_push_front_locked(tb__comp_cache_entry *e) {
+    e->lru_prev = NULL;
+    e->lru_next = tb__comp_cache_lru_head;
+    if (tb__comp_cache_lru_head != NULL) tb__comp_cache_lru_head->lru_prev = e;
+    tb__comp_cache_lru_head = e;
+    if (tb__comp_cache_lru_tail == NULL) tb__comp_cache_lru_tail = e;
+}
+
+static tb__comp_cache_entry *tb__comp_cache_find_locked(uint64_t key, uint64_t graph_hash,
+                                                        const tb_device *device,
+                                                        const tb_backend *backend) {
+    tb__comp_cache_entry *e;
+    if (tb__comp_cache_num_buckets == 0) return NULL;
+    for (e = tb__comp_cache_buckets[key & (tb__comp_cache_num_buckets - 1)]; e != NULL;
+         e = e->bucket_next) {
+        if (e->key == key && e->graph_hash == graph_hash && e->backend == backend &&
+            tb_device_equal(&e->device, device)) {
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* The cached computation (a new reference, moved to the front), or NULL. */
+static tb__comp_cache_entry *tb__comp_cache_lookup(uint64_t graph_hash, const tb_device *device,
+                                                   const tb_backend *backend) {
+    uint64_t key = tb__comp_cache_key(graph_hash, device);
+    tb__comp_cache_entry *e;
+    tb__mutex_lock(&tb__comp_cache_mutex);
+    e = tb__comp_cache_find_locked(key, graph_hash, device, backend);
+    if (e != NULL) {
+        e->refcount++;
+        if (tb__comp_cache_lru_head != e) {
+            e->lru_prev->lru_next = e->lru_next;
+            if (e->lru_next != NULL) {
+                e->lru_next->lru_prev = e->lru_prev;
+            } else {
+                tb__comp_cache_lru_tail = e->lru_prev;
+            }
+            tb__comp_cache_push_front_locked(e);
+        }
+    }
+    tb__mutex_unlock(&tb__comp_cache_mutex);
+    return e;
+}
+
+/* Puts a new entry (refcount 1, the caller's) in the cache, evicting the least recently used
+   ones beyond the capacity. Returns the entry the caller should use: `e`, or an equal one that
+   another thread put first (then `e` is destroyed). */
+static tb__comp_cache_entry *tb__comp_cache_insert(tb__comp_cache_entry *e) {
+    size_t capacity = tb__desc()->cache_size > 0 ? tb__desc()->cache_size : 1024;
+    tb__comp_cache_entry *evicted = NULL, *existing;
+    tb__mutex_lock(&tb__comp_cache_mutex);
+    if (tb__comp_cache_num_buckets == 0) {
+        size_t nb = 16;
+        while (nb < capacity && nb < ((size_t)1 << 20))
+            nb *= 2;
+        tb__comp_cache_buckets =
+            (tb__comp_cache_entry **)tb__calloc(nb, sizeof(tb__comp_cache_entry *));
+        if (tb__comp_cache_buckets == NULL) {
+            /* uncached: the computation lives as long as the caller's reference */
+            tb__mutex_unlock(&tb__comp_cache_mutex);
+            return e;
+        }
+        tb__comp_cache_num_buckets = nb;
+    }
+    existing = tb__comp_cache_find_locked(e->key, e->graph_hash, &e->device, e->backend);
+    if (existing != NULL) {
+        existing->refcount++;
+        tb__mutex_unlock(&tb__comp_cache_mutex);
+        tb__comp_cache_entry_destroy(e);
+        return existing;
+    }
+    e->refcount++; /* the cache's reference */
+    e->bucket_next = tb__comp_cache_buckets[e->key & (tb__comp_cache_num_buckets - 1)];
+    tb__comp_cache_buckets[e->key & (tb__comp_cache_num_buckets - 1)] = e;
+    tb__comp_cache_push_front_locked(e);
+    tb__comp_cache_count++;
+    while (tb__comp_cache_count > capacity) {
+        tb__comp_cache_entry *victim = tb__comp_cache_lru_tail;
+        tb__comp_cache_unlink_locked(victim);
+        if (tb__comp_cache_unref_locked(victim) != NULL) {
+            victim->lru_next = evicted; /* a private list of entries to destroy */
+            evicted = victim;
+        }
+    }
+    tb__mutex_unlock(&tb__comp_cache_mutex);
+    while (evicted != NULL) {
+        tb__comp_cache_entry *next = evicted->lru_next;
+        tb__comp_cache_entry_destroy(evicted);
+        evicted = next;
+    }
+    return e;
+}
+
+static void tb__comp_cache_clear(void) {
+    tb__comp_cache_entry *dead = NULL;
+    tb__mutex_lock(&tb__comp_cache_mutex);
+    while (tb__comp_cache_lru_head != NULL) {
+        tb__comp_cache_entry *e = tb__comp_cache_lru_head;
+        tb__comp_cache_unlink_locked(e);
+        if (tb__comp_cache_unref_locked(e) != NULL) {
+            e->lru_next = dead;
+            dead = e;
+        }
+    }
+    tb__mutex_unlock(&tb__comp_cache_mutex);
+    while (dead != NULL) {
+        tb__comp_cache_entry *next = dead->lru_next;
+        tb__comp_cache_entry_destroy(dead);
+        dead = next;
+    }
+}
+
+TBDEF void tb_computation_cache_clear(void) {
+    tb__ensure_setup();
+    tb__comp_cache_clear();
+}
+
+TBDEF size_t tb_computation_cache_size(void) {
+    size_t n;
+    tb__ensure_setup();
+    tb__mutex_lock(&tb__comp_cache_mutex);
+    n = tb__comp_cache_count;
+    tb__mutex_unlock(&tb__comp_cache_mutex);
+    return n;
+}
+
+/* ---- the executor ---- */
+
+/* What one sync works with. */
+typedef struct tb__exec {
+    const char *func; /* the public function, for messages */
+    tb_device device;
+    const tb_backend *backend;
+    const tb_backend_impl *vt;
+} tb__exec;
+
+/* A backend entry starts with a clean error so that the reason of a failure is the backend's;
+   a success gives the caller's error back. */
+static void tb__exec_call_begin(tb__saved_error *saved) {
+    tb__error_save(saved);
+    tb_clear_error();
+}
+
+static tb_status tb__exec_call_failed(const tb__exec *ex, tb_status st, const char *entry) {
+    if (st == TB_OK) st = TB_ERR_INTERNAL;
+    if (tb_last_status() == TB_OK || tb_last_error()[0] == '\0') {
+        return tb__error(st, "%s: backend '%s': %s failed (%s)", ex->func, ex->device.backend,
+                         entry, tb_status_string(st));
+    }
+    return tb__error(st, "%s: backend '%s': %s: %s", ex->func, ex->device.backend, entry,
+                     tb_last_error());
+}
+
+/* The data a DEVICE_DATA node or a node computed apart stands for (borrowed). */
+static tb_backend_data *tb__exec_param_data(const tb__exec *ex, const tb_node *node) {
+    tb_backend_data *d = NULL;
+    if (node->value != NULL) return node->value;
+    if (ex->vt->get_node_data != NULL) d = ex->vt->get_node_data(ex->vt->user_data, node);
+    if (d == NULL) d = node->data;
+    if (d == NULL) {
+        tb__error(TB_ERR_INTERNAL, "%s: device data node %llu has no data", ex->func,
+                  (unsigned long long)node->id);
+    }
+    return d;
+}
+
+/* A new data on the device holding a SCALAR node's value in the node's dtype. */
+static tb_backend_data *tb__exec_scalar_data(const tb__exec *ex, const tb_node *node) {
+    tb_scalar value;
+    if (tb_dtype_is_float(node->shape.dtype)) {
+        value = tb_scalar_f(node->shape.dtype, tb_scalar_as_double(node->scalar));
+    } else {
+        value = tb_scalar_i(node->shape.dtype, tb_scalar_as_int(node->scalar));
+    }
+    return tb__data_from_scalar(&ex->device, value);
+}
+
+/* The value of a parameter node: a new reference. */
+static tb_backend_data *tb__exec_param_value(const tb__exec *ex, const tb_node *node) {
+    tb_backend_data *d;
+    if (node->op == TB_OP_SCALAR && node->value == NULL) return tb__exec_scalar_data(ex, node);
+    d = tb__exec_param_data(ex, node);
+    if (d != NULL) tb__data_retain(d);
+    return d;
+}
+
+/* A computation for the graph: from the cache, else lowered and compiled (and cached). */
+static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph,
+                                  tb__comp_cache_entry **out, bool *hit, uint64_t *compile_ns) {
+    tb__comp_cache_entry *e = tb__comp_cache_lookup(graph->hash, &ex->device, ex->backend);
+    void *context = NULL, *computation = NULL;
+    tb__saved_error saved;
+    uint64_t t0;
+    tb_status st;
+    *compile_ns = 0;
+    if (e != NULL) {
+        tb__metric_count("CachedCompile", 1);
+        *hit = true;
+        *out = e;
+        return TB_OK;
+    }
+    *hit = false;
+    t0 = tb__now_ns();
+    tb__exec_call_begin(&saved);
+    st = ex->vt->create_lowering_context(ex->vt->user_data, graph, &context);
+    if (st != TB_OK) return tb__exec_call_failed(ex, st, "create_lowering_context");
+    st = ex->vt->compile(ex->vt->user_data, context, &computation);
+    if (st != TB_OK) st = tb__exec_call_failed(ex, st, "compile");
+    if (ex->vt->release_lowering_context != NULL) {
+        ex->vt->release_lowering_context(ex->vt->user_data, context);
+    }
+    if (st != TB_OK) return st;
+    tb__error_restore(&saved);
+    *compile_ns = tb__now_ns() - t0;
+    tb__metric_count("UncachedCompile", 1);
+    tb__metric_sample("CompileTime", (double)*compile_ns);
+    e = (tb__comp_cache_entry *)tb__calloc(1, sizeof(tb__comp_cache_entry));
+    if (e == NULL) {
+        ex->vt->release_computation(ex->vt->user_data, computation);
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    e->key = tb__comp_cache_key(graph->hash, &ex->device);
+    e->graph_hash = graph->hash;
+    e->device = ex->device;
+    e->backend = ex->backend;
+    e->computation = computation;
+    e->refcount = 1;
+    *out = tb__comp_cache_insert(e);
+    return TB_OK;
+}
+
+static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
+                                      tb_backend_data **out);
+
+/* LTC's eager fallback: runs one node the backend does not support on the reference
+   interpreter, from its operands' values, and keeps the result on the device in node->value. */
+static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
+    size_t k = node->num_operands, i, num_pending = 0;
+    void **host = NULL;
+    tb_node **pending = NULL;
+    tb_backend_data **computed = NULL;
+    void *result = NULL;
+    tb_backend_data *value = NULL;
+    tb_status st = TB_ERR_OUT_OF_MEMORY;
+    char name[64];
+
+    host = (void **)tb__calloc(k + 1, sizeof(void *));
+    pending = (tb_node **)tb__calloc(k + 1, sizeof(tb_node *));
+    computed = (tb_backend_data **)tb__calloc(k + 1, sizeof(tb_backend_data *));
+    if (host == NULL || pending == NULL || computed == NULL) goto done;
+    /* operands still pending become a graph of their own, whose results are those operands */
+    for (i = 0; i < k; i++) {
+        size_t j;
+        bool seen = false;
+        if (tb__exec_is_param(node->operands[i])) continue;
+        for (j = 0; j < num_pending; j++)
+            seen = seen || pending[j] == node->operands[i];
+        if (!seen) pending[num_pending++] = node->operands[i];
+    }
+    if (num_pending > 0) {
+        st = tb__exec_materialize(ex, pending, num_pending, computed);
+        if (st != TB_OK) goto done;
+    }
+    for (i = 0; i < k; i++) {
+        const tb_node *operand = node->operands[i];
+        const tb_backend_data *d = NULL;
+        host[i] = tb__exec_host_alloc(&operand->shape, NULL);
+        if (host[i] == NULL) {
+            st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+            goto done;
+        }
+        if (operand->op == TB_OP_SCALAR && operand->value == NULL) {
+            tb__scalar_store(operand->scalar, operand->shape.dtype, host[i]);
+            continue;
+        }
+        if (tb__exec_is_param(operand)) {
+            d = tb__exec_param_data(ex, operand);
+        } else {
+            size_t j;
+            for (j = 0; j < num_pending; j++) {
+                if (pending[j] == operand) d = computed[j];
+            }
+        }
+        if (d == NULL) {
+            st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+            goto done;
+        }
+        st = tb__data_to_host(d, host[i]);
+        if (st != TB_OK) goto done;
+    }
+    result = tb__exec_host_alloc(&node->shape, NULL);
+    if (result == NULL) {
+        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    st = tb__ref_eval_node(node, (const void *const *)host, result);
+    if (st != TB_OK) goto done;
+    value = tb__data_from_host(&ex->device, &node->shape, result);
+    if (value == NULL) {
+        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    node->value = value;
+    snprintf(name, sizeof(name), "Fallback::%s", tb_op_name(node->op));
+    tb__metric_count(name, 1);
+    st = TB_OK;
+done:
+    if (host != NULL) {
+        for (i = 0; i < k; i++)
+            tb__free(host[i]);
+    }
+    if (computed != NULL) {
+        for (i = 0; i < num_pending; i++) {
+            if (computed[i] != NULL) tb__data_release(computed[i]);
+        }
+    }
+    tb__free(host);
+    tb__free(pending);
+    tb__free(computed);
+    tb__free(result);
+    return st;
+}
+
+/* Runs the eager fallback for every node of the walked graph the backend does not support.
+   Returns whether any ran (the walk is then stale). */
+static tb_status tb__exec_run_fallbacks(const tb__exec *ex, const tb__exec_walk *w, bool *ran) {
+    size_t i, next_param = 0;
+    *ran = false;
+    if (ex->vt->supports_node == NULL) return TB_OK;
+    for (i = 0; i < w->num_order; i++) {
+        tb_node *node = (tb_node *)w->order[i];
+        tb_status st;
+        if (next_param < w->num_params && w->params[next_param] == node) {
+            next_param++;
+            continue;
+        }
+        /* post-order: every unsupported node below this one already has its value, so the
+           operands' graph needs no fallback of its own */
+        if (tb__exec_supported(ex->vt, node)) continue;
+        st = tb__exec_fallback(ex, node);
+        if (st != TB_OK) return st;
+        *ran = true;
+    }
+    return TB_OK;
+}
+
+static void tb__exec_log_graph(const tb__exec *ex, const tb_graph *g, bool hit, uint64_t compile_ns,
+                               uint64_t run_ns) {
+    char device[64];
+    tb__exec_device_text(&ex->device, device);
+    tb_log_message(
+        TB_LOG_INFO,
+        "graph %016llx nodes=%lu params=%lu results=%lu device=%s cache=%s compile=%.3fms "
+        "run=%.3fms",
+        (unsigned long long)g->hash, (unsigned long)g->num_nodes, (unsigned long)g->num_parameters,
+        (unsigned long)g->num_results, device, hit ? "hit" : "miss", (double)compile_ns / 1e6,
+        (double)run_ns / 1e6);
+}
+
+/* Builds the graph of the walk for the non-parameter roots. */
+static tb_status tb__exec_graph_make(const tb__exec *ex, const tb__exec_walk *w,
+                                     tb_node *const *roots, size_t n, const tb_node ***results,
+                                     tb_graph *g) {
+    size_t i, num_results = 0;
+    uint64_t h = w->hash;
+    *results = (const tb_node **)tb__calloc(n + 1, sizeof(const tb_node *));
+    if (*results == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < n; i++) {
+        if (tb__exec_walk_is_param(w, roots[i])) continue;
+        (*results)[num_results++] = roots[i];
+        h = tb__hash_u64(h, (uint64_t)tb__exec_walk_position(w, roots[i]));
+    }
+    memset(g, 0, sizeof(*g));
+    g->nodes = w->order;
+    g->num_nodes = w->num_order;
+    g->parameters = w->params;
+    g->num_parameters = w->num_params;
+    g->results = *results;
+    g->num_results = num_results;
+    g->hash = tb__hash_u64(tb__hash_u64(h, num_results), w->num_params);
+    g->device = ex->device;
+    return TB_OK;
+}
+
+/* Runs a compiled graph: parameter values in, placeholders filled. On success out_results[i]
+   gets a new reference to the value of g->results[i]. */
+static tb_status tb__exec_run(const tb__exec *ex, const tb_graph *g, void *computation,
+                              tb_backend_data **out_results, uint64_t *run_ns) {
+    tb_backend_data **args;
+    size_t i;
+    tb_status st = TB_OK;
+    tb__saved_error saved;
+    uint64_t t0;
+    args = (tb_backend_data **)tb__calloc(g->num_parameters + 1, sizeof(tb_backend_data *));
+    if (args == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < g->num_parameters && st == TB_OK; i++) {
+        args[i] = tb__exec_param_value(ex, g->parameters[i]);
+        if (args[i] == NULL) {
+            st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+        } else if (!tb_device_equal(&args[i]->device, &ex->device)) {
+            char a[64], b[64];
+            tb__exec_device_text(&args[i]->device, a);
+            tb__exec_device_text(&ex->device, b);
+            st = tb__error(TB_ERR_INVALID_ARGUMENT,
+                           "%s: parameter %lu of the graph is on %s but the graph runs on %s",
+                           ex->func, (unsigned long)i, a, b);
+        }
+    }
+    for (i = 0; i < g->num_results && st == TB_OK; i++) {
+        out_results[i] = tb__data_new(ex->backend, &ex->device, &g->results[i]->shape);
+        if (out_results[i] == NULL) {
+            st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+        } else if (ex->vt->create_placeholder != NULL) {
+            tb__exec_call_begin(&saved);
+            st = ex->vt->create_placeholder(ex->vt->user_data, out_results[i]);
+            if (st != TB_OK) {
+                st = tb__exec_call_failed(ex, st, "create_placeholder");
+            } else {
+                tb__error_restore(&saved);
+            }
+        }
+    }
+    if (st == TB_OK) {
+        t0 = tb__now_ns();
+        tb__exec_call_begin(&saved);
+        st = ex->vt->execute(ex->vt->user_data, computation, args, g->num_parameters, out_results,
+                             g->num_results);
+        *run_ns = tb__now_ns() - t0;
+        tb__metric_sample("ExecuteTime", (double)*run_ns);
+        if (st != TB_OK) {
+            st = tb__exec_call_failed(ex, st, "execute");
+        } else {
+            tb__error_restore(&saved);
+        }
+    }
+    for (i = 0; i < g->num_parameters; i++) {
+        if (args[i] != NULL) tb__data_release(args[i]);
+    }
+    tb__free(args);
+    if (st != TB_OK) {
+        for (i = 0; i < g->num_results; i++) {
+            if (out_results[i] != NULL) tb__data_release(out_results[i]);
+            out_results[i] = NULL;
+        }
+    }
+    return st;
+}
+
+/* The values of `roots` (distinct nodes on ex->device): out[i] gets a new reference. On error
+   out is all NULL and no node changed except for values the eager fallback computed. */
+static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
+                                      tb_backend_data **out) {
+    tb__exec_walk w;
+    tb_graph g;
+    const tb_node **results = NULL;
+    tb_backend_data **values = NULL;
+    tb__comp_cache_entry *entry = NULL;
+    bool ran = false, hit = false;
+    uint64_t compile_ns = 0, run_ns = 0;
+    size_t i, r;
+    tb_status st;
+
+    memset(&w, 0, sizeof(w));
+    memset(out, 0, n * sizeof(tb_backend_data *));
+    st = tb__exec_walk_add(&w, ex->func, roots, n);
+    if (st == TB_OK) st = tb__exec_run_fallbacks(ex, &w, &ran);
+    if (st == TB_OK && ran) {
+        tb__exec_walk_free(&w);
+        st = tb__exec_walk_add(&w, ex->func, roots, n);
+    }
+    if (st == TB_OK) st = tb__exec_graph_make(ex, &w, roots, n, &results, &g);
+    if (st != TB_OK) goto done;
+
+    if (g.num_results > 0) {
+        values = (tb_backend_data **)tb__calloc(g.num_results, sizeof(tb_backend_data *));
+        if (values == NULL) {
+            st = TB_ERR_OUT_OF_MEMORY;
+            goto done;
+        }
+        tb__metric_sample("TensorsGraphSize", (double)g.num_nodes);
+        if (tb_debug_level() >= 3) {
+            tb__str text;
+            memset(&text, 0, sizeof(text));
+            tb__exec_text_append(&text, &w, roots, n);
+            tb_log_message(TB_LOG_DEBUG, "graph %016llx IR:\n%s", (unsigned long long)g.hash,
+                           text.data != NULL ? text.data : "");
+            tb__str_free(&text);
+        }
+        st = tb__exec_compile(ex, &g, &entry, &hit, &compile_ns);
+        if (st == TB_OK) st = tb__exec_run(ex, &g, entry->computation, values, &run_ns);
+        if (st != TB_OK) goto done;
+        if (tb_debug_level() >= 1) tb__exec_log_graph(ex, &g, hit, compile_ns, run_ns);
+    }
+    /* roots that are parameters need no computation: their values are at hand */
+    for (i = 0, r = 0; i < n; i++) {
+        if (r < g.num_results && results[r] == roots[i]) {
+            out[i] = values[r++];
+            continue;
+        }
+        out[i] = tb__exec_param_value(ex, roots[i]);
+        if (out[i] == NULL) {
+            st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+            break;
+        }
+    }
+    if (st != TB_OK) {
+        for (i = 0; i < n; i++) {
+            if (out[i] != NULL) tb__data_release(out[i]);
+            out[i] = NULL;
+        }
+        /* results not yet handed to out */
+        for (; r < g.num_results; r++)
+            tb__data_release(values[r]);
+    }
+done:
+    tb__comp_cache_release(entry);
+    tb__free(values);
+    tb__free((void *)results);
+    tb__exec_walk_free(&w);
+    return st;
+}
+
+/* The executor of `device` for `func`. */
+static tb_status tb__exec_init(tb__exec *ex, const char *func, const tb_device *device) {
+    ex->func = func;
+    ex->device = *device;
+    ex->backend = tb__backend_for_device(device);
+    if (ex->backend == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_NOT_FOUND;
+    ex->vt = tb__backend_vtable(ex->backend);
+    if (ex->vt == NULL) return tb__error(TB_ERR_INTERNAL, "%s: a backend without a vtable", func);
+    return TB_OK;
+}
+
+/* The distinct pending nodes of `tensors` (those with a node), checked to share one device. */
+typedef struct tb__exec_roots {
+    tb_node **nodes;
+    size_t count;
+    tb__exec_map index; /* node -> index in nodes */
+    tb_device device;
+} tb__exec_roots;
+
+static void tb__exec_roots_free(tb__exec_roots *r) {
+    size_t i;
+    for (i = 0; i < r->count; i++)
+        tb__node_release(r->nodes[i]);
+    tb__free(r->nodes);
+    tb__exec_map_free(&r->index);
+    memset(r, 0, sizeof(*r));
+}
+
+/* `ir`: take every tensor's operand node (dumps) rather than only pending ones (sync).
+   `one_device`: the tensors must share a device (a graph to run); text dumps take any. */
+static tb_status tb__exec_roots_collect(tb__exec_roots *r, const char *func,
+                                        tb_tensor *const *tensors, size_t count, bool ir,
+                                        bool one_device) {
+    size_t i;
+    const tb_tensor *first = NULL;
+    memset(r, 0, sizeof(*r));
+    if (count > 0) {
+        r->nodes = (tb_node **)tb__calloc(count, sizeof(tb_node *));
+        if (r->nodes == NULL) return TB_ERR_OUT_OF_MEMORY;
+    }
+    for (i = 0; i < count; i++) {
+        tb_tensor *t = tensors[i];
+        tb_node *node = ir ? tb__tensor_ir(t) : t->node;
+        if (node == NULL) {
+            if (ir) {
+                tb__exec_roots_free(r);
+                return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+            }
+            continue;
+        }
+        if (first == NULL) {
+            first = t;
+            r->device = t->device;
+        } else if (one_device && !tb_device_equal(&first->device, &t->device)) {
+            char a[64], b[64];
+            tb__exec_device_text(&first->device, a);
+            tb__exec_device_text(&t->device, b);
+            tb__exec_roots_free(r);
+            return tb__error(TB_ERR_INVALID_ARGUMENT,
+                             "%s: tensors on %s and %s cannot be one graph (move them with "
+                             "tb_to_device)",
+                             func, a, b);
+        }
+        if (tb__exec_map_get(&r->index, node) != NULL) continue;
+        if (tb__exec_map_put(&r->index, node, (int64_t)r->count) != TB_OK) {
+            tb__exec_roots_free(r);
+            return TB_ERR_OUT_OF_MEMORY;
+        }
+        tb__node_retain(node);
+        r->nodes[r->count++] = node;
+    }
+    return TB_OK;
+}
+
+static tb_status tb__exec_check_list(const char *func, tb_tensor *const *tensors, size_t count) {
+    size_t i;
+    if (tensors == NULL && count > 0) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: tensors is NULL (count %lu)", func,
+                         (unsigned long)count);
+    }
+    for (i = 0; i < count; i++) {
+        if (tensors[i] == NULL) {
+            if (tb_last_status() == TB_OK) {
+                tb__error(TB_ERR_INVALID_ARGUMENT, "%s: tensors[%lu] is NULL", func,
+                          (unsigned long)i);
+            }
+            return TB_ERR_INVALID_ARGUMENT;
+        }
+    }
+    return TB_OK;
+}
+
+/* LTC's SyncTensorsGraph for tensors on one device. */
+static tb_status tb__exec_sync(tb_tensor *const *tensors, size_t count, const char *func) {
+    tb__exec_roots roots;
+    tb__exec ex;
+    tb_backend_data **values = NULL;
+    tb_tensor **first = NULL; /* the first tensor given each root's value */
+    size_t i;
+    tb_status st = tb__exec_roots_collect(&roots, func, tensors, count, false, true);
+    if (st != TB_OK) return st;
+    if (roots.count == 0) {
+        tb__exec_roots_free(&roots);
+        return TB_OK;
+    }
+    st = tb__exec_init(&ex, func, &roots.device);
+    if (st == TB_OK) {
+        values = (tb_backend_data **)tb__calloc(roots.count, sizeof(tb_backend_data *));
+        first = (tb_tensor **)tb__calloc(roots.count, sizeof(tb_tensor *));
+        if (values == NULL || first == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    if (st == TB_OK) st = tb__exec_materialize(&ex, roots.nodes, roots.count, values);
+    if (st == TB_OK) {
+        /* LTC assigns each result to its tensors and replaces their IR by device data */
+        for (i = 0; i < count; i++) {
+            tb_tensor *t = tensors[i];
+            const int64_t *at;
+            size_t k;
+            if (t->node == NULL) continue; /* materialised, or listed twice */
+            at = tb__exec_map_get(&roots.index, t->node);
+            if (at == NULL) continue;
+            k = (size_t)*at;
+            tb__data_retain(values[k]);
+            t->data = values[k];
+            tb__node_release(t->node);
+            t->node = NULL;
+            /* tensors that shared a node share its device data node: one parameter later */
+            if (first[k] == NULL) {
+                first[k] = t;
+            } else {
+                tb_node *dn = tb__tensor_ir(first[k]);
+                if (dn != NULL) {
+                    tb__node_retain(dn);
+                    t->data_node = dn;
+                }
+            }
+        }
+        /* a graph recorded earlier that still uses these nodes reads the values, not
+           recomputing them */
+        for (i = 0; i < roots.count; i++) {
+            tb_node *node = roots.nodes[i];
+            if (!tb__exec_is_param(node)) {
+                tb__data_retain(values[i]);
+                node->value = values[i];
+            }
+        }
+    }
+    if (values != NULL) {
+        for (i = 0; i < roots.count; i++) {
+            if (values[i] != NULL) tb__data_release(values[i]);
+        }
+    }
+    tb__free(values);
+    tb__free(first);
+    tb__exec_roots_free(&roots);
+    return st;
+}
+
+TBDEF tb_status tb_sync(tb_tensor *const *tensors, size_t count) {
+    tb_status st;
+    tb__ensure_setup();
+    st = tb__exec_check_list("tb_sync", tensors, count);
+    if (st != TB_OK) return st;
+    return tb__exec_sync(tensors, count, "tb_sync");
+}
+
+TBDEF tb_status tb_mark_step(void) {
+    tb_tensor **live = NULL;
+    size_t n = 0, cap = 0, i, done = 0;
+    tb_status result = TB_OK, st = TB_OK;
+    tb_tensor *t;
+    tb__ensure_setup();
+    tb__metric_count("MarkStep", 1);
+    tb__mutex_lock(&tb__tensor_live_mutex);
+    for (t = tb__tensor_live_head; t != NULL; t = t->live_next) {
+        if (t->node == NULL) continue;
+        if (tb__grow((void **)&live, &cap, n + 1, sizeof(tb_tensor *)) != TB_OK) {
+            st = TB_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        if (tb__tensor_retain_if_alive(&t->refcount)) live[n++] = t;
+    }
+    tb__mutex_unlock(&tb__tensor_live_mutex);
+    if (st != TB_OK) {
+        for (i = 0; i < n; i++)
+            tb_tensor_release(live[i]);
+        tb__free(live);
+        return st;
+    }
+    /* one graph per device: gather the tensors of the first device left, in order */
+    while (done < n) {
+        size_t m = 0;
+        tb_device device = live[done]->device;
+        for (i = done; i < n; i++) {
+            if (tb_device_equal(&live[i]->device, &device)) {
+                tb_tensor *tmp = live[i];
+                live[i] = live[done + m];
+                live[done + m] = tmp;
+                m++;
+            }
+        }
+        st = tb__exec_sync(live + done, m, "tb_mark_step");
+        if (st != TB_OK && result == TB_OK) result = st;
+        done += m;
+    }
+    for (i = 0; i < n; i++)
+        tb_tensor_release(live[i]);
+    tb__free(live);
+    return result;
+}
+
+/* ---- the graph size estimate and the automatic flush ---- */
+
+/* The number of computed (non-parameter) nodes in the pending graph of `node`: a walk. */
+static tb_status tb__exec_graph_count(tb_node *node, uint64_t *out) {
+    tb__exec_walk w;
+    tb_status st;
+    memset(&w, 0, sizeof(w));
+    st = tb__exec_walk_add(&w, "tb_sync", &node, 1);
+    *out = w.num_order - w.num_params;
+    tb__exec_walk_free(&w);
+    return st;
+}
+
+/* The automatic flush. Each node keeps an upper bound of its graph's computed nodes: 1 + the
+   operands' bounds (exact for chains; a subgraph reached through two operands counts twice).
+   Only a bound above the limit costs a walk, and the walk's exact count replaces the bound.
+   Flushing already when the exact count is above half the limit keeps graphs that share
+   subgraphs heavily (x = x + x) from walking at every op once they come near the limit. */
+static tb_status tb__tensor_auto_flush(tb_tensor *t) {
+    tb_node *node = t->node;
+    uint64_t bound = 1, limit, exact = 0;
+    uint32_t i;
+    tb_status st;
+    for (i = 0; i < node->num_operands; i++) {
+        const tb_node *operand = node->operands[i];
+        uint64_t s;
+        if (tb__exec_is_param(operand)) continue;
+        s = operand->graph_size > 0 ? operand->graph_size : 1;
+        bound = bound + s < bound ? UINT64_MAX : bound + s;
+    }
+    node->graph_size = bound;
+    limit = tb__desc()->max_graph_nodes > 0 ? (uint64_t)tb__desc()->max_graph_nodes : 100000u;
+    if (bound <= limit) return TB_OK;
+    st = tb__exec_graph_count(node, &exact);
+    if (st != TB_OK) return st;
+    node->graph_size = exact;
+    if (exact > limit / 2) {
+        tb_tensor *list[1];
+        char func[48];
+        list[0] = t;
+        snprintf(func, sizeof(func), "tb_%s", tb_op_name(node->op));
+        st = tb__exec_sync(list, 1, func);
+    }
+    return st;
+}
+
+static tb_tensor *tb__tensor_from_node(tb_node *node) {
+    tb_tensor *t;
+    if (node == NULL) return NULL;
+    t = tb__tensor_new(&node->device, &node->shape);
+    if (t == NULL) {
+        tb__node_release(node);
+        return NULL;
+    }
+    t->node = node;
+    if (!tb__exec_is_param(node) && tb__tensor_auto_flush(t) != TB_OK) {
+        tb_tensor_release(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* ---- creation, reading back ---- */
+
+static tb_tensor *tb__tensor_from_host(const char *func, const void *data, const tb_shape *shape,
+                                       const tb_device *device, bool borrow) {
+    tb_device dev;
+    size_t nbytes = 0;
+    tb_backend_data *d = NULL;
+    tb_status st;
+    tb__ensure_setup();
+    if (shape == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: shape is NULL", func);
+        return NULL;
+    }
+    st = tb_shape_validate(shape);
+    if (st == TB_OK) st = tb_shape_nbytes(shape, &nbytes);
+    if (st != TB_OK) return NULL;
+    if (data == NULL && nbytes > 0) {
+        char text[96];
+        tb__shape_text(shape, text);
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: data is NULL for %s (%lu bytes)", func, text,
+                  (unsigned long)nbytes);
+        return NULL;
+    }
+    if (tb__resolve_device(device, &dev) != TB_OK) return NULL;
+    /* NULL from the borrow: this device cannot use host memory in place; copy */
+    if (borrow) d = tb__data_borrow_host(&dev, shape, data);
+    if (d == NULL) d = tb__data_from_host(&dev, shape, data);
+    return tb__tensor_from_data(d);
+}
+
+TBDEF tb_tensor *tb_tensor_from_host(const void *data, const tb_shape *shape,
+                                     const tb_device *device) {
+    return tb__tensor_from_host("tb_tensor_from_host", data, shape, device, false);
+}
+
+TBDEF tb_tensor *tb_tensor_from_host_borrowed(const void *data, const tb_shape *shape,
+                                              const tb_device *device) {
+    return tb__tensor_from_host("tb_tensor_from_host_borrowed", data, shape, device, true);
+}
+
+/* Syncs one tensor if its value is pending. */
+static tb_status tb__tensor_materialize(tb_tensor *t, const char *func) {
+    tb_tensor *list[1];
+    if (t->node == NULL) return TB_OK;
+    list[0] = t;
+    return tb__exec_sync(list, 1, func);
+}
+
+TBDEF tb_backend_data *tb_tensor_data(tb_tensor *tensor) {
+    tb__ensure_setup();
+    if (tensor == NULL) {
+        tb__tensor_null_error("tb_tensor_data", "tensor");
+        return NULL;
+    }
+    if (tb__tensor_materialize(tensor, "tb_tensor_data") != TB_OK) return NULL;
+    return tensor->data;
+}
+
+TBDEF tb_status tb_tensor_to_host(tb_tensor *tensor, void *dst, size_t size) {
+    size_t nbytes = 0;
+    tb_status st;
+    tb__ensure_setup();
+    if (tensor == NULL) {
+        tb__tensor_null_error("tb_tensor_to_host", "tensor");
+        return TB_ERR_INVALID_ARGUMENT;
+    }
+    st = tb_shape_nbytes(&tensor->shape, &nbytes);
+    if (st != TB_OK) return st;
+    if (size != nbytes) {
+        char text[96];
+        tb__shape_text(&tensor->shape, text);
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_tensor_to_host: size is %lu bytes but %s needs %lu",
+                         (unsigned long)size, text, (unsigned long)nbytes);
+    }
+    if (dst == NULL && nbytes > 0) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_tensor_to_host: dst is NULL");
+    }
+    st = tb__tensor_materialize(tensor, "tb_tensor_to_host");
+    if (st != TB_OK) return st;
+    if (nbytes == 0) return TB_OK;
+    return tb__data_to_host(tensor->data, dst);
+}
+
+TBDEF tb_tensor *tb_to_device(tb_tensor *tensor, const tb_device *device) {
+    tb_device dev;
+    void *host;
+    tb_backend_data *d;
+    tb__ensure_setup();
+    if (tensor == NULL) {
+        tb__tensor_null_error("tb_to_device", "tensor");
+        return NULL;
+    }
+    if (tb__resolve_device(device, &dev) != TB_OK) return NULL;
+    if (tb__tensor_materialize(tensor, "tb_to_device") != TB_OK) return NULL;
+    if (tb_device_equal(&dev, &tensor->device)) {
+        tb_tensor *t;
+        tb_node *dn = tb__tensor_ir(tensor);
+        if (dn == NULL) return NULL;
+        tb__data_retain(tensor->data);
+        t = tb__tensor_from_data(tensor->data);
+        if (t != NULL) {
+            /* one device data node for both: the same value is one parameter of a graph */
+            tb__node_retain(dn);
+            t->data_node = dn;
+        }
+        return t;
+    }
+    host = tb__exec_host_alloc(&tensor->shape, NULL);
+    if (host == NULL) return NULL;
+    d = NULL;
+    if (tb__data_to_host(tensor->data, host) == TB_OK) {
+        d = tb__data_from_host(&dev, &tensor->shape, host);
+    }
+    tb__free(host);
+    return tb__tensor_from_data(d);
+}
+
+TBDEF tb_status tb_tensor_item(tb_tensor *tensor, double *out) {
+    int64_t numel = 0;
+    unsigned char host[16];
+    tb_status st;
+    tb__ensure_setup();
+    if (tensor == NULL) {
+        tb__tensor_null_error("tb_tensor_item", "tensor");
+        return TB_ERR_INVALID_ARGUMENT;
+    }
+    if (out == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_tensor_item: out is NULL");
+    st = tb_shape_numel(&tensor->shape, &numel);
+    if (st != TB_OK) return st;
+    if (numel != 1) {
+        char text[96];
+        tb__shape_text(&tensor->shape, text);
+        return tb__error(TB_ERR_SHAPE, "tb_tensor_item: %s has %lld elements, not 1", text,
+                         (long long)numel);
+    }
+    st = tb__tensor_materialize(tensor, "tb_tensor_item");
+    if (st != TB_OK) return st;
+    st = tb__data_to_host(tensor->data, host);
+    if (st != TB_OK) return st;
+    *out = tb__exec_host_to_double(host, tensor->shape.dtype);
+    return TB_OK;
+}
+
+/* ---- dumps ---- */
+
+/* Walks the graph behind `tensors` for a dump. */
+/* tb_ir_text and tb_ir_dot: the graph behind the tensors, results marked per tensor. */
+static char *tb__exec_dump(const char *func, tb_tensor *const *tensors, size_t count, bool dot) {
+    tb__exec_roots roots;
+    tb__exec_walk w;
+    tb__str s;
+    tb_node **nodes = NULL;
+    char *text = NULL;
+    size_t i;
+    tb_status st;
+    tb__ensure_setup();
+    memset(&s, 0, sizeof(s));
+    memset(&w, 0, sizeof(w));
+    memset(&roots, 0, sizeof(roots));
+    st = tb__exec_check_list(func, tensors, count);
+    if (st == TB_OK) st = tb__exec_roots_collect(&roots, func, tensors, count, true, false);
+    if (st == TB_OK) st = tb__exec_walk_add(&w, func, roots.nodes, roots.count);
+    if (st == TB_OK) {
+        nodes = (tb_node **)tb__calloc(count + 1, sizeof(tb_node *));
+        if (nodes == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    if (st == TB_OK) {
+        /* every tensor has its operand node now: the roots were collected from them */
+        for (i = 0; i < count; i++)
+            nodes[i] = tb__tensor_ir(tensors[i]);
+        if (dot) {
+            tb__exec_dot_append(&s, &w, nodes, count);
+        } else {
+            tb__exec_text_append(&s, &w, nodes, count);
+        }
+        text = tb__str_take(&s);
+    }
+    tb__free(nodes);
+    tb__str_free(&s);
+    tb__exec_walk_free(&w);
+    tb__exec_roots_free(&roots);
+    return text;
+}
+
+TBDEF char *tb_ir_text(tb_tensor *const *tensors, size_t count) {
+    return tb__exec_dump("tb_ir_text", tensors, count, false);
+}
+
+TBDEF char *tb_ir_dot(tb_tensor *const *tensors, size_t count) {
+    return tb__exec_dump("tb_ir_dot", tensors, count, true);
+}
+
+TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
+    tb__exec_roots roots;
+    tb__exec_walk w;
+    tb__exec ex;
+    tb_graph g;
+    const tb_node **results = NULL;
+    tb__comp_cache_entry *entry = NULL;
+    char *text = NULL;
+    bool hit;
+    uint64_t compile_ns;
+    tb_status st;
+    tb__ensure_setup();
+    memset(&w, 0, sizeof(w));
+    st = tb__exec_check_list("tb_ir_backend_text", tensors, count);
+    if (st == TB_OK) {
+        st = tb__exec_roots_collect(&roots, "tb_ir_backend_text", tensors, count, true, true);
+    } else {
+        memset(&roots, 0, sizeof(roots));
+    }
+    if (st == TB_OK && roots.count == 0) {
+        tb__exec_roots_free(&roots);
+        return tb__strdup("");
+    }
+    if (st == TB_OK) st = tb__exec_init(&ex, "tb_ir_backend_text", &roots.device);
+    if (st == TB_OK) {
+        /* the graph a sync would compile once the eager fallback has run */
+        w.cut = ex.vt;
+        st = tb__exec_walk_add(&w, ex.func, roots.nodes, roots.count);
+    }
+    if (st == TB_OK) st = tb__exec_graph_make(&ex, &w, roots.nodes, roots.count, &results, &g);
+    if (st == TB_OK && g.num_results == 0) {
+        text = tb__strdup("");
+    } else if (st == TB_OK) {
+        st = tb__exec_compile(&ex, &g, &entry, &hit, &compile_ns);
+        if (st == TB_OK) {
+            const char *backend_text = NULL;
+            if (ex.vt->computation_backend_text != NULL) {
+                backend_text =
+                    ex.vt->computation_backend_text(ex.vt->user_data, entry->computation);
+            }
+            text = tb__strdup(backend_text != NULL ? backend_text : "");
+        }
+    }
+    tb__comp_cache_release(entry);
+    tb__free((void *)results);
+    tb__exec_walk_free(&w);
+    tb__exec_roots_free(&roots);
+    return text;
+}
+
+/* ---- seeding, shutdown ---- */
+
+TBDEF void tb_manual_seed(uint64_t seed) {
+    const char **names;
+    size_t n, i;
+    tb__ensure_setup();
+    tb__rng_set_seed(seed);
+    /* the registry lives in an earlier layer than the generator state: tell the backends here */
+    n = tb_backend_list(NULL, 0, true);
+    if (n == 0) return;
+    names = (const char **)tb__calloc(n, sizeof(const char *));
+    if (names == NULL) return;
+    n = tb_backend_list(names, n, true);
+    for (i = 0; i < n; i++) {
+        tb_backend *b = tb_backend_lookup(names[i]);
+        const tb_backend_impl *vt = b != NULL ? tb__backend_vtable(b) : NULL;
+        if (vt != NULL && vt->set_rng_seed != NULL) vt->set_rng_seed(vt->user_data, seed);
+    }
+    tb__free((void *)names);
+}
+
+static void tb__executor_shutdown(void) {
+    tb_tensor *t;
+    tb__comp_cache_clear();
+    tb__mutex_lock(&tb__comp_cache_mutex);
+    tb__free(tb__comp_cache_buckets);
+    tb__comp_cache_buckets = NULL;
+    tb__comp_cache_num_buckets = 0;
+    tb__mutex_unlock(&tb__comp_cache_mutex);
+    /* tensors still alive are invalid from now on; forget them so a new setup starts clean */
+    tb__mutex_lock(&tb__tensor_live_mutex);
+    t = tb__tensor_live_head;
+    while (t != NULL) {
+        tb_tensor *next = t->live_next;
+        t->live_prev = NULL;
+        t->live_next = NULL;
+        t->live_linked = false;
+        t = next;
+    }
+    tb__tensor_live_head = NULL;
+    tb__mutex_unlock(&tb__tensor_live_mutex);
+    tb__rng_reset();
+}

@@ -1,0 +1,263 @@
+/* ===========================================================================================
+   Lazy tensors, ops, executor, metrics
+   Ownership: every function that returns a tb_tensor * returns a new reference that the caller
+   releases with tb_tensor_release. Tensors given as arguments are borrowed (never consumed).
+   A function given a NULL tensor returns NULL and keeps the first error, so a chain of ops can
+   be checked once at the end.
+   =========================================================================================== */
+
+typedef struct tb_tensor tb_tensor;
+
+/* ---- creation ---- */
+
+/* A tensor holding a copy of the contiguous host array `data` (tb_shape_nbytes bytes) on
+   `device` (NULL: the current device). The copy happens now. */
+TBDEF tb_tensor *tb_tensor_from_host(const void *data, const tb_shape *shape,
+                                     const tb_device *device);
+/* Like tb_tensor_from_host, but on a device that shares host memory (the cpu backend) the
+   tensor borrows `data` without copying: the caller keeps it alive and unchanged until the last
+   reference to the tensor (and to tensors computed from it) is released. Other devices copy. */
+TBDEF tb_tensor *tb_tensor_from_host_borrowed(const void *data, const tb_shape *shape,
+                                              const tb_device *device);
+/* A rank-0 tensor whose value is a parameter of the graph (changing it does not recompile).
+   Used as an operand it follows PyTorch's rules for wrapped numbers: it does not promote a
+   tensor of the same category (f32 tensor + f64 scalar stays f32). */
+TBDEF tb_tensor *tb_scalar_tensor(tb_scalar value, const tb_device *device);
+TBDEF tb_tensor *tb_full(const tb_shape *shape, double value, const tb_device *device);
+TBDEF tb_tensor *tb_zeros(const tb_shape *shape, const tb_device *device);
+TBDEF tb_tensor *tb_ones(const tb_shape *shape, const tb_device *device);
+/* [start, end) by step as PyTorch's arange; step 0 or a count that overflows is an error. */
+TBDEF tb_tensor *tb_arange(double start, double end, double step, tb_dtype dtype,
+                           const tb_device *device);
+/* n x m identity (m = n when m < 0). */
+TBDEF tb_tensor *tb_eye(int64_t n, int64_t m, tb_dtype dtype, const tb_device *device);
+/* Uniform [0, 1) and standard normal, f32 or f64, from the Philox 4x32-10 stream of the current
+   seed (tb_manual_seed; 67280421310721, PyTorch's default, until then). Every backend gives the
+   same values for the same seed, call order and shape. The algorithm, exactly:
+   each call takes the global offset and advances it by ceil(numel / 2). block(c) is the four
+   32-bit words w[0..3] of Random123's philox4x32_10 with counter (c mod 2^64 low word, high
+   word, 0, 0) and key (seed low word, seed high word); U53(a, b) = ((a << 21) | (b >> 11)) * 2^-53
+   (64-bit integer, then exact scaling, in double). For element i in row-major order:
+     rand f32:  value = (float)(block(offset + i/4)[i % 4] >> 8) * 2^-24
+     rand f64:  w = block(offset + i/2); value = U53(w[2*(i%2)], w[2*(i%2) + 1])
+     randn:     w = block(offset + i/2); u1 = U53(w[0], w[1]); u2 = U53(w[2], w[3]);
+                r = sqrt(-2.0 * log(1.0 - u1)); t = 6.283185307179586 * u2;
+                value = (i even ? r * cos(t) : r * sin(t)), computed in double, then rounded to
+                the dtype (also for f32).
+   rand is integer arithmetic and exact scaling: every backend gives identical bits. randn needs
+   double precision (a device without fp64 runs it on the reference backend) and its bits agree
+   with the host's wherever the device's log, cos and sin agree with the C library's: always for
+   the correctly rounded steps, and for f32 results unless a double lands within one ulp of an
+   f32 rounding boundary. */
+TBDEF tb_tensor *tb_rand(const tb_shape *shape, const tb_device *device);
+TBDEF tb_tensor *tb_randn(const tb_shape *shape, const tb_device *device);
+/* Sets the seed and resets the offset to 0; calls every registered backend's set_rng_seed.
+   tb_shutdown restores the default seed. Thread-safe. */
+TBDEF void tb_manual_seed(uint64_t seed);
+
+/* ---- handles ----
+   A tensor holds either a pending graph (its IR node) or a materialised value (backend data);
+   a sync turns the first into the second. A tensor may be read from several threads; recording
+   ops on it or syncing it from several threads at once needs the caller's lock. */
+/* Adds a reference and returns its argument (NULL is returned as is). Thread-safe. */
+TBDEF tb_tensor *tb_tensor_retain(tb_tensor *tensor);
+/* Drops a reference; the last one frees the tensor. NULL is ignored. Thread-safe. */
+TBDEF void tb_tensor_release(tb_tensor *tensor);
+/* The shape and device (never syncs). NULL tensor: a zero shape / zero device. */
+TBDEF tb_shape tb_tensor_shape(const tb_tensor *tensor);
+TBDEF tb_device tb_tensor_device(const tb_tensor *tensor);
+/* The pending IR node (NULL once the value is materialised and no graph is pending). */
+TBDEF const tb_node *tb_tensor_node(const tb_tensor *tensor);
+/* The backend data holding the value, syncing first if needed. Borrowed: valid while the
+   tensor lives. NULL on error. */
+TBDEF tb_backend_data *tb_tensor_data(tb_tensor *tensor);
+/* Copies the value to the contiguous host array `dst` of `size` bytes, which must be exactly
+   tb_shape_nbytes ("tb_tensor_to_host: size is 10 bytes but f32[2,3] needs 24"). Syncs the
+   tensor first if its value is pending; a failed sync leaves the graph pending. */
+TBDEF tb_status tb_tensor_to_host(tb_tensor *tensor, void *dst, size_t size);
+/* A new tensor with the same value on `device` (NULL: the current device): syncs, then copies
+   through the host. On the tensor's own device the new tensor shares the value. */
+TBDEF tb_tensor *tb_to_device(tb_tensor *tensor, const tb_device *device);
+/* The value of a one-element tensor as a double (syncs). TB_ERR_SHAPE for other sizes. */
+TBDEF tb_status tb_tensor_item(tb_tensor *tensor, double *out);
+
+/* ---- executor ----
+   A graph's computation is cached under a structural hash: ops, attributes, shapes, how the
+   nodes connect (x + x differs from x + y) and which leaves are parameters. Data and scalar
+   values are parameters, so a step repeated with new values compiles once (UncachedCompile 1,
+   CachedCompile for the rest). A node the backend does not support (supports_node) runs on the
+   reference interpreter first, its operands synced as a graph of their own, and enters the
+   graph as a parameter (counter Fallback::<op>). Recording an op whose pending graph then
+   computes more than desc.max_graph_nodes nodes syncs that tensor at once; graphs that reuse
+   subgraphs heavily may be synced from half that size. On any error the tensors keep their
+   pending graphs and nothing leaks. TB_DEBUG=1 logs one line per graph run:
+   "graph <hash> nodes=N params=P results=R device=D cache=hit|miss compile=Xms run=Yms";
+   TB_DEBUG=3 also logs the IR before compiling. */
+
+/* Runs the pending graphs of these tensors as ONE computation on their device (LTC
+   SyncTensorsGraph): collect the distinct pending nodes, walk them in post-order (iteratively:
+   graphs of any depth), hash, look up the LRU computation cache (desc.cache_size entries),
+   lower and compile on a miss, execute, and give each tensor its value. Tensors without a
+   pending graph are skipped; all pending ones must be on one device ("tb_sync: tensors on
+   cpu:0 and opencl:0 cannot be one graph"). Not thread-safe with other calls on the same
+   tensors. */
+TBDEF tb_status tb_sync(tb_tensor *const *tensors, size_t count);
+/* LTC MarkStep: syncs every live tensor that has a pending graph, one graph per device, and
+   counts MarkStep. Returns the first error (the other devices still run). Call it while no
+   other thread records ops or syncs. */
+TBDEF tb_status tb_mark_step(void);
+/* Drops every cached computation (backends release them once no sync uses them). Thread-safe. */
+TBDEF void tb_computation_cache_clear(void);
+/* The computations in the cache. Thread-safe. */
+TBDEF size_t tb_computation_cache_size(void);
+
+/* ---- dumps (free the strings with tb_free; NULL on error) ----
+   The graph behind the tensors (their pending graphs, or their values as device data), never
+   syncing. Nodes are numbered in post-order. */
+/* One line per node:
+       %0 = device_data f32[2,3] (param 0)
+       %1 = scalar f32[] (param 1, value 2)
+       %2 = mul(%0, %1) f32[2,3] (result 0)
+       %3 = sum(%2) f32[] attrs=[3, 0] (result 1)
+   "(result i)" marks the node of tensors[i] (a node may carry several); values
+   computed by the eager fallback show as "(param i, computed apart)". The tensors may be on
+   different devices. */
+TBDEF char *tb_ir_text(tb_tensor *const *tensors, size_t count);
+/* Graphviz DOT of the same graph: one box per node labelled with its number, op and shape,
+   an edge per operand (fused kernels as clusters where a backend groups nodes). */
+TBDEF char *tb_ir_dot(tb_tensor *const *tensors, size_t count);
+/* The backend's own text of the computation a sync of these tensors would run (e.g. OpenCL C),
+   "" for a backend without one or when nothing is pending. Compiles it into the computation
+   cache if needed; executes nothing (nodes the backend does not support count as parameters,
+   as they will after the eager fallback). */
+TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count);
+
+/* ---- metrics (LTC names) ----
+   Counters: CachedCompile, UncachedCompile, MarkStep, CreateDataHandles, Fallback::<op>, and any a
+   backend adds. Timings (ns): CompileTime, ExecuteTime, TransferToDeviceTime,
+   TransferFromDeviceTime. Sizes: TensorsGraphSize (nodes per synced graph). Thread-safe. */
+/* The report in LTC's format, metrics then counters, each sorted by name:
+       Metric: CompileTime
+         TotalSamples: 2
+         Accumulator: 12.345ms
+         Mean: 6.173ms
+         Min: 1.000ms
+         Max: 11.345ms
+         Percentiles: 1%=1.000ms; 5%=1.000ms; ...; 99%=11.345ms
+       Counter: CachedCompile
+         Value: 99
+   Metrics whose names end in "Time" hold nanoseconds and show with units (ns, us, ms, s); the
+   percentiles are over the latest 64 samples. Free with tb_free. */
+TBDEF char *tb_metrics_report(void);
+/* A counter's value, or for a metric its number of samples; 0 if it never fired. */
+TBDEF int64_t tb_metrics_counter(const char *name);
+/* A metric's sum of samples (ns for times), or a counter's value; 0 if it never fired. */
+TBDEF double tb_metrics_total(const char *name);
+/* Forgets every counter and metric. */
+TBDEF void tb_metrics_reset(void);
+/* Adds to a counter (for backends). Names are 1..255 bytes. */
+TBDEF void tb_metrics_add(const char *name, int64_t delta);
+/* Records a sample of a metric (for backends); NaN is refused. */
+TBDEF void tb_metrics_sample(const char *name, double value);
+
+/* ---- ops ----
+   Each records a node and returns a new tensor; nothing is computed until a sync. Operands must
+   be on the same device (rank-0 tensors from tb_scalar_tensor excepted). Errors name the op and the
+   shapes. */
+
+/* unary (float ops on integer inputs compute in f32, as PyTorch) */
+TBDEF tb_tensor *tb_neg(tb_tensor *x);
+TBDEF tb_tensor *tb_abs(tb_tensor *x);
+TBDEF tb_tensor *tb_exp(tb_tensor *x);
+TBDEF tb_tensor *tb_log(tb_tensor *x);
+TBDEF tb_tensor *tb_sqrt(tb_tensor *x);
+TBDEF tb_tensor *tb_rsqrt(tb_tensor *x);
+TBDEF tb_tensor *tb_sin(tb_tensor *x);
+TBDEF tb_tensor *tb_cos(tb_tensor *x);
+TBDEF tb_tensor *tb_tanh(tb_tensor *x);
+TBDEF tb_tensor *tb_sigmoid(tb_tensor *x);
+TBDEF tb_tensor *tb_relu(tb_tensor *x);
+TBDEF tb_tensor *tb_gelu(tb_tensor *x); /* the exact (erf) form */
+TBDEF tb_tensor *tb_silu(tb_tensor *x);
+TBDEF tb_tensor *tb_reciprocal(tb_tensor *x);
+TBDEF tb_tensor *tb_floor(tb_tensor *x);
+TBDEF tb_tensor *tb_ceil(tb_tensor *x);
+TBDEF tb_tensor *tb_round(tb_tensor *x); /* half to even, as PyTorch */
+TBDEF tb_tensor *tb_sign(tb_tensor *x);
+TBDEF tb_tensor *tb_logical_not(tb_tensor *x);
+TBDEF tb_tensor *tb_cast(tb_tensor *x, tb_dtype dtype);
+
+/* binary, with broadcasting and PyTorch's type promotion (div of integers gives f32;
+   comparisons and logical ops give bool) */
+TBDEF tb_tensor *tb_add(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_sub(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_mul(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_div(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_pow(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_maximum(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_minimum(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_eq(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_ne(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_lt(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_le(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_gt(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_ge(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_logical_and(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_logical_or(tb_tensor *a, tb_tensor *b);
+/* with a host number (a SCALAR parameter: new values do not recompile) */
+TBDEF tb_tensor *tb_add_scalar(tb_tensor *a, double b);
+TBDEF tb_tensor *tb_sub_scalar(tb_tensor *a, double b);
+TBDEF tb_tensor *tb_mul_scalar(tb_tensor *a, double b);
+TBDEF tb_tensor *tb_div_scalar(tb_tensor *a, double b);
+TBDEF tb_tensor *tb_pow_scalar(tb_tensor *a, double b);
+/* cond ? a : b, broadcasting all three; cond must be bool */
+TBDEF tb_tensor *tb_where(tb_tensor *cond, tb_tensor *a, tb_tensor *b);
+/* min(max(x, lo), hi) with host bounds (parameters) */
+TBDEF tb_tensor *tb_clamp(tb_tensor *x, double lo, double hi);
+
+/* reductions over `axes` (negative counts from the end; num_axes 0: all axes) */
+TBDEF tb_tensor *tb_sum(tb_tensor *x, const int32_t *axes, size_t num_axes, bool keepdim);
+TBDEF tb_tensor *tb_mean(tb_tensor *x, const int32_t *axes, size_t num_axes, bool keepdim);
+TBDEF tb_tensor *tb_max(tb_tensor *x, const int32_t *axes, size_t num_axes, bool keepdim);
+TBDEF tb_tensor *tb_min(tb_tensor *x, const int32_t *axes, size_t num_axes, bool keepdim);
+TBDEF tb_tensor *tb_prod(tb_tensor *x, const int32_t *axes, size_t num_axes, bool keepdim);
+/* index (i64) of the first max/min along `axis`; of the flattened tensor when flatten is true */
+TBDEF tb_tensor *tb_argmax(tb_tensor *x, int32_t axis, bool keepdim);
+TBDEF tb_tensor *tb_argmin(tb_tensor *x, int32_t axis, bool keepdim);
+
+/* PyTorch's matmul: 1-D x 1-D dot, 2-D x 2-D, 1-D promoted and removed, batched with
+   broadcasting of the batch dims */
+TBDEF tb_tensor *tb_matmul(tb_tensor *a, tb_tensor *b);
+TBDEF tb_tensor *tb_softmax(tb_tensor *x, int32_t axis);
+TBDEF tb_tensor *tb_log_softmax(tb_tensor *x, int32_t axis);
+/* over the last `normalized_ndim` dims; weight and bias may be NULL (else of those dims) */
+TBDEF tb_tensor *tb_layer_norm(tb_tensor *x, int32_t normalized_ndim, tb_tensor *weight,
+                               tb_tensor *bias, double eps);
+
+/* movement (views: never copies) */
+/* one dim may be -1 (inferred) */
+TBDEF tb_tensor *tb_reshape(tb_tensor *x, const int64_t *dims, int32_t rank);
+TBDEF tb_tensor *tb_permute(tb_tensor *x, const int32_t *perm, int32_t rank);
+TBDEF tb_tensor *tb_transpose(tb_tensor *x, int32_t dim0, int32_t dim1);
+/* dims of -1 keep the input's size; new leading dims may be added */
+TBDEF tb_tensor *tb_expand(tb_tensor *x, const int64_t *dims, int32_t rank);
+/* removes dim `dim` (must be size 1) */
+TBDEF tb_tensor *tb_squeeze(tb_tensor *x, int32_t dim);
+TBDEF tb_tensor *tb_unsqueeze(tb_tensor *x, int32_t dim);
+/* Python slicing x[start:end:step] on `dim` (negative start/end count from the end and are
+   clamped, step >= 1) */
+TBDEF tb_tensor *tb_slice(tb_tensor *x, int32_t dim, int64_t start, int64_t end, int64_t step);
+TBDEF tb_tensor *tb_flip(tb_tensor *x, const int32_t *dims, size_t num_dims);
+/* copies (new arrays) */
+TBDEF tb_tensor *tb_concat(tb_tensor *const *tensors, size_t count, int32_t dim);
+/* torch.nn.functional.pad's constant mode: pads = (before_last, after_last, before_2nd_last, ...),
+   2*num_dims values, non-negative */
+TBDEF tb_tensor *tb_pad(tb_tensor *x, const int64_t *pads, size_t num_pads, double value);
+/* torch.gather: index (i32/i64) of the same rank as x */
+TBDEF tb_tensor *tb_gather(tb_tensor *x, int32_t dim, tb_tensor *index);
+/* torch.index_select: index 1-D (i32/i64) */
+TBDEF tb_tensor *tb_index_select(tb_tensor *x, int32_t dim, tb_tensor *index);
+
+/* A custom op (tb_op_register) or any built-in by id with explicit attributes. */
+TBDEF tb_tensor *tb_call_op(tb_op op, tb_tensor *const *inputs, size_t num_inputs,
+                            const int64_t *attrs, size_t num_attrs);

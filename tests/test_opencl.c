@@ -1,0 +1,2201 @@
+/* The OpenCL backend against the cpu backend: every op, every fusion pattern, seeded random
+   graphs, the random streams, two devices, the program cache on disk and the error paths.
+   Without an OpenCL device the tests that need one are skipped (the unavailable-library test
+   still runs). */
+#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp, truncate */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#define TB_IMPLEMENTATION
+#include "torch_backend.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <dirent.h>
+
+/* ---- state ---- */
+
+static bool g_have_opencl;
+static char g_reason[1024];
+static tb_device g_cpu, g_ocl;
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+
+static void probe(void) {
+    tb_status st = tb_opencl_available();
+    g_have_opencl = st == TB_OK;
+    if (!g_have_opencl) {
+        snprintf(g_reason, sizeof g_reason, "%s", tb_last_error());
+    } else {
+        assert_int_equal(tb_device_make("opencl", 0, &g_ocl), TB_OK);
+    }
+    assert_int_equal(tb_device_make("cpu", 0, &g_cpu), TB_OK);
+}
+
+#define REQUIRE_OPENCL()                                                                           \
+    do {                                                                                           \
+        if (!g_have_opencl) {                                                                      \
+            print_message("no OpenCL device, skipped: %s\n", g_reason);                           \
+            skip();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+static int group_setup(void **state) {
+    (void)state;
+    probe();
+    if (!g_have_opencl) print_message("OpenCL is not available here: %s\n", g_reason);
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    tb_shutdown();
+    return 0;
+}
+
+static uint32_t rnd_u32(void) {
+    g_rng ^= g_rng >> 12;
+    g_rng ^= g_rng << 25;
+    g_rng ^= g_rng >> 27;
+    return (uint32_t)((g_rng * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+static double rnd_unit(void) {
+    return (double)rnd_u32() / 4294967296.0;
+}
+
+static int64_t rnd_int(int64_t lo, int64_t hi) { /* inclusive */
+    return lo + (int64_t)(rnd_u32() % (uint32_t)(hi - lo + 1));
+}
+
+static tb_shape shp(tb_dtype dtype, int32_t rank, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+    tb_shape s;
+    int64_t dims[4];
+    dims[0] = d0;
+    dims[1] = d1;
+    dims[2] = d2;
+    dims[3] = d3;
+    assert_int_equal(tb_shape_make(&s, dtype, rank, dims), TB_OK);
+    return s;
+}
+
+static size_t numel_of(const tb_shape *s) {
+    int64_t n = 0;
+    assert_int_equal(tb_shape_numel(s, &n), TB_OK);
+    return (size_t)n;
+}
+
+/* ---- host data ---- */
+
+enum {
+    R_ANY,      /* floats in [-2, 2], integers in [-10, 10], u8 in [0, 20] */
+    R_POSITIVE, /* floats in [0.1, 3] */
+    R_AWAY,     /* |x| in [0.5, 2] */
+    R_WHOLE,    /* whole numbers in [-2, 2] (ties for comparisons, argmax) */
+    R_INDEX,    /* integers in [0, hi) */
+    R_SMALL     /* integers in [0, 4] */
+};
+
+static void fill(void *buf, const tb_shape *s, int range, int64_t hi) {
+    size_t n = numel_of(s), i;
+    for (i = 0; i < n; i++) {
+        double f;
+        int64_t v;
+        switch (range) {
+        case R_POSITIVE: f = 0.1 + 2.9 * rnd_unit(); break;
+        case R_AWAY: f = (0.5 + 1.5 * rnd_unit()) * (rnd_u32() & 1 ? 1 : -1); break;
+        case R_WHOLE: f = (double)rnd_int(-2, 2); break;
+        default: f = -2 + 4 * rnd_unit(); break;
+        }
+        if (range == R_INDEX) {
+            v = rnd_int(0, hi - 1);
+        } else if (range == R_SMALL) {
+            v = rnd_int(0, 4);
+        } else if (range == R_WHOLE) {
+            v = (int64_t)f;
+        } else {
+            v = s->dtype == TB_U8 ? rnd_int(0, 20) : rnd_int(-10, 10);
+        }
+        switch (s->dtype) {
+        case TB_F32: ((float *)buf)[i] = (float)f; break;
+        case TB_F64: ((double *)buf)[i] = f; break;
+        case TB_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+        case TB_I64: ((int64_t *)buf)[i] = v; break;
+        case TB_U8: ((uint8_t *)buf)[i] = (uint8_t)(v < 0 ? -v : v); break;
+        default: ((uint8_t *)buf)[i] = (uint8_t)(rnd_u32() & 1); break;
+        }
+    }
+}
+
+static void *host_alloc(const tb_shape *s) {
+    size_t bytes = 0;
+    void *p;
+    assert_int_equal(tb_shape_nbytes(s, &bytes), TB_OK);
+    p = calloc(bytes + 16, 1);
+    assert_non_null(p);
+    return p;
+}
+
+/* ---- comparing a result on both backends ---- */
+
+static double nmse_limit(tb_dtype dtype) {
+    return dtype == TB_F64 ? 1e-12 : 1e-7;
+}
+
+static double elem(const void *p, tb_dtype dtype, size_t i) {
+    switch (dtype) {
+    case TB_F32: return ((const float *)p)[i];
+    case TB_F64: return ((const double *)p)[i];
+    case TB_I32: return ((const int32_t *)p)[i];
+    case TB_I64: return (double)((const int64_t *)p)[i];
+    default: return ((const uint8_t *)p)[i];
+    }
+}
+
+/* Fails the test when got differs from ref: floats by normalised mean squared error (NaN and
+   infinities must match where they are), integers and bool exactly. */
+static void compare_host(const char *what, const tb_shape *s, const void *ref, const void *got) {
+    size_t n = numel_of(s), i, bytes = 0;
+    assert_int_equal(tb_shape_nbytes(s, &bytes), TB_OK);
+    if (!tb_dtype_is_float(s->dtype)) {
+        if (n > 0 && memcmp(ref, got, bytes) != 0) {
+            for (i = 0; i < n; i++) {
+                if (elem(ref, s->dtype, i) != elem(got, s->dtype, i)) {
+                    fail_msg("%s: element %zu is %.17g, expected %.17g", what, i,
+                             elem(got, s->dtype, i), elem(ref, s->dtype, i));
+                }
+            }
+        }
+        return;
+    }
+    {
+        double num = 0, den = 0, limit = nmse_limit(s->dtype);
+        for (i = 0; i < n; i++) {
+            double r = elem(ref, s->dtype, i), g = elem(got, s->dtype, i);
+            if (r != r || g != g || isinf(r) || isinf(g)) {
+                if (!((r != r && g != g) || r == g)) {
+                    fail_msg("%s: element %zu is %.9g, expected %.9g", what, i, g, r);
+                }
+                continue;
+            }
+            num += (r - g) * (r - g);
+            den += r * r;
+        }
+        if (n > 0 && (den > 0 ? num / den > limit : num > 1e-30)) {
+            for (i = 0; i < n && i < 8; i++)
+                print_message("  [%zu] got %.9g expected %.9g\n", i, elem(got, s->dtype, i),
+                              elem(ref, s->dtype, i));
+            fail_msg("%s: normalised mean squared error %.3g (limit %.1g)", what,
+                     den > 0 ? num / den : num, limit);
+        }
+    }
+}
+
+static void compare_tensors(const char *what, tb_tensor *ref, tb_tensor *got) {
+    tb_shape rs = tb_tensor_shape(ref), gs = tb_tensor_shape(got);
+    size_t bytes = 0;
+    void *a, *b;
+    char t1[64], t2[64];
+    tb_shape_format(&rs, t1, sizeof t1);
+    tb_shape_format(&gs, t2, sizeof t2);
+    if (!tb_shape_equal(&rs, &gs)) fail_msg("%s: shape %s, expected %s", what, t2, t1);
+    assert_int_equal(tb_shape_nbytes(&rs, &bytes), TB_OK);
+    a = host_alloc(&rs);
+    b = host_alloc(&rs);
+    if (tb_tensor_to_host(ref, a, bytes) != TB_OK) fail_msg("%s: cpu: %s", what, tb_last_error());
+    if (tb_tensor_to_host(got, b, bytes) != TB_OK) {
+        fail_msg("%s: opencl: %s", what, tb_last_error());
+    }
+    compare_host(what, &rs, a, b);
+    free(a);
+    free(b);
+}
+
+/* Cases are built on both devices from the same host data and run in batches: every opencl
+   result of a batch is synced at once (one graph, one program), so the suite builds few
+   programs. */
+#define MAX_IN    6
+#define MAX_CASES 400
+
+typedef tb_tensor *(*build_fn)(tb_tensor **in, const void *arg);
+
+typedef struct input {
+    tb_shape shape;
+    int range;
+    int64_t hi;
+} input;
+
+typedef struct test_case {
+    char name[128];
+    tb_tensor *ref, *got;
+} test_case;
+
+static test_case g_cases[MAX_CASES];
+static size_t g_num_cases;
+
+static void flush_cases(void) {
+    tb_tensor *got[MAX_CASES], *ref[MAX_CASES];
+    size_t i;
+    for (i = 0; i < g_num_cases; i++) {
+        got[i] = g_cases[i].got;
+        ref[i] = g_cases[i].ref;
+    }
+    if (g_num_cases > 0) {
+        if (tb_sync(ref, g_num_cases) != TB_OK) fail_msg("cpu sync: %s", tb_last_error());
+        if (tb_sync(got, g_num_cases) != TB_OK) fail_msg("opencl sync: %s", tb_last_error());
+    }
+    for (i = 0; i < g_num_cases; i++) {
+        compare_tensors(g_cases[i].name, g_cases[i].ref, g_cases[i].got);
+        tb_tensor_release(g_cases[i].ref);
+        tb_tensor_release(g_cases[i].got);
+    }
+    g_num_cases = 0;
+}
+
+static void add_case(const char *name, build_fn f, const void *arg, const input *ins, size_t nin) {
+    tb_tensor *cin[MAX_IN], *oin[MAX_IN];
+    void *host[MAX_IN];
+    size_t i;
+    test_case *c;
+    if (g_num_cases == MAX_CASES) flush_cases();
+    c = &g_cases[g_num_cases];
+    snprintf(c->name, sizeof c->name, "%s", name);
+    for (i = 0; i < nin; i++) {
+        host[i] = host_alloc(&ins[i].shape);
+        fill(host[i], &ins[i].shape, ins[i].range, ins[i].hi);
+        cin[i] = tb_tensor_from_host(host[i], &ins[i].shape, &g_cpu);
+        oin[i] = tb_tensor_from_host(host[i], &ins[i].shape, &g_ocl);
+        if (cin[i] == NULL || oin[i] == NULL) fail_msg("%s: input %zu: %s", name, i, tb_last_error());
+    }
+    c->ref = f(cin, arg);
+    if (c->ref == NULL) fail_msg("%s: building on cpu: %s", name, tb_last_error());
+    c->got = f(oin, arg);
+    if (c->got == NULL) fail_msg("%s: building on opencl: %s", name, tb_last_error());
+    for (i = 0; i < nin; i++) {
+        tb_tensor_release(cin[i]);
+        tb_tensor_release(oin[i]);
+        free(host[i]);
+    }
+    g_num_cases++;
+}
+
+static input in_of(tb_shape s, int range) {
+    input in;
+    in.shape = s;
+    in.range = range;
+    in.hi = 0;
+    return in;
+}
+
+/* The number of kernels in the program a graph lowers to on opencl:0. */
+static int kernel_count(tb_tensor *const *t, size_t n) {
+    char *text = tb_ir_backend_text(t, n);
+    const char *p;
+    int count = 0;
+    if (text == NULL) fail_msg("tb_ir_backend_text: %s", tb_last_error());
+    for (p = strstr(text, "__kernel"); p != NULL; p = strstr(p + 1, "__kernel")) count++;
+    tb_free(text);
+    return count;
+}
+
+/* ---- views applied to an input before an op (the op then reads through index arithmetic) ---- */
+
+enum { V_NONE, V_TRANSPOSE, V_SLICE, V_FLIP, V_EXPAND, V_RESHAPE_PERMUTED, V_COUNT };
+static const char *const view_names[V_COUNT] = {"", "transposed ", "sliced ", "flipped ",
+                                                "expanded ", "permuted+reshaped "};
+
+/* Input shapes for a view so that the result has `out` dims (rank 2: [r, c]). */
+static tb_shape view_input_shape(int view, tb_dtype dtype, int64_t r, int64_t c) {
+    switch (view) {
+    case V_TRANSPOSE: return shp(dtype, 2, c, r, 0, 0);
+    case V_SLICE: return shp(dtype, 2, r, 2 * c + 1, 0, 0);
+    case V_EXPAND: return shp(dtype, 2, 1, c, 0, 0);
+    case V_RESHAPE_PERMUTED: return shp(dtype, 2, c, r, 0, 0);
+    default: return shp(dtype, 2, r, c, 0, 0);
+    }
+}
+
+static tb_tensor *apply_view(int view, tb_tensor *x, int64_t r, int64_t c) {
+    tb_tensor *t, *u;
+    switch (view) {
+    case V_TRANSPOSE: return tb_transpose(x, 0, 1);
+    case V_SLICE: return tb_slice(x, 1, 1, 2 * c + 1, 2);
+    case V_FLIP: {
+        int32_t dims[2] = {0, 1};
+        return tb_flip(x, dims, 2);
+    }
+    case V_EXPAND: {
+        int64_t d[2];
+        d[0] = r;
+        d[1] = c;
+        return tb_expand(x, d, 2);
+    }
+    case V_RESHAPE_PERMUTED: {
+        /* [c, r] -> transpose [r, c] -> flatten [r*c] -> [r, c]: not expressible as strides */
+        int64_t flat = r * c, d[2];
+        d[0] = r;
+        d[1] = c;
+        t = tb_transpose(x, 0, 1);
+        u = tb_reshape(t, &flat, 1);
+        tb_tensor_release(t);
+        t = tb_reshape(u, d, 2);
+        tb_tensor_release(u);
+        return t;
+    }
+    default: return tb_tensor_retain(x);
+    }
+}
+
+/* ---- elementwise ops ---- */
+
+typedef struct unary_entry {
+    const char *name;
+    tb_tensor *(*fn)(tb_tensor *);
+    int range;
+    bool ints; /* also for integer dtypes */
+} unary_entry;
+
+static const unary_entry unary_ops[] = {
+    {"neg", tb_neg, R_ANY, true},
+    {"abs", tb_abs, R_ANY, true},
+    {"exp", tb_exp, R_ANY, false},
+    {"log", tb_log, R_POSITIVE, false},
+    {"sqrt", tb_sqrt, R_POSITIVE, false},
+    {"rsqrt", tb_rsqrt, R_POSITIVE, false},
+    {"sin", tb_sin, R_ANY, false},
+    {"cos", tb_cos, R_ANY, false},
+    {"tanh", tb_tanh, R_ANY, false},
+    {"sigmoid", tb_sigmoid, R_ANY, false},
+    {"relu", tb_relu, R_ANY, true},
+    {"gelu", tb_gelu, R_ANY, false},
+    {"silu", tb_silu, R_ANY, false},
+    {"reciprocal", tb_reciprocal, R_AWAY, false},
+    {"floor", tb_floor, R_ANY, true},
+    {"ceil", tb_ceil, R_ANY, true},
+    {"round", tb_round, R_ANY, true},
+    {"sign", tb_sign, R_WHOLE, true},
+};
+
+typedef struct unary_arg {
+    const unary_entry *op;
+    int view;
+    int64_t r, c;
+} unary_arg;
+
+static tb_tensor *build_unary(tb_tensor **in, const void *arg) {
+    const unary_arg *a = (const unary_arg *)arg;
+    tb_tensor *v = apply_view(a->view, in[0], a->r, a->c), *y = a->op->fn(v);
+    tb_tensor_release(v);
+    return y;
+}
+
+static void test_unary(void **state) {
+    static unary_arg args[sizeof unary_ops / sizeof unary_ops[0]][6][V_COUNT];
+    const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_I32, TB_I64, TB_U8, TB_BOOL};
+    size_t i, d;
+    int v;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < sizeof unary_ops / sizeof unary_ops[0]; i++) {
+        for (d = 0; d < 6; d++) {
+            tb_dtype dt = dtypes[d];
+            if (!tb_dtype_is_float(dt) && !unary_ops[i].ints) continue;
+            if (dt == TB_BOOL && strcmp(unary_ops[i].name, "sign") != 0) continue;
+            if (dt == TB_U8 && strcmp(unary_ops[i].name, "neg") == 0) continue;
+            for (v = 0; v < V_COUNT; v++) {
+                unary_arg *a = &args[i][d][v];
+                char name[128];
+                input in;
+                if (v != V_NONE && dt != TB_F32) continue;
+                a->op = &unary_ops[i];
+                a->view = v;
+                a->r = 5;
+                a->c = 7;
+                in = in_of(view_input_shape(v, dt, a->r, a->c), unary_ops[i].range);
+                snprintf(name, sizeof name, "%s of %s%s[5,7]", unary_ops[i].name, view_names[v],
+                         tb_dtype_name(dt));
+                add_case(name, build_unary, a, &in, 1);
+            }
+        }
+    }
+    flush_cases();
+}
+
+static tb_tensor *build_logical_not(tb_tensor **in, const void *arg) {
+    (void)arg;
+    return tb_logical_not(in[0]);
+}
+
+typedef struct cast_arg {
+    tb_dtype to;
+} cast_arg;
+
+static tb_tensor *build_cast(tb_tensor **in, const void *arg) {
+    return tb_cast(in[0], ((const cast_arg *)arg)->to);
+}
+
+static void test_cast_and_not(void **state) {
+    static cast_arg casts[6];
+    const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_I32, TB_I64, TB_U8, TB_BOOL};
+    size_t from, to;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (to = 0; to < 6; to++) casts[to].to = dtypes[to];
+    for (from = 0; from < 6; from++) {
+        input in = in_of(shp(dtypes[from], 2, 3, 11, 0, 0), R_ANY);
+        char name[96];
+        for (to = 0; to < 6; to++) {
+            snprintf(name, sizeof name, "cast %s -> %s", tb_dtype_name(dtypes[from]),
+                     tb_dtype_name(dtypes[to]));
+            add_case(name, build_cast, &casts[to], &in, 1);
+        }
+        snprintf(name, sizeof name, "logical_not of %s", tb_dtype_name(dtypes[from]));
+        add_case(name, build_logical_not, NULL, &in, 1);
+    }
+    /* float to integer: truncation toward zero, wrapping into u8 and i32 */
+    {
+        input in = in_of(shp(TB_F32, 1, 64, 0, 0, 0), R_ANY);
+        add_case("cast f32 -> u8 (negative values wrap)", build_cast, &casts[4], &in, 1);
+    }
+    flush_cases();
+}
+
+typedef struct binary_entry {
+    const char *name;
+    tb_tensor *(*fn)(tb_tensor *, tb_tensor *);
+    int range_a, range_b;
+    unsigned dtypes; /* bit per tb_dtype */
+} binary_entry;
+
+#define ALL_DT   0x3fu
+#define NUM_DT   0x1fu /* not bool */
+#define FLOAT_DT 0x03u
+#define BOOL_DT  0x20u
+
+static const binary_entry binary_ops[] = {
+    {"add", tb_add, R_ANY, R_ANY, ALL_DT},
+    {"sub", tb_sub, R_ANY, R_ANY, NUM_DT},
+    {"mul", tb_mul, R_ANY, R_ANY, ALL_DT},
+    {"div", tb_div, R_ANY, R_AWAY, FLOAT_DT},
+    {"pow", tb_pow, R_POSITIVE, R_ANY, FLOAT_DT},
+    {"pow", tb_pow, R_ANY, R_SMALL, 0x1cu},
+    {"maximum", tb_maximum, R_WHOLE, R_WHOLE, ALL_DT},
+    {"minimum", tb_minimum, R_WHOLE, R_WHOLE, ALL_DT},
+    {"eq", tb_eq, R_WHOLE, R_WHOLE, ALL_DT},
+    {"ne", tb_ne, R_WHOLE, R_WHOLE, ALL_DT},
+    {"lt", tb_lt, R_WHOLE, R_WHOLE, ALL_DT},
+    {"le", tb_le, R_WHOLE, R_WHOLE, ALL_DT},
+    {"gt", tb_gt, R_WHOLE, R_WHOLE, ALL_DT},
+    {"ge", tb_ge, R_WHOLE, R_WHOLE, ALL_DT},
+    {"logical_and", tb_logical_and, R_ANY, R_ANY, BOOL_DT},
+    {"logical_or", tb_logical_or, R_ANY, R_ANY, BOOL_DT},
+};
+
+static tb_tensor *build_binary(tb_tensor **in, const void *arg) {
+    return ((const binary_entry *)arg)->fn(in[0], in[1]);
+}
+
+static void test_binary(void **state) {
+    /* broadcasting pairs: same, trailing vector, both sides, scalar-like, size 1 */
+    static const int64_t pairs[][2][4] = {
+        {{3, 4, 0, 0}, {3, 4, 0, 0}}, {{3, 4, 0, 0}, {4, 0, 0, 0}}, {{2, 1, 5, 0}, {3, 1, 0, 0}},
+        {{1, 0, 0, 0}, {2, 3, 0, 0}}, {{4, 1, 0, 0}, {1, 5, 0, 0}}, {{1, 1, 1, 0}, {1, 1, 1, 0}},
+    };
+    static const int32_t ranks[][2] = {{2, 2}, {2, 1}, {3, 2}, {1, 2}, {2, 2}, {3, 3}};
+    const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_I32, TB_I64, TB_U8, TB_BOOL};
+    size_t i, d, p;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < sizeof binary_ops / sizeof binary_ops[0]; i++) {
+        for (d = 0; d < 6; d++) {
+            if (!((binary_ops[i].dtypes >> d) & 1u)) continue;
+            for (p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
+                input in[2];
+                char name[128];
+                if (d != 0 && p > 2) continue;
+                in[0] = in_of(shp(dtypes[d], ranks[p][0], pairs[p][0][0], pairs[p][0][1],
+                                  pairs[p][0][2], 0),
+                              binary_ops[i].range_a);
+                in[1] = in_of(shp(dtypes[d], ranks[p][1], pairs[p][1][0], pairs[p][1][1],
+                                  pairs[p][1][2], 0),
+                              binary_ops[i].range_b);
+                snprintf(name, sizeof name, "%s %s shapes #%zu", binary_ops[i].name,
+                         tb_dtype_name(dtypes[d]), p);
+                add_case(name, build_binary, &binary_ops[i], in, 2);
+            }
+        }
+        if (g_num_cases > 150) flush_cases();
+    }
+    flush_cases();
+}
+
+typedef struct scalar_entry {
+    const char *name;
+    tb_tensor *(*fn)(tb_tensor *, double);
+    double value;
+} scalar_entry;
+
+static const scalar_entry scalar_ops[] = {
+    {"add_scalar", tb_add_scalar, 2.5},  {"sub_scalar", tb_sub_scalar, -1.25},
+    {"mul_scalar", tb_mul_scalar, 3.0},  {"div_scalar", tb_div_scalar, 0.75},
+    {"pow_scalar", tb_pow_scalar, 2.0},  {"pow_scalar", tb_pow_scalar, 0.5},
+};
+
+static tb_tensor *build_scalar_op(tb_tensor **in, const void *arg) {
+    const scalar_entry *e = (const scalar_entry *)arg;
+    return e->fn(in[0], e->value);
+}
+
+typedef struct ternary_arg {
+    int which; /* 0 where, 1 clamp */
+    double lo, hi;
+} ternary_arg;
+
+static tb_tensor *build_ternary(tb_tensor **in, const void *arg) {
+    const ternary_arg *a = (const ternary_arg *)arg;
+    if (a->which == 0) {
+        tb_tensor *cond = tb_gt(in[0], in[1]), *y = tb_where(cond, in[1], in[2]);
+        tb_tensor_release(cond);
+        return y;
+    }
+    return tb_clamp(in[0], a->lo, a->hi);
+}
+
+static void test_scalar_operands_and_ternary(void **state) {
+    static const ternary_arg where_arg = {0, 0, 0}, clamp_arg = {1, -0.5, 1.25},
+                             clamp_swapped = {1, 1.0, -1.0}, clamp_int = {1, -3, 4};
+    const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_I32, TB_I64, TB_U8};
+    size_t i, d;
+    input in[3];
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < sizeof scalar_ops / sizeof scalar_ops[0]; i++) {
+        for (d = 0; d < 5; d++) {
+            char name[96];
+            if (scalar_ops[i].fn == tb_pow_scalar && d >= 2) continue;
+            if (scalar_ops[i].fn == tb_div_scalar && d >= 2) continue;
+            in[0] = in_of(shp(dtypes[d], 2, 4, 6, 0, 0),
+                          scalar_ops[i].fn == tb_pow_scalar ? R_POSITIVE : R_ANY);
+            snprintf(name, sizeof name, "%s %g on %s", scalar_ops[i].name, scalar_ops[i].value,
+                     tb_dtype_name(dtypes[d]));
+            add_case(name, build_scalar_op, &scalar_ops[i], in, 1);
+        }
+    }
+    for (d = 0; d < 5; d++) {
+        in[0] = in_of(shp(dtypes[d], 2, 3, 5, 0, 0), R_WHOLE);
+        in[1] = in_of(shp(dtypes[d], 1, 5, 0, 0, 0), R_WHOLE);
+        in[2] = in_of(shp(dtypes[d], 3, 2, 1, 5, 0), R_ANY);
+        add_case("where with broadcasting", build_ternary, &where_arg, in, 3);
+        in[0] = in_of(shp(dtypes[d], 2, 3, 5, 0, 0), R_ANY);
+        add_case("clamp", build_ternary, d < 2 ? &clamp_arg : &clamp_int, in, 1);
+        if (d < 2) add_case("clamp with lo > hi", build_ternary, &clamp_swapped, in, 1);
+    }
+    flush_cases();
+}
+
+/* ---- reductions ---- */
+
+typedef struct reduce_arg {
+    int which; /* 0 sum 1 mean 2 max 3 min 4 prod 5 argmax 6 argmin */
+    int32_t axes[4];
+    size_t num_axes;
+    bool keepdim;
+    bool prologue; /* reduce exp(x) * 0.5 rather than x */
+} reduce_arg;
+
+static tb_tensor *build_reduce(tb_tensor **in, const void *arg) {
+    const reduce_arg *a = (const reduce_arg *)arg;
+    tb_tensor *x = tb_tensor_retain(in[0]), *y = NULL;
+    if (a->prologue) {
+        tb_tensor *e = tb_exp(x);
+        tb_tensor_release(x);
+        x = tb_mul_scalar(e, 0.5);
+        tb_tensor_release(e);
+    }
+    switch (a->which) {
+    case 0: y = tb_sum(x, a->axes, a->num_axes, a->keepdim); break;
+    case 1: y = tb_mean(x, a->axes, a->num_axes, a->keepdim); break;
+    case 2: y = tb_max(x, a->axes, a->num_axes, a->keepdim); break;
+    case 3: y = tb_min(x, a->axes, a->num_axes, a->keepdim); break;
+    case 4: y = tb_prod(x, a->axes, a->num_axes, a->keepdim); break;
+    case 5: y = tb_argmax(x, a->axes[0], a->keepdim); break;
+    default: y = tb_argmin(x, a->axes[0], a->keepdim); break;
+    }
+    tb_tensor_release(x);
+    return y;
+}
+
+static void test_reductions(void **state) {
+    static reduce_arg args[512];
+    static const int32_t axis_sets[][3] = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {0, 2, 0},
+                                           {1, 2, 0}, {0, 1, 2}, {-1, 0, 0}};
+    static const size_t axis_counts[] = {1, 1, 1, 2, 2, 3, 1};
+    static const char *const names[] = {"sum", "mean", "max", "min", "prod", "argmax", "argmin"};
+    const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_I32, TB_I64, TB_U8, TB_BOOL};
+    size_t n = 0, s, d;
+    int which, keep;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (which = 0; which < 7; which++) {
+        for (d = 0; d < 6; d++) {
+            tb_dtype dt = dtypes[d];
+            if (which == 1 && !tb_dtype_is_float(dt)) continue;
+            if ((which == 0 || which == 4 || which >= 5) && dt == TB_BOOL) continue;
+            for (s = 0; s < sizeof axis_counts / sizeof axis_counts[0]; s++) {
+                for (keep = 0; keep < 2; keep++) {
+                    reduce_arg *a = &args[n++];
+                    input in;
+                    char name[128];
+                    if (which >= 5 && axis_counts[s] != 1) continue;
+                    if (d != 0 && keep) continue;
+                    a->which = which;
+                    memcpy(a->axes, axis_sets[s], sizeof axis_sets[s]);
+                    a->num_axes = axis_counts[s];
+                    a->keepdim = keep != 0;
+                    a->prologue = false;
+                    in = in_of(shp(dt, 3, 3, 5, 7, 0), which >= 2 && which != 4 ? R_WHOLE : R_ANY);
+                    snprintf(name, sizeof name, "%s of %s[3,5,7] over %zu axes (set %zu)%s",
+                             names[which], tb_dtype_name(dt), axis_counts[s], s,
+                             keep ? " keepdim" : "");
+                    add_case(name, build_reduce, a, &in, 1);
+                }
+            }
+        }
+        flush_cases();
+    }
+    /* all axes, long rows (work-group reductions), an elementwise prologue, size-1 axes */
+    {
+        static const int64_t sizes[][2] = {{1, 5000}, {3, 1000}, {5000, 3}, {1, 1}, {64, 700}};
+        size_t k;
+        for (k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            for (which = 0; which < 7; which++) {
+                reduce_arg *a = &args[n++];
+                input in = in_of(shp(TB_F32, 2, sizes[k][0], sizes[k][1], 0, 0), R_ANY);
+                char name[128];
+                a->which = which;
+                a->axes[0] = (int32_t)(k % 2);
+                a->num_axes = which == 0 && k == 1 ? 0 : 1; /* 0: every axis */
+                a->keepdim = false;
+                a->prologue = which < 5;
+                if (which == 4) in.range = R_POSITIVE;
+                snprintf(name, sizeof name, "%s over [%lld,%lld] axis %d%s", names[which],
+                         (long long)sizes[k][0], (long long)sizes[k][1], (int)a->axes[0],
+                         a->prologue ? " of exp(x)*0.5" : "");
+                add_case(name, build_reduce, a, &in, 1);
+            }
+        }
+        flush_cases();
+    }
+}
+
+static void test_argmax_nan_and_ties(void **state) {
+    float x[12] = {1, 3, 3, 0, NAN, 2, NAN, 5, -1, -1, -1, -1};
+    tb_shape s = shp(TB_F32, 2, 3, 4, 0, 0);
+    tb_tensor *cx, *ox, *ca, *oa, *cm, *om;
+    (void)state;
+    REQUIRE_OPENCL();
+    cx = tb_tensor_from_host(x, &s, &g_cpu);
+    ox = tb_tensor_from_host(x, &s, &g_ocl);
+    ca = tb_argmax(cx, 1, false);
+    oa = tb_argmax(ox, 1, false);
+    cm = tb_max(cx, NULL, 0, false);
+    om = tb_max(ox, NULL, 0, false);
+    compare_tensors("argmax with NaN and ties", ca, oa);
+    compare_tensors("max with NaN", cm, om);
+    {
+        int64_t idx[3];
+        assert_int_equal(tb_tensor_to_host(oa, idx, sizeof idx), TB_OK);
+        assert_int_equal(idx[0], 1); /* first of the tied maxima */
+        assert_int_equal(idx[1], 0); /* NaN counts as the maximum */
+        assert_int_equal(idx[2], 0);
+    }
+    tb_tensor_release(cx);
+    tb_tensor_release(ox);
+    tb_tensor_release(ca);
+    tb_tensor_release(oa);
+    tb_tensor_release(cm);
+    tb_tensor_release(om);
+}
+
+/* ---- matmul, softmax, layer_norm ---- */
+
+typedef struct mm_arg {
+    int epilogue;     /* 0 none, 1 + bias, 2 relu(+ bias), 3 * 2 then gelu */
+    bool transpose_b; /* b given as [n, k] and transposed (a view) */
+} mm_arg;
+
+static tb_tensor *build_matmul(tb_tensor **in, const void *arg) {
+    const mm_arg *a = (const mm_arg *)arg;
+    tb_tensor *b = a->transpose_b ? tb_transpose(in[1], -1, -2) : tb_tensor_retain(in[1]);
+    tb_tensor *y = tb_matmul(in[0], b), *t;
+    tb_tensor_release(b);
+    if (a->epilogue >= 1 && a->epilogue <= 2) {
+        t = tb_add(y, in[2]);
+        tb_tensor_release(y);
+        y = t;
+    }
+    if (a->epilogue == 2) {
+        t = tb_relu(y);
+        tb_tensor_release(y);
+        y = t;
+    }
+    if (a->epilogue == 3) {
+        t = tb_mul_scalar(y, 2.0);
+        tb_tensor_release(y);
+        y = tb_gelu(t);
+        tb_tensor_release(t);
+    }
+    return y;
+}
+
+static void test_matmul(void **state) {
+    static const mm_arg plain = {0, false}, bias = {1, false}, relu_bias = {2, false},
+                        scaled_gelu = {3, false}, transposed = {0, true}, transposed_bias = {2, true};
+    input in[3];
+    const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_I32, TB_I64, TB_U8};
+    size_t d;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (d = 0; d < 5; d++) {
+        tb_dtype dt = dtypes[d];
+        in[0] = in_of(shp(dt, 2, 5, 7, 0, 0), R_ANY);
+        in[1] = in_of(shp(dt, 2, 7, 3, 0, 0), R_ANY);
+        add_case("matmul [5,7]x[7,3]", build_matmul, &plain, in, 2);
+    }
+    in[0] = in_of(shp(TB_F32, 2, 70, 33, 0, 0), R_ANY);
+    in[1] = in_of(shp(TB_F32, 2, 33, 90, 0, 0), R_ANY);
+    in[2] = in_of(shp(TB_F32, 1, 90, 0, 0, 0), R_ANY);
+    add_case("matmul [70,33]x[33,90]", build_matmul, &plain, in, 2);
+    add_case("matmul + bias", build_matmul, &bias, in, 3);
+    add_case("relu(matmul + bias)", build_matmul, &relu_bias, in, 3);
+    add_case("gelu(matmul * 2)", build_matmul, &scaled_gelu, in, 2);
+    in[1] = in_of(shp(TB_F32, 2, 90, 33, 0, 0), R_ANY);
+    add_case("matmul with a transposed operand", build_matmul, &transposed, in, 2);
+    add_case("relu(matmul(a, b^T) + bias)", build_matmul, &transposed_bias, in, 3);
+    /* batched, broadcast batch, 1-D cases, empty k */
+    in[0] = in_of(shp(TB_F32, 3, 4, 6, 5, 0), R_ANY);
+    in[1] = in_of(shp(TB_F32, 3, 4, 5, 7, 0), R_ANY);
+    add_case("batched matmul", build_matmul, &plain, in, 2);
+    in[1] = in_of(shp(TB_F32, 2, 5, 7, 0, 0), R_ANY);
+    add_case("matmul broadcasting b over the batch", build_matmul, &plain, in, 2);
+    in[0] = in_of(shp(TB_F32, 4, 2, 1, 3, 5), R_ANY);
+    in[1] = in_of(shp(TB_F32, 3, 4, 5, 2, 0), R_ANY);
+    add_case("matmul broadcasting both batches", build_matmul, &plain, in, 2);
+    in[0] = in_of(shp(TB_F32, 1, 9, 0, 0, 0), R_ANY);
+    in[1] = in_of(shp(TB_F32, 1, 9, 0, 0, 0), R_ANY);
+    add_case("dot product", build_matmul, &plain, in, 2);
+    in[1] = in_of(shp(TB_F32, 2, 9, 4, 0, 0), R_ANY);
+    add_case("vector x matrix", build_matmul, &plain, in, 2);
+    in[0] = in_of(shp(TB_F32, 2, 4, 9, 0, 0), R_ANY);
+    in[1] = in_of(shp(TB_F32, 1, 9, 0, 0, 0), R_ANY);
+    add_case("matrix x vector", build_matmul, &plain, in, 2);
+    in[0] = in_of(shp(TB_F32, 2, 3, 0, 0, 0), R_ANY);
+    in[1] = in_of(shp(TB_F32, 2, 0, 4, 0, 0), R_ANY);
+    add_case("matmul with k = 0", build_matmul, &plain, in, 2);
+    flush_cases();
+}
+
+typedef struct norm_arg {
+    int which; /* 0 softmax, 1 log_softmax, 2 layer_norm */
+    int32_t axis;
+    bool weight, bias, prologue, epilogue;
+} norm_arg;
+
+static tb_tensor *build_norm(tb_tensor **in, const void *arg) {
+    const norm_arg *a = (const norm_arg *)arg;
+    tb_tensor *x = a->prologue ? tb_mul_scalar(in[0], 3.0) : tb_tensor_retain(in[0]), *y, *t;
+    if (a->which == 0) {
+        y = tb_softmax(x, a->axis);
+    } else if (a->which == 1) {
+        y = tb_log_softmax(x, a->axis);
+    } else {
+        y = tb_layer_norm(x, a->axis, a->weight ? in[1] : NULL, a->bias ? in[2] : NULL, 1e-5);
+    }
+    tb_tensor_release(x);
+    if (a->epilogue) {
+        t = tb_add_scalar(y, 1.0);
+        tb_tensor_release(y);
+        y = tb_tanh(t);
+        tb_tensor_release(t);
+    }
+    return y;
+}
+
+static void test_softmax_layer_norm(void **state) {
+    static norm_arg args[64];
+    size_t n = 0;
+    int which;
+    int32_t axis;
+    input in[3];
+    (void)state;
+    REQUIRE_OPENCL();
+    for (which = 0; which < 2; which++) {
+        for (axis = -3; axis < 3; axis++) {
+            norm_arg *a = &args[n++];
+            char name[96];
+            memset(a, 0, sizeof *a);
+            a->which = which;
+            a->axis = axis;
+            a->prologue = axis == 0;
+            a->epilogue = axis == -1;
+            in[0] = in_of(shp(TB_F32, 3, 4, 5, 6, 0), R_ANY);
+            snprintf(name, sizeof name, "%s axis %d", which ? "log_softmax" : "softmax", (int)axis);
+            add_case(name, build_norm, a, in, 1);
+        }
+        {
+            norm_arg *a = &args[n++];
+            memset(a, 0, sizeof *a);
+            a->which = which;
+            a->axis = 1;
+            in[0] = in_of(shp(TB_F64, 2, 3, 3000, 0, 0), R_ANY);
+            add_case("softmax of long f64 rows", build_norm, a, in, 1);
+        }
+    }
+    for (axis = 1; axis <= 2; axis++) {
+        int wb;
+        for (wb = 0; wb < 4; wb++) {
+            norm_arg *a = &args[n++];
+            char name[96];
+            memset(a, 0, sizeof *a);
+            a->which = 2;
+            a->axis = axis;
+            a->weight = (wb & 1) != 0;
+            a->bias = (wb & 2) != 0;
+            a->epilogue = wb == 3;
+            a->prologue = wb == 1;
+            in[0] = in_of(shp(TB_F32, 3, 3, 4, 5, 0), R_ANY);
+            in[1] = in_of(axis == 1 ? shp(TB_F32, 1, 5, 0, 0, 0) : shp(TB_F32, 2, 4, 5, 0, 0),
+                          R_ANY);
+            in[2] = in[1];
+            snprintf(name, sizeof name, "layer_norm over %d dims%s%s", (int)axis,
+                     a->weight ? " weight" : "", a->bias ? " bias" : "");
+            add_case(name, build_norm, a, in, 3);
+        }
+    }
+    {
+        norm_arg *a = &args[n++];
+        memset(a, 0, sizeof *a);
+        a->which = 2;
+        a->axis = 1;
+        in[0] = in_of(shp(TB_F32, 2, 2, 4096, 0, 0), R_ANY);
+        add_case("layer_norm of long rows", build_norm, a, in, 1);
+    }
+    flush_cases();
+}
+
+/* ---- movement, copies, generators ---- */
+
+typedef struct move_arg {
+    int which;
+} move_arg;
+
+static tb_tensor *take(tb_tensor *old, tb_tensor *new_value) {
+    tb_tensor_release(old);
+    return new_value;
+}
+
+/* Each builds a view chain on a [4,6,5] input and ends with an elementwise op (so the view is
+   read by a kernel rather than being a plain copy). */
+static tb_tensor *build_move(tb_tensor **in, const void *arg) {
+    int which = ((const move_arg *)arg)->which;
+    tb_tensor *x = tb_tensor_retain(in[0]);
+    switch (which) {
+    case 0: {
+        int64_t d[2] = {24, 5};
+        x = take(x, tb_reshape(x, d, 2));
+        break;
+    }
+    case 1: {
+        int32_t p[3] = {2, 0, 1};
+        x = take(x, tb_permute(x, p, 3));
+        break;
+    }
+    case 2: x = take(x, tb_transpose(x, 0, 2)); break;
+    case 3: x = take(x, tb_slice(x, 1, 1, 6, 2)); break;
+    case 4: x = take(x, tb_slice(x, 2, -3, 100, 1)); break;
+    case 5: {
+        int32_t f[2] = {0, 2};
+        x = take(x, tb_flip(x, f, 2));
+        break;
+    }
+    case 6: {
+        int64_t d[4] = {3, 4, 6, 5};
+        x = take(x, tb_expand(x, d, 4));
+        break;
+    }
+    case 7: {
+        x = take(x, tb_unsqueeze(x, 1));
+        x = take(x, tb_squeeze(x, 1));
+        break;
+    }
+    case 8: { /* permute then reshape (merge of non-contiguous dims) */
+        int32_t p[3] = {1, 0, 2};
+        int64_t d[2] = {24, 5};
+        x = take(x, tb_permute(x, p, 3));
+        x = take(x, tb_reshape(x, d, 2));
+        break;
+    }
+    case 9: { /* slice, flip, transpose, reshape (split), expand */
+        int32_t f[1] = {1};
+        int64_t d[3] = {2, 3, 10}, e[4] = {2, 2, 3, 10};
+        x = take(x, tb_slice(x, 0, 0, 4, 2));
+        x = take(x, tb_flip(x, f, 1));
+        x = take(x, tb_transpose(x, 1, 2));
+        x = take(x, tb_reshape(x, d, 3));
+        x = take(x, tb_unsqueeze(x, 0));
+        x = take(x, tb_expand(x, e, 4));
+        break;
+    }
+    case 10: { /* flatten then split differently */
+        int64_t flat = 120, d[3] = {5, 8, 3};
+        x = take(x, tb_transpose(x, 1, 2));
+        x = take(x, tb_reshape(x, &flat, 1));
+        x = take(x, tb_reshape(x, d, 3));
+        break;
+    }
+    case 11: { /* a view of a computed value */
+        int32_t p[3] = {2, 1, 0};
+        x = take(x, tb_exp(x));
+        x = take(x, tb_permute(x, p, 3));
+        x = take(x, tb_slice(x, 0, 1, 5, 3));
+        break;
+    }
+    default: {
+        int64_t d[1] = {120};
+        x = take(x, tb_reshape(x, d, 1));
+        x = take(x, tb_slice(x, 0, 3, 120, 7));
+        break;
+    }
+    }
+    return take(x, tb_mul_scalar(x, 1.5));
+}
+
+static tb_tensor *build_move_result(tb_tensor **in, const void *arg) {
+    /* the view itself is a result: a copy kernel reads through the index arithmetic */
+    int32_t p[3] = {1, 2, 0};
+    (void)arg;
+    return tb_permute(in[0], p, 3);
+}
+
+static void test_movement(void **state) {
+    static move_arg args[13];
+    int i;
+    input in = in_of(shp(TB_F32, 3, 4, 6, 5, 0), R_ANY);
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < 13; i++) {
+        char name[64];
+        args[i].which = i;
+        snprintf(name, sizeof name, "view chain #%d", i);
+        add_case(name, build_move, &args[i], &in, 1);
+    }
+    add_case("permuted view as a result", build_move_result, NULL, &in, 1);
+    in.shape.dtype = TB_I64;
+    add_case("permuted i64 view as a result", build_move_result, NULL, &in, 1);
+    flush_cases();
+}
+
+typedef struct other_arg {
+    int which;
+} other_arg;
+
+static tb_tensor *build_other(tb_tensor **in, const void *arg) {
+    int which = ((const other_arg *)arg)->which;
+    switch (which) {
+    case 0: return tb_concat(in, 3, 1);
+    case 1: {
+        tb_tensor *t[3], *y;
+        t[0] = tb_exp(in[0]);
+        t[1] = tb_transpose(in[1], 0, 1);
+        t[2] = in[2];
+        y = tb_concat(t, 3, 0);
+        tb_tensor_release(t[0]);
+        tb_tensor_release(t[1]);
+        return y;
+    }
+    case 2: {
+        int64_t pads[4] = {1, 2, 0, 3};
+        return tb_pad(in[0], pads, 4, -7.5);
+    }
+    case 3: {
+        int64_t pads[4] = {0, 0, 2, 0};
+        tb_tensor *e = tb_sigmoid(in[0]), *y = tb_pad(e, pads, 4, 0.25);
+        tb_tensor_release(e);
+        return take(y, tb_mul_scalar(y, 2.0));
+    }
+    case 4: return tb_gather(in[0], 1, in[1]);
+    case 5: return tb_index_select(in[0], 0, in[1]);
+    case 6: {
+        tb_tensor *g = tb_gather(in[0], 0, in[1]), *y = tb_sum(g, NULL, 0, false);
+        tb_tensor_release(g);
+        return y;
+    }
+    default: {
+        tb_tensor *s = tb_index_select(in[0], 1, in[1]);
+        return take(s, tb_relu(s));
+    }
+    }
+}
+
+static void test_concat_pad_gather(void **state) {
+    static other_arg args[8];
+    input in[3];
+    int i;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < 8; i++) args[i].which = i;
+    in[0] = in_of(shp(TB_F32, 2, 3, 2, 0, 0), R_ANY);
+    in[1] = in_of(shp(TB_F32, 2, 3, 0, 0, 0), R_ANY);
+    in[2] = in_of(shp(TB_F32, 2, 3, 5, 0, 0), R_ANY);
+    add_case("concat along dim 1 (with an empty input)", build_other, &args[0], in, 3);
+    in[0] = in_of(shp(TB_F32, 2, 2, 4, 0, 0), R_ANY);
+    in[1] = in_of(shp(TB_F32, 2, 4, 3, 0, 0), R_ANY);
+    in[2] = in_of(shp(TB_F32, 2, 1, 4, 0, 0), R_ANY);
+    add_case("concat of computed and viewed inputs", build_other, &args[1], in, 3);
+    in[0] = in_of(shp(TB_F32, 2, 3, 4, 0, 0), R_ANY);
+    add_case("pad", build_other, &args[2], in, 1);
+    add_case("pad of a computed value", build_other, &args[3], in, 1);
+    in[0].shape.dtype = TB_I32;
+    add_case("pad i32", build_other, &args[2], in, 1);
+    in[0] = in_of(shp(TB_F32, 2, 4, 6, 0, 0), R_ANY);
+    in[1] = in_of(shp(TB_I64, 2, 3, 5, 0, 0), R_INDEX);
+    in[1].hi = 6;
+    add_case("gather dim 1", build_other, &args[4], in, 2);
+    in[1] = in_of(shp(TB_I32, 2, 3, 6, 0, 0), R_INDEX);
+    in[1].hi = 4;
+    add_case("gather dim 0, summed", build_other, &args[6], in, 2);
+    in[1] = in_of(shp(TB_I32, 1, 7, 0, 0, 0), R_INDEX);
+    in[1].hi = 4;
+    add_case("index_select dim 0", build_other, &args[5], in, 2);
+    in[1] = in_of(shp(TB_I64, 1, 9, 0, 0, 0), R_INDEX);
+    in[1].hi = 6;
+    add_case("relu(index_select dim 1)", build_other, &args[7], in, 2);
+    flush_cases();
+}
+
+static void test_generators(void **state) {
+    tb_tensor *c[8], *o[8];
+    size_t i;
+    (void)state;
+    REQUIRE_OPENCL();
+    c[0] = tb_arange(0.5, 7.25, 0.25, TB_F32, &g_cpu);
+    o[0] = tb_arange(0.5, 7.25, 0.25, TB_F32, &g_ocl);
+    c[1] = tb_arange(-3, 40, 3, TB_I64, &g_cpu);
+    o[1] = tb_arange(-3, 40, 3, TB_I64, &g_ocl);
+    c[2] = tb_arange(0.1, 3.3, 0.1, TB_F64, &g_cpu);
+    o[2] = tb_arange(0.1, 3.3, 0.1, TB_F64, &g_ocl);
+    c[3] = tb_eye(4, 6, TB_F32, &g_cpu);
+    o[3] = tb_eye(4, 6, TB_F32, &g_ocl);
+    c[4] = tb_eye(5, -1, TB_BOOL, &g_cpu);
+    o[4] = tb_eye(5, -1, TB_BOOL, &g_ocl);
+    c[5] = tb_mul_scalar(c[0], 2.0);
+    o[5] = tb_mul_scalar(o[0], 2.0);
+    {
+        tb_shape s = shp(TB_F32, 2, 3, 4, 0, 0);
+        c[6] = tb_full(&s, 2.5, &g_cpu);
+        o[6] = tb_full(&s, 2.5, &g_ocl);
+        c[7] = tb_add(c[6], c[3]);
+        o[7] = tb_add(o[6], o[3]);
+        /* c[7] is [3,4] + [4,6]: not broadcastable, so build something that is */
+        tb_tensor_release(c[7]);
+        tb_tensor_release(o[7]);
+        s = shp(TB_F32, 2, 4, 6, 0, 0);
+        tb_tensor_release(c[6]);
+        tb_tensor_release(o[6]);
+        c[6] = tb_zeros(&s, &g_cpu);
+        o[6] = tb_zeros(&s, &g_ocl);
+        c[7] = tb_sub(c[3], c[6]);
+        o[7] = tb_sub(o[3], o[6]);
+    }
+    for (i = 0; i < 8; i++) {
+        char name[32];
+        assert_non_null(c[i]);
+        assert_non_null(o[i]);
+        snprintf(name, sizeof name, "generator #%zu", i);
+        compare_tensors(name, c[i], o[i]);
+        tb_tensor_release(c[i]);
+        tb_tensor_release(o[i]);
+    }
+}
+
+/* ---- random streams ---- */
+
+static void test_rand_bit_identical(void **state) {
+    const tb_dtype dtypes[] = {TB_F32, TB_F64};
+    size_t d, k, bytes = 0;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (d = 0; d < 2; d++) {
+        for (k = 0; k < 2; k++) {
+            tb_shape s = shp(dtypes[d], 2, 37, 101, 0, 0);
+            tb_tensor *c, *o, *c2, *o2;
+            void *a = host_alloc(&s), *b = host_alloc(&s);
+            assert_int_equal(tb_shape_nbytes(&s, &bytes), TB_OK);
+            tb_manual_seed(1234 + d);
+            c = k == 0 ? tb_rand(&s, &g_cpu) : tb_randn(&s, &g_cpu);
+            c2 = k == 0 ? tb_rand(&s, &g_cpu) : tb_randn(&s, &g_cpu);
+            tb_manual_seed(1234 + d);
+            o = k == 0 ? tb_rand(&s, &g_ocl) : tb_randn(&s, &g_ocl);
+            o2 = k == 0 ? tb_rand(&s, &g_ocl) : tb_randn(&s, &g_ocl);
+            assert_non_null(c);
+            assert_non_null(o);
+            assert_int_equal(tb_tensor_to_host(c, a, bytes), TB_OK);
+            assert_int_equal(tb_tensor_to_host(o, b, bytes), TB_OK);
+            if (memcmp(a, b, bytes) != 0) {
+                fail_msg("%s %s: not bit-identical to the cpu backend", k ? "randn" : "rand",
+                         tb_dtype_name(dtypes[d]));
+            }
+            /* the second call continues the stream */
+            assert_int_equal(tb_tensor_to_host(c2, a, bytes), TB_OK);
+            assert_int_equal(tb_tensor_to_host(o2, b, bytes), TB_OK);
+            assert_memory_equal(a, b, bytes);
+            tb_tensor_release(c);
+            tb_tensor_release(o);
+            tb_tensor_release(c2);
+            tb_tensor_release(o2);
+            free(a);
+            free(b);
+        }
+    }
+    /* a random tensor used inside a fused graph */
+    {
+        tb_shape s = shp(TB_F32, 1, 1000, 0, 0, 0);
+        tb_tensor *c, *o, *cr, *orr;
+        tb_manual_seed(7);
+        cr = tb_rand(&s, &g_cpu);
+        tb_manual_seed(7);
+        orr = tb_rand(&s, &g_ocl);
+        c = tb_sum(cr, NULL, 0, false);
+        o = tb_sum(orr, NULL, 0, false);
+        compare_tensors("sum of rand", c, o);
+        tb_tensor_release(c);
+        tb_tensor_release(o);
+        tb_tensor_release(cr);
+        tb_tensor_release(orr);
+    }
+}
+
+/* ---- custom ops ---- */
+
+static tb_status axpb_reference(const void *const *inputs, const tb_shape *input_shapes,
+                                size_t num_inputs, void *output, const tb_shape *output_shape,
+                                const int64_t *attrs, size_t num_attrs, void *user_data) {
+    size_t n = numel_of(output_shape), i, nb = numel_of(&input_shapes[1]);
+    const float *a = (const float *)inputs[0], *b = (const float *)inputs[1];
+    float *o = (float *)output;
+    (void)num_inputs, (void)attrs, (void)num_attrs, (void)user_data;
+    for (i = 0; i < n; i++) o[i] = a[i] * 2.0f + b[i % nb];
+    return TB_OK;
+}
+
+static void test_custom_ops(void **state) {
+    tb_custom_op_desc d;
+    tb_op op;
+    input in[2];
+    (void)state;
+    REQUIRE_OPENCL();
+    memset(&d, 0, sizeof d);
+    d.name = "ocl_axpb";
+    d.num_inputs = 2;
+    d.reference = axpb_reference;
+    d.opencl_expr = "x0 * (T)2 + x1";
+    if (tb_op_lookup("ocl_axpb", &op) != TB_OK) assert_int_equal(tb_op_register(&d, &op), TB_OK);
+    {
+        float a[12], b[4], ref[12], got[12];
+        tb_shape sa = shp(TB_F32, 2, 3, 4, 0, 0), sb = shp(TB_F32, 1, 4, 0, 0, 0);
+        tb_tensor *x, *y, *ins[2], *z, *w;
+        int i, kernels;
+        fill(a, &sa, R_ANY, 0);
+        fill(b, &sb, R_ANY, 0);
+        for (i = 0; i < 12; i++) ref[i] = tanhf(a[i] * 2.0f + b[i % 4]) + 1.0f;
+        x = tb_tensor_from_host(a, &sa, &g_ocl);
+        y = tb_tensor_from_host(b, &sb, &g_ocl);
+        ins[0] = x;
+        ins[1] = y;
+        z = tb_call_op(op, ins, 2, NULL, 0);
+        assert_non_null(z);
+        w = tb_add_scalar(tb_tanh(z), 1.0);
+        /* the custom op fuses with its neighbours: one kernel */
+        kernels = kernel_count(&w, 1);
+        assert_int_equal(kernels, 1);
+        assert_int_equal(tb_tensor_to_host(w, got, sizeof got), TB_OK);
+        compare_host("custom op with opencl_expr, fused", &sa, ref, got);
+        tb_tensor_release(x);
+        tb_tensor_release(y);
+        tb_tensor_release(z);
+        tb_tensor_release(w);
+    }
+    (void)in;
+}
+
+static tb_status copy_reference(const void *const *inputs, const tb_shape *input_shapes,
+                                size_t num_inputs, void *output, const tb_shape *output_shape,
+                                const int64_t *attrs, size_t num_attrs, void *user_data) {
+    size_t bytes = 0;
+    (void)input_shapes, (void)num_inputs, (void)attrs, (void)num_attrs, (void)user_data;
+    tb_shape_nbytes(output_shape, &bytes);
+    memcpy(output, inputs[0], bytes);
+    return TB_OK;
+}
+
+static void test_custom_op_without_expr_falls_back(void **state) {
+    tb_custom_op_desc d;
+    tb_op op;
+    float a[6] = {1, -2, 3, -4, 5, -6}, got[6];
+    tb_shape s = shp(TB_F32, 1, 6, 0, 0, 0);
+    tb_tensor *x, *y, *z;
+    int i;
+    (void)state;
+    REQUIRE_OPENCL();
+    memset(&d, 0, sizeof d);
+    d.name = "ocl_plain_copy";
+    d.num_inputs = 1;
+    d.reference = copy_reference;
+    if (tb_op_lookup("ocl_plain_copy", &op) != TB_OK) assert_int_equal(tb_op_register(&d, &op), TB_OK);
+    tb_metrics_reset();
+    x = tb_tensor_from_host(a, &s, &g_ocl);
+    y = tb_call_op(op, &x, 1, NULL, 0);
+    z = tb_relu(y);
+    assert_int_equal(tb_tensor_to_host(z, got, sizeof got), TB_OK);
+    for (i = 0; i < 6; i++) assert_true(got[i] == (a[i] > 0 ? a[i] : 0));
+    assert_int_equal(tb_metrics_counter("Fallback::ocl_plain_copy"), 1);
+    tb_tensor_release(x);
+    tb_tensor_release(y);
+    tb_tensor_release(z);
+}
+
+static void test_custom_op_compile_error(void **state) {
+    tb_custom_op_desc d;
+    tb_op op;
+    float a[4] = {1, 2, 3, 4}, got[4];
+    tb_shape s = shp(TB_F32, 1, 4, 0, 0, 0);
+    tb_tensor *x, *y;
+    tb_status st;
+    (void)state;
+    REQUIRE_OPENCL();
+    memset(&d, 0, sizeof d);
+    d.name = "ocl_broken";
+    d.num_inputs = 1;
+    d.reference = copy_reference;
+    d.opencl_expr = "x0 +* no_such_name";
+    if (tb_op_lookup("ocl_broken", &op) != TB_OK) assert_int_equal(tb_op_register(&d, &op), TB_OK);
+    x = tb_tensor_from_host(a, &s, &g_ocl);
+    y = tb_call_op(op, &x, 1, NULL, 0);
+    assert_non_null(y);
+    st = tb_tensor_to_host(y, got, sizeof got);
+    assert_int_equal(st, TB_ERR_COMPILE);
+    assert_int_equal(tb_last_status(), TB_ERR_COMPILE);
+    assert_non_null(strstr(tb_last_error(), "build log"));
+    assert_non_null(strstr(tb_last_error(), "no_such_name"));
+    /* the value is not lost: the inputs still work */
+    tb_tensor_release(y);
+    assert_int_equal(tb_tensor_to_host(x, got, sizeof got), TB_OK);
+    assert_memory_equal(a, got, sizeof a);
+    tb_tensor_release(x);
+}
+
+/* ---- fusion: kernel counts and values ---- */
+
+static tb_tensor *build_long_chain(tb_tensor **in, const void *arg) {
+    int n = *(const int *)arg, i;
+    tb_tensor *x = tb_tensor_retain(in[0]);
+    for (i = 0; i < n; i++) {
+        switch (i % 5) {
+        case 0: x = take(x, tb_mul_scalar(x, 1.01)); break;
+        case 1: x = take(x, tb_add(x, in[1])); break; /* broadcast [7] over [5,7] */
+        case 2: x = take(x, tb_tanh(x)); break;
+        case 3: x = take(x, tb_sub(x, in[2])); break; /* broadcast [5,1] */
+        default: x = take(x, tb_abs(x)); break;
+        }
+    }
+    return x;
+}
+
+static void test_fusion_patterns(void **state) {
+    float a[35], b[7], c[5];
+    tb_shape sa = shp(TB_F32, 2, 5, 7, 0, 0), sb = shp(TB_F32, 1, 7, 0, 0, 0),
+             sc = shp(TB_F32, 2, 5, 1, 0, 0);
+    tb_tensor *x, *y, *z, *t, *u, *v, *outs[4];
+    int chain = 200;
+    input in[3];
+    (void)state;
+    REQUIRE_OPENCL();
+    fill(a, &sa, R_ANY, 0);
+    fill(b, &sb, R_ANY, 0);
+    fill(c, &sc, R_ANY, 0);
+    x = tb_tensor_from_host(a, &sa, &g_ocl);
+    y = tb_tensor_from_host(b, &sb, &g_ocl);
+    z = tb_tensor_from_host(c, &sc, &g_ocl);
+    {
+        tb_tensor *ins[3];
+        ins[0] = x;
+        ins[1] = y;
+        ins[2] = z;
+        t = build_long_chain(ins, &chain);
+        assert_int_equal(kernel_count(&t, 1), 1); /* 200 elementwise ops with broadcasting */
+        tb_tensor_release(t);
+    }
+    /* reduction with its elementwise producers and an elementwise epilogue: one kernel */
+    {
+        int32_t ax = 1;
+        t = tb_exp(tb_mul(x, y));
+        u = tb_sum(t, &ax, 1, false);
+        v = tb_add_scalar(tb_mul_scalar(u, 0.5), 1.0);
+        assert_int_equal(kernel_count(&v, 1), 1);
+        tb_tensor_release(t);
+        tb_tensor_release(u);
+        tb_tensor_release(v);
+    }
+    /* matmul + bias + relu: one kernel */
+    {
+        tb_tensor *w = tb_transpose(x, 0, 1); /* [7,5] view */
+        t = tb_matmul(x, w);                  /* [5,5] */
+        u = tb_relu(tb_add(t, z));            /* bias [5,1] broadcast */
+        assert_int_equal(kernel_count(&u, 1), 1);
+        tb_tensor_release(w);
+        tb_tensor_release(t);
+        tb_tensor_release(u);
+    }
+    /* softmax of a scaled input, then an elementwise epilogue: one kernel */
+    {
+        t = tb_mul_scalar(x, 0.125);
+        u = tb_softmax(t, -1);
+        v = tb_mul(u, y);
+        assert_int_equal(kernel_count(&v, 1), 1);
+        tb_tensor_release(t);
+        tb_tensor_release(u);
+        tb_tensor_release(v);
+    }
+    /* a value used twice in one kernel is computed once; used by two kernels, materialised */
+    {
+        int32_t ax = 0;
+        t = tb_sigmoid(tb_add(x, y));
+        u = tb_mul(t, t);                 /* same kernel */
+        v = tb_sum(t, &ax, 1, true);      /* another kernel reads t */
+        outs[0] = u;
+        outs[1] = v;
+        assert_int_equal(kernel_count(outs, 2), 3);
+        tb_tensor_release(t);
+        tb_tensor_release(u);
+        tb_tensor_release(v);
+    }
+    /* a view of a parameter read by two kernels is not copied */
+    {
+        int32_t ax = 1;
+        t = tb_transpose(x, 0, 1);
+        u = tb_sum(t, &ax, 1, false);
+        v = tb_max(t, &ax, 1, false);
+        outs[0] = u;
+        outs[1] = v;
+        assert_int_equal(kernel_count(outs, 2), 2);
+        tb_tensor_release(t);
+        tb_tensor_release(u);
+        tb_tensor_release(v);
+    }
+    tb_tensor_release(x);
+    tb_tensor_release(y);
+    tb_tensor_release(z);
+    /* the same patterns compared with the cpu backend */
+    in[0] = in_of(sa, R_ANY);
+    in[1] = in_of(sb, R_ANY);
+    in[2] = in_of(sc, R_ANY);
+    add_case("chain of 200 elementwise ops", build_long_chain, &chain, in, 3);
+    flush_cases();
+}
+
+/* ---- scalars are parameters ---- */
+
+static void test_scalars_do_not_recompile(void **state) {
+    float a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, got[8];
+    tb_shape s = shp(TB_F32, 1, 8, 0, 0, 0);
+    tb_tensor *x;
+    int i, k;
+    (void)state;
+    REQUIRE_OPENCL();
+    x = tb_tensor_from_host(a, &s, &g_ocl);
+    tb_metrics_reset();
+    for (k = 0; k < 3; k++) {
+        tb_tensor *y = tb_add_scalar(tb_mul_scalar(x, (double)k + 0.5), -(double)k);
+        assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+        for (i = 0; i < 8; i++) assert_true(got[i] == a[i] * ((float)k + 0.5f) - (float)k);
+        tb_tensor_release(y);
+    }
+    assert_int_equal(tb_metrics_counter("UncachedCompile"), 1);
+    assert_int_equal(tb_metrics_counter("CachedCompile"), 2);
+    tb_tensor_release(x);
+}
+
+/* ---- seeded random graphs ---- */
+
+#define POOL 12
+
+typedef struct rg_state {
+    tb_tensor *pool[POOL];
+    int n;
+} rg_state;
+
+static int64_t rg_numel(tb_tensor *t) {
+    tb_shape s = tb_tensor_shape(t);
+    return (int64_t)numel_of(&s);
+}
+
+/* A new input whose shape broadcasts against `s`: each dim kept or set to 1, leading dims
+   dropped at random. */
+static tb_shape rg_broadcast_shape(const tb_shape *s) {
+    tb_shape r;
+    int32_t drop = s->rank > 0 ? (int32_t)rnd_int(0, s->rank > 1 ? 1 : 0) : 0, i;
+    memset(&r, 0, sizeof r);
+    r.dtype = s->dtype;
+    r.rank = s->rank - drop;
+    for (i = 0; i < r.rank; i++) r.dims[i] = (rnd_u32() % 3 == 0) ? 1 : s->dims[i + drop];
+    return r;
+}
+
+/* The graph builder: one step on the pool, deterministic from the seed; `inputs` lists host
+   inputs made along the way so that the cpu and opencl graphs read the same values. */
+typedef struct rg_input {
+    tb_shape shape;
+    void *data;
+} rg_input;
+
+typedef struct rg_script {
+    rg_input inputs[64];
+    int num_inputs;
+    uint32_t choices[512];
+    int num_choices, next;
+} rg_script;
+
+static uint32_t rg_pick(rg_script *sc, uint32_t n) {
+    uint32_t v;
+    if (sc->next < sc->num_choices) {
+        v = sc->choices[sc->next++];
+    } else {
+        v = rnd_u32();
+        if (sc->num_choices < 512) sc->choices[sc->num_choices++] = v;
+        sc->next++;
+    }
+    return n == 0 ? 0 : v % n;
+}
+
+static tb_tensor *rg_input_tensor(rg_script *sc, int *input_at, const tb_shape *shape,
+                                  const tb_device *dev, int range) {
+    rg_input *in;
+    if (*input_at < sc->num_inputs) {
+        in = &sc->inputs[(*input_at)++];
+    } else {
+        in = &sc->inputs[sc->num_inputs++];
+        (*input_at)++;
+        in->shape = *shape;
+        in->data = host_alloc(shape);
+        fill(in->data, shape, range, 0);
+    }
+    return tb_tensor_from_host(in->data, &in->shape, dev);
+}
+
+/* Builds one random graph on `dev`; the same script replays the same graph. */
+static tb_tensor *rg_build(rg_script *sc, const tb_device *dev, int steps) {
+    tb_tensor *pool[POOL];
+    int n = 0, input_at = 0, step, i;
+    tb_tensor *result;
+    sc->next = 0;
+    {
+        tb_shape s;
+        int32_t rank = (int32_t)rg_pick(sc, 4) + 1;
+        memset(&s, 0, sizeof s);
+        s.dtype = TB_F32;
+        s.rank = rank;
+        for (i = 0; i < rank; i++) s.dims[i] = (int64_t)rg_pick(sc, 5) + 1;
+        pool[n++] = rg_input_tensor(sc, &input_at, &s, dev, R_ANY);
+    }
+    for (step = 0; step < steps; step++) {
+        tb_tensor *x = pool[rg_pick(sc, (uint32_t)n)], *y = NULL;
+        tb_shape xs = tb_tensor_shape(x);
+        uint32_t op = rg_pick(sc, 16);
+        tb_clear_error();
+        switch (op) {
+        case 0: y = tb_tanh(x); break;
+        case 1: y = tb_sigmoid(x); break;
+        case 2: y = tb_mul_scalar(x, 0.5 + (double)rg_pick(sc, 4)); break;
+        case 3: { /* binary with a new broadcasting input */
+            tb_shape bs = rg_broadcast_shape(&xs);
+            tb_tensor *b = rg_input_tensor(sc, &input_at, &bs, dev, R_ANY);
+            uint32_t which = rg_pick(sc, 4);
+            y = which == 0 ? tb_add(x, b) : which == 1 ? tb_mul(x, b) : which == 2 ? tb_sub(b, x) : tb_maximum(x, b);
+            tb_tensor_release(b);
+            break;
+        }
+        case 4: { /* binary with a pool member of the same shape, else with itself */
+            tb_tensor *o = x;
+            for (i = 0; i < n; i++) {
+                tb_shape os = tb_tensor_shape(pool[i]);
+                if (pool[i] != x && tb_shape_equal(&os, &xs)) o = pool[i];
+            }
+            y = rg_pick(sc, 2) ? tb_add(x, o) : tb_mul(x, o);
+            break;
+        }
+        case 5: /* permute */
+            if (xs.rank >= 2) {
+                int32_t perm[TB_MAX_RANK];
+                for (i = 0; i < xs.rank; i++) perm[i] = i;
+                for (i = xs.rank - 1; i > 0; i--) {
+                    int32_t j = (int32_t)rg_pick(sc, (uint32_t)i + 1), t = perm[i];
+                    perm[i] = perm[j];
+                    perm[j] = t;
+                }
+                y = tb_permute(x, perm, xs.rank);
+            }
+            break;
+        case 6: /* slice */
+            if (xs.rank >= 1) {
+                int32_t d = (int32_t)rg_pick(sc, (uint32_t)xs.rank);
+                if (xs.dims[d] >= 2) {
+                    int64_t start = (int64_t)rg_pick(sc, (uint32_t)(xs.dims[d] - 1));
+                    y = tb_slice(x, d, start, xs.dims[d], (int64_t)rg_pick(sc, 2) + 1);
+                }
+            }
+            break;
+        case 7: /* flip */
+            if (xs.rank >= 1) {
+                int32_t d = (int32_t)rg_pick(sc, (uint32_t)xs.rank);
+                y = tb_flip(x, &d, 1);
+            }
+            break;
+        case 8: { /* reshape: flatten, or merge two dims, or split one */
+            int64_t dims[TB_MAX_RANK];
+            int32_t r = 0;
+            uint32_t how = rg_pick(sc, 3);
+            if (how == 0 || xs.rank < 2) {
+                dims[r++] = rg_numel(x);
+            } else if (how == 1) {
+                int32_t d = (int32_t)rg_pick(sc, (uint32_t)xs.rank - 1);
+                for (i = 0; i < xs.rank; i++) {
+                    if (i == d) {
+                        dims[r++] = xs.dims[i] * xs.dims[i + 1];
+                        i++;
+                    } else {
+                        dims[r++] = xs.dims[i];
+                    }
+                }
+            } else {
+                for (i = 0; i < xs.rank; i++) dims[r++] = xs.dims[i];
+                if (r < 4) dims[r++] = 1;
+            }
+            y = tb_reshape(x, dims, r);
+            break;
+        }
+        case 9: /* expand a size-1 dim or add a leading dim */
+            if (xs.rank < 4) {
+                int64_t dims[TB_MAX_RANK];
+                dims[0] = (int64_t)rg_pick(sc, 3) + 1;
+                for (i = 0; i < xs.rank; i++) dims[i + 1] = xs.dims[i] == 1 ? 3 : xs.dims[i];
+                y = tb_expand(x, dims, xs.rank + 1);
+            }
+            break;
+        case 10: /* reduction */
+            if (xs.rank >= 1) {
+                int32_t axis = (int32_t)rg_pick(sc, (uint32_t)xs.rank);
+                uint32_t which = rg_pick(sc, 4);
+                bool keep = rg_pick(sc, 2) != 0;
+                y = which == 0   ? tb_sum(x, &axis, 1, keep)
+                    : which == 1 ? tb_mean(x, &axis, 1, keep)
+                    : which == 2 ? tb_max(x, &axis, 1, keep)
+                                 : tb_min(x, NULL, 0, keep);
+            }
+            break;
+        case 11: /* softmax */
+            if (xs.rank >= 1) y = tb_softmax(x, (int32_t)rg_pick(sc, (uint32_t)xs.rank));
+            break;
+        case 12: /* matmul with a new weight */
+            if (xs.rank >= 1 && xs.rank <= 3) {
+                tb_shape ws;
+                tb_tensor *w;
+                memset(&ws, 0, sizeof ws);
+                ws.dtype = TB_F32;
+                ws.rank = 2;
+                ws.dims[0] = xs.dims[xs.rank - 1];
+                ws.dims[1] = (int64_t)rg_pick(sc, 6) + 1;
+                w = rg_input_tensor(sc, &input_at, &ws, dev, R_ANY);
+                y = tb_matmul(x, w);
+                tb_tensor_release(w);
+            }
+            break;
+        case 13: { /* concat with itself or pad */
+            if (xs.rank >= 1) {
+                int32_t d = (int32_t)rg_pick(sc, (uint32_t)xs.rank);
+                if (rg_pick(sc, 2)) {
+                    tb_tensor *two[2];
+                    two[0] = x;
+                    two[1] = x;
+                    y = tb_concat(two, 2, d);
+                } else {
+                    int64_t pads[2 * TB_MAX_RANK];
+                    memset(pads, 0, sizeof pads);
+                    pads[2 * (xs.rank - 1 - d)] = (int64_t)rg_pick(sc, 2);
+                    pads[2 * (xs.rank - 1 - d) + 1] = 1;
+                    y = tb_pad(x, pads, 2 * (size_t)xs.rank, 0.5);
+                }
+            }
+            break;
+        }
+        case 14: { /* where on a sign test of the value itself */
+            tb_tensor *zero = tb_zeros(&xs, dev), *cond = tb_gt(x, zero);
+            tb_tensor *neg = tb_neg(x);
+            y = tb_where(cond, x, neg);
+            tb_tensor_release(zero);
+            tb_tensor_release(cond);
+            tb_tensor_release(neg);
+            break;
+        }
+        default: y = tb_abs(x); break;
+        }
+        if (y == NULL) {
+            if (tb_last_status() != TB_OK && op != 5 && op != 6 && op != 9) {
+                /* every op above is valid by construction */
+                fail_msg("random graph step %d op %u: %s", step, op, tb_last_error());
+            }
+            tb_clear_error();
+            continue;
+        }
+        if (rg_numel(y) > 4096) { /* keep graphs small */
+            tb_tensor_release(y);
+            continue;
+        }
+        if (n < POOL) {
+            pool[n++] = y;
+        } else {
+            int k = (int)rg_pick(sc, POOL);
+            tb_tensor_release(pool[k]);
+            pool[k] = y;
+        }
+    }
+    /* the result combines the last value with a reduction of another */
+    result = tb_tensor_retain(pool[n - 1]);
+    for (i = 0; i < n; i++) tb_tensor_release(pool[i]);
+    return result;
+}
+
+static void test_random_graphs(void **state) {
+    const int graphs = 240, per_batch = 24;
+    rg_script *scripts = (rg_script *)calloc((size_t)per_batch, sizeof(rg_script));
+    int g, b, j;
+    (void)state;
+    REQUIRE_OPENCL();
+    assert_non_null(scripts);
+    g_rng = 0x5EED0000ull + 20240611ull;
+    for (g = 0; g < graphs; g += per_batch) {
+        for (b = 0; b < per_batch; b++) {
+            char name[64];
+            test_case *c = &g_cases[g_num_cases];
+            rg_script *sc = &scripts[b];
+            memset(sc, 0, sizeof *sc);
+            snprintf(c->name, sizeof c->name, "random graph %d", g + b);
+            c->ref = rg_build(sc, &g_cpu, 4 + (g + b) % 12);
+            c->got = rg_build(sc, &g_ocl, 4 + (g + b) % 12);
+            if (c->ref == NULL || c->got == NULL) fail_msg("%s: %s", c->name, tb_last_error());
+            g_num_cases++;
+            (void)name;
+        }
+        flush_cases();
+        for (b = 0; b < per_batch; b++)
+            for (j = 0; j < scripts[b].num_inputs; j++) free(scripts[b].inputs[j].data);
+    }
+    free(scripts);
+}
+
+/* ---- devices, transfers, memory ---- */
+
+static void test_devices(void **state) {
+    tb_device devs[8];
+    tb_device_info info;
+    tb_device_type type;
+    int32_t ordinal = -1;
+    size_t count = 0, i;
+    tb_device d;
+    (void)state;
+    REQUIRE_OPENCL();
+    assert_int_equal(tb_backend_devices("opencl", devs, 8, &count), TB_OK);
+    assert_true(count >= 1);
+    for (i = 0; i < count && i < 8; i++) {
+        assert_int_equal(tb_backend_device_info(&devs[i], &info), TB_OK);
+        assert_string_equal(info.device.backend, "opencl");
+        assert_int_equal(info.device.ordinal, (int32_t)i);
+        assert_int_equal(info.device.type, devs[i].type);
+        assert_true(info.name[0] != '\0');
+        assert_true(info.driver_version[0] != '\0');
+        assert_non_null(strstr(info.language_version, "OpenCL C"));
+        assert_true(info.global_memory > 0);
+        assert_true(info.max_allocation > 0 && info.max_allocation <= info.global_memory);
+        assert_true(info.compute_units >= 1);
+        assert_true(info.max_work_group_size >= 1);
+        assert_int_equal(info.supports_f64, strstr(info.extensions, "cl_khr_fp64") != NULL);
+    }
+    /* the default is the first GPU, else accelerator, else CPU: type and ordinal agree */
+    assert_int_equal(tb_backend_get_default_device_type("opencl", &type), TB_OK);
+    assert_int_equal(tb_backend_get_default_device_ordinal("opencl", &ordinal), TB_OK);
+    assert_true(ordinal >= 0 && (size_t)ordinal < count);
+    assert_int_equal(devs[ordinal].type, type);
+    for (i = 0; i < (size_t)ordinal; i++) {
+        assert_true(devs[i].type != TB_DEVICE_GPU);
+        if (type == TB_DEVICE_CPU) assert_true(devs[i].type != TB_DEVICE_ACCELERATOR);
+    }
+    assert_int_equal(tb_device_make("opencl", (int32_t)count, &d), TB_ERR_NOT_FOUND);
+    assert_non_null(strstr(tb_last_error(), "out of range"));
+    {
+        tb_opencl_native native;
+        memset(&native, 0, sizeof native);
+        assert_int_equal(tb_opencl_native_device(&g_ocl, &native), TB_OK);
+        assert_non_null(native.platform);
+        assert_non_null(native.device);
+        assert_non_null(native.context);
+        assert_non_null(native.queue);
+        assert_int_equal(tb_opencl_native_device(&g_cpu, &native), TB_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(tb_last_error(), "tb_opencl_native_device"));
+        assert_int_equal(tb_opencl_native_device(NULL, NULL), TB_ERR_INVALID_ARGUMENT);
+    }
+    {
+        char *report = tb_backend_metrics_report("opencl");
+        assert_non_null(report);
+        assert_non_null(strstr(report, "OpenCL::BytesInUse"));
+        tb_free(report);
+    }
+}
+
+static void test_transfers(void **state) {
+    const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_I32, TB_I64, TB_U8, TB_BOOL};
+    const int64_t sizes[] = {0, 1, 3, 1000, 300000};
+    size_t d, k, bytes = 0;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (d = 0; d < 6; d++) {
+        for (k = 0; k < 5; k++) {
+            tb_shape s = shp(dtypes[d], 1, sizes[k], 0, 0, 0);
+            void *a = host_alloc(&s), *b = host_alloc(&s);
+            tb_tensor *t;
+            assert_int_equal(tb_shape_nbytes(&s, &bytes), TB_OK);
+            fill(a, &s, R_ANY, 0);
+            t = tb_tensor_from_host(a, &s, &g_ocl);
+            assert_non_null(t);
+            assert_int_equal(tb_tensor_to_host(t, b, bytes), TB_OK);
+            assert_memory_equal(a, b, bytes + (bytes == 0));
+            tb_tensor_release(t);
+            free(a);
+            free(b);
+        }
+    }
+    /* scalars: kept on the host until a kernel needs them */
+    {
+        double v = 0;
+        tb_tensor *s = tb_scalar_tensor(tb_scalar_f(TB_F32, 2.5), &g_ocl), *t;
+        assert_non_null(s);
+        assert_int_equal(tb_tensor_item(s, &v), TB_OK);
+        assert_true(v == 2.5);
+        t = tb_mul_scalar(s, 4.0);
+        assert_int_equal(tb_tensor_item(t, &v), TB_OK);
+        assert_true(v == 10.0);
+        tb_tensor_release(s);
+        tb_tensor_release(t);
+    }
+    /* the caching allocator gives freed memory back for reuse */
+    {
+        tb_shape s = shp(TB_F32, 1, 4096, 0, 0, 0);
+        void *a = host_alloc(&s);
+        tb_tensor *t;
+        int64_t in_use, reused;
+        void *mem = NULL;
+        size_t size = 0;
+        fill(a, &s, R_ANY, 0);
+        t = tb_tensor_from_host(a, &s, &g_ocl);
+        in_use = tb_metrics_counter("OpenCL::BytesInUse");
+        assert_true(in_use >= 4096 * 4);
+        assert_int_equal(tb_opencl_tensor_buffer(t, &mem, &size), TB_OK);
+        assert_non_null(mem);
+        assert_int_equal(size, 4096 * 4);
+        tb_tensor_release(t);
+        assert_int_equal(tb_metrics_counter("OpenCL::BytesInUse"), in_use - 4096 * 4);
+        reused = tb_metrics_counter("OpenCL::BufferReuse");
+        t = tb_tensor_from_host(a, &s, &g_ocl);
+        assert_int_equal(tb_metrics_counter("OpenCL::BufferReuse"), reused + 1);
+        tb_tensor_release(t);
+        assert_int_equal(tb_opencl_trim_cache(NULL), TB_OK);
+        assert_int_equal(tb_metrics_counter("OpenCL::BytesCached"), 0);
+        free(a);
+    }
+}
+
+static void test_allocation_too_large(void **state) {
+    tb_device_info info;
+    tb_shape s;
+    tb_tensor *t, *u;
+    tb_status st;
+    char expect[64];
+    int64_t n;
+    (void)state;
+    REQUIRE_OPENCL();
+    assert_int_equal(tb_backend_device_info(&g_ocl, &info), TB_OK);
+    n = (int64_t)(info.max_allocation / 4) + 1024; /* f32: just over the largest allocation */
+    s = shp(TB_F32, 1, n, 0, 0, 0);
+    t = tb_full(&s, 1.0, &g_ocl);
+    assert_non_null(t);
+    u = tb_add_scalar(t, 1.0);
+    st = tb_sync(&u, 1);
+    assert_int_equal(st, TB_ERR_OUT_OF_MEMORY);
+    snprintf(expect, sizeof expect, "%lld bytes", (long long)n * 4);
+    assert_non_null(strstr(tb_last_error(), expect));
+    snprintf(expect, sizeof expect, "%llu bytes", (unsigned long long)info.max_allocation);
+    assert_non_null(strstr(tb_last_error(), expect));
+    tb_tensor_release(t);
+    tb_tensor_release(u);
+    /* the backend keeps working */
+    {
+        float a[3] = {1, 2, 3}, b[3];
+        tb_shape s3 = shp(TB_F32, 1, 3, 0, 0, 0);
+        tb_tensor *x = tb_tensor_from_host(a, &s3, &g_ocl), *y = tb_add_scalar(x, 1.0);
+        assert_int_equal(tb_tensor_to_host(y, b, sizeof b), TB_OK);
+        assert_true(b[0] == 2 && b[1] == 3 && b[2] == 4);
+        tb_tensor_release(x);
+        tb_tensor_release(y);
+    }
+}
+
+static void test_run_time_errors(void **state) {
+    float a[6] = {1, 2, 3, 4, 5, 6}, got[6];
+    int64_t idx[3] = {0, 5, 1};
+    int32_t base[3] = {2, 3, 4}, ex[3] = {1, -1, 2}, gi[3];
+    tb_shape sa = shp(TB_F32, 2, 2, 3, 0, 0), si = shp(TB_I64, 1, 3, 0, 0, 0),
+             s3 = shp(TB_I32, 1, 3, 0, 0, 0);
+    tb_tensor *x, *i, *y, *b, *e, *p;
+    (void)state;
+    REQUIRE_OPENCL();
+    x = tb_tensor_from_host(a, &sa, &g_ocl);
+    i = tb_tensor_from_host(idx, &si, &g_ocl);
+    y = tb_index_select(x, 1, i);
+    assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_ERR_EXECUTE);
+    assert_non_null(strstr(tb_last_error(), "index 5 is out of range for dim 1 of size 3"));
+    tb_tensor_release(y);
+    b = tb_tensor_from_host(base, &s3, &g_ocl);
+    e = tb_tensor_from_host(ex, &s3, &g_ocl);
+    p = tb_pow(b, e);
+    assert_int_equal(tb_tensor_to_host(p, gi, sizeof gi), TB_ERR_EXECUTE);
+    assert_non_null(strstr(tb_last_error(), "negative integer powers"));
+    tb_tensor_release(x);
+    tb_tensor_release(i);
+    tb_tensor_release(b);
+    tb_tensor_release(e);
+    tb_tensor_release(p);
+}
+
+/* ---- two devices ---- */
+
+static void test_two_devices(void **state) {
+    tb_device d1;
+    size_t count = 0;
+    float a[64], r0[64], r1[64];
+    tb_shape s = shp(TB_F32, 2, 8, 8, 0, 0);
+    tb_tensor *x0, *y0, *x1, *y1, *back, *m0, *m1;
+    int i;
+    (void)state;
+    REQUIRE_OPENCL();
+    assert_int_equal(tb_backend_devices("opencl", NULL, 0, &count), TB_OK);
+    if (count < 2) {
+        print_message("one OpenCL device only (POCL_DEVICES=\"pthread pthread\" gives two)\n");
+        skip();
+    }
+    assert_int_equal(tb_device_make("opencl", 1, &d1), TB_OK);
+    fill(a, &s, R_ANY, 0);
+    x0 = tb_tensor_from_host(a, &s, &g_ocl);
+    y0 = tb_tanh(tb_matmul(x0, x0));
+    x1 = tb_to_device(y0, &d1); /* computed on opencl:0, moved to opencl:1 */
+    assert_non_null(x1);
+    assert_int_equal(tb_tensor_device(x1).ordinal, 1);
+    y1 = tb_mul_scalar(x1, 2.0);
+    m1 = tb_sum(y1, NULL, 0, false);
+    back = tb_to_device(y1, &g_ocl);
+    m0 = tb_sum(back, NULL, 0, false);
+    assert_int_equal(tb_tensor_to_host(back, r0, sizeof r0), TB_OK);
+    assert_int_equal(tb_tensor_to_host(y1, r1, sizeof r1), TB_OK);
+    for (i = 0; i < 64; i++) assert_true(r0[i] == r1[i]);
+    {
+        double v0 = 0, v1 = 0;
+        assert_int_equal(tb_tensor_item(m0, &v0), TB_OK);
+        assert_int_equal(tb_tensor_item(m1, &v1), TB_OK);
+        assert_true(v0 == v1);
+    }
+    /* mixing devices in one op is an error that names both */
+    {
+        tb_tensor *bad = tb_add(x0, x1);
+        assert_null(bad);
+        assert_non_null(strstr(tb_last_error(), "opencl:1"));
+    }
+    tb_tensor_release(x0);
+    tb_tensor_release(y0);
+    tb_tensor_release(x1);
+    tb_tensor_release(y1);
+    tb_tensor_release(back);
+    tb_tensor_release(m0);
+    tb_tensor_release(m1);
+}
+
+/* ---- the program cache on disk ---- */
+
+static char g_cache_dir[256];
+
+static int count_cache_files(const char *dir, char *first, size_t cap) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    if (d == NULL) return 0;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len > 6 && strcmp(e->d_name + len - 6, ".clbin") == 0) {
+            if (n == 0 && first != NULL) snprintf(first, cap, "%s/%s", dir, e->d_name);
+            n++;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* Runs one fixed graph in a fresh library state; returns its value's first element. */
+static float run_fixed_graph(void) {
+    float a[16], got[16];
+    tb_shape s = shp(TB_F32, 2, 4, 4, 0, 0);
+    tb_tensor *x, *y;
+    int i;
+    tb_device dev;
+    for (i = 0; i < 16; i++) a[i] = (float)i * 0.25f - 1.0f;
+    assert_int_equal(tb_device_make("opencl", 0, &dev), TB_OK);
+    x = tb_tensor_from_host(a, &s, &dev);
+    y = tb_softmax(tb_add_scalar(tb_matmul(x, x), 0.125), 1);
+    if (tb_tensor_to_host(y, got, sizeof got) != TB_OK) fail_msg("%s", tb_last_error());
+    tb_tensor_release(x);
+    tb_tensor_release(y);
+    return got[5];
+}
+
+static void restart_library(void) {
+    tb_shutdown();
+    assert_int_equal(tb_setup(NULL), TB_OK);
+}
+
+static void test_disk_cache(void **state) {
+    char *old = getenv("TB_CACHE_DIR") != NULL ? strdup(getenv("TB_CACHE_DIR")) : NULL;
+    char file[512];
+    float first, again;
+    (void)state;
+    REQUIRE_OPENCL();
+    snprintf(g_cache_dir, sizeof g_cache_dir, "/tmp/tb_opencl_cache_XXXXXX");
+    assert_non_null(mkdtemp(g_cache_dir));
+    setenv("TB_CACHE_DIR", g_cache_dir, 1);
+
+    restart_library();
+    first = run_fixed_graph();
+    assert_int_equal(tb_metrics_counter("OpenCL::ProgramBuild"), 1);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheMiss"), 1);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheHit"), 0);
+    assert_int_equal(count_cache_files(g_cache_dir, file, sizeof file), 1);
+
+    /* a fresh in-memory state: the binary comes from the disk */
+    restart_library();
+    again = run_fixed_graph();
+    assert_true(first == again);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheHit"), 1);
+    assert_int_equal(tb_metrics_counter("OpenCL::ProgramBuild"), 0);
+
+    /* a corrupt file is ignored, rebuilt and rewritten */
+    {
+        FILE *f = fopen(file, "r+b");
+        assert_non_null(f);
+        assert_int_equal(fseek(f, 70, SEEK_SET), 0);
+        fputc(0x5a, f);
+        fputc(0xa5, f);
+        fclose(f);
+    }
+    restart_library();
+    again = run_fixed_graph();
+    assert_true(first == again);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheHit"), 0);
+    assert_int_equal(tb_metrics_counter("OpenCL::ProgramBuild"), 1);
+    restart_library();
+    again = run_fixed_graph();
+    assert_true(first == again);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheHit"), 1);
+
+    /* a truncated file, then a file of garbage, are ignored too */
+    assert_int_equal(truncate(file, 30), 0);
+    restart_library();
+    again = run_fixed_graph();
+    assert_true(first == again);
+    assert_int_equal(tb_metrics_counter("OpenCL::ProgramBuild"), 1);
+    {
+        FILE *f = fopen(file, "wb");
+        assert_non_null(f);
+        fputs("TBOCLBIN this is not a program binary, only text that looks like a header....", f);
+        fclose(f);
+    }
+    restart_library();
+    again = run_fixed_graph();
+    assert_true(first == again);
+    assert_int_equal(tb_metrics_counter("OpenCL::ProgramBuild"), 1);
+    assert_int_equal(count_cache_files(g_cache_dir, NULL, 0), 1);
+
+    /* "off" disables it */
+    setenv("TB_CACHE_DIR", "off", 1);
+    restart_library();
+    (void)run_fixed_graph();
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheMiss"), 0);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheHit"), 0);
+    assert_int_equal(tb_metrics_counter("OpenCL::ProgramBuild"), 1);
+
+    remove(file);
+    rmdir(g_cache_dir);
+    if (old != NULL) {
+        setenv("TB_CACHE_DIR", old, 1);
+        free(old);
+    } else {
+        unsetenv("TB_CACHE_DIR");
+    }
+    restart_library();
+    probe();
+}
+
+/* ---- debug output ---- */
+
+static char g_log[16384];
+
+static void capture_log(tb_log_level level, const char *message, void *user_data) {
+    size_t n = strlen(g_log);
+    (void)level;
+    (void)user_data;
+    snprintf(g_log + n, sizeof g_log - n, "%s\n", message);
+}
+
+static void test_debug_lines(void **state) {
+    tb_desc desc;
+    float a[12], got[12];
+    tb_shape s = shp(TB_F32, 2, 3, 4, 0, 0);
+    tb_tensor *x, *y;
+    tb_device dev;
+    int32_t ax = 1;
+    (void)state;
+    REQUIRE_OPENCL();
+    tb_shutdown();
+    memset(&desc, 0, sizeof desc);
+    desc.debug = 2;
+    desc.logger.func = capture_log;
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    g_log[0] = '\0';
+    assert_int_equal(tb_device_make("opencl", 0, &dev), TB_OK);
+    fill(a, &s, R_ANY, 0);
+    x = tb_tensor_from_host(a, &s, &dev);
+    y = tb_exp(tb_sum(tb_exp(x), &ax, 1, true));
+    y = tb_mul(y, x); /* reduce kernel, then an elementwise kernel */
+    assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+    assert_non_null(strstr(g_log, "2 kernels: R_3_4 E_12"));
+    assert_non_null(strstr(g_log, "R_3_4"));
+    assert_non_null(strstr(g_log, "GB/s"));
+    assert_non_null(strstr(g_log, "GFLOP/s"));
+    assert_null(strstr(g_log, "__kernel")); /* the source only from level 3 */
+    tb_tensor_release(x);
+    tb_tensor_release(y);
+    tb_shutdown();
+    desc.debug = 3;
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    g_log[0] = '\0';
+    x = tb_tensor_from_host(a, &s, &dev);
+    y = tb_sigmoid(x);
+    assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+    assert_non_null(strstr(g_log, "__kernel void E_12"));
+    tb_tensor_release(x);
+    tb_tensor_release(y);
+    restart_library();
+    probe();
+}
+
+/* ---- no OpenCL library ---- */
+
+static void test_unavailable_library(void **state) {
+    char *old = getenv("TB_OPENCL_LIBRARY") != NULL ? strdup(getenv("TB_OPENCL_LIBRARY")) : NULL;
+    tb_device d;
+    size_t count = 99;
+    float a[3] = {1, 2, 3}, b[3];
+    tb_shape s = shp(TB_F32, 1, 3, 0, 0, 0);
+    tb_tensor *x, *y;
+    const char *names[8];
+    size_t n, i;
+    bool listed = false;
+    (void)state;
+    tb_shutdown();
+    setenv("TB_OPENCL_LIBRARY", "/nonexistent/libOpenCL.so.1", 1);
+    assert_int_equal(tb_setup(NULL), TB_OK);
+    /* registered, but reporting why it cannot run */
+    n = tb_backend_list(names, 8, true);
+    for (i = 0; i < n && i < 8; i++) listed = listed || strcmp(names[i], "opencl") == 0;
+    assert_true(listed);
+    assert_int_equal(tb_opencl_available(), TB_ERR_UNAVAILABLE);
+    assert_non_null(strstr(tb_last_error(), "opencl: cannot open /nonexistent/libOpenCL.so.1"));
+    assert_int_equal(tb_backend_devices("opencl", NULL, 0, &count), TB_OK);
+    assert_int_equal(count, 0);
+    assert_int_equal(tb_device_make("opencl", 0, &d), TB_ERR_UNAVAILABLE);
+    assert_non_null(strstr(tb_last_error(), "opencl"));
+    {
+        char *report = tb_backend_metrics_report("opencl");
+        assert_non_null(report);
+        assert_non_null(strstr(report, "cannot open /nonexistent/libOpenCL.so.1"));
+        tb_free(report);
+    }
+    /* the cpu backend keeps working */
+    assert_int_equal(tb_device_make("cpu", 0, &d), TB_OK);
+    x = tb_tensor_from_host(a, &s, &d);
+    y = tb_mul_scalar(x, 3.0);
+    assert_int_equal(tb_tensor_to_host(y, b, sizeof b), TB_OK);
+    assert_true(b[0] == 3 && b[1] == 6 && b[2] == 9);
+    tb_tensor_release(x);
+    tb_tensor_release(y);
+    tb_shutdown();
+    if (old != NULL) {
+        setenv("TB_OPENCL_LIBRARY", old, 1);
+        free(old);
+    } else {
+        unsetenv("TB_OPENCL_LIBRARY");
+    }
+    assert_int_equal(tb_setup(NULL), TB_OK);
+    probe();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_devices),
+        cmocka_unit_test(test_transfers),
+        cmocka_unit_test(test_unary),
+        cmocka_unit_test(test_cast_and_not),
+        cmocka_unit_test(test_binary),
+        cmocka_unit_test(test_scalar_operands_and_ternary),
+        cmocka_unit_test(test_reductions),
+        cmocka_unit_test(test_argmax_nan_and_ties),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_softmax_layer_norm),
+        cmocka_unit_test(test_movement),
+        cmocka_unit_test(test_concat_pad_gather),
+        cmocka_unit_test(test_generators),
+        cmocka_unit_test(test_rand_bit_identical),
+        cmocka_unit_test(test_custom_ops),
+        cmocka_unit_test(test_custom_op_without_expr_falls_back),
+        cmocka_unit_test(test_custom_op_compile_error),
+        cmocka_unit_test(test_fusion_patterns),
+        cmocka_unit_test(test_scalars_do_not_recompile),
+        cmocka_unit_test(test_random_graphs),
+        cmocka_unit_test(test_allocation_too_large),
+        cmocka_unit_test(test_run_time_errors),
+        cmocka_unit_test(test_two_devices),
+        cmocka_unit_test(test_disk_cache),
+        cmocka_unit_test(test_debug_lines),
+        cmocka_unit_test(test_unavailable_library),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

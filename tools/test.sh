@@ -1,0 +1,427 @@
+#!/usr/bin/env bash
+# The test suite, in one command:   bash tools/test.sh [--quick] [--filter NAME] [--no-install]
+#
+#   --quick         build the test programs with -O2 and no sanitizers
+#   --filter NAME   run only the tests whose file name contains NAME
+#   --no-install    do not install missing Debian packages
+#
+# Steps: install the Debian packages the suite needs, check that torch_backend.h matches src/,
+# test amalgamate.py, check formatting, compile checks (C99/C11/C++11/C++17, gcc and clang),
+# the cmocka test programs tests/test_*.c (address and undefined-behaviour sanitizers), and the
+# examples (each must compile; those with a "// test: run" line in their first 20 lines also
+# run and must exit 0). Every program's output stays visible. The last line of the output is
+# always "N passed, N failed"; the exit status is 1 if anything failed.
+#
+# Environment: CC and CXX pick the compilers (default gcc and g++; the compile checks also use
+# clang and clang++). TB_TEST_TIMEOUT limits each program's run in seconds (default 600).
+# TB_TEST_OPENCL_LEAKS=1 turns leak detection on for the OpenCL tests (with tools/lsan.supp).
+# The tests run with POCL_DEVICES="pthread pthread" (two OpenCL devices on PoCL), a fresh
+# TB_CACHE_DIR, TB_BACKEND_PATH=build/plugins, and TB_BACKEND, TB_DEVICE, TB_CHECK unset.
+set -uo pipefail
+shopt -s nullglob
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+repo=$PWD
+
+quick=0
+filter=""
+install=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --quick) quick=1 ;;
+    --filter)
+        if [ $# -lt 2 ]; then
+            echo "test.sh: --filter needs a NAME" >&2
+            exit 2
+        fi
+        filter=$2
+        shift
+        ;;
+    --filter=*) filter=${1#--filter=} ;;
+    --no-install) install=0 ;;
+    -h | --help)
+        sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+        exit 0
+        ;;
+    *)
+        echo "test.sh: unknown argument: $1 (see bash tools/test.sh --help)" >&2
+        exit 2
+        ;;
+    esac
+    shift
+done
+
+# CC and CXX may hold a command with arguments ("ccache gcc"), so they are split on spaces.
+CC=${CC:-gcc}
+CXX=${CXX:-g++}
+timeout_s=${TB_TEST_TIMEOUT:-600}
+jobs_max=$(nproc 2>/dev/null || echo 2)
+
+passed=0
+failed=0
+failures=()
+
+step() {
+    echo
+    echo "== $* =="
+}
+# pass [COUNT]; fail WHAT [COUNT]
+pass() {
+    passed=$((passed + ${1:-1}))
+}
+fail() {
+    failed=$((failed + ${2:-1}))
+    failures+=("$1")
+}
+# selected NAME: whether --filter lets NAME run.
+selected() {
+    [ -z "$filter" ] || [[ "$1" == *"$filter"* ]]
+}
+indent() {
+    sed 's/^/    /'
+}
+
+cache_dir=$(mktemp -d "${TMPDIR:-/tmp}/tb_test_cache.XXXXXX")
+trap 'rm -rf "$cache_dir"' EXIT
+mkdir -p build/compile build/tests build/examples build/plugins
+
+# ---------------------------------------------------------------------------------------------
+step "install Debian packages"
+packages=(gcc g++ clang clang-format libclang-rt-14-dev libcmocka-dev pocl-opencl-icd
+    ocl-icd-opencl-dev opencl-headers clinfo python3-numpy valgrind)
+if [ "$install" -eq 0 ]; then
+    echo "skipped (--no-install)"
+elif ! command -v dpkg >/dev/null 2>&1; then
+    echo "no dpkg here (not Debian): install the equivalents of ${packages[*]} by hand"
+else
+    missing=()
+    for p in "${packages[@]}"; do
+        if ! dpkg -s "$p" 2>/dev/null | grep -q '^Status: install ok installed'; then
+            missing+=("$p")
+        fi
+    done
+    if [ "${#missing[@]}" -eq 0 ]; then
+        echo "all ${#packages[@]} packages are installed"
+    else
+        echo "missing: ${missing[*]}"
+        sudo=()
+        if [ "$(id -u)" -ne 0 ]; then
+            if command -v sudo >/dev/null 2>&1; then
+                sudo=(sudo)
+            else
+                sudo=(none)
+            fi
+        fi
+        if [ "${sudo[*]-}" = none ]; then
+            echo "FAIL install: not root and no sudo; run as root:"
+            echo "    apt-get update && apt-get install -y ${missing[*]}"
+            fail "install: ${missing[*]}"
+        elif "${sudo[@]+"${sudo[@]}"}" apt-get update &&
+            "${sudo[@]+"${sudo[@]}"}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"; then
+            echo "installed: ${missing[*]}"
+        else
+            echo "FAIL install: apt-get could not install ${missing[*]}"
+            fail "install: ${missing[*]}"
+        fi
+    fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+step "torch_backend.h matches src/"
+if selected "amalgamate.py"; then
+    if python3 amalgamate.py --check; then
+        echo "ok header: torch_backend.h is up to date"
+        pass
+    else
+        echo "FAIL header: run 'python3 amalgamate.py' and commit torch_backend.h"
+        fail "amalgamate.py --check"
+    fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+step "amalgamate.py"
+if selected "tools/test_amalgamate.sh" || selected "amalgamate.py"; then
+    log=build/test_amalgamate.log
+    CC="$CC" CXX="$CXX" bash tools/test_amalgamate.sh 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    n_ok=$(grep -c '^ok ' "$log")
+    n_fail=$(grep -c '^FAIL ' "$log")
+    if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
+        echo "FAIL amalgamate: tools/test_amalgamate.sh stopped with exit status $rc"
+        n_fail=1
+    fi
+    pass "$n_ok"
+    if [ "$n_fail" -gt 0 ]; then
+        fail "tools/test_amalgamate.sh" "$n_fail"
+    fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+step "formatting"
+if selected "tools/format.sh"; then
+    if bash tools/format.sh --check; then
+        echo "ok format: the sources match .clang-format"
+        pass
+    else
+        echo "FAIL format: run 'bash tools/format.sh'"
+        fail "tools/format.sh --check"
+    fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+step "compile checks"
+c_warnings="-Wall -Wextra -Werror -pedantic -Wshadow -Wstrict-prototypes"
+cxx_warnings="-Wall -Wextra -Werror -pedantic"
+libs="-ldl -lpthread -lm"
+out=build/compile
+
+# The compilers: the user's choice first, then clang's, each once.
+c_compilers=("$CC")
+[ "$CC" = clang ] || c_compilers+=(clang)
+cxx_compilers=("$CXX")
+[ "$CXX" = clang++ ] || cxx_compilers+=(clang++)
+
+# A compiler command as part of a file name.
+tag() {
+    printf '%s' "$*" | tr -c 'A-Za-z0-9+' '_'
+}
+
+# compile_check NAME SCRIPT: runs SCRIPT (shell commands, stopping at the first failure, each
+# shown before it runs on failure) and prints "ok compile: NAME" or "FAIL compile: NAME".
+compile_check() {
+    local name=$1 script=$2 log
+    selected "tests/compile/$name" || return 0
+    log=$out/$(tag "$name").log
+    if bash -e -x -c "$script" >"$log" 2>&1; then
+        echo "ok compile: $name"
+        pass
+    else
+        echo "FAIL compile: $name"
+        indent <"$log"
+        fail "compile: $name"
+    fi
+}
+
+for cc in "${c_compilers[@]}"; do
+    for std in c99 c11; do
+        bin=$out/impl_$(tag "$cc")_$std
+        compile_check "impl.c ($cc -std=$std)" \
+            "$cc -std=$std $c_warnings -I. tests/compile/impl.c -o $bin $libs; $bin"
+    done
+done
+for cxx in "${cxx_compilers[@]}"; do
+    for std in c++11 c++17; do
+        bin=$out/impl_$(tag "$cxx")_$std
+        compile_check "impl.cpp ($cxx -std=$std)" \
+            "$cxx -std=$std $cxx_warnings -I. tests/compile/impl.cpp -o $bin $libs; $bin"
+    done
+done
+for cc in "${c_compilers[@]}"; do
+    t=$(tag "$cc")
+    compile_check "decl_only.c ($cc -std=c99)" \
+        "$cc -std=c99 $c_warnings -I. -c tests/compile/decl_only.c -o $out/decl_only_$t.o"
+    compile_check "static_impl.c ($cc -std=c99)" \
+        "$cc -std=c99 $c_warnings -I. tests/compile/static_impl.c -o $out/static_impl_$t $libs
+         $out/static_impl_$t"
+    # Under a strict -std, feature-test macros must be set before the first system header; a
+    # user's file (or cmocka's headers) may include some before this one.
+    compile_check "impl_after_system_headers.c ($cc -std=c11)" \
+        "$cc -std=c11 $c_warnings -I. tests/compile/impl_after_system_headers.c \
+         -o $out/after_system_$t $libs; $out/after_system_$t"
+    compile_check "twice.c ($cc -std=c99)" \
+        "$cc -std=c99 $c_warnings -I. tests/compile/twice.c -o $out/twice_$t $libs; $out/twice_$t"
+done
+compile_check "tu_a.c + tu_b.c ($CC -std=c99)" \
+    "$CC -std=c99 $c_warnings -I. -c tests/compile/tu_a.c -o $out/tu_a.o
+     $CC -std=c99 $c_warnings -I. -c tests/compile/tu_b.c -o $out/tu_b.o
+     $CC $out/tu_a.o $out/tu_b.o -o $out/tu_ab $libs
+     $out/tu_ab"
+# Mixed languages: the implementation in one language, a caller in the other (extern \"C\").
+compile_check "tu_a.c as C + tu_b.c as C++ ($CC, $CXX)" \
+    "$CC -std=c99 $c_warnings -I. -c tests/compile/tu_a.c -o $out/tu_a_c.o
+     $CXX -x c++ -std=c++11 $cxx_warnings -I. -c tests/compile/tu_b.c -o $out/tu_b_cxx.o
+     $CXX $out/tu_a_c.o $out/tu_b_cxx.o -o $out/tu_ab_mixed $libs
+     $out/tu_ab_mixed"
+compile_check "tu_a.c as C++ + tu_b.c as C ($CXX, $CC)" \
+    "$CXX -x c++ -std=c++11 $cxx_warnings -I. -c tests/compile/tu_a.c -o $out/tu_a_cxx.o
+     $CC -std=c99 $c_warnings -I. -c tests/compile/tu_b.c -o $out/tu_b_c.o
+     $CXX $out/tu_a_cxx.o $out/tu_b_c.o -o $out/tu_ab_mixed2 $libs
+     $out/tu_ab_mixed2"
+# The configuration macros of the header's doc block, one at a time.
+for macro in TB_NO_OPENCL TB_NO_PLUGINS; do
+    compile_check "impl.c with -D$macro ($CC -std=c99)" \
+        "$CC -std=c99 $c_warnings -D$macro -I. tests/compile/impl.c -o $out/impl_$macro $libs
+         $out/impl_$macro"
+done
+compile_check "impl.c with -DTB_OPENCL_LINKED and -lOpenCL ($CC -std=c99)" \
+    "$CC -std=c99 $c_warnings -DTB_OPENCL_LINKED -I. tests/compile/impl.c -o $out/impl_linked \
+     -lOpenCL $libs
+     $out/impl_linked"
+# The OpenCL ICD loader is opened at run time: linking needs no -lOpenCL and the program does
+# not depend on libOpenCL.so.
+compile_check "impl.c links without -lOpenCL ($CC)" \
+    "$CC -std=c11 $c_warnings -I. tests/compile/impl.c -o $out/no_opencl -ldl -lpthread -lm
+     if readelf -d $out/no_opencl | grep -i 'NEEDED.*libOpenCL'; then exit 1; fi
+     $out/no_opencl"
+
+# ---------------------------------------------------------------------------------------------
+step "test programs"
+export POCL_DEVICES="pthread pthread"
+export TB_CACHE_DIR=$cache_dir
+export TB_BACKEND_PATH=$repo/build/plugins
+export CMOCKA_MESSAGE_OUTPUT=stdout
+unset TB_BACKEND TB_DEVICE TB_CHECK CMOCKA_XML_FILE
+if [ "$quick" -eq 1 ]; then
+    test_flags="-std=c11 -g -O2 -Wall -Wextra -Werror -pedantic -I."
+    echo "quick: -O2, no sanitizers"
+else
+    test_flags="-std=c11 -g -O1 -fsanitize=address,undefined -fno-omit-frame-pointer
+        -fno-sanitize-recover=undefined -Wall -Wextra -Werror -pedantic -I."
+fi
+# stdbuf makes a program's stdout line-buffered so that it interleaves with stderr in the order
+# it was written; it works by preloading a library, which ASan accepts only when told to.
+line_buffered=()
+if command -v stdbuf >/dev/null 2>&1; then
+    line_buffered=(stdbuf -oL)
+fi
+asan_default="detect_leaks=1:abort_on_error=0:verify_asan_link_order=0"
+asan_opencl="detect_leaks=0:abort_on_error=0:verify_asan_link_order=0"
+if [ "${TB_TEST_OPENCL_LEAKS:-0}" = 1 ]; then
+    asan_opencl=$asan_default
+fi
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+
+# The plugins the registry tests load from TB_BACKEND_PATH (examples/plugin_backend.c and one
+# broken plugin per error path). Built without sanitizers: a plain shared object loads into a
+# sanitized program, not the other way round.
+plugin_src=examples/plugin_backend.c
+log=build/plugins/build.log
+if CC="$CC" bash tests/plugins/build.sh build/plugins >"$log" 2>&1; then
+    echo "ok build: test plugins -> build/plugins ($(tail -n 1 "$log"))"
+    pass
+else
+    echo "FAIL build: tests/plugins/build.sh"
+    indent <"$log"
+    fail "build: test plugins"
+fi
+
+tests=()
+for src in tests/test_*.c; do
+    selected "$src" && tests+=("$src")
+done
+
+# Build them all first, several at a time; a failed build is reported when its turn comes.
+for src in "${tests[@]+"${tests[@]}"}"; do
+    name=$(basename "$src" .c)
+    (
+        # shellcheck disable=SC2086
+        if $CC $test_flags "$src" -o "build/tests/$name" -lcmocka -ldl -lpthread -lm \
+            >"build/tests/$name.build.log" 2>&1; then
+            echo 0 >"build/tests/$name.build.rc"
+        else
+            echo 1 >"build/tests/$name.build.rc"
+        fi
+    ) &
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+        wait -n
+    done
+done
+wait
+
+# count_cmocka LOG: prints "PASSED FAILED" summed over the groups cmocka reported.
+count_cmocka() {
+    awk '
+        /^\[ *PASSED *\] *[0-9]+ test/ { sub(/^\[ *PASSED *\] */, ""); p += $1 + 0 }
+        /^\[ *FAILED *\] *[0-9]+ test\(s\), listed below/ { sub(/^\[ *FAILED *\] */, ""); f += $1 + 0 }
+        /^\[ *FAILED *\] *GROUP (SETUP|TEARDOWN)/ { f += 1 }
+        END { print p + 0, f + 0 }
+    ' "$1"
+}
+
+for src in "${tests[@]+"${tests[@]}"}"; do
+    name=$(basename "$src" .c)
+    bin=build/tests/$name
+    echo
+    echo "-- $src"
+    if [ "$(cat "build/tests/$name.build.rc" 2>/dev/null)" != 0 ]; then
+        echo "FAIL build: $src"
+        echo "    $CC $(echo $test_flags) $src -o $bin -lcmocka -ldl -lpthread -lm"
+        indent <"build/tests/$name.build.log"
+        fail "build: $src"
+        continue
+    fi
+    asan=$asan_default
+    lsan=""
+    case "$name" in
+    *opencl*)
+        asan=$asan_opencl
+        lsan="suppressions=$repo/tools/lsan.supp:print_suppressions=0"
+        ;;
+    esac
+    log=build/tests/$name.log
+    ASAN_OPTIONS=$asan LSAN_OPTIONS=$lsan timeout --foreground -k 10 "$timeout_s" \
+        "${line_buffered[@]+"${line_buffered[@]}"}" "$bin" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    read -r n_ok n_fail < <(count_cmocka "$log")
+    note=""
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        note=", timed out after ${timeout_s}s"
+    elif [ "$rc" -gt 128 ]; then
+        note=", killed by signal $((rc - 128))"
+    fi
+    if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
+        n_fail=1 # crashed, timed out or failed outside a cmocka test
+    fi
+    if [ "$rc" -eq 0 ] && [ "$n_ok" -eq 0 ] && [ "$n_fail" -eq 0 ]; then
+        n_ok=1 # no cmocka summary: the program counts as one test
+    fi
+    pass "$n_ok"
+    if [ "$n_fail" -gt 0 ]; then
+        echo "FAIL test: $src ($n_ok passed, $n_fail failed, exit status $rc$note)"
+        fail "$src ($n_fail)" "$n_fail"
+    else
+        echo "ok test: $src ($n_ok passed)"
+    fi
+done
+
+# ---------------------------------------------------------------------------------------------
+step "examples"
+for src in examples/*.c; do
+    [ "$src" = "$plugin_src" ] && continue
+    selected "$src" || continue
+    name=$(basename "$src" .c)
+    bin=build/examples/$name
+    log=build/examples/$name.build.log
+    if ! $CC -Wall -Wextra -Werror -I. "$src" -o "$bin" -ldl -lpthread -lm >"$log" 2>&1; then
+        echo "FAIL example: $src (does not compile)"
+        echo "    $CC -Wall -Wextra -Werror -I. $src -o $bin -ldl -lpthread -lm"
+        indent <"$log"
+        fail "example: $src"
+        continue
+    fi
+    if ! head -n 20 "$src" | grep -q '^// test: run'; then
+        echo "ok example: $src (compiles; not marked '// test: run')"
+        pass
+        continue
+    fi
+    echo "-- $bin"
+    timeout --foreground -k 10 "$timeout_s" "$bin"
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+        echo "ok example: $src"
+        pass
+    else
+        echo "FAIL example: $src (exit status $rc)"
+        fail "example: $src"
+    fi
+done
+
+# ---------------------------------------------------------------------------------------------
+step "summary"
+if [ -n "$filter" ]; then
+    echo "only the tests whose name contains '$filter'"
+fi
+for f in "${failures[@]+"${failures[@]}"}"; do
+    echo "failed: $f"
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
