@@ -1126,6 +1126,144 @@ TBDEF tb_tensor *tb_npy_load(const char *path, const tb_device *device);
    temporary file and a rename. */
 TBDEF tb_status tb_npy_save(const char *path, tb_tensor *tensor);
 
+/* ===========================================================================================
+   Interop: DLPack
+   The structs below are the C ABI of DLPack (github.com/dmlc/dlpack), field for field and value
+   for value, under this library's prefix: tb_dl_managed_tensor is DLPack's DLManagedTensor
+   (v0.8, what numpy's and PyTorch's __dlpack__ capsules named "dltensor" hold) and
+   tb_dl_managed_tensor_versioned is DLManagedTensorVersioned (v1.0 and later), so a pointer to
+   one may be cast to the other library's type and back.
+   =========================================================================================== */
+
+#define TB_DLPACK_VERSION       80 /* DLPack's DLPACK_VERSION of tb_dl_managed_tensor (v0.8) */
+#define TB_DLPACK_ABI_VERSION   1  /* DLPack's DLPACK_ABI_VERSION of the same */
+#define TB_DLPACK_MAJOR_VERSION 1  /* the version written into tb_dl_managed_tensor_versioned */
+#define TB_DLPACK_MINOR_VERSION 0
+/* tb_dl_managed_tensor_versioned.flags (DLPACK_FLAG_BITMASK_READ_ONLY, _IS_COPIED) */
+#define TB_DLPACK_FLAG_READ_ONLY ((uint64_t)1 << 0)
+#define TB_DLPACK_FLAG_IS_COPIED ((uint64_t)1 << 1)
+
+/* DLDeviceType (kDLCPU = 1, kDLCUDA = 2, ...). */
+typedef enum tb_dl_device_type {
+    TB_DL_CPU = 1,
+    TB_DL_CUDA = 2,
+    TB_DL_CUDA_HOST = 3,
+    TB_DL_OPENCL = 4,
+    TB_DL_VULKAN = 7,
+    TB_DL_METAL = 8,
+    TB_DL_VPI = 9,
+    TB_DL_ROCM = 10,
+    TB_DL_ROCM_HOST = 11,
+    TB_DL_EXT_DEV = 12,
+    TB_DL_CUDA_MANAGED = 13,
+    TB_DL_ONEAPI = 14,
+    TB_DL_WEBGPU = 15,
+    TB_DL_HEXAGON = 16
+} tb_dl_device_type;
+
+/* DLDataTypeCode (kDLInt = 0, kDLUInt = 1, kDLFloat = 2, ...). */
+typedef enum tb_dl_data_type_code {
+    TB_DL_INT = 0,
+    TB_DL_UINT = 1,
+    TB_DL_FLOAT = 2,
+    TB_DL_OPAQUE_HANDLE = 3,
+    TB_DL_BFLOAT = 4,
+    TB_DL_COMPLEX = 5,
+    TB_DL_BOOL = 6
+} tb_dl_data_type_code;
+
+/* DLDevice. device_type holds a tb_dl_device_type (4 bytes, as DLPack's enum). */
+typedef struct tb_dl_device {
+    int32_t device_type;
+    int32_t device_id;
+} tb_dl_device;
+
+/* DLDataType: code (a tb_dl_data_type_code), bits per lane, lanes. The library's dtypes are
+   f32 (FLOAT, 32), f64 (FLOAT, 64), i32 (INT, 32), i64 (INT, 64), u8 (UINT, 8) and bool
+   (BOOL, 8, one byte per element as numpy and PyTorch store it), all with lanes 1. */
+typedef struct tb_dl_data_type {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} tb_dl_data_type;
+
+/* DLTensor. shape and strides have ndim entries; strides count elements, not bytes, and NULL
+   strides mean C-contiguous. The first element is at (char *)data + byte_offset. */
+typedef struct tb_dl_tensor {
+    void *data;
+    tb_dl_device device;
+    int32_t ndim;
+    tb_dl_data_type dtype;
+    int64_t *shape;
+    int64_t *strides;
+    uint64_t byte_offset;
+} tb_dl_tensor;
+
+/* DLManagedTensor: the consumer calls deleter(self) once when it no longer needs the tensor
+   (deleter may be NULL: nothing to release). */
+typedef struct tb_dl_managed_tensor {
+    tb_dl_tensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct tb_dl_managed_tensor *self);
+} tb_dl_managed_tensor;
+
+/* DLPackVersion and DLManagedTensorVersioned. */
+typedef struct tb_dl_pack_version {
+    uint32_t major;
+    uint32_t minor;
+} tb_dl_pack_version;
+
+typedef struct tb_dl_managed_tensor_versioned {
+    tb_dl_pack_version version;
+    void *manager_ctx;
+    void (*deleter)(struct tb_dl_managed_tensor_versioned *self);
+    uint64_t flags; /* TB_DLPACK_FLAG_* */
+    tb_dl_tensor dl_tensor;
+} tb_dl_managed_tensor_versioned;
+
+/* Hands the tensor's value to a DLPack consumer. Syncs the tensor first. On a device that
+   shares host memory (the cpu backend) nothing is copied: the managed tensor points at the
+   tensor's own buffer and holds a reference to that buffer (the tensor's backend data), so the
+   tensor may be released first. On any other device the value is copied to a new host buffer
+   that the deleter frees. Either way the device is {TB_DL_CPU, 0} (the consumer gets host
+   memory), byte_offset is 0, and shape and strides (always set, in elements, C order) live in
+   the managed tensor. The consumer must not write through `data` (a tensor's value never
+   changes) and calls deleter(*out) exactly once, from any thread, before tb_shutdown. Errors:
+   NULL arguments (a NULL tensor keeps the error of the op that produced it), a failed sync, out
+   of memory; *out is untouched on error. Not thread-safe with other calls on the same tensor.
+   Python: wrap *out in a PyCapsule named "dltensor" to hand it to numpy.from_dlpack and the
+   like (tests/dlpack_numpy.py shows it through ctypes). */
+TBDEF tb_status tb_dlpack_export(tb_tensor *tensor, tb_dl_managed_tensor **out);
+
+/* A new tensor on `device` (NULL: the current device) holding the value of a DLPack tensor.
+   Accepted: device type TB_DL_CPU (host memory), lanes 1, the library's six dtypes (see
+   tb_dl_data_type), ndim 0..TB_MAX_RANK, non-negative dims, any strides (NULL: C-contiguous)
+   and byte_offset. On success the library owns `managed`:
+     - on a device that shares host memory (the cpu backend), a C-contiguous, suitably aligned
+       tensor (and, for bool, one holding only 0 and 1 bytes) is used in place, without a copy;
+       managed->deleter runs exactly once, when the last reference to the buffer is dropped
+       (possibly on another thread): the tensors using it, pending graphs that read it, and a
+       cached computation compiled with it as an input (tb_computation_cache_clear drops
+       those). The producer must keep the data alive and unchanged until then.
+     - otherwise the value is copied (strided tensors into C order) and managed->deleter runs
+       before this function returns.
+   On ANY error NULL is returned, the deleter is not called and the caller still owns
+   `managed` (it may call the deleter itself). Errors: NULL `managed`, a device type other than
+   TB_DL_CPU ("tb_dlpack_import: device type 2 (CUDA) is not supported; only CPU (1) memory"),
+   an unsupported dtype or lanes != 1 (TB_ERR_DTYPE), ndim outside 0..8 or negative dims
+   (TB_ERR_SHAPE), a NULL data pointer for a non-empty tensor, sizes that overflow. */
+TBDEF tb_tensor *tb_dlpack_import(tb_dl_managed_tensor *managed, const tb_device *device);
+
+/* tb_dlpack_export with the versioned struct: version {TB_DLPACK_MAJOR_VERSION,
+   TB_DLPACK_MINOR_VERSION}; flags TB_DLPACK_FLAG_READ_ONLY when the buffer is the tensor's own,
+   TB_DLPACK_FLAG_IS_COPIED when it is a copy the consumer may write to. */
+TBDEF tb_status tb_dlpack_export_versioned(tb_tensor *tensor, tb_dl_managed_tensor_versioned **out);
+/* tb_dlpack_import with the versioned struct. A major version other than
+   TB_DLPACK_MAJOR_VERSION is TB_ERR_UNSUPPORTED (the deleter is not called: DLPack allows the
+   caller to call it). The flags need no action: the library never writes to the buffer. */
+TBDEF tb_tensor *tb_dlpack_import_versioned(tb_dl_managed_tensor_versioned *managed,
+                                            const tb_device *device);
+
 /* ---- src/header_end.h ---- */
 #ifdef __cplusplus
 } /* extern "C" */
@@ -1293,6 +1431,11 @@ static tb_backend_data *tb__data_borrow_host(const tb_device *device, const tb_s
 /* the host array of a cpu backend data (payload tb__host_buffer, defined in backend.c);
    NULL for another backend's data or a placeholder */
 static void *tb__host_data(const tb_backend_data *data);
+/* arms a release callback on a cpu data that borrows `host` (tb__data_borrow_host): called
+   once, when the data's buffer is freed. false (nothing set) when `data` is not such a data
+   or already has a callback */
+static bool tb__data_set_host_release(tb_backend_data *data, const void *host,
+                                      void (*release)(void *context), void *context);
 /* the device `ordinal` of a backend, its type asked from the backend; messages name `fn`
    (unknown backend: lists those that exist; bad ordinal: gives the device count) */
 static tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
@@ -1328,6 +1471,17 @@ static tb_node *tb__node_device_data(tb_backend_data *data); /* retains data */
 static tb_node *tb__node_scalar(tb_scalar value, const tb_device *device, bool wrapped_number);
 static void tb__node_retain(tb_node *node);
 static void tb__node_release(tb_node *node); /* iterative: deep chains do not recurse */
+/* A copy of a graph's structure that holds no values: parameters become leaves without data,
+   every other node is copied with its op, shape and attributes. A backend keeps this for a cached
+   computation so that the computation does not keep the first run's tensors alive. */
+typedef struct tb__detached_graph {
+    tb_graph graph;
+    tb_node **nodes;
+    tb_node **parameters;
+    tb_node **results;
+} tb__detached_graph;
+static tb_status tb__graph_detach(const tb_graph *graph, tb__detached_graph *out);
+static void tb__graph_detached_free(tb__detached_graph *detached);
 /* shape inference for a built-in or custom op (used by ops.c and tb_call_op) */
 static tb_status tb__op_infer_shape(tb_op op, const tb_shape *inputs, size_t num_inputs,
                                     const int64_t *attrs, size_t num_attrs, tb_shape *out);
@@ -1388,9 +1542,9 @@ static TB__THREAD_LOCAL char tb__err_message[TB__ERROR_CAP];
    common case of tb__ensure_setup costs one load. */
 typedef struct tb__state {
     int32_t ready;
-    tb_desc desc;               /* the effective desc: defaults filled, strings owned */
-    const char *device_source;  /* "desc.device" or "TB_DEVICE": where desc.device came from */
-    tb_allocator allocator;     /* copied out of desc so the hooks outlive tb_shutdown's frees */
+    tb_desc desc;              /* the effective desc: defaults filled, strings owned */
+    const char *device_source; /* "desc.device" or "TB_DEVICE": where desc.device came from */
+    tb_allocator allocator;    /* copied out of desc so the hooks outlive tb_shutdown's frees */
 } tb__state;
 
 static tb__state tb__g;
@@ -1459,24 +1613,42 @@ static TB__UNUSED void tb__yield(void) {
 
 TBDEF const char *tb_status_string(tb_status status) {
     switch (status) {
-    case TB_OK: return "TB_OK: success";
-    case TB_ERR_INVALID_ARGUMENT: return "TB_ERR_INVALID_ARGUMENT: invalid argument";
-    case TB_ERR_DTYPE: return "TB_ERR_DTYPE: unsupported dtype";
-    case TB_ERR_SHAPE: return "TB_ERR_SHAPE: shape mismatch";
-    case TB_ERR_OVERFLOW: return "TB_ERR_OVERFLOW: size overflow";
-    case TB_ERR_OUT_OF_MEMORY: return "TB_ERR_OUT_OF_MEMORY: out of memory";
-    case TB_ERR_NOT_FOUND: return "TB_ERR_NOT_FOUND: not found";
-    case TB_ERR_DUPLICATE: return "TB_ERR_DUPLICATE: duplicate name";
-    case TB_ERR_UNSUPPORTED: return "TB_ERR_UNSUPPORTED: unsupported";
-    case TB_ERR_UNAVAILABLE: return "TB_ERR_UNAVAILABLE: unavailable";
-    case TB_ERR_COMPILE: return "TB_ERR_COMPILE: compilation failed";
-    case TB_ERR_EXECUTE: return "TB_ERR_EXECUTE: execution failed";
-    case TB_ERR_IO: return "TB_ERR_IO: input/output error";
-    case TB_ERR_FORMAT: return "TB_ERR_FORMAT: malformed data";
-    case TB_ERR_PLUGIN: return "TB_ERR_PLUGIN: plugin error";
-    case TB_ERR_STATE: return "TB_ERR_STATE: wrong call order";
-    case TB_ERR_INTERNAL: return "TB_ERR_INTERNAL: internal error";
-    case TB_STATUS_COUNT: break;
+    case TB_OK:
+        return "TB_OK: success";
+    case TB_ERR_INVALID_ARGUMENT:
+        return "TB_ERR_INVALID_ARGUMENT: invalid argument";
+    case TB_ERR_DTYPE:
+        return "TB_ERR_DTYPE: unsupported dtype";
+    case TB_ERR_SHAPE:
+        return "TB_ERR_SHAPE: shape mismatch";
+    case TB_ERR_OVERFLOW:
+        return "TB_ERR_OVERFLOW: size overflow";
+    case TB_ERR_OUT_OF_MEMORY:
+        return "TB_ERR_OUT_OF_MEMORY: out of memory";
+    case TB_ERR_NOT_FOUND:
+        return "TB_ERR_NOT_FOUND: not found";
+    case TB_ERR_DUPLICATE:
+        return "TB_ERR_DUPLICATE: duplicate name";
+    case TB_ERR_UNSUPPORTED:
+        return "TB_ERR_UNSUPPORTED: unsupported";
+    case TB_ERR_UNAVAILABLE:
+        return "TB_ERR_UNAVAILABLE: unavailable";
+    case TB_ERR_COMPILE:
+        return "TB_ERR_COMPILE: compilation failed";
+    case TB_ERR_EXECUTE:
+        return "TB_ERR_EXECUTE: execution failed";
+    case TB_ERR_IO:
+        return "TB_ERR_IO: input/output error";
+    case TB_ERR_FORMAT:
+        return "TB_ERR_FORMAT: malformed data";
+    case TB_ERR_PLUGIN:
+        return "TB_ERR_PLUGIN: plugin error";
+    case TB_ERR_STATE:
+        return "TB_ERR_STATE: wrong call order";
+    case TB_ERR_INTERNAL:
+        return "TB_ERR_INTERNAL: internal error";
+    case TB_STATUS_COUNT:
+        break;
     }
     return "unknown status";
 }
@@ -1544,7 +1716,8 @@ static TB__UNUSED void tb__error_restore(const tb__saved_error *saved) {
 /* The hooks without error reporting (logging must not overwrite the caller's error). */
 static void *tb__raw_alloc(size_t size) {
     if (size == 0) size = 1;
-    if (tb__g.allocator.alloc != NULL) return tb__g.allocator.alloc(size, tb__g.allocator.user_data);
+    if (tb__g.allocator.alloc != NULL)
+        return tb__g.allocator.alloc(size, tb__g.allocator.user_data);
     return malloc(size);
 }
 
@@ -1720,10 +1893,14 @@ static TB__UNUSED const char *tb__getenv(const char *name) {
 
 static const char *tb__log_level_name(tb_log_level level) {
     switch (level) {
-    case TB_LOG_ERROR: return "error";
-    case TB_LOG_WARN: return "warn";
-    case TB_LOG_INFO: return "info";
-    case TB_LOG_DEBUG: return "debug";
+    case TB_LOG_ERROR:
+        return "error";
+    case TB_LOG_WARN:
+        return "warn";
+    case TB_LOG_INFO:
+        return "info";
+    case TB_LOG_DEBUG:
+        return "debug";
     }
     return "log";
 }
@@ -1821,12 +1998,10 @@ static tb_status tb__do_setup(const tb_desc *user) {
                          d.allocator.free != NULL ? "set" : "NULL");
     }
     if (d.debug < -1 || d.debug > 3) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: debug %d out of range -1..3",
-                         d.debug);
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: debug %d out of range -1..3", d.debug);
     }
     if (d.check < -1 || d.check > 1) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: check %d out of range -1..1",
-                         d.check);
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: check %d out of range -1..1", d.check);
     }
     /* The hooks and the debug level first: everything below may allocate or log. */
     tb__g.allocator = d.allocator;
@@ -1941,8 +2116,7 @@ static uint64_t tb__read64(const unsigned char *p) {
 }
 
 static uint64_t tb__read32(const unsigned char *p) {
-    return (uint64_t)p[0] | ((uint64_t)p[1] << 8) | ((uint64_t)p[2] << 16) |
-           ((uint64_t)p[3] << 24);
+    return (uint64_t)p[0] | ((uint64_t)p[1] << 8) | ((uint64_t)p[2] << 16) | ((uint64_t)p[3] << 24);
 }
 
 static uint64_t tb__xxh_round(uint64_t acc, uint64_t input) {
@@ -2168,26 +2342,40 @@ TBDEF bool tb_dtype_is_valid(tb_dtype dtype) {
 
 TBDEF const char *tb_dtype_name(tb_dtype dtype) {
     switch (dtype) {
-    case TB_F32: return "f32";
-    case TB_F64: return "f64";
-    case TB_I32: return "i32";
-    case TB_I64: return "i64";
-    case TB_U8: return "u8";
-    case TB_BOOL: return "bool";
-    case TB_DTYPE_COUNT: break;
+    case TB_F32:
+        return "f32";
+    case TB_F64:
+        return "f64";
+    case TB_I32:
+        return "i32";
+    case TB_I64:
+        return "i64";
+    case TB_U8:
+        return "u8";
+    case TB_BOOL:
+        return "bool";
+    case TB_DTYPE_COUNT:
+        break;
     }
     return "invalid";
 }
 
 TBDEF size_t tb_dtype_size(tb_dtype dtype) {
     switch (dtype) {
-    case TB_F32: return 4;
-    case TB_F64: return 8;
-    case TB_I32: return 4;
-    case TB_I64: return 8;
-    case TB_U8: return 1;
-    case TB_BOOL: return 1;
-    case TB_DTYPE_COUNT: break;
+    case TB_F32:
+        return 4;
+    case TB_F64:
+        return 8;
+    case TB_I32:
+        return 4;
+    case TB_I64:
+        return 8;
+    case TB_U8:
+        return 1;
+    case TB_BOOL:
+        return 1;
+    case TB_DTYPE_COUNT:
+        break;
     }
     return 0;
 }
@@ -2196,9 +2384,9 @@ TBDEF tb_status tb_dtype_parse(const char *text, tb_dtype *out) {
     static const struct {
         const char *name;
         tb_dtype dtype;
-    } names[] = {{"f32", TB_F32},    {"float32", TB_F32}, {"float", TB_F32},  {"f64", TB_F64},
-                 {"float64", TB_F64}, {"double", TB_F64},  {"i32", TB_I32},    {"int32", TB_I32},
-                 {"int", TB_I32},     {"i64", TB_I64},     {"int64", TB_I64},  {"long", TB_I64},
+    } names[] = {{"f32", TB_F32},     {"float32", TB_F32}, {"float", TB_F32}, {"f64", TB_F64},
+                 {"float64", TB_F64}, {"double", TB_F64},  {"i32", TB_I32},   {"int32", TB_I32},
+                 {"int", TB_I32},     {"i64", TB_I64},     {"int64", TB_I64}, {"long", TB_I64},
                  {"u8", TB_U8},       {"uint8", TB_U8},    {"bool", TB_BOOL}};
     size_t i;
     if (text == NULL || out == NULL) {
@@ -2228,13 +2416,20 @@ TBDEF bool tb_dtype_is_integer(tb_dtype dtype) {
 /* Position in the promotion lattice, which is a chain for these dtypes. */
 static int tb__dtype_rank(tb_dtype dtype) {
     switch (dtype) {
-    case TB_BOOL: return 0;
-    case TB_U8: return 1;
-    case TB_I32: return 2;
-    case TB_I64: return 3;
-    case TB_F32: return 4;
-    case TB_F64: return 5;
-    case TB_DTYPE_COUNT: break;
+    case TB_BOOL:
+        return 0;
+    case TB_U8:
+        return 1;
+    case TB_I32:
+        return 2;
+    case TB_I64:
+        return 3;
+    case TB_F32:
+        return 4;
+    case TB_F64:
+        return 5;
+    case TB_DTYPE_COUNT:
+        break;
     }
     return -1;
 }
@@ -2265,9 +2460,12 @@ static int64_t tb__wrap_int(tb_dtype dtype, int64_t v) {
         uint32_t u = (uint32_t)(uint64_t)v;
         return u <= (uint32_t)INT32_MAX ? (int64_t)u : (int64_t)u - (int64_t)4294967296LL;
     }
-    case TB_U8: return (int64_t)(uint8_t)(uint64_t)v;
-    case TB_BOOL: return v != 0;
-    default: return v;
+    case TB_U8:
+        return (int64_t)(uint8_t)(uint64_t)v;
+    case TB_BOOL:
+        return v != 0;
+    default:
+        return v;
     }
 }
 
@@ -2361,7 +2559,8 @@ static TB__UNUSED void tb__scalar_store(tb_scalar value, tb_dtype dtype, void *o
         memcpy(out, &v, sizeof v);
         break;
     }
-    case TB_DTYPE_COUNT: break;
+    case TB_DTYPE_COUNT:
+        break;
     }
 }
 
@@ -2426,7 +2625,8 @@ static int64_t tb__shape_numel(const tb_shape *shape) {
     for (i = 0; i < shape->rank; i++) {
         if (shape->dims[i] == 0) return 0; /* the other dims' product may not fit */
     }
-    for (i = 0; i < shape->rank; i++) n *= shape->dims[i];
+    for (i = 0; i < shape->rank; i++)
+        n *= shape->dims[i];
     return n;
 }
 
@@ -2443,7 +2643,8 @@ TBDEF tb_status tb_shape_make(tb_shape *out, tb_dtype dtype, int32_t rank, const
     s.dtype = dtype;
     s.rank = rank;
     if (rank > 0 && rank <= TB_MAX_RANK) {
-        for (i = 0; i < rank; i++) s.dims[i] = dims[i];
+        for (i = 0; i < rank; i++)
+            s.dims[i] = dims[i];
     }
     st = tb__shape_check("tb_shape_make", &s);
     if (st != TB_OK) return st;
@@ -2460,7 +2661,8 @@ TBDEF tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, ...) {
     s.rank = rank;
     if (rank > 0 && rank <= TB_MAX_RANK) {
         va_start(ap, rank);
-        for (i = 0; i < rank; i++) s.dims[i] = (int64_t)va_arg(ap, int);
+        for (i = 0; i < rank; i++)
+            s.dims[i] = (int64_t)va_arg(ap, int);
         va_end(ap);
     }
     if (tb__shape_check("tb_shape_of", &s) != TB_OK) {
@@ -2623,12 +2825,14 @@ TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out) {
                          text, pos);
     }
     pos++;
-    while (tb__is_space(text[pos])) pos++;
+    while (tb__is_space(text[pos]))
+        pos++;
     if (text[pos] != ']') {
         for (;;) {
             uint64_t v = 0;
             bool too_big = false;
-            while (tb__is_space(text[pos])) pos++;
+            while (tb__is_space(text[pos]))
+                pos++;
             if (text[pos] < '0' || text[pos] > '9') {
                 return tb__error(TB_ERR_INVALID_ARGUMENT,
                                  "tb_shape_parse: bad shape text '%.100s': expected a dim (a "
@@ -2653,7 +2857,8 @@ TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out) {
                                  (int)s.rank, text);
             }
             s.dims[s.rank++] = (int64_t)v;
-            while (tb__is_space(text[pos])) pos++;
+            while (tb__is_space(text[pos]))
+                pos++;
             if (text[pos] == ']') break;
             if (text[pos] != ',') {
                 return tb__error(TB_ERR_INVALID_ARGUMENT,
@@ -2687,10 +2892,14 @@ static TB__THREAD_LOCAL bool tb__guard_active = false;
 
 TBDEF const char *tb_device_type_name(tb_device_type type) {
     switch (type) {
-    case TB_DEVICE_CPU: return "CPU";
-    case TB_DEVICE_GPU: return "GPU";
-    case TB_DEVICE_ACCELERATOR: return "ACCELERATOR";
-    case TB_DEVICE_TYPE_COUNT: break;
+    case TB_DEVICE_CPU:
+        return "CPU";
+    case TB_DEVICE_GPU:
+        return "GPU";
+    case TB_DEVICE_ACCELERATOR:
+        return "ACCELERATOR";
+    case TB_DEVICE_TYPE_COUNT:
+        break;
     }
     return "invalid";
 }
@@ -2825,8 +3034,7 @@ TBDEF tb_status tb_device_parse(const char *text, tb_device *out) {
 
 TBDEF bool tb_device_equal(const tb_device *a, const tb_device *b) {
     if (a == NULL || b == NULL) return false;
-    return a->ordinal == b->ordinal &&
-           strncmp(a->backend, b->backend, sizeof a->backend) == 0;
+    return a->ordinal == b->ordinal && strncmp(a->backend, b->backend, sizeof a->backend) == 0;
 }
 
 TBDEF tb_status tb_current_device(tb_device *out) {
@@ -2848,8 +3056,8 @@ TBDEF tb_status tb_current_device(tb_device *out) {
             const char *r = tb_last_error();
             if (strncmp(r, prefix, sizeof prefix - 1) == 0) r += sizeof prefix - 1;
             snprintf(reason, sizeof reason, "%s", r);
-            return tb__error(st, "tb_current_device: %s='%.64s' is not a usable device: %s",
-                             source, desc->device, reason);
+            return tb__error(st, "tb_current_device: %s='%.64s' is not a usable device: %s", source,
+                             desc->device, reason);
         }
         *out = d;
         return TB_OK;
@@ -2906,21 +3114,21 @@ struct tb_backend {
     char name[TB_MAX_NAME + 1];
     char *tags;
     tb_backend_impl impl;
-    bool ready;         /* false while its init runs: lookups wait, the name is taken */
+    bool ready;            /* false while its init runs: lookups wait, the name is taken */
     uintptr_t init_thread; /* the thread running init (whose own lookups do not wait) */
-    bool defaults_set;  /* default_type/default_ordinal hold the backend's defaults */
+    bool defaults_set;     /* default_type/default_ordinal hold the backend's defaults */
     tb_device_type default_type;
     int32_t default_ordinal;
-    void *plugin;       /* the shared object it came from (closed at shutdown), or NULL */
+    void *plugin; /* the shared object it came from (closed at shutdown), or NULL */
 };
 
 typedef struct tb__registry {
     tb_backend **items;
     size_t count, cap;
-    tb_backend *current;      /* NULL until chosen (lazily from the desc) */
-    bool warned_default;      /* the unknown-default warning was logged */
-    int32_t builtins_done;    /* read atomically */
-    const tb_backend *cpu;    /* the reference backend, whose payloads are tb__host_buffer */
+    tb_backend *current;   /* NULL until chosen (lazily from the desc) */
+    bool warned_default;   /* the unknown-default warning was logged */
+    int32_t builtins_done; /* read atomically */
+    const tb_backend *cpu; /* the reference backend, whose payloads are tb__host_buffer */
 } tb__registry;
 
 static tb__registry tb__reg;
@@ -2951,8 +3159,8 @@ static tb_status tb__name_check(const char *fn, const char *what, const char *na
     if (name == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s name is NULL", fn, what);
     if (tb__name_valid(name)) return TB_OK;
     if (strlen(name) > TB_MAX_NAME) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s name '%.64s' is longer than %d bytes",
-                         fn, what, name, TB_MAX_NAME);
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s name '%.64s' is longer than %d bytes", fn,
+                         what, name, TB_MAX_NAME);
     }
     return tb__error(TB_ERR_INVALID_ARGUMENT,
                      "%s: bad %s name '%.64s' (expected [A-Za-z_][A-Za-z0-9_]*, 1..%d bytes)", fn,
@@ -2962,11 +3170,14 @@ static tb_status tb__name_check(const char *fn, const char *what, const char *na
 /* Walks comma-separated tags; spaces around a tag are ignored. Returns false on a bad list. */
 static bool tb__tags_next(const char **cursor, const char **tag, size_t *len) {
     const char *p = *cursor;
-    while (*p == ' ') p++;
+    while (*p == ' ')
+        p++;
     *tag = p;
-    while (tb__ident_char(*p, p == *tag)) p++;
+    while (tb__ident_char(*p, p == *tag))
+        p++;
     *len = (size_t)(p - *tag);
-    while (*p == ' ') p++;
+    while (*p == ' ')
+        p++;
     if (*len == 0) return false;
     if (*p == ',') {
         p++;
@@ -3066,16 +3277,15 @@ static void tb__entry_free(tb_backend *b) {
    The caller cleared the error before the call. */
 static tb_status tb__backend_failed(tb_status st, const tb_backend *b, const char *entry) {
     if (tb_last_status() == TB_OK || tb_last_error()[0] == '\0') {
-        return tb__error(st, "backend '%s': %s failed (%s)", b->name, entry,
-                         tb_status_string(st));
+        return tb__error(st, "backend '%s': %s failed (%s)", b->name, entry, tb_status_string(st));
     }
     tb__err_status = st;
     return st;
 }
 
 static const char *const tb__required_entries[] = {
-    "data_from_host",          "data_to_host", "data_release",        "create_lowering_context",
-    "compile",                 "execute",      "release_computation", "get_backend_devices"};
+    "data_from_host", "data_to_host", "data_release",        "create_lowering_context",
+    "compile",        "execute",      "release_computation", "get_backend_devices"};
 
 /* The name of the first required entry the vtable lacks, or NULL. */
 static const char *tb__missing_entry(const tb_backend_impl *impl) {
@@ -3098,9 +3308,8 @@ static const char *tb__missing_entry(const tb_backend_impl *impl) {
 /* Registers a backend. The name is reserved before init runs (outside the lock, so init may
    call the library), which makes a concurrent registration of the same name fail with
    TB_ERR_DUPLICATE; an init failure releases the name again. */
-static tb_status tb__backend_register(const char *fn, const char *name,
-                                      const tb_backend_impl *impl, const char *tags, void *plugin,
-                                      tb_backend **out) {
+static tb_status tb__backend_register(const char *fn, const char *name, const tb_backend_impl *impl,
+                                      const char *tags, void *plugin, tb_backend **out) {
     tb_backend *b;
     const char *missing;
     tb_status st;
@@ -3109,8 +3318,8 @@ static tb_status tb__backend_register(const char *fn, const char *name,
     if (impl == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: impl is NULL", fn);
     missing = tb__missing_entry(impl);
     if (missing != NULL) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT,
-                         "%s: backend '%s' lacks the required entry %s", fn, name, missing);
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: backend '%s' lacks the required entry %s",
+                         fn, name, missing);
     }
     if (tags == NULL) tags = "";
     if (!tb__tags_valid(tags)) {
@@ -3275,8 +3484,8 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
     if (desc.api_version != TB_API_VERSION) {
         dlclose(handle);
         return tb__error(TB_ERR_PLUGIN,
-                         "%s: plugin %.400s was built for API version %u, this library has %u",
-                         fn, path, (unsigned)desc.api_version, (unsigned)TB_API_VERSION);
+                         "%s: plugin %.400s was built for API version %u, this library has %u", fn,
+                         path, (unsigned)desc.api_version, (unsigned)TB_API_VERSION);
     }
     if (!tb__name_valid(desc.name)) {
         dlclose(handle);
@@ -3286,9 +3495,8 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
     if (expected != NULL && strcmp(desc.name, expected) != 0) {
         snprintf(reason, sizeof reason, "%s", desc.name);
         dlclose(handle);
-        return tb__error(TB_ERR_PLUGIN,
-                         "%s: plugin %.400s registers backend '%s', expected '%s'", fn, path,
-                         reason, expected);
+        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s registers backend '%s', expected '%s'",
+                         fn, path, reason, expected);
     }
     st = tb__backend_register(fn, desc.name, &desc.impl, desc.tags, handle, out);
     if (st != TB_OK) {
@@ -3360,8 +3568,7 @@ static tb_backend *tb__lookup(const char *fn, const char *name) {
     }
 #endif
     tb__available_names(available, sizeof available);
-    tb__error(TB_ERR_NOT_FOUND, "%s: unknown backend '%.64s'; available: %s", fn, name,
-              available);
+    tb__error(TB_ERR_NOT_FOUND, "%s: unknown backend '%.64s'; available: %s", fn, name, available);
     return NULL;
 }
 
@@ -3477,8 +3684,9 @@ TBDEF const char *tb_get_backend(void) {
         tb__reg.warned_default = true;
         tb__mutex_unlock(&tb__reg_mutex);
         if (warn) {
-            tb_log_message(TB_LOG_WARN, "the default backend '%.64s' is not usable (%s); using 'cpu'",
-                   wanted, tb_last_error());
+            tb_log_message(TB_LOG_WARN,
+                           "the default backend '%.64s' is not usable (%s); using 'cpu'", wanted,
+                           tb_last_error());
         }
         b = tb__find_ready("cpu");
     }
@@ -3560,14 +3768,13 @@ static tb_status tb__device_of(const char *fn, const tb_backend *b, int32_t ordi
 }
 
 static TB__UNUSED tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
-                                    tb_device *out) {
+                                               tb_device *out) {
     tb_backend *b = tb__lookup(fn, backend);
     if (b == NULL) return tb_last_status();
     return tb__device_of(fn, b, ordinal, out);
 }
 
-TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t cap,
-                                   size_t *count) {
+TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t cap, size_t *count) {
     tb_backend *b;
     size_t n, i;
     if (out == NULL && cap > 0) {
@@ -3651,7 +3858,8 @@ static void tb__defaults_init(tb_backend *b) {
 TBDEF tb_status tb_backend_get_default_device_type(const char *backend, tb_device_type *out) {
     tb_backend *b;
     if (out == NULL) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_get_default_device_type: out is NULL");
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_backend_get_default_device_type: out is NULL");
     }
     b = tb__lookup("tb_backend_get_default_device_type", backend);
     if (b == NULL) return tb_last_status();
@@ -3819,8 +4027,9 @@ TBDEF char *tb_backend_metrics_report(const char *backend) {
         return tb__strdup(small);
     }
     if (n == SIZE_MAX) {
-        tb__error(TB_ERR_OVERFLOW, "tb_backend_metrics_report: backend '%s' gives a report of "
-                                   "SIZE_MAX bytes",
+        tb__error(TB_ERR_OVERFLOW,
+                  "tb_backend_metrics_report: backend '%s' gives a report of "
+                  "SIZE_MAX bytes",
                   b->name);
         return NULL;
     }
@@ -3871,6 +4080,15 @@ static TB__UNUSED tb_backend *tb__backend_for_device(const tb_device *device) {
 static void tb__registry_shutdown(void) {
     tb_backend **items;
     size_t count, i;
+    /* prepare_to_exit first, with the registry intact: a backend may still look things up */
+    for (i = 0;; i++) {
+        tb_backend *b;
+        tb__mutex_lock(&tb__reg_mutex);
+        b = i < tb__reg.count ? tb__reg.items[i] : NULL;
+        tb__mutex_unlock(&tb__reg_mutex);
+        if (b == NULL) break;
+        if (b->ready && b->impl.prepare_to_exit != NULL) b->impl.prepare_to_exit(b->impl.user_data);
+    }
     tb__mutex_lock(&tb__reg_mutex);
     items = tb__reg.items;
     count = tb__reg.count;
@@ -3881,12 +4099,7 @@ static void tb__registry_shutdown(void) {
     tb__reg.warned_default = false;
     tb__reg.cpu = NULL;
     tb__mutex_unlock(&tb__reg_mutex);
-    if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) != 0) TB__ATOMIC_ADD(&tb__reg.builtins_done, -1);
-    for (i = 0; i < count; i++) {
-        if (items[i]->impl.prepare_to_exit != NULL) {
-            items[i]->impl.prepare_to_exit(items[i]->impl.user_data);
-        }
-    }
+    /* entries first, then the objects their strings and functions came from */
     for (i = 0; i < count; i++) {
         void *plugin = items[i]->plugin;
         tb__entry_free(items[i]);
@@ -3897,15 +4110,19 @@ static void tb__registry_shutdown(void) {
 #endif
     }
     tb__free(items);
+    if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) != 0) TB__ATOMIC_ADD(&tb__reg.builtins_done, -1);
 }
 
 /* ---- backend data ---- */
 
-/* The cpu backend's payload: a host array, owned or borrowed from the caller. */
+/* The cpu backend's payload: a host array, owned or borrowed from the caller. A borrowed array
+   may carry a release callback, called once when the buffer is freed (DLPack's deleter). */
 typedef struct tb__host_buffer {
     void *data;
     size_t size;
     bool borrowed;
+    void (*release)(void *context);
+    void *release_context;
 } tb__host_buffer;
 
 /* An owned host buffer of `size` bytes (uninitialised). */
@@ -3919,12 +4136,15 @@ static TB__UNUSED tb__host_buffer *tb__host_buffer_new(size_t size) {
     }
     hb->size = size;
     hb->borrowed = false;
+    hb->release = NULL;
+    hb->release_context = NULL;
     return hb;
 }
 
 static TB__UNUSED void tb__host_buffer_free(tb__host_buffer *hb) {
     if (hb == NULL) return;
     if (!hb->borrowed) tb__free(hb->data);
+    if (hb->borrowed && hb->release != NULL) hb->release(hb->release_context);
     tb__free(hb);
 }
 
@@ -3939,7 +4159,7 @@ static TB__UNUSED void *tb__host_data(const tb_backend_data *data) {
 }
 
 static TB__UNUSED tb_backend_data *tb__data_new(const tb_backend *backend, const tb_device *device,
-                                     const tb_shape *shape) {
+                                                const tb_shape *shape) {
     tb_backend_data *d = (tb_backend_data *)tb__calloc(1, sizeof *d);
     if (d == NULL) return NULL;
     d->device = *device;
@@ -3971,8 +4191,8 @@ static void tb__data_discard(tb_backend_data *data) {
     tb__error_restore(&saved);
 }
 
-static TB__UNUSED tb_backend_data *tb__data_from_host(const tb_device *device, const tb_shape *shape,
-                                           const void *host) {
+static TB__UNUSED tb_backend_data *tb__data_from_host(const tb_device *device,
+                                                      const tb_shape *shape, const void *host) {
     tb_backend *b;
     tb_backend_data *d;
     size_t nbytes;
@@ -4036,8 +4256,8 @@ static TB__UNUSED tb_backend_data *tb__data_from_scalar(const tb_device *device,
         st = b->impl.data_from_host(b->impl.user_data, d, bytes);
     }
     if (st != TB_OK) {
-        tb__backend_failed(st, b, b->impl.data_from_scalar != NULL ? "data_from_scalar"
-                                                                   : "data_from_host");
+        tb__backend_failed(
+            st, b, b->impl.data_from_scalar != NULL ? "data_from_scalar" : "data_from_host");
         tb__data_discard(d);
         return NULL;
     }
@@ -4049,8 +4269,8 @@ static TB__UNUSED tb_backend_data *tb__data_from_scalar(const tb_device *device,
 
 /* A cpu data that uses `host` in place. NULL without an error when the device's backend cannot
    borrow host memory (the caller copies instead, which also reports any error). */
-static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device, const tb_shape *shape,
-                                             const void *host) {
+static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device,
+                                                        const tb_shape *shape, const void *host) {
     tb_backend *b;
     tb_backend_data *d;
     tb__host_buffer *hb;
@@ -4079,9 +4299,22 @@ static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device,
     memcpy(&hb->data, &host, sizeof hb->data);
     hb->size = nbytes;
     hb->borrowed = true;
+    hb->release = NULL;
+    hb->release_context = NULL;
     d->payload = hb;
     tb__metric_count("CreateDataHandles", 1);
     return d;
+}
+
+static TB__UNUSED bool tb__data_set_host_release(tb_backend_data *data, const void *host,
+                                                 void (*release)(void *context), void *context) {
+    tb__host_buffer *hb;
+    if (tb__host_data(data) == NULL || host == NULL) return false;
+    hb = (tb__host_buffer *)data->payload;
+    if (!hb->borrowed || hb->data != host || hb->release != NULL) return false;
+    hb->release = release;
+    hb->release_context = context;
+    return true;
 }
 
 static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *host) {
@@ -4101,8 +4334,9 @@ static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *
         return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_tensor_to_host: destination is NULL");
     }
     if (data->payload == NULL) {
-        return tb__error(TB_ERR_STATE, "tb_tensor_to_host: the data on backend '%s' has no value "
-                                       "yet (a placeholder)",
+        return tb__error(TB_ERR_STATE,
+                         "tb_tensor_to_host: the data on backend '%s' has no value "
+                         "yet (a placeholder)",
                          b->name);
     }
     tb__error_save(&saved);
@@ -5390,6 +5624,141 @@ static TB__UNUSED tb_status tb__op_infer_shape(tb_op op, const tb_shape *inputs,
 
 #undef TB__NODE_HASH_SEED
 #undef TB__ATOMIC_INC64
+
+/* ---- detached graphs ---- */
+
+/* Maps an original node to its position in the post-order (open addressing on the pointer). */
+typedef struct tb__node_index {
+    const tb_node **keys;
+    size_t *values;
+    size_t cap;
+} tb__node_index;
+
+static size_t tb__node_index_slot(const tb__node_index *index, const tb_node *node) {
+    size_t slot = (size_t)(tb__hash_u64(0, (uint64_t)(uintptr_t)node) & (index->cap - 1));
+    while (index->keys[slot] != NULL && index->keys[slot] != node)
+        slot = (slot + 1) & (index->cap - 1);
+    return slot;
+}
+
+TB__UNUSED static void tb__graph_detached_free(tb__detached_graph *detached) {
+    size_t i;
+    if (detached == NULL) return;
+    for (i = 0; i < detached->graph.num_nodes; i++)
+        tb__node_release(detached->nodes[i]);
+    tb__free(detached->nodes);
+    tb__free(detached->parameters);
+    tb__free(detached->results);
+    memset(detached, 0, sizeof *detached);
+}
+
+TB__UNUSED static tb_status tb__graph_detach(const tb_graph *graph, tb__detached_graph *out) {
+    tb__node_index index;
+    size_t i, j, n = graph->num_nodes;
+    tb_status status = TB_OK;
+    memset(out, 0, sizeof *out);
+    memset(&index, 0, sizeof index);
+    index.cap = 16;
+    while (index.cap < 2 * n + 2)
+        index.cap *= 2;
+    index.keys = (const tb_node **)tb__calloc(index.cap, sizeof *index.keys);
+    index.values = (size_t *)tb__calloc(index.cap, sizeof *index.values);
+    out->nodes = (tb_node **)tb__calloc(n + 1, sizeof *out->nodes);
+    out->parameters = (tb_node **)tb__calloc(graph->num_parameters + 1, sizeof *out->parameters);
+    out->results = (tb_node **)tb__calloc(graph->num_results + 1, sizeof *out->results);
+    if (index.keys == NULL || index.values == NULL || out->nodes == NULL ||
+        out->parameters == NULL || out->results == NULL) {
+        status = TB_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        size_t slot = tb__node_index_slot(&index, graph->nodes[i]);
+        index.keys[slot] = graph->nodes[i];
+        index.values[slot] = i;
+    }
+    /* Parameters become leaves that hold no value: their values arrive at execution. */
+    for (i = 0; i < graph->num_parameters; i++) {
+        size_t slot = tb__node_index_slot(&index, graph->parameters[i]);
+        if (index.keys[slot] == NULL) {
+            status = tb__error(TB_ERR_INTERNAL,
+                               "tb__graph_detach: parameter %zu is not a node of "
+                               "the graph",
+                               i);
+            goto done;
+        }
+        index.values[slot] |= (size_t)1 << (sizeof(size_t) * CHAR_BIT - 1);
+    }
+    for (i = 0; i < n; i++) {
+        const tb_node *node = graph->nodes[i];
+        size_t slot = tb__node_index_slot(&index, node);
+        bool is_parameter = (index.values[slot] >> (sizeof(size_t) * CHAR_BIT - 1)) != 0;
+        tb_node *copy;
+        if (is_parameter) {
+            copy = tb__node_alloc(node->op == TB_OP_SCALAR ? TB_OP_SCALAR : TB_OP_DEVICE_DATA,
+                                  &node->shape, &node->device);
+            if (copy != NULL) {
+                copy->wrapped_number = node->wrapped_number;
+                copy->hash = node->hash;
+            }
+        } else {
+            tb_node *operands[64];
+            tb_node **ops = operands;
+            if (node->num_operands > 64) {
+                ops = (tb_node **)tb__calloc(node->num_operands, sizeof *ops);
+                if (ops == NULL) {
+                    status = TB_ERR_OUT_OF_MEMORY;
+                    goto done;
+                }
+            }
+            for (j = 0; j < node->num_operands; j++) {
+                size_t s = tb__node_index_slot(&index, node->operands[j]);
+                size_t at = index.values[s] & ~((size_t)1 << (sizeof(size_t) * CHAR_BIT - 1));
+                if (index.keys[s] == NULL || at >= i) {
+                    if (ops != operands) tb__free(ops);
+                    status =
+                        tb__error(TB_ERR_INTERNAL,
+                                  "tb__graph_detach: an operand of node %zu comes after it", i);
+                    goto done;
+                }
+                ops[j] = out->nodes[at];
+            }
+            copy = tb__node_new(node->op, &node->shape, &node->device, ops, node->num_operands,
+                                node->attrs, node->num_attrs, node->fattrs);
+            if (ops != operands) tb__free(ops);
+        }
+        if (copy == NULL) {
+            status = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+            goto done;
+        }
+        out->nodes[i] = copy;
+        out->graph.num_nodes = i + 1;
+    }
+    for (i = 0; i < graph->num_parameters; i++)
+        out->parameters[i] =
+            out->nodes[index.values[tb__node_index_slot(&index, graph->parameters[i])] &
+                       ~((size_t)1 << (sizeof(size_t) * CHAR_BIT - 1))];
+    for (i = 0; i < graph->num_results; i++) {
+        size_t slot = tb__node_index_slot(&index, graph->results[i]);
+        if (index.keys[slot] == NULL) {
+            status = tb__error(TB_ERR_INTERNAL, "tb__graph_detach: result %zu is not a node", i);
+            goto done;
+        }
+        out->results[i] =
+            out->nodes[index.values[slot] & ~((size_t)1 << (sizeof(size_t) * CHAR_BIT - 1))];
+    }
+    out->graph.nodes = (const tb_node *const *)out->nodes;
+    out->graph.parameters = (const tb_node *const *)out->parameters;
+    out->graph.num_parameters = graph->num_parameters;
+    out->graph.results = (const tb_node *const *)out->results;
+    out->graph.num_results = graph->num_results;
+    out->graph.hash = graph->hash;
+    out->graph.device = graph->device;
+done:
+    tb__free((void *)index.keys);
+    tb__free(index.values);
+    if (status != TB_OK) tb__graph_detached_free(out);
+    return status;
+}
 
 /* ---- src/metrics.c ---- */
 /* ===========================================================================================
@@ -7715,6 +8084,7 @@ static tb_status tb__check_user_shape(const char *fn, const tb_shape *shape) {
 static tb_status tb__norm_axis(const char *fn, const char *what, int64_t axis, int32_t rank,
                                const tb_shape *shape, int32_t *out) {
     int32_t r = rank > 0 ? rank : 1;
+    *out = 0; /* defined on every path, so optimisers see no uninitialised use */
     if (axis < -(int64_t)r || axis >= (int64_t)r) {
         tb__shape_buf b;
         return tb__error(TB_ERR_SHAPE, "%s: %s %lld is out of range for %s (expected %d..%d)", fn,
@@ -10515,7 +10885,8 @@ static tb_status tb__ref_argminmax(const tb_node *node, const tb__rview *x, tb__
 
 /* ---- matmul ---- */
 
-#define TB__MM_JB 256 /* output columns per tile: four rows of accumulators stay in L1 */
+#define TB__MM_KC 256 /* depth of a block: a 4-column panel of b (8 KiB) stays in L1 */
+#define TB__MM_MC 128 /* rows of a block: the packed block of a (256 KiB) stays in L2 */
 
 /* Packs the [rows, cols] matrix at element `off` of `v` (strides rs, cs) into a double or int64
    array, row-major. */
@@ -10543,55 +10914,86 @@ static void tb__ref_mm_pack(const tb__rview *v, int64_t off, int64_t rows, int64
     }
 }
 
-/* c[M,N] = a[M,K] b[K,N] in double, four rows at a time over column tiles. */
-static void tb__ref_mm_f(const double *a, const double *b, double *acc, int64_t M, int64_t K,
+/* c[4,4] += ap[kc,4]^T bp[kc,4] (both panels k-major); the 16 sums stay in registers. Only
+   rows x cols of the tile are real (the panels are zero-padded). */
+static void tb__ref_mm_tile(const double *ap, const double *bp, int64_t kc, double *c, int64_t ldc,
+                            int64_t rows, int64_t cols) {
+    double c00 = 0, c01 = 0, c02 = 0, c03 = 0, c10 = 0, c11 = 0, c12 = 0, c13 = 0;
+    double c20 = 0, c21 = 0, c22 = 0, c23 = 0, c30 = 0, c31 = 0, c32 = 0, c33 = 0;
+    double t[16];
+    int64_t k, r, j;
+    for (k = 0; k < kc; k++) {
+        const double *av = ap + 4 * k, *bv = bp + 4 * k;
+        double a0 = av[0], a1 = av[1], a2 = av[2], a3 = av[3];
+        double b0 = bv[0], b1 = bv[1], b2 = bv[2], b3 = bv[3];
+        c00 += a0 * b0;
+        c01 += a0 * b1;
+        c02 += a0 * b2;
+        c03 += a0 * b3;
+        c10 += a1 * b0;
+        c11 += a1 * b1;
+        c12 += a1 * b2;
+        c13 += a1 * b3;
+        c20 += a2 * b0;
+        c21 += a2 * b1;
+        c22 += a2 * b2;
+        c23 += a2 * b3;
+        c30 += a3 * b0;
+        c31 += a3 * b1;
+        c32 += a3 * b2;
+        c33 += a3 * b3;
+    }
+    t[0] = c00, t[1] = c01, t[2] = c02, t[3] = c03;
+    t[4] = c10, t[5] = c11, t[6] = c12, t[7] = c13;
+    t[8] = c20, t[9] = c21, t[10] = c22, t[11] = c23;
+    t[12] = c30, t[13] = c31, t[14] = c32, t[15] = c33;
+    for (r = 0; r < rows; r++)
+        for (j = 0; j < cols; j++)
+            c[r * ldc + j] += t[r * 4 + j];
+}
+
+/* c[M,N] = a[M,K] b[K,N] in double (a and b packed row-major), blocked for the caches as
+   GotoBLAS does: a K block of b in 4-column panels, an M block of a in 4-row panels, 4x4 tiles.
+   `work` holds TB__MM_KC * (N + 3) + TB__MM_MC * TB__MM_KC + M * N doubles. */
+static void tb__ref_mm_f(const double *a, const double *b, double *work, int64_t M, int64_t K,
                          int64_t N, tb_dtype od, char *out) {
-    int64_t jb, ib, k, j, r;
+    int64_t npan = (N + 3) / 4, kb, ib, ip, jp, k, r, j;
+    double *bpan = work, *apan = bpan + TB__MM_KC * npan * 4, *c = apan + TB__MM_MC * TB__MM_KC;
     int64_t oes = tb__ref_esize(od);
-    for (jb = 0; jb < N; jb += TB__MM_JB) {
-        int64_t jn = N - jb < TB__MM_JB ? N - jb : TB__MM_JB;
-        for (ib = 0; ib < M; ib += 4) {
-            int64_t rows = M - ib < 4 ? M - ib : 4;
-            double *c0 = acc, *c1 = acc + TB__MM_JB, *c2 = acc + 2 * TB__MM_JB,
-                   *c3 = acc + 3 * TB__MM_JB;
-            for (j = 0; j < 4 * TB__MM_JB; j++)
-                acc[j] = 0.0;
-            for (k = 0; k < K; k++) {
-                const double *brow = b + k * N + jb;
-                if (rows == 4) {
-                    double a0 = a[ib * K + k], a1 = a[(ib + 1) * K + k], a2 = a[(ib + 2) * K + k],
-                           a3 = a[(ib + 3) * K + k];
-                    for (j = 0; j < jn; j++) {
-                        double bj = brow[j];
-                        c0[j] += a0 * bj;
-                        c1[j] += a1 * bj;
-                        c2[j] += a2 * bj;
-                        c3[j] += a3 * bj;
-                    }
-                } else {
-                    for (r = 0; r < rows; r++) {
-                        double ar = a[(ib + r) * K + k];
-                        double *cr = acc + r * TB__MM_JB;
-                        for (j = 0; j < jn; j++)
-                            cr[j] += ar * brow[j];
-                    }
+    for (j = 0; j < M * N; j++)
+        c[j] = 0.0;
+    for (kb = 0; kb < K; kb += TB__MM_KC) {
+        int64_t kc = K - kb < TB__MM_KC ? K - kb : TB__MM_KC;
+        for (jp = 0; jp < npan; jp++)
+            for (k = 0; k < kc; k++)
+                for (j = 0; j < 4; j++)
+                    bpan[(jp * kc + k) * 4 + j] =
+                        jp * 4 + j < N ? b[(kb + k) * N + jp * 4 + j] : 0.0;
+        for (ib = 0; ib < M; ib += TB__MM_MC) {
+            int64_t mc = M - ib < TB__MM_MC ? M - ib : TB__MM_MC, mpan = (mc + 3) / 4;
+            for (ip = 0; ip < mpan; ip++)
+                for (k = 0; k < kc; k++)
+                    for (r = 0; r < 4; r++)
+                        apan[(ip * kc + k) * 4 + r] =
+                            ip * 4 + r < mc ? a[(ib + ip * 4 + r) * K + kb + k] : 0.0;
+            for (jp = 0; jp < npan; jp++)
+                for (ip = 0; ip < mpan; ip++) {
+                    int64_t rows = mc - ip * 4 < 4 ? mc - ip * 4 : 4;
+                    int64_t cols = N - jp * 4 < 4 ? N - jp * 4 : 4;
+                    tb__ref_mm_tile(apan + ip * kc * 4, bpan + jp * kc * 4, kc,
+                                    c + (ib + ip * 4) * N + jp * 4, N, rows, cols);
                 }
-            }
-            for (r = 0; r < rows; r++) {
-                const double *cr = acc + r * TB__MM_JB;
-                int64_t base = (ib + r) * N + jb;
-                if (od == TB_F32) {
-                    float *o = (float *)out + base;
-                    for (j = 0; j < jn; j++)
-                        o[j] = (float)cr[j];
-                } else if (od == TB_F64) {
-                    memcpy((double *)out + base, cr, (size_t)jn * sizeof(double));
-                } else {
-                    for (j = 0; j < jn; j++)
-                        tb__st_f(od, out + (base + j) * oes, cr[j]);
-                }
-            }
         }
+    }
+    if (od == TB_F32) {
+        float *o = (float *)out;
+        for (j = 0; j < M * N; j++)
+            o[j] = (float)c[j];
+    } else if (od == TB_F64) {
+        memcpy(out, c, (size_t)(M * N) * sizeof(double));
+    } else {
+        for (j = 0; j < M * N; j++)
+            tb__st_f(od, out + j * oes, c[j]);
     }
 }
 
@@ -10629,7 +11031,7 @@ static tb_status tb__ref_matmul(const tb_node *node, const tb__rview *a, const t
     int64_t idx[TB_MAX_RANK];
     bool as_float = tb_dtype_is_float(os->dtype);
     void *pa = NULL, *pb = NULL;
-    double *acc = NULL;
+    double *work = NULL;
     int64_t oes = tb__ref_esize(os->dtype);
     tb_status st = TB_OK;
     if (r < 2 || a->shape.rank != r || b->shape.rank != r)
@@ -10653,10 +11055,18 @@ static tb_status tb__ref_matmul(const tb_node *node, const tb__rview *a, const t
         st = tb__error(TB_ERR_OVERFLOW, "reference: matmul operands too large to pack");
         goto done;
     }
+    /* the output's element count fits, and N + 3 panels of TB__MM_KC doubles are small */
+    if ((uint64_t)(M * N) >
+        SIZE_MAX / 8u - (uint64_t)(TB__MM_KC * (N + 3) + TB__MM_MC * TB__MM_KC)) {
+        st = tb__error(TB_ERR_OVERFLOW, "reference: matmul result too large");
+        goto done;
+    }
     pa = tb__alloc((size_t)(M * K + 1) * 8u);
     pb = tb__alloc((size_t)(K * N + 1) * 8u);
-    acc = (double *)tb__alloc(4 * TB__MM_JB * sizeof(double));
-    if (!pa || !pb || !acc) {
+    if (as_float)
+        work = (double *)tb__alloc((size_t)(TB__MM_KC * (N + 3) + TB__MM_MC * TB__MM_KC + M * N) *
+                                   sizeof(double));
+    if (!pa || !pb || (as_float && !work)) {
         st = TB_ERR_OUT_OF_MEMORY;
         goto done;
     }
@@ -10673,7 +11083,7 @@ static tb_status tb__ref_matmul(const tb_node *node, const tb__rview *a, const t
         last_aoff = aoff;
         last_boff = boff;
         if (as_float)
-            tb__ref_mm_f((const double *)pa, (const double *)pb, acc, M, K, N, os->dtype, o);
+            tb__ref_mm_f((const double *)pa, (const double *)pb, work, M, K, N, os->dtype, o);
         else
             tb__ref_mm_i((const int64_t *)pa, (const int64_t *)pb, M, K, N, os->dtype, o);
         for (d = r - 3; d >= 0; d--) {
@@ -10691,12 +11101,13 @@ static tb_status tb__ref_matmul(const tb_node *node, const tb__rview *a, const t
 done:
     tb__free(pa);
     tb__free(pb);
-    tb__free(acc);
+    tb__free(work);
     if (st != TB_OK) tb__rview_clear(out);
     return st;
 }
 
-#undef TB__MM_JB
+#undef TB__MM_KC
+#undef TB__MM_MC
 
 /* ---- softmax, log_softmax, layer_norm ---- */
 
@@ -11600,16 +12011,10 @@ done:
    nothing but the C library; the eager fallback and the correctness oracle of the others.
    =========================================================================================== */
 
-/* A graph kept for execution: the nodes are retained for the computation's lifetime. */
+/* A graph kept for execution: a detached copy of its structure, so that a cached computation
+   holds no tensor's value (parameters arrive as execute arguments). */
 typedef struct tb__cpu_program {
-    tb_node **nodes;
-    size_t num_nodes;
-    tb_node **parameters;
-    size_t num_parameters;
-    tb_node **results;
-    size_t num_results;
-    uint64_t hash;
-    tb_device device;
+    tb__detached_graph detached;
     char *text; /* computation_backend_text, built on first use */
 } tb__cpu_program;
 
@@ -11618,42 +12023,11 @@ typedef struct tb__cpu_context {
     tb__cpu_program *program;
 } tb__cpu_context;
 
-static void tb__cpu_release_nodes(tb_node **nodes, size_t count) {
-    size_t i;
-    if (nodes == NULL) return;
-    for (i = 0; i < count; i++) tb__node_release(nodes[i]);
-    tb__free(nodes);
-}
-
 static void tb__cpu_program_free(tb__cpu_program *p) {
     if (p == NULL) return;
-    tb__cpu_release_nodes(p->nodes, p->num_nodes);
-    tb__cpu_release_nodes(p->parameters, p->num_parameters);
-    tb__cpu_release_nodes(p->results, p->num_results);
+    tb__graph_detached_free(&p->detached);
     tb__free(p->text);
     tb__free(p);
-}
-
-/* A retained copy of a node array; *out stays NULL for an empty one. */
-static tb_status tb__cpu_copy_nodes(const tb_node *const *src, size_t count, tb_node ***out) {
-    tb_node **copy;
-    size_t i;
-    *out = NULL;
-    if (count == 0) return TB_OK;
-    if (src == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "cpu: graph node array is NULL");
-    copy = (tb_node **)tb__calloc(count, sizeof *copy);
-    if (copy == NULL) return tb_last_status();
-    for (i = 0; i < count; i++) {
-        if (src[i] == NULL) {
-            tb__cpu_release_nodes(copy, i);
-            return tb__error(TB_ERR_INVALID_ARGUMENT, "cpu: graph node %zu is NULL", i);
-        }
-        /* The library's nodes are immutable; the const only says the backend must not edit. */
-        memcpy(&copy[i], &src[i], sizeof copy[i]);
-        tb__node_retain(copy[i]);
-    }
-    *out = copy;
-    return TB_OK;
 }
 
 static tb_status tb__cpu_data_from_host(void *user_data, tb_backend_data *data, const void *host) {
@@ -11670,8 +12044,7 @@ static tb_status tb__cpu_data_from_host(void *user_data, tb_backend_data *data, 
     return TB_OK;
 }
 
-static tb_status tb__cpu_data_from_scalar(void *user_data, tb_backend_data *data,
-                                          tb_scalar value) {
+static tb_status tb__cpu_data_from_scalar(void *user_data, tb_backend_data *data, tb_scalar value) {
     size_t size = tb_dtype_size(data->shape.dtype);
     tb__host_buffer *hb;
     (void)user_data;
@@ -11694,8 +12067,9 @@ static tb_status tb__cpu_data_to_host(void *user_data, const tb_backend_data *da
     st = tb_shape_nbytes(&data->shape, &nbytes);
     if (st != TB_OK) return st;
     if (hb == NULL || hb->size < nbytes) {
-        return tb__error(TB_ERR_INTERNAL, "cpu: data_to_host: the buffer holds %zu bytes, %zu "
-                                          "wanted",
+        return tb__error(TB_ERR_INTERNAL,
+                         "cpu: data_to_host: the buffer holds %zu bytes, %zu "
+                         "wanted",
                          hb != NULL ? hb->size : (size_t)0, nbytes);
     }
     if (nbytes > 0) memcpy(host, hb->data, nbytes);
@@ -11718,27 +12092,26 @@ static tb_status tb__cpu_create_lowering_context(void *user_data, const tb_graph
         return tb__error(TB_ERR_INVALID_ARGUMENT, "cpu: create_lowering_context: %s is NULL",
                          graph == NULL ? "graph" : "context");
     }
+    if ((graph->num_nodes > 0 && graph->nodes == NULL) ||
+        (graph->num_parameters > 0 && graph->parameters == NULL) ||
+        (graph->num_results > 0 && graph->results == NULL)) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "cpu: create_lowering_context: a node array "
+                                                  "of the graph is NULL");
+    }
     ctx = (tb__cpu_context *)tb__calloc(1, sizeof *ctx);
     p = ctx != NULL ? (tb__cpu_program *)tb__calloc(1, sizeof *p) : NULL;
     if (p == NULL) {
         tb__free(ctx);
         return tb_last_status();
     }
-    ctx->program = p;
-    p->hash = graph->hash;
-    p->device = graph->device;
-    st = tb__cpu_copy_nodes(graph->nodes, graph->num_nodes, &p->nodes);
-    if (st == TB_OK) p->num_nodes = graph->num_nodes;
-    if (st == TB_OK) st = tb__cpu_copy_nodes(graph->parameters, graph->num_parameters,
-                                             &p->parameters);
-    if (st == TB_OK) p->num_parameters = graph->num_parameters;
-    if (st == TB_OK) st = tb__cpu_copy_nodes(graph->results, graph->num_results, &p->results);
-    if (st == TB_OK) p->num_results = graph->num_results;
+    st = tb__graph_detach(graph, &p->detached);
     if (st != TB_OK) {
-        tb__cpu_program_free(p);
+        if (tb_last_status() == TB_OK) tb__error(st, "cpu: create_lowering_context: out of memory");
+        tb__free(p);
         tb__free(ctx);
         return st;
     }
+    ctx->program = p;
     *context = ctx;
     return TB_OK;
 }
@@ -11751,24 +12124,40 @@ static void tb__cpu_release_lowering_context(void *user_data, void *context) {
     tb__free(ctx);
 }
 
-/* "cpu reference computation: ..." then one line per node in post-order, nodes named by id. */
+/* The position of `node` among nodes[0..count): the detached copies were made in post-order,
+   so their ids increase along the array. */
+static size_t tb__cpu_position(const tb_node *const *nodes, size_t count, const tb_node *node) {
+    size_t lo = 0, hi = count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (nodes[mid]->id < node->id) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo < count && nodes[lo] == node ? lo : count;
+}
+
+/* "cpu reference computation: ..." then one line per node in post-order, named by position. */
 static char *tb__cpu_program_text(const tb__cpu_program *p) {
+    const tb_graph *g = &p->detached.graph;
     tb__str s;
     size_t i, j;
     memset(&s, 0, sizeof s);
     tb__str_append(&s,
                    "cpu reference computation: hash 0x%016llx, %zu nodes, %zu parameters, %zu "
                    "results\n",
-                   (unsigned long long)p->hash, p->num_nodes, p->num_parameters, p->num_results);
-    for (i = 0; i < p->num_nodes; i++) {
-        const tb_node *n = p->nodes[i];
+                   (unsigned long long)g->hash, g->num_nodes, g->num_parameters, g->num_results);
+    for (i = 0; i < g->num_nodes; i++) {
+        const tb_node *n = g->nodes[i];
         const char *name = tb_op_name(n->op);
         char text[96];
         tb__shape_text(&n->shape, text);
-        tb__str_append(&s, "  %%%llu = %s(", (unsigned long long)n->id, name != NULL ? name : "?");
+        tb__str_append(&s, "  %%%zu = %s(", i, name != NULL ? name : "?");
         for (j = 0; j < n->num_operands; j++) {
-            tb__str_append(&s, j == 0 ? "%%%llu" : ", %%%llu",
-                           (unsigned long long)n->operands[j]->id);
+            tb__str_append(&s, j == 0 ? "%%%zu" : ", %%%zu",
+                           tb__cpu_position(g->nodes, i, n->operands[j]));
         }
         tb__str_append(&s, ") %s\n", text);
     }
@@ -11781,7 +12170,7 @@ static tb_status tb__cpu_compile(void *user_data, void *context, void **computat
     if (ctx == NULL || ctx->program == NULL || computation == NULL) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "cpu: compile: no lowering context");
     }
-    /* nothing to compile: the interpreter runs the retained graph */
+    /* nothing to compile: the interpreter runs the detached graph */
     *computation = ctx->program;
     ctx->program = NULL;
     return TB_OK;
@@ -11794,16 +12183,17 @@ static tb_status tb__cpu_execute(void *user_data, void *computation,
     const void **params = NULL;
     void **outs = NULL;
     tb__host_buffer **buffers = NULL;
-    tb_graph graph;
     tb_status st = TB_OK;
     size_t i;
     (void)user_data;
     if (p == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "cpu: execute: computation is NULL");
-    if (num_arguments != p->num_parameters || num_results != p->num_results) {
+    if (num_arguments != p->detached.graph.num_parameters ||
+        num_results != p->detached.graph.num_results) {
         return tb__error(TB_ERR_INVALID_ARGUMENT,
                          "cpu: execute: %zu arguments and %zu results given, the computation "
                          "takes %zu and gives %zu",
-                         num_arguments, num_results, p->num_parameters, p->num_results);
+                         num_arguments, num_results, p->detached.graph.num_parameters,
+                         p->detached.graph.num_results);
     }
     params = (const void **)tb__calloc(num_arguments + 1, sizeof *params);
     outs = (void **)tb__calloc(num_results + 1, sizeof *outs);
@@ -11836,16 +12226,7 @@ static tb_status tb__cpu_execute(void *user_data, void *computation,
         }
         outs[i] = buffers[i]->data;
     }
-    memset(&graph, 0, sizeof graph);
-    graph.nodes = (const tb_node *const *)p->nodes;
-    graph.num_nodes = p->num_nodes;
-    graph.parameters = (const tb_node *const *)p->parameters;
-    graph.num_parameters = p->num_parameters;
-    graph.results = (const tb_node *const *)p->results;
-    graph.num_results = p->num_results;
-    graph.hash = p->hash;
-    graph.device = p->device;
-    st = tb__ref_run_graph(&graph, params, outs);
+    st = tb__ref_run_graph(&p->detached.graph, params, outs);
     if (st != TB_OK) goto done;
     for (i = 0; i < num_results; i++) {
         /* LTC's Assign: a placeholder that already had a value gets the new one */
@@ -11855,7 +12236,8 @@ static tb_status tb__cpu_execute(void *user_data, void *computation,
     }
 done:
     if (buffers != NULL) {
-        for (i = 0; i < num_results; i++) tb__host_buffer_free(buffers[i]);
+        for (i = 0; i < num_results; i++)
+            tb__host_buffer_free(buffers[i]);
     }
     tb__free(buffers);
     tb__free(outs);
@@ -12137,56 +12519,56 @@ typedef intptr_t tb__cl_context_properties;
 #endif
 
 /* Values from the Khronos headers (CL/cl.h). */
-#define TB__CL_SUCCESS                           0
-#define TB__CL_DEVICE_NOT_FOUND                  (-1)
-#define TB__CL_MEM_OBJECT_ALLOCATION_FAILURE     (-4)
-#define TB__CL_OUT_OF_RESOURCES                  (-5)
-#define TB__CL_OUT_OF_HOST_MEMORY                (-6)
-#define TB__CL_BUILD_PROGRAM_FAILURE             (-11)
-#define TB__CL_INVALID_BUFFER_SIZE               (-61)
-#define TB__CL_PLATFORM_NOT_FOUND_KHR            (-1001)
-#define TB__CL_TRUE                              1u
-#define TB__CL_FALSE                             0u
-#define TB__CL_PLATFORM_VERSION                  0x0901u
-#define TB__CL_PLATFORM_NAME                     0x0902u
-#define TB__CL_PLATFORM_VENDOR                   0x0903u
-#define TB__CL_DEVICE_TYPE                       0x1000u
-#define TB__CL_DEVICE_MAX_COMPUTE_UNITS          0x1002u
-#define TB__CL_DEVICE_MAX_WORK_GROUP_SIZE        0x1004u
-#define TB__CL_DEVICE_MAX_CLOCK_FREQUENCY        0x100Cu
-#define TB__CL_DEVICE_MAX_MEM_ALLOC_SIZE         0x1010u
-#define TB__CL_DEVICE_MEM_BASE_ADDR_ALIGN        0x1019u
-#define TB__CL_DEVICE_SINGLE_FP_CONFIG           0x101Bu
-#define TB__CL_DEVICE_GLOBAL_MEM_SIZE            0x101Fu
-#define TB__CL_DEVICE_LOCAL_MEM_SIZE             0x1023u
-#define TB__CL_DEVICE_AVAILABLE                  0x1027u
-#define TB__CL_DEVICE_COMPILER_AVAILABLE         0x1028u
-#define TB__CL_DEVICE_NAME                       0x102Bu
-#define TB__CL_DEVICE_VENDOR                     0x102Cu
-#define TB__CL_DRIVER_VERSION                    0x102Du
-#define TB__CL_DEVICE_VERSION                    0x102Fu
-#define TB__CL_DEVICE_EXTENSIONS                 0x1030u
-#define TB__CL_DEVICE_DOUBLE_FP_CONFIG           0x1032u
-#define TB__CL_DEVICE_HOST_UNIFIED_MEMORY        0x1035u
-#define TB__CL_DEVICE_OPENCL_C_VERSION           0x103Du
-#define TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT  (1u << 7)
-#define TB__CL_DEVICE_TYPE_CPU                   (1u << 1)
-#define TB__CL_DEVICE_TYPE_GPU                   (1u << 2)
-#define TB__CL_DEVICE_TYPE_ACCELERATOR           (1u << 3)
-#define TB__CL_DEVICE_TYPE_ALL                   0xFFFFFFFFu
-#define TB__CL_CONTEXT_PLATFORM                  0x1084
-#define TB__CL_QUEUE_PROFILING_ENABLE            (1u << 1)
-#define TB__CL_MEM_READ_WRITE                    (1u << 0)
-#define TB__CL_MEM_ALLOC_HOST_PTR                (1u << 4)
-#define TB__CL_MAP_READ                          (1u << 0)
-#define TB__CL_MAP_WRITE                         (1u << 1)
-#define TB__CL_PROGRAM_BINARY_SIZES              0x1165u
-#define TB__CL_PROGRAM_BINARIES                  0x1166u
-#define TB__CL_PROGRAM_BUILD_LOG                 0x1183u
-#define TB__CL_KERNEL_WORK_GROUP_SIZE            0x11B0u
+#define TB__CL_SUCCESS                                   0
+#define TB__CL_DEVICE_NOT_FOUND                          (-1)
+#define TB__CL_MEM_OBJECT_ALLOCATION_FAILURE             (-4)
+#define TB__CL_OUT_OF_RESOURCES                          (-5)
+#define TB__CL_OUT_OF_HOST_MEMORY                        (-6)
+#define TB__CL_BUILD_PROGRAM_FAILURE                     (-11)
+#define TB__CL_INVALID_BUFFER_SIZE                       (-61)
+#define TB__CL_PLATFORM_NOT_FOUND_KHR                    (-1001)
+#define TB__CL_TRUE                                      1u
+#define TB__CL_FALSE                                     0u
+#define TB__CL_PLATFORM_VERSION                          0x0901u
+#define TB__CL_PLATFORM_NAME                             0x0902u
+#define TB__CL_PLATFORM_VENDOR                           0x0903u
+#define TB__CL_DEVICE_TYPE                               0x1000u
+#define TB__CL_DEVICE_MAX_COMPUTE_UNITS                  0x1002u
+#define TB__CL_DEVICE_MAX_WORK_GROUP_SIZE                0x1004u
+#define TB__CL_DEVICE_MAX_CLOCK_FREQUENCY                0x100Cu
+#define TB__CL_DEVICE_MAX_MEM_ALLOC_SIZE                 0x1010u
+#define TB__CL_DEVICE_MEM_BASE_ADDR_ALIGN                0x1019u
+#define TB__CL_DEVICE_SINGLE_FP_CONFIG                   0x101Bu
+#define TB__CL_DEVICE_GLOBAL_MEM_SIZE                    0x101Fu
+#define TB__CL_DEVICE_LOCAL_MEM_SIZE                     0x1023u
+#define TB__CL_DEVICE_AVAILABLE                          0x1027u
+#define TB__CL_DEVICE_COMPILER_AVAILABLE                 0x1028u
+#define TB__CL_DEVICE_NAME                               0x102Bu
+#define TB__CL_DEVICE_VENDOR                             0x102Cu
+#define TB__CL_DRIVER_VERSION                            0x102Du
+#define TB__CL_DEVICE_VERSION                            0x102Fu
+#define TB__CL_DEVICE_EXTENSIONS                         0x1030u
+#define TB__CL_DEVICE_DOUBLE_FP_CONFIG                   0x1032u
+#define TB__CL_DEVICE_HOST_UNIFIED_MEMORY                0x1035u
+#define TB__CL_DEVICE_OPENCL_C_VERSION                   0x103Du
+#define TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT          (1u << 7)
+#define TB__CL_DEVICE_TYPE_CPU                           (1u << 1)
+#define TB__CL_DEVICE_TYPE_GPU                           (1u << 2)
+#define TB__CL_DEVICE_TYPE_ACCELERATOR                   (1u << 3)
+#define TB__CL_DEVICE_TYPE_ALL                           0xFFFFFFFFu
+#define TB__CL_CONTEXT_PLATFORM                          0x1084
+#define TB__CL_QUEUE_PROFILING_ENABLE                    (1u << 1)
+#define TB__CL_MEM_READ_WRITE                            (1u << 0)
+#define TB__CL_MEM_ALLOC_HOST_PTR                        (1u << 4)
+#define TB__CL_MAP_READ                                  (1u << 0)
+#define TB__CL_MAP_WRITE                                 (1u << 1)
+#define TB__CL_PROGRAM_BINARY_SIZES                      0x1165u
+#define TB__CL_PROGRAM_BINARIES                          0x1166u
+#define TB__CL_PROGRAM_BUILD_LOG                         0x1183u
+#define TB__CL_KERNEL_WORK_GROUP_SIZE                    0x11B0u
 #define TB__CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE 0x11B3u
-#define TB__CL_PROFILING_COMMAND_START           0x1282u
-#define TB__CL_PROFILING_COMMAND_END             0x1283u
+#define TB__CL_PROFILING_COMMAND_START                   0x1282u
+#define TB__CL_PROFILING_COMMAND_END                     0x1283u
 
 /* The entry points, resolved once. */
 typedef struct tb__cl_api {
@@ -12195,12 +12577,10 @@ typedef struct tb__cl_api {
                                              size_t *);
     tb__cl_int(TB__CL_CALL *GetDeviceIDs)(tb__cl_platform_id, tb__cl_bitfield, tb__cl_uint,
                                           tb__cl_device_id *, tb__cl_uint *);
-    tb__cl_int(TB__CL_CALL *GetDeviceInfo)(tb__cl_device_id, tb__cl_uint, size_t, void *,
-                                           size_t *);
+    tb__cl_int(TB__CL_CALL *GetDeviceInfo)(tb__cl_device_id, tb__cl_uint, size_t, void *, size_t *);
     tb__cl_context(TB__CL_CALL *CreateContext)(
         const tb__cl_context_properties *, tb__cl_uint, const tb__cl_device_id *,
-        void(TB__CL_CALLBACK *)(const char *, const void *, size_t, void *), void *,
-        tb__cl_int *);
+        void(TB__CL_CALLBACK *)(const char *, const void *, size_t, void *), void *, tb__cl_int *);
     tb__cl_int(TB__CL_CALL *ReleaseContext)(tb__cl_context);
     tb__cl_command_queue(TB__CL_CALL *CreateCommandQueue)(tb__cl_context, tb__cl_device_id,
                                                           tb__cl_bitfield, tb__cl_int *);
@@ -12214,40 +12594,37 @@ typedef struct tb__cl_api {
     tb__cl_int(TB__CL_CALL *EnqueueWriteBuffer)(tb__cl_command_queue, tb__cl_mem, tb__cl_bool,
                                                 size_t, size_t, const void *, tb__cl_uint,
                                                 const tb__cl_event *, tb__cl_event *);
-    tb__cl_int(TB__CL_CALL *EnqueueCopyBuffer)(tb__cl_command_queue, tb__cl_mem, tb__cl_mem,
-                                               size_t, size_t, size_t, tb__cl_uint,
-                                               const tb__cl_event *, tb__cl_event *);
+    tb__cl_int(TB__CL_CALL *EnqueueCopyBuffer)(tb__cl_command_queue, tb__cl_mem, tb__cl_mem, size_t,
+                                               size_t, size_t, tb__cl_uint, const tb__cl_event *,
+                                               tb__cl_event *);
     void *(TB__CL_CALL *EnqueueMapBuffer)(tb__cl_command_queue, tb__cl_mem, tb__cl_bool,
                                           tb__cl_bitfield, size_t, size_t, tb__cl_uint,
                                           const tb__cl_event *, tb__cl_event *, tb__cl_int *);
     tb__cl_int(TB__CL_CALL *EnqueueUnmapMemObject)(tb__cl_command_queue, tb__cl_mem, void *,
                                                    tb__cl_uint, const tb__cl_event *,
                                                    tb__cl_event *);
-    tb__cl_program(TB__CL_CALL *CreateProgramWithSource)(tb__cl_context, tb__cl_uint,
-                                                         const char **, const size_t *,
-                                                         tb__cl_int *);
+    tb__cl_program(TB__CL_CALL *CreateProgramWithSource)(tb__cl_context, tb__cl_uint, const char **,
+                                                         const size_t *, tb__cl_int *);
     tb__cl_program(TB__CL_CALL *CreateProgramWithBinary)(tb__cl_context, tb__cl_uint,
                                                          const tb__cl_device_id *, const size_t *,
                                                          const unsigned char **, tb__cl_int *,
                                                          tb__cl_int *);
     tb__cl_int(TB__CL_CALL *BuildProgram)(tb__cl_program, tb__cl_uint, const tb__cl_device_id *,
                                           const char *,
-                                          void(TB__CL_CALLBACK *)(tb__cl_program, void *),
-                                          void *);
+                                          void(TB__CL_CALLBACK *)(tb__cl_program, void *), void *);
     tb__cl_int(TB__CL_CALL *GetProgramBuildInfo)(tb__cl_program, tb__cl_device_id, tb__cl_uint,
                                                  size_t, void *, size_t *);
-    tb__cl_int(TB__CL_CALL *GetProgramInfo)(tb__cl_program, tb__cl_uint, size_t, void *,
-                                            size_t *);
+    tb__cl_int(TB__CL_CALL *GetProgramInfo)(tb__cl_program, tb__cl_uint, size_t, void *, size_t *);
     tb__cl_int(TB__CL_CALL *ReleaseProgram)(tb__cl_program);
     tb__cl_kernel(TB__CL_CALL *CreateKernel)(tb__cl_program, const char *, tb__cl_int *);
     tb__cl_int(TB__CL_CALL *ReleaseKernel)(tb__cl_kernel);
     tb__cl_int(TB__CL_CALL *SetKernelArg)(tb__cl_kernel, tb__cl_uint, size_t, const void *);
     tb__cl_int(TB__CL_CALL *GetKernelWorkGroupInfo)(tb__cl_kernel, tb__cl_device_id, tb__cl_uint,
                                                     size_t, void *, size_t *);
-    tb__cl_int(TB__CL_CALL *EnqueueNDRangeKernel)(tb__cl_command_queue, tb__cl_kernel,
-                                                  tb__cl_uint, const size_t *, const size_t *,
-                                                  const size_t *, tb__cl_uint,
-                                                  const tb__cl_event *, tb__cl_event *);
+    tb__cl_int(TB__CL_CALL *EnqueueNDRangeKernel)(tb__cl_command_queue, tb__cl_kernel, tb__cl_uint,
+                                                  const size_t *, const size_t *, const size_t *,
+                                                  tb__cl_uint, const tb__cl_event *,
+                                                  tb__cl_event *);
     tb__cl_int(TB__CL_CALL *Finish)(tb__cl_command_queue);
     tb__cl_int(TB__CL_CALL *Flush)(tb__cl_command_queue);
     tb__cl_int(TB__CL_CALL *WaitForEvents)(tb__cl_uint, const tb__cl_event *);
@@ -12257,67 +12634,122 @@ typedef struct tb__cl_api {
 } tb__cl_api;
 
 /* Symbol names in the order of the struct's members (every member is one function pointer). */
-static const char *const tb__cl_symbols[] = {
-    "clGetPlatformIDs",        "clGetPlatformInfo",
-    "clGetDeviceIDs",          "clGetDeviceInfo",
-    "clCreateContext",         "clReleaseContext",
-    "clCreateCommandQueue",    "clReleaseCommandQueue",
-    "clCreateBuffer",          "clReleaseMemObject",
-    "clEnqueueReadBuffer",     "clEnqueueWriteBuffer",
-    "clEnqueueCopyBuffer",     "clEnqueueMapBuffer",
-    "clEnqueueUnmapMemObject", "clCreateProgramWithSource",
-    "clCreateProgramWithBinary", "clBuildProgram",
-    "clGetProgramBuildInfo",   "clGetProgramInfo",
-    "clReleaseProgram",        "clCreateKernel",
-    "clReleaseKernel",         "clSetKernelArg",
-    "clGetKernelWorkGroupInfo", "clEnqueueNDRangeKernel",
-    "clFinish",                "clFlush",
-    "clWaitForEvents",         "clGetEventProfilingInfo",
-    "clReleaseEvent"};
+static const char *const tb__cl_symbols[] = {"clGetPlatformIDs",
+                                             "clGetPlatformInfo",
+                                             "clGetDeviceIDs",
+                                             "clGetDeviceInfo",
+                                             "clCreateContext",
+                                             "clReleaseContext",
+                                             "clCreateCommandQueue",
+                                             "clReleaseCommandQueue",
+                                             "clCreateBuffer",
+                                             "clReleaseMemObject",
+                                             "clEnqueueReadBuffer",
+                                             "clEnqueueWriteBuffer",
+                                             "clEnqueueCopyBuffer",
+                                             "clEnqueueMapBuffer",
+                                             "clEnqueueUnmapMemObject",
+                                             "clCreateProgramWithSource",
+                                             "clCreateProgramWithBinary",
+                                             "clBuildProgram",
+                                             "clGetProgramBuildInfo",
+                                             "clGetProgramInfo",
+                                             "clReleaseProgram",
+                                             "clCreateKernel",
+                                             "clReleaseKernel",
+                                             "clSetKernelArg",
+                                             "clGetKernelWorkGroupInfo",
+                                             "clEnqueueNDRangeKernel",
+                                             "clFinish",
+                                             "clFlush",
+                                             "clWaitForEvents",
+                                             "clGetEventProfilingInfo",
+                                             "clReleaseEvent"};
 
 static const char *tb__cl_error_name(tb__cl_int err) {
     switch (err) {
-    case 0: return "CL_SUCCESS";
-    case -1: return "CL_DEVICE_NOT_FOUND";
-    case -2: return "CL_DEVICE_NOT_AVAILABLE";
-    case -3: return "CL_COMPILER_NOT_AVAILABLE";
-    case -4: return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
-    case -5: return "CL_OUT_OF_RESOURCES";
-    case -6: return "CL_OUT_OF_HOST_MEMORY";
-    case -7: return "CL_PROFILING_INFO_NOT_AVAILABLE";
-    case -11: return "CL_BUILD_PROGRAM_FAILURE";
-    case -12: return "CL_MAP_FAILURE";
-    case -14: return "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST";
-    case -30: return "CL_INVALID_VALUE";
-    case -31: return "CL_INVALID_DEVICE_TYPE";
-    case -32: return "CL_INVALID_PLATFORM";
-    case -33: return "CL_INVALID_DEVICE";
-    case -34: return "CL_INVALID_CONTEXT";
-    case -35: return "CL_INVALID_QUEUE_PROPERTIES";
-    case -36: return "CL_INVALID_COMMAND_QUEUE";
-    case -37: return "CL_INVALID_HOST_PTR";
-    case -38: return "CL_INVALID_MEM_OBJECT";
-    case -42: return "CL_INVALID_BINARY";
-    case -43: return "CL_INVALID_BUILD_OPTIONS";
-    case -44: return "CL_INVALID_PROGRAM";
-    case -45: return "CL_INVALID_PROGRAM_EXECUTABLE";
-    case -46: return "CL_INVALID_KERNEL_NAME";
-    case -47: return "CL_INVALID_KERNEL_DEFINITION";
-    case -48: return "CL_INVALID_KERNEL";
-    case -49: return "CL_INVALID_ARG_INDEX";
-    case -50: return "CL_INVALID_ARG_VALUE";
-    case -51: return "CL_INVALID_ARG_SIZE";
-    case -52: return "CL_INVALID_KERNEL_ARGS";
-    case -53: return "CL_INVALID_WORK_DIMENSION";
-    case -54: return "CL_INVALID_WORK_GROUP_SIZE";
-    case -55: return "CL_INVALID_WORK_ITEM_SIZE";
-    case -56: return "CL_INVALID_GLOBAL_OFFSET";
-    case -57: return "CL_INVALID_EVENT_WAIT_LIST";
-    case -58: return "CL_INVALID_EVENT";
-    case -59: return "CL_INVALID_OPERATION";
-    case -61: return "CL_INVALID_BUFFER_SIZE";
-    case -63: return "CL_INVALID_GLOBAL_WORK_SIZE";
-    case -1001: return "CL_PLATFORM_NOT_FOUND_KHR";
+    case 0:
+        return "CL_SUCCESS";
+    case -1:
+        return "CL_DEVICE_NOT_FOUND";
+    case -2:
+        return "CL_DEVICE_NOT_AVAILABLE";
+    case -3:
+        return "CL_COMPILER_NOT_AVAILABLE";
+    case -4:
+        return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+    case -5:
+        return "CL_OUT_OF_RESOURCES";
+    case -6:
+        return "CL_OUT_OF_HOST_MEMORY";
+    case -7:
+        return "CL_PROFILING_INFO_NOT_AVAILABLE";
+    case -11:
+        return "CL_BUILD_PROGRAM_FAILURE";
+    case -12:
+        return "CL_MAP_FAILURE";
+    case -14:
+        return "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST";
+    case -30:
+        return "CL_INVALID_VALUE";
+    case -31:
+        return "CL_INVALID_DEVICE_TYPE";
+    case -32:
+        return "CL_INVALID_PLATFORM";
+    case -33:
+        return "CL_INVALID_DEVICE";
+    case -34:
+        return "CL_INVALID_CONTEXT";
+    case -35:
+        return "CL_INVALID_QUEUE_PROPERTIES";
+    case -36:
+        return "CL_INVALID_COMMAND_QUEUE";
+    case -37:
+        return "CL_INVALID_HOST_PTR";
+    case -38:
+        return "CL_INVALID_MEM_OBJECT";
+    case -42:
+        return "CL_INVALID_BINARY";
+    case -43:
+        return "CL_INVALID_BUILD_OPTIONS";
+    case -44:
+        return "CL_INVALID_PROGRAM";
+    case -45:
+        return "CL_INVALID_PROGRAM_EXECUTABLE";
+    case -46:
+        return "CL_INVALID_KERNEL_NAME";
+    case -47:
+        return "CL_INVALID_KERNEL_DEFINITION";
+    case -48:
+        return "CL_INVALID_KERNEL";
+    case -49:
+        return "CL_INVALID_ARG_INDEX";
+    case -50:
+        return "CL_INVALID_ARG_VALUE";
+    case -51:
+        return "CL_INVALID_ARG_SIZE";
+    case -52:
+        return "CL_INVALID_KERNEL_ARGS";
+    case -53:
+        return "CL_INVALID_WORK_DIMENSION";
+    case -54:
+        return "CL_INVALID_WORK_GROUP_SIZE";
+    case -55:
+        return "CL_INVALID_WORK_ITEM_SIZE";
+    case -56:
+        return "CL_INVALID_GLOBAL_OFFSET";
+    case -57:
+        return "CL_INVALID_EVENT_WAIT_LIST";
+    case -58:
+        return "CL_INVALID_EVENT";
+    case -59:
+        return "CL_INVALID_OPERATION";
+    case -61:
+        return "CL_INVALID_BUFFER_SIZE";
+    case -63:
+        return "CL_INVALID_GLOBAL_WORK_SIZE";
+    case -1001:
+        return "CL_PLATFORM_NOT_FOUND_KHR";
     }
     return "unknown OpenCL error";
 }
@@ -12362,7 +12794,7 @@ typedef struct tb__ocl_device {
     uint64_t max_alloc;
     uint32_t clock_mhz;
     bool correct_divide_sqrt;
-    char build_options[160];
+    char build_options[512];
     /* created on first use */
     tb__cl_context ctx;
     tb__cl_command_queue queue;
@@ -12413,15 +12845,9 @@ static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
         if (dev->ctx != NULL) TB__OCL_CALL(rt, ReleaseContext)(dev->ctx);
     }
     tb__free(rt->devices);
-#if !defined(TB_OPENCL_LINKED)
-    if (rt->lib != NULL) {
-#if defined(_WIN32)
-        FreeLibrary((HMODULE)rt->lib);
-#else
-        dlclose(rt->lib);
-#endif
-    }
-#endif
+    /* The ICD loader stays loaded (rt->lib is not closed): drivers keep threads and state past
+       the release of their last object, and some crash when unloaded. Opening it again after a
+       new setup gives the same handle. */
     tb__free(rt);
 }
 
@@ -12540,7 +12966,8 @@ static void tb__ocl_info_string(tb__ocl_runtime *rt, tb__cl_device_id id, tb__cl
     if (TB__OCL_CALL(rt, GetDeviceInfo)(id, param, need, tmp, NULL) == TB__CL_SUCCESS) {
         tmp[need] = '\0';
         n = strlen(tmp);
-        while (n > 0 && (tmp[n - 1] == ' ' || tmp[n - 1] == '\n')) tmp[--n] = '\0';
+        while (n > 0 && (tmp[n - 1] == ' ' || tmp[n - 1] == '\n'))
+            tmp[--n] = '\0';
         if (n >= cap) n = cap - 1;
         memcpy(out, tmp, n);
         out[n] = '\0';
@@ -12548,13 +12975,12 @@ static void tb__ocl_info_string(tb__ocl_runtime *rt, tb__cl_device_id id, tb__cl
     tb__free(tmp);
 }
 
-static void tb__ocl_platform_string(tb__ocl_runtime *rt, tb__cl_platform_id id,
-                                    tb__cl_uint param, char *out, size_t cap) {
+static void tb__ocl_platform_string(tb__ocl_runtime *rt, tb__cl_platform_id id, tb__cl_uint param,
+                                    char *out, size_t cap) {
     size_t need = 0, n;
     char *tmp;
     out[0] = '\0';
-    if (TB__OCL_CALL(rt, GetPlatformInfo)(id, param, 0, NULL, &need) != TB__CL_SUCCESS ||
-        need == 0)
+    if (TB__OCL_CALL(rt, GetPlatformInfo)(id, param, 0, NULL, &need) != TB__CL_SUCCESS || need == 0)
         return;
     tmp = (char *)tb__alloc(need + 1);
     if (tmp == NULL) return;
@@ -12592,10 +13018,12 @@ static int tb__ocl_c_version(const char *text) {
     int major = 0, minor = 0;
     if (p == NULL) return 0;
     p += 9;
-    while (*p >= '0' && *p <= '9') major = major * 10 + (*p++ - '0');
+    while (*p >= '0' && *p <= '9')
+        major = major * 10 + (*p++ - '0');
     if (*p == '.') {
         p++;
-        while (*p >= '0' && *p <= '9') minor = minor * 10 + (*p++ - '0');
+        while (*p >= '0' && *p <= '9')
+            minor = minor * 10 + (*p++ - '0');
     }
     return major * 100 + minor;
 }
@@ -12642,7 +13070,8 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
     if (n >= sizeof info->extensions) {
         /* cut at a space so that no extension name appears half */
         n = sizeof info->extensions - 1;
-        while (n > 0 && extensions[n] != ' ') n--;
+        while (n > 0 && extensions[n] != ' ')
+            n--;
     }
     memcpy(info->extensions, extensions, n);
     info->extensions[n] = '\0';
@@ -12664,9 +13093,12 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
                                 TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
     /* Division and square root as the reference computes them (correctly rounded), no
        contraction of a * b + c (the kernels say FP_CONTRACT OFF). */
-    snprintf(dev->build_options, sizeof dev->build_options, "%s%s",
+    snprintf(dev->build_options, sizeof dev->build_options, "%s%s%s%s",
              tb__ocl_c_version(info->language_version) >= 102 ? "-cl-std=CL1.2" : "",
-             dev->correct_divide_sqrt ? " -cl-fp32-correctly-rounded-divide-sqrt" : "");
+             dev->correct_divide_sqrt ? " -cl-fp32-correctly-rounded-divide-sqrt" : "",
+             tb__getenv("TB_OPENCL_BUILD_OPTIONS") != NULL ? " " : "",
+             tb__getenv("TB_OPENCL_BUILD_OPTIONS") != NULL ? tb__getenv("TB_OPENCL_BUILD_OPTIONS")
+                                                           : "");
     dev->cache_limit = info->global_memory / 4;
     if (dev->cache_limit < ((uint64_t)64 << 20)) dev->cache_limit = (uint64_t)64 << 20;
     if (dev->cache_limit > ((uint64_t)4 << 30)) dev->cache_limit = (uint64_t)4 << 30;
@@ -12811,7 +13243,8 @@ static size_t tb__ocl_size_class(size_t size) {
     size_t p = 1, step;
     if (size <= 256) return 256;
     if (size <= ((size_t)1 << 20)) return (size + 255) & ~(size_t)255;
-    while (p <= size / 2) p <<= 1; /* the largest power of two <= size */
+    while (p <= size / 2)
+        p <<= 1; /* the largest power of two <= size */
     step = p / 4;
     if (size > SIZE_MAX - step) return size;
     return (size + step - 1) / step * step;
@@ -12925,8 +13358,8 @@ static void tb__ocl_buffer_free(tb__ocl_buffer *buf) {
     dev->bytes_in_use -= buf->cap;
     tb__ocl_metric(dev, "OpenCL::BytesInUse", -(int64_t)buf->cap);
     if (dev->rt->exited || (uint64_t)buf->cap > dev->cache_limit ||
-        tb__grow((void **)&dev->cache, &dev->cache_cap, dev->cache_count + 1,
-                 sizeof *dev->cache) != TB_OK) {
+        tb__grow((void **)&dev->cache, &dev->cache_cap, dev->cache_count + 1, sizeof *dev->cache) !=
+            TB_OK) {
         tb__ocl_buffer_destroy(buf);
         return;
     }
@@ -12944,9 +13377,8 @@ static tb_status tb__ocl_write(tb__ocl_device *dev, tb__ocl_buffer *buf, const v
     tb__cl_int err = TB__CL_SUCCESS;
     if (size == 0) return TB_OK;
     if (dev->info.unified_memory) {
-        void *p = TB__OCL_CALL(rt, EnqueueMapBuffer)(dev->queue, buf->mem, TB__CL_TRUE,
-                                                     TB__CL_MAP_WRITE, 0, size, 0, NULL, NULL,
-                                                     &err);
+        void *p = TB__OCL_CALL(rt, EnqueueMapBuffer)(
+            dev->queue, buf->mem, TB__CL_TRUE, TB__CL_MAP_WRITE, 0, size, 0, NULL, NULL, &err);
         if (p != NULL && err == TB__CL_SUCCESS) {
             memcpy(p, host, size);
             err = TB__OCL_CALL(rt, EnqueueUnmapMemObject)(dev->queue, buf->mem, p, 0, NULL, NULL);
@@ -12954,8 +13386,8 @@ static tb_status tb__ocl_write(tb__ocl_device *dev, tb__ocl_buffer *buf, const v
         }
         /* fall through to an explicit write */
     }
-    err = TB__OCL_CALL(rt, EnqueueWriteBuffer)(dev->queue, buf->mem, TB__CL_TRUE, 0, size, host,
-                                               0, NULL, NULL);
+    err = TB__OCL_CALL(rt, EnqueueWriteBuffer)(dev->queue, buf->mem, TB__CL_TRUE, 0, size, host, 0,
+                                               NULL, NULL);
     if (err != TB__CL_SUCCESS) {
         return tb__error(tb__cl_is_oom(err) ? TB_ERR_OUT_OF_MEMORY : TB_ERR_EXECUTE,
                          "opencl:%d: writing %zu bytes to the device failed: %s (%d)",
@@ -12971,8 +13403,7 @@ static tb_status tb__ocl_read(tb__ocl_device *dev, const tb__ocl_buffer *buf, vo
     if (size == 0) return TB_OK;
     if (dev->info.unified_memory) {
         void *p = TB__OCL_CALL(rt, EnqueueMapBuffer)(dev->queue, buf->mem, TB__CL_TRUE,
-                                                     TB__CL_MAP_READ, 0, size, 0, NULL, NULL,
-                                                     &err);
+                                                     TB__CL_MAP_READ, 0, size, 0, NULL, NULL, &err);
         if (p != NULL && err == TB__CL_SUCCESS) {
             memcpy(host, p, size);
             err = TB__OCL_CALL(rt, EnqueueUnmapMemObject)(dev->queue, buf->mem, p, 0, NULL, NULL);
@@ -13000,16 +13431,25 @@ static void tb__ocl_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[
         memcpy(out, &v, sizeof v);
         break;
     }
-    case TB_F64: memcpy(out, &f, sizeof f); break;
+    case TB_F64:
+        memcpy(out, &f, sizeof f);
+        break;
     case TB_I32: {
         int32_t v = (int32_t)i;
         memcpy(out, &v, sizeof v);
         break;
     }
-    case TB_I64: memcpy(out, &i, sizeof i); break;
-    case TB_U8: out[0] = (unsigned char)(uint64_t)i; break;
-    case TB_BOOL: out[0] = (tb_dtype_is_float(s.dtype) ? s.f != 0.0 : s.i != 0) ? 1 : 0; break;
-    default: break;
+    case TB_I64:
+        memcpy(out, &i, sizeof i);
+        break;
+    case TB_U8:
+        out[0] = (unsigned char)(uint64_t)i;
+        break;
+    case TB_BOOL:
+        out[0] = (tb_dtype_is_float(s.dtype) ? s.f != 0.0 : s.i != 0) ? 1 : 0;
+        break;
+    default:
+        break;
     }
 }
 
@@ -13023,7 +13463,8 @@ static size_t tb__ocl_get_backend_devices(void *user_data, tb_device *out, size_
     rt = tb__ocl_runtime_get();
     if (rt != NULL && rt->status == TB_OK) {
         n = rt->num_devices;
-        for (i = 0; i < n && i < cap; i++) out[i] = rt->devices[i].info.device;
+        for (i = 0; i < n && i < cap; i++)
+            out[i] = rt->devices[i].info.device;
     }
     tb__mutex_unlock(&tb__ocl_mutex);
     return n;
@@ -13065,8 +13506,7 @@ static tb_device_type tb__ocl_get_default_device_type(void *user_data) {
     (void)user_data;
     tb__mutex_lock(&tb__ocl_mutex);
     rt = tb__ocl_runtime_get();
-    if (rt != NULL && rt->status == TB_OK)
-        type = rt->devices[rt->default_ordinal].info.device.type;
+    if (rt != NULL && rt->status == TB_OK) type = rt->devices[rt->default_ordinal].info.device.type;
     tb__mutex_unlock(&tb__ocl_mutex);
     return type;
 }
@@ -13140,8 +13580,7 @@ static size_t tb__ocl_metrics_report(void *user_data, char *buf, size_t cap) {
             const tb__ocl_device *d = &rt->devices[i];
             tb__str_append(&s, "Device: opencl:%zu (%s, %s)\n", i, d->info.name,
                            tb_device_type_name(d->info.device.type));
-            tb__str_append(&s, "  OpenCL::BytesInUse: %llu\n",
-                           (unsigned long long)d->bytes_in_use);
+            tb__str_append(&s, "  OpenCL::BytesInUse: %llu\n", (unsigned long long)d->bytes_in_use);
             tb__str_append(&s, "  OpenCL::PeakBytesInUse: %llu\n",
                            (unsigned long long)d->peak_bytes);
             tb__str_append(&s, "  OpenCL::BytesCached: %llu\n",
@@ -13153,8 +13592,7 @@ static size_t tb__ocl_metrics_report(void *user_data, char *buf, size_t cap) {
             tb__str_append(&s, "  OpenCL::CacheTrim: %llu\n", (unsigned long long)d->cache_trims);
             tb__str_append(&s, "  OpenCL::ProgramBuild: %llu\n",
                            (unsigned long long)d->program_builds);
-            tb__str_append(&s, "  OpenCL::DiskCacheHit: %llu\n",
-                           (unsigned long long)d->disk_hits);
+            tb__str_append(&s, "  OpenCL::DiskCacheHit: %llu\n", (unsigned long long)d->disk_hits);
             tb__str_append(&s, "  OpenCL::DiskCacheMiss: %llu\n",
                            (unsigned long long)d->disk_misses);
             tb__str_append(&s, "  OpenCL::KernelLaunch: %llu\n",
@@ -13208,8 +13646,7 @@ static tb_status tb__ocl_data_from_host(void *user_data, tb_backend_data *data, 
 
 /* The value stays on the host (kernels take scalars as arguments); device memory is made only
    if a kernel reads it as an array. */
-static tb_status tb__ocl_data_from_scalar(void *user_data, tb_backend_data *data,
-                                          tb_scalar value) {
+static tb_status tb__ocl_data_from_scalar(void *user_data, tb_backend_data *data, tb_scalar value) {
     tb__ocl_device *dev;
     tb__ocl_buffer *buf;
     (void)user_data;
@@ -13401,7 +13838,8 @@ typedef struct tb__ocl_lower {
 static void tb__ocl_plan_free(tb__ocl_plan *p) {
     size_t i;
     if (p == NULL) return;
-    for (i = 0; i < p->num_kernels; i++) tb__free(p->kernels[i].args);
+    for (i = 0; i < p->num_kernels; i++)
+        tb__free(p->kernels[i].args);
     tb__free(p->kernels);
     tb__free(p->slots);
     tb__free(p->param_scalar);
@@ -13416,20 +13854,28 @@ static void tb__ocl_plan_free(tb__ocl_plan *p) {
 
 static const char *tb__ocl_ctype(tb_dtype dtype) {
     switch (dtype) {
-    case TB_F32: return "float";
-    case TB_F64: return "double";
-    case TB_I32: return "int";
-    case TB_I64: return "long";
-    default: return "uchar"; /* u8 and bool (0 or 1) */
+    case TB_F32:
+        return "float";
+    case TB_F64:
+        return "double";
+    case TB_I32:
+        return "int";
+    case TB_I64:
+        return "long";
+    default:
+        return "uchar"; /* u8 and bool (0 or 1) */
     }
 }
 
 /* The unsigned type integer arithmetic wraps in. */
 static const char *tb__ocl_utype(tb_dtype dtype) {
     switch (dtype) {
-    case TB_I32: return "uint";
-    case TB_I64: return "ulong";
-    default: return "uint";
+    case TB_I32:
+        return "uint";
+    case TB_I64:
+        return "ulong";
+    default:
+        return "uint";
     }
 }
 
@@ -13444,7 +13890,8 @@ static bool tb__ocl_same_dims(const tb_shape *a, const tb_shape *b) {
 static int64_t tb__ocl_numel(const tb_shape *s) {
     int64_t n = 1;
     int32_t i;
-    for (i = 0; i < s->rank; i++) n *= s->dims[i];
+    for (i = 0; i < s->rank; i++)
+        n *= s->dims[i];
     return n;
 }
 
@@ -13478,10 +13925,14 @@ static bool tb__ocl_is_view_like(tb_op op) {
 
 static int32_t tb__ocl_core_kind(tb_op op) {
     switch (tb_op_get_kind(op)) {
-    case TB_KIND_REDUCE: return TB__OCL_K_REDUCE;
-    case TB_KIND_MATMUL: return TB__OCL_K_MATMUL;
-    case TB_KIND_NORM: return TB__OCL_K_NORM;
-    default: return -1;
+    case TB_KIND_REDUCE:
+        return TB__OCL_K_REDUCE;
+    case TB_KIND_MATMUL:
+        return TB__OCL_K_MATMUL;
+    case TB_KIND_NORM:
+        return TB__OCL_K_NORM;
+    default:
+        return -1;
     }
 }
 
@@ -13507,7 +13958,8 @@ static tb_status tb__ocl_lower_init(tb__ocl_lower *L) {
     L->n = g->num_nodes;
     L->info = (tb__ocl_ninfo *)tb__calloc(L->n + 1, sizeof *L->info);
     L->map_cap = 16;
-    while (L->map_cap < 2 * L->n + 2) L->map_cap *= 2;
+    while (L->map_cap < 2 * L->n + 2)
+        L->map_cap *= 2;
     L->map_keys = (const tb_node **)tb__calloc(L->map_cap, sizeof *L->map_keys);
     L->map_vals = (int32_t *)tb__calloc(L->map_cap, sizeof *L->map_vals);
     if (L->info == NULL || L->map_keys == NULL || L->map_vals == NULL) return TB_ERR_OUT_OF_MEMORY;
@@ -13517,7 +13969,8 @@ static tb_status tb__ocl_lower_init(tb__ocl_lower *L) {
     for (i = 0; i < L->n; i++) {
         const tb_node *node = g->nodes[i];
         size_t h = tb__ocl_ptr_hash(node, L->map_cap);
-        while (L->map_keys[h] != NULL) h = (h + 1) & (L->map_cap - 1);
+        while (L->map_keys[h] != NULL)
+            h = (h + 1) & (L->map_cap - 1);
         L->map_keys[h] = node;
         L->map_vals[h] = (int32_t)i;
         L->info[i].node = node;
@@ -13576,7 +14029,8 @@ static tb_status tb__ocl_lower_init(tb__ocl_lower *L) {
             int32_t o = L->operands[L->info[i].first_operand + (int32_t)k];
             size_t j;
             bool seen = false;
-            for (j = 0; j < k; j++) seen = seen || L->operands[L->info[i].first_operand + (int32_t)j] == o;
+            for (j = 0; j < k; j++)
+                seen = seen || L->operands[L->info[i].first_operand + (int32_t)j] == o;
             if (!seen) L->info[o].num_users++;
         }
     }
@@ -13594,7 +14048,8 @@ static tb_status tb__ocl_lower_init(tb__ocl_lower *L) {
             int32_t o = L->operands[L->info[i].first_operand + (int32_t)k];
             size_t j;
             bool seen = false;
-            for (j = 0; j < k; j++) seen = seen || L->operands[L->info[i].first_operand + (int32_t)j] == o;
+            for (j = 0; j < k; j++)
+                seen = seen || L->operands[L->info[i].first_operand + (int32_t)j] == o;
             if (!seen) L->users[L->info[o].first_user + fill[o]++] = (int32_t)i;
         }
     }
@@ -13669,7 +14124,8 @@ static tb_status tb__ocl_partition(tb__ocl_lower *L) {
     int32_t i, k;
     size_t j;
     tb_status st;
-    for (j = 0; j < p->num_kernels; j++) tb__free(p->kernels[j].args);
+    for (j = 0; j < p->num_kernels; j++)
+        tb__free(p->kernels[j].args);
     p->num_kernels = 0;
     for (j = 0; j < L->n; j++) {
         L->info[j].root = false;
@@ -13817,15 +14273,16 @@ static tb_status tb__ocl_assign_slots(tb__ocl_lower *L) {
         }
         for (kk = 0; kk < p->num_kernels; kk++)
             if (p->kernels[kk].root == r) p->result_slot[i] = p->kernels[kk].out_slot;
-        if (p->result_slot[i] < 0) return tb__error(TB_ERR_INTERNAL, "opencl: result without kernel");
+        if (p->result_slot[i] < 0)
+            return tb__error(TB_ERR_INTERNAL, "opencl: result without kernel");
     }
     return TB_OK;
 }
 
 /* ---- code generation: linear forms and positions ---- */
 
-#define TB__LF_MAX      8
-#define TB__CG_BUCKETS  4096
+#define TB__LF_MAX       8
+#define TB__CG_BUCKETS   4096
 #define TB__CG_MAX_DEPTH 64
 
 /* c + sum(coef[i] * var[i]), terms sorted by var, unused entries zero (so memcmp works). */
@@ -14116,10 +14573,12 @@ static int32_t tb__cg_intern(tb__cg *g, tb__pos *p) {
     int64_t numel = 1;
     int32_t i, id;
     size_t b;
-    for (i = 0; i < p->rank; i++) numel *= p->dims[i];
+    for (i = 0; i < p->rank; i++)
+        numel *= p->dims[i];
     if (numel <= 1) {
         tb__lf_const(&p->flat, 0);
-        for (i = 0; i < p->rank; i++) tb__lf_const(&p->dim[i], 0);
+        for (i = 0; i < p->rank; i++)
+            tb__lf_const(&p->dim[i], 0);
         p->has_flat = p->has_multi = 1;
         p->key_flat = 1;
     } else {
@@ -14131,7 +14590,8 @@ static int32_t tb__cg_intern(tb__cg *g, tb__pos *p) {
     }
     if (!p->has_flat) tb__lf_const(&p->flat, 0);
     if (!p->has_multi) {
-        for (i = 0; i < TB_MAX_RANK; i++) tb__lf_const(&p->dim[i], 0);
+        for (i = 0; i < TB_MAX_RANK; i++)
+            tb__lf_const(&p->dim[i], 0);
     }
     for (i = p->rank; i < TB_MAX_RANK; i++) {
         p->dims[i] = 0;
@@ -14194,8 +14654,7 @@ static void tb__cg_memo_add(tb__cg *g, int32_t kind, int32_t a, int32_t b, uint6
 
 static void tb__cg_undo_push(tb__cg *g, int32_t pos, int32_t form) {
     if (g->num_scopes == 0) return; /* the kernel's outermost scope never closes */
-    if (tb__grow((void **)&g->undo, &g->cap_undo, g->num_undo + 1, sizeof(tb__cg_undo)) !=
-        TB_OK) {
+    if (tb__grow((void **)&g->undo, &g->cap_undo, g->num_undo + 1, sizeof(tb__cg_undo)) != TB_OK) {
         tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
         return;
     }
@@ -14234,7 +14693,8 @@ static void tb__cg_close(tb__cg *g, const char *tail) {
         } else {
             int32_t i;
             g->pos[u->pos].has_multi = 0;
-            for (i = 0; i < TB_MAX_RANK; i++) tb__lf_const(&g->pos[u->pos].dim[i], 0);
+            for (i = 0; i < TB_MAX_RANK; i++)
+                tb__lf_const(&g->pos[u->pos].dim[i], 0);
         }
     }
     g->indent--;
@@ -14267,9 +14727,11 @@ static bool tb__cg_affine_split(const tb__cg *g, const tb__lf *flat, int32_t ran
     int64_t strides[TB_MAX_RANK], numel = 1, lo, hi;
     int32_t i, j;
     tb__cg_contig(rank, dims, strides);
-    for (i = 0; i < rank; i++) numel *= dims[i];
+    for (i = 0; i < rank; i++)
+        numel *= dims[i];
     if (flat->c < 0 || flat->c >= numel) return false;
-    for (j = 0; j < rank; j++) tb__lf_const(&out[j], dims[j] > 1 ? (flat->c / strides[j]) % dims[j] : 0);
+    for (j = 0; j < rank; j++)
+        tb__lf_const(&out[j], dims[j] > 1 ? (flat->c / strides[j]) % dims[j] : 0);
     for (i = 0; i < flat->n; i++) {
         int64_t f = flat->coef[i];
         for (j = 0; j < rank; j++) {
@@ -14327,7 +14789,8 @@ static bool tb__cg_need_multi(tb__cg *g, int32_t id) {
             if (p.dims[i] > 1) tb__lf_add_term(&dims_lf[i], first + i, 1);
         }
     }
-    for (i = 0; i < p.rank; i++) g->pos[id].dim[i] = dims_lf[i];
+    for (i = 0; i < p.rank; i++)
+        g->pos[id].dim[i] = dims_lf[i];
     g->pos[id].has_multi = 1;
     tb__cg_undo_push(g, id, 2);
     return g->status == TB_OK;
@@ -14338,7 +14801,8 @@ static int32_t tb__cg_pos_multi(tb__cg *g, const tb_shape *shape, const tb__lf *
     tb__pos q;
     int32_t i;
     tb__cg_pos_init(&q, shape);
-    for (i = 0; i < shape->rank; i++) q.dim[i] = dims[i];
+    for (i = 0; i < shape->rank; i++)
+        q.dim[i] = dims[i];
     q.has_multi = 1;
     return tb__cg_intern(g, &q);
 }
@@ -14369,7 +14833,7 @@ static void tb__cg_flit(tb_dtype dtype, double v, char *buf, size_t cap) {
     } else if (v > DBL_MAX || v < -DBL_MAX) {
         snprintf(buf, cap, "%s%s", v < 0 ? "-" : "", f32 ? "INFINITY" : "((double)INFINITY)");
     } else {
-        char tmp[64];
+        char tmp[40]; /* "%.17g" needs at most 24 bytes; the rest leaves room for ".0" */
         snprintf(tmp, sizeof tmp, f32 ? "%.9g" : "%.17g", f32 ? (double)(float)v : v);
         if (strchr(tmp, '.') == NULL && strchr(tmp, 'e') == NULL) strcat(tmp, ".0");
         snprintf(buf, cap, "%s%s", tmp, f32 ? "f" : "");
@@ -14463,11 +14927,13 @@ static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k
     p = g->pos[pos];
     switch (n->op) {
     case TB_OP_PERMUTE:
-        for (i = 0; i < ns->rank; i++) dims[n->attrs[i]] = p.dim[i];
+        for (i = 0; i < ns->rank; i++)
+            dims[n->attrs[i]] = p.dim[i];
         break;
     case TB_OP_SLICE: {
         int32_t d = (int32_t)n->attrs[0];
-        for (i = 0; i < cs->rank; i++) dims[i] = p.dim[i];
+        for (i = 0; i < cs->rank; i++)
+            dims[i] = p.dim[i];
         tb__lf_const(&dims[d], n->attrs[1]);
         if (!tb__cg_lf_addmul(g, &dims[d], &p.dim[d], n->attrs[3])) return -1;
         break;
@@ -14600,6 +15066,7 @@ static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
         tb__lf dims[TB_MAX_RANK];
         char head[TB__LF_TEXT + 64];
         int32_t d;
+        memset(dims, 0, sizeof dims); /* only rank entries are used; optimisers cannot tell */
         if (xs->dims[dim] == 0) continue;
         if (i == last_nonempty) {
             snprintf(head, sizeof head, "%s", start == 0 ? "" : "else ");
@@ -14608,7 +15075,8 @@ static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
                      (long long)(start + xs->dims[dim]));
         }
         tb__cg_open(g, head);
-        for (d = 0; d < xs->rank; d++) dims[d] = p.dim[d];
+        for (d = 0; d < xs->rank; d++)
+            dims[d] = p.dim[d];
         dims[dim].c -= start;
         qp = tb__cg_pos_multi(g, xs, dims);
         vx = qp >= 0 ? tb__cg_eval(g, x, qp) : -1;
@@ -14696,8 +15164,8 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
             if (tb__cg_arg(g, TB__OCL_ARG_SCALAR, in->param) < 0) return -1;
             v = tb__cg_new_val(g, in->node->shape.dtype);
             if (v < 0) return -1;
-            tb__cg_line(g, "const %s v%d = (%s)s%d;", tb__ocl_ctype(in->node->shape.dtype),
-                        (int)v, tb__ocl_ctype(in->node->shape.dtype), (int)in->param);
+            tb__cg_line(g, "const %s v%d = (%s)s%d;", tb__ocl_ctype(in->node->shape.dtype), (int)v,
+                        tb__ocl_ctype(in->node->shape.dtype), (int)in->param);
             return v;
         }
         return tb__cg_read_slot(g, in->slot, in->node->shape.dtype, pos);
@@ -14707,10 +15175,12 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
                                                   "position than its output"));
         return -1;
     }
-    if (in->root && node != k->root) return tb__cg_read_slot(g, in->slot, in->node->shape.dtype, pos);
+    if (in->root && node != k->root)
+        return tb__cg_read_slot(g, in->slot, in->node->shape.dtype, pos);
     if (in->ctx != g->kernel && in->ctx != TB__OCL_CTX_ANY) {
-        tb__cg_fail(g, tb__error(TB_ERR_INTERNAL, "opencl: node %d evaluated in kernel %d, "
-                                                  "planned for kernel %d",
+        tb__cg_fail(g, tb__error(TB_ERR_INTERNAL,
+                                 "opencl: node %d evaluated in kernel %d, "
+                                 "planned for kernel %d",
                                  (int)node, (int)g->kernel, (int)in->ctx));
         return -1;
     }
@@ -14756,7 +15226,8 @@ static int32_t tb__cg_emit_custom(tb__cg *g, const tb_node *n, const int32_t *op
     tb__cg_line(g, "%s v%d;", t, (int)v);
     tb__cg_open(g, "");
     tb__str_append(&g->body, "#define T %s\n", t);
-    for (i = 0; i < nops; i++) tb__cg_line(g, "const T x%zu = (T)v%d;", i, (int)ops[i]);
+    for (i = 0; i < nops; i++)
+        tb__cg_line(g, "const T x%zu = (T)v%d;", i, (int)ops[i]);
     tb__cg_line(g, "v%d = (T)(%s);", (int)v, d->opencl_expr);
     tb__str_append(&g->body, "#undef T\n");
     tb__cg_close(g, "");
@@ -14812,15 +15283,20 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
         snprintf(e, sizeof e, "(%s)%s((%s)%s)", t, f, m, a);
         break;
     }
-    case TB_OP_SQRT: snprintf(e, sizeof e, "sqrt(%s)", a); break;
-    case TB_OP_RSQRT: snprintf(e, sizeof e, "(%s)((%s)1 / sqrt((%s)%s))", t, m, m, a); break;
+    case TB_OP_SQRT:
+        snprintf(e, sizeof e, "sqrt(%s)", a);
+        break;
+    case TB_OP_RSQRT:
+        snprintf(e, sizeof e, "(%s)((%s)1 / sqrt((%s)%s))", t, m, m, a);
+        break;
     case TB_OP_SIGMOID:
     case TB_OP_SILU: {
         /* exp of a negative argument only, as the reference */
         char x[64], sg[512];
         snprintf(x, sizeof x, "((%s)%s)", m, a);
-        snprintf(sg, sizeof sg, "(%s >= 0 ? (%s)1 / ((%s)1 + exp(-%s)) : exp(%s) / ((%s)1 + exp(%s)))",
-                 x, m, m, x, x, m, x);
+        snprintf(sg, sizeof sg,
+                 "(%s >= 0 ? (%s)1 / ((%s)1 + exp(-%s)) : exp(%s) / ((%s)1 + exp(%s)))", x, m, m, x,
+                 x, m, x);
         if (n->op == TB_OP_SILU) {
             snprintf(e, sizeof e, "(%s)(%s * %s)", t, x, sg);
         } else {
@@ -14840,11 +15316,13 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
         tb__cg_flit(od == TB_F32 && !g->fast_f64 ? TB_F32 : TB_F64, 0.5, half, sizeof half);
         tb__cg_flit(od == TB_F32 && !g->fast_f64 ? TB_F32 : TB_F64, 0.70710678118654752440, r2,
                     sizeof r2);
-        snprintf(e, sizeof e, "(%s)(%s * (%s)%s * ((%s)1 + erf((%s)%s * %s)))", t, half, m, a, m,
-                 m, a, r2);
+        snprintf(e, sizeof e, "(%s)(%s * (%s)%s * ((%s)1 + erf((%s)%s * %s)))", t, half, m, a, m, m,
+                 a, r2);
         break;
     }
-    case TB_OP_RECIPROCAL: snprintf(e, sizeof e, "(%s)1 / %s", t, a); break;
+    case TB_OP_RECIPROCAL:
+        snprintf(e, sizeof e, "(%s)1 / %s", t, a);
+        break;
     case TB_OP_FLOOR:
     case TB_OP_CEIL:
     case TB_OP_ROUND:
@@ -14862,7 +15340,9 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
             snprintf(e, sizeof e, "(%s)((%s > (%s)0) - (%s < (%s)0))", t, a, t, a, t);
         }
         break;
-    case TB_OP_LOGICAL_NOT: snprintf(e, sizeof e, "(uchar)(%s == 0)", a); break;
+    case TB_OP_LOGICAL_NOT:
+        snprintf(e, sizeof e, "(uchar)(%s == 0)", a);
+        break;
     case TB_OP_CAST:
         if (od == TB_BOOL) {
             snprintf(e, sizeof e, "(uchar)(%s != 0)", a);
@@ -14886,15 +15366,18 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
         }
         break;
     }
-    case TB_OP_DIV: snprintf(e, sizeof e, "%s / %s", a, b); break;
+    case TB_OP_DIV:
+        snprintf(e, sizeof e, "%s / %s", a, b);
+        break;
     case TB_OP_POW:
         if (fl) {
             snprintf(e, sizeof e, "(%s)pow((%s)%s, (%s)%s)", t, m, a, m, b);
         } else {
             int32_t code = tb__cg_errsite(g, TB_OP_POW, 0, 0);
             if (code < 0) return -1;
-            tb__cg_line(g, "if (%s < 0) { tb_err[0] = %d; tb_err[1] = (long)%s; tb_err[2] = "
-                           "(long)%s; }",
+            tb__cg_line(g,
+                        "if (%s < 0) { tb_err[0] = %d; tb_err[1] = (long)%s; tb_err[2] = "
+                        "(long)%s; }",
                         b, (int)code, a, b);
             snprintf(e, sizeof e, "(%s)tb_ipow((long)%s, (long)%s)", t, a, b);
         }
@@ -14924,9 +15407,15 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
         snprintf(e, sizeof e, "(uchar)(%s %s %s)", a, cmp, b);
         break;
     }
-    case TB_OP_LOGICAL_AND: snprintf(e, sizeof e, "(uchar)(%s != 0 && %s != 0)", a, b); break;
-    case TB_OP_LOGICAL_OR: snprintf(e, sizeof e, "(uchar)(%s != 0 || %s != 0)", a, b); break;
-    case TB_OP_WHERE: snprintf(e, sizeof e, "(%s != 0 ? %s : %s)", a, b, c); break;
+    case TB_OP_LOGICAL_AND:
+        snprintf(e, sizeof e, "(uchar)(%s != 0 && %s != 0)", a, b);
+        break;
+    case TB_OP_LOGICAL_OR:
+        snprintf(e, sizeof e, "(uchar)(%s != 0 || %s != 0)", a, b);
+        break;
+    case TB_OP_WHERE:
+        snprintf(e, sizeof e, "(%s != 0 ? %s : %s)", a, b, c);
+        break;
     case TB_OP_CLAMP: {
         int32_t lo = tb__cg_new_val(g, od);
         if (lo < 0) return -1;
@@ -15054,7 +15543,8 @@ static int64_t tb__cg_pick_group(const tb__cg *g, int64_t rows, int64_t len, boo
     } else if (!inner && rows >= (int64_t)d->compute_units * 256) {
         return 1; /* neighbouring work items read neighbouring elements already */
     }
-    while (n * 2 <= maxg && n * 2 <= len) n *= 2;
+    while (n * 2 <= maxg && n * 2 <= len)
+        n *= 2;
     return n;
 }
 
@@ -15180,8 +15670,12 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
     if (!suffix && !tb__cg_need_multi(g, out_pos)) return g->status;
     switch (cn->op) {
     case TB_OP_SUM:
-    case TB_OP_MEAN: tb__cg_line(g, "%s acc = 0;", acc_t); break;
-    case TB_OP_PROD: tb__cg_line(g, "%s acc = 1;", acc_t); break;
+    case TB_OP_MEAN:
+        tb__cg_line(g, "%s acc = 0;", acc_t);
+        break;
+    case TB_OP_PROD:
+        tb__cg_line(g, "%s acc = 1;", acc_t);
+        break;
     case TB_OP_MAX:
     case TB_OP_MIN: {
         const char *init;
@@ -15231,8 +15725,12 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
     if (vx < 0) return g->status;
     switch (cn->op) {
     case TB_OP_SUM:
-    case TB_OP_MEAN: tb__cg_line(g, "acc += (%s)v%d;", acc_t, (int)vx); break;
-    case TB_OP_PROD: tb__cg_line(g, "acc *= (%s)v%d;", acc_t, (int)vx); break;
+    case TB_OP_MEAN:
+        tb__cg_line(g, "acc += (%s)v%d;", acc_t, (int)vx);
+        break;
+    case TB_OP_PROD:
+        tb__cg_line(g, "acc *= (%s)v%d;", acc_t, (int)vx);
+        break;
     case TB_OP_MAX:
     case TB_OP_MIN:
         if (tb_dtype_is_float(xd)) {
@@ -15271,9 +15769,9 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
                             "ci) : (!isnan(cv) && (ov %s cv || (ov == cv && oi < ci)))))) {",
                             cmp);
             } else {
-                tb__cg_line(g,
-                            "        if (oi >= 0 && (ci < 0 || ov %s cv || (ov == cv && oi < ci))) {",
-                            cmp);
+                tb__cg_line(
+                    g, "        if (oi >= 0 && (ci < 0 || ov %s cv || (ov == cv && oi < ci))) {",
+                    cmp);
             }
             tb__cg_line(g, "            redv[lid] = ov;");
             tb__cg_line(g, "            redi[lid] = oi;");
@@ -15286,9 +15784,11 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
             const char *combine = "a + b";
             if (cn->op == TB_OP_PROD) combine = "a * b";
             if (cn->op == TB_OP_MAX)
-                combine = tb_dtype_is_float(xd) ? "((b > a || isnan(b)) ? b : a)" : "(b > a ? b : a)";
+                combine =
+                    tb_dtype_is_float(xd) ? "((b > a || isnan(b)) ? b : a)" : "(b > a ? b : a)";
             if (cn->op == TB_OP_MIN)
-                combine = tb_dtype_is_float(xd) ? "((b < a || isnan(b)) ? b : a)" : "(b < a ? b : a)";
+                combine =
+                    tb_dtype_is_float(xd) ? "((b < a || isnan(b)) ? b : a)" : "(b < a ? b : a)";
             tb__cg_local_reduce(g, group, "acc", acc_t, combine);
         }
         tb__cg_open(g, "if (lid == 0) ");
@@ -15492,7 +15992,8 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
     tb__cg_line(g, "__local %s As[%d][%d];", t, tk, tm);
     tb__cg_line(g, "__local %s Bs[%d][%d];", t, tk, tn);
     tb__cg_line(g, "const int lx = (int)get_local_id(0), ly = (int)get_local_id(1);");
-    tb__cg_line(g, "const long row0 = (long)get_group_id(1) * %d, col0 = (long)get_group_id(0) * %d;",
+    tb__cg_line(g,
+                "const long row0 = (long)get_group_id(1) * %d, col0 = (long)get_group_id(0) * %d;",
                 tm, tn);
     i0 = tb__cg_new_var(g, 0, batch > 0 ? batch - 1 : 0);
     if (i0 < 0) return g->status;
@@ -15532,7 +16033,8 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
             vc = tb__cg_new_var(g, 0, (side == 0 ? K : N) - 1);
             if (vr < 0 || vc < 0) return g->status;
             tb__cg_line(g, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
-            for (d = 0; d < nb; d++) dims[d] = bdims[d];
+            for (d = 0; d < nb; d++)
+                dims[d] = bdims[d];
             tb__lf_const(&dims[r - 2], 0);
             tb__lf_add_term(&dims[r - 2], vr, 1);
             tb__lf_const(&dims[r - 1], 0);
@@ -15552,12 +16054,14 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
         tb__cg_line(g, "barrier(CLK_LOCAL_MEM_FENCE);");
         tb__cg_line(g, "for (int kk = 0; kk < %d; kk++) {", tk);
         tb__cg_line(g, "    %s ra[%d], rb[%d];", t, rm, rn);
-        tb__cg_line(g, "    for (int ii = 0; ii < %d; ii++) ra[ii] = As[kk][ly + ii * %d];", rm, wy);
-        tb__cg_line(g, "    for (int jj = 0; jj < %d; jj++) rb[jj] = Bs[kk][lx + jj * %d];", rn, wx);
+        tb__cg_line(g, "    for (int ii = 0; ii < %d; ii++) ra[ii] = As[kk][ly + ii * %d];", rm,
+                    wy);
+        tb__cg_line(g, "    for (int jj = 0; jj < %d; jj++) rb[jj] = Bs[kk][lx + jj * %d];", rn,
+                    wx);
         tb__cg_line(g, "    for (int ii = 0; ii < %d; ii++)", rm);
         if (tb_dtype_is_float(od)) {
-            tb__cg_line(g, "        for (int jj = 0; jj < %d; jj++) acc[ii][jj] += ra[ii] * rb[jj];",
-                        rn);
+            tb__cg_line(
+                g, "        for (int jj = 0; jj < %d; jj++) acc[ii][jj] += ra[ii] * rb[jj];", rn);
         } else {
             tb__cg_line(g,
                         "        for (int jj = 0; jj < %d; jj++) acc[ii][jj] += (%s)ra[ii] * "
@@ -15567,8 +16071,8 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
         tb__cg_line(g, "}");
         tb__cg_line(g, "barrier(CLK_LOCAL_MEM_FENCE);");
         tb__cg_close(g, "");
-        snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ",
-                 rm, rn);
+        snprintf(head, sizeof head,
+                 "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ", rm, rn);
         tb__cg_open(g, head);
         tb__cg_line(g, "const long gr = row0 + ly + ii * %d, gc = col0 + lx + jj * %d;", wy, wx);
         snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)M, (long long)N);
@@ -15579,7 +16083,8 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
             int32_t vr = tb__cg_new_var(g, 0, M - 1), vc = tb__cg_new_var(g, 0, N - 1), p, vf, v;
             if (vr < 0 || vc < 0) return g->status;
             tb__cg_line(g, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
-            for (d = 0; d < nb; d++) dims[d] = bdims[d];
+            for (d = 0; d < nb; d++)
+                dims[d] = bdims[d];
             tb__lf_const(&dims[r - 2], 0);
             tb__lf_add_term(&dims[r - 2], vr, 1);
             tb__lf_const(&dims[r - 1], 0);
@@ -15646,7 +16151,8 @@ static void tb__ocl_kernel_name(tb__ocl_plan *p, size_t index, const tb__ocl_low
         const tb_shape *as = &L->info[tb__ocl_operand(L, k->core, 0)].node->shape;
         int64_t batch = 1;
         int32_t d;
-        for (d = 0; d + 2 < cs->rank; d++) batch *= cs->dims[d];
+        for (d = 0; d + 2 < cs->rank; d++)
+            batch *= cs->dims[d];
         snprintf(base, sizeof base, "MM_%lld_%lld_%lld", (long long)cs->dims[cs->rank - 2],
                  (long long)cs->dims[cs->rank - 1], (long long)as->dims[as->rank - 1]);
         if (batch != 1) {
@@ -15656,9 +16162,9 @@ static void tb__ocl_kernel_name(tb__ocl_plan *p, size_t index, const tb__ocl_low
     } else if (k->kind == TB__OCL_K_REDUCE) {
         const tb_node *c = L->info[k->core].node;
         int64_t n_out = tb__ocl_numel(&c->shape);
-        int64_t m = n_out > 0 ? tb__ocl_numel(&L->info[tb__ocl_operand(L, k->core, 0)].node->shape) /
-                                    n_out
-                              : 0;
+        int64_t m =
+            n_out > 0 ? tb__ocl_numel(&L->info[tb__ocl_operand(L, k->core, 0)].node->shape) / n_out
+                      : 0;
         snprintf(base, sizeof base, "R_%lld_%lld", (long long)n_out, (long long)m);
     } else if (k->kind == TB__OCL_K_NORM) {
         const tb_node *c = L->info[k->core].node;
@@ -15666,7 +16172,8 @@ static void tb__ocl_kernel_name(tb__ocl_plan *p, size_t index, const tb__ocl_low
         int64_t len = 1, numel = tb__ocl_numel(xs);
         int32_t a;
         if (c->op == TB_OP_LAYER_NORM) {
-            for (a = xs->rank - (int32_t)c->attrs[0]; a < xs->rank; a++) len *= xs->dims[a];
+            for (a = xs->rank - (int32_t)c->attrs[0]; a < xs->rank; a++)
+                len *= xs->dims[a];
         } else {
             len = xs->dims[c->attrs[0]];
         }
@@ -15733,10 +16240,18 @@ static tb_status tb__ocl_lower_graph(tb__ocl_lower *L) {
             g->status = TB_OK;
             tb__ocl_kernel_name(p, i, L);
             switch (k->kind) {
-            case TB__OCL_K_REDUCE: st = tb__cg_kernel_reduce(g, k); break;
-            case TB__OCL_K_MATMUL: st = tb__cg_kernel_matmul(g, k); break;
-            case TB__OCL_K_NORM: st = tb__cg_kernel_norm(g, k); break;
-            default: st = tb__cg_kernel_elementwise(g, k); break;
+            case TB__OCL_K_REDUCE:
+                st = tb__cg_kernel_reduce(g, k);
+                break;
+            case TB__OCL_K_MATMUL:
+                st = tb__cg_kernel_matmul(g, k);
+                break;
+            case TB__OCL_K_NORM:
+                st = tb__cg_kernel_norm(g, k);
+                break;
+            default:
+                st = tb__cg_kernel_elementwise(g, k);
+                break;
             }
             if (st == TB_OK) st = g->status;
             if (L->restart) {
@@ -15782,9 +16297,9 @@ static void tb__ocl_lower_free(tb__ocl_lower *L) {
 
 /* ---- programs: in-memory cache, on-disk binary cache, build ---- */
 
-#define TB__OCL_BIN_MAGIC   "TBOCLBIN"
-#define TB__OCL_BIN_VERSION 1u
-#define TB__OCL_BIN_HEADER  56u
+#define TB__OCL_BIN_MAGIC    "TBOCLBIN"
+#define TB__OCL_BIN_VERSION  1u
+#define TB__OCL_BIN_HEADER   56u
 #define TB__OCL_MAX_PROGRAMS 256
 
 static uint64_t tb__ocl_hash_text(uint64_t h, const char *s, size_t n) {
@@ -15808,20 +16323,23 @@ static void tb__ocl_program_key(const tb__ocl_device *dev, const char *src, size
     parts[6] = TB_VERSION_STRING;
     for (s = 0; s < 2; s++) {
         uint64_t h = tb__ocl_hash_text(seeds[s], src, len);
-        for (i = 0; i < 7; i++) h = tb__ocl_hash_text(h, parts[i], strlen(parts[i]));
+        for (i = 0; i < 7; i++)
+            h = tb__ocl_hash_text(h, parts[i], strlen(parts[i]));
         key[s] = h;
     }
 }
 
 static void tb__ocl_put64(unsigned char *p, uint64_t v) {
     int i;
-    for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+    for (i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
 }
 
 static uint64_t tb__ocl_get64(const unsigned char *p) {
     uint64_t v = 0;
     int i;
-    for (i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    for (i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
     return v;
 }
 
@@ -15853,7 +16371,7 @@ static char *tb__ocl_cache_dir(void) {
     (void)mkdir(dir, 0755);
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
         tb_log_message(TB_LOG_WARN, "opencl: the program cache folder %s is not usable: %s", dir,
-               strerror(errno));
+                       strerror(errno));
         tb__free(dir);
         return NULL;
     }
@@ -15917,7 +16435,7 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
     f = fopen(tmp, "wb");
     if (f == NULL) {
         tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", tmp,
-               strerror(errno));
+                       strerror(errno));
         tb__free(tmp);
         return;
     }
@@ -15925,7 +16443,7 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
         tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", path,
-               strerror(errno));
+                       strerror(errno));
         remove(tmp);
     }
     tb__free(tmp);
@@ -15948,13 +16466,14 @@ static char *tb__ocl_build_log(tb__ocl_device *dev, tb__cl_program prog) {
 }
 
 static tb__cl_program tb__ocl_build_binary(tb__ocl_device *dev, const unsigned char *bin,
-                                          size_t n) {
+                                           size_t n) {
     tb__ocl_runtime *rt = dev->rt;
     tb__cl_int err = TB__CL_SUCCESS, status = TB__CL_SUCCESS;
     const unsigned char *bins[1];
     tb__cl_program prog;
     bins[0] = bin;
-    prog = TB__OCL_CALL(rt, CreateProgramWithBinary)(dev->ctx, 1, &dev->id, &n, bins, &status, &err);
+    prog =
+        TB__OCL_CALL(rt, CreateProgramWithBinary)(dev->ctx, 1, &dev->id, &n, bins, &status, &err);
     if (prog == NULL || err != TB__CL_SUCCESS || status != TB__CL_SUCCESS) {
         if (prog != NULL) TB__OCL_CALL(rt, ReleaseProgram)(prog);
         return NULL;
@@ -16004,7 +16523,8 @@ static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p) {
 static void tb__ocl_programs_trim(tb__ocl_device *dev, size_t keep) {
     size_t count = 0;
     tb__ocl_program *p;
-    for (p = dev->programs; p != NULL; p = p->next) count++;
+    for (p = dev->programs; p != NULL; p = p->next)
+        count++;
     while (count > keep) {
         tb__ocl_program *oldest = NULL;
         for (p = dev->programs; p != NULL; p = p->next)
@@ -16069,8 +16589,9 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
             if (log != NULL && tb_debug_level() >= 1) {
                 tb_log_message(TB_LOG_ERROR, "opencl:%d: build log:\n%s", (int)dev->ordinal, log);
             }
-            st = tb__error(TB_ERR_COMPILE, "opencl:%d (%s): the program does not build: %s (%d); "
-                                           "build log:\n%.800s",
+            st = tb__error(TB_ERR_COMPILE,
+                           "opencl:%d (%s): the program does not build: %s (%d); "
+                           "build log:\n%.800s",
                            (int)dev->ordinal, dev->info.name, tb__cl_error_name(err), (int)err,
                            log != NULL ? log : "(none)");
             tb__free(log);
@@ -16116,7 +16637,8 @@ static void tb__ocl_plan_release(tb__ocl_plan *p) {
     if (p == NULL) return;
     rt = p->rt;
     if (rt != NULL) {
-        tb__ocl_device *dev = (size_t)p->ordinal < rt->num_devices ? &rt->devices[p->ordinal] : NULL;
+        tb__ocl_device *dev =
+            (size_t)p->ordinal < rt->num_devices ? &rt->devices[p->ordinal] : NULL;
         if (p->cl != NULL) {
             for (i = 0; i < p->num_kernels; i++)
                 if (p->cl[i] != NULL) TB__OCL_CALL(rt, ReleaseKernel)(p->cl[i]);
@@ -16241,7 +16763,7 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
     }
     if (tb_debug_level() >= 3) {
         tb_log_message(TB_LOG_DEBUG, "opencl:%d: program of graph %016llx:\n%s", (int)p->ordinal,
-               (unsigned long long)p->graph_hash, p->source);
+                       (unsigned long long)p->graph_hash, p->source);
     }
     p->cl = (tb__cl_kernel *)tb__calloc(p->num_kernels + 1, sizeof(tb__cl_kernel));
     p->local = (size_t *)tb__calloc(p->num_kernels + 1, sizeof(size_t));
@@ -16268,8 +16790,8 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
             if (p->kernels[i].name[0] != '\0')
                 tb__str_append(&names, "%s%s", names.len > 0 ? " " : "", p->kernels[i].name);
         tb_log_message(TB_LOG_INFO, "opencl:%d: graph %016llx: %zu kernel%s: %s", (int)p->ordinal,
-               (unsigned long long)p->graph_hash, launched, launched == 1 ? "" : "s",
-               names.data != NULL ? names.data : "");
+                       (unsigned long long)p->graph_hash, launched, launched == 1 ? "" : "s",
+                       names.data != NULL ? names.data : "");
         tb__str_free(&names);
     }
     if (st == TB_OK) {
@@ -16309,13 +16831,13 @@ static tb__cl_int tb__ocl_launch(tb__ocl_device *dev, const tb__ocl_plan *p, siz
         gws[0] = (size_t)((k->items + lws[0] - 1) / lws[0] * lws[0]);
         dims = 1;
     }
-    return TB__OCL_CALL(dev->rt, EnqueueNDRangeKernel)(dev->queue, p->cl[i], dims, NULL, gws, lws, 0,
-                                                       NULL, event);
+    return TB__OCL_CALL(dev->rt, EnqueueNDRangeKernel)(dev->queue, p->cl[i], dims, NULL, gws, lws,
+                                                       0, NULL, event);
 }
 
 /* The bytes of a scalar argument as the kernel declares it. */
-static size_t tb__ocl_scalar_arg(tb__ocl_device *dev, tb_dtype dtype,
-                                 const tb_backend_data *data, unsigned char out[8]) {
+static size_t tb__ocl_scalar_arg(tb__ocl_device *dev, tb_dtype dtype, const tb_backend_data *data,
+                                 unsigned char out[8]) {
     tb_scalar v;
     if (data->is_scalar) {
         v = data->scalar;
@@ -16437,7 +16959,8 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
             mems[k->out_slot] = owned[k->out_slot]->mem;
         }
         if (p->cl[i] != NULL) {
-            err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem), &mems[k->out_slot]);
+            err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
+                                                 &mems[k->out_slot]);
             for (j = 0; j < k->num_args && err == TB__CL_SUCCESS; j++) {
                 const tb__ocl_arg *arg = &k->args[j];
                 if (arg->kind == TB__OCL_ARG_BUF) {
@@ -16517,15 +17040,15 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
             tb__cl_ulong t0 = 0, t1 = 0;
             double ns;
             if (events[i] == NULL) continue;
-            TB__OCL_CALL(rt, GetEventProfilingInfo)(events[i], TB__CL_PROFILING_COMMAND_START,
-                                                    sizeof t0, &t0, NULL);
-            TB__OCL_CALL(rt, GetEventProfilingInfo)(events[i], TB__CL_PROFILING_COMMAND_END,
-                                                    sizeof t1, &t1, NULL);
+            TB__OCL_CALL(rt, GetEventProfilingInfo)
+            (events[i], TB__CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
+            TB__OCL_CALL(rt, GetEventProfilingInfo)
+            (events[i], TB__CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
             ns = t1 > t0 ? (double)(t1 - t0) : 1.0;
             dev->kernel_ns += (uint64_t)ns;
             tb_log_message(TB_LOG_DEBUG, "opencl:%d %-24s %10.3f ms %9.2f GB/s %9.2f GFLOP/s",
-                   (int)p->ordinal, p->kernels[i].name, ns / 1e6, p->kernels[i].bytes / ns,
-                   p->kernels[i].flops / ns);
+                           (int)p->ordinal, p->kernels[i].name, ns / 1e6, p->kernels[i].bytes / ns,
+                           p->kernels[i].flops / ns);
         }
     }
     if (st == TB_OK) {
@@ -16545,7 +17068,8 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
     }
 done:
     if (owned != NULL) {
-        for (i = 0; i < p->num_slots; i++) tb__ocl_buffer_free(owned[i]);
+        for (i = 0; i < p->num_slots; i++)
+            tb__ocl_buffer_free(owned[i]);
     }
     if (events != NULL) {
         for (i = 0; i < p->num_kernels; i++)
@@ -16574,8 +17098,10 @@ static bool tb__ocl_float_only_unary(tb_op op) {
     case TB_OP_GELU:
     case TB_OP_SILU:
     case TB_OP_RECIPROCAL:
-    case TB_OP_DIV: return true;
-    default: return false;
+    case TB_OP_DIV:
+        return true;
+    default:
+        return false;
     }
 }
 
@@ -17162,6 +17688,387 @@ TBDEF tb_status tb_npy_save(const char *path, tb_tensor *tensor) {
 }
 
 #undef TB__NPY_MAGIC_LEN
+
+/* ===========================================================================================
+   Interop: DLPack
+   =========================================================================================== */
+
+/* DLPack consumers compile against their own copy of the structs: the layout must match
+   DLPack's, checked here where pointers are 8 bytes. */
+typedef char
+    tb__dl_layout_check[(sizeof(void *) != 8 ||
+                         (sizeof(tb_dl_tensor) == 48 && offsetof(tb_dl_tensor, dtype) == 20 &&
+                          offsetof(tb_dl_tensor, byte_offset) == 40 &&
+                          sizeof(tb_dl_managed_tensor) == 64 &&
+                          offsetof(tb_dl_managed_tensor_versioned, flags) == 24 &&
+                          sizeof(tb_dl_managed_tensor_versioned) == 80))
+                            ? 1
+                            : -1];
+
+static bool tb__dl_from_dtype(tb_dtype dtype, tb_dl_data_type *out) {
+    static const uint8_t codes[TB_DTYPE_COUNT] = {TB_DL_FLOAT, TB_DL_FLOAT, TB_DL_INT,
+                                                  TB_DL_INT,   TB_DL_UINT,  TB_DL_BOOL};
+    if (!tb_dtype_is_valid(dtype)) return false;
+    out->code = codes[dtype];
+    out->bits = (uint8_t)(8 * tb_dtype_size(dtype));
+    out->lanes = 1;
+    return true;
+}
+
+static bool tb__dl_to_dtype(tb_dl_data_type type, tb_dtype *out) {
+    int d;
+    for (d = 0; d < (int)TB_DTYPE_COUNT; ++d) {
+        tb_dl_data_type ours;
+        tb__dl_from_dtype((tb_dtype)d, &ours);
+        if (ours.code == type.code && ours.bits == type.bits) {
+            *out = (tb_dtype)d;
+            return true;
+        }
+    }
+    return false;
+}
+
+static const char *tb__dl_device_type_name(int32_t type) {
+    switch (type) {
+    case TB_DL_CPU:
+        return "CPU";
+    case TB_DL_CUDA:
+        return "CUDA";
+    case TB_DL_CUDA_HOST:
+        return "CUDAHost";
+    case TB_DL_OPENCL:
+        return "OpenCL";
+    case TB_DL_VULKAN:
+        return "Vulkan";
+    case TB_DL_METAL:
+        return "Metal";
+    case TB_DL_VPI:
+        return "VPI";
+    case TB_DL_ROCM:
+        return "ROCM";
+    case TB_DL_ROCM_HOST:
+        return "ROCMHost";
+    case TB_DL_EXT_DEV:
+        return "ExtDev";
+    case TB_DL_CUDA_MANAGED:
+        return "CUDAManaged";
+    case TB_DL_ONEAPI:
+        return "OneAPI";
+    case TB_DL_WEBGPU:
+        return "WebGPU";
+    case TB_DL_HEXAGON:
+        return "Hexagon";
+    default:
+        return "unknown";
+    }
+}
+
+static const char *tb__dl_code_name(uint8_t code) {
+    switch (code) {
+    case TB_DL_INT:
+        return "int";
+    case TB_DL_UINT:
+        return "uint";
+    case TB_DL_FLOAT:
+        return "float";
+    case TB_DL_OPAQUE_HANDLE:
+        return "opaque handle";
+    case TB_DL_BFLOAT:
+        return "bfloat";
+    case TB_DL_COMPLEX:
+        return "complex";
+    case TB_DL_BOOL:
+        return "bool";
+    default:
+        return "unknown";
+    }
+}
+
+/* ---- export ---- */
+
+/* One allocation per export: the managed struct handed out (one of the two), what keeps the
+   buffer alive, and the shape and strides the struct points at. */
+typedef struct tb__dl_export {
+    tb_dl_managed_tensor managed;
+    tb_dl_managed_tensor_versioned versioned;
+    tb_backend_data *lent; /* the tensor's own buffer (a reference), or NULL */
+    void *copy;            /* a host copy (owned), or NULL */
+    int64_t shape[TB_MAX_RANK];
+    int64_t strides[TB_MAX_RANK];
+} tb__dl_export;
+
+static void tb__dl_export_free(tb__dl_export *e) {
+    tb__data_release(e->lent);
+    tb__free(e->copy);
+    tb__free(e);
+}
+
+static void tb__dl_export_deleter(tb_dl_managed_tensor *self) {
+    if (self != NULL) tb__dl_export_free((tb__dl_export *)self->manager_ctx);
+}
+
+static void tb__dl_export_deleter_versioned(tb_dl_managed_tensor_versioned *self) {
+    if (self != NULL) tb__dl_export_free((tb__dl_export *)self->manager_ctx);
+}
+
+/* Syncs the tensor and fills e->managed.dl_tensor (shared by both export forms). */
+static tb_status tb__dl_export_begin(const char *fn, tb_tensor *tensor, tb__dl_export **out) {
+    tb_shape shape;
+    tb_dl_data_type type;
+    tb_backend_data *data;
+    tb__dl_export *e;
+    tb_dl_tensor *dl;
+    void *host;
+    size_t nbytes = 0;
+    tb_status st;
+    tb__ensure_setup();
+    if (tensor == NULL) {
+        /* keep the first error of a chain of ops that ends here */
+        if (tb_last_status() != TB_OK) return tb_last_status();
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: tensor is NULL", fn);
+    }
+    shape = tb_tensor_shape(tensor);
+    if (!tb__dl_from_dtype(shape.dtype, &type))
+        return tb__error(TB_ERR_DTYPE, "%s: invalid dtype %d", fn, (int)shape.dtype);
+    st = tb_shape_nbytes(&shape, &nbytes);
+    if (st != TB_OK) return st;
+    data = tb_tensor_data(tensor);
+    if (data == NULL) {
+        st = tb_last_status();
+        return st != TB_OK ? st : tb__error(TB_ERR_INTERNAL, "%s: the tensor has no value", fn);
+    }
+    e = (tb__dl_export *)tb__calloc(1, sizeof *e);
+    if (e == NULL) return tb_last_status();
+    host = tb__host_data(data);
+    if (host != NULL) {
+        tb__data_retain(data);
+        e->lent = data;
+    } else {
+        e->copy = tb__alloc(nbytes ? nbytes : 1);
+        st = e->copy != NULL ? tb_tensor_to_host(tensor, e->copy, nbytes) : tb_last_status();
+        if (st != TB_OK) {
+            tb__dl_export_free(e);
+            return st;
+        }
+        host = e->copy;
+    }
+    tb_shape_strides(&shape, e->strides);
+    memcpy(e->shape, shape.dims, sizeof e->shape);
+    dl = &e->managed.dl_tensor;
+    dl->data = host;
+    dl->device.device_type = TB_DL_CPU;
+    dl->device.device_id = 0;
+    dl->ndim = shape.rank;
+    dl->dtype = type;
+    dl->shape = e->shape;
+    dl->strides = e->strides;
+    dl->byte_offset = 0;
+    *out = e;
+    return TB_OK;
+}
+
+TBDEF tb_status tb_dlpack_export(tb_tensor *tensor, tb_dl_managed_tensor **out) {
+    tb__dl_export *e = NULL;
+    tb_status st;
+    if (out == NULL) {
+        tb__ensure_setup();
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_dlpack_export: out is NULL");
+    }
+    st = tb__dl_export_begin("tb_dlpack_export", tensor, &e);
+    if (st != TB_OK) return st;
+    e->managed.manager_ctx = e;
+    e->managed.deleter = tb__dl_export_deleter;
+    *out = &e->managed;
+    return TB_OK;
+}
+
+TBDEF tb_status tb_dlpack_export_versioned(tb_tensor *tensor,
+                                           tb_dl_managed_tensor_versioned **out) {
+    tb__dl_export *e = NULL;
+    tb_status st;
+    if (out == NULL) {
+        tb__ensure_setup();
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_dlpack_export_versioned: out is NULL");
+    }
+    st = tb__dl_export_begin("tb_dlpack_export_versioned", tensor, &e);
+    if (st != TB_OK) return st;
+    e->versioned.version.major = TB_DLPACK_MAJOR_VERSION;
+    e->versioned.version.minor = TB_DLPACK_MINOR_VERSION;
+    e->versioned.manager_ctx = e;
+    e->versioned.deleter = tb__dl_export_deleter_versioned;
+    e->versioned.flags = e->lent != NULL ? TB_DLPACK_FLAG_READ_ONLY : TB_DLPACK_FLAG_IS_COPIED;
+    e->versioned.dl_tensor = e->managed.dl_tensor;
+    *out = &e->versioned;
+    return TB_OK;
+}
+
+/* ---- import ---- */
+
+static void tb__dl_call_deleter(void *context) {
+    tb_dl_managed_tensor *managed = (tb_dl_managed_tensor *)context;
+    if (managed->deleter != NULL) managed->deleter(managed);
+}
+
+static void tb__dl_call_deleter_versioned(void *context) {
+    tb_dl_managed_tensor_versioned *managed = (tb_dl_managed_tensor_versioned *)context;
+    if (managed->deleter != NULL) managed->deleter(managed);
+}
+
+/* Copies a strided array of `shape` into the contiguous `dst`. */
+static void tb__dl_gather(const tb_shape *shape, const unsigned char *base, const int64_t *strides,
+                          unsigned char *dst) {
+    size_t width = tb_dtype_size(shape->dtype);
+    int64_t numel = 1, index[TB_MAX_RANK], i;
+    int32_t d;
+    for (d = 0; d < shape->rank; ++d) {
+        numel *= shape->dims[d];
+        index[d] = 0;
+    }
+    for (i = 0; i < numel; ++i) {
+        int64_t offset = 0;
+        for (d = 0; d < shape->rank; ++d)
+            offset += index[d] * strides[d];
+        memcpy(dst + (size_t)i * width, base + (ptrdiff_t)offset * (ptrdiff_t)width, width);
+        for (d = shape->rank - 1; d >= 0; --d) {
+            if (++index[d] < shape->dims[d]) break;
+            index[d] = 0;
+        }
+    }
+}
+
+/* The tensor of a DLPack tensor. `release(context)` runs the producer's deleter: once the last
+   use of a borrowed buffer ends, or before returning after a copy; never on error. */
+static tb_tensor *tb__dl_import(const char *fn, const tb_dl_tensor *dl, const tb_device *device,
+                                void (*release)(void *context), void *context) {
+    tb_shape shape;
+    tb_dtype dtype;
+    size_t nbytes = 0, width, i;
+    const unsigned char *base;
+    bool contiguous = true, in_place;
+    tb_tensor *t;
+    int64_t expected = 1;
+    int32_t d;
+    char text[96];
+    if (dl->device.device_type != TB_DL_CPU) {
+        tb__error(TB_ERR_UNSUPPORTED,
+                  "%s: device type %d (%s) is not supported; only CPU (1) memory is imported", fn,
+                  (int)dl->device.device_type, tb__dl_device_type_name(dl->device.device_type));
+        return NULL;
+    }
+    if (dl->dtype.lanes != 1) {
+        tb__error(TB_ERR_DTYPE, "%s: dtype with %u lanes is not supported (lanes must be 1)", fn,
+                  (unsigned)dl->dtype.lanes);
+        return NULL;
+    }
+    if (!tb__dl_to_dtype(dl->dtype, &dtype)) {
+        tb__error(TB_ERR_DTYPE,
+                  "%s: dtype code %u (%s) with %u bits is not supported (supported: float 32 "
+                  "and 64, int 32 and 64, uint 8, bool 8)",
+                  fn, (unsigned)dl->dtype.code, tb__dl_code_name(dl->dtype.code),
+                  (unsigned)dl->dtype.bits);
+        return NULL;
+    }
+    if (dl->ndim < 0 || dl->ndim > TB_MAX_RANK) {
+        tb__error(TB_ERR_SHAPE, "%s: ndim %d is outside 0..%d", fn, (int)dl->ndim, TB_MAX_RANK);
+        return NULL;
+    }
+    if (dl->ndim > 0 && dl->shape == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: shape is NULL for ndim %d", fn, (int)dl->ndim);
+        return NULL;
+    }
+    for (d = 0; d < dl->ndim; ++d) {
+        if (dl->shape[d] < 0) {
+            tb__error(TB_ERR_SHAPE, "%s: dimension %d is %lld", fn, (int)d,
+                      (long long)dl->shape[d]);
+            return NULL;
+        }
+    }
+    if (tb_shape_make(&shape, dtype, dl->ndim, dl->shape) != TB_OK ||
+        tb_shape_nbytes(&shape, &nbytes) != TB_OK) {
+        tb__error(TB_ERR_OVERFLOW, "%s: the tensor's size overflows (ndim %d)", fn, (int)dl->ndim);
+        return NULL;
+    }
+    if (nbytes > 0 && dl->data == NULL) {
+        tb__shape_text(&shape, text);
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: data is NULL for %s", fn, text);
+        return NULL;
+    }
+    width = tb_dtype_size(dtype);
+    base = (const unsigned char *)dl->data;
+    if (base != NULL) base += dl->byte_offset;
+    /* Dims of size 1 may have any stride (PyTorch exports such); empty arrays are contiguous. */
+    if (dl->strides != NULL && nbytes > 0) {
+        for (d = shape.rank - 1; d >= 0; --d) {
+            if (shape.dims[d] != 1 && dl->strides[d] != expected) contiguous = false;
+            expected *= shape.dims[d];
+        }
+        for (d = 0; d < shape.rank && !contiguous; ++d) {
+            int64_t extent = shape.dims[d] - 1;
+            int64_t stride = dl->strides[d] < 0 ? -dl->strides[d] : dl->strides[d];
+            if (dl->strides[d] == INT64_MIN ||
+                (extent > 0 && stride > INT64_MAX / extent / (int64_t)width)) {
+                tb__error(TB_ERR_OVERFLOW, "%s: stride %lld of dimension %d overflows", fn,
+                          (long long)dl->strides[d], (int)d);
+                return NULL;
+            }
+        }
+    }
+    in_place = contiguous && ((uintptr_t)base % width) == 0;
+    /* The library's bool tensors hold 0 or 1 per byte: other bytes need the copy's fix-up. */
+    for (i = 0; in_place && dtype == TB_BOOL && i < nbytes; ++i)
+        in_place = base[i] <= 1;
+    if (in_place) {
+        t = tb_tensor_from_host_borrowed(base, &shape, device);
+        if (t == NULL) return NULL;
+        /* Not a cpu device: the tensor holds a copy and the producer's buffer is free now. */
+        if (nbytes == 0 || !tb__data_set_host_release(tb_tensor_data(t), base, release, context))
+            release(context);
+        return t;
+    } else {
+        unsigned char *copy = (unsigned char *)tb__alloc(nbytes ? nbytes : 1);
+        if (copy == NULL) return NULL;
+        if (contiguous)
+            memcpy(copy, base, nbytes);
+        else
+            tb__dl_gather(&shape, base, dl->strides, copy);
+        if (dtype == TB_BOOL)
+            for (i = 0; i < nbytes; ++i)
+                copy[i] = copy[i] != 0;
+        t = tb_tensor_from_host(copy, &shape, device);
+        tb__free(copy);
+        if (t == NULL) return NULL;
+        release(context);
+        return t;
+    }
+}
+
+TBDEF tb_tensor *tb_dlpack_import(tb_dl_managed_tensor *managed, const tb_device *device) {
+    tb__ensure_setup();
+    if (managed == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_dlpack_import: managed is NULL");
+        return NULL;
+    }
+    return tb__dl_import("tb_dlpack_import", &managed->dl_tensor, device, tb__dl_call_deleter,
+                         managed);
+}
+
+TBDEF tb_tensor *tb_dlpack_import_versioned(tb_dl_managed_tensor_versioned *managed,
+                                            const tb_device *device) {
+    tb__ensure_setup();
+    if (managed == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_dlpack_import_versioned: managed is NULL");
+        return NULL;
+    }
+    if (managed->version.major != TB_DLPACK_MAJOR_VERSION) {
+        tb__error(TB_ERR_UNSUPPORTED,
+                  "tb_dlpack_import_versioned: DLPack major version %u is not supported (this "
+                  "library reads version %d)",
+                  (unsigned)managed->version.major, TB_DLPACK_MAJOR_VERSION);
+        return NULL;
+    }
+    return tb__dl_import("tb_dlpack_import_versioned", &managed->dl_tensor, device,
+                         tb__dl_call_deleter_versioned, managed);
+}
 
 /* ---- src/impl_end.h ---- */
 #endif /* TB_IMPLEMENTATION */

@@ -1,5 +1,5 @@
 // test: run
-// Build and run: cc -std=c99 -Wall -Wextra -I. examples/fake_backend.c -o fake_backend -ldl -lpthread -lm && ./fake_backend
+// Build: cc -I. examples/fake_backend.c -o fake_backend -ldl -lpthread -lm && ./fake_backend
 /* A complete, minimal backend: the file to copy when you start a backend for your own device.
 
    It keeps arrays in host memory (where your backend would hold device buffers) and runs four
@@ -62,9 +62,9 @@ enum fake_step_kind { FAKE_PARAM, FAKE_ADD, FAKE_MUL, FAKE_NEG, FAKE_RELU };
 
 typedef struct fake_step {
     enum fake_step_kind kind;
-    size_t arg;     /* FAKE_PARAM: which execute argument */
-    size_t a, b;    /* the operands' slots */
-    size_t nbytes;  /* size of this node's value */
+    size_t arg;    /* FAKE_PARAM: which execute argument */
+    size_t a, b;   /* the operands' slots */
+    size_t nbytes; /* size of this node's value */
     int64_t numel;
 } fake_step;
 
@@ -145,14 +145,17 @@ static bool fake_supports_node(void *user_data, const tb_node *node) {
     (void)user_data;
     switch (tb_node_op(node)) {
     case TB_OP_DEVICE_DATA:
-    case TB_OP_SCALAR: return true; /* leaves: their values arrive as execute arguments */
+    case TB_OP_SCALAR:
+        return true; /* leaves: their values arrive as execute arguments */
     case TB_OP_ADD:
     case TB_OP_MUL:
         return fake_is_f32_like(tb_node_operand(node, 0), node) &&
                fake_is_f32_like(tb_node_operand(node, 1), node);
     case TB_OP_NEG:
-    case TB_OP_RELU: return fake_is_f32_like(tb_node_operand(node, 0), node);
-    default: return false;
+    case TB_OP_RELU:
+        return fake_is_f32_like(tb_node_operand(node, 0), node);
+    default:
+        return false;
     }
 }
 
@@ -164,7 +167,8 @@ static tb_status fake_data_from_host(void *user_data, tb_backend_data *data, con
     (void)user_data;
     if (tb_shape_nbytes(&data->shape, &nbytes) != TB_OK) return tb_last_status();
     b = fake_buffer_new(nbytes);
-    if (b == NULL) return tb_set_error(TB_ERR_OUT_OF_MEMORY, "fake: no memory for %zu bytes", nbytes);
+    if (b == NULL)
+        return tb_set_error(TB_ERR_OUT_OF_MEMORY, "fake: no memory for %zu bytes", nbytes);
     if (nbytes > 0) memcpy(b->data, host, nbytes);
     data->payload = b;
     return TB_OK;
@@ -177,15 +181,28 @@ static tb_status fake_data_from_scalar(void *user_data, tb_backend_data *data, t
     (void)user_data;
     if (b == NULL) return tb_set_error(TB_ERR_OUT_OF_MEMORY, "fake: no memory for a scalar");
     switch (data->shape.dtype) {
-    case TB_F32: *(float *)b->data = (float)tb_scalar_as_double(value); break;
-    case TB_F64: *(double *)b->data = tb_scalar_as_double(value); break;
-    case TB_I32: *(int32_t *)b->data = (int32_t)tb_scalar_as_int(value); break;
-    case TB_I64: *(int64_t *)b->data = tb_scalar_as_int(value); break;
-    case TB_U8: *(uint8_t *)b->data = (uint8_t)tb_scalar_as_int(value); break;
-    case TB_BOOL: *(uint8_t *)b->data = tb_scalar_as_double(value) != 0.0; break;
+    case TB_F32:
+        *(float *)b->data = (float)tb_scalar_as_double(value);
+        break;
+    case TB_F64:
+        *(double *)b->data = tb_scalar_as_double(value);
+        break;
+    case TB_I32:
+        *(int32_t *)b->data = (int32_t)tb_scalar_as_int(value);
+        break;
+    case TB_I64:
+        *(int64_t *)b->data = tb_scalar_as_int(value);
+        break;
+    case TB_U8:
+        *(uint8_t *)b->data = (uint8_t)tb_scalar_as_int(value);
+        break;
+    case TB_BOOL:
+        *(uint8_t *)b->data = tb_scalar_as_double(value) != 0.0;
+        break;
     default:
         fake_buffer_free(b);
-        return tb_set_error(TB_ERR_DTYPE, "fake: scalar of invalid dtype %d", (int)data->shape.dtype);
+        return tb_set_error(TB_ERR_DTYPE, "fake: scalar of invalid dtype %d",
+                            (int)data->shape.dtype);
     }
     data->payload = b;
     return TB_OK;
@@ -259,10 +276,18 @@ static tb_status fake_create_lowering_context(void *user_data, const tb_graph *g
             continue;
         }
         switch (tb_node_op(node)) {
-        case TB_OP_ADD: step->kind = FAKE_ADD; break;
-        case TB_OP_MUL: step->kind = FAKE_MUL; break;
-        case TB_OP_NEG: step->kind = FAKE_NEG; break;
-        case TB_OP_RELU: step->kind = FAKE_RELU; break;
+        case TB_OP_ADD:
+            step->kind = FAKE_ADD;
+            break;
+        case TB_OP_MUL:
+            step->kind = FAKE_MUL;
+            break;
+        case TB_OP_NEG:
+            step->kind = FAKE_NEG;
+            break;
+        case TB_OP_RELU:
+            step->kind = FAKE_RELU;
+            break;
         default:
             fake_program_free(p);
             free(ctx);
@@ -292,8 +317,8 @@ static void fake_release_lowering_context(void *user_data, void *context) {
 
 /* get_compilation_devices (optional): the devices a computation for `device` is compiled for.
    NULL means just `device`, which is also what this does. */
-static size_t fake_get_compilation_devices(void *user_data, const tb_device *device,
-                                           tb_device *out, size_t cap) {
+static size_t fake_get_compilation_devices(void *user_data, const tb_device *device, tb_device *out,
+                                           size_t cap) {
     (void)user_data;
     if (cap > 0) out[0] = *device;
     return 1;
@@ -321,8 +346,8 @@ static tb_status fake_compile(void *user_data, void *context, void **computation
         }
     }
     s->compiles++;
-    printf("fake: compile (%zu nodes, %zu parameters, %zu results)\n", p->num_steps,
-           p->num_params, p->num_results);
+    printf("fake: compile (%zu nodes, %zu parameters, %zu results)\n", p->num_steps, p->num_params,
+           p->num_results);
     /* The computation takes the program over; the context must not free it any more. */
     *computation = p;
     ctx->program = NULL;
@@ -330,9 +355,9 @@ static tb_status fake_compile(void *user_data, void *context, void **computation
 }
 
 /* execute (required): run with the parameter values and fill the result placeholders. */
-static tb_status fake_execute(void *user_data, void *computation,
-                              tb_backend_data *const *arguments, size_t num_arguments,
-                              tb_backend_data *const *results, size_t num_results) {
+static tb_status fake_execute(void *user_data, void *computation, tb_backend_data *const *arguments,
+                              size_t num_arguments, tb_backend_data *const *results,
+                              size_t num_results) {
     fake_state *s = (fake_state *)user_data;
     fake_program *p = (fake_program *)computation;
     void **slots = (void **)calloc(p->num_steps + 1, sizeof *slots);
@@ -364,11 +389,20 @@ static tb_status fake_execute(void *user_data, void *computation,
         out = (float *)slots[i];
         for (k = 0; k < step->numel; k++) {
             switch (step->kind) {
-            case FAKE_ADD: out[k] = a[k] + b[k]; break;
-            case FAKE_MUL: out[k] = a[k] * b[k]; break;
-            case FAKE_NEG: out[k] = -a[k]; break;
-            case FAKE_RELU: out[k] = a[k] > 0.0f ? a[k] : 0.0f; break;
-            case FAKE_PARAM: break;
+            case FAKE_ADD:
+                out[k] = a[k] + b[k];
+                break;
+            case FAKE_MUL:
+                out[k] = a[k] * b[k];
+                break;
+            case FAKE_NEG:
+                out[k] = -a[k];
+                break;
+            case FAKE_RELU:
+                out[k] = a[k] > 0.0f ? a[k] : 0.0f;
+                break;
+            case FAKE_PARAM:
+                break;
             }
         }
     }
@@ -544,10 +578,12 @@ int main(void) {
     if (fake_register(&state) != TB_OK) return fail("register");
     n = tb_backend_list(names, 8, false);
     printf("visible backends:");
-    for (i = 0; i < n && i < 8; i++) printf(" %s", names[i]);
+    for (i = 0; i < n && i < 8; i++)
+        printf(" %s", names[i]);
     n = tb_backend_list(names, 8, true);
     printf("\nall backends:");
-    for (i = 0; i < n && i < 8; i++) printf(" %s", names[i]);
+    for (i = 0; i < n && i < 8; i++)
+        printf(" %s", names[i]);
     printf("\n");
 
     if (tb_device_parse("fake:0", &dev) != TB_OK) return fail("device");

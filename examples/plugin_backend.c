@@ -70,7 +70,8 @@ static tb_status plugin_error(tb_status status, const char *message) {
 static void plugin_sizes(const tb_shape *shape, int64_t *numel, size_t *nbytes) {
     int64_t n = 1;
     int32_t i;
-    for (i = 0; i < shape->rank; i++) n *= shape->dims[i];
+    for (i = 0; i < shape->rank; i++)
+        n *= shape->dims[i];
     *numel = n;
     *nbytes = (size_t)n * tb_dtype_size(shape->dtype);
 }
@@ -123,14 +124,17 @@ static bool plugin_supports_node(void *user_data, const tb_node *node) {
     (void)user_data;
     switch (tb_node_op(node)) {
     case TB_OP_DEVICE_DATA:
-    case TB_OP_SCALAR: return true;
+    case TB_OP_SCALAR:
+        return true;
     case TB_OP_ADD:
     case TB_OP_MUL:
         return plugin_same_f32(tb_node_operand(node, 0), node) &&
                plugin_same_f32(tb_node_operand(node, 1), node);
     case TB_OP_NEG:
-    case TB_OP_RELU: return plugin_same_f32(tb_node_operand(node, 0), node);
-    default: return false;
+    case TB_OP_RELU:
+        return plugin_same_f32(tb_node_operand(node, 0), node);
+    default:
+        return false;
     }
 }
 
@@ -190,10 +194,18 @@ static tb_status plugin_create_lowering_context(void *user_data, const tb_graph 
             continue;
         }
         switch (tb_node_op(node)) {
-        case TB_OP_ADD: step->kind = PLUGIN_ADD; break;
-        case TB_OP_MUL: step->kind = PLUGIN_MUL; break;
-        case TB_OP_NEG: step->kind = PLUGIN_NEG; break;
-        case TB_OP_RELU: step->kind = PLUGIN_RELU; break;
+        case TB_OP_ADD:
+            step->kind = PLUGIN_ADD;
+            break;
+        case TB_OP_MUL:
+            step->kind = PLUGIN_MUL;
+            break;
+        case TB_OP_NEG:
+            step->kind = PLUGIN_NEG;
+            break;
+        case TB_OP_RELU:
+            step->kind = PLUGIN_RELU;
+            break;
         default:
             plugin_program_free(p);
             plugin_free(ctx);
@@ -258,11 +270,20 @@ static tb_status plugin_execute(void *user_data, void *computation,
         out = (float *)slots[i];
         for (k = 0; k < step->numel; k++) {
             switch (step->kind) {
-            case PLUGIN_ADD: out[k] = a[k] + b[k]; break;
-            case PLUGIN_MUL: out[k] = a[k] * b[k]; break;
-            case PLUGIN_NEG: out[k] = -a[k]; break;
-            case PLUGIN_RELU: out[k] = a[k] > 0.0f ? a[k] : 0.0f; break;
-            case PLUGIN_PARAM: break;
+            case PLUGIN_ADD:
+                out[k] = a[k] + b[k];
+                break;
+            case PLUGIN_MUL:
+                out[k] = a[k] * b[k];
+                break;
+            case PLUGIN_NEG:
+                out[k] = -a[k];
+                break;
+            case PLUGIN_RELU:
+                out[k] = a[k] > 0.0f ? a[k] : 0.0f;
+                break;
+            case PLUGIN_PARAM:
+                break;
             }
         }
     }
@@ -315,7 +336,8 @@ static tb_status plugin_get_device_info(void *user_data, int32_t ordinal, tb_dev
 #if defined(__GNUC__) || defined(__clang__)
 __attribute__((visibility("default")))
 #endif
-tb_status tb_backend_plugin_entry(const tb_plugin_host *host, tb_plugin_desc *out);
+tb_status
+tb_backend_plugin_entry(const tb_plugin_host *host, tb_plugin_desc *out);
 
 tb_status tb_backend_plugin_entry(const tb_plugin_host *host, tb_plugin_desc *out) {
     if (host == NULL || out == NULL) return TB_ERR_INVALID_ARGUMENT;

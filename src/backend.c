@@ -15,21 +15,21 @@ struct tb_backend {
     char name[TB_MAX_NAME + 1];
     char *tags;
     tb_backend_impl impl;
-    bool ready;         /* false while its init runs: lookups wait, the name is taken */
+    bool ready;            /* false while its init runs: lookups wait, the name is taken */
     uintptr_t init_thread; /* the thread running init (whose own lookups do not wait) */
-    bool defaults_set;  /* default_type/default_ordinal hold the backend's defaults */
+    bool defaults_set;     /* default_type/default_ordinal hold the backend's defaults */
     tb_device_type default_type;
     int32_t default_ordinal;
-    void *plugin;       /* the shared object it came from (closed at shutdown), or NULL */
+    void *plugin; /* the shared object it came from (closed at shutdown), or NULL */
 };
 
 typedef struct tb__registry {
     tb_backend **items;
     size_t count, cap;
-    tb_backend *current;      /* NULL until chosen (lazily from the desc) */
-    bool warned_default;      /* the unknown-default warning was logged */
-    int32_t builtins_done;    /* read atomically */
-    const tb_backend *cpu;    /* the reference backend, whose payloads are tb__host_buffer */
+    tb_backend *current;   /* NULL until chosen (lazily from the desc) */
+    bool warned_default;   /* the unknown-default warning was logged */
+    int32_t builtins_done; /* read atomically */
+    const tb_backend *cpu; /* the reference backend, whose payloads are tb__host_buffer */
 } tb__registry;
 
 static tb__registry tb__reg;
@@ -60,8 +60,8 @@ static tb_status tb__name_check(const char *fn, const char *what, const char *na
     if (name == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s name is NULL", fn, what);
     if (tb__name_valid(name)) return TB_OK;
     if (strlen(name) > TB_MAX_NAME) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s name '%.64s' is longer than %d bytes",
-                         fn, what, name, TB_MAX_NAME);
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s name '%.64s' is longer than %d bytes", fn,
+                         what, name, TB_MAX_NAME);
     }
     return tb__error(TB_ERR_INVALID_ARGUMENT,
                      "%s: bad %s name '%.64s' (expected [A-Za-z_][A-Za-z0-9_]*, 1..%d bytes)", fn,
@@ -71,11 +71,14 @@ static tb_status tb__name_check(const char *fn, const char *what, const char *na
 /* Walks comma-separated tags; spaces around a tag are ignored. Returns false on a bad list. */
 static bool tb__tags_next(const char **cursor, const char **tag, size_t *len) {
     const char *p = *cursor;
-    while (*p == ' ') p++;
+    while (*p == ' ')
+        p++;
     *tag = p;
-    while (tb__ident_char(*p, p == *tag)) p++;
+    while (tb__ident_char(*p, p == *tag))
+        p++;
     *len = (size_t)(p - *tag);
-    while (*p == ' ') p++;
+    while (*p == ' ')
+        p++;
     if (*len == 0) return false;
     if (*p == ',') {
         p++;
@@ -175,16 +178,15 @@ static void tb__entry_free(tb_backend *b) {
    The caller cleared the error before the call. */
 static tb_status tb__backend_failed(tb_status st, const tb_backend *b, const char *entry) {
     if (tb_last_status() == TB_OK || tb_last_error()[0] == '\0') {
-        return tb__error(st, "backend '%s': %s failed (%s)", b->name, entry,
-                         tb_status_string(st));
+        return tb__error(st, "backend '%s': %s failed (%s)", b->name, entry, tb_status_string(st));
     }
     tb__err_status = st;
     return st;
 }
 
 static const char *const tb__required_entries[] = {
-    "data_from_host",          "data_to_host", "data_release",        "create_lowering_context",
-    "compile",                 "execute",      "release_computation", "get_backend_devices"};
+    "data_from_host", "data_to_host", "data_release",        "create_lowering_context",
+    "compile",        "execute",      "release_computation", "get_backend_devices"};
 
 /* The name of the first required entry the vtable lacks, or NULL. */
 static const char *tb__missing_entry(const tb_backend_impl *impl) {
@@ -207,9 +209,8 @@ static const char *tb__missing_entry(const tb_backend_impl *impl) {
 /* Registers a backend. The name is reserved before init runs (outside the lock, so init may
    call the library), which makes a concurrent registration of the same name fail with
    TB_ERR_DUPLICATE; an init failure releases the name again. */
-static tb_status tb__backend_register(const char *fn, const char *name,
-                                      const tb_backend_impl *impl, const char *tags, void *plugin,
-                                      tb_backend **out) {
+static tb_status tb__backend_register(const char *fn, const char *name, const tb_backend_impl *impl,
+                                      const char *tags, void *plugin, tb_backend **out) {
     tb_backend *b;
     const char *missing;
     tb_status st;
@@ -218,8 +219,8 @@ static tb_status tb__backend_register(const char *fn, const char *name,
     if (impl == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: impl is NULL", fn);
     missing = tb__missing_entry(impl);
     if (missing != NULL) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT,
-                         "%s: backend '%s' lacks the required entry %s", fn, name, missing);
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: backend '%s' lacks the required entry %s",
+                         fn, name, missing);
     }
     if (tags == NULL) tags = "";
     if (!tb__tags_valid(tags)) {
@@ -384,8 +385,8 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
     if (desc.api_version != TB_API_VERSION) {
         dlclose(handle);
         return tb__error(TB_ERR_PLUGIN,
-                         "%s: plugin %.400s was built for API version %u, this library has %u",
-                         fn, path, (unsigned)desc.api_version, (unsigned)TB_API_VERSION);
+                         "%s: plugin %.400s was built for API version %u, this library has %u", fn,
+                         path, (unsigned)desc.api_version, (unsigned)TB_API_VERSION);
     }
     if (!tb__name_valid(desc.name)) {
         dlclose(handle);
@@ -395,9 +396,8 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
     if (expected != NULL && strcmp(desc.name, expected) != 0) {
         snprintf(reason, sizeof reason, "%s", desc.name);
         dlclose(handle);
-        return tb__error(TB_ERR_PLUGIN,
-                         "%s: plugin %.400s registers backend '%s', expected '%s'", fn, path,
-                         reason, expected);
+        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s registers backend '%s', expected '%s'",
+                         fn, path, reason, expected);
     }
     st = tb__backend_register(fn, desc.name, &desc.impl, desc.tags, handle, out);
     if (st != TB_OK) {
@@ -469,8 +469,7 @@ static tb_backend *tb__lookup(const char *fn, const char *name) {
     }
 #endif
     tb__available_names(available, sizeof available);
-    tb__error(TB_ERR_NOT_FOUND, "%s: unknown backend '%.64s'; available: %s", fn, name,
-              available);
+    tb__error(TB_ERR_NOT_FOUND, "%s: unknown backend '%.64s'; available: %s", fn, name, available);
     return NULL;
 }
 
@@ -586,8 +585,9 @@ TBDEF const char *tb_get_backend(void) {
         tb__reg.warned_default = true;
         tb__mutex_unlock(&tb__reg_mutex);
         if (warn) {
-            tb_log_message(TB_LOG_WARN, "the default backend '%.64s' is not usable (%s); using 'cpu'",
-                   wanted, tb_last_error());
+            tb_log_message(TB_LOG_WARN,
+                           "the default backend '%.64s' is not usable (%s); using 'cpu'", wanted,
+                           tb_last_error());
         }
         b = tb__find_ready("cpu");
     }
@@ -669,14 +669,13 @@ static tb_status tb__device_of(const char *fn, const tb_backend *b, int32_t ordi
 }
 
 static TB__UNUSED tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
-                                    tb_device *out) {
+                                               tb_device *out) {
     tb_backend *b = tb__lookup(fn, backend);
     if (b == NULL) return tb_last_status();
     return tb__device_of(fn, b, ordinal, out);
 }
 
-TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t cap,
-                                   size_t *count) {
+TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t cap, size_t *count) {
     tb_backend *b;
     size_t n, i;
     if (out == NULL && cap > 0) {
@@ -760,7 +759,8 @@ static void tb__defaults_init(tb_backend *b) {
 TBDEF tb_status tb_backend_get_default_device_type(const char *backend, tb_device_type *out) {
     tb_backend *b;
     if (out == NULL) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_get_default_device_type: out is NULL");
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_backend_get_default_device_type: out is NULL");
     }
     b = tb__lookup("tb_backend_get_default_device_type", backend);
     if (b == NULL) return tb_last_status();
@@ -928,8 +928,9 @@ TBDEF char *tb_backend_metrics_report(const char *backend) {
         return tb__strdup(small);
     }
     if (n == SIZE_MAX) {
-        tb__error(TB_ERR_OVERFLOW, "tb_backend_metrics_report: backend '%s' gives a report of "
-                                   "SIZE_MAX bytes",
+        tb__error(TB_ERR_OVERFLOW,
+                  "tb_backend_metrics_report: backend '%s' gives a report of "
+                  "SIZE_MAX bytes",
                   b->name);
         return NULL;
     }
@@ -980,6 +981,15 @@ static TB__UNUSED tb_backend *tb__backend_for_device(const tb_device *device) {
 static void tb__registry_shutdown(void) {
     tb_backend **items;
     size_t count, i;
+    /* prepare_to_exit first, with the registry intact: a backend may still look things up */
+    for (i = 0;; i++) {
+        tb_backend *b;
+        tb__mutex_lock(&tb__reg_mutex);
+        b = i < tb__reg.count ? tb__reg.items[i] : NULL;
+        tb__mutex_unlock(&tb__reg_mutex);
+        if (b == NULL) break;
+        if (b->ready && b->impl.prepare_to_exit != NULL) b->impl.prepare_to_exit(b->impl.user_data);
+    }
     tb__mutex_lock(&tb__reg_mutex);
     items = tb__reg.items;
     count = tb__reg.count;
@@ -990,12 +1000,7 @@ static void tb__registry_shutdown(void) {
     tb__reg.warned_default = false;
     tb__reg.cpu = NULL;
     tb__mutex_unlock(&tb__reg_mutex);
-    if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) != 0) TB__ATOMIC_ADD(&tb__reg.builtins_done, -1);
-    for (i = 0; i < count; i++) {
-        if (items[i]->impl.prepare_to_exit != NULL) {
-            items[i]->impl.prepare_to_exit(items[i]->impl.user_data);
-        }
-    }
+    /* entries first, then the objects their strings and functions came from */
     for (i = 0; i < count; i++) {
         void *plugin = items[i]->plugin;
         tb__entry_free(items[i]);
@@ -1006,15 +1011,19 @@ static void tb__registry_shutdown(void) {
 #endif
     }
     tb__free(items);
+    if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) != 0) TB__ATOMIC_ADD(&tb__reg.builtins_done, -1);
 }
 
 /* ---- backend data ---- */
 
-/* The cpu backend's payload: a host array, owned or borrowed from the caller. */
+/* The cpu backend's payload: a host array, owned or borrowed from the caller. A borrowed array
+   may carry a release callback, called once when the buffer is freed (DLPack's deleter). */
 typedef struct tb__host_buffer {
     void *data;
     size_t size;
     bool borrowed;
+    void (*release)(void *context);
+    void *release_context;
 } tb__host_buffer;
 
 /* An owned host buffer of `size` bytes (uninitialised). */
@@ -1028,12 +1037,15 @@ static TB__UNUSED tb__host_buffer *tb__host_buffer_new(size_t size) {
     }
     hb->size = size;
     hb->borrowed = false;
+    hb->release = NULL;
+    hb->release_context = NULL;
     return hb;
 }
 
 static TB__UNUSED void tb__host_buffer_free(tb__host_buffer *hb) {
     if (hb == NULL) return;
     if (!hb->borrowed) tb__free(hb->data);
+    if (hb->borrowed && hb->release != NULL) hb->release(hb->release_context);
     tb__free(hb);
 }
 
@@ -1048,7 +1060,7 @@ static TB__UNUSED void *tb__host_data(const tb_backend_data *data) {
 }
 
 static TB__UNUSED tb_backend_data *tb__data_new(const tb_backend *backend, const tb_device *device,
-                                     const tb_shape *shape) {
+                                                const tb_shape *shape) {
     tb_backend_data *d = (tb_backend_data *)tb__calloc(1, sizeof *d);
     if (d == NULL) return NULL;
     d->device = *device;
@@ -1080,8 +1092,8 @@ static void tb__data_discard(tb_backend_data *data) {
     tb__error_restore(&saved);
 }
 
-static TB__UNUSED tb_backend_data *tb__data_from_host(const tb_device *device, const tb_shape *shape,
-                                           const void *host) {
+static TB__UNUSED tb_backend_data *tb__data_from_host(const tb_device *device,
+                                                      const tb_shape *shape, const void *host) {
     tb_backend *b;
     tb_backend_data *d;
     size_t nbytes;
@@ -1145,8 +1157,8 @@ static TB__UNUSED tb_backend_data *tb__data_from_scalar(const tb_device *device,
         st = b->impl.data_from_host(b->impl.user_data, d, bytes);
     }
     if (st != TB_OK) {
-        tb__backend_failed(st, b, b->impl.data_from_scalar != NULL ? "data_from_scalar"
-                                                                   : "data_from_host");
+        tb__backend_failed(
+            st, b, b->impl.data_from_scalar != NULL ? "data_from_scalar" : "data_from_host");
         tb__data_discard(d);
         return NULL;
     }
@@ -1158,8 +1170,8 @@ static TB__UNUSED tb_backend_data *tb__data_from_scalar(const tb_device *device,
 
 /* A cpu data that uses `host` in place. NULL without an error when the device's backend cannot
    borrow host memory (the caller copies instead, which also reports any error). */
-static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device, const tb_shape *shape,
-                                             const void *host) {
+static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device,
+                                                        const tb_shape *shape, const void *host) {
     tb_backend *b;
     tb_backend_data *d;
     tb__host_buffer *hb;
@@ -1188,9 +1200,22 @@ static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device,
     memcpy(&hb->data, &host, sizeof hb->data);
     hb->size = nbytes;
     hb->borrowed = true;
+    hb->release = NULL;
+    hb->release_context = NULL;
     d->payload = hb;
     tb__metric_count("CreateDataHandles", 1);
     return d;
+}
+
+static TB__UNUSED bool tb__data_set_host_release(tb_backend_data *data, const void *host,
+                                                 void (*release)(void *context), void *context) {
+    tb__host_buffer *hb;
+    if (tb__host_data(data) == NULL || host == NULL) return false;
+    hb = (tb__host_buffer *)data->payload;
+    if (!hb->borrowed || hb->data != host || hb->release != NULL) return false;
+    hb->release = release;
+    hb->release_context = context;
+    return true;
 }
 
 static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *host) {
@@ -1210,8 +1235,9 @@ static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *
         return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_tensor_to_host: destination is NULL");
     }
     if (data->payload == NULL) {
-        return tb__error(TB_ERR_STATE, "tb_tensor_to_host: the data on backend '%s' has no value "
-                                       "yet (a placeholder)",
+        return tb__error(TB_ERR_STATE,
+                         "tb_tensor_to_host: the data on backend '%s' has no value "
+                         "yet (a placeholder)",
                          b->name);
     }
     tb__error_save(&saved);

@@ -18,9 +18,9 @@ static TB__THREAD_LOCAL char tb__err_message[TB__ERROR_CAP];
    common case of tb__ensure_setup costs one load. */
 typedef struct tb__state {
     int32_t ready;
-    tb_desc desc;               /* the effective desc: defaults filled, strings owned */
-    const char *device_source;  /* "desc.device" or "TB_DEVICE": where desc.device came from */
-    tb_allocator allocator;     /* copied out of desc so the hooks outlive tb_shutdown's frees */
+    tb_desc desc;              /* the effective desc: defaults filled, strings owned */
+    const char *device_source; /* "desc.device" or "TB_DEVICE": where desc.device came from */
+    tb_allocator allocator;    /* copied out of desc so the hooks outlive tb_shutdown's frees */
 } tb__state;
 
 static tb__state tb__g;
@@ -89,24 +89,42 @@ static TB__UNUSED void tb__yield(void) {
 
 TBDEF const char *tb_status_string(tb_status status) {
     switch (status) {
-    case TB_OK: return "TB_OK: success";
-    case TB_ERR_INVALID_ARGUMENT: return "TB_ERR_INVALID_ARGUMENT: invalid argument";
-    case TB_ERR_DTYPE: return "TB_ERR_DTYPE: unsupported dtype";
-    case TB_ERR_SHAPE: return "TB_ERR_SHAPE: shape mismatch";
-    case TB_ERR_OVERFLOW: return "TB_ERR_OVERFLOW: size overflow";
-    case TB_ERR_OUT_OF_MEMORY: return "TB_ERR_OUT_OF_MEMORY: out of memory";
-    case TB_ERR_NOT_FOUND: return "TB_ERR_NOT_FOUND: not found";
-    case TB_ERR_DUPLICATE: return "TB_ERR_DUPLICATE: duplicate name";
-    case TB_ERR_UNSUPPORTED: return "TB_ERR_UNSUPPORTED: unsupported";
-    case TB_ERR_UNAVAILABLE: return "TB_ERR_UNAVAILABLE: unavailable";
-    case TB_ERR_COMPILE: return "TB_ERR_COMPILE: compilation failed";
-    case TB_ERR_EXECUTE: return "TB_ERR_EXECUTE: execution failed";
-    case TB_ERR_IO: return "TB_ERR_IO: input/output error";
-    case TB_ERR_FORMAT: return "TB_ERR_FORMAT: malformed data";
-    case TB_ERR_PLUGIN: return "TB_ERR_PLUGIN: plugin error";
-    case TB_ERR_STATE: return "TB_ERR_STATE: wrong call order";
-    case TB_ERR_INTERNAL: return "TB_ERR_INTERNAL: internal error";
-    case TB_STATUS_COUNT: break;
+    case TB_OK:
+        return "TB_OK: success";
+    case TB_ERR_INVALID_ARGUMENT:
+        return "TB_ERR_INVALID_ARGUMENT: invalid argument";
+    case TB_ERR_DTYPE:
+        return "TB_ERR_DTYPE: unsupported dtype";
+    case TB_ERR_SHAPE:
+        return "TB_ERR_SHAPE: shape mismatch";
+    case TB_ERR_OVERFLOW:
+        return "TB_ERR_OVERFLOW: size overflow";
+    case TB_ERR_OUT_OF_MEMORY:
+        return "TB_ERR_OUT_OF_MEMORY: out of memory";
+    case TB_ERR_NOT_FOUND:
+        return "TB_ERR_NOT_FOUND: not found";
+    case TB_ERR_DUPLICATE:
+        return "TB_ERR_DUPLICATE: duplicate name";
+    case TB_ERR_UNSUPPORTED:
+        return "TB_ERR_UNSUPPORTED: unsupported";
+    case TB_ERR_UNAVAILABLE:
+        return "TB_ERR_UNAVAILABLE: unavailable";
+    case TB_ERR_COMPILE:
+        return "TB_ERR_COMPILE: compilation failed";
+    case TB_ERR_EXECUTE:
+        return "TB_ERR_EXECUTE: execution failed";
+    case TB_ERR_IO:
+        return "TB_ERR_IO: input/output error";
+    case TB_ERR_FORMAT:
+        return "TB_ERR_FORMAT: malformed data";
+    case TB_ERR_PLUGIN:
+        return "TB_ERR_PLUGIN: plugin error";
+    case TB_ERR_STATE:
+        return "TB_ERR_STATE: wrong call order";
+    case TB_ERR_INTERNAL:
+        return "TB_ERR_INTERNAL: internal error";
+    case TB_STATUS_COUNT:
+        break;
     }
     return "unknown status";
 }
@@ -174,7 +192,8 @@ static TB__UNUSED void tb__error_restore(const tb__saved_error *saved) {
 /* The hooks without error reporting (logging must not overwrite the caller's error). */
 static void *tb__raw_alloc(size_t size) {
     if (size == 0) size = 1;
-    if (tb__g.allocator.alloc != NULL) return tb__g.allocator.alloc(size, tb__g.allocator.user_data);
+    if (tb__g.allocator.alloc != NULL)
+        return tb__g.allocator.alloc(size, tb__g.allocator.user_data);
     return malloc(size);
 }
 
@@ -350,10 +369,14 @@ static TB__UNUSED const char *tb__getenv(const char *name) {
 
 static const char *tb__log_level_name(tb_log_level level) {
     switch (level) {
-    case TB_LOG_ERROR: return "error";
-    case TB_LOG_WARN: return "warn";
-    case TB_LOG_INFO: return "info";
-    case TB_LOG_DEBUG: return "debug";
+    case TB_LOG_ERROR:
+        return "error";
+    case TB_LOG_WARN:
+        return "warn";
+    case TB_LOG_INFO:
+        return "info";
+    case TB_LOG_DEBUG:
+        return "debug";
     }
     return "log";
 }
@@ -451,12 +474,10 @@ static tb_status tb__do_setup(const tb_desc *user) {
                          d.allocator.free != NULL ? "set" : "NULL");
     }
     if (d.debug < -1 || d.debug > 3) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: debug %d out of range -1..3",
-                         d.debug);
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: debug %d out of range -1..3", d.debug);
     }
     if (d.check < -1 || d.check > 1) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: check %d out of range -1..1",
-                         d.check);
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: check %d out of range -1..1", d.check);
     }
     /* The hooks and the debug level first: everything below may allocate or log. */
     tb__g.allocator = d.allocator;
@@ -571,8 +592,7 @@ static uint64_t tb__read64(const unsigned char *p) {
 }
 
 static uint64_t tb__read32(const unsigned char *p) {
-    return (uint64_t)p[0] | ((uint64_t)p[1] << 8) | ((uint64_t)p[2] << 16) |
-           ((uint64_t)p[3] << 24);
+    return (uint64_t)p[0] | ((uint64_t)p[1] << 8) | ((uint64_t)p[2] << 16) | ((uint64_t)p[3] << 24);
 }
 
 static uint64_t tb__xxh_round(uint64_t acc, uint64_t input) {

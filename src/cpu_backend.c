@@ -4,16 +4,10 @@
    =========================================================================================== */
 #include "impl_begin.h"
 
-/* A graph kept for execution: the nodes are retained for the computation's lifetime. */
+/* A graph kept for execution: a detached copy of its structure, so that a cached computation
+   holds no tensor's value (parameters arrive as execute arguments). */
 typedef struct tb__cpu_program {
-    tb_node **nodes;
-    size_t num_nodes;
-    tb_node **parameters;
-    size_t num_parameters;
-    tb_node **results;
-    size_t num_results;
-    uint64_t hash;
-    tb_device device;
+    tb__detached_graph detached;
     char *text; /* computation_backend_text, built on first use */
 } tb__cpu_program;
 
@@ -22,42 +16,11 @@ typedef struct tb__cpu_context {
     tb__cpu_program *program;
 } tb__cpu_context;
 
-static void tb__cpu_release_nodes(tb_node **nodes, size_t count) {
-    size_t i;
-    if (nodes == NULL) return;
-    for (i = 0; i < count; i++) tb__node_release(nodes[i]);
-    tb__free(nodes);
-}
-
 static void tb__cpu_program_free(tb__cpu_program *p) {
     if (p == NULL) return;
-    tb__cpu_release_nodes(p->nodes, p->num_nodes);
-    tb__cpu_release_nodes(p->parameters, p->num_parameters);
-    tb__cpu_release_nodes(p->results, p->num_results);
+    tb__graph_detached_free(&p->detached);
     tb__free(p->text);
     tb__free(p);
-}
-
-/* A retained copy of a node array; *out stays NULL for an empty one. */
-static tb_status tb__cpu_copy_nodes(const tb_node *const *src, size_t count, tb_node ***out) {
-    tb_node **copy;
-    size_t i;
-    *out = NULL;
-    if (count == 0) return TB_OK;
-    if (src == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "cpu: graph node array is NULL");
-    copy = (tb_node **)tb__calloc(count, sizeof *copy);
-    if (copy == NULL) return tb_last_status();
-    for (i = 0; i < count; i++) {
-        if (src[i] == NULL) {
-            tb__cpu_release_nodes(copy, i);
-            return tb__error(TB_ERR_INVALID_ARGUMENT, "cpu: graph node %zu is NULL", i);
-        }
-        /* The library's nodes are immutable; the const only says the backend must not edit. */
-        memcpy(&copy[i], &src[i], sizeof copy[i]);
-        tb__node_retain(copy[i]);
-    }
-    *out = copy;
-    return TB_OK;
 }
 
 static tb_status tb__cpu_data_from_host(void *user_data, tb_backend_data *data, const void *host) {
@@ -74,8 +37,7 @@ static tb_status tb__cpu_data_from_host(void *user_data, tb_backend_data *data, 
     return TB_OK;
 }
 
-static tb_status tb__cpu_data_from_scalar(void *user_data, tb_backend_data *data,
-                                          tb_scalar value) {
+static tb_status tb__cpu_data_from_scalar(void *user_data, tb_backend_data *data, tb_scalar value) {
     size_t size = tb_dtype_size(data->shape.dtype);
     tb__host_buffer *hb;
     (void)user_data;
@@ -98,8 +60,9 @@ static tb_status tb__cpu_data_to_host(void *user_data, const tb_backend_data *da
     st = tb_shape_nbytes(&data->shape, &nbytes);
     if (st != TB_OK) return st;
     if (hb == NULL || hb->size < nbytes) {
-        return tb__error(TB_ERR_INTERNAL, "cpu: data_to_host: the buffer holds %zu bytes, %zu "
-                                          "wanted",
+        return tb__error(TB_ERR_INTERNAL,
+                         "cpu: data_to_host: the buffer holds %zu bytes, %zu "
+                         "wanted",
                          hb != NULL ? hb->size : (size_t)0, nbytes);
     }
     if (nbytes > 0) memcpy(host, hb->data, nbytes);
@@ -122,27 +85,26 @@ static tb_status tb__cpu_create_lowering_context(void *user_data, const tb_graph
         return tb__error(TB_ERR_INVALID_ARGUMENT, "cpu: create_lowering_context: %s is NULL",
                          graph == NULL ? "graph" : "context");
     }
+    if ((graph->num_nodes > 0 && graph->nodes == NULL) ||
+        (graph->num_parameters > 0 && graph->parameters == NULL) ||
+        (graph->num_results > 0 && graph->results == NULL)) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "cpu: create_lowering_context: a node array "
+                                                  "of the graph is NULL");
+    }
     ctx = (tb__cpu_context *)tb__calloc(1, sizeof *ctx);
     p = ctx != NULL ? (tb__cpu_program *)tb__calloc(1, sizeof *p) : NULL;
     if (p == NULL) {
         tb__free(ctx);
         return tb_last_status();
     }
-    ctx->program = p;
-    p->hash = graph->hash;
-    p->device = graph->device;
-    st = tb__cpu_copy_nodes(graph->nodes, graph->num_nodes, &p->nodes);
-    if (st == TB_OK) p->num_nodes = graph->num_nodes;
-    if (st == TB_OK) st = tb__cpu_copy_nodes(graph->parameters, graph->num_parameters,
-                                             &p->parameters);
-    if (st == TB_OK) p->num_parameters = graph->num_parameters;
-    if (st == TB_OK) st = tb__cpu_copy_nodes(graph->results, graph->num_results, &p->results);
-    if (st == TB_OK) p->num_results = graph->num_results;
+    st = tb__graph_detach(graph, &p->detached);
     if (st != TB_OK) {
-        tb__cpu_program_free(p);
+        if (tb_last_status() == TB_OK) tb__error(st, "cpu: create_lowering_context: out of memory");
+        tb__free(p);
         tb__free(ctx);
         return st;
     }
+    ctx->program = p;
     *context = ctx;
     return TB_OK;
 }
@@ -155,24 +117,40 @@ static void tb__cpu_release_lowering_context(void *user_data, void *context) {
     tb__free(ctx);
 }
 
-/* "cpu reference computation: ..." then one line per node in post-order, nodes named by id. */
+/* The position of `node` among nodes[0..count): the detached copies were made in post-order,
+   so their ids increase along the array. */
+static size_t tb__cpu_position(const tb_node *const *nodes, size_t count, const tb_node *node) {
+    size_t lo = 0, hi = count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (nodes[mid]->id < node->id) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo < count && nodes[lo] == node ? lo : count;
+}
+
+/* "cpu reference computation: ..." then one line per node in post-order, named by position. */
 static char *tb__cpu_program_text(const tb__cpu_program *p) {
+    const tb_graph *g = &p->detached.graph;
     tb__str s;
     size_t i, j;
     memset(&s, 0, sizeof s);
     tb__str_append(&s,
                    "cpu reference computation: hash 0x%016llx, %zu nodes, %zu parameters, %zu "
                    "results\n",
-                   (unsigned long long)p->hash, p->num_nodes, p->num_parameters, p->num_results);
-    for (i = 0; i < p->num_nodes; i++) {
-        const tb_node *n = p->nodes[i];
+                   (unsigned long long)g->hash, g->num_nodes, g->num_parameters, g->num_results);
+    for (i = 0; i < g->num_nodes; i++) {
+        const tb_node *n = g->nodes[i];
         const char *name = tb_op_name(n->op);
         char text[96];
         tb__shape_text(&n->shape, text);
-        tb__str_append(&s, "  %%%llu = %s(", (unsigned long long)n->id, name != NULL ? name : "?");
+        tb__str_append(&s, "  %%%zu = %s(", i, name != NULL ? name : "?");
         for (j = 0; j < n->num_operands; j++) {
-            tb__str_append(&s, j == 0 ? "%%%llu" : ", %%%llu",
-                           (unsigned long long)n->operands[j]->id);
+            tb__str_append(&s, j == 0 ? "%%%zu" : ", %%%zu",
+                           tb__cpu_position(g->nodes, i, n->operands[j]));
         }
         tb__str_append(&s, ") %s\n", text);
     }
@@ -185,7 +163,7 @@ static tb_status tb__cpu_compile(void *user_data, void *context, void **computat
     if (ctx == NULL || ctx->program == NULL || computation == NULL) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "cpu: compile: no lowering context");
     }
-    /* nothing to compile: the interpreter runs the retained graph */
+    /* nothing to compile: the interpreter runs the detached graph */
     *computation = ctx->program;
     ctx->program = NULL;
     return TB_OK;
@@ -198,16 +176,17 @@ static tb_status tb__cpu_execute(void *user_data, void *computation,
     const void **params = NULL;
     void **outs = NULL;
     tb__host_buffer **buffers = NULL;
-    tb_graph graph;
     tb_status st = TB_OK;
     size_t i;
     (void)user_data;
     if (p == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "cpu: execute: computation is NULL");
-    if (num_arguments != p->num_parameters || num_results != p->num_results) {
+    if (num_arguments != p->detached.graph.num_parameters ||
+        num_results != p->detached.graph.num_results) {
         return tb__error(TB_ERR_INVALID_ARGUMENT,
                          "cpu: execute: %zu arguments and %zu results given, the computation "
                          "takes %zu and gives %zu",
-                         num_arguments, num_results, p->num_parameters, p->num_results);
+                         num_arguments, num_results, p->detached.graph.num_parameters,
+                         p->detached.graph.num_results);
     }
     params = (const void **)tb__calloc(num_arguments + 1, sizeof *params);
     outs = (void **)tb__calloc(num_results + 1, sizeof *outs);
@@ -240,16 +219,7 @@ static tb_status tb__cpu_execute(void *user_data, void *computation,
         }
         outs[i] = buffers[i]->data;
     }
-    memset(&graph, 0, sizeof graph);
-    graph.nodes = (const tb_node *const *)p->nodes;
-    graph.num_nodes = p->num_nodes;
-    graph.parameters = (const tb_node *const *)p->parameters;
-    graph.num_parameters = p->num_parameters;
-    graph.results = (const tb_node *const *)p->results;
-    graph.num_results = p->num_results;
-    graph.hash = p->hash;
-    graph.device = p->device;
-    st = tb__ref_run_graph(&graph, params, outs);
+    st = tb__ref_run_graph(&p->detached.graph, params, outs);
     if (st != TB_OK) goto done;
     for (i = 0; i < num_results; i++) {
         /* LTC's Assign: a placeholder that already had a value gets the new one */
@@ -259,7 +229,8 @@ static tb_status tb__cpu_execute(void *user_data, void *computation,
     }
 done:
     if (buffers != NULL) {
-        for (i = 0; i < num_results; i++) tb__host_buffer_free(buffers[i]);
+        for (i = 0; i < num_results; i++)
+            tb__host_buffer_free(buffers[i]);
     }
     tb__free(buffers);
     tb__free(outs);

@@ -9,10 +9,14 @@ static TB__THREAD_LOCAL bool tb__guard_active = false;
 
 TBDEF const char *tb_device_type_name(tb_device_type type) {
     switch (type) {
-    case TB_DEVICE_CPU: return "CPU";
-    case TB_DEVICE_GPU: return "GPU";
-    case TB_DEVICE_ACCELERATOR: return "ACCELERATOR";
-    case TB_DEVICE_TYPE_COUNT: break;
+    case TB_DEVICE_CPU:
+        return "CPU";
+    case TB_DEVICE_GPU:
+        return "GPU";
+    case TB_DEVICE_ACCELERATOR:
+        return "ACCELERATOR";
+    case TB_DEVICE_TYPE_COUNT:
+        break;
     }
     return "invalid";
 }
@@ -147,8 +151,7 @@ TBDEF tb_status tb_device_parse(const char *text, tb_device *out) {
 
 TBDEF bool tb_device_equal(const tb_device *a, const tb_device *b) {
     if (a == NULL || b == NULL) return false;
-    return a->ordinal == b->ordinal &&
-           strncmp(a->backend, b->backend, sizeof a->backend) == 0;
+    return a->ordinal == b->ordinal && strncmp(a->backend, b->backend, sizeof a->backend) == 0;
 }
 
 TBDEF tb_status tb_current_device(tb_device *out) {
@@ -170,8 +173,8 @@ TBDEF tb_status tb_current_device(tb_device *out) {
             const char *r = tb_last_error();
             if (strncmp(r, prefix, sizeof prefix - 1) == 0) r += sizeof prefix - 1;
             snprintf(reason, sizeof reason, "%s", r);
-            return tb__error(st, "tb_current_device: %s='%.64s' is not a usable device: %s",
-                             source, desc->device, reason);
+            return tb__error(st, "tb_current_device: %s='%.64s' is not a usable device: %s", source,
+                             desc->device, reason);
         }
         *out = d;
         return TB_OK;

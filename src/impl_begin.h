@@ -157,6 +157,11 @@ static tb_backend_data *tb__data_borrow_host(const tb_device *device, const tb_s
 /* the host array of a cpu backend data (payload tb__host_buffer, defined in backend.c);
    NULL for another backend's data or a placeholder */
 static void *tb__host_data(const tb_backend_data *data);
+/* arms a release callback on a cpu data that borrows `host` (tb__data_borrow_host): called
+   once, when the data's buffer is freed. false (nothing set) when `data` is not such a data
+   or already has a callback */
+static bool tb__data_set_host_release(tb_backend_data *data, const void *host,
+                                      void (*release)(void *context), void *context);
 /* the device `ordinal` of a backend, its type asked from the backend; messages name `fn`
    (unknown backend: lists those that exist; bad ordinal: gives the device count) */
 static tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
@@ -192,6 +197,17 @@ static tb_node *tb__node_device_data(tb_backend_data *data); /* retains data */
 static tb_node *tb__node_scalar(tb_scalar value, const tb_device *device, bool wrapped_number);
 static void tb__node_retain(tb_node *node);
 static void tb__node_release(tb_node *node); /* iterative: deep chains do not recurse */
+/* A copy of a graph's structure that holds no values: parameters become leaves without data,
+   every other node is copied with its op, shape and attributes. A backend keeps this for a cached
+   computation so that the computation does not keep the first run's tensors alive. */
+typedef struct tb__detached_graph {
+    tb_graph graph;
+    tb_node **nodes;
+    tb_node **parameters;
+    tb_node **results;
+} tb__detached_graph;
+static tb_status tb__graph_detach(const tb_graph *graph, tb__detached_graph *out);
+static void tb__graph_detached_free(tb__detached_graph *detached);
 /* shape inference for a built-in or custom op (used by ops.c and tb_call_op) */
 static tb_status tb__op_infer_shape(tb_op op, const tb_shape *inputs, size_t num_inputs,
                                     const int64_t *attrs, size_t num_attrs, tb_shape *out);

@@ -354,3 +354,384 @@ TBDEF tb_status tb_npy_save(const char *path, tb_tensor *tensor) {
 }
 
 #undef TB__NPY_MAGIC_LEN
+
+/* ===========================================================================================
+   Interop: DLPack
+   =========================================================================================== */
+
+/* DLPack consumers compile against their own copy of the structs: the layout must match
+   DLPack's, checked here where pointers are 8 bytes. */
+typedef char
+    tb__dl_layout_check[(sizeof(void *) != 8 ||
+                         (sizeof(tb_dl_tensor) == 48 && offsetof(tb_dl_tensor, dtype) == 20 &&
+                          offsetof(tb_dl_tensor, byte_offset) == 40 &&
+                          sizeof(tb_dl_managed_tensor) == 64 &&
+                          offsetof(tb_dl_managed_tensor_versioned, flags) == 24 &&
+                          sizeof(tb_dl_managed_tensor_versioned) == 80))
+                            ? 1
+                            : -1];
+
+static bool tb__dl_from_dtype(tb_dtype dtype, tb_dl_data_type *out) {
+    static const uint8_t codes[TB_DTYPE_COUNT] = {TB_DL_FLOAT, TB_DL_FLOAT, TB_DL_INT,
+                                                  TB_DL_INT,   TB_DL_UINT,  TB_DL_BOOL};
+    if (!tb_dtype_is_valid(dtype)) return false;
+    out->code = codes[dtype];
+    out->bits = (uint8_t)(8 * tb_dtype_size(dtype));
+    out->lanes = 1;
+    return true;
+}
+
+static bool tb__dl_to_dtype(tb_dl_data_type type, tb_dtype *out) {
+    int d;
+    for (d = 0; d < (int)TB_DTYPE_COUNT; ++d) {
+        tb_dl_data_type ours;
+        tb__dl_from_dtype((tb_dtype)d, &ours);
+        if (ours.code == type.code && ours.bits == type.bits) {
+            *out = (tb_dtype)d;
+            return true;
+        }
+    }
+    return false;
+}
+
+static const char *tb__dl_device_type_name(int32_t type) {
+    switch (type) {
+    case TB_DL_CPU:
+        return "CPU";
+    case TB_DL_CUDA:
+        return "CUDA";
+    case TB_DL_CUDA_HOST:
+        return "CUDAHost";
+    case TB_DL_OPENCL:
+        return "OpenCL";
+    case TB_DL_VULKAN:
+        return "Vulkan";
+    case TB_DL_METAL:
+        return "Metal";
+    case TB_DL_VPI:
+        return "VPI";
+    case TB_DL_ROCM:
+        return "ROCM";
+    case TB_DL_ROCM_HOST:
+        return "ROCMHost";
+    case TB_DL_EXT_DEV:
+        return "ExtDev";
+    case TB_DL_CUDA_MANAGED:
+        return "CUDAManaged";
+    case TB_DL_ONEAPI:
+        return "OneAPI";
+    case TB_DL_WEBGPU:
+        return "WebGPU";
+    case TB_DL_HEXAGON:
+        return "Hexagon";
+    default:
+        return "unknown";
+    }
+}
+
+static const char *tb__dl_code_name(uint8_t code) {
+    switch (code) {
+    case TB_DL_INT:
+        return "int";
+    case TB_DL_UINT:
+        return "uint";
+    case TB_DL_FLOAT:
+        return "float";
+    case TB_DL_OPAQUE_HANDLE:
+        return "opaque handle";
+    case TB_DL_BFLOAT:
+        return "bfloat";
+    case TB_DL_COMPLEX:
+        return "complex";
+    case TB_DL_BOOL:
+        return "bool";
+    default:
+        return "unknown";
+    }
+}
+
+/* ---- export ---- */
+
+/* One allocation per export: the managed struct handed out (one of the two), what keeps the
+   buffer alive, and the shape and strides the struct points at. */
+typedef struct tb__dl_export {
+    tb_dl_managed_tensor managed;
+    tb_dl_managed_tensor_versioned versioned;
+    tb_backend_data *lent; /* the tensor's own buffer (a reference), or NULL */
+    void *copy;            /* a host copy (owned), or NULL */
+    int64_t shape[TB_MAX_RANK];
+    int64_t strides[TB_MAX_RANK];
+} tb__dl_export;
+
+static void tb__dl_export_free(tb__dl_export *e) {
+    tb__data_release(e->lent);
+    tb__free(e->copy);
+    tb__free(e);
+}
+
+static void tb__dl_export_deleter(tb_dl_managed_tensor *self) {
+    if (self != NULL) tb__dl_export_free((tb__dl_export *)self->manager_ctx);
+}
+
+static void tb__dl_export_deleter_versioned(tb_dl_managed_tensor_versioned *self) {
+    if (self != NULL) tb__dl_export_free((tb__dl_export *)self->manager_ctx);
+}
+
+/* Syncs the tensor and fills e->managed.dl_tensor (shared by both export forms). */
+static tb_status tb__dl_export_begin(const char *fn, tb_tensor *tensor, tb__dl_export **out) {
+    tb_shape shape;
+    tb_dl_data_type type;
+    tb_backend_data *data;
+    tb__dl_export *e;
+    tb_dl_tensor *dl;
+    void *host;
+    size_t nbytes = 0;
+    tb_status st;
+    tb__ensure_setup();
+    if (tensor == NULL) {
+        /* keep the first error of a chain of ops that ends here */
+        if (tb_last_status() != TB_OK) return tb_last_status();
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: tensor is NULL", fn);
+    }
+    shape = tb_tensor_shape(tensor);
+    if (!tb__dl_from_dtype(shape.dtype, &type))
+        return tb__error(TB_ERR_DTYPE, "%s: invalid dtype %d", fn, (int)shape.dtype);
+    st = tb_shape_nbytes(&shape, &nbytes);
+    if (st != TB_OK) return st;
+    data = tb_tensor_data(tensor);
+    if (data == NULL) {
+        st = tb_last_status();
+        return st != TB_OK ? st : tb__error(TB_ERR_INTERNAL, "%s: the tensor has no value", fn);
+    }
+    e = (tb__dl_export *)tb__calloc(1, sizeof *e);
+    if (e == NULL) return tb_last_status();
+    host = tb__host_data(data);
+    if (host != NULL) {
+        tb__data_retain(data);
+        e->lent = data;
+    } else {
+        e->copy = tb__alloc(nbytes ? nbytes : 1);
+        st = e->copy != NULL ? tb_tensor_to_host(tensor, e->copy, nbytes) : tb_last_status();
+        if (st != TB_OK) {
+            tb__dl_export_free(e);
+            return st;
+        }
+        host = e->copy;
+    }
+    tb_shape_strides(&shape, e->strides);
+    memcpy(e->shape, shape.dims, sizeof e->shape);
+    dl = &e->managed.dl_tensor;
+    dl->data = host;
+    dl->device.device_type = TB_DL_CPU;
+    dl->device.device_id = 0;
+    dl->ndim = shape.rank;
+    dl->dtype = type;
+    dl->shape = e->shape;
+    dl->strides = e->strides;
+    dl->byte_offset = 0;
+    *out = e;
+    return TB_OK;
+}
+
+TBDEF tb_status tb_dlpack_export(tb_tensor *tensor, tb_dl_managed_tensor **out) {
+    tb__dl_export *e = NULL;
+    tb_status st;
+    if (out == NULL) {
+        tb__ensure_setup();
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_dlpack_export: out is NULL");
+    }
+    st = tb__dl_export_begin("tb_dlpack_export", tensor, &e);
+    if (st != TB_OK) return st;
+    e->managed.manager_ctx = e;
+    e->managed.deleter = tb__dl_export_deleter;
+    *out = &e->managed;
+    return TB_OK;
+}
+
+TBDEF tb_status tb_dlpack_export_versioned(tb_tensor *tensor,
+                                           tb_dl_managed_tensor_versioned **out) {
+    tb__dl_export *e = NULL;
+    tb_status st;
+    if (out == NULL) {
+        tb__ensure_setup();
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_dlpack_export_versioned: out is NULL");
+    }
+    st = tb__dl_export_begin("tb_dlpack_export_versioned", tensor, &e);
+    if (st != TB_OK) return st;
+    e->versioned.version.major = TB_DLPACK_MAJOR_VERSION;
+    e->versioned.version.minor = TB_DLPACK_MINOR_VERSION;
+    e->versioned.manager_ctx = e;
+    e->versioned.deleter = tb__dl_export_deleter_versioned;
+    e->versioned.flags = e->lent != NULL ? TB_DLPACK_FLAG_READ_ONLY : TB_DLPACK_FLAG_IS_COPIED;
+    e->versioned.dl_tensor = e->managed.dl_tensor;
+    *out = &e->versioned;
+    return TB_OK;
+}
+
+/* ---- import ---- */
+
+static void tb__dl_call_deleter(void *context) {
+    tb_dl_managed_tensor *managed = (tb_dl_managed_tensor *)context;
+    if (managed->deleter != NULL) managed->deleter(managed);
+}
+
+static void tb__dl_call_deleter_versioned(void *context) {
+    tb_dl_managed_tensor_versioned *managed = (tb_dl_managed_tensor_versioned *)context;
+    if (managed->deleter != NULL) managed->deleter(managed);
+}
+
+/* Copies a strided array of `shape` into the contiguous `dst`. */
+static void tb__dl_gather(const tb_shape *shape, const unsigned char *base, const int64_t *strides,
+                          unsigned char *dst) {
+    size_t width = tb_dtype_size(shape->dtype);
+    int64_t numel = 1, index[TB_MAX_RANK], i;
+    int32_t d;
+    for (d = 0; d < shape->rank; ++d) {
+        numel *= shape->dims[d];
+        index[d] = 0;
+    }
+    for (i = 0; i < numel; ++i) {
+        int64_t offset = 0;
+        for (d = 0; d < shape->rank; ++d)
+            offset += index[d] * strides[d];
+        memcpy(dst + (size_t)i * width, base + (ptrdiff_t)offset * (ptrdiff_t)width, width);
+        for (d = shape->rank - 1; d >= 0; --d) {
+            if (++index[d] < shape->dims[d]) break;
+            index[d] = 0;
+        }
+    }
+}
+
+/* The tensor of a DLPack tensor. `release(context)` runs the producer's deleter: once the last
+   use of a borrowed buffer ends, or before returning after a copy; never on error. */
+static tb_tensor *tb__dl_import(const char *fn, const tb_dl_tensor *dl, const tb_device *device,
+                                void (*release)(void *context), void *context) {
+    tb_shape shape;
+    tb_dtype dtype;
+    size_t nbytes = 0, width, i;
+    const unsigned char *base;
+    bool contiguous = true, in_place;
+    tb_tensor *t;
+    int64_t expected = 1;
+    int32_t d;
+    char text[96];
+    if (dl->device.device_type != TB_DL_CPU) {
+        tb__error(TB_ERR_UNSUPPORTED,
+                  "%s: device type %d (%s) is not supported; only CPU (1) memory is imported", fn,
+                  (int)dl->device.device_type, tb__dl_device_type_name(dl->device.device_type));
+        return NULL;
+    }
+    if (dl->dtype.lanes != 1) {
+        tb__error(TB_ERR_DTYPE, "%s: dtype with %u lanes is not supported (lanes must be 1)", fn,
+                  (unsigned)dl->dtype.lanes);
+        return NULL;
+    }
+    if (!tb__dl_to_dtype(dl->dtype, &dtype)) {
+        tb__error(TB_ERR_DTYPE,
+                  "%s: dtype code %u (%s) with %u bits is not supported (supported: float 32 "
+                  "and 64, int 32 and 64, uint 8, bool 8)",
+                  fn, (unsigned)dl->dtype.code, tb__dl_code_name(dl->dtype.code),
+                  (unsigned)dl->dtype.bits);
+        return NULL;
+    }
+    if (dl->ndim < 0 || dl->ndim > TB_MAX_RANK) {
+        tb__error(TB_ERR_SHAPE, "%s: ndim %d is outside 0..%d", fn, (int)dl->ndim, TB_MAX_RANK);
+        return NULL;
+    }
+    if (dl->ndim > 0 && dl->shape == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: shape is NULL for ndim %d", fn, (int)dl->ndim);
+        return NULL;
+    }
+    for (d = 0; d < dl->ndim; ++d) {
+        if (dl->shape[d] < 0) {
+            tb__error(TB_ERR_SHAPE, "%s: dimension %d is %lld", fn, (int)d,
+                      (long long)dl->shape[d]);
+            return NULL;
+        }
+    }
+    if (tb_shape_make(&shape, dtype, dl->ndim, dl->shape) != TB_OK ||
+        tb_shape_nbytes(&shape, &nbytes) != TB_OK) {
+        tb__error(TB_ERR_OVERFLOW, "%s: the tensor's size overflows (ndim %d)", fn, (int)dl->ndim);
+        return NULL;
+    }
+    if (nbytes > 0 && dl->data == NULL) {
+        tb__shape_text(&shape, text);
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: data is NULL for %s", fn, text);
+        return NULL;
+    }
+    width = tb_dtype_size(dtype);
+    base = (const unsigned char *)dl->data;
+    if (base != NULL) base += dl->byte_offset;
+    /* Dims of size 1 may have any stride (PyTorch exports such); empty arrays are contiguous. */
+    if (dl->strides != NULL && nbytes > 0) {
+        for (d = shape.rank - 1; d >= 0; --d) {
+            if (shape.dims[d] != 1 && dl->strides[d] != expected) contiguous = false;
+            expected *= shape.dims[d];
+        }
+        for (d = 0; d < shape.rank && !contiguous; ++d) {
+            int64_t extent = shape.dims[d] - 1;
+            int64_t stride = dl->strides[d] < 0 ? -dl->strides[d] : dl->strides[d];
+            if (dl->strides[d] == INT64_MIN ||
+                (extent > 0 && stride > INT64_MAX / extent / (int64_t)width)) {
+                tb__error(TB_ERR_OVERFLOW, "%s: stride %lld of dimension %d overflows", fn,
+                          (long long)dl->strides[d], (int)d);
+                return NULL;
+            }
+        }
+    }
+    in_place = contiguous && ((uintptr_t)base % width) == 0;
+    /* The library's bool tensors hold 0 or 1 per byte: other bytes need the copy's fix-up. */
+    for (i = 0; in_place && dtype == TB_BOOL && i < nbytes; ++i)
+        in_place = base[i] <= 1;
+    if (in_place) {
+        t = tb_tensor_from_host_borrowed(base, &shape, device);
+        if (t == NULL) return NULL;
+        /* Not a cpu device: the tensor holds a copy and the producer's buffer is free now. */
+        if (nbytes == 0 || !tb__data_set_host_release(tb_tensor_data(t), base, release, context))
+            release(context);
+        return t;
+    } else {
+        unsigned char *copy = (unsigned char *)tb__alloc(nbytes ? nbytes : 1);
+        if (copy == NULL) return NULL;
+        if (contiguous)
+            memcpy(copy, base, nbytes);
+        else
+            tb__dl_gather(&shape, base, dl->strides, copy);
+        if (dtype == TB_BOOL)
+            for (i = 0; i < nbytes; ++i)
+                copy[i] = copy[i] != 0;
+        t = tb_tensor_from_host(copy, &shape, device);
+        tb__free(copy);
+        if (t == NULL) return NULL;
+        release(context);
+        return t;
+    }
+}
+
+TBDEF tb_tensor *tb_dlpack_import(tb_dl_managed_tensor *managed, const tb_device *device) {
+    tb__ensure_setup();
+    if (managed == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_dlpack_import: managed is NULL");
+        return NULL;
+    }
+    return tb__dl_import("tb_dlpack_import", &managed->dl_tensor, device, tb__dl_call_deleter,
+                         managed);
+}
+
+TBDEF tb_tensor *tb_dlpack_import_versioned(tb_dl_managed_tensor_versioned *managed,
+                                            const tb_device *device) {
+    tb__ensure_setup();
+    if (managed == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_dlpack_import_versioned: managed is NULL");
+        return NULL;
+    }
+    if (managed->version.major != TB_DLPACK_MAJOR_VERSION) {
+        tb__error(TB_ERR_UNSUPPORTED,
+                  "tb_dlpack_import_versioned: DLPack major version %u is not supported (this "
+                  "library reads version %d)",
+                  (unsigned)managed->version.major, TB_DLPACK_MAJOR_VERSION);
+        return NULL;
+    }
+    return tb__dl_import("tb_dlpack_import_versioned", &managed->dl_tensor, device,
+                         tb__dl_call_deleter_versioned, managed);
+}

@@ -64,56 +64,56 @@ typedef intptr_t tb__cl_context_properties;
 #endif
 
 /* Values from the Khronos headers (CL/cl.h). */
-#define TB__CL_SUCCESS                           0
-#define TB__CL_DEVICE_NOT_FOUND                  (-1)
-#define TB__CL_MEM_OBJECT_ALLOCATION_FAILURE     (-4)
-#define TB__CL_OUT_OF_RESOURCES                  (-5)
-#define TB__CL_OUT_OF_HOST_MEMORY                (-6)
-#define TB__CL_BUILD_PROGRAM_FAILURE             (-11)
-#define TB__CL_INVALID_BUFFER_SIZE               (-61)
-#define TB__CL_PLATFORM_NOT_FOUND_KHR            (-1001)
-#define TB__CL_TRUE                              1u
-#define TB__CL_FALSE                             0u
-#define TB__CL_PLATFORM_VERSION                  0x0901u
-#define TB__CL_PLATFORM_NAME                     0x0902u
-#define TB__CL_PLATFORM_VENDOR                   0x0903u
-#define TB__CL_DEVICE_TYPE                       0x1000u
-#define TB__CL_DEVICE_MAX_COMPUTE_UNITS          0x1002u
-#define TB__CL_DEVICE_MAX_WORK_GROUP_SIZE        0x1004u
-#define TB__CL_DEVICE_MAX_CLOCK_FREQUENCY        0x100Cu
-#define TB__CL_DEVICE_MAX_MEM_ALLOC_SIZE         0x1010u
-#define TB__CL_DEVICE_MEM_BASE_ADDR_ALIGN        0x1019u
-#define TB__CL_DEVICE_SINGLE_FP_CONFIG           0x101Bu
-#define TB__CL_DEVICE_GLOBAL_MEM_SIZE            0x101Fu
-#define TB__CL_DEVICE_LOCAL_MEM_SIZE             0x1023u
-#define TB__CL_DEVICE_AVAILABLE                  0x1027u
-#define TB__CL_DEVICE_COMPILER_AVAILABLE         0x1028u
-#define TB__CL_DEVICE_NAME                       0x102Bu
-#define TB__CL_DEVICE_VENDOR                     0x102Cu
-#define TB__CL_DRIVER_VERSION                    0x102Du
-#define TB__CL_DEVICE_VERSION                    0x102Fu
-#define TB__CL_DEVICE_EXTENSIONS                 0x1030u
-#define TB__CL_DEVICE_DOUBLE_FP_CONFIG           0x1032u
-#define TB__CL_DEVICE_HOST_UNIFIED_MEMORY        0x1035u
-#define TB__CL_DEVICE_OPENCL_C_VERSION           0x103Du
-#define TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT  (1u << 7)
-#define TB__CL_DEVICE_TYPE_CPU                   (1u << 1)
-#define TB__CL_DEVICE_TYPE_GPU                   (1u << 2)
-#define TB__CL_DEVICE_TYPE_ACCELERATOR           (1u << 3)
-#define TB__CL_DEVICE_TYPE_ALL                   0xFFFFFFFFu
-#define TB__CL_CONTEXT_PLATFORM                  0x1084
-#define TB__CL_QUEUE_PROFILING_ENABLE            (1u << 1)
-#define TB__CL_MEM_READ_WRITE                    (1u << 0)
-#define TB__CL_MEM_ALLOC_HOST_PTR                (1u << 4)
-#define TB__CL_MAP_READ                          (1u << 0)
-#define TB__CL_MAP_WRITE                         (1u << 1)
-#define TB__CL_PROGRAM_BINARY_SIZES              0x1165u
-#define TB__CL_PROGRAM_BINARIES                  0x1166u
-#define TB__CL_PROGRAM_BUILD_LOG                 0x1183u
-#define TB__CL_KERNEL_WORK_GROUP_SIZE            0x11B0u
+#define TB__CL_SUCCESS                                   0
+#define TB__CL_DEVICE_NOT_FOUND                          (-1)
+#define TB__CL_MEM_OBJECT_ALLOCATION_FAILURE             (-4)
+#define TB__CL_OUT_OF_RESOURCES                          (-5)
+#define TB__CL_OUT_OF_HOST_MEMORY                        (-6)
+#define TB__CL_BUILD_PROGRAM_FAILURE                     (-11)
+#define TB__CL_INVALID_BUFFER_SIZE                       (-61)
+#define TB__CL_PLATFORM_NOT_FOUND_KHR                    (-1001)
+#define TB__CL_TRUE                                      1u
+#define TB__CL_FALSE                                     0u
+#define TB__CL_PLATFORM_VERSION                          0x0901u
+#define TB__CL_PLATFORM_NAME                             0x0902u
+#define TB__CL_PLATFORM_VENDOR                           0x0903u
+#define TB__CL_DEVICE_TYPE                               0x1000u
+#define TB__CL_DEVICE_MAX_COMPUTE_UNITS                  0x1002u
+#define TB__CL_DEVICE_MAX_WORK_GROUP_SIZE                0x1004u
+#define TB__CL_DEVICE_MAX_CLOCK_FREQUENCY                0x100Cu
+#define TB__CL_DEVICE_MAX_MEM_ALLOC_SIZE                 0x1010u
+#define TB__CL_DEVICE_MEM_BASE_ADDR_ALIGN                0x1019u
+#define TB__CL_DEVICE_SINGLE_FP_CONFIG                   0x101Bu
+#define TB__CL_DEVICE_GLOBAL_MEM_SIZE                    0x101Fu
+#define TB__CL_DEVICE_LOCAL_MEM_SIZE                     0x1023u
+#define TB__CL_DEVICE_AVAILABLE                          0x1027u
+#define TB__CL_DEVICE_COMPILER_AVAILABLE                 0x1028u
+#define TB__CL_DEVICE_NAME                               0x102Bu
+#define TB__CL_DEVICE_VENDOR                             0x102Cu
+#define TB__CL_DRIVER_VERSION                            0x102Du
+#define TB__CL_DEVICE_VERSION                            0x102Fu
+#define TB__CL_DEVICE_EXTENSIONS                         0x1030u
+#define TB__CL_DEVICE_DOUBLE_FP_CONFIG                   0x1032u
+#define TB__CL_DEVICE_HOST_UNIFIED_MEMORY                0x1035u
+#define TB__CL_DEVICE_OPENCL_C_VERSION                   0x103Du
+#define TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT          (1u << 7)
+#define TB__CL_DEVICE_TYPE_CPU                           (1u << 1)
+#define TB__CL_DEVICE_TYPE_GPU                           (1u << 2)
+#define TB__CL_DEVICE_TYPE_ACCELERATOR                   (1u << 3)
+#define TB__CL_DEVICE_TYPE_ALL                           0xFFFFFFFFu
+#define TB__CL_CONTEXT_PLATFORM                          0x1084
+#define TB__CL_QUEUE_PROFILING_ENABLE                    (1u << 1)
+#define TB__CL_MEM_READ_WRITE                            (1u << 0)
+#define TB__CL_MEM_ALLOC_HOST_PTR                        (1u << 4)
+#define TB__CL_MAP_READ                                  (1u << 0)
+#define TB__CL_MAP_WRITE                                 (1u << 1)
+#define TB__CL_PROGRAM_BINARY_SIZES                      0x1165u
+#define TB__CL_PROGRAM_BINARIES                          0x1166u
+#define TB__CL_PROGRAM_BUILD_LOG                         0x1183u
+#define TB__CL_KERNEL_WORK_GROUP_SIZE                    0x11B0u
 #define TB__CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE 0x11B3u
-#define TB__CL_PROFILING_COMMAND_START           0x1282u
-#define TB__CL_PROFILING_COMMAND_END             0x1283u
+#define TB__CL_PROFILING_COMMAND_START                   0x1282u
+#define TB__CL_PROFILING_COMMAND_END                     0x1283u
 
 /* The entry points, resolved once. */
 typedef struct tb__cl_api {
@@ -122,12 +122,10 @@ typedef struct tb__cl_api {
                                              size_t *);
     tb__cl_int(TB__CL_CALL *GetDeviceIDs)(tb__cl_platform_id, tb__cl_bitfield, tb__cl_uint,
                                           tb__cl_device_id *, tb__cl_uint *);
-    tb__cl_int(TB__CL_CALL *GetDeviceInfo)(tb__cl_device_id, tb__cl_uint, size_t, void *,
-                                           size_t *);
+    tb__cl_int(TB__CL_CALL *GetDeviceInfo)(tb__cl_device_id, tb__cl_uint, size_t, void *, size_t *);
     tb__cl_context(TB__CL_CALL *CreateContext)(
         const tb__cl_context_properties *, tb__cl_uint, const tb__cl_device_id *,
-        void(TB__CL_CALLBACK *)(const char *, const void *, size_t, void *), void *,
-        tb__cl_int *);
+        void(TB__CL_CALLBACK *)(const char *, const void *, size_t, void *), void *, tb__cl_int *);
     tb__cl_int(TB__CL_CALL *ReleaseContext)(tb__cl_context);
     tb__cl_command_queue(TB__CL_CALL *CreateCommandQueue)(tb__cl_context, tb__cl_device_id,
                                                           tb__cl_bitfield, tb__cl_int *);
@@ -141,40 +139,37 @@ typedef struct tb__cl_api {
     tb__cl_int(TB__CL_CALL *EnqueueWriteBuffer)(tb__cl_command_queue, tb__cl_mem, tb__cl_bool,
                                                 size_t, size_t, const void *, tb__cl_uint,
                                                 const tb__cl_event *, tb__cl_event *);
-    tb__cl_int(TB__CL_CALL *EnqueueCopyBuffer)(tb__cl_command_queue, tb__cl_mem, tb__cl_mem,
-                                               size_t, size_t, size_t, tb__cl_uint,
-                                               const tb__cl_event *, tb__cl_event *);
+    tb__cl_int(TB__CL_CALL *EnqueueCopyBuffer)(tb__cl_command_queue, tb__cl_mem, tb__cl_mem, size_t,
+                                               size_t, size_t, tb__cl_uint, const tb__cl_event *,
+                                               tb__cl_event *);
     void *(TB__CL_CALL *EnqueueMapBuffer)(tb__cl_command_queue, tb__cl_mem, tb__cl_bool,
                                           tb__cl_bitfield, size_t, size_t, tb__cl_uint,
                                           const tb__cl_event *, tb__cl_event *, tb__cl_int *);
     tb__cl_int(TB__CL_CALL *EnqueueUnmapMemObject)(tb__cl_command_queue, tb__cl_mem, void *,
                                                    tb__cl_uint, const tb__cl_event *,
                                                    tb__cl_event *);
-    tb__cl_program(TB__CL_CALL *CreateProgramWithSource)(tb__cl_context, tb__cl_uint,
-                                                         const char **, const size_t *,
-                                                         tb__cl_int *);
+    tb__cl_program(TB__CL_CALL *CreateProgramWithSource)(tb__cl_context, tb__cl_uint, const char **,
+                                                         const size_t *, tb__cl_int *);
     tb__cl_program(TB__CL_CALL *CreateProgramWithBinary)(tb__cl_context, tb__cl_uint,
                                                          const tb__cl_device_id *, const size_t *,
                                                          const unsigned char **, tb__cl_int *,
                                                          tb__cl_int *);
     tb__cl_int(TB__CL_CALL *BuildProgram)(tb__cl_program, tb__cl_uint, const tb__cl_device_id *,
                                           const char *,
-                                          void(TB__CL_CALLBACK *)(tb__cl_program, void *),
-                                          void *);
+                                          void(TB__CL_CALLBACK *)(tb__cl_program, void *), void *);
     tb__cl_int(TB__CL_CALL *GetProgramBuildInfo)(tb__cl_program, tb__cl_device_id, tb__cl_uint,
                                                  size_t, void *, size_t *);
-    tb__cl_int(TB__CL_CALL *GetProgramInfo)(tb__cl_program, tb__cl_uint, size_t, void *,
-                                            size_t *);
+    tb__cl_int(TB__CL_CALL *GetProgramInfo)(tb__cl_program, tb__cl_uint, size_t, void *, size_t *);
     tb__cl_int(TB__CL_CALL *ReleaseProgram)(tb__cl_program);
     tb__cl_kernel(TB__CL_CALL *CreateKernel)(tb__cl_program, const char *, tb__cl_int *);
     tb__cl_int(TB__CL_CALL *ReleaseKernel)(tb__cl_kernel);
     tb__cl_int(TB__CL_CALL *SetKernelArg)(tb__cl_kernel, tb__cl_uint, size_t, const void *);
     tb__cl_int(TB__CL_CALL *GetKernelWorkGroupInfo)(tb__cl_kernel, tb__cl_device_id, tb__cl_uint,
                                                     size_t, void *, size_t *);
-    tb__cl_int(TB__CL_CALL *EnqueueNDRangeKernel)(tb__cl_command_queue, tb__cl_kernel,
-                                                  tb__cl_uint, const size_t *, const size_t *,
-                                                  const size_t *, tb__cl_uint,
-                                                  const tb__cl_event *, tb__cl_event *);
+    tb__cl_int(TB__CL_CALL *EnqueueNDRangeKernel)(tb__cl_command_queue, tb__cl_kernel, tb__cl_uint,
+                                                  const size_t *, const size_t *, const size_t *,
+                                                  tb__cl_uint, const tb__cl_event *,
+                                                  tb__cl_event *);
     tb__cl_int(TB__CL_CALL *Finish)(tb__cl_command_queue);
     tb__cl_int(TB__CL_CALL *Flush)(tb__cl_command_queue);
     tb__cl_int(TB__CL_CALL *WaitForEvents)(tb__cl_uint, const tb__cl_event *);
@@ -184,67 +179,122 @@ typedef struct tb__cl_api {
 } tb__cl_api;
 
 /* Symbol names in the order of the struct's members (every member is one function pointer). */
-static const char *const tb__cl_symbols[] = {
-    "clGetPlatformIDs",        "clGetPlatformInfo",
-    "clGetDeviceIDs",          "clGetDeviceInfo",
-    "clCreateContext",         "clReleaseContext",
-    "clCreateCommandQueue",    "clReleaseCommandQueue",
-    "clCreateBuffer",          "clReleaseMemObject",
-    "clEnqueueReadBuffer",     "clEnqueueWriteBuffer",
-    "clEnqueueCopyBuffer",     "clEnqueueMapBuffer",
-    "clEnqueueUnmapMemObject", "clCreateProgramWithSource",
-    "clCreateProgramWithBinary", "clBuildProgram",
-    "clGetProgramBuildInfo",   "clGetProgramInfo",
-    "clReleaseProgram",        "clCreateKernel",
-    "clReleaseKernel",         "clSetKernelArg",
-    "clGetKernelWorkGroupInfo", "clEnqueueNDRangeKernel",
-    "clFinish",                "clFlush",
-    "clWaitForEvents",         "clGetEventProfilingInfo",
-    "clReleaseEvent"};
+static const char *const tb__cl_symbols[] = {"clGetPlatformIDs",
+                                             "clGetPlatformInfo",
+                                             "clGetDeviceIDs",
+                                             "clGetDeviceInfo",
+                                             "clCreateContext",
+                                             "clReleaseContext",
+                                             "clCreateCommandQueue",
+                                             "clReleaseCommandQueue",
+                                             "clCreateBuffer",
+                                             "clReleaseMemObject",
+                                             "clEnqueueReadBuffer",
+                                             "clEnqueueWriteBuffer",
+                                             "clEnqueueCopyBuffer",
+                                             "clEnqueueMapBuffer",
+                                             "clEnqueueUnmapMemObject",
+                                             "clCreateProgramWithSource",
+                                             "clCreateProgramWithBinary",
+                                             "clBuildProgram",
+                                             "clGetProgramBuildInfo",
+                                             "clGetProgramInfo",
+                                             "clReleaseProgram",
+                                             "clCreateKernel",
+                                             "clReleaseKernel",
+                                             "clSetKernelArg",
+                                             "clGetKernelWorkGroupInfo",
+                                             "clEnqueueNDRangeKernel",
+                                             "clFinish",
+                                             "clFlush",
+                                             "clWaitForEvents",
+                                             "clGetEventProfilingInfo",
+                                             "clReleaseEvent"};
 
 static const char *tb__cl_error_name(tb__cl_int err) {
     switch (err) {
-    case 0: return "CL_SUCCESS";
-    case -1: return "CL_DEVICE_NOT_FOUND";
-    case -2: return "CL_DEVICE_NOT_AVAILABLE";
-    case -3: return "CL_COMPILER_NOT_AVAILABLE";
-    case -4: return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
-    case -5: return "CL_OUT_OF_RESOURCES";
-    case -6: return "CL_OUT_OF_HOST_MEMORY";
-    case -7: return "CL_PROFILING_INFO_NOT_AVAILABLE";
-    case -11: return "CL_BUILD_PROGRAM_FAILURE";
-    case -12: return "CL_MAP_FAILURE";
-    case -14: return "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST";
-    case -30: return "CL_INVALID_VALUE";
-    case -31: return "CL_INVALID_DEVICE_TYPE";
-    case -32: return "CL_INVALID_PLATFORM";
-    case -33: return "CL_INVALID_DEVICE";
-    case -34: return "CL_INVALID_CONTEXT";
-    case -35: return "CL_INVALID_QUEUE_PROPERTIES";
-    case -36: return "CL_INVALID_COMMAND_QUEUE";
-    case -37: return "CL_INVALID_HOST_PTR";
-    case -38: return "CL_INVALID_MEM_OBJECT";
-    case -42: return "CL_INVALID_BINARY";
-    case -43: return "CL_INVALID_BUILD_OPTIONS";
-    case -44: return "CL_INVALID_PROGRAM";
-    case -45: return "CL_INVALID_PROGRAM_EXECUTABLE";
-    case -46: return "CL_INVALID_KERNEL_NAME";
-    case -47: return "CL_INVALID_KERNEL_DEFINITION";
-    case -48: return "CL_INVALID_KERNEL";
-    case -49: return "CL_INVALID_ARG_INDEX";
-    case -50: return "CL_INVALID_ARG_VALUE";
-    case -51: return "CL_INVALID_ARG_SIZE";
-    case -52: return "CL_INVALID_KERNEL_ARGS";
-    case -53: return "CL_INVALID_WORK_DIMENSION";
-    case -54: return "CL_INVALID_WORK_GROUP_SIZE";
-    case -55: return "CL_INVALID_WORK_ITEM_SIZE";
-    case -56: return "CL_INVALID_GLOBAL_OFFSET";
-    case -57: return "CL_INVALID_EVENT_WAIT_LIST";
-    case -58: return "CL_INVALID_EVENT";
-    case -59: return "CL_INVALID_OPERATION";
-    case -61: return "CL_INVALID_BUFFER_SIZE";
-    case -63: return "CL_INVALID_GLOBAL_WORK_SIZE";
-    case -1001: return "CL_PLATFORM_NOT_FOUND_KHR";
+    case 0:
+        return "CL_SUCCESS";
+    case -1:
+        return "CL_DEVICE_NOT_FOUND";
+    case -2:
+        return "CL_DEVICE_NOT_AVAILABLE";
+    case -3:
+        return "CL_COMPILER_NOT_AVAILABLE";
+    case -4:
+        return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+    case -5:
+        return "CL_OUT_OF_RESOURCES";
+    case -6:
+        return "CL_OUT_OF_HOST_MEMORY";
+    case -7:
+        return "CL_PROFILING_INFO_NOT_AVAILABLE";
+    case -11:
+        return "CL_BUILD_PROGRAM_FAILURE";
+    case -12:
+        return "CL_MAP_FAILURE";
+    case -14:
+        return "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST";
+    case -30:
+        return "CL_INVALID_VALUE";
+    case -31:
+        return "CL_INVALID_DEVICE_TYPE";
+    case -32:
+        return "CL_INVALID_PLATFORM";
+    case -33:
+        return "CL_INVALID_DEVICE";
+    case -34:
+        return "CL_INVALID_CONTEXT";
+    case -35:
+        return "CL_INVALID_QUEUE_PROPERTIES";
+    case -36:
+        return "CL_INVALID_COMMAND_QUEUE";
+    case -37:
+        return "CL_INVALID_HOST_PTR";
+    case -38:
+        return "CL_INVALID_MEM_OBJECT";
+    case -42:
+        return "CL_INVALID_BINARY";
+    case -43:
+        return "CL_INVALID_BUILD_OPTIONS";
+    case -44:
+        return "CL_INVALID_PROGRAM";
+    case -45:
+        return "CL_INVALID_PROGRAM_EXECUTABLE";
+    case -46:
+        return "CL_INVALID_KERNEL_NAME";
+    case -47:
+        return "CL_INVALID_KERNEL_DEFINITION";
+    case -48:
+        return "CL_INVALID_KERNEL";
+    case -49:
+        return "CL_INVALID_ARG_INDEX";
+    case -50:
+        return "CL_INVALID_ARG_VALUE";
+    case -51:
+        return "CL_INVALID_ARG_SIZE";
+    case -52:
+        return "CL_INVALID_KERNEL_ARGS";
+    case -53:
+        return "CL_INVALID_WORK_DIMENSION";
+    case -54:
+        return "CL_INVALID_WORK_GROUP_SIZE";
+    case -55:
+        return "CL_INVALID_WORK_ITEM_SIZE";
+    case -56:
+        return "CL_INVALID_GLOBAL_OFFSET";
+    case -57:
+        return "CL_INVALID_EVENT_WAIT_LIST";
+    case -58:
+        return "CL_INVALID_EVENT";
+    case -59:
+        return "CL_INVALID_OPERATION";
+    case -61:
+        return "CL_INVALID_BUFFER_SIZE";
+    case -63:
+        return "CL_INVALID_GLOBAL_WORK_SIZE";
+    case -1001:
+        return "CL_PLATFORM_NOT_FOUND_KHR";
     }
     return "unknown OpenCL error";
 }
@@ -289,7 +339,7 @@ typedef struct tb__ocl_device {
     uint64_t max_alloc;
     uint32_t clock_mhz;
     bool correct_divide_sqrt;
-    char build_options[160];
+    char build_options[512];
     /* created on first use */
     tb__cl_context ctx;
     tb__cl_command_queue queue;
@@ -340,15 +390,9 @@ static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
         if (dev->ctx != NULL) TB__OCL_CALL(rt, ReleaseContext)(dev->ctx);
     }
     tb__free(rt->devices);
-#if !defined(TB_OPENCL_LINKED)
-    if (rt->lib != NULL) {
-#if defined(_WIN32)
-        FreeLibrary((HMODULE)rt->lib);
-#else
-        dlclose(rt->lib);
-#endif
-    }
-#endif
+    /* The ICD loader stays loaded (rt->lib is not closed): drivers keep threads and state past
+       the release of their last object, and some crash when unloaded. Opening it again after a
+       new setup gives the same handle. */
     tb__free(rt);
 }
 
@@ -467,7 +511,8 @@ static void tb__ocl_info_string(tb__ocl_runtime *rt, tb__cl_device_id id, tb__cl
     if (TB__OCL_CALL(rt, GetDeviceInfo)(id, param, need, tmp, NULL) == TB__CL_SUCCESS) {
         tmp[need] = '\0';
         n = strlen(tmp);
-        while (n > 0 && (tmp[n - 1] == ' ' || tmp[n - 1] == '\n')) tmp[--n] = '\0';
+        while (n > 0 && (tmp[n - 1] == ' ' || tmp[n - 1] == '\n'))
+            tmp[--n] = '\0';
         if (n >= cap) n = cap - 1;
         memcpy(out, tmp, n);
         out[n] = '\0';
@@ -475,13 +520,12 @@ static void tb__ocl_info_string(tb__ocl_runtime *rt, tb__cl_device_id id, tb__cl
     tb__free(tmp);
 }
 
-static void tb__ocl_platform_string(tb__ocl_runtime *rt, tb__cl_platform_id id,
-                                    tb__cl_uint param, char *out, size_t cap) {
+static void tb__ocl_platform_string(tb__ocl_runtime *rt, tb__cl_platform_id id, tb__cl_uint param,
+                                    char *out, size_t cap) {
     size_t need = 0, n;
     char *tmp;
     out[0] = '\0';
-    if (TB__OCL_CALL(rt, GetPlatformInfo)(id, param, 0, NULL, &need) != TB__CL_SUCCESS ||
-        need == 0)
+    if (TB__OCL_CALL(rt, GetPlatformInfo)(id, param, 0, NULL, &need) != TB__CL_SUCCESS || need == 0)
         return;
     tmp = (char *)tb__alloc(need + 1);
     if (tmp == NULL) return;
@@ -519,10 +563,12 @@ static int tb__ocl_c_version(const char *text) {
     int major = 0, minor = 0;
     if (p == NULL) return 0;
     p += 9;
-    while (*p >= '0' && *p <= '9') major = major * 10 + (*p++ - '0');
+    while (*p >= '0' && *p <= '9')
+        major = major * 10 + (*p++ - '0');
     if (*p == '.') {
         p++;
-        while (*p >= '0' && *p <= '9') minor = minor * 10 + (*p++ - '0');
+        while (*p >= '0' && *p <= '9')
+            minor = minor * 10 + (*p++ - '0');
     }
     return major * 100 + minor;
 }
@@ -569,7 +615,8 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
     if (n >= sizeof info->extensions) {
         /* cut at a space so that no extension name appears half */
         n = sizeof info->extensions - 1;
-        while (n > 0 && extensions[n] != ' ') n--;
+        while (n > 0 && extensions[n] != ' ')
+            n--;
     }
     memcpy(info->extensions, extensions, n);
     info->extensions[n] = '\0';
@@ -591,9 +638,12 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
                                 TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
     /* Division and square root as the reference computes them (correctly rounded), no
        contraction of a * b + c (the kernels say FP_CONTRACT OFF). */
-    snprintf(dev->build_options, sizeof dev->build_options, "%s%s",
+    snprintf(dev->build_options, sizeof dev->build_options, "%s%s%s%s",
              tb__ocl_c_version(info->language_version) >= 102 ? "-cl-std=CL1.2" : "",
-             dev->correct_divide_sqrt ? " -cl-fp32-correctly-rounded-divide-sqrt" : "");
+             dev->correct_divide_sqrt ? " -cl-fp32-correctly-rounded-divide-sqrt" : "",
+             tb__getenv("TB_OPENCL_BUILD_OPTIONS") != NULL ? " " : "",
+             tb__getenv("TB_OPENCL_BUILD_OPTIONS") != NULL ? tb__getenv("TB_OPENCL_BUILD_OPTIONS")
+                                                           : "");
     dev->cache_limit = info->global_memory / 4;
     if (dev->cache_limit < ((uint64_t)64 << 20)) dev->cache_limit = (uint64_t)64 << 20;
     if (dev->cache_limit > ((uint64_t)4 << 30)) dev->cache_limit = (uint64_t)4 << 30;
@@ -738,7 +788,8 @@ static size_t tb__ocl_size_class(size_t size) {
     size_t p = 1, step;
     if (size <= 256) return 256;
     if (size <= ((size_t)1 << 20)) return (size + 255) & ~(size_t)255;
-    while (p <= size / 2) p <<= 1; /* the largest power of two <= size */
+    while (p <= size / 2)
+        p <<= 1; /* the largest power of two <= size */
     step = p / 4;
     if (size > SIZE_MAX - step) return size;
     return (size + step - 1) / step * step;
@@ -852,8 +903,8 @@ static void tb__ocl_buffer_free(tb__ocl_buffer *buf) {
     dev->bytes_in_use -= buf->cap;
     tb__ocl_metric(dev, "OpenCL::BytesInUse", -(int64_t)buf->cap);
     if (dev->rt->exited || (uint64_t)buf->cap > dev->cache_limit ||
-        tb__grow((void **)&dev->cache, &dev->cache_cap, dev->cache_count + 1,
-                 sizeof *dev->cache) != TB_OK) {
+        tb__grow((void **)&dev->cache, &dev->cache_cap, dev->cache_count + 1, sizeof *dev->cache) !=
+            TB_OK) {
         tb__ocl_buffer_destroy(buf);
         return;
     }
@@ -871,9 +922,8 @@ static tb_status tb__ocl_write(tb__ocl_device *dev, tb__ocl_buffer *buf, const v
     tb__cl_int err = TB__CL_SUCCESS;
     if (size == 0) return TB_OK;
     if (dev->info.unified_memory) {
-        void *p = TB__OCL_CALL(rt, EnqueueMapBuffer)(dev->queue, buf->mem, TB__CL_TRUE,
-                                                     TB__CL_MAP_WRITE, 0, size, 0, NULL, NULL,
-                                                     &err);
+        void *p = TB__OCL_CALL(rt, EnqueueMapBuffer)(
+            dev->queue, buf->mem, TB__CL_TRUE, TB__CL_MAP_WRITE, 0, size, 0, NULL, NULL, &err);
         if (p != NULL && err == TB__CL_SUCCESS) {
             memcpy(p, host, size);
             err = TB__OCL_CALL(rt, EnqueueUnmapMemObject)(dev->queue, buf->mem, p, 0, NULL, NULL);
@@ -881,8 +931,8 @@ static tb_status tb__ocl_write(tb__ocl_device *dev, tb__ocl_buffer *buf, const v
         }
         /* fall through to an explicit write */
     }
-    err = TB__OCL_CALL(rt, EnqueueWriteBuffer)(dev->queue, buf->mem, TB__CL_TRUE, 0, size, host,
-                                               0, NULL, NULL);
+    err = TB__OCL_CALL(rt, EnqueueWriteBuffer)(dev->queue, buf->mem, TB__CL_TRUE, 0, size, host, 0,
+                                               NULL, NULL);
     if (err != TB__CL_SUCCESS) {
         return tb__error(tb__cl_is_oom(err) ? TB_ERR_OUT_OF_MEMORY : TB_ERR_EXECUTE,
                          "opencl:%d: writing %zu bytes to the device failed: %s (%d)",
@@ -898,8 +948,7 @@ static tb_status tb__ocl_read(tb__ocl_device *dev, const tb__ocl_buffer *buf, vo
     if (size == 0) return TB_OK;
     if (dev->info.unified_memory) {
         void *p = TB__OCL_CALL(rt, EnqueueMapBuffer)(dev->queue, buf->mem, TB__CL_TRUE,
-                                                     TB__CL_MAP_READ, 0, size, 0, NULL, NULL,
-                                                     &err);
+                                                     TB__CL_MAP_READ, 0, size, 0, NULL, NULL, &err);
         if (p != NULL && err == TB__CL_SUCCESS) {
             memcpy(host, p, size);
             err = TB__OCL_CALL(rt, EnqueueUnmapMemObject)(dev->queue, buf->mem, p, 0, NULL, NULL);
@@ -927,16 +976,25 @@ static void tb__ocl_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[
         memcpy(out, &v, sizeof v);
         break;
     }
-    case TB_F64: memcpy(out, &f, sizeof f); break;
+    case TB_F64:
+        memcpy(out, &f, sizeof f);
+        break;
     case TB_I32: {
         int32_t v = (int32_t)i;
         memcpy(out, &v, sizeof v);
         break;
     }
-    case TB_I64: memcpy(out, &i, sizeof i); break;
-    case TB_U8: out[0] = (unsigned char)(uint64_t)i; break;
-    case TB_BOOL: out[0] = (tb_dtype_is_float(s.dtype) ? s.f != 0.0 : s.i != 0) ? 1 : 0; break;
-    default: break;
+    case TB_I64:
+        memcpy(out, &i, sizeof i);
+        break;
+    case TB_U8:
+        out[0] = (unsigned char)(uint64_t)i;
+        break;
+    case TB_BOOL:
+        out[0] = (tb_dtype_is_float(s.dtype) ? s.f != 0.0 : s.i != 0) ? 1 : 0;
+        break;
+    default:
+        break;
     }
 }
 
@@ -950,7 +1008,8 @@ static size_t tb__ocl_get_backend_devices(void *user_data, tb_device *out, size_
     rt = tb__ocl_runtime_get();
     if (rt != NULL && rt->status == TB_OK) {
         n = rt->num_devices;
-        for (i = 0; i < n && i < cap; i++) out[i] = rt->devices[i].info.device;
+        for (i = 0; i < n && i < cap; i++)
+            out[i] = rt->devices[i].info.device;
     }
     tb__mutex_unlock(&tb__ocl_mutex);
     return n;
@@ -992,8 +1051,7 @@ static tb_device_type tb__ocl_get_default_device_type(void *user_data) {
     (void)user_data;
     tb__mutex_lock(&tb__ocl_mutex);
     rt = tb__ocl_runtime_get();
-    if (rt != NULL && rt->status == TB_OK)
-        type = rt->devices[rt->default_ordinal].info.device.type;
+    if (rt != NULL && rt->status == TB_OK) type = rt->devices[rt->default_ordinal].info.device.type;
     tb__mutex_unlock(&tb__ocl_mutex);
     return type;
 }
@@ -1067,8 +1125,7 @@ static size_t tb__ocl_metrics_report(void *user_data, char *buf, size_t cap) {
             const tb__ocl_device *d = &rt->devices[i];
             tb__str_append(&s, "Device: opencl:%zu (%s, %s)\n", i, d->info.name,
                            tb_device_type_name(d->info.device.type));
-            tb__str_append(&s, "  OpenCL::BytesInUse: %llu\n",
-                           (unsigned long long)d->bytes_in_use);
+            tb__str_append(&s, "  OpenCL::BytesInUse: %llu\n", (unsigned long long)d->bytes_in_use);
             tb__str_append(&s, "  OpenCL::PeakBytesInUse: %llu\n",
                            (unsigned long long)d->peak_bytes);
             tb__str_append(&s, "  OpenCL::BytesCached: %llu\n",
@@ -1080,8 +1137,7 @@ static size_t tb__ocl_metrics_report(void *user_data, char *buf, size_t cap) {
             tb__str_append(&s, "  OpenCL::CacheTrim: %llu\n", (unsigned long long)d->cache_trims);
             tb__str_append(&s, "  OpenCL::ProgramBuild: %llu\n",
                            (unsigned long long)d->program_builds);
-            tb__str_append(&s, "  OpenCL::DiskCacheHit: %llu\n",
-                           (unsigned long long)d->disk_hits);
+            tb__str_append(&s, "  OpenCL::DiskCacheHit: %llu\n", (unsigned long long)d->disk_hits);
             tb__str_append(&s, "  OpenCL::DiskCacheMiss: %llu\n",
                            (unsigned long long)d->disk_misses);
             tb__str_append(&s, "  OpenCL::KernelLaunch: %llu\n",
@@ -1135,8 +1191,7 @@ static tb_status tb__ocl_data_from_host(void *user_data, tb_backend_data *data, 
 
 /* The value stays on the host (kernels take scalars as arguments); device memory is made only
    if a kernel reads it as an array. */
-static tb_status tb__ocl_data_from_scalar(void *user_data, tb_backend_data *data,
-                                          tb_scalar value) {
+static tb_status tb__ocl_data_from_scalar(void *user_data, tb_backend_data *data, tb_scalar value) {
     tb__ocl_device *dev;
     tb__ocl_buffer *buf;
     (void)user_data;
@@ -1328,7 +1383,8 @@ typedef struct tb__ocl_lower {
 static void tb__ocl_plan_free(tb__ocl_plan *p) {
     size_t i;
     if (p == NULL) return;
-    for (i = 0; i < p->num_kernels; i++) tb__free(p->kernels[i].args);
+    for (i = 0; i < p->num_kernels; i++)
+        tb__free(p->kernels[i].args);
     tb__free(p->kernels);
     tb__free(p->slots);
     tb__free(p->param_scalar);
@@ -1343,20 +1399,28 @@ static void tb__ocl_plan_free(tb__ocl_plan *p) {
 
 static const char *tb__ocl_ctype(tb_dtype dtype) {
     switch (dtype) {
-    case TB_F32: return "float";
-    case TB_F64: return "double";
-    case TB_I32: return "int";
-    case TB_I64: return "long";
-    default: return "uchar"; /* u8 and bool (0 or 1) */
+    case TB_F32:
+        return "float";
+    case TB_F64:
+        return "double";
+    case TB_I32:
+        return "int";
+    case TB_I64:
+        return "long";
+    default:
+        return "uchar"; /* u8 and bool (0 or 1) */
     }
 }
 
 /* The unsigned type integer arithmetic wraps in. */
 static const char *tb__ocl_utype(tb_dtype dtype) {
     switch (dtype) {
-    case TB_I32: return "uint";
-    case TB_I64: return "ulong";
-    default: return "uint";
+    case TB_I32:
+        return "uint";
+    case TB_I64:
+        return "ulong";
+    default:
+        return "uint";
     }
 }
 
@@ -1371,7 +1435,8 @@ static bool tb__ocl_same_dims(const tb_shape *a, const tb_shape *b) {
 static int64_t tb__ocl_numel(const tb_shape *s) {
     int64_t n = 1;
     int32_t i;
-    for (i = 0; i < s->rank; i++) n *= s->dims[i];
+    for (i = 0; i < s->rank; i++)
+        n *= s->dims[i];
     return n;
 }
 
@@ -1405,10 +1470,14 @@ static bool tb__ocl_is_view_like(tb_op op) {
 
 static int32_t tb__ocl_core_kind(tb_op op) {
     switch (tb_op_get_kind(op)) {
-    case TB_KIND_REDUCE: return TB__OCL_K_REDUCE;
-    case TB_KIND_MATMUL: return TB__OCL_K_MATMUL;
-    case TB_KIND_NORM: return TB__OCL_K_NORM;
-    default: return -1;
+    case TB_KIND_REDUCE:
+        return TB__OCL_K_REDUCE;
+    case TB_KIND_MATMUL:
+        return TB__OCL_K_MATMUL;
+    case TB_KIND_NORM:
+        return TB__OCL_K_NORM;
+    default:
+        return -1;
     }
 }
 
@@ -1434,7 +1503,8 @@ static tb_status tb__ocl_lower_init(tb__ocl_lower *L) {
     L->n = g->num_nodes;
     L->info = (tb__ocl_ninfo *)tb__calloc(L->n + 1, sizeof *L->info);
     L->map_cap = 16;
-    while (L->map_cap < 2 * L->n + 2) L->map_cap *= 2;
+    while (L->map_cap < 2 * L->n + 2)
+        L->map_cap *= 2;
     L->map_keys = (const tb_node **)tb__calloc(L->map_cap, sizeof *L->map_keys);
     L->map_vals = (int32_t *)tb__calloc(L->map_cap, sizeof *L->map_vals);
     if (L->info == NULL || L->map_keys == NULL || L->map_vals == NULL) return TB_ERR_OUT_OF_MEMORY;
@@ -1444,7 +1514,8 @@ static tb_status tb__ocl_lower_init(tb__ocl_lower *L) {
     for (i = 0; i < L->n; i++) {
         const tb_node *node = g->nodes[i];
         size_t h = tb__ocl_ptr_hash(node, L->map_cap);
-        while (L->map_keys[h] != NULL) h = (h + 1) & (L->map_cap - 1);
+        while (L->map_keys[h] != NULL)
+            h = (h + 1) & (L->map_cap - 1);
         L->map_keys[h] = node;
         L->map_vals[h] = (int32_t)i;
         L->info[i].node = node;
@@ -1503,7 +1574,8 @@ static tb_status tb__ocl_lower_init(tb__ocl_lower *L) {
             int32_t o = L->operands[L->info[i].first_operand + (int32_t)k];
             size_t j;
             bool seen = false;
-            for (j = 0; j < k; j++) seen = seen || L->operands[L->info[i].first_operand + (int32_t)j] == o;
+            for (j = 0; j < k; j++)
+                seen = seen || L->operands[L->info[i].first_operand + (int32_t)j] == o;
             if (!seen) L->info[o].num_users++;
         }
     }
@@ -1521,7 +1593,8 @@ static tb_status tb__ocl_lower_init(tb__ocl_lower *L) {
             int32_t o = L->operands[L->info[i].first_operand + (int32_t)k];
             size_t j;
             bool seen = false;
-            for (j = 0; j < k; j++) seen = seen || L->operands[L->info[i].first_operand + (int32_t)j] == o;
+            for (j = 0; j < k; j++)
+                seen = seen || L->operands[L->info[i].first_operand + (int32_t)j] == o;
             if (!seen) L->users[L->info[o].first_user + fill[o]++] = (int32_t)i;
         }
     }
@@ -1596,7 +1669,8 @@ static tb_status tb__ocl_partition(tb__ocl_lower *L) {
     int32_t i, k;
     size_t j;
     tb_status st;
-    for (j = 0; j < p->num_kernels; j++) tb__free(p->kernels[j].args);
+    for (j = 0; j < p->num_kernels; j++)
+        tb__free(p->kernels[j].args);
     p->num_kernels = 0;
     for (j = 0; j < L->n; j++) {
         L->info[j].root = false;
@@ -1744,15 +1818,16 @@ static tb_status tb__ocl_assign_slots(tb__ocl_lower *L) {
         }
         for (kk = 0; kk < p->num_kernels; kk++)
             if (p->kernels[kk].root == r) p->result_slot[i] = p->kernels[kk].out_slot;
-        if (p->result_slot[i] < 0) return tb__error(TB_ERR_INTERNAL, "opencl: result without kernel");
+        if (p->result_slot[i] < 0)
+            return tb__error(TB_ERR_INTERNAL, "opencl: result without kernel");
     }
     return TB_OK;
 }
 
 /* ---- code generation: linear forms and positions ---- */
 
-#define TB__LF_MAX      8
-#define TB__CG_BUCKETS  4096
+#define TB__LF_MAX       8
+#define TB__CG_BUCKETS   4096
 #define TB__CG_MAX_DEPTH 64
 
 /* c + sum(coef[i] * var[i]), terms sorted by var, unused entries zero (so memcmp works). */
@@ -2043,10 +2118,12 @@ static int32_t tb__cg_intern(tb__cg *g, tb__pos *p) {
     int64_t numel = 1;
     int32_t i, id;
     size_t b;
-    for (i = 0; i < p->rank; i++) numel *= p->dims[i];
+    for (i = 0; i < p->rank; i++)
+        numel *= p->dims[i];
     if (numel <= 1) {
         tb__lf_const(&p->flat, 0);
-        for (i = 0; i < p->rank; i++) tb__lf_const(&p->dim[i], 0);
+        for (i = 0; i < p->rank; i++)
+            tb__lf_const(&p->dim[i], 0);
         p->has_flat = p->has_multi = 1;
         p->key_flat = 1;
     } else {
@@ -2058,7 +2135,8 @@ static int32_t tb__cg_intern(tb__cg *g, tb__pos *p) {
     }
     if (!p->has_flat) tb__lf_const(&p->flat, 0);
     if (!p->has_multi) {
-        for (i = 0; i < TB_MAX_RANK; i++) tb__lf_const(&p->dim[i], 0);
+        for (i = 0; i < TB_MAX_RANK; i++)
+            tb__lf_const(&p->dim[i], 0);
     }
     for (i = p->rank; i < TB_MAX_RANK; i++) {
         p->dims[i] = 0;
@@ -2121,8 +2199,7 @@ static void tb__cg_memo_add(tb__cg *g, int32_t kind, int32_t a, int32_t b, uint6
 
 static void tb__cg_undo_push(tb__cg *g, int32_t pos, int32_t form) {
     if (g->num_scopes == 0) return; /* the kernel's outermost scope never closes */
-    if (tb__grow((void **)&g->undo, &g->cap_undo, g->num_undo + 1, sizeof(tb__cg_undo)) !=
-        TB_OK) {
+    if (tb__grow((void **)&g->undo, &g->cap_undo, g->num_undo + 1, sizeof(tb__cg_undo)) != TB_OK) {
         tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
         return;
     }
@@ -2161,7 +2238,8 @@ static void tb__cg_close(tb__cg *g, const char *tail) {
         } else {
             int32_t i;
             g->pos[u->pos].has_multi = 0;
-            for (i = 0; i < TB_MAX_RANK; i++) tb__lf_const(&g->pos[u->pos].dim[i], 0);
+            for (i = 0; i < TB_MAX_RANK; i++)
+                tb__lf_const(&g->pos[u->pos].dim[i], 0);
         }
     }
     g->indent--;
@@ -2194,9 +2272,11 @@ static bool tb__cg_affine_split(const tb__cg *g, const tb__lf *flat, int32_t ran
     int64_t strides[TB_MAX_RANK], numel = 1, lo, hi;
     int32_t i, j;
     tb__cg_contig(rank, dims, strides);
-    for (i = 0; i < rank; i++) numel *= dims[i];
+    for (i = 0; i < rank; i++)
+        numel *= dims[i];
     if (flat->c < 0 || flat->c >= numel) return false;
-    for (j = 0; j < rank; j++) tb__lf_const(&out[j], dims[j] > 1 ? (flat->c / strides[j]) % dims[j] : 0);
+    for (j = 0; j < rank; j++)
+        tb__lf_const(&out[j], dims[j] > 1 ? (flat->c / strides[j]) % dims[j] : 0);
     for (i = 0; i < flat->n; i++) {
         int64_t f = flat->coef[i];
         for (j = 0; j < rank; j++) {
@@ -2254,7 +2334,8 @@ static bool tb__cg_need_multi(tb__cg *g, int32_t id) {
             if (p.dims[i] > 1) tb__lf_add_term(&dims_lf[i], first + i, 1);
         }
     }
-    for (i = 0; i < p.rank; i++) g->pos[id].dim[i] = dims_lf[i];
+    for (i = 0; i < p.rank; i++)
+        g->pos[id].dim[i] = dims_lf[i];
     g->pos[id].has_multi = 1;
     tb__cg_undo_push(g, id, 2);
     return g->status == TB_OK;
@@ -2265,7 +2346,8 @@ static int32_t tb__cg_pos_multi(tb__cg *g, const tb_shape *shape, const tb__lf *
     tb__pos q;
     int32_t i;
     tb__cg_pos_init(&q, shape);
-    for (i = 0; i < shape->rank; i++) q.dim[i] = dims[i];
+    for (i = 0; i < shape->rank; i++)
+        q.dim[i] = dims[i];
     q.has_multi = 1;
     return tb__cg_intern(g, &q);
 }
@@ -2296,7 +2378,7 @@ static void tb__cg_flit(tb_dtype dtype, double v, char *buf, size_t cap) {
     } else if (v > DBL_MAX || v < -DBL_MAX) {
         snprintf(buf, cap, "%s%s", v < 0 ? "-" : "", f32 ? "INFINITY" : "((double)INFINITY)");
     } else {
-        char tmp[64];
+        char tmp[40]; /* "%.17g" needs at most 24 bytes; the rest leaves room for ".0" */
         snprintf(tmp, sizeof tmp, f32 ? "%.9g" : "%.17g", f32 ? (double)(float)v : v);
         if (strchr(tmp, '.') == NULL && strchr(tmp, 'e') == NULL) strcat(tmp, ".0");
         snprintf(buf, cap, "%s%s", tmp, f32 ? "f" : "");
@@ -2390,11 +2472,13 @@ static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k
     p = g->pos[pos];
     switch (n->op) {
     case TB_OP_PERMUTE:
-        for (i = 0; i < ns->rank; i++) dims[n->attrs[i]] = p.dim[i];
+        for (i = 0; i < ns->rank; i++)
+            dims[n->attrs[i]] = p.dim[i];
         break;
     case TB_OP_SLICE: {
         int32_t d = (int32_t)n->attrs[0];
-        for (i = 0; i < cs->rank; i++) dims[i] = p.dim[i];
+        for (i = 0; i < cs->rank; i++)
+            dims[i] = p.dim[i];
         tb__lf_const(&dims[d], n->attrs[1]);
         if (!tb__cg_lf_addmul(g, &dims[d], &p.dim[d], n->attrs[3])) return -1;
         break;
@@ -2527,6 +2611,7 @@ static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
         tb__lf dims[TB_MAX_RANK];
         char head[TB__LF_TEXT + 64];
         int32_t d;
+        memset(dims, 0, sizeof dims); /* only rank entries are used; optimisers cannot tell */
         if (xs->dims[dim] == 0) continue;
         if (i == last_nonempty) {
             snprintf(head, sizeof head, "%s", start == 0 ? "" : "else ");
@@ -2535,7 +2620,8 @@ static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
                      (long long)(start + xs->dims[dim]));
         }
         tb__cg_open(g, head);
-        for (d = 0; d < xs->rank; d++) dims[d] = p.dim[d];
+        for (d = 0; d < xs->rank; d++)
+            dims[d] = p.dim[d];
         dims[dim].c -= start;
         qp = tb__cg_pos_multi(g, xs, dims);
         vx = qp >= 0 ? tb__cg_eval(g, x, qp) : -1;
@@ -2623,8 +2709,8 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
             if (tb__cg_arg(g, TB__OCL_ARG_SCALAR, in->param) < 0) return -1;
             v = tb__cg_new_val(g, in->node->shape.dtype);
             if (v < 0) return -1;
-            tb__cg_line(g, "const %s v%d = (%s)s%d;", tb__ocl_ctype(in->node->shape.dtype),
-                        (int)v, tb__ocl_ctype(in->node->shape.dtype), (int)in->param);
+            tb__cg_line(g, "const %s v%d = (%s)s%d;", tb__ocl_ctype(in->node->shape.dtype), (int)v,
+                        tb__ocl_ctype(in->node->shape.dtype), (int)in->param);
             return v;
         }
         return tb__cg_read_slot(g, in->slot, in->node->shape.dtype, pos);
@@ -2634,10 +2720,12 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
                                                   "position than its output"));
         return -1;
     }
-    if (in->root && node != k->root) return tb__cg_read_slot(g, in->slot, in->node->shape.dtype, pos);
+    if (in->root && node != k->root)
+        return tb__cg_read_slot(g, in->slot, in->node->shape.dtype, pos);
     if (in->ctx != g->kernel && in->ctx != TB__OCL_CTX_ANY) {
-        tb__cg_fail(g, tb__error(TB_ERR_INTERNAL, "opencl: node %d evaluated in kernel %d, "
-                                                  "planned for kernel %d",
+        tb__cg_fail(g, tb__error(TB_ERR_INTERNAL,
+                                 "opencl: node %d evaluated in kernel %d, "
+                                 "planned for kernel %d",
                                  (int)node, (int)g->kernel, (int)in->ctx));
         return -1;
     }
@@ -2683,7 +2771,8 @@ static int32_t tb__cg_emit_custom(tb__cg *g, const tb_node *n, const int32_t *op
     tb__cg_line(g, "%s v%d;", t, (int)v);
     tb__cg_open(g, "");
     tb__str_append(&g->body, "#define T %s\n", t);
-    for (i = 0; i < nops; i++) tb__cg_line(g, "const T x%zu = (T)v%d;", i, (int)ops[i]);
+    for (i = 0; i < nops; i++)
+        tb__cg_line(g, "const T x%zu = (T)v%d;", i, (int)ops[i]);
     tb__cg_line(g, "v%d = (T)(%s);", (int)v, d->opencl_expr);
     tb__str_append(&g->body, "#undef T\n");
     tb__cg_close(g, "");
@@ -2739,15 +2828,20 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
         snprintf(e, sizeof e, "(%s)%s((%s)%s)", t, f, m, a);
         break;
     }
-    case TB_OP_SQRT: snprintf(e, sizeof e, "sqrt(%s)", a); break;
-    case TB_OP_RSQRT: snprintf(e, sizeof e, "(%s)((%s)1 / sqrt((%s)%s))", t, m, m, a); break;
+    case TB_OP_SQRT:
+        snprintf(e, sizeof e, "sqrt(%s)", a);
+        break;
+    case TB_OP_RSQRT:
+        snprintf(e, sizeof e, "(%s)((%s)1 / sqrt((%s)%s))", t, m, m, a);
+        break;
     case TB_OP_SIGMOID:
     case TB_OP_SILU: {
         /* exp of a negative argument only, as the reference */
         char x[64], sg[512];
         snprintf(x, sizeof x, "((%s)%s)", m, a);
-        snprintf(sg, sizeof sg, "(%s >= 0 ? (%s)1 / ((%s)1 + exp(-%s)) : exp(%s) / ((%s)1 + exp(%s)))",
-                 x, m, m, x, x, m, x);
+        snprintf(sg, sizeof sg,
+                 "(%s >= 0 ? (%s)1 / ((%s)1 + exp(-%s)) : exp(%s) / ((%s)1 + exp(%s)))", x, m, m, x,
+                 x, m, x);
         if (n->op == TB_OP_SILU) {
             snprintf(e, sizeof e, "(%s)(%s * %s)", t, x, sg);
         } else {
@@ -2767,11 +2861,13 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
         tb__cg_flit(od == TB_F32 && !g->fast_f64 ? TB_F32 : TB_F64, 0.5, half, sizeof half);
         tb__cg_flit(od == TB_F32 && !g->fast_f64 ? TB_F32 : TB_F64, 0.70710678118654752440, r2,
                     sizeof r2);
-        snprintf(e, sizeof e, "(%s)(%s * (%s)%s * ((%s)1 + erf((%s)%s * %s)))", t, half, m, a, m,
-                 m, a, r2);
+        snprintf(e, sizeof e, "(%s)(%s * (%s)%s * ((%s)1 + erf((%s)%s * %s)))", t, half, m, a, m, m,
+                 a, r2);
         break;
     }
-    case TB_OP_RECIPROCAL: snprintf(e, sizeof e, "(%s)1 / %s", t, a); break;
+    case TB_OP_RECIPROCAL:
+        snprintf(e, sizeof e, "(%s)1 / %s", t, a);
+        break;
     case TB_OP_FLOOR:
     case TB_OP_CEIL:
     case TB_OP_ROUND:
@@ -2789,7 +2885,9 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
             snprintf(e, sizeof e, "(%s)((%s > (%s)0) - (%s < (%s)0))", t, a, t, a, t);
         }
         break;
-    case TB_OP_LOGICAL_NOT: snprintf(e, sizeof e, "(uchar)(%s == 0)", a); break;
+    case TB_OP_LOGICAL_NOT:
+        snprintf(e, sizeof e, "(uchar)(%s == 0)", a);
+        break;
     case TB_OP_CAST:
         if (od == TB_BOOL) {
             snprintf(e, sizeof e, "(uchar)(%s != 0)", a);
@@ -2813,15 +2911,18 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
         }
         break;
     }
-    case TB_OP_DIV: snprintf(e, sizeof e, "%s / %s", a, b); break;
+    case TB_OP_DIV:
+        snprintf(e, sizeof e, "%s / %s", a, b);
+        break;
     case TB_OP_POW:
         if (fl) {
             snprintf(e, sizeof e, "(%s)pow((%s)%s, (%s)%s)", t, m, a, m, b);
         } else {
             int32_t code = tb__cg_errsite(g, TB_OP_POW, 0, 0);
             if (code < 0) return -1;
-            tb__cg_line(g, "if (%s < 0) { tb_err[0] = %d; tb_err[1] = (long)%s; tb_err[2] = "
-                           "(long)%s; }",
+            tb__cg_line(g,
+                        "if (%s < 0) { tb_err[0] = %d; tb_err[1] = (long)%s; tb_err[2] = "
+                        "(long)%s; }",
                         b, (int)code, a, b);
             snprintf(e, sizeof e, "(%s)tb_ipow((long)%s, (long)%s)", t, a, b);
         }
@@ -2851,9 +2952,15 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
         snprintf(e, sizeof e, "(uchar)(%s %s %s)", a, cmp, b);
         break;
     }
-    case TB_OP_LOGICAL_AND: snprintf(e, sizeof e, "(uchar)(%s != 0 && %s != 0)", a, b); break;
-    case TB_OP_LOGICAL_OR: snprintf(e, sizeof e, "(uchar)(%s != 0 || %s != 0)", a, b); break;
-    case TB_OP_WHERE: snprintf(e, sizeof e, "(%s != 0 ? %s : %s)", a, b, c); break;
+    case TB_OP_LOGICAL_AND:
+        snprintf(e, sizeof e, "(uchar)(%s != 0 && %s != 0)", a, b);
+        break;
+    case TB_OP_LOGICAL_OR:
+        snprintf(e, sizeof e, "(uchar)(%s != 0 || %s != 0)", a, b);
+        break;
+    case TB_OP_WHERE:
+        snprintf(e, sizeof e, "(%s != 0 ? %s : %s)", a, b, c);
+        break;
     case TB_OP_CLAMP: {
         int32_t lo = tb__cg_new_val(g, od);
         if (lo < 0) return -1;
@@ -2981,7 +3088,8 @@ static int64_t tb__cg_pick_group(const tb__cg *g, int64_t rows, int64_t len, boo
     } else if (!inner && rows >= (int64_t)d->compute_units * 256) {
         return 1; /* neighbouring work items read neighbouring elements already */
     }
-    while (n * 2 <= maxg && n * 2 <= len) n *= 2;
+    while (n * 2 <= maxg && n * 2 <= len)
+        n *= 2;
     return n;
 }
 
@@ -3107,8 +3215,12 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
     if (!suffix && !tb__cg_need_multi(g, out_pos)) return g->status;
     switch (cn->op) {
     case TB_OP_SUM:
-    case TB_OP_MEAN: tb__cg_line(g, "%s acc = 0;", acc_t); break;
-    case TB_OP_PROD: tb__cg_line(g, "%s acc = 1;", acc_t); break;
+    case TB_OP_MEAN:
+        tb__cg_line(g, "%s acc = 0;", acc_t);
+        break;
+    case TB_OP_PROD:
+        tb__cg_line(g, "%s acc = 1;", acc_t);
+        break;
     case TB_OP_MAX:
     case TB_OP_MIN: {
         const char *init;
@@ -3158,8 +3270,12 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
     if (vx < 0) return g->status;
     switch (cn->op) {
     case TB_OP_SUM:
-    case TB_OP_MEAN: tb__cg_line(g, "acc += (%s)v%d;", acc_t, (int)vx); break;
-    case TB_OP_PROD: tb__cg_line(g, "acc *= (%s)v%d;", acc_t, (int)vx); break;
+    case TB_OP_MEAN:
+        tb__cg_line(g, "acc += (%s)v%d;", acc_t, (int)vx);
+        break;
+    case TB_OP_PROD:
+        tb__cg_line(g, "acc *= (%s)v%d;", acc_t, (int)vx);
+        break;
     case TB_OP_MAX:
     case TB_OP_MIN:
         if (tb_dtype_is_float(xd)) {
@@ -3198,9 +3314,9 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
                             "ci) : (!isnan(cv) && (ov %s cv || (ov == cv && oi < ci)))))) {",
                             cmp);
             } else {
-                tb__cg_line(g,
-                            "        if (oi >= 0 && (ci < 0 || ov %s cv || (ov == cv && oi < ci))) {",
-                            cmp);
+                tb__cg_line(
+                    g, "        if (oi >= 0 && (ci < 0 || ov %s cv || (ov == cv && oi < ci))) {",
+                    cmp);
             }
             tb__cg_line(g, "            redv[lid] = ov;");
             tb__cg_line(g, "            redi[lid] = oi;");
@@ -3213,9 +3329,11 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
             const char *combine = "a + b";
             if (cn->op == TB_OP_PROD) combine = "a * b";
             if (cn->op == TB_OP_MAX)
-                combine = tb_dtype_is_float(xd) ? "((b > a || isnan(b)) ? b : a)" : "(b > a ? b : a)";
+                combine =
+                    tb_dtype_is_float(xd) ? "((b > a || isnan(b)) ? b : a)" : "(b > a ? b : a)";
             if (cn->op == TB_OP_MIN)
-                combine = tb_dtype_is_float(xd) ? "((b < a || isnan(b)) ? b : a)" : "(b < a ? b : a)";
+                combine =
+                    tb_dtype_is_float(xd) ? "((b < a || isnan(b)) ? b : a)" : "(b < a ? b : a)";
             tb__cg_local_reduce(g, group, "acc", acc_t, combine);
         }
         tb__cg_open(g, "if (lid == 0) ");
@@ -3419,7 +3537,8 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
     tb__cg_line(g, "__local %s As[%d][%d];", t, tk, tm);
     tb__cg_line(g, "__local %s Bs[%d][%d];", t, tk, tn);
     tb__cg_line(g, "const int lx = (int)get_local_id(0), ly = (int)get_local_id(1);");
-    tb__cg_line(g, "const long row0 = (long)get_group_id(1) * %d, col0 = (long)get_group_id(0) * %d;",
+    tb__cg_line(g,
+                "const long row0 = (long)get_group_id(1) * %d, col0 = (long)get_group_id(0) * %d;",
                 tm, tn);
     i0 = tb__cg_new_var(g, 0, batch > 0 ? batch - 1 : 0);
     if (i0 < 0) return g->status;
@@ -3459,7 +3578,8 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
             vc = tb__cg_new_var(g, 0, (side == 0 ? K : N) - 1);
             if (vr < 0 || vc < 0) return g->status;
             tb__cg_line(g, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
-            for (d = 0; d < nb; d++) dims[d] = bdims[d];
+            for (d = 0; d < nb; d++)
+                dims[d] = bdims[d];
             tb__lf_const(&dims[r - 2], 0);
             tb__lf_add_term(&dims[r - 2], vr, 1);
             tb__lf_const(&dims[r - 1], 0);
@@ -3479,12 +3599,14 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
         tb__cg_line(g, "barrier(CLK_LOCAL_MEM_FENCE);");
         tb__cg_line(g, "for (int kk = 0; kk < %d; kk++) {", tk);
         tb__cg_line(g, "    %s ra[%d], rb[%d];", t, rm, rn);
-        tb__cg_line(g, "    for (int ii = 0; ii < %d; ii++) ra[ii] = As[kk][ly + ii * %d];", rm, wy);
-        tb__cg_line(g, "    for (int jj = 0; jj < %d; jj++) rb[jj] = Bs[kk][lx + jj * %d];", rn, wx);
+        tb__cg_line(g, "    for (int ii = 0; ii < %d; ii++) ra[ii] = As[kk][ly + ii * %d];", rm,
+                    wy);
+        tb__cg_line(g, "    for (int jj = 0; jj < %d; jj++) rb[jj] = Bs[kk][lx + jj * %d];", rn,
+                    wx);
         tb__cg_line(g, "    for (int ii = 0; ii < %d; ii++)", rm);
         if (tb_dtype_is_float(od)) {
-            tb__cg_line(g, "        for (int jj = 0; jj < %d; jj++) acc[ii][jj] += ra[ii] * rb[jj];",
-                        rn);
+            tb__cg_line(
+                g, "        for (int jj = 0; jj < %d; jj++) acc[ii][jj] += ra[ii] * rb[jj];", rn);
         } else {
             tb__cg_line(g,
                         "        for (int jj = 0; jj < %d; jj++) acc[ii][jj] += (%s)ra[ii] * "
@@ -3494,8 +3616,8 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
         tb__cg_line(g, "}");
         tb__cg_line(g, "barrier(CLK_LOCAL_MEM_FENCE);");
         tb__cg_close(g, "");
-        snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ",
-                 rm, rn);
+        snprintf(head, sizeof head,
+                 "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ", rm, rn);
         tb__cg_open(g, head);
         tb__cg_line(g, "const long gr = row0 + ly + ii * %d, gc = col0 + lx + jj * %d;", wy, wx);
         snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)M, (long long)N);
@@ -3506,7 +3628,8 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
             int32_t vr = tb__cg_new_var(g, 0, M - 1), vc = tb__cg_new_var(g, 0, N - 1), p, vf, v;
             if (vr < 0 || vc < 0) return g->status;
             tb__cg_line(g, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
-            for (d = 0; d < nb; d++) dims[d] = bdims[d];
+            for (d = 0; d < nb; d++)
+                dims[d] = bdims[d];
             tb__lf_const(&dims[r - 2], 0);
             tb__lf_add_term(&dims[r - 2], vr, 1);
             tb__lf_const(&dims[r - 1], 0);
@@ -3573,7 +3696,8 @@ static void tb__ocl_kernel_name(tb__ocl_plan *p, size_t index, const tb__ocl_low
         const tb_shape *as = &L->info[tb__ocl_operand(L, k->core, 0)].node->shape;
         int64_t batch = 1;
         int32_t d;
-        for (d = 0; d + 2 < cs->rank; d++) batch *= cs->dims[d];
+        for (d = 0; d + 2 < cs->rank; d++)
+            batch *= cs->dims[d];
         snprintf(base, sizeof base, "MM_%lld_%lld_%lld", (long long)cs->dims[cs->rank - 2],
                  (long long)cs->dims[cs->rank - 1], (long long)as->dims[as->rank - 1]);
         if (batch != 1) {
@@ -3583,9 +3707,9 @@ static void tb__ocl_kernel_name(tb__ocl_plan *p, size_t index, const tb__ocl_low
     } else if (k->kind == TB__OCL_K_REDUCE) {
         const tb_node *c = L->info[k->core].node;
         int64_t n_out = tb__ocl_numel(&c->shape);
-        int64_t m = n_out > 0 ? tb__ocl_numel(&L->info[tb__ocl_operand(L, k->core, 0)].node->shape) /
-                                    n_out
-                              : 0;
+        int64_t m =
+            n_out > 0 ? tb__ocl_numel(&L->info[tb__ocl_operand(L, k->core, 0)].node->shape) / n_out
+                      : 0;
         snprintf(base, sizeof base, "R_%lld_%lld", (long long)n_out, (long long)m);
     } else if (k->kind == TB__OCL_K_NORM) {
         const tb_node *c = L->info[k->core].node;
@@ -3593,7 +3717,8 @@ static void tb__ocl_kernel_name(tb__ocl_plan *p, size_t index, const tb__ocl_low
         int64_t len = 1, numel = tb__ocl_numel(xs);
         int32_t a;
         if (c->op == TB_OP_LAYER_NORM) {
-            for (a = xs->rank - (int32_t)c->attrs[0]; a < xs->rank; a++) len *= xs->dims[a];
+            for (a = xs->rank - (int32_t)c->attrs[0]; a < xs->rank; a++)
+                len *= xs->dims[a];
         } else {
             len = xs->dims[c->attrs[0]];
         }
@@ -3660,10 +3785,18 @@ static tb_status tb__ocl_lower_graph(tb__ocl_lower *L) {
             g->status = TB_OK;
             tb__ocl_kernel_name(p, i, L);
             switch (k->kind) {
-            case TB__OCL_K_REDUCE: st = tb__cg_kernel_reduce(g, k); break;
-            case TB__OCL_K_MATMUL: st = tb__cg_kernel_matmul(g, k); break;
-            case TB__OCL_K_NORM: st = tb__cg_kernel_norm(g, k); break;
-            default: st = tb__cg_kernel_elementwise(g, k); break;
+            case TB__OCL_K_REDUCE:
+                st = tb__cg_kernel_reduce(g, k);
+                break;
+            case TB__OCL_K_MATMUL:
+                st = tb__cg_kernel_matmul(g, k);
+                break;
+            case TB__OCL_K_NORM:
+                st = tb__cg_kernel_norm(g, k);
+                break;
+            default:
+                st = tb__cg_kernel_elementwise(g, k);
+                break;
             }
             if (st == TB_OK) st = g->status;
             if (L->restart) {
@@ -3709,9 +3842,9 @@ static void tb__ocl_lower_free(tb__ocl_lower *L) {
 
 /* ---- programs: in-memory cache, on-disk binary cache, build ---- */
 
-#define TB__OCL_BIN_MAGIC   "TBOCLBIN"
-#define TB__OCL_BIN_VERSION 1u
-#define TB__OCL_BIN_HEADER  56u
+#define TB__OCL_BIN_MAGIC    "TBOCLBIN"
+#define TB__OCL_BIN_VERSION  1u
+#define TB__OCL_BIN_HEADER   56u
 #define TB__OCL_MAX_PROGRAMS 256
 
 static uint64_t tb__ocl_hash_text(uint64_t h, const char *s, size_t n) {
@@ -3735,20 +3868,23 @@ static void tb__ocl_program_key(const tb__ocl_device *dev, const char *src, size
     parts[6] = TB_VERSION_STRING;
     for (s = 0; s < 2; s++) {
         uint64_t h = tb__ocl_hash_text(seeds[s], src, len);
-        for (i = 0; i < 7; i++) h = tb__ocl_hash_text(h, parts[i], strlen(parts[i]));
+        for (i = 0; i < 7; i++)
+            h = tb__ocl_hash_text(h, parts[i], strlen(parts[i]));
         key[s] = h;
     }
 }
 
 static void tb__ocl_put64(unsigned char *p, uint64_t v) {
     int i;
-    for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+    for (i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
 }
 
 static uint64_t tb__ocl_get64(const unsigned char *p) {
     uint64_t v = 0;
     int i;
-    for (i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    for (i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
     return v;
 }
 
@@ -3780,7 +3916,7 @@ static char *tb__ocl_cache_dir(void) {
     (void)mkdir(dir, 0755);
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
         tb_log_message(TB_LOG_WARN, "opencl: the program cache folder %s is not usable: %s", dir,
-               strerror(errno));
+                       strerror(errno));
         tb__free(dir);
         return NULL;
     }
@@ -3844,7 +3980,7 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
     f = fopen(tmp, "wb");
     if (f == NULL) {
         tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", tmp,
-               strerror(errno));
+                       strerror(errno));
         tb__free(tmp);
         return;
     }
@@ -3852,7 +3988,7 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
         tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", path,
-               strerror(errno));
+                       strerror(errno));
         remove(tmp);
     }
     tb__free(tmp);
@@ -3875,13 +4011,14 @@ static char *tb__ocl_build_log(tb__ocl_device *dev, tb__cl_program prog) {
 }
 
 static tb__cl_program tb__ocl_build_binary(tb__ocl_device *dev, const unsigned char *bin,
-                                          size_t n) {
+                                           size_t n) {
     tb__ocl_runtime *rt = dev->rt;
     tb__cl_int err = TB__CL_SUCCESS, status = TB__CL_SUCCESS;
     const unsigned char *bins[1];
     tb__cl_program prog;
     bins[0] = bin;
-    prog = TB__OCL_CALL(rt, CreateProgramWithBinary)(dev->ctx, 1, &dev->id, &n, bins, &status, &err);
+    prog =
+        TB__OCL_CALL(rt, CreateProgramWithBinary)(dev->ctx, 1, &dev->id, &n, bins, &status, &err);
     if (prog == NULL || err != TB__CL_SUCCESS || status != TB__CL_SUCCESS) {
         if (prog != NULL) TB__OCL_CALL(rt, ReleaseProgram)(prog);
         return NULL;
@@ -3931,7 +4068,8 @@ static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p) {
 static void tb__ocl_programs_trim(tb__ocl_device *dev, size_t keep) {
     size_t count = 0;
     tb__ocl_program *p;
-    for (p = dev->programs; p != NULL; p = p->next) count++;
+    for (p = dev->programs; p != NULL; p = p->next)
+        count++;
     while (count > keep) {
         tb__ocl_program *oldest = NULL;
         for (p = dev->programs; p != NULL; p = p->next)
@@ -3996,8 +4134,9 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
             if (log != NULL && tb_debug_level() >= 1) {
                 tb_log_message(TB_LOG_ERROR, "opencl:%d: build log:\n%s", (int)dev->ordinal, log);
             }
-            st = tb__error(TB_ERR_COMPILE, "opencl:%d (%s): the program does not build: %s (%d); "
-                                           "build log:\n%.800s",
+            st = tb__error(TB_ERR_COMPILE,
+                           "opencl:%d (%s): the program does not build: %s (%d); "
+                           "build log:\n%.800s",
                            (int)dev->ordinal, dev->info.name, tb__cl_error_name(err), (int)err,
                            log != NULL ? log : "(none)");
             tb__free(log);
@@ -4043,7 +4182,8 @@ static void tb__ocl_plan_release(tb__ocl_plan *p) {
     if (p == NULL) return;
     rt = p->rt;
     if (rt != NULL) {
-        tb__ocl_device *dev = (size_t)p->ordinal < rt->num_devices ? &rt->devices[p->ordinal] : NULL;
+        tb__ocl_device *dev =
+            (size_t)p->ordinal < rt->num_devices ? &rt->devices[p->ordinal] : NULL;
         if (p->cl != NULL) {
             for (i = 0; i < p->num_kernels; i++)
                 if (p->cl[i] != NULL) TB__OCL_CALL(rt, ReleaseKernel)(p->cl[i]);
@@ -4168,7 +4308,7 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
     }
     if (tb_debug_level() >= 3) {
         tb_log_message(TB_LOG_DEBUG, "opencl:%d: program of graph %016llx:\n%s", (int)p->ordinal,
-               (unsigned long long)p->graph_hash, p->source);
+                       (unsigned long long)p->graph_hash, p->source);
     }
     p->cl = (tb__cl_kernel *)tb__calloc(p->num_kernels + 1, sizeof(tb__cl_kernel));
     p->local = (size_t *)tb__calloc(p->num_kernels + 1, sizeof(size_t));
@@ -4195,8 +4335,8 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
             if (p->kernels[i].name[0] != '\0')
                 tb__str_append(&names, "%s%s", names.len > 0 ? " " : "", p->kernels[i].name);
         tb_log_message(TB_LOG_INFO, "opencl:%d: graph %016llx: %zu kernel%s: %s", (int)p->ordinal,
-               (unsigned long long)p->graph_hash, launched, launched == 1 ? "" : "s",
-               names.data != NULL ? names.data : "");
+                       (unsigned long long)p->graph_hash, launched, launched == 1 ? "" : "s",
+                       names.data != NULL ? names.data : "");
         tb__str_free(&names);
     }
     if (st == TB_OK) {
@@ -4236,13 +4376,13 @@ static tb__cl_int tb__ocl_launch(tb__ocl_device *dev, const tb__ocl_plan *p, siz
         gws[0] = (size_t)((k->items + lws[0] - 1) / lws[0] * lws[0]);
         dims = 1;
     }
-    return TB__OCL_CALL(dev->rt, EnqueueNDRangeKernel)(dev->queue, p->cl[i], dims, NULL, gws, lws, 0,
-                                                       NULL, event);
+    return TB__OCL_CALL(dev->rt, EnqueueNDRangeKernel)(dev->queue, p->cl[i], dims, NULL, gws, lws,
+                                                       0, NULL, event);
 }
 
 /* The bytes of a scalar argument as the kernel declares it. */
-static size_t tb__ocl_scalar_arg(tb__ocl_device *dev, tb_dtype dtype,
-                                 const tb_backend_data *data, unsigned char out[8]) {
+static size_t tb__ocl_scalar_arg(tb__ocl_device *dev, tb_dtype dtype, const tb_backend_data *data,
+                                 unsigned char out[8]) {
     tb_scalar v;
     if (data->is_scalar) {
         v = data->scalar;
@@ -4364,7 +4504,8 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
             mems[k->out_slot] = owned[k->out_slot]->mem;
         }
         if (p->cl[i] != NULL) {
-            err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem), &mems[k->out_slot]);
+            err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
+                                                 &mems[k->out_slot]);
             for (j = 0; j < k->num_args && err == TB__CL_SUCCESS; j++) {
                 const tb__ocl_arg *arg = &k->args[j];
                 if (arg->kind == TB__OCL_ARG_BUF) {
@@ -4444,15 +4585,15 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
             tb__cl_ulong t0 = 0, t1 = 0;
             double ns;
             if (events[i] == NULL) continue;
-            TB__OCL_CALL(rt, GetEventProfilingInfo)(events[i], TB__CL_PROFILING_COMMAND_START,
-                                                    sizeof t0, &t0, NULL);
-            TB__OCL_CALL(rt, GetEventProfilingInfo)(events[i], TB__CL_PROFILING_COMMAND_END,
-                                                    sizeof t1, &t1, NULL);
+            TB__OCL_CALL(rt, GetEventProfilingInfo)
+            (events[i], TB__CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
+            TB__OCL_CALL(rt, GetEventProfilingInfo)
+            (events[i], TB__CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
             ns = t1 > t0 ? (double)(t1 - t0) : 1.0;
             dev->kernel_ns += (uint64_t)ns;
             tb_log_message(TB_LOG_DEBUG, "opencl:%d %-24s %10.3f ms %9.2f GB/s %9.2f GFLOP/s",
-                   (int)p->ordinal, p->kernels[i].name, ns / 1e6, p->kernels[i].bytes / ns,
-                   p->kernels[i].flops / ns);
+                           (int)p->ordinal, p->kernels[i].name, ns / 1e6, p->kernels[i].bytes / ns,
+                           p->kernels[i].flops / ns);
         }
     }
     if (st == TB_OK) {
@@ -4472,7 +4613,8 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
     }
 done:
     if (owned != NULL) {
-        for (i = 0; i < p->num_slots; i++) tb__ocl_buffer_free(owned[i]);
+        for (i = 0; i < p->num_slots; i++)
+            tb__ocl_buffer_free(owned[i]);
     }
     if (events != NULL) {
         for (i = 0; i < p->num_kernels; i++)
@@ -4501,8 +4643,10 @@ static bool tb__ocl_float_only_unary(tb_op op) {
     case TB_OP_GELU:
     case TB_OP_SILU:
     case TB_OP_RECIPROCAL:
-    case TB_OP_DIV: return true;
-    default: return false;
+    case TB_OP_DIV:
+        return true;
+    default:
+        return false;
     }
 }
 

@@ -361,6 +361,7 @@ static tb_status tb__check_user_shape(const char *fn, const tb_shape *shape) {
 static tb_status tb__norm_axis(const char *fn, const char *what, int64_t axis, int32_t rank,
                                const tb_shape *shape, int32_t *out) {
     int32_t r = rank > 0 ? rank : 1;
+    *out = 0; /* defined on every path, so optimisers see no uninitialised use */
     if (axis < -(int64_t)r || axis >= (int64_t)r) {
         tb__shape_buf b;
         return tb__error(TB_ERR_SHAPE, "%s: %s %lld is out of range for %s (expected %d..%d)", fn,

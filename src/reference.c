@@ -1366,7 +1366,8 @@ static tb_status tb__ref_argminmax(const tb_node *node, const tb__rview *x, tb__
 
 /* ---- matmul ---- */
 
-#define TB__MM_JB 256 /* output columns per tile: four rows of accumulators stay in L1 */
+#define TB__MM_KC 256 /* depth of a block: a 4-column panel of b (8 KiB) stays in L1 */
+#define TB__MM_MC 128 /* rows of a block: the packed block of a (256 KiB) stays in L2 */
 
 /* Packs the [rows, cols] matrix at element `off` of `v` (strides rs, cs) into a double or int64
    array, row-major. */
@@ -1394,55 +1395,86 @@ static void tb__ref_mm_pack(const tb__rview *v, int64_t off, int64_t rows, int64
     }
 }
 
-/* c[M,N] = a[M,K] b[K,N] in double, four rows at a time over column tiles. */
-static void tb__ref_mm_f(const double *a, const double *b, double *acc, int64_t M, int64_t K,
+/* c[4,4] += ap[kc,4]^T bp[kc,4] (both panels k-major); the 16 sums stay in registers. Only
+   rows x cols of the tile are real (the panels are zero-padded). */
+static void tb__ref_mm_tile(const double *ap, const double *bp, int64_t kc, double *c, int64_t ldc,
+                            int64_t rows, int64_t cols) {
+    double c00 = 0, c01 = 0, c02 = 0, c03 = 0, c10 = 0, c11 = 0, c12 = 0, c13 = 0;
+    double c20 = 0, c21 = 0, c22 = 0, c23 = 0, c30 = 0, c31 = 0, c32 = 0, c33 = 0;
+    double t[16];
+    int64_t k, r, j;
+    for (k = 0; k < kc; k++) {
+        const double *av = ap + 4 * k, *bv = bp + 4 * k;
+        double a0 = av[0], a1 = av[1], a2 = av[2], a3 = av[3];
+        double b0 = bv[0], b1 = bv[1], b2 = bv[2], b3 = bv[3];
+        c00 += a0 * b0;
+        c01 += a0 * b1;
+        c02 += a0 * b2;
+        c03 += a0 * b3;
+        c10 += a1 * b0;
+        c11 += a1 * b1;
+        c12 += a1 * b2;
+        c13 += a1 * b3;
+        c20 += a2 * b0;
+        c21 += a2 * b1;
+        c22 += a2 * b2;
+        c23 += a2 * b3;
+        c30 += a3 * b0;
+        c31 += a3 * b1;
+        c32 += a3 * b2;
+        c33 += a3 * b3;
+    }
+    t[0] = c00, t[1] = c01, t[2] = c02, t[3] = c03;
+    t[4] = c10, t[5] = c11, t[6] = c12, t[7] = c13;
+    t[8] = c20, t[9] = c21, t[10] = c22, t[11] = c23;
+    t[12] = c30, t[13] = c31, t[14] = c32, t[15] = c33;
+    for (r = 0; r < rows; r++)
+        for (j = 0; j < cols; j++)
+            c[r * ldc + j] += t[r * 4 + j];
+}
+
+/* c[M,N] = a[M,K] b[K,N] in double (a and b packed row-major), blocked for the caches as
+   GotoBLAS does: a K block of b in 4-column panels, an M block of a in 4-row panels, 4x4 tiles.
+   `work` holds TB__MM_KC * (N + 3) + TB__MM_MC * TB__MM_KC + M * N doubles. */
+static void tb__ref_mm_f(const double *a, const double *b, double *work, int64_t M, int64_t K,
                          int64_t N, tb_dtype od, char *out) {
-    int64_t jb, ib, k, j, r;
+    int64_t npan = (N + 3) / 4, kb, ib, ip, jp, k, r, j;
+    double *bpan = work, *apan = bpan + TB__MM_KC * npan * 4, *c = apan + TB__MM_MC * TB__MM_KC;
     int64_t oes = tb__ref_esize(od);
-    for (jb = 0; jb < N; jb += TB__MM_JB) {
-        int64_t jn = N - jb < TB__MM_JB ? N - jb : TB__MM_JB;
-        for (ib = 0; ib < M; ib += 4) {
-            int64_t rows = M - ib < 4 ? M - ib : 4;
-            double *c0 = acc, *c1 = acc + TB__MM_JB, *c2 = acc + 2 * TB__MM_JB,
-                   *c3 = acc + 3 * TB__MM_JB;
-            for (j = 0; j < 4 * TB__MM_JB; j++)
-                acc[j] = 0.0;
-            for (k = 0; k < K; k++) {
-                const double *brow = b + k * N + jb;
-                if (rows == 4) {
-                    double a0 = a[ib * K + k], a1 = a[(ib + 1) * K + k], a2 = a[(ib + 2) * K + k],
-                           a3 = a[(ib + 3) * K + k];
-                    for (j = 0; j < jn; j++) {
-                        double bj = brow[j];
-                        c0[j] += a0 * bj;
-                        c1[j] += a1 * bj;
-                        c2[j] += a2 * bj;
-                        c3[j] += a3 * bj;
-                    }
-                } else {
-                    for (r = 0; r < rows; r++) {
-                        double ar = a[(ib + r) * K + k];
-                        double *cr = acc + r * TB__MM_JB;
-                        for (j = 0; j < jn; j++)
-                            cr[j] += ar * brow[j];
-                    }
+    for (j = 0; j < M * N; j++)
+        c[j] = 0.0;
+    for (kb = 0; kb < K; kb += TB__MM_KC) {
+        int64_t kc = K - kb < TB__MM_KC ? K - kb : TB__MM_KC;
+        for (jp = 0; jp < npan; jp++)
+            for (k = 0; k < kc; k++)
+                for (j = 0; j < 4; j++)
+                    bpan[(jp * kc + k) * 4 + j] =
+                        jp * 4 + j < N ? b[(kb + k) * N + jp * 4 + j] : 0.0;
+        for (ib = 0; ib < M; ib += TB__MM_MC) {
+            int64_t mc = M - ib < TB__MM_MC ? M - ib : TB__MM_MC, mpan = (mc + 3) / 4;
+            for (ip = 0; ip < mpan; ip++)
+                for (k = 0; k < kc; k++)
+                    for (r = 0; r < 4; r++)
+                        apan[(ip * kc + k) * 4 + r] =
+                            ip * 4 + r < mc ? a[(ib + ip * 4 + r) * K + kb + k] : 0.0;
+            for (jp = 0; jp < npan; jp++)
+                for (ip = 0; ip < mpan; ip++) {
+                    int64_t rows = mc - ip * 4 < 4 ? mc - ip * 4 : 4;
+                    int64_t cols = N - jp * 4 < 4 ? N - jp * 4 : 4;
+                    tb__ref_mm_tile(apan + ip * kc * 4, bpan + jp * kc * 4, kc,
+                                    c + (ib + ip * 4) * N + jp * 4, N, rows, cols);
                 }
-            }
-            for (r = 0; r < rows; r++) {
-                const double *cr = acc + r * TB__MM_JB;
-                int64_t base = (ib + r) * N + jb;
-                if (od == TB_F32) {
-                    float *o = (float *)out + base;
-                    for (j = 0; j < jn; j++)
-                        o[j] = (float)cr[j];
-                } else if (od == TB_F64) {
-                    memcpy((double *)out + base, cr, (size_t)jn * sizeof(double));
-                } else {
-                    for (j = 0; j < jn; j++)
-                        tb__st_f(od, out + (base + j) * oes, cr[j]);
-                }
-            }
         }
+    }
+    if (od == TB_F32) {
+        float *o = (float *)out;
+        for (j = 0; j < M * N; j++)
+            o[j] = (float)c[j];
+    } else if (od == TB_F64) {
+        memcpy(out, c, (size_t)(M * N) * sizeof(double));
+    } else {
+        for (j = 0; j < M * N; j++)
+            tb__st_f(od, out + j * oes, c[j]);
     }
 }
 
@@ -1480,7 +1512,7 @@ static tb_status tb__ref_matmul(const tb_node *node, const tb__rview *a, const t
     int64_t idx[TB_MAX_RANK];
     bool as_float = tb_dtype_is_float(os->dtype);
     void *pa = NULL, *pb = NULL;
-    double *acc = NULL;
+    double *work = NULL;
     int64_t oes = tb__ref_esize(os->dtype);
     tb_status st = TB_OK;
     if (r < 2 || a->shape.rank != r || b->shape.rank != r)
@@ -1504,10 +1536,18 @@ static tb_status tb__ref_matmul(const tb_node *node, const tb__rview *a, const t
         st = tb__error(TB_ERR_OVERFLOW, "reference: matmul operands too large to pack");
         goto done;
     }
+    /* the output's element count fits, and N + 3 panels of TB__MM_KC doubles are small */
+    if ((uint64_t)(M * N) >
+        SIZE_MAX / 8u - (uint64_t)(TB__MM_KC * (N + 3) + TB__MM_MC * TB__MM_KC)) {
+        st = tb__error(TB_ERR_OVERFLOW, "reference: matmul result too large");
+        goto done;
+    }
     pa = tb__alloc((size_t)(M * K + 1) * 8u);
     pb = tb__alloc((size_t)(K * N + 1) * 8u);
-    acc = (double *)tb__alloc(4 * TB__MM_JB * sizeof(double));
-    if (!pa || !pb || !acc) {
+    if (as_float)
+        work = (double *)tb__alloc((size_t)(TB__MM_KC * (N + 3) + TB__MM_MC * TB__MM_KC + M * N) *
+                                   sizeof(double));
+    if (!pa || !pb || (as_float && !work)) {
         st = TB_ERR_OUT_OF_MEMORY;
         goto done;
     }
@@ -1524,7 +1564,7 @@ static tb_status tb__ref_matmul(const tb_node *node, const tb__rview *a, const t
         last_aoff = aoff;
         last_boff = boff;
         if (as_float)
-            tb__ref_mm_f((const double *)pa, (const double *)pb, acc, M, K, N, os->dtype, o);
+            tb__ref_mm_f((const double *)pa, (const double *)pb, work, M, K, N, os->dtype, o);
         else
             tb__ref_mm_i((const int64_t *)pa, (const int64_t *)pb, M, K, N, os->dtype, o);
         for (d = r - 3; d >= 0; d--) {
@@ -1542,12 +1582,13 @@ static tb_status tb__ref_matmul(const tb_node *node, const tb__rview *a, const t
 done:
     tb__free(pa);
     tb__free(pb);
-    tb__free(acc);
+    tb__free(work);
     if (st != TB_OK) tb__rview_clear(out);
     return st;
 }
 
-#undef TB__MM_JB
+#undef TB__MM_KC
+#undef TB__MM_MC
 
 /* ---- softmax, log_softmax, layer_norm ---- */
 

@@ -9,26 +9,40 @@ TBDEF bool tb_dtype_is_valid(tb_dtype dtype) {
 
 TBDEF const char *tb_dtype_name(tb_dtype dtype) {
     switch (dtype) {
-    case TB_F32: return "f32";
-    case TB_F64: return "f64";
-    case TB_I32: return "i32";
-    case TB_I64: return "i64";
-    case TB_U8: return "u8";
-    case TB_BOOL: return "bool";
-    case TB_DTYPE_COUNT: break;
+    case TB_F32:
+        return "f32";
+    case TB_F64:
+        return "f64";
+    case TB_I32:
+        return "i32";
+    case TB_I64:
+        return "i64";
+    case TB_U8:
+        return "u8";
+    case TB_BOOL:
+        return "bool";
+    case TB_DTYPE_COUNT:
+        break;
     }
     return "invalid";
 }
 
 TBDEF size_t tb_dtype_size(tb_dtype dtype) {
     switch (dtype) {
-    case TB_F32: return 4;
-    case TB_F64: return 8;
-    case TB_I32: return 4;
-    case TB_I64: return 8;
-    case TB_U8: return 1;
-    case TB_BOOL: return 1;
-    case TB_DTYPE_COUNT: break;
+    case TB_F32:
+        return 4;
+    case TB_F64:
+        return 8;
+    case TB_I32:
+        return 4;
+    case TB_I64:
+        return 8;
+    case TB_U8:
+        return 1;
+    case TB_BOOL:
+        return 1;
+    case TB_DTYPE_COUNT:
+        break;
     }
     return 0;
 }
@@ -37,9 +51,9 @@ TBDEF tb_status tb_dtype_parse(const char *text, tb_dtype *out) {
     static const struct {
         const char *name;
         tb_dtype dtype;
-    } names[] = {{"f32", TB_F32},    {"float32", TB_F32}, {"float", TB_F32},  {"f64", TB_F64},
-                 {"float64", TB_F64}, {"double", TB_F64},  {"i32", TB_I32},    {"int32", TB_I32},
-                 {"int", TB_I32},     {"i64", TB_I64},     {"int64", TB_I64},  {"long", TB_I64},
+    } names[] = {{"f32", TB_F32},     {"float32", TB_F32}, {"float", TB_F32}, {"f64", TB_F64},
+                 {"float64", TB_F64}, {"double", TB_F64},  {"i32", TB_I32},   {"int32", TB_I32},
+                 {"int", TB_I32},     {"i64", TB_I64},     {"int64", TB_I64}, {"long", TB_I64},
                  {"u8", TB_U8},       {"uint8", TB_U8},    {"bool", TB_BOOL}};
     size_t i;
     if (text == NULL || out == NULL) {
@@ -69,13 +83,20 @@ TBDEF bool tb_dtype_is_integer(tb_dtype dtype) {
 /* Position in the promotion lattice, which is a chain for these dtypes. */
 static int tb__dtype_rank(tb_dtype dtype) {
     switch (dtype) {
-    case TB_BOOL: return 0;
-    case TB_U8: return 1;
-    case TB_I32: return 2;
-    case TB_I64: return 3;
-    case TB_F32: return 4;
-    case TB_F64: return 5;
-    case TB_DTYPE_COUNT: break;
+    case TB_BOOL:
+        return 0;
+    case TB_U8:
+        return 1;
+    case TB_I32:
+        return 2;
+    case TB_I64:
+        return 3;
+    case TB_F32:
+        return 4;
+    case TB_F64:
+        return 5;
+    case TB_DTYPE_COUNT:
+        break;
     }
     return -1;
 }
@@ -106,9 +127,12 @@ static int64_t tb__wrap_int(tb_dtype dtype, int64_t v) {
         uint32_t u = (uint32_t)(uint64_t)v;
         return u <= (uint32_t)INT32_MAX ? (int64_t)u : (int64_t)u - (int64_t)4294967296LL;
     }
-    case TB_U8: return (int64_t)(uint8_t)(uint64_t)v;
-    case TB_BOOL: return v != 0;
-    default: return v;
+    case TB_U8:
+        return (int64_t)(uint8_t)(uint64_t)v;
+    case TB_BOOL:
+        return v != 0;
+    default:
+        return v;
     }
 }
 
@@ -202,7 +226,8 @@ static TB__UNUSED void tb__scalar_store(tb_scalar value, tb_dtype dtype, void *o
         memcpy(out, &v, sizeof v);
         break;
     }
-    case TB_DTYPE_COUNT: break;
+    case TB_DTYPE_COUNT:
+        break;
     }
 }
 
@@ -267,7 +292,8 @@ static int64_t tb__shape_numel(const tb_shape *shape) {
     for (i = 0; i < shape->rank; i++) {
         if (shape->dims[i] == 0) return 0; /* the other dims' product may not fit */
     }
-    for (i = 0; i < shape->rank; i++) n *= shape->dims[i];
+    for (i = 0; i < shape->rank; i++)
+        n *= shape->dims[i];
     return n;
 }
 
@@ -284,7 +310,8 @@ TBDEF tb_status tb_shape_make(tb_shape *out, tb_dtype dtype, int32_t rank, const
     s.dtype = dtype;
     s.rank = rank;
     if (rank > 0 && rank <= TB_MAX_RANK) {
-        for (i = 0; i < rank; i++) s.dims[i] = dims[i];
+        for (i = 0; i < rank; i++)
+            s.dims[i] = dims[i];
     }
     st = tb__shape_check("tb_shape_make", &s);
     if (st != TB_OK) return st;
@@ -301,7 +328,8 @@ TBDEF tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, ...) {
     s.rank = rank;
     if (rank > 0 && rank <= TB_MAX_RANK) {
         va_start(ap, rank);
-        for (i = 0; i < rank; i++) s.dims[i] = (int64_t)va_arg(ap, int);
+        for (i = 0; i < rank; i++)
+            s.dims[i] = (int64_t)va_arg(ap, int);
         va_end(ap);
     }
     if (tb__shape_check("tb_shape_of", &s) != TB_OK) {
@@ -464,12 +492,14 @@ TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out) {
                          text, pos);
     }
     pos++;
-    while (tb__is_space(text[pos])) pos++;
+    while (tb__is_space(text[pos]))
+        pos++;
     if (text[pos] != ']') {
         for (;;) {
             uint64_t v = 0;
             bool too_big = false;
-            while (tb__is_space(text[pos])) pos++;
+            while (tb__is_space(text[pos]))
+                pos++;
             if (text[pos] < '0' || text[pos] > '9') {
                 return tb__error(TB_ERR_INVALID_ARGUMENT,
                                  "tb_shape_parse: bad shape text '%.100s': expected a dim (a "
@@ -494,7 +524,8 @@ TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out) {
                                  (int)s.rank, text);
             }
             s.dims[s.rank++] = (int64_t)v;
-            while (tb__is_space(text[pos])) pos++;
+            while (tb__is_space(text[pos]))
+                pos++;
             if (text[pos] == ']') break;
             if (text[pos] != ',') {
                 return tb__error(TB_ERR_INVALID_ARGUMENT,

@@ -31,12 +31,23 @@ static bool starts_with(const char *s, const char *prefix) {
 /* ---- status strings ---- */
 
 static void test_status_strings(void **state) {
-    static const char *const names[TB_STATUS_COUNT] = {
-        "TB_OK",           "TB_ERR_INVALID_ARGUMENT", "TB_ERR_DTYPE",       "TB_ERR_SHAPE",
-        "TB_ERR_OVERFLOW", "TB_ERR_OUT_OF_MEMORY",    "TB_ERR_NOT_FOUND",   "TB_ERR_DUPLICATE",
-        "TB_ERR_UNSUPPORTED", "TB_ERR_UNAVAILABLE",   "TB_ERR_COMPILE",     "TB_ERR_EXECUTE",
-        "TB_ERR_IO",       "TB_ERR_FORMAT",           "TB_ERR_PLUGIN",      "TB_ERR_STATE",
-        "TB_ERR_INTERNAL"};
+    static const char *const names[TB_STATUS_COUNT] = {"TB_OK",
+                                                       "TB_ERR_INVALID_ARGUMENT",
+                                                       "TB_ERR_DTYPE",
+                                                       "TB_ERR_SHAPE",
+                                                       "TB_ERR_OVERFLOW",
+                                                       "TB_ERR_OUT_OF_MEMORY",
+                                                       "TB_ERR_NOT_FOUND",
+                                                       "TB_ERR_DUPLICATE",
+                                                       "TB_ERR_UNSUPPORTED",
+                                                       "TB_ERR_UNAVAILABLE",
+                                                       "TB_ERR_COMPILE",
+                                                       "TB_ERR_EXECUTE",
+                                                       "TB_ERR_IO",
+                                                       "TB_ERR_FORMAT",
+                                                       "TB_ERR_PLUGIN",
+                                                       "TB_ERR_STATE",
+                                                       "TB_ERR_INTERNAL"};
     int i, j;
     (void)state;
     for (i = 0; i < (int)TB_STATUS_COUNT; i++) {
@@ -46,7 +57,8 @@ static void test_status_strings(void **state) {
         snprintf(prefix, sizeof prefix, "%s: ", names[i]);
         assert_true(starts_with(s, prefix));
         assert_true(strlen(s) > strlen(prefix)); /* a description follows the name */
-        for (j = 0; j < i; j++) assert_string_not_equal(s, tb_status_string((tb_status)j));
+        for (j = 0; j < i; j++)
+            assert_string_not_equal(s, tb_status_string((tb_status)j));
     }
     assert_string_equal(tb_status_string(TB_ERR_SHAPE), "TB_ERR_SHAPE: shape mismatch");
     assert_string_equal(tb_status_string(TB_STATUS_COUNT), "unknown status");
@@ -261,7 +273,7 @@ static void counting_free(void *ptr, void *user_data) {
 }
 
 static void test_allocator_hooks(void **state) {
-    counting_allocator a;
+    static counting_allocator a; /* static: a failed assertion leaves it to the teardown */
     tb_desc desc;
     tb_device cpu;
     tb_backend_data *data;
@@ -307,7 +319,7 @@ static void test_allocator_hooks(void **state) {
 }
 
 static void test_allocator_needs_both(void **state) {
-    counting_allocator a;
+    static counting_allocator a; /* static: a failed assertion leaves it to the teardown */
     tb_desc desc;
     (void)state;
     memset(&a, 0, sizeof a);
@@ -345,7 +357,7 @@ static void record_log(tb_log_level level, const char *message, void *user_data)
 }
 
 static void test_logger(void **state) {
-    log_record r;
+    static log_record r;
     tb_desc desc;
     (void)state;
     memset(&r, 0, sizeof r);
@@ -386,7 +398,7 @@ static void test_logger(void **state) {
 }
 
 static void test_logger_long_message_and_errors_kept(void **state) {
-    log_record r;
+    static log_record r;
     tb_desc desc;
     char text[2000];
     (void)state;
@@ -408,7 +420,7 @@ static void test_logger_long_message_and_errors_kept(void **state) {
 }
 
 static void test_bad_env_level_warns(void **state) {
-    log_record r;
+    static log_record r;
     tb_desc desc;
     (void)state;
     memset(&r, 0, sizeof r);
@@ -441,10 +453,12 @@ static void test_hash_known_values(void **state) {
     assert_true(tb__hash_bytes(0, "Nobody inspects the spammish repetition", 39) ==
                 UINT64_C(0xFBCEA83C8A378BF1));
     /* hash_u64 is the hash of the value's little-endian bytes */
-    for (i = 0; i < 8; i++) le[i] = (unsigned char)(v >> (8 * i));
+    for (i = 0; i < 8; i++)
+        le[i] = (unsigned char)(v >> (8 * i));
     assert_true(tb__hash_u64(7, v) == tb__hash_bytes(7, le, 8));
     /* seeds and every byte position matter */
-    for (i = 0; i < 100; i++) bytes[i] = (unsigned char)i;
+    for (i = 0; i < 100; i++)
+        bytes[i] = (unsigned char)i;
     assert_true(tb__hash_bytes(1, bytes, 100) != tb__hash_bytes(2, bytes, 100));
     for (i = 0; i < 100; i++) {
         uint64_t h0 = tb__hash_bytes(0, bytes, 100);
@@ -466,7 +480,8 @@ static void test_grow_and_overflow(void **state) {
     assert_int_equal(tb__grow(&p, &cap, 3, sizeof(int)), TB_OK);
     items = (int *)p;
     assert_true(cap >= 3);
-    for (i = 0; i < 3; i++) items[i] = i * 10;
+    for (i = 0; i < 3; i++)
+        items[i] = i * 10;
     assert_int_equal(tb__grow(&p, &cap, 1000, sizeof(int)), TB_OK);
     items = (int *)p;
     assert_true(cap >= 1000);
@@ -493,7 +508,8 @@ static void test_str(void **state) {
     text = tb__str_take(&s);
     assert_string_equal(text, ""); /* an empty buffer gives "" */
     tb_free(text);
-    for (i = 0; i < 1000; i++) tb__str_append(&s, "%d,", i % 10);
+    for (i = 0; i < 1000; i++)
+        tb__str_append(&s, "%d,", i % 10);
     assert_int_equal(s.len, 2000);
     text = tb__str_take(&s);
     assert_non_null(text);
@@ -528,8 +544,10 @@ static void test_mutex_recursive_and_exclusive(void **state) {
     int i;
     (void)state;
     shared_counter = 0;
-    for (i = 0; i < 4; i++) assert_int_equal(pthread_create(&t[i], NULL, count_thread, NULL), 0);
-    for (i = 0; i < 4; i++) pthread_join(t[i], NULL);
+    for (i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, count_thread, NULL), 0);
+    for (i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
     assert_int_equal(shared_counter, 4 * 20000);
 }
 

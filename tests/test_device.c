@@ -127,11 +127,11 @@ static void available(char *buf, size_t cap) {
 /* ---- types ---- */
 
 static void test_device_types(void **state) {
-    static const char *const texts[] = {"cpu", "CPU", "Cpu", "gpu", "GPU", "accelerator",
-                                        "ACCELERATOR"};
-    static const tb_device_type types[] = {TB_DEVICE_CPU, TB_DEVICE_CPU, TB_DEVICE_CPU,
-                                           TB_DEVICE_GPU, TB_DEVICE_GPU, TB_DEVICE_ACCELERATOR,
-                                           TB_DEVICE_ACCELERATOR};
+    static const char *const texts[] = {"cpu", "CPU",         "Cpu",        "gpu",
+                                        "GPU", "accelerator", "ACCELERATOR"};
+    static const tb_device_type types[] = {
+        TB_DEVICE_CPU, TB_DEVICE_CPU,         TB_DEVICE_CPU,        TB_DEVICE_GPU,
+        TB_DEVICE_GPU, TB_DEVICE_ACCELERATOR, TB_DEVICE_ACCELERATOR};
     size_t i;
     tb_device_type t = TB_DEVICE_GPU;
     (void)state;
@@ -168,8 +168,9 @@ static void test_device_make(void **state) {
 
     memset(&d, 0x33, sizeof d);
     assert_int_equal(tb_device_make("cpu", 1, &d), TB_ERR_NOT_FOUND);
-    assert_string_equal(tb_last_error(),
-                        "tb_device_make: device ordinal 1 out of range: backend 'cpu' has 1 device");
+    assert_string_equal(
+        tb_last_error(),
+        "tb_device_make: device ordinal 1 out of range: backend 'cpu' has 1 device");
     assert_int_equal(tb_device_make("multi", 3, &d), TB_ERR_NOT_FOUND);
     assert_string_equal(tb_last_error(), "tb_device_make: device ordinal 3 out of range: backend "
                                          "'multi' has 3 devices");
@@ -283,8 +284,8 @@ static void test_device_parse_errors(void **state) {
         char names[512], expected[700];
         assert_int_equal(tb_device_parse("CPU:0", &d), TB_ERR_NOT_FOUND);
         available(names, sizeof names);
-        snprintf(expected, sizeof expected,
-                 "tb_device_parse: unknown backend 'CPU'; available: %s", names);
+        snprintf(expected, sizeof expected, "tb_device_parse: unknown backend 'CPU'; available: %s",
+                 names);
         assert_string_equal(tb_last_error(), expected);
         assert_non_null(strstr(names, "cpu"));
         assert_non_null(strstr(names, "multi"));
@@ -354,8 +355,9 @@ static void test_current_device_from_env_and_desc(void **state) {
     desc.device = "ghost:0";
     assert_int_equal(tb_setup(&desc), TB_OK);
     assert_int_equal(tb_current_device(&d), TB_ERR_NOT_FOUND);
-    assert_starts_with(tb_last_error(), "tb_current_device: desc.device='ghost:0' is not a usable device: "
-                        "unknown backend 'ghost'; available: ");
+    assert_starts_with(tb_last_error(),
+                       "tb_current_device: desc.device='ghost:0' is not a usable device: "
+                       "unknown backend 'ghost'; available: ");
     tb_shutdown();
     unsetenv("TB_DEVICE");
 
@@ -443,7 +445,7 @@ static void test_guard_errors(void **state) {
 typedef struct guard_thread {
     pthread_barrier_t *inside; /* both threads hold their guards */
     pthread_barrier_t *checked;
-    int32_t ordinal;           /* the guard's ordinal; -1: no guard */
+    int32_t ordinal; /* the guard's ordinal; -1: no guard */
     tb_device before, during, after;
     tb_status status;
 } guard_thread;
@@ -485,7 +487,8 @@ static void test_guards_are_per_thread(void **state) {
         t[k].ordinal = k == 2 ? -1 : k + 1;
         assert_int_equal(pthread_create(&threads[k], NULL, guard_worker, &t[k]), 0);
     }
-    for (k = 0; k < 3; k++) pthread_join(threads[k], NULL);
+    for (k = 0; k < 3; k++)
+        pthread_join(threads[k], NULL);
     pthread_barrier_destroy(&inside);
     pthread_barrier_destroy(&checked);
     for (k = 0; k < 3; k++) {

@@ -1193,6 +1193,41 @@ static void test_matmul_batched_and_int(void **state) {
     }
 }
 
+/* Sizes that cross the cache blocks of a blocked implementation, odd in every dim, with a
+   transposed right operand. */
+static void test_matmul_large_odd(void **state) {
+    const int n = 131, k = 301, m = 7;
+    double *a = (double *)malloc(sizeof(double) * n * k),
+           *b = (double *)malloc(sizeof(double) * m * k);
+    double *want = (double *)malloc(sizeof(double) * n * m);
+    tb_tensor *x, *y, *yt;
+    int i, j, l;
+    (void)state;
+    for (i = 0; i < n * k; i++)
+        a[i] = (double)((i * 37) % 101) / 50.0 - 1.0;
+    for (i = 0; i < m * k; i++)
+        b[i] = (double)((i * 11) % 23) / 10.0 - 1.1;
+    for (i = 0; i < n; i++)
+        for (j = 0; j < m; j++) {
+            double acc = 0.0;
+            for (l = 0; l < k; l++)
+                acc += a[i * k + l] * b[j * k + l];
+            want[i * m + j] = acc;
+        }
+    x = make(TB_F64, a, 2, DIMS(n, k));
+    y = make(TB_F64, b, 2, DIMS(m, k));
+    yt = tb_transpose(y, 0, 1);
+    check_float(tb_matmul(x, yt), want, (size_t)(n * m));
+    tb_tensor_release(x);
+    tb_tensor_release(y);
+    tb_tensor_release(yt);
+    free(a);
+    free(b);
+    free(want);
+}
+
+/* ---- softmax, log_softmax, layer_norm ---- */
+
 static void ref_softmax_rows(const double *x, double *out, int rows, int len, int stride_row,
                              int stride_el, bool log_form) {
     int r, l;
@@ -1990,6 +2025,7 @@ int main(void) {
         cmocka_unit_test(test_argmax_argmin),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_batched_and_int),
+        cmocka_unit_test(test_matmul_large_odd),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_softmax_stability),
         cmocka_unit_test(test_layer_norm),

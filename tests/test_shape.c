@@ -519,7 +519,8 @@ static void test_shape_text_cut(void **state) {
     memset(&s, 0, sizeof s);
     s.dtype = TB_BOOL;
     s.rank = 8;
-    for (i = 0; i < 8; i++) s.dims[i] = INT64_MAX;
+    for (i = 0; i < 8; i++)
+        s.dims[i] = INT64_MAX;
     n = tb__shape_text(&s, buf);
     assert_int_equal(n, strlen(buf));
     assert_true(n <= 95);
@@ -538,7 +539,8 @@ static void test_shape_parse_round_trips(void **state) {
             int64_t dims[TB_MAX_RANK];
             tb_shape s, back;
             char text[256], again[256];
-            for (i = 0; i < rank; i++) dims[i] = (i * 7 + d) % 5; /* includes 0 and 1 */
+            for (i = 0; i < rank; i++)
+                dims[i] = (i * 7 + d) % 5; /* includes 0 and 1 */
             s = make(all_dtypes[d], rank, dims);
             tb_shape_format(&s, text, sizeof text);
             assert_int_equal(tb_shape_parse(text, &back), TB_OK);

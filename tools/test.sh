@@ -208,6 +208,17 @@ for cc in "${c_compilers[@]}"; do
             "$cc -std=$std $c_warnings -I. tests/compile/impl.c -o $bin $libs; $bin"
     done
 done
+# Optimisers see more (inlining, value ranges) and warn about more: users build with -O2 -Werror.
+for cc in "${c_compilers[@]}"; do
+    for opt in -O2 -O3; do
+        compile_check "impl.c ($cc -std=c11 $opt)" \
+            "$cc -std=c11 $opt $c_warnings -I. -c tests/compile/impl.c -o $out/impl_opt.o"
+    done
+done
+for cxx in "${cxx_compilers[@]}"; do
+    compile_check "impl.cpp ($cxx -std=c++17 -O2)" \
+        "$cxx -std=c++17 -O2 $cxx_warnings -I. -c tests/compile/impl.cpp -o $out/impl_opt_cxx.o"
+done
 for cxx in "${cxx_compilers[@]}"; do
     for std in c++11 c++17; do
         bin=$out/impl_$(tag "$cxx")_$std
@@ -385,35 +396,92 @@ done
 
 # ---------------------------------------------------------------------------------------------
 step "examples"
+# Each example compiles as C (with the test flags) and as C++; those marked '// test: run' run on
+# the cpu backend and, where an OpenCL device is present, on the opencl backend too.
+backends=(cpu)
+if command -v clinfo >/dev/null 2>&1 && [ "$(clinfo -l 2>/dev/null | grep -c 'Device')" -gt 0 ]; then
+    backends+=(opencl)
+fi
 for src in examples/*.c; do
     [ "$src" = "$plugin_src" ] && continue
     selected "$src" || continue
     name=$(basename "$src" .c)
     bin=build/examples/$name
     log=build/examples/$name.build.log
-    if ! $CC -Wall -Wextra -Werror -I. "$src" -o "$bin" -ldl -lpthread -lm >"$log" 2>&1; then
-        echo "FAIL example: $src (does not compile)"
-        echo "    $CC -Wall -Wextra -Werror -I. $src -o $bin -ldl -lpthread -lm"
+    # shellcheck disable=SC2086
+    if ! $CC $test_flags "$src" -o "$bin" -ldl -lpthread -lm >"$log" 2>&1; then
+        echo "FAIL example: $src (does not compile as C)"
+        echo "    $CC $(echo $test_flags) $src -o $bin -ldl -lpthread -lm"
         indent <"$log"
         fail "example: $src"
         continue
     fi
+    # shellcheck disable=SC2086
+    if ! $CXX -x c++ -std=c++11 $cxx_warnings -I. -c "$src" -o "$bin.cpp.o" >"$log" 2>&1; then
+        echo "FAIL example: $src (does not compile as C++)"
+        indent <"$log"
+        fail "example: $src as C++"
+        continue
+    fi
     if ! head -n 20 "$src" | grep -q '^// test: run'; then
-        echo "ok example: $src (compiles; not marked '// test: run')"
+        echo "ok example: $src (compiles as C and C++; not marked '// test: run')"
         pass
         continue
     fi
-    echo "-- $bin"
-    timeout --foreground -k 10 "$timeout_s" "$bin"
-    rc=$?
-    if [ "$rc" -eq 0 ]; then
-        echo "ok example: $src"
-        pass
-    else
-        echo "FAIL example: $src (exit status $rc)"
-        fail "example: $src"
-    fi
+    for backend in "${backends[@]}"; do
+        echo "-- TB_BACKEND=$backend $bin"
+        (cd build/examples && TB_BACKEND=$backend ASAN_OPTIONS=$asan_opencl \
+            LSAN_OPTIONS="suppressions=$repo/tools/lsan.supp:print_suppressions=0" \
+            timeout --foreground -k 10 "$timeout_s" "./$name")
+        rc=$?
+        if [ "$rc" -eq 0 ]; then
+            echo "ok example: $src on $backend"
+            pass
+        else
+            echo "FAIL example: $src on $backend (exit status $rc)"
+            fail "example: $src on $backend"
+        fi
+    done
 done
+
+# ---------------------------------------------------------------------------------------------
+step "README code blocks"
+if selected README.md; then
+    rm -rf build/readme
+    if ! blocks=$(python3 tools/readme_blocks.py build/readme); then
+        fail "README code blocks: none found"
+    fi
+    while read -r file kind; do
+        [ -n "$file" ] || continue
+        src=build/readme/$file
+        log=$src.log
+        if [ "$kind" = program ]; then
+            # shellcheck disable=SC2086
+            if $CC $test_flags "$src" -o "${src%.c}" -ldl -lpthread -lm >"$log" 2>&1 &&
+                $CXX -x c++ -std=c++11 $cxx_warnings -I. -c "$src" -o "${src%.c}.o" >>"$log" 2>&1 &&
+                (cd build/readme && ASAN_OPTIONS=$asan_opencl "./${file%.c}" >"${file%.c}.out" 2>&1); then
+                echo "ok README: $file (program: built as C and C++, ran)"
+                pass
+            else
+                echo "FAIL README: $file (program)"
+                indent <"$log"
+                [ -f "build/readme/${file%.c}.out" ] && indent <"build/readme/${file%.c}.out"
+                fail "README block $file"
+            fi
+        else
+            # shellcheck disable=SC2086
+            if $CC -std=c99 -Wall -Wextra -Werror -pedantic -I. -c "$src" -o "${src%.c}.o" >"$log" 2>&1 &&
+                $CXX -x c++ -std=c++11 $cxx_warnings -I. -c "$src" -o "${src%.c}.cpp.o" >>"$log" 2>&1; then
+                echo "ok README: $file (declarations: compiled as C and C++)"
+                pass
+            else
+                echo "FAIL README: $file (declarations)"
+                indent <"$log"
+                fail "README block $file"
+            fi
+        fi
+    done <<<"$blocks"
+fi
 
 # ---------------------------------------------------------------------------------------------
 step "summary"

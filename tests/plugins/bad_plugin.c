@@ -47,8 +47,7 @@ static tb_status bad_compile(void *user_data, void *context, void **computation)
 }
 
 static tb_status bad_execute(void *user_data, void *computation, tb_backend_data *const *args,
-                             size_t num_args, tb_backend_data *const *results,
-                             size_t num_results) {
+                             size_t num_args, tb_backend_data *const *results, size_t num_results) {
     (void)user_data;
     (void)computation;
     (void)args;
@@ -80,7 +79,7 @@ static tb_status bad_init(void *user_data) {
 }
 
 #if defined(TB_TEST_BADVERSION)
-#define BAD_NAME "badversion"
+#define BAD_NAME    "badversion"
 #define BAD_VERSION (TB_API_VERSION + 1)
 #elif defined(TB_TEST_NOSYMBOL)
 #define BAD_NAME "nosymbol"

@@ -1,0 +1,146 @@
+/* DLPack with the OpenCL backend: exports copy to host memory, imports copy to the device, and
+   the producer's deleter runs at once. Skipped where no OpenCL device is usable. (Apart from
+   tests/test_dlpack.c because the OpenCL runtime's own allocations are not leak-checked.) */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <string.h>
+
+#define TB_IMPLEMENTATION
+#include "torch_backend.h"
+
+static tb_device ocl;
+
+static int deleter_calls;
+
+static void counting_deleter(tb_dl_managed_tensor *self) {
+    (void)self;
+    deleter_calls++;
+}
+
+/* A kDLCPU f32 managed tensor over `data`; NULL strides mean C-contiguous. */
+static void make_managed(tb_dl_managed_tensor *m, float *data, int64_t *shape, int32_t ndim,
+                         int64_t *strides) {
+    memset(m, 0, sizeof *m);
+    m->dl_tensor.data = data;
+    m->dl_tensor.device.device_type = TB_DL_CPU;
+    m->dl_tensor.ndim = ndim;
+    m->dl_tensor.dtype.code = TB_DL_FLOAT;
+    m->dl_tensor.dtype.bits = 32;
+    m->dl_tensor.dtype.lanes = 1;
+    m->dl_tensor.shape = shape;
+    m->dl_tensor.strides = strides;
+    m->deleter = counting_deleter;
+}
+
+static void test_export_copies_to_host(void **state) {
+    (void)state;
+    if (ocl.backend[0] == '\0') skip();
+    float host[6] = {1, -2, 3.5f, 4, 0, -6};
+    int64_t dims[2] = {2, 3};
+    tb_shape s;
+    tb_tensor *t, *y;
+    tb_dl_managed_tensor *m = NULL;
+    tb_dl_managed_tensor_versioned *v = NULL;
+    int i;
+    assert_int_equal(tb_shape_make(&s, TB_F32, 2, dims), TB_OK);
+    t = tb_tensor_from_host(host, &s, &ocl);
+    y = tb_neg(t);
+    assert_non_null(y);
+    assert_int_equal(tb_dlpack_export(y, &m), TB_OK);
+    assert_int_equal(m->dl_tensor.device.device_type, TB_DL_CPU); /* the copy is host memory */
+    assert_int_equal(m->dl_tensor.ndim, 2);
+    assert_int_equal(m->dl_tensor.strides[0], 3);
+    for (i = 0; i < 6; ++i)
+        assert_true(((const float *)m->dl_tensor.data)[i] == -host[i]);
+    assert_int_equal(tb_dlpack_export_versioned(y, &v), TB_OK);
+    assert_int_equal(v->flags, TB_DLPACK_FLAG_IS_COPIED); /* the consumer's own copy */
+    assert_ptr_not_equal(v->dl_tensor.data, m->dl_tensor.data);
+    tb_tensor_release(t);
+    tb_tensor_release(y);
+    assert_true(((const float *)v->dl_tensor.data)[1] == 2.0f);
+    m->deleter(m);
+    v->deleter(v);
+}
+
+static void test_import_copies_to_the_device(void **state) {
+    (void)state;
+    if (ocl.backend[0] == '\0') skip();
+    float host[6] = {1, 2, 3, 4, 5, 6}, out[6];
+    int64_t dims[2] = {3, 2}, strides[2] = {1, 3};
+    tb_dl_managed_tensor m, n;
+    tb_tensor *t, *u;
+    int i, j;
+    deleter_calls = 0;
+    make_managed(&m, host, dims, 2, NULL);
+    t = tb_dlpack_import(&m, &ocl);
+    assert_non_null(t);
+    assert_int_equal(deleter_calls, 1); /* copied to the device: released at once */
+    assert_string_equal(tb_tensor_device(t).backend, "opencl");
+    assert_int_equal(tb_tensor_to_host(t, out, sizeof out), TB_OK);
+    assert_memory_equal(out, host, sizeof out);
+    /* strided (a transpose of a 2x3 array) */
+    make_managed(&n, host, dims, 2, strides);
+    u = tb_dlpack_import(&n, &ocl);
+    assert_non_null(u);
+    assert_int_equal(deleter_calls, 2);
+    assert_int_equal(tb_tensor_to_host(u, out, sizeof out), TB_OK);
+    for (i = 0; i < 3; ++i)
+        for (j = 0; j < 2; ++j)
+            assert_true(out[i * 2 + j] == host[j * 3 + i]);
+    tb_tensor_release(t);
+    tb_tensor_release(u);
+    assert_int_equal(deleter_calls, 2);
+}
+
+static void test_round_trip_cpu_to_opencl(void **state) {
+    (void)state;
+    if (ocl.backend[0] == '\0') skip();
+    /* A cpu tensor's export imported onto opencl: copied, our export's deleter runs at once
+       and the cpu tensor's buffer is free to go. */
+    int32_t host[4] = {7, -8, 9, -10}, out[4];
+    int64_t dims[1] = {4};
+    tb_shape s;
+    tb_device cpu;
+    tb_tensor *a, *b;
+    tb_dl_managed_tensor *m = NULL;
+    assert_int_equal(tb_device_make("cpu", 0, &cpu), TB_OK);
+    assert_int_equal(tb_shape_make(&s, TB_I32, 1, dims), TB_OK);
+    a = tb_tensor_from_host(host, &s, &cpu);
+    assert_int_equal(tb_dlpack_export(a, &m), TB_OK);
+    tb_tensor_release(a);
+    b = tb_dlpack_import(m, &ocl);
+    assert_non_null(b);
+    assert_int_equal(tb_tensor_to_host(b, out, sizeof out), TB_OK);
+    assert_memory_equal(out, host, sizeof out);
+    tb_tensor_release(b);
+}
+
+static int setup(void **state) {
+    size_t count = 0;
+    (void)state;
+    if (tb_opencl_available() != TB_OK || tb_backend_devices("opencl", NULL, 0, &count) != TB_OK ||
+        count == 0 || tb_device_make("opencl", 0, &ocl) != TB_OK) {
+        printf("no OpenCL device (%s): the tests skip\n", tb_last_error());
+        memset(&ocl, 0, sizeof ocl);
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    tb_shutdown();
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_export_copies_to_host),
+        cmocka_unit_test(test_import_copies_to_the_device),
+        cmocka_unit_test(test_round_trip_cpu_to_opencl),
+    };
+    return cmocka_run_group_tests_name("dlpack_opencl", tests, setup, teardown);
+}
