@@ -1068,6 +1068,164 @@ static tb_status tb__exec_run(const tb__exec *ex, const tb_graph *g, void *compu
     return st;
 }
 
+/* ---- TB_CHECK: every graph also on the reference interpreter ---- */
+
+/* Whether a backend value and a reference value of one element agree: integers and bool
+   exactly; floats within a tolerance that allows for a device's own exp/log/division. */
+static bool tb__check_close(tb_dtype dtype, const unsigned char *a, const unsigned char *b,
+                            double *va, double *vb) {
+    switch (dtype) {
+    case TB_F32: {
+        float x, y;
+        memcpy(&x, a, sizeof x);
+        memcpy(&y, b, sizeof y);
+        *va = x;
+        *vb = y;
+        break;
+    }
+    case TB_F64:
+        memcpy(va, a, sizeof *va);
+        memcpy(vb, b, sizeof *vb);
+        break;
+    default: {
+        size_t size = tb_dtype_size(dtype);
+        int64_t x = 0, y = 0;
+        if (dtype == TB_I32) {
+            int32_t u, v;
+            memcpy(&u, a, sizeof u);
+            memcpy(&v, b, sizeof v);
+            x = u;
+            y = v;
+        } else if (dtype == TB_I64) {
+            memcpy(&x, a, sizeof x);
+            memcpy(&y, b, sizeof y);
+        } else {
+            x = a[0];
+            y = b[0];
+        }
+        *va = (double)x;
+        *vb = (double)y;
+        return memcmp(a, b, size) == 0;
+    }
+    }
+    if (*va != *va || *vb != *vb) return (*va != *va) && (*vb != *vb);
+    if (*va == *vb) return true; /* equal infinities too */
+    {
+        double tol = dtype == TB_F32 ? 1e-5 + 1e-4 * fabs(*vb) : 1e-10 + 1e-8 * fabs(*vb);
+        return fabs(*va - *vb) <= tol;
+    }
+}
+
+/* Runs `g` again on its backend with every computed node as a result, runs the same graph on
+   the reference interpreter, and reports the first node (in post-order) whose values differ.
+   Purely diagnostic: whatever happens here, the caller's results and error stay as they are. */
+static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_graph *g) {
+    tb_graph cg = *g;
+    const tb_node **computed = NULL;
+    tb_backend_data **device_values = NULL;
+    void **param_host = NULL, **ref_host = NULL;
+    void *context = NULL, *computation = NULL;
+    unsigned char *backend_host = NULL;
+    size_t i, m = 0;
+    uint64_t run_ns = 0;
+    tb__saved_error saved;
+    tb_status st = TB_OK;
+
+    if (strcmp(tb_backend_name(ex->backend), "cpu") == 0) return; /* it is the reference */
+    tb__error_save(&saved);
+    computed = (const tb_node **)tb__calloc(g->num_nodes + 1, sizeof *computed);
+    param_host = (void **)tb__calloc(g->num_parameters + 1, sizeof *param_host);
+    if (computed == NULL || param_host == NULL) goto done;
+    for (i = 0; i < g->num_nodes; i++) {
+        if (!tb__exec_walk_is_param(w, g->nodes[i])) computed[m++] = g->nodes[i];
+    }
+    device_values = (tb_backend_data **)tb__calloc(m + 1, sizeof *device_values);
+    ref_host = (void **)tb__calloc(m + 1, sizeof *ref_host);
+    if (device_values == NULL || ref_host == NULL) goto done;
+    cg.results = computed;
+    cg.num_results = m;
+    /* the backend's values of every node: an uncached computation of its own */
+    st = ex->vt->create_lowering_context(ex->vt->user_data, &cg, &context);
+    if (st == TB_OK) st = ex->vt->compile(ex->vt->user_data, context, &computation);
+    if (context != NULL && ex->vt->release_lowering_context != NULL)
+        ex->vt->release_lowering_context(ex->vt->user_data, context);
+    if (st == TB_OK) st = tb__exec_run(ex, &cg, computation, device_values, &run_ns);
+    /* the reference's values, from the same parameter values */
+    for (i = 0; i < g->num_parameters && st == TB_OK; i++) {
+        size_t nbytes = 0;
+        tb_backend_data *d = tb__exec_param_value(ex, g->parameters[i]);
+        st = d == NULL ? TB_ERR_INTERNAL : tb_shape_nbytes(&d->shape, &nbytes);
+        if (st == TB_OK) {
+            param_host[i] = tb__alloc(nbytes ? nbytes : 1);
+            st = param_host[i] == NULL ? TB_ERR_OUT_OF_MEMORY : tb__data_to_host(d, param_host[i]);
+        }
+        if (d != NULL) tb__data_release(d);
+    }
+    for (i = 0; i < m && st == TB_OK; i++) {
+        size_t nbytes = 0;
+        st = tb_shape_nbytes(&computed[i]->shape, &nbytes);
+        if (st == TB_OK) {
+            ref_host[i] = tb__alloc(nbytes ? nbytes : 1);
+            if (ref_host[i] == NULL) st = TB_ERR_OUT_OF_MEMORY;
+        }
+    }
+    if (st == TB_OK) st = tb__ref_run_graph(&cg, (const void *const *)param_host, ref_host);
+    for (i = 0; i < m && st == TB_OK; i++) {
+        const tb_shape *shape = &computed[i]->shape;
+        size_t nbytes = 0, size = tb_dtype_size(shape->dtype), k, count;
+        st = tb_shape_nbytes(shape, &nbytes);
+        if (st != TB_OK) break;
+        tb__free(backend_host);
+        backend_host = (unsigned char *)tb__alloc(nbytes ? nbytes : 1);
+        if (backend_host == NULL) {
+            st = TB_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        st = tb__data_to_host(device_values[i], backend_host);
+        count = size ? nbytes / size : 0;
+        for (k = 0; k < count && st == TB_OK; k++) {
+            double va, vb;
+            if (!tb__check_close(shape->dtype, backend_host + k * size,
+                                 (const unsigned char *)ref_host[i] + k * size, &va, &vb)) {
+                char text[96], where[64];
+                tb__shape_text(shape, text);
+                tb_device_format(&ex->device, where, sizeof where);
+                tb__metric_count("CheckMismatch", 1);
+                tb_log_message(TB_LOG_WARN,
+                               "TB_CHECK: graph %016llx: node %%%lld %s %s (node %lu of %lu in "
+                               "post-order) differs at element %lu: %s gives %.9g, the reference "
+                               "gives %.9g",
+                               (unsigned long long)g->hash,
+                               (long long)tb__exec_walk_position(w, computed[i]),
+                               tb_op_name(computed[i]->op), text, (unsigned long)i,
+                               (unsigned long)m, (unsigned long)k, where, va, vb);
+                goto done;
+            }
+        }
+    }
+    if (st == TB_OK) {
+        tb__metric_count("CheckedGraphs", 1);
+    } else {
+        tb_log_message(TB_LOG_WARN, "TB_CHECK: graph %016llx could not be checked: %s",
+                       (unsigned long long)g->hash, tb_last_error());
+    }
+done:
+    if (computation != NULL) ex->vt->release_computation(ex->vt->user_data, computation);
+    for (i = 0; device_values != NULL && i < m; i++) {
+        if (device_values[i] != NULL) tb__data_release(device_values[i]);
+    }
+    for (i = 0; param_host != NULL && i < g->num_parameters; i++)
+        tb__free(param_host[i]);
+    for (i = 0; ref_host != NULL && i < m; i++)
+        tb__free(ref_host[i]);
+    tb__free(backend_host);
+    tb__free(device_values);
+    tb__free(param_host);
+    tb__free(ref_host);
+    tb__free((void *)computed);
+    tb__error_restore(&saved);
+}
+
 /* The values of `roots` (distinct nodes on ex->device): out[i] gets a new reference. On error
    out is all NULL and no node changed except for values the eager fallback computed. */
 static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
@@ -1112,6 +1270,7 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
         if (st == TB_OK) st = tb__exec_run(ex, &g, entry->computation, values, &run_ns);
         if (st != TB_OK) goto done;
         if (tb_debug_level() >= 1) tb__exec_log_graph(ex, &g, hit, compile_ns, run_ns);
+        if (tb__desc()->check > 0) tb__exec_check(ex, &w, &g);
     }
     /* roots that are parameters need no computation: their values are at hand */
     for (i = 0, r = 0; i < n; i++) {

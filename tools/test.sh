@@ -484,6 +484,25 @@ if selected README.md; then
 fi
 
 # ---------------------------------------------------------------------------------------------
+step "benchmark (quick)"
+# Small sizes, one repetition: keeps the benchmark building and checking its results. Timings
+# are printed for reading only; nothing here compares them with a threshold.
+if selected tools/bench.sh; then
+    if [ "$quick" -eq 1 ] || [ "${TB_TEST_NO_BENCH:-0}" = 1 ]; then
+        echo "skipped: --quick or TB_TEST_NO_BENCH=1"
+    elif timeout --foreground -k 10 "$timeout_s" bash tools/bench.sh --quick --no-install \
+        >build/bench_quick.log 2>&1; then
+        indent <build/bench_quick.log
+        echo "ok bench: tools/bench.sh --quick"
+        pass
+    else
+        indent <build/bench_quick.log
+        echo "FAIL bench: tools/bench.sh --quick"
+        fail "tools/bench.sh --quick"
+    fi
+fi
+
+# ---------------------------------------------------------------------------------------------
 step "summary"
 if [ -n "$filter" ]; then
     echo "only the tests whose name contains '$filter'"
