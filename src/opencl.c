@@ -82,6 +82,7 @@ typedef intptr_t tb__cl_context_properties;
 #define TB__CL_DEVICE_MAX_WORK_GROUP_SIZE                0x1004u
 #define TB__CL_DEVICE_MAX_CLOCK_FREQUENCY                0x100Cu
 #define TB__CL_DEVICE_MAX_MEM_ALLOC_SIZE                 0x1010u
+#define TB__CL_DEVICE_MAX_PARAMETER_SIZE                 0x1017u
 #define TB__CL_DEVICE_MEM_BASE_ADDR_ALIGN                0x1019u
 #define TB__CL_DEVICE_SINGLE_FP_CONFIG                   0x101Bu
 #define TB__CL_DEVICE_GLOBAL_MEM_SIZE                    0x101Fu
@@ -337,6 +338,7 @@ typedef struct tb__ocl_device {
     char platform_version[128];
     char device_version[128];
     uint64_t max_alloc;
+    size_t max_parameter_size; /* bytes of kernel arguments */
     uint32_t clock_mhz;
     bool correct_divide_sqrt;
     char build_options[512];
@@ -632,6 +634,8 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
     if (info->compute_units == 0) info->compute_units = 1;
     if (info->max_work_group_size == 0) info->max_work_group_size = 1;
     dev->clock_mhz = tb__ocl_info_u32(rt, dev->id, TB__CL_DEVICE_MAX_CLOCK_FREQUENCY);
+    dev->max_parameter_size = tb__ocl_info_size(rt, dev->id, TB__CL_DEVICE_MAX_PARAMETER_SIZE);
+    if (dev->max_parameter_size < 256) dev->max_parameter_size = 256; /* the spec's minimum */
     dev->max_alloc = info->max_allocation;
     if (dev->max_alloc == 0) dev->max_alloc = (uint64_t)128 << 20; /* the spec's minimum */
     dev->correct_divide_sqrt = (tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_SINGLE_FP_CONFIG) &
@@ -1289,11 +1293,22 @@ static tb__cl_mem tb__ocl_data_mem(tb__ocl_device *dev, tb_backend_data *data) {
    positions, so they never copy; an input is read at offset + sum(var * stride).
    =========================================================================================== */
 
-enum { TB__OCL_K_ELEMENTWISE, TB__OCL_K_REDUCE, TB__OCL_K_MATMUL, TB__OCL_K_NORM };
+enum {
+    TB__OCL_K_ELEMENTWISE,
+    TB__OCL_K_REDUCE,
+    TB__OCL_K_MATMUL,
+    TB__OCL_K_NORM,
+    TB__OCL_K_PARTIAL /* first stage of a split reduction: partial results per chunk */
+};
 /* the context of a view that every kernel reading it evaluates itself */
 #define TB__OCL_CTX_ANY (-3)
 enum { TB__OCL_SLOT_PARAM, TB__OCL_SLOT_RESULT, TB__OCL_SLOT_TEMP };
-enum { TB__OCL_ARG_OUT, TB__OCL_ARG_BUF, TB__OCL_ARG_SCALAR, TB__OCL_ARG_ERR };
+enum { TB__OCL_ARG_OUT, TB__OCL_ARG_BUF, TB__OCL_ARG_SCALAR, TB__OCL_ARG_ERR, TB__OCL_ARG_TABLE };
+
+/* Graphs with more scalar parameters than this pass them in a table (one small buffer written
+   before the kernels) rather than as kernel arguments: devices may accept as little as 1024
+   bytes of arguments per kernel. */
+#define TB__OCL_MAX_SCALAR_ARGS 16
 
 typedef struct tb__ocl_arg {
     int32_t kind;
@@ -1302,7 +1317,10 @@ typedef struct tb__ocl_arg {
 
 typedef struct tb__ocl_kernel {
     int32_t kind;
-    int32_t root, core; /* node indices (lowering only); core -1 for elementwise kernels */
+    int32_t root, core;   /* node indices (lowering only); core -1 for elementwise kernels */
+    int32_t owner;        /* the kernel whose nodes it evaluates (itself, or the final stage) */
+    int32_t split;        /* a split reduction's chunk count (both stages), else 0 */
+    int32_t partial_slot; /* the final stage: the partial results it reads */
     int32_t out_slot;
     char name[64];
     tb__ocl_arg *args;
@@ -1345,6 +1363,7 @@ typedef struct tb__ocl_plan {
     size_t num_kernels, cap_kernels;
     tb__ocl_errsite *errsites;
     size_t num_errsites;
+    bool scalar_table; /* scalars in a table buffer (8 bytes each, by parameter index) */
     char *source;
     size_t source_len;
     /* compile */
@@ -1352,6 +1371,9 @@ typedef struct tb__ocl_plan {
     tb__ocl_program *program;
     tb__cl_kernel *cl;
     size_t *local; /* per kernel: work-group size for item-launched kernels */
+    /* per graph node (post-order): the kernel computing it, -1 for none (get_node_kernel) */
+    int32_t *node_kernel;
+    size_t num_nodes;
 } tb__ocl_plan;
 
 typedef struct tb__ocl_ninfo {
@@ -1394,6 +1416,7 @@ static void tb__ocl_plan_free(tb__ocl_plan *p) {
     tb__free(p->errsites);
     tb__free(p->source);
     tb__free(p->local);
+    tb__free(p->node_kernel);
     tb__free(p);
 }
 
@@ -1658,6 +1681,87 @@ static tb_status tb__ocl_sort_kernels(tb__ocl_lower *L) {
     return TB_OK;
 }
 
+/* Code generation as for a GPU whatever the device (a test hook: the GPU variants of matmul
+   and of the reductions then run on a CPU device too). */
+static int tb__ocl_codegen_as_gpu = 0;
+
+static bool tb__ocl_codegen_cpu(const tb__ocl_device *dev) {
+    return dev->info.device.type == TB_DEVICE_CPU && !tb__ocl_codegen_as_gpu;
+}
+
+static bool tb__ocl_fast_f64(const tb__ocl_device *dev) {
+    return dev->info.supports_f64 && dev->info.device.type == TB_DEVICE_CPU;
+}
+
+/* The reduced element count and output count of a reduction node. */
+static void tb__ocl_reduce_sizes(const tb__ocl_lower *L, int32_t core, int64_t *n_out, int64_t *m) {
+    const tb_node *c = L->info[core].node;
+    const tb_shape *xs = &L->info[tb__ocl_operand(L, core, 0)].node->shape;
+    *n_out = tb__ocl_numel(&c->shape);
+    *m = *n_out > 0 ? tb__ocl_numel(xs) / *n_out : 0;
+}
+
+/* The dtype a reduction accumulates in (the partial results of a split reduction). */
+static tb_dtype tb__ocl_reduce_acc_dtype(const tb__ocl_lower *L, int32_t core) {
+    const tb_node *c = L->info[core].node;
+    tb_dtype od = c->shape.dtype;
+    if (c->op == TB_OP_MAX || c->op == TB_OP_MIN)
+        return L->info[tb__ocl_operand(L, core, 0)].node->shape.dtype;
+    if (tb_dtype_is_float(od)) return od == TB_F32 && tb__ocl_fast_f64(L->dev) ? TB_F64 : od;
+    return od == TB_I64 ? TB_I64 : TB_I32; /* the wrapping ulong / uint accumulators */
+}
+
+/* How many chunks a reduction with few outputs over many elements is split into, so that
+   every compute unit gets work; 1: not split. */
+static int64_t tb__ocl_split_count(const tb__ocl_device *dev, int64_t n_out, int64_t m) {
+    int64_t want = (int64_t)dev->info.compute_units * (tb__ocl_codegen_cpu(dev) ? 4 : 16);
+    int64_t chunks;
+    if (n_out <= 0 || m < 16384 || n_out >= want) return 1;
+    chunks = (want + n_out - 1) / n_out;
+    if (chunks > m / 4096) chunks = m / 4096;
+    if (chunks > 1024) chunks = 1024;
+    return chunks >= 2 ? chunks : 1;
+}
+
+/* Splits reductions with few outputs into a partial stage (chunks of each row in parallel)
+   and a final stage (combines the chunks, then the epilogue). */
+static tb_status tb__ocl_split_reductions(tb__ocl_lower *L) {
+    tb__ocl_plan *p = L->plan;
+    size_t i, j;
+    for (i = 0; i < p->num_kernels; i++)
+        p->kernels[i].owner = (int32_t)i;
+    for (i = 0; i < p->num_kernels; i++) {
+        tb__ocl_kernel *k = &p->kernels[i];
+        const tb_node *c;
+        int64_t n_out, m, chunks;
+        if (k->kind != TB__OCL_K_REDUCE) continue;
+        c = L->info[k->core].node;
+        if (c->op == TB_OP_ARGMAX || c->op == TB_OP_ARGMIN) continue;
+        tb__ocl_reduce_sizes(L, k->core, &n_out, &m);
+        chunks = tb__ocl_split_count(L->dev, n_out, m);
+        if (chunks <= 1) continue;
+        if (tb__grow((void **)&p->kernels, &p->cap_kernels, p->num_kernels + 1,
+                     sizeof(tb__ocl_kernel)) != TB_OK)
+            return TB_ERR_OUT_OF_MEMORY;
+        memmove(&p->kernels[i + 1], &p->kernels[i], (p->num_kernels - i) * sizeof(tb__ocl_kernel));
+        p->num_kernels++;
+        memset(&p->kernels[i], 0, sizeof(tb__ocl_kernel));
+        p->kernels[i].kind = TB__OCL_K_PARTIAL;
+        p->kernels[i].root = p->kernels[i + 1].root;
+        p->kernels[i].core = p->kernels[i + 1].core;
+        p->kernels[i].split = (int32_t)chunks;
+        p->kernels[i].out_slot = -1;
+        p->kernels[i + 1].split = (int32_t)chunks;
+        for (j = 0; j < L->n; j++)
+            if (L->info[j].ctx >= (int32_t)i) L->info[j].ctx++;
+        for (j = i + 1; j < p->num_kernels; j++)
+            p->kernels[j].owner = (int32_t)j;
+        p->kernels[i].owner = (int32_t)i + 1;
+        i++;
+    }
+    return TB_OK;
+}
+
 /* Roots and contexts. Users come before their operands (reverse post-order), so a node knows
    the kernels of all its users when its turn comes: it is inlined when they all share one
    kernel (and, under a matmul, when it is index arithmetic), else it becomes a root. A
@@ -1760,7 +1864,9 @@ static tb_status tb__ocl_partition(tb__ocl_lower *L) {
         in->ctx = k;
         in->ident = true;
     }
-    return tb__ocl_sort_kernels(L);
+    st = tb__ocl_sort_kernels(L);
+    if (st == TB_OK) st = tb__ocl_split_reductions(L);
+    return st;
 }
 
 static tb_status tb__ocl_add_slot(tb__ocl_plan *p, size_t *cap, int32_t kind, int32_t index,
@@ -1797,6 +1903,21 @@ static tb_status tb__ocl_assign_slots(tb__ocl_lower *L) {
     for (i = 0; i < p->num_kernels; i++) {
         tb__ocl_kernel *k = &p->kernels[i];
         tb__ocl_ninfo *in = &L->info[k->root];
+        if (k->kind == TB__OCL_K_PARTIAL) {
+            int64_t n_out, m;
+            tb_shape ps;
+            memset(&ps, 0, sizeof ps);
+            tb__ocl_reduce_sizes(L, k->core, &n_out, &m);
+            ps.dtype = tb__ocl_reduce_acc_dtype(L, k->core);
+            ps.rank = 1;
+            ps.dims[0] = n_out * k->split;
+            st = tb__ocl_add_slot(p, &cap, TB__OCL_SLOT_TEMP, -1, &ps, &s);
+            if (st != TB_OK) return st;
+            k->out_slot = s;
+            p->kernels[i + 1].partial_slot = s;
+            p->slots[s].last_use = (int32_t)i;
+            continue;
+        }
         if (in->result >= 0) {
             st = tb__ocl_add_slot(p, &cap, TB__OCL_SLOT_RESULT, in->result, &in->node->shape, &s);
         } else {
@@ -1817,7 +1938,8 @@ static tb_status tb__ocl_assign_slots(tb__ocl_lower *L) {
             continue;
         }
         for (kk = 0; kk < p->num_kernels; kk++)
-            if (p->kernels[kk].root == r) p->result_slot[i] = p->kernels[kk].out_slot;
+            if (p->kernels[kk].root == r && p->kernels[kk].kind != TB__OCL_K_PARTIAL)
+                p->result_slot[i] = p->kernels[kk].out_slot;
         if (p->result_slot[i] < 0)
             return tb__error(TB_ERR_INTERNAL, "opencl: result without kernel");
     }
@@ -1826,9 +1948,10 @@ static tb_status tb__ocl_assign_slots(tb__ocl_lower *L) {
 
 /* ---- code generation: linear forms and positions ---- */
 
-#define TB__LF_MAX       8
-#define TB__CG_BUCKETS   4096
-#define TB__CG_MAX_DEPTH 64
+#define TB__LF_MAX        8
+#define TB__CG_BUCKETS    4096
+#define TB__CG_MAX_DEPTH  64
+#define TB__CG_MAX_VALUES 60000 /* values one kernel may compute before sharing is forced */
 
 /* c + sum(coef[i] * var[i]), terms sorted by var, unused entries zero (so memcmp works). */
 typedef struct tb__lf {
@@ -1905,6 +2028,11 @@ typedef struct tb__cg {
     int32_t *stack;
     size_t num_stack, cap_stack;
     int depth;
+    /* evaluations of each node in this kernel (a node evaluated at many positions is
+       recomputed each time: past a budget it is materialised instead) */
+    int32_t *evals;
+    int32_t *touched;
+    size_t num_touched;
     double ops; /* operations per output element, for the GFLOP/s estimate */
     tb_status status;
 } tb__cg;
@@ -2509,6 +2637,24 @@ static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k
 
 static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos);
 
+/* Counts an evaluation of `node`. Past the kernel's budget (a DAG that reads its values at
+   ever more positions, so that recomputation grows exponentially), every inlined node
+   evaluated more than once becomes a root and the lowering starts over. */
+static bool tb__cg_count(tb__cg *g, int32_t node) {
+    size_t i;
+    if (g->evals[node]++ == 0) g->touched[g->num_touched++] = node;
+    if (g->num_vals <= TB__CG_MAX_VALUES) return true;
+    for (i = 0; i < g->num_touched; i++) {
+        tb__ocl_ninfo *in = &g->L->info[g->touched[i]];
+        if (g->evals[g->touched[i]] > 1 && !in->root && in->param < 0) {
+            in->force_root = true;
+            g->L->restart = true;
+        }
+    }
+    if (!g->L->restart) tb__cg_fail(g, tb__error(TB_ERR_UNSUPPORTED, "opencl: a kernel too large"));
+    return false;
+}
+
 /* Reads element `pos` of a buffer slot. */
 static int32_t tb__cg_read_slot(tb__cg *g, int32_t slot, tb_dtype dtype, int32_t pos) {
     char text[TB__LF_TEXT];
@@ -2705,6 +2851,22 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
     int32_t v;
     *handled = true;
     if (in->param >= 0) {
+        if (in->node->op == TB_OP_SCALAR && tb__cg_plan(g)->scalar_table) {
+            tb_dtype dt = in->node->shape.dtype;
+            const char *ct = tb__ocl_ctype(dt);
+            if (tb__cg_arg(g, TB__OCL_ARG_TABLE, 0) < 0) return -1;
+            v = tb__cg_new_val(g, dt);
+            if (v < 0) return -1;
+            if (dt == TB_F32 || (dt == TB_F64 && !g->L->dev->info.supports_f64)) {
+                tb__cg_line(g, "const %s v%d = (%s)as_float((uint)tb_sc[%d]);", ct, (int)v, ct,
+                            (int)in->param);
+            } else if (dt == TB_F64) {
+                tb__cg_line(g, "const double v%d = as_double(tb_sc[%d]);", (int)v, (int)in->param);
+            } else {
+                tb__cg_line(g, "const %s v%d = (%s)tb_sc[%d];", ct, (int)v, ct, (int)in->param);
+            }
+            return v;
+        }
         if (in->node->op == TB_OP_SCALAR) {
             if (tb__cg_arg(g, TB__OCL_ARG_SCALAR, in->param) < 0) return -1;
             v = tb__cg_new_val(g, in->node->shape.dtype);
@@ -2722,7 +2884,7 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
     }
     if (in->root && node != k->root)
         return tb__cg_read_slot(g, in->slot, in->node->shape.dtype, pos);
-    if (in->ctx != g->kernel && in->ctx != TB__OCL_CTX_ANY) {
+    if (in->ctx != k->owner && in->ctx != TB__OCL_CTX_ANY) {
         tb__cg_fail(g, tb__error(TB_ERR_INTERNAL,
                                  "opencl: node %d evaluated in kernel %d, "
                                  "planned for kernel %d",
@@ -2753,9 +2915,10 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
     }
 }
 
-/* The type float math of a dtype runs in: double for f32 on CPU devices with fp64 (as the
-   reference computes, at little cost there), else the dtype itself. */
-static const char *tb__cg_math_type(const tb__cg *g, tb_dtype dtype) {
+/* The type sums of a float dtype accumulate in: double for f32 on CPU devices with fp64 (as the
+   reference accumulates, at little cost there), else the dtype itself. Elementwise math
+   (exp, log, ...) runs in the dtype itself. */
+static const char *tb__cg_acc_type(const tb__cg *g, tb_dtype dtype) {
     if (dtype == TB_F32 && g->fast_f64) return "double";
     return tb__ocl_ctype(dtype);
 }
@@ -2785,7 +2948,7 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
     const tb_node *n = g->L->info[node].node;
     tb_dtype od = n->shape.dtype, ad = nops > 0 ? g->val_dtype[ops[0]] : od;
     const char *t = tb__ocl_ctype(od), *u = tb__ocl_utype(od);
-    const char *m = tb__cg_math_type(g, od);
+    const char *m = t;
     bool fl = tb_dtype_is_float(od), afl = tb_dtype_is_float(ad);
     char e[1024], a[16], b[16], c[16];
     int32_t v;
@@ -3019,6 +3182,7 @@ static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos) {
                 }
                 if (v < 0) goto fail;
                 tb__cg_memo_add(g, TB__MEMO_VALUE, fnode, fpos, 0, v);
+                if (!tb__cg_count(g, fnode)) goto fail;
             }
             g->num_frames--;
             if (!tb__cg_push_value(g, v)) goto fail;
@@ -3034,7 +3198,7 @@ static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos) {
             continue;
         }
         v = tb__cg_emit_op(g, fnode, fpos, &g->stack[f->vbase], n->num_operands);
-        if (v < 0) goto fail;
+        if (v < 0 || !tb__cg_count(g, fnode)) goto fail;
         g->num_stack = (size_t)g->frames[g->num_frames - 1].vbase;
         tb__cg_memo_add(g, TB__MEMO_VALUE, fnode, fpos, 0, v);
         g->num_frames--;
@@ -3060,6 +3224,8 @@ static void tb__cg_reset(tb__cg *g, int32_t kernel) {
     g->num_scopes = g->num_frames = g->num_stack = 0;
     g->depth = 0;
     g->ops = 0;
+    while (g->num_touched > 0)
+        g->evals[g->touched[--g->num_touched]] = 0;
     memset(g->pos_head, 0xff, sizeof g->pos_head);
     memset(g->memo_head, 0xff, sizeof g->memo_head);
 }
@@ -3074,6 +3240,8 @@ static void tb__cg_free(tb__cg *g) {
     tb__free(g->scopes);
     tb__free(g->frames);
     tb__free(g->stack);
+    tb__free(g->evals);
+    tb__free(g->touched);
 }
 
 /* Work-group size for a kernel with one group per row of `len` elements, or 1 for one work
@@ -3082,7 +3250,7 @@ static int64_t tb__cg_pick_group(const tb__cg *g, int64_t rows, int64_t len, boo
     const tb_device_info *d = &g->L->dev->info;
     int64_t maxg = d->max_work_group_size < 256 ? (int64_t)d->max_work_group_size : 256, n = 1;
     if (len < 32) return 1;
-    if (d->device.type == TB_DEVICE_CPU) {
+    if (tb__ocl_codegen_cpu(g->L->dev)) {
         if (rows >= (int64_t)d->compute_units * 4) return 1;
         if (maxg > 64) maxg = 64;
     } else if (!inner && rows >= (int64_t)d->compute_units * 256) {
@@ -3168,6 +3336,9 @@ static int32_t tb__cg_split_pos(tb__cg *g, const tb_shape *xs, uint64_t mask, bo
     return tb__cg_pos_multi(g, xs, dims);
 }
 
+/* A reduction: one work item or one work-group per output, or, when the reduction is split,
+   the partial stage (one per chunk of a row, raw accumulators out) or the final stage
+   (combines the chunks of its row, then finishes and runs the epilogue). */
 static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
     tb__ocl_lower *L = g->L;
     const tb_node *cn = L->info[k->core].node;
@@ -3175,14 +3346,16 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
     const tb_shape *xs = &L->info[x].node->shape, *cs = &cn->shape;
     bool is_arg = cn->op == TB_OP_ARGMAX || cn->op == TB_OP_ARGMIN;
     bool is_max = cn->op == TB_OP_MAX || cn->op == TB_OP_ARGMAX;
+    bool partial = k->kind == TB__OCL_K_PARTIAL, final = !partial && k->split > 0;
     uint64_t mask = is_arg ? ((uint64_t)1 << cn->attrs[0]) : (uint64_t)cn->attrs[0];
     bool keepdim = cn->attrs[1] != 0, suffix = true, seen = false;
-    int64_t n_out = tb__ocl_numel(cs), m = 1, group;
+    int64_t n_out = tb__ocl_numel(cs), m = 1, group, rows, chunk = 0;
     tb_dtype xd = xs->dtype, od = cs->dtype;
     const char *xt = tb__ocl_ctype(xd), *t = tb__ocl_ctype(od), *acc_t;
+    const char *combine_local = "a + b";
     tb_shape red;
-    int32_t a, i0, r, out_pos, xp, vx, vf, vr;
-    char head[128];
+    int32_t a, i0, row, r, out_pos, xp, vx, vf, vr, ci = -1;
+    char head[256];
     memset(&red, 0, sizeof red);
     red.dtype = xd;
     for (a = 0; a < xs->rank; a++) {
@@ -3195,12 +3368,24 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
         }
     }
     if (cn->op == TB_OP_SUM || cn->op == TB_OP_MEAN || cn->op == TB_OP_PROD) {
-        acc_t = tb_dtype_is_float(od) ? tb__cg_math_type(g, od) : tb__ocl_utype(od);
+        acc_t = tb_dtype_is_float(od) ? tb__cg_acc_type(g, od) : tb__ocl_utype(od);
     } else {
         acc_t = xt;
     }
-    group = tb__cg_pick_group(g, n_out, m, suffix);
-    i0 = tb__cg_row_header(g, k, n_out, group);
+    if (cn->op == TB_OP_PROD) combine_local = "a * b";
+    if (cn->op == TB_OP_MAX)
+        combine_local = tb_dtype_is_float(xd) ? "((b > a || isnan(b)) ? b : a)" : "(b > a ? b : a)";
+    if (cn->op == TB_OP_MIN)
+        combine_local = tb_dtype_is_float(xd) ? "((b < a || isnan(b)) ? b : a)" : "(b < a ? b : a)";
+    rows = n_out;
+    if (partial) {
+        rows = n_out * k->split;
+        chunk = (m + k->split - 1) / k->split;
+        group = tb__cg_pick_group(g, rows, chunk, suffix);
+    } else {
+        group = final ? 1 : tb__cg_pick_group(g, n_out, m, suffix);
+    }
+    i0 = tb__cg_row_header(g, k, rows, group);
     if (i0 < 0) return g->status;
     if (group > 1) {
         if (is_arg) {
@@ -3210,9 +3395,17 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
             tb__cg_line(g, "__local %s red[%d];", acc_t, (int)group);
         }
     }
-    out_pos = tb__cg_var_pos_flat(g, cs, i0, 1, -1);
+    row = i0;
+    if (partial) {
+        row = tb__cg_new_var(g, 0, n_out - 1);
+        ci = tb__cg_new_var(g, 0, k->split - 1);
+        if (row < 0 || ci < 0) return g->status;
+        tb__cg_line(g, "const long i%d = i%d / %d, i%d = i%d %% %d;", (int)row, (int)i0,
+                    (int)k->split, (int)ci, (int)i0, (int)k->split);
+    }
+    out_pos = tb__cg_var_pos_flat(g, cs, row, 1, -1);
     if (out_pos < 0) return g->status;
-    if (!suffix && !tb__cg_need_multi(g, out_pos)) return g->status;
+    if (!final && !suffix && !tb__cg_need_multi(g, out_pos)) return g->status;
     switch (cn->op) {
     case TB_OP_SUM:
     case TB_OP_MEAN:
@@ -3241,63 +3434,80 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
         tb__cg_line(g, "long bi = -1;");
         break;
     }
-    r = tb__cg_new_var(g, 0, m > 0 ? m - 1 : 0);
-    if (r < 0) return g->status;
-    if (group == 1) {
-        snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)r, (int)r,
-                 (long long)m, (int)r);
+    if (final) {
+        /* the partial results of this row, in chunk order */
+        if (tb__cg_arg(g, TB__OCL_ARG_BUF, k->partial_slot) < 0) return g->status;
+        tb__cg_line(g, "for (int c = 0; c < %d; c++) {", (int)k->split);
+        tb__cg_line(g, "    const %s b = (%s)b%d[i%d * %d + c];", acc_t, acc_t,
+                    (int)k->partial_slot, (int)i0, (int)k->split);
+        tb__cg_line(g, "    const %s a = acc;", acc_t);
+        tb__cg_line(g, "    acc = %s;", combine_local);
+        tb__cg_line(g, "}");
     } else {
-        snprintf(head, sizeof head, "for (long i%d = lid; i%d < %lldL; i%d += %d) ", (int)r, (int)r,
-                 (long long)m, (int)r, (int)group);
-    }
-    tb__cg_open(g, head);
-    if (suffix) {
-        tb__lf lf;
-        tb__lf_const(&lf, 0);
-        tb__lf_add_term(&lf, i0, m);
-        tb__lf_add_term(&lf, r, 1);
-        xp = tb__cg_pos_flat(g, xs, &lf);
-    } else {
-        int32_t rp = tb__cg_var_pos_flat(g, &red, r, 1, -1);
-        if (rp < 0 || !tb__cg_need_multi(g, rp)) return g->status;
-        {
-            tb__lf rl[TB_MAX_RANK];
-            memcpy(rl, g->pos[rp].dim, sizeof rl);
-            xp = tb__cg_split_pos(g, xs, mask, keepdim, out_pos, rl);
-        }
-    }
-    vx = tb__cg_eval(g, x, xp);
-    if (vx < 0) return g->status;
-    switch (cn->op) {
-    case TB_OP_SUM:
-    case TB_OP_MEAN:
-        tb__cg_line(g, "acc += (%s)v%d;", acc_t, (int)vx);
-        break;
-    case TB_OP_PROD:
-        tb__cg_line(g, "acc *= (%s)v%d;", acc_t, (int)vx);
-        break;
-    case TB_OP_MAX:
-    case TB_OP_MIN:
-        if (tb_dtype_is_float(xd)) {
-            tb__cg_line(g, "if (v%d %s acc || isnan(v%d)) acc = v%d;", (int)vx, is_max ? ">" : "<",
-                        (int)vx, (int)vx);
+        r = tb__cg_new_var(g, 0, m > 0 ? m - 1 : 0);
+        if (r < 0) return g->status;
+        if (partial) {
+            snprintf(head, sizeof head,
+                     "for (long i%d = i%d * %lldL%s; i%d < min((i%d + 1) * %lldL, %lldL); i%d += "
+                     "%d) ",
+                     (int)r, (int)ci, (long long)chunk, group > 1 ? " + lid" : "", (int)r, (int)ci,
+                     (long long)chunk, (long long)m, (int)r, (int)group);
+        } else if (group == 1) {
+            snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)r, (int)r,
+                     (long long)m, (int)r);
         } else {
-            tb__cg_line(g, "if (v%d %s acc) acc = v%d;", (int)vx, is_max ? ">" : "<", (int)vx);
+            snprintf(head, sizeof head, "for (long i%d = lid; i%d < %lldL; i%d += %d) ", (int)r,
+                     (int)r, (long long)m, (int)r, (int)group);
         }
-        break;
-    default:
-        if (tb_dtype_is_float(xd)) {
-            tb__cg_line(g,
-                        "if (bi < 0 || v%d %s best || (isnan(v%d) && !isnan(best))) { best = v%d; "
-                        "bi = i%d; }",
-                        (int)vx, is_max ? ">" : "<", (int)vx, (int)vx, (int)r);
+        tb__cg_open(g, head);
+        if (suffix) {
+            tb__lf lf;
+            tb__lf_const(&lf, 0);
+            tb__lf_add_term(&lf, row, m);
+            tb__lf_add_term(&lf, r, 1);
+            xp = tb__cg_pos_flat(g, xs, &lf);
         } else {
-            tb__cg_line(g, "if (bi < 0 || v%d %s best) { best = v%d; bi = i%d; }", (int)vx,
-                        is_max ? ">" : "<", (int)vx, (int)r);
+            int32_t rp = tb__cg_var_pos_flat(g, &red, r, 1, -1);
+            if (rp < 0 || !tb__cg_need_multi(g, rp)) return g->status;
+            {
+                tb__lf rl[TB_MAX_RANK];
+                memcpy(rl, g->pos[rp].dim, sizeof rl);
+                xp = tb__cg_split_pos(g, xs, mask, keepdim, out_pos, rl);
+            }
         }
-        break;
+        vx = tb__cg_eval(g, x, xp);
+        if (vx < 0) return g->status;
+        switch (cn->op) {
+        case TB_OP_SUM:
+        case TB_OP_MEAN:
+            tb__cg_line(g, "acc += (%s)v%d;", acc_t, (int)vx);
+            break;
+        case TB_OP_PROD:
+            tb__cg_line(g, "acc *= (%s)v%d;", acc_t, (int)vx);
+            break;
+        case TB_OP_MAX:
+        case TB_OP_MIN:
+            if (tb_dtype_is_float(xd)) {
+                tb__cg_line(g, "if (v%d %s acc || isnan(v%d)) acc = v%d;", (int)vx,
+                            is_max ? ">" : "<", (int)vx, (int)vx);
+            } else {
+                tb__cg_line(g, "if (v%d %s acc) acc = v%d;", (int)vx, is_max ? ">" : "<", (int)vx);
+            }
+            break;
+        default:
+            if (tb_dtype_is_float(xd)) {
+                tb__cg_line(g,
+                            "if (bi < 0 || v%d %s best || (isnan(v%d) && !isnan(best))) { best = "
+                            "v%d; bi = i%d; }",
+                            (int)vx, is_max ? ">" : "<", (int)vx, (int)vx, (int)r);
+            } else {
+                tb__cg_line(g, "if (bi < 0 || v%d %s best) { best = v%d; bi = i%d; }", (int)vx,
+                            is_max ? ">" : "<", (int)vx, (int)r);
+            }
+            break;
+        }
+        tb__cg_close(g, "");
     }
-    tb__cg_close(g, "");
     if (group > 1) {
         if (is_arg) {
             const char *cmp = is_max ? ">" : "<";
@@ -3314,9 +3524,10 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
                             "ci) : (!isnan(cv) && (ov %s cv || (ov == cv && oi < ci)))))) {",
                             cmp);
             } else {
-                tb__cg_line(
-                    g, "        if (oi >= 0 && (ci < 0 || ov %s cv || (ov == cv && oi < ci))) {",
-                    cmp);
+                tb__cg_line(g,
+                            "        if (oi >= 0 && (ci < 0 || ov %s cv || (ov == cv && oi < "
+                            "ci))) {",
+                            cmp);
             }
             tb__cg_line(g, "            redv[lid] = ov;");
             tb__cg_line(g, "            redi[lid] = oi;");
@@ -3326,33 +3537,31 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
             tb__cg_line(g, "}");
             tb__cg_line(g, "bi = redi[0];");
         } else {
-            const char *combine = "a + b";
-            if (cn->op == TB_OP_PROD) combine = "a * b";
-            if (cn->op == TB_OP_MAX)
-                combine =
-                    tb_dtype_is_float(xd) ? "((b > a || isnan(b)) ? b : a)" : "(b > a ? b : a)";
-            if (cn->op == TB_OP_MIN)
-                combine =
-                    tb_dtype_is_float(xd) ? "((b < a || isnan(b)) ? b : a)" : "(b < a ? b : a)";
-            tb__cg_local_reduce(g, group, "acc", acc_t, combine);
+            tb__cg_local_reduce(g, group, "acc", acc_t, combine_local);
         }
         tb__cg_open(g, "if (lid == 0) ");
     }
-    vf = tb__cg_new_val(g, od);
-    if (vf < 0) return g->status;
-    if (cn->op == TB_OP_MEAN) {
-        tb__cg_line(g, "const %s v%d = (%s)(acc / (%s)%lld);", t, (int)vf, t, acc_t, (long long)m);
-    } else if (is_arg) {
-        tb__cg_line(g, "const %s v%d = (%s)bi;", t, (int)vf, t);
+    if (partial) {
+        tb__cg_line(g, "out[i%d] = (%s)acc;", (int)i0,
+                    tb__ocl_ctype(tb__cg_plan(g)->slots[k->out_slot].shape.dtype));
     } else {
-        tb__cg_line(g, "const %s v%d = (%s)acc;", t, (int)vf, t);
+        vf = tb__cg_new_val(g, od);
+        if (vf < 0) return g->status;
+        if (cn->op == TB_OP_MEAN) {
+            tb__cg_line(g, "const %s v%d = (%s)(acc / (%s)%lld);", t, (int)vf, t, acc_t,
+                        (long long)m);
+        } else if (is_arg) {
+            tb__cg_line(g, "const %s v%d = (%s)bi;", t, (int)vf, t);
+        } else {
+            tb__cg_line(g, "const %s v%d = (%s)acc;", t, (int)vf, t);
+        }
+        tb__cg_memo_add(g, TB__MEMO_VALUE, k->core, out_pos, 0, vf);
+        vr = tb__cg_eval(g, k->root, out_pos);
+        if (vr < 0) return g->status;
+        tb__cg_line(g, "out[i%d] = v%d;", (int)i0, (int)vr);
     }
-    tb__cg_memo_add(g, TB__MEMO_VALUE, k->core, out_pos, 0, vf);
-    vr = tb__cg_eval(g, k->root, out_pos);
-    if (vr < 0) return g->status;
-    tb__cg_line(g, "out[i%d] = v%d;", (int)i0, (int)vr);
     if (group > 1) tb__cg_close(g, "");
-    k->flops = (g->ops + 1) * (double)m * (double)n_out;
+    k->flops = final ? (double)k->split * (double)n_out : (g->ops + 1) * (double)m * (double)n_out;
     return TB_OK;
 }
 
@@ -3367,7 +3576,7 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
     bool trailing = layer || axis == xs->rank - 1;
     tb_shape rowshape, inner;
     tb_dtype od = cs->dtype;
-    const char *t = tb__ocl_ctype(od), *ct = tb__cg_math_type(g, od);
+    const char *t = tb__ocl_ctype(od), *ct = tb__cg_acc_type(g, od);
     int32_t row_pos = -1;
     memset(&rowshape, 0, sizeof rowshape);
     memset(&inner, 0, sizeof inner);
@@ -3440,7 +3649,7 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
                 tb__cg_line(g, "const %s dv = (%s)v%d - mean;", ct, ct, (int)vx);
                 tb__cg_line(g, "s2 += dv * dv;");
             } else {
-                tb__cg_line(g, "sm += exp((%s)v%d - mx);", ct, (int)vx);
+                tb__cg_line(g, "sm += (%s)exp(v%d - (%s)mx);", ct, (int)vx, t);
             }
         } else {
             int32_t vf = tb__cg_new_val(g, od), vr;
@@ -3462,8 +3671,8 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
                 }
                 tb__cg_line(g, "const %s v%d = (%s)y;", t, (int)vf, t);
             } else if (cn->op == TB_OP_SOFTMAX) {
-                tb__cg_line(g, "const %s v%d = (%s)(exp((%s)v%d - mx) / sm);", t, (int)vf, t, ct,
-                            (int)vx);
+                tb__cg_line(g, "const %s v%d = (%s)((%s)exp(v%d - (%s)mx) / sm);", t, (int)vf, t,
+                            ct, (int)vx, t);
             } else {
                 tb__cg_line(g, "const %s v%d = (%s)((%s)v%d - mx - lse);", t, (int)vf, t, ct,
                             (int)vx);
@@ -3501,6 +3710,137 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
     return TB_OK;
 }
 
+/* Matmul for CPU devices: no local memory (the caches tile), each work item an RM x RN block
+   of the output from registers, operands read at clamped rows and columns (always in bounds;
+   the epilogue writes only the real ones). */
+static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
+    tb__ocl_lower *L = g->L;
+    const tb_node *cn = L->info[k->core].node;
+    int32_t ia = tb__ocl_operand(L, k->core, 0), ib = tb__ocl_operand(L, k->core, 1);
+    const tb_shape *as = &L->info[ia].node->shape, *bs = &L->info[ib].node->shape;
+    const tb_shape *cs = &cn->shape;
+    int32_t r = cs->rank, d, i0, nb = r - 2, kv, i, j;
+    int32_t rows[8], cols[8], va[8], vb[8];
+    int64_t M = cs->dims[r - 2], N = cs->dims[r - 1], K = as->dims[r - 1], batch = 1;
+    int rm = M < 8 ? (int)M : 8, rn = N < 8 ? (int)N : 8, lx = 8, ly = 4;
+    tb_dtype od = cs->dtype;
+    const char *t = tb__ocl_ctype(od);
+    const char *acc_t = tb_dtype_is_float(od) ? t : tb__ocl_utype(od);
+    tb_shape bshape;
+    tb__lf bdims[TB_MAX_RANK];
+    char head[160];
+    memset(&bshape, 0, sizeof bshape);
+    bshape.dtype = od;
+    for (d = 0; d < nb; d++) {
+        batch *= cs->dims[d];
+        bshape.dims[bshape.rank++] = cs->dims[d];
+    }
+    if (rm < 1) rm = 1;
+    if (rn < 1) rn = 1;
+    k->work_dim = 3;
+    k->group_size[0] = (size_t)lx;
+    k->group_size[1] = (size_t)ly;
+    k->group_size[2] = 1;
+    k->groups[0] = (size_t)(((N + rn - 1) / rn + lx - 1) / lx);
+    k->groups[1] = (size_t)(((M + rm - 1) / rm + ly - 1) / ly);
+    k->groups[2] = (size_t)batch;
+    tb__cg_line(g, "const long c0 = (long)get_global_id(0) * %d, r0 = (long)get_global_id(1) * %d;",
+                rn, rm);
+    i0 = tb__cg_new_var(g, 0, batch > 0 ? batch - 1 : 0);
+    if (i0 < 0) return g->status;
+    tb__cg_line(g, "const long i%d = (long)get_global_id(2);", (int)i0);
+    if (nb > 0) {
+        int32_t bpos = tb__cg_var_pos_flat(g, &bshape, i0, 1, -1);
+        if (bpos < 0 || !tb__cg_need_multi(g, bpos)) return g->status;
+        memcpy(bdims, g->pos[bpos].dim, sizeof bdims);
+    }
+    for (i = 0; i < rm; i++) {
+        rows[i] = tb__cg_new_var(g, 0, M - 1);
+        if (rows[i] < 0) return g->status;
+        tb__cg_line(g, "const long i%d = min(r0 + %d, %lldL);", (int)rows[i], i,
+                    (long long)(M - 1));
+    }
+    for (j = 0; j < rn; j++) {
+        cols[j] = tb__cg_new_var(g, 0, N - 1);
+        if (cols[j] < 0) return g->status;
+        tb__cg_line(g, "const long i%d = min(c0 + %d, %lldL);", (int)cols[j], j,
+                    (long long)(N - 1));
+    }
+    tb__cg_line(g, "%s acc[%d][%d];", acc_t, rm, rn);
+    tb__cg_line(g, "for (int ii = 0; ii < %d; ii++)", rm);
+    tb__cg_line(g, "    for (int jj = 0; jj < %d; jj++) acc[ii][jj] = 0;", rn);
+    kv = tb__cg_new_var(g, 0, K > 0 ? K - 1 : 0);
+    if (kv < 0) return g->status;
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)kv, (int)kv,
+             (long long)K, (int)kv);
+    tb__cg_open(g, head);
+    for (j = 0; j < rn; j++) {
+        tb__lf dims[TB_MAX_RANK];
+        for (d = 0; d < nb; d++)
+            dims[d] = bdims[d];
+        tb__lf_const(&dims[r - 2], 0);
+        tb__lf_add_term(&dims[r - 2], kv, 1);
+        tb__lf_const(&dims[r - 1], 0);
+        tb__lf_add_term(&dims[r - 1], cols[j], 1);
+        vb[j] = tb__cg_eval(g, ib, tb__cg_pos_multi(g, bs, dims));
+        if (vb[j] < 0) return g->status;
+    }
+    for (i = 0; i < rm; i++) {
+        tb__lf dims[TB_MAX_RANK];
+        for (d = 0; d < nb; d++)
+            dims[d] = bdims[d];
+        tb__lf_const(&dims[r - 2], 0);
+        tb__lf_add_term(&dims[r - 2], rows[i], 1);
+        tb__lf_const(&dims[r - 1], 0);
+        tb__lf_add_term(&dims[r - 1], kv, 1);
+        va[i] = tb__cg_eval(g, ia, tb__cg_pos_multi(g, as, dims));
+        if (va[i] < 0) return g->status;
+    }
+    for (i = 0; i < rm; i++) {
+        for (j = 0; j < rn; j++) {
+            if (tb_dtype_is_float(od)) {
+                tb__cg_line(g, "acc[%d][%d] += v%d * v%d;", i, j, (int)va[i], (int)vb[j]);
+            } else {
+                tb__cg_line(g, "acc[%d][%d] += (%s)v%d * (%s)v%d;", i, j, acc_t, (int)va[i], acc_t,
+                            (int)vb[j]);
+            }
+        }
+    }
+    tb__cg_close(g, "");
+    snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ",
+             rm, rn);
+    tb__cg_open(g, head);
+    tb__cg_line(g, "const long gr = r0 + ii, gc = c0 + jj;");
+    snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)M, (long long)N);
+    tb__cg_open(g, head);
+    {
+        tb__lf dims[TB_MAX_RANK];
+        char flat[TB__LF_TEXT];
+        int32_t vr = tb__cg_new_var(g, 0, M - 1), vc = tb__cg_new_var(g, 0, N - 1), p, vf, v;
+        if (vr < 0 || vc < 0) return g->status;
+        tb__cg_line(g, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
+        for (d = 0; d < nb; d++)
+            dims[d] = bdims[d];
+        tb__lf_const(&dims[r - 2], 0);
+        tb__lf_add_term(&dims[r - 2], vr, 1);
+        tb__lf_const(&dims[r - 1], 0);
+        tb__lf_add_term(&dims[r - 1], vc, 1);
+        p = tb__cg_pos_multi(g, cs, dims);
+        vf = tb__cg_new_val(g, od);
+        if (p < 0 || vf < 0) return g->status;
+        tb__cg_line(g, "const %s v%d = (%s)acc[ii][jj];", t, (int)vf, t);
+        tb__cg_memo_add(g, TB__MEMO_VALUE, k->core, p, 0, vf);
+        v = tb__cg_eval(g, k->root, p);
+        if (v < 0 || !tb__cg_need_flat(g, p)) return g->status;
+        tb__cg_lf_text(&g->pos[p].flat, flat, sizeof flat);
+        tb__cg_line(g, "out[%s] = v%d;", flat, (int)v);
+    }
+    tb__cg_close(g, "");
+    tb__cg_close(g, "");
+    k->flops = 2.0 * (double)M * (double)N * (double)K * (double)batch;
+    return TB_OK;
+}
+
 static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
     tb__ocl_lower *L = g->L;
     const tb_node *cn = L->info[k->core].node;
@@ -3522,7 +3862,7 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
         batch *= cs->dims[d];
         bshape.dims[bshape.rank++] = cs->dims[d];
     }
-    (void)bs;
+    if (tb__ocl_codegen_cpu(g->L->dev)) return tb__cg_kernel_matmul_cpu(g, k);
     if (g->L->dev->info.max_work_group_size < 256) wx = wy = 8;
     if (M * N < 64 * 64 || M < 32 || N < 32) rm = rn = 1;
     tm = wy * rm;
@@ -3677,6 +4017,8 @@ static void tb__cg_emit_kernel(tb__cg *g, tb__ocl_kernel *k, tb__str *src) {
         } else if (a->kind == TB__OCL_ARG_SCALAR) {
             tb__str_append(src, ",\n    const %s s%d",
                            tb__cg_scalar_ctype(g, p->param_dtype[a->index]), (int)a->index);
+        } else if (a->kind == TB__OCL_ARG_TABLE) {
+            tb__str_append(src, ",\n    __global const ulong *restrict tb_sc");
         } else {
             tb__str_append(src, ",\n    __global long *restrict tb_err");
         }
@@ -3704,13 +4046,18 @@ static void tb__ocl_kernel_name(tb__ocl_plan *p, size_t index, const tb__ocl_low
             size_t n = strlen(base);
             snprintf(base + n, sizeof base - n, "_b%lld", (long long)batch);
         }
-    } else if (k->kind == TB__OCL_K_REDUCE) {
-        const tb_node *c = L->info[k->core].node;
-        int64_t n_out = tb__ocl_numel(&c->shape);
-        int64_t m =
-            n_out > 0 ? tb__ocl_numel(&L->info[tb__ocl_operand(L, k->core, 0)].node->shape) / n_out
-                      : 0;
-        snprintf(base, sizeof base, "R_%lld_%lld", (long long)n_out, (long long)m);
+    } else if (k->kind == TB__OCL_K_REDUCE || k->kind == TB__OCL_K_PARTIAL) {
+        int64_t n_out, m;
+        tb__ocl_reduce_sizes(L, k->core, &n_out, &m);
+        if (k->kind == TB__OCL_K_PARTIAL) {
+            /* chunks of rows: n_out * split outputs of (at most) m / split elements */
+            snprintf(base, sizeof base, "R_%lld_%lld", (long long)(n_out * k->split),
+                     (long long)((m + k->split - 1) / k->split));
+        } else if (k->split > 0) {
+            snprintf(base, sizeof base, "R_%lld_%lld", (long long)n_out, (long long)k->split);
+        } else {
+            snprintf(base, sizeof base, "R_%lld_%lld", (long long)n_out, (long long)m);
+        }
     } else if (k->kind == TB__OCL_K_NORM) {
         const tb_node *c = L->info[k->core].node;
         const tb_shape *xs = &L->info[tb__ocl_operand(L, k->core, 0)].node->shape;
@@ -3753,6 +4100,24 @@ static double tb__ocl_kernel_bytes(const tb__ocl_plan *p, const tb__ocl_kernel *
     return bytes;
 }
 
+/* The kernel of every node, for get_node_kernel. Parameters, views read through by several
+   kernels and nodes of kernels with nothing to compute belong to none. */
+static tb_status tb__ocl_record_node_kernels(const tb__ocl_lower *L) {
+    tb__ocl_plan *p = L->plan;
+    size_t i;
+    p->node_kernel = (int32_t *)tb__calloc(L->n + 1, sizeof(int32_t));
+    if (p->node_kernel == NULL) return TB_ERR_OUT_OF_MEMORY;
+    p->num_nodes = L->n;
+    for (i = 0; i < L->n; i++) {
+        int32_t k = L->info[i].ctx;
+        if (L->info[i].param >= 0 || k < 0 || (size_t)k >= p->num_kernels ||
+            p->kernels[k].name[0] == '\0')
+            k = -1;
+        p->node_kernel[i] = k;
+    }
+    return TB_OK;
+}
+
 /* Partitions, then generates every kernel; a kernel that asks for a node to be materialised
    makes the whole lowering start over with that node as a root. */
 static tb_status tb__ocl_lower_graph(tb__ocl_lower *L) {
@@ -3764,7 +4129,14 @@ static tb_status tb__ocl_lower_graph(tb__ocl_lower *L) {
     g = (tb__cg *)tb__calloc(1, sizeof *g);
     if (g == NULL) return TB_ERR_OUT_OF_MEMORY;
     g->L = L;
-    g->fast_f64 = L->dev->info.supports_f64 && L->dev->info.device.type == TB_DEVICE_CPU;
+    g->fast_f64 = tb__ocl_fast_f64(L->dev);
+    g->evals = (int32_t *)tb__calloc(L->n + 1, sizeof(int32_t));
+    g->touched = (int32_t *)tb__calloc(L->n + 1, sizeof(int32_t));
+    if (g->evals == NULL || g->touched == NULL) {
+        tb__cg_free(g);
+        tb__free(g);
+        return TB_ERR_OUT_OF_MEMORY;
+    }
     memset(&src, 0, sizeof src);
     for (attempt = 0; attempt < 64; attempt++) {
         L->restart = false;
@@ -3786,6 +4158,7 @@ static tb_status tb__ocl_lower_graph(tb__ocl_lower *L) {
             tb__ocl_kernel_name(p, i, L);
             switch (k->kind) {
             case TB__OCL_K_REDUCE:
+            case TB__OCL_K_PARTIAL:
                 st = tb__cg_kernel_reduce(g, k);
                 break;
             case TB__OCL_K_MATMUL:
@@ -3806,6 +4179,18 @@ static tb_status tb__ocl_lower_graph(tb__ocl_lower *L) {
             if (st == TB_OK && g->body.failed) st = TB_ERR_OUT_OF_MEMORY;
             if (st != TB_OK) break;
             k->bytes = tb__ocl_kernel_bytes(p, k);
+            {
+                /* every argument as 8 bytes: pointers and the widest scalars */
+                size_t arg_bytes = 8 * (k->num_args + 1);
+                if (arg_bytes > L->dev->max_parameter_size) {
+                    st = tb__error(TB_ERR_UNSUPPORTED,
+                                   "opencl:%d: kernel %s reads %zu arrays and scalars, more than "
+                                   "the %zu bytes of arguments the device takes",
+                                   (int)L->dev->ordinal, k->name, k->num_args,
+                                   L->dev->max_parameter_size);
+                    break;
+                }
+            }
             if (!tb__ocl_kernel_empty(k)) {
                 tb__cg_emit_kernel(g, k, &src);
             } else {
@@ -3817,6 +4202,7 @@ static tb_status tb__ocl_lower_graph(tb__ocl_lower *L) {
     if (st == TB_OK && L->restart) {
         st = tb__error(TB_ERR_INTERNAL, "opencl: the lowering did not settle");
     }
+    if (st == TB_OK) st = tb__ocl_record_node_kernels(L);
     if (st == TB_OK) {
         if (src.failed) {
             st = TB_ERR_OUT_OF_MEMORY;
@@ -4237,10 +4623,13 @@ static tb_status tb__ocl_create_lowering_context(void *user_data, const tb_graph
         p->result_source == NULL) {
         st = TB_ERR_OUT_OF_MEMORY;
     } else {
+        size_t scalars = 0;
         for (i = 0; i < p->num_params; i++) {
             p->param_scalar[i] = graph->parameters[i]->op == TB_OP_SCALAR ? 1 : 0;
             p->param_dtype[i] = graph->parameters[i]->shape.dtype;
+            scalars += (size_t)p->param_scalar[i];
         }
+        p->scalar_table = scalars > TB__OCL_MAX_SCALAR_ARGS;
         st = tb__ocl_lower_init(&L);
         if (st == TB_OK) st = tb__ocl_lower_graph(&L);
     }
@@ -4359,6 +4748,18 @@ static const char *tb__ocl_backend_text(void *user_data, const void *computation
     return computation != NULL ? ((const tb__ocl_plan *)computation)->source : NULL;
 }
 
+static int32_t tb__ocl_get_node_kernel(void *user_data, const void *computation, size_t node_index,
+                                       const char **kernel_name) {
+    const tb__ocl_plan *p = (const tb__ocl_plan *)computation;
+    int32_t k;
+    (void)user_data;
+    if (kernel_name != NULL) *kernel_name = NULL;
+    if (p == NULL || p->node_kernel == NULL || node_index >= p->num_nodes) return -1;
+    k = p->node_kernel[node_index];
+    if (k >= 0 && kernel_name != NULL) *kernel_name = p->kernels[k].name;
+    return k;
+}
+
 static tb__cl_int tb__ocl_launch(tb__ocl_device *dev, const tb__ocl_plan *p, size_t i,
                                  tb__cl_event *event) {
     const tb__ocl_kernel *k = &p->kernels[i];
@@ -4445,7 +4846,7 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
     tb__ocl_plan *p = (tb__ocl_plan *)computation;
     tb__ocl_device *dev;
     tb__ocl_runtime *rt;
-    tb__ocl_buffer **owned = NULL, *err_buf = NULL;
+    tb__ocl_buffer **owned = NULL, *err_buf = NULL, *table_buf = NULL;
     tb__cl_mem *mems = NULL;
     tb__cl_event *events = NULL;
     tb_status st = TB_OK;
@@ -4491,6 +4892,19 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
             }
         }
     }
+    if (st == TB_OK && p->scalar_table) {
+        size_t bytes = (p->num_params + 1) * 8;
+        unsigned char *table = (unsigned char *)tb__calloc(p->num_params + 1, 8);
+        if (table == NULL) st = TB_ERR_OUT_OF_MEMORY;
+        for (i = 0; i < p->num_params && st == TB_OK; i++) {
+            if (p->param_scalar[i] &&
+                tb__ocl_scalar_arg(dev, p->param_dtype[i], arguments[i], table + 8 * i) == 0)
+                st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
+        }
+        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, bytes, &table_buf);
+        if (st == TB_OK) st = tb__ocl_write(dev, table_buf, table, bytes);
+        tb__free(table);
+    }
     for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
         const tb__ocl_kernel *k = &p->kernels[i];
         const tb__ocl_slot *os = &p->slots[k->out_slot];
@@ -4520,6 +4934,9 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
                         break;
                     }
                     err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, n, bytes);
+                } else if (arg->kind == TB__OCL_ARG_TABLE) {
+                    err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
+                                                         &table_buf->mem);
                 } else {
                     err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
                                                          &err_buf->mem);
@@ -4621,6 +5038,7 @@ done:
             if (events[i] != NULL) TB__OCL_CALL(rt, ReleaseEvent)(events[i]);
     }
     tb__ocl_buffer_free(err_buf);
+    tb__ocl_buffer_free(table_buf);
     tb__free(owned);
     tb__free(mems);
     tb__free(events);
@@ -4717,6 +5135,7 @@ static tb_status tb__opencl_register(void) {
     impl.execute = tb__ocl_execute;
     impl.release_computation = tb__ocl_release_computation;
     impl.computation_backend_text = tb__ocl_backend_text;
+    impl.get_node_kernel = tb__ocl_get_node_kernel;
     impl.get_backend_devices = tb__ocl_get_backend_devices;
     impl.get_backend_device = tb__ocl_get_backend_device;
     impl.get_device_info = tb__ocl_get_device_info;

@@ -5,6 +5,11 @@
    These functions reach below it, for programs that mix their own OpenCL code with the library.
    OpenCL objects are given as void * (cast them to cl_platform_id, cl_context, cl_mem, ...):
    no OpenCL type appears in this header and no SDK is needed to include it.
+   Environment: TB_OPENCL_LIBRARY (the ICD loader to open, default libOpenCL.so.1; not used
+   when built with TB_OPENCL_LINKED),
+   TB_OPENCL_BUILD_OPTIONS (appended to the options every program is built with, e.g.
+   "-cl-mad-enable"; part of the program cache key), TB_CACHE_DIR (the program binary cache,
+   default $XDG_CACHE_HOME/torch_backend or ~/.cache/torch_backend; "off" disables it).
    =========================================================================================== */
 
 /* The OpenCL objects behind one device of the "opencl" backend. They are owned by the library:

@@ -77,6 +77,7 @@ static int64_t rnd_int(int64_t lo, int64_t hi) { /* inclusive */
 static tb_shape shp(tb_dtype dtype, int32_t rank, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
     tb_shape s;
     int64_t dims[4];
+    memset(&s, 0, sizeof s);
     dims[0] = d0;
     dims[1] = d1;
     dims[2] = d2;
@@ -368,7 +369,12 @@ static void add_case(const char *name, build_fn f, const void *arg, const input 
     void *host[MAX_IN];
     size_t i;
     test_case *c;
-    if (g_num_cases == MAX_CASES) fail_msg("too many cases in one batch");
+    memset(cin, 0, sizeof cin);
+    memset(oin, 0, sizeof oin);
+    memset(host, 0, sizeof host);
+    /* a kernel takes at most 1024 bytes of arguments on some devices: about 120 arrays, so
+       a stacked batch reads the inputs of at most 40 cases */
+    if (g_num_cases == 40) flush_cases();
     c = &g_cases[g_num_cases];
     snprintf(c->name, sizeof c->name, "%s", name);
     for (i = 0; i < nin; i++) {
@@ -647,7 +653,6 @@ static void test_binary(void **state) {
                 add_case(name, build_binary, &binary_ops[i], in, 2);
             }
         }
-        if (g_num_cases > 150) flush_cases();
     }
     flush_cases();
 }
@@ -811,7 +816,10 @@ static void test_reductions(void **state) {
     }
     /* all axes, long rows (work-group reductions), an elementwise prologue, size-1 axes */
     {
-        static const int64_t sizes[][3] = {{1, 5000, 1}, {5000, 3, 0}, {64, 700, 1}};
+        /* long rows, long columns, many rows; then rows so long the reduction is split into
+           chunks reduced in parallel and combined */
+        static const int64_t sizes[][3] = {
+            {1, 5000, 1}, {5000, 3, 0}, {64, 700, 1}, {2, 40000, 1}, {50000, 1, 0}};
         size_t k;
         for (k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
             for (which = 0; which < 7; which++) {
@@ -1033,6 +1041,62 @@ static void test_softmax_layer_norm(void **state) {
         add_case("layer_norm of long rows", build_norm, a, in, 1);
     }
     flush_cases();
+}
+
+/* The code a GPU gets (local-memory matmul tiles, a work-group per row, split reductions
+   with work-groups per chunk), run on whatever device is here through the code generator's
+   test hook. */
+static void test_gpu_code_paths(void **state) {
+    static const mm_arg relu_bias = {2, false}, plain = {0, false}, transposed_bias = {2, true};
+    static reduce_arg red[6];
+    static norm_arg norm[2];
+    input in[3];
+    int i;
+    (void)state;
+    REQUIRE_OPENCL();
+#ifndef TB_NO_OPENCL
+    tb__ocl_codegen_as_gpu = 1;
+#endif
+    tb_computation_cache_clear();
+    in[0] = in_of(shp(TB_F32, 2, 70, 33, 0, 0), R_ANY);
+    in[1] = in_of(shp(TB_F32, 2, 33, 90, 0, 0), R_ANY);
+    in[2] = in_of(shp(TB_F32, 1, 90, 0, 0, 0), R_ANY);
+    add_case("tiled relu(matmul + bias)", build_matmul, &relu_bias, in, 3);
+    in[1] = in_of(shp(TB_F32, 2, 90, 33, 0, 0), R_ANY);
+    add_case("tiled relu(matmul(a, b^T) + bias)", build_matmul, &transposed_bias, in, 3);
+    in[0] = in_of(shp(TB_I32, 3, 3, 6, 5, 0), R_ANY);
+    in[1] = in_of(shp(TB_I32, 3, 3, 5, 7, 0), R_ANY);
+    add_case("tiled batched i32 matmul", build_matmul, &plain, in, 2);
+    in[0] = in_of(shp(TB_F64, 1, 40, 0, 0, 0), R_ANY);
+    in[1] = in_of(shp(TB_F64, 2, 40, 3, 0, 0), R_ANY);
+    add_case("tiled f64 vector x matrix", build_matmul, &plain, in, 2);
+    for (i = 0; i < 6; i++) {
+        memset(&red[i], 0, sizeof red[i]);
+        red[i].which = i;
+        red[i].axes[0] = 1;
+        red[i].num_axes = 1;
+        red[i].prologue = i < 2;
+    }
+    in[0] = in_of(shp(TB_F32, 2, 3, 3000, 0, 0), R_WHOLE);
+    for (i = 0; i < 6; i++)
+        add_case("work-group reduction", build_reduce, &red[i], in, 1);
+    in[0] = in_of(shp(TB_F32, 2, 2, 70000, 0, 0), R_ANY);
+    for (i = 0; i < 4; i++)
+        add_case("split reduction", build_reduce, &red[i], in, 1);
+    for (i = 0; i < 2; i++) {
+        memset(&norm[i], 0, sizeof norm[i]);
+        norm[i].which = i == 0 ? 0 : 2;
+        norm[i].axis = 1;
+        norm[i].epilogue = true;
+    }
+    in[0] = in_of(shp(TB_F32, 2, 5, 2000, 0, 0), R_ANY);
+    add_case("work-group softmax", build_norm, &norm[0], in, 1);
+    add_case("work-group layer_norm", build_norm, &norm[1], in, 1);
+    flush_cases();
+#ifndef TB_NO_OPENCL
+    tb__ocl_codegen_as_gpu = 0;
+#endif
+    tb_computation_cache_clear();
 }
 
 /* ---- movement, copies, generators ---- */
@@ -1278,6 +1342,69 @@ static void test_generators(void **state) {
         tb_tensor_release(c[i]);
         tb_tensor_release(o[i]);
     }
+}
+
+/* ---- awkward shapes: rank 0, size 0, size 1 ---- */
+
+typedef struct edge_arg {
+    int which;
+} edge_arg;
+
+static tb_tensor *build_edge(tb_tensor **in, const void *arg) {
+    int which = ((const edge_arg *)arg)->which;
+    int32_t ax = 1;
+    switch (which) {
+    case 0:
+        return tb_mul_scalar(in[0], 3.0); /* rank 0 */
+    case 1:
+        return tb_add(in[0], in[1]); /* rank 0 + [3,4] */
+    case 2:
+        return tb_sum(in[0], &ax, 1, false); /* [4,0] -> [4] of zeros */
+    case 3:
+        return tb_mean(in[0], &ax, 1, true); /* [4,0] -> [4,1] of NaN */
+    case 4:
+        return tb_exp(in[0]); /* [4,0] */
+    case 5:
+        return tb_sum(in[0], NULL, 0, false); /* rank 0 result */
+    case 6:
+        return tb_softmax(in[0], 0); /* [1] */
+    case 7:
+        return tb_matmul(in[0], in[1]); /* [1,1] x [1,1] */
+    default: {
+        tb_tensor *t = tb_sum(in[0], NULL, 0, true), *y = tb_add(in[0], t); /* [1,1,1] */
+        tb_tensor_release(t);
+        return y;
+    }
+    }
+}
+
+static void test_edge_shapes(void **state) {
+    static edge_arg args[9];
+    tb_shape r0 = shp(TB_F32, 0, 0, 0, 0, 0);
+    input in[2];
+    int i;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < 9; i++)
+        args[i].which = i;
+    in[0] = in_of(r0, R_ANY);
+    add_case("rank-0 op", build_edge, &args[0], in, 1);
+    in[1] = in_of(shp(TB_F32, 2, 3, 4, 0, 0), R_ANY);
+    add_case("rank 0 broadcast over [3,4]", build_edge, &args[1], in, 2);
+    in[0] = in_of(shp(TB_F32, 2, 4, 0, 0, 0), R_ANY);
+    add_case("sum over an empty axis", build_edge, &args[2], in, 1);
+    add_case("mean over an empty axis", build_edge, &args[3], in, 1);
+    add_case("elementwise on an empty array", build_edge, &args[4], in, 1);
+    in[0] = in_of(shp(TB_F32, 3, 2, 3, 4, 0), R_ANY);
+    add_case("sum of everything", build_edge, &args[5], in, 1);
+    in[0] = in_of(shp(TB_F32, 1, 1, 0, 0, 0), R_ANY);
+    add_case("softmax of one element", build_edge, &args[6], in, 1);
+    in[0] = in_of(shp(TB_F32, 2, 1, 1, 0, 0), R_ANY);
+    in[1] = in[0];
+    add_case("matmul of [1,1]", build_edge, &args[7], in, 2);
+    in[0] = in_of(shp(TB_F32, 3, 1, 1, 1, 0), R_ANY);
+    add_case("size-1 dims everywhere", build_edge, &args[8], in, 1);
+    flush_cases_direct();
 }
 
 /* ---- random streams ---- */
@@ -1584,6 +1711,258 @@ static void test_fusion_patterns(void **state) {
     flush_cases();
 }
 
+/* A large float max / min (split into chunks, read in vectors): a NaN anywhere propagates,
+   without one the result is the exact extreme. */
+static void test_max_min_nan_large(void **state) {
+    const size_t n = (size_t)1 << 20;
+    tb_shape s = shp(TB_F32, 1, (int64_t)n, 0, 0, 0);
+    float *a = (float *)malloc(n * sizeof(float));
+    size_t nan_at[3], i;
+    int round, op;
+    (void)state;
+    REQUIRE_OPENCL();
+    assert_non_null(a);
+    nan_at[0] = 0;
+    nan_at[1] = n / 2 + 3;
+    nan_at[2] = n - 1;
+    for (round = 0; round < 5; round++) {
+        float want_max = -INFINITY, want_min = INFINITY;
+        for (i = 0; i < n; i++) {
+            a[i] = (float)(rnd_unit() * 2000.0 - 1000.0);
+            if (a[i] > want_max) want_max = a[i];
+            if (a[i] < want_min) want_min = a[i];
+        }
+        if (round < 3) a[nan_at[round]] = NAN;
+        if (round == 4) {
+            for (i = 0; i < n; i++)
+                a[i] = -INFINITY;
+            want_max = -INFINITY;
+            want_min = -INFINITY;
+        }
+        for (op = 0; op < 2; op++) {
+            tb_tensor *x = tb_tensor_from_host(a, &s, &g_ocl);
+            tb_tensor *y = op == 0 ? tb_max(x, NULL, 0, false) : tb_min(x, NULL, 0, false);
+            float got = 0;
+            assert_non_null(y);
+            assert_int_equal(tb_tensor_to_host(y, &got, sizeof got), TB_OK);
+            if (round < 3) {
+                if (!isnan(got)) fail_msg("round %d op %d: got %g, want NaN", round, op, got);
+            } else {
+                assert_true(got == (op == 0 ? want_max : want_min));
+            }
+            tb_tensor_release(y);
+            tb_tensor_release(x);
+        }
+    }
+    free(a);
+}
+
+/* ---- tb_ir_dot: the kernels drawn as clusters ---- */
+
+/* Checks a DOT dump: every node declared once; when `clusters`, every computed node (no
+   "param" in its label) inside exactly one "subgraph cluster_" and no parameter in one.
+   Fills `decl` with the node declarations without their indentation, one per line, sorted by
+   node id, and `labels` with the cluster labels. */
+static void check_dot(const char *dot, bool clusters, char *decl, size_t decl_cap, char *labels,
+                      size_t labels_cap) {
+    const char *line = dot;
+    bool in_cluster = false;
+    int cluster_nodes = 0, num_clusters = 0, seen[256];
+    char decls[256][160];
+    int max_id = -1, i;
+    memset(seen, 0, sizeof seen);
+    decl[0] = '\0';
+    labels[0] = '\0';
+    assert_non_null(strstr(dot, "digraph tb {"));
+    while (*line != '\0') {
+        const char *end = strchr(line, '\n');
+        size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
+        const char *t = line;
+        int id;
+        while (*t == ' ')
+            t++;
+        if (strncmp(t, "subgraph cluster_", 17) == 0) {
+            assert_true(clusters);
+            assert_false(in_cluster);
+            in_cluster = true;
+            cluster_nodes = 0;
+            num_clusters++;
+        } else if (in_cluster && strncmp(t, "label=\"", 7) == 0) {
+            const char *q = strchr(t + 7, '"');
+            assert_non_null(q);
+            assert_true(q > t + 7); /* a name */
+            assert_true(strlen(labels) + (size_t)(q - (t + 7)) + 2 < labels_cap);
+            strncat(labels, t + 7, (size_t)(q - (t + 7)));
+            strcat(labels, " ");
+        } else if (in_cluster && t[0] == '}') {
+            assert_true(cluster_nodes > 0); /* no empty cluster */
+            in_cluster = false;
+        } else if (t[0] == 'n' && strstr(t, " [label=") != NULL &&
+                   strstr(t, " [label=") < line + len && sscanf(t, "n%d", &id) == 1) {
+            size_t n = len - (size_t)(t - line);
+            bool param = strstr(t, "\\nparam ") != NULL && strstr(t, "\\nparam ") < line + len;
+            assert_true(id >= 0 && id < 256);
+            assert_int_equal(seen[id], 0); /* declared once */
+            seen[id] = 1;
+            if (id > max_id) max_id = id;
+            assert_true(n < sizeof decls[0]);
+            memcpy(decls[id], t, n);
+            decls[id][n] = '\0';
+            if (clusters) {
+                /* computed nodes in a cluster, parameters outside */
+                if (param) {
+                    assert_false(in_cluster);
+                } else {
+                    assert_true(in_cluster);
+                }
+            }
+            if (in_cluster) cluster_nodes++;
+        }
+        line = end != NULL ? end + 1 : line + len;
+    }
+    assert_false(in_cluster);
+    if (clusters) assert_true(num_clusters > 0);
+    for (i = 0; i <= max_id; i++) {
+        assert_int_equal(seen[i], 1); /* ids 0..max, each once */
+        assert_true(strlen(decl) + strlen(decls[i]) + 2 < decl_cap);
+        strcat(decl, decls[i]);
+        strcat(decl, "\n");
+    }
+}
+
+/* The edge lines of a DOT dump, in order. */
+static void edge_lines(const char *dot, char *out, size_t cap) {
+    const char *line = dot;
+    out[0] = '\0';
+    while (*line != '\0') {
+        const char *end = strchr(line, '\n');
+        size_t len = end != NULL ? (size_t)(end - line + 1) : strlen(line);
+        const char *arrow = strstr(line, " -> ");
+        if (arrow != NULL && arrow < line + len) {
+            assert_true(strlen(out) + len + 1 < cap);
+            strncat(out, line, len);
+        }
+        line += len;
+    }
+}
+
+static tb_tensor *build_mlp_softmax(const tb_device *dev, const float *a, const float *w,
+                                    const float *b, tb_tensor **hidden) {
+    tb_shape sa = shp(TB_F32, 2, 6, 5, 0, 0), sw = shp(TB_F32, 2, 5, 3, 0, 0),
+             sb = shp(TB_F32, 1, 3, 0, 0, 0);
+    tb_tensor *x = tb_tensor_from_host(a, &sa, dev), *wt = tb_tensor_from_host(w, &sw, dev),
+              *bt = tb_tensor_from_host(b, &sb, dev), *h, *y;
+    h = tb_matmul(x, wt);
+    h = take(h, tb_add(h, bt));
+    h = take(h, tb_relu(h));
+    y = tb_softmax(h, -1);
+    assert_non_null(y);
+    tb_tensor_release(x);
+    tb_tensor_release(wt);
+    tb_tensor_release(bt);
+    *hidden = h;
+    return y;
+}
+
+static void test_dot_clusters(void **state) {
+    float a[30], w[15], b[3];
+    tb_shape sa = shp(TB_F32, 2, 6, 5, 0, 0), sw = shp(TB_F32, 2, 5, 3, 0, 0),
+             sb = shp(TB_F32, 1, 3, 0, 0, 0);
+    tb_tensor *y, *h, *yc, *hc, *pair[2];
+    char *dot, *plain, decl[8192], decl_cpu[8192], labels[512], labels_cpu[512];
+    float got[18];
+    int variant;
+    (void)state;
+    REQUIRE_OPENCL();
+    fill(a, &sa, R_ANY, 0);
+    fill(w, &sw, R_ANY, 0);
+    fill(b, &sb, R_ANY, 0);
+    for (variant = 0; variant < 2; variant++) {
+        /* 0: the softmax alone; 1: the hidden layer is a result too */
+        size_t n = variant == 0 ? 1 : 2;
+        y = build_mlp_softmax(&g_ocl, a, w, b, &h);
+        yc = build_mlp_softmax(&g_cpu, a, w, b, &hc);
+        pair[0] = y;
+        pair[1] = h;
+        tb_clear_error();
+        dot = tb_ir_dot(pair, n);
+        assert_non_null(dot);
+        assert_int_equal(tb_last_status(), TB_OK);
+        check_dot(dot, true, decl, sizeof decl, labels, sizeof labels);
+        assert_non_null(strstr(dot, "label=\"MM_6_3_5"));
+        assert_non_null(strstr(dot, "label=\"S_6_3"));
+        assert_non_null(strstr(labels, "MM_6_3_5"));
+        assert_non_null(strstr(labels, "S_6_3"));
+        /* the cpu backend draws no cluster; the nodes are the same, with the same labels */
+        pair[0] = yc;
+        pair[1] = hc;
+        plain = tb_ir_dot(pair, n);
+        assert_non_null(plain);
+        assert_null(strstr(plain, "cluster"));
+        assert_null(strstr(plain, "subgraph"));
+        check_dot(plain, false, decl_cpu, sizeof decl_cpu, labels_cpu, sizeof labels_cpu);
+        assert_string_equal(decl, decl_cpu);
+        /* the edges too */
+        {
+            char edges[4096], edges_cpu[4096];
+            edge_lines(dot, edges, sizeof edges);
+            edge_lines(plain, edges_cpu, sizeof edges_cpu);
+            assert_true(strlen(edges) > 0);
+            assert_string_equal(edges, edges_cpu);
+        }
+        tb_free(dot);
+        tb_free(plain);
+        /* drawing the dump compiled the graph that runs now (and does not change the values) */
+        assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+        tb_tensor_release(y);
+        tb_tensor_release(h);
+        tb_tensor_release(yc);
+        tb_tensor_release(hc);
+    }
+    /* a dump of parameters only has no kernel: no cluster */
+    {
+        tb_tensor *x = tb_tensor_from_host(a, &sa, &g_ocl);
+        dot = tb_ir_dot(&x, 1);
+        assert_non_null(dot);
+        assert_null(strstr(dot, "cluster"));
+        tb_free(dot);
+        tb_tensor_release(x);
+    }
+}
+
+/* A graph that does not compile is drawn without clusters, and the dump reports no error. */
+static void test_dot_compile_error_plain(void **state) {
+    tb_custom_op_desc d;
+    tb_op op;
+    float a[4] = {1, 2, 3, 4};
+    tb_shape s = shp(TB_F32, 1, 4, 0, 0, 0);
+    tb_tensor *x, *y, *z;
+    char *dot;
+    (void)state;
+    REQUIRE_OPENCL();
+    memset(&d, 0, sizeof d);
+    d.name = "ocl_broken";
+    d.num_inputs = 1;
+    d.reference = copy_reference;
+    d.opencl_expr = "x0 +* no_such_name";
+    if (tb_op_lookup("ocl_broken", &op) != TB_OK) assert_int_equal(tb_op_register(&d, &op), TB_OK);
+    x = tb_tensor_from_host(a, &s, &g_ocl);
+    y = tb_call_op(op, &x, 1, NULL, 0);
+    z = tb_exp(y);
+    assert_non_null(z);
+    tb_clear_error();
+    dot = tb_ir_dot(&z, 1);
+    assert_non_null(dot);
+    assert_int_equal(tb_last_status(), TB_OK);
+    assert_null(strstr(dot, "cluster"));
+    assert_non_null(strstr(dot, "ocl_broken"));
+    assert_non_null(strstr(dot, "exp"));
+    tb_free(dot);
+    tb_tensor_release(z);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+}
+
 /* ---- scalars are parameters ---- */
 
 static void test_scalars_do_not_recompile(void **state) {
@@ -1605,6 +1984,28 @@ static void test_scalars_do_not_recompile(void **state) {
     }
     assert_int_equal(tb_metrics_counter("UncachedCompile"), 1);
     assert_int_equal(tb_metrics_counter("CachedCompile"), 2);
+    /* many scalars (more than a device may take as kernel arguments) */
+    tb_metrics_reset();
+    for (k = 0; k < 2; k++) {
+        tb_tensor *y = tb_tensor_retain(x);
+        float expect[8];
+        int j;
+        for (i = 0; i < 8; i++)
+            expect[i] = a[i];
+        for (j = 0; j < 40; j++) {
+            double m = 1.0 + (double)(j + k) / 64.0, c = (double)j / 1024.0;
+            y = take(y, tb_mul_scalar(y, m));
+            y = take(y, tb_add_scalar(y, c));
+            for (i = 0; i < 8; i++)
+                expect[i] = expect[i] * (float)m + (float)c;
+        }
+        assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+        for (i = 0; i < 8; i++)
+            assert_true(got[i] == expect[i]);
+        tb_tensor_release(y);
+    }
+    assert_int_equal(tb_metrics_counter("UncachedCompile"), 1);
+    assert_int_equal(tb_metrics_counter("CachedCompile"), 1);
     tb_tensor_release(x);
 }
 
@@ -1885,7 +2286,7 @@ static tb_tensor *rg_build(rg_script *sc, const tb_device *dev, int steps) {
 }
 
 static void test_random_graphs(void **state) {
-    const int graphs = 216, per_batch = 27;
+    const int graphs = 216, per_batch = 12;
     rg_script *scripts = (rg_script *)calloc((size_t)per_batch, sizeof(rg_script));
     int g, b, j;
     (void)state;
@@ -2342,6 +2743,10 @@ static void test_unavailable_library(void **state) {
     size_t n, i;
     bool listed = false;
     (void)state;
+#ifdef TB_OPENCL_LINKED
+    print_message("built with TB_OPENCL_LINKED: TB_OPENCL_LIBRARY does not apply\n");
+    skip();
+#endif
     tb_shutdown();
     setenv("TB_OPENCL_LIBRARY", "/nonexistent/libOpenCL.so.1", 1);
     assert_int_equal(tb_setup(NULL), TB_OK);
@@ -2349,6 +2754,13 @@ static void test_unavailable_library(void **state) {
     n = tb_backend_list(names, 8, true);
     for (i = 0; i < n && i < 8; i++)
         listed = listed || strcmp(names[i], "opencl") == 0;
+#ifdef TB_NO_OPENCL
+    /* built without the backend: nothing to load */
+    assert_false(listed);
+    assert_int_equal(tb_opencl_available(), TB_ERR_UNSUPPORTED);
+    assert_non_null(strstr(tb_last_error(), "TB_NO_OPENCL"));
+    (void)d, (void)count, (void)a, (void)b, (void)s, (void)x, (void)y;
+#else
     assert_true(listed);
     assert_int_equal(tb_opencl_available(), TB_ERR_UNAVAILABLE);
     assert_non_null(strstr(tb_last_error(), "opencl: cannot open /nonexistent/libOpenCL.so.1"));
@@ -2370,6 +2782,7 @@ static void test_unavailable_library(void **state) {
     assert_true(b[0] == 3 && b[1] == 6 && b[2] == 9);
     tb_tensor_release(x);
     tb_tensor_release(y);
+#endif
     tb_shutdown();
     if (old != NULL) {
         setenv("TB_OPENCL_LIBRARY", old, 1);
@@ -2393,14 +2806,19 @@ int main(void) {
         cmocka_unit_test(test_argmax_nan_and_ties),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_softmax_layer_norm),
+        cmocka_unit_test(test_gpu_code_paths),
         cmocka_unit_test(test_movement),
         cmocka_unit_test(test_concat_pad_gather),
         cmocka_unit_test(test_generators),
+        cmocka_unit_test(test_edge_shapes),
         cmocka_unit_test(test_rand_bit_identical),
         cmocka_unit_test(test_custom_ops),
         cmocka_unit_test(test_custom_op_without_expr_falls_back),
         cmocka_unit_test(test_custom_op_compile_error),
         cmocka_unit_test(test_fusion_patterns),
+        cmocka_unit_test(test_dot_clusters),
+        cmocka_unit_test(test_max_min_nan_large),
+        cmocka_unit_test(test_dot_compile_error_plain),
         cmocka_unit_test(test_scalars_do_not_recompile),
         cmocka_unit_test(test_random_graphs),
         cmocka_unit_test(test_allocation_too_large),
