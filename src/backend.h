@@ -118,6 +118,14 @@ typedef struct tb_backend_impl {
     tb_device_type (*eager_fallback_device_type)(void *user_data);
     /* (optional) LTC CreateMetricsReport: snprintf-like, returns the full length. NULL: "". */
     size_t (*create_metrics_report)(void *user_data, char *buf, size_t cap);
+    /* (optional) Which kernel of `computation` computes node `node_index` of the post-order
+       (tb_graph.nodes) of the graph it was compiled from: the kernel's index, and its name in
+       *kernel_name (owned by the computation; may be NULL). -1 for parameters and for nodes no
+       kernel computes; a folded view counts as part of the kernel that reads it when the
+       backend knows which one, else -1. tb_ir_dot draws each kernel as a cluster.
+       NULL: no clusters. */
+    int32_t (*get_node_kernel)(void *user_data, const void *computation, size_t node_index,
+                               const char **kernel_name);
 } tb_backend_impl;
 
 /* Registers a backend under `name` (1..TB_MAX_NAME bytes, [A-Za-z_][A-Za-z0-9_]*), with

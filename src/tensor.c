@@ -512,28 +512,87 @@ static void tb__exec_text_append(tb__str *s, const tb__exec_walk *w, tb_node *co
     tb__free(marks);
 }
 
-static void tb__exec_dot_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes,
-                                size_t n) {
-    size_t i, next_param = 0, next_mark = 0;
+/* One node of a DOT dump: its id, label and style. */
+static void tb__exec_dot_node(tb__str *s, const tb__exec_walk *w, size_t i, bool param,
+                              size_t param_index, const tb__exec_mark *marks, size_t next_mark,
+                              const char *indent) {
+    const tb_node *node = w->order[i];
+    char shape[96];
+    tb__shape_text(&node->shape, shape);
+    tb__str_append(s, "%sn%lu [label=\"%%%lu %s\\n%s", indent, (unsigned long)i, (unsigned long)i,
+                   tb_op_name(node->op), shape);
+    if (param) tb__str_append(s, "\\nparam %lu", (unsigned long)param_index);
+    for (; marks[next_mark].pos == (int64_t)i; next_mark++) {
+        tb__str_append(s, "\\nresult %lu", (unsigned long)marks[next_mark].index);
+    }
+    tb__str_append(s, "\"%s];\n", param ? ", style=rounded" : "");
+}
+
+/* `kernel` (NULL: no clusters): per walk position, the kernel computing the node or -1, and
+   `kernel_names` its name; the nodes of each kernel are drawn inside "subgraph cluster_k". */
+static void tb__exec_dot_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes, size_t n,
+                                const int32_t *kernel, const char *const *kernel_names) {
+    size_t i, next_param = 0, next_mark = 0, num_clustered = 0;
     tb__exec_mark *marks = tb__exec_marks(w, nodes, n);
+    tb__exec_mark *clustered = NULL;
+    size_t *param_index = NULL, *mark_start = NULL;
     if (marks == NULL) {
         s->failed = true;
         return;
     }
     tb__str_append(s, "digraph tb {\n  node [shape=box, fontname=\"monospace\"];\n");
+    if (kernel != NULL) {
+        /* clusters first, so that every node is declared before an edge names it */
+        clustered = (tb__exec_mark *)tb__calloc(w->num_order + 1, sizeof(tb__exec_mark));
+        param_index = (size_t *)tb__calloc(w->num_order + 1, sizeof(size_t));
+        mark_start = (size_t *)tb__calloc(w->num_order + 1, sizeof(size_t));
+        if (clustered == NULL || param_index == NULL || mark_start == NULL) {
+            s->failed = true;
+        } else {
+            for (i = 0; i < w->num_order; i++) {
+                bool param = next_param < w->num_params && w->params[next_param] == w->order[i];
+                param_index[i] = next_param;
+                mark_start[i] = next_mark;
+                while (marks[next_mark].pos == (int64_t)i)
+                    next_mark++;
+                if (param) next_param++;
+                if (kernel[i] >= 0) {
+                    clustered[num_clustered].pos = kernel[i];
+                    clustered[num_clustered].index = i;
+                    num_clustered++;
+                }
+            }
+            qsort(clustered, num_clustered, sizeof(tb__exec_mark), tb__exec_mark_compare);
+            for (i = 0; i < num_clustered; i++) {
+                size_t at = clustered[i].index;
+                bool param =
+                    param_index[at] < w->num_params && w->params[param_index[at]] == w->order[at];
+                if (i == 0 || clustered[i - 1].pos != clustered[i].pos) {
+                    const char *name = kernel_names[at] != NULL ? kernel_names[at] : "";
+                    tb__str_append(s, "  subgraph cluster_%lld {\n    label=\"",
+                                   (long long)clustered[i].pos);
+                    for (; *name != '\0'; name++) {
+                        if (*name != '"' && *name != '\\') tb__str_append(s, "%c", *name);
+                    }
+                    tb__str_append(s, "\";\n");
+                }
+                tb__exec_dot_node(s, w, at, param, param_index[at], marks, mark_start[at], "    ");
+                if (i + 1 == num_clustered || clustered[i + 1].pos != clustered[i].pos) {
+                    tb__str_append(s, "  }\n");
+                }
+            }
+        }
+        next_param = 0;
+        next_mark = 0;
+    }
     for (i = 0; i < w->num_order; i++) {
         const tb_node *node = w->order[i];
-        char shape[96];
         bool param = next_param < w->num_params && w->params[next_param] == node;
-        tb__shape_text(&node->shape, shape);
-        /* a backend that groups nodes into kernels would wrap them in "subgraph cluster_k" here */
-        tb__str_append(s, "  n%lu [label=\"%%%lu %s\\n%s", (unsigned long)i, (unsigned long)i,
-                       tb_op_name(node->op), shape);
-        if (param) tb__str_append(s, "\\nparam %lu", (unsigned long)next_param);
-        for (; marks[next_mark].pos == (int64_t)i; next_mark++) {
-            tb__str_append(s, "\\nresult %lu", (unsigned long)marks[next_mark].index);
+        if (kernel == NULL || kernel[i] < 0) {
+            tb__exec_dot_node(s, w, i, param, next_param, marks, next_mark, "  ");
         }
-        tb__str_append(s, "\"%s];\n", param ? ", style=rounded" : "");
+        while (marks[next_mark].pos == (int64_t)i)
+            next_mark++;
         if (param) {
             next_param++;
         } else {
@@ -546,6 +605,9 @@ static void tb__exec_dot_append(tb__str *s, const tb__exec_walk *w, tb_node *con
         }
     }
     tb__str_append(s, "}\n");
+    tb__free(clustered);
+    tb__free(param_index);
+    tb__free(mark_start);
     tb__free(marks);
 }
 
@@ -1720,13 +1782,84 @@ TBDEF tb_status tb_tensor_item(tb_tensor *tensor, double *out) {
 
 /* ---- dumps ---- */
 
-/* Walks the graph behind `tensors` for a dump. */
+/* For tb_ir_dot: per position of the dump's walk `w`, the kernel that computes the node in the
+   computation a sync of `roots` would run (-1: none), when the backend of the tensors' device
+   says so. The computation stays referenced in *entry while the names are in use. Any failure
+   (mixed devices, a backend without get_node_kernel, a graph that does not compile) gives
+   false and leaves the caller's error as it was: the dump is drawn without clusters. */
+static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, size_t count,
+                                  const tb__exec_roots *roots, const tb__exec_walk *w,
+                                  int32_t **kernel, const char ***names,
+                                  tb__comp_cache_entry **entry) {
+    tb__exec ex;
+    tb__exec_walk cw;
+    tb_graph g;
+    const tb_node **results = NULL;
+    tb__saved_error saved;
+    bool hit, ok = false;
+    uint64_t compile_ns;
+    size_t i;
+    tb_status st;
+    *kernel = NULL;
+    *names = NULL;
+    *entry = NULL;
+    if (roots->count == 0 || w->num_order == 0) return false;
+    for (i = 0; i < count; i++) {
+        if (!tb_device_equal(&tensors[i]->device, &roots->device)) return false;
+    }
+    tb__error_save(&saved);
+    memset(&cw, 0, sizeof(cw));
+    st = tb__exec_init(&ex, func, &roots->device);
+    if (st == TB_OK && ex.vt->get_node_kernel == NULL) st = TB_ERR_UNSUPPORTED;
+    if (st == TB_OK) {
+        /* the graph a sync would compile once the eager fallback has run (tb_ir_backend_text) */
+        cw.cut = ex.vt;
+        st = tb__exec_walk_add(&cw, func, roots->nodes, roots->count);
+    }
+    if (st == TB_OK) st = tb__exec_graph_make(&ex, &cw, roots->nodes, roots->count, &results, &g);
+    if (st == TB_OK && g.num_results == 0) st = TB_ERR_NOT_FOUND;
+    if (st == TB_OK) st = tb__exec_compile(&ex, &g, entry, &hit, &compile_ns);
+    if (st == TB_OK) {
+        *kernel = (int32_t *)tb__calloc(w->num_order + 1, sizeof(int32_t));
+        *names = (const char **)tb__calloc(w->num_order + 1, sizeof(const char *));
+        if (*kernel == NULL || *names == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    if (st == TB_OK) {
+        for (i = 0; i < w->num_order; i++)
+            (*kernel)[i] = -1;
+        for (i = 0; i < cw.num_order; i++) {
+            const char *name = NULL;
+            int32_t k = ex.vt->get_node_kernel(ex.vt->user_data, (*entry)->computation, i, &name);
+            int64_t at = tb__exec_walk_position(w, cw.order[i]);
+            if (k < 0 || at < 0 || (size_t)at >= w->num_order) continue;
+            (*kernel)[at] = k;
+            (*names)[at] = name;
+        }
+        ok = true;
+    }
+    if (!ok) {
+        tb__free(*kernel);
+        tb__free((void *)*names);
+        tb__comp_cache_release(*entry);
+        *kernel = NULL;
+        *names = NULL;
+        *entry = NULL;
+    }
+    tb__free((void *)results);
+    tb__exec_walk_free(&cw);
+    tb__error_restore(&saved);
+    return ok;
+}
+
 /* tb_ir_text and tb_ir_dot: the graph behind the tensors, results marked per tensor. */
 static char *tb__exec_dump(const char *func, tb_tensor *const *tensors, size_t count, bool dot) {
     tb__exec_roots roots;
     tb__exec_walk w;
     tb__str s;
     tb_node **nodes = NULL;
+    int32_t *kernel = NULL;
+    const char **names = NULL;
+    tb__comp_cache_entry *entry = NULL;
     char *text = NULL;
     size_t i;
     tb_status st;
@@ -1746,12 +1879,16 @@ static char *tb__exec_dump(const char *func, tb_tensor *const *tensors, size_t c
         for (i = 0; i < count; i++)
             nodes[i] = tb__tensor_ir(tensors[i]);
         if (dot) {
-            tb__exec_dot_append(&s, &w, nodes, count);
+            tb__exec_dump_kernels(func, tensors, count, &roots, &w, &kernel, &names, &entry);
+            tb__exec_dot_append(&s, &w, nodes, count, kernel, names);
         } else {
             tb__exec_text_append(&s, &w, nodes, count);
         }
         text = tb__str_take(&s);
     }
+    tb__free(kernel);
+    tb__free((void *)names);
+    tb__comp_cache_release(entry);
     tb__free(nodes);
     tb__str_free(&s);
     tb__exec_walk_free(&w);
