@@ -640,6 +640,15 @@ static tb_status tb__device_of(const char *fn, const tb_backend *b, int32_t ordi
     if (st != TB_OK) return st;
     if (count == 0) {
         if (list != stack) tb__free(list);
+        /* A backend with no devices may know why (no driver, no platform): ask it. */
+        if (b->impl.get_backend_device != NULL) {
+            tb_clear_error();
+            st = b->impl.get_backend_device(b->impl.user_data, ordinal, &d);
+            if (st != TB_OK && tb_last_error()[0] != '\0') {
+                return tb__error(TB_ERR_UNAVAILABLE, "%s: backend '%s' has no devices: %s", fn,
+                                 b->name, tb_last_error());
+            }
+        }
         return tb__error(TB_ERR_UNAVAILABLE, "%s: backend '%s' has no devices", fn, b->name);
     }
     if ((size_t)ordinal >= count) {

@@ -33,7 +33,10 @@
      TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0"
      TB_BACKEND_PATH     ':'-separated folders searched for plugins libtb_backend_<name>.so
      TB_CACHE_DIR        folder for the OpenCL program binary cache; "off" disables it
-     TB_OPENCL_LIBRARY   path of the OpenCL ICD loader (default libOpenCL.so.1)
+     TB_OPENCL_LIBRARY   path of the OpenCL ICD loader (default libOpenCL.so.1; ignored with
+                         TB_OPENCL_LINKED)
+     TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk
+                         cache key), e.g. "-cl-fast-relaxed-math"
      TB_DEBUG            1: one line per graph compile/run; 2: also one line per kernel with time,
                          GB/s, GFLOP/s; 3: also the IR and the generated OpenCL C
      TB_CHECK            1: run every graph on the reference backend too and report the first node

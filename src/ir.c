@@ -425,7 +425,7 @@ TBDEF size_t tb_node_num_attrs(const tb_node *node) {
 }
 
 TBDEF int64_t tb_node_attr(const tb_node *node, size_t index) {
-    if (node == NULL || index >= node->num_attrs) return 0;
+    if (node == NULL || index >= node->num_attrs || index >= TB_MAX_ATTRS) return 0;
     return node->attrs[index];
 }
 
