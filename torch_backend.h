@@ -33,7 +33,10 @@
      TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0"
      TB_BACKEND_PATH     ':'-separated folders searched for plugins libtb_backend_<name>.so
      TB_CACHE_DIR        folder for the OpenCL program binary cache; "off" disables it
-     TB_OPENCL_LIBRARY   path of the OpenCL ICD loader (default libOpenCL.so.1)
+     TB_OPENCL_LIBRARY   path of the OpenCL ICD loader (default libOpenCL.so.1; ignored with
+                         TB_OPENCL_LINKED)
+     TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk
+                         cache key), e.g. "-cl-fast-relaxed-math"
      TB_DEBUG            1: one line per graph compile/run; 2: also one line per kernel with time,
                          GB/s, GFLOP/s; 3: also the IR and the generated OpenCL C
      TB_CHECK            1: run every graph on the reference backend too and report the first node
@@ -474,6 +477,14 @@ typedef struct tb_backend_impl {
     tb_device_type (*eager_fallback_device_type)(void *user_data);
     /* (optional) LTC CreateMetricsReport: snprintf-like, returns the full length. NULL: "". */
     size_t (*create_metrics_report)(void *user_data, char *buf, size_t cap);
+    /* (optional) Which kernel of `computation` computes node `node_index` of the post-order
+       (tb_graph.nodes) of the graph it was compiled from: the kernel's index, and its name in
+       *kernel_name (owned by the computation; may be NULL). -1 for parameters and for nodes no
+       kernel computes; a folded view counts as part of the kernel that reads it when the
+       backend knows which one, else -1. tb_ir_dot draws each kernel as a cluster.
+       NULL: no clusters. */
+    int32_t (*get_node_kernel)(void *user_data, const void *computation, size_t node_index,
+                               const char **kernel_name);
 } tb_backend_impl;
 
 /* Registers a backend under `name` (1..TB_MAX_NAME bytes, [A-Za-z_][A-Za-z0-9_]*), with
@@ -1077,7 +1088,8 @@ TBDEF tb_tensor *tb_call_op(tb_op op, tb_tensor *const *inputs, size_t num_input
    These functions reach below it, for programs that mix their own OpenCL code with the library.
    OpenCL objects are given as void * (cast them to cl_platform_id, cl_context, cl_mem, ...):
    no OpenCL type appears in this header and no SDK is needed to include it.
-   Environment: TB_OPENCL_LIBRARY (the ICD loader to open, default libOpenCL.so.1),
+   Environment: TB_OPENCL_LIBRARY (the ICD loader to open, default libOpenCL.so.1; not used
+   when built with TB_OPENCL_LINKED),
    TB_OPENCL_BUILD_OPTIONS (appended to the options every program is built with, e.g.
    "-cl-mad-enable"; part of the program cache key), TB_CACHE_DIR (the program binary cache,
    default $XDG_CACHE_HOME/torch_backend or ~/.cache/torch_backend; "off" disables it).
@@ -3743,6 +3755,15 @@ static tb_status tb__device_of(const char *fn, const tb_backend *b, int32_t ordi
     if (st != TB_OK) return st;
     if (count == 0) {
         if (list != stack) tb__free(list);
+        /* A backend with no devices may know why (no driver, no platform): ask it. */
+        if (b->impl.get_backend_device != NULL) {
+            tb_clear_error();
+            st = b->impl.get_backend_device(b->impl.user_data, ordinal, &d);
+            if (st != TB_OK && tb_last_error()[0] != '\0') {
+                return tb__error(TB_ERR_UNAVAILABLE, "%s: backend '%s' has no devices: %s", fn,
+                                 b->name, tb_last_error());
+            }
+        }
         return tb__error(TB_ERR_UNAVAILABLE, "%s: backend '%s' has no devices", fn, b->name);
     }
     if ((size_t)ordinal >= count) {
@@ -4802,7 +4823,7 @@ TBDEF size_t tb_node_num_attrs(const tb_node *node) {
 }
 
 TBDEF int64_t tb_node_attr(const tb_node *node, size_t index) {
-    if (node == NULL || index >= node->num_attrs) return 0;
+    if (node == NULL || index >= node->num_attrs || index >= TB_MAX_ATTRS) return 0;
     return node->attrs[index];
 }
 
@@ -6535,28 +6556,87 @@ static void tb__exec_text_append(tb__str *s, const tb__exec_walk *w, tb_node *co
     tb__free(marks);
 }
 
-static void tb__exec_dot_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes,
-                                size_t n) {
-    size_t i, next_param = 0, next_mark = 0;
+/* One node of a DOT dump: its id, label and style. */
+static void tb__exec_dot_node(tb__str *s, const tb__exec_walk *w, size_t i, bool param,
+                              size_t param_index, const tb__exec_mark *marks, size_t next_mark,
+                              const char *indent) {
+    const tb_node *node = w->order[i];
+    char shape[96];
+    tb__shape_text(&node->shape, shape);
+    tb__str_append(s, "%sn%lu [label=\"%%%lu %s\\n%s", indent, (unsigned long)i, (unsigned long)i,
+                   tb_op_name(node->op), shape);
+    if (param) tb__str_append(s, "\\nparam %lu", (unsigned long)param_index);
+    for (; marks[next_mark].pos == (int64_t)i; next_mark++) {
+        tb__str_append(s, "\\nresult %lu", (unsigned long)marks[next_mark].index);
+    }
+    tb__str_append(s, "\"%s];\n", param ? ", style=rounded" : "");
+}
+
+/* `kernel` (NULL: no clusters): per walk position, the kernel computing the node or -1, and
+   `kernel_names` its name; the nodes of each kernel are drawn inside "subgraph cluster_k". */
+static void tb__exec_dot_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes, size_t n,
+                                const int32_t *kernel, const char *const *kernel_names) {
+    size_t i, next_param = 0, next_mark = 0, num_clustered = 0;
     tb__exec_mark *marks = tb__exec_marks(w, nodes, n);
+    tb__exec_mark *clustered = NULL;
+    size_t *param_index = NULL, *mark_start = NULL;
     if (marks == NULL) {
         s->failed = true;
         return;
     }
     tb__str_append(s, "digraph tb {\n  node [shape=box, fontname=\"monospace\"];\n");
+    if (kernel != NULL) {
+        /* clusters first, so that every node is declared before an edge names it */
+        clustered = (tb__exec_mark *)tb__calloc(w->num_order + 1, sizeof(tb__exec_mark));
+        param_index = (size_t *)tb__calloc(w->num_order + 1, sizeof(size_t));
+        mark_start = (size_t *)tb__calloc(w->num_order + 1, sizeof(size_t));
+        if (clustered == NULL || param_index == NULL || mark_start == NULL) {
+            s->failed = true;
+        } else {
+            for (i = 0; i < w->num_order; i++) {
+                bool param = next_param < w->num_params && w->params[next_param] == w->order[i];
+                param_index[i] = next_param;
+                mark_start[i] = next_mark;
+                while (marks[next_mark].pos == (int64_t)i)
+                    next_mark++;
+                if (param) next_param++;
+                if (kernel[i] >= 0) {
+                    clustered[num_clustered].pos = kernel[i];
+                    clustered[num_clustered].index = i;
+                    num_clustered++;
+                }
+            }
+            qsort(clustered, num_clustered, sizeof(tb__exec_mark), tb__exec_mark_compare);
+            for (i = 0; i < num_clustered; i++) {
+                size_t at = clustered[i].index;
+                bool param =
+                    param_index[at] < w->num_params && w->params[param_index[at]] == w->order[at];
+                if (i == 0 || clustered[i - 1].pos != clustered[i].pos) {
+                    const char *name = kernel_names[at] != NULL ? kernel_names[at] : "";
+                    tb__str_append(s, "  subgraph cluster_%lld {\n    label=\"",
+                                   (long long)clustered[i].pos);
+                    for (; *name != '\0'; name++) {
+                        if (*name != '"' && *name != '\\') tb__str_append(s, "%c", *name);
+                    }
+                    tb__str_append(s, "\";\n");
+                }
+                tb__exec_dot_node(s, w, at, param, param_index[at], marks, mark_start[at], "    ");
+                if (i + 1 == num_clustered || clustered[i + 1].pos != clustered[i].pos) {
+                    tb__str_append(s, "  }\n");
+                }
+            }
+        }
+        next_param = 0;
+        next_mark = 0;
+    }
     for (i = 0; i < w->num_order; i++) {
         const tb_node *node = w->order[i];
-        char shape[96];
         bool param = next_param < w->num_params && w->params[next_param] == node;
-        tb__shape_text(&node->shape, shape);
-        /* a backend that groups nodes into kernels would wrap them in "subgraph cluster_k" here */
-        tb__str_append(s, "  n%lu [label=\"%%%lu %s\\n%s", (unsigned long)i, (unsigned long)i,
-                       tb_op_name(node->op), shape);
-        if (param) tb__str_append(s, "\\nparam %lu", (unsigned long)next_param);
-        for (; marks[next_mark].pos == (int64_t)i; next_mark++) {
-            tb__str_append(s, "\\nresult %lu", (unsigned long)marks[next_mark].index);
+        if (kernel == NULL || kernel[i] < 0) {
+            tb__exec_dot_node(s, w, i, param, next_param, marks, next_mark, "  ");
         }
-        tb__str_append(s, "\"%s];\n", param ? ", style=rounded" : "");
+        while (marks[next_mark].pos == (int64_t)i)
+            next_mark++;
         if (param) {
             next_param++;
         } else {
@@ -6569,6 +6649,9 @@ static void tb__exec_dot_append(tb__str *s, const tb__exec_walk *w, tb_node *con
         }
     }
     tb__str_append(s, "}\n");
+    tb__free(clustered);
+    tb__free(param_index);
+    tb__free(mark_start);
     tb__free(marks);
 }
 
@@ -7743,13 +7826,84 @@ TBDEF tb_status tb_tensor_item(tb_tensor *tensor, double *out) {
 
 /* ---- dumps ---- */
 
-/* Walks the graph behind `tensors` for a dump. */
+/* For tb_ir_dot: per position of the dump's walk `w`, the kernel that computes the node in the
+   computation a sync of `roots` would run (-1: none), when the backend of the tensors' device
+   says so. The computation stays referenced in *entry while the names are in use. Any failure
+   (mixed devices, a backend without get_node_kernel, a graph that does not compile) gives
+   false and leaves the caller's error as it was: the dump is drawn without clusters. */
+static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, size_t count,
+                                  const tb__exec_roots *roots, const tb__exec_walk *w,
+                                  int32_t **kernel, const char ***names,
+                                  tb__comp_cache_entry **entry) {
+    tb__exec ex;
+    tb__exec_walk cw;
+    tb_graph g;
+    const tb_node **results = NULL;
+    tb__saved_error saved;
+    bool hit, ok = false;
+    uint64_t compile_ns;
+    size_t i;
+    tb_status st;
+    *kernel = NULL;
+    *names = NULL;
+    *entry = NULL;
+    if (roots->count == 0 || w->num_order == 0) return false;
+    for (i = 0; i < count; i++) {
+        if (!tb_device_equal(&tensors[i]->device, &roots->device)) return false;
+    }
+    tb__error_save(&saved);
+    memset(&cw, 0, sizeof(cw));
+    st = tb__exec_init(&ex, func, &roots->device);
+    if (st == TB_OK && ex.vt->get_node_kernel == NULL) st = TB_ERR_UNSUPPORTED;
+    if (st == TB_OK) {
+        /* the graph a sync would compile once the eager fallback has run (tb_ir_backend_text) */
+        cw.cut = ex.vt;
+        st = tb__exec_walk_add(&cw, func, roots->nodes, roots->count);
+    }
+    if (st == TB_OK) st = tb__exec_graph_make(&ex, &cw, roots->nodes, roots->count, &results, &g);
+    if (st == TB_OK && g.num_results == 0) st = TB_ERR_NOT_FOUND;
+    if (st == TB_OK) st = tb__exec_compile(&ex, &g, entry, &hit, &compile_ns);
+    if (st == TB_OK) {
+        *kernel = (int32_t *)tb__calloc(w->num_order + 1, sizeof(int32_t));
+        *names = (const char **)tb__calloc(w->num_order + 1, sizeof(const char *));
+        if (*kernel == NULL || *names == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    if (st == TB_OK) {
+        for (i = 0; i < w->num_order; i++)
+            (*kernel)[i] = -1;
+        for (i = 0; i < cw.num_order; i++) {
+            const char *name = NULL;
+            int32_t k = ex.vt->get_node_kernel(ex.vt->user_data, (*entry)->computation, i, &name);
+            int64_t at = tb__exec_walk_position(w, cw.order[i]);
+            if (k < 0 || at < 0 || (size_t)at >= w->num_order) continue;
+            (*kernel)[at] = k;
+            (*names)[at] = name;
+        }
+        ok = true;
+    }
+    if (!ok) {
+        tb__free(*kernel);
+        tb__free((void *)*names);
+        tb__comp_cache_release(*entry);
+        *kernel = NULL;
+        *names = NULL;
+        *entry = NULL;
+    }
+    tb__free((void *)results);
+    tb__exec_walk_free(&cw);
+    tb__error_restore(&saved);
+    return ok;
+}
+
 /* tb_ir_text and tb_ir_dot: the graph behind the tensors, results marked per tensor. */
 static char *tb__exec_dump(const char *func, tb_tensor *const *tensors, size_t count, bool dot) {
     tb__exec_roots roots;
     tb__exec_walk w;
     tb__str s;
     tb_node **nodes = NULL;
+    int32_t *kernel = NULL;
+    const char **names = NULL;
+    tb__comp_cache_entry *entry = NULL;
     char *text = NULL;
     size_t i;
     tb_status st;
@@ -7769,12 +7923,16 @@ static char *tb__exec_dump(const char *func, tb_tensor *const *tensors, size_t c
         for (i = 0; i < count; i++)
             nodes[i] = tb__tensor_ir(tensors[i]);
         if (dot) {
-            tb__exec_dot_append(&s, &w, nodes, count);
+            tb__exec_dump_kernels(func, tensors, count, &roots, &w, &kernel, &names, &entry);
+            tb__exec_dot_append(&s, &w, nodes, count, kernel, names);
         } else {
             tb__exec_text_append(&s, &w, nodes, count);
         }
         text = tb__str_take(&s);
     }
+    tb__free(kernel);
+    tb__free((void *)names);
+    tb__comp_cache_release(entry);
     tb__free(nodes);
     tb__str_free(&s);
     tb__exec_walk_free(&w);
@@ -12700,6 +12858,7 @@ typedef intptr_t tb__cl_context_properties;
 #define TB__CL_DEVICE_MAX_WORK_GROUP_SIZE                0x1004u
 #define TB__CL_DEVICE_MAX_CLOCK_FREQUENCY                0x100Cu
 #define TB__CL_DEVICE_MAX_MEM_ALLOC_SIZE                 0x1010u
+#define TB__CL_DEVICE_MAX_PARAMETER_SIZE                 0x1017u
 #define TB__CL_DEVICE_MEM_BASE_ADDR_ALIGN                0x1019u
 #define TB__CL_DEVICE_SINGLE_FP_CONFIG                   0x101Bu
 #define TB__CL_DEVICE_GLOBAL_MEM_SIZE                    0x101Fu
@@ -12955,6 +13114,7 @@ typedef struct tb__ocl_device {
     char platform_version[128];
     char device_version[128];
     uint64_t max_alloc;
+    size_t max_parameter_size; /* bytes of kernel arguments */
     uint32_t clock_mhz;
     bool correct_divide_sqrt;
     char build_options[512];
@@ -13250,6 +13410,8 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
     if (info->compute_units == 0) info->compute_units = 1;
     if (info->max_work_group_size == 0) info->max_work_group_size = 1;
     dev->clock_mhz = tb__ocl_info_u32(rt, dev->id, TB__CL_DEVICE_MAX_CLOCK_FREQUENCY);
+    dev->max_parameter_size = tb__ocl_info_size(rt, dev->id, TB__CL_DEVICE_MAX_PARAMETER_SIZE);
+    if (dev->max_parameter_size < 256) dev->max_parameter_size = 256; /* the spec's minimum */
     dev->max_alloc = info->max_allocation;
     if (dev->max_alloc == 0) dev->max_alloc = (uint64_t)128 << 20; /* the spec's minimum */
     dev->correct_divide_sqrt = (tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_SINGLE_FP_CONFIG) &
@@ -13985,6 +14147,9 @@ typedef struct tb__ocl_plan {
     tb__ocl_program *program;
     tb__cl_kernel *cl;
     size_t *local; /* per kernel: work-group size for item-launched kernels */
+    /* per graph node (post-order): the kernel computing it, -1 for none (get_node_kernel) */
+    int32_t *node_kernel;
+    size_t num_nodes;
 } tb__ocl_plan;
 
 typedef struct tb__ocl_ninfo {
@@ -14027,6 +14192,7 @@ static void tb__ocl_plan_free(tb__ocl_plan *p) {
     tb__free(p->errsites);
     tb__free(p->source);
     tb__free(p->local);
+    tb__free(p->node_kernel);
     tb__free(p);
 }
 
@@ -15525,9 +15691,10 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
     }
 }
 
-/* The type float math of a dtype runs in: double for f32 on CPU devices with fp64 (as the
-   reference computes, at little cost there), else the dtype itself. */
-static const char *tb__cg_math_type(const tb__cg *g, tb_dtype dtype) {
+/* The type sums of a float dtype accumulate in: double for f32 on CPU devices with fp64 (as the
+   reference accumulates, at little cost there), else the dtype itself. Elementwise math
+   (exp, log, ...) runs in the dtype itself. */
+static const char *tb__cg_acc_type(const tb__cg *g, tb_dtype dtype) {
     if (dtype == TB_F32 && g->fast_f64) return "double";
     return tb__ocl_ctype(dtype);
 }
@@ -15557,7 +15724,7 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
     const tb_node *n = g->L->info[node].node;
     tb_dtype od = n->shape.dtype, ad = nops > 0 ? g->val_dtype[ops[0]] : od;
     const char *t = tb__ocl_ctype(od), *u = tb__ocl_utype(od);
-    const char *m = tb__cg_math_type(g, od);
+    const char *m = t;
     bool fl = tb_dtype_is_float(od), afl = tb_dtype_is_float(ad);
     char e[1024], a[16], b[16], c[16];
     int32_t v;
@@ -15977,7 +16144,7 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
         }
     }
     if (cn->op == TB_OP_SUM || cn->op == TB_OP_MEAN || cn->op == TB_OP_PROD) {
-        acc_t = tb_dtype_is_float(od) ? tb__cg_math_type(g, od) : tb__ocl_utype(od);
+        acc_t = tb_dtype_is_float(od) ? tb__cg_acc_type(g, od) : tb__ocl_utype(od);
     } else {
         acc_t = xt;
     }
@@ -16185,7 +16352,7 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
     bool trailing = layer || axis == xs->rank - 1;
     tb_shape rowshape, inner;
     tb_dtype od = cs->dtype;
-    const char *t = tb__ocl_ctype(od), *ct = tb__cg_math_type(g, od);
+    const char *t = tb__ocl_ctype(od), *ct = tb__cg_acc_type(g, od);
     int32_t row_pos = -1;
     memset(&rowshape, 0, sizeof rowshape);
     memset(&inner, 0, sizeof inner);
@@ -16258,7 +16425,7 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
                 tb__cg_line(g, "const %s dv = (%s)v%d - mean;", ct, ct, (int)vx);
                 tb__cg_line(g, "s2 += dv * dv;");
             } else {
-                tb__cg_line(g, "sm += exp((%s)v%d - mx);", ct, (int)vx);
+                tb__cg_line(g, "sm += (%s)exp(v%d - (%s)mx);", ct, (int)vx, t);
             }
         } else {
             int32_t vf = tb__cg_new_val(g, od), vr;
@@ -16280,8 +16447,8 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
                 }
                 tb__cg_line(g, "const %s v%d = (%s)y;", t, (int)vf, t);
             } else if (cn->op == TB_OP_SOFTMAX) {
-                tb__cg_line(g, "const %s v%d = (%s)(exp((%s)v%d - mx) / sm);", t, (int)vf, t, ct,
-                            (int)vx);
+                tb__cg_line(g, "const %s v%d = (%s)((%s)exp(v%d - (%s)mx) / sm);", t, (int)vf, t,
+                            ct, (int)vx, t);
             } else {
                 tb__cg_line(g, "const %s v%d = (%s)((%s)v%d - mx - lse);", t, (int)vf, t, ct,
                             (int)vx);
@@ -16709,6 +16876,24 @@ static double tb__ocl_kernel_bytes(const tb__ocl_plan *p, const tb__ocl_kernel *
     return bytes;
 }
 
+/* The kernel of every node, for get_node_kernel. Parameters, views read through by several
+   kernels and nodes of kernels with nothing to compute belong to none. */
+static tb_status tb__ocl_record_node_kernels(const tb__ocl_lower *L) {
+    tb__ocl_plan *p = L->plan;
+    size_t i;
+    p->node_kernel = (int32_t *)tb__calloc(L->n + 1, sizeof(int32_t));
+    if (p->node_kernel == NULL) return TB_ERR_OUT_OF_MEMORY;
+    p->num_nodes = L->n;
+    for (i = 0; i < L->n; i++) {
+        int32_t k = L->info[i].ctx;
+        if (L->info[i].param >= 0 || k < 0 || (size_t)k >= p->num_kernels ||
+            p->kernels[k].name[0] == '\0')
+            k = -1;
+        p->node_kernel[i] = k;
+    }
+    return TB_OK;
+}
+
 /* Partitions, then generates every kernel; a kernel that asks for a node to be materialised
    makes the whole lowering start over with that node as a root. */
 static tb_status tb__ocl_lower_graph(tb__ocl_lower *L) {
@@ -16770,6 +16955,18 @@ static tb_status tb__ocl_lower_graph(tb__ocl_lower *L) {
             if (st == TB_OK && g->body.failed) st = TB_ERR_OUT_OF_MEMORY;
             if (st != TB_OK) break;
             k->bytes = tb__ocl_kernel_bytes(p, k);
+            {
+                /* every argument as 8 bytes: pointers and the widest scalars */
+                size_t arg_bytes = 8 * (k->num_args + 1);
+                if (arg_bytes > L->dev->max_parameter_size) {
+                    st = tb__error(TB_ERR_UNSUPPORTED,
+                                   "opencl:%d: kernel %s reads %zu arrays and scalars, more than "
+                                   "the %zu bytes of arguments the device takes",
+                                   (int)L->dev->ordinal, k->name, k->num_args,
+                                   L->dev->max_parameter_size);
+                    break;
+                }
+            }
             if (!tb__ocl_kernel_empty(k)) {
                 tb__cg_emit_kernel(g, k, &src);
             } else {
@@ -16781,6 +16978,7 @@ static tb_status tb__ocl_lower_graph(tb__ocl_lower *L) {
     if (st == TB_OK && L->restart) {
         st = tb__error(TB_ERR_INTERNAL, "opencl: the lowering did not settle");
     }
+    if (st == TB_OK) st = tb__ocl_record_node_kernels(L);
     if (st == TB_OK) {
         if (src.failed) {
             st = TB_ERR_OUT_OF_MEMORY;
@@ -17326,6 +17524,18 @@ static const char *tb__ocl_backend_text(void *user_data, const void *computation
     return computation != NULL ? ((const tb__ocl_plan *)computation)->source : NULL;
 }
 
+static int32_t tb__ocl_get_node_kernel(void *user_data, const void *computation, size_t node_index,
+                                       const char **kernel_name) {
+    const tb__ocl_plan *p = (const tb__ocl_plan *)computation;
+    int32_t k;
+    (void)user_data;
+    if (kernel_name != NULL) *kernel_name = NULL;
+    if (p == NULL || p->node_kernel == NULL || node_index >= p->num_nodes) return -1;
+    k = p->node_kernel[node_index];
+    if (k >= 0 && kernel_name != NULL) *kernel_name = p->kernels[k].name;
+    return k;
+}
+
 static tb__cl_int tb__ocl_launch(tb__ocl_device *dev, const tb__ocl_plan *p, size_t i,
                                  tb__cl_event *event) {
     const tb__ocl_kernel *k = &p->kernels[i];
@@ -17701,6 +17911,7 @@ static tb_status tb__opencl_register(void) {
     impl.execute = tb__ocl_execute;
     impl.release_computation = tb__ocl_release_computation;
     impl.computation_backend_text = tb__ocl_backend_text;
+    impl.get_node_kernel = tb__ocl_get_node_kernel;
     impl.get_backend_devices = tb__ocl_get_backend_devices;
     impl.get_backend_device = tb__ocl_get_backend_device;
     impl.get_device_info = tb__ocl_get_device_info;
