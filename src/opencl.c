@@ -3713,6 +3713,39 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
 /* Matmul for CPU devices: no local memory (the caches tile), each work item an RM x RN block
    of the output from registers, operands read at clamped rows and columns (always in bounds;
    the epilogue writes only the real ones). */
+/* The store of one accumulator acc[ii][jj] of a matmul kernel at row gr, column gc (the caller
+   has emitted both and opened the bounds check): the kernel's fused consumers run on the value
+   and the result goes to out. Shared by the CPU and GPU matmul kernels. False when code
+   generation stopped (g->status says why, if it failed). */
+static bool tb__cg_matmul_store(tb__cg *g, tb__ocl_kernel *k, const tb__lf *bdims) {
+    const tb_shape *cs = &g->L->info[k->core].node->shape;
+    int32_t r = cs->rank, nb = r - 2, d;
+    int64_t M = cs->dims[r - 2], N = cs->dims[r - 1];
+    tb_dtype od = cs->dtype;
+    const char *t = tb__ocl_ctype(od);
+    tb__lf dims[TB_MAX_RANK];
+    char flat[TB__LF_TEXT];
+    int32_t vr = tb__cg_new_var(g, 0, M - 1), vc = tb__cg_new_var(g, 0, N - 1), p, vf, v;
+    if (vr < 0 || vc < 0) return false;
+    tb__cg_line(g, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
+    for (d = 0; d < nb; d++)
+        dims[d] = bdims[d];
+    tb__lf_const(&dims[r - 2], 0);
+    tb__lf_add_term(&dims[r - 2], vr, 1);
+    tb__lf_const(&dims[r - 1], 0);
+    tb__lf_add_term(&dims[r - 1], vc, 1);
+    p = tb__cg_pos_multi(g, cs, dims);
+    vf = tb__cg_new_val(g, od);
+    if (p < 0 || vf < 0) return false;
+    tb__cg_line(g, "const %s v%d = (%s)acc[ii][jj];", t, (int)vf, t);
+    tb__cg_memo_add(g, TB__MEMO_VALUE, k->core, p, 0, vf);
+    v = tb__cg_eval(g, k->root, p);
+    if (v < 0 || !tb__cg_need_flat(g, p)) return false;
+    tb__cg_lf_text(&g->pos[p].flat, flat, sizeof flat);
+    tb__cg_line(g, "out[%s] = v%d;", flat, (int)v);
+    return true;
+}
+
 static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
     tb__ocl_lower *L = g->L;
     const tb_node *cn = L->info[k->core].node;
@@ -3813,28 +3846,7 @@ static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
     tb__cg_line(g, "const long gr = r0 + ii, gc = c0 + jj;");
     snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)M, (long long)N);
     tb__cg_open(g, head);
-    {
-        tb__lf dims[TB_MAX_RANK];
-        char flat[TB__LF_TEXT];
-        int32_t vr = tb__cg_new_var(g, 0, M - 1), vc = tb__cg_new_var(g, 0, N - 1), p, vf, v;
-        if (vr < 0 || vc < 0) return g->status;
-        tb__cg_line(g, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
-        for (d = 0; d < nb; d++)
-            dims[d] = bdims[d];
-        tb__lf_const(&dims[r - 2], 0);
-        tb__lf_add_term(&dims[r - 2], vr, 1);
-        tb__lf_const(&dims[r - 1], 0);
-        tb__lf_add_term(&dims[r - 1], vc, 1);
-        p = tb__cg_pos_multi(g, cs, dims);
-        vf = tb__cg_new_val(g, od);
-        if (p < 0 || vf < 0) return g->status;
-        tb__cg_line(g, "const %s v%d = (%s)acc[ii][jj];", t, (int)vf, t);
-        tb__cg_memo_add(g, TB__MEMO_VALUE, k->core, p, 0, vf);
-        v = tb__cg_eval(g, k->root, p);
-        if (v < 0 || !tb__cg_need_flat(g, p)) return g->status;
-        tb__cg_lf_text(&g->pos[p].flat, flat, sizeof flat);
-        tb__cg_line(g, "out[%s] = v%d;", flat, (int)v);
-    }
+    if (!tb__cg_matmul_store(g, k, bdims)) return g->status;
     tb__cg_close(g, "");
     tb__cg_close(g, "");
     k->flops = 2.0 * (double)M * (double)N * (double)K * (double)batch;
@@ -3962,28 +3974,7 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
         tb__cg_line(g, "const long gr = row0 + ly + ii * %d, gc = col0 + lx + jj * %d;", wy, wx);
         snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)M, (long long)N);
         tb__cg_open(g, head);
-        {
-            tb__lf dims[TB_MAX_RANK];
-            char flat[TB__LF_TEXT];
-            int32_t vr = tb__cg_new_var(g, 0, M - 1), vc = tb__cg_new_var(g, 0, N - 1), p, vf, v;
-            if (vr < 0 || vc < 0) return g->status;
-            tb__cg_line(g, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
-            for (d = 0; d < nb; d++)
-                dims[d] = bdims[d];
-            tb__lf_const(&dims[r - 2], 0);
-            tb__lf_add_term(&dims[r - 2], vr, 1);
-            tb__lf_const(&dims[r - 1], 0);
-            tb__lf_add_term(&dims[r - 1], vc, 1);
-            p = tb__cg_pos_multi(g, cs, dims);
-            vf = tb__cg_new_val(g, od);
-            if (p < 0 || vf < 0) return g->status;
-            tb__cg_line(g, "const %s v%d = (%s)acc[ii][jj];", t, (int)vf, t);
-            tb__cg_memo_add(g, TB__MEMO_VALUE, k->core, p, 0, vf);
-            v = tb__cg_eval(g, k->root, p);
-            if (v < 0 || !tb__cg_need_flat(g, p)) return g->status;
-            tb__cg_lf_text(&g->pos[p].flat, flat, sizeof flat);
-            tb__cg_line(g, "out[%s] = v%d;", flat, (int)v);
-        }
+        if (!tb__cg_matmul_store(g, k, bdims)) return g->status;
         tb__cg_close(g, "");
         tb__cg_close(g, "");
     }
