@@ -14490,7 +14490,7 @@ static tb_dtype tb__ocl_reduce_acc_dtype(const tb__ocl_lower *L, int32_t core) {
 /* How many chunks a reduction with few outputs over many elements is split into, so that
    every compute unit gets work; 1: not split. */
 static int64_t tb__ocl_split_count(const tb__ocl_device *dev, int64_t n_out, int64_t m) {
-    int64_t want = (int64_t)dev->info.compute_units * (tb__ocl_codegen_cpu(dev) ? 4 : 16);
+    int64_t want = (int64_t)dev->info.compute_units * (tb__ocl_codegen_cpu(dev) ? 64 : 16);
     int64_t chunks;
     if (n_out <= 0 || m < 16384 || n_out >= want) return 1;
     chunks = (want + n_out - 1) / n_out;
@@ -16112,6 +16112,87 @@ static int32_t tb__cg_split_pos(tb__cg *g, const tb_shape *xs, uint64_t mask, bo
     return tb__cg_pos_multi(g, xs, dims);
 }
 
+/* Independent accumulators per work item of a CPU reduction loop. */
+#define TB__CG_LANES 8
+
+/* What a reduction loop reads: the operand x at (output row, reduction index). */
+typedef struct tb__cg_red {
+    int32_t x, row, out_pos;
+    const tb_shape *xs, *red;
+    uint64_t mask;
+    bool keepdim, suffix;
+    int64_t m;
+    tb_op op;
+    tb_dtype xd;
+    const char *acc_t;
+} tb__cg_red;
+
+/* The value of x at reduction index i<r> + lane of the current row. */
+static int32_t tb__cg_red_value(tb__cg *g, const tb__cg_red *rd, int32_t r, int64_t lane) {
+    tb__lf lf;
+    int32_t xp;
+    tb__lf_const(&lf, lane);
+    if (rd->suffix) {
+        tb__lf_add_term(&lf, rd->row, rd->m);
+        tb__lf_add_term(&lf, r, 1);
+        xp = tb__cg_pos_flat(g, rd->xs, &lf);
+    } else {
+        tb__lf rl[TB_MAX_RANK];
+        int32_t rp;
+        tb__lf_add_term(&lf, r, 1);
+        rp = tb__cg_pos_flat(g, rd->red, &lf);
+        if (rp < 0 || !tb__cg_need_multi(g, rp)) return -1;
+        memcpy(rl, g->pos[rp].dim, sizeof rl);
+        xp = tb__cg_split_pos(g, rd->xs, rd->mask, rd->keepdim, rd->out_pos, rl);
+    }
+    if (xp < 0) return -1;
+    return tb__cg_eval(g, rd->x, xp);
+}
+
+/* Accumulator `lane` of a reduction loop: acc, acc1, acc2, ... */
+static void tb__cg_acc_name(char *buf, size_t cap, int32_t lane) {
+    if (lane == 0)
+        snprintf(buf, cap, "acc");
+    else
+        snprintf(buf, cap, "acc%d", (int)lane);
+}
+
+/* Folds value v<vx> (at reduction index i<r>) into the accumulator named `acc`. */
+static void tb__cg_red_step(tb__cg *g, const tb__cg_red *rd, int32_t vx, int32_t r,
+                            const char *acc) {
+    bool is_max = rd->op == TB_OP_MAX || rd->op == TB_OP_ARGMAX;
+    const char *cmp = is_max ? ">" : "<";
+    switch (rd->op) {
+    case TB_OP_SUM:
+    case TB_OP_MEAN:
+        tb__cg_line(g, "%s += (%s)v%d;", acc, rd->acc_t, (int)vx);
+        break;
+    case TB_OP_PROD:
+        tb__cg_line(g, "%s *= (%s)v%d;", acc, rd->acc_t, (int)vx);
+        break;
+    case TB_OP_MAX:
+    case TB_OP_MIN:
+        if (tb_dtype_is_float(rd->xd)) {
+            tb__cg_line(g, "if (v%d %s %s || isnan(v%d)) %s = v%d;", (int)vx, cmp, acc, (int)vx,
+                        acc, (int)vx);
+        } else {
+            tb__cg_line(g, "if (v%d %s %s) %s = v%d;", (int)vx, cmp, acc, acc, (int)vx);
+        }
+        break;
+    default:
+        if (tb_dtype_is_float(rd->xd)) {
+            tb__cg_line(g,
+                        "if (bi < 0 || v%d %s best || (isnan(v%d) && !isnan(best))) { best = v%d; "
+                        "bi = i%d; }",
+                        (int)vx, cmp, (int)vx, (int)vx, (int)r);
+        } else {
+            tb__cg_line(g, "if (bi < 0 || v%d %s best) { best = v%d; bi = i%d; }", (int)vx, cmp,
+                        (int)vx, (int)r);
+        }
+        break;
+    }
+}
+
 /* A reduction: one work item or one work-group per output, or, when the reduction is split,
    the partial stage (one per chunk of a row, raw accumulators out) or the final stage
    (combines the chunks of its row, then finishes and runs the epilogue). */
@@ -16130,8 +16211,8 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
     const char *xt = tb__ocl_ctype(xd), *t = tb__ocl_ctype(od), *acc_t;
     const char *combine_local = "a + b";
     tb_shape red;
-    int32_t a, i0, row, r, out_pos, xp, vx, vf, vr, ci = -1;
-    char head[256];
+    int32_t a, i0, row, r, out_pos, vx, vf, vr, ci = -1;
+    char head[384], from[64], to[96];
     memset(&red, 0, sizeof red);
     red.dtype = xd;
     for (a = 0; a < xs->rank; a++) {
@@ -16220,69 +16301,89 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
         tb__cg_line(g, "    acc = %s;", combine_local);
         tb__cg_line(g, "}");
     } else {
-        r = tb__cg_new_var(g, 0, m > 0 ? m - 1 : 0);
-        if (r < 0) return g->status;
+        tb__cg_red rd;
+        int32_t lanes = 1;
+        rd.x = x;
+        rd.xs = xs;
+        rd.red = &red;
+        rd.mask = mask;
+        rd.keepdim = keepdim;
+        rd.suffix = suffix;
+        rd.row = row;
+        rd.m = m;
+        rd.out_pos = out_pos;
+        rd.op = cn->op;
+        rd.xd = xd;
+        rd.acc_t = acc_t;
+        /* one work item per row or chunk on a CPU: independent accumulators, so the loop is
+           not one long chain of dependent adds (or compares) */
+        if (group == 1 && !is_arg && tb__ocl_codegen_cpu(L->dev) && m >= 4 * TB__CG_LANES)
+            lanes = TB__CG_LANES;
         if (partial) {
-            snprintf(head, sizeof head,
-                     "for (long i%d = i%d * %lldL%s; i%d < min((i%d + 1) * %lldL, %lldL); i%d += "
-                     "%d) ",
-                     (int)r, (int)ci, (long long)chunk, group > 1 ? " + lid" : "", (int)r, (int)ci,
-                     (long long)chunk, (long long)m, (int)r, (int)group);
-        } else if (group == 1) {
-            snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)r, (int)r,
-                     (long long)m, (int)r);
+            snprintf(from, sizeof from, "i%d * %lldL", (int)ci, (long long)chunk);
+            snprintf(to, sizeof to, "min((i%d + 1) * %lldL, %lldL)", (int)ci, (long long)chunk,
+                     (long long)m);
         } else {
-            snprintf(head, sizeof head, "for (long i%d = lid; i%d < %lldL; i%d += %d) ", (int)r,
-                     (int)r, (long long)m, (int)r, (int)group);
+            snprintf(from, sizeof from, "0L");
+            snprintf(to, sizeof to, "%lldL", (long long)m);
         }
-        tb__cg_open(g, head);
-        if (suffix) {
-            tb__lf lf;
-            tb__lf_const(&lf, 0);
-            tb__lf_add_term(&lf, row, m);
-            tb__lf_add_term(&lf, r, 1);
-            xp = tb__cg_pos_flat(g, xs, &lf);
+        if (lanes == 1) {
+            r = tb__cg_new_var(g, 0, m > 0 ? m - 1 : 0);
+            if (r < 0) return g->status;
+            if (group == 1) {
+                snprintf(head, sizeof head, "for (long i%d = %s; i%d < %s; i%d++) ", (int)r, from,
+                         (int)r, to, (int)r);
+            } else {
+                snprintf(head, sizeof head, "for (long i%d = %s + lid; i%d < %s; i%d += %d) ",
+                         (int)r, from, (int)r, to, (int)r, (int)group);
+            }
+            tb__cg_open(g, head);
+            vx = tb__cg_red_value(g, &rd, r, 0);
+            if (vx < 0) return g->status;
+            tb__cg_red_step(g, &rd, vx, r, "acc");
+            tb__cg_close(g, "");
         } else {
-            int32_t rp = tb__cg_var_pos_flat(g, &red, r, 1, -1);
-            if (rp < 0 || !tb__cg_need_multi(g, rp)) return g->status;
-            {
-                tb__lf rl[TB_MAX_RANK];
-                memcpy(rl, g->pos[rp].dim, sizeof rl);
-                xp = tb__cg_split_pos(g, xs, mask, keepdim, out_pos, rl);
+            int32_t lane, rt;
+            tb__cg_open(g, "");
+            for (lane = 1; lane < lanes; lane++)
+                tb__cg_line(g, "%s acc%d = acc;", acc_t, (int)lane);
+            tb__cg_line(g, "const long rs = %s, re = %s, rm = rs + ((re - rs) & ~%dL);", from, to,
+                        (int)lanes - 1);
+            r = tb__cg_new_var(g, 0, m - lanes);
+            if (r < 0) return g->status;
+            snprintf(head, sizeof head, "for (long i%d = rs; i%d < rm; i%d += %d) ", (int)r, (int)r,
+                     (int)r, (int)lanes);
+            tb__cg_open(g, head);
+            for (lane = 0; lane < lanes; lane++) {
+                char name[16];
+                tb__cg_acc_name(name, sizeof name, lane);
+                vx = tb__cg_red_value(g, &rd, r, lane);
+                if (vx < 0) return g->status;
+                tb__cg_red_step(g, &rd, vx, r, name);
             }
+            tb__cg_close(g, "");
+            rt = tb__cg_new_var(g, 0, m - 1);
+            if (rt < 0) return g->status;
+            snprintf(head, sizeof head, "for (long i%d = rm; i%d < re; i%d++) ", (int)rt, (int)rt,
+                     (int)rt);
+            tb__cg_open(g, head);
+            vx = tb__cg_red_value(g, &rd, rt, 0);
+            if (vx < 0) return g->status;
+            tb__cg_red_step(g, &rd, vx, rt, "acc");
+            tb__cg_close(g, "");
+            /* pairwise: acc_j with acc_(j + half), halving */
+            for (lane = lanes / 2; lane >= 1; lane /= 2) {
+                int32_t j;
+                for (j = 0; j < lane; j++) {
+                    char dst[16], src[16];
+                    tb__cg_acc_name(dst, sizeof dst, j);
+                    tb__cg_acc_name(src, sizeof src, j + lane);
+                    tb__cg_line(g, "{ const %s a = %s, b = %s; %s = %s; }", acc_t, dst, src, dst,
+                                combine_local);
+                }
+            }
+            tb__cg_close(g, "");
         }
-        vx = tb__cg_eval(g, x, xp);
-        if (vx < 0) return g->status;
-        switch (cn->op) {
-        case TB_OP_SUM:
-        case TB_OP_MEAN:
-            tb__cg_line(g, "acc += (%s)v%d;", acc_t, (int)vx);
-            break;
-        case TB_OP_PROD:
-            tb__cg_line(g, "acc *= (%s)v%d;", acc_t, (int)vx);
-            break;
-        case TB_OP_MAX:
-        case TB_OP_MIN:
-            if (tb_dtype_is_float(xd)) {
-                tb__cg_line(g, "if (v%d %s acc || isnan(v%d)) acc = v%d;", (int)vx,
-                            is_max ? ">" : "<", (int)vx, (int)vx);
-            } else {
-                tb__cg_line(g, "if (v%d %s acc) acc = v%d;", (int)vx, is_max ? ">" : "<", (int)vx);
-            }
-            break;
-        default:
-            if (tb_dtype_is_float(xd)) {
-                tb__cg_line(g,
-                            "if (bi < 0 || v%d %s best || (isnan(v%d) && !isnan(best))) { best = "
-                            "v%d; bi = i%d; }",
-                            (int)vx, is_max ? ">" : "<", (int)vx, (int)vx, (int)r);
-            } else {
-                tb__cg_line(g, "if (bi < 0 || v%d %s best) { best = v%d; bi = i%d; }", (int)vx,
-                            is_max ? ">" : "<", (int)vx, (int)r);
-            }
-            break;
-        }
-        tb__cg_close(g, "");
     }
     if (group > 1) {
         if (is_arg) {

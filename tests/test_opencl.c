@@ -768,7 +768,7 @@ static tb_tensor *build_reduce(tb_tensor **in, const void *arg) {
 }
 
 static void test_reductions(void **state) {
-    static reduce_arg args[512];
+    static reduce_arg args[1024];
     static const int32_t axis_sets[][3] = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {0, 2, 0},
                                            {1, 2, 0}, {0, 1, 2}, {-1, 0, 0}};
     static const size_t axis_counts[] = {1, 1, 1, 2, 2, 3, 1};
@@ -841,6 +841,39 @@ static void test_reductions(void **state) {
             }
         }
         flush_cases();
+    }
+    /* every dtype over rows and columns whose length is not a multiple of the accumulator
+       lanes of CPU devices (the remainder loop), plain and split into chunks */
+    {
+        static const int64_t sizes[][3] = {{7, 1003, 1}, {1003, 7, 0}, {1, 70001, 1}};
+        const tb_dtype more[] = {TB_F64, TB_I32, TB_I64, TB_U8};
+        size_t k;
+        for (k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            for (d = 0; d < sizeof more / sizeof more[0]; d++) {
+                for (which = 0; which < 5; which++) {
+                    reduce_arg *a;
+                    input in;
+                    char name[128];
+                    if (which == 1 && !tb_dtype_is_float(more[d])) continue;
+                    /* a float product of 70001 factors overflows in any order */
+                    if (which == 4 && k == 2 && tb_dtype_is_float(more[d])) continue;
+                    assert_true(n < sizeof args / sizeof args[0]);
+                    in = in_of(shp(more[d], 2, sizes[k][0], sizes[k][1], 0, 0),
+                               which == 4 ? R_POSITIVE : R_ANY);
+                    a = &args[n++];
+                    a->which = which;
+                    a->axes[0] = (int32_t)sizes[k][2];
+                    a->num_axes = 1;
+                    a->keepdim = false;
+                    a->prologue = false;
+                    snprintf(name, sizeof name, "%s of %s[%lld,%lld] axis %d", names[which],
+                             tb_dtype_name(more[d]), (long long)sizes[k][0], (long long)sizes[k][1],
+                             (int)a->axes[0]);
+                    add_case(name, build_reduce, a, &in, 1);
+                }
+            }
+            flush_cases();
+        }
     }
 }
 
