@@ -326,6 +326,10 @@ typedef struct tb__ocl_program {
     uint64_t key[2];
     tb__cl_program program;
     int32_t refcount; /* computations using it, plus one while it is in the cache */
+    /* a binary to write to the disk cache after the first run: some drivers (PoCL) add the
+       machine code of the kernels launched so far to the binary, so a later process skips
+       that compile too; NULL when written, or when the disk cache is off */
+    char *save_dir, *save_path;
 } tb__ocl_program;
 
 typedef struct tb__ocl_device {
@@ -374,6 +378,7 @@ static tb__ocl_runtime *tb__ocl_current;
 #define TB__OCL_CALL(rt, fn) ((rt)->api.fn)
 
 static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p);
+static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p);
 static void tb__ocl_cache_trim(tb__ocl_device *dev, uint64_t keep);
 
 static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
@@ -383,6 +388,7 @@ static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
         tb__ocl_program *p = dev->programs, *next;
         for (; p != NULL; p = next) {
             next = p->next;
+            tb__ocl_program_save(dev, p);
             if (p->program != NULL) TB__OCL_CALL(rt, ReleaseProgram)(p->program);
             tb__free(p);
         }
@@ -4529,6 +4535,22 @@ static unsigned char *tb__ocl_program_binary(tb__ocl_device *dev, tb__cl_program
     return bin;
 }
 
+/* Writes a program's binary to the disk cache once, if that is still to do. The binary is
+   read only now: PoCL, for one, serialises it at the first request, with the kernels compiled
+   by then. */
+static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p) {
+    if (p->save_path != NULL) {
+        size_t n = 0;
+        unsigned char *bin = tb__ocl_program_binary(dev, p->program, &n);
+        if (bin != NULL) tb__ocl_disk_write(p->save_dir, p->save_path, p->key, bin, n);
+        tb__free(bin);
+    }
+    tb__free(p->save_dir);
+    tb__free(p->save_path);
+    p->save_dir = NULL;
+    p->save_path = NULL;
+}
+
 static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p) {
     tb__ocl_program **link;
     if (p == NULL || --p->refcount > 0) return;
@@ -4538,6 +4560,7 @@ static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p) {
             break;
         }
     }
+    tb__ocl_program_save(dev, p);
     if (p->program != NULL) TB__OCL_CALL(dev->rt, ReleaseProgram)(p->program);
     tb__free(p);
 }
@@ -4567,6 +4590,7 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
     tb__cl_program prog = NULL;
     char *dir, *path = NULL;
     tb__cl_int err = TB__CL_SUCCESS;
+    bool built = false;
     tb__ocl_program_key(dev, src, len, key);
     for (p = dev->programs; p != NULL; p = p->next) {
         if (p->key[0] == key[0] && p->key[1] == key[1]) {
@@ -4623,23 +4647,25 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
             tb__free(path);
             return st;
         }
-        if (path != NULL) {
-            size_t n = 0;
-            unsigned char *bin = tb__ocl_program_binary(dev, prog, &n);
-            if (bin != NULL) tb__ocl_disk_write(dir, path, key, bin, n);
-            tb__free(bin);
-        }
+        built = true;
     }
-    tb__free(dir);
-    tb__free(path);
     p = (tb__ocl_program *)tb__calloc(1, sizeof *p);
     if (p == NULL) {
         TB__OCL_CALL(rt, ReleaseProgram)(prog);
+        tb__free(dir);
+        tb__free(path);
         return TB_ERR_OUT_OF_MEMORY;
     }
     p->key[0] = key[0];
     p->key[1] = key[1];
     p->program = prog;
+    if (built && path != NULL) {
+        p->save_dir = dir; /* written after the first run (tb__ocl_program_save) */
+        p->save_path = path;
+    } else {
+        tb__free(dir);
+        tb__free(path);
+    }
     p->refcount = 2; /* the cache and the caller */
     p->next = dev->programs;
     dev->programs = p;
@@ -5082,6 +5108,12 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
             break;
         }
         results[i]->payload = copy;
+    }
+    if (st == TB_OK && p->program->save_path != NULL) {
+        /* the first run of a program built here: once its kernels ran, its binary is worth
+           the most to the disk cache */
+        TB__OCL_CALL(rt, Finish)(dev->queue);
+        tb__ocl_program_save(dev, p->program);
     }
     if (st == TB_OK && err_buf != NULL) {
         int64_t flag[4];
