@@ -1304,7 +1304,9 @@ enum {
     TB__OCL_K_REDUCE,
     TB__OCL_K_MATMUL,
     TB__OCL_K_NORM,
-    TB__OCL_K_PARTIAL /* first stage of a split reduction: partial results per chunk */
+    TB__OCL_K_PARTIAL, /* first stage of a split reduction: partial results per chunk */
+    TB__OCL_K_PACK_A,  /* a matmul's left operand copied into row panels (CPU devices) */
+    TB__OCL_K_PACK_B   /* a matmul's right operand copied into column panels (CPU devices) */
 };
 /* the context of a view that every kernel reading it evaluates itself */
 #define TB__OCL_CTX_ANY (-3)
@@ -1327,6 +1329,8 @@ typedef struct tb__ocl_kernel {
     int32_t owner;        /* the kernel whose nodes it evaluates (itself, or the final stage) */
     int32_t split;        /* a split reduction's chunk count (both stages), else 0 */
     int32_t partial_slot; /* the final stage: the partial results it reads */
+    bool packed;          /* a matmul reading its operands from the two pack kernels before it */
+    int32_t pack_slot[2]; /* those kernels' outputs */
     int32_t out_slot;
     char name[64];
     tb__ocl_arg *args;
@@ -1768,6 +1772,75 @@ static tb_status tb__ocl_split_reductions(tb__ocl_lower *L) {
     return TB_OK;
 }
 
+/* Matmuls on CPU devices read panels: rows of A, TB__OCL_MM_ROWS at a time, and columns of B,
+   one vector width at a time, each laid out contiguously along K. The panels keep the inner
+   loop on consecutive addresses (row strides of a power of two otherwise map every row to the
+   same cache sets) and evaluate fused producers of the operands once. */
+#define TB__OCL_MM_ROWS 16
+
+static int64_t tb__ocl_mm_width(tb_dtype dtype) {
+    return dtype == TB_F64 ? 8 : 16;
+}
+
+/* Whether a matmul kernel is worth packing: a float matmul with some work in it. */
+static bool tb__ocl_mm_packs(const tb__ocl_lower *L, const tb__ocl_kernel *k) {
+    const tb_node *c = L->info[k->core].node;
+    const tb_shape *cs = &c->shape;
+    int32_t r = cs->rank;
+    tb_dtype od = cs->dtype;
+    const tb_shape *as = &L->info[tb__ocl_operand(L, k->core, 0)].node->shape;
+    const tb_shape *bs = &L->info[tb__ocl_operand(L, k->core, 1)].node->shape;
+    int64_t M = cs->dims[r - 2], N = cs->dims[r - 1], K = as->dims[r - 1];
+    if (!tb__ocl_codegen_cpu(L->dev) || (od != TB_F32 && od != TB_F64)) return false;
+    if (as->dtype != od || bs->dtype != od || as->rank != r || bs->rank != r) return false;
+    if (od == TB_F64 && !L->dev->info.supports_f64) return false;
+    if (M < 4 || N < 16 || K < 16 || (double)M * (double)N * (double)K < 262144.0) return false;
+    {
+        /* the panels of the bigger operand (batch included) within half the device's largest
+           allocation */
+        double elems = (double)(M > N ? M + TB__OCL_MM_ROWS : N + 16) * (double)K;
+        int32_t d;
+        for (d = 0; d + 2 < r; d++)
+            elems *= (double)cs->dims[d];
+        if (L->dev->info.max_allocation > 0 &&
+            elems * (double)tb_dtype_size(od) > (double)L->dev->info.max_allocation / 2)
+            return false;
+    }
+    return true;
+}
+
+/* Puts the two pack kernels in front of every matmul kernel that packs. */
+static tb_status tb__ocl_pack_matmuls(tb__ocl_lower *L) {
+    tb__ocl_plan *p = L->plan;
+    size_t i, j;
+    for (i = 0; i < p->num_kernels; i++) {
+        tb__ocl_kernel *k = &p->kernels[i];
+        if (k->kind != TB__OCL_K_MATMUL || !tb__ocl_mm_packs(L, k)) continue;
+        if (tb__grow((void **)&p->kernels, &p->cap_kernels, p->num_kernels + 2,
+                     sizeof(tb__ocl_kernel)) != TB_OK)
+            return TB_ERR_OUT_OF_MEMORY;
+        memmove(&p->kernels[i + 2], &p->kernels[i], (p->num_kernels - i) * sizeof(tb__ocl_kernel));
+        p->num_kernels += 2;
+        for (j = 0; j < L->n; j++)
+            if (L->info[j].ctx >= (int32_t)i) L->info[j].ctx += 2;
+        for (j = 0; j < p->num_kernels; j++)
+            if ((j < i || j >= i + 2) && p->kernels[j].owner >= (int32_t)i)
+                p->kernels[j].owner += 2;
+        for (j = 0; j < 2; j++) {
+            tb__ocl_kernel *pk = &p->kernels[i + j];
+            memset(pk, 0, sizeof *pk);
+            pk->kind = j == 0 ? TB__OCL_K_PACK_A : TB__OCL_K_PACK_B;
+            pk->root = p->kernels[i + 2].root;
+            pk->core = p->kernels[i + 2].core;
+            pk->owner = (int32_t)i + 2;
+            pk->out_slot = -1;
+        }
+        p->kernels[i + 2].packed = true;
+        i += 2;
+    }
+    return TB_OK;
+}
+
 /* Roots and contexts. Users come before their operands (reverse post-order), so a node knows
    the kernels of all its users when its turn comes: it is inlined when they all share one
    kernel (and, under a matmul, when it is index arithmetic), else it becomes a root. A
@@ -1872,6 +1945,7 @@ static tb_status tb__ocl_partition(tb__ocl_lower *L) {
     }
     st = tb__ocl_sort_kernels(L);
     if (st == TB_OK) st = tb__ocl_split_reductions(L);
+    if (st == TB_OK) st = tb__ocl_pack_matmuls(L);
     return st;
 }
 
@@ -1888,6 +1962,31 @@ static tb_status tb__ocl_add_slot(tb__ocl_plan *p, size_t *cap, int32_t kind, in
     s->last_use = -1;
     *out = (int32_t)p->num_slots++;
     return TB_OK;
+}
+
+/* The sizes of a packing matmul: batch, rows, columns, depth, and the panel count and width
+   of the operand a pack kernel copies. */
+static void tb__ocl_pack_sizes(const tb__ocl_lower *L, const tb__ocl_kernel *k, bool is_a,
+                               int64_t sizes[6]) {
+    const tb_shape *cs = &L->info[k->core].node->shape;
+    const tb_shape *as = &L->info[tb__ocl_operand(L, k->core, 0)].node->shape;
+    int32_t r = cs->rank, d;
+    int64_t batch = 1, width = is_a ? TB__OCL_MM_ROWS : tb__ocl_mm_width(cs->dtype);
+    int64_t len = is_a ? cs->dims[r - 2] : cs->dims[r - 1];
+    for (d = 0; d + 2 < r; d++)
+        batch *= cs->dims[d];
+    sizes[0] = batch;
+    sizes[1] = cs->dims[r - 2];
+    sizes[2] = cs->dims[r - 1];
+    sizes[3] = as->dims[r - 1];
+    sizes[4] = (len + width - 1) / width;
+    sizes[5] = width;
+}
+
+static int64_t tb__ocl_pack_numel(const tb__ocl_lower *L, const tb__ocl_kernel *k) {
+    int64_t z[6];
+    tb__ocl_pack_sizes(L, k, k->kind == TB__OCL_K_PACK_A, z);
+    return z[0] * z[4] * z[3] * z[5];
 }
 
 /* Buffers: one per array parameter and one per kernel output. */
@@ -1924,6 +2023,20 @@ static tb_status tb__ocl_assign_slots(tb__ocl_lower *L) {
             p->slots[s].last_use = (int32_t)i;
             continue;
         }
+        if (k->kind == TB__OCL_K_PACK_A || k->kind == TB__OCL_K_PACK_B) {
+            tb__ocl_kernel *mm = &p->kernels[k->owner];
+            tb_shape ps;
+            memset(&ps, 0, sizeof ps);
+            ps.dtype = L->info[k->core].node->shape.dtype;
+            ps.rank = 1;
+            ps.dims[0] = tb__ocl_pack_numel(L, k);
+            st = tb__ocl_add_slot(p, &cap, TB__OCL_SLOT_TEMP, -1, &ps, &s);
+            if (st != TB_OK) return st;
+            k->out_slot = s;
+            mm->pack_slot[k->kind == TB__OCL_K_PACK_A ? 0 : 1] = s;
+            p->slots[s].last_use = k->owner;
+            continue;
+        }
         if (in->result >= 0) {
             st = tb__ocl_add_slot(p, &cap, TB__OCL_SLOT_RESULT, in->result, &in->node->shape, &s);
         } else {
@@ -1944,7 +2057,8 @@ static tb_status tb__ocl_assign_slots(tb__ocl_lower *L) {
             continue;
         }
         for (kk = 0; kk < p->num_kernels; kk++)
-            if (p->kernels[kk].root == r && p->kernels[kk].kind != TB__OCL_K_PARTIAL)
+            if (p->kernels[kk].root == r && p->kernels[kk].kind != TB__OCL_K_PARTIAL &&
+                p->kernels[kk].kind != TB__OCL_K_PACK_A && p->kernels[kk].kind != TB__OCL_K_PACK_B)
                 p->result_slot[i] = p->kernels[kk].out_slot;
         if (p->result_slot[i] < 0)
             return tb__error(TB_ERR_INTERNAL, "opencl: result without kernel");
@@ -3960,6 +4074,126 @@ static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
     return TB_OK;
 }
 
+/* The batch index variable of a matmul kernel's output (i<var> given) as per-dim forms of
+   the batch dims, in bdims. */
+static bool tb__cg_batch_dims(tb__cg *g, const tb_shape *cs, int32_t var, tb__lf *bdims) {
+    tb_shape bshape;
+    int32_t d, bpos;
+    if (cs->rank <= 2) return true;
+    memset(&bshape, 0, sizeof bshape);
+    bshape.dtype = cs->dtype;
+    for (d = 0; d + 2 < cs->rank; d++)
+        bshape.dims[bshape.rank++] = cs->dims[d];
+    bpos = tb__cg_var_pos_flat(g, &bshape, var, 1, -1);
+    if (bpos < 0 || !tb__cg_need_multi(g, bpos)) return false;
+    memcpy(bdims, g->pos[bpos].dim, sizeof(tb__lf) * TB_MAX_RANK);
+    return true;
+}
+
+/* A pack kernel: one work item per element of the panels. Element (b, panel, k, lane) is the
+   operand at batch b, depth k and row (A) or column (B) panel * width + lane, clamped to the
+   last one (the matmul never stores what the padding computes). */
+static tb_status tb__cg_kernel_pack(tb__cg *g, tb__ocl_kernel *k) {
+    tb__ocl_lower *L = g->L;
+    bool is_a = k->kind == TB__OCL_K_PACK_A;
+    int32_t x = tb__ocl_operand(L, k->core, is_a ? 0 : 1);
+    const tb_shape *xs = &L->info[x].node->shape, *cs = &L->info[k->core].node->shape;
+    int32_t r = cs->rank, d, i0, ib, ik, il, v;
+    int64_t z[6], total, len, K, blocks, width;
+    tb__lf bdims[TB_MAX_RANK], dims[TB_MAX_RANK];
+    tb__ocl_pack_sizes(L, k, is_a, z);
+    K = z[3];
+    blocks = z[4];
+    width = z[5];
+    len = is_a ? z[1] : z[2];
+    total = z[0] * blocks * K * width;
+    i0 = tb__cg_row_header(g, k, total, 1);
+    ib = tb__cg_new_var(g, 0, z[0] - 1);
+    ik = tb__cg_new_var(g, 0, K - 1);
+    il = tb__cg_new_var(g, 0, len - 1);
+    if (i0 < 0 || ib < 0 || ik < 0 || il < 0) return g->status;
+    tb__cg_line(g, "const long i%d = i%d / %lldL;", (int)ib, (int)i0,
+                (long long)(blocks * K * width));
+    tb__cg_line(g, "const long i%d = i%d / %lldL %% %lldL;", (int)ik, (int)i0, (long long)width,
+                (long long)K);
+    tb__cg_line(g, "const long i%d = min(i%d / %lldL %% %lldL * %lldL + i%d %% %lldL, %lldL);",
+                (int)il, (int)i0, (long long)(width * K), (long long)blocks, (long long)width,
+                (int)i0, (long long)width, (long long)(len - 1));
+    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->status;
+    for (d = 0; d + 2 < r; d++)
+        dims[d] = bdims[d];
+    tb__lf_const(&dims[r - 2], 0);
+    tb__lf_add_term(&dims[r - 2], is_a ? il : ik, 1);
+    tb__lf_const(&dims[r - 1], 0);
+    tb__lf_add_term(&dims[r - 1], is_a ? ik : il, 1);
+    v = tb__cg_eval(g, x, tb__cg_pos_multi(g, xs, dims));
+    if (v < 0) return g->status;
+    tb__cg_line(g, "out[i%d] = v%d;", (int)i0, (int)v);
+    k->flops = g->ops * (double)total;
+    return TB_OK;
+}
+
+/* Matmul from the panels of the two pack kernels before it (CPU devices): each work item a
+   TB__OCL_MM_ROWS x width block of the output, one vector accumulator per row; the inner loop
+   reads one vector of B and TB__OCL_MM_ROWS consecutive values of A per step of K. */
+static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, tb__ocl_kernel *k) {
+    tb__ocl_lower *L = g->L;
+    const tb_shape *cs = &L->info[k->core].node->shape;
+    int64_t za[6], zb[6], K;
+    int rm = TB__OCL_MM_ROWS, vw, i;
+    const char *t = tb__ocl_ctype(cs->dtype);
+    char tv[16], head[160];
+    int32_t ib;
+    tb__lf bdims[TB_MAX_RANK];
+    tb__ocl_pack_sizes(L, k, true, za);
+    tb__ocl_pack_sizes(L, k, false, zb);
+    K = za[3];
+    vw = (int)zb[5];
+    snprintf(tv, sizeof tv, "%s%d", t, vw);
+    if (tb__cg_arg(g, TB__OCL_ARG_BUF, k->pack_slot[0]) < 0 ||
+        tb__cg_arg(g, TB__OCL_ARG_BUF, k->pack_slot[1]) < 0)
+        return g->status;
+    k->work_dim = 3;
+    k->group_size[0] = k->group_size[1] = k->group_size[2] = 1;
+    k->groups[0] = (size_t)zb[4];
+    k->groups[1] = (size_t)za[4];
+    k->groups[2] = (size_t)za[0];
+    ib = tb__cg_new_var(g, 0, za[0] - 1);
+    if (ib < 0) return g->status;
+    tb__cg_line(g, "const long pc = (long)get_global_id(0), pr = (long)get_global_id(1);");
+    tb__cg_line(g, "const long i%d = (long)get_global_id(2);", (int)ib);
+    tb__cg_line(g, "const long c0 = pc * %d, r0 = pr * %d;", vw, rm);
+    tb__cg_line(g, "__global const %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", t,
+                (int)k->pack_slot[0], (int)ib, (long long)za[4], (long long)(K * rm));
+    tb__cg_line(g, "__global const %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", t,
+                (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));
+    for (i = 0; i < rm; i++)
+        tb__cg_line(g, "%s accv%d = 0;", tv, i);
+    snprintf(head, sizeof head, "for (long kk = 0; kk < %lldL; kk++) ", (long long)K);
+    tb__cg_open(g, head);
+    tb__cg_line(g, "const %s bv = vload%d(kk, bp);", tv, vw);
+    tb__cg_line(g, "__global const %s *ak = ap + kk * %d;", t, rm);
+    for (i = 0; i < rm; i++)
+        tb__cg_line(g, "accv%d += (%s)(ak[%d]) * bv;", i, tv, i);
+    tb__cg_close(g, "");
+    tb__cg_line(g, "%s acc[%d][%d];", t, rm, vw);
+    for (i = 0; i < rm; i++)
+        tb__cg_line(g, "vstore%d(accv%d, 0, acc[%d]);", vw, i, i);
+    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->status;
+    snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ",
+             rm, vw);
+    tb__cg_open(g, head);
+    tb__cg_line(g, "const long gr = r0 + ii, gc = c0 + jj;");
+    snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)za[1],
+             (long long)za[2]);
+    tb__cg_open(g, head);
+    if (!tb__cg_matmul_store(g, k, bdims)) return g->status;
+    tb__cg_close(g, "");
+    tb__cg_close(g, "");
+    k->flops = 2.0 * (double)za[1] * (double)za[2] * (double)K * (double)za[0];
+    return TB_OK;
+}
+
 static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
     tb__ocl_lower *L = g->L;
     const tb_node *cn = L->info[k->core].node;
@@ -3981,6 +4215,7 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
         batch *= cs->dims[d];
         bshape.dims[bshape.rank++] = cs->dims[d];
     }
+    if (k->packed) return tb__cg_kernel_matmul_packed(g, k);
     if (tb__ocl_codegen_cpu(g->L->dev)) return tb__cg_kernel_matmul_cpu(g, k);
     if (g->L->dev->info.max_work_group_size < 256) wx = wy = 8;
     if (M * N < 64 * 64 || M < 32 || N < 32) rm = rn = 1;
@@ -4144,6 +4379,12 @@ static void tb__ocl_kernel_name(tb__ocl_plan *p, size_t index, const tb__ocl_low
             size_t n = strlen(base);
             snprintf(base + n, sizeof base - n, "_b%lld", (long long)batch);
         }
+    } else if (k->kind == TB__OCL_K_PACK_A || k->kind == TB__OCL_K_PACK_B) {
+        /* panels of the matmul's operand: count x depth x width */
+        int64_t z[6];
+        tb__ocl_pack_sizes(L, k, k->kind == TB__OCL_K_PACK_A, z);
+        snprintf(base, sizeof base, "P%s_%lld_%lld_%lld", k->kind == TB__OCL_K_PACK_A ? "A" : "B",
+                 (long long)(z[0] * z[4]), (long long)z[3], (long long)z[5]);
     } else if (k->kind == TB__OCL_K_REDUCE || k->kind == TB__OCL_K_PARTIAL) {
         int64_t n_out, m;
         tb__ocl_reduce_sizes(L, k->core, &n_out, &m);
@@ -4261,6 +4502,10 @@ static tb_status tb__ocl_lower_graph(tb__ocl_lower *L) {
                 break;
             case TB__OCL_K_MATMUL:
                 st = tb__cg_kernel_matmul(g, k);
+                break;
+            case TB__OCL_K_PACK_A:
+            case TB__OCL_K_PACK_B:
+                st = tb__cg_kernel_pack(g, k);
                 break;
             case TB__OCL_K_NORM:
                 st = tb__cg_kernel_norm(g, k);

@@ -911,12 +911,21 @@ static void test_argmax_nan_and_ties(void **state) {
 typedef struct mm_arg {
     int epilogue;     /* 0 none, 1 + bias, 2 relu(+ bias), 3 * 2 then gelu */
     bool transpose_b; /* b given as [n, k] and transposed (a view) */
+    bool prologue;    /* a is exp(a) * 0.5 */
 } mm_arg;
 
 static tb_tensor *build_matmul(tb_tensor **in, const void *arg) {
     const mm_arg *a = (const mm_arg *)arg;
     tb_tensor *b = a->transpose_b ? tb_transpose(in[1], -1, -2) : tb_tensor_retain(in[1]);
-    tb_tensor *y = tb_matmul(in[0], b), *t;
+    tb_tensor *x = tb_tensor_retain(in[0]), *y, *t;
+    if (a->prologue) {
+        t = tb_exp(x);
+        tb_tensor_release(x);
+        x = tb_mul_scalar(t, 0.5);
+        tb_tensor_release(t);
+    }
+    y = tb_matmul(x, b);
+    tb_tensor_release(x);
     tb_tensor_release(b);
     if (a->epilogue >= 1 && a->epilogue <= 2) {
         t = tb_add(y, in[2]);
@@ -938,9 +947,9 @@ static tb_tensor *build_matmul(tb_tensor **in, const void *arg) {
 }
 
 static void test_matmul(void **state) {
-    static const mm_arg plain = {0, false}, bias = {1, false}, relu_bias = {2, false},
-                        scaled_gelu = {3, false}, transposed = {0, true},
-                        transposed_bias = {2, true};
+    static const mm_arg plain = {0, false, false}, bias = {1, false, false},
+                        relu_bias = {2, false, false}, scaled_gelu = {3, false, false},
+                        transposed = {0, true, false}, transposed_bias = {2, true, false};
     input in[3];
     const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_I32, TB_I64, TB_U8};
     size_t d;
@@ -982,6 +991,31 @@ static void test_matmul(void **state) {
     in[1] = in_of(shp(TB_F32, 2, 0, 4, 0, 0), R_ANY);
     add_case("matmul with k = 0", build_matmul, &plain, in, 2);
     flush_cases();
+    /* big enough for CPU devices to copy the operands into panels first: sizes that are not
+       multiples of the panel widths, both float types, views and producers in the panels */
+    {
+        static const mm_arg exp_a = {0, false, true};
+        for (d = 0; d < 2; d++) {
+            tb_dtype dt = dtypes[d];
+            in[0] = in_of(shp(dt, 2, 100, 70, 0, 0), R_ANY);
+            in[1] = in_of(shp(dt, 2, 70, 90, 0, 0), R_ANY);
+            in[2] = in_of(shp(dt, 1, 90, 0, 0, 0), R_ANY);
+            add_case("relu(matmul [100,70]x[70,90] + bias)", build_matmul, &relu_bias, in, 3);
+            add_case("matmul(exp(a) * 0.5, b)", build_matmul, &exp_a, in, 2);
+            in[1] = in_of(shp(dt, 2, 90, 70, 0, 0), R_ANY);
+            add_case("relu(matmul(a, b^T) + bias) [100,70]x[70,90]", build_matmul, &transposed_bias,
+                     in, 3);
+        }
+        in[0] = in_of(shp(TB_F32, 3, 3, 70, 61, 0), R_ANY);
+        in[1] = in_of(shp(TB_F32, 3, 3, 61, 83, 0), R_ANY);
+        add_case("batched matmul [3,70,61]x[3,61,83]", build_matmul, &plain, in, 2);
+        in[1] = in_of(shp(TB_F32, 2, 61, 83, 0, 0), R_ANY);
+        add_case("matmul [3,70,61]x[61,83] (b broadcast)", build_matmul, &scaled_gelu, in, 2);
+        in[0] = in_of(shp(TB_F32, 2, 256, 256, 0, 0), R_ANY);
+        in[1] = in_of(shp(TB_F32, 2, 256, 256, 0, 0), R_ANY);
+        add_case("matmul [256,256]x[256,256]", build_matmul, &plain, in, 2);
+        flush_cases();
+    }
 }
 
 typedef struct norm_arg {
@@ -1080,7 +1114,8 @@ static void test_softmax_layer_norm(void **state) {
    with work-groups per chunk), run on whatever device is here through the code generator's
    test hook. */
 static void test_gpu_code_paths(void **state) {
-    static const mm_arg relu_bias = {2, false}, plain = {0, false}, transposed_bias = {2, true};
+    static const mm_arg relu_bias = {2, false, false}, plain = {0, false, false},
+                        transposed_bias = {2, true, false};
     static reduce_arg red[6];
     static norm_arg norm[2];
     input in[3];
@@ -1693,6 +1728,42 @@ static void test_fusion_patterns(void **state) {
         u = take(u, tb_relu(u));
         assert_int_equal(kernel_count(&u, 1), 1);
         tb_tensor_release(w);
+        tb_tensor_release(t);
+        tb_tensor_release(u);
+    }
+    /* a big matmul + bias + relu: on CPU devices the two operand panels, then one kernel with
+       the epilogue; elsewhere one kernel */
+    {
+        static float big_a[128 * 96], big_b[96 * 80], big_c[80];
+        tb_shape sba = shp(TB_F32, 2, 128, 96, 0, 0), sbb = shp(TB_F32, 2, 96, 80, 0, 0);
+        tb_shape sbc = shp(TB_F32, 1, 80, 0, 0, 0);
+        tb_device_info info;
+        tb_tensor *ba, *bb, *bc;
+        char *text;
+        fill(big_a, &sba, R_ANY, 0);
+        fill(big_b, &sbb, R_ANY, 0);
+        fill(big_c, &sbc, R_ANY, 0);
+        ba = tb_tensor_from_host(big_a, &sba, &g_ocl);
+        bb = tb_tensor_from_host(big_b, &sbb, &g_ocl);
+        bc = tb_tensor_from_host(big_c, &sbc, &g_ocl);
+        t = tb_matmul(ba, bb);
+        u = tb_add(t, bc);
+        u = take(u, tb_relu(u));
+        assert_int_equal(tb_backend_device_info(&g_ocl, &info), TB_OK);
+        text = tb_ir_backend_text(&u, 1);
+        assert_non_null(text);
+        if (info.device.type == TB_DEVICE_CPU) {
+            assert_int_equal(kernel_count(&u, 1), 3);
+            assert_non_null(strstr(text, "void PA_8_96_16("));
+            assert_non_null(strstr(text, "void PB_5_96_16("));
+            assert_non_null(strstr(text, "void MM_128_80_96("));
+        } else {
+            assert_int_equal(kernel_count(&u, 1), 1);
+        }
+        tb_free(text);
+        tb_tensor_release(ba);
+        tb_tensor_release(bb);
+        tb_tensor_release(bc);
         tb_tensor_release(t);
         tb_tensor_release(u);
     }
