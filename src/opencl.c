@@ -1776,7 +1776,8 @@ static tb_status tb__ocl_split_reductions(tb__ocl_lower *L) {
    one vector width at a time, each laid out contiguously along K. The panels keep the inner
    loop on consecutive addresses (row strides of a power of two otherwise map every row to the
    same cache sets) and evaluate fused producers of the operands once. */
-#define TB__OCL_MM_ROWS 16
+#define TB__OCL_MM_ROWS      16
+#define TB__OCL_PACK_GROUP_K 8 /* work-group of a pack kernel: vector width x this */
 
 static int64_t tb__ocl_mm_width(tb_dtype dtype) {
     return dtype == TB_F64 ? 8 : 16;
@@ -4099,26 +4100,34 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, tb__ocl_kernel *k) {
     int32_t x = tb__ocl_operand(L, k->core, is_a ? 0 : 1);
     const tb_shape *xs = &L->info[x].node->shape, *cs = &L->info[k->core].node->shape;
     int32_t r = cs->rank, d, i0, ib, ik, il, v;
-    int64_t z[6], total, len, K, blocks, width;
+    int64_t z[6], len, K, blocks, width;
     tb__lf bdims[TB_MAX_RANK], dims[TB_MAX_RANK];
     tb__ocl_pack_sizes(L, k, is_a, z);
     K = z[3];
     blocks = z[4];
     width = z[5];
     len = is_a ? z[1] : z[2];
-    total = z[0] * blocks * K * width;
-    i0 = tb__cg_row_header(g, k, total, 1);
+    /* lanes along dim 0 (neighbouring work items write neighbouring elements), K along dim
+       1, batch x panels along dim 2 */
+    k->work_dim = 3;
+    k->group_size[0] = (size_t)width;
+    k->group_size[1] = TB__OCL_PACK_GROUP_K;
+    k->group_size[2] = 1;
+    k->groups[0] = 1;
+    k->groups[1] = (size_t)((K + TB__OCL_PACK_GROUP_K - 1) / TB__OCL_PACK_GROUP_K);
+    k->groups[2] = (size_t)(z[0] * blocks);
+    i0 = tb__cg_new_var(g, 0, z[0] * blocks - 1);
     ib = tb__cg_new_var(g, 0, z[0] - 1);
     ik = tb__cg_new_var(g, 0, K - 1);
     il = tb__cg_new_var(g, 0, len - 1);
     if (i0 < 0 || ib < 0 || ik < 0 || il < 0) return g->status;
-    tb__cg_line(g, "const long i%d = i%d / %lldL;", (int)ib, (int)i0,
-                (long long)(blocks * K * width));
-    tb__cg_line(g, "const long i%d = i%d / %lldL %% %lldL;", (int)ik, (int)i0, (long long)width,
-                (long long)K);
-    tb__cg_line(g, "const long i%d = min(i%d / %lldL %% %lldL * %lldL + i%d %% %lldL, %lldL);",
-                (int)il, (int)i0, (long long)(width * K), (long long)blocks, (long long)width,
-                (int)i0, (long long)width, (long long)(len - 1));
+    tb__cg_line(g, "const long lane = (long)get_global_id(0), i%d = (long)get_global_id(1);",
+                (int)ik);
+    tb__cg_line(g, "if (i%d >= %lldL) return;", (int)ik, (long long)K);
+    tb__cg_line(g, "const long i%d = (long)get_global_id(2);", (int)i0);
+    tb__cg_line(g, "const long i%d = i%d / %lldL;", (int)ib, (int)i0, (long long)blocks);
+    tb__cg_line(g, "const long i%d = min(i%d %% %lldL * %lldL + lane, %lldL);", (int)il, (int)i0,
+                (long long)blocks, (long long)width, (long long)(len - 1));
     if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->status;
     for (d = 0; d + 2 < r; d++)
         dims[d] = bdims[d];
@@ -4128,8 +4137,9 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, tb__ocl_kernel *k) {
     tb__lf_add_term(&dims[r - 1], is_a ? ik : il, 1);
     v = tb__cg_eval(g, x, tb__cg_pos_multi(g, xs, dims));
     if (v < 0) return g->status;
-    tb__cg_line(g, "out[i%d] = v%d;", (int)i0, (int)v);
-    k->flops = g->ops * (double)total;
+    tb__cg_line(g, "out[(i%d * %lldL + i%d) * %lldL + lane] = v%d;", (int)i0, (long long)K, (int)ik,
+                (long long)width, (int)v);
+    k->flops = g->ops * (double)(z[0] * blocks * K * width);
     return TB_OK;
 }
 
