@@ -3968,6 +3968,22 @@ static bool tb__cg_matmul_store(tb__cg *g, tb__ocl_kernel *k, const tb__lf *bdim
     return true;
 }
 
+/* The batch index variable of a matmul kernel's output (i<var> given) as per-dim forms of
+   the batch dims, in bdims. */
+static bool tb__cg_batch_dims(tb__cg *g, const tb_shape *cs, int32_t var, tb__lf *bdims) {
+    tb_shape bshape;
+    int32_t d, bpos;
+    if (cs->rank <= 2) return true;
+    memset(&bshape, 0, sizeof bshape);
+    bshape.dtype = cs->dtype;
+    for (d = 0; d + 2 < cs->rank; d++)
+        bshape.dims[bshape.rank++] = cs->dims[d];
+    bpos = tb__cg_var_pos_flat(g, &bshape, var, 1, -1);
+    if (bpos < 0 || !tb__cg_need_multi(g, bpos)) return false;
+    memcpy(bdims, g->pos[bpos].dim, sizeof(tb__lf) * TB_MAX_RANK);
+    return true;
+}
+
 static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
     tb__ocl_lower *L = g->L;
     const tb_node *cn = L->info[k->core].node;
@@ -3981,15 +3997,10 @@ static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
     tb_dtype od = cs->dtype;
     const char *t = tb__ocl_ctype(od);
     const char *acc_t = tb_dtype_is_float(od) ? t : tb__ocl_utype(od);
-    tb_shape bshape;
     tb__lf bdims[TB_MAX_RANK];
     char head[160];
-    memset(&bshape, 0, sizeof bshape);
-    bshape.dtype = od;
-    for (d = 0; d < nb; d++) {
+    for (d = 0; d < nb; d++)
         batch *= cs->dims[d];
-        bshape.dims[bshape.rank++] = cs->dims[d];
-    }
     if (rm < 1) rm = 1;
     if (rn < 1) rn = 1;
     k->work_dim = 3;
@@ -4004,11 +4015,7 @@ static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
     i0 = tb__cg_new_var(g, 0, batch > 0 ? batch - 1 : 0);
     if (i0 < 0) return g->status;
     tb__cg_line(g, "const long i%d = (long)get_global_id(2);", (int)i0);
-    if (nb > 0) {
-        int32_t bpos = tb__cg_var_pos_flat(g, &bshape, i0, 1, -1);
-        if (bpos < 0 || !tb__cg_need_multi(g, bpos)) return g->status;
-        memcpy(bdims, g->pos[bpos].dim, sizeof bdims);
-    }
+    if (!tb__cg_batch_dims(g, cs, i0, bdims)) return g->status;
     for (i = 0; i < rm; i++) {
         rows[i] = tb__cg_new_var(g, 0, M - 1);
         if (rows[i] < 0) return g->status;
@@ -4073,22 +4080,6 @@ static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
     tb__cg_close(g, "");
     k->flops = 2.0 * (double)M * (double)N * (double)K * (double)batch;
     return TB_OK;
-}
-
-/* The batch index variable of a matmul kernel's output (i<var> given) as per-dim forms of
-   the batch dims, in bdims. */
-static bool tb__cg_batch_dims(tb__cg *g, const tb_shape *cs, int32_t var, tb__lf *bdims) {
-    tb_shape bshape;
-    int32_t d, bpos;
-    if (cs->rank <= 2) return true;
-    memset(&bshape, 0, sizeof bshape);
-    bshape.dtype = cs->dtype;
-    for (d = 0; d + 2 < cs->rank; d++)
-        bshape.dims[bshape.rank++] = cs->dims[d];
-    bpos = tb__cg_var_pos_flat(g, &bshape, var, 1, -1);
-    if (bpos < 0 || !tb__cg_need_multi(g, bpos)) return false;
-    memcpy(bdims, g->pos[bpos].dim, sizeof(tb__lf) * TB_MAX_RANK);
-    return true;
 }
 
 /* A pack kernel: one work item per element of the panels. Element (b, panel, k, lane) is the
@@ -4216,15 +4207,9 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
     tb_dtype od = cs->dtype;
     const char *t = tb__ocl_ctype(od);
     const char *acc_t = tb_dtype_is_float(od) ? t : tb__ocl_utype(od);
-    tb_shape bshape;
-    int32_t bpos = -1;
     tb__lf bdims[TB_MAX_RANK];
-    memset(&bshape, 0, sizeof bshape);
-    bshape.dtype = od;
-    for (d = 0; d < nb; d++) {
+    for (d = 0; d < nb; d++)
         batch *= cs->dims[d];
-        bshape.dims[bshape.rank++] = cs->dims[d];
-    }
     if (k->packed) return tb__cg_kernel_matmul_packed(g, k);
     if (tb__ocl_codegen_cpu(g->L->dev)) return tb__cg_kernel_matmul_cpu(g, k);
     if (g->L->dev->info.max_work_group_size < 256) wx = wy = 8;
@@ -4247,11 +4232,7 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
     i0 = tb__cg_new_var(g, 0, batch > 0 ? batch - 1 : 0);
     if (i0 < 0) return g->status;
     tb__cg_line(g, "const long i%d = (long)get_group_id(2);", (int)i0);
-    if (nb > 0) {
-        bpos = tb__cg_var_pos_flat(g, &bshape, i0, 1, -1);
-        if (bpos < 0 || !tb__cg_need_multi(g, bpos)) return g->status;
-        memcpy(bdims, g->pos[bpos].dim, sizeof bdims);
-    }
+    if (!tb__cg_batch_dims(g, cs, i0, bdims)) return g->status;
     tb__cg_line(g, "%s acc[%d][%d];", acc_t, rm, rn);
     tb__cg_line(g, "for (int ii = 0; ii < %d; ii++)", rm);
     tb__cg_line(g, "    for (int jj = 0; jj < %d; jj++) acc[ii][jj] = 0;", rn);
