@@ -14101,9 +14101,10 @@ typedef struct tb__ocl_arg {
 
 typedef struct tb__ocl_kernel {
     int32_t kind;
-    int32_t root, core;   /* node indices (lowering only); core -1 for elementwise kernels */
-    int32_t owner;        /* the kernel whose nodes it evaluates (itself, or the final stage) */
-    int32_t split;        /* a split reduction's chunk count (both stages), else 0 */
+    int32_t root, core; /* node indices (lowering only); core -1 for elementwise kernels */
+    int32_t owner; /* the kernel whose nodes it evaluates: itself, or the kernel it is a stage of
+                      (the final stage of a split reduction, a matmul reading panels) */
+    int32_t split; /* a split reduction's chunk count (both stages), else 0 */
     int32_t partial_slot; /* the final stage: the partial results it reads */
     bool packed;          /* a matmul reading its operands from the two pack kernels before it */
     int32_t pack_slot[2]; /* those kernels' outputs */
@@ -14555,6 +14556,25 @@ static tb_status tb__ocl_split_reductions(tb__ocl_lower *L) {
 #define TB__OCL_MM_ROWS      16
 #define TB__OCL_PACK_GROUP_K 8 /* work-group of a pack kernel: vector width x this */
 
+/* A matmul core's sizes: batch (the product of the leading dims), M, N and K. */
+typedef struct tb__ocl_mm {
+    int64_t batch, m, n, k;
+} tb__ocl_mm;
+
+static tb__ocl_mm tb__ocl_mm_of(const tb__ocl_lower *L, int32_t core) {
+    const tb_shape *cs = &L->info[core].node->shape;
+    const tb_shape *as = &L->info[tb__ocl_operand(L, core, 0)].node->shape;
+    tb__ocl_mm mm;
+    int32_t d;
+    mm.batch = 1;
+    for (d = 0; d + 2 < cs->rank; d++)
+        mm.batch *= cs->dims[d];
+    mm.m = cs->dims[cs->rank - 2];
+    mm.n = cs->dims[cs->rank - 1];
+    mm.k = as->dims[as->rank - 1];
+    return mm;
+}
+
 static int64_t tb__ocl_mm_width(tb_dtype dtype) {
     return dtype == TB_F64 ? 8 : 16;
 }
@@ -14567,7 +14587,8 @@ static bool tb__ocl_mm_packs(const tb__ocl_lower *L, const tb__ocl_kernel *k) {
     tb_dtype od = cs->dtype;
     const tb_shape *as = &L->info[tb__ocl_operand(L, k->core, 0)].node->shape;
     const tb_shape *bs = &L->info[tb__ocl_operand(L, k->core, 1)].node->shape;
-    int64_t M = cs->dims[r - 2], N = cs->dims[r - 1], K = as->dims[r - 1];
+    tb__ocl_mm mm = tb__ocl_mm_of(L, k->core);
+    int64_t M = mm.m, N = mm.n, K = mm.k;
     if (!tb__ocl_codegen_cpu(L->dev) || (od != TB_F32 && od != TB_F64)) return false;
     if (as->dtype != od || bs->dtype != od || as->rank != r || bs->rank != r) return false;
     if (od == TB_F64 && !L->dev->info.supports_f64) return false;
@@ -14576,9 +14597,7 @@ static bool tb__ocl_mm_packs(const tb__ocl_lower *L, const tb__ocl_kernel *k) {
         /* the panels of the bigger operand (batch included) within half the device's largest
            allocation */
         double elems = (double)(M > N ? M + TB__OCL_MM_ROWS : N + 16) * (double)K;
-        int32_t d;
-        for (d = 0; d + 2 < r; d++)
-            elems *= (double)cs->dims[d];
+        elems *= (double)mm.batch;
         if (L->dev->info.max_allocation > 0 &&
             elems * (double)tb_dtype_size(od) > (double)L->dev->info.max_allocation / 2)
             return false;
@@ -14745,17 +14764,13 @@ static tb_status tb__ocl_add_slot(tb__ocl_plan *p, size_t *cap, int32_t kind, in
    of the operand a pack kernel copies. */
 static void tb__ocl_pack_sizes(const tb__ocl_lower *L, const tb__ocl_kernel *k, bool is_a,
                                int64_t sizes[6]) {
-    const tb_shape *cs = &L->info[k->core].node->shape;
-    const tb_shape *as = &L->info[tb__ocl_operand(L, k->core, 0)].node->shape;
-    int32_t r = cs->rank, d;
-    int64_t batch = 1, width = is_a ? TB__OCL_MM_ROWS : tb__ocl_mm_width(cs->dtype);
-    int64_t len = is_a ? cs->dims[r - 2] : cs->dims[r - 1];
-    for (d = 0; d + 2 < r; d++)
-        batch *= cs->dims[d];
-    sizes[0] = batch;
-    sizes[1] = cs->dims[r - 2];
-    sizes[2] = cs->dims[r - 1];
-    sizes[3] = as->dims[r - 1];
+    tb__ocl_mm mm = tb__ocl_mm_of(L, k->core);
+    int64_t width = is_a ? TB__OCL_MM_ROWS : tb__ocl_mm_width(L->info[k->core].node->shape.dtype);
+    int64_t len = is_a ? mm.m : mm.n;
+    sizes[0] = mm.batch;
+    sizes[1] = mm.m;
+    sizes[2] = mm.n;
+    sizes[3] = mm.k;
     sizes[4] = (len + width - 1) / width;
     sizes[5] = width;
 }
@@ -14785,33 +14800,30 @@ static tb_status tb__ocl_assign_slots(tb__ocl_lower *L) {
     for (i = 0; i < p->num_kernels; i++) {
         tb__ocl_kernel *k = &p->kernels[i];
         tb__ocl_ninfo *in = &L->info[k->root];
-        if (k->kind == TB__OCL_K_PARTIAL) {
-            int64_t n_out, m;
+        if (k->owner != (int32_t)i) {
+            /* a stage of another kernel (partial results, operand panels): a temporary only
+               that kernel reads */
+            tb__ocl_kernel *o = &p->kernels[k->owner];
             tb_shape ps;
             memset(&ps, 0, sizeof ps);
-            tb__ocl_reduce_sizes(L, k->core, &n_out, &m);
-            ps.dtype = tb__ocl_reduce_acc_dtype(L, k->core);
             ps.rank = 1;
-            ps.dims[0] = n_out * k->split;
+            if (k->kind == TB__OCL_K_PARTIAL) {
+                int64_t n_out, m;
+                tb__ocl_reduce_sizes(L, k->core, &n_out, &m);
+                ps.dtype = tb__ocl_reduce_acc_dtype(L, k->core);
+                ps.dims[0] = n_out * k->split;
+            } else {
+                ps.dtype = L->info[k->core].node->shape.dtype;
+                ps.dims[0] = tb__ocl_pack_numel(L, k);
+            }
             st = tb__ocl_add_slot(p, &cap, TB__OCL_SLOT_TEMP, -1, &ps, &s);
             if (st != TB_OK) return st;
             k->out_slot = s;
-            p->kernels[i + 1].partial_slot = s;
-            p->slots[s].last_use = (int32_t)i;
-            continue;
-        }
-        if (k->kind == TB__OCL_K_PACK_A || k->kind == TB__OCL_K_PACK_B) {
-            tb__ocl_kernel *mm = &p->kernels[k->owner];
-            tb_shape ps;
-            memset(&ps, 0, sizeof ps);
-            ps.dtype = L->info[k->core].node->shape.dtype;
-            ps.rank = 1;
-            ps.dims[0] = tb__ocl_pack_numel(L, k);
-            st = tb__ocl_add_slot(p, &cap, TB__OCL_SLOT_TEMP, -1, &ps, &s);
-            if (st != TB_OK) return st;
-            k->out_slot = s;
-            mm->pack_slot[k->kind == TB__OCL_K_PACK_A ? 0 : 1] = s;
             p->slots[s].last_use = k->owner;
+            if (k->kind == TB__OCL_K_PARTIAL)
+                o->partial_slot = s;
+            else
+                o->pack_slot[k->kind == TB__OCL_K_PACK_A ? 0 : 1] = s;
             continue;
         }
         if (in->result >= 0) {
@@ -14834,8 +14846,7 @@ static tb_status tb__ocl_assign_slots(tb__ocl_lower *L) {
             continue;
         }
         for (kk = 0; kk < p->num_kernels; kk++)
-            if (p->kernels[kk].root == r && p->kernels[kk].kind != TB__OCL_K_PARTIAL &&
-                p->kernels[kk].kind != TB__OCL_K_PACK_A && p->kernels[kk].kind != TB__OCL_K_PACK_B)
+            if (p->kernels[kk].root == r && p->kernels[kk].owner == (int32_t)kk)
                 p->result_slot[i] = p->kernels[kk].out_slot;
         if (p->result_slot[i] < 0)
             return tb__error(TB_ERR_INTERNAL, "opencl: result without kernel");
@@ -16768,15 +16779,14 @@ static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
     const tb_shape *cs = &cn->shape;
     int32_t r = cs->rank, d, i0, nb = r - 2, kv, i, j;
     int32_t rows[8], cols[8], va[8], vb[8];
-    int64_t M = cs->dims[r - 2], N = cs->dims[r - 1], K = as->dims[r - 1], batch = 1;
+    tb__ocl_mm mm = tb__ocl_mm_of(L, k->core);
+    int64_t M = mm.m, N = mm.n, K = mm.k, batch = mm.batch;
     int rm = M < 8 ? (int)M : 8, rn = N < 8 ? (int)N : 8, lx = 8, ly = 4;
     tb_dtype od = cs->dtype;
     const char *t = tb__ocl_ctype(od);
     const char *acc_t = tb_dtype_is_float(od) ? t : tb__ocl_utype(od);
     tb__lf bdims[TB_MAX_RANK];
     char head[160];
-    for (d = 0; d < nb; d++)
-        batch *= cs->dims[d];
     if (rm < 1) rm = 1;
     if (rn < 1) rn = 1;
     k->work_dim = 3;
@@ -16971,23 +16981,21 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, tb__ocl_kernel *k) {
     return TB_OK;
 }
 
-static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
+/* Matmul for GPUs: local-memory tiles. */
+static tb_status tb__cg_kernel_matmul_gpu(tb__cg *g, tb__ocl_kernel *k) {
     tb__ocl_lower *L = g->L;
     const tb_node *cn = L->info[k->core].node;
     int32_t ia = tb__ocl_operand(L, k->core, 0), ib = tb__ocl_operand(L, k->core, 1);
     const tb_shape *as = &L->info[ia].node->shape, *bs = &L->info[ib].node->shape;
     const tb_shape *cs = &cn->shape;
     int32_t r = cs->rank, d, i0, nb = r - 2;
-    int64_t M = cs->dims[r - 2], N = cs->dims[r - 1], K = as->dims[r - 1], batch = 1;
+    tb__ocl_mm mm = tb__ocl_mm_of(L, k->core);
+    int64_t M = mm.m, N = mm.n, K = mm.k, batch = mm.batch;
     int wx = 16, wy = 16, rm = 4, rn = 4, tk = 16, tm, tn;
     tb_dtype od = cs->dtype;
     const char *t = tb__ocl_ctype(od);
     const char *acc_t = tb_dtype_is_float(od) ? t : tb__ocl_utype(od);
     tb__lf bdims[TB_MAX_RANK];
-    for (d = 0; d < nb; d++)
-        batch *= cs->dims[d];
-    if (k->packed) return tb__cg_kernel_matmul_packed(g, k);
-    if (tb__ocl_codegen_cpu(g->L->dev)) return tb__cg_kernel_matmul_cpu(g, k);
     if (g->L->dev->info.max_work_group_size < 256) wx = wy = 8;
     if (M * N < 64 * 64 || M < 32 || N < 32) rm = rn = 1;
     tm = wy * rm;
@@ -17091,6 +17099,12 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
     return TB_OK;
 }
 
+static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
+    if (k->packed) return tb__cg_kernel_matmul_packed(g, k);
+    if (tb__ocl_codegen_cpu(g->L->dev)) return tb__cg_kernel_matmul_cpu(g, k);
+    return tb__cg_kernel_matmul_gpu(g, k);
+}
+
 /* A kernel with no work item (its output has no element): not launched, not emitted. */
 static bool tb__ocl_kernel_empty(const tb__ocl_kernel *k) {
     if (k->group_size[0] > 0) return k->groups[0] == 0 || k->groups[1] == 0 || k->groups[2] == 0;
@@ -17133,18 +17147,12 @@ static void tb__ocl_kernel_name(tb__ocl_plan *p, size_t index, const tb__ocl_low
     size_t i;
     int dup = 0;
     if (k->kind == TB__OCL_K_MATMUL) {
-        const tb_node *c = L->info[k->core].node;
-        const tb_shape *cs = &c->shape;
-        const tb_shape *as = &L->info[tb__ocl_operand(L, k->core, 0)].node->shape;
-        int64_t batch = 1;
-        int32_t d;
-        for (d = 0; d + 2 < cs->rank; d++)
-            batch *= cs->dims[d];
-        snprintf(base, sizeof base, "MM_%lld_%lld_%lld", (long long)cs->dims[cs->rank - 2],
-                 (long long)cs->dims[cs->rank - 1], (long long)as->dims[as->rank - 1]);
-        if (batch != 1) {
+        tb__ocl_mm mm = tb__ocl_mm_of(L, k->core);
+        snprintf(base, sizeof base, "MM_%lld_%lld_%lld", (long long)mm.m, (long long)mm.n,
+                 (long long)mm.k);
+        if (mm.batch != 1) {
             size_t n = strlen(base);
-            snprintf(base + n, sizeof base - n, "_b%lld", (long long)batch);
+            snprintf(base + n, sizeof base - n, "_b%lld", (long long)mm.batch);
         }
     } else if (k->kind == TB__OCL_K_PACK_A || k->kind == TB__OCL_K_PACK_B) {
         /* panels of the matmul's operand: count x depth x width */
