@@ -68,6 +68,24 @@ static tb_status tb__name_check(const char *fn, const char *what, const char *na
                      what, name, TB_MAX_NAME);
 }
 
+/* Room for a quoted foreign string: 64 bytes, "..." and the NUL. */
+#define TB__QUOTE_CAP 68
+
+/* Copies at most 64 bytes of `src` (a caller's or a plugin's string) into `dst` for a message:
+   bytes outside printable ASCII become '?', and "..." marks a cut. Reads at most 65 bytes. */
+static void tb__quote(char dst[TB__QUOTE_CAP], const char *src) {
+    size_t i;
+    for (i = 0; i < 64 && src[i] != '\0'; i++) {
+        unsigned char c = (unsigned char)src[i];
+        dst[i] = c >= 0x20 && c <= 0x7e ? (char)c : '?';
+    }
+    if (i == 64 && src[i] != '\0') {
+        memcpy(dst + i, "...", 3);
+        i += 3;
+    }
+    dst[i] = '\0';
+}
+
 /* Walks comma-separated tags; spaces around a tag are ignored. Returns false on a bad list. */
 static bool tb__tags_next(const char **cursor, const char **tag, size_t *len) {
     const char *p = *cursor;
@@ -224,10 +242,12 @@ static tb_status tb__backend_register(const char *fn, const char *name, const tb
     }
     if (tags == NULL) tags = "";
     if (!tb__tags_valid(tags)) {
+        char quoted[TB__QUOTE_CAP];
+        tb__quote(quoted, tags);
         return tb__error(TB_ERR_INVALID_ARGUMENT,
-                         "%s: bad tags '%.64s' for backend '%s' (expected comma-separated "
+                         "%s: bad tags '%s' for backend '%s' (expected comma-separated "
                          "identifiers)",
-                         fn, tags, name);
+                         fn, quoted, name);
     }
     b = (tb_backend *)tb__calloc(1, sizeof *b);
     if (b == NULL) return tb_last_status();
@@ -338,9 +358,47 @@ static void tb__host_free(void *ptr) {
 static const tb_plugin_host tb__plugin_host = {TB_API_VERSION, tb__host_set_error, tb__host_log,
                                                tb__host_alloc, tb__host_free};
 
+/* Sets the error, then unloads the object: the message may quote the plugin's strings, which
+   are gone once it is closed, so every failure after dlopen goes through here. */
+static tb_status tb__plugin_fail(void *handle, tb_status status, const char *fmt, ...)
+    TB_PRINTF_LIKE(3, 4);
+static tb_status tb__plugin_fail(void *handle, tb_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    tb__error_v(status, fmt, ap);
+    va_end(ap);
+    dlclose(handle);
+    return status;
+}
+
+/* Why a plugin's backend name is unusable, in `buf` (quoting at most 64 bytes of it, printable
+   ASCII only); false when the name is good. */
+static bool tb__plugin_name_problem(const char *name, char *buf, size_t cap) {
+    char quoted[TB__QUOTE_CAP];
+    size_t len;
+    if (name == NULL) {
+        snprintf(buf, cap, "gives no backend name (NULL)");
+        return true;
+    }
+    if (tb__name_valid(name)) return false;
+    for (len = 0; len <= TB_MAX_NAME && name[len] != '\0'; len++) {
+    }
+    tb__quote(quoted, name);
+    if (len == 0) {
+        snprintf(buf, cap, "gives an empty backend name");
+    } else if (len > TB_MAX_NAME) {
+        snprintf(buf, cap, "gives a backend name longer than %d bytes ('%s')", TB_MAX_NAME, quoted);
+    } else {
+        snprintf(buf, cap, "gives a bad backend name '%s' (expected [A-Za-z_][A-Za-z0-9_]*)",
+                 quoted);
+    }
+    return true;
+}
+
 /* Loads the shared object at `path` and registers the backend it describes; `expected` is the
    name it must give (NULL: any). Every failure closes the object and leaves the registry as it
-   was: TB_ERR_PLUGIN, or TB_ERR_DUPLICATE when the name is taken. */
+   was: TB_ERR_PLUGIN, or TB_ERR_DUPLICATE when the name is taken. Nothing of the plugin's is
+   read after it is closed: on success its strings were copied by the registration. */
 static tb_status tb__plugin_load(const char *fn, const char *path, const char *expected,
                                  tb_backend **out) {
     void *handle, *sym;
@@ -359,9 +417,8 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
     }
     sym = dlsym(handle, TB_PLUGIN_ENTRY_NAME);
     if (sym == NULL) {
-        dlclose(handle);
-        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s does not export %s", fn, path,
-                         TB_PLUGIN_ENTRY_NAME);
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s does not export %s", fn,
+                               path, TB_PLUGIN_ENTRY_NAME);
     }
     /* ISO C has no cast from an object pointer to a function pointer; POSIX guarantees the
        representations match. */
@@ -376,36 +433,31 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
         if (st != TB_OK) {
             snprintf(reason, sizeof reason, "%s",
                      tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
-            dlclose(handle);
-            return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s: %s failed: %s", fn, path,
-                             TB_PLUGIN_ENTRY_NAME, reason);
+            return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s: %s failed: %s", fn,
+                                   path, TB_PLUGIN_ENTRY_NAME, reason);
         }
         tb__error_restore(&saved);
     }
     if (desc.api_version != TB_API_VERSION) {
-        dlclose(handle);
-        return tb__error(TB_ERR_PLUGIN,
-                         "%s: plugin %.400s was built for API version %u, this library has %u", fn,
-                         path, (unsigned)desc.api_version, (unsigned)TB_API_VERSION);
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN,
+                               "%s: plugin %.400s was built for API version %u, this library has "
+                               "%u",
+                               fn, path, (unsigned)desc.api_version, (unsigned)TB_API_VERSION);
     }
-    if (!tb__name_valid(desc.name)) {
-        dlclose(handle);
-        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s gives a bad backend name '%.64s'", fn,
-                         path, desc.name != NULL ? desc.name : "(null)");
+    if (tb__plugin_name_problem(desc.name, reason, sizeof reason)) {
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s %s", fn, path, reason);
     }
     if (expected != NULL && strcmp(desc.name, expected) != 0) {
-        snprintf(reason, sizeof reason, "%s", desc.name);
-        dlclose(handle);
-        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s registers backend '%s', expected '%s'",
-                         fn, path, reason, expected);
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN,
+                               "%s: plugin %.400s registers backend '%s', expected '%s'", fn, path,
+                               desc.name, expected);
     }
     st = tb__backend_register(fn, desc.name, &desc.impl, desc.tags, handle, out);
     if (st != TB_OK) {
-        /* The message may quote the plugin's strings: copy it before unloading. */
+        /* the registration's message may quote the plugin's strings: it is our copy already */
         snprintf(reason, sizeof reason, "%s", tb_last_error());
-        dlclose(handle);
-        if (st == TB_ERR_DUPLICATE) return tb__error(st, "%s", reason);
-        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s: %s", fn, path, reason);
+        if (st == TB_ERR_DUPLICATE) return tb__plugin_fail(handle, st, "%s", reason);
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s: %s", fn, path, reason);
     }
     return TB_OK;
 }

@@ -800,6 +800,54 @@ static void test_bad_plugins_rejected(void **state) {
     }
 }
 
+/* Plugins whose strings are hostile and live in the plugin's own memory: the host must quote
+   them from copies taken before it unloads the object (each used to crash the host). */
+static void test_hostile_plugins_rejected(void **state) {
+    static const bad_plugin_case cases[] = {
+        {"slashname", "gives a bad backend name 'bad/name' (expected [A-Za-z_][A-Za-z0-9_]*"},
+        {"colonname", "gives a bad backend name 'bad:name' (expected [A-Za-z_][A-Za-z0-9_]*"},
+        {"longname", "gives a backend name longer than 31 bytes ('aaaaaaaaaaaaaaaa"},
+        {"nullname", "gives no backend name (NULL)"},
+        {"emptyname", "gives an empty backend name"},
+        {"ctrlname", "gives a bad backend name 'ctrl?name?[31m'"},
+        {"longtags", "bad tags '!!!!!!!!!!!!!!!!"},
+    };
+    size_t i, k, before;
+    (void)state;
+    before = count_all();
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[1024], file[64];
+        int round;
+        plugin_path(cases[i].name, path, sizeof path);
+        snprintf(file, sizeof file, "libtb_backend_%s.so", cases[i].name);
+        for (round = 0; round < 2; round++) {
+            const char *fn = round == 0 ? "tb_backend_lookup: " : "tb_backend_load_plugin: ";
+            if (round == 0) {
+                assert_null(tb_backend_lookup(cases[i].name));
+            } else {
+                assert_int_equal(tb_backend_load_plugin(path), TB_ERR_PLUGIN);
+            }
+            if (tb_last_status() != TB_ERR_PLUGIN || strstr(tb_last_error(), file) == NULL ||
+                strstr(tb_last_error(), cases[i].reason) == NULL ||
+                strncmp(tb_last_error(), fn, strlen(fn)) != 0) {
+                fail_msg("%s: status %d, message '%s'", cases[i].name, (int)tb_last_status(),
+                         tb_last_error());
+            }
+            /* the message quotes printable text only, and not all 10 KB of it */
+            for (k = 0; tb_last_error()[k] != '\0'; k++) {
+                unsigned char c = (unsigned char)tb_last_error()[k];
+                if (c < 0x20 || c > 0x7e) fail_msg("%s: byte %u in the message", cases[i].name, c);
+            }
+            assert_true(k < 1000);
+            assert_int_equal(count_all(), before);
+            assert_false(tb_has_backend(cases[i].name));
+        }
+    }
+    /* the registry still works */
+    assert_non_null(tb_backend_lookup("cpu"));
+    assert_non_null(tb_backend_lookup("plugin"));
+}
+
 /* ---- concurrency ---- */
 
 typedef struct thread_arg {
@@ -1189,6 +1237,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_plugin_found_on_path, reset, reset),
         cmocka_unit_test_setup_teardown(test_plugin_explicit_load, reset, reset),
         cmocka_unit_test_setup_teardown(test_bad_plugins_rejected, reset, reset),
+        cmocka_unit_test_setup_teardown(test_hostile_plugins_rejected, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_register_distinct, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_register_same_name, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_load_plugin_once, reset, reset),
