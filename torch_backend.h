@@ -490,13 +490,15 @@ typedef struct tb_backend_impl {
 /* Registers a backend under `name` (1..TB_MAX_NAME bytes, [A-Za-z_][A-Za-z0-9_]*), with
    comma-separated `tags` (may be NULL or ""; each tag an identifier). The impl is copied; its
    init entry runs first and its failure rejects the registration. Errors: NULL or bad name,
-   missing required entries, TB_ERR_DUPLICATE "duplicate name: X". Thread-safe. */
+   missing required entries, TB_ERR_DUPLICATE "duplicate name: X", and the cause when the
+   built-in backends (registered on first use) could not be registered first. Thread-safe. */
 TBDEF tb_status tb_backend_register(const char *name, const tb_backend_impl *impl,
                                     const char *tags);
 /* Looks a backend up. On a miss it searches $TB_BACKEND_PATH for libtb_backend_<name>.so and
    loads it as a plugin. Still missing: NULL and TB_ERR_NOT_FOUND
-   "unknown backend 'x'; available: cpu, opencl". The handle lives until tb_shutdown.
-   Thread-safe. */
+   "unknown backend 'x'; available: cpu, opencl". A built-in backend whose registration failed
+   (memory ran out) gives that cause instead, and the next call registers it again. The handle
+   lives until tb_shutdown. Thread-safe. */
 TBDEF tb_backend *tb_backend_lookup(const char *name);
 /* True if a backend of that name is registered or loadable as a plugin. Does not set an error
    when the answer is false. Thread-safe. */
@@ -1456,7 +1458,9 @@ static bool tb__data_set_host_release(tb_backend_data *data, const void *host,
    (unknown backend: lists those that exist; bad ordinal: gives the device count) */
 static tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
                                     tb_device *out);
-static void tb__register_builtin_backends(void); /* cpu, opencl: called once by the registry */
+/* cpu, opencl: those not registered yet (the registry calls it until all are) */
+struct tb__builtin_failure;
+static void tb__register_builtin_backends(struct tb__builtin_failure *why);
 
 /* ir.c: nodes. Operands are retained by the node; the node is created with refcount 1. */
 struct tb_node {
@@ -1534,7 +1538,7 @@ static void tb__cpu_backend_impl(tb_backend_impl *out);
 
 /* opencl.c */
 #if !defined(TB_NO_OPENCL)
-/* registers the "opencl" backend (called once by tb__register_builtin_backends) */
+/* registers the "opencl" backend (called by tb__register_builtin_backends) */
 static tb_status tb__opencl_register(void);
 #endif
 
@@ -2091,11 +2095,14 @@ TBDEF void tb_shutdown(void) {
         tb__mutex_unlock(&tb__setup_mutex);
         return;
     }
-    /* Later layers first; they may still allocate, log and read the desc meanwhile. */
+    /* Later layers first; they may still allocate, log and read the desc meanwhile. The
+       metrics go last of all: every layer records them, the backends too (in prepare_to_exit
+       and while their buffers are released), and a metric recorded after the table was freed
+       would outlive the allocator hooks. Nothing after this point allocates. */
     tb__executor_shutdown();
-    tb__metrics_shutdown();
     tb__ir_shutdown();
     tb__registry_shutdown();
+    tb__metrics_shutdown();
     tb__free_desc_strings();
     memset(&tb__g.desc, 0, sizeof tb__g.desc);
     tb__g.device_source = NULL;
@@ -3245,17 +3252,33 @@ static bool tb__tags_have(const char *tags, const char *wanted) {
 
 /* ---- the registry ---- */
 
-static void tb__registry_ensure(void) {
+/* Why a built-in backend is missing after tb__registry_ensure. */
+typedef struct tb__builtin_failure {
+    tb_status status;           /* TB_OK: every built-in backend is registered */
+    char name[TB_MAX_NAME + 1]; /* the first one that could not be */
+    char reason[TB__ERROR_CAP];
+} tb__builtin_failure;
+
+/* Registers the built-in backends that are not registered yet. A failure (memory ran out) is
+   not remembered: the next call tries again, so a transient failure does not disable a
+   backend for the rest of the process. The caller's error is kept; the first failure is
+   described in `why` (may be NULL). */
+static void tb__registry_ensure(tb__builtin_failure *why) {
+    tb__builtin_failure local;
+    if (why == NULL) why = &local;
+    why->status = TB_OK;
+    why->name[0] = '\0';
+    why->reason[0] = '\0';
     if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) != 0 || tb__builtin_thread) return;
     tb__mutex_lock(&tb__builtin_mutex);
     if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) == 0) {
         tb__saved_error saved;
         tb__error_save(&saved);
         tb__builtin_thread = true;
-        tb__register_builtin_backends();
+        tb__register_builtin_backends(why);
         tb__builtin_thread = false;
         tb__error_restore(&saved);
-        TB__ATOMIC_ADD(&tb__reg.builtins_done, 1);
+        if (why->status == TB_OK) TB__ATOMIC_ADD(&tb__reg.builtins_done, 1);
     }
     tb__mutex_unlock(&tb__builtin_mutex);
 }
@@ -3419,8 +3442,16 @@ static tb_status tb__backend_register(const char *fn, const char *name, const tb
 
 TBDEF tb_status tb_backend_register(const char *name, const tb_backend_impl *impl,
                                     const char *tags) {
+    tb__builtin_failure why;
     tb__ensure_setup();
-    tb__registry_ensure();
+    /* the built-in names are the built-ins' own: none is taken while one is missing */
+    tb__registry_ensure(&why);
+    if (why.status != TB_OK) {
+        return tb__error(why.status,
+                         "tb_backend_register: cannot register the built-in backend "
+                         "'%s' first: %s",
+                         why.name, why.reason);
+    }
     return tb__backend_register("tb_backend_register", name, impl, tags, NULL, NULL);
 }
 
@@ -3619,15 +3650,22 @@ static tb_backend *tb__plugin_search(const char *fn, const char *name, bool *fou
 /* Lookup with messages naming `fn`; loads a plugin on a miss. */
 static tb_backend *tb__lookup(const char *fn, const char *name) {
     tb_backend *b;
+    tb__builtin_failure why;
     char available[512];
     if (name == NULL) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: backend name is NULL", fn);
         return NULL;
     }
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(&why);
     b = tb__find_ready(name);
     if (b != NULL) return b;
+    if (why.status != TB_OK && strcmp(why.name, name) == 0) {
+        /* the real cause, not "unknown backend": the next call tries again */
+        tb__error(why.status, "%s: cannot register the built-in backend '%s': %s", fn, name,
+                  why.reason);
+        return NULL;
+    }
 #if TB__HAVE_PLUGINS
     if (tb__name_valid(name)) {
         bool found;
@@ -3666,7 +3704,7 @@ TBDEF size_t tb_backend_list(const char **names, size_t cap, bool include_hidden
         return 0;
     }
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
     /* Selection by "next larger name": no allocation, and the lists are short. */
     for (;;) {
@@ -3736,7 +3774,7 @@ TBDEF const char *tb_get_backend(void) {
     const char *wanted;
     tb__saved_error saved;
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
     b = tb__reg.current;
     tb__mutex_unlock(&tb__reg_mutex);
@@ -4123,7 +4161,7 @@ TBDEF tb_status tb_backend_load_plugin(const char *path) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_load_plugin: path is NULL");
     }
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(NULL);
 #if TB__HAVE_PLUGINS
     if (!tb__is_file(path)) {
         return tb__error(TB_ERR_IO, "tb_backend_load_plugin: cannot open %.400s: %s", path,
@@ -4153,7 +4191,8 @@ static TB__UNUSED tb_backend *tb__backend_for_device(const tb_device *device) {
     return tb__lookup("tb_backend_lookup", name);
 }
 
-/* Called by tb_shutdown after the executor, metrics and IR let go of their data. */
+/* Called by tb_shutdown after the executor and the IR let go of their data, before the
+   metrics (which backends may still record while they exit). */
 static void tb__registry_shutdown(void) {
     tb_backend **items;
     size_t count, i;
@@ -4428,20 +4467,48 @@ static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *
 
 /* ---- built-in backends ---- */
 
-static void tb__register_builtin_backends(void) {
-    tb_backend_impl impl;
-    tb_backend *cpu = NULL;
-    tb__cpu_backend_impl(&impl);
-    if (tb__backend_register("tb_backend_register", "cpu", &impl, "", NULL, &cpu) == TB_OK) {
-        tb__mutex_lock(&tb__reg_mutex);
-        tb__reg.cpu = cpu;
-        tb__mutex_unlock(&tb__reg_mutex);
-    } else {
-        tb_log_message(TB_LOG_ERROR, "cannot register the cpu backend: %s", tb_last_error());
+/* Whether an entry of that name exists (ready or not). */
+static bool tb__registered(const char *name) {
+    bool found;
+    tb__mutex_lock(&tb__reg_mutex);
+    found = tb__find_locked(name) != NULL;
+    tb__mutex_unlock(&tb__reg_mutex);
+    return found;
+}
+
+/* Keeps the first failure of a built-in's registration (its message is the thread's error). */
+static void tb__builtin_failed(tb__builtin_failure *why, const char *name, tb_status st) {
+    tb_log_message(TB_LOG_DEBUG,
+                   "the %s backend is not registered (tried again at the next use): %s", name,
+                   tb_last_error());
+    if (why->status != TB_OK) return;
+    why->status = st;
+    snprintf(why->name, sizeof why->name, "%s", name);
+    snprintf(why->reason, sizeof why->reason, "%s",
+             tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
+}
+
+static void tb__register_builtin_backends(tb__builtin_failure *why) {
+    tb_status st;
+    if (!tb__registered("cpu")) {
+        tb_backend_impl impl;
+        tb_backend *cpu = NULL;
+        tb__cpu_backend_impl(&impl);
+        tb_clear_error();
+        st = tb__backend_register("tb_backend_register", "cpu", &impl, "", NULL, &cpu);
+        if (st == TB_OK) {
+            tb__mutex_lock(&tb__reg_mutex);
+            tb__reg.cpu = cpu;
+            tb__mutex_unlock(&tb__reg_mutex);
+        } else {
+            tb__builtin_failed(why, "cpu", st);
+        }
     }
 #if !defined(TB_NO_OPENCL)
-    if (tb__opencl_register() != TB_OK) {
-        tb_log_message(TB_LOG_DEBUG, "the opencl backend is not registered: %s", tb_last_error());
+    if (!tb__registered("opencl")) {
+        tb_clear_error();
+        st = tb__opencl_register();
+        if (st != TB_OK) tb__builtin_failed(why, "opencl", st);
     }
 #endif
 }

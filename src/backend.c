@@ -130,17 +130,33 @@ static bool tb__tags_have(const char *tags, const char *wanted) {
 
 /* ---- the registry ---- */
 
-static void tb__registry_ensure(void) {
+/* Why a built-in backend is missing after tb__registry_ensure. */
+typedef struct tb__builtin_failure {
+    tb_status status;           /* TB_OK: every built-in backend is registered */
+    char name[TB_MAX_NAME + 1]; /* the first one that could not be */
+    char reason[TB__ERROR_CAP];
+} tb__builtin_failure;
+
+/* Registers the built-in backends that are not registered yet. A failure (memory ran out) is
+   not remembered: the next call tries again, so a transient failure does not disable a
+   backend for the rest of the process. The caller's error is kept; the first failure is
+   described in `why` (may be NULL). */
+static void tb__registry_ensure(tb__builtin_failure *why) {
+    tb__builtin_failure local;
+    if (why == NULL) why = &local;
+    why->status = TB_OK;
+    why->name[0] = '\0';
+    why->reason[0] = '\0';
     if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) != 0 || tb__builtin_thread) return;
     tb__mutex_lock(&tb__builtin_mutex);
     if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) == 0) {
         tb__saved_error saved;
         tb__error_save(&saved);
         tb__builtin_thread = true;
-        tb__register_builtin_backends();
+        tb__register_builtin_backends(why);
         tb__builtin_thread = false;
         tb__error_restore(&saved);
-        TB__ATOMIC_ADD(&tb__reg.builtins_done, 1);
+        if (why->status == TB_OK) TB__ATOMIC_ADD(&tb__reg.builtins_done, 1);
     }
     tb__mutex_unlock(&tb__builtin_mutex);
 }
@@ -304,8 +320,16 @@ static tb_status tb__backend_register(const char *fn, const char *name, const tb
 
 TBDEF tb_status tb_backend_register(const char *name, const tb_backend_impl *impl,
                                     const char *tags) {
+    tb__builtin_failure why;
     tb__ensure_setup();
-    tb__registry_ensure();
+    /* the built-in names are the built-ins' own: none is taken while one is missing */
+    tb__registry_ensure(&why);
+    if (why.status != TB_OK) {
+        return tb__error(why.status,
+                         "tb_backend_register: cannot register the built-in backend "
+                         "'%s' first: %s",
+                         why.name, why.reason);
+    }
     return tb__backend_register("tb_backend_register", name, impl, tags, NULL, NULL);
 }
 
@@ -504,15 +528,22 @@ static tb_backend *tb__plugin_search(const char *fn, const char *name, bool *fou
 /* Lookup with messages naming `fn`; loads a plugin on a miss. */
 static tb_backend *tb__lookup(const char *fn, const char *name) {
     tb_backend *b;
+    tb__builtin_failure why;
     char available[512];
     if (name == NULL) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: backend name is NULL", fn);
         return NULL;
     }
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(&why);
     b = tb__find_ready(name);
     if (b != NULL) return b;
+    if (why.status != TB_OK && strcmp(why.name, name) == 0) {
+        /* the real cause, not "unknown backend": the next call tries again */
+        tb__error(why.status, "%s: cannot register the built-in backend '%s': %s", fn, name,
+                  why.reason);
+        return NULL;
+    }
 #if TB__HAVE_PLUGINS
     if (tb__name_valid(name)) {
         bool found;
@@ -551,7 +582,7 @@ TBDEF size_t tb_backend_list(const char **names, size_t cap, bool include_hidden
         return 0;
     }
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
     /* Selection by "next larger name": no allocation, and the lists are short. */
     for (;;) {
@@ -621,7 +652,7 @@ TBDEF const char *tb_get_backend(void) {
     const char *wanted;
     tb__saved_error saved;
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
     b = tb__reg.current;
     tb__mutex_unlock(&tb__reg_mutex);
@@ -1008,7 +1039,7 @@ TBDEF tb_status tb_backend_load_plugin(const char *path) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_load_plugin: path is NULL");
     }
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(NULL);
 #if TB__HAVE_PLUGINS
     if (!tb__is_file(path)) {
         return tb__error(TB_ERR_IO, "tb_backend_load_plugin: cannot open %.400s: %s", path,
@@ -1038,7 +1069,8 @@ static TB__UNUSED tb_backend *tb__backend_for_device(const tb_device *device) {
     return tb__lookup("tb_backend_lookup", name);
 }
 
-/* Called by tb_shutdown after the executor, metrics and IR let go of their data. */
+/* Called by tb_shutdown after the executor and the IR let go of their data, before the
+   metrics (which backends may still record while they exit). */
 static void tb__registry_shutdown(void) {
     tb_backend **items;
     size_t count, i;
@@ -1313,20 +1345,48 @@ static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *
 
 /* ---- built-in backends ---- */
 
-static void tb__register_builtin_backends(void) {
-    tb_backend_impl impl;
-    tb_backend *cpu = NULL;
-    tb__cpu_backend_impl(&impl);
-    if (tb__backend_register("tb_backend_register", "cpu", &impl, "", NULL, &cpu) == TB_OK) {
-        tb__mutex_lock(&tb__reg_mutex);
-        tb__reg.cpu = cpu;
-        tb__mutex_unlock(&tb__reg_mutex);
-    } else {
-        tb_log_message(TB_LOG_ERROR, "cannot register the cpu backend: %s", tb_last_error());
+/* Whether an entry of that name exists (ready or not). */
+static bool tb__registered(const char *name) {
+    bool found;
+    tb__mutex_lock(&tb__reg_mutex);
+    found = tb__find_locked(name) != NULL;
+    tb__mutex_unlock(&tb__reg_mutex);
+    return found;
+}
+
+/* Keeps the first failure of a built-in's registration (its message is the thread's error). */
+static void tb__builtin_failed(tb__builtin_failure *why, const char *name, tb_status st) {
+    tb_log_message(TB_LOG_DEBUG,
+                   "the %s backend is not registered (tried again at the next use): %s", name,
+                   tb_last_error());
+    if (why->status != TB_OK) return;
+    why->status = st;
+    snprintf(why->name, sizeof why->name, "%s", name);
+    snprintf(why->reason, sizeof why->reason, "%s",
+             tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
+}
+
+static void tb__register_builtin_backends(tb__builtin_failure *why) {
+    tb_status st;
+    if (!tb__registered("cpu")) {
+        tb_backend_impl impl;
+        tb_backend *cpu = NULL;
+        tb__cpu_backend_impl(&impl);
+        tb_clear_error();
+        st = tb__backend_register("tb_backend_register", "cpu", &impl, "", NULL, &cpu);
+        if (st == TB_OK) {
+            tb__mutex_lock(&tb__reg_mutex);
+            tb__reg.cpu = cpu;
+            tb__mutex_unlock(&tb__reg_mutex);
+        } else {
+            tb__builtin_failed(why, "cpu", st);
+        }
     }
 #if !defined(TB_NO_OPENCL)
-    if (tb__opencl_register() != TB_OK) {
-        tb_log_message(TB_LOG_DEBUG, "the opencl backend is not registered: %s", tb_last_error());
+    if (!tb__registered("opencl")) {
+        tb_clear_error();
+        st = tb__opencl_register();
+        if (st != TB_OK) tb__builtin_failed(why, "opencl", st);
     }
 #endif
 }

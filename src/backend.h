@@ -131,13 +131,15 @@ typedef struct tb_backend_impl {
 /* Registers a backend under `name` (1..TB_MAX_NAME bytes, [A-Za-z_][A-Za-z0-9_]*), with
    comma-separated `tags` (may be NULL or ""; each tag an identifier). The impl is copied; its
    init entry runs first and its failure rejects the registration. Errors: NULL or bad name,
-   missing required entries, TB_ERR_DUPLICATE "duplicate name: X". Thread-safe. */
+   missing required entries, TB_ERR_DUPLICATE "duplicate name: X", and the cause when the
+   built-in backends (registered on first use) could not be registered first. Thread-safe. */
 TBDEF tb_status tb_backend_register(const char *name, const tb_backend_impl *impl,
                                     const char *tags);
 /* Looks a backend up. On a miss it searches $TB_BACKEND_PATH for libtb_backend_<name>.so and
    loads it as a plugin. Still missing: NULL and TB_ERR_NOT_FOUND
-   "unknown backend 'x'; available: cpu, opencl". The handle lives until tb_shutdown.
-   Thread-safe. */
+   "unknown backend 'x'; available: cpu, opencl". A built-in backend whose registration failed
+   (memory ran out) gives that cause instead, and the next call registers it again. The handle
+   lives until tb_shutdown. Thread-safe. */
 TBDEF tb_backend *tb_backend_lookup(const char *name);
 /* True if a backend of that name is registered or loadable as a plugin. Does not set an error
    when the answer is false. Thread-safe. */

@@ -2834,6 +2834,69 @@ static void test_debug_lines(void **state) {
     probe();
 }
 
+/* ---- shutdown with an allocator hook ---- */
+
+/* Counts live blocks; each block has a header in front, so a block given to the default
+   allocator's free is caught by the address sanitizer. */
+#define HOOK_HEADER 32
+static long g_hook_live;
+
+static void *hook_alloc(size_t size, void *user_data) {
+    unsigned char *p = (unsigned char *)malloc(size + HOOK_HEADER);
+    (void)user_data;
+    if (p == NULL) return NULL;
+    __atomic_add_fetch(&g_hook_live, 1, __ATOMIC_RELAXED);
+    return p + HOOK_HEADER;
+}
+
+static void hook_free(void *ptr, void *user_data) {
+    (void)user_data;
+    __atomic_sub_fetch(&g_hook_live, 1, __ATOMIC_RELAXED);
+    free((unsigned char *)ptr - HOOK_HEADER);
+}
+
+/* The opencl backend releases its cached buffers at exit and counts that in the metrics:
+   tb_shutdown must give every block back to the hook (three metric entries used to stay,
+   to be freed by the next session's allocator). */
+static void test_shutdown_with_allocator_hook(void **state) {
+    tb_desc desc;
+    float a[12], got[12];
+    tb_shape s = shp(TB_F32, 2, 3, 4, 0, 0);
+    tb_tensor *x, *e, *y;
+    tb_device dev;
+    char *report;
+    int session;
+    (void)state;
+    REQUIRE_OPENCL();
+    fill(a, &s, R_ANY, 0);
+    for (session = 0; session < 2; session++) {
+        tb_shutdown();
+        memset(&desc, 0, sizeof desc);
+        if (session == 0) {
+            desc.allocator.alloc = hook_alloc;
+            desc.allocator.free = hook_free;
+        }
+        g_hook_live = 0;
+        assert_int_equal(tb_setup(&desc), TB_OK);
+        assert_int_equal(tb_device_make("opencl", 0, &dev), TB_OK);
+        x = tb_tensor_from_host(a, &s, &dev);
+        e = tb_exp(x);
+        y = tb_mul(e, x);
+        assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+        tb_tensor_release(x);
+        tb_tensor_release(e);
+        tb_tensor_release(y);
+        report = tb_metrics_report();
+        assert_non_null(report);
+        tb_free(report);
+        tb_metrics_reset();
+        tb_shutdown();
+        assert_int_equal(g_hook_live, 0);
+    }
+    restart_library();
+    probe();
+}
+
 /* ---- no OpenCL library ---- */
 
 static void test_unavailable_library(void **state) {
@@ -2930,6 +2993,7 @@ int main(void) {
         cmocka_unit_test(test_two_devices),
         cmocka_unit_test(test_disk_cache),
         cmocka_unit_test(test_debug_lines),
+        cmocka_unit_test(test_shutdown_with_allocator_hook),
         cmocka_unit_test(test_unavailable_library),
     };
     if (getenv("TB_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("TB_TEST_FILTER"));

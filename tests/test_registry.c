@@ -112,12 +112,15 @@ static tb_backend_impl test_impl(test_backend *t) {
 
 static test_backend one_cpu = {1, {TB_DEVICE_CPU}, 0, 0, TB_OK, false};
 
+static char *g_backend_path; /* TB_BACKEND_PATH as the program found it */
+
 static int reset(void **state) {
     (void)state;
     tb_shutdown();
     tb_clear_error();
     unsetenv("TB_BACKEND");
     unsetenv("TB_DEVICE");
+    if (g_backend_path != NULL) setenv("TB_BACKEND_PATH", g_backend_path, 1);
     return 0;
 }
 
@@ -670,6 +673,174 @@ static void test_backend_hooks(void **state) {
     assert_string_equal(info.device.backend, "hooked");
 }
 
+/* ---- allocation failures and shutdown order ---- */
+
+/* An allocator hook that counts live blocks and refuses the calls numbered fail_at ..
+   fail_at + fail_n - 1 (counted from 0 at arming). Each block has a header in front, so a
+   block given to another allocator's free is caught by the address sanitizer. */
+typedef struct hook_allocator {
+    pthread_mutex_t lock;
+    long live;
+    long calls; /* since arming */
+    long fail_at, fail_n;
+    long refused;
+} hook_allocator;
+
+#define HOOK_HEADER 32
+
+static hook_allocator g_hook = {PTHREAD_MUTEX_INITIALIZER, 0, 0, -1, 0, 0};
+
+static void *hook_alloc(size_t size, void *user_data) {
+    hook_allocator *h = (hook_allocator *)user_data;
+    unsigned char *p = NULL;
+    bool refuse;
+    pthread_mutex_lock(&h->lock);
+    refuse = h->fail_at >= 0 && h->calls >= h->fail_at && h->calls - h->fail_at < h->fail_n;
+    h->calls++;
+    if (refuse) {
+        h->refused++;
+    } else {
+        p = (unsigned char *)malloc(size + HOOK_HEADER);
+        if (p != NULL) h->live++;
+    }
+    pthread_mutex_unlock(&h->lock);
+    return p != NULL ? p + HOOK_HEADER : NULL;
+}
+
+static void hook_free(void *ptr, void *user_data) {
+    hook_allocator *h = (hook_allocator *)user_data;
+    pthread_mutex_lock(&h->lock);
+    h->live--;
+    pthread_mutex_unlock(&h->lock);
+    free((unsigned char *)ptr - HOOK_HEADER);
+}
+
+static void hook_arm(long fail_at, long fail_n) {
+    pthread_mutex_lock(&g_hook.lock);
+    g_hook.calls = 0;
+    g_hook.refused = 0;
+    g_hook.fail_at = fail_at;
+    g_hook.fail_n = fail_n;
+    pthread_mutex_unlock(&g_hook.lock);
+}
+
+static void hook_setup(void) {
+    tb_desc desc;
+    tb_shutdown();
+    hook_arm(-1, 0);
+    g_hook.live = 0;
+    memset(&desc, 0, sizeof desc);
+    desc.allocator.alloc = hook_alloc;
+    desc.allocator.free = hook_free;
+    desc.allocator.user_data = &g_hook;
+    assert_int_equal(tb_setup(&desc), TB_OK);
+}
+
+/* 2 * [1, 2, 3] on the cpu backend. */
+static void check_cpu_computes(void) {
+    float in[3] = {1, 2, 3}, out[3] = {0, 0, 0};
+    tb_shape shape = tb_shape_of(TB_F32, 1, 3);
+    tb_device cpu;
+    tb_tensor *x, *y;
+    assert_int_equal(tb_device_make("cpu", 0, &cpu), TB_OK);
+    x = tb_tensor_from_host(in, &shape, &cpu);
+    y = tb_add(x, x);
+    assert_int_equal(tb_tensor_to_host(y, out, sizeof out), TB_OK);
+    assert_true(out[0] == 2 && out[1] == 4 && out[2] == 6);
+    tb_tensor_release(x);
+    tb_tensor_release(y);
+}
+
+/* A transient failure while the built-in backends register is reported with its cause and
+   tried again at the next use (it used to leave 'cpu' unknown until tb_shutdown). */
+static void test_builtin_registration_retried(void **state) {
+    long k;
+    (void)state;
+    unsetenv("TB_BACKEND_PATH"); /* no plugin search: only the registry answers (reset restores) */
+    /* every allocation refused */
+    hook_setup();
+    hook_arm(0, 1000000);
+    assert_null(tb_backend_lookup("cpu"));
+    assert_int_equal(tb_last_status(), TB_ERR_OUT_OF_MEMORY);
+    assert_starts_with(tb_last_error(), "tb_backend_lookup: cannot register the built-in "
+                                        "backend 'cpu': tb: out of memory allocating ");
+    assert_false(tb_has_backend("cpu"));
+    hook_arm(-1, 0);
+    assert_non_null(tb_backend_lookup("cpu"));
+    assert_string_equal(tb_get_backend(), "cpu");
+    check_cpu_computes();
+    /* one refused allocation at each point of the registration in turn */
+    for (k = 0;; k++) {
+        tb_backend *b;
+        hook_setup();
+        hook_arm(k, 1);
+        b = tb_backend_lookup("cpu");
+        if (g_hook.refused == 0) {
+            assert_non_null(b);
+            break; /* past the last allocation */
+        }
+        if (b == NULL) {
+            if (tb_last_status() != TB_ERR_OUT_OF_MEMORY ||
+                strstr(tb_last_error(), "out of memory") == NULL) {
+                fail_msg("allocation %ld refused: status %d, '%s'", k, (int)tb_last_status(),
+                         tb_last_error());
+            }
+        }
+        hook_arm(-1, 0);
+        assert_non_null(tb_backend_lookup("cpu"));
+#if !defined(TB_NO_OPENCL)
+        assert_non_null(tb_backend_lookup("opencl"));
+#endif
+        check_cpu_computes();
+        tb_shutdown();
+        assert_int_equal(g_hook.live, 0);
+    }
+    assert_true(k > 2);
+}
+
+static int g_exit_metrics_calls;
+
+/* prepare_to_exit of a backend that keeps metrics (as the opencl backend does). */
+static void exit_with_metrics(void *u) {
+    (void)u;
+    g_exit_metrics_calls++;
+    tb_metrics_add("ExitBackend::Released", 1);
+    tb_metrics_sample("ExitBackend::ReleaseTime", 1000.0);
+}
+
+/* tb_shutdown tears the layers down in an order where nothing records a metric or allocates
+   after its owner is gone: a backend's prepare_to_exit may still record metrics. */
+static void test_shutdown_order_metrics(void **state) {
+    static test_backend t; /* static: prepare_to_exit runs in tb_shutdown */
+    tb_backend_impl impl;
+    char *report;
+    (void)state;
+    t = one_cpu;
+    impl = test_impl(&t);
+    impl.prepare_to_exit = exit_with_metrics;
+    g_exit_metrics_calls = 0;
+    hook_setup();
+    assert_int_equal(tb_backend_register("exiting", &impl, NULL), TB_OK);
+    check_cpu_computes();
+    tb_metrics_add("ExitBackend::Before", 1);
+    tb_shutdown();
+    assert_int_equal(g_exit_metrics_calls, 1);
+    assert_int_equal(g_hook.live, 0); /* every block of the hook given back */
+    /* a new session with the default allocator starts from nothing and frees only its own */
+    assert_int_equal(tb_setup(NULL), TB_OK);
+    assert_int_equal(tb_metrics_counter("ExitBackend::Released"), 0);
+    assert_int_equal(tb_metrics_counter("ExitBackend::Before"), 0);
+    tb_metrics_add("ExitBackend::After", 2);
+    report = tb_metrics_report();
+    assert_non_null(report);
+    assert_null(strstr(report, "ExitBackend::Released"));
+    assert_non_null(strstr(report, "ExitBackend::After"));
+    tb_free(report);
+    check_cpu_computes();
+    tb_metrics_reset();
+    tb_shutdown();
+}
+
 /* ---- plugins ---- */
 
 static const char *plugin_dir(void) {
@@ -1217,6 +1388,7 @@ static void test_cpu_backend_computation(void **state) {
 }
 
 int main(void) {
+    int failed;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_builtin_cpu, reset, reset),
         cmocka_unit_test_setup_teardown(test_register_and_lookup, reset, reset),
@@ -1234,6 +1406,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_default_device_kept_by_library, reset, reset),
         cmocka_unit_test_setup_teardown(test_cpu_defaults_and_info, reset, reset),
         cmocka_unit_test_setup_teardown(test_backend_hooks, reset, reset),
+        cmocka_unit_test_setup_teardown(test_builtin_registration_retried, reset, reset),
+        cmocka_unit_test_setup_teardown(test_shutdown_order_metrics, reset, reset),
         cmocka_unit_test_setup_teardown(test_plugin_found_on_path, reset, reset),
         cmocka_unit_test_setup_teardown(test_plugin_explicit_load, reset, reset),
         cmocka_unit_test_setup_teardown(test_bad_plugins_rejected, reset, reset),
@@ -1245,5 +1419,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_cpu_data_scalar_borrow_and_errors, reset, reset),
         cmocka_unit_test_setup_teardown(test_cpu_backend_computation, reset, reset),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    if (getenv("TB_BACKEND_PATH") != NULL) g_backend_path = strdup(getenv("TB_BACKEND_PATH"));
+    failed = cmocka_run_group_tests(tests, NULL, NULL);
+    free(g_backend_path);
+    return failed;
 }
