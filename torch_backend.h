@@ -457,7 +457,9 @@ typedef struct tb_backend_impl {
     /* Frees a computation (when it leaves the computation cache). Required. */
     void (*release_computation)(void *user_data, void *computation);
     /* (optional) LTC GetComputationBackendText: the computation as the backend sees it (the
-       OpenCL C of its program, ...); owned by the computation. NULL: no text. */
+       OpenCL C of its program, ...); owned by the computation. NULL without an error: no text;
+       NULL with an error set (host->set_error, tb_set_error): the text could not be made, and
+       tb_ir_backend_text fails with that error. */
     const char *(*computation_backend_text)(void *user_data, const void *computation);
 
     /* LTC GetBackendDevices: how many devices exist; fills at most `cap` of `out` with their
@@ -475,7 +477,8 @@ typedef struct tb_backend_impl {
     tb_status (*set_default_device_ordinal)(void *user_data, int32_t ordinal);
     /* (optional) LTC EagerFallbackDeviceType. NULL: TB_DEVICE_CPU. */
     tb_device_type (*eager_fallback_device_type)(void *user_data);
-    /* (optional) LTC CreateMetricsReport: snprintf-like, returns the full length. NULL: "". */
+    /* (optional) LTC CreateMetricsReport: snprintf-like, returns the full length. NULL: "".
+       Returning 0 with an error set (memory ran out) fails tb_backend_metrics_report. */
     size_t (*create_metrics_report)(void *user_data, char *buf, size_t cap);
     /* (optional) Which kernel of `computation` computes node `node_index` of the post-order
        (tb_graph.nodes) of the graph it was compiled from: the kernel's index, and its name in
@@ -4131,29 +4134,41 @@ TBDEF tb_status tb_backend_eager_fallback_device_type(const char *backend, tb_de
 
 TBDEF char *tb_backend_metrics_report(const char *backend) {
     tb_backend *b = tb__lookup("tb_backend_metrics_report", backend);
-    char small[512], *text;
-    size_t n;
+    char small[512], *buf = small;
+    size_t cap = sizeof small, n;
+    int attempt;
+    tb__saved_error saved;
     if (b == NULL) return NULL;
     if (b->impl.create_metrics_report == NULL) return tb__strdup("");
-    small[0] = '\0';
-    n = b->impl.create_metrics_report(b->impl.user_data, small, sizeof small);
-    if (n < sizeof small) {
-        small[n] = '\0';
-        return tb__strdup(small);
+    tb__error_save(&saved);
+    /* the report may grow between the call that measures it and the call that fills it */
+    for (attempt = 0;; attempt++) {
+        buf[0] = '\0';
+        tb_clear_error();
+        n = b->impl.create_metrics_report(b->impl.user_data, buf, cap);
+        if (n == 0 && tb_last_status() != TB_OK) {
+            /* an empty report would pass for the answer */
+            tb__backend_failed(tb_last_status(), b, "create_metrics_report");
+            if (buf != small) tb__free(buf);
+            return NULL;
+        }
+        tb__error_restore(&saved);
+        if (n < cap || attempt == 3) break;
+        if (buf != small) tb__free(buf);
+        buf = small;
+        if (n == SIZE_MAX) {
+            tb__error(TB_ERR_OVERFLOW,
+                      "tb_backend_metrics_report: backend '%s' gives a report of SIZE_MAX bytes",
+                      b->name);
+            return NULL;
+        }
+        cap = n + 1;
+        buf = (char *)tb__alloc(cap);
+        if (buf == NULL) return NULL;
     }
-    if (n == SIZE_MAX) {
-        tb__error(TB_ERR_OVERFLOW,
-                  "tb_backend_metrics_report: backend '%s' gives a report of "
-                  "SIZE_MAX bytes",
-                  b->name);
-        return NULL;
-    }
-    text = (char *)tb__alloc(n + 1);
-    if (text == NULL) return NULL;
-    text[0] = '\0';
-    b->impl.create_metrics_report(b->impl.user_data, text, n + 1);
-    text[n] = '\0';
-    return text;
+    if (n >= cap) n = cap - 1;
+    buf[n] = '\0';
+    return buf != small ? buf : tb__strdup(small);
 }
 
 TBDEF tb_status tb_backend_load_plugin(const char *path) {
@@ -5951,21 +5966,30 @@ static size_t tb__metric_find(const tb__metric_table *table, const char *name, b
     return lo;
 }
 
-/* The entry of `name`, created when missing; NULL when out of memory. Caller holds the lock. */
+/* The entry of `name`, created when missing; NULL when out of memory. Recording is best
+   effort: a metric that cannot be created is dropped, and the caller's error (its operation
+   succeeded) stays as it was. Caller holds the lock. */
 static tb__metric *tb__metric_get(tb__metric_table *table, const char *name) {
     bool found;
     size_t at = tb__metric_find(table, name, &found);
     tb__metric *m;
+    tb__saved_error saved;
     if (found) return table->items[at];
+    tb__error_save(&saved);
     if (tb__grow((void **)&table->items, &table->cap, table->count + 1, sizeof(tb__metric *)) !=
         TB_OK) {
+        tb__error_restore(&saved);
         return NULL;
     }
     m = (tb__metric *)tb__calloc(1, sizeof(tb__metric));
-    if (m == NULL) return NULL;
+    if (m == NULL) {
+        tb__error_restore(&saved);
+        return NULL;
+    }
     m->name = tb__strdup(name);
     if (m->name == NULL) {
         tb__free(m);
+        tb__error_restore(&saved);
         return NULL;
     }
     memmove(table->items + at + 1, table->items + at, (table->count - at) * sizeof(tb__metric *));
@@ -6900,10 +6924,14 @@ static tb__comp_cache_entry *tb__comp_cache_insert(tb__comp_cache_entry *e) {
         size_t nb = 16;
         while (nb < capacity && nb < ((size_t)1 << 20))
             nb *= 2;
+        tb__saved_error saved;
+        tb__error_save(&saved);
         tb__comp_cache_buckets =
             (tb__comp_cache_entry **)tb__calloc(nb, sizeof(tb__comp_cache_entry *));
         if (tb__comp_cache_buckets == NULL) {
-            /* uncached: the computation lives as long as the caller's reference */
+            /* uncached: the computation lives as long as the caller's reference, and the
+               caller's operation goes on, its error untouched */
+            tb__error_restore(&saved);
             tb__mutex_unlock(&tb__comp_cache_mutex);
             return e;
         }
@@ -7947,13 +7975,15 @@ TBDEF tb_status tb_tensor_item(tb_tensor *tensor, double *out) {
 
 /* For tb_ir_dot: per position of the dump's walk `w`, the kernel that computes the node in the
    computation a sync of `roots` would run (-1: none), when the backend of the tensors' device
-   says so. The computation stays referenced in *entry while the names are in use. Any failure
-   (mixed devices, a backend without get_node_kernel, a graph that does not compile) gives
-   false and leaves the caller's error as it was: the dump is drawn without clusters. */
+   says so. The computation stays referenced in *entry while the names are in use. A graph
+   that cannot have clusters (mixed devices, a backend without get_node_kernel, a graph that
+   does not compile) gives false and leaves the caller's error as it was: the dump is drawn
+   without clusters. Memory running out is an error of the dump (*failed true, the error set):
+   a dump without its clusters would pass for the complete one. */
 static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, size_t count,
                                   const tb__exec_roots *roots, const tb__exec_walk *w,
                                   int32_t **kernel, const char ***names,
-                                  tb__comp_cache_entry **entry) {
+                                  tb__comp_cache_entry **entry, bool *failed) {
     tb__exec ex;
     tb__exec_walk cw;
     tb_graph g;
@@ -7966,6 +7996,7 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     *kernel = NULL;
     *names = NULL;
     *entry = NULL;
+    *failed = false;
     if (roots->count == 0 || w->num_order == 0) return false;
     for (i = 0; i < count; i++) {
         if (!tb_device_equal(&tensors[i]->device, &roots->device)) return false;
@@ -8010,7 +8041,11 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     }
     tb__free((void *)results);
     tb__exec_walk_free(&cw);
-    tb__error_restore(&saved);
+    if (!ok && (st == TB_ERR_OUT_OF_MEMORY || st == TB_ERR_OVERFLOW)) {
+        *failed = true; /* the error stays: the dump fails with it */
+    } else {
+        tb__error_restore(&saved);
+    }
     return ok;
 }
 
@@ -8041,13 +8076,15 @@ static char *tb__exec_dump(const char *func, tb_tensor *const *tensors, size_t c
         /* every tensor has its operand node now: the roots were collected from them */
         for (i = 0; i < count; i++)
             nodes[i] = tb__tensor_ir(tensors[i]);
+        bool failed = false;
         if (dot) {
-            tb__exec_dump_kernels(func, tensors, count, &roots, &w, &kernel, &names, &entry);
-            tb__exec_dot_append(&s, &w, nodes, count, kernel, names);
+            tb__exec_dump_kernels(func, tensors, count, &roots, &w, &kernel, &names, &entry,
+                                  &failed);
+            if (!failed) tb__exec_dot_append(&s, &w, nodes, count, kernel, names);
         } else {
             tb__exec_text_append(&s, &w, nodes, count);
         }
-        text = tb__str_take(&s);
+        if (!failed) text = tb__str_take(&s);
     }
     tb__free(kernel);
     tb__free((void *)names);
@@ -8104,10 +8141,19 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
         if (st == TB_OK) {
             const char *backend_text = NULL;
             if (ex.vt->computation_backend_text != NULL) {
+                /* NULL is "no text" only without an error: with one, the text could not be
+                   made (memory ran out), and an empty text would pass for the answer */
+                tb__saved_error saved;
+                tb__exec_call_begin(&saved);
                 backend_text =
                     ex.vt->computation_backend_text(ex.vt->user_data, entry->computation);
+                if (backend_text == NULL && tb_last_status() != TB_OK) {
+                    st = tb__exec_call_failed(&ex, tb_last_status(), "computation_backend_text");
+                } else {
+                    tb__error_restore(&saved);
+                }
             }
-            text = tb__strdup(backend_text != NULL ? backend_text : "");
+            if (st == TB_OK) text = tb__strdup(backend_text != NULL ? backend_text : "");
         }
     }
     tb__comp_cache_release(entry);

@@ -98,7 +98,9 @@ typedef struct tb_backend_impl {
     /* Frees a computation (when it leaves the computation cache). Required. */
     void (*release_computation)(void *user_data, void *computation);
     /* (optional) LTC GetComputationBackendText: the computation as the backend sees it (the
-       OpenCL C of its program, ...); owned by the computation. NULL: no text. */
+       OpenCL C of its program, ...); owned by the computation. NULL without an error: no text;
+       NULL with an error set (host->set_error, tb_set_error): the text could not be made, and
+       tb_ir_backend_text fails with that error. */
     const char *(*computation_backend_text)(void *user_data, const void *computation);
 
     /* LTC GetBackendDevices: how many devices exist; fills at most `cap` of `out` with their
@@ -116,7 +118,8 @@ typedef struct tb_backend_impl {
     tb_status (*set_default_device_ordinal)(void *user_data, int32_t ordinal);
     /* (optional) LTC EagerFallbackDeviceType. NULL: TB_DEVICE_CPU. */
     tb_device_type (*eager_fallback_device_type)(void *user_data);
-    /* (optional) LTC CreateMetricsReport: snprintf-like, returns the full length. NULL: "". */
+    /* (optional) LTC CreateMetricsReport: snprintf-like, returns the full length. NULL: "".
+       Returning 0 with an error set (memory ran out) fails tb_backend_metrics_report. */
     size_t (*create_metrics_report)(void *user_data, char *buf, size_t cap);
     /* (optional) Which kernel of `computation` computes node `node_index` of the post-order
        (tb_graph.nodes) of the graph it was compiled from: the kernel's index, and its name in
