@@ -47,6 +47,12 @@
      reason is in tb_last_error() (thread-local). An op given a NULL input returns NULL and keeps
      the first error, so a chain of ops can be checked once at the end.
 
+   LISTS AND TEXTS INTO CALLER ARRAYS
+     Functions that fill an array of `cap` entries (tb_backend_list, tb_backend_devices,
+     tb_shape_format, tb_device_format) return or store the full count (or length) whatever
+     `cap` is, and write at most `cap` entries. A NULL array asks for the count alone: `cap`
+     is then ignored, and the count is the same as with an array.
+
    THREAD SAFETY
      The registry, the op table, the metrics and the computation cache are guarded by locks. A
      tensor may be read from several threads; building graphs on the same tensors from several
@@ -276,8 +282,8 @@ TBDEF tb_status tb_shape_broadcast(const tb_shape *a, const tb_shape *b, tb_shap
 /* Row-major element strides of a contiguous tensor of this shape. */
 TBDEF tb_status tb_shape_strides(const tb_shape *shape, int64_t strides[TB_MAX_RANK]);
 /* Writes "f32[2,3]" ("f32[]" for rank 0) like snprintf: returns the length the full text needs
-   (without the NUL), writes at most `cap` bytes including the NUL. `buf` may be NULL if cap is 0.
- */
+   (without the NUL), writes at most `cap` bytes including the NUL. `buf` NULL: just the
+   length (`cap` is ignored). */
 TBDEF size_t tb_shape_format(const tb_shape *shape, char *buf, size_t cap);
 /* Parses the text form back ("f32[2,3]", "i64[]", spaces allowed around numbers).
    Bad text is TB_ERR_INVALID_ARGUMENT with the position; a valid text with too large dims is
@@ -463,7 +469,8 @@ typedef struct tb_backend_impl {
     const char *(*computation_backend_text)(void *user_data, const void *computation);
 
     /* LTC GetBackendDevices: how many devices exist; fills at most `cap` of `out` with their
-       type and ordinal (the library fills the backend name). Required; may return 0. */
+       type and ordinal (the library fills the backend name). `out` is NULL only with `cap`
+       0. Required; may return 0. */
     size_t (*get_backend_devices)(void *user_data, tb_device *out, size_t cap);
     /* (optional) LTC GetBackendDevice(ordinal). NULL: looked up in get_backend_devices. */
     tb_status (*get_backend_device)(void *user_data, int32_t ordinal, tb_device *out);
@@ -508,7 +515,7 @@ TBDEF tb_backend *tb_backend_lookup(const char *name);
 TBDEF bool tb_has_backend(const char *name);
 /* Sorted names of the registered backends, hiding those tagged "debug" or "experimental" unless
    `include_hidden`. Returns how many there are and fills at most `cap` of `names` (pointers
-   valid until tb_shutdown). Thread-safe. */
+   valid until tb_shutdown). `names` NULL: just the count (`cap` is ignored). Thread-safe. */
 TBDEF size_t tb_backend_list(const char **names, size_t cap, bool include_hidden);
 TBDEF const char *tb_backend_name(const tb_backend *backend);
 /* The tags as registered ("" when none). */
@@ -523,7 +530,8 @@ TBDEF const tb_backend_impl *tb_backend_get_impl(const tb_backend *backend);
 TBDEF tb_status tb_set_backend(const char *name);
 TBDEF const char *tb_get_backend(void);
 
-/* The devices of a backend: fills at most `cap`, *count gets how many exist. */
+/* The devices of a backend: fills at most `cap`, *count (may be NULL) gets how many exist.
+   `out` NULL: just the count (`cap` is ignored). */
 TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t cap, size_t *count);
 /* Facts about one device. */
 TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *out);
@@ -874,9 +882,11 @@ TBDEF tb_tensor *tb_eye(int64_t n, int64_t m, tb_dtype dtype, const tb_device *d
    f32 rounding boundary. */
 TBDEF tb_tensor *tb_rand(const tb_shape *shape, const tb_device *device);
 TBDEF tb_tensor *tb_randn(const tb_shape *shape, const tb_device *device);
-/* Sets the seed and resets the offset to 0; calls every registered backend's set_rng_seed.
-   tb_shutdown restores the default seed. Thread-safe. */
-TBDEF void tb_manual_seed(uint64_t seed);
+/* Sets the seed and resets the offset to 0; calls every registered backend's set_rng_seed
+   (a backend registered later is not called). All or nothing: on an error (memory ran out
+   while the library or its built-in backends were set up) neither the seed nor any backend
+   changed. tb_shutdown restores the default seed. Thread-safe. */
+TBDEF tb_status tb_manual_seed(uint64_t seed);
 
 /* ---- handles ----
    A tensor holds either a pending graph (its IR node) or a materialised value (backend data);
@@ -3151,6 +3161,7 @@ struct tb_backend {
 typedef struct tb__registry {
     tb_backend **items;
     size_t count, cap;
+    size_t removals;       /* entries removed (a failed init), so that a walk can restart */
     tb_backend *current;   /* NULL until chosen (lazily from the desc) */
     bool warned_default;   /* the unknown-default warning was logged */
     int32_t builtins_done; /* read atomically */
@@ -3321,6 +3332,7 @@ static void tb__remove_entry(tb_backend *b) {
             memmove(tb__reg.items + i, tb__reg.items + i + 1,
                     (tb__reg.count - i - 1) * sizeof *tb__reg.items);
             tb__reg.count--;
+            tb__reg.removals++;
             break;
         }
     }
@@ -3616,6 +3628,19 @@ static bool tb__is_file(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* Why `path` is not a regular file, for "cannot open PATH: REASON"; NULL when it is one. The
+   errno of the failed stat is read at once, before any other call can change it. */
+static const char *tb__file_problem(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int err = errno;
+        return err != 0 ? strerror(err) : "stat failed";
+    }
+    if (S_ISDIR(st.st_mode)) return "it is a directory";
+    if (!S_ISREG(st.st_mode)) return "not a regular file";
+    return NULL;
+}
+
 /* Searches $TB_BACKEND_PATH for libtb_backend_<name>.so and loads the first one found.
    NULL with *found false: no such file (no error set); NULL with *found true: it failed. */
 static tb_backend *tb__plugin_search(const char *fn, const char *name, bool *found) {
@@ -3702,10 +3727,7 @@ static bool tb__hidden(const tb_backend *b) {
 TBDEF size_t tb_backend_list(const char **names, size_t cap, bool include_hidden) {
     const char *prev = NULL;
     size_t n = 0;
-    if (names == NULL && cap > 0) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_list: names is NULL but cap is %zu", cap);
-        return 0;
-    }
+    if (names == NULL) cap = 0; /* the count alone, whatever cap says */
     tb__ensure_setup();
     tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
@@ -3895,10 +3917,7 @@ static TB__UNUSED tb_status tb__backend_device(const char *fn, const char *backe
 TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t cap, size_t *count) {
     tb_backend *b;
     size_t n, i;
-    if (out == NULL && cap > 0) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_devices: out is NULL but cap is %zu",
-                         cap);
-    }
+    if (out == NULL) cap = 0; /* the count alone, whatever cap says */
     b = tb__lookup("tb_backend_devices", backend);
     if (b == NULL) return tb_last_status();
     if (cap > 0) memset(out, 0, cap * sizeof *out);
@@ -4178,9 +4197,12 @@ TBDEF tb_status tb_backend_load_plugin(const char *path) {
     tb__ensure_setup();
     tb__registry_ensure(NULL);
 #if TB__HAVE_PLUGINS
-    if (!tb__is_file(path)) {
-        return tb__error(TB_ERR_IO, "tb_backend_load_plugin: cannot open %.400s: %s", path,
-                         strerror(errno));
+    {
+        const char *problem = tb__file_problem(path);
+        if (problem != NULL) {
+            return tb__error(TB_ERR_IO, "tb_backend_load_plugin: cannot open %.400s: %s", path,
+                             problem);
+        }
     }
     return tb__plugin_load("tb_backend_load_plugin", path, NULL, NULL);
 #else
@@ -4204,6 +4226,33 @@ static TB__UNUSED tb_backend *tb__backend_for_device(const tb_device *device) {
     memcpy(name, device->backend, TB_MAX_NAME);
     name[TB_MAX_NAME] = '\0';
     return tb__lookup("tb_backend_lookup", name);
+}
+
+/* Calls every ready backend's set_rng_seed. Allocates nothing, so it cannot stop half-way.
+   Entries live until tb_shutdown, but a failed registration removes its entry and shifts the
+   array: the walk then starts again (a backend told twice hears the same seed). */
+static void tb__registry_set_rng_seed(uint64_t seed) {
+    size_t i = 0, removals;
+    tb__mutex_lock(&tb__reg_mutex);
+    removals = tb__reg.removals;
+    tb__mutex_unlock(&tb__reg_mutex);
+    for (;;) {
+        tb_backend *b = NULL;
+        bool ready = false;
+        tb__mutex_lock(&tb__reg_mutex);
+        if (tb__reg.removals != removals) {
+            removals = tb__reg.removals;
+            i = 0;
+        }
+        if (i < tb__reg.count) {
+            b = tb__reg.items[i];
+            ready = b->ready;
+        }
+        tb__mutex_unlock(&tb__reg_mutex);
+        if (b == NULL) break;
+        if (ready && b->impl.set_rng_seed != NULL) b->impl.set_rng_seed(b->impl.user_data, seed);
+        i++;
+    }
 }
 
 /* Called by tb_shutdown after the executor and the IR let go of their data, before the
@@ -8165,23 +8214,22 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
 
 /* ---- seeding, shutdown ---- */
 
-TBDEF void tb_manual_seed(uint64_t seed) {
-    const char **names;
-    size_t n, i;
+TBDEF tb_status tb_manual_seed(uint64_t seed) {
+    tb__builtin_failure why;
     tb__ensure_setup();
+    if (!tb_is_setup()) return tb_last_status(); /* memory ran out setting the library up */
+    /* Every backend that exists is registered first, so that either all of them hear of the
+       seed or nothing changes; from there on nothing allocates, nothing can fail. */
+    tb__registry_ensure(&why);
+    if (why.status != TB_OK) {
+        return tb__error(why.status,
+                         "tb_manual_seed: cannot register the built-in backend '%s': %s", why.name,
+                         why.reason);
+    }
     tb__rng_set_seed(seed);
     /* the registry lives in an earlier layer than the generator state: tell the backends here */
-    n = tb_backend_list(NULL, 0, true);
-    if (n == 0) return;
-    names = (const char **)tb__calloc(n, sizeof(const char *));
-    if (names == NULL) return;
-    n = tb_backend_list(names, n, true);
-    for (i = 0; i < n; i++) {
-        tb_backend *b = tb_backend_lookup(names[i]);
-        const tb_backend_impl *vt = b != NULL ? tb__backend_vtable(b) : NULL;
-        if (vt != NULL && vt->set_rng_seed != NULL) vt->set_rng_seed(vt->user_data, seed);
-    }
-    tb__free((void *)names);
+    tb__registry_set_rng_seed(seed);
+    return TB_OK;
 }
 
 static void tb__executor_shutdown(void) {
@@ -17583,11 +17631,21 @@ static char *tb__ocl_cache_dir(void) {
         *p = '/';
     }
     (void)mkdir(dir, 0755);
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        tb_log_message(TB_LOG_WARN, "opencl: the program cache folder %s is not usable: %s", dir,
-                       strerror(errno));
-        tb__free(dir);
-        return NULL;
+    {
+        /* errno only after the stat that failed: a file in the way succeeds the stat and
+           leaves mkdir's EEXIST ("File exists") behind */
+        const char *why = NULL;
+        if (stat(dir, &st) != 0) {
+            why = strerror(errno);
+        } else if (!S_ISDIR(st.st_mode)) {
+            why = "not a directory";
+        }
+        if (why != NULL) {
+            tb_log_message(TB_LOG_WARN, "opencl: the program cache folder %s is not usable: %s",
+                           dir, why);
+            tb__free(dir);
+            return NULL;
+        }
     }
     return dir;
 #endif
@@ -17636,6 +17694,7 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
     char *tmp;
     FILE *f;
     bool ok;
+    int err;
     memset(header, 0, sizeof header);
     memcpy(header, TB__OCL_BIN_MAGIC, 8);
     tb__ocl_put64(header + 8, (uint64_t)TB__OCL_BIN_VERSION | ((uint64_t)TB__OCL_BIN_HEADER << 32));
@@ -17653,11 +17712,22 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
         tb__free(tmp);
         return;
     }
+    /* errno is read at the call that failed (fclose and rename may change it on success, and a
+       short write need not set it) */
+    errno = 0;
     ok = fwrite(header, 1, sizeof header, f) == sizeof header && fwrite(payload, 1, n, f) == n;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
+    err = ok ? 0 : (errno != 0 ? errno : EIO);
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        err = errno != 0 ? errno : EIO;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = false;
+        err = errno != 0 ? errno : EIO;
+    }
+    if (!ok) {
         tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", path,
-                       strerror(errno));
+                       strerror(err));
         remove(tmp);
     }
     tb__free(tmp);
@@ -18941,17 +19011,29 @@ TBDEF tb_status tb_npy_save(const char *path, tb_tensor *tensor) {
     size_t preamble_len = major == 1 ? 10 : 12;
     for (size_t i = 8; i < preamble_len; ++i)
         preamble[i] = (unsigned char)((header_len >> (8 * (i - 8))) & 0xff);
+    /* errno is read at the call that failed (fclose and rename may change it on success, and a
+       short write need not set it) */
+    errno = 0;
     FILE *f = fopen(tmp, "wb");
     bool ok = f != NULL;
+    int err = ok ? 0 : errno;
     if (ok) {
         ok = fwrite(preamble, 1, preamble_len, f) == preamble_len &&
              fwrite(header, 1, header_len, f) == header_len &&
              (nbytes == 0 || fwrite(data, 1, nbytes, f) == nbytes);
-        ok = (fclose(f) == 0) && ok;
+        if (!ok) err = errno;
+        if (fclose(f) != 0 && ok) {
+            ok = false;
+            err = errno;
+        }
     }
-    if (ok && rename(tmp, path) != 0) ok = false;
+    if (ok && rename(tmp, path) != 0) {
+        ok = false;
+        err = errno;
+    }
     if (!ok) {
-        st = tb__error(TB_ERR_IO, "tb_npy_save: cannot write %s: %s", path, strerror(errno));
+        st = tb__error(TB_ERR_IO, "tb_npy_save: cannot write %s: %s", path,
+                       strerror(err != 0 ? err : EIO));
         remove(tmp);
     }
     tb__free(data);

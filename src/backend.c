@@ -26,6 +26,7 @@ struct tb_backend {
 typedef struct tb__registry {
     tb_backend **items;
     size_t count, cap;
+    size_t removals;       /* entries removed (a failed init), so that a walk can restart */
     tb_backend *current;   /* NULL until chosen (lazily from the desc) */
     bool warned_default;   /* the unknown-default warning was logged */
     int32_t builtins_done; /* read atomically */
@@ -196,6 +197,7 @@ static void tb__remove_entry(tb_backend *b) {
             memmove(tb__reg.items + i, tb__reg.items + i + 1,
                     (tb__reg.count - i - 1) * sizeof *tb__reg.items);
             tb__reg.count--;
+            tb__reg.removals++;
             break;
         }
     }
@@ -491,6 +493,19 @@ static bool tb__is_file(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* Why `path` is not a regular file, for "cannot open PATH: REASON"; NULL when it is one. The
+   errno of the failed stat is read at once, before any other call can change it. */
+static const char *tb__file_problem(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int err = errno;
+        return err != 0 ? strerror(err) : "stat failed";
+    }
+    if (S_ISDIR(st.st_mode)) return "it is a directory";
+    if (!S_ISREG(st.st_mode)) return "not a regular file";
+    return NULL;
+}
+
 /* Searches $TB_BACKEND_PATH for libtb_backend_<name>.so and loads the first one found.
    NULL with *found false: no such file (no error set); NULL with *found true: it failed. */
 static tb_backend *tb__plugin_search(const char *fn, const char *name, bool *found) {
@@ -577,10 +592,7 @@ static bool tb__hidden(const tb_backend *b) {
 TBDEF size_t tb_backend_list(const char **names, size_t cap, bool include_hidden) {
     const char *prev = NULL;
     size_t n = 0;
-    if (names == NULL && cap > 0) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_list: names is NULL but cap is %zu", cap);
-        return 0;
-    }
+    if (names == NULL) cap = 0; /* the count alone, whatever cap says */
     tb__ensure_setup();
     tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
@@ -770,10 +782,7 @@ static TB__UNUSED tb_status tb__backend_device(const char *fn, const char *backe
 TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t cap, size_t *count) {
     tb_backend *b;
     size_t n, i;
-    if (out == NULL && cap > 0) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_devices: out is NULL but cap is %zu",
-                         cap);
-    }
+    if (out == NULL) cap = 0; /* the count alone, whatever cap says */
     b = tb__lookup("tb_backend_devices", backend);
     if (b == NULL) return tb_last_status();
     if (cap > 0) memset(out, 0, cap * sizeof *out);
@@ -1053,9 +1062,12 @@ TBDEF tb_status tb_backend_load_plugin(const char *path) {
     tb__ensure_setup();
     tb__registry_ensure(NULL);
 #if TB__HAVE_PLUGINS
-    if (!tb__is_file(path)) {
-        return tb__error(TB_ERR_IO, "tb_backend_load_plugin: cannot open %.400s: %s", path,
-                         strerror(errno));
+    {
+        const char *problem = tb__file_problem(path);
+        if (problem != NULL) {
+            return tb__error(TB_ERR_IO, "tb_backend_load_plugin: cannot open %.400s: %s", path,
+                             problem);
+        }
     }
     return tb__plugin_load("tb_backend_load_plugin", path, NULL, NULL);
 #else
@@ -1079,6 +1091,33 @@ static TB__UNUSED tb_backend *tb__backend_for_device(const tb_device *device) {
     memcpy(name, device->backend, TB_MAX_NAME);
     name[TB_MAX_NAME] = '\0';
     return tb__lookup("tb_backend_lookup", name);
+}
+
+/* Calls every ready backend's set_rng_seed. Allocates nothing, so it cannot stop half-way.
+   Entries live until tb_shutdown, but a failed registration removes its entry and shifts the
+   array: the walk then starts again (a backend told twice hears the same seed). */
+static void tb__registry_set_rng_seed(uint64_t seed) {
+    size_t i = 0, removals;
+    tb__mutex_lock(&tb__reg_mutex);
+    removals = tb__reg.removals;
+    tb__mutex_unlock(&tb__reg_mutex);
+    for (;;) {
+        tb_backend *b = NULL;
+        bool ready = false;
+        tb__mutex_lock(&tb__reg_mutex);
+        if (tb__reg.removals != removals) {
+            removals = tb__reg.removals;
+            i = 0;
+        }
+        if (i < tb__reg.count) {
+            b = tb__reg.items[i];
+            ready = b->ready;
+        }
+        tb__mutex_unlock(&tb__reg_mutex);
+        if (b == NULL) break;
+        if (ready && b->impl.set_rng_seed != NULL) b->impl.set_rng_seed(b->impl.user_data, seed);
+        i++;
+    }
 }
 
 /* Called by tb_shutdown after the executor and the IR let go of their data, before the

@@ -104,7 +104,8 @@ typedef struct tb_backend_impl {
     const char *(*computation_backend_text)(void *user_data, const void *computation);
 
     /* LTC GetBackendDevices: how many devices exist; fills at most `cap` of `out` with their
-       type and ordinal (the library fills the backend name). Required; may return 0. */
+       type and ordinal (the library fills the backend name). `out` is NULL only with `cap`
+       0. Required; may return 0. */
     size_t (*get_backend_devices)(void *user_data, tb_device *out, size_t cap);
     /* (optional) LTC GetBackendDevice(ordinal). NULL: looked up in get_backend_devices. */
     tb_status (*get_backend_device)(void *user_data, int32_t ordinal, tb_device *out);
@@ -149,7 +150,7 @@ TBDEF tb_backend *tb_backend_lookup(const char *name);
 TBDEF bool tb_has_backend(const char *name);
 /* Sorted names of the registered backends, hiding those tagged "debug" or "experimental" unless
    `include_hidden`. Returns how many there are and fills at most `cap` of `names` (pointers
-   valid until tb_shutdown). Thread-safe. */
+   valid until tb_shutdown). `names` NULL: just the count (`cap` is ignored). Thread-safe. */
 TBDEF size_t tb_backend_list(const char **names, size_t cap, bool include_hidden);
 TBDEF const char *tb_backend_name(const tb_backend *backend);
 /* The tags as registered ("" when none). */
@@ -164,7 +165,8 @@ TBDEF const tb_backend_impl *tb_backend_get_impl(const tb_backend *backend);
 TBDEF tb_status tb_set_backend(const char *name);
 TBDEF const char *tb_get_backend(void);
 
-/* The devices of a backend: fills at most `cap`, *count gets how many exist. */
+/* The devices of a backend: fills at most `cap`, *count (may be NULL) gets how many exist.
+   `out` NULL: just the count (`cap` is ignored). */
 TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t cap, size_t *count);
 /* Facts about one device. */
 TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *out);

@@ -4642,11 +4642,21 @@ static char *tb__ocl_cache_dir(void) {
         *p = '/';
     }
     (void)mkdir(dir, 0755);
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        tb_log_message(TB_LOG_WARN, "opencl: the program cache folder %s is not usable: %s", dir,
-                       strerror(errno));
-        tb__free(dir);
-        return NULL;
+    {
+        /* errno only after the stat that failed: a file in the way succeeds the stat and
+           leaves mkdir's EEXIST ("File exists") behind */
+        const char *why = NULL;
+        if (stat(dir, &st) != 0) {
+            why = strerror(errno);
+        } else if (!S_ISDIR(st.st_mode)) {
+            why = "not a directory";
+        }
+        if (why != NULL) {
+            tb_log_message(TB_LOG_WARN, "opencl: the program cache folder %s is not usable: %s",
+                           dir, why);
+            tb__free(dir);
+            return NULL;
+        }
     }
     return dir;
 #endif
@@ -4695,6 +4705,7 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
     char *tmp;
     FILE *f;
     bool ok;
+    int err;
     memset(header, 0, sizeof header);
     memcpy(header, TB__OCL_BIN_MAGIC, 8);
     tb__ocl_put64(header + 8, (uint64_t)TB__OCL_BIN_VERSION | ((uint64_t)TB__OCL_BIN_HEADER << 32));
@@ -4712,11 +4723,22 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
         tb__free(tmp);
         return;
     }
+    /* errno is read at the call that failed (fclose and rename may change it on success, and a
+       short write need not set it) */
+    errno = 0;
     ok = fwrite(header, 1, sizeof header, f) == sizeof header && fwrite(payload, 1, n, f) == n;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
+    err = ok ? 0 : (errno != 0 ? errno : EIO);
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        err = errno != 0 ? errno : EIO;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = false;
+        err = errno != 0 ? errno : EIO;
+    }
+    if (!ok) {
         tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", path,
-                       strerror(errno));
+                       strerror(err));
         remove(tmp);
     }
     tb__free(tmp);

@@ -1978,23 +1978,22 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
 
 /* ---- seeding, shutdown ---- */
 
-TBDEF void tb_manual_seed(uint64_t seed) {
-    const char **names;
-    size_t n, i;
+TBDEF tb_status tb_manual_seed(uint64_t seed) {
+    tb__builtin_failure why;
     tb__ensure_setup();
+    if (!tb_is_setup()) return tb_last_status(); /* memory ran out setting the library up */
+    /* Every backend that exists is registered first, so that either all of them hear of the
+       seed or nothing changes; from there on nothing allocates, nothing can fail. */
+    tb__registry_ensure(&why);
+    if (why.status != TB_OK) {
+        return tb__error(why.status,
+                         "tb_manual_seed: cannot register the built-in backend '%s': %s", why.name,
+                         why.reason);
+    }
     tb__rng_set_seed(seed);
     /* the registry lives in an earlier layer than the generator state: tell the backends here */
-    n = tb_backend_list(NULL, 0, true);
-    if (n == 0) return;
-    names = (const char **)tb__calloc(n, sizeof(const char *));
-    if (names == NULL) return;
-    n = tb_backend_list(names, n, true);
-    for (i = 0; i < n; i++) {
-        tb_backend *b = tb_backend_lookup(names[i]);
-        const tb_backend_impl *vt = b != NULL ? tb__backend_vtable(b) : NULL;
-        if (vt != NULL && vt->set_rng_seed != NULL) vt->set_rng_seed(vt->user_data, seed);
-    }
-    tb__free((void *)names);
+    tb__registry_set_rng_seed(seed);
+    return TB_OK;
 }
 
 static void tb__executor_shutdown(void) {

@@ -2987,6 +2987,40 @@ static void test_shutdown_with_allocator_hook(void **state) {
     probe();
 }
 
+/* A cache folder that is a file: the warning gives that reason, not the errno a successful
+   call left behind ("File exists" from the mkdir before it). */
+static void test_cache_dir_is_a_file(void **state) {
+    char *old = getenv("TB_CACHE_DIR") != NULL ? strdup(getenv("TB_CACHE_DIR")) : NULL;
+    char file[64], expected[256];
+    tb_desc desc;
+    int fd;
+    (void)state;
+    REQUIRE_OPENCL();
+    snprintf(file, sizeof file, "/tmp/tb_cache_file_XXXXXX");
+    fd = mkstemp(file);
+    assert_true(fd >= 0);
+    close(fd);
+    setenv("TB_CACHE_DIR", file, 1);
+    tb_shutdown();
+    memset(&desc, 0, sizeof desc);
+    desc.logger.func = capture_log;
+    g_log[0] = '\0';
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    (void)run_fixed_graph();
+    snprintf(expected, sizeof expected,
+             "opencl: the program cache folder %s is not usable: not a directory\n", file);
+    if (strstr(g_log, expected) == NULL) fail_msg("the log: %s", g_log);
+    remove(file);
+    if (old != NULL) {
+        setenv("TB_CACHE_DIR", old, 1);
+        free(old);
+    } else {
+        unsetenv("TB_CACHE_DIR");
+    }
+    restart_library();
+    probe();
+}
+
 /* ---- no OpenCL library ---- */
 
 static void test_unavailable_library(void **state) {
@@ -3085,6 +3119,7 @@ int main(void) {
         cmocka_unit_test(test_disk_cache),
         cmocka_unit_test(test_debug_lines),
         cmocka_unit_test(test_shutdown_with_allocator_hook),
+        cmocka_unit_test(test_cache_dir_is_a_file),
         cmocka_unit_test(test_unavailable_library),
     };
     if (getenv("TB_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("TB_TEST_FILTER"));
