@@ -13655,6 +13655,7 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
     tb__cl_platform_id *platforms = NULL;
     tb__cl_int err = TB__OCL_CALL(rt, GetPlatformIDs)(0, NULL, &num_platforms);
     size_t total = 0;
+    bool oom = false;
     if (err != TB__CL_SUCCESS || num_platforms == 0) {
         tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE,
                             "opencl: no OpenCL platform is installed (clGetPlatformIDs: %s)",
@@ -13662,13 +13663,16 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
         return;
     }
     platforms = (tb__cl_platform_id *)tb__calloc(num_platforms, sizeof *platforms);
-    if (platforms == NULL ||
-        TB__OCL_CALL(rt, GetPlatformIDs)(num_platforms, platforms, NULL) != TB__CL_SUCCESS) {
+    if (platforms == NULL) {
+        tb__ocl_unavailable(rt, TB_ERR_OUT_OF_MEMORY, "opencl: %s", tb_last_error());
+        return;
+    }
+    if (TB__OCL_CALL(rt, GetPlatformIDs)(num_platforms, platforms, NULL) != TB__CL_SUCCESS) {
         tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE, "opencl: cannot list the OpenCL platforms");
         tb__free(platforms);
         return;
     }
-    for (p = 0; p < num_platforms; p++) {
+    for (p = 0; p < num_platforms && !oom; p++) {
         tb__cl_uint nd = 0, d;
         tb__cl_device_id *ids;
         if (TB__OCL_CALL(rt, GetDeviceIDs)(platforms[p], TB__CL_DEVICE_TYPE_ALL, 0, NULL, &nd) !=
@@ -13676,7 +13680,10 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
             nd == 0)
             continue;
         ids = (tb__cl_device_id *)tb__calloc(nd, sizeof *ids);
-        if (ids == NULL) continue;
+        if (ids == NULL) {
+            oom = true;
+            break;
+        }
         if (TB__OCL_CALL(rt, GetDeviceIDs)(platforms[p], TB__CL_DEVICE_TYPE_ALL, nd, ids, NULL) ==
             TB__CL_SUCCESS) {
             for (d = 0; d < nd; d++) {
@@ -13685,7 +13692,10 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
                     tb__ocl_info_u32(rt, ids[d], TB__CL_DEVICE_COMPILER_AVAILABLE) == 0)
                     continue;
                 grown = (tb__ocl_device *)tb__calloc(total + 1, sizeof *grown);
-                if (grown == NULL) break;
+                if (grown == NULL) {
+                    oom = true;
+                    break;
+                }
                 if (total > 0) memcpy(grown, rt->devices, total * sizeof *grown);
                 tb__free(rt->devices);
                 rt->devices = grown;
@@ -13701,6 +13711,11 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
     }
     tb__free(platforms);
     rt->num_devices = total;
+    if (oom) {
+        /* not "no device": a list cut short would stay so for the whole session */
+        tb__ocl_unavailable(rt, TB_ERR_OUT_OF_MEMORY, "opencl: %s", tb_last_error());
+        return;
+    }
     if (total == 0) {
         tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE,
                             "opencl: no usable OpenCL device (%u platform%s, none with an "
@@ -13721,8 +13736,9 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
     }
 }
 
-/* The runtime, loaded on first use. Call with tb__ocl_mutex held. Never NULL unless memory ran
-   out; an unusable runtime has status != TB_OK and no devices. */
+/* The runtime, loaded on first use. Call with tb__ocl_mutex held. NULL (the error set) when
+   memory ran out: nothing is kept, and the next call tries again. An unusable runtime has
+   status != TB_OK and no devices. */
 static tb__ocl_runtime *tb__ocl_runtime_get(void) {
     tb__ocl_runtime *rt = tb__ocl_current;
     if (rt != NULL) return rt;
@@ -13731,6 +13747,11 @@ static tb__ocl_runtime *tb__ocl_runtime_get(void) {
     rt->refcount = 1;
     rt->status = TB_OK;
     if (tb__ocl_load_library(rt)) tb__ocl_enumerate(rt);
+    if (rt->status == TB_ERR_OUT_OF_MEMORY) {
+        tb__error(rt->status, "%s", rt->reason);
+        tb__ocl_runtime_destroy(rt);
+        return NULL;
+    }
     if (rt->status != TB_OK) tb_log_message(TB_LOG_INFO, "%s", rt->reason);
     tb__ocl_current = rt;
     return rt;

@@ -2987,6 +2987,37 @@ static void test_shutdown_with_allocator_hook(void **state) {
     probe();
 }
 
+/* A refused allocation while the OpenCL runtime loads is an error of that call only: the next
+   call loads it again (a cut-short device list used to stay for the whole session). */
+static void test_runtime_load_retried(void **state) {
+    size_t expected = 0, count = 0;
+    long k;
+    (void)state;
+    REQUIRE_OPENCL();
+    assert_int_equal(tb_backend_devices("opencl", NULL, 0, &expected), TB_OK);
+    assert_true(expected > 0);
+    for (k = 0;; k++) {
+        tb_status st;
+        bool refused;
+        hook_session();
+        hook_arm(k);
+        st = tb_opencl_available();
+        refused = g_hook_refused != 0;
+        hook_arm(-1);
+        if (st != TB_OK && st != TB_ERR_OUT_OF_MEMORY) {
+            fail_msg("allocation %ld refused: status %d, '%s'", k, (int)st, tb_last_error());
+        }
+        assert_int_equal(tb_opencl_available(), TB_OK);
+        assert_int_equal(tb_backend_devices("opencl", NULL, 0, &count), TB_OK);
+        assert_int_equal(count, expected);
+        if (!refused) break;
+    }
+    assert_true(k > 2);
+    tb_shutdown();
+    assert_int_equal(tb_setup(NULL), TB_OK);
+    probe();
+}
+
 /* A cache folder that is a file: the warning gives that reason, not the errno a successful
    call left behind ("File exists" from the mkdir before it). */
 static void test_cache_dir_is_a_file(void **state) {
@@ -3120,6 +3151,7 @@ int main(void) {
         cmocka_unit_test(test_debug_lines),
         cmocka_unit_test(test_shutdown_with_allocator_hook),
         cmocka_unit_test(test_cache_dir_is_a_file),
+        cmocka_unit_test(test_runtime_load_retried),
         cmocka_unit_test(test_unavailable_library),
     };
     if (getenv("TB_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("TB_TEST_FILTER"));
