@@ -1018,7 +1018,7 @@ TBDEF tb_status tb_backend_eager_fallback_device_type(const char *backend, tb_de
 
 TBDEF char *tb_backend_metrics_report(const char *backend) {
     tb_backend *b = tb__lookup("tb_backend_metrics_report", backend);
-    char small[512], *buf = small;
+    char small[512], *heap = NULL;
     size_t cap = sizeof small, n;
     int attempt;
     tb__saved_error saved;
@@ -1027,19 +1027,20 @@ TBDEF char *tb_backend_metrics_report(const char *backend) {
     tb__error_save(&saved);
     /* the report may grow between the call that measures it and the call that fills it */
     for (attempt = 0;; attempt++) {
+        char *buf = heap != NULL ? heap : small;
         buf[0] = '\0';
         tb_clear_error();
         n = b->impl.create_metrics_report(b->impl.user_data, buf, cap);
         if (n == 0 && tb_last_status() != TB_OK) {
             /* an empty report would pass for the answer */
             tb__backend_failed(tb_last_status(), b, "create_metrics_report");
-            if (buf != small) tb__free(buf);
+            tb__free(heap);
             return NULL;
         }
         tb__error_restore(&saved);
         if (n < cap || attempt == 3) break;
-        if (buf != small) tb__free(buf);
-        buf = small;
+        tb__free(heap);
+        heap = NULL;
         if (n == SIZE_MAX) {
             tb__error(TB_ERR_OVERFLOW,
                       "tb_backend_metrics_report: backend '%s' gives a report of SIZE_MAX bytes",
@@ -1047,12 +1048,16 @@ TBDEF char *tb_backend_metrics_report(const char *backend) {
             return NULL;
         }
         cap = n + 1;
-        buf = (char *)tb__alloc(cap);
-        if (buf == NULL) return NULL;
+        heap = (char *)tb__alloc(cap);
+        if (heap == NULL) return NULL;
     }
     if (n >= cap) n = cap - 1;
-    buf[n] = '\0';
-    return buf != small ? buf : tb__strdup(small);
+    if (heap != NULL) {
+        heap[n] = '\0';
+        return heap;
+    }
+    small[n] = '\0';
+    return tb__strdup(small);
 }
 
 TBDEF tb_status tb_backend_load_plugin(const char *path) {
