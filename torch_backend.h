@@ -4583,6 +4583,7 @@ static void tb__register_builtin_backends(tb__builtin_failure *why) {
 }
 
 #undef TB__HAVE_PLUGINS
+#undef TB__QUOTE_CAP
 
 /* ---- src/ir.c ---- */
 /* ===========================================================================================

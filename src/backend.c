@@ -1448,3 +1448,4 @@ static void tb__register_builtin_backends(tb__builtin_failure *why) {
 }
 
 #undef TB__HAVE_PLUGINS
+#undef TB__QUOTE_CAP
