@@ -47,6 +47,12 @@
      reason is in tb_last_error() (thread-local). An op given a NULL input returns NULL and keeps
      the first error, so a chain of ops can be checked once at the end.
 
+   LISTS AND TEXTS INTO CALLER ARRAYS
+     Functions that fill an array of `cap` entries (tb_backend_list, tb_backend_devices,
+     tb_shape_format, tb_device_format) return or store the full count (or length) whatever
+     `cap` is, and write at most `cap` entries. A NULL array asks for the count alone: `cap`
+     is then ignored, and the count is the same as with an array.
+
    THREAD SAFETY
      The registry, the op table, the metrics and the computation cache are guarded by locks. A
      tensor may be read from several threads; building graphs on the same tensors from several
@@ -276,8 +282,8 @@ TBDEF tb_status tb_shape_broadcast(const tb_shape *a, const tb_shape *b, tb_shap
 /* Row-major element strides of a contiguous tensor of this shape. */
 TBDEF tb_status tb_shape_strides(const tb_shape *shape, int64_t strides[TB_MAX_RANK]);
 /* Writes "f32[2,3]" ("f32[]" for rank 0) like snprintf: returns the length the full text needs
-   (without the NUL), writes at most `cap` bytes including the NUL. `buf` may be NULL if cap is 0.
- */
+   (without the NUL), writes at most `cap` bytes including the NUL. `buf` NULL: just the
+   length (`cap` is ignored). */
 TBDEF size_t tb_shape_format(const tb_shape *shape, char *buf, size_t cap);
 /* Parses the text form back ("f32[2,3]", "i64[]", spaces allowed around numbers).
    Bad text is TB_ERR_INVALID_ARGUMENT with the position; a valid text with too large dims is
@@ -457,11 +463,14 @@ typedef struct tb_backend_impl {
     /* Frees a computation (when it leaves the computation cache). Required. */
     void (*release_computation)(void *user_data, void *computation);
     /* (optional) LTC GetComputationBackendText: the computation as the backend sees it (the
-       OpenCL C of its program, ...); owned by the computation. NULL: no text. */
+       OpenCL C of its program, ...); owned by the computation. NULL without an error: no text;
+       NULL with an error set (host->set_error, tb_set_error): the text could not be made, and
+       tb_ir_backend_text fails with that error. */
     const char *(*computation_backend_text)(void *user_data, const void *computation);
 
     /* LTC GetBackendDevices: how many devices exist; fills at most `cap` of `out` with their
-       type and ordinal (the library fills the backend name). Required; may return 0. */
+       type and ordinal (the library fills the backend name). `out` is NULL only with `cap`
+       0. Required; may return 0. */
     size_t (*get_backend_devices)(void *user_data, tb_device *out, size_t cap);
     /* (optional) LTC GetBackendDevice(ordinal). NULL: looked up in get_backend_devices. */
     tb_status (*get_backend_device)(void *user_data, int32_t ordinal, tb_device *out);
@@ -475,7 +484,8 @@ typedef struct tb_backend_impl {
     tb_status (*set_default_device_ordinal)(void *user_data, int32_t ordinal);
     /* (optional) LTC EagerFallbackDeviceType. NULL: TB_DEVICE_CPU. */
     tb_device_type (*eager_fallback_device_type)(void *user_data);
-    /* (optional) LTC CreateMetricsReport: snprintf-like, returns the full length. NULL: "". */
+    /* (optional) LTC CreateMetricsReport: snprintf-like, returns the full length. NULL: "".
+       Returning 0 with an error set (memory ran out) fails tb_backend_metrics_report. */
     size_t (*create_metrics_report)(void *user_data, char *buf, size_t cap);
     /* (optional) Which kernel of `computation` computes node `node_index` of the post-order
        (tb_graph.nodes) of the graph it was compiled from: the kernel's index, and its name in
@@ -490,20 +500,22 @@ typedef struct tb_backend_impl {
 /* Registers a backend under `name` (1..TB_MAX_NAME bytes, [A-Za-z_][A-Za-z0-9_]*), with
    comma-separated `tags` (may be NULL or ""; each tag an identifier). The impl is copied; its
    init entry runs first and its failure rejects the registration. Errors: NULL or bad name,
-   missing required entries, TB_ERR_DUPLICATE "duplicate name: X". Thread-safe. */
+   missing required entries, TB_ERR_DUPLICATE "duplicate name: X", and the cause when the
+   built-in backends (registered on first use) could not be registered first. Thread-safe. */
 TBDEF tb_status tb_backend_register(const char *name, const tb_backend_impl *impl,
                                     const char *tags);
 /* Looks a backend up. On a miss it searches $TB_BACKEND_PATH for libtb_backend_<name>.so and
    loads it as a plugin. Still missing: NULL and TB_ERR_NOT_FOUND
-   "unknown backend 'x'; available: cpu, opencl". The handle lives until tb_shutdown.
-   Thread-safe. */
+   "unknown backend 'x'; available: cpu, opencl". A built-in backend whose registration failed
+   (memory ran out) gives that cause instead, and the next call registers it again. The handle
+   lives until tb_shutdown. Thread-safe. */
 TBDEF tb_backend *tb_backend_lookup(const char *name);
 /* True if a backend of that name is registered or loadable as a plugin. Does not set an error
    when the answer is false. Thread-safe. */
 TBDEF bool tb_has_backend(const char *name);
 /* Sorted names of the registered backends, hiding those tagged "debug" or "experimental" unless
    `include_hidden`. Returns how many there are and fills at most `cap` of `names` (pointers
-   valid until tb_shutdown). Thread-safe. */
+   valid until tb_shutdown). `names` NULL: just the count (`cap` is ignored). Thread-safe. */
 TBDEF size_t tb_backend_list(const char **names, size_t cap, bool include_hidden);
 TBDEF const char *tb_backend_name(const tb_backend *backend);
 /* The tags as registered ("" when none). */
@@ -518,7 +530,8 @@ TBDEF const tb_backend_impl *tb_backend_get_impl(const tb_backend *backend);
 TBDEF tb_status tb_set_backend(const char *name);
 TBDEF const char *tb_get_backend(void);
 
-/* The devices of a backend: fills at most `cap`, *count gets how many exist. */
+/* The devices of a backend: fills at most `cap`, *count (may be NULL) gets how many exist.
+   `out` NULL: just the count (`cap` is ignored). */
 TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t cap, size_t *count);
 /* Facts about one device. */
 TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *out);
@@ -869,9 +882,11 @@ TBDEF tb_tensor *tb_eye(int64_t n, int64_t m, tb_dtype dtype, const tb_device *d
    f32 rounding boundary. */
 TBDEF tb_tensor *tb_rand(const tb_shape *shape, const tb_device *device);
 TBDEF tb_tensor *tb_randn(const tb_shape *shape, const tb_device *device);
-/* Sets the seed and resets the offset to 0; calls every registered backend's set_rng_seed.
-   tb_shutdown restores the default seed. Thread-safe. */
-TBDEF void tb_manual_seed(uint64_t seed);
+/* Sets the seed and resets the offset to 0; calls every registered backend's set_rng_seed
+   (a backend registered later is not called). All or nothing: on an error (memory ran out
+   while the library or its built-in backends were set up) neither the seed nor any backend
+   changed. tb_shutdown restores the default seed. Thread-safe. */
+TBDEF tb_status tb_manual_seed(uint64_t seed);
 
 /* ---- handles ----
    A tensor holds either a pending graph (its IR node) or a materialised value (backend data);
@@ -1456,7 +1471,9 @@ static bool tb__data_set_host_release(tb_backend_data *data, const void *host,
    (unknown backend: lists those that exist; bad ordinal: gives the device count) */
 static tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
                                     tb_device *out);
-static void tb__register_builtin_backends(void); /* cpu, opencl: called once by the registry */
+/* cpu, opencl: those not registered yet (the registry calls it until all are) */
+struct tb__builtin_failure;
+static void tb__register_builtin_backends(struct tb__builtin_failure *why);
 
 /* ir.c: nodes. Operands are retained by the node; the node is created with refcount 1. */
 struct tb_node {
@@ -1534,7 +1551,7 @@ static void tb__cpu_backend_impl(tb_backend_impl *out);
 
 /* opencl.c */
 #if !defined(TB_NO_OPENCL)
-/* registers the "opencl" backend (called once by tb__register_builtin_backends) */
+/* registers the "opencl" backend (called by tb__register_builtin_backends) */
 static tb_status tb__opencl_register(void);
 #endif
 
@@ -2091,11 +2108,14 @@ TBDEF void tb_shutdown(void) {
         tb__mutex_unlock(&tb__setup_mutex);
         return;
     }
-    /* Later layers first; they may still allocate, log and read the desc meanwhile. */
+    /* Later layers first; they may still allocate, log and read the desc meanwhile. The
+       metrics go last of all: every layer records them, the backends too (in prepare_to_exit
+       and while their buffers are released), and a metric recorded after the table was freed
+       would outlive the allocator hooks. Nothing after this point allocates. */
     tb__executor_shutdown();
-    tb__metrics_shutdown();
     tb__ir_shutdown();
     tb__registry_shutdown();
+    tb__metrics_shutdown();
     tb__free_desc_strings();
     memset(&tb__g.desc, 0, sizeof tb__g.desc);
     tb__g.device_source = NULL;
@@ -3141,6 +3161,7 @@ struct tb_backend {
 typedef struct tb__registry {
     tb_backend **items;
     size_t count, cap;
+    size_t removals;       /* entries removed (a failed init), so that a walk can restart */
     tb_backend *current;   /* NULL until chosen (lazily from the desc) */
     bool warned_default;   /* the unknown-default warning was logged */
     int32_t builtins_done; /* read atomically */
@@ -3181,6 +3202,24 @@ static tb_status tb__name_check(const char *fn, const char *what, const char *na
     return tb__error(TB_ERR_INVALID_ARGUMENT,
                      "%s: bad %s name '%.64s' (expected [A-Za-z_][A-Za-z0-9_]*, 1..%d bytes)", fn,
                      what, name, TB_MAX_NAME);
+}
+
+/* Room for a quoted foreign string: 64 bytes, "..." and the NUL. */
+#define TB__QUOTE_CAP 68
+
+/* Copies at most 64 bytes of `src` (a caller's or a plugin's string) into `dst` for a message:
+   bytes outside printable ASCII become '?', and "..." marks a cut. Reads at most 65 bytes. */
+static void tb__quote(char dst[TB__QUOTE_CAP], const char *src) {
+    size_t i;
+    for (i = 0; i < 64 && src[i] != '\0'; i++) {
+        unsigned char c = (unsigned char)src[i];
+        dst[i] = c >= 0x20 && c <= 0x7e ? (char)c : '?';
+    }
+    if (i == 64 && src[i] != '\0') {
+        memcpy(dst + i, "...", 3);
+        i += 3;
+    }
+    dst[i] = '\0';
 }
 
 /* Walks comma-separated tags; spaces around a tag are ignored. Returns false on a bad list. */
@@ -3227,17 +3266,33 @@ static bool tb__tags_have(const char *tags, const char *wanted) {
 
 /* ---- the registry ---- */
 
-static void tb__registry_ensure(void) {
+/* Why a built-in backend is missing after tb__registry_ensure. */
+typedef struct tb__builtin_failure {
+    tb_status status;           /* TB_OK: every built-in backend is registered */
+    char name[TB_MAX_NAME + 1]; /* the first one that could not be */
+    char reason[TB__ERROR_CAP];
+} tb__builtin_failure;
+
+/* Registers the built-in backends that are not registered yet. A failure (memory ran out) is
+   not remembered: the next call tries again, so a transient failure does not disable a
+   backend for the rest of the process. The caller's error is kept; the first failure is
+   described in `why` (may be NULL). */
+static void tb__registry_ensure(tb__builtin_failure *why) {
+    tb__builtin_failure local;
+    if (why == NULL) why = &local;
+    why->status = TB_OK;
+    why->name[0] = '\0';
+    why->reason[0] = '\0';
     if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) != 0 || tb__builtin_thread) return;
     tb__mutex_lock(&tb__builtin_mutex);
     if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) == 0) {
         tb__saved_error saved;
         tb__error_save(&saved);
         tb__builtin_thread = true;
-        tb__register_builtin_backends();
+        tb__register_builtin_backends(why);
         tb__builtin_thread = false;
         tb__error_restore(&saved);
-        TB__ATOMIC_ADD(&tb__reg.builtins_done, 1);
+        if (why->status == TB_OK) TB__ATOMIC_ADD(&tb__reg.builtins_done, 1);
     }
     tb__mutex_unlock(&tb__builtin_mutex);
 }
@@ -3277,6 +3332,7 @@ static void tb__remove_entry(tb_backend *b) {
             memmove(tb__reg.items + i, tb__reg.items + i + 1,
                     (tb__reg.count - i - 1) * sizeof *tb__reg.items);
             tb__reg.count--;
+            tb__reg.removals++;
             break;
         }
     }
@@ -3339,10 +3395,12 @@ static tb_status tb__backend_register(const char *fn, const char *name, const tb
     }
     if (tags == NULL) tags = "";
     if (!tb__tags_valid(tags)) {
+        char quoted[TB__QUOTE_CAP];
+        tb__quote(quoted, tags);
         return tb__error(TB_ERR_INVALID_ARGUMENT,
-                         "%s: bad tags '%.64s' for backend '%s' (expected comma-separated "
+                         "%s: bad tags '%s' for backend '%s' (expected comma-separated "
                          "identifiers)",
-                         fn, tags, name);
+                         fn, quoted, name);
     }
     b = (tb_backend *)tb__calloc(1, sizeof *b);
     if (b == NULL) return tb_last_status();
@@ -3399,8 +3457,16 @@ static tb_status tb__backend_register(const char *fn, const char *name, const tb
 
 TBDEF tb_status tb_backend_register(const char *name, const tb_backend_impl *impl,
                                     const char *tags) {
+    tb__builtin_failure why;
     tb__ensure_setup();
-    tb__registry_ensure();
+    /* the built-in names are the built-ins' own: none is taken while one is missing */
+    tb__registry_ensure(&why);
+    if (why.status != TB_OK) {
+        return tb__error(why.status,
+                         "tb_backend_register: cannot register the built-in backend "
+                         "'%s' first: %s",
+                         why.name, why.reason);
+    }
     return tb__backend_register("tb_backend_register", name, impl, tags, NULL, NULL);
 }
 
@@ -3453,9 +3519,47 @@ static void tb__host_free(void *ptr) {
 static const tb_plugin_host tb__plugin_host = {TB_API_VERSION, tb__host_set_error, tb__host_log,
                                                tb__host_alloc, tb__host_free};
 
+/* Sets the error, then unloads the object: the message may quote the plugin's strings, which
+   are gone once it is closed, so every failure after dlopen goes through here. */
+static tb_status tb__plugin_fail(void *handle, tb_status status, const char *fmt, ...)
+    TB_PRINTF_LIKE(3, 4);
+static tb_status tb__plugin_fail(void *handle, tb_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    tb__error_v(status, fmt, ap);
+    va_end(ap);
+    dlclose(handle);
+    return status;
+}
+
+/* Why a plugin's backend name is unusable, in `buf` (quoting at most 64 bytes of it, printable
+   ASCII only); false when the name is good. */
+static bool tb__plugin_name_problem(const char *name, char *buf, size_t cap) {
+    char quoted[TB__QUOTE_CAP];
+    size_t len;
+    if (name == NULL) {
+        snprintf(buf, cap, "gives no backend name (NULL)");
+        return true;
+    }
+    if (tb__name_valid(name)) return false;
+    for (len = 0; len <= TB_MAX_NAME && name[len] != '\0'; len++) {
+    }
+    tb__quote(quoted, name);
+    if (len == 0) {
+        snprintf(buf, cap, "gives an empty backend name");
+    } else if (len > TB_MAX_NAME) {
+        snprintf(buf, cap, "gives a backend name longer than %d bytes ('%s')", TB_MAX_NAME, quoted);
+    } else {
+        snprintf(buf, cap, "gives a bad backend name '%s' (expected [A-Za-z_][A-Za-z0-9_]*)",
+                 quoted);
+    }
+    return true;
+}
+
 /* Loads the shared object at `path` and registers the backend it describes; `expected` is the
    name it must give (NULL: any). Every failure closes the object and leaves the registry as it
-   was: TB_ERR_PLUGIN, or TB_ERR_DUPLICATE when the name is taken. */
+   was: TB_ERR_PLUGIN, or TB_ERR_DUPLICATE when the name is taken. Nothing of the plugin's is
+   read after it is closed: on success its strings were copied by the registration. */
 static tb_status tb__plugin_load(const char *fn, const char *path, const char *expected,
                                  tb_backend **out) {
     void *handle, *sym;
@@ -3474,9 +3578,8 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
     }
     sym = dlsym(handle, TB_PLUGIN_ENTRY_NAME);
     if (sym == NULL) {
-        dlclose(handle);
-        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s does not export %s", fn, path,
-                         TB_PLUGIN_ENTRY_NAME);
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s does not export %s", fn,
+                               path, TB_PLUGIN_ENTRY_NAME);
     }
     /* ISO C has no cast from an object pointer to a function pointer; POSIX guarantees the
        representations match. */
@@ -3491,36 +3594,31 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
         if (st != TB_OK) {
             snprintf(reason, sizeof reason, "%s",
                      tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
-            dlclose(handle);
-            return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s: %s failed: %s", fn, path,
-                             TB_PLUGIN_ENTRY_NAME, reason);
+            return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s: %s failed: %s", fn,
+                                   path, TB_PLUGIN_ENTRY_NAME, reason);
         }
         tb__error_restore(&saved);
     }
     if (desc.api_version != TB_API_VERSION) {
-        dlclose(handle);
-        return tb__error(TB_ERR_PLUGIN,
-                         "%s: plugin %.400s was built for API version %u, this library has %u", fn,
-                         path, (unsigned)desc.api_version, (unsigned)TB_API_VERSION);
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN,
+                               "%s: plugin %.400s was built for API version %u, this library has "
+                               "%u",
+                               fn, path, (unsigned)desc.api_version, (unsigned)TB_API_VERSION);
     }
-    if (!tb__name_valid(desc.name)) {
-        dlclose(handle);
-        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s gives a bad backend name '%.64s'", fn,
-                         path, desc.name != NULL ? desc.name : "(null)");
+    if (tb__plugin_name_problem(desc.name, reason, sizeof reason)) {
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s %s", fn, path, reason);
     }
     if (expected != NULL && strcmp(desc.name, expected) != 0) {
-        snprintf(reason, sizeof reason, "%s", desc.name);
-        dlclose(handle);
-        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s registers backend '%s', expected '%s'",
-                         fn, path, reason, expected);
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN,
+                               "%s: plugin %.400s registers backend '%s', expected '%s'", fn, path,
+                               desc.name, expected);
     }
     st = tb__backend_register(fn, desc.name, &desc.impl, desc.tags, handle, out);
     if (st != TB_OK) {
-        /* The message may quote the plugin's strings: copy it before unloading. */
+        /* the registration's message may quote the plugin's strings: it is our copy already */
         snprintf(reason, sizeof reason, "%s", tb_last_error());
-        dlclose(handle);
-        if (st == TB_ERR_DUPLICATE) return tb__error(st, "%s", reason);
-        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s: %s", fn, path, reason);
+        if (st == TB_ERR_DUPLICATE) return tb__plugin_fail(handle, st, "%s", reason);
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s: %s", fn, path, reason);
     }
     return TB_OK;
 }
@@ -3528,6 +3626,19 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
 static bool tb__is_file(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Why `path` is not a regular file, for "cannot open PATH: REASON"; NULL when it is one. The
+   errno of the failed stat is read at once, before any other call can change it. */
+static const char *tb__file_problem(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int err = errno;
+        return err != 0 ? strerror(err) : "stat failed";
+    }
+    if (S_ISDIR(st.st_mode)) return "it is a directory";
+    if (!S_ISREG(st.st_mode)) return "not a regular file";
+    return NULL;
 }
 
 /* Searches $TB_BACKEND_PATH for libtb_backend_<name>.so and loads the first one found.
@@ -3567,15 +3678,22 @@ static tb_backend *tb__plugin_search(const char *fn, const char *name, bool *fou
 /* Lookup with messages naming `fn`; loads a plugin on a miss. */
 static tb_backend *tb__lookup(const char *fn, const char *name) {
     tb_backend *b;
+    tb__builtin_failure why;
     char available[512];
     if (name == NULL) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: backend name is NULL", fn);
         return NULL;
     }
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(&why);
     b = tb__find_ready(name);
     if (b != NULL) return b;
+    if (why.status != TB_OK && strcmp(why.name, name) == 0) {
+        /* the real cause, not "unknown backend": the next call tries again */
+        tb__error(why.status, "%s: cannot register the built-in backend '%s': %s", fn, name,
+                  why.reason);
+        return NULL;
+    }
 #if TB__HAVE_PLUGINS
     if (tb__name_valid(name)) {
         bool found;
@@ -3609,12 +3727,9 @@ static bool tb__hidden(const tb_backend *b) {
 TBDEF size_t tb_backend_list(const char **names, size_t cap, bool include_hidden) {
     const char *prev = NULL;
     size_t n = 0;
-    if (names == NULL && cap > 0) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_list: names is NULL but cap is %zu", cap);
-        return 0;
-    }
+    if (names == NULL) cap = 0; /* the count alone, whatever cap says */
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
     /* Selection by "next larger name": no allocation, and the lists are short. */
     for (;;) {
@@ -3684,7 +3799,7 @@ TBDEF const char *tb_get_backend(void) {
     const char *wanted;
     tb__saved_error saved;
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
     b = tb__reg.current;
     tb__mutex_unlock(&tb__reg_mutex);
@@ -3802,10 +3917,7 @@ static TB__UNUSED tb_status tb__backend_device(const char *fn, const char *backe
 TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t cap, size_t *count) {
     tb_backend *b;
     size_t n, i;
-    if (out == NULL && cap > 0) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_devices: out is NULL but cap is %zu",
-                         cap);
-    }
+    if (out == NULL) cap = 0; /* the count alone, whatever cap says */
     b = tb__lookup("tb_backend_devices", backend);
     if (b == NULL) return tb_last_status();
     if (cap > 0) memset(out, 0, cap * sizeof *out);
@@ -4041,29 +4153,46 @@ TBDEF tb_status tb_backend_eager_fallback_device_type(const char *backend, tb_de
 
 TBDEF char *tb_backend_metrics_report(const char *backend) {
     tb_backend *b = tb__lookup("tb_backend_metrics_report", backend);
-    char small[512], *text;
-    size_t n;
+    char small[512], *heap = NULL;
+    size_t cap = sizeof small, n;
+    int attempt;
+    tb__saved_error saved;
     if (b == NULL) return NULL;
     if (b->impl.create_metrics_report == NULL) return tb__strdup("");
-    small[0] = '\0';
-    n = b->impl.create_metrics_report(b->impl.user_data, small, sizeof small);
-    if (n < sizeof small) {
-        small[n] = '\0';
-        return tb__strdup(small);
+    tb__error_save(&saved);
+    /* the report may grow between the call that measures it and the call that fills it */
+    for (attempt = 0;; attempt++) {
+        char *buf = heap != NULL ? heap : small;
+        buf[0] = '\0';
+        tb_clear_error();
+        n = b->impl.create_metrics_report(b->impl.user_data, buf, cap);
+        if (n == 0 && tb_last_status() != TB_OK) {
+            /* an empty report would pass for the answer */
+            tb__backend_failed(tb_last_status(), b, "create_metrics_report");
+            tb__free(heap);
+            return NULL;
+        }
+        tb__error_restore(&saved);
+        if (n < cap || attempt == 3) break;
+        tb__free(heap);
+        heap = NULL;
+        if (n == SIZE_MAX) {
+            tb__error(TB_ERR_OVERFLOW,
+                      "tb_backend_metrics_report: backend '%s' gives a report of SIZE_MAX bytes",
+                      b->name);
+            return NULL;
+        }
+        cap = n + 1;
+        heap = (char *)tb__alloc(cap);
+        if (heap == NULL) return NULL;
     }
-    if (n == SIZE_MAX) {
-        tb__error(TB_ERR_OVERFLOW,
-                  "tb_backend_metrics_report: backend '%s' gives a report of "
-                  "SIZE_MAX bytes",
-                  b->name);
-        return NULL;
+    if (n >= cap) n = cap - 1;
+    if (heap != NULL) {
+        heap[n] = '\0';
+        return heap;
     }
-    text = (char *)tb__alloc(n + 1);
-    if (text == NULL) return NULL;
-    text[0] = '\0';
-    b->impl.create_metrics_report(b->impl.user_data, text, n + 1);
-    text[n] = '\0';
-    return text;
+    small[n] = '\0';
+    return tb__strdup(small);
 }
 
 TBDEF tb_status tb_backend_load_plugin(const char *path) {
@@ -4071,11 +4200,14 @@ TBDEF tb_status tb_backend_load_plugin(const char *path) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_load_plugin: path is NULL");
     }
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(NULL);
 #if TB__HAVE_PLUGINS
-    if (!tb__is_file(path)) {
-        return tb__error(TB_ERR_IO, "tb_backend_load_plugin: cannot open %.400s: %s", path,
-                         strerror(errno));
+    {
+        const char *problem = tb__file_problem(path);
+        if (problem != NULL) {
+            return tb__error(TB_ERR_IO, "tb_backend_load_plugin: cannot open %.400s: %s", path,
+                             problem);
+        }
     }
     return tb__plugin_load("tb_backend_load_plugin", path, NULL, NULL);
 #else
@@ -4101,7 +4233,35 @@ static TB__UNUSED tb_backend *tb__backend_for_device(const tb_device *device) {
     return tb__lookup("tb_backend_lookup", name);
 }
 
-/* Called by tb_shutdown after the executor, metrics and IR let go of their data. */
+/* Calls every ready backend's set_rng_seed. Allocates nothing, so it cannot stop half-way.
+   Entries live until tb_shutdown, but a failed registration removes its entry and shifts the
+   array: the walk then starts again (a backend told twice hears the same seed). */
+static void tb__registry_set_rng_seed(uint64_t seed) {
+    size_t i = 0, removals;
+    tb__mutex_lock(&tb__reg_mutex);
+    removals = tb__reg.removals;
+    tb__mutex_unlock(&tb__reg_mutex);
+    for (;;) {
+        tb_backend *b = NULL;
+        bool ready = false;
+        tb__mutex_lock(&tb__reg_mutex);
+        if (tb__reg.removals != removals) {
+            removals = tb__reg.removals;
+            i = 0;
+        }
+        if (i < tb__reg.count) {
+            b = tb__reg.items[i];
+            ready = b->ready;
+        }
+        tb__mutex_unlock(&tb__reg_mutex);
+        if (b == NULL) break;
+        if (ready && b->impl.set_rng_seed != NULL) b->impl.set_rng_seed(b->impl.user_data, seed);
+        i++;
+    }
+}
+
+/* Called by tb_shutdown after the executor and the IR let go of their data, before the
+   metrics (which backends may still record while they exit). */
 static void tb__registry_shutdown(void) {
     tb_backend **items;
     size_t count, i;
@@ -4376,25 +4536,54 @@ static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *
 
 /* ---- built-in backends ---- */
 
-static void tb__register_builtin_backends(void) {
-    tb_backend_impl impl;
-    tb_backend *cpu = NULL;
-    tb__cpu_backend_impl(&impl);
-    if (tb__backend_register("tb_backend_register", "cpu", &impl, "", NULL, &cpu) == TB_OK) {
-        tb__mutex_lock(&tb__reg_mutex);
-        tb__reg.cpu = cpu;
-        tb__mutex_unlock(&tb__reg_mutex);
-    } else {
-        tb_log_message(TB_LOG_ERROR, "cannot register the cpu backend: %s", tb_last_error());
+/* Whether an entry of that name exists (ready or not). */
+static bool tb__registered(const char *name) {
+    bool found;
+    tb__mutex_lock(&tb__reg_mutex);
+    found = tb__find_locked(name) != NULL;
+    tb__mutex_unlock(&tb__reg_mutex);
+    return found;
+}
+
+/* Keeps the first failure of a built-in's registration (its message is the thread's error). */
+static void tb__builtin_failed(tb__builtin_failure *why, const char *name, tb_status st) {
+    tb_log_message(TB_LOG_DEBUG,
+                   "the %s backend is not registered (tried again at the next use): %s", name,
+                   tb_last_error());
+    if (why->status != TB_OK) return;
+    why->status = st;
+    snprintf(why->name, sizeof why->name, "%s", name);
+    snprintf(why->reason, sizeof why->reason, "%s",
+             tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
+}
+
+static void tb__register_builtin_backends(tb__builtin_failure *why) {
+    tb_status st;
+    if (!tb__registered("cpu")) {
+        tb_backend_impl impl;
+        tb_backend *cpu = NULL;
+        tb__cpu_backend_impl(&impl);
+        tb_clear_error();
+        st = tb__backend_register("tb_backend_register", "cpu", &impl, "", NULL, &cpu);
+        if (st == TB_OK) {
+            tb__mutex_lock(&tb__reg_mutex);
+            tb__reg.cpu = cpu;
+            tb__mutex_unlock(&tb__reg_mutex);
+        } else {
+            tb__builtin_failed(why, "cpu", st);
+        }
     }
 #if !defined(TB_NO_OPENCL)
-    if (tb__opencl_register() != TB_OK) {
-        tb_log_message(TB_LOG_DEBUG, "the opencl backend is not registered: %s", tb_last_error());
+    if (!tb__registered("opencl")) {
+        tb_clear_error();
+        st = tb__opencl_register();
+        if (st != TB_OK) tb__builtin_failed(why, "opencl", st);
     }
 #endif
 }
 
 #undef TB__HAVE_PLUGINS
+#undef TB__QUOTE_CAP
 
 /* ---- src/ir.c ---- */
 /* ===========================================================================================
@@ -5832,21 +6021,30 @@ static size_t tb__metric_find(const tb__metric_table *table, const char *name, b
     return lo;
 }
 
-/* The entry of `name`, created when missing; NULL when out of memory. Caller holds the lock. */
+/* The entry of `name`, created when missing; NULL when out of memory. Recording is best
+   effort: a metric that cannot be created is dropped, and the caller's error (its operation
+   succeeded) stays as it was. Caller holds the lock. */
 static tb__metric *tb__metric_get(tb__metric_table *table, const char *name) {
     bool found;
     size_t at = tb__metric_find(table, name, &found);
     tb__metric *m;
+    tb__saved_error saved;
     if (found) return table->items[at];
+    tb__error_save(&saved);
     if (tb__grow((void **)&table->items, &table->cap, table->count + 1, sizeof(tb__metric *)) !=
         TB_OK) {
+        tb__error_restore(&saved);
         return NULL;
     }
     m = (tb__metric *)tb__calloc(1, sizeof(tb__metric));
-    if (m == NULL) return NULL;
+    if (m == NULL) {
+        tb__error_restore(&saved);
+        return NULL;
+    }
     m->name = tb__strdup(name);
     if (m->name == NULL) {
         tb__free(m);
+        tb__error_restore(&saved);
         return NULL;
     }
     memmove(table->items + at + 1, table->items + at, (table->count - at) * sizeof(tb__metric *));
@@ -6781,10 +6979,14 @@ static tb__comp_cache_entry *tb__comp_cache_insert(tb__comp_cache_entry *e) {
         size_t nb = 16;
         while (nb < capacity && nb < ((size_t)1 << 20))
             nb *= 2;
+        tb__saved_error saved;
+        tb__error_save(&saved);
         tb__comp_cache_buckets =
             (tb__comp_cache_entry **)tb__calloc(nb, sizeof(tb__comp_cache_entry *));
         if (tb__comp_cache_buckets == NULL) {
-            /* uncached: the computation lives as long as the caller's reference */
+            /* uncached: the computation lives as long as the caller's reference, and the
+               caller's operation goes on, its error untouched */
+            tb__error_restore(&saved);
             tb__mutex_unlock(&tb__comp_cache_mutex);
             return e;
         }
@@ -7828,13 +8030,15 @@ TBDEF tb_status tb_tensor_item(tb_tensor *tensor, double *out) {
 
 /* For tb_ir_dot: per position of the dump's walk `w`, the kernel that computes the node in the
    computation a sync of `roots` would run (-1: none), when the backend of the tensors' device
-   says so. The computation stays referenced in *entry while the names are in use. Any failure
-   (mixed devices, a backend without get_node_kernel, a graph that does not compile) gives
-   false and leaves the caller's error as it was: the dump is drawn without clusters. */
+   says so. The computation stays referenced in *entry while the names are in use. A graph
+   that cannot have clusters (mixed devices, a backend without get_node_kernel, a graph that
+   does not compile) gives false and leaves the caller's error as it was: the dump is drawn
+   without clusters. Memory running out is an error of the dump (*failed true, the error set):
+   a dump without its clusters would pass for the complete one. */
 static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, size_t count,
                                   const tb__exec_roots *roots, const tb__exec_walk *w,
                                   int32_t **kernel, const char ***names,
-                                  tb__comp_cache_entry **entry) {
+                                  tb__comp_cache_entry **entry, bool *failed) {
     tb__exec ex;
     tb__exec_walk cw;
     tb_graph g;
@@ -7847,6 +8051,7 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     *kernel = NULL;
     *names = NULL;
     *entry = NULL;
+    *failed = false;
     if (roots->count == 0 || w->num_order == 0) return false;
     for (i = 0; i < count; i++) {
         if (!tb_device_equal(&tensors[i]->device, &roots->device)) return false;
@@ -7891,7 +8096,11 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     }
     tb__free((void *)results);
     tb__exec_walk_free(&cw);
-    tb__error_restore(&saved);
+    if (!ok && (st == TB_ERR_OUT_OF_MEMORY || st == TB_ERR_OVERFLOW)) {
+        *failed = true; /* the error stays: the dump fails with it */
+    } else {
+        tb__error_restore(&saved);
+    }
     return ok;
 }
 
@@ -7922,13 +8131,15 @@ static char *tb__exec_dump(const char *func, tb_tensor *const *tensors, size_t c
         /* every tensor has its operand node now: the roots were collected from them */
         for (i = 0; i < count; i++)
             nodes[i] = tb__tensor_ir(tensors[i]);
+        bool failed = false;
         if (dot) {
-            tb__exec_dump_kernels(func, tensors, count, &roots, &w, &kernel, &names, &entry);
-            tb__exec_dot_append(&s, &w, nodes, count, kernel, names);
+            tb__exec_dump_kernels(func, tensors, count, &roots, &w, &kernel, &names, &entry,
+                                  &failed);
+            if (!failed) tb__exec_dot_append(&s, &w, nodes, count, kernel, names);
         } else {
             tb__exec_text_append(&s, &w, nodes, count);
         }
-        text = tb__str_take(&s);
+        if (!failed) text = tb__str_take(&s);
     }
     tb__free(kernel);
     tb__free((void *)names);
@@ -7985,10 +8196,19 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
         if (st == TB_OK) {
             const char *backend_text = NULL;
             if (ex.vt->computation_backend_text != NULL) {
+                /* NULL is "no text" only without an error: with one, the text could not be
+                   made (memory ran out), and an empty text would pass for the answer */
+                tb__saved_error saved;
+                tb__exec_call_begin(&saved);
                 backend_text =
                     ex.vt->computation_backend_text(ex.vt->user_data, entry->computation);
+                if (backend_text == NULL && tb_last_status() != TB_OK) {
+                    st = tb__exec_call_failed(&ex, tb_last_status(), "computation_backend_text");
+                } else {
+                    tb__error_restore(&saved);
+                }
             }
-            text = tb__strdup(backend_text != NULL ? backend_text : "");
+            if (st == TB_OK) text = tb__strdup(backend_text != NULL ? backend_text : "");
         }
     }
     tb__comp_cache_release(entry);
@@ -8000,23 +8220,22 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
 
 /* ---- seeding, shutdown ---- */
 
-TBDEF void tb_manual_seed(uint64_t seed) {
-    const char **names;
-    size_t n, i;
+TBDEF tb_status tb_manual_seed(uint64_t seed) {
+    tb__builtin_failure why;
     tb__ensure_setup();
+    if (!tb_is_setup()) return tb_last_status(); /* memory ran out setting the library up */
+    /* Every backend that exists is registered first, so that either all of them hear of the
+       seed or nothing changes; from there on nothing allocates, nothing can fail. */
+    tb__registry_ensure(&why);
+    if (why.status != TB_OK) {
+        return tb__error(why.status,
+                         "tb_manual_seed: cannot register the built-in backend '%s': %s", why.name,
+                         why.reason);
+    }
     tb__rng_set_seed(seed);
     /* the registry lives in an earlier layer than the generator state: tell the backends here */
-    n = tb_backend_list(NULL, 0, true);
-    if (n == 0) return;
-    names = (const char **)tb__calloc(n, sizeof(const char *));
-    if (names == NULL) return;
-    n = tb_backend_list(names, n, true);
-    for (i = 0; i < n; i++) {
-        tb_backend *b = tb_backend_lookup(names[i]);
-        const tb_backend_impl *vt = b != NULL ? tb__backend_vtable(b) : NULL;
-        if (vt != NULL && vt->set_rng_seed != NULL) vt->set_rng_seed(vt->user_data, seed);
-    }
-    tb__free((void *)names);
+    tb__registry_set_rng_seed(seed);
+    return TB_OK;
 }
 
 static void tb__executor_shutdown(void) {
@@ -13442,6 +13661,7 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
     tb__cl_platform_id *platforms = NULL;
     tb__cl_int err = TB__OCL_CALL(rt, GetPlatformIDs)(0, NULL, &num_platforms);
     size_t total = 0;
+    bool oom = false;
     if (err != TB__CL_SUCCESS || num_platforms == 0) {
         tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE,
                             "opencl: no OpenCL platform is installed (clGetPlatformIDs: %s)",
@@ -13449,13 +13669,16 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
         return;
     }
     platforms = (tb__cl_platform_id *)tb__calloc(num_platforms, sizeof *platforms);
-    if (platforms == NULL ||
-        TB__OCL_CALL(rt, GetPlatformIDs)(num_platforms, platforms, NULL) != TB__CL_SUCCESS) {
+    if (platforms == NULL) {
+        tb__ocl_unavailable(rt, TB_ERR_OUT_OF_MEMORY, "opencl: %s", tb_last_error());
+        return;
+    }
+    if (TB__OCL_CALL(rt, GetPlatformIDs)(num_platforms, platforms, NULL) != TB__CL_SUCCESS) {
         tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE, "opencl: cannot list the OpenCL platforms");
         tb__free(platforms);
         return;
     }
-    for (p = 0; p < num_platforms; p++) {
+    for (p = 0; p < num_platforms && !oom; p++) {
         tb__cl_uint nd = 0, d;
         tb__cl_device_id *ids;
         if (TB__OCL_CALL(rt, GetDeviceIDs)(platforms[p], TB__CL_DEVICE_TYPE_ALL, 0, NULL, &nd) !=
@@ -13463,7 +13686,10 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
             nd == 0)
             continue;
         ids = (tb__cl_device_id *)tb__calloc(nd, sizeof *ids);
-        if (ids == NULL) continue;
+        if (ids == NULL) {
+            oom = true;
+            break;
+        }
         if (TB__OCL_CALL(rt, GetDeviceIDs)(platforms[p], TB__CL_DEVICE_TYPE_ALL, nd, ids, NULL) ==
             TB__CL_SUCCESS) {
             for (d = 0; d < nd; d++) {
@@ -13472,7 +13698,10 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
                     tb__ocl_info_u32(rt, ids[d], TB__CL_DEVICE_COMPILER_AVAILABLE) == 0)
                     continue;
                 grown = (tb__ocl_device *)tb__calloc(total + 1, sizeof *grown);
-                if (grown == NULL) break;
+                if (grown == NULL) {
+                    oom = true;
+                    break;
+                }
                 if (total > 0) memcpy(grown, rt->devices, total * sizeof *grown);
                 tb__free(rt->devices);
                 rt->devices = grown;
@@ -13488,6 +13717,11 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
     }
     tb__free(platforms);
     rt->num_devices = total;
+    if (oom) {
+        /* not "no device": a list cut short would stay so for the whole session */
+        tb__ocl_unavailable(rt, TB_ERR_OUT_OF_MEMORY, "opencl: %s", tb_last_error());
+        return;
+    }
     if (total == 0) {
         tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE,
                             "opencl: no usable OpenCL device (%u platform%s, none with an "
@@ -13508,8 +13742,9 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
     }
 }
 
-/* The runtime, loaded on first use. Call with tb__ocl_mutex held. Never NULL unless memory ran
-   out; an unusable runtime has status != TB_OK and no devices. */
+/* The runtime, loaded on first use. Call with tb__ocl_mutex held. NULL (the error set) when
+   memory ran out: nothing is kept, and the next call tries again. An unusable runtime has
+   status != TB_OK and no devices. */
 static tb__ocl_runtime *tb__ocl_runtime_get(void) {
     tb__ocl_runtime *rt = tb__ocl_current;
     if (rt != NULL) return rt;
@@ -13518,6 +13753,11 @@ static tb__ocl_runtime *tb__ocl_runtime_get(void) {
     rt->refcount = 1;
     rt->status = TB_OK;
     if (tb__ocl_load_library(rt)) tb__ocl_enumerate(rt);
+    if (rt->status == TB_ERR_OUT_OF_MEMORY) {
+        tb__error(rt->status, "%s", rt->reason);
+        tb__ocl_runtime_destroy(rt);
+        return NULL;
+    }
     if (rt->status != TB_OK) tb_log_message(TB_LOG_INFO, "%s", rt->reason);
     tb__ocl_current = rt;
     return rt;
@@ -17418,11 +17658,21 @@ static char *tb__ocl_cache_dir(void) {
         *p = '/';
     }
     (void)mkdir(dir, 0755);
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        tb_log_message(TB_LOG_WARN, "opencl: the program cache folder %s is not usable: %s", dir,
-                       strerror(errno));
-        tb__free(dir);
-        return NULL;
+    {
+        /* errno only after the stat that failed: a file in the way succeeds the stat and
+           leaves mkdir's EEXIST ("File exists") behind */
+        const char *why = NULL;
+        if (stat(dir, &st) != 0) {
+            why = strerror(errno);
+        } else if (!S_ISDIR(st.st_mode)) {
+            why = "not a directory";
+        }
+        if (why != NULL) {
+            tb_log_message(TB_LOG_WARN, "opencl: the program cache folder %s is not usable: %s",
+                           dir, why);
+            tb__free(dir);
+            return NULL;
+        }
     }
     return dir;
 #endif
@@ -17471,6 +17721,7 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
     char *tmp;
     FILE *f;
     bool ok;
+    int err;
     memset(header, 0, sizeof header);
     memcpy(header, TB__OCL_BIN_MAGIC, 8);
     tb__ocl_put64(header + 8, (uint64_t)TB__OCL_BIN_VERSION | ((uint64_t)TB__OCL_BIN_HEADER << 32));
@@ -17488,11 +17739,22 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
         tb__free(tmp);
         return;
     }
+    /* errno is read at the call that failed (fclose and rename may change it on success, and a
+       short write need not set it) */
+    errno = 0;
     ok = fwrite(header, 1, sizeof header, f) == sizeof header && fwrite(payload, 1, n, f) == n;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
+    err = ok ? 0 : (errno != 0 ? errno : EIO);
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        err = errno != 0 ? errno : EIO;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = false;
+        err = errno != 0 ? errno : EIO;
+    }
+    if (!ok) {
         tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", path,
-                       strerror(errno));
+                       strerror(err));
         remove(tmp);
     }
     tb__free(tmp);
@@ -18776,17 +19038,29 @@ TBDEF tb_status tb_npy_save(const char *path, tb_tensor *tensor) {
     size_t preamble_len = major == 1 ? 10 : 12;
     for (size_t i = 8; i < preamble_len; ++i)
         preamble[i] = (unsigned char)((header_len >> (8 * (i - 8))) & 0xff);
+    /* errno is read at the call that failed (fclose and rename may change it on success, and a
+       short write need not set it) */
+    errno = 0;
     FILE *f = fopen(tmp, "wb");
     bool ok = f != NULL;
+    int err = ok ? 0 : errno;
     if (ok) {
         ok = fwrite(preamble, 1, preamble_len, f) == preamble_len &&
              fwrite(header, 1, header_len, f) == header_len &&
              (nbytes == 0 || fwrite(data, 1, nbytes, f) == nbytes);
-        ok = (fclose(f) == 0) && ok;
+        if (!ok) err = errno;
+        if (fclose(f) != 0 && ok) {
+            ok = false;
+            err = errno;
+        }
     }
-    if (ok && rename(tmp, path) != 0) ok = false;
+    if (ok && rename(tmp, path) != 0) {
+        ok = false;
+        err = errno;
+    }
     if (!ok) {
-        st = tb__error(TB_ERR_IO, "tb_npy_save: cannot write %s: %s", path, strerror(errno));
+        st = tb__error(TB_ERR_IO, "tb_npy_save: cannot write %s: %s", path,
+                       strerror(err != 0 ? err : EIO));
         remove(tmp);
     }
     tb__free(data);

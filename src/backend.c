@@ -26,6 +26,7 @@ struct tb_backend {
 typedef struct tb__registry {
     tb_backend **items;
     size_t count, cap;
+    size_t removals;       /* entries removed (a failed init), so that a walk can restart */
     tb_backend *current;   /* NULL until chosen (lazily from the desc) */
     bool warned_default;   /* the unknown-default warning was logged */
     int32_t builtins_done; /* read atomically */
@@ -66,6 +67,24 @@ static tb_status tb__name_check(const char *fn, const char *what, const char *na
     return tb__error(TB_ERR_INVALID_ARGUMENT,
                      "%s: bad %s name '%.64s' (expected [A-Za-z_][A-Za-z0-9_]*, 1..%d bytes)", fn,
                      what, name, TB_MAX_NAME);
+}
+
+/* Room for a quoted foreign string: 64 bytes, "..." and the NUL. */
+#define TB__QUOTE_CAP 68
+
+/* Copies at most 64 bytes of `src` (a caller's or a plugin's string) into `dst` for a message:
+   bytes outside printable ASCII become '?', and "..." marks a cut. Reads at most 65 bytes. */
+static void tb__quote(char dst[TB__QUOTE_CAP], const char *src) {
+    size_t i;
+    for (i = 0; i < 64 && src[i] != '\0'; i++) {
+        unsigned char c = (unsigned char)src[i];
+        dst[i] = c >= 0x20 && c <= 0x7e ? (char)c : '?';
+    }
+    if (i == 64 && src[i] != '\0') {
+        memcpy(dst + i, "...", 3);
+        i += 3;
+    }
+    dst[i] = '\0';
 }
 
 /* Walks comma-separated tags; spaces around a tag are ignored. Returns false on a bad list. */
@@ -112,17 +131,33 @@ static bool tb__tags_have(const char *tags, const char *wanted) {
 
 /* ---- the registry ---- */
 
-static void tb__registry_ensure(void) {
+/* Why a built-in backend is missing after tb__registry_ensure. */
+typedef struct tb__builtin_failure {
+    tb_status status;           /* TB_OK: every built-in backend is registered */
+    char name[TB_MAX_NAME + 1]; /* the first one that could not be */
+    char reason[TB__ERROR_CAP];
+} tb__builtin_failure;
+
+/* Registers the built-in backends that are not registered yet. A failure (memory ran out) is
+   not remembered: the next call tries again, so a transient failure does not disable a
+   backend for the rest of the process. The caller's error is kept; the first failure is
+   described in `why` (may be NULL). */
+static void tb__registry_ensure(tb__builtin_failure *why) {
+    tb__builtin_failure local;
+    if (why == NULL) why = &local;
+    why->status = TB_OK;
+    why->name[0] = '\0';
+    why->reason[0] = '\0';
     if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) != 0 || tb__builtin_thread) return;
     tb__mutex_lock(&tb__builtin_mutex);
     if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) == 0) {
         tb__saved_error saved;
         tb__error_save(&saved);
         tb__builtin_thread = true;
-        tb__register_builtin_backends();
+        tb__register_builtin_backends(why);
         tb__builtin_thread = false;
         tb__error_restore(&saved);
-        TB__ATOMIC_ADD(&tb__reg.builtins_done, 1);
+        if (why->status == TB_OK) TB__ATOMIC_ADD(&tb__reg.builtins_done, 1);
     }
     tb__mutex_unlock(&tb__builtin_mutex);
 }
@@ -162,6 +197,7 @@ static void tb__remove_entry(tb_backend *b) {
             memmove(tb__reg.items + i, tb__reg.items + i + 1,
                     (tb__reg.count - i - 1) * sizeof *tb__reg.items);
             tb__reg.count--;
+            tb__reg.removals++;
             break;
         }
     }
@@ -224,10 +260,12 @@ static tb_status tb__backend_register(const char *fn, const char *name, const tb
     }
     if (tags == NULL) tags = "";
     if (!tb__tags_valid(tags)) {
+        char quoted[TB__QUOTE_CAP];
+        tb__quote(quoted, tags);
         return tb__error(TB_ERR_INVALID_ARGUMENT,
-                         "%s: bad tags '%.64s' for backend '%s' (expected comma-separated "
+                         "%s: bad tags '%s' for backend '%s' (expected comma-separated "
                          "identifiers)",
-                         fn, tags, name);
+                         fn, quoted, name);
     }
     b = (tb_backend *)tb__calloc(1, sizeof *b);
     if (b == NULL) return tb_last_status();
@@ -284,8 +322,16 @@ static tb_status tb__backend_register(const char *fn, const char *name, const tb
 
 TBDEF tb_status tb_backend_register(const char *name, const tb_backend_impl *impl,
                                     const char *tags) {
+    tb__builtin_failure why;
     tb__ensure_setup();
-    tb__registry_ensure();
+    /* the built-in names are the built-ins' own: none is taken while one is missing */
+    tb__registry_ensure(&why);
+    if (why.status != TB_OK) {
+        return tb__error(why.status,
+                         "tb_backend_register: cannot register the built-in backend "
+                         "'%s' first: %s",
+                         why.name, why.reason);
+    }
     return tb__backend_register("tb_backend_register", name, impl, tags, NULL, NULL);
 }
 
@@ -338,9 +384,47 @@ static void tb__host_free(void *ptr) {
 static const tb_plugin_host tb__plugin_host = {TB_API_VERSION, tb__host_set_error, tb__host_log,
                                                tb__host_alloc, tb__host_free};
 
+/* Sets the error, then unloads the object: the message may quote the plugin's strings, which
+   are gone once it is closed, so every failure after dlopen goes through here. */
+static tb_status tb__plugin_fail(void *handle, tb_status status, const char *fmt, ...)
+    TB_PRINTF_LIKE(3, 4);
+static tb_status tb__plugin_fail(void *handle, tb_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    tb__error_v(status, fmt, ap);
+    va_end(ap);
+    dlclose(handle);
+    return status;
+}
+
+/* Why a plugin's backend name is unusable, in `buf` (quoting at most 64 bytes of it, printable
+   ASCII only); false when the name is good. */
+static bool tb__plugin_name_problem(const char *name, char *buf, size_t cap) {
+    char quoted[TB__QUOTE_CAP];
+    size_t len;
+    if (name == NULL) {
+        snprintf(buf, cap, "gives no backend name (NULL)");
+        return true;
+    }
+    if (tb__name_valid(name)) return false;
+    for (len = 0; len <= TB_MAX_NAME && name[len] != '\0'; len++) {
+    }
+    tb__quote(quoted, name);
+    if (len == 0) {
+        snprintf(buf, cap, "gives an empty backend name");
+    } else if (len > TB_MAX_NAME) {
+        snprintf(buf, cap, "gives a backend name longer than %d bytes ('%s')", TB_MAX_NAME, quoted);
+    } else {
+        snprintf(buf, cap, "gives a bad backend name '%s' (expected [A-Za-z_][A-Za-z0-9_]*)",
+                 quoted);
+    }
+    return true;
+}
+
 /* Loads the shared object at `path` and registers the backend it describes; `expected` is the
    name it must give (NULL: any). Every failure closes the object and leaves the registry as it
-   was: TB_ERR_PLUGIN, or TB_ERR_DUPLICATE when the name is taken. */
+   was: TB_ERR_PLUGIN, or TB_ERR_DUPLICATE when the name is taken. Nothing of the plugin's is
+   read after it is closed: on success its strings were copied by the registration. */
 static tb_status tb__plugin_load(const char *fn, const char *path, const char *expected,
                                  tb_backend **out) {
     void *handle, *sym;
@@ -359,9 +443,8 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
     }
     sym = dlsym(handle, TB_PLUGIN_ENTRY_NAME);
     if (sym == NULL) {
-        dlclose(handle);
-        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s does not export %s", fn, path,
-                         TB_PLUGIN_ENTRY_NAME);
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s does not export %s", fn,
+                               path, TB_PLUGIN_ENTRY_NAME);
     }
     /* ISO C has no cast from an object pointer to a function pointer; POSIX guarantees the
        representations match. */
@@ -376,36 +459,31 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
         if (st != TB_OK) {
             snprintf(reason, sizeof reason, "%s",
                      tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
-            dlclose(handle);
-            return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s: %s failed: %s", fn, path,
-                             TB_PLUGIN_ENTRY_NAME, reason);
+            return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s: %s failed: %s", fn,
+                                   path, TB_PLUGIN_ENTRY_NAME, reason);
         }
         tb__error_restore(&saved);
     }
     if (desc.api_version != TB_API_VERSION) {
-        dlclose(handle);
-        return tb__error(TB_ERR_PLUGIN,
-                         "%s: plugin %.400s was built for API version %u, this library has %u", fn,
-                         path, (unsigned)desc.api_version, (unsigned)TB_API_VERSION);
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN,
+                               "%s: plugin %.400s was built for API version %u, this library has "
+                               "%u",
+                               fn, path, (unsigned)desc.api_version, (unsigned)TB_API_VERSION);
     }
-    if (!tb__name_valid(desc.name)) {
-        dlclose(handle);
-        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s gives a bad backend name '%.64s'", fn,
-                         path, desc.name != NULL ? desc.name : "(null)");
+    if (tb__plugin_name_problem(desc.name, reason, sizeof reason)) {
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s %s", fn, path, reason);
     }
     if (expected != NULL && strcmp(desc.name, expected) != 0) {
-        snprintf(reason, sizeof reason, "%s", desc.name);
-        dlclose(handle);
-        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s registers backend '%s', expected '%s'",
-                         fn, path, reason, expected);
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN,
+                               "%s: plugin %.400s registers backend '%s', expected '%s'", fn, path,
+                               desc.name, expected);
     }
     st = tb__backend_register(fn, desc.name, &desc.impl, desc.tags, handle, out);
     if (st != TB_OK) {
-        /* The message may quote the plugin's strings: copy it before unloading. */
+        /* the registration's message may quote the plugin's strings: it is our copy already */
         snprintf(reason, sizeof reason, "%s", tb_last_error());
-        dlclose(handle);
-        if (st == TB_ERR_DUPLICATE) return tb__error(st, "%s", reason);
-        return tb__error(TB_ERR_PLUGIN, "%s: plugin %.400s: %s", fn, path, reason);
+        if (st == TB_ERR_DUPLICATE) return tb__plugin_fail(handle, st, "%s", reason);
+        return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s: %s", fn, path, reason);
     }
     return TB_OK;
 }
@@ -413,6 +491,19 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
 static bool tb__is_file(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Why `path` is not a regular file, for "cannot open PATH: REASON"; NULL when it is one. The
+   errno of the failed stat is read at once, before any other call can change it. */
+static const char *tb__file_problem(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int err = errno;
+        return err != 0 ? strerror(err) : "stat failed";
+    }
+    if (S_ISDIR(st.st_mode)) return "it is a directory";
+    if (!S_ISREG(st.st_mode)) return "not a regular file";
+    return NULL;
 }
 
 /* Searches $TB_BACKEND_PATH for libtb_backend_<name>.so and loads the first one found.
@@ -452,15 +543,22 @@ static tb_backend *tb__plugin_search(const char *fn, const char *name, bool *fou
 /* Lookup with messages naming `fn`; loads a plugin on a miss. */
 static tb_backend *tb__lookup(const char *fn, const char *name) {
     tb_backend *b;
+    tb__builtin_failure why;
     char available[512];
     if (name == NULL) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: backend name is NULL", fn);
         return NULL;
     }
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(&why);
     b = tb__find_ready(name);
     if (b != NULL) return b;
+    if (why.status != TB_OK && strcmp(why.name, name) == 0) {
+        /* the real cause, not "unknown backend": the next call tries again */
+        tb__error(why.status, "%s: cannot register the built-in backend '%s': %s", fn, name,
+                  why.reason);
+        return NULL;
+    }
 #if TB__HAVE_PLUGINS
     if (tb__name_valid(name)) {
         bool found;
@@ -494,12 +592,9 @@ static bool tb__hidden(const tb_backend *b) {
 TBDEF size_t tb_backend_list(const char **names, size_t cap, bool include_hidden) {
     const char *prev = NULL;
     size_t n = 0;
-    if (names == NULL && cap > 0) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_list: names is NULL but cap is %zu", cap);
-        return 0;
-    }
+    if (names == NULL) cap = 0; /* the count alone, whatever cap says */
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
     /* Selection by "next larger name": no allocation, and the lists are short. */
     for (;;) {
@@ -569,7 +664,7 @@ TBDEF const char *tb_get_backend(void) {
     const char *wanted;
     tb__saved_error saved;
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
     b = tb__reg.current;
     tb__mutex_unlock(&tb__reg_mutex);
@@ -687,10 +782,7 @@ static TB__UNUSED tb_status tb__backend_device(const char *fn, const char *backe
 TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t cap, size_t *count) {
     tb_backend *b;
     size_t n, i;
-    if (out == NULL && cap > 0) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_devices: out is NULL but cap is %zu",
-                         cap);
-    }
+    if (out == NULL) cap = 0; /* the count alone, whatever cap says */
     b = tb__lookup("tb_backend_devices", backend);
     if (b == NULL) return tb_last_status();
     if (cap > 0) memset(out, 0, cap * sizeof *out);
@@ -926,29 +1018,46 @@ TBDEF tb_status tb_backend_eager_fallback_device_type(const char *backend, tb_de
 
 TBDEF char *tb_backend_metrics_report(const char *backend) {
     tb_backend *b = tb__lookup("tb_backend_metrics_report", backend);
-    char small[512], *text;
-    size_t n;
+    char small[512], *heap = NULL;
+    size_t cap = sizeof small, n;
+    int attempt;
+    tb__saved_error saved;
     if (b == NULL) return NULL;
     if (b->impl.create_metrics_report == NULL) return tb__strdup("");
-    small[0] = '\0';
-    n = b->impl.create_metrics_report(b->impl.user_data, small, sizeof small);
-    if (n < sizeof small) {
-        small[n] = '\0';
-        return tb__strdup(small);
+    tb__error_save(&saved);
+    /* the report may grow between the call that measures it and the call that fills it */
+    for (attempt = 0;; attempt++) {
+        char *buf = heap != NULL ? heap : small;
+        buf[0] = '\0';
+        tb_clear_error();
+        n = b->impl.create_metrics_report(b->impl.user_data, buf, cap);
+        if (n == 0 && tb_last_status() != TB_OK) {
+            /* an empty report would pass for the answer */
+            tb__backend_failed(tb_last_status(), b, "create_metrics_report");
+            tb__free(heap);
+            return NULL;
+        }
+        tb__error_restore(&saved);
+        if (n < cap || attempt == 3) break;
+        tb__free(heap);
+        heap = NULL;
+        if (n == SIZE_MAX) {
+            tb__error(TB_ERR_OVERFLOW,
+                      "tb_backend_metrics_report: backend '%s' gives a report of SIZE_MAX bytes",
+                      b->name);
+            return NULL;
+        }
+        cap = n + 1;
+        heap = (char *)tb__alloc(cap);
+        if (heap == NULL) return NULL;
     }
-    if (n == SIZE_MAX) {
-        tb__error(TB_ERR_OVERFLOW,
-                  "tb_backend_metrics_report: backend '%s' gives a report of "
-                  "SIZE_MAX bytes",
-                  b->name);
-        return NULL;
+    if (n >= cap) n = cap - 1;
+    if (heap != NULL) {
+        heap[n] = '\0';
+        return heap;
     }
-    text = (char *)tb__alloc(n + 1);
-    if (text == NULL) return NULL;
-    text[0] = '\0';
-    b->impl.create_metrics_report(b->impl.user_data, text, n + 1);
-    text[n] = '\0';
-    return text;
+    small[n] = '\0';
+    return tb__strdup(small);
 }
 
 TBDEF tb_status tb_backend_load_plugin(const char *path) {
@@ -956,11 +1065,14 @@ TBDEF tb_status tb_backend_load_plugin(const char *path) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_load_plugin: path is NULL");
     }
     tb__ensure_setup();
-    tb__registry_ensure();
+    tb__registry_ensure(NULL);
 #if TB__HAVE_PLUGINS
-    if (!tb__is_file(path)) {
-        return tb__error(TB_ERR_IO, "tb_backend_load_plugin: cannot open %.400s: %s", path,
-                         strerror(errno));
+    {
+        const char *problem = tb__file_problem(path);
+        if (problem != NULL) {
+            return tb__error(TB_ERR_IO, "tb_backend_load_plugin: cannot open %.400s: %s", path,
+                             problem);
+        }
     }
     return tb__plugin_load("tb_backend_load_plugin", path, NULL, NULL);
 #else
@@ -986,7 +1098,35 @@ static TB__UNUSED tb_backend *tb__backend_for_device(const tb_device *device) {
     return tb__lookup("tb_backend_lookup", name);
 }
 
-/* Called by tb_shutdown after the executor, metrics and IR let go of their data. */
+/* Calls every ready backend's set_rng_seed. Allocates nothing, so it cannot stop half-way.
+   Entries live until tb_shutdown, but a failed registration removes its entry and shifts the
+   array: the walk then starts again (a backend told twice hears the same seed). */
+static void tb__registry_set_rng_seed(uint64_t seed) {
+    size_t i = 0, removals;
+    tb__mutex_lock(&tb__reg_mutex);
+    removals = tb__reg.removals;
+    tb__mutex_unlock(&tb__reg_mutex);
+    for (;;) {
+        tb_backend *b = NULL;
+        bool ready = false;
+        tb__mutex_lock(&tb__reg_mutex);
+        if (tb__reg.removals != removals) {
+            removals = tb__reg.removals;
+            i = 0;
+        }
+        if (i < tb__reg.count) {
+            b = tb__reg.items[i];
+            ready = b->ready;
+        }
+        tb__mutex_unlock(&tb__reg_mutex);
+        if (b == NULL) break;
+        if (ready && b->impl.set_rng_seed != NULL) b->impl.set_rng_seed(b->impl.user_data, seed);
+        i++;
+    }
+}
+
+/* Called by tb_shutdown after the executor and the IR let go of their data, before the
+   metrics (which backends may still record while they exit). */
 static void tb__registry_shutdown(void) {
     tb_backend **items;
     size_t count, i;
@@ -1261,22 +1401,51 @@ static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *
 
 /* ---- built-in backends ---- */
 
-static void tb__register_builtin_backends(void) {
-    tb_backend_impl impl;
-    tb_backend *cpu = NULL;
-    tb__cpu_backend_impl(&impl);
-    if (tb__backend_register("tb_backend_register", "cpu", &impl, "", NULL, &cpu) == TB_OK) {
-        tb__mutex_lock(&tb__reg_mutex);
-        tb__reg.cpu = cpu;
-        tb__mutex_unlock(&tb__reg_mutex);
-    } else {
-        tb_log_message(TB_LOG_ERROR, "cannot register the cpu backend: %s", tb_last_error());
+/* Whether an entry of that name exists (ready or not). */
+static bool tb__registered(const char *name) {
+    bool found;
+    tb__mutex_lock(&tb__reg_mutex);
+    found = tb__find_locked(name) != NULL;
+    tb__mutex_unlock(&tb__reg_mutex);
+    return found;
+}
+
+/* Keeps the first failure of a built-in's registration (its message is the thread's error). */
+static void tb__builtin_failed(tb__builtin_failure *why, const char *name, tb_status st) {
+    tb_log_message(TB_LOG_DEBUG,
+                   "the %s backend is not registered (tried again at the next use): %s", name,
+                   tb_last_error());
+    if (why->status != TB_OK) return;
+    why->status = st;
+    snprintf(why->name, sizeof why->name, "%s", name);
+    snprintf(why->reason, sizeof why->reason, "%s",
+             tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
+}
+
+static void tb__register_builtin_backends(tb__builtin_failure *why) {
+    tb_status st;
+    if (!tb__registered("cpu")) {
+        tb_backend_impl impl;
+        tb_backend *cpu = NULL;
+        tb__cpu_backend_impl(&impl);
+        tb_clear_error();
+        st = tb__backend_register("tb_backend_register", "cpu", &impl, "", NULL, &cpu);
+        if (st == TB_OK) {
+            tb__mutex_lock(&tb__reg_mutex);
+            tb__reg.cpu = cpu;
+            tb__mutex_unlock(&tb__reg_mutex);
+        } else {
+            tb__builtin_failed(why, "cpu", st);
+        }
     }
 #if !defined(TB_NO_OPENCL)
-    if (tb__opencl_register() != TB_OK) {
-        tb_log_message(TB_LOG_DEBUG, "the opencl backend is not registered: %s", tb_last_error());
+    if (!tb__registered("opencl")) {
+        tb_clear_error();
+        st = tb__opencl_register();
+        if (st != TB_OK) tb__builtin_failed(why, "opencl", st);
     }
 #endif
 }
 
 #undef TB__HAVE_PLUGINS
+#undef TB__QUOTE_CAP

@@ -98,11 +98,14 @@ typedef struct tb_backend_impl {
     /* Frees a computation (when it leaves the computation cache). Required. */
     void (*release_computation)(void *user_data, void *computation);
     /* (optional) LTC GetComputationBackendText: the computation as the backend sees it (the
-       OpenCL C of its program, ...); owned by the computation. NULL: no text. */
+       OpenCL C of its program, ...); owned by the computation. NULL without an error: no text;
+       NULL with an error set (host->set_error, tb_set_error): the text could not be made, and
+       tb_ir_backend_text fails with that error. */
     const char *(*computation_backend_text)(void *user_data, const void *computation);
 
     /* LTC GetBackendDevices: how many devices exist; fills at most `cap` of `out` with their
-       type and ordinal (the library fills the backend name). Required; may return 0. */
+       type and ordinal (the library fills the backend name). `out` is NULL only with `cap`
+       0. Required; may return 0. */
     size_t (*get_backend_devices)(void *user_data, tb_device *out, size_t cap);
     /* (optional) LTC GetBackendDevice(ordinal). NULL: looked up in get_backend_devices. */
     tb_status (*get_backend_device)(void *user_data, int32_t ordinal, tb_device *out);
@@ -116,7 +119,8 @@ typedef struct tb_backend_impl {
     tb_status (*set_default_device_ordinal)(void *user_data, int32_t ordinal);
     /* (optional) LTC EagerFallbackDeviceType. NULL: TB_DEVICE_CPU. */
     tb_device_type (*eager_fallback_device_type)(void *user_data);
-    /* (optional) LTC CreateMetricsReport: snprintf-like, returns the full length. NULL: "". */
+    /* (optional) LTC CreateMetricsReport: snprintf-like, returns the full length. NULL: "".
+       Returning 0 with an error set (memory ran out) fails tb_backend_metrics_report. */
     size_t (*create_metrics_report)(void *user_data, char *buf, size_t cap);
     /* (optional) Which kernel of `computation` computes node `node_index` of the post-order
        (tb_graph.nodes) of the graph it was compiled from: the kernel's index, and its name in
@@ -131,20 +135,22 @@ typedef struct tb_backend_impl {
 /* Registers a backend under `name` (1..TB_MAX_NAME bytes, [A-Za-z_][A-Za-z0-9_]*), with
    comma-separated `tags` (may be NULL or ""; each tag an identifier). The impl is copied; its
    init entry runs first and its failure rejects the registration. Errors: NULL or bad name,
-   missing required entries, TB_ERR_DUPLICATE "duplicate name: X". Thread-safe. */
+   missing required entries, TB_ERR_DUPLICATE "duplicate name: X", and the cause when the
+   built-in backends (registered on first use) could not be registered first. Thread-safe. */
 TBDEF tb_status tb_backend_register(const char *name, const tb_backend_impl *impl,
                                     const char *tags);
 /* Looks a backend up. On a miss it searches $TB_BACKEND_PATH for libtb_backend_<name>.so and
    loads it as a plugin. Still missing: NULL and TB_ERR_NOT_FOUND
-   "unknown backend 'x'; available: cpu, opencl". The handle lives until tb_shutdown.
-   Thread-safe. */
+   "unknown backend 'x'; available: cpu, opencl". A built-in backend whose registration failed
+   (memory ran out) gives that cause instead, and the next call registers it again. The handle
+   lives until tb_shutdown. Thread-safe. */
 TBDEF tb_backend *tb_backend_lookup(const char *name);
 /* True if a backend of that name is registered or loadable as a plugin. Does not set an error
    when the answer is false. Thread-safe. */
 TBDEF bool tb_has_backend(const char *name);
 /* Sorted names of the registered backends, hiding those tagged "debug" or "experimental" unless
    `include_hidden`. Returns how many there are and fills at most `cap` of `names` (pointers
-   valid until tb_shutdown). Thread-safe. */
+   valid until tb_shutdown). `names` NULL: just the count (`cap` is ignored). Thread-safe. */
 TBDEF size_t tb_backend_list(const char **names, size_t cap, bool include_hidden);
 TBDEF const char *tb_backend_name(const tb_backend *backend);
 /* The tags as registered ("" when none). */
@@ -159,7 +165,8 @@ TBDEF const tb_backend_impl *tb_backend_get_impl(const tb_backend *backend);
 TBDEF tb_status tb_set_backend(const char *name);
 TBDEF const char *tb_get_backend(void);
 
-/* The devices of a backend: fills at most `cap`, *count gets how many exist. */
+/* The devices of a backend: fills at most `cap`, *count (may be NULL) gets how many exist.
+   `out` NULL: just the count (`cap` is ignored). */
 TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t cap, size_t *count);
 /* Facts about one device. */
 TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *out);

@@ -551,11 +551,14 @@ TBDEF void tb_shutdown(void) {
         tb__mutex_unlock(&tb__setup_mutex);
         return;
     }
-    /* Later layers first; they may still allocate, log and read the desc meanwhile. */
+    /* Later layers first; they may still allocate, log and read the desc meanwhile. The
+       metrics go last of all: every layer records them, the backends too (in prepare_to_exit
+       and while their buffers are released), and a metric recorded after the table was freed
+       would outlive the allocator hooks. Nothing after this point allocates. */
     tb__executor_shutdown();
-    tb__metrics_shutdown();
     tb__ir_shutdown();
     tb__registry_shutdown();
+    tb__metrics_shutdown();
     tb__free_desc_strings();
     memset(&tb__g.desc, 0, sizeof tb__g.desc);
     tb__g.device_source = NULL;

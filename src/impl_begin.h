@@ -166,7 +166,9 @@ static bool tb__data_set_host_release(tb_backend_data *data, const void *host,
    (unknown backend: lists those that exist; bad ordinal: gives the device count) */
 static tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
                                     tb_device *out);
-static void tb__register_builtin_backends(void); /* cpu, opencl: called once by the registry */
+/* cpu, opencl: those not registered yet (the registry calls it until all are) */
+struct tb__builtin_failure;
+static void tb__register_builtin_backends(struct tb__builtin_failure *why);
 
 /* ir.c: nodes. Operands are retained by the node; the node is created with refcount 1. */
 struct tb_node {
@@ -244,6 +246,6 @@ static void tb__cpu_backend_impl(tb_backend_impl *out);
 
 /* opencl.c */
 #if !defined(TB_NO_OPENCL)
-/* registers the "opencl" backend (called once by tb__register_builtin_backends) */
+/* registers the "opencl" backend (called by tb__register_builtin_backends) */
 static tb_status tb__opencl_register(void);
 #endif

@@ -334,17 +334,29 @@ TBDEF tb_status tb_npy_save(const char *path, tb_tensor *tensor) {
     size_t preamble_len = major == 1 ? 10 : 12;
     for (size_t i = 8; i < preamble_len; ++i)
         preamble[i] = (unsigned char)((header_len >> (8 * (i - 8))) & 0xff);
+    /* errno is read at the call that failed (fclose and rename may change it on success, and a
+       short write need not set it) */
+    errno = 0;
     FILE *f = fopen(tmp, "wb");
     bool ok = f != NULL;
+    int err = ok ? 0 : errno;
     if (ok) {
         ok = fwrite(preamble, 1, preamble_len, f) == preamble_len &&
              fwrite(header, 1, header_len, f) == header_len &&
              (nbytes == 0 || fwrite(data, 1, nbytes, f) == nbytes);
-        ok = (fclose(f) == 0) && ok;
+        if (!ok) err = errno;
+        if (fclose(f) != 0 && ok) {
+            ok = false;
+            err = errno;
+        }
     }
-    if (ok && rename(tmp, path) != 0) ok = false;
+    if (ok && rename(tmp, path) != 0) {
+        ok = false;
+        err = errno;
+    }
     if (!ok) {
-        st = tb__error(TB_ERR_IO, "tb_npy_save: cannot write %s: %s", path, strerror(errno));
+        st = tb__error(TB_ERR_IO, "tb_npy_save: cannot write %s: %s", path,
+                       strerror(err != 0 ? err : EIO));
         remove(tmp);
     }
     tb__free(data);

@@ -44,21 +44,30 @@ static size_t tb__metric_find(const tb__metric_table *table, const char *name, b
     return lo;
 }
 
-/* The entry of `name`, created when missing; NULL when out of memory. Caller holds the lock. */
+/* The entry of `name`, created when missing; NULL when out of memory. Recording is best
+   effort: a metric that cannot be created is dropped, and the caller's error (its operation
+   succeeded) stays as it was. Caller holds the lock. */
 static tb__metric *tb__metric_get(tb__metric_table *table, const char *name) {
     bool found;
     size_t at = tb__metric_find(table, name, &found);
     tb__metric *m;
+    tb__saved_error saved;
     if (found) return table->items[at];
+    tb__error_save(&saved);
     if (tb__grow((void **)&table->items, &table->cap, table->count + 1, sizeof(tb__metric *)) !=
         TB_OK) {
+        tb__error_restore(&saved);
         return NULL;
     }
     m = (tb__metric *)tb__calloc(1, sizeof(tb__metric));
-    if (m == NULL) return NULL;
+    if (m == NULL) {
+        tb__error_restore(&saved);
+        return NULL;
+    }
     m->name = tb__strdup(name);
     if (m->name == NULL) {
         tb__free(m);
+        tb__error_restore(&saved);
         return NULL;
     }
     memmove(table->items + at + 1, table->items + at, (table->count - at) * sizeof(tb__metric *));

@@ -666,6 +666,7 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
     tb__cl_platform_id *platforms = NULL;
     tb__cl_int err = TB__OCL_CALL(rt, GetPlatformIDs)(0, NULL, &num_platforms);
     size_t total = 0;
+    bool oom = false;
     if (err != TB__CL_SUCCESS || num_platforms == 0) {
         tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE,
                             "opencl: no OpenCL platform is installed (clGetPlatformIDs: %s)",
@@ -673,13 +674,16 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
         return;
     }
     platforms = (tb__cl_platform_id *)tb__calloc(num_platforms, sizeof *platforms);
-    if (platforms == NULL ||
-        TB__OCL_CALL(rt, GetPlatformIDs)(num_platforms, platforms, NULL) != TB__CL_SUCCESS) {
+    if (platforms == NULL) {
+        tb__ocl_unavailable(rt, TB_ERR_OUT_OF_MEMORY, "opencl: %s", tb_last_error());
+        return;
+    }
+    if (TB__OCL_CALL(rt, GetPlatformIDs)(num_platforms, platforms, NULL) != TB__CL_SUCCESS) {
         tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE, "opencl: cannot list the OpenCL platforms");
         tb__free(platforms);
         return;
     }
-    for (p = 0; p < num_platforms; p++) {
+    for (p = 0; p < num_platforms && !oom; p++) {
         tb__cl_uint nd = 0, d;
         tb__cl_device_id *ids;
         if (TB__OCL_CALL(rt, GetDeviceIDs)(platforms[p], TB__CL_DEVICE_TYPE_ALL, 0, NULL, &nd) !=
@@ -687,7 +691,10 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
             nd == 0)
             continue;
         ids = (tb__cl_device_id *)tb__calloc(nd, sizeof *ids);
-        if (ids == NULL) continue;
+        if (ids == NULL) {
+            oom = true;
+            break;
+        }
         if (TB__OCL_CALL(rt, GetDeviceIDs)(platforms[p], TB__CL_DEVICE_TYPE_ALL, nd, ids, NULL) ==
             TB__CL_SUCCESS) {
             for (d = 0; d < nd; d++) {
@@ -696,7 +703,10 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
                     tb__ocl_info_u32(rt, ids[d], TB__CL_DEVICE_COMPILER_AVAILABLE) == 0)
                     continue;
                 grown = (tb__ocl_device *)tb__calloc(total + 1, sizeof *grown);
-                if (grown == NULL) break;
+                if (grown == NULL) {
+                    oom = true;
+                    break;
+                }
                 if (total > 0) memcpy(grown, rt->devices, total * sizeof *grown);
                 tb__free(rt->devices);
                 rt->devices = grown;
@@ -712,6 +722,11 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
     }
     tb__free(platforms);
     rt->num_devices = total;
+    if (oom) {
+        /* not "no device": a list cut short would stay so for the whole session */
+        tb__ocl_unavailable(rt, TB_ERR_OUT_OF_MEMORY, "opencl: %s", tb_last_error());
+        return;
+    }
     if (total == 0) {
         tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE,
                             "opencl: no usable OpenCL device (%u platform%s, none with an "
@@ -732,8 +747,9 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
     }
 }
 
-/* The runtime, loaded on first use. Call with tb__ocl_mutex held. Never NULL unless memory ran
-   out; an unusable runtime has status != TB_OK and no devices. */
+/* The runtime, loaded on first use. Call with tb__ocl_mutex held. NULL (the error set) when
+   memory ran out: nothing is kept, and the next call tries again. An unusable runtime has
+   status != TB_OK and no devices. */
 static tb__ocl_runtime *tb__ocl_runtime_get(void) {
     tb__ocl_runtime *rt = tb__ocl_current;
     if (rt != NULL) return rt;
@@ -742,6 +758,11 @@ static tb__ocl_runtime *tb__ocl_runtime_get(void) {
     rt->refcount = 1;
     rt->status = TB_OK;
     if (tb__ocl_load_library(rt)) tb__ocl_enumerate(rt);
+    if (rt->status == TB_ERR_OUT_OF_MEMORY) {
+        tb__error(rt->status, "%s", rt->reason);
+        tb__ocl_runtime_destroy(rt);
+        return NULL;
+    }
     if (rt->status != TB_OK) tb_log_message(TB_LOG_INFO, "%s", rt->reason);
     tb__ocl_current = rt;
     return rt;
@@ -4642,11 +4663,21 @@ static char *tb__ocl_cache_dir(void) {
         *p = '/';
     }
     (void)mkdir(dir, 0755);
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        tb_log_message(TB_LOG_WARN, "opencl: the program cache folder %s is not usable: %s", dir,
-                       strerror(errno));
-        tb__free(dir);
-        return NULL;
+    {
+        /* errno only after the stat that failed: a file in the way succeeds the stat and
+           leaves mkdir's EEXIST ("File exists") behind */
+        const char *why = NULL;
+        if (stat(dir, &st) != 0) {
+            why = strerror(errno);
+        } else if (!S_ISDIR(st.st_mode)) {
+            why = "not a directory";
+        }
+        if (why != NULL) {
+            tb_log_message(TB_LOG_WARN, "opencl: the program cache folder %s is not usable: %s",
+                           dir, why);
+            tb__free(dir);
+            return NULL;
+        }
     }
     return dir;
 #endif
@@ -4695,6 +4726,7 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
     char *tmp;
     FILE *f;
     bool ok;
+    int err;
     memset(header, 0, sizeof header);
     memcpy(header, TB__OCL_BIN_MAGIC, 8);
     tb__ocl_put64(header + 8, (uint64_t)TB__OCL_BIN_VERSION | ((uint64_t)TB__OCL_BIN_HEADER << 32));
@@ -4712,11 +4744,22 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
         tb__free(tmp);
         return;
     }
+    /* errno is read at the call that failed (fclose and rename may change it on success, and a
+       short write need not set it) */
+    errno = 0;
     ok = fwrite(header, 1, sizeof header, f) == sizeof header && fwrite(payload, 1, n, f) == n;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
+    err = ok ? 0 : (errno != 0 ? errno : EIO);
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        err = errno != 0 ? errno : EIO;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = false;
+        err = errno != 0 ? errno : EIO;
+    }
+    if (!ok) {
         tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", path,
-                       strerror(errno));
+                       strerror(err));
         remove(tmp);
     }
     tb__free(tmp);

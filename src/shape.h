@@ -71,8 +71,8 @@ TBDEF tb_status tb_shape_broadcast(const tb_shape *a, const tb_shape *b, tb_shap
 /* Row-major element strides of a contiguous tensor of this shape. */
 TBDEF tb_status tb_shape_strides(const tb_shape *shape, int64_t strides[TB_MAX_RANK]);
 /* Writes "f32[2,3]" ("f32[]" for rank 0) like snprintf: returns the length the full text needs
-   (without the NUL), writes at most `cap` bytes including the NUL. `buf` may be NULL if cap is 0.
- */
+   (without the NUL), writes at most `cap` bytes including the NUL. `buf` NULL: just the
+   length (`cap` is ignored). */
 TBDEF size_t tb_shape_format(const tb_shape *shape, char *buf, size_t cap);
 /* Parses the text form back ("f32[2,3]", "i64[]", spaces allowed around numbers).
    Bad text is TB_ERR_INVALID_ARGUMENT with the position; a valid text with too large dims is

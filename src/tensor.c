@@ -737,10 +737,14 @@ static tb__comp_cache_entry *tb__comp_cache_insert(tb__comp_cache_entry *e) {
         size_t nb = 16;
         while (nb < capacity && nb < ((size_t)1 << 20))
             nb *= 2;
+        tb__saved_error saved;
+        tb__error_save(&saved);
         tb__comp_cache_buckets =
             (tb__comp_cache_entry **)tb__calloc(nb, sizeof(tb__comp_cache_entry *));
         if (tb__comp_cache_buckets == NULL) {
-            /* uncached: the computation lives as long as the caller's reference */
+            /* uncached: the computation lives as long as the caller's reference, and the
+               caller's operation goes on, its error untouched */
+            tb__error_restore(&saved);
             tb__mutex_unlock(&tb__comp_cache_mutex);
             return e;
         }
@@ -1784,13 +1788,15 @@ TBDEF tb_status tb_tensor_item(tb_tensor *tensor, double *out) {
 
 /* For tb_ir_dot: per position of the dump's walk `w`, the kernel that computes the node in the
    computation a sync of `roots` would run (-1: none), when the backend of the tensors' device
-   says so. The computation stays referenced in *entry while the names are in use. Any failure
-   (mixed devices, a backend without get_node_kernel, a graph that does not compile) gives
-   false and leaves the caller's error as it was: the dump is drawn without clusters. */
+   says so. The computation stays referenced in *entry while the names are in use. A graph
+   that cannot have clusters (mixed devices, a backend without get_node_kernel, a graph that
+   does not compile) gives false and leaves the caller's error as it was: the dump is drawn
+   without clusters. Memory running out is an error of the dump (*failed true, the error set):
+   a dump without its clusters would pass for the complete one. */
 static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, size_t count,
                                   const tb__exec_roots *roots, const tb__exec_walk *w,
                                   int32_t **kernel, const char ***names,
-                                  tb__comp_cache_entry **entry) {
+                                  tb__comp_cache_entry **entry, bool *failed) {
     tb__exec ex;
     tb__exec_walk cw;
     tb_graph g;
@@ -1803,6 +1809,7 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     *kernel = NULL;
     *names = NULL;
     *entry = NULL;
+    *failed = false;
     if (roots->count == 0 || w->num_order == 0) return false;
     for (i = 0; i < count; i++) {
         if (!tb_device_equal(&tensors[i]->device, &roots->device)) return false;
@@ -1847,7 +1854,11 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     }
     tb__free((void *)results);
     tb__exec_walk_free(&cw);
-    tb__error_restore(&saved);
+    if (!ok && (st == TB_ERR_OUT_OF_MEMORY || st == TB_ERR_OVERFLOW)) {
+        *failed = true; /* the error stays: the dump fails with it */
+    } else {
+        tb__error_restore(&saved);
+    }
     return ok;
 }
 
@@ -1878,13 +1889,15 @@ static char *tb__exec_dump(const char *func, tb_tensor *const *tensors, size_t c
         /* every tensor has its operand node now: the roots were collected from them */
         for (i = 0; i < count; i++)
             nodes[i] = tb__tensor_ir(tensors[i]);
+        bool failed = false;
         if (dot) {
-            tb__exec_dump_kernels(func, tensors, count, &roots, &w, &kernel, &names, &entry);
-            tb__exec_dot_append(&s, &w, nodes, count, kernel, names);
+            tb__exec_dump_kernels(func, tensors, count, &roots, &w, &kernel, &names, &entry,
+                                  &failed);
+            if (!failed) tb__exec_dot_append(&s, &w, nodes, count, kernel, names);
         } else {
             tb__exec_text_append(&s, &w, nodes, count);
         }
-        text = tb__str_take(&s);
+        if (!failed) text = tb__str_take(&s);
     }
     tb__free(kernel);
     tb__free((void *)names);
@@ -1941,10 +1954,19 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
         if (st == TB_OK) {
             const char *backend_text = NULL;
             if (ex.vt->computation_backend_text != NULL) {
+                /* NULL is "no text" only without an error: with one, the text could not be
+                   made (memory ran out), and an empty text would pass for the answer */
+                tb__saved_error saved;
+                tb__exec_call_begin(&saved);
                 backend_text =
                     ex.vt->computation_backend_text(ex.vt->user_data, entry->computation);
+                if (backend_text == NULL && tb_last_status() != TB_OK) {
+                    st = tb__exec_call_failed(&ex, tb_last_status(), "computation_backend_text");
+                } else {
+                    tb__error_restore(&saved);
+                }
             }
-            text = tb__strdup(backend_text != NULL ? backend_text : "");
+            if (st == TB_OK) text = tb__strdup(backend_text != NULL ? backend_text : "");
         }
     }
     tb__comp_cache_release(entry);
@@ -1956,23 +1978,22 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
 
 /* ---- seeding, shutdown ---- */
 
-TBDEF void tb_manual_seed(uint64_t seed) {
-    const char **names;
-    size_t n, i;
+TBDEF tb_status tb_manual_seed(uint64_t seed) {
+    tb__builtin_failure why;
     tb__ensure_setup();
+    if (!tb_is_setup()) return tb_last_status(); /* memory ran out setting the library up */
+    /* Every backend that exists is registered first, so that either all of them hear of the
+       seed or nothing changes; from there on nothing allocates, nothing can fail. */
+    tb__registry_ensure(&why);
+    if (why.status != TB_OK) {
+        return tb__error(why.status,
+                         "tb_manual_seed: cannot register the built-in backend '%s': %s", why.name,
+                         why.reason);
+    }
     tb__rng_set_seed(seed);
     /* the registry lives in an earlier layer than the generator state: tell the backends here */
-    n = tb_backend_list(NULL, 0, true);
-    if (n == 0) return;
-    names = (const char **)tb__calloc(n, sizeof(const char *));
-    if (names == NULL) return;
-    n = tb_backend_list(names, n, true);
-    for (i = 0; i < n; i++) {
-        tb_backend *b = tb_backend_lookup(names[i]);
-        const tb_backend_impl *vt = b != NULL ? tb__backend_vtable(b) : NULL;
-        if (vt != NULL && vt->set_rng_seed != NULL) vt->set_rng_seed(vt->user_data, seed);
-    }
-    tb__free((void *)names);
+    tb__registry_set_rng_seed(seed);
+    return TB_OK;
 }
 
 static void tb__executor_shutdown(void) {

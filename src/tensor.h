@@ -51,9 +51,11 @@ TBDEF tb_tensor *tb_eye(int64_t n, int64_t m, tb_dtype dtype, const tb_device *d
    f32 rounding boundary. */
 TBDEF tb_tensor *tb_rand(const tb_shape *shape, const tb_device *device);
 TBDEF tb_tensor *tb_randn(const tb_shape *shape, const tb_device *device);
-/* Sets the seed and resets the offset to 0; calls every registered backend's set_rng_seed.
-   tb_shutdown restores the default seed. Thread-safe. */
-TBDEF void tb_manual_seed(uint64_t seed);
+/* Sets the seed and resets the offset to 0; calls every registered backend's set_rng_seed
+   (a backend registered later is not called). All or nothing: on an error (memory ran out
+   while the library or its built-in backends were set up) neither the seed nor any backend
+   changed. tb_shutdown restores the default seed. Thread-safe. */
+TBDEF tb_status tb_manual_seed(uint64_t seed);
 
 /* ---- handles ----
    A tensor holds either a pending graph (its IR node) or a materialised value (backend data);

@@ -1165,6 +1165,98 @@ static void test_cpu_backend_values(void **state) {
     stop();
 }
 
+/* An allocator hook that refuses the call numbered fail_at (counted from 0 at arming). */
+static long hook_calls, hook_fail_at = -1, hook_refused;
+
+static void *hook_alloc(size_t size, void *user_data) {
+    long call = __atomic_fetch_add(&hook_calls, 1, __ATOMIC_RELAXED);
+    (void)user_data;
+    if (call == __atomic_load_n(&hook_fail_at, __ATOMIC_RELAXED)) {
+        __atomic_add_fetch(&hook_refused, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    return malloc(size);
+}
+
+static void hook_free(void *ptr, void *user_data) {
+    (void)user_data;
+    free(ptr);
+}
+
+static void hook_arm(long fail_at) {
+    __atomic_store_n(&hook_fail_at, -1, __ATOMIC_RELAXED);
+    __atomic_store_n(&hook_calls, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&hook_refused, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&hook_fail_at, fail_at, __ATOMIC_RELAXED);
+}
+
+/* One dump of exp(x) * x + x on the cpu backend in a new session, with the allocation numbered
+   fail_at refused (-1: none); *refused tells whether one was. */
+static char *dump_with_failure(int which, long fail_at, bool *refused) {
+    const float xs[3] = {1, 2, 3};
+    tb_desc desc;
+    tb_device cpu;
+    tb_tensor *x, *e, *m, *y;
+    char *text = NULL;
+    tb_shutdown();
+    memset(&desc, 0, sizeof(desc));
+    desc.allocator.alloc = hook_alloc;
+    desc.allocator.free = hook_free;
+    hook_arm(-1);
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    assert_int_equal(tb_device_make("cpu", 0, &cpu), TB_OK);
+    x = vec(xs, 3, &cpu);
+    e = tb_exp(x);
+    m = tb_mul(e, x);
+    y = tb_add(m, x);
+    assert_non_null(y);
+    tb_clear_error();
+    hook_arm(fail_at);
+    if (which == 0) text = tb_ir_text(&y, 1);
+    if (which == 1) text = tb_ir_dot(&y, 1);
+    if (which == 2) text = tb_ir_backend_text(&y, 1);
+    *refused = __atomic_load_n(&hook_refused, __ATOMIC_RELAXED) != 0;
+    hook_arm(-1);
+    if (text == NULL) {
+        if (tb_last_status() == TB_OK) fail_msg("dump %d: NULL without an error", which);
+    } else if (tb_last_status() != TB_OK) {
+        fail_msg("dump %d, allocation %ld refused: a text and the error '%s'", which, fail_at,
+                 tb_last_error());
+    }
+    tb_tensor_release(x);
+    tb_tensor_release(e);
+    tb_tensor_release(m);
+    tb_tensor_release(y);
+    return text;
+}
+
+/* Under a failed allocation anywhere, a dump is either complete or NULL with an error; never a
+   short text with TB_OK (tb_ir_backend_text used to give "" when the backend's text could not
+   be made). */
+static void test_dumps_under_allocation_failures(void **state) {
+    int which;
+    (void)state;
+    for (which = 0; which < 3; which++) {
+        bool refused;
+        char *expected = dump_with_failure(which, -1, &refused);
+        long k;
+        assert_non_null(expected);
+        assert_true(strlen(expected) > 0);
+        for (k = 0;; k++) {
+            char *text = dump_with_failure(which, k, &refused);
+            if (text != NULL && strcmp(text, expected) != 0) {
+                fail_msg("dump %d, allocation %ld refused: TB_OK with '%s' instead of '%s'", which,
+                         k, text, expected);
+            }
+            tb_free(text);
+            if (!refused) break; /* past the last allocation */
+        }
+        assert_true(k > 1);
+        tb_free(expected);
+    }
+    tb_shutdown();
+}
+
 /* ===========================================================================================
    Moving between devices
    =========================================================================================== */
@@ -1466,6 +1558,7 @@ int main(void) {
         cmocka_unit_test(test_ir_text_and_dot),
         cmocka_unit_test(test_debug_log),
         cmocka_unit_test(test_cpu_backend_values),
+        cmocka_unit_test(test_dumps_under_allocation_failures),
         cmocka_unit_test(test_to_device),
         cmocka_unit_test(test_borrowed_host_memory),
         cmocka_unit_test(test_errors_arguments),

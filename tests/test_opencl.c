@@ -1968,6 +1968,53 @@ static tb_tensor *build_mlp_softmax(const tb_device *dev, const float *a, const 
     return y;
 }
 
+/* ---- an allocator hook ---- */
+
+/* Counts live blocks and refuses the call numbered g_hook_fail_at (counted from 0 at arming;
+   -1: none). Each block has a header in front, so a block given to the default allocator's
+   free is caught by the address sanitizer. */
+#define HOOK_HEADER 32
+static long g_hook_live, g_hook_calls, g_hook_fail_at = -1, g_hook_refused;
+
+static void *hook_alloc(size_t size, void *user_data) {
+    unsigned char *p;
+    long call = __atomic_fetch_add(&g_hook_calls, 1, __ATOMIC_RELAXED);
+    (void)user_data;
+    if (call == __atomic_load_n(&g_hook_fail_at, __ATOMIC_RELAXED)) {
+        __atomic_add_fetch(&g_hook_refused, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    p = (unsigned char *)malloc(size + HOOK_HEADER);
+    if (p == NULL) return NULL;
+    __atomic_add_fetch(&g_hook_live, 1, __ATOMIC_RELAXED);
+    return p + HOOK_HEADER;
+}
+
+static void hook_free(void *ptr, void *user_data) {
+    (void)user_data;
+    __atomic_sub_fetch(&g_hook_live, 1, __ATOMIC_RELAXED);
+    free((unsigned char *)ptr - HOOK_HEADER);
+}
+
+static void hook_arm(long fail_at) {
+    __atomic_store_n(&g_hook_fail_at, -1, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_hook_calls, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_hook_refused, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_hook_fail_at, fail_at, __ATOMIC_RELAXED);
+}
+
+/* A new session whose allocations go through the hook. */
+static void hook_session(void) {
+    tb_desc desc;
+    tb_shutdown();
+    hook_arm(-1);
+    g_hook_live = 0;
+    memset(&desc, 0, sizeof desc);
+    desc.allocator.alloc = hook_alloc;
+    desc.allocator.free = hook_free;
+    assert_int_equal(tb_setup(&desc), TB_OK);
+}
+
 static void test_dot_clusters(void **state) {
     float a[30], w[15], b[3];
     tb_shape sa = shp(TB_F32, 2, 6, 5, 0, 0), sw = shp(TB_F32, 2, 5, 3, 0, 0),
@@ -2032,6 +2079,68 @@ static void test_dot_clusters(void **state) {
         tb_free(dot);
         tb_tensor_release(x);
     }
+}
+
+static char *dump_of(int which, tb_tensor *y) {
+    switch (which) {
+    case 0:
+        return tb_ir_text(&y, 1);
+    case 1:
+        return tb_ir_dot(&y, 1);
+    case 2:
+        return tb_ir_backend_text(&y, 1);
+    default:
+        return tb_backend_metrics_report("opencl");
+    }
+}
+
+/* Under a refused allocation anywhere, each dump of a graph that compiles (cached), and the
+   backend's metrics report, is either complete, clusters included, or NULL with an error: the
+   DOT used to lose its clusters silently, the report used to be empty. */
+static void test_dumps_under_allocation_failures(void **state) {
+    float a[30], w[15], b[3];
+    tb_shape sa = shp(TB_F32, 2, 6, 5, 0, 0), sw = shp(TB_F32, 2, 5, 3, 0, 0),
+             sb = shp(TB_F32, 1, 3, 0, 0, 0);
+    tb_tensor *y, *h;
+    int which;
+    (void)state;
+    REQUIRE_OPENCL();
+    fill(a, &sa, R_ANY, 0);
+    fill(w, &sw, R_ANY, 0);
+    fill(b, &sb, R_ANY, 0);
+    hook_session();
+    y = build_mlp_softmax(&g_ocl, a, w, b, &h);
+    for (which = 0; which < 4; which++) {
+        char *expected = dump_of(which, y);
+        long k;
+        assert_non_null(expected);
+        if (which == 1) assert_non_null(strstr(expected, "subgraph cluster"));
+        for (k = 0;; k++) {
+            char *text;
+            bool refused;
+            tb_clear_error();
+            hook_arm(k);
+            text = dump_of(which, y);
+            refused = g_hook_refused != 0;
+            hook_arm(-1);
+            if (text == NULL && tb_last_status() == TB_OK) {
+                fail_msg("dump %d, allocation %ld refused: NULL without an error", which, k);
+            }
+            if (text != NULL && (strcmp(text, expected) != 0 || tb_last_status() != TB_OK)) {
+                fail_msg("dump %d, allocation %ld refused: an incomplete text (error '%s'):\n%s",
+                         which, k, tb_last_error(), text);
+            }
+            tb_free(text);
+            if (!refused) break; /* past the last allocation */
+        }
+        assert_true(k > 1);
+        tb_free(expected);
+    }
+    tb_tensor_release(y);
+    tb_tensor_release(h);
+    tb_shutdown();
+    assert_int_equal(tb_setup(NULL), TB_OK);
+    probe();
 }
 
 /* A graph that does not compile is drawn without clusters, and the dump reports no error. */
@@ -2834,6 +2943,115 @@ static void test_debug_lines(void **state) {
     probe();
 }
 
+/* ---- shutdown with an allocator hook ---- */
+
+/* The opencl backend releases its cached buffers at exit and counts that in the metrics:
+   tb_shutdown must give every block back to the hook (three metric entries used to stay,
+   to be freed by the next session's allocator). */
+static void test_shutdown_with_allocator_hook(void **state) {
+    tb_desc desc;
+    float a[12], got[12];
+    tb_shape s = shp(TB_F32, 2, 3, 4, 0, 0);
+    tb_tensor *x, *e, *y;
+    tb_device dev;
+    char *report;
+    int session;
+    (void)state;
+    REQUIRE_OPENCL();
+    fill(a, &s, R_ANY, 0);
+    for (session = 0; session < 2; session++) {
+        if (session == 0) {
+            hook_session();
+        } else {
+            tb_shutdown();
+            memset(&desc, 0, sizeof desc); /* the default allocator */
+            g_hook_live = 0;
+            assert_int_equal(tb_setup(&desc), TB_OK);
+        }
+        assert_int_equal(tb_device_make("opencl", 0, &dev), TB_OK);
+        x = tb_tensor_from_host(a, &s, &dev);
+        e = tb_exp(x);
+        y = tb_mul(e, x);
+        assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+        tb_tensor_release(x);
+        tb_tensor_release(e);
+        tb_tensor_release(y);
+        report = tb_metrics_report();
+        assert_non_null(report);
+        tb_free(report);
+        tb_metrics_reset();
+        tb_shutdown();
+        assert_int_equal(g_hook_live, 0);
+    }
+    restart_library();
+    probe();
+}
+
+/* A refused allocation while the OpenCL runtime loads is an error of that call only: the next
+   call loads it again (a cut-short device list used to stay for the whole session). */
+static void test_runtime_load_retried(void **state) {
+    size_t expected = 0, count = 0;
+    long k;
+    (void)state;
+    REQUIRE_OPENCL();
+    assert_int_equal(tb_backend_devices("opencl", NULL, 0, &expected), TB_OK);
+    assert_true(expected > 0);
+    for (k = 0;; k++) {
+        tb_status st;
+        bool refused;
+        hook_session();
+        hook_arm(k);
+        st = tb_opencl_available();
+        refused = g_hook_refused != 0;
+        hook_arm(-1);
+        if (st != TB_OK && st != TB_ERR_OUT_OF_MEMORY) {
+            fail_msg("allocation %ld refused: status %d, '%s'", k, (int)st, tb_last_error());
+        }
+        assert_int_equal(tb_opencl_available(), TB_OK);
+        assert_int_equal(tb_backend_devices("opencl", NULL, 0, &count), TB_OK);
+        assert_int_equal(count, expected);
+        if (!refused) break;
+    }
+    assert_true(k > 2);
+    tb_shutdown();
+    assert_int_equal(tb_setup(NULL), TB_OK);
+    probe();
+}
+
+/* A cache folder that is a file: the warning gives that reason, not the errno a successful
+   call left behind ("File exists" from the mkdir before it). */
+static void test_cache_dir_is_a_file(void **state) {
+    char *old = getenv("TB_CACHE_DIR") != NULL ? strdup(getenv("TB_CACHE_DIR")) : NULL;
+    char file[64], expected[256];
+    tb_desc desc;
+    int fd;
+    (void)state;
+    REQUIRE_OPENCL();
+    snprintf(file, sizeof file, "/tmp/tb_cache_file_XXXXXX");
+    fd = mkstemp(file);
+    assert_true(fd >= 0);
+    close(fd);
+    setenv("TB_CACHE_DIR", file, 1);
+    tb_shutdown();
+    memset(&desc, 0, sizeof desc);
+    desc.logger.func = capture_log;
+    g_log[0] = '\0';
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    (void)run_fixed_graph();
+    snprintf(expected, sizeof expected,
+             "opencl: the program cache folder %s is not usable: not a directory\n", file);
+    if (strstr(g_log, expected) == NULL) fail_msg("the log: %s", g_log);
+    remove(file);
+    if (old != NULL) {
+        setenv("TB_CACHE_DIR", old, 1);
+        free(old);
+    } else {
+        unsetenv("TB_CACHE_DIR");
+    }
+    restart_library();
+    probe();
+}
+
 /* ---- no OpenCL library ---- */
 
 static void test_unavailable_library(void **state) {
@@ -2921,6 +3139,7 @@ int main(void) {
         cmocka_unit_test(test_custom_op_compile_error),
         cmocka_unit_test(test_fusion_patterns),
         cmocka_unit_test(test_dot_clusters),
+        cmocka_unit_test(test_dumps_under_allocation_failures),
         cmocka_unit_test(test_max_min_nan_large),
         cmocka_unit_test(test_dot_compile_error_plain),
         cmocka_unit_test(test_scalars_do_not_recompile),
@@ -2930,6 +3149,9 @@ int main(void) {
         cmocka_unit_test(test_two_devices),
         cmocka_unit_test(test_disk_cache),
         cmocka_unit_test(test_debug_lines),
+        cmocka_unit_test(test_shutdown_with_allocator_hook),
+        cmocka_unit_test(test_cache_dir_is_a_file),
+        cmocka_unit_test(test_runtime_load_retried),
         cmocka_unit_test(test_unavailable_library),
     };
     if (getenv("TB_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("TB_TEST_FILTER"));

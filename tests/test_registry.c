@@ -7,6 +7,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,12 +113,15 @@ static tb_backend_impl test_impl(test_backend *t) {
 
 static test_backend one_cpu = {1, {TB_DEVICE_CPU}, 0, 0, TB_OK, false};
 
+static char *g_backend_path; /* TB_BACKEND_PATH as the program found it */
+
 static int reset(void **state) {
     (void)state;
     tb_shutdown();
     tb_clear_error();
     unsetenv("TB_BACKEND");
     unsetenv("TB_DEVICE");
+    if (g_backend_path != NULL) setenv("TB_BACKEND_PATH", g_backend_path, 1);
     return 0;
 }
 
@@ -202,8 +206,36 @@ static void test_null_handles(void **state) {
     assert_false(tb_has_backend(NULL));
     assert_false(tb_has_backend("nothing_here"));
     assert_int_equal(tb_last_status(), TB_OK); /* has_backend sets no error */
-    assert_int_equal(tb_backend_list(NULL, 3, false), 0);
-    assert_int_equal(tb_last_status(), TB_ERR_INVALID_ARGUMENT);
+}
+
+/* A NULL array asks for the count alone: the answer does not depend on `cap` (it used to be
+   0 for any cap but 0). */
+static void test_count_without_array(void **state) {
+    const char *names[16];
+    tb_device devices[4];
+    tb_device cpu;
+    tb_shape shape = tb_shape_of(TB_F32, 2, 2, 3);
+    size_t visible, all, cap, count;
+    (void)state;
+    visible = tb_backend_list(names, 16, false);
+    all = tb_backend_list(names, 16, true);
+    assert_true(visible >= 1);
+    assert_true(all >= visible);
+    tb_clear_error();
+    for (cap = 0; cap < 6; cap++) {
+        assert_int_equal(tb_backend_list(NULL, cap, false), visible);
+        assert_int_equal(tb_backend_list(NULL, cap, true), all);
+        count = 99;
+        assert_int_equal(tb_backend_devices("cpu", NULL, cap, &count), TB_OK);
+        assert_int_equal(count, 1);
+        assert_int_equal(tb_shape_format(&shape, NULL, cap), strlen("f32[2,3]"));
+        assert_int_equal(tb_device_make("cpu", 0, &cpu), TB_OK);
+        assert_int_equal(tb_device_format(&cpu, NULL, cap), strlen("cpu:0"));
+    }
+    assert_int_equal(tb_last_status(), TB_OK);
+    assert_int_equal(tb_backend_devices("cpu", devices, 4, &count), TB_OK);
+    assert_int_equal(count, 1);
+    assert_int_equal(tb_backend_devices("cpu", NULL, 3, NULL), TB_OK);
 }
 
 static void test_list_sorted_and_hidden(void **state) {
@@ -501,7 +533,9 @@ static void test_default_device_kept_by_library(void **state) {
     assert_int_equal(count, 3);
     assert_int_equal(tb_backend_devices("multi", NULL, 0, &count), TB_OK);
     assert_int_equal(count, 3);
-    assert_int_equal(tb_backend_devices("multi", NULL, 2, &count), TB_ERR_INVALID_ARGUMENT);
+    count = 99;
+    assert_int_equal(tb_backend_devices("multi", NULL, 2, &count), TB_OK); /* cap ignored */
+    assert_int_equal(count, 3);
 
     assert_int_equal(tb_backend_get_default_device_type("multi", &type), TB_OK);
     assert_int_equal(type, TB_DEVICE_CPU); /* device 0's type */
@@ -670,6 +704,174 @@ static void test_backend_hooks(void **state) {
     assert_string_equal(info.device.backend, "hooked");
 }
 
+/* ---- allocation failures and shutdown order ---- */
+
+/* An allocator hook that counts live blocks and refuses the calls numbered fail_at ..
+   fail_at + fail_n - 1 (counted from 0 at arming). Each block has a header in front, so a
+   block given to another allocator's free is caught by the address sanitizer. */
+typedef struct hook_allocator {
+    pthread_mutex_t lock;
+    long live;
+    long calls; /* since arming */
+    long fail_at, fail_n;
+    long refused;
+} hook_allocator;
+
+#define HOOK_HEADER 32
+
+static hook_allocator g_hook = {PTHREAD_MUTEX_INITIALIZER, 0, 0, -1, 0, 0};
+
+static void *hook_alloc(size_t size, void *user_data) {
+    hook_allocator *h = (hook_allocator *)user_data;
+    unsigned char *p = NULL;
+    bool refuse;
+    pthread_mutex_lock(&h->lock);
+    refuse = h->fail_at >= 0 && h->calls >= h->fail_at && h->calls - h->fail_at < h->fail_n;
+    h->calls++;
+    if (refuse) {
+        h->refused++;
+    } else {
+        p = (unsigned char *)malloc(size + HOOK_HEADER);
+        if (p != NULL) h->live++;
+    }
+    pthread_mutex_unlock(&h->lock);
+    return p != NULL ? p + HOOK_HEADER : NULL;
+}
+
+static void hook_free(void *ptr, void *user_data) {
+    hook_allocator *h = (hook_allocator *)user_data;
+    pthread_mutex_lock(&h->lock);
+    h->live--;
+    pthread_mutex_unlock(&h->lock);
+    free((unsigned char *)ptr - HOOK_HEADER);
+}
+
+static void hook_arm(long fail_at, long fail_n) {
+    pthread_mutex_lock(&g_hook.lock);
+    g_hook.calls = 0;
+    g_hook.refused = 0;
+    g_hook.fail_at = fail_at;
+    g_hook.fail_n = fail_n;
+    pthread_mutex_unlock(&g_hook.lock);
+}
+
+static void hook_setup(void) {
+    tb_desc desc;
+    tb_shutdown();
+    hook_arm(-1, 0);
+    g_hook.live = 0;
+    memset(&desc, 0, sizeof desc);
+    desc.allocator.alloc = hook_alloc;
+    desc.allocator.free = hook_free;
+    desc.allocator.user_data = &g_hook;
+    assert_int_equal(tb_setup(&desc), TB_OK);
+}
+
+/* 2 * [1, 2, 3] on the cpu backend. */
+static void check_cpu_computes(void) {
+    float in[3] = {1, 2, 3}, out[3] = {0, 0, 0};
+    tb_shape shape = tb_shape_of(TB_F32, 1, 3);
+    tb_device cpu;
+    tb_tensor *x, *y;
+    assert_int_equal(tb_device_make("cpu", 0, &cpu), TB_OK);
+    x = tb_tensor_from_host(in, &shape, &cpu);
+    y = tb_add(x, x);
+    assert_int_equal(tb_tensor_to_host(y, out, sizeof out), TB_OK);
+    assert_true(out[0] == 2 && out[1] == 4 && out[2] == 6);
+    tb_tensor_release(x);
+    tb_tensor_release(y);
+}
+
+/* A transient failure while the built-in backends register is reported with its cause and
+   tried again at the next use (it used to leave 'cpu' unknown until tb_shutdown). */
+static void test_builtin_registration_retried(void **state) {
+    long k;
+    (void)state;
+    unsetenv("TB_BACKEND_PATH"); /* no plugin search: only the registry answers (reset restores) */
+    /* every allocation refused */
+    hook_setup();
+    hook_arm(0, 1000000);
+    assert_null(tb_backend_lookup("cpu"));
+    assert_int_equal(tb_last_status(), TB_ERR_OUT_OF_MEMORY);
+    assert_starts_with(tb_last_error(), "tb_backend_lookup: cannot register the built-in "
+                                        "backend 'cpu': tb: out of memory allocating ");
+    assert_false(tb_has_backend("cpu"));
+    hook_arm(-1, 0);
+    assert_non_null(tb_backend_lookup("cpu"));
+    assert_string_equal(tb_get_backend(), "cpu");
+    check_cpu_computes();
+    /* one refused allocation at each point of the registration in turn */
+    for (k = 0;; k++) {
+        tb_backend *b;
+        hook_setup();
+        hook_arm(k, 1);
+        b = tb_backend_lookup("cpu");
+        if (g_hook.refused == 0) {
+            assert_non_null(b);
+            break; /* past the last allocation */
+        }
+        if (b == NULL) {
+            if (tb_last_status() != TB_ERR_OUT_OF_MEMORY ||
+                strstr(tb_last_error(), "out of memory") == NULL) {
+                fail_msg("allocation %ld refused: status %d, '%s'", k, (int)tb_last_status(),
+                         tb_last_error());
+            }
+        }
+        hook_arm(-1, 0);
+        assert_non_null(tb_backend_lookup("cpu"));
+#if !defined(TB_NO_OPENCL)
+        assert_non_null(tb_backend_lookup("opencl"));
+#endif
+        check_cpu_computes();
+        tb_shutdown();
+        assert_int_equal(g_hook.live, 0);
+    }
+    assert_true(k > 2);
+}
+
+static int g_exit_metrics_calls;
+
+/* prepare_to_exit of a backend that keeps metrics (as the opencl backend does). */
+static void exit_with_metrics(void *u) {
+    (void)u;
+    g_exit_metrics_calls++;
+    tb_metrics_add("ExitBackend::Released", 1);
+    tb_metrics_sample("ExitBackend::ReleaseTime", 1000.0);
+}
+
+/* tb_shutdown tears the layers down in an order where nothing records a metric or allocates
+   after its owner is gone: a backend's prepare_to_exit may still record metrics. */
+static void test_shutdown_order_metrics(void **state) {
+    static test_backend t; /* static: prepare_to_exit runs in tb_shutdown */
+    tb_backend_impl impl;
+    char *report;
+    (void)state;
+    t = one_cpu;
+    impl = test_impl(&t);
+    impl.prepare_to_exit = exit_with_metrics;
+    g_exit_metrics_calls = 0;
+    hook_setup();
+    assert_int_equal(tb_backend_register("exiting", &impl, NULL), TB_OK);
+    check_cpu_computes();
+    tb_metrics_add("ExitBackend::Before", 1);
+    tb_shutdown();
+    assert_int_equal(g_exit_metrics_calls, 1);
+    assert_int_equal(g_hook.live, 0); /* every block of the hook given back */
+    /* a new session with the default allocator starts from nothing and frees only its own */
+    assert_int_equal(tb_setup(NULL), TB_OK);
+    assert_int_equal(tb_metrics_counter("ExitBackend::Released"), 0);
+    assert_int_equal(tb_metrics_counter("ExitBackend::Before"), 0);
+    tb_metrics_add("ExitBackend::After", 2);
+    report = tb_metrics_report();
+    assert_non_null(report);
+    assert_null(strstr(report, "ExitBackend::Released"));
+    assert_non_null(strstr(report, "ExitBackend::After"));
+    tb_free(report);
+    check_cpu_computes();
+    tb_metrics_reset();
+    tb_shutdown();
+}
+
 /* ---- plugins ---- */
 
 static const char *plugin_dir(void) {
@@ -737,7 +939,13 @@ static void test_plugin_explicit_load(void **state) {
     assert_string_equal(tb_last_error(), "tb_backend_load_plugin: duplicate name: plugin");
     assert_int_equal(tb_backend_load_plugin("/nonexistent/libtb_backend_x.so"), TB_ERR_IO);
     assert_starts_with(tb_last_error(),
-                       "tb_backend_load_plugin: cannot open /nonexistent/libtb_backend_x.so");
+                       "tb_backend_load_plugin: cannot open /nonexistent/libtb_backend_x.so: ");
+    assert_null(strstr(tb_last_error(), "Success"));
+    /* a folder: stat succeeds, so errno says nothing (it used to give "Success") */
+    errno = 0;
+    assert_int_equal(tb_backend_load_plugin("/tmp"), TB_ERR_IO);
+    assert_string_equal(tb_last_error(), "tb_backend_load_plugin: cannot open /tmp: it is a "
+                                         "directory");
     assert_int_equal(tb_backend_load_plugin(NULL), TB_ERR_INVALID_ARGUMENT);
     /* a file that is not a shared object */
     {
@@ -798,6 +1006,54 @@ static void test_bad_plugins_rejected(void **state) {
         assert_true(tb_has_backend("somethingelse"));
         assert_int_equal(count_all(), before + 1);
     }
+}
+
+/* Plugins whose strings are hostile and live in the plugin's own memory: the host must quote
+   them from copies taken before it unloads the object (each used to crash the host). */
+static void test_hostile_plugins_rejected(void **state) {
+    static const bad_plugin_case cases[] = {
+        {"slashname", "gives a bad backend name 'bad/name' (expected [A-Za-z_][A-Za-z0-9_]*"},
+        {"colonname", "gives a bad backend name 'bad:name' (expected [A-Za-z_][A-Za-z0-9_]*"},
+        {"longname", "gives a backend name longer than 31 bytes ('aaaaaaaaaaaaaaaa"},
+        {"nullname", "gives no backend name (NULL)"},
+        {"emptyname", "gives an empty backend name"},
+        {"ctrlname", "gives a bad backend name 'ctrl?name?[31m'"},
+        {"longtags", "bad tags '!!!!!!!!!!!!!!!!"},
+    };
+    size_t i, k, before;
+    (void)state;
+    before = count_all();
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[1024], file[64];
+        int round;
+        plugin_path(cases[i].name, path, sizeof path);
+        snprintf(file, sizeof file, "libtb_backend_%s.so", cases[i].name);
+        for (round = 0; round < 2; round++) {
+            const char *fn = round == 0 ? "tb_backend_lookup: " : "tb_backend_load_plugin: ";
+            if (round == 0) {
+                assert_null(tb_backend_lookup(cases[i].name));
+            } else {
+                assert_int_equal(tb_backend_load_plugin(path), TB_ERR_PLUGIN);
+            }
+            if (tb_last_status() != TB_ERR_PLUGIN || strstr(tb_last_error(), file) == NULL ||
+                strstr(tb_last_error(), cases[i].reason) == NULL ||
+                strncmp(tb_last_error(), fn, strlen(fn)) != 0) {
+                fail_msg("%s: status %d, message '%s'", cases[i].name, (int)tb_last_status(),
+                         tb_last_error());
+            }
+            /* the message quotes printable text only, and not all 10 KB of it */
+            for (k = 0; tb_last_error()[k] != '\0'; k++) {
+                unsigned char c = (unsigned char)tb_last_error()[k];
+                if (c < 0x20 || c > 0x7e) fail_msg("%s: byte %u in the message", cases[i].name, c);
+            }
+            assert_true(k < 1000);
+            assert_int_equal(count_all(), before);
+            assert_false(tb_has_backend(cases[i].name));
+        }
+    }
+    /* the registry still works */
+    assert_non_null(tb_backend_lookup("cpu"));
+    assert_non_null(tb_backend_lookup("plugin"));
 }
 
 /* ---- concurrency ---- */
@@ -1169,10 +1425,12 @@ static void test_cpu_backend_computation(void **state) {
 }
 
 int main(void) {
+    int failed;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_builtin_cpu, reset, reset),
         cmocka_unit_test_setup_teardown(test_register_and_lookup, reset, reset),
         cmocka_unit_test_setup_teardown(test_null_handles, reset, reset),
+        cmocka_unit_test_setup_teardown(test_count_without_array, reset, reset),
         cmocka_unit_test_setup_teardown(test_list_sorted_and_hidden, reset, reset),
         cmocka_unit_test_setup_teardown(test_duplicate, reset, reset),
         cmocka_unit_test_setup_teardown(test_bad_names_and_tags, reset, reset),
@@ -1186,9 +1444,12 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_default_device_kept_by_library, reset, reset),
         cmocka_unit_test_setup_teardown(test_cpu_defaults_and_info, reset, reset),
         cmocka_unit_test_setup_teardown(test_backend_hooks, reset, reset),
+        cmocka_unit_test_setup_teardown(test_builtin_registration_retried, reset, reset),
+        cmocka_unit_test_setup_teardown(test_shutdown_order_metrics, reset, reset),
         cmocka_unit_test_setup_teardown(test_plugin_found_on_path, reset, reset),
         cmocka_unit_test_setup_teardown(test_plugin_explicit_load, reset, reset),
         cmocka_unit_test_setup_teardown(test_bad_plugins_rejected, reset, reset),
+        cmocka_unit_test_setup_teardown(test_hostile_plugins_rejected, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_register_distinct, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_register_same_name, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_load_plugin_once, reset, reset),
@@ -1196,5 +1457,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_cpu_data_scalar_borrow_and_errors, reset, reset),
         cmocka_unit_test_setup_teardown(test_cpu_backend_computation, reset, reset),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    if (getenv("TB_BACKEND_PATH") != NULL) g_backend_path = strdup(getenv("TB_BACKEND_PATH"));
+    failed = cmocka_run_group_tests(tests, NULL, NULL);
+    free(g_backend_path);
+    return failed;
 }

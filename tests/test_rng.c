@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define TB_IMPLEMENTATION
@@ -258,6 +259,74 @@ static void test_manual_seed_tells_backends(void **state) {
     tb_shutdown();
 }
 
+/* An allocator hook that refuses every allocation while `refuse` is set. */
+static bool refuse;
+
+static void *refusing_alloc(size_t size, void *user_data) {
+    (void)user_data;
+    return refuse ? NULL : malloc(size);
+}
+
+static void refusing_free(void *ptr, void *user_data) {
+    (void)user_data;
+    free(ptr);
+}
+
+/* tb_manual_seed is all or nothing: it allocates nothing once the backends are registered (it
+   used to skip every backend's set_rng_seed when a list could not be allocated, and still
+   return as if it had worked), and when registering the built-in backends fails it changes
+   nothing and says why. */
+static void test_manual_seed_under_allocation_failure(void **state) {
+    tb_backend_impl impl;
+    tb_desc desc;
+    uint64_t seed, offset;
+    (void)state;
+    memset(&impl, 0, sizeof(impl));
+    impl.set_rng_seed = seed_hook;
+    impl.data_from_host = st_from_host;
+    impl.data_to_host = st_to_host;
+    impl.data_release = st_release;
+    impl.create_lowering_context = st_lower;
+    impl.compile = st_compile;
+    impl.execute = st_execute;
+    impl.release_computation = st_release_comp;
+    impl.get_backend_devices = st_devices;
+    memset(&desc, 0, sizeof(desc));
+    desc.allocator.alloc = refusing_alloc;
+    desc.allocator.free = refusing_free;
+    tb_shutdown();
+    refuse = false;
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    assert_int_equal(tb_backend_register("seedy", &impl, NULL), TB_OK);
+    seeds_seen = 0;
+    refuse = true;
+    assert_int_equal(tb_manual_seed(77), TB_OK);
+    refuse = false;
+    assert_int_equal(seeds_seen, 1);
+    assert_true(last_seed == 77);
+    tb__rng_reserve(1, &seed, &offset);
+    assert_true(seed == 77 && offset == 0);
+
+    /* nothing registered yet, and no memory to register the built-ins: nothing changes */
+    tb_shutdown();
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    tb__rng_reserve(0, &seed, &offset);
+    refuse = true;
+    assert_int_equal(tb_manual_seed(5), TB_ERR_OUT_OF_MEMORY);
+    refuse = false;
+    assert_non_null(strstr(tb_last_error(), "tb_manual_seed: cannot register the built-in "
+                                            "backend 'cpu': tb: out of memory"));
+    {
+        uint64_t seed2;
+        tb__rng_reserve(0, &seed2, &offset);
+        assert_true(seed2 == seed && offset == 0); /* the default seed, untouched */
+    }
+    assert_int_equal(tb_manual_seed(5), TB_OK);
+    tb__rng_reserve(0, &seed, &offset);
+    assert_true(seed == 5);
+    tb_shutdown();
+}
+
 static void test_shutdown_restores_default_seed(void **state) {
     uint64_t seed, offset;
     (void)state;
@@ -325,6 +394,7 @@ int main(void) {
         cmocka_unit_test(test_streams_differ),
         cmocka_unit_test(test_reserve_and_manual_seed),
         cmocka_unit_test(test_manual_seed_tells_backends),
+        cmocka_unit_test(test_manual_seed_under_allocation_failure),
         cmocka_unit_test(test_shutdown_restores_default_seed),
         cmocka_unit_test(test_rand_follows_stream),
     };

@@ -6,6 +6,15 @@
      -DTB_TEST_MISMATCH     libtb_backend_mismatch.so: registers another name than its file's
      -DTB_TEST_ENTRYFAIL    libtb_backend_entryfail.so: the entry itself fails with a message
      -DTB_TEST_INCOMPLETE   libtb_backend_incomplete.so: the vtable lacks `execute`
+   and the hostile ones, whose strings live in the plugin's own memory (gone once it is
+   unloaded, so the host must copy what it quotes before dlclose):
+     -DTB_TEST_SLASHNAME    libtb_backend_slashname.so: names itself "bad/name"
+     -DTB_TEST_COLONNAME    libtb_backend_colonname.so: names itself "bad:name"
+     -DTB_TEST_LONGNAME     libtb_backend_longname.so: a 10 KB name
+     -DTB_TEST_NULLNAME     libtb_backend_nullname.so: a NULL name
+     -DTB_TEST_EMPTYNAME    libtb_backend_emptyname.so: an empty name
+     -DTB_TEST_CTRLNAME     libtb_backend_ctrlname.so: a name with a newline and an escape
+     -DTB_TEST_LONGTAGS     libtb_backend_longtags.so: a valid name with 10 KB of bad tags
    Only the declarations of torch_backend.h are used: the host passes everything needed. */
 #include "torch_backend.h"
 
@@ -91,11 +100,40 @@ static tb_status bad_init(void *user_data) {
 #define BAD_NAME "entryfail"
 #elif defined(TB_TEST_INCOMPLETE)
 #define BAD_NAME "incomplete"
+#elif defined(TB_TEST_SLASHNAME)
+#define BAD_NAME "bad/name"
+#elif defined(TB_TEST_COLONNAME)
+#define BAD_NAME "bad:name"
+#elif defined(TB_TEST_LONGNAME)
+#define BAD_NAME long_text('a')
+#elif defined(TB_TEST_NULLNAME)
+#define BAD_NAME NULL
+#elif defined(TB_TEST_EMPTYNAME)
+#define BAD_NAME ""
+#elif defined(TB_TEST_CTRLNAME)
+#define BAD_NAME "ctrl\nname\x1b[31m"
+#elif defined(TB_TEST_LONGTAGS)
+#define BAD_NAME "longtags"
+#define BAD_TAGS long_text('!')
 #else
 #error "define one TB_TEST_* variant (see the top of this file)"
 #endif
 #ifndef BAD_VERSION
 #define BAD_VERSION TB_API_VERSION
+#endif
+#ifndef BAD_TAGS
+#define BAD_TAGS "debug"
+#endif
+
+#if defined(TB_TEST_LONGNAME) || defined(TB_TEST_LONGTAGS)
+/* 10 KB of `c` in the plugin's own memory. */
+static char long_buffer[10 * 1024 + 1];
+
+static const char *long_text(char c) {
+    memset(long_buffer, c, sizeof long_buffer - 1);
+    long_buffer[sizeof long_buffer - 1] = '\0';
+    return long_buffer;
+}
 #endif
 
 #if defined(TB_TEST_NOSYMBOL)
@@ -111,7 +149,7 @@ tb_status BAD_ENTRY(const tb_plugin_host *host, tb_plugin_desc *out) {
     memset(out, 0, sizeof *out);
     out->api_version = BAD_VERSION;
     out->name = BAD_NAME;
-    out->tags = "debug";
+    out->tags = BAD_TAGS;
     out->impl.init = bad_init;
     out->impl.data_from_host = bad_data_from_host;
     out->impl.data_to_host = bad_data_to_host;

@@ -17,9 +17,11 @@ cc=${CC:-cc}
 flags="-std=c11 -g -O1 -Wall -Wextra -Werror -shared -fPIC -I."
 # shellcheck disable=SC2086
 $cc $flags examples/plugin_backend.c -o "$out/libtb_backend_plugin.so"
-for variant in badversion nosymbol failinit mismatch entryfail incomplete; do
+variants=(badversion nosymbol failinit mismatch entryfail incomplete
+    slashname colonname longname nullname emptyname ctrlname longtags)
+for variant in "${variants[@]}"; do
     macro=TB_TEST_$(printf '%s' "$variant" | tr '[:lower:]' '[:upper:]')
     # shellcheck disable=SC2086
     $cc $flags -D"$macro" tests/plugins/bad_plugin.c -o "$out/libtb_backend_$variant.so"
 done
-echo "built $((6 + 1)) plugins in $out"
+echo "built $((${#variants[@]} + 1)) plugins in $out"
