@@ -13751,37 +13751,12 @@ static tb_status tb__ocl_read(tb__ocl_device *dev, const tb__ocl_buffer *buf, vo
     return TB_OK;
 }
 
-/* A scalar's value as the bytes of its dtype. */
+/* A scalar's value as the bytes of its dtype, converted as the reference backend converts
+   it (tb__scalar_store: NaN and out-of-range values are defined, never a C cast's undefined
+   behaviour), so that a kernel sees the value the cpu backend computes with. */
 static void tb__ocl_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]) {
-    double f = tb_dtype_is_float(s.dtype) ? s.f : (double)s.i;
-    int64_t i = tb_dtype_is_float(s.dtype) ? (int64_t)s.f : s.i;
     memset(out, 0, 8);
-    switch (dtype) {
-    case TB_F32: {
-        float v = (float)f;
-        memcpy(out, &v, sizeof v);
-        break;
-    }
-    case TB_F64:
-        memcpy(out, &f, sizeof f);
-        break;
-    case TB_I32: {
-        int32_t v = (int32_t)i;
-        memcpy(out, &v, sizeof v);
-        break;
-    }
-    case TB_I64:
-        memcpy(out, &i, sizeof i);
-        break;
-    case TB_U8:
-        out[0] = (unsigned char)(uint64_t)i;
-        break;
-    case TB_BOOL:
-        out[0] = (tb_dtype_is_float(s.dtype) ? s.f != 0.0 : s.i != 0) ? 1 : 0;
-        break;
-    default:
-        break;
-    }
+    tb__scalar_store(s, dtype, out);
 }
 
 /* ---- backend entries: devices ---- */

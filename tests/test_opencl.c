@@ -2898,6 +2898,87 @@ static void test_unavailable_library(void **state) {
     probe();
 }
 
+/* ---- scalar arguments of every value ---- */
+
+typedef struct special_arg {
+    int which;
+    double value;
+} special_arg;
+
+static tb_tensor *build_special(tb_tensor **in, const void *arg) {
+    const special_arg *a = (const special_arg *)arg;
+    tb_shape s = tb_tensor_shape(in[0]);
+    tb_device dev = tb_tensor_device(in[0]);
+    tb_tensor *k, *y;
+    switch (a->which) {
+    case 0:
+        return tb_add_scalar(in[0], a->value);
+    case 1:
+        return tb_mul_scalar(in[0], a->value);
+    case 2:
+        return tb_div_scalar(in[0], a->value);
+    case 3: /* a parameter of the input's own dtype (integer dtypes included) */
+        k = tb_scalar_tensor(tb_scalar_f(s.dtype, a->value), &dev);
+        y = tb_add(in[0], k);
+        break;
+    default: /* a constant tensor of the input's dtype */
+        k = tb_full(&s, a->value, &dev);
+        y = tb_mul(in[0], k);
+        break;
+    }
+    tb_tensor_release(k);
+    return y;
+}
+
+/* NaN, infinities and values beyond the int64 range as scalar arguments of kernels (eight
+   cases to a kernel, so they are kernel arguments; thirty, so they are a table) and as
+   scalar tensors read back: the same values as the cpu backend, with no undefined
+   conversion on the way (the undefined-behaviour sanitizer checks that). */
+static void test_scalar_special_values(void **state) {
+    static const double values[] = {
+        NAN, INFINITY, -INFINITY, 1e30, -9223372036854775808.0, 9223372036854775808.0};
+    static const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_I32, TB_I64};
+    static special_arg args[5 * 6];
+    size_t di, vi, n = 0;
+    int which, pass;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (pass = 0; pass < 2; pass++) {
+        for (di = 0; di < 4; di++) {
+            input in[1];
+            n = 0;
+            in[0] = in_of(shp(dtypes[di], 1, 6, 0, 0, 0), R_ANY);
+            for (vi = 0; vi < 6; vi++) {
+                for (which = 0; which < 5; which++) {
+                    special_arg *a = &args[n++];
+                    char name[128];
+                    /* an integer full of a value it cannot hold is an error on both */
+                    if (which == 4 && !tb_dtype_is_float(dtypes[di])) continue;
+                    a->which = which;
+                    a->value = values[vi];
+                    snprintf(name, sizeof name, "%s %d with %g", tb_dtype_name(dtypes[di]), which,
+                             values[vi]);
+                    add_case(name, build_special, a, in, 1);
+                    if (pass == 0 && g_num_cases == 8) flush_cases();
+                }
+            }
+            flush_cases();
+        }
+    }
+    for (di = 0; di < 4; di++) {
+        for (vi = 0; vi < 6; vi++) {
+            tb_tensor *r = tb_scalar_tensor(tb_scalar_f(dtypes[di], values[vi]), &g_cpu);
+            tb_tensor *g = tb_scalar_tensor(tb_scalar_f(dtypes[di], values[vi]), &g_ocl);
+            char name[64];
+            snprintf(name, sizeof name, "scalar tensor %s %g", tb_dtype_name(dtypes[di]),
+                     values[vi]);
+            compare_tensors(name, r, g);
+            tb_tensor_release(r);
+            tb_tensor_release(g);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_devices),
@@ -2931,6 +3012,7 @@ int main(void) {
         cmocka_unit_test(test_disk_cache),
         cmocka_unit_test(test_debug_lines),
         cmocka_unit_test(test_unavailable_library),
+        cmocka_unit_test(test_scalar_special_values),
     };
     if (getenv("TB_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("TB_TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
