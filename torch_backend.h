@@ -14884,6 +14884,8 @@ typedef struct tb__cg_var {
     int64_t lo, hi;
 } tb__cg_var;
 
+/* The text of a kernel goes into one builder (body) whose failure is sticky and checked once,
+   after the kernel; a helper that builds text elsewhere folds its failure into g->status. */
 typedef struct tb__cg {
     tb__ocl_lower *L;
     int32_t kernel;
@@ -14933,7 +14935,10 @@ static void tb__cg_line(tb__cg *g, const char *fmt, ...) {
     va_start(ap, fmt);
     n = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
-    if (n < 0) return;
+    if (n < 0) {
+        g->body.failed = true; /* a line left out is a wrong kernel: fail the whole body */
+        return;
+    }
     tb__str_append(&g->body, "%*s", g->indent * 4, "");
     if ((size_t)n < sizeof small) {
         tb__str_append(&g->body, "%s\n", small);
@@ -15585,6 +15590,8 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
     if (tb__ocl_numel(xs) == 0) return v;
     if (!tb__cg_need_multi(g, pos)) return -1;
     p = g->pos[pos];
+    /* the whole head in one builder, checked once: a head that lost its condition to a failed
+       allocation would copy x into the padding */
     memset(&cond, 0, sizeof cond);
     for (i = 0; i < xs->rank; i++) {
         int64_t before = n->attrs[2 * i], after = n->attrs[2 * i + 1];
@@ -15593,24 +15600,17 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
         if (before > 0 || after > 0) {
             char text[TB__LF_TEXT];
             tb__cg_lf_text(&p.dim[i], text, sizeof text);
-            tb__str_append(&cond, "%s(%s) >= %lldL && (%s) < %lldL", cond.len > 0 ? " && " : "",
+            tb__str_append(&cond, "%s(%s) >= %lldL && (%s) < %lldL", cond.len > 0 ? " && " : "if (",
                            text, (long long)before, text, (long long)(before + xs->dims[i]));
         }
     }
+    if (cond.len > 0) tb__str_append(&cond, ") ");
     if (cond.failed) {
         tb__str_free(&cond);
         tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
         return -1;
     }
-    if (cond.len > 0) {
-        tb__str head;
-        memset(&head, 0, sizeof head);
-        tb__str_append(&head, "if (%s) ", cond.data);
-        tb__cg_open(g, head.data != NULL ? head.data : "");
-        tb__str_free(&head);
-    } else {
-        tb__cg_open(g, "");
-    }
+    tb__cg_open(g, cond.len > 0 ? cond.data : "");
     tb__str_free(&cond);
     qp = tb__cg_pos_multi(g, xs, dims);
     vx = qp >= 0 ? tb__cg_eval(g, x, qp) : -1;

@@ -2979,6 +2979,110 @@ static void test_scalar_special_values(void **state) {
     }
 }
 
+/* ---- allocation failures while a program is made ---- */
+
+typedef struct failing_allocator {
+    long count, fail_at; /* fail_at > 0: the fail_at-th allocation from now returns NULL */
+    bool failed;
+} failing_allocator;
+
+static failing_allocator g_failing;
+
+static void *failing_alloc(size_t size, void *user_data) {
+    failing_allocator *a = (failing_allocator *)user_data;
+    if (a->fail_at > 0 && ++a->count == a->fail_at) {
+        a->failed = true;
+        return NULL;
+    }
+    return malloc(size);
+}
+
+static void failing_free(void *ptr, void *user_data) {
+    (void)user_data;
+    free(ptr);
+}
+
+/* A 3x3 -> 5x5 pad, and the n-th allocation of its sync fails, for every n until the sync
+   needs fewer: each sync lowers and generates the program anew (the computation cache is
+   cleared) and gives either TB_ERR_OUT_OF_MEMORY or exactly the right values; the same
+   graph right after, and after the sweep, gives the right values (nothing half-built was
+   cached). */
+static void test_pad_allocation_failures(void **state) {
+    char *old = getenv("TB_CACHE_DIR") != NULL ? strdup(getenv("TB_CACHE_DIR")) : NULL;
+    static const int64_t pads[4] = {1, 1, 1, 1};
+    float host[9], want[25], got[25];
+    tb_shape s = shp(TB_F32, 2, 3, 3, 0, 0);
+    tb_desc desc;
+    tb_tensor *x, *y;
+    long n, errors = 0;
+    int i;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < 9; i++)
+        host[i] = (float)i + 1.0f;
+    for (i = 0; i < 25; i++) {
+        int r = i / 5 - 1, c = i % 5 - 1;
+        want[i] = (r >= 0 && r < 3 && c >= 0 && c < 3) ? host[r * 3 + c] : -2.5f;
+    }
+    setenv("TB_CACHE_DIR", "off", 1);
+    tb_shutdown();
+    memset(&g_failing, 0, sizeof g_failing);
+    memset(&desc, 0, sizeof desc);
+    desc.allocator.alloc = failing_alloc;
+    desc.allocator.free = failing_free;
+    desc.allocator.user_data = &g_failing;
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    for (n = 1;; n++) {
+        tb_status st;
+        if (n > 100000) fail_msg("the sweep does not end");
+        tb_computation_cache_clear();
+        x = tb_tensor_from_host(host, &s, &g_ocl);
+        y = tb_pad(x, pads, 4, -2.5);
+        assert_non_null(y);
+        g_failing.count = 0;
+        g_failing.failed = false;
+        g_failing.fail_at = n;
+        st = tb_sync(&y, 1);
+        g_failing.fail_at = 0;
+        if (st != TB_OK) {
+            if (!g_failing.failed)
+                fail_msg("allocation %ld: tb_sync failed: %s", n, tb_last_error());
+            if (st != TB_ERR_OUT_OF_MEMORY) {
+                fail_msg("allocation %ld failed: tb_sync gave %s, not TB_ERR_OUT_OF_MEMORY: %s", n,
+                         tb_status_string(st), tb_last_error());
+            }
+            errors++;
+        } else {
+            assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+            if (memcmp(got, want, sizeof got) != 0)
+                fail_msg("allocation %ld failed: tb_sync gave TB_OK and wrong values", n);
+        }
+        tb_tensor_release(y);
+        y = tb_pad(x, pads, 4, -2.5);
+        if (tb_tensor_to_host(y, got, sizeof got) != TB_OK) fail_msg("%s", tb_last_error());
+        if (memcmp(got, want, sizeof got) != 0)
+            fail_msg("after allocation %ld failed: the same graph gives wrong values", n);
+        tb_tensor_release(y);
+        tb_tensor_release(x);
+        if (st == TB_OK && !g_failing.failed) break;
+    }
+    assert_true(errors > 0);
+    if (old != NULL) {
+        setenv("TB_CACHE_DIR", old, 1);
+        free(old);
+    } else {
+        unsetenv("TB_CACHE_DIR");
+    }
+    restart_library();
+    probe();
+    x = tb_tensor_from_host(host, &s, &g_ocl);
+    y = tb_pad(x, pads, 4, -2.5);
+    assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+    assert_memory_equal(got, want, sizeof got);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_devices),
@@ -3013,6 +3117,7 @@ int main(void) {
         cmocka_unit_test(test_debug_lines),
         cmocka_unit_test(test_unavailable_library),
         cmocka_unit_test(test_scalar_special_values),
+        cmocka_unit_test(test_pad_allocation_failures),
     };
     if (getenv("TB_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("TB_TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
