@@ -2108,7 +2108,16 @@ typedef struct tb__cg_var {
     int64_t lo, hi;
 } tb__cg_var;
 
-/* The text of a kernel goes into one builder (body) whose failure is sticky and checked once,
+/* Names in generated kernels: one namespace, split by form so that no two kinds can meet.
+   - Numbered names are exactly one kind letter and a decimal number, and nothing else has that
+     form: v<n> values and i<n> index variables (numbered by this kernel's counters), b<slot>
+     buffer and s<param> scalar arguments (numbered by the plan), x<k> a custom op's operands.
+     A kind's numbers are unique, and the letters differ, so numbered names never collide.
+   - Every other name is a fixed word of a kernel template (out, acc, mean, row0, tb_err, ...)
+     and is never one letter followed by digits, so it cannot meet a numbered name whatever
+     the graph; fixed names are the same in every kernel of a kind, so a test of that kind
+     shows a collision among them.
+   The text of a kernel goes into one builder (body) whose failure is sticky and checked once,
    after the kernel; a helper that builds text elsewhere folds its failure into g->status. */
 typedef struct tb__cg {
     tb__ocl_lower *L;
@@ -3812,7 +3821,7 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
         if (row_pos < 0 || !tb__cg_need_multi(g, row_pos)) return g->status;
     }
     if (layer) {
-        tb__cg_line(g, "%s s1 = 0, s2 = 0;", ct);
+        tb__cg_line(g, "%s sum = 0, sqdev = 0;", ct);
     } else {
         tb__cg_line(g, "%s mx = -INFINITY, sm = 0;", ct);
     }
@@ -3847,7 +3856,7 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
         if (vx < 0) return g->status;
         if (pass == 0) {
             if (layer) {
-                tb__cg_line(g, "s1 += (%s)v%d;", ct, (int)vx);
+                tb__cg_line(g, "sum += (%s)v%d;", ct, (int)vx);
             } else {
                 tb__cg_line(g, "if ((%s)v%d > mx || isnan(v%d)) mx = (%s)v%d;", ct, (int)vx,
                             (int)vx, ct, (int)vx);
@@ -3855,7 +3864,7 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
         } else if (pass == 1) {
             if (layer) {
                 tb__cg_line(g, "const %s dv = (%s)v%d - mean;", ct, ct, (int)vx);
-                tb__cg_line(g, "s2 += dv * dv;");
+                tb__cg_line(g, "sqdev += dv * dv;");
             } else {
                 tb__cg_line(g, "sm += (%s)exp(v%d - (%s)mx);", ct, (int)vx, t);
             }
@@ -3895,19 +3904,19 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
         if (pass == 0) {
             if (group > 1) {
                 if (layer) {
-                    tb__cg_local_reduce(g, group, "s1", ct, "a + b");
+                    tb__cg_local_reduce(g, group, "sum", ct, "a + b");
                 } else {
                     tb__cg_local_reduce(g, group, "mx", ct, "((b > a || isnan(b)) ? b : a)");
                 }
             }
-            if (layer) tb__cg_line(g, "const %s mean = s1 / (%s)%lld;", ct, ct, (long long)len);
+            if (layer) tb__cg_line(g, "const %s mean = sum / (%s)%lld;", ct, ct, (long long)len);
         } else if (pass == 1) {
             char eps[64];
-            if (group > 1) tb__cg_local_reduce(g, group, layer ? "s2" : "sm", ct, "a + b");
+            if (group > 1) tb__cg_local_reduce(g, group, layer ? "sqdev" : "sm", ct, "a + b");
             if (layer) {
                 tb__cg_flit(strcmp(ct, "double") == 0 ? TB_F64 : TB_F32, cn->fattrs[0], eps,
                             sizeof eps);
-                tb__cg_line(g, "const %s rstd = (%s)1 / sqrt(s2 / (%s)%lld + %s);", ct, ct, ct,
+                tb__cg_line(g, "const %s rstd = (%s)1 / sqrt(sqdev / (%s)%lld + %s);", ct, ct, ct,
                             (long long)len, eps);
             } else if (cn->op == TB_OP_LOG_SOFTMAX) {
                 tb__cg_line(g, "const %s lse = log(sm);", ct);
@@ -3995,8 +4004,9 @@ static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
     k->groups[0] = (size_t)(((N + rn - 1) / rn + lx - 1) / lx);
     k->groups[1] = (size_t)(((M + rm - 1) / rm + ly - 1) / ly);
     k->groups[2] = (size_t)batch;
-    tb__cg_line(g, "const long c0 = (long)get_global_id(0) * %d, r0 = (long)get_global_id(1) * %d;",
-                rn, rm);
+    tb__cg_line(
+        g, "const long col0 = (long)get_global_id(0) * %d, row0 = (long)get_global_id(1) * %d;", rn,
+        rm);
     i0 = tb__cg_new_var(g, 0, batch > 0 ? batch - 1 : 0);
     if (i0 < 0) return g->status;
     tb__cg_line(g, "const long i%d = (long)get_global_id(2);", (int)i0);
@@ -4004,13 +4014,13 @@ static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
     for (i = 0; i < rm; i++) {
         rows[i] = tb__cg_new_var(g, 0, M - 1);
         if (rows[i] < 0) return g->status;
-        tb__cg_line(g, "const long i%d = min(r0 + %d, %lldL);", (int)rows[i], i,
+        tb__cg_line(g, "const long i%d = min(row0 + %d, %lldL);", (int)rows[i], i,
                     (long long)(M - 1));
     }
     for (j = 0; j < rn; j++) {
         cols[j] = tb__cg_new_var(g, 0, N - 1);
         if (cols[j] < 0) return g->status;
-        tb__cg_line(g, "const long i%d = min(c0 + %d, %lldL);", (int)cols[j], j,
+        tb__cg_line(g, "const long i%d = min(col0 + %d, %lldL);", (int)cols[j], j,
                     (long long)(N - 1));
     }
     tb__cg_line(g, "%s acc[%d][%d];", acc_t, rm, rn);
@@ -4057,7 +4067,7 @@ static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
     snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ",
              rm, rn);
     tb__cg_open(g, head);
-    tb__cg_line(g, "const long gr = r0 + ii, gc = c0 + jj;");
+    tb__cg_line(g, "const long gr = row0 + ii, gc = col0 + jj;");
     snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)M, (long long)N);
     tb__cg_open(g, head);
     if (!tb__cg_matmul_store(g, k, bdims)) return g->status;
@@ -4148,7 +4158,7 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, tb__ocl_kernel *k) {
     if (ib < 0) return g->status;
     tb__cg_line(g, "const long pc = (long)get_global_id(0), pr = (long)get_global_id(1);");
     tb__cg_line(g, "const long i%d = (long)get_global_id(2);", (int)ib);
-    tb__cg_line(g, "const long c0 = pc * %d, r0 = pr * %d;", vw, rm);
+    tb__cg_line(g, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
     tb__cg_line(g, "__global const %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", t,
                 (int)k->pack_slot[0], (int)ib, (long long)za[4], (long long)(K * rm));
     tb__cg_line(g, "__global const %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", t,
@@ -4169,7 +4179,7 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, tb__ocl_kernel *k) {
     snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ",
              rm, vw);
     tb__cg_open(g, head);
-    tb__cg_line(g, "const long gr = r0 + ii, gc = c0 + jj;");
+    tb__cg_line(g, "const long gr = row0 + ii, gc = col0 + jj;");
     snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)za[1],
              (long long)za[2]);
     tb__cg_open(g, head);
