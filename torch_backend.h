@@ -13991,37 +13991,12 @@ static tb_status tb__ocl_read(tb__ocl_device *dev, const tb__ocl_buffer *buf, vo
     return TB_OK;
 }
 
-/* A scalar's value as the bytes of its dtype. */
+/* A scalar's value as the bytes of its dtype, converted as the reference backend converts
+   it (tb__scalar_store: NaN and out-of-range values are defined, never a C cast's undefined
+   behaviour), so that a kernel sees the value the cpu backend computes with. */
 static void tb__ocl_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]) {
-    double f = tb_dtype_is_float(s.dtype) ? s.f : (double)s.i;
-    int64_t i = tb_dtype_is_float(s.dtype) ? (int64_t)s.f : s.i;
     memset(out, 0, 8);
-    switch (dtype) {
-    case TB_F32: {
-        float v = (float)f;
-        memcpy(out, &v, sizeof v);
-        break;
-    }
-    case TB_F64:
-        memcpy(out, &f, sizeof f);
-        break;
-    case TB_I32: {
-        int32_t v = (int32_t)i;
-        memcpy(out, &v, sizeof v);
-        break;
-    }
-    case TB_I64:
-        memcpy(out, &i, sizeof i);
-        break;
-    case TB_U8:
-        out[0] = (unsigned char)(uint64_t)i;
-        break;
-    case TB_BOOL:
-        out[0] = (tb_dtype_is_float(s.dtype) ? s.f != 0.0 : s.i != 0) ? 1 : 0;
-        break;
-    default:
-        break;
-    }
+    tb__scalar_store(s, dtype, out);
 }
 
 /* ---- backend entries: devices ---- */
@@ -15149,6 +15124,17 @@ typedef struct tb__cg_var {
     int64_t lo, hi;
 } tb__cg_var;
 
+/* Names in generated kernels: one namespace, split by form so that no two kinds can meet.
+   - Numbered names are exactly one kind letter and a decimal number, and nothing else has that
+     form: v<n> values and i<n> index variables (numbered by this kernel's counters), b<slot>
+     buffer and s<param> scalar arguments (numbered by the plan), x<k> a custom op's operands.
+     A kind's numbers are unique, and the letters differ, so numbered names never collide.
+   - Every other name is a fixed word of a kernel template (out, acc, mean, row0, tb_err, ...)
+     and is never one letter followed by digits, so it cannot meet a numbered name whatever
+     the graph; fixed names are the same in every kernel of a kind, so a test of that kind
+     shows a collision among them.
+   The text of a kernel goes into one builder (body) whose failure is sticky and checked once,
+   after the kernel; a helper that builds text elsewhere folds its failure into g->status. */
 typedef struct tb__cg {
     tb__ocl_lower *L;
     int32_t kernel;
@@ -15198,7 +15184,10 @@ static void tb__cg_line(tb__cg *g, const char *fmt, ...) {
     va_start(ap, fmt);
     n = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
-    if (n < 0) return;
+    if (n < 0) {
+        g->body.failed = true; /* a line left out is a wrong kernel: fail the whole body */
+        return;
+    }
     tb__str_append(&g->body, "%*s", g->indent * 4, "");
     if ((size_t)n < sizeof small) {
         tb__str_append(&g->body, "%s\n", small);
@@ -15850,6 +15839,8 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
     if (tb__ocl_numel(xs) == 0) return v;
     if (!tb__cg_need_multi(g, pos)) return -1;
     p = g->pos[pos];
+    /* the whole head in one builder, checked once: a head that lost its condition to a failed
+       allocation would copy x into the padding */
     memset(&cond, 0, sizeof cond);
     for (i = 0; i < xs->rank; i++) {
         int64_t before = n->attrs[2 * i], after = n->attrs[2 * i + 1];
@@ -15858,24 +15849,17 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
         if (before > 0 || after > 0) {
             char text[TB__LF_TEXT];
             tb__cg_lf_text(&p.dim[i], text, sizeof text);
-            tb__str_append(&cond, "%s(%s) >= %lldL && (%s) < %lldL", cond.len > 0 ? " && " : "",
+            tb__str_append(&cond, "%s(%s) >= %lldL && (%s) < %lldL", cond.len > 0 ? " && " : "if (",
                            text, (long long)before, text, (long long)(before + xs->dims[i]));
         }
     }
+    if (cond.len > 0) tb__str_append(&cond, ") ");
     if (cond.failed) {
         tb__str_free(&cond);
         tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
         return -1;
     }
-    if (cond.len > 0) {
-        tb__str head;
-        memset(&head, 0, sizeof head);
-        tb__str_append(&head, "if (%s) ", cond.data);
-        tb__cg_open(g, head.data != NULL ? head.data : "");
-        tb__str_free(&head);
-    } else {
-        tb__cg_open(g, "");
-    }
+    tb__cg_open(g, cond.len > 0 ? cond.data : "");
     tb__str_free(&cond);
     qp = tb__cg_pos_multi(g, xs, dims);
     vx = qp >= 0 ? tb__cg_eval(g, x, qp) : -1;
@@ -16853,7 +16837,7 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
         if (row_pos < 0 || !tb__cg_need_multi(g, row_pos)) return g->status;
     }
     if (layer) {
-        tb__cg_line(g, "%s s1 = 0, s2 = 0;", ct);
+        tb__cg_line(g, "%s sum = 0, sqdev = 0;", ct);
     } else {
         tb__cg_line(g, "%s mx = -INFINITY, sm = 0;", ct);
     }
@@ -16888,7 +16872,7 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
         if (vx < 0) return g->status;
         if (pass == 0) {
             if (layer) {
-                tb__cg_line(g, "s1 += (%s)v%d;", ct, (int)vx);
+                tb__cg_line(g, "sum += (%s)v%d;", ct, (int)vx);
             } else {
                 tb__cg_line(g, "if ((%s)v%d > mx || isnan(v%d)) mx = (%s)v%d;", ct, (int)vx,
                             (int)vx, ct, (int)vx);
@@ -16896,7 +16880,7 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
         } else if (pass == 1) {
             if (layer) {
                 tb__cg_line(g, "const %s dv = (%s)v%d - mean;", ct, ct, (int)vx);
-                tb__cg_line(g, "s2 += dv * dv;");
+                tb__cg_line(g, "sqdev += dv * dv;");
             } else {
                 tb__cg_line(g, "sm += (%s)exp(v%d - (%s)mx);", ct, (int)vx, t);
             }
@@ -16936,19 +16920,19 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
         if (pass == 0) {
             if (group > 1) {
                 if (layer) {
-                    tb__cg_local_reduce(g, group, "s1", ct, "a + b");
+                    tb__cg_local_reduce(g, group, "sum", ct, "a + b");
                 } else {
                     tb__cg_local_reduce(g, group, "mx", ct, "((b > a || isnan(b)) ? b : a)");
                 }
             }
-            if (layer) tb__cg_line(g, "const %s mean = s1 / (%s)%lld;", ct, ct, (long long)len);
+            if (layer) tb__cg_line(g, "const %s mean = sum / (%s)%lld;", ct, ct, (long long)len);
         } else if (pass == 1) {
             char eps[64];
-            if (group > 1) tb__cg_local_reduce(g, group, layer ? "s2" : "sm", ct, "a + b");
+            if (group > 1) tb__cg_local_reduce(g, group, layer ? "sqdev" : "sm", ct, "a + b");
             if (layer) {
                 tb__cg_flit(strcmp(ct, "double") == 0 ? TB_F64 : TB_F32, cn->fattrs[0], eps,
                             sizeof eps);
-                tb__cg_line(g, "const %s rstd = (%s)1 / sqrt(s2 / (%s)%lld + %s);", ct, ct, ct,
+                tb__cg_line(g, "const %s rstd = (%s)1 / sqrt(sqdev / (%s)%lld + %s);", ct, ct, ct,
                             (long long)len, eps);
             } else if (cn->op == TB_OP_LOG_SOFTMAX) {
                 tb__cg_line(g, "const %s lse = log(sm);", ct);
@@ -17036,8 +17020,9 @@ static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
     k->groups[0] = (size_t)(((N + rn - 1) / rn + lx - 1) / lx);
     k->groups[1] = (size_t)(((M + rm - 1) / rm + ly - 1) / ly);
     k->groups[2] = (size_t)batch;
-    tb__cg_line(g, "const long c0 = (long)get_global_id(0) * %d, r0 = (long)get_global_id(1) * %d;",
-                rn, rm);
+    tb__cg_line(
+        g, "const long col0 = (long)get_global_id(0) * %d, row0 = (long)get_global_id(1) * %d;", rn,
+        rm);
     i0 = tb__cg_new_var(g, 0, batch > 0 ? batch - 1 : 0);
     if (i0 < 0) return g->status;
     tb__cg_line(g, "const long i%d = (long)get_global_id(2);", (int)i0);
@@ -17045,13 +17030,13 @@ static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
     for (i = 0; i < rm; i++) {
         rows[i] = tb__cg_new_var(g, 0, M - 1);
         if (rows[i] < 0) return g->status;
-        tb__cg_line(g, "const long i%d = min(r0 + %d, %lldL);", (int)rows[i], i,
+        tb__cg_line(g, "const long i%d = min(row0 + %d, %lldL);", (int)rows[i], i,
                     (long long)(M - 1));
     }
     for (j = 0; j < rn; j++) {
         cols[j] = tb__cg_new_var(g, 0, N - 1);
         if (cols[j] < 0) return g->status;
-        tb__cg_line(g, "const long i%d = min(c0 + %d, %lldL);", (int)cols[j], j,
+        tb__cg_line(g, "const long i%d = min(col0 + %d, %lldL);", (int)cols[j], j,
                     (long long)(N - 1));
     }
     tb__cg_line(g, "%s acc[%d][%d];", acc_t, rm, rn);
@@ -17098,7 +17083,7 @@ static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
     snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ",
              rm, rn);
     tb__cg_open(g, head);
-    tb__cg_line(g, "const long gr = r0 + ii, gc = c0 + jj;");
+    tb__cg_line(g, "const long gr = row0 + ii, gc = col0 + jj;");
     snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)M, (long long)N);
     tb__cg_open(g, head);
     if (!tb__cg_matmul_store(g, k, bdims)) return g->status;
@@ -17189,7 +17174,7 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, tb__ocl_kernel *k) {
     if (ib < 0) return g->status;
     tb__cg_line(g, "const long pc = (long)get_global_id(0), pr = (long)get_global_id(1);");
     tb__cg_line(g, "const long i%d = (long)get_global_id(2);", (int)ib);
-    tb__cg_line(g, "const long c0 = pc * %d, r0 = pr * %d;", vw, rm);
+    tb__cg_line(g, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
     tb__cg_line(g, "__global const %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", t,
                 (int)k->pack_slot[0], (int)ib, (long long)za[4], (long long)(K * rm));
     tb__cg_line(g, "__global const %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", t,
@@ -17210,7 +17195,7 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, tb__ocl_kernel *k) {
     snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ",
              rm, vw);
     tb__cg_open(g, head);
-    tb__cg_line(g, "const long gr = r0 + ii, gc = c0 + jj;");
+    tb__cg_line(g, "const long gr = row0 + ii, gc = col0 + jj;");
     snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)za[1],
              (long long)za[2]);
     tb__cg_open(g, head);

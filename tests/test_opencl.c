@@ -243,6 +243,134 @@ static void compare_tensors(const char *what, tb_tensor *ref, tb_tensor *got) {
     free(b);
 }
 
+/* ---- the names in generated kernels ---- */
+
+/* The naming rule of generated kernels (src/opencl.c, "Names in generated kernels"): a name of
+   one letter and digits is a numbered name of kind v, i, b, s or x; the arguments b<n> and
+   s<n> are declared in the signature only and never assigned; a value or index variable is
+   declared at most once in a kernel. A fixed name of a template that took that form could meet a
+   numbered one in some graph. */
+#define NAME_LIMIT (1 << 17)
+
+static bool is_ident_start(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+
+static bool is_ident_char(char c) {
+    return is_ident_start(c) || (c >= '0' && c <= '9');
+}
+
+/* The number of a numbered name (one lowercase letter and digits), else -1. */
+static long numbered(const char *tok, size_t len) {
+    size_t i;
+    long n = 0;
+    if (len < 2 || tok[0] < 'a' || tok[0] > 'z') return -1;
+    for (i = 1; i < len; i++) {
+        if (tok[i] < '0' || tok[i] > '9') return -1;
+        n = n * 10 + (tok[i] - '0');
+        if (n >= NAME_LIMIT) return NAME_LIMIT - 1;
+    }
+    return n;
+}
+
+static const char *skip_spaces(const char *p) {
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+static void check_kernel_names(const char *what, const char *text) {
+    static const char kinds[] = "vibsx";
+    unsigned char *declared = (unsigned char *)calloc(5 * (size_t)NAME_LIMIT, 1);
+    unsigned char *is_arg = (unsigned char *)calloc(2 * (size_t)NAME_LIMIT, 1);
+    const char *k = strstr(text, "__kernel");
+    assert_non_null(declared);
+    assert_non_null(is_arg);
+    while (k != NULL) {
+        const char *next = strstr(k + 1, "__kernel");
+        const char *end = next != NULL ? next : k + strlen(k);
+        const char *body = strstr(k, ") {");
+        const char *p = k;
+        bool prev_ident = false, prev_comma = false;
+        if (body == NULL || body > end) fail_msg("%s: a kernel without a body", what);
+        memset(declared, 0, 5 * (size_t)NAME_LIMIT);
+        memset(is_arg, 0, 2 * (size_t)NAME_LIMIT);
+        while (p < end) {
+            const char *tok = p, *after;
+            size_t len;
+            long num;
+            bool decl, assigned, in_body = p > body;
+            if (*p >= '0' && *p <= '9') { /* a number, with its suffix or exponent */
+                while (p < end && (is_ident_char(*p) || *p == '.'))
+                    p++;
+                prev_ident = prev_comma = false;
+                continue;
+            }
+            if (!is_ident_start(*p)) {
+                if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+                    prev_comma = *p == ',';
+                    prev_ident = false;
+                }
+                p++;
+                continue;
+            }
+            while (p < end && is_ident_char(*p))
+                p++;
+            len = (size_t)(p - tok);
+            num = numbered(tok, len);
+            if (num < 0) {
+                /* a type before a name declares it; these words do not */
+                prev_ident = !((len == 4 && memcmp(tok, "else", 4) == 0) ||
+                               (len == 6 && memcmp(tok, "return", 6) == 0));
+                prev_comma = false;
+                continue;
+            }
+            after = skip_spaces(p);
+            assigned =
+                (after[0] == '=' && after[1] != '=') ||
+                (strchr("+-*/%&|^", after[0]) != NULL && after[0] != '\0' && after[1] == '=') ||
+                (after[0] == '+' && after[1] == '+') || (after[0] == '-' && after[1] == '-');
+            decl = prev_ident || (prev_comma && after[0] == '=' && after[1] != '=');
+            if (strchr(kinds, tok[0]) == NULL) {
+                fail_msg("%s: '%.*s' has the form of a numbered name but no such kind (v, i, b, "
+                         "s, x) exists",
+                         what, (int)len, tok);
+            }
+            if (tok[0] == 'b' || tok[0] == 's') {
+                unsigned char *arg = &is_arg[(tok[0] == 'b' ? 0 : 1) * (size_t)NAME_LIMIT + num];
+                if (!in_body) {
+                    if (decl) *arg = 1;
+                } else if (decl || assigned) {
+                    fail_msg("%s: '%.*s' (an argument's name) is declared or assigned in a kernel "
+                             "body:\n%.400s",
+                             what, (int)len, tok, tok > body + 200 ? tok - 200 : body);
+                } else if (!*arg) {
+                    fail_msg("%s: '%.*s' is read but is no argument of its kernel", what, (int)len,
+                             tok);
+                }
+            } else if (decl && in_body && tok[0] != 'x') { /* x<k>: scoped to their op */
+                unsigned char *d =
+                    &declared[(size_t)(strchr(kinds, tok[0]) - kinds) * NAME_LIMIT + (size_t)num];
+                if (*d) fail_msg("%s: '%.*s' is declared twice in a kernel", what, (int)len, tok);
+                *d = 1;
+            }
+            prev_ident = true;
+            prev_comma = false;
+        }
+        k = next;
+    }
+    free(declared);
+    free(is_arg);
+}
+
+/* The naming rule on the program a sync of these tensors would run. */
+static void check_names_of(const char *what, tb_tensor *const *t, size_t n) {
+    char *text = tb_ir_backend_text(t, n);
+    if (text == NULL) fail_msg("%s: tb_ir_backend_text: %s", what, tb_last_error());
+    check_kernel_names(what, text);
+    tb_free(text);
+}
+
 /* Cases are built on both devices from the same host data and run in batches: every opencl
    result of a batch is synced at once (one graph, one program), so the suite builds few
    programs. */
@@ -274,6 +402,7 @@ static void flush_cases_direct(void) {
         ref[i] = g_cases[i].ref;
     }
     if (g_num_cases > 0) {
+        check_names_of(g_cases[0].name, got, g_num_cases);
         if (tb_sync(ref, g_num_cases) != TB_OK) fail_msg("cpu sync: %s", tb_last_error());
         if (tb_sync(got, g_num_cases) != TB_OK) fail_msg("opencl sync: %s", tb_last_error());
     }
@@ -318,6 +447,7 @@ static void flush_cases(void) {
     }
     ref = stack_results(false);
     got = stack_results(true);
+    check_names_of(g_cases[0].name, &got, 1);
     s = tb_tensor_shape(ref);
     assert_int_equal(tb_shape_nbytes(&s, &bytes), TB_OK);
     a = (double *)host_alloc(&s);
@@ -3116,6 +3246,501 @@ static void test_unavailable_library(void **state) {
     probe();
 }
 
+/* Scalar ops: each brings a scalar parameter (or a constant tensor) into the kernel that
+   fuses it. */
+enum {
+    SOP_MUL,
+    SOP_ADD,
+    SOP_SUB,
+    SOP_DIV,
+    SOP_CLAMP,
+    SOP_FULL,
+    SOP_ONES,
+    SOP_SCALAR,
+    SOP_ROW,
+    SOP_COUNT
+};
+
+static tb_tensor *scalar_op(tb_tensor *x, int op, double c) {
+    tb_shape s = tb_tensor_shape(x);
+    tb_device dev = tb_tensor_device(x);
+    tb_tensor *k = NULL, *y;
+    switch (op) {
+    case SOP_MUL:
+        return tb_mul_scalar(x, c);
+    case SOP_ADD:
+        return tb_add_scalar(x, c);
+    case SOP_SUB:
+        return tb_sub_scalar(x, c);
+    case SOP_DIV:
+        return tb_div_scalar(x, c);
+    case SOP_CLAMP:
+        return tb_clamp(x, -c, c);
+    case SOP_FULL:
+        k = tb_full(&s, c, &dev);
+        y = tb_mul(x, k);
+        break;
+    case SOP_ONES:
+        k = tb_ones(&s, &dev);
+        y = tb_add(x, k);
+        break;
+    case SOP_SCALAR:
+        k = tb_scalar_tensor(tb_scalar_f(TB_F32, c), &dev);
+        y = tb_add(x, k);
+        break;
+    default: { /* a constant row, broadcast */
+        tb_shape row = s;
+        if (row.rank > 0) {
+            row.rank = 1;
+            row.dims[0] = s.dims[s.rank - 1];
+        }
+        k = tb_full(&row, c, &dev);
+        y = tb_mul(x, k);
+        break;
+    }
+    }
+    tb_tensor_release(k);
+    return y;
+}
+
+typedef struct scalar_chain {
+    int op[3];
+    double c[3];
+    int n;
+} scalar_chain;
+
+static tb_tensor *apply_chain(tb_tensor *x, const scalar_chain *ch) {
+    tb_tensor *y = tb_tensor_retain(x);
+    int i;
+    for (i = 0; i < ch->n; i++)
+        y = take(y, scalar_op(y, ch->op[i], ch->c[i]));
+    return y;
+}
+
+/* Constants near 1 keep products and exponentials in range. */
+static void random_chain(scalar_chain *ch, int min_ops) {
+    int i;
+    ch->n = min_ops + (int)rnd_int(0, 2 - min_ops);
+    for (i = 0; i < ch->n; i++) {
+        ch->op[i] = (int)rnd_int(0, SOP_COUNT - 1);
+        ch->c[i] = 0.5 + (double)rnd_int(0, 8) / 8.0;
+    }
+}
+
+enum {
+    SF_SUM,
+    SF_MEAN,
+    SF_MAX,
+    SF_MIN,
+    SF_PROD,
+    SF_ARGMAX,
+    SF_ARGMIN,
+    SF_SOFTMAX,
+    SF_LOG_SOFTMAX,
+    SF_LAYER_NORM,
+    SF_MATMUL_A,
+    SF_MATMUL_B,
+    SF_MATMUL_EPILOGUE,
+    SF_COUNT
+};
+
+static const char *const sf_names[SF_COUNT] = {
+    "sum",     "mean",        "max",        "min",      "prod",     "argmax",         "argmin",
+    "softmax", "log_softmax", "layer_norm", "matmul a", "matmul b", "matmul epilogue"};
+
+typedef struct sf_arg {
+    int consumer;
+    scalar_chain pro, pro_b, epi, on_weight, on_bias;
+    int32_t axis;
+    bool all_axes, keepdim;
+    int32_t norm_ndim;
+    bool weight, bias;
+} sf_arg;
+
+/* in[0] is x; layer_norm takes weight and bias from in[1] and in[2], matmul b from in[1]. */
+static tb_tensor *build_scalar_feed(tb_tensor **in, const void *arg) {
+    const sf_arg *a = (const sf_arg *)arg;
+    tb_tensor *x = apply_chain(in[0], &a->pro), *y = NULL;
+    const int32_t *axes = a->all_axes ? NULL : &a->axis;
+    size_t num_axes = a->all_axes ? 0 : 1;
+    switch (a->consumer) {
+    case SF_SUM:
+        y = tb_sum(x, axes, num_axes, a->keepdim);
+        break;
+    case SF_MEAN:
+        y = tb_mean(x, axes, num_axes, a->keepdim);
+        break;
+    case SF_MAX:
+        y = tb_max(x, axes, num_axes, a->keepdim);
+        break;
+    case SF_MIN:
+        y = tb_min(x, axes, num_axes, a->keepdim);
+        break;
+    case SF_PROD:
+        y = tb_prod(x, axes, num_axes, a->keepdim);
+        break;
+    case SF_ARGMAX:
+        y = tb_argmax(x, a->axis, a->keepdim);
+        break;
+    case SF_ARGMIN:
+        y = tb_argmin(x, a->axis, a->keepdim);
+        break;
+    case SF_SOFTMAX:
+        y = tb_softmax(x, a->axis);
+        break;
+    case SF_LOG_SOFTMAX:
+        y = tb_log_softmax(x, a->axis);
+        break;
+    case SF_LAYER_NORM: {
+        tb_tensor *w = a->weight ? apply_chain(in[1], &a->on_weight) : NULL;
+        tb_tensor *b = a->bias ? apply_chain(in[2], &a->on_bias) : NULL;
+        y = tb_layer_norm(x, a->norm_ndim, w, b, 1e-5);
+        tb_tensor_release(w);
+        tb_tensor_release(b);
+        break;
+    }
+    default: { /* matmul: the chains on a (pro) and b (pro_b) are empty where not wanted */
+        tb_tensor *b = apply_chain(in[1], &a->pro_b);
+        y = tb_matmul(x, b);
+        tb_tensor_release(b);
+        break;
+    }
+    }
+    tb_tensor_release(x);
+    return take(y, apply_chain(y, &a->epi));
+}
+
+/* A random long dim now and then: CPU reductions then take several accumulators, GPU code
+   work-groups. */
+static int64_t random_dim(void) {
+    return rnd_u32() % 4 == 0 ? rnd_int(33, 70) : rnd_int(1, 5);
+}
+
+/* One random case of a consumer. */
+static void scalar_feed_case(sf_arg *a, int consumer, const char *tag) {
+    input in[3];
+    char name[128];
+    int32_t rank = (int32_t)rnd_int(1, 3), i;
+    int64_t d[3];
+    memset(a, 0, sizeof *a);
+    a->consumer = consumer;
+    for (i = 0; i < 3; i++)
+        d[i] = consumer == SF_PROD ? rnd_int(1, 5) : random_dim();
+    random_chain(&a->pro, consumer < SF_MATMUL_B ? 1 : 0);
+    random_chain(&a->epi, consumer == SF_MATMUL_EPILOGUE ? 1 : 0);
+    a->axis = (int32_t)rnd_int(-rank, rank - 1);
+    a->all_axes = consumer <= SF_MIN && rnd_u32() % 4 == 0; /* prod: 5 factors at most */
+    a->keepdim = rnd_u32() % 2 == 0;
+    in[0] = in_of(shp(TB_F32, rank, d[0], d[1], d[2], 0), R_ANY);
+    in[1] = in[2] = in[0];
+    if (consumer == SF_LAYER_NORM) {
+        a->norm_ndim = rank > 1 ? (int32_t)rnd_int(1, 2) : 1;
+        a->weight = rnd_u32() % 2 == 0;
+        a->bias = rnd_u32() % 2 == 0;
+        random_chain(&a->on_weight, 0);
+        random_chain(&a->on_bias, 0);
+        if (a->norm_ndim == 1) {
+            in[1] = in_of(shp(TB_F32, 1, d[rank - 1], 0, 0, 0), R_ANY);
+        } else {
+            in[1] = in_of(shp(TB_F32, 2, d[rank - 2], d[rank - 1], 0, 0), R_ANY);
+        }
+        in[2] = in[1];
+    } else if (consumer >= SF_MATMUL_A) {
+        int64_t n = random_dim();
+        if (consumer != SF_MATMUL_A) random_chain(&a->pro_b, consumer == SF_MATMUL_B ? 1 : 0);
+        if (rank == 1) {
+            in[1] = in_of(shp(TB_F32, 2, d[0], n, 0, 0), R_ANY);
+        } else {
+            in[1] = in_of(shp(TB_F32, 2, d[rank - 1], n, 0, 0), R_ANY);
+        }
+    }
+    snprintf(name, sizeof name, "%s%s fed by %d scalar op%s (rank %d)", tag, sf_names[consumer],
+             a->pro.n + a->pro_b.n, a->pro.n + a->pro_b.n == 1 ? "" : "s", (int)rank);
+    add_case(name, build_scalar_feed, a, in, 3);
+}
+
+static tb_tensor *build_ln_of_scalar(tb_tensor **in, const void *arg) {
+    int which = *(const int *)arg;
+    tb_tensor *h, *w = NULL, *y;
+    if (which == 0) {
+        h = tb_mul_scalar(in[0], 0.5);
+    } else if (which == 1) {
+        h = tb_add_scalar(in[0], 1);
+    } else {
+        tb_shape ws = shp(TB_F32, 1, 4, 0, 0, 0);
+        tb_device dev = tb_tensor_device(in[0]);
+        h = tb_tensor_retain(in[0]);
+        w = tb_ones(&ws, &dev);
+    }
+    y = tb_layer_norm(h, 1, w, NULL, 1e-5);
+    tb_tensor_release(h);
+    tb_tensor_release(w);
+    return y;
+}
+
+static void test_scalar_feeds_every_kernel_kind(void **state) {
+    static const int ln_which[3] = {0, 1, 2};
+    static sf_arg args[SF_COUNT * 5];
+    size_t n = 0;
+    int c, round;
+    input in[1];
+    (void)state;
+    REQUIRE_OPENCL();
+    /* the reported graphs: layer_norm of x * 0.5, of x + 1, with a ones weight */
+    in[0] = in_of(shp(TB_F32, 2, 2, 4, 0, 0), R_ANY);
+    add_case("layer_norm(x * 0.5)", build_ln_of_scalar, &ln_which[0], in, 1);
+    flush_cases_direct();
+    add_case("layer_norm(x + 1)", build_ln_of_scalar, &ln_which[1], in, 1);
+    flush_cases_direct();
+    add_case("layer_norm(x, ones)", build_ln_of_scalar, &ln_which[2], in, 1);
+    flush_cases_direct();
+    g_rng = 0x5CA1A2F00Dull;
+    for (round = 0; round < 4; round++) {
+        /* the last round renders the GPU code (work-groups, local-memory tiles) */
+#ifndef TB_NO_OPENCL
+        tb__ocl_codegen_as_gpu = round == 3;
+#endif
+        tb_computation_cache_clear();
+        /* one graph a round, each round led by other consumers: the scalars of the first
+           cases are the graph's first parameters, with the smallest argument names */
+        for (c = 0; c < SF_COUNT; c++)
+            scalar_feed_case(&args[n++], (c + 5 * round) % SF_COUNT,
+                             round == 3 ? "GPU code: " : "");
+        flush_cases_direct();
+    }
+#ifndef TB_NO_OPENCL
+    tb__ocl_codegen_as_gpu = 0;
+#endif
+    tb_computation_cache_clear();
+    /* long rows: split reductions and packed matmul operands */
+    {
+        sf_arg *a;
+        input big[3];
+        for (c = SF_SUM; c <= SF_MIN; c++) {
+            a = &args[n++];
+            memset(a, 0, sizeof *a);
+            a->consumer = c;
+            a->axis = 1;
+            a->pro.n = 2;
+            a->pro.op[0] = SOP_MUL;
+            a->pro.c[0] = 0.75;
+            a->pro.op[1] = c == SF_SUM ? SOP_ROW : SOP_ADD;
+            a->pro.c[1] = 1.25;
+            a->epi.n = 1;
+            a->epi.op[0] = SOP_SUB;
+            a->epi.c[0] = 0.5;
+            big[0] = in_of(shp(TB_F32, 2, 2, 20000, 0, 0), R_ANY);
+            add_case("split reduction fed by scalar ops", build_scalar_feed, a, big, 1);
+        }
+        flush_cases_direct();
+        for (c = SF_MATMUL_A; c <= SF_MATMUL_EPILOGUE; c++) {
+            a = &args[n++];
+            memset(a, 0, sizeof *a);
+            a->consumer = c;
+            a->pro.n = c != SF_MATMUL_B;
+            a->pro.op[0] = SOP_SCALAR;
+            a->pro.c[0] = 0.25;
+            a->pro_b.n = c != SF_MATMUL_A;
+            a->pro_b.op[0] = SOP_DIV;
+            a->pro_b.c[0] = 1.5;
+            a->epi.n = 2;
+            a->epi.op[0] = SOP_CLAMP;
+            a->epi.c[0] = 4;
+            a->epi.op[1] = SOP_FULL;
+            a->epi.c[1] = 0.5;
+            big[0] = in_of(shp(TB_F32, 2, 64, 64, 0, 0), R_ANY);
+            big[1] = in_of(shp(TB_F32, 2, 64, 64, 0, 0), R_ANY);
+            add_case("packed matmul fed by scalar ops", build_scalar_feed, a, big, 2);
+        }
+        flush_cases_direct();
+    }
+}
+
+/* ---- scalar arguments of every value ---- */
+
+typedef struct special_arg {
+    int which;
+    double value;
+} special_arg;
+
+static tb_tensor *build_special(tb_tensor **in, const void *arg) {
+    const special_arg *a = (const special_arg *)arg;
+    tb_shape s = tb_tensor_shape(in[0]);
+    tb_device dev = tb_tensor_device(in[0]);
+    tb_tensor *k, *y;
+    switch (a->which) {
+    case 0:
+        return tb_add_scalar(in[0], a->value);
+    case 1:
+        return tb_mul_scalar(in[0], a->value);
+    case 2:
+        return tb_div_scalar(in[0], a->value);
+    case 3: /* a parameter of the input's own dtype (integer dtypes included) */
+        k = tb_scalar_tensor(tb_scalar_f(s.dtype, a->value), &dev);
+        y = tb_add(in[0], k);
+        break;
+    default: /* a constant tensor of the input's dtype */
+        k = tb_full(&s, a->value, &dev);
+        y = tb_mul(in[0], k);
+        break;
+    }
+    tb_tensor_release(k);
+    return y;
+}
+
+/* NaN, infinities and values beyond the int64 range as scalar arguments of kernels (eight
+   cases to a kernel, so they are kernel arguments; thirty, so they are a table) and as
+   scalar tensors read back: the same values as the cpu backend, with no undefined
+   conversion on the way (the undefined-behaviour sanitizer checks that). */
+static void test_scalar_special_values(void **state) {
+    static const double values[] = {
+        NAN, INFINITY, -INFINITY, 1e30, -9223372036854775808.0, 9223372036854775808.0};
+    static const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_I32, TB_I64};
+    static special_arg args[5 * 6];
+    size_t di, vi, n = 0;
+    int which, pass;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (pass = 0; pass < 2; pass++) {
+        for (di = 0; di < 4; di++) {
+            input in[1];
+            n = 0;
+            in[0] = in_of(shp(dtypes[di], 1, 6, 0, 0, 0), R_ANY);
+            for (vi = 0; vi < 6; vi++) {
+                for (which = 0; which < 5; which++) {
+                    special_arg *a = &args[n++];
+                    char name[128];
+                    /* an integer full of a value it cannot hold is an error on both */
+                    if (which == 4 && !tb_dtype_is_float(dtypes[di])) continue;
+                    a->which = which;
+                    a->value = values[vi];
+                    snprintf(name, sizeof name, "%s %d with %g", tb_dtype_name(dtypes[di]), which,
+                             values[vi]);
+                    add_case(name, build_special, a, in, 1);
+                    if (pass == 0 && g_num_cases == 8) flush_cases();
+                }
+            }
+            flush_cases();
+        }
+    }
+    for (di = 0; di < 4; di++) {
+        for (vi = 0; vi < 6; vi++) {
+            tb_tensor *r = tb_scalar_tensor(tb_scalar_f(dtypes[di], values[vi]), &g_cpu);
+            tb_tensor *g = tb_scalar_tensor(tb_scalar_f(dtypes[di], values[vi]), &g_ocl);
+            char name[64];
+            snprintf(name, sizeof name, "scalar tensor %s %g", tb_dtype_name(dtypes[di]),
+                     values[vi]);
+            compare_tensors(name, r, g);
+            tb_tensor_release(r);
+            tb_tensor_release(g);
+        }
+    }
+}
+
+/* ---- allocation failures while a program is made ---- */
+
+typedef struct failing_allocator {
+    long count, fail_at; /* fail_at > 0: the fail_at-th allocation from now returns NULL */
+    bool failed;
+} failing_allocator;
+
+static failing_allocator g_failing;
+
+static void *failing_alloc(size_t size, void *user_data) {
+    failing_allocator *a = (failing_allocator *)user_data;
+    if (a->fail_at > 0 && ++a->count == a->fail_at) {
+        a->failed = true;
+        return NULL;
+    }
+    return malloc(size);
+}
+
+static void failing_free(void *ptr, void *user_data) {
+    (void)user_data;
+    free(ptr);
+}
+
+/* A 3x3 -> 5x5 pad, and the n-th allocation of its sync fails, for every n until the sync
+   needs fewer: each sync lowers and generates the program anew (the computation cache is
+   cleared) and gives either TB_ERR_OUT_OF_MEMORY or exactly the right values; the same
+   graph right after, and after the sweep, gives the right values (nothing half-built was
+   cached). */
+static void test_pad_allocation_failures(void **state) {
+    char *old = getenv("TB_CACHE_DIR") != NULL ? strdup(getenv("TB_CACHE_DIR")) : NULL;
+    static const int64_t pads[4] = {1, 1, 1, 1};
+    float host[9], want[25], got[25];
+    tb_shape s = shp(TB_F32, 2, 3, 3, 0, 0);
+    tb_desc desc;
+    tb_tensor *x, *y;
+    long n, errors = 0;
+    int i;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < 9; i++)
+        host[i] = (float)i + 1.0f;
+    for (i = 0; i < 25; i++) {
+        int r = i / 5 - 1, c = i % 5 - 1;
+        want[i] = (r >= 0 && r < 3 && c >= 0 && c < 3) ? host[r * 3 + c] : -2.5f;
+    }
+    setenv("TB_CACHE_DIR", "off", 1);
+    tb_shutdown();
+    memset(&g_failing, 0, sizeof g_failing);
+    memset(&desc, 0, sizeof desc);
+    desc.allocator.alloc = failing_alloc;
+    desc.allocator.free = failing_free;
+    desc.allocator.user_data = &g_failing;
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    for (n = 1;; n++) {
+        tb_status st;
+        if (n > 100000) fail_msg("the sweep does not end");
+        tb_computation_cache_clear();
+        x = tb_tensor_from_host(host, &s, &g_ocl);
+        y = tb_pad(x, pads, 4, -2.5);
+        assert_non_null(y);
+        g_failing.count = 0;
+        g_failing.failed = false;
+        g_failing.fail_at = n;
+        st = tb_sync(&y, 1);
+        g_failing.fail_at = 0;
+        if (st != TB_OK) {
+            if (!g_failing.failed)
+                fail_msg("allocation %ld: tb_sync failed: %s", n, tb_last_error());
+            if (st != TB_ERR_OUT_OF_MEMORY) {
+                fail_msg("allocation %ld failed: tb_sync gave %s, not TB_ERR_OUT_OF_MEMORY: %s", n,
+                         tb_status_string(st), tb_last_error());
+            }
+            errors++;
+        } else {
+            assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+            if (memcmp(got, want, sizeof got) != 0)
+                fail_msg("allocation %ld failed: tb_sync gave TB_OK and wrong values", n);
+        }
+        tb_tensor_release(y);
+        y = tb_pad(x, pads, 4, -2.5);
+        if (tb_tensor_to_host(y, got, sizeof got) != TB_OK) fail_msg("%s", tb_last_error());
+        if (memcmp(got, want, sizeof got) != 0)
+            fail_msg("after allocation %ld failed: the same graph gives wrong values", n);
+        tb_tensor_release(y);
+        tb_tensor_release(x);
+        if (st == TB_OK && !g_failing.failed) break;
+    }
+    assert_true(errors > 0);
+    if (old != NULL) {
+        setenv("TB_CACHE_DIR", old, 1);
+        free(old);
+    } else {
+        unsetenv("TB_CACHE_DIR");
+    }
+    restart_library();
+    probe();
+    x = tb_tensor_from_host(host, &s, &g_ocl);
+    y = tb_pad(x, pads, 4, -2.5);
+    assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+    assert_memory_equal(got, want, sizeof got);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_devices),
@@ -3153,6 +3778,9 @@ int main(void) {
         cmocka_unit_test(test_cache_dir_is_a_file),
         cmocka_unit_test(test_runtime_load_retried),
         cmocka_unit_test(test_unavailable_library),
+        cmocka_unit_test(test_scalar_feeds_every_kernel_kind),
+        cmocka_unit_test(test_scalar_special_values),
+        cmocka_unit_test(test_pad_allocation_failures),
     };
     if (getenv("TB_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("TB_TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
