@@ -32,7 +32,8 @@
      TB_BACKEND          the default backend (default "cpu"; a desc field overrides it)
      TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0"
      TB_BACKEND_PATH     ':'-separated folders searched for plugins libtb_backend_<name>.so
-     TB_CACHE_DIR        folder for the OpenCL program binary cache; "off" disables it
+     TB_CACHE_DIR        folder for the OpenCL program binary cache, created 0700 (a folder
+                         others may write to is not used); "off" disables it
      TB_OPENCL_LIBRARY   path of the OpenCL ICD loader (default libOpenCL.so.1; ignored with
                          TB_OPENCL_LINKED)
      TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk
@@ -1107,7 +1108,8 @@ TBDEF tb_tensor *tb_call_op(tb_op op, tb_tensor *const *inputs, size_t num_input
    when built with TB_OPENCL_LINKED),
    TB_OPENCL_BUILD_OPTIONS (appended to the options every program is built with, e.g.
    "-cl-mad-enable"; part of the program cache key), TB_CACHE_DIR (the program binary cache,
-   default $XDG_CACHE_HOME/torch_backend or ~/.cache/torch_backend; "off" disables it).
+   default $XDG_CACHE_HOME/torch_backend or ~/.cache/torch_backend, created 0700; a folder
+   others may write to is not used; "off" disables it).
    =========================================================================================== */
 
 /* The OpenCL objects behind one device of the "opencl" backend. They are owned by the library:
@@ -6524,6 +6526,9 @@ typedef struct tb__exec_walk {
     tb__exec_frame *stack;
     size_t cap_stack;
     uint64_t hash;
+    uint64_t *canon; /* the canonical form (tb__exec_walk_node_canon, tb__exec_graph_make) */
+    size_t num_canon, cap_canon;
+    size_t canon_nodes; /* the words of the nodes, before those of the results */
     /* non-NULL: nodes this backend does not support are parameters too (graphs that are only
        compiled, for the backend text: the eager fallback would make them device data) */
     const tb_backend_impl *cut;
@@ -6534,6 +6539,7 @@ static void tb__exec_walk_free(tb__exec_walk *w) {
     tb__free((void *)w->order);
     tb__free((void *)w->params);
     tb__free(w->stack);
+    tb__free(w->canon);
     memset(w, 0, sizeof(*w));
 }
 
@@ -6546,45 +6552,66 @@ static bool tb__exec_supported(const tb_backend_impl *vt, const tb_node *n) {
     return vt->supports_node == NULL || vt->supports_node(vt->user_data, n);
 }
 
-static uint64_t tb__exec_hash_shape(uint64_t h, const tb_shape *s) {
-    int32_t i;
-    h = tb__hash_u64(h, (uint64_t)s->dtype);
-    h = tb__hash_u64(h, (uint64_t)(uint32_t)s->rank);
-    for (i = 0; i < s->rank && i < TB_MAX_RANK; i++)
-        h = tb__hash_u64(h, (uint64_t)s->dims[i]);
-    return h;
-}
+/* The canonical form of a graph: per node in post-order the words below, then the results.
+   Two graphs with the same form are the same computation; the graph's hash is a hash of it,
+   and a cache hit on the hash is confirmed by comparing forms. */
+enum {
+    TB__CANON_NODE = 1,   /* a computed node: op, shape, attributes, operand positions */
+    TB__CANON_DATA = 2,   /* a parameter of device data, or of a value computed apart */
+    TB__CANON_SCALAR = 3, /* a scalar parameter (wrapped number or not) */
+    TB__CANON_RESULTS = 4
+};
 
-/* The hash of the node the walk is placing next: its structure, with operands named by their
-   positions (x + x and x + y differ) and parameters by their index (values never enter). */
-static uint64_t tb__exec_walk_node_hash(const tb__exec_walk *w, const tb_node *n, bool param) {
-    uint64_t h = tb__hash_u64(0x7462677261706801ull, (uint64_t)(uint32_t)n->op);
+/* Appends the canonical words of the node the walk is placing next: its structure, with
+   operands named by their positions (x + x and x + y differ) and parameters by their index
+   (values never enter). Mixes the words into the walk's hash. */
+static tb_status tb__exec_walk_node_canon(tb__exec_walk *w, const tb_node *n, bool param) {
+    size_t need = w->num_canon + 16 + TB_MAX_RANK + TB_MAX_ATTRS + n->num_operands;
+    uint64_t *c, *start, h = 0x7462677261706802ull;
+    int32_t d;
     uint32_t i;
+    if (tb__grow((void **)&w->canon, &w->cap_canon, need, sizeof *w->canon) != TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    start = c = w->canon + w->num_canon;
     if (param) {
         /* device data and values computed apart are the same kind of input for a backend */
         if (n->op == TB_OP_SCALAR) {
-            h = tb__hash_u64(0x5343414c41520001ull, n->wrapped_number ? 1u : 0u);
+            *c++ = TB__CANON_SCALAR;
+            *c++ = n->wrapped_number ? 1u : 0u;
         } else {
-            h = tb__hash_u64(0x4441544100000001ull, 0);
+            *c++ = TB__CANON_DATA;
         }
-        h = tb__exec_hash_shape(h, &n->shape);
-        return tb__hash_u64(h, (uint64_t)w->num_params);
+    } else {
+        *c++ = TB__CANON_NODE;
+        *c++ = (uint64_t)(uint32_t)n->op;
     }
-    h = tb__exec_hash_shape(h, &n->shape);
-    h = tb__hash_u64(h, n->num_attrs);
-    for (i = 0; i < n->num_attrs && i < TB_MAX_ATTRS; i++)
-        h = tb__hash_u64(h, (uint64_t)n->attrs[i]);
-    for (i = 0; i < 2; i++) {
-        uint64_t bits;
-        memcpy(&bits, &n->fattrs[i], sizeof(bits));
-        h = tb__hash_u64(h, bits);
+    *c++ = (uint64_t)n->shape.dtype;
+    *c++ = (uint64_t)(uint32_t)n->shape.rank;
+    for (d = 0; d < n->shape.rank && d < TB_MAX_RANK; d++)
+        *c++ = (uint64_t)n->shape.dims[d];
+    if (param) {
+        *c++ = (uint64_t)w->num_params;
+    } else {
+        *c++ = n->num_attrs;
+        for (i = 0; i < n->num_attrs && i < TB_MAX_ATTRS; i++)
+            *c++ = (uint64_t)n->attrs[i];
+        for (i = 0; i < 2; i++) {
+            uint64_t bits;
+            memcpy(&bits, &n->fattrs[i], sizeof(bits));
+            *c++ = bits;
+        }
+        *c++ = n->num_operands;
+        for (i = 0; i < n->num_operands; i++) {
+            const int64_t *p = tb__exec_map_get(&w->pos, n->operands[i]);
+            *c++ = p != NULL ? (uint64_t)*p : ~(uint64_t)0;
+        }
     }
-    h = tb__hash_u64(h, n->num_operands);
-    for (i = 0; i < n->num_operands; i++) {
-        const int64_t *p = tb__exec_map_get(&w->pos, n->operands[i]);
-        h = tb__hash_u64(h, p != NULL ? (uint64_t)*p : ~(uint64_t)0);
-    }
-    return h;
+    w->num_canon += (size_t)(c - start);
+    w->canon_nodes = w->num_canon;
+    for (; start < c; start++)
+        h = tb__hash_u64(h, *start);
+    w->hash = tb__hash_u64(w->hash, h);
+    return TB_OK;
 }
 
 static tb_status tb__exec_walk_push(tb__exec_walk *w, size_t *sp, const tb_node *n) {
@@ -6639,7 +6666,9 @@ static tb_status tb__exec_walk_add(tb__exec_walk *w, const char *func, tb_node *
                                      sizeof(const tb_node *)) != TB_OK) {
                 return TB_ERR_OUT_OF_MEMORY;
             }
-            w->hash = tb__hash_u64(w->hash, tb__exec_walk_node_hash(w, node, f->param));
+            if (tb__exec_walk_node_canon(w, node, f->param) != TB_OK) {
+                return TB_ERR_OUT_OF_MEMORY;
+            }
             p = tb__exec_map_get(&w->pos, node);
             *p = (int64_t)w->num_order;
             w->order[w->num_order++] = node;
@@ -6855,9 +6884,13 @@ static void tb__exec_dot_append(tb__str *s, const tb__exec_walk *w, tb_node *con
 
 /* ---- the computation cache (LTC's ComputationCache: an LRU keyed by the graph hash) ---- */
 
+/* A hit on the hash is confirmed by the graph's canonical form, so that two graphs whose hashes
+   collide never share a computation. */
 typedef struct tb__comp_cache_entry {
     uint64_t key;
     uint64_t graph_hash;
+    const uint64_t *canon; /* the graph's canonical form (in the same allocation) */
+    size_t num_canon;
     tb_device device;
     const tb_backend *backend;
     void *computation;
@@ -6930,28 +6963,41 @@ static void tb__comp_cache_push_front_locked(tb__comp_cache_entry *e) {
     if (tb__comp_cache_lru_tail == NULL) tb__comp_cache_lru_tail = e;
 }
 
+/* The entry of the graph, or NULL; `*collided` tells whether an entry had the graph's hash but
+   another structure. */
 static tb__comp_cache_entry *tb__comp_cache_find_locked(uint64_t key, uint64_t graph_hash,
                                                         const tb_device *device,
-                                                        const tb_backend *backend) {
+                                                        const tb_backend *backend,
+                                                        const uint64_t *canon, size_t num_canon,
+                                                        bool *collided) {
     tb__comp_cache_entry *e;
+    *collided = false;
     if (tb__comp_cache_num_buckets == 0) return NULL;
     for (e = tb__comp_cache_buckets[key & (tb__comp_cache_num_buckets - 1)]; e != NULL;
          e = e->bucket_next) {
         if (e->key == key && e->graph_hash == graph_hash && e->backend == backend &&
             tb_device_equal(&e->device, device)) {
-            return e;
+            if (e->num_canon == num_canon &&
+                memcmp(e->canon, canon, num_canon * sizeof *canon) == 0) {
+                return e;
+            }
+            *collided = true;
         }
     }
     return NULL;
 }
 
-/* The cached computation (a new reference, moved to the front), or NULL. */
-static tb__comp_cache_entry *tb__comp_cache_lookup(uint64_t graph_hash, const tb_device *device,
+/* The cached computation of the graph whose walk is `w` (a new reference, moved to the
+   front), or NULL. */
+static tb__comp_cache_entry *tb__comp_cache_lookup(uint64_t graph_hash, const tb__exec_walk *w,
+                                                   const tb_device *device,
                                                    const tb_backend *backend) {
     uint64_t key = tb__comp_cache_key(graph_hash, device);
     tb__comp_cache_entry *e;
+    bool collided;
     tb__mutex_lock(&tb__comp_cache_mutex);
-    e = tb__comp_cache_find_locked(key, graph_hash, device, backend);
+    e = tb__comp_cache_find_locked(key, graph_hash, device, backend, w->canon, w->num_canon,
+                                   &collided);
     if (e != NULL) {
         e->refcount++;
         if (tb__comp_cache_lru_head != e) {
@@ -6965,6 +7011,7 @@ static tb__comp_cache_entry *tb__comp_cache_lookup(uint64_t graph_hash, const tb
         }
     }
     tb__mutex_unlock(&tb__comp_cache_mutex);
+    if (collided && e == NULL) tb__metric_count("GraphHashCollision", 1);
     return e;
 }
 
@@ -6974,6 +7021,7 @@ static tb__comp_cache_entry *tb__comp_cache_lookup(uint64_t graph_hash, const tb
 static tb__comp_cache_entry *tb__comp_cache_insert(tb__comp_cache_entry *e) {
     size_t capacity = tb__desc()->cache_size > 0 ? tb__desc()->cache_size : 1024;
     tb__comp_cache_entry *evicted = NULL, *existing;
+    bool collided;
     tb__mutex_lock(&tb__comp_cache_mutex);
     if (tb__comp_cache_num_buckets == 0) {
         size_t nb = 16;
@@ -6992,7 +7040,8 @@ static tb__comp_cache_entry *tb__comp_cache_insert(tb__comp_cache_entry *e) {
         }
         tb__comp_cache_num_buckets = nb;
     }
-    existing = tb__comp_cache_find_locked(e->key, e->graph_hash, &e->device, e->backend);
+    existing = tb__comp_cache_find_locked(e->key, e->graph_hash, &e->device, e->backend, e->canon,
+                                          e->num_canon, &collided);
     if (existing != NULL) {
         existing->refcount++;
         tb__mutex_unlock(&tb__comp_cache_mutex);
@@ -7114,10 +7163,11 @@ static tb_backend_data *tb__exec_param_value(const tb__exec *ex, const tb_node *
     return d;
 }
 
-/* A computation for the graph: from the cache, else lowered and compiled (and cached). */
-static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph,
+/* A computation for the graph (made from the walk `w`): from the cache, else lowered and
+   compiled (and cached). */
+static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, const tb__exec_walk *w,
                                   tb__comp_cache_entry **out, bool *hit, uint64_t *compile_ns) {
-    tb__comp_cache_entry *e = tb__comp_cache_lookup(graph->hash, &ex->device, ex->backend);
+    tb__comp_cache_entry *e = tb__comp_cache_lookup(graph->hash, w, &ex->device, ex->backend);
     void *context = NULL, *computation = NULL;
     tb__saved_error saved;
     uint64_t t0;
@@ -7144,13 +7194,18 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph,
     *compile_ns = tb__now_ns() - t0;
     tb__metric_count("UncachedCompile", 1);
     tb__metric_sample("CompileTime", (double)*compile_ns);
-    e = (tb__comp_cache_entry *)tb__calloc(1, sizeof(tb__comp_cache_entry));
+    e = w->num_canon > (SIZE_MAX - sizeof *e) / sizeof *w->canon
+            ? NULL
+            : (tb__comp_cache_entry *)tb__calloc(1, sizeof *e + w->num_canon * sizeof *w->canon);
     if (e == NULL) {
         ex->vt->release_computation(ex->vt->user_data, computation);
         return TB_ERR_OUT_OF_MEMORY;
     }
     e->key = tb__comp_cache_key(graph->hash, &ex->device);
     e->graph_hash = graph->hash;
+    memcpy(e + 1, w->canon, w->num_canon * sizeof *w->canon);
+    e->canon = (const uint64_t *)(void *)(e + 1);
+    e->num_canon = w->num_canon;
     e->device = ex->device;
     e->backend = ex->backend;
     e->computation = computation;
@@ -7287,19 +7342,35 @@ static void tb__exec_log_graph(const tb__exec *ex, const tb_graph *g, bool hit, 
         (double)run_ns / 1e6);
 }
 
-/* Builds the graph of the walk for the non-parameter roots. */
-static tb_status tb__exec_graph_make(const tb__exec *ex, const tb__exec_walk *w,
-                                     tb_node *const *roots, size_t n, const tb_node ***results,
-                                     tb_graph *g) {
+/* The bits of a graph's hash that count: tests keep fewer to force hash collisions. */
+static uint64_t tb__exec_hash_mask = ~(uint64_t)0;
+
+/* Builds the graph of the walk for the non-parameter roots, and ends the walk's canonical
+   form with them. */
+static tb_status tb__exec_graph_make(const tb__exec *ex, tb__exec_walk *w, tb_node *const *roots,
+                                     size_t n, const tb_node ***results, tb_graph *g) {
     size_t i, num_results = 0;
     uint64_t h = w->hash;
     *results = (const tb_node **)tb__calloc(n + 1, sizeof(const tb_node *));
     if (*results == NULL) return TB_ERR_OUT_OF_MEMORY;
+    w->num_canon = w->canon_nodes; /* a graph made again from the same walk */
+    if (tb__grow((void **)&w->canon, &w->cap_canon, w->num_canon + n + 3, sizeof *w->canon) !=
+        TB_OK) {
+        tb__free((void *)*results);
+        *results = NULL;
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    w->canon[w->num_canon++] = TB__CANON_RESULTS;
     for (i = 0; i < n; i++) {
+        uint64_t at;
         if (tb__exec_walk_is_param(w, roots[i])) continue;
         (*results)[num_results++] = roots[i];
-        h = tb__hash_u64(h, (uint64_t)tb__exec_walk_position(w, roots[i]));
+        at = (uint64_t)tb__exec_walk_position(w, roots[i]);
+        w->canon[w->num_canon++] = at;
+        h = tb__hash_u64(h, at);
     }
+    w->canon[w->num_canon++] = num_results;
+    w->canon[w->num_canon++] = w->num_params;
     memset(g, 0, sizeof(*g));
     g->nodes = w->order;
     g->num_nodes = w->num_order;
@@ -7307,7 +7378,7 @@ static tb_status tb__exec_graph_make(const tb__exec *ex, const tb__exec_walk *w,
     g->num_parameters = w->num_params;
     g->results = *results;
     g->num_results = num_results;
-    g->hash = tb__hash_u64(tb__hash_u64(h, num_results), w->num_params);
+    g->hash = tb__hash_u64(tb__hash_u64(h, num_results), w->num_params) & tb__exec_hash_mask;
     g->device = ex->device;
     return TB_OK;
 }
@@ -7574,7 +7645,7 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
                            text.data != NULL ? text.data : "");
             tb__str_free(&text);
         }
-        st = tb__exec_compile(ex, &g, &entry, &hit, &compile_ns);
+        st = tb__exec_compile(ex, &g, &w, &entry, &hit, &compile_ns);
         if (st == TB_OK) st = tb__exec_run(ex, &g, entry->computation, values, &run_ns);
         if (st != TB_OK) goto done;
         if (tb_debug_level() >= 1) tb__exec_log_graph(ex, &g, hit, compile_ns, run_ns);
@@ -8067,7 +8138,7 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     }
     if (st == TB_OK) st = tb__exec_graph_make(&ex, &cw, roots->nodes, roots->count, &results, &g);
     if (st == TB_OK && g.num_results == 0) st = TB_ERR_NOT_FOUND;
-    if (st == TB_OK) st = tb__exec_compile(&ex, &g, entry, &hit, &compile_ns);
+    if (st == TB_OK) st = tb__exec_compile(&ex, &g, &cw, entry, &hit, &compile_ns);
     if (st == TB_OK) {
         *kernel = (int32_t *)tb__calloc(w->num_order + 1, sizeof(int32_t));
         *names = (const char **)tb__calloc(w->num_order + 1, sizeof(const char *));
@@ -8192,7 +8263,7 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
     if (st == TB_OK && g.num_results == 0) {
         text = tb__strdup("");
     } else if (st == TB_OK) {
-        st = tb__exec_compile(&ex, &g, &entry, &hit, &compile_ns);
+        st = tb__exec_compile(&ex, &g, &w, &entry, &hit, &compile_ns);
         if (st == TB_OK) {
             const char *backend_text = NULL;
             if (ex.vt->computation_backend_text != NULL) {
@@ -13318,13 +13389,15 @@ typedef struct tb__ocl_buffer {
 /* A built program shared by every computation whose source is the same. */
 typedef struct tb__ocl_program {
     struct tb__ocl_program *next;
-    uint64_t key[2];
+    uint64_t key[2]; /* tb__ocl_program_key */
+    char *source;    /* confirms a hit on the key */
+    size_t source_len;
     tb__cl_program program;
     int32_t refcount; /* computations using it, plus one while it is in the cache */
-    /* a binary to write to the disk cache after the first run: some drivers (PoCL) add the
-       machine code of the kernels launched so far to the binary, so a later process skips
-       that compile too; NULL when written, or when the disk cache is off */
-    char *save_dir, *save_path;
+    /* the disk cache folder to write the binary to after the first run: some drivers (PoCL)
+       add the machine code of the kernels launched so far to the binary, so a later process
+       skips that compile too; NULL when written, or when the disk cache is off */
+    char *save_dir;
 } tb__ocl_program;
 
 typedef struct tb__ocl_device {
@@ -13352,7 +13425,7 @@ typedef struct tb__ocl_device {
     uint64_t buffers_created, buffers_reused, cache_trims;
     /* programs and statistics */
     tb__ocl_program *programs;
-    uint64_t program_builds, disk_hits, disk_misses, kernels_launched, kernel_ns;
+    uint64_t program_builds, disk_hits, disk_misses, disk_rejected, kernels_launched, kernel_ns;
 } tb__ocl_device;
 
 typedef struct tb__ocl_runtime {
@@ -13365,6 +13438,7 @@ typedef struct tb__ocl_runtime {
     int32_t default_ordinal;
     tb_status status; /* TB_OK, or why the backend cannot be used */
     char reason[512];
+    bool cache_dir_reported; /* why the disk cache folder is not used was said */
 } tb__ocl_runtime;
 
 static tb__mutex tb__ocl_mutex = TB__MUTEX_INIT;
@@ -13385,6 +13459,7 @@ static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
             next = p->next;
             tb__ocl_program_save(dev, p);
             if (p->program != NULL) TB__OCL_CALL(rt, ReleaseProgram)(p->program);
+            tb__free(p->source);
             tb__free(p);
         }
         dev->programs = NULL;
@@ -14141,6 +14216,8 @@ static size_t tb__ocl_metrics_report(void *user_data, char *buf, size_t cap) {
             tb__str_append(&s, "  OpenCL::DiskCacheHit: %llu\n", (unsigned long long)d->disk_hits);
             tb__str_append(&s, "  OpenCL::DiskCacheMiss: %llu\n",
                            (unsigned long long)d->disk_misses);
+            tb__str_append(&s, "  OpenCL::DiskCacheRejected: %llu\n",
+                           (unsigned long long)d->disk_rejected);
             tb__str_append(&s, "  OpenCL::KernelLaunch: %llu\n",
                            (unsigned long long)d->kernels_launched);
         }
@@ -17571,23 +17648,58 @@ static void tb__ocl_lower_free(tb__ocl_lower *L) {
 
 /* ---- programs: in-memory cache, on-disk binary cache, build ---- */
 
+/* An entry of the disk cache, <folder>/<key hash as 32 hex digits>.clbin:
+     0  "TBOCLBIN"         8 .. 11  format version   12 .. 15  header size
+    16  key hash (2 x 8)  32  key size K           40  binary size N
+    48  XXH64 of the key and the binary (finds torn and damaged files)    56  zero
+    64  the key (K bytes): tb__ocl_program_key_bytes, the source included
+    64 + K  the program binary (N bytes)
+   Numbers are little-endian. A reader compares the whole key, not only its hash: an entry for
+   another source, device, driver, option set or library version is not used. */
 #define TB__OCL_BIN_MAGIC    "TBOCLBIN"
-#define TB__OCL_BIN_VERSION  1u
-#define TB__OCL_BIN_HEADER   56u
+#define TB__OCL_BIN_VERSION  2u
+#define TB__OCL_BIN_HEADER   64u
+#define TB__OCL_BIN_MAX      ((uint64_t)1 << 30) /* no binary of ours is bigger */
+#define TB__OCL_BIN_SEED     0x636c62696e617279ull
 #define TB__OCL_MAX_PROGRAMS 256
+#define TB__OCL_TMP_TRIES    16
+
+/* The disk cache opens its files without following links (O_NOFOLLOW, POSIX 2008). glibc
+   hides the name under a strict -std when the feature macros come after its first header (our
+   own public part includes <stdint.h>), but always defines the value under another name.
+   Without it the cache is off. */
+#if defined(O_NOFOLLOW)
+#define TB__OCL_O_NOFOLLOW O_NOFOLLOW
+#elif defined(__O_NOFOLLOW)
+#define TB__OCL_O_NOFOLLOW __O_NOFOLLOW
+#endif
+#if defined(O_CLOEXEC)
+#define TB__OCL_O_CLOEXEC O_CLOEXEC
+#elif defined(__O_CLOEXEC)
+#define TB__OCL_O_CLOEXEC __O_CLOEXEC
+#else
+#define TB__OCL_O_CLOEXEC 0
+#endif
+#if !defined(_WIN32) && defined(TB__OCL_O_NOFOLLOW) && defined(O_NONBLOCK)
+#define TB__OCL_DISK_CACHE 1
+#else
+#define TB__OCL_DISK_CACHE 0
+#endif
+
+/* The bits of a program key that count: tests keep fewer to force key collisions. */
+static uint64_t tb__ocl_program_key_mask = ~(uint64_t)0;
+
+/* Names temporary files of the disk cache apart; guarded by tb__ocl_mutex. */
+static TB__UNUSED unsigned tb__ocl_disk_counter = 0;
 
 static uint64_t tb__ocl_hash_text(uint64_t h, const char *s, size_t n) {
     h = tb__hash_u64(h, (uint64_t)n);
     return tb__hash_bytes(h, s, n);
 }
 
-/* What a program binary depends on: the source, the options, the device and its driver, and
-   this library's version. */
-static void tb__ocl_program_key(const tb__ocl_device *dev, const char *src, size_t len,
-                                uint64_t key[2]) {
-    const char *parts[7];
-    uint64_t seeds[2] = {0x746270726f677231ull, 0x746270726f677232ull};
-    int i, s;
+/* The parts of what a program binary depends on besides its source: the options, the device
+   and its driver, the platform and this library's version. */
+static void tb__ocl_program_parts(const tb__ocl_device *dev, const char *parts[7]) {
     parts[0] = dev->build_options;
     parts[1] = dev->info.name;
     parts[2] = dev->info.driver_version;
@@ -17595,11 +17707,21 @@ static void tb__ocl_program_key(const tb__ocl_device *dev, const char *src, size
     parts[4] = dev->platform_name;
     parts[5] = dev->platform_version;
     parts[6] = TB_VERSION_STRING;
+}
+
+/* A 128-bit hash of what a program binary depends on: the in-memory cache's key (a hit is
+   confirmed by the source) and the name of the disk cache's entry. */
+static void tb__ocl_program_key(const tb__ocl_device *dev, const char *src, size_t len,
+                                uint64_t key[2]) {
+    const char *parts[7];
+    uint64_t seeds[2] = {0x746270726f677231ull, 0x746270726f677232ull};
+    int i, s;
+    tb__ocl_program_parts(dev, parts);
     for (s = 0; s < 2; s++) {
         uint64_t h = tb__ocl_hash_text(seeds[s], src, len);
         for (i = 0; i < 7; i++)
             h = tb__ocl_hash_text(h, parts[i], strlen(parts[i]));
-        key[s] = h;
+        key[s] = h & tb__ocl_program_key_mask;
     }
 }
 
@@ -17617,94 +17739,191 @@ static uint64_t tb__ocl_get64(const unsigned char *p) {
     return v;
 }
 
-/* The cache folder (created), or NULL when the disk cache is off or unusable. */
-static char *tb__ocl_cache_dir(void) {
-#if defined(_WIN32)
-    return NULL;
-#else
-    const char *env = tb__getenv("TB_CACHE_DIR");
-    char *dir, *p;
-    struct stat st;
-    if (env != NULL) {
-        if (strcmp(env, "off") == 0) return NULL;
-        dir = tb__strdup(env);
-    } else if (tb__getenv("XDG_CACHE_HOME") != NULL) {
-        dir = tb__format("%s/torch_backend", tb__getenv("XDG_CACHE_HOME"));
-    } else if (tb__getenv("HOME") != NULL) {
-        dir = tb__format("%s/.cache/torch_backend", tb__getenv("HOME"));
-    } else {
-        return NULL;
+#if TB__OCL_DISK_CACHE
+
+/* The full key a disk cache entry stores: each part of tb__ocl_program_parts, then the
+   source, each as its length (8 bytes) and its bytes. NULL when out of memory. */
+static unsigned char *tb__ocl_program_key_bytes(const tb__ocl_device *dev, const char *src,
+                                                size_t len, size_t *size) {
+    const char *parts[8];
+    size_t lens[8], total = 0, i;
+    unsigned char *out, *at;
+    tb__ocl_program_parts(dev, parts);
+    parts[7] = src;
+    for (i = 0; i < 8; i++) {
+        lens[i] = i == 7 ? len : strlen(parts[i]);
+        if (lens[i] > SIZE_MAX / 2 - total - 8) return NULL;
+        total += 8 + lens[i];
     }
-    if (dir == NULL) return NULL;
-    for (p = dir + 1; *p != '\0'; p++) {
+    out = (unsigned char *)tb__alloc(total);
+    if (out == NULL) return NULL;
+    for (at = out, i = 0; i < 8; i++) {
+        tb__ocl_put64(at, (uint64_t)lens[i]);
+        memcpy(at + 8, parts[i], lens[i]);
+        at += 8 + lens[i];
+    }
+    *size = total;
+    return out;
+}
+
+static uint64_t tb__ocl_disk_checksum(const unsigned char *key, size_t key_size,
+                                      const unsigned char *bin, size_t n) {
+    return tb__hash_bytes(tb__hash_bytes(TB__OCL_BIN_SEED, key, key_size), bin, n);
+}
+
+static bool tb__ocl_read_all(int fd, void *buf, size_t n) {
+    unsigned char *p = (unsigned char *)buf;
+    while (n > 0) {
+        ssize_t got = read(fd, p, n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return false;
+        p += got;
+        n -= (size_t)got;
+    }
+    return true;
+}
+
+static bool tb__ocl_write_all(int fd, const void *buf, size_t n) {
+    const unsigned char *p = (const unsigned char *)buf;
+    while (n > 0) {
+        ssize_t put = write(fd, p, n);
+        if (put < 0 && errno == EINTR) continue;
+        if (put <= 0) return false;
+        p += put;
+        n -= (size_t)put;
+    }
+    return true;
+}
+
+/* The cache folder's path (not yet created or checked), or NULL when the cache is off. */
+static char *tb__ocl_cache_path(void) {
+    const char *env = tb__getenv("TB_CACHE_DIR");
+    if (env != NULL) {
+        if (strcmp(env, "off") == 0 || env[0] == '\0') return NULL;
+        return tb__strdup(env);
+    }
+    if (tb__getenv("XDG_CACHE_HOME") != NULL && tb__getenv("XDG_CACHE_HOME")[0] != '\0')
+        return tb__format("%s/torch_backend", tb__getenv("XDG_CACHE_HOME"));
+    if (tb__getenv("HOME") != NULL && tb__getenv("HOME")[0] != '\0')
+        return tb__format("%s/.cache/torch_backend", tb__getenv("HOME"));
+    return NULL;
+}
+
+/* Whether the cache folder `dir` may be used, creating it and its missing parents private
+   (0700). A folder that is not ours or that others may write to is not used: they could put a
+   binary there that we would run. Why a folder is not used is said once per runtime (at
+   TB_DEBUG for a folder that is not private, as a warning when it cannot be made). Entries
+   are checked one by one too (tb__ocl_disk_read: a regular file of ours, holding our whole
+   key), so a folder swapped after this check gives nothing that we did not write ourselves.
+   The caller holds tb__ocl_mutex. */
+static bool tb__ocl_cache_usable(tb__ocl_runtime *rt, const char *dir) {
+    char *copy = tb__strdup(dir), *p;
+    struct stat st;
+    if (copy == NULL) return false;
+    for (p = copy + 1; *p != '\0'; p++) {
         if (*p != '/') continue;
         *p = '\0';
-        (void)mkdir(dir, 0755);
+        (void)mkdir(copy, 0700);
         *p = '/';
     }
-    (void)mkdir(dir, 0755);
-    {
-        /* errno only after the stat that failed: a file in the way succeeds the stat and
-           leaves mkdir's EEXIST ("File exists") behind */
-        const char *why = NULL;
-        if (stat(dir, &st) != 0) {
-            why = strerror(errno);
-        } else if (!S_ISDIR(st.st_mode)) {
-            why = "not a directory";
-        }
-        if (why != NULL) {
+    (void)mkdir(copy, 0700);
+    tb__free(copy);
+    /* a link to the folder itself is followed: a user may keep the cache elsewhere */
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        const char *why = stat(dir, &st) != 0 ? strerror(errno) : "not a folder";
+        if (!rt->cache_dir_reported) {
             tb_log_message(TB_LOG_WARN, "opencl: the program cache folder %s is not usable: %s",
                            dir, why);
-            tb__free(dir);
-            return NULL;
+            rt->cache_dir_reported = true;
+        }
+        return false;
+    }
+    if (st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+        if (!rt->cache_dir_reported && tb_debug_level() >= 1) {
+            tb_log_message(
+                TB_LOG_WARN,
+                "opencl: the program cache folder %s is not used: %s (make it yours "
+                "with mode 0700, or set TB_CACHE_DIR)",
+                dir, st.st_uid != geteuid() ? "another user owns it" : "it is writable by others");
+        }
+        rt->cache_dir_reported = true;
+        return false;
+    }
+    return true;
+}
+
+/* The binary of the entry at `path` if it holds the key `kb`, else NULL; then `*why` says what
+   is wrong with the file there, or is NULL when there is none. The file is opened without
+   following a link or waiting on a FIFO, and read only if it is a regular file of ours whose
+   size is that of an entry for this key. */
+static unsigned char *tb__ocl_disk_read(const char *path, const uint64_t key[2],
+                                        const unsigned char *kb, size_t kn, size_t *size,
+                                        const char **why) {
+    unsigned char header[TB__OCL_BIN_HEADER];
+    unsigned char *stored = NULL, *payload = NULL;
+    uint64_t n = 0, size_of_entry;
+    struct stat st;
+    int fd = open(path, O_RDONLY | TB__OCL_O_NOFOLLOW | O_NONBLOCK | TB__OCL_O_CLOEXEC | O_NOCTTY);
+    *why = NULL;
+    if (fd < 0) {
+        if (errno != ENOENT) *why = errno == ELOOP ? "a symbolic link" : strerror(errno);
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0) {
+        *why = strerror(errno);
+    } else if (!S_ISREG(st.st_mode)) {
+        *why = "not a regular file";
+    } else if (st.st_uid != geteuid()) {
+        *why = "owned by another user";
+    } else if (st.st_size < 0 || (uint64_t)st.st_size <= (uint64_t)TB__OCL_BIN_HEADER + kn ||
+               (uint64_t)st.st_size > (uint64_t)TB__OCL_BIN_HEADER + kn + TB__OCL_BIN_MAX) {
+        *why = "not the size of an entry for this key";
+    } else if (!tb__ocl_read_all(fd, header, sizeof header)) {
+        *why = "truncated";
+    } else {
+        size_of_entry = (uint64_t)st.st_size;
+        n = tb__ocl_get64(header + 40);
+        if (memcmp(header, TB__OCL_BIN_MAGIC, 8) != 0 ||
+            tb__ocl_get64(header + 8) !=
+                ((uint64_t)TB__OCL_BIN_VERSION | ((uint64_t)TB__OCL_BIN_HEADER << 32))) {
+            *why = "not an entry of this format";
+        } else if (tb__ocl_get64(header + 16) != key[0] || tb__ocl_get64(header + 24) != key[1] ||
+                   tb__ocl_get64(header + 32) != (uint64_t)kn) {
+            *why = "an entry for another key";
+        } else if (n == 0 || n != size_of_entry - TB__OCL_BIN_HEADER - kn) {
+            *why = "truncated";
+        } else if ((stored = (unsigned char *)tb__alloc(kn)) == NULL ||
+                   (payload = (unsigned char *)tb__alloc((size_t)n)) == NULL) {
+            *why = "out of memory";
+        } else if (!tb__ocl_read_all(fd, stored, kn) || !tb__ocl_read_all(fd, payload, (size_t)n)) {
+            *why = "truncated";
+        } else if (memcmp(stored, kb, kn) != 0) {
+            *why = "an entry for another key";
+        } else if (tb__ocl_disk_checksum(stored, kn, payload, (size_t)n) !=
+                   tb__ocl_get64(header + 48)) {
+            *why = "damaged (checksum)";
         }
     }
-    return dir;
-#endif
-}
-
-/* The cached binary, or NULL when the file is missing, truncated, corrupt or for another key. */
-static unsigned char *tb__ocl_disk_read(const char *path, const uint64_t key[2], size_t *size) {
-    unsigned char header[TB__OCL_BIN_HEADER];
-    unsigned char *payload = NULL;
-    uint64_t n, sum;
-    long total;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return NULL;
-    if (fread(header, 1, sizeof header, f) != sizeof header) goto bad;
-    if (memcmp(header, TB__OCL_BIN_MAGIC, 8) != 0) goto bad;
-    if ((tb__ocl_get64(header + 8) & 0xffffffffu) != TB__OCL_BIN_VERSION) goto bad;
-    if (tb__ocl_get64(header + 16) != key[0] || tb__ocl_get64(header + 24) != key[1]) goto bad;
-    n = tb__ocl_get64(header + 32);
-    sum = tb__ocl_get64(header + 40);
-    if (fseek(f, 0, SEEK_END) != 0) goto bad;
-    total = ftell(f);
-    if (total < 0 || (uint64_t)total != n + TB__OCL_BIN_HEADER || n == 0 || n > (uint64_t)SIZE_MAX)
-        goto bad;
-    if (fseek(f, (long)TB__OCL_BIN_HEADER, SEEK_SET) != 0) goto bad;
-    payload = (unsigned char *)tb__alloc((size_t)n);
-    if (payload == NULL) goto bad;
-    if (fread(payload, 1, (size_t)n, f) != (size_t)n) goto bad;
-    if (tb__hash_bytes(0x636c62696e617279ull, payload, (size_t)n) != sum) goto bad;
-    fclose(f);
+    close(fd);
+    tb__free(stored);
+    if (*why != NULL) {
+        tb__free(payload);
+        return NULL;
+    }
     *size = (size_t)n;
     return payload;
-bad:
-    tb__free(payload);
-    fclose(f);
-    return NULL;
 }
 
-/* Writes through a temporary file and a rename, so that a reader never sees half a file. */
-static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t key[2],
-                               const unsigned char *payload, size_t n) {
-#if defined(_WIN32)
-    (void)dir, (void)path, (void)key, (void)payload, (void)n;
-#else
-    static unsigned counter = 0;
+/* Writes the entry `name` of the folder `dir`: into a new temporary file of the folder (O_EXCL:
+   never through a link nor into a file that is there), in full, then renamed over the entry,
+   so that a reader sees the old entry, no entry or the whole new one. The caller holds
+   tb__ocl_mutex. */
+static void tb__ocl_disk_write(const char *dir, const char *name, const uint64_t key[2],
+                               const unsigned char *kb, size_t kn, const unsigned char *payload,
+                               size_t n) {
     unsigned char header[TB__OCL_BIN_HEADER];
-    char *tmp;
-    FILE *f;
+    char *tmp = NULL, *path;
+    int fd = -1, tries;
     bool ok;
     int err;
     memset(header, 0, sizeof header);
@@ -17712,24 +17931,35 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
     tb__ocl_put64(header + 8, (uint64_t)TB__OCL_BIN_VERSION | ((uint64_t)TB__OCL_BIN_HEADER << 32));
     tb__ocl_put64(header + 16, key[0]);
     tb__ocl_put64(header + 24, key[1]);
-    tb__ocl_put64(header + 32, (uint64_t)n);
-    tb__ocl_put64(header + 40, tb__hash_bytes(0x636c62696e617279ull, payload, n));
-    tmp = tb__format("%s/.%016llx%016llx.%ld.%u.tmp", dir, (unsigned long long)key[0],
-                     (unsigned long long)key[1], (long)getpid(), counter++);
-    if (tmp == NULL) return;
-    f = fopen(tmp, "wb");
-    if (f == NULL) {
-        tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", tmp,
-                       strerror(errno));
+    tb__ocl_put64(header + 32, (uint64_t)kn);
+    tb__ocl_put64(header + 40, (uint64_t)n);
+    tb__ocl_put64(header + 48, tb__ocl_disk_checksum(kb, kn, payload, n));
+    path = tb__format("%s/%s", dir, name);
+    if (path == NULL) return;
+    for (tries = 0; tries < TB__OCL_TMP_TRIES && fd < 0; tries++) {
         tb__free(tmp);
+        tmp = tb__format("%s/.%016llx%016llx.%ld.%u.tmp", dir, (unsigned long long)key[0],
+                         (unsigned long long)key[1], (long)getpid(), tb__ocl_disk_counter++);
+        if (tmp == NULL) break;
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | TB__OCL_O_CLOEXEC | O_NOCTTY, 0600);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        if (tmp != NULL) {
+            tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", tmp,
+                           strerror(errno));
+        }
+        tb__free(tmp);
+        tb__free(path);
         return;
     }
-    /* errno is read at the call that failed (fclose and rename may change it on success, and a
+    /* errno is read at the call that failed (close and rename may change it on success, and a
        short write need not set it) */
     errno = 0;
-    ok = fwrite(header, 1, sizeof header, f) == sizeof header && fwrite(payload, 1, n, f) == n;
+    ok = tb__ocl_write_all(fd, header, sizeof header) && tb__ocl_write_all(fd, kb, kn) &&
+         tb__ocl_write_all(fd, payload, n);
     err = ok ? 0 : (errno != 0 ? errno : EIO);
-    if (fclose(f) != 0 && ok) {
+    if (close(fd) != 0 && ok) {
         ok = false;
         err = errno != 0 ? errno : EIO;
     }
@@ -17740,11 +17970,13 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
     if (!ok) {
         tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", path,
                        strerror(err));
-        remove(tmp);
+        (void)unlink(tmp);
     }
     tb__free(tmp);
-#endif
+    tb__free(path);
 }
+
+#endif /* TB__OCL_DISK_CACHE */
 
 static char *tb__ocl_build_log(tb__ocl_device *dev, tb__cl_program prog) {
     size_t n = 0;
@@ -17802,20 +18034,33 @@ static unsigned char *tb__ocl_program_binary(tb__ocl_device *dev, tb__cl_program
     return bin;
 }
 
+static void tb__ocl_entry_name(const uint64_t key[2], char name[48]) {
+    snprintf(name, 48, "%016llx%016llx.clbin", (unsigned long long)key[0],
+             (unsigned long long)key[1]);
+}
+
 /* Writes a program's binary to the disk cache once, if that is still to do. The binary is
    read only now: PoCL, for one, serialises it at the first request, with the kernels compiled
    by then. */
 static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p) {
-    if (p->save_path != NULL) {
-        size_t n = 0;
-        unsigned char *bin = tb__ocl_program_binary(dev, p->program, &n);
-        if (bin != NULL) tb__ocl_disk_write(p->save_dir, p->save_path, p->key, bin, n);
+#if TB__OCL_DISK_CACHE
+    if (p->save_dir != NULL) {
+        size_t n = 0, kn = 0;
+        unsigned char *bin = tb__ocl_program_binary(dev, p->program, &n), *kb = NULL;
+        if (bin != NULL) kb = tb__ocl_program_key_bytes(dev, p->source, p->source_len, &kn);
+        if (kb != NULL && tb__ocl_cache_usable(dev->rt, p->save_dir)) {
+            char name[48];
+            tb__ocl_entry_name(p->key, name);
+            tb__ocl_disk_write(p->save_dir, name, p->key, kb, kn, bin, n);
+        }
+        tb__free(kb);
         tb__free(bin);
     }
+#else
+    (void)dev;
+#endif
     tb__free(p->save_dir);
-    tb__free(p->save_path);
     p->save_dir = NULL;
-    p->save_path = NULL;
 }
 
 static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p) {
@@ -17829,6 +18074,7 @@ static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p) {
     }
     tb__ocl_program_save(dev, p);
     if (p->program != NULL) TB__OCL_CALL(dev->rt, ReleaseProgram)(p->program);
+    tb__free(p->source);
     tb__free(p);
 }
 
@@ -17848,49 +18094,93 @@ static void tb__ocl_programs_trim(tb__ocl_device *dev, size_t keep) {
     }
 }
 
+/* The program from the disk cache, or NULL (then *save_dir is the folder to write it to after
+   its first run, or NULL when the disk cache is off or not usable). An entry that is there but
+   cannot be used (another key, damaged, not a regular file of ours, a binary the driver does
+   not take) is removed and counted: the program built now takes its place. */
+static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, size_t len,
+                                        const uint64_t key[2], char **save_dir) {
+    tb__cl_program prog = NULL;
+#if TB__OCL_DISK_CACHE
+    char *dir = tb__ocl_cache_path(), *path, name[48];
+    unsigned char *kb = NULL, *bin = NULL;
+    size_t kn = 0, n = 0;
+    const char *why = NULL;
+    *save_dir = NULL;
+    if (dir == NULL) return NULL;
+    tb__ocl_entry_name(key, name);
+    path = tb__ocl_cache_usable(dev->rt, dir) ? tb__format("%s/%s", dir, name) : NULL;
+    if (path == NULL) {
+        tb__free(dir);
+        return NULL;
+    }
+    kb = tb__ocl_program_key_bytes(dev, src, len, &kn);
+    if (kb != NULL) bin = tb__ocl_disk_read(path, key, kb, kn, &n, &why);
+    if (bin != NULL) {
+        prog = tb__ocl_build_binary(dev, bin, n);
+        if (prog == NULL) why = "a binary the driver does not load";
+    }
+    if (prog != NULL) {
+        dev->disk_hits++;
+        tb__ocl_metric(dev, "OpenCL::DiskCacheHit", 1);
+        tb__free(dir);
+    } else {
+        dev->disk_misses++;
+        tb__ocl_metric(dev, "OpenCL::DiskCacheMiss", 1);
+        if (why != NULL) {
+            if (tb_debug_level() >= 1) {
+                tb_log_message(TB_LOG_INFO, "opencl:%d: program cache file %s not used: %s",
+                               (int)dev->ordinal, path, why);
+            }
+            (void)unlink(path); /* a link itself, never what it points to */
+            dev->disk_rejected++;
+            tb__ocl_metric(dev, "OpenCL::DiskCacheRejected", 1);
+        }
+        *save_dir = dir;
+    }
+    tb__free(bin);
+    tb__free(kb);
+    tb__free(path);
+#else
+    (void)dev, (void)src, (void)len, (void)key;
+    *save_dir = NULL;
+#endif
+    return prog;
+}
+
 /* The built program for a source: from memory, from the disk cache, or built now. */
 static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_t len,
                                      tb__ocl_program **out) {
     tb__ocl_runtime *rt = dev->rt;
     uint64_t key[2];
     tb__ocl_program *p;
-    tb__cl_program prog = NULL;
-    char *dir, *path = NULL;
+    tb__cl_program prog;
+    char *save_dir = NULL, *source;
     tb__cl_int err = TB__CL_SUCCESS;
-    bool built = false;
     tb__ocl_program_key(dev, src, len, key);
     for (p = dev->programs; p != NULL; p = p->next) {
-        if (p->key[0] == key[0] && p->key[1] == key[1]) {
-            p->refcount++;
-            tb__ocl_metric(dev, "OpenCL::ProgramCacheHit", 1);
-            *out = p;
-            return TB_OK;
+        if (p->key[0] != key[0] || p->key[1] != key[1]) continue;
+        if (p->source_len != len || memcmp(p->source, src, len) != 0) {
+            tb__ocl_metric(dev, "OpenCL::ProgramKeyCollision", 1);
+            continue;
         }
+        p->refcount++;
+        tb__ocl_metric(dev, "OpenCL::ProgramCacheHit", 1);
+        *out = p;
+        return TB_OK;
     }
-    dir = tb__ocl_cache_dir();
-    if (dir != NULL) {
-        unsigned char *bin;
-        size_t n = 0;
-        path = tb__format("%s/%016llx%016llx.clbin", dir, (unsigned long long)key[0],
-                          (unsigned long long)key[1]);
-        bin = path != NULL ? tb__ocl_disk_read(path, key, &n) : NULL;
-        if (bin != NULL) prog = tb__ocl_build_binary(dev, bin, n);
-        tb__free(bin);
-        if (prog != NULL) {
-            dev->disk_hits++;
-            tb__ocl_metric(dev, "OpenCL::DiskCacheHit", 1);
-        } else {
-            dev->disk_misses++;
-            tb__ocl_metric(dev, "OpenCL::DiskCacheMiss", 1);
-        }
-    }
+    source = (char *)tb__alloc(len + 1);
+    if (source == NULL) return TB_ERR_OUT_OF_MEMORY;
+    memcpy(source, src, len);
+    source[len] = '\0';
+    prog = tb__ocl_disk_load(dev, src, len, key, &save_dir);
     if (prog == NULL) {
         const char *srcs[1];
         srcs[0] = src;
         prog = TB__OCL_CALL(rt, CreateProgramWithSource)(dev->ctx, 1, srcs, &len, &err);
         if (prog == NULL || err != TB__CL_SUCCESS) {
-            tb__free(dir);
-            tb__free(path);
+            tb__free(save_dir);
+            tb__free(source);
             return tb__error(TB_ERR_COMPILE, "opencl:%d: clCreateProgramWithSource failed: %s (%d)",
                              (int)dev->ordinal, tb__cl_error_name(err), (int)err);
         }
@@ -17910,30 +18200,25 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
                            log != NULL ? log : "(none)");
             tb__free(log);
             TB__OCL_CALL(rt, ReleaseProgram)(prog);
-            tb__free(dir);
-            tb__free(path);
+            tb__free(save_dir);
+            tb__free(source);
             return st;
         }
-        built = true;
     }
     p = (tb__ocl_program *)tb__calloc(1, sizeof *p);
     if (p == NULL) {
         TB__OCL_CALL(rt, ReleaseProgram)(prog);
-        tb__free(dir);
-        tb__free(path);
+        tb__free(save_dir);
+        tb__free(source);
         return TB_ERR_OUT_OF_MEMORY;
     }
     p->key[0] = key[0];
     p->key[1] = key[1];
+    p->source = source;
+    p->source_len = len;
     p->program = prog;
-    if (built && path != NULL) {
-        p->save_dir = dir; /* written after the first run (tb__ocl_program_save) */
-        p->save_path = path;
-    } else {
-        tb__free(dir);
-        tb__free(path);
-    }
-    p->refcount = 2; /* the cache and the caller */
+    p->save_dir = save_dir; /* written after the first run (tb__ocl_program_save) */
+    p->refcount = 2;        /* the cache and the caller */
     p->next = dev->programs;
     dev->programs = p;
     tb__ocl_programs_trim(dev, TB__OCL_MAX_PROGRAMS);
@@ -18376,7 +18661,7 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
         }
         results[i]->payload = copy;
     }
-    if (st == TB_OK && p->program->save_path != NULL) {
+    if (st == TB_OK && p->program->save_dir != NULL) {
         /* the first run of a program built here: once its kernels ran, its binary is worth
            the most to the disk cache */
         TB__OCL_CALL(rt, Finish)(dev->queue);

@@ -32,7 +32,8 @@
      TB_BACKEND          the default backend (default "cpu"; a desc field overrides it)
      TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0"
      TB_BACKEND_PATH     ':'-separated folders searched for plugins libtb_backend_<name>.so
-     TB_CACHE_DIR        folder for the OpenCL program binary cache; "off" disables it
+     TB_CACHE_DIR        folder for the OpenCL program binary cache, created 0700 (a folder
+                         others may write to is not used); "off" disables it
      TB_OPENCL_LIBRARY   path of the OpenCL ICD loader (default libOpenCL.so.1; ignored with
                          TB_OPENCL_LINKED)
      TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk

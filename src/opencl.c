@@ -323,13 +323,15 @@ typedef struct tb__ocl_buffer {
 /* A built program shared by every computation whose source is the same. */
 typedef struct tb__ocl_program {
     struct tb__ocl_program *next;
-    uint64_t key[2];
+    uint64_t key[2]; /* tb__ocl_program_key */
+    char *source;    /* confirms a hit on the key */
+    size_t source_len;
     tb__cl_program program;
     int32_t refcount; /* computations using it, plus one while it is in the cache */
-    /* a binary to write to the disk cache after the first run: some drivers (PoCL) add the
-       machine code of the kernels launched so far to the binary, so a later process skips
-       that compile too; NULL when written, or when the disk cache is off */
-    char *save_dir, *save_path;
+    /* the disk cache folder to write the binary to after the first run: some drivers (PoCL)
+       add the machine code of the kernels launched so far to the binary, so a later process
+       skips that compile too; NULL when written, or when the disk cache is off */
+    char *save_dir;
 } tb__ocl_program;
 
 typedef struct tb__ocl_device {
@@ -357,7 +359,7 @@ typedef struct tb__ocl_device {
     uint64_t buffers_created, buffers_reused, cache_trims;
     /* programs and statistics */
     tb__ocl_program *programs;
-    uint64_t program_builds, disk_hits, disk_misses, kernels_launched, kernel_ns;
+    uint64_t program_builds, disk_hits, disk_misses, disk_rejected, kernels_launched, kernel_ns;
 } tb__ocl_device;
 
 typedef struct tb__ocl_runtime {
@@ -370,6 +372,7 @@ typedef struct tb__ocl_runtime {
     int32_t default_ordinal;
     tb_status status; /* TB_OK, or why the backend cannot be used */
     char reason[512];
+    bool cache_dir_reported; /* why the disk cache folder is not used was said */
 } tb__ocl_runtime;
 
 static tb__mutex tb__ocl_mutex = TB__MUTEX_INIT;
@@ -390,6 +393,7 @@ static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
             next = p->next;
             tb__ocl_program_save(dev, p);
             if (p->program != NULL) TB__OCL_CALL(rt, ReleaseProgram)(p->program);
+            tb__free(p->source);
             tb__free(p);
         }
         dev->programs = NULL;
@@ -1146,6 +1150,8 @@ static size_t tb__ocl_metrics_report(void *user_data, char *buf, size_t cap) {
             tb__str_append(&s, "  OpenCL::DiskCacheHit: %llu\n", (unsigned long long)d->disk_hits);
             tb__str_append(&s, "  OpenCL::DiskCacheMiss: %llu\n",
                            (unsigned long long)d->disk_misses);
+            tb__str_append(&s, "  OpenCL::DiskCacheRejected: %llu\n",
+                           (unsigned long long)d->disk_rejected);
             tb__str_append(&s, "  OpenCL::KernelLaunch: %llu\n",
                            (unsigned long long)d->kernels_launched);
         }
@@ -4576,23 +4582,58 @@ static void tb__ocl_lower_free(tb__ocl_lower *L) {
 
 /* ---- programs: in-memory cache, on-disk binary cache, build ---- */
 
+/* An entry of the disk cache, <folder>/<key hash as 32 hex digits>.clbin:
+     0  "TBOCLBIN"         8 .. 11  format version   12 .. 15  header size
+    16  key hash (2 x 8)  32  key size K           40  binary size N
+    48  XXH64 of the key and the binary (finds torn and damaged files)    56  zero
+    64  the key (K bytes): tb__ocl_program_key_bytes, the source included
+    64 + K  the program binary (N bytes)
+   Numbers are little-endian. A reader compares the whole key, not only its hash: an entry for
+   another source, device, driver, option set or library version is not used. */
 #define TB__OCL_BIN_MAGIC    "TBOCLBIN"
-#define TB__OCL_BIN_VERSION  1u
-#define TB__OCL_BIN_HEADER   56u
+#define TB__OCL_BIN_VERSION  2u
+#define TB__OCL_BIN_HEADER   64u
+#define TB__OCL_BIN_MAX      ((uint64_t)1 << 30) /* no binary of ours is bigger */
+#define TB__OCL_BIN_SEED     0x636c62696e617279ull
 #define TB__OCL_MAX_PROGRAMS 256
+#define TB__OCL_TMP_TRIES    16
+
+/* The disk cache opens its files without following links (O_NOFOLLOW, POSIX 2008). glibc
+   hides the name under a strict -std when the feature macros come after its first header (our
+   own public part includes <stdint.h>), but always defines the value under another name.
+   Without it the cache is off. */
+#if defined(O_NOFOLLOW)
+#define TB__OCL_O_NOFOLLOW O_NOFOLLOW
+#elif defined(__O_NOFOLLOW)
+#define TB__OCL_O_NOFOLLOW __O_NOFOLLOW
+#endif
+#if defined(O_CLOEXEC)
+#define TB__OCL_O_CLOEXEC O_CLOEXEC
+#elif defined(__O_CLOEXEC)
+#define TB__OCL_O_CLOEXEC __O_CLOEXEC
+#else
+#define TB__OCL_O_CLOEXEC 0
+#endif
+#if !defined(_WIN32) && defined(TB__OCL_O_NOFOLLOW) && defined(O_NONBLOCK)
+#define TB__OCL_DISK_CACHE 1
+#else
+#define TB__OCL_DISK_CACHE 0
+#endif
+
+/* The bits of a program key that count: tests keep fewer to force key collisions. */
+static uint64_t tb__ocl_program_key_mask = ~(uint64_t)0;
+
+/* Names temporary files of the disk cache apart; guarded by tb__ocl_mutex. */
+static TB__UNUSED unsigned tb__ocl_disk_counter = 0;
 
 static uint64_t tb__ocl_hash_text(uint64_t h, const char *s, size_t n) {
     h = tb__hash_u64(h, (uint64_t)n);
     return tb__hash_bytes(h, s, n);
 }
 
-/* What a program binary depends on: the source, the options, the device and its driver, and
-   this library's version. */
-static void tb__ocl_program_key(const tb__ocl_device *dev, const char *src, size_t len,
-                                uint64_t key[2]) {
-    const char *parts[7];
-    uint64_t seeds[2] = {0x746270726f677231ull, 0x746270726f677232ull};
-    int i, s;
+/* The parts of what a program binary depends on besides its source: the options, the device
+   and its driver, the platform and this library's version. */
+static void tb__ocl_program_parts(const tb__ocl_device *dev, const char *parts[7]) {
     parts[0] = dev->build_options;
     parts[1] = dev->info.name;
     parts[2] = dev->info.driver_version;
@@ -4600,11 +4641,21 @@ static void tb__ocl_program_key(const tb__ocl_device *dev, const char *src, size
     parts[4] = dev->platform_name;
     parts[5] = dev->platform_version;
     parts[6] = TB_VERSION_STRING;
+}
+
+/* A 128-bit hash of what a program binary depends on: the in-memory cache's key (a hit is
+   confirmed by the source) and the name of the disk cache's entry. */
+static void tb__ocl_program_key(const tb__ocl_device *dev, const char *src, size_t len,
+                                uint64_t key[2]) {
+    const char *parts[7];
+    uint64_t seeds[2] = {0x746270726f677231ull, 0x746270726f677232ull};
+    int i, s;
+    tb__ocl_program_parts(dev, parts);
     for (s = 0; s < 2; s++) {
         uint64_t h = tb__ocl_hash_text(seeds[s], src, len);
         for (i = 0; i < 7; i++)
             h = tb__ocl_hash_text(h, parts[i], strlen(parts[i]));
-        key[s] = h;
+        key[s] = h & tb__ocl_program_key_mask;
     }
 }
 
@@ -4622,94 +4673,191 @@ static uint64_t tb__ocl_get64(const unsigned char *p) {
     return v;
 }
 
-/* The cache folder (created), or NULL when the disk cache is off or unusable. */
-static char *tb__ocl_cache_dir(void) {
-#if defined(_WIN32)
-    return NULL;
-#else
-    const char *env = tb__getenv("TB_CACHE_DIR");
-    char *dir, *p;
-    struct stat st;
-    if (env != NULL) {
-        if (strcmp(env, "off") == 0) return NULL;
-        dir = tb__strdup(env);
-    } else if (tb__getenv("XDG_CACHE_HOME") != NULL) {
-        dir = tb__format("%s/torch_backend", tb__getenv("XDG_CACHE_HOME"));
-    } else if (tb__getenv("HOME") != NULL) {
-        dir = tb__format("%s/.cache/torch_backend", tb__getenv("HOME"));
-    } else {
-        return NULL;
+#if TB__OCL_DISK_CACHE
+
+/* The full key a disk cache entry stores: each part of tb__ocl_program_parts, then the
+   source, each as its length (8 bytes) and its bytes. NULL when out of memory. */
+static unsigned char *tb__ocl_program_key_bytes(const tb__ocl_device *dev, const char *src,
+                                                size_t len, size_t *size) {
+    const char *parts[8];
+    size_t lens[8], total = 0, i;
+    unsigned char *out, *at;
+    tb__ocl_program_parts(dev, parts);
+    parts[7] = src;
+    for (i = 0; i < 8; i++) {
+        lens[i] = i == 7 ? len : strlen(parts[i]);
+        if (lens[i] > SIZE_MAX / 2 - total - 8) return NULL;
+        total += 8 + lens[i];
     }
-    if (dir == NULL) return NULL;
-    for (p = dir + 1; *p != '\0'; p++) {
+    out = (unsigned char *)tb__alloc(total);
+    if (out == NULL) return NULL;
+    for (at = out, i = 0; i < 8; i++) {
+        tb__ocl_put64(at, (uint64_t)lens[i]);
+        memcpy(at + 8, parts[i], lens[i]);
+        at += 8 + lens[i];
+    }
+    *size = total;
+    return out;
+}
+
+static uint64_t tb__ocl_disk_checksum(const unsigned char *key, size_t key_size,
+                                      const unsigned char *bin, size_t n) {
+    return tb__hash_bytes(tb__hash_bytes(TB__OCL_BIN_SEED, key, key_size), bin, n);
+}
+
+static bool tb__ocl_read_all(int fd, void *buf, size_t n) {
+    unsigned char *p = (unsigned char *)buf;
+    while (n > 0) {
+        ssize_t got = read(fd, p, n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return false;
+        p += got;
+        n -= (size_t)got;
+    }
+    return true;
+}
+
+static bool tb__ocl_write_all(int fd, const void *buf, size_t n) {
+    const unsigned char *p = (const unsigned char *)buf;
+    while (n > 0) {
+        ssize_t put = write(fd, p, n);
+        if (put < 0 && errno == EINTR) continue;
+        if (put <= 0) return false;
+        p += put;
+        n -= (size_t)put;
+    }
+    return true;
+}
+
+/* The cache folder's path (not yet created or checked), or NULL when the cache is off. */
+static char *tb__ocl_cache_path(void) {
+    const char *env = tb__getenv("TB_CACHE_DIR");
+    if (env != NULL) {
+        if (strcmp(env, "off") == 0 || env[0] == '\0') return NULL;
+        return tb__strdup(env);
+    }
+    if (tb__getenv("XDG_CACHE_HOME") != NULL && tb__getenv("XDG_CACHE_HOME")[0] != '\0')
+        return tb__format("%s/torch_backend", tb__getenv("XDG_CACHE_HOME"));
+    if (tb__getenv("HOME") != NULL && tb__getenv("HOME")[0] != '\0')
+        return tb__format("%s/.cache/torch_backend", tb__getenv("HOME"));
+    return NULL;
+}
+
+/* Whether the cache folder `dir` may be used, creating it and its missing parents private
+   (0700). A folder that is not ours or that others may write to is not used: they could put a
+   binary there that we would run. Why a folder is not used is said once per runtime (at
+   TB_DEBUG for a folder that is not private, as a warning when it cannot be made). Entries
+   are checked one by one too (tb__ocl_disk_read: a regular file of ours, holding our whole
+   key), so a folder swapped after this check gives nothing that we did not write ourselves.
+   The caller holds tb__ocl_mutex. */
+static bool tb__ocl_cache_usable(tb__ocl_runtime *rt, const char *dir) {
+    char *copy = tb__strdup(dir), *p;
+    struct stat st;
+    if (copy == NULL) return false;
+    for (p = copy + 1; *p != '\0'; p++) {
         if (*p != '/') continue;
         *p = '\0';
-        (void)mkdir(dir, 0755);
+        (void)mkdir(copy, 0700);
         *p = '/';
     }
-    (void)mkdir(dir, 0755);
-    {
-        /* errno only after the stat that failed: a file in the way succeeds the stat and
-           leaves mkdir's EEXIST ("File exists") behind */
-        const char *why = NULL;
-        if (stat(dir, &st) != 0) {
-            why = strerror(errno);
-        } else if (!S_ISDIR(st.st_mode)) {
-            why = "not a directory";
-        }
-        if (why != NULL) {
+    (void)mkdir(copy, 0700);
+    tb__free(copy);
+    /* a link to the folder itself is followed: a user may keep the cache elsewhere */
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        const char *why = stat(dir, &st) != 0 ? strerror(errno) : "not a folder";
+        if (!rt->cache_dir_reported) {
             tb_log_message(TB_LOG_WARN, "opencl: the program cache folder %s is not usable: %s",
                            dir, why);
-            tb__free(dir);
-            return NULL;
+            rt->cache_dir_reported = true;
+        }
+        return false;
+    }
+    if (st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+        if (!rt->cache_dir_reported && tb_debug_level() >= 1) {
+            tb_log_message(
+                TB_LOG_WARN,
+                "opencl: the program cache folder %s is not used: %s (make it yours "
+                "with mode 0700, or set TB_CACHE_DIR)",
+                dir, st.st_uid != geteuid() ? "another user owns it" : "it is writable by others");
+        }
+        rt->cache_dir_reported = true;
+        return false;
+    }
+    return true;
+}
+
+/* The binary of the entry at `path` if it holds the key `kb`, else NULL; then `*why` says what
+   is wrong with the file there, or is NULL when there is none. The file is opened without
+   following a link or waiting on a FIFO, and read only if it is a regular file of ours whose
+   size is that of an entry for this key. */
+static unsigned char *tb__ocl_disk_read(const char *path, const uint64_t key[2],
+                                        const unsigned char *kb, size_t kn, size_t *size,
+                                        const char **why) {
+    unsigned char header[TB__OCL_BIN_HEADER];
+    unsigned char *stored = NULL, *payload = NULL;
+    uint64_t n = 0, size_of_entry;
+    struct stat st;
+    int fd = open(path, O_RDONLY | TB__OCL_O_NOFOLLOW | O_NONBLOCK | TB__OCL_O_CLOEXEC | O_NOCTTY);
+    *why = NULL;
+    if (fd < 0) {
+        if (errno != ENOENT) *why = errno == ELOOP ? "a symbolic link" : strerror(errno);
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0) {
+        *why = strerror(errno);
+    } else if (!S_ISREG(st.st_mode)) {
+        *why = "not a regular file";
+    } else if (st.st_uid != geteuid()) {
+        *why = "owned by another user";
+    } else if (st.st_size < 0 || (uint64_t)st.st_size <= (uint64_t)TB__OCL_BIN_HEADER + kn ||
+               (uint64_t)st.st_size > (uint64_t)TB__OCL_BIN_HEADER + kn + TB__OCL_BIN_MAX) {
+        *why = "not the size of an entry for this key";
+    } else if (!tb__ocl_read_all(fd, header, sizeof header)) {
+        *why = "truncated";
+    } else {
+        size_of_entry = (uint64_t)st.st_size;
+        n = tb__ocl_get64(header + 40);
+        if (memcmp(header, TB__OCL_BIN_MAGIC, 8) != 0 ||
+            tb__ocl_get64(header + 8) !=
+                ((uint64_t)TB__OCL_BIN_VERSION | ((uint64_t)TB__OCL_BIN_HEADER << 32))) {
+            *why = "not an entry of this format";
+        } else if (tb__ocl_get64(header + 16) != key[0] || tb__ocl_get64(header + 24) != key[1] ||
+                   tb__ocl_get64(header + 32) != (uint64_t)kn) {
+            *why = "an entry for another key";
+        } else if (n == 0 || n != size_of_entry - TB__OCL_BIN_HEADER - kn) {
+            *why = "truncated";
+        } else if ((stored = (unsigned char *)tb__alloc(kn)) == NULL ||
+                   (payload = (unsigned char *)tb__alloc((size_t)n)) == NULL) {
+            *why = "out of memory";
+        } else if (!tb__ocl_read_all(fd, stored, kn) || !tb__ocl_read_all(fd, payload, (size_t)n)) {
+            *why = "truncated";
+        } else if (memcmp(stored, kb, kn) != 0) {
+            *why = "an entry for another key";
+        } else if (tb__ocl_disk_checksum(stored, kn, payload, (size_t)n) !=
+                   tb__ocl_get64(header + 48)) {
+            *why = "damaged (checksum)";
         }
     }
-    return dir;
-#endif
-}
-
-/* The cached binary, or NULL when the file is missing, truncated, corrupt or for another key. */
-static unsigned char *tb__ocl_disk_read(const char *path, const uint64_t key[2], size_t *size) {
-    unsigned char header[TB__OCL_BIN_HEADER];
-    unsigned char *payload = NULL;
-    uint64_t n, sum;
-    long total;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return NULL;
-    if (fread(header, 1, sizeof header, f) != sizeof header) goto bad;
-    if (memcmp(header, TB__OCL_BIN_MAGIC, 8) != 0) goto bad;
-    if ((tb__ocl_get64(header + 8) & 0xffffffffu) != TB__OCL_BIN_VERSION) goto bad;
-    if (tb__ocl_get64(header + 16) != key[0] || tb__ocl_get64(header + 24) != key[1]) goto bad;
-    n = tb__ocl_get64(header + 32);
-    sum = tb__ocl_get64(header + 40);
-    if (fseek(f, 0, SEEK_END) != 0) goto bad;
-    total = ftell(f);
-    if (total < 0 || (uint64_t)total != n + TB__OCL_BIN_HEADER || n == 0 || n > (uint64_t)SIZE_MAX)
-        goto bad;
-    if (fseek(f, (long)TB__OCL_BIN_HEADER, SEEK_SET) != 0) goto bad;
-    payload = (unsigned char *)tb__alloc((size_t)n);
-    if (payload == NULL) goto bad;
-    if (fread(payload, 1, (size_t)n, f) != (size_t)n) goto bad;
-    if (tb__hash_bytes(0x636c62696e617279ull, payload, (size_t)n) != sum) goto bad;
-    fclose(f);
+    close(fd);
+    tb__free(stored);
+    if (*why != NULL) {
+        tb__free(payload);
+        return NULL;
+    }
     *size = (size_t)n;
     return payload;
-bad:
-    tb__free(payload);
-    fclose(f);
-    return NULL;
 }
 
-/* Writes through a temporary file and a rename, so that a reader never sees half a file. */
-static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t key[2],
-                               const unsigned char *payload, size_t n) {
-#if defined(_WIN32)
-    (void)dir, (void)path, (void)key, (void)payload, (void)n;
-#else
-    static unsigned counter = 0;
+/* Writes the entry `name` of the folder `dir`: into a new temporary file of the folder (O_EXCL:
+   never through a link nor into a file that is there), in full, then renamed over the entry,
+   so that a reader sees the old entry, no entry or the whole new one. The caller holds
+   tb__ocl_mutex. */
+static void tb__ocl_disk_write(const char *dir, const char *name, const uint64_t key[2],
+                               const unsigned char *kb, size_t kn, const unsigned char *payload,
+                               size_t n) {
     unsigned char header[TB__OCL_BIN_HEADER];
-    char *tmp;
-    FILE *f;
+    char *tmp = NULL, *path;
+    int fd = -1, tries;
     bool ok;
     int err;
     memset(header, 0, sizeof header);
@@ -4717,24 +4865,35 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
     tb__ocl_put64(header + 8, (uint64_t)TB__OCL_BIN_VERSION | ((uint64_t)TB__OCL_BIN_HEADER << 32));
     tb__ocl_put64(header + 16, key[0]);
     tb__ocl_put64(header + 24, key[1]);
-    tb__ocl_put64(header + 32, (uint64_t)n);
-    tb__ocl_put64(header + 40, tb__hash_bytes(0x636c62696e617279ull, payload, n));
-    tmp = tb__format("%s/.%016llx%016llx.%ld.%u.tmp", dir, (unsigned long long)key[0],
-                     (unsigned long long)key[1], (long)getpid(), counter++);
-    if (tmp == NULL) return;
-    f = fopen(tmp, "wb");
-    if (f == NULL) {
-        tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", tmp,
-                       strerror(errno));
+    tb__ocl_put64(header + 32, (uint64_t)kn);
+    tb__ocl_put64(header + 40, (uint64_t)n);
+    tb__ocl_put64(header + 48, tb__ocl_disk_checksum(kb, kn, payload, n));
+    path = tb__format("%s/%s", dir, name);
+    if (path == NULL) return;
+    for (tries = 0; tries < TB__OCL_TMP_TRIES && fd < 0; tries++) {
         tb__free(tmp);
+        tmp = tb__format("%s/.%016llx%016llx.%ld.%u.tmp", dir, (unsigned long long)key[0],
+                         (unsigned long long)key[1], (long)getpid(), tb__ocl_disk_counter++);
+        if (tmp == NULL) break;
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | TB__OCL_O_CLOEXEC | O_NOCTTY, 0600);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        if (tmp != NULL) {
+            tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", tmp,
+                           strerror(errno));
+        }
+        tb__free(tmp);
+        tb__free(path);
         return;
     }
-    /* errno is read at the call that failed (fclose and rename may change it on success, and a
+    /* errno is read at the call that failed (close and rename may change it on success, and a
        short write need not set it) */
     errno = 0;
-    ok = fwrite(header, 1, sizeof header, f) == sizeof header && fwrite(payload, 1, n, f) == n;
+    ok = tb__ocl_write_all(fd, header, sizeof header) && tb__ocl_write_all(fd, kb, kn) &&
+         tb__ocl_write_all(fd, payload, n);
     err = ok ? 0 : (errno != 0 ? errno : EIO);
-    if (fclose(f) != 0 && ok) {
+    if (close(fd) != 0 && ok) {
         ok = false;
         err = errno != 0 ? errno : EIO;
     }
@@ -4745,11 +4904,13 @@ static void tb__ocl_disk_write(const char *dir, const char *path, const uint64_t
     if (!ok) {
         tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", path,
                        strerror(err));
-        remove(tmp);
+        (void)unlink(tmp);
     }
     tb__free(tmp);
-#endif
+    tb__free(path);
 }
+
+#endif /* TB__OCL_DISK_CACHE */
 
 static char *tb__ocl_build_log(tb__ocl_device *dev, tb__cl_program prog) {
     size_t n = 0;
@@ -4807,20 +4968,33 @@ static unsigned char *tb__ocl_program_binary(tb__ocl_device *dev, tb__cl_program
     return bin;
 }
 
+static void tb__ocl_entry_name(const uint64_t key[2], char name[48]) {
+    snprintf(name, 48, "%016llx%016llx.clbin", (unsigned long long)key[0],
+             (unsigned long long)key[1]);
+}
+
 /* Writes a program's binary to the disk cache once, if that is still to do. The binary is
    read only now: PoCL, for one, serialises it at the first request, with the kernels compiled
    by then. */
 static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p) {
-    if (p->save_path != NULL) {
-        size_t n = 0;
-        unsigned char *bin = tb__ocl_program_binary(dev, p->program, &n);
-        if (bin != NULL) tb__ocl_disk_write(p->save_dir, p->save_path, p->key, bin, n);
+#if TB__OCL_DISK_CACHE
+    if (p->save_dir != NULL) {
+        size_t n = 0, kn = 0;
+        unsigned char *bin = tb__ocl_program_binary(dev, p->program, &n), *kb = NULL;
+        if (bin != NULL) kb = tb__ocl_program_key_bytes(dev, p->source, p->source_len, &kn);
+        if (kb != NULL && tb__ocl_cache_usable(dev->rt, p->save_dir)) {
+            char name[48];
+            tb__ocl_entry_name(p->key, name);
+            tb__ocl_disk_write(p->save_dir, name, p->key, kb, kn, bin, n);
+        }
+        tb__free(kb);
         tb__free(bin);
     }
+#else
+    (void)dev;
+#endif
     tb__free(p->save_dir);
-    tb__free(p->save_path);
     p->save_dir = NULL;
-    p->save_path = NULL;
 }
 
 static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p) {
@@ -4834,6 +5008,7 @@ static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p) {
     }
     tb__ocl_program_save(dev, p);
     if (p->program != NULL) TB__OCL_CALL(dev->rt, ReleaseProgram)(p->program);
+    tb__free(p->source);
     tb__free(p);
 }
 
@@ -4853,49 +5028,93 @@ static void tb__ocl_programs_trim(tb__ocl_device *dev, size_t keep) {
     }
 }
 
+/* The program from the disk cache, or NULL (then *save_dir is the folder to write it to after
+   its first run, or NULL when the disk cache is off or not usable). An entry that is there but
+   cannot be used (another key, damaged, not a regular file of ours, a binary the driver does
+   not take) is removed and counted: the program built now takes its place. */
+static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, size_t len,
+                                        const uint64_t key[2], char **save_dir) {
+    tb__cl_program prog = NULL;
+#if TB__OCL_DISK_CACHE
+    char *dir = tb__ocl_cache_path(), *path, name[48];
+    unsigned char *kb = NULL, *bin = NULL;
+    size_t kn = 0, n = 0;
+    const char *why = NULL;
+    *save_dir = NULL;
+    if (dir == NULL) return NULL;
+    tb__ocl_entry_name(key, name);
+    path = tb__ocl_cache_usable(dev->rt, dir) ? tb__format("%s/%s", dir, name) : NULL;
+    if (path == NULL) {
+        tb__free(dir);
+        return NULL;
+    }
+    kb = tb__ocl_program_key_bytes(dev, src, len, &kn);
+    if (kb != NULL) bin = tb__ocl_disk_read(path, key, kb, kn, &n, &why);
+    if (bin != NULL) {
+        prog = tb__ocl_build_binary(dev, bin, n);
+        if (prog == NULL) why = "a binary the driver does not load";
+    }
+    if (prog != NULL) {
+        dev->disk_hits++;
+        tb__ocl_metric(dev, "OpenCL::DiskCacheHit", 1);
+        tb__free(dir);
+    } else {
+        dev->disk_misses++;
+        tb__ocl_metric(dev, "OpenCL::DiskCacheMiss", 1);
+        if (why != NULL) {
+            if (tb_debug_level() >= 1) {
+                tb_log_message(TB_LOG_INFO, "opencl:%d: program cache file %s not used: %s",
+                               (int)dev->ordinal, path, why);
+            }
+            (void)unlink(path); /* a link itself, never what it points to */
+            dev->disk_rejected++;
+            tb__ocl_metric(dev, "OpenCL::DiskCacheRejected", 1);
+        }
+        *save_dir = dir;
+    }
+    tb__free(bin);
+    tb__free(kb);
+    tb__free(path);
+#else
+    (void)dev, (void)src, (void)len, (void)key;
+    *save_dir = NULL;
+#endif
+    return prog;
+}
+
 /* The built program for a source: from memory, from the disk cache, or built now. */
 static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_t len,
                                      tb__ocl_program **out) {
     tb__ocl_runtime *rt = dev->rt;
     uint64_t key[2];
     tb__ocl_program *p;
-    tb__cl_program prog = NULL;
-    char *dir, *path = NULL;
+    tb__cl_program prog;
+    char *save_dir = NULL, *source;
     tb__cl_int err = TB__CL_SUCCESS;
-    bool built = false;
     tb__ocl_program_key(dev, src, len, key);
     for (p = dev->programs; p != NULL; p = p->next) {
-        if (p->key[0] == key[0] && p->key[1] == key[1]) {
-            p->refcount++;
-            tb__ocl_metric(dev, "OpenCL::ProgramCacheHit", 1);
-            *out = p;
-            return TB_OK;
+        if (p->key[0] != key[0] || p->key[1] != key[1]) continue;
+        if (p->source_len != len || memcmp(p->source, src, len) != 0) {
+            tb__ocl_metric(dev, "OpenCL::ProgramKeyCollision", 1);
+            continue;
         }
+        p->refcount++;
+        tb__ocl_metric(dev, "OpenCL::ProgramCacheHit", 1);
+        *out = p;
+        return TB_OK;
     }
-    dir = tb__ocl_cache_dir();
-    if (dir != NULL) {
-        unsigned char *bin;
-        size_t n = 0;
-        path = tb__format("%s/%016llx%016llx.clbin", dir, (unsigned long long)key[0],
-                          (unsigned long long)key[1]);
-        bin = path != NULL ? tb__ocl_disk_read(path, key, &n) : NULL;
-        if (bin != NULL) prog = tb__ocl_build_binary(dev, bin, n);
-        tb__free(bin);
-        if (prog != NULL) {
-            dev->disk_hits++;
-            tb__ocl_metric(dev, "OpenCL::DiskCacheHit", 1);
-        } else {
-            dev->disk_misses++;
-            tb__ocl_metric(dev, "OpenCL::DiskCacheMiss", 1);
-        }
-    }
+    source = (char *)tb__alloc(len + 1);
+    if (source == NULL) return TB_ERR_OUT_OF_MEMORY;
+    memcpy(source, src, len);
+    source[len] = '\0';
+    prog = tb__ocl_disk_load(dev, src, len, key, &save_dir);
     if (prog == NULL) {
         const char *srcs[1];
         srcs[0] = src;
         prog = TB__OCL_CALL(rt, CreateProgramWithSource)(dev->ctx, 1, srcs, &len, &err);
         if (prog == NULL || err != TB__CL_SUCCESS) {
-            tb__free(dir);
-            tb__free(path);
+            tb__free(save_dir);
+            tb__free(source);
             return tb__error(TB_ERR_COMPILE, "opencl:%d: clCreateProgramWithSource failed: %s (%d)",
                              (int)dev->ordinal, tb__cl_error_name(err), (int)err);
         }
@@ -4915,30 +5134,25 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
                            log != NULL ? log : "(none)");
             tb__free(log);
             TB__OCL_CALL(rt, ReleaseProgram)(prog);
-            tb__free(dir);
-            tb__free(path);
+            tb__free(save_dir);
+            tb__free(source);
             return st;
         }
-        built = true;
     }
     p = (tb__ocl_program *)tb__calloc(1, sizeof *p);
     if (p == NULL) {
         TB__OCL_CALL(rt, ReleaseProgram)(prog);
-        tb__free(dir);
-        tb__free(path);
+        tb__free(save_dir);
+        tb__free(source);
         return TB_ERR_OUT_OF_MEMORY;
     }
     p->key[0] = key[0];
     p->key[1] = key[1];
+    p->source = source;
+    p->source_len = len;
     p->program = prog;
-    if (built && path != NULL) {
-        p->save_dir = dir; /* written after the first run (tb__ocl_program_save) */
-        p->save_path = path;
-    } else {
-        tb__free(dir);
-        tb__free(path);
-    }
-    p->refcount = 2; /* the cache and the caller */
+    p->save_dir = save_dir; /* written after the first run (tb__ocl_program_save) */
+    p->refcount = 2;        /* the cache and the caller */
     p->next = dev->programs;
     dev->programs = p;
     tb__ocl_programs_trim(dev, TB__OCL_MAX_PROGRAMS);
@@ -5381,7 +5595,7 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
         }
         results[i]->payload = copy;
     }
-    if (st == TB_OK && p->program->save_path != NULL) {
+    if (st == TB_OK && p->program->save_dir != NULL) {
         /* the first run of a program built here: once its kernels ran, its binary is worth
            the most to the disk cache */
         TB__OCL_CALL(rt, Finish)(dev->queue);

@@ -9,7 +9,8 @@
    when built with TB_OPENCL_LINKED),
    TB_OPENCL_BUILD_OPTIONS (appended to the options every program is built with, e.g.
    "-cl-mad-enable"; part of the program cache key), TB_CACHE_DIR (the program binary cache,
-   default $XDG_CACHE_HOME/torch_backend or ~/.cache/torch_backend; "off" disables it).
+   default $XDG_CACHE_HOME/torch_backend or ~/.cache/torch_backend, created 0700; a folder
+   others may write to is not used; "off" disables it).
    =========================================================================================== */
 
 /* The OpenCL objects behind one device of the "opencl" backend. They are owned by the library:

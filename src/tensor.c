@@ -282,6 +282,9 @@ typedef struct tb__exec_walk {
     tb__exec_frame *stack;
     size_t cap_stack;
     uint64_t hash;
+    uint64_t *canon; /* the canonical form (tb__exec_walk_node_canon, tb__exec_graph_make) */
+    size_t num_canon, cap_canon;
+    size_t canon_nodes; /* the words of the nodes, before those of the results */
     /* non-NULL: nodes this backend does not support are parameters too (graphs that are only
        compiled, for the backend text: the eager fallback would make them device data) */
     const tb_backend_impl *cut;
@@ -292,6 +295,7 @@ static void tb__exec_walk_free(tb__exec_walk *w) {
     tb__free((void *)w->order);
     tb__free((void *)w->params);
     tb__free(w->stack);
+    tb__free(w->canon);
     memset(w, 0, sizeof(*w));
 }
 
@@ -304,45 +308,66 @@ static bool tb__exec_supported(const tb_backend_impl *vt, const tb_node *n) {
     return vt->supports_node == NULL || vt->supports_node(vt->user_data, n);
 }
 
-static uint64_t tb__exec_hash_shape(uint64_t h, const tb_shape *s) {
-    int32_t i;
-    h = tb__hash_u64(h, (uint64_t)s->dtype);
-    h = tb__hash_u64(h, (uint64_t)(uint32_t)s->rank);
-    for (i = 0; i < s->rank && i < TB_MAX_RANK; i++)
-        h = tb__hash_u64(h, (uint64_t)s->dims[i]);
-    return h;
-}
+/* The canonical form of a graph: per node in post-order the words below, then the results.
+   Two graphs with the same form are the same computation; the graph's hash is a hash of it,
+   and a cache hit on the hash is confirmed by comparing forms. */
+enum {
+    TB__CANON_NODE = 1,   /* a computed node: op, shape, attributes, operand positions */
+    TB__CANON_DATA = 2,   /* a parameter of device data, or of a value computed apart */
+    TB__CANON_SCALAR = 3, /* a scalar parameter (wrapped number or not) */
+    TB__CANON_RESULTS = 4
+};
 
-/* The hash of the node the walk is placing next: its structure, with operands named by their
-   positions (x + x and x + y differ) and parameters by their index (values never enter). */
-static uint64_t tb__exec_walk_node_hash(const tb__exec_walk *w, const tb_node *n, bool param) {
-    uint64_t h = tb__hash_u64(0x7462677261706801ull, (uint64_t)(uint32_t)n->op);
+/* Appends the canonical words of the node the walk is placing next: its structure, with
+   operands named by their positions (x + x and x + y differ) and parameters by their index
+   (values never enter). Mixes the words into the walk's hash. */
+static tb_status tb__exec_walk_node_canon(tb__exec_walk *w, const tb_node *n, bool param) {
+    size_t need = w->num_canon + 16 + TB_MAX_RANK + TB_MAX_ATTRS + n->num_operands;
+    uint64_t *c, *start, h = 0x7462677261706802ull;
+    int32_t d;
     uint32_t i;
+    if (tb__grow((void **)&w->canon, &w->cap_canon, need, sizeof *w->canon) != TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    start = c = w->canon + w->num_canon;
     if (param) {
         /* device data and values computed apart are the same kind of input for a backend */
         if (n->op == TB_OP_SCALAR) {
-            h = tb__hash_u64(0x5343414c41520001ull, n->wrapped_number ? 1u : 0u);
+            *c++ = TB__CANON_SCALAR;
+            *c++ = n->wrapped_number ? 1u : 0u;
         } else {
-            h = tb__hash_u64(0x4441544100000001ull, 0);
+            *c++ = TB__CANON_DATA;
         }
-        h = tb__exec_hash_shape(h, &n->shape);
-        return tb__hash_u64(h, (uint64_t)w->num_params);
+    } else {
+        *c++ = TB__CANON_NODE;
+        *c++ = (uint64_t)(uint32_t)n->op;
     }
-    h = tb__exec_hash_shape(h, &n->shape);
-    h = tb__hash_u64(h, n->num_attrs);
-    for (i = 0; i < n->num_attrs && i < TB_MAX_ATTRS; i++)
-        h = tb__hash_u64(h, (uint64_t)n->attrs[i]);
-    for (i = 0; i < 2; i++) {
-        uint64_t bits;
-        memcpy(&bits, &n->fattrs[i], sizeof(bits));
-        h = tb__hash_u64(h, bits);
+    *c++ = (uint64_t)n->shape.dtype;
+    *c++ = (uint64_t)(uint32_t)n->shape.rank;
+    for (d = 0; d < n->shape.rank && d < TB_MAX_RANK; d++)
+        *c++ = (uint64_t)n->shape.dims[d];
+    if (param) {
+        *c++ = (uint64_t)w->num_params;
+    } else {
+        *c++ = n->num_attrs;
+        for (i = 0; i < n->num_attrs && i < TB_MAX_ATTRS; i++)
+            *c++ = (uint64_t)n->attrs[i];
+        for (i = 0; i < 2; i++) {
+            uint64_t bits;
+            memcpy(&bits, &n->fattrs[i], sizeof(bits));
+            *c++ = bits;
+        }
+        *c++ = n->num_operands;
+        for (i = 0; i < n->num_operands; i++) {
+            const int64_t *p = tb__exec_map_get(&w->pos, n->operands[i]);
+            *c++ = p != NULL ? (uint64_t)*p : ~(uint64_t)0;
+        }
     }
-    h = tb__hash_u64(h, n->num_operands);
-    for (i = 0; i < n->num_operands; i++) {
-        const int64_t *p = tb__exec_map_get(&w->pos, n->operands[i]);
-        h = tb__hash_u64(h, p != NULL ? (uint64_t)*p : ~(uint64_t)0);
-    }
-    return h;
+    w->num_canon += (size_t)(c - start);
+    w->canon_nodes = w->num_canon;
+    for (; start < c; start++)
+        h = tb__hash_u64(h, *start);
+    w->hash = tb__hash_u64(w->hash, h);
+    return TB_OK;
 }
 
 static tb_status tb__exec_walk_push(tb__exec_walk *w, size_t *sp, const tb_node *n) {
@@ -397,7 +422,9 @@ static tb_status tb__exec_walk_add(tb__exec_walk *w, const char *func, tb_node *
                                      sizeof(const tb_node *)) != TB_OK) {
                 return TB_ERR_OUT_OF_MEMORY;
             }
-            w->hash = tb__hash_u64(w->hash, tb__exec_walk_node_hash(w, node, f->param));
+            if (tb__exec_walk_node_canon(w, node, f->param) != TB_OK) {
+                return TB_ERR_OUT_OF_MEMORY;
+            }
             p = tb__exec_map_get(&w->pos, node);
             *p = (int64_t)w->num_order;
             w->order[w->num_order++] = node;
@@ -613,9 +640,13 @@ static void tb__exec_dot_append(tb__str *s, const tb__exec_walk *w, tb_node *con
 
 /* ---- the computation cache (LTC's ComputationCache: an LRU keyed by the graph hash) ---- */
 
+/* A hit on the hash is confirmed by the graph's canonical form, so that two graphs whose hashes
+   collide never share a computation. */
 typedef struct tb__comp_cache_entry {
     uint64_t key;
     uint64_t graph_hash;
+    const uint64_t *canon; /* the graph's canonical form (in the same allocation) */
+    size_t num_canon;
     tb_device device;
     const tb_backend *backend;
     void *computation;
@@ -688,28 +719,41 @@ static void tb__comp_cache_push_front_locked(tb__comp_cache_entry *e) {
     if (tb__comp_cache_lru_tail == NULL) tb__comp_cache_lru_tail = e;
 }
 
+/* The entry of the graph, or NULL; `*collided` tells whether an entry had the graph's hash but
+   another structure. */
 static tb__comp_cache_entry *tb__comp_cache_find_locked(uint64_t key, uint64_t graph_hash,
                                                         const tb_device *device,
-                                                        const tb_backend *backend) {
+                                                        const tb_backend *backend,
+                                                        const uint64_t *canon, size_t num_canon,
+                                                        bool *collided) {
     tb__comp_cache_entry *e;
+    *collided = false;
     if (tb__comp_cache_num_buckets == 0) return NULL;
     for (e = tb__comp_cache_buckets[key & (tb__comp_cache_num_buckets - 1)]; e != NULL;
          e = e->bucket_next) {
         if (e->key == key && e->graph_hash == graph_hash && e->backend == backend &&
             tb_device_equal(&e->device, device)) {
-            return e;
+            if (e->num_canon == num_canon &&
+                memcmp(e->canon, canon, num_canon * sizeof *canon) == 0) {
+                return e;
+            }
+            *collided = true;
         }
     }
     return NULL;
 }
 
-/* The cached computation (a new reference, moved to the front), or NULL. */
-static tb__comp_cache_entry *tb__comp_cache_lookup(uint64_t graph_hash, const tb_device *device,
+/* The cached computation of the graph whose walk is `w` (a new reference, moved to the
+   front), or NULL. */
+static tb__comp_cache_entry *tb__comp_cache_lookup(uint64_t graph_hash, const tb__exec_walk *w,
+                                                   const tb_device *device,
                                                    const tb_backend *backend) {
     uint64_t key = tb__comp_cache_key(graph_hash, device);
     tb__comp_cache_entry *e;
+    bool collided;
     tb__mutex_lock(&tb__comp_cache_mutex);
-    e = tb__comp_cache_find_locked(key, graph_hash, device, backend);
+    e = tb__comp_cache_find_locked(key, graph_hash, device, backend, w->canon, w->num_canon,
+                                   &collided);
     if (e != NULL) {
         e->refcount++;
         if (tb__comp_cache_lru_head != e) {
@@ -723,6 +767,7 @@ static tb__comp_cache_entry *tb__comp_cache_lookup(uint64_t graph_hash, const tb
         }
     }
     tb__mutex_unlock(&tb__comp_cache_mutex);
+    if (collided && e == NULL) tb__metric_count("GraphHashCollision", 1);
     return e;
 }
 
@@ -732,6 +777,7 @@ static tb__comp_cache_entry *tb__comp_cache_lookup(uint64_t graph_hash, const tb
 static tb__comp_cache_entry *tb__comp_cache_insert(tb__comp_cache_entry *e) {
     size_t capacity = tb__desc()->cache_size > 0 ? tb__desc()->cache_size : 1024;
     tb__comp_cache_entry *evicted = NULL, *existing;
+    bool collided;
     tb__mutex_lock(&tb__comp_cache_mutex);
     if (tb__comp_cache_num_buckets == 0) {
         size_t nb = 16;
@@ -750,7 +796,8 @@ static tb__comp_cache_entry *tb__comp_cache_insert(tb__comp_cache_entry *e) {
         }
         tb__comp_cache_num_buckets = nb;
     }
-    existing = tb__comp_cache_find_locked(e->key, e->graph_hash, &e->device, e->backend);
+    existing = tb__comp_cache_find_locked(e->key, e->graph_hash, &e->device, e->backend, e->canon,
+                                          e->num_canon, &collided);
     if (existing != NULL) {
         existing->refcount++;
         tb__mutex_unlock(&tb__comp_cache_mutex);
@@ -872,10 +919,11 @@ static tb_backend_data *tb__exec_param_value(const tb__exec *ex, const tb_node *
     return d;
 }
 
-/* A computation for the graph: from the cache, else lowered and compiled (and cached). */
-static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph,
+/* A computation for the graph (made from the walk `w`): from the cache, else lowered and
+   compiled (and cached). */
+static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, const tb__exec_walk *w,
                                   tb__comp_cache_entry **out, bool *hit, uint64_t *compile_ns) {
-    tb__comp_cache_entry *e = tb__comp_cache_lookup(graph->hash, &ex->device, ex->backend);
+    tb__comp_cache_entry *e = tb__comp_cache_lookup(graph->hash, w, &ex->device, ex->backend);
     void *context = NULL, *computation = NULL;
     tb__saved_error saved;
     uint64_t t0;
@@ -902,13 +950,18 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph,
     *compile_ns = tb__now_ns() - t0;
     tb__metric_count("UncachedCompile", 1);
     tb__metric_sample("CompileTime", (double)*compile_ns);
-    e = (tb__comp_cache_entry *)tb__calloc(1, sizeof(tb__comp_cache_entry));
+    e = w->num_canon > (SIZE_MAX - sizeof *e) / sizeof *w->canon
+            ? NULL
+            : (tb__comp_cache_entry *)tb__calloc(1, sizeof *e + w->num_canon * sizeof *w->canon);
     if (e == NULL) {
         ex->vt->release_computation(ex->vt->user_data, computation);
         return TB_ERR_OUT_OF_MEMORY;
     }
     e->key = tb__comp_cache_key(graph->hash, &ex->device);
     e->graph_hash = graph->hash;
+    memcpy(e + 1, w->canon, w->num_canon * sizeof *w->canon);
+    e->canon = (const uint64_t *)(void *)(e + 1);
+    e->num_canon = w->num_canon;
     e->device = ex->device;
     e->backend = ex->backend;
     e->computation = computation;
@@ -1045,19 +1098,35 @@ static void tb__exec_log_graph(const tb__exec *ex, const tb_graph *g, bool hit, 
         (double)run_ns / 1e6);
 }
 
-/* Builds the graph of the walk for the non-parameter roots. */
-static tb_status tb__exec_graph_make(const tb__exec *ex, const tb__exec_walk *w,
-                                     tb_node *const *roots, size_t n, const tb_node ***results,
-                                     tb_graph *g) {
+/* The bits of a graph's hash that count: tests keep fewer to force hash collisions. */
+static uint64_t tb__exec_hash_mask = ~(uint64_t)0;
+
+/* Builds the graph of the walk for the non-parameter roots, and ends the walk's canonical
+   form with them. */
+static tb_status tb__exec_graph_make(const tb__exec *ex, tb__exec_walk *w, tb_node *const *roots,
+                                     size_t n, const tb_node ***results, tb_graph *g) {
     size_t i, num_results = 0;
     uint64_t h = w->hash;
     *results = (const tb_node **)tb__calloc(n + 1, sizeof(const tb_node *));
     if (*results == NULL) return TB_ERR_OUT_OF_MEMORY;
+    w->num_canon = w->canon_nodes; /* a graph made again from the same walk */
+    if (tb__grow((void **)&w->canon, &w->cap_canon, w->num_canon + n + 3, sizeof *w->canon) !=
+        TB_OK) {
+        tb__free((void *)*results);
+        *results = NULL;
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    w->canon[w->num_canon++] = TB__CANON_RESULTS;
     for (i = 0; i < n; i++) {
+        uint64_t at;
         if (tb__exec_walk_is_param(w, roots[i])) continue;
         (*results)[num_results++] = roots[i];
-        h = tb__hash_u64(h, (uint64_t)tb__exec_walk_position(w, roots[i]));
+        at = (uint64_t)tb__exec_walk_position(w, roots[i]);
+        w->canon[w->num_canon++] = at;
+        h = tb__hash_u64(h, at);
     }
+    w->canon[w->num_canon++] = num_results;
+    w->canon[w->num_canon++] = w->num_params;
     memset(g, 0, sizeof(*g));
     g->nodes = w->order;
     g->num_nodes = w->num_order;
@@ -1065,7 +1134,7 @@ static tb_status tb__exec_graph_make(const tb__exec *ex, const tb__exec_walk *w,
     g->num_parameters = w->num_params;
     g->results = *results;
     g->num_results = num_results;
-    g->hash = tb__hash_u64(tb__hash_u64(h, num_results), w->num_params);
+    g->hash = tb__hash_u64(tb__hash_u64(h, num_results), w->num_params) & tb__exec_hash_mask;
     g->device = ex->device;
     return TB_OK;
 }
@@ -1332,7 +1401,7 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
                            text.data != NULL ? text.data : "");
             tb__str_free(&text);
         }
-        st = tb__exec_compile(ex, &g, &entry, &hit, &compile_ns);
+        st = tb__exec_compile(ex, &g, &w, &entry, &hit, &compile_ns);
         if (st == TB_OK) st = tb__exec_run(ex, &g, entry->computation, values, &run_ns);
         if (st != TB_OK) goto done;
         if (tb_debug_level() >= 1) tb__exec_log_graph(ex, &g, hit, compile_ns, run_ns);
@@ -1825,7 +1894,7 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     }
     if (st == TB_OK) st = tb__exec_graph_make(&ex, &cw, roots->nodes, roots->count, &results, &g);
     if (st == TB_OK && g.num_results == 0) st = TB_ERR_NOT_FOUND;
-    if (st == TB_OK) st = tb__exec_compile(&ex, &g, entry, &hit, &compile_ns);
+    if (st == TB_OK) st = tb__exec_compile(&ex, &g, &cw, entry, &hit, &compile_ns);
     if (st == TB_OK) {
         *kernel = (int32_t *)tb__calloc(w->num_order + 1, sizeof(int32_t));
         *names = (const char **)tb__calloc(w->num_order + 1, sizeof(const char *));
@@ -1950,7 +2019,7 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
     if (st == TB_OK && g.num_results == 0) {
         text = tb__strdup("");
     } else if (st == TB_OK) {
-        st = tb__exec_compile(&ex, &g, &entry, &hit, &compile_ns);
+        st = tb__exec_compile(&ex, &g, &w, &entry, &hit, &compile_ns);
         if (st == TB_OK) {
             const char *backend_text = NULL;
             if (ex.vt->computation_backend_text != NULL) {

@@ -19,6 +19,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+
+#ifdef TB_NO_OPENCL
+/* the hooks of the backend the tests below reach (they skip themselves without it) */
+static uint64_t tb__ocl_program_key_mask;
+static unsigned tb__ocl_disk_counter;
+#endif
 
 /* ---- state ---- */
 
@@ -2933,6 +2941,7 @@ static float run_fixed_graph(void) {
 }
 
 static void restart_library(void) {
+    tb__ocl_program_key_mask = ~(uint64_t)0; /* a failed test may have left it cleared */
     tb_shutdown();
     assert_int_equal(tb_setup(NULL), TB_OK);
 }
@@ -2974,6 +2983,7 @@ static void test_disk_cache(void **state) {
     again = run_fixed_graph();
     assert_true(first == again);
     assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheHit"), 0);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheRejected"), 1);
     assert_int_equal(tb_metrics_counter("OpenCL::ProgramBuild"), 1);
     restart_library();
     again = run_fixed_graph();
@@ -2985,6 +2995,7 @@ static void test_disk_cache(void **state) {
     restart_library();
     again = run_fixed_graph();
     assert_true(first == again);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheRejected"), 1);
     assert_int_equal(tb_metrics_counter("OpenCL::ProgramBuild"), 1);
     {
         FILE *f = fopen(file, "wb");
@@ -2995,8 +3006,41 @@ static void test_disk_cache(void **state) {
     restart_library();
     again = run_fixed_graph();
     assert_true(first == again);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheRejected"), 1);
     assert_int_equal(tb_metrics_counter("OpenCL::ProgramBuild"), 1);
     assert_int_equal(count_cache_files(g_cache_dir, NULL, 0), 1);
+
+#if defined(TB__OCL_DISK_CACHE) && TB__OCL_DISK_CACHE
+    /* the right key and checksum around a binary the driver does not load */
+    {
+        static unsigned char bytes[1 << 22];
+        size_t n, kn, bn;
+        FILE *f = fopen(file, "rb");
+        assert_non_null(f);
+        n = fread(bytes, 1, sizeof bytes, f);
+        fclose(f);
+        assert_true(n > TB__OCL_BIN_HEADER && n < sizeof bytes);
+        kn = (size_t)tb__ocl_get64(bytes + 32);
+        assert_true(TB__OCL_BIN_HEADER + kn < n);
+        bn = n - TB__OCL_BIN_HEADER - kn;
+        memset(bytes + TB__OCL_BIN_HEADER + kn, 0x5a, bn);
+        tb__ocl_put64(bytes + 48, tb__ocl_disk_checksum(bytes + TB__OCL_BIN_HEADER, kn,
+                                                        bytes + TB__OCL_BIN_HEADER + kn, bn));
+        f = fopen(file, "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(bytes, 1, n, f), n);
+        fclose(f);
+    }
+    restart_library();
+    again = run_fixed_graph();
+    assert_true(first == again);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheRejected"), 1);
+    assert_int_equal(tb_metrics_counter("OpenCL::ProgramBuild"), 1);
+    restart_library();
+    again = run_fixed_graph();
+    assert_true(first == again);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheHit"), 1);
+#endif
 
     /* "off" disables it */
     setenv("TB_CACHE_DIR", "off", 1);
@@ -3016,6 +3060,312 @@ static void test_disk_cache(void **state) {
     }
     restart_library();
     probe();
+}
+
+/* ---- the disk cache trusts no file it did not check ---- */
+
+/* Saves TB_CACHE_DIR, points it at `dir` (created when `make` is set) and restarts. */
+static char *cache_dir_begin(char *dir, size_t cap, bool make) {
+    char *old = getenv("TB_CACHE_DIR") != NULL ? strdup(getenv("TB_CACHE_DIR")) : NULL;
+    if (make) {
+        snprintf(dir, cap, "/tmp/tb_opencl_cache_XXXXXX");
+        assert_non_null(mkdtemp(dir));
+    }
+    setenv("TB_CACHE_DIR", dir, 1);
+    restart_library();
+    return old;
+}
+
+static void cache_dir_end(char *old) {
+    if (old != NULL) {
+        setenv("TB_CACHE_DIR", old, 1);
+        free(old);
+    } else {
+        unsetenv("TB_CACHE_DIR");
+    }
+    restart_library();
+    probe();
+}
+
+/* Removes the files of a folder (not its subfolders), then the folder. */
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[600];
+    if (d != NULL) {
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+/* x + y (op 0) or x - y (op 1) of two fixed f32[4,4] inputs on opencl:0: both programs have
+   one kernel of the same name and arguments. `got` gets the value; the expected one is
+   checked here. */
+static void run_pair(int op, float *got) {
+    float a[16], b[16];
+    tb_shape s = shp(TB_F32, 2, 4, 4, 0, 0);
+    tb_tensor *x, *y, *z;
+    tb_device dev;
+    int i;
+    for (i = 0; i < 16; i++) {
+        a[i] = (float)i;
+        b[i] = (float)(100 - 3 * i);
+    }
+    assert_int_equal(tb_device_make("opencl", 0, &dev), TB_OK);
+    x = tb_tensor_from_host(a, &s, &dev);
+    y = tb_tensor_from_host(b, &s, &dev);
+    z = op == 0 ? tb_add(x, y) : tb_sub(x, y);
+    if (tb_tensor_to_host(z, got, 16 * sizeof(float)) != TB_OK) fail_msg("%s", tb_last_error());
+    for (i = 0; i < 16; i++) {
+        float want = op == 0 ? a[i] + b[i] : a[i] - b[i];
+        if (got[i] != want) fail_msg("element %d: %g, want %g", i, got[i], want);
+    }
+    tb_tensor_release(x);
+    tb_tensor_release(y);
+    tb_tensor_release(z);
+}
+
+/* The path of the only entry in `dir` (a fresh program was just run there). */
+static void only_entry(const char *dir, char *path, size_t cap) {
+    assert_int_equal(count_cache_files(dir, path, cap), 1);
+}
+
+static bool is_regular_file(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static size_t read_file(const char *path, unsigned char *buf, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    size_t n;
+    assert_non_null(f);
+    n = fread(buf, 1, cap, f);
+    fclose(f);
+    return n;
+}
+
+static void write_file(const char *path, const void *buf, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* An entry named like another program's and carrying that name's key hash in its header,
+   with a binary of a different source: the full key it holds does not match, so it is not
+   run; it is removed, counted, rebuilt and rewritten. */
+static void test_disk_cache_forged_entry(void **state) {
+    static unsigned char bytes[1 << 22];
+    char dir[256], sub_path[512], add_path[512], hex[17];
+    const char *name;
+    float got[16];
+    size_t n;
+    int half, i;
+    char *old;
+    (void)state;
+    REQUIRE_OPENCL();
+    old = cache_dir_begin(dir, sizeof dir, true);
+    run_pair(1, got);
+    only_entry(dir, sub_path, sizeof sub_path);
+    n = read_file(sub_path, bytes, sizeof bytes);
+    assert_true(n > 64 && n < sizeof bytes);
+    assert_int_equal(remove(sub_path), 0);
+    restart_library();
+    run_pair(0, got);
+    only_entry(dir, add_path, sizeof add_path);
+    /* the x - y binary, under the x + y name, with the name's hash in the header */
+    name = strrchr(add_path, '/') + 1;
+    for (half = 0; half < 2; half++) {
+        uint64_t v;
+        memcpy(hex, name + 16 * half, 16);
+        hex[16] = '\0';
+        v = strtoull(hex, NULL, 16);
+        for (i = 0; i < 8; i++)
+            bytes[16 + 8 * half + i] = (unsigned char)(v >> (8 * i));
+    }
+    write_file(add_path, bytes, n);
+    restart_library();
+    run_pair(0, got); /* checks the values */
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheRejected"), 1);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheHit"), 0);
+    assert_int_equal(tb_metrics_counter("OpenCL::ProgramBuild"), 1);
+    /* the rebuilt entry replaced it */
+    restart_library();
+    run_pair(0, got);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheHit"), 1);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheRejected"), 0);
+    assert_int_equal(count_cache_files(dir, NULL, 0), 1);
+    remove_dir(dir);
+    cache_dir_end(old);
+}
+
+static void fifo_hang(int sig) {
+    static const char message[] = "\ntest_opencl: hung opening a FIFO in the cache folder\n";
+    (void)sig;
+    if (write(2, message, sizeof message - 1) < 0) _exit(4);
+    _exit(3);
+}
+
+/* A FIFO where an entry belongs: opening it would wait for a writer forever. It is rejected
+   without blocking and the rebuilt entry, a regular file, takes its place. The alarm turns a
+   hang into a failure. */
+static void test_disk_cache_fifo_entry(void **state) {
+    char dir[256], path[512];
+    float got[16];
+    char *old;
+    (void)state;
+    REQUIRE_OPENCL();
+    old = cache_dir_begin(dir, sizeof dir, true);
+    run_pair(0, got);
+    only_entry(dir, path, sizeof path);
+    assert_int_equal(remove(path), 0);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    restart_library();
+    signal(SIGALRM, fifo_hang);
+    alarm(120);
+    run_pair(0, got);
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheRejected"), 1);
+    assert_int_equal(tb_metrics_counter("OpenCL::ProgramBuild"), 1);
+    assert_true(is_regular_file(path));
+    remove_dir(dir);
+    cache_dir_end(old);
+}
+
+/* Symbolic links at an entry's path and at the temporary paths its writer tries: none is
+   followed (the file they point at keeps its bytes); entries are written as regular files. */
+static void test_disk_cache_symlinks(void **state) {
+    static const char precious[] = "not a cache entry: leave me alone\n";
+    char dir[256], other[256], victim[512], path[512], links[8][600];
+    unsigned char bytes[256];
+    const char *name;
+    float got[16];
+    unsigned first;
+    char *old;
+    int i;
+    (void)state;
+    REQUIRE_OPENCL();
+    snprintf(other, sizeof other, "/tmp/tb_opencl_victim_XXXXXX");
+    assert_non_null(mkdtemp(other));
+    snprintf(victim, sizeof victim, "%s/precious.txt", other);
+    write_file(victim, precious, sizeof precious - 1);
+    old = cache_dir_begin(dir, sizeof dir, true);
+    run_pair(0, got);
+    only_entry(dir, path, sizeof path);
+    name = strrchr(path, '/') + 1;
+
+    /* the entry's path: read through O_NOFOLLOW, replaced by a rename */
+    assert_int_equal(remove(path), 0);
+    assert_int_equal(symlink(victim, path), 0);
+    restart_library();
+    run_pair(0, got);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheRejected"), 1);
+    assert_true(is_regular_file(path));
+    assert_int_equal(read_file(victim, bytes, sizeof bytes), sizeof precious - 1);
+    assert_memory_equal(bytes, precious, sizeof precious - 1);
+
+    /* the temporary paths the writer tries next: created with O_EXCL, so never followed */
+    assert_int_equal(remove(path), 0);
+    restart_library();
+    first = tb__ocl_disk_counter;
+    for (i = 0; i < 8; i++) {
+        snprintf(links[i], sizeof links[i], "%s/.%.32s.%ld.%u.tmp", dir, name, (long)getpid(),
+                 first + (unsigned)i);
+        assert_int_equal(symlink(victim, links[i]), 0);
+    }
+    run_pair(0, got);
+    assert_int_equal(read_file(victim, bytes, sizeof bytes), sizeof precious - 1);
+    assert_memory_equal(bytes, precious, sizeof precious - 1);
+    assert_true(is_regular_file(path));
+    restart_library();
+    run_pair(0, got);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheHit"), 1);
+    for (i = 0; i < 8; i++)
+        unlink(links[i]);
+    remove_dir(dir);
+    remove_dir(other);
+    cache_dir_end(old);
+}
+
+static char g_dir_log[4096];
+
+static void capture_dir_log(tb_log_level level, const char *message, void *user_data) {
+    size_t n = strlen(g_dir_log);
+    (void)level;
+    (void)user_data;
+    snprintf(g_dir_log + n, sizeof g_dir_log - n, "%s\n", message);
+}
+
+/* The folders the cache creates are private (0700); an existing folder that others may write
+   to is not used, and TB_DEBUG says so once. */
+static void test_disk_cache_private_folder(void **state) {
+    char base[256], mid[300], dir[320];
+    const char *at;
+    float got[16];
+    struct stat st;
+    tb_desc desc;
+    int times = 0;
+    char *old;
+    (void)state;
+    REQUIRE_OPENCL();
+    snprintf(base, sizeof base, "/tmp/tb_opencl_cache_XXXXXX");
+    assert_non_null(mkdtemp(base));
+    snprintf(mid, sizeof mid, "%s/new", base);
+    snprintf(dir, sizeof dir, "%s/cache", mid);
+    old = cache_dir_begin(dir, sizeof dir, false);
+    run_pair(0, got);
+    assert_int_equal(stat(dir, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0700);
+    assert_int_equal(stat(mid, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0700);
+    assert_int_equal(count_cache_files(dir, NULL, 0), 1);
+
+    /* writable by the group and the world: ignored */
+    assert_int_equal(chmod(dir, 0777), 0);
+    tb_shutdown();
+    memset(&desc, 0, sizeof desc);
+    desc.debug = 1;
+    desc.logger.func = capture_dir_log;
+    g_dir_log[0] = '\0';
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    run_pair(0, got);
+    run_pair(1, got);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheHit"), 0);
+    assert_int_equal(tb_metrics_counter("OpenCL::DiskCacheMiss"), 0);
+    assert_int_equal(tb_metrics_counter("OpenCL::ProgramBuild"), 2);
+    assert_int_equal(count_cache_files(dir, NULL, 0), 1);
+    for (at = g_dir_log; (at = strstr(at, dir)) != NULL; at++)
+        times++;
+    if (times != 1) fail_msg("the folder is named %d times in the log:\n%s", times, g_dir_log);
+    assert_non_null(strstr(g_dir_log, "writable by others"));
+    remove_dir(dir);
+    rmdir(mid);
+    rmdir(base);
+    cache_dir_end(old);
+}
+
+/* Two programs whose keys collide (the hook keeps no bit of the key): the in-memory program
+   cache compares the source too, so the second is built, not found. */
+static void test_program_cache_key_collision(void **state) {
+    char off[] = "off";
+    float got[16];
+    char *old;
+    (void)state;
+    REQUIRE_OPENCL();
+    old = cache_dir_begin(off, sizeof off, false);
+    tb__ocl_program_key_mask = 0;
+    run_pair(0, got);
+    run_pair(1, got); /* checks the values */
+    tb__ocl_program_key_mask = ~(uint64_t)0;
+    assert_int_equal(tb_metrics_counter("OpenCL::ProgramBuild"), 2);
+    assert_int_equal(tb_metrics_counter("OpenCL::ProgramKeyCollision"), 1);
+    cache_dir_end(old);
 }
 
 /* ---- debug output ---- */
@@ -3773,6 +4123,11 @@ int main(void) {
         cmocka_unit_test(test_run_time_errors),
         cmocka_unit_test(test_two_devices),
         cmocka_unit_test(test_disk_cache),
+        cmocka_unit_test(test_disk_cache_forged_entry),
+        cmocka_unit_test(test_disk_cache_fifo_entry),
+        cmocka_unit_test(test_disk_cache_symlinks),
+        cmocka_unit_test(test_disk_cache_private_folder),
+        cmocka_unit_test(test_program_cache_key_collision),
         cmocka_unit_test(test_debug_lines),
         cmocka_unit_test(test_shutdown_with_allocator_hook),
         cmocka_unit_test(test_cache_dir_is_a_file),
