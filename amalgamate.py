@@ -31,6 +31,7 @@ DECLARATION_PARTS = [
     "src/print.h",
     "src/opencl.h",
     "src/interop.h",
+    "src/files.h",
     "src/header_end.h",
 ]
 IMPLEMENTATION_PARTS = [
@@ -50,6 +51,7 @@ IMPLEMENTATION_PARTS = [
     "src/opencl_kernels.cl",
     "src/opencl.c",
     "src/interop.c",
+    "src/files.c",
     "src/impl_end.h",
 ]
 PARTS = DECLARATION_PARTS + IMPLEMENTATION_PARTS
