@@ -956,13 +956,13 @@ static tb_status tb__st_tensor_entry(tb__json *j, tb__st_entry *e) {
                          j->fn, j->path, e->name, (unsigned long long)e->begin,
                          (unsigned long long)e->end);
     for (d = 0; d < rank; ++d) {
-        if (dims[d] != 0 && numel > (uint64_t)INT64_MAX / (uint64_t)dims[d])
+        if (dims[d] != 0 && numel > (uint64_t)INT64_MAX / 8 / (uint64_t)dims[d])
             return tb__error(TB_ERR_FORMAT, "%s: %s: tensor '%.200s': the shape's size overflows",
                              j->fn, j->path, e->name);
         numel *= (uint64_t)dims[d];
     }
     need = numel * tb__st_dtypes[e->dtype].width;
-    if (numel > (uint64_t)INT64_MAX / 8 || need != e->end - e->begin)
+    if (need != e->end - e->begin)
         return tb__error(TB_ERR_FORMAT,
                          "%s: %s: tensor '%.200s': data_offsets [%llu, %llu] hold %llu bytes but "
                          "%s of %llu elements needs %llu",
