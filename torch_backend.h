@@ -20067,6 +20067,8 @@ static tb_tensor *tb__blob_tensor(tb__blob *blob, const unsigned char *bytes, co
             tb__blob_release(blob);
         return t;
     }
+    if ((width == 1 || big_endian != tb__host_is_little_endian()) && shape->dtype != TB_BOOL)
+        return tb_tensor_from_host(bytes, shape, device); /* only misaligned: one copy */
     copy = (unsigned char *)tb__alloc(nbytes);
     if (copy == NULL) return NULL;
     memcpy(copy, bytes, nbytes);
@@ -21014,20 +21016,34 @@ TBDEF tb_status tb_safetensors_save(const char *path, const tb_tensor_set *set) 
 
 /* ---- .npz: CRC-32, inflate, zip ---- */
 
-static void tb__crc32_table(uint32_t table[256]) {
-    uint32_t n, k, c;
+/* CRC-32 (zip's, reflected 0xedb88320), eight bytes per step ("slicing by 8"). */
+typedef struct tb__crc32_tables {
+    uint32_t t[8][256];
+} tb__crc32_tables;
+
+static void tb__crc32_init(tb__crc32_tables *c) {
+    uint32_t n, k, v;
     for (n = 0; n < 256; ++n) {
-        for (c = n, k = 0; k < 8; ++k)
-            c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
-        table[n] = c;
+        for (v = n, k = 0; k < 8; ++k)
+            v = (v & 1) ? 0xedb88320u ^ (v >> 1) : v >> 1;
+        c->t[0][n] = v;
     }
+    for (k = 1; k < 8; ++k)
+        for (n = 0; n < 256; ++n)
+            c->t[k][n] = (c->t[k - 1][n] >> 8) ^ c->t[0][c->t[k - 1][n] & 0xff];
 }
 
-static uint32_t tb__crc32(const uint32_t table[256], uint32_t crc, const unsigned char *p,
+static uint32_t tb__crc32(const tb__crc32_tables *c, uint32_t crc, const unsigned char *p,
                           size_t n) {
     crc = ~crc;
+    for (; n >= 8; n -= 8, p += 8) {
+        uint32_t lo = crc ^ tb__le32(p), hi = tb__le32(p + 4);
+        crc = c->t[7][lo & 0xff] ^ c->t[6][(lo >> 8) & 0xff] ^ c->t[5][(lo >> 16) & 0xff] ^
+              c->t[4][lo >> 24] ^ c->t[3][hi & 0xff] ^ c->t[2][(hi >> 8) & 0xff] ^
+              c->t[1][(hi >> 16) & 0xff] ^ c->t[0][hi >> 24];
+    }
     while (n-- > 0)
-        crc = table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+        crc = c->t[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
     return ~crc;
 }
 
@@ -21165,8 +21181,13 @@ static const char *tb__inf_codes(tb__inflater *s, const tb__huff *lit, const tb_
             if (tb__inf_overrun(s)) return "the compressed data end in the middle of a block";
             if (d > s->out_pos) return "a distance before the start of the data";
             if (len > s->out_len - s->out_pos) return "more data than the entry's size";
-            for (k = 0; k < len; ++k, ++s->out_pos)
-                s->out[s->out_pos] = s->out[s->out_pos - d];
+            if (d >= len) { /* no overlap */
+                memcpy(s->out + s->out_pos, s->out + s->out_pos - d, len);
+                s->out_pos += len;
+            } else {
+                for (k = 0; k < len; ++k, ++s->out_pos)
+                    s->out[s->out_pos] = s->out[s->out_pos - d];
+            }
         }
     }
 }
@@ -21525,7 +21546,7 @@ static tb_tensor *tb__npz_npy(const char *label, tb__blob *blob, const unsigned 
 
 /* One entry of the zip as a tensor, into the set under its name without ".npy". */
 static tb_status tb__npz_entry(const char *path, tb__blob *blob, const tb__zip_entry *z,
-                               uint64_t cd_offset, const uint32_t crc_table[256],
+                               uint64_t cd_offset, const tb__crc32_tables *tables,
                                const tb_device *device, tb_tensor_set *set) {
     static const char fn[] = "tb_npz_load";
     char *label, *name;
@@ -21578,7 +21599,7 @@ static tb_status tb__npz_entry(const char *path, tb__blob *blob, const tb__zip_e
             bytes = out;
         }
     }
-    if (st == TB_OK && tb__crc32(crc_table, 0, bytes, (size_t)z->size) != z->crc)
+    if (st == TB_OK && tb__crc32(tables, 0, bytes, (size_t)z->size) != z->crc)
         st = tb__error(TB_ERR_FORMAT, "%s: %s: CRC-32 mismatch: the entry's data are corrupt", fn,
                        label);
     if (st == TB_OK) {
@@ -21597,7 +21618,7 @@ TBDEF tb_tensor_set *tb_npz_load(const char *path, const tb_device *device) {
     tb_tensor_set *set = NULL;
     tb__zip_entry *entries = NULL;
     uint64_t cd_offset = 0, cd_size = 0, count = 0, cd_limit = 0;
-    uint32_t crc_table[256];
+    tb__crc32_tables *crc = NULL;
     size_t i;
     tb_device dev;
     tb__ensure_setup();
@@ -21615,14 +21636,17 @@ TBDEF tb_tensor_set *tb_npz_load(const char *path, const tb_device *device) {
     if (tb__zip_read_directory(path, blob, cd_offset, cd_size, entries, (size_t)count) != TB_OK ||
         tb__zip_check_entries(path, blob, entries, (size_t)count, cd_offset) != TB_OK)
         goto fail;
-    tb__crc32_table(crc_table);
+    crc = (tb__crc32_tables *)tb__alloc(sizeof *crc);
+    if (crc == NULL) goto fail;
+    tb__crc32_init(crc);
     for (i = 0; i < (size_t)count; ++i)
-        if (tb__npz_entry(path, blob, &entries[i], cd_offset, crc_table, &dev, set) != TB_OK)
-            goto fail;
+        if (tb__npz_entry(path, blob, &entries[i], cd_offset, crc, &dev, set) != TB_OK) goto fail;
+    tb__free(crc);
     tb__free(entries);
     tb__blob_release(blob);
     return set;
 fail:
+    tb__free(crc);
     tb__free(entries);
     tb_tensor_set_free(set);
     tb__blob_release(blob);
@@ -21662,7 +21686,7 @@ typedef struct tb__npz_written {
 
 /* One stored entry: local header, then the .npy (preamble, header text, data). */
 static tb_status tb__npz_write_entry(tb__out_file *out, const char *name, tb_tensor *tensor,
-                                     const uint32_t crc_table[256], tb__npz_written *w) {
+                                     const tb__crc32_tables *tables, tb__npz_written *w) {
     tb_shape shape = tb_tensor_shape(tensor);
     const unsigned char *bytes = NULL;
     unsigned char *copy = NULL, preamble[12], local[30 + 20], *p;
@@ -21686,9 +21710,9 @@ static tb_status tb__npz_write_entry(tb__out_file *out, const char *name, tb_ten
         preamble[i] = (unsigned char)((header_len >> (8 * (i - 8))) & 0xff);
     w->offset = out->written;
     w->size = (uint64_t)preamble_len + header_len + nbytes;
-    crc = tb__crc32(crc_table, 0, preamble, preamble_len);
-    crc = tb__crc32(crc_table, crc, (const unsigned char *)header, header_len);
-    w->crc = tb__crc32(crc_table, crc, bytes, nbytes);
+    crc = tb__crc32(tables, 0, preamble, preamble_len);
+    crc = tb__crc32(tables, crc, (const unsigned char *)header, header_len);
+    w->crc = tb__crc32(tables, crc, bytes, nbytes);
     zip64 = w->size >= TB__ZIP_MAX32 || tb__npz_force_zip64;
     p = tb__put32(local, 0x04034b50u);
     p = tb__put16(p, zip64 ? 45 : 20); /* version needed */
@@ -21722,7 +21746,7 @@ static tb_status tb__npz_write_entry(tb__out_file *out, const char *name, tb_ten
 TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set) {
     static const char fn[] = "tb_npz_save";
     tb__npz_written *written;
-    uint32_t crc_table[256];
+    tb__crc32_tables *tables;
     unsigned char record[56 + 20 + 22], *p;
     uint64_t cd_offset, cd_size;
     tb__out_file out;
@@ -21744,11 +21768,16 @@ TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set) {
     st = tb__set_sync(set);
     if (st != TB_OK) return st;
     written = (tb__npz_written *)tb__calloc(set->count ? set->count : 1, sizeof *written);
-    if (written == NULL) return tb_last_status();
-    tb__crc32_table(crc_table);
+    tables = (tb__crc32_tables *)tb__alloc(sizeof *tables);
+    if (written == NULL || tables == NULL) {
+        tb__free(written);
+        tb__free(tables);
+        return tb_last_status();
+    }
+    tb__crc32_init(tables);
     st = tb__out_open(fn, path, &out);
     for (i = 0; i < set->count && st == TB_OK && !out.failed; ++i)
-        st = tb__npz_write_entry(&out, set->entries[i].name, set->entries[i].tensor, crc_table,
+        st = tb__npz_write_entry(&out, set->entries[i].name, set->entries[i].tensor, tables,
                                  &written[i]);
     cd_offset = out.written;
     for (i = 0; i < set->count && st == TB_OK && !out.failed; ++i) {
@@ -21819,6 +21848,7 @@ TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set) {
         tb__out_close(fn, &out, false);
     }
     tb__free(written);
+    tb__free(tables);
     return st;
 }
 
