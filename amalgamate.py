@@ -28,8 +28,10 @@ DECLARATION_PARTS = [
     "src/backend.h",
     "src/ir.h",
     "src/tensor.h",
+    "src/print.h",
     "src/opencl.h",
     "src/interop.h",
+    "src/files.h",
     "src/header_end.h",
 ]
 IMPLEMENTATION_PARTS = [
@@ -45,9 +47,11 @@ IMPLEMENTATION_PARTS = [
     "src/ops.c",
     "src/reference.c",
     "src/cpu_backend.c",
+    "src/print.c",
     "src/opencl_kernels.cl",
     "src/opencl.c",
     "src/interop.c",
+    "src/files.c",
     "src/impl_end.h",
 ]
 PARTS = DECLARATION_PARTS + IMPLEMENTATION_PARTS

@@ -1,6 +1,7 @@
 // test: run
-// Build: cc -std=c99 -I.. custom_op.c -o custom_op -ldl -lpthread -lm
-//    or: c++ -x c++ -std=c++11 -I.. custom_op.c -o custom_op -ldl -lpthread -lm
+// Build: cc -std=c99 -I. examples/custom_op.c -o custom_op -ldl -lpthread -lm
+//    or: c++ -x c++ -std=c++11 -I. examples/custom_op.c -o custom_op -ldl -lpthread -lm
+//        (both from the repository root)
 // Run:   ./custom_op [--show-kernel]
 /* A custom elementwise op, softplus_shift(x, s) = log(1 + exp(x)) + s, registered once with
      - a reference implementation in C: what the cpu backend runs, and what any backend falls

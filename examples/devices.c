@@ -1,6 +1,8 @@
 // test: run
 // Every backend and every device with its properties: a clinfo for torch_backend.h.
-// Build: cc -std=c99 -I.. devices.c -o devices -ldl -lpthread -lm      (or as C++: c++ -x c++ ...)
+// Build: cc -std=c99 -I. examples/devices.c -o devices -ldl -lpthread -lm
+//    or: c++ -x c++ -std=c++11 -I. examples/devices.c -o devices -ldl -lpthread -lm
+//        (both from the repository root)
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
 

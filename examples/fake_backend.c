@@ -1,5 +1,8 @@
 // test: run
-// Build: cc -I. examples/fake_backend.c -o fake_backend -ldl -lpthread -lm && ./fake_backend
+// Build: cc -std=c99 -I. examples/fake_backend.c -o fake_backend -ldl -lpthread -lm
+//    or: c++ -x c++ -std=c++11 -I. examples/fake_backend.c -o fake_backend -ldl -lpthread -lm
+//        (both from the repository root)
+// Run:   ./fake_backend
 /* A complete, minimal backend: the file to copy when you start a backend for your own device.
 
    It keeps arrays in host memory (where your backend would hold device buffers) and runs four

@@ -1,6 +1,8 @@
 // test: run
 // A first lazy computation: y = relu(x * 2 - 1) + sum(x), recorded, synced once, printed.
-// Build: cc -std=c99 -I.. hello.c -o hello -ldl -lpthread -lm      (or as C++: c++ -x c++ ...)
+// Build: cc -std=c99 -I. examples/hello.c -o hello -ldl -lpthread -lm
+//    or: c++ -x c++ -std=c++11 -I. examples/hello.c -o hello -ldl -lpthread -lm
+//        (both from the repository root)
 // Run:   ./hello            (TB_BACKEND=opencl ./hello to pick the OpenCL backend)
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
@@ -24,14 +26,20 @@ int main(void) {
     }
     tb_device device;
     char device_text[64];
-    tb_current_device(&device);
+    if (tb_current_device(&device) != TB_OK) {
+        fprintf(stderr, "hello: %s\n", tb_last_error());
+        return 1;
+    }
     tb_device_format(&device, device_text, sizeof device_text);
     printf("backend: %s, device: %s\n", tb_get_backend(), device_text);
 
     const float data[6] = {-1.0f, 0.0f, 0.5f, 1.0f, 1.5f, 2.0f};
     const int64_t dims[2] = {2, 3};
     tb_shape shape;
-    tb_shape_make(&shape, TB_F32, 2, dims);
+    if (tb_shape_make(&shape, TB_F32, 2, dims) != TB_OK) {
+        fprintf(stderr, "hello: %s\n", tb_last_error());
+        return 1;
+    }
 
     /* Nothing is computed while the graph is recorded. */
     tb_tensor *x = tb_tensor_from_host(data, &shape, NULL);

@@ -1,6 +1,7 @@
 // test: run
-// Build: cc -std=c99 -I.. mlp.c -o mlp -ldl -lpthread -lm
-//    or: c++ -x c++ -std=c++11 -I.. mlp.c -o mlp -ldl -lpthread -lm
+// Build: cc -std=c99 -I. examples/mlp.c -o mlp -ldl -lpthread -lm
+//    or: c++ -x c++ -std=c++11 -I. examples/mlp.c -o mlp -ldl -lpthread -lm
+//        (both from the repository root)
 // Run:   ./mlp [FOLDER]     (default mlp_weights/; TB_BACKEND=opencl ./mlp runs it on OpenCL)
 /* Inference of a small multilayer perceptron, 16 -> 32 -> 32 -> 4, on a batch of 8 rows, with
    weights read from .npy files: the folder holds w1.npy [16,32], b1.npy [32], w2.npy [32,32],

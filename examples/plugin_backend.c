@@ -1,4 +1,5 @@
-// Build: cc -shared -fPIC -o libtb_backend_plugin.so examples/plugin_backend.c -I.
+// Build: cc -std=c99 -shared -fPIC -I. examples/plugin_backend.c -o libtb_backend_plugin.so
+//        (from the repository root)
 /* A backend as a plugin: a shared object the library loads on demand.
 
    Put libtb_backend_plugin.so in a folder listed in TB_BACKEND_PATH; the first

@@ -9,7 +9,9 @@
 # test amalgamate.py, check formatting, compile checks (C99/C11/C++11/C++17, gcc and clang),
 # the cmocka test programs tests/test_*.c (address and undefined-behaviour sanitizers), and the
 # examples (each must compile; those with a "// test: run" line in their first 20 lines also
-# run and must exit 0). Every program's output stays visible. The last line of the output is
+# run and must exit 0), the README's C blocks, and the build integration (CMake package,
+# tools/install.sh, pkg-config, every example's build line: tools/test_integration.sh). Every
+# program's output stays visible. The last line of the output is
 # always "N passed, N failed"; the exit status is 1 if anything failed.
 #
 # Environment: CC and CXX pick the compilers (default gcc and g++; the compile checks also use
@@ -39,7 +41,7 @@ while [ $# -gt 0 ]; do
     --filter=*) filter=${1#--filter=} ;;
     --no-install) install=0 ;;
     -h | --help)
-        sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
@@ -87,7 +89,7 @@ mkdir -p build/compile build/tests build/examples build/plugins
 # ---------------------------------------------------------------------------------------------
 step "install Debian packages"
 packages=(gcc g++ clang clang-format libclang-rt-14-dev libcmocka-dev pocl-opencl-icd
-    ocl-icd-opencl-dev opencl-headers clinfo python3-numpy valgrind)
+    ocl-icd-opencl-dev opencl-headers clinfo python3-numpy valgrind cmake pkg-config)
 if [ "$install" -eq 0 ]; then
     echo "skipped (--no-install)"
 elif ! command -v dpkg >/dev/null 2>&1; then
@@ -481,6 +483,27 @@ if selected README.md; then
             fi
         fi
     done <<<"$blocks"
+fi
+
+# ---------------------------------------------------------------------------------------------
+step "build integration"
+# The CMake package (find_package, add_subdirectory, FetchContent), tools/install.sh, pkg-config,
+# the README's recipe for the implementation compiled once, and every example's build line, each
+# built out of tree in a temporary folder (tools/test_integration.sh).
+if selected tools/test_integration.sh; then
+    log=build/test_integration.log
+    CC="$CC" bash tools/test_integration.sh 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    n_ok=$(grep -c '^ok ' "$log")
+    n_fail=$(grep -c '^FAIL ' "$log")
+    if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
+        echo "FAIL integration: tools/test_integration.sh stopped with exit status $rc"
+        n_fail=1
+    fi
+    pass "$n_ok"
+    if [ "$n_fail" -gt 0 ]; then
+        fail "tools/test_integration.sh" "$n_fail"
+    fi
 fi
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,161 @@
+"""safetensors and .npz between torch_backend.h and numpy (tests/test_safetensors.c and
+tests/test_npz.c run it). safetensors is written and read here with the standard library and
+numpy only (struct + json), following the format's specification; .npz through numpy itself.
+
+Usage: python3 tests/model_files_numpy.py COMMAND DIR
+  write-safetensors DIR   DIR/py.safetensors, and DIR/py_<name>.npy with each tensor's value
+                          (float16 and bfloat16 values as float32: what the library loads)
+  check-safetensors DIR   reads DIR/c.safetensors strictly; compares each tensor with
+                          DIR/c_<name>.npy and the metadata with DIR/c_metadata.json
+  write-npz DIR           DIR/py.npz (numpy.savez), DIR/py_compressed.npz (savez_compressed),
+                          and DIR/py_<name>.npy for each array
+  check-npz DIR           numpy.load of DIR/c.npz and DIR/c_zip64.npz; each array compared
+                          with DIR/c_<name>.npy
+Exit status: 0 passed, 77 numpy is not installed (skip), 1 a check failed.
+"""
+import json
+import struct
+import sys
+
+try:
+    import numpy as np
+except ImportError:
+    print("numpy is not installed")
+    sys.exit(77)
+
+ST_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
+             "U8": "|u1", "BOOL": "|b1"}
+
+
+def arrays():
+    """The arrays each writer stores: every dtype, rank 0, empty, odd shapes, large ones."""
+    rng = np.random.default_rng(7)
+    return {
+        "f32.weight": rng.standard_normal((3, 5)).astype(np.float32),
+        "f64": np.linspace(-2, 2, 7),
+        "i32": np.arange(-6, 6, dtype=np.int32).reshape(2, 3, 2),
+        "i64": np.array([np.iinfo(np.int64).min, -1, 0, np.iinfo(np.int64).max]),
+        "u8": np.arange(0, 250, 7, dtype=np.uint8),
+        "bool": np.array([[True, False, True], [False, False, True]]),
+        "scalar": np.array(3.5, dtype=np.float32),
+        "empty": np.zeros((2, 0, 3), dtype=np.float32),
+        "big": rng.standard_normal(70000).astype(np.float32),
+        "ramp": np.arange(100000, dtype=np.int64) % 1000,
+        "zeros": np.zeros((64, 64), dtype=np.float64),
+        "unicode.é": np.ones(3, dtype=np.int32),
+    }
+
+
+def write_safetensors(d):
+    data = arrays()
+    del data["unicode.é"]  # named below with a JSON escape
+    data["name \"quoted\" é"] = np.ones(2, dtype=np.uint8)
+    half = np.array([1.0, -2.0, 2.0 ** -24, np.inf, -0.0, 65504.0], dtype=np.float16)
+    bf16_bits = np.array([0x3F80, 0x4049, 0xC2F7, 0x7F80, 0x0001], dtype=np.uint16)
+    header, blobs, offset = {"__metadata__": {"format": "pt", "note": "ünïcode \"q\""}}, [], 0
+
+    def add(name, dtype, shape, raw):
+        nonlocal offset
+        header[name] = {"dtype": dtype, "shape": list(shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+
+    # the reference writer's order: larger dtypes first keeps every tensor aligned
+    for name, a in sorted(data.items(), key=lambda kv: -kv[1].dtype.itemsize):
+        code = {np.dtype("<f8"): "F64", np.dtype("<f4"): "F32", np.dtype("<i8"): "I64",
+                np.dtype("<i4"): "I32", np.dtype("u1"): "U8", np.dtype("bool"): "BOOL"}[a.dtype]
+        add(name, code, a.shape, np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes())
+        np.save("%s/py_%s.npy" % (d, name), a)
+    add("half", "F16", half.shape, half.astype("<f2").tobytes())
+    np.save("%s/py_half.npy" % d, half.astype(np.float32))
+    add("bf16", "BF16", bf16_bits.shape, bf16_bits.astype("<u2").tobytes())
+    widened = (bf16_bits.astype(np.uint32) << 16).view(np.float32)
+    np.save("%s/py_bf16.npy" % d, widened)
+    text = json.dumps(header, ensure_ascii=True).encode()
+    text += b" " * ((8 - (8 + len(text)) % 8) % 8)
+    with open("%s/py.safetensors" % d, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    with open("%s/py_names.txt" % d, "w", encoding="utf-8") as f:
+        f.write("\n".join(k for k in header if k != "__metadata__") + "\n")
+    return 0
+
+
+def check_safetensors(d):
+    failures = []
+    with open("%s/c.safetensors" % d, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    data = raw[8 + n:]
+    meta = header.pop("__metadata__", {})
+    with open("%s/c_metadata.json" % d, encoding="utf-8") as f:
+        if meta != json.load(f):
+            failures.append("metadata %r" % meta)
+    spans = sorted(tuple(v["data_offsets"]) for v in header.values())
+    pos = 0
+    for b, e in spans:
+        if b != pos:
+            failures.append("data not contiguous at %d" % b)
+        pos = e
+    if pos != len(data):
+        failures.append("data length %d, tensors end at %d" % (len(data), pos))
+    if (8 + n) % 8:
+        failures.append("header length %d leaves the data unaligned" % n)
+    for name, info in header.items():
+        b, e = info["data_offsets"]
+        dtype = np.dtype(ST_DTYPES[info["dtype"]])
+        if b % dtype.itemsize:
+            failures.append("%s starts at %d, not aligned" % (name, b))
+        a = np.frombuffer(data[b:e], dtype=dtype).reshape(info["shape"])
+        want = np.load("%s/c_%s.npy" % (d, name))
+        if a.dtype != want.dtype or a.shape != want.shape or not np.array_equal(a, want):
+            failures.append("%s: %r != %r" % (name, a, want))
+        else:
+            print("ok   %s %s %s" % (name, info["dtype"], info["shape"]))
+    for f in failures:
+        print("FAIL " + f)
+    return 1 if failures else 0
+
+
+def write_npz(d):
+    data = arrays()
+    data["big_endian"] = np.arange(5, dtype=">f8")
+    data["fortranless"] = np.arange(12, dtype=np.float32).reshape(3, 4).T.copy()
+    np.savez("%s/py.npz" % d, **data)
+    np.savez_compressed("%s/py_compressed.npz" % d, **data)
+    for name, a in data.items():
+        np.save("%s/py_%s.npy" % (d, name), a)
+    with open("%s/py_names.txt" % d, "w", encoding="utf-8") as f:
+        f.write("\n".join(data) + "\n")
+    return 0
+
+
+def check_npz(d):
+    failures = []
+    for archive in ("c.npz", "c_zip64.npz"):
+        with np.load("%s/%s" % (d, archive)) as z:
+            for name in z.files:
+                a, want = z[name], np.load("%s/c_%s.npy" % (d, name))
+                if a.dtype != want.dtype or a.shape != want.shape or not np.array_equal(a, want):
+                    failures.append("%s %s: %r != %r" % (archive, name, a, want))
+                else:
+                    print("ok   %s %s %s %s" % (archive, name, a.dtype, a.shape))
+            if not z.files:
+                failures.append("%s is empty" % archive)
+    for f in failures:
+        print("FAIL " + f)
+    return 1 if failures else 0
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__)
+        return 2
+    command, d = sys.argv[1], sys.argv[2]
+    return {"write-safetensors": write_safetensors, "check-safetensors": check_safetensors,
+            "write-npz": write_npz, "check-npz": check_npz}[command](d)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
