@@ -260,8 +260,11 @@ TBDEF tb_scalar tb_scalar_i(tb_dtype dtype, int64_t value);
 TBDEF double tb_scalar_as_double(tb_scalar s);
 TBDEF int64_t tb_scalar_as_int(tb_scalar s);
 
-/* Builds a shape, checking dtype, rank (0..TB_MAX_RANK), dims >= 0 and that the element count
-   and the byte size fit. `dims` may be NULL when rank is 0. On error *out is untouched. */
+/* Builds a shape, checking dtype, rank (0..TB_MAX_RANK), dims >= 0 and the size rule: the byte
+   size must fit in int64 and in size_t (TB_ERR_OVERFLOW otherwise). An empty shape obeys the
+   same rule with its 0 dims read as 1, so that its strides fit too: f32[3,2^63-1,0] is rejected
+   (as in PyTorch) and so is f32[0,3,2^63-1] (which PyTorch accepts with overflowing strides).
+   `dims` may be NULL when rank is 0. On error *out is untouched. */
 TBDEF tb_status tb_shape_make(tb_shape *out, tb_dtype dtype, int32_t rank, const int64_t *dims);
 /* Convenience for literals: tb_shape_of(TB_F32, 2, 3, 4) is f32[3,4]. The dims are read as
    `int` (the type of a literal): pass int values, and use tb_shape_make for dims above INT_MAX
@@ -269,9 +272,9 @@ TBDEF tb_status tb_shape_make(tb_shape *out, tb_dtype dtype, int32_t rank, const
    (which every function rejects) and sets the error. */
 TBDEF tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, ...);
 
-/* Element count, TB_ERR_OVERFLOW if it does not fit in int64. */
+/* Element count; TB_ERR_OVERFLOW for a shape that breaks the size rule of tb_shape_make. */
 TBDEF tb_status tb_shape_numel(const tb_shape *shape, int64_t *out);
-/* Byte size, TB_ERR_OVERFLOW if it does not fit in size_t. */
+/* Byte size; TB_ERR_OVERFLOW for a shape that breaks the size rule of tb_shape_make. */
 TBDEF tb_status tb_shape_nbytes(const tb_shape *shape, size_t *out);
 /* Same dtype, rank and dims. NULL equals nothing. */
 TBDEF bool tb_shape_equal(const tb_shape *a, const tb_shape *b);
@@ -1870,6 +1873,101 @@ static TB__UNUSED void tb__error_restore(const tb__saved_error *saved) {
     memcpy(tb__err_message, saved->message, sizeof saved->message);
 }
 
+/* ---- checked arithmetic ----
+   Dims, strides, element offsets and byte sizes that a caller, a file or a foreign producer can
+   push past the range of int64 are computed through these, and nowhere by hand. Each stores the
+   exact result and returns true, or returns false and leaves *out untouched when the result does
+   not fit. The compiler's overflow builtins are used where they exist; the portable forms check
+   before they compute and are kept (and tested) everywhere. */
+
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_add_overflow) && __has_builtin(__builtin_mul_overflow) &&              \
+    __has_builtin(__builtin_sub_overflow)
+#define TB__OVERFLOW_BUILTINS 1
+#endif
+#elif defined(__GNUC__) && __GNUC__ >= 5
+#define TB__OVERFLOW_BUILTINS 1
+#endif
+
+static TB__UNUSED bool tb__add_i64_portable(int64_t a, int64_t b, int64_t *out) {
+    if (b > 0 ? a > INT64_MAX - b : a < INT64_MIN - b) return false;
+    *out = a + b;
+    return true;
+}
+
+static TB__UNUSED bool tb__sub_i64_portable(int64_t a, int64_t b, int64_t *out) {
+    if (b < 0 ? a > INT64_MAX + b : a < INT64_MIN + b) return false;
+    *out = a - b;
+    return true;
+}
+
+static TB__UNUSED bool tb__mul_i64_portable(int64_t a, int64_t b, int64_t *out) {
+    if (a > 0) {
+        if (b > 0 ? a > INT64_MAX / b : b < INT64_MIN / a) return false;
+    } else if (a < 0) {
+        if (b > 0 ? a < INT64_MIN / b : (b < 0 && a < INT64_MAX / b)) return false;
+    }
+    *out = a * b;
+    return true;
+}
+
+static TB__UNUSED bool tb__add_size_portable(size_t a, size_t b, size_t *out) {
+    if (a > SIZE_MAX - b) return false;
+    *out = a + b;
+    return true;
+}
+
+static TB__UNUSED bool tb__mul_size_portable(size_t a, size_t b, size_t *out) {
+    if (b != 0 && a > SIZE_MAX / b) return false;
+    *out = a * b;
+    return true;
+}
+
+#if defined(TB__OVERFLOW_BUILTINS)
+#define TB__CHECKED(name, type, builtin)                                                           \
+    static TB__UNUSED bool name(type a, type b, type *out) {                                       \
+        type r;                                                                                    \
+        if (builtin(a, b, &r)) return false;                                                       \
+        *out = r;                                                                                  \
+        return true;                                                                               \
+    }
+TB__CHECKED(tb__add_i64, int64_t, __builtin_add_overflow)
+TB__CHECKED(tb__sub_i64, int64_t, __builtin_sub_overflow)
+TB__CHECKED(tb__mul_i64, int64_t, __builtin_mul_overflow)
+TB__CHECKED(tb__add_size, size_t, __builtin_add_overflow)
+TB__CHECKED(tb__mul_size, size_t, __builtin_mul_overflow)
+#undef TB__CHECKED
+#else
+#define TB__CHECKED(name, type)                                                                    \
+    static TB__UNUSED bool name(type a, type b, type *out) {                                       \
+        return name##_portable(a, b, out);                                                         \
+    }
+TB__CHECKED(tb__add_i64, int64_t)
+TB__CHECKED(tb__sub_i64, int64_t)
+TB__CHECKED(tb__mul_i64, int64_t)
+TB__CHECKED(tb__add_size, size_t)
+TB__CHECKED(tb__mul_size, size_t)
+#undef TB__CHECKED
+#endif
+#undef TB__OVERFLOW_BUILTINS
+
+/* a * b + c */
+static TB__UNUSED bool tb__muladd_i64(int64_t a, int64_t b, int64_t c, int64_t *out) {
+    int64_t p;
+    return tb__mul_i64(a, b, &p) && tb__add_i64(p, c, out);
+}
+
+/* A non-negative int64 as a size_t. */
+static TB__UNUSED bool tb__i64_to_size(int64_t v, size_t *out) {
+    if (v < 0 || (uint64_t)v > (uint64_t)SIZE_MAX) return false;
+    *out = (size_t)v;
+    return true;
+}
+
+/* The most bytes a tensor may span: its byte size and every byte offset inside it fit in both
+   int64 and size_t (PyTorch's storage_max). */
+#define TB__MAX_BYTES ((uint64_t)SIZE_MAX < (uint64_t)INT64_MAX ? (int64_t)SIZE_MAX : INT64_MAX)
+
 /* ---- allocation ---- */
 
 /* The hooks without error reporting (logging must not overwrite the caller's error). */
@@ -2742,11 +2840,39 @@ static TB__UNUSED size_t tb__shape_text(const tb_shape *shape, char buf[96]) {
     return n;
 }
 
+/* The size rule of every shape, empty or not: the product of the dims with each 0 read as 1
+   (the element count of the shape's contiguous strides), times the element size, fits in
+   TB__MAX_BYTES. So an element count, a contiguous stride and a byte offset inside any valid
+   shape fit in int64 and size_t whatever the order of the dims, and the arithmetic on them
+   cannot overflow. PyTorch makes the same check ("Storage size calculation overflowed") but
+   stops at the first overflowing partial product, so it rejects f32[3,2^63-1,0] yet accepts
+   f32[0,3,2^63-1], whose strides then overflow; here both are rejected.
+   Sets *extent to that product and returns 0, or returns 1 when the product does not fit in
+   int64, 2 when the byte size does not fit. The dims must be >= 0. */
+static int tb__dims_extent(int32_t rank, const int64_t *dims, tb_dtype dtype, int64_t *extent) {
+    int64_t n = 1, bytes;
+    int32_t i;
+    for (i = 0; i < rank; i++) {
+        if (!tb__mul_i64(n, dims[i] == 0 ? 1 : dims[i], &n)) return 1;
+    }
+    if (!tb__mul_i64(n, (int64_t)tb_dtype_size(dtype), &bytes) || bytes > TB__MAX_BYTES) return 2;
+    *extent = n;
+    return 0;
+}
+
+static bool tb__shape_has_zero(const tb_shape *shape) {
+    int32_t i;
+    for (i = 0; i < shape->rank; i++) {
+        if (shape->dims[i] == 0) return true;
+    }
+    return false;
+}
+
 /* The checks of tb_shape_make on a filled shape; messages start with `fn`. */
 static tb_status tb__shape_check(const char *fn, const tb_shape *shape) {
     int32_t i;
-    int64_t numel = 1;
-    bool zero = false;
+    int64_t extent;
+    int why;
     char text[96];
     if (shape == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: shape is NULL", fn);
     if (!tb_dtype_is_valid(shape->dtype)) {
@@ -2761,34 +2887,39 @@ static tb_status tb__shape_check(const char *fn, const tb_shape *shape) {
             return tb__error(TB_ERR_SHAPE, "%s: dim %d is %lld (dims must be >= 0)", fn, (int)i,
                              (long long)shape->dims[i]);
         }
-        if (shape->dims[i] == 0) zero = true;
     }
-    if (zero) return TB_OK;
-    for (i = 0; i < shape->rank; i++) {
-        if (numel > INT64_MAX / shape->dims[i]) {
-            tb__shape_text(shape, text);
-            return tb__error(TB_ERR_OVERFLOW, "%s: %s has more elements than fit in int64", fn,
-                             text);
-        }
-        numel *= shape->dims[i];
+    why = tb__dims_extent(shape->rank, shape->dims, shape->dtype, &extent);
+    if (why == 0) return TB_OK;
+    tb__shape_text(shape, text);
+    if (tb__shape_has_zero(shape)) {
+        return tb__error(TB_ERR_OVERFLOW,
+                         "%s: %s is empty, but with its 0 dims read as 1 its %s (empty shapes "
+                         "obey the same limit, so that their strides fit)",
+                         fn, text,
+                         why == 1 ? "element count does not fit in int64"
+                                  : "byte size does not fit in int64 and size_t");
     }
-    if ((uint64_t)numel > (uint64_t)(SIZE_MAX / tb_dtype_size(shape->dtype))) {
-        tb__shape_text(shape, text);
-        return tb__error(TB_ERR_OVERFLOW, "%s: the byte size of %s does not fit in size_t", fn,
-                         text);
+    if (why == 1) {
+        return tb__error(TB_ERR_OVERFLOW, "%s: %s has more elements than fit in int64", fn, text);
     }
-    return TB_OK;
+    return tb__error(TB_ERR_OVERFLOW, "%s: the byte size of %s does not fit in int64 and size_t",
+                     fn, text);
 }
 
-/* The element count of a shape that passed tb__shape_check. */
+/* Whether a shape with valid dtype, rank and dims >= 0 obeys the size rule (no error set). */
+static TB__UNUSED bool tb__shape_size_ok(const tb_shape *shape) {
+    int64_t extent;
+    return tb__dims_extent(shape->rank, shape->dims, shape->dtype, &extent) == 0;
+}
+
+/* The element count of a shape that passed tb__shape_check (so it cannot overflow; a broken
+   shape saturates rather than wrap). */
 static int64_t tb__shape_numel(const tb_shape *shape) {
     int64_t n = 1;
     int32_t i;
     for (i = 0; i < shape->rank; i++) {
-        if (shape->dims[i] == 0) return 0; /* the other dims' product may not fit */
+        if (!tb__mul_i64(n, shape->dims[i], &n)) return INT64_MAX;
     }
-    for (i = 0; i < shape->rank; i++)
-        n *= shape->dims[i];
     return n;
 }
 
@@ -2852,6 +2983,7 @@ TBDEF tb_status tb_shape_nbytes(const tb_shape *shape, size_t *out) {
     if (out == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_shape_nbytes: out is NULL");
     st = tb__shape_check("tb_shape_nbytes", shape);
     if (st != TB_OK) return st;
+    /* fits: the size rule bounds it by TB__MAX_BYTES */
     *out = (size_t)tb__shape_numel(shape) * tb_dtype_size(shape->dtype);
     return TB_OK;
 }
@@ -2913,17 +3045,16 @@ TBDEF tb_status tb_shape_strides(const tb_shape *shape, int64_t strides[TB_MAX_R
     st = tb__shape_check("tb_shape_strides", shape);
     if (st != TB_OK) return st;
     memset(s, 0, sizeof s);
-    /* As PyTorch: a dim of size 0 counts as 1, so strides stay meaningful for empty tensors. */
+    /* As PyTorch: a dim of size 0 counts as 1, so strides stay meaningful for empty tensors. The
+       size rule makes every product fit; the check only guards against a broken invariant. */
     for (i = shape->rank - 1; i >= 0; i--) {
-        int64_t d = shape->dims[i] == 0 ? 1 : shape->dims[i];
         s[i] = acc;
-        if (i > 0 && acc > INT64_MAX / d) {
+        if (!tb__mul_i64(acc, shape->dims[i] == 0 ? 1 : shape->dims[i], &acc)) {
             char text[96];
             tb__shape_text(shape, text);
             return tb__error(TB_ERR_OVERFLOW, "tb_shape_strides: the strides of %s overflow int64",
                              text);
         }
-        acc *= d;
     }
     memcpy(strides, s, sizeof s);
     return TB_OK;
@@ -2991,7 +3122,7 @@ TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out) {
         pos++;
     if (text[pos] != ']') {
         for (;;) {
-            uint64_t v = 0;
+            int64_t v = 0;
             bool too_big = false;
             while (tb__is_space(text[pos]))
                 pos++;
@@ -3008,9 +3139,8 @@ TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out) {
                                  text, TB_MAX_RANK, pos);
             }
             while (text[pos] >= '0' && text[pos] <= '9') {
-                unsigned digit = (unsigned)(text[pos] - '0');
-                if (v > ((uint64_t)INT64_MAX - digit) / 10) too_big = true;
-                if (!too_big) v = v * 10 + digit;
+                int64_t digit = text[pos] - '0';
+                if (!too_big && !tb__muladd_i64(v, 10, digit, &v)) too_big = true;
                 pos++;
             }
             if (too_big) {
@@ -3018,7 +3148,7 @@ TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out) {
                                  "tb_shape_parse: dim %d of '%.100s' does not fit in int64",
                                  (int)s.rank, text);
             }
-            s.dims[s.rank++] = (int64_t)v;
+            s.dims[s.rank++] = v;
             while (tb__is_space(text[pos]))
                 pos++;
             if (text[pos] == ']') break;
@@ -4506,7 +4636,7 @@ static TB__UNUSED tb_backend_data *tb__data_from_host(const tb_device *device,
                                                       const tb_shape *shape, const void *host) {
     tb_backend *b;
     tb_backend_data *d;
-    size_t nbytes;
+    size_t nbytes = 0;
     uint64_t t0;
     tb_status st;
     tb__saved_error saved;
@@ -4585,7 +4715,7 @@ static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device,
     tb_backend *b;
     tb_backend_data *d;
     tb__host_buffer *hb;
-    size_t nbytes;
+    size_t nbytes = 0;
     const tb_backend *cpu;
     tb__saved_error saved;
     if (device == NULL || shape == NULL || host == NULL) return NULL;
@@ -4630,7 +4760,7 @@ static TB__UNUSED bool tb__data_set_host_release(tb_backend_data *data, const vo
 
 static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *host) {
     const tb_backend *b;
-    size_t nbytes;
+    size_t nbytes = 0;
     uint64_t t0;
     tb_status st;
     tb__saved_error saved;
@@ -5187,27 +5317,27 @@ static const char *tb__st(const tb_shape *shape, tb__shape_buf *buf) {
     return buf->text;
 }
 
-/* Element count and byte size fit int64 and size_t. */
+/* Dims >= 0 and the size rule of shapes (tb__dims_extent): element counts, strides and byte
+   offsets fit. */
 static bool tb__shape_fits(const tb_shape *shape) {
-    int64_t numel = 1;
     int32_t i;
-    size_t elem = tb_dtype_size(shape->dtype);
-    bool zero = false;
+    if (!tb_dtype_is_valid(shape->dtype) || shape->rank < 0 || shape->rank > TB_MAX_RANK)
+        return false;
     for (i = 0; i < shape->rank; i++) {
-        if (shape->dims[i] == 0) zero = true;
+        if (shape->dims[i] < 0) return false;
     }
-    if (zero) return true;
-    for (i = 0; i < shape->rank; i++) {
-        if (numel > INT64_MAX / shape->dims[i]) return false;
-        numel *= shape->dims[i];
-    }
-    if (elem == 0) return false;
-    return (uint64_t)numel <= (uint64_t)(SIZE_MAX / elem);
+    return tb__shape_size_ok(shape);
 }
 
 static tb_status tb__check_fits(const char *fn, const tb_shape *shape) {
     tb__shape_buf b;
     if (tb__shape_fits(shape)) return TB_OK;
+    if (tb__shape_has_zero(shape)) {
+        return tb__error(TB_ERR_OVERFLOW,
+                         "%s: the result %s is too large (empty, but with its 0 dims read as 1 "
+                         "its size overflows; empty shapes obey the same limit)",
+                         fn, tb__st(shape, &b));
+    }
     return tb__error(TB_ERR_OVERFLOW, "%s: the result %s is too large (its size overflows)", fn,
                      tb__st(shape, &b));
 }
@@ -5531,8 +5661,7 @@ static tb_status tb__infer_layer_norm(const char *fn, const tb_shape *in, size_t
 
 static tb_status tb__infer_reshape(const char *fn, const tb_shape *x, const int64_t *attrs,
                                    size_t num_attrs, tb_shape *out) {
-    int64_t in_numel = 1, out_numel = 1;
-    bool in_zero = false, out_zero = false;
+    int64_t in_numel, out_numel;
     int32_t i;
     tb__shape_buf b;
     if (num_attrs > TB_MAX_RANK) {
@@ -5544,22 +5673,14 @@ static tb_status tb__infer_reshape(const char *fn, const tb_shape *x, const int6
             return tb__error(TB_ERR_SHAPE, "%s: output dim %d is negative (%lld)", fn, (int)i,
                              (long long)attrs[i]);
         }
-        if (attrs[i] == 0) out_zero = true;
-    }
-    for (i = 0; i < x->rank; i++) {
-        if (x->dims[i] == 0) in_zero = true;
     }
     out->dtype = x->dtype;
     out->rank = (int32_t)num_attrs;
     for (i = 0; i < out->rank; i++)
         out->dims[i] = attrs[i];
     if (!tb__shape_fits(out)) return tb__check_fits(fn, out);
-    for (i = 0; i < x->rank && !in_zero; i++)
-        in_numel *= x->dims[i];
-    for (i = 0; i < out->rank && !out_zero; i++)
-        out_numel *= out->dims[i];
-    if (in_zero) in_numel = 0;
-    if (out_zero) out_numel = 0;
+    in_numel = tb__shape_numel(x);
+    out_numel = tb__shape_numel(out);
     if (in_numel != out_numel) {
         tb__shape_buf c;
         return tb__error(TB_ERR_SHAPE, "%s: cannot reshape %s (%lld elements) to %s", fn,
@@ -5674,11 +5795,10 @@ static tb_status tb__infer_concat(const char *fn, const tb_shape *in, size_t n,
                              "%lld",
                              fn, tb__st(&in[0], &a), tb__st(&in[k], &b), k, (long long)dim);
         }
-        if (in[k].dims[dim] > INT64_MAX - total) {
+        if (!tb__add_i64(total, in[k].dims[dim], &total)) {
             return tb__error(TB_ERR_OVERFLOW, "%s: the concatenated dim %lld overflows", fn,
                              (long long)dim);
         }
-        total += in[k].dims[dim];
     }
     *out = in[0];
     out->dims[dim] = total;
@@ -5708,11 +5828,11 @@ static tb_status tb__infer_pad(const char *fn, const tb_shape *in, const int64_t
                              "%d",
                              fn, (long long)before, (long long)after, (int)i);
         }
-        if (before > INT64_MAX - x->dims[i] || after > INT64_MAX - x->dims[i] - before) {
+        if (!tb__add_i64(before, x->dims[i], &out->dims[i]) ||
+            !tb__add_i64(out->dims[i], after, &out->dims[i])) {
             return tb__error(TB_ERR_OVERFLOW, "%s: padding axis %d of %s overflows", fn, (int)i,
                              tb__st(x, &b));
         }
-        out->dims[i] = before + x->dims[i] + after;
     }
     return tb__check_fits(fn, out);
 }
@@ -5825,11 +5945,7 @@ static tb_status tb__infer_shape_as(const char *fn, tb_op op, const tb_shape *in
     if (out == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
     for (k = 0; k < num_inputs; k++) {
         const tb_shape *s = &inputs[k];
-        bool ok = tb_dtype_is_valid(s->dtype) && s->rank >= 0 && s->rank <= TB_MAX_RANK;
-        int32_t i;
-        for (i = 0; ok && i < s->rank; i++)
-            ok = s->dims[i] >= 0;
-        if (!ok) {
+        if (!tb__shape_fits(s)) {
             return tb__error(TB_ERR_SHAPE,
                              "%s: operand %zu has an invalid shape (dtype %d, rank "
                              "%d)",
@@ -9467,12 +9583,12 @@ TBDEF tb_tensor *tb_reshape(tb_tensor *x, const int64_t *dims, int32_t rank) {
     tb__arg arg;
     tb_device device;
     int64_t out[TB_MAX_RANK];
-    int64_t numel = 1, known = 1;
+    int64_t numel, known = 1;
     int32_t i, infer = -1;
     tb_node *node = NULL;
     char want[256];
     tb__shape_buf b;
-    bool zero_known = false, zero_in = false;
+    bool zero_known = false;
     tb__ensure_setup();
     if (x == NULL) return tb__null_input(fn, "x");
     if (rank < 0 || rank > TB_MAX_RANK) {
@@ -9496,19 +9612,13 @@ TBDEF tb_tensor *tb_reshape(tb_tensor *x, const int64_t *dims, int32_t rank) {
         } else if (dims[i] == 0) {
             zero_known = true;
         } else if (!zero_known) {
-            if (known > INT64_MAX / dims[i]) {
+            if (!tb__mul_i64(known, dims[i], &known)) {
                 tb__error(TB_ERR_OVERFLOW, "%s: the size of %s overflows", fn, want);
                 goto done;
             }
-            known *= dims[i];
         }
     }
-    for (i = 0; i < arg.shape.rank; i++) {
-        if (arg.shape.dims[i] == 0) zero_in = true;
-    }
-    for (i = 0; i < arg.shape.rank && !zero_in; i++)
-        numel *= arg.shape.dims[i];
-    if (zero_in) numel = 0;
+    numel = tb__shape_numel(&arg.shape);
     if (infer >= 0) {
         if (zero_known) {
             tb__error(TB_ERR_SHAPE,
@@ -10382,23 +10492,19 @@ static int64_t tb__ref_esize(tb_dtype dtype) {
     return (int64_t)tb_dtype_size(dtype);
 }
 
-/* Element count of a validated shape (fits in int64). */
+/* Element count of a validated shape (fits in int64: the size rule of shapes). */
 static int64_t tb__ref_numel(const tb_shape *s) {
-    int64_t n = 1;
-    int32_t d;
-    for (d = 0; d < s->rank; d++)
-        n *= s->dims[d];
-    return n;
+    return tb__shape_numel(s);
 }
 
-/* Row-major strides. For an empty shape the products of the other dims may not fit, and the
-   strides are never used to address memory, so they saturate instead of overflowing. */
+/* Row-major strides (a 0 dim counts as 1). They fit for every valid shape, empty ones included
+   (the size rule of shapes); a broken shape saturates instead of overflowing. */
 static void tb__ref_contig_strides(const tb_shape *s, int64_t *strides) {
     int64_t acc = 1;
     int32_t d;
     for (d = s->rank - 1; d >= 0; d--) {
         strides[d] = acc;
-        if (s->dims[d] > 1) acc = (acc <= INT64_MAX / s->dims[d]) ? acc * s->dims[d] : INT64_MAX;
+        if (s->dims[d] > 1 && !tb__mul_i64(acc, s->dims[d], &acc)) acc = INT64_MAX;
     }
 }
 
@@ -10414,7 +10520,7 @@ static tb_status tb__ref_nbytes(const tb_shape *shape, size_t *out) {
 
 /* A new contiguous view of `shape` over a fresh buffer. */
 static tb_status tb__rview_alloc(tb__rview *v, const tb_shape *shape) {
-    size_t nbytes;
+    size_t nbytes = 0;
     tb_status st = tb__ref_nbytes(shape, &nbytes);
     if (st != TB_OK) return st;
     memset(v, 0, sizeof(*v));
@@ -10664,8 +10770,10 @@ static tb_status tb__iter_run(tb__iter *it, tb__run_fn fn, void *ctx) {
     for (d = 0; d < it->rank; d++) {
         bool merge = r > 0;
         if (it->dims[d] == 1) continue;
-        for (k = 0; k < nops && merge; k++)
-            merge = strides[k][r - 1] == it->strides[k][d] * it->dims[d];
+        for (k = 0; k < nops && merge; k++) {
+            int64_t span;
+            merge = tb__mul_i64(it->strides[k][d], it->dims[d], &span) && strides[k][r - 1] == span;
+        }
         if (merge) {
             dims[r - 1] *= it->dims[d];
             for (k = 0; k < nops; k++)
@@ -10855,7 +10963,7 @@ static tb_status tb__rview_contig(const tb__rview *src, tb__rview *out) {
 static tb_status tb__rview_to_host(const tb__rview *v, void *host) {
     tb__rview dst;
     tb_status st;
-    size_t nbytes;
+    size_t nbytes = 0;
     st = tb__ref_nbytes(&v->shape, &nbytes);
     if (st != TB_OK) return st;
     if (nbytes == 0) return TB_OK;
@@ -12101,7 +12209,7 @@ static tb_status tb__ref_movement(const tb_node *node, const tb__rview *x, tb__r
         return TB_OK;
     }
     case TB_OP_SLICE: {
-        int64_t dim, start, step;
+        int64_t dim, start, step, last;
         if (node->num_attrs < 4 || os->rank != xs->rank) return tb__ref_malformed(node, xs);
         dim = node->attrs[0];
         start = node->attrs[1];
@@ -12109,13 +12217,21 @@ static tb_status tb__ref_movement(const tb_node *node, const tb__rview *x, tb__r
         if (dim < 0 || dim >= xs->rank || start < 0 || step < 1) return tb__ref_malformed(node, xs);
         for (d = 0; d < os->rank; d++)
             if (d != dim && os->dims[d] != xs->dims[d]) return tb__ref_malformed(node, xs);
+        if (start > xs->dims[dim]) return tb__ref_malformed(node, xs);
         /* the last element read must exist (the output is not empty here) */
-        if (os->dims[dim] > 0 && start + (os->dims[dim] - 1) * step >= xs->dims[dim])
+        if (os->dims[dim] > 0 &&
+            (!tb__muladd_i64(os->dims[dim] - 1, step, start, &last) || last >= xs->dims[dim]))
             return tb__ref_malformed(node, xs);
         tb__rview_share(out, x);
         out->shape = *os;
-        out->offset += start * x->strides[dim];
-        out->strides[dim] = x->strides[dim] * step;
+        /* Inside the operand: both fit. A step only scales the stride where the output has two
+           or more elements along dim (then step < dims[dim]); a step as large as 2^62 over one
+           element leaves the stride alone. */
+        if (os->dims[dim] > 0) out->offset += start * x->strides[dim];
+        if (os->dims[dim] > 1 && !tb__mul_i64(x->strides[dim], step, &out->strides[dim])) {
+            tb__rview_clear(out);
+            return tb__ref_malformed(node, xs);
+        }
         return TB_OK;
     }
     case TB_OP_FLIP: {
@@ -12150,7 +12266,7 @@ static tb_status tb__ref_concat(const tb_node *node, const tb__rview *in, tb__rv
         if (in[k].shape.rank != os->rank) goto bad;
         for (d = 0; d < os->rank; d++)
             if (d != dim && in[k].shape.dims[d] != os->dims[d]) goto bad;
-        at += in[k].shape.dims[dim];
+        if (!tb__add_i64(at, in[k].shape.dims[dim], &at)) goto bad;
     }
     if (at != os->dims[dim]) goto bad;
     st = tb__rview_alloc(out, os);
@@ -12190,7 +12306,10 @@ static tb_status tb__ref_pad(const tb_node *node, const tb__rview *in, tb__rview
         goto bad;
     for (d = 0; d < os->rank; d++) {
         int64_t before = node->attrs[2 * d], after = node->attrs[2 * d + 1];
-        if (before < 0 || after < 0 || before + x->shape.dims[d] + after != os->dims[d]) goto bad;
+        int64_t size;
+        if (before < 0 || after < 0 || !tb__add_i64(before, x->shape.dims[d], &size) ||
+            !tb__add_i64(size, after, &size) || size != os->dims[d])
+            goto bad;
     }
     st = tb__rview_alloc(out, os);
     if (st != TB_OK) return st;
@@ -12766,7 +12885,7 @@ static void tb__cpu_program_free(tb__cpu_program *p) {
 }
 
 static tb_status tb__cpu_data_from_host(void *user_data, tb_backend_data *data, const void *host) {
-    size_t nbytes;
+    size_t nbytes = 0;
     tb__host_buffer *hb;
     tb_status st;
     (void)user_data;
@@ -12796,7 +12915,7 @@ static tb_status tb__cpu_data_from_scalar(void *user_data, tb_backend_data *data
 
 static tb_status tb__cpu_data_to_host(void *user_data, const tb_backend_data *data, void *host) {
     const tb__host_buffer *hb = (const tb__host_buffer *)data->payload;
-    size_t nbytes;
+    size_t nbytes = 0;
     tb_status st;
     (void)user_data;
     st = tb_shape_nbytes(&data->shape, &nbytes);
@@ -12947,7 +13066,7 @@ static tb_status tb__cpu_execute(void *user_data, void *computation,
         params[i] = hb->data;
     }
     for (i = 0; i < num_results; i++) {
-        size_t nbytes;
+        size_t nbytes = 0;
         if (results[i] == NULL) {
             st = tb__error(TB_ERR_INVALID_ARGUMENT, "cpu: execute: result %zu is NULL", i);
             goto done;
@@ -19545,11 +19664,10 @@ static tb_status tb__npy_shape(tb__npy_parser *p, tb__npy_header *h) {
             return tb__npy_bad(p, "expected a dimension");
         int64_t value = 0;
         while (p->pos < p->len && p->text[p->pos] >= '0' && p->text[p->pos] <= '9') {
-            int digit = p->text[p->pos++] - '0';
-            if (value > (INT64_MAX - digit) / 10)
+            int64_t digit = p->text[p->pos++] - '0';
+            if (!tb__muladd_i64(value, 10, digit, &value))
                 return tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: a dimension overflows int64",
                                  p->path);
-            value = value * 10 + digit;
         }
         if (h->rank >= TB_MAX_RANK)
             return tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: more than %d dimensions", p->path,
@@ -19614,95 +19732,168 @@ static tb_status tb__npy_parse_header(const char *text, size_t len, const char *
     return TB_OK;
 }
 
-/* Reads exactly `size` bytes; false on a short read. */
-static bool tb__read_exact(FILE *f, void *dst, size_t size) {
-    return size == 0 || fread(dst, 1, size, f) == size;
+/* How many bytes the stream holds from its position on, through fseek and ftell (standard C,
+   so no file descriptor is needed): false when that is unknown (a pipe; a file beyond what a
+   long counts). The position is left where it was. */
+static bool tb__stream_left(FILE *f, int64_t *left) {
+    long here = ftell(f), end;
+    if (here < 0 || fseek(f, 0, SEEK_END) != 0) return false;
+    end = ftell(f);
+    if (fseek(f, here, SEEK_SET) != 0 || end < here) return false;
+    *left = (int64_t)end - (int64_t)here;
+    return true;
+}
+
+#define TB__READ_CHUNK ((size_t)1 << 16)
+
+/* Reads `size` bytes into a new buffer with one NUL byte after them, never allocating much more
+   than the stream really holds: when `known`, `left` (the bytes the stream holds) is checked
+   first; otherwise the buffer grows as the bytes arrive, doubling from 64 KiB. TB_ERR_FORMAT
+   when the stream ends first (*got: the bytes that were there), TB_ERR_OUT_OF_MEMORY. The
+   error message is the caller's to write; nothing is allocated on error. */
+static tb_status tb__read_bounded(FILE *f, size_t size, bool known, int64_t left,
+                                  unsigned char **out, size_t *got) {
+    unsigned char *buf, *bigger;
+    size_t have = 0, cap, n;
+    *got = 0;
+    if (known && (uint64_t)left < (uint64_t)size) {
+        *got = (size_t)left;
+        return TB_ERR_FORMAT;
+    }
+    if (size == SIZE_MAX) return TB_ERR_OUT_OF_MEMORY; /* no room for the NUL */
+    cap = known || size < TB__READ_CHUNK ? size : TB__READ_CHUNK;
+    buf = (unsigned char *)tb__alloc(cap + 1);
+    if (buf == NULL) return TB_ERR_OUT_OF_MEMORY;
+    while (have < size) {
+        if (have == cap) {
+            cap = cap > (size - cap) ? size : 2 * cap;
+            bigger = (unsigned char *)tb__alloc(cap + 1);
+            if (bigger == NULL) {
+                tb__free(buf);
+                return TB_ERR_OUT_OF_MEMORY;
+            }
+            memcpy(bigger, buf, have);
+            tb__free(buf);
+            buf = bigger;
+        }
+        n = fread(buf + have, 1, cap - have, f);
+        have += n;
+        if (n == 0) {
+            tb__free(buf);
+            *got = have;
+            return TB_ERR_FORMAT;
+        }
+    }
+    buf[size] = '\0';
+    *out = buf;
+    *got = size;
+    return TB_OK;
+}
+
+#undef TB__READ_CHUNK
+
+/* tb_npy_load on an open stream; `path` names it in messages. */
+static tb_tensor *tb__npy_load_stream(FILE *f, const char *path, const tb_device *device) {
+    tb_tensor *result = NULL;
+    unsigned char *header_text = NULL, *data = NULL;
+    unsigned char preamble[12];
+    tb__npy_header h;
+    tb_shape shape;
+    size_t nbytes = 0, got = 0, preamble_len, header_len = 0;
+    unsigned major;
+    int64_t left = 0;
+    bool known;
+    tb_status st;
+    if (fread(preamble, 1, 8, f) != 8 || memcmp(preamble, tb__npy_magic, TB__NPY_MAGIC_LEN)) {
+        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s is not a .npy file (bad magic)", path);
+        return NULL;
+    }
+    major = preamble[6];
+    if (major != 1 && major != 2 && major != 3) {
+        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: unsupported format version %u.%u", path, major,
+                  (unsigned)preamble[7]);
+        return NULL;
+    }
+    preamble_len = major == 1 ? 10 : 12;
+    if (fread(preamble + 8, 1, preamble_len - 8, f) != preamble_len - 8) {
+        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: truncated header", path);
+        return NULL;
+    }
+    header_len = (size_t)preamble[8] | ((size_t)preamble[9] << 8);
+    if (major != 1) header_len |= ((size_t)preamble[10] << 16) | ((size_t)preamble[11] << 24);
+    if (header_len > ((size_t)1 << 24)) {
+        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: header of %lu bytes is not plausible", path,
+                  (unsigned long)header_len);
+        return NULL;
+    }
+    known = tb__stream_left(f, &left);
+    st = tb__read_bounded(f, header_len, known, left, &header_text, &got);
+    if (st == TB_ERR_FORMAT) {
+        tb__error(TB_ERR_FORMAT,
+                  "tb_npy_load: %s: truncated header (%lu bytes promised, %lu in the file)", path,
+                  (unsigned long)header_len, (unsigned long)got);
+    }
+    if (st != TB_OK) return NULL;
+    if (known) left -= (int64_t)header_len;
+    if (tb__npy_parse_header((const char *)header_text, header_len, path, &h) != TB_OK) goto done;
+    if (tb_shape_make(&shape, h.dtype, h.rank, h.dims) != TB_OK ||
+        tb_shape_nbytes(&shape, &nbytes) != TB_OK) {
+        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: the shape in the header is too large (%s)", path,
+                  tb_last_error());
+        goto done;
+    }
+    /* What the header claims is checked against what the file holds before anything of that
+       size is allocated. */
+    if (known && (uint64_t)left > (uint64_t)nbytes) {
+        tb__error(TB_ERR_FORMAT,
+                  "tb_npy_load: %s: data continues past the %lu bytes the header describes (the "
+                  "file holds %lld)",
+                  path, (unsigned long)nbytes, (long long)left);
+        goto done;
+    }
+    st = tb__read_bounded(f, nbytes, known, left, &data, &got);
+    if (st == TB_ERR_FORMAT) {
+        tb__error(TB_ERR_FORMAT,
+                  "tb_npy_load: %s: truncated: the header promises %lu bytes of data, the file "
+                  "holds %lu",
+                  path, (unsigned long)nbytes, (unsigned long)got);
+    }
+    if (st != TB_OK) goto done;
+    if (!known && fgetc(f) != EOF) {
+        tb__error(TB_ERR_FORMAT,
+                  "tb_npy_load: %s: data continues past the %lu bytes the header describes", path,
+                  (unsigned long)nbytes);
+        goto done;
+    }
+    if (h.big_endian == tb__host_is_little_endian() && tb_dtype_size(h.dtype) > 1)
+        tb__swap_bytes(data, nbytes / tb_dtype_size(h.dtype), tb_dtype_size(h.dtype));
+    if (h.dtype == TB_BOOL) {
+        for (size_t i = 0; i < nbytes; ++i)
+            data[i] = data[i] != 0;
+    }
+    result = tb_tensor_from_host(data, &shape, device);
+done:
+    tb__free(header_text);
+    tb__free(data);
+    return result;
 }
 
 TBDEF tb_tensor *tb_npy_load(const char *path, const tb_device *device) {
+    tb_tensor *result;
+    FILE *f;
     tb__ensure_setup();
     if (path == NULL) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "tb_npy_load: path is NULL");
         return NULL;
     }
-    FILE *f = fopen(path, "rb");
+    f = fopen(path, "rb");
     if (f == NULL) {
         tb__error(errno == ENOENT ? TB_ERR_NOT_FOUND : TB_ERR_IO, "tb_npy_load: cannot open %s: %s",
                   path, strerror(errno));
         return NULL;
     }
-    tb_tensor *result = NULL;
-    char *header_text = NULL;
-    void *data = NULL;
-    unsigned char preamble[12];
-    tb__npy_header h;
-    tb_shape shape;
-    size_t nbytes = 0;
-    unsigned major = 0;
-    size_t header_len = 0;
-    if (!tb__read_exact(f, preamble, 8) || memcmp(preamble, tb__npy_magic, TB__NPY_MAGIC_LEN)) {
-        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s is not a .npy file (bad magic)", path);
-        goto done;
-    }
-    major = preamble[6];
-    if (major == 1) {
-        if (!tb__read_exact(f, preamble + 8, 2)) goto truncated;
-        header_len = (size_t)preamble[8] | ((size_t)preamble[9] << 8);
-    } else if (major == 2 || major == 3) {
-        if (!tb__read_exact(f, preamble + 8, 4)) goto truncated;
-        header_len = (size_t)preamble[8] | ((size_t)preamble[9] << 8) |
-                     ((size_t)preamble[10] << 16) | ((size_t)preamble[11] << 24);
-        if (header_len > ((size_t)1 << 24)) {
-            tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: header of %lu bytes is not plausible", path,
-                      (unsigned long)header_len);
-            goto done;
-        }
-    } else {
-        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: unsupported format version %u.%u", path, major,
-                  (unsigned)preamble[7]);
-        goto done;
-    }
-    header_text = (char *)tb__alloc(header_len + 1);
-    if (header_text == NULL) goto done;
-    if (!tb__read_exact(f, header_text, header_len)) goto truncated;
-    header_text[header_len] = '\0';
-    if (tb__npy_parse_header(header_text, header_len, path, &h) != TB_OK) goto done;
-    if (tb_shape_make(&shape, h.dtype, h.rank, h.dims) != TB_OK ||
-        tb_shape_nbytes(&shape, &nbytes) != TB_OK) {
-        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: the shape in the header is too large", path);
-        goto done;
-    }
-    data = tb__alloc(nbytes ? nbytes : 1);
-    if (data == NULL) goto done;
-    if (!tb__read_exact(f, data, nbytes)) {
-        tb__error(TB_ERR_FORMAT,
-                  "tb_npy_load: %s: truncated: the header promises %lu bytes of data", path,
-                  (unsigned long)nbytes);
-        goto done;
-    }
-    if (fgetc(f) != EOF) {
-        tb__error(TB_ERR_FORMAT,
-                  "tb_npy_load: %s: data continues past the %lu bytes the header "
-                  "describes",
-                  path, (unsigned long)nbytes);
-        goto done;
-    }
-    if (h.big_endian == tb__host_is_little_endian() && tb_dtype_size(h.dtype) > 1)
-        tb__swap_bytes((unsigned char *)data, nbytes / tb_dtype_size(h.dtype),
-                       tb_dtype_size(h.dtype));
-    if (h.dtype == TB_BOOL) {
-        unsigned char *b = (unsigned char *)data;
-        for (size_t i = 0; i < nbytes; ++i)
-            b[i] = b[i] != 0;
-    }
-    result = tb_tensor_from_host(data, &shape, device);
-    goto done;
-truncated:
-    tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: truncated header", path);
-done:
+    result = tb__npy_load_stream(f, path, device);
     fclose(f);
-    tb__free(header_text);
-    tb__free(data);
     return result;
 }
 
@@ -20025,16 +20216,15 @@ static void tb__dl_call_deleter_versioned(void *context) {
     if (managed->deleter != NULL) managed->deleter(managed);
 }
 
-/* Copies a strided array of `shape` into the contiguous `dst`. */
+/* Copies a strided array of `shape` into the contiguous `dst`. Its extent passed
+   tb__dl_check_extent: every partial sum of the offsets lies inside it, so none overflows. */
 static void tb__dl_gather(const tb_shape *shape, const unsigned char *base, const int64_t *strides,
                           unsigned char *dst) {
     size_t width = tb_dtype_size(shape->dtype);
-    int64_t numel = 1, index[TB_MAX_RANK], i;
+    int64_t numel = tb__shape_numel(shape), index[TB_MAX_RANK], i;
     int32_t d;
-    for (d = 0; d < shape->rank; ++d) {
-        numel *= shape->dims[d];
+    for (d = 0; d < shape->rank; ++d)
         index[d] = 0;
-    }
     for (i = 0; i < numel; ++i) {
         int64_t offset = 0;
         for (d = 0; d < shape->rank; ++d)
@@ -20045,6 +20235,63 @@ static void tb__dl_gather(const tb_shape *shape, const unsigned char *base, cons
             index[d] = 0;
         }
     }
+}
+
+/* Checks, before anything touches the data, that every element a DLPack tensor describes lies at
+   a byte offset from `data` that fits in int64 (strides of any sign, byte_offset included) and
+   that adding those offsets to the address does not wrap around. The producer vouches for the
+   memory itself; what is checked here keeps the arithmetic on it defined. */
+static tb_status tb__dl_check_extent(const char *fn, const tb_dl_tensor *dl, const tb_shape *shape,
+                                     size_t width) {
+    int64_t lo, hi, strides[TB_MAX_RANK];
+    uintptr_t address = (uintptr_t)dl->data;
+    int32_t d;
+    if (dl->byte_offset > (uint64_t)INT64_MAX) {
+        return tb__error(TB_ERR_OVERFLOW, "%s: byte_offset %llu does not fit in int64", fn,
+                         (unsigned long long)dl->byte_offset);
+    }
+    lo = hi = (int64_t)dl->byte_offset;
+    if (tb__shape_numel(shape) > 0) {
+        if (dl->strides == NULL) {
+            if (tb_shape_strides(shape, strides) != TB_OK) return tb_last_status();
+        } else {
+            memcpy(strides, dl->strides, (size_t)shape->rank * sizeof *strides);
+        }
+        for (d = 0; d < shape->rank; ++d) {
+            int64_t span;
+            if (shape->dims[d] == 1) continue; /* any stride: never multiplied by a nonzero index */
+            if (!tb__mul_i64(shape->dims[d] - 1, strides[d], &span) ||
+                !tb__mul_i64(span, (int64_t)width, &span)) {
+                return tb__error(TB_ERR_OVERFLOW,
+                                 "%s: stride %lld of dimension %d overflows (the byte offset of "
+                                 "element %lld along it does not fit in int64)",
+                                 fn, (long long)strides[d], (int)d,
+                                 (long long)(shape->dims[d] - 1));
+            }
+            if (!tb__add_i64(span < 0 ? lo : hi, span, span < 0 ? &lo : &hi)) {
+                return tb__error(TB_ERR_OVERFLOW,
+                                 "%s: the strides overflow: with stride %lld of dimension %d the "
+                                 "byte offset of the %s element does not fit in int64",
+                                 fn, (long long)strides[d], (int)d, span < 0 ? "first" : "last");
+            }
+        }
+        if (!tb__add_i64(hi, (int64_t)width, &hi)) {
+            return tb__error(TB_ERR_OVERFLOW,
+                             "%s: the strides overflow: the end of the last element does not fit "
+                             "in int64",
+                             fn);
+        }
+    }
+    /* The addresses data + lo .. data + hi, without wrapping around. */
+    if ((lo < 0 && address < (uintptr_t)(0 - (uint64_t)lo)) ||
+        (hi > 0 && (uint64_t)hi > (uint64_t)(UINTPTR_MAX - address))) {
+        return tb__error(TB_ERR_OVERFLOW,
+                         "%s: data %p with byte_offset %llu and these strides reaches bytes "
+                         "%lld..%lld, outside the address space",
+                         fn, dl->data, (unsigned long long)dl->byte_offset, (long long)lo,
+                         (long long)hi);
+    }
+    return TB_OK;
 }
 
 /* The tensor of a DLPack tensor. `release(context)` runs the producer's deleter: once the last
@@ -20105,23 +20352,14 @@ static tb_tensor *tb__dl_import(const char *fn, const tb_dl_tensor *dl, const tb
         return NULL;
     }
     width = tb_dtype_size(dtype);
+    if (tb__dl_check_extent(fn, dl, &shape, width) != TB_OK) return NULL;
     base = (const unsigned char *)dl->data;
-    if (base != NULL) base += dl->byte_offset;
+    if (base != NULL) base += (size_t)dl->byte_offset; /* checked: no wrap */
     /* Dims of size 1 may have any stride (PyTorch exports such); empty arrays are contiguous. */
     if (dl->strides != NULL && nbytes > 0) {
         for (d = shape.rank - 1; d >= 0; --d) {
             if (shape.dims[d] != 1 && dl->strides[d] != expected) contiguous = false;
-            expected *= shape.dims[d];
-        }
-        for (d = 0; d < shape.rank && !contiguous; ++d) {
-            int64_t extent = shape.dims[d] - 1;
-            int64_t stride = dl->strides[d] < 0 ? -dl->strides[d] : dl->strides[d];
-            if (dl->strides[d] == INT64_MIN ||
-                (extent > 0 && stride > INT64_MAX / extent / (int64_t)width)) {
-                tb__error(TB_ERR_OVERFLOW, "%s: stride %lld of dimension %d overflows", fn,
-                          (long long)dl->strides[d], (int)d);
-                return NULL;
-            }
+            expected *= shape.dims[d]; /* fits: the size rule of shapes */
         }
     }
     in_place = contiguous && ((uintptr_t)base % width) == 0;

@@ -1245,7 +1245,7 @@ static TB__UNUSED tb_backend_data *tb__data_from_host(const tb_device *device,
                                                       const tb_shape *shape, const void *host) {
     tb_backend *b;
     tb_backend_data *d;
-    size_t nbytes;
+    size_t nbytes = 0;
     uint64_t t0;
     tb_status st;
     tb__saved_error saved;
@@ -1324,7 +1324,7 @@ static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device,
     tb_backend *b;
     tb_backend_data *d;
     tb__host_buffer *hb;
-    size_t nbytes;
+    size_t nbytes = 0;
     const tb_backend *cpu;
     tb__saved_error saved;
     if (device == NULL || shape == NULL || host == NULL) return NULL;
@@ -1369,7 +1369,7 @@ static TB__UNUSED bool tb__data_set_host_release(tb_backend_data *data, const vo
 
 static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *host) {
     const tb_backend *b;
-    size_t nbytes;
+    size_t nbytes = 0;
     uint64_t t0;
     tb_status st;
     tb__saved_error saved;

@@ -187,6 +187,101 @@ static TB__UNUSED void tb__error_restore(const tb__saved_error *saved) {
     memcpy(tb__err_message, saved->message, sizeof saved->message);
 }
 
+/* ---- checked arithmetic ----
+   Dims, strides, element offsets and byte sizes that a caller, a file or a foreign producer can
+   push past the range of int64 are computed through these, and nowhere by hand. Each stores the
+   exact result and returns true, or returns false and leaves *out untouched when the result does
+   not fit. The compiler's overflow builtins are used where they exist; the portable forms check
+   before they compute and are kept (and tested) everywhere. */
+
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_add_overflow) && __has_builtin(__builtin_mul_overflow) &&              \
+    __has_builtin(__builtin_sub_overflow)
+#define TB__OVERFLOW_BUILTINS 1
+#endif
+#elif defined(__GNUC__) && __GNUC__ >= 5
+#define TB__OVERFLOW_BUILTINS 1
+#endif
+
+static TB__UNUSED bool tb__add_i64_portable(int64_t a, int64_t b, int64_t *out) {
+    if (b > 0 ? a > INT64_MAX - b : a < INT64_MIN - b) return false;
+    *out = a + b;
+    return true;
+}
+
+static TB__UNUSED bool tb__sub_i64_portable(int64_t a, int64_t b, int64_t *out) {
+    if (b < 0 ? a > INT64_MAX + b : a < INT64_MIN + b) return false;
+    *out = a - b;
+    return true;
+}
+
+static TB__UNUSED bool tb__mul_i64_portable(int64_t a, int64_t b, int64_t *out) {
+    if (a > 0) {
+        if (b > 0 ? a > INT64_MAX / b : b < INT64_MIN / a) return false;
+    } else if (a < 0) {
+        if (b > 0 ? a < INT64_MIN / b : (b < 0 && a < INT64_MAX / b)) return false;
+    }
+    *out = a * b;
+    return true;
+}
+
+static TB__UNUSED bool tb__add_size_portable(size_t a, size_t b, size_t *out) {
+    if (a > SIZE_MAX - b) return false;
+    *out = a + b;
+    return true;
+}
+
+static TB__UNUSED bool tb__mul_size_portable(size_t a, size_t b, size_t *out) {
+    if (b != 0 && a > SIZE_MAX / b) return false;
+    *out = a * b;
+    return true;
+}
+
+#if defined(TB__OVERFLOW_BUILTINS)
+#define TB__CHECKED(name, type, builtin)                                                           \
+    static TB__UNUSED bool name(type a, type b, type *out) {                                       \
+        type r;                                                                                    \
+        if (builtin(a, b, &r)) return false;                                                       \
+        *out = r;                                                                                  \
+        return true;                                                                               \
+    }
+TB__CHECKED(tb__add_i64, int64_t, __builtin_add_overflow)
+TB__CHECKED(tb__sub_i64, int64_t, __builtin_sub_overflow)
+TB__CHECKED(tb__mul_i64, int64_t, __builtin_mul_overflow)
+TB__CHECKED(tb__add_size, size_t, __builtin_add_overflow)
+TB__CHECKED(tb__mul_size, size_t, __builtin_mul_overflow)
+#undef TB__CHECKED
+#else
+#define TB__CHECKED(name, type)                                                                    \
+    static TB__UNUSED bool name(type a, type b, type *out) {                                       \
+        return name##_portable(a, b, out);                                                         \
+    }
+TB__CHECKED(tb__add_i64, int64_t)
+TB__CHECKED(tb__sub_i64, int64_t)
+TB__CHECKED(tb__mul_i64, int64_t)
+TB__CHECKED(tb__add_size, size_t)
+TB__CHECKED(tb__mul_size, size_t)
+#undef TB__CHECKED
+#endif
+#undef TB__OVERFLOW_BUILTINS
+
+/* a * b + c */
+static TB__UNUSED bool tb__muladd_i64(int64_t a, int64_t b, int64_t c, int64_t *out) {
+    int64_t p;
+    return tb__mul_i64(a, b, &p) && tb__add_i64(p, c, out);
+}
+
+/* A non-negative int64 as a size_t. */
+static TB__UNUSED bool tb__i64_to_size(int64_t v, size_t *out) {
+    if (v < 0 || (uint64_t)v > (uint64_t)SIZE_MAX) return false;
+    *out = (size_t)v;
+    return true;
+}
+
+/* The most bytes a tensor may span: its byte size and every byte offset inside it fit in both
+   int64 and size_t (PyTorch's storage_max). */
+#define TB__MAX_BYTES ((uint64_t)SIZE_MAX < (uint64_t)INT64_MAX ? (int64_t)SIZE_MAX : INT64_MAX)
+
 /* ---- allocation ---- */
 
 /* The hooks without error reporting (logging must not overwrite the caller's error). */

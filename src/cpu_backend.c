@@ -24,7 +24,7 @@ static void tb__cpu_program_free(tb__cpu_program *p) {
 }
 
 static tb_status tb__cpu_data_from_host(void *user_data, tb_backend_data *data, const void *host) {
-    size_t nbytes;
+    size_t nbytes = 0;
     tb__host_buffer *hb;
     tb_status st;
     (void)user_data;
@@ -54,7 +54,7 @@ static tb_status tb__cpu_data_from_scalar(void *user_data, tb_backend_data *data
 
 static tb_status tb__cpu_data_to_host(void *user_data, const tb_backend_data *data, void *host) {
     const tb__host_buffer *hb = (const tb__host_buffer *)data->payload;
-    size_t nbytes;
+    size_t nbytes = 0;
     tb_status st;
     (void)user_data;
     st = tb_shape_nbytes(&data->shape, &nbytes);
@@ -205,7 +205,7 @@ static tb_status tb__cpu_execute(void *user_data, void *computation,
         params[i] = hb->data;
     }
     for (i = 0; i < num_results; i++) {
-        size_t nbytes;
+        size_t nbytes = 0;
         if (results[i] == NULL) {
             st = tb__error(TB_ERR_INVALID_ARGUMENT, "cpu: execute: result %zu is NULL", i);
             goto done;

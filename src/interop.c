@@ -112,11 +112,10 @@ static tb_status tb__npy_shape(tb__npy_parser *p, tb__npy_header *h) {
             return tb__npy_bad(p, "expected a dimension");
         int64_t value = 0;
         while (p->pos < p->len && p->text[p->pos] >= '0' && p->text[p->pos] <= '9') {
-            int digit = p->text[p->pos++] - '0';
-            if (value > (INT64_MAX - digit) / 10)
+            int64_t digit = p->text[p->pos++] - '0';
+            if (!tb__muladd_i64(value, 10, digit, &value))
                 return tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: a dimension overflows int64",
                                  p->path);
-            value = value * 10 + digit;
         }
         if (h->rank >= TB_MAX_RANK)
             return tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: more than %d dimensions", p->path,
@@ -181,95 +180,168 @@ static tb_status tb__npy_parse_header(const char *text, size_t len, const char *
     return TB_OK;
 }
 
-/* Reads exactly `size` bytes; false on a short read. */
-static bool tb__read_exact(FILE *f, void *dst, size_t size) {
-    return size == 0 || fread(dst, 1, size, f) == size;
+/* How many bytes the stream holds from its position on, through fseek and ftell (standard C,
+   so no file descriptor is needed): false when that is unknown (a pipe; a file beyond what a
+   long counts). The position is left where it was. */
+static bool tb__stream_left(FILE *f, int64_t *left) {
+    long here = ftell(f), end;
+    if (here < 0 || fseek(f, 0, SEEK_END) != 0) return false;
+    end = ftell(f);
+    if (fseek(f, here, SEEK_SET) != 0 || end < here) return false;
+    *left = (int64_t)end - (int64_t)here;
+    return true;
+}
+
+#define TB__READ_CHUNK ((size_t)1 << 16)
+
+/* Reads `size` bytes into a new buffer with one NUL byte after them, never allocating much more
+   than the stream really holds: when `known`, `left` (the bytes the stream holds) is checked
+   first; otherwise the buffer grows as the bytes arrive, doubling from 64 KiB. TB_ERR_FORMAT
+   when the stream ends first (*got: the bytes that were there), TB_ERR_OUT_OF_MEMORY. The
+   error message is the caller's to write; nothing is allocated on error. */
+static tb_status tb__read_bounded(FILE *f, size_t size, bool known, int64_t left,
+                                  unsigned char **out, size_t *got) {
+    unsigned char *buf, *bigger;
+    size_t have = 0, cap, n;
+    *got = 0;
+    if (known && (uint64_t)left < (uint64_t)size) {
+        *got = (size_t)left;
+        return TB_ERR_FORMAT;
+    }
+    if (size == SIZE_MAX) return TB_ERR_OUT_OF_MEMORY; /* no room for the NUL */
+    cap = known || size < TB__READ_CHUNK ? size : TB__READ_CHUNK;
+    buf = (unsigned char *)tb__alloc(cap + 1);
+    if (buf == NULL) return TB_ERR_OUT_OF_MEMORY;
+    while (have < size) {
+        if (have == cap) {
+            cap = cap > (size - cap) ? size : 2 * cap;
+            bigger = (unsigned char *)tb__alloc(cap + 1);
+            if (bigger == NULL) {
+                tb__free(buf);
+                return TB_ERR_OUT_OF_MEMORY;
+            }
+            memcpy(bigger, buf, have);
+            tb__free(buf);
+            buf = bigger;
+        }
+        n = fread(buf + have, 1, cap - have, f);
+        have += n;
+        if (n == 0) {
+            tb__free(buf);
+            *got = have;
+            return TB_ERR_FORMAT;
+        }
+    }
+    buf[size] = '\0';
+    *out = buf;
+    *got = size;
+    return TB_OK;
+}
+
+#undef TB__READ_CHUNK
+
+/* tb_npy_load on an open stream; `path` names it in messages. */
+static tb_tensor *tb__npy_load_stream(FILE *f, const char *path, const tb_device *device) {
+    tb_tensor *result = NULL;
+    unsigned char *header_text = NULL, *data = NULL;
+    unsigned char preamble[12];
+    tb__npy_header h;
+    tb_shape shape;
+    size_t nbytes = 0, got = 0, preamble_len, header_len = 0;
+    unsigned major;
+    int64_t left = 0;
+    bool known;
+    tb_status st;
+    if (fread(preamble, 1, 8, f) != 8 || memcmp(preamble, tb__npy_magic, TB__NPY_MAGIC_LEN)) {
+        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s is not a .npy file (bad magic)", path);
+        return NULL;
+    }
+    major = preamble[6];
+    if (major != 1 && major != 2 && major != 3) {
+        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: unsupported format version %u.%u", path, major,
+                  (unsigned)preamble[7]);
+        return NULL;
+    }
+    preamble_len = major == 1 ? 10 : 12;
+    if (fread(preamble + 8, 1, preamble_len - 8, f) != preamble_len - 8) {
+        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: truncated header", path);
+        return NULL;
+    }
+    header_len = (size_t)preamble[8] | ((size_t)preamble[9] << 8);
+    if (major != 1) header_len |= ((size_t)preamble[10] << 16) | ((size_t)preamble[11] << 24);
+    if (header_len > ((size_t)1 << 24)) {
+        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: header of %lu bytes is not plausible", path,
+                  (unsigned long)header_len);
+        return NULL;
+    }
+    known = tb__stream_left(f, &left);
+    st = tb__read_bounded(f, header_len, known, left, &header_text, &got);
+    if (st == TB_ERR_FORMAT) {
+        tb__error(TB_ERR_FORMAT,
+                  "tb_npy_load: %s: truncated header (%lu bytes promised, %lu in the file)", path,
+                  (unsigned long)header_len, (unsigned long)got);
+    }
+    if (st != TB_OK) return NULL;
+    if (known) left -= (int64_t)header_len;
+    if (tb__npy_parse_header((const char *)header_text, header_len, path, &h) != TB_OK) goto done;
+    if (tb_shape_make(&shape, h.dtype, h.rank, h.dims) != TB_OK ||
+        tb_shape_nbytes(&shape, &nbytes) != TB_OK) {
+        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: the shape in the header is too large (%s)", path,
+                  tb_last_error());
+        goto done;
+    }
+    /* What the header claims is checked against what the file holds before anything of that
+       size is allocated. */
+    if (known && (uint64_t)left > (uint64_t)nbytes) {
+        tb__error(TB_ERR_FORMAT,
+                  "tb_npy_load: %s: data continues past the %lu bytes the header describes (the "
+                  "file holds %lld)",
+                  path, (unsigned long)nbytes, (long long)left);
+        goto done;
+    }
+    st = tb__read_bounded(f, nbytes, known, left, &data, &got);
+    if (st == TB_ERR_FORMAT) {
+        tb__error(TB_ERR_FORMAT,
+                  "tb_npy_load: %s: truncated: the header promises %lu bytes of data, the file "
+                  "holds %lu",
+                  path, (unsigned long)nbytes, (unsigned long)got);
+    }
+    if (st != TB_OK) goto done;
+    if (!known && fgetc(f) != EOF) {
+        tb__error(TB_ERR_FORMAT,
+                  "tb_npy_load: %s: data continues past the %lu bytes the header describes", path,
+                  (unsigned long)nbytes);
+        goto done;
+    }
+    if (h.big_endian == tb__host_is_little_endian() && tb_dtype_size(h.dtype) > 1)
+        tb__swap_bytes(data, nbytes / tb_dtype_size(h.dtype), tb_dtype_size(h.dtype));
+    if (h.dtype == TB_BOOL) {
+        for (size_t i = 0; i < nbytes; ++i)
+            data[i] = data[i] != 0;
+    }
+    result = tb_tensor_from_host(data, &shape, device);
+done:
+    tb__free(header_text);
+    tb__free(data);
+    return result;
 }
 
 TBDEF tb_tensor *tb_npy_load(const char *path, const tb_device *device) {
+    tb_tensor *result;
+    FILE *f;
     tb__ensure_setup();
     if (path == NULL) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "tb_npy_load: path is NULL");
         return NULL;
     }
-    FILE *f = fopen(path, "rb");
+    f = fopen(path, "rb");
     if (f == NULL) {
         tb__error(errno == ENOENT ? TB_ERR_NOT_FOUND : TB_ERR_IO, "tb_npy_load: cannot open %s: %s",
                   path, strerror(errno));
         return NULL;
     }
-    tb_tensor *result = NULL;
-    char *header_text = NULL;
-    void *data = NULL;
-    unsigned char preamble[12];
-    tb__npy_header h;
-    tb_shape shape;
-    size_t nbytes = 0;
-    unsigned major = 0;
-    size_t header_len = 0;
-    if (!tb__read_exact(f, preamble, 8) || memcmp(preamble, tb__npy_magic, TB__NPY_MAGIC_LEN)) {
-        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s is not a .npy file (bad magic)", path);
-        goto done;
-    }
-    major = preamble[6];
-    if (major == 1) {
-        if (!tb__read_exact(f, preamble + 8, 2)) goto truncated;
-        header_len = (size_t)preamble[8] | ((size_t)preamble[9] << 8);
-    } else if (major == 2 || major == 3) {
-        if (!tb__read_exact(f, preamble + 8, 4)) goto truncated;
-        header_len = (size_t)preamble[8] | ((size_t)preamble[9] << 8) |
-                     ((size_t)preamble[10] << 16) | ((size_t)preamble[11] << 24);
-        if (header_len > ((size_t)1 << 24)) {
-            tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: header of %lu bytes is not plausible", path,
-                      (unsigned long)header_len);
-            goto done;
-        }
-    } else {
-        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: unsupported format version %u.%u", path, major,
-                  (unsigned)preamble[7]);
-        goto done;
-    }
-    header_text = (char *)tb__alloc(header_len + 1);
-    if (header_text == NULL) goto done;
-    if (!tb__read_exact(f, header_text, header_len)) goto truncated;
-    header_text[header_len] = '\0';
-    if (tb__npy_parse_header(header_text, header_len, path, &h) != TB_OK) goto done;
-    if (tb_shape_make(&shape, h.dtype, h.rank, h.dims) != TB_OK ||
-        tb_shape_nbytes(&shape, &nbytes) != TB_OK) {
-        tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: the shape in the header is too large", path);
-        goto done;
-    }
-    data = tb__alloc(nbytes ? nbytes : 1);
-    if (data == NULL) goto done;
-    if (!tb__read_exact(f, data, nbytes)) {
-        tb__error(TB_ERR_FORMAT,
-                  "tb_npy_load: %s: truncated: the header promises %lu bytes of data", path,
-                  (unsigned long)nbytes);
-        goto done;
-    }
-    if (fgetc(f) != EOF) {
-        tb__error(TB_ERR_FORMAT,
-                  "tb_npy_load: %s: data continues past the %lu bytes the header "
-                  "describes",
-                  path, (unsigned long)nbytes);
-        goto done;
-    }
-    if (h.big_endian == tb__host_is_little_endian() && tb_dtype_size(h.dtype) > 1)
-        tb__swap_bytes((unsigned char *)data, nbytes / tb_dtype_size(h.dtype),
-                       tb_dtype_size(h.dtype));
-    if (h.dtype == TB_BOOL) {
-        unsigned char *b = (unsigned char *)data;
-        for (size_t i = 0; i < nbytes; ++i)
-            b[i] = b[i] != 0;
-    }
-    result = tb_tensor_from_host(data, &shape, device);
-    goto done;
-truncated:
-    tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: truncated header", path);
-done:
+    result = tb__npy_load_stream(f, path, device);
     fclose(f);
-    tb__free(header_text);
-    tb__free(data);
     return result;
 }
 
@@ -592,16 +664,15 @@ static void tb__dl_call_deleter_versioned(void *context) {
     if (managed->deleter != NULL) managed->deleter(managed);
 }
 
-/* Copies a strided array of `shape` into the contiguous `dst`. */
+/* Copies a strided array of `shape` into the contiguous `dst`. Its extent passed
+   tb__dl_check_extent: every partial sum of the offsets lies inside it, so none overflows. */
 static void tb__dl_gather(const tb_shape *shape, const unsigned char *base, const int64_t *strides,
                           unsigned char *dst) {
     size_t width = tb_dtype_size(shape->dtype);
-    int64_t numel = 1, index[TB_MAX_RANK], i;
+    int64_t numel = tb__shape_numel(shape), index[TB_MAX_RANK], i;
     int32_t d;
-    for (d = 0; d < shape->rank; ++d) {
-        numel *= shape->dims[d];
+    for (d = 0; d < shape->rank; ++d)
         index[d] = 0;
-    }
     for (i = 0; i < numel; ++i) {
         int64_t offset = 0;
         for (d = 0; d < shape->rank; ++d)
@@ -612,6 +683,63 @@ static void tb__dl_gather(const tb_shape *shape, const unsigned char *base, cons
             index[d] = 0;
         }
     }
+}
+
+/* Checks, before anything touches the data, that every element a DLPack tensor describes lies at
+   a byte offset from `data` that fits in int64 (strides of any sign, byte_offset included) and
+   that adding those offsets to the address does not wrap around. The producer vouches for the
+   memory itself; what is checked here keeps the arithmetic on it defined. */
+static tb_status tb__dl_check_extent(const char *fn, const tb_dl_tensor *dl, const tb_shape *shape,
+                                     size_t width) {
+    int64_t lo, hi, strides[TB_MAX_RANK];
+    uintptr_t address = (uintptr_t)dl->data;
+    int32_t d;
+    if (dl->byte_offset > (uint64_t)INT64_MAX) {
+        return tb__error(TB_ERR_OVERFLOW, "%s: byte_offset %llu does not fit in int64", fn,
+                         (unsigned long long)dl->byte_offset);
+    }
+    lo = hi = (int64_t)dl->byte_offset;
+    if (tb__shape_numel(shape) > 0) {
+        if (dl->strides == NULL) {
+            if (tb_shape_strides(shape, strides) != TB_OK) return tb_last_status();
+        } else {
+            memcpy(strides, dl->strides, (size_t)shape->rank * sizeof *strides);
+        }
+        for (d = 0; d < shape->rank; ++d) {
+            int64_t span;
+            if (shape->dims[d] == 1) continue; /* any stride: never multiplied by a nonzero index */
+            if (!tb__mul_i64(shape->dims[d] - 1, strides[d], &span) ||
+                !tb__mul_i64(span, (int64_t)width, &span)) {
+                return tb__error(TB_ERR_OVERFLOW,
+                                 "%s: stride %lld of dimension %d overflows (the byte offset of "
+                                 "element %lld along it does not fit in int64)",
+                                 fn, (long long)strides[d], (int)d,
+                                 (long long)(shape->dims[d] - 1));
+            }
+            if (!tb__add_i64(span < 0 ? lo : hi, span, span < 0 ? &lo : &hi)) {
+                return tb__error(TB_ERR_OVERFLOW,
+                                 "%s: the strides overflow: with stride %lld of dimension %d the "
+                                 "byte offset of the %s element does not fit in int64",
+                                 fn, (long long)strides[d], (int)d, span < 0 ? "first" : "last");
+            }
+        }
+        if (!tb__add_i64(hi, (int64_t)width, &hi)) {
+            return tb__error(TB_ERR_OVERFLOW,
+                             "%s: the strides overflow: the end of the last element does not fit "
+                             "in int64",
+                             fn);
+        }
+    }
+    /* The addresses data + lo .. data + hi, without wrapping around. */
+    if ((lo < 0 && address < (uintptr_t)(0 - (uint64_t)lo)) ||
+        (hi > 0 && (uint64_t)hi > (uint64_t)(UINTPTR_MAX - address))) {
+        return tb__error(TB_ERR_OVERFLOW,
+                         "%s: data %p with byte_offset %llu and these strides reaches bytes "
+                         "%lld..%lld, outside the address space",
+                         fn, dl->data, (unsigned long long)dl->byte_offset, (long long)lo,
+                         (long long)hi);
+    }
+    return TB_OK;
 }
 
 /* The tensor of a DLPack tensor. `release(context)` runs the producer's deleter: once the last
@@ -672,23 +800,14 @@ static tb_tensor *tb__dl_import(const char *fn, const tb_dl_tensor *dl, const tb
         return NULL;
     }
     width = tb_dtype_size(dtype);
+    if (tb__dl_check_extent(fn, dl, &shape, width) != TB_OK) return NULL;
     base = (const unsigned char *)dl->data;
-    if (base != NULL) base += dl->byte_offset;
+    if (base != NULL) base += (size_t)dl->byte_offset; /* checked: no wrap */
     /* Dims of size 1 may have any stride (PyTorch exports such); empty arrays are contiguous. */
     if (dl->strides != NULL && nbytes > 0) {
         for (d = shape.rank - 1; d >= 0; --d) {
             if (shape.dims[d] != 1 && dl->strides[d] != expected) contiguous = false;
-            expected *= shape.dims[d];
-        }
-        for (d = 0; d < shape.rank && !contiguous; ++d) {
-            int64_t extent = shape.dims[d] - 1;
-            int64_t stride = dl->strides[d] < 0 ? -dl->strides[d] : dl->strides[d];
-            if (dl->strides[d] == INT64_MIN ||
-                (extent > 0 && stride > INT64_MAX / extent / (int64_t)width)) {
-                tb__error(TB_ERR_OVERFLOW, "%s: stride %lld of dimension %d overflows", fn,
-                          (long long)dl->strides[d], (int)d);
-                return NULL;
-            }
+            expected *= shape.dims[d]; /* fits: the size rule of shapes */
         }
     }
     in_place = contiguous && ((uintptr_t)base % width) == 0;

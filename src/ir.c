@@ -474,27 +474,27 @@ static const char *tb__st(const tb_shape *shape, tb__shape_buf *buf) {
     return buf->text;
 }
 
-/* Element count and byte size fit int64 and size_t. */
+/* Dims >= 0 and the size rule of shapes (tb__dims_extent): element counts, strides and byte
+   offsets fit. */
 static bool tb__shape_fits(const tb_shape *shape) {
-    int64_t numel = 1;
     int32_t i;
-    size_t elem = tb_dtype_size(shape->dtype);
-    bool zero = false;
+    if (!tb_dtype_is_valid(shape->dtype) || shape->rank < 0 || shape->rank > TB_MAX_RANK)
+        return false;
     for (i = 0; i < shape->rank; i++) {
-        if (shape->dims[i] == 0) zero = true;
+        if (shape->dims[i] < 0) return false;
     }
-    if (zero) return true;
-    for (i = 0; i < shape->rank; i++) {
-        if (numel > INT64_MAX / shape->dims[i]) return false;
-        numel *= shape->dims[i];
-    }
-    if (elem == 0) return false;
-    return (uint64_t)numel <= (uint64_t)(SIZE_MAX / elem);
+    return tb__shape_size_ok(shape);
 }
 
 static tb_status tb__check_fits(const char *fn, const tb_shape *shape) {
     tb__shape_buf b;
     if (tb__shape_fits(shape)) return TB_OK;
+    if (tb__shape_has_zero(shape)) {
+        return tb__error(TB_ERR_OVERFLOW,
+                         "%s: the result %s is too large (empty, but with its 0 dims read as 1 "
+                         "its size overflows; empty shapes obey the same limit)",
+                         fn, tb__st(shape, &b));
+    }
     return tb__error(TB_ERR_OVERFLOW, "%s: the result %s is too large (its size overflows)", fn,
                      tb__st(shape, &b));
 }
@@ -818,8 +818,7 @@ static tb_status tb__infer_layer_norm(const char *fn, const tb_shape *in, size_t
 
 static tb_status tb__infer_reshape(const char *fn, const tb_shape *x, const int64_t *attrs,
                                    size_t num_attrs, tb_shape *out) {
-    int64_t in_numel = 1, out_numel = 1;
-    bool in_zero = false, out_zero = false;
+    int64_t in_numel, out_numel;
     int32_t i;
     tb__shape_buf b;
     if (num_attrs > TB_MAX_RANK) {
@@ -831,22 +830,14 @@ static tb_status tb__infer_reshape(const char *fn, const tb_shape *x, const int6
             return tb__error(TB_ERR_SHAPE, "%s: output dim %d is negative (%lld)", fn, (int)i,
                              (long long)attrs[i]);
         }
-        if (attrs[i] == 0) out_zero = true;
-    }
-    for (i = 0; i < x->rank; i++) {
-        if (x->dims[i] == 0) in_zero = true;
     }
     out->dtype = x->dtype;
     out->rank = (int32_t)num_attrs;
     for (i = 0; i < out->rank; i++)
         out->dims[i] = attrs[i];
     if (!tb__shape_fits(out)) return tb__check_fits(fn, out);
-    for (i = 0; i < x->rank && !in_zero; i++)
-        in_numel *= x->dims[i];
-    for (i = 0; i < out->rank && !out_zero; i++)
-        out_numel *= out->dims[i];
-    if (in_zero) in_numel = 0;
-    if (out_zero) out_numel = 0;
+    in_numel = tb__shape_numel(x);
+    out_numel = tb__shape_numel(out);
     if (in_numel != out_numel) {
         tb__shape_buf c;
         return tb__error(TB_ERR_SHAPE, "%s: cannot reshape %s (%lld elements) to %s", fn,
@@ -961,11 +952,10 @@ static tb_status tb__infer_concat(const char *fn, const tb_shape *in, size_t n,
                              "%lld",
                              fn, tb__st(&in[0], &a), tb__st(&in[k], &b), k, (long long)dim);
         }
-        if (in[k].dims[dim] > INT64_MAX - total) {
+        if (!tb__add_i64(total, in[k].dims[dim], &total)) {
             return tb__error(TB_ERR_OVERFLOW, "%s: the concatenated dim %lld overflows", fn,
                              (long long)dim);
         }
-        total += in[k].dims[dim];
     }
     *out = in[0];
     out->dims[dim] = total;
@@ -995,11 +985,11 @@ static tb_status tb__infer_pad(const char *fn, const tb_shape *in, const int64_t
                              "%d",
                              fn, (long long)before, (long long)after, (int)i);
         }
-        if (before > INT64_MAX - x->dims[i] || after > INT64_MAX - x->dims[i] - before) {
+        if (!tb__add_i64(before, x->dims[i], &out->dims[i]) ||
+            !tb__add_i64(out->dims[i], after, &out->dims[i])) {
             return tb__error(TB_ERR_OVERFLOW, "%s: padding axis %d of %s overflows", fn, (int)i,
                              tb__st(x, &b));
         }
-        out->dims[i] = before + x->dims[i] + after;
     }
     return tb__check_fits(fn, out);
 }
@@ -1112,11 +1102,7 @@ static tb_status tb__infer_shape_as(const char *fn, tb_op op, const tb_shape *in
     if (out == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
     for (k = 0; k < num_inputs; k++) {
         const tb_shape *s = &inputs[k];
-        bool ok = tb_dtype_is_valid(s->dtype) && s->rank >= 0 && s->rank <= TB_MAX_RANK;
-        int32_t i;
-        for (i = 0; ok && i < s->rank; i++)
-            ok = s->dims[i] >= 0;
-        if (!ok) {
+        if (!tb__shape_fits(s)) {
             return tb__error(TB_ERR_SHAPE,
                              "%s: operand %zu has an invalid shape (dtype %d, rank "
                              "%d)",

@@ -1009,12 +1009,12 @@ TBDEF tb_tensor *tb_reshape(tb_tensor *x, const int64_t *dims, int32_t rank) {
     tb__arg arg;
     tb_device device;
     int64_t out[TB_MAX_RANK];
-    int64_t numel = 1, known = 1;
+    int64_t numel, known = 1;
     int32_t i, infer = -1;
     tb_node *node = NULL;
     char want[256];
     tb__shape_buf b;
-    bool zero_known = false, zero_in = false;
+    bool zero_known = false;
     tb__ensure_setup();
     if (x == NULL) return tb__null_input(fn, "x");
     if (rank < 0 || rank > TB_MAX_RANK) {
@@ -1038,19 +1038,13 @@ TBDEF tb_tensor *tb_reshape(tb_tensor *x, const int64_t *dims, int32_t rank) {
         } else if (dims[i] == 0) {
             zero_known = true;
         } else if (!zero_known) {
-            if (known > INT64_MAX / dims[i]) {
+            if (!tb__mul_i64(known, dims[i], &known)) {
                 tb__error(TB_ERR_OVERFLOW, "%s: the size of %s overflows", fn, want);
                 goto done;
             }
-            known *= dims[i];
         }
     }
-    for (i = 0; i < arg.shape.rank; i++) {
-        if (arg.shape.dims[i] == 0) zero_in = true;
-    }
-    for (i = 0; i < arg.shape.rank && !zero_in; i++)
-        numel *= arg.shape.dims[i];
-    if (zero_in) numel = 0;
+    numel = tb__shape_numel(&arg.shape);
     if (infer >= 0) {
         if (zero_known) {
             tb__error(TB_ERR_SHAPE,

@@ -128,23 +128,19 @@ static int64_t tb__ref_esize(tb_dtype dtype) {
     return (int64_t)tb_dtype_size(dtype);
 }
 
-/* Element count of a validated shape (fits in int64). */
+/* Element count of a validated shape (fits in int64: the size rule of shapes). */
 static int64_t tb__ref_numel(const tb_shape *s) {
-    int64_t n = 1;
-    int32_t d;
-    for (d = 0; d < s->rank; d++)
-        n *= s->dims[d];
-    return n;
+    return tb__shape_numel(s);
 }
 
-/* Row-major strides. For an empty shape the products of the other dims may not fit, and the
-   strides are never used to address memory, so they saturate instead of overflowing. */
+/* Row-major strides (a 0 dim counts as 1). They fit for every valid shape, empty ones included
+   (the size rule of shapes); a broken shape saturates instead of overflowing. */
 static void tb__ref_contig_strides(const tb_shape *s, int64_t *strides) {
     int64_t acc = 1;
     int32_t d;
     for (d = s->rank - 1; d >= 0; d--) {
         strides[d] = acc;
-        if (s->dims[d] > 1) acc = (acc <= INT64_MAX / s->dims[d]) ? acc * s->dims[d] : INT64_MAX;
+        if (s->dims[d] > 1 && !tb__mul_i64(acc, s->dims[d], &acc)) acc = INT64_MAX;
     }
 }
 
@@ -160,7 +156,7 @@ static tb_status tb__ref_nbytes(const tb_shape *shape, size_t *out) {
 
 /* A new contiguous view of `shape` over a fresh buffer. */
 static tb_status tb__rview_alloc(tb__rview *v, const tb_shape *shape) {
-    size_t nbytes;
+    size_t nbytes = 0;
     tb_status st = tb__ref_nbytes(shape, &nbytes);
     if (st != TB_OK) return st;
     memset(v, 0, sizeof(*v));
@@ -410,8 +406,10 @@ static tb_status tb__iter_run(tb__iter *it, tb__run_fn fn, void *ctx) {
     for (d = 0; d < it->rank; d++) {
         bool merge = r > 0;
         if (it->dims[d] == 1) continue;
-        for (k = 0; k < nops && merge; k++)
-            merge = strides[k][r - 1] == it->strides[k][d] * it->dims[d];
+        for (k = 0; k < nops && merge; k++) {
+            int64_t span;
+            merge = tb__mul_i64(it->strides[k][d], it->dims[d], &span) && strides[k][r - 1] == span;
+        }
         if (merge) {
             dims[r - 1] *= it->dims[d];
             for (k = 0; k < nops; k++)
@@ -601,7 +599,7 @@ static tb_status tb__rview_contig(const tb__rview *src, tb__rview *out) {
 static tb_status tb__rview_to_host(const tb__rview *v, void *host) {
     tb__rview dst;
     tb_status st;
-    size_t nbytes;
+    size_t nbytes = 0;
     st = tb__ref_nbytes(&v->shape, &nbytes);
     if (st != TB_OK) return st;
     if (nbytes == 0) return TB_OK;
@@ -1847,7 +1845,7 @@ static tb_status tb__ref_movement(const tb_node *node, const tb__rview *x, tb__r
         return TB_OK;
     }
     case TB_OP_SLICE: {
-        int64_t dim, start, step;
+        int64_t dim, start, step, last;
         if (node->num_attrs < 4 || os->rank != xs->rank) return tb__ref_malformed(node, xs);
         dim = node->attrs[0];
         start = node->attrs[1];
@@ -1855,13 +1853,21 @@ static tb_status tb__ref_movement(const tb_node *node, const tb__rview *x, tb__r
         if (dim < 0 || dim >= xs->rank || start < 0 || step < 1) return tb__ref_malformed(node, xs);
         for (d = 0; d < os->rank; d++)
             if (d != dim && os->dims[d] != xs->dims[d]) return tb__ref_malformed(node, xs);
+        if (start > xs->dims[dim]) return tb__ref_malformed(node, xs);
         /* the last element read must exist (the output is not empty here) */
-        if (os->dims[dim] > 0 && start + (os->dims[dim] - 1) * step >= xs->dims[dim])
+        if (os->dims[dim] > 0 &&
+            (!tb__muladd_i64(os->dims[dim] - 1, step, start, &last) || last >= xs->dims[dim]))
             return tb__ref_malformed(node, xs);
         tb__rview_share(out, x);
         out->shape = *os;
-        out->offset += start * x->strides[dim];
-        out->strides[dim] = x->strides[dim] * step;
+        /* Inside the operand: both fit. A step only scales the stride where the output has two
+           or more elements along dim (then step < dims[dim]); a step as large as 2^62 over one
+           element leaves the stride alone. */
+        if (os->dims[dim] > 0) out->offset += start * x->strides[dim];
+        if (os->dims[dim] > 1 && !tb__mul_i64(x->strides[dim], step, &out->strides[dim])) {
+            tb__rview_clear(out);
+            return tb__ref_malformed(node, xs);
+        }
         return TB_OK;
     }
     case TB_OP_FLIP: {
@@ -1896,7 +1902,7 @@ static tb_status tb__ref_concat(const tb_node *node, const tb__rview *in, tb__rv
         if (in[k].shape.rank != os->rank) goto bad;
         for (d = 0; d < os->rank; d++)
             if (d != dim && in[k].shape.dims[d] != os->dims[d]) goto bad;
-        at += in[k].shape.dims[dim];
+        if (!tb__add_i64(at, in[k].shape.dims[dim], &at)) goto bad;
     }
     if (at != os->dims[dim]) goto bad;
     st = tb__rview_alloc(out, os);
@@ -1936,7 +1942,10 @@ static tb_status tb__ref_pad(const tb_node *node, const tb__rview *in, tb__rview
         goto bad;
     for (d = 0; d < os->rank; d++) {
         int64_t before = node->attrs[2 * d], after = node->attrs[2 * d + 1];
-        if (before < 0 || after < 0 || before + x->shape.dims[d] + after != os->dims[d]) goto bad;
+        int64_t size;
+        if (before < 0 || after < 0 || !tb__add_i64(before, x->shape.dims[d], &size) ||
+            !tb__add_i64(size, after, &size) || size != os->dims[d])
+            goto bad;
     }
     st = tb__rview_alloc(out, os);
     if (st != TB_OK) return st;

@@ -247,11 +247,39 @@ static TB__UNUSED size_t tb__shape_text(const tb_shape *shape, char buf[96]) {
     return n;
 }
 
+/* The size rule of every shape, empty or not: the product of the dims with each 0 read as 1
+   (the element count of the shape's contiguous strides), times the element size, fits in
+   TB__MAX_BYTES. So an element count, a contiguous stride and a byte offset inside any valid
+   shape fit in int64 and size_t whatever the order of the dims, and the arithmetic on them
+   cannot overflow. PyTorch makes the same check ("Storage size calculation overflowed") but
+   stops at the first overflowing partial product, so it rejects f32[3,2^63-1,0] yet accepts
+   f32[0,3,2^63-1], whose strides then overflow; here both are rejected.
+   Sets *extent to that product and returns 0, or returns 1 when the product does not fit in
+   int64, 2 when the byte size does not fit. The dims must be >= 0. */
+static int tb__dims_extent(int32_t rank, const int64_t *dims, tb_dtype dtype, int64_t *extent) {
+    int64_t n = 1, bytes;
+    int32_t i;
+    for (i = 0; i < rank; i++) {
+        if (!tb__mul_i64(n, dims[i] == 0 ? 1 : dims[i], &n)) return 1;
+    }
+    if (!tb__mul_i64(n, (int64_t)tb_dtype_size(dtype), &bytes) || bytes > TB__MAX_BYTES) return 2;
+    *extent = n;
+    return 0;
+}
+
+static bool tb__shape_has_zero(const tb_shape *shape) {
+    int32_t i;
+    for (i = 0; i < shape->rank; i++) {
+        if (shape->dims[i] == 0) return true;
+    }
+    return false;
+}
+
 /* The checks of tb_shape_make on a filled shape; messages start with `fn`. */
 static tb_status tb__shape_check(const char *fn, const tb_shape *shape) {
     int32_t i;
-    int64_t numel = 1;
-    bool zero = false;
+    int64_t extent;
+    int why;
     char text[96];
     if (shape == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: shape is NULL", fn);
     if (!tb_dtype_is_valid(shape->dtype)) {
@@ -266,34 +294,39 @@ static tb_status tb__shape_check(const char *fn, const tb_shape *shape) {
             return tb__error(TB_ERR_SHAPE, "%s: dim %d is %lld (dims must be >= 0)", fn, (int)i,
                              (long long)shape->dims[i]);
         }
-        if (shape->dims[i] == 0) zero = true;
     }
-    if (zero) return TB_OK;
-    for (i = 0; i < shape->rank; i++) {
-        if (numel > INT64_MAX / shape->dims[i]) {
-            tb__shape_text(shape, text);
-            return tb__error(TB_ERR_OVERFLOW, "%s: %s has more elements than fit in int64", fn,
-                             text);
-        }
-        numel *= shape->dims[i];
+    why = tb__dims_extent(shape->rank, shape->dims, shape->dtype, &extent);
+    if (why == 0) return TB_OK;
+    tb__shape_text(shape, text);
+    if (tb__shape_has_zero(shape)) {
+        return tb__error(TB_ERR_OVERFLOW,
+                         "%s: %s is empty, but with its 0 dims read as 1 its %s (empty shapes "
+                         "obey the same limit, so that their strides fit)",
+                         fn, text,
+                         why == 1 ? "element count does not fit in int64"
+                                  : "byte size does not fit in int64 and size_t");
     }
-    if ((uint64_t)numel > (uint64_t)(SIZE_MAX / tb_dtype_size(shape->dtype))) {
-        tb__shape_text(shape, text);
-        return tb__error(TB_ERR_OVERFLOW, "%s: the byte size of %s does not fit in size_t", fn,
-                         text);
+    if (why == 1) {
+        return tb__error(TB_ERR_OVERFLOW, "%s: %s has more elements than fit in int64", fn, text);
     }
-    return TB_OK;
+    return tb__error(TB_ERR_OVERFLOW, "%s: the byte size of %s does not fit in int64 and size_t",
+                     fn, text);
 }
 
-/* The element count of a shape that passed tb__shape_check. */
+/* Whether a shape with valid dtype, rank and dims >= 0 obeys the size rule (no error set). */
+static TB__UNUSED bool tb__shape_size_ok(const tb_shape *shape) {
+    int64_t extent;
+    return tb__dims_extent(shape->rank, shape->dims, shape->dtype, &extent) == 0;
+}
+
+/* The element count of a shape that passed tb__shape_check (so it cannot overflow; a broken
+   shape saturates rather than wrap). */
 static int64_t tb__shape_numel(const tb_shape *shape) {
     int64_t n = 1;
     int32_t i;
     for (i = 0; i < shape->rank; i++) {
-        if (shape->dims[i] == 0) return 0; /* the other dims' product may not fit */
+        if (!tb__mul_i64(n, shape->dims[i], &n)) return INT64_MAX;
     }
-    for (i = 0; i < shape->rank; i++)
-        n *= shape->dims[i];
     return n;
 }
 
@@ -357,6 +390,7 @@ TBDEF tb_status tb_shape_nbytes(const tb_shape *shape, size_t *out) {
     if (out == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_shape_nbytes: out is NULL");
     st = tb__shape_check("tb_shape_nbytes", shape);
     if (st != TB_OK) return st;
+    /* fits: the size rule bounds it by TB__MAX_BYTES */
     *out = (size_t)tb__shape_numel(shape) * tb_dtype_size(shape->dtype);
     return TB_OK;
 }
@@ -418,17 +452,16 @@ TBDEF tb_status tb_shape_strides(const tb_shape *shape, int64_t strides[TB_MAX_R
     st = tb__shape_check("tb_shape_strides", shape);
     if (st != TB_OK) return st;
     memset(s, 0, sizeof s);
-    /* As PyTorch: a dim of size 0 counts as 1, so strides stay meaningful for empty tensors. */
+    /* As PyTorch: a dim of size 0 counts as 1, so strides stay meaningful for empty tensors. The
+       size rule makes every product fit; the check only guards against a broken invariant. */
     for (i = shape->rank - 1; i >= 0; i--) {
-        int64_t d = shape->dims[i] == 0 ? 1 : shape->dims[i];
         s[i] = acc;
-        if (i > 0 && acc > INT64_MAX / d) {
+        if (!tb__mul_i64(acc, shape->dims[i] == 0 ? 1 : shape->dims[i], &acc)) {
             char text[96];
             tb__shape_text(shape, text);
             return tb__error(TB_ERR_OVERFLOW, "tb_shape_strides: the strides of %s overflow int64",
                              text);
         }
-        acc *= d;
     }
     memcpy(strides, s, sizeof s);
     return TB_OK;
@@ -496,7 +529,7 @@ TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out) {
         pos++;
     if (text[pos] != ']') {
         for (;;) {
-            uint64_t v = 0;
+            int64_t v = 0;
             bool too_big = false;
             while (tb__is_space(text[pos]))
                 pos++;
@@ -513,9 +546,8 @@ TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out) {
                                  text, TB_MAX_RANK, pos);
             }
             while (text[pos] >= '0' && text[pos] <= '9') {
-                unsigned digit = (unsigned)(text[pos] - '0');
-                if (v > ((uint64_t)INT64_MAX - digit) / 10) too_big = true;
-                if (!too_big) v = v * 10 + digit;
+                int64_t digit = text[pos] - '0';
+                if (!too_big && !tb__muladd_i64(v, 10, digit, &v)) too_big = true;
                 pos++;
             }
             if (too_big) {
@@ -523,7 +555,7 @@ TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out) {
                                  "tb_shape_parse: dim %d of '%.100s' does not fit in int64",
                                  (int)s.rank, text);
             }
-            s.dims[s.rank++] = (int64_t)v;
+            s.dims[s.rank++] = v;
             while (tb__is_space(text[pos]))
                 pos++;
             if (text[pos] == ']') break;

@@ -48,8 +48,11 @@ TBDEF tb_scalar tb_scalar_i(tb_dtype dtype, int64_t value);
 TBDEF double tb_scalar_as_double(tb_scalar s);
 TBDEF int64_t tb_scalar_as_int(tb_scalar s);
 
-/* Builds a shape, checking dtype, rank (0..TB_MAX_RANK), dims >= 0 and that the element count
-   and the byte size fit. `dims` may be NULL when rank is 0. On error *out is untouched. */
+/* Builds a shape, checking dtype, rank (0..TB_MAX_RANK), dims >= 0 and the size rule: the byte
+   size must fit in int64 and in size_t (TB_ERR_OVERFLOW otherwise). An empty shape obeys the
+   same rule with its 0 dims read as 1, so that its strides fit too: f32[3,2^63-1,0] is rejected
+   (as in PyTorch) and so is f32[0,3,2^63-1] (which PyTorch accepts with overflowing strides).
+   `dims` may be NULL when rank is 0. On error *out is untouched. */
 TBDEF tb_status tb_shape_make(tb_shape *out, tb_dtype dtype, int32_t rank, const int64_t *dims);
 /* Convenience for literals: tb_shape_of(TB_F32, 2, 3, 4) is f32[3,4]. The dims are read as
    `int` (the type of a literal): pass int values, and use tb_shape_make for dims above INT_MAX
@@ -57,9 +60,9 @@ TBDEF tb_status tb_shape_make(tb_shape *out, tb_dtype dtype, int32_t rank, const
    (which every function rejects) and sets the error. */
 TBDEF tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, ...);
 
-/* Element count, TB_ERR_OVERFLOW if it does not fit in int64. */
+/* Element count; TB_ERR_OVERFLOW for a shape that breaks the size rule of tb_shape_make. */
 TBDEF tb_status tb_shape_numel(const tb_shape *shape, int64_t *out);
-/* Byte size, TB_ERR_OVERFLOW if it does not fit in size_t. */
+/* Byte size; TB_ERR_OVERFLOW for a shape that breaks the size rule of tb_shape_make. */
 TBDEF tb_status tb_shape_nbytes(const tb_shape *shape, size_t *out);
 /* Same dtype, rank and dims. NULL equals nothing. */
 TBDEF bool tb_shape_equal(const tb_shape *a, const tb_shape *b);

@@ -19,6 +19,7 @@
 # TB_TEST_OPENCL_LEAKS=1 turns leak detection on for the OpenCL tests (with tools/lsan.supp).
 # The tests run with POCL_DEVICES="pthread pthread" (two OpenCL devices on PoCL), a fresh
 # TB_CACHE_DIR, TB_BACKEND_PATH=build/plugins, and TB_BACKEND, TB_DEVICE, TB_CHECK unset.
+# TB_TEST_NO_FUZZ=1 skips the fuzz smoke run (tools/fuzz.sh, 20 seconds per harness).
 set -uo pipefail
 shopt -s nullglob
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -41,7 +42,7 @@ while [ $# -gt 0 ]; do
     --filter=*) filter=${1#--filter=} ;;
     --no-install) install=0 ;;
     -h | --help)
-        sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
@@ -503,6 +504,34 @@ if selected tools/test_integration.sh; then
     pass "$n_ok"
     if [ "$n_fail" -gt 0 ]; then
         fail "tools/test_integration.sh" "$n_fail"
+    fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+step "fuzz (smoke)"
+# Each libFuzzer harness of tests/fuzz/ for 20 seconds from its seeds (tools/fuzz.sh); a crash
+# is saved under tests/fuzz/regress/ for tests/test_fuzz_regress.c to replay. Needs clang's
+# fuzzer runtime (libclang-rt-14-dev).
+if selected tools/fuzz.sh; then
+    if [ "$quick" -eq 1 ] || [ "${TB_TEST_NO_FUZZ:-0}" = 1 ]; then
+        echo "skipped: --quick or TB_TEST_NO_FUZZ=1"
+    else
+        log=build/fuzz_smoke.log
+        (
+            unset POCL_DEVICES TB_CACHE_DIR TB_BACKEND_PATH
+            nice bash tools/fuzz.sh --seconds 20
+        ) 2>&1 | tee "$log"
+        rc=${PIPESTATUS[0]}
+        n_ok=$(grep -c '^ok fuzz: ' "$log")
+        n_fail=$(grep -c '^FAIL fuzz: ' "$log")
+        if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
+            echo "FAIL fuzz: tools/fuzz.sh stopped with exit status $rc"
+            n_fail=1
+        fi
+        pass "$n_ok"
+        if [ "$n_fail" -gt 0 ]; then
+            fail "tools/fuzz.sh --seconds 20" "$n_fail"
+        fi
     fi
 fi
 
