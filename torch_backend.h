@@ -511,8 +511,9 @@ TBDEF tb_status tb_backend_register(const char *name, const tb_backend_impl *imp
 /* Looks a backend up. On a miss it searches $TB_BACKEND_PATH for libtb_backend_<name>.so and
    loads it as a plugin. Still missing: NULL and TB_ERR_NOT_FOUND
    "unknown backend 'x'; available: cpu, opencl". A built-in backend whose registration failed
-   (memory ran out) gives that cause instead, and the next call registers it again. The handle
-   lives until tb_shutdown. Thread-safe. */
+   (memory ran out) gives that cause instead, and the next call registers it again; a plugin
+   that is found but does not load gives the error of tb_backend_load_plugin. The handle lives
+   until tb_shutdown. Thread-safe. */
 TBDEF tb_backend *tb_backend_lookup(const char *name);
 /* True if a backend of that name is registered or loadable as a plugin. Does not set an error
    when the answer is false. Thread-safe. */
@@ -580,7 +581,9 @@ typedef tb_status (*tb_plugin_entry_fn)(const tb_plugin_host *host, tb_plugin_de
 
 /* Loads a plugin from an explicit path (the name comes from the plugin's desc).
    Errors: TB_ERR_IO (cannot open), TB_ERR_PLUGIN (no entry symbol, wrong API version, entry or
-   init failed, name mismatch), TB_ERR_DUPLICATE. Thread-safe. */
+   init failed, name mismatch), TB_ERR_DUPLICATE, TB_ERR_OUT_OF_MEMORY (memory ran out while it
+   was registered, or the entry or init said so; the message names the plugin, and a later
+   call may load it). Thread-safe. */
 TBDEF tb_status tb_backend_load_plugin(const char *path);
 
 /* ---- src/ir.h ---- */
@@ -3814,7 +3817,8 @@ static bool tb__plugin_name_problem(const char *name, char *buf, size_t cap) {
 
 /* Loads the shared object at `path` and registers the backend it describes; `expected` is the
    name it must give (NULL: any). Every failure closes the object and leaves the registry as it
-   was: TB_ERR_PLUGIN, or TB_ERR_DUPLICATE when the name is taken. Nothing of the plugin's is
+   was: TB_ERR_PLUGIN, TB_ERR_DUPLICATE when the name is taken, or TB_ERR_OUT_OF_MEMORY when
+   memory ran out (in the registration, the plugin's entry or its init). Nothing of the plugin's is
    read after it is closed: on success its strings were copied by the registration. */
 static tb_status tb__plugin_load(const char *fn, const char *path, const char *expected,
                                  tb_backend **out) {
@@ -3850,8 +3854,10 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
         if (st != TB_OK) {
             snprintf(reason, sizeof reason, "%s",
                      tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
-            return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s: %s failed: %s", fn,
-                                   path, TB_PLUGIN_ENTRY_NAME, reason);
+            /* memory running out is no fault of the plugin's: the caller may try again */
+            return tb__plugin_fail(handle, st == TB_ERR_OUT_OF_MEMORY ? st : TB_ERR_PLUGIN,
+                                   "%s: plugin %.400s: %s failed: %s", fn, path,
+                                   TB_PLUGIN_ENTRY_NAME, reason);
         }
         tb__error_restore(&saved);
     }
@@ -3874,7 +3880,8 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
         /* the registration's message may quote the plugin's strings: it is our copy already */
         snprintf(reason, sizeof reason, "%s", tb_last_error());
         if (st == TB_ERR_DUPLICATE) return tb__plugin_fail(handle, st, "%s", reason);
-        return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s: %s", fn, path, reason);
+        return tb__plugin_fail(handle, st == TB_ERR_OUT_OF_MEMORY ? st : TB_ERR_PLUGIN,
+                               "%s: plugin %.400s: %s", fn, path, reason);
     }
     return TB_OK;
 }

@@ -423,7 +423,8 @@ static bool tb__plugin_name_problem(const char *name, char *buf, size_t cap) {
 
 /* Loads the shared object at `path` and registers the backend it describes; `expected` is the
    name it must give (NULL: any). Every failure closes the object and leaves the registry as it
-   was: TB_ERR_PLUGIN, or TB_ERR_DUPLICATE when the name is taken. Nothing of the plugin's is
+   was: TB_ERR_PLUGIN, TB_ERR_DUPLICATE when the name is taken, or TB_ERR_OUT_OF_MEMORY when
+   memory ran out (in the registration, the plugin's entry or its init). Nothing of the plugin's is
    read after it is closed: on success its strings were copied by the registration. */
 static tb_status tb__plugin_load(const char *fn, const char *path, const char *expected,
                                  tb_backend **out) {
@@ -459,8 +460,10 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
         if (st != TB_OK) {
             snprintf(reason, sizeof reason, "%s",
                      tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
-            return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s: %s failed: %s", fn,
-                                   path, TB_PLUGIN_ENTRY_NAME, reason);
+            /* memory running out is no fault of the plugin's: the caller may try again */
+            return tb__plugin_fail(handle, st == TB_ERR_OUT_OF_MEMORY ? st : TB_ERR_PLUGIN,
+                                   "%s: plugin %.400s: %s failed: %s", fn, path,
+                                   TB_PLUGIN_ENTRY_NAME, reason);
         }
         tb__error_restore(&saved);
     }
@@ -483,7 +486,8 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
         /* the registration's message may quote the plugin's strings: it is our copy already */
         snprintf(reason, sizeof reason, "%s", tb_last_error());
         if (st == TB_ERR_DUPLICATE) return tb__plugin_fail(handle, st, "%s", reason);
-        return tb__plugin_fail(handle, TB_ERR_PLUGIN, "%s: plugin %.400s: %s", fn, path, reason);
+        return tb__plugin_fail(handle, st == TB_ERR_OUT_OF_MEMORY ? st : TB_ERR_PLUGIN,
+                               "%s: plugin %.400s: %s", fn, path, reason);
     }
     return TB_OK;
 }

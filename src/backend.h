@@ -142,8 +142,9 @@ TBDEF tb_status tb_backend_register(const char *name, const tb_backend_impl *imp
 /* Looks a backend up. On a miss it searches $TB_BACKEND_PATH for libtb_backend_<name>.so and
    loads it as a plugin. Still missing: NULL and TB_ERR_NOT_FOUND
    "unknown backend 'x'; available: cpu, opencl". A built-in backend whose registration failed
-   (memory ran out) gives that cause instead, and the next call registers it again. The handle
-   lives until tb_shutdown. Thread-safe. */
+   (memory ran out) gives that cause instead, and the next call registers it again; a plugin
+   that is found but does not load gives the error of tb_backend_load_plugin. The handle lives
+   until tb_shutdown. Thread-safe. */
 TBDEF tb_backend *tb_backend_lookup(const char *name);
 /* True if a backend of that name is registered or loadable as a plugin. Does not set an error
    when the answer is false. Thread-safe. */
@@ -211,5 +212,7 @@ typedef tb_status (*tb_plugin_entry_fn)(const tb_plugin_host *host, tb_plugin_de
 
 /* Loads a plugin from an explicit path (the name comes from the plugin's desc).
    Errors: TB_ERR_IO (cannot open), TB_ERR_PLUGIN (no entry symbol, wrong API version, entry or
-   init failed, name mismatch), TB_ERR_DUPLICATE. Thread-safe. */
+   init failed, name mismatch), TB_ERR_DUPLICATE, TB_ERR_OUT_OF_MEMORY (memory ran out while it
+   was registered, or the entry or init said so; the message names the plugin, and a later
+   call may load it). Thread-safe. */
 TBDEF tb_status tb_backend_load_plugin(const char *path);

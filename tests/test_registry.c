@@ -964,6 +964,50 @@ typedef struct bad_plugin_case {
     const char *reason; /* a part of the message */
 } bad_plugin_case;
 
+/* Memory running out while a plugin loads is TB_ERR_OUT_OF_MEMORY, naming the plugin, not
+   TB_ERR_PLUGIN (which says the plugin is broken): one refused allocation at each point of the
+   load in turn; the next load works and nothing is kept. */
+static void test_plugin_load_out_of_memory(void **state) {
+    char path[1024];
+    long k;
+    (void)state;
+    plugin_path("plugin", path, sizeof path);
+    for (k = 0;; k++) {
+        tb_status st;
+        long refused;
+        hook_setup();
+        hook_arm(k, 1);
+        st = tb_backend_load_plugin(path);
+        refused = g_hook.refused;
+        hook_arm(-1, 0);
+        if (refused == 0) {
+            assert_int_equal(st, TB_OK);
+            break; /* past the last allocation */
+        }
+        if (st != TB_OK) {
+            if (st != TB_ERR_OUT_OF_MEMORY || strstr(tb_last_error(), "out of memory") == NULL ||
+                strstr(tb_last_error(), path) == NULL) {
+                fail_msg("allocation %ld refused: %s '%s'", k, tb_status_string(st),
+                         tb_last_error());
+            }
+            {
+                const char *names[16];
+                size_t n = tb_backend_list(names, 16, true), i;
+                for (i = 0; i < n && i < 16; i++) {
+                    if (strcmp(names[i], "plugin") == 0)
+                        fail_msg("allocation %ld refused: '%s', yet the plugin is registered", k,
+                                 tb_last_error());
+                }
+            }
+            assert_int_equal(tb_backend_load_plugin(path), TB_OK);
+        }
+        assert_non_null(tb_backend_lookup("plugin"));
+        tb_shutdown();
+        assert_int_equal(g_hook.live, 0);
+    }
+    assert_true(k > 0);
+}
+
 static void test_bad_plugins_rejected(void **state) {
     static const bad_plugin_case cases[] = {
         {"badversion", "was built for API version 2, this library has 1"},
@@ -1448,6 +1492,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_shutdown_order_metrics, reset, reset),
         cmocka_unit_test_setup_teardown(test_plugin_found_on_path, reset, reset),
         cmocka_unit_test_setup_teardown(test_plugin_explicit_load, reset, reset),
+        cmocka_unit_test_setup_teardown(test_plugin_load_out_of_memory, reset, reset),
         cmocka_unit_test_setup_teardown(test_bad_plugins_rejected, reset, reset),
         cmocka_unit_test_setup_teardown(test_hostile_plugins_rejected, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_register_distinct, reset, reset),
