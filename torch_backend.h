@@ -474,7 +474,8 @@ typedef struct tb_backend_impl {
 
     /* LTC GetBackendDevices: how many devices exist; fills at most `cap` of `out` with their
        type and ordinal (the library fills the backend name). `out` is NULL only with `cap`
-       0. Required; may return 0. */
+       0. Required; may return 0. Returning 0 with an error set (memory ran out while the
+       backend loaded its driver) is no answer: the call that asked fails with that error. */
     size_t (*get_backend_devices)(void *user_data, tb_device *out, size_t cap);
     /* (optional) LTC GetBackendDevice(ordinal). NULL: looked up in get_backend_devices. */
     tb_status (*get_backend_device)(void *user_data, int32_t ordinal, tb_device *out);
@@ -4095,6 +4096,19 @@ TBDEF const char *tb_get_backend(void) {
 
 /* ---- devices ---- */
 
+/* Asks the backend how many devices it has (filling at most `cap` of `out`): false, with the
+   backend's error, when it answers 0 with an error set (memory ran out while it loaded), which
+   is no answer at all. */
+static bool tb__backend_devices(const tb_backend *b, tb_device *out, size_t cap, size_t *n) {
+    tb__saved_error saved;
+    tb__error_save(&saved);
+    tb_clear_error();
+    *n = b->impl.get_backend_devices(b->impl.user_data, out, cap);
+    if (*n == 0 && tb_last_status() != TB_OK) return false;
+    tb__error_restore(&saved);
+    return true;
+}
+
 /* The backend's device list: in `stack` when it fits, else in an allocation (*list != stack,
    the caller frees it). Fills the backend name and each ordinal. */
 static tb_status tb__device_list(const tb_backend *b, tb_device *stack, size_t stack_cap,
@@ -4102,7 +4116,7 @@ static tb_status tb__device_list(const tb_backend *b, tb_device *stack, size_t s
     size_t n, i;
     tb_device *items = stack;
     memset(stack, 0, stack_cap * sizeof *stack);
-    n = b->impl.get_backend_devices(b->impl.user_data, stack, stack_cap);
+    if (!tb__backend_devices(b, stack, stack_cap, &n)) return tb_last_status();
     if (n > stack_cap) {
         size_t m;
         items = (tb_device *)tb__calloc(n, sizeof *items);
@@ -4184,7 +4198,10 @@ TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t c
     b = tb__lookup("tb_backend_devices", backend);
     if (b == NULL) return tb_last_status();
     if (cap > 0) memset(out, 0, cap * sizeof *out);
-    n = b->impl.get_backend_devices(b->impl.user_data, out, cap);
+    if (!tb__backend_devices(b, out, cap, &n)) {
+        return tb__error(tb_last_status(), "tb_backend_devices: backend '%s': %s", b->name,
+                         tb_last_error());
+    }
     for (i = 0; i < n && i < cap; i++) {
         memcpy(out[i].backend, b->name, sizeof out[i].backend);
         out[i].ordinal = (int32_t)i;

@@ -105,7 +105,8 @@ typedef struct tb_backend_impl {
 
     /* LTC GetBackendDevices: how many devices exist; fills at most `cap` of `out` with their
        type and ordinal (the library fills the backend name). `out` is NULL only with `cap`
-       0. Required; may return 0. */
+       0. Required; may return 0. Returning 0 with an error set (memory ran out while the
+       backend loaded its driver) is no answer: the call that asked fails with that error. */
     size_t (*get_backend_devices)(void *user_data, tb_device *out, size_t cap);
     /* (optional) LTC GetBackendDevice(ordinal). NULL: looked up in get_backend_devices. */
     tb_status (*get_backend_device)(void *user_data, int32_t ordinal, tb_device *out);
