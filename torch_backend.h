@@ -14187,7 +14187,10 @@ static void tb__ocl_info_string(tb__ocl_runtime *rt, tb__cl_device_id id, tb__cl
     if (TB__OCL_CALL(rt, GetDeviceInfo)(id, param, 0, NULL, &need) != TB__CL_SUCCESS || need == 0)
         return;
     tmp = (char *)tb__alloc(need + 1);
-    if (tmp == NULL) return;
+    if (tmp == NULL) { /* not an empty string: the load fails and the next call tries again */
+        tb__ocl_unavailable(rt, TB_ERR_OUT_OF_MEMORY, "opencl: %s", tb_last_error());
+        return;
+    }
     if (TB__OCL_CALL(rt, GetDeviceInfo)(id, param, need, tmp, NULL) == TB__CL_SUCCESS) {
         tmp[need] = '\0';
         n = strlen(tmp);
@@ -14208,7 +14211,10 @@ static void tb__ocl_platform_string(tb__ocl_runtime *rt, tb__cl_platform_id id, 
     if (TB__OCL_CALL(rt, GetPlatformInfo)(id, param, 0, NULL, &need) != TB__CL_SUCCESS || need == 0)
         return;
     tmp = (char *)tb__alloc(need + 1);
-    if (tmp == NULL) return;
+    if (tmp == NULL) { /* as in tb__ocl_info_string */
+        tb__ocl_unavailable(rt, TB_ERR_OUT_OF_MEMORY, "opencl: %s", tb_last_error());
+        return;
+    }
     if (TB__OCL_CALL(rt, GetPlatformInfo)(id, param, need, tmp, NULL) == TB__CL_SUCCESS) {
         tmp[need] = '\0';
         n = strlen(tmp);

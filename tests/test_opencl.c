@@ -3498,6 +3498,76 @@ static void test_runtime_load_retried(void **state) {
     probe();
 }
 
+/* Memory running out while the runtime loads under tb_backend_devices, tb_device_make or
+   tb_backend_device_info: an error TB_ERR_OUT_OF_MEMORY (it used to be TB_OK with no device,
+   or TB_ERR_UNAVAILABLE "no devices"), or the full answer; and the facts of every device are
+   those of a clean load (a refused allocation used to leave a device without a name or
+   extensions for the whole session). */
+static void test_runtime_load_device_facts(void **state) {
+    tb_device_info clean[8], info;
+    tb_device devs[8], d;
+    size_t expected = 0, count, i;
+    int which;
+    (void)state;
+    REQUIRE_OPENCL();
+    assert_int_equal(tb_backend_devices("opencl", devs, 8, &expected), TB_OK);
+    assert_true(expected > 0 && expected <= 8);
+    for (i = 0; i < expected; i++)
+        assert_int_equal(tb_backend_device_info(&devs[i], &clean[i]), TB_OK);
+    for (which = 0; which < 3; which++) {
+        long k;
+        for (k = 0;; k++) {
+            tb_status st;
+            bool refused;
+            const char *what[3] = {"tb_backend_devices", "tb_device_make",
+                                   "tb_backend_device_info"};
+            hook_session();
+            hook_arm(k);
+            count = 0;
+            if (which == 0) {
+                st = tb_backend_devices("opencl", devs, 8, &count);
+            } else if (which == 1) {
+                st = tb_device_make("opencl", 0, &d);
+            } else {
+                st = tb_backend_device_info(&g_ocl, &info);
+            }
+            refused = g_hook_refused != 0;
+            hook_arm(-1);
+            if (st != TB_OK && (st != TB_ERR_OUT_OF_MEMORY || !refused)) {
+                fail_msg("%s, allocation %ld refused: %s '%s'", what[which], k,
+                         tb_status_string(st), tb_last_error());
+            }
+            if (st == TB_OK && which == 0 && count != expected) {
+                fail_msg("tb_backend_devices, allocation %ld refused: TB_OK with %zu devices, "
+                         "not %zu",
+                         k, count, expected);
+            }
+            assert_int_equal(tb_backend_devices("opencl", devs, 8, &count), TB_OK);
+            assert_int_equal(count, expected);
+            for (i = 0; i < expected; i++) {
+                assert_int_equal(tb_backend_device_info(&devs[i], &info), TB_OK);
+                if (strcmp(info.name, clean[i].name) != 0 ||
+                    strcmp(info.vendor, clean[i].vendor) != 0 ||
+                    strcmp(info.driver_version, clean[i].driver_version) != 0 ||
+                    strcmp(info.language_version, clean[i].language_version) != 0 ||
+                    strcmp(info.extensions, clean[i].extensions) != 0 ||
+                    info.supports_f64 != clean[i].supports_f64) {
+                    fail_msg("%s, allocation %ld refused: device %zu is now '%s' (%s, %s, %s), "
+                             "not '%s'",
+                             what[which], k, i, info.name, info.vendor, info.driver_version,
+                             info.language_version, clean[i].name);
+                }
+            }
+            tb_shutdown();
+            assert_int_equal(g_hook_live, 0);
+            if (!refused) break;
+        }
+        assert_true(k > 2);
+    }
+    assert_int_equal(tb_setup(NULL), TB_OK);
+    probe();
+}
+
 /* A cache folder that is a file: the warning gives that reason, not the errno a successful
    call left behind ("File exists" from the mkdir before it). */
 static void test_cache_dir_is_a_file(void **state) {
@@ -4132,6 +4202,7 @@ int main(void) {
         cmocka_unit_test(test_shutdown_with_allocator_hook),
         cmocka_unit_test(test_cache_dir_is_a_file),
         cmocka_unit_test(test_runtime_load_retried),
+        cmocka_unit_test(test_runtime_load_device_facts),
         cmocka_unit_test(test_unavailable_library),
         cmocka_unit_test(test_scalar_feeds_every_kernel_kind),
         cmocka_unit_test(test_scalar_special_values),
