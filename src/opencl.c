@@ -416,10 +416,21 @@ static void tb__ocl_unavailable(tb__ocl_runtime *rt, tb_status status, const cha
     TB_PRINTF_LIKE(3, 4);
 static void tb__ocl_unavailable(tb__ocl_runtime *rt, tb_status status, const char *fmt, ...) {
     va_list ap;
+    if (rt->status == TB_ERR_OUT_OF_MEMORY) return; /* the load is retried: keep that cause */
     va_start(ap, fmt);
     vsnprintf(rt->reason, sizeof rt->reason, fmt, ap);
     va_end(ap);
     rt->status = status;
+}
+
+/* A query of the load that failed for want of host memory or resources: the load fails as out
+   of memory (nothing is kept; the next call loads again) instead of going on without the
+   answer. Returns whether `err` was such a failure. */
+static bool tb__ocl_load_oom(tb__ocl_runtime *rt, tb__cl_int err, const char *call) {
+    if (err != TB__CL_OUT_OF_HOST_MEMORY && err != TB__CL_OUT_OF_RESOURCES) return false;
+    tb__ocl_unavailable(rt, TB_ERR_OUT_OF_MEMORY, "opencl: %s failed while the runtime loaded: %s",
+                        call, tb__cl_error_name(err));
+    return true;
 }
 
 /* Opens the ICD loader and resolves every entry point; on failure the runtime says why. */
@@ -515,15 +526,17 @@ static void tb__ocl_info_string(tb__ocl_runtime *rt, tb__cl_device_id id, tb__cl
                                 char *out, size_t cap) {
     size_t need = 0, n;
     char *tmp;
+    tb__cl_int err;
     out[0] = '\0';
-    if (TB__OCL_CALL(rt, GetDeviceInfo)(id, param, 0, NULL, &need) != TB__CL_SUCCESS || need == 0)
-        return;
+    err = TB__OCL_CALL(rt, GetDeviceInfo)(id, param, 0, NULL, &need);
+    if (tb__ocl_load_oom(rt, err, "clGetDeviceInfo") || err != TB__CL_SUCCESS || need == 0) return;
     tmp = (char *)tb__alloc(need + 1);
     if (tmp == NULL) { /* not an empty string: the load fails and the next call tries again */
         tb__ocl_unavailable(rt, TB_ERR_OUT_OF_MEMORY, "opencl: %s", tb_last_error());
         return;
     }
-    if (TB__OCL_CALL(rt, GetDeviceInfo)(id, param, need, tmp, NULL) == TB__CL_SUCCESS) {
+    err = TB__OCL_CALL(rt, GetDeviceInfo)(id, param, need, tmp, NULL);
+    if (!tb__ocl_load_oom(rt, err, "clGetDeviceInfo") && err == TB__CL_SUCCESS) {
         tmp[need] = '\0';
         n = strlen(tmp);
         while (n > 0 && (tmp[n - 1] == ' ' || tmp[n - 1] == '\n'))
@@ -539,15 +552,18 @@ static void tb__ocl_platform_string(tb__ocl_runtime *rt, tb__cl_platform_id id, 
                                     char *out, size_t cap) {
     size_t need = 0, n;
     char *tmp;
+    tb__cl_int err;
     out[0] = '\0';
-    if (TB__OCL_CALL(rt, GetPlatformInfo)(id, param, 0, NULL, &need) != TB__CL_SUCCESS || need == 0)
+    err = TB__OCL_CALL(rt, GetPlatformInfo)(id, param, 0, NULL, &need);
+    if (tb__ocl_load_oom(rt, err, "clGetPlatformInfo") || err != TB__CL_SUCCESS || need == 0)
         return;
     tmp = (char *)tb__alloc(need + 1);
     if (tmp == NULL) { /* as in tb__ocl_info_string */
         tb__ocl_unavailable(rt, TB_ERR_OUT_OF_MEMORY, "opencl: %s", tb_last_error());
         return;
     }
-    if (TB__OCL_CALL(rt, GetPlatformInfo)(id, param, need, tmp, NULL) == TB__CL_SUCCESS) {
+    err = TB__OCL_CALL(rt, GetPlatformInfo)(id, param, need, tmp, NULL);
+    if (!tb__ocl_load_oom(rt, err, "clGetPlatformInfo") && err == TB__CL_SUCCESS) {
         tmp[need] = '\0';
         n = strlen(tmp);
         if (n >= cap) n = cap - 1;
@@ -559,19 +575,22 @@ static void tb__ocl_platform_string(tb__ocl_runtime *rt, tb__cl_platform_id id, 
 
 static uint64_t tb__ocl_info_u64(tb__ocl_runtime *rt, tb__cl_device_id id, tb__cl_uint param) {
     tb__cl_ulong v = 0;
-    if (TB__OCL_CALL(rt, GetDeviceInfo)(id, param, sizeof v, &v, NULL) != TB__CL_SUCCESS) return 0;
+    tb__cl_int err = TB__OCL_CALL(rt, GetDeviceInfo)(id, param, sizeof v, &v, NULL);
+    if (tb__ocl_load_oom(rt, err, "clGetDeviceInfo") || err != TB__CL_SUCCESS) return 0;
     return (uint64_t)v;
 }
 
 static uint32_t tb__ocl_info_u32(tb__ocl_runtime *rt, tb__cl_device_id id, tb__cl_uint param) {
     tb__cl_uint v = 0;
-    if (TB__OCL_CALL(rt, GetDeviceInfo)(id, param, sizeof v, &v, NULL) != TB__CL_SUCCESS) return 0;
+    tb__cl_int err = TB__OCL_CALL(rt, GetDeviceInfo)(id, param, sizeof v, &v, NULL);
+    if (tb__ocl_load_oom(rt, err, "clGetDeviceInfo") || err != TB__CL_SUCCESS) return 0;
     return (uint32_t)v;
 }
 
 static size_t tb__ocl_info_size(tb__ocl_runtime *rt, tb__cl_device_id id, tb__cl_uint param) {
     size_t v = 0;
-    if (TB__OCL_CALL(rt, GetDeviceInfo)(id, param, sizeof v, &v, NULL) != TB__CL_SUCCESS) return 0;
+    tb__cl_int err = TB__OCL_CALL(rt, GetDeviceInfo)(id, param, sizeof v, &v, NULL);
+    if (tb__ocl_load_oom(rt, err, "clGetDeviceInfo") || err != TB__CL_SUCCESS) return 0;
     return v;
 }
 
@@ -677,6 +696,7 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
     tb__cl_int err = TB__OCL_CALL(rt, GetPlatformIDs)(0, NULL, &num_platforms);
     size_t total = 0;
     bool oom = false;
+    if (tb__ocl_load_oom(rt, err, "clGetPlatformIDs")) return;
     if (err != TB__CL_SUCCESS || num_platforms == 0) {
         tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE,
                             "opencl: no OpenCL platform is installed (clGetPlatformIDs: %s)",
@@ -688,7 +708,8 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
         tb__ocl_unavailable(rt, TB_ERR_OUT_OF_MEMORY, "opencl: %s", tb_last_error());
         return;
     }
-    if (TB__OCL_CALL(rt, GetPlatformIDs)(num_platforms, platforms, NULL) != TB__CL_SUCCESS) {
+    err = TB__OCL_CALL(rt, GetPlatformIDs)(num_platforms, platforms, NULL);
+    if (tb__ocl_load_oom(rt, err, "clGetPlatformIDs") || err != TB__CL_SUCCESS) {
         tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE, "opencl: cannot list the OpenCL platforms");
         tb__free(platforms);
         return;
@@ -696,17 +717,16 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
     for (p = 0; p < num_platforms && !oom; p++) {
         tb__cl_uint nd = 0, d;
         tb__cl_device_id *ids;
-        if (TB__OCL_CALL(rt, GetDeviceIDs)(platforms[p], TB__CL_DEVICE_TYPE_ALL, 0, NULL, &nd) !=
-                TB__CL_SUCCESS ||
-            nd == 0)
-            continue;
+        err = TB__OCL_CALL(rt, GetDeviceIDs)(platforms[p], TB__CL_DEVICE_TYPE_ALL, 0, NULL, &nd);
+        if (tb__ocl_load_oom(rt, err, "clGetDeviceIDs")) break;
+        if (err != TB__CL_SUCCESS || nd == 0) continue;
         ids = (tb__cl_device_id *)tb__calloc(nd, sizeof *ids);
         if (ids == NULL) {
             oom = true;
             break;
         }
-        if (TB__OCL_CALL(rt, GetDeviceIDs)(platforms[p], TB__CL_DEVICE_TYPE_ALL, nd, ids, NULL) ==
-            TB__CL_SUCCESS) {
+        err = TB__OCL_CALL(rt, GetDeviceIDs)(platforms[p], TB__CL_DEVICE_TYPE_ALL, nd, ids, NULL);
+        if (!tb__ocl_load_oom(rt, err, "clGetDeviceIDs") && err == TB__CL_SUCCESS) {
             for (d = 0; d < nd; d++) {
                 tb__ocl_device *grown;
                 if (tb__ocl_info_u32(rt, ids[d], TB__CL_DEVICE_AVAILABLE) == 0 ||
