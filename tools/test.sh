@@ -7,10 +7,11 @@
 #
 # Steps: install the Debian packages the suite needs, check that torch_backend.h matches src/,
 # test amalgamate.py, check formatting, compile checks (C99/C11/C++11/C++17, gcc and clang),
-# the cmocka test programs tests/test_*.c (address and undefined-behaviour sanitizers), and the
+# the cmocka test programs tests/test_*.c (gcc's address and undefined-behaviour sanitizers), and the
 # examples (each must compile; those with a "// test: run" line in their first 20 lines also
-# run and must exit 0), the README's C blocks, and the build integration (CMake package,
-# tools/install.sh, pkg-config, every example's build line: tools/test_integration.sh). Every
+# run and must exit 0), the README's C blocks, the build integration (CMake package,
+# tools/install.sh, pkg-config, every example's build line: tools/test_integration.sh), a fuzz
+# smoke run and a quick benchmark. Every
 # program's output stays visible. The last line of the output is
 # always "N passed, N failed"; the exit status is 1 if anything failed.
 #
@@ -42,7 +43,7 @@ while [ $# -gt 0 ]; do
     --filter=*) filter=${1#--filter=} ;;
     --no-install) install=0 ;;
     -h | --help)
-        sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
@@ -323,24 +324,6 @@ for src in tests/test_*.c; do
     selected "$src" && tests+=("$src")
 done
 
-# Build them all first, several at a time; a failed build is reported when its turn comes.
-for src in "${tests[@]+"${tests[@]}"}"; do
-    name=$(basename "$src" .c)
-    (
-        # shellcheck disable=SC2086
-        if $CC $test_flags "$src" -o "build/tests/$name" -lcmocka -ldl -lpthread -lm \
-            >"build/tests/$name.build.log" 2>&1; then
-            echo 0 >"build/tests/$name.build.rc"
-        else
-            echo 1 >"build/tests/$name.build.rc"
-        fi
-    ) &
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
-        wait -n
-    done
-done
-wait
-
 # count_cmocka LOG: prints "PASSED FAILED" summed over the groups cmocka reported.
 count_cmocka() {
     awk '
@@ -351,51 +334,82 @@ count_cmocka() {
     ' "$1"
 }
 
-for src in "${tests[@]+"${tests[@]}"}"; do
-    name=$(basename "$src" .c)
-    bin=build/tests/$name
-    echo
-    echo "-- $src"
-    if [ "$(cat "build/tests/$name.build.rc" 2>/dev/null)" != 0 ]; then
-        echo "FAIL build: $src"
-        echo "    $CC $(echo $test_flags) $src -o $bin -lcmocka -ldl -lpthread -lm"
-        indent <"build/tests/$name.build.log"
-        fail "build: $src"
-        continue
-    fi
-    asan=$asan_default
-    lsan=""
-    case "$name" in
-    *opencl*)
-        asan=$asan_opencl
-        lsan="suppressions=$repo/tools/lsan.supp:print_suppressions=0"
-        ;;
-    esac
-    log=build/tests/$name.log
-    ASAN_OPTIONS=$asan LSAN_OPTIONS=$lsan timeout --foreground -k 10 "$timeout_s" \
-        "${line_buffered[@]+"${line_buffered[@]}"}" "$bin" 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
-    read -r n_ok n_fail < <(count_cmocka "$log")
-    note=""
-    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-        note=", timed out after ${timeout_s}s"
-    elif [ "$rc" -gt 128 ]; then
-        note=", killed by signal $((rc - 128))"
-    fi
-    if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
-        n_fail=1 # crashed, timed out or failed outside a cmocka test
-    fi
-    if [ "$rc" -eq 0 ] && [ "$n_ok" -eq 0 ] && [ "$n_fail" -eq 0 ]; then
-        n_ok=1 # no cmocka summary: the program counts as one test
-    fi
-    pass "$n_ok"
-    if [ "$n_fail" -gt 0 ]; then
-        echo "FAIL test: $src ($n_ok passed, $n_fail failed, exit status $rc$note)"
-        fail "$src ($n_fail)" "$n_fail"
-    else
-        echo "ok test: $src ($n_ok passed)"
-    fi
-done
+# build_tests DIR COMPILER FLAGS: builds every selected test program into DIR, several at a
+# time; a failed build is reported when its turn comes (run_tests).
+build_tests() {
+    local dir=$1 compiler=$2 flags=$3 src name
+    mkdir -p "$dir"
+    for src in "${tests[@]+"${tests[@]}"}"; do
+        name=$(basename "$src" .c)
+        (
+            # shellcheck disable=SC2086
+            if $compiler $flags "$src" -o "$dir/$name" -lcmocka -ldl -lpthread -lm \
+                >"$dir/$name.build.log" 2>&1; then
+                echo 0 >"$dir/$name.build.rc"
+            else
+                echo 1 >"$dir/$name.build.rc"
+            fi
+        ) &
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+            wait -n
+        done
+    done
+    wait
+}
+
+# run_tests DIR COMPILER FLAGS LABEL: runs the programs build_tests made, one at a time, each
+# program's output visible; counts cmocka's results. LABEL goes into the failure lines.
+run_tests() {
+    local dir=$1 compiler=$2 flags=$3 label=$4 src name bin asan lsan log rc n_ok n_fail note
+    for src in "${tests[@]+"${tests[@]}"}"; do
+        name=$(basename "$src" .c)
+        bin=$dir/$name
+        echo
+        echo "-- $src$label"
+        if [ "$(cat "$dir/$name.build.rc" 2>/dev/null)" != 0 ]; then
+            echo "FAIL build: $src$label"
+            echo "    $compiler $(echo $flags) $src -o $bin -lcmocka -ldl -lpthread -lm"
+            indent <"$dir/$name.build.log"
+            fail "build: $src$label"
+            continue
+        fi
+        asan=$asan_default
+        lsan=""
+        case "$name" in
+        *opencl*)
+            asan=$asan_opencl
+            lsan="suppressions=$repo/tools/lsan.supp:print_suppressions=0"
+            ;;
+        esac
+        log=$dir/$name.log
+        ASAN_OPTIONS=$asan LSAN_OPTIONS=$lsan timeout --foreground -k 10 "$timeout_s" \
+            "${line_buffered[@]+"${line_buffered[@]}"}" "$bin" 2>&1 | tee "$log"
+        rc=${PIPESTATUS[0]}
+        read -r n_ok n_fail < <(count_cmocka "$log")
+        note=""
+        if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+            note=", timed out after ${timeout_s}s"
+        elif [ "$rc" -gt 128 ]; then
+            note=", killed by signal $((rc - 128))"
+        fi
+        if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
+            n_fail=1 # crashed, timed out or failed outside a cmocka test
+        fi
+        if [ "$rc" -eq 0 ] && [ "$n_ok" -eq 0 ] && [ "$n_fail" -eq 0 ]; then
+            n_ok=1 # no cmocka summary: the program counts as one test
+        fi
+        pass "$n_ok"
+        if [ "$n_fail" -gt 0 ]; then
+            echo "FAIL test: $src$label ($n_ok passed, $n_fail failed, exit status $rc$note)"
+            fail "$src$label ($n_fail)" "$n_fail"
+        else
+            echo "ok test: $src$label ($n_ok passed)"
+        fi
+    done
+}
+
+build_tests build/tests "$CC" "$test_flags"
+run_tests build/tests "$CC" "$test_flags" ""
 
 # ---------------------------------------------------------------------------------------------
 step "examples"
