@@ -7,7 +7,8 @@
 #
 # Steps: install the Debian packages the suite needs, check that torch_backend.h matches src/,
 # test amalgamate.py, check formatting, compile checks (C99/C11/C++11/C++17, gcc and clang),
-# the cmocka test programs tests/test_*.c (gcc's address and undefined-behaviour sanitizers), and the
+# the cmocka test programs tests/test_*.c (gcc's address and undefined-behaviour sanitizers;
+# the fault-injection tests among them use build/plugins and build/cl_fault, built first), and the
 # examples (each must compile; those with a "// test: run" line in their first 20 lines also
 # run and must exit 0), the README's C blocks, the build integration (CMake package,
 # tools/install.sh, pkg-config, every example's build line: tools/test_integration.sh), a fuzz
@@ -43,7 +44,7 @@ while [ $# -gt 0 ]; do
     --filter=*) filter=${1#--filter=} ;;
     --no-install) install=0 ;;
     -h | --help)
-        sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
@@ -317,6 +318,19 @@ else
     echo "FAIL build: tests/plugins/build.sh"
     indent <"$log"
     fail "build: test plugins"
+fi
+
+# The cl_fault stand-in tests/test_opencl_faults.c loads through TB_OPENCL_LIBRARY (an ICD
+# loader that forwards to libOpenCL.so.1 and fails chosen calls). Plain, like the plugins.
+log=build/cl_fault/build.log
+mkdir -p build/cl_fault
+if CC="$CC" bash tests/cl_fault/build.sh build/cl_fault >"$log" 2>&1; then
+    echo "ok build: OpenCL fault stand-in -> build/cl_fault ($(tail -n 1 "$log"))"
+    pass
+else
+    echo "FAIL build: tests/cl_fault/build.sh"
+    indent <"$log"
+    fail "build: OpenCL fault stand-in"
 fi
 
 tests=()
