@@ -8,7 +8,8 @@
 # Steps: install the Debian packages the suite needs, check that torch_backend.h matches src/,
 # test amalgamate.py, check formatting, compile checks (C99/C11/C++11/C++17, gcc and clang),
 # the cmocka test programs tests/test_*.c (gcc's address and undefined-behaviour sanitizers;
-# the fault-injection tests among them use build/plugins and build/cl_fault, built first), and the
+# the fault-injection tests among them use build/plugins and build/cl_fault, built first),
+# tests/test_threads.c under clang's thread sanitizer, and the
 # examples (each must compile; those with a "// test: run" line in their first 20 lines also
 # run and must exit 0), the README's C blocks, the build integration (CMake package,
 # tools/install.sh, pkg-config, every example's build line: tools/test_integration.sh), a fuzz
@@ -44,7 +45,7 @@ while [ $# -gt 0 ]; do
     --filter=*) filter=${1#--filter=} ;;
     --no-install) install=0 ;;
     -h | --help)
-        sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
@@ -390,7 +391,7 @@ run_tests() {
         asan=$asan_default
         lsan=""
         case "$name" in
-        *opencl*)
+        *opencl* | test_threads)
             asan=$asan_opencl
             lsan="suppressions=$repo/tools/lsan.supp:print_suppressions=0"
             ;;
@@ -424,6 +425,26 @@ run_tests() {
 
 build_tests build/tests "$CC" "$test_flags"
 run_tests build/tests "$CC" "$test_flags" ""
+
+# ---------------------------------------------------------------------------------------------
+step "threads (ThreadSanitizer)"
+# tests/test_threads.c (eight threads: graphs on the cpu and opencl backends, the registry,
+# metrics, DLPack deleters on other threads) built with clang -fsanitize=thread. tools/tsan.supp
+# silences what TSan reports inside PoCL and the ICD loader, never the library's own code.
+if selected tests/test_threads.c; then
+    if [ "$quick" -eq 1 ]; then
+        echo "skipped: --quick"
+    else
+        saved_tests=("${tests[@]+"${tests[@]}"}")
+        tests=(tests/test_threads.c)
+        tsan_flags="-std=c11 -g -O1 -fsanitize=thread -Wall -Wextra -Werror -pedantic -I."
+        export TSAN_OPTIONS="suppressions=$repo/tools/tsan.supp:halt_on_error=1:second_deadlock_stack=1"
+        build_tests build/tests-tsan clang "$tsan_flags"
+        run_tests build/tests-tsan clang "$tsan_flags" " (clang ThreadSanitizer)"
+        unset TSAN_OPTIONS
+        tests=("${saved_tests[@]+"${saved_tests[@]}"}")
+    fi
+fi
 
 # ---------------------------------------------------------------------------------------------
 step "examples"
