@@ -1445,6 +1445,13 @@ static void tb__register_builtin_backends(tb__builtin_failure *why) {
         if (st != TB_OK) tb__builtin_failed(why, "opencl", st);
     }
 #endif
+#if defined(TB__HAVE_NATIVE)
+    if (!tb__registered("native")) {
+        tb_clear_error();
+        st = tb__native_register();
+        if (st != TB_OK) tb__builtin_failed(why, "native", st);
+    }
+#endif
 }
 
 #undef TB__HAVE_PLUGINS

@@ -792,3 +792,17 @@ static TB__UNUSED uint64_t tb__now_ns(void) {
     return (uint64_t)tv.tv_sec * UINT64_C(1000000000) + (uint64_t)tv.tv_usec * 1000u;
 #endif
 }
+
+/* The capacity a caching allocator gives a request of `size` bytes. Small requests round up to
+   256 bytes; from 1 MiB on, to a quarter of the enclosing power of
+   two (at most 25% slack), so that buffers of similar sizes are reused. */
+static TB__UNUSED size_t tb__size_class(size_t size) {
+    size_t p = 1, step;
+    if (size <= 256) return 256;
+    if (size <= ((size_t)1 << 20)) return (size + 255) & ~(size_t)255;
+    while (p <= size / 2)
+        p <<= 1; /* the largest power of two <= size */
+    step = p / 4;
+    if (size > SIZE_MAX - step) return size;
+    return (size + step - 1) / step * step;
+}

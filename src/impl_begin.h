@@ -32,9 +32,18 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <fcntl.h>
-#if !defined(TB_NO_PLUGINS) || !defined(TB_NO_OPENCL)
+#if !defined(TB_NO_PLUGINS) || !defined(TB_NO_OPENCL) || !defined(TB_NO_NATIVE)
 #include <dlfcn.h>
 #endif
+#endif
+
+/* The backends that compile generated programs at run time (they share the planner, the code
+   generator and the disk cache): OpenCL, and native where the system has dlopen and fork. */
+#if !defined(TB_NO_NATIVE) && !defined(_WIN32)
+#define TB__HAVE_NATIVE 1
+#endif
+#if !defined(TB_NO_OPENCL) || defined(TB__HAVE_NATIVE)
+#define TB__HAVE_COMPILED_BACKENDS 1
 #endif
 
 /* ---- platform helpers (internal) ---- */
@@ -93,6 +102,8 @@ static void tb__free(void *ptr);
 /* grows *items (element size `elem`) to hold at least `need`; doubles; keeps content */
 static tb_status tb__grow(void **items, size_t *cap, size_t need, size_t elem);
 static char *tb__strdup(const char *s);
+/* the capacity a caching allocator gives a request (size classes with at most 25% slack) */
+static size_t tb__size_class(size_t size);
 static char *tb__format(const char *fmt, ...) TB_PRINTF_LIKE(1, 2); /* allocated */
 static tb_status tb__error(tb_status status, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static void tb__mutex_lock(tb__mutex *m);
@@ -248,4 +259,8 @@ static void tb__cpu_backend_impl(tb_backend_impl *out);
 #if !defined(TB_NO_OPENCL)
 /* registers the "opencl" backend (called by tb__register_builtin_backends) */
 static tb_status tb__opencl_register(void);
+#endif
+#if defined(TB__HAVE_NATIVE)
+/* native.c: registers the "native" backend */
+static tb_status tb__native_register(void);
 #endif

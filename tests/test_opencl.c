@@ -22,10 +22,19 @@
 #include <errno.h>
 #include <signal.h>
 
-#ifdef TB_NO_OPENCL
+/* The backend under test: "opencl" here; tests/test_native.c includes this file for the native
+   backend (the same op suite; the tests of OpenCL's own machinery only run for "opencl"). */
+#ifndef TEST_BACKEND
+#define TEST_BACKEND "opencl"
+#define TEST_OPENCL  1
+#else
+#define TEST_OPENCL 0
+#endif
+
+#if defined(TB_NO_OPENCL) || !TEST_OPENCL
 /* the hooks of the backend the tests below reach (they skip themselves without it) */
 static uint64_t tb__ocl_program_key_mask;
-static unsigned tb__ocl_disk_counter;
+static uint32_t tb__disk_counter;
 #endif
 
 /* ---- state ---- */
@@ -36,12 +45,14 @@ static tb_device g_cpu, g_ocl;
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
 
 static void probe(void) {
-    tb_status st = tb_opencl_available();
+    tb_device probe_dev;
+    tb_status st =
+        TEST_OPENCL ? tb_opencl_available() : tb_device_make(TEST_BACKEND, 0, &probe_dev);
     g_have_opencl = st == TB_OK;
     if (!g_have_opencl) {
         snprintf(g_reason, sizeof g_reason, "%s", tb_last_error());
     } else {
-        assert_int_equal(tb_device_make("opencl", 0, &g_ocl), TB_OK);
+        assert_int_equal(tb_device_make(TEST_BACKEND, 0, &g_ocl), TB_OK);
     }
     assert_int_equal(tb_device_make("cpu", 0, &g_cpu), TB_OK);
 }
@@ -545,11 +556,13 @@ static input in_of(tb_shape s, int range) {
 
 /* The number of kernels in the program a graph lowers to on opencl:0. */
 static int kernel_count(tb_tensor *const *t, size_t n) {
+    /* what starts a kernel's entry point in the backend's program */
+    const char *mark = TEST_OPENCL ? "__kernel" : "(void *const *tb_a";
     char *text = tb_ir_backend_text(t, n);
     const char *p;
     int count = 0;
     if (text == NULL) fail_msg("tb_ir_backend_text: %s", tb_last_error());
-    for (p = strstr(text, "__kernel"); p != NULL; p = strstr(p + 1, "__kernel"))
+    for (p = strstr(text, mark); p != NULL; p = strstr(p + 1, mark))
         count++;
     tb_free(text);
     return count;
@@ -3273,7 +3286,7 @@ static void test_disk_cache_symlinks(void **state) {
     /* the temporary paths the writer tries next: created with O_EXCL, so never followed */
     assert_int_equal(remove(path), 0);
     restart_library();
-    first = tb__ocl_disk_counter;
+    first = tb__disk_counter;
     for (i = 0; i < 8; i++) {
         snprintf(links[i], sizeof links[i], "%s/.%.32s.%ld.%u.tmp", dir, name, (long)getpid(),
                  first + (unsigned)i);
@@ -4093,8 +4106,6 @@ static void test_pad_allocation_failures(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_devices),
-        cmocka_unit_test(test_transfers),
         cmocka_unit_test(test_unary),
         cmocka_unit_test(test_cast_and_not),
         cmocka_unit_test(test_binary),
@@ -4103,7 +4114,6 @@ int main(void) {
         cmocka_unit_test(test_argmax_nan_and_ties),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_softmax_layer_norm),
-        cmocka_unit_test(test_gpu_code_paths),
         cmocka_unit_test(test_movement),
         cmocka_unit_test(test_concat_pad_gather),
         cmocka_unit_test(test_generators),
@@ -4111,16 +4121,25 @@ int main(void) {
         cmocka_unit_test(test_rand_bit_identical),
         cmocka_unit_test(test_custom_ops),
         cmocka_unit_test(test_custom_op_without_expr_falls_back),
-        cmocka_unit_test(test_custom_op_compile_error),
         cmocka_unit_test(test_fusion_patterns),
         cmocka_unit_test(test_dot_clusters),
         cmocka_unit_test(test_dumps_under_allocation_failures),
         cmocka_unit_test(test_max_min_nan_large),
-        cmocka_unit_test(test_dot_compile_error_plain),
         cmocka_unit_test(test_scalars_do_not_recompile),
         cmocka_unit_test(test_random_graphs),
-        cmocka_unit_test(test_allocation_too_large),
         cmocka_unit_test(test_run_time_errors),
+        cmocka_unit_test(test_scalar_feeds_every_kernel_kind),
+        cmocka_unit_test(test_scalar_special_values),
+        cmocka_unit_test(test_pad_allocation_failures),
+    };
+    /* OpenCL's own machinery: devices, program caches, the loader */
+    const struct CMUnitTest opencl_tests[] = {
+        cmocka_unit_test(test_transfers),
+        cmocka_unit_test(test_devices),
+        cmocka_unit_test(test_gpu_code_paths),
+        cmocka_unit_test(test_custom_op_compile_error),
+        cmocka_unit_test(test_dot_compile_error_plain),
+        cmocka_unit_test(test_allocation_too_large),
         cmocka_unit_test(test_two_devices),
         cmocka_unit_test(test_disk_cache),
         cmocka_unit_test(test_disk_cache_forged_entry),
@@ -4133,10 +4152,10 @@ int main(void) {
         cmocka_unit_test(test_cache_dir_is_a_file),
         cmocka_unit_test(test_runtime_load_retried),
         cmocka_unit_test(test_unavailable_library),
-        cmocka_unit_test(test_scalar_feeds_every_kernel_kind),
-        cmocka_unit_test(test_scalar_special_values),
-        cmocka_unit_test(test_pad_allocation_failures),
     };
+    int failed;
     if (getenv("TB_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("TB_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
+    if (TEST_OPENCL) failed += cmocka_run_group_tests(opencl_tests, group_setup, group_teardown);
+    return failed;
 }
