@@ -13578,6 +13578,408 @@ TBDEF tb_status tb_tensor_print(tb_tensor *tensor) {
 #undef TB__PRINT_INDENT
 #undef TB__PRINT_TEXT
 
+/* ---- src/compile.h ---- */
+/* ===========================================================================================
+   The internal contract of the compiled backends (OpenCL, native): what the planner, the index
+   arithmetic, the code generator and the disk cache give the parts after them. The types are
+   defined here and the functions declared; each is defined in the part named above it.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+/* ---- diskcache.c: the disk cache of compiled programs ---- */
+
+#define TB__DISK_MAX_PARTS 12
+
+/* What a program depends on, as texts: the source, the compiler or driver and its options,
+   the device, this library's version. Equal keys, interchangeable programs. */
+typedef struct tb__disk_key {
+    const char *parts[TB__DISK_MAX_PARTS];
+    size_t lens[TB__DISK_MAX_PARTS];
+    size_t count;
+} tb__disk_key;
+
+/* A kind of entry: the backend naming it in messages, its magic (8 bytes), format version and
+   file name suffix. */
+typedef struct tb__disk_format {
+    const char *who;
+    const char *magic;
+    uint32_t version;
+    const char *suffix;
+} tb__disk_format;
+
+/* adds a part (a NUL-terminated text when len is (size_t)-1); false when the key is full */
+static bool tb__disk_key_add(tb__disk_key *key, const char *part, size_t len);
+/* a 128-bit hash of the key's parts, masked by `mask` */
+static void tb__disk_key_hash(const tb__disk_key *key, uint64_t mask, uint64_t out[2]);
+/* the cache folder's path (caller frees), or NULL when the cache is off */
+static char *tb__disk_cache_path(void);
+/* the payload of the entry of `key` (caller frees) or NULL; then *save_dir is the folder to
+   write the program to (caller frees; NULL when the cache is off or not usable), *path the
+   entry's path (caller frees) and *why what is wrong with a file that is there */
+static unsigned char *tb__disk_lookup(const tb__disk_format *fmt, const tb__disk_key *key,
+                                      const uint64_t hash[2], int32_t *reported, size_t *size,
+                                      char **save_dir, char **path, const char **why);
+/* removes an entry that cannot be used */
+static void tb__disk_reject(const char *path);
+/* writes `payload` as the entry of `key` in the folder `dir` */
+static void tb__disk_store(const tb__disk_format *fmt, const char *dir, const tb__disk_key *key,
+                           const uint64_t hash[2], int32_t *reported, const unsigned char *payload,
+                           size_t n);
+
+/* ---- planner.c: the kernel plan ---- */
+
+/* The numbers that shape kernels for a class of device. A backend picks the table of its
+   device and may hand the planner a copy with changes (tests, experiments). */
+typedef struct tb__tuning {
+    const char *name;
+    /* reductions and norms over rows */
+    int32_t reduce_lanes;     /* independent accumulators per work item and row (1: one) */
+    int32_t max_group;        /* largest work-group for one row; 1: a work item per row always */
+    int64_t group_min_len;    /* rows shorter than this get one work item each */
+    int32_t item_rows_per_cu; /* from this many rows per compute unit, a work item per row */
+    int32_t gpu_rows;         /* GPUs: one item per row when rows >= compute units x this and
+                                 the row is not contiguous (neighbours read neighbours); 0: off */
+    /* split reductions: few outputs over many elements */
+    int64_t split_min_len;       /* rows shorter than this are not split */
+    int64_t split_min_chunk;     /* elements per chunk at least */
+    int32_t split_chunks_per_cu; /* outputs x chunks wanted per compute unit */
+    int32_t split_max_chunks;
+    /* matmul */
+    int32_t mm_kind;     /* TB__MM_PACKED (registers as fallback) or TB__MM_TILES */
+    int32_t mm_reg_rows; /* register block of the unpacked kernel: rows x columns */
+    int32_t mm_reg_cols;
+    int32_t mm_reg_group_x; /* its work-group */
+    int32_t mm_reg_group_y;
+    int32_t mm_panel_rows; /* packed: rows of A per panel and per work item */
+    int32_t mm_vec_f32;    /* packed: columns of B per panel (one vector) for f32 and f64 */
+    int32_t mm_vec_f64;
+    int32_t mm_pack_group_k;  /* pack kernels: work-group of vector width x this */
+    int64_t mm_pack_min_work; /* M x N x K below this: not packed */
+    int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
+    int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
+    int32_t mm_tile_k;        /* tiles: depth of a tile */
+    /* budgets of one kernel's code */
+    int64_t values_per_kernel;  /* values a kernel computes per output element */
+    int32_t positions_per_node; /* positions one node is evaluated at in one kernel */
+    int32_t nesting;            /* pad, concat and gather nested in one kernel */
+    /* launch */
+    int32_t item_group; /* preferred work-group of kernels launched over items */
+} tb__tuning;
+
+enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
+enum { TB__CLASS_CPU, TB__CLASS_GPU, TB__CLASS_HOST };
+
+/* What the planner knows of the device. */
+typedef struct tb__target {
+    const tb__tuning *tuning;
+    uint32_t compute_units;
+    uint32_t max_group;      /* the device's largest work-group */
+    uint64_t max_allocation; /* bytes; 0: unknown */
+    size_t max_args;         /* kernel arguments the device takes (8 bytes each) */
+    bool f64;                /* double precision is available */
+    bool acc_f64;            /* f32 sums accumulate in double (cheap on CPUs with fp64) */
+} tb__target;
+
+/* ---- the plan ---- */
+
+enum {
+    TB__K_ELEMENTWISE,
+    TB__K_REDUCE,
+    TB__K_MATMUL,
+    TB__K_NORM,
+    TB__K_PARTIAL, /* first stage of a split reduction: partial results per chunk */
+    TB__K_PACK_A,  /* a matmul's left operand copied into row panels */
+    TB__K_PACK_B   /* a matmul's right operand copied into column panels */
+};
+enum { TB__SLOT_PARAM, TB__SLOT_RESULT, TB__SLOT_TEMP };
+/* a kernel's arguments after its output: buffers, scalars by value, the error flag buffer,
+   the table of scalars (graphs with many scalars) */
+enum { TB__ARG_BUF, TB__ARG_SCALAR, TB__ARG_ERR, TB__ARG_TABLE };
+
+/* Graphs with more scalar parameters than this pass them in a table (one small buffer written
+   before the kernels) rather than as kernel arguments: devices may accept as little as 1024
+   bytes of arguments per kernel. */
+#define TB__PLAN_MAX_SCALAR_ARGS 16
+/* the context of a view that every kernel reading it evaluates itself */
+#define TB__CTX_ANY (-3)
+
+typedef struct tb__plan_arg {
+    int32_t kind;
+    int32_t index; /* a slot for buffers, a parameter for scalars */
+} tb__plan_arg;
+
+typedef struct tb__plan_kernel {
+    int32_t kind;
+    int32_t root, core; /* node indices; core -1 for elementwise kernels */
+    int32_t owner; /* the kernel whose nodes it evaluates: itself, or the kernel it is a stage of
+                      (the final stage of a split reduction, a matmul reading panels) */
+    int32_t split; /* a split reduction's chunk count (both stages), else 0 */
+    int32_t partial_slot; /* the final stage: the partial results it reads */
+    int32_t mm;           /* matmul: TB__MM_* */
+    int32_t pack_slot[2]; /* a packed matmul: the panels of A and B */
+    int32_t out_slot;
+    char name[64];
+    tb__plan_arg *args;
+    size_t num_args;
+    /* layout */
+    int32_t group;  /* reductions and norms: work items per row (1: one item per row) */
+    int32_t lanes;  /* reductions: independent accumulators per item */
+    bool suffix;    /* reductions: the reduced axes are the trailing ones (rows contiguous) */
+    tb_dtype acc;   /* reductions, norms: the accumulator dtype */
+    int32_t rm, rn; /* matmul: outputs per work item (rows, columns); packed: rm x vector */
+    int32_t tk;     /* matmul in tiles: depth of a tile */
+    /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
+       work-group), or fixed work-group sizes and counts */
+    uint32_t work_dim;
+    uint64_t items;
+    size_t group_size[3];
+    size_t groups[3];
+    bool empty; /* no work item: not emitted, not launched */
+    double flops, bytes;
+} tb__plan_kernel;
+
+typedef struct tb__plan_slot {
+    int32_t kind;
+    int32_t index; /* parameter or result index */
+    tb_shape shape;
+    int32_t last_use; /* the last kernel reading or writing it */
+} tb__plan_slot;
+
+/* Where a run-time error flag came from (out-of-range gather index, negative integer power). */
+typedef struct tb__errsite {
+    tb_op op;
+    int32_t node;
+    int32_t dim;
+    int64_t size;
+} tb__errsite;
+
+/* A planned graph: what a backend needs to run it besides its code; no node pointers. */
+typedef struct tb__plan {
+    uint64_t graph_hash;
+    size_t num_params, num_results;
+    int32_t *param_scalar; /* 1: passed by value (SCALAR); 0: a buffer */
+    tb_dtype *param_dtype;
+    int32_t *result_slot;   /* per result: the slot holding it */
+    int32_t *result_source; /* per result: -1, or an earlier result it duplicates */
+    tb__plan_slot *slots;
+    size_t num_slots, cap_slots;
+    tb__plan_kernel *kernels;
+    size_t num_kernels, cap_kernels;
+    tb__errsite *errsites;
+    size_t num_errsites, cap_errsites;
+    bool scalar_table; /* scalars in a table buffer (8 bytes each, by parameter index) */
+    /* per graph node (post-order): the kernel computing it, -1 for none (get_node_kernel) */
+    int32_t *node_kernel;
+    size_t num_nodes;
+} tb__plan;
+
+/* ---- the planner's view of a graph (alive while the graph is lowered) ---- */
+
+typedef struct tb__pnode {
+    const tb_node *node;
+    int32_t first_operand; /* into tb__pgraph.operands */
+    int32_t first_user;    /* into tb__pgraph.users */
+    int32_t num_users;     /* distinct users */
+    int32_t uses;          /* operand slots that name it */
+    int32_t param, result, slot;
+    int32_t ctx; /* the kernel evaluating it (its own kernel when it is a root) */
+    bool root, ident, in_mm, force_root;
+    int32_t depth;      /* pad/concat/gather above it in its kernel */
+    int32_t keys_first; /* its positions in its kernel: keys[keys_first .. + keys_count] */
+    int32_t keys_count;
+} tb__pnode;
+
+typedef struct tb__pgraph {
+    const tb_graph *graph;
+    const tb__target *target;
+    size_t n;
+    tb__pnode *info;
+    int32_t *operands;
+    int32_t *users;
+    /* node pointer -> index */
+    const tb_node **map_keys;
+    int32_t *map_vals;
+    size_t map_cap;
+    tb__plan *plan;
+    /* positions of the partition under way */
+    uint64_t *keys;
+    size_t num_keys, cap_keys;
+    int64_t *kernel_values; /* per kernel: values it computes per output element */
+    size_t cap_kernel_values;
+} tb__pgraph;
+
+/* A matmul core's sizes: batch (the product of the leading dims), M, N and K. */
+typedef struct tb__plan_mm {
+    int64_t batch, m, n, k;
+} tb__plan_mm;
+
+/* the tuning table of a device class (TB__CLASS_*) */
+static void tb__tuning_of(int32_t device_class, tb__tuning *t);
+/* plans `graph` for `target`: *out the plan (tb__plan_free), G the graph view the renderer
+   reads (tb__pgraph_free once the code is emitted) */
+static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target, tb__pgraph *G,
+                                tb__plan **out);
+static void tb__plan_free(tb__plan *p);
+static void tb__pgraph_free(tb__pgraph *G);
+/* the error a run reports from its error flag (flag[0]: 1 + the errsite) */
+static tb_status tb__plan_run_error(const tb__plan *p, const char *who, const int64_t flag[4]);
+/* the desc of a custom op (NULL for built-ins) */
+static const tb_custom_op_desc *tb__plan_custom(tb_op op);
+/* what the renderer asks of a planned graph */
+static int32_t tb__plan_operand(const tb__pgraph *G, int32_t node, size_t k);
+static const tb_shape *tb__plan_shape(const tb__pgraph *G, int32_t node);
+static int64_t tb__plan_numel(const tb_shape *s);
+static bool tb__plan_same_dims(const tb_shape *a, const tb_shape *b);
+static bool tb__plan_is_elementwise(tb_op op);
+static tb__plan_mm tb__plan_mm_of(const tb__pgraph *G, int32_t core);
+/* batch, M, N, K, panel count and panel width of a packed matmul's operand */
+static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]);
+/* the error code a failing node writes (1 + its errsite), -1 for none */
+static int32_t tb__plan_errsite_code(const tb__plan *p, int32_t node);
+
+/* ---- index.c: index arithmetic and the text of a kernel ---- */
+
+#define TB__LF_MAX     8
+#define TB__IX_BUCKETS 4096
+
+/* c + sum(coef[i] * var[i]), terms sorted by var, unused entries zero (so memcmp works). */
+typedef struct tb__lf {
+    int64_t c;
+    int32_t n;
+    int32_t var[TB__LF_MAX];
+    int64_t coef[TB__LF_MAX];
+} tb__lf;
+
+/* Which element of an array of `dims` a kernel is at: its flat (row-major) offset, its index
+   along each dim, or both. Interned, so equal positions share an id; the form a position was
+   made with identifies it, the other is added when needed. */
+typedef struct tb__pos {
+    int32_t rank;
+    int32_t has_flat, has_multi, key_flat;
+    int64_t dims[TB_MAX_RANK];
+    tb__lf flat;
+    tb__lf dim[TB_MAX_RANK];
+    uint64_t hash;
+    int32_t next;
+} tb__pos;
+
+/* what the memo holds: a value v<n> of a node at a position (the renderer's), or the first of
+   the variables an unravelled flat form was split into */
+enum { TB__MEMO_VALUE = 1, TB__MEMO_UNRAVEL = 2 };
+
+typedef struct tb__ix_memo {
+    uint64_t key;
+    int32_t kind, a, b;
+    uint64_t extra;
+    int32_t value;
+    int32_t next;
+} tb__ix_memo;
+
+typedef struct tb__ix_undo {
+    int32_t pos;
+    int32_t form; /* 1: flat was added, 2: multi was added */
+} tb__ix_undo;
+
+typedef struct tb__ix_scope {
+    size_t memo, undo;
+} tb__ix_scope;
+
+typedef struct tb__ix_var {
+    int64_t lo, hi;
+} tb__ix_var;
+
+/* The state of one kernel's code while it is emitted: its text (one builder whose failure is
+   sticky and checked once, after the kernel), the indentation, the index variables i<n>
+   (`long`, with their ranges), the interned positions, the memo of what was computed in the
+   enclosing blocks (values and unravelled positions; a block's entries are forgotten at its
+   closing brace) and the first error. */
+typedef struct tb__ix {
+    tb__str body;
+    int indent;
+    tb__ix_var *vars;
+    size_t num_vars, cap_vars;
+    tb__pos *pos;
+    size_t num_pos, cap_pos;
+    int32_t pos_head[TB__IX_BUCKETS];
+    tb__ix_memo *memo;
+    size_t num_memo, cap_memo;
+    int32_t memo_head[TB__IX_BUCKETS];
+    tb__ix_undo *undo;
+    size_t num_undo, cap_undo;
+    tb__ix_scope *scopes;
+    size_t num_scopes, cap_scopes;
+    tb_status status;
+} tb__ix;
+
+#define TB__LF_TEXT 640 /* bytes of a form as text */
+
+static void tb__lf_const(tb__lf *lf, int64_t c);
+static bool tb__lf_add_term(tb__lf *lf, int32_t var, int64_t coef);
+static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap);
+static tb_status tb__ix_fail(tb__ix *g, tb_status st);
+static void tb__ix_line(tb__ix *g, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
+static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
+static bool tb__ix_lf_addmul(tb__ix *g, tb__lf *dst, const tb__lf *src, int64_t scale);
+static int32_t tb__ix_memo_find(const tb__ix *g, int32_t kind, int32_t a, int32_t b,
+                                uint64_t extra);
+static void tb__ix_memo_add(tb__ix *g, int32_t kind, int32_t a, int32_t b, uint64_t extra,
+                            int32_t value);
+static void tb__ix_open(tb__ix *g, const char *head);
+static void tb__ix_close(tb__ix *g, const char *tail);
+static bool tb__ix_need_flat(tb__ix *g, int32_t id);
+static bool tb__ix_need_multi(tb__ix *g, int32_t id);
+static int32_t tb__ix_pos_multi(tb__ix *g, const tb_shape *shape, const tb__lf *dims);
+static int32_t tb__ix_pos_flat(tb__ix *g, const tb_shape *shape, const tb__lf *flat);
+static int32_t tb__ix_var_pos_flat(tb__ix *g, const tb_shape *shape, int32_t var, int64_t scale,
+                                   int32_t var2);
+static void tb__ix_reset(tb__ix *g);
+static void tb__ix_free(tb__ix *g);
+
+/* ---- codegen.c: the C-family code generator ---- */
+
+/* One parameter of a kernel's entry point, as the renderer describes it to the dialect. */
+typedef struct tb__cg_param {
+    int32_t role;     /* TB__ARG_* or -1 for the output */
+    const char *type; /* the element type (buffers, tables) or the value type (scalars) */
+    char name[16];    /* out, b<slot>, s<param>, tb_sc, tb_err */
+} tb__cg_param;
+
+/* What differs between the C-family languages the generator writes. */
+typedef struct tb__dialect {
+    const char *name;
+    /* the text before the shared prelude (pragmas, includes, typedefs, helpers) */
+    const char *head;
+    /* address space of buffers ("__global " or ""), of work-group memory ("__local "; NULL:
+       none, and no plan for this dialect may use work-groups of more than one item) */
+    const char *global;
+    const char *local;
+    const char *barrier; /* a work-group barrier statement */
+    /* work-item ids as printf formats of the dimension */
+    const char *global_id;
+    const char *group_id;
+    const char *local_id;
+    /* vectors: float16 and double8 with vload16/vstore16 and vload8/vstore8, scalar * vector
+       widening the scalar; a vector of zeros as a format of the vector type */
+    const char *vec_zero;
+    const char *min_long; /* min of two longs */
+    const char *bits_f32; /* the float of 32 bits (uint) */
+    const char *bits_f64; /* the double of 64 bits (ulong) */
+    bool f64;             /* the target has double precision */
+    /* a math function's name for a dtype (exp, log, sin, cos, tanh, sqrt, erf, pow, fabs,
+       floor, ceil, rint) */
+    const char *(*math)(const char *fn, tb_dtype dtype);
+    /* writes one kernel: its entry point around `body` */
+    void (*kernel)(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
+                   size_t num_params, const char *body);
+} tb__dialect;
+
+/* renders every kernel of the plan through the dialect as one program (caller frees) */
+static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
+                               size_t *len);
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
 /* ---- src/diskcache.c ---- */
 /* ===========================================================================================
    The disk cache of compiled programs, shared by the compiled backends (OpenCL program
@@ -13602,24 +14004,6 @@ TBDEF tb_status tb_tensor_print(tb_tensor *tensor) {
 #define TB__DISK_MAX       ((uint64_t)1 << 30) /* no payload of ours is bigger */
 #define TB__DISK_SEED      0x636c62696e617279ull
 #define TB__DISK_TMP_TRIES 16
-#define TB__DISK_MAX_PARTS 12
-
-/* What a program depends on, as texts: the source, the compiler or driver and its options,
-   the device, this library's version. Equal keys, interchangeable programs. */
-typedef struct tb__disk_key {
-    const char *parts[TB__DISK_MAX_PARTS];
-    size_t lens[TB__DISK_MAX_PARTS];
-    size_t count;
-} tb__disk_key;
-
-/* A kind of entry: the backend naming it in messages, its magic (8 bytes), format version and
-   file name suffix. */
-typedef struct tb__disk_format {
-    const char *who;
-    const char *magic;
-    uint32_t version;
-    const char *suffix;
-} tb__disk_format;
 
 /* The disk cache opens its files without following links (O_NOFOLLOW, POSIX 2008). glibc
    hides the name under a strict -std when the feature macros come after its first header (our
@@ -13735,6 +14119,12 @@ static bool tb__disk_write_all(int fd, const void *buf, size_t n) {
     return true;
 }
 
+/* True for the first caller only (threads may race to say why a folder is not used). */
+static bool tb__disk_first_report(int32_t *reported) {
+    if (TB__ATOMIC_LOAD(reported) != 0) return false;
+    return TB__ATOMIC_ADD(reported, 1) == 1;
+}
+
 /* The cache folder's path (not yet created or checked), or NULL when the cache is off. */
 static char *tb__disk_cache_path(void) {
     const char *env = tb__getenv("TB_CACHE_DIR");
@@ -13752,11 +14142,11 @@ static char *tb__disk_cache_path(void) {
 /* Whether the cache folder `dir` may be used, creating it and its missing parents private
    (0700). A folder that is not ours or that others may write to is not used: they could put a
    program there that we would run. Why a folder is not used is said once per *reported flag
-   (at TB_DEBUG for a folder that is not private, as a warning when it cannot be made); `who`
-   names the backend in the message. Entries are checked one by one too (tb__disk_read: a
+   (atomic) (at TB_DEBUG for a folder that is not private, as a warning when it cannot be made);
+   `who` names the backend in the message. Entries are checked one by one too (tb__disk_read: a
    regular file of ours, holding our whole key), so a folder swapped after this check gives
    nothing that we did not write ourselves. */
-static bool tb__disk_cache_usable(const char *who, const char *dir, bool *reported) {
+static bool tb__disk_cache_usable(const char *who, const char *dir, int32_t *reported) {
     char *copy = tb__strdup(dir), *p;
     struct stat st;
     if (copy == NULL) return false;
@@ -13771,15 +14161,14 @@ static bool tb__disk_cache_usable(const char *who, const char *dir, bool *report
     /* a link to the folder itself is followed: a user may keep the cache elsewhere */
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
         const char *why = stat(dir, &st) != 0 ? strerror(errno) : "not a directory";
-        if (!*reported) {
+        if (tb__disk_first_report(reported)) {
             tb_log_message(TB_LOG_WARN, "%s: the program cache folder %s is not usable: %s", who,
                            dir, why);
-            *reported = true;
         }
         return false;
     }
     if (st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-        if (!*reported && tb_debug_level() >= 1) {
+        if (tb__disk_first_report(reported) && tb_debug_level() >= 1) {
             tb_log_message(TB_LOG_WARN,
                            "%s: the program cache folder %s is not used: %s (make it yours "
                            "with mode 0700, or set TB_CACHE_DIR)",
@@ -13931,7 +14320,7 @@ static void tb__disk_entry_name(const tb__disk_format *fmt, const uint64_t key[2
    the cache is off or its folder not usable). A payload the caller then cannot use goes to
    tb__disk_reject. *path (caller frees) is the entry's path, for tb__disk_reject. */
 static unsigned char *tb__disk_lookup(const tb__disk_format *fmt, const tb__disk_key *key,
-                                      const uint64_t hash[2], bool *reported, size_t *size,
+                                      const uint64_t hash[2], int32_t *reported, size_t *size,
                                       char **save_dir, char **path, const char **why) {
 #if TB__DISK_CACHE
     char *dir = tb__disk_cache_path(), name[64];
@@ -13976,7 +14365,7 @@ static void tb__disk_reject(const char *path) {
 
 /* Writes `payload` as the entry of `key` in the folder `dir` (from tb__disk_lookup). */
 static void tb__disk_store(const tb__disk_format *fmt, const char *dir, const tb__disk_key *key,
-                           const uint64_t hash[2], bool *reported, const unsigned char *payload,
+                           const uint64_t hash[2], int32_t *reported, const unsigned char *payload,
                            size_t n) {
 #if TB__DISK_CACHE
     size_t kn = 0;
@@ -14015,47 +14404,6 @@ static void tb__disk_store(const tb__disk_format *fmt, const char *dir, const tb
 #if defined(TB__HAVE_COMPILED_BACKENDS)
 
 /* ---- tuning: one table per device class ---- */
-
-/* The numbers that shape kernels for a class of device. A backend picks the table of its
-   device and may hand the planner a copy with changes (tests, experiments). */
-typedef struct tb__tuning {
-    const char *name;
-    /* reductions and norms over rows */
-    int32_t reduce_lanes;     /* independent accumulators per work item and row (1: one) */
-    int32_t max_group;        /* largest work-group for one row; 1: a work item per row always */
-    int64_t group_min_len;    /* rows shorter than this get one work item each */
-    int32_t item_rows_per_cu; /* from this many rows per compute unit, a work item per row */
-    int32_t gpu_rows;         /* GPUs: one item per row when rows >= compute units x this and
-                                 the row is not contiguous (neighbours read neighbours); 0: off */
-    /* split reductions: few outputs over many elements */
-    int64_t split_min_len;       /* rows shorter than this are not split */
-    int64_t split_min_chunk;     /* elements per chunk at least */
-    int32_t split_chunks_per_cu; /* outputs x chunks wanted per compute unit */
-    int32_t split_max_chunks;
-    /* matmul */
-    int32_t mm_kind;     /* TB__MM_PACKED (registers as fallback) or TB__MM_TILES */
-    int32_t mm_reg_rows; /* register block of the unpacked kernel: rows x columns */
-    int32_t mm_reg_cols;
-    int32_t mm_reg_group_x; /* its work-group */
-    int32_t mm_reg_group_y;
-    int32_t mm_panel_rows; /* packed: rows of A per panel and per work item */
-    int32_t mm_vec_f32;    /* packed: columns of B per panel (one vector) for f32 and f64 */
-    int32_t mm_vec_f64;
-    int32_t mm_pack_group_k;  /* pack kernels: work-group of vector width x this */
-    int64_t mm_pack_min_work; /* M x N x K below this: not packed */
-    int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
-    int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
-    int32_t mm_tile_k;        /* tiles: depth of a tile */
-    /* budgets of one kernel's code */
-    int64_t values_per_kernel;  /* values a kernel computes per output element */
-    int32_t positions_per_node; /* positions one node is evaluated at in one kernel */
-    int32_t nesting;            /* pad, concat and gather nested in one kernel */
-    /* launch */
-    int32_t item_group; /* preferred work-group of kernels launched over items */
-} tb__tuning;
-
-enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
-enum { TB__CLASS_CPU, TB__CLASS_GPU, TB__CLASS_HOST };
 
 /* The table of a device class:
    - TB__CLASS_CPU, CPU devices of OpenCL (PoCL and others): no local memory worth using; the
@@ -14098,144 +14446,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->item_group = gpu ? 256 : (host ? 1 : 128);
 }
 
-/* What the planner knows of the device. */
-typedef struct tb__target {
-    const tb__tuning *tuning;
-    uint32_t compute_units;
-    uint32_t max_group;      /* the device's largest work-group */
-    uint64_t max_allocation; /* bytes; 0: unknown */
-    size_t max_args;         /* kernel arguments the device takes (8 bytes each) */
-    bool f64;                /* double precision is available */
-    bool acc_f64;            /* f32 sums accumulate in double (cheap on CPUs with fp64) */
-} tb__target;
-
-/* ---- the plan ---- */
-
-enum {
-    TB__K_ELEMENTWISE,
-    TB__K_REDUCE,
-    TB__K_MATMUL,
-    TB__K_NORM,
-    TB__K_PARTIAL, /* first stage of a split reduction: partial results per chunk */
-    TB__K_PACK_A,  /* a matmul's left operand copied into row panels */
-    TB__K_PACK_B   /* a matmul's right operand copied into column panels */
-};
-enum { TB__SLOT_PARAM, TB__SLOT_RESULT, TB__SLOT_TEMP };
-/* a kernel's arguments after its output: buffers, scalars by value, the error flag buffer,
-   the table of scalars (graphs with many scalars) */
-enum { TB__ARG_BUF, TB__ARG_SCALAR, TB__ARG_ERR, TB__ARG_TABLE };
-
-/* Graphs with more scalar parameters than this pass them in a table (one small buffer written
-   before the kernels) rather than as kernel arguments: devices may accept as little as 1024
-   bytes of arguments per kernel. */
-#define TB__PLAN_MAX_SCALAR_ARGS 16
-/* the context of a view that every kernel reading it evaluates itself */
-#define TB__CTX_ANY (-3)
-
-typedef struct tb__plan_arg {
-    int32_t kind;
-    int32_t index; /* a slot for buffers, a parameter for scalars */
-} tb__plan_arg;
-
-typedef struct tb__plan_kernel {
-    int32_t kind;
-    int32_t root, core; /* node indices; core -1 for elementwise kernels */
-    int32_t owner; /* the kernel whose nodes it evaluates: itself, or the kernel it is a stage of
-                      (the final stage of a split reduction, a matmul reading panels) */
-    int32_t split; /* a split reduction's chunk count (both stages), else 0 */
-    int32_t partial_slot; /* the final stage: the partial results it reads */
-    int32_t mm;           /* matmul: TB__MM_* */
-    int32_t pack_slot[2]; /* a packed matmul: the panels of A and B */
-    int32_t out_slot;
-    char name[64];
-    tb__plan_arg *args;
-    size_t num_args;
-    /* layout */
-    int32_t group;  /* reductions and norms: work items per row (1: one item per row) */
-    int32_t lanes;  /* reductions: independent accumulators per item */
-    bool suffix;    /* reductions: the reduced axes are the trailing ones (rows contiguous) */
-    tb_dtype acc;   /* reductions, norms: the accumulator dtype */
-    int32_t rm, rn; /* matmul: outputs per work item (rows, columns); packed: rm x vector */
-    int32_t tk;     /* matmul in tiles: depth of a tile */
-    /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
-       work-group), or fixed work-group sizes and counts */
-    uint32_t work_dim;
-    uint64_t items;
-    size_t group_size[3];
-    size_t groups[3];
-    bool empty; /* no work item: not emitted, not launched */
-    double flops, bytes;
-} tb__plan_kernel;
-
-typedef struct tb__plan_slot {
-    int32_t kind;
-    int32_t index; /* parameter or result index */
-    tb_shape shape;
-    int32_t last_use; /* the last kernel reading or writing it */
-} tb__plan_slot;
-
-/* Where a run-time error flag came from (out-of-range gather index, negative integer power). */
-typedef struct tb__errsite {
-    tb_op op;
-    int32_t node;
-    int32_t dim;
-    int64_t size;
-} tb__errsite;
-
-/* A planned graph: what a backend needs to run it besides its code; no node pointers. */
-typedef struct tb__plan {
-    uint64_t graph_hash;
-    size_t num_params, num_results;
-    int32_t *param_scalar; /* 1: passed by value (SCALAR); 0: a buffer */
-    tb_dtype *param_dtype;
-    int32_t *result_slot;   /* per result: the slot holding it */
-    int32_t *result_source; /* per result: -1, or an earlier result it duplicates */
-    tb__plan_slot *slots;
-    size_t num_slots, cap_slots;
-    tb__plan_kernel *kernels;
-    size_t num_kernels, cap_kernels;
-    tb__errsite *errsites;
-    size_t num_errsites, cap_errsites;
-    bool scalar_table; /* scalars in a table buffer (8 bytes each, by parameter index) */
-    /* per graph node (post-order): the kernel computing it, -1 for none (get_node_kernel) */
-    int32_t *node_kernel;
-    size_t num_nodes;
-} tb__plan;
-
-/* ---- the planner's view of a graph (alive while the graph is lowered) ---- */
-
-typedef struct tb__pnode {
-    const tb_node *node;
-    int32_t first_operand; /* into tb__pgraph.operands */
-    int32_t first_user;    /* into tb__pgraph.users */
-    int32_t num_users;     /* distinct users */
-    int32_t uses;          /* operand slots that name it */
-    int32_t param, result, slot;
-    int32_t ctx; /* the kernel evaluating it (its own kernel when it is a root) */
-    bool root, ident, in_mm, force_root;
-    int32_t depth;      /* pad/concat/gather above it in its kernel */
-    int32_t keys_first; /* its positions in its kernel: keys[keys_first .. + keys_count] */
-    int32_t keys_count;
-} tb__pnode;
-
-typedef struct tb__pgraph {
-    const tb_graph *graph;
-    const tb__target *target;
-    size_t n;
-    tb__pnode *info;
-    int32_t *operands;
-    int32_t *users;
-    /* node pointer -> index */
-    const tb_node **map_keys;
-    int32_t *map_vals;
-    size_t map_cap;
-    tb__plan *plan;
-    /* positions of the partition under way */
-    uint64_t *keys;
-    size_t num_keys, cap_keys;
-    int64_t *kernel_values; /* per kernel: values it computes per output element */
-    size_t cap_kernel_values;
-} tb__pgraph;
+/* ---- tuning: one table per device class ---- */
 
 /* ---- small helpers ---- */
 
@@ -14859,11 +15070,6 @@ static tb_status tb__plan_split_reductions(tb__pgraph *G) {
     }
     return TB_OK;
 }
-
-/* A matmul core's sizes: batch (the product of the leading dims), M, N and K. */
-typedef struct tb__plan_mm {
-    int64_t batch, m, n, k;
-} tb__plan_mm;
 
 static tb__plan_mm tb__plan_mm_of(const tb__pgraph *G, int32_t core) {
     const tb_shape *cs = tb__plan_shape(G, core);
@@ -15612,78 +15818,6 @@ static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target,
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
 
-#define TB__LF_MAX     8
-#define TB__IX_BUCKETS 4096
-
-/* c + sum(coef[i] * var[i]), terms sorted by var, unused entries zero (so memcmp works). */
-typedef struct tb__lf {
-    int64_t c;
-    int32_t n;
-    int32_t var[TB__LF_MAX];
-    int64_t coef[TB__LF_MAX];
-} tb__lf;
-
-/* Which element of an array of `dims` a kernel is at: its flat (row-major) offset, its index
-   along each dim, or both. Interned, so equal positions share an id; the form a position was
-   made with identifies it, the other is added when needed. */
-typedef struct tb__pos {
-    int32_t rank;
-    int32_t has_flat, has_multi, key_flat;
-    int64_t dims[TB_MAX_RANK];
-    tb__lf flat;
-    tb__lf dim[TB_MAX_RANK];
-    uint64_t hash;
-    int32_t next;
-} tb__pos;
-
-/* what the memo holds: a value v<n> of a node at a position (the renderer's), or the first of
-   the variables an unravelled flat form was split into */
-enum { TB__MEMO_VALUE = 1, TB__MEMO_UNRAVEL = 2 };
-
-typedef struct tb__ix_memo {
-    uint64_t key;
-    int32_t kind, a, b;
-    uint64_t extra;
-    int32_t value;
-    int32_t next;
-} tb__ix_memo;
-
-typedef struct tb__ix_undo {
-    int32_t pos;
-    int32_t form; /* 1: flat was added, 2: multi was added */
-} tb__ix_undo;
-
-typedef struct tb__ix_scope {
-    size_t memo, undo;
-} tb__ix_scope;
-
-typedef struct tb__ix_var {
-    int64_t lo, hi;
-} tb__ix_var;
-
-/* The state of one kernel's code while it is emitted: its text (one builder whose failure is
-   sticky and checked once, after the kernel), the indentation, the index variables i<n>
-   (`long`, with their ranges), the interned positions, the memo of what was computed in the
-   enclosing blocks (values and unravelled positions; a block's entries are forgotten at its
-   closing brace) and the first error. */
-typedef struct tb__ix {
-    tb__str body;
-    int indent;
-    tb__ix_var *vars;
-    size_t num_vars, cap_vars;
-    tb__pos *pos;
-    size_t num_pos, cap_pos;
-    int32_t pos_head[TB__IX_BUCKETS];
-    tb__ix_memo *memo;
-    size_t num_memo, cap_memo;
-    int32_t memo_head[TB__IX_BUCKETS];
-    tb__ix_undo *undo;
-    size_t num_undo, cap_undo;
-    tb__ix_scope *scopes;
-    size_t num_scopes, cap_scopes;
-    tb_status status;
-} tb__ix;
-
 static tb_status tb__ix_fail(tb__ix *g, tb_status st) {
     if (g->status == TB_OK) g->status = st;
     return st;
@@ -15815,8 +15949,6 @@ static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap) {
                  mag > 2147483647u ? "L" : "");
     }
 }
-
-#define TB__LF_TEXT 640
 
 /* A new variable holding the form's value. */
 static int32_t tb__ix_spill(tb__ix *g, const tb__lf *lf) {
@@ -16289,42 +16421,6 @@ static const size_t tb__cl_prelude_count = 98;
    =========================================================================================== */
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
-
-/* One parameter of a kernel's entry point, as the renderer describes it to the dialect. */
-typedef struct tb__cg_param {
-    int32_t role;     /* TB__ARG_* or -1 for the output */
-    const char *type; /* the element type (buffers, tables) or the value type (scalars) */
-    char name[16];    /* out, b<slot>, s<param>, tb_sc, tb_err */
-} tb__cg_param;
-
-/* What differs between the C-family languages the generator writes. */
-typedef struct tb__dialect {
-    const char *name;
-    /* the text before the shared prelude (pragmas, includes, typedefs, helpers) */
-    const char *head;
-    /* address space of buffers ("__global " or ""), of work-group memory ("__local "; NULL:
-       none, and no plan for this dialect may use work-groups of more than one item) */
-    const char *global;
-    const char *local;
-    const char *barrier; /* a work-group barrier statement */
-    /* work-item ids as printf formats of the dimension */
-    const char *global_id;
-    const char *group_id;
-    const char *local_id;
-    /* vectors: float16 and double8 with vload16/vstore16 and vload8/vstore8, scalar * vector
-       widening the scalar; a vector of zeros as a format of the vector type */
-    const char *vec_zero;
-    const char *min_long; /* min of two longs */
-    const char *bits_f32; /* the float of 32 bits (uint) */
-    const char *bits_f64; /* the double of 64 bits (ulong) */
-    bool f64;             /* the target has double precision */
-    /* a math function's name for a dtype (exp, log, sin, cos, tanh, sqrt, erf, pow, fabs,
-       floor, ceil, rint) */
-    const char *(*math)(const char *fn, tb_dtype dtype);
-    /* writes one kernel: its entry point around `body` */
-    void (*kernel)(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
-                   size_t num_params, const char *body);
-} tb__dialect;
 
 typedef struct tb__cg_frame {
     int32_t node, pos, state, vbase;
@@ -16822,41 +16918,89 @@ static int32_t tb__cg_emit_custom(tb__cg *g, const tb_node *n, const int32_t *op
     return v;
 }
 
-/* One elementwise op (or RAND/RANDN) from its operands' values. */
-static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_t *ops,
-                              size_t nops) {
-    const tb_node *n = g->G->info[node].node;
-    tb_dtype od = n->shape.dtype, ad = nops > 0 ? g->val_dtype[ops[0]] : od;
+/* The expression of a unary op other than math functions; false when `n` is not one. */
+static bool tb__cg_expr_unary(tb__cg *g, const tb_node *n, tb_dtype ad, const char *a, char *e,
+                              size_t cap) {
+    tb_dtype od = n->shape.dtype;
+    bool afl = tb_dtype_is_float(ad);
     const char *t = tb__cg_ctype(od), *u = tb__cg_utype(od);
-    const char *m = t;
-    bool fl = tb_dtype_is_float(od), afl = tb_dtype_is_float(ad);
-    char e[1024], a[16], b[16], c[16];
-    int32_t v;
-    e[0] = '\0';
-    snprintf(a, sizeof a, "v%d", nops > 0 ? (int)ops[0] : 0);
-    snprintf(b, sizeof b, "v%d", nops > 1 ? (int)ops[1] : 0);
-    snprintf(c, sizeof c, "v%d", nops > 2 ? (int)ops[2] : 0);
-    if (tb_op_get_kind(n->op) == TB_KIND_MOVEMENT) return ops[0]; /* the position did it all */
-    if (n->op >= TB_OP_BUILTIN_COUNT) return tb__cg_emit_custom(g, n, ops, nops);
+    bool fl = tb_dtype_is_float(od);
     switch (n->op) {
     case TB_OP_NEG:
         if (fl) {
-            snprintf(e, sizeof e, "-%s", a);
+            snprintf(e, cap, "-%s", a);
         } else if (od == TB_BOOL) {
-            snprintf(e, sizeof e, "%s", a);
+            snprintf(e, cap, "%s", a);
         } else {
-            snprintf(e, sizeof e, "(%s)((%s)0 - (%s)%s)", t, u, u, a);
+            snprintf(e, cap, "(%s)((%s)0 - (%s)%s)", t, u, u, a);
         }
         break;
     case TB_OP_ABS:
         if (fl) {
-            snprintf(e, sizeof e, "%s(%s)", tb__cg_math(g, "fabs", od), a);
+            snprintf(e, cap, "%s(%s)", tb__cg_math(g, "fabs", od), a);
         } else if (od == TB_U8 || od == TB_BOOL) {
-            snprintf(e, sizeof e, "%s", a);
+            snprintf(e, cap, "%s", a);
         } else {
-            snprintf(e, sizeof e, "(%s)(%s < 0 ? (%s)0 - (%s)%s : (%s)%s)", t, a, u, u, a, u, a);
+            snprintf(e, cap, "(%s)(%s < 0 ? (%s)0 - (%s)%s : (%s)%s)", t, a, u, u, a, u, a);
         }
         break;
+    case TB_OP_RELU:
+        if (od == TB_U8 || od == TB_BOOL) {
+            snprintf(e, cap, "%s", a);
+        } else {
+            snprintf(e, cap, "(%s < (%s)0 ? (%s)0 : %s)", a, t, t, a);
+        }
+        break;
+    case TB_OP_RECIPROCAL:
+        snprintf(e, cap, "(%s)1 / %s", t, a);
+        break;
+    case TB_OP_FLOOR:
+    case TB_OP_CEIL:
+    case TB_OP_ROUND:
+        if (fl) {
+            snprintf(e, cap, "%s(%s)",
+                     tb__cg_math(g,
+                                 n->op == TB_OP_FLOOR  ? "floor"
+                                 : n->op == TB_OP_CEIL ? "ceil"
+                                                       : "rint",
+                                 od),
+                     a);
+        } else {
+            snprintf(e, cap, "%s", a);
+        }
+        break;
+    case TB_OP_SIGN:
+        if (od == TB_BOOL) {
+            snprintf(e, cap, "%s", a);
+        } else {
+            snprintf(e, cap, "(%s)((%s > (%s)0) - (%s < (%s)0))", t, a, t, a, t);
+        }
+        break;
+    case TB_OP_LOGICAL_NOT:
+        snprintf(e, cap, "(uchar)(%s == 0)", a);
+        break;
+    case TB_OP_CAST:
+        if (od == TB_BOOL) {
+            snprintf(e, cap, "(uchar)(%s != 0)", a);
+        } else if (afl && !fl) {
+            /* truncation toward zero saturating at the int64 range, NaN 0, then wrapping */
+            snprintf(e, cap, "(%s)tb_f2i_%s(%s)", t, ad == TB_F64 ? "f64" : "f32", a);
+        } else {
+            snprintf(e, cap, "(%s)%s", t, a);
+        }
+        break;
+    default:
+        return false;
+    }
+    return true;
+}
+
+/* The expression of a math function (exp, log, sin, cos, tanh, sqrt, rsqrt, sigmoid, silu,
+   gelu) in the dialect's names; false when `n` is not one. */
+static bool tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e, size_t cap) {
+    tb_dtype od = n->shape.dtype;
+    const char *t = tb__cg_ctype(od), *m = t;
+    switch (n->op) {
     case TB_OP_EXP:
     case TB_OP_LOG:
     case TB_OP_SIN:
@@ -16867,14 +17011,14 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
                         : n->op == TB_OP_SIN ? "sin"
                         : n->op == TB_OP_COS ? "cos"
                                              : "tanh";
-        snprintf(e, sizeof e, "(%s)%s((%s)%s)", t, tb__cg_math(g, f, od), m, a);
+        snprintf(e, cap, "(%s)%s((%s)%s)", t, tb__cg_math(g, f, od), m, a);
         break;
     }
     case TB_OP_SQRT:
-        snprintf(e, sizeof e, "%s(%s)", tb__cg_math(g, "sqrt", od), a);
+        snprintf(e, cap, "%s(%s)", tb__cg_math(g, "sqrt", od), a);
         break;
     case TB_OP_RSQRT:
-        snprintf(e, sizeof e, "(%s)((%s)1 / %s((%s)%s))", t, m, tb__cg_math(g, "sqrt", od), m, a);
+        snprintf(e, cap, "(%s)((%s)1 / %s((%s)%s))", t, m, tb__cg_math(g, "sqrt", od), m, a);
         break;
     case TB_OP_SIGMOID:
     case TB_OP_SILU: {
@@ -16885,86 +17029,55 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
         snprintf(sg, sizeof sg, "(%s >= 0 ? (%s)1 / ((%s)1 + %s(-%s)) : %s(%s) / ((%s)1 + %s(%s)))",
                  x, m, m, ex, x, ex, x, m, ex, x);
         if (n->op == TB_OP_SILU) {
-            snprintf(e, sizeof e, "(%s)(%s * %s)", t, x, sg);
+            snprintf(e, cap, "(%s)(%s * %s)", t, x, sg);
         } else {
-            snprintf(e, sizeof e, "(%s)%s", t, sg);
+            snprintf(e, cap, "(%s)%s", t, sg);
         }
         break;
     }
-    case TB_OP_RELU:
-        if (od == TB_U8 || od == TB_BOOL) {
-            snprintf(e, sizeof e, "%s", a);
-        } else {
-            snprintf(e, sizeof e, "(%s < (%s)0 ? (%s)0 : %s)", a, t, t, a);
-        }
-        break;
     case TB_OP_GELU: {
         char half[32], r2[32];
         tb_dtype lit = od == TB_F32 && !g->G->target->acc_f64 ? TB_F32 : TB_F64;
         tb__cg_flit(lit, 0.5, half, sizeof half);
         tb__cg_flit(lit, 0.70710678118654752440, r2, sizeof r2);
-        snprintf(e, sizeof e, "(%s)(%s * (%s)%s * ((%s)1 + %s((%s)%s * %s)))", t, half, m, a, m,
+        snprintf(e, cap, "(%s)(%s * (%s)%s * ((%s)1 + %s((%s)%s * %s)))", t, half, m, a, m,
                  tb__cg_math(g, "erf", od), m, a, r2);
         break;
     }
-    case TB_OP_RECIPROCAL:
-        snprintf(e, sizeof e, "(%s)1 / %s", t, a);
-        break;
-    case TB_OP_FLOOR:
-    case TB_OP_CEIL:
-    case TB_OP_ROUND:
-        if (fl) {
-            snprintf(e, sizeof e, "%s(%s)",
-                     tb__cg_math(g,
-                                 n->op == TB_OP_FLOOR  ? "floor"
-                                 : n->op == TB_OP_CEIL ? "ceil"
-                                                       : "rint",
-                                 od),
-                     a);
-        } else {
-            snprintf(e, sizeof e, "%s", a);
-        }
-        break;
-    case TB_OP_SIGN:
-        if (od == TB_BOOL) {
-            snprintf(e, sizeof e, "%s", a);
-        } else {
-            snprintf(e, sizeof e, "(%s)((%s > (%s)0) - (%s < (%s)0))", t, a, t, a, t);
-        }
-        break;
-    case TB_OP_LOGICAL_NOT:
-        snprintf(e, sizeof e, "(uchar)(%s == 0)", a);
-        break;
-    case TB_OP_CAST:
-        if (od == TB_BOOL) {
-            snprintf(e, sizeof e, "(uchar)(%s != 0)", a);
-        } else if (afl && !fl) {
-            /* truncation toward zero saturating at the int64 range, NaN 0, then wrapping */
-            snprintf(e, sizeof e, "(%s)tb_f2i_%s(%s)", t, ad == TB_F64 ? "f64" : "f32", a);
-        } else {
-            snprintf(e, sizeof e, "(%s)%s", t, a);
-        }
-        break;
+    default:
+        return false;
+    }
+    return true;
+}
+
+/* The expression of a binary or ternary op: 1, 0 when `n` is not one, -1 on error (an op may
+   emit a line of its own first: clamp's lower bound, the check of an integer power). */
+static int tb__cg_expr_binary(tb__cg *g, int32_t node, const char *a, const char *b, const char *c,
+                              char *e, size_t cap) {
+    const tb_node *n = g->G->info[node].node;
+    tb_dtype od = n->shape.dtype;
+    const char *t = tb__cg_ctype(od), *u = tb__cg_utype(od), *m = t;
+    bool fl = tb_dtype_is_float(od);
+    switch (n->op) {
     case TB_OP_ADD:
     case TB_OP_SUB:
     case TB_OP_MUL: {
         const char *op = n->op == TB_OP_ADD ? "+" : (n->op == TB_OP_SUB ? "-" : "*");
         if (fl) {
-            snprintf(e, sizeof e, "%s %s %s", a, op, b);
+            snprintf(e, cap, "%s %s %s", a, op, b);
         } else if (od == TB_BOOL) {
-            snprintf(e, sizeof e, "(uchar)((%s %s %s) != 0)", a, op, b);
+            snprintf(e, cap, "(uchar)((%s %s %s) != 0)", a, op, b);
         } else {
-            snprintf(e, sizeof e, "(%s)((%s)%s %s (%s)%s)", t, u, a, op, u, b);
+            snprintf(e, cap, "(%s)((%s)%s %s (%s)%s)", t, u, a, op, u, b);
         }
         break;
     }
     case TB_OP_DIV:
-        snprintf(e, sizeof e, "%s / %s", a, b);
+        snprintf(e, cap, "%s / %s", a, b);
         break;
     case TB_OP_POW:
         if (fl) {
-            snprintf(e, sizeof e, "(%s)%s((%s)%s, (%s)%s)", t, tb__cg_math(g, "pow", od), m, a, m,
-                     b);
+            snprintf(e, cap, "(%s)%s((%s)%s, (%s)%s)", t, tb__cg_math(g, "pow", od), m, a, m, b);
         } else {
             int32_t code = tb__cg_errsite(g, node);
             if (code < 0) return -1;
@@ -16972,16 +17085,16 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
                         "if (%s < 0) { tb_err[0] = %d; tb_err[1] = (long)%s; tb_err[2] = "
                         "(long)%s; }",
                         b, (int)code, a, b);
-            snprintf(e, sizeof e, "(%s)tb_ipow((long)%s, (long)%s)", t, a, b);
+            snprintf(e, cap, "(%s)tb_ipow((long)%s, (long)%s)", t, a, b);
         }
         break;
     case TB_OP_MAXIMUM:
     case TB_OP_MINIMUM: {
         const char *cmp = n->op == TB_OP_MAXIMUM ? ">" : "<";
         if (fl) {
-            snprintf(e, sizeof e, "((%s %s %s || isnan(%s)) ? %s : %s)", a, cmp, b, a, a, b);
+            snprintf(e, cap, "((%s %s %s || isnan(%s)) ? %s : %s)", a, cmp, b, a, a, b);
         } else {
-            snprintf(e, sizeof e, "(%s %s %s ? %s : %s)", a, cmp, b, a, b);
+            snprintf(e, cap, "(%s %s %s ? %s : %s)", a, cmp, b, a, b);
         }
         break;
     }
@@ -16997,17 +17110,17 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
                           : n->op == TB_OP_LE ? "<="
                           : n->op == TB_OP_GT ? ">"
                                               : ">=";
-        snprintf(e, sizeof e, "(uchar)(%s %s %s)", a, cmp, b);
+        snprintf(e, cap, "(uchar)(%s %s %s)", a, cmp, b);
         break;
     }
     case TB_OP_LOGICAL_AND:
-        snprintf(e, sizeof e, "(uchar)(%s != 0 && %s != 0)", a, b);
+        snprintf(e, cap, "(uchar)(%s != 0 && %s != 0)", a, b);
         break;
     case TB_OP_LOGICAL_OR:
-        snprintf(e, sizeof e, "(uchar)(%s != 0 || %s != 0)", a, b);
+        snprintf(e, cap, "(uchar)(%s != 0 || %s != 0)", a, b);
         break;
     case TB_OP_WHERE:
-        snprintf(e, sizeof e, "(%s != 0 ? %s : %s)", a, b, c);
+        snprintf(e, cap, "(%s != 0 ? %s : %s)", a, b, c);
         break;
     case TB_OP_CLAMP: {
         int32_t lo = tb__cg_new_val(g, od);
@@ -17015,31 +17128,56 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
         if (fl) {
             tb__ix_line(&g->ix, "const %s v%d = ((%s > %s || isnan(%s)) ? %s : %s);", t, (int)lo, a,
                         b, a, a, b);
-            snprintf(e, sizeof e, "((v%d < %s || isnan(v%d)) ? v%d : %s)", (int)lo, c, (int)lo,
-                     (int)lo, c);
+            snprintf(e, cap, "((v%d < %s || isnan(v%d)) ? v%d : %s)", (int)lo, c, (int)lo, (int)lo,
+                     c);
         } else {
             tb__ix_line(&g->ix, "const %s v%d = (%s < %s ? %s : %s);", t, (int)lo, a, b, b, a);
-            snprintf(e, sizeof e, "(v%d > %s ? %s : v%d)", (int)lo, c, c, (int)lo);
+            snprintf(e, cap, "(v%d > %s ? %s : v%d)", (int)lo, c, c, (int)lo);
         }
         break;
     }
-    case TB_OP_RAND:
-    case TB_OP_RANDN: {
+    default:
+        return 0;
+    }
+    return 1;
+}
+
+/* One elementwise op (or RAND/RANDN) from its operands' values. */
+static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_t *ops,
+                              size_t nops) {
+    const tb_node *n = g->G->info[node].node;
+    tb_dtype od = n->shape.dtype, ad = nops > 0 ? g->val_dtype[ops[0]] : od;
+    char e[1024], a[16], b[16], c[16];
+    int32_t v;
+    int handled;
+    e[0] = '\0';
+    snprintf(a, sizeof a, "v%d", nops > 0 ? (int)ops[0] : 0);
+    snprintf(b, sizeof b, "v%d", nops > 1 ? (int)ops[1] : 0);
+    snprintf(c, sizeof c, "v%d", nops > 2 ? (int)ops[2] : 0);
+    if (tb_op_get_kind(n->op) == TB_KIND_MOVEMENT) return ops[0]; /* the position did it all */
+    if (n->op >= TB_OP_BUILTIN_COUNT) return tb__cg_emit_custom(g, n, ops, nops);
+    if (n->op == TB_OP_RAND || n->op == TB_OP_RANDN) {
         char flat[TB__LF_TEXT];
         if (!tb__ix_need_flat(&g->ix, pos)) return -1;
         tb__lf_text(&g->ix.pos[pos].flat, flat, sizeof flat);
         snprintf(e, sizeof e, "tb_%s_%s((ulong)%s, (ulong)%s, (ulong)(%s))",
                  n->op == TB_OP_RAND ? "rand" : "randn", od == TB_F64 ? "f64" : "f32", a, b, flat);
-        break;
+        handled = 1;
+    } else if (tb__cg_expr_unary(g, n, ad, a, e, sizeof e) ||
+               tb__cg_expr_math(g, n, a, e, sizeof e)) {
+        handled = 1;
+    } else {
+        handled = tb__cg_expr_binary(g, node, a, b, c, e, sizeof e);
     }
-    default:
+    if (handled < 0) return -1;
+    if (handled == 0) {
         tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: no code for op %s",
                                       tb_op_name(n->op) != NULL ? tb_op_name(n->op) : "?"));
         return -1;
     }
     v = tb__cg_new_val(g, od);
     if (v < 0) return -1;
-    tb__ix_line(&g->ix, "const %s v%d = %s;", t, (int)v, e);
+    tb__ix_line(&g->ix, "const %s v%d = %s;", tb__cg_ctype(od), (int)v, e);
     return v;
 }
 
@@ -18115,10 +18253,12 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
-/* ---- src/opencl_api.c ---- */
+/* ---- src/opencl_internal.h ---- */
 /* ===========================================================================================
-   OpenCL: the part of the API the backend uses, declared here so that no SDK is needed, and
-   the ICD loader, opened at run time (no -lOpenCL) unless TB_OPENCL_LINKED is defined.
+   The internal contract of the OpenCL backend's parts (opencl_api.c, opencl_device.c,
+   opencl_program.c, opencl.c): the part of the OpenCL API the backend uses, declared here so
+   that no SDK is needed; the runtime's, devices', buffers' and programs' state; the functions
+   the parts give each other, each defined in the part named above it.
    =========================================================================================== */
 
 #ifndef TB_NO_OPENCL
@@ -18290,6 +18430,137 @@ typedef struct tb__cl_api {
                                                    size_t *);
     tb__cl_int(TB__CL_CALL *ReleaseEvent)(tb__cl_event);
 } tb__cl_api;
+
+#define TB__OCL_CALL(rt, fn) ((rt)->api.fn)
+
+/* ---- opencl_api.c ---- */
+
+static const char *tb__cl_error_name(tb__cl_int err);
+static bool tb__cl_is_oom(tb__cl_int err);
+static bool tb__ocl_load_library(tb__cl_api *api, char *reason, size_t cap);
+
+/* ---- opencl_device.c: the runtime, devices, buffers ---- */
+
+struct tb__ocl_runtime;
+struct tb__ocl_device;
+
+/* A device buffer: the payload of every opencl tb_backend_data. `mem` is NULL for a scalar made
+   by data_from_scalar (its value lives in tb_backend_data.scalar until a kernel needs it in
+   memory). */
+typedef struct tb__ocl_buffer {
+    struct tb__ocl_device *dev;
+    tb__cl_mem mem;
+    size_t size; /* bytes asked for */
+    size_t cap;  /* bytes the cl_mem holds: the size class */
+} tb__ocl_buffer;
+
+/* A built program shared by every computation whose source is the same. */
+typedef struct tb__ocl_program {
+    struct tb__ocl_program *next;
+    uint64_t key[2]; /* tb__ocl_program_key */
+    char *source;    /* confirms a hit on the key */
+    size_t source_len;
+    tb__cl_program program;
+    int32_t refcount; /* computations using it, plus one while it is in the cache */
+    /* the disk cache folder to write the binary to after the first run: some drivers (PoCL)
+       add the machine code of the kernels launched so far to the binary, so a later process
+       skips that compile too; NULL when written, or when the disk cache is off */
+    char *save_dir;
+} tb__ocl_program;
+
+/* A device. Its facts are set once, when the runtime loads; `lock` guards the rest: the
+   allocator, the program cache, the statistics and every use of the queue (a run holds it
+   from its first enqueue to its last). Devices run in parallel; a build holds no lock. */
+typedef struct tb__ocl_device {
+    struct tb__ocl_runtime *rt;
+    tb__mutex lock;
+    int32_t ordinal;
+    tb__cl_platform_id platform;
+    tb__cl_device_id id;
+    tb_device_info info;
+    char platform_name[128];
+    char platform_version[128];
+    char device_version[128];
+    uint64_t max_alloc;
+    size_t max_parameter_size; /* bytes of kernel arguments */
+    uint32_t clock_mhz;
+    bool correct_divide_sqrt;
+    char build_options[512];
+    /* created on first use */
+    tb__cl_context ctx;
+    tb__cl_command_queue queue;
+    /* the caching allocator: free buffers, oldest first */
+    tb__ocl_buffer **cache;
+    size_t cache_count, cache_cap;
+    uint64_t cached_bytes, cache_limit;
+    uint64_t bytes_in_use, peak_bytes;
+    uint64_t buffers_created, buffers_reused, cache_trims;
+    /* programs and statistics */
+    tb__ocl_program *programs;
+    uint64_t program_builds, disk_hits, disk_misses, disk_rejected, kernels_launched, kernel_ns;
+} tb__ocl_device;
+
+typedef struct tb__ocl_runtime {
+    int32_t refcount; /* atomic: the backend's, plus one per buffer, computation and device in
+                         use */
+    bool exited;      /* prepare_to_exit ran: nothing is cached any more */
+    tb__cl_api api;
+    tb__ocl_device *devices;
+    size_t num_devices;
+    int32_t default_ordinal;
+    tb_status status; /* TB_OK, or why the backend cannot be used */
+    char reason[512];
+    int32_t cache_dir_reported; /* atomic: why the cache folder is not used was said */
+} tb__ocl_runtime;
+
+/* Guards tb__ocl_current, the runtime's creation and its default device, and the creation of
+   each device's context and queue. Taken before a device's lock, never after. */
+static tb__mutex tb__ocl_mutex = TB__MUTEX_INIT;
+static tb__ocl_runtime *tb__ocl_current;
+
+/* the runtime (loaded on first use); call with tb__ocl_mutex held */
+static tb__ocl_runtime *tb__ocl_runtime_get(void);
+static void tb__ocl_runtime_ref(tb__ocl_runtime *rt);
+static void tb__ocl_runtime_unref(tb__ocl_runtime *rt);
+/* the device of an ordinal with its context and queue; call with tb__ocl_mutex held */
+static tb__ocl_device *tb__ocl_device_get(int32_t ordinal, const char *func);
+/* locks a device (and keeps its runtime) for its memory, programs and queue */
+static tb__ocl_device *tb__ocl_device_acquire(int32_t ordinal, const char *func);
+static void tb__ocl_device_lock(tb__ocl_device *dev);
+static void tb__ocl_device_release(tb__ocl_device *dev);
+/* the caching allocator and transfers; call with the device locked */
+static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_buffer **out);
+static void tb__ocl_buffer_free(tb__ocl_buffer *buf);
+static void tb__ocl_buffer_destroy(tb__ocl_buffer *buf);
+static void tb__ocl_cache_trim(tb__ocl_device *dev, uint64_t keep);
+static tb_status tb__ocl_write(tb__ocl_device *dev, tb__ocl_buffer *buf, const void *host,
+                               size_t size);
+static tb_status tb__ocl_read(tb__ocl_device *dev, const tb__ocl_buffer *buf, void *host,
+                              size_t size);
+static void tb__ocl_metric(tb__ocl_device *dev, const char *name, int64_t delta);
+static void tb__ocl_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]);
+
+/* ---- opencl_program.c: programs ---- */
+
+/* the built program of a source (from memory, the disk cache, or built now; call without the
+   device's lock) */
+static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_t len,
+                                     tb__ocl_program **out);
+/* call these with the device locked */
+static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p);
+static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p);
+static void tb__ocl_programs_trim(tb__ocl_device *dev, size_t keep);
+
+#endif /* TB_NO_OPENCL */
+
+/* ---- src/opencl_api.c ---- */
+/* ===========================================================================================
+   OpenCL: the part of the API the backend uses, declared here so that no SDK is needed, and
+   the ICD loader, opened at run time (no -lOpenCL) unless TB_OPENCL_LINKED is defined (the
+   types and values are in opencl_internal.h).
+   =========================================================================================== */
+
+#ifndef TB_NO_OPENCL
 
 /* Symbol names in the order of the struct's members (every member is one function pointer). */
 static const char *const tb__cl_symbols[] = {"clGetPlatformIDs",
@@ -18519,95 +18790,13 @@ static bool tb__ocl_load_library(tb__cl_api *api, char *reason, size_t cap) {
 
 #ifndef TB_NO_OPENCL
 
-struct tb__ocl_runtime;
-struct tb__ocl_device;
-
-/* A device buffer: the payload of every opencl tb_backend_data. `mem` is NULL for a scalar made
-   by data_from_scalar (its value lives in tb_backend_data.scalar until a kernel needs it in
-   memory). */
-typedef struct tb__ocl_buffer {
-    struct tb__ocl_device *dev;
-    tb__cl_mem mem;
-    size_t size; /* bytes asked for */
-    size_t cap;  /* bytes the cl_mem holds: the size class */
-} tb__ocl_buffer;
-
-/* A built program shared by every computation whose source is the same. */
-typedef struct tb__ocl_program {
-    struct tb__ocl_program *next;
-    uint64_t key[2]; /* tb__ocl_program_key */
-    char *source;    /* confirms a hit on the key */
-    size_t source_len;
-    tb__cl_program program;
-    int32_t refcount; /* computations using it, plus one while it is in the cache */
-    /* the disk cache folder to write the binary to after the first run: some drivers (PoCL)
-       add the machine code of the kernels launched so far to the binary, so a later process
-       skips that compile too; NULL when written, or when the disk cache is off */
-    char *save_dir;
-} tb__ocl_program;
-
-typedef struct tb__ocl_device {
-    struct tb__ocl_runtime *rt;
-    int32_t ordinal;
-    tb__cl_platform_id platform;
-    tb__cl_device_id id;
-    tb_device_info info;
-    char platform_name[128];
-    char platform_version[128];
-    char device_version[128];
-    uint64_t max_alloc;
-    size_t max_parameter_size; /* bytes of kernel arguments */
-    uint32_t clock_mhz;
-    bool correct_divide_sqrt;
-    char build_options[512];
-    /* created on first use */
-    tb__cl_context ctx;
-    tb__cl_command_queue queue;
-    /* the caching allocator: free buffers, oldest first */
-    tb__ocl_buffer **cache;
-    size_t cache_count, cache_cap;
-    uint64_t cached_bytes, cache_limit;
-    uint64_t bytes_in_use, peak_bytes;
-    uint64_t buffers_created, buffers_reused, cache_trims;
-    /* programs and statistics */
-    tb__ocl_program *programs;
-    uint64_t program_builds, disk_hits, disk_misses, disk_rejected, kernels_launched, kernel_ns;
-} tb__ocl_device;
-
-typedef struct tb__ocl_runtime {
-    int32_t refcount; /* the backend's reference, plus one per buffer and computation alive */
-    bool exited;      /* prepare_to_exit ran: nothing is cached any more */
-    tb__cl_api api;
-    tb__ocl_device *devices;
-    size_t num_devices;
-    int32_t default_ordinal;
-    tb_status status; /* TB_OK, or why the backend cannot be used */
-    char reason[512];
-    bool cache_dir_reported; /* why the disk cache folder is not used was said */
-} tb__ocl_runtime;
-
-static tb__mutex tb__ocl_mutex = TB__MUTEX_INIT;
-static tb__ocl_runtime *tb__ocl_current;
-
-#define TB__OCL_CALL(rt, fn) ((rt)->api.fn)
-
-static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p);
-static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p);
-static void tb__ocl_cache_trim(tb__ocl_device *dev, uint64_t keep);
-
+/* Frees the runtime when its last reference goes: every computation (and so every program
+   but the cache's, which prepare_to_exit dropped) and every buffer is gone by then. */
 static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
     size_t i;
     for (i = 0; i < rt->num_devices; i++) {
         tb__ocl_device *dev = &rt->devices[i];
-        tb__ocl_program *p = dev->programs, *next;
-        for (; p != NULL; p = next) {
-            next = p->next;
-            tb__ocl_program_save(dev, p);
-            if (p->program != NULL) TB__OCL_CALL(rt, ReleaseProgram)(p->program);
-            tb__free(p->source);
-            tb__free(p);
-        }
-        dev->programs = NULL;
+        TB_ASSERT(dev->programs == NULL);
         tb__free(dev->cache);
         if (dev->queue != NULL) TB__OCL_CALL(rt, ReleaseCommandQueue)(dev->queue);
         if (dev->ctx != NULL) TB__OCL_CALL(rt, ReleaseContext)(dev->ctx);
@@ -18617,7 +18806,7 @@ static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
 }
 
 static void tb__ocl_runtime_unref(tb__ocl_runtime *rt) {
-    if (rt != NULL && --rt->refcount == 0) tb__ocl_runtime_destroy(rt);
+    if (rt != NULL && TB__ATOMIC_ADD(&rt->refcount, -1) == 0) tb__ocl_runtime_destroy(rt);
 }
 
 static void tb__ocl_unavailable(tb__ocl_runtime *rt, tb_status status, const char *fmt, ...)
@@ -18835,6 +19024,10 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
                 tb__free(rt->devices);
                 rt->devices = grown;
                 rt->devices[total].rt = rt;
+                {
+                    static const tb__mutex unlocked = TB__MUTEX_INIT;
+                    rt->devices[total].lock = unlocked;
+                }
                 rt->devices[total].ordinal = (int32_t)total;
                 rt->devices[total].platform = platforms[p];
                 rt->devices[total].id = ids[d];
@@ -18939,6 +19132,35 @@ static tb__ocl_device *tb__ocl_device_get(int32_t ordinal, const char *func) {
     return dev;
 }
 
+static void tb__ocl_runtime_ref(tb__ocl_runtime *rt) {
+    (void)TB__ATOMIC_ADD(&rt->refcount, 1);
+}
+
+/* The device of an ordinal, locked for the caller, with a reference on its runtime: every use
+   of a device's memory, programs or queue goes between this and tb__ocl_device_release. NULL
+   with the error set. */
+static tb__ocl_device *tb__ocl_device_acquire(int32_t ordinal, const char *func) {
+    tb__ocl_device *dev;
+    tb__mutex_lock(&tb__ocl_mutex);
+    dev = tb__ocl_device_get(ordinal, func);
+    if (dev != NULL) tb__ocl_runtime_ref(dev->rt);
+    tb__mutex_unlock(&tb__ocl_mutex);
+    if (dev != NULL) tb__mutex_lock(&dev->lock);
+    return dev;
+}
+
+/* Locks a device known through one of its buffers or computations (which keep its runtime). */
+static void tb__ocl_device_lock(tb__ocl_device *dev) {
+    tb__ocl_runtime_ref(dev->rt);
+    tb__mutex_lock(&dev->lock);
+}
+
+static void tb__ocl_device_release(tb__ocl_device *dev) {
+    tb__ocl_runtime *rt = dev->rt;
+    tb__mutex_unlock(&dev->lock);
+    tb__ocl_runtime_unref(rt);
+}
+
 /* ---- the caching allocator ---- */
 
 static void tb__ocl_metric(tb__ocl_device *dev, const char *name, int64_t delta) {
@@ -19026,7 +19248,7 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
     buf->mem = mem;
     buf->size = size;
     buf->cap = cap;
-    rt->refcount++;
+    (void)TB__ATOMIC_ADD(&rt->refcount, 1);
     dev->buffers_created++;
     dev->bytes_in_use += cap;
     if (dev->bytes_in_use > dev->peak_bytes) dev->peak_bytes = dev->bytes_in_use;
@@ -19289,10 +19511,10 @@ static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, si
         }
     }
     if (prog != NULL) {
-        dev->disk_hits++;
+        (void)TB__ATOMIC_ADD(&dev->disk_hits, 1);
         tb__ocl_metric(dev, "OpenCL::DiskCacheHit", 1);
     } else {
-        dev->disk_misses++;
+        (void)TB__ATOMIC_ADD(&dev->disk_misses, 1);
         tb__ocl_metric(dev, "OpenCL::DiskCacheMiss", 1);
         if (why != NULL) {
             if (tb_debug_level() >= 1) {
@@ -19300,7 +19522,7 @@ static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, si
                                (int)dev->ordinal, path, why);
             }
             tb__disk_reject(path);
-            dev->disk_rejected++;
+            (void)TB__ATOMIC_ADD(&dev->disk_rejected, 1);
             tb__ocl_metric(dev, "OpenCL::DiskCacheRejected", 1);
         }
     }
@@ -19309,24 +19531,71 @@ static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, si
     return prog;
 }
 
-/* The built program for a source: from memory, from the disk cache, or built now. */
+/* The cached program of a source, with a reference for the caller, or NULL. `count`: the
+   lookup counts its hit or its key collisions. Call with the device's lock held. */
+static tb__ocl_program *tb__ocl_program_find(tb__ocl_device *dev, const uint64_t key[2],
+                                             const char *src, size_t len, bool count) {
+    tb__ocl_program *p;
+    for (p = dev->programs; p != NULL; p = p->next) {
+        if (p->key[0] != key[0] || p->key[1] != key[1]) continue;
+        if (p->source_len != len || memcmp(p->source, src, len) != 0) {
+            if (count) tb__ocl_metric(dev, "OpenCL::ProgramKeyCollision", 1);
+            continue;
+        }
+        p->refcount++;
+        if (count) tb__ocl_metric(dev, "OpenCL::ProgramCacheHit", 1);
+        return p;
+    }
+    return NULL;
+}
+
+/* Builds a program from source; NULL with the error set (the build log in the message). */
+static tb__cl_program tb__ocl_build_source(tb__ocl_device *dev, const char *src, size_t len) {
+    tb__ocl_runtime *rt = dev->rt;
+    tb__cl_int err = TB__CL_SUCCESS;
+    const char *srcs[1];
+    tb__cl_program prog;
+    char *log;
+    srcs[0] = src;
+    prog = TB__OCL_CALL(rt, CreateProgramWithSource)(dev->ctx, 1, srcs, &len, &err);
+    if (prog == NULL || err != TB__CL_SUCCESS) {
+        tb__error(TB_ERR_COMPILE, "opencl:%d: clCreateProgramWithSource failed: %s (%d)",
+                  (int)dev->ordinal, tb__cl_error_name(err), (int)err);
+        return NULL;
+    }
+    (void)TB__ATOMIC_ADD(&dev->program_builds, 1);
+    tb__ocl_metric(dev, "OpenCL::ProgramBuild", 1);
+    err = TB__OCL_CALL(rt, BuildProgram)(prog, 1, &dev->id, dev->build_options, NULL, NULL);
+    if (err == TB__CL_SUCCESS) return prog;
+    log = tb__ocl_build_log(dev, prog);
+    if (log != NULL && tb_debug_level() >= 1) {
+        tb_log_message(TB_LOG_ERROR, "opencl:%d: build log:\n%s", (int)dev->ordinal, log);
+    }
+    tb__error(TB_ERR_COMPILE,
+              "opencl:%d (%s): the program does not build: %s (%d); "
+              "build log:\n%.800s",
+              (int)dev->ordinal, dev->info.name, tb__cl_error_name(err), (int)err,
+              log != NULL ? log : "(none)");
+    tb__free(log);
+    TB__OCL_CALL(rt, ReleaseProgram)(prog);
+    return NULL;
+}
+
+/* The built program for a source: from memory, from the disk cache, or built now. Call
+   without the device's lock (it is taken to look the cache up and to add to it; the build runs
+   without it, so another device, or another graph of this one, runs meanwhile). Two threads
+   building one source at once both build it; the first to finish is kept. */
 static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_t len,
                                      tb__ocl_program **out) {
-    tb__ocl_runtime *rt = dev->rt;
     uint64_t key[2];
     tb__ocl_program *p;
     tb__cl_program prog;
     char *save_dir = NULL, *source;
-    tb__cl_int err = TB__CL_SUCCESS;
     tb__ocl_program_key(dev, src, len, key);
-    for (p = dev->programs; p != NULL; p = p->next) {
-        if (p->key[0] != key[0] || p->key[1] != key[1]) continue;
-        if (p->source_len != len || memcmp(p->source, src, len) != 0) {
-            tb__ocl_metric(dev, "OpenCL::ProgramKeyCollision", 1);
-            continue;
-        }
-        p->refcount++;
-        tb__ocl_metric(dev, "OpenCL::ProgramCacheHit", 1);
+    tb__ocl_device_lock(dev);
+    p = tb__ocl_program_find(dev, key, src, len, true);
+    tb__ocl_device_release(dev);
+    if (p != NULL) {
         *out = p;
         return TB_OK;
     }
@@ -19335,43 +19604,14 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
     memcpy(source, src, len);
     source[len] = '\0';
     prog = tb__ocl_disk_load(dev, src, len, key, &save_dir);
-    if (prog == NULL) {
-        const char *srcs[1];
-        srcs[0] = src;
-        prog = TB__OCL_CALL(rt, CreateProgramWithSource)(dev->ctx, 1, srcs, &len, &err);
-        if (prog == NULL || err != TB__CL_SUCCESS) {
-            tb__free(save_dir);
-            tb__free(source);
-            return tb__error(TB_ERR_COMPILE, "opencl:%d: clCreateProgramWithSource failed: %s (%d)",
-                             (int)dev->ordinal, tb__cl_error_name(err), (int)err);
-        }
-        dev->program_builds++;
-        tb__ocl_metric(dev, "OpenCL::ProgramBuild", 1);
-        err = TB__OCL_CALL(rt, BuildProgram)(prog, 1, &dev->id, dev->build_options, NULL, NULL);
-        if (err != TB__CL_SUCCESS) {
-            char *log = tb__ocl_build_log(dev, prog);
-            tb_status st;
-            if (log != NULL && tb_debug_level() >= 1) {
-                tb_log_message(TB_LOG_ERROR, "opencl:%d: build log:\n%s", (int)dev->ordinal, log);
-            }
-            st = tb__error(TB_ERR_COMPILE,
-                           "opencl:%d (%s): the program does not build: %s (%d); "
-                           "build log:\n%.800s",
-                           (int)dev->ordinal, dev->info.name, tb__cl_error_name(err), (int)err,
-                           log != NULL ? log : "(none)");
-            tb__free(log);
-            TB__OCL_CALL(rt, ReleaseProgram)(prog);
-            tb__free(save_dir);
-            tb__free(source);
-            return st;
-        }
-    }
-    p = (tb__ocl_program *)tb__calloc(1, sizeof *p);
+    if (prog == NULL) prog = tb__ocl_build_source(dev, src, len);
+    p = prog != NULL ? (tb__ocl_program *)tb__calloc(1, sizeof *p) : NULL;
     if (p == NULL) {
-        TB__OCL_CALL(rt, ReleaseProgram)(prog);
+        tb_status st = prog != NULL ? TB_ERR_OUT_OF_MEMORY : tb_last_status();
+        if (prog != NULL) TB__OCL_CALL(dev->rt, ReleaseProgram)(prog);
         tb__free(save_dir);
         tb__free(source);
-        return TB_ERR_OUT_OF_MEMORY;
+        return st;
     }
     p->key[0] = key[0];
     p->key[1] = key[1];
@@ -19380,10 +19620,22 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
     p->program = prog;
     p->save_dir = save_dir; /* written after the first run (tb__ocl_program_save) */
     p->refcount = 2;        /* the cache and the caller */
-    p->next = dev->programs;
-    dev->programs = p;
-    tb__ocl_programs_trim(dev, TB__OCL_MAX_PROGRAMS);
-    *out = p;
+    tb__ocl_device_lock(dev);
+    *out = tb__ocl_program_find(dev, key, src, len, false);
+    if (*out == NULL) {
+        p->next = dev->programs;
+        dev->programs = p;
+        tb__ocl_programs_trim(dev, TB__OCL_MAX_PROGRAMS);
+        *out = p;
+        p = NULL;
+    }
+    tb__ocl_device_release(dev);
+    if (p != NULL) { /* built meanwhile by another thread: theirs is kept */
+        TB__OCL_CALL(dev->rt, ReleaseProgram)(p->program);
+        tb__free(p->save_dir);
+        tb__free(p->source);
+        tb__free(p);
+    }
     return TB_OK;
 }
 
@@ -19523,7 +19775,8 @@ static size_t tb__ocl_metrics_report(void *user_data, char *buf, size_t cap) {
         tb__str_append(&s, "OpenCL: unavailable: %s\n", rt != NULL ? rt->reason : "out of memory");
     } else {
         for (i = 0; i < rt->num_devices; i++) {
-            const tb__ocl_device *d = &rt->devices[i];
+            tb__ocl_device *d = &rt->devices[i];
+            tb__mutex_lock(&d->lock);
             tb__str_append(&s, "Device: opencl:%zu (%s, %s)\n", i, d->info.name,
                            tb_device_type_name(d->info.device.type));
             tb__str_append(&s, "  OpenCL::BytesInUse: %llu\n", (unsigned long long)d->bytes_in_use);
@@ -19545,6 +19798,7 @@ static size_t tb__ocl_metrics_report(void *user_data, char *buf, size_t cap) {
                            (unsigned long long)d->disk_rejected);
             tb__str_append(&s, "  OpenCL::KernelLaunch: %llu\n",
                            (unsigned long long)d->kernels_launched);
+            tb__mutex_unlock(&d->lock);
         }
     }
     tb__mutex_unlock(&tb__ocl_mutex);
@@ -19573,12 +19827,8 @@ static tb_status tb__ocl_data_from_host(void *user_data, tb_backend_data *data, 
     (void)user_data;
     st = tb_shape_nbytes(&data->shape, &size);
     if (st != TB_OK) return st;
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(data->device.ordinal, "opencl");
-    if (dev == NULL) {
-        tb__mutex_unlock(&tb__ocl_mutex);
-        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
-    }
+    dev = tb__ocl_device_acquire(data->device.ordinal, "opencl");
+    if (dev == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
     st = tb__ocl_buffer_alloc(dev, size, &buf);
     if (st == TB_OK) {
         st = tb__ocl_write(dev, buf, host, size);
@@ -19587,7 +19837,7 @@ static tb_status tb__ocl_data_from_host(void *user_data, tb_backend_data *data, 
             buf = NULL;
         }
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
+    tb__ocl_device_release(dev);
     if (st == TB_OK) data->payload = buf;
     return st;
 }
@@ -19610,7 +19860,7 @@ static tb_status tb__ocl_data_from_scalar(void *user_data, tb_backend_data *data
         return TB_ERR_OUT_OF_MEMORY;
     }
     buf->dev = dev;
-    dev->rt->refcount++;
+    tb__ocl_runtime_ref(dev->rt);
     tb__mutex_unlock(&tb__ocl_mutex);
     data->is_scalar = true;
     data->scalar = value;
@@ -19634,21 +19884,25 @@ static tb_status tb__ocl_data_to_host(void *user_data, const tb_backend_data *da
         memcpy(host, bytes, size < 8 ? size : 8);
         return TB_OK;
     }
-    tb__mutex_lock(&tb__ocl_mutex);
+    tb__ocl_device_lock(buf->dev);
     if (buf->dev->rt->exited) {
         st = tb__error(TB_ERR_STATE, "opencl: the backend was shut down");
     } else {
         st = tb__ocl_read(buf->dev, buf, host, size);
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
+    tb__ocl_device_release(buf->dev);
     return st;
 }
 
 static void tb__ocl_data_release(void *user_data, tb_backend_data *data) {
+    tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
+    tb__ocl_device *dev;
     (void)user_data;
-    tb__mutex_lock(&tb__ocl_mutex);
-    tb__ocl_buffer_free((tb__ocl_buffer *)data->payload);
-    tb__mutex_unlock(&tb__ocl_mutex);
+    if (buf == NULL) return;
+    dev = buf->dev;
+    tb__ocl_device_lock(dev);
+    tb__ocl_buffer_free(buf);
+    tb__ocl_device_release(dev);
     data->payload = NULL;
 }
 
@@ -19771,7 +20025,7 @@ typedef struct tb__ocl_comp {
     int32_t ordinal;
     char *source;
     size_t source_len;
-    tb__ocl_runtime *rt;
+    tb__ocl_runtime *rt; /* a reference */
     tb__ocl_program *program;
     tb__cl_kernel *cl;
     size_t *local; /* per kernel: the work-group size of kernels launched over items */
@@ -19793,7 +20047,11 @@ static void tb__ocl_comp_release(tb__ocl_comp *c) {
             for (i = 0; i < c->plan->num_kernels; i++)
                 if (c->cl[i] != NULL) TB__OCL_CALL(rt, ReleaseKernel)(c->cl[i]);
         }
-        if (dev != NULL && c->program != NULL) tb__ocl_program_unref(dev, c->program);
+        if (dev != NULL && c->program != NULL) {
+            tb__ocl_device_lock(dev);
+            tb__ocl_program_unref(dev, c->program);
+            tb__ocl_device_release(dev);
+        }
     }
     tb__free(c->cl);
     tb__free(c->local);
@@ -19803,7 +20061,8 @@ static void tb__ocl_comp_release(tb__ocl_comp *c) {
     tb__ocl_runtime_unref(rt);
 }
 
-/* Plans the graph for the device and renders the plan as OpenCL C. */
+/* Plans the graph for the device and renders the plan as OpenCL C (no lock: the device's facts
+   do not change). */
 static tb_status tb__ocl_create_lowering_context(void *user_data, const tb_graph *graph,
                                                  void **context) {
     tb__ocl_device *dev;
@@ -19816,22 +20075,23 @@ static tb_status tb__ocl_create_lowering_context(void *user_data, const tb_graph
     tb_status st;
     (void)user_data;
     *context = NULL;
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(graph->device.ordinal, "opencl");
-    if (dev == NULL) {
-        tb__mutex_unlock(&tb__ocl_mutex);
-        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
-    }
     ctx = (tb__ocl_context *)tb__calloc(1, sizeof *ctx);
     c = (tb__ocl_comp *)tb__calloc(1, sizeof *c);
     if (ctx == NULL || c == NULL) {
         tb__free(ctx);
         tb__free(c);
-        tb__mutex_unlock(&tb__ocl_mutex);
         return TB_ERR_OUT_OF_MEMORY;
     }
+    tb__mutex_lock(&tb__ocl_mutex);
+    dev = tb__ocl_device_get(graph->device.ordinal, "opencl");
+    if (dev != NULL) tb__ocl_runtime_ref(dev->rt);
+    tb__mutex_unlock(&tb__ocl_mutex);
+    if (dev == NULL) {
+        tb__free(ctx);
+        tb__free(c);
+        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
+    }
     c->rt = dev->rt;
-    dev->rt->refcount++;
     c->ordinal = dev->ordinal;
     tb__ocl_target(dev, &tuning, &target);
     tb__ocl_dialect(dev, &dialect);
@@ -19847,7 +20107,6 @@ static tb_status tb__ocl_create_lowering_context(void *user_data, const tb_graph
         ctx->comp = c;
         *context = ctx;
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
     return st;
 }
 
@@ -19855,9 +20114,7 @@ static void tb__ocl_release_lowering_context(void *user_data, void *context) {
     tb__ocl_context *ctx = (tb__ocl_context *)context;
     (void)user_data;
     if (ctx == NULL) return;
-    tb__mutex_lock(&tb__ocl_mutex);
     tb__ocl_comp_release(ctx->comp);
-    tb__mutex_unlock(&tb__ocl_mutex);
     tb__free(ctx);
 }
 
@@ -19885,6 +20142,21 @@ static size_t tb__ocl_pick_local(tb__ocl_device *dev, tb__cl_kernel kern, uint64
     return wg > 0 ? wg : 1;
 }
 
+/* The device of a computation, checked to be the one it was made for. NULL with the error set. */
+static tb__ocl_device *tb__ocl_comp_device(const tb__ocl_comp *c) {
+    tb__ocl_device *dev;
+    tb__mutex_lock(&tb__ocl_mutex);
+    dev = tb__ocl_device_get(c->ordinal, "opencl");
+    if (dev != NULL && (dev->rt != c->rt || dev->rt->exited)) {
+        tb__error(TB_ERR_STATE, "opencl: the computation outlived the backend");
+        dev = NULL;
+    }
+    tb__mutex_unlock(&tb__ocl_mutex);
+    return dev;
+}
+
+/* Builds (or finds) the program, then a kernel object per kernel with work. The device's lock
+   is not held while the driver builds. */
 static tb_status tb__ocl_compile(void *user_data, void *context, void **computation) {
     tb__ocl_context *ctx = (tb__ocl_context *)context;
     tb__ocl_comp *p = ctx != NULL ? ctx->comp : NULL;
@@ -19894,13 +20166,8 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
     (void)user_data;
     *computation = NULL;
     if (p == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "opencl: compile without a context");
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(p->ordinal, "opencl");
-    if (dev == NULL || dev->rt != p->rt) {
-        tb__mutex_unlock(&tb__ocl_mutex);
-        if (dev != NULL) return tb__error(TB_ERR_STATE, "opencl: the backend was restarted");
-        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
-    }
+    dev = tb__ocl_comp_device(p);
+    if (dev == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
     if (tb_debug_level() >= 3) {
         tb_log_message(TB_LOG_DEBUG, "opencl:%d: program of graph %016llx:\n%s", (int)p->ordinal,
                        (unsigned long long)p->plan->graph_hash, p->source);
@@ -19938,15 +20205,12 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
         *computation = p;
         ctx->comp = NULL;
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
     return st;
 }
 
 static void tb__ocl_release_computation(void *user_data, void *computation) {
     (void)user_data;
-    tb__mutex_lock(&tb__ocl_mutex);
     tb__ocl_comp_release((tb__ocl_comp *)computation);
-    tb__mutex_unlock(&tb__ocl_mutex);
 }
 
 static const char *tb__ocl_backend_text(void *user_data, const void *computation) {
@@ -20028,19 +20292,215 @@ static size_t tb__ocl_scalar_arg(tb__ocl_device *dev, tb_dtype dtype, const tb_b
     return tb_dtype_size(dtype);
 }
 
+/* The buffers of a run: the parameters' (borrowed) and the kernels' outputs (owned until they
+   are results or freed after their last use), the error flag and the scalar table. */
+typedef struct tb__ocl_run {
+    tb__ocl_comp *p;
+    tb__ocl_device *dev;
+    tb__ocl_buffer **owned, *err_buf, *table_buf;
+    tb__cl_mem *mems;
+    tb__cl_event *events; /* per kernel at TB_DEBUG >= 2: its profiling event */
+} tb__ocl_run;
+
+static tb_status tb__ocl_run_init(tb__ocl_run *r, tb_backend_data *const *arguments) {
+    static const int64_t zeros[4] = {0, 0, 0, 0};
+    const tb__plan *plan = r->p->plan;
+    tb__ocl_device *dev = r->dev;
+    tb_status st = TB_OK;
+    size_t i;
+    r->owned = (tb__ocl_buffer **)tb__calloc(plan->num_slots + 1, sizeof *r->owned);
+    r->mems = (tb__cl_mem *)tb__calloc(plan->num_slots + 1, sizeof *r->mems);
+    r->events = (tb__cl_event *)tb__calloc(plan->num_kernels + 1, sizeof *r->events);
+    if (r->owned == NULL || r->mems == NULL || r->events == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < plan->num_slots && st == TB_OK; i++) {
+        const tb__plan_slot *s = &plan->slots[i];
+        if (s->kind != TB__SLOT_PARAM) continue;
+        r->mems[i] = tb__ocl_data_mem(dev, arguments[s->index]);
+        if (r->mems[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+    }
+    if (st == TB_OK && plan->num_errsites > 0) {
+        tb__cl_int err;
+        st = tb__ocl_buffer_alloc(dev, sizeof zeros, &r->err_buf);
+        if (st == TB_OK) {
+            err = TB__OCL_CALL(dev->rt, EnqueueWriteBuffer)(
+                dev->queue, r->err_buf->mem, TB__CL_FALSE, 0, sizeof zeros, zeros, 0, NULL, NULL);
+            if (err != TB__CL_SUCCESS) {
+                st = tb__error(TB_ERR_EXECUTE, "opencl:%d: clEnqueueWriteBuffer failed: %s (%d)",
+                               (int)dev->ordinal, tb__cl_error_name(err), (int)err);
+            }
+        }
+    }
+    if (st == TB_OK && plan->scalar_table) {
+        size_t bytes = (plan->num_params + 1) * 8;
+        unsigned char *table = (unsigned char *)tb__calloc(plan->num_params + 1, 8);
+        if (table == NULL) st = TB_ERR_OUT_OF_MEMORY;
+        for (i = 0; i < plan->num_params && st == TB_OK; i++) {
+            if (plan->param_scalar[i] &&
+                tb__ocl_scalar_arg(dev, plan->param_dtype[i], arguments[i], table + 8 * i) == 0)
+                st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
+        }
+        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, bytes, &r->table_buf);
+        if (st == TB_OK) st = tb__ocl_write(dev, r->table_buf, table, bytes);
+        tb__free(table);
+    }
+    return st;
+}
+
+/* Sets kernel i's arguments in the plan's order, after its output. */
+static tb_status tb__ocl_set_args(tb__ocl_run *r, size_t i, tb_backend_data *const *arguments) {
+    const tb__plan_kernel *k = &r->p->plan->kernels[i];
+    tb__ocl_runtime *rt = r->dev->rt;
+    tb__cl_kernel kern = r->p->cl[i];
+    tb__cl_int err;
+    tb__cl_uint a = 0;
+    size_t j;
+    err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof(tb__cl_mem), &r->mems[k->out_slot]);
+    for (j = 0; j < k->num_args && err == TB__CL_SUCCESS; j++) {
+        const tb__plan_arg *arg = &k->args[j];
+        if (arg->kind == TB__ARG_BUF) {
+            err =
+                TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof(tb__cl_mem), &r->mems[arg->index]);
+        } else if (arg->kind == TB__ARG_SCALAR) {
+            unsigned char bytes[8];
+            size_t n = tb__ocl_scalar_arg(r->dev, r->p->plan->param_dtype[arg->index],
+                                          arguments[arg->index], bytes);
+            if (n == 0) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
+            err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, n, bytes);
+        } else {
+            tb__ocl_buffer *b = arg->kind == TB__ARG_TABLE ? r->table_buf : r->err_buf;
+            err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof(tb__cl_mem), &b->mem);
+        }
+    }
+    if (err == TB__CL_SUCCESS) return TB_OK;
+    return tb__error(TB_ERR_EXECUTE, "opencl:%d: kernel %s: clSetKernelArg: %s (%d)",
+                     (int)r->p->ordinal, k->name, tb__cl_error_name(err), (int)err);
+}
+
+/* Runs kernel i: its output allocated, its arguments set, its launch enqueued (once more after
+   emptying the buffer cache when the device is out of memory). */
+static tb_status tb__ocl_run_kernel(tb__ocl_run *r, size_t i, tb_backend_data *const *arguments) {
+    const tb__plan_kernel *k = &r->p->plan->kernels[i];
+    tb__ocl_device *dev = r->dev;
+    tb__cl_event *event = tb_debug_level() >= 2 ? &r->events[i] : NULL;
+    tb__cl_int err;
+    tb_status st;
+    if (r->mems[k->out_slot] == NULL) {
+        size_t size = 0;
+        st = tb_shape_nbytes(&r->p->plan->slots[k->out_slot].shape, &size);
+        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, size, &r->owned[k->out_slot]);
+        if (st != TB_OK) return st;
+        r->mems[k->out_slot] = r->owned[k->out_slot]->mem;
+    }
+    if (r->p->cl[i] == NULL) return TB_OK; /* nothing to compute */
+    st = tb__ocl_set_args(r, i, arguments);
+    if (st != TB_OK) return st;
+    err = tb__ocl_launch(dev, r->p, i, event);
+    if (tb__cl_is_oom(err) && dev->cache_count > 0) {
+        /* memory the cache holds may be what the launch is missing */
+        dev->cache_trims++;
+        tb__ocl_metric(dev, "OpenCL::CacheTrim", 1);
+        tb__ocl_cache_trim(dev, 0);
+        err = tb__ocl_launch(dev, r->p, i, event);
+    }
+    if (err != TB__CL_SUCCESS) {
+        return tb__error(tb__cl_is_oom(err) ? TB_ERR_OUT_OF_MEMORY : TB_ERR_EXECUTE,
+                         "opencl:%d: kernel %s: %s (%d)", (int)r->p->ordinal, k->name,
+                         tb__cl_error_name(err), (int)err);
+    }
+    dev->kernels_launched++;
+    tb__ocl_metric(dev, "OpenCL::KernelLaunch", 1);
+    return TB_OK;
+}
+
+/* A result that repeats an earlier one gets a copy of its buffer. */
+static tb_status tb__ocl_copy_results(tb__ocl_run *r, tb_backend_data *const *results) {
+    const tb__plan *plan = r->p->plan;
+    size_t i;
+    for (i = 0; i < plan->num_results; i++) {
+        int32_t src = plan->result_source[i];
+        size_t size = 0;
+        tb__ocl_buffer *copy = NULL;
+        tb__cl_int err;
+        tb_status st;
+        if (src < 0) continue;
+        st = tb_shape_nbytes(&plan->slots[plan->result_slot[src]].shape, &size);
+        if (st == TB_OK) st = tb__ocl_buffer_alloc(r->dev, size, &copy);
+        if (st != TB_OK) return st;
+        err = size == 0 ? TB__CL_SUCCESS
+                        : TB__OCL_CALL(r->dev->rt, EnqueueCopyBuffer)(
+                              r->dev->queue, r->mems[plan->result_slot[src]], copy->mem, 0, 0, size,
+                              0, NULL, NULL);
+        if (err != TB__CL_SUCCESS) {
+            tb__ocl_buffer_free(copy);
+            return tb__error(TB_ERR_EXECUTE, "opencl:%d: clEnqueueCopyBuffer failed: %s (%d)",
+                             (int)r->p->ordinal, tb__cl_error_name(err), (int)err);
+        }
+        results[i]->payload = copy;
+    }
+    return TB_OK;
+}
+
+/* TB_DEBUG=2: one line per kernel with its time, GB/s and GFLOP/s. */
+static void tb__ocl_profile(tb__ocl_run *r) {
+    const tb__plan *plan = r->p->plan;
+    size_t i;
+    TB__OCL_CALL(r->dev->rt, Finish)(r->dev->queue);
+    for (i = 0; i < plan->num_kernels; i++) {
+        tb__cl_ulong t0 = 0, t1 = 0;
+        double ns;
+        if (r->events[i] == NULL) continue;
+        TB__OCL_CALL(r->dev->rt, GetEventProfilingInfo)
+        (r->events[i], TB__CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
+        TB__OCL_CALL(r->dev->rt, GetEventProfilingInfo)
+        (r->events[i], TB__CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
+        ns = t1 > t0 ? (double)(t1 - t0) : 1.0;
+        r->dev->kernel_ns += (uint64_t)ns;
+        tb_log_message(TB_LOG_DEBUG, "opencl:%d %-24s %10.3f ms %9.2f GB/s %9.2f GFLOP/s",
+                       (int)r->p->ordinal, plan->kernels[i].name, ns / 1e6,
+                       plan->kernels[i].bytes / ns, plan->kernels[i].flops / ns);
+    }
+}
+
+/* Hands the results over (success) or drops the copies made for them (failure), then frees
+   everything the run still owns. */
+static void tb__ocl_run_finish(tb__ocl_run *r, tb_status st, tb_backend_data *const *results) {
+    const tb__plan *plan = r->p->plan;
+    size_t i;
+    for (i = 0; i < plan->num_results && r->owned != NULL; i++) {
+        if (plan->result_source[i] >= 0) {
+            if (st != TB_OK && results[i]->payload != NULL) {
+                tb__ocl_buffer_free((tb__ocl_buffer *)results[i]->payload);
+                results[i]->payload = NULL;
+            }
+        } else if (st == TB_OK) {
+            results[i]->payload = r->owned[plan->result_slot[i]];
+            r->owned[plan->result_slot[i]] = NULL;
+        }
+    }
+    if (st == TB_OK) TB__OCL_CALL(r->dev->rt, Flush)(r->dev->queue);
+    if (r->owned != NULL) {
+        for (i = 0; i < plan->num_slots; i++)
+            tb__ocl_buffer_free(r->owned[i]);
+    }
+    if (r->events != NULL) {
+        for (i = 0; i < plan->num_kernels; i++)
+            if (r->events[i] != NULL) TB__OCL_CALL(r->dev->rt, ReleaseEvent)(r->events[i]);
+    }
+    tb__ocl_buffer_free(r->err_buf);
+    tb__ocl_buffer_free(r->table_buf);
+    tb__free(r->owned);
+    tb__free(r->mems);
+    tb__free(r->events);
+}
+
+/* Runs a computation under its device's lock (runs on other devices go on meanwhile). */
 static tb_status tb__ocl_execute(void *user_data, void *computation,
                                  tb_backend_data *const *arguments, size_t num_arguments,
                                  tb_backend_data *const *results, size_t num_results) {
-    static const int64_t zeros[4] = {0, 0, 0, 0};
     tb__ocl_comp *p = (tb__ocl_comp *)computation;
-    tb__ocl_device *dev;
-    tb__ocl_runtime *rt;
-    tb__ocl_buffer **owned = NULL, *err_buf = NULL, *table_buf = NULL;
-    tb__cl_mem *mems = NULL;
-    tb__cl_event *events = NULL;
-    tb_status st = TB_OK;
+    tb__ocl_run r;
+    tb_status st;
     size_t i, j;
-    bool profile = tb_debug_level() >= 2;
     (void)user_data;
     if (p == NULL || num_arguments != p->plan->num_params || num_results != p->plan->num_results) {
         return tb__error(TB_ERR_INVALID_ARGUMENT,
@@ -20049,196 +20509,38 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
                          num_arguments, num_results, p != NULL ? p->plan->num_params : 0,
                          p != NULL ? p->plan->num_results : 0);
     }
-    tb__mutex_lock(&tb__ocl_mutex);
-    rt = p->rt;
-    if (rt != tb__ocl_current || rt->exited) {
-        tb__mutex_unlock(&tb__ocl_mutex);
-        return tb__error(TB_ERR_STATE, "opencl: the computation outlived the backend");
-    }
-    dev = &rt->devices[p->ordinal];
-    owned = (tb__ocl_buffer **)tb__calloc(p->plan->num_slots + 1, sizeof *owned);
-    mems = (tb__cl_mem *)tb__calloc(p->plan->num_slots + 1, sizeof *mems);
-    events = (tb__cl_event *)tb__calloc(p->plan->num_kernels + 1, sizeof *events);
-    if (owned == NULL || mems == NULL || events == NULL) {
-        st = TB_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
-    for (i = 0; i < p->plan->num_slots && st == TB_OK; i++) {
-        const tb__plan_slot *s = &p->plan->slots[i];
-        if (s->kind != TB__SLOT_PARAM) continue;
-        mems[i] = tb__ocl_data_mem(dev, arguments[s->index]);
-        if (mems[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
-    }
-    if (st == TB_OK && p->plan->num_errsites > 0) {
-        tb__cl_int err;
-        st = tb__ocl_buffer_alloc(dev, sizeof zeros, &err_buf);
-        if (st == TB_OK) {
-            err = TB__OCL_CALL(rt, EnqueueWriteBuffer)(dev->queue, err_buf->mem, TB__CL_FALSE, 0,
-                                                       sizeof zeros, zeros, 0, NULL, NULL);
-            if (err != TB__CL_SUCCESS) {
-                st = tb__error(TB_ERR_EXECUTE, "opencl:%d: clEnqueueWriteBuffer failed: %s (%d)",
-                               (int)p->ordinal, tb__cl_error_name(err), (int)err);
-            }
-        }
-    }
-    if (st == TB_OK && p->plan->scalar_table) {
-        size_t bytes = (p->plan->num_params + 1) * 8;
-        unsigned char *table = (unsigned char *)tb__calloc(p->plan->num_params + 1, 8);
-        if (table == NULL) st = TB_ERR_OUT_OF_MEMORY;
-        for (i = 0; i < p->plan->num_params && st == TB_OK; i++) {
-            if (p->plan->param_scalar[i] &&
-                tb__ocl_scalar_arg(dev, p->plan->param_dtype[i], arguments[i], table + 8 * i) == 0)
-                st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
-        }
-        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, bytes, &table_buf);
-        if (st == TB_OK) st = tb__ocl_write(dev, table_buf, table, bytes);
-        tb__free(table);
-    }
+    memset(&r, 0, sizeof r);
+    r.p = p;
+    r.dev = tb__ocl_comp_device(p);
+    if (r.dev == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_STATE;
+    tb__ocl_device_lock(r.dev);
+    st = tb__ocl_run_init(&r, arguments);
     for (i = 0; i < p->plan->num_kernels && st == TB_OK; i++) {
-        const tb__plan_kernel *k = &p->plan->kernels[i];
-        const tb__plan_slot *os = &p->plan->slots[k->out_slot];
-        tb__cl_int err = TB__CL_SUCCESS;
-        tb__cl_uint a = 0;
-        if (mems[k->out_slot] == NULL) {
-            size_t size = 0;
-            st = tb_shape_nbytes(&os->shape, &size);
-            if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, size, &owned[k->out_slot]);
-            if (st != TB_OK) break;
-            mems[k->out_slot] = owned[k->out_slot]->mem;
-        }
-        if (p->cl[i] != NULL) {
-            err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
-                                                 &mems[k->out_slot]);
-            for (j = 0; j < k->num_args && err == TB__CL_SUCCESS; j++) {
-                const tb__plan_arg *arg = &k->args[j];
-                if (arg->kind == TB__ARG_BUF) {
-                    err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
-                                                         &mems[arg->index]);
-                } else if (arg->kind == TB__ARG_SCALAR) {
-                    unsigned char bytes[8];
-                    size_t n = tb__ocl_scalar_arg(dev, p->plan->param_dtype[arg->index],
-                                                  arguments[arg->index], bytes);
-                    if (n == 0) {
-                        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
-                        break;
-                    }
-                    err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, n, bytes);
-                } else if (arg->kind == TB__ARG_TABLE) {
-                    err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
-                                                         &table_buf->mem);
-                } else {
-                    err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
-                                                         &err_buf->mem);
-                }
-            }
-            if (st != TB_OK) break;
-            if (err == TB__CL_SUCCESS) {
-                err = tb__ocl_launch(dev, p, i, profile ? &events[i] : NULL);
-                if (tb__cl_is_oom(err) && dev->cache_count > 0) {
-                    /* memory the cache holds may be what the launch is missing */
-                    dev->cache_trims++;
-                    tb__ocl_metric(dev, "OpenCL::CacheTrim", 1);
-                    tb__ocl_cache_trim(dev, 0);
-                    err = tb__ocl_launch(dev, p, i, profile ? &events[i] : NULL);
-                }
-            }
-            if (err != TB__CL_SUCCESS) {
-                st = tb__error(tb__cl_is_oom(err) ? TB_ERR_OUT_OF_MEMORY : TB_ERR_EXECUTE,
-                               "opencl:%d: kernel %s: %s (%d)", (int)p->ordinal, k->name,
-                               tb__cl_error_name(err), (int)err);
-                break;
-            }
-            dev->kernels_launched++;
-            tb__ocl_metric(dev, "OpenCL::KernelLaunch", 1);
-        }
+        st = tb__ocl_run_kernel(&r, i, arguments);
         /* temporaries nobody reads any more go back to the cache (the queue is in order) */
-        for (j = 0; j < p->plan->num_slots; j++) {
-            if (p->plan->slots[j].kind == TB__SLOT_TEMP && owned[j] != NULL &&
+        for (j = 0; j < p->plan->num_slots && st == TB_OK; j++) {
+            if (p->plan->slots[j].kind == TB__SLOT_TEMP && r.owned[j] != NULL &&
                 p->plan->slots[j].last_use <= (int32_t)i) {
-                tb__ocl_buffer_free(owned[j]);
-                owned[j] = NULL;
+                tb__ocl_buffer_free(r.owned[j]);
+                r.owned[j] = NULL;
             }
         }
     }
-    for (i = 0; i < p->plan->num_results && st == TB_OK; i++) {
-        int32_t src = p->plan->result_source[i];
-        size_t size = 0;
-        tb__ocl_buffer *copy = NULL;
-        tb__cl_int err;
-        if (src < 0) continue;
-        st = tb_shape_nbytes(&p->plan->slots[p->plan->result_slot[src]].shape, &size);
-        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, size, &copy);
-        if (st != TB_OK) break;
-        err = size == 0
-                  ? TB__CL_SUCCESS
-                  : TB__OCL_CALL(rt, EnqueueCopyBuffer)(dev->queue, mems[p->plan->result_slot[src]],
-                                                        copy->mem, 0, 0, size, 0, NULL, NULL);
-        if (err != TB__CL_SUCCESS) {
-            tb__ocl_buffer_free(copy);
-            st = tb__error(TB_ERR_EXECUTE, "opencl:%d: clEnqueueCopyBuffer failed: %s (%d)",
-                           (int)p->ordinal, tb__cl_error_name(err), (int)err);
-            break;
-        }
-        results[i]->payload = copy;
-    }
+    if (st == TB_OK) st = tb__ocl_copy_results(&r, results);
     if (st == TB_OK && p->program->save_dir != NULL) {
         /* the first run of a program built here: once its kernels ran, its binary is worth
            the most to the disk cache */
-        TB__OCL_CALL(rt, Finish)(dev->queue);
-        tb__ocl_program_save(dev, p->program);
+        TB__OCL_CALL(r.dev->rt, Finish)(r.dev->queue);
+        tb__ocl_program_save(r.dev, p->program);
     }
-    if (st == TB_OK && err_buf != NULL) {
+    if (st == TB_OK && r.err_buf != NULL) {
         int64_t flag[4];
-        st = tb__ocl_read(dev, err_buf, flag, sizeof flag);
+        st = tb__ocl_read(r.dev, r.err_buf, flag, sizeof flag);
         if (st == TB_OK && flag[0] != 0) st = tb__plan_run_error(p->plan, "opencl", flag);
     }
-    if (st == TB_OK && profile) {
-        TB__OCL_CALL(rt, Finish)(dev->queue);
-        for (i = 0; i < p->plan->num_kernels; i++) {
-            tb__cl_ulong t0 = 0, t1 = 0;
-            double ns;
-            if (events[i] == NULL) continue;
-            TB__OCL_CALL(rt, GetEventProfilingInfo)
-            (events[i], TB__CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
-            TB__OCL_CALL(rt, GetEventProfilingInfo)
-            (events[i], TB__CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
-            ns = t1 > t0 ? (double)(t1 - t0) : 1.0;
-            dev->kernel_ns += (uint64_t)ns;
-            tb_log_message(TB_LOG_DEBUG, "opencl:%d %-24s %10.3f ms %9.2f GB/s %9.2f GFLOP/s",
-                           (int)p->ordinal, p->plan->kernels[i].name, ns / 1e6,
-                           p->plan->kernels[i].bytes / ns, p->plan->kernels[i].flops / ns);
-        }
-    }
-    if (st == TB_OK) {
-        for (i = 0; i < p->plan->num_results; i++) {
-            if (p->plan->result_source[i] >= 0) continue;
-            results[i]->payload = owned[p->plan->result_slot[i]];
-            owned[p->plan->result_slot[i]] = NULL;
-        }
-        TB__OCL_CALL(rt, Flush)(dev->queue);
-    } else {
-        for (i = 0; i < p->plan->num_results; i++) {
-            if (p->plan->result_source[i] >= 0 && results[i]->payload != NULL) {
-                tb__ocl_buffer_free((tb__ocl_buffer *)results[i]->payload);
-                results[i]->payload = NULL;
-            }
-        }
-    }
-done:
-    if (owned != NULL) {
-        for (i = 0; i < p->plan->num_slots; i++)
-            tb__ocl_buffer_free(owned[i]);
-    }
-    if (events != NULL) {
-        for (i = 0; i < p->plan->num_kernels; i++)
-            if (events[i] != NULL) TB__OCL_CALL(rt, ReleaseEvent)(events[i]);
-    }
-    tb__ocl_buffer_free(err_buf);
-    tb__ocl_buffer_free(table_buf);
-    tb__free(owned);
-    tb__free(mems);
-    tb__free(events);
-    tb__mutex_unlock(&tb__ocl_mutex);
+    if (st == TB_OK && tb_debug_level() >= 2) tb__ocl_profile(&r);
+    tb__ocl_run_finish(&r, st, results);
+    tb__ocl_device_release(r.dev);
     return st;
 }
 
@@ -20306,8 +20608,10 @@ static void tb__ocl_prepare_to_exit(void *user_data) {
     rt = tb__ocl_current;
     if (rt != NULL) {
         for (i = 0; i < rt->num_devices; i++) {
+            tb__mutex_lock(&rt->devices[i].lock);
             tb__ocl_cache_trim(&rt->devices[i], 0);
             tb__ocl_programs_trim(&rt->devices[i], 0);
+            tb__mutex_unlock(&rt->devices[i].lock);
         }
         rt->exited = true;
         tb__ocl_current = NULL;
@@ -20420,10 +20724,11 @@ TBDEF tb_status tb_opencl_tensor_buffer(tb_tensor *tensor, void **mem, size_t *s
     }
     st = tb_shape_nbytes(&data->shape, &n);
     if (st != TB_OK) return st;
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(data->device.ordinal, "tb_opencl_tensor_buffer");
-    if (dev != NULL) m = tb__ocl_data_mem(dev, data);
-    tb__mutex_unlock(&tb__ocl_mutex);
+    dev = tb__ocl_device_acquire(data->device.ordinal, "tb_opencl_tensor_buffer");
+    if (dev != NULL) {
+        m = tb__ocl_data_mem(dev, data);
+        tb__ocl_device_release(dev);
+    }
     if (m == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
     *mem = (void *)m;
     *size = n;
@@ -20454,11 +20759,13 @@ TBDEF tb_status tb_opencl_trim_cache(const tb_device *device) {
     } else {
         for (i = 0; i < rt->num_devices; i++) {
             if (device != NULL && (int32_t)i != ordinal) continue;
+            tb__mutex_lock(&rt->devices[i].lock);
             if (rt->devices[i].cache_count > 0) {
                 rt->devices[i].cache_trims++;
                 tb__ocl_metric(&rt->devices[i], "OpenCL::CacheTrim", 1);
             }
             tb__ocl_cache_trim(&rt->devices[i], 0);
+            tb__mutex_unlock(&rt->devices[i].lock);
         }
     }
     tb__mutex_unlock(&tb__ocl_mutex);
@@ -20781,7 +21088,7 @@ typedef struct tb__native_rt {
     char *cc_argv[16];
     size_t cc_argc;
     char options[512];
-    char *cc_id;
+    char cc_id[4200];
     char cpu[512];
     tb__native_pool *pool;
     /* the caching allocator: free buffers, oldest first */
@@ -20790,7 +21097,7 @@ typedef struct tb__native_rt {
     uint64_t cached_bytes, cache_limit, bytes_in_use, peak_bytes;
     tb__native_prog *programs;
     uint64_t compiles, disk_hits, disk_misses, disk_rejected, kernels_launched;
-    bool cache_dir_reported;
+    int32_t cache_dir_reported; /* atomic: why the cache folder is not used was said */
 } tb__native_rt;
 
 /* Guards the runtime, its allocator and its program cache (never held while the compiler
@@ -20826,7 +21133,6 @@ static void tb__native_rt_destroy(tb__native_rt *rt) {
     }
     tb__free(rt->cache);
     tb__free(rt->cc_text);
-    tb__free(rt->cc_id);
     tb__free(rt);
 }
 
@@ -20834,11 +21140,15 @@ static void tb__native_rt_unref(tb__native_rt *rt) {
     if (rt != NULL && --rt->refcount == 0) tb__native_rt_destroy(rt);
 }
 
-/* Whether `name` is an executable file, found on $PATH when it has no slash. */
-static bool tb__native_find_program(const char *name) {
+/* Whether `name` is an executable file, found on $PATH when it has no slash; its path in
+   `found` (of 4096 bytes). */
+static bool tb__native_find_program(const char *name, char *found) {
     const char *path = tb__getenv("PATH"), *p;
     char buf[4096];
-    if (strchr(name, '/') != NULL) return access(name, X_OK) == 0;
+    if (strchr(name, '/') != NULL) {
+        snprintf(found, 4096, "%s", name);
+        return access(name, X_OK) == 0;
+    }
     if (path == NULL) path = "/usr/bin:/bin";
     for (p = path; *p != '\0';) {
         const char *end = strchr(p, ':');
@@ -20847,7 +21157,10 @@ static bool tb__native_find_program(const char *name) {
             memcpy(buf, p, n);
             buf[n] = '/';
             strcpy(buf + n + 1, name);
-            if (access(buf, X_OK) == 0) return true;
+            if (access(buf, X_OK) == 0) {
+                memcpy(found, buf, sizeof buf);
+                return true;
+            }
         }
         p += n;
         if (*p == ':') p++;
@@ -20889,7 +21202,8 @@ static void tb__native_probe(tb__native_rt *rt) {
     const char *threads = tb__getenv("TB_NATIVE_THREADS");
     long cores = sysconf(_SC_NPROCESSORS_ONLN), pages = sysconf(_SC_PHYS_PAGES);
     long page = sysconf(_SC_PAGESIZE);
-    char *p;
+    char *p, found[4096];
+    struct stat st;
     tb_device_info *info = &rt->info;
     strcpy(info->device.backend, "native");
     info->device.type = TB_DEVICE_CPU;
@@ -20925,13 +21239,18 @@ static void tb__native_probe(tb__native_rt *rt) {
         while (*p != '\0' && *p != ' ' && *p != '\t')
             p++;
     }
-    if (rt->cc_argc == 0 || !tb__native_find_program(rt->cc_argv[0])) {
+    if (rt->cc_argc == 0 || !tb__native_find_program(rt->cc_argv[0], found) ||
+        stat(found, &st) != 0) {
         rt->status = TB_ERR_UNAVAILABLE;
         snprintf(rt->reason, sizeof rt->reason,
                  "native: no C compiler: '%s' is not an executable on PATH (set CC)",
                  rt->cc_argc > 0 ? rt->cc_argv[0] : (cc != NULL ? cc : "cc"));
         return;
     }
+    /* the compiler's identity for the disk cache: the file it is (a new version is another
+       file, or the same file changed) */
+    snprintf(rt->cc_id, sizeof rt->cc_id, "%s: %s (%lld bytes, modified %lld)",
+             cc != NULL ? cc : "cc", found, (long long)st.st_size, (long long)st.st_mtime);
     snprintf(rt->options, sizeof rt->options,
              "-std=gnu99 -O3 -march=native -fPIC -shared -ffp-contract=off -fno-math-errno -w%s%s",
              extra != NULL ? " " : "", extra != NULL ? extra : "");
@@ -21145,7 +21464,7 @@ static int tb__native_spawn(char *const *argv, const char *log) {
 
 /* Removes a temporary folder and the files of ours in it. */
 static void tb__native_tmp_clean(const char *dir) {
-    static const char *const names[] = {"k.c", "k.so", "k.log", "cc.txt"};
+    static const char *const names[] = {"k.c", "k.so", "k.log"};
     size_t i;
     for (i = 0; i < sizeof names / sizeof names[0]; i++) {
         char *path = tb__format("%s/%s", dir, names[i]);
@@ -21155,47 +21474,12 @@ static void tb__native_tmp_clean(const char *dir) {
     (void)rmdir(dir);
 }
 
-/* The compiler's identity: the first line of `CC --version`, read once. */
-static const char *tb__native_cc_id(tb__native_rt *rt) {
-    char *argv[12], *dir, *log, *text, *line;
-    size_t i;
-    tb__mutex_lock(&tb__native_mutex);
-    line = rt->cc_id;
-    tb__mutex_unlock(&tb__native_mutex);
-    if (line != NULL) return line;
-    dir = tb__native_tmpdir();
-    if (dir == NULL) return NULL;
-    log = tb__format("%s/cc.txt", dir);
-    for (i = 0; i < rt->cc_argc; i++)
-        argv[i] = rt->cc_argv[i];
-    argv[i++] = (char *)"--version";
-    argv[i] = NULL;
-    text = NULL;
-    if (log != NULL && tb__native_spawn(argv, log) == 0)
-        text = (char *)tb__native_read_file(log, NULL);
-    if (text != NULL) text[strcspn(text, "\n")] = '\0';
-    tb__native_tmp_clean(dir);
-    tb__free(log);
-    tb__free(dir);
-    if (text == NULL) text = tb__strdup(rt->cc_argv[0]);
-    if (text == NULL) return NULL;
-    tb__mutex_lock(&tb__native_mutex);
-    if (rt->cc_id == NULL) {
-        rt->cc_id = text;
-        text = NULL;
-    }
-    line = rt->cc_id;
-    tb__mutex_unlock(&tb__native_mutex);
-    tb__free(text);
-    return line;
-}
-
 /* What a shared object depends on: the compiler and its options, the CPU, this library's
    version and the source. */
-static void tb__native_disk_key(const tb__native_rt *rt, const char *cc_id, const char *src,
-                                size_t len, tb__disk_key *key) {
+static void tb__native_disk_key(const tb__native_rt *rt, const char *src, size_t len,
+                                tb__disk_key *key) {
     memset(key, 0, sizeof *key);
-    tb__disk_key_add(key, cc_id, (size_t)-1);
+    tb__disk_key_add(key, rt->cc_id, (size_t)-1);
     tb__disk_key_add(key, rt->options, (size_t)-1);
     tb__disk_key_add(key, rt->cpu, (size_t)-1);
     tb__disk_key_add(key, TB_VERSION_STRING, (size_t)-1);
@@ -21329,7 +21613,7 @@ static tb__native_prog *tb__native_prog_find(tb__native_rt *rt, const uint64_t k
    compiler runs without any lock held). */
 static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size_t len,
                                         tb__native_prog **out) {
-    const char *cc_id = tb__native_cc_id(rt), *why = NULL;
+    const char *why = NULL;
     tb__disk_key dkey;
     uint64_t key[2];
     unsigned char *bytes = NULL;
@@ -21338,8 +21622,7 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
     void *handle = NULL;
     tb__native_prog *prog;
     tb_status st = TB_OK;
-    if (cc_id == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
-    tb__native_disk_key(rt, cc_id, src, len, &dkey);
+    tb__native_disk_key(rt, src, len, &dkey);
     tb__disk_key_hash(&dkey, tb__native_key_mask, key);
     tb__mutex_lock(&tb__native_mutex);
     prog = tb__native_prog_find(rt, key, src, len);

@@ -20,42 +20,6 @@
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
 
-/* One parameter of a kernel's entry point, as the renderer describes it to the dialect. */
-typedef struct tb__cg_param {
-    int32_t role;     /* TB__ARG_* or -1 for the output */
-    const char *type; /* the element type (buffers, tables) or the value type (scalars) */
-    char name[16];    /* out, b<slot>, s<param>, tb_sc, tb_err */
-} tb__cg_param;
-
-/* What differs between the C-family languages the generator writes. */
-typedef struct tb__dialect {
-    const char *name;
-    /* the text before the shared prelude (pragmas, includes, typedefs, helpers) */
-    const char *head;
-    /* address space of buffers ("__global " or ""), of work-group memory ("__local "; NULL:
-       none, and no plan for this dialect may use work-groups of more than one item) */
-    const char *global;
-    const char *local;
-    const char *barrier; /* a work-group barrier statement */
-    /* work-item ids as printf formats of the dimension */
-    const char *global_id;
-    const char *group_id;
-    const char *local_id;
-    /* vectors: float16 and double8 with vload16/vstore16 and vload8/vstore8, scalar * vector
-       widening the scalar; a vector of zeros as a format of the vector type */
-    const char *vec_zero;
-    const char *min_long; /* min of two longs */
-    const char *bits_f32; /* the float of 32 bits (uint) */
-    const char *bits_f64; /* the double of 64 bits (ulong) */
-    bool f64;             /* the target has double precision */
-    /* a math function's name for a dtype (exp, log, sin, cos, tanh, sqrt, erf, pow, fabs,
-       floor, ceil, rint) */
-    const char *(*math)(const char *fn, tb_dtype dtype);
-    /* writes one kernel: its entry point around `body` */
-    void (*kernel)(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
-                   size_t num_params, const char *body);
-} tb__dialect;
-
 typedef struct tb__cg_frame {
     int32_t node, pos, state, vbase;
 } tb__cg_frame;
@@ -552,41 +516,89 @@ static int32_t tb__cg_emit_custom(tb__cg *g, const tb_node *n, const int32_t *op
     return v;
 }
 
-/* One elementwise op (or RAND/RANDN) from its operands' values. */
-static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_t *ops,
-                              size_t nops) {
-    const tb_node *n = g->G->info[node].node;
-    tb_dtype od = n->shape.dtype, ad = nops > 0 ? g->val_dtype[ops[0]] : od;
+/* The expression of a unary op other than math functions; false when `n` is not one. */
+static bool tb__cg_expr_unary(tb__cg *g, const tb_node *n, tb_dtype ad, const char *a, char *e,
+                              size_t cap) {
+    tb_dtype od = n->shape.dtype;
+    bool afl = tb_dtype_is_float(ad);
     const char *t = tb__cg_ctype(od), *u = tb__cg_utype(od);
-    const char *m = t;
-    bool fl = tb_dtype_is_float(od), afl = tb_dtype_is_float(ad);
-    char e[1024], a[16], b[16], c[16];
-    int32_t v;
-    e[0] = '\0';
-    snprintf(a, sizeof a, "v%d", nops > 0 ? (int)ops[0] : 0);
-    snprintf(b, sizeof b, "v%d", nops > 1 ? (int)ops[1] : 0);
-    snprintf(c, sizeof c, "v%d", nops > 2 ? (int)ops[2] : 0);
-    if (tb_op_get_kind(n->op) == TB_KIND_MOVEMENT) return ops[0]; /* the position did it all */
-    if (n->op >= TB_OP_BUILTIN_COUNT) return tb__cg_emit_custom(g, n, ops, nops);
+    bool fl = tb_dtype_is_float(od);
     switch (n->op) {
     case TB_OP_NEG:
         if (fl) {
-            snprintf(e, sizeof e, "-%s", a);
+            snprintf(e, cap, "-%s", a);
         } else if (od == TB_BOOL) {
-            snprintf(e, sizeof e, "%s", a);
+            snprintf(e, cap, "%s", a);
         } else {
-            snprintf(e, sizeof e, "(%s)((%s)0 - (%s)%s)", t, u, u, a);
+            snprintf(e, cap, "(%s)((%s)0 - (%s)%s)", t, u, u, a);
         }
         break;
     case TB_OP_ABS:
         if (fl) {
-            snprintf(e, sizeof e, "%s(%s)", tb__cg_math(g, "fabs", od), a);
+            snprintf(e, cap, "%s(%s)", tb__cg_math(g, "fabs", od), a);
         } else if (od == TB_U8 || od == TB_BOOL) {
-            snprintf(e, sizeof e, "%s", a);
+            snprintf(e, cap, "%s", a);
         } else {
-            snprintf(e, sizeof e, "(%s)(%s < 0 ? (%s)0 - (%s)%s : (%s)%s)", t, a, u, u, a, u, a);
+            snprintf(e, cap, "(%s)(%s < 0 ? (%s)0 - (%s)%s : (%s)%s)", t, a, u, u, a, u, a);
         }
         break;
+    case TB_OP_RELU:
+        if (od == TB_U8 || od == TB_BOOL) {
+            snprintf(e, cap, "%s", a);
+        } else {
+            snprintf(e, cap, "(%s < (%s)0 ? (%s)0 : %s)", a, t, t, a);
+        }
+        break;
+    case TB_OP_RECIPROCAL:
+        snprintf(e, cap, "(%s)1 / %s", t, a);
+        break;
+    case TB_OP_FLOOR:
+    case TB_OP_CEIL:
+    case TB_OP_ROUND:
+        if (fl) {
+            snprintf(e, cap, "%s(%s)",
+                     tb__cg_math(g,
+                                 n->op == TB_OP_FLOOR  ? "floor"
+                                 : n->op == TB_OP_CEIL ? "ceil"
+                                                       : "rint",
+                                 od),
+                     a);
+        } else {
+            snprintf(e, cap, "%s", a);
+        }
+        break;
+    case TB_OP_SIGN:
+        if (od == TB_BOOL) {
+            snprintf(e, cap, "%s", a);
+        } else {
+            snprintf(e, cap, "(%s)((%s > (%s)0) - (%s < (%s)0))", t, a, t, a, t);
+        }
+        break;
+    case TB_OP_LOGICAL_NOT:
+        snprintf(e, cap, "(uchar)(%s == 0)", a);
+        break;
+    case TB_OP_CAST:
+        if (od == TB_BOOL) {
+            snprintf(e, cap, "(uchar)(%s != 0)", a);
+        } else if (afl && !fl) {
+            /* truncation toward zero saturating at the int64 range, NaN 0, then wrapping */
+            snprintf(e, cap, "(%s)tb_f2i_%s(%s)", t, ad == TB_F64 ? "f64" : "f32", a);
+        } else {
+            snprintf(e, cap, "(%s)%s", t, a);
+        }
+        break;
+    default:
+        return false;
+    }
+    return true;
+}
+
+/* The expression of a math function (exp, log, sin, cos, tanh, sqrt, rsqrt, sigmoid, silu,
+   gelu) in the dialect's names; false when `n` is not one. */
+static bool tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e, size_t cap) {
+    tb_dtype od = n->shape.dtype;
+    const char *t = tb__cg_ctype(od), *m = t;
+    switch (n->op) {
     case TB_OP_EXP:
     case TB_OP_LOG:
     case TB_OP_SIN:
@@ -597,14 +609,14 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
                         : n->op == TB_OP_SIN ? "sin"
                         : n->op == TB_OP_COS ? "cos"
                                              : "tanh";
-        snprintf(e, sizeof e, "(%s)%s((%s)%s)", t, tb__cg_math(g, f, od), m, a);
+        snprintf(e, cap, "(%s)%s((%s)%s)", t, tb__cg_math(g, f, od), m, a);
         break;
     }
     case TB_OP_SQRT:
-        snprintf(e, sizeof e, "%s(%s)", tb__cg_math(g, "sqrt", od), a);
+        snprintf(e, cap, "%s(%s)", tb__cg_math(g, "sqrt", od), a);
         break;
     case TB_OP_RSQRT:
-        snprintf(e, sizeof e, "(%s)((%s)1 / %s((%s)%s))", t, m, tb__cg_math(g, "sqrt", od), m, a);
+        snprintf(e, cap, "(%s)((%s)1 / %s((%s)%s))", t, m, tb__cg_math(g, "sqrt", od), m, a);
         break;
     case TB_OP_SIGMOID:
     case TB_OP_SILU: {
@@ -615,86 +627,55 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
         snprintf(sg, sizeof sg, "(%s >= 0 ? (%s)1 / ((%s)1 + %s(-%s)) : %s(%s) / ((%s)1 + %s(%s)))",
                  x, m, m, ex, x, ex, x, m, ex, x);
         if (n->op == TB_OP_SILU) {
-            snprintf(e, sizeof e, "(%s)(%s * %s)", t, x, sg);
+            snprintf(e, cap, "(%s)(%s * %s)", t, x, sg);
         } else {
-            snprintf(e, sizeof e, "(%s)%s", t, sg);
+            snprintf(e, cap, "(%s)%s", t, sg);
         }
         break;
     }
-    case TB_OP_RELU:
-        if (od == TB_U8 || od == TB_BOOL) {
-            snprintf(e, sizeof e, "%s", a);
-        } else {
-            snprintf(e, sizeof e, "(%s < (%s)0 ? (%s)0 : %s)", a, t, t, a);
-        }
-        break;
     case TB_OP_GELU: {
         char half[32], r2[32];
         tb_dtype lit = od == TB_F32 && !g->G->target->acc_f64 ? TB_F32 : TB_F64;
         tb__cg_flit(lit, 0.5, half, sizeof half);
         tb__cg_flit(lit, 0.70710678118654752440, r2, sizeof r2);
-        snprintf(e, sizeof e, "(%s)(%s * (%s)%s * ((%s)1 + %s((%s)%s * %s)))", t, half, m, a, m,
+        snprintf(e, cap, "(%s)(%s * (%s)%s * ((%s)1 + %s((%s)%s * %s)))", t, half, m, a, m,
                  tb__cg_math(g, "erf", od), m, a, r2);
         break;
     }
-    case TB_OP_RECIPROCAL:
-        snprintf(e, sizeof e, "(%s)1 / %s", t, a);
-        break;
-    case TB_OP_FLOOR:
-    case TB_OP_CEIL:
-    case TB_OP_ROUND:
-        if (fl) {
-            snprintf(e, sizeof e, "%s(%s)",
-                     tb__cg_math(g,
-                                 n->op == TB_OP_FLOOR  ? "floor"
-                                 : n->op == TB_OP_CEIL ? "ceil"
-                                                       : "rint",
-                                 od),
-                     a);
-        } else {
-            snprintf(e, sizeof e, "%s", a);
-        }
-        break;
-    case TB_OP_SIGN:
-        if (od == TB_BOOL) {
-            snprintf(e, sizeof e, "%s", a);
-        } else {
-            snprintf(e, sizeof e, "(%s)((%s > (%s)0) - (%s < (%s)0))", t, a, t, a, t);
-        }
-        break;
-    case TB_OP_LOGICAL_NOT:
-        snprintf(e, sizeof e, "(uchar)(%s == 0)", a);
-        break;
-    case TB_OP_CAST:
-        if (od == TB_BOOL) {
-            snprintf(e, sizeof e, "(uchar)(%s != 0)", a);
-        } else if (afl && !fl) {
-            /* truncation toward zero saturating at the int64 range, NaN 0, then wrapping */
-            snprintf(e, sizeof e, "(%s)tb_f2i_%s(%s)", t, ad == TB_F64 ? "f64" : "f32", a);
-        } else {
-            snprintf(e, sizeof e, "(%s)%s", t, a);
-        }
-        break;
+    default:
+        return false;
+    }
+    return true;
+}
+
+/* The expression of a binary or ternary op: 1, 0 when `n` is not one, -1 on error (an op may
+   emit a line of its own first: clamp's lower bound, the check of an integer power). */
+static int tb__cg_expr_binary(tb__cg *g, int32_t node, const char *a, const char *b, const char *c,
+                              char *e, size_t cap) {
+    const tb_node *n = g->G->info[node].node;
+    tb_dtype od = n->shape.dtype;
+    const char *t = tb__cg_ctype(od), *u = tb__cg_utype(od), *m = t;
+    bool fl = tb_dtype_is_float(od);
+    switch (n->op) {
     case TB_OP_ADD:
     case TB_OP_SUB:
     case TB_OP_MUL: {
         const char *op = n->op == TB_OP_ADD ? "+" : (n->op == TB_OP_SUB ? "-" : "*");
         if (fl) {
-            snprintf(e, sizeof e, "%s %s %s", a, op, b);
+            snprintf(e, cap, "%s %s %s", a, op, b);
         } else if (od == TB_BOOL) {
-            snprintf(e, sizeof e, "(uchar)((%s %s %s) != 0)", a, op, b);
+            snprintf(e, cap, "(uchar)((%s %s %s) != 0)", a, op, b);
         } else {
-            snprintf(e, sizeof e, "(%s)((%s)%s %s (%s)%s)", t, u, a, op, u, b);
+            snprintf(e, cap, "(%s)((%s)%s %s (%s)%s)", t, u, a, op, u, b);
         }
         break;
     }
     case TB_OP_DIV:
-        snprintf(e, sizeof e, "%s / %s", a, b);
+        snprintf(e, cap, "%s / %s", a, b);
         break;
     case TB_OP_POW:
         if (fl) {
-            snprintf(e, sizeof e, "(%s)%s((%s)%s, (%s)%s)", t, tb__cg_math(g, "pow", od), m, a, m,
-                     b);
+            snprintf(e, cap, "(%s)%s((%s)%s, (%s)%s)", t, tb__cg_math(g, "pow", od), m, a, m, b);
         } else {
             int32_t code = tb__cg_errsite(g, node);
             if (code < 0) return -1;
@@ -702,16 +683,16 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
                         "if (%s < 0) { tb_err[0] = %d; tb_err[1] = (long)%s; tb_err[2] = "
                         "(long)%s; }",
                         b, (int)code, a, b);
-            snprintf(e, sizeof e, "(%s)tb_ipow((long)%s, (long)%s)", t, a, b);
+            snprintf(e, cap, "(%s)tb_ipow((long)%s, (long)%s)", t, a, b);
         }
         break;
     case TB_OP_MAXIMUM:
     case TB_OP_MINIMUM: {
         const char *cmp = n->op == TB_OP_MAXIMUM ? ">" : "<";
         if (fl) {
-            snprintf(e, sizeof e, "((%s %s %s || isnan(%s)) ? %s : %s)", a, cmp, b, a, a, b);
+            snprintf(e, cap, "((%s %s %s || isnan(%s)) ? %s : %s)", a, cmp, b, a, a, b);
         } else {
-            snprintf(e, sizeof e, "(%s %s %s ? %s : %s)", a, cmp, b, a, b);
+            snprintf(e, cap, "(%s %s %s ? %s : %s)", a, cmp, b, a, b);
         }
         break;
     }
@@ -727,17 +708,17 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
                           : n->op == TB_OP_LE ? "<="
                           : n->op == TB_OP_GT ? ">"
                                               : ">=";
-        snprintf(e, sizeof e, "(uchar)(%s %s %s)", a, cmp, b);
+        snprintf(e, cap, "(uchar)(%s %s %s)", a, cmp, b);
         break;
     }
     case TB_OP_LOGICAL_AND:
-        snprintf(e, sizeof e, "(uchar)(%s != 0 && %s != 0)", a, b);
+        snprintf(e, cap, "(uchar)(%s != 0 && %s != 0)", a, b);
         break;
     case TB_OP_LOGICAL_OR:
-        snprintf(e, sizeof e, "(uchar)(%s != 0 || %s != 0)", a, b);
+        snprintf(e, cap, "(uchar)(%s != 0 || %s != 0)", a, b);
         break;
     case TB_OP_WHERE:
-        snprintf(e, sizeof e, "(%s != 0 ? %s : %s)", a, b, c);
+        snprintf(e, cap, "(%s != 0 ? %s : %s)", a, b, c);
         break;
     case TB_OP_CLAMP: {
         int32_t lo = tb__cg_new_val(g, od);
@@ -745,31 +726,56 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
         if (fl) {
             tb__ix_line(&g->ix, "const %s v%d = ((%s > %s || isnan(%s)) ? %s : %s);", t, (int)lo, a,
                         b, a, a, b);
-            snprintf(e, sizeof e, "((v%d < %s || isnan(v%d)) ? v%d : %s)", (int)lo, c, (int)lo,
-                     (int)lo, c);
+            snprintf(e, cap, "((v%d < %s || isnan(v%d)) ? v%d : %s)", (int)lo, c, (int)lo, (int)lo,
+                     c);
         } else {
             tb__ix_line(&g->ix, "const %s v%d = (%s < %s ? %s : %s);", t, (int)lo, a, b, b, a);
-            snprintf(e, sizeof e, "(v%d > %s ? %s : v%d)", (int)lo, c, c, (int)lo);
+            snprintf(e, cap, "(v%d > %s ? %s : v%d)", (int)lo, c, c, (int)lo);
         }
         break;
     }
-    case TB_OP_RAND:
-    case TB_OP_RANDN: {
+    default:
+        return 0;
+    }
+    return 1;
+}
+
+/* One elementwise op (or RAND/RANDN) from its operands' values. */
+static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_t *ops,
+                              size_t nops) {
+    const tb_node *n = g->G->info[node].node;
+    tb_dtype od = n->shape.dtype, ad = nops > 0 ? g->val_dtype[ops[0]] : od;
+    char e[1024], a[16], b[16], c[16];
+    int32_t v;
+    int handled;
+    e[0] = '\0';
+    snprintf(a, sizeof a, "v%d", nops > 0 ? (int)ops[0] : 0);
+    snprintf(b, sizeof b, "v%d", nops > 1 ? (int)ops[1] : 0);
+    snprintf(c, sizeof c, "v%d", nops > 2 ? (int)ops[2] : 0);
+    if (tb_op_get_kind(n->op) == TB_KIND_MOVEMENT) return ops[0]; /* the position did it all */
+    if (n->op >= TB_OP_BUILTIN_COUNT) return tb__cg_emit_custom(g, n, ops, nops);
+    if (n->op == TB_OP_RAND || n->op == TB_OP_RANDN) {
         char flat[TB__LF_TEXT];
         if (!tb__ix_need_flat(&g->ix, pos)) return -1;
         tb__lf_text(&g->ix.pos[pos].flat, flat, sizeof flat);
         snprintf(e, sizeof e, "tb_%s_%s((ulong)%s, (ulong)%s, (ulong)(%s))",
                  n->op == TB_OP_RAND ? "rand" : "randn", od == TB_F64 ? "f64" : "f32", a, b, flat);
-        break;
+        handled = 1;
+    } else if (tb__cg_expr_unary(g, n, ad, a, e, sizeof e) ||
+               tb__cg_expr_math(g, n, a, e, sizeof e)) {
+        handled = 1;
+    } else {
+        handled = tb__cg_expr_binary(g, node, a, b, c, e, sizeof e);
     }
-    default:
+    if (handled < 0) return -1;
+    if (handled == 0) {
         tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: no code for op %s",
                                       tb_op_name(n->op) != NULL ? tb_op_name(n->op) : "?"));
         return -1;
     }
     v = tb__cg_new_val(g, od);
     if (v < 0) return -1;
-    tb__ix_line(&g->ix, "const %s v%d = %s;", t, (int)v, e);
+    tb__ix_line(&g->ix, "const %s v%d = %s;", tb__cg_ctype(od), (int)v, e);
     return v;
 }
 

@@ -22,24 +22,6 @@
 #define TB__DISK_MAX       ((uint64_t)1 << 30) /* no payload of ours is bigger */
 #define TB__DISK_SEED      0x636c62696e617279ull
 #define TB__DISK_TMP_TRIES 16
-#define TB__DISK_MAX_PARTS 12
-
-/* What a program depends on, as texts: the source, the compiler or driver and its options,
-   the device, this library's version. Equal keys, interchangeable programs. */
-typedef struct tb__disk_key {
-    const char *parts[TB__DISK_MAX_PARTS];
-    size_t lens[TB__DISK_MAX_PARTS];
-    size_t count;
-} tb__disk_key;
-
-/* A kind of entry: the backend naming it in messages, its magic (8 bytes), format version and
-   file name suffix. */
-typedef struct tb__disk_format {
-    const char *who;
-    const char *magic;
-    uint32_t version;
-    const char *suffix;
-} tb__disk_format;
 
 /* The disk cache opens its files without following links (O_NOFOLLOW, POSIX 2008). glibc
    hides the name under a strict -std when the feature macros come after its first header (our
@@ -155,6 +137,12 @@ static bool tb__disk_write_all(int fd, const void *buf, size_t n) {
     return true;
 }
 
+/* True for the first caller only (threads may race to say why a folder is not used). */
+static bool tb__disk_first_report(int32_t *reported) {
+    if (TB__ATOMIC_LOAD(reported) != 0) return false;
+    return TB__ATOMIC_ADD(reported, 1) == 1;
+}
+
 /* The cache folder's path (not yet created or checked), or NULL when the cache is off. */
 static char *tb__disk_cache_path(void) {
     const char *env = tb__getenv("TB_CACHE_DIR");
@@ -172,11 +160,11 @@ static char *tb__disk_cache_path(void) {
 /* Whether the cache folder `dir` may be used, creating it and its missing parents private
    (0700). A folder that is not ours or that others may write to is not used: they could put a
    program there that we would run. Why a folder is not used is said once per *reported flag
-   (at TB_DEBUG for a folder that is not private, as a warning when it cannot be made); `who`
-   names the backend in the message. Entries are checked one by one too (tb__disk_read: a
+   (atomic) (at TB_DEBUG for a folder that is not private, as a warning when it cannot be made);
+   `who` names the backend in the message. Entries are checked one by one too (tb__disk_read: a
    regular file of ours, holding our whole key), so a folder swapped after this check gives
    nothing that we did not write ourselves. */
-static bool tb__disk_cache_usable(const char *who, const char *dir, bool *reported) {
+static bool tb__disk_cache_usable(const char *who, const char *dir, int32_t *reported) {
     char *copy = tb__strdup(dir), *p;
     struct stat st;
     if (copy == NULL) return false;
@@ -191,15 +179,14 @@ static bool tb__disk_cache_usable(const char *who, const char *dir, bool *report
     /* a link to the folder itself is followed: a user may keep the cache elsewhere */
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
         const char *why = stat(dir, &st) != 0 ? strerror(errno) : "not a directory";
-        if (!*reported) {
+        if (tb__disk_first_report(reported)) {
             tb_log_message(TB_LOG_WARN, "%s: the program cache folder %s is not usable: %s", who,
                            dir, why);
-            *reported = true;
         }
         return false;
     }
     if (st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-        if (!*reported && tb_debug_level() >= 1) {
+        if (tb__disk_first_report(reported) && tb_debug_level() >= 1) {
             tb_log_message(TB_LOG_WARN,
                            "%s: the program cache folder %s is not used: %s (make it yours "
                            "with mode 0700, or set TB_CACHE_DIR)",
@@ -351,7 +338,7 @@ static void tb__disk_entry_name(const tb__disk_format *fmt, const uint64_t key[2
    the cache is off or its folder not usable). A payload the caller then cannot use goes to
    tb__disk_reject. *path (caller frees) is the entry's path, for tb__disk_reject. */
 static unsigned char *tb__disk_lookup(const tb__disk_format *fmt, const tb__disk_key *key,
-                                      const uint64_t hash[2], bool *reported, size_t *size,
+                                      const uint64_t hash[2], int32_t *reported, size_t *size,
                                       char **save_dir, char **path, const char **why) {
 #if TB__DISK_CACHE
     char *dir = tb__disk_cache_path(), name[64];
@@ -396,7 +383,7 @@ static void tb__disk_reject(const char *path) {
 
 /* Writes `payload` as the entry of `key` in the folder `dir` (from tb__disk_lookup). */
 static void tb__disk_store(const tb__disk_format *fmt, const char *dir, const tb__disk_key *key,
-                           const uint64_t hash[2], bool *reported, const unsigned char *payload,
+                           const uint64_t hash[2], int32_t *reported, const unsigned char *payload,
                            size_t n) {
 #if TB__DISK_CACHE
     size_t kn = 0;

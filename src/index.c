@@ -12,78 +12,6 @@
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
 
-#define TB__LF_MAX     8
-#define TB__IX_BUCKETS 4096
-
-/* c + sum(coef[i] * var[i]), terms sorted by var, unused entries zero (so memcmp works). */
-typedef struct tb__lf {
-    int64_t c;
-    int32_t n;
-    int32_t var[TB__LF_MAX];
-    int64_t coef[TB__LF_MAX];
-} tb__lf;
-
-/* Which element of an array of `dims` a kernel is at: its flat (row-major) offset, its index
-   along each dim, or both. Interned, so equal positions share an id; the form a position was
-   made with identifies it, the other is added when needed. */
-typedef struct tb__pos {
-    int32_t rank;
-    int32_t has_flat, has_multi, key_flat;
-    int64_t dims[TB_MAX_RANK];
-    tb__lf flat;
-    tb__lf dim[TB_MAX_RANK];
-    uint64_t hash;
-    int32_t next;
-} tb__pos;
-
-/* what the memo holds: a value v<n> of a node at a position (the renderer's), or the first of
-   the variables an unravelled flat form was split into */
-enum { TB__MEMO_VALUE = 1, TB__MEMO_UNRAVEL = 2 };
-
-typedef struct tb__ix_memo {
-    uint64_t key;
-    int32_t kind, a, b;
-    uint64_t extra;
-    int32_t value;
-    int32_t next;
-} tb__ix_memo;
-
-typedef struct tb__ix_undo {
-    int32_t pos;
-    int32_t form; /* 1: flat was added, 2: multi was added */
-} tb__ix_undo;
-
-typedef struct tb__ix_scope {
-    size_t memo, undo;
-} tb__ix_scope;
-
-typedef struct tb__ix_var {
-    int64_t lo, hi;
-} tb__ix_var;
-
-/* The state of one kernel's code while it is emitted: its text (one builder whose failure is
-   sticky and checked once, after the kernel), the indentation, the index variables i<n>
-   (`long`, with their ranges), the interned positions, the memo of what was computed in the
-   enclosing blocks (values and unravelled positions; a block's entries are forgotten at its
-   closing brace) and the first error. */
-typedef struct tb__ix {
-    tb__str body;
-    int indent;
-    tb__ix_var *vars;
-    size_t num_vars, cap_vars;
-    tb__pos *pos;
-    size_t num_pos, cap_pos;
-    int32_t pos_head[TB__IX_BUCKETS];
-    tb__ix_memo *memo;
-    size_t num_memo, cap_memo;
-    int32_t memo_head[TB__IX_BUCKETS];
-    tb__ix_undo *undo;
-    size_t num_undo, cap_undo;
-    tb__ix_scope *scopes;
-    size_t num_scopes, cap_scopes;
-    tb_status status;
-} tb__ix;
-
 static tb_status tb__ix_fail(tb__ix *g, tb_status st) {
     if (g->status == TB_OK) g->status = st;
     return st;
@@ -215,8 +143,6 @@ static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap) {
                  mag > 2147483647u ? "L" : "");
     }
 }
-
-#define TB__LF_TEXT 640
 
 /* A new variable holding the form's value. */
 static int32_t tb__ix_spill(tb__ix *g, const tb__lf *lf) {

@@ -288,7 +288,7 @@ typedef struct tb__native_rt {
     char *cc_argv[16];
     size_t cc_argc;
     char options[512];
-    char *cc_id;
+    char cc_id[4200];
     char cpu[512];
     tb__native_pool *pool;
     /* the caching allocator: free buffers, oldest first */
@@ -297,7 +297,7 @@ typedef struct tb__native_rt {
     uint64_t cached_bytes, cache_limit, bytes_in_use, peak_bytes;
     tb__native_prog *programs;
     uint64_t compiles, disk_hits, disk_misses, disk_rejected, kernels_launched;
-    bool cache_dir_reported;
+    int32_t cache_dir_reported; /* atomic: why the cache folder is not used was said */
 } tb__native_rt;
 
 /* Guards the runtime, its allocator and its program cache (never held while the compiler
@@ -333,7 +333,6 @@ static void tb__native_rt_destroy(tb__native_rt *rt) {
     }
     tb__free(rt->cache);
     tb__free(rt->cc_text);
-    tb__free(rt->cc_id);
     tb__free(rt);
 }
 
@@ -341,11 +340,15 @@ static void tb__native_rt_unref(tb__native_rt *rt) {
     if (rt != NULL && --rt->refcount == 0) tb__native_rt_destroy(rt);
 }
 
-/* Whether `name` is an executable file, found on $PATH when it has no slash. */
-static bool tb__native_find_program(const char *name) {
+/* Whether `name` is an executable file, found on $PATH when it has no slash; its path in
+   `found` (of 4096 bytes). */
+static bool tb__native_find_program(const char *name, char *found) {
     const char *path = tb__getenv("PATH"), *p;
     char buf[4096];
-    if (strchr(name, '/') != NULL) return access(name, X_OK) == 0;
+    if (strchr(name, '/') != NULL) {
+        snprintf(found, 4096, "%s", name);
+        return access(name, X_OK) == 0;
+    }
     if (path == NULL) path = "/usr/bin:/bin";
     for (p = path; *p != '\0';) {
         const char *end = strchr(p, ':');
@@ -354,7 +357,10 @@ static bool tb__native_find_program(const char *name) {
             memcpy(buf, p, n);
             buf[n] = '/';
             strcpy(buf + n + 1, name);
-            if (access(buf, X_OK) == 0) return true;
+            if (access(buf, X_OK) == 0) {
+                memcpy(found, buf, sizeof buf);
+                return true;
+            }
         }
         p += n;
         if (*p == ':') p++;
@@ -396,7 +402,8 @@ static void tb__native_probe(tb__native_rt *rt) {
     const char *threads = tb__getenv("TB_NATIVE_THREADS");
     long cores = sysconf(_SC_NPROCESSORS_ONLN), pages = sysconf(_SC_PHYS_PAGES);
     long page = sysconf(_SC_PAGESIZE);
-    char *p;
+    char *p, found[4096];
+    struct stat st;
     tb_device_info *info = &rt->info;
     strcpy(info->device.backend, "native");
     info->device.type = TB_DEVICE_CPU;
@@ -432,13 +439,18 @@ static void tb__native_probe(tb__native_rt *rt) {
         while (*p != '\0' && *p != ' ' && *p != '\t')
             p++;
     }
-    if (rt->cc_argc == 0 || !tb__native_find_program(rt->cc_argv[0])) {
+    if (rt->cc_argc == 0 || !tb__native_find_program(rt->cc_argv[0], found) ||
+        stat(found, &st) != 0) {
         rt->status = TB_ERR_UNAVAILABLE;
         snprintf(rt->reason, sizeof rt->reason,
                  "native: no C compiler: '%s' is not an executable on PATH (set CC)",
                  rt->cc_argc > 0 ? rt->cc_argv[0] : (cc != NULL ? cc : "cc"));
         return;
     }
+    /* the compiler's identity for the disk cache: the file it is (a new version is another
+       file, or the same file changed) */
+    snprintf(rt->cc_id, sizeof rt->cc_id, "%s: %s (%lld bytes, modified %lld)",
+             cc != NULL ? cc : "cc", found, (long long)st.st_size, (long long)st.st_mtime);
     snprintf(rt->options, sizeof rt->options,
              "-std=gnu99 -O3 -march=native -fPIC -shared -ffp-contract=off -fno-math-errno -w%s%s",
              extra != NULL ? " " : "", extra != NULL ? extra : "");
@@ -652,7 +664,7 @@ static int tb__native_spawn(char *const *argv, const char *log) {
 
 /* Removes a temporary folder and the files of ours in it. */
 static void tb__native_tmp_clean(const char *dir) {
-    static const char *const names[] = {"k.c", "k.so", "k.log", "cc.txt"};
+    static const char *const names[] = {"k.c", "k.so", "k.log"};
     size_t i;
     for (i = 0; i < sizeof names / sizeof names[0]; i++) {
         char *path = tb__format("%s/%s", dir, names[i]);
@@ -662,47 +674,12 @@ static void tb__native_tmp_clean(const char *dir) {
     (void)rmdir(dir);
 }
 
-/* The compiler's identity: the first line of `CC --version`, read once. */
-static const char *tb__native_cc_id(tb__native_rt *rt) {
-    char *argv[12], *dir, *log, *text, *line;
-    size_t i;
-    tb__mutex_lock(&tb__native_mutex);
-    line = rt->cc_id;
-    tb__mutex_unlock(&tb__native_mutex);
-    if (line != NULL) return line;
-    dir = tb__native_tmpdir();
-    if (dir == NULL) return NULL;
-    log = tb__format("%s/cc.txt", dir);
-    for (i = 0; i < rt->cc_argc; i++)
-        argv[i] = rt->cc_argv[i];
-    argv[i++] = (char *)"--version";
-    argv[i] = NULL;
-    text = NULL;
-    if (log != NULL && tb__native_spawn(argv, log) == 0)
-        text = (char *)tb__native_read_file(log, NULL);
-    if (text != NULL) text[strcspn(text, "\n")] = '\0';
-    tb__native_tmp_clean(dir);
-    tb__free(log);
-    tb__free(dir);
-    if (text == NULL) text = tb__strdup(rt->cc_argv[0]);
-    if (text == NULL) return NULL;
-    tb__mutex_lock(&tb__native_mutex);
-    if (rt->cc_id == NULL) {
-        rt->cc_id = text;
-        text = NULL;
-    }
-    line = rt->cc_id;
-    tb__mutex_unlock(&tb__native_mutex);
-    tb__free(text);
-    return line;
-}
-
 /* What a shared object depends on: the compiler and its options, the CPU, this library's
    version and the source. */
-static void tb__native_disk_key(const tb__native_rt *rt, const char *cc_id, const char *src,
-                                size_t len, tb__disk_key *key) {
+static void tb__native_disk_key(const tb__native_rt *rt, const char *src, size_t len,
+                                tb__disk_key *key) {
     memset(key, 0, sizeof *key);
-    tb__disk_key_add(key, cc_id, (size_t)-1);
+    tb__disk_key_add(key, rt->cc_id, (size_t)-1);
     tb__disk_key_add(key, rt->options, (size_t)-1);
     tb__disk_key_add(key, rt->cpu, (size_t)-1);
     tb__disk_key_add(key, TB_VERSION_STRING, (size_t)-1);
@@ -836,7 +813,7 @@ static tb__native_prog *tb__native_prog_find(tb__native_rt *rt, const uint64_t k
    compiler runs without any lock held). */
 static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size_t len,
                                         tb__native_prog **out) {
-    const char *cc_id = tb__native_cc_id(rt), *why = NULL;
+    const char *why = NULL;
     tb__disk_key dkey;
     uint64_t key[2];
     unsigned char *bytes = NULL;
@@ -845,8 +822,7 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
     void *handle = NULL;
     tb__native_prog *prog;
     tb_status st = TB_OK;
-    if (cc_id == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
-    tb__native_disk_key(rt, cc_id, src, len, &dkey);
+    tb__native_disk_key(rt, src, len, &dkey);
     tb__disk_key_hash(&dkey, tb__native_key_mask, key);
     tb__mutex_lock(&tb__native_mutex);
     prog = tb__native_prog_find(rt, key, src, len);

@@ -132,7 +132,8 @@ static size_t tb__ocl_metrics_report(void *user_data, char *buf, size_t cap) {
         tb__str_append(&s, "OpenCL: unavailable: %s\n", rt != NULL ? rt->reason : "out of memory");
     } else {
         for (i = 0; i < rt->num_devices; i++) {
-            const tb__ocl_device *d = &rt->devices[i];
+            tb__ocl_device *d = &rt->devices[i];
+            tb__mutex_lock(&d->lock);
             tb__str_append(&s, "Device: opencl:%zu (%s, %s)\n", i, d->info.name,
                            tb_device_type_name(d->info.device.type));
             tb__str_append(&s, "  OpenCL::BytesInUse: %llu\n", (unsigned long long)d->bytes_in_use);
@@ -154,6 +155,7 @@ static size_t tb__ocl_metrics_report(void *user_data, char *buf, size_t cap) {
                            (unsigned long long)d->disk_rejected);
             tb__str_append(&s, "  OpenCL::KernelLaunch: %llu\n",
                            (unsigned long long)d->kernels_launched);
+            tb__mutex_unlock(&d->lock);
         }
     }
     tb__mutex_unlock(&tb__ocl_mutex);
@@ -182,12 +184,8 @@ static tb_status tb__ocl_data_from_host(void *user_data, tb_backend_data *data, 
     (void)user_data;
     st = tb_shape_nbytes(&data->shape, &size);
     if (st != TB_OK) return st;
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(data->device.ordinal, "opencl");
-    if (dev == NULL) {
-        tb__mutex_unlock(&tb__ocl_mutex);
-        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
-    }
+    dev = tb__ocl_device_acquire(data->device.ordinal, "opencl");
+    if (dev == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
     st = tb__ocl_buffer_alloc(dev, size, &buf);
     if (st == TB_OK) {
         st = tb__ocl_write(dev, buf, host, size);
@@ -196,7 +194,7 @@ static tb_status tb__ocl_data_from_host(void *user_data, tb_backend_data *data, 
             buf = NULL;
         }
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
+    tb__ocl_device_release(dev);
     if (st == TB_OK) data->payload = buf;
     return st;
 }
@@ -219,7 +217,7 @@ static tb_status tb__ocl_data_from_scalar(void *user_data, tb_backend_data *data
         return TB_ERR_OUT_OF_MEMORY;
     }
     buf->dev = dev;
-    dev->rt->refcount++;
+    tb__ocl_runtime_ref(dev->rt);
     tb__mutex_unlock(&tb__ocl_mutex);
     data->is_scalar = true;
     data->scalar = value;
@@ -243,21 +241,25 @@ static tb_status tb__ocl_data_to_host(void *user_data, const tb_backend_data *da
         memcpy(host, bytes, size < 8 ? size : 8);
         return TB_OK;
     }
-    tb__mutex_lock(&tb__ocl_mutex);
+    tb__ocl_device_lock(buf->dev);
     if (buf->dev->rt->exited) {
         st = tb__error(TB_ERR_STATE, "opencl: the backend was shut down");
     } else {
         st = tb__ocl_read(buf->dev, buf, host, size);
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
+    tb__ocl_device_release(buf->dev);
     return st;
 }
 
 static void tb__ocl_data_release(void *user_data, tb_backend_data *data) {
+    tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
+    tb__ocl_device *dev;
     (void)user_data;
-    tb__mutex_lock(&tb__ocl_mutex);
-    tb__ocl_buffer_free((tb__ocl_buffer *)data->payload);
-    tb__mutex_unlock(&tb__ocl_mutex);
+    if (buf == NULL) return;
+    dev = buf->dev;
+    tb__ocl_device_lock(dev);
+    tb__ocl_buffer_free(buf);
+    tb__ocl_device_release(dev);
     data->payload = NULL;
 }
 
@@ -380,7 +382,7 @@ typedef struct tb__ocl_comp {
     int32_t ordinal;
     char *source;
     size_t source_len;
-    tb__ocl_runtime *rt;
+    tb__ocl_runtime *rt; /* a reference */
     tb__ocl_program *program;
     tb__cl_kernel *cl;
     size_t *local; /* per kernel: the work-group size of kernels launched over items */
@@ -402,7 +404,11 @@ static void tb__ocl_comp_release(tb__ocl_comp *c) {
             for (i = 0; i < c->plan->num_kernels; i++)
                 if (c->cl[i] != NULL) TB__OCL_CALL(rt, ReleaseKernel)(c->cl[i]);
         }
-        if (dev != NULL && c->program != NULL) tb__ocl_program_unref(dev, c->program);
+        if (dev != NULL && c->program != NULL) {
+            tb__ocl_device_lock(dev);
+            tb__ocl_program_unref(dev, c->program);
+            tb__ocl_device_release(dev);
+        }
     }
     tb__free(c->cl);
     tb__free(c->local);
@@ -412,7 +418,8 @@ static void tb__ocl_comp_release(tb__ocl_comp *c) {
     tb__ocl_runtime_unref(rt);
 }
 
-/* Plans the graph for the device and renders the plan as OpenCL C. */
+/* Plans the graph for the device and renders the plan as OpenCL C (no lock: the device's facts
+   do not change). */
 static tb_status tb__ocl_create_lowering_context(void *user_data, const tb_graph *graph,
                                                  void **context) {
     tb__ocl_device *dev;
@@ -425,22 +432,23 @@ static tb_status tb__ocl_create_lowering_context(void *user_data, const tb_graph
     tb_status st;
     (void)user_data;
     *context = NULL;
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(graph->device.ordinal, "opencl");
-    if (dev == NULL) {
-        tb__mutex_unlock(&tb__ocl_mutex);
-        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
-    }
     ctx = (tb__ocl_context *)tb__calloc(1, sizeof *ctx);
     c = (tb__ocl_comp *)tb__calloc(1, sizeof *c);
     if (ctx == NULL || c == NULL) {
         tb__free(ctx);
         tb__free(c);
-        tb__mutex_unlock(&tb__ocl_mutex);
         return TB_ERR_OUT_OF_MEMORY;
     }
+    tb__mutex_lock(&tb__ocl_mutex);
+    dev = tb__ocl_device_get(graph->device.ordinal, "opencl");
+    if (dev != NULL) tb__ocl_runtime_ref(dev->rt);
+    tb__mutex_unlock(&tb__ocl_mutex);
+    if (dev == NULL) {
+        tb__free(ctx);
+        tb__free(c);
+        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
+    }
     c->rt = dev->rt;
-    dev->rt->refcount++;
     c->ordinal = dev->ordinal;
     tb__ocl_target(dev, &tuning, &target);
     tb__ocl_dialect(dev, &dialect);
@@ -456,7 +464,6 @@ static tb_status tb__ocl_create_lowering_context(void *user_data, const tb_graph
         ctx->comp = c;
         *context = ctx;
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
     return st;
 }
 
@@ -464,9 +471,7 @@ static void tb__ocl_release_lowering_context(void *user_data, void *context) {
     tb__ocl_context *ctx = (tb__ocl_context *)context;
     (void)user_data;
     if (ctx == NULL) return;
-    tb__mutex_lock(&tb__ocl_mutex);
     tb__ocl_comp_release(ctx->comp);
-    tb__mutex_unlock(&tb__ocl_mutex);
     tb__free(ctx);
 }
 
@@ -494,6 +499,21 @@ static size_t tb__ocl_pick_local(tb__ocl_device *dev, tb__cl_kernel kern, uint64
     return wg > 0 ? wg : 1;
 }
 
+/* The device of a computation, checked to be the one it was made for. NULL with the error set. */
+static tb__ocl_device *tb__ocl_comp_device(const tb__ocl_comp *c) {
+    tb__ocl_device *dev;
+    tb__mutex_lock(&tb__ocl_mutex);
+    dev = tb__ocl_device_get(c->ordinal, "opencl");
+    if (dev != NULL && (dev->rt != c->rt || dev->rt->exited)) {
+        tb__error(TB_ERR_STATE, "opencl: the computation outlived the backend");
+        dev = NULL;
+    }
+    tb__mutex_unlock(&tb__ocl_mutex);
+    return dev;
+}
+
+/* Builds (or finds) the program, then a kernel object per kernel with work. The device's lock
+   is not held while the driver builds. */
 static tb_status tb__ocl_compile(void *user_data, void *context, void **computation) {
     tb__ocl_context *ctx = (tb__ocl_context *)context;
     tb__ocl_comp *p = ctx != NULL ? ctx->comp : NULL;
@@ -503,13 +523,8 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
     (void)user_data;
     *computation = NULL;
     if (p == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "opencl: compile without a context");
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(p->ordinal, "opencl");
-    if (dev == NULL || dev->rt != p->rt) {
-        tb__mutex_unlock(&tb__ocl_mutex);
-        if (dev != NULL) return tb__error(TB_ERR_STATE, "opencl: the backend was restarted");
-        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
-    }
+    dev = tb__ocl_comp_device(p);
+    if (dev == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
     if (tb_debug_level() >= 3) {
         tb_log_message(TB_LOG_DEBUG, "opencl:%d: program of graph %016llx:\n%s", (int)p->ordinal,
                        (unsigned long long)p->plan->graph_hash, p->source);
@@ -547,15 +562,12 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
         *computation = p;
         ctx->comp = NULL;
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
     return st;
 }
 
 static void tb__ocl_release_computation(void *user_data, void *computation) {
     (void)user_data;
-    tb__mutex_lock(&tb__ocl_mutex);
     tb__ocl_comp_release((tb__ocl_comp *)computation);
-    tb__mutex_unlock(&tb__ocl_mutex);
 }
 
 static const char *tb__ocl_backend_text(void *user_data, const void *computation) {
@@ -637,19 +649,215 @@ static size_t tb__ocl_scalar_arg(tb__ocl_device *dev, tb_dtype dtype, const tb_b
     return tb_dtype_size(dtype);
 }
 
+/* The buffers of a run: the parameters' (borrowed) and the kernels' outputs (owned until they
+   are results or freed after their last use), the error flag and the scalar table. */
+typedef struct tb__ocl_run {
+    tb__ocl_comp *p;
+    tb__ocl_device *dev;
+    tb__ocl_buffer **owned, *err_buf, *table_buf;
+    tb__cl_mem *mems;
+    tb__cl_event *events; /* per kernel at TB_DEBUG >= 2: its profiling event */
+} tb__ocl_run;
+
+static tb_status tb__ocl_run_init(tb__ocl_run *r, tb_backend_data *const *arguments) {
+    static const int64_t zeros[4] = {0, 0, 0, 0};
+    const tb__plan *plan = r->p->plan;
+    tb__ocl_device *dev = r->dev;
+    tb_status st = TB_OK;
+    size_t i;
+    r->owned = (tb__ocl_buffer **)tb__calloc(plan->num_slots + 1, sizeof *r->owned);
+    r->mems = (tb__cl_mem *)tb__calloc(plan->num_slots + 1, sizeof *r->mems);
+    r->events = (tb__cl_event *)tb__calloc(plan->num_kernels + 1, sizeof *r->events);
+    if (r->owned == NULL || r->mems == NULL || r->events == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < plan->num_slots && st == TB_OK; i++) {
+        const tb__plan_slot *s = &plan->slots[i];
+        if (s->kind != TB__SLOT_PARAM) continue;
+        r->mems[i] = tb__ocl_data_mem(dev, arguments[s->index]);
+        if (r->mems[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+    }
+    if (st == TB_OK && plan->num_errsites > 0) {
+        tb__cl_int err;
+        st = tb__ocl_buffer_alloc(dev, sizeof zeros, &r->err_buf);
+        if (st == TB_OK) {
+            err = TB__OCL_CALL(dev->rt, EnqueueWriteBuffer)(
+                dev->queue, r->err_buf->mem, TB__CL_FALSE, 0, sizeof zeros, zeros, 0, NULL, NULL);
+            if (err != TB__CL_SUCCESS) {
+                st = tb__error(TB_ERR_EXECUTE, "opencl:%d: clEnqueueWriteBuffer failed: %s (%d)",
+                               (int)dev->ordinal, tb__cl_error_name(err), (int)err);
+            }
+        }
+    }
+    if (st == TB_OK && plan->scalar_table) {
+        size_t bytes = (plan->num_params + 1) * 8;
+        unsigned char *table = (unsigned char *)tb__calloc(plan->num_params + 1, 8);
+        if (table == NULL) st = TB_ERR_OUT_OF_MEMORY;
+        for (i = 0; i < plan->num_params && st == TB_OK; i++) {
+            if (plan->param_scalar[i] &&
+                tb__ocl_scalar_arg(dev, plan->param_dtype[i], arguments[i], table + 8 * i) == 0)
+                st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
+        }
+        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, bytes, &r->table_buf);
+        if (st == TB_OK) st = tb__ocl_write(dev, r->table_buf, table, bytes);
+        tb__free(table);
+    }
+    return st;
+}
+
+/* Sets kernel i's arguments in the plan's order, after its output. */
+static tb_status tb__ocl_set_args(tb__ocl_run *r, size_t i, tb_backend_data *const *arguments) {
+    const tb__plan_kernel *k = &r->p->plan->kernels[i];
+    tb__ocl_runtime *rt = r->dev->rt;
+    tb__cl_kernel kern = r->p->cl[i];
+    tb__cl_int err;
+    tb__cl_uint a = 0;
+    size_t j;
+    err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof(tb__cl_mem), &r->mems[k->out_slot]);
+    for (j = 0; j < k->num_args && err == TB__CL_SUCCESS; j++) {
+        const tb__plan_arg *arg = &k->args[j];
+        if (arg->kind == TB__ARG_BUF) {
+            err =
+                TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof(tb__cl_mem), &r->mems[arg->index]);
+        } else if (arg->kind == TB__ARG_SCALAR) {
+            unsigned char bytes[8];
+            size_t n = tb__ocl_scalar_arg(r->dev, r->p->plan->param_dtype[arg->index],
+                                          arguments[arg->index], bytes);
+            if (n == 0) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
+            err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, n, bytes);
+        } else {
+            tb__ocl_buffer *b = arg->kind == TB__ARG_TABLE ? r->table_buf : r->err_buf;
+            err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof(tb__cl_mem), &b->mem);
+        }
+    }
+    if (err == TB__CL_SUCCESS) return TB_OK;
+    return tb__error(TB_ERR_EXECUTE, "opencl:%d: kernel %s: clSetKernelArg: %s (%d)",
+                     (int)r->p->ordinal, k->name, tb__cl_error_name(err), (int)err);
+}
+
+/* Runs kernel i: its output allocated, its arguments set, its launch enqueued (once more after
+   emptying the buffer cache when the device is out of memory). */
+static tb_status tb__ocl_run_kernel(tb__ocl_run *r, size_t i, tb_backend_data *const *arguments) {
+    const tb__plan_kernel *k = &r->p->plan->kernels[i];
+    tb__ocl_device *dev = r->dev;
+    tb__cl_event *event = tb_debug_level() >= 2 ? &r->events[i] : NULL;
+    tb__cl_int err;
+    tb_status st;
+    if (r->mems[k->out_slot] == NULL) {
+        size_t size = 0;
+        st = tb_shape_nbytes(&r->p->plan->slots[k->out_slot].shape, &size);
+        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, size, &r->owned[k->out_slot]);
+        if (st != TB_OK) return st;
+        r->mems[k->out_slot] = r->owned[k->out_slot]->mem;
+    }
+    if (r->p->cl[i] == NULL) return TB_OK; /* nothing to compute */
+    st = tb__ocl_set_args(r, i, arguments);
+    if (st != TB_OK) return st;
+    err = tb__ocl_launch(dev, r->p, i, event);
+    if (tb__cl_is_oom(err) && dev->cache_count > 0) {
+        /* memory the cache holds may be what the launch is missing */
+        dev->cache_trims++;
+        tb__ocl_metric(dev, "OpenCL::CacheTrim", 1);
+        tb__ocl_cache_trim(dev, 0);
+        err = tb__ocl_launch(dev, r->p, i, event);
+    }
+    if (err != TB__CL_SUCCESS) {
+        return tb__error(tb__cl_is_oom(err) ? TB_ERR_OUT_OF_MEMORY : TB_ERR_EXECUTE,
+                         "opencl:%d: kernel %s: %s (%d)", (int)r->p->ordinal, k->name,
+                         tb__cl_error_name(err), (int)err);
+    }
+    dev->kernels_launched++;
+    tb__ocl_metric(dev, "OpenCL::KernelLaunch", 1);
+    return TB_OK;
+}
+
+/* A result that repeats an earlier one gets a copy of its buffer. */
+static tb_status tb__ocl_copy_results(tb__ocl_run *r, tb_backend_data *const *results) {
+    const tb__plan *plan = r->p->plan;
+    size_t i;
+    for (i = 0; i < plan->num_results; i++) {
+        int32_t src = plan->result_source[i];
+        size_t size = 0;
+        tb__ocl_buffer *copy = NULL;
+        tb__cl_int err;
+        tb_status st;
+        if (src < 0) continue;
+        st = tb_shape_nbytes(&plan->slots[plan->result_slot[src]].shape, &size);
+        if (st == TB_OK) st = tb__ocl_buffer_alloc(r->dev, size, &copy);
+        if (st != TB_OK) return st;
+        err = size == 0 ? TB__CL_SUCCESS
+                        : TB__OCL_CALL(r->dev->rt, EnqueueCopyBuffer)(
+                              r->dev->queue, r->mems[plan->result_slot[src]], copy->mem, 0, 0, size,
+                              0, NULL, NULL);
+        if (err != TB__CL_SUCCESS) {
+            tb__ocl_buffer_free(copy);
+            return tb__error(TB_ERR_EXECUTE, "opencl:%d: clEnqueueCopyBuffer failed: %s (%d)",
+                             (int)r->p->ordinal, tb__cl_error_name(err), (int)err);
+        }
+        results[i]->payload = copy;
+    }
+    return TB_OK;
+}
+
+/* TB_DEBUG=2: one line per kernel with its time, GB/s and GFLOP/s. */
+static void tb__ocl_profile(tb__ocl_run *r) {
+    const tb__plan *plan = r->p->plan;
+    size_t i;
+    TB__OCL_CALL(r->dev->rt, Finish)(r->dev->queue);
+    for (i = 0; i < plan->num_kernels; i++) {
+        tb__cl_ulong t0 = 0, t1 = 0;
+        double ns;
+        if (r->events[i] == NULL) continue;
+        TB__OCL_CALL(r->dev->rt, GetEventProfilingInfo)
+        (r->events[i], TB__CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
+        TB__OCL_CALL(r->dev->rt, GetEventProfilingInfo)
+        (r->events[i], TB__CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
+        ns = t1 > t0 ? (double)(t1 - t0) : 1.0;
+        r->dev->kernel_ns += (uint64_t)ns;
+        tb_log_message(TB_LOG_DEBUG, "opencl:%d %-24s %10.3f ms %9.2f GB/s %9.2f GFLOP/s",
+                       (int)r->p->ordinal, plan->kernels[i].name, ns / 1e6,
+                       plan->kernels[i].bytes / ns, plan->kernels[i].flops / ns);
+    }
+}
+
+/* Hands the results over (success) or drops the copies made for them (failure), then frees
+   everything the run still owns. */
+static void tb__ocl_run_finish(tb__ocl_run *r, tb_status st, tb_backend_data *const *results) {
+    const tb__plan *plan = r->p->plan;
+    size_t i;
+    for (i = 0; i < plan->num_results && r->owned != NULL; i++) {
+        if (plan->result_source[i] >= 0) {
+            if (st != TB_OK && results[i]->payload != NULL) {
+                tb__ocl_buffer_free((tb__ocl_buffer *)results[i]->payload);
+                results[i]->payload = NULL;
+            }
+        } else if (st == TB_OK) {
+            results[i]->payload = r->owned[plan->result_slot[i]];
+            r->owned[plan->result_slot[i]] = NULL;
+        }
+    }
+    if (st == TB_OK) TB__OCL_CALL(r->dev->rt, Flush)(r->dev->queue);
+    if (r->owned != NULL) {
+        for (i = 0; i < plan->num_slots; i++)
+            tb__ocl_buffer_free(r->owned[i]);
+    }
+    if (r->events != NULL) {
+        for (i = 0; i < plan->num_kernels; i++)
+            if (r->events[i] != NULL) TB__OCL_CALL(r->dev->rt, ReleaseEvent)(r->events[i]);
+    }
+    tb__ocl_buffer_free(r->err_buf);
+    tb__ocl_buffer_free(r->table_buf);
+    tb__free(r->owned);
+    tb__free(r->mems);
+    tb__free(r->events);
+}
+
+/* Runs a computation under its device's lock (runs on other devices go on meanwhile). */
 static tb_status tb__ocl_execute(void *user_data, void *computation,
                                  tb_backend_data *const *arguments, size_t num_arguments,
                                  tb_backend_data *const *results, size_t num_results) {
-    static const int64_t zeros[4] = {0, 0, 0, 0};
     tb__ocl_comp *p = (tb__ocl_comp *)computation;
-    tb__ocl_device *dev;
-    tb__ocl_runtime *rt;
-    tb__ocl_buffer **owned = NULL, *err_buf = NULL, *table_buf = NULL;
-    tb__cl_mem *mems = NULL;
-    tb__cl_event *events = NULL;
-    tb_status st = TB_OK;
+    tb__ocl_run r;
+    tb_status st;
     size_t i, j;
-    bool profile = tb_debug_level() >= 2;
     (void)user_data;
     if (p == NULL || num_arguments != p->plan->num_params || num_results != p->plan->num_results) {
         return tb__error(TB_ERR_INVALID_ARGUMENT,
@@ -658,196 +866,38 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
                          num_arguments, num_results, p != NULL ? p->plan->num_params : 0,
                          p != NULL ? p->plan->num_results : 0);
     }
-    tb__mutex_lock(&tb__ocl_mutex);
-    rt = p->rt;
-    if (rt != tb__ocl_current || rt->exited) {
-        tb__mutex_unlock(&tb__ocl_mutex);
-        return tb__error(TB_ERR_STATE, "opencl: the computation outlived the backend");
-    }
-    dev = &rt->devices[p->ordinal];
-    owned = (tb__ocl_buffer **)tb__calloc(p->plan->num_slots + 1, sizeof *owned);
-    mems = (tb__cl_mem *)tb__calloc(p->plan->num_slots + 1, sizeof *mems);
-    events = (tb__cl_event *)tb__calloc(p->plan->num_kernels + 1, sizeof *events);
-    if (owned == NULL || mems == NULL || events == NULL) {
-        st = TB_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
-    for (i = 0; i < p->plan->num_slots && st == TB_OK; i++) {
-        const tb__plan_slot *s = &p->plan->slots[i];
-        if (s->kind != TB__SLOT_PARAM) continue;
-        mems[i] = tb__ocl_data_mem(dev, arguments[s->index]);
-        if (mems[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
-    }
-    if (st == TB_OK && p->plan->num_errsites > 0) {
-        tb__cl_int err;
-        st = tb__ocl_buffer_alloc(dev, sizeof zeros, &err_buf);
-        if (st == TB_OK) {
-            err = TB__OCL_CALL(rt, EnqueueWriteBuffer)(dev->queue, err_buf->mem, TB__CL_FALSE, 0,
-                                                       sizeof zeros, zeros, 0, NULL, NULL);
-            if (err != TB__CL_SUCCESS) {
-                st = tb__error(TB_ERR_EXECUTE, "opencl:%d: clEnqueueWriteBuffer failed: %s (%d)",
-                               (int)p->ordinal, tb__cl_error_name(err), (int)err);
-            }
-        }
-    }
-    if (st == TB_OK && p->plan->scalar_table) {
-        size_t bytes = (p->plan->num_params + 1) * 8;
-        unsigned char *table = (unsigned char *)tb__calloc(p->plan->num_params + 1, 8);
-        if (table == NULL) st = TB_ERR_OUT_OF_MEMORY;
-        for (i = 0; i < p->plan->num_params && st == TB_OK; i++) {
-            if (p->plan->param_scalar[i] &&
-                tb__ocl_scalar_arg(dev, p->plan->param_dtype[i], arguments[i], table + 8 * i) == 0)
-                st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
-        }
-        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, bytes, &table_buf);
-        if (st == TB_OK) st = tb__ocl_write(dev, table_buf, table, bytes);
-        tb__free(table);
-    }
+    memset(&r, 0, sizeof r);
+    r.p = p;
+    r.dev = tb__ocl_comp_device(p);
+    if (r.dev == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_STATE;
+    tb__ocl_device_lock(r.dev);
+    st = tb__ocl_run_init(&r, arguments);
     for (i = 0; i < p->plan->num_kernels && st == TB_OK; i++) {
-        const tb__plan_kernel *k = &p->plan->kernels[i];
-        const tb__plan_slot *os = &p->plan->slots[k->out_slot];
-        tb__cl_int err = TB__CL_SUCCESS;
-        tb__cl_uint a = 0;
-        if (mems[k->out_slot] == NULL) {
-            size_t size = 0;
-            st = tb_shape_nbytes(&os->shape, &size);
-            if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, size, &owned[k->out_slot]);
-            if (st != TB_OK) break;
-            mems[k->out_slot] = owned[k->out_slot]->mem;
-        }
-        if (p->cl[i] != NULL) {
-            err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
-                                                 &mems[k->out_slot]);
-            for (j = 0; j < k->num_args && err == TB__CL_SUCCESS; j++) {
-                const tb__plan_arg *arg = &k->args[j];
-                if (arg->kind == TB__ARG_BUF) {
-                    err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
-                                                         &mems[arg->index]);
-                } else if (arg->kind == TB__ARG_SCALAR) {
-                    unsigned char bytes[8];
-                    size_t n = tb__ocl_scalar_arg(dev, p->plan->param_dtype[arg->index],
-                                                  arguments[arg->index], bytes);
-                    if (n == 0) {
-                        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
-                        break;
-                    }
-                    err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, n, bytes);
-                } else if (arg->kind == TB__ARG_TABLE) {
-                    err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
-                                                         &table_buf->mem);
-                } else {
-                    err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
-                                                         &err_buf->mem);
-                }
-            }
-            if (st != TB_OK) break;
-            if (err == TB__CL_SUCCESS) {
-                err = tb__ocl_launch(dev, p, i, profile ? &events[i] : NULL);
-                if (tb__cl_is_oom(err) && dev->cache_count > 0) {
-                    /* memory the cache holds may be what the launch is missing */
-                    dev->cache_trims++;
-                    tb__ocl_metric(dev, "OpenCL::CacheTrim", 1);
-                    tb__ocl_cache_trim(dev, 0);
-                    err = tb__ocl_launch(dev, p, i, profile ? &events[i] : NULL);
-                }
-            }
-            if (err != TB__CL_SUCCESS) {
-                st = tb__error(tb__cl_is_oom(err) ? TB_ERR_OUT_OF_MEMORY : TB_ERR_EXECUTE,
-                               "opencl:%d: kernel %s: %s (%d)", (int)p->ordinal, k->name,
-                               tb__cl_error_name(err), (int)err);
-                break;
-            }
-            dev->kernels_launched++;
-            tb__ocl_metric(dev, "OpenCL::KernelLaunch", 1);
-        }
+        st = tb__ocl_run_kernel(&r, i, arguments);
         /* temporaries nobody reads any more go back to the cache (the queue is in order) */
-        for (j = 0; j < p->plan->num_slots; j++) {
-            if (p->plan->slots[j].kind == TB__SLOT_TEMP && owned[j] != NULL &&
+        for (j = 0; j < p->plan->num_slots && st == TB_OK; j++) {
+            if (p->plan->slots[j].kind == TB__SLOT_TEMP && r.owned[j] != NULL &&
                 p->plan->slots[j].last_use <= (int32_t)i) {
-                tb__ocl_buffer_free(owned[j]);
-                owned[j] = NULL;
+                tb__ocl_buffer_free(r.owned[j]);
+                r.owned[j] = NULL;
             }
         }
     }
-    for (i = 0; i < p->plan->num_results && st == TB_OK; i++) {
-        int32_t src = p->plan->result_source[i];
-        size_t size = 0;
-        tb__ocl_buffer *copy = NULL;
-        tb__cl_int err;
-        if (src < 0) continue;
-        st = tb_shape_nbytes(&p->plan->slots[p->plan->result_slot[src]].shape, &size);
-        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, size, &copy);
-        if (st != TB_OK) break;
-        err = size == 0
-                  ? TB__CL_SUCCESS
-                  : TB__OCL_CALL(rt, EnqueueCopyBuffer)(dev->queue, mems[p->plan->result_slot[src]],
-                                                        copy->mem, 0, 0, size, 0, NULL, NULL);
-        if (err != TB__CL_SUCCESS) {
-            tb__ocl_buffer_free(copy);
-            st = tb__error(TB_ERR_EXECUTE, "opencl:%d: clEnqueueCopyBuffer failed: %s (%d)",
-                           (int)p->ordinal, tb__cl_error_name(err), (int)err);
-            break;
-        }
-        results[i]->payload = copy;
-    }
+    if (st == TB_OK) st = tb__ocl_copy_results(&r, results);
     if (st == TB_OK && p->program->save_dir != NULL) {
         /* the first run of a program built here: once its kernels ran, its binary is worth
            the most to the disk cache */
-        TB__OCL_CALL(rt, Finish)(dev->queue);
-        tb__ocl_program_save(dev, p->program);
+        TB__OCL_CALL(r.dev->rt, Finish)(r.dev->queue);
+        tb__ocl_program_save(r.dev, p->program);
     }
-    if (st == TB_OK && err_buf != NULL) {
+    if (st == TB_OK && r.err_buf != NULL) {
         int64_t flag[4];
-        st = tb__ocl_read(dev, err_buf, flag, sizeof flag);
+        st = tb__ocl_read(r.dev, r.err_buf, flag, sizeof flag);
         if (st == TB_OK && flag[0] != 0) st = tb__plan_run_error(p->plan, "opencl", flag);
     }
-    if (st == TB_OK && profile) {
-        TB__OCL_CALL(rt, Finish)(dev->queue);
-        for (i = 0; i < p->plan->num_kernels; i++) {
-            tb__cl_ulong t0 = 0, t1 = 0;
-            double ns;
-            if (events[i] == NULL) continue;
-            TB__OCL_CALL(rt, GetEventProfilingInfo)
-            (events[i], TB__CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
-            TB__OCL_CALL(rt, GetEventProfilingInfo)
-            (events[i], TB__CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
-            ns = t1 > t0 ? (double)(t1 - t0) : 1.0;
-            dev->kernel_ns += (uint64_t)ns;
-            tb_log_message(TB_LOG_DEBUG, "opencl:%d %-24s %10.3f ms %9.2f GB/s %9.2f GFLOP/s",
-                           (int)p->ordinal, p->plan->kernels[i].name, ns / 1e6,
-                           p->plan->kernels[i].bytes / ns, p->plan->kernels[i].flops / ns);
-        }
-    }
-    if (st == TB_OK) {
-        for (i = 0; i < p->plan->num_results; i++) {
-            if (p->plan->result_source[i] >= 0) continue;
-            results[i]->payload = owned[p->plan->result_slot[i]];
-            owned[p->plan->result_slot[i]] = NULL;
-        }
-        TB__OCL_CALL(rt, Flush)(dev->queue);
-    } else {
-        for (i = 0; i < p->plan->num_results; i++) {
-            if (p->plan->result_source[i] >= 0 && results[i]->payload != NULL) {
-                tb__ocl_buffer_free((tb__ocl_buffer *)results[i]->payload);
-                results[i]->payload = NULL;
-            }
-        }
-    }
-done:
-    if (owned != NULL) {
-        for (i = 0; i < p->plan->num_slots; i++)
-            tb__ocl_buffer_free(owned[i]);
-    }
-    if (events != NULL) {
-        for (i = 0; i < p->plan->num_kernels; i++)
-            if (events[i] != NULL) TB__OCL_CALL(rt, ReleaseEvent)(events[i]);
-    }
-    tb__ocl_buffer_free(err_buf);
-    tb__ocl_buffer_free(table_buf);
-    tb__free(owned);
-    tb__free(mems);
-    tb__free(events);
-    tb__mutex_unlock(&tb__ocl_mutex);
+    if (st == TB_OK && tb_debug_level() >= 2) tb__ocl_profile(&r);
+    tb__ocl_run_finish(&r, st, results);
+    tb__ocl_device_release(r.dev);
     return st;
 }
 
@@ -915,8 +965,10 @@ static void tb__ocl_prepare_to_exit(void *user_data) {
     rt = tb__ocl_current;
     if (rt != NULL) {
         for (i = 0; i < rt->num_devices; i++) {
+            tb__mutex_lock(&rt->devices[i].lock);
             tb__ocl_cache_trim(&rt->devices[i], 0);
             tb__ocl_programs_trim(&rt->devices[i], 0);
+            tb__mutex_unlock(&rt->devices[i].lock);
         }
         rt->exited = true;
         tb__ocl_current = NULL;
@@ -1029,10 +1081,11 @@ TBDEF tb_status tb_opencl_tensor_buffer(tb_tensor *tensor, void **mem, size_t *s
     }
     st = tb_shape_nbytes(&data->shape, &n);
     if (st != TB_OK) return st;
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(data->device.ordinal, "tb_opencl_tensor_buffer");
-    if (dev != NULL) m = tb__ocl_data_mem(dev, data);
-    tb__mutex_unlock(&tb__ocl_mutex);
+    dev = tb__ocl_device_acquire(data->device.ordinal, "tb_opencl_tensor_buffer");
+    if (dev != NULL) {
+        m = tb__ocl_data_mem(dev, data);
+        tb__ocl_device_release(dev);
+    }
     if (m == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
     *mem = (void *)m;
     *size = n;
@@ -1063,11 +1116,13 @@ TBDEF tb_status tb_opencl_trim_cache(const tb_device *device) {
     } else {
         for (i = 0; i < rt->num_devices; i++) {
             if (device != NULL && (int32_t)i != ordinal) continue;
+            tb__mutex_lock(&rt->devices[i].lock);
             if (rt->devices[i].cache_count > 0) {
                 rt->devices[i].cache_trims++;
                 tb__ocl_metric(&rt->devices[i], "OpenCL::CacheTrim", 1);
             }
             tb__ocl_cache_trim(&rt->devices[i], 0);
+            tb__mutex_unlock(&rt->devices[i].lock);
         }
     }
     tb__mutex_unlock(&tb__ocl_mutex);

@@ -7,95 +7,13 @@
 
 #ifndef TB_NO_OPENCL
 
-struct tb__ocl_runtime;
-struct tb__ocl_device;
-
-/* A device buffer: the payload of every opencl tb_backend_data. `mem` is NULL for a scalar made
-   by data_from_scalar (its value lives in tb_backend_data.scalar until a kernel needs it in
-   memory). */
-typedef struct tb__ocl_buffer {
-    struct tb__ocl_device *dev;
-    tb__cl_mem mem;
-    size_t size; /* bytes asked for */
-    size_t cap;  /* bytes the cl_mem holds: the size class */
-} tb__ocl_buffer;
-
-/* A built program shared by every computation whose source is the same. */
-typedef struct tb__ocl_program {
-    struct tb__ocl_program *next;
-    uint64_t key[2]; /* tb__ocl_program_key */
-    char *source;    /* confirms a hit on the key */
-    size_t source_len;
-    tb__cl_program program;
-    int32_t refcount; /* computations using it, plus one while it is in the cache */
-    /* the disk cache folder to write the binary to after the first run: some drivers (PoCL)
-       add the machine code of the kernels launched so far to the binary, so a later process
-       skips that compile too; NULL when written, or when the disk cache is off */
-    char *save_dir;
-} tb__ocl_program;
-
-typedef struct tb__ocl_device {
-    struct tb__ocl_runtime *rt;
-    int32_t ordinal;
-    tb__cl_platform_id platform;
-    tb__cl_device_id id;
-    tb_device_info info;
-    char platform_name[128];
-    char platform_version[128];
-    char device_version[128];
-    uint64_t max_alloc;
-    size_t max_parameter_size; /* bytes of kernel arguments */
-    uint32_t clock_mhz;
-    bool correct_divide_sqrt;
-    char build_options[512];
-    /* created on first use */
-    tb__cl_context ctx;
-    tb__cl_command_queue queue;
-    /* the caching allocator: free buffers, oldest first */
-    tb__ocl_buffer **cache;
-    size_t cache_count, cache_cap;
-    uint64_t cached_bytes, cache_limit;
-    uint64_t bytes_in_use, peak_bytes;
-    uint64_t buffers_created, buffers_reused, cache_trims;
-    /* programs and statistics */
-    tb__ocl_program *programs;
-    uint64_t program_builds, disk_hits, disk_misses, disk_rejected, kernels_launched, kernel_ns;
-} tb__ocl_device;
-
-typedef struct tb__ocl_runtime {
-    int32_t refcount; /* the backend's reference, plus one per buffer and computation alive */
-    bool exited;      /* prepare_to_exit ran: nothing is cached any more */
-    tb__cl_api api;
-    tb__ocl_device *devices;
-    size_t num_devices;
-    int32_t default_ordinal;
-    tb_status status; /* TB_OK, or why the backend cannot be used */
-    char reason[512];
-    bool cache_dir_reported; /* why the disk cache folder is not used was said */
-} tb__ocl_runtime;
-
-static tb__mutex tb__ocl_mutex = TB__MUTEX_INIT;
-static tb__ocl_runtime *tb__ocl_current;
-
-#define TB__OCL_CALL(rt, fn) ((rt)->api.fn)
-
-static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p);
-static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p);
-static void tb__ocl_cache_trim(tb__ocl_device *dev, uint64_t keep);
-
+/* Frees the runtime when its last reference goes: every computation (and so every program
+   but the cache's, which prepare_to_exit dropped) and every buffer is gone by then. */
 static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
     size_t i;
     for (i = 0; i < rt->num_devices; i++) {
         tb__ocl_device *dev = &rt->devices[i];
-        tb__ocl_program *p = dev->programs, *next;
-        for (; p != NULL; p = next) {
-            next = p->next;
-            tb__ocl_program_save(dev, p);
-            if (p->program != NULL) TB__OCL_CALL(rt, ReleaseProgram)(p->program);
-            tb__free(p->source);
-            tb__free(p);
-        }
-        dev->programs = NULL;
+        TB_ASSERT(dev->programs == NULL);
         tb__free(dev->cache);
         if (dev->queue != NULL) TB__OCL_CALL(rt, ReleaseCommandQueue)(dev->queue);
         if (dev->ctx != NULL) TB__OCL_CALL(rt, ReleaseContext)(dev->ctx);
@@ -105,7 +23,7 @@ static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
 }
 
 static void tb__ocl_runtime_unref(tb__ocl_runtime *rt) {
-    if (rt != NULL && --rt->refcount == 0) tb__ocl_runtime_destroy(rt);
+    if (rt != NULL && TB__ATOMIC_ADD(&rt->refcount, -1) == 0) tb__ocl_runtime_destroy(rt);
 }
 
 static void tb__ocl_unavailable(tb__ocl_runtime *rt, tb_status status, const char *fmt, ...)
@@ -323,6 +241,10 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
                 tb__free(rt->devices);
                 rt->devices = grown;
                 rt->devices[total].rt = rt;
+                {
+                    static const tb__mutex unlocked = TB__MUTEX_INIT;
+                    rt->devices[total].lock = unlocked;
+                }
                 rt->devices[total].ordinal = (int32_t)total;
                 rt->devices[total].platform = platforms[p];
                 rt->devices[total].id = ids[d];
@@ -427,6 +349,35 @@ static tb__ocl_device *tb__ocl_device_get(int32_t ordinal, const char *func) {
     return dev;
 }
 
+static void tb__ocl_runtime_ref(tb__ocl_runtime *rt) {
+    (void)TB__ATOMIC_ADD(&rt->refcount, 1);
+}
+
+/* The device of an ordinal, locked for the caller, with a reference on its runtime: every use
+   of a device's memory, programs or queue goes between this and tb__ocl_device_release. NULL
+   with the error set. */
+static tb__ocl_device *tb__ocl_device_acquire(int32_t ordinal, const char *func) {
+    tb__ocl_device *dev;
+    tb__mutex_lock(&tb__ocl_mutex);
+    dev = tb__ocl_device_get(ordinal, func);
+    if (dev != NULL) tb__ocl_runtime_ref(dev->rt);
+    tb__mutex_unlock(&tb__ocl_mutex);
+    if (dev != NULL) tb__mutex_lock(&dev->lock);
+    return dev;
+}
+
+/* Locks a device known through one of its buffers or computations (which keep its runtime). */
+static void tb__ocl_device_lock(tb__ocl_device *dev) {
+    tb__ocl_runtime_ref(dev->rt);
+    tb__mutex_lock(&dev->lock);
+}
+
+static void tb__ocl_device_release(tb__ocl_device *dev) {
+    tb__ocl_runtime *rt = dev->rt;
+    tb__mutex_unlock(&dev->lock);
+    tb__ocl_runtime_unref(rt);
+}
+
 /* ---- the caching allocator ---- */
 
 static void tb__ocl_metric(tb__ocl_device *dev, const char *name, int64_t delta) {
@@ -514,7 +465,7 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
     buf->mem = mem;
     buf->size = size;
     buf->cap = cap;
-    rt->refcount++;
+    (void)TB__ATOMIC_ADD(&rt->refcount, 1);
     dev->buffers_created++;
     dev->bytes_in_use += cap;
     if (dev->bytes_in_use > dev->peak_bytes) dev->peak_bytes = dev->bytes_in_use;

@@ -166,10 +166,10 @@ static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, si
         }
     }
     if (prog != NULL) {
-        dev->disk_hits++;
+        (void)TB__ATOMIC_ADD(&dev->disk_hits, 1);
         tb__ocl_metric(dev, "OpenCL::DiskCacheHit", 1);
     } else {
-        dev->disk_misses++;
+        (void)TB__ATOMIC_ADD(&dev->disk_misses, 1);
         tb__ocl_metric(dev, "OpenCL::DiskCacheMiss", 1);
         if (why != NULL) {
             if (tb_debug_level() >= 1) {
@@ -177,7 +177,7 @@ static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, si
                                (int)dev->ordinal, path, why);
             }
             tb__disk_reject(path);
-            dev->disk_rejected++;
+            (void)TB__ATOMIC_ADD(&dev->disk_rejected, 1);
             tb__ocl_metric(dev, "OpenCL::DiskCacheRejected", 1);
         }
     }
@@ -186,24 +186,71 @@ static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, si
     return prog;
 }
 
-/* The built program for a source: from memory, from the disk cache, or built now. */
+/* The cached program of a source, with a reference for the caller, or NULL. `count`: the
+   lookup counts its hit or its key collisions. Call with the device's lock held. */
+static tb__ocl_program *tb__ocl_program_find(tb__ocl_device *dev, const uint64_t key[2],
+                                             const char *src, size_t len, bool count) {
+    tb__ocl_program *p;
+    for (p = dev->programs; p != NULL; p = p->next) {
+        if (p->key[0] != key[0] || p->key[1] != key[1]) continue;
+        if (p->source_len != len || memcmp(p->source, src, len) != 0) {
+            if (count) tb__ocl_metric(dev, "OpenCL::ProgramKeyCollision", 1);
+            continue;
+        }
+        p->refcount++;
+        if (count) tb__ocl_metric(dev, "OpenCL::ProgramCacheHit", 1);
+        return p;
+    }
+    return NULL;
+}
+
+/* Builds a program from source; NULL with the error set (the build log in the message). */
+static tb__cl_program tb__ocl_build_source(tb__ocl_device *dev, const char *src, size_t len) {
+    tb__ocl_runtime *rt = dev->rt;
+    tb__cl_int err = TB__CL_SUCCESS;
+    const char *srcs[1];
+    tb__cl_program prog;
+    char *log;
+    srcs[0] = src;
+    prog = TB__OCL_CALL(rt, CreateProgramWithSource)(dev->ctx, 1, srcs, &len, &err);
+    if (prog == NULL || err != TB__CL_SUCCESS) {
+        tb__error(TB_ERR_COMPILE, "opencl:%d: clCreateProgramWithSource failed: %s (%d)",
+                  (int)dev->ordinal, tb__cl_error_name(err), (int)err);
+        return NULL;
+    }
+    (void)TB__ATOMIC_ADD(&dev->program_builds, 1);
+    tb__ocl_metric(dev, "OpenCL::ProgramBuild", 1);
+    err = TB__OCL_CALL(rt, BuildProgram)(prog, 1, &dev->id, dev->build_options, NULL, NULL);
+    if (err == TB__CL_SUCCESS) return prog;
+    log = tb__ocl_build_log(dev, prog);
+    if (log != NULL && tb_debug_level() >= 1) {
+        tb_log_message(TB_LOG_ERROR, "opencl:%d: build log:\n%s", (int)dev->ordinal, log);
+    }
+    tb__error(TB_ERR_COMPILE,
+              "opencl:%d (%s): the program does not build: %s (%d); "
+              "build log:\n%.800s",
+              (int)dev->ordinal, dev->info.name, tb__cl_error_name(err), (int)err,
+              log != NULL ? log : "(none)");
+    tb__free(log);
+    TB__OCL_CALL(rt, ReleaseProgram)(prog);
+    return NULL;
+}
+
+/* The built program for a source: from memory, from the disk cache, or built now. Call
+   without the device's lock (it is taken to look the cache up and to add to it; the build runs
+   without it, so another device, or another graph of this one, runs meanwhile). Two threads
+   building one source at once both build it; the first to finish is kept. */
 static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_t len,
                                      tb__ocl_program **out) {
-    tb__ocl_runtime *rt = dev->rt;
     uint64_t key[2];
     tb__ocl_program *p;
     tb__cl_program prog;
     char *save_dir = NULL, *source;
-    tb__cl_int err = TB__CL_SUCCESS;
     tb__ocl_program_key(dev, src, len, key);
-    for (p = dev->programs; p != NULL; p = p->next) {
-        if (p->key[0] != key[0] || p->key[1] != key[1]) continue;
-        if (p->source_len != len || memcmp(p->source, src, len) != 0) {
-            tb__ocl_metric(dev, "OpenCL::ProgramKeyCollision", 1);
-            continue;
-        }
-        p->refcount++;
-        tb__ocl_metric(dev, "OpenCL::ProgramCacheHit", 1);
+    tb__ocl_device_lock(dev);
+    p = tb__ocl_program_find(dev, key, src, len, true);
+    tb__ocl_device_release(dev);
+    if (p != NULL) {
         *out = p;
         return TB_OK;
     }
@@ -212,43 +259,14 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
     memcpy(source, src, len);
     source[len] = '\0';
     prog = tb__ocl_disk_load(dev, src, len, key, &save_dir);
-    if (prog == NULL) {
-        const char *srcs[1];
-        srcs[0] = src;
-        prog = TB__OCL_CALL(rt, CreateProgramWithSource)(dev->ctx, 1, srcs, &len, &err);
-        if (prog == NULL || err != TB__CL_SUCCESS) {
-            tb__free(save_dir);
-            tb__free(source);
-            return tb__error(TB_ERR_COMPILE, "opencl:%d: clCreateProgramWithSource failed: %s (%d)",
-                             (int)dev->ordinal, tb__cl_error_name(err), (int)err);
-        }
-        dev->program_builds++;
-        tb__ocl_metric(dev, "OpenCL::ProgramBuild", 1);
-        err = TB__OCL_CALL(rt, BuildProgram)(prog, 1, &dev->id, dev->build_options, NULL, NULL);
-        if (err != TB__CL_SUCCESS) {
-            char *log = tb__ocl_build_log(dev, prog);
-            tb_status st;
-            if (log != NULL && tb_debug_level() >= 1) {
-                tb_log_message(TB_LOG_ERROR, "opencl:%d: build log:\n%s", (int)dev->ordinal, log);
-            }
-            st = tb__error(TB_ERR_COMPILE,
-                           "opencl:%d (%s): the program does not build: %s (%d); "
-                           "build log:\n%.800s",
-                           (int)dev->ordinal, dev->info.name, tb__cl_error_name(err), (int)err,
-                           log != NULL ? log : "(none)");
-            tb__free(log);
-            TB__OCL_CALL(rt, ReleaseProgram)(prog);
-            tb__free(save_dir);
-            tb__free(source);
-            return st;
-        }
-    }
-    p = (tb__ocl_program *)tb__calloc(1, sizeof *p);
+    if (prog == NULL) prog = tb__ocl_build_source(dev, src, len);
+    p = prog != NULL ? (tb__ocl_program *)tb__calloc(1, sizeof *p) : NULL;
     if (p == NULL) {
-        TB__OCL_CALL(rt, ReleaseProgram)(prog);
+        tb_status st = prog != NULL ? TB_ERR_OUT_OF_MEMORY : tb_last_status();
+        if (prog != NULL) TB__OCL_CALL(dev->rt, ReleaseProgram)(prog);
         tb__free(save_dir);
         tb__free(source);
-        return TB_ERR_OUT_OF_MEMORY;
+        return st;
     }
     p->key[0] = key[0];
     p->key[1] = key[1];
@@ -257,10 +275,22 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
     p->program = prog;
     p->save_dir = save_dir; /* written after the first run (tb__ocl_program_save) */
     p->refcount = 2;        /* the cache and the caller */
-    p->next = dev->programs;
-    dev->programs = p;
-    tb__ocl_programs_trim(dev, TB__OCL_MAX_PROGRAMS);
-    *out = p;
+    tb__ocl_device_lock(dev);
+    *out = tb__ocl_program_find(dev, key, src, len, false);
+    if (*out == NULL) {
+        p->next = dev->programs;
+        dev->programs = p;
+        tb__ocl_programs_trim(dev, TB__OCL_MAX_PROGRAMS);
+        *out = p;
+        p = NULL;
+    }
+    tb__ocl_device_release(dev);
+    if (p != NULL) { /* built meanwhile by another thread: theirs is kept */
+        TB__OCL_CALL(dev->rt, ReleaseProgram)(p->program);
+        tb__free(p->save_dir);
+        tb__free(p->source);
+        tb__free(p);
+    }
     return TB_OK;
 }
 

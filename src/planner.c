@@ -18,47 +18,6 @@
 
 /* ---- tuning: one table per device class ---- */
 
-/* The numbers that shape kernels for a class of device. A backend picks the table of its
-   device and may hand the planner a copy with changes (tests, experiments). */
-typedef struct tb__tuning {
-    const char *name;
-    /* reductions and norms over rows */
-    int32_t reduce_lanes;     /* independent accumulators per work item and row (1: one) */
-    int32_t max_group;        /* largest work-group for one row; 1: a work item per row always */
-    int64_t group_min_len;    /* rows shorter than this get one work item each */
-    int32_t item_rows_per_cu; /* from this many rows per compute unit, a work item per row */
-    int32_t gpu_rows;         /* GPUs: one item per row when rows >= compute units x this and
-                                 the row is not contiguous (neighbours read neighbours); 0: off */
-    /* split reductions: few outputs over many elements */
-    int64_t split_min_len;       /* rows shorter than this are not split */
-    int64_t split_min_chunk;     /* elements per chunk at least */
-    int32_t split_chunks_per_cu; /* outputs x chunks wanted per compute unit */
-    int32_t split_max_chunks;
-    /* matmul */
-    int32_t mm_kind;     /* TB__MM_PACKED (registers as fallback) or TB__MM_TILES */
-    int32_t mm_reg_rows; /* register block of the unpacked kernel: rows x columns */
-    int32_t mm_reg_cols;
-    int32_t mm_reg_group_x; /* its work-group */
-    int32_t mm_reg_group_y;
-    int32_t mm_panel_rows; /* packed: rows of A per panel and per work item */
-    int32_t mm_vec_f32;    /* packed: columns of B per panel (one vector) for f32 and f64 */
-    int32_t mm_vec_f64;
-    int32_t mm_pack_group_k;  /* pack kernels: work-group of vector width x this */
-    int64_t mm_pack_min_work; /* M x N x K below this: not packed */
-    int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
-    int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
-    int32_t mm_tile_k;        /* tiles: depth of a tile */
-    /* budgets of one kernel's code */
-    int64_t values_per_kernel;  /* values a kernel computes per output element */
-    int32_t positions_per_node; /* positions one node is evaluated at in one kernel */
-    int32_t nesting;            /* pad, concat and gather nested in one kernel */
-    /* launch */
-    int32_t item_group; /* preferred work-group of kernels launched over items */
-} tb__tuning;
-
-enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
-enum { TB__CLASS_CPU, TB__CLASS_GPU, TB__CLASS_HOST };
-
 /* The table of a device class:
    - TB__CLASS_CPU, CPU devices of OpenCL (PoCL and others): no local memory worth using; the
      driver vectorises work items, so a row kernel gives each work item a row (or a chunk of
@@ -100,144 +59,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->item_group = gpu ? 256 : (host ? 1 : 128);
 }
 
-/* What the planner knows of the device. */
-typedef struct tb__target {
-    const tb__tuning *tuning;
-    uint32_t compute_units;
-    uint32_t max_group;      /* the device's largest work-group */
-    uint64_t max_allocation; /* bytes; 0: unknown */
-    size_t max_args;         /* kernel arguments the device takes (8 bytes each) */
-    bool f64;                /* double precision is available */
-    bool acc_f64;            /* f32 sums accumulate in double (cheap on CPUs with fp64) */
-} tb__target;
-
-/* ---- the plan ---- */
-
-enum {
-    TB__K_ELEMENTWISE,
-    TB__K_REDUCE,
-    TB__K_MATMUL,
-    TB__K_NORM,
-    TB__K_PARTIAL, /* first stage of a split reduction: partial results per chunk */
-    TB__K_PACK_A,  /* a matmul's left operand copied into row panels */
-    TB__K_PACK_B   /* a matmul's right operand copied into column panels */
-};
-enum { TB__SLOT_PARAM, TB__SLOT_RESULT, TB__SLOT_TEMP };
-/* a kernel's arguments after its output: buffers, scalars by value, the error flag buffer,
-   the table of scalars (graphs with many scalars) */
-enum { TB__ARG_BUF, TB__ARG_SCALAR, TB__ARG_ERR, TB__ARG_TABLE };
-
-/* Graphs with more scalar parameters than this pass them in a table (one small buffer written
-   before the kernels) rather than as kernel arguments: devices may accept as little as 1024
-   bytes of arguments per kernel. */
-#define TB__PLAN_MAX_SCALAR_ARGS 16
-/* the context of a view that every kernel reading it evaluates itself */
-#define TB__CTX_ANY (-3)
-
-typedef struct tb__plan_arg {
-    int32_t kind;
-    int32_t index; /* a slot for buffers, a parameter for scalars */
-} tb__plan_arg;
-
-typedef struct tb__plan_kernel {
-    int32_t kind;
-    int32_t root, core; /* node indices; core -1 for elementwise kernels */
-    int32_t owner; /* the kernel whose nodes it evaluates: itself, or the kernel it is a stage of
-                      (the final stage of a split reduction, a matmul reading panels) */
-    int32_t split; /* a split reduction's chunk count (both stages), else 0 */
-    int32_t partial_slot; /* the final stage: the partial results it reads */
-    int32_t mm;           /* matmul: TB__MM_* */
-    int32_t pack_slot[2]; /* a packed matmul: the panels of A and B */
-    int32_t out_slot;
-    char name[64];
-    tb__plan_arg *args;
-    size_t num_args;
-    /* layout */
-    int32_t group;  /* reductions and norms: work items per row (1: one item per row) */
-    int32_t lanes;  /* reductions: independent accumulators per item */
-    bool suffix;    /* reductions: the reduced axes are the trailing ones (rows contiguous) */
-    tb_dtype acc;   /* reductions, norms: the accumulator dtype */
-    int32_t rm, rn; /* matmul: outputs per work item (rows, columns); packed: rm x vector */
-    int32_t tk;     /* matmul in tiles: depth of a tile */
-    /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
-       work-group), or fixed work-group sizes and counts */
-    uint32_t work_dim;
-    uint64_t items;
-    size_t group_size[3];
-    size_t groups[3];
-    bool empty; /* no work item: not emitted, not launched */
-    double flops, bytes;
-} tb__plan_kernel;
-
-typedef struct tb__plan_slot {
-    int32_t kind;
-    int32_t index; /* parameter or result index */
-    tb_shape shape;
-    int32_t last_use; /* the last kernel reading or writing it */
-} tb__plan_slot;
-
-/* Where a run-time error flag came from (out-of-range gather index, negative integer power). */
-typedef struct tb__errsite {
-    tb_op op;
-    int32_t node;
-    int32_t dim;
-    int64_t size;
-} tb__errsite;
-
-/* A planned graph: what a backend needs to run it besides its code; no node pointers. */
-typedef struct tb__plan {
-    uint64_t graph_hash;
-    size_t num_params, num_results;
-    int32_t *param_scalar; /* 1: passed by value (SCALAR); 0: a buffer */
-    tb_dtype *param_dtype;
-    int32_t *result_slot;   /* per result: the slot holding it */
-    int32_t *result_source; /* per result: -1, or an earlier result it duplicates */
-    tb__plan_slot *slots;
-    size_t num_slots, cap_slots;
-    tb__plan_kernel *kernels;
-    size_t num_kernels, cap_kernels;
-    tb__errsite *errsites;
-    size_t num_errsites, cap_errsites;
-    bool scalar_table; /* scalars in a table buffer (8 bytes each, by parameter index) */
-    /* per graph node (post-order): the kernel computing it, -1 for none (get_node_kernel) */
-    int32_t *node_kernel;
-    size_t num_nodes;
-} tb__plan;
-
-/* ---- the planner's view of a graph (alive while the graph is lowered) ---- */
-
-typedef struct tb__pnode {
-    const tb_node *node;
-    int32_t first_operand; /* into tb__pgraph.operands */
-    int32_t first_user;    /* into tb__pgraph.users */
-    int32_t num_users;     /* distinct users */
-    int32_t uses;          /* operand slots that name it */
-    int32_t param, result, slot;
-    int32_t ctx; /* the kernel evaluating it (its own kernel when it is a root) */
-    bool root, ident, in_mm, force_root;
-    int32_t depth;      /* pad/concat/gather above it in its kernel */
-    int32_t keys_first; /* its positions in its kernel: keys[keys_first .. + keys_count] */
-    int32_t keys_count;
-} tb__pnode;
-
-typedef struct tb__pgraph {
-    const tb_graph *graph;
-    const tb__target *target;
-    size_t n;
-    tb__pnode *info;
-    int32_t *operands;
-    int32_t *users;
-    /* node pointer -> index */
-    const tb_node **map_keys;
-    int32_t *map_vals;
-    size_t map_cap;
-    tb__plan *plan;
-    /* positions of the partition under way */
-    uint64_t *keys;
-    size_t num_keys, cap_keys;
-    int64_t *kernel_values; /* per kernel: values it computes per output element */
-    size_t cap_kernel_values;
-} tb__pgraph;
+/* ---- tuning: one table per device class ---- */
 
 /* ---- small helpers ---- */
 
@@ -861,11 +683,6 @@ static tb_status tb__plan_split_reductions(tb__pgraph *G) {
     }
     return TB_OK;
 }
-
-/* A matmul core's sizes: batch (the product of the leading dims), M, N and K. */
-typedef struct tb__plan_mm {
-    int64_t batch, m, n, k;
-} tb__plan_mm;
 
 static tb__plan_mm tb__plan_mm_of(const tb__pgraph *G, int32_t core) {
     const tb_shape *cs = tb__plan_shape(G, core);

@@ -21,6 +21,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
+#include <pthread.h>
+#include <time.h>
 
 /* The backend under test: "opencl" here; tests/test_native.c includes this file for the native
    backend (the same op suite; the tests of OpenCL's own machinery only run for "opencl"). */
@@ -2862,6 +2864,97 @@ static void test_run_time_errors(void **state) {
 
 /* ---- two devices ---- */
 
+/* Two threads on two devices run at once: a run on opencl:0 stops, while it holds its device,
+   in the logger's callback of its first kernel line (TB_DEBUG=2), until a whole sync on
+   opencl:1 has finished on another thread. With one lock for the backend that sync would wait
+   for the first run: the first thread's wait ends after 60 s and the test fails (a guard
+   against a hang, not a timing threshold). */
+static pthread_mutex_t g_par_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_par_cond = PTHREAD_COND_INITIALIZER;
+static int g_par_inside, g_par_other_done, g_par_timed_out;
+static pthread_t g_par_waiter;
+
+static void par_logger(tb_log_level level, const char *message, void *user_data) {
+    struct timespec until;
+    (void)level, (void)user_data;
+    if (strncmp(message, "opencl:0 ", 9) != 0 || !pthread_equal(pthread_self(), g_par_waiter))
+        return;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 60;
+    pthread_mutex_lock(&g_par_lock);
+    if (!g_par_inside) {
+        g_par_inside = 1;
+        pthread_cond_broadcast(&g_par_cond);
+        while (!g_par_other_done && !g_par_timed_out) {
+            if (pthread_cond_timedwait(&g_par_cond, &g_par_lock, &until) != 0) g_par_timed_out = 1;
+        }
+    }
+    pthread_mutex_unlock(&g_par_lock);
+}
+
+static void *par_run_device0(void *arg) {
+    tb_tensor *y = (tb_tensor *)arg;
+    return (void *)(intptr_t)tb_sync(&y, 1);
+}
+
+static void test_two_devices_run_at_once(void **state) {
+    float a[256], got[256];
+    tb_shape s = shp(TB_F32, 1, 256, 0, 0, 0);
+    tb_device d0, d1;
+    tb_desc desc;
+    tb_tensor *x0, *y0, *x1, *y1;
+    size_t count = 0;
+    void *rc = NULL;
+    int i;
+    (void)state;
+    REQUIRE_OPENCL();
+    assert_int_equal(tb_backend_devices("opencl", NULL, 0, &count), TB_OK);
+    if (count < 2) {
+        print_message("one OpenCL device only (POCL_DEVICES=\"pthread pthread\" gives two)\n");
+        skip();
+    }
+    tb_shutdown();
+    memset(&desc, 0, sizeof desc);
+    desc.debug = 2;
+    desc.logger.func = par_logger;
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    assert_int_equal(tb_device_make("opencl", 0, &d0), TB_OK);
+    assert_int_equal(tb_device_make("opencl", 1, &d1), TB_OK);
+    for (i = 0; i < 256; i++)
+        a[i] = (float)i;
+    x0 = tb_tensor_from_host(a, &s, &d0);
+    y0 = tb_mul_scalar(x0, 2.0);
+    x1 = tb_tensor_from_host(a, &s, &d1);
+    y1 = tb_add_scalar(x1, 1.0);
+    g_par_inside = g_par_other_done = g_par_timed_out = 0;
+    assert_int_equal(pthread_create(&g_par_waiter, NULL, par_run_device0, y0), 0);
+    pthread_mutex_lock(&g_par_lock);
+    while (!g_par_inside)
+        pthread_cond_wait(&g_par_cond, &g_par_lock);
+    pthread_mutex_unlock(&g_par_lock);
+    /* opencl:0 is in the middle of a run: opencl:1 compiles and runs a graph meanwhile */
+    assert_int_equal(tb_tensor_to_host(y1, got, sizeof got), TB_OK);
+    for (i = 0; i < 256; i++)
+        assert_true(got[i] == (float)i + 1.0f);
+    pthread_mutex_lock(&g_par_lock);
+    g_par_other_done = 1;
+    pthread_cond_broadcast(&g_par_cond);
+    pthread_mutex_unlock(&g_par_lock);
+    pthread_join(g_par_waiter, &rc);
+    assert_false(g_par_timed_out);
+    assert_int_equal((int)(intptr_t)rc, TB_OK);
+    assert_int_equal(tb_tensor_to_host(y0, got, sizeof got), TB_OK);
+    for (i = 0; i < 256; i++)
+        assert_true(got[i] == (float)i * 2.0f);
+    tb_tensor_release(y0);
+    tb_tensor_release(x0);
+    tb_tensor_release(y1);
+    tb_tensor_release(x1);
+    tb_shutdown();
+    assert_int_equal(tb_setup(NULL), TB_OK);
+    probe();
+}
+
 static void test_two_devices(void **state) {
     tb_device d1;
     size_t count = 0;
@@ -4141,6 +4234,7 @@ int main(void) {
         cmocka_unit_test(test_dot_compile_error_plain),
         cmocka_unit_test(test_allocation_too_large),
         cmocka_unit_test(test_two_devices),
+        cmocka_unit_test(test_two_devices_run_at_once),
         cmocka_unit_test(test_disk_cache),
         cmocka_unit_test(test_disk_cache_forged_entry),
         cmocka_unit_test(test_disk_cache_fifo_entry),
