@@ -13665,6 +13665,9 @@ typedef struct tb__tuning {
     int32_t nesting;            /* pad, concat and gather nested in one kernel */
     /* launch */
     int32_t item_group; /* preferred work-group of kernels launched over items */
+    /* rows read in order: f32 elements per vector (a work item's row loop reads that many at
+       once); 0: no vectors (rows are spread over a work-group instead) */
+    int32_t vec_width;
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
@@ -13723,12 +13726,14 @@ typedef struct tb__plan_kernel {
     tb__plan_arg *args;
     size_t num_args;
     /* layout */
-    int32_t group;  /* reductions and norms: work items per row (1: one item per row) */
-    int32_t lanes;  /* reductions: independent accumulators per item */
-    bool suffix;    /* reductions: the reduced axes are the trailing ones (rows contiguous) */
-    tb_dtype acc;   /* reductions, norms: the accumulator dtype */
-    int32_t rm, rn; /* matmul: outputs per work item (rows, columns); packed: rm x vector */
-    int32_t tk;     /* matmul in tiles: depth of a tile */
+    int32_t group;    /* reductions and norms: work items per row (1: one item per row) */
+    int32_t lanes;    /* reductions: independent accumulators per item */
+    bool suffix;      /* reductions: the reduced axes are the trailing ones (rows contiguous) */
+    tb_dtype acc;     /* reductions, norms: the accumulator dtype */
+    int32_t vec;      /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
+    int32_t vec_axes; /* the row's trailing axes the vectors run along */
+    int32_t rm, rn;   /* matmul: outputs per work item (rows, columns); packed: rm x vector */
+    int32_t tk;       /* matmul in tiles: depth of a tile */
     /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
        work-group), or fixed work-group sizes and counts */
     uint32_t work_dim;
@@ -13824,6 +13829,9 @@ static void tb__plan_free(tb__plan *p);
 static void tb__pgraph_free(tb__pgraph *G);
 /* the error a run reports from its error flag (flag[0]: 1 + the errsite) */
 static tb_status tb__plan_run_error(const tb__plan *p, const char *who, const int64_t flag[4]);
+/* how an operand's dims run along a node's row (its last row_axes axes) */
+enum { TB__ROW_ALIGNED, TB__ROW_CONSTANT, TB__ROW_OTHER };
+static int32_t tb__plan_row_relation(const tb_shape *ds, const tb_shape *os, int32_t row_axes);
 /* the desc of a custom op (NULL for built-ins) */
 static const tb_custom_op_desc *tb__plan_custom(tb_op op);
 /* what the renderer asks of a planned graph */
@@ -13866,7 +13874,7 @@ typedef struct tb__pos {
 
 /* what the memo holds: a value v<n> of a node at a position (the renderer's), or the first of
    the variables an unravelled flat form was split into */
-enum { TB__MEMO_VALUE = 1, TB__MEMO_UNRAVEL = 2 };
+enum { TB__MEMO_VALUE = 1, TB__MEMO_UNRAVEL = 2, TB__MEMO_VECTOR = 3 };
 
 typedef struct tb__ix_memo {
     uint64_t key;
@@ -14444,6 +14452,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->positions_per_node = 64;
     t->nesting = 64;
     t->item_group = gpu ? 256 : (host ? 1 : 128);
+    t->vec_width = gpu ? 0 : 16;
 }
 
 /* ---- tuning: one table per device class ---- */
@@ -15457,6 +15466,137 @@ static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
     return TB_OK;
 }
 
+/* ---- vectors along rows ----
+   A row kernel whose work item reads its row in order (one item per row, the row contiguous)
+   evaluates the row W elements at a time when every node it evaluates along the row can be:
+   f32 ops of a small set over operands that are aligned with the row (equal dims: W
+   consecutive elements), constant along it (one element, or dims of 1 across the row's axes:
+   evaluated once per step as scalars) or loads of buffers of the row's dims. */
+
+#define TB__PLAN_VEC_NODES 256 /* nodes of a subtree evaluated as vectors, at most */
+
+static bool tb__plan_vec_op(const tb_node *n) {
+    if (n->shape.dtype != TB_F32) return false;
+    switch (n->op) {
+    case TB_OP_ADD:
+    case TB_OP_SUB:
+    case TB_OP_MUL:
+    case TB_OP_DIV:
+    case TB_OP_NEG:
+    case TB_OP_ABS:
+    case TB_OP_EXP:
+    case TB_OP_RECIPROCAL:
+    case TB_OP_MAXIMUM:
+    case TB_OP_MINIMUM:
+    case TB_OP_RELU:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* How operand dims `os` run along the row of a node with dims `ds` (the last `row_axes` axes):
+   TB__ROW_ALIGNED when its dims there equal the node's (W consecutive elements: it is
+   broadcast along the leading axes at most), TB__ROW_CONSTANT when they are 1 or absent (one
+   value for the whole row), else TB__ROW_OTHER. */
+static int32_t tb__plan_row_relation(const tb_shape *ds, const tb_shape *os, int32_t row_axes) {
+    int32_t a, off = ds->rank - os->rank;
+    bool aligned = true, constant = true;
+    for (a = ds->rank - row_axes; a < ds->rank; a++) {
+        int32_t oa = a - off;
+        int64_t od = oa >= 0 ? os->dims[oa] : 1;
+        if (od != ds->dims[a]) aligned = false;
+        if (od != 1) constant = false;
+    }
+    if (aligned && tb__plan_numel(os) > 1) return TB__ROW_ALIGNED;
+    return constant ? TB__ROW_CONSTANT : TB__ROW_OTHER;
+}
+
+/* Whether the nodes kernel k evaluates from `start` (aligned with the row, whose last
+   `row_axes` axes run along it) can all be evaluated as vectors; `stop`, when >= 0, is a node
+   whose vector the kernel has already (the core under an epilogue). */
+static bool tb__plan_vec_subtree(const tb__pgraph *G, const tb__plan_kernel *k, int32_t start,
+                                 int32_t stop, int32_t row_axes) {
+    int32_t stack[TB__PLAN_VEC_NODES];
+    int32_t sp = 0, seen = 0;
+    stack[sp++] = start;
+    while (sp > 0) {
+        int32_t n = stack[--sp];
+        const tb__pnode *in = &G->info[n];
+        size_t j;
+        if (++seen > TB__PLAN_VEC_NODES) return false;
+        if (n == stop) continue;
+        if (in->param >= 0 || (in->root && n != k->root)) {
+            if (in->node->shape.dtype != TB_F32) return false;
+            continue; /* a load of W elements */
+        }
+        if (in->ctx != k->owner || !tb__plan_vec_op(in->node)) return false;
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t o = tb__plan_operand(G, n, j);
+            int32_t rel = tb__plan_row_relation(&in->node->shape, tb__plan_shape(G, o), row_axes);
+            if (rel == TB__ROW_ALIGNED) {
+                if (sp >= TB__PLAN_VEC_NODES) return false;
+                stack[sp++] = o;
+            } else if (rel == TB__ROW_OTHER) {
+                return false; /* broadcast along the row: not consecutive elements */
+            }
+        }
+    }
+    return true;
+}
+
+/* The vector width of a row kernel (0: scalar), after its layout is chosen. */
+static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k) {
+    int32_t w = G->target->tuning->vec_width, x, axes;
+    const tb_node *cn;
+    const tb_shape *xs;
+    int64_t len;
+    if (w <= 0) return 0;
+    if (k->kind == TB__K_ELEMENTWISE) {
+        /* blocks of W along the last axis, which W divides (blocks never cross rows) */
+        const tb_shape *rs = tb__plan_shape(G, k->root);
+        if (rs->dtype != TB_F32 || rs->rank < 1 || rs->dims[rs->rank - 1] % w != 0 ||
+            tb__plan_numel(rs) < 64 * w || G->info[k->root].param >= 0)
+            return 0;
+        return tb__plan_vec_subtree(G, k, k->root, -1, 1) ? w : 0;
+    }
+    if (k->group > 1 || !k->suffix) return 0;
+    cn = G->info[k->core].node;
+    x = tb__plan_operand(G, k->core, 0);
+    xs = tb__plan_shape(G, x);
+    if (xs->dtype != TB_F32) return 0;
+    if (k->kind == TB__K_NORM) {
+        size_t j;
+        axes = cn->op == TB_OP_LAYER_NORM ? (int32_t)cn->attrs[0] : 1;
+        len = 1;
+        for (j = (size_t)(xs->rank - axes); j < (size_t)xs->rank; j++)
+            len *= xs->dims[j];
+        if (len < 2 * w || !tb__plan_vec_subtree(G, k, x, -1, axes)) return 0;
+        for (j = 1; j < cn->num_operands; j++) /* weight and bias, along the row */
+            if (!tb__plan_vec_subtree(G, k, tb__plan_operand(G, k->core, j), -1, axes)) return 0;
+        /* the epilogue stores W outputs at once */
+        return tb__plan_vec_subtree(G, k, k->root, k->core, axes) ? w : 0;
+    }
+    if ((k->kind != TB__K_REDUCE && k->kind != TB__K_PARTIAL) ||
+        (k->kind == TB__K_REDUCE && k->split > 0))
+        return 0;
+    if (cn->op != TB_OP_SUM && cn->op != TB_OP_MEAN && cn->op != TB_OP_MAX && cn->op != TB_OP_MIN &&
+        cn->op != TB_OP_PROD)
+        return 0;
+    {
+        int64_t n_out, m;
+        int32_t a;
+        uint64_t mask = (uint64_t)cn->attrs[0];
+        tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+        if (k->kind == TB__K_PARTIAL) m = (m + k->split - 1) / k->split;
+        axes = 0;
+        for (a = 0; a < xs->rank; a++)
+            if ((mask >> a) & 1u) axes++;
+        if (m < 2 * w) return 0;
+    }
+    return tb__plan_vec_subtree(G, k, x, -1, axes) ? w : 0;
+}
+
 /* ---- layouts and launch geometry ---- */
 
 /* Work items per row for a kernel with `rows` rows of `len` elements (1: one work item per
@@ -15522,6 +15662,11 @@ static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
         tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
     }
     k->lanes = (k->group == 1 && !is_arg && lanes > 1 && m >= 4 * lanes) ? lanes : 1;
+    k->vec = tb__plan_vec_width(G, k);
+    if (k->vec > 0) {
+        k->acc = tb__plan_shape(G, k->core)->dtype; /* f32 vectors, several lanes each */
+        k->lanes = 2;                               /* vector accumulators */
+    }
 }
 
 static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
@@ -15540,6 +15685,11 @@ static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
     k->suffix = layer || cn->attrs[0] == xs->rank - 1;
     k->acc = cn->shape.dtype == TB_F32 && G->target->acc_f64 ? TB_F64 : cn->shape.dtype;
     tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
+    k->vec = tb__plan_vec_width(G, k);
+    if (k->vec > 0) {
+        k->acc = TB_F32;
+        k->vec_axes = layer ? (int32_t)cn->attrs[0] : 1;
+    }
 }
 
 static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
@@ -15625,6 +15775,11 @@ static void tb__plan_layout(tb__pgraph *G) {
             k->work_dim = 1;
             k->items = (uint64_t)tb__plan_numel(tb__plan_shape(G, k->root));
             k->flops = per * (double)k->items;
+            k->vec = tb__plan_vec_width(G, k);
+            if (k->vec > 0) {
+                k->vec_axes = 1;
+                k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
+            }
             break;
         }
         if (k->group_size[0] > 0) {
@@ -16394,9 +16549,98 @@ static const char *const tb__cl_prelude[] = {
     "    return (float)tb_randn_f64(seed, offset, index);\n",
     "}\n",
     "#endif\n",
+    "\n",
+    "#ifdef TB_HAS_VEC16\n",
+    "/* Vectors of 16 floats for rows read in order (the dialect's head defines float16, int16,\n",
+    "   TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a),\n",
+    "   TB_VCVTI (float to int, lane by lane) and TB_VASF (int bits as float). */\n",
+    "\n",
+    "/* exp of each lane (Cephes' polynomial after reduction by ln 2, about 1 ulp): overflow gives\n",
+    "   +inf, underflow 0 through the denormals, NaN stays NaN. */\n",
+    "TB_FN float16 tb_vexp16(float16 x) {\n",
+    "    float16 xc = TB_VSEL(x, TB_VBC(0.0f), x != x), k, r, p;\n",
+    "    int16 ki, k1;\n",
+    "    xc = TB_VSEL(xc, TB_VBC(-104.0f), xc < -104.0f);\n",
+    "    xc = TB_VSEL(xc, TB_VBC(89.0f), xc > 89.0f);\n",
+    "    k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to nearest */\n",
+    "    r = xc - k * 0.693359375f;\n",
+    "    r = r - k * -2.12194440e-4f;\n",
+    "    p = TB_VBC(1.9875691500e-4f);\n",
+    "    p = p * r + 1.3981999507e-3f;\n",
+    "    p = p * r + 8.3334519073e-3f;\n",
+    "    p = p * r + 4.1665795894e-2f;\n",
+    "    p = p * r + 1.6666665459e-1f;\n",
+    "    p = p * r + 5.0000001201e-1f;\n",
+    "    p = p * r * r + r + 1.0f;\n",
+    "    ki = TB_VCVTI(k);\n",
+    "    k1 = ki >> 1; /* 2^k as two factors: denormal results are reached too */\n",
+    "    p = p * TB_VASF((k1 + 127) << 23) * TB_VASF((ki - k1 + 127) << 23);\n",
+    "    p = TB_VSEL(p, TB_VBC(INFINITY), x > 88.72283935546875f);\n",
+    "    p = TB_VSEL(p, TB_VBC(0.0f), x < -103.97208404541015625f);\n",
+    "    return TB_VSEL(p, x, x != x);\n",
+    "}\n",
+    "\n",
+    "/* The greater (smaller) lane of two, NaN when either is NaN (as the scalar ops). */\n",
+    "TB_FN float16 tb_vmax16(float16 a, float16 b) {\n",
+    "    return TB_VSEL(b, a, (a > b) | (a != a));\n",
+    "}\n",
+    "\n",
+    "TB_FN float16 tb_vmin16(float16 a, float16 b) {\n",
+    "    return TB_VSEL(b, a, (a < b) | (a != a));\n",
+    "}\n",
+    "\n",
+    "TB_FN float16 tb_vrelu16(float16 a) {\n",
+    "    return TB_VSEL(a, TB_VBC(0.0f), a < 0.0f);\n",
+    "}\n",
+    "\n",
+    "TB_FN float16 tb_vabs16(float16 a) {\n",
+    "    return TB_VASF(TB_VASI(a) & 0x7fffffff);\n",
+    "}\n",
+    "\n",
+    "/* Sum, maximum, minimum and product of the lanes, in halves (a fixed order). */\n",
+    "TB_FN float tb_hsum16(float16 v) {\n",
+    "    float s[16];\n",
+    "    int i, h;\n",
+    "    TB_VSTORE(v, s);\n",
+    "    for (h = 8; h >= 1; h >>= 1)\n",
+    "        for (i = 0; i < h; i++)\n",
+    "            s[i] = s[i] + s[i + h];\n",
+    "    return s[0];\n",
+    "}\n",
+    "\n",
+    "TB_FN float tb_hprod16(float16 v) {\n",
+    "    float s[16];\n",
+    "    int i, h;\n",
+    "    TB_VSTORE(v, s);\n",
+    "    for (h = 8; h >= 1; h >>= 1)\n",
+    "        for (i = 0; i < h; i++)\n",
+    "            s[i] = s[i] * s[i + h];\n",
+    "    return s[0];\n",
+    "}\n",
+    "\n",
+    "TB_FN float tb_hmax16(float16 v) {\n",
+    "    float s[16];\n",
+    "    int i, h;\n",
+    "    TB_VSTORE(v, s);\n",
+    "    for (h = 8; h >= 1; h >>= 1)\n",
+    "        for (i = 0; i < h; i++)\n",
+    "            s[i] = (s[i + h] > s[i] || isnan(s[i + h])) && !isnan(s[i]) ? s[i + h] : s[i];\n",
+    "    return s[0];\n",
+    "}\n",
+    "\n",
+    "TB_FN float tb_hmin16(float16 v) {\n",
+    "    float s[16];\n",
+    "    int i, h;\n",
+    "    TB_VSTORE(v, s);\n",
+    "    for (h = 8; h >= 1; h >>= 1)\n",
+    "        for (i = 0; i < h; i++)\n",
+    "            s[i] = (s[i + h] < s[i] || isnan(s[i + h])) && !isnan(s[i]) ? s[i + h] : s[i];\n",
+    "    return s[0];\n",
+    "}\n",
+    "#endif\n",
     0
 };
-static const size_t tb__cl_prelude_count = 98;
+static const size_t tb__cl_prelude_count = 187;
 // clang-format on
 #endif
 
@@ -17235,6 +17479,110 @@ fail:
     return -1;
 }
 
+/* ---- vectors along rows ---- */
+
+/* A vector value of W f32 lanes (v<n> too; its dtype is f32). */
+static int32_t tb__cg_new_vec(tb__cg *g) {
+    return tb__cg_new_val(g, TB_F32);
+}
+
+/* The text of a value as a vector operand: vectors as they are, scalars widened. */
+static void tb__cg_vec_operand(int32_t v, bool is_vec, char *buf, size_t cap) {
+    if (is_vec) {
+        snprintf(buf, cap, "v%d", (int)v);
+    } else {
+        snprintf(buf, cap, "TB_VBC(v%d)", (int)v);
+    }
+}
+
+/* One op of the planner's vector set on vector (and scalar) operands. */
+static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, const bool *is_vec) {
+    char a[32], b[32], e[160];
+    int32_t v;
+    tb__cg_vec_operand(ops[0], is_vec[0], a, sizeof a);
+    if (n->num_operands > 1) tb__cg_vec_operand(ops[1], is_vec[1], b, sizeof b);
+    switch (n->op) {
+    case TB_OP_ADD:
+    case TB_OP_SUB:
+    case TB_OP_MUL:
+    case TB_OP_DIV:
+        snprintf(e, sizeof e, "%s %s %s", a,
+                 n->op == TB_OP_ADD   ? "+"
+                 : n->op == TB_OP_SUB ? "-"
+                 : n->op == TB_OP_MUL ? "*"
+                                      : "/",
+                 b);
+        break;
+    case TB_OP_NEG:
+        snprintf(e, sizeof e, "-%s", a);
+        break;
+    case TB_OP_RECIPROCAL:
+        snprintf(e, sizeof e, "1.0f / %s", a);
+        break;
+    case TB_OP_ABS:
+    case TB_OP_EXP:
+    case TB_OP_RELU:
+        snprintf(e, sizeof e, "tb_v%s16(%s)",
+                 n->op == TB_OP_ABS   ? "abs"
+                 : n->op == TB_OP_EXP ? "exp"
+                                      : "relu",
+                 a);
+        break;
+    case TB_OP_MAXIMUM:
+    case TB_OP_MINIMUM:
+        snprintf(e, sizeof e, "tb_v%s16(%s, %s)", n->op == TB_OP_MAXIMUM ? "max" : "min", a, b);
+        break;
+    default:
+        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: no vector code for op %s",
+                                      tb_op_name(n->op) != NULL ? tb_op_name(n->op) : "?"));
+        return -1;
+    }
+    v = tb__cg_new_vec(g);
+    if (v < 0) return -1;
+    tb__ix_line(&g->ix, "const float16 v%d = %s;", (int)v, e);
+    return v;
+}
+
+/* The W consecutive elements of `node` from position `pos` on, as a vector: the planner
+   checked that every node on the way is of the vector set, aligned with the row (consecutive
+   elements), constant along it (evaluated as a scalar) or a buffer of the row's dims. */
+static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
+    const tb__pnode *in = &g->G->info[node];
+    const tb__plan_kernel *k = tb__cg_kernel(g);
+    int32_t v, ops[3];
+    bool is_vec[3];
+    size_t j;
+    if (pos < 0 || g->ix.status != TB_OK) return -1;
+    v = tb__ix_memo_find(&g->ix, TB__MEMO_VECTOR, node, pos, 0);
+    if (v >= 0) return v;
+    if (in->param >= 0 || (in->root && node != k->root)) {
+        char flat[TB__LF_TEXT];
+        if (!tb__cg_arg(g, TB__ARG_BUF, in->slot) || !tb__ix_need_flat(&g->ix, pos)) return -1;
+        tb__lf_text(&g->ix.pos[pos].flat, flat, sizeof flat);
+        v = tb__cg_new_vec(g);
+        if (v < 0) return -1;
+        tb__ix_line(&g->ix, "const float16 v%d = vload16(0, b%d + (%s));", (int)v, (int)in->slot,
+                    flat);
+    } else {
+        if (in->node->num_operands > 3) {
+            tb__ix_fail(&g->ix, TB_ERR_INTERNAL);
+            return -1;
+        }
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t o = tb__plan_operand(g->G, node, j), op;
+            op = tb__cg_operand_pos(g, node, pos, j);
+            is_vec[j] = tb__plan_row_relation(&in->node->shape, tb__plan_shape(g->G, o),
+                                              k->vec_axes) == TB__ROW_ALIGNED;
+            ops[j] = is_vec[j] ? tb__cg_veval(g, o, op) : tb__cg_eval(g, o, op);
+            if (ops[j] < 0) return -1;
+        }
+        v = tb__cg_vec_op(g, in->node, ops, is_vec);
+        if (v < 0) return -1;
+    }
+    tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, node, pos, 0, v);
+    return v;
+}
+
 /* ---- kernels ---- */
 
 /* The kernel's row index i<v>: one work item per row, or one work-group per row with the
@@ -17287,6 +17635,15 @@ static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, cons
 static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *rs = tb__plan_shape(g->G, k->root);
     int32_t i0, v;
+    if (k->vec > 0) {
+        /* a block of W consecutive elements per work item (W divides the last axis) */
+        i0 = tb__cg_row_header(g, k, (int64_t)k->items);
+        if (i0 < 0) return g->ix.status;
+        v = tb__cg_veval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->vec, -1));
+        if (v < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "vstore16(v%d, 0, out + i%d * %dL);", (int)v, (int)i0, (int)k->vec);
+        return TB_OK;
+    }
     i0 = tb__cg_row_header(g, k, tb__plan_numel(rs));
     if (i0 < 0) return g->ix.status;
     v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, 1, -1));
@@ -17472,6 +17829,74 @@ static bool tb__cg_red_begin(tb__cg *g, const tb__plan_kernel *k, tb__cg_red *rd
     return g->ix.status == TB_OK;
 }
 
+/* The vector part of a row's loop: `lanes` vector accumulators over [rs, rv), rv the last
+   multiple of W x lanes from rs, folded into acc; the caller loops over [rv, re) one element
+   at a time. */
+static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
+    const tb__plan_kernel *k = rd->k;
+    int32_t w = k->vec, lanes = k->lanes > 1 ? k->lanes : 1, lane, r;
+    const char *init, *fold;
+    char head[192], name[16], prev[16];
+    switch (rd->cn->op) {
+    case TB_OP_PROD:
+        init = "1.0f";
+        break;
+    case TB_OP_MAX:
+        init = "-INFINITY";
+        break;
+    case TB_OP_MIN:
+        init = "INFINITY";
+        break;
+    default:
+        init = "0.0f";
+        break;
+    }
+    for (lane = 0; lane < lanes; lane++)
+        tb__ix_line(&g->ix, "float16 accv%d = TB_VBC(%s);", (int)lane, init);
+    tb__ix_line(&g->ix, "const long rv = rs + (re - rs) / %dL * %dL;", (int)(w * lanes),
+                (int)(w * lanes));
+    r = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+    if (r < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = rs; i%d < rv; i%d += %d) ", (int)r, (int)r, (int)r,
+             (int)(w * lanes));
+    tb__ix_open(&g->ix, head);
+    for (lane = 0; lane < lanes; lane++) {
+        tb__lf lf;
+        int32_t xp, vx;
+        tb__lf_const(&lf, (int64_t)lane * w);
+        tb__lf_add_term(&lf, rd->row, rd->m);
+        tb__lf_add_term(&lf, r, 1);
+        xp = tb__ix_pos_flat(&g->ix, rd->xs, &lf);
+        vx = tb__cg_veval(g, rd->x, xp);
+        if (vx < 0) return false;
+        if (rd->cn->op == TB_OP_MAX || rd->cn->op == TB_OP_MIN) {
+            tb__ix_line(&g->ix, "accv%d = tb_v%s16(v%d, accv%d);", (int)lane,
+                        rd->cn->op == TB_OP_MAX ? "max" : "min", (int)vx, (int)lane);
+        } else {
+            tb__ix_line(&g->ix, "accv%d %s= v%d;", (int)lane, rd->cn->op == TB_OP_PROD ? "*" : "+",
+                        (int)vx);
+        }
+    }
+    tb__ix_close(&g->ix, "");
+    /* the lanes' vectors into one, then into acc */
+    for (lane = 1; lane < lanes; lane++) {
+        snprintf(name, sizeof name, "accv%d", (int)lane);
+        if (rd->cn->op == TB_OP_MAX || rd->cn->op == TB_OP_MIN) {
+            tb__ix_line(&g->ix, "accv0 = tb_v%s16(accv0, %s);",
+                        rd->cn->op == TB_OP_MAX ? "max" : "min", name);
+        } else {
+            tb__ix_line(&g->ix, "accv0 %s= %s;", rd->cn->op == TB_OP_PROD ? "*" : "+", name);
+        }
+    }
+    fold = rd->cn->op == TB_OP_PROD  ? "tb_hprod16"
+           : rd->cn->op == TB_OP_MAX ? "tb_hmax16"
+           : rd->cn->op == TB_OP_MIN ? "tb_hmin16"
+                                     : "tb_hsum16";
+    snprintf(prev, sizeof prev, "%s", "acc");
+    tb__ix_line(&g->ix, "%s = %s(accv0);", prev, fold);
+    return g->ix.status == TB_OK;
+}
+
 /* The loop over a row (or a chunk of one) with the plan's number of accumulators, combined
    pairwise at the end. */
 static bool tb__cg_red_loop(tb__cg *g, const tb__cg_red *rd) {
@@ -17485,6 +17910,23 @@ static bool tb__cg_red_loop(tb__cg *g, const tb__cg_red *rd) {
     } else {
         snprintf(from, sizeof from, "0L");
         snprintf(to, sizeof to, "%lldL", (long long)rd->m);
+    }
+    if (k->vec > 0) {
+        int32_t rt, vx;
+        tb__ix_open(&g->ix, "");
+        tb__ix_line(&g->ix, "const long rs = %s, re = %s;", from, to);
+        if (!tb__cg_red_vloop(g, rd)) return false;
+        rt = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+        if (rt < 0) return false;
+        snprintf(head, sizeof head, "for (long i%d = rv; i%d < re; i%d++) ", (int)rt, (int)rt,
+                 (int)rt);
+        tb__ix_open(&g->ix, head);
+        vx = tb__cg_red_value(g, rd, rt, 0);
+        if (vx < 0) return false;
+        tb__cg_red_step(g, rd, vx, rt, "acc");
+        tb__ix_close(&g->ix, "");
+        tb__ix_close(&g->ix, "");
+        return g->ix.status == TB_OK;
     }
     if (lanes == 1) {
         r = tb__ix_new_var(&g->ix, 0, rd->m > 0 ? rd->m - 1 : 0);
@@ -17692,17 +18134,84 @@ static bool tb__cg_norm_store(tb__cg *g, const tb__cg_norm *nm, int32_t j, int32
     return g->ix.status == TB_OK;
 }
 
+/* The vector part of a pass over the row: elements [0, rv) W at a time, folded into the
+   scalar accumulators that the pass's element loop goes on with from rv (passes 0 and 1); the
+   last pass stores W outputs at once. */
+static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
+    int32_t w = nm->k->vec, j, xp, vx, wp, vf, vr;
+    char head[128], flat[TB__LF_TEXT];
+    j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+    if (j < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < rv; i%d += %d) ", (int)j, (int)j, (int)j,
+             (int)w);
+    tb__ix_open(&g->ix, head);
+    xp = tb__cg_norm_pos(g, nm, j);
+    vx = tb__cg_veval(g, nm->x, xp);
+    if (vx < 0) return false;
+    if (pass == 0) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "sumv += v%d;", (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "mxv = tb_vmax16(v%d, mxv);", (int)vx);
+        }
+    } else if (pass == 1) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "const float16 dv = v%d - mean;", (int)vx);
+            tb__ix_line(&g->ix, "sqv += dv * dv;");
+        } else {
+            tb__ix_line(&g->ix, "smv += tb_vexp16(v%d - mx);", (int)vx);
+        }
+    } else {
+        vf = tb__cg_new_vec(g);
+        if (vf < 0) return false;
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "float16 y = (v%d - mean) * rstd;", (int)vx);
+            if (nm->w >= 0) {
+                wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->w), j, 1, -1);
+                vr = tb__cg_veval(g, nm->w, wp);
+                if (vr < 0) return false;
+                tb__ix_line(&g->ix, "y = y * v%d;", (int)vr);
+            }
+            if (nm->b >= 0) {
+                wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->b), j, 1, -1);
+                vr = tb__cg_veval(g, nm->b, wp);
+                if (vr < 0) return false;
+                tb__ix_line(&g->ix, "y = y + v%d;", (int)vr);
+            }
+            tb__ix_line(&g->ix, "const float16 v%d = y;", (int)vf);
+        } else if (nm->cn->op == TB_OP_SOFTMAX) {
+            tb__ix_line(&g->ix, "const float16 v%d = tb_vexp16(v%d - mx) / sm;", (int)vf, (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "const float16 v%d = v%d - mx - lse;", (int)vf, (int)vx);
+        }
+        tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, nm->k->core, xp, 0, vf);
+        vr = tb__cg_veval(g, nm->k->root, xp);
+        if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
+        tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+        tb__ix_line(&g->ix, "vstore16(v%d, 0, out + (%s));", (int)vr, flat);
+    }
+    tb__ix_close(&g->ix, "");
+    if (pass == 0) {
+        tb__ix_line(&g->ix, "%s", nm->layer ? "sum = tb_hsum16(sumv);" : "mx = tb_hmax16(mxv);");
+    } else if (pass == 1) {
+        tb__ix_line(&g->ix, "%s", nm->layer ? "sqdev = tb_hsum16(sqv);" : "sm = tb_hsum16(smv);");
+    }
+    return g->ix.status == TB_OK;
+}
+
 /* One pass over the row: 0 the sum or the maximum, 1 the squared deviations or the sum of
    exponentials, 2 the output. */
 static bool tb__cg_norm_pass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     const tb__plan_kernel *k = nm->k;
     const char *ct = nm->ct;
     char head[128];
-    int32_t j = tb__ix_new_var(&g->ix, 0, nm->len > 0 ? nm->len - 1 : 0), xp, vx;
+    int32_t j, xp, vx;
+    if (k->vec > 0 && !tb__cg_norm_vpass(g, nm, pass)) return false;
+    j = tb__ix_new_var(&g->ix, 0, nm->len > 0 ? nm->len - 1 : 0);
     if (j < 0) return false;
     if (k->group <= 1) {
-        snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)j, (int)j,
-                 (long long)nm->len, (int)j);
+        snprintf(head, sizeof head, "for (long i%d = %s; i%d < %lldL; i%d++) ", (int)j,
+                 k->vec > 0 ? "rv" : "0", (int)j, (long long)nm->len, (int)j);
     } else {
         snprintf(head, sizeof head, "for (long i%d = lid; i%d < %lldL; i%d += %d) ", (int)j, (int)j,
                  (long long)nm->len, (int)j, (int)k->group);
@@ -17774,6 +18283,12 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
         tb__ix_line(&g->ix, "%s sum = 0, sqdev = 0;", nm.ct);
     } else {
         tb__ix_line(&g->ix, "%s mx = -INFINITY, sm = 0;", nm.ct);
+    }
+    if (k->vec > 0) {
+        tb__ix_line(&g->ix, "const long rv = %lldL;", (long long)(nm.len / k->vec * k->vec));
+        tb__ix_line(&g->ix, "%s",
+                    nm.layer ? "float16 sumv = TB_VBC(0.0f), sqv = TB_VBC(0.0f);"
+                             : "float16 mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
     }
     for (pass = 0; pass < 3; pass++) {
         if (!tb__cg_norm_pass(g, &nm, pass)) return g->ix.status;
@@ -19979,11 +20494,27 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
                                        "#define TB_HAS_F64 1\n"
                                        "/* a * b + c stays two roundings, as in the reference */\n"
                                        "#pragma OPENCL FP_CONTRACT OFF\n"
-                                       "#define TB_FN\n\n"
+                                       "#define TB_FN\n"
+                                       "#define TB_HAS_VEC16 1\n"
+                                       "#define TB_VBC(c) ((float16)(c))\n"
+                                       "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"
+                                       "#define TB_VCVTI(x) convert_int16(x)\n"
+                                       "#define TB_VASF(x) as_float16(x)\n"
+                                       "#define TB_VASI(x) as_int16(x)\n"
+                                       "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"
+                                       "\n"
                                      : "/* torch_backend.h: OpenCL C 1.2 */\n"
                                        "/* a * b + c stays two roundings, as in the reference */\n"
                                        "#pragma OPENCL FP_CONTRACT OFF\n"
-                                       "#define TB_FN\n\n";
+                                       "#define TB_FN\n"
+                                       "#define TB_HAS_VEC16 1\n"
+                                       "#define TB_VBC(c) ((float16)(c))\n"
+                                       "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"
+                                       "#define TB_VCVTI(x) convert_int16(x)\n"
+                                       "#define TB_VASF(x) as_float16(x)\n"
+                                       "#define TB_VASI(x) as_int16(x)\n"
+                                       "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"
+                                       "\n";
     d->global = "__global ";
     d->local = "__local ";
     d->barrier = "barrier(CLK_LOCAL_MEM_FENCE);";
@@ -20840,6 +21371,14 @@ static const char tb__native_head[] =
     "}\n"
     "static inline void vstore8(double8 v, long i, double *p) { memcpy(p + i * 8, &v, sizeof v); "
     "}\n"
+    "typedef int int16 __attribute__((vector_size(64)));\n"
+    "#define TB_HAS_VEC16 1\n"
+    "#define TB_VBC(c) ((float16){0} + (c))\n"
+    "#define TB_VSEL(a, b, m) ((float16)(((int16)(a) & ~(m)) | ((int16)(b) & (m))))\n"
+    "#define TB_VCVTI(x) __builtin_convertvector((x), int16)\n"
+    "#define TB_VASF(x) ((float16)(x))\n"
+    "#define TB_VASI(x) ((int16)(x))\n"
+    "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(float16))\n"
     "\n";
 
 static const char *tb__native_math(const char *fn, tb_dtype dtype) {

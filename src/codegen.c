@@ -833,6 +833,110 @@ fail:
     return -1;
 }
 
+/* ---- vectors along rows ---- */
+
+/* A vector value of W f32 lanes (v<n> too; its dtype is f32). */
+static int32_t tb__cg_new_vec(tb__cg *g) {
+    return tb__cg_new_val(g, TB_F32);
+}
+
+/* The text of a value as a vector operand: vectors as they are, scalars widened. */
+static void tb__cg_vec_operand(int32_t v, bool is_vec, char *buf, size_t cap) {
+    if (is_vec) {
+        snprintf(buf, cap, "v%d", (int)v);
+    } else {
+        snprintf(buf, cap, "TB_VBC(v%d)", (int)v);
+    }
+}
+
+/* One op of the planner's vector set on vector (and scalar) operands. */
+static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, const bool *is_vec) {
+    char a[32], b[32], e[160];
+    int32_t v;
+    tb__cg_vec_operand(ops[0], is_vec[0], a, sizeof a);
+    if (n->num_operands > 1) tb__cg_vec_operand(ops[1], is_vec[1], b, sizeof b);
+    switch (n->op) {
+    case TB_OP_ADD:
+    case TB_OP_SUB:
+    case TB_OP_MUL:
+    case TB_OP_DIV:
+        snprintf(e, sizeof e, "%s %s %s", a,
+                 n->op == TB_OP_ADD   ? "+"
+                 : n->op == TB_OP_SUB ? "-"
+                 : n->op == TB_OP_MUL ? "*"
+                                      : "/",
+                 b);
+        break;
+    case TB_OP_NEG:
+        snprintf(e, sizeof e, "-%s", a);
+        break;
+    case TB_OP_RECIPROCAL:
+        snprintf(e, sizeof e, "1.0f / %s", a);
+        break;
+    case TB_OP_ABS:
+    case TB_OP_EXP:
+    case TB_OP_RELU:
+        snprintf(e, sizeof e, "tb_v%s16(%s)",
+                 n->op == TB_OP_ABS   ? "abs"
+                 : n->op == TB_OP_EXP ? "exp"
+                                      : "relu",
+                 a);
+        break;
+    case TB_OP_MAXIMUM:
+    case TB_OP_MINIMUM:
+        snprintf(e, sizeof e, "tb_v%s16(%s, %s)", n->op == TB_OP_MAXIMUM ? "max" : "min", a, b);
+        break;
+    default:
+        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: no vector code for op %s",
+                                      tb_op_name(n->op) != NULL ? tb_op_name(n->op) : "?"));
+        return -1;
+    }
+    v = tb__cg_new_vec(g);
+    if (v < 0) return -1;
+    tb__ix_line(&g->ix, "const float16 v%d = %s;", (int)v, e);
+    return v;
+}
+
+/* The W consecutive elements of `node` from position `pos` on, as a vector: the planner
+   checked that every node on the way is of the vector set, aligned with the row (consecutive
+   elements), constant along it (evaluated as a scalar) or a buffer of the row's dims. */
+static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
+    const tb__pnode *in = &g->G->info[node];
+    const tb__plan_kernel *k = tb__cg_kernel(g);
+    int32_t v, ops[3];
+    bool is_vec[3];
+    size_t j;
+    if (pos < 0 || g->ix.status != TB_OK) return -1;
+    v = tb__ix_memo_find(&g->ix, TB__MEMO_VECTOR, node, pos, 0);
+    if (v >= 0) return v;
+    if (in->param >= 0 || (in->root && node != k->root)) {
+        char flat[TB__LF_TEXT];
+        if (!tb__cg_arg(g, TB__ARG_BUF, in->slot) || !tb__ix_need_flat(&g->ix, pos)) return -1;
+        tb__lf_text(&g->ix.pos[pos].flat, flat, sizeof flat);
+        v = tb__cg_new_vec(g);
+        if (v < 0) return -1;
+        tb__ix_line(&g->ix, "const float16 v%d = vload16(0, b%d + (%s));", (int)v, (int)in->slot,
+                    flat);
+    } else {
+        if (in->node->num_operands > 3) {
+            tb__ix_fail(&g->ix, TB_ERR_INTERNAL);
+            return -1;
+        }
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t o = tb__plan_operand(g->G, node, j), op;
+            op = tb__cg_operand_pos(g, node, pos, j);
+            is_vec[j] = tb__plan_row_relation(&in->node->shape, tb__plan_shape(g->G, o),
+                                              k->vec_axes) == TB__ROW_ALIGNED;
+            ops[j] = is_vec[j] ? tb__cg_veval(g, o, op) : tb__cg_eval(g, o, op);
+            if (ops[j] < 0) return -1;
+        }
+        v = tb__cg_vec_op(g, in->node, ops, is_vec);
+        if (v < 0) return -1;
+    }
+    tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, node, pos, 0, v);
+    return v;
+}
+
 /* ---- kernels ---- */
 
 /* The kernel's row index i<v>: one work item per row, or one work-group per row with the
@@ -885,6 +989,15 @@ static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, cons
 static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *rs = tb__plan_shape(g->G, k->root);
     int32_t i0, v;
+    if (k->vec > 0) {
+        /* a block of W consecutive elements per work item (W divides the last axis) */
+        i0 = tb__cg_row_header(g, k, (int64_t)k->items);
+        if (i0 < 0) return g->ix.status;
+        v = tb__cg_veval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->vec, -1));
+        if (v < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "vstore16(v%d, 0, out + i%d * %dL);", (int)v, (int)i0, (int)k->vec);
+        return TB_OK;
+    }
     i0 = tb__cg_row_header(g, k, tb__plan_numel(rs));
     if (i0 < 0) return g->ix.status;
     v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, 1, -1));
@@ -1070,6 +1183,74 @@ static bool tb__cg_red_begin(tb__cg *g, const tb__plan_kernel *k, tb__cg_red *rd
     return g->ix.status == TB_OK;
 }
 
+/* The vector part of a row's loop: `lanes` vector accumulators over [rs, rv), rv the last
+   multiple of W x lanes from rs, folded into acc; the caller loops over [rv, re) one element
+   at a time. */
+static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
+    const tb__plan_kernel *k = rd->k;
+    int32_t w = k->vec, lanes = k->lanes > 1 ? k->lanes : 1, lane, r;
+    const char *init, *fold;
+    char head[192], name[16], prev[16];
+    switch (rd->cn->op) {
+    case TB_OP_PROD:
+        init = "1.0f";
+        break;
+    case TB_OP_MAX:
+        init = "-INFINITY";
+        break;
+    case TB_OP_MIN:
+        init = "INFINITY";
+        break;
+    default:
+        init = "0.0f";
+        break;
+    }
+    for (lane = 0; lane < lanes; lane++)
+        tb__ix_line(&g->ix, "float16 accv%d = TB_VBC(%s);", (int)lane, init);
+    tb__ix_line(&g->ix, "const long rv = rs + (re - rs) / %dL * %dL;", (int)(w * lanes),
+                (int)(w * lanes));
+    r = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+    if (r < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = rs; i%d < rv; i%d += %d) ", (int)r, (int)r, (int)r,
+             (int)(w * lanes));
+    tb__ix_open(&g->ix, head);
+    for (lane = 0; lane < lanes; lane++) {
+        tb__lf lf;
+        int32_t xp, vx;
+        tb__lf_const(&lf, (int64_t)lane * w);
+        tb__lf_add_term(&lf, rd->row, rd->m);
+        tb__lf_add_term(&lf, r, 1);
+        xp = tb__ix_pos_flat(&g->ix, rd->xs, &lf);
+        vx = tb__cg_veval(g, rd->x, xp);
+        if (vx < 0) return false;
+        if (rd->cn->op == TB_OP_MAX || rd->cn->op == TB_OP_MIN) {
+            tb__ix_line(&g->ix, "accv%d = tb_v%s16(v%d, accv%d);", (int)lane,
+                        rd->cn->op == TB_OP_MAX ? "max" : "min", (int)vx, (int)lane);
+        } else {
+            tb__ix_line(&g->ix, "accv%d %s= v%d;", (int)lane, rd->cn->op == TB_OP_PROD ? "*" : "+",
+                        (int)vx);
+        }
+    }
+    tb__ix_close(&g->ix, "");
+    /* the lanes' vectors into one, then into acc */
+    for (lane = 1; lane < lanes; lane++) {
+        snprintf(name, sizeof name, "accv%d", (int)lane);
+        if (rd->cn->op == TB_OP_MAX || rd->cn->op == TB_OP_MIN) {
+            tb__ix_line(&g->ix, "accv0 = tb_v%s16(accv0, %s);",
+                        rd->cn->op == TB_OP_MAX ? "max" : "min", name);
+        } else {
+            tb__ix_line(&g->ix, "accv0 %s= %s;", rd->cn->op == TB_OP_PROD ? "*" : "+", name);
+        }
+    }
+    fold = rd->cn->op == TB_OP_PROD  ? "tb_hprod16"
+           : rd->cn->op == TB_OP_MAX ? "tb_hmax16"
+           : rd->cn->op == TB_OP_MIN ? "tb_hmin16"
+                                     : "tb_hsum16";
+    snprintf(prev, sizeof prev, "%s", "acc");
+    tb__ix_line(&g->ix, "%s = %s(accv0);", prev, fold);
+    return g->ix.status == TB_OK;
+}
+
 /* The loop over a row (or a chunk of one) with the plan's number of accumulators, combined
    pairwise at the end. */
 static bool tb__cg_red_loop(tb__cg *g, const tb__cg_red *rd) {
@@ -1083,6 +1264,23 @@ static bool tb__cg_red_loop(tb__cg *g, const tb__cg_red *rd) {
     } else {
         snprintf(from, sizeof from, "0L");
         snprintf(to, sizeof to, "%lldL", (long long)rd->m);
+    }
+    if (k->vec > 0) {
+        int32_t rt, vx;
+        tb__ix_open(&g->ix, "");
+        tb__ix_line(&g->ix, "const long rs = %s, re = %s;", from, to);
+        if (!tb__cg_red_vloop(g, rd)) return false;
+        rt = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+        if (rt < 0) return false;
+        snprintf(head, sizeof head, "for (long i%d = rv; i%d < re; i%d++) ", (int)rt, (int)rt,
+                 (int)rt);
+        tb__ix_open(&g->ix, head);
+        vx = tb__cg_red_value(g, rd, rt, 0);
+        if (vx < 0) return false;
+        tb__cg_red_step(g, rd, vx, rt, "acc");
+        tb__ix_close(&g->ix, "");
+        tb__ix_close(&g->ix, "");
+        return g->ix.status == TB_OK;
     }
     if (lanes == 1) {
         r = tb__ix_new_var(&g->ix, 0, rd->m > 0 ? rd->m - 1 : 0);
@@ -1290,17 +1488,84 @@ static bool tb__cg_norm_store(tb__cg *g, const tb__cg_norm *nm, int32_t j, int32
     return g->ix.status == TB_OK;
 }
 
+/* The vector part of a pass over the row: elements [0, rv) W at a time, folded into the
+   scalar accumulators that the pass's element loop goes on with from rv (passes 0 and 1); the
+   last pass stores W outputs at once. */
+static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
+    int32_t w = nm->k->vec, j, xp, vx, wp, vf, vr;
+    char head[128], flat[TB__LF_TEXT];
+    j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+    if (j < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < rv; i%d += %d) ", (int)j, (int)j, (int)j,
+             (int)w);
+    tb__ix_open(&g->ix, head);
+    xp = tb__cg_norm_pos(g, nm, j);
+    vx = tb__cg_veval(g, nm->x, xp);
+    if (vx < 0) return false;
+    if (pass == 0) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "sumv += v%d;", (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "mxv = tb_vmax16(v%d, mxv);", (int)vx);
+        }
+    } else if (pass == 1) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "const float16 dv = v%d - mean;", (int)vx);
+            tb__ix_line(&g->ix, "sqv += dv * dv;");
+        } else {
+            tb__ix_line(&g->ix, "smv += tb_vexp16(v%d - mx);", (int)vx);
+        }
+    } else {
+        vf = tb__cg_new_vec(g);
+        if (vf < 0) return false;
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "float16 y = (v%d - mean) * rstd;", (int)vx);
+            if (nm->w >= 0) {
+                wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->w), j, 1, -1);
+                vr = tb__cg_veval(g, nm->w, wp);
+                if (vr < 0) return false;
+                tb__ix_line(&g->ix, "y = y * v%d;", (int)vr);
+            }
+            if (nm->b >= 0) {
+                wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->b), j, 1, -1);
+                vr = tb__cg_veval(g, nm->b, wp);
+                if (vr < 0) return false;
+                tb__ix_line(&g->ix, "y = y + v%d;", (int)vr);
+            }
+            tb__ix_line(&g->ix, "const float16 v%d = y;", (int)vf);
+        } else if (nm->cn->op == TB_OP_SOFTMAX) {
+            tb__ix_line(&g->ix, "const float16 v%d = tb_vexp16(v%d - mx) / sm;", (int)vf, (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "const float16 v%d = v%d - mx - lse;", (int)vf, (int)vx);
+        }
+        tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, nm->k->core, xp, 0, vf);
+        vr = tb__cg_veval(g, nm->k->root, xp);
+        if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
+        tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+        tb__ix_line(&g->ix, "vstore16(v%d, 0, out + (%s));", (int)vr, flat);
+    }
+    tb__ix_close(&g->ix, "");
+    if (pass == 0) {
+        tb__ix_line(&g->ix, "%s", nm->layer ? "sum = tb_hsum16(sumv);" : "mx = tb_hmax16(mxv);");
+    } else if (pass == 1) {
+        tb__ix_line(&g->ix, "%s", nm->layer ? "sqdev = tb_hsum16(sqv);" : "sm = tb_hsum16(smv);");
+    }
+    return g->ix.status == TB_OK;
+}
+
 /* One pass over the row: 0 the sum or the maximum, 1 the squared deviations or the sum of
    exponentials, 2 the output. */
 static bool tb__cg_norm_pass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     const tb__plan_kernel *k = nm->k;
     const char *ct = nm->ct;
     char head[128];
-    int32_t j = tb__ix_new_var(&g->ix, 0, nm->len > 0 ? nm->len - 1 : 0), xp, vx;
+    int32_t j, xp, vx;
+    if (k->vec > 0 && !tb__cg_norm_vpass(g, nm, pass)) return false;
+    j = tb__ix_new_var(&g->ix, 0, nm->len > 0 ? nm->len - 1 : 0);
     if (j < 0) return false;
     if (k->group <= 1) {
-        snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)j, (int)j,
-                 (long long)nm->len, (int)j);
+        snprintf(head, sizeof head, "for (long i%d = %s; i%d < %lldL; i%d++) ", (int)j,
+                 k->vec > 0 ? "rv" : "0", (int)j, (long long)nm->len, (int)j);
     } else {
         snprintf(head, sizeof head, "for (long i%d = lid; i%d < %lldL; i%d += %d) ", (int)j, (int)j,
                  (long long)nm->len, (int)j, (int)k->group);
@@ -1372,6 +1637,12 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
         tb__ix_line(&g->ix, "%s sum = 0, sqdev = 0;", nm.ct);
     } else {
         tb__ix_line(&g->ix, "%s mx = -INFINITY, sm = 0;", nm.ct);
+    }
+    if (k->vec > 0) {
+        tb__ix_line(&g->ix, "const long rv = %lldL;", (long long)(nm.len / k->vec * k->vec));
+        tb__ix_line(&g->ix, "%s",
+                    nm.layer ? "float16 sumv = TB_VBC(0.0f), sqv = TB_VBC(0.0f);"
+                             : "float16 mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
     }
     for (pass = 0; pass < 3; pass++) {
         if (!tb__cg_norm_pass(g, &nm, pass)) return g->ix.status;

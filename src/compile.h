@@ -85,6 +85,9 @@ typedef struct tb__tuning {
     int32_t nesting;            /* pad, concat and gather nested in one kernel */
     /* launch */
     int32_t item_group; /* preferred work-group of kernels launched over items */
+    /* rows read in order: f32 elements per vector (a work item's row loop reads that many at
+       once); 0: no vectors (rows are spread over a work-group instead) */
+    int32_t vec_width;
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
@@ -143,12 +146,14 @@ typedef struct tb__plan_kernel {
     tb__plan_arg *args;
     size_t num_args;
     /* layout */
-    int32_t group;  /* reductions and norms: work items per row (1: one item per row) */
-    int32_t lanes;  /* reductions: independent accumulators per item */
-    bool suffix;    /* reductions: the reduced axes are the trailing ones (rows contiguous) */
-    tb_dtype acc;   /* reductions, norms: the accumulator dtype */
-    int32_t rm, rn; /* matmul: outputs per work item (rows, columns); packed: rm x vector */
-    int32_t tk;     /* matmul in tiles: depth of a tile */
+    int32_t group;    /* reductions and norms: work items per row (1: one item per row) */
+    int32_t lanes;    /* reductions: independent accumulators per item */
+    bool suffix;      /* reductions: the reduced axes are the trailing ones (rows contiguous) */
+    tb_dtype acc;     /* reductions, norms: the accumulator dtype */
+    int32_t vec;      /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
+    int32_t vec_axes; /* the row's trailing axes the vectors run along */
+    int32_t rm, rn;   /* matmul: outputs per work item (rows, columns); packed: rm x vector */
+    int32_t tk;       /* matmul in tiles: depth of a tile */
     /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
        work-group), or fixed work-group sizes and counts */
     uint32_t work_dim;
@@ -244,6 +249,9 @@ static void tb__plan_free(tb__plan *p);
 static void tb__pgraph_free(tb__pgraph *G);
 /* the error a run reports from its error flag (flag[0]: 1 + the errsite) */
 static tb_status tb__plan_run_error(const tb__plan *p, const char *who, const int64_t flag[4]);
+/* how an operand's dims run along a node's row (its last row_axes axes) */
+enum { TB__ROW_ALIGNED, TB__ROW_CONSTANT, TB__ROW_OTHER };
+static int32_t tb__plan_row_relation(const tb_shape *ds, const tb_shape *os, int32_t row_axes);
 /* the desc of a custom op (NULL for built-ins) */
 static const tb_custom_op_desc *tb__plan_custom(tb_op op);
 /* what the renderer asks of a planned graph */
@@ -286,7 +294,7 @@ typedef struct tb__pos {
 
 /* what the memo holds: a value v<n> of a node at a position (the renderer's), or the first of
    the variables an unravelled flat form was split into */
-enum { TB__MEMO_VALUE = 1, TB__MEMO_UNRAVEL = 2 };
+enum { TB__MEMO_VALUE = 1, TB__MEMO_UNRAVEL = 2, TB__MEMO_VECTOR = 3 };
 
 typedef struct tb__ix_memo {
     uint64_t key;

@@ -40,6 +40,14 @@ static const char tb__native_head[] =
     "}\n"
     "static inline void vstore8(double8 v, long i, double *p) { memcpy(p + i * 8, &v, sizeof v); "
     "}\n"
+    "typedef int int16 __attribute__((vector_size(64)));\n"
+    "#define TB_HAS_VEC16 1\n"
+    "#define TB_VBC(c) ((float16){0} + (c))\n"
+    "#define TB_VSEL(a, b, m) ((float16)(((int16)(a) & ~(m)) | ((int16)(b) & (m))))\n"
+    "#define TB_VCVTI(x) __builtin_convertvector((x), int16)\n"
+    "#define TB_VASF(x) ((float16)(x))\n"
+    "#define TB_VASI(x) ((int16)(x))\n"
+    "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(float16))\n"
     "\n";
 
 static const char *tb__native_math(const char *fn, tb_dtype dtype) {

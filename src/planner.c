@@ -57,6 +57,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->positions_per_node = 64;
     t->nesting = 64;
     t->item_group = gpu ? 256 : (host ? 1 : 128);
+    t->vec_width = gpu ? 0 : 16;
 }
 
 /* ---- tuning: one table per device class ---- */
@@ -1070,6 +1071,137 @@ static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
     return TB_OK;
 }
 
+/* ---- vectors along rows ----
+   A row kernel whose work item reads its row in order (one item per row, the row contiguous)
+   evaluates the row W elements at a time when every node it evaluates along the row can be:
+   f32 ops of a small set over operands that are aligned with the row (equal dims: W
+   consecutive elements), constant along it (one element, or dims of 1 across the row's axes:
+   evaluated once per step as scalars) or loads of buffers of the row's dims. */
+
+#define TB__PLAN_VEC_NODES 256 /* nodes of a subtree evaluated as vectors, at most */
+
+static bool tb__plan_vec_op(const tb_node *n) {
+    if (n->shape.dtype != TB_F32) return false;
+    switch (n->op) {
+    case TB_OP_ADD:
+    case TB_OP_SUB:
+    case TB_OP_MUL:
+    case TB_OP_DIV:
+    case TB_OP_NEG:
+    case TB_OP_ABS:
+    case TB_OP_EXP:
+    case TB_OP_RECIPROCAL:
+    case TB_OP_MAXIMUM:
+    case TB_OP_MINIMUM:
+    case TB_OP_RELU:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* How operand dims `os` run along the row of a node with dims `ds` (the last `row_axes` axes):
+   TB__ROW_ALIGNED when its dims there equal the node's (W consecutive elements: it is
+   broadcast along the leading axes at most), TB__ROW_CONSTANT when they are 1 or absent (one
+   value for the whole row), else TB__ROW_OTHER. */
+static int32_t tb__plan_row_relation(const tb_shape *ds, const tb_shape *os, int32_t row_axes) {
+    int32_t a, off = ds->rank - os->rank;
+    bool aligned = true, constant = true;
+    for (a = ds->rank - row_axes; a < ds->rank; a++) {
+        int32_t oa = a - off;
+        int64_t od = oa >= 0 ? os->dims[oa] : 1;
+        if (od != ds->dims[a]) aligned = false;
+        if (od != 1) constant = false;
+    }
+    if (aligned && tb__plan_numel(os) > 1) return TB__ROW_ALIGNED;
+    return constant ? TB__ROW_CONSTANT : TB__ROW_OTHER;
+}
+
+/* Whether the nodes kernel k evaluates from `start` (aligned with the row, whose last
+   `row_axes` axes run along it) can all be evaluated as vectors; `stop`, when >= 0, is a node
+   whose vector the kernel has already (the core under an epilogue). */
+static bool tb__plan_vec_subtree(const tb__pgraph *G, const tb__plan_kernel *k, int32_t start,
+                                 int32_t stop, int32_t row_axes) {
+    int32_t stack[TB__PLAN_VEC_NODES];
+    int32_t sp = 0, seen = 0;
+    stack[sp++] = start;
+    while (sp > 0) {
+        int32_t n = stack[--sp];
+        const tb__pnode *in = &G->info[n];
+        size_t j;
+        if (++seen > TB__PLAN_VEC_NODES) return false;
+        if (n == stop) continue;
+        if (in->param >= 0 || (in->root && n != k->root)) {
+            if (in->node->shape.dtype != TB_F32) return false;
+            continue; /* a load of W elements */
+        }
+        if (in->ctx != k->owner || !tb__plan_vec_op(in->node)) return false;
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t o = tb__plan_operand(G, n, j);
+            int32_t rel = tb__plan_row_relation(&in->node->shape, tb__plan_shape(G, o), row_axes);
+            if (rel == TB__ROW_ALIGNED) {
+                if (sp >= TB__PLAN_VEC_NODES) return false;
+                stack[sp++] = o;
+            } else if (rel == TB__ROW_OTHER) {
+                return false; /* broadcast along the row: not consecutive elements */
+            }
+        }
+    }
+    return true;
+}
+
+/* The vector width of a row kernel (0: scalar), after its layout is chosen. */
+static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k) {
+    int32_t w = G->target->tuning->vec_width, x, axes;
+    const tb_node *cn;
+    const tb_shape *xs;
+    int64_t len;
+    if (w <= 0) return 0;
+    if (k->kind == TB__K_ELEMENTWISE) {
+        /* blocks of W along the last axis, which W divides (blocks never cross rows) */
+        const tb_shape *rs = tb__plan_shape(G, k->root);
+        if (rs->dtype != TB_F32 || rs->rank < 1 || rs->dims[rs->rank - 1] % w != 0 ||
+            tb__plan_numel(rs) < 64 * w || G->info[k->root].param >= 0)
+            return 0;
+        return tb__plan_vec_subtree(G, k, k->root, -1, 1) ? w : 0;
+    }
+    if (k->group > 1 || !k->suffix) return 0;
+    cn = G->info[k->core].node;
+    x = tb__plan_operand(G, k->core, 0);
+    xs = tb__plan_shape(G, x);
+    if (xs->dtype != TB_F32) return 0;
+    if (k->kind == TB__K_NORM) {
+        size_t j;
+        axes = cn->op == TB_OP_LAYER_NORM ? (int32_t)cn->attrs[0] : 1;
+        len = 1;
+        for (j = (size_t)(xs->rank - axes); j < (size_t)xs->rank; j++)
+            len *= xs->dims[j];
+        if (len < 2 * w || !tb__plan_vec_subtree(G, k, x, -1, axes)) return 0;
+        for (j = 1; j < cn->num_operands; j++) /* weight and bias, along the row */
+            if (!tb__plan_vec_subtree(G, k, tb__plan_operand(G, k->core, j), -1, axes)) return 0;
+        /* the epilogue stores W outputs at once */
+        return tb__plan_vec_subtree(G, k, k->root, k->core, axes) ? w : 0;
+    }
+    if ((k->kind != TB__K_REDUCE && k->kind != TB__K_PARTIAL) ||
+        (k->kind == TB__K_REDUCE && k->split > 0))
+        return 0;
+    if (cn->op != TB_OP_SUM && cn->op != TB_OP_MEAN && cn->op != TB_OP_MAX && cn->op != TB_OP_MIN &&
+        cn->op != TB_OP_PROD)
+        return 0;
+    {
+        int64_t n_out, m;
+        int32_t a;
+        uint64_t mask = (uint64_t)cn->attrs[0];
+        tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+        if (k->kind == TB__K_PARTIAL) m = (m + k->split - 1) / k->split;
+        axes = 0;
+        for (a = 0; a < xs->rank; a++)
+            if ((mask >> a) & 1u) axes++;
+        if (m < 2 * w) return 0;
+    }
+    return tb__plan_vec_subtree(G, k, x, -1, axes) ? w : 0;
+}
+
 /* ---- layouts and launch geometry ---- */
 
 /* Work items per row for a kernel with `rows` rows of `len` elements (1: one work item per
@@ -1135,6 +1267,11 @@ static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
         tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
     }
     k->lanes = (k->group == 1 && !is_arg && lanes > 1 && m >= 4 * lanes) ? lanes : 1;
+    k->vec = tb__plan_vec_width(G, k);
+    if (k->vec > 0) {
+        k->acc = tb__plan_shape(G, k->core)->dtype; /* f32 vectors, several lanes each */
+        k->lanes = 2;                               /* vector accumulators */
+    }
 }
 
 static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
@@ -1153,6 +1290,11 @@ static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
     k->suffix = layer || cn->attrs[0] == xs->rank - 1;
     k->acc = cn->shape.dtype == TB_F32 && G->target->acc_f64 ? TB_F64 : cn->shape.dtype;
     tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
+    k->vec = tb__plan_vec_width(G, k);
+    if (k->vec > 0) {
+        k->acc = TB_F32;
+        k->vec_axes = layer ? (int32_t)cn->attrs[0] : 1;
+    }
 }
 
 static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
@@ -1238,6 +1380,11 @@ static void tb__plan_layout(tb__pgraph *G) {
             k->work_dim = 1;
             k->items = (uint64_t)tb__plan_numel(tb__plan_shape(G, k->root));
             k->flops = per * (double)k->items;
+            k->vec = tb__plan_vec_width(G, k);
+            if (k->vec > 0) {
+                k->vec_axes = 1;
+                k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
+            }
             break;
         }
         if (k->group_size[0] > 0) {

@@ -96,3 +96,92 @@ TB_FN float tb_randn_f32(ulong seed, ulong offset, ulong index) {
     return (float)tb_randn_f64(seed, offset, index);
 }
 #endif
+
+#ifdef TB_HAS_VEC16
+/* Vectors of 16 floats for rows read in order (the dialect's head defines float16, int16,
+   TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a),
+   TB_VCVTI (float to int, lane by lane) and TB_VASF (int bits as float). */
+
+/* exp of each lane (Cephes' polynomial after reduction by ln 2, about 1 ulp): overflow gives
+   +inf, underflow 0 through the denormals, NaN stays NaN. */
+TB_FN float16 tb_vexp16(float16 x) {
+    float16 xc = TB_VSEL(x, TB_VBC(0.0f), x != x), k, r, p;
+    int16 ki, k1;
+    xc = TB_VSEL(xc, TB_VBC(-104.0f), xc < -104.0f);
+    xc = TB_VSEL(xc, TB_VBC(89.0f), xc > 89.0f);
+    k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to nearest */
+    r = xc - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    p = TB_VBC(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    ki = TB_VCVTI(k);
+    k1 = ki >> 1; /* 2^k as two factors: denormal results are reached too */
+    p = p * TB_VASF((k1 + 127) << 23) * TB_VASF((ki - k1 + 127) << 23);
+    p = TB_VSEL(p, TB_VBC(INFINITY), x > 88.72283935546875f);
+    p = TB_VSEL(p, TB_VBC(0.0f), x < -103.97208404541015625f);
+    return TB_VSEL(p, x, x != x);
+}
+
+/* The greater (smaller) lane of two, NaN when either is NaN (as the scalar ops). */
+TB_FN float16 tb_vmax16(float16 a, float16 b) {
+    return TB_VSEL(b, a, (a > b) | (a != a));
+}
+
+TB_FN float16 tb_vmin16(float16 a, float16 b) {
+    return TB_VSEL(b, a, (a < b) | (a != a));
+}
+
+TB_FN float16 tb_vrelu16(float16 a) {
+    return TB_VSEL(a, TB_VBC(0.0f), a < 0.0f);
+}
+
+TB_FN float16 tb_vabs16(float16 a) {
+    return TB_VASF(TB_VASI(a) & 0x7fffffff);
+}
+
+/* Sum, maximum, minimum and product of the lanes, in halves (a fixed order). */
+TB_FN float tb_hsum16(float16 v) {
+    float s[16];
+    int i, h;
+    TB_VSTORE(v, s);
+    for (h = 8; h >= 1; h >>= 1)
+        for (i = 0; i < h; i++)
+            s[i] = s[i] + s[i + h];
+    return s[0];
+}
+
+TB_FN float tb_hprod16(float16 v) {
+    float s[16];
+    int i, h;
+    TB_VSTORE(v, s);
+    for (h = 8; h >= 1; h >>= 1)
+        for (i = 0; i < h; i++)
+            s[i] = s[i] * s[i + h];
+    return s[0];
+}
+
+TB_FN float tb_hmax16(float16 v) {
+    float s[16];
+    int i, h;
+    TB_VSTORE(v, s);
+    for (h = 8; h >= 1; h >>= 1)
+        for (i = 0; i < h; i++)
+            s[i] = (s[i + h] > s[i] || isnan(s[i + h])) && !isnan(s[i]) ? s[i + h] : s[i];
+    return s[0];
+}
+
+TB_FN float tb_hmin16(float16 v) {
+    float s[16];
+    int i, h;
+    TB_VSTORE(v, s);
+    for (h = 8; h >= 1; h >>= 1)
+        for (i = 0; i < h; i++)
+            s[i] = (s[i + h] < s[i] || isnan(s[i + h])) && !isnan(s[i]) ? s[i + h] : s[i];
+    return s[0];
+}
+#endif
