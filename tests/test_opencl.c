@@ -1970,6 +1970,66 @@ static void test_fusion_patterns(void **state) {
 
 /* A large float max / min (split into chunks, read in vectors): a NaN anywhere propagates,
    without one the result is the exact extreme. */
+/* The distance of two floats in units in the last place (0 for equal values, both NaN). */
+static double ulps_apart(float a, float b) {
+    int32_t ia, ib;
+    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b) ? 0 : 1e30;
+    if (a == b) return 0;
+    memcpy(&ia, &a, 4);
+    memcpy(&ib, &b, 4);
+    if (ia < 0) ia = (int32_t)(0x80000000u - (uint32_t)ia);
+    if (ib < 0) ib = (int32_t)(0x80000000u - (uint32_t)ib);
+    return fabs((double)ia - (double)ib);
+}
+
+/* exp of f32 rows read in order runs the kernels' own vector exp: within 2 ulp of the C
+   library's over the whole range, and exact at the edges (overflow to inf, underflow through
+   the denormals to 0, inf, -inf, NaN). */
+static void test_vector_exp(void **state) {
+    enum { N = 1 << 16, SPECIAL = 14 };
+    static const float special[SPECIAL] = {0.0f,     -0.0f,  1.0f,    -1.0f,  88.72f,
+                                           88.7228f, 88.73f, -87.3f,  -95.0f, -103.9f,
+                                           -104.0f,  200.0f, -200.0f, 1e-30f};
+    static float in[N], got[N];
+    tb_shape s = shp(TB_F32, 2, N / 64, 64, 0, 0);
+    tb_tensor *x, *y;
+    double worst = 0;
+    int i, at = 0;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < N; i++)
+        in[i] = -110.0f + 200.0f * (float)i / (float)N;
+    for (i = 0; i < SPECIAL; i++)
+        in[i * 97] = special[i];
+    in[5] = INFINITY;
+    in[6] = -INFINITY;
+    in[7] = NAN;
+    x = tb_tensor_from_host(in, &s, &g_ocl);
+    y = tb_exp(x);
+    {
+        char *text = tb_ir_backend_text(&y, 1); /* the kernel calls the vector exp */
+        assert_non_null(text);
+        assert_non_null(strstr(text, "= tb_vexp16(v"));
+        tb_free(text);
+    }
+    assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+    for (i = 0; i < N; i++) {
+        double d = ulps_apart(got[i], expf(in[i]));
+        if (d > worst) {
+            worst = d;
+            at = i;
+        }
+    }
+    if (worst > 2)
+        fail_msg("exp(%.9g) = %.9g, the C library says %.9g: %.0f ulp", (double)in[at],
+                 (double)got[at], (double)expf(in[at]), worst);
+    assert_true(isinf(got[5]) && got[5] > 0);
+    assert_true(got[6] == 0.0f);
+    assert_true(isnan(got[7]));
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+}
+
 static void test_max_min_nan_large(void **state) {
     const size_t n = (size_t)1 << 20;
     tb_shape s = shp(TB_F32, 1, (int64_t)n, 0, 0, 0);
@@ -4218,6 +4278,7 @@ int main(void) {
         cmocka_unit_test(test_dot_clusters),
         cmocka_unit_test(test_dumps_under_allocation_failures),
         cmocka_unit_test(test_max_min_nan_large),
+        cmocka_unit_test(test_vector_exp),
         cmocka_unit_test(test_scalars_do_not_recompile),
         cmocka_unit_test(test_random_graphs),
         cmocka_unit_test(test_run_time_errors),
