@@ -1538,6 +1538,8 @@ static tb_status tb__grow(void **items, size_t *cap, size_t need, size_t elem);
 static char *tb__strdup(const char *s);
 /* the capacity a caching allocator gives a request (size classes with at most 25% slack) */
 static size_t tb__size_class(size_t size);
+/* a new buffer generation (buffers whose contents may have changed take one); never 0 */
+static uint64_t tb__next_generation(void);
 static char *tb__format(const char *fmt, ...) TB_PRINTF_LIKE(1, 2); /* allocated */
 static tb_status tb__error(tb_status status, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static void tb__mutex_lock(tb__mutex *m);
@@ -2506,6 +2508,15 @@ static TB__UNUSED size_t tb__size_class(size_t size) {
     step = p / 4;
     if (size > SIZE_MAX - step) return size;
     return (size + step - 1) / step * step;
+}
+
+/* Process-wide generations for buffers: a buffer takes a new one whenever its contents may
+   change (handed out by an allocator, written), so that what was derived from it (packed
+   matmul panels) can tell whether it still holds. Never 0. Thread-safe. */
+static uint64_t tb__generation_counter = 0;
+
+static uint64_t tb__next_generation(void) {
+    return (uint64_t)TB__ATOMIC_ADD(&tb__generation_counter, 1);
 }
 
 /* ---- src/rng.c ---- */
@@ -13649,6 +13660,7 @@ typedef struct tb__tuning {
     int32_t mm_kind;     /* TB__MM_PACKED (registers as fallback) or TB__MM_TILES */
     int32_t mm_reg_rows; /* register block of the unpacked kernel: rows x columns */
     int32_t mm_reg_cols;
+    int32_t mm_small_n;     /* up to this many columns: one register block of all of them */
     int32_t mm_reg_group_x; /* its work-group */
     int32_t mm_reg_group_y;
     int32_t mm_panel_rows; /* packed: rows of A per panel and per work item */
@@ -13721,6 +13733,8 @@ typedef struct tb__plan_kernel {
     int32_t partial_slot; /* the final stage: the partial results it reads */
     int32_t mm;           /* matmul: TB__MM_* */
     int32_t pack_slot[2]; /* a packed matmul: the panels of A and B */
+    int32_t pack_param;   /* a pack kernel: the parameter whose buffer alone its panels come
+                             from (panels a backend may keep while that buffer holds), or -1 */
     int32_t out_slot;
     char name[64];
     tb__plan_arg *args;
@@ -14438,6 +14452,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->mm_kind = gpu ? TB__MM_TILES : TB__MM_PACKED;
     t->mm_reg_rows = 8;
     t->mm_reg_cols = 8;
+    t->mm_small_n = 16;
     t->mm_reg_group_x = host ? 1 : 8;
     t->mm_reg_group_y = host ? 1 : 4;
     t->mm_panel_rows = 16;
@@ -15407,6 +15422,14 @@ static tb_status tb__plan_args(tb__pgraph *G, int32_t *over) {
         st = tb__plan_kernel_args(G, i, stamp, stack);
         if (st == TB_OK && *over < 0 && p->kernels[i].num_args + 1 > G->target->max_args)
             *over = (int32_t)i;
+        if (st == TB_OK) {
+            /* panels made of one parameter's buffer only (through views): kept by backends */
+            tb__plan_kernel *k = &p->kernels[i];
+            k->pack_param = -1;
+            if ((k->kind == TB__K_PACK_A || k->kind == TB__K_PACK_B) && k->num_args == 1 &&
+                k->args[0].kind == TB__ARG_BUF && p->slots[k->args[0].index].kind == TB__SLOT_PARAM)
+                k->pack_param = p->slots[k->args[0].index].index;
+        }
     }
     tb__free(stamp);
     tb__free(stack);
@@ -15703,9 +15726,17 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
         k->rn = (int32_t)zb[5];
         tb__plan_launch_groups(k, 1, 1, (size_t)zb[4], (size_t)za[4], (size_t)za[0]);
     } else if (k->mm == TB__MM_REGISTERS) {
-        int64_t lx = t->mm_reg_group_x, ly = t->mm_reg_group_y;
+        int64_t lx = t->mm_reg_group_x, ly = t->mm_reg_group_y, bx, by;
         k->rm = (int32_t)(mm.m < t->mm_reg_rows ? (mm.m > 0 ? mm.m : 1) : t->mm_reg_rows);
         k->rn = (int32_t)(mm.n < t->mm_reg_cols ? (mm.n > 0 ? mm.n : 1) : t->mm_reg_cols);
+        /* few columns (the last layer of a classifier): one block of all of them */
+        if (mm.n > t->mm_reg_cols && mm.n <= t->mm_small_n) k->rn = (int32_t)mm.n;
+        /* no work-group wider than the blocks there are: padding items would compute
+           clamped copies */
+        bx = (mm.n + k->rn - 1) / k->rn;
+        by = (mm.m + k->rm - 1) / k->rm;
+        if (lx > bx) lx = bx > 0 ? bx : 1;
+        if (ly > by) ly = by > 0 ? by : 1;
         tb__plan_launch_groups(
             k, (size_t)lx, (size_t)ly, (size_t)(((mm.n + k->rn - 1) / k->rn + lx - 1) / lx),
             (size_t)(((mm.m + k->rm - 1) / k->rm + ly - 1) / ly), (size_t)mm.batch);
@@ -18965,8 +18996,9 @@ struct tb__ocl_device;
 typedef struct tb__ocl_buffer {
     struct tb__ocl_device *dev;
     tb__cl_mem mem;
-    size_t size; /* bytes asked for */
-    size_t cap;  /* bytes the cl_mem holds: the size class */
+    size_t size;  /* bytes asked for */
+    size_t cap;   /* bytes the cl_mem holds: the size class */
+    uint64_t gen; /* tb__next_generation when it was handed out or last written */
 } tb__ocl_buffer;
 
 /* A built program shared by every computation whose source is the same. */
@@ -19729,6 +19761,7 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
             dev->cached_bytes -= cap;
             dev->buffers_reused++;
             buf->size = size;
+            buf->gen = tb__next_generation();
             dev->bytes_in_use += cap;
             if (dev->bytes_in_use > dev->peak_bytes) dev->peak_bytes = dev->bytes_in_use;
             tb__ocl_metric(dev, "OpenCL::BytesCached", -(int64_t)cap);
@@ -19763,6 +19796,7 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
     buf->mem = mem;
     buf->size = size;
     buf->cap = cap;
+    buf->gen = tb__next_generation();
     (void)TB__ATOMIC_ADD(&rt->refcount, 1);
     dev->buffers_created++;
     dev->bytes_in_use += cap;
@@ -20550,6 +20584,14 @@ static void tb__ocl_target(const tb__ocl_device *dev, tb__tuning *tuning, tb__ta
 
 /* ---- backend entries: lowering, compile, execute ---- */
 
+/* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
+   of the same generation) comes again. */
+typedef struct tb__ocl_kept {
+    const tb__ocl_buffer *src;
+    uint64_t gen;
+    tb__ocl_buffer *panels;
+} tb__ocl_kept;
+
 /* A compiled graph: its plan, its program and a kernel object per kernel. */
 typedef struct tb__ocl_comp {
     tb__plan *plan;
@@ -20559,7 +20601,8 @@ typedef struct tb__ocl_comp {
     tb__ocl_runtime *rt; /* a reference */
     tb__ocl_program *program;
     tb__cl_kernel *cl;
-    size_t *local; /* per kernel: the work-group size of kernels launched over items */
+    size_t *local;      /* per kernel: the work-group size of kernels launched over items */
+    tb__ocl_kept *kept; /* per kernel: kept panels */
 } tb__ocl_comp;
 
 typedef struct tb__ocl_context {
@@ -20578,14 +20621,17 @@ static void tb__ocl_comp_release(tb__ocl_comp *c) {
             for (i = 0; i < c->plan->num_kernels; i++)
                 if (c->cl[i] != NULL) TB__OCL_CALL(rt, ReleaseKernel)(c->cl[i]);
         }
-        if (dev != NULL && c->program != NULL) {
+        if (dev != NULL && (c->program != NULL || c->kept != NULL)) {
             tb__ocl_device_lock(dev);
-            tb__ocl_program_unref(dev, c->program);
+            if (c->program != NULL) tb__ocl_program_unref(dev, c->program);
+            for (i = 0; c->kept != NULL && i < c->plan->num_kernels; i++)
+                tb__ocl_buffer_free(c->kept[i].panels);
             tb__ocl_device_release(dev);
         }
     }
     tb__free(c->cl);
     tb__free(c->local);
+    tb__free(c->kept);
     tb__free(c->source);
     tb__plan_free(c->plan);
     tb__free(c);
@@ -20705,7 +20751,8 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
     }
     p->cl = (tb__cl_kernel *)tb__calloc(p->plan->num_kernels + 1, sizeof(tb__cl_kernel));
     p->local = (size_t *)tb__calloc(p->plan->num_kernels + 1, sizeof(size_t));
-    if (p->cl == NULL || p->local == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    p->kept = (tb__ocl_kept *)tb__calloc(p->plan->num_kernels + 1, sizeof *p->kept);
+    if (p->cl == NULL || p->local == NULL || p->kept == NULL) st = TB_ERR_OUT_OF_MEMORY;
     if (st == TB_OK) st = tb__ocl_get_program(dev, p->source, p->source_len, &p->program);
     for (i = 0; i < p->plan->num_kernels && st == TB_OK; i++) {
         tb__plan_kernel *k = &p->plan->kernels[i];
@@ -20915,6 +20962,14 @@ static tb_status tb__ocl_run_kernel(tb__ocl_run *r, size_t i, tb_backend_data *c
     tb__cl_event *event = tb_debug_level() >= 2 ? &r->events[i] : NULL;
     tb__cl_int err;
     tb_status st;
+    const tb__ocl_buffer *src =
+        k->pack_param >= 0 ? (const tb__ocl_buffer *)arguments[k->pack_param]->payload : NULL;
+    tb__ocl_kept *kp = &r->p->kept[i];
+    if (src != NULL && kp->panels != NULL && kp->src == src && kp->gen == src->gen) {
+        r->mems[k->out_slot] = kp->panels->mem; /* the panels of this buffer, made before */
+        tb__ocl_metric(dev, "OpenCL::PanelsKept", 1);
+        return TB_OK;
+    }
     if (r->mems[k->out_slot] == NULL) {
         size_t size = 0;
         st = tb_shape_nbytes(&r->p->plan->slots[k->out_slot].shape, &size);
@@ -20940,6 +20995,15 @@ static tb_status tb__ocl_run_kernel(tb__ocl_run *r, size_t i, tb_backend_data *c
     }
     dev->kernels_launched++;
     tb__ocl_metric(dev, "OpenCL::KernelLaunch", 1);
+    if (src != NULL && r->owned[k->out_slot] != NULL &&
+        (uint64_t)r->owned[k->out_slot]->cap <= dev->cache_limit) {
+        /* keep the panels with the computation (the next run of this buffer skips the pack) */
+        tb__ocl_buffer_free(kp->panels);
+        kp->panels = r->owned[k->out_slot];
+        kp->src = src;
+        kp->gen = src->gen;
+        r->owned[k->out_slot] = NULL;
+    }
     return TB_OK;
 }
 
@@ -21438,17 +21502,28 @@ static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
     tb__str_append(src, "    if (tb_hi > %lldL) tb_hi = %lldL;\n",
                    (long long)(size[0] * size[1] * size[2]),
                    (long long)(size[0] * size[1] * size[2]));
-    tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi; tb_w++)\n");
     if (size[1] == 1 && size[2] == 1) {
+        tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi; tb_w++)\n");
         tb__str_append(src, "        %s_item(tb_w, 0, 0", k->name);
-    } else {
-        tb__str_append(src, "        %s_item(tb_w %% %lldL, tb_w / %lldL %% %lldL, tb_w / %lldL",
-                       k->name, (long long)size[0], (long long)size[0], (long long)size[1],
-                       (long long)(size[0] * size[1]));
+        for (i = 0; i < num_params; i++)
+            tb__str_append(src, ", %s", params[i].name);
+        tb__str_append(src, ");\n}\n\n");
+        return;
     }
+    /* runs of dimension 0 at fixed ids 1 and 2: one division per run, not per item */
+    tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi;) {\n");
+    tb__str_append(src,
+                   "        const long tb_r = tb_w / %lldL, tb_g1 = tb_r %% %lldL, tb_g2 = tb_r / "
+                   "%lldL;\n",
+                   (long long)size[0], (long long)size[1], (long long)size[1]);
+    tb__str_append(src, "        long tb_g0 = tb_w %% %lldL, tb_end = tb_w + (%lldL - tb_g0);\n",
+                   (long long)size[0], (long long)size[0]);
+    tb__str_append(src, "        if (tb_end > tb_hi) tb_end = tb_hi;\n");
+    tb__str_append(src, "        for (; tb_w < tb_end; tb_w++, tb_g0++)\n");
+    tb__str_append(src, "            %s_item(tb_g0, tb_g1, tb_g2", k->name);
     for (i = 0; i < num_params; i++)
         tb__str_append(src, ", %s", params[i].name);
-    tb__str_append(src, ");\n}\n\n");
+    tb__str_append(src, ");\n    }\n}\n\n");
 }
 
 static void tb__native_dialect(tb__dialect *d) {
@@ -21601,8 +21676,9 @@ extern char **environ;
 typedef struct tb__native_buf {
     void *base;
     unsigned char *ptr;
-    size_t size; /* bytes asked for */
-    size_t cap;  /* bytes it holds: the size class */
+    size_t size;  /* bytes asked for */
+    size_t cap;   /* bytes it holds: the size class */
+    uint64_t gen; /* tb__next_generation when it was handed out or last written */
 } tb__native_buf;
 
 /* A loaded shared object, shared by every computation whose source is the same. */
@@ -21865,6 +21941,7 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
             rt->cache_count--;
             rt->cached_bytes -= b->cap;
             b->size = size;
+            b->gen = tb__next_generation();
             rt->bytes_in_use += b->cap;
             if (rt->bytes_in_use > rt->peak_bytes) rt->peak_bytes = rt->bytes_in_use;
             *out = b;
@@ -21884,6 +21961,7 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
     b->ptr = (unsigned char *)b->base + (64 - (uintptr_t)b->base % 64) % 64;
     b->size = size;
     b->cap = cap;
+    b->gen = tb__next_generation();
     rt->refcount++;
     rt->bytes_in_use += cap;
     if (rt->bytes_in_use > rt->peak_bytes) rt->peak_bytes = rt->bytes_in_use;
@@ -22311,6 +22389,14 @@ static void tb__native_data_release(void *user_data, tb_backend_data *data) {
 /* ---- backend entries: lowering, compile, execute ---- */
 
 /* A compiled graph: its plan, its source, its program and a function per kernel. */
+/* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
+   of the same generation) comes again. */
+typedef struct tb__native_kept {
+    const tb__native_buf *src;
+    uint64_t gen;
+    tb__native_buf *panels;
+} tb__native_kept;
+
 typedef struct tb__native_comp {
     tb__plan *plan;
     char *source;
@@ -22318,6 +22404,7 @@ typedef struct tb__native_comp {
     tb__native_rt *rt;
     tb__native_prog *prog;
     tb__native_fn *fns;
+    tb__native_kept *kept; /* per kernel */
 } tb__native_comp;
 
 /* A lowering context: the computation until compile takes it. */
@@ -22331,8 +22418,14 @@ static void tb__native_comp_release(tb__native_comp *c) {
     rt = c->rt;
     tb__mutex_lock(&tb__native_mutex);
     if (rt != NULL && c->prog != NULL) tb__native_prog_unref(rt, c->prog);
+    if (rt != NULL && c->kept != NULL) {
+        size_t i;
+        for (i = 0; i < c->plan->num_kernels; i++)
+            if (c->kept[i].panels != NULL) tb__native_buf_free(rt, c->kept[i].panels);
+    }
     tb__native_rt_unref(rt);
     tb__mutex_unlock(&tb__native_mutex);
+    tb__free(c->kept);
     tb__free(c->fns);
     tb__free(c->source);
     tb__plan_free(c->plan);
@@ -22419,7 +22512,8 @@ static tb_status tb__native_compile(void *user_data, void *context, void **compu
                        (unsigned long long)p->graph_hash, c->source);
     }
     c->fns = (tb__native_fn *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_fn));
-    if (c->fns == NULL) return TB_ERR_OUT_OF_MEMORY;
+    c->kept = (tb__native_kept *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_kept));
+    if (c->fns == NULL || c->kept == NULL) return TB_ERR_OUT_OF_MEMORY;
     st = tb__native_get_program(c->rt, c->source, c->source_len, &c->prog);
     for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
         void *sym;
@@ -22519,6 +22613,13 @@ static tb_status tb__native_run_kernel(tb__native_comp *c, size_t i,
     const tb__plan_kernel *k = &p->kernels[i];
     uint64_t size[3], t0;
     size_t j;
+    const tb__native_buf *src =
+        k->pack_param >= 0 ? (const tb__native_buf *)arguments[k->pack_param]->payload : NULL;
+    tb__native_kept *kp = &c->kept[i];
+    if (src != NULL && kp->panels != NULL && kp->src == src && kp->gen == src->gen) {
+        s->ptrs[k->out_slot] = kp->panels->ptr; /* the panels of this buffer, made before */
+        return TB_OK;
+    }
     if (s->ptrs[k->out_slot] == NULL) {
         size_t bytes = 0;
         tb_status st = tb_shape_nbytes(&p->slots[k->out_slot].shape, &bytes);
@@ -22548,6 +22649,17 @@ static tb_status tb__native_run_kernel(tb__native_comp *c, size_t i,
     tb__native_run(c->rt->pool, c->fns[i], s->argv, (int64_t)(size[0] * size[1] * size[2]),
                    k->bytes + k->flops);
     (void)TB__ATOMIC_ADD(&c->rt->kernels_launched, 1);
+    if (src != NULL && s->owned[k->out_slot] != NULL &&
+        (uint64_t)s->owned[k->out_slot]->cap <= c->rt->cache_limit) {
+        /* keep the panels with the computation (the next run of this buffer skips the pack) */
+        tb__mutex_lock(&tb__native_mutex);
+        if (kp->panels != NULL) tb__native_buf_free(c->rt, kp->panels);
+        tb__mutex_unlock(&tb__native_mutex);
+        kp->panels = s->owned[k->out_slot];
+        kp->src = src;
+        kp->gen = src->gen;
+        s->owned[k->out_slot] = NULL;
+    }
     if (tb_debug_level() >= 2) {
         double ns = (double)(tb__now_ns() - t0);
         if (ns < 1) ns = 1;

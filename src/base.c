@@ -806,3 +806,12 @@ static TB__UNUSED size_t tb__size_class(size_t size) {
     if (size > SIZE_MAX - step) return size;
     return (size + step - 1) / step * step;
 }
+
+/* Process-wide generations for buffers: a buffer takes a new one whenever its contents may
+   change (handed out by an allocator, written), so that what was derived from it (packed
+   matmul panels) can tell whether it still holds. Never 0. Thread-safe. */
+static uint64_t tb__generation_counter = 0;
+
+static uint64_t tb__next_generation(void) {
+    return (uint64_t)TB__ATOMIC_ADD(&tb__generation_counter, 1);
+}

@@ -69,6 +69,7 @@ typedef struct tb__tuning {
     int32_t mm_kind;     /* TB__MM_PACKED (registers as fallback) or TB__MM_TILES */
     int32_t mm_reg_rows; /* register block of the unpacked kernel: rows x columns */
     int32_t mm_reg_cols;
+    int32_t mm_small_n;     /* up to this many columns: one register block of all of them */
     int32_t mm_reg_group_x; /* its work-group */
     int32_t mm_reg_group_y;
     int32_t mm_panel_rows; /* packed: rows of A per panel and per work item */
@@ -141,6 +142,8 @@ typedef struct tb__plan_kernel {
     int32_t partial_slot; /* the final stage: the partial results it reads */
     int32_t mm;           /* matmul: TB__MM_* */
     int32_t pack_slot[2]; /* a packed matmul: the panels of A and B */
+    int32_t pack_param;   /* a pack kernel: the parameter whose buffer alone its panels come
+                             from (panels a backend may keep while that buffer holds), or -1 */
     int32_t out_slot;
     char name[64];
     tb__plan_arg *args;

@@ -104,6 +104,8 @@ static tb_status tb__grow(void **items, size_t *cap, size_t need, size_t elem);
 static char *tb__strdup(const char *s);
 /* the capacity a caching allocator gives a request (size classes with at most 25% slack) */
 static size_t tb__size_class(size_t size);
+/* a new buffer generation (buffers whose contents may have changed take one); never 0 */
+static uint64_t tb__next_generation(void);
 static char *tb__format(const char *fmt, ...) TB_PRINTF_LIKE(1, 2); /* allocated */
 static tb_status tb__error(tb_status status, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static void tb__mutex_lock(tb__mutex *m);

@@ -107,17 +107,28 @@ static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
     tb__str_append(src, "    if (tb_hi > %lldL) tb_hi = %lldL;\n",
                    (long long)(size[0] * size[1] * size[2]),
                    (long long)(size[0] * size[1] * size[2]));
-    tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi; tb_w++)\n");
     if (size[1] == 1 && size[2] == 1) {
+        tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi; tb_w++)\n");
         tb__str_append(src, "        %s_item(tb_w, 0, 0", k->name);
-    } else {
-        tb__str_append(src, "        %s_item(tb_w %% %lldL, tb_w / %lldL %% %lldL, tb_w / %lldL",
-                       k->name, (long long)size[0], (long long)size[0], (long long)size[1],
-                       (long long)(size[0] * size[1]));
+        for (i = 0; i < num_params; i++)
+            tb__str_append(src, ", %s", params[i].name);
+        tb__str_append(src, ");\n}\n\n");
+        return;
     }
+    /* runs of dimension 0 at fixed ids 1 and 2: one division per run, not per item */
+    tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi;) {\n");
+    tb__str_append(src,
+                   "        const long tb_r = tb_w / %lldL, tb_g1 = tb_r %% %lldL, tb_g2 = tb_r / "
+                   "%lldL;\n",
+                   (long long)size[0], (long long)size[1], (long long)size[1]);
+    tb__str_append(src, "        long tb_g0 = tb_w %% %lldL, tb_end = tb_w + (%lldL - tb_g0);\n",
+                   (long long)size[0], (long long)size[0]);
+    tb__str_append(src, "        if (tb_end > tb_hi) tb_end = tb_hi;\n");
+    tb__str_append(src, "        for (; tb_w < tb_end; tb_w++, tb_g0++)\n");
+    tb__str_append(src, "            %s_item(tb_g0, tb_g1, tb_g2", k->name);
     for (i = 0; i < num_params; i++)
         tb__str_append(src, ", %s", params[i].name);
-    tb__str_append(src, ");\n}\n\n");
+    tb__str_append(src, ");\n    }\n}\n\n");
 }
 
 static void tb__native_dialect(tb__dialect *d) {
@@ -270,8 +281,9 @@ extern char **environ;
 typedef struct tb__native_buf {
     void *base;
     unsigned char *ptr;
-    size_t size; /* bytes asked for */
-    size_t cap;  /* bytes it holds: the size class */
+    size_t size;  /* bytes asked for */
+    size_t cap;   /* bytes it holds: the size class */
+    uint64_t gen; /* tb__next_generation when it was handed out or last written */
 } tb__native_buf;
 
 /* A loaded shared object, shared by every computation whose source is the same. */
@@ -534,6 +546,7 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
             rt->cache_count--;
             rt->cached_bytes -= b->cap;
             b->size = size;
+            b->gen = tb__next_generation();
             rt->bytes_in_use += b->cap;
             if (rt->bytes_in_use > rt->peak_bytes) rt->peak_bytes = rt->bytes_in_use;
             *out = b;
@@ -553,6 +566,7 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
     b->ptr = (unsigned char *)b->base + (64 - (uintptr_t)b->base % 64) % 64;
     b->size = size;
     b->cap = cap;
+    b->gen = tb__next_generation();
     rt->refcount++;
     rt->bytes_in_use += cap;
     if (rt->bytes_in_use > rt->peak_bytes) rt->peak_bytes = rt->bytes_in_use;
@@ -980,6 +994,14 @@ static void tb__native_data_release(void *user_data, tb_backend_data *data) {
 /* ---- backend entries: lowering, compile, execute ---- */
 
 /* A compiled graph: its plan, its source, its program and a function per kernel. */
+/* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
+   of the same generation) comes again. */
+typedef struct tb__native_kept {
+    const tb__native_buf *src;
+    uint64_t gen;
+    tb__native_buf *panels;
+} tb__native_kept;
+
 typedef struct tb__native_comp {
     tb__plan *plan;
     char *source;
@@ -987,6 +1009,7 @@ typedef struct tb__native_comp {
     tb__native_rt *rt;
     tb__native_prog *prog;
     tb__native_fn *fns;
+    tb__native_kept *kept; /* per kernel */
 } tb__native_comp;
 
 /* A lowering context: the computation until compile takes it. */
@@ -1000,8 +1023,14 @@ static void tb__native_comp_release(tb__native_comp *c) {
     rt = c->rt;
     tb__mutex_lock(&tb__native_mutex);
     if (rt != NULL && c->prog != NULL) tb__native_prog_unref(rt, c->prog);
+    if (rt != NULL && c->kept != NULL) {
+        size_t i;
+        for (i = 0; i < c->plan->num_kernels; i++)
+            if (c->kept[i].panels != NULL) tb__native_buf_free(rt, c->kept[i].panels);
+    }
     tb__native_rt_unref(rt);
     tb__mutex_unlock(&tb__native_mutex);
+    tb__free(c->kept);
     tb__free(c->fns);
     tb__free(c->source);
     tb__plan_free(c->plan);
@@ -1088,7 +1117,8 @@ static tb_status tb__native_compile(void *user_data, void *context, void **compu
                        (unsigned long long)p->graph_hash, c->source);
     }
     c->fns = (tb__native_fn *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_fn));
-    if (c->fns == NULL) return TB_ERR_OUT_OF_MEMORY;
+    c->kept = (tb__native_kept *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_kept));
+    if (c->fns == NULL || c->kept == NULL) return TB_ERR_OUT_OF_MEMORY;
     st = tb__native_get_program(c->rt, c->source, c->source_len, &c->prog);
     for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
         void *sym;
@@ -1188,6 +1218,13 @@ static tb_status tb__native_run_kernel(tb__native_comp *c, size_t i,
     const tb__plan_kernel *k = &p->kernels[i];
     uint64_t size[3], t0;
     size_t j;
+    const tb__native_buf *src =
+        k->pack_param >= 0 ? (const tb__native_buf *)arguments[k->pack_param]->payload : NULL;
+    tb__native_kept *kp = &c->kept[i];
+    if (src != NULL && kp->panels != NULL && kp->src == src && kp->gen == src->gen) {
+        s->ptrs[k->out_slot] = kp->panels->ptr; /* the panels of this buffer, made before */
+        return TB_OK;
+    }
     if (s->ptrs[k->out_slot] == NULL) {
         size_t bytes = 0;
         tb_status st = tb_shape_nbytes(&p->slots[k->out_slot].shape, &bytes);
@@ -1217,6 +1254,17 @@ static tb_status tb__native_run_kernel(tb__native_comp *c, size_t i,
     tb__native_run(c->rt->pool, c->fns[i], s->argv, (int64_t)(size[0] * size[1] * size[2]),
                    k->bytes + k->flops);
     (void)TB__ATOMIC_ADD(&c->rt->kernels_launched, 1);
+    if (src != NULL && s->owned[k->out_slot] != NULL &&
+        (uint64_t)s->owned[k->out_slot]->cap <= c->rt->cache_limit) {
+        /* keep the panels with the computation (the next run of this buffer skips the pack) */
+        tb__mutex_lock(&tb__native_mutex);
+        if (kp->panels != NULL) tb__native_buf_free(c->rt, kp->panels);
+        tb__mutex_unlock(&tb__native_mutex);
+        kp->panels = s->owned[k->out_slot];
+        kp->src = src;
+        kp->gen = src->gen;
+        s->owned[k->out_slot] = NULL;
+    }
     if (tb_debug_level() >= 2) {
         double ns = (double)(tb__now_ns() - t0);
         if (ns < 1) ns = 1;

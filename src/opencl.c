@@ -392,6 +392,14 @@ static void tb__ocl_target(const tb__ocl_device *dev, tb__tuning *tuning, tb__ta
 
 /* ---- backend entries: lowering, compile, execute ---- */
 
+/* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
+   of the same generation) comes again. */
+typedef struct tb__ocl_kept {
+    const tb__ocl_buffer *src;
+    uint64_t gen;
+    tb__ocl_buffer *panels;
+} tb__ocl_kept;
+
 /* A compiled graph: its plan, its program and a kernel object per kernel. */
 typedef struct tb__ocl_comp {
     tb__plan *plan;
@@ -401,7 +409,8 @@ typedef struct tb__ocl_comp {
     tb__ocl_runtime *rt; /* a reference */
     tb__ocl_program *program;
     tb__cl_kernel *cl;
-    size_t *local; /* per kernel: the work-group size of kernels launched over items */
+    size_t *local;      /* per kernel: the work-group size of kernels launched over items */
+    tb__ocl_kept *kept; /* per kernel: kept panels */
 } tb__ocl_comp;
 
 typedef struct tb__ocl_context {
@@ -420,14 +429,17 @@ static void tb__ocl_comp_release(tb__ocl_comp *c) {
             for (i = 0; i < c->plan->num_kernels; i++)
                 if (c->cl[i] != NULL) TB__OCL_CALL(rt, ReleaseKernel)(c->cl[i]);
         }
-        if (dev != NULL && c->program != NULL) {
+        if (dev != NULL && (c->program != NULL || c->kept != NULL)) {
             tb__ocl_device_lock(dev);
-            tb__ocl_program_unref(dev, c->program);
+            if (c->program != NULL) tb__ocl_program_unref(dev, c->program);
+            for (i = 0; c->kept != NULL && i < c->plan->num_kernels; i++)
+                tb__ocl_buffer_free(c->kept[i].panels);
             tb__ocl_device_release(dev);
         }
     }
     tb__free(c->cl);
     tb__free(c->local);
+    tb__free(c->kept);
     tb__free(c->source);
     tb__plan_free(c->plan);
     tb__free(c);
@@ -547,7 +559,8 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
     }
     p->cl = (tb__cl_kernel *)tb__calloc(p->plan->num_kernels + 1, sizeof(tb__cl_kernel));
     p->local = (size_t *)tb__calloc(p->plan->num_kernels + 1, sizeof(size_t));
-    if (p->cl == NULL || p->local == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    p->kept = (tb__ocl_kept *)tb__calloc(p->plan->num_kernels + 1, sizeof *p->kept);
+    if (p->cl == NULL || p->local == NULL || p->kept == NULL) st = TB_ERR_OUT_OF_MEMORY;
     if (st == TB_OK) st = tb__ocl_get_program(dev, p->source, p->source_len, &p->program);
     for (i = 0; i < p->plan->num_kernels && st == TB_OK; i++) {
         tb__plan_kernel *k = &p->plan->kernels[i];
@@ -757,6 +770,14 @@ static tb_status tb__ocl_run_kernel(tb__ocl_run *r, size_t i, tb_backend_data *c
     tb__cl_event *event = tb_debug_level() >= 2 ? &r->events[i] : NULL;
     tb__cl_int err;
     tb_status st;
+    const tb__ocl_buffer *src =
+        k->pack_param >= 0 ? (const tb__ocl_buffer *)arguments[k->pack_param]->payload : NULL;
+    tb__ocl_kept *kp = &r->p->kept[i];
+    if (src != NULL && kp->panels != NULL && kp->src == src && kp->gen == src->gen) {
+        r->mems[k->out_slot] = kp->panels->mem; /* the panels of this buffer, made before */
+        tb__ocl_metric(dev, "OpenCL::PanelsKept", 1);
+        return TB_OK;
+    }
     if (r->mems[k->out_slot] == NULL) {
         size_t size = 0;
         st = tb_shape_nbytes(&r->p->plan->slots[k->out_slot].shape, &size);
@@ -782,6 +803,15 @@ static tb_status tb__ocl_run_kernel(tb__ocl_run *r, size_t i, tb_backend_data *c
     }
     dev->kernels_launched++;
     tb__ocl_metric(dev, "OpenCL::KernelLaunch", 1);
+    if (src != NULL && r->owned[k->out_slot] != NULL &&
+        (uint64_t)r->owned[k->out_slot]->cap <= dev->cache_limit) {
+        /* keep the panels with the computation (the next run of this buffer skips the pack) */
+        tb__ocl_buffer_free(kp->panels);
+        kp->panels = r->owned[k->out_slot];
+        kp->src = src;
+        kp->gen = src->gen;
+        r->owned[k->out_slot] = NULL;
+    }
     return TB_OK;
 }
 

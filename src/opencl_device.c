@@ -431,6 +431,7 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
             dev->cached_bytes -= cap;
             dev->buffers_reused++;
             buf->size = size;
+            buf->gen = tb__next_generation();
             dev->bytes_in_use += cap;
             if (dev->bytes_in_use > dev->peak_bytes) dev->peak_bytes = dev->bytes_in_use;
             tb__ocl_metric(dev, "OpenCL::BytesCached", -(int64_t)cap);
@@ -465,6 +466,7 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
     buf->mem = mem;
     buf->size = size;
     buf->cap = cap;
+    buf->gen = tb__next_generation();
     (void)TB__ATOMIC_ADD(&rt->refcount, 1);
     dev->buffers_created++;
     dev->bytes_in_use += cap;

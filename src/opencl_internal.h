@@ -195,8 +195,9 @@ struct tb__ocl_device;
 typedef struct tb__ocl_buffer {
     struct tb__ocl_device *dev;
     tb__cl_mem mem;
-    size_t size; /* bytes asked for */
-    size_t cap;  /* bytes the cl_mem holds: the size class */
+    size_t size;  /* bytes asked for */
+    size_t cap;   /* bytes the cl_mem holds: the size class */
+    uint64_t gen; /* tb__next_generation when it was handed out or last written */
 } tb__ocl_buffer;
 
 /* A built program shared by every computation whose source is the same. */

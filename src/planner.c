@@ -43,6 +43,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->mm_kind = gpu ? TB__MM_TILES : TB__MM_PACKED;
     t->mm_reg_rows = 8;
     t->mm_reg_cols = 8;
+    t->mm_small_n = 16;
     t->mm_reg_group_x = host ? 1 : 8;
     t->mm_reg_group_y = host ? 1 : 4;
     t->mm_panel_rows = 16;
@@ -1012,6 +1013,14 @@ static tb_status tb__plan_args(tb__pgraph *G, int32_t *over) {
         st = tb__plan_kernel_args(G, i, stamp, stack);
         if (st == TB_OK && *over < 0 && p->kernels[i].num_args + 1 > G->target->max_args)
             *over = (int32_t)i;
+        if (st == TB_OK) {
+            /* panels made of one parameter's buffer only (through views): kept by backends */
+            tb__plan_kernel *k = &p->kernels[i];
+            k->pack_param = -1;
+            if ((k->kind == TB__K_PACK_A || k->kind == TB__K_PACK_B) && k->num_args == 1 &&
+                k->args[0].kind == TB__ARG_BUF && p->slots[k->args[0].index].kind == TB__SLOT_PARAM)
+                k->pack_param = p->slots[k->args[0].index].index;
+        }
     }
     tb__free(stamp);
     tb__free(stack);
@@ -1308,9 +1317,17 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
         k->rn = (int32_t)zb[5];
         tb__plan_launch_groups(k, 1, 1, (size_t)zb[4], (size_t)za[4], (size_t)za[0]);
     } else if (k->mm == TB__MM_REGISTERS) {
-        int64_t lx = t->mm_reg_group_x, ly = t->mm_reg_group_y;
+        int64_t lx = t->mm_reg_group_x, ly = t->mm_reg_group_y, bx, by;
         k->rm = (int32_t)(mm.m < t->mm_reg_rows ? (mm.m > 0 ? mm.m : 1) : t->mm_reg_rows);
         k->rn = (int32_t)(mm.n < t->mm_reg_cols ? (mm.n > 0 ? mm.n : 1) : t->mm_reg_cols);
+        /* few columns (the last layer of a classifier): one block of all of them */
+        if (mm.n > t->mm_reg_cols && mm.n <= t->mm_small_n) k->rn = (int32_t)mm.n;
+        /* no work-group wider than the blocks there are: padding items would compute
+           clamped copies */
+        bx = (mm.n + k->rn - 1) / k->rn;
+        by = (mm.m + k->rm - 1) / k->rm;
+        if (lx > bx) lx = bx > 0 ? bx : 1;
+        if (ly > by) ly = by > 0 ? by : 1;
         tb__plan_launch_groups(
             k, (size_t)lx, (size_t)ly, (size_t)(((mm.n + k->rn - 1) / k->rn + lx - 1) / lx),
             (size_t)(((mm.m + k->rm - 1) / k->rm + ly - 1) / ly), (size_t)mm.batch);

@@ -1970,6 +1970,93 @@ static void test_fusion_patterns(void **state) {
 
 /* A large float max / min (split into chunks, read in vectors): a NaN anywhere propagates,
    without one the result is the exact extreme. */
+/* A matmul's weight panels are kept with the computation while the same weight buffer comes
+   again; a new weight in the same computation (even in a buffer the allocator hands out again
+   after the first weight was released) is packed anew. */
+static void test_kept_panels_follow_their_buffer(void **state) {
+    enum { M = 64, K = 96, N = 80 };
+    static float a[M * K], w1[K * N], w2[K * N], got[M * N], want[M * N];
+    tb_shape sa = shp(TB_F32, 2, M, K, 0, 0), sw = shp(TB_F32, 2, K, N, 0, 0);
+    tb_shape sy = shp(TB_F32, 2, M, N, 0, 0);
+    tb_tensor *x, *w, *y, *xc, *wc, *yc;
+    int round;
+    (void)state;
+    REQUIRE_OPENCL();
+    fill(a, &sa, R_ANY, 0);
+    fill(w1, &sw, R_ANY, 0);
+    fill(w2, &sw, R_ANY, 0);
+    x = tb_tensor_from_host(a, &sa, &g_ocl);
+    xc = tb_tensor_from_host(a, &sa, &g_cpu);
+    for (round = 0; round < 6; round++) {
+        const float *wh = (round / 2) % 2 == 0 ? w1 : w2; /* w1, w1, w2, w2, w1, w1 */
+        w = tb_tensor_from_host(wh, &sw, &g_ocl);
+        wc = tb_tensor_from_host(wh, &sw, &g_cpu);
+        y = tb_matmul(x, w);
+        yc = tb_matmul(xc, wc);
+        assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+        assert_int_equal(tb_tensor_to_host(yc, want, sizeof want), TB_OK);
+        compare_host("matmul with kept panels", &sy, want, got);
+        tb_tensor_release(y);
+        tb_tensor_release(yc);
+        tb_tensor_release(w); /* its buffer goes back to the allocator for the next round */
+        tb_tensor_release(wc);
+    }
+    tb_tensor_release(x);
+    tb_tensor_release(xc);
+}
+
+/* A chain longer than one kernel's budget becomes several kernels (it used to fail with "a
+   kernel too large"); the values are those of the whole chain. */
+static void test_long_chain_splits(void **state) {
+    enum { OPS = 9001 };
+    static const float a[8] = {1, -2, 3, -4, 5, -6, 7, -8};
+    float got[8];
+    tb_shape s = shp(TB_F32, 1, 8, 0, 0, 0);
+    tb_tensor *x, *y;
+    int i;
+    (void)state;
+    REQUIRE_OPENCL();
+    x = tb_tensor_from_host(a, &s, &g_ocl);
+    y = tb_tensor_retain(x);
+    for (i = 0; i < OPS; i++)
+        y = take(y, tb_neg(y));
+    assert_true(kernel_count(&y, 1) >= 3);
+    assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+    for (i = 0; i < 8; i++)
+        assert_true(got[i] == -a[i]);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+}
+
+/* A sum of more arrays than one kernel may take as arguments is split into kernels that each
+   take few enough (it used to fail with "more than the bytes of arguments the device takes"). */
+static void test_many_arguments_split(void **state) {
+    enum { INPUTS = 300 };
+    static float vals[INPUTS][4];
+    float got[4], want[4] = {0, 0, 0, 0};
+    tb_shape s = shp(TB_F32, 1, 4, 0, 0, 0);
+    tb_tensor *in[INPUTS], *y;
+    int i, j;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < INPUTS; i++) {
+        for (j = 0; j < 4; j++) {
+            vals[i][j] = (float)((i * 7 + j * 3) % 11) - 5.0f;
+            want[j] += vals[i][j];
+        }
+        in[i] = tb_tensor_from_host(vals[i], &s, &g_ocl);
+    }
+    y = tb_tensor_retain(in[0]);
+    for (i = 1; i < INPUTS; i++)
+        y = take(y, tb_add(y, in[i]));
+    assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+    for (j = 0; j < 4; j++)
+        assert_true(got[j] == want[j]); /* small integers: exact in any order */
+    tb_tensor_release(y);
+    for (i = 0; i < INPUTS; i++)
+        tb_tensor_release(in[i]);
+}
+
 /* The distance of two floats in units in the last place (0 for equal values, both NaN). */
 static double ulps_apart(float a, float b) {
     int32_t ia, ib;
@@ -4279,6 +4366,9 @@ int main(void) {
         cmocka_unit_test(test_dumps_under_allocation_failures),
         cmocka_unit_test(test_max_min_nan_large),
         cmocka_unit_test(test_vector_exp),
+        cmocka_unit_test(test_kept_panels_follow_their_buffer),
+        cmocka_unit_test(test_long_chain_splits),
+        cmocka_unit_test(test_many_arguments_split),
         cmocka_unit_test(test_scalars_do_not_recompile),
         cmocka_unit_test(test_random_graphs),
         cmocka_unit_test(test_run_time_errors),
