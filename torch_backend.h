@@ -682,6 +682,8 @@ typedef enum tb_op_kind {
      INDEX_SELECT: [x, index], x rank >= 1, index 1-D i32 or i64; attrs [dim]; output x's dims
        with dims[dim] = index's length: out[p] = x[p with p[dim] replaced by index[p[dim]]].
        Out-of-range indices as GATHER.
+   Added later (at the end, so that the ids of the ops above keep their values):
+     ERF: unary elementwise, float T only (the op function casts integers and bool to f32 first).
    Custom ops: the registered number of operands, as recorded (no CAST is inserted); attrs as
    given to tb_call_op; output from infer_shape, or else the broadcast of the operands with the
    tb_dtype_promote of their dtypes.
@@ -751,7 +753,8 @@ typedef enum tb_op_kind {
     X(CONCAT, "concat", TB_KIND_OTHER, -1)                                                         \
     X(PAD, "pad", TB_KIND_OTHER, 2)                                                                \
     X(GATHER, "gather", TB_KIND_OTHER, 2)                                                          \
-    X(INDEX_SELECT, "index_select", TB_KIND_OTHER, 2)
+    X(INDEX_SELECT, "index_select", TB_KIND_OTHER, 2)                                              \
+    X(ERF, "erf", TB_KIND_UNARY, 1)
 
 /* An op id: a built-in TB_OP_* or an id returned by tb_op_register. */
 typedef int32_t tb_op;
@@ -1015,6 +1018,7 @@ TBDEF tb_tensor *tb_tanh(tb_tensor *x);
 TBDEF tb_tensor *tb_sigmoid(tb_tensor *x);
 TBDEF tb_tensor *tb_relu(tb_tensor *x);
 TBDEF tb_tensor *tb_gelu(tb_tensor *x); /* the exact (erf) form */
+TBDEF tb_tensor *tb_erf(tb_tensor *x);  /* the error function */
 TBDEF tb_tensor *tb_silu(tb_tensor *x);
 TBDEF tb_tensor *tb_reciprocal(tb_tensor *x);
 TBDEF tb_tensor *tb_floor(tb_tensor *x);
@@ -5525,6 +5529,7 @@ static tb_status tb__infer_unary(const char *fn, tb_op op, const tb_shape *x) {
     case TB_OP_GELU:
     case TB_OP_SILU:
     case TB_OP_RECIPROCAL:
+    case TB_OP_ERF:
         return tb__need_float(fn, x);
     case TB_OP_NEG:
     case TB_OP_ABS:
@@ -9007,6 +9012,7 @@ static bool tb__op_is_float_only(tb_op op) {
     case TB_OP_GELU:
     case TB_OP_SILU:
     case TB_OP_RECIPROCAL:
+    case TB_OP_ERF:
         return true;
     default:
         return false;
@@ -9076,6 +9082,10 @@ TBDEF tb_tensor *tb_relu(tb_tensor *x) {
 }
 TBDEF tb_tensor *tb_gelu(tb_tensor *x) {
     return tb__unary("tb_gelu", TB_OP_GELU, x);
+}
+
+TBDEF tb_tensor *tb_erf(tb_tensor *x) {
+    return tb__unary("tb_erf", TB_OP_ERF, x);
 }
 TBDEF tb_tensor *tb_silu(tb_tensor *x) {
     return tb__unary("tb_silu", TB_OP_SILU, x);
@@ -11076,6 +11086,8 @@ static double tb__ref_unary_f(tb_op op, double x) {
         return x < 0 ? 0.0 : x; /* NaN stays NaN */
     case TB_OP_GELU:
         return 0.5 * x * (1.0 + erf(x * TB__REF_SQRT1_2));
+    case TB_OP_ERF:
+        return erf(x);
     case TB_OP_SILU:
         return x * tb__ref_sigmoid(x);
     case TB_OP_RECIPROCAL:
@@ -17280,11 +17292,13 @@ static bool tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e
     case TB_OP_LOG:
     case TB_OP_SIN:
     case TB_OP_COS:
-    case TB_OP_TANH: {
+    case TB_OP_TANH:
+    case TB_OP_ERF: {
         const char *f = n->op == TB_OP_EXP   ? "exp"
                         : n->op == TB_OP_LOG ? "log"
                         : n->op == TB_OP_SIN ? "sin"
                         : n->op == TB_OP_COS ? "cos"
+                        : n->op == TB_OP_ERF ? "erf"
                                              : "tanh";
         snprintf(e, cap, "(%s)%s((%s)%s)", t, tb__cg_math(g, f, od), m, a);
         break;
@@ -21155,6 +21169,7 @@ static bool tb__ocl_float_only_unary(tb_op op) {
     case TB_OP_SILU:
     case TB_OP_RECIPROCAL:
     case TB_OP_DIV:
+    case TB_OP_ERF:
         return true;
     default:
         return false;
@@ -21760,6 +21775,7 @@ static void tb__native_rt_unref(tb__native_rt *rt) {
 static bool tb__native_find_program(const char *name, char *found) {
     const char *path = tb__getenv("PATH"), *p;
     char buf[4096];
+    if (name == NULL || name[0] == '\0') return false;
     if (strchr(name, '/') != NULL) {
         snprintf(found, 4096, "%s", name);
         return access(name, X_OK) == 0;

@@ -603,11 +603,13 @@ static bool tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e
     case TB_OP_LOG:
     case TB_OP_SIN:
     case TB_OP_COS:
-    case TB_OP_TANH: {
+    case TB_OP_TANH:
+    case TB_OP_ERF: {
         const char *f = n->op == TB_OP_EXP   ? "exp"
                         : n->op == TB_OP_LOG ? "log"
                         : n->op == TB_OP_SIN ? "sin"
                         : n->op == TB_OP_COS ? "cos"
+                        : n->op == TB_OP_ERF ? "erf"
                                              : "tanh";
         snprintf(e, cap, "(%s)%s((%s)%s)", t, tb__cg_math(g, f, od), m, a);
         break;

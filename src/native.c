@@ -365,6 +365,7 @@ static void tb__native_rt_unref(tb__native_rt *rt) {
 static bool tb__native_find_program(const char *name, char *found) {
     const char *path = tb__getenv("PATH"), *p;
     char buf[4096];
+    if (name == NULL || name[0] == '\0') return false;
     if (strchr(name, '/') != NULL) {
         snprintf(found, 4096, "%s", name);
         return access(name, X_OK) == 0;

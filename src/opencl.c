@@ -963,6 +963,7 @@ static bool tb__ocl_float_only_unary(tb_op op) {
     case TB_OP_SILU:
     case TB_OP_RECIPROCAL:
     case TB_OP_DIV:
+    case TB_OP_ERF:
         return true;
     default:
         return false;
