@@ -17957,7 +17957,6 @@ static bool tb__cg_red_loop(tb__cg *g, const tb__cg_red *rd) {
         snprintf(to, sizeof to, "%lldL", (long long)rd->m);
     }
     if (k->vec > 0) {
-        int32_t rt, vx;
         tb__ix_open(&g->ix, "");
         tb__ix_line(&g->ix, "const long rs = %s, re = %s;", from, to);
         if (!tb__cg_red_vloop(g, rd)) return false;
