@@ -29,8 +29,11 @@
      TB_ASSERT(x)           your own assert for internal invariants (default: assert.h)
 
    ENVIRONMENT VARIABLES
-     TB_BACKEND          the default backend (default "cpu"; a desc field overrides it)
-     TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0"
+     TB_BACKEND          the default backend (default "cpu"; desc.backend overrides it)
+     TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0" (desc.device
+                         overrides it). A bad TB_BACKEND or TB_DEVICE is an error wherever the
+                         default is used ("TB_BACKEND='x' is not a usable backend: ..."), never
+                         a fallback
      TB_BACKEND_PATH     ':'-separated folders searched for plugins libtb_backend_<name>.so
      TB_CACHE_DIR        folder for the OpenCL program binary cache, created 0700 (a folder
                          others may write to is not used); "off" disables it
@@ -351,7 +354,10 @@ TBDEF tb_status tb_device_parse(const char *text, tb_device *out);
 TBDEF bool tb_device_equal(const tb_device *a, const tb_device *b);
 
 /* The current device of the calling thread: the innermost device guard's, else the default
-   device (desc.device / $TB_DEVICE), else the current backend's default device. */
+   device (desc.device / $TB_DEVICE), else the current backend's default device. A default that
+   names no usable device or backend is an error that says which setting holds it:
+   "tb_current_device: TB_DEVICE='opencl:7' is not a usable device: ...",
+   "tb_current_device: TB_BACKEND='nope' is not a usable backend: ...". */
 TBDEF tb_status tb_current_device(tb_device *out);
 
 /* Device guard: makes `device` current on this thread until tb_device_guard_end, which restores
@@ -529,8 +535,14 @@ TBDEF bool tb_backend_has_tag(const tb_backend *backend, const char *tag);
 TBDEF const tb_backend_impl *tb_backend_get_impl(const tb_backend *backend);
 
 /* The current backend: new tensors without an explicit device go there. Default: desc.backend,
-   else $TB_BACKEND, else "cpu". An unknown name is TB_ERR_NOT_FOUND and changes nothing.
-   Thread-safe (process-wide). */
+   else $TB_BACKEND, else "cpu", looked up on first use (a plugin is loaded then).
+   tb_set_backend: an unknown name is TB_ERR_NOT_FOUND and changes nothing.
+   tb_get_backend returns the current backend's name (valid until tb_shutdown), or NULL when
+   the default names no usable backend: the error then says which setting holds the bad name,
+   e.g. "tb_get_backend: TB_BACKEND='nope' is not a usable backend: unknown backend 'nope';
+   available: cpu, opencl". Every use of the default fails the same way (tb_current_device,
+   and with it every new tensor without a device) until tb_set_backend picks one; nothing falls
+   back to "cpu". Thread-safe (process-wide). */
 TBDEF tb_status tb_set_backend(const char *name);
 TBDEF const char *tb_get_backend(void);
 
@@ -1600,6 +1612,9 @@ static bool tb__data_set_host_release(tb_backend_data *data, const void *host,
    (unknown backend: lists those that exist; bad ordinal: gives the device count) */
 static tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
                                     tb_device *out);
+/* the current backend (tb_set_backend's, else the default of desc.backend / $TB_BACKEND /
+   "cpu", looked up); NULL with an error naming `fn` and the setting that holds a bad name */
+static const tb_backend *tb__current_backend(const char *fn);
 /* cpu, opencl: those not registered yet (the registry calls it until all are) */
 struct tb__builtin_failure;
 static void tb__register_builtin_backends(struct tb__builtin_failure *why);
@@ -1704,9 +1719,10 @@ static TB__THREAD_LOCAL char tb__err_message[TB__ERROR_CAP];
    common case of tb__ensure_setup costs one load. */
 typedef struct tb__state {
     int32_t ready;
-    tb_desc desc;              /* the effective desc: defaults filled, strings owned */
-    const char *device_source; /* "desc.device" or "TB_DEVICE": where desc.device came from */
-    tb_allocator allocator;    /* copied out of desc so the hooks outlive tb_shutdown's frees */
+    tb_desc desc;               /* the effective desc: defaults filled, strings owned */
+    const char *device_source;  /* "desc.device" or "TB_DEVICE": where desc.device came from */
+    const char *backend_source; /* "desc.backend", "TB_BACKEND", or NULL for the default cpu */
+    tb_allocator allocator;     /* copied out of desc so the hooks outlive tb_shutdown's frees */
 } tb__state;
 
 static tb__state tb__g;
@@ -2242,7 +2258,7 @@ static void tb__free_desc_strings(void) {
 /* Called with tb__setup_mutex held and the library not set up. */
 static tb_status tb__do_setup(const tb_desc *user) {
     tb_desc d;
-    const char *backend, *device, *device_source = NULL;
+    const char *backend, *device, *device_source = NULL, *backend_source = NULL;
     if (user != NULL) {
         d = *user;
     } else {
@@ -2272,7 +2288,13 @@ static tb_status tb__do_setup(const tb_desc *user) {
     if (d.cache_size == 0) d.cache_size = 1024;
     if (d.max_graph_nodes == 0) d.max_graph_nodes = 100000;
 
-    backend = d.backend != NULL ? d.backend : tb__getenv("TB_BACKEND");
+    backend = d.backend;
+    if (backend != NULL) {
+        backend_source = "desc.backend";
+    } else {
+        backend = tb__getenv("TB_BACKEND");
+        if (backend != NULL) backend_source = "TB_BACKEND";
+    }
     if (backend == NULL) backend = "cpu";
     device = d.device;
     if (device != NULL) {
@@ -2292,6 +2314,7 @@ static tb_status tb__do_setup(const tb_desc *user) {
     }
     tb__g.desc = d;
     tb__g.device_source = device_source;
+    tb__g.backend_source = backend_source;
     TB__ATOMIC_ADD(&tb__g.ready, 1);
     return TB_OK;
 }
@@ -2343,6 +2366,7 @@ TBDEF void tb_shutdown(void) {
     tb__free_desc_strings();
     memset(&tb__g.desc, 0, sizeof tb__g.desc);
     tb__g.device_source = NULL;
+    tb__g.backend_source = NULL;
     memset(&tb__g.allocator, 0, sizeof tb__g.allocator);
     TB__ATOMIC_ADD(&tb__g.ready, -1);
     tb__mutex_unlock(&tb__setup_mutex);
@@ -3354,7 +3378,11 @@ TBDEF tb_status tb_current_device(tb_device *out) {
         *out = d;
         return TB_OK;
     }
-    return tb_backend_default_device(tb_get_backend(), out);
+    {
+        const tb_backend *b = tb__current_backend("tb_current_device");
+        if (b == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_NOT_FOUND;
+        return tb_backend_default_device(tb_backend_name(b), out);
+    }
 }
 
 TBDEF tb_status tb_device_guard_begin(tb_device_guard *guard, const tb_device *device) {
@@ -3419,7 +3447,6 @@ typedef struct tb__registry {
     size_t count, cap;
     size_t removals;       /* entries removed (a failed init), so that a walk can restart */
     tb_backend *current;   /* NULL until chosen (lazily from the desc) */
-    bool warned_default;   /* the unknown-default warning was logged */
     int32_t builtins_done; /* read atomically */
     const tb_backend *cpu; /* the reference backend, whose payloads are tb__host_buffer */
 } tb__registry;
@@ -4050,40 +4077,45 @@ TBDEF tb_status tb_set_backend(const char *name) {
     return TB_OK;
 }
 
-TBDEF const char *tb_get_backend(void) {
+/* The current backend: the one tb_set_backend chose, else the default (desc.backend,
+   $TB_BACKEND, "cpu"), looked up on first use. A default that names no usable backend is an
+   error each time it is used, in the words tb_current_device uses for a bad desc.device or
+   $TB_DEVICE; nothing falls back to another backend. */
+static const tb_backend *tb__current_backend(const char *fn) {
     tb_backend *b;
-    const char *wanted;
-    tb__saved_error saved;
+    const char *wanted, *source;
     tb__ensure_setup();
     tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
     b = tb__reg.current;
     tb__mutex_unlock(&tb__reg_mutex);
-    if (b != NULL) return b->name;
+    if (b != NULL) return b;
 
     wanted = tb__desc()->backend != NULL ? tb__desc()->backend : "cpu";
-    tb__error_save(&saved);
-    b = tb__lookup("tb_get_backend", wanted);
+    source = tb__g.backend_source;
+    b = tb__lookup(fn, wanted);
     if (b == NULL) {
-        bool warn;
-        tb__mutex_lock(&tb__reg_mutex);
-        warn = !tb__reg.warned_default;
-        tb__reg.warned_default = true;
-        tb__mutex_unlock(&tb__reg_mutex);
-        if (warn) {
-            tb_log_message(TB_LOG_WARN,
-                           "the default backend '%.64s' is not usable (%s); using 'cpu'", wanted,
-                           tb_last_error());
-        }
-        b = tb__find_ready("cpu");
+        char reason[TB__ERROR_CAP];
+        const char *r = tb_last_error();
+        size_t n = strlen(fn);
+        tb_status st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_NOT_FOUND;
+        if (source == NULL) return NULL; /* the reference backend itself: its own error */
+        /* keep the reason, and say which setting holds the bad value */
+        if (strncmp(r, fn, n) == 0 && strncmp(r + n, ": ", 2) == 0) r += n + 2;
+        snprintf(reason, sizeof reason, "%s", r);
+        tb__error(st, "%s: %s='%.64s' is not a usable backend: %s", fn, source, wanted, reason);
+        return NULL;
     }
-    tb__error_restore(&saved);
-    if (b == NULL) return "cpu"; /* only when registering the reference backend ran out of memory */
     tb__mutex_lock(&tb__reg_mutex);
     if (tb__reg.current == NULL) tb__reg.current = b;
     b = tb__reg.current;
     tb__mutex_unlock(&tb__reg_mutex);
-    return b->name;
+    return b;
+}
+
+TBDEF const char *tb_get_backend(void) {
+    const tb_backend *b = tb__current_backend("tb_get_backend");
+    return b != NULL ? b->name : NULL;
 }
 
 /* ---- devices ---- */
@@ -4537,7 +4569,6 @@ static void tb__registry_shutdown(void) {
     tb__reg.count = 0;
     tb__reg.cap = 0;
     tb__reg.current = NULL;
-    tb__reg.warned_default = false;
     tb__reg.cpu = NULL;
     tb__mutex_unlock(&tb__reg_mutex);
     /* entries first, then the objects their strings and functions came from */

@@ -35,7 +35,9 @@ int main(void) {
     const char *names[64];
     size_t count = tb_backend_list(names, 64, true);
     if (count > 64) count = 64;
-    printf("backends: %u (current: %s)\n", (unsigned)count, tb_get_backend());
+    const char *current = tb_get_backend(); /* NULL: TB_BACKEND names no usable backend */
+    printf("backends: %u (current: %s)\n", (unsigned)count, current ? current : "none");
+    if (current == NULL) printf("  %s\n", tb_last_error());
     for (size_t i = 0; i < count; ++i) {
         tb_device devices[16];
         size_t num_devices = 0;

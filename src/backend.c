@@ -28,7 +28,6 @@ typedef struct tb__registry {
     size_t count, cap;
     size_t removals;       /* entries removed (a failed init), so that a walk can restart */
     tb_backend *current;   /* NULL until chosen (lazily from the desc) */
-    bool warned_default;   /* the unknown-default warning was logged */
     int32_t builtins_done; /* read atomically */
     const tb_backend *cpu; /* the reference backend, whose payloads are tb__host_buffer */
 } tb__registry;
@@ -659,40 +658,45 @@ TBDEF tb_status tb_set_backend(const char *name) {
     return TB_OK;
 }
 
-TBDEF const char *tb_get_backend(void) {
+/* The current backend: the one tb_set_backend chose, else the default (desc.backend,
+   $TB_BACKEND, "cpu"), looked up on first use. A default that names no usable backend is an
+   error each time it is used, in the words tb_current_device uses for a bad desc.device or
+   $TB_DEVICE; nothing falls back to another backend. */
+static const tb_backend *tb__current_backend(const char *fn) {
     tb_backend *b;
-    const char *wanted;
-    tb__saved_error saved;
+    const char *wanted, *source;
     tb__ensure_setup();
     tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
     b = tb__reg.current;
     tb__mutex_unlock(&tb__reg_mutex);
-    if (b != NULL) return b->name;
+    if (b != NULL) return b;
 
     wanted = tb__desc()->backend != NULL ? tb__desc()->backend : "cpu";
-    tb__error_save(&saved);
-    b = tb__lookup("tb_get_backend", wanted);
+    source = tb__g.backend_source;
+    b = tb__lookup(fn, wanted);
     if (b == NULL) {
-        bool warn;
-        tb__mutex_lock(&tb__reg_mutex);
-        warn = !tb__reg.warned_default;
-        tb__reg.warned_default = true;
-        tb__mutex_unlock(&tb__reg_mutex);
-        if (warn) {
-            tb_log_message(TB_LOG_WARN,
-                           "the default backend '%.64s' is not usable (%s); using 'cpu'", wanted,
-                           tb_last_error());
-        }
-        b = tb__find_ready("cpu");
+        char reason[TB__ERROR_CAP];
+        const char *r = tb_last_error();
+        size_t n = strlen(fn);
+        tb_status st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_NOT_FOUND;
+        if (source == NULL) return NULL; /* the reference backend itself: its own error */
+        /* keep the reason, and say which setting holds the bad value */
+        if (strncmp(r, fn, n) == 0 && strncmp(r + n, ": ", 2) == 0) r += n + 2;
+        snprintf(reason, sizeof reason, "%s", r);
+        tb__error(st, "%s: %s='%.64s' is not a usable backend: %s", fn, source, wanted, reason);
+        return NULL;
     }
-    tb__error_restore(&saved);
-    if (b == NULL) return "cpu"; /* only when registering the reference backend ran out of memory */
     tb__mutex_lock(&tb__reg_mutex);
     if (tb__reg.current == NULL) tb__reg.current = b;
     b = tb__reg.current;
     tb__mutex_unlock(&tb__reg_mutex);
-    return b->name;
+    return b;
+}
+
+TBDEF const char *tb_get_backend(void) {
+    const tb_backend *b = tb__current_backend("tb_get_backend");
+    return b != NULL ? b->name : NULL;
 }
 
 /* ---- devices ---- */
@@ -1146,7 +1150,6 @@ static void tb__registry_shutdown(void) {
     tb__reg.count = 0;
     tb__reg.cap = 0;
     tb__reg.current = NULL;
-    tb__reg.warned_default = false;
     tb__reg.cpu = NULL;
     tb__mutex_unlock(&tb__reg_mutex);
     /* entries first, then the objects their strings and functions came from */

@@ -160,8 +160,14 @@ TBDEF bool tb_backend_has_tag(const tb_backend *backend, const char *tag);
 TBDEF const tb_backend_impl *tb_backend_get_impl(const tb_backend *backend);
 
 /* The current backend: new tensors without an explicit device go there. Default: desc.backend,
-   else $TB_BACKEND, else "cpu". An unknown name is TB_ERR_NOT_FOUND and changes nothing.
-   Thread-safe (process-wide). */
+   else $TB_BACKEND, else "cpu", looked up on first use (a plugin is loaded then).
+   tb_set_backend: an unknown name is TB_ERR_NOT_FOUND and changes nothing.
+   tb_get_backend returns the current backend's name (valid until tb_shutdown), or NULL when
+   the default names no usable backend: the error then says which setting holds the bad name,
+   e.g. "tb_get_backend: TB_BACKEND='nope' is not a usable backend: unknown backend 'nope';
+   available: cpu, opencl". Every use of the default fails the same way (tb_current_device,
+   and with it every new tensor without a device) until tb_set_backend picks one; nothing falls
+   back to "cpu". Thread-safe (process-wide). */
 TBDEF tb_status tb_set_backend(const char *name);
 TBDEF const char *tb_get_backend(void);
 

@@ -18,9 +18,10 @@ static TB__THREAD_LOCAL char tb__err_message[TB__ERROR_CAP];
    common case of tb__ensure_setup costs one load. */
 typedef struct tb__state {
     int32_t ready;
-    tb_desc desc;              /* the effective desc: defaults filled, strings owned */
-    const char *device_source; /* "desc.device" or "TB_DEVICE": where desc.device came from */
-    tb_allocator allocator;    /* copied out of desc so the hooks outlive tb_shutdown's frees */
+    tb_desc desc;               /* the effective desc: defaults filled, strings owned */
+    const char *device_source;  /* "desc.device" or "TB_DEVICE": where desc.device came from */
+    const char *backend_source; /* "desc.backend", "TB_BACKEND", or NULL for the default cpu */
+    tb_allocator allocator;     /* copied out of desc so the hooks outlive tb_shutdown's frees */
 } tb__state;
 
 static tb__state tb__g;
@@ -556,7 +557,7 @@ static void tb__free_desc_strings(void) {
 /* Called with tb__setup_mutex held and the library not set up. */
 static tb_status tb__do_setup(const tb_desc *user) {
     tb_desc d;
-    const char *backend, *device, *device_source = NULL;
+    const char *backend, *device, *device_source = NULL, *backend_source = NULL;
     if (user != NULL) {
         d = *user;
     } else {
@@ -586,7 +587,13 @@ static tb_status tb__do_setup(const tb_desc *user) {
     if (d.cache_size == 0) d.cache_size = 1024;
     if (d.max_graph_nodes == 0) d.max_graph_nodes = 100000;
 
-    backend = d.backend != NULL ? d.backend : tb__getenv("TB_BACKEND");
+    backend = d.backend;
+    if (backend != NULL) {
+        backend_source = "desc.backend";
+    } else {
+        backend = tb__getenv("TB_BACKEND");
+        if (backend != NULL) backend_source = "TB_BACKEND";
+    }
     if (backend == NULL) backend = "cpu";
     device = d.device;
     if (device != NULL) {
@@ -606,6 +613,7 @@ static tb_status tb__do_setup(const tb_desc *user) {
     }
     tb__g.desc = d;
     tb__g.device_source = device_source;
+    tb__g.backend_source = backend_source;
     TB__ATOMIC_ADD(&tb__g.ready, 1);
     return TB_OK;
 }
@@ -657,6 +665,7 @@ TBDEF void tb_shutdown(void) {
     tb__free_desc_strings();
     memset(&tb__g.desc, 0, sizeof tb__g.desc);
     tb__g.device_source = NULL;
+    tb__g.backend_source = NULL;
     memset(&tb__g.allocator, 0, sizeof tb__g.allocator);
     TB__ATOMIC_ADD(&tb__g.ready, -1);
     tb__mutex_unlock(&tb__setup_mutex);

@@ -29,8 +29,11 @@
      TB_ASSERT(x)           your own assert for internal invariants (default: assert.h)
 
    ENVIRONMENT VARIABLES
-     TB_BACKEND          the default backend (default "cpu"; a desc field overrides it)
-     TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0"
+     TB_BACKEND          the default backend (default "cpu"; desc.backend overrides it)
+     TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0" (desc.device
+                         overrides it). A bad TB_BACKEND or TB_DEVICE is an error wherever the
+                         default is used ("TB_BACKEND='x' is not a usable backend: ..."), never
+                         a fallback
      TB_BACKEND_PATH     ':'-separated folders searched for plugins libtb_backend_<name>.so
      TB_CACHE_DIR        folder for the OpenCL program binary cache, created 0700 (a folder
                          others may write to is not used); "off" disables it

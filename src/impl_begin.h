@@ -166,6 +166,9 @@ static bool tb__data_set_host_release(tb_backend_data *data, const void *host,
    (unknown backend: lists those that exist; bad ordinal: gives the device count) */
 static tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
                                     tb_device *out);
+/* the current backend (tb_set_backend's, else the default of desc.backend / $TB_BACKEND /
+   "cpu", looked up); NULL with an error naming `fn` and the setting that holds a bad name */
+static const tb_backend *tb__current_backend(const char *fn);
 /* cpu, opencl: those not registered yet (the registry calls it until all are) */
 struct tb__builtin_failure;
 static void tb__register_builtin_backends(struct tb__builtin_failure *why);

@@ -471,30 +471,52 @@ static void count_logs(tb_log_level level, const char *message, void *user_data)
 
 static void test_default_backend_from_env_and_desc(void **state) {
     tb_desc desc;
+    tb_device d;
     static log_count logs;
+    static const float one = 1.0f;
+    tb_shape s = tb_shape_of(TB_F32, 1, 1);
     (void)state;
     memset(&desc, 0, sizeof desc);
     memset(&logs, 0, sizeof logs);
     desc.logger.func = count_logs;
     desc.logger.user_data = &logs;
 
-    /* an unknown default falls back to cpu with one warning, and sets no error */
+    /* an unknown default is an error at every use, named like a bad TB_DEVICE; nothing falls
+       back to cpu and nothing is logged */
     setenv("TB_BACKEND", "not_a_backend", 1);
     assert_int_equal(tb_setup(&desc), TB_OK);
     tb_clear_error();
+    assert_null(tb_get_backend());
+    assert_int_equal(tb_last_status(), TB_ERR_NOT_FOUND);
+    assert_starts_with(tb_last_error(), "tb_get_backend: TB_BACKEND='not_a_backend' is not a "
+                                        "usable backend: unknown backend 'not_a_backend'; "
+                                        "available: cpu");
+    assert_int_equal(tb_current_device(&d), TB_ERR_NOT_FOUND);
+    assert_starts_with(tb_last_error(), "tb_current_device: TB_BACKEND='not_a_backend' is not a "
+                                        "usable backend: unknown backend 'not_a_backend'; "
+                                        "available: ");
+    assert_null(tb_tensor_from_host(&one, &s, NULL));
+    assert_int_equal(tb_last_status(), TB_ERR_NOT_FOUND);
+    assert_null(tb_get_backend()); /* still: the error is not a one-time warning */
+    assert_int_equal(logs.warnings, 0);
+    /* choosing a backend ends it */
+    assert_int_equal(tb_set_backend("cpu"), TB_OK);
     assert_string_equal(tb_get_backend(), "cpu");
-    assert_string_equal(tb_get_backend(), "cpu");
-    assert_int_equal(logs.warnings, 1);
-    assert_non_null(strstr(logs.last, "'not_a_backend'"));
-    assert_int_equal(tb_last_status(), TB_OK);
+    assert_int_equal(tb_current_device(&d), TB_OK);
     tb_shutdown();
 
-    /* the desc wins over the environment */
+    /* the desc wins over the environment, and the message names it */
     desc.backend = "cpu";
     memset(&logs, 0, sizeof logs);
     assert_int_equal(tb_setup(&desc), TB_OK);
     assert_string_equal(tb_get_backend(), "cpu");
     assert_int_equal(logs.warnings, 0);
+    tb_shutdown();
+    desc.backend = "ghost";
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    assert_int_equal(tb_current_device(&d), TB_ERR_NOT_FOUND);
+    assert_starts_with(tb_last_error(), "tb_current_device: desc.backend='ghost' is not a usable "
+                                        "backend: unknown backend 'ghost'; available: ");
     tb_shutdown();
     unsetenv("TB_BACKEND");
 }
@@ -508,6 +530,15 @@ static void test_default_backend_from_env_plugin(void **state) {
     setenv("TB_BACKEND", "plugin", 1);
     assert_int_equal(tb_setup(NULL), TB_OK);
     assert_string_equal(tb_get_backend(), "plugin");
+    tb_shutdown();
+    /* a plugin that fails to load: the loader's reason, under the setting's name */
+    setenv("TB_BACKEND", "failinit", 1);
+    assert_int_equal(tb_setup(NULL), TB_OK);
+    assert_null(tb_get_backend());
+    assert_int_equal(tb_last_status(), TB_ERR_PLUGIN);
+    assert_starts_with(tb_last_error(),
+                       "tb_get_backend: TB_BACKEND='failinit' is not a usable backend: plugin ");
+    assert_non_null(strstr(tb_last_error(), "failinit: no such hardware here"));
     tb_shutdown();
     unsetenv("TB_BACKEND");
     assert_string_equal(tb_get_backend(), "cpu");
