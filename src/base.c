@@ -572,8 +572,8 @@ static tb_status tb__do_setup(const tb_desc *user) {
     if (d.debug < -1 || d.debug > 3) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: debug %d out of range -1..3", d.debug);
     }
-    if (d.check < -1 || d.check > 1) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: check %d out of range -1..1", d.check);
+    if (d.check < -1 || d.check > 2) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: check %d out of range -1..2", d.check);
     }
     /* The hooks and the debug level first: everything below may allocate or log. */
     tb__g.allocator = d.allocator;
@@ -582,7 +582,7 @@ static tb_status tb__do_setup(const tb_desc *user) {
     if (d.debug == 0) d.debug = tb__env_level("TB_DEBUG", 3);
     if (d.debug < 0) d.debug = 0;
     tb__g.desc.debug = d.debug;
-    if (d.check == 0) d.check = tb__env_level("TB_CHECK", 1);
+    if (d.check == 0) d.check = tb__env_level("TB_CHECK", 2);
     if (d.check < 0) d.check = 0;
     if (d.cache_size == 0) d.cache_size = 1024;
     if (d.max_graph_nodes == 0) d.max_graph_nodes = 100000;

@@ -80,8 +80,9 @@ typedef struct tb_desc {
     size_t cache_size;      /* computations kept in the LRU computation cache; 0: 1024 */
     size_t max_graph_nodes; /* a pending graph larger than this is flushed; 0: 100000 */
     int debug;              /* 0: $TB_DEBUG; 1..3 as TB_DEBUG; -1: off whatever $TB_DEBUG says */
-    int check;              /* 0: $TB_CHECK; 1: check every graph on the reference backend;
-                               -1: off */
+    int check;              /* 0: $TB_CHECK; 1: check every graph on the reference backend
+                               and log the first node that differs; 2: also fail the sync
+                               (TB_ERR_EXECUTE); -1: off */
 } tb_desc;
 
 /* Optional: configures the library. Any other function called first sets the library up with a

@@ -43,8 +43,9 @@
                          cache key), e.g. "-cl-fast-relaxed-math"
      TB_DEBUG            1: one line per graph compile/run; 2: also one line per kernel with time,
                          GB/s, GFLOP/s; 3: also the IR and the generated OpenCL C
-     TB_CHECK            1: run every graph on the reference backend too and report the first node
-                         whose value differs
+     TB_CHECK            1: run every graph on the reference backend too and log the first node
+                         whose value differs; 2: also fail that sync (TB_ERR_EXECUTE); desc.check
+                         overrides it
 
    ERRORS
      Functions return a tb_status (TB_OK is 0) or, for functions returning a handle, NULL. The

@@ -1253,8 +1253,10 @@ static bool tb__check_close(tb_dtype dtype, const unsigned char *a, const unsign
 
 /* Runs `g` again on its backend with every computed node as a result, runs the same graph on
    the reference interpreter, and reports the first node (in post-order) whose values differ.
-   Purely diagnostic: whatever happens here, the caller's results and error stay as they are. */
-static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_graph *g) {
+   At check level 1 purely diagnostic: the caller's error stays as it was and TB_OK comes back.
+   At level 2 a node that differs, or a graph that could not be checked, is an error of the
+   sync: TB_ERR_EXECUTE (or the reason the check failed) with the report as its message. */
+static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_graph *g) {
     tb_graph cg = *g;
     const tb_node **computed = NULL;
     tb_backend_data **device_values = NULL;
@@ -1264,23 +1266,29 @@ static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_
     size_t i, m = 0;
     uint64_t run_ns = 0;
     tb__saved_error saved;
-    tb_status st = TB_OK;
+    tb_status st = TB_OK, verdict = TB_OK;
+    char report[TB__ERROR_CAP];
 
-    if (strcmp(tb_backend_name(ex->backend), "cpu") == 0) return; /* it is the reference */
+    if (strcmp(tb_backend_name(ex->backend), "cpu") == 0) return TB_OK; /* it is the reference */
+    report[0] = '\0';
     tb__error_save(&saved);
+    tb_clear_error(); /* a reason below is the check's own */
     computed = (const tb_node **)tb__calloc(g->num_nodes + 1, sizeof *computed);
     param_host = (void **)tb__calloc(g->num_parameters + 1, sizeof *param_host);
-    if (computed == NULL || param_host == NULL) goto done;
-    for (i = 0; i < g->num_nodes; i++) {
-        if (!tb__exec_walk_is_param(w, g->nodes[i])) computed[m++] = g->nodes[i];
+    if (computed == NULL || param_host == NULL) {
+        st = TB_ERR_OUT_OF_MEMORY;
+    } else {
+        for (i = 0; i < g->num_nodes; i++) {
+            if (!tb__exec_walk_is_param(w, g->nodes[i])) computed[m++] = g->nodes[i];
+        }
+        device_values = (tb_backend_data **)tb__calloc(m + 1, sizeof *device_values);
+        ref_host = (void **)tb__calloc(m + 1, sizeof *ref_host);
+        if (device_values == NULL || ref_host == NULL) st = TB_ERR_OUT_OF_MEMORY;
     }
-    device_values = (tb_backend_data **)tb__calloc(m + 1, sizeof *device_values);
-    ref_host = (void **)tb__calloc(m + 1, sizeof *ref_host);
-    if (device_values == NULL || ref_host == NULL) goto done;
     cg.results = computed;
     cg.num_results = m;
     /* the backend's values of every node: an uncached computation of its own */
-    st = ex->vt->create_lowering_context(ex->vt->user_data, &cg, &context);
+    if (st == TB_OK) st = ex->vt->create_lowering_context(ex->vt->user_data, &cg, &context);
     if (st == TB_OK) st = ex->vt->compile(ex->vt->user_data, context, &computation);
     if (context != NULL && ex->vt->release_lowering_context != NULL)
         ex->vt->release_lowering_context(ex->vt->user_data, context);
@@ -1326,14 +1334,15 @@ static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_
                 tb__shape_text(shape, text);
                 tb_device_format(&ex->device, where, sizeof where);
                 tb__metric_count("CheckMismatch", 1);
-                tb_log_message(TB_LOG_WARN,
-                               "TB_CHECK: graph %016llx: node %%%lld %s %s (node %lu of %lu in "
-                               "post-order) differs at element %lu: %s gives %.9g, the reference "
-                               "gives %.9g",
-                               (unsigned long long)g->hash,
-                               (long long)tb__exec_walk_position(w, computed[i]),
-                               tb_op_name(computed[i]->op), text, (unsigned long)i,
-                               (unsigned long)m, (unsigned long)k, where, va, vb);
+                snprintf(report, sizeof report,
+                         "TB_CHECK: graph %016llx: node %%%lld %s %s (node %lu of %lu in "
+                         "post-order) differs at element %lu: %s gives %.9g, the reference "
+                         "gives %.9g",
+                         (unsigned long long)g->hash,
+                         (long long)tb__exec_walk_position(w, computed[i]),
+                         tb_op_name(computed[i]->op), text, (unsigned long)i, (unsigned long)m,
+                         (unsigned long)k, where, va, vb);
+                verdict = TB_ERR_EXECUTE;
                 goto done;
             }
         }
@@ -1341,8 +1350,10 @@ static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_
     if (st == TB_OK) {
         tb__metric_count("CheckedGraphs", 1);
     } else {
-        tb_log_message(TB_LOG_WARN, "TB_CHECK: graph %016llx could not be checked: %s",
-                       (unsigned long long)g->hash, tb_last_error());
+        snprintf(report, sizeof report, "TB_CHECK: graph %016llx could not be checked: %.900s",
+                 (unsigned long long)g->hash,
+                 tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
+        verdict = st;
     }
 done:
     if (computation != NULL) ex->vt->release_computation(ex->vt->user_data, computation);
@@ -1359,6 +1370,10 @@ done:
     tb__free(ref_host);
     tb__free((void *)computed);
     tb__error_restore(&saved);
+    if (verdict == TB_OK) return TB_OK;
+    tb_log_message(TB_LOG_WARN, "%s", report);
+    if (tb__desc()->check < 2) return TB_OK;
+    return tb__error(verdict, "%s: %s", ex->func, report);
 }
 
 /* The values of `roots` (distinct nodes on ex->device): out[i] gets a new reference. On error
@@ -1405,7 +1420,8 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
         if (st == TB_OK) st = tb__exec_run(ex, &g, entry->computation, values, &run_ns);
         if (st != TB_OK) goto done;
         if (tb_debug_level() >= 1) tb__exec_log_graph(ex, &g, hit, compile_ns, run_ns);
-        if (tb__desc()->check > 0) tb__exec_check(ex, &w, &g);
+        /* at check level 2 a failed check fails the sync: the results are released below */
+        if (tb__desc()->check > 0) st = tb__exec_check(ex, &w, &g);
     }
     /* roots that are parameters need no computation: their values are at hand */
     for (i = 0, r = 0; i < n; i++) {

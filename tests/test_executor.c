@@ -38,6 +38,7 @@ typedef struct count_stats {
     tb_status fail_compile; /* non-zero: compile fails with it */
     tb_status fail_execute; /* non-zero: execute fails with it */
     tb_op reject_op;        /* supports_node says no to this op (-1: none) */
+    tb_op skew_op;          /* execute adds 1 to the values of this op (-1: none): a bug */
 } count_stats;
 
 static count_stats cs;
@@ -347,6 +348,7 @@ static tb_status count_execute(void *u, void *computation, tb_backend_data *cons
                        : p->kind[i] == TB_OP_SUB ? x - y
                        : p->kind[i] == TB_OP_MUL ? x * y
                                                  : -x;
+            if (p->kind[i] == cs.skew_op) r += 1;
             /* round to the node's dtype at every step, as a real f32 kernel does */
             if (p->shape[i].dtype == TB_F32) r = (double)(float)r;
             v[i][e] = r;
@@ -412,6 +414,7 @@ static void start(const tb_desc *desc) {
     tb_shutdown(); /* a failed test may have left the library set up */
     memset(&cs, 0, sizeof(cs));
     cs.reject_op = -1;
+    cs.skew_op = -1;
     tb__exec_hash_mask = ~(uint64_t)0; /* a failed test may have left it cleared */
     if (desc == NULL) {
         memset(&d, 0, sizeof(d));
@@ -1170,6 +1173,60 @@ static void test_debug_log(void **state) {
     stop();
 }
 
+/* TB_CHECK 1 reports the first node whose value differs from the reference; 2 also fails the
+   sync with that report, and keeps nothing of the failed results. */
+static void test_check_levels(void **state) {
+    const float xs[3] = {1, 2, 3};
+    float out[3];
+    tb_desc desc;
+    tb_tensor *x, *y, *z;
+    int i;
+    (void)state;
+    memset(&desc, 0, sizeof(desc));
+    desc.logger.func = log_hook;
+    desc.check = 1;
+    log_text[0] = '\0';
+    start(&desc);
+    cs.skew_op = TB_OP_MUL;
+    x = vec(xs, 3, NULL);
+    y = tb_mul(x, x);
+    z = tb_add(y, x);
+    read_vec(z, out, 3); /* the backend's values, reported but not refused */
+    assert_true(out[0] == 3.0f);
+    assert_int_equal(tb_metrics_counter("CheckMismatch"), 1);
+    assert_contains(log_text, "1|TB_CHECK: graph ");
+    assert_contains(log_text, ": node %1 mul f32[3] (node 0 of 2 in post-order) differs at "
+                              "element 0: count:0 gives 2, the reference gives 1\n");
+    tb_tensor_release(z);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+    stop();
+
+    desc.check = 2;
+    log_text[0] = '\0';
+    start(&desc);
+    cs.skew_op = TB_OP_MUL;
+    x = vec(xs, 3, NULL);
+    y = tb_mul(x, x);
+    z = tb_add(y, x);
+    assert_error(tb_tensor_to_host(z, out, sizeof out), TB_ERR_EXECUTE,
+                 ": node %1 mul f32[3] (node 0 of 2 in post-order) differs at element 0: count:0 "
+                 "gives 2, the reference gives 1");
+    assert_true(strncmp(tb_last_error(), "tb_tensor_to_host: TB_CHECK: graph ", 35) == 0);
+    assert_contains(log_text, "1|TB_CHECK: graph "); /* reported as at level 1 too */
+    assert_error(tb_sync(&z, 1), TB_ERR_EXECUTE, "differs at element 0");
+    /* the graph agrees once the bug is gone: the same sync succeeds */
+    cs.skew_op = -1;
+    read_vec(z, out, 3);
+    for (i = 0; i < 3; i++)
+        assert_true(out[i] == xs[i] * xs[i] + xs[i]);
+    assert_int_equal(tb_metrics_counter("CheckedGraphs"), 1);
+    tb_tensor_release(z);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+    stop();
+}
+
 /* The same graph on the cpu backend: the real reference backend computes it. */
 static void test_cpu_backend_values(void **state) {
     const float xs[3] = {1, 2, 3}, ys[3] = {0.5f, -1, 4};
@@ -1596,6 +1653,7 @@ int main(void) {
         cmocka_unit_test(test_metrics_report),
         cmocka_unit_test(test_ir_text_and_dot),
         cmocka_unit_test(test_debug_log),
+        cmocka_unit_test(test_check_levels),
         cmocka_unit_test(test_cpu_backend_values),
         cmocka_unit_test(test_dumps_under_allocation_failures),
         cmocka_unit_test(test_to_device),
