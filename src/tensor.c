@@ -1098,6 +1098,20 @@ static void tb__exec_log_graph(const tb__exec *ex, const tb_graph *g, bool hit, 
         (double)run_ns / 1e6);
 }
 
+/* The TB_DEBUG=1 line of a compile that a dump (tb_ir_backend_text, tb_ir_dot) started: the
+   same fields as a run's line, so that a later run's "cache=hit compile=0.000ms" has its
+   compile in the log. */
+static void tb__exec_log_dump_compile(const tb__exec *ex, const tb_graph *g, uint64_t compile_ns) {
+    char device[64];
+    tb__exec_device_text(&ex->device, device);
+    tb_log_message(TB_LOG_INFO,
+                   "graph %016llx nodes=%lu params=%lu results=%lu device=%s cache=miss "
+                   "compile=%.3fms (compiled by %s, not run)",
+                   (unsigned long long)g->hash, (unsigned long)g->num_nodes,
+                   (unsigned long)g->num_parameters, (unsigned long)g->num_results, device,
+                   (double)compile_ns / 1e6, ex->func);
+}
+
 /* The bits of a graph's hash that count: tests keep fewer to force hash collisions. */
 static uint64_t tb__exec_hash_mask = ~(uint64_t)0;
 
@@ -1911,6 +1925,8 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     if (st == TB_OK) st = tb__exec_graph_make(&ex, &cw, roots->nodes, roots->count, &results, &g);
     if (st == TB_OK && g.num_results == 0) st = TB_ERR_NOT_FOUND;
     if (st == TB_OK) st = tb__exec_compile(&ex, &g, &cw, entry, &hit, &compile_ns);
+    if (st == TB_OK && !hit && tb_debug_level() >= 1)
+        tb__exec_log_dump_compile(&ex, &g, compile_ns);
     if (st == TB_OK) {
         *kernel = (int32_t *)tb__calloc(w->num_order + 1, sizeof(int32_t));
         *names = (const char **)tb__calloc(w->num_order + 1, sizeof(const char *));
@@ -2036,6 +2052,9 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
         text = tb__strdup("");
     } else if (st == TB_OK) {
         st = tb__exec_compile(&ex, &g, &w, &entry, &hit, &compile_ns);
+        if (st == TB_OK && !hit && tb_debug_level() >= 1) {
+            tb__exec_log_dump_compile(&ex, &g, compile_ns);
+        }
         if (st == TB_OK) {
             const char *backend_text = NULL;
             if (ex.vt->computation_backend_text != NULL) {

@@ -1173,6 +1173,41 @@ static void test_debug_log(void **state) {
     stop();
 }
 
+/* A compile that a dump starts (tb_ir_backend_text here) is counted and logged like the compile
+   of a run, so that the run's "cache=hit compile=0.000ms" has its compile in the log. */
+static void test_dump_compile_logged_and_counted(void **state) {
+    const float xs[3] = {1, 2, 3};
+    tb_desc desc;
+    tb_tensor *x, *y, *z;
+    const char *line;
+    char *text;
+    (void)state;
+    memset(&desc, 0, sizeof(desc));
+    desc.debug = 1;
+    desc.logger.func = log_hook;
+    log_text[0] = '\0';
+    start(&desc);
+    x = vec(xs, 3, NULL);
+    y = tb_add(x, x);
+    z = tb_mul(y, x);
+    text = tb_ir_backend_text(&z, 1);
+    assert_non_null(text);
+    tb_free(text);
+    assert_int_equal(tb_metrics_counter("UncachedCompile"), 1);
+    assert_int_equal(tb_metrics_counter("CompileTime"), 1); /* one sample */
+    line = strstr(log_text, "|graph ");
+    assert_non_null(line);
+    assert_contains(line, " nodes=3 params=1 results=1 device=count:0 cache=miss compile=");
+    assert_contains(line, "ms (compiled by tb_ir_backend_text, not run)\n");
+    assert_int_equal(tb_sync(&z, 1), TB_OK);
+    assert_int_equal(tb_metrics_counter("CachedCompile"), 1);
+    assert_contains(strstr(line + 1, "|graph "), "cache=hit compile=0.000ms run=");
+    tb_tensor_release(z);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+    stop();
+}
+
 /* TB_CHECK 1 reports the first node whose value differs from the reference; 2 also fails the
    sync with that report, and keeps nothing of the failed results. */
 static void test_check_levels(void **state) {
@@ -1653,6 +1688,7 @@ int main(void) {
         cmocka_unit_test(test_metrics_report),
         cmocka_unit_test(test_ir_text_and_dot),
         cmocka_unit_test(test_debug_log),
+        cmocka_unit_test(test_dump_compile_logged_and_counted),
         cmocka_unit_test(test_check_levels),
         cmocka_unit_test(test_cpu_backend_values),
         cmocka_unit_test(test_dumps_under_allocation_failures),
