@@ -41,8 +41,9 @@
                          TB_OPENCL_LINKED)
      TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk
                          cache key), e.g. "-cl-fast-relaxed-math"
-     TB_DEBUG            1: one line per graph compile/run; 2: also one line per kernel with time,
-                         GB/s, GFLOP/s; 3: also the IR and the generated OpenCL C
+     TB_DEBUG            1: one line per graph compile/run, and one while a compile is still
+                         running after 1 s; 2: also one line per kernel with time, GB/s,
+                         GFLOP/s; 3: also the IR and the generated OpenCL C
      TB_CHECK            1: run every graph on the reference backend too and log the first node
                          whose value differs; 2: also fail that sync (TB_ERR_EXECUTE); desc.check
                          overrides it
@@ -168,7 +169,9 @@ typedef struct tb_allocator {
 } tb_allocator;
 
 /* Log hook. NULL: messages at or below the level given by TB_DEBUG go to stderr (errors and
-   warnings always). `message` has no trailing newline. */
+   warnings always). `message` has no trailing newline. It is called on the thread that logs;
+   at TB_DEBUG >= 1 that may be a short-lived thread of the library's, which says that a compile
+   is still running after a second while the thread that started the compile waits in it. */
 typedef struct tb_logger {
     void (*func)(tb_log_level level, const char *message, void *user_data);
     void *user_data;
@@ -1549,6 +1552,28 @@ static void tb__ensure_setup(void);              /* implicit setup with a zero d
 static const tb_desc *tb__desc(void);            /* the effective desc (defaults filled) */
 static const char *tb__getenv(const char *name); /* NULL when unset or empty */
 static uint64_t tb__now_ns(void);                /* monotonic clock */
+/* A log line that appears only when something takes long: begin starts a thread that logs the
+   message at info level unless end comes within `delay_ms`; end stops the thread and waits for
+   it, so a line it logs comes before anything the caller logs next. For TB_DEBUG lines that
+   must appear while a long call still runs. Without a thread (none could be started) nothing
+   is logged. The struct lives on the caller's stack between begin and end. */
+typedef struct tb__slow_notice {
+    bool armed; /* a thread runs */
+    unsigned delay_ms;
+    char message[256];
+#if defined(_WIN32)
+    HANDLE done;
+    HANDLE thread;
+#else
+    bool done; /* guarded by mutex */
+    pthread_mutex_t mutex;
+    pthread_cond_t cond;
+    pthread_t thread;
+#endif
+} tb__slow_notice;
+static void tb__slow_notice_begin(tb__slow_notice *n, unsigned delay_ms, const char *fmt, ...)
+    TB_PRINTF_LIKE(3, 4);
+static void tb__slow_notice_end(tb__slow_notice *n);
 /* 64-bit hashing: stable across runs and machines */
 static uint64_t tb__hash_bytes(uint64_t seed, const void *data, size_t size);
 static uint64_t tb__hash_u64(uint64_t seed, uint64_t value);
@@ -2503,6 +2528,100 @@ static TB__UNUSED uint64_t tb__now_ns(void) {
     gettimeofday(&tv, NULL);
     return (uint64_t)tv.tv_sec * UINT64_C(1000000000) + (uint64_t)tv.tv_usec * 1000u;
 #endif
+}
+
+/* ---- slow notices: a line that appears while a long call still runs ---- */
+
+#if defined(_WIN32)
+static DWORD WINAPI tb__slow_notice_thread(LPVOID arg) {
+    tb__slow_notice *n = (tb__slow_notice *)arg;
+    if (WaitForSingleObject(n->done, n->delay_ms) == WAIT_TIMEOUT) {
+        tb__log_internal(TB_LOG_INFO, "%s", n->message);
+    }
+    return 0;
+}
+#else
+static void *tb__slow_notice_thread(void *arg) {
+    tb__slow_notice *n = (tb__slow_notice *)arg;
+    struct timespec deadline;
+    bool fire;
+    /* pthread_cond_timedwait takes a wall-clock deadline */
+#if defined(CLOCK_REALTIME)
+    clock_gettime(CLOCK_REALTIME, &deadline);
+#else
+    {
+        struct timeval tv;
+        gettimeofday(&tv, NULL);
+        deadline.tv_sec = tv.tv_sec;
+        deadline.tv_nsec = (long)tv.tv_usec * 1000L;
+    }
+#endif
+    deadline.tv_sec += (time_t)(n->delay_ms / 1000u);
+    deadline.tv_nsec += (long)(n->delay_ms % 1000u) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec += 1;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&n->mutex);
+    while (!n->done) {
+        if (pthread_cond_timedwait(&n->cond, &n->mutex, &deadline) == ETIMEDOUT) break;
+    }
+    fire = !n->done;
+    pthread_mutex_unlock(&n->mutex);
+    if (fire) tb__log_internal(TB_LOG_INFO, "%s", n->message);
+    return NULL;
+}
+#endif
+
+static TB__UNUSED void tb__slow_notice_begin(tb__slow_notice *n, unsigned delay_ms, const char *fmt,
+                                             ...) {
+    va_list ap;
+    n->armed = false;
+    n->delay_ms = delay_ms;
+    va_start(ap, fmt);
+    if (vsnprintf(n->message, sizeof n->message, fmt, ap) < 0) n->message[0] = '\0';
+    va_end(ap);
+#if defined(_WIN32)
+    n->done = CreateEventA(NULL, TRUE, FALSE, NULL);
+    if (n->done == NULL) return;
+    n->thread = CreateThread(NULL, 0, tb__slow_notice_thread, n, 0, NULL);
+    if (n->thread == NULL) {
+        CloseHandle(n->done);
+        return;
+    }
+#else
+    n->done = false;
+    if (pthread_mutex_init(&n->mutex, NULL) != 0) return;
+    if (pthread_cond_init(&n->cond, NULL) != 0) {
+        pthread_mutex_destroy(&n->mutex);
+        return;
+    }
+    if (pthread_create(&n->thread, NULL, tb__slow_notice_thread, n) != 0) {
+        pthread_cond_destroy(&n->cond);
+        pthread_mutex_destroy(&n->mutex);
+        return;
+    }
+#endif
+    n->armed = true;
+}
+
+static TB__UNUSED void tb__slow_notice_end(tb__slow_notice *n) {
+    if (!n->armed) return;
+#if defined(_WIN32)
+    SetEvent(n->done);
+    WaitForSingleObject(n->thread, INFINITE);
+    CloseHandle(n->thread);
+    CloseHandle(n->done);
+#else
+    pthread_mutex_lock(&n->mutex);
+    n->done = true;
+    pthread_cond_signal(&n->cond);
+    pthread_mutex_unlock(&n->mutex);
+    pthread_join(n->thread, NULL);
+    pthread_cond_destroy(&n->cond);
+    pthread_mutex_destroy(&n->mutex);
+#endif
+    n->armed = false;
 }
 
 /* ---- src/rng.c ---- */
@@ -7436,6 +7555,9 @@ static tb_backend_data *tb__exec_param_value(const tb__exec *ex, const tb_node *
     return d;
 }
 
+/* TB_DEBUG=1: a compile still running after this long logs a line saying so. */
+#define TB__SLOW_COMPILE_MS 1000u
+
 /* A computation for the graph (made from the walk `w`): from the cache, else lowered and
    compiled (and cached). */
 static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, const tb__exec_walk *w,
@@ -7443,6 +7565,7 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
     tb__comp_cache_entry *e = tb__comp_cache_lookup(graph->hash, w, &ex->device, ex->backend);
     void *context = NULL, *computation = NULL;
     tb__saved_error saved;
+    tb__slow_notice notice;
     uint64_t t0;
     tb_status st;
     *compile_ns = 0;
@@ -7453,15 +7576,31 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
         return TB_OK;
     }
     *hit = false;
+    notice.armed = false;
+    if (tb_debug_level() >= 1) {
+        /* the graph's own line comes once the compile is done: a compile that takes seconds
+           (a large OpenCL program) says so while it runs, from a thread of its own */
+        char device[64];
+        tb__exec_device_text(&ex->device, device);
+        tb__slow_notice_begin(&notice, TB__SLOW_COMPILE_MS,
+                              "graph %016llx: compiling %lu nodes on %s ... (still running after "
+                              "%u s)",
+                              (unsigned long long)graph->hash, (unsigned long)graph->num_nodes,
+                              device, TB__SLOW_COMPILE_MS / 1000u);
+    }
     t0 = tb__now_ns();
     tb__exec_call_begin(&saved);
     st = ex->vt->create_lowering_context(ex->vt->user_data, graph, &context);
-    if (st != TB_OK) return tb__exec_call_failed(ex, st, "create_lowering_context");
+    if (st != TB_OK) {
+        tb__slow_notice_end(&notice);
+        return tb__exec_call_failed(ex, st, "create_lowering_context");
+    }
     st = ex->vt->compile(ex->vt->user_data, context, &computation);
     if (st != TB_OK) st = tb__exec_call_failed(ex, st, "compile");
     if (ex->vt->release_lowering_context != NULL) {
         ex->vt->release_lowering_context(ex->vt->user_data, context);
     }
+    tb__slow_notice_end(&notice);
     if (st != TB_OK) return st;
     tb__error_restore(&saved);
     *compile_ns = tb__now_ns() - t0;
@@ -7486,6 +7625,8 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
     *out = tb__comp_cache_insert(e);
     return TB_OK;
 }
+
+#undef TB__SLOW_COMPILE_MS
 
 static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
                                       tb_backend_data **out);

@@ -801,3 +801,97 @@ static TB__UNUSED uint64_t tb__now_ns(void) {
     return (uint64_t)tv.tv_sec * UINT64_C(1000000000) + (uint64_t)tv.tv_usec * 1000u;
 #endif
 }
+
+/* ---- slow notices: a line that appears while a long call still runs ---- */
+
+#if defined(_WIN32)
+static DWORD WINAPI tb__slow_notice_thread(LPVOID arg) {
+    tb__slow_notice *n = (tb__slow_notice *)arg;
+    if (WaitForSingleObject(n->done, n->delay_ms) == WAIT_TIMEOUT) {
+        tb__log_internal(TB_LOG_INFO, "%s", n->message);
+    }
+    return 0;
+}
+#else
+static void *tb__slow_notice_thread(void *arg) {
+    tb__slow_notice *n = (tb__slow_notice *)arg;
+    struct timespec deadline;
+    bool fire;
+    /* pthread_cond_timedwait takes a wall-clock deadline */
+#if defined(CLOCK_REALTIME)
+    clock_gettime(CLOCK_REALTIME, &deadline);
+#else
+    {
+        struct timeval tv;
+        gettimeofday(&tv, NULL);
+        deadline.tv_sec = tv.tv_sec;
+        deadline.tv_nsec = (long)tv.tv_usec * 1000L;
+    }
+#endif
+    deadline.tv_sec += (time_t)(n->delay_ms / 1000u);
+    deadline.tv_nsec += (long)(n->delay_ms % 1000u) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec += 1;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&n->mutex);
+    while (!n->done) {
+        if (pthread_cond_timedwait(&n->cond, &n->mutex, &deadline) == ETIMEDOUT) break;
+    }
+    fire = !n->done;
+    pthread_mutex_unlock(&n->mutex);
+    if (fire) tb__log_internal(TB_LOG_INFO, "%s", n->message);
+    return NULL;
+}
+#endif
+
+static TB__UNUSED void tb__slow_notice_begin(tb__slow_notice *n, unsigned delay_ms, const char *fmt,
+                                             ...) {
+    va_list ap;
+    n->armed = false;
+    n->delay_ms = delay_ms;
+    va_start(ap, fmt);
+    if (vsnprintf(n->message, sizeof n->message, fmt, ap) < 0) n->message[0] = '\0';
+    va_end(ap);
+#if defined(_WIN32)
+    n->done = CreateEventA(NULL, TRUE, FALSE, NULL);
+    if (n->done == NULL) return;
+    n->thread = CreateThread(NULL, 0, tb__slow_notice_thread, n, 0, NULL);
+    if (n->thread == NULL) {
+        CloseHandle(n->done);
+        return;
+    }
+#else
+    n->done = false;
+    if (pthread_mutex_init(&n->mutex, NULL) != 0) return;
+    if (pthread_cond_init(&n->cond, NULL) != 0) {
+        pthread_mutex_destroy(&n->mutex);
+        return;
+    }
+    if (pthread_create(&n->thread, NULL, tb__slow_notice_thread, n) != 0) {
+        pthread_cond_destroy(&n->cond);
+        pthread_mutex_destroy(&n->mutex);
+        return;
+    }
+#endif
+    n->armed = true;
+}
+
+static TB__UNUSED void tb__slow_notice_end(tb__slow_notice *n) {
+    if (!n->armed) return;
+#if defined(_WIN32)
+    SetEvent(n->done);
+    WaitForSingleObject(n->thread, INFINITE);
+    CloseHandle(n->thread);
+    CloseHandle(n->done);
+#else
+    pthread_mutex_lock(&n->mutex);
+    n->done = true;
+    pthread_cond_signal(&n->cond);
+    pthread_mutex_unlock(&n->mutex);
+    pthread_join(n->thread, NULL);
+    pthread_cond_destroy(&n->cond);
+    pthread_mutex_destroy(&n->mutex);
+#endif
+    n->armed = false;
+}

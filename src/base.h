@@ -62,7 +62,9 @@ typedef struct tb_allocator {
 } tb_allocator;
 
 /* Log hook. NULL: messages at or below the level given by TB_DEBUG go to stderr (errors and
-   warnings always). `message` has no trailing newline. */
+   warnings always). `message` has no trailing newline. It is called on the thread that logs;
+   at TB_DEBUG >= 1 that may be a short-lived thread of the library's, which says that a compile
+   is still running after a second while the thread that started the compile waits in it. */
 typedef struct tb_logger {
     void (*func)(tb_log_level level, const char *message, void *user_data);
     void *user_data;

@@ -41,8 +41,9 @@
                          TB_OPENCL_LINKED)
      TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk
                          cache key), e.g. "-cl-fast-relaxed-math"
-     TB_DEBUG            1: one line per graph compile/run; 2: also one line per kernel with time,
-                         GB/s, GFLOP/s; 3: also the IR and the generated OpenCL C
+     TB_DEBUG            1: one line per graph compile/run, and one while a compile is still
+                         running after 1 s; 2: also one line per kernel with time, GB/s,
+                         GFLOP/s; 3: also the IR and the generated OpenCL C
      TB_CHECK            1: run every graph on the reference backend too and log the first node
                          whose value differs; 2: also fail that sync (TB_ERR_EXECUTE); desc.check
                          overrides it

@@ -919,6 +919,9 @@ static tb_backend_data *tb__exec_param_value(const tb__exec *ex, const tb_node *
     return d;
 }
 
+/* TB_DEBUG=1: a compile still running after this long logs a line saying so. */
+#define TB__SLOW_COMPILE_MS 1000u
+
 /* A computation for the graph (made from the walk `w`): from the cache, else lowered and
    compiled (and cached). */
 static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, const tb__exec_walk *w,
@@ -926,6 +929,7 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
     tb__comp_cache_entry *e = tb__comp_cache_lookup(graph->hash, w, &ex->device, ex->backend);
     void *context = NULL, *computation = NULL;
     tb__saved_error saved;
+    tb__slow_notice notice;
     uint64_t t0;
     tb_status st;
     *compile_ns = 0;
@@ -936,15 +940,31 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
         return TB_OK;
     }
     *hit = false;
+    notice.armed = false;
+    if (tb_debug_level() >= 1) {
+        /* the graph's own line comes once the compile is done: a compile that takes seconds
+           (a large OpenCL program) says so while it runs, from a thread of its own */
+        char device[64];
+        tb__exec_device_text(&ex->device, device);
+        tb__slow_notice_begin(&notice, TB__SLOW_COMPILE_MS,
+                              "graph %016llx: compiling %lu nodes on %s ... (still running after "
+                              "%u s)",
+                              (unsigned long long)graph->hash, (unsigned long)graph->num_nodes,
+                              device, TB__SLOW_COMPILE_MS / 1000u);
+    }
     t0 = tb__now_ns();
     tb__exec_call_begin(&saved);
     st = ex->vt->create_lowering_context(ex->vt->user_data, graph, &context);
-    if (st != TB_OK) return tb__exec_call_failed(ex, st, "create_lowering_context");
+    if (st != TB_OK) {
+        tb__slow_notice_end(&notice);
+        return tb__exec_call_failed(ex, st, "create_lowering_context");
+    }
     st = ex->vt->compile(ex->vt->user_data, context, &computation);
     if (st != TB_OK) st = tb__exec_call_failed(ex, st, "compile");
     if (ex->vt->release_lowering_context != NULL) {
         ex->vt->release_lowering_context(ex->vt->user_data, context);
     }
+    tb__slow_notice_end(&notice);
     if (st != TB_OK) return st;
     tb__error_restore(&saved);
     *compile_ns = tb__now_ns() - t0;
@@ -969,6 +989,8 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
     *out = tb__comp_cache_insert(e);
     return TB_OK;
 }
+
+#undef TB__SLOW_COMPILE_MS
 
 static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
                                       tb_backend_data **out);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
@@ -39,6 +40,8 @@ typedef struct count_stats {
     tb_status fail_execute; /* non-zero: execute fails with it */
     tb_op reject_op;        /* supports_node says no to this op (-1: none) */
     tb_op skew_op;          /* execute adds 1 to the values of this op (-1: none): a bug */
+    unsigned compile_ms;    /* compile takes this long */
+    int compiling;          /* 1 while compile runs (read by the logger's thread) */
 } count_stats;
 
 static count_stats cs;
@@ -293,6 +296,15 @@ static tb_status count_compile(void *u, void *context, void **computation) {
     (void)u;
     BUMP(compiles, 1);
     if (cs.fail_compile != TB_OK) return tb_set_error(cs.fail_compile, "count: compiler broke");
+    if (cs.compile_ms > 0) {
+        struct timespec ts;
+        ts.tv_sec = (time_t)(cs.compile_ms / 1000);
+        ts.tv_nsec = (long)(cs.compile_ms % 1000) * 1000000L;
+        __atomic_store_n(&cs.compiling, 1, __ATOMIC_SEQ_CST);
+        while (nanosleep(&ts, &ts) != 0) {
+        }
+        __atomic_store_n(&cs.compiling, 0, __ATOMIC_SEQ_CST);
+    }
     /* the context is freed after compile: the computation takes the arrays over */
     q = (count_prog *)malloc(sizeof(count_prog));
     assert_non_null(q);
@@ -1208,6 +1220,59 @@ static void test_dump_compile_logged_and_counted(void **state) {
     stop();
 }
 
+/* TB_DEBUG=1: a compile that takes over a second says so while it still runs, before the
+   graph's own line; a quick compile does not. */
+static char slow_log[4096];
+static int notice_while_compiling = -1;
+
+static void slow_log_hook(tb_log_level level, const char *message, void *user_data) {
+    size_t used = strlen(slow_log);
+    (void)user_data;
+    if (strstr(message, ": compiling ") != NULL) {
+        notice_while_compiling = __atomic_load_n(&cs.compiling, __ATOMIC_SEQ_CST);
+    }
+    snprintf(slow_log + used, sizeof(slow_log) - used, "%d|%s\n", (int)level, message);
+}
+
+static void test_slow_compile_notice(void **state) {
+    const float xs[3] = {1, 2, 3};
+    char expected[128];
+    tb_desc desc;
+    tb_tensor *x, *y, *z;
+    const char *notice, *line;
+    (void)state;
+    memset(&desc, 0, sizeof(desc));
+    desc.debug = 1;
+    desc.logger.func = slow_log_hook;
+    slow_log[0] = '\0';
+    start(&desc);
+    x = vec(xs, 3, NULL);
+    y = tb_add(x, x); /* quick: no notice */
+    assert_int_equal(tb_sync(&y, 1), TB_OK);
+    assert_null(strstr(slow_log, ": compiling "));
+    cs.compile_ms = 1500;
+    z = tb_mul(y, x);
+    assert_int_equal(tb_sync(&z, 1), TB_OK);
+    cs.compile_ms = 0;
+    notice = strstr(slow_log, ": compiling ");
+    assert_non_null(notice);
+    assert_int_equal(notice_while_compiling, 1);
+    assert_contains(notice, ": compiling 3 nodes on count:0 ... (still running after 1 s)\n");
+    line = strstr(slow_log, "cache=miss");
+    assert_non_null(line);
+    line = strstr(line + 1, "cache=miss"); /* the slow graph's own line, after the notice */
+    assert_non_null(line);
+    assert_true(line > notice);
+    /* the notice names the graph that the line then reports */
+    assert_true(notice - slow_log >= 18);
+    snprintf(expected, sizeof expected, "|graph %.16s nodes=3", notice - 16);
+    assert_contains(slow_log, expected);
+    tb_tensor_release(z);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+    stop();
+}
+
 /* TB_CHECK 1 reports the first node whose value differs from the reference; 2 also fails the
    sync with that report, and keeps nothing of the failed results. */
 static void test_check_levels(void **state) {
@@ -1690,6 +1755,7 @@ int main(void) {
         cmocka_unit_test(test_debug_log),
         cmocka_unit_test(test_dump_compile_logged_and_counted),
         cmocka_unit_test(test_check_levels),
+        cmocka_unit_test(test_slow_compile_notice),
         cmocka_unit_test(test_cpu_backend_values),
         cmocka_unit_test(test_dumps_under_allocation_failures),
         cmocka_unit_test(test_to_device),
