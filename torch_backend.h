@@ -21,7 +21,9 @@
      opened at run time.
 
    CONFIGURATION MACROS (define before the implementation include)
-     TB_STATIC              make every public function static to the including file
+     TB_STATIC              make every public function static to the including file (with gcc
+                            and clang one weak symbol stays external, tb_plugin_attach_host,
+                            through which a host passes its error hook to a plugin's copy)
      TB_OPENCL_LINKED       call the OpenCL entry points directly (link with -lOpenCL) instead of
                             opening the ICD loader at run time
      TB_NO_OPENCL           leave the OpenCL backend out entirely
@@ -572,9 +574,15 @@ TBDEF char *tb_backend_metrics_report(const char *backend);
        tb_status tb_backend_plugin_entry(const tb_plugin_host *host, tb_plugin_desc *out);
    which fills `out` (api_version = TB_API_VERSION, name = <name>, tags, impl). The library
    checks the API version and the name, then registers the impl (init runs). Any failure leaves
-   the registry as it was and unloads the object. A plugin that includes this header should build
-   it with TB_STATIC and report errors through host->set_error. */
-#define TB_PLUGIN_ENTRY_NAME "tb_backend_plugin_entry"
+   the registry as it was and unloads the object.
+   Errors: a plugin reports a reason with host->set_error, or with tb_set_error when it builds
+   its own copy of the library (TB_STATIC + TB_IMPLEMENTATION, with gcc or clang): that copy
+   exports tb_plugin_attach_host (TB_PLUGIN_ATTACH_NAME), which the host calls with its
+   services before the entry, and from then on the copy's tb_set_error also sets the host's
+   error. Only tb_set_error is passed on: another function of the copy that fails keeps its
+   error in the copy (return tb_set_error(st, "%s", tb_last_error()) passes it on). */
+#define TB_PLUGIN_ENTRY_NAME  "tb_backend_plugin_entry"
+#define TB_PLUGIN_ATTACH_NAME "tb_plugin_attach_host"
 
 /* The host's services for a plugin. The struct stays valid while the plugin is loaded, so a
    plugin may keep the pointer it is given. alloc and free are the host's allocator hooks. */
@@ -594,6 +602,7 @@ typedef struct tb_plugin_desc {
 } tb_plugin_desc;
 
 typedef tb_status (*tb_plugin_entry_fn)(const tb_plugin_host *host, tb_plugin_desc *out);
+typedef void (*tb_plugin_attach_fn)(const tb_plugin_host *host);
 
 /* Loads a plugin from an explicit path (the name comes from the plugin's desc).
    Errors: TB_ERR_IO (cannot open), TB_ERR_PLUGIN (no entry symbol, wrong API version, entry or
@@ -1892,11 +1901,18 @@ static tb_status tb__error(tb_status status, const char *fmt, ...) {
     return status;
 }
 
+/* In a plugin's own copy of the library (TB_STATIC), the services of the host that loaded it
+   (set through tb_plugin_attach_host, backend.c): tb_set_error passes each error on to the
+   host, whose tb_last_error the user reads. NULL everywhere else. Written once, before the
+   plugin's entry runs; read afterwards. */
+static const tb_plugin_host *tb__plugin_parent = NULL;
+
 TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     tb__error_v(status, fmt, ap);
     va_end(ap);
+    if (tb__plugin_parent != NULL) tb__plugin_parent->set_error(status, tb__err_message);
     return status;
 }
 
@@ -3902,6 +3918,27 @@ static void tb__available_names(char *buf, size_t cap) {
 
 /* ---- plugins ---- */
 
+/* A plugin carries its own copy of the library (TB_STATIC + TB_IMPLEMENTATION), with its own
+   thread-local error. The host finds this function in the plugin's object and calls it with
+   its services before the plugin's entry runs, so that the copy's tb_set_error reaches the
+   host's tb_last_error too. Weak, so that several TB_STATIC copies link into one object (the
+   first one found is attached); the one external symbol of a TB_STATIC build. */
+#if defined(TB_STATIC) && !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
+#ifdef __cplusplus
+extern "C" {
+#endif
+__attribute__((weak, visibility("default"))) void tb_plugin_attach_host(const tb_plugin_host *host);
+__attribute__((weak, visibility("default"))) void
+tb_plugin_attach_host(const tb_plugin_host *host) {
+    if (host != NULL && host->api_version == TB_API_VERSION && host->set_error != NULL) {
+        tb__plugin_parent = host;
+    }
+}
+#ifdef __cplusplus
+}
+#endif
+#endif
+
 #if TB__HAVE_PLUGINS
 static tb_status tb__host_set_error(tb_status status, const char *message) {
     return tb__error(status, "%s", message != NULL ? message : "");
@@ -3988,6 +4025,13 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
     /* ISO C has no cast from an object pointer to a function pointer; POSIX guarantees the
        representations match. */
     memcpy(&entry, &sym, sizeof entry);
+    /* a plugin with its own copy of the library: that copy's tb_set_error reaches us too */
+    sym = dlsym(handle, TB_PLUGIN_ATTACH_NAME);
+    if (sym != NULL) {
+        tb_plugin_attach_fn attach;
+        memcpy(&attach, &sym, sizeof attach);
+        attach(&tb__plugin_host);
+    }
 
     memset(&desc, 0, sizeof desc);
     {

@@ -362,6 +362,27 @@ static void tb__available_names(char *buf, size_t cap) {
 
 /* ---- plugins ---- */
 
+/* A plugin carries its own copy of the library (TB_STATIC + TB_IMPLEMENTATION), with its own
+   thread-local error. The host finds this function in the plugin's object and calls it with
+   its services before the plugin's entry runs, so that the copy's tb_set_error reaches the
+   host's tb_last_error too. Weak, so that several TB_STATIC copies link into one object (the
+   first one found is attached); the one external symbol of a TB_STATIC build. */
+#if defined(TB_STATIC) && !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
+#ifdef __cplusplus
+extern "C" {
+#endif
+__attribute__((weak, visibility("default"))) void tb_plugin_attach_host(const tb_plugin_host *host);
+__attribute__((weak, visibility("default"))) void
+tb_plugin_attach_host(const tb_plugin_host *host) {
+    if (host != NULL && host->api_version == TB_API_VERSION && host->set_error != NULL) {
+        tb__plugin_parent = host;
+    }
+}
+#ifdef __cplusplus
+}
+#endif
+#endif
+
 #if TB__HAVE_PLUGINS
 static tb_status tb__host_set_error(tb_status status, const char *message) {
     return tb__error(status, "%s", message != NULL ? message : "");
@@ -448,6 +469,13 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
     /* ISO C has no cast from an object pointer to a function pointer; POSIX guarantees the
        representations match. */
     memcpy(&entry, &sym, sizeof entry);
+    /* a plugin with its own copy of the library: that copy's tb_set_error reaches us too */
+    sym = dlsym(handle, TB_PLUGIN_ATTACH_NAME);
+    if (sym != NULL) {
+        tb_plugin_attach_fn attach;
+        memcpy(&attach, &sym, sizeof attach);
+        attach(&tb__plugin_host);
+    }
 
     memset(&desc, 0, sizeof desc);
     {

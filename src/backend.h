@@ -192,9 +192,15 @@ TBDEF char *tb_backend_metrics_report(const char *backend);
        tb_status tb_backend_plugin_entry(const tb_plugin_host *host, tb_plugin_desc *out);
    which fills `out` (api_version = TB_API_VERSION, name = <name>, tags, impl). The library
    checks the API version and the name, then registers the impl (init runs). Any failure leaves
-   the registry as it was and unloads the object. A plugin that includes this header should build
-   it with TB_STATIC and report errors through host->set_error. */
-#define TB_PLUGIN_ENTRY_NAME "tb_backend_plugin_entry"
+   the registry as it was and unloads the object.
+   Errors: a plugin reports a reason with host->set_error, or with tb_set_error when it builds
+   its own copy of the library (TB_STATIC + TB_IMPLEMENTATION, with gcc or clang): that copy
+   exports tb_plugin_attach_host (TB_PLUGIN_ATTACH_NAME), which the host calls with its
+   services before the entry, and from then on the copy's tb_set_error also sets the host's
+   error. Only tb_set_error is passed on: another function of the copy that fails keeps its
+   error in the copy (return tb_set_error(st, "%s", tb_last_error()) passes it on). */
+#define TB_PLUGIN_ENTRY_NAME  "tb_backend_plugin_entry"
+#define TB_PLUGIN_ATTACH_NAME "tb_plugin_attach_host"
 
 /* The host's services for a plugin. The struct stays valid while the plugin is loaded, so a
    plugin may keep the pointer it is given. alloc and free are the host's allocator hooks. */
@@ -214,6 +220,7 @@ typedef struct tb_plugin_desc {
 } tb_plugin_desc;
 
 typedef tb_status (*tb_plugin_entry_fn)(const tb_plugin_host *host, tb_plugin_desc *out);
+typedef void (*tb_plugin_attach_fn)(const tb_plugin_host *host);
 
 /* Loads a plugin from an explicit path (the name comes from the plugin's desc).
    Errors: TB_ERR_IO (cannot open), TB_ERR_PLUGIN (no entry symbol, wrong API version, entry or

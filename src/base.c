@@ -164,11 +164,18 @@ static tb_status tb__error(tb_status status, const char *fmt, ...) {
     return status;
 }
 
+/* In a plugin's own copy of the library (TB_STATIC), the services of the host that loaded it
+   (set through tb_plugin_attach_host, backend.c): tb_set_error passes each error on to the
+   host, whose tb_last_error the user reads. NULL everywhere else. Written once, before the
+   plugin's entry runs; read afterwards. */
+static const tb_plugin_host *tb__plugin_parent = NULL;
+
 TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     tb__error_v(status, fmt, ap);
     va_end(ap);
+    if (tb__plugin_parent != NULL) tb__plugin_parent->set_error(status, tb__err_message);
     return status;
 }
 

@@ -21,7 +21,9 @@
      opened at run time.
 
    CONFIGURATION MACROS (define before the implementation include)
-     TB_STATIC              make every public function static to the including file
+     TB_STATIC              make every public function static to the including file (with gcc
+                            and clang one weak symbol stays external, tb_plugin_attach_host,
+                            through which a host passes its error hook to a plugin's copy)
      TB_OPENCL_LINKED       call the OpenCL entry points directly (link with -lOpenCL) instead of
                             opening the ICD loader at run time
      TB_NO_OPENCL           leave the OpenCL backend out entirely

@@ -1039,6 +1039,47 @@ static void test_bad_plugins_rejected(void **state) {
     }
 }
 
+/* A plugin that builds its own copy of the library (TB_STATIC) and reports errors only through
+   that copy's tb_set_error: the host's tb_last_error shows them, from the entry, from init and
+   from the backend entries a sync calls. */
+static void test_plugin_tb_set_error_reaches_host(void **state) {
+    static const float one[2] = {1.0f, 2.0f};
+    tb_shape s = tb_shape_of(TB_F32, 1, 2);
+    tb_device dev;
+    tb_tensor *x, *y;
+    float out[2];
+    (void)state;
+    (void)plugin_dir(); /* skips without plugins */
+
+    assert_null(tb_backend_lookup("seterrorentry"));
+    assert_int_equal(tb_last_status(), TB_ERR_PLUGIN);
+    if (strstr(tb_last_error(), "tb_backend_plugin_entry failed: seterrorentry: firmware 0.9 is "
+                                "too old") == NULL) {
+        fail_msg("entry: '%s'", tb_last_error());
+    }
+    assert_null(tb_backend_lookup("seterrorinit"));
+    assert_int_equal(tb_last_status(), TB_ERR_PLUGIN);
+    if (strstr(tb_last_error(), "init of backend 'seterrorinit' failed: seterrorinit: the card "
+                                "is not plugged in") == NULL) {
+        fail_msg("init: '%s'", tb_last_error());
+    }
+
+    assert_int_equal(tb_device_make("seterror", 0, &dev), TB_OK);
+    x = tb_tensor_from_host(one, &s, &dev);
+    assert_non_null(x);
+    y = tb_neg(x);
+    assert_non_null(y);
+    assert_int_equal(tb_tensor_to_host(y, out, sizeof out), TB_ERR_EXECUTE);
+    assert_string_equal(tb_last_error(), "tb_tensor_to_host: backend 'seterror': execute: "
+                                         "seterror: the device fell off the bus");
+    /* a success after it leaves the host's error alone */
+    assert_int_equal(tb_tensor_to_host(x, out, sizeof out), TB_OK);
+    assert_true(out[1] == 2.0f);
+    assert_int_equal(tb_last_status(), TB_ERR_EXECUTE);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+}
+
 /* Plugins whose strings are hostile and live in the plugin's own memory: the host must quote
    them from copies taken before it unloads the object (each used to crash the host). */
 static void test_hostile_plugins_rejected(void **state) {
@@ -1481,6 +1522,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_plugin_explicit_load, reset, reset),
         cmocka_unit_test_setup_teardown(test_bad_plugins_rejected, reset, reset),
         cmocka_unit_test_setup_teardown(test_hostile_plugins_rejected, reset, reset),
+        cmocka_unit_test_setup_teardown(test_plugin_tb_set_error_reaches_host, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_register_distinct, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_register_same_name, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_load_plugin_once, reset, reset),
