@@ -56,10 +56,10 @@
      the first error, so a chain of ops can be checked once at the end.
 
    LISTS AND TEXTS INTO CALLER ARRAYS
-     Functions that fill an array of `cap` entries (tb_backend_list, tb_backend_devices,
-     tb_shape_format, tb_device_format) return or store the full count (or length) whatever
-     `cap` is, and write at most `cap` entries. A NULL array asks for the count alone: `cap`
-     is then ignored, and the count is the same as with an array.
+     Functions that fill an array of `cap` entries (tb_backend_list, tb_backend_list_plugins,
+     tb_backend_devices, tb_shape_format, tb_device_format) return or store the full count (or
+   length) whatever `cap` is, and write at most `cap` entries. A NULL array asks for the count
+   alone: `cap` is then ignored, and the count is the same as with an array.
 
    THREAD SAFETY
      The registry, the op table, the metrics and the computation cache are guarded by locks. A
@@ -603,6 +603,14 @@ typedef struct tb_plugin_desc {
 
 typedef tb_status (*tb_plugin_entry_fn)(const tb_plugin_host *host, tb_plugin_desc *out);
 typedef void (*tb_plugin_attach_fn)(const tb_plugin_host *host);
+
+/* The backend names that $TB_BACKEND_PATH offers as plugins: every regular file
+   libtb_backend_<name>.so in its folders whose <name> is a valid backend name, sorted, each name
+   once, registered or not. Nothing is loaded (tb_backend_lookup loads one, and says why one
+   does not load). Returns how many there are and copies at most `cap` of them into `names`;
+   `names` NULL: just the count (`cap` is ignored). Folders that cannot be read are skipped;
+   0 without TB_BACKEND_PATH and in builds without plugins. Thread-safe. */
+TBDEF size_t tb_backend_list_plugins(char (*names)[TB_MAX_NAME + 1], size_t cap);
 
 /* Loads a plugin from an explicit path (the name comes from the plugin's desc).
    Errors: TB_ERR_IO (cannot open), TB_ERR_PLUGIN (no entry symbol, wrong API version, entry or
@@ -3561,6 +3569,7 @@ TBDEF void tb_device_guard_end(tb_device_guard *guard) {
 
 #if !defined(TB_NO_PLUGINS) && !defined(_WIN32)
 #define TB__HAVE_PLUGINS 1
+#include <dirent.h> /* tb_backend_list_plugins */
 #else
 #define TB__HAVE_PLUGINS 0
 #endif
@@ -4668,6 +4677,74 @@ TBDEF tb_status tb_backend_load_plugin(const char *path) {
                      "tb_backend_load_plugin: plugins are not available in this build (%.400s)",
                      path);
 #endif
+}
+
+#if TB__HAVE_PLUGINS
+/* The backend name in a plugin file name libtb_backend_<name>.so, in `name`; false when the
+   file name is not of that form or <name> is not a valid backend name. */
+static bool tb__plugin_file_name(const char *file, char name[TB_MAX_NAME + 1]) {
+    static const char prefix[] = "libtb_backend_", suffix[] = ".so";
+    size_t len = strlen(file), n;
+    if (len <= sizeof prefix - 1 + sizeof suffix - 1) return false;
+    if (strncmp(file, prefix, sizeof prefix - 1) != 0) return false;
+    if (strcmp(file + len - (sizeof suffix - 1), suffix) != 0) return false;
+    n = len - (sizeof prefix - 1) - (sizeof suffix - 1);
+    if (n > TB_MAX_NAME) return false;
+    memcpy(name, file + sizeof prefix - 1, n);
+    name[n] = '\0';
+    return tb__name_valid(name);
+}
+
+/* The smallest plugin name on $TB_BACKEND_PATH that sorts after `after` ("" for the first), in
+   `next`; false when there is none. Reads the folders again for every name: no allocation,
+   and plugin folders are small. */
+static bool tb__plugin_next_name(const char *after, char next[TB_MAX_NAME + 1]) {
+    const char *p = tb__getenv("TB_BACKEND_PATH");
+    bool found = false;
+    while (p != NULL && *p != '\0') {
+        const char *end = strchr(p, ':');
+        size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        char path[4096];
+        DIR *dir;
+        struct dirent *entry;
+        if (len > 0 && len < sizeof path - TB_MAX_NAME - 32) {
+            memcpy(path, p, len);
+            path[len] = '\0';
+            dir = opendir(path);
+            while (dir != NULL && (entry = readdir(dir)) != NULL) {
+                char name[TB_MAX_NAME + 1];
+                if (!tb__plugin_file_name(entry->d_name, name)) continue;
+                if (strcmp(name, after) <= 0 || (found && strcmp(name, next) >= 0)) continue;
+                snprintf(path + len, sizeof path - len, "/%s", entry->d_name);
+                if (tb__is_file(path)) {
+                    memcpy(next, name, strlen(name) + 1);
+                    found = true;
+                }
+                path[len] = '\0';
+            }
+            if (dir != NULL) closedir(dir);
+        }
+        p = end != NULL ? end + 1 : NULL;
+    }
+    return found;
+}
+#endif
+
+TBDEF size_t tb_backend_list_plugins(char (*names)[TB_MAX_NAME + 1], size_t cap) {
+    size_t n = 0;
+#if TB__HAVE_PLUGINS
+    char prev[TB_MAX_NAME + 1] = "", next[TB_MAX_NAME + 1];
+    if (names == NULL) cap = 0; /* the count alone, whatever cap says */
+    while (tb__plugin_next_name(prev, next)) {
+        if (n < cap) memcpy(names[n], next, strlen(next) + 1);
+        n++;
+        memcpy(prev, next, strlen(next) + 1);
+    }
+#else
+    (void)names;
+    (void)cap;
+#endif
+    return n;
 }
 
 static TB__UNUSED tb_backend *tb__backend_for_device(const tb_device *device) {

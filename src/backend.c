@@ -5,6 +5,7 @@
 
 #if !defined(TB_NO_PLUGINS) && !defined(_WIN32)
 #define TB__HAVE_PLUGINS 1
+#include <dirent.h> /* tb_backend_list_plugins */
 #else
 #define TB__HAVE_PLUGINS 0
 #endif
@@ -1112,6 +1113,74 @@ TBDEF tb_status tb_backend_load_plugin(const char *path) {
                      "tb_backend_load_plugin: plugins are not available in this build (%.400s)",
                      path);
 #endif
+}
+
+#if TB__HAVE_PLUGINS
+/* The backend name in a plugin file name libtb_backend_<name>.so, in `name`; false when the
+   file name is not of that form or <name> is not a valid backend name. */
+static bool tb__plugin_file_name(const char *file, char name[TB_MAX_NAME + 1]) {
+    static const char prefix[] = "libtb_backend_", suffix[] = ".so";
+    size_t len = strlen(file), n;
+    if (len <= sizeof prefix - 1 + sizeof suffix - 1) return false;
+    if (strncmp(file, prefix, sizeof prefix - 1) != 0) return false;
+    if (strcmp(file + len - (sizeof suffix - 1), suffix) != 0) return false;
+    n = len - (sizeof prefix - 1) - (sizeof suffix - 1);
+    if (n > TB_MAX_NAME) return false;
+    memcpy(name, file + sizeof prefix - 1, n);
+    name[n] = '\0';
+    return tb__name_valid(name);
+}
+
+/* The smallest plugin name on $TB_BACKEND_PATH that sorts after `after` ("" for the first), in
+   `next`; false when there is none. Reads the folders again for every name: no allocation,
+   and plugin folders are small. */
+static bool tb__plugin_next_name(const char *after, char next[TB_MAX_NAME + 1]) {
+    const char *p = tb__getenv("TB_BACKEND_PATH");
+    bool found = false;
+    while (p != NULL && *p != '\0') {
+        const char *end = strchr(p, ':');
+        size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        char path[4096];
+        DIR *dir;
+        struct dirent *entry;
+        if (len > 0 && len < sizeof path - TB_MAX_NAME - 32) {
+            memcpy(path, p, len);
+            path[len] = '\0';
+            dir = opendir(path);
+            while (dir != NULL && (entry = readdir(dir)) != NULL) {
+                char name[TB_MAX_NAME + 1];
+                if (!tb__plugin_file_name(entry->d_name, name)) continue;
+                if (strcmp(name, after) <= 0 || (found && strcmp(name, next) >= 0)) continue;
+                snprintf(path + len, sizeof path - len, "/%s", entry->d_name);
+                if (tb__is_file(path)) {
+                    memcpy(next, name, strlen(name) + 1);
+                    found = true;
+                }
+                path[len] = '\0';
+            }
+            if (dir != NULL) closedir(dir);
+        }
+        p = end != NULL ? end + 1 : NULL;
+    }
+    return found;
+}
+#endif
+
+TBDEF size_t tb_backend_list_plugins(char (*names)[TB_MAX_NAME + 1], size_t cap) {
+    size_t n = 0;
+#if TB__HAVE_PLUGINS
+    char prev[TB_MAX_NAME + 1] = "", next[TB_MAX_NAME + 1];
+    if (names == NULL) cap = 0; /* the count alone, whatever cap says */
+    while (tb__plugin_next_name(prev, next)) {
+        if (n < cap) memcpy(names[n], next, strlen(next) + 1);
+        n++;
+        memcpy(prev, next, strlen(next) + 1);
+    }
+#else
+    (void)names;
+    (void)cap;
+#endif
+    return n;
 }
 
 static TB__UNUSED tb_backend *tb__backend_for_device(const tb_device *device) {

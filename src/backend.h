@@ -222,6 +222,14 @@ typedef struct tb_plugin_desc {
 typedef tb_status (*tb_plugin_entry_fn)(const tb_plugin_host *host, tb_plugin_desc *out);
 typedef void (*tb_plugin_attach_fn)(const tb_plugin_host *host);
 
+/* The backend names that $TB_BACKEND_PATH offers as plugins: every regular file
+   libtb_backend_<name>.so in its folders whose <name> is a valid backend name, sorted, each name
+   once, registered or not. Nothing is loaded (tb_backend_lookup loads one, and says why one
+   does not load). Returns how many there are and copies at most `cap` of them into `names`;
+   `names` NULL: just the count (`cap` is ignored). Folders that cannot be read are skipped;
+   0 without TB_BACKEND_PATH and in builds without plugins. Thread-safe. */
+TBDEF size_t tb_backend_list_plugins(char (*names)[TB_MAX_NAME + 1], size_t cap);
+
 /* Loads a plugin from an explicit path (the name comes from the plugin's desc).
    Errors: TB_ERR_IO (cannot open), TB_ERR_PLUGIN (no entry symbol, wrong API version, entry or
    init failed, name mismatch), TB_ERR_DUPLICATE. Thread-safe. */

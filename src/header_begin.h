@@ -56,10 +56,10 @@
      the first error, so a chain of ops can be checked once at the end.
 
    LISTS AND TEXTS INTO CALLER ARRAYS
-     Functions that fill an array of `cap` entries (tb_backend_list, tb_backend_devices,
-     tb_shape_format, tb_device_format) return or store the full count (or length) whatever
-     `cap` is, and write at most `cap` entries. A NULL array asks for the count alone: `cap`
-     is then ignored, and the count is the same as with an array.
+     Functions that fill an array of `cap` entries (tb_backend_list, tb_backend_list_plugins,
+     tb_backend_devices, tb_shape_format, tb_device_format) return or store the full count (or
+   length) whatever `cap` is, and write at most `cap` entries. A NULL array asks for the count
+   alone: `cap` is then ignored, and the count is the same as with an array.
 
    THREAD SAFETY
      The registry, the op table, the metrics and the computation cache are guarded by locks. A

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
@@ -1039,6 +1041,68 @@ static void test_bad_plugins_rejected(void **state) {
     }
 }
 
+static void touch(const char *dir, const char *file) {
+    char path[512];
+    FILE *f;
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    fclose(f);
+}
+
+/* tb_backend_list_plugins: the names TB_BACKEND_PATH offers, from file names alone (nothing is
+   loaded), sorted, once each, like tb_backend_list fills its array. */
+static void test_list_plugins(void **state) {
+    char a[] = "/tmp/tb_test_plugins_a_XXXXXX", b[] = "/tmp/tb_test_plugins_b_XXXXXX";
+    char path[1200], sub[600];
+    char names[8][TB_MAX_NAME + 1];
+    static const char *const files[] = {"libtb_backend_zeta.so",     "libtb_backend_alpha.so",
+                                        "libtb_backend_bad-name.so", "libtb_backend_.so",
+                                        "libtb_backend_mid.so.1",    "notaplugin.so",
+                                        "libtb_backend_mid.so"};
+    size_t i;
+    (void)state;
+    assert_non_null(mkdtemp(a));
+    assert_non_null(mkdtemp(b));
+    for (i = 0; i < sizeof files / sizeof files[0]; i++)
+        touch(a, files[i]);
+    touch(b, "libtb_backend_alpha.so"); /* in both folders: listed once */
+    touch(b, "libtb_backend_beta.so");
+    snprintf(sub, sizeof sub, "%s/libtb_backend_folder.so", b); /* not a file */
+    assert_int_equal(mkdir(sub, 0700), 0);
+    snprintf(path, sizeof path, "%s::/nonexistent/folder:%s", a, b);
+    setenv("TB_BACKEND_PATH", path, 1);
+
+    assert_int_equal(tb_backend_list_plugins(NULL, 0), 4);
+    assert_int_equal(tb_backend_list_plugins(NULL, 99), 4); /* NULL: the count, whatever cap */
+    memset(names, 0, sizeof names);
+    assert_int_equal(tb_backend_list_plugins(names, 8), 4);
+    assert_string_equal(names[0], "alpha");
+    assert_string_equal(names[1], "beta");
+    assert_string_equal(names[2], "mid");
+    assert_string_equal(names[3], "zeta");
+    assert_string_equal(names[4], "");
+    memset(names, 0, sizeof names);
+    assert_int_equal(tb_backend_list_plugins(names, 2), 4); /* the first two, the full count */
+    assert_string_equal(names[1], "beta");
+    assert_string_equal(names[2], "");
+    assert_false(tb_has_backend("alpha")); /* nothing was loaded: these files are empty */
+    unsetenv("TB_BACKEND_PATH");
+    assert_int_equal(tb_backend_list_plugins(names, 8), 0);
+
+    for (i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", a, files[i]);
+        assert_int_equal(remove(path), 0);
+    }
+    snprintf(path, sizeof path, "%s/libtb_backend_alpha.so", b);
+    assert_int_equal(remove(path), 0);
+    snprintf(path, sizeof path, "%s/libtb_backend_beta.so", b);
+    assert_int_equal(remove(path), 0);
+    assert_int_equal(rmdir(sub), 0);
+    assert_int_equal(rmdir(a), 0);
+    assert_int_equal(rmdir(b), 0);
+}
+
 /* A plugin that builds its own copy of the library (TB_STATIC) and reports errors only through
    that copy's tb_set_error: the host's tb_last_error shows them, from the entry, from init and
    from the backend entries a sync calls. */
@@ -1523,6 +1587,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_bad_plugins_rejected, reset, reset),
         cmocka_unit_test_setup_teardown(test_hostile_plugins_rejected, reset, reset),
         cmocka_unit_test_setup_teardown(test_plugin_tb_set_error_reaches_host, reset, reset),
+        cmocka_unit_test_setup_teardown(test_list_plugins, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_register_distinct, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_register_same_name, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_load_plugin_once, reset, reset),
