@@ -7747,8 +7747,6 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
     return TB_OK;
 }
 
-#undef TB__SLOW_COMPILE_MS
-
 static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
                                       tb_backend_data **out);
 
@@ -8061,6 +8059,7 @@ static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, cons
     tb__saved_error saved;
     tb_status st = TB_OK, verdict = TB_OK;
     char report[TB__ERROR_CAP];
+    tb__slow_notice notice;
 
     if (strcmp(tb_backend_name(ex->backend), "cpu") == 0) return TB_OK; /* it is the reference */
     report[0] = '\0';
@@ -8080,11 +8079,23 @@ static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, cons
     }
     cg.results = computed;
     cg.num_results = m;
-    /* the backend's values of every node: an uncached computation of its own */
+    /* the backend's values of every node: an uncached computation of its own (not counted as
+       a compile of the program's, but a slow one says so like any other) */
+    notice.armed = false;
+    if (st == TB_OK && tb_debug_level() >= 1) {
+        char device[64];
+        tb__exec_device_text(&ex->device, device);
+        tb__slow_notice_begin(&notice, TB__SLOW_COMPILE_MS,
+                              "graph %016llx: TB_CHECK: compiling %lu nodes on %s ... (still "
+                              "running after %u s)",
+                              (unsigned long long)g->hash, (unsigned long)g->num_nodes, device,
+                              TB__SLOW_COMPILE_MS / 1000u);
+    }
     if (st == TB_OK) st = ex->vt->create_lowering_context(ex->vt->user_data, &cg, &context);
     if (st == TB_OK) st = ex->vt->compile(ex->vt->user_data, context, &computation);
     if (context != NULL && ex->vt->release_lowering_context != NULL)
         ex->vt->release_lowering_context(ex->vt->user_data, context);
+    tb__slow_notice_end(&notice);
     if (st == TB_OK) st = tb__exec_run(ex, &cg, computation, device_values, &run_ns);
     /* the reference's values, from the same parameter values */
     for (i = 0; i < g->num_parameters && st == TB_OK; i++) {
@@ -8168,6 +8179,8 @@ done:
     if (tb__desc()->check < 2) return TB_OK;
     return tb__error(verdict, "%s: %s", ex->func, report);
 }
+
+#undef TB__SLOW_COMPILE_MS
 
 /* The values of `roots` (distinct nodes on ex->device): out[i] gets a new reference. On error
    out is all NULL and no node changed except for values the eager fallback computed. */

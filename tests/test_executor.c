@@ -1271,6 +1271,26 @@ static void test_slow_compile_notice(void **state) {
     tb_tensor_release(y);
     tb_tensor_release(x);
     stop();
+
+    /* TB_CHECK compiles the graph once more, on its own: a slow one says so too */
+    desc.check = 1;
+    slow_log[0] = '\0';
+    notice_while_compiling = -1;
+    start(&desc);
+    x = vec(xs, 3, NULL);
+    y = tb_neg(x);
+    cs.compile_ms = 1100;
+    assert_int_equal(tb_sync(&y, 1), TB_OK);
+    cs.compile_ms = 0;
+    assert_int_equal(tb_metrics_counter("CheckedGraphs"), 1);
+    notice = strstr(slow_log, ": compiling 2 nodes on count:0 ... (still running after 1 s)\n");
+    assert_non_null(notice);
+    assert_contains(notice + 1,
+                    ": TB_CHECK: compiling 2 nodes on count:0 ... (still running after 1 s)\n");
+    assert_int_equal(notice_while_compiling, 1);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+    stop();
 }
 
 /* TB_CHECK 1 reports the first node whose value differs from the reference; 2 also fails the
