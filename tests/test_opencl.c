@@ -3519,7 +3519,7 @@ static void test_cache_dir_is_a_file(void **state) {
     assert_int_equal(tb_setup(&desc), TB_OK);
     (void)run_fixed_graph();
     snprintf(expected, sizeof expected,
-             "opencl: the program cache folder %s is not usable: not a directory\n", file);
+             "opencl: the program cache folder %s is not usable: not a folder\n", file);
     if (strstr(g_log, expected) == NULL) fail_msg("the log: %s", g_log);
     remove(file);
     if (old != NULL) {
