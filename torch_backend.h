@@ -21,7 +21,9 @@
      opened at run time.
 
    CONFIGURATION MACROS (define before the implementation include)
-     TB_STATIC              make every public function static to the including file
+     TB_STATIC              make every public function static to the including file (with gcc
+                            and clang one weak symbol stays external, tb_plugin_attach_host,
+                            through which a host passes its error hook to a plugin's copy)
      TB_OPENCL_LINKED       call the OpenCL entry points directly (link with -lOpenCL) instead of
                             opening the ICD loader at run time
      TB_NO_OPENCL           leave the OpenCL backend out entirely
@@ -29,8 +31,11 @@
      TB_ASSERT(x)           your own assert for internal invariants (default: assert.h)
 
    ENVIRONMENT VARIABLES
-     TB_BACKEND          the default backend (default "cpu"; a desc field overrides it)
-     TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0"
+     TB_BACKEND          the default backend (default "cpu"; desc.backend overrides it)
+     TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0" (desc.device
+                         overrides it). A bad TB_BACKEND or TB_DEVICE is an error wherever the
+                         default is used ("TB_BACKEND='x' is not a usable backend: ..."), never
+                         a fallback
      TB_BACKEND_PATH     ':'-separated folders searched for plugins libtb_backend_<name>.so
      TB_CACHE_DIR        folder for the OpenCL program binary cache, created 0700 (a folder
                          others may write to is not used); "off" disables it
@@ -38,10 +43,12 @@
                          TB_OPENCL_LINKED)
      TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk
                          cache key), e.g. "-cl-fast-relaxed-math"
-     TB_DEBUG            1: one line per graph compile/run; 2: also one line per kernel with time,
-                         GB/s, GFLOP/s; 3: also the IR and the generated OpenCL C
-     TB_CHECK            1: run every graph on the reference backend too and report the first node
-                         whose value differs
+     TB_DEBUG            1: one line per graph compile/run, and one while a compile is still
+                         running after 1 s; 2: also one line per kernel with time, GB/s,
+                         GFLOP/s; 3: also the IR and the generated OpenCL C
+     TB_CHECK            1: run every graph on the reference backend too and log the first node
+                         whose value differs; 2: also fail that sync (TB_ERR_EXECUTE); desc.check
+                         overrides it
 
    ERRORS
      Functions return a tb_status (TB_OK is 0) or, for functions returning a handle, NULL. The
@@ -49,10 +56,10 @@
      the first error, so a chain of ops can be checked once at the end.
 
    LISTS AND TEXTS INTO CALLER ARRAYS
-     Functions that fill an array of `cap` entries (tb_backend_list, tb_backend_devices,
-     tb_shape_format, tb_device_format) return or store the full count (or length) whatever
-     `cap` is, and write at most `cap` entries. A NULL array asks for the count alone: `cap`
-     is then ignored, and the count is the same as with an array.
+     Functions that fill an array of `cap` entries (tb_backend_list, tb_backend_list_plugins,
+     tb_backend_devices, tb_shape_format, tb_device_format) return or store the full count (or
+   length) whatever `cap` is, and write at most `cap` entries. A NULL array asks for the count
+   alone: `cap` is then ignored, and the count is the same as with an array.
 
    THREAD SAFETY
      The registry, the op table, the metrics and the computation cache are guarded by locks. A
@@ -145,7 +152,8 @@ TBDEF void tb_clear_error(void);
 
 /* Records an error for the calling thread and returns `status`, for backends and custom ops that
    want to report a reason: `return tb_set_error(TB_ERR_EXECUTE, "mydev: queue lost");`.
-   Messages longer than 1023 bytes are cut. Thread-safe. */
+   Messages longer than 1023 bytes are cut. In a plugin's own copy of the library (TB_STATIC)
+   loaded by a host, the error is also set in the host (see "plugins" below). Thread-safe. */
 TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 
 typedef enum tb_log_level {
@@ -164,7 +172,9 @@ typedef struct tb_allocator {
 } tb_allocator;
 
 /* Log hook. NULL: messages at or below the level given by TB_DEBUG go to stderr (errors and
-   warnings always). `message` has no trailing newline. */
+   warnings always). `message` has no trailing newline. It is called on the thread that logs;
+   at TB_DEBUG >= 1 that may be a short-lived thread of the library's, which says that a compile
+   is still running after a second while the thread that started the compile waits in it. */
 typedef struct tb_logger {
     void (*func)(tb_log_level level, const char *message, void *user_data);
     void *user_data;
@@ -182,8 +192,9 @@ typedef struct tb_desc {
     size_t cache_size;      /* computations kept in the LRU computation cache; 0: 1024 */
     size_t max_graph_nodes; /* a pending graph larger than this is flushed; 0: 100000 */
     int debug;              /* 0: $TB_DEBUG; 1..3 as TB_DEBUG; -1: off whatever $TB_DEBUG says */
-    int check;              /* 0: $TB_CHECK; 1: check every graph on the reference backend;
-                               -1: off */
+    int check;              /* 0: $TB_CHECK; 1: check every graph on the reference backend
+                               and log the first node that differs; 2: also fail the sync
+                               (TB_ERR_EXECUTE); -1: off */
 } tb_desc;
 
 /* Optional: configures the library. Any other function called first sets the library up with a
@@ -351,7 +362,10 @@ TBDEF tb_status tb_device_parse(const char *text, tb_device *out);
 TBDEF bool tb_device_equal(const tb_device *a, const tb_device *b);
 
 /* The current device of the calling thread: the innermost device guard's, else the default
-   device (desc.device / $TB_DEVICE), else the current backend's default device. */
+   device (desc.device / $TB_DEVICE), else the current backend's default device. A default that
+   names no usable device or backend is an error that says which setting holds it:
+   "tb_current_device: TB_DEVICE='opencl:7' is not a usable device: ...",
+   "tb_current_device: TB_BACKEND='nope' is not a usable backend: ...". */
 TBDEF tb_status tb_current_device(tb_device *out);
 
 /* Device guard: makes `device` current on this thread until tb_device_guard_end, which restores
@@ -529,8 +543,14 @@ TBDEF bool tb_backend_has_tag(const tb_backend *backend, const char *tag);
 TBDEF const tb_backend_impl *tb_backend_get_impl(const tb_backend *backend);
 
 /* The current backend: new tensors without an explicit device go there. Default: desc.backend,
-   else $TB_BACKEND, else "cpu". An unknown name is TB_ERR_NOT_FOUND and changes nothing.
-   Thread-safe (process-wide). */
+   else $TB_BACKEND, else "cpu", looked up on first use (a plugin is loaded then).
+   tb_set_backend: an unknown name is TB_ERR_NOT_FOUND and changes nothing.
+   tb_get_backend returns the current backend's name (valid until tb_shutdown), or NULL when
+   the default names no usable backend: the error then says which setting holds the bad name,
+   e.g. "tb_get_backend: TB_BACKEND='nope' is not a usable backend: unknown backend 'nope';
+   available: cpu, opencl". Every use of the default fails the same way (tb_current_device,
+   and with it every new tensor without a device) until tb_set_backend picks one; nothing falls
+   back to "cpu". Thread-safe (process-wide). */
 TBDEF tb_status tb_set_backend(const char *name);
 TBDEF const char *tb_get_backend(void);
 
@@ -555,9 +575,15 @@ TBDEF char *tb_backend_metrics_report(const char *backend);
        tb_status tb_backend_plugin_entry(const tb_plugin_host *host, tb_plugin_desc *out);
    which fills `out` (api_version = TB_API_VERSION, name = <name>, tags, impl). The library
    checks the API version and the name, then registers the impl (init runs). Any failure leaves
-   the registry as it was and unloads the object. A plugin that includes this header should build
-   it with TB_STATIC and report errors through host->set_error. */
-#define TB_PLUGIN_ENTRY_NAME "tb_backend_plugin_entry"
+   the registry as it was and unloads the object.
+   Errors: a plugin reports a reason with host->set_error, or with tb_set_error when it builds
+   its own copy of the library (TB_STATIC + TB_IMPLEMENTATION, with gcc or clang): that copy
+   exports tb_plugin_attach_host (TB_PLUGIN_ATTACH_NAME), which the host calls with its
+   services before the entry, and from then on the copy's tb_set_error also sets the host's
+   error. Only tb_set_error is passed on: another function of the copy that fails keeps its
+   error in the copy (return tb_set_error(st, "%s", tb_last_error()) passes it on). */
+#define TB_PLUGIN_ENTRY_NAME  "tb_backend_plugin_entry"
+#define TB_PLUGIN_ATTACH_NAME "tb_plugin_attach_host"
 
 /* The host's services for a plugin. The struct stays valid while the plugin is loaded, so a
    plugin may keep the pointer it is given. alloc and free are the host's allocator hooks. */
@@ -577,6 +603,15 @@ typedef struct tb_plugin_desc {
 } tb_plugin_desc;
 
 typedef tb_status (*tb_plugin_entry_fn)(const tb_plugin_host *host, tb_plugin_desc *out);
+typedef void (*tb_plugin_attach_fn)(const tb_plugin_host *host);
+
+/* The backend names that $TB_BACKEND_PATH offers as plugins: every regular file
+   libtb_backend_<name>.so in its folders whose <name> is a valid backend name, sorted, each name
+   once, registered or not. Nothing is loaded (tb_backend_lookup loads one, and says why one
+   does not load). Returns how many there are and copies at most `cap` of them into `names`;
+   `names` NULL: just the count (`cap` is ignored). Folders that cannot be read are skipped;
+   0 without TB_BACKEND_PATH and in builds without plugins. Thread-safe. */
+TBDEF size_t tb_backend_list_plugins(char (*names)[TB_MAX_NAME + 1], size_t cap);
 
 /* Loads a plugin from an explicit path (the name comes from the plugin's desc).
    Errors: TB_ERR_IO (cannot open), TB_ERR_PLUGIN (no entry symbol, wrong API version, entry or
@@ -1552,6 +1587,28 @@ static void tb__ensure_setup(void);              /* implicit setup with a zero d
 static const tb_desc *tb__desc(void);            /* the effective desc (defaults filled) */
 static const char *tb__getenv(const char *name); /* NULL when unset or empty */
 static uint64_t tb__now_ns(void);                /* monotonic clock */
+/* A log line that appears only when something takes long: begin starts a thread that logs the
+   message at info level unless end comes within `delay_ms`; end stops the thread and waits for
+   it, so a line it logs comes before anything the caller logs next. For TB_DEBUG lines that
+   must appear while a long call still runs. Without a thread (none could be started) nothing
+   is logged. The struct lives on the caller's stack between begin and end. */
+typedef struct tb__slow_notice {
+    bool armed; /* a thread runs */
+    unsigned delay_ms;
+    char message[256];
+#if defined(_WIN32)
+    HANDLE done;
+    HANDLE thread;
+#else
+    bool done; /* guarded by mutex */
+    pthread_mutex_t mutex;
+    pthread_cond_t cond;
+    pthread_t thread;
+#endif
+} tb__slow_notice;
+static void tb__slow_notice_begin(tb__slow_notice *n, unsigned delay_ms, const char *fmt, ...)
+    TB_PRINTF_LIKE(3, 4);
+static void tb__slow_notice_end(tb__slow_notice *n);
 /* 64-bit hashing: stable across runs and machines */
 static uint64_t tb__hash_bytes(uint64_t seed, const void *data, size_t size);
 static uint64_t tb__hash_u64(uint64_t seed, uint64_t value);
@@ -1617,6 +1674,9 @@ static bool tb__data_set_host_release(tb_backend_data *data, const void *host,
    (unknown backend: lists those that exist; bad ordinal: gives the device count) */
 static tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
                                     tb_device *out);
+/* the current backend (tb_set_backend's, else the default of desc.backend / $TB_BACKEND /
+   "cpu", looked up); NULL with an error naming `fn` and the setting that holds a bad name */
+static const tb_backend *tb__current_backend(const char *fn);
 /* cpu, opencl: those not registered yet (the registry calls it until all are) */
 struct tb__builtin_failure;
 static void tb__register_builtin_backends(struct tb__builtin_failure *why);
@@ -1725,9 +1785,10 @@ static TB__THREAD_LOCAL char tb__err_message[TB__ERROR_CAP];
    common case of tb__ensure_setup costs one load. */
 typedef struct tb__state {
     int32_t ready;
-    tb_desc desc;              /* the effective desc: defaults filled, strings owned */
-    const char *device_source; /* "desc.device" or "TB_DEVICE": where desc.device came from */
-    tb_allocator allocator;    /* copied out of desc so the hooks outlive tb_shutdown's frees */
+    tb_desc desc;               /* the effective desc: defaults filled, strings owned */
+    const char *device_source;  /* "desc.device" or "TB_DEVICE": where desc.device came from */
+    const char *backend_source; /* "desc.backend", "TB_BACKEND", or NULL for the default cpu */
+    tb_allocator allocator;     /* copied out of desc so the hooks outlive tb_shutdown's frees */
 } tb__state;
 
 static tb__state tb__g;
@@ -1870,11 +1931,18 @@ static tb_status tb__error(tb_status status, const char *fmt, ...) {
     return status;
 }
 
+/* In a plugin's own copy of the library (TB_STATIC), the services of the host that loaded it
+   (set through tb_plugin_attach_host, backend.c): tb_set_error passes each error on to the
+   host, whose tb_last_error the user reads. NULL everywhere else. Written once, before the
+   plugin's entry runs; read afterwards. */
+static const tb_plugin_host *tb__plugin_parent = NULL;
+
 TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     tb__error_v(status, fmt, ap);
     va_end(ap);
+    if (tb__plugin_parent != NULL) tb__plugin_parent->set_error(status, tb__err_message);
     return status;
 }
 
@@ -2263,7 +2331,7 @@ static void tb__free_desc_strings(void) {
 /* Called with tb__setup_mutex held and the library not set up. */
 static tb_status tb__do_setup(const tb_desc *user) {
     tb_desc d;
-    const char *backend, *device, *device_source = NULL;
+    const char *backend, *device, *device_source = NULL, *backend_source = NULL;
     if (user != NULL) {
         d = *user;
     } else {
@@ -2278,8 +2346,8 @@ static tb_status tb__do_setup(const tb_desc *user) {
     if (d.debug < -1 || d.debug > 3) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: debug %d out of range -1..3", d.debug);
     }
-    if (d.check < -1 || d.check > 1) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: check %d out of range -1..1", d.check);
+    if (d.check < -1 || d.check > 2) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: check %d out of range -1..2", d.check);
     }
     /* The hooks and the debug level first: everything below may allocate or log. */
     tb__g.allocator = d.allocator;
@@ -2288,12 +2356,18 @@ static tb_status tb__do_setup(const tb_desc *user) {
     if (d.debug == 0) d.debug = tb__env_level("TB_DEBUG", 3);
     if (d.debug < 0) d.debug = 0;
     tb__g.desc.debug = d.debug;
-    if (d.check == 0) d.check = tb__env_level("TB_CHECK", 1);
+    if (d.check == 0) d.check = tb__env_level("TB_CHECK", 2);
     if (d.check < 0) d.check = 0;
     if (d.cache_size == 0) d.cache_size = 1024;
     if (d.max_graph_nodes == 0) d.max_graph_nodes = 100000;
 
-    backend = d.backend != NULL ? d.backend : tb__getenv("TB_BACKEND");
+    backend = d.backend;
+    if (backend != NULL) {
+        backend_source = "desc.backend";
+    } else {
+        backend = tb__getenv("TB_BACKEND");
+        if (backend != NULL) backend_source = "TB_BACKEND";
+    }
     if (backend == NULL) backend = "cpu";
     device = d.device;
     if (device != NULL) {
@@ -2313,6 +2387,7 @@ static tb_status tb__do_setup(const tb_desc *user) {
     }
     tb__g.desc = d;
     tb__g.device_source = device_source;
+    tb__g.backend_source = backend_source;
     TB__ATOMIC_ADD(&tb__g.ready, 1);
     return TB_OK;
 }
@@ -2364,6 +2439,7 @@ TBDEF void tb_shutdown(void) {
     tb__free_desc_strings();
     memset(&tb__g.desc, 0, sizeof tb__g.desc);
     tb__g.device_source = NULL;
+    tb__g.backend_source = NULL;
     memset(&tb__g.allocator, 0, sizeof tb__g.allocator);
     TB__ATOMIC_ADD(&tb__g.ready, -1);
     tb__mutex_unlock(&tb__setup_mutex);
@@ -2521,6 +2597,100 @@ static uint64_t tb__generation_counter = 0;
 
 static uint64_t tb__next_generation(void) {
     return (uint64_t)TB__ATOMIC_ADD(&tb__generation_counter, 1);
+}
+
+/* ---- slow notices: a line that appears while a long call still runs ---- */
+
+#if defined(_WIN32)
+static DWORD WINAPI tb__slow_notice_thread(LPVOID arg) {
+    tb__slow_notice *n = (tb__slow_notice *)arg;
+    if (WaitForSingleObject(n->done, n->delay_ms) == WAIT_TIMEOUT) {
+        tb__log_internal(TB_LOG_INFO, "%s", n->message);
+    }
+    return 0;
+}
+#else
+static void *tb__slow_notice_thread(void *arg) {
+    tb__slow_notice *n = (tb__slow_notice *)arg;
+    struct timespec deadline;
+    bool fire;
+    /* pthread_cond_timedwait takes a wall-clock deadline */
+#if defined(CLOCK_REALTIME)
+    clock_gettime(CLOCK_REALTIME, &deadline);
+#else
+    {
+        struct timeval tv;
+        gettimeofday(&tv, NULL);
+        deadline.tv_sec = tv.tv_sec;
+        deadline.tv_nsec = (long)tv.tv_usec * 1000L;
+    }
+#endif
+    deadline.tv_sec += (time_t)(n->delay_ms / 1000u);
+    deadline.tv_nsec += (long)(n->delay_ms % 1000u) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec += 1;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&n->mutex);
+    while (!n->done) {
+        if (pthread_cond_timedwait(&n->cond, &n->mutex, &deadline) == ETIMEDOUT) break;
+    }
+    fire = !n->done;
+    pthread_mutex_unlock(&n->mutex);
+    if (fire) tb__log_internal(TB_LOG_INFO, "%s", n->message);
+    return NULL;
+}
+#endif
+
+static TB__UNUSED void tb__slow_notice_begin(tb__slow_notice *n, unsigned delay_ms, const char *fmt,
+                                             ...) {
+    va_list ap;
+    n->armed = false;
+    n->delay_ms = delay_ms;
+    va_start(ap, fmt);
+    if (vsnprintf(n->message, sizeof n->message, fmt, ap) < 0) n->message[0] = '\0';
+    va_end(ap);
+#if defined(_WIN32)
+    n->done = CreateEventA(NULL, TRUE, FALSE, NULL);
+    if (n->done == NULL) return;
+    n->thread = CreateThread(NULL, 0, tb__slow_notice_thread, n, 0, NULL);
+    if (n->thread == NULL) {
+        CloseHandle(n->done);
+        return;
+    }
+#else
+    n->done = false;
+    if (pthread_mutex_init(&n->mutex, NULL) != 0) return;
+    if (pthread_cond_init(&n->cond, NULL) != 0) {
+        pthread_mutex_destroy(&n->mutex);
+        return;
+    }
+    if (pthread_create(&n->thread, NULL, tb__slow_notice_thread, n) != 0) {
+        pthread_cond_destroy(&n->cond);
+        pthread_mutex_destroy(&n->mutex);
+        return;
+    }
+#endif
+    n->armed = true;
+}
+
+static TB__UNUSED void tb__slow_notice_end(tb__slow_notice *n) {
+    if (!n->armed) return;
+#if defined(_WIN32)
+    SetEvent(n->done);
+    WaitForSingleObject(n->thread, INFINITE);
+    CloseHandle(n->thread);
+    CloseHandle(n->done);
+#else
+    pthread_mutex_lock(&n->mutex);
+    n->done = true;
+    pthread_cond_signal(&n->cond);
+    pthread_mutex_unlock(&n->mutex);
+    pthread_join(n->thread, NULL);
+    pthread_cond_destroy(&n->cond);
+    pthread_mutex_destroy(&n->mutex);
+#endif
+    n->armed = false;
 }
 
 /* ---- src/rng.c ---- */
@@ -3398,7 +3568,11 @@ TBDEF tb_status tb_current_device(tb_device *out) {
         *out = d;
         return TB_OK;
     }
-    return tb_backend_default_device(tb_get_backend(), out);
+    {
+        const tb_backend *b = tb__current_backend("tb_current_device");
+        if (b == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_NOT_FOUND;
+        return tb_backend_default_device(tb_backend_name(b), out);
+    }
 }
 
 TBDEF tb_status tb_device_guard_begin(tb_device_guard *guard, const tb_device *device) {
@@ -3440,6 +3614,7 @@ TBDEF void tb_device_guard_end(tb_device_guard *guard) {
 
 #if !defined(TB_NO_PLUGINS) && !defined(_WIN32)
 #define TB__HAVE_PLUGINS 1
+#include <dirent.h> /* tb_backend_list_plugins */
 #else
 #define TB__HAVE_PLUGINS 0
 #endif
@@ -3463,7 +3638,6 @@ typedef struct tb__registry {
     size_t count, cap;
     size_t removals;       /* entries removed (a failed init), so that a walk can restart */
     tb_backend *current;   /* NULL until chosen (lazily from the desc) */
-    bool warned_default;   /* the unknown-default warning was logged */
     int32_t builtins_done; /* read atomically */
     const tb_backend *cpu; /* the reference backend, whose payloads are tb__host_buffer */
 } tb__registry;
@@ -3798,6 +3972,27 @@ static void tb__available_names(char *buf, size_t cap) {
 
 /* ---- plugins ---- */
 
+/* A plugin carries its own copy of the library (TB_STATIC + TB_IMPLEMENTATION), with its own
+   thread-local error. The host finds this function in the plugin's object and calls it with
+   its services before the plugin's entry runs, so that the copy's tb_set_error reaches the
+   host's tb_last_error too. Weak, so that several TB_STATIC copies link into one object (the
+   first one found is attached); the one external symbol of a TB_STATIC build. */
+#if defined(TB_STATIC) && !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
+#ifdef __cplusplus
+extern "C" {
+#endif
+__attribute__((weak, visibility("default"))) void tb_plugin_attach_host(const tb_plugin_host *host);
+__attribute__((weak, visibility("default"))) void
+tb_plugin_attach_host(const tb_plugin_host *host) {
+    if (host != NULL && host->api_version == TB_API_VERSION && host->set_error != NULL) {
+        tb__plugin_parent = host;
+    }
+}
+#ifdef __cplusplus
+}
+#endif
+#endif
+
 #if TB__HAVE_PLUGINS
 static tb_status tb__host_set_error(tb_status status, const char *message) {
     return tb__error(status, "%s", message != NULL ? message : "");
@@ -3884,6 +4079,13 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
     /* ISO C has no cast from an object pointer to a function pointer; POSIX guarantees the
        representations match. */
     memcpy(&entry, &sym, sizeof entry);
+    /* a plugin with its own copy of the library: that copy's tb_set_error reaches us too */
+    sym = dlsym(handle, TB_PLUGIN_ATTACH_NAME);
+    if (sym != NULL) {
+        tb_plugin_attach_fn attach;
+        memcpy(&attach, &sym, sizeof attach);
+        attach(&tb__plugin_host);
+    }
 
     memset(&desc, 0, sizeof desc);
     {
@@ -4094,40 +4296,45 @@ TBDEF tb_status tb_set_backend(const char *name) {
     return TB_OK;
 }
 
-TBDEF const char *tb_get_backend(void) {
+/* The current backend: the one tb_set_backend chose, else the default (desc.backend,
+   $TB_BACKEND, "cpu"), looked up on first use. A default that names no usable backend is an
+   error each time it is used, in the words tb_current_device uses for a bad desc.device or
+   $TB_DEVICE; nothing falls back to another backend. */
+static const tb_backend *tb__current_backend(const char *fn) {
     tb_backend *b;
-    const char *wanted;
-    tb__saved_error saved;
+    const char *wanted, *source;
     tb__ensure_setup();
     tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
     b = tb__reg.current;
     tb__mutex_unlock(&tb__reg_mutex);
-    if (b != NULL) return b->name;
+    if (b != NULL) return b;
 
     wanted = tb__desc()->backend != NULL ? tb__desc()->backend : "cpu";
-    tb__error_save(&saved);
-    b = tb__lookup("tb_get_backend", wanted);
+    source = tb__g.backend_source;
+    b = tb__lookup(fn, wanted);
     if (b == NULL) {
-        bool warn;
-        tb__mutex_lock(&tb__reg_mutex);
-        warn = !tb__reg.warned_default;
-        tb__reg.warned_default = true;
-        tb__mutex_unlock(&tb__reg_mutex);
-        if (warn) {
-            tb_log_message(TB_LOG_WARN,
-                           "the default backend '%.64s' is not usable (%s); using 'cpu'", wanted,
-                           tb_last_error());
-        }
-        b = tb__find_ready("cpu");
+        char reason[TB__ERROR_CAP];
+        const char *r = tb_last_error();
+        size_t n = strlen(fn);
+        tb_status st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_NOT_FOUND;
+        if (source == NULL) return NULL; /* the reference backend itself: its own error */
+        /* keep the reason, and say which setting holds the bad value */
+        if (strncmp(r, fn, n) == 0 && strncmp(r + n, ": ", 2) == 0) r += n + 2;
+        snprintf(reason, sizeof reason, "%s", r);
+        tb__error(st, "%s: %s='%.64s' is not a usable backend: %s", fn, source, wanted, reason);
+        return NULL;
     }
-    tb__error_restore(&saved);
-    if (b == NULL) return "cpu"; /* only when registering the reference backend ran out of memory */
     tb__mutex_lock(&tb__reg_mutex);
     if (tb__reg.current == NULL) tb__reg.current = b;
     b = tb__reg.current;
     tb__mutex_unlock(&tb__reg_mutex);
-    return b->name;
+    return b;
+}
+
+TBDEF const char *tb_get_backend(void) {
+    const tb_backend *b = tb__current_backend("tb_get_backend");
+    return b != NULL ? b->name : NULL;
 }
 
 /* ---- devices ---- */
@@ -4517,6 +4724,74 @@ TBDEF tb_status tb_backend_load_plugin(const char *path) {
 #endif
 }
 
+#if TB__HAVE_PLUGINS
+/* The backend name in a plugin file name libtb_backend_<name>.so, in `name`; false when the
+   file name is not of that form or <name> is not a valid backend name. */
+static bool tb__plugin_file_name(const char *file, char name[TB_MAX_NAME + 1]) {
+    static const char prefix[] = "libtb_backend_", suffix[] = ".so";
+    size_t len = strlen(file), n;
+    if (len <= sizeof prefix - 1 + sizeof suffix - 1) return false;
+    if (strncmp(file, prefix, sizeof prefix - 1) != 0) return false;
+    if (strcmp(file + len - (sizeof suffix - 1), suffix) != 0) return false;
+    n = len - (sizeof prefix - 1) - (sizeof suffix - 1);
+    if (n > TB_MAX_NAME) return false;
+    memcpy(name, file + sizeof prefix - 1, n);
+    name[n] = '\0';
+    return tb__name_valid(name);
+}
+
+/* The smallest plugin name on $TB_BACKEND_PATH that sorts after `after` ("" for the first), in
+   `next`; false when there is none. Reads the folders again for every name: no allocation,
+   and plugin folders are small. */
+static bool tb__plugin_next_name(const char *after, char next[TB_MAX_NAME + 1]) {
+    const char *p = tb__getenv("TB_BACKEND_PATH");
+    bool found = false;
+    while (p != NULL && *p != '\0') {
+        const char *end = strchr(p, ':');
+        size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        char path[4096];
+        DIR *dir;
+        struct dirent *entry;
+        if (len > 0 && len < sizeof path - TB_MAX_NAME - 32) {
+            memcpy(path, p, len);
+            path[len] = '\0';
+            dir = opendir(path);
+            while (dir != NULL && (entry = readdir(dir)) != NULL) {
+                char name[TB_MAX_NAME + 1];
+                if (!tb__plugin_file_name(entry->d_name, name)) continue;
+                if (strcmp(name, after) <= 0 || (found && strcmp(name, next) >= 0)) continue;
+                snprintf(path + len, sizeof path - len, "/%s", entry->d_name);
+                if (tb__is_file(path)) {
+                    memcpy(next, name, strlen(name) + 1);
+                    found = true;
+                }
+                path[len] = '\0';
+            }
+            if (dir != NULL) closedir(dir);
+        }
+        p = end != NULL ? end + 1 : NULL;
+    }
+    return found;
+}
+#endif
+
+TBDEF size_t tb_backend_list_plugins(char (*names)[TB_MAX_NAME + 1], size_t cap) {
+    size_t n = 0;
+#if TB__HAVE_PLUGINS
+    char prev[TB_MAX_NAME + 1] = "", next[TB_MAX_NAME + 1];
+    if (names == NULL) cap = 0; /* the count alone, whatever cap says */
+    while (tb__plugin_next_name(prev, next)) {
+        if (n < cap) memcpy(names[n], next, strlen(next) + 1);
+        n++;
+        memcpy(prev, next, strlen(next) + 1);
+    }
+#else
+    (void)names;
+    (void)cap;
+#endif
+    return n;
+}
+
 static TB__UNUSED tb_backend *tb__backend_for_device(const tb_device *device) {
     char name[TB_MAX_NAME + 1];
     if (device == NULL) {
@@ -4581,7 +4856,6 @@ static void tb__registry_shutdown(void) {
     tb__reg.count = 0;
     tb__reg.cap = 0;
     tb__reg.current = NULL;
-    tb__reg.warned_default = false;
     tb__reg.cpu = NULL;
     tb__mutex_unlock(&tb__reg_mutex);
     /* entries first, then the objects their strings and functions came from */
@@ -7455,6 +7729,9 @@ static tb_backend_data *tb__exec_param_value(const tb__exec *ex, const tb_node *
     return d;
 }
 
+/* TB_DEBUG=1: a compile still running after this long logs a line saying so. */
+#define TB__SLOW_COMPILE_MS 1000u
+
 /* A computation for the graph (made from the walk `w`): from the cache, else lowered and
    compiled (and cached). */
 static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, const tb__exec_walk *w,
@@ -7462,6 +7739,7 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
     tb__comp_cache_entry *e = tb__comp_cache_lookup(graph->hash, w, &ex->device, ex->backend);
     void *context = NULL, *computation = NULL;
     tb__saved_error saved;
+    tb__slow_notice notice;
     uint64_t t0;
     tb_status st;
     *compile_ns = 0;
@@ -7472,15 +7750,31 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
         return TB_OK;
     }
     *hit = false;
+    notice.armed = false;
+    if (tb_debug_level() >= 1) {
+        /* the graph's own line comes once the compile is done: a compile that takes seconds
+           (a large OpenCL program) says so while it runs, from a thread of its own */
+        char device[64];
+        tb__exec_device_text(&ex->device, device);
+        tb__slow_notice_begin(&notice, TB__SLOW_COMPILE_MS,
+                              "graph %016llx: compiling %lu nodes on %s ... (still running after "
+                              "%u s)",
+                              (unsigned long long)graph->hash, (unsigned long)graph->num_nodes,
+                              device, TB__SLOW_COMPILE_MS / 1000u);
+    }
     t0 = tb__now_ns();
     tb__exec_call_begin(&saved);
     st = ex->vt->create_lowering_context(ex->vt->user_data, graph, &context);
-    if (st != TB_OK) return tb__exec_call_failed(ex, st, "create_lowering_context");
+    if (st != TB_OK) {
+        tb__slow_notice_end(&notice);
+        return tb__exec_call_failed(ex, st, "create_lowering_context");
+    }
     st = ex->vt->compile(ex->vt->user_data, context, &computation);
     if (st != TB_OK) st = tb__exec_call_failed(ex, st, "compile");
     if (ex->vt->release_lowering_context != NULL) {
         ex->vt->release_lowering_context(ex->vt->user_data, context);
     }
+    tb__slow_notice_end(&notice);
     if (st != TB_OK) return st;
     tb__error_restore(&saved);
     *compile_ns = tb__now_ns() - t0;
@@ -7632,6 +7926,20 @@ static void tb__exec_log_graph(const tb__exec *ex, const tb_graph *g, bool hit, 
         (unsigned long long)g->hash, (unsigned long)g->num_nodes, (unsigned long)g->num_parameters,
         (unsigned long)g->num_results, device, hit ? "hit" : "miss", (double)compile_ns / 1e6,
         (double)run_ns / 1e6);
+}
+
+/* The TB_DEBUG=1 line of a compile that a dump (tb_ir_backend_text, tb_ir_dot) started: the
+   same fields as a run's line, so that a later run's "cache=hit compile=0.000ms" has its
+   compile in the log. */
+static void tb__exec_log_dump_compile(const tb__exec *ex, const tb_graph *g, uint64_t compile_ns) {
+    char device[64];
+    tb__exec_device_text(&ex->device, device);
+    tb_log_message(TB_LOG_INFO,
+                   "graph %016llx nodes=%lu params=%lu results=%lu device=%s cache=miss "
+                   "compile=%.3fms (compiled by %s, not run)",
+                   (unsigned long long)g->hash, (unsigned long)g->num_nodes,
+                   (unsigned long)g->num_parameters, (unsigned long)g->num_results, device,
+                   (double)compile_ns / 1e6, ex->func);
 }
 
 /* The bits of a graph's hash that count: tests keep fewer to force hash collisions. */
@@ -7789,8 +8097,10 @@ static bool tb__check_close(tb_dtype dtype, const unsigned char *a, const unsign
 
 /* Runs `g` again on its backend with every computed node as a result, runs the same graph on
    the reference interpreter, and reports the first node (in post-order) whose values differ.
-   Purely diagnostic: whatever happens here, the caller's results and error stay as they are. */
-static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_graph *g) {
+   At check level 1 purely diagnostic: the caller's error stays as it was and TB_OK comes back.
+   At level 2 a node that differs, or a graph that could not be checked, is an error of the
+   sync: TB_ERR_EXECUTE (or the reason the check failed) with the report as its message. */
+static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_graph *g) {
     tb_graph cg = *g;
     const tb_node **computed = NULL;
     tb_backend_data **device_values = NULL;
@@ -7800,26 +8110,45 @@ static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_
     size_t i, m = 0;
     uint64_t run_ns = 0;
     tb__saved_error saved;
-    tb_status st = TB_OK;
+    tb_status st = TB_OK, verdict = TB_OK;
+    char report[TB__ERROR_CAP];
+    tb__slow_notice notice;
 
-    if (strcmp(tb_backend_name(ex->backend), "cpu") == 0) return; /* it is the reference */
+    if (strcmp(tb_backend_name(ex->backend), "cpu") == 0) return TB_OK; /* it is the reference */
+    report[0] = '\0';
     tb__error_save(&saved);
+    tb_clear_error(); /* a reason below is the check's own */
     computed = (const tb_node **)tb__calloc(g->num_nodes + 1, sizeof *computed);
     param_host = (void **)tb__calloc(g->num_parameters + 1, sizeof *param_host);
-    if (computed == NULL || param_host == NULL) goto done;
-    for (i = 0; i < g->num_nodes; i++) {
-        if (!tb__exec_walk_is_param(w, g->nodes[i])) computed[m++] = g->nodes[i];
+    if (computed == NULL || param_host == NULL) {
+        st = TB_ERR_OUT_OF_MEMORY;
+    } else {
+        for (i = 0; i < g->num_nodes; i++) {
+            if (!tb__exec_walk_is_param(w, g->nodes[i])) computed[m++] = g->nodes[i];
+        }
+        device_values = (tb_backend_data **)tb__calloc(m + 1, sizeof *device_values);
+        ref_host = (void **)tb__calloc(m + 1, sizeof *ref_host);
+        if (device_values == NULL || ref_host == NULL) st = TB_ERR_OUT_OF_MEMORY;
     }
-    device_values = (tb_backend_data **)tb__calloc(m + 1, sizeof *device_values);
-    ref_host = (void **)tb__calloc(m + 1, sizeof *ref_host);
-    if (device_values == NULL || ref_host == NULL) goto done;
     cg.results = computed;
     cg.num_results = m;
-    /* the backend's values of every node: an uncached computation of its own */
-    st = ex->vt->create_lowering_context(ex->vt->user_data, &cg, &context);
+    /* the backend's values of every node: an uncached computation of its own (not counted as
+       a compile of the program's, but a slow one says so like any other) */
+    notice.armed = false;
+    if (st == TB_OK && tb_debug_level() >= 1) {
+        char device[64];
+        tb__exec_device_text(&ex->device, device);
+        tb__slow_notice_begin(&notice, TB__SLOW_COMPILE_MS,
+                              "graph %016llx: TB_CHECK: compiling %lu nodes on %s ... (still "
+                              "running after %u s)",
+                              (unsigned long long)g->hash, (unsigned long)g->num_nodes, device,
+                              TB__SLOW_COMPILE_MS / 1000u);
+    }
+    if (st == TB_OK) st = ex->vt->create_lowering_context(ex->vt->user_data, &cg, &context);
     if (st == TB_OK) st = ex->vt->compile(ex->vt->user_data, context, &computation);
     if (context != NULL && ex->vt->release_lowering_context != NULL)
         ex->vt->release_lowering_context(ex->vt->user_data, context);
+    tb__slow_notice_end(&notice);
     if (st == TB_OK) st = tb__exec_run(ex, &cg, computation, device_values, &run_ns);
     /* the reference's values, from the same parameter values */
     for (i = 0; i < g->num_parameters && st == TB_OK; i++) {
@@ -7862,14 +8191,15 @@ static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_
                 tb__shape_text(shape, text);
                 tb_device_format(&ex->device, where, sizeof where);
                 tb__metric_count("CheckMismatch", 1);
-                tb_log_message(TB_LOG_WARN,
-                               "TB_CHECK: graph %016llx: node %%%lld %s %s (node %lu of %lu in "
-                               "post-order) differs at element %lu: %s gives %.9g, the reference "
-                               "gives %.9g",
-                               (unsigned long long)g->hash,
-                               (long long)tb__exec_walk_position(w, computed[i]),
-                               tb_op_name(computed[i]->op), text, (unsigned long)i,
-                               (unsigned long)m, (unsigned long)k, where, va, vb);
+                snprintf(report, sizeof report,
+                         "TB_CHECK: graph %016llx: node %%%lld %s %s (node %lu of %lu in "
+                         "post-order) differs at element %lu: %s gives %.9g, the reference "
+                         "gives %.9g",
+                         (unsigned long long)g->hash,
+                         (long long)tb__exec_walk_position(w, computed[i]),
+                         tb_op_name(computed[i]->op), text, (unsigned long)i, (unsigned long)m,
+                         (unsigned long)k, where, va, vb);
+                verdict = TB_ERR_EXECUTE;
                 goto done;
             }
         }
@@ -7877,8 +8207,10 @@ static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_
     if (st == TB_OK) {
         tb__metric_count("CheckedGraphs", 1);
     } else {
-        tb_log_message(TB_LOG_WARN, "TB_CHECK: graph %016llx could not be checked: %s",
-                       (unsigned long long)g->hash, tb_last_error());
+        snprintf(report, sizeof report, "TB_CHECK: graph %016llx could not be checked: %.900s",
+                 (unsigned long long)g->hash,
+                 tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
+        verdict = st;
     }
 done:
     if (computation != NULL) ex->vt->release_computation(ex->vt->user_data, computation);
@@ -7895,7 +8227,13 @@ done:
     tb__free(ref_host);
     tb__free((void *)computed);
     tb__error_restore(&saved);
+    if (verdict == TB_OK) return TB_OK;
+    tb_log_message(TB_LOG_WARN, "%s", report);
+    if (tb__desc()->check < 2) return TB_OK;
+    return tb__error(verdict, "%s: %s", ex->func, report);
 }
+
+#undef TB__SLOW_COMPILE_MS
 
 /* The values of `roots` (distinct nodes on ex->device): out[i] gets a new reference. On error
    out is all NULL and no node changed except for values the eager fallback computed. */
@@ -7941,7 +8279,8 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
         if (st == TB_OK) st = tb__exec_run(ex, &g, entry->computation, values, &run_ns);
         if (st != TB_OK) goto done;
         if (tb_debug_level() >= 1) tb__exec_log_graph(ex, &g, hit, compile_ns, run_ns);
-        if (tb__desc()->check > 0) tb__exec_check(ex, &w, &g);
+        /* at check level 2 a failed check fails the sync: the results are released below */
+        if (tb__desc()->check > 0) st = tb__exec_check(ex, &w, &g);
     }
     /* roots that are parameters need no computation: their values are at hand */
     for (i = 0, r = 0; i < n; i++) {
@@ -8431,6 +8770,8 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     if (st == TB_OK) st = tb__exec_graph_make(&ex, &cw, roots->nodes, roots->count, &results, &g);
     if (st == TB_OK && g.num_results == 0) st = TB_ERR_NOT_FOUND;
     if (st == TB_OK) st = tb__exec_compile(&ex, &g, &cw, entry, &hit, &compile_ns);
+    if (st == TB_OK && !hit && tb_debug_level() >= 1)
+        tb__exec_log_dump_compile(&ex, &g, compile_ns);
     if (st == TB_OK) {
         *kernel = (int32_t *)tb__calloc(w->num_order + 1, sizeof(int32_t));
         *names = (const char **)tb__calloc(w->num_order + 1, sizeof(const char *));
@@ -8556,6 +8897,9 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
         text = tb__strdup("");
     } else if (st == TB_OK) {
         st = tb__exec_compile(&ex, &g, &w, &entry, &hit, &compile_ns);
+        if (st == TB_OK && !hit && tb_debug_level() >= 1) {
+            tb__exec_log_dump_compile(&ex, &g, compile_ns);
+        }
         if (st == TB_OK) {
             const char *backend_text = NULL;
             if (ex.vt->computation_backend_text != NULL) {

@@ -114,6 +114,28 @@ static void tb__ensure_setup(void);              /* implicit setup with a zero d
 static const tb_desc *tb__desc(void);            /* the effective desc (defaults filled) */
 static const char *tb__getenv(const char *name); /* NULL when unset or empty */
 static uint64_t tb__now_ns(void);                /* monotonic clock */
+/* A log line that appears only when something takes long: begin starts a thread that logs the
+   message at info level unless end comes within `delay_ms`; end stops the thread and waits for
+   it, so a line it logs comes before anything the caller logs next. For TB_DEBUG lines that
+   must appear while a long call still runs. Without a thread (none could be started) nothing
+   is logged. The struct lives on the caller's stack between begin and end. */
+typedef struct tb__slow_notice {
+    bool armed; /* a thread runs */
+    unsigned delay_ms;
+    char message[256];
+#if defined(_WIN32)
+    HANDLE done;
+    HANDLE thread;
+#else
+    bool done; /* guarded by mutex */
+    pthread_mutex_t mutex;
+    pthread_cond_t cond;
+    pthread_t thread;
+#endif
+} tb__slow_notice;
+static void tb__slow_notice_begin(tb__slow_notice *n, unsigned delay_ms, const char *fmt, ...)
+    TB_PRINTF_LIKE(3, 4);
+static void tb__slow_notice_end(tb__slow_notice *n);
 /* 64-bit hashing: stable across runs and machines */
 static uint64_t tb__hash_bytes(uint64_t seed, const void *data, size_t size);
 static uint64_t tb__hash_u64(uint64_t seed, uint64_t value);
@@ -179,6 +201,9 @@ static bool tb__data_set_host_release(tb_backend_data *data, const void *host,
    (unknown backend: lists those that exist; bad ordinal: gives the device count) */
 static tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
                                     tb_device *out);
+/* the current backend (tb_set_backend's, else the default of desc.backend / $TB_BACKEND /
+   "cpu", looked up); NULL with an error naming `fn` and the setting that holds a bad name */
+static const tb_backend *tb__current_backend(const char *fn);
 /* cpu, opencl: those not registered yet (the registry calls it until all are) */
 struct tb__builtin_failure;
 static void tb__register_builtin_backends(struct tb__builtin_failure *why);
