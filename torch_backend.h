@@ -15925,7 +15925,11 @@ static bool tb__plan_vec_subtree(const tb__pgraph *G, const tb__plan_kernel *k, 
 }
 
 /* The vector width of a row kernel (0: scalar), after its layout is chosen. */
-static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k) {
+/* The vector width of kernel k (0: scalar code); *row_axes gets how many trailing axes the
+   vectors run along, the count the code generator must use when it sorts operands into
+   aligned, constant and other. */
+static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k,
+                                  int32_t *row_axes) {
     int32_t w = G->target->tuning->vec_width, x, axes;
     const tb_node *cn;
     const tb_shape *xs;
@@ -15937,6 +15941,7 @@ static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k)
         if (rs->dtype != TB_F32 || rs->rank < 1 || rs->dims[rs->rank - 1] % w != 0 ||
             tb__plan_numel(rs) < 64 * w || G->info[k->root].param >= 0)
             return 0;
+        *row_axes = 1;
         return tb__plan_vec_subtree(G, k, k->root, -1, 1) ? w : 0;
     }
     if (k->group > 1 || !k->suffix) return 0;
@@ -15950,6 +15955,7 @@ static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k)
         len = 1;
         for (j = (size_t)(xs->rank - axes); j < (size_t)xs->rank; j++)
             len *= xs->dims[j];
+        *row_axes = axes;
         if (len < 2 * w || !tb__plan_vec_subtree(G, k, x, -1, axes)) return 0;
         for (j = 1; j < cn->num_operands; j++) /* weight and bias, along the row */
             if (!tb__plan_vec_subtree(G, k, tb__plan_operand(G, k->core, j), -1, axes)) return 0;
@@ -15973,6 +15979,7 @@ static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k)
             if ((mask >> a) & 1u) axes++;
         if (m < 2 * w) return 0;
     }
+    *row_axes = axes;
     return tb__plan_vec_subtree(G, k, x, -1, axes) ? w : 0;
 }
 
@@ -16041,7 +16048,7 @@ static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
         tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
     }
     k->lanes = (k->group == 1 && !is_arg && lanes > 1 && m >= 4 * lanes) ? lanes : 1;
-    k->vec = tb__plan_vec_width(G, k);
+    k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
     if (k->vec > 0) {
         k->acc = tb__plan_shape(G, k->core)->dtype; /* f32 vectors, several lanes each */
         k->lanes = 2;                               /* vector accumulators */
@@ -16064,11 +16071,8 @@ static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
     k->suffix = layer || cn->attrs[0] == xs->rank - 1;
     k->acc = cn->shape.dtype == TB_F32 && G->target->acc_f64 ? TB_F64 : cn->shape.dtype;
     tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
-    k->vec = tb__plan_vec_width(G, k);
-    if (k->vec > 0) {
-        k->acc = TB_F32;
-        k->vec_axes = layer ? (int32_t)cn->attrs[0] : 1;
-    }
+    k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
+    if (k->vec > 0) k->acc = TB_F32;
 }
 
 static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
@@ -16162,9 +16166,8 @@ static void tb__plan_layout(tb__pgraph *G) {
             k->work_dim = 1;
             k->items = (uint64_t)tb__plan_numel(tb__plan_shape(G, k->root));
             k->flops = per * (double)k->items;
-            k->vec = tb__plan_vec_width(G, k);
+            k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
             if (k->vec > 0) {
-                k->vec_axes = 1;
                 k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
             }
             break;

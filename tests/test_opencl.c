@@ -2562,6 +2562,7 @@ typedef struct rg_script {
     int num_inputs;
     uint32_t choices[512];
     int num_choices, next;
+    bool wide; /* rows of 32 to 96 elements, wide enough for the kernels' vector code */
 } rg_script;
 
 static uint32_t rg_pick(rg_script *sc, uint32_t n) {
@@ -2599,18 +2600,26 @@ static tb_tensor *rg_build(rg_script *sc, const tb_device *dev, int steps) {
     sc->next = 0;
     {
         tb_shape s;
-        int32_t rank = (int32_t)rg_pick(sc, 4) + 1;
+        int32_t rank = (int32_t)rg_pick(sc, sc->wide ? 3 : 4) + 1;
         memset(&s, 0, sizeof s);
         s.dtype = TB_F32;
         s.rank = rank;
         for (i = 0; i < rank; i++)
             s.dims[i] = (int64_t)rg_pick(sc, 5) + 1;
+        if (sc->wide) { /* several rows each (a work item per row), 32 to 96 long */
+            for (i = 0; i < rank - 1; i++)
+                s.dims[i] += 3;
+            s.dims[rank - 1] = 32 * ((int64_t)rg_pick(sc, 3) + 1);
+        }
         pool[n++] = rg_input_tensor(sc, &input_at, &s, dev, R_ANY);
     }
     for (step = 0; step < steps; step++) {
         tb_tensor *x = pool[rg_pick(sc, (uint32_t)n)], *y = NULL;
-        tb_shape xs = tb_tensor_shape(x);
+        tb_shape xs;
         uint32_t op = rg_pick(sc, 24);
+        if (sc->wide && rg_pick(sc, 2)) x = pool[n - 1]; /* chains: a reduction of a broadcast */
+        if (sc->wide && op >= 20) op = op % 2 ? 3 : 10;
+        xs = tb_tensor_shape(x);
         tb_clear_error();
         switch (op) {
         case 0:
@@ -2624,7 +2633,9 @@ static tb_tensor *rg_build(rg_script *sc, const tb_device *dev, int steps) {
             break;
         case 3: { /* binary with a new broadcasting input */
             tb_shape bs = rg_broadcast_shape(&xs);
-            tb_tensor *b = rg_input_tensor(sc, &input_at, &bs, dev, R_ANY);
+            tb_tensor *b;
+            if (sc->wide && bs.rank > 0 && rg_pick(sc, 2)) bs.dims[bs.rank - 1] = 1; /* per row */
+            b = rg_input_tensor(sc, &input_at, &bs, dev, R_ANY);
             uint32_t which = rg_pick(sc, 4);
             y = which == 0   ? tb_add(x, b)
                 : which == 1 ? tb_mul(x, b)
@@ -2717,6 +2728,7 @@ static tb_tensor *rg_build(rg_script *sc, const tb_device *dev, int steps) {
             if (xs.rank >= 1) {
                 int32_t axis = (int32_t)rg_pick(sc, (uint32_t)xs.rank);
                 uint32_t which = rg_pick(sc, 4);
+                if (sc->wide && rg_pick(sc, 2)) axis = xs.rank - 1; /* along the row */
                 bool keep = rg_pick(sc, 2) != 0;
                 y = which == 0   ? tb_sum(x, &axis, 1, keep)
                     : which == 1 ? tb_mean(x, &axis, 1, keep)
@@ -2780,7 +2792,7 @@ static tb_tensor *rg_build(rg_script *sc, const tb_device *dev, int steps) {
             tb_clear_error();
             continue;
         }
-        if (rg_numel(y) > 4096) { /* keep graphs small */
+        if (rg_numel(y) > (sc->wide ? 16384 : 4096)) { /* keep graphs small */
             tb_tensor_release(y);
             continue;
         }
@@ -2799,21 +2811,21 @@ static tb_tensor *rg_build(rg_script *sc, const tb_device *dev, int steps) {
     return result;
 }
 
-static void test_random_graphs(void **state) {
-    const int graphs = 216, per_batch = 12;
+static void random_graphs(int graphs, bool wide) {
+    const int per_batch = 12;
     rg_script *scripts = (rg_script *)calloc((size_t)per_batch, sizeof(rg_script));
     int g, b, j;
-    (void)state;
     REQUIRE_OPENCL();
     assert_non_null(scripts);
-    g_rng = 0x5EED0000ull + 20240611ull;
+    g_rng = 0x5EED0000ull + 20240611ull + (wide ? 7u : 0u);
     for (g = 0; g < graphs; g += per_batch) {
         for (b = 0; b < per_batch; b++) {
             char name[64];
             test_case *c = &g_cases[g_num_cases];
             rg_script *sc = &scripts[b];
             memset(sc, 0, sizeof *sc);
-            snprintf(c->name, sizeof c->name, "random graph %d", g + b);
+            sc->wide = wide;
+            snprintf(c->name, sizeof c->name, "random %sgraph %d", wide ? "wide " : "", g + b);
             c->ref = rg_build(sc, &g_cpu, 3 + (g + b) % 9);
             c->got = rg_build(sc, &g_ocl, 3 + (g + b) % 9);
             if (c->ref == NULL || c->got == NULL) fail_msg("%s: %s", c->name, tb_last_error());
@@ -2826,6 +2838,154 @@ static void test_random_graphs(void **state) {
                 free(scripts[b].inputs[j].data);
     }
     free(scripts);
+}
+
+static void test_random_graphs(void **state) {
+    (void)state;
+    random_graphs(216, false);
+}
+
+/* Rows of 32 to 96 elements: reductions, softmax and elementwise kernels take their vector
+   code, and inputs broadcast along the row ([8, 1] against [8, 32]) must be read as one value
+   per row, not as a vector. */
+static void test_random_wide_graphs(void **state) {
+    (void)state;
+    random_graphs(120, true);
+}
+
+/* Every kernel kind that has vector code (row reductions, softmax, layer norm, elementwise
+   blocks) with a second operand of each relation to the row: the whole row, one value per row,
+   one value per column, one value: b must be read as a vector, a broadcast value or a scalar,
+   and the result must match the cpu backend. */
+static tb_tensor *vr_input(const tb_shape *s, const tb_device *dev, uint64_t seed) {
+    void *h = host_alloc(s);
+    tb_tensor *t;
+    g_rng = seed;
+    fill(h, s, R_ANY, 0);
+    t = tb_tensor_from_host(h, s, dev);
+    free(h);
+    assert_non_null(t);
+    return t;
+}
+
+static tb_tensor *vr_build(int kind, tb_tensor *x, tb_tensor *b) {
+    int32_t axis = 1;
+    tb_tensor *xb = tb_mul(x, b), *t = tb_add(xb, b), *y = NULL;
+    assert_non_null(t);
+    switch (kind) {
+    case 0:
+        y = tb_sum(t, &axis, 1, true);
+        break;
+    case 1:
+        y = tb_mean(t, &axis, 1, false);
+        break;
+    case 2:
+        y = tb_max(t, &axis, 1, true);
+        break;
+    case 3:
+        y = tb_min(t, &axis, 1, false);
+        break;
+    case 4:
+        y = tb_softmax(t, 1);
+        break;
+    case 5:
+        y = tb_layer_norm(t, 1, NULL, NULL, 1e-5);
+        break;
+    case 6: { /* the reduction's result broadcast back along the row, reduced again */
+        tb_tensor *m = tb_max(t, &axis, 1, true), *u = tb_sub(x, m);
+        y = tb_sum(u, &axis, 1, true);
+        tb_tensor_release(m);
+        tb_tensor_release(u);
+        break;
+    }
+    default:
+        y = tb_exp(t);
+        break;
+    }
+    tb_tensor_release(xb);
+    tb_tensor_release(t);
+    assert_non_null(y);
+    return y;
+}
+
+static void test_vector_operand_relations(void **state) {
+    static const char *kinds[8] = {"sum",     "mean",       "max",     "min",
+                                   "softmax", "layer_norm", "max/sum", "exp"};
+    static const char *rels[5] = {"[R,C]", "[R,1]", "[1,C]", "[C]", "[]"};
+    const int64_t R = 40, C = 64;
+    int kind, rel;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (kind = 0; kind < 8; kind++) {
+        for (rel = 0; rel < 5; rel++) {
+            tb_shape xs = tb_shape_of(TB_F32, 2, (int)R, (int)C), bs;
+            tb_tensor *xr, *br, *xg, *bg, *ref, *got;
+            char what[96];
+            if (rel == 0) bs = xs;
+            if (rel == 1) bs = tb_shape_of(TB_F32, 2, (int)R, 1);
+            if (rel == 2) bs = tb_shape_of(TB_F32, 2, 1, (int)C);
+            if (rel == 3) bs = tb_shape_of(TB_F32, 1, (int)C);
+            if (rel == 4) bs = tb_shape_of(TB_F32, 0);
+            xr = vr_input(&xs, &g_cpu, 11);
+            br = vr_input(&bs, &g_cpu, 12);
+            xg = vr_input(&xs, &g_ocl, 11);
+            bg = vr_input(&bs, &g_ocl, 12);
+            ref = vr_build(kind, xr, br);
+            got = vr_build(kind, xg, bg);
+            snprintf(what, sizeof what, "%s of x * b + b, b %s", kinds[kind], rels[rel]);
+            compare_tensors(what, ref, got);
+            tb_tensor_release(xr);
+            tb_tensor_release(br);
+            tb_tensor_release(xg);
+            tb_tensor_release(bg);
+            tb_tensor_release(ref);
+            tb_tensor_release(got);
+        }
+    }
+}
+
+/* r <- max over each row of (r + x), chained: the [8, 1] running value is broadcast along
+   the 32-wide row the vector reduction reads. */
+static void test_vector_reduce_broadcast_operand(void **state) {
+    float hx[8 * 32], h0[8], got[8], want[8];
+    tb_shape xs = tb_shape_of(TB_F32, 2, 8, 32), rs = tb_shape_of(TB_F32, 2, 8, 1);
+    const tb_device *devs[2];
+    int d, i, r, step;
+    (void)state;
+    REQUIRE_OPENCL();
+    devs[0] = &g_cpu;
+    devs[1] = &g_ocl;
+    for (i = 0; i < 8 * 32; i++)
+        hx[i] = (float)((i * 37 % 101) / 50.0 - 1.0);
+    for (r = 0; r < 8; r++)
+        h0[r] = (float)r;
+    for (d = 0; d < 2; d++) {
+        tb_tensor *x = tb_tensor_from_host(hx, &xs, devs[d]);
+        tb_tensor *v = tb_tensor_from_host(h0, &rs, devs[d]);
+        int32_t axis = 1;
+        assert_non_null(x);
+        assert_non_null(v);
+        for (step = 0; step < 6; step++) {
+            tb_tensor *t = tb_add(v, x), *u = tb_max(t, &axis, 1, true);
+            assert_non_null(u);
+            tb_tensor_release(t);
+            tb_tensor_release(v);
+            v = u;
+        }
+        assert_int_equal(tb_tensor_to_host(v, d == 0 ? want : got, sizeof got), TB_OK);
+        tb_tensor_release(v);
+        tb_tensor_release(x);
+    }
+    for (r = 0; r < 8; r++) {
+        float m = -INFINITY;
+        for (i = 0; i < 32; i++)
+            m = hx[r * 32 + i] > m ? hx[r * 32 + i] : m;
+        /* (cmocka's float assert lets a NaN through) */
+        if (!(fabsf(want[r] - ((float)r + 6.0f * m)) <= 1e-5f) ||
+            !(fabsf(got[r] - want[r]) <= 1e-5f))
+            fail_msg("row %d: %s gives %g, cpu %g, expected %g", r, TEST_BACKEND, (double)got[r],
+                     (double)want[r], (double)((float)r + 6.0f * m));
+    }
 }
 
 /* ---- devices, transfers, memory ---- */
@@ -4367,6 +4527,9 @@ int main(void) {
         cmocka_unit_test(test_dumps_under_allocation_failures),
         cmocka_unit_test(test_max_min_nan_large),
         cmocka_unit_test(test_vector_exp),
+        cmocka_unit_test(test_vector_reduce_broadcast_operand),
+        cmocka_unit_test(test_vector_operand_relations),
+        cmocka_unit_test(test_random_wide_graphs),
         cmocka_unit_test(test_kept_panels_follow_their_buffer),
         cmocka_unit_test(test_long_chain_splits),
         cmocka_unit_test(test_many_arguments_split),
