@@ -48,8 +48,18 @@ IMPLEMENTATION_PARTS = [
     "src/reference.c",
     "src/cpu_backend.c",
     "src/print.c",
-    "src/opencl_kernels.cl",
+    "src/compile.h",
+    "src/diskcache.c",
+    "src/planner.c",
+    "src/index.c",
+    "src/prelude.cl",
+    "src/codegen.c",
+    "src/opencl_internal.h",
+    "src/opencl_api.c",
+    "src/opencl_device.c",
+    "src/opencl_program.c",
     "src/opencl.c",
+    "src/native.c",
     "src/interop.c",
     "src/files.c",
     "src/impl_end.h",
@@ -189,8 +199,11 @@ def cl_table(part, data):
         for i in range(0, len(line), MAX_CHUNK_BYTES):
             literals.append(line[i : i + MAX_CHUNK_BYTES])
     stem = cl_stem(part)
-    # OpenCL C only matters to the OpenCL backend: a build without it must not see unused tables.
-    out = ["#ifndef TB_NO_OPENCL", "// clang-format off", f"static const char *const tb__cl_{stem}[] = {{"]
+    # Kernel source only matters to the backends that compile programs (OpenCL, native): a build
+    # without both must not see unused tables.
+    out = [
+        "#if !defined(TB_NO_OPENCL) || (!defined(TB_NO_NATIVE) && !defined(_WIN32))",
+        "// clang-format off", f"static const char *const tb__cl_{stem}[] = {{"]
     out.extend(f'    "{escape_bytes(lit)}",' for lit in literals)
     out.append("    0")
     out.append("};")

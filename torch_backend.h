@@ -21,7 +21,9 @@
      opened at run time.
 
    CONFIGURATION MACROS (define before the implementation include)
-     TB_STATIC              make every public function static to the including file
+     TB_STATIC              make every public function static to the including file (with gcc
+                            and clang one weak symbol stays external, tb_plugin_attach_host,
+                            through which a host passes its error hook to a plugin's copy)
      TB_OPENCL_LINKED       call the OpenCL entry points directly (link with -lOpenCL) instead of
                             opening the ICD loader at run time
      TB_NO_OPENCL           leave the OpenCL backend out entirely
@@ -29,8 +31,11 @@
      TB_ASSERT(x)           your own assert for internal invariants (default: assert.h)
 
    ENVIRONMENT VARIABLES
-     TB_BACKEND          the default backend (default "cpu"; a desc field overrides it)
-     TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0"
+     TB_BACKEND          the default backend (default "cpu"; desc.backend overrides it)
+     TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0" (desc.device
+                         overrides it). A bad TB_BACKEND or TB_DEVICE is an error wherever the
+                         default is used ("TB_BACKEND='x' is not a usable backend: ..."), never
+                         a fallback
      TB_BACKEND_PATH     ':'-separated folders searched for plugins libtb_backend_<name>.so
      TB_CACHE_DIR        folder for the OpenCL program binary cache, created 0700 (a folder
                          others may write to is not used); "off" disables it
@@ -38,10 +43,12 @@
                          TB_OPENCL_LINKED)
      TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk
                          cache key), e.g. "-cl-fast-relaxed-math"
-     TB_DEBUG            1: one line per graph compile/run; 2: also one line per kernel with time,
-                         GB/s, GFLOP/s; 3: also the IR and the generated OpenCL C
-     TB_CHECK            1: run every graph on the reference backend too and report the first node
-                         whose value differs
+     TB_DEBUG            1: one line per graph compile/run, and one while a compile is still
+                         running after 1 s; 2: also one line per kernel with time, GB/s,
+                         GFLOP/s; 3: also the IR and the generated OpenCL C
+     TB_CHECK            1: run every graph on the reference backend too and log the first node
+                         whose value differs; 2: also fail that sync (TB_ERR_EXECUTE); desc.check
+                         overrides it
 
    ERRORS
      Functions return a tb_status (TB_OK is 0) or, for functions returning a handle, NULL. The
@@ -49,10 +56,10 @@
      the first error, so a chain of ops can be checked once at the end.
 
    LISTS AND TEXTS INTO CALLER ARRAYS
-     Functions that fill an array of `cap` entries (tb_backend_list, tb_backend_devices,
-     tb_shape_format, tb_device_format) return or store the full count (or length) whatever
-     `cap` is, and write at most `cap` entries. A NULL array asks for the count alone: `cap`
-     is then ignored, and the count is the same as with an array.
+     Functions that fill an array of `cap` entries (tb_backend_list, tb_backend_list_plugins,
+     tb_backend_devices, tb_shape_format, tb_device_format) return or store the full count (or
+   length) whatever `cap` is, and write at most `cap` entries. A NULL array asks for the count
+   alone: `cap` is then ignored, and the count is the same as with an array.
 
    THREAD SAFETY
      The registry, the op table, the metrics and the computation cache are guarded by locks. A
@@ -145,7 +152,8 @@ TBDEF void tb_clear_error(void);
 
 /* Records an error for the calling thread and returns `status`, for backends and custom ops that
    want to report a reason: `return tb_set_error(TB_ERR_EXECUTE, "mydev: queue lost");`.
-   Messages longer than 1023 bytes are cut. Thread-safe. */
+   Messages longer than 1023 bytes are cut. In a plugin's own copy of the library (TB_STATIC)
+   loaded by a host, the error is also set in the host (see "plugins" below). Thread-safe. */
 TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 
 typedef enum tb_log_level {
@@ -164,7 +172,9 @@ typedef struct tb_allocator {
 } tb_allocator;
 
 /* Log hook. NULL: messages at or below the level given by TB_DEBUG go to stderr (errors and
-   warnings always). `message` has no trailing newline. */
+   warnings always). `message` has no trailing newline. It is called on the thread that logs;
+   at TB_DEBUG >= 1 that may be a short-lived thread of the library's, which says that a compile
+   is still running after a second while the thread that started the compile waits in it. */
 typedef struct tb_logger {
     void (*func)(tb_log_level level, const char *message, void *user_data);
     void *user_data;
@@ -182,8 +192,9 @@ typedef struct tb_desc {
     size_t cache_size;      /* computations kept in the LRU computation cache; 0: 1024 */
     size_t max_graph_nodes; /* a pending graph larger than this is flushed; 0: 100000 */
     int debug;              /* 0: $TB_DEBUG; 1..3 as TB_DEBUG; -1: off whatever $TB_DEBUG says */
-    int check;              /* 0: $TB_CHECK; 1: check every graph on the reference backend;
-                               -1: off */
+    int check;              /* 0: $TB_CHECK; 1: check every graph on the reference backend
+                               and log the first node that differs; 2: also fail the sync
+                               (TB_ERR_EXECUTE); -1: off */
 } tb_desc;
 
 /* Optional: configures the library. Any other function called first sets the library up with a
@@ -351,7 +362,10 @@ TBDEF tb_status tb_device_parse(const char *text, tb_device *out);
 TBDEF bool tb_device_equal(const tb_device *a, const tb_device *b);
 
 /* The current device of the calling thread: the innermost device guard's, else the default
-   device (desc.device / $TB_DEVICE), else the current backend's default device. */
+   device (desc.device / $TB_DEVICE), else the current backend's default device. A default that
+   names no usable device or backend is an error that says which setting holds it:
+   "tb_current_device: TB_DEVICE='opencl:7' is not a usable device: ...",
+   "tb_current_device: TB_BACKEND='nope' is not a usable backend: ...". */
 TBDEF tb_status tb_current_device(tb_device *out);
 
 /* Device guard: makes `device` current on this thread until tb_device_guard_end, which restores
@@ -531,8 +545,14 @@ TBDEF bool tb_backend_has_tag(const tb_backend *backend, const char *tag);
 TBDEF const tb_backend_impl *tb_backend_get_impl(const tb_backend *backend);
 
 /* The current backend: new tensors without an explicit device go there. Default: desc.backend,
-   else $TB_BACKEND, else "cpu". An unknown name is TB_ERR_NOT_FOUND and changes nothing.
-   Thread-safe (process-wide). */
+   else $TB_BACKEND, else "cpu", looked up on first use (a plugin is loaded then).
+   tb_set_backend: an unknown name is TB_ERR_NOT_FOUND and changes nothing.
+   tb_get_backend returns the current backend's name (valid until tb_shutdown), or NULL when
+   the default names no usable backend: the error then says which setting holds the bad name,
+   e.g. "tb_get_backend: TB_BACKEND='nope' is not a usable backend: unknown backend 'nope';
+   available: cpu, opencl". Every use of the default fails the same way (tb_current_device,
+   and with it every new tensor without a device) until tb_set_backend picks one; nothing falls
+   back to "cpu". Thread-safe (process-wide). */
 TBDEF tb_status tb_set_backend(const char *name);
 TBDEF const char *tb_get_backend(void);
 
@@ -557,9 +577,15 @@ TBDEF char *tb_backend_metrics_report(const char *backend);
        tb_status tb_backend_plugin_entry(const tb_plugin_host *host, tb_plugin_desc *out);
    which fills `out` (api_version = TB_API_VERSION, name = <name>, tags, impl). The library
    checks the API version and the name, then registers the impl (init runs). Any failure leaves
-   the registry as it was and unloads the object. A plugin that includes this header should build
-   it with TB_STATIC and report errors through host->set_error. */
-#define TB_PLUGIN_ENTRY_NAME "tb_backend_plugin_entry"
+   the registry as it was and unloads the object.
+   Errors: a plugin reports a reason with host->set_error, or with tb_set_error when it builds
+   its own copy of the library (TB_STATIC + TB_IMPLEMENTATION, with gcc or clang): that copy
+   exports tb_plugin_attach_host (TB_PLUGIN_ATTACH_NAME), which the host calls with its
+   services before the entry, and from then on the copy's tb_set_error also sets the host's
+   error. Only tb_set_error is passed on: another function of the copy that fails keeps its
+   error in the copy (return tb_set_error(st, "%s", tb_last_error()) passes it on). */
+#define TB_PLUGIN_ENTRY_NAME  "tb_backend_plugin_entry"
+#define TB_PLUGIN_ATTACH_NAME "tb_plugin_attach_host"
 
 /* The host's services for a plugin. The struct stays valid while the plugin is loaded, so a
    plugin may keep the pointer it is given. alloc and free are the host's allocator hooks. */
@@ -579,6 +605,15 @@ typedef struct tb_plugin_desc {
 } tb_plugin_desc;
 
 typedef tb_status (*tb_plugin_entry_fn)(const tb_plugin_host *host, tb_plugin_desc *out);
+typedef void (*tb_plugin_attach_fn)(const tb_plugin_host *host);
+
+/* The backend names that $TB_BACKEND_PATH offers as plugins: every regular file
+   libtb_backend_<name>.so in its folders whose <name> is a valid backend name, sorted, each name
+   once, registered or not. Nothing is loaded (tb_backend_lookup loads one, and says why one
+   does not load). Returns how many there are and copies at most `cap` of them into `names`;
+   `names` NULL: just the count (`cap` is ignored). Folders that cannot be read are skipped;
+   0 without TB_BACKEND_PATH and in builds without plugins. Thread-safe. */
+TBDEF size_t tb_backend_list_plugins(char (*names)[TB_MAX_NAME + 1], size_t cap);
 
 /* Loads a plugin from an explicit path (the name comes from the plugin's desc).
    Errors: TB_ERR_IO (cannot open), TB_ERR_PLUGIN (no entry symbol, wrong API version, entry or
@@ -686,6 +721,8 @@ typedef enum tb_op_kind {
      INDEX_SELECT: [x, index], x rank >= 1, index 1-D i32 or i64; attrs [dim]; output x's dims
        with dims[dim] = index's length: out[p] = x[p with p[dim] replaced by index[p[dim]]].
        Out-of-range indices as GATHER.
+   Added later (at the end, so that the ids of the ops above keep their values):
+     ERF: unary elementwise, float T only (the op function casts integers and bool to f32 first).
    Custom ops: the registered number of operands, as recorded (no CAST is inserted); attrs as
    given to tb_call_op; output from infer_shape, or else the broadcast of the operands with the
    tb_dtype_promote of their dtypes.
@@ -755,7 +792,8 @@ typedef enum tb_op_kind {
     X(CONCAT, "concat", TB_KIND_OTHER, -1)                                                         \
     X(PAD, "pad", TB_KIND_OTHER, 2)                                                                \
     X(GATHER, "gather", TB_KIND_OTHER, 2)                                                          \
-    X(INDEX_SELECT, "index_select", TB_KIND_OTHER, 2)
+    X(INDEX_SELECT, "index_select", TB_KIND_OTHER, 2)                                              \
+    X(ERF, "erf", TB_KIND_UNARY, 1)
 
 /* An op id: a built-in TB_OP_* or an id returned by tb_op_register. */
 typedef int32_t tb_op;
@@ -1019,6 +1057,7 @@ TBDEF tb_tensor *tb_tanh(tb_tensor *x);
 TBDEF tb_tensor *tb_sigmoid(tb_tensor *x);
 TBDEF tb_tensor *tb_relu(tb_tensor *x);
 TBDEF tb_tensor *tb_gelu(tb_tensor *x); /* the exact (erf) form */
+TBDEF tb_tensor *tb_erf(tb_tensor *x);  /* the error function */
 TBDEF tb_tensor *tb_silu(tb_tensor *x);
 TBDEF tb_tensor *tb_reciprocal(tb_tensor *x);
 TBDEF tb_tensor *tb_floor(tb_tensor *x);
@@ -1470,9 +1509,18 @@ TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set);
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <fcntl.h>
-#if !defined(TB_NO_PLUGINS) || !defined(TB_NO_OPENCL)
+#if !defined(TB_NO_PLUGINS) || !defined(TB_NO_OPENCL) || !defined(TB_NO_NATIVE)
 #include <dlfcn.h>
 #endif
+#endif
+
+/* The backends that compile generated programs at run time (they share the planner, the code
+   generator and the disk cache): OpenCL, and native where the system has dlopen and fork. */
+#if !defined(TB_NO_NATIVE) && !defined(_WIN32)
+#define TB__HAVE_NATIVE 1
+#endif
+#if !defined(TB_NO_OPENCL) || defined(TB__HAVE_NATIVE)
+#define TB__HAVE_COMPILED_BACKENDS 1
 #endif
 
 /* ---- platform helpers (internal) ---- */
@@ -1531,6 +1579,10 @@ static void tb__free(void *ptr);
 /* grows *items (element size `elem`) to hold at least `need`; doubles; keeps content */
 static tb_status tb__grow(void **items, size_t *cap, size_t need, size_t elem);
 static char *tb__strdup(const char *s);
+/* the capacity a caching allocator gives a request (size classes with at most 25% slack) */
+static size_t tb__size_class(size_t size);
+/* a new buffer generation (buffers whose contents may have changed take one); never 0 */
+static uint64_t tb__next_generation(void);
 static char *tb__format(const char *fmt, ...) TB_PRINTF_LIKE(1, 2); /* allocated */
 static tb_status tb__error(tb_status status, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static void tb__mutex_lock(tb__mutex *m);
@@ -1539,6 +1591,28 @@ static void tb__ensure_setup(void);              /* implicit setup with a zero d
 static const tb_desc *tb__desc(void);            /* the effective desc (defaults filled) */
 static const char *tb__getenv(const char *name); /* NULL when unset or empty */
 static uint64_t tb__now_ns(void);                /* monotonic clock */
+/* A log line that appears only when something takes long: begin starts a thread that logs the
+   message at info level unless end comes within `delay_ms`; end stops the thread and waits for
+   it, so a line it logs comes before anything the caller logs next. For TB_DEBUG lines that
+   must appear while a long call still runs. Without a thread (none could be started) nothing
+   is logged. The struct lives on the caller's stack between begin and end. */
+typedef struct tb__slow_notice {
+    bool armed; /* a thread runs */
+    unsigned delay_ms;
+    char message[256];
+#if defined(_WIN32)
+    HANDLE done;
+    HANDLE thread;
+#else
+    bool done; /* guarded by mutex */
+    pthread_mutex_t mutex;
+    pthread_cond_t cond;
+    pthread_t thread;
+#endif
+} tb__slow_notice;
+static void tb__slow_notice_begin(tb__slow_notice *n, unsigned delay_ms, const char *fmt, ...)
+    TB_PRINTF_LIKE(3, 4);
+static void tb__slow_notice_end(tb__slow_notice *n);
 /* 64-bit hashing: stable across runs and machines */
 static uint64_t tb__hash_bytes(uint64_t seed, const void *data, size_t size);
 static uint64_t tb__hash_u64(uint64_t seed, uint64_t value);
@@ -1604,6 +1678,9 @@ static bool tb__data_set_host_release(tb_backend_data *data, const void *host,
    (unknown backend: lists those that exist; bad ordinal: gives the device count) */
 static tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
                                     tb_device *out);
+/* the current backend (tb_set_backend's, else the default of desc.backend / $TB_BACKEND /
+   "cpu", looked up); NULL with an error naming `fn` and the setting that holds a bad name */
+static const tb_backend *tb__current_backend(const char *fn);
 /* cpu, opencl: those not registered yet (the registry calls it until all are) */
 struct tb__builtin_failure;
 static void tb__register_builtin_backends(struct tb__builtin_failure *why);
@@ -1687,6 +1764,10 @@ static void tb__cpu_backend_impl(tb_backend_impl *out);
 /* registers the "opencl" backend (called by tb__register_builtin_backends) */
 static tb_status tb__opencl_register(void);
 #endif
+#if defined(TB__HAVE_NATIVE)
+/* native.c: registers the "native" backend */
+static tb_status tb__native_register(void);
+#endif
 
 /* ---- src/base.c ---- */
 /* ===========================================================================================
@@ -1708,9 +1789,10 @@ static TB__THREAD_LOCAL char tb__err_message[TB__ERROR_CAP];
    common case of tb__ensure_setup costs one load. */
 typedef struct tb__state {
     int32_t ready;
-    tb_desc desc;              /* the effective desc: defaults filled, strings owned */
-    const char *device_source; /* "desc.device" or "TB_DEVICE": where desc.device came from */
-    tb_allocator allocator;    /* copied out of desc so the hooks outlive tb_shutdown's frees */
+    tb_desc desc;               /* the effective desc: defaults filled, strings owned */
+    const char *device_source;  /* "desc.device" or "TB_DEVICE": where desc.device came from */
+    const char *backend_source; /* "desc.backend", "TB_BACKEND", or NULL for the default cpu */
+    tb_allocator allocator;     /* copied out of desc so the hooks outlive tb_shutdown's frees */
 } tb__state;
 
 static tb__state tb__g;
@@ -1853,11 +1935,18 @@ static tb_status tb__error(tb_status status, const char *fmt, ...) {
     return status;
 }
 
+/* In a plugin's own copy of the library (TB_STATIC), the services of the host that loaded it
+   (set through tb_plugin_attach_host, backend.c): tb_set_error passes each error on to the
+   host, whose tb_last_error the user reads. NULL everywhere else. Written once, before the
+   plugin's entry runs; read afterwards. */
+static const tb_plugin_host *tb__plugin_parent = NULL;
+
 TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     tb__error_v(status, fmt, ap);
     va_end(ap);
+    if (tb__plugin_parent != NULL) tb__plugin_parent->set_error(status, tb__err_message);
     return status;
 }
 
@@ -2246,7 +2335,7 @@ static void tb__free_desc_strings(void) {
 /* Called with tb__setup_mutex held and the library not set up. */
 static tb_status tb__do_setup(const tb_desc *user) {
     tb_desc d;
-    const char *backend, *device, *device_source = NULL;
+    const char *backend, *device, *device_source = NULL, *backend_source = NULL;
     if (user != NULL) {
         d = *user;
     } else {
@@ -2261,8 +2350,8 @@ static tb_status tb__do_setup(const tb_desc *user) {
     if (d.debug < -1 || d.debug > 3) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: debug %d out of range -1..3", d.debug);
     }
-    if (d.check < -1 || d.check > 1) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: check %d out of range -1..1", d.check);
+    if (d.check < -1 || d.check > 2) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: check %d out of range -1..2", d.check);
     }
     /* The hooks and the debug level first: everything below may allocate or log. */
     tb__g.allocator = d.allocator;
@@ -2271,12 +2360,18 @@ static tb_status tb__do_setup(const tb_desc *user) {
     if (d.debug == 0) d.debug = tb__env_level("TB_DEBUG", 3);
     if (d.debug < 0) d.debug = 0;
     tb__g.desc.debug = d.debug;
-    if (d.check == 0) d.check = tb__env_level("TB_CHECK", 1);
+    if (d.check == 0) d.check = tb__env_level("TB_CHECK", 2);
     if (d.check < 0) d.check = 0;
     if (d.cache_size == 0) d.cache_size = 1024;
     if (d.max_graph_nodes == 0) d.max_graph_nodes = 100000;
 
-    backend = d.backend != NULL ? d.backend : tb__getenv("TB_BACKEND");
+    backend = d.backend;
+    if (backend != NULL) {
+        backend_source = "desc.backend";
+    } else {
+        backend = tb__getenv("TB_BACKEND");
+        if (backend != NULL) backend_source = "TB_BACKEND";
+    }
     if (backend == NULL) backend = "cpu";
     device = d.device;
     if (device != NULL) {
@@ -2296,6 +2391,7 @@ static tb_status tb__do_setup(const tb_desc *user) {
     }
     tb__g.desc = d;
     tb__g.device_source = device_source;
+    tb__g.backend_source = backend_source;
     TB__ATOMIC_ADD(&tb__g.ready, 1);
     return TB_OK;
 }
@@ -2347,6 +2443,7 @@ TBDEF void tb_shutdown(void) {
     tb__free_desc_strings();
     memset(&tb__g.desc, 0, sizeof tb__g.desc);
     tb__g.device_source = NULL;
+    tb__g.backend_source = NULL;
     memset(&tb__g.allocator, 0, sizeof tb__g.allocator);
     TB__ATOMIC_ADD(&tb__g.ready, -1);
     tb__mutex_unlock(&tb__setup_mutex);
@@ -2481,6 +2578,123 @@ static TB__UNUSED uint64_t tb__now_ns(void) {
     gettimeofday(&tv, NULL);
     return (uint64_t)tv.tv_sec * UINT64_C(1000000000) + (uint64_t)tv.tv_usec * 1000u;
 #endif
+}
+
+/* The capacity a caching allocator gives a request of `size` bytes. Small requests round up to
+   256 bytes; from 1 MiB on, to a quarter of the enclosing power of
+   two (at most 25% slack), so that buffers of similar sizes are reused. */
+static TB__UNUSED size_t tb__size_class(size_t size) {
+    size_t p = 1, step;
+    if (size <= 256) return 256;
+    if (size <= ((size_t)1 << 20)) return (size + 255) & ~(size_t)255;
+    while (p <= size / 2)
+        p <<= 1; /* the largest power of two <= size */
+    step = p / 4;
+    if (size > SIZE_MAX - step) return size;
+    return (size + step - 1) / step * step;
+}
+
+/* Process-wide generations for buffers: a buffer takes a new one whenever its contents may
+   change (handed out by an allocator, written), so that what was derived from it (packed
+   matmul panels) can tell whether it still holds. Never 0. Thread-safe. */
+static uint64_t tb__generation_counter = 0;
+
+static uint64_t tb__next_generation(void) {
+    return (uint64_t)TB__ATOMIC_ADD(&tb__generation_counter, 1);
+}
+
+/* ---- slow notices: a line that appears while a long call still runs ---- */
+
+#if defined(_WIN32)
+static DWORD WINAPI tb__slow_notice_thread(LPVOID arg) {
+    tb__slow_notice *n = (tb__slow_notice *)arg;
+    if (WaitForSingleObject(n->done, n->delay_ms) == WAIT_TIMEOUT) {
+        tb__log_internal(TB_LOG_INFO, "%s", n->message);
+    }
+    return 0;
+}
+#else
+static void *tb__slow_notice_thread(void *arg) {
+    tb__slow_notice *n = (tb__slow_notice *)arg;
+    struct timespec deadline;
+    bool fire;
+    /* pthread_cond_timedwait takes a wall-clock deadline */
+#if defined(CLOCK_REALTIME)
+    clock_gettime(CLOCK_REALTIME, &deadline);
+#else
+    {
+        struct timeval tv;
+        gettimeofday(&tv, NULL);
+        deadline.tv_sec = tv.tv_sec;
+        deadline.tv_nsec = (long)tv.tv_usec * 1000L;
+    }
+#endif
+    deadline.tv_sec += (time_t)(n->delay_ms / 1000u);
+    deadline.tv_nsec += (long)(n->delay_ms % 1000u) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec += 1;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&n->mutex);
+    while (!n->done) {
+        if (pthread_cond_timedwait(&n->cond, &n->mutex, &deadline) == ETIMEDOUT) break;
+    }
+    fire = !n->done;
+    pthread_mutex_unlock(&n->mutex);
+    if (fire) tb__log_internal(TB_LOG_INFO, "%s", n->message);
+    return NULL;
+}
+#endif
+
+static TB__UNUSED void tb__slow_notice_begin(tb__slow_notice *n, unsigned delay_ms, const char *fmt,
+                                             ...) {
+    va_list ap;
+    n->armed = false;
+    n->delay_ms = delay_ms;
+    va_start(ap, fmt);
+    if (vsnprintf(n->message, sizeof n->message, fmt, ap) < 0) n->message[0] = '\0';
+    va_end(ap);
+#if defined(_WIN32)
+    n->done = CreateEventA(NULL, TRUE, FALSE, NULL);
+    if (n->done == NULL) return;
+    n->thread = CreateThread(NULL, 0, tb__slow_notice_thread, n, 0, NULL);
+    if (n->thread == NULL) {
+        CloseHandle(n->done);
+        return;
+    }
+#else
+    n->done = false;
+    if (pthread_mutex_init(&n->mutex, NULL) != 0) return;
+    if (pthread_cond_init(&n->cond, NULL) != 0) {
+        pthread_mutex_destroy(&n->mutex);
+        return;
+    }
+    if (pthread_create(&n->thread, NULL, tb__slow_notice_thread, n) != 0) {
+        pthread_cond_destroy(&n->cond);
+        pthread_mutex_destroy(&n->mutex);
+        return;
+    }
+#endif
+    n->armed = true;
+}
+
+static TB__UNUSED void tb__slow_notice_end(tb__slow_notice *n) {
+    if (!n->armed) return;
+#if defined(_WIN32)
+    SetEvent(n->done);
+    WaitForSingleObject(n->thread, INFINITE);
+    CloseHandle(n->thread);
+    CloseHandle(n->done);
+#else
+    pthread_mutex_lock(&n->mutex);
+    n->done = true;
+    pthread_cond_signal(&n->cond);
+    pthread_mutex_unlock(&n->mutex);
+    pthread_join(n->thread, NULL);
+    pthread_cond_destroy(&n->cond);
+    pthread_mutex_destroy(&n->mutex);
+#endif
+    n->armed = false;
 }
 
 /* ---- src/rng.c ---- */
@@ -3358,7 +3572,11 @@ TBDEF tb_status tb_current_device(tb_device *out) {
         *out = d;
         return TB_OK;
     }
-    return tb_backend_default_device(tb_get_backend(), out);
+    {
+        const tb_backend *b = tb__current_backend("tb_current_device");
+        if (b == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_NOT_FOUND;
+        return tb_backend_default_device(tb_backend_name(b), out);
+    }
 }
 
 TBDEF tb_status tb_device_guard_begin(tb_device_guard *guard, const tb_device *device) {
@@ -3400,6 +3618,7 @@ TBDEF void tb_device_guard_end(tb_device_guard *guard) {
 
 #if !defined(TB_NO_PLUGINS) && !defined(_WIN32)
 #define TB__HAVE_PLUGINS 1
+#include <dirent.h> /* tb_backend_list_plugins */
 #else
 #define TB__HAVE_PLUGINS 0
 #endif
@@ -3423,7 +3642,6 @@ typedef struct tb__registry {
     size_t count, cap;
     size_t removals;       /* entries removed (a failed init), so that a walk can restart */
     tb_backend *current;   /* NULL until chosen (lazily from the desc) */
-    bool warned_default;   /* the unknown-default warning was logged */
     int32_t builtins_done; /* read atomically */
     const tb_backend *cpu; /* the reference backend, whose payloads are tb__host_buffer */
 } tb__registry;
@@ -3758,6 +3976,27 @@ static void tb__available_names(char *buf, size_t cap) {
 
 /* ---- plugins ---- */
 
+/* A plugin carries its own copy of the library (TB_STATIC + TB_IMPLEMENTATION), with its own
+   thread-local error. The host finds this function in the plugin's object and calls it with
+   its services before the plugin's entry runs, so that the copy's tb_set_error reaches the
+   host's tb_last_error too. Weak, so that several TB_STATIC copies link into one object (the
+   first one found is attached); the one external symbol of a TB_STATIC build. */
+#if defined(TB_STATIC) && !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
+#ifdef __cplusplus
+extern "C" {
+#endif
+__attribute__((weak, visibility("default"))) void tb_plugin_attach_host(const tb_plugin_host *host);
+__attribute__((weak, visibility("default"))) void
+tb_plugin_attach_host(const tb_plugin_host *host) {
+    if (host != NULL && host->api_version == TB_API_VERSION && host->set_error != NULL) {
+        tb__plugin_parent = host;
+    }
+}
+#ifdef __cplusplus
+}
+#endif
+#endif
+
 #if TB__HAVE_PLUGINS
 static tb_status tb__host_set_error(tb_status status, const char *message) {
     return tb__error(status, "%s", message != NULL ? message : "");
@@ -3845,6 +4084,13 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
     /* ISO C has no cast from an object pointer to a function pointer; POSIX guarantees the
        representations match. */
     memcpy(&entry, &sym, sizeof entry);
+    /* a plugin with its own copy of the library: that copy's tb_set_error reaches us too */
+    sym = dlsym(handle, TB_PLUGIN_ATTACH_NAME);
+    if (sym != NULL) {
+        tb_plugin_attach_fn attach;
+        memcpy(&attach, &sym, sizeof attach);
+        attach(&tb__plugin_host);
+    }
 
     memset(&desc, 0, sizeof desc);
     {
@@ -4058,40 +4304,45 @@ TBDEF tb_status tb_set_backend(const char *name) {
     return TB_OK;
 }
 
-TBDEF const char *tb_get_backend(void) {
+/* The current backend: the one tb_set_backend chose, else the default (desc.backend,
+   $TB_BACKEND, "cpu"), looked up on first use. A default that names no usable backend is an
+   error each time it is used, in the words tb_current_device uses for a bad desc.device or
+   $TB_DEVICE; nothing falls back to another backend. */
+static const tb_backend *tb__current_backend(const char *fn) {
     tb_backend *b;
-    const char *wanted;
-    tb__saved_error saved;
+    const char *wanted, *source;
     tb__ensure_setup();
     tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
     b = tb__reg.current;
     tb__mutex_unlock(&tb__reg_mutex);
-    if (b != NULL) return b->name;
+    if (b != NULL) return b;
 
     wanted = tb__desc()->backend != NULL ? tb__desc()->backend : "cpu";
-    tb__error_save(&saved);
-    b = tb__lookup("tb_get_backend", wanted);
+    source = tb__g.backend_source;
+    b = tb__lookup(fn, wanted);
     if (b == NULL) {
-        bool warn;
-        tb__mutex_lock(&tb__reg_mutex);
-        warn = !tb__reg.warned_default;
-        tb__reg.warned_default = true;
-        tb__mutex_unlock(&tb__reg_mutex);
-        if (warn) {
-            tb_log_message(TB_LOG_WARN,
-                           "the default backend '%.64s' is not usable (%s); using 'cpu'", wanted,
-                           tb_last_error());
-        }
-        b = tb__find_ready("cpu");
+        char reason[TB__ERROR_CAP];
+        const char *r = tb_last_error();
+        size_t n = strlen(fn);
+        tb_status st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_NOT_FOUND;
+        if (source == NULL) return NULL; /* the reference backend itself: its own error */
+        /* keep the reason, and say which setting holds the bad value */
+        if (strncmp(r, fn, n) == 0 && strncmp(r + n, ": ", 2) == 0) r += n + 2;
+        snprintf(reason, sizeof reason, "%s", r);
+        tb__error(st, "%s: %s='%.64s' is not a usable backend: %s", fn, source, wanted, reason);
+        return NULL;
     }
-    tb__error_restore(&saved);
-    if (b == NULL) return "cpu"; /* only when registering the reference backend ran out of memory */
     tb__mutex_lock(&tb__reg_mutex);
     if (tb__reg.current == NULL) tb__reg.current = b;
     b = tb__reg.current;
     tb__mutex_unlock(&tb__reg_mutex);
-    return b->name;
+    return b;
+}
+
+TBDEF const char *tb_get_backend(void) {
+    const tb_backend *b = tb__current_backend("tb_get_backend");
+    return b != NULL ? b->name : NULL;
 }
 
 /* ---- devices ---- */
@@ -4497,6 +4748,74 @@ TBDEF tb_status tb_backend_load_plugin(const char *path) {
 #endif
 }
 
+#if TB__HAVE_PLUGINS
+/* The backend name in a plugin file name libtb_backend_<name>.so, in `name`; false when the
+   file name is not of that form or <name> is not a valid backend name. */
+static bool tb__plugin_file_name(const char *file, char name[TB_MAX_NAME + 1]) {
+    static const char prefix[] = "libtb_backend_", suffix[] = ".so";
+    size_t len = strlen(file), n;
+    if (len <= sizeof prefix - 1 + sizeof suffix - 1) return false;
+    if (strncmp(file, prefix, sizeof prefix - 1) != 0) return false;
+    if (strcmp(file + len - (sizeof suffix - 1), suffix) != 0) return false;
+    n = len - (sizeof prefix - 1) - (sizeof suffix - 1);
+    if (n > TB_MAX_NAME) return false;
+    memcpy(name, file + sizeof prefix - 1, n);
+    name[n] = '\0';
+    return tb__name_valid(name);
+}
+
+/* The smallest plugin name on $TB_BACKEND_PATH that sorts after `after` ("" for the first), in
+   `next`; false when there is none. Reads the folders again for every name: no allocation,
+   and plugin folders are small. */
+static bool tb__plugin_next_name(const char *after, char next[TB_MAX_NAME + 1]) {
+    const char *p = tb__getenv("TB_BACKEND_PATH");
+    bool found = false;
+    while (p != NULL && *p != '\0') {
+        const char *end = strchr(p, ':');
+        size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        char path[4096];
+        DIR *dir;
+        struct dirent *entry;
+        if (len > 0 && len < sizeof path - TB_MAX_NAME - 32) {
+            memcpy(path, p, len);
+            path[len] = '\0';
+            dir = opendir(path);
+            while (dir != NULL && (entry = readdir(dir)) != NULL) {
+                char name[TB_MAX_NAME + 1];
+                if (!tb__plugin_file_name(entry->d_name, name)) continue;
+                if (strcmp(name, after) <= 0 || (found && strcmp(name, next) >= 0)) continue;
+                snprintf(path + len, sizeof path - len, "/%s", entry->d_name);
+                if (tb__is_file(path)) {
+                    memcpy(next, name, strlen(name) + 1);
+                    found = true;
+                }
+                path[len] = '\0';
+            }
+            if (dir != NULL) closedir(dir);
+        }
+        p = end != NULL ? end + 1 : NULL;
+    }
+    return found;
+}
+#endif
+
+TBDEF size_t tb_backend_list_plugins(char (*names)[TB_MAX_NAME + 1], size_t cap) {
+    size_t n = 0;
+#if TB__HAVE_PLUGINS
+    char prev[TB_MAX_NAME + 1] = "", next[TB_MAX_NAME + 1];
+    if (names == NULL) cap = 0; /* the count alone, whatever cap says */
+    while (tb__plugin_next_name(prev, next)) {
+        if (n < cap) memcpy(names[n], next, strlen(next) + 1);
+        n++;
+        memcpy(prev, next, strlen(next) + 1);
+    }
+#else
+    (void)names;
+    (void)cap;
+#endif
+    return n;
+}
+
 static TB__UNUSED tb_backend *tb__backend_for_device(const tb_device *device) {
     char name[TB_MAX_NAME + 1];
     if (device == NULL) {
@@ -4561,7 +4880,6 @@ static void tb__registry_shutdown(void) {
     tb__reg.count = 0;
     tb__reg.cap = 0;
     tb__reg.current = NULL;
-    tb__reg.warned_default = false;
     tb__reg.cpu = NULL;
     tb__mutex_unlock(&tb__reg_mutex);
     /* entries first, then the objects their strings and functions came from */
@@ -4858,6 +5176,13 @@ static void tb__register_builtin_backends(tb__builtin_failure *why) {
         tb_clear_error();
         st = tb__opencl_register();
         if (st != TB_OK) tb__builtin_failed(why, "opencl", st);
+    }
+#endif
+#if defined(TB__HAVE_NATIVE)
+    if (!tb__registered("native")) {
+        tb_clear_error();
+        st = tb__native_register();
+        if (st != TB_OK) tb__builtin_failed(why, "native", st);
     }
 #endif
 }
@@ -5502,6 +5827,7 @@ static tb_status tb__infer_unary(const char *fn, tb_op op, const tb_shape *x) {
     case TB_OP_GELU:
     case TB_OP_SILU:
     case TB_OP_RECIPROCAL:
+    case TB_OP_ERF:
         return tb__need_float(fn, x);
     case TB_OP_NEG:
     case TB_OP_ABS:
@@ -7427,6 +7753,9 @@ static tb_backend_data *tb__exec_param_value(const tb__exec *ex, const tb_node *
     return d;
 }
 
+/* TB_DEBUG=1: a compile still running after this long logs a line saying so. */
+#define TB__SLOW_COMPILE_MS 1000u
+
 /* A computation for the graph (made from the walk `w`): from the cache, else lowered and
    compiled (and cached). */
 static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, const tb__exec_walk *w,
@@ -7434,6 +7763,7 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
     tb__comp_cache_entry *e = tb__comp_cache_lookup(graph->hash, w, &ex->device, ex->backend);
     void *context = NULL, *computation = NULL;
     tb__saved_error saved;
+    tb__slow_notice notice;
     uint64_t t0;
     tb_status st;
     *compile_ns = 0;
@@ -7444,15 +7774,31 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
         return TB_OK;
     }
     *hit = false;
+    notice.armed = false;
+    if (tb_debug_level() >= 1) {
+        /* the graph's own line comes once the compile is done: a compile that takes seconds
+           (a large OpenCL program) says so while it runs, from a thread of its own */
+        char device[64];
+        tb__exec_device_text(&ex->device, device);
+        tb__slow_notice_begin(&notice, TB__SLOW_COMPILE_MS,
+                              "graph %016llx: compiling %lu nodes on %s ... (still running after "
+                              "%u s)",
+                              (unsigned long long)graph->hash, (unsigned long)graph->num_nodes,
+                              device, TB__SLOW_COMPILE_MS / 1000u);
+    }
     t0 = tb__now_ns();
     tb__exec_call_begin(&saved);
     st = ex->vt->create_lowering_context(ex->vt->user_data, graph, &context);
-    if (st != TB_OK) return tb__exec_call_failed(ex, st, "create_lowering_context");
+    if (st != TB_OK) {
+        tb__slow_notice_end(&notice);
+        return tb__exec_call_failed(ex, st, "create_lowering_context");
+    }
     st = ex->vt->compile(ex->vt->user_data, context, &computation);
     if (st != TB_OK) st = tb__exec_call_failed(ex, st, "compile");
     if (ex->vt->release_lowering_context != NULL) {
         ex->vt->release_lowering_context(ex->vt->user_data, context);
     }
+    tb__slow_notice_end(&notice);
     if (st != TB_OK) return st;
     tb__error_restore(&saved);
     *compile_ns = tb__now_ns() - t0;
@@ -7604,6 +7950,20 @@ static void tb__exec_log_graph(const tb__exec *ex, const tb_graph *g, bool hit, 
         (unsigned long long)g->hash, (unsigned long)g->num_nodes, (unsigned long)g->num_parameters,
         (unsigned long)g->num_results, device, hit ? "hit" : "miss", (double)compile_ns / 1e6,
         (double)run_ns / 1e6);
+}
+
+/* The TB_DEBUG=1 line of a compile that a dump (tb_ir_backend_text, tb_ir_dot) started: the
+   same fields as a run's line, so that a later run's "cache=hit compile=0.000ms" has its
+   compile in the log. */
+static void tb__exec_log_dump_compile(const tb__exec *ex, const tb_graph *g, uint64_t compile_ns) {
+    char device[64];
+    tb__exec_device_text(&ex->device, device);
+    tb_log_message(TB_LOG_INFO,
+                   "graph %016llx nodes=%lu params=%lu results=%lu device=%s cache=miss "
+                   "compile=%.3fms (compiled by %s, not run)",
+                   (unsigned long long)g->hash, (unsigned long)g->num_nodes,
+                   (unsigned long)g->num_parameters, (unsigned long)g->num_results, device,
+                   (double)compile_ns / 1e6, ex->func);
 }
 
 /* The bits of a graph's hash that count: tests keep fewer to force hash collisions. */
@@ -7761,8 +8121,10 @@ static bool tb__check_close(tb_dtype dtype, const unsigned char *a, const unsign
 
 /* Runs `g` again on its backend with every computed node as a result, runs the same graph on
    the reference interpreter, and reports the first node (in post-order) whose values differ.
-   Purely diagnostic: whatever happens here, the caller's results and error stay as they are. */
-static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_graph *g) {
+   At check level 1 purely diagnostic: the caller's error stays as it was and TB_OK comes back.
+   At level 2 a node that differs, or a graph that could not be checked, is an error of the
+   sync: TB_ERR_EXECUTE (or the reason the check failed) with the report as its message. */
+static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_graph *g) {
     tb_graph cg = *g;
     const tb_node **computed = NULL;
     tb_backend_data **device_values = NULL;
@@ -7772,26 +8134,45 @@ static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_
     size_t i, m = 0;
     uint64_t run_ns = 0;
     tb__saved_error saved;
-    tb_status st = TB_OK;
+    tb_status st = TB_OK, verdict = TB_OK;
+    char report[TB__ERROR_CAP];
+    tb__slow_notice notice;
 
-    if (strcmp(tb_backend_name(ex->backend), "cpu") == 0) return; /* it is the reference */
+    if (strcmp(tb_backend_name(ex->backend), "cpu") == 0) return TB_OK; /* it is the reference */
+    report[0] = '\0';
     tb__error_save(&saved);
+    tb_clear_error(); /* a reason below is the check's own */
     computed = (const tb_node **)tb__calloc(g->num_nodes + 1, sizeof *computed);
     param_host = (void **)tb__calloc(g->num_parameters + 1, sizeof *param_host);
-    if (computed == NULL || param_host == NULL) goto done;
-    for (i = 0; i < g->num_nodes; i++) {
-        if (!tb__exec_walk_is_param(w, g->nodes[i])) computed[m++] = g->nodes[i];
+    if (computed == NULL || param_host == NULL) {
+        st = TB_ERR_OUT_OF_MEMORY;
+    } else {
+        for (i = 0; i < g->num_nodes; i++) {
+            if (!tb__exec_walk_is_param(w, g->nodes[i])) computed[m++] = g->nodes[i];
+        }
+        device_values = (tb_backend_data **)tb__calloc(m + 1, sizeof *device_values);
+        ref_host = (void **)tb__calloc(m + 1, sizeof *ref_host);
+        if (device_values == NULL || ref_host == NULL) st = TB_ERR_OUT_OF_MEMORY;
     }
-    device_values = (tb_backend_data **)tb__calloc(m + 1, sizeof *device_values);
-    ref_host = (void **)tb__calloc(m + 1, sizeof *ref_host);
-    if (device_values == NULL || ref_host == NULL) goto done;
     cg.results = computed;
     cg.num_results = m;
-    /* the backend's values of every node: an uncached computation of its own */
-    st = ex->vt->create_lowering_context(ex->vt->user_data, &cg, &context);
+    /* the backend's values of every node: an uncached computation of its own (not counted as
+       a compile of the program's, but a slow one says so like any other) */
+    notice.armed = false;
+    if (st == TB_OK && tb_debug_level() >= 1) {
+        char device[64];
+        tb__exec_device_text(&ex->device, device);
+        tb__slow_notice_begin(&notice, TB__SLOW_COMPILE_MS,
+                              "graph %016llx: TB_CHECK: compiling %lu nodes on %s ... (still "
+                              "running after %u s)",
+                              (unsigned long long)g->hash, (unsigned long)g->num_nodes, device,
+                              TB__SLOW_COMPILE_MS / 1000u);
+    }
+    if (st == TB_OK) st = ex->vt->create_lowering_context(ex->vt->user_data, &cg, &context);
     if (st == TB_OK) st = ex->vt->compile(ex->vt->user_data, context, &computation);
     if (context != NULL && ex->vt->release_lowering_context != NULL)
         ex->vt->release_lowering_context(ex->vt->user_data, context);
+    tb__slow_notice_end(&notice);
     if (st == TB_OK) st = tb__exec_run(ex, &cg, computation, device_values, &run_ns);
     /* the reference's values, from the same parameter values */
     for (i = 0; i < g->num_parameters && st == TB_OK; i++) {
@@ -7834,14 +8215,15 @@ static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_
                 tb__shape_text(shape, text);
                 tb_device_format(&ex->device, where, sizeof where);
                 tb__metric_count("CheckMismatch", 1);
-                tb_log_message(TB_LOG_WARN,
-                               "TB_CHECK: graph %016llx: node %%%lld %s %s (node %lu of %lu in "
-                               "post-order) differs at element %lu: %s gives %.9g, the reference "
-                               "gives %.9g",
-                               (unsigned long long)g->hash,
-                               (long long)tb__exec_walk_position(w, computed[i]),
-                               tb_op_name(computed[i]->op), text, (unsigned long)i,
-                               (unsigned long)m, (unsigned long)k, where, va, vb);
+                snprintf(report, sizeof report,
+                         "TB_CHECK: graph %016llx: node %%%lld %s %s (node %lu of %lu in "
+                         "post-order) differs at element %lu: %s gives %.9g, the reference "
+                         "gives %.9g",
+                         (unsigned long long)g->hash,
+                         (long long)tb__exec_walk_position(w, computed[i]),
+                         tb_op_name(computed[i]->op), text, (unsigned long)i, (unsigned long)m,
+                         (unsigned long)k, where, va, vb);
+                verdict = TB_ERR_EXECUTE;
                 goto done;
             }
         }
@@ -7849,8 +8231,10 @@ static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_
     if (st == TB_OK) {
         tb__metric_count("CheckedGraphs", 1);
     } else {
-        tb_log_message(TB_LOG_WARN, "TB_CHECK: graph %016llx could not be checked: %s",
-                       (unsigned long long)g->hash, tb_last_error());
+        snprintf(report, sizeof report, "TB_CHECK: graph %016llx could not be checked: %.900s",
+                 (unsigned long long)g->hash,
+                 tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
+        verdict = st;
     }
 done:
     if (computation != NULL) ex->vt->release_computation(ex->vt->user_data, computation);
@@ -7867,7 +8251,13 @@ done:
     tb__free(ref_host);
     tb__free((void *)computed);
     tb__error_restore(&saved);
+    if (verdict == TB_OK) return TB_OK;
+    tb_log_message(TB_LOG_WARN, "%s", report);
+    if (tb__desc()->check < 2) return TB_OK;
+    return tb__error(verdict, "%s: %s", ex->func, report);
 }
+
+#undef TB__SLOW_COMPILE_MS
 
 /* The values of `roots` (distinct nodes on ex->device): out[i] gets a new reference. On error
    out is all NULL and no node changed except for values the eager fallback computed. */
@@ -7913,7 +8303,8 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
         if (st == TB_OK) st = tb__exec_run(ex, &g, entry->computation, values, &run_ns);
         if (st != TB_OK) goto done;
         if (tb_debug_level() >= 1) tb__exec_log_graph(ex, &g, hit, compile_ns, run_ns);
-        if (tb__desc()->check > 0) tb__exec_check(ex, &w, &g);
+        /* at check level 2 a failed check fails the sync: the results are released below */
+        if (tb__desc()->check > 0) st = tb__exec_check(ex, &w, &g);
     }
     /* roots that are parameters need no computation: their values are at hand */
     for (i = 0, r = 0; i < n; i++) {
@@ -8403,6 +8794,8 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     if (st == TB_OK) st = tb__exec_graph_make(&ex, &cw, roots->nodes, roots->count, &results, &g);
     if (st == TB_OK && g.num_results == 0) st = TB_ERR_NOT_FOUND;
     if (st == TB_OK) st = tb__exec_compile(&ex, &g, &cw, entry, &hit, &compile_ns);
+    if (st == TB_OK && !hit && tb_debug_level() >= 1)
+        tb__exec_log_dump_compile(&ex, &g, compile_ns);
     if (st == TB_OK) {
         *kernel = (int32_t *)tb__calloc(w->num_order + 1, sizeof(int32_t));
         *names = (const char **)tb__calloc(w->num_order + 1, sizeof(const char *));
@@ -8528,6 +8921,9 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
         text = tb__strdup("");
     } else if (st == TB_OK) {
         st = tb__exec_compile(&ex, &g, &w, &entry, &hit, &compile_ns);
+        if (st == TB_OK && !hit && tb_debug_level() >= 1) {
+            tb__exec_log_dump_compile(&ex, &g, compile_ns);
+        }
         if (st == TB_OK) {
             const char *backend_text = NULL;
             if (ex.vt->computation_backend_text != NULL) {
@@ -8984,6 +9380,7 @@ static bool tb__op_is_float_only(tb_op op) {
     case TB_OP_GELU:
     case TB_OP_SILU:
     case TB_OP_RECIPROCAL:
+    case TB_OP_ERF:
         return true;
     default:
         return false;
@@ -9053,6 +9450,10 @@ TBDEF tb_tensor *tb_relu(tb_tensor *x) {
 }
 TBDEF tb_tensor *tb_gelu(tb_tensor *x) {
     return tb__unary("tb_gelu", TB_OP_GELU, x);
+}
+
+TBDEF tb_tensor *tb_erf(tb_tensor *x) {
+    return tb__unary("tb_erf", TB_OP_ERF, x);
 }
 TBDEF tb_tensor *tb_silu(tb_tensor *x) {
     return tb__unary("tb_silu", TB_OP_SILU, x);
@@ -11053,6 +11454,8 @@ static double tb__ref_unary_f(tb_op op, double x) {
         return x < 0 ? 0.0 : x; /* NaN stays NaN */
     case TB_OP_GELU:
         return 0.5 * x * (1.0 + erf(x * TB__REF_SQRT1_2));
+    case TB_OP_ERF:
+        return erf(x);
     case TB_OP_SILU:
         return x * tb__ref_sigmoid(x);
     case TB_OP_RECIPROCAL:
@@ -13566,28 +13969,2917 @@ TBDEF tb_status tb_tensor_print(tb_tensor *tensor) {
 #undef TB__PRINT_INDENT
 #undef TB__PRINT_TEXT
 
-/* ---- src/opencl_kernels.cl ---- */
-#ifndef TB_NO_OPENCL
+/* ---- src/compile.h ---- */
+/* ===========================================================================================
+   The internal contract of the compiled backends (OpenCL, native): what the planner, the index
+   arithmetic, the code generator and the disk cache give the parts after them. The types are
+   defined here and the functions declared; each is defined in the part named above it.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+/* ---- diskcache.c: the disk cache of compiled programs ---- */
+
+#define TB__DISK_MAX_PARTS 12
+
+/* What a program depends on, as texts: the source, the compiler or driver and its options,
+   the device, this library's version. Equal keys, interchangeable programs. */
+typedef struct tb__disk_key {
+    const char *parts[TB__DISK_MAX_PARTS];
+    size_t lens[TB__DISK_MAX_PARTS];
+    size_t count;
+} tb__disk_key;
+
+/* A kind of entry: the backend naming it in messages, its magic (8 bytes), format version and
+   file name suffix. */
+typedef struct tb__disk_format {
+    const char *who;
+    const char *magic;
+    uint32_t version;
+    const char *suffix;
+} tb__disk_format;
+
+/* adds a part (a NUL-terminated text when len is (size_t)-1); false when the key is full */
+static bool tb__disk_key_add(tb__disk_key *key, const char *part, size_t len);
+/* a 128-bit hash of the key's parts, masked by `mask` */
+static void tb__disk_key_hash(const tb__disk_key *key, uint64_t mask, uint64_t out[2]);
+/* the cache folder's path (caller frees), or NULL when the cache is off */
+static char *tb__disk_cache_path(void);
+/* the payload of the entry of `key` (caller frees) or NULL; then *save_dir is the folder to
+   write the program to (caller frees; NULL when the cache is off or not usable), *path the
+   entry's path (caller frees) and *why what is wrong with a file that is there */
+static unsigned char *tb__disk_lookup(const tb__disk_format *fmt, const tb__disk_key *key,
+                                      const uint64_t hash[2], int32_t *reported, size_t *size,
+                                      char **save_dir, char **path, const char **why);
+/* removes an entry that cannot be used */
+static void tb__disk_reject(const char *path);
+/* writes `payload` as the entry of `key` in the folder `dir` */
+static void tb__disk_store(const tb__disk_format *fmt, const char *dir, const tb__disk_key *key,
+                           const uint64_t hash[2], int32_t *reported, const unsigned char *payload,
+                           size_t n);
+
+/* ---- planner.c: the kernel plan ---- */
+
+/* The numbers that shape kernels for a class of device. A backend picks the table of its
+   device and may hand the planner a copy with changes (tests, experiments). */
+typedef struct tb__tuning {
+    const char *name;
+    /* reductions and norms over rows */
+    int32_t reduce_lanes;     /* independent accumulators per work item and row (1: one) */
+    int32_t max_group;        /* largest work-group for one row; 1: a work item per row always */
+    int64_t group_min_len;    /* rows shorter than this get one work item each */
+    int32_t item_rows_per_cu; /* from this many rows per compute unit, a work item per row */
+    int32_t gpu_rows;         /* GPUs: one item per row when rows >= compute units x this and
+                                 the row is not contiguous (neighbours read neighbours); 0: off */
+    /* split reductions: few outputs over many elements */
+    int64_t split_min_len;       /* rows shorter than this are not split */
+    int64_t split_min_chunk;     /* elements per chunk at least */
+    int32_t split_chunks_per_cu; /* outputs x chunks wanted per compute unit */
+    int32_t split_max_chunks;
+    /* matmul */
+    int32_t mm_kind;     /* TB__MM_PACKED (registers as fallback) or TB__MM_TILES */
+    int32_t mm_reg_rows; /* register block of the unpacked kernel: rows x columns */
+    int32_t mm_reg_cols;
+    int32_t mm_small_n;     /* up to this many columns: one register block of all of them */
+    int32_t mm_reg_group_x; /* its work-group */
+    int32_t mm_reg_group_y;
+    int32_t mm_panel_rows; /* packed: rows of A per panel and per work item */
+    int32_t mm_vec_f32;    /* packed: columns of B per panel (one vector) for f32 and f64 */
+    int32_t mm_vec_f64;
+    int32_t mm_pack_group_k;  /* pack kernels: work-group of vector width x this */
+    int64_t mm_pack_min_work; /* M x N x K below this: not packed */
+    int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
+    int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
+    int32_t mm_tile_k;        /* tiles: depth of a tile */
+    /* budgets of one kernel's code */
+    int64_t values_per_kernel;  /* values a kernel computes per output element */
+    int32_t positions_per_node; /* positions one node is evaluated at in one kernel */
+    int32_t nesting;            /* pad, concat and gather nested in one kernel */
+    /* launch */
+    int32_t item_group; /* preferred work-group of kernels launched over items */
+    /* rows read in order: f32 elements per vector (a work item's row loop reads that many at
+       once); 0: no vectors (rows are spread over a work-group instead) */
+    int32_t vec_width;
+} tb__tuning;
+
+enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
+enum { TB__CLASS_CPU, TB__CLASS_GPU, TB__CLASS_HOST };
+
+/* What the planner knows of the device. */
+typedef struct tb__target {
+    const tb__tuning *tuning;
+    uint32_t compute_units;
+    uint32_t max_group;      /* the device's largest work-group */
+    uint64_t max_allocation; /* bytes; 0: unknown */
+    size_t max_args;         /* kernel arguments the device takes (8 bytes each) */
+    bool f64;                /* double precision is available */
+    bool acc_f64;            /* f32 sums accumulate in double (cheap on CPUs with fp64) */
+} tb__target;
+
+/* ---- the plan ---- */
+
+enum {
+    TB__K_ELEMENTWISE,
+    TB__K_REDUCE,
+    TB__K_MATMUL,
+    TB__K_NORM,
+    TB__K_PARTIAL, /* first stage of a split reduction: partial results per chunk */
+    TB__K_PACK_A,  /* a matmul's left operand copied into row panels */
+    TB__K_PACK_B   /* a matmul's right operand copied into column panels */
+};
+enum { TB__SLOT_PARAM, TB__SLOT_RESULT, TB__SLOT_TEMP };
+/* a kernel's arguments after its output: buffers, scalars by value, the error flag buffer,
+   the table of scalars (graphs with many scalars) */
+enum { TB__ARG_BUF, TB__ARG_SCALAR, TB__ARG_ERR, TB__ARG_TABLE };
+
+/* Graphs with more scalar parameters than this pass them in a table (one small buffer written
+   before the kernels) rather than as kernel arguments: devices may accept as little as 1024
+   bytes of arguments per kernel. */
+#define TB__PLAN_MAX_SCALAR_ARGS 16
+/* the context of a view that every kernel reading it evaluates itself */
+#define TB__CTX_ANY (-3)
+
+typedef struct tb__plan_arg {
+    int32_t kind;
+    int32_t index; /* a slot for buffers, a parameter for scalars */
+} tb__plan_arg;
+
+typedef struct tb__plan_kernel {
+    int32_t kind;
+    int32_t root, core; /* node indices; core -1 for elementwise kernels */
+    int32_t owner; /* the kernel whose nodes it evaluates: itself, or the kernel it is a stage of
+                      (the final stage of a split reduction, a matmul reading panels) */
+    int32_t split; /* a split reduction's chunk count (both stages), else 0 */
+    int32_t partial_slot; /* the final stage: the partial results it reads */
+    int32_t mm;           /* matmul: TB__MM_* */
+    int32_t pack_slot[2]; /* a packed matmul: the panels of A and B */
+    int32_t pack_param;   /* a pack kernel: the parameter whose buffer alone its panels come
+                             from (panels a backend may keep while that buffer holds), or -1 */
+    int32_t out_slot;
+    char name[64];
+    tb__plan_arg *args;
+    size_t num_args;
+    /* layout */
+    int32_t group;    /* reductions and norms: work items per row (1: one item per row) */
+    int32_t lanes;    /* reductions: independent accumulators per item */
+    bool suffix;      /* reductions: the reduced axes are the trailing ones (rows contiguous) */
+    tb_dtype acc;     /* reductions, norms: the accumulator dtype */
+    int32_t vec;      /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
+    int32_t vec_axes; /* the row's trailing axes the vectors run along */
+    int32_t rm, rn;   /* matmul: outputs per work item (rows, columns); packed: rm x vector */
+    int32_t tk;       /* matmul in tiles: depth of a tile */
+    /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
+       work-group), or fixed work-group sizes and counts */
+    uint32_t work_dim;
+    uint64_t items;
+    size_t group_size[3];
+    size_t groups[3];
+    bool empty; /* no work item: not emitted, not launched */
+    double flops, bytes;
+} tb__plan_kernel;
+
+typedef struct tb__plan_slot {
+    int32_t kind;
+    int32_t index; /* parameter or result index */
+    tb_shape shape;
+    int32_t last_use; /* the last kernel reading or writing it */
+} tb__plan_slot;
+
+/* Where a run-time error flag came from (out-of-range gather index, negative integer power). */
+typedef struct tb__errsite {
+    tb_op op;
+    int32_t node;
+    int32_t dim;
+    int64_t size;
+} tb__errsite;
+
+/* A planned graph: what a backend needs to run it besides its code; no node pointers. */
+typedef struct tb__plan {
+    uint64_t graph_hash;
+    size_t num_params, num_results;
+    int32_t *param_scalar; /* 1: passed by value (SCALAR); 0: a buffer */
+    tb_dtype *param_dtype;
+    int32_t *result_slot;   /* per result: the slot holding it */
+    int32_t *result_source; /* per result: -1, or an earlier result it duplicates */
+    tb__plan_slot *slots;
+    size_t num_slots, cap_slots;
+    tb__plan_kernel *kernels;
+    size_t num_kernels, cap_kernels;
+    tb__errsite *errsites;
+    size_t num_errsites, cap_errsites;
+    bool scalar_table; /* scalars in a table buffer (8 bytes each, by parameter index) */
+    /* per graph node (post-order): the kernel computing it, -1 for none (get_node_kernel) */
+    int32_t *node_kernel;
+    size_t num_nodes;
+} tb__plan;
+
+/* ---- the planner's view of a graph (alive while the graph is lowered) ---- */
+
+typedef struct tb__pnode {
+    const tb_node *node;
+    int32_t first_operand; /* into tb__pgraph.operands */
+    int32_t first_user;    /* into tb__pgraph.users */
+    int32_t num_users;     /* distinct users */
+    int32_t uses;          /* operand slots that name it */
+    int32_t param, result, slot;
+    int32_t ctx; /* the kernel evaluating it (its own kernel when it is a root) */
+    bool root, ident, in_mm, force_root;
+    int32_t depth;      /* pad/concat/gather above it in its kernel */
+    int32_t keys_first; /* its positions in its kernel: keys[keys_first .. + keys_count] */
+    int32_t keys_count;
+} tb__pnode;
+
+typedef struct tb__pgraph {
+    const tb_graph *graph;
+    const tb__target *target;
+    size_t n;
+    tb__pnode *info;
+    int32_t *operands;
+    int32_t *users;
+    /* node pointer -> index */
+    const tb_node **map_keys;
+    int32_t *map_vals;
+    size_t map_cap;
+    tb__plan *plan;
+    /* positions of the partition under way */
+    uint64_t *keys;
+    size_t num_keys, cap_keys;
+    int64_t *kernel_values; /* per kernel: values it computes per output element */
+    size_t cap_kernel_values;
+} tb__pgraph;
+
+/* A matmul core's sizes: batch (the product of the leading dims), M, N and K. */
+typedef struct tb__plan_mm {
+    int64_t batch, m, n, k;
+} tb__plan_mm;
+
+/* the tuning table of a device class (TB__CLASS_*) */
+static void tb__tuning_of(int32_t device_class, tb__tuning *t);
+/* plans `graph` for `target`: *out the plan (tb__plan_free), G the graph view the renderer
+   reads (tb__pgraph_free once the code is emitted) */
+static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target, tb__pgraph *G,
+                                tb__plan **out);
+static void tb__plan_free(tb__plan *p);
+static void tb__pgraph_free(tb__pgraph *G);
+/* the error a run reports from its error flag (flag[0]: 1 + the errsite) */
+static tb_status tb__plan_run_error(const tb__plan *p, const char *who, const int64_t flag[4]);
+/* how an operand's dims run along a node's row (its last row_axes axes) */
+enum { TB__ROW_ALIGNED, TB__ROW_CONSTANT, TB__ROW_OTHER };
+static int32_t tb__plan_row_relation(const tb_shape *ds, const tb_shape *os, int32_t row_axes);
+/* the desc of a custom op (NULL for built-ins) */
+static const tb_custom_op_desc *tb__plan_custom(tb_op op);
+/* what the renderer asks of a planned graph */
+static int32_t tb__plan_operand(const tb__pgraph *G, int32_t node, size_t k);
+static const tb_shape *tb__plan_shape(const tb__pgraph *G, int32_t node);
+static int64_t tb__plan_numel(const tb_shape *s);
+static bool tb__plan_same_dims(const tb_shape *a, const tb_shape *b);
+static bool tb__plan_is_elementwise(tb_op op);
+static tb__plan_mm tb__plan_mm_of(const tb__pgraph *G, int32_t core);
+/* batch, M, N, K, panel count and panel width of a packed matmul's operand */
+static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]);
+/* the error code a failing node writes (1 + its errsite), -1 for none */
+static int32_t tb__plan_errsite_code(const tb__plan *p, int32_t node);
+
+/* ---- index.c: index arithmetic and the text of a kernel ---- */
+
+#define TB__LF_MAX     8
+#define TB__IX_BUCKETS 4096
+
+/* c + sum(coef[i] * var[i]), terms sorted by var, unused entries zero (so memcmp works). */
+typedef struct tb__lf {
+    int64_t c;
+    int32_t n;
+    int32_t var[TB__LF_MAX];
+    int64_t coef[TB__LF_MAX];
+} tb__lf;
+
+/* Which element of an array of `dims` a kernel is at: its flat (row-major) offset, its index
+   along each dim, or both. Interned, so equal positions share an id; the form a position was
+   made with identifies it, the other is added when needed. */
+typedef struct tb__pos {
+    int32_t rank;
+    int32_t has_flat, has_multi, key_flat;
+    int64_t dims[TB_MAX_RANK];
+    tb__lf flat;
+    tb__lf dim[TB_MAX_RANK];
+    uint64_t hash;
+    int32_t next;
+} tb__pos;
+
+/* what the memo holds: a value v<n> of a node at a position (the renderer's), or the first of
+   the variables an unravelled flat form was split into */
+enum { TB__MEMO_VALUE = 1, TB__MEMO_UNRAVEL = 2, TB__MEMO_VECTOR = 3 };
+
+typedef struct tb__ix_memo {
+    uint64_t key;
+    int32_t kind, a, b;
+    uint64_t extra;
+    int32_t value;
+    int32_t next;
+} tb__ix_memo;
+
+typedef struct tb__ix_undo {
+    int32_t pos;
+    int32_t form; /* 1: flat was added, 2: multi was added */
+} tb__ix_undo;
+
+typedef struct tb__ix_scope {
+    size_t memo, undo;
+} tb__ix_scope;
+
+typedef struct tb__ix_var {
+    int64_t lo, hi;
+} tb__ix_var;
+
+/* The state of one kernel's code while it is emitted: its text (one builder whose failure is
+   sticky and checked once, after the kernel), the indentation, the index variables i<n>
+   (`long`, with their ranges), the interned positions, the memo of what was computed in the
+   enclosing blocks (values and unravelled positions; a block's entries are forgotten at its
+   closing brace) and the first error. */
+typedef struct tb__ix {
+    tb__str body;
+    int indent;
+    tb__ix_var *vars;
+    size_t num_vars, cap_vars;
+    tb__pos *pos;
+    size_t num_pos, cap_pos;
+    int32_t pos_head[TB__IX_BUCKETS];
+    tb__ix_memo *memo;
+    size_t num_memo, cap_memo;
+    int32_t memo_head[TB__IX_BUCKETS];
+    tb__ix_undo *undo;
+    size_t num_undo, cap_undo;
+    tb__ix_scope *scopes;
+    size_t num_scopes, cap_scopes;
+    tb_status status;
+} tb__ix;
+
+#define TB__LF_TEXT 640 /* bytes of a form as text */
+
+static void tb__lf_const(tb__lf *lf, int64_t c);
+static bool tb__lf_add_term(tb__lf *lf, int32_t var, int64_t coef);
+static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap);
+static tb_status tb__ix_fail(tb__ix *g, tb_status st);
+static void tb__ix_line(tb__ix *g, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
+static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
+static bool tb__ix_lf_addmul(tb__ix *g, tb__lf *dst, const tb__lf *src, int64_t scale);
+static int32_t tb__ix_memo_find(const tb__ix *g, int32_t kind, int32_t a, int32_t b,
+                                uint64_t extra);
+static void tb__ix_memo_add(tb__ix *g, int32_t kind, int32_t a, int32_t b, uint64_t extra,
+                            int32_t value);
+static void tb__ix_open(tb__ix *g, const char *head);
+static void tb__ix_close(tb__ix *g, const char *tail);
+static bool tb__ix_need_flat(tb__ix *g, int32_t id);
+static bool tb__ix_need_multi(tb__ix *g, int32_t id);
+static int32_t tb__ix_pos_multi(tb__ix *g, const tb_shape *shape, const tb__lf *dims);
+static int32_t tb__ix_pos_flat(tb__ix *g, const tb_shape *shape, const tb__lf *flat);
+static int32_t tb__ix_var_pos_flat(tb__ix *g, const tb_shape *shape, int32_t var, int64_t scale,
+                                   int32_t var2);
+static void tb__ix_reset(tb__ix *g);
+static void tb__ix_free(tb__ix *g);
+
+/* ---- codegen.c: the C-family code generator ---- */
+
+/* One parameter of a kernel's entry point, as the renderer describes it to the dialect. */
+typedef struct tb__cg_param {
+    int32_t role;     /* TB__ARG_* or -1 for the output */
+    const char *type; /* the element type (buffers, tables) or the value type (scalars) */
+    char name[16];    /* out, b<slot>, s<param>, tb_sc, tb_err */
+} tb__cg_param;
+
+/* What differs between the C-family languages the generator writes. */
+typedef struct tb__dialect {
+    const char *name;
+    /* the text before the shared prelude (pragmas, includes, typedefs, helpers) */
+    const char *head;
+    /* address space of buffers ("__global " or ""), of work-group memory ("__local "; NULL:
+       none, and no plan for this dialect may use work-groups of more than one item) */
+    const char *global;
+    const char *local;
+    const char *barrier; /* a work-group barrier statement */
+    /* work-item ids as printf formats of the dimension */
+    const char *global_id;
+    const char *group_id;
+    const char *local_id;
+    /* vectors: float16 and double8 with vload16/vstore16 and vload8/vstore8, scalar * vector
+       widening the scalar; a vector of zeros as a format of the vector type */
+    const char *vec_zero;
+    const char *min_long; /* min of two longs */
+    const char *bits_f32; /* the float of 32 bits (uint) */
+    const char *bits_f64; /* the double of 64 bits (ulong) */
+    bool f64;             /* the target has double precision */
+    /* a math function's name for a dtype (exp, log, sin, cos, tanh, sqrt, erf, pow, fabs,
+       floor, ceil, rint) */
+    const char *(*math)(const char *fn, tb_dtype dtype);
+    /* writes one kernel: its entry point around `body` */
+    void (*kernel)(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
+                   size_t num_params, const char *body);
+} tb__dialect;
+
+/* renders every kernel of the plan through the dialect as one program (caller frees) */
+static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
+                               size_t *len);
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
+/* ---- src/diskcache.c ---- */
+/* ===========================================================================================
+   The disk cache of compiled programs, shared by the compiled backends (OpenCL program
+   binaries, native shared objects). One folder ($TB_CACHE_DIR, else $XDG_CACHE_HOME or
+   ~/.cache, then torch_backend/), private (0700, ours, not writable by others); one file per
+   program, named by a 128-bit hash of its key and holding the whole key, so that a hit is
+   confirmed byte for byte. Entries are written to a fresh temporary file (O_EXCL) and renamed
+   into place, read without following links or blocking on FIFOs, and a bad one is removed.
+
+   An entry, <folder>/<key hash as 32 hex digits><suffix>:
+     0  magic (8 bytes)    8 .. 11  format version   12 .. 15  header size
+    16  key hash (2 x 8)  32  key size K           40  payload size N
+    48  XXH64 of the key and the payload (finds torn and damaged files)    56  zero
+    64  the key (K bytes): tb__disk_key_bytes of the key's parts
+    64 + K  the payload (N bytes)
+   Numbers are little-endian.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+#define TB__DISK_HEADER    64u
+#define TB__DISK_MAX       ((uint64_t)1 << 30) /* no payload of ours is bigger */
+#define TB__DISK_SEED      0x636c62696e617279ull
+#define TB__DISK_TMP_TRIES 16
+
+/* The disk cache opens its files without following links (O_NOFOLLOW, POSIX 2008). glibc
+   hides the name under a strict -std when the feature macros come after its first header (our
+   own public part includes <stdint.h>), but always defines the value under another name.
+   Without it the cache is off. */
+#if defined(O_NOFOLLOW)
+#define TB__DISK_O_NOFOLLOW O_NOFOLLOW
+#elif defined(__O_NOFOLLOW)
+#define TB__DISK_O_NOFOLLOW __O_NOFOLLOW
+#endif
+#if defined(O_CLOEXEC)
+#define TB__DISK_O_CLOEXEC O_CLOEXEC
+#elif defined(__O_CLOEXEC)
+#define TB__DISK_O_CLOEXEC __O_CLOEXEC
+#else
+#define TB__DISK_O_CLOEXEC 0
+#endif
+#if !defined(_WIN32) && defined(TB__DISK_O_NOFOLLOW) && defined(O_NONBLOCK)
+#define TB__DISK_CACHE 1
+#else
+#define TB__DISK_CACHE 0
+#endif
+
+/* Names temporary files of the disk cache apart (atomic: compiles run on several threads). */
+static TB__UNUSED uint32_t tb__disk_counter = 0;
+
+static void tb__disk_put64(unsigned char *p, uint64_t v) {
+    int i;
+    for (i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static TB__UNUSED uint64_t tb__disk_get64(const unsigned char *p) {
+    uint64_t v = 0;
+    int i;
+    for (i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* A 128-bit hash of a key's parts (each as its length and its bytes), masked by `mask`. */
+static void tb__disk_key_hash(const tb__disk_key *key, uint64_t mask, uint64_t out[2]) {
+    static const uint64_t seeds[2] = {0x746270726f677231ull, 0x746270726f677232ull};
+    size_t i;
+    int s;
+    for (s = 0; s < 2; s++) {
+        uint64_t h = seeds[s];
+        for (i = 0; i < key->count; i++) {
+            h = tb__hash_u64(h, (uint64_t)key->lens[i]);
+            h = tb__hash_bytes(h, key->parts[i], key->lens[i]);
+        }
+        out[s] = h & mask;
+    }
+}
+
+/* Adds a part (a NUL-terminated text when len is (size_t)-1). False when the key is full. */
+static bool tb__disk_key_add(tb__disk_key *key, const char *part, size_t len) {
+    if (key->count >= TB__DISK_MAX_PARTS) return false;
+    key->parts[key->count] = part != NULL ? part : "";
+    key->lens[key->count] = len == (size_t)-1 ? strlen(key->parts[key->count]) : len;
+    key->count++;
+    return true;
+}
+
+#if TB__DISK_CACHE
+
+/* The full key an entry stores: each part as its length (8 bytes) and its bytes. NULL when
+   out of memory. */
+static unsigned char *tb__disk_key_bytes(const tb__disk_key *key, size_t *size) {
+    size_t total = 0, i;
+    unsigned char *out, *at;
+    for (i = 0; i < key->count; i++) {
+        if (key->lens[i] > SIZE_MAX / 2 - total - 8) return NULL;
+        total += 8 + key->lens[i];
+    }
+    out = (unsigned char *)tb__alloc(total > 0 ? total : 1);
+    if (out == NULL) return NULL;
+    for (at = out, i = 0; i < key->count; i++) {
+        tb__disk_put64(at, (uint64_t)key->lens[i]);
+        memcpy(at + 8, key->parts[i], key->lens[i]);
+        at += 8 + key->lens[i];
+    }
+    *size = total;
+    return out;
+}
+
+static uint64_t tb__disk_checksum(const unsigned char *key, size_t key_size,
+                                  const unsigned char *payload, size_t n) {
+    return tb__hash_bytes(tb__hash_bytes(TB__DISK_SEED, key, key_size), payload, n);
+}
+
+static bool tb__disk_read_all(int fd, void *buf, size_t n) {
+    unsigned char *p = (unsigned char *)buf;
+    while (n > 0) {
+        ssize_t got = read(fd, p, n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return false;
+        p += got;
+        n -= (size_t)got;
+    }
+    return true;
+}
+
+static bool tb__disk_write_all(int fd, const void *buf, size_t n) {
+    const unsigned char *p = (const unsigned char *)buf;
+    while (n > 0) {
+        ssize_t put = write(fd, p, n);
+        if (put < 0 && errno == EINTR) continue;
+        if (put <= 0) return false;
+        p += put;
+        n -= (size_t)put;
+    }
+    return true;
+}
+
+/* True for the first caller only (threads may race to say why a folder is not used). */
+static bool tb__disk_first_report(int32_t *reported) {
+    if (TB__ATOMIC_LOAD(reported) != 0) return false;
+    return TB__ATOMIC_ADD(reported, 1) == 1;
+}
+
+/* The cache folder's path (not yet created or checked), or NULL when the cache is off. */
+static char *tb__disk_cache_path(void) {
+    const char *env = tb__getenv("TB_CACHE_DIR");
+    if (env != NULL) {
+        if (strcmp(env, "off") == 0 || env[0] == '\0') return NULL;
+        return tb__strdup(env);
+    }
+    if (tb__getenv("XDG_CACHE_HOME") != NULL && tb__getenv("XDG_CACHE_HOME")[0] != '\0')
+        return tb__format("%s/torch_backend", tb__getenv("XDG_CACHE_HOME"));
+    if (tb__getenv("HOME") != NULL && tb__getenv("HOME")[0] != '\0')
+        return tb__format("%s/.cache/torch_backend", tb__getenv("HOME"));
+    return NULL;
+}
+
+/* Whether the cache folder `dir` may be used, creating it and its missing parents private
+   (0700). A folder that is not ours or that others may write to is not used: they could put a
+   program there that we would run. Why a folder is not used is said once per *reported flag
+   (atomic) (at TB_DEBUG for a folder that is not private, as a warning when it cannot be made);
+   `who` names the backend in the message. Entries are checked one by one too (tb__disk_read: a
+   regular file of ours, holding our whole key), so a folder swapped after this check gives
+   nothing that we did not write ourselves. */
+static bool tb__disk_cache_usable(const char *who, const char *dir, int32_t *reported) {
+    char *copy = tb__strdup(dir), *p;
+    struct stat st;
+    if (copy == NULL) return false;
+    for (p = copy + 1; *p != '\0'; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        (void)mkdir(copy, 0700);
+        *p = '/';
+    }
+    (void)mkdir(copy, 0700);
+    tb__free(copy);
+    /* a link to the folder itself is followed: a user may keep the cache elsewhere */
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        const char *why = stat(dir, &st) != 0 ? strerror(errno) : "not a directory";
+        if (tb__disk_first_report(reported)) {
+            tb_log_message(TB_LOG_WARN, "%s: the program cache folder %s is not usable: %s", who,
+                           dir, why);
+        }
+        return false;
+    }
+    if (st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+        if (tb__disk_first_report(reported) && tb_debug_level() >= 1) {
+            tb_log_message(TB_LOG_WARN,
+                           "%s: the program cache folder %s is not used: %s (make it yours "
+                           "with mode 0700, or set TB_CACHE_DIR)",
+                           who, dir,
+                           st.st_uid != geteuid() ? "another user owns it"
+                                                  : "it is writable by others");
+        }
+        *reported = true;
+        return false;
+    }
+    return true;
+}
+
+/* The payload of the entry at `path` if it holds the key `kb`, else NULL; then `*why` says what
+   is wrong with the file there, or is NULL when there is none. The file is opened without
+   following a link or waiting on a FIFO, and read only if it is a regular file of ours whose
+   size is that of an entry for this key. */
+static unsigned char *tb__disk_read(const tb__disk_format *fmt, const char *path,
+                                    const uint64_t key[2], const unsigned char *kb, size_t kn,
+                                    size_t *size, const char **why) {
+    unsigned char header[TB__DISK_HEADER];
+    unsigned char *stored = NULL, *payload = NULL;
+    uint64_t n = 0, size_of_entry;
+    struct stat st;
+    int fd =
+        open(path, O_RDONLY | TB__DISK_O_NOFOLLOW | O_NONBLOCK | TB__DISK_O_CLOEXEC | O_NOCTTY);
+    *why = NULL;
+    if (fd < 0) {
+        if (errno != ENOENT) *why = errno == ELOOP ? "a symbolic link" : strerror(errno);
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0) {
+        *why = strerror(errno);
+    } else if (!S_ISREG(st.st_mode)) {
+        *why = "not a regular file";
+    } else if (st.st_uid != geteuid()) {
+        *why = "owned by another user";
+    } else if (st.st_size < 0 || (uint64_t)st.st_size <= (uint64_t)TB__DISK_HEADER + kn ||
+               (uint64_t)st.st_size > (uint64_t)TB__DISK_HEADER + kn + TB__DISK_MAX) {
+        *why = "not the size of an entry for this key";
+    } else if (!tb__disk_read_all(fd, header, sizeof header)) {
+        *why = "truncated";
+    } else {
+        size_of_entry = (uint64_t)st.st_size;
+        n = tb__disk_get64(header + 40);
+        if (memcmp(header, fmt->magic, 8) != 0 ||
+            tb__disk_get64(header + 8) !=
+                ((uint64_t)fmt->version | ((uint64_t)TB__DISK_HEADER << 32))) {
+            *why = "not an entry of this format";
+        } else if (tb__disk_get64(header + 16) != key[0] || tb__disk_get64(header + 24) != key[1] ||
+                   tb__disk_get64(header + 32) != (uint64_t)kn) {
+            *why = "an entry for another key";
+        } else if (n == 0 || n != size_of_entry - TB__DISK_HEADER - kn) {
+            *why = "truncated";
+        } else if ((stored = (unsigned char *)tb__alloc(kn > 0 ? kn : 1)) == NULL ||
+                   (payload = (unsigned char *)tb__alloc((size_t)n)) == NULL) {
+            *why = "out of memory";
+        } else if (!tb__disk_read_all(fd, stored, kn) ||
+                   !tb__disk_read_all(fd, payload, (size_t)n)) {
+            *why = "truncated";
+        } else if (memcmp(stored, kb, kn) != 0) {
+            *why = "an entry for another key";
+        } else if (tb__disk_checksum(stored, kn, payload, (size_t)n) !=
+                   tb__disk_get64(header + 48)) {
+            *why = "damaged (checksum)";
+        }
+    }
+    close(fd);
+    tb__free(stored);
+    if (*why != NULL) {
+        tb__free(payload);
+        return NULL;
+    }
+    *size = (size_t)n;
+    return payload;
+}
+
+/* Writes the entry `name` of the folder `dir`: into a new temporary file of the folder (O_EXCL:
+   never through a link nor into a file that is there), in full, then renamed over the entry,
+   so that a reader sees the old entry, no entry or the whole new one. */
+static void tb__disk_write(const tb__disk_format *fmt, const char *dir, const char *name,
+                           const uint64_t key[2], const unsigned char *kb, size_t kn,
+                           const unsigned char *payload, size_t n) {
+    unsigned char header[TB__DISK_HEADER];
+    char *tmp = NULL, *path;
+    int fd = -1, tries;
+    bool ok;
+    int err;
+    memset(header, 0, sizeof header);
+    memcpy(header, fmt->magic, 8);
+    tb__disk_put64(header + 8, (uint64_t)fmt->version | ((uint64_t)TB__DISK_HEADER << 32));
+    tb__disk_put64(header + 16, key[0]);
+    tb__disk_put64(header + 24, key[1]);
+    tb__disk_put64(header + 32, (uint64_t)kn);
+    tb__disk_put64(header + 40, (uint64_t)n);
+    tb__disk_put64(header + 48, tb__disk_checksum(kb, kn, payload, n));
+    path = tb__format("%s/%s", dir, name);
+    if (path == NULL) return;
+    for (tries = 0; tries < TB__DISK_TMP_TRIES && fd < 0; tries++) {
+        unsigned serial = (unsigned)(TB__ATOMIC_ADD(&tb__disk_counter, 1) - 1);
+        tb__free(tmp);
+        tmp = tb__format("%s/.%016llx%016llx.%ld.%u.tmp", dir, (unsigned long long)key[0],
+                         (unsigned long long)key[1], (long)getpid(), serial);
+        if (tmp == NULL) break;
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | TB__DISK_O_CLOEXEC | O_NOCTTY, 0600);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        if (tmp != NULL) {
+            tb_log_message(TB_LOG_WARN, "%s: cannot write the program cache file %s: %s", fmt->who,
+                           tmp, strerror(errno));
+        }
+        tb__free(tmp);
+        tb__free(path);
+        return;
+    }
+    /* errno is read at the call that failed (close and rename may change it on success, and a
+       short write need not set it) */
+    errno = 0;
+    ok = tb__disk_write_all(fd, header, sizeof header) && tb__disk_write_all(fd, kb, kn) &&
+         tb__disk_write_all(fd, payload, n);
+    err = ok ? 0 : (errno != 0 ? errno : EIO);
+    if (close(fd) != 0 && ok) {
+        ok = false;
+        err = errno != 0 ? errno : EIO;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = false;
+        err = errno != 0 ? errno : EIO;
+    }
+    if (!ok) {
+        tb_log_message(TB_LOG_WARN, "%s: cannot write the program cache file %s: %s", fmt->who,
+                       path, strerror(err));
+        (void)unlink(tmp);
+    }
+    tb__free(tmp);
+    tb__free(path);
+}
+
+#endif /* TB__DISK_CACHE */
+
+static void tb__disk_entry_name(const tb__disk_format *fmt, const uint64_t key[2], char name[64]) {
+    snprintf(name, 64, "%016llx%016llx%s", (unsigned long long)key[0], (unsigned long long)key[1],
+             fmt->suffix);
+}
+
+/* Looks the entry of `key` up. Returns its payload (caller frees) or NULL. On NULL,
+   *save_dir is the folder to write the program to once it is built (caller frees; NULL when
+   the cache is off or its folder not usable). A payload the caller then cannot use goes to
+   tb__disk_reject. *path (caller frees) is the entry's path, for tb__disk_reject. */
+static unsigned char *tb__disk_lookup(const tb__disk_format *fmt, const tb__disk_key *key,
+                                      const uint64_t hash[2], int32_t *reported, size_t *size,
+                                      char **save_dir, char **path, const char **why) {
+#if TB__DISK_CACHE
+    char *dir = tb__disk_cache_path(), name[64];
+    unsigned char *kb = NULL, *payload = NULL;
+    size_t kn = 0;
+    *save_dir = NULL;
+    *path = NULL;
+    *why = NULL;
+    if (dir == NULL) return NULL;
+    tb__disk_entry_name(fmt, hash, name);
+    *path = tb__disk_cache_usable(fmt->who, dir, reported) ? tb__format("%s/%s", dir, name) : NULL;
+    if (*path == NULL) {
+        tb__free(dir);
+        return NULL;
+    }
+    kb = tb__disk_key_bytes(key, &kn);
+    if (kb != NULL) payload = tb__disk_read(fmt, *path, hash, kb, kn, size, why);
+    tb__free(kb);
+    if (payload != NULL) {
+        tb__free(dir);
+    } else {
+        *save_dir = dir;
+    }
+    return payload;
+#else
+    (void)fmt, (void)key, (void)hash, (void)reported, (void)size;
+    *save_dir = NULL;
+    *path = NULL;
+    *why = NULL;
+    return NULL;
+#endif
+}
+
+/* Removes an entry that is there but cannot be used (a link itself, never what it points to). */
+static void tb__disk_reject(const char *path) {
+#if TB__DISK_CACHE
+    if (path != NULL) (void)unlink(path);
+#else
+    (void)path;
+#endif
+}
+
+/* Writes `payload` as the entry of `key` in the folder `dir` (from tb__disk_lookup). */
+static void tb__disk_store(const tb__disk_format *fmt, const char *dir, const tb__disk_key *key,
+                           const uint64_t hash[2], int32_t *reported, const unsigned char *payload,
+                           size_t n) {
+#if TB__DISK_CACHE
+    size_t kn = 0;
+    unsigned char *kb;
+    char name[64];
+    if (dir == NULL || payload == NULL) return;
+    kb = tb__disk_key_bytes(key, &kn);
+    if (kb != NULL && tb__disk_cache_usable(fmt->who, dir, reported)) {
+        tb__disk_entry_name(fmt, hash, name);
+        tb__disk_write(fmt, dir, name, hash, kb, kn, payload, n);
+    }
+    tb__free(kb);
+#else
+    (void)fmt, (void)dir, (void)key, (void)hash, (void)reported, (void)payload, (void)n;
+#endif
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
+/* ---- src/planner.c ---- */
+/* ===========================================================================================
+   Kernel planner: turns a graph into a kernel plan, the only interface between scheduling and
+   code generation. It knows nothing of OpenCL or of any language: it decides which nodes form
+   which kernel (elementwise chains fused; elementwise producers fused into reductions, norms
+   and matmul operands as index arithmetic; elementwise consumers as epilogues), which
+   reductions are split into a partial and a final stage, which matmuls read packed operand
+   panels, which buffers each kernel reads and how long each lives, the launch geometry and the
+   kernel names. Every decision is made here, before any code is emitted, within budgets that
+   keep each kernel's code small; the renderer (codegen.c) then emits exactly this plan.
+
+   Every node is either materialised (a parameter, or the output of a kernel: a "root") or
+   inlined into the one kernel that reads it (views read by several kernels are inlined into
+   each: they are index arithmetic only).
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+/* ---- tuning: one table per device class ---- */
+
+/* The table of a device class:
+   - TB__CLASS_CPU, CPU devices of OpenCL (PoCL and others): no local memory worth using; the
+     driver vectorises work items, so a row kernel gives each work item a row (or a chunk of
+     one) with several accumulators; matmuls read packed panels, and the caches tile them.
+     Measured on PoCL 3.1 on 2-core AVX-512 CPUs (README, Performance).
+   - TB__CLASS_GPU, GPUs and accelerators: a work-group per row with a local-memory reduction;
+     matmul in local-memory tiles.
+   - TB__CLASS_HOST, the native backend's threads: a thread runs a range of work items, so there
+     are no work-groups; otherwise as TB__CLASS_CPU. */
+static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
+    bool gpu = device_class == TB__CLASS_GPU, host = device_class == TB__CLASS_HOST;
+    memset(t, 0, sizeof *t);
+    t->name = gpu ? "gpu" : (host ? "host" : "cpu");
+    t->reduce_lanes = gpu ? 1 : 8;
+    t->max_group = gpu ? 256 : (host ? 1 : 64);
+    t->group_min_len = 32;
+    t->item_rows_per_cu = gpu ? 0 : 4;
+    t->gpu_rows = gpu ? 256 : 0;
+    t->split_min_len = 16384;
+    t->split_min_chunk = 4096;
+    t->split_chunks_per_cu = gpu ? 16 : 64;
+    t->split_max_chunks = 1024;
+    t->mm_kind = gpu ? TB__MM_TILES : TB__MM_PACKED;
+    t->mm_reg_rows = 8;
+    t->mm_reg_cols = 8;
+    t->mm_small_n = 16;
+    t->mm_reg_group_x = host ? 1 : 8;
+    t->mm_reg_group_y = host ? 1 : 4;
+    t->mm_panel_rows = 16;
+    t->mm_vec_f32 = 16;
+    t->mm_vec_f64 = 8;
+    t->mm_pack_group_k = host ? 1 : 8;
+    t->mm_pack_min_work = 262144; /* 64^3 */
+    t->mm_tile_group = 16;
+    t->mm_tile_block = 4;
+    t->mm_tile_k = 16;
+    t->values_per_kernel = 4096;
+    t->positions_per_node = 64;
+    t->nesting = 64;
+    t->item_group = gpu ? 256 : (host ? 1 : 128);
+    t->vec_width = gpu ? 0 : 16;
+}
+
+/* ---- tuning: one table per device class ---- */
+
+/* ---- small helpers ---- */
+
+static bool tb__plan_same_dims(const tb_shape *a, const tb_shape *b) {
+    int32_t i;
+    if (a->rank != b->rank) return false;
+    for (i = 0; i < a->rank; i++)
+        if (a->dims[i] != b->dims[i]) return false;
+    return true;
+}
+
+/* Elements of a shape already checked by the IR (no overflow). */
+static int64_t tb__plan_numel(const tb_shape *s) {
+    int64_t n = 1;
+    int32_t i;
+    for (i = 0; i < s->rank; i++)
+        n *= s->dims[i];
+    return n;
+}
+
+static const tb_custom_op_desc *tb__plan_custom(tb_op op) {
+    return op >= TB_OP_BUILTIN_COUNT ? tb_op_custom_desc(op) : NULL;
+}
+
+/* Elementwise ops: their operands are read at the same (broadcast) position. A custom op is
+   one when it has a kernel expression and the default (broadcast) shape rule. */
+static bool tb__plan_is_elementwise(tb_op op) {
+    tb_op_kind kind = tb_op_get_kind(op);
+    if (kind == TB_KIND_UNARY || kind == TB_KIND_BINARY || kind == TB_KIND_TERNARY) return true;
+    if (kind == TB_KIND_CUSTOM) {
+        const tb_custom_op_desc *d = tb__plan_custom(op);
+        return d != NULL && d->opencl_expr != NULL && d->infer_shape == NULL;
+    }
+    return false;
+}
+
+/* Ops computed where they are used. */
+static bool tb__plan_is_inlinable(tb_op op) {
+    tb_op_kind kind = tb_op_get_kind(op);
+    if (tb__plan_is_elementwise(op)) return true;
+    if (kind == TB_KIND_MOVEMENT || kind == TB_KIND_OTHER) return true;
+    return op == TB_OP_ARANGE || op == TB_OP_EYE || op == TB_OP_RAND || op == TB_OP_RANDN;
+}
+
+/* Ops a matmul operand may read through without a copy (index arithmetic only). */
+static bool tb__plan_is_view_like(tb_op op) {
+    return tb_op_get_kind(op) == TB_KIND_MOVEMENT || op == TB_OP_CAST;
+}
+
+/* Ops that open a block of their own in a kernel (their operands are evaluated inside it). */
+static bool tb__plan_is_nesting(tb_op op) {
+    return op == TB_OP_PAD || op == TB_OP_CONCAT || op == TB_OP_GATHER || op == TB_OP_INDEX_SELECT;
+}
+
+static int32_t tb__plan_core_kind(tb_op op) {
+    switch (tb_op_get_kind(op)) {
+    case TB_KIND_REDUCE:
+        return TB__K_REDUCE;
+    case TB_KIND_MATMUL:
+        return TB__K_MATMUL;
+    case TB_KIND_NORM:
+        return TB__K_NORM;
+    default:
+        return -1;
+    }
+}
+
+static int32_t tb__plan_operand(const tb__pgraph *G, int32_t node, size_t k) {
+    return G->operands[G->info[node].first_operand + (int32_t)k];
+}
+
+static const tb_shape *tb__plan_shape(const tb__pgraph *G, int32_t node) {
+    return &G->info[node].node->shape;
+}
+
+static size_t tb__plan_ptr_hash(const void *p, size_t cap) {
+    uint64_t h = tb__hash_u64(0x6f70656e636c6d61ull, (uint64_t)(uintptr_t)p);
+    return (size_t)(h & (uint64_t)(cap - 1));
+}
+
+static int32_t tb__plan_index_of(const tb__pgraph *G, const tb_node *node) {
+    size_t i = tb__plan_ptr_hash(node, G->map_cap);
+    while (G->map_keys[i] != NULL) {
+        if (G->map_keys[i] == node) return G->map_vals[i];
+        i = (i + 1) & (G->map_cap - 1);
+    }
+    return -1;
+}
+
+static void tb__plan_free(tb__plan *p) {
+    size_t i;
+    if (p == NULL) return;
+    for (i = 0; i < p->num_kernels; i++)
+        tb__free(p->kernels[i].args);
+    tb__free(p->kernels);
+    tb__free(p->slots);
+    tb__free(p->param_scalar);
+    tb__free(p->param_dtype);
+    tb__free(p->result_slot);
+    tb__free(p->result_source);
+    tb__free(p->errsites);
+    tb__free(p->node_kernel);
+    tb__free(p);
+}
+
+static void tb__pgraph_free(tb__pgraph *G) {
+    tb__free(G->info);
+    tb__free(G->operands);
+    tb__free(G->users);
+    tb__free((void *)G->map_keys);
+    tb__free(G->map_vals);
+    tb__free(G->keys);
+    tb__free(G->kernel_values);
+    memset(G, 0, sizeof *G);
+}
+
+/* ---- the graph view: node table, operand and user lists, parameters and results ---- */
+
+static tb_status tb__pgraph_init(tb__pgraph *G) {
+    const tb_graph *g = G->graph;
+    size_t i, k, total_ops = 0;
+    int32_t *fill, at = 0;
+    G->n = g->num_nodes;
+    if (G->n > (size_t)INT32_MAX / 2) {
+        return tb__error(TB_ERR_UNSUPPORTED, "planner: a graph of %zu nodes is too large", G->n);
+    }
+    G->info = (tb__pnode *)tb__calloc(G->n + 1, sizeof *G->info);
+    G->map_cap = 16;
+    while (G->map_cap < 2 * G->n + 2)
+        G->map_cap *= 2;
+    G->map_keys = (const tb_node **)tb__calloc(G->map_cap, sizeof *G->map_keys);
+    G->map_vals = (int32_t *)tb__calloc(G->map_cap, sizeof *G->map_vals);
+    if (G->info == NULL || G->map_keys == NULL || G->map_vals == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < G->n; i++) {
+        const tb_node *node = g->nodes[i];
+        size_t h = tb__plan_ptr_hash(node, G->map_cap);
+        while (G->map_keys[h] != NULL)
+            h = (h + 1) & (G->map_cap - 1);
+        G->map_keys[h] = node;
+        G->map_vals[h] = (int32_t)i;
+        G->info[i].node = node;
+        G->info[i].param = -1;
+        G->info[i].result = -1;
+        G->info[i].slot = -1;
+        G->info[i].ctx = -1;
+        total_ops += node->num_operands;
+    }
+    G->operands = (int32_t *)tb__calloc(total_ops + 1, sizeof *G->operands);
+    G->users = (int32_t *)tb__calloc(total_ops + 1, sizeof *G->users);
+    fill = (int32_t *)tb__calloc(G->n + 1, sizeof *fill);
+    if (G->operands == NULL || G->users == NULL || fill == NULL) {
+        tb__free(fill);
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    for (i = 0; i < g->num_parameters; i++) {
+        int32_t p = tb__plan_index_of(G, g->parameters[i]);
+        if (p < 0) {
+            tb__free(fill);
+            return tb__error(TB_ERR_INTERNAL, "planner: parameter %zu is not in the graph", i);
+        }
+        G->info[p].param = (int32_t)i;
+    }
+    for (i = 0; i < g->num_results; i++) {
+        int32_t r = tb__plan_index_of(G, g->results[i]);
+        if (r < 0) {
+            tb__free(fill);
+            return tb__error(TB_ERR_INTERNAL, "planner: result %zu is not in the graph", i);
+        }
+        if (G->info[r].result < 0) G->info[r].result = (int32_t)i;
+    }
+    /* operands (parameters are leaves: their operands are not part of this graph's work) */
+    total_ops = 0;
+    for (i = 0; i < G->n; i++) {
+        const tb_node *node = G->info[i].node;
+        G->info[i].first_operand = (int32_t)total_ops;
+        if (G->info[i].param >= 0) continue;
+        for (k = 0; k < node->num_operands; k++) {
+            int32_t o = tb__plan_index_of(G, node->operands[k]);
+            if (o < 0 || (size_t)o >= i) {
+                tb__free(fill);
+                return tb__error(TB_ERR_INTERNAL,
+                                 "planner: the graph is not in post-order (node %zu, operand %zu)",
+                                 i, k);
+            }
+            G->operands[total_ops++] = o;
+            G->info[o].uses++;
+        }
+    }
+    /* distinct users, grouped per node: counted, then filled */
+    for (i = 0; i < G->n; i++) {
+        const tb_node *node = G->info[i].node;
+        if (G->info[i].param >= 0) continue;
+        for (k = 0; k < node->num_operands; k++) {
+            int32_t o = tb__plan_operand(G, (int32_t)i, k);
+            size_t j;
+            bool seen = false;
+            for (j = 0; j < k && !seen; j++)
+                seen = tb__plan_operand(G, (int32_t)i, j) == o;
+            if (!seen) G->info[o].num_users++;
+        }
+    }
+    for (i = 0; i < G->n; i++) {
+        G->info[i].first_user = at;
+        at += G->info[i].num_users;
+    }
+    for (i = 0; i < G->n; i++) {
+        const tb_node *node = G->info[i].node;
+        if (G->info[i].param >= 0) continue;
+        for (k = 0; k < node->num_operands; k++) {
+            int32_t o = tb__plan_operand(G, (int32_t)i, k);
+            size_t j;
+            bool seen = false;
+            for (j = 0; j < k && !seen; j++)
+                seen = tb__plan_operand(G, (int32_t)i, j) == o;
+            if (!seen) G->users[G->info[o].first_user + fill[o]++] = (int32_t)i;
+        }
+    }
+    tb__free(fill);
+    return TB_OK;
+}
+
+/* ---- positions and budgets ----
+   A node inlined into a kernel is evaluated once per distinct position its users read it at,
+   and each evaluation is code. The planner names positions by keys: a user at key q reads an
+   operand at q itself when the operand is aligned with it (an elementwise op over equal dims),
+   else at a key mixed from q, the user and the operand slot; a kernel's core reads its operands
+   at keys of its own (the accumulators of a reduction loop, the passes of a norm, the rows and
+   columns of a matmul block). Two keys may name one position: an over-count, which only makes
+   the budgets stricter. A node that would break a budget (positions per node, values per
+   kernel, nesting of pad/concat/gather) is materialised instead, so that no kernel's code grows
+   without bound (a DAG that reads its values through ever more views, a chain of 40,000 ops). */
+
+#define TB__PLAN_KEY_ROOT 0x9e3779b97f4a7c15ull
+#define TB__PLAN_KEYSET   256 /* open addressing: 4x the largest positions_per_node */
+#define TB__PLAN_MAX_KEYS 64
+
+typedef struct tb__keyset {
+    uint64_t slot[TB__PLAN_KEYSET];
+    uint64_t list[TB__PLAN_MAX_KEYS];
+    int32_t count;
+    bool full;
+} tb__keyset;
+
+static void tb__keyset_add(tb__keyset *s, uint64_t key, int32_t cap) {
+    size_t h = (size_t)(key * 0x9E3779B97F4A7C15ull >> 56) & (TB__PLAN_KEYSET - 1);
+    key |= 1; /* 0 marks an empty slot */
+    if (s->full) return;
+    while (s->slot[h] != 0) {
+        if (s->slot[h] == key) return;
+        h = (h + 1) & (TB__PLAN_KEYSET - 1);
+    }
+    if (s->count >= cap || s->count >= TB__PLAN_MAX_KEYS) {
+        s->full = true;
+        return;
+    }
+    s->slot[h] = key;
+    s->list[s->count++] = key;
+}
+
+static uint64_t tb__plan_key_mix(uint64_t q, int32_t user, size_t k, int32_t lane) {
+    uint64_t h = tb__hash_u64(q, (uint64_t)(uint32_t)user);
+    h = tb__hash_u64(h, (uint64_t)k);
+    return tb__hash_u64(h, (uint64_t)(uint32_t)lane);
+}
+
+/* How many positions a kernel's core reads operand k at (an upper bound). */
+static int32_t tb__plan_core_reads(const tb__pgraph *G, int32_t core, size_t k) {
+    const tb__tuning *t = G->target->tuning;
+    switch (tb_op_get_kind(G->info[core].node->op)) {
+    case TB_KIND_REDUCE:
+        return t->reduce_lanes > 1 ? t->reduce_lanes + 1 : 1;
+    case TB_KIND_NORM:
+        return k == 0 ? 3 : 1; /* x in each of the three passes; weight and bias in the last */
+    case TB_KIND_MATMUL:
+        if (t->mm_kind == TB__MM_TILES) return 1;
+        return k == 0 ? t->mm_reg_rows : t->mm_reg_cols;
+    default:
+        return 1;
+    }
+}
+
+static tb_status tb__plan_kernel_values_grow(tb__pgraph *G, size_t kernels) {
+    size_t old = G->cap_kernel_values;
+    if (kernels <= old) return TB_OK;
+    if (tb__grow((void **)&G->kernel_values, &G->cap_kernel_values, kernels, sizeof(int64_t)) !=
+        TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    memset(G->kernel_values + old, 0, (G->cap_kernel_values - old) * sizeof(int64_t));
+    return TB_OK;
+}
+
+/* Stores a node's positions in its kernel. */
+static tb_status tb__plan_keys_store(tb__pgraph *G, int32_t node, const uint64_t *keys,
+                                     int32_t count) {
+    if (tb__grow((void **)&G->keys, &G->cap_keys, G->num_keys + (size_t)count, sizeof(uint64_t)) !=
+        TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    memcpy(G->keys + G->num_keys, keys, (size_t)count * sizeof(uint64_t));
+    G->info[node].keys_first = (int32_t)G->num_keys;
+    G->info[node].keys_count = count;
+    G->num_keys += (size_t)count;
+    return TB_OK;
+}
+
+/* Whether node i, read by users that are all in kernel `ctx`, fits into that kernel's budgets;
+   on true its positions and nesting depth are stored and the kernel's values counted. */
+static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits) {
+    const tb__tuning *t = G->target->tuning;
+    tb__pnode *in = &G->info[i];
+    const tb_shape *is = &in->node->shape;
+    tb__keyset *set;
+    int32_t e, depth = 0, core = G->plan->kernels[ctx].core;
+    tb_status st;
+    *fits = false;
+    set = (tb__keyset *)tb__calloc(1, sizeof *set);
+    if (set == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (e = 0; e < in->num_users && !set->full; e++) {
+        int32_t u = G->users[in->first_user + e];
+        const tb__pnode *ui = &G->info[u];
+        bool aligned =
+            tb__plan_is_elementwise(ui->node->op) && tb__plan_same_dims(&ui->node->shape, is);
+        size_t k;
+        int32_t d = ui->depth + (tb__plan_is_nesting(ui->node->op) ? 1 : 0);
+        if (d > depth) depth = d;
+        for (k = 0; k < ui->node->num_operands && !set->full; k++) {
+            int32_t lane, q;
+            if (tb__plan_operand(G, u, k) != i) continue;
+            if (tb__plan_numel(is) <= 1 && ui->node->op != TB_OP_PAD &&
+                ui->node->op != TB_OP_CONCAT) {
+                tb__keyset_add(set, TB__PLAN_KEY_ROOT ^ 0x5ca1a4ull, t->positions_per_node);
+            } else if (u == core) {
+                int32_t reads = tb__plan_core_reads(G, u, k);
+                for (lane = 0; lane < reads; lane++)
+                    tb__keyset_add(set, tb__plan_key_mix(TB__PLAN_KEY_ROOT, u, k, lane),
+                                   t->positions_per_node);
+            } else {
+                for (q = 0; q < ui->keys_count; q++) {
+                    uint64_t key = G->keys[ui->keys_first + q];
+                    tb__keyset_add(set, aligned ? key : tb__plan_key_mix(key, u, k, 0),
+                                   t->positions_per_node);
+                }
+            }
+        }
+    }
+    if (!set->full && depth <= t->nesting &&
+        G->kernel_values[ctx] + set->count <= t->values_per_kernel) {
+        st = tb__plan_keys_store(G, i, set->list, set->count);
+        if (st != TB_OK) {
+            tb__free(set);
+            return st;
+        }
+        in->depth = depth;
+        G->kernel_values[ctx] += set->count;
+        *fits = true;
+    }
+    tb__free(set);
+    return TB_OK;
+}
+
+/* ---- partition ---- */
+
+static tb_status tb__plan_add_kernel(tb__pgraph *G, int32_t kind, int32_t root, int32_t core,
+                                     int32_t *out) {
+    tb__plan *p = G->plan;
+    tb__plan_kernel *k;
+    if (tb__grow((void **)&p->kernels, &p->cap_kernels, p->num_kernels + 1,
+                 sizeof(tb__plan_kernel)) != TB_OK ||
+        tb__plan_kernel_values_grow(G, p->num_kernels + 1) != TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    k = &p->kernels[p->num_kernels];
+    memset(k, 0, sizeof *k);
+    k->kind = kind;
+    k->root = root;
+    k->core = core;
+    k->out_slot = -1;
+    k->partial_slot = -1;
+    k->pack_slot[0] = k->pack_slot[1] = -1;
+    G->kernel_values[p->num_kernels] = 1;
+    *out = (int32_t)p->num_kernels++;
+    return TB_OK;
+}
+
+/* A node becomes the root of a kernel of its own, evaluated at the kernel's output. */
+static tb_status tb__plan_make_root(tb__pgraph *G, int32_t i, int32_t kind, int32_t core) {
+    static const uint64_t root_key = TB__PLAN_KEY_ROOT;
+    tb__pnode *in = &G->info[i];
+    int32_t k;
+    tb_status st = tb__plan_add_kernel(G, kind, i, core, &k);
+    if (st != TB_OK) return st;
+    in->root = true;
+    in->ctx = k;
+    in->ident = true;
+    in->depth = 0;
+    return tb__plan_keys_store(G, i, &root_key, 1);
+}
+
+/* Orders kernels by their roots (producers first) and renumbers the contexts. */
+static tb_status tb__plan_sort_kernels(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    size_t nk = p->num_kernels, i, j;
+    int32_t *remap;
+    tb__plan_kernel *sorted;
+    if (nk == 0) return TB_OK;
+    remap = (int32_t *)tb__calloc(nk, sizeof *remap);
+    sorted = (tb__plan_kernel *)tb__calloc(nk, sizeof *sorted);
+    if (remap == NULL || sorted == NULL) {
+        tb__free(remap);
+        tb__free(sorted);
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    /* kernels were made from the last node to the first: reversing sorts them by root */
+    for (i = 0; i < nk; i++) {
+        j = nk - 1 - i;
+        sorted[i] = p->kernels[j];
+        remap[j] = (int32_t)i;
+    }
+    for (i = 1; i < nk; i++) {
+        if (sorted[i - 1].root >= sorted[i].root) {
+            tb__free(remap);
+            tb__free(sorted);
+            return tb__error(TB_ERR_INTERNAL, "planner: kernels out of order");
+        }
+    }
+    memcpy(p->kernels, sorted, nk * sizeof *sorted);
+    for (i = 0; i < G->n; i++)
+        if (G->info[i].ctx >= 0) G->info[i].ctx = remap[G->info[i].ctx];
+    tb__free(remap);
+    tb__free(sorted);
+    return TB_OK;
+}
+
+/* Roots and contexts. Users come before their operands (reverse post-order), so a node knows
+   the kernels of all its users when its turn comes: it is inlined when they all share one
+   kernel (and, under a matmul, when it is index arithmetic) and it fits that kernel's budgets,
+   else it becomes a root. A reduction, matmul or norm whose only user is an elementwise node
+   evaluated at the kernel's output position becomes that kernel's core, and the elementwise
+   nodes above it its epilogue. */
+static tb_status tb__plan_partition(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    int32_t i;
+    size_t j;
+    tb_status st;
+    for (j = 0; j < p->num_kernels; j++)
+        tb__free(p->kernels[j].args);
+    p->num_kernels = 0;
+    G->num_keys = 0;
+    for (j = 0; j < G->n; j++) {
+        tb__pnode *in = &G->info[j];
+        in->root = in->ident = in->in_mm = false;
+        in->ctx = -1;
+        in->slot = -1;
+        in->depth = 0;
+        in->keys_count = 0;
+    }
+    for (i = (int32_t)G->n - 1; i >= 0; i--) {
+        tb__pnode *in = &G->info[i];
+        const tb_node *node = in->node;
+        bool must_root = in->result >= 0 || in->force_root || in->num_users == 0;
+        int32_t core_kind = tb__plan_core_kind(node->op);
+        if (in->param >= 0) {
+            /* a parameter returned as a result: a copy */
+            if (in->result >= 0) {
+                st = tb__plan_make_root(G, i, TB__K_ELEMENTWISE, -1);
+                if (st != TB_OK) return st;
+            }
+            continue;
+        }
+        if (core_kind >= 0) {
+            if (!must_root && in->num_users == 1 && in->uses == 1) {
+                int32_t u = G->users[in->first_user];
+                const tb__pnode *ui = &G->info[u];
+                if (ui->ident && ui->ctx >= 0 && p->kernels[ui->ctx].core < 0 &&
+                    tb__plan_is_elementwise(ui->node->op) &&
+                    tb__plan_same_dims(&ui->node->shape, &node->shape)) {
+                    p->kernels[ui->ctx].core = i;
+                    p->kernels[ui->ctx].kind = core_kind;
+                    in->ctx = ui->ctx;
+                    in->ident = true;
+                    st = tb__plan_keys_store(G, i, &G->keys[ui->keys_first], 1);
+                    if (st != TB_OK) return st;
+                    continue;
+                }
+            }
+            st = tb__plan_make_root(G, i, core_kind, i);
+            if (st != TB_OK) return st;
+            continue;
+        }
+        if (!tb__plan_is_inlinable(node->op)) {
+            const char *name = tb_op_name(node->op);
+            return tb__error(TB_ERR_UNSUPPORTED, "planner: op '%s' cannot be lowered",
+                             name != NULL ? name : "?");
+        }
+        if (!must_root) {
+            int32_t common = -2, u = -1, e;
+            bool ok = true, in_mm = false, movement = tb_op_get_kind(node->op) == TB_KIND_MOVEMENT;
+            for (e = 0; e < in->num_users; e++) {
+                const tb__pnode *ui;
+                u = G->users[in->first_user + e];
+                ui = &G->info[u];
+                if (common == -2) {
+                    common = ui->ctx;
+                } else if (common != ui->ctx) {
+                    ok = false;
+                }
+                if (ui->node->op == TB_OP_MATMUL || (ui->in_mm && !ui->root)) in_mm = true;
+            }
+            if (common < 0) ok = false;
+            if (ok && in_mm && !tb__plan_is_view_like(node->op)) ok = false;
+            if (!ok && movement && (common >= 0 || common == TB__CTX_ANY)) {
+                /* a view read by several kernels: each reads through it (index arithmetic),
+                   whatever is below it is materialised once */
+                in->ctx = TB__CTX_ANY;
+                continue;
+            }
+            if (ok) {
+                st = tb__plan_fits(G, i, common, &ok);
+                if (st != TB_OK) return st;
+            }
+            if (ok) {
+                in->ctx = common;
+                in->in_mm = in_mm;
+                if (in->num_users == 1 && in->uses == 1) {
+                    const tb__pnode *ui = &G->info[u];
+                    in->ident = ui->ident && tb__plan_is_elementwise(ui->node->op) &&
+                                tb__plan_same_dims(&ui->node->shape, &node->shape);
+                }
+                continue;
+            }
+        }
+        st = tb__plan_make_root(G, i, TB__K_ELEMENTWISE, -1);
+        if (st != TB_OK) return st;
+    }
+    return tb__plan_sort_kernels(G);
+}
+
+/* ---- split reductions and packed matmuls ---- */
+
+/* The reduced element count and output count of a reduction node. */
+static void tb__plan_reduce_sizes(const tb__pgraph *G, int32_t core, int64_t *n_out, int64_t *m) {
+    const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, core, 0));
+    *n_out = tb__plan_numel(tb__plan_shape(G, core));
+    *m = *n_out > 0 ? tb__plan_numel(xs) / *n_out : 0;
+}
+
+/* The dtype a reduction accumulates in (and the partial results of a split one hold): the
+   operand's for max and min, the wider float where the target affords it for f32 sums, and
+   the wrapping 32- or 64-bit integer for integer sums and products. */
+static tb_dtype tb__plan_reduce_acc(const tb__pgraph *G, int32_t core) {
+    const tb_node *c = G->info[core].node;
+    tb_dtype od = c->shape.dtype;
+    if (c->op == TB_OP_MAX || c->op == TB_OP_MIN || c->op == TB_OP_ARGMAX || c->op == TB_OP_ARGMIN)
+        return tb__plan_shape(G, tb__plan_operand(G, core, 0))->dtype;
+    if (tb_dtype_is_float(od)) return od == TB_F32 && G->target->acc_f64 ? TB_F64 : od;
+    return od == TB_I64 ? TB_I64 : TB_I32;
+}
+
+/* How many chunks a reduction with few outputs over many elements is split into, so that
+   every compute unit gets work; 1: not split. */
+static int64_t tb__plan_split_count(const tb__pgraph *G, int64_t n_out, int64_t m) {
+    const tb__tuning *t = G->target->tuning;
+    int64_t want = (int64_t)G->target->compute_units * t->split_chunks_per_cu, chunks;
+    if (n_out <= 0 || m < t->split_min_len || n_out >= want) return 1;
+    chunks = (want + n_out - 1) / n_out;
+    if (chunks > m / t->split_min_chunk) chunks = m / t->split_min_chunk;
+    if (chunks > t->split_max_chunks) chunks = t->split_max_chunks;
+    return chunks >= 2 ? chunks : 1;
+}
+
+/* Inserts `count` zeroed kernels at position `at`, keeping contexts and owners pointing at
+   the kernels they pointed at. */
+static tb_status tb__plan_insert_kernels(tb__pgraph *G, size_t at, size_t count) {
+    tb__plan *p = G->plan;
+    size_t j;
+    if (tb__grow((void **)&p->kernels, &p->cap_kernels, p->num_kernels + count,
+                 sizeof(tb__plan_kernel)) != TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    memmove(&p->kernels[at + count], &p->kernels[at],
+            (p->num_kernels - at) * sizeof(tb__plan_kernel));
+    p->num_kernels += count;
+    for (j = 0; j < G->n; j++)
+        if (G->info[j].ctx >= (int32_t)at) G->info[j].ctx += (int32_t)count;
+    for (j = 0; j < p->num_kernels; j++)
+        if ((j < at || j >= at + count) && p->kernels[j].owner >= (int32_t)at)
+            p->kernels[j].owner += (int32_t)count;
+    for (j = at; j < at + count; j++) {
+        memset(&p->kernels[j], 0, sizeof(tb__plan_kernel));
+        p->kernels[j].out_slot = -1;
+        p->kernels[j].partial_slot = -1;
+        p->kernels[j].pack_slot[0] = p->kernels[j].pack_slot[1] = -1;
+    }
+    return TB_OK;
+}
+
+/* Splits reductions with few outputs into a partial stage (chunks of each row in parallel)
+   and a final stage (combines the chunks, then the epilogue). */
+static tb_status tb__plan_split_reductions(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    size_t i;
+    for (i = 0; i < p->num_kernels; i++)
+        p->kernels[i].owner = (int32_t)i;
+    for (i = 0; i < p->num_kernels; i++) {
+        tb__plan_kernel *k = &p->kernels[i];
+        const tb_node *c;
+        int64_t n_out, m, chunks;
+        tb_status st;
+        if (k->kind != TB__K_REDUCE) continue;
+        c = G->info[k->core].node;
+        if (c->op == TB_OP_ARGMAX || c->op == TB_OP_ARGMIN) continue;
+        tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+        chunks = tb__plan_split_count(G, n_out, m);
+        if (chunks <= 1) continue;
+        st = tb__plan_insert_kernels(G, i, 1);
+        if (st != TB_OK) return st;
+        p->kernels[i].kind = TB__K_PARTIAL;
+        p->kernels[i].root = p->kernels[i + 1].root;
+        p->kernels[i].core = p->kernels[i + 1].core;
+        p->kernels[i].split = (int32_t)chunks;
+        p->kernels[i].owner = (int32_t)i + 1;
+        p->kernels[i + 1].split = (int32_t)chunks;
+        i++;
+    }
+    return TB_OK;
+}
+
+static tb__plan_mm tb__plan_mm_of(const tb__pgraph *G, int32_t core) {
+    const tb_shape *cs = tb__plan_shape(G, core);
+    const tb_shape *as = tb__plan_shape(G, tb__plan_operand(G, core, 0));
+    tb__plan_mm mm;
+    int32_t d;
+    mm.batch = 1;
+    for (d = 0; d + 2 < cs->rank; d++)
+        mm.batch *= cs->dims[d];
+    mm.m = cs->dims[cs->rank - 2];
+    mm.n = cs->dims[cs->rank - 1];
+    mm.k = as->dims[as->rank - 1];
+    return mm;
+}
+
+/* The panels of a packed matmul's operand: batch, M, N, K, the panel count and the panel
+   width (rows of A per panel, or one vector of columns of B). */
+static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]) {
+    const tb__tuning *t = G->target->tuning;
+    tb__plan_mm mm = tb__plan_mm_of(G, core);
+    int64_t width =
+        is_a ? t->mm_panel_rows
+             : (tb__plan_shape(G, core)->dtype == TB_F64 ? t->mm_vec_f64 : t->mm_vec_f32);
+    int64_t len = is_a ? mm.m : mm.n;
+    sizes[0] = mm.batch;
+    sizes[1] = mm.m;
+    sizes[2] = mm.n;
+    sizes[3] = mm.k;
+    sizes[4] = (len + width - 1) / width;
+    sizes[5] = width;
+}
+
+/* Whether a matmul kernel reads packed panels: a float matmul with some work in it whose
+   panels fit the device's allocations. */
+static bool tb__plan_mm_packs(const tb__pgraph *G, int32_t core) {
+    const tb__tuning *t = G->target->tuning;
+    const tb_shape *cs = tb__plan_shape(G, core);
+    const tb_shape *as = tb__plan_shape(G, tb__plan_operand(G, core, 0));
+    const tb_shape *bs = tb__plan_shape(G, tb__plan_operand(G, core, 1));
+    tb__plan_mm mm = tb__plan_mm_of(G, core);
+    tb_dtype od = cs->dtype;
+    double elems;
+    if (t->mm_kind != TB__MM_PACKED || (od != TB_F32 && od != TB_F64)) return false;
+    if (as->dtype != od || bs->dtype != od || as->rank != cs->rank || bs->rank != cs->rank)
+        return false;
+    if (od == TB_F64 && !G->target->f64) return false;
+    if (mm.m < 4 || mm.n < 16 || mm.k < 16 ||
+        (double)mm.m * (double)mm.n * (double)mm.k < (double)t->mm_pack_min_work)
+        return false;
+    /* the panels of the bigger operand (batch included) within half the largest allocation */
+    elems = (double)(mm.m > mm.n ? mm.m + t->mm_panel_rows : mm.n + t->mm_vec_f32) * (double)mm.k *
+            (double)mm.batch;
+    if (G->target->max_allocation > 0 &&
+        elems * (double)tb_dtype_size(od) > (double)G->target->max_allocation / 2)
+        return false;
+    return true;
+}
+
+/* Chooses each matmul's kernel and puts the two pack kernels in front of those that pack. */
+static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    size_t i, j;
+    for (i = 0; i < p->num_kernels; i++) {
+        tb__plan_kernel *k = &p->kernels[i];
+        tb_status st;
+        if (k->kind != TB__K_MATMUL) continue;
+        if (G->target->tuning->mm_kind == TB__MM_TILES) {
+            k->mm = TB__MM_TILES;
+            continue;
+        }
+        k->mm = TB__MM_REGISTERS;
+        if (!tb__plan_mm_packs(G, k->core)) continue;
+        st = tb__plan_insert_kernels(G, i, 2);
+        if (st != TB_OK) return st;
+        for (j = 0; j < 2; j++) {
+            tb__plan_kernel *pk = &p->kernels[i + j];
+            pk->kind = j == 0 ? TB__K_PACK_A : TB__K_PACK_B;
+            pk->root = p->kernels[i + 2].root;
+            pk->core = p->kernels[i + 2].core;
+            pk->owner = (int32_t)i + 2;
+        }
+        p->kernels[i + 2].mm = TB__MM_PACKED;
+        i += 2;
+    }
+    return TB_OK;
+}
+
+/* ---- buffers ---- */
+
+static tb_status tb__plan_add_slot(tb__plan *p, int32_t kind, int32_t index, const tb_shape *shape,
+                                   int32_t *out) {
+    tb__plan_slot *s;
+    if (tb__grow((void **)&p->slots, &p->cap_slots, p->num_slots + 1, sizeof(tb__plan_slot)) !=
+        TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    s = &p->slots[p->num_slots];
+    memset(s, 0, sizeof *s);
+    s->kind = kind;
+    s->index = index;
+    s->shape = *shape;
+    s->last_use = -1;
+    *out = (int32_t)p->num_slots++;
+    return TB_OK;
+}
+
+/* Buffers: one per array parameter and one per kernel output. */
+static tb_status tb__plan_assign_slots(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    size_t i;
+    int32_t s;
+    tb_status st;
+    p->num_slots = 0;
+    for (i = 0; i < G->n; i++) {
+        tb__pnode *in = &G->info[i];
+        if (in->param < 0 || in->node->op == TB_OP_SCALAR) continue;
+        st = tb__plan_add_slot(p, TB__SLOT_PARAM, in->param, &in->node->shape, &s);
+        if (st != TB_OK) return st;
+        in->slot = s;
+    }
+    for (i = 0; i < p->num_kernels; i++) {
+        tb__plan_kernel *k = &p->kernels[i];
+        tb__pnode *in = &G->info[k->root];
+        if (k->owner != (int32_t)i) {
+            /* a stage of another kernel (partial results, operand panels): a temporary only
+               that kernel reads */
+            tb__plan_kernel *o = &p->kernels[k->owner];
+            tb_shape ps;
+            memset(&ps, 0, sizeof ps);
+            ps.rank = 1;
+            if (k->kind == TB__K_PARTIAL) {
+                int64_t n_out, m;
+                tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+                ps.dtype = tb__plan_reduce_acc(G, k->core);
+                ps.dims[0] = n_out * k->split;
+            } else {
+                int64_t z[6];
+                tb__plan_pack_sizes(G, k->core, k->kind == TB__K_PACK_A, z);
+                ps.dtype = tb__plan_shape(G, k->core)->dtype;
+                ps.dims[0] = z[0] * z[4] * z[3] * z[5];
+            }
+            st = tb__plan_add_slot(p, TB__SLOT_TEMP, -1, &ps, &s);
+            if (st != TB_OK) return st;
+            k->out_slot = s;
+            p->slots[s].last_use = k->owner;
+            if (k->kind == TB__K_PARTIAL)
+                o->partial_slot = s;
+            else
+                o->pack_slot[k->kind == TB__K_PACK_A ? 0 : 1] = s;
+            continue;
+        }
+        if (in->result >= 0) {
+            st = tb__plan_add_slot(p, TB__SLOT_RESULT, in->result, &in->node->shape, &s);
+        } else {
+            st = tb__plan_add_slot(p, TB__SLOT_TEMP, -1, &in->node->shape, &s);
+        }
+        if (st != TB_OK) return st;
+        k->out_slot = s;
+        p->slots[s].last_use = (int32_t)i;
+        if (in->param < 0) in->slot = s;
+    }
+    for (i = 0; i < p->num_results; i++) {
+        int32_t r = tb__plan_index_of(G, G->graph->results[i]);
+        size_t kk;
+        p->result_slot[i] = -1;
+        p->result_source[i] = -1;
+        if (G->info[r].result != (int32_t)i) {
+            p->result_source[i] = G->info[r].result;
+            continue;
+        }
+        for (kk = 0; kk < p->num_kernels; kk++)
+            if (p->kernels[kk].root == r && p->kernels[kk].owner == (int32_t)kk)
+                p->result_slot[i] = p->kernels[kk].out_slot;
+        if (p->result_slot[i] < 0)
+            return tb__error(TB_ERR_INTERNAL, "planner: result %zu without a kernel", i);
+    }
+    return TB_OK;
+}
+
+/* The error a run reports from its error flag: flag[0] is 1 + the errsite, flag[1..2] the
+   offending values. */
+static tb_status tb__plan_run_error(const tb__plan *p, const char *who, const int64_t flag[4]) {
+    const tb__errsite *e;
+    if (flag[0] <= 0 || (size_t)flag[0] > p->num_errsites) {
+        return tb__error(TB_ERR_EXECUTE, "%s: a kernel reported error %lld", who,
+                         (long long)flag[0]);
+    }
+    e = &p->errsites[flag[0] - 1];
+    if (e->op == TB_OP_POW) {
+        return tb__error(TB_ERR_EXECUTE,
+                         "tb_pow: integers to negative integer powers are not allowed (%lld ** "
+                         "%lld)",
+                         (long long)flag[1], (long long)flag[2]);
+    }
+    return tb__error(TB_ERR_EXECUTE, "tb_%s: index %lld is out of range for dim %d of size %lld",
+                     tb_op_name(e->op), (long long)flag[1], (int)e->dim, (long long)e->size);
+}
+
+/* ---- what each kernel reads ---- */
+
+/* Whether kernel k evaluates the operands of its core: not the final stage of a split
+   reduction (it reads the partial results) nor a matmul reading panels. */
+static bool tb__plan_reads_core_operands(const tb__plan_kernel *k) {
+    if (k->kind == TB__K_REDUCE && k->split > 0) return false;
+    if (k->kind == TB__K_MATMUL && k->mm == TB__MM_PACKED) return false;
+    return true;
+}
+
+/* The node a kernel's evaluation starts from. */
+static int32_t tb__plan_kernel_start(const tb__pgraph *G, const tb__plan_kernel *k) {
+    if (k->kind == TB__K_PARTIAL || k->kind == TB__K_PACK_A) return tb__plan_operand(G, k->core, 0);
+    if (k->kind == TB__K_PACK_B) return tb__plan_operand(G, k->core, 1);
+    return k->root;
+}
+
+static tb_status tb__plan_arg_add(tb__plan *p, size_t ki, int32_t kind, int32_t index) {
+    tb__plan_kernel *k = &p->kernels[ki];
+    size_t i, cap = k->num_args;
+    for (i = 0; i < k->num_args; i++)
+        if (k->args[i].kind == kind && k->args[i].index == index) return TB_OK;
+    if (tb__grow((void **)&k->args, &cap, k->num_args + 1, sizeof(tb__plan_arg)) != TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    k->args[k->num_args].kind = kind;
+    k->args[k->num_args].index = index;
+    k->num_args++;
+    if (kind == TB__ARG_BUF && p->slots[index].last_use < (int32_t)ki)
+        p->slots[index].last_use = (int32_t)ki;
+    return TB_OK;
+}
+
+/* Whether a node can fail at run time (an index out of range, a negative integer power). */
+static bool tb__plan_can_fail(const tb_node *n) {
+    if (n->op == TB_OP_GATHER || n->op == TB_OP_INDEX_SELECT) return true;
+    return n->op == TB_OP_POW && !tb_dtype_is_float(n->shape.dtype);
+}
+
+static tb_status tb__plan_errsite_add(tb__pgraph *G, int32_t node) {
+    tb__plan *p = G->plan;
+    const tb_node *n = G->info[node].node;
+    tb__errsite *e;
+    if (tb__grow((void **)&p->errsites, &p->cap_errsites, p->num_errsites + 1,
+                 sizeof(tb__errsite)) != TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    e = &p->errsites[p->num_errsites++];
+    memset(e, 0, sizeof *e);
+    e->op = n->op;
+    e->node = node;
+    if (n->op != TB_OP_POW) {
+        e->dim = (int32_t)n->attrs[0];
+        e->size = tb__plan_shape(G, tb__plan_operand(G, node, 0))->dims[e->dim];
+    }
+    return TB_OK;
+}
+
+/* The code a kernel writes to its error flag for a failing node: 1 + its errsite. */
+static int32_t tb__plan_errsite_code(const tb__plan *p, int32_t node) {
+    size_t i;
+    for (i = 0; i < p->num_errsites; i++)
+        if (p->errsites[i].node == node) return (int32_t)i + 1;
+    return -1;
+}
+
+/* The arguments of kernel ki in the order its evaluation meets them, the run-time error sites
+   it holds, and the last use of every buffer. `stamp` is scratch of one int per node. */
+static tb_status tb__plan_kernel_args(tb__pgraph *G, size_t ki, int32_t *stamp, int32_t *stack) {
+    tb__plan *p = G->plan;
+    tb__plan_kernel *k = &p->kernels[ki];
+    size_t sp = 0, j;
+    int32_t start = tb__plan_kernel_start(G, k), mark = (int32_t)ki + 1;
+    bool errs = false;
+    tb_status st = TB_OK;
+    k->num_args = 0;
+    if (k->kind == TB__K_REDUCE && k->split > 0)
+        st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->partial_slot);
+    if (st == TB_OK && k->kind == TB__K_MATMUL && k->mm == TB__MM_PACKED) {
+        st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->pack_slot[0]);
+        if (st == TB_OK) st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->pack_slot[1]);
+    }
+    stack[sp++] = start;
+    stamp[start] = mark;
+    while (sp > 0 && st == TB_OK) {
+        int32_t n = stack[--sp];
+        const tb__pnode *in = &G->info[n];
+        size_t nops = in->node->num_operands;
+        if (in->param >= 0) {
+            if (in->node->op != TB_OP_SCALAR) {
+                st = tb__plan_arg_add(p, ki, TB__ARG_BUF, in->slot);
+            } else if (p->scalar_table) {
+                st = tb__plan_arg_add(p, ki, TB__ARG_TABLE, 0);
+            } else {
+                st = tb__plan_arg_add(p, ki, TB__ARG_SCALAR, in->param);
+            }
+            continue;
+        }
+        if (in->root && n != k->root) {
+            st = tb__plan_arg_add(p, ki, TB__ARG_BUF, in->slot);
+            continue;
+        }
+        if (n == k->core && !tb__plan_reads_core_operands(k)) continue;
+        if (tb__plan_can_fail(in->node)) {
+            if (tb__plan_errsite_code(p, n) < 0) st = tb__plan_errsite_add(G, n);
+            errs = true;
+        }
+        /* operands pushed last first: they are met in operand order */
+        for (j = nops; j > 0 && st == TB_OK; j--) {
+            int32_t o = tb__plan_operand(G, n, j - 1);
+            if (stamp[o] == mark) continue;
+            stamp[o] = mark;
+            stack[sp++] = o;
+        }
+    }
+    if (st == TB_OK && errs) st = tb__plan_arg_add(p, ki, TB__ARG_ERR, 0);
+    return st;
+}
+
+/* Every kernel's arguments; *over is a kernel with more than the device takes, or -1. */
+static tb_status tb__plan_args(tb__pgraph *G, int32_t *over) {
+    tb__plan *p = G->plan;
+    int32_t *stamp = (int32_t *)tb__calloc(G->n + 1, sizeof(int32_t));
+    int32_t *stack = (int32_t *)tb__calloc(G->n + 1, sizeof(int32_t));
+    tb_status st = TB_OK;
+    size_t i;
+    *over = -1;
+    p->num_errsites = 0;
+    if (stamp == NULL || stack == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
+        st = tb__plan_kernel_args(G, i, stamp, stack);
+        if (st == TB_OK && *over < 0 && p->kernels[i].num_args + 1 > G->target->max_args)
+            *over = (int32_t)i;
+        if (st == TB_OK) {
+            /* panels made of one parameter's buffer only (through views): kept by backends */
+            tb__plan_kernel *k = &p->kernels[i];
+            k->pack_param = -1;
+            if ((k->kind == TB__K_PACK_A || k->kind == TB__K_PACK_B) && k->num_args == 1 &&
+                k->args[0].kind == TB__ARG_BUF && p->slots[k->args[0].index].kind == TB__SLOT_PARAM)
+                k->pack_param = p->slots[k->args[0].index].index;
+        }
+    }
+    tb__free(stamp);
+    tb__free(stack);
+    return st;
+}
+
+/* A node of kernel `ki` to materialise so that the kernel reads fewer arguments: the inlined
+   node whose operands reach the most distinct arguments while still fitting a kernel of its
+   own (at least two, so that the cut saves one). -1 when there is none. */
+static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
+    const tb__plan_kernel *k = &G->plan->kernels[ki];
+    size_t nargs = k->num_args, words = (nargs + 63) / 64, i, j, w;
+    int32_t owner = k->owner, best = -1, best_count = 1;
+    uint64_t *bits = (uint64_t *)tb__calloc(G->n * words + 1, sizeof(uint64_t));
+    if (bits == NULL) return TB_ERR_OUT_OF_MEMORY;
+    /* nodes are in post-order: operands before users */
+    for (i = 0; i < G->n; i++) {
+        const tb__pnode *in = &G->info[i];
+        uint64_t *mine = bits + i * words;
+        int32_t count = 0;
+        if (in->ctx != owner || in->param >= 0 || in->root) continue;
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t o = tb__plan_operand(G, (int32_t)i, j);
+            const tb__pnode *oi = &G->info[o];
+            size_t a;
+            if (oi->ctx == owner && oi->param < 0 && !oi->root) {
+                for (w = 0; w < words; w++)
+                    mine[w] |= bits[(size_t)o * words + w];
+                continue;
+            }
+            for (a = 0; a < nargs; a++) {
+                const tb__plan_arg *arg = &k->args[a];
+                bool hit = false;
+                if (oi->param >= 0 && oi->node->op == TB_OP_SCALAR) {
+                    hit = (arg->kind == TB__ARG_SCALAR && arg->index == oi->param) ||
+                          arg->kind == TB__ARG_TABLE;
+                } else {
+                    hit = arg->kind == TB__ARG_BUF && arg->index == oi->slot;
+                }
+                if (hit) mine[a / 64] |= (uint64_t)1 << (a % 64);
+            }
+        }
+        for (w = 0; w < words; w++) {
+            uint64_t v = mine[w];
+            while (v != 0) {
+                v &= v - 1;
+                count++;
+            }
+        }
+        if (count > best_count && (size_t)count + 3 <= G->target->max_args) {
+            best = (int32_t)i;
+            best_count = count;
+        }
+    }
+    tb__free(bits);
+    *pick = best;
+    return TB_OK;
+}
+
+/* ---- vectors along rows ----
+   A row kernel whose work item reads its row in order (one item per row, the row contiguous)
+   evaluates the row W elements at a time when every node it evaluates along the row can be:
+   f32 ops of a small set over operands that are aligned with the row (equal dims: W
+   consecutive elements), constant along it (one element, or dims of 1 across the row's axes:
+   evaluated once per step as scalars) or loads of buffers of the row's dims. */
+
+#define TB__PLAN_VEC_NODES 256 /* nodes of a subtree evaluated as vectors, at most */
+
+static bool tb__plan_vec_op(const tb_node *n) {
+    if (n->shape.dtype != TB_F32) return false;
+    switch (n->op) {
+    case TB_OP_ADD:
+    case TB_OP_SUB:
+    case TB_OP_MUL:
+    case TB_OP_DIV:
+    case TB_OP_NEG:
+    case TB_OP_ABS:
+    case TB_OP_EXP:
+    case TB_OP_RECIPROCAL:
+    case TB_OP_MAXIMUM:
+    case TB_OP_MINIMUM:
+    case TB_OP_RELU:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* How operand dims `os` run along the row of a node with dims `ds` (the last `row_axes` axes):
+   TB__ROW_ALIGNED when its dims there equal the node's (W consecutive elements: it is
+   broadcast along the leading axes at most), TB__ROW_CONSTANT when they are 1 or absent (one
+   value for the whole row), else TB__ROW_OTHER. */
+static int32_t tb__plan_row_relation(const tb_shape *ds, const tb_shape *os, int32_t row_axes) {
+    int32_t a, off = ds->rank - os->rank;
+    bool aligned = true, constant = true;
+    for (a = ds->rank - row_axes; a < ds->rank; a++) {
+        int32_t oa = a - off;
+        int64_t od = oa >= 0 ? os->dims[oa] : 1;
+        if (od != ds->dims[a]) aligned = false;
+        if (od != 1) constant = false;
+    }
+    if (aligned && tb__plan_numel(os) > 1) return TB__ROW_ALIGNED;
+    return constant ? TB__ROW_CONSTANT : TB__ROW_OTHER;
+}
+
+/* Whether the nodes kernel k evaluates from `start` (aligned with the row, whose last
+   `row_axes` axes run along it) can all be evaluated as vectors; `stop`, when >= 0, is a node
+   whose vector the kernel has already (the core under an epilogue). */
+static bool tb__plan_vec_subtree(const tb__pgraph *G, const tb__plan_kernel *k, int32_t start,
+                                 int32_t stop, int32_t row_axes) {
+    int32_t stack[TB__PLAN_VEC_NODES];
+    int32_t sp = 0, seen = 0;
+    stack[sp++] = start;
+    while (sp > 0) {
+        int32_t n = stack[--sp];
+        const tb__pnode *in = &G->info[n];
+        size_t j;
+        if (++seen > TB__PLAN_VEC_NODES) return false;
+        if (n == stop) continue;
+        if (in->param >= 0 || (in->root && n != k->root)) {
+            if (in->node->shape.dtype != TB_F32) return false;
+            continue; /* a load of W elements */
+        }
+        if (in->ctx != k->owner || !tb__plan_vec_op(in->node)) return false;
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t o = tb__plan_operand(G, n, j);
+            int32_t rel = tb__plan_row_relation(&in->node->shape, tb__plan_shape(G, o), row_axes);
+            if (rel == TB__ROW_ALIGNED) {
+                if (sp >= TB__PLAN_VEC_NODES) return false;
+                stack[sp++] = o;
+            } else if (rel == TB__ROW_OTHER) {
+                return false; /* broadcast along the row: not consecutive elements */
+            }
+        }
+    }
+    return true;
+}
+
+/* The vector width of a row kernel (0: scalar), after its layout is chosen. */
+/* The vector width of kernel k (0: scalar code); *row_axes gets how many trailing axes the
+   vectors run along, the count the code generator must use when it sorts operands into
+   aligned, constant and other. */
+static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k,
+                                  int32_t *row_axes) {
+    int32_t w = G->target->tuning->vec_width, x, axes;
+    const tb_node *cn;
+    const tb_shape *xs;
+    int64_t len;
+    if (w <= 0) return 0;
+    if (k->kind == TB__K_ELEMENTWISE) {
+        /* blocks of W along the last axis, which W divides (blocks never cross rows) */
+        const tb_shape *rs = tb__plan_shape(G, k->root);
+        if (rs->dtype != TB_F32 || rs->rank < 1 || rs->dims[rs->rank - 1] % w != 0 ||
+            tb__plan_numel(rs) < 64 * w || G->info[k->root].param >= 0)
+            return 0;
+        *row_axes = 1;
+        return tb__plan_vec_subtree(G, k, k->root, -1, 1) ? w : 0;
+    }
+    if (k->group > 1 || !k->suffix) return 0;
+    cn = G->info[k->core].node;
+    x = tb__plan_operand(G, k->core, 0);
+    xs = tb__plan_shape(G, x);
+    if (xs->dtype != TB_F32) return 0;
+    if (k->kind == TB__K_NORM) {
+        size_t j;
+        axes = cn->op == TB_OP_LAYER_NORM ? (int32_t)cn->attrs[0] : 1;
+        len = 1;
+        for (j = (size_t)(xs->rank - axes); j < (size_t)xs->rank; j++)
+            len *= xs->dims[j];
+        *row_axes = axes;
+        if (len < 2 * w || !tb__plan_vec_subtree(G, k, x, -1, axes)) return 0;
+        for (j = 1; j < cn->num_operands; j++) /* weight and bias, along the row */
+            if (!tb__plan_vec_subtree(G, k, tb__plan_operand(G, k->core, j), -1, axes)) return 0;
+        /* the epilogue stores W outputs at once */
+        return tb__plan_vec_subtree(G, k, k->root, k->core, axes) ? w : 0;
+    }
+    if ((k->kind != TB__K_REDUCE && k->kind != TB__K_PARTIAL) ||
+        (k->kind == TB__K_REDUCE && k->split > 0))
+        return 0;
+    if (cn->op != TB_OP_SUM && cn->op != TB_OP_MEAN && cn->op != TB_OP_MAX && cn->op != TB_OP_MIN &&
+        cn->op != TB_OP_PROD)
+        return 0;
+    {
+        int64_t n_out, m;
+        int32_t a;
+        uint64_t mask = (uint64_t)cn->attrs[0];
+        tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+        if (k->kind == TB__K_PARTIAL) m = (m + k->split - 1) / k->split;
+        axes = 0;
+        for (a = 0; a < xs->rank; a++)
+            if ((mask >> a) & 1u) axes++;
+        if (m < 2 * w) return 0;
+    }
+    *row_axes = axes;
+    return tb__plan_vec_subtree(G, k, x, -1, axes) ? w : 0;
+}
+
+/* ---- layouts and launch geometry ---- */
+
+/* Work items per row for a kernel with `rows` rows of `len` elements (1: one work item per
+   row). `inner`: the row is contiguous (the items of a group read neighbours). */
+static int32_t tb__plan_pick_group(const tb__pgraph *G, int64_t rows, int64_t len, bool inner) {
+    const tb__tuning *t = G->target->tuning;
+    int64_t maxg = t->max_group, cu = (int64_t)G->target->compute_units, n = 1;
+    if (maxg > (int64_t)G->target->max_group) maxg = (int64_t)G->target->max_group;
+    if (maxg <= 1 || len < t->group_min_len) return 1;
+    if (t->item_rows_per_cu > 0 && rows >= cu * t->item_rows_per_cu) return 1;
+    if (t->gpu_rows > 0 && !inner && rows >= cu * t->gpu_rows) return 1;
+    while (n * 2 <= maxg && n * 2 <= len)
+        n *= 2;
+    return (int32_t)n;
+}
+
+static void tb__plan_launch_rows(tb__plan_kernel *k, int64_t rows, int32_t group) {
+    k->group = group;
+    k->work_dim = 1;
+    if (group == 1) {
+        k->items = (uint64_t)rows;
+    } else {
+        k->group_size[0] = (size_t)group;
+        k->group_size[1] = k->group_size[2] = 1;
+        k->groups[0] = (size_t)rows;
+        k->groups[1] = k->groups[2] = 1;
+    }
+}
+
+static void tb__plan_launch_groups(tb__plan_kernel *k, size_t gx, size_t gy, size_t nx, size_t ny,
+                                   size_t nz) {
+    k->work_dim = 3;
+    k->group_size[0] = gx;
+    k->group_size[1] = gy;
+    k->group_size[2] = 1;
+    k->groups[0] = nx;
+    k->groups[1] = ny;
+    k->groups[2] = nz;
+}
+
+static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
+    const tb_node *cn = G->info[k->core].node;
+    const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, k->core, 0));
+    bool is_arg = cn->op == TB_OP_ARGMAX || cn->op == TB_OP_ARGMIN, seen = false;
+    uint64_t mask = is_arg ? ((uint64_t)1 << cn->attrs[0]) : (uint64_t)cn->attrs[0];
+    int64_t n_out, m, rows, len;
+    int32_t a, lanes = G->target->tuning->reduce_lanes;
+    tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+    k->suffix = true;
+    for (a = 0; a < xs->rank; a++) {
+        if ((mask >> a) & 1u) {
+            seen = true;
+        } else if (seen) {
+            k->suffix = false;
+        }
+    }
+    k->acc = tb__plan_reduce_acc(G, k->core);
+    rows = k->kind == TB__K_PARTIAL ? n_out * k->split : n_out;
+    len = k->kind == TB__K_PARTIAL ? (m + k->split - 1) / k->split : m;
+    if (k->kind == TB__K_REDUCE && k->split > 0) {
+        tb__plan_launch_rows(k, rows, 1); /* the final stage: a work item per output */
+    } else {
+        tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
+    }
+    k->lanes = (k->group == 1 && !is_arg && lanes > 1 && m >= 4 * lanes) ? lanes : 1;
+    k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
+    if (k->vec > 0) {
+        k->acc = tb__plan_shape(G, k->core)->dtype; /* f32 vectors, several lanes each */
+        k->lanes = 2;                               /* vector accumulators */
+    }
+}
+
+static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
+    const tb_node *cn = G->info[k->core].node;
+    const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, k->core, 0));
+    bool layer = cn->op == TB_OP_LAYER_NORM;
+    int64_t len = 1, numel = tb__plan_numel(xs), rows;
+    int32_t a;
+    if (layer) {
+        for (a = xs->rank - (int32_t)cn->attrs[0]; a < xs->rank; a++)
+            len *= xs->dims[a];
+    } else {
+        len = xs->dims[cn->attrs[0]];
+    }
+    rows = len > 0 ? numel / len : 0;
+    k->suffix = layer || cn->attrs[0] == xs->rank - 1;
+    k->acc = cn->shape.dtype == TB_F32 && G->target->acc_f64 ? TB_F64 : cn->shape.dtype;
+    tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
+    k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
+    if (k->vec > 0) k->acc = TB_F32;
+}
+
+static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
+    const tb__tuning *t = G->target->tuning;
+    tb__plan_mm mm = tb__plan_mm_of(G, k->core);
+    if (k->mm == TB__MM_PACKED) {
+        int64_t za[6], zb[6];
+        tb__plan_pack_sizes(G, k->core, true, za);
+        tb__plan_pack_sizes(G, k->core, false, zb);
+        k->rm = (int32_t)za[5];
+        k->rn = (int32_t)zb[5];
+        tb__plan_launch_groups(k, 1, 1, (size_t)zb[4], (size_t)za[4], (size_t)za[0]);
+    } else if (k->mm == TB__MM_REGISTERS) {
+        int64_t lx = t->mm_reg_group_x, ly = t->mm_reg_group_y, bx, by;
+        k->rm = (int32_t)(mm.m < t->mm_reg_rows ? (mm.m > 0 ? mm.m : 1) : t->mm_reg_rows);
+        k->rn = (int32_t)(mm.n < t->mm_reg_cols ? (mm.n > 0 ? mm.n : 1) : t->mm_reg_cols);
+        /* few columns (the last layer of a classifier): one block of all of them */
+        if (mm.n > t->mm_reg_cols && mm.n <= t->mm_small_n) k->rn = (int32_t)mm.n;
+        /* no work-group wider than the blocks there are: padding items would compute
+           clamped copies */
+        bx = (mm.n + k->rn - 1) / k->rn;
+        by = (mm.m + k->rm - 1) / k->rm;
+        if (lx > bx) lx = bx > 0 ? bx : 1;
+        if (ly > by) ly = by > 0 ? by : 1;
+        tb__plan_launch_groups(
+            k, (size_t)lx, (size_t)ly, (size_t)(((mm.n + k->rn - 1) / k->rn + lx - 1) / lx),
+            (size_t)(((mm.m + k->rm - 1) / k->rm + ly - 1) / ly), (size_t)mm.batch);
+    } else {
+        int64_t w = t->mm_tile_group, tm, tn;
+        if (G->target->max_group < (uint32_t)(w * w)) w /= 2;
+        k->rm = k->rn = t->mm_tile_block;
+        if (mm.m * mm.n < 64 * 64 || mm.m < 32 || mm.n < 32) k->rm = k->rn = 1;
+        k->tk = t->mm_tile_k;
+        tm = w * k->rm;
+        tn = w * k->rn;
+        tb__plan_launch_groups(k, (size_t)w, (size_t)w, (size_t)((mm.n + tn - 1) / tn),
+                               (size_t)((mm.m + tm - 1) / tm), (size_t)mm.batch);
+    }
+    k->flops = 2.0 * (double)mm.m * (double)mm.n * (double)mm.k * (double)mm.batch;
+}
+
+/* Pack kernels: lanes along dim 0 (neighbouring work items write neighbouring elements), K
+   along dim 1, batch x panels along dim 2. */
+static void tb__plan_layout_pack(const tb__pgraph *G, tb__plan_kernel *k) {
+    int64_t z[6], gk = G->target->tuning->mm_pack_group_k;
+    tb__plan_pack_sizes(G, k->core, k->kind == TB__K_PACK_A, z);
+    tb__plan_launch_groups(k, (size_t)z[5], (size_t)gk, 1, (size_t)((z[3] + gk - 1) / gk),
+                           (size_t)(z[0] * z[4]));
+}
+
+static void tb__plan_layout(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    double *ops = (double *)tb__calloc(p->num_kernels + 1, sizeof(double));
+    size_t i;
+    if (ops != NULL) {
+        /* values each kernel computes per element, for the GFLOP/s of TB_DEBUG=2 */
+        for (i = 0; i < G->n; i++) {
+            const tb__pnode *in = &G->info[i];
+            if (in->ctx >= 0 && in->param < 0 && tb__plan_is_elementwise(in->node->op))
+                ops[in->ctx] += 1;
+        }
+    }
+    for (i = 0; i < p->num_kernels; i++) {
+        tb__plan_kernel *k = &p->kernels[i];
+        double per = ops != NULL ? ops[k->owner] : 0;
+        switch (k->kind) {
+        case TB__K_REDUCE:
+        case TB__K_PARTIAL: {
+            int64_t n_out, m;
+            tb__plan_layout_reduce(G, k);
+            tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+            k->flops = k->split > 0 && k->kind == TB__K_REDUCE
+                           ? (double)k->split * (double)n_out
+                           : (per + 1) * (double)m * (double)n_out;
+            break;
+        }
+        case TB__K_NORM:
+            tb__plan_layout_norm(G, k);
+            k->flops = (per + 8) *
+                       (double)tb__plan_numel(tb__plan_shape(G, tb__plan_operand(G, k->core, 0)));
+            break;
+        case TB__K_MATMUL:
+            tb__plan_layout_matmul(G, k);
+            break;
+        case TB__K_PACK_A:
+        case TB__K_PACK_B:
+            tb__plan_layout_pack(G, k);
+            k->flops = per * (double)p->slots[k->out_slot].shape.dims[0];
+            break;
+        default:
+            k->work_dim = 1;
+            k->items = (uint64_t)tb__plan_numel(tb__plan_shape(G, k->root));
+            k->flops = per * (double)k->items;
+            k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
+            if (k->vec > 0) {
+                k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
+            }
+            break;
+        }
+        if (k->group_size[0] > 0) {
+            k->empty = k->groups[0] == 0 || k->groups[1] == 0 || k->groups[2] == 0;
+        } else {
+            k->empty = k->items == 0;
+        }
+    }
+    tb__free(ops);
+}
+
+/* ---- names ---- */
+
+/* Names that say what a kernel is (tinygrad's habit): E_<elements> elementwise,
+   R_<outputs>_<length> reductions (split ones by stage), S_<rows>_<length> softmax and norms,
+   MM_<M>_<N>_<K>[_b<batch>] matmuls, PA_/PB_<panels>_<K>_<width> their operand panels; a name
+   met before gets _n2, _n3, ... */
+static void tb__plan_kernel_name(const tb__pgraph *G, size_t index) {
+    tb__plan *p = G->plan;
+    tb__plan_kernel *k = &p->kernels[index];
+    char base[48];
+    size_t i;
+    int dup = 0;
+    if (k->kind == TB__K_MATMUL) {
+        tb__plan_mm mm = tb__plan_mm_of(G, k->core);
+        snprintf(base, sizeof base, "MM_%lld_%lld_%lld", (long long)mm.m, (long long)mm.n,
+                 (long long)mm.k);
+        if (mm.batch != 1) {
+            size_t n = strlen(base);
+            snprintf(base + n, sizeof base - n, "_b%lld", (long long)mm.batch);
+        }
+    } else if (k->kind == TB__K_PACK_A || k->kind == TB__K_PACK_B) {
+        int64_t z[6];
+        tb__plan_pack_sizes(G, k->core, k->kind == TB__K_PACK_A, z);
+        snprintf(base, sizeof base, "P%s_%lld_%lld_%lld", k->kind == TB__K_PACK_A ? "A" : "B",
+                 (long long)(z[0] * z[4]), (long long)z[3], (long long)z[5]);
+    } else if (k->kind == TB__K_REDUCE || k->kind == TB__K_PARTIAL) {
+        int64_t n_out, m;
+        tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+        if (k->kind == TB__K_PARTIAL) {
+            snprintf(base, sizeof base, "R_%lld_%lld", (long long)(n_out * k->split),
+                     (long long)((m + k->split - 1) / k->split));
+        } else if (k->split > 0) {
+            snprintf(base, sizeof base, "R_%lld_%lld", (long long)n_out, (long long)k->split);
+        } else {
+            snprintf(base, sizeof base, "R_%lld_%lld", (long long)n_out, (long long)m);
+        }
+    } else if (k->kind == TB__K_NORM) {
+        const tb_node *c = G->info[k->core].node;
+        const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, k->core, 0));
+        int64_t len = 1, numel = tb__plan_numel(xs);
+        int32_t a;
+        if (c->op == TB_OP_LAYER_NORM) {
+            for (a = xs->rank - (int32_t)c->attrs[0]; a < xs->rank; a++)
+                len *= xs->dims[a];
+        } else {
+            len = xs->dims[c->attrs[0]];
+        }
+        snprintf(base, sizeof base, "S_%lld_%lld", (long long)(len > 0 ? numel / len : 0),
+                 (long long)len);
+    } else {
+        snprintf(base, sizeof base, "E_%lld",
+                 (long long)tb__plan_numel(tb__plan_shape(G, k->root)));
+    }
+    for (i = 0; i < index; i++) {
+        const char *other = p->kernels[i].name;
+        size_t n = strlen(base);
+        if (strncmp(other, base, n) == 0 && (other[n] == '\0' || other[n] == '_')) {
+            if (other[n] == '\0' || (other[n + 1] == 'n')) dup++;
+        }
+    }
+    if (dup > 0) {
+        snprintf(k->name, sizeof k->name, "%s_n%d", base, dup + 1);
+    } else {
+        snprintf(k->name, sizeof k->name, "%s", base);
+    }
+}
+
+/* Bytes a kernel moves: its output and every buffer it reads. */
+static double tb__plan_kernel_bytes(const tb__plan *p, const tb__plan_kernel *k) {
+    size_t i, n = 0;
+    double bytes = 0;
+    if (tb_shape_nbytes(&p->slots[k->out_slot].shape, &n) == TB_OK) bytes += (double)n;
+    for (i = 0; i < k->num_args; i++) {
+        if (k->args[i].kind != TB__ARG_BUF) continue;
+        if (tb_shape_nbytes(&p->slots[k->args[i].index].shape, &n) == TB_OK) bytes += (double)n;
+    }
+    return bytes;
+}
+
+/* ---- the plan of a graph ---- */
+
+static tb_status tb__plan_params(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    const tb_graph *g = G->graph;
+    size_t i, scalars = 0;
+    p->graph_hash = g->hash;
+    p->num_params = g->num_parameters;
+    p->num_results = g->num_results;
+    p->param_scalar = (int32_t *)tb__calloc(p->num_params + 1, sizeof(int32_t));
+    p->param_dtype = (tb_dtype *)tb__calloc(p->num_params + 1, sizeof(tb_dtype));
+    p->result_slot = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
+    p->result_source = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
+    p->node_kernel = (int32_t *)tb__calloc(G->n + 1, sizeof(int32_t));
+    if (p->param_scalar == NULL || p->param_dtype == NULL || p->result_slot == NULL ||
+        p->result_source == NULL || p->node_kernel == NULL)
+        return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < p->num_params; i++) {
+        p->param_scalar[i] = g->parameters[i]->op == TB_OP_SCALAR ? 1 : 0;
+        p->param_dtype[i] = g->parameters[i]->shape.dtype;
+        scalars += (size_t)p->param_scalar[i];
+    }
+    p->scalar_table = scalars > TB__PLAN_MAX_SCALAR_ARGS;
+    p->num_nodes = G->n;
+    return TB_OK;
+}
+
+/* Plans `graph` for `target`. On success *out is the plan (free with tb__plan_free) and G is
+   the graph view the renderer reads (free with tb__pgraph_free once the code is emitted). A
+   kernel with more arguments than the device takes gets producers materialised until it fits;
+   if that cannot help (one node reads too many arrays), the error says so. */
+static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target, tb__pgraph *G,
+                                tb__plan **out) {
+    tb__plan *p;
+    tb_status st;
+    size_t i;
+    int32_t over = -1, pick = -1;
+    memset(G, 0, sizeof *G);
+    *out = NULL;
+    G->graph = graph;
+    G->target = target;
+    p = (tb__plan *)tb__calloc(1, sizeof *p);
+    if (p == NULL) return TB_ERR_OUT_OF_MEMORY;
+    G->plan = p;
+    st = tb__pgraph_init(G);
+    if (st == TB_OK) st = tb__plan_params(G);
+    while (st == TB_OK) {
+        st = tb__plan_partition(G);
+        if (st == TB_OK) st = tb__plan_split_reductions(G);
+        if (st == TB_OK) st = tb__plan_pack_matmuls(G);
+        if (st == TB_OK) st = tb__plan_assign_slots(G);
+        if (st == TB_OK) st = tb__plan_args(G, &over);
+        if (st != TB_OK || over < 0) break;
+        st = tb__plan_pick_cut(G, over, &pick);
+        if (st == TB_OK && pick < 0) {
+            tb__plan_kernel_name(G, (size_t)over);
+            st = tb__error(TB_ERR_UNSUPPORTED,
+                           "%s: kernel %s reads %zu arrays and scalars, more than the %zu "
+                           "arguments the device takes",
+                           target->tuning->name, p->kernels[over].name, p->kernels[over].num_args,
+                           target->max_args);
+        }
+        if (st == TB_OK) G->info[pick].force_root = true;
+    }
+    if (st == TB_OK) {
+        tb__plan_layout(G);
+        for (i = 0; i < p->num_kernels; i++) {
+            tb__plan_kernel_name(G, i);
+            p->kernels[i].bytes = tb__plan_kernel_bytes(p, &p->kernels[i]);
+        }
+        for (i = 0; i < G->n; i++) {
+            int32_t k = G->info[i].ctx;
+            if (G->info[i].param >= 0 || k < 0 || (size_t)k >= p->num_kernels ||
+                p->kernels[k].empty)
+                k = -1;
+            p->node_kernel[i] = k;
+        }
+    }
+    if (st != TB_OK) {
+        tb__pgraph_free(G);
+        tb__plan_free(p);
+        return st;
+    }
+    *out = p;
+    return TB_OK;
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
+/* ---- src/index.c ---- */
+/* ===========================================================================================
+   Index arithmetic for generated kernels: which element of an array a kernel is at, as affine
+   forms over the kernel's index variables (c + sum(coef * var)). A position holds a flat
+   (row-major) form, a form per dim, or both; a movement op maps the positions of its output
+   to positions of its operand, so views never copy, and a reshape that no affine form can
+   follow unravels its flat offset with division and remainder (only there). Positions are
+   interned (equal positions share an id) and the lines that compute index variables are
+   emitted once per block, into the kernel's text. Language-neutral: it writes `long`
+   variables and C expressions, which OpenCL C and C99 share.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+static tb_status tb__ix_fail(tb__ix *g, tb_status st) {
+    if (g->status == TB_OK) g->status = st;
+    return st;
+}
+
+static void tb__ix_line(tb__ix *g, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
+static void tb__ix_line(tb__ix *g, const char *fmt, ...) {
+    char small[512];
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        g->body.failed = true; /* a line left out is a wrong kernel: fail the whole body */
+        return;
+    }
+    tb__str_append(&g->body, "%*s", g->indent * 4, "");
+    if ((size_t)n < sizeof small) {
+        tb__str_append(&g->body, "%s\n", small);
+    } else {
+        char *big = (char *)tb__alloc((size_t)n + 1);
+        if (big == NULL) {
+            g->body.failed = true;
+            return;
+        }
+        va_start(ap, fmt);
+        vsnprintf(big, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+        tb__str_append(&g->body, "%s\n", big);
+        tb__free(big);
+    }
+}
+
+static int64_t tb__sat_add(int64_t a, int64_t b) {
+    if (b > 0 && a > INT64_MAX - b) return INT64_MAX;
+    if (b < 0 && a < INT64_MIN - b) return INT64_MIN;
+    return a + b;
+}
+
+static int64_t tb__sat_mul(int64_t a, int64_t b) {
+    if (a == 0 || b == 0) return 0;
+    if (a > 0 ? (b > 0 ? a > INT64_MAX / b : b < INT64_MIN / a)
+              : (b > 0 ? a < INT64_MIN / b : a < INT64_MAX / b))
+        return ((a > 0) == (b > 0)) ? INT64_MAX : INT64_MIN;
+    return a * b;
+}
+
+static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi) {
+    if (tb__grow((void **)&g->vars, &g->cap_vars, g->num_vars + 1, sizeof(tb__ix_var)) != TB_OK) {
+        tb__ix_fail(g, TB_ERR_OUT_OF_MEMORY);
+        return -1;
+    }
+    g->vars[g->num_vars].lo = lo;
+    g->vars[g->num_vars].hi = hi;
+    return (int32_t)g->num_vars++;
+}
+
+static void tb__lf_const(tb__lf *lf, int64_t c) {
+    memset(lf, 0, sizeof *lf);
+    lf->c = c;
+}
+
+static bool tb__lf_add_term(tb__lf *lf, int32_t var, int64_t coef) {
+    int32_t i, j;
+    if (coef == 0) return true;
+    for (i = 0; i < lf->n; i++) {
+        if (lf->var[i] == var) {
+            lf->coef[i] += coef;
+            if (lf->coef[i] == 0) {
+                for (j = i; j + 1 < lf->n; j++) {
+                    lf->var[j] = lf->var[j + 1];
+                    lf->coef[j] = lf->coef[j + 1];
+                }
+                lf->n--;
+                lf->var[lf->n] = 0;
+                lf->coef[lf->n] = 0;
+            }
+            return true;
+        }
+        if (lf->var[i] > var) break;
+    }
+    if (lf->n == TB__LF_MAX) return false;
+    for (j = lf->n; j > i; j--) {
+        lf->var[j] = lf->var[j - 1];
+        lf->coef[j] = lf->coef[j - 1];
+    }
+    lf->var[i] = var;
+    lf->coef[i] = coef;
+    lf->n++;
+    return true;
+}
+
+static void tb__ix_lf_range(const tb__ix *g, const tb__lf *lf, int64_t *lo, int64_t *hi) {
+    int32_t i;
+    *lo = lf->c;
+    *hi = lf->c;
+    for (i = 0; i < lf->n; i++) {
+        int64_t a = tb__sat_mul(lf->coef[i], g->vars[lf->var[i]].lo);
+        int64_t b = tb__sat_mul(lf->coef[i], g->vars[lf->var[i]].hi);
+        *lo = tb__sat_add(*lo, a < b ? a : b);
+        *hi = tb__sat_add(*hi, a < b ? b : a);
+    }
+}
+
+/* The form as OpenCL C (a long expression). */
+static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap) {
+    size_t len = 0;
+    int32_t i;
+    buf[0] = '\0';
+    for (i = 0; i < lf->n; i++) {
+        int64_t c = lf->coef[i];
+        const char *sign = (c < 0) ? (len == 0 ? "-" : " - ") : (len == 0 ? "" : " + ");
+        uint64_t mag = c < 0 ? (uint64_t)0 - (uint64_t)c : (uint64_t)c;
+        int n;
+        if (mag == 1) {
+            n = snprintf(buf + len, cap - len, "%si%d", sign, (int)lf->var[i]);
+        } else {
+            n = snprintf(buf + len, cap - len, "%si%d * %llu%s", sign, (int)lf->var[i],
+                         (unsigned long long)mag, mag > 2147483647u ? "L" : "");
+        }
+        if (n < 0 || (size_t)n >= cap - len) return;
+        len += (size_t)n;
+    }
+    if (lf->c != 0 || len == 0) {
+        uint64_t mag = lf->c < 0 ? (uint64_t)0 - (uint64_t)lf->c : (uint64_t)lf->c;
+        const char *sign = lf->c < 0 ? (len == 0 ? "-" : " - ") : (len == 0 ? "" : " + ");
+        snprintf(buf + len, cap - len, "%s%llu%s", sign, (unsigned long long)mag,
+                 mag > 2147483647u ? "L" : "");
+    }
+}
+
+/* A new variable holding the form's value. */
+static int32_t tb__ix_spill(tb__ix *g, const tb__lf *lf) {
+    char text[TB__LF_TEXT];
+    int64_t lo, hi;
+    int32_t v;
+    if (lf->n == 1 && lf->c == 0 && lf->coef[0] == 1) return lf->var[0];
+    tb__ix_lf_range(g, lf, &lo, &hi);
+    v = tb__ix_new_var(g, lo, hi);
+    if (v < 0) return -1;
+    tb__lf_text(lf, text, sizeof text);
+    tb__ix_line(g, "const long i%d = %s;", (int)v, text);
+    return v;
+}
+
+/* dst += scale * src, spilling into variables when the terms do not fit. */
+static bool tb__ix_lf_addmul(tb__ix *g, tb__lf *dst, const tb__lf *src, int64_t scale) {
+    int32_t i;
+    tb__lf s = *src;
+    if (scale == 0) return true;
+    dst->c += s.c * scale;
+    for (i = 0; i < s.n; i++) {
+        if (!tb__lf_add_term(dst, s.var[i], s.coef[i] * scale)) {
+            int32_t v = tb__ix_spill(g, dst);
+            if (v < 0) return false;
+            tb__lf_const(dst, 0);
+            tb__lf_add_term(dst, v, 1);
+            tb__lf_add_term(dst, s.var[i], s.coef[i] * scale);
+        }
+    }
+    return true;
+}
+
+static void tb__ix_contig(int32_t rank, const int64_t *dims, int64_t *strides) {
+    int64_t s = 1;
+    int32_t i;
+    for (i = rank - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= dims[i] > 0 ? dims[i] : 1;
+    }
+}
+
+static void tb__ix_pos_init(tb__pos *p, const tb_shape *shape) {
+    memset(p, 0, sizeof *p);
+    p->rank = shape->rank;
+    memcpy(p->dims, shape->dims, (size_t)shape->rank * sizeof(int64_t));
+}
+
+static uint64_t tb__ix_pos_hash(const tb__pos *p) {
+    uint64_t h = tb__hash_u64(0x706f736974696f6eull, (uint64_t)(uint32_t)p->rank);
+    h = tb__hash_bytes(h, p->dims, sizeof p->dims);
+    h = tb__hash_u64(h, (uint64_t)p->key_flat);
+    if (p->key_flat) return tb__hash_bytes(h, &p->flat, sizeof p->flat);
+    return tb__hash_bytes(h, p->dim, sizeof p->dim);
+}
+
+static bool tb__ix_pos_same(const tb__pos *a, const tb__pos *b) {
+    if (a->rank != b->rank || a->key_flat != b->key_flat) return false;
+    if (memcmp(a->dims, b->dims, sizeof a->dims) != 0) return false;
+    if (a->key_flat) return memcmp(&a->flat, &b->flat, sizeof a->flat) == 0;
+    return memcmp(a->dim, b->dim, sizeof a->dim) == 0;
+}
+
+/* Canonical form (dims of size 1 are at index 0; arrays of 0 or 1 element at offset 0), then
+   the id of the equal interned position. */
+static int32_t tb__ix_intern(tb__ix *g, tb__pos *p) {
+    int64_t numel = 1;
+    int32_t i, id;
+    size_t b;
+    for (i = 0; i < p->rank; i++)
+        numel *= p->dims[i];
+    if (numel <= 1) {
+        tb__lf_const(&p->flat, 0);
+        for (i = 0; i < p->rank; i++)
+            tb__lf_const(&p->dim[i], 0);
+        p->has_flat = p->has_multi = 1;
+        p->key_flat = 1;
+    } else {
+        if (p->has_multi) {
+            for (i = 0; i < p->rank; i++)
+                if (p->dims[i] == 1) tb__lf_const(&p->dim[i], 0);
+        }
+        p->key_flat = p->has_flat ? 1 : 0;
+    }
+    if (!p->has_flat) tb__lf_const(&p->flat, 0);
+    if (!p->has_multi) {
+        for (i = 0; i < TB_MAX_RANK; i++)
+            tb__lf_const(&p->dim[i], 0);
+    }
+    for (i = p->rank; i < TB_MAX_RANK; i++) {
+        p->dims[i] = 0;
+        tb__lf_const(&p->dim[i], 0);
+    }
+    p->hash = tb__ix_pos_hash(p);
+    b = (size_t)(p->hash & (TB__IX_BUCKETS - 1));
+    for (id = g->pos_head[b]; id >= 0; id = g->pos[id].next) {
+        if (g->pos[id].hash == p->hash && tb__ix_pos_same(&g->pos[id], p)) return id;
+    }
+    if (tb__grow((void **)&g->pos, &g->cap_pos, g->num_pos + 1, sizeof(tb__pos)) != TB_OK) {
+        tb__ix_fail(g, TB_ERR_OUT_OF_MEMORY);
+        return -1;
+    }
+    id = (int32_t)g->num_pos++;
+    g->pos[id] = *p;
+    g->pos[id].next = g->pos_head[b];
+    g->pos_head[b] = id;
+    return id;
+}
+
+static uint64_t tb__ix_memo_key(int32_t kind, int32_t a, int32_t b, uint64_t extra) {
+    uint64_t h = tb__hash_u64(0x6d656d6f00000001ull, (uint64_t)(uint32_t)kind);
+    h = tb__hash_u64(h, (uint64_t)(uint32_t)a);
+    h = tb__hash_u64(h, (uint64_t)(uint32_t)b);
+    return tb__hash_u64(h, extra);
+}
+
+static int32_t tb__ix_memo_find(const tb__ix *g, int32_t kind, int32_t a, int32_t b,
+                                uint64_t extra) {
+    uint64_t key = tb__ix_memo_key(kind, a, b, extra);
+    int32_t e;
+    for (e = g->memo_head[key & (TB__IX_BUCKETS - 1)]; e >= 0; e = g->memo[e].next) {
+        const tb__ix_memo *m = &g->memo[e];
+        if (m->key == key && m->kind == kind && m->a == a && m->b == b && m->extra == extra)
+            return m->value;
+    }
+    return -1;
+}
+
+static void tb__ix_memo_add(tb__ix *g, int32_t kind, int32_t a, int32_t b, uint64_t extra,
+                            int32_t value) {
+    uint64_t key = tb__ix_memo_key(kind, a, b, extra);
+    size_t bucket = (size_t)(key & (TB__IX_BUCKETS - 1));
+    tb__ix_memo *m;
+    if (tb__grow((void **)&g->memo, &g->cap_memo, g->num_memo + 1, sizeof(tb__ix_memo)) != TB_OK) {
+        tb__ix_fail(g, TB_ERR_OUT_OF_MEMORY);
+        return;
+    }
+    m = &g->memo[g->num_memo];
+    m->key = key;
+    m->kind = kind;
+    m->a = a;
+    m->b = b;
+    m->extra = extra;
+    m->value = value;
+    m->next = g->memo_head[bucket];
+    g->memo_head[bucket] = (int32_t)g->num_memo++;
+}
+
+static void tb__ix_undo_push(tb__ix *g, int32_t pos, int32_t form) {
+    if (g->num_scopes == 0) return; /* the kernel's outermost scope never closes */
+    if (tb__grow((void **)&g->undo, &g->cap_undo, g->num_undo + 1, sizeof(tb__ix_undo)) != TB_OK) {
+        tb__ix_fail(g, TB_ERR_OUT_OF_MEMORY);
+        return;
+    }
+    g->undo[g->num_undo].pos = pos;
+    g->undo[g->num_undo].form = form;
+    g->num_undo++;
+}
+
+/* `{` with a memo scope: values and variables made inside are forgotten at the `}`. */
+static void tb__ix_open(tb__ix *g, const char *head) {
+    if (tb__grow((void **)&g->scopes, &g->cap_scopes, g->num_scopes + 1, sizeof(tb__ix_scope)) !=
+        TB_OK) {
+        tb__ix_fail(g, TB_ERR_OUT_OF_MEMORY);
+        return;
+    }
+    g->scopes[g->num_scopes].memo = g->num_memo;
+    g->scopes[g->num_scopes].undo = g->num_undo;
+    g->num_scopes++;
+    tb__ix_line(g, "%s{", head);
+    g->indent++;
+}
+
+static void tb__ix_close(tb__ix *g, const char *tail) {
+    tb__ix_scope sc;
+    if (g->num_scopes == 0) return;
+    sc = g->scopes[--g->num_scopes];
+    while (g->num_memo > sc.memo) {
+        tb__ix_memo *m = &g->memo[--g->num_memo];
+        g->memo_head[m->key & (TB__IX_BUCKETS - 1)] = m->next;
+    }
+    while (g->num_undo > sc.undo) {
+        tb__ix_undo *u = &g->undo[--g->num_undo];
+        if (u->form == 1) {
+            g->pos[u->pos].has_flat = 0;
+            tb__lf_const(&g->pos[u->pos].flat, 0);
+        } else {
+            int32_t i;
+            g->pos[u->pos].has_multi = 0;
+            for (i = 0; i < TB_MAX_RANK; i++)
+                tb__lf_const(&g->pos[u->pos].dim[i], 0);
+        }
+    }
+    g->indent--;
+    tb__ix_line(g, "}%s", tail);
+}
+
+/* Makes sure the position has its flat form (sum of dim * contiguous stride). */
+static bool tb__ix_need_flat(tb__ix *g, int32_t id) {
+    int64_t strides[TB_MAX_RANK];
+    tb__lf flat;
+    tb__pos p;
+    int32_t i;
+    if (g->pos[id].has_flat) return true;
+    p = g->pos[id];
+    tb__ix_contig(p.rank, p.dims, strides);
+    tb__lf_const(&flat, 0);
+    for (i = 0; i < p.rank; i++) {
+        if (!tb__ix_lf_addmul(g, &flat, &p.dim[i], strides[i])) return false;
+    }
+    g->pos[id].flat = flat;
+    g->pos[id].has_flat = 1;
+    tb__ix_undo_push(g, id, 1);
+    return g->status == TB_OK;
+}
+
+/* Splits a flat form into per-dim affine forms when no term carries across a digit (merged
+   or contiguous dims); false when it cannot. */
+static bool tb__ix_affine_split(const tb__ix *g, const tb__lf *flat, int32_t rank,
+                                const int64_t *dims, tb__lf *out) {
+    int64_t strides[TB_MAX_RANK], numel = 1, lo, hi;
+    int32_t i, j;
+    tb__ix_contig(rank, dims, strides);
+    for (i = 0; i < rank; i++)
+        numel *= dims[i];
+    if (flat->c < 0 || flat->c >= numel) return false;
+    for (j = 0; j < rank; j++)
+        tb__lf_const(&out[j], dims[j] > 1 ? (flat->c / strides[j]) % dims[j] : 0);
+    for (i = 0; i < flat->n; i++) {
+        int64_t f = flat->coef[i];
+        for (j = 0; j < rank; j++) {
+            if (dims[j] > 1 && f % strides[j] == 0) break;
+        }
+        if (j == rank) return false;
+        if (!tb__lf_add_term(&out[j], flat->var[i], f / strides[j])) return false;
+    }
+    for (j = 0; j < rank; j++) {
+        tb__ix_lf_range(g, &out[j], &lo, &hi);
+        if (lo < 0 || hi >= dims[j]) return false;
+    }
+    return true;
+}
+
+/* Makes sure the position has its per-dim form: an affine split of the flat form, else
+   division and remainder by the contiguous strides. */
+static bool tb__ix_need_multi(tb__ix *g, int32_t id) {
+    tb__pos p;
+    tb__lf dims_lf[TB_MAX_RANK];
+    int32_t i;
+    if (g->pos[id].has_multi) return true;
+    p = g->pos[id];
+    if (!tb__ix_affine_split(g, &p.flat, p.rank, p.dims, dims_lf)) {
+        int64_t strides[TB_MAX_RANK];
+        uint64_t extra = tb__hash_bytes(tb__hash_bytes(0x756e726176656cull, &p.flat, sizeof p.flat),
+                                        p.dims, sizeof p.dims);
+        int32_t first = tb__ix_memo_find(g, TB__MEMO_UNRAVEL, p.rank, 0, extra), t, leading = 1;
+        tb__ix_contig(p.rank, p.dims, strides);
+        if (first < 0) {
+            t = tb__ix_spill(g, &p.flat);
+            if (t < 0) return false;
+            first = (int32_t)g->num_vars;
+            for (i = 0; i < p.rank; i++) {
+                int32_t v = tb__ix_new_var(g, 0, p.dims[i] > 0 ? p.dims[i] - 1 : 0);
+                if (v < 0) return false;
+                if (p.dims[i] <= 1) {
+                    tb__ix_line(g, "const long i%d = 0;", (int)v);
+                } else if (leading) {
+                    tb__ix_line(g, "const long i%d = i%d / %lldL;", (int)v, (int)t,
+                                (long long)strides[i]);
+                } else if (strides[i] == 1) {
+                    tb__ix_line(g, "const long i%d = i%d %% %lldL;", (int)v, (int)t,
+                                (long long)p.dims[i]);
+                } else {
+                    tb__ix_line(g, "const long i%d = (i%d / %lldL) %% %lldL;", (int)v, (int)t,
+                                (long long)strides[i], (long long)p.dims[i]);
+                }
+                if (p.dims[i] > 1) leading = 0;
+            }
+            tb__ix_memo_add(g, TB__MEMO_UNRAVEL, p.rank, 0, extra, first);
+        }
+        for (i = 0; i < p.rank; i++) {
+            tb__lf_const(&dims_lf[i], 0);
+            if (p.dims[i] > 1) tb__lf_add_term(&dims_lf[i], first + i, 1);
+        }
+    }
+    for (i = 0; i < p.rank; i++)
+        g->pos[id].dim[i] = dims_lf[i];
+    g->pos[id].has_multi = 1;
+    tb__ix_undo_push(g, id, 2);
+    return g->status == TB_OK;
+}
+
+/* A position over `shape` with the given per-dim forms. */
+static int32_t tb__ix_pos_multi(tb__ix *g, const tb_shape *shape, const tb__lf *dims) {
+    tb__pos q;
+    int32_t i;
+    tb__ix_pos_init(&q, shape);
+    for (i = 0; i < shape->rank; i++)
+        q.dim[i] = dims[i];
+    q.has_multi = 1;
+    return tb__ix_intern(g, &q);
+}
+
+static int32_t tb__ix_pos_flat(tb__ix *g, const tb_shape *shape, const tb__lf *flat) {
+    tb__pos q;
+    tb__ix_pos_init(&q, shape);
+    q.flat = *flat;
+    q.has_flat = 1;
+    return tb__ix_intern(g, &q);
+}
+
+/* A position over `shape` whose flat form is var * scale (+ var2 when var2 >= 0). */
+static int32_t tb__ix_var_pos_flat(tb__ix *g, const tb_shape *shape, int32_t var, int64_t scale,
+                                   int32_t var2) {
+    tb__lf lf;
+    tb__lf_const(&lf, 0);
+    tb__lf_add_term(&lf, var, scale);
+    if (var2 >= 0) tb__lf_add_term(&lf, var2, 1);
+    return tb__ix_pos_flat(g, shape, &lf);
+}
+
+/* Starts a new kernel: empty text at indentation 1, nothing known. */
+static void tb__ix_reset(tb__ix *g) {
+    tb__str_free(&g->body);
+    memset(&g->body, 0, sizeof g->body);
+    g->indent = 1;
+    g->num_vars = g->num_pos = g->num_memo = g->num_undo = g->num_scopes = 0;
+    g->status = TB_OK;
+    memset(g->pos_head, 0xff, sizeof g->pos_head);
+    memset(g->memo_head, 0xff, sizeof g->memo_head);
+}
+
+static void tb__ix_free(tb__ix *g) {
+    tb__str_free(&g->body);
+    tb__free(g->vars);
+    tb__free(g->pos);
+    tb__free(g->memo);
+    tb__free(g->undo);
+    tb__free(g->scopes);
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
+/* ---- src/prelude.cl ---- */
+#if !defined(TB_NO_OPENCL) || (!defined(TB_NO_NATIVE) && !defined(_WIN32))
 // clang-format off
-static const char *const tb__cl_opencl_kernels[] = {
-    "/* torch_backend.h: helpers at the top of every generated OpenCL program (OpenCL C 1.2). */\n",
-    "#ifdef cl_khr_fp64\n",
-    "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n",
-    "#endif\n",
-    "/* a * b + c stays two roundings, as in the reference interpreter */\n",
-    "#pragma OPENCL FP_CONTRACT OFF\n",
+static const char *const tb__cl_prelude[] = {
+    "/* torch_backend.h: helpers at the top of every generated program, after the dialect's head\n",
+    "   (which defines TB_FN, the storage of these helpers, and TB_HAS_F64 where doubles work).\n",
+    "   Written in the subset OpenCL C 1.2 and C99 share. */\n",
     "\n",
     "/* Float to integer as the reference converts: toward zero, saturating at the int64 range,\n",
     "   NaN gives 0; the caller wraps the result to narrower types. */\n",
-    "long tb_f2i_f32(float x) {\n",
+    "TB_FN long tb_f2i_f32(float x) {\n",
     "    if (isnan(x)) return 0;\n",
     "    if (x >= 9223372036854775808.0f) return LONG_MAX;\n",
     "    if (x <= -9223372036854775808.0f) return LONG_MIN;\n",
     "    return (long)x;\n",
     "}\n",
     "\n",
-    "#ifdef cl_khr_fp64\n",
-    "long tb_f2i_f64(double x) {\n",
+    "#ifdef TB_HAS_F64\n",
+    "TB_FN long tb_f2i_f64(double x) {\n",
     "    if (isnan(x)) return 0;\n",
     "    if (x >= 9223372036854775808.0) return LONG_MAX;\n",
     "    if (x <= -9223372036854775808.0) return LONG_MIN;\n",
@@ -13596,7 +16888,7 @@ static const char *const tb__cl_opencl_kernels[] = {
     "#endif\n",
     "\n",
     "/* Integer power by squaring with wrapping products; the caller reports negative exponents. */\n",
-    "long tb_ipow(long base, long e) {\n",
+    "TB_FN long tb_ipow(long base, long e) {\n",
     "    ulong r = 1, b = (ulong)base;\n",
     "    if (e < 0) return 0;\n",
     "    while (e > 0) {\n",
@@ -13607,77 +16899,2299 @@ static const char *const tb__cl_opencl_kernels[] = {
     "    return (long)r;\n",
     "}\n",
     "\n",
+    "/* The four words of a Philox block. */\n",
+    "typedef struct tb_words {\n",
+    "    uint x, y, z, w;\n",
+    "} tb_words;\n",
+    "\n",
     "/* Philox 4x32-10 of counter offset + block under seed: the library's random stream. */\n",
-    "uint4 tb_philox(ulong seed, ulong offset, ulong block) {\n",
+    "TB_FN tb_words tb_philox(ulong seed, ulong offset, ulong block) {\n",
     "    ulong c = offset + block;\n",
     "    uint c0 = (uint)c, c1 = (uint)(c >> 32), c2 = 0, c3 = 0;\n",
     "    uint k0 = (uint)seed, k1 = (uint)(seed >> 32);\n",
-    "    for (int round = 0; round < 10; round++) {\n",
+    "    tb_words out;\n",
+    "    int round;\n",
+    "    for (round = 0; round < 10; round++) {\n",
+    "        ulong p0, p1;\n",
     "        if (round > 0) {\n",
     "            k0 += 0x9E3779B9u;\n",
     "            k1 += 0xBB67AE85u;\n",
     "        }\n",
-    "        ulong p0 = (ulong)0xD2511F53u * (ulong)c0;\n",
-    "        ulong p1 = (ulong)0xCD9E8D57u * (ulong)c2;\n",
+    "        p0 = (ulong)0xD2511F53u * (ulong)c0;\n",
+    "        p1 = (ulong)0xCD9E8D57u * (ulong)c2;\n",
     "        c0 = (uint)(p1 >> 32) ^ c1 ^ k0;\n",
     "        c1 = (uint)p1;\n",
     "        c2 = (uint)(p0 >> 32) ^ c3 ^ k1;\n",
     "        c3 = (uint)p0;\n",
     "    }\n",
-    "    return (uint4)(c0, c1, c2, c3);\n",
+    "    out.x = c0;\n",
+    "    out.y = c1;\n",
+    "    out.z = c2;\n",
+    "    out.w = c3;\n",
+    "    return out;\n",
     "}\n",
     "\n",
     "/* Uniform [0, 1) with 24 random bits: exact in float. */\n",
-    "float tb_rand_f32(ulong seed, ulong offset, ulong index) {\n",
-    "    uint4 w = tb_philox(seed, offset, index / 4);\n",
+    "TB_FN float tb_rand_f32(ulong seed, ulong offset, ulong index) {\n",
+    "    tb_words w = tb_philox(seed, offset, index / 4);\n",
     "    uint sel = (uint)(index % 4);\n",
     "    uint x = sel == 0 ? w.x : (sel == 1 ? w.y : (sel == 2 ? w.z : w.w));\n",
     "    return (float)(x >> 8) / 16777216.0f;\n",
     "}\n",
     "\n",
-    "#ifdef cl_khr_fp64\n",
-    "double tb_u53(uint hi, uint lo) {\n",
+    "#ifdef TB_HAS_F64\n",
+    "TB_FN double tb_u53(uint hi, uint lo) {\n",
     "    ulong bits = ((ulong)hi << 21) | (ulong)(lo >> 11);\n",
     "    return (double)bits / 9007199254740992.0;\n",
     "}\n",
     "\n",
-    "double tb_rand_f64(ulong seed, ulong offset, ulong index) {\n",
-    "    uint4 w = tb_philox(seed, offset, index / 2);\n",
+    "TB_FN double tb_rand_f64(ulong seed, ulong offset, ulong index) {\n",
+    "    tb_words w = tb_philox(seed, offset, index / 2);\n",
     "    return (index % 2 == 0) ? tb_u53(w.x, w.y) : tb_u53(w.z, w.w);\n",
     "}\n",
     "\n",
     "/* Box-Muller on the pair of uniforms of block index / 2: cos for even, sin for odd. */\n",
-    "double tb_randn_f64(ulong seed, ulong offset, ulong index) {\n",
-    "    uint4 w = tb_philox(seed, offset, index / 2);\n",
+    "TB_FN double tb_randn_f64(ulong seed, ulong offset, ulong index) {\n",
+    "    tb_words w = tb_philox(seed, offset, index / 2);\n",
     "    double u1 = tb_u53(w.x, w.y), u2 = tb_u53(w.z, w.w);\n",
     "    double r = sqrt(-2.0 * log(1.0 - u1));\n",
     "    double t = 6.283185307179586 * u2;\n",
     "    return (index % 2 == 0) ? r * cos(t) : r * sin(t);\n",
     "}\n",
     "\n",
-    "float tb_randn_f32(ulong seed, ulong offset, ulong index) {\n",
+    "TB_FN float tb_randn_f32(ulong seed, ulong offset, ulong index) {\n",
     "    return (float)tb_randn_f64(seed, offset, index);\n",
+    "}\n",
+    "#endif\n",
+    "\n",
+    "#ifdef TB_HAS_VEC16\n",
+    "/* Vectors of 16 floats for rows read in order (the dialect's head defines float16, int16,\n",
+    "   TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a),\n",
+    "   TB_VCVTI (float to int, lane by lane) and TB_VASF (int bits as float). */\n",
+    "\n",
+    "/* exp of each lane (Cephes' polynomial after reduction by ln 2, about 1 ulp): overflow gives\n",
+    "   +inf, underflow 0 through the denormals, NaN stays NaN. */\n",
+    "TB_FN float16 tb_vexp16(float16 x) {\n",
+    "    float16 xc = TB_VSEL(x, TB_VBC(0.0f), x != x), k, r, p;\n",
+    "    int16 ki, k1;\n",
+    "    xc = TB_VSEL(xc, TB_VBC(-104.0f), xc < -104.0f);\n",
+    "    xc = TB_VSEL(xc, TB_VBC(89.0f), xc > 89.0f);\n",
+    "    k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to nearest */\n",
+    "    r = xc - k * 0.693359375f;\n",
+    "    r = r - k * -2.12194440e-4f;\n",
+    "    p = TB_VBC(1.9875691500e-4f);\n",
+    "    p = p * r + 1.3981999507e-3f;\n",
+    "    p = p * r + 8.3334519073e-3f;\n",
+    "    p = p * r + 4.1665795894e-2f;\n",
+    "    p = p * r + 1.6666665459e-1f;\n",
+    "    p = p * r + 5.0000001201e-1f;\n",
+    "    p = p * r * r + r + 1.0f;\n",
+    "    ki = TB_VCVTI(k);\n",
+    "    k1 = ki >> 1; /* 2^k as two factors: denormal results are reached too */\n",
+    "    p = p * TB_VASF((k1 + 127) << 23) * TB_VASF((ki - k1 + 127) << 23);\n",
+    "    p = TB_VSEL(p, TB_VBC(INFINITY), x > 88.72283935546875f);\n",
+    "    p = TB_VSEL(p, TB_VBC(0.0f), x < -103.97208404541015625f);\n",
+    "    return TB_VSEL(p, x, x != x);\n",
+    "}\n",
+    "\n",
+    "/* The greater (smaller) lane of two, NaN when either is NaN (as the scalar ops). */\n",
+    "TB_FN float16 tb_vmax16(float16 a, float16 b) {\n",
+    "    return TB_VSEL(b, a, (a > b) | (a != a));\n",
+    "}\n",
+    "\n",
+    "TB_FN float16 tb_vmin16(float16 a, float16 b) {\n",
+    "    return TB_VSEL(b, a, (a < b) | (a != a));\n",
+    "}\n",
+    "\n",
+    "TB_FN float16 tb_vrelu16(float16 a) {\n",
+    "    return TB_VSEL(a, TB_VBC(0.0f), a < 0.0f);\n",
+    "}\n",
+    "\n",
+    "TB_FN float16 tb_vabs16(float16 a) {\n",
+    "    return TB_VASF(TB_VASI(a) & 0x7fffffff);\n",
+    "}\n",
+    "\n",
+    "/* Sum, maximum, minimum and product of the lanes, in halves (a fixed order). */\n",
+    "TB_FN float tb_hsum16(float16 v) {\n",
+    "    float s[16];\n",
+    "    int i, h;\n",
+    "    TB_VSTORE(v, s);\n",
+    "    for (h = 8; h >= 1; h >>= 1)\n",
+    "        for (i = 0; i < h; i++)\n",
+    "            s[i] = s[i] + s[i + h];\n",
+    "    return s[0];\n",
+    "}\n",
+    "\n",
+    "TB_FN float tb_hprod16(float16 v) {\n",
+    "    float s[16];\n",
+    "    int i, h;\n",
+    "    TB_VSTORE(v, s);\n",
+    "    for (h = 8; h >= 1; h >>= 1)\n",
+    "        for (i = 0; i < h; i++)\n",
+    "            s[i] = s[i] * s[i + h];\n",
+    "    return s[0];\n",
+    "}\n",
+    "\n",
+    "TB_FN float tb_hmax16(float16 v) {\n",
+    "    float s[16];\n",
+    "    int i, h;\n",
+    "    TB_VSTORE(v, s);\n",
+    "    for (h = 8; h >= 1; h >>= 1)\n",
+    "        for (i = 0; i < h; i++)\n",
+    "            s[i] = (s[i + h] > s[i] || isnan(s[i + h])) && !isnan(s[i]) ? s[i + h] : s[i];\n",
+    "    return s[0];\n",
+    "}\n",
+    "\n",
+    "TB_FN float tb_hmin16(float16 v) {\n",
+    "    float s[16];\n",
+    "    int i, h;\n",
+    "    TB_VSTORE(v, s);\n",
+    "    for (h = 8; h >= 1; h >>= 1)\n",
+    "        for (i = 0; i < h; i++)\n",
+    "            s[i] = (s[i + h] < s[i] || isnan(s[i + h])) && !isnan(s[i]) ? s[i + h] : s[i];\n",
+    "    return s[0];\n",
     "}\n",
     "#endif\n",
     0
 };
-static const size_t tb__cl_opencl_kernels_count = 89;
+static const size_t tb__cl_prelude_count = 187;
 // clang-format on
 #endif
 
-/* ---- src/opencl.c ---- */
+/* ---- src/codegen.c ---- */
 /* ===========================================================================================
-   OpenCL backend ("opencl")
-   The ICD loader is opened at run time (no SDK, no -lOpenCL) unless TB_OPENCL_LINKED is defined.
-   Devices of every platform; one context and one in-order profiling queue per device; a caching
-   buffer allocator; zero-copy transfers where the device shares host memory; a lowering that
-   partitions a graph into fused kernels (elementwise chains, reductions with their elementwise
-   producers, matmul with an elementwise epilogue, movement ops as index arithmetic), all kernels
-   of a graph in one program, an in-memory program cache and an on-disk binary cache.
-   =========================================================================================== */
-#ifndef TB_NO_OPENCL
+   C-family code generator: renders a kernel plan (planner.c) as source text through a
+   dialect, a small description of what differs between OpenCL C and C99 (address-space
+   qualifiers, work-item ids, local memory and barriers, vector types, a few built-in names,
+   the shape of a kernel's entry point). OpenCL C and C99 are two dialects of this one
+   generator; the backends own their dialects (opencl.c, native.c). It emits exactly what the
+   plan says: which nodes each kernel evaluates, its arguments, its layout.
 
-/* ---- the part of the OpenCL API we use, declared here so that no SDK is needed ---- */
+   Names in generated kernels: one namespace, split by form so that no two kinds can meet.
+   - Numbered names are exactly one kind letter and a decimal number, and nothing else has that
+     form: v<n> values and i<n> index variables (numbered by this kernel's counters), b<slot>
+     buffer and s<param> scalar arguments (numbered by the plan), x<k> a custom op's operands.
+     A kind's numbers are unique, and the letters differ, so numbered names never collide.
+   - Every other name is a fixed word of a kernel template (out, acc, mean, row0, tb_err, ...)
+     and is never one letter followed by digits, so it cannot meet a numbered name whatever
+     the graph; fixed names are the same in every kernel of a kind, so a test of that kind
+     shows a collision among them.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+typedef struct tb__cg_frame {
+    int32_t node, pos, state, vbase;
+} tb__cg_frame;
+
+/* The renderer's state for one graph. */
+typedef struct tb__cg {
+    tb__ix ix; /* the text, index variables and positions of the kernel being emitted */
+    const tb__pgraph *G;
+    tb__plan *P;
+    const tb__dialect *d;
+    int32_t kernel;
+    /* values v<n> with their dtypes */
+    tb_dtype *val_dtype;
+    size_t num_vals, cap_vals;
+    /* the evaluation stack */
+    tb__cg_frame *frames;
+    size_t num_frames, cap_frames;
+    int32_t *stack;
+    size_t num_stack, cap_stack;
+    int depth; /* pad, concat and gather being evaluated */
+} tb__cg;
+
+/* Values one kernel may emit before the renderer gives up: the planner's budget bounds what a
+   plan asks for far below this; reaching it is a bug. */
+#define TB__CG_HARD_VALUES 1000000
+
+static const char *tb__cg_ctype(tb_dtype dtype) {
+    switch (dtype) {
+    case TB_F32:
+        return "float";
+    case TB_F64:
+        return "double";
+    case TB_I32:
+        return "int";
+    case TB_I64:
+        return "long";
+    default:
+        return "uchar"; /* u8 and bool (0 or 1) */
+    }
+}
+
+/* The unsigned type integer arithmetic wraps in. */
+static const char *tb__cg_utype(tb_dtype dtype) {
+    return dtype == TB_I64 ? "ulong" : "uint";
+}
+
+/* The C type of an accumulator dtype chosen by the planner (integers wrap: unsigned). */
+static const char *tb__cg_acc_ctype(tb_dtype acc) {
+    if (tb_dtype_is_float(acc)) return tb__cg_ctype(acc);
+    return tb__cg_utype(acc);
+}
+
+static const tb__plan *tb__cg_plan(const tb__cg *g) {
+    return g->P;
+}
+
+static tb__plan_kernel *tb__cg_kernel(const tb__cg *g) {
+    return &g->P->kernels[g->kernel];
+}
+
+static int32_t tb__cg_new_val(tb__cg *g, tb_dtype dtype) {
+    if (g->num_vals >= TB__CG_HARD_VALUES) {
+        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: kernel %s exceeds its budget",
+                                      tb__cg_kernel(g)->name));
+        return -1;
+    }
+    if (tb__grow((void **)&g->val_dtype, &g->cap_vals, g->num_vals + 1, sizeof(tb_dtype)) !=
+        TB_OK) {
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+        return -1;
+    }
+    g->val_dtype[g->num_vals] = dtype;
+    return (int32_t)g->num_vals++;
+}
+
+/* A math function of the dialect for a dtype. */
+static const char *tb__cg_math(const tb__cg *g, const char *fn, tb_dtype dtype) {
+    return g->d->math(fn, dtype);
+}
+
+/* A floating literal of the dtype (a float literal carries the f suffix). */
+static void tb__cg_flit(tb_dtype dtype, double v, char *buf, size_t cap) {
+    bool f32 = dtype != TB_F64;
+    if (v != v) {
+        snprintf(buf, cap, "%s", f32 ? "NAN" : "((double)NAN)");
+    } else if (v > DBL_MAX || v < -DBL_MAX) {
+        snprintf(buf, cap, "%s%s", v < 0 ? "-" : "", f32 ? "INFINITY" : "((double)INFINITY)");
+    } else {
+        char tmp[40]; /* "%.17g" needs at most 24 bytes; the rest leaves room for ".0" */
+        snprintf(tmp, sizeof tmp, f32 ? "%.9g" : "%.17g", f32 ? (double)(float)v : v);
+        if (strchr(tmp, '.') == NULL && strchr(tmp, 'e') == NULL) strcat(tmp, ".0");
+        snprintf(buf, cap, "%s%s", tmp, f32 ? "f" : "");
+    }
+}
+
+/* Checks that the plan gave this kernel the argument (the planner decides them all). */
+static bool tb__cg_arg(tb__cg *g, int32_t kind, int32_t index) {
+    const tb__plan_kernel *k = tb__cg_kernel(g);
+    size_t i;
+    for (i = 0; i < k->num_args; i++)
+        if (k->args[i].kind == kind && k->args[i].index == index) return true;
+    tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
+                                  "codegen: kernel %s reads argument %d:%d, which its plan "
+                                  "does not give it",
+                                  k->name, (int)kind, (int)index));
+    return false;
+}
+
+/* The code a kernel writes to tb_err[0] for a node that can fail at run time. */
+static int32_t tb__cg_errsite(tb__cg *g, int32_t node) {
+    int32_t code = tb__plan_errsite_code(g->P, node);
+    if (code < 0 || !tb__cg_arg(g, TB__ARG_ERR, 0)) {
+        if (g->ix.status == TB_OK)
+            tb__ix_fail(&g->ix,
+                        tb__error(TB_ERR_INTERNAL, "codegen: node %d has no errsite", (int)node));
+        return -1;
+    }
+    return code;
+}
+
+/* The id of work item dimension d, as the dialect names it. */
+static void tb__cg_id(char *buf, size_t cap, const char *fmt, int d) {
+    snprintf(buf, cap, fmt, d);
+}
+
+/* ---- values ---- */
+
+static bool tb__cg_push_frame(tb__cg *g, int32_t node, int32_t pos) {
+    if (tb__grow((void **)&g->frames, &g->cap_frames, g->num_frames + 1, sizeof(tb__cg_frame)) !=
+        TB_OK) {
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+        return false;
+    }
+    g->frames[g->num_frames].node = node;
+    g->frames[g->num_frames].pos = pos;
+    g->frames[g->num_frames].state = 0;
+    g->frames[g->num_frames].vbase = 0;
+    g->num_frames++;
+    return true;
+}
+
+static bool tb__cg_push_value(tb__cg *g, int32_t v) {
+    if (tb__grow((void **)&g->stack, &g->cap_stack, g->num_stack + 1, sizeof(int32_t)) != TB_OK) {
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+        return false;
+    }
+    g->stack[g->num_stack++] = v;
+    return true;
+}
+
+/* The position of operand k of an elementwise or movement node at position `pos`. */
+static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k) {
+    const tb_node *n = g->G->info[node].node;
+    const tb_node *c = g->G->info[tb__plan_operand(g->G, node, k)].node;
+    const tb_shape *ns = &n->shape, *cs = &c->shape;
+    tb__lf dims[TB_MAX_RANK];
+    int32_t i, off;
+    tb__pos p;
+    if (n->op == TB_OP_RAND || n->op == TB_OP_RANDN) {
+        tb__lf zero;
+        tb__lf_const(&zero, 0);
+        return tb__ix_pos_flat(&g->ix, cs, &zero);
+    }
+    if (n->op == TB_OP_RESHAPE) {
+        if (!tb__ix_need_flat(&g->ix, pos)) return -1;
+        return tb__ix_pos_flat(&g->ix, cs, &g->ix.pos[pos].flat);
+    }
+    if (tb__plan_is_elementwise(n->op) && tb__plan_same_dims(ns, cs)) return pos;
+    if (tb__plan_numel(cs) <= 1 && n->op != TB_OP_PAD && n->op != TB_OP_CONCAT) {
+        tb__lf zero;
+        tb__lf_const(&zero, 0);
+        return tb__ix_pos_flat(&g->ix, cs, &zero);
+    }
+    if (!tb__ix_need_multi(&g->ix, pos)) return -1;
+    p = g->ix.pos[pos];
+    switch (n->op) {
+    case TB_OP_PERMUTE:
+        for (i = 0; i < ns->rank; i++)
+            dims[n->attrs[i]] = p.dim[i];
+        break;
+    case TB_OP_SLICE: {
+        int32_t d = (int32_t)n->attrs[0];
+        for (i = 0; i < cs->rank; i++)
+            dims[i] = p.dim[i];
+        tb__lf_const(&dims[d], n->attrs[1]);
+        if (!tb__ix_lf_addmul(&g->ix, &dims[d], &p.dim[d], n->attrs[3])) return -1;
+        break;
+    }
+    case TB_OP_FLIP:
+        for (i = 0; i < cs->rank; i++) {
+            if (((uint64_t)n->attrs[0] >> i) & 1u) {
+                tb__lf_const(&dims[i], cs->dims[i] - 1);
+                if (!tb__ix_lf_addmul(&g->ix, &dims[i], &p.dim[i], -1)) return -1;
+            } else {
+                dims[i] = p.dim[i];
+            }
+        }
+        break;
+    default: /* EXPAND and broadcasting elementwise operands: aligned at the last axis */
+        off = ns->rank - cs->rank;
+        for (i = 0; i < cs->rank; i++) {
+            if (cs->dims[i] == 1 || i + off < 0) {
+                tb__lf_const(&dims[i], 0);
+            } else {
+                dims[i] = p.dim[i + off];
+            }
+        }
+        break;
+    }
+    return tb__ix_pos_multi(&g->ix, cs, dims);
+}
+
+static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos);
+
+/* Reads element `pos` of a buffer slot. */
+static int32_t tb__cg_read_slot(tb__cg *g, int32_t slot, tb_dtype dtype, int32_t pos) {
+    char text[TB__LF_TEXT];
+    int32_t v;
+    if (!tb__cg_arg(g, TB__ARG_BUF, slot)) return -1;
+    if (!tb__ix_need_flat(&g->ix, pos)) return -1;
+    tb__lf_text(&g->ix.pos[pos].flat, text, sizeof text);
+    v = tb__cg_new_val(g, dtype);
+    if (v < 0) return -1;
+    tb__ix_line(&g->ix, "const %s v%d = b%d[%s];", tb__cg_ctype(dtype), (int)v, (int)slot, text);
+    return v;
+}
+
+/* The type a scalar argument has in the kernel: doubles travel as floats where the device has
+   no double precision. */
+static const char *tb__cg_scalar_ctype(const tb__cg *g, tb_dtype dtype) {
+    if (dtype == TB_F64 && !g->d->f64) return "float";
+    return tb__cg_ctype(dtype);
+}
+
+/* Enters a pad, concat or gather (they evaluate their operands recursively); the planner
+   bounds their nesting in a kernel. */
+static bool tb__cg_enter(tb__cg *g, int32_t node) {
+    if (++g->depth > g->G->target->tuning->nesting + 1) {
+        g->depth--;
+        tb__ix_fail(&g->ix,
+                    tb__error(TB_ERR_INTERNAL,
+                              "codegen: node %d nested deeper than its plan allows", (int)node));
+        return false;
+    }
+    return true;
+}
+
+static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
+    const tb_node *n = g->G->info[node].node;
+    int32_t x = tb__plan_operand(g->G, node, 0), val = tb__plan_operand(g->G, node, 1);
+    const tb_shape *xs = &g->G->info[x].node->shape;
+    tb__lf zero, dims[TB_MAX_RANK];
+    tb__str cond;
+    int32_t vv, v, vx, i, qp;
+    tb__pos p;
+    tb__lf_const(&zero, 0);
+    vv = tb__cg_eval(g, val, tb__ix_pos_flat(&g->ix, &g->G->info[val].node->shape, &zero));
+    if (vv < 0) return -1;
+    v = tb__cg_new_val(g, n->shape.dtype);
+    if (v < 0) return -1;
+    tb__ix_line(&g->ix, "%s v%d = (%s)v%d;", tb__cg_ctype(n->shape.dtype), (int)v,
+                tb__cg_ctype(n->shape.dtype), (int)vv);
+    if (tb__plan_numel(xs) == 0) return v;
+    if (!tb__ix_need_multi(&g->ix, pos)) return -1;
+    p = g->ix.pos[pos];
+    /* the whole head in one builder, checked once: a head that lost its condition to a failed
+       allocation would copy x into the padding */
+    memset(&cond, 0, sizeof cond);
+    for (i = 0; i < xs->rank; i++) {
+        int64_t before = n->attrs[2 * i], after = n->attrs[2 * i + 1];
+        dims[i] = p.dim[i];
+        dims[i].c -= before;
+        if (before > 0 || after > 0) {
+            char text[TB__LF_TEXT];
+            tb__lf_text(&p.dim[i], text, sizeof text);
+            tb__str_append(&cond, "%s(%s) >= %lldL && (%s) < %lldL", cond.len > 0 ? " && " : "if (",
+                           text, (long long)before, text, (long long)(before + xs->dims[i]));
+        }
+    }
+    if (cond.len > 0) tb__str_append(&cond, ") ");
+    if (cond.failed) {
+        tb__str_free(&cond);
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+        return -1;
+    }
+    tb__ix_open(&g->ix, cond.len > 0 ? cond.data : "");
+    tb__str_free(&cond);
+    qp = tb__ix_pos_multi(&g->ix, xs, dims);
+    vx = qp >= 0 ? tb__cg_eval(g, x, qp) : -1;
+    if (vx >= 0) tb__ix_line(&g->ix, "v%d = v%d;", (int)v, (int)vx);
+    tb__ix_close(&g->ix, "");
+    return vx >= 0 ? v : -1;
+}
+
+static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
+    const tb_node *n = g->G->info[node].node;
+    int32_t dim = (int32_t)n->attrs[0], v, i;
+    int64_t start = 0, last_nonempty = -1;
+    char text[TB__LF_TEXT];
+    tb__pos p;
+    v = tb__cg_new_val(g, n->shape.dtype);
+    if (v < 0) return -1;
+    tb__ix_line(&g->ix, "%s v%d = 0;", tb__cg_ctype(n->shape.dtype), (int)v);
+    if (!tb__ix_need_multi(&g->ix, pos)) return -1;
+    p = g->ix.pos[pos];
+    tb__lf_text(&p.dim[dim], text, sizeof text);
+    for (i = 0; i < (int32_t)n->num_operands; i++)
+        if (g->G->info[tb__plan_operand(g->G, node, (size_t)i)].node->shape.dims[dim] > 0)
+            last_nonempty = i;
+    for (i = 0; i < (int32_t)n->num_operands; i++) {
+        int32_t x = tb__plan_operand(g->G, node, (size_t)i), qp, vx;
+        const tb_shape *xs = &g->G->info[x].node->shape;
+        tb__lf dims[TB_MAX_RANK];
+        char head[TB__LF_TEXT + 64];
+        int32_t d;
+        memset(dims, 0, sizeof dims); /* only rank entries are used; optimisers cannot tell */
+        if (xs->dims[dim] == 0) continue;
+        if (i == last_nonempty) {
+            snprintf(head, sizeof head, "%s", start == 0 ? "" : "else ");
+        } else {
+            snprintf(head, sizeof head, "%sif ((%s) < %lldL) ", start == 0 ? "" : "else ", text,
+                     (long long)(start + xs->dims[dim]));
+        }
+        tb__ix_open(&g->ix, head);
+        for (d = 0; d < xs->rank; d++)
+            dims[d] = p.dim[d];
+        dims[dim].c -= start;
+        qp = tb__ix_pos_multi(&g->ix, xs, dims);
+        vx = qp >= 0 ? tb__cg_eval(g, x, qp) : -1;
+        if (vx >= 0) tb__ix_line(&g->ix, "v%d = v%d;", (int)v, (int)vx);
+        tb__ix_close(&g->ix, "");
+        if (vx < 0) return -1;
+        start += xs->dims[dim];
+    }
+    return v;
+}
+
+/* GATHER and INDEX_SELECT: the index becomes a variable of the operand's position. */
+static int32_t tb__cg_gather(tb__cg *g, int32_t node, int32_t pos) {
+    const tb_node *n = g->G->info[node].node;
+    int32_t x = tb__plan_operand(g->G, node, 0), ix = tb__plan_operand(g->G, node, 1);
+    const tb_shape *xs = &g->G->info[x].node->shape, *is = &g->G->info[ix].node->shape;
+    int32_t dim = (int32_t)n->attrs[0], vi, t, code, qp, d;
+    int64_t size = xs->dims[dim];
+    tb__lf dims[TB_MAX_RANK];
+    tb__pos p;
+    if (n->op == TB_OP_GATHER) {
+        vi = tb__cg_eval(g, ix, pos);
+    } else {
+        if (!tb__ix_need_multi(&g->ix, pos)) return -1;
+        vi = tb__cg_eval(g, ix, tb__ix_pos_multi(&g->ix, is, &g->ix.pos[pos].dim[dim]));
+    }
+    if (vi < 0) return -1;
+    t = tb__ix_new_var(&g->ix, 0, size > 0 ? size - 1 : 0);
+    code = tb__cg_errsite(g, node);
+    if (t < 0 || code < 0) return -1;
+    tb__ix_line(&g->ix, "long i%d = (long)v%d;", (int)t, (int)vi);
+    tb__ix_line(&g->ix,
+                "if (i%d < 0 || i%d >= %lldL) { tb_err[0] = %d; tb_err[1] = i%d; i%d = 0; }",
+                (int)t, (int)t, (long long)size, (int)code, (int)t, (int)t);
+    if (!tb__ix_need_multi(&g->ix, pos)) return -1;
+    p = g->ix.pos[pos];
+    for (d = 0; d < xs->rank; d++) {
+        if (d == dim) {
+            tb__lf_const(&dims[d], 0);
+            tb__lf_add_term(&dims[d], t, 1);
+        } else {
+            dims[d] = p.dim[d];
+        }
+    }
+    qp = tb__ix_pos_multi(&g->ix, xs, dims);
+    if (qp < 0) return -1;
+    return tb__cg_eval(g, x, qp);
+}
+
+static int32_t tb__cg_generator(tb__cg *g, int32_t node, int32_t pos) {
+    const tb_node *n = g->G->info[node].node;
+    tb_dtype od = n->shape.dtype;
+    const char *t = tb__cg_ctype(od);
+    char a[TB__LF_TEXT], b[TB__LF_TEXT];
+    int32_t v;
+    if (!tb__ix_need_multi(&g->ix, pos)) return -1;
+    tb__lf_text(&g->ix.pos[pos].dim[0], a, sizeof a);
+    v = tb__cg_new_val(g, od);
+    if (v < 0) return -1;
+    if (n->op == TB_OP_EYE) {
+        tb__lf_text(&g->ix.pos[pos].dim[1], b, sizeof b);
+        tb__ix_line(&g->ix, "const %s v%d = (%s)((%s) == (%s));", t, (int)v, t, a, b);
+    } else if (tb_dtype_is_float(od)) {
+        char s0[64], s1[64];
+        tb__cg_flit(TB_F64, n->fattrs[0], s0, sizeof s0);
+        tb__cg_flit(TB_F64, n->fattrs[1], s1, sizeof s1);
+        tb__ix_line(&g->ix, "const %s v%d = (%s)(%s + (double)(%s) * %s);", t, (int)v, t, s0, a,
+                    s1);
+    } else {
+        double s = n->fattrs[0], st = n->fattrs[1];
+        long long s0 = (s != s) ? 0 : (long long)s, s1 = (st != st) ? 0 : (long long)st;
+        tb__ix_line(&g->ix, "const %s v%d = (%s)((ulong)%lldL + (ulong)(%s) * (ulong)%lldL);", t,
+                    (int)v, t, s0, a, s1);
+    }
+    return v;
+}
+
+/* Nodes that are not computed from operand values at the same kind of position: leaves,
+   other kernels' outputs and the ops with their own control flow. */
+static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handled) {
+    const tb__pnode *in = &g->G->info[node];
+    const tb__plan_kernel *k = tb__cg_kernel(g);
+    int32_t v;
+    *handled = true;
+    if (in->param >= 0) {
+        if (in->node->op == TB_OP_SCALAR && tb__cg_plan(g)->scalar_table) {
+            tb_dtype dt = in->node->shape.dtype;
+            const char *ct = tb__cg_ctype(dt);
+            if (!tb__cg_arg(g, TB__ARG_TABLE, 0)) return -1;
+            v = tb__cg_new_val(g, dt);
+            if (v < 0) return -1;
+            if (dt == TB_F32 || (dt == TB_F64 && !g->d->f64)) {
+                tb__ix_line(&g->ix, "const %s v%d = (%s)%s((uint)tb_sc[%d]);", ct, (int)v, ct,
+                            g->d->bits_f32, (int)in->param);
+            } else if (dt == TB_F64) {
+                tb__ix_line(&g->ix, "const double v%d = %s(tb_sc[%d]);", (int)v, g->d->bits_f64,
+                            (int)in->param);
+            } else {
+                tb__ix_line(&g->ix, "const %s v%d = (%s)tb_sc[%d];", ct, (int)v, ct,
+                            (int)in->param);
+            }
+            return v;
+        }
+        if (in->node->op == TB_OP_SCALAR) {
+            if (!tb__cg_arg(g, TB__ARG_SCALAR, in->param)) return -1;
+            v = tb__cg_new_val(g, in->node->shape.dtype);
+            if (v < 0) return -1;
+            tb__ix_line(&g->ix, "const %s v%d = (%s)s%d;", tb__cg_ctype(in->node->shape.dtype),
+                        (int)v, tb__cg_ctype(in->node->shape.dtype), (int)in->param);
+            return v;
+        }
+        return tb__cg_read_slot(g, in->slot, in->node->shape.dtype, pos);
+    }
+    if (node == k->core) {
+        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: a kernel's core read at another "
+                                                       "position than its output"));
+        return -1;
+    }
+    if (in->root && node != k->root)
+        return tb__cg_read_slot(g, in->slot, in->node->shape.dtype, pos);
+    if (in->ctx != k->owner && in->ctx != TB__CTX_ANY) {
+        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
+                                      "codegen: node %d evaluated in kernel %d, "
+                                      "planned for kernel %d",
+                                      (int)node, (int)g->kernel, (int)in->ctx));
+        return -1;
+    }
+    switch (in->node->op) {
+    case TB_OP_PAD:
+    case TB_OP_CONCAT:
+    case TB_OP_GATHER:
+    case TB_OP_INDEX_SELECT:
+        if (!tb__cg_enter(g, node)) return -1;
+        if (in->node->op == TB_OP_PAD) {
+            v = tb__cg_pad(g, node, pos);
+        } else if (in->node->op == TB_OP_CONCAT) {
+            v = tb__cg_concat(g, node, pos);
+        } else {
+            v = tb__cg_gather(g, node, pos);
+        }
+        g->depth--;
+        return v;
+    case TB_OP_ARANGE:
+    case TB_OP_EYE:
+        return tb__cg_generator(g, node, pos);
+    default:
+        *handled = false;
+        return -1;
+    }
+}
+
+static int32_t tb__cg_emit_custom(tb__cg *g, const tb_node *n, const int32_t *ops, size_t nops) {
+    const tb_custom_op_desc *d = tb__plan_custom(n->op);
+    const char *t = tb__cg_ctype(n->shape.dtype);
+    int32_t v = tb__cg_new_val(g, n->shape.dtype);
+    size_t i;
+    if (v < 0 || d == NULL || d->opencl_expr == NULL) {
+        return v < 0 ? -1 : (tb__ix_fail(&g->ix, TB_ERR_INTERNAL), -1);
+    }
+    tb__ix_line(&g->ix, "%s v%d;", t, (int)v);
+    tb__ix_open(&g->ix, "");
+    tb__str_append(&g->ix.body, "#define T %s\n", t);
+    for (i = 0; i < nops; i++)
+        tb__ix_line(&g->ix, "const T x%zu = (T)v%d;", i, (int)ops[i]);
+    tb__ix_line(&g->ix, "v%d = (T)(%s);", (int)v, d->opencl_expr);
+    tb__str_append(&g->ix.body, "#undef T\n");
+    tb__ix_close(&g->ix, "");
+    return v;
+}
+
+/* The expression of a unary op other than math functions; false when `n` is not one. */
+static bool tb__cg_expr_unary(tb__cg *g, const tb_node *n, tb_dtype ad, const char *a, char *e,
+                              size_t cap) {
+    tb_dtype od = n->shape.dtype;
+    bool afl = tb_dtype_is_float(ad);
+    const char *t = tb__cg_ctype(od), *u = tb__cg_utype(od);
+    bool fl = tb_dtype_is_float(od);
+    switch (n->op) {
+    case TB_OP_NEG:
+        if (fl) {
+            snprintf(e, cap, "-%s", a);
+        } else if (od == TB_BOOL) {
+            snprintf(e, cap, "%s", a);
+        } else {
+            snprintf(e, cap, "(%s)((%s)0 - (%s)%s)", t, u, u, a);
+        }
+        break;
+    case TB_OP_ABS:
+        if (fl) {
+            snprintf(e, cap, "%s(%s)", tb__cg_math(g, "fabs", od), a);
+        } else if (od == TB_U8 || od == TB_BOOL) {
+            snprintf(e, cap, "%s", a);
+        } else {
+            snprintf(e, cap, "(%s)(%s < 0 ? (%s)0 - (%s)%s : (%s)%s)", t, a, u, u, a, u, a);
+        }
+        break;
+    case TB_OP_RELU:
+        if (od == TB_U8 || od == TB_BOOL) {
+            snprintf(e, cap, "%s", a);
+        } else {
+            snprintf(e, cap, "(%s < (%s)0 ? (%s)0 : %s)", a, t, t, a);
+        }
+        break;
+    case TB_OP_RECIPROCAL:
+        snprintf(e, cap, "(%s)1 / %s", t, a);
+        break;
+    case TB_OP_FLOOR:
+    case TB_OP_CEIL:
+    case TB_OP_ROUND:
+        if (fl) {
+            snprintf(e, cap, "%s(%s)",
+                     tb__cg_math(g,
+                                 n->op == TB_OP_FLOOR  ? "floor"
+                                 : n->op == TB_OP_CEIL ? "ceil"
+                                                       : "rint",
+                                 od),
+                     a);
+        } else {
+            snprintf(e, cap, "%s", a);
+        }
+        break;
+    case TB_OP_SIGN:
+        if (od == TB_BOOL) {
+            snprintf(e, cap, "%s", a);
+        } else {
+            snprintf(e, cap, "(%s)((%s > (%s)0) - (%s < (%s)0))", t, a, t, a, t);
+        }
+        break;
+    case TB_OP_LOGICAL_NOT:
+        snprintf(e, cap, "(uchar)(%s == 0)", a);
+        break;
+    case TB_OP_CAST:
+        if (od == TB_BOOL) {
+            snprintf(e, cap, "(uchar)(%s != 0)", a);
+        } else if (afl && !fl) {
+            /* truncation toward zero saturating at the int64 range, NaN 0, then wrapping */
+            snprintf(e, cap, "(%s)tb_f2i_%s(%s)", t, ad == TB_F64 ? "f64" : "f32", a);
+        } else {
+            snprintf(e, cap, "(%s)%s", t, a);
+        }
+        break;
+    default:
+        return false;
+    }
+    return true;
+}
+
+/* The expression of a math function (exp, log, sin, cos, tanh, sqrt, rsqrt, sigmoid, silu,
+   gelu) in the dialect's names; false when `n` is not one. */
+static bool tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e, size_t cap) {
+    tb_dtype od = n->shape.dtype;
+    const char *t = tb__cg_ctype(od), *m = t;
+    switch (n->op) {
+    case TB_OP_EXP:
+    case TB_OP_LOG:
+    case TB_OP_SIN:
+    case TB_OP_COS:
+    case TB_OP_TANH:
+    case TB_OP_ERF: {
+        const char *f = n->op == TB_OP_EXP   ? "exp"
+                        : n->op == TB_OP_LOG ? "log"
+                        : n->op == TB_OP_SIN ? "sin"
+                        : n->op == TB_OP_COS ? "cos"
+                        : n->op == TB_OP_ERF ? "erf"
+                                             : "tanh";
+        snprintf(e, cap, "(%s)%s((%s)%s)", t, tb__cg_math(g, f, od), m, a);
+        break;
+    }
+    case TB_OP_SQRT:
+        snprintf(e, cap, "%s(%s)", tb__cg_math(g, "sqrt", od), a);
+        break;
+    case TB_OP_RSQRT:
+        snprintf(e, cap, "(%s)((%s)1 / %s((%s)%s))", t, m, tb__cg_math(g, "sqrt", od), m, a);
+        break;
+    case TB_OP_SIGMOID:
+    case TB_OP_SILU: {
+        /* exp of a negative argument only, as the reference */
+        char x[64], sg[512];
+        const char *ex = tb__cg_math(g, "exp", od);
+        snprintf(x, sizeof x, "((%s)%s)", m, a);
+        snprintf(sg, sizeof sg, "(%s >= 0 ? (%s)1 / ((%s)1 + %s(-%s)) : %s(%s) / ((%s)1 + %s(%s)))",
+                 x, m, m, ex, x, ex, x, m, ex, x);
+        if (n->op == TB_OP_SILU) {
+            snprintf(e, cap, "(%s)(%s * %s)", t, x, sg);
+        } else {
+            snprintf(e, cap, "(%s)%s", t, sg);
+        }
+        break;
+    }
+    case TB_OP_GELU: {
+        char half[32], r2[32];
+        tb_dtype lit = od == TB_F32 && !g->G->target->acc_f64 ? TB_F32 : TB_F64;
+        tb__cg_flit(lit, 0.5, half, sizeof half);
+        tb__cg_flit(lit, 0.70710678118654752440, r2, sizeof r2);
+        snprintf(e, cap, "(%s)(%s * (%s)%s * ((%s)1 + %s((%s)%s * %s)))", t, half, m, a, m,
+                 tb__cg_math(g, "erf", od), m, a, r2);
+        break;
+    }
+    default:
+        return false;
+    }
+    return true;
+}
+
+/* The expression of a binary or ternary op: 1, 0 when `n` is not one, -1 on error (an op may
+   emit a line of its own first: clamp's lower bound, the check of an integer power). */
+static int tb__cg_expr_binary(tb__cg *g, int32_t node, const char *a, const char *b, const char *c,
+                              char *e, size_t cap) {
+    const tb_node *n = g->G->info[node].node;
+    tb_dtype od = n->shape.dtype;
+    const char *t = tb__cg_ctype(od), *u = tb__cg_utype(od), *m = t;
+    bool fl = tb_dtype_is_float(od);
+    switch (n->op) {
+    case TB_OP_ADD:
+    case TB_OP_SUB:
+    case TB_OP_MUL: {
+        const char *op = n->op == TB_OP_ADD ? "+" : (n->op == TB_OP_SUB ? "-" : "*");
+        if (fl) {
+            snprintf(e, cap, "%s %s %s", a, op, b);
+        } else if (od == TB_BOOL) {
+            snprintf(e, cap, "(uchar)((%s %s %s) != 0)", a, op, b);
+        } else {
+            snprintf(e, cap, "(%s)((%s)%s %s (%s)%s)", t, u, a, op, u, b);
+        }
+        break;
+    }
+    case TB_OP_DIV:
+        snprintf(e, cap, "%s / %s", a, b);
+        break;
+    case TB_OP_POW:
+        if (fl) {
+            snprintf(e, cap, "(%s)%s((%s)%s, (%s)%s)", t, tb__cg_math(g, "pow", od), m, a, m, b);
+        } else {
+            int32_t code = tb__cg_errsite(g, node);
+            if (code < 0) return -1;
+            tb__ix_line(&g->ix,
+                        "if (%s < 0) { tb_err[0] = %d; tb_err[1] = (long)%s; tb_err[2] = "
+                        "(long)%s; }",
+                        b, (int)code, a, b);
+            snprintf(e, cap, "(%s)tb_ipow((long)%s, (long)%s)", t, a, b);
+        }
+        break;
+    case TB_OP_MAXIMUM:
+    case TB_OP_MINIMUM: {
+        const char *cmp = n->op == TB_OP_MAXIMUM ? ">" : "<";
+        if (fl) {
+            snprintf(e, cap, "((%s %s %s || isnan(%s)) ? %s : %s)", a, cmp, b, a, a, b);
+        } else {
+            snprintf(e, cap, "(%s %s %s ? %s : %s)", a, cmp, b, a, b);
+        }
+        break;
+    }
+    case TB_OP_EQ:
+    case TB_OP_NE:
+    case TB_OP_LT:
+    case TB_OP_LE:
+    case TB_OP_GT:
+    case TB_OP_GE: {
+        const char *cmp = n->op == TB_OP_EQ   ? "=="
+                          : n->op == TB_OP_NE ? "!="
+                          : n->op == TB_OP_LT ? "<"
+                          : n->op == TB_OP_LE ? "<="
+                          : n->op == TB_OP_GT ? ">"
+                                              : ">=";
+        snprintf(e, cap, "(uchar)(%s %s %s)", a, cmp, b);
+        break;
+    }
+    case TB_OP_LOGICAL_AND:
+        snprintf(e, cap, "(uchar)(%s != 0 && %s != 0)", a, b);
+        break;
+    case TB_OP_LOGICAL_OR:
+        snprintf(e, cap, "(uchar)(%s != 0 || %s != 0)", a, b);
+        break;
+    case TB_OP_WHERE:
+        snprintf(e, cap, "(%s != 0 ? %s : %s)", a, b, c);
+        break;
+    case TB_OP_CLAMP: {
+        int32_t lo = tb__cg_new_val(g, od);
+        if (lo < 0) return -1;
+        if (fl) {
+            tb__ix_line(&g->ix, "const %s v%d = ((%s > %s || isnan(%s)) ? %s : %s);", t, (int)lo, a,
+                        b, a, a, b);
+            snprintf(e, cap, "((v%d < %s || isnan(v%d)) ? v%d : %s)", (int)lo, c, (int)lo, (int)lo,
+                     c);
+        } else {
+            tb__ix_line(&g->ix, "const %s v%d = (%s < %s ? %s : %s);", t, (int)lo, a, b, b, a);
+            snprintf(e, cap, "(v%d > %s ? %s : v%d)", (int)lo, c, c, (int)lo);
+        }
+        break;
+    }
+    default:
+        return 0;
+    }
+    return 1;
+}
+
+/* One elementwise op (or RAND/RANDN) from its operands' values. */
+static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_t *ops,
+                              size_t nops) {
+    const tb_node *n = g->G->info[node].node;
+    tb_dtype od = n->shape.dtype, ad = nops > 0 ? g->val_dtype[ops[0]] : od;
+    char e[1024], a[16], b[16], c[16];
+    int32_t v;
+    int handled;
+    e[0] = '\0';
+    snprintf(a, sizeof a, "v%d", nops > 0 ? (int)ops[0] : 0);
+    snprintf(b, sizeof b, "v%d", nops > 1 ? (int)ops[1] : 0);
+    snprintf(c, sizeof c, "v%d", nops > 2 ? (int)ops[2] : 0);
+    if (tb_op_get_kind(n->op) == TB_KIND_MOVEMENT) return ops[0]; /* the position did it all */
+    if (n->op >= TB_OP_BUILTIN_COUNT) return tb__cg_emit_custom(g, n, ops, nops);
+    if (n->op == TB_OP_RAND || n->op == TB_OP_RANDN) {
+        char flat[TB__LF_TEXT];
+        if (!tb__ix_need_flat(&g->ix, pos)) return -1;
+        tb__lf_text(&g->ix.pos[pos].flat, flat, sizeof flat);
+        snprintf(e, sizeof e, "tb_%s_%s((ulong)%s, (ulong)%s, (ulong)(%s))",
+                 n->op == TB_OP_RAND ? "rand" : "randn", od == TB_F64 ? "f64" : "f32", a, b, flat);
+        handled = 1;
+    } else if (tb__cg_expr_unary(g, n, ad, a, e, sizeof e) ||
+               tb__cg_expr_math(g, n, a, e, sizeof e)) {
+        handled = 1;
+    } else {
+        handled = tb__cg_expr_binary(g, node, a, b, c, e, sizeof e);
+    }
+    if (handled < 0) return -1;
+    if (handled == 0) {
+        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: no code for op %s",
+                                      tb_op_name(n->op) != NULL ? tb_op_name(n->op) : "?"));
+        return -1;
+    }
+    v = tb__cg_new_val(g, od);
+    if (v < 0) return -1;
+    tb__ix_line(&g->ix, "const %s v%d = %s;", tb__cg_ctype(od), (int)v, e);
+    return v;
+}
+
+/* The value of `node` at `pos`: operands first (an explicit stack, so chains of any length do
+   not recurse), each (node, position) emitted once per scope. */
+static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos) {
+    size_t fbase = g->num_frames, sbase = g->num_stack;
+    int32_t v;
+    if (pos < 0 || g->ix.status != TB_OK) return -1;
+    if (!tb__cg_push_frame(g, node, pos)) return -1;
+    while (g->num_frames > fbase) {
+        tb__cg_frame *f = &g->frames[g->num_frames - 1];
+        int32_t fnode = f->node, fpos = f->pos;
+        const tb_node *n = g->G->info[fnode].node;
+        if (g->ix.status != TB_OK) goto fail;
+        if (f->state == 0) {
+            v = tb__ix_memo_find(&g->ix, TB__MEMO_VALUE, fnode, fpos, 0);
+            if (v < 0) {
+                bool handled = false;
+                v = tb__cg_special(g, fnode, fpos, &handled);
+                if (!handled) {
+                    f->state = 1;
+                    f->vbase = (int32_t)g->num_stack;
+                    continue;
+                }
+                if (v < 0) goto fail;
+                tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, fnode, fpos, 0, v);
+            }
+            g->num_frames--;
+            if (!tb__cg_push_value(g, v)) goto fail;
+            continue;
+        }
+        if ((uint32_t)(f->state - 1) < n->num_operands) {
+            size_t k = (size_t)(f->state - 1);
+            int32_t cp;
+            f->state++;
+            cp = tb__cg_operand_pos(g, fnode, fpos, k);
+            if (cp < 0) goto fail;
+            if (!tb__cg_push_frame(g, tb__plan_operand(g->G, fnode, k), cp)) goto fail;
+            continue;
+        }
+        v = tb__cg_emit_op(g, fnode, fpos, &g->stack[f->vbase], n->num_operands);
+        if (v < 0) goto fail;
+        g->num_stack = (size_t)g->frames[g->num_frames - 1].vbase;
+        tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, fnode, fpos, 0, v);
+        g->num_frames--;
+        if (!tb__cg_push_value(g, v)) goto fail;
+    }
+    v = g->stack[--g->num_stack];
+    return v;
+fail:
+    g->num_frames = fbase;
+    g->num_stack = sbase;
+    if (g->ix.status == TB_OK) tb__ix_fail(&g->ix, TB_ERR_INTERNAL);
+    return -1;
+}
+
+/* ---- vectors along rows ---- */
+
+/* A vector value of W f32 lanes (v<n> too; its dtype is f32). */
+static int32_t tb__cg_new_vec(tb__cg *g) {
+    return tb__cg_new_val(g, TB_F32);
+}
+
+/* The text of a value as a vector operand: vectors as they are, scalars widened. */
+static void tb__cg_vec_operand(int32_t v, bool is_vec, char *buf, size_t cap) {
+    if (is_vec) {
+        snprintf(buf, cap, "v%d", (int)v);
+    } else {
+        snprintf(buf, cap, "TB_VBC(v%d)", (int)v);
+    }
+}
+
+/* One op of the planner's vector set on vector (and scalar) operands. */
+static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, const bool *is_vec) {
+    char a[32], b[32], e[160];
+    int32_t v;
+    tb__cg_vec_operand(ops[0], is_vec[0], a, sizeof a);
+    if (n->num_operands > 1) tb__cg_vec_operand(ops[1], is_vec[1], b, sizeof b);
+    switch (n->op) {
+    case TB_OP_ADD:
+    case TB_OP_SUB:
+    case TB_OP_MUL:
+    case TB_OP_DIV:
+        snprintf(e, sizeof e, "%s %s %s", a,
+                 n->op == TB_OP_ADD   ? "+"
+                 : n->op == TB_OP_SUB ? "-"
+                 : n->op == TB_OP_MUL ? "*"
+                                      : "/",
+                 b);
+        break;
+    case TB_OP_NEG:
+        snprintf(e, sizeof e, "-%s", a);
+        break;
+    case TB_OP_RECIPROCAL:
+        snprintf(e, sizeof e, "1.0f / %s", a);
+        break;
+    case TB_OP_ABS:
+    case TB_OP_EXP:
+    case TB_OP_RELU:
+        snprintf(e, sizeof e, "tb_v%s16(%s)",
+                 n->op == TB_OP_ABS   ? "abs"
+                 : n->op == TB_OP_EXP ? "exp"
+                                      : "relu",
+                 a);
+        break;
+    case TB_OP_MAXIMUM:
+    case TB_OP_MINIMUM:
+        snprintf(e, sizeof e, "tb_v%s16(%s, %s)", n->op == TB_OP_MAXIMUM ? "max" : "min", a, b);
+        break;
+    default:
+        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: no vector code for op %s",
+                                      tb_op_name(n->op) != NULL ? tb_op_name(n->op) : "?"));
+        return -1;
+    }
+    v = tb__cg_new_vec(g);
+    if (v < 0) return -1;
+    tb__ix_line(&g->ix, "const float16 v%d = %s;", (int)v, e);
+    return v;
+}
+
+/* The W consecutive elements of `node` from position `pos` on, as a vector: the planner
+   checked that every node on the way is of the vector set, aligned with the row (consecutive
+   elements), constant along it (evaluated as a scalar) or a buffer of the row's dims. */
+static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
+    const tb__pnode *in = &g->G->info[node];
+    const tb__plan_kernel *k = tb__cg_kernel(g);
+    int32_t v, ops[3];
+    bool is_vec[3];
+    size_t j;
+    if (pos < 0 || g->ix.status != TB_OK) return -1;
+    v = tb__ix_memo_find(&g->ix, TB__MEMO_VECTOR, node, pos, 0);
+    if (v >= 0) return v;
+    if (in->param >= 0 || (in->root && node != k->root)) {
+        char flat[TB__LF_TEXT];
+        if (!tb__cg_arg(g, TB__ARG_BUF, in->slot) || !tb__ix_need_flat(&g->ix, pos)) return -1;
+        tb__lf_text(&g->ix.pos[pos].flat, flat, sizeof flat);
+        v = tb__cg_new_vec(g);
+        if (v < 0) return -1;
+        tb__ix_line(&g->ix, "const float16 v%d = vload16(0, b%d + (%s));", (int)v, (int)in->slot,
+                    flat);
+    } else {
+        if (in->node->num_operands > 3) {
+            tb__ix_fail(&g->ix, TB_ERR_INTERNAL);
+            return -1;
+        }
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t o = tb__plan_operand(g->G, node, j), op;
+            op = tb__cg_operand_pos(g, node, pos, j);
+            is_vec[j] = tb__plan_row_relation(&in->node->shape, tb__plan_shape(g->G, o),
+                                              k->vec_axes) == TB__ROW_ALIGNED;
+            ops[j] = is_vec[j] ? tb__cg_veval(g, o, op) : tb__cg_eval(g, o, op);
+            if (ops[j] < 0) return -1;
+        }
+        v = tb__cg_vec_op(g, in->node, ops, is_vec);
+        if (v < 0) return -1;
+    }
+    tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, node, pos, 0, v);
+    return v;
+}
+
+/* ---- kernels ---- */
+
+/* The kernel's row index i<v>: one work item per row, or one work-group per row with the
+   item's index in the group as `lid` (the plan's layout). */
+static int32_t tb__cg_row_header(tb__cg *g, const tb__plan_kernel *k, int64_t rows) {
+    int32_t v = tb__ix_new_var(&g->ix, 0, rows > 0 ? rows - 1 : 0);
+    char id[48];
+    if (v < 0) return -1;
+    if (k->group <= 1) {
+        tb__cg_id(id, sizeof id, g->d->global_id, 0);
+        tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)v, id);
+        tb__ix_line(&g->ix, "if (i%d >= %lldL) return;", (int)v, (long long)rows);
+    } else {
+        tb__cg_id(id, sizeof id, g->d->group_id, 0);
+        tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)v, id);
+        tb__cg_id(id, sizeof id, g->d->local_id, 0);
+        tb__ix_line(&g->ix, "const int lid = (int)%s;", id);
+    }
+    return v;
+}
+
+/* Work-group memory of `count` elements of `type` named `name`. */
+static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t count) {
+    if (g->d->local == NULL) {
+        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
+                                      "codegen: kernel %s needs work-group memory, which %s has "
+                                      "not",
+                                      tb__cg_kernel(g)->name, g->d->name));
+        return;
+    }
+    tb__ix_line(&g->ix, "%s%s %s[%lld];", g->d->local, type, name, (long long)count);
+}
+
+/* The tree reduction of `var` over a work-group of `groups` items. */
+static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, const char *type,
+                                const char *combine) {
+    tb__ix_line(&g->ix, "red[lid] = %s;", var);
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+    tb__ix_line(&g->ix, "for (int s = %d; s > 0; s >>= 1) {", (int)(groups / 2));
+    tb__ix_line(&g->ix, "    if (lid < s) {");
+    tb__ix_line(&g->ix, "        const %s a = red[lid], b = red[lid + s];", type);
+    tb__ix_line(&g->ix, "        red[lid] = %s;", combine);
+    tb__ix_line(&g->ix, "    }");
+    tb__ix_line(&g->ix, "    %s", g->d->barrier);
+    tb__ix_line(&g->ix, "}");
+    tb__ix_line(&g->ix, "%s = red[0];", var);
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+}
+
+static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_shape *rs = tb__plan_shape(g->G, k->root);
+    int32_t i0, v;
+    if (k->vec > 0) {
+        /* a block of W consecutive elements per work item (W divides the last axis) */
+        i0 = tb__cg_row_header(g, k, (int64_t)k->items);
+        if (i0 < 0) return g->ix.status;
+        v = tb__cg_veval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->vec, -1));
+        if (v < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "vstore16(v%d, 0, out + i%d * %dL);", (int)v, (int)i0, (int)k->vec);
+        return TB_OK;
+    }
+    i0 = tb__cg_row_header(g, k, tb__plan_numel(rs));
+    if (i0 < 0) return g->ix.status;
+    v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, 1, -1));
+    if (v < 0) return g->ix.status;
+    tb__ix_line(&g->ix, "out[i%d] = v%d;", (int)i0, (int)v);
+    return TB_OK;
+}
+
+/* The operand's position of a reduction or norm: the output's dims for the kept axes, the
+   loop's index for the reduced ones. */
+static int32_t tb__cg_split_pos(tb__cg *g, const tb_shape *xs, uint64_t mask, bool keepdim,
+                                int32_t out_pos, const tb__lf *red) {
+    tb__lf dims[TB_MAX_RANK];
+    const tb__pos *p = &g->ix.pos[out_pos];
+    int32_t a, oi = 0, ri = 0;
+    for (a = 0; a < xs->rank; a++) {
+        if ((mask >> a) & 1u) {
+            dims[a] = red[ri++];
+            if (keepdim) oi++;
+        } else {
+            dims[a] = p->dim[oi++];
+        }
+    }
+    return tb__ix_pos_multi(&g->ix, xs, dims);
+}
+
+/* What a reduction kernel reads and how it folds: the operand x at (output row, reduction
+   index), the accumulator type and the combination of two partial results. */
+typedef struct tb__cg_red {
+    const tb__plan_kernel *k;
+    const tb_node *cn;
+    int32_t x, i0, row, chunk_var, out_pos;
+    const tb_shape *xs;
+    tb_shape red;
+    uint64_t mask;
+    bool keepdim, is_arg, is_max;
+    int64_t m, n_out, chunk;
+    tb_dtype xd, od;
+    const char *xt, *acc_t, *combine;
+} tb__cg_red;
+
+/* The value of x at reduction index i<r> + lane of the current row. */
+static int32_t tb__cg_red_value(tb__cg *g, const tb__cg_red *rd, int32_t r, int64_t lane) {
+    tb__lf lf;
+    int32_t xp;
+    tb__lf_const(&lf, lane);
+    if (rd->k->suffix) {
+        tb__lf_add_term(&lf, rd->row, rd->m);
+        tb__lf_add_term(&lf, r, 1);
+        xp = tb__ix_pos_flat(&g->ix, rd->xs, &lf);
+    } else {
+        tb__lf rl[TB_MAX_RANK];
+        int32_t rp;
+        tb__lf_add_term(&lf, r, 1);
+        rp = tb__ix_pos_flat(&g->ix, &rd->red, &lf);
+        if (rp < 0 || !tb__ix_need_multi(&g->ix, rp)) return -1;
+        memcpy(rl, g->ix.pos[rp].dim, sizeof rl);
+        xp = tb__cg_split_pos(g, rd->xs, rd->mask, rd->keepdim, rd->out_pos, rl);
+    }
+    if (xp < 0) return -1;
+    return tb__cg_eval(g, rd->x, xp);
+}
+
+/* Accumulator `lane` of a reduction loop: acc, acc1, acc2, ... */
+static void tb__cg_acc_name(char *buf, size_t cap, int32_t lane) {
+    if (lane == 0)
+        snprintf(buf, cap, "acc");
+    else
+        snprintf(buf, cap, "acc%d", (int)lane);
+}
+
+/* Folds value v<vx> (at reduction index i<r>) into the accumulator named `acc`. */
+static void tb__cg_red_step(tb__cg *g, const tb__cg_red *rd, int32_t vx, int32_t r,
+                            const char *acc) {
+    const char *cmp = rd->is_max ? ">" : "<";
+    switch (rd->cn->op) {
+    case TB_OP_SUM:
+    case TB_OP_MEAN:
+        tb__ix_line(&g->ix, "%s += (%s)v%d;", acc, rd->acc_t, (int)vx);
+        break;
+    case TB_OP_PROD:
+        tb__ix_line(&g->ix, "%s *= (%s)v%d;", acc, rd->acc_t, (int)vx);
+        break;
+    case TB_OP_MAX:
+    case TB_OP_MIN:
+        if (tb_dtype_is_float(rd->xd)) {
+            tb__ix_line(&g->ix, "if (v%d %s %s || isnan(v%d)) %s = v%d;", (int)vx, cmp, acc,
+                        (int)vx, acc, (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "if (v%d %s %s) %s = v%d;", (int)vx, cmp, acc, acc, (int)vx);
+        }
+        break;
+    default:
+        if (tb_dtype_is_float(rd->xd)) {
+            tb__ix_line(&g->ix,
+                        "if (bi < 0 || v%d %s best || (isnan(v%d) && !isnan(best))) { best = v%d; "
+                        "bi = i%d; }",
+                        (int)vx, cmp, (int)vx, (int)vx, (int)r);
+        } else {
+            tb__ix_line(&g->ix, "if (bi < 0 || v%d %s best) { best = v%d; bi = i%d; }", (int)vx,
+                        cmp, (int)vx, (int)r);
+        }
+        break;
+    }
+}
+
+/* The reduction's description, its row header and its accumulators' first values. */
+static bool tb__cg_red_begin(tb__cg *g, const tb__plan_kernel *k, tb__cg_red *rd) {
+    const tb_node *cn = g->G->info[k->core].node;
+    bool partial = k->kind == TB__K_PARTIAL, final = !partial && k->split > 0, sums;
+    int32_t a;
+    const char *init = "0";
+    memset(rd, 0, sizeof *rd);
+    rd->k = k;
+    rd->cn = cn;
+    rd->x = tb__plan_operand(g->G, k->core, 0);
+    rd->xs = tb__plan_shape(g->G, rd->x);
+    rd->is_arg = cn->op == TB_OP_ARGMAX || cn->op == TB_OP_ARGMIN;
+    rd->is_max = cn->op == TB_OP_MAX || cn->op == TB_OP_ARGMAX;
+    rd->mask = rd->is_arg ? ((uint64_t)1 << cn->attrs[0]) : (uint64_t)cn->attrs[0];
+    rd->keepdim = cn->attrs[1] != 0;
+    rd->xd = rd->xs->dtype;
+    rd->od = cn->shape.dtype;
+    rd->xt = tb__cg_ctype(rd->xd);
+    rd->n_out = tb__plan_numel(&cn->shape);
+    rd->m = 1;
+    rd->red.dtype = rd->xd;
+    for (a = 0; a < rd->xs->rank; a++) {
+        if ((rd->mask >> a) & 1u) {
+            rd->red.dims[rd->red.rank++] = rd->xs->dims[a];
+            rd->m *= rd->xs->dims[a];
+        }
+    }
+    sums = cn->op == TB_OP_SUM || cn->op == TB_OP_MEAN || cn->op == TB_OP_PROD;
+    rd->acc_t = sums ? tb__cg_acc_ctype(k->acc) : rd->xt;
+    rd->combine = cn->op == TB_OP_PROD ? "a * b" : "a + b";
+    if (cn->op == TB_OP_MAX)
+        rd->combine =
+            tb_dtype_is_float(rd->xd) ? "((b > a || isnan(b)) ? b : a)" : "(b > a ? b : a)";
+    if (cn->op == TB_OP_MIN)
+        rd->combine =
+            tb_dtype_is_float(rd->xd) ? "((b < a || isnan(b)) ? b : a)" : "(b < a ? b : a)";
+    rd->i0 = tb__cg_row_header(g, k, partial ? rd->n_out * k->split : rd->n_out);
+    if (rd->i0 < 0) return false;
+    if (k->group > 1) {
+        if (rd->is_arg) {
+            tb__cg_local(g, rd->xt, "redv", k->group);
+            tb__cg_local(g, "long", "redi", k->group);
+        } else {
+            tb__cg_local(g, rd->acc_t, "red", k->group);
+        }
+    }
+    rd->row = rd->i0;
+    if (partial) {
+        rd->chunk = (rd->m + k->split - 1) / k->split;
+        rd->row = tb__ix_new_var(&g->ix, 0, rd->n_out - 1);
+        rd->chunk_var = tb__ix_new_var(&g->ix, 0, k->split - 1);
+        if (rd->row < 0 || rd->chunk_var < 0) return false;
+        tb__ix_line(&g->ix, "const long i%d = i%d / %d, i%d = i%d %% %d;", (int)rd->row,
+                    (int)rd->i0, (int)k->split, (int)rd->chunk_var, (int)rd->i0, (int)k->split);
+    }
+    rd->out_pos = tb__ix_var_pos_flat(&g->ix, &cn->shape, rd->row, 1, -1);
+    if (rd->out_pos < 0) return false;
+    if (!final && !k->suffix && !tb__ix_need_multi(&g->ix, rd->out_pos)) return false;
+    if (rd->is_arg) {
+        tb__ix_line(&g->ix, "%s best = 0;", rd->xt);
+        tb__ix_line(&g->ix, "long bi = -1;");
+        return g->ix.status == TB_OK;
+    }
+    if (cn->op == TB_OP_PROD) init = "1";
+    if (cn->op == TB_OP_MAX || cn->op == TB_OP_MIN) {
+        if (tb_dtype_is_float(rd->xd)) {
+            init = rd->is_max ? "-INFINITY" : "INFINITY";
+        } else if (rd->xd == TB_I32) {
+            init = rd->is_max ? "INT_MIN" : "INT_MAX";
+        } else if (rd->xd == TB_I64) {
+            init = rd->is_max ? "LONG_MIN" : "LONG_MAX";
+        } else {
+            init = rd->is_max ? "0" : "255";
+        }
+    }
+    tb__ix_line(&g->ix, "%s acc = %s;", rd->acc_t, init);
+    return g->ix.status == TB_OK;
+}
+
+/* The vector part of a row's loop: `lanes` vector accumulators over [rs, rv), rv the last
+   multiple of W x lanes from rs, folded into acc; the caller loops over [rv, re) one element
+   at a time. */
+static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
+    const tb__plan_kernel *k = rd->k;
+    int32_t w = k->vec, lanes = k->lanes > 1 ? k->lanes : 1, lane, r;
+    const char *init, *fold;
+    char head[192], name[16], prev[16];
+    switch (rd->cn->op) {
+    case TB_OP_PROD:
+        init = "1.0f";
+        break;
+    case TB_OP_MAX:
+        init = "-INFINITY";
+        break;
+    case TB_OP_MIN:
+        init = "INFINITY";
+        break;
+    default:
+        init = "0.0f";
+        break;
+    }
+    for (lane = 0; lane < lanes; lane++)
+        tb__ix_line(&g->ix, "float16 accv%d = TB_VBC(%s);", (int)lane, init);
+    tb__ix_line(&g->ix, "const long rv = rs + (re - rs) / %dL * %dL;", (int)(w * lanes),
+                (int)(w * lanes));
+    r = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+    if (r < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = rs; i%d < rv; i%d += %d) ", (int)r, (int)r, (int)r,
+             (int)(w * lanes));
+    tb__ix_open(&g->ix, head);
+    for (lane = 0; lane < lanes; lane++) {
+        tb__lf lf;
+        int32_t xp, vx;
+        tb__lf_const(&lf, (int64_t)lane * w);
+        tb__lf_add_term(&lf, rd->row, rd->m);
+        tb__lf_add_term(&lf, r, 1);
+        xp = tb__ix_pos_flat(&g->ix, rd->xs, &lf);
+        vx = tb__cg_veval(g, rd->x, xp);
+        if (vx < 0) return false;
+        if (rd->cn->op == TB_OP_MAX || rd->cn->op == TB_OP_MIN) {
+            tb__ix_line(&g->ix, "accv%d = tb_v%s16(v%d, accv%d);", (int)lane,
+                        rd->cn->op == TB_OP_MAX ? "max" : "min", (int)vx, (int)lane);
+        } else {
+            tb__ix_line(&g->ix, "accv%d %s= v%d;", (int)lane, rd->cn->op == TB_OP_PROD ? "*" : "+",
+                        (int)vx);
+        }
+    }
+    tb__ix_close(&g->ix, "");
+    /* the lanes' vectors into one, then into acc */
+    for (lane = 1; lane < lanes; lane++) {
+        snprintf(name, sizeof name, "accv%d", (int)lane);
+        if (rd->cn->op == TB_OP_MAX || rd->cn->op == TB_OP_MIN) {
+            tb__ix_line(&g->ix, "accv0 = tb_v%s16(accv0, %s);",
+                        rd->cn->op == TB_OP_MAX ? "max" : "min", name);
+        } else {
+            tb__ix_line(&g->ix, "accv0 %s= %s;", rd->cn->op == TB_OP_PROD ? "*" : "+", name);
+        }
+    }
+    fold = rd->cn->op == TB_OP_PROD  ? "tb_hprod16"
+           : rd->cn->op == TB_OP_MAX ? "tb_hmax16"
+           : rd->cn->op == TB_OP_MIN ? "tb_hmin16"
+                                     : "tb_hsum16";
+    snprintf(prev, sizeof prev, "%s", "acc");
+    tb__ix_line(&g->ix, "%s = %s(accv0);", prev, fold);
+    return g->ix.status == TB_OK;
+}
+
+/* The loop over a row (or a chunk of one) with the plan's number of accumulators, combined
+   pairwise at the end. */
+static bool tb__cg_red_loop(tb__cg *g, const tb__cg_red *rd) {
+    const tb__plan_kernel *k = rd->k;
+    char head[384], from[64], to[96];
+    int32_t r, vx, lane, rt, lanes = k->lanes > 1 ? k->lanes : 1;
+    if (k->kind == TB__K_PARTIAL) {
+        snprintf(from, sizeof from, "i%d * %lldL", (int)rd->chunk_var, (long long)rd->chunk);
+        snprintf(to, sizeof to, "%s((i%d + 1) * %lldL, %lldL)", g->d->min_long, (int)rd->chunk_var,
+                 (long long)rd->chunk, (long long)rd->m);
+    } else {
+        snprintf(from, sizeof from, "0L");
+        snprintf(to, sizeof to, "%lldL", (long long)rd->m);
+    }
+    if (k->vec > 0) {
+        tb__ix_open(&g->ix, "");
+        tb__ix_line(&g->ix, "const long rs = %s, re = %s;", from, to);
+        if (!tb__cg_red_vloop(g, rd)) return false;
+        rt = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+        if (rt < 0) return false;
+        snprintf(head, sizeof head, "for (long i%d = rv; i%d < re; i%d++) ", (int)rt, (int)rt,
+                 (int)rt);
+        tb__ix_open(&g->ix, head);
+        vx = tb__cg_red_value(g, rd, rt, 0);
+        if (vx < 0) return false;
+        tb__cg_red_step(g, rd, vx, rt, "acc");
+        tb__ix_close(&g->ix, "");
+        tb__ix_close(&g->ix, "");
+        return g->ix.status == TB_OK;
+    }
+    if (lanes == 1) {
+        r = tb__ix_new_var(&g->ix, 0, rd->m > 0 ? rd->m - 1 : 0);
+        if (r < 0) return false;
+        if (k->group <= 1) {
+            snprintf(head, sizeof head, "for (long i%d = %s; i%d < %s; i%d++) ", (int)r, from,
+                     (int)r, to, (int)r);
+        } else {
+            snprintf(head, sizeof head, "for (long i%d = %s + lid; i%d < %s; i%d += %d) ", (int)r,
+                     from, (int)r, to, (int)r, (int)k->group);
+        }
+        tb__ix_open(&g->ix, head);
+        vx = tb__cg_red_value(g, rd, r, 0);
+        if (vx < 0) return false;
+        tb__cg_red_step(g, rd, vx, r, "acc");
+        tb__ix_close(&g->ix, "");
+        return g->ix.status == TB_OK;
+    }
+    tb__ix_open(&g->ix, "");
+    for (lane = 1; lane < lanes; lane++)
+        tb__ix_line(&g->ix, "%s acc%d = acc;", rd->acc_t, (int)lane);
+    tb__ix_line(&g->ix, "const long rs = %s, re = %s, rm = rs + ((re - rs) & ~%dL);", from, to,
+                (int)lanes - 1);
+    r = tb__ix_new_var(&g->ix, 0, rd->m - lanes);
+    if (r < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = rs; i%d < rm; i%d += %d) ", (int)r, (int)r, (int)r,
+             (int)lanes);
+    tb__ix_open(&g->ix, head);
+    for (lane = 0; lane < lanes; lane++) {
+        char name[16];
+        tb__cg_acc_name(name, sizeof name, lane);
+        vx = tb__cg_red_value(g, rd, r, lane);
+        if (vx < 0) return false;
+        tb__cg_red_step(g, rd, vx, r, name);
+    }
+    tb__ix_close(&g->ix, "");
+    rt = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+    if (rt < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = rm; i%d < re; i%d++) ", (int)rt, (int)rt, (int)rt);
+    tb__ix_open(&g->ix, head);
+    vx = tb__cg_red_value(g, rd, rt, 0);
+    if (vx < 0) return false;
+    tb__cg_red_step(g, rd, vx, rt, "acc");
+    tb__ix_close(&g->ix, "");
+    /* pairwise: acc_j with acc_(j + half), halving */
+    for (lane = lanes / 2; lane >= 1; lane /= 2) {
+        int32_t j;
+        for (j = 0; j < lane; j++) {
+            char dst[16], src[16];
+            tb__cg_acc_name(dst, sizeof dst, j);
+            tb__cg_acc_name(src, sizeof src, j + lane);
+            tb__ix_line(&g->ix, "{ const %s a = %s, b = %s; %s = %s; }", rd->acc_t, dst, src, dst,
+                        rd->combine);
+        }
+    }
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
+/* Combines the work-group's results (a row per group): sums and extremes by a tree, argmax and
+   argmin keeping the first index of the extreme. Opens `if (lid == 0)`. */
+static void tb__cg_red_group(tb__cg *g, const tb__cg_red *rd) {
+    const char *cmp = rd->is_max ? ">" : "<";
+    if (!rd->is_arg) {
+        tb__cg_local_reduce(g, rd->k->group, "acc", rd->acc_t, rd->combine);
+        tb__ix_open(&g->ix, "if (lid == 0) ");
+        return;
+    }
+    tb__ix_line(&g->ix, "redv[lid] = best;");
+    tb__ix_line(&g->ix, "redi[lid] = bi;");
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+    tb__ix_line(&g->ix, "for (int s = %d; s > 0; s >>= 1) {", (int)(rd->k->group / 2));
+    tb__ix_line(&g->ix, "    if (lid < s) {");
+    tb__ix_line(&g->ix, "        const %s ov = redv[lid + s], cv = redv[lid];", rd->xt);
+    tb__ix_line(&g->ix, "        const long oi = redi[lid + s], ci = redi[lid];");
+    if (tb_dtype_is_float(rd->xd)) {
+        tb__ix_line(&g->ix,
+                    "        if (oi >= 0 && (ci < 0 || (isnan(ov) ? (!isnan(cv) || oi < "
+                    "ci) : (!isnan(cv) && (ov %s cv || (ov == cv && oi < ci)))))) {",
+                    cmp);
+    } else {
+        tb__ix_line(&g->ix,
+                    "        if (oi >= 0 && (ci < 0 || ov %s cv || (ov == cv && oi < "
+                    "ci))) {",
+                    cmp);
+    }
+    tb__ix_line(&g->ix, "            redv[lid] = ov;");
+    tb__ix_line(&g->ix, "            redi[lid] = oi;");
+    tb__ix_line(&g->ix, "        }");
+    tb__ix_line(&g->ix, "    }");
+    tb__ix_line(&g->ix, "    %s", g->d->barrier);
+    tb__ix_line(&g->ix, "}");
+    tb__ix_line(&g->ix, "bi = redi[0];");
+    tb__ix_open(&g->ix, "if (lid == 0) ");
+}
+
+/* A reduction: one work item or one work-group per output, or, when the reduction is split,
+   the partial stage (one per chunk of a row, raw accumulators out) or the final stage
+   (combines the chunks of its row, then finishes and runs the epilogue). */
+static tb_status tb__cg_kernel_reduce(tb__cg *g, const tb__plan_kernel *k) {
+    tb__cg_red rd;
+    bool partial = k->kind == TB__K_PARTIAL, final = !partial && k->split > 0;
+    const char *t;
+    int32_t vf, vr;
+    if (!tb__cg_red_begin(g, k, &rd)) return g->ix.status;
+    t = tb__cg_ctype(rd.od);
+    if (final) {
+        /* the partial results of this row, in chunk order */
+        if (!tb__cg_arg(g, TB__ARG_BUF, k->partial_slot)) return g->ix.status;
+        tb__ix_line(&g->ix, "for (int c = 0; c < %d; c++) {", (int)k->split);
+        tb__ix_line(&g->ix, "    const %s b = (%s)b%d[i%d * %d + c];", rd.acc_t, rd.acc_t,
+                    (int)k->partial_slot, (int)rd.i0, (int)k->split);
+        tb__ix_line(&g->ix, "    const %s a = acc;", rd.acc_t);
+        tb__ix_line(&g->ix, "    acc = %s;", rd.combine);
+        tb__ix_line(&g->ix, "}");
+    } else if (!tb__cg_red_loop(g, &rd)) {
+        return g->ix.status;
+    }
+    if (k->group > 1) tb__cg_red_group(g, &rd);
+    if (partial) {
+        tb__ix_line(&g->ix, "out[i%d] = (%s)acc;", (int)rd.i0,
+                    tb__cg_ctype(tb__cg_plan(g)->slots[k->out_slot].shape.dtype));
+    } else {
+        vf = tb__cg_new_val(g, rd.od);
+        if (vf < 0) return g->ix.status;
+        if (rd.cn->op == TB_OP_MEAN) {
+            tb__ix_line(&g->ix, "const %s v%d = (%s)(acc / (%s)%lld);", t, (int)vf, t, rd.acc_t,
+                        (long long)rd.m);
+        } else if (rd.is_arg) {
+            tb__ix_line(&g->ix, "const %s v%d = (%s)bi;", t, (int)vf, t);
+        } else {
+            tb__ix_line(&g->ix, "const %s v%d = (%s)acc;", t, (int)vf, t);
+        }
+        tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, rd.out_pos, 0, vf);
+        vr = tb__cg_eval(g, k->root, rd.out_pos);
+        if (vr < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "out[i%d] = v%d;", (int)rd.i0, (int)vr);
+    }
+    if (k->group > 1) tb__ix_close(&g->ix, "");
+    return g->ix.status;
+}
+
+/* What a softmax, log_softmax or layer_norm kernel reads: x by rows of `len` elements (the
+   trailing axes, or one axis of a row shape for softmax over an inner axis), weight and bias. */
+typedef struct tb__cg_norm {
+    const tb__plan_kernel *k;
+    const tb_node *cn;
+    const tb_shape *xs;
+    int32_t x, w, b, axis, i0, row_pos;
+    int64_t len;
+    bool layer;
+    tb_dtype od;
+    const char *t, *ct; /* the output's type and the accumulators' */
+} tb__cg_norm;
+
+/* The position of x at element i<j> of the current row. */
+static int32_t tb__cg_norm_pos(tb__cg *g, const tb__cg_norm *nm, int32_t j) {
+    tb__lf dims[TB_MAX_RANK];
+    int32_t a, ri = 0;
+    if (nm->k->suffix) return tb__ix_var_pos_flat(&g->ix, nm->xs, nm->i0, nm->len, j);
+    for (a = 0; a < nm->xs->rank; a++) {
+        if (a == nm->axis) {
+            tb__lf_const(&dims[a], 0);
+            tb__lf_add_term(&dims[a], j, 1);
+        } else {
+            dims[a] = g->ix.pos[nm->row_pos].dim[ri++];
+        }
+    }
+    return tb__ix_pos_multi(&g->ix, nm->xs, dims);
+}
+
+/* The last pass: the normalised value of x at xp (v<vx>), then the epilogue and the store. */
+static bool tb__cg_norm_store(tb__cg *g, const tb__cg_norm *nm, int32_t j, int32_t xp, int32_t vx) {
+    const tb__pgraph *G = g->G;
+    int32_t vf = tb__cg_new_val(g, nm->od), vr;
+    char flat[TB__LF_TEXT];
+    const char *t = nm->t, *ct = nm->ct;
+    if (vf < 0) return false;
+    if (nm->layer) {
+        tb__ix_line(&g->ix, "%s y = ((%s)v%d - mean) * rstd;", ct, ct, (int)vx);
+        if (nm->w >= 0) {
+            int32_t vw = tb__cg_eval(
+                g, nm->w, tb__ix_var_pos_flat(&g->ix, tb__plan_shape(G, nm->w), j, 1, -1));
+            if (vw < 0) return false;
+            tb__ix_line(&g->ix, "y = y * (%s)v%d;", ct, (int)vw);
+        }
+        if (nm->b >= 0) {
+            int32_t vb = tb__cg_eval(
+                g, nm->b, tb__ix_var_pos_flat(&g->ix, tb__plan_shape(G, nm->b), j, 1, -1));
+            if (vb < 0) return false;
+            tb__ix_line(&g->ix, "y = y + (%s)v%d;", ct, (int)vb);
+        }
+        tb__ix_line(&g->ix, "const %s v%d = (%s)y;", t, (int)vf, t);
+    } else if (nm->cn->op == TB_OP_SOFTMAX) {
+        tb__ix_line(&g->ix, "const %s v%d = (%s)((%s)%s(v%d - (%s)mx) / sm);", t, (int)vf, t, ct,
+                    tb__cg_math(g, "exp", nm->od), (int)vx, t);
+    } else {
+        tb__ix_line(&g->ix, "const %s v%d = (%s)((%s)v%d - mx - lse);", t, (int)vf, t, ct, (int)vx);
+    }
+    tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, nm->k->core, xp, 0, vf);
+    vr = tb__cg_eval(g, nm->k->root, xp);
+    if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
+    tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+    tb__ix_line(&g->ix, "out[%s] = v%d;", flat, (int)vr);
+    return g->ix.status == TB_OK;
+}
+
+/* The vector part of a pass over the row: elements [0, rv) W at a time, folded into the
+   scalar accumulators that the pass's element loop goes on with from rv (passes 0 and 1); the
+   last pass stores W outputs at once. */
+static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
+    int32_t w = nm->k->vec, j, xp, vx, wp, vf, vr;
+    char head[128], flat[TB__LF_TEXT];
+    j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+    if (j < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < rv; i%d += %d) ", (int)j, (int)j, (int)j,
+             (int)w);
+    tb__ix_open(&g->ix, head);
+    xp = tb__cg_norm_pos(g, nm, j);
+    vx = tb__cg_veval(g, nm->x, xp);
+    if (vx < 0) return false;
+    if (pass == 0) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "sumv += v%d;", (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "mxv = tb_vmax16(v%d, mxv);", (int)vx);
+        }
+    } else if (pass == 1) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "const float16 dv = v%d - mean;", (int)vx);
+            tb__ix_line(&g->ix, "sqv += dv * dv;");
+        } else {
+            tb__ix_line(&g->ix, "smv += tb_vexp16(v%d - mx);", (int)vx);
+        }
+    } else {
+        vf = tb__cg_new_vec(g);
+        if (vf < 0) return false;
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "float16 y = (v%d - mean) * rstd;", (int)vx);
+            if (nm->w >= 0) {
+                wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->w), j, 1, -1);
+                vr = tb__cg_veval(g, nm->w, wp);
+                if (vr < 0) return false;
+                tb__ix_line(&g->ix, "y = y * v%d;", (int)vr);
+            }
+            if (nm->b >= 0) {
+                wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->b), j, 1, -1);
+                vr = tb__cg_veval(g, nm->b, wp);
+                if (vr < 0) return false;
+                tb__ix_line(&g->ix, "y = y + v%d;", (int)vr);
+            }
+            tb__ix_line(&g->ix, "const float16 v%d = y;", (int)vf);
+        } else if (nm->cn->op == TB_OP_SOFTMAX) {
+            tb__ix_line(&g->ix, "const float16 v%d = tb_vexp16(v%d - mx) / sm;", (int)vf, (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "const float16 v%d = v%d - mx - lse;", (int)vf, (int)vx);
+        }
+        tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, nm->k->core, xp, 0, vf);
+        vr = tb__cg_veval(g, nm->k->root, xp);
+        if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
+        tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+        tb__ix_line(&g->ix, "vstore16(v%d, 0, out + (%s));", (int)vr, flat);
+    }
+    tb__ix_close(&g->ix, "");
+    if (pass == 0) {
+        tb__ix_line(&g->ix, "%s", nm->layer ? "sum = tb_hsum16(sumv);" : "mx = tb_hmax16(mxv);");
+    } else if (pass == 1) {
+        tb__ix_line(&g->ix, "%s", nm->layer ? "sqdev = tb_hsum16(sqv);" : "sm = tb_hsum16(smv);");
+    }
+    return g->ix.status == TB_OK;
+}
+
+/* One pass over the row: 0 the sum or the maximum, 1 the squared deviations or the sum of
+   exponentials, 2 the output. */
+static bool tb__cg_norm_pass(tb__cg *g, const tb__cg_norm *nm, int pass) {
+    const tb__plan_kernel *k = nm->k;
+    const char *ct = nm->ct;
+    char head[128];
+    int32_t j, xp, vx;
+    if (k->vec > 0 && !tb__cg_norm_vpass(g, nm, pass)) return false;
+    j = tb__ix_new_var(&g->ix, 0, nm->len > 0 ? nm->len - 1 : 0);
+    if (j < 0) return false;
+    if (k->group <= 1) {
+        snprintf(head, sizeof head, "for (long i%d = %s; i%d < %lldL; i%d++) ", (int)j,
+                 k->vec > 0 ? "rv" : "0", (int)j, (long long)nm->len, (int)j);
+    } else {
+        snprintf(head, sizeof head, "for (long i%d = lid; i%d < %lldL; i%d += %d) ", (int)j, (int)j,
+                 (long long)nm->len, (int)j, (int)k->group);
+    }
+    tb__ix_open(&g->ix, head);
+    xp = tb__cg_norm_pos(g, nm, j);
+    vx = tb__cg_eval(g, nm->x, xp);
+    if (vx < 0) return false;
+    if (pass == 0) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "sum += (%s)v%d;", ct, (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "if ((%s)v%d > mx || isnan(v%d)) mx = (%s)v%d;", ct, (int)vx,
+                        (int)vx, ct, (int)vx);
+        }
+    } else if (pass == 1) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "const %s dv = (%s)v%d - mean;", ct, ct, (int)vx);
+            tb__ix_line(&g->ix, "sqdev += dv * dv;");
+        } else {
+            tb__ix_line(&g->ix, "sm += (%s)%s(v%d - (%s)mx);", ct, tb__cg_math(g, "exp", nm->od),
+                        (int)vx, nm->t);
+        }
+    } else if (!tb__cg_norm_store(g, nm, j, xp, vx)) {
+        return false;
+    }
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
+static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
+    const tb__pgraph *G = g->G;
+    tb__cg_norm nm;
+    tb_shape rowshape;
+    int32_t a, pass;
+    memset(&nm, 0, sizeof nm);
+    nm.k = k;
+    nm.cn = G->info[k->core].node;
+    nm.x = tb__plan_operand(G, k->core, 0);
+    nm.xs = tb__plan_shape(G, nm.x);
+    nm.w = nm.b = nm.row_pos = -1;
+    nm.layer = nm.cn->op == TB_OP_LAYER_NORM;
+    nm.axis = nm.layer ? nm.xs->rank - 1 : (int32_t)nm.cn->attrs[0];
+    nm.od = nm.cn->shape.dtype;
+    nm.t = tb__cg_ctype(nm.od);
+    nm.ct = tb__cg_ctype(k->acc);
+    nm.len = 1;
+    memset(&rowshape, 0, sizeof rowshape);
+    rowshape.dtype = nm.xs->dtype;
+    if (nm.layer) {
+        int32_t next = 1;
+        for (a = nm.xs->rank - (int32_t)nm.cn->attrs[0]; a < nm.xs->rank; a++)
+            nm.len *= nm.xs->dims[a];
+        if (nm.cn->attrs[1] != 0) nm.w = tb__plan_operand(G, k->core, (size_t)next++);
+        if (nm.cn->attrs[2] != 0) nm.b = tb__plan_operand(G, k->core, (size_t)next++);
+    } else {
+        nm.len = nm.xs->dims[nm.axis];
+        for (a = 0; a < nm.xs->rank; a++)
+            if (a != nm.axis) rowshape.dims[rowshape.rank++] = nm.xs->dims[a];
+    }
+    nm.i0 = tb__cg_row_header(g, k, nm.len > 0 ? tb__plan_numel(nm.xs) / nm.len : 0);
+    if (nm.i0 < 0) return g->ix.status;
+    if (k->group > 1) tb__cg_local(g, nm.ct, "red", k->group);
+    if (!k->suffix) {
+        nm.row_pos = tb__ix_var_pos_flat(&g->ix, &rowshape, nm.i0, 1, -1);
+        if (nm.row_pos < 0 || !tb__ix_need_multi(&g->ix, nm.row_pos)) return g->ix.status;
+    }
+    if (nm.layer) {
+        tb__ix_line(&g->ix, "%s sum = 0, sqdev = 0;", nm.ct);
+    } else {
+        tb__ix_line(&g->ix, "%s mx = -INFINITY, sm = 0;", nm.ct);
+    }
+    if (k->vec > 0) {
+        tb__ix_line(&g->ix, "const long rv = %lldL;", (long long)(nm.len / k->vec * k->vec));
+        tb__ix_line(&g->ix, "%s",
+                    nm.layer ? "float16 sumv = TB_VBC(0.0f), sqv = TB_VBC(0.0f);"
+                             : "float16 mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
+    }
+    for (pass = 0; pass < 3; pass++) {
+        if (!tb__cg_norm_pass(g, &nm, pass)) return g->ix.status;
+        if (pass == 0) {
+            if (k->group > 1)
+                tb__cg_local_reduce(g, k->group, nm.layer ? "sum" : "mx", nm.ct,
+                                    nm.layer ? "a + b" : "((b > a || isnan(b)) ? b : a)");
+            if (nm.layer)
+                tb__ix_line(&g->ix, "const %s mean = sum / (%s)%lld;", nm.ct, nm.ct,
+                            (long long)nm.len);
+        } else if (pass == 1) {
+            char eps[64];
+            if (k->group > 1)
+                tb__cg_local_reduce(g, k->group, nm.layer ? "sqdev" : "sm", nm.ct, "a + b");
+            if (nm.layer) {
+                tb__cg_flit(k->acc, nm.cn->fattrs[0], eps, sizeof eps);
+                tb__ix_line(&g->ix, "const %s rstd = (%s)1 / %s(sqdev / (%s)%lld + %s);", nm.ct,
+                            nm.ct, tb__cg_math(g, "sqrt", k->acc), nm.ct, (long long)nm.len, eps);
+            } else if (nm.cn->op == TB_OP_LOG_SOFTMAX) {
+                tb__ix_line(&g->ix, "const %s lse = %s(sm);", nm.ct, tb__cg_math(g, "log", k->acc));
+            }
+        }
+    }
+    return g->ix.status;
+}
+
+/* The store of one accumulator acc[ii][jj] of a matmul kernel at row gr, column gc (the caller
+   has emitted both and opened the bounds check): the kernel's fused consumers run on the value
+   and the result goes to out. Shared by every matmul kernel. False when code generation
+   stopped (g->ix.status says why, if it failed). */
+static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    int32_t r = cs->rank, nb = r - 2, d;
+    int64_t M = cs->dims[r - 2], N = cs->dims[r - 1];
+    tb_dtype od = cs->dtype;
+    const char *t = tb__cg_ctype(od);
+    tb__lf dims[TB_MAX_RANK];
+    char flat[TB__LF_TEXT];
+    int32_t vr = tb__ix_new_var(&g->ix, 0, M - 1), vc = tb__ix_new_var(&g->ix, 0, N - 1), p, vf, v;
+    if (vr < 0 || vc < 0) return false;
+    tb__ix_line(&g->ix, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
+    for (d = 0; d < nb; d++)
+        dims[d] = bdims[d];
+    tb__lf_const(&dims[r - 2], 0);
+    tb__lf_add_term(&dims[r - 2], vr, 1);
+    tb__lf_const(&dims[r - 1], 0);
+    tb__lf_add_term(&dims[r - 1], vc, 1);
+    p = tb__ix_pos_multi(&g->ix, cs, dims);
+    vf = tb__cg_new_val(g, od);
+    if (p < 0 || vf < 0) return false;
+    tb__ix_line(&g->ix, "const %s v%d = (%s)acc[ii][jj];", t, (int)vf, t);
+    tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, p, 0, vf);
+    v = tb__cg_eval(g, k->root, p);
+    if (v < 0 || !tb__ix_need_flat(&g->ix, p)) return false;
+    tb__lf_text(&g->ix.pos[p].flat, flat, sizeof flat);
+    tb__ix_line(&g->ix, "out[%s] = v%d;", flat, (int)v);
+    return true;
+}
+
+/* The loops over a work item's block of rm x rn outputs at row0 + ii (+ step_r * ii), col0 +
+   jj, storing the real ones through the epilogue. */
+static bool tb__cg_matmul_stores(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                 const char *rows, const char *cols) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    char head[192];
+    snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ",
+             (int)k->rm, (int)k->rn);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long gr = %s, gc = %s;", rows, cols);
+    snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)cs->dims[cs->rank - 2],
+             (long long)cs->dims[cs->rank - 1]);
+    tb__ix_open(&g->ix, head);
+    if (!tb__cg_matmul_store(g, k, bdims)) return false;
+    tb__ix_close(&g->ix, "");
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
+/* The batch index variable of a matmul kernel's output (i<var> given) as per-dim forms of
+   the batch dims, in bdims. */
+static bool tb__cg_batch_dims(tb__cg *g, const tb_shape *cs, int32_t var, tb__lf *bdims) {
+    tb_shape bshape;
+    int32_t d, bpos;
+    if (cs->rank <= 2) return true;
+    memset(&bshape, 0, sizeof bshape);
+    bshape.dtype = cs->dtype;
+    for (d = 0; d + 2 < cs->rank; d++)
+        bshape.dims[bshape.rank++] = cs->dims[d];
+    bpos = tb__ix_var_pos_flat(&g->ix, &bshape, var, 1, -1);
+    if (bpos < 0 || !tb__ix_need_multi(&g->ix, bpos)) return false;
+    memcpy(bdims, g->ix.pos[bpos].dim, sizeof(tb__lf) * TB_MAX_RANK);
+    return true;
+}
+
+/* The value of a matmul operand (side 0: A, 1: B) at (row var, column var) of its matrix. */
+static int32_t tb__cg_matmul_operand(tb__cg *g, const tb__plan_kernel *k, int side,
+                                     const tb__lf *bdims, int32_t row, int32_t col) {
+    int32_t x = tb__plan_operand(g->G, k->core, (size_t)side);
+    const tb_shape *xs = tb__plan_shape(g->G, x);
+    int32_t r = xs->rank, d;
+    tb__lf dims[TB_MAX_RANK];
+    for (d = 0; d + 2 < r; d++)
+        dims[d] = bdims[d];
+    tb__lf_const(&dims[r - 2], 0);
+    tb__lf_add_term(&dims[r - 2], row, 1);
+    tb__lf_const(&dims[r - 1], 0);
+    tb__lf_add_term(&dims[r - 1], col, 1);
+    return tb__cg_eval(g, x, tb__ix_pos_multi(&g->ix, xs, dims));
+}
+
+/* Matmul from registers (CPU devices without packing: integers, small sizes): no work-group
+   memory (the caches tile), each work item an rm x rn block of the output, operands read at
+   clamped rows and columns (always in bounds; the epilogue writes only the real ones). */
+static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
+    int32_t i0, kv, i, j, rows[16], cols[16], va[16], vb[16];
+    tb_dtype od = cs->dtype;
+    const char *acc_t = tb__cg_acc_ctype(od);
+    tb__lf bdims[TB_MAX_RANK];
+    char head[160], id0[48], id1[48], id2[48];
+    if (k->rm > 16 || k->rn > 16) {
+        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: a register block of %dx%d",
+                                      (int)k->rm, (int)k->rn));
+        return g->ix.status;
+    }
+    tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
+    tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
+    tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
+    tb__ix_line(&g->ix, "const long col0 = (long)%s * %d, row0 = (long)%s * %d;", id0, (int)k->rn,
+                id1, (int)k->rm);
+    i0 = tb__ix_new_var(&g->ix, 0, mm.batch > 0 ? mm.batch - 1 : 0);
+    if (i0 < 0) return g->ix.status;
+    tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, id2);
+    if (!tb__cg_batch_dims(g, cs, i0, bdims)) return g->ix.status;
+    for (i = 0; i < k->rm; i++) {
+        rows[i] = tb__ix_new_var(&g->ix, 0, mm.m - 1);
+        if (rows[i] < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "const long i%d = %s(row0 + %d, %lldL);", (int)rows[i], g->d->min_long,
+                    (int)i, (long long)(mm.m - 1));
+    }
+    for (j = 0; j < k->rn; j++) {
+        cols[j] = tb__ix_new_var(&g->ix, 0, mm.n - 1);
+        if (cols[j] < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "const long i%d = %s(col0 + %d, %lldL);", (int)cols[j], g->d->min_long,
+                    (int)j, (long long)(mm.n - 1));
+    }
+    tb__ix_line(&g->ix, "%s acc[%d][%d];", acc_t, (int)k->rm, (int)k->rn);
+    tb__ix_line(&g->ix, "for (int ii = 0; ii < %d; ii++)", (int)k->rm);
+    tb__ix_line(&g->ix, "    for (int jj = 0; jj < %d; jj++) acc[ii][jj] = 0;", (int)k->rn);
+    kv = tb__ix_new_var(&g->ix, 0, mm.k > 0 ? mm.k - 1 : 0);
+    if (kv < 0) return g->ix.status;
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)kv, (int)kv,
+             (long long)mm.k, (int)kv);
+    tb__ix_open(&g->ix, head);
+    for (j = 0; j < k->rn; j++) {
+        vb[j] = tb__cg_matmul_operand(g, k, 1, bdims, kv, cols[j]);
+        if (vb[j] < 0) return g->ix.status;
+    }
+    for (i = 0; i < k->rm; i++) {
+        va[i] = tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv);
+        if (va[i] < 0) return g->ix.status;
+    }
+    for (i = 0; i < k->rm; i++) {
+        for (j = 0; j < k->rn; j++) {
+            if (tb_dtype_is_float(od)) {
+                tb__ix_line(&g->ix, "acc[%d][%d] += v%d * v%d;", (int)i, (int)j, (int)va[i],
+                            (int)vb[j]);
+            } else {
+                tb__ix_line(&g->ix, "acc[%d][%d] += (%s)v%d * (%s)v%d;", (int)i, (int)j, acc_t,
+                            (int)va[i], acc_t, (int)vb[j]);
+            }
+        }
+    }
+    tb__ix_close(&g->ix, "");
+    tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj");
+    return g->ix.status;
+}
+
+/* A pack kernel: one work item per element of the panels. Element (b, panel, k, lane) is the
+   operand at batch b, depth k and row (A) or column (B) panel * width + lane, clamped to the
+   last one (the matmul never stores what the padding computes). */
+static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
+    bool is_a = k->kind == TB__K_PACK_A;
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    int32_t i0, ib, ik, il, v;
+    int64_t z[6], len, K, blocks, width;
+    tb__lf bdims[TB_MAX_RANK];
+    char id0[48], id1[48], id2[48];
+    tb__plan_pack_sizes(g->G, k->core, is_a, z);
+    K = z[3];
+    blocks = z[4];
+    width = z[5];
+    len = is_a ? z[1] : z[2];
+    i0 = tb__ix_new_var(&g->ix, 0, z[0] * blocks - 1);
+    ib = tb__ix_new_var(&g->ix, 0, z[0] - 1);
+    ik = tb__ix_new_var(&g->ix, 0, K - 1);
+    il = tb__ix_new_var(&g->ix, 0, len - 1);
+    if (i0 < 0 || ib < 0 || ik < 0 || il < 0) return g->ix.status;
+    tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
+    tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
+    tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
+    tb__ix_line(&g->ix, "const long lane = (long)%s, i%d = (long)%s;", id0, (int)ik, id1);
+    tb__ix_line(&g->ix, "if (i%d >= %lldL) return;", (int)ik, (long long)K);
+    tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, id2);
+    tb__ix_line(&g->ix, "const long i%d = i%d / %lldL;", (int)ib, (int)i0, (long long)blocks);
+    tb__ix_line(&g->ix, "const long i%d = %s(i%d %% %lldL * %lldL + lane, %lldL);", (int)il,
+                g->d->min_long, (int)i0, (long long)blocks, (long long)width, (long long)(len - 1));
+    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
+    v = is_a ? tb__cg_matmul_operand(g, k, 0, bdims, il, ik)
+             : tb__cg_matmul_operand(g, k, 1, bdims, ik, il);
+    if (v < 0) return g->ix.status;
+    tb__ix_line(&g->ix, "out[(i%d * %lldL + i%d) * %lldL + lane] = v%d;", (int)i0, (long long)K,
+                (int)ik, (long long)width, (int)v);
+    return g->ix.status;
+}
+
+/* Matmul from the panels of the two pack kernels before it: each work item an rm x width
+   block of the output, one vector accumulator per row; the inner loop reads one vector of B
+   and rm consecutive values of A per step of K. */
+static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    int64_t za[6], zb[6], K;
+    int rm = (int)k->rm, vw = (int)k->rn, i;
+    const char *t = tb__cg_ctype(cs->dtype);
+    char tv[16], zero[48], head[160], id0[48], id1[48], id2[48];
+    int32_t ib;
+    tb__lf bdims[TB_MAX_RANK];
+    tb__plan_pack_sizes(g->G, k->core, true, za);
+    tb__plan_pack_sizes(g->G, k->core, false, zb);
+    K = za[3];
+    snprintf(tv, sizeof tv, "%s%d", t, vw);
+    if (!tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[0]) ||
+        !tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[1]))
+        return g->ix.status;
+    ib = tb__ix_new_var(&g->ix, 0, za[0] - 1);
+    if (ib < 0) return g->ix.status;
+    tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
+    tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
+    tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
+    tb__ix_line(&g->ix, "const long pc = (long)%s, pr = (long)%s;", id0, id1);
+    tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)ib, id2);
+    tb__ix_line(&g->ix, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
+    tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", g->d->global, t,
+                (int)k->pack_slot[0], (int)ib, (long long)za[4], (long long)(K * rm));
+    tb__ix_line(&g->ix, "%sconst %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", g->d->global, t,
+                (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));
+    snprintf(zero, sizeof zero, g->d->vec_zero, tv);
+    for (i = 0; i < rm; i++)
+        tb__ix_line(&g->ix, "%s accv%d = %s;", tv, i, zero);
+    snprintf(head, sizeof head, "for (long kk = 0; kk < %lldL; kk++) ", (long long)K);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const %s bv = vload%d(kk, bp);", tv, vw);
+    tb__ix_line(&g->ix, "%sconst %s *ak = ap + kk * %d;", g->d->global, t, rm);
+    for (i = 0; i < rm; i++)
+        tb__ix_line(&g->ix, "accv%d += ak[%d] * bv;", i, i);
+    tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "%s acc[%d][%d];", t, rm, vw);
+    for (i = 0; i < rm; i++)
+        tb__ix_line(&g->ix, "vstore%d(accv%d, 0, acc[%d]);", vw, i, i);
+    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
+    tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj");
+    return g->ix.status;
+}
+
+/* Loads the tiles of A and B of depth kt into work-group memory. */
+static bool tb__cg_matmul_tiles_load(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                     int32_t w, int32_t tm, int32_t tn) {
+    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
+    const char *t = tb__cg_ctype(tb__plan_shape(g->G, k->core)->dtype);
+    char head[160];
+    int side;
+    for (side = 0; side < 2; side++) {
+        int32_t vr, vc, v;
+        int tile_rows = side == 0 ? tm : k->tk, tile_cols = side == 0 ? k->tk : tn;
+        snprintf(head, sizeof head, "for (int l = ly * %d + lx; l < %d; l += %d) ", (int)w,
+                 tile_rows * tile_cols, (int)(w * w));
+        tb__ix_open(&g->ix, head);
+        tb__ix_line(&g->ix, "const int lr = l / %d, lc = l %% %d;", tile_cols, tile_cols);
+        if (side == 0) {
+            tb__ix_line(&g->ix, "const long gr = row0 + lr, gc = kt + lc;");
+        } else {
+            tb__ix_line(&g->ix, "const long gr = kt + lr, gc = col0 + lc;");
+        }
+        tb__ix_line(&g->ix, "%s e = 0;", t);
+        snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ",
+                 (long long)(side == 0 ? mm.m : mm.k), (long long)(side == 0 ? mm.k : mm.n));
+        tb__ix_open(&g->ix, head);
+        vr = tb__ix_new_var(&g->ix, 0, (side == 0 ? mm.m : mm.k) - 1);
+        vc = tb__ix_new_var(&g->ix, 0, (side == 0 ? mm.k : mm.n) - 1);
+        if (vr < 0 || vc < 0) return false;
+        tb__ix_line(&g->ix, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
+        v = tb__cg_matmul_operand(g, k, side, bdims, vr, vc);
+        if (v < 0) return false;
+        tb__ix_line(&g->ix, "e = v%d;", (int)v);
+        tb__ix_close(&g->ix, "");
+        tb__ix_line(&g->ix, "%s", side == 0 ? "As[lc][lr] = e;" : "Bs[lr][lc] = e;");
+        tb__ix_close(&g->ix, "");
+    }
+    return g->ix.status == TB_OK;
+}
+
+/* Matmul in work-group memory tiles (GPUs): a w x w work-group computes a (w rm) x (w rn)
+   block, each item rm x rn outputs strided by w. */
+static tb_status tb__cg_kernel_matmul_tiles(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
+    int32_t w = (int32_t)k->group_size[0], tm = w * k->rm, tn = w * k->rn, i0;
+    tb_dtype od = cs->dtype;
+    const char *t = tb__cg_ctype(od), *acc_t = tb__cg_acc_ctype(od);
+    tb__lf bdims[TB_MAX_RANK];
+    char head[160], rows[64], cols[64], name[32], lx[48], ly[48], gx[48], gy[48], gz[48];
+    tb__cg_id(lx, sizeof lx, g->d->local_id, 0);
+    tb__cg_id(ly, sizeof ly, g->d->local_id, 1);
+    tb__cg_id(gx, sizeof gx, g->d->group_id, 0);
+    tb__cg_id(gy, sizeof gy, g->d->group_id, 1);
+    tb__cg_id(gz, sizeof gz, g->d->group_id, 2);
+    snprintf(name, sizeof name, "As[%d]", (int)k->tk);
+    tb__cg_local(g, t, name, tm);
+    snprintf(name, sizeof name, "Bs[%d]", (int)k->tk);
+    tb__cg_local(g, t, name, tn);
+    tb__ix_line(&g->ix, "const int lx = (int)%s, ly = (int)%s;", lx, ly);
+    tb__ix_line(&g->ix, "const long row0 = (long)%s * %d, col0 = (long)%s * %d;", gy, (int)tm, gx,
+                (int)tn);
+    i0 = tb__ix_new_var(&g->ix, 0, mm.batch > 0 ? mm.batch - 1 : 0);
+    if (i0 < 0) return g->ix.status;
+    tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, gz);
+    if (!tb__cg_batch_dims(g, cs, i0, bdims)) return g->ix.status;
+    tb__ix_line(&g->ix, "%s acc[%d][%d];", acc_t, (int)k->rm, (int)k->rn);
+    tb__ix_line(&g->ix, "for (int ii = 0; ii < %d; ii++)", (int)k->rm);
+    tb__ix_line(&g->ix, "    for (int jj = 0; jj < %d; jj++) acc[ii][jj] = 0;", (int)k->rn);
+    snprintf(head, sizeof head, "for (long kt = 0; kt < %lldL; kt += %d) ", (long long)mm.k,
+             (int)k->tk);
+    tb__ix_open(&g->ix, head);
+    if (!tb__cg_matmul_tiles_load(g, k, bdims, w, tm, tn)) return g->ix.status;
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+    tb__ix_line(&g->ix, "for (int kk = 0; kk < %d; kk++) {", (int)k->tk);
+    tb__ix_line(&g->ix, "    %s ra[%d], rb[%d];", t, (int)k->rm, (int)k->rn);
+    tb__ix_line(&g->ix, "    for (int ii = 0; ii < %d; ii++) ra[ii] = As[kk][ly + ii * %d];",
+                (int)k->rm, (int)w);
+    tb__ix_line(&g->ix, "    for (int jj = 0; jj < %d; jj++) rb[jj] = Bs[kk][lx + jj * %d];",
+                (int)k->rn, (int)w);
+    tb__ix_line(&g->ix, "    for (int ii = 0; ii < %d; ii++)", (int)k->rm);
+    if (tb_dtype_is_float(od)) {
+        tb__ix_line(&g->ix,
+                    "        for (int jj = 0; jj < %d; jj++) acc[ii][jj] += ra[ii] * rb[jj];",
+                    (int)k->rn);
+    } else {
+        tb__ix_line(&g->ix,
+                    "        for (int jj = 0; jj < %d; jj++) acc[ii][jj] += (%s)ra[ii] * "
+                    "(%s)rb[jj];",
+                    (int)k->rn, acc_t, acc_t);
+    }
+    tb__ix_line(&g->ix, "}");
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+    tb__ix_close(&g->ix, "");
+    snprintf(rows, sizeof rows, "row0 + ly + ii * %d", (int)w);
+    snprintf(cols, sizeof cols, "col0 + lx + jj * %d", (int)w);
+    tb__cg_matmul_stores(g, k, bdims, rows, cols);
+    return g->ix.status;
+}
+
+static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k) {
+    if (k->mm == TB__MM_PACKED) return tb__cg_kernel_matmul_packed(g, k);
+    if (k->mm == TB__MM_REGISTERS) return tb__cg_kernel_matmul_registers(g, k);
+    return tb__cg_kernel_matmul_tiles(g, k);
+}
+
+/* ---- the program ---- */
+
+/* The entry point's parameters: the output, then the kernel's arguments in plan order. */
+static tb_status tb__cg_params(const tb__cg *g, const tb__plan_kernel *k, tb__cg_param **out) {
+    const tb__plan *p = g->P;
+    tb__cg_param *params = (tb__cg_param *)tb__calloc(k->num_args + 1, sizeof *params);
+    size_t i;
+    if (params == NULL) return TB_ERR_OUT_OF_MEMORY;
+    params[0].role = -1;
+    params[0].type = tb__cg_ctype(p->slots[k->out_slot].shape.dtype);
+    snprintf(params[0].name, sizeof params[0].name, "out");
+    for (i = 0; i < k->num_args; i++) {
+        const tb__plan_arg *a = &k->args[i];
+        tb__cg_param *q = &params[i + 1];
+        q->role = a->kind;
+        if (a->kind == TB__ARG_BUF) {
+            q->type = tb__cg_ctype(p->slots[a->index].shape.dtype);
+            snprintf(q->name, sizeof q->name, "b%d", (int)a->index);
+        } else if (a->kind == TB__ARG_SCALAR) {
+            q->type = tb__cg_scalar_ctype(g, p->param_dtype[a->index]);
+            snprintf(q->name, sizeof q->name, "s%d", (int)a->index);
+        } else if (a->kind == TB__ARG_TABLE) {
+            q->type = "ulong";
+            snprintf(q->name, sizeof q->name, "tb_sc");
+        } else {
+            q->type = "long";
+            snprintf(q->name, sizeof q->name, "tb_err");
+        }
+    }
+    *out = params;
+    return TB_OK;
+}
+
+/* The body of kernel i into g->ix.body. */
+static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
+    const tb__plan_kernel *k = &g->P->kernels[i];
+    tb_status st;
+    tb__ix_reset(&g->ix);
+    g->kernel = (int32_t)i;
+    g->num_vals = g->num_frames = g->num_stack = 0;
+    g->depth = 0;
+    switch (k->kind) {
+    case TB__K_REDUCE:
+    case TB__K_PARTIAL:
+        st = tb__cg_kernel_reduce(g, k);
+        break;
+    case TB__K_MATMUL:
+        st = tb__cg_kernel_matmul(g, k);
+        break;
+    case TB__K_PACK_A:
+    case TB__K_PACK_B:
+        st = tb__cg_kernel_pack(g, k);
+        break;
+    case TB__K_NORM:
+        st = tb__cg_kernel_norm(g, k);
+        break;
+    default:
+        st = tb__cg_kernel_elementwise(g, k);
+        break;
+    }
+    if (st == TB_OK) st = g->ix.status;
+    if (st == TB_OK && g->ix.body.failed) st = TB_ERR_OUT_OF_MEMORY;
+    return st;
+}
+
+/* Renders every kernel of the plan (those with work) after the dialect's head and the shared
+   prelude, as one program; *out (caller frees) and its length. */
+static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
+                               size_t *len) {
+    tb__cg *g = (tb__cg *)tb__calloc(1, sizeof *g);
+    tb__str src;
+    size_t i;
+    tb_status st = TB_OK;
+    *out = NULL;
+    if (g == NULL) return TB_ERR_OUT_OF_MEMORY;
+    g->G = G;
+    g->P = P;
+    g->d = d;
+    memset(&src, 0, sizeof src);
+    tb__str_append(&src, "%s", d->head);
+    for (i = 0; i < tb__cl_prelude_count; i++)
+        tb__str_append(&src, "%s", tb__cl_prelude[i]);
+    tb__str_append(&src, "\n");
+    for (i = 0; i < P->num_kernels && st == TB_OK; i++) {
+        const tb__plan_kernel *k = &P->kernels[i];
+        tb__cg_param *params = NULL;
+        if (k->empty) continue;
+        st = tb__cg_kernel_body(g, i);
+        if (st == TB_OK) st = tb__cg_params(g, k, &params);
+        if (st == TB_OK)
+            d->kernel(&src, k, params, k->num_args + 1,
+                      g->ix.body.data != NULL ? g->ix.body.data : "");
+        tb__free(params);
+    }
+    if (st == TB_OK && src.failed) st = TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK) {
+        *len = src.len;
+        *out = tb__str_take(&src);
+        if (*out == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    tb__str_free(&src);
+    tb__ix_free(&g->ix);
+    tb__free(g->val_dtype);
+    tb__free(g->frames);
+    tb__free(g->stack);
+    tb__free(g);
+    return st;
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
+/* ---- src/opencl_internal.h ---- */
+/* ===========================================================================================
+   The internal contract of the OpenCL backend's parts (opencl_api.c, opencl_device.c,
+   opencl_program.c, opencl.c): the part of the OpenCL API the backend uses, declared here so
+   that no SDK is needed; the runtime's, devices', buffers' and programs' state; the functions
+   the parts give each other, each defined in the part named above it.
+   =========================================================================================== */
+
+#ifndef TB_NO_OPENCL
 
 #ifdef TB_OPENCL_LINKED
 #ifndef CL_TARGET_OPENCL_VERSION
@@ -13847,6 +19361,138 @@ typedef struct tb__cl_api {
     tb__cl_int(TB__CL_CALL *ReleaseEvent)(tb__cl_event);
 } tb__cl_api;
 
+#define TB__OCL_CALL(rt, fn) ((rt)->api.fn)
+
+/* ---- opencl_api.c ---- */
+
+static const char *tb__cl_error_name(tb__cl_int err);
+static bool tb__cl_is_oom(tb__cl_int err);
+static bool tb__ocl_load_library(tb__cl_api *api, char *reason, size_t cap);
+
+/* ---- opencl_device.c: the runtime, devices, buffers ---- */
+
+struct tb__ocl_runtime;
+struct tb__ocl_device;
+
+/* A device buffer: the payload of every opencl tb_backend_data. `mem` is NULL for a scalar made
+   by data_from_scalar (its value lives in tb_backend_data.scalar until a kernel needs it in
+   memory). */
+typedef struct tb__ocl_buffer {
+    struct tb__ocl_device *dev;
+    tb__cl_mem mem;
+    size_t size;  /* bytes asked for */
+    size_t cap;   /* bytes the cl_mem holds: the size class */
+    uint64_t gen; /* tb__next_generation when it was handed out or last written */
+} tb__ocl_buffer;
+
+/* A built program shared by every computation whose source is the same. */
+typedef struct tb__ocl_program {
+    struct tb__ocl_program *next;
+    uint64_t key[2]; /* tb__ocl_program_key */
+    char *source;    /* confirms a hit on the key */
+    size_t source_len;
+    tb__cl_program program;
+    int32_t refcount; /* computations using it, plus one while it is in the cache */
+    /* the disk cache folder to write the binary to after the first run: some drivers (PoCL)
+       add the machine code of the kernels launched so far to the binary, so a later process
+       skips that compile too; NULL when written, or when the disk cache is off */
+    char *save_dir;
+} tb__ocl_program;
+
+/* A device. Its facts are set once, when the runtime loads; `lock` guards the rest: the
+   allocator, the program cache, the statistics and every use of the queue (a run holds it
+   from its first enqueue to its last). Devices run in parallel; a build holds no lock. */
+typedef struct tb__ocl_device {
+    struct tb__ocl_runtime *rt;
+    tb__mutex lock;
+    int32_t ordinal;
+    tb__cl_platform_id platform;
+    tb__cl_device_id id;
+    tb_device_info info;
+    char platform_name[128];
+    char platform_version[128];
+    char device_version[128];
+    uint64_t max_alloc;
+    size_t max_parameter_size; /* bytes of kernel arguments */
+    uint32_t clock_mhz;
+    bool correct_divide_sqrt;
+    char build_options[512];
+    /* created on first use */
+    tb__cl_context ctx;
+    tb__cl_command_queue queue;
+    /* the caching allocator: free buffers, oldest first */
+    tb__ocl_buffer **cache;
+    size_t cache_count, cache_cap;
+    uint64_t cached_bytes, cache_limit;
+    uint64_t bytes_in_use, peak_bytes;
+    uint64_t buffers_created, buffers_reused, cache_trims;
+    /* programs and statistics */
+    tb__ocl_program *programs;
+    uint64_t program_builds, disk_hits, disk_misses, disk_rejected, kernels_launched, kernel_ns;
+} tb__ocl_device;
+
+typedef struct tb__ocl_runtime {
+    int32_t refcount; /* atomic: the backend's, plus one per buffer, computation and device in
+                         use */
+    bool exited;      /* prepare_to_exit ran: nothing is cached any more */
+    tb__cl_api api;
+    tb__ocl_device *devices;
+    size_t num_devices;
+    int32_t default_ordinal;
+    tb_status status; /* TB_OK, or why the backend cannot be used */
+    char reason[512];
+    int32_t cache_dir_reported; /* atomic: why the cache folder is not used was said */
+} tb__ocl_runtime;
+
+/* Guards tb__ocl_current, the runtime's creation and its default device, and the creation of
+   each device's context and queue. Taken before a device's lock, never after. */
+static tb__mutex tb__ocl_mutex = TB__MUTEX_INIT;
+static tb__ocl_runtime *tb__ocl_current;
+
+/* the runtime (loaded on first use); call with tb__ocl_mutex held */
+static tb__ocl_runtime *tb__ocl_runtime_get(void);
+static void tb__ocl_runtime_ref(tb__ocl_runtime *rt);
+static void tb__ocl_runtime_unref(tb__ocl_runtime *rt);
+/* the device of an ordinal with its context and queue; call with tb__ocl_mutex held */
+static tb__ocl_device *tb__ocl_device_get(int32_t ordinal, const char *func);
+/* locks a device (and keeps its runtime) for its memory, programs and queue */
+static tb__ocl_device *tb__ocl_device_acquire(int32_t ordinal, const char *func);
+static void tb__ocl_device_lock(tb__ocl_device *dev);
+static void tb__ocl_device_release(tb__ocl_device *dev);
+/* the caching allocator and transfers; call with the device locked */
+static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_buffer **out);
+static void tb__ocl_buffer_free(tb__ocl_buffer *buf);
+static void tb__ocl_buffer_destroy(tb__ocl_buffer *buf);
+static void tb__ocl_cache_trim(tb__ocl_device *dev, uint64_t keep);
+static tb_status tb__ocl_write(tb__ocl_device *dev, tb__ocl_buffer *buf, const void *host,
+                               size_t size);
+static tb_status tb__ocl_read(tb__ocl_device *dev, const tb__ocl_buffer *buf, void *host,
+                              size_t size);
+static void tb__ocl_metric(tb__ocl_device *dev, const char *name, int64_t delta);
+static void tb__ocl_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]);
+
+/* ---- opencl_program.c: programs ---- */
+
+/* the built program of a source (from memory, the disk cache, or built now; call without the
+   device's lock) */
+static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_t len,
+                                     tb__ocl_program **out);
+/* call these with the device locked */
+static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p);
+static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p);
+static void tb__ocl_programs_trim(tb__ocl_device *dev, size_t keep);
+
+#endif /* TB_NO_OPENCL */
+
+/* ---- src/opencl_api.c ---- */
+/* ===========================================================================================
+   OpenCL: the part of the API the backend uses, declared here so that no SDK is needed, and
+   the ICD loader, opened at run time (no -lOpenCL) unless TB_OPENCL_LINKED is defined (the
+   types and values are in opencl_internal.h).
+   =========================================================================================== */
+
+#ifndef TB_NO_OPENCL
+
 /* Symbol names in the order of the struct's members (every member is one function pointer). */
 static const char *const tb__cl_symbols[] = {"clGetPlatformIDs",
                                              "clGetPlatformInfo",
@@ -13973,111 +19619,125 @@ static bool tb__cl_is_oom(tb__cl_int err) {
            err == TB__CL_OUT_OF_HOST_MEMORY;
 }
 
-/* ---- runtime: the loaded library, its devices and their state ---- */
-
-struct tb__ocl_runtime;
-struct tb__ocl_device;
-
-/* A device buffer: the payload of every opencl tb_backend_data. `mem` is NULL for a scalar made
-   by data_from_scalar (its value lives in tb_backend_data.scalar until a kernel needs it in
-   memory). */
-typedef struct tb__ocl_buffer {
-    struct tb__ocl_device *dev;
-    tb__cl_mem mem;
-    size_t size; /* bytes asked for */
-    size_t cap;  /* bytes the cl_mem holds: the size class */
-} tb__ocl_buffer;
-
-/* A built program shared by every computation whose source is the same. */
-typedef struct tb__ocl_program {
-    struct tb__ocl_program *next;
-    uint64_t key[2]; /* tb__ocl_program_key */
-    char *source;    /* confirms a hit on the key */
-    size_t source_len;
-    tb__cl_program program;
-    int32_t refcount; /* computations using it, plus one while it is in the cache */
-    /* the disk cache folder to write the binary to after the first run: some drivers (PoCL)
-       add the machine code of the kernels launched so far to the binary, so a later process
-       skips that compile too; NULL when written, or when the disk cache is off */
-    char *save_dir;
-} tb__ocl_program;
-
-typedef struct tb__ocl_device {
-    struct tb__ocl_runtime *rt;
-    int32_t ordinal;
-    tb__cl_platform_id platform;
-    tb__cl_device_id id;
-    tb_device_info info;
-    char platform_name[128];
-    char platform_version[128];
-    char device_version[128];
-    uint64_t max_alloc;
-    size_t max_parameter_size; /* bytes of kernel arguments */
-    uint32_t clock_mhz;
-    bool correct_divide_sqrt;
-    char build_options[512];
-    /* created on first use */
-    tb__cl_context ctx;
-    tb__cl_command_queue queue;
-    /* the caching allocator: free buffers, oldest first */
-    tb__ocl_buffer **cache;
-    size_t cache_count, cache_cap;
-    uint64_t cached_bytes, cache_limit;
-    uint64_t bytes_in_use, peak_bytes;
-    uint64_t buffers_created, buffers_reused, cache_trims;
-    /* programs and statistics */
-    tb__ocl_program *programs;
-    uint64_t program_builds, disk_hits, disk_misses, disk_rejected, kernels_launched, kernel_ns;
-} tb__ocl_device;
-
-typedef struct tb__ocl_runtime {
-    int32_t refcount; /* the backend's reference, plus one per buffer and computation alive */
-    bool exited;      /* prepare_to_exit ran: nothing is cached any more */
+/* Opens the ICD loader ($TB_OPENCL_LIBRARY, else the system's) and resolves every entry point
+   into *api; on failure `reason` (of `cap` bytes) says why. The library stays loaded: drivers
+   keep threads and state past the release of their last object, and some crash when
+   unloaded; opening it again gives the same handle. */
+static bool tb__ocl_load_library(tb__cl_api *api, char *reason, size_t cap) {
+#if defined(TB_OPENCL_LINKED)
+    api->GetPlatformIDs = clGetPlatformIDs;
+    api->GetPlatformInfo = clGetPlatformInfo;
+    api->GetDeviceIDs = clGetDeviceIDs;
+    api->GetDeviceInfo = clGetDeviceInfo;
+    api->CreateContext = clCreateContext;
+    api->ReleaseContext = clReleaseContext;
+    api->CreateCommandQueue = clCreateCommandQueue;
+    api->ReleaseCommandQueue = clReleaseCommandQueue;
+    api->CreateBuffer = clCreateBuffer;
+    api->ReleaseMemObject = clReleaseMemObject;
+    api->EnqueueReadBuffer = clEnqueueReadBuffer;
+    api->EnqueueWriteBuffer = clEnqueueWriteBuffer;
+    api->EnqueueCopyBuffer = clEnqueueCopyBuffer;
+    api->EnqueueMapBuffer = clEnqueueMapBuffer;
+    api->EnqueueUnmapMemObject = clEnqueueUnmapMemObject;
+    api->CreateProgramWithSource = clCreateProgramWithSource;
+    api->CreateProgramWithBinary = clCreateProgramWithBinary;
+    api->BuildProgram = clBuildProgram;
+    api->GetProgramBuildInfo = clGetProgramBuildInfo;
+    api->GetProgramInfo = clGetProgramInfo;
+    api->ReleaseProgram = clReleaseProgram;
+    api->CreateKernel = clCreateKernel;
+    api->ReleaseKernel = clReleaseKernel;
+    api->SetKernelArg = clSetKernelArg;
+    api->GetKernelWorkGroupInfo = clGetKernelWorkGroupInfo;
+    api->EnqueueNDRangeKernel = clEnqueueNDRangeKernel;
+    api->Finish = clFinish;
+    api->Flush = clFlush;
+    api->WaitForEvents = clWaitForEvents;
+    api->GetEventProfilingInfo = clGetEventProfilingInfo;
+    api->ReleaseEvent = clReleaseEvent;
+    (void)reason, (void)cap;
+    return true;
+#else
+    const size_t count = sizeof tb__cl_symbols / sizeof tb__cl_symbols[0];
+    const char *path = tb__getenv("TB_OPENCL_LIBRARY");
     void *lib;
-    tb__cl_api api;
-    tb__ocl_device *devices;
-    size_t num_devices;
-    int32_t default_ordinal;
-    tb_status status; /* TB_OK, or why the backend cannot be used */
-    char reason[512];
-    bool cache_dir_reported; /* why the disk cache folder is not used was said */
-} tb__ocl_runtime;
+    size_t i;
+    if (path == NULL) {
+#if defined(_WIN32)
+        path = "OpenCL.dll";
+#elif defined(__APPLE__)
+        path = "/System/Library/Frameworks/OpenCL.framework/OpenCL";
+#else
+        path = "libOpenCL.so.1";
+#endif
+    }
+    if (sizeof(tb__cl_api) != count * sizeof(void *)) {
+        snprintf(reason, cap, "opencl: function pointers and data pointers differ in size here");
+        return false;
+    }
+#if defined(_WIN32)
+    lib = (void *)LoadLibraryA(path);
+    if (lib == NULL) {
+        snprintf(reason, cap, "opencl: cannot open %s: error %lu", path,
+                 (unsigned long)GetLastError());
+        return false;
+    }
+#else
+    lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        const char *why = dlerror();
+        snprintf(reason, cap, "opencl: cannot open %s: %s", path,
+                 why != NULL ? why : "unknown reason");
+        return false;
+    }
+#endif
+    for (i = 0; i < count; i++) {
+        void *sym;
+#if defined(_WIN32)
+        FARPROC proc = GetProcAddress((HMODULE)lib, tb__cl_symbols[i]);
+        memcpy(&sym, &proc, sizeof sym);
+#else
+        sym = dlsym(lib, tb__cl_symbols[i]);
+#endif
+        if (sym == NULL) {
+            snprintf(reason, cap, "opencl: %s does not export %s", path, tb__cl_symbols[i]);
+            return false;
+        }
+        memcpy((char *)api + i * sizeof(void *), &sym, sizeof sym);
+    }
+    return true;
+#endif
+}
 
-static tb__mutex tb__ocl_mutex = TB__MUTEX_INIT;
-static tb__ocl_runtime *tb__ocl_current;
+#endif /* TB_NO_OPENCL */
 
-#define TB__OCL_CALL(rt, fn) ((rt)->api.fn)
+/* ---- src/opencl_device.c ---- */
+/* ===========================================================================================
+   OpenCL runtime: the loaded library, its devices (every platform's; one context and one
+   in-order profiling queue per device, created on first use), the caching buffer allocator and
+   transfers (mapped where the device shares host memory).
+   =========================================================================================== */
 
-static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p);
-static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p);
-static void tb__ocl_cache_trim(tb__ocl_device *dev, uint64_t keep);
+#ifndef TB_NO_OPENCL
 
+/* Frees the runtime when its last reference goes: every computation (and so every program
+   but the cache's, which prepare_to_exit dropped) and every buffer is gone by then. */
 static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
     size_t i;
     for (i = 0; i < rt->num_devices; i++) {
         tb__ocl_device *dev = &rt->devices[i];
-        tb__ocl_program *p = dev->programs, *next;
-        for (; p != NULL; p = next) {
-            next = p->next;
-            tb__ocl_program_save(dev, p);
-            if (p->program != NULL) TB__OCL_CALL(rt, ReleaseProgram)(p->program);
-            tb__free(p->source);
-            tb__free(p);
-        }
-        dev->programs = NULL;
+        TB_ASSERT(dev->programs == NULL);
         tb__free(dev->cache);
         if (dev->queue != NULL) TB__OCL_CALL(rt, ReleaseCommandQueue)(dev->queue);
         if (dev->ctx != NULL) TB__OCL_CALL(rt, ReleaseContext)(dev->ctx);
     }
     tb__free(rt->devices);
-    /* The ICD loader stays loaded (rt->lib is not closed): drivers keep threads and state past
-       the release of their last object, and some crash when unloaded. Opening it again after a
-       new setup gives the same handle. */
     tb__free(rt);
 }
 
 static void tb__ocl_runtime_unref(tb__ocl_runtime *rt) {
-    if (rt != NULL && --rt->refcount == 0) tb__ocl_runtime_destroy(rt);
+    if (rt != NULL && TB__ATOMIC_ADD(&rt->refcount, -1) == 0) tb__ocl_runtime_destroy(rt);
 }
 
 static void tb__ocl_unavailable(tb__ocl_runtime *rt, tb_status status, const char *fmt, ...)
@@ -14099,94 +19759,6 @@ static bool tb__ocl_load_oom(tb__ocl_runtime *rt, tb__cl_int err, const char *ca
     tb__ocl_unavailable(rt, TB_ERR_OUT_OF_MEMORY, "opencl: %s failed while the runtime loaded: %s",
                         call, tb__cl_error_name(err));
     return true;
-}
-
-/* Opens the ICD loader and resolves every entry point; on failure the runtime says why. */
-static bool tb__ocl_load_library(tb__ocl_runtime *rt) {
-#if defined(TB_OPENCL_LINKED)
-    rt->api.GetPlatformIDs = clGetPlatformIDs;
-    rt->api.GetPlatformInfo = clGetPlatformInfo;
-    rt->api.GetDeviceIDs = clGetDeviceIDs;
-    rt->api.GetDeviceInfo = clGetDeviceInfo;
-    rt->api.CreateContext = clCreateContext;
-    rt->api.ReleaseContext = clReleaseContext;
-    rt->api.CreateCommandQueue = clCreateCommandQueue;
-    rt->api.ReleaseCommandQueue = clReleaseCommandQueue;
-    rt->api.CreateBuffer = clCreateBuffer;
-    rt->api.ReleaseMemObject = clReleaseMemObject;
-    rt->api.EnqueueReadBuffer = clEnqueueReadBuffer;
-    rt->api.EnqueueWriteBuffer = clEnqueueWriteBuffer;
-    rt->api.EnqueueCopyBuffer = clEnqueueCopyBuffer;
-    rt->api.EnqueueMapBuffer = clEnqueueMapBuffer;
-    rt->api.EnqueueUnmapMemObject = clEnqueueUnmapMemObject;
-    rt->api.CreateProgramWithSource = clCreateProgramWithSource;
-    rt->api.CreateProgramWithBinary = clCreateProgramWithBinary;
-    rt->api.BuildProgram = clBuildProgram;
-    rt->api.GetProgramBuildInfo = clGetProgramBuildInfo;
-    rt->api.GetProgramInfo = clGetProgramInfo;
-    rt->api.ReleaseProgram = clReleaseProgram;
-    rt->api.CreateKernel = clCreateKernel;
-    rt->api.ReleaseKernel = clReleaseKernel;
-    rt->api.SetKernelArg = clSetKernelArg;
-    rt->api.GetKernelWorkGroupInfo = clGetKernelWorkGroupInfo;
-    rt->api.EnqueueNDRangeKernel = clEnqueueNDRangeKernel;
-    rt->api.Finish = clFinish;
-    rt->api.Flush = clFlush;
-    rt->api.WaitForEvents = clWaitForEvents;
-    rt->api.GetEventProfilingInfo = clGetEventProfilingInfo;
-    rt->api.ReleaseEvent = clReleaseEvent;
-    return true;
-#else
-    const size_t count = sizeof tb__cl_symbols / sizeof tb__cl_symbols[0];
-    const char *path = tb__getenv("TB_OPENCL_LIBRARY");
-    size_t i;
-    if (path == NULL) {
-#if defined(_WIN32)
-        path = "OpenCL.dll";
-#elif defined(__APPLE__)
-        path = "/System/Library/Frameworks/OpenCL.framework/OpenCL";
-#else
-        path = "libOpenCL.so.1";
-#endif
-    }
-    if (sizeof(tb__cl_api) != count * sizeof(void *)) {
-        tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE,
-                            "opencl: function pointers and data pointers differ in size here");
-        return false;
-    }
-#if defined(_WIN32)
-    rt->lib = (void *)LoadLibraryA(path);
-    if (rt->lib == NULL) {
-        tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE, "opencl: cannot open %s: error %lu", path,
-                            (unsigned long)GetLastError());
-        return false;
-    }
-#else
-    rt->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (rt->lib == NULL) {
-        const char *why = dlerror();
-        tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE, "opencl: cannot open %s: %s", path,
-                            why != NULL ? why : "unknown reason");
-        return false;
-    }
-#endif
-    for (i = 0; i < count; i++) {
-        void *sym;
-#if defined(_WIN32)
-        FARPROC proc = GetProcAddress((HMODULE)rt->lib, tb__cl_symbols[i]);
-        memcpy(&sym, &proc, sizeof sym);
-#else
-        sym = dlsym(rt->lib, tb__cl_symbols[i]);
-#endif
-        if (sym == NULL) {
-            tb__ocl_unavailable(rt, TB_ERR_UNAVAILABLE, "opencl: %s does not export %s", path,
-                                tb__cl_symbols[i]);
-            return false;
-        }
-        memcpy((char *)&rt->api + i * sizeof(void *), &sym, sizeof sym);
-    }
-    return true;
-#endif
 }
 
 /* A device info string, cut to fit and trimmed of trailing blanks. */
@@ -14409,6 +19981,10 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
                 tb__free(rt->devices);
                 rt->devices = grown;
                 rt->devices[total].rt = rt;
+                {
+                    static const tb__mutex unlocked = TB__MUTEX_INIT;
+                    rt->devices[total].lock = unlocked;
+                }
                 rt->devices[total].ordinal = (int32_t)total;
                 rt->devices[total].platform = platforms[p];
                 rt->devices[total].id = ids[d];
@@ -14455,7 +20031,11 @@ static tb__ocl_runtime *tb__ocl_runtime_get(void) {
     if (rt == NULL) return NULL;
     rt->refcount = 1;
     rt->status = TB_OK;
-    if (tb__ocl_load_library(rt)) tb__ocl_enumerate(rt);
+    if (tb__ocl_load_library(&rt->api, rt->reason, sizeof rt->reason)) {
+        tb__ocl_enumerate(rt);
+    } else {
+        rt->status = TB_ERR_UNAVAILABLE;
+    }
     if (rt->status == TB_ERR_OUT_OF_MEMORY) {
         tb__error(rt->status, "%s", rt->reason);
         tb__ocl_runtime_destroy(rt);
@@ -14509,20 +20089,36 @@ static tb__ocl_device *tb__ocl_device_get(int32_t ordinal, const char *func) {
     return dev;
 }
 
-/* ---- the caching allocator ---- */
-
-/* Small requests round up to 256 bytes; from 1 MiB on, to a quarter of the enclosing power of
-   two (at most 25% slack), so that buffers of similar sizes are reused. */
-static size_t tb__ocl_size_class(size_t size) {
-    size_t p = 1, step;
-    if (size <= 256) return 256;
-    if (size <= ((size_t)1 << 20)) return (size + 255) & ~(size_t)255;
-    while (p <= size / 2)
-        p <<= 1; /* the largest power of two <= size */
-    step = p / 4;
-    if (size > SIZE_MAX - step) return size;
-    return (size + step - 1) / step * step;
+static void tb__ocl_runtime_ref(tb__ocl_runtime *rt) {
+    (void)TB__ATOMIC_ADD(&rt->refcount, 1);
 }
+
+/* The device of an ordinal, locked for the caller, with a reference on its runtime: every use
+   of a device's memory, programs or queue goes between this and tb__ocl_device_release. NULL
+   with the error set. */
+static tb__ocl_device *tb__ocl_device_acquire(int32_t ordinal, const char *func) {
+    tb__ocl_device *dev;
+    tb__mutex_lock(&tb__ocl_mutex);
+    dev = tb__ocl_device_get(ordinal, func);
+    if (dev != NULL) tb__ocl_runtime_ref(dev->rt);
+    tb__mutex_unlock(&tb__ocl_mutex);
+    if (dev != NULL) tb__mutex_lock(&dev->lock);
+    return dev;
+}
+
+/* Locks a device known through one of its buffers or computations (which keep its runtime). */
+static void tb__ocl_device_lock(tb__ocl_device *dev) {
+    tb__ocl_runtime_ref(dev->rt);
+    tb__mutex_lock(&dev->lock);
+}
+
+static void tb__ocl_device_release(tb__ocl_device *dev) {
+    tb__ocl_runtime *rt = dev->rt;
+    tb__mutex_unlock(&dev->lock);
+    tb__ocl_runtime_unref(rt);
+}
+
+/* ---- the caching allocator ---- */
 
 static void tb__ocl_metric(tb__ocl_device *dev, const char *name, int64_t delta) {
     if (!dev->rt->exited) tb__metric_count(name, delta);
@@ -14553,7 +20149,7 @@ static void tb__ocl_cache_trim(tb__ocl_device *dev, uint64_t keep) {
 /* A buffer of at least `size` bytes. Call with the mutex held and the device ready. */
 static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_buffer **out) {
     tb__ocl_runtime *rt = dev->rt;
-    size_t cap = tb__ocl_size_class(size), i;
+    size_t cap = tb__size_class(size), i;
     tb__cl_bitfield flags = TB__CL_MEM_READ_WRITE;
     tb__cl_mem mem;
     tb__cl_int err = TB__CL_SUCCESS;
@@ -14575,6 +20171,7 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
             dev->cached_bytes -= cap;
             dev->buffers_reused++;
             buf->size = size;
+            buf->gen = tb__next_generation();
             dev->bytes_in_use += cap;
             if (dev->bytes_in_use > dev->peak_bytes) dev->peak_bytes = dev->bytes_in_use;
             tb__ocl_metric(dev, "OpenCL::BytesCached", -(int64_t)cap);
@@ -14609,7 +20206,8 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
     buf->mem = mem;
     buf->size = size;
     buf->cap = cap;
-    rt->refcount++;
+    buf->gen = tb__next_generation();
+    (void)TB__ATOMIC_ADD(&rt->refcount, 1);
     dev->buffers_created++;
     dev->bytes_in_use += cap;
     if (dev->bytes_in_use > dev->peak_bytes) dev->peak_bytes = dev->bytes_in_use;
@@ -14701,6 +20299,316 @@ static void tb__ocl_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[
     memset(out, 0, 8);
     tb__scalar_store(s, dtype, out);
 }
+
+#endif /* TB_NO_OPENCL */
+
+/* ---- src/opencl_program.c ---- */
+/* ===========================================================================================
+   OpenCL programs: the in-memory cache (shared by every computation with the same source), the
+   disk cache of program binaries (diskcache.c), and the build.
+   =========================================================================================== */
+
+#ifndef TB_NO_OPENCL
+
+#define TB__OCL_MAX_PROGRAMS 256
+
+/* The disk cache's entries of OpenCL program binaries. */
+static const tb__disk_format tb__ocl_disk_format = {"opencl", "TBOCLBIN", 2u, ".clbin"};
+
+/* The bits of a program key that count: tests keep fewer to force key collisions. */
+static uint64_t tb__ocl_program_key_mask = ~(uint64_t)0;
+
+/* What a program binary depends on: the build options, the device and its driver, the
+   platform, this library's version and the source. */
+static void tb__ocl_program_disk_key(const tb__ocl_device *dev, const char *src, size_t len,
+                                     tb__disk_key *key) {
+    memset(key, 0, sizeof *key);
+    tb__disk_key_add(key, dev->build_options, (size_t)-1);
+    tb__disk_key_add(key, dev->info.name, (size_t)-1);
+    tb__disk_key_add(key, dev->info.driver_version, (size_t)-1);
+    tb__disk_key_add(key, dev->device_version, (size_t)-1);
+    tb__disk_key_add(key, dev->platform_name, (size_t)-1);
+    tb__disk_key_add(key, dev->platform_version, (size_t)-1);
+    tb__disk_key_add(key, TB_VERSION_STRING, (size_t)-1);
+    tb__disk_key_add(key, src, len);
+}
+
+/* A 128-bit hash of the key: the in-memory cache's key (a hit is confirmed by the source) and
+   the name of the disk cache's entry. */
+static void tb__ocl_program_key(const tb__ocl_device *dev, const char *src, size_t len,
+                                uint64_t key[2]) {
+    tb__disk_key k;
+    tb__ocl_program_disk_key(dev, src, len, &k);
+    tb__disk_key_hash(&k, tb__ocl_program_key_mask, key);
+}
+
+static char *tb__ocl_build_log(tb__ocl_device *dev, tb__cl_program prog) {
+    size_t n = 0;
+    char *log;
+    if (TB__OCL_CALL(dev->rt, GetProgramBuildInfo)(prog, dev->id, TB__CL_PROGRAM_BUILD_LOG, 0, NULL,
+                                                   &n) != TB__CL_SUCCESS)
+        return NULL;
+    log = (char *)tb__alloc(n + 1);
+    if (log == NULL) return NULL;
+    if (TB__OCL_CALL(dev->rt, GetProgramBuildInfo)(prog, dev->id, TB__CL_PROGRAM_BUILD_LOG, n, log,
+                                                   NULL) != TB__CL_SUCCESS)
+        n = 0;
+    log[n] = '\0';
+    return log;
+}
+
+static tb__cl_program tb__ocl_build_binary(tb__ocl_device *dev, const unsigned char *bin,
+                                           size_t n) {
+    tb__ocl_runtime *rt = dev->rt;
+    tb__cl_int err = TB__CL_SUCCESS, status = TB__CL_SUCCESS;
+    const unsigned char *bins[1];
+    tb__cl_program prog;
+    bins[0] = bin;
+    prog =
+        TB__OCL_CALL(rt, CreateProgramWithBinary)(dev->ctx, 1, &dev->id, &n, bins, &status, &err);
+    if (prog == NULL || err != TB__CL_SUCCESS || status != TB__CL_SUCCESS) {
+        if (prog != NULL) TB__OCL_CALL(rt, ReleaseProgram)(prog);
+        return NULL;
+    }
+    if (TB__OCL_CALL(rt, BuildProgram)(prog, 1, &dev->id, dev->build_options, NULL, NULL) !=
+        TB__CL_SUCCESS) {
+        TB__OCL_CALL(rt, ReleaseProgram)(prog);
+        return NULL;
+    }
+    return prog;
+}
+
+static unsigned char *tb__ocl_program_binary(tb__ocl_device *dev, tb__cl_program prog,
+                                             size_t *size) {
+    size_t n = 0;
+    unsigned char *bin, *ptrs[1];
+    if (TB__OCL_CALL(dev->rt, GetProgramInfo)(prog, TB__CL_PROGRAM_BINARY_SIZES, sizeof n, &n,
+                                              NULL) != TB__CL_SUCCESS ||
+        n == 0)
+        return NULL;
+    bin = (unsigned char *)tb__alloc(n);
+    if (bin == NULL) return NULL;
+    ptrs[0] = bin;
+    if (TB__OCL_CALL(dev->rt, GetProgramInfo)(prog, TB__CL_PROGRAM_BINARIES, sizeof ptrs, ptrs,
+                                              NULL) != TB__CL_SUCCESS) {
+        tb__free(bin);
+        return NULL;
+    }
+    *size = n;
+    return bin;
+}
+
+/* Writes a program's binary to the disk cache once, if that is still to do. The binary is
+   read only now: PoCL, for one, serialises it at the first request, with the kernels compiled
+   by then. */
+static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p) {
+    if (p->save_dir != NULL) {
+        size_t n = 0;
+        unsigned char *bin = tb__ocl_program_binary(dev, p->program, &n);
+        tb__disk_key key;
+        tb__ocl_program_disk_key(dev, p->source, p->source_len, &key);
+        tb__disk_store(&tb__ocl_disk_format, p->save_dir, &key, p->key,
+                       &dev->rt->cache_dir_reported, bin, n);
+        tb__free(bin);
+    }
+    tb__free(p->save_dir);
+    p->save_dir = NULL;
+}
+
+static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p) {
+    tb__ocl_program **link;
+    if (p == NULL || --p->refcount > 0) return;
+    for (link = &dev->programs; *link != NULL; link = &(*link)->next) {
+        if (*link == p) {
+            *link = p->next;
+            break;
+        }
+    }
+    tb__ocl_program_save(dev, p);
+    if (p->program != NULL) TB__OCL_CALL(dev->rt, ReleaseProgram)(p->program);
+    tb__free(p->source);
+    tb__free(p);
+}
+
+/* Drops cached programs no computation uses, oldest first, until at most `keep` remain. */
+static void tb__ocl_programs_trim(tb__ocl_device *dev, size_t keep) {
+    size_t count = 0;
+    tb__ocl_program *p;
+    for (p = dev->programs; p != NULL; p = p->next)
+        count++;
+    while (count > keep) {
+        tb__ocl_program *oldest = NULL;
+        for (p = dev->programs; p != NULL; p = p->next)
+            if (p->refcount == 1) oldest = p; /* the list is newest first */
+        if (oldest == NULL) break;
+        tb__ocl_program_unref(dev, oldest);
+        count--;
+    }
+}
+
+/* The program from the disk cache, or NULL (then *save_dir is the folder to write it to after
+   its first run, or NULL when the disk cache is off or not usable). An entry that is there but
+   cannot be used (another key, damaged, not a regular file of ours, a binary the driver does
+   not take) is removed and counted: the program built now takes its place. */
+static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, size_t len,
+                                        const uint64_t key[2], char **save_dir) {
+    tb__cl_program prog = NULL;
+    tb__disk_key dkey;
+    unsigned char *bin;
+    char *path = NULL;
+    const char *why = NULL;
+    size_t n = 0;
+    tb__ocl_program_disk_key(dev, src, len, &dkey);
+    bin = tb__disk_lookup(&tb__ocl_disk_format, &dkey, key, &dev->rt->cache_dir_reported, &n,
+                          save_dir, &path, &why);
+    if (path == NULL) return NULL; /* the cache is off or its folder not usable */
+    if (bin != NULL) {
+        prog = tb__ocl_build_binary(dev, bin, n);
+        if (prog == NULL) {
+            why = "a binary the driver does not load";
+            *save_dir = tb__disk_cache_path();
+        }
+    }
+    if (prog != NULL) {
+        (void)TB__ATOMIC_ADD(&dev->disk_hits, 1);
+        tb__ocl_metric(dev, "OpenCL::DiskCacheHit", 1);
+    } else {
+        (void)TB__ATOMIC_ADD(&dev->disk_misses, 1);
+        tb__ocl_metric(dev, "OpenCL::DiskCacheMiss", 1);
+        if (why != NULL) {
+            if (tb_debug_level() >= 1) {
+                tb_log_message(TB_LOG_INFO, "opencl:%d: program cache file %s not used: %s",
+                               (int)dev->ordinal, path, why);
+            }
+            tb__disk_reject(path);
+            (void)TB__ATOMIC_ADD(&dev->disk_rejected, 1);
+            tb__ocl_metric(dev, "OpenCL::DiskCacheRejected", 1);
+        }
+    }
+    tb__free(bin);
+    tb__free(path);
+    return prog;
+}
+
+/* The cached program of a source, with a reference for the caller, or NULL. `count`: the
+   lookup counts its hit or its key collisions. Call with the device's lock held. */
+static tb__ocl_program *tb__ocl_program_find(tb__ocl_device *dev, const uint64_t key[2],
+                                             const char *src, size_t len, bool count) {
+    tb__ocl_program *p;
+    for (p = dev->programs; p != NULL; p = p->next) {
+        if (p->key[0] != key[0] || p->key[1] != key[1]) continue;
+        if (p->source_len != len || memcmp(p->source, src, len) != 0) {
+            if (count) tb__ocl_metric(dev, "OpenCL::ProgramKeyCollision", 1);
+            continue;
+        }
+        p->refcount++;
+        if (count) tb__ocl_metric(dev, "OpenCL::ProgramCacheHit", 1);
+        return p;
+    }
+    return NULL;
+}
+
+/* Builds a program from source; NULL with the error set (the build log in the message). */
+static tb__cl_program tb__ocl_build_source(tb__ocl_device *dev, const char *src, size_t len) {
+    tb__ocl_runtime *rt = dev->rt;
+    tb__cl_int err = TB__CL_SUCCESS;
+    const char *srcs[1];
+    tb__cl_program prog;
+    char *log;
+    srcs[0] = src;
+    prog = TB__OCL_CALL(rt, CreateProgramWithSource)(dev->ctx, 1, srcs, &len, &err);
+    if (prog == NULL || err != TB__CL_SUCCESS) {
+        tb__error(TB_ERR_COMPILE, "opencl:%d: clCreateProgramWithSource failed: %s (%d)",
+                  (int)dev->ordinal, tb__cl_error_name(err), (int)err);
+        return NULL;
+    }
+    (void)TB__ATOMIC_ADD(&dev->program_builds, 1);
+    tb__ocl_metric(dev, "OpenCL::ProgramBuild", 1);
+    err = TB__OCL_CALL(rt, BuildProgram)(prog, 1, &dev->id, dev->build_options, NULL, NULL);
+    if (err == TB__CL_SUCCESS) return prog;
+    log = tb__ocl_build_log(dev, prog);
+    if (log != NULL && tb_debug_level() >= 1) {
+        tb_log_message(TB_LOG_ERROR, "opencl:%d: build log:\n%s", (int)dev->ordinal, log);
+    }
+    tb__error(TB_ERR_COMPILE,
+              "opencl:%d (%s): the program does not build: %s (%d); "
+              "build log:\n%.800s",
+              (int)dev->ordinal, dev->info.name, tb__cl_error_name(err), (int)err,
+              log != NULL ? log : "(none)");
+    tb__free(log);
+    TB__OCL_CALL(rt, ReleaseProgram)(prog);
+    return NULL;
+}
+
+/* The built program for a source: from memory, from the disk cache, or built now. Call
+   without the device's lock (it is taken to look the cache up and to add to it; the build runs
+   without it, so another device, or another graph of this one, runs meanwhile). Two threads
+   building one source at once both build it; the first to finish is kept. */
+static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_t len,
+                                     tb__ocl_program **out) {
+    uint64_t key[2];
+    tb__ocl_program *p;
+    tb__cl_program prog;
+    char *save_dir = NULL, *source;
+    tb__ocl_program_key(dev, src, len, key);
+    tb__ocl_device_lock(dev);
+    p = tb__ocl_program_find(dev, key, src, len, true);
+    tb__ocl_device_release(dev);
+    if (p != NULL) {
+        *out = p;
+        return TB_OK;
+    }
+    source = (char *)tb__alloc(len + 1);
+    if (source == NULL) return TB_ERR_OUT_OF_MEMORY;
+    memcpy(source, src, len);
+    source[len] = '\0';
+    prog = tb__ocl_disk_load(dev, src, len, key, &save_dir);
+    if (prog == NULL) prog = tb__ocl_build_source(dev, src, len);
+    p = prog != NULL ? (tb__ocl_program *)tb__calloc(1, sizeof *p) : NULL;
+    if (p == NULL) {
+        tb_status st = prog != NULL ? TB_ERR_OUT_OF_MEMORY : tb_last_status();
+        if (prog != NULL) TB__OCL_CALL(dev->rt, ReleaseProgram)(prog);
+        tb__free(save_dir);
+        tb__free(source);
+        return st;
+    }
+    p->key[0] = key[0];
+    p->key[1] = key[1];
+    p->source = source;
+    p->source_len = len;
+    p->program = prog;
+    p->save_dir = save_dir; /* written after the first run (tb__ocl_program_save) */
+    p->refcount = 2;        /* the cache and the caller */
+    tb__ocl_device_lock(dev);
+    *out = tb__ocl_program_find(dev, key, src, len, false);
+    if (*out == NULL) {
+        p->next = dev->programs;
+        dev->programs = p;
+        tb__ocl_programs_trim(dev, TB__OCL_MAX_PROGRAMS);
+        *out = p;
+        p = NULL;
+    }
+    tb__ocl_device_release(dev);
+    if (p != NULL) { /* built meanwhile by another thread: theirs is kept */
+        TB__OCL_CALL(dev->rt, ReleaseProgram)(p->program);
+        tb__free(p->save_dir);
+        tb__free(p->source);
+        tb__free(p);
+    }
+    return TB_OK;
+}
+
+#endif /* TB_NO_OPENCL */
+
+/* ---- src/opencl.c ---- */
+/* ===========================================================================================
+   OpenCL backend ("opencl"): the backend's entries over the runtime (opencl_device.c) and the
+   programs (opencl_program.c); a lowering that partitions a graph into fused kernels
+   (elementwise chains, reductions with their elementwise producers, matmul with an elementwise
+   epilogue, movement ops as index arithmetic), all kernels of a graph in one program.
+   =========================================================================================== */
+
+#ifndef TB_NO_OPENCL
 
 /* ---- backend entries: devices ---- */
 
@@ -14826,7 +20734,8 @@ static size_t tb__ocl_metrics_report(void *user_data, char *buf, size_t cap) {
         tb__str_append(&s, "OpenCL: unavailable: %s\n", rt != NULL ? rt->reason : "out of memory");
     } else {
         for (i = 0; i < rt->num_devices; i++) {
-            const tb__ocl_device *d = &rt->devices[i];
+            tb__ocl_device *d = &rt->devices[i];
+            tb__mutex_lock(&d->lock);
             tb__str_append(&s, "Device: opencl:%zu (%s, %s)\n", i, d->info.name,
                            tb_device_type_name(d->info.device.type));
             tb__str_append(&s, "  OpenCL::BytesInUse: %llu\n", (unsigned long long)d->bytes_in_use);
@@ -14848,6 +20757,7 @@ static size_t tb__ocl_metrics_report(void *user_data, char *buf, size_t cap) {
                            (unsigned long long)d->disk_rejected);
             tb__str_append(&s, "  OpenCL::KernelLaunch: %llu\n",
                            (unsigned long long)d->kernels_launched);
+            tb__mutex_unlock(&d->lock);
         }
     }
     tb__mutex_unlock(&tb__ocl_mutex);
@@ -14876,12 +20786,8 @@ static tb_status tb__ocl_data_from_host(void *user_data, tb_backend_data *data, 
     (void)user_data;
     st = tb_shape_nbytes(&data->shape, &size);
     if (st != TB_OK) return st;
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(data->device.ordinal, "opencl");
-    if (dev == NULL) {
-        tb__mutex_unlock(&tb__ocl_mutex);
-        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
-    }
+    dev = tb__ocl_device_acquire(data->device.ordinal, "opencl");
+    if (dev == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
     st = tb__ocl_buffer_alloc(dev, size, &buf);
     if (st == TB_OK) {
         st = tb__ocl_write(dev, buf, host, size);
@@ -14890,7 +20796,7 @@ static tb_status tb__ocl_data_from_host(void *user_data, tb_backend_data *data, 
             buf = NULL;
         }
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
+    tb__ocl_device_release(dev);
     if (st == TB_OK) data->payload = buf;
     return st;
 }
@@ -14913,7 +20819,7 @@ static tb_status tb__ocl_data_from_scalar(void *user_data, tb_backend_data *data
         return TB_ERR_OUT_OF_MEMORY;
     }
     buf->dev = dev;
-    dev->rt->refcount++;
+    tb__ocl_runtime_ref(dev->rt);
     tb__mutex_unlock(&tb__ocl_mutex);
     data->is_scalar = true;
     data->scalar = value;
@@ -14937,21 +20843,25 @@ static tb_status tb__ocl_data_to_host(void *user_data, const tb_backend_data *da
         memcpy(host, bytes, size < 8 ? size : 8);
         return TB_OK;
     }
-    tb__mutex_lock(&tb__ocl_mutex);
+    tb__ocl_device_lock(buf->dev);
     if (buf->dev->rt->exited) {
         st = tb__error(TB_ERR_STATE, "opencl: the backend was shut down");
     } else {
         st = tb__ocl_read(buf->dev, buf, host, size);
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
+    tb__ocl_device_release(buf->dev);
     return st;
 }
 
 static void tb__ocl_data_release(void *user_data, tb_backend_data *data) {
+    tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
+    tb__ocl_device *dev;
     (void)user_data;
-    tb__mutex_lock(&tb__ocl_mutex);
-    tb__ocl_buffer_free((tb__ocl_buffer *)data->payload);
-    tb__mutex_unlock(&tb__ocl_mutex);
+    if (buf == NULL) return;
+    dev = buf->dev;
+    tb__ocl_device_lock(dev);
+    tb__ocl_buffer_free(buf);
+    tb__ocl_device_release(dev);
     data->payload = NULL;
 }
 
@@ -14987,3064 +20897,16 @@ static tb__cl_mem tb__ocl_data_mem(tb__ocl_device *dev, tb_backend_data *data) {
     return buf->mem;
 }
 
-/* ===========================================================================================
-   Lowering: the graph is partitioned into kernels. Every node is either materialised (a
-   parameter, or the output of a kernel: a "root") or inlined into the one kernel that uses it.
-   Inlined nodes are evaluated at a position: an affine map from the kernel's index variables to
-   the node's element (a flat offset and/or one affine form per dim). Movement ops transform
-   positions, so they never copy; an input is read at offset + sum(var * stride).
-   =========================================================================================== */
+/* ---- the OpenCL C dialect of the code generator ---- */
 
-enum {
-    TB__OCL_K_ELEMENTWISE,
-    TB__OCL_K_REDUCE,
-    TB__OCL_K_MATMUL,
-    TB__OCL_K_NORM,
-    TB__OCL_K_PARTIAL, /* first stage of a split reduction: partial results per chunk */
-    TB__OCL_K_PACK_A,  /* a matmul's left operand copied into row panels (CPU devices) */
-    TB__OCL_K_PACK_B   /* a matmul's right operand copied into column panels (CPU devices) */
-};
-/* the context of a view that every kernel reading it evaluates itself */
-#define TB__OCL_CTX_ANY (-3)
-enum { TB__OCL_SLOT_PARAM, TB__OCL_SLOT_RESULT, TB__OCL_SLOT_TEMP };
-enum { TB__OCL_ARG_OUT, TB__OCL_ARG_BUF, TB__OCL_ARG_SCALAR, TB__OCL_ARG_ERR, TB__OCL_ARG_TABLE };
-
-/* Graphs with more scalar parameters than this pass them in a table (one small buffer written
-   before the kernels) rather than as kernel arguments: devices may accept as little as 1024
-   bytes of arguments per kernel. */
-#define TB__OCL_MAX_SCALAR_ARGS 16
-
-typedef struct tb__ocl_arg {
-    int32_t kind;
-    int32_t index; /* a slot for buffers, a parameter for scalars */
-} tb__ocl_arg;
-
-typedef struct tb__ocl_kernel {
-    int32_t kind;
-    int32_t root, core; /* node indices (lowering only); core -1 for elementwise kernels */
-    int32_t owner; /* the kernel whose nodes it evaluates: itself, or the kernel it is a stage of
-                      (the final stage of a split reduction, a matmul reading panels) */
-    int32_t split; /* a split reduction's chunk count (both stages), else 0 */
-    int32_t partial_slot; /* the final stage: the partial results it reads */
-    bool packed;          /* a matmul reading its operands from the two pack kernels before it */
-    int32_t pack_slot[2]; /* those kernels' outputs */
-    int32_t out_slot;
-    char name[64];
-    tb__ocl_arg *args;
-    size_t num_args, cap_args;
-    /* launch: `items` work items along dim 0 (E kernels, and reductions with one item per
-       output), or fixed local sizes and group counts (group_size[0] > 0) */
-    uint32_t work_dim;
-    uint64_t items;
-    size_t group_size[3];
-    size_t groups[3];
-    double flops, bytes;
-} tb__ocl_kernel;
-
-typedef struct tb__ocl_slot {
-    int32_t kind;
-    int32_t index; /* parameter or result index */
-    tb_shape shape;
-    int32_t last_use; /* last kernel reading or writing it */
-} tb__ocl_slot;
-
-/* Where a run-time error flag came from (out-of-range gather index, negative integer power). */
-typedef struct tb__ocl_errsite {
-    tb_op op;
-    int32_t dim;
-    int64_t size;
-} tb__ocl_errsite;
-
-/* A lowered graph: what compile and execute need; no node pointers. */
-typedef struct tb__ocl_plan {
-    int32_t ordinal;
-    uint64_t graph_hash;
-    size_t num_params, num_results;
-    int32_t *param_scalar; /* 1: passed by value (SCALAR); 0: a buffer */
-    tb_dtype *param_dtype;
-    int32_t *result_slot;   /* per result: the slot holding it */
-    int32_t *result_source; /* per result: -1, or an earlier result it duplicates */
-    tb__ocl_slot *slots;
-    size_t num_slots;
-    tb__ocl_kernel *kernels;
-    size_t num_kernels, cap_kernels;
-    tb__ocl_errsite *errsites;
-    size_t num_errsites;
-    bool scalar_table; /* scalars in a table buffer (8 bytes each, by parameter index) */
-    char *source;
-    size_t source_len;
-    /* compile */
-    tb__ocl_runtime *rt;
-    tb__ocl_program *program;
-    tb__cl_kernel *cl;
-    size_t *local; /* per kernel: work-group size for item-launched kernels */
-    /* per graph node (post-order): the kernel computing it, -1 for none (get_node_kernel) */
-    int32_t *node_kernel;
-    size_t num_nodes;
-} tb__ocl_plan;
-
-typedef struct tb__ocl_ninfo {
-    const tb_node *node;
-    int32_t first_operand; /* into tb__ocl_lower.operands */
-    int32_t first_user;    /* into tb__ocl_lower.users */
-    int32_t num_users;     /* distinct users */
-    int32_t uses;          /* operand slots that name it */
-    int32_t param, result, slot;
-    int32_t ctx; /* the kernel evaluating it (its own kernel when it is a root) */
-    bool root, ident, in_mm, force_root;
-} tb__ocl_ninfo;
-
-typedef struct tb__ocl_lower {
-    const tb_graph *graph;
-    tb__ocl_device *dev;
-    size_t n;
-    tb__ocl_ninfo *info;
-    int32_t *operands;
-    int32_t *users;
-    /* node pointer -> index */
-    const tb_node **map_keys;
-    int32_t *map_vals;
-    size_t map_cap;
-    tb__ocl_plan *plan;
-    bool restart;
-} tb__ocl_lower;
-
-static void tb__ocl_plan_free(tb__ocl_plan *p) {
-    size_t i;
-    if (p == NULL) return;
-    for (i = 0; i < p->num_kernels; i++)
-        tb__free(p->kernels[i].args);
-    tb__free(p->kernels);
-    tb__free(p->slots);
-    tb__free(p->param_scalar);
-    tb__free(p->param_dtype);
-    tb__free(p->result_slot);
-    tb__free(p->result_source);
-    tb__free(p->errsites);
-    tb__free(p->source);
-    tb__free(p->local);
-    tb__free(p->node_kernel);
-    tb__free(p);
-}
-
-static const char *tb__ocl_ctype(tb_dtype dtype) {
-    switch (dtype) {
-    case TB_F32:
-        return "float";
-    case TB_F64:
-        return "double";
-    case TB_I32:
-        return "int";
-    case TB_I64:
-        return "long";
-    default:
-        return "uchar"; /* u8 and bool (0 or 1) */
-    }
-}
-
-/* The unsigned type integer arithmetic wraps in. */
-static const char *tb__ocl_utype(tb_dtype dtype) {
-    switch (dtype) {
-    case TB_I32:
-        return "uint";
-    case TB_I64:
-        return "ulong";
-    default:
-        return "uint";
-    }
-}
-
-static bool tb__ocl_same_dims(const tb_shape *a, const tb_shape *b) {
-    int32_t i;
-    if (a->rank != b->rank) return false;
-    for (i = 0; i < a->rank; i++)
-        if (a->dims[i] != b->dims[i]) return false;
-    return true;
-}
-
-static int64_t tb__ocl_numel(const tb_shape *s) {
-    int64_t n = 1;
-    int32_t i;
-    for (i = 0; i < s->rank; i++)
-        n *= s->dims[i];
-    return n;
-}
-
-static const tb_custom_op_desc *tb__ocl_custom(tb_op op) {
-    return op >= TB_OP_BUILTIN_COUNT ? tb_op_custom_desc(op) : NULL;
-}
-
-/* Elementwise ops: their operands are read at the same (broadcast) position. */
-static bool tb__ocl_is_elementwise(tb_op op) {
-    tb_op_kind kind = tb_op_get_kind(op);
-    if (kind == TB_KIND_UNARY || kind == TB_KIND_BINARY || kind == TB_KIND_TERNARY) return true;
-    if (kind == TB_KIND_CUSTOM) {
-        const tb_custom_op_desc *d = tb__ocl_custom(op);
-        return d != NULL && d->opencl_expr != NULL && d->infer_shape == NULL;
-    }
-    return false;
-}
-
-/* Ops computed where they are used. */
-static bool tb__ocl_is_inlinable(tb_op op) {
-    tb_op_kind kind = tb_op_get_kind(op);
-    if (tb__ocl_is_elementwise(op)) return true;
-    if (kind == TB_KIND_MOVEMENT || kind == TB_KIND_OTHER) return true;
-    return op == TB_OP_ARANGE || op == TB_OP_EYE || op == TB_OP_RAND || op == TB_OP_RANDN;
-}
-
-/* Ops a matmul tile loader may read through without a copy (index arithmetic only). */
-static bool tb__ocl_is_view_like(tb_op op) {
-    return tb_op_get_kind(op) == TB_KIND_MOVEMENT || op == TB_OP_CAST;
-}
-
-static int32_t tb__ocl_core_kind(tb_op op) {
-    switch (tb_op_get_kind(op)) {
-    case TB_KIND_REDUCE:
-        return TB__OCL_K_REDUCE;
-    case TB_KIND_MATMUL:
-        return TB__OCL_K_MATMUL;
-    case TB_KIND_NORM:
-        return TB__OCL_K_NORM;
-    default:
-        return -1;
-    }
-}
-
-static size_t tb__ocl_ptr_hash(const void *p, size_t cap) {
-    uint64_t h = tb__hash_u64(0x6f70656e636c6d61ull, (uint64_t)(uintptr_t)p);
-    return (size_t)(h & (uint64_t)(cap - 1));
-}
-
-static int32_t tb__ocl_index_of(const tb__ocl_lower *L, const tb_node *node) {
-    size_t i = tb__ocl_ptr_hash(node, L->map_cap);
-    while (L->map_keys[i] != NULL) {
-        if (L->map_keys[i] == node) return L->map_vals[i];
-        i = (i + 1) & (L->map_cap - 1);
-    }
-    return -1;
-}
-
-/* Node table, operand and user lists, parameters and results. */
-static tb_status tb__ocl_lower_init(tb__ocl_lower *L) {
-    const tb_graph *g = L->graph;
-    size_t i, k, total_ops = 0;
-    int32_t *fill;
-    L->n = g->num_nodes;
-    L->info = (tb__ocl_ninfo *)tb__calloc(L->n + 1, sizeof *L->info);
-    L->map_cap = 16;
-    while (L->map_cap < 2 * L->n + 2)
-        L->map_cap *= 2;
-    L->map_keys = (const tb_node **)tb__calloc(L->map_cap, sizeof *L->map_keys);
-    L->map_vals = (int32_t *)tb__calloc(L->map_cap, sizeof *L->map_vals);
-    if (L->info == NULL || L->map_keys == NULL || L->map_vals == NULL) return TB_ERR_OUT_OF_MEMORY;
-    if (L->n > (size_t)INT32_MAX / 2) {
-        return tb__error(TB_ERR_UNSUPPORTED, "opencl: a graph of %zu nodes is too large", L->n);
-    }
-    for (i = 0; i < L->n; i++) {
-        const tb_node *node = g->nodes[i];
-        size_t h = tb__ocl_ptr_hash(node, L->map_cap);
-        while (L->map_keys[h] != NULL)
-            h = (h + 1) & (L->map_cap - 1);
-        L->map_keys[h] = node;
-        L->map_vals[h] = (int32_t)i;
-        L->info[i].node = node;
-        L->info[i].param = -1;
-        L->info[i].result = -1;
-        L->info[i].slot = -1;
-        L->info[i].ctx = -1;
-        total_ops += node->num_operands;
-    }
-    L->operands = (int32_t *)tb__calloc(total_ops + 1, sizeof *L->operands);
-    L->users = (int32_t *)tb__calloc(total_ops + 1, sizeof *L->users);
-    fill = (int32_t *)tb__calloc(L->n + 1, sizeof *fill);
-    if (L->operands == NULL || L->users == NULL || fill == NULL) {
-        tb__free(fill);
-        return TB_ERR_OUT_OF_MEMORY;
-    }
-    for (i = 0; i < g->num_parameters; i++) {
-        int32_t p = tb__ocl_index_of(L, g->parameters[i]);
-        if (p < 0) {
-            tb__free(fill);
-            return tb__error(TB_ERR_INTERNAL, "opencl: parameter %zu is not in the graph", i);
-        }
-        L->info[p].param = (int32_t)i;
-    }
-    for (i = 0; i < g->num_results; i++) {
-        int32_t r = tb__ocl_index_of(L, g->results[i]);
-        if (r < 0) {
-            tb__free(fill);
-            return tb__error(TB_ERR_INTERNAL, "opencl: result %zu is not in the graph", i);
-        }
-        if (L->info[r].result < 0) L->info[r].result = (int32_t)i;
-    }
-    /* operands (parameters are leaves: their operands are not part of this graph's work) */
-    total_ops = 0;
-    for (i = 0; i < L->n; i++) {
-        const tb_node *node = L->info[i].node;
-        L->info[i].first_operand = (int32_t)total_ops;
-        if (L->info[i].param >= 0) continue;
-        for (k = 0; k < node->num_operands; k++) {
-            int32_t o = tb__ocl_index_of(L, node->operands[k]);
-            if (o < 0 || (size_t)o >= i) {
-                tb__free(fill);
-                return tb__error(TB_ERR_INTERNAL,
-                                 "opencl: the graph is not in post-order (node %zu, operand %zu)",
-                                 i, k);
-            }
-            L->operands[total_ops++] = o;
-            L->info[o].uses++;
-        }
-    }
-    /* distinct users, grouped per node */
-    for (i = 0; i < L->n; i++) {
-        const tb_node *node = L->info[i].node;
-        if (L->info[i].param >= 0) continue;
-        for (k = 0; k < node->num_operands; k++) {
-            int32_t o = L->operands[L->info[i].first_operand + (int32_t)k];
-            size_t j;
-            bool seen = false;
-            for (j = 0; j < k; j++)
-                seen = seen || L->operands[L->info[i].first_operand + (int32_t)j] == o;
-            if (!seen) L->info[o].num_users++;
-        }
-    }
-    {
-        int32_t at = 0;
-        for (i = 0; i < L->n; i++) {
-            L->info[i].first_user = at;
-            at += L->info[i].num_users;
-        }
-    }
-    for (i = 0; i < L->n; i++) {
-        const tb_node *node = L->info[i].node;
-        if (L->info[i].param >= 0) continue;
-        for (k = 0; k < node->num_operands; k++) {
-            int32_t o = L->operands[L->info[i].first_operand + (int32_t)k];
-            size_t j;
-            bool seen = false;
-            for (j = 0; j < k; j++)
-                seen = seen || L->operands[L->info[i].first_operand + (int32_t)j] == o;
-            if (!seen) L->users[L->info[o].first_user + fill[o]++] = (int32_t)i;
-        }
-    }
-    tb__free(fill);
-    return TB_OK;
-}
-
-static int32_t tb__ocl_operand(const tb__ocl_lower *L, int32_t node, size_t k) {
-    return L->operands[L->info[node].first_operand + (int32_t)k];
-}
-
-static tb_status tb__ocl_add_kernel(tb__ocl_lower *L, int32_t kind, int32_t root, int32_t core,
-                                    int32_t *out) {
-    tb__ocl_plan *p = L->plan;
-    tb__ocl_kernel *k;
-    if (tb__grow((void **)&p->kernels, &p->cap_kernels, p->num_kernels + 1,
-                 sizeof(tb__ocl_kernel)) != TB_OK)
-        return TB_ERR_OUT_OF_MEMORY;
-    k = &p->kernels[p->num_kernels];
-    memset(k, 0, sizeof *k);
-    k->kind = kind;
-    k->root = root;
-    k->core = core;
-    k->out_slot = -1;
-    *out = (int32_t)p->num_kernels++;
-    return TB_OK;
-}
-
-/* Orders kernels by their roots (producers first) and renumbers the contexts. */
-static tb_status tb__ocl_sort_kernels(tb__ocl_lower *L) {
-    tb__ocl_plan *p = L->plan;
-    size_t nk = p->num_kernels, i, j;
-    int32_t *remap;
-    tb__ocl_kernel *sorted;
-    if (nk == 0) return TB_OK;
-    remap = (int32_t *)tb__calloc(nk, sizeof *remap);
-    sorted = (tb__ocl_kernel *)tb__calloc(nk, sizeof *sorted);
-    if (remap == NULL || sorted == NULL) {
-        tb__free(remap);
-        tb__free(sorted);
-        return TB_ERR_OUT_OF_MEMORY;
-    }
-    /* kernels were made from the last node to the first: reversing sorts them by root */
-    for (i = 0; i < nk; i++) {
-        j = nk - 1 - i;
-        sorted[i] = p->kernels[j];
-        remap[j] = (int32_t)i;
-    }
-    for (i = 1; i < nk; i++) {
-        if (sorted[i - 1].root >= sorted[i].root) {
-            tb__free(remap);
-            tb__free(sorted);
-            return tb__error(TB_ERR_INTERNAL, "opencl: kernels out of order");
-        }
-    }
-    memcpy(p->kernels, sorted, nk * sizeof *sorted);
-    for (i = 0; i < L->n; i++)
-        if (L->info[i].ctx >= 0) L->info[i].ctx = remap[L->info[i].ctx];
-    tb__free(remap);
-    tb__free(sorted);
-    return TB_OK;
-}
-
-/* Code generation as for a GPU whatever the device (a test hook: the GPU variants of matmul
-   and of the reductions then run on a CPU device too). */
-static int tb__ocl_codegen_as_gpu = 0;
-
-static bool tb__ocl_codegen_cpu(const tb__ocl_device *dev) {
-    return dev->info.device.type == TB_DEVICE_CPU && !tb__ocl_codegen_as_gpu;
-}
-
-static bool tb__ocl_fast_f64(const tb__ocl_device *dev) {
-    return dev->info.supports_f64 && dev->info.device.type == TB_DEVICE_CPU;
-}
-
-/* The reduced element count and output count of a reduction node. */
-static void tb__ocl_reduce_sizes(const tb__ocl_lower *L, int32_t core, int64_t *n_out, int64_t *m) {
-    const tb_node *c = L->info[core].node;
-    const tb_shape *xs = &L->info[tb__ocl_operand(L, core, 0)].node->shape;
-    *n_out = tb__ocl_numel(&c->shape);
-    *m = *n_out > 0 ? tb__ocl_numel(xs) / *n_out : 0;
-}
-
-/* The dtype a reduction accumulates in (the partial results of a split reduction). */
-static tb_dtype tb__ocl_reduce_acc_dtype(const tb__ocl_lower *L, int32_t core) {
-    const tb_node *c = L->info[core].node;
-    tb_dtype od = c->shape.dtype;
-    if (c->op == TB_OP_MAX || c->op == TB_OP_MIN)
-        return L->info[tb__ocl_operand(L, core, 0)].node->shape.dtype;
-    if (tb_dtype_is_float(od)) return od == TB_F32 && tb__ocl_fast_f64(L->dev) ? TB_F64 : od;
-    return od == TB_I64 ? TB_I64 : TB_I32; /* the wrapping ulong / uint accumulators */
-}
-
-/* How many chunks a reduction with few outputs over many elements is split into, so that
-   every compute unit gets work; 1: not split. */
-static int64_t tb__ocl_split_count(const tb__ocl_device *dev, int64_t n_out, int64_t m) {
-    int64_t want = (int64_t)dev->info.compute_units * (tb__ocl_codegen_cpu(dev) ? 64 : 16);
-    int64_t chunks;
-    if (n_out <= 0 || m < 16384 || n_out >= want) return 1;
-    chunks = (want + n_out - 1) / n_out;
-    if (chunks > m / 4096) chunks = m / 4096;
-    if (chunks > 1024) chunks = 1024;
-    return chunks >= 2 ? chunks : 1;
-}
-
-/* Splits reductions with few outputs into a partial stage (chunks of each row in parallel)
-   and a final stage (combines the chunks, then the epilogue). */
-static tb_status tb__ocl_split_reductions(tb__ocl_lower *L) {
-    tb__ocl_plan *p = L->plan;
-    size_t i, j;
-    for (i = 0; i < p->num_kernels; i++)
-        p->kernels[i].owner = (int32_t)i;
-    for (i = 0; i < p->num_kernels; i++) {
-        tb__ocl_kernel *k = &p->kernels[i];
-        const tb_node *c;
-        int64_t n_out, m, chunks;
-        if (k->kind != TB__OCL_K_REDUCE) continue;
-        c = L->info[k->core].node;
-        if (c->op == TB_OP_ARGMAX || c->op == TB_OP_ARGMIN) continue;
-        tb__ocl_reduce_sizes(L, k->core, &n_out, &m);
-        chunks = tb__ocl_split_count(L->dev, n_out, m);
-        if (chunks <= 1) continue;
-        if (tb__grow((void **)&p->kernels, &p->cap_kernels, p->num_kernels + 1,
-                     sizeof(tb__ocl_kernel)) != TB_OK)
-            return TB_ERR_OUT_OF_MEMORY;
-        memmove(&p->kernels[i + 1], &p->kernels[i], (p->num_kernels - i) * sizeof(tb__ocl_kernel));
-        p->num_kernels++;
-        memset(&p->kernels[i], 0, sizeof(tb__ocl_kernel));
-        p->kernels[i].kind = TB__OCL_K_PARTIAL;
-        p->kernels[i].root = p->kernels[i + 1].root;
-        p->kernels[i].core = p->kernels[i + 1].core;
-        p->kernels[i].split = (int32_t)chunks;
-        p->kernels[i].out_slot = -1;
-        p->kernels[i + 1].split = (int32_t)chunks;
-        for (j = 0; j < L->n; j++)
-            if (L->info[j].ctx >= (int32_t)i) L->info[j].ctx++;
-        for (j = i + 1; j < p->num_kernels; j++)
-            p->kernels[j].owner = (int32_t)j;
-        p->kernels[i].owner = (int32_t)i + 1;
-        i++;
-    }
-    return TB_OK;
-}
-
-/* Matmuls on CPU devices read panels: rows of A, TB__OCL_MM_ROWS at a time, and columns of B,
-   one vector width at a time, each laid out contiguously along K. The panels keep the inner
-   loop on consecutive addresses (row strides of a power of two otherwise map every row to the
-   same cache sets) and evaluate fused producers of the operands once. */
-#define TB__OCL_MM_ROWS      16
-#define TB__OCL_PACK_GROUP_K 8 /* work-group of a pack kernel: vector width x this */
-
-/* A matmul core's sizes: batch (the product of the leading dims), M, N and K. */
-typedef struct tb__ocl_mm {
-    int64_t batch, m, n, k;
-} tb__ocl_mm;
-
-static tb__ocl_mm tb__ocl_mm_of(const tb__ocl_lower *L, int32_t core) {
-    const tb_shape *cs = &L->info[core].node->shape;
-    const tb_shape *as = &L->info[tb__ocl_operand(L, core, 0)].node->shape;
-    tb__ocl_mm mm;
-    int32_t d;
-    mm.batch = 1;
-    for (d = 0; d + 2 < cs->rank; d++)
-        mm.batch *= cs->dims[d];
-    mm.m = cs->dims[cs->rank - 2];
-    mm.n = cs->dims[cs->rank - 1];
-    mm.k = as->dims[as->rank - 1];
-    return mm;
-}
-
-static int64_t tb__ocl_mm_width(tb_dtype dtype) {
-    return dtype == TB_F64 ? 8 : 16;
-}
-
-/* Whether a matmul kernel is worth packing: a float matmul with some work in it. */
-static bool tb__ocl_mm_packs(const tb__ocl_lower *L, const tb__ocl_kernel *k) {
-    const tb_node *c = L->info[k->core].node;
-    const tb_shape *cs = &c->shape;
-    int32_t r = cs->rank;
-    tb_dtype od = cs->dtype;
-    const tb_shape *as = &L->info[tb__ocl_operand(L, k->core, 0)].node->shape;
-    const tb_shape *bs = &L->info[tb__ocl_operand(L, k->core, 1)].node->shape;
-    tb__ocl_mm mm = tb__ocl_mm_of(L, k->core);
-    int64_t M = mm.m, N = mm.n, K = mm.k;
-    if (!tb__ocl_codegen_cpu(L->dev) || (od != TB_F32 && od != TB_F64)) return false;
-    if (as->dtype != od || bs->dtype != od || as->rank != r || bs->rank != r) return false;
-    if (od == TB_F64 && !L->dev->info.supports_f64) return false;
-    if (M < 4 || N < 16 || K < 16 || (double)M * (double)N * (double)K < 262144.0) return false;
-    {
-        /* the panels of the bigger operand (batch included) within half the device's largest
-           allocation */
-        double elems = (double)(M > N ? M + TB__OCL_MM_ROWS : N + 16) * (double)K;
-        elems *= (double)mm.batch;
-        if (L->dev->info.max_allocation > 0 &&
-            elems * (double)tb_dtype_size(od) > (double)L->dev->info.max_allocation / 2)
-            return false;
-    }
-    return true;
-}
-
-/* Puts the two pack kernels in front of every matmul kernel that packs. */
-static tb_status tb__ocl_pack_matmuls(tb__ocl_lower *L) {
-    tb__ocl_plan *p = L->plan;
-    size_t i, j;
-    for (i = 0; i < p->num_kernels; i++) {
-        tb__ocl_kernel *k = &p->kernels[i];
-        if (k->kind != TB__OCL_K_MATMUL || !tb__ocl_mm_packs(L, k)) continue;
-        if (tb__grow((void **)&p->kernels, &p->cap_kernels, p->num_kernels + 2,
-                     sizeof(tb__ocl_kernel)) != TB_OK)
-            return TB_ERR_OUT_OF_MEMORY;
-        memmove(&p->kernels[i + 2], &p->kernels[i], (p->num_kernels - i) * sizeof(tb__ocl_kernel));
-        p->num_kernels += 2;
-        for (j = 0; j < L->n; j++)
-            if (L->info[j].ctx >= (int32_t)i) L->info[j].ctx += 2;
-        for (j = 0; j < p->num_kernels; j++)
-            if ((j < i || j >= i + 2) && p->kernels[j].owner >= (int32_t)i)
-                p->kernels[j].owner += 2;
-        for (j = 0; j < 2; j++) {
-            tb__ocl_kernel *pk = &p->kernels[i + j];
-            memset(pk, 0, sizeof *pk);
-            pk->kind = j == 0 ? TB__OCL_K_PACK_A : TB__OCL_K_PACK_B;
-            pk->root = p->kernels[i + 2].root;
-            pk->core = p->kernels[i + 2].core;
-            pk->owner = (int32_t)i + 2;
-            pk->out_slot = -1;
-        }
-        p->kernels[i + 2].packed = true;
-        i += 2;
-    }
-    return TB_OK;
-}
-
-/* Roots and contexts. Users come before their operands (reverse post-order), so a node knows
-   the kernels of all its users when its turn comes: it is inlined when they all share one
-   kernel (and, under a matmul, when it is index arithmetic), else it becomes a root. A
-   reduction, matmul or norm whose only user is an elementwise node evaluated at the kernel's
-   output position becomes that kernel's core, and the elementwise nodes above it its
-   epilogue. */
-static tb_status tb__ocl_partition(tb__ocl_lower *L) {
-    tb__ocl_plan *p = L->plan;
-    int32_t i, k;
-    size_t j;
-    tb_status st;
-    for (j = 0; j < p->num_kernels; j++)
-        tb__free(p->kernels[j].args);
-    p->num_kernels = 0;
-    for (j = 0; j < L->n; j++) {
-        L->info[j].root = false;
-        L->info[j].ident = false;
-        L->info[j].in_mm = false;
-        L->info[j].ctx = -1;
-        L->info[j].slot = -1;
-    }
-    for (i = (int32_t)L->n - 1; i >= 0; i--) {
-        tb__ocl_ninfo *in = &L->info[i];
-        const tb_node *node = in->node;
-        bool must_root = in->result >= 0 || in->force_root || in->num_users == 0;
-        int32_t core_kind = tb__ocl_core_kind(node->op);
-        if (in->param >= 0) {
-            if (in->result >= 0) {
-                /* a parameter returned as a result: a copy */
-                st = tb__ocl_add_kernel(L, TB__OCL_K_ELEMENTWISE, i, -1, &k);
-                if (st != TB_OK) return st;
-                in->root = true;
-                in->ctx = k;
-                in->ident = true;
-            }
-            continue;
-        }
-        if (core_kind >= 0) {
-            if (!must_root && in->num_users == 1 && in->uses == 1) {
-                int32_t u = L->users[in->first_user];
-                const tb__ocl_ninfo *ui = &L->info[u];
-                if (ui->ident && ui->ctx >= 0 && p->kernels[ui->ctx].core < 0 &&
-                    tb__ocl_is_elementwise(ui->node->op) &&
-                    tb__ocl_same_dims(&ui->node->shape, &node->shape)) {
-                    p->kernels[ui->ctx].core = i;
-                    p->kernels[ui->ctx].kind = core_kind;
-                    in->ctx = ui->ctx;
-                    in->ident = true;
-                    continue;
-                }
-            }
-            st = tb__ocl_add_kernel(L, core_kind, i, i, &k);
-            if (st != TB_OK) return st;
-            in->root = true;
-            in->ctx = k;
-            in->ident = true;
-            continue;
-        }
-        if (!tb__ocl_is_inlinable(node->op)) {
-            const char *name = tb_op_name(node->op);
-            return tb__error(TB_ERR_UNSUPPORTED, "opencl: op '%s' cannot be lowered",
-                             name != NULL ? name : "?");
-        }
-        if (!must_root) {
-            int32_t common = -2, u = -1, e;
-            bool ok = true, in_mm = false, movement = tb_op_get_kind(node->op) == TB_KIND_MOVEMENT;
-            for (e = 0; e < in->num_users; e++) {
-                const tb__ocl_ninfo *ui;
-                u = L->users[in->first_user + e];
-                ui = &L->info[u];
-                if (common == -2) {
-                    common = ui->ctx;
-                } else if (common != ui->ctx) {
-                    ok = false;
-                }
-                if (ui->node->op == TB_OP_MATMUL || (ui->in_mm && !ui->root)) in_mm = true;
-            }
-            if (common < 0) ok = false;
-            if (ok && in_mm && !tb__ocl_is_view_like(node->op)) ok = false;
-            if (!ok && movement && (common >= 0 || common == TB__OCL_CTX_ANY)) {
-                /* a view read by several kernels: each reads through it (index arithmetic),
-                   whatever is below it is materialised once */
-                in->ctx = TB__OCL_CTX_ANY;
-                continue;
-            }
-            if (ok) {
-                in->ctx = common;
-                in->in_mm = in_mm;
-                if (in->num_users == 1 && in->uses == 1) {
-                    const tb__ocl_ninfo *ui = &L->info[u];
-                    in->ident = ui->ident && tb__ocl_is_elementwise(ui->node->op) &&
-                                tb__ocl_same_dims(&ui->node->shape, &node->shape);
-                }
-                continue;
-            }
-        }
-        st = tb__ocl_add_kernel(L, TB__OCL_K_ELEMENTWISE, i, -1, &k);
-        if (st != TB_OK) return st;
-        in->root = true;
-        in->ctx = k;
-        in->ident = true;
-    }
-    st = tb__ocl_sort_kernels(L);
-    if (st == TB_OK) st = tb__ocl_split_reductions(L);
-    if (st == TB_OK) st = tb__ocl_pack_matmuls(L);
-    return st;
-}
-
-static tb_status tb__ocl_add_slot(tb__ocl_plan *p, size_t *cap, int32_t kind, int32_t index,
-                                  const tb_shape *shape, int32_t *out) {
-    tb__ocl_slot *s;
-    if (tb__grow((void **)&p->slots, cap, p->num_slots + 1, sizeof(tb__ocl_slot)) != TB_OK)
-        return TB_ERR_OUT_OF_MEMORY;
-    s = &p->slots[p->num_slots];
-    memset(s, 0, sizeof *s);
-    s->kind = kind;
-    s->index = index;
-    s->shape = *shape;
-    s->last_use = -1;
-    *out = (int32_t)p->num_slots++;
-    return TB_OK;
-}
-
-/* The sizes of a packing matmul: batch, rows, columns, depth, and the panel count and width
-   of the operand a pack kernel copies. */
-static void tb__ocl_pack_sizes(const tb__ocl_lower *L, const tb__ocl_kernel *k, bool is_a,
-                               int64_t sizes[6]) {
-    tb__ocl_mm mm = tb__ocl_mm_of(L, k->core);
-    int64_t width = is_a ? TB__OCL_MM_ROWS : tb__ocl_mm_width(L->info[k->core].node->shape.dtype);
-    int64_t len = is_a ? mm.m : mm.n;
-    sizes[0] = mm.batch;
-    sizes[1] = mm.m;
-    sizes[2] = mm.n;
-    sizes[3] = mm.k;
-    sizes[4] = (len + width - 1) / width;
-    sizes[5] = width;
-}
-
-static int64_t tb__ocl_pack_numel(const tb__ocl_lower *L, const tb__ocl_kernel *k) {
-    int64_t z[6];
-    tb__ocl_pack_sizes(L, k, k->kind == TB__OCL_K_PACK_A, z);
-    return z[0] * z[4] * z[3] * z[5];
-}
-
-/* Buffers: one per array parameter and one per kernel output. */
-static tb_status tb__ocl_assign_slots(tb__ocl_lower *L) {
-    tb__ocl_plan *p = L->plan;
-    size_t cap = 0, i;
-    int32_t s;
-    tb_status st;
-    tb__free(p->slots);
-    p->slots = NULL;
-    p->num_slots = 0;
-    for (i = 0; i < L->n; i++) {
-        tb__ocl_ninfo *in = &L->info[i];
-        if (in->param < 0 || in->node->op == TB_OP_SCALAR) continue;
-        st = tb__ocl_add_slot(p, &cap, TB__OCL_SLOT_PARAM, in->param, &in->node->shape, &s);
-        if (st != TB_OK) return st;
-        in->slot = s;
-    }
-    for (i = 0; i < p->num_kernels; i++) {
-        tb__ocl_kernel *k = &p->kernels[i];
-        tb__ocl_ninfo *in = &L->info[k->root];
-        if (k->owner != (int32_t)i) {
-            /* a stage of another kernel (partial results, operand panels): a temporary only
-               that kernel reads */
-            tb__ocl_kernel *o = &p->kernels[k->owner];
-            tb_shape ps;
-            memset(&ps, 0, sizeof ps);
-            ps.rank = 1;
-            if (k->kind == TB__OCL_K_PARTIAL) {
-                int64_t n_out, m;
-                tb__ocl_reduce_sizes(L, k->core, &n_out, &m);
-                ps.dtype = tb__ocl_reduce_acc_dtype(L, k->core);
-                ps.dims[0] = n_out * k->split;
-            } else {
-                ps.dtype = L->info[k->core].node->shape.dtype;
-                ps.dims[0] = tb__ocl_pack_numel(L, k);
-            }
-            st = tb__ocl_add_slot(p, &cap, TB__OCL_SLOT_TEMP, -1, &ps, &s);
-            if (st != TB_OK) return st;
-            k->out_slot = s;
-            p->slots[s].last_use = k->owner;
-            if (k->kind == TB__OCL_K_PARTIAL)
-                o->partial_slot = s;
-            else
-                o->pack_slot[k->kind == TB__OCL_K_PACK_A ? 0 : 1] = s;
-            continue;
-        }
-        if (in->result >= 0) {
-            st = tb__ocl_add_slot(p, &cap, TB__OCL_SLOT_RESULT, in->result, &in->node->shape, &s);
-        } else {
-            st = tb__ocl_add_slot(p, &cap, TB__OCL_SLOT_TEMP, -1, &in->node->shape, &s);
-        }
-        if (st != TB_OK) return st;
-        k->out_slot = s;
-        p->slots[s].last_use = (int32_t)i;
-        if (in->param < 0) in->slot = s;
-    }
-    for (i = 0; i < p->num_results; i++) {
-        int32_t r = tb__ocl_index_of(L, L->graph->results[i]);
-        size_t kk;
-        p->result_slot[i] = -1;
-        p->result_source[i] = -1;
-        if (L->info[r].result != (int32_t)i) {
-            p->result_source[i] = L->info[r].result;
-            continue;
-        }
-        for (kk = 0; kk < p->num_kernels; kk++)
-            if (p->kernels[kk].root == r && p->kernels[kk].owner == (int32_t)kk)
-                p->result_slot[i] = p->kernels[kk].out_slot;
-        if (p->result_slot[i] < 0)
-            return tb__error(TB_ERR_INTERNAL, "opencl: result without kernel");
-    }
-    return TB_OK;
-}
-
-/* ---- code generation: linear forms and positions ---- */
-
-#define TB__LF_MAX        8
-#define TB__CG_BUCKETS    4096
-#define TB__CG_MAX_DEPTH  64
-#define TB__CG_MAX_VALUES 60000 /* values one kernel may compute before sharing is forced */
-
-/* c + sum(coef[i] * var[i]), terms sorted by var, unused entries zero (so memcmp works). */
-typedef struct tb__lf {
-    int64_t c;
-    int32_t n;
-    int32_t var[TB__LF_MAX];
-    int64_t coef[TB__LF_MAX];
-} tb__lf;
-
-/* Which element of an array of `dims` a kernel is at: its flat (row-major) offset, its index
-   along each dim, or both. Interned, so equal positions share an id; the form a position was
-   made with identifies it, the other is added when needed. */
-typedef struct tb__pos {
-    int32_t rank;
-    int32_t has_flat, has_multi, key_flat;
-    int64_t dims[TB_MAX_RANK];
-    tb__lf flat;
-    tb__lf dim[TB_MAX_RANK];
-    uint64_t hash;
-    int32_t next;
-} tb__pos;
-
-enum { TB__MEMO_VALUE = 1, TB__MEMO_UNRAVEL = 2 };
-
-typedef struct tb__cg_memo {
-    uint64_t key;
-    int32_t kind, a, b;
-    uint64_t extra;
-    int32_t value;
-    int32_t next;
-} tb__cg_memo;
-
-typedef struct tb__cg_undo {
-    int32_t pos;
-    int32_t form; /* 1: flat was added, 2: multi was added */
-} tb__cg_undo;
-
-typedef struct tb__cg_scope {
-    size_t memo, undo;
-} tb__cg_scope;
-
-typedef struct tb__cg_frame {
-    int32_t node, pos, state, vbase;
-} tb__cg_frame;
-
-typedef struct tb__cg_var {
-    int64_t lo, hi;
-} tb__cg_var;
-
-/* Names in generated kernels: one namespace, split by form so that no two kinds can meet.
-   - Numbered names are exactly one kind letter and a decimal number, and nothing else has that
-     form: v<n> values and i<n> index variables (numbered by this kernel's counters), b<slot>
-     buffer and s<param> scalar arguments (numbered by the plan), x<k> a custom op's operands.
-     A kind's numbers are unique, and the letters differ, so numbered names never collide.
-   - Every other name is a fixed word of a kernel template (out, acc, mean, row0, tb_err, ...)
-     and is never one letter followed by digits, so it cannot meet a numbered name whatever
-     the graph; fixed names are the same in every kernel of a kind, so a test of that kind
-     shows a collision among them.
-   The text of a kernel goes into one builder (body) whose failure is sticky and checked once,
-   after the kernel; a helper that builds text elsewhere folds its failure into g->status. */
-typedef struct tb__cg {
-    tb__ocl_lower *L;
-    int32_t kernel;
-    tb__str body;
-    int indent;
-    bool fast_f64; /* f32 transcendental functions computed in double (CPU devices with fp64) */
-    /* index variables i<n> (long) with their ranges */
-    tb__cg_var *vars;
-    size_t num_vars, cap_vars;
-    /* values v<n> with their dtypes */
-    tb_dtype *val_dtype;
-    size_t num_vals, cap_vals;
-    tb__pos *pos;
-    size_t num_pos, cap_pos;
-    int32_t pos_head[TB__CG_BUCKETS];
-    tb__cg_memo *memo;
-    size_t num_memo, cap_memo;
-    int32_t memo_head[TB__CG_BUCKETS];
-    tb__cg_undo *undo;
-    size_t num_undo, cap_undo;
-    tb__cg_scope *scopes;
-    size_t num_scopes, cap_scopes;
-    tb__cg_frame *frames;
-    size_t num_frames, cap_frames;
-    int32_t *stack;
-    size_t num_stack, cap_stack;
-    int depth;
-    /* evaluations of each node in this kernel (a node evaluated at many positions is
-       recomputed each time: past a budget it is materialised instead) */
-    int32_t *evals;
-    int32_t *touched;
-    size_t num_touched;
-    double ops; /* operations per output element, for the GFLOP/s estimate */
-    tb_status status;
-} tb__cg;
-
-static tb_status tb__cg_fail(tb__cg *g, tb_status st) {
-    if (g->status == TB_OK) g->status = st;
-    return st;
-}
-
-static void tb__cg_line(tb__cg *g, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
-static void tb__cg_line(tb__cg *g, const char *fmt, ...) {
-    char small[512];
-    va_list ap;
-    int n;
-    va_start(ap, fmt);
-    n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        g->body.failed = true; /* a line left out is a wrong kernel: fail the whole body */
-        return;
-    }
-    tb__str_append(&g->body, "%*s", g->indent * 4, "");
-    if ((size_t)n < sizeof small) {
-        tb__str_append(&g->body, "%s\n", small);
-    } else {
-        char *big = (char *)tb__alloc((size_t)n + 1);
-        if (big == NULL) {
-            g->body.failed = true;
-            return;
-        }
-        va_start(ap, fmt);
-        vsnprintf(big, (size_t)n + 1, fmt, ap);
-        va_end(ap);
-        tb__str_append(&g->body, "%s\n", big);
-        tb__free(big);
-    }
-}
-
-static int64_t tb__sat_add(int64_t a, int64_t b) {
-    if (b > 0 && a > INT64_MAX - b) return INT64_MAX;
-    if (b < 0 && a < INT64_MIN - b) return INT64_MIN;
-    return a + b;
-}
-
-static int64_t tb__sat_mul(int64_t a, int64_t b) {
-    if (a == 0 || b == 0) return 0;
-    if (a > 0 ? (b > 0 ? a > INT64_MAX / b : b < INT64_MIN / a)
-              : (b > 0 ? a < INT64_MIN / b : a < INT64_MAX / b))
-        return ((a > 0) == (b > 0)) ? INT64_MAX : INT64_MIN;
-    return a * b;
-}
-
-static int32_t tb__cg_new_var(tb__cg *g, int64_t lo, int64_t hi) {
-    if (tb__grow((void **)&g->vars, &g->cap_vars, g->num_vars + 1, sizeof(tb__cg_var)) != TB_OK) {
-        tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
-        return -1;
-    }
-    g->vars[g->num_vars].lo = lo;
-    g->vars[g->num_vars].hi = hi;
-    return (int32_t)g->num_vars++;
-}
-
-static int32_t tb__cg_new_val(tb__cg *g, tb_dtype dtype) {
-    if (tb__grow((void **)&g->val_dtype, &g->cap_vals, g->num_vals + 1, sizeof(tb_dtype)) !=
-        TB_OK) {
-        tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
-        return -1;
-    }
-    g->val_dtype[g->num_vals] = dtype;
-    return (int32_t)g->num_vals++;
-}
-
-static void tb__lf_const(tb__lf *lf, int64_t c) {
-    memset(lf, 0, sizeof *lf);
-    lf->c = c;
-}
-
-static bool tb__lf_add_term(tb__lf *lf, int32_t var, int64_t coef) {
-    int32_t i, j;
-    if (coef == 0) return true;
-    for (i = 0; i < lf->n; i++) {
-        if (lf->var[i] == var) {
-            lf->coef[i] += coef;
-            if (lf->coef[i] == 0) {
-                for (j = i; j + 1 < lf->n; j++) {
-                    lf->var[j] = lf->var[j + 1];
-                    lf->coef[j] = lf->coef[j + 1];
-                }
-                lf->n--;
-                lf->var[lf->n] = 0;
-                lf->coef[lf->n] = 0;
-            }
-            return true;
-        }
-        if (lf->var[i] > var) break;
-    }
-    if (lf->n == TB__LF_MAX) return false;
-    for (j = lf->n; j > i; j--) {
-        lf->var[j] = lf->var[j - 1];
-        lf->coef[j] = lf->coef[j - 1];
-    }
-    lf->var[i] = var;
-    lf->coef[i] = coef;
-    lf->n++;
-    return true;
-}
-
-static void tb__cg_lf_range(const tb__cg *g, const tb__lf *lf, int64_t *lo, int64_t *hi) {
-    int32_t i;
-    *lo = lf->c;
-    *hi = lf->c;
-    for (i = 0; i < lf->n; i++) {
-        int64_t a = tb__sat_mul(lf->coef[i], g->vars[lf->var[i]].lo);
-        int64_t b = tb__sat_mul(lf->coef[i], g->vars[lf->var[i]].hi);
-        *lo = tb__sat_add(*lo, a < b ? a : b);
-        *hi = tb__sat_add(*hi, a < b ? b : a);
-    }
-}
-
-/* The form as OpenCL C (a long expression). */
-static void tb__cg_lf_text(const tb__lf *lf, char *buf, size_t cap) {
-    size_t len = 0;
-    int32_t i;
-    buf[0] = '\0';
-    for (i = 0; i < lf->n; i++) {
-        int64_t c = lf->coef[i];
-        const char *sign = (c < 0) ? (len == 0 ? "-" : " - ") : (len == 0 ? "" : " + ");
-        uint64_t mag = c < 0 ? (uint64_t)0 - (uint64_t)c : (uint64_t)c;
-        int n;
-        if (mag == 1) {
-            n = snprintf(buf + len, cap - len, "%si%d", sign, (int)lf->var[i]);
-        } else {
-            n = snprintf(buf + len, cap - len, "%si%d * %llu%s", sign, (int)lf->var[i],
-                         (unsigned long long)mag, mag > 2147483647u ? "L" : "");
-        }
-        if (n < 0 || (size_t)n >= cap - len) return;
-        len += (size_t)n;
-    }
-    if (lf->c != 0 || len == 0) {
-        uint64_t mag = lf->c < 0 ? (uint64_t)0 - (uint64_t)lf->c : (uint64_t)lf->c;
-        const char *sign = lf->c < 0 ? (len == 0 ? "-" : " - ") : (len == 0 ? "" : " + ");
-        snprintf(buf + len, cap - len, "%s%llu%s", sign, (unsigned long long)mag,
-                 mag > 2147483647u ? "L" : "");
-    }
-}
-
-#define TB__LF_TEXT 640
-
-/* A new variable holding the form's value. */
-static int32_t tb__cg_spill(tb__cg *g, const tb__lf *lf) {
-    char text[TB__LF_TEXT];
-    int64_t lo, hi;
-    int32_t v;
-    if (lf->n == 1 && lf->c == 0 && lf->coef[0] == 1) return lf->var[0];
-    tb__cg_lf_range(g, lf, &lo, &hi);
-    v = tb__cg_new_var(g, lo, hi);
-    if (v < 0) return -1;
-    tb__cg_lf_text(lf, text, sizeof text);
-    tb__cg_line(g, "const long i%d = %s;", (int)v, text);
-    return v;
-}
-
-/* dst += scale * src, spilling into variables when the terms do not fit. */
-static bool tb__cg_lf_addmul(tb__cg *g, tb__lf *dst, const tb__lf *src, int64_t scale) {
-    int32_t i;
-    tb__lf s = *src;
-    if (scale == 0) return true;
-    dst->c += s.c * scale;
-    for (i = 0; i < s.n; i++) {
-        if (!tb__lf_add_term(dst, s.var[i], s.coef[i] * scale)) {
-            int32_t v = tb__cg_spill(g, dst);
-            if (v < 0) return false;
-            tb__lf_const(dst, 0);
-            tb__lf_add_term(dst, v, 1);
-            tb__lf_add_term(dst, s.var[i], s.coef[i] * scale);
-        }
-    }
-    return true;
-}
-
-static void tb__cg_contig(int32_t rank, const int64_t *dims, int64_t *strides) {
-    int64_t s = 1;
-    int32_t i;
-    for (i = rank - 1; i >= 0; i--) {
-        strides[i] = s;
-        s *= dims[i] > 0 ? dims[i] : 1;
-    }
-}
-
-static void tb__cg_pos_init(tb__pos *p, const tb_shape *shape) {
-    memset(p, 0, sizeof *p);
-    p->rank = shape->rank;
-    memcpy(p->dims, shape->dims, (size_t)shape->rank * sizeof(int64_t));
-}
-
-static uint64_t tb__cg_pos_hash(const tb__pos *p) {
-    uint64_t h = tb__hash_u64(0x706f736974696f6eull, (uint64_t)(uint32_t)p->rank);
-    h = tb__hash_bytes(h, p->dims, sizeof p->dims);
-    h = tb__hash_u64(h, (uint64_t)p->key_flat);
-    if (p->key_flat) return tb__hash_bytes(h, &p->flat, sizeof p->flat);
-    return tb__hash_bytes(h, p->dim, sizeof p->dim);
-}
-
-static bool tb__cg_pos_same(const tb__pos *a, const tb__pos *b) {
-    if (a->rank != b->rank || a->key_flat != b->key_flat) return false;
-    if (memcmp(a->dims, b->dims, sizeof a->dims) != 0) return false;
-    if (a->key_flat) return memcmp(&a->flat, &b->flat, sizeof a->flat) == 0;
-    return memcmp(a->dim, b->dim, sizeof a->dim) == 0;
-}
-
-/* Canonical form (dims of size 1 are at index 0; arrays of 0 or 1 element at offset 0), then
-   the id of the equal interned position. */
-static int32_t tb__cg_intern(tb__cg *g, tb__pos *p) {
-    int64_t numel = 1;
-    int32_t i, id;
-    size_t b;
-    for (i = 0; i < p->rank; i++)
-        numel *= p->dims[i];
-    if (numel <= 1) {
-        tb__lf_const(&p->flat, 0);
-        for (i = 0; i < p->rank; i++)
-            tb__lf_const(&p->dim[i], 0);
-        p->has_flat = p->has_multi = 1;
-        p->key_flat = 1;
-    } else {
-        if (p->has_multi) {
-            for (i = 0; i < p->rank; i++)
-                if (p->dims[i] == 1) tb__lf_const(&p->dim[i], 0);
-        }
-        p->key_flat = p->has_flat ? 1 : 0;
-    }
-    if (!p->has_flat) tb__lf_const(&p->flat, 0);
-    if (!p->has_multi) {
-        for (i = 0; i < TB_MAX_RANK; i++)
-            tb__lf_const(&p->dim[i], 0);
-    }
-    for (i = p->rank; i < TB_MAX_RANK; i++) {
-        p->dims[i] = 0;
-        tb__lf_const(&p->dim[i], 0);
-    }
-    p->hash = tb__cg_pos_hash(p);
-    b = (size_t)(p->hash & (TB__CG_BUCKETS - 1));
-    for (id = g->pos_head[b]; id >= 0; id = g->pos[id].next) {
-        if (g->pos[id].hash == p->hash && tb__cg_pos_same(&g->pos[id], p)) return id;
-    }
-    if (tb__grow((void **)&g->pos, &g->cap_pos, g->num_pos + 1, sizeof(tb__pos)) != TB_OK) {
-        tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
-        return -1;
-    }
-    id = (int32_t)g->num_pos++;
-    g->pos[id] = *p;
-    g->pos[id].next = g->pos_head[b];
-    g->pos_head[b] = id;
-    return id;
-}
-
-static uint64_t tb__cg_memo_key(int32_t kind, int32_t a, int32_t b, uint64_t extra) {
-    uint64_t h = tb__hash_u64(0x6d656d6f00000001ull, (uint64_t)(uint32_t)kind);
-    h = tb__hash_u64(h, (uint64_t)(uint32_t)a);
-    h = tb__hash_u64(h, (uint64_t)(uint32_t)b);
-    return tb__hash_u64(h, extra);
-}
-
-static int32_t tb__cg_memo_find(const tb__cg *g, int32_t kind, int32_t a, int32_t b,
-                                uint64_t extra) {
-    uint64_t key = tb__cg_memo_key(kind, a, b, extra);
-    int32_t e;
-    for (e = g->memo_head[key & (TB__CG_BUCKETS - 1)]; e >= 0; e = g->memo[e].next) {
-        const tb__cg_memo *m = &g->memo[e];
-        if (m->key == key && m->kind == kind && m->a == a && m->b == b && m->extra == extra)
-            return m->value;
-    }
-    return -1;
-}
-
-static void tb__cg_memo_add(tb__cg *g, int32_t kind, int32_t a, int32_t b, uint64_t extra,
-                            int32_t value) {
-    uint64_t key = tb__cg_memo_key(kind, a, b, extra);
-    size_t bucket = (size_t)(key & (TB__CG_BUCKETS - 1));
-    tb__cg_memo *m;
-    if (tb__grow((void **)&g->memo, &g->cap_memo, g->num_memo + 1, sizeof(tb__cg_memo)) != TB_OK) {
-        tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
-        return;
-    }
-    m = &g->memo[g->num_memo];
-    m->key = key;
-    m->kind = kind;
-    m->a = a;
-    m->b = b;
-    m->extra = extra;
-    m->value = value;
-    m->next = g->memo_head[bucket];
-    g->memo_head[bucket] = (int32_t)g->num_memo++;
-}
-
-static void tb__cg_undo_push(tb__cg *g, int32_t pos, int32_t form) {
-    if (g->num_scopes == 0) return; /* the kernel's outermost scope never closes */
-    if (tb__grow((void **)&g->undo, &g->cap_undo, g->num_undo + 1, sizeof(tb__cg_undo)) != TB_OK) {
-        tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
-        return;
-    }
-    g->undo[g->num_undo].pos = pos;
-    g->undo[g->num_undo].form = form;
-    g->num_undo++;
-}
-
-/* `{` with a memo scope: values and variables made inside are forgotten at the `}`. */
-static void tb__cg_open(tb__cg *g, const char *head) {
-    if (tb__grow((void **)&g->scopes, &g->cap_scopes, g->num_scopes + 1, sizeof(tb__cg_scope)) !=
-        TB_OK) {
-        tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
-        return;
-    }
-    g->scopes[g->num_scopes].memo = g->num_memo;
-    g->scopes[g->num_scopes].undo = g->num_undo;
-    g->num_scopes++;
-    tb__cg_line(g, "%s{", head);
-    g->indent++;
-}
-
-static void tb__cg_close(tb__cg *g, const char *tail) {
-    tb__cg_scope sc;
-    if (g->num_scopes == 0) return;
-    sc = g->scopes[--g->num_scopes];
-    while (g->num_memo > sc.memo) {
-        tb__cg_memo *m = &g->memo[--g->num_memo];
-        g->memo_head[m->key & (TB__CG_BUCKETS - 1)] = m->next;
-    }
-    while (g->num_undo > sc.undo) {
-        tb__cg_undo *u = &g->undo[--g->num_undo];
-        if (u->form == 1) {
-            g->pos[u->pos].has_flat = 0;
-            tb__lf_const(&g->pos[u->pos].flat, 0);
-        } else {
-            int32_t i;
-            g->pos[u->pos].has_multi = 0;
-            for (i = 0; i < TB_MAX_RANK; i++)
-                tb__lf_const(&g->pos[u->pos].dim[i], 0);
-        }
-    }
-    g->indent--;
-    tb__cg_line(g, "}%s", tail);
-}
-
-/* Makes sure the position has its flat form (sum of dim * contiguous stride). */
-static bool tb__cg_need_flat(tb__cg *g, int32_t id) {
-    int64_t strides[TB_MAX_RANK];
-    tb__lf flat;
-    tb__pos p;
-    int32_t i;
-    if (g->pos[id].has_flat) return true;
-    p = g->pos[id];
-    tb__cg_contig(p.rank, p.dims, strides);
-    tb__lf_const(&flat, 0);
-    for (i = 0; i < p.rank; i++) {
-        if (!tb__cg_lf_addmul(g, &flat, &p.dim[i], strides[i])) return false;
-    }
-    g->pos[id].flat = flat;
-    g->pos[id].has_flat = 1;
-    tb__cg_undo_push(g, id, 1);
-    return g->status == TB_OK;
-}
-
-/* Splits a flat form into per-dim affine forms when no term carries across a digit (merged
-   or contiguous dims); false when it cannot. */
-static bool tb__cg_affine_split(const tb__cg *g, const tb__lf *flat, int32_t rank,
-                                const int64_t *dims, tb__lf *out) {
-    int64_t strides[TB_MAX_RANK], numel = 1, lo, hi;
-    int32_t i, j;
-    tb__cg_contig(rank, dims, strides);
-    for (i = 0; i < rank; i++)
-        numel *= dims[i];
-    if (flat->c < 0 || flat->c >= numel) return false;
-    for (j = 0; j < rank; j++)
-        tb__lf_const(&out[j], dims[j] > 1 ? (flat->c / strides[j]) % dims[j] : 0);
-    for (i = 0; i < flat->n; i++) {
-        int64_t f = flat->coef[i];
-        for (j = 0; j < rank; j++) {
-            if (dims[j] > 1 && f % strides[j] == 0) break;
-        }
-        if (j == rank) return false;
-        if (!tb__lf_add_term(&out[j], flat->var[i], f / strides[j])) return false;
-    }
-    for (j = 0; j < rank; j++) {
-        tb__cg_lf_range(g, &out[j], &lo, &hi);
-        if (lo < 0 || hi >= dims[j]) return false;
-    }
-    return true;
-}
-
-/* Makes sure the position has its per-dim form: an affine split of the flat form, else
-   division and remainder by the contiguous strides. */
-static bool tb__cg_need_multi(tb__cg *g, int32_t id) {
-    tb__pos p;
-    tb__lf dims_lf[TB_MAX_RANK];
-    int32_t i;
-    if (g->pos[id].has_multi) return true;
-    p = g->pos[id];
-    if (!tb__cg_affine_split(g, &p.flat, p.rank, p.dims, dims_lf)) {
-        int64_t strides[TB_MAX_RANK];
-        uint64_t extra = tb__hash_bytes(tb__hash_bytes(0x756e726176656cull, &p.flat, sizeof p.flat),
-                                        p.dims, sizeof p.dims);
-        int32_t first = tb__cg_memo_find(g, TB__MEMO_UNRAVEL, p.rank, 0, extra), t, leading = 1;
-        tb__cg_contig(p.rank, p.dims, strides);
-        if (first < 0) {
-            t = tb__cg_spill(g, &p.flat);
-            if (t < 0) return false;
-            first = (int32_t)g->num_vars;
-            for (i = 0; i < p.rank; i++) {
-                int32_t v = tb__cg_new_var(g, 0, p.dims[i] > 0 ? p.dims[i] - 1 : 0);
-                if (v < 0) return false;
-                if (p.dims[i] <= 1) {
-                    tb__cg_line(g, "const long i%d = 0;", (int)v);
-                } else if (leading) {
-                    tb__cg_line(g, "const long i%d = i%d / %lldL;", (int)v, (int)t,
-                                (long long)strides[i]);
-                } else if (strides[i] == 1) {
-                    tb__cg_line(g, "const long i%d = i%d %% %lldL;", (int)v, (int)t,
-                                (long long)p.dims[i]);
-                } else {
-                    tb__cg_line(g, "const long i%d = (i%d / %lldL) %% %lldL;", (int)v, (int)t,
-                                (long long)strides[i], (long long)p.dims[i]);
-                }
-                if (p.dims[i] > 1) leading = 0;
-            }
-            tb__cg_memo_add(g, TB__MEMO_UNRAVEL, p.rank, 0, extra, first);
-        }
-        for (i = 0; i < p.rank; i++) {
-            tb__lf_const(&dims_lf[i], 0);
-            if (p.dims[i] > 1) tb__lf_add_term(&dims_lf[i], first + i, 1);
-        }
-    }
-    for (i = 0; i < p.rank; i++)
-        g->pos[id].dim[i] = dims_lf[i];
-    g->pos[id].has_multi = 1;
-    tb__cg_undo_push(g, id, 2);
-    return g->status == TB_OK;
-}
-
-/* A position over `shape` with the given per-dim forms. */
-static int32_t tb__cg_pos_multi(tb__cg *g, const tb_shape *shape, const tb__lf *dims) {
-    tb__pos q;
-    int32_t i;
-    tb__cg_pos_init(&q, shape);
-    for (i = 0; i < shape->rank; i++)
-        q.dim[i] = dims[i];
-    q.has_multi = 1;
-    return tb__cg_intern(g, &q);
-}
-
-static int32_t tb__cg_pos_flat(tb__cg *g, const tb_shape *shape, const tb__lf *flat) {
-    tb__pos q;
-    tb__cg_pos_init(&q, shape);
-    q.flat = *flat;
-    q.has_flat = 1;
-    return tb__cg_intern(g, &q);
-}
-
-/* ---- code generation: values ---- */
-
-static const tb__ocl_plan *tb__cg_plan(const tb__cg *g) {
-    return g->L->plan;
-}
-
-static tb__ocl_kernel *tb__cg_kernel(const tb__cg *g) {
-    return &g->L->plan->kernels[g->kernel];
-}
-
-/* A floating literal of the dtype (a float literal carries the f suffix). */
-static void tb__cg_flit(tb_dtype dtype, double v, char *buf, size_t cap) {
-    bool f32 = dtype != TB_F64;
-    if (v != v) {
-        snprintf(buf, cap, "%s", f32 ? "NAN" : "((double)NAN)");
-    } else if (v > DBL_MAX || v < -DBL_MAX) {
-        snprintf(buf, cap, "%s%s", v < 0 ? "-" : "", f32 ? "INFINITY" : "((double)INFINITY)");
-    } else {
-        char tmp[40]; /* "%.17g" needs at most 24 bytes; the rest leaves room for ".0" */
-        snprintf(tmp, sizeof tmp, f32 ? "%.9g" : "%.17g", f32 ? (double)(float)v : v);
-        if (strchr(tmp, '.') == NULL && strchr(tmp, 'e') == NULL) strcat(tmp, ".0");
-        snprintf(buf, cap, "%s%s", tmp, f32 ? "f" : "");
-    }
-}
-
-static int32_t tb__cg_arg(tb__cg *g, int32_t kind, int32_t index) {
-    tb__ocl_kernel *k = tb__cg_kernel(g);
-    size_t i;
-    for (i = 0; i < k->num_args; i++)
-        if (k->args[i].kind == kind && k->args[i].index == index) return (int32_t)i;
-    if (tb__grow((void **)&k->args, &k->cap_args, k->num_args + 1, sizeof(tb__ocl_arg)) != TB_OK) {
-        tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
-        return -1;
-    }
-    k->args[k->num_args].kind = kind;
-    k->args[k->num_args].index = index;
-    if (kind == TB__OCL_ARG_BUF) {
-        tb__ocl_slot *s = &g->L->plan->slots[index];
-        if (s->last_use < g->kernel) s->last_use = g->kernel;
-    }
-    return (int32_t)k->num_args++;
-}
-
-/* A run-time error site: the code a kernel writes to tb_err[0]. */
-static int32_t tb__cg_errsite(tb__cg *g, tb_op op, int32_t dim, int64_t size) {
-    tb__ocl_plan *p = g->L->plan;
-    tb__ocl_errsite *grown;
-    if (tb__cg_arg(g, TB__OCL_ARG_ERR, 0) < 0) return -1;
-    grown = (tb__ocl_errsite *)tb__calloc(p->num_errsites + 1, sizeof *grown);
-    if (grown == NULL) {
-        tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
-        return -1;
-    }
-    if (p->num_errsites > 0) memcpy(grown, p->errsites, p->num_errsites * sizeof *grown);
-    tb__free(p->errsites);
-    p->errsites = grown;
-    grown[p->num_errsites].op = op;
-    grown[p->num_errsites].dim = dim;
-    grown[p->num_errsites].size = size;
-    return (int32_t)++p->num_errsites;
-}
-
-static bool tb__cg_push_frame(tb__cg *g, int32_t node, int32_t pos) {
-    if (tb__grow((void **)&g->frames, &g->cap_frames, g->num_frames + 1, sizeof(tb__cg_frame)) !=
-        TB_OK) {
-        tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
-        return false;
-    }
-    g->frames[g->num_frames].node = node;
-    g->frames[g->num_frames].pos = pos;
-    g->frames[g->num_frames].state = 0;
-    g->frames[g->num_frames].vbase = 0;
-    g->num_frames++;
-    return true;
-}
-
-static bool tb__cg_push_value(tb__cg *g, int32_t v) {
-    if (tb__grow((void **)&g->stack, &g->cap_stack, g->num_stack + 1, sizeof(int32_t)) != TB_OK) {
-        tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
-        return false;
-    }
-    g->stack[g->num_stack++] = v;
-    return true;
-}
-
-/* The position of operand k of an elementwise or movement node at position `pos`. */
-static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k) {
-    const tb_node *n = g->L->info[node].node;
-    const tb_node *c = g->L->info[tb__ocl_operand(g->L, node, k)].node;
-    const tb_shape *ns = &n->shape, *cs = &c->shape;
-    tb__lf dims[TB_MAX_RANK];
-    int32_t i, off;
-    tb__pos p;
-    if (n->op == TB_OP_RAND || n->op == TB_OP_RANDN) {
-        tb__lf zero;
-        tb__lf_const(&zero, 0);
-        return tb__cg_pos_flat(g, cs, &zero);
-    }
-    if (n->op == TB_OP_RESHAPE) {
-        if (!tb__cg_need_flat(g, pos)) return -1;
-        return tb__cg_pos_flat(g, cs, &g->pos[pos].flat);
-    }
-    if (tb__ocl_is_elementwise(n->op) && tb__ocl_same_dims(ns, cs)) return pos;
-    if (tb__ocl_numel(cs) <= 1 && n->op != TB_OP_PAD && n->op != TB_OP_CONCAT) {
-        tb__lf zero;
-        tb__lf_const(&zero, 0);
-        return tb__cg_pos_flat(g, cs, &zero);
-    }
-    if (!tb__cg_need_multi(g, pos)) return -1;
-    p = g->pos[pos];
-    switch (n->op) {
-    case TB_OP_PERMUTE:
-        for (i = 0; i < ns->rank; i++)
-            dims[n->attrs[i]] = p.dim[i];
-        break;
-    case TB_OP_SLICE: {
-        int32_t d = (int32_t)n->attrs[0];
-        for (i = 0; i < cs->rank; i++)
-            dims[i] = p.dim[i];
-        tb__lf_const(&dims[d], n->attrs[1]);
-        if (!tb__cg_lf_addmul(g, &dims[d], &p.dim[d], n->attrs[3])) return -1;
-        break;
-    }
-    case TB_OP_FLIP:
-        for (i = 0; i < cs->rank; i++) {
-            if (((uint64_t)n->attrs[0] >> i) & 1u) {
-                tb__lf_const(&dims[i], cs->dims[i] - 1);
-                if (!tb__cg_lf_addmul(g, &dims[i], &p.dim[i], -1)) return -1;
-            } else {
-                dims[i] = p.dim[i];
-            }
-        }
-        break;
-    default: /* EXPAND and broadcasting elementwise operands: aligned at the last axis */
-        off = ns->rank - cs->rank;
-        for (i = 0; i < cs->rank; i++) {
-            if (cs->dims[i] == 1 || i + off < 0) {
-                tb__lf_const(&dims[i], 0);
-            } else {
-                dims[i] = p.dim[i + off];
-            }
-        }
-        break;
-    }
-    return tb__cg_pos_multi(g, cs, dims);
-}
-
-static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos);
-
-/* Counts an evaluation of `node`. Past the kernel's budget (a DAG that reads its values at
-   ever more positions, so that recomputation grows exponentially), every inlined node
-   evaluated more than once becomes a root and the lowering starts over. */
-static bool tb__cg_count(tb__cg *g, int32_t node) {
-    size_t i;
-    if (g->evals[node]++ == 0) g->touched[g->num_touched++] = node;
-    if (g->num_vals <= TB__CG_MAX_VALUES) return true;
-    for (i = 0; i < g->num_touched; i++) {
-        tb__ocl_ninfo *in = &g->L->info[g->touched[i]];
-        if (g->evals[g->touched[i]] > 1 && !in->root && in->param < 0) {
-            in->force_root = true;
-            g->L->restart = true;
-        }
-    }
-    if (!g->L->restart) tb__cg_fail(g, tb__error(TB_ERR_UNSUPPORTED, "opencl: a kernel too large"));
-    return false;
-}
-
-/* Reads element `pos` of a buffer slot. */
-static int32_t tb__cg_read_slot(tb__cg *g, int32_t slot, tb_dtype dtype, int32_t pos) {
-    char text[TB__LF_TEXT];
-    int32_t v;
-    if (tb__cg_arg(g, TB__OCL_ARG_BUF, slot) < 0) return -1;
-    if (!tb__cg_need_flat(g, pos)) return -1;
-    tb__cg_lf_text(&g->pos[pos].flat, text, sizeof text);
-    v = tb__cg_new_val(g, dtype);
-    if (v < 0) return -1;
-    tb__cg_line(g, "const %s v%d = b%d[%s];", tb__ocl_ctype(dtype), (int)v, (int)slot, text);
-    return v;
-}
-
-static const char *tb__cg_scalar_ctype(const tb__cg *g, tb_dtype dtype) {
-    if (dtype == TB_F64 && !g->L->dev->info.supports_f64) return "float";
-    return tb__ocl_ctype(dtype);
-}
-
-static bool tb__cg_enter(tb__cg *g, int32_t node) {
-    if (++g->depth > TB__CG_MAX_DEPTH) {
-        /* nested too deep for the code generator's recursion: materialise this node */
-        g->L->info[node].force_root = true;
-        g->L->restart = true;
-        g->depth--;
-        return false;
-    }
-    return true;
-}
-
-static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
-    const tb_node *n = g->L->info[node].node;
-    int32_t x = tb__ocl_operand(g->L, node, 0), val = tb__ocl_operand(g->L, node, 1);
-    const tb_shape *xs = &g->L->info[x].node->shape;
-    tb__lf zero, dims[TB_MAX_RANK];
-    tb__str cond;
-    int32_t vv, v, vx, i, qp;
-    tb__pos p;
-    tb__lf_const(&zero, 0);
-    vv = tb__cg_eval(g, val, tb__cg_pos_flat(g, &g->L->info[val].node->shape, &zero));
-    if (vv < 0) return -1;
-    v = tb__cg_new_val(g, n->shape.dtype);
-    if (v < 0) return -1;
-    tb__cg_line(g, "%s v%d = (%s)v%d;", tb__ocl_ctype(n->shape.dtype), (int)v,
-                tb__ocl_ctype(n->shape.dtype), (int)vv);
-    if (tb__ocl_numel(xs) == 0) return v;
-    if (!tb__cg_need_multi(g, pos)) return -1;
-    p = g->pos[pos];
-    /* the whole head in one builder, checked once: a head that lost its condition to a failed
-       allocation would copy x into the padding */
-    memset(&cond, 0, sizeof cond);
-    for (i = 0; i < xs->rank; i++) {
-        int64_t before = n->attrs[2 * i], after = n->attrs[2 * i + 1];
-        dims[i] = p.dim[i];
-        dims[i].c -= before;
-        if (before > 0 || after > 0) {
-            char text[TB__LF_TEXT];
-            tb__cg_lf_text(&p.dim[i], text, sizeof text);
-            tb__str_append(&cond, "%s(%s) >= %lldL && (%s) < %lldL", cond.len > 0 ? " && " : "if (",
-                           text, (long long)before, text, (long long)(before + xs->dims[i]));
-        }
-    }
-    if (cond.len > 0) tb__str_append(&cond, ") ");
-    if (cond.failed) {
-        tb__str_free(&cond);
-        tb__cg_fail(g, TB_ERR_OUT_OF_MEMORY);
-        return -1;
-    }
-    tb__cg_open(g, cond.len > 0 ? cond.data : "");
-    tb__str_free(&cond);
-    qp = tb__cg_pos_multi(g, xs, dims);
-    vx = qp >= 0 ? tb__cg_eval(g, x, qp) : -1;
-    if (vx >= 0) tb__cg_line(g, "v%d = v%d;", (int)v, (int)vx);
-    tb__cg_close(g, "");
-    return vx >= 0 ? v : -1;
-}
-
-static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
-    const tb_node *n = g->L->info[node].node;
-    int32_t dim = (int32_t)n->attrs[0], v, i;
-    int64_t start = 0, last_nonempty = -1;
-    char text[TB__LF_TEXT];
-    tb__pos p;
-    v = tb__cg_new_val(g, n->shape.dtype);
-    if (v < 0) return -1;
-    tb__cg_line(g, "%s v%d = 0;", tb__ocl_ctype(n->shape.dtype), (int)v);
-    if (!tb__cg_need_multi(g, pos)) return -1;
-    p = g->pos[pos];
-    tb__cg_lf_text(&p.dim[dim], text, sizeof text);
-    for (i = 0; i < (int32_t)n->num_operands; i++)
-        if (g->L->info[tb__ocl_operand(g->L, node, (size_t)i)].node->shape.dims[dim] > 0)
-            last_nonempty = i;
-    for (i = 0; i < (int32_t)n->num_operands; i++) {
-        int32_t x = tb__ocl_operand(g->L, node, (size_t)i), qp, vx;
-        const tb_shape *xs = &g->L->info[x].node->shape;
-        tb__lf dims[TB_MAX_RANK];
-        char head[TB__LF_TEXT + 64];
-        int32_t d;
-        memset(dims, 0, sizeof dims); /* only rank entries are used; optimisers cannot tell */
-        if (xs->dims[dim] == 0) continue;
-        if (i == last_nonempty) {
-            snprintf(head, sizeof head, "%s", start == 0 ? "" : "else ");
-        } else {
-            snprintf(head, sizeof head, "%sif ((%s) < %lldL) ", start == 0 ? "" : "else ", text,
-                     (long long)(start + xs->dims[dim]));
-        }
-        tb__cg_open(g, head);
-        for (d = 0; d < xs->rank; d++)
-            dims[d] = p.dim[d];
-        dims[dim].c -= start;
-        qp = tb__cg_pos_multi(g, xs, dims);
-        vx = qp >= 0 ? tb__cg_eval(g, x, qp) : -1;
-        if (vx >= 0) tb__cg_line(g, "v%d = v%d;", (int)v, (int)vx);
-        tb__cg_close(g, "");
-        if (vx < 0) return -1;
-        start += xs->dims[dim];
-    }
-    return v;
-}
-
-/* GATHER and INDEX_SELECT: the index becomes a variable of the operand's position. */
-static int32_t tb__cg_gather(tb__cg *g, int32_t node, int32_t pos) {
-    const tb_node *n = g->L->info[node].node;
-    int32_t x = tb__ocl_operand(g->L, node, 0), ix = tb__ocl_operand(g->L, node, 1);
-    const tb_shape *xs = &g->L->info[x].node->shape, *is = &g->L->info[ix].node->shape;
-    int32_t dim = (int32_t)n->attrs[0], vi, t, code, qp, d;
-    int64_t size = xs->dims[dim];
-    tb__lf dims[TB_MAX_RANK];
-    tb__pos p;
-    if (n->op == TB_OP_GATHER) {
-        vi = tb__cg_eval(g, ix, pos);
-    } else {
-        if (!tb__cg_need_multi(g, pos)) return -1;
-        vi = tb__cg_eval(g, ix, tb__cg_pos_multi(g, is, &g->pos[pos].dim[dim]));
-    }
-    if (vi < 0) return -1;
-    t = tb__cg_new_var(g, 0, size > 0 ? size - 1 : 0);
-    code = tb__cg_errsite(g, n->op, dim, size);
-    if (t < 0 || code < 0) return -1;
-    tb__cg_line(g, "long i%d = (long)v%d;", (int)t, (int)vi);
-    tb__cg_line(g, "if (i%d < 0 || i%d >= %lldL) { tb_err[0] = %d; tb_err[1] = i%d; i%d = 0; }",
-                (int)t, (int)t, (long long)size, (int)code, (int)t, (int)t);
-    if (!tb__cg_need_multi(g, pos)) return -1;
-    p = g->pos[pos];
-    for (d = 0; d < xs->rank; d++) {
-        if (d == dim) {
-            tb__lf_const(&dims[d], 0);
-            tb__lf_add_term(&dims[d], t, 1);
-        } else {
-            dims[d] = p.dim[d];
-        }
-    }
-    qp = tb__cg_pos_multi(g, xs, dims);
-    if (qp < 0) return -1;
-    return tb__cg_eval(g, x, qp);
-}
-
-static int32_t tb__cg_generator(tb__cg *g, int32_t node, int32_t pos) {
-    const tb_node *n = g->L->info[node].node;
-    tb_dtype od = n->shape.dtype;
-    const char *t = tb__ocl_ctype(od);
-    char a[TB__LF_TEXT], b[TB__LF_TEXT];
-    int32_t v;
-    if (!tb__cg_need_multi(g, pos)) return -1;
-    tb__cg_lf_text(&g->pos[pos].dim[0], a, sizeof a);
-    v = tb__cg_new_val(g, od);
-    if (v < 0) return -1;
-    if (n->op == TB_OP_EYE) {
-        tb__cg_lf_text(&g->pos[pos].dim[1], b, sizeof b);
-        tb__cg_line(g, "const %s v%d = (%s)((%s) == (%s));", t, (int)v, t, a, b);
-    } else if (tb_dtype_is_float(od)) {
-        char s0[64], s1[64];
-        tb__cg_flit(TB_F64, n->fattrs[0], s0, sizeof s0);
-        tb__cg_flit(TB_F64, n->fattrs[1], s1, sizeof s1);
-        tb__cg_line(g, "const %s v%d = (%s)(%s + (double)(%s) * %s);", t, (int)v, t, s0, a, s1);
-    } else {
-        double s = n->fattrs[0], st = n->fattrs[1];
-        long long s0 = (s != s) ? 0 : (long long)s, s1 = (st != st) ? 0 : (long long)st;
-        tb__cg_line(g, "const %s v%d = (%s)((ulong)%lldL + (ulong)(%s) * (ulong)%lldL);", t, (int)v,
-                    t, s0, a, s1);
-    }
-    return v;
-}
-
-/* Nodes that are not computed from operand values at the same kind of position: leaves,
-   other kernels' outputs and the ops with their own control flow. */
-static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handled) {
-    const tb__ocl_ninfo *in = &g->L->info[node];
-    const tb__ocl_kernel *k = tb__cg_kernel(g);
-    int32_t v;
-    *handled = true;
-    if (in->param >= 0) {
-        if (in->node->op == TB_OP_SCALAR && tb__cg_plan(g)->scalar_table) {
-            tb_dtype dt = in->node->shape.dtype;
-            const char *ct = tb__ocl_ctype(dt);
-            if (tb__cg_arg(g, TB__OCL_ARG_TABLE, 0) < 0) return -1;
-            v = tb__cg_new_val(g, dt);
-            if (v < 0) return -1;
-            if (dt == TB_F32 || (dt == TB_F64 && !g->L->dev->info.supports_f64)) {
-                tb__cg_line(g, "const %s v%d = (%s)as_float((uint)tb_sc[%d]);", ct, (int)v, ct,
-                            (int)in->param);
-            } else if (dt == TB_F64) {
-                tb__cg_line(g, "const double v%d = as_double(tb_sc[%d]);", (int)v, (int)in->param);
-            } else {
-                tb__cg_line(g, "const %s v%d = (%s)tb_sc[%d];", ct, (int)v, ct, (int)in->param);
-            }
-            return v;
-        }
-        if (in->node->op == TB_OP_SCALAR) {
-            if (tb__cg_arg(g, TB__OCL_ARG_SCALAR, in->param) < 0) return -1;
-            v = tb__cg_new_val(g, in->node->shape.dtype);
-            if (v < 0) return -1;
-            tb__cg_line(g, "const %s v%d = (%s)s%d;", tb__ocl_ctype(in->node->shape.dtype), (int)v,
-                        tb__ocl_ctype(in->node->shape.dtype), (int)in->param);
-            return v;
-        }
-        return tb__cg_read_slot(g, in->slot, in->node->shape.dtype, pos);
-    }
-    if (node == k->core) {
-        tb__cg_fail(g, tb__error(TB_ERR_INTERNAL, "opencl: a kernel's core read at another "
-                                                  "position than its output"));
-        return -1;
-    }
-    if (in->root && node != k->root)
-        return tb__cg_read_slot(g, in->slot, in->node->shape.dtype, pos);
-    if (in->ctx != k->owner && in->ctx != TB__OCL_CTX_ANY) {
-        tb__cg_fail(g, tb__error(TB_ERR_INTERNAL,
-                                 "opencl: node %d evaluated in kernel %d, "
-                                 "planned for kernel %d",
-                                 (int)node, (int)g->kernel, (int)in->ctx));
-        return -1;
-    }
-    switch (in->node->op) {
-    case TB_OP_PAD:
-    case TB_OP_CONCAT:
-    case TB_OP_GATHER:
-    case TB_OP_INDEX_SELECT:
-        if (!tb__cg_enter(g, node)) return -1;
-        if (in->node->op == TB_OP_PAD) {
-            v = tb__cg_pad(g, node, pos);
-        } else if (in->node->op == TB_OP_CONCAT) {
-            v = tb__cg_concat(g, node, pos);
-        } else {
-            v = tb__cg_gather(g, node, pos);
-        }
-        g->depth--;
-        return v;
-    case TB_OP_ARANGE:
-    case TB_OP_EYE:
-        return tb__cg_generator(g, node, pos);
-    default:
-        *handled = false;
-        return -1;
-    }
-}
-
-/* The type sums of a float dtype accumulate in: double for f32 on CPU devices with fp64 (as the
-   reference accumulates, at little cost there), else the dtype itself. Elementwise math
-   (exp, log, ...) runs in the dtype itself. */
-static const char *tb__cg_acc_type(const tb__cg *g, tb_dtype dtype) {
-    if (dtype == TB_F32 && g->fast_f64) return "double";
-    return tb__ocl_ctype(dtype);
-}
-
-static int32_t tb__cg_emit_custom(tb__cg *g, const tb_node *n, const int32_t *ops, size_t nops) {
-    const tb_custom_op_desc *d = tb__ocl_custom(n->op);
-    const char *t = tb__ocl_ctype(n->shape.dtype);
-    int32_t v = tb__cg_new_val(g, n->shape.dtype);
-    size_t i;
-    if (v < 0 || d == NULL || d->opencl_expr == NULL) {
-        return v < 0 ? -1 : (tb__cg_fail(g, TB_ERR_INTERNAL), -1);
-    }
-    tb__cg_line(g, "%s v%d;", t, (int)v);
-    tb__cg_open(g, "");
-    tb__str_append(&g->body, "#define T %s\n", t);
-    for (i = 0; i < nops; i++)
-        tb__cg_line(g, "const T x%zu = (T)v%d;", i, (int)ops[i]);
-    tb__cg_line(g, "v%d = (T)(%s);", (int)v, d->opencl_expr);
-    tb__str_append(&g->body, "#undef T\n");
-    tb__cg_close(g, "");
-    return v;
-}
-
-/* One elementwise op (or RAND/RANDN) from its operands' values. */
-static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_t *ops,
-                              size_t nops) {
-    const tb_node *n = g->L->info[node].node;
-    tb_dtype od = n->shape.dtype, ad = nops > 0 ? g->val_dtype[ops[0]] : od;
-    const char *t = tb__ocl_ctype(od), *u = tb__ocl_utype(od);
-    const char *m = t;
-    bool fl = tb_dtype_is_float(od), afl = tb_dtype_is_float(ad);
-    char e[1024], a[16], b[16], c[16];
-    int32_t v;
-    e[0] = '\0';
-    snprintf(a, sizeof a, "v%d", nops > 0 ? (int)ops[0] : 0);
-    snprintf(b, sizeof b, "v%d", nops > 1 ? (int)ops[1] : 0);
-    snprintf(c, sizeof c, "v%d", nops > 2 ? (int)ops[2] : 0);
-    if (tb_op_get_kind(n->op) == TB_KIND_MOVEMENT) return ops[0]; /* the position did it all */
-    g->ops += 1;
-    if (n->op >= TB_OP_BUILTIN_COUNT) return tb__cg_emit_custom(g, n, ops, nops);
-    switch (n->op) {
-    case TB_OP_NEG:
-        if (fl) {
-            snprintf(e, sizeof e, "-%s", a);
-        } else if (od == TB_BOOL) {
-            snprintf(e, sizeof e, "%s", a);
-        } else {
-            snprintf(e, sizeof e, "(%s)((%s)0 - (%s)%s)", t, u, u, a);
-        }
-        break;
-    case TB_OP_ABS:
-        if (fl) {
-            snprintf(e, sizeof e, "fabs(%s)", a);
-        } else if (od == TB_U8 || od == TB_BOOL) {
-            snprintf(e, sizeof e, "%s", a);
-        } else {
-            snprintf(e, sizeof e, "(%s)(%s < 0 ? (%s)0 - (%s)%s : (%s)%s)", t, a, u, u, a, u, a);
-        }
-        break;
-    case TB_OP_EXP:
-    case TB_OP_LOG:
-    case TB_OP_SIN:
-    case TB_OP_COS:
-    case TB_OP_TANH: {
-        const char *f = n->op == TB_OP_EXP   ? "exp"
-                        : n->op == TB_OP_LOG ? "log"
-                        : n->op == TB_OP_SIN ? "sin"
-                        : n->op == TB_OP_COS ? "cos"
-                                             : "tanh";
-        snprintf(e, sizeof e, "(%s)%s((%s)%s)", t, f, m, a);
-        break;
-    }
-    case TB_OP_SQRT:
-        snprintf(e, sizeof e, "sqrt(%s)", a);
-        break;
-    case TB_OP_RSQRT:
-        snprintf(e, sizeof e, "(%s)((%s)1 / sqrt((%s)%s))", t, m, m, a);
-        break;
-    case TB_OP_SIGMOID:
-    case TB_OP_SILU: {
-        /* exp of a negative argument only, as the reference */
-        char x[64], sg[512];
-        snprintf(x, sizeof x, "((%s)%s)", m, a);
-        snprintf(sg, sizeof sg,
-                 "(%s >= 0 ? (%s)1 / ((%s)1 + exp(-%s)) : exp(%s) / ((%s)1 + exp(%s)))", x, m, m, x,
-                 x, m, x);
-        if (n->op == TB_OP_SILU) {
-            snprintf(e, sizeof e, "(%s)(%s * %s)", t, x, sg);
-        } else {
-            snprintf(e, sizeof e, "(%s)%s", t, sg);
-        }
-        break;
-    }
-    case TB_OP_RELU:
-        if (od == TB_U8 || od == TB_BOOL) {
-            snprintf(e, sizeof e, "%s", a);
-        } else {
-            snprintf(e, sizeof e, "(%s < (%s)0 ? (%s)0 : %s)", a, t, t, a);
-        }
-        break;
-    case TB_OP_GELU: {
-        char half[32], r2[32];
-        tb__cg_flit(od == TB_F32 && !g->fast_f64 ? TB_F32 : TB_F64, 0.5, half, sizeof half);
-        tb__cg_flit(od == TB_F32 && !g->fast_f64 ? TB_F32 : TB_F64, 0.70710678118654752440, r2,
-                    sizeof r2);
-        snprintf(e, sizeof e, "(%s)(%s * (%s)%s * ((%s)1 + erf((%s)%s * %s)))", t, half, m, a, m, m,
-                 a, r2);
-        break;
-    }
-    case TB_OP_RECIPROCAL:
-        snprintf(e, sizeof e, "(%s)1 / %s", t, a);
-        break;
-    case TB_OP_FLOOR:
-    case TB_OP_CEIL:
-    case TB_OP_ROUND:
-        if (fl) {
-            snprintf(e, sizeof e, "%s(%s)",
-                     n->op == TB_OP_FLOOR ? "floor" : (n->op == TB_OP_CEIL ? "ceil" : "rint"), a);
-        } else {
-            snprintf(e, sizeof e, "%s", a);
-        }
-        break;
-    case TB_OP_SIGN:
-        if (od == TB_BOOL) {
-            snprintf(e, sizeof e, "%s", a);
-        } else {
-            snprintf(e, sizeof e, "(%s)((%s > (%s)0) - (%s < (%s)0))", t, a, t, a, t);
-        }
-        break;
-    case TB_OP_LOGICAL_NOT:
-        snprintf(e, sizeof e, "(uchar)(%s == 0)", a);
-        break;
-    case TB_OP_CAST:
-        if (od == TB_BOOL) {
-            snprintf(e, sizeof e, "(uchar)(%s != 0)", a);
-        } else if (afl && !fl) {
-            /* truncation toward zero saturating at the int64 range, NaN 0, then wrapping */
-            snprintf(e, sizeof e, "(%s)tb_f2i_%s(%s)", t, ad == TB_F64 ? "f64" : "f32", a);
-        } else {
-            snprintf(e, sizeof e, "(%s)%s", t, a);
-        }
-        break;
-    case TB_OP_ADD:
-    case TB_OP_SUB:
-    case TB_OP_MUL: {
-        const char *op = n->op == TB_OP_ADD ? "+" : (n->op == TB_OP_SUB ? "-" : "*");
-        if (fl) {
-            snprintf(e, sizeof e, "%s %s %s", a, op, b);
-        } else if (od == TB_BOOL) {
-            snprintf(e, sizeof e, "(uchar)((%s %s %s) != 0)", a, op, b);
-        } else {
-            snprintf(e, sizeof e, "(%s)((%s)%s %s (%s)%s)", t, u, a, op, u, b);
-        }
-        break;
-    }
-    case TB_OP_DIV:
-        snprintf(e, sizeof e, "%s / %s", a, b);
-        break;
-    case TB_OP_POW:
-        if (fl) {
-            snprintf(e, sizeof e, "(%s)pow((%s)%s, (%s)%s)", t, m, a, m, b);
-        } else {
-            int32_t code = tb__cg_errsite(g, TB_OP_POW, 0, 0);
-            if (code < 0) return -1;
-            tb__cg_line(g,
-                        "if (%s < 0) { tb_err[0] = %d; tb_err[1] = (long)%s; tb_err[2] = "
-                        "(long)%s; }",
-                        b, (int)code, a, b);
-            snprintf(e, sizeof e, "(%s)tb_ipow((long)%s, (long)%s)", t, a, b);
-        }
-        break;
-    case TB_OP_MAXIMUM:
-    case TB_OP_MINIMUM: {
-        const char *cmp = n->op == TB_OP_MAXIMUM ? ">" : "<";
-        if (fl) {
-            snprintf(e, sizeof e, "((%s %s %s || isnan(%s)) ? %s : %s)", a, cmp, b, a, a, b);
-        } else {
-            snprintf(e, sizeof e, "(%s %s %s ? %s : %s)", a, cmp, b, a, b);
-        }
-        break;
-    }
-    case TB_OP_EQ:
-    case TB_OP_NE:
-    case TB_OP_LT:
-    case TB_OP_LE:
-    case TB_OP_GT:
-    case TB_OP_GE: {
-        const char *cmp = n->op == TB_OP_EQ   ? "=="
-                          : n->op == TB_OP_NE ? "!="
-                          : n->op == TB_OP_LT ? "<"
-                          : n->op == TB_OP_LE ? "<="
-                          : n->op == TB_OP_GT ? ">"
-                                              : ">=";
-        snprintf(e, sizeof e, "(uchar)(%s %s %s)", a, cmp, b);
-        break;
-    }
-    case TB_OP_LOGICAL_AND:
-        snprintf(e, sizeof e, "(uchar)(%s != 0 && %s != 0)", a, b);
-        break;
-    case TB_OP_LOGICAL_OR:
-        snprintf(e, sizeof e, "(uchar)(%s != 0 || %s != 0)", a, b);
-        break;
-    case TB_OP_WHERE:
-        snprintf(e, sizeof e, "(%s != 0 ? %s : %s)", a, b, c);
-        break;
-    case TB_OP_CLAMP: {
-        int32_t lo = tb__cg_new_val(g, od);
-        if (lo < 0) return -1;
-        if (fl) {
-            tb__cg_line(g, "const %s v%d = ((%s > %s || isnan(%s)) ? %s : %s);", t, (int)lo, a, b,
-                        a, a, b);
-            snprintf(e, sizeof e, "((v%d < %s || isnan(v%d)) ? v%d : %s)", (int)lo, c, (int)lo,
-                     (int)lo, c);
-        } else {
-            tb__cg_line(g, "const %s v%d = (%s < %s ? %s : %s);", t, (int)lo, a, b, b, a);
-            snprintf(e, sizeof e, "(v%d > %s ? %s : v%d)", (int)lo, c, c, (int)lo);
-        }
-        break;
-    }
-    case TB_OP_RAND:
-    case TB_OP_RANDN: {
-        char flat[TB__LF_TEXT];
-        if (!tb__cg_need_flat(g, pos)) return -1;
-        tb__cg_lf_text(&g->pos[pos].flat, flat, sizeof flat);
-        snprintf(e, sizeof e, "tb_%s_%s((ulong)%s, (ulong)%s, (ulong)(%s))",
-                 n->op == TB_OP_RAND ? "rand" : "randn", od == TB_F64 ? "f64" : "f32", a, b, flat);
-        break;
-    }
-    default:
-        tb__cg_fail(g, tb__error(TB_ERR_INTERNAL, "opencl: no code for op %s",
-                                 tb_op_name(n->op) != NULL ? tb_op_name(n->op) : "?"));
-        return -1;
-    }
-    v = tb__cg_new_val(g, od);
-    if (v < 0) return -1;
-    tb__cg_line(g, "const %s v%d = %s;", t, (int)v, e);
-    return v;
-}
-
-/* The value of `node` at `pos`: operands first (an explicit stack, so chains of any length do
-   not recurse), each (node, position) emitted once per scope. */
-static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos) {
-    size_t fbase = g->num_frames, sbase = g->num_stack;
-    int32_t v;
-    if (pos < 0 || g->status != TB_OK) return -1;
-    if (!tb__cg_push_frame(g, node, pos)) return -1;
-    while (g->num_frames > fbase) {
-        tb__cg_frame *f = &g->frames[g->num_frames - 1];
-        int32_t fnode = f->node, fpos = f->pos;
-        const tb_node *n = g->L->info[fnode].node;
-        if (g->status != TB_OK || g->L->restart) goto fail;
-        if (f->state == 0) {
-            v = tb__cg_memo_find(g, TB__MEMO_VALUE, fnode, fpos, 0);
-            if (v < 0) {
-                bool handled = false;
-                v = tb__cg_special(g, fnode, fpos, &handled);
-                if (!handled) {
-                    f->state = 1;
-                    f->vbase = (int32_t)g->num_stack;
-                    continue;
-                }
-                if (v < 0) goto fail;
-                tb__cg_memo_add(g, TB__MEMO_VALUE, fnode, fpos, 0, v);
-                if (!tb__cg_count(g, fnode)) goto fail;
-            }
-            g->num_frames--;
-            if (!tb__cg_push_value(g, v)) goto fail;
-            continue;
-        }
-        if ((uint32_t)(f->state - 1) < n->num_operands) {
-            size_t k = (size_t)(f->state - 1);
-            int32_t cp;
-            f->state++;
-            cp = tb__cg_operand_pos(g, fnode, fpos, k);
-            if (cp < 0) goto fail;
-            if (!tb__cg_push_frame(g, tb__ocl_operand(g->L, fnode, k), cp)) goto fail;
-            continue;
-        }
-        v = tb__cg_emit_op(g, fnode, fpos, &g->stack[f->vbase], n->num_operands);
-        if (v < 0 || !tb__cg_count(g, fnode)) goto fail;
-        g->num_stack = (size_t)g->frames[g->num_frames - 1].vbase;
-        tb__cg_memo_add(g, TB__MEMO_VALUE, fnode, fpos, 0, v);
-        g->num_frames--;
-        if (!tb__cg_push_value(g, v)) goto fail;
-    }
-    v = g->stack[--g->num_stack];
-    return v;
-fail:
-    g->num_frames = fbase;
-    g->num_stack = sbase;
-    if (g->status == TB_OK && !g->L->restart) tb__cg_fail(g, TB_ERR_INTERNAL);
-    return -1;
-}
-
-/* ---- code generation: kernels ---- */
-
-static void tb__cg_reset(tb__cg *g, int32_t kernel) {
-    tb__str_free(&g->body);
-    memset(&g->body, 0, sizeof g->body);
-    g->kernel = kernel;
-    g->indent = 1;
-    g->num_vars = g->num_vals = g->num_pos = g->num_memo = g->num_undo = 0;
-    g->num_scopes = g->num_frames = g->num_stack = 0;
-    g->depth = 0;
-    g->ops = 0;
-    while (g->num_touched > 0)
-        g->evals[g->touched[--g->num_touched]] = 0;
-    memset(g->pos_head, 0xff, sizeof g->pos_head);
-    memset(g->memo_head, 0xff, sizeof g->memo_head);
-}
-
-static void tb__cg_free(tb__cg *g) {
-    tb__str_free(&g->body);
-    tb__free(g->vars);
-    tb__free(g->val_dtype);
-    tb__free(g->pos);
-    tb__free(g->memo);
-    tb__free(g->undo);
-    tb__free(g->scopes);
-    tb__free(g->frames);
-    tb__free(g->stack);
-    tb__free(g->evals);
-    tb__free(g->touched);
-}
-
-/* Work-group size for a kernel with one group per row of `len` elements, or 1 for one work
-   item per row. `inner`: the row is contiguous in memory (lanes of a group read neighbours). */
-static int64_t tb__cg_pick_group(const tb__cg *g, int64_t rows, int64_t len, bool inner) {
-    const tb_device_info *d = &g->L->dev->info;
-    int64_t maxg = d->max_work_group_size < 256 ? (int64_t)d->max_work_group_size : 256, n = 1;
-    if (len < 32) return 1;
-    if (tb__ocl_codegen_cpu(g->L->dev)) {
-        if (rows >= (int64_t)d->compute_units * 4) return 1;
-        if (maxg > 64) maxg = 64;
-    } else if (!inner && rows >= (int64_t)d->compute_units * 256) {
-        return 1; /* neighbouring work items read neighbouring elements already */
-    }
-    while (n * 2 <= maxg && n * 2 <= len)
-        n *= 2;
-    return n;
-}
-
-static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, const char *type,
-                                const char *combine) {
-    tb__cg_line(g, "red[lid] = %s;", var);
-    tb__cg_line(g, "barrier(CLK_LOCAL_MEM_FENCE);");
-    tb__cg_line(g, "for (int s = %d; s > 0; s >>= 1) {", (int)(groups / 2));
-    tb__cg_line(g, "    if (lid < s) {");
-    tb__cg_line(g, "        const %s a = red[lid], b = red[lid + s];", type);
-    tb__cg_line(g, "        red[lid] = %s;", combine);
-    tb__cg_line(g, "    }");
-    tb__cg_line(g, "    barrier(CLK_LOCAL_MEM_FENCE);");
-    tb__cg_line(g, "}");
-    tb__cg_line(g, "%s = red[0];", var);
-    tb__cg_line(g, "barrier(CLK_LOCAL_MEM_FENCE);");
-}
-
-/* The kernel's row index i<v> (one work item or one group per row). */
-static int32_t tb__cg_row_header(tb__cg *g, tb__ocl_kernel *k, int64_t rows, int64_t group) {
-    int32_t v = tb__cg_new_var(g, 0, rows > 0 ? rows - 1 : 0);
-    if (v < 0) return -1;
-    k->work_dim = 1;
-    if (group == 1) {
-        k->items = (uint64_t)rows;
-        tb__cg_line(g, "const long i%d = (long)get_global_id(0);", (int)v);
-        tb__cg_line(g, "if (i%d >= %lldL) return;", (int)v, (long long)rows);
-    } else {
-        k->group_size[0] = (size_t)group;
-        k->group_size[1] = k->group_size[2] = 1;
-        k->groups[0] = (size_t)rows;
-        k->groups[1] = k->groups[2] = 1;
-        tb__cg_line(g, "const long i%d = (long)get_group_id(0);", (int)v);
-        tb__cg_line(g, "const int lid = (int)get_local_id(0);");
-    }
-    return v;
-}
-
-static int32_t tb__cg_var_pos_flat(tb__cg *g, const tb_shape *shape, int32_t var, int64_t scale,
-                                   int32_t var2) {
-    tb__lf lf;
-    tb__lf_const(&lf, 0);
-    tb__lf_add_term(&lf, var, scale);
-    if (var2 >= 0) tb__lf_add_term(&lf, var2, 1);
-    return tb__cg_pos_flat(g, shape, &lf);
-}
-
-static tb_status tb__cg_kernel_elementwise(tb__cg *g, tb__ocl_kernel *k) {
-    const tb_node *root = g->L->info[k->root].node;
-    int64_t n = tb__ocl_numel(&root->shape);
-    int32_t i0, v;
-    i0 = tb__cg_row_header(g, k, n, 1);
-    if (i0 < 0) return g->status;
-    v = tb__cg_eval(g, k->root, tb__cg_var_pos_flat(g, &root->shape, i0, 1, -1));
-    if (v < 0) return g->status;
-    tb__cg_line(g, "out[i%d] = v%d;", (int)i0, (int)v);
-    k->flops = g->ops * (double)n;
-    return TB_OK;
-}
-
-/* The operand's position of a reduction or norm: the output's dims for the kept axes, the
-   loop's index for the reduced ones. */
-static int32_t tb__cg_split_pos(tb__cg *g, const tb_shape *xs, uint64_t mask, bool keepdim,
-                                int32_t out_pos, const tb__lf *red) {
-    tb__lf dims[TB_MAX_RANK];
-    const tb__pos *p = &g->pos[out_pos];
-    int32_t a, oi = 0, ri = 0;
-    for (a = 0; a < xs->rank; a++) {
-        if ((mask >> a) & 1u) {
-            dims[a] = red[ri++];
-            if (keepdim) oi++;
-        } else {
-            dims[a] = p->dim[oi++];
-        }
-    }
-    return tb__cg_pos_multi(g, xs, dims);
-}
-
-/* Independent accumulators per work item of a CPU reduction loop. */
-#define TB__CG_LANES 8
-
-/* What a reduction loop reads: the operand x at (output row, reduction index). */
-typedef struct tb__cg_red {
-    int32_t x, row, out_pos;
-    const tb_shape *xs, *red;
-    uint64_t mask;
-    bool keepdim, suffix;
-    int64_t m;
-    tb_op op;
-    tb_dtype xd;
-    const char *acc_t;
-} tb__cg_red;
-
-/* The value of x at reduction index i<r> + lane of the current row. */
-static int32_t tb__cg_red_value(tb__cg *g, const tb__cg_red *rd, int32_t r, int64_t lane) {
-    tb__lf lf;
-    int32_t xp;
-    tb__lf_const(&lf, lane);
-    if (rd->suffix) {
-        tb__lf_add_term(&lf, rd->row, rd->m);
-        tb__lf_add_term(&lf, r, 1);
-        xp = tb__cg_pos_flat(g, rd->xs, &lf);
-    } else {
-        tb__lf rl[TB_MAX_RANK];
-        int32_t rp;
-        tb__lf_add_term(&lf, r, 1);
-        rp = tb__cg_pos_flat(g, rd->red, &lf);
-        if (rp < 0 || !tb__cg_need_multi(g, rp)) return -1;
-        memcpy(rl, g->pos[rp].dim, sizeof rl);
-        xp = tb__cg_split_pos(g, rd->xs, rd->mask, rd->keepdim, rd->out_pos, rl);
-    }
-    if (xp < 0) return -1;
-    return tb__cg_eval(g, rd->x, xp);
-}
-
-/* Accumulator `lane` of a reduction loop: acc, acc1, acc2, ... */
-static void tb__cg_acc_name(char *buf, size_t cap, int32_t lane) {
-    if (lane == 0)
-        snprintf(buf, cap, "acc");
-    else
-        snprintf(buf, cap, "acc%d", (int)lane);
-}
-
-/* Folds value v<vx> (at reduction index i<r>) into the accumulator named `acc`. */
-static void tb__cg_red_step(tb__cg *g, const tb__cg_red *rd, int32_t vx, int32_t r,
-                            const char *acc) {
-    bool is_max = rd->op == TB_OP_MAX || rd->op == TB_OP_ARGMAX;
-    const char *cmp = is_max ? ">" : "<";
-    switch (rd->op) {
-    case TB_OP_SUM:
-    case TB_OP_MEAN:
-        tb__cg_line(g, "%s += (%s)v%d;", acc, rd->acc_t, (int)vx);
-        break;
-    case TB_OP_PROD:
-        tb__cg_line(g, "%s *= (%s)v%d;", acc, rd->acc_t, (int)vx);
-        break;
-    case TB_OP_MAX:
-    case TB_OP_MIN:
-        if (tb_dtype_is_float(rd->xd)) {
-            tb__cg_line(g, "if (v%d %s %s || isnan(v%d)) %s = v%d;", (int)vx, cmp, acc, (int)vx,
-                        acc, (int)vx);
-        } else {
-            tb__cg_line(g, "if (v%d %s %s) %s = v%d;", (int)vx, cmp, acc, acc, (int)vx);
-        }
-        break;
-    default:
-        if (tb_dtype_is_float(rd->xd)) {
-            tb__cg_line(g,
-                        "if (bi < 0 || v%d %s best || (isnan(v%d) && !isnan(best))) { best = v%d; "
-                        "bi = i%d; }",
-                        (int)vx, cmp, (int)vx, (int)vx, (int)r);
-        } else {
-            tb__cg_line(g, "if (bi < 0 || v%d %s best) { best = v%d; bi = i%d; }", (int)vx, cmp,
-                        (int)vx, (int)r);
-        }
-        break;
-    }
-}
-
-/* A reduction: one work item or one work-group per output, or, when the reduction is split,
-   the partial stage (one per chunk of a row, raw accumulators out) or the final stage
-   (combines the chunks of its row, then finishes and runs the epilogue). */
-static tb_status tb__cg_kernel_reduce(tb__cg *g, tb__ocl_kernel *k) {
-    tb__ocl_lower *L = g->L;
-    const tb_node *cn = L->info[k->core].node;
-    int32_t x = tb__ocl_operand(L, k->core, 0);
-    const tb_shape *xs = &L->info[x].node->shape, *cs = &cn->shape;
-    bool is_arg = cn->op == TB_OP_ARGMAX || cn->op == TB_OP_ARGMIN;
-    bool is_max = cn->op == TB_OP_MAX || cn->op == TB_OP_ARGMAX;
-    bool partial = k->kind == TB__OCL_K_PARTIAL, final = !partial && k->split > 0;
-    uint64_t mask = is_arg ? ((uint64_t)1 << cn->attrs[0]) : (uint64_t)cn->attrs[0];
-    bool keepdim = cn->attrs[1] != 0, suffix = true, seen = false;
-    int64_t n_out = tb__ocl_numel(cs), m = 1, group, rows, chunk = 0;
-    tb_dtype xd = xs->dtype, od = cs->dtype;
-    const char *xt = tb__ocl_ctype(xd), *t = tb__ocl_ctype(od), *acc_t;
-    const char *combine_local = "a + b";
-    tb_shape red;
-    int32_t a, i0, row, r, out_pos, vx, vf, vr, ci = -1;
-    char head[384], from[64], to[96];
-    memset(&red, 0, sizeof red);
-    red.dtype = xd;
-    for (a = 0; a < xs->rank; a++) {
-        if ((mask >> a) & 1u) {
-            red.dims[red.rank++] = xs->dims[a];
-            m *= xs->dims[a];
-            seen = true;
-        } else if (seen) {
-            suffix = false;
-        }
-    }
-    if (cn->op == TB_OP_SUM || cn->op == TB_OP_MEAN || cn->op == TB_OP_PROD) {
-        acc_t = tb_dtype_is_float(od) ? tb__cg_acc_type(g, od) : tb__ocl_utype(od);
-    } else {
-        acc_t = xt;
-    }
-    if (cn->op == TB_OP_PROD) combine_local = "a * b";
-    if (cn->op == TB_OP_MAX)
-        combine_local = tb_dtype_is_float(xd) ? "((b > a || isnan(b)) ? b : a)" : "(b > a ? b : a)";
-    if (cn->op == TB_OP_MIN)
-        combine_local = tb_dtype_is_float(xd) ? "((b < a || isnan(b)) ? b : a)" : "(b < a ? b : a)";
-    rows = n_out;
-    if (partial) {
-        rows = n_out * k->split;
-        chunk = (m + k->split - 1) / k->split;
-        group = tb__cg_pick_group(g, rows, chunk, suffix);
-    } else {
-        group = final ? 1 : tb__cg_pick_group(g, n_out, m, suffix);
-    }
-    i0 = tb__cg_row_header(g, k, rows, group);
-    if (i0 < 0) return g->status;
-    if (group > 1) {
-        if (is_arg) {
-            tb__cg_line(g, "__local %s redv[%d];", xt, (int)group);
-            tb__cg_line(g, "__local long redi[%d];", (int)group);
-        } else {
-            tb__cg_line(g, "__local %s red[%d];", acc_t, (int)group);
-        }
-    }
-    row = i0;
-    if (partial) {
-        row = tb__cg_new_var(g, 0, n_out - 1);
-        ci = tb__cg_new_var(g, 0, k->split - 1);
-        if (row < 0 || ci < 0) return g->status;
-        tb__cg_line(g, "const long i%d = i%d / %d, i%d = i%d %% %d;", (int)row, (int)i0,
-                    (int)k->split, (int)ci, (int)i0, (int)k->split);
-    }
-    out_pos = tb__cg_var_pos_flat(g, cs, row, 1, -1);
-    if (out_pos < 0) return g->status;
-    if (!final && !suffix && !tb__cg_need_multi(g, out_pos)) return g->status;
-    switch (cn->op) {
-    case TB_OP_SUM:
-    case TB_OP_MEAN:
-        tb__cg_line(g, "%s acc = 0;", acc_t);
-        break;
-    case TB_OP_PROD:
-        tb__cg_line(g, "%s acc = 1;", acc_t);
-        break;
-    case TB_OP_MAX:
-    case TB_OP_MIN: {
-        const char *init;
-        if (tb_dtype_is_float(xd)) {
-            init = is_max ? "-INFINITY" : "INFINITY";
-        } else if (xd == TB_I32) {
-            init = is_max ? "INT_MIN" : "INT_MAX";
-        } else if (xd == TB_I64) {
-            init = is_max ? "LONG_MIN" : "LONG_MAX";
-        } else {
-            init = is_max ? "0" : "255";
-        }
-        tb__cg_line(g, "%s acc = %s;", acc_t, init);
-        break;
-    }
-    default:
-        tb__cg_line(g, "%s best = 0;", xt);
-        tb__cg_line(g, "long bi = -1;");
-        break;
-    }
-    if (final) {
-        /* the partial results of this row, in chunk order */
-        if (tb__cg_arg(g, TB__OCL_ARG_BUF, k->partial_slot) < 0) return g->status;
-        tb__cg_line(g, "for (int c = 0; c < %d; c++) {", (int)k->split);
-        tb__cg_line(g, "    const %s b = (%s)b%d[i%d * %d + c];", acc_t, acc_t,
-                    (int)k->partial_slot, (int)i0, (int)k->split);
-        tb__cg_line(g, "    const %s a = acc;", acc_t);
-        tb__cg_line(g, "    acc = %s;", combine_local);
-        tb__cg_line(g, "}");
-    } else {
-        tb__cg_red rd;
-        int32_t lanes = 1;
-        rd.x = x;
-        rd.xs = xs;
-        rd.red = &red;
-        rd.mask = mask;
-        rd.keepdim = keepdim;
-        rd.suffix = suffix;
-        rd.row = row;
-        rd.m = m;
-        rd.out_pos = out_pos;
-        rd.op = cn->op;
-        rd.xd = xd;
-        rd.acc_t = acc_t;
-        /* one work item per row or chunk on a CPU: independent accumulators, so the loop is
-           not one long chain of dependent adds (or compares) */
-        if (group == 1 && !is_arg && tb__ocl_codegen_cpu(L->dev) && m >= 4 * TB__CG_LANES)
-            lanes = TB__CG_LANES;
-        if (partial) {
-            snprintf(from, sizeof from, "i%d * %lldL", (int)ci, (long long)chunk);
-            snprintf(to, sizeof to, "min((i%d + 1) * %lldL, %lldL)", (int)ci, (long long)chunk,
-                     (long long)m);
-        } else {
-            snprintf(from, sizeof from, "0L");
-            snprintf(to, sizeof to, "%lldL", (long long)m);
-        }
-        if (lanes == 1) {
-            r = tb__cg_new_var(g, 0, m > 0 ? m - 1 : 0);
-            if (r < 0) return g->status;
-            if (group == 1) {
-                snprintf(head, sizeof head, "for (long i%d = %s; i%d < %s; i%d++) ", (int)r, from,
-                         (int)r, to, (int)r);
-            } else {
-                snprintf(head, sizeof head, "for (long i%d = %s + lid; i%d < %s; i%d += %d) ",
-                         (int)r, from, (int)r, to, (int)r, (int)group);
-            }
-            tb__cg_open(g, head);
-            vx = tb__cg_red_value(g, &rd, r, 0);
-            if (vx < 0) return g->status;
-            tb__cg_red_step(g, &rd, vx, r, "acc");
-            tb__cg_close(g, "");
-        } else {
-            int32_t lane, rt;
-            tb__cg_open(g, "");
-            for (lane = 1; lane < lanes; lane++)
-                tb__cg_line(g, "%s acc%d = acc;", acc_t, (int)lane);
-            tb__cg_line(g, "const long rs = %s, re = %s, rm = rs + ((re - rs) & ~%dL);", from, to,
-                        (int)lanes - 1);
-            r = tb__cg_new_var(g, 0, m - lanes);
-            if (r < 0) return g->status;
-            snprintf(head, sizeof head, "for (long i%d = rs; i%d < rm; i%d += %d) ", (int)r, (int)r,
-                     (int)r, (int)lanes);
-            tb__cg_open(g, head);
-            for (lane = 0; lane < lanes; lane++) {
-                char name[16];
-                tb__cg_acc_name(name, sizeof name, lane);
-                vx = tb__cg_red_value(g, &rd, r, lane);
-                if (vx < 0) return g->status;
-                tb__cg_red_step(g, &rd, vx, r, name);
-            }
-            tb__cg_close(g, "");
-            rt = tb__cg_new_var(g, 0, m - 1);
-            if (rt < 0) return g->status;
-            snprintf(head, sizeof head, "for (long i%d = rm; i%d < re; i%d++) ", (int)rt, (int)rt,
-                     (int)rt);
-            tb__cg_open(g, head);
-            vx = tb__cg_red_value(g, &rd, rt, 0);
-            if (vx < 0) return g->status;
-            tb__cg_red_step(g, &rd, vx, rt, "acc");
-            tb__cg_close(g, "");
-            /* pairwise: acc_j with acc_(j + half), halving */
-            for (lane = lanes / 2; lane >= 1; lane /= 2) {
-                int32_t j;
-                for (j = 0; j < lane; j++) {
-                    char dst[16], src[16];
-                    tb__cg_acc_name(dst, sizeof dst, j);
-                    tb__cg_acc_name(src, sizeof src, j + lane);
-                    tb__cg_line(g, "{ const %s a = %s, b = %s; %s = %s; }", acc_t, dst, src, dst,
-                                combine_local);
-                }
-            }
-            tb__cg_close(g, "");
-        }
-    }
-    if (group > 1) {
-        if (is_arg) {
-            const char *cmp = is_max ? ">" : "<";
-            tb__cg_line(g, "redv[lid] = best;");
-            tb__cg_line(g, "redi[lid] = bi;");
-            tb__cg_line(g, "barrier(CLK_LOCAL_MEM_FENCE);");
-            tb__cg_line(g, "for (int s = %d; s > 0; s >>= 1) {", (int)(group / 2));
-            tb__cg_line(g, "    if (lid < s) {");
-            tb__cg_line(g, "        const %s ov = redv[lid + s], cv = redv[lid];", xt);
-            tb__cg_line(g, "        const long oi = redi[lid + s], ci = redi[lid];");
-            if (tb_dtype_is_float(xd)) {
-                tb__cg_line(g,
-                            "        if (oi >= 0 && (ci < 0 || (isnan(ov) ? (!isnan(cv) || oi < "
-                            "ci) : (!isnan(cv) && (ov %s cv || (ov == cv && oi < ci)))))) {",
-                            cmp);
-            } else {
-                tb__cg_line(g,
-                            "        if (oi >= 0 && (ci < 0 || ov %s cv || (ov == cv && oi < "
-                            "ci))) {",
-                            cmp);
-            }
-            tb__cg_line(g, "            redv[lid] = ov;");
-            tb__cg_line(g, "            redi[lid] = oi;");
-            tb__cg_line(g, "        }");
-            tb__cg_line(g, "    }");
-            tb__cg_line(g, "    barrier(CLK_LOCAL_MEM_FENCE);");
-            tb__cg_line(g, "}");
-            tb__cg_line(g, "bi = redi[0];");
-        } else {
-            tb__cg_local_reduce(g, group, "acc", acc_t, combine_local);
-        }
-        tb__cg_open(g, "if (lid == 0) ");
-    }
-    if (partial) {
-        tb__cg_line(g, "out[i%d] = (%s)acc;", (int)i0,
-                    tb__ocl_ctype(tb__cg_plan(g)->slots[k->out_slot].shape.dtype));
-    } else {
-        vf = tb__cg_new_val(g, od);
-        if (vf < 0) return g->status;
-        if (cn->op == TB_OP_MEAN) {
-            tb__cg_line(g, "const %s v%d = (%s)(acc / (%s)%lld);", t, (int)vf, t, acc_t,
-                        (long long)m);
-        } else if (is_arg) {
-            tb__cg_line(g, "const %s v%d = (%s)bi;", t, (int)vf, t);
-        } else {
-            tb__cg_line(g, "const %s v%d = (%s)acc;", t, (int)vf, t);
-        }
-        tb__cg_memo_add(g, TB__MEMO_VALUE, k->core, out_pos, 0, vf);
-        vr = tb__cg_eval(g, k->root, out_pos);
-        if (vr < 0) return g->status;
-        tb__cg_line(g, "out[i%d] = v%d;", (int)i0, (int)vr);
-    }
-    if (group > 1) tb__cg_close(g, "");
-    k->flops = final ? (double)k->split * (double)n_out : (g->ops + 1) * (double)m * (double)n_out;
-    return TB_OK;
-}
-
-static tb_status tb__cg_kernel_norm(tb__cg *g, tb__ocl_kernel *k) {
-    tb__ocl_lower *L = g->L;
-    const tb_node *cn = L->info[k->core].node;
-    int32_t x = tb__ocl_operand(L, k->core, 0), w = -1, b = -1;
-    const tb_shape *xs = &L->info[x].node->shape, *cs = &cn->shape;
-    bool layer = cn->op == TB_OP_LAYER_NORM;
-    int32_t axis = layer ? xs->rank - 1 : (int32_t)cn->attrs[0], a, i0, pass;
-    int64_t len = 1, rows, group, numel = tb__ocl_numel(xs);
-    bool trailing = layer || axis == xs->rank - 1;
-    tb_shape rowshape, inner;
-    tb_dtype od = cs->dtype;
-    const char *t = tb__ocl_ctype(od), *ct = tb__cg_acc_type(g, od);
-    int32_t row_pos = -1;
-    memset(&rowshape, 0, sizeof rowshape);
-    memset(&inner, 0, sizeof inner);
-    inner.dtype = rowshape.dtype = xs->dtype;
-    if (layer) {
-        int32_t nd = (int32_t)cn->attrs[0], next = 1;
-        for (a = xs->rank - nd; a < xs->rank; a++) {
-            len *= xs->dims[a];
-            inner.dims[inner.rank++] = xs->dims[a];
-        }
-        if (cn->attrs[1] != 0) w = tb__ocl_operand(L, k->core, (size_t)next++);
-        if (cn->attrs[2] != 0) b = tb__ocl_operand(L, k->core, (size_t)next++);
-    } else {
-        len = xs->dims[axis];
-        for (a = 0; a < xs->rank; a++)
-            if (a != axis) rowshape.dims[rowshape.rank++] = xs->dims[a];
-    }
-    rows = len > 0 ? numel / len : 0;
-    group = tb__cg_pick_group(g, rows, len, trailing);
-    i0 = tb__cg_row_header(g, k, rows, group);
-    if (i0 < 0) return g->status;
-    if (group > 1) tb__cg_line(g, "__local %s red[%d];", ct, (int)group);
-    if (!trailing) {
-        row_pos = tb__cg_var_pos_flat(g, &rowshape, i0, 1, -1);
-        if (row_pos < 0 || !tb__cg_need_multi(g, row_pos)) return g->status;
-    }
-    if (layer) {
-        tb__cg_line(g, "%s sum = 0, sqdev = 0;", ct);
-    } else {
-        tb__cg_line(g, "%s mx = -INFINITY, sm = 0;", ct);
-    }
-    for (pass = 0; pass < 3; pass++) {
-        char head[128];
-        int32_t j = tb__cg_new_var(g, 0, len > 0 ? len - 1 : 0), xp, vx;
-        if (j < 0) return g->status;
-        if (group == 1) {
-            snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)j, (int)j,
-                     (long long)len, (int)j);
-        } else {
-            snprintf(head, sizeof head, "for (long i%d = lid; i%d < %lldL; i%d += %d) ", (int)j,
-                     (int)j, (long long)len, (int)j, (int)group);
-        }
-        tb__cg_open(g, head);
-        if (trailing) {
-            xp = tb__cg_var_pos_flat(g, xs, i0, len, j);
-        } else {
-            tb__lf dims[TB_MAX_RANK];
-            int32_t ri = 0;
-            for (a = 0; a < xs->rank; a++) {
-                if (a == axis) {
-                    tb__lf_const(&dims[a], 0);
-                    tb__lf_add_term(&dims[a], j, 1);
-                } else {
-                    dims[a] = g->pos[row_pos].dim[ri++];
-                }
-            }
-            xp = tb__cg_pos_multi(g, xs, dims);
-        }
-        vx = tb__cg_eval(g, x, xp);
-        if (vx < 0) return g->status;
-        if (pass == 0) {
-            if (layer) {
-                tb__cg_line(g, "sum += (%s)v%d;", ct, (int)vx);
-            } else {
-                tb__cg_line(g, "if ((%s)v%d > mx || isnan(v%d)) mx = (%s)v%d;", ct, (int)vx,
-                            (int)vx, ct, (int)vx);
-            }
-        } else if (pass == 1) {
-            if (layer) {
-                tb__cg_line(g, "const %s dv = (%s)v%d - mean;", ct, ct, (int)vx);
-                tb__cg_line(g, "sqdev += dv * dv;");
-            } else {
-                tb__cg_line(g, "sm += (%s)exp(v%d - (%s)mx);", ct, (int)vx, t);
-            }
-        } else {
-            int32_t vf = tb__cg_new_val(g, od), vr;
-            char flat[TB__LF_TEXT];
-            if (vf < 0) return g->status;
-            if (layer) {
-                tb__cg_line(g, "%s y = ((%s)v%d - mean) * rstd;", ct, ct, (int)vx);
-                if (w >= 0) {
-                    int32_t vw = tb__cg_eval(
-                        g, w, tb__cg_var_pos_flat(g, &L->info[w].node->shape, j, 1, -1));
-                    if (vw < 0) return g->status;
-                    tb__cg_line(g, "y = y * (%s)v%d;", ct, (int)vw);
-                }
-                if (b >= 0) {
-                    int32_t vb = tb__cg_eval(
-                        g, b, tb__cg_var_pos_flat(g, &L->info[b].node->shape, j, 1, -1));
-                    if (vb < 0) return g->status;
-                    tb__cg_line(g, "y = y + (%s)v%d;", ct, (int)vb);
-                }
-                tb__cg_line(g, "const %s v%d = (%s)y;", t, (int)vf, t);
-            } else if (cn->op == TB_OP_SOFTMAX) {
-                tb__cg_line(g, "const %s v%d = (%s)((%s)exp(v%d - (%s)mx) / sm);", t, (int)vf, t,
-                            ct, (int)vx, t);
-            } else {
-                tb__cg_line(g, "const %s v%d = (%s)((%s)v%d - mx - lse);", t, (int)vf, t, ct,
-                            (int)vx);
-            }
-            tb__cg_memo_add(g, TB__MEMO_VALUE, k->core, xp, 0, vf);
-            vr = tb__cg_eval(g, k->root, xp);
-            if (vr < 0 || !tb__cg_need_flat(g, xp)) return g->status;
-            tb__cg_lf_text(&g->pos[xp].flat, flat, sizeof flat);
-            tb__cg_line(g, "out[%s] = v%d;", flat, (int)vr);
-        }
-        tb__cg_close(g, "");
-        if (pass == 0) {
-            if (group > 1) {
-                if (layer) {
-                    tb__cg_local_reduce(g, group, "sum", ct, "a + b");
-                } else {
-                    tb__cg_local_reduce(g, group, "mx", ct, "((b > a || isnan(b)) ? b : a)");
-                }
-            }
-            if (layer) tb__cg_line(g, "const %s mean = sum / (%s)%lld;", ct, ct, (long long)len);
-        } else if (pass == 1) {
-            char eps[64];
-            if (group > 1) tb__cg_local_reduce(g, group, layer ? "sqdev" : "sm", ct, "a + b");
-            if (layer) {
-                tb__cg_flit(strcmp(ct, "double") == 0 ? TB_F64 : TB_F32, cn->fattrs[0], eps,
-                            sizeof eps);
-                tb__cg_line(g, "const %s rstd = (%s)1 / sqrt(sqdev / (%s)%lld + %s);", ct, ct, ct,
-                            (long long)len, eps);
-            } else if (cn->op == TB_OP_LOG_SOFTMAX) {
-                tb__cg_line(g, "const %s lse = log(sm);", ct);
-            }
-        }
-    }
-    k->flops = (g->ops + 8) * (double)numel;
-    return TB_OK;
-}
-
-/* Matmul for CPU devices: no local memory (the caches tile), each work item an RM x RN block
-   of the output from registers, operands read at clamped rows and columns (always in bounds;
-   the epilogue writes only the real ones). */
-/* The store of one accumulator acc[ii][jj] of a matmul kernel at row gr, column gc (the caller
-   has emitted both and opened the bounds check): the kernel's fused consumers run on the value
-   and the result goes to out. Shared by the CPU and GPU matmul kernels. False when code
-   generation stopped (g->status says why, if it failed). */
-static bool tb__cg_matmul_store(tb__cg *g, tb__ocl_kernel *k, const tb__lf *bdims) {
-    const tb_shape *cs = &g->L->info[k->core].node->shape;
-    int32_t r = cs->rank, nb = r - 2, d;
-    int64_t M = cs->dims[r - 2], N = cs->dims[r - 1];
-    tb_dtype od = cs->dtype;
-    const char *t = tb__ocl_ctype(od);
-    tb__lf dims[TB_MAX_RANK];
-    char flat[TB__LF_TEXT];
-    int32_t vr = tb__cg_new_var(g, 0, M - 1), vc = tb__cg_new_var(g, 0, N - 1), p, vf, v;
-    if (vr < 0 || vc < 0) return false;
-    tb__cg_line(g, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
-    for (d = 0; d < nb; d++)
-        dims[d] = bdims[d];
-    tb__lf_const(&dims[r - 2], 0);
-    tb__lf_add_term(&dims[r - 2], vr, 1);
-    tb__lf_const(&dims[r - 1], 0);
-    tb__lf_add_term(&dims[r - 1], vc, 1);
-    p = tb__cg_pos_multi(g, cs, dims);
-    vf = tb__cg_new_val(g, od);
-    if (p < 0 || vf < 0) return false;
-    tb__cg_line(g, "const %s v%d = (%s)acc[ii][jj];", t, (int)vf, t);
-    tb__cg_memo_add(g, TB__MEMO_VALUE, k->core, p, 0, vf);
-    v = tb__cg_eval(g, k->root, p);
-    if (v < 0 || !tb__cg_need_flat(g, p)) return false;
-    tb__cg_lf_text(&g->pos[p].flat, flat, sizeof flat);
-    tb__cg_line(g, "out[%s] = v%d;", flat, (int)v);
-    return true;
-}
-
-/* The batch index variable of a matmul kernel's output (i<var> given) as per-dim forms of
-   the batch dims, in bdims. */
-static bool tb__cg_batch_dims(tb__cg *g, const tb_shape *cs, int32_t var, tb__lf *bdims) {
-    tb_shape bshape;
-    int32_t d, bpos;
-    if (cs->rank <= 2) return true;
-    memset(&bshape, 0, sizeof bshape);
-    bshape.dtype = cs->dtype;
-    for (d = 0; d + 2 < cs->rank; d++)
-        bshape.dims[bshape.rank++] = cs->dims[d];
-    bpos = tb__cg_var_pos_flat(g, &bshape, var, 1, -1);
-    if (bpos < 0 || !tb__cg_need_multi(g, bpos)) return false;
-    memcpy(bdims, g->pos[bpos].dim, sizeof(tb__lf) * TB_MAX_RANK);
-    return true;
-}
-
-static tb_status tb__cg_kernel_matmul_cpu(tb__cg *g, tb__ocl_kernel *k) {
-    tb__ocl_lower *L = g->L;
-    const tb_node *cn = L->info[k->core].node;
-    int32_t ia = tb__ocl_operand(L, k->core, 0), ib = tb__ocl_operand(L, k->core, 1);
-    const tb_shape *as = &L->info[ia].node->shape, *bs = &L->info[ib].node->shape;
-    const tb_shape *cs = &cn->shape;
-    int32_t r = cs->rank, d, i0, nb = r - 2, kv, i, j;
-    int32_t rows[8], cols[8], va[8], vb[8];
-    tb__ocl_mm mm = tb__ocl_mm_of(L, k->core);
-    int64_t M = mm.m, N = mm.n, K = mm.k, batch = mm.batch;
-    int rm = M < 8 ? (int)M : 8, rn = N < 8 ? (int)N : 8, lx = 8, ly = 4;
-    tb_dtype od = cs->dtype;
-    const char *t = tb__ocl_ctype(od);
-    const char *acc_t = tb_dtype_is_float(od) ? t : tb__ocl_utype(od);
-    tb__lf bdims[TB_MAX_RANK];
-    char head[160];
-    if (rm < 1) rm = 1;
-    if (rn < 1) rn = 1;
-    k->work_dim = 3;
-    k->group_size[0] = (size_t)lx;
-    k->group_size[1] = (size_t)ly;
-    k->group_size[2] = 1;
-    k->groups[0] = (size_t)(((N + rn - 1) / rn + lx - 1) / lx);
-    k->groups[1] = (size_t)(((M + rm - 1) / rm + ly - 1) / ly);
-    k->groups[2] = (size_t)batch;
-    tb__cg_line(
-        g, "const long col0 = (long)get_global_id(0) * %d, row0 = (long)get_global_id(1) * %d;", rn,
-        rm);
-    i0 = tb__cg_new_var(g, 0, batch > 0 ? batch - 1 : 0);
-    if (i0 < 0) return g->status;
-    tb__cg_line(g, "const long i%d = (long)get_global_id(2);", (int)i0);
-    if (!tb__cg_batch_dims(g, cs, i0, bdims)) return g->status;
-    for (i = 0; i < rm; i++) {
-        rows[i] = tb__cg_new_var(g, 0, M - 1);
-        if (rows[i] < 0) return g->status;
-        tb__cg_line(g, "const long i%d = min(row0 + %d, %lldL);", (int)rows[i], i,
-                    (long long)(M - 1));
-    }
-    for (j = 0; j < rn; j++) {
-        cols[j] = tb__cg_new_var(g, 0, N - 1);
-        if (cols[j] < 0) return g->status;
-        tb__cg_line(g, "const long i%d = min(col0 + %d, %lldL);", (int)cols[j], j,
-                    (long long)(N - 1));
-    }
-    tb__cg_line(g, "%s acc[%d][%d];", acc_t, rm, rn);
-    tb__cg_line(g, "for (int ii = 0; ii < %d; ii++)", rm);
-    tb__cg_line(g, "    for (int jj = 0; jj < %d; jj++) acc[ii][jj] = 0;", rn);
-    kv = tb__cg_new_var(g, 0, K > 0 ? K - 1 : 0);
-    if (kv < 0) return g->status;
-    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)kv, (int)kv,
-             (long long)K, (int)kv);
-    tb__cg_open(g, head);
-    for (j = 0; j < rn; j++) {
-        tb__lf dims[TB_MAX_RANK];
-        for (d = 0; d < nb; d++)
-            dims[d] = bdims[d];
-        tb__lf_const(&dims[r - 2], 0);
-        tb__lf_add_term(&dims[r - 2], kv, 1);
-        tb__lf_const(&dims[r - 1], 0);
-        tb__lf_add_term(&dims[r - 1], cols[j], 1);
-        vb[j] = tb__cg_eval(g, ib, tb__cg_pos_multi(g, bs, dims));
-        if (vb[j] < 0) return g->status;
-    }
-    for (i = 0; i < rm; i++) {
-        tb__lf dims[TB_MAX_RANK];
-        for (d = 0; d < nb; d++)
-            dims[d] = bdims[d];
-        tb__lf_const(&dims[r - 2], 0);
-        tb__lf_add_term(&dims[r - 2], rows[i], 1);
-        tb__lf_const(&dims[r - 1], 0);
-        tb__lf_add_term(&dims[r - 1], kv, 1);
-        va[i] = tb__cg_eval(g, ia, tb__cg_pos_multi(g, as, dims));
-        if (va[i] < 0) return g->status;
-    }
-    for (i = 0; i < rm; i++) {
-        for (j = 0; j < rn; j++) {
-            if (tb_dtype_is_float(od)) {
-                tb__cg_line(g, "acc[%d][%d] += v%d * v%d;", i, j, (int)va[i], (int)vb[j]);
-            } else {
-                tb__cg_line(g, "acc[%d][%d] += (%s)v%d * (%s)v%d;", i, j, acc_t, (int)va[i], acc_t,
-                            (int)vb[j]);
-            }
-        }
-    }
-    tb__cg_close(g, "");
-    snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ",
-             rm, rn);
-    tb__cg_open(g, head);
-    tb__cg_line(g, "const long gr = row0 + ii, gc = col0 + jj;");
-    snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)M, (long long)N);
-    tb__cg_open(g, head);
-    if (!tb__cg_matmul_store(g, k, bdims)) return g->status;
-    tb__cg_close(g, "");
-    tb__cg_close(g, "");
-    k->flops = 2.0 * (double)M * (double)N * (double)K * (double)batch;
-    return TB_OK;
-}
-
-/* A pack kernel: one work item per element of the panels. Element (b, panel, k, lane) is the
-   operand at batch b, depth k and row (A) or column (B) panel * width + lane, clamped to the
-   last one (the matmul never stores what the padding computes). */
-static tb_status tb__cg_kernel_pack(tb__cg *g, tb__ocl_kernel *k) {
-    tb__ocl_lower *L = g->L;
-    bool is_a = k->kind == TB__OCL_K_PACK_A;
-    int32_t x = tb__ocl_operand(L, k->core, is_a ? 0 : 1);
-    const tb_shape *xs = &L->info[x].node->shape, *cs = &L->info[k->core].node->shape;
-    int32_t r = cs->rank, d, i0, ib, ik, il, v;
-    int64_t z[6], len, K, blocks, width;
-    tb__lf bdims[TB_MAX_RANK], dims[TB_MAX_RANK];
-    tb__ocl_pack_sizes(L, k, is_a, z);
-    K = z[3];
-    blocks = z[4];
-    width = z[5];
-    len = is_a ? z[1] : z[2];
-    /* lanes along dim 0 (neighbouring work items write neighbouring elements), K along dim
-       1, batch x panels along dim 2 */
-    k->work_dim = 3;
-    k->group_size[0] = (size_t)width;
-    k->group_size[1] = TB__OCL_PACK_GROUP_K;
-    k->group_size[2] = 1;
-    k->groups[0] = 1;
-    k->groups[1] = (size_t)((K + TB__OCL_PACK_GROUP_K - 1) / TB__OCL_PACK_GROUP_K);
-    k->groups[2] = (size_t)(z[0] * blocks);
-    i0 = tb__cg_new_var(g, 0, z[0] * blocks - 1);
-    ib = tb__cg_new_var(g, 0, z[0] - 1);
-    ik = tb__cg_new_var(g, 0, K - 1);
-    il = tb__cg_new_var(g, 0, len - 1);
-    if (i0 < 0 || ib < 0 || ik < 0 || il < 0) return g->status;
-    tb__cg_line(g, "const long lane = (long)get_global_id(0), i%d = (long)get_global_id(1);",
-                (int)ik);
-    tb__cg_line(g, "if (i%d >= %lldL) return;", (int)ik, (long long)K);
-    tb__cg_line(g, "const long i%d = (long)get_global_id(2);", (int)i0);
-    tb__cg_line(g, "const long i%d = i%d / %lldL;", (int)ib, (int)i0, (long long)blocks);
-    tb__cg_line(g, "const long i%d = min(i%d %% %lldL * %lldL + lane, %lldL);", (int)il, (int)i0,
-                (long long)blocks, (long long)width, (long long)(len - 1));
-    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->status;
-    for (d = 0; d + 2 < r; d++)
-        dims[d] = bdims[d];
-    tb__lf_const(&dims[r - 2], 0);
-    tb__lf_add_term(&dims[r - 2], is_a ? il : ik, 1);
-    tb__lf_const(&dims[r - 1], 0);
-    tb__lf_add_term(&dims[r - 1], is_a ? ik : il, 1);
-    v = tb__cg_eval(g, x, tb__cg_pos_multi(g, xs, dims));
-    if (v < 0) return g->status;
-    tb__cg_line(g, "out[(i%d * %lldL + i%d) * %lldL + lane] = v%d;", (int)i0, (long long)K, (int)ik,
-                (long long)width, (int)v);
-    k->flops = g->ops * (double)(z[0] * blocks * K * width);
-    return TB_OK;
-}
-
-/* Matmul from the panels of the two pack kernels before it (CPU devices): each work item a
-   TB__OCL_MM_ROWS x width block of the output, one vector accumulator per row; the inner loop
-   reads one vector of B and TB__OCL_MM_ROWS consecutive values of A per step of K. */
-static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, tb__ocl_kernel *k) {
-    tb__ocl_lower *L = g->L;
-    const tb_shape *cs = &L->info[k->core].node->shape;
-    int64_t za[6], zb[6], K;
-    int rm = TB__OCL_MM_ROWS, vw, i;
-    const char *t = tb__ocl_ctype(cs->dtype);
-    char tv[16], head[160];
-    int32_t ib;
-    tb__lf bdims[TB_MAX_RANK];
-    tb__ocl_pack_sizes(L, k, true, za);
-    tb__ocl_pack_sizes(L, k, false, zb);
-    K = za[3];
-    vw = (int)zb[5];
-    snprintf(tv, sizeof tv, "%s%d", t, vw);
-    if (tb__cg_arg(g, TB__OCL_ARG_BUF, k->pack_slot[0]) < 0 ||
-        tb__cg_arg(g, TB__OCL_ARG_BUF, k->pack_slot[1]) < 0)
-        return g->status;
-    k->work_dim = 3;
-    k->group_size[0] = k->group_size[1] = k->group_size[2] = 1;
-    k->groups[0] = (size_t)zb[4];
-    k->groups[1] = (size_t)za[4];
-    k->groups[2] = (size_t)za[0];
-    ib = tb__cg_new_var(g, 0, za[0] - 1);
-    if (ib < 0) return g->status;
-    tb__cg_line(g, "const long pc = (long)get_global_id(0), pr = (long)get_global_id(1);");
-    tb__cg_line(g, "const long i%d = (long)get_global_id(2);", (int)ib);
-    tb__cg_line(g, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
-    tb__cg_line(g, "__global const %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", t,
-                (int)k->pack_slot[0], (int)ib, (long long)za[4], (long long)(K * rm));
-    tb__cg_line(g, "__global const %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", t,
-                (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));
-    for (i = 0; i < rm; i++)
-        tb__cg_line(g, "%s accv%d = 0;", tv, i);
-    snprintf(head, sizeof head, "for (long kk = 0; kk < %lldL; kk++) ", (long long)K);
-    tb__cg_open(g, head);
-    tb__cg_line(g, "const %s bv = vload%d(kk, bp);", tv, vw);
-    tb__cg_line(g, "__global const %s *ak = ap + kk * %d;", t, rm);
-    for (i = 0; i < rm; i++)
-        tb__cg_line(g, "accv%d += (%s)(ak[%d]) * bv;", i, tv, i);
-    tb__cg_close(g, "");
-    tb__cg_line(g, "%s acc[%d][%d];", t, rm, vw);
-    for (i = 0; i < rm; i++)
-        tb__cg_line(g, "vstore%d(accv%d, 0, acc[%d]);", vw, i, i);
-    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->status;
-    snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ",
-             rm, vw);
-    tb__cg_open(g, head);
-    tb__cg_line(g, "const long gr = row0 + ii, gc = col0 + jj;");
-    snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)za[1],
-             (long long)za[2]);
-    tb__cg_open(g, head);
-    if (!tb__cg_matmul_store(g, k, bdims)) return g->status;
-    tb__cg_close(g, "");
-    tb__cg_close(g, "");
-    k->flops = 2.0 * (double)za[1] * (double)za[2] * (double)K * (double)za[0];
-    return TB_OK;
-}
-
-/* Matmul for GPUs: local-memory tiles. */
-static tb_status tb__cg_kernel_matmul_gpu(tb__cg *g, tb__ocl_kernel *k) {
-    tb__ocl_lower *L = g->L;
-    const tb_node *cn = L->info[k->core].node;
-    int32_t ia = tb__ocl_operand(L, k->core, 0), ib = tb__ocl_operand(L, k->core, 1);
-    const tb_shape *as = &L->info[ia].node->shape, *bs = &L->info[ib].node->shape;
-    const tb_shape *cs = &cn->shape;
-    int32_t r = cs->rank, d, i0, nb = r - 2;
-    tb__ocl_mm mm = tb__ocl_mm_of(L, k->core);
-    int64_t M = mm.m, N = mm.n, K = mm.k, batch = mm.batch;
-    int wx = 16, wy = 16, rm = 4, rn = 4, tk = 16, tm, tn;
-    tb_dtype od = cs->dtype;
-    const char *t = tb__ocl_ctype(od);
-    const char *acc_t = tb_dtype_is_float(od) ? t : tb__ocl_utype(od);
-    tb__lf bdims[TB_MAX_RANK];
-    if (g->L->dev->info.max_work_group_size < 256) wx = wy = 8;
-    if (M * N < 64 * 64 || M < 32 || N < 32) rm = rn = 1;
-    tm = wy * rm;
-    tn = wx * rn;
-    k->work_dim = 3;
-    k->group_size[0] = (size_t)wx;
-    k->group_size[1] = (size_t)wy;
-    k->group_size[2] = 1;
-    k->groups[0] = (size_t)((N + tn - 1) / tn);
-    k->groups[1] = (size_t)((M + tm - 1) / tm);
-    k->groups[2] = (size_t)batch;
-    tb__cg_line(g, "__local %s As[%d][%d];", t, tk, tm);
-    tb__cg_line(g, "__local %s Bs[%d][%d];", t, tk, tn);
-    tb__cg_line(g, "const int lx = (int)get_local_id(0), ly = (int)get_local_id(1);");
-    tb__cg_line(g,
-                "const long row0 = (long)get_group_id(1) * %d, col0 = (long)get_group_id(0) * %d;",
-                tm, tn);
-    i0 = tb__cg_new_var(g, 0, batch > 0 ? batch - 1 : 0);
-    if (i0 < 0) return g->status;
-    tb__cg_line(g, "const long i%d = (long)get_group_id(2);", (int)i0);
-    if (!tb__cg_batch_dims(g, cs, i0, bdims)) return g->status;
-    tb__cg_line(g, "%s acc[%d][%d];", acc_t, rm, rn);
-    tb__cg_line(g, "for (int ii = 0; ii < %d; ii++)", rm);
-    tb__cg_line(g, "    for (int jj = 0; jj < %d; jj++) acc[ii][jj] = 0;", rn);
-    {
-        char head[160];
-        int side;
-        snprintf(head, sizeof head, "for (long kt = 0; kt < %lldL; kt += %d) ", (long long)K, tk);
-        tb__cg_open(g, head);
-        for (side = 0; side < 2; side++) {
-            const tb_shape *os = side == 0 ? as : bs;
-            int32_t operand = side == 0 ? ia : ib, vr, vc, p, v;
-            tb__lf dims[TB_MAX_RANK];
-            int tile_rows = side == 0 ? tm : tk, tile_cols = side == 0 ? tk : tn;
-            snprintf(head, sizeof head, "for (int l = ly * %d + lx; l < %d; l += %d) ", wx,
-                     tile_rows * tile_cols, wx * wy);
-            tb__cg_open(g, head);
-            tb__cg_line(g, "const int lr = l / %d, lc = l %% %d;", tile_cols, tile_cols);
-            if (side == 0) {
-                tb__cg_line(g, "const long gr = row0 + lr, gc = kt + lc;");
-            } else {
-                tb__cg_line(g, "const long gr = kt + lr, gc = col0 + lc;");
-            }
-            tb__cg_line(g, "%s e = 0;", t);
-            snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ",
-                     (long long)(side == 0 ? M : K), (long long)(side == 0 ? K : N));
-            tb__cg_open(g, head);
-            vr = tb__cg_new_var(g, 0, (side == 0 ? M : K) - 1);
-            vc = tb__cg_new_var(g, 0, (side == 0 ? K : N) - 1);
-            if (vr < 0 || vc < 0) return g->status;
-            tb__cg_line(g, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
-            for (d = 0; d < nb; d++)
-                dims[d] = bdims[d];
-            tb__lf_const(&dims[r - 2], 0);
-            tb__lf_add_term(&dims[r - 2], vr, 1);
-            tb__lf_const(&dims[r - 1], 0);
-            tb__lf_add_term(&dims[r - 1], vc, 1);
-            p = tb__cg_pos_multi(g, os, dims);
-            v = tb__cg_eval(g, operand, p);
-            if (v < 0) return g->status;
-            tb__cg_line(g, "e = v%d;", (int)v);
-            tb__cg_close(g, "");
-            if (side == 0) {
-                tb__cg_line(g, "As[lc][lr] = e;");
-            } else {
-                tb__cg_line(g, "Bs[lr][lc] = e;");
-            }
-            tb__cg_close(g, "");
-        }
-        tb__cg_line(g, "barrier(CLK_LOCAL_MEM_FENCE);");
-        tb__cg_line(g, "for (int kk = 0; kk < %d; kk++) {", tk);
-        tb__cg_line(g, "    %s ra[%d], rb[%d];", t, rm, rn);
-        tb__cg_line(g, "    for (int ii = 0; ii < %d; ii++) ra[ii] = As[kk][ly + ii * %d];", rm,
-                    wy);
-        tb__cg_line(g, "    for (int jj = 0; jj < %d; jj++) rb[jj] = Bs[kk][lx + jj * %d];", rn,
-                    wx);
-        tb__cg_line(g, "    for (int ii = 0; ii < %d; ii++)", rm);
-        if (tb_dtype_is_float(od)) {
-            tb__cg_line(
-                g, "        for (int jj = 0; jj < %d; jj++) acc[ii][jj] += ra[ii] * rb[jj];", rn);
-        } else {
-            tb__cg_line(g,
-                        "        for (int jj = 0; jj < %d; jj++) acc[ii][jj] += (%s)ra[ii] * "
-                        "(%s)rb[jj];",
-                        rn, acc_t, acc_t);
-        }
-        tb__cg_line(g, "}");
-        tb__cg_line(g, "barrier(CLK_LOCAL_MEM_FENCE);");
-        tb__cg_close(g, "");
-        snprintf(head, sizeof head,
-                 "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ", rm, rn);
-        tb__cg_open(g, head);
-        tb__cg_line(g, "const long gr = row0 + ly + ii * %d, gc = col0 + lx + jj * %d;", wy, wx);
-        snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)M, (long long)N);
-        tb__cg_open(g, head);
-        if (!tb__cg_matmul_store(g, k, bdims)) return g->status;
-        tb__cg_close(g, "");
-        tb__cg_close(g, "");
-    }
-    k->flops = 2.0 * (double)M * (double)N * (double)K * (double)batch;
-    return TB_OK;
-}
-
-static tb_status tb__cg_kernel_matmul(tb__cg *g, tb__ocl_kernel *k) {
-    if (k->packed) return tb__cg_kernel_matmul_packed(g, k);
-    if (tb__ocl_codegen_cpu(g->L->dev)) return tb__cg_kernel_matmul_cpu(g, k);
-    return tb__cg_kernel_matmul_gpu(g, k);
-}
-
-/* A kernel with no work item (its output has no element): not launched, not emitted. */
-static bool tb__ocl_kernel_empty(const tb__ocl_kernel *k) {
-    if (k->group_size[0] > 0) return k->groups[0] == 0 || k->groups[1] == 0 || k->groups[2] == 0;
-    return k->items == 0;
+static const char *tb__ocl_math(const char *fn, tb_dtype dtype) {
+    (void)dtype; /* OpenCL C's math functions are overloaded */
+    return fn;
 }
 
-/* Appends the kernel's signature and body to the program. */
-static void tb__cg_emit_kernel(tb__cg *g, tb__ocl_kernel *k, tb__str *src) {
-    const tb__ocl_plan *p = tb__cg_plan(g);
-    const tb_shape *os = &p->slots[k->out_slot].shape;
+/* `__kernel void NAME(__global T *restrict out, ...)`, with the work-group size the plan fixed. */
+static void tb__ocl_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
+                                size_t num_params, const char *body) {
     size_t i;
     tb__str_append(src, "__kernel ");
     if (k->group_size[0] > 0) {
@@ -18052,894 +20914,186 @@ static void tb__cg_emit_kernel(tb__cg *g, tb__ocl_kernel *k, tb__str *src) {
                        k->group_size[0], k->group_size[1] > 0 ? k->group_size[1] : 1,
                        k->group_size[2] > 0 ? k->group_size[2] : 1);
     }
-    tb__str_append(src, "void %s(__global %s *restrict out", k->name, tb__ocl_ctype(os->dtype));
-    for (i = 0; i < k->num_args; i++) {
-        const tb__ocl_arg *a = &k->args[i];
-        if (a->kind == TB__OCL_ARG_BUF) {
-            tb__str_append(src, ",\n    __global const %s *restrict b%d",
-                           tb__ocl_ctype(p->slots[a->index].shape.dtype), (int)a->index);
-        } else if (a->kind == TB__OCL_ARG_SCALAR) {
-            tb__str_append(src, ",\n    const %s s%d",
-                           tb__cg_scalar_ctype(g, p->param_dtype[a->index]), (int)a->index);
-        } else if (a->kind == TB__OCL_ARG_TABLE) {
-            tb__str_append(src, ",\n    __global const ulong *restrict tb_sc");
+    tb__str_append(src, "void %s(", k->name);
+    for (i = 0; i < num_params; i++) {
+        const tb__cg_param *q = &params[i];
+        const char *sep = i == 0 ? "" : ",\n    ";
+        if (q->role == TB__ARG_SCALAR) {
+            tb__str_append(src, "%sconst %s %s", sep, q->type, q->name);
+        } else if (q->role == -1 || q->role == TB__ARG_ERR) {
+            tb__str_append(src, "%s__global %s *restrict %s", sep, q->type, q->name);
         } else {
-            tb__str_append(src, ",\n    __global long *restrict tb_err");
+            tb__str_append(src, "%s__global const %s *restrict %s", sep, q->type, q->name);
         }
     }
-    tb__str_append(src, ") {\n%s}\n\n", g->body.data != NULL ? g->body.data : "");
+    tb__str_append(src, ") {\n%s}\n\n", body);
 }
 
-static void tb__ocl_kernel_name(tb__ocl_plan *p, size_t index, const tb__ocl_lower *L) {
-    tb__ocl_kernel *k = &p->kernels[index];
-    const tb_node *root = L->info[k->root].node;
-    char base[48];
-    size_t i;
-    int dup = 0;
-    if (k->kind == TB__OCL_K_MATMUL) {
-        tb__ocl_mm mm = tb__ocl_mm_of(L, k->core);
-        snprintf(base, sizeof base, "MM_%lld_%lld_%lld", (long long)mm.m, (long long)mm.n,
-                 (long long)mm.k);
-        if (mm.batch != 1) {
-            size_t n = strlen(base);
-            snprintf(base + n, sizeof base - n, "_b%lld", (long long)mm.batch);
-        }
-    } else if (k->kind == TB__OCL_K_PACK_A || k->kind == TB__OCL_K_PACK_B) {
-        /* panels of the matmul's operand: count x depth x width */
-        int64_t z[6];
-        tb__ocl_pack_sizes(L, k, k->kind == TB__OCL_K_PACK_A, z);
-        snprintf(base, sizeof base, "P%s_%lld_%lld_%lld", k->kind == TB__OCL_K_PACK_A ? "A" : "B",
-                 (long long)(z[0] * z[4]), (long long)z[3], (long long)z[5]);
-    } else if (k->kind == TB__OCL_K_REDUCE || k->kind == TB__OCL_K_PARTIAL) {
-        int64_t n_out, m;
-        tb__ocl_reduce_sizes(L, k->core, &n_out, &m);
-        if (k->kind == TB__OCL_K_PARTIAL) {
-            /* chunks of rows: n_out * split outputs of (at most) m / split elements */
-            snprintf(base, sizeof base, "R_%lld_%lld", (long long)(n_out * k->split),
-                     (long long)((m + k->split - 1) / k->split));
-        } else if (k->split > 0) {
-            snprintf(base, sizeof base, "R_%lld_%lld", (long long)n_out, (long long)k->split);
-        } else {
-            snprintf(base, sizeof base, "R_%lld_%lld", (long long)n_out, (long long)m);
-        }
-    } else if (k->kind == TB__OCL_K_NORM) {
-        const tb_node *c = L->info[k->core].node;
-        const tb_shape *xs = &L->info[tb__ocl_operand(L, k->core, 0)].node->shape;
-        int64_t len = 1, numel = tb__ocl_numel(xs);
-        int32_t a;
-        if (c->op == TB_OP_LAYER_NORM) {
-            for (a = xs->rank - (int32_t)c->attrs[0]; a < xs->rank; a++)
-                len *= xs->dims[a];
-        } else {
-            len = xs->dims[c->attrs[0]];
-        }
-        snprintf(base, sizeof base, "S_%lld_%lld", (long long)(len > 0 ? numel / len : 0),
-                 (long long)len);
-    } else {
-        snprintf(base, sizeof base, "E_%lld", (long long)tb__ocl_numel(&root->shape));
-    }
-    for (i = 0; i < index; i++) {
-        const char *other = p->kernels[i].name;
-        size_t n = strlen(base);
-        if (strncmp(other, base, n) == 0 && (other[n] == '\0' || other[n] == '_')) {
-            if (other[n] == '\0' || (other[n + 1] == 'n')) dup++;
-        }
-    }
-    if (dup > 0) {
-        snprintf(k->name, sizeof k->name, "%s_n%d", base, dup + 1);
-    } else {
-        snprintf(k->name, sizeof k->name, "%s", base);
-    }
+/* The dialect for a device (with or without double precision). */
+static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
+    memset(d, 0, sizeof *d);
+    d->name = "OpenCL C";
+    d->head = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
+                                       "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+                                       "#define TB_HAS_F64 1\n"
+                                       "/* a * b + c stays two roundings, as in the reference */\n"
+                                       "#pragma OPENCL FP_CONTRACT OFF\n"
+                                       "#define TB_FN\n"
+                                       "#define TB_HAS_VEC16 1\n"
+                                       "#define TB_VBC(c) ((float16)(c))\n"
+                                       "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"
+                                       "#define TB_VCVTI(x) convert_int16(x)\n"
+                                       "#define TB_VASF(x) as_float16(x)\n"
+                                       "#define TB_VASI(x) as_int16(x)\n"
+                                       "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"
+                                       "\n"
+                                     : "/* torch_backend.h: OpenCL C 1.2 */\n"
+                                       "/* a * b + c stays two roundings, as in the reference */\n"
+                                       "#pragma OPENCL FP_CONTRACT OFF\n"
+                                       "#define TB_FN\n"
+                                       "#define TB_HAS_VEC16 1\n"
+                                       "#define TB_VBC(c) ((float16)(c))\n"
+                                       "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"
+                                       "#define TB_VCVTI(x) convert_int16(x)\n"
+                                       "#define TB_VASF(x) as_float16(x)\n"
+                                       "#define TB_VASI(x) as_int16(x)\n"
+                                       "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"
+                                       "\n";
+    d->global = "__global ";
+    d->local = "__local ";
+    d->barrier = "barrier(CLK_LOCAL_MEM_FENCE);";
+    d->global_id = "get_global_id(%d)";
+    d->group_id = "get_group_id(%d)";
+    d->local_id = "get_local_id(%d)";
+    d->vec_zero = "(%s)(0)";
+    d->min_long = "min";
+    d->bits_f32 = "as_float";
+    d->bits_f64 = "as_double";
+    d->f64 = dev->info.supports_f64;
+    d->math = tb__ocl_math;
+    d->kernel = tb__ocl_emit_kernel;
 }
 
-/* Bytes a kernel moves: its output and every buffer it reads. */
-static double tb__ocl_kernel_bytes(const tb__ocl_plan *p, const tb__ocl_kernel *k) {
-    size_t i, n = 0;
-    double bytes = 0;
-    if (tb_shape_nbytes(&p->slots[k->out_slot].shape, &n) == TB_OK) bytes += (double)n;
-    for (i = 0; i < k->num_args; i++) {
-        if (k->args[i].kind != TB__OCL_ARG_BUF) continue;
-        if (tb_shape_nbytes(&p->slots[k->args[i].index].shape, &n) == TB_OK) bytes += (double)n;
-    }
-    return bytes;
-}
+/* Code generation as for a GPU whatever the device (a test hook: the GPU variants of matmul
+   and of the reductions then run on a CPU device too). */
+static int tb__ocl_codegen_as_gpu = 0;
 
-/* The kernel of every node, for get_node_kernel. Parameters, views read through by several
-   kernels and nodes of kernels with nothing to compute belong to none. */
-static tb_status tb__ocl_record_node_kernels(const tb__ocl_lower *L) {
-    tb__ocl_plan *p = L->plan;
-    size_t i;
-    p->node_kernel = (int32_t *)tb__calloc(L->n + 1, sizeof(int32_t));
-    if (p->node_kernel == NULL) return TB_ERR_OUT_OF_MEMORY;
-    p->num_nodes = L->n;
-    for (i = 0; i < L->n; i++) {
-        int32_t k = L->info[i].ctx;
-        if (L->info[i].param >= 0 || k < 0 || (size_t)k >= p->num_kernels ||
-            p->kernels[k].name[0] == '\0')
-            k = -1;
-        p->node_kernel[i] = k;
-    }
-    return TB_OK;
-}
-
-/* Partitions, then generates every kernel; a kernel that asks for a node to be materialised
-   makes the whole lowering start over with that node as a root. */
-static tb_status tb__ocl_lower_graph(tb__ocl_lower *L) {
-    tb__ocl_plan *p = L->plan;
-    tb__cg *g;
-    tb__str src;
-    size_t i, attempt;
-    tb_status st = TB_OK;
-    g = (tb__cg *)tb__calloc(1, sizeof *g);
-    if (g == NULL) return TB_ERR_OUT_OF_MEMORY;
-    g->L = L;
-    g->fast_f64 = tb__ocl_fast_f64(L->dev);
-    g->evals = (int32_t *)tb__calloc(L->n + 1, sizeof(int32_t));
-    g->touched = (int32_t *)tb__calloc(L->n + 1, sizeof(int32_t));
-    if (g->evals == NULL || g->touched == NULL) {
-        tb__cg_free(g);
-        tb__free(g);
-        return TB_ERR_OUT_OF_MEMORY;
-    }
-    memset(&src, 0, sizeof src);
-    for (attempt = 0; attempt < 64; attempt++) {
-        L->restart = false;
-        tb__free(p->errsites);
-        p->errsites = NULL;
-        p->num_errsites = 0;
-        tb__str_free(&src);
-        memset(&src, 0, sizeof src);
-        st = tb__ocl_partition(L);
-        if (st == TB_OK) st = tb__ocl_assign_slots(L);
-        if (st != TB_OK) break;
-        for (i = 0; i < tb__cl_opencl_kernels_count; i++)
-            tb__str_append(&src, "%s", tb__cl_opencl_kernels[i]);
-        tb__str_append(&src, "\n");
-        for (i = 0; i < p->num_kernels && st == TB_OK && !L->restart; i++) {
-            tb__ocl_kernel *k = &p->kernels[i];
-            tb__cg_reset(g, (int32_t)i);
-            g->status = TB_OK;
-            tb__ocl_kernel_name(p, i, L);
-            switch (k->kind) {
-            case TB__OCL_K_REDUCE:
-            case TB__OCL_K_PARTIAL:
-                st = tb__cg_kernel_reduce(g, k);
-                break;
-            case TB__OCL_K_MATMUL:
-                st = tb__cg_kernel_matmul(g, k);
-                break;
-            case TB__OCL_K_PACK_A:
-            case TB__OCL_K_PACK_B:
-                st = tb__cg_kernel_pack(g, k);
-                break;
-            case TB__OCL_K_NORM:
-                st = tb__cg_kernel_norm(g, k);
-                break;
-            default:
-                st = tb__cg_kernel_elementwise(g, k);
-                break;
-            }
-            if (st == TB_OK) st = g->status;
-            if (L->restart) {
-                st = TB_OK;
-                break;
-            }
-            if (st == TB_OK && g->body.failed) st = TB_ERR_OUT_OF_MEMORY;
-            if (st != TB_OK) break;
-            k->bytes = tb__ocl_kernel_bytes(p, k);
-            {
-                /* every argument as 8 bytes: pointers and the widest scalars */
-                size_t arg_bytes = 8 * (k->num_args + 1);
-                if (arg_bytes > L->dev->max_parameter_size) {
-                    st = tb__error(TB_ERR_UNSUPPORTED,
-                                   "opencl:%d: kernel %s reads %zu arrays and scalars, more than "
-                                   "the %zu bytes of arguments the device takes",
-                                   (int)L->dev->ordinal, k->name, k->num_args,
-                                   L->dev->max_parameter_size);
-                    break;
-                }
-            }
-            if (!tb__ocl_kernel_empty(k)) {
-                tb__cg_emit_kernel(g, k, &src);
-            } else {
-                k->name[0] = '\0'; /* nothing to compute: the output is empty */
-            }
-        }
-        if (st != TB_OK || !L->restart) break;
-    }
-    if (st == TB_OK && L->restart) {
-        st = tb__error(TB_ERR_INTERNAL, "opencl: the lowering did not settle");
-    }
-    if (st == TB_OK) st = tb__ocl_record_node_kernels(L);
-    if (st == TB_OK) {
-        if (src.failed) {
-            st = TB_ERR_OUT_OF_MEMORY;
-        } else {
-            p->source_len = src.len;
-            p->source = tb__str_take(&src);
-            if (p->source == NULL) st = TB_ERR_OUT_OF_MEMORY;
-        }
-    }
-    tb__str_free(&src);
-    tb__cg_free(g);
-    tb__free(g);
-    return st;
-}
-
-static void tb__ocl_lower_free(tb__ocl_lower *L) {
-    tb__free(L->info);
-    tb__free(L->operands);
-    tb__free(L->users);
-    tb__free((void *)L->map_keys);
-    tb__free(L->map_vals);
-}
-
-/* ---- programs: in-memory cache, on-disk binary cache, build ---- */
-
-/* An entry of the disk cache, <folder>/<key hash as 32 hex digits>.clbin:
-     0  "TBOCLBIN"         8 .. 11  format version   12 .. 15  header size
-    16  key hash (2 x 8)  32  key size K           40  binary size N
-    48  XXH64 of the key and the binary (finds torn and damaged files)    56  zero
-    64  the key (K bytes): tb__ocl_program_key_bytes, the source included
-    64 + K  the program binary (N bytes)
-   Numbers are little-endian. A reader compares the whole key, not only its hash: an entry for
-   another source, device, driver, option set or library version is not used. */
-#define TB__OCL_BIN_MAGIC    "TBOCLBIN"
-#define TB__OCL_BIN_VERSION  2u
-#define TB__OCL_BIN_HEADER   64u
-#define TB__OCL_BIN_MAX      ((uint64_t)1 << 30) /* no binary of ours is bigger */
-#define TB__OCL_BIN_SEED     0x636c62696e617279ull
-#define TB__OCL_MAX_PROGRAMS 256
-#define TB__OCL_TMP_TRIES    16
-
-/* The disk cache opens its files without following links (O_NOFOLLOW, POSIX 2008). glibc
-   hides the name under a strict -std when the feature macros come after its first header (our
-   own public part includes <stdint.h>), but always defines the value under another name.
-   Without it the cache is off. */
-#if defined(O_NOFOLLOW)
-#define TB__OCL_O_NOFOLLOW O_NOFOLLOW
-#elif defined(__O_NOFOLLOW)
-#define TB__OCL_O_NOFOLLOW __O_NOFOLLOW
-#endif
-#if defined(O_CLOEXEC)
-#define TB__OCL_O_CLOEXEC O_CLOEXEC
-#elif defined(__O_CLOEXEC)
-#define TB__OCL_O_CLOEXEC __O_CLOEXEC
-#else
-#define TB__OCL_O_CLOEXEC 0
-#endif
-#if !defined(_WIN32) && defined(TB__OCL_O_NOFOLLOW) && defined(O_NONBLOCK)
-#define TB__OCL_DISK_CACHE 1
-#else
-#define TB__OCL_DISK_CACHE 0
-#endif
-
-/* The bits of a program key that count: tests keep fewer to force key collisions. */
-static uint64_t tb__ocl_program_key_mask = ~(uint64_t)0;
-
-/* Names temporary files of the disk cache apart; guarded by tb__ocl_mutex. */
-static TB__UNUSED unsigned tb__ocl_disk_counter = 0;
-
-static uint64_t tb__ocl_hash_text(uint64_t h, const char *s, size_t n) {
-    h = tb__hash_u64(h, (uint64_t)n);
-    return tb__hash_bytes(h, s, n);
-}
-
-/* The parts of what a program binary depends on besides its source: the options, the device
-   and its driver, the platform and this library's version. */
-static void tb__ocl_program_parts(const tb__ocl_device *dev, const char *parts[7]) {
-    parts[0] = dev->build_options;
-    parts[1] = dev->info.name;
-    parts[2] = dev->info.driver_version;
-    parts[3] = dev->device_version;
-    parts[4] = dev->platform_name;
-    parts[5] = dev->platform_version;
-    parts[6] = TB_VERSION_STRING;
-}
-
-/* A 128-bit hash of what a program binary depends on: the in-memory cache's key (a hit is
-   confirmed by the source) and the name of the disk cache's entry. */
-static void tb__ocl_program_key(const tb__ocl_device *dev, const char *src, size_t len,
-                                uint64_t key[2]) {
-    const char *parts[7];
-    uint64_t seeds[2] = {0x746270726f677231ull, 0x746270726f677232ull};
-    int i, s;
-    tb__ocl_program_parts(dev, parts);
-    for (s = 0; s < 2; s++) {
-        uint64_t h = tb__ocl_hash_text(seeds[s], src, len);
-        for (i = 0; i < 7; i++)
-            h = tb__ocl_hash_text(h, parts[i], strlen(parts[i]));
-        key[s] = h & tb__ocl_program_key_mask;
-    }
-}
-
-static void tb__ocl_put64(unsigned char *p, uint64_t v) {
-    int i;
-    for (i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint64_t tb__ocl_get64(const unsigned char *p) {
-    uint64_t v = 0;
-    int i;
-    for (i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-#if TB__OCL_DISK_CACHE
-
-/* The full key a disk cache entry stores: each part of tb__ocl_program_parts, then the
-   source, each as its length (8 bytes) and its bytes. NULL when out of memory. */
-static unsigned char *tb__ocl_program_key_bytes(const tb__ocl_device *dev, const char *src,
-                                                size_t len, size_t *size) {
-    const char *parts[8];
-    size_t lens[8], total = 0, i;
-    unsigned char *out, *at;
-    tb__ocl_program_parts(dev, parts);
-    parts[7] = src;
-    for (i = 0; i < 8; i++) {
-        lens[i] = i == 7 ? len : strlen(parts[i]);
-        if (lens[i] > SIZE_MAX / 2 - total - 8) return NULL;
-        total += 8 + lens[i];
-    }
-    out = (unsigned char *)tb__alloc(total);
-    if (out == NULL) return NULL;
-    for (at = out, i = 0; i < 8; i++) {
-        tb__ocl_put64(at, (uint64_t)lens[i]);
-        memcpy(at + 8, parts[i], lens[i]);
-        at += 8 + lens[i];
-    }
-    *size = total;
-    return out;
-}
-
-static uint64_t tb__ocl_disk_checksum(const unsigned char *key, size_t key_size,
-                                      const unsigned char *bin, size_t n) {
-    return tb__hash_bytes(tb__hash_bytes(TB__OCL_BIN_SEED, key, key_size), bin, n);
-}
-
-static bool tb__ocl_read_all(int fd, void *buf, size_t n) {
-    unsigned char *p = (unsigned char *)buf;
-    while (n > 0) {
-        ssize_t got = read(fd, p, n);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) return false;
-        p += got;
-        n -= (size_t)got;
-    }
-    return true;
-}
-
-static bool tb__ocl_write_all(int fd, const void *buf, size_t n) {
-    const unsigned char *p = (const unsigned char *)buf;
-    while (n > 0) {
-        ssize_t put = write(fd, p, n);
-        if (put < 0 && errno == EINTR) continue;
-        if (put <= 0) return false;
-        p += put;
-        n -= (size_t)put;
-    }
-    return true;
-}
-
-/* The cache folder's path (not yet created or checked), or NULL when the cache is off. */
-static char *tb__ocl_cache_path(void) {
-    const char *env = tb__getenv("TB_CACHE_DIR");
-    if (env != NULL) {
-        if (strcmp(env, "off") == 0 || env[0] == '\0') return NULL;
-        return tb__strdup(env);
-    }
-    if (tb__getenv("XDG_CACHE_HOME") != NULL && tb__getenv("XDG_CACHE_HOME")[0] != '\0')
-        return tb__format("%s/torch_backend", tb__getenv("XDG_CACHE_HOME"));
-    if (tb__getenv("HOME") != NULL && tb__getenv("HOME")[0] != '\0')
-        return tb__format("%s/.cache/torch_backend", tb__getenv("HOME"));
-    return NULL;
-}
-
-/* Whether the cache folder `dir` may be used, creating it and its missing parents private
-   (0700). A folder that is not ours or that others may write to is not used: they could put a
-   binary there that we would run. Why a folder is not used is said once per runtime (at
-   TB_DEBUG for a folder that is not private, as a warning when it cannot be made). Entries
-   are checked one by one too (tb__ocl_disk_read: a regular file of ours, holding our whole
-   key), so a folder swapped after this check gives nothing that we did not write ourselves.
-   The caller holds tb__ocl_mutex. */
-static bool tb__ocl_cache_usable(tb__ocl_runtime *rt, const char *dir) {
-    char *copy = tb__strdup(dir), *p;
-    struct stat st;
-    if (copy == NULL) return false;
-    for (p = copy + 1; *p != '\0'; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        (void)mkdir(copy, 0700);
-        *p = '/';
-    }
-    (void)mkdir(copy, 0700);
-    tb__free(copy);
-    /* a link to the folder itself is followed: a user may keep the cache elsewhere */
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        const char *why = stat(dir, &st) != 0 ? strerror(errno) : "not a folder";
-        if (!rt->cache_dir_reported) {
-            tb_log_message(TB_LOG_WARN, "opencl: the program cache folder %s is not usable: %s",
-                           dir, why);
-            rt->cache_dir_reported = true;
-        }
-        return false;
-    }
-    if (st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-        if (!rt->cache_dir_reported && tb_debug_level() >= 1) {
-            tb_log_message(
-                TB_LOG_WARN,
-                "opencl: the program cache folder %s is not used: %s (make it yours "
-                "with mode 0700, or set TB_CACHE_DIR)",
-                dir, st.st_uid != geteuid() ? "another user owns it" : "it is writable by others");
-        }
-        rt->cache_dir_reported = true;
-        return false;
-    }
-    return true;
-}
-
-/* The binary of the entry at `path` if it holds the key `kb`, else NULL; then `*why` says what
-   is wrong with the file there, or is NULL when there is none. The file is opened without
-   following a link or waiting on a FIFO, and read only if it is a regular file of ours whose
-   size is that of an entry for this key. */
-static unsigned char *tb__ocl_disk_read(const char *path, const uint64_t key[2],
-                                        const unsigned char *kb, size_t kn, size_t *size,
-                                        const char **why) {
-    unsigned char header[TB__OCL_BIN_HEADER];
-    unsigned char *stored = NULL, *payload = NULL;
-    uint64_t n = 0, size_of_entry;
-    struct stat st;
-    int fd = open(path, O_RDONLY | TB__OCL_O_NOFOLLOW | O_NONBLOCK | TB__OCL_O_CLOEXEC | O_NOCTTY);
-    *why = NULL;
-    if (fd < 0) {
-        if (errno != ENOENT) *why = errno == ELOOP ? "a symbolic link" : strerror(errno);
-        return NULL;
-    }
-    if (fstat(fd, &st) != 0) {
-        *why = strerror(errno);
-    } else if (!S_ISREG(st.st_mode)) {
-        *why = "not a regular file";
-    } else if (st.st_uid != geteuid()) {
-        *why = "owned by another user";
-    } else if (st.st_size < 0 || (uint64_t)st.st_size <= (uint64_t)TB__OCL_BIN_HEADER + kn ||
-               (uint64_t)st.st_size > (uint64_t)TB__OCL_BIN_HEADER + kn + TB__OCL_BIN_MAX) {
-        *why = "not the size of an entry for this key";
-    } else if (!tb__ocl_read_all(fd, header, sizeof header)) {
-        *why = "truncated";
-    } else {
-        size_of_entry = (uint64_t)st.st_size;
-        n = tb__ocl_get64(header + 40);
-        if (memcmp(header, TB__OCL_BIN_MAGIC, 8) != 0 ||
-            tb__ocl_get64(header + 8) !=
-                ((uint64_t)TB__OCL_BIN_VERSION | ((uint64_t)TB__OCL_BIN_HEADER << 32))) {
-            *why = "not an entry of this format";
-        } else if (tb__ocl_get64(header + 16) != key[0] || tb__ocl_get64(header + 24) != key[1] ||
-                   tb__ocl_get64(header + 32) != (uint64_t)kn) {
-            *why = "an entry for another key";
-        } else if (n == 0 || n != size_of_entry - TB__OCL_BIN_HEADER - kn) {
-            *why = "truncated";
-        } else if ((stored = (unsigned char *)tb__alloc(kn)) == NULL ||
-                   (payload = (unsigned char *)tb__alloc((size_t)n)) == NULL) {
-            *why = "out of memory";
-        } else if (!tb__ocl_read_all(fd, stored, kn) || !tb__ocl_read_all(fd, payload, (size_t)n)) {
-            *why = "truncated";
-        } else if (memcmp(stored, kb, kn) != 0) {
-            *why = "an entry for another key";
-        } else if (tb__ocl_disk_checksum(stored, kn, payload, (size_t)n) !=
-                   tb__ocl_get64(header + 48)) {
-            *why = "damaged (checksum)";
-        }
-    }
-    close(fd);
-    tb__free(stored);
-    if (*why != NULL) {
-        tb__free(payload);
-        return NULL;
-    }
-    *size = (size_t)n;
-    return payload;
-}
-
-/* Writes the entry `name` of the folder `dir`: into a new temporary file of the folder (O_EXCL:
-   never through a link nor into a file that is there), in full, then renamed over the entry,
-   so that a reader sees the old entry, no entry or the whole new one. The caller holds
-   tb__ocl_mutex. */
-static void tb__ocl_disk_write(const char *dir, const char *name, const uint64_t key[2],
-                               const unsigned char *kb, size_t kn, const unsigned char *payload,
-                               size_t n) {
-    unsigned char header[TB__OCL_BIN_HEADER];
-    char *tmp = NULL, *path;
-    int fd = -1, tries;
-    bool ok;
-    int err;
-    memset(header, 0, sizeof header);
-    memcpy(header, TB__OCL_BIN_MAGIC, 8);
-    tb__ocl_put64(header + 8, (uint64_t)TB__OCL_BIN_VERSION | ((uint64_t)TB__OCL_BIN_HEADER << 32));
-    tb__ocl_put64(header + 16, key[0]);
-    tb__ocl_put64(header + 24, key[1]);
-    tb__ocl_put64(header + 32, (uint64_t)kn);
-    tb__ocl_put64(header + 40, (uint64_t)n);
-    tb__ocl_put64(header + 48, tb__ocl_disk_checksum(kb, kn, payload, n));
-    path = tb__format("%s/%s", dir, name);
-    if (path == NULL) return;
-    for (tries = 0; tries < TB__OCL_TMP_TRIES && fd < 0; tries++) {
-        tb__free(tmp);
-        tmp = tb__format("%s/.%016llx%016llx.%ld.%u.tmp", dir, (unsigned long long)key[0],
-                         (unsigned long long)key[1], (long)getpid(), tb__ocl_disk_counter++);
-        if (tmp == NULL) break;
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | TB__OCL_O_CLOEXEC | O_NOCTTY, 0600);
-        if (fd < 0 && errno != EEXIST) break;
-    }
-    if (fd < 0) {
-        if (tmp != NULL) {
-            tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", tmp,
-                           strerror(errno));
-        }
-        tb__free(tmp);
-        tb__free(path);
-        return;
-    }
-    /* errno is read at the call that failed (close and rename may change it on success, and a
-       short write need not set it) */
-    errno = 0;
-    ok = tb__ocl_write_all(fd, header, sizeof header) && tb__ocl_write_all(fd, kb, kn) &&
-         tb__ocl_write_all(fd, payload, n);
-    err = ok ? 0 : (errno != 0 ? errno : EIO);
-    if (close(fd) != 0 && ok) {
-        ok = false;
-        err = errno != 0 ? errno : EIO;
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = false;
-        err = errno != 0 ? errno : EIO;
-    }
-    if (!ok) {
-        tb_log_message(TB_LOG_WARN, "opencl: cannot write the program cache file %s: %s", path,
-                       strerror(err));
-        (void)unlink(tmp);
-    }
-    tb__free(tmp);
-    tb__free(path);
-}
-
-#endif /* TB__OCL_DISK_CACHE */
-
-static char *tb__ocl_build_log(tb__ocl_device *dev, tb__cl_program prog) {
-    size_t n = 0;
-    char *log;
-    if (TB__OCL_CALL(dev->rt, GetProgramBuildInfo)(prog, dev->id, TB__CL_PROGRAM_BUILD_LOG, 0, NULL,
-                                                   &n) != TB__CL_SUCCESS)
-        return NULL;
-    log = (char *)tb__alloc(n + 1);
-    if (log == NULL) return NULL;
-    if (TB__OCL_CALL(dev->rt, GetProgramBuildInfo)(prog, dev->id, TB__CL_PROGRAM_BUILD_LOG, n, log,
-                                                   NULL) != TB__CL_SUCCESS)
-        n = 0;
-    log[n] = '\0';
-    return log;
-}
-
-static tb__cl_program tb__ocl_build_binary(tb__ocl_device *dev, const unsigned char *bin,
-                                           size_t n) {
-    tb__ocl_runtime *rt = dev->rt;
-    tb__cl_int err = TB__CL_SUCCESS, status = TB__CL_SUCCESS;
-    const unsigned char *bins[1];
-    tb__cl_program prog;
-    bins[0] = bin;
-    prog =
-        TB__OCL_CALL(rt, CreateProgramWithBinary)(dev->ctx, 1, &dev->id, &n, bins, &status, &err);
-    if (prog == NULL || err != TB__CL_SUCCESS || status != TB__CL_SUCCESS) {
-        if (prog != NULL) TB__OCL_CALL(rt, ReleaseProgram)(prog);
-        return NULL;
-    }
-    if (TB__OCL_CALL(rt, BuildProgram)(prog, 1, &dev->id, dev->build_options, NULL, NULL) !=
-        TB__CL_SUCCESS) {
-        TB__OCL_CALL(rt, ReleaseProgram)(prog);
-        return NULL;
-    }
-    return prog;
-}
-
-static unsigned char *tb__ocl_program_binary(tb__ocl_device *dev, tb__cl_program prog,
-                                             size_t *size) {
-    size_t n = 0;
-    unsigned char *bin, *ptrs[1];
-    if (TB__OCL_CALL(dev->rt, GetProgramInfo)(prog, TB__CL_PROGRAM_BINARY_SIZES, sizeof n, &n,
-                                              NULL) != TB__CL_SUCCESS ||
-        n == 0)
-        return NULL;
-    bin = (unsigned char *)tb__alloc(n);
-    if (bin == NULL) return NULL;
-    ptrs[0] = bin;
-    if (TB__OCL_CALL(dev->rt, GetProgramInfo)(prog, TB__CL_PROGRAM_BINARIES, sizeof ptrs, ptrs,
-                                              NULL) != TB__CL_SUCCESS) {
-        tb__free(bin);
-        return NULL;
-    }
-    *size = n;
-    return bin;
-}
-
-static void tb__ocl_entry_name(const uint64_t key[2], char name[48]) {
-    snprintf(name, 48, "%016llx%016llx.clbin", (unsigned long long)key[0],
-             (unsigned long long)key[1]);
-}
-
-/* Writes a program's binary to the disk cache once, if that is still to do. The binary is
-   read only now: PoCL, for one, serialises it at the first request, with the kernels compiled
-   by then. */
-static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p) {
-#if TB__OCL_DISK_CACHE
-    if (p->save_dir != NULL) {
-        size_t n = 0, kn = 0;
-        unsigned char *bin = tb__ocl_program_binary(dev, p->program, &n), *kb = NULL;
-        if (bin != NULL) kb = tb__ocl_program_key_bytes(dev, p->source, p->source_len, &kn);
-        if (kb != NULL && tb__ocl_cache_usable(dev->rt, p->save_dir)) {
-            char name[48];
-            tb__ocl_entry_name(p->key, name);
-            tb__ocl_disk_write(p->save_dir, name, p->key, kb, kn, bin, n);
-        }
-        tb__free(kb);
-        tb__free(bin);
-    }
-#else
-    (void)dev;
-#endif
-    tb__free(p->save_dir);
-    p->save_dir = NULL;
-}
-
-static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p) {
-    tb__ocl_program **link;
-    if (p == NULL || --p->refcount > 0) return;
-    for (link = &dev->programs; *link != NULL; link = &(*link)->next) {
-        if (*link == p) {
-            *link = p->next;
-            break;
-        }
-    }
-    tb__ocl_program_save(dev, p);
-    if (p->program != NULL) TB__OCL_CALL(dev->rt, ReleaseProgram)(p->program);
-    tb__free(p->source);
-    tb__free(p);
-}
-
-/* Drops cached programs no computation uses, oldest first, until at most `keep` remain. */
-static void tb__ocl_programs_trim(tb__ocl_device *dev, size_t keep) {
-    size_t count = 0;
-    tb__ocl_program *p;
-    for (p = dev->programs; p != NULL; p = p->next)
-        count++;
-    while (count > keep) {
-        tb__ocl_program *oldest = NULL;
-        for (p = dev->programs; p != NULL; p = p->next)
-            if (p->refcount == 1) oldest = p; /* the list is newest first */
-        if (oldest == NULL) break;
-        tb__ocl_program_unref(dev, oldest);
-        count--;
-    }
-}
-
-/* The program from the disk cache, or NULL (then *save_dir is the folder to write it to after
-   its first run, or NULL when the disk cache is off or not usable). An entry that is there but
-   cannot be used (another key, damaged, not a regular file of ours, a binary the driver does
-   not take) is removed and counted: the program built now takes its place. */
-static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, size_t len,
-                                        const uint64_t key[2], char **save_dir) {
-    tb__cl_program prog = NULL;
-#if TB__OCL_DISK_CACHE
-    char *dir = tb__ocl_cache_path(), *path, name[48];
-    unsigned char *kb = NULL, *bin = NULL;
-    size_t kn = 0, n = 0;
-    const char *why = NULL;
-    *save_dir = NULL;
-    if (dir == NULL) return NULL;
-    tb__ocl_entry_name(key, name);
-    path = tb__ocl_cache_usable(dev->rt, dir) ? tb__format("%s/%s", dir, name) : NULL;
-    if (path == NULL) {
-        tb__free(dir);
-        return NULL;
-    }
-    kb = tb__ocl_program_key_bytes(dev, src, len, &kn);
-    if (kb != NULL) bin = tb__ocl_disk_read(path, key, kb, kn, &n, &why);
-    if (bin != NULL) {
-        prog = tb__ocl_build_binary(dev, bin, n);
-        if (prog == NULL) why = "a binary the driver does not load";
-    }
-    if (prog != NULL) {
-        dev->disk_hits++;
-        tb__ocl_metric(dev, "OpenCL::DiskCacheHit", 1);
-        tb__free(dir);
-    } else {
-        dev->disk_misses++;
-        tb__ocl_metric(dev, "OpenCL::DiskCacheMiss", 1);
-        if (why != NULL) {
-            if (tb_debug_level() >= 1) {
-                tb_log_message(TB_LOG_INFO, "opencl:%d: program cache file %s not used: %s",
-                               (int)dev->ordinal, path, why);
-            }
-            (void)unlink(path); /* a link itself, never what it points to */
-            dev->disk_rejected++;
-            tb__ocl_metric(dev, "OpenCL::DiskCacheRejected", 1);
-        }
-        *save_dir = dir;
-    }
-    tb__free(bin);
-    tb__free(kb);
-    tb__free(path);
-#else
-    (void)dev, (void)src, (void)len, (void)key;
-    *save_dir = NULL;
-#endif
-    return prog;
-}
-
-/* The built program for a source: from memory, from the disk cache, or built now. */
-static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_t len,
-                                     tb__ocl_program **out) {
-    tb__ocl_runtime *rt = dev->rt;
-    uint64_t key[2];
-    tb__ocl_program *p;
-    tb__cl_program prog;
-    char *save_dir = NULL, *source;
-    tb__cl_int err = TB__CL_SUCCESS;
-    tb__ocl_program_key(dev, src, len, key);
-    for (p = dev->programs; p != NULL; p = p->next) {
-        if (p->key[0] != key[0] || p->key[1] != key[1]) continue;
-        if (p->source_len != len || memcmp(p->source, src, len) != 0) {
-            tb__ocl_metric(dev, "OpenCL::ProgramKeyCollision", 1);
-            continue;
-        }
-        p->refcount++;
-        tb__ocl_metric(dev, "OpenCL::ProgramCacheHit", 1);
-        *out = p;
-        return TB_OK;
-    }
-    source = (char *)tb__alloc(len + 1);
-    if (source == NULL) return TB_ERR_OUT_OF_MEMORY;
-    memcpy(source, src, len);
-    source[len] = '\0';
-    prog = tb__ocl_disk_load(dev, src, len, key, &save_dir);
-    if (prog == NULL) {
-        const char *srcs[1];
-        srcs[0] = src;
-        prog = TB__OCL_CALL(rt, CreateProgramWithSource)(dev->ctx, 1, srcs, &len, &err);
-        if (prog == NULL || err != TB__CL_SUCCESS) {
-            tb__free(save_dir);
-            tb__free(source);
-            return tb__error(TB_ERR_COMPILE, "opencl:%d: clCreateProgramWithSource failed: %s (%d)",
-                             (int)dev->ordinal, tb__cl_error_name(err), (int)err);
-        }
-        dev->program_builds++;
-        tb__ocl_metric(dev, "OpenCL::ProgramBuild", 1);
-        err = TB__OCL_CALL(rt, BuildProgram)(prog, 1, &dev->id, dev->build_options, NULL, NULL);
-        if (err != TB__CL_SUCCESS) {
-            char *log = tb__ocl_build_log(dev, prog);
-            tb_status st;
-            if (log != NULL && tb_debug_level() >= 1) {
-                tb_log_message(TB_LOG_ERROR, "opencl:%d: build log:\n%s", (int)dev->ordinal, log);
-            }
-            st = tb__error(TB_ERR_COMPILE,
-                           "opencl:%d (%s): the program does not build: %s (%d); "
-                           "build log:\n%.800s",
-                           (int)dev->ordinal, dev->info.name, tb__cl_error_name(err), (int)err,
-                           log != NULL ? log : "(none)");
-            tb__free(log);
-            TB__OCL_CALL(rt, ReleaseProgram)(prog);
-            tb__free(save_dir);
-            tb__free(source);
-            return st;
-        }
-    }
-    p = (tb__ocl_program *)tb__calloc(1, sizeof *p);
-    if (p == NULL) {
-        TB__OCL_CALL(rt, ReleaseProgram)(prog);
-        tb__free(save_dir);
-        tb__free(source);
-        return TB_ERR_OUT_OF_MEMORY;
-    }
-    p->key[0] = key[0];
-    p->key[1] = key[1];
-    p->source = source;
-    p->source_len = len;
-    p->program = prog;
-    p->save_dir = save_dir; /* written after the first run (tb__ocl_program_save) */
-    p->refcount = 2;        /* the cache and the caller */
-    p->next = dev->programs;
-    dev->programs = p;
-    tb__ocl_programs_trim(dev, TB__OCL_MAX_PROGRAMS);
-    *out = p;
-    return TB_OK;
+/* What the planner needs to know of a device. */
+static void tb__ocl_target(const tb__ocl_device *dev, tb__tuning *tuning, tb__target *target) {
+    bool cpu = dev->info.device.type == TB_DEVICE_CPU && !tb__ocl_codegen_as_gpu;
+    tb__tuning_of(cpu ? TB__CLASS_CPU : TB__CLASS_GPU, tuning);
+    memset(target, 0, sizeof *target);
+    target->tuning = tuning;
+    target->compute_units = dev->info.compute_units;
+    target->max_group = dev->info.max_work_group_size;
+    target->max_allocation = dev->info.max_allocation;
+    target->max_args = dev->max_parameter_size / 8; /* pointers and the widest scalars */
+    target->f64 = dev->info.supports_f64;
+    target->acc_f64 = dev->info.supports_f64 && dev->info.device.type == TB_DEVICE_CPU;
 }
 
 /* ---- backend entries: lowering, compile, execute ---- */
 
+/* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
+   of the same generation) comes again. */
+typedef struct tb__ocl_kept {
+    const tb__ocl_buffer *src;
+    uint64_t gen;
+    tb__ocl_buffer *panels;
+} tb__ocl_kept;
+
+/* A compiled graph: its plan, its program and a kernel object per kernel. */
+typedef struct tb__ocl_comp {
+    tb__plan *plan;
+    int32_t ordinal;
+    char *source;
+    size_t source_len;
+    tb__ocl_runtime *rt; /* a reference */
+    tb__ocl_program *program;
+    tb__cl_kernel *cl;
+    size_t *local;      /* per kernel: the work-group size of kernels launched over items */
+    tb__ocl_kept *kept; /* per kernel: kept panels */
+} tb__ocl_comp;
+
 typedef struct tb__ocl_context {
-    tb__ocl_plan *plan; /* moves to the computation on a successful compile */
+    tb__ocl_comp *comp; /* moves to the computation on a successful compile */
 } tb__ocl_context;
 
-static void tb__ocl_plan_release(tb__ocl_plan *p) {
+static void tb__ocl_comp_release(tb__ocl_comp *c) {
     size_t i;
     tb__ocl_runtime *rt;
-    if (p == NULL) return;
-    rt = p->rt;
+    if (c == NULL) return;
+    rt = c->rt;
     if (rt != NULL) {
         tb__ocl_device *dev =
-            (size_t)p->ordinal < rt->num_devices ? &rt->devices[p->ordinal] : NULL;
-        if (p->cl != NULL) {
-            for (i = 0; i < p->num_kernels; i++)
-                if (p->cl[i] != NULL) TB__OCL_CALL(rt, ReleaseKernel)(p->cl[i]);
+            (size_t)c->ordinal < rt->num_devices ? &rt->devices[c->ordinal] : NULL;
+        if (c->cl != NULL) {
+            for (i = 0; i < c->plan->num_kernels; i++)
+                if (c->cl[i] != NULL) TB__OCL_CALL(rt, ReleaseKernel)(c->cl[i]);
         }
-        if (dev != NULL && p->program != NULL) tb__ocl_program_unref(dev, p->program);
+        if (dev != NULL && (c->program != NULL || c->kept != NULL)) {
+            tb__ocl_device_lock(dev);
+            if (c->program != NULL) tb__ocl_program_unref(dev, c->program);
+            for (i = 0; c->kept != NULL && i < c->plan->num_kernels; i++)
+                tb__ocl_buffer_free(c->kept[i].panels);
+            tb__ocl_device_release(dev);
+        }
     }
-    tb__free(p->cl);
-    tb__ocl_plan_free(p);
+    tb__free(c->cl);
+    tb__free(c->local);
+    tb__free(c->kept);
+    tb__free(c->source);
+    tb__plan_free(c->plan);
+    tb__free(c);
     tb__ocl_runtime_unref(rt);
 }
 
+/* Plans the graph for the device and renders the plan as OpenCL C (no lock: the device's facts
+   do not change). */
 static tb_status tb__ocl_create_lowering_context(void *user_data, const tb_graph *graph,
                                                  void **context) {
     tb__ocl_device *dev;
-    tb__ocl_plan *p;
+    tb__ocl_comp *c;
     tb__ocl_context *ctx;
-    tb__ocl_lower L;
+    tb__pgraph G;
+    tb__tuning tuning;
+    tb__target target;
+    tb__dialect dialect;
     tb_status st;
-    size_t i;
     (void)user_data;
     *context = NULL;
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(graph->device.ordinal, "opencl");
-    if (dev == NULL) {
-        tb__mutex_unlock(&tb__ocl_mutex);
-        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
-    }
     ctx = (tb__ocl_context *)tb__calloc(1, sizeof *ctx);
-    p = (tb__ocl_plan *)tb__calloc(1, sizeof *p);
-    if (ctx == NULL || p == NULL) {
+    c = (tb__ocl_comp *)tb__calloc(1, sizeof *c);
+    if (ctx == NULL || c == NULL) {
         tb__free(ctx);
-        tb__free(p);
-        tb__mutex_unlock(&tb__ocl_mutex);
+        tb__free(c);
         return TB_ERR_OUT_OF_MEMORY;
     }
-    p->rt = dev->rt;
-    dev->rt->refcount++;
-    p->ordinal = dev->ordinal;
-    p->graph_hash = graph->hash;
-    p->num_params = graph->num_parameters;
-    p->num_results = graph->num_results;
-    p->param_scalar = (int32_t *)tb__calloc(p->num_params + 1, sizeof(int32_t));
-    p->param_dtype = (tb_dtype *)tb__calloc(p->num_params + 1, sizeof(tb_dtype));
-    p->result_slot = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
-    p->result_source = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
-    memset(&L, 0, sizeof L);
-    L.graph = graph;
-    L.dev = dev;
-    L.plan = p;
-    if (p->param_scalar == NULL || p->param_dtype == NULL || p->result_slot == NULL ||
-        p->result_source == NULL) {
-        st = TB_ERR_OUT_OF_MEMORY;
-    } else {
-        size_t scalars = 0;
-        for (i = 0; i < p->num_params; i++) {
-            p->param_scalar[i] = graph->parameters[i]->op == TB_OP_SCALAR ? 1 : 0;
-            p->param_dtype[i] = graph->parameters[i]->shape.dtype;
-            scalars += (size_t)p->param_scalar[i];
-        }
-        p->scalar_table = scalars > TB__OCL_MAX_SCALAR_ARGS;
-        st = tb__ocl_lower_init(&L);
-        if (st == TB_OK) st = tb__ocl_lower_graph(&L);
+    tb__mutex_lock(&tb__ocl_mutex);
+    dev = tb__ocl_device_get(graph->device.ordinal, "opencl");
+    if (dev != NULL) tb__ocl_runtime_ref(dev->rt);
+    tb__mutex_unlock(&tb__ocl_mutex);
+    if (dev == NULL) {
+        tb__free(ctx);
+        tb__free(c);
+        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
     }
-    tb__ocl_lower_free(&L);
+    c->rt = dev->rt;
+    c->ordinal = dev->ordinal;
+    tb__ocl_target(dev, &tuning, &target);
+    tb__ocl_dialect(dev, &dialect);
+    st = tb__plan_build(graph, &target, &G, &c->plan);
+    if (st == TB_OK) {
+        st = tb__cg_render(&G, c->plan, &dialect, &c->source, &c->source_len);
+        tb__pgraph_free(&G);
+    }
     if (st != TB_OK) {
-        tb__ocl_plan_release(p);
+        tb__ocl_comp_release(c);
         tb__free(ctx);
     } else {
-        ctx->plan = p;
+        ctx->comp = c;
         *context = ctx;
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
     return st;
 }
 
@@ -18947,9 +21101,7 @@ static void tb__ocl_release_lowering_context(void *user_data, void *context) {
     tb__ocl_context *ctx = (tb__ocl_context *)context;
     (void)user_data;
     if (ctx == NULL) return;
-    tb__mutex_lock(&tb__ocl_mutex);
-    tb__ocl_plan_release(ctx->plan);
-    tb__mutex_unlock(&tb__ocl_mutex);
+    tb__ocl_comp_release(ctx->comp);
     tb__free(ctx);
 }
 
@@ -18977,34 +21129,45 @@ static size_t tb__ocl_pick_local(tb__ocl_device *dev, tb__cl_kernel kern, uint64
     return wg > 0 ? wg : 1;
 }
 
+/* The device of a computation, checked to be the one it was made for. NULL with the error set. */
+static tb__ocl_device *tb__ocl_comp_device(const tb__ocl_comp *c) {
+    tb__ocl_device *dev;
+    tb__mutex_lock(&tb__ocl_mutex);
+    dev = tb__ocl_device_get(c->ordinal, "opencl");
+    if (dev != NULL && (dev->rt != c->rt || dev->rt->exited)) {
+        tb__error(TB_ERR_STATE, "opencl: the computation outlived the backend");
+        dev = NULL;
+    }
+    tb__mutex_unlock(&tb__ocl_mutex);
+    return dev;
+}
+
+/* Builds (or finds) the program, then a kernel object per kernel with work. The device's lock
+   is not held while the driver builds. */
 static tb_status tb__ocl_compile(void *user_data, void *context, void **computation) {
     tb__ocl_context *ctx = (tb__ocl_context *)context;
-    tb__ocl_plan *p = ctx != NULL ? ctx->plan : NULL;
+    tb__ocl_comp *p = ctx != NULL ? ctx->comp : NULL;
     tb__ocl_device *dev;
     tb_status st = TB_OK;
     size_t i, launched = 0;
     (void)user_data;
     *computation = NULL;
     if (p == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "opencl: compile without a context");
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(p->ordinal, "opencl");
-    if (dev == NULL || dev->rt != p->rt) {
-        tb__mutex_unlock(&tb__ocl_mutex);
-        if (dev != NULL) return tb__error(TB_ERR_STATE, "opencl: the backend was restarted");
-        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
-    }
+    dev = tb__ocl_comp_device(p);
+    if (dev == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
     if (tb_debug_level() >= 3) {
         tb_log_message(TB_LOG_DEBUG, "opencl:%d: program of graph %016llx:\n%s", (int)p->ordinal,
-                       (unsigned long long)p->graph_hash, p->source);
+                       (unsigned long long)p->plan->graph_hash, p->source);
     }
-    p->cl = (tb__cl_kernel *)tb__calloc(p->num_kernels + 1, sizeof(tb__cl_kernel));
-    p->local = (size_t *)tb__calloc(p->num_kernels + 1, sizeof(size_t));
-    if (p->cl == NULL || p->local == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    p->cl = (tb__cl_kernel *)tb__calloc(p->plan->num_kernels + 1, sizeof(tb__cl_kernel));
+    p->local = (size_t *)tb__calloc(p->plan->num_kernels + 1, sizeof(size_t));
+    p->kept = (tb__ocl_kept *)tb__calloc(p->plan->num_kernels + 1, sizeof *p->kept);
+    if (p->cl == NULL || p->local == NULL || p->kept == NULL) st = TB_ERR_OUT_OF_MEMORY;
     if (st == TB_OK) st = tb__ocl_get_program(dev, p->source, p->source_len, &p->program);
-    for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
-        tb__ocl_kernel *k = &p->kernels[i];
+    for (i = 0; i < p->plan->num_kernels && st == TB_OK; i++) {
+        tb__plan_kernel *k = &p->plan->kernels[i];
         tb__cl_int err = TB__CL_SUCCESS;
-        if (k->name[0] == '\0') continue;
+        if (k->empty) continue;
         p->cl[i] = TB__OCL_CALL(dev->rt, CreateKernel)(p->program->program, k->name, &err);
         if (p->cl[i] == NULL || err != TB__CL_SUCCESS) {
             p->cl[i] = NULL;
@@ -19018,49 +21181,46 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
     if (st == TB_OK && tb_debug_level() >= 1) {
         tb__str names;
         memset(&names, 0, sizeof names);
-        for (i = 0; i < p->num_kernels; i++)
-            if (p->kernels[i].name[0] != '\0')
-                tb__str_append(&names, "%s%s", names.len > 0 ? " " : "", p->kernels[i].name);
+        for (i = 0; i < p->plan->num_kernels; i++)
+            if (!p->plan->kernels[i].empty)
+                tb__str_append(&names, "%s%s", names.len > 0 ? " " : "", p->plan->kernels[i].name);
         tb_log_message(TB_LOG_INFO, "opencl:%d: graph %016llx: %zu kernel%s: %s", (int)p->ordinal,
-                       (unsigned long long)p->graph_hash, launched, launched == 1 ? "" : "s",
+                       (unsigned long long)p->plan->graph_hash, launched, launched == 1 ? "" : "s",
                        names.data != NULL ? names.data : "");
         tb__str_free(&names);
     }
     if (st == TB_OK) {
         *computation = p;
-        ctx->plan = NULL;
+        ctx->comp = NULL;
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
     return st;
 }
 
 static void tb__ocl_release_computation(void *user_data, void *computation) {
     (void)user_data;
-    tb__mutex_lock(&tb__ocl_mutex);
-    tb__ocl_plan_release((tb__ocl_plan *)computation);
-    tb__mutex_unlock(&tb__ocl_mutex);
+    tb__ocl_comp_release((tb__ocl_comp *)computation);
 }
 
 static const char *tb__ocl_backend_text(void *user_data, const void *computation) {
     (void)user_data;
-    return computation != NULL ? ((const tb__ocl_plan *)computation)->source : NULL;
+    return computation != NULL ? ((const tb__ocl_comp *)computation)->source : NULL;
 }
 
 static int32_t tb__ocl_get_node_kernel(void *user_data, const void *computation, size_t node_index,
                                        const char **kernel_name) {
-    const tb__ocl_plan *p = (const tb__ocl_plan *)computation;
+    const tb__ocl_comp *p = (const tb__ocl_comp *)computation;
     int32_t k;
     (void)user_data;
     if (kernel_name != NULL) *kernel_name = NULL;
-    if (p == NULL || p->node_kernel == NULL || node_index >= p->num_nodes) return -1;
-    k = p->node_kernel[node_index];
-    if (k >= 0 && kernel_name != NULL) *kernel_name = p->kernels[k].name;
+    if (p == NULL || p->plan->node_kernel == NULL || node_index >= p->plan->num_nodes) return -1;
+    k = p->plan->node_kernel[node_index];
+    if (k >= 0 && kernel_name != NULL) *kernel_name = p->plan->kernels[k].name;
     return k;
 }
 
-static tb__cl_int tb__ocl_launch(tb__ocl_device *dev, const tb__ocl_plan *p, size_t i,
+static tb__cl_int tb__ocl_launch(tb__ocl_device *dev, const tb__ocl_comp *p, size_t i,
                                  tb__cl_event *event) {
-    const tb__ocl_kernel *k = &p->kernels[i];
+    const tb__plan_kernel *k = &p->plan->kernels[i];
     size_t gws[3], lws[3];
     tb__cl_uint dims;
     if (k->group_size[0] > 0) {
@@ -19120,233 +21280,272 @@ static size_t tb__ocl_scalar_arg(tb__ocl_device *dev, tb_dtype dtype, const tb_b
     return tb_dtype_size(dtype);
 }
 
-static tb_status tb__ocl_run_error(const tb__ocl_plan *p, const int64_t flag[4]) {
-    const tb__ocl_errsite *e;
-    if (flag[0] <= 0 || (size_t)flag[0] > p->num_errsites) {
-        return tb__error(TB_ERR_EXECUTE, "opencl: a kernel reported error %lld",
-                         (long long)flag[0]);
-    }
-    e = &p->errsites[flag[0] - 1];
-    if (e->op == TB_OP_POW) {
-        return tb__error(TB_ERR_EXECUTE,
-                         "tb_pow: integers to negative integer powers are not allowed (%lld ** "
-                         "%lld)",
-                         (long long)flag[1], (long long)flag[2]);
-    }
-    return tb__error(TB_ERR_EXECUTE, "tb_%s: index %lld is out of range for dim %d of size %lld",
-                     tb_op_name(e->op), (long long)flag[1], (int)e->dim, (long long)e->size);
-}
-
-static tb_status tb__ocl_execute(void *user_data, void *computation,
-                                 tb_backend_data *const *arguments, size_t num_arguments,
-                                 tb_backend_data *const *results, size_t num_results) {
-    static const int64_t zeros[4] = {0, 0, 0, 0};
-    tb__ocl_plan *p = (tb__ocl_plan *)computation;
+/* The buffers of a run: the parameters' (borrowed) and the kernels' outputs (owned until they
+   are results or freed after their last use), the error flag and the scalar table. */
+typedef struct tb__ocl_run {
+    tb__ocl_comp *p;
     tb__ocl_device *dev;
-    tb__ocl_runtime *rt;
-    tb__ocl_buffer **owned = NULL, *err_buf = NULL, *table_buf = NULL;
-    tb__cl_mem *mems = NULL;
-    tb__cl_event *events = NULL;
+    tb__ocl_buffer **owned, *err_buf, *table_buf;
+    tb__cl_mem *mems;
+    tb__cl_event *events; /* per kernel at TB_DEBUG >= 2: its profiling event */
+} tb__ocl_run;
+
+static tb_status tb__ocl_run_init(tb__ocl_run *r, tb_backend_data *const *arguments) {
+    static const int64_t zeros[4] = {0, 0, 0, 0};
+    const tb__plan *plan = r->p->plan;
+    tb__ocl_device *dev = r->dev;
     tb_status st = TB_OK;
-    size_t i, j;
-    bool profile = tb_debug_level() >= 2;
-    (void)user_data;
-    if (p == NULL || num_arguments != p->num_params || num_results != p->num_results) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT,
-                         "opencl: execute with %zu arguments and %zu results, the computation has "
-                         "%zu and %zu",
-                         num_arguments, num_results, p != NULL ? p->num_params : 0,
-                         p != NULL ? p->num_results : 0);
+    size_t i;
+    r->owned = (tb__ocl_buffer **)tb__calloc(plan->num_slots + 1, sizeof *r->owned);
+    r->mems = (tb__cl_mem *)tb__calloc(plan->num_slots + 1, sizeof *r->mems);
+    r->events = (tb__cl_event *)tb__calloc(plan->num_kernels + 1, sizeof *r->events);
+    if (r->owned == NULL || r->mems == NULL || r->events == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < plan->num_slots && st == TB_OK; i++) {
+        const tb__plan_slot *s = &plan->slots[i];
+        if (s->kind != TB__SLOT_PARAM) continue;
+        r->mems[i] = tb__ocl_data_mem(dev, arguments[s->index]);
+        if (r->mems[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
     }
-    tb__mutex_lock(&tb__ocl_mutex);
-    rt = p->rt;
-    if (rt != tb__ocl_current || rt->exited) {
-        tb__mutex_unlock(&tb__ocl_mutex);
-        return tb__error(TB_ERR_STATE, "opencl: the computation outlived the backend");
-    }
-    dev = &rt->devices[p->ordinal];
-    owned = (tb__ocl_buffer **)tb__calloc(p->num_slots + 1, sizeof *owned);
-    mems = (tb__cl_mem *)tb__calloc(p->num_slots + 1, sizeof *mems);
-    events = (tb__cl_event *)tb__calloc(p->num_kernels + 1, sizeof *events);
-    if (owned == NULL || mems == NULL || events == NULL) {
-        st = TB_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
-    for (i = 0; i < p->num_slots && st == TB_OK; i++) {
-        const tb__ocl_slot *s = &p->slots[i];
-        if (s->kind != TB__OCL_SLOT_PARAM) continue;
-        mems[i] = tb__ocl_data_mem(dev, arguments[s->index]);
-        if (mems[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
-    }
-    if (st == TB_OK && p->num_errsites > 0) {
+    if (st == TB_OK && plan->num_errsites > 0) {
         tb__cl_int err;
-        st = tb__ocl_buffer_alloc(dev, sizeof zeros, &err_buf);
+        st = tb__ocl_buffer_alloc(dev, sizeof zeros, &r->err_buf);
         if (st == TB_OK) {
-            err = TB__OCL_CALL(rt, EnqueueWriteBuffer)(dev->queue, err_buf->mem, TB__CL_FALSE, 0,
-                                                       sizeof zeros, zeros, 0, NULL, NULL);
+            err = TB__OCL_CALL(dev->rt, EnqueueWriteBuffer)(
+                dev->queue, r->err_buf->mem, TB__CL_FALSE, 0, sizeof zeros, zeros, 0, NULL, NULL);
             if (err != TB__CL_SUCCESS) {
                 st = tb__error(TB_ERR_EXECUTE, "opencl:%d: clEnqueueWriteBuffer failed: %s (%d)",
-                               (int)p->ordinal, tb__cl_error_name(err), (int)err);
+                               (int)dev->ordinal, tb__cl_error_name(err), (int)err);
             }
         }
     }
-    if (st == TB_OK && p->scalar_table) {
-        size_t bytes = (p->num_params + 1) * 8;
-        unsigned char *table = (unsigned char *)tb__calloc(p->num_params + 1, 8);
+    if (st == TB_OK && plan->scalar_table) {
+        size_t bytes = (plan->num_params + 1) * 8;
+        unsigned char *table = (unsigned char *)tb__calloc(plan->num_params + 1, 8);
         if (table == NULL) st = TB_ERR_OUT_OF_MEMORY;
-        for (i = 0; i < p->num_params && st == TB_OK; i++) {
-            if (p->param_scalar[i] &&
-                tb__ocl_scalar_arg(dev, p->param_dtype[i], arguments[i], table + 8 * i) == 0)
+        for (i = 0; i < plan->num_params && st == TB_OK; i++) {
+            if (plan->param_scalar[i] &&
+                tb__ocl_scalar_arg(dev, plan->param_dtype[i], arguments[i], table + 8 * i) == 0)
                 st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
         }
-        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, bytes, &table_buf);
-        if (st == TB_OK) st = tb__ocl_write(dev, table_buf, table, bytes);
+        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, bytes, &r->table_buf);
+        if (st == TB_OK) st = tb__ocl_write(dev, r->table_buf, table, bytes);
         tb__free(table);
     }
-    for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
-        const tb__ocl_kernel *k = &p->kernels[i];
-        const tb__ocl_slot *os = &p->slots[k->out_slot];
-        tb__cl_int err = TB__CL_SUCCESS;
-        tb__cl_uint a = 0;
-        if (mems[k->out_slot] == NULL) {
-            size_t size = 0;
-            st = tb_shape_nbytes(&os->shape, &size);
-            if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, size, &owned[k->out_slot]);
-            if (st != TB_OK) break;
-            mems[k->out_slot] = owned[k->out_slot]->mem;
-        }
-        if (p->cl[i] != NULL) {
-            err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
-                                                 &mems[k->out_slot]);
-            for (j = 0; j < k->num_args && err == TB__CL_SUCCESS; j++) {
-                const tb__ocl_arg *arg = &k->args[j];
-                if (arg->kind == TB__OCL_ARG_BUF) {
-                    err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
-                                                         &mems[arg->index]);
-                } else if (arg->kind == TB__OCL_ARG_SCALAR) {
-                    unsigned char bytes[8];
-                    size_t n = tb__ocl_scalar_arg(dev, p->param_dtype[arg->index],
-                                                  arguments[arg->index], bytes);
-                    if (n == 0) {
-                        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
-                        break;
-                    }
-                    err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, n, bytes);
-                } else if (arg->kind == TB__OCL_ARG_TABLE) {
-                    err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
-                                                         &table_buf->mem);
-                } else {
-                    err = TB__OCL_CALL(rt, SetKernelArg)(p->cl[i], a++, sizeof(tb__cl_mem),
-                                                         &err_buf->mem);
-                }
-            }
-            if (st != TB_OK) break;
-            if (err == TB__CL_SUCCESS) {
-                err = tb__ocl_launch(dev, p, i, profile ? &events[i] : NULL);
-                if (tb__cl_is_oom(err) && dev->cache_count > 0) {
-                    /* memory the cache holds may be what the launch is missing */
-                    dev->cache_trims++;
-                    tb__ocl_metric(dev, "OpenCL::CacheTrim", 1);
-                    tb__ocl_cache_trim(dev, 0);
-                    err = tb__ocl_launch(dev, p, i, profile ? &events[i] : NULL);
-                }
-            }
-            if (err != TB__CL_SUCCESS) {
-                st = tb__error(tb__cl_is_oom(err) ? TB_ERR_OUT_OF_MEMORY : TB_ERR_EXECUTE,
-                               "opencl:%d: kernel %s: %s (%d)", (int)p->ordinal, k->name,
-                               tb__cl_error_name(err), (int)err);
-                break;
-            }
-            dev->kernels_launched++;
-            tb__ocl_metric(dev, "OpenCL::KernelLaunch", 1);
-        }
-        /* temporaries nobody reads any more go back to the cache (the queue is in order) */
-        for (j = 0; j < p->num_slots; j++) {
-            if (p->slots[j].kind == TB__OCL_SLOT_TEMP && owned[j] != NULL &&
-                p->slots[j].last_use <= (int32_t)i) {
-                tb__ocl_buffer_free(owned[j]);
-                owned[j] = NULL;
-            }
+    return st;
+}
+
+/* Sets kernel i's arguments in the plan's order, after its output. */
+static tb_status tb__ocl_set_args(tb__ocl_run *r, size_t i, tb_backend_data *const *arguments) {
+    const tb__plan_kernel *k = &r->p->plan->kernels[i];
+    tb__ocl_runtime *rt = r->dev->rt;
+    tb__cl_kernel kern = r->p->cl[i];
+    tb__cl_int err;
+    tb__cl_uint a = 0;
+    size_t j;
+    err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof(tb__cl_mem), &r->mems[k->out_slot]);
+    for (j = 0; j < k->num_args && err == TB__CL_SUCCESS; j++) {
+        const tb__plan_arg *arg = &k->args[j];
+        if (arg->kind == TB__ARG_BUF) {
+            err =
+                TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof(tb__cl_mem), &r->mems[arg->index]);
+        } else if (arg->kind == TB__ARG_SCALAR) {
+            unsigned char bytes[8];
+            size_t n = tb__ocl_scalar_arg(r->dev, r->p->plan->param_dtype[arg->index],
+                                          arguments[arg->index], bytes);
+            if (n == 0) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
+            err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, n, bytes);
+        } else {
+            tb__ocl_buffer *b = arg->kind == TB__ARG_TABLE ? r->table_buf : r->err_buf;
+            err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof(tb__cl_mem), &b->mem);
         }
     }
-    for (i = 0; i < p->num_results && st == TB_OK; i++) {
-        int32_t src = p->result_source[i];
+    if (err == TB__CL_SUCCESS) return TB_OK;
+    return tb__error(TB_ERR_EXECUTE, "opencl:%d: kernel %s: clSetKernelArg: %s (%d)",
+                     (int)r->p->ordinal, k->name, tb__cl_error_name(err), (int)err);
+}
+
+/* Runs kernel i: its output allocated, its arguments set, its launch enqueued (once more after
+   emptying the buffer cache when the device is out of memory). */
+static tb_status tb__ocl_run_kernel(tb__ocl_run *r, size_t i, tb_backend_data *const *arguments) {
+    const tb__plan_kernel *k = &r->p->plan->kernels[i];
+    tb__ocl_device *dev = r->dev;
+    tb__cl_event *event = tb_debug_level() >= 2 ? &r->events[i] : NULL;
+    tb__cl_int err;
+    tb_status st;
+    const tb__ocl_buffer *src =
+        k->pack_param >= 0 ? (const tb__ocl_buffer *)arguments[k->pack_param]->payload : NULL;
+    tb__ocl_kept *kp = &r->p->kept[i];
+    if (src != NULL && kp->panels != NULL && kp->src == src && kp->gen == src->gen) {
+        r->mems[k->out_slot] = kp->panels->mem; /* the panels of this buffer, made before */
+        tb__ocl_metric(dev, "OpenCL::PanelsKept", 1);
+        return TB_OK;
+    }
+    if (r->mems[k->out_slot] == NULL) {
+        size_t size = 0;
+        st = tb_shape_nbytes(&r->p->plan->slots[k->out_slot].shape, &size);
+        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, size, &r->owned[k->out_slot]);
+        if (st != TB_OK) return st;
+        r->mems[k->out_slot] = r->owned[k->out_slot]->mem;
+    }
+    if (r->p->cl[i] == NULL) return TB_OK; /* nothing to compute */
+    st = tb__ocl_set_args(r, i, arguments);
+    if (st != TB_OK) return st;
+    err = tb__ocl_launch(dev, r->p, i, event);
+    if (tb__cl_is_oom(err) && dev->cache_count > 0) {
+        /* memory the cache holds may be what the launch is missing */
+        dev->cache_trims++;
+        tb__ocl_metric(dev, "OpenCL::CacheTrim", 1);
+        tb__ocl_cache_trim(dev, 0);
+        err = tb__ocl_launch(dev, r->p, i, event);
+    }
+    if (err != TB__CL_SUCCESS) {
+        return tb__error(tb__cl_is_oom(err) ? TB_ERR_OUT_OF_MEMORY : TB_ERR_EXECUTE,
+                         "opencl:%d: kernel %s: %s (%d)", (int)r->p->ordinal, k->name,
+                         tb__cl_error_name(err), (int)err);
+    }
+    dev->kernels_launched++;
+    tb__ocl_metric(dev, "OpenCL::KernelLaunch", 1);
+    if (src != NULL && r->owned[k->out_slot] != NULL &&
+        (uint64_t)r->owned[k->out_slot]->cap <= dev->cache_limit) {
+        /* keep the panels with the computation (the next run of this buffer skips the pack) */
+        tb__ocl_buffer_free(kp->panels);
+        kp->panels = r->owned[k->out_slot];
+        kp->src = src;
+        kp->gen = src->gen;
+        r->owned[k->out_slot] = NULL;
+    }
+    return TB_OK;
+}
+
+/* A result that repeats an earlier one gets a copy of its buffer. */
+static tb_status tb__ocl_copy_results(tb__ocl_run *r, tb_backend_data *const *results) {
+    const tb__plan *plan = r->p->plan;
+    size_t i;
+    for (i = 0; i < plan->num_results; i++) {
+        int32_t src = plan->result_source[i];
         size_t size = 0;
         tb__ocl_buffer *copy = NULL;
         tb__cl_int err;
+        tb_status st;
         if (src < 0) continue;
-        st = tb_shape_nbytes(&p->slots[p->result_slot[src]].shape, &size);
-        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, size, &copy);
-        if (st != TB_OK) break;
+        st = tb_shape_nbytes(&plan->slots[plan->result_slot[src]].shape, &size);
+        if (st == TB_OK) st = tb__ocl_buffer_alloc(r->dev, size, &copy);
+        if (st != TB_OK) return st;
         err = size == 0 ? TB__CL_SUCCESS
-                        : TB__OCL_CALL(rt, EnqueueCopyBuffer)(dev->queue, mems[p->result_slot[src]],
-                                                              copy->mem, 0, 0, size, 0, NULL, NULL);
+                        : TB__OCL_CALL(r->dev->rt, EnqueueCopyBuffer)(
+                              r->dev->queue, r->mems[plan->result_slot[src]], copy->mem, 0, 0, size,
+                              0, NULL, NULL);
         if (err != TB__CL_SUCCESS) {
             tb__ocl_buffer_free(copy);
-            st = tb__error(TB_ERR_EXECUTE, "opencl:%d: clEnqueueCopyBuffer failed: %s (%d)",
-                           (int)p->ordinal, tb__cl_error_name(err), (int)err);
-            break;
+            return tb__error(TB_ERR_EXECUTE, "opencl:%d: clEnqueueCopyBuffer failed: %s (%d)",
+                             (int)r->p->ordinal, tb__cl_error_name(err), (int)err);
         }
         results[i]->payload = copy;
     }
-    if (st == TB_OK && p->program->save_dir != NULL) {
-        /* the first run of a program built here: once its kernels ran, its binary is worth
-           the most to the disk cache */
-        TB__OCL_CALL(rt, Finish)(dev->queue);
-        tb__ocl_program_save(dev, p->program);
+    return TB_OK;
+}
+
+/* TB_DEBUG=2: one line per kernel with its time, GB/s and GFLOP/s. */
+static void tb__ocl_profile(tb__ocl_run *r) {
+    const tb__plan *plan = r->p->plan;
+    size_t i;
+    TB__OCL_CALL(r->dev->rt, Finish)(r->dev->queue);
+    for (i = 0; i < plan->num_kernels; i++) {
+        tb__cl_ulong t0 = 0, t1 = 0;
+        double ns;
+        if (r->events[i] == NULL) continue;
+        TB__OCL_CALL(r->dev->rt, GetEventProfilingInfo)
+        (r->events[i], TB__CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
+        TB__OCL_CALL(r->dev->rt, GetEventProfilingInfo)
+        (r->events[i], TB__CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
+        ns = t1 > t0 ? (double)(t1 - t0) : 1.0;
+        r->dev->kernel_ns += (uint64_t)ns;
+        tb_log_message(TB_LOG_DEBUG, "opencl:%d %-24s %10.3f ms %9.2f GB/s %9.2f GFLOP/s",
+                       (int)r->p->ordinal, plan->kernels[i].name, ns / 1e6,
+                       plan->kernels[i].bytes / ns, plan->kernels[i].flops / ns);
     }
-    if (st == TB_OK && err_buf != NULL) {
-        int64_t flag[4];
-        st = tb__ocl_read(dev, err_buf, flag, sizeof flag);
-        if (st == TB_OK && flag[0] != 0) st = tb__ocl_run_error(p, flag);
-    }
-    if (st == TB_OK && profile) {
-        TB__OCL_CALL(rt, Finish)(dev->queue);
-        for (i = 0; i < p->num_kernels; i++) {
-            tb__cl_ulong t0 = 0, t1 = 0;
-            double ns;
-            if (events[i] == NULL) continue;
-            TB__OCL_CALL(rt, GetEventProfilingInfo)
-            (events[i], TB__CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
-            TB__OCL_CALL(rt, GetEventProfilingInfo)
-            (events[i], TB__CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
-            ns = t1 > t0 ? (double)(t1 - t0) : 1.0;
-            dev->kernel_ns += (uint64_t)ns;
-            tb_log_message(TB_LOG_DEBUG, "opencl:%d %-24s %10.3f ms %9.2f GB/s %9.2f GFLOP/s",
-                           (int)p->ordinal, p->kernels[i].name, ns / 1e6, p->kernels[i].bytes / ns,
-                           p->kernels[i].flops / ns);
-        }
-    }
-    if (st == TB_OK) {
-        for (i = 0; i < p->num_results; i++) {
-            if (p->result_source[i] >= 0) continue;
-            results[i]->payload = owned[p->result_slot[i]];
-            owned[p->result_slot[i]] = NULL;
-        }
-        TB__OCL_CALL(rt, Flush)(dev->queue);
-    } else {
-        for (i = 0; i < p->num_results; i++) {
-            if (p->result_source[i] >= 0 && results[i]->payload != NULL) {
+}
+
+/* Hands the results over (success) or drops the copies made for them (failure), then frees
+   everything the run still owns. */
+static void tb__ocl_run_finish(tb__ocl_run *r, tb_status st, tb_backend_data *const *results) {
+    const tb__plan *plan = r->p->plan;
+    size_t i;
+    for (i = 0; i < plan->num_results && r->owned != NULL; i++) {
+        if (plan->result_source[i] >= 0) {
+            if (st != TB_OK && results[i]->payload != NULL) {
                 tb__ocl_buffer_free((tb__ocl_buffer *)results[i]->payload);
                 results[i]->payload = NULL;
             }
+        } else if (st == TB_OK) {
+            results[i]->payload = r->owned[plan->result_slot[i]];
+            r->owned[plan->result_slot[i]] = NULL;
         }
     }
-done:
-    if (owned != NULL) {
-        for (i = 0; i < p->num_slots; i++)
-            tb__ocl_buffer_free(owned[i]);
+    if (st == TB_OK) TB__OCL_CALL(r->dev->rt, Flush)(r->dev->queue);
+    if (r->owned != NULL) {
+        for (i = 0; i < plan->num_slots; i++)
+            tb__ocl_buffer_free(r->owned[i]);
     }
-    if (events != NULL) {
-        for (i = 0; i < p->num_kernels; i++)
-            if (events[i] != NULL) TB__OCL_CALL(rt, ReleaseEvent)(events[i]);
+    if (r->events != NULL) {
+        for (i = 0; i < plan->num_kernels; i++)
+            if (r->events[i] != NULL) TB__OCL_CALL(r->dev->rt, ReleaseEvent)(r->events[i]);
     }
-    tb__ocl_buffer_free(err_buf);
-    tb__ocl_buffer_free(table_buf);
-    tb__free(owned);
-    tb__free(mems);
-    tb__free(events);
-    tb__mutex_unlock(&tb__ocl_mutex);
+    tb__ocl_buffer_free(r->err_buf);
+    tb__ocl_buffer_free(r->table_buf);
+    tb__free(r->owned);
+    tb__free(r->mems);
+    tb__free(r->events);
+}
+
+/* Runs a computation under its device's lock (runs on other devices go on meanwhile). */
+static tb_status tb__ocl_execute(void *user_data, void *computation,
+                                 tb_backend_data *const *arguments, size_t num_arguments,
+                                 tb_backend_data *const *results, size_t num_results) {
+    tb__ocl_comp *p = (tb__ocl_comp *)computation;
+    tb__ocl_run r;
+    tb_status st;
+    size_t i, j;
+    (void)user_data;
+    if (p == NULL || num_arguments != p->plan->num_params || num_results != p->plan->num_results) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "opencl: execute with %zu arguments and %zu results, the computation has "
+                         "%zu and %zu",
+                         num_arguments, num_results, p != NULL ? p->plan->num_params : 0,
+                         p != NULL ? p->plan->num_results : 0);
+    }
+    memset(&r, 0, sizeof r);
+    r.p = p;
+    r.dev = tb__ocl_comp_device(p);
+    if (r.dev == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_STATE;
+    tb__ocl_device_lock(r.dev);
+    st = tb__ocl_run_init(&r, arguments);
+    for (i = 0; i < p->plan->num_kernels && st == TB_OK; i++) {
+        st = tb__ocl_run_kernel(&r, i, arguments);
+        /* temporaries nobody reads any more go back to the cache (the queue is in order) */
+        for (j = 0; j < p->plan->num_slots && st == TB_OK; j++) {
+            if (p->plan->slots[j].kind == TB__SLOT_TEMP && r.owned[j] != NULL &&
+                p->plan->slots[j].last_use <= (int32_t)i) {
+                tb__ocl_buffer_free(r.owned[j]);
+                r.owned[j] = NULL;
+            }
+        }
+    }
+    if (st == TB_OK) st = tb__ocl_copy_results(&r, results);
+    if (st == TB_OK && p->program->save_dir != NULL) {
+        /* the first run of a program built here: once its kernels ran, its binary is worth
+           the most to the disk cache */
+        TB__OCL_CALL(r.dev->rt, Finish)(r.dev->queue);
+        tb__ocl_program_save(r.dev, p->program);
+    }
+    if (st == TB_OK && r.err_buf != NULL) {
+        int64_t flag[4];
+        st = tb__ocl_read(r.dev, r.err_buf, flag, sizeof flag);
+        if (st == TB_OK && flag[0] != 0) st = tb__plan_run_error(p->plan, "opencl", flag);
+    }
+    if (st == TB_OK && tb_debug_level() >= 2) tb__ocl_profile(&r);
+    tb__ocl_run_finish(&r, st, results);
+    tb__ocl_device_release(r.dev);
     return st;
 }
 
@@ -19366,6 +21565,7 @@ static bool tb__ocl_float_only_unary(tb_op op) {
     case TB_OP_SILU:
     case TB_OP_RECIPROCAL:
     case TB_OP_DIV:
+    case TB_OP_ERF:
         return true;
     default:
         return false;
@@ -19394,7 +21594,7 @@ static bool tb__ocl_supports_node(void *user_data, const tb_node *node) {
         uses_f64 = uses_f64 || node->operands[i]->shape.dtype == TB_F64;
     if (uses_f64 && !fp64) return false;
     if (op >= TB_OP_BUILTIN_COUNT) {
-        const tb_custom_op_desc *d = tb__ocl_custom(op);
+        const tb_custom_op_desc *d = tb__plan_custom(op);
         return d != NULL && d->opencl_expr != NULL && d->infer_shape == NULL;
     }
     if (op < 0) return false;
@@ -19414,8 +21614,10 @@ static void tb__ocl_prepare_to_exit(void *user_data) {
     rt = tb__ocl_current;
     if (rt != NULL) {
         for (i = 0; i < rt->num_devices; i++) {
+            tb__mutex_lock(&rt->devices[i].lock);
             tb__ocl_cache_trim(&rt->devices[i], 0);
             tb__ocl_programs_trim(&rt->devices[i], 0);
+            tb__mutex_unlock(&rt->devices[i].lock);
         }
         rt->exited = true;
         tb__ocl_current = NULL;
@@ -19528,10 +21730,11 @@ TBDEF tb_status tb_opencl_tensor_buffer(tb_tensor *tensor, void **mem, size_t *s
     }
     st = tb_shape_nbytes(&data->shape, &n);
     if (st != TB_OK) return st;
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(data->device.ordinal, "tb_opencl_tensor_buffer");
-    if (dev != NULL) m = tb__ocl_data_mem(dev, data);
-    tb__mutex_unlock(&tb__ocl_mutex);
+    dev = tb__ocl_device_acquire(data->device.ordinal, "tb_opencl_tensor_buffer");
+    if (dev != NULL) {
+        m = tb__ocl_data_mem(dev, data);
+        tb__ocl_device_release(dev);
+    }
     if (m == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
     *mem = (void *)m;
     *size = n;
@@ -19562,11 +21765,13 @@ TBDEF tb_status tb_opencl_trim_cache(const tb_device *device) {
     } else {
         for (i = 0; i < rt->num_devices; i++) {
             if (device != NULL && (int32_t)i != ordinal) continue;
+            tb__mutex_lock(&rt->devices[i].lock);
             if (rt->devices[i].cache_count > 0) {
                 rt->devices[i].cache_trims++;
                 tb__ocl_metric(&rt->devices[i], "OpenCL::CacheTrim", 1);
             }
             tb__ocl_cache_trim(&rt->devices[i], 0);
+            tb__mutex_unlock(&rt->devices[i].lock);
         }
     }
     tb__mutex_unlock(&tb__ocl_mutex);
@@ -19598,6 +21803,1450 @@ TBDEF tb_status tb_opencl_trim_cache(const tb_device *device) {
 }
 
 #endif /* TB_NO_OPENCL */
+
+/* ---- src/native.c ---- */
+/* ===========================================================================================
+   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c), compiled at run
+   time by the system C compiler ($CC, else cc) into a shared object, loaded with dlopen and
+   run on a pool of threads (one per core: a kernel's work items are split among them). Programs
+   are cached on disk as OpenCL's are (diskcache.c), keyed by the source, the compiler, its
+   options, the CPU and this library's version. Memory is host memory. Without a compiler the
+   backend has no device and says why, as OpenCL without a loader does.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_NATIVE)
+
+#include <sys/wait.h>
+
+/* ---- the C99 dialect of the code generator ---- */
+
+static const char tb__native_head[] =
+    "/* torch_backend.h: C99 (GNU vector extensions) for the native backend */\n"
+    "#include <stdint.h>\n"
+    "#include <string.h>\n"
+    "#include <limits.h>\n"
+    "#include <tgmath.h>\n"
+    "typedef unsigned char uchar;\n"
+    "typedef uint32_t uint;\n"
+    "typedef uint64_t ulong;\n"
+    "#define TB_FN static inline\n"
+    "#define TB_HAS_F64 1\n"
+    "static inline long tb_min_l(long a, long b) { return a < b ? a : b; }\n"
+    "static inline float tb_as_f32(uint b) { float f; memcpy(&f, &b, sizeof f); return f; }\n"
+    "static inline double tb_as_f64(ulong b) { double f; memcpy(&f, &b, sizeof f); return f; }\n"
+    "typedef float float16 __attribute__((vector_size(64)));\n"
+    "typedef double double8 __attribute__((vector_size(64)));\n"
+    "static inline float16 vload16(long i, const float *p) {\n"
+    "    float16 v; memcpy(&v, p + i * 16, sizeof v); return v;\n"
+    "}\n"
+    "static inline void vstore16(float16 v, long i, float *p) { memcpy(p + i * 16, &v, sizeof v); "
+    "}\n"
+    "static inline double8 vload8(long i, const double *p) {\n"
+    "    double8 v; memcpy(&v, p + i * 8, sizeof v); return v;\n"
+    "}\n"
+    "static inline void vstore8(double8 v, long i, double *p) { memcpy(p + i * 8, &v, sizeof v); "
+    "}\n"
+    "typedef int int16 __attribute__((vector_size(64)));\n"
+    "#define TB_HAS_VEC16 1\n"
+    "#define TB_VBC(c) ((float16){0} + (c))\n"
+    "#define TB_VSEL(a, b, m) ((float16)(((int16)(a) & ~(m)) | ((int16)(b) & (m))))\n"
+    "#define TB_VCVTI(x) __builtin_convertvector((x), int16)\n"
+    "#define TB_VASF(x) ((float16)(x))\n"
+    "#define TB_VASI(x) ((int16)(x))\n"
+    "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(float16))\n"
+    "\n";
+
+static const char *tb__native_math(const char *fn, tb_dtype dtype) {
+    (void)dtype; /* <tgmath.h> picks the float or double function */
+    return fn;
+}
+
+/* The work-item space of a kernel: its global size per dimension. */
+static void tb__native_global_size(const tb__plan_kernel *k, uint64_t size[3]) {
+    int d;
+    if (k->group_size[0] > 0) {
+        for (d = 0; d < 3; d++)
+            size[d] =
+                (uint64_t)k->groups[d] * (uint64_t)(k->group_size[d] > 0 ? k->group_size[d] : 1);
+    } else {
+        size[0] = k->items;
+        size[1] = size[2] = 1;
+    }
+}
+
+/* A kernel is two functions: NAME_item, the body for one work item (tb_g0..2 its ids), and
+   NAME(args, lo, hi), which runs work items [lo, hi) of the flattened space, the pointers and
+   scalars it reads taken from args in the plan's order (the output first). */
+static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
+                                   const tb__cg_param *params, size_t num_params,
+                                   const char *body) {
+    uint64_t size[3];
+    size_t i;
+    tb__native_global_size(k, size);
+    tb__str_append(src, "static inline void %s_item(long tb_g0, long tb_g1, long tb_g2", k->name);
+    for (i = 0; i < num_params; i++) {
+        const tb__cg_param *q = &params[i];
+        if (q->role == TB__ARG_SCALAR) {
+            tb__str_append(src, ",\n    const %s %s", q->type, q->name);
+        } else if (q->role == -1 || q->role == TB__ARG_ERR) {
+            tb__str_append(src, ",\n    %s *restrict %s", q->type, q->name);
+        } else {
+            tb__str_append(src, ",\n    const %s *restrict %s", q->type, q->name);
+        }
+    }
+    tb__str_append(src, ") {\n    (void)tb_g0, (void)tb_g1, (void)tb_g2;\n%s}\n\n", body);
+    tb__str_append(src, "void %s(void *const *tb_a, long tb_lo, long tb_hi) {\n", k->name);
+    for (i = 0; i < num_params; i++) {
+        const tb__cg_param *q = &params[i];
+        if (q->role == TB__ARG_SCALAR) {
+            tb__str_append(src, "    const %s %s = *(const %s *)tb_a[%zu];\n", q->type, q->name,
+                           q->type, i);
+        } else if (q->role == -1 || q->role == TB__ARG_ERR) {
+            tb__str_append(src, "    %s *restrict %s = (%s *)tb_a[%zu];\n", q->type, q->name,
+                           q->type, i);
+        } else {
+            tb__str_append(src, "    const %s *restrict %s = (const %s *)tb_a[%zu];\n", q->type,
+                           q->name, q->type, i);
+        }
+    }
+    /* the bound lets the compiler see that every item is in range */
+    tb__str_append(src, "    if (tb_hi > %lldL) tb_hi = %lldL;\n",
+                   (long long)(size[0] * size[1] * size[2]),
+                   (long long)(size[0] * size[1] * size[2]));
+    if (size[1] == 1 && size[2] == 1) {
+        tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi; tb_w++)\n");
+        tb__str_append(src, "        %s_item(tb_w, 0, 0", k->name);
+        for (i = 0; i < num_params; i++)
+            tb__str_append(src, ", %s", params[i].name);
+        tb__str_append(src, ");\n}\n\n");
+        return;
+    }
+    /* runs of dimension 0 at fixed ids 1 and 2: one division per run, not per item */
+    tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi;) {\n");
+    tb__str_append(src,
+                   "        const long tb_r = tb_w / %lldL, tb_g1 = tb_r %% %lldL, tb_g2 = tb_r / "
+                   "%lldL;\n",
+                   (long long)size[0], (long long)size[1], (long long)size[1]);
+    tb__str_append(src, "        long tb_g0 = tb_w %% %lldL, tb_end = tb_w + (%lldL - tb_g0);\n",
+                   (long long)size[0], (long long)size[0]);
+    tb__str_append(src, "        if (tb_end > tb_hi) tb_end = tb_hi;\n");
+    tb__str_append(src, "        for (; tb_w < tb_end; tb_w++, tb_g0++)\n");
+    tb__str_append(src, "            %s_item(tb_g0, tb_g1, tb_g2", k->name);
+    for (i = 0; i < num_params; i++)
+        tb__str_append(src, ", %s", params[i].name);
+    tb__str_append(src, ");\n    }\n}\n\n");
+}
+
+static void tb__native_dialect(tb__dialect *d) {
+    memset(d, 0, sizeof *d);
+    d->name = "C99";
+    d->head = tb__native_head;
+    d->global = "";
+    d->local = NULL; /* a thread runs a range of work items: no work-groups */
+    d->barrier = "";
+    d->global_id = "tb_g%d";
+    d->group_id = "tb_g%d";
+    d->local_id = "0";
+    d->vec_zero = "(%s){0}";
+    d->min_long = "tb_min_l";
+    d->bits_f32 = "tb_as_f32";
+    d->bits_f64 = "tb_as_f64";
+    d->f64 = true;
+    d->math = tb__native_math;
+    d->kernel = tb__native_emit_kernel;
+}
+
+/* ---- the thread pool ----
+   One job at a time: a kernel's work items split into chunks, taken by the pool's threads
+   and the caller from a shared counter. */
+
+typedef void (*tb__native_fn)(void *const *args, long lo, long hi);
+
+typedef struct tb__native_pool {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done;
+    pthread_t *threads;
+    size_t num_threads; /* besides the caller */
+    /* the job */
+    uint64_t generation;
+    tb__native_fn fn;
+    void *const *args;
+    int64_t total, chunk, chunks;
+    int64_t next;   /* the next chunk to take (atomic) */
+    size_t running; /* threads still working on this generation */
+    bool stop;
+} tb__native_pool;
+
+static int64_t tb__native_take(tb__native_pool *p) {
+    return __atomic_fetch_add(&p->next, 1, __ATOMIC_ACQ_REL);
+}
+
+static void tb__native_work(tb__native_pool *p, tb__native_fn fn, void *const *args) {
+    int64_t c;
+    while ((c = tb__native_take(p)) < p->chunks) {
+        int64_t lo = c * p->chunk, hi = lo + p->chunk;
+        if (hi > p->total) hi = p->total;
+        fn(args, (long)lo, (long)hi);
+    }
+}
+
+static void *tb__native_thread(void *arg) {
+    tb__native_pool *p = (tb__native_pool *)arg;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&p->lock);
+    for (;;) {
+        tb__native_fn fn;
+        void *const *args;
+        while (!p->stop && p->generation == seen)
+            pthread_cond_wait(&p->wake, &p->lock);
+        if (p->stop) break;
+        seen = p->generation;
+        fn = p->fn;
+        args = p->args;
+        pthread_mutex_unlock(&p->lock);
+        tb__native_work(p, fn, args);
+        pthread_mutex_lock(&p->lock);
+        if (--p->running == 0) pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+/* A pool of `threads` threads besides the caller; NULL with the error set. */
+static tb__native_pool *tb__native_pool_new(size_t threads) {
+    tb__native_pool *p = (tb__native_pool *)tb__calloc(1, sizeof *p);
+    size_t i;
+    if (p == NULL) return NULL;
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    pthread_cond_init(&p->done, NULL);
+    if (threads > 0) {
+        p->threads = (pthread_t *)tb__calloc(threads, sizeof(pthread_t));
+        if (p->threads == NULL) threads = 0;
+    }
+    for (i = 0; i < threads; i++) {
+        if (pthread_create(&p->threads[i], NULL, tb__native_thread, p) != 0) break;
+        p->num_threads++;
+    }
+    return p;
+}
+
+static void tb__native_pool_free(tb__native_pool *p) {
+    size_t i;
+    if (p == NULL) return;
+    pthread_mutex_lock(&p->lock);
+    p->stop = true;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->lock);
+    for (i = 0; i < p->num_threads; i++)
+        pthread_join(p->threads[i], NULL);
+    pthread_cond_destroy(&p->wake);
+    pthread_cond_destroy(&p->done);
+    pthread_mutex_destroy(&p->lock);
+    tb__free(p->threads);
+    tb__free(p);
+}
+
+/* Runs fn over work items [0, total). Small jobs (`work` bytes and operations below a few tens
+   of kilobytes) run on the caller alone: waking threads would cost more. */
+static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *args, int64_t total,
+                           double work) {
+    int64_t parts;
+    if (total <= 0) return;
+    if (p == NULL || p->num_threads == 0 || work < 65536.0 || total == 1) {
+        fn(args, 0, (long)total);
+        return;
+    }
+    parts = (int64_t)(p->num_threads + 1) * 4;
+    if (parts > total) parts = total;
+    pthread_mutex_lock(&p->lock);
+    p->fn = fn;
+    p->args = args;
+    p->total = total;
+    p->chunk = (total + parts - 1) / parts;
+    p->chunks = (total + p->chunk - 1) / p->chunk;
+    __atomic_store_n(&p->next, 0, __ATOMIC_RELEASE);
+    p->running = p->num_threads;
+    p->generation++;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->lock);
+    tb__native_work(p, fn, args);
+    pthread_mutex_lock(&p->lock);
+    while (p->running > 0)
+        pthread_cond_wait(&p->done, &p->lock);
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* ---- the runtime: the compiler, the device, memory, programs ---- */
+
+#include <spawn.h>
+
+extern char **environ;
+
+/* A host buffer, 64-byte aligned (the payload of every native tb_backend_data). */
+typedef struct tb__native_buf {
+    void *base;
+    unsigned char *ptr;
+    size_t size;  /* bytes asked for */
+    size_t cap;   /* bytes it holds: the size class */
+    uint64_t gen; /* tb__next_generation when it was handed out or last written */
+} tb__native_buf;
+
+/* A loaded shared object, shared by every computation whose source is the same. */
+typedef struct tb__native_prog {
+    struct tb__native_prog *next;
+    uint64_t key[2];
+    char *source; /* confirms a hit on the key */
+    size_t source_len;
+    void *handle;
+    int32_t refcount; /* computations using it, plus one while it is in the cache */
+} tb__native_prog;
+
+typedef struct tb__native_rt {
+    int32_t refcount; /* the backend's reference, plus one per buffer and computation alive */
+    bool exited;
+    tb_status status; /* TB_OK, or why the backend cannot be used */
+    char reason[512];
+    tb_device_info info;
+    /* the compiler: its command words ($CC split at spaces), its options, its identity (the
+       first line of --version, read at the first compile) and the CPU's */
+    char *cc_text;
+    char *cc_argv[16];
+    size_t cc_argc;
+    char options[512];
+    char cc_id[4200];
+    char cpu[512];
+    tb__native_pool *pool;
+    /* the caching allocator: free buffers, oldest first */
+    tb__native_buf **cache;
+    size_t cache_count, cache_cap;
+    uint64_t cached_bytes, cache_limit, bytes_in_use, peak_bytes;
+    tb__native_prog *programs;
+    uint64_t compiles, disk_hits, disk_misses, disk_rejected, kernels_launched;
+    int32_t cache_dir_reported; /* atomic: why the cache folder is not used was said */
+} tb__native_rt;
+
+/* Guards the runtime, its allocator and its program cache (never held while the compiler
+   runs); runs are serialised by tb__native_run_mutex (one job in the pool at a time). */
+static tb__mutex tb__native_mutex = TB__MUTEX_INIT;
+static tb__mutex tb__native_run_mutex = TB__MUTEX_INIT;
+static tb__native_rt *tb__native_current;
+
+#define TB__NATIVE_MAX_PROGRAMS 256
+
+static const tb__disk_format tb__native_disk_format = {"native", "TBNATIVE", 1u, ".so"};
+
+/* The bits of a program key that count (all: the in-memory cache confirms hits by source). */
+static const uint64_t tb__native_key_mask = ~(uint64_t)0;
+
+static void tb__native_prog_free(tb__native_prog *prog) {
+    if (prog->handle != NULL) dlclose(prog->handle);
+    tb__free(prog->source);
+    tb__free(prog);
+}
+
+static void tb__native_rt_destroy(tb__native_rt *rt) {
+    tb__native_prog *prog, *next;
+    size_t i;
+    tb__native_pool_free(rt->pool);
+    for (prog = rt->programs; prog != NULL; prog = next) {
+        next = prog->next;
+        tb__native_prog_free(prog);
+    }
+    for (i = 0; i < rt->cache_count; i++) {
+        tb__free(rt->cache[i]->base);
+        tb__free(rt->cache[i]);
+    }
+    tb__free(rt->cache);
+    tb__free(rt->cc_text);
+    tb__free(rt);
+}
+
+static void tb__native_rt_unref(tb__native_rt *rt) {
+    if (rt != NULL && --rt->refcount == 0) tb__native_rt_destroy(rt);
+}
+
+/* Whether `name` is an executable file, found on $PATH when it has no slash; its path in
+   `found` (of 4096 bytes). */
+static bool tb__native_find_program(const char *name, char *found) {
+    const char *path = tb__getenv("PATH"), *p;
+    char buf[4096];
+    if (name == NULL || name[0] == '\0') return false;
+    if (strchr(name, '/') != NULL) {
+        snprintf(found, 4096, "%s", name);
+        return access(name, X_OK) == 0;
+    }
+    if (path == NULL) path = "/usr/bin:/bin";
+    for (p = path; *p != '\0';) {
+        const char *end = strchr(p, ':');
+        size_t n = end != NULL ? (size_t)(end - p) : strlen(p);
+        if (n > 0 && n + strlen(name) + 2 <= sizeof buf) {
+            memcpy(buf, p, n);
+            buf[n] = '/';
+            strcpy(buf + n + 1, name);
+            if (access(buf, X_OK) == 0) {
+                memcpy(found, buf, sizeof buf);
+                return true;
+            }
+        }
+        p += n;
+        if (*p == ':') p++;
+    }
+    return false;
+}
+
+/* The CPU's model and features (the compiled code is for this CPU: -march=native). */
+static void tb__native_read_cpu(tb__native_rt *rt) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[4096];
+    bool model = false, flags = false;
+    uint64_t h = 0x637075ull;
+    snprintf(rt->info.name, sizeof rt->info.name, "host CPU");
+    if (f == NULL) return;
+    while ((!model || !flags) && fgets(line, sizeof line, f) != NULL) {
+        char *colon = strchr(line, ':');
+        size_t n;
+        if (colon == NULL) continue;
+        n = strlen(colon + 1);
+        while (n > 0 && (colon[n] == '\n' || colon[n] == ' '))
+            colon[n--] = '\0';
+        if (!model && strncmp(line, "model name", 10) == 0) {
+            snprintf(rt->info.name, sizeof rt->info.name, "%s", colon + 2);
+            model = true;
+        } else if (!flags &&
+                   (strncmp(line, "flags", 5) == 0 || strncmp(line, "Features", 8) == 0)) {
+            h = tb__hash_bytes(h, colon + 1, strlen(colon + 1));
+            flags = true;
+        }
+    }
+    fclose(f);
+    snprintf(rt->cpu, sizeof rt->cpu, "%s; features %016llx", rt->info.name, (unsigned long long)h);
+}
+
+/* Facts of the device, the compiler's command and options; an unusable runtime says why. */
+static void tb__native_probe(tb__native_rt *rt) {
+    const char *cc = tb__getenv("CC"), *extra = tb__getenv("TB_NATIVE_CFLAGS");
+    const char *threads = tb__getenv("TB_NATIVE_THREADS");
+    long cores = sysconf(_SC_NPROCESSORS_ONLN), pages = sysconf(_SC_PHYS_PAGES);
+    long page = sysconf(_SC_PAGESIZE);
+    char *p, found[4096];
+    struct stat st;
+    tb_device_info *info = &rt->info;
+    strcpy(info->device.backend, "native");
+    info->device.type = TB_DEVICE_CPU;
+    snprintf(info->vendor, sizeof info->vendor, "torch_backend.h");
+    snprintf(info->language_version, sizeof info->language_version, "C99");
+    snprintf(info->driver_version, sizeof info->driver_version, "%s", TB_VERSION_STRING);
+    info->compute_units = cores > 0 ? (uint32_t)cores : 1;
+    if (threads != NULL && atoi(threads) > 0) info->compute_units = (uint32_t)atoi(threads);
+    info->global_memory = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    info->max_allocation = info->global_memory;
+    info->max_work_group_size = 1;
+    info->unified_memory = true;
+    info->supports_f64 = true;
+    tb__native_read_cpu(rt);
+    rt->cache_limit = info->global_memory / 8;
+    if (rt->cache_limit < ((uint64_t)64 << 20)) rt->cache_limit = (uint64_t)64 << 20;
+    if (sizeof(long) != 8) {
+        rt->status = TB_ERR_UNAVAILABLE;
+        snprintf(rt->reason, sizeof rt->reason, "native: needs a 64-bit long (an LP64 system)");
+        return;
+    }
+    rt->cc_text = tb__strdup(cc != NULL ? cc : "cc");
+    if (rt->cc_text == NULL) {
+        rt->status = TB_ERR_OUT_OF_MEMORY;
+        snprintf(rt->reason, sizeof rt->reason, "native: out of memory");
+        return;
+    }
+    for (p = rt->cc_text; *p != '\0' && rt->cc_argc < 8;) {
+        while (*p == ' ' || *p == '\t')
+            *p++ = '\0';
+        if (*p == '\0') break;
+        rt->cc_argv[rt->cc_argc++] = p;
+        while (*p != '\0' && *p != ' ' && *p != '\t')
+            p++;
+    }
+    if (rt->cc_argc == 0 || !tb__native_find_program(rt->cc_argv[0], found) ||
+        stat(found, &st) != 0) {
+        rt->status = TB_ERR_UNAVAILABLE;
+        snprintf(rt->reason, sizeof rt->reason,
+                 "native: no C compiler: '%s' is not an executable on PATH (set CC)",
+                 rt->cc_argc > 0 ? rt->cc_argv[0] : (cc != NULL ? cc : "cc"));
+        return;
+    }
+    /* the compiler's identity for the disk cache: the file it is (a new version is another
+       file, or the same file changed) */
+    snprintf(rt->cc_id, sizeof rt->cc_id, "%s: %s (%lld bytes, modified %lld)",
+             cc != NULL ? cc : "cc", found, (long long)st.st_size, (long long)st.st_mtime);
+    snprintf(rt->options, sizeof rt->options,
+             "-std=gnu99 -O3 -march=native -fPIC -shared -ffp-contract=off -fno-math-errno -w%s%s",
+             extra != NULL ? " " : "", extra != NULL ? extra : "");
+}
+
+/* The runtime, made on first use. Call with tb__native_mutex held. NULL (the error set) when
+   memory ran out: nothing is kept, and the next call tries again. */
+static tb__native_rt *tb__native_rt_get(void) {
+    tb__native_rt *rt = tb__native_current;
+    if (rt != NULL) return rt;
+    rt = (tb__native_rt *)tb__calloc(1, sizeof *rt);
+    if (rt == NULL) return NULL;
+    rt->refcount = 1;
+    tb__native_probe(rt);
+    if (rt->status == TB_OK) {
+        rt->pool = tb__native_pool_new(rt->info.compute_units > 1 ? rt->info.compute_units - 1 : 0);
+        if (rt->pool == NULL) {
+            rt->status = TB_ERR_OUT_OF_MEMORY;
+            snprintf(rt->reason, sizeof rt->reason, "native: out of memory");
+        }
+    }
+    if (rt->status == TB_ERR_OUT_OF_MEMORY) {
+        tb__error(rt->status, "%s", rt->reason);
+        tb__native_rt_destroy(rt);
+        return NULL;
+    }
+    if (rt->status != TB_OK) tb_log_message(TB_LOG_INFO, "%s", rt->reason);
+    tb__native_current = rt;
+    return rt;
+}
+
+/* The usable runtime for `ordinal`, or NULL with the error set. Call with the mutex held. */
+static tb__native_rt *tb__native_device(int32_t ordinal, const char *func) {
+    tb__native_rt *rt = tb__native_rt_get();
+    if (rt == NULL) return NULL;
+    if (rt->status != TB_OK) {
+        tb__error(rt->status, "%s", rt->reason);
+        return NULL;
+    }
+    if (ordinal != 0) {
+        tb__error(TB_ERR_NOT_FOUND, "%s: no device native:%d (1 device)", func, (int)ordinal);
+        return NULL;
+    }
+    return rt;
+}
+
+static void tb__native_buf_destroy(tb__native_buf *b) {
+    tb__free(b->base);
+    tb__free(b);
+}
+
+static void tb__native_cache_trim(tb__native_rt *rt, uint64_t keep) {
+    while (rt->cache_count > 0 && rt->cached_bytes > keep) {
+        tb__native_buf *b = rt->cache[0];
+        memmove(rt->cache, rt->cache + 1, (rt->cache_count - 1) * sizeof *rt->cache);
+        rt->cache_count--;
+        rt->cached_bytes -= b->cap;
+        tb__native_buf_destroy(b);
+        tb__native_rt_unref(rt);
+    }
+}
+
+/* A buffer of `size` bytes from the cache (the smallest of its size class) or new. Call with
+   the mutex held. */
+static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native_buf **out) {
+    size_t cap = tb__size_class(size), i;
+    tb__native_buf *b;
+    for (i = 0; i < rt->cache_count; i++) {
+        if (rt->cache[i]->cap == cap) {
+            b = rt->cache[i];
+            memmove(rt->cache + i, rt->cache + i + 1,
+                    (rt->cache_count - i - 1) * sizeof *rt->cache);
+            rt->cache_count--;
+            rt->cached_bytes -= b->cap;
+            b->size = size;
+            b->gen = tb__next_generation();
+            rt->bytes_in_use += b->cap;
+            if (rt->bytes_in_use > rt->peak_bytes) rt->peak_bytes = rt->bytes_in_use;
+            *out = b;
+            return TB_OK;
+        }
+    }
+    b = (tb__native_buf *)tb__calloc(1, sizeof *b);
+    if (b == NULL) return TB_ERR_OUT_OF_MEMORY;
+    if (cap > SIZE_MAX - 64 || (b->base = tb__alloc(cap + 64)) == NULL) {
+        tb__native_cache_trim(rt, 0); /* what the cache holds may be what is missing */
+        b->base = cap > SIZE_MAX - 64 ? NULL : tb__alloc(cap + 64);
+        if (b->base == NULL) {
+            tb__free(b);
+            return tb__error(TB_ERR_OUT_OF_MEMORY, "native: cannot allocate %zu bytes", size);
+        }
+    }
+    b->ptr = (unsigned char *)b->base + (64 - (uintptr_t)b->base % 64) % 64;
+    b->size = size;
+    b->cap = cap;
+    b->gen = tb__next_generation();
+    rt->refcount++;
+    rt->bytes_in_use += cap;
+    if (rt->bytes_in_use > rt->peak_bytes) rt->peak_bytes = rt->bytes_in_use;
+    *out = b;
+    return TB_OK;
+}
+
+/* Gives a buffer back: cached for reuse while the cache has room. Call with the mutex held. */
+static void tb__native_buf_free(tb__native_rt *rt, tb__native_buf *b) {
+    if (b == NULL) return;
+    rt->bytes_in_use -= b->cap;
+    if (rt->exited || b->cap > rt->cache_limit ||
+        tb__grow((void **)&rt->cache, &rt->cache_cap, rt->cache_count + 1, sizeof *rt->cache) !=
+            TB_OK) {
+        tb__native_buf_destroy(b);
+        tb__native_rt_unref(rt);
+        return;
+    }
+    rt->cache[rt->cache_count++] = b;
+    rt->cached_bytes += b->cap;
+    tb__native_cache_trim(rt, rt->cache_limit);
+}
+
+/* ---- programs: compile, load, cache ---- */
+
+/* Names temporary folders apart. */
+static uint32_t tb__native_tmp_counter = 0;
+
+/* A new private temporary folder (0700) for one program; NULL with the error set. mkdir fails
+   on a name that exists, so the folder is ours alone. */
+static char *tb__native_tmpdir(void) {
+    const char *base = tb__getenv("TMPDIR");
+    int tries, err = 0;
+    for (tries = 0; tries < 16; tries++) {
+        unsigned serial = (unsigned)(TB__ATOMIC_ADD(&tb__native_tmp_counter, 1) - 1);
+        char *dir =
+            tb__format("%s/tb_native_%ld_%u_%llx", base != NULL ? base : "/tmp", (long)getpid(),
+                       serial, (unsigned long long)(tb__now_ns() & 0xffffff));
+        if (dir == NULL) return NULL;
+        if (mkdir(dir, 0700) == 0) return dir;
+        err = errno;
+        tb__free(dir);
+        if (err != EEXIST) break;
+    }
+    tb__error(TB_ERR_IO, "native: cannot make a temporary folder in %s: %s",
+              base != NULL ? base : "/tmp", strerror(err));
+    return NULL;
+}
+
+static bool tb__native_write_file(const char *path, const void *data, size_t n) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOCTTY, 0600);
+    const unsigned char *p = (const unsigned char *)data;
+    bool ok = fd >= 0;
+    while (ok && n > 0) {
+        ssize_t put = write(fd, p, n);
+        if (put < 0 && errno == EINTR) continue;
+        if (put <= 0) ok = false;
+        if (put > 0) {
+            p += put;
+            n -= (size_t)put;
+        }
+    }
+    if (fd >= 0 && close(fd) != 0) ok = false;
+    return ok;
+}
+
+/* The whole file (caller frees; NUL-terminated too), or NULL. */
+static unsigned char *tb__native_read_file(const char *path, size_t *size) {
+    int fd = open(path, O_RDONLY | O_NOCTTY);
+    struct stat st;
+    unsigned char *buf = NULL;
+    size_t got = 0;
+    if (fd < 0) return NULL;
+    if (fstat(fd, &st) == 0 && st.st_size >= 0 && (uint64_t)st.st_size < ((uint64_t)1 << 30)) {
+        buf = (unsigned char *)tb__alloc((size_t)st.st_size + 1);
+        while (buf != NULL && got < (size_t)st.st_size) {
+            ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) break;
+            got += (size_t)r;
+        }
+        if (buf != NULL) buf[got] = '\0';
+    }
+    close(fd);
+    if (size != NULL) *size = got;
+    return buf;
+}
+
+/* Runs argv (argv[0] found on PATH) with its output into the file `log`; the exit status, 128 +
+   the signal that ended it, or -1 with the error set when it cannot start. */
+static int tb__native_spawn(char *const *argv, const char *log) {
+    posix_spawn_file_actions_t fa;
+    pid_t pid;
+    int rc, status = 0;
+    if (posix_spawn_file_actions_init(&fa) != 0) {
+        tb__error(TB_ERR_OUT_OF_MEMORY, "native: out of memory");
+        return -1;
+    }
+    rc = posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    if (rc == 0) rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+        tb__error(TB_ERR_UNAVAILABLE, "native: cannot run %s: %s", argv[0], strerror(rc));
+        return -1;
+    }
+    while (waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) {
+            tb__error(TB_ERR_COMPILE, "native: waiting for %s failed: %s", argv[0],
+                      strerror(errno));
+            return -1;
+        }
+    }
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 255;
+}
+
+/* Removes a temporary folder and the files of ours in it. */
+static void tb__native_tmp_clean(const char *dir) {
+    static const char *const names[] = {"k.c", "k.so", "k.log"};
+    size_t i;
+    for (i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char *path = tb__format("%s/%s", dir, names[i]);
+        if (path != NULL) (void)unlink(path);
+        tb__free(path);
+    }
+    (void)rmdir(dir);
+}
+
+/* What a shared object depends on: the compiler and its options, the CPU, this library's
+   version and the source. */
+static void tb__native_disk_key(const tb__native_rt *rt, const char *src, size_t len,
+                                tb__disk_key *key) {
+    memset(key, 0, sizeof *key);
+    tb__disk_key_add(key, rt->cc_id, (size_t)-1);
+    tb__disk_key_add(key, rt->options, (size_t)-1);
+    tb__disk_key_add(key, rt->cpu, (size_t)-1);
+    tb__disk_key_add(key, TB_VERSION_STRING, (size_t)-1);
+    tb__disk_key_add(key, src, len);
+}
+
+/* Loads the shared object `bytes` through a private temporary file. */
+static void *tb__native_load_bytes(const unsigned char *bytes, size_t n) {
+    char *dir = tb__native_tmpdir(), *path;
+    void *handle = NULL;
+    if (dir == NULL) return NULL;
+    path = tb__format("%s/k.so", dir);
+    if (path != NULL && tb__native_write_file(path, bytes, n))
+        handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    tb__native_tmp_clean(dir);
+    tb__free(path);
+    tb__free(dir);
+    return handle;
+}
+
+/* Compiles `src` into a shared object; its handle, and its bytes in *so (caller frees). */
+static tb_status tb__native_compile_source(tb__native_rt *rt, const char *src, size_t len,
+                                           void **handle, unsigned char **so, size_t *so_len) {
+    char *argv[64], opts[512], *dir, *csrc = NULL, *out = NULL, *log = NULL, *p;
+    size_t i = 0, k;
+    int rc;
+    tb_status st = TB_OK;
+    *handle = NULL;
+    *so = NULL;
+    dir = tb__native_tmpdir();
+    if (dir == NULL) return tb_last_status();
+    csrc = tb__format("%s/k.c", dir);
+    out = tb__format("%s/k.so", dir);
+    log = tb__format("%s/k.log", dir);
+    if (csrc == NULL || out == NULL || log == NULL) {
+        st = TB_ERR_OUT_OF_MEMORY;
+    } else if (!tb__native_write_file(csrc, src, len)) {
+        st = tb__error(TB_ERR_IO, "native: cannot write %s: %s", csrc, strerror(errno));
+    }
+    if (st == TB_OK) {
+        for (k = 0; k < rt->cc_argc; k++)
+            argv[i++] = rt->cc_argv[k];
+        snprintf(opts, sizeof opts, "%s", rt->options);
+        for (p = opts; *p != '\0' && i < 56;) {
+            while (*p == ' ')
+                *p++ = '\0';
+            if (*p == '\0') break;
+            argv[i++] = p;
+            while (*p != '\0' && *p != ' ')
+                p++;
+        }
+        argv[i++] = (char *)"-o";
+        argv[i++] = out;
+        argv[i++] = csrc;
+        argv[i++] = (char *)"-lm";
+        argv[i] = NULL;
+        rc = tb__native_spawn(argv, log);
+        if (rc < 0) {
+            st = tb_last_status();
+        } else if (rc != 0) {
+            char *text = (char *)tb__native_read_file(log, NULL);
+            st = tb__error(TB_ERR_COMPILE,
+                           "native: the program does not compile (%s exited with %d):\n%.800s",
+                           rt->cc_argv[0], rc, text != NULL ? text : "(no output)");
+            tb__free(text);
+        }
+    }
+    if (st == TB_OK) {
+        *so = tb__native_read_file(out, so_len);
+        *handle = dlopen(out, RTLD_NOW | RTLD_LOCAL);
+        if (*handle == NULL) {
+            const char *why = dlerror();
+            st = tb__error(TB_ERR_COMPILE, "native: cannot load the compiled program: %s",
+                           why != NULL ? why : "unknown reason");
+        }
+    }
+    tb__native_tmp_clean(dir);
+    tb__free(csrc);
+    tb__free(out);
+    tb__free(log);
+    tb__free(dir);
+    if (st != TB_OK) {
+        tb__free(*so);
+        *so = NULL;
+    }
+    return st;
+}
+
+static void tb__native_prog_unref(tb__native_rt *rt, tb__native_prog *prog) {
+    tb__native_prog **link;
+    if (prog == NULL || --prog->refcount > 0) return;
+    for (link = &rt->programs; *link != NULL; link = &(*link)->next) {
+        if (*link == prog) {
+            *link = prog->next;
+            break;
+        }
+    }
+    tb__native_prog_free(prog);
+}
+
+/* Drops cached programs no computation uses, oldest first, until at most `keep` remain. */
+static void tb__native_progs_trim(tb__native_rt *rt, size_t keep) {
+    size_t count = 0;
+    tb__native_prog *prog;
+    for (prog = rt->programs; prog != NULL; prog = prog->next)
+        count++;
+    while (count > keep) {
+        tb__native_prog *oldest = NULL;
+        for (prog = rt->programs; prog != NULL; prog = prog->next)
+            if (prog->refcount == 1) oldest = prog; /* the list is newest first */
+        if (oldest == NULL) break;
+        tb__native_prog_unref(rt, oldest);
+        count--;
+    }
+}
+
+static tb__native_prog *tb__native_prog_find(tb__native_rt *rt, const uint64_t key[2],
+                                             const char *src, size_t len) {
+    tb__native_prog *prog;
+    for (prog = rt->programs; prog != NULL; prog = prog->next) {
+        if (prog->key[0] == key[0] && prog->key[1] == key[1] && prog->source_len == len &&
+            memcmp(prog->source, src, len) == 0) {
+            prog->refcount++;
+            return prog;
+        }
+    }
+    return NULL;
+}
+
+/* The loaded program of a source: from memory, from the disk cache, or compiled now (the
+   compiler runs without any lock held). */
+static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size_t len,
+                                        tb__native_prog **out) {
+    const char *why = NULL;
+    tb__disk_key dkey;
+    uint64_t key[2];
+    unsigned char *bytes = NULL;
+    size_t n = 0;
+    char *save_dir = NULL, *path = NULL;
+    void *handle = NULL;
+    tb__native_prog *prog;
+    tb_status st = TB_OK;
+    tb__native_disk_key(rt, src, len, &dkey);
+    tb__disk_key_hash(&dkey, tb__native_key_mask, key);
+    tb__mutex_lock(&tb__native_mutex);
+    prog = tb__native_prog_find(rt, key, src, len);
+    tb__mutex_unlock(&tb__native_mutex);
+    if (prog != NULL) {
+        *out = prog;
+        return TB_OK;
+    }
+    bytes = tb__disk_lookup(&tb__native_disk_format, &dkey, key, &rt->cache_dir_reported, &n,
+                            &save_dir, &path, &why);
+    if (bytes != NULL) {
+        handle = tb__native_load_bytes(bytes, n);
+        if (handle == NULL) {
+            why = "a shared object that does not load";
+            tb__disk_reject(path);
+            save_dir = tb__disk_cache_path();
+        }
+        tb__free(bytes);
+        bytes = NULL;
+    }
+    if (handle != NULL) {
+        (void)TB__ATOMIC_ADD(&rt->disk_hits, 1);
+    } else {
+        if (path != NULL) (void)TB__ATOMIC_ADD(&rt->disk_misses, 1);
+        if (why != NULL) {
+            if (tb_debug_level() >= 1)
+                tb_log_message(TB_LOG_INFO, "native: program cache file %s not used: %s", path,
+                               why);
+            tb__disk_reject(path);
+            (void)TB__ATOMIC_ADD(&rt->disk_rejected, 1);
+        }
+        st = tb__native_compile_source(rt, src, len, &handle, &bytes, &n);
+        if (st == TB_OK) {
+            (void)TB__ATOMIC_ADD(&rt->compiles, 1);
+            tb__disk_store(&tb__native_disk_format, save_dir, &dkey, key, &rt->cache_dir_reported,
+                           bytes, n);
+        }
+    }
+    tb__free(bytes);
+    tb__free(save_dir);
+    tb__free(path);
+    if (st != TB_OK) return st;
+    prog = (tb__native_prog *)tb__calloc(1, sizeof *prog);
+    if (prog != NULL) prog->source = (char *)tb__alloc(len + 1);
+    if (prog == NULL || prog->source == NULL) {
+        tb__free(prog);
+        dlclose(handle);
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    memcpy(prog->source, src, len);
+    prog->source[len] = '\0';
+    prog->source_len = len;
+    prog->key[0] = key[0];
+    prog->key[1] = key[1];
+    prog->handle = handle;
+    prog->refcount = 2; /* the cache and the caller */
+    tb__mutex_lock(&tb__native_mutex);
+    prog->next = rt->programs;
+    rt->programs = prog;
+    tb__native_progs_trim(rt, TB__NATIVE_MAX_PROGRAMS);
+    tb__mutex_unlock(&tb__native_mutex);
+    *out = prog;
+    return TB_OK;
+}
+
+/* ---- backend entries: devices and data ---- */
+
+static size_t tb__native_get_backend_devices(void *user_data, tb_device *out, size_t cap) {
+    tb__native_rt *rt;
+    size_t n = 0;
+    (void)user_data;
+    tb__mutex_lock(&tb__native_mutex);
+    rt = tb__native_rt_get();
+    if (rt != NULL && rt->status == TB_OK) {
+        n = 1;
+        if (cap > 0) out[0] = rt->info.device;
+    }
+    tb__mutex_unlock(&tb__native_mutex);
+    return n;
+}
+
+static tb_status tb__native_get_device_info(void *user_data, int32_t ordinal, tb_device_info *out) {
+    tb__native_rt *rt;
+    (void)user_data;
+    tb__mutex_lock(&tb__native_mutex);
+    rt = tb__native_device(ordinal, "native");
+    if (rt != NULL) *out = rt->info;
+    tb__mutex_unlock(&tb__native_mutex);
+    return rt != NULL ? TB_OK : tb_last_status();
+}
+
+static tb_status tb__native_data_from_host(void *user_data, tb_backend_data *data,
+                                           const void *host) {
+    tb__native_rt *rt;
+    tb__native_buf *b = NULL;
+    size_t size;
+    tb_status st;
+    (void)user_data;
+    st = tb_shape_nbytes(&data->shape, &size);
+    if (st != TB_OK) return st;
+    tb__mutex_lock(&tb__native_mutex);
+    rt = tb__native_device(data->device.ordinal, "native");
+    st = rt != NULL ? tb__native_buf_alloc(rt, size, &b) : tb_last_status();
+    tb__mutex_unlock(&tb__native_mutex);
+    if (st != TB_OK) return st;
+    if (size > 0) memcpy(b->ptr, host, size);
+    data->payload = b;
+    return TB_OK;
+}
+
+static tb_status tb__native_data_from_scalar(void *user_data, tb_backend_data *data,
+                                             tb_scalar value) {
+    unsigned char bytes[8];
+    memset(bytes, 0, sizeof bytes);
+    tb__scalar_store(value, data->shape.dtype, bytes);
+    return tb__native_data_from_host(user_data, data, bytes);
+}
+
+static tb_status tb__native_data_to_host(void *user_data, const tb_backend_data *data, void *host) {
+    const tb__native_buf *b = (const tb__native_buf *)data->payload;
+    size_t size;
+    tb_status st;
+    (void)user_data;
+    st = tb_shape_nbytes(&data->shape, &size);
+    if (st != TB_OK) return st;
+    if (b == NULL || b->size < size) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "native: data_to_host of a data without a value");
+    }
+    if (size > 0) memcpy(host, b->ptr, size);
+    return TB_OK;
+}
+
+static void tb__native_data_release(void *user_data, tb_backend_data *data) {
+    tb__native_buf *b = (tb__native_buf *)data->payload;
+    (void)user_data;
+    if (b == NULL) return;
+    tb__mutex_lock(&tb__native_mutex);
+    if (tb__native_current != NULL) {
+        tb__native_buf_free(tb__native_current, b);
+    } else {
+        tb__native_buf_destroy(b); /* the backend exited: nothing caches it */
+    }
+    tb__mutex_unlock(&tb__native_mutex);
+    data->payload = NULL;
+}
+
+/* ---- backend entries: lowering, compile, execute ---- */
+
+/* A compiled graph: its plan, its source, its program and a function per kernel. */
+/* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
+   of the same generation) comes again. */
+typedef struct tb__native_kept {
+    const tb__native_buf *src;
+    uint64_t gen;
+    tb__native_buf *panels;
+} tb__native_kept;
+
+typedef struct tb__native_comp {
+    tb__plan *plan;
+    char *source;
+    size_t source_len;
+    tb__native_rt *rt;
+    tb__native_prog *prog;
+    tb__native_fn *fns;
+    tb__native_kept *kept; /* per kernel */
+} tb__native_comp;
+
+/* A lowering context: the computation until compile takes it. */
+typedef struct tb__native_context {
+    tb__native_comp *comp;
+} tb__native_context;
+
+static void tb__native_comp_release(tb__native_comp *c) {
+    tb__native_rt *rt;
+    if (c == NULL) return;
+    rt = c->rt;
+    tb__mutex_lock(&tb__native_mutex);
+    if (rt != NULL && c->prog != NULL) tb__native_prog_unref(rt, c->prog);
+    if (rt != NULL && c->kept != NULL) {
+        size_t i;
+        for (i = 0; i < c->plan->num_kernels; i++)
+            if (c->kept[i].panels != NULL) tb__native_buf_free(rt, c->kept[i].panels);
+    }
+    tb__native_rt_unref(rt);
+    tb__mutex_unlock(&tb__native_mutex);
+    tb__free(c->kept);
+    tb__free(c->fns);
+    tb__free(c->source);
+    tb__plan_free(c->plan);
+    tb__free(c);
+}
+
+/* Plans the graph for the host's threads and renders the plan as C99. */
+static tb_status tb__native_create_lowering_context(void *user_data, const tb_graph *graph,
+                                                    void **context) {
+    tb__native_rt *rt;
+    tb__native_comp *c;
+    tb__native_context *ctx;
+    tb__pgraph G;
+    tb__tuning tuning;
+    tb__target target;
+    tb__dialect dialect;
+    tb_status st;
+    (void)user_data;
+    *context = NULL;
+    ctx = (tb__native_context *)tb__calloc(1, sizeof *ctx);
+    c = (tb__native_comp *)tb__calloc(1, sizeof *c);
+    if (ctx == NULL || c == NULL) {
+        tb__free(ctx);
+        tb__free(c);
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    tb__mutex_lock(&tb__native_mutex);
+    rt = tb__native_device(graph->device.ordinal, "native");
+    if (rt != NULL) rt->refcount++;
+    tb__mutex_unlock(&tb__native_mutex);
+    if (rt == NULL) {
+        tb__free(c);
+        tb__free(ctx);
+        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
+    }
+    c->rt = rt;
+    tb__tuning_of(TB__CLASS_HOST, &tuning);
+    memset(&target, 0, sizeof target);
+    target.tuning = &tuning;
+    target.compute_units = rt->info.compute_units;
+    target.max_group = 1;
+    target.max_allocation = rt->info.max_allocation;
+    target.max_args = 4096;
+    target.f64 = true;
+    target.acc_f64 = true;
+    tb__native_dialect(&dialect);
+    st = tb__plan_build(graph, &target, &G, &c->plan);
+    if (st == TB_OK) {
+        st = tb__cg_render(&G, c->plan, &dialect, &c->source, &c->source_len);
+        tb__pgraph_free(&G);
+    }
+    if (st != TB_OK) {
+        tb__native_comp_release(c);
+        tb__free(ctx);
+        return st;
+    }
+    ctx->comp = c;
+    *context = ctx;
+    return TB_OK;
+}
+
+static void tb__native_release_lowering_context(void *user_data, void *context) {
+    tb__native_context *ctx = (tb__native_context *)context;
+    (void)user_data;
+    if (ctx == NULL) return;
+    tb__native_comp_release(ctx->comp);
+    tb__free(ctx);
+}
+
+/* Compiles (or finds) the program and looks its kernels up; the computation leaves the
+   context. */
+static tb_status tb__native_compile(void *user_data, void *context, void **computation) {
+    tb__native_context *ctx = (tb__native_context *)context;
+    tb__native_comp *c = ctx != NULL ? ctx->comp : NULL;
+    tb__plan *p;
+    tb_status st;
+    size_t i;
+    (void)user_data;
+    *computation = NULL;
+    if (c == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "native: compile without a context");
+    p = c->plan;
+    if (tb_debug_level() >= 3) {
+        tb_log_message(TB_LOG_DEBUG, "native: program of graph %016llx:\n%s",
+                       (unsigned long long)p->graph_hash, c->source);
+    }
+    c->fns = (tb__native_fn *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_fn));
+    c->kept = (tb__native_kept *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_kept));
+    if (c->fns == NULL || c->kept == NULL) return TB_ERR_OUT_OF_MEMORY;
+    st = tb__native_get_program(c->rt, c->source, c->source_len, &c->prog);
+    for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
+        void *sym;
+        if (p->kernels[i].empty) continue;
+        sym = dlsym(c->prog->handle, p->kernels[i].name);
+        if (sym == NULL) {
+            st = tb__error(TB_ERR_COMPILE, "native: the program has no kernel %s",
+                           p->kernels[i].name);
+            break;
+        }
+        memcpy(&c->fns[i], &sym, sizeof sym);
+    }
+    if (st == TB_OK && tb_debug_level() >= 1) {
+        tb__str names;
+        memset(&names, 0, sizeof names);
+        for (i = 0; i < p->num_kernels; i++)
+            if (!p->kernels[i].empty)
+                tb__str_append(&names, "%s%s", names.len > 0 ? " " : "", p->kernels[i].name);
+        tb_log_message(TB_LOG_INFO, "native:0: graph %016llx: %s",
+                       (unsigned long long)p->graph_hash, names.data != NULL ? names.data : "");
+        tb__str_free(&names);
+    }
+    if (st != TB_OK) return st;
+    ctx->comp = NULL;
+    *computation = c;
+    return TB_OK;
+}
+
+static void tb__native_release_computation(void *user_data, void *computation) {
+    (void)user_data;
+    tb__native_comp_release((tb__native_comp *)computation);
+}
+
+static const char *tb__native_backend_text(void *user_data, const void *computation) {
+    (void)user_data;
+    return computation != NULL ? ((const tb__native_comp *)computation)->source : NULL;
+}
+
+static int32_t tb__native_get_node_kernel(void *user_data, const void *computation,
+                                          size_t node_index, const char **kernel_name) {
+    const tb__native_comp *c = (const tb__native_comp *)computation;
+    int32_t k;
+    (void)user_data;
+    if (kernel_name != NULL) *kernel_name = NULL;
+    if (c == NULL || c->plan->node_kernel == NULL || node_index >= c->plan->num_nodes) return -1;
+    k = c->plan->node_kernel[node_index];
+    if (k >= 0 && kernel_name != NULL) *kernel_name = c->plan->kernels[k].name;
+    return k;
+}
+
+/* The buffers of a run: the parameters' (borrowed) and the kernels' outputs (owned until they
+   are results or freed after their last use). */
+typedef struct tb__native_run_state {
+    tb__native_buf **owned;
+    unsigned char **ptrs;
+    void **argv;
+    int64_t err[4];
+} tb__native_run_state;
+
+static tb_status tb__native_run_init(tb__native_comp *c, tb_backend_data *const *arguments,
+                                     tb__native_run_state *s, unsigned char **table) {
+    const tb__plan *p = c->plan;
+    size_t i, most = 1;
+    *table = NULL;
+    memset(s, 0, sizeof *s);
+    for (i = 0; i < p->num_kernels; i++)
+        if (p->kernels[i].num_args + 1 > most) most = p->kernels[i].num_args + 1;
+    s->owned = (tb__native_buf **)tb__calloc(p->num_slots + 1, sizeof *s->owned);
+    s->ptrs = (unsigned char **)tb__calloc(p->num_slots + 1, sizeof *s->ptrs);
+    s->argv = (void **)tb__calloc(most, sizeof *s->argv);
+    if (s->owned == NULL || s->ptrs == NULL || s->argv == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < p->num_slots; i++) {
+        const tb__native_buf *b;
+        if (p->slots[i].kind != TB__SLOT_PARAM) continue;
+        b = (const tb__native_buf *)arguments[p->slots[i].index]->payload;
+        if (b == NULL)
+            return tb__error(TB_ERR_INVALID_ARGUMENT, "native: an argument has no value");
+        s->ptrs[i] = b->ptr;
+    }
+    if (p->scalar_table) {
+        *table = (unsigned char *)tb__calloc(p->num_params + 1, 8);
+        if (*table == NULL) return TB_ERR_OUT_OF_MEMORY;
+        for (i = 0; i < p->num_params; i++) {
+            const tb__native_buf *b = (const tb__native_buf *)arguments[i]->payload;
+            if (p->param_scalar[i] && b != NULL)
+                memcpy(*table + 8 * i, b->ptr, tb_dtype_size(p->param_dtype[i]));
+        }
+    }
+    return TB_OK;
+}
+
+/* Runs kernel i: its output allocated, its arguments gathered, its work items on the pool. */
+static tb_status tb__native_run_kernel(tb__native_comp *c, size_t i,
+                                       tb_backend_data *const *arguments, tb__native_run_state *s,
+                                       unsigned char *table) {
+    const tb__plan *p = c->plan;
+    const tb__plan_kernel *k = &p->kernels[i];
+    uint64_t size[3], t0;
+    size_t j;
+    const tb__native_buf *src =
+        k->pack_param >= 0 ? (const tb__native_buf *)arguments[k->pack_param]->payload : NULL;
+    tb__native_kept *kp = &c->kept[i];
+    if (src != NULL && kp->panels != NULL && kp->src == src && kp->gen == src->gen) {
+        s->ptrs[k->out_slot] = kp->panels->ptr; /* the panels of this buffer, made before */
+        return TB_OK;
+    }
+    if (s->ptrs[k->out_slot] == NULL) {
+        size_t bytes = 0;
+        tb_status st = tb_shape_nbytes(&p->slots[k->out_slot].shape, &bytes);
+        if (st != TB_OK) return st;
+        tb__mutex_lock(&tb__native_mutex);
+        st = tb__native_buf_alloc(c->rt, bytes, &s->owned[k->out_slot]);
+        tb__mutex_unlock(&tb__native_mutex);
+        if (st != TB_OK) return st;
+        s->ptrs[k->out_slot] = s->owned[k->out_slot]->ptr;
+    }
+    if (k->empty) return TB_OK;
+    s->argv[0] = s->ptrs[k->out_slot];
+    for (j = 0; j < k->num_args; j++) {
+        const tb__plan_arg *a = &k->args[j];
+        if (a->kind == TB__ARG_BUF) {
+            s->argv[j + 1] = s->ptrs[a->index];
+        } else if (a->kind == TB__ARG_SCALAR) {
+            s->argv[j + 1] = ((tb__native_buf *)arguments[a->index]->payload)->ptr;
+        } else if (a->kind == TB__ARG_TABLE) {
+            s->argv[j + 1] = table;
+        } else {
+            s->argv[j + 1] = s->err;
+        }
+    }
+    tb__native_global_size(k, size);
+    t0 = tb_debug_level() >= 2 ? tb__now_ns() : 0;
+    tb__native_run(c->rt->pool, c->fns[i], s->argv, (int64_t)(size[0] * size[1] * size[2]),
+                   k->bytes + k->flops);
+    (void)TB__ATOMIC_ADD(&c->rt->kernels_launched, 1);
+    if (src != NULL && s->owned[k->out_slot] != NULL &&
+        (uint64_t)s->owned[k->out_slot]->cap <= c->rt->cache_limit) {
+        /* keep the panels with the computation (the next run of this buffer skips the pack) */
+        tb__mutex_lock(&tb__native_mutex);
+        if (kp->panels != NULL) tb__native_buf_free(c->rt, kp->panels);
+        tb__mutex_unlock(&tb__native_mutex);
+        kp->panels = s->owned[k->out_slot];
+        kp->src = src;
+        kp->gen = src->gen;
+        s->owned[k->out_slot] = NULL;
+    }
+    if (tb_debug_level() >= 2) {
+        double ns = (double)(tb__now_ns() - t0);
+        if (ns < 1) ns = 1;
+        tb_log_message(TB_LOG_DEBUG, "native:0 %-24s %10.3f ms %9.2f GB/s %9.2f GFLOP/s", k->name,
+                       ns / 1e6, k->bytes / ns, k->flops / ns);
+    }
+    return TB_OK;
+}
+
+static tb_status tb__native_execute(void *user_data, void *computation,
+                                    tb_backend_data *const *arguments, size_t num_arguments,
+                                    tb_backend_data *const *results, size_t num_results) {
+    tb__native_comp *c = (tb__native_comp *)computation;
+    const tb__plan *p = c != NULL ? c->plan : NULL;
+    tb__native_run_state s;
+    unsigned char *table = NULL;
+    tb_status st;
+    size_t i, j;
+    (void)user_data;
+    if (p == NULL || num_arguments != p->num_params || num_results != p->num_results) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "native: execute with %zu arguments and %zu results, the computation has "
+                         "%zu and %zu",
+                         num_arguments, num_results, p != NULL ? p->num_params : 0,
+                         p != NULL ? p->num_results : 0);
+    }
+    if (c->rt->exited)
+        return tb__error(TB_ERR_STATE, "native: the computation outlived the backend");
+    tb__mutex_lock(&tb__native_run_mutex);
+    st = tb__native_run_init(c, arguments, &s, &table);
+    for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
+        st = tb__native_run_kernel(c, i, arguments, &s, table);
+        /* temporaries nobody reads any more go back to the cache */
+        tb__mutex_lock(&tb__native_mutex);
+        for (j = 0; j < p->num_slots; j++) {
+            if (p->slots[j].kind == TB__SLOT_TEMP && s.owned != NULL && s.owned[j] != NULL &&
+                p->slots[j].last_use <= (int32_t)i) {
+                tb__native_buf_free(c->rt, s.owned[j]);
+                s.owned[j] = NULL;
+                s.ptrs[j] = NULL;
+            }
+        }
+        tb__mutex_unlock(&tb__native_mutex);
+    }
+    if (st == TB_OK && s.err[0] != 0) st = tb__plan_run_error(p, "native", s.err);
+    tb__mutex_lock(&tb__native_mutex);
+    for (i = 0; i < p->num_results && st == TB_OK; i++) {
+        int32_t src = p->result_source[i];
+        tb__native_buf *copy = NULL;
+        const tb__plan_slot *sl;
+        if (src < 0) continue;
+        sl = &p->slots[p->result_slot[src]];
+        st = tb__native_buf_alloc(c->rt, s.owned[p->result_slot[src]]->size, &copy);
+        if (st != TB_OK) break;
+        memcpy(copy->ptr, s.ptrs[p->result_slot[src]], copy->size);
+        (void)sl;
+        results[i]->payload = copy;
+    }
+    for (i = 0; i < p->num_results; i++) {
+        if (p->result_source[i] >= 0) {
+            if (st != TB_OK && results[i]->payload != NULL) {
+                tb__native_buf_free(c->rt, (tb__native_buf *)results[i]->payload);
+                results[i]->payload = NULL;
+            }
+        } else if (st == TB_OK) {
+            results[i]->payload = s.owned[p->result_slot[i]];
+            s.owned[p->result_slot[i]] = NULL;
+        }
+    }
+    if (s.owned != NULL) {
+        for (i = 0; i < p->num_slots; i++)
+            tb__native_buf_free(c->rt, s.owned[i]);
+    }
+    tb__mutex_unlock(&tb__native_mutex);
+    tb__mutex_unlock(&tb__native_run_mutex);
+    tb__free(s.owned);
+    tb__free(s.ptrs);
+    tb__free(s.argv);
+    tb__free(table);
+    return st;
+}
+
+/* ---- backend entries: IR hooks, lifetime, registration ---- */
+
+/* Every built-in op; custom ops with a kernel expression (compiled as C99 with <tgmath.h>). */
+static bool tb__native_supports_node(void *user_data, const tb_node *node) {
+    (void)user_data;
+    if (node->op >= TB_OP_BUILTIN_COUNT) {
+        const tb_custom_op_desc *d = tb__plan_custom(node->op);
+        return d != NULL && d->opencl_expr != NULL && d->infer_shape == NULL;
+    }
+    return node->op >= 0;
+}
+
+static size_t tb__native_metrics_report(void *user_data, char *buf, size_t cap) {
+    tb__str s;
+    tb__native_rt *rt;
+    size_t n;
+    char *text;
+    (void)user_data;
+    memset(&s, 0, sizeof s);
+    tb__mutex_lock(&tb__native_mutex);
+    rt = tb__native_rt_get();
+    if (rt == NULL || rt->status != TB_OK) {
+        tb__str_append(&s, "Native: unavailable: %s\n", rt != NULL ? rt->reason : "out of memory");
+    } else {
+        tb__str_append(&s, "Device: native:0 (%s, %u threads)\n", rt->info.name,
+                       (unsigned)rt->info.compute_units);
+        tb__str_append(&s, "  Native::Compiler: %s %s\n", rt->cc_argv[0], rt->options);
+        tb__str_append(&s, "  Native::BytesInUse: %llu\n", (unsigned long long)rt->bytes_in_use);
+        tb__str_append(&s, "  Native::PeakBytesInUse: %llu\n", (unsigned long long)rt->peak_bytes);
+        tb__str_append(&s, "  Native::BytesCached: %llu\n", (unsigned long long)rt->cached_bytes);
+        tb__str_append(&s, "  Native::ProgramCompile: %llu\n", (unsigned long long)rt->compiles);
+        tb__str_append(&s, "  Native::DiskCacheHit: %llu\n", (unsigned long long)rt->disk_hits);
+        tb__str_append(&s, "  Native::DiskCacheMiss: %llu\n", (unsigned long long)rt->disk_misses);
+        tb__str_append(&s, "  Native::DiskCacheRejected: %llu\n",
+                       (unsigned long long)rt->disk_rejected);
+        tb__str_append(&s, "  Native::KernelLaunch: %llu\n",
+                       (unsigned long long)rt->kernels_launched);
+    }
+    tb__mutex_unlock(&tb__native_mutex);
+    text = tb__str_take(&s);
+    if (text == NULL) {
+        if (cap > 0) buf[0] = '\0';
+        return 0;
+    }
+    n = strlen(text);
+    if (cap > 0) {
+        size_t k = n < cap - 1 ? n : cap - 1;
+        memcpy(buf, text, k);
+        buf[k] = '\0';
+    }
+    tb__free(text);
+    return n;
+}
+
+static void tb__native_prepare_to_exit(void *user_data) {
+    tb__native_rt *rt;
+    (void)user_data;
+    tb__mutex_lock(&tb__native_mutex);
+    rt = tb__native_current;
+    if (rt != NULL) {
+        tb__native_cache_trim(rt, 0);
+        tb__native_progs_trim(rt, 0);
+        rt->exited = true;
+        tb__native_current = NULL;
+        tb__native_rt_unref(rt);
+    }
+    tb__mutex_unlock(&tb__native_mutex);
+}
+
+/* registers the "native" backend (called by tb__register_builtin_backends) */
+static tb_status tb__native_register(void) {
+    tb_backend_impl impl;
+    memset(&impl, 0, sizeof impl);
+    impl.prepare_to_exit = tb__native_prepare_to_exit;
+    impl.supports_node = tb__native_supports_node;
+    impl.data_from_host = tb__native_data_from_host;
+    impl.data_from_scalar = tb__native_data_from_scalar;
+    impl.data_to_host = tb__native_data_to_host;
+    impl.data_release = tb__native_data_release;
+    impl.create_lowering_context = tb__native_create_lowering_context;
+    impl.release_lowering_context = tb__native_release_lowering_context;
+    impl.compile = tb__native_compile;
+    impl.execute = tb__native_execute;
+    impl.release_computation = tb__native_release_computation;
+    impl.computation_backend_text = tb__native_backend_text;
+    impl.get_node_kernel = tb__native_get_node_kernel;
+    impl.get_backend_devices = tb__native_get_backend_devices;
+    impl.get_device_info = tb__native_get_device_info;
+    impl.create_metrics_report = tb__native_metrics_report;
+    return tb_backend_register("native", &impl, "");
+}
+
+#endif /* TB__HAVE_NATIVE */
 
 /* ---- src/interop.c ---- */
 /* ===========================================================================================

@@ -1,5 +1,6 @@
 // test: run
-// Every backend and every device with its properties: a clinfo for torch_backend.h.
+// Every backend (the built-in ones and the plugins on TB_BACKEND_PATH) and every device with
+// its properties: a clinfo for torch_backend.h.
 // Build: cc -std=c99 -I. examples/devices.c -o devices -ldl -lpthread -lm
 //    or: c++ -x c++ -std=c++11 -I. examples/devices.c -o devices -ldl -lpthread -lm
 //        (both from the repository root)
@@ -32,10 +33,21 @@ static void print_device(const tb_device *device) {
 }
 
 int main(void) {
+    /* Plugins on TB_BACKEND_PATH load on first use: look each one up so that it is listed
+       below with the built-in backends (or says why it does not load). */
+    char plugins[64][TB_MAX_NAME + 1];
+    size_t num_plugins = tb_backend_list_plugins(plugins, 64);
+    for (size_t i = 0; i < num_plugins && i < 64; ++i) {
+        if (tb_backend_lookup(plugins[i]) == NULL)
+            printf("plugin %s does not load: %s\n", plugins[i], tb_last_error());
+    }
+
     const char *names[64];
     size_t count = tb_backend_list(names, 64, true);
     if (count > 64) count = 64;
-    printf("backends: %u (current: %s)\n", (unsigned)count, tb_get_backend());
+    const char *current = tb_get_backend(); /* NULL: TB_BACKEND names no usable backend */
+    printf("backends: %u (current: %s)\n", (unsigned)count, current ? current : "none");
+    if (current == NULL) printf("  %s\n", tb_last_error());
     for (size_t i = 0; i < count; ++i) {
         tb_device devices[16];
         size_t num_devices = 0;

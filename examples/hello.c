@@ -10,7 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* Prefer the OpenCL backend when a device is there, else the cpu reference backend. */
+/* TB_BACKEND when it is set (NULL with the error when it names no usable backend), else the
+   OpenCL backend when a device is there, else the cpu reference backend. */
 static const char *pick_backend(void) {
     size_t count = 0;
     if (getenv("TB_BACKEND") != NULL) return tb_get_backend();
@@ -20,7 +21,7 @@ static const char *pick_backend(void) {
 
 int main(void) {
     const char *backend = pick_backend();
-    if (tb_set_backend(backend) != TB_OK) {
+    if (backend == NULL || tb_set_backend(backend) != TB_OK) {
         fprintf(stderr, "hello: %s\n", tb_last_error());
         return 1;
     }
@@ -31,7 +32,7 @@ int main(void) {
         return 1;
     }
     tb_device_format(&device, device_text, sizeof device_text);
-    printf("backend: %s, device: %s\n", tb_get_backend(), device_text);
+    printf("backend: %s, device: %s\n", backend, device_text);
 
     const float data[6] = {-1.0f, 0.0f, 0.5f, 1.0f, 1.5f, 2.0f};
     const int64_t dims[2] = {2, 3};

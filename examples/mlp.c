@@ -170,7 +170,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     tb_device_format(&device, device_text, sizeof device_text);
-    printf("backend %s, device %s\n", tb_get_backend(), device_text);
+    printf("backend %s, device %s\n", device.backend, device_text);
 
     /* Load the parameters onto the current device and check their shapes. */
     for (i = 0; i < NUM_PARAMS && !failed; ++i) {

@@ -9,7 +9,8 @@
    The object carries its own static copy of the library (TB_STATIC + TB_IMPLEMENTATION) only
    for the pure helpers it uses (node accessors, dtype sizes, shape comparison). Everything that
    has to reach the host program goes through the tb_plugin_host functions: errors (so that the
-   host's tb_last_error shows them), logging and memory (so that the host's allocator hooks see
+   host's tb_last_error shows them; tb_set_error of the plugin's own copy would reach the host
+   too, see the README's "Plugins"), logging and memory (so that the host's allocator hooks see
    every allocation). The backend itself keeps arrays in host memory and runs f32 add, mul, neg
    and relu on operands of equal shapes; every other node falls back to the host's reference
    backend. examples/fake_backend.c explains each vtable entry in detail. */

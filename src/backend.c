@@ -5,6 +5,7 @@
 
 #if !defined(TB_NO_PLUGINS) && !defined(_WIN32)
 #define TB__HAVE_PLUGINS 1
+#include <dirent.h> /* tb_backend_list_plugins */
 #else
 #define TB__HAVE_PLUGINS 0
 #endif
@@ -28,7 +29,6 @@ typedef struct tb__registry {
     size_t count, cap;
     size_t removals;       /* entries removed (a failed init), so that a walk can restart */
     tb_backend *current;   /* NULL until chosen (lazily from the desc) */
-    bool warned_default;   /* the unknown-default warning was logged */
     int32_t builtins_done; /* read atomically */
     const tb_backend *cpu; /* the reference backend, whose payloads are tb__host_buffer */
 } tb__registry;
@@ -363,6 +363,27 @@ static void tb__available_names(char *buf, size_t cap) {
 
 /* ---- plugins ---- */
 
+/* A plugin carries its own copy of the library (TB_STATIC + TB_IMPLEMENTATION), with its own
+   thread-local error. The host finds this function in the plugin's object and calls it with
+   its services before the plugin's entry runs, so that the copy's tb_set_error reaches the
+   host's tb_last_error too. Weak, so that several TB_STATIC copies link into one object (the
+   first one found is attached); the one external symbol of a TB_STATIC build. */
+#if defined(TB_STATIC) && !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
+#ifdef __cplusplus
+extern "C" {
+#endif
+__attribute__((weak, visibility("default"))) void tb_plugin_attach_host(const tb_plugin_host *host);
+__attribute__((weak, visibility("default"))) void
+tb_plugin_attach_host(const tb_plugin_host *host) {
+    if (host != NULL && host->api_version == TB_API_VERSION && host->set_error != NULL) {
+        tb__plugin_parent = host;
+    }
+}
+#ifdef __cplusplus
+}
+#endif
+#endif
+
 #if TB__HAVE_PLUGINS
 static tb_status tb__host_set_error(tb_status status, const char *message) {
     return tb__error(status, "%s", message != NULL ? message : "");
@@ -450,6 +471,13 @@ static tb_status tb__plugin_load(const char *fn, const char *path, const char *e
     /* ISO C has no cast from an object pointer to a function pointer; POSIX guarantees the
        representations match. */
     memcpy(&entry, &sym, sizeof entry);
+    /* a plugin with its own copy of the library: that copy's tb_set_error reaches us too */
+    sym = dlsym(handle, TB_PLUGIN_ATTACH_NAME);
+    if (sym != NULL) {
+        tb_plugin_attach_fn attach;
+        memcpy(&attach, &sym, sizeof attach);
+        attach(&tb__plugin_host);
+    }
 
     memset(&desc, 0, sizeof desc);
     {
@@ -663,40 +691,45 @@ TBDEF tb_status tb_set_backend(const char *name) {
     return TB_OK;
 }
 
-TBDEF const char *tb_get_backend(void) {
+/* The current backend: the one tb_set_backend chose, else the default (desc.backend,
+   $TB_BACKEND, "cpu"), looked up on first use. A default that names no usable backend is an
+   error each time it is used, in the words tb_current_device uses for a bad desc.device or
+   $TB_DEVICE; nothing falls back to another backend. */
+static const tb_backend *tb__current_backend(const char *fn) {
     tb_backend *b;
-    const char *wanted;
-    tb__saved_error saved;
+    const char *wanted, *source;
     tb__ensure_setup();
     tb__registry_ensure(NULL);
     tb__mutex_lock(&tb__reg_mutex);
     b = tb__reg.current;
     tb__mutex_unlock(&tb__reg_mutex);
-    if (b != NULL) return b->name;
+    if (b != NULL) return b;
 
     wanted = tb__desc()->backend != NULL ? tb__desc()->backend : "cpu";
-    tb__error_save(&saved);
-    b = tb__lookup("tb_get_backend", wanted);
+    source = tb__g.backend_source;
+    b = tb__lookup(fn, wanted);
     if (b == NULL) {
-        bool warn;
-        tb__mutex_lock(&tb__reg_mutex);
-        warn = !tb__reg.warned_default;
-        tb__reg.warned_default = true;
-        tb__mutex_unlock(&tb__reg_mutex);
-        if (warn) {
-            tb_log_message(TB_LOG_WARN,
-                           "the default backend '%.64s' is not usable (%s); using 'cpu'", wanted,
-                           tb_last_error());
-        }
-        b = tb__find_ready("cpu");
+        char reason[TB__ERROR_CAP];
+        const char *r = tb_last_error();
+        size_t n = strlen(fn);
+        tb_status st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_NOT_FOUND;
+        if (source == NULL) return NULL; /* the reference backend itself: its own error */
+        /* keep the reason, and say which setting holds the bad value */
+        if (strncmp(r, fn, n) == 0 && strncmp(r + n, ": ", 2) == 0) r += n + 2;
+        snprintf(reason, sizeof reason, "%s", r);
+        tb__error(st, "%s: %s='%.64s' is not a usable backend: %s", fn, source, wanted, reason);
+        return NULL;
     }
-    tb__error_restore(&saved);
-    if (b == NULL) return "cpu"; /* only when registering the reference backend ran out of memory */
     tb__mutex_lock(&tb__reg_mutex);
     if (tb__reg.current == NULL) tb__reg.current = b;
     b = tb__reg.current;
     tb__mutex_unlock(&tb__reg_mutex);
-    return b->name;
+    return b;
+}
+
+TBDEF const char *tb_get_backend(void) {
+    const tb_backend *b = tb__current_backend("tb_get_backend");
+    return b != NULL ? b->name : NULL;
 }
 
 /* ---- devices ---- */
@@ -1102,6 +1135,74 @@ TBDEF tb_status tb_backend_load_plugin(const char *path) {
 #endif
 }
 
+#if TB__HAVE_PLUGINS
+/* The backend name in a plugin file name libtb_backend_<name>.so, in `name`; false when the
+   file name is not of that form or <name> is not a valid backend name. */
+static bool tb__plugin_file_name(const char *file, char name[TB_MAX_NAME + 1]) {
+    static const char prefix[] = "libtb_backend_", suffix[] = ".so";
+    size_t len = strlen(file), n;
+    if (len <= sizeof prefix - 1 + sizeof suffix - 1) return false;
+    if (strncmp(file, prefix, sizeof prefix - 1) != 0) return false;
+    if (strcmp(file + len - (sizeof suffix - 1), suffix) != 0) return false;
+    n = len - (sizeof prefix - 1) - (sizeof suffix - 1);
+    if (n > TB_MAX_NAME) return false;
+    memcpy(name, file + sizeof prefix - 1, n);
+    name[n] = '\0';
+    return tb__name_valid(name);
+}
+
+/* The smallest plugin name on $TB_BACKEND_PATH that sorts after `after` ("" for the first), in
+   `next`; false when there is none. Reads the folders again for every name: no allocation,
+   and plugin folders are small. */
+static bool tb__plugin_next_name(const char *after, char next[TB_MAX_NAME + 1]) {
+    const char *p = tb__getenv("TB_BACKEND_PATH");
+    bool found = false;
+    while (p != NULL && *p != '\0') {
+        const char *end = strchr(p, ':');
+        size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        char path[4096];
+        DIR *dir;
+        struct dirent *entry;
+        if (len > 0 && len < sizeof path - TB_MAX_NAME - 32) {
+            memcpy(path, p, len);
+            path[len] = '\0';
+            dir = opendir(path);
+            while (dir != NULL && (entry = readdir(dir)) != NULL) {
+                char name[TB_MAX_NAME + 1];
+                if (!tb__plugin_file_name(entry->d_name, name)) continue;
+                if (strcmp(name, after) <= 0 || (found && strcmp(name, next) >= 0)) continue;
+                snprintf(path + len, sizeof path - len, "/%s", entry->d_name);
+                if (tb__is_file(path)) {
+                    memcpy(next, name, strlen(name) + 1);
+                    found = true;
+                }
+                path[len] = '\0';
+            }
+            if (dir != NULL) closedir(dir);
+        }
+        p = end != NULL ? end + 1 : NULL;
+    }
+    return found;
+}
+#endif
+
+TBDEF size_t tb_backend_list_plugins(char (*names)[TB_MAX_NAME + 1], size_t cap) {
+    size_t n = 0;
+#if TB__HAVE_PLUGINS
+    char prev[TB_MAX_NAME + 1] = "", next[TB_MAX_NAME + 1];
+    if (names == NULL) cap = 0; /* the count alone, whatever cap says */
+    while (tb__plugin_next_name(prev, next)) {
+        if (n < cap) memcpy(names[n], next, strlen(next) + 1);
+        n++;
+        memcpy(prev, next, strlen(next) + 1);
+    }
+#else
+    (void)names;
+    (void)cap;
+#endif
+    return n;
+}
+
 static TB__UNUSED tb_backend *tb__backend_for_device(const tb_device *device) {
     char name[TB_MAX_NAME + 1];
     if (device == NULL) {
@@ -1166,7 +1267,6 @@ static void tb__registry_shutdown(void) {
     tb__reg.count = 0;
     tb__reg.cap = 0;
     tb__reg.current = NULL;
-    tb__reg.warned_default = false;
     tb__reg.cpu = NULL;
     tb__mutex_unlock(&tb__reg_mutex);
     /* entries first, then the objects their strings and functions came from */
@@ -1463,6 +1563,13 @@ static void tb__register_builtin_backends(tb__builtin_failure *why) {
         tb_clear_error();
         st = tb__opencl_register();
         if (st != TB_OK) tb__builtin_failed(why, "opencl", st);
+    }
+#endif
+#if defined(TB__HAVE_NATIVE)
+    if (!tb__registered("native")) {
+        tb_clear_error();
+        st = tb__native_register();
+        if (st != TB_OK) tb__builtin_failed(why, "native", st);
     }
 #endif
 }

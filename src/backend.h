@@ -162,8 +162,14 @@ TBDEF bool tb_backend_has_tag(const tb_backend *backend, const char *tag);
 TBDEF const tb_backend_impl *tb_backend_get_impl(const tb_backend *backend);
 
 /* The current backend: new tensors without an explicit device go there. Default: desc.backend,
-   else $TB_BACKEND, else "cpu". An unknown name is TB_ERR_NOT_FOUND and changes nothing.
-   Thread-safe (process-wide). */
+   else $TB_BACKEND, else "cpu", looked up on first use (a plugin is loaded then).
+   tb_set_backend: an unknown name is TB_ERR_NOT_FOUND and changes nothing.
+   tb_get_backend returns the current backend's name (valid until tb_shutdown), or NULL when
+   the default names no usable backend: the error then says which setting holds the bad name,
+   e.g. "tb_get_backend: TB_BACKEND='nope' is not a usable backend: unknown backend 'nope';
+   available: cpu, opencl". Every use of the default fails the same way (tb_current_device,
+   and with it every new tensor without a device) until tb_set_backend picks one; nothing falls
+   back to "cpu". Thread-safe (process-wide). */
 TBDEF tb_status tb_set_backend(const char *name);
 TBDEF const char *tb_get_backend(void);
 
@@ -188,9 +194,15 @@ TBDEF char *tb_backend_metrics_report(const char *backend);
        tb_status tb_backend_plugin_entry(const tb_plugin_host *host, tb_plugin_desc *out);
    which fills `out` (api_version = TB_API_VERSION, name = <name>, tags, impl). The library
    checks the API version and the name, then registers the impl (init runs). Any failure leaves
-   the registry as it was and unloads the object. A plugin that includes this header should build
-   it with TB_STATIC and report errors through host->set_error. */
-#define TB_PLUGIN_ENTRY_NAME "tb_backend_plugin_entry"
+   the registry as it was and unloads the object.
+   Errors: a plugin reports a reason with host->set_error, or with tb_set_error when it builds
+   its own copy of the library (TB_STATIC + TB_IMPLEMENTATION, with gcc or clang): that copy
+   exports tb_plugin_attach_host (TB_PLUGIN_ATTACH_NAME), which the host calls with its
+   services before the entry, and from then on the copy's tb_set_error also sets the host's
+   error. Only tb_set_error is passed on: another function of the copy that fails keeps its
+   error in the copy (return tb_set_error(st, "%s", tb_last_error()) passes it on). */
+#define TB_PLUGIN_ENTRY_NAME  "tb_backend_plugin_entry"
+#define TB_PLUGIN_ATTACH_NAME "tb_plugin_attach_host"
 
 /* The host's services for a plugin. The struct stays valid while the plugin is loaded, so a
    plugin may keep the pointer it is given. alloc and free are the host's allocator hooks. */
@@ -210,6 +222,15 @@ typedef struct tb_plugin_desc {
 } tb_plugin_desc;
 
 typedef tb_status (*tb_plugin_entry_fn)(const tb_plugin_host *host, tb_plugin_desc *out);
+typedef void (*tb_plugin_attach_fn)(const tb_plugin_host *host);
+
+/* The backend names that $TB_BACKEND_PATH offers as plugins: every regular file
+   libtb_backend_<name>.so in its folders whose <name> is a valid backend name, sorted, each name
+   once, registered or not. Nothing is loaded (tb_backend_lookup loads one, and says why one
+   does not load). Returns how many there are and copies at most `cap` of them into `names`;
+   `names` NULL: just the count (`cap` is ignored). Folders that cannot be read are skipped;
+   0 without TB_BACKEND_PATH and in builds without plugins. Thread-safe. */
+TBDEF size_t tb_backend_list_plugins(char (*names)[TB_MAX_NAME + 1], size_t cap);
 
 /* Loads a plugin from an explicit path (the name comes from the plugin's desc).
    Errors: TB_ERR_IO (cannot open), TB_ERR_PLUGIN (no entry symbol, wrong API version, entry or

@@ -18,9 +18,10 @@ static TB__THREAD_LOCAL char tb__err_message[TB__ERROR_CAP];
    common case of tb__ensure_setup costs one load. */
 typedef struct tb__state {
     int32_t ready;
-    tb_desc desc;              /* the effective desc: defaults filled, strings owned */
-    const char *device_source; /* "desc.device" or "TB_DEVICE": where desc.device came from */
-    tb_allocator allocator;    /* copied out of desc so the hooks outlive tb_shutdown's frees */
+    tb_desc desc;               /* the effective desc: defaults filled, strings owned */
+    const char *device_source;  /* "desc.device" or "TB_DEVICE": where desc.device came from */
+    const char *backend_source; /* "desc.backend", "TB_BACKEND", or NULL for the default cpu */
+    tb_allocator allocator;     /* copied out of desc so the hooks outlive tb_shutdown's frees */
 } tb__state;
 
 static tb__state tb__g;
@@ -163,11 +164,18 @@ static tb_status tb__error(tb_status status, const char *fmt, ...) {
     return status;
 }
 
+/* In a plugin's own copy of the library (TB_STATIC), the services of the host that loaded it
+   (set through tb_plugin_attach_host, backend.c): tb_set_error passes each error on to the
+   host, whose tb_last_error the user reads. NULL everywhere else. Written once, before the
+   plugin's entry runs; read afterwards. */
+static const tb_plugin_host *tb__plugin_parent = NULL;
+
 TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     tb__error_v(status, fmt, ap);
     va_end(ap);
+    if (tb__plugin_parent != NULL) tb__plugin_parent->set_error(status, tb__err_message);
     return status;
 }
 
@@ -556,7 +564,7 @@ static void tb__free_desc_strings(void) {
 /* Called with tb__setup_mutex held and the library not set up. */
 static tb_status tb__do_setup(const tb_desc *user) {
     tb_desc d;
-    const char *backend, *device, *device_source = NULL;
+    const char *backend, *device, *device_source = NULL, *backend_source = NULL;
     if (user != NULL) {
         d = *user;
     } else {
@@ -571,8 +579,8 @@ static tb_status tb__do_setup(const tb_desc *user) {
     if (d.debug < -1 || d.debug > 3) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: debug %d out of range -1..3", d.debug);
     }
-    if (d.check < -1 || d.check > 1) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: check %d out of range -1..1", d.check);
+    if (d.check < -1 || d.check > 2) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_setup: check %d out of range -1..2", d.check);
     }
     /* The hooks and the debug level first: everything below may allocate or log. */
     tb__g.allocator = d.allocator;
@@ -581,12 +589,18 @@ static tb_status tb__do_setup(const tb_desc *user) {
     if (d.debug == 0) d.debug = tb__env_level("TB_DEBUG", 3);
     if (d.debug < 0) d.debug = 0;
     tb__g.desc.debug = d.debug;
-    if (d.check == 0) d.check = tb__env_level("TB_CHECK", 1);
+    if (d.check == 0) d.check = tb__env_level("TB_CHECK", 2);
     if (d.check < 0) d.check = 0;
     if (d.cache_size == 0) d.cache_size = 1024;
     if (d.max_graph_nodes == 0) d.max_graph_nodes = 100000;
 
-    backend = d.backend != NULL ? d.backend : tb__getenv("TB_BACKEND");
+    backend = d.backend;
+    if (backend != NULL) {
+        backend_source = "desc.backend";
+    } else {
+        backend = tb__getenv("TB_BACKEND");
+        if (backend != NULL) backend_source = "TB_BACKEND";
+    }
     if (backend == NULL) backend = "cpu";
     device = d.device;
     if (device != NULL) {
@@ -606,6 +620,7 @@ static tb_status tb__do_setup(const tb_desc *user) {
     }
     tb__g.desc = d;
     tb__g.device_source = device_source;
+    tb__g.backend_source = backend_source;
     TB__ATOMIC_ADD(&tb__g.ready, 1);
     return TB_OK;
 }
@@ -657,6 +672,7 @@ TBDEF void tb_shutdown(void) {
     tb__free_desc_strings();
     memset(&tb__g.desc, 0, sizeof tb__g.desc);
     tb__g.device_source = NULL;
+    tb__g.backend_source = NULL;
     memset(&tb__g.allocator, 0, sizeof tb__g.allocator);
     TB__ATOMIC_ADD(&tb__g.ready, -1);
     tb__mutex_unlock(&tb__setup_mutex);
@@ -791,4 +807,121 @@ static TB__UNUSED uint64_t tb__now_ns(void) {
     gettimeofday(&tv, NULL);
     return (uint64_t)tv.tv_sec * UINT64_C(1000000000) + (uint64_t)tv.tv_usec * 1000u;
 #endif
+}
+
+/* The capacity a caching allocator gives a request of `size` bytes. Small requests round up to
+   256 bytes; from 1 MiB on, to a quarter of the enclosing power of
+   two (at most 25% slack), so that buffers of similar sizes are reused. */
+static TB__UNUSED size_t tb__size_class(size_t size) {
+    size_t p = 1, step;
+    if (size <= 256) return 256;
+    if (size <= ((size_t)1 << 20)) return (size + 255) & ~(size_t)255;
+    while (p <= size / 2)
+        p <<= 1; /* the largest power of two <= size */
+    step = p / 4;
+    if (size > SIZE_MAX - step) return size;
+    return (size + step - 1) / step * step;
+}
+
+/* Process-wide generations for buffers: a buffer takes a new one whenever its contents may
+   change (handed out by an allocator, written), so that what was derived from it (packed
+   matmul panels) can tell whether it still holds. Never 0. Thread-safe. */
+static uint64_t tb__generation_counter = 0;
+
+static uint64_t tb__next_generation(void) {
+    return (uint64_t)TB__ATOMIC_ADD(&tb__generation_counter, 1);
+}
+
+/* ---- slow notices: a line that appears while a long call still runs ---- */
+
+#if defined(_WIN32)
+static DWORD WINAPI tb__slow_notice_thread(LPVOID arg) {
+    tb__slow_notice *n = (tb__slow_notice *)arg;
+    if (WaitForSingleObject(n->done, n->delay_ms) == WAIT_TIMEOUT) {
+        tb__log_internal(TB_LOG_INFO, "%s", n->message);
+    }
+    return 0;
+}
+#else
+static void *tb__slow_notice_thread(void *arg) {
+    tb__slow_notice *n = (tb__slow_notice *)arg;
+    struct timespec deadline;
+    bool fire;
+    /* pthread_cond_timedwait takes a wall-clock deadline */
+#if defined(CLOCK_REALTIME)
+    clock_gettime(CLOCK_REALTIME, &deadline);
+#else
+    {
+        struct timeval tv;
+        gettimeofday(&tv, NULL);
+        deadline.tv_sec = tv.tv_sec;
+        deadline.tv_nsec = (long)tv.tv_usec * 1000L;
+    }
+#endif
+    deadline.tv_sec += (time_t)(n->delay_ms / 1000u);
+    deadline.tv_nsec += (long)(n->delay_ms % 1000u) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec += 1;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&n->mutex);
+    while (!n->done) {
+        if (pthread_cond_timedwait(&n->cond, &n->mutex, &deadline) == ETIMEDOUT) break;
+    }
+    fire = !n->done;
+    pthread_mutex_unlock(&n->mutex);
+    if (fire) tb__log_internal(TB_LOG_INFO, "%s", n->message);
+    return NULL;
+}
+#endif
+
+static TB__UNUSED void tb__slow_notice_begin(tb__slow_notice *n, unsigned delay_ms, const char *fmt,
+                                             ...) {
+    va_list ap;
+    n->armed = false;
+    n->delay_ms = delay_ms;
+    va_start(ap, fmt);
+    if (vsnprintf(n->message, sizeof n->message, fmt, ap) < 0) n->message[0] = '\0';
+    va_end(ap);
+#if defined(_WIN32)
+    n->done = CreateEventA(NULL, TRUE, FALSE, NULL);
+    if (n->done == NULL) return;
+    n->thread = CreateThread(NULL, 0, tb__slow_notice_thread, n, 0, NULL);
+    if (n->thread == NULL) {
+        CloseHandle(n->done);
+        return;
+    }
+#else
+    n->done = false;
+    if (pthread_mutex_init(&n->mutex, NULL) != 0) return;
+    if (pthread_cond_init(&n->cond, NULL) != 0) {
+        pthread_mutex_destroy(&n->mutex);
+        return;
+    }
+    if (pthread_create(&n->thread, NULL, tb__slow_notice_thread, n) != 0) {
+        pthread_cond_destroy(&n->cond);
+        pthread_mutex_destroy(&n->mutex);
+        return;
+    }
+#endif
+    n->armed = true;
+}
+
+static TB__UNUSED void tb__slow_notice_end(tb__slow_notice *n) {
+    if (!n->armed) return;
+#if defined(_WIN32)
+    SetEvent(n->done);
+    WaitForSingleObject(n->thread, INFINITE);
+    CloseHandle(n->thread);
+    CloseHandle(n->done);
+#else
+    pthread_mutex_lock(&n->mutex);
+    n->done = true;
+    pthread_cond_signal(&n->cond);
+    pthread_mutex_unlock(&n->mutex);
+    pthread_join(n->thread, NULL);
+    pthread_cond_destroy(&n->cond);
+    pthread_mutex_destroy(&n->mutex);
+#endif
+    n->armed = false;
 }

@@ -43,7 +43,8 @@ TBDEF void tb_clear_error(void);
 
 /* Records an error for the calling thread and returns `status`, for backends and custom ops that
    want to report a reason: `return tb_set_error(TB_ERR_EXECUTE, "mydev: queue lost");`.
-   Messages longer than 1023 bytes are cut. Thread-safe. */
+   Messages longer than 1023 bytes are cut. In a plugin's own copy of the library (TB_STATIC)
+   loaded by a host, the error is also set in the host (see "plugins" below). Thread-safe. */
 TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 
 typedef enum tb_log_level {
@@ -62,7 +63,9 @@ typedef struct tb_allocator {
 } tb_allocator;
 
 /* Log hook. NULL: messages at or below the level given by TB_DEBUG go to stderr (errors and
-   warnings always). `message` has no trailing newline. */
+   warnings always). `message` has no trailing newline. It is called on the thread that logs;
+   at TB_DEBUG >= 1 that may be a short-lived thread of the library's, which says that a compile
+   is still running after a second while the thread that started the compile waits in it. */
 typedef struct tb_logger {
     void (*func)(tb_log_level level, const char *message, void *user_data);
     void *user_data;
@@ -80,8 +83,9 @@ typedef struct tb_desc {
     size_t cache_size;      /* computations kept in the LRU computation cache; 0: 1024 */
     size_t max_graph_nodes; /* a pending graph larger than this is flushed; 0: 100000 */
     int debug;              /* 0: $TB_DEBUG; 1..3 as TB_DEBUG; -1: off whatever $TB_DEBUG says */
-    int check;              /* 0: $TB_CHECK; 1: check every graph on the reference backend;
-                               -1: off */
+    int check;              /* 0: $TB_CHECK; 1: check every graph on the reference backend
+                               and log the first node that differs; 2: also fail the sync
+                               (TB_ERR_EXECUTE); -1: off */
 } tb_desc;
 
 /* Optional: configures the library. Any other function called first sets the library up with a

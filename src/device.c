@@ -179,7 +179,11 @@ TBDEF tb_status tb_current_device(tb_device *out) {
         *out = d;
         return TB_OK;
     }
-    return tb_backend_default_device(tb_get_backend(), out);
+    {
+        const tb_backend *b = tb__current_backend("tb_current_device");
+        if (b == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_NOT_FOUND;
+        return tb_backend_default_device(tb_backend_name(b), out);
+    }
 }
 
 TBDEF tb_status tb_device_guard_begin(tb_device_guard *guard, const tb_device *device) {

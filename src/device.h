@@ -54,7 +54,10 @@ TBDEF tb_status tb_device_parse(const char *text, tb_device *out);
 TBDEF bool tb_device_equal(const tb_device *a, const tb_device *b);
 
 /* The current device of the calling thread: the innermost device guard's, else the default
-   device (desc.device / $TB_DEVICE), else the current backend's default device. */
+   device (desc.device / $TB_DEVICE), else the current backend's default device. A default that
+   names no usable device or backend is an error that says which setting holds it:
+   "tb_current_device: TB_DEVICE='opencl:7' is not a usable device: ...",
+   "tb_current_device: TB_BACKEND='nope' is not a usable backend: ...". */
 TBDEF tb_status tb_current_device(tb_device *out);
 
 /* Device guard: makes `device` current on this thread until tb_device_guard_end, which restores

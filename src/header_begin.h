@@ -21,7 +21,9 @@
      opened at run time.
 
    CONFIGURATION MACROS (define before the implementation include)
-     TB_STATIC              make every public function static to the including file
+     TB_STATIC              make every public function static to the including file (with gcc
+                            and clang one weak symbol stays external, tb_plugin_attach_host,
+                            through which a host passes its error hook to a plugin's copy)
      TB_OPENCL_LINKED       call the OpenCL entry points directly (link with -lOpenCL) instead of
                             opening the ICD loader at run time
      TB_NO_OPENCL           leave the OpenCL backend out entirely
@@ -29,8 +31,11 @@
      TB_ASSERT(x)           your own assert for internal invariants (default: assert.h)
 
    ENVIRONMENT VARIABLES
-     TB_BACKEND          the default backend (default "cpu"; a desc field overrides it)
-     TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0"
+     TB_BACKEND          the default backend (default "cpu"; desc.backend overrides it)
+     TB_DEVICE           the default device, as "backend:ordinal", e.g. "opencl:0" (desc.device
+                         overrides it). A bad TB_BACKEND or TB_DEVICE is an error wherever the
+                         default is used ("TB_BACKEND='x' is not a usable backend: ..."), never
+                         a fallback
      TB_BACKEND_PATH     ':'-separated folders searched for plugins libtb_backend_<name>.so
      TB_CACHE_DIR        folder for the OpenCL program binary cache, created 0700 (a folder
                          others may write to is not used); "off" disables it
@@ -38,10 +43,12 @@
                          TB_OPENCL_LINKED)
      TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk
                          cache key), e.g. "-cl-fast-relaxed-math"
-     TB_DEBUG            1: one line per graph compile/run; 2: also one line per kernel with time,
-                         GB/s, GFLOP/s; 3: also the IR and the generated OpenCL C
-     TB_CHECK            1: run every graph on the reference backend too and report the first node
-                         whose value differs
+     TB_DEBUG            1: one line per graph compile/run, and one while a compile is still
+                         running after 1 s; 2: also one line per kernel with time, GB/s,
+                         GFLOP/s; 3: also the IR and the generated OpenCL C
+     TB_CHECK            1: run every graph on the reference backend too and log the first node
+                         whose value differs; 2: also fail that sync (TB_ERR_EXECUTE); desc.check
+                         overrides it
 
    ERRORS
      Functions return a tb_status (TB_OK is 0) or, for functions returning a handle, NULL. The
@@ -49,10 +56,10 @@
      the first error, so a chain of ops can be checked once at the end.
 
    LISTS AND TEXTS INTO CALLER ARRAYS
-     Functions that fill an array of `cap` entries (tb_backend_list, tb_backend_devices,
-     tb_shape_format, tb_device_format) return or store the full count (or length) whatever
-     `cap` is, and write at most `cap` entries. A NULL array asks for the count alone: `cap`
-     is then ignored, and the count is the same as with an array.
+     Functions that fill an array of `cap` entries (tb_backend_list, tb_backend_list_plugins,
+     tb_backend_devices, tb_shape_format, tb_device_format) return or store the full count (or
+   length) whatever `cap` is, and write at most `cap` entries. A NULL array asks for the count
+   alone: `cap` is then ignored, and the count is the same as with an array.
 
    THREAD SAFETY
      The registry, the op table, the metrics and the computation cache are guarded by locks. A

@@ -32,9 +32,18 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <fcntl.h>
-#if !defined(TB_NO_PLUGINS) || !defined(TB_NO_OPENCL)
+#if !defined(TB_NO_PLUGINS) || !defined(TB_NO_OPENCL) || !defined(TB_NO_NATIVE)
 #include <dlfcn.h>
 #endif
+#endif
+
+/* The backends that compile generated programs at run time (they share the planner, the code
+   generator and the disk cache): OpenCL, and native where the system has dlopen and fork. */
+#if !defined(TB_NO_NATIVE) && !defined(_WIN32)
+#define TB__HAVE_NATIVE 1
+#endif
+#if !defined(TB_NO_OPENCL) || defined(TB__HAVE_NATIVE)
+#define TB__HAVE_COMPILED_BACKENDS 1
 #endif
 
 /* ---- platform helpers (internal) ---- */
@@ -93,6 +102,10 @@ static void tb__free(void *ptr);
 /* grows *items (element size `elem`) to hold at least `need`; doubles; keeps content */
 static tb_status tb__grow(void **items, size_t *cap, size_t need, size_t elem);
 static char *tb__strdup(const char *s);
+/* the capacity a caching allocator gives a request (size classes with at most 25% slack) */
+static size_t tb__size_class(size_t size);
+/* a new buffer generation (buffers whose contents may have changed take one); never 0 */
+static uint64_t tb__next_generation(void);
 static char *tb__format(const char *fmt, ...) TB_PRINTF_LIKE(1, 2); /* allocated */
 static tb_status tb__error(tb_status status, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static void tb__mutex_lock(tb__mutex *m);
@@ -101,6 +114,28 @@ static void tb__ensure_setup(void);              /* implicit setup with a zero d
 static const tb_desc *tb__desc(void);            /* the effective desc (defaults filled) */
 static const char *tb__getenv(const char *name); /* NULL when unset or empty */
 static uint64_t tb__now_ns(void);                /* monotonic clock */
+/* A log line that appears only when something takes long: begin starts a thread that logs the
+   message at info level unless end comes within `delay_ms`; end stops the thread and waits for
+   it, so a line it logs comes before anything the caller logs next. For TB_DEBUG lines that
+   must appear while a long call still runs. Without a thread (none could be started) nothing
+   is logged. The struct lives on the caller's stack between begin and end. */
+typedef struct tb__slow_notice {
+    bool armed; /* a thread runs */
+    unsigned delay_ms;
+    char message[256];
+#if defined(_WIN32)
+    HANDLE done;
+    HANDLE thread;
+#else
+    bool done; /* guarded by mutex */
+    pthread_mutex_t mutex;
+    pthread_cond_t cond;
+    pthread_t thread;
+#endif
+} tb__slow_notice;
+static void tb__slow_notice_begin(tb__slow_notice *n, unsigned delay_ms, const char *fmt, ...)
+    TB_PRINTF_LIKE(3, 4);
+static void tb__slow_notice_end(tb__slow_notice *n);
 /* 64-bit hashing: stable across runs and machines */
 static uint64_t tb__hash_bytes(uint64_t seed, const void *data, size_t size);
 static uint64_t tb__hash_u64(uint64_t seed, uint64_t value);
@@ -166,6 +201,9 @@ static bool tb__data_set_host_release(tb_backend_data *data, const void *host,
    (unknown backend: lists those that exist; bad ordinal: gives the device count) */
 static tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
                                     tb_device *out);
+/* the current backend (tb_set_backend's, else the default of desc.backend / $TB_BACKEND /
+   "cpu", looked up); NULL with an error naming `fn` and the setting that holds a bad name */
+static const tb_backend *tb__current_backend(const char *fn);
 /* cpu, opencl: those not registered yet (the registry calls it until all are) */
 struct tb__builtin_failure;
 static void tb__register_builtin_backends(struct tb__builtin_failure *why);
@@ -248,4 +286,8 @@ static void tb__cpu_backend_impl(tb_backend_impl *out);
 #if !defined(TB_NO_OPENCL)
 /* registers the "opencl" backend (called by tb__register_builtin_backends) */
 static tb_status tb__opencl_register(void);
+#endif
+#if defined(TB__HAVE_NATIVE)
+/* native.c: registers the "native" backend */
+static tb_status tb__native_register(void);
 #endif

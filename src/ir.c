@@ -635,6 +635,7 @@ static tb_status tb__infer_unary(const char *fn, tb_op op, const tb_shape *x) {
     case TB_OP_GELU:
     case TB_OP_SILU:
     case TB_OP_RECIPROCAL:
+    case TB_OP_ERF:
         return tb__need_float(fn, x);
     case TB_OP_NEG:
     case TB_OP_ABS:

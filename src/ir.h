@@ -96,6 +96,8 @@ typedef enum tb_op_kind {
      INDEX_SELECT: [x, index], x rank >= 1, index 1-D i32 or i64; attrs [dim]; output x's dims
        with dims[dim] = index's length: out[p] = x[p with p[dim] replaced by index[p[dim]]].
        Out-of-range indices as GATHER.
+   Added later (at the end, so that the ids of the ops above keep their values):
+     ERF: unary elementwise, float T only (the op function casts integers and bool to f32 first).
    Custom ops: the registered number of operands, as recorded (no CAST is inserted); attrs as
    given to tb_call_op; output from infer_shape, or else the broadcast of the operands with the
    tb_dtype_promote of their dtypes.
@@ -165,7 +167,8 @@ typedef enum tb_op_kind {
     X(CONCAT, "concat", TB_KIND_OTHER, -1)                                                         \
     X(PAD, "pad", TB_KIND_OTHER, 2)                                                                \
     X(GATHER, "gather", TB_KIND_OTHER, 2)                                                          \
-    X(INDEX_SELECT, "index_select", TB_KIND_OTHER, 2)
+    X(INDEX_SELECT, "index_select", TB_KIND_OTHER, 2)                                              \
+    X(ERF, "erf", TB_KIND_UNARY, 1)
 
 /* An op id: a built-in TB_OP_* or an id returned by tb_op_register. */
 typedef int32_t tb_op;

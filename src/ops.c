@@ -386,6 +386,7 @@ static bool tb__op_is_float_only(tb_op op) {
     case TB_OP_GELU:
     case TB_OP_SILU:
     case TB_OP_RECIPROCAL:
+    case TB_OP_ERF:
         return true;
     default:
         return false;
@@ -455,6 +456,10 @@ TBDEF tb_tensor *tb_relu(tb_tensor *x) {
 }
 TBDEF tb_tensor *tb_gelu(tb_tensor *x) {
     return tb__unary("tb_gelu", TB_OP_GELU, x);
+}
+
+TBDEF tb_tensor *tb_erf(tb_tensor *x) {
+    return tb__unary("tb_erf", TB_OP_ERF, x);
 }
 TBDEF tb_tensor *tb_silu(tb_tensor *x) {
     return tb__unary("tb_silu", TB_OP_SILU, x);

@@ -665,6 +665,8 @@ static double tb__ref_unary_f(tb_op op, double x) {
         return x < 0 ? 0.0 : x; /* NaN stays NaN */
     case TB_OP_GELU:
         return 0.5 * x * (1.0 + erf(x * TB__REF_SQRT1_2));
+    case TB_OP_ERF:
+        return erf(x);
     case TB_OP_SILU:
         return x * tb__ref_sigmoid(x);
     case TB_OP_RECIPROCAL:

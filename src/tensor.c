@@ -919,6 +919,9 @@ static tb_backend_data *tb__exec_param_value(const tb__exec *ex, const tb_node *
     return d;
 }
 
+/* TB_DEBUG=1: a compile still running after this long logs a line saying so. */
+#define TB__SLOW_COMPILE_MS 1000u
+
 /* A computation for the graph (made from the walk `w`): from the cache, else lowered and
    compiled (and cached). */
 static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, const tb__exec_walk *w,
@@ -926,6 +929,7 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
     tb__comp_cache_entry *e = tb__comp_cache_lookup(graph->hash, w, &ex->device, ex->backend);
     void *context = NULL, *computation = NULL;
     tb__saved_error saved;
+    tb__slow_notice notice;
     uint64_t t0;
     tb_status st;
     *compile_ns = 0;
@@ -936,15 +940,31 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
         return TB_OK;
     }
     *hit = false;
+    notice.armed = false;
+    if (tb_debug_level() >= 1) {
+        /* the graph's own line comes once the compile is done: a compile that takes seconds
+           (a large OpenCL program) says so while it runs, from a thread of its own */
+        char device[64];
+        tb__exec_device_text(&ex->device, device);
+        tb__slow_notice_begin(&notice, TB__SLOW_COMPILE_MS,
+                              "graph %016llx: compiling %lu nodes on %s ... (still running after "
+                              "%u s)",
+                              (unsigned long long)graph->hash, (unsigned long)graph->num_nodes,
+                              device, TB__SLOW_COMPILE_MS / 1000u);
+    }
     t0 = tb__now_ns();
     tb__exec_call_begin(&saved);
     st = ex->vt->create_lowering_context(ex->vt->user_data, graph, &context);
-    if (st != TB_OK) return tb__exec_call_failed(ex, st, "create_lowering_context");
+    if (st != TB_OK) {
+        tb__slow_notice_end(&notice);
+        return tb__exec_call_failed(ex, st, "create_lowering_context");
+    }
     st = ex->vt->compile(ex->vt->user_data, context, &computation);
     if (st != TB_OK) st = tb__exec_call_failed(ex, st, "compile");
     if (ex->vt->release_lowering_context != NULL) {
         ex->vt->release_lowering_context(ex->vt->user_data, context);
     }
+    tb__slow_notice_end(&notice);
     if (st != TB_OK) return st;
     tb__error_restore(&saved);
     *compile_ns = tb__now_ns() - t0;
@@ -1096,6 +1116,20 @@ static void tb__exec_log_graph(const tb__exec *ex, const tb_graph *g, bool hit, 
         (unsigned long long)g->hash, (unsigned long)g->num_nodes, (unsigned long)g->num_parameters,
         (unsigned long)g->num_results, device, hit ? "hit" : "miss", (double)compile_ns / 1e6,
         (double)run_ns / 1e6);
+}
+
+/* The TB_DEBUG=1 line of a compile that a dump (tb_ir_backend_text, tb_ir_dot) started: the
+   same fields as a run's line, so that a later run's "cache=hit compile=0.000ms" has its
+   compile in the log. */
+static void tb__exec_log_dump_compile(const tb__exec *ex, const tb_graph *g, uint64_t compile_ns) {
+    char device[64];
+    tb__exec_device_text(&ex->device, device);
+    tb_log_message(TB_LOG_INFO,
+                   "graph %016llx nodes=%lu params=%lu results=%lu device=%s cache=miss "
+                   "compile=%.3fms (compiled by %s, not run)",
+                   (unsigned long long)g->hash, (unsigned long)g->num_nodes,
+                   (unsigned long)g->num_parameters, (unsigned long)g->num_results, device,
+                   (double)compile_ns / 1e6, ex->func);
 }
 
 /* The bits of a graph's hash that count: tests keep fewer to force hash collisions. */
@@ -1253,8 +1287,10 @@ static bool tb__check_close(tb_dtype dtype, const unsigned char *a, const unsign
 
 /* Runs `g` again on its backend with every computed node as a result, runs the same graph on
    the reference interpreter, and reports the first node (in post-order) whose values differ.
-   Purely diagnostic: whatever happens here, the caller's results and error stay as they are. */
-static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_graph *g) {
+   At check level 1 purely diagnostic: the caller's error stays as it was and TB_OK comes back.
+   At level 2 a node that differs, or a graph that could not be checked, is an error of the
+   sync: TB_ERR_EXECUTE (or the reason the check failed) with the report as its message. */
+static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_graph *g) {
     tb_graph cg = *g;
     const tb_node **computed = NULL;
     tb_backend_data **device_values = NULL;
@@ -1264,26 +1300,45 @@ static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_
     size_t i, m = 0;
     uint64_t run_ns = 0;
     tb__saved_error saved;
-    tb_status st = TB_OK;
+    tb_status st = TB_OK, verdict = TB_OK;
+    char report[TB__ERROR_CAP];
+    tb__slow_notice notice;
 
-    if (strcmp(tb_backend_name(ex->backend), "cpu") == 0) return; /* it is the reference */
+    if (strcmp(tb_backend_name(ex->backend), "cpu") == 0) return TB_OK; /* it is the reference */
+    report[0] = '\0';
     tb__error_save(&saved);
+    tb_clear_error(); /* a reason below is the check's own */
     computed = (const tb_node **)tb__calloc(g->num_nodes + 1, sizeof *computed);
     param_host = (void **)tb__calloc(g->num_parameters + 1, sizeof *param_host);
-    if (computed == NULL || param_host == NULL) goto done;
-    for (i = 0; i < g->num_nodes; i++) {
-        if (!tb__exec_walk_is_param(w, g->nodes[i])) computed[m++] = g->nodes[i];
+    if (computed == NULL || param_host == NULL) {
+        st = TB_ERR_OUT_OF_MEMORY;
+    } else {
+        for (i = 0; i < g->num_nodes; i++) {
+            if (!tb__exec_walk_is_param(w, g->nodes[i])) computed[m++] = g->nodes[i];
+        }
+        device_values = (tb_backend_data **)tb__calloc(m + 1, sizeof *device_values);
+        ref_host = (void **)tb__calloc(m + 1, sizeof *ref_host);
+        if (device_values == NULL || ref_host == NULL) st = TB_ERR_OUT_OF_MEMORY;
     }
-    device_values = (tb_backend_data **)tb__calloc(m + 1, sizeof *device_values);
-    ref_host = (void **)tb__calloc(m + 1, sizeof *ref_host);
-    if (device_values == NULL || ref_host == NULL) goto done;
     cg.results = computed;
     cg.num_results = m;
-    /* the backend's values of every node: an uncached computation of its own */
-    st = ex->vt->create_lowering_context(ex->vt->user_data, &cg, &context);
+    /* the backend's values of every node: an uncached computation of its own (not counted as
+       a compile of the program's, but a slow one says so like any other) */
+    notice.armed = false;
+    if (st == TB_OK && tb_debug_level() >= 1) {
+        char device[64];
+        tb__exec_device_text(&ex->device, device);
+        tb__slow_notice_begin(&notice, TB__SLOW_COMPILE_MS,
+                              "graph %016llx: TB_CHECK: compiling %lu nodes on %s ... (still "
+                              "running after %u s)",
+                              (unsigned long long)g->hash, (unsigned long)g->num_nodes, device,
+                              TB__SLOW_COMPILE_MS / 1000u);
+    }
+    if (st == TB_OK) st = ex->vt->create_lowering_context(ex->vt->user_data, &cg, &context);
     if (st == TB_OK) st = ex->vt->compile(ex->vt->user_data, context, &computation);
     if (context != NULL && ex->vt->release_lowering_context != NULL)
         ex->vt->release_lowering_context(ex->vt->user_data, context);
+    tb__slow_notice_end(&notice);
     if (st == TB_OK) st = tb__exec_run(ex, &cg, computation, device_values, &run_ns);
     /* the reference's values, from the same parameter values */
     for (i = 0; i < g->num_parameters && st == TB_OK; i++) {
@@ -1326,14 +1381,15 @@ static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_
                 tb__shape_text(shape, text);
                 tb_device_format(&ex->device, where, sizeof where);
                 tb__metric_count("CheckMismatch", 1);
-                tb_log_message(TB_LOG_WARN,
-                               "TB_CHECK: graph %016llx: node %%%lld %s %s (node %lu of %lu in "
-                               "post-order) differs at element %lu: %s gives %.9g, the reference "
-                               "gives %.9g",
-                               (unsigned long long)g->hash,
-                               (long long)tb__exec_walk_position(w, computed[i]),
-                               tb_op_name(computed[i]->op), text, (unsigned long)i,
-                               (unsigned long)m, (unsigned long)k, where, va, vb);
+                snprintf(report, sizeof report,
+                         "TB_CHECK: graph %016llx: node %%%lld %s %s (node %lu of %lu in "
+                         "post-order) differs at element %lu: %s gives %.9g, the reference "
+                         "gives %.9g",
+                         (unsigned long long)g->hash,
+                         (long long)tb__exec_walk_position(w, computed[i]),
+                         tb_op_name(computed[i]->op), text, (unsigned long)i, (unsigned long)m,
+                         (unsigned long)k, where, va, vb);
+                verdict = TB_ERR_EXECUTE;
                 goto done;
             }
         }
@@ -1341,8 +1397,10 @@ static void tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_
     if (st == TB_OK) {
         tb__metric_count("CheckedGraphs", 1);
     } else {
-        tb_log_message(TB_LOG_WARN, "TB_CHECK: graph %016llx could not be checked: %s",
-                       (unsigned long long)g->hash, tb_last_error());
+        snprintf(report, sizeof report, "TB_CHECK: graph %016llx could not be checked: %.900s",
+                 (unsigned long long)g->hash,
+                 tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
+        verdict = st;
     }
 done:
     if (computation != NULL) ex->vt->release_computation(ex->vt->user_data, computation);
@@ -1359,7 +1417,13 @@ done:
     tb__free(ref_host);
     tb__free((void *)computed);
     tb__error_restore(&saved);
+    if (verdict == TB_OK) return TB_OK;
+    tb_log_message(TB_LOG_WARN, "%s", report);
+    if (tb__desc()->check < 2) return TB_OK;
+    return tb__error(verdict, "%s: %s", ex->func, report);
 }
+
+#undef TB__SLOW_COMPILE_MS
 
 /* The values of `roots` (distinct nodes on ex->device): out[i] gets a new reference. On error
    out is all NULL and no node changed except for values the eager fallback computed. */
@@ -1405,7 +1469,8 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
         if (st == TB_OK) st = tb__exec_run(ex, &g, entry->computation, values, &run_ns);
         if (st != TB_OK) goto done;
         if (tb_debug_level() >= 1) tb__exec_log_graph(ex, &g, hit, compile_ns, run_ns);
-        if (tb__desc()->check > 0) tb__exec_check(ex, &w, &g);
+        /* at check level 2 a failed check fails the sync: the results are released below */
+        if (tb__desc()->check > 0) st = tb__exec_check(ex, &w, &g);
     }
     /* roots that are parameters need no computation: their values are at hand */
     for (i = 0, r = 0; i < n; i++) {
@@ -1895,6 +1960,8 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     if (st == TB_OK) st = tb__exec_graph_make(&ex, &cw, roots->nodes, roots->count, &results, &g);
     if (st == TB_OK && g.num_results == 0) st = TB_ERR_NOT_FOUND;
     if (st == TB_OK) st = tb__exec_compile(&ex, &g, &cw, entry, &hit, &compile_ns);
+    if (st == TB_OK && !hit && tb_debug_level() >= 1)
+        tb__exec_log_dump_compile(&ex, &g, compile_ns);
     if (st == TB_OK) {
         *kernel = (int32_t *)tb__calloc(w->num_order + 1, sizeof(int32_t));
         *names = (const char **)tb__calloc(w->num_order + 1, sizeof(const char *));
@@ -2020,6 +2087,9 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
         text = tb__strdup("");
     } else if (st == TB_OK) {
         st = tb__exec_compile(&ex, &g, &w, &entry, &hit, &compile_ns);
+        if (st == TB_OK && !hit && tb_debug_level() >= 1) {
+            tb__exec_log_dump_compile(&ex, &g, compile_ns);
+        }
         if (st == TB_OK) {
             const char *backend_text = NULL;
             if (ex.vt->computation_backend_text != NULL) {

@@ -180,6 +180,7 @@ TBDEF tb_tensor *tb_tanh(tb_tensor *x);
 TBDEF tb_tensor *tb_sigmoid(tb_tensor *x);
 TBDEF tb_tensor *tb_relu(tb_tensor *x);
 TBDEF tb_tensor *tb_gelu(tb_tensor *x); /* the exact (erf) form */
+TBDEF tb_tensor *tb_erf(tb_tensor *x);  /* the error function */
 TBDEF tb_tensor *tb_silu(tb_tensor *x);
 TBDEF tb_tensor *tb_reciprocal(tb_tensor *x);
 TBDEF tb_tensor *tb_floor(tb_tensor *x);

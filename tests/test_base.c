@@ -208,6 +208,10 @@ static void test_setup_env(void **state) {
     assert_int_equal(tb_debug_level(), 3);
     assert_int_equal(tb__desc()->check, 1);
     tb_shutdown();
+    setenv("TB_CHECK", "2", 1); /* 2: a failed check fails the sync */
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    assert_int_equal(tb__desc()->check, 2);
+    tb_shutdown();
     /* -1 turns them off whatever the environment says */
     desc.debug = -1;
     desc.check = -1;
@@ -235,9 +239,9 @@ static void test_setup_bad_desc(void **state) {
     desc.debug = -2;
     assert_int_equal(tb_setup(&desc), TB_ERR_INVALID_ARGUMENT);
     desc.debug = 0;
-    desc.check = 2;
+    desc.check = 3;
     assert_int_equal(tb_setup(&desc), TB_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(tb_last_error(), "tb_setup: check 2"));
+    assert_non_null(strstr(tb_last_error(), "tb_setup: check 3 out of range -1..2"));
     assert_false(tb_is_setup());
 }
 

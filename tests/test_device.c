@@ -350,6 +350,20 @@ static void test_current_device_from_env_and_desc(void **state) {
                                          "number >= 0");
     tb_shutdown();
 
+    /* a bad TB_BACKEND is the same kind of error, in the same words; TB_DEVICE set to a good
+       device does not need the default backend */
+    unsetenv("TB_DEVICE");
+    setenv("TB_BACKEND", "ghost", 1);
+    assert_int_equal(tb_current_device(&d), TB_ERR_NOT_FOUND);
+    assert_starts_with(tb_last_error(), "tb_current_device: TB_BACKEND='ghost' is not a usable "
+                                        "backend: unknown backend 'ghost'; available: ");
+    tb_shutdown();
+    setenv("TB_DEVICE", "cpu:0", 1);
+    assert_int_equal(tb_current_device(&d), TB_OK);
+    expect_device(&d, "cpu", TB_DEVICE_CPU, 0);
+    tb_shutdown();
+    unsetenv("TB_BACKEND");
+
     /* the desc wins over the environment, and the message names it */
     memset(&desc, 0, sizeof desc);
     desc.device = "ghost:0";

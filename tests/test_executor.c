@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
@@ -38,6 +39,9 @@ typedef struct count_stats {
     tb_status fail_compile; /* non-zero: compile fails with it */
     tb_status fail_execute; /* non-zero: execute fails with it */
     tb_op reject_op;        /* supports_node says no to this op (-1: none) */
+    tb_op skew_op;          /* execute adds 1 to the values of this op (-1: none): a bug */
+    unsigned compile_ms;    /* compile takes this long */
+    int compiling;          /* 1 while compile runs (read by the logger's thread) */
 } count_stats;
 
 static count_stats cs;
@@ -292,6 +296,15 @@ static tb_status count_compile(void *u, void *context, void **computation) {
     (void)u;
     BUMP(compiles, 1);
     if (cs.fail_compile != TB_OK) return tb_set_error(cs.fail_compile, "count: compiler broke");
+    if (cs.compile_ms > 0) {
+        struct timespec ts;
+        ts.tv_sec = (time_t)(cs.compile_ms / 1000);
+        ts.tv_nsec = (long)(cs.compile_ms % 1000) * 1000000L;
+        __atomic_store_n(&cs.compiling, 1, __ATOMIC_SEQ_CST);
+        while (nanosleep(&ts, &ts) != 0) {
+        }
+        __atomic_store_n(&cs.compiling, 0, __ATOMIC_SEQ_CST);
+    }
     /* the context is freed after compile: the computation takes the arrays over */
     q = (count_prog *)malloc(sizeof(count_prog));
     assert_non_null(q);
@@ -347,6 +360,7 @@ static tb_status count_execute(void *u, void *computation, tb_backend_data *cons
                        : p->kind[i] == TB_OP_SUB ? x - y
                        : p->kind[i] == TB_OP_MUL ? x * y
                                                  : -x;
+            if (p->kind[i] == cs.skew_op) r += 1;
             /* round to the node's dtype at every step, as a real f32 kernel does */
             if (p->shape[i].dtype == TB_F32) r = (double)(float)r;
             v[i][e] = r;
@@ -412,6 +426,7 @@ static void start(const tb_desc *desc) {
     tb_shutdown(); /* a failed test may have left the library set up */
     memset(&cs, 0, sizeof(cs));
     cs.reject_op = -1;
+    cs.skew_op = -1;
     tb__exec_hash_mask = ~(uint64_t)0; /* a failed test may have left it cleared */
     if (desc == NULL) {
         memset(&d, 0, sizeof(d));
@@ -1170,6 +1185,168 @@ static void test_debug_log(void **state) {
     stop();
 }
 
+/* A compile that a dump starts (tb_ir_backend_text here) is counted and logged like the compile
+   of a run, so that the run's "cache=hit compile=0.000ms" has its compile in the log. */
+static void test_dump_compile_logged_and_counted(void **state) {
+    const float xs[3] = {1, 2, 3};
+    tb_desc desc;
+    tb_tensor *x, *y, *z;
+    const char *line;
+    char *text;
+    (void)state;
+    memset(&desc, 0, sizeof(desc));
+    desc.debug = 1;
+    desc.logger.func = log_hook;
+    log_text[0] = '\0';
+    start(&desc);
+    x = vec(xs, 3, NULL);
+    y = tb_add(x, x);
+    z = tb_mul(y, x);
+    text = tb_ir_backend_text(&z, 1);
+    assert_non_null(text);
+    tb_free(text);
+    assert_int_equal(tb_metrics_counter("UncachedCompile"), 1);
+    assert_int_equal(tb_metrics_counter("CompileTime"), 1); /* one sample */
+    line = strstr(log_text, "|graph ");
+    assert_non_null(line);
+    assert_contains(line, " nodes=3 params=1 results=1 device=count:0 cache=miss compile=");
+    assert_contains(line, "ms (compiled by tb_ir_backend_text, not run)\n");
+    assert_int_equal(tb_sync(&z, 1), TB_OK);
+    assert_int_equal(tb_metrics_counter("CachedCompile"), 1);
+    assert_contains(strstr(line + 1, "|graph "), "cache=hit compile=0.000ms run=");
+    tb_tensor_release(z);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+    stop();
+}
+
+/* TB_DEBUG=1: a compile that takes over a second says so while it still runs, before the
+   graph's own line; a quick compile does not. */
+static char slow_log[4096];
+static int notice_while_compiling = -1;
+
+static void slow_log_hook(tb_log_level level, const char *message, void *user_data) {
+    size_t used = strlen(slow_log);
+    (void)user_data;
+    if (strstr(message, ": compiling ") != NULL) {
+        notice_while_compiling = __atomic_load_n(&cs.compiling, __ATOMIC_SEQ_CST);
+    }
+    snprintf(slow_log + used, sizeof(slow_log) - used, "%d|%s\n", (int)level, message);
+}
+
+static void test_slow_compile_notice(void **state) {
+    const float xs[3] = {1, 2, 3};
+    char expected[128];
+    tb_desc desc;
+    tb_tensor *x, *y, *z;
+    const char *notice, *line;
+    (void)state;
+    memset(&desc, 0, sizeof(desc));
+    desc.debug = 1;
+    desc.logger.func = slow_log_hook;
+    slow_log[0] = '\0';
+    start(&desc);
+    x = vec(xs, 3, NULL);
+    y = tb_add(x, x); /* quick: no notice */
+    assert_int_equal(tb_sync(&y, 1), TB_OK);
+    assert_null(strstr(slow_log, ": compiling "));
+    cs.compile_ms = 1500;
+    z = tb_mul(y, x);
+    assert_int_equal(tb_sync(&z, 1), TB_OK);
+    cs.compile_ms = 0;
+    notice = strstr(slow_log, ": compiling ");
+    assert_non_null(notice);
+    assert_int_equal(notice_while_compiling, 1);
+    assert_contains(notice, ": compiling 3 nodes on count:0 ... (still running after 1 s)\n");
+    line = strstr(slow_log, "cache=miss");
+    assert_non_null(line);
+    line = strstr(line + 1, "cache=miss"); /* the slow graph's own line, after the notice */
+    assert_non_null(line);
+    assert_true(line > notice);
+    /* the notice names the graph that the line then reports */
+    assert_true(notice - slow_log >= 18);
+    snprintf(expected, sizeof expected, "|graph %.16s nodes=3", notice - 16);
+    assert_contains(slow_log, expected);
+    tb_tensor_release(z);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+    stop();
+
+    /* TB_CHECK compiles the graph once more, on its own: a slow one says so too */
+    desc.check = 1;
+    slow_log[0] = '\0';
+    notice_while_compiling = -1;
+    start(&desc);
+    x = vec(xs, 3, NULL);
+    y = tb_neg(x);
+    cs.compile_ms = 1100;
+    assert_int_equal(tb_sync(&y, 1), TB_OK);
+    cs.compile_ms = 0;
+    assert_int_equal(tb_metrics_counter("CheckedGraphs"), 1);
+    notice = strstr(slow_log, ": compiling 2 nodes on count:0 ... (still running after 1 s)\n");
+    assert_non_null(notice);
+    assert_contains(notice + 1,
+                    ": TB_CHECK: compiling 2 nodes on count:0 ... (still running after 1 s)\n");
+    assert_int_equal(notice_while_compiling, 1);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+    stop();
+}
+
+/* TB_CHECK 1 reports the first node whose value differs from the reference; 2 also fails the
+   sync with that report, and keeps nothing of the failed results. */
+static void test_check_levels(void **state) {
+    const float xs[3] = {1, 2, 3};
+    float out[3];
+    tb_desc desc;
+    tb_tensor *x, *y, *z;
+    int i;
+    (void)state;
+    memset(&desc, 0, sizeof(desc));
+    desc.logger.func = log_hook;
+    desc.check = 1;
+    log_text[0] = '\0';
+    start(&desc);
+    cs.skew_op = TB_OP_MUL;
+    x = vec(xs, 3, NULL);
+    y = tb_mul(x, x);
+    z = tb_add(y, x);
+    read_vec(z, out, 3); /* the backend's values, reported but not refused */
+    assert_true(out[0] == 3.0f);
+    assert_int_equal(tb_metrics_counter("CheckMismatch"), 1);
+    assert_contains(log_text, "1|TB_CHECK: graph ");
+    assert_contains(log_text, ": node %1 mul f32[3] (node 0 of 2 in post-order) differs at "
+                              "element 0: count:0 gives 2, the reference gives 1\n");
+    tb_tensor_release(z);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+    stop();
+
+    desc.check = 2;
+    log_text[0] = '\0';
+    start(&desc);
+    cs.skew_op = TB_OP_MUL;
+    x = vec(xs, 3, NULL);
+    y = tb_mul(x, x);
+    z = tb_add(y, x);
+    assert_error(tb_tensor_to_host(z, out, sizeof out), TB_ERR_EXECUTE,
+                 ": node %1 mul f32[3] (node 0 of 2 in post-order) differs at element 0: count:0 "
+                 "gives 2, the reference gives 1");
+    assert_true(strncmp(tb_last_error(), "tb_tensor_to_host: TB_CHECK: graph ", 35) == 0);
+    assert_contains(log_text, "1|TB_CHECK: graph "); /* reported as at level 1 too */
+    assert_error(tb_sync(&z, 1), TB_ERR_EXECUTE, "differs at element 0");
+    /* the graph agrees once the bug is gone: the same sync succeeds */
+    cs.skew_op = -1;
+    read_vec(z, out, 3);
+    for (i = 0; i < 3; i++)
+        assert_true(out[i] == xs[i] * xs[i] + xs[i]);
+    assert_int_equal(tb_metrics_counter("CheckedGraphs"), 1);
+    tb_tensor_release(z);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+    stop();
+}
+
 /* The same graph on the cpu backend: the real reference backend computes it. */
 static void test_cpu_backend_values(void **state) {
     const float xs[3] = {1, 2, 3}, ys[3] = {0.5f, -1, 4};
@@ -1596,6 +1773,9 @@ int main(void) {
         cmocka_unit_test(test_metrics_report),
         cmocka_unit_test(test_ir_text_and_dot),
         cmocka_unit_test(test_debug_log),
+        cmocka_unit_test(test_dump_compile_logged_and_counted),
+        cmocka_unit_test(test_check_levels),
+        cmocka_unit_test(test_slow_compile_notice),
         cmocka_unit_test(test_cpu_backend_values),
         cmocka_unit_test(test_dumps_under_allocation_failures),
         cmocka_unit_test(test_to_device),

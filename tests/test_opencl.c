@@ -21,11 +21,22 @@
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
+#include <pthread.h>
+#include <time.h>
 
-#ifdef TB_NO_OPENCL
+/* The backend under test: "opencl" here; tests/test_native.c includes this file for the native
+   backend (the same op suite; the tests of OpenCL's own machinery only run for "opencl"). */
+#ifndef TEST_BACKEND
+#define TEST_BACKEND "opencl"
+#define TEST_OPENCL  1
+#else
+#define TEST_OPENCL 0
+#endif
+
+#if defined(TB_NO_OPENCL) || !TEST_OPENCL
 /* the hooks of the backend the tests below reach (they skip themselves without it) */
 static uint64_t tb__ocl_program_key_mask;
-static unsigned tb__ocl_disk_counter;
+static uint32_t tb__disk_counter;
 #endif
 
 /* ---- state ---- */
@@ -36,12 +47,14 @@ static tb_device g_cpu, g_ocl;
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
 
 static void probe(void) {
-    tb_status st = tb_opencl_available();
+    tb_device probe_dev;
+    tb_status st =
+        TEST_OPENCL ? tb_opencl_available() : tb_device_make(TEST_BACKEND, 0, &probe_dev);
     g_have_opencl = st == TB_OK;
     if (!g_have_opencl) {
         snprintf(g_reason, sizeof g_reason, "%s", tb_last_error());
     } else {
-        assert_int_equal(tb_device_make("opencl", 0, &g_ocl), TB_OK);
+        assert_int_equal(tb_device_make(TEST_BACKEND, 0, &g_ocl), TB_OK);
     }
     assert_int_equal(tb_device_make("cpu", 0, &g_cpu), TB_OK);
 }
@@ -545,11 +558,13 @@ static input in_of(tb_shape s, int range) {
 
 /* The number of kernels in the program a graph lowers to on opencl:0. */
 static int kernel_count(tb_tensor *const *t, size_t n) {
+    /* what starts a kernel's entry point in the backend's program */
+    const char *mark = TEST_OPENCL ? "__kernel" : "(void *const *tb_a";
     char *text = tb_ir_backend_text(t, n);
     const char *p;
     int count = 0;
     if (text == NULL) fail_msg("tb_ir_backend_text: %s", tb_last_error());
-    for (p = strstr(text, "__kernel"); p != NULL; p = strstr(p + 1, "__kernel"))
+    for (p = strstr(text, mark); p != NULL; p = strstr(p + 1, mark))
         count++;
     tb_free(text);
     return count;
@@ -630,6 +645,7 @@ static const unary_entry unary_ops[] = {
     {"silu", tb_silu, R_ANY, false},      {"reciprocal", tb_reciprocal, R_AWAY, false},
     {"floor", tb_floor, R_ANY, true},     {"ceil", tb_ceil, R_ANY, true},
     {"round", tb_round, R_ANY, true},     {"sign", tb_sign, R_WHOLE, true},
+    {"erf", tb_erf, R_ANY, false},
 };
 
 typedef struct unary_arg {
@@ -1955,6 +1971,153 @@ static void test_fusion_patterns(void **state) {
 
 /* A large float max / min (split into chunks, read in vectors): a NaN anywhere propagates,
    without one the result is the exact extreme. */
+/* A matmul's weight panels are kept with the computation while the same weight buffer comes
+   again; a new weight in the same computation (even in a buffer the allocator hands out again
+   after the first weight was released) is packed anew. */
+static void test_kept_panels_follow_their_buffer(void **state) {
+    enum { M = 64, K = 96, N = 80 };
+    static float a[M * K], w1[K * N], w2[K * N], got[M * N], want[M * N];
+    tb_shape sa = shp(TB_F32, 2, M, K, 0, 0), sw = shp(TB_F32, 2, K, N, 0, 0);
+    tb_shape sy = shp(TB_F32, 2, M, N, 0, 0);
+    tb_tensor *x, *w, *y, *xc, *wc, *yc;
+    int round;
+    (void)state;
+    REQUIRE_OPENCL();
+    fill(a, &sa, R_ANY, 0);
+    fill(w1, &sw, R_ANY, 0);
+    fill(w2, &sw, R_ANY, 0);
+    x = tb_tensor_from_host(a, &sa, &g_ocl);
+    xc = tb_tensor_from_host(a, &sa, &g_cpu);
+    for (round = 0; round < 6; round++) {
+        const float *wh = (round / 2) % 2 == 0 ? w1 : w2; /* w1, w1, w2, w2, w1, w1 */
+        w = tb_tensor_from_host(wh, &sw, &g_ocl);
+        wc = tb_tensor_from_host(wh, &sw, &g_cpu);
+        y = tb_matmul(x, w);
+        yc = tb_matmul(xc, wc);
+        assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+        assert_int_equal(tb_tensor_to_host(yc, want, sizeof want), TB_OK);
+        compare_host("matmul with kept panels", &sy, want, got);
+        tb_tensor_release(y);
+        tb_tensor_release(yc);
+        tb_tensor_release(w); /* its buffer goes back to the allocator for the next round */
+        tb_tensor_release(wc);
+    }
+    tb_tensor_release(x);
+    tb_tensor_release(xc);
+}
+
+/* A chain longer than one kernel's budget becomes several kernels (it used to fail with "a
+   kernel too large"); the values are those of the whole chain. */
+static void test_long_chain_splits(void **state) {
+    enum { OPS = 9001 };
+    static const float a[8] = {1, -2, 3, -4, 5, -6, 7, -8};
+    float got[8];
+    tb_shape s = shp(TB_F32, 1, 8, 0, 0, 0);
+    tb_tensor *x, *y;
+    int i;
+    (void)state;
+    REQUIRE_OPENCL();
+    x = tb_tensor_from_host(a, &s, &g_ocl);
+    y = tb_tensor_retain(x);
+    for (i = 0; i < OPS; i++)
+        y = take(y, tb_neg(y));
+    assert_true(kernel_count(&y, 1) >= 3);
+    assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+    for (i = 0; i < 8; i++)
+        assert_true(got[i] == -a[i]);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+}
+
+/* A sum of more arrays than one kernel may take as arguments is split into kernels that each
+   take few enough (it used to fail with "more than the bytes of arguments the device takes"). */
+static void test_many_arguments_split(void **state) {
+    enum { INPUTS = 300 };
+    static float vals[INPUTS][4];
+    float got[4], want[4] = {0, 0, 0, 0};
+    tb_shape s = shp(TB_F32, 1, 4, 0, 0, 0);
+    tb_tensor *in[INPUTS], *y;
+    int i, j;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < INPUTS; i++) {
+        for (j = 0; j < 4; j++) {
+            vals[i][j] = (float)((i * 7 + j * 3) % 11) - 5.0f;
+            want[j] += vals[i][j];
+        }
+        in[i] = tb_tensor_from_host(vals[i], &s, &g_ocl);
+    }
+    y = tb_tensor_retain(in[0]);
+    for (i = 1; i < INPUTS; i++)
+        y = take(y, tb_add(y, in[i]));
+    assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+    for (j = 0; j < 4; j++)
+        assert_true(got[j] == want[j]); /* small integers: exact in any order */
+    tb_tensor_release(y);
+    for (i = 0; i < INPUTS; i++)
+        tb_tensor_release(in[i]);
+}
+
+/* The distance of two floats in units in the last place (0 for equal values, both NaN). */
+static double ulps_apart(float a, float b) {
+    int32_t ia, ib;
+    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b) ? 0 : 1e30;
+    if (a == b) return 0;
+    memcpy(&ia, &a, 4);
+    memcpy(&ib, &b, 4);
+    if (ia < 0) ia = (int32_t)(0x80000000u - (uint32_t)ia);
+    if (ib < 0) ib = (int32_t)(0x80000000u - (uint32_t)ib);
+    return fabs((double)ia - (double)ib);
+}
+
+/* exp of f32 rows read in order runs the kernels' own vector exp: within 2 ulp of the C
+   library's over the whole range, and exact at the edges (overflow to inf, underflow through
+   the denormals to 0, inf, -inf, NaN). */
+static void test_vector_exp(void **state) {
+    enum { N = 1 << 16, SPECIAL = 14 };
+    static const float special[SPECIAL] = {0.0f,     -0.0f,  1.0f,    -1.0f,  88.72f,
+                                           88.7228f, 88.73f, -87.3f,  -95.0f, -103.9f,
+                                           -104.0f,  200.0f, -200.0f, 1e-30f};
+    static float in[N], got[N];
+    tb_shape s = shp(TB_F32, 2, N / 64, 64, 0, 0);
+    tb_tensor *x, *y;
+    double worst = 0;
+    int i, at = 0;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < N; i++)
+        in[i] = -110.0f + 200.0f * (float)i / (float)N;
+    for (i = 0; i < SPECIAL; i++)
+        in[i * 97] = special[i];
+    in[5] = INFINITY;
+    in[6] = -INFINITY;
+    in[7] = NAN;
+    x = tb_tensor_from_host(in, &s, &g_ocl);
+    y = tb_exp(x);
+    {
+        char *text = tb_ir_backend_text(&y, 1); /* the kernel calls the vector exp */
+        assert_non_null(text);
+        assert_non_null(strstr(text, "= tb_vexp16(v"));
+        tb_free(text);
+    }
+    assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+    for (i = 0; i < N; i++) {
+        double d = ulps_apart(got[i], expf(in[i]));
+        if (d > worst) {
+            worst = d;
+            at = i;
+        }
+    }
+    if (worst > 2)
+        fail_msg("exp(%.9g) = %.9g, the C library says %.9g: %.0f ulp", (double)in[at],
+                 (double)got[at], (double)expf(in[at]), worst);
+    assert_true(isinf(got[5]) && got[5] > 0);
+    assert_true(got[6] == 0.0f);
+    assert_true(isnan(got[7]));
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+}
+
 static void test_max_min_nan_large(void **state) {
     const size_t n = (size_t)1 << 20;
     tb_shape s = shp(TB_F32, 1, (int64_t)n, 0, 0, 0);
@@ -2399,6 +2562,7 @@ typedef struct rg_script {
     int num_inputs;
     uint32_t choices[512];
     int num_choices, next;
+    bool wide; /* rows of 32 to 96 elements, wide enough for the kernels' vector code */
 } rg_script;
 
 static uint32_t rg_pick(rg_script *sc, uint32_t n) {
@@ -2436,18 +2600,26 @@ static tb_tensor *rg_build(rg_script *sc, const tb_device *dev, int steps) {
     sc->next = 0;
     {
         tb_shape s;
-        int32_t rank = (int32_t)rg_pick(sc, 4) + 1;
+        int32_t rank = (int32_t)rg_pick(sc, sc->wide ? 3 : 4) + 1;
         memset(&s, 0, sizeof s);
         s.dtype = TB_F32;
         s.rank = rank;
         for (i = 0; i < rank; i++)
             s.dims[i] = (int64_t)rg_pick(sc, 5) + 1;
+        if (sc->wide) { /* several rows each (a work item per row), 32 to 96 long */
+            for (i = 0; i < rank - 1; i++)
+                s.dims[i] += 3;
+            s.dims[rank - 1] = 32 * ((int64_t)rg_pick(sc, 3) + 1);
+        }
         pool[n++] = rg_input_tensor(sc, &input_at, &s, dev, R_ANY);
     }
     for (step = 0; step < steps; step++) {
         tb_tensor *x = pool[rg_pick(sc, (uint32_t)n)], *y = NULL;
-        tb_shape xs = tb_tensor_shape(x);
+        tb_shape xs;
         uint32_t op = rg_pick(sc, 24);
+        if (sc->wide && rg_pick(sc, 2)) x = pool[n - 1]; /* chains: a reduction of a broadcast */
+        if (sc->wide && op >= 20) op = op % 2 ? 3 : 10;
+        xs = tb_tensor_shape(x);
         tb_clear_error();
         switch (op) {
         case 0:
@@ -2461,7 +2633,9 @@ static tb_tensor *rg_build(rg_script *sc, const tb_device *dev, int steps) {
             break;
         case 3: { /* binary with a new broadcasting input */
             tb_shape bs = rg_broadcast_shape(&xs);
-            tb_tensor *b = rg_input_tensor(sc, &input_at, &bs, dev, R_ANY);
+            tb_tensor *b;
+            if (sc->wide && bs.rank > 0 && rg_pick(sc, 2)) bs.dims[bs.rank - 1] = 1; /* per row */
+            b = rg_input_tensor(sc, &input_at, &bs, dev, R_ANY);
             uint32_t which = rg_pick(sc, 4);
             y = which == 0   ? tb_add(x, b)
                 : which == 1 ? tb_mul(x, b)
@@ -2554,6 +2728,7 @@ static tb_tensor *rg_build(rg_script *sc, const tb_device *dev, int steps) {
             if (xs.rank >= 1) {
                 int32_t axis = (int32_t)rg_pick(sc, (uint32_t)xs.rank);
                 uint32_t which = rg_pick(sc, 4);
+                if (sc->wide && rg_pick(sc, 2)) axis = xs.rank - 1; /* along the row */
                 bool keep = rg_pick(sc, 2) != 0;
                 y = which == 0   ? tb_sum(x, &axis, 1, keep)
                     : which == 1 ? tb_mean(x, &axis, 1, keep)
@@ -2617,7 +2792,7 @@ static tb_tensor *rg_build(rg_script *sc, const tb_device *dev, int steps) {
             tb_clear_error();
             continue;
         }
-        if (rg_numel(y) > 4096) { /* keep graphs small */
+        if (rg_numel(y) > (sc->wide ? 16384 : 4096)) { /* keep graphs small */
             tb_tensor_release(y);
             continue;
         }
@@ -2636,21 +2811,21 @@ static tb_tensor *rg_build(rg_script *sc, const tb_device *dev, int steps) {
     return result;
 }
 
-static void test_random_graphs(void **state) {
-    const int graphs = 216, per_batch = 12;
+static void random_graphs(int graphs, bool wide) {
+    const int per_batch = 12;
     rg_script *scripts = (rg_script *)calloc((size_t)per_batch, sizeof(rg_script));
     int g, b, j;
-    (void)state;
     REQUIRE_OPENCL();
     assert_non_null(scripts);
-    g_rng = 0x5EED0000ull + 20240611ull;
+    g_rng = 0x5EED0000ull + 20240611ull + (wide ? 7u : 0u);
     for (g = 0; g < graphs; g += per_batch) {
         for (b = 0; b < per_batch; b++) {
             char name[64];
             test_case *c = &g_cases[g_num_cases];
             rg_script *sc = &scripts[b];
             memset(sc, 0, sizeof *sc);
-            snprintf(c->name, sizeof c->name, "random graph %d", g + b);
+            sc->wide = wide;
+            snprintf(c->name, sizeof c->name, "random %sgraph %d", wide ? "wide " : "", g + b);
             c->ref = rg_build(sc, &g_cpu, 3 + (g + b) % 9);
             c->got = rg_build(sc, &g_ocl, 3 + (g + b) % 9);
             if (c->ref == NULL || c->got == NULL) fail_msg("%s: %s", c->name, tb_last_error());
@@ -2663,6 +2838,154 @@ static void test_random_graphs(void **state) {
                 free(scripts[b].inputs[j].data);
     }
     free(scripts);
+}
+
+static void test_random_graphs(void **state) {
+    (void)state;
+    random_graphs(216, false);
+}
+
+/* Rows of 32 to 96 elements: reductions, softmax and elementwise kernels take their vector
+   code, and inputs broadcast along the row ([8, 1] against [8, 32]) must be read as one value
+   per row, not as a vector. */
+static void test_random_wide_graphs(void **state) {
+    (void)state;
+    random_graphs(120, true);
+}
+
+/* Every kernel kind that has vector code (row reductions, softmax, layer norm, elementwise
+   blocks) with a second operand of each relation to the row: the whole row, one value per row,
+   one value per column, one value: b must be read as a vector, a broadcast value or a scalar,
+   and the result must match the cpu backend. */
+static tb_tensor *vr_input(const tb_shape *s, const tb_device *dev, uint64_t seed) {
+    void *h = host_alloc(s);
+    tb_tensor *t;
+    g_rng = seed;
+    fill(h, s, R_ANY, 0);
+    t = tb_tensor_from_host(h, s, dev);
+    free(h);
+    assert_non_null(t);
+    return t;
+}
+
+static tb_tensor *vr_build(int kind, tb_tensor *x, tb_tensor *b) {
+    int32_t axis = 1;
+    tb_tensor *xb = tb_mul(x, b), *t = tb_add(xb, b), *y = NULL;
+    assert_non_null(t);
+    switch (kind) {
+    case 0:
+        y = tb_sum(t, &axis, 1, true);
+        break;
+    case 1:
+        y = tb_mean(t, &axis, 1, false);
+        break;
+    case 2:
+        y = tb_max(t, &axis, 1, true);
+        break;
+    case 3:
+        y = tb_min(t, &axis, 1, false);
+        break;
+    case 4:
+        y = tb_softmax(t, 1);
+        break;
+    case 5:
+        y = tb_layer_norm(t, 1, NULL, NULL, 1e-5);
+        break;
+    case 6: { /* the reduction's result broadcast back along the row, reduced again */
+        tb_tensor *m = tb_max(t, &axis, 1, true), *u = tb_sub(x, m);
+        y = tb_sum(u, &axis, 1, true);
+        tb_tensor_release(m);
+        tb_tensor_release(u);
+        break;
+    }
+    default:
+        y = tb_exp(t);
+        break;
+    }
+    tb_tensor_release(xb);
+    tb_tensor_release(t);
+    assert_non_null(y);
+    return y;
+}
+
+static void test_vector_operand_relations(void **state) {
+    static const char *kinds[8] = {"sum",     "mean",       "max",     "min",
+                                   "softmax", "layer_norm", "max/sum", "exp"};
+    static const char *rels[5] = {"[R,C]", "[R,1]", "[1,C]", "[C]", "[]"};
+    const int64_t R = 40, C = 64;
+    int kind, rel;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (kind = 0; kind < 8; kind++) {
+        for (rel = 0; rel < 5; rel++) {
+            tb_shape xs = tb_shape_of(TB_F32, 2, (int)R, (int)C), bs;
+            tb_tensor *xr, *br, *xg, *bg, *ref, *got;
+            char what[96];
+            if (rel == 0) bs = xs;
+            if (rel == 1) bs = tb_shape_of(TB_F32, 2, (int)R, 1);
+            if (rel == 2) bs = tb_shape_of(TB_F32, 2, 1, (int)C);
+            if (rel == 3) bs = tb_shape_of(TB_F32, 1, (int)C);
+            if (rel == 4) bs = tb_shape_of(TB_F32, 0);
+            xr = vr_input(&xs, &g_cpu, 11);
+            br = vr_input(&bs, &g_cpu, 12);
+            xg = vr_input(&xs, &g_ocl, 11);
+            bg = vr_input(&bs, &g_ocl, 12);
+            ref = vr_build(kind, xr, br);
+            got = vr_build(kind, xg, bg);
+            snprintf(what, sizeof what, "%s of x * b + b, b %s", kinds[kind], rels[rel]);
+            compare_tensors(what, ref, got);
+            tb_tensor_release(xr);
+            tb_tensor_release(br);
+            tb_tensor_release(xg);
+            tb_tensor_release(bg);
+            tb_tensor_release(ref);
+            tb_tensor_release(got);
+        }
+    }
+}
+
+/* r <- max over each row of (r + x), chained: the [8, 1] running value is broadcast along
+   the 32-wide row the vector reduction reads. */
+static void test_vector_reduce_broadcast_operand(void **state) {
+    float hx[8 * 32], h0[8], got[8], want[8];
+    tb_shape xs = tb_shape_of(TB_F32, 2, 8, 32), rs = tb_shape_of(TB_F32, 2, 8, 1);
+    const tb_device *devs[2];
+    int d, i, r, step;
+    (void)state;
+    REQUIRE_OPENCL();
+    devs[0] = &g_cpu;
+    devs[1] = &g_ocl;
+    for (i = 0; i < 8 * 32; i++)
+        hx[i] = (float)((i * 37 % 101) / 50.0 - 1.0);
+    for (r = 0; r < 8; r++)
+        h0[r] = (float)r;
+    for (d = 0; d < 2; d++) {
+        tb_tensor *x = tb_tensor_from_host(hx, &xs, devs[d]);
+        tb_tensor *v = tb_tensor_from_host(h0, &rs, devs[d]);
+        int32_t axis = 1;
+        assert_non_null(x);
+        assert_non_null(v);
+        for (step = 0; step < 6; step++) {
+            tb_tensor *t = tb_add(v, x), *u = tb_max(t, &axis, 1, true);
+            assert_non_null(u);
+            tb_tensor_release(t);
+            tb_tensor_release(v);
+            v = u;
+        }
+        assert_int_equal(tb_tensor_to_host(v, d == 0 ? want : got, sizeof got), TB_OK);
+        tb_tensor_release(v);
+        tb_tensor_release(x);
+    }
+    for (r = 0; r < 8; r++) {
+        float m = -INFINITY;
+        for (i = 0; i < 32; i++)
+            m = hx[r * 32 + i] > m ? hx[r * 32 + i] : m;
+        /* (cmocka's float assert lets a NaN through) */
+        if (!(fabsf(want[r] - ((float)r + 6.0f * m)) <= 1e-5f) ||
+            !(fabsf(got[r] - want[r]) <= 1e-5f))
+            fail_msg("row %d: %s gives %g, cpu %g, expected %g", r, TEST_BACKEND, (double)got[r],
+                     (double)want[r], (double)((float)r + 6.0f * m));
+    }
 }
 
 /* ---- devices, transfers, memory ---- */
@@ -2848,6 +3171,97 @@ static void test_run_time_errors(void **state) {
 }
 
 /* ---- two devices ---- */
+
+/* Two threads on two devices run at once: a run on opencl:0 stops, while it holds its device,
+   in the logger's callback of its first kernel line (TB_DEBUG=2), until a whole sync on
+   opencl:1 has finished on another thread. With one lock for the backend that sync would wait
+   for the first run: the first thread's wait ends after 60 s and the test fails (a guard
+   against a hang, not a timing threshold). */
+static pthread_mutex_t g_par_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_par_cond = PTHREAD_COND_INITIALIZER;
+static int g_par_inside, g_par_other_done, g_par_timed_out;
+static pthread_t g_par_waiter;
+
+static void par_logger(tb_log_level level, const char *message, void *user_data) {
+    struct timespec until;
+    (void)level, (void)user_data;
+    if (strncmp(message, "opencl:0 ", 9) != 0 || !pthread_equal(pthread_self(), g_par_waiter))
+        return;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 60;
+    pthread_mutex_lock(&g_par_lock);
+    if (!g_par_inside) {
+        g_par_inside = 1;
+        pthread_cond_broadcast(&g_par_cond);
+        while (!g_par_other_done && !g_par_timed_out) {
+            if (pthread_cond_timedwait(&g_par_cond, &g_par_lock, &until) != 0) g_par_timed_out = 1;
+        }
+    }
+    pthread_mutex_unlock(&g_par_lock);
+}
+
+static void *par_run_device0(void *arg) {
+    tb_tensor *y = (tb_tensor *)arg;
+    return (void *)(intptr_t)tb_sync(&y, 1);
+}
+
+static void test_two_devices_run_at_once(void **state) {
+    float a[256], got[256];
+    tb_shape s = shp(TB_F32, 1, 256, 0, 0, 0);
+    tb_device d0, d1;
+    tb_desc desc;
+    tb_tensor *x0, *y0, *x1, *y1;
+    size_t count = 0;
+    void *rc = NULL;
+    int i;
+    (void)state;
+    REQUIRE_OPENCL();
+    assert_int_equal(tb_backend_devices("opencl", NULL, 0, &count), TB_OK);
+    if (count < 2) {
+        print_message("one OpenCL device only (POCL_DEVICES=\"pthread pthread\" gives two)\n");
+        skip();
+    }
+    tb_shutdown();
+    memset(&desc, 0, sizeof desc);
+    desc.debug = 2;
+    desc.logger.func = par_logger;
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    assert_int_equal(tb_device_make("opencl", 0, &d0), TB_OK);
+    assert_int_equal(tb_device_make("opencl", 1, &d1), TB_OK);
+    for (i = 0; i < 256; i++)
+        a[i] = (float)i;
+    x0 = tb_tensor_from_host(a, &s, &d0);
+    y0 = tb_mul_scalar(x0, 2.0);
+    x1 = tb_tensor_from_host(a, &s, &d1);
+    y1 = tb_add_scalar(x1, 1.0);
+    g_par_inside = g_par_other_done = g_par_timed_out = 0;
+    assert_int_equal(pthread_create(&g_par_waiter, NULL, par_run_device0, y0), 0);
+    pthread_mutex_lock(&g_par_lock);
+    while (!g_par_inside)
+        pthread_cond_wait(&g_par_cond, &g_par_lock);
+    pthread_mutex_unlock(&g_par_lock);
+    /* opencl:0 is in the middle of a run: opencl:1 compiles and runs a graph meanwhile */
+    assert_int_equal(tb_tensor_to_host(y1, got, sizeof got), TB_OK);
+    for (i = 0; i < 256; i++)
+        assert_true(got[i] == (float)i + 1.0f);
+    pthread_mutex_lock(&g_par_lock);
+    g_par_other_done = 1;
+    pthread_cond_broadcast(&g_par_cond);
+    pthread_mutex_unlock(&g_par_lock);
+    pthread_join(g_par_waiter, &rc);
+    assert_false(g_par_timed_out);
+    assert_int_equal((int)(intptr_t)rc, TB_OK);
+    assert_int_equal(tb_tensor_to_host(y0, got, sizeof got), TB_OK);
+    for (i = 0; i < 256; i++)
+        assert_true(got[i] == (float)i * 2.0f);
+    tb_tensor_release(y0);
+    tb_tensor_release(x0);
+    tb_tensor_release(y1);
+    tb_tensor_release(x1);
+    tb_shutdown();
+    assert_int_equal(tb_setup(NULL), TB_OK);
+    probe();
+}
 
 static void test_two_devices(void **state) {
     tb_device d1;
@@ -3273,7 +3687,7 @@ static void test_disk_cache_symlinks(void **state) {
     /* the temporary paths the writer tries next: created with O_EXCL, so never followed */
     assert_int_equal(remove(path), 0);
     restart_library();
-    first = tb__ocl_disk_counter;
+    first = tb__disk_counter;
     for (i = 0; i < 8; i++) {
         snprintf(links[i], sizeof links[i], "%s/.%.32s.%ld.%u.tmp", dir, name, (long)getpid(),
                  first + (unsigned)i);
@@ -4163,8 +4577,6 @@ static void test_pad_allocation_failures(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_devices),
-        cmocka_unit_test(test_transfers),
         cmocka_unit_test(test_unary),
         cmocka_unit_test(test_cast_and_not),
         cmocka_unit_test(test_binary),
@@ -4173,7 +4585,6 @@ int main(void) {
         cmocka_unit_test(test_argmax_nan_and_ties),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_softmax_layer_norm),
-        cmocka_unit_test(test_gpu_code_paths),
         cmocka_unit_test(test_movement),
         cmocka_unit_test(test_concat_pad_gather),
         cmocka_unit_test(test_generators),
@@ -4181,17 +4592,34 @@ int main(void) {
         cmocka_unit_test(test_rand_bit_identical),
         cmocka_unit_test(test_custom_ops),
         cmocka_unit_test(test_custom_op_without_expr_falls_back),
-        cmocka_unit_test(test_custom_op_compile_error),
         cmocka_unit_test(test_fusion_patterns),
         cmocka_unit_test(test_dot_clusters),
         cmocka_unit_test(test_dumps_under_allocation_failures),
         cmocka_unit_test(test_max_min_nan_large),
-        cmocka_unit_test(test_dot_compile_error_plain),
+        cmocka_unit_test(test_vector_exp),
+        cmocka_unit_test(test_vector_reduce_broadcast_operand),
+        cmocka_unit_test(test_vector_operand_relations),
+        cmocka_unit_test(test_random_wide_graphs),
+        cmocka_unit_test(test_kept_panels_follow_their_buffer),
+        cmocka_unit_test(test_long_chain_splits),
+        cmocka_unit_test(test_many_arguments_split),
         cmocka_unit_test(test_scalars_do_not_recompile),
         cmocka_unit_test(test_random_graphs),
-        cmocka_unit_test(test_allocation_too_large),
         cmocka_unit_test(test_run_time_errors),
+        cmocka_unit_test(test_scalar_feeds_every_kernel_kind),
+        cmocka_unit_test(test_scalar_special_values),
+        cmocka_unit_test(test_pad_allocation_failures),
+    };
+    /* OpenCL's own machinery: devices, program caches, the loader */
+    const struct CMUnitTest opencl_tests[] = {
+        cmocka_unit_test(test_transfers),
+        cmocka_unit_test(test_devices),
+        cmocka_unit_test(test_gpu_code_paths),
+        cmocka_unit_test(test_custom_op_compile_error),
+        cmocka_unit_test(test_dot_compile_error_plain),
+        cmocka_unit_test(test_allocation_too_large),
         cmocka_unit_test(test_two_devices),
+        cmocka_unit_test(test_two_devices_run_at_once),
         cmocka_unit_test(test_disk_cache),
         cmocka_unit_test(test_disk_cache_forged_entry),
         cmocka_unit_test(test_disk_cache_fifo_entry),
@@ -4204,10 +4632,10 @@ int main(void) {
         cmocka_unit_test(test_runtime_load_retried),
         cmocka_unit_test(test_runtime_load_device_facts),
         cmocka_unit_test(test_unavailable_library),
-        cmocka_unit_test(test_scalar_feeds_every_kernel_kind),
-        cmocka_unit_test(test_scalar_special_values),
-        cmocka_unit_test(test_pad_allocation_failures),
     };
+    int failed;
     if (getenv("TB_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("TB_TEST_FILTER"));
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
+    if (TEST_OPENCL) failed += cmocka_run_group_tests(opencl_tests, group_setup, group_teardown);
+    return failed;
 }

@@ -164,6 +164,7 @@ static const unary_case unary_cases[] = {
     {"tb_sigmoid", tb_sigmoid, 0},
     {"tb_relu", tb_relu, 2},
     {"tb_gelu", tb_gelu, 1},
+    {"tb_erf", tb_erf, 0},
     {"tb_silu", tb_silu, 1},
     {"tb_reciprocal", tb_reciprocal, 0},
     {"tb_floor", tb_floor, 2},

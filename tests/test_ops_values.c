@@ -210,14 +210,17 @@ static double ref_unary(int which, double x) {
     }
     case 17:
         return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0);
+    case 18:
+        return erf(x);
     default:
         return 0.0;
     }
 }
 
-static const unary_fn unary_fns[] = {
-    tb_neg,     tb_abs,  tb_exp,  tb_log,  tb_sqrt,       tb_rsqrt, tb_sin,  tb_cos,   tb_tanh,
-    tb_sigmoid, tb_relu, tb_gelu, tb_silu, tb_reciprocal, tb_floor, tb_ceil, tb_round, tb_sign};
+static const unary_fn unary_fns[] = {tb_neg,   tb_abs,   tb_exp,  tb_log,        tb_sqrt,
+                                     tb_rsqrt, tb_sin,   tb_cos,  tb_tanh,       tb_sigmoid,
+                                     tb_relu,  tb_gelu,  tb_silu, tb_reciprocal, tb_floor,
+                                     tb_ceil,  tb_round, tb_sign, tb_erf};
 
 static void test_unary_float(void **state) {
     float a[35];

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
@@ -471,30 +473,52 @@ static void count_logs(tb_log_level level, const char *message, void *user_data)
 
 static void test_default_backend_from_env_and_desc(void **state) {
     tb_desc desc;
+    tb_device d;
     static log_count logs;
+    static const float one = 1.0f;
+    tb_shape s = tb_shape_of(TB_F32, 1, 1);
     (void)state;
     memset(&desc, 0, sizeof desc);
     memset(&logs, 0, sizeof logs);
     desc.logger.func = count_logs;
     desc.logger.user_data = &logs;
 
-    /* an unknown default falls back to cpu with one warning, and sets no error */
+    /* an unknown default is an error at every use, named like a bad TB_DEVICE; nothing falls
+       back to cpu and nothing is logged */
     setenv("TB_BACKEND", "not_a_backend", 1);
     assert_int_equal(tb_setup(&desc), TB_OK);
     tb_clear_error();
+    assert_null(tb_get_backend());
+    assert_int_equal(tb_last_status(), TB_ERR_NOT_FOUND);
+    assert_starts_with(tb_last_error(), "tb_get_backend: TB_BACKEND='not_a_backend' is not a "
+                                        "usable backend: unknown backend 'not_a_backend'; "
+                                        "available: cpu");
+    assert_int_equal(tb_current_device(&d), TB_ERR_NOT_FOUND);
+    assert_starts_with(tb_last_error(), "tb_current_device: TB_BACKEND='not_a_backend' is not a "
+                                        "usable backend: unknown backend 'not_a_backend'; "
+                                        "available: ");
+    assert_null(tb_tensor_from_host(&one, &s, NULL));
+    assert_int_equal(tb_last_status(), TB_ERR_NOT_FOUND);
+    assert_null(tb_get_backend()); /* still: the error is not a one-time warning */
+    assert_int_equal(logs.warnings, 0);
+    /* choosing a backend ends it */
+    assert_int_equal(tb_set_backend("cpu"), TB_OK);
     assert_string_equal(tb_get_backend(), "cpu");
-    assert_string_equal(tb_get_backend(), "cpu");
-    assert_int_equal(logs.warnings, 1);
-    assert_non_null(strstr(logs.last, "'not_a_backend'"));
-    assert_int_equal(tb_last_status(), TB_OK);
+    assert_int_equal(tb_current_device(&d), TB_OK);
     tb_shutdown();
 
-    /* the desc wins over the environment */
+    /* the desc wins over the environment, and the message names it */
     desc.backend = "cpu";
     memset(&logs, 0, sizeof logs);
     assert_int_equal(tb_setup(&desc), TB_OK);
     assert_string_equal(tb_get_backend(), "cpu");
     assert_int_equal(logs.warnings, 0);
+    tb_shutdown();
+    desc.backend = "ghost";
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    assert_int_equal(tb_current_device(&d), TB_ERR_NOT_FOUND);
+    assert_starts_with(tb_last_error(), "tb_current_device: desc.backend='ghost' is not a usable "
+                                        "backend: unknown backend 'ghost'; available: ");
     tb_shutdown();
     unsetenv("TB_BACKEND");
 }
@@ -508,6 +532,15 @@ static void test_default_backend_from_env_plugin(void **state) {
     setenv("TB_BACKEND", "plugin", 1);
     assert_int_equal(tb_setup(NULL), TB_OK);
     assert_string_equal(tb_get_backend(), "plugin");
+    tb_shutdown();
+    /* a plugin that fails to load: the loader's reason, under the setting's name */
+    setenv("TB_BACKEND", "failinit", 1);
+    assert_int_equal(tb_setup(NULL), TB_OK);
+    assert_null(tb_get_backend());
+    assert_int_equal(tb_last_status(), TB_ERR_PLUGIN);
+    assert_starts_with(tb_last_error(),
+                       "tb_get_backend: TB_BACKEND='failinit' is not a usable backend: plugin ");
+    assert_non_null(strstr(tb_last_error(), "failinit: no such hardware here"));
     tb_shutdown();
     unsetenv("TB_BACKEND");
     assert_string_equal(tb_get_backend(), "cpu");
@@ -1052,6 +1085,109 @@ static void test_bad_plugins_rejected(void **state) {
     }
 }
 
+static void touch(const char *dir, const char *file) {
+    char path[512];
+    FILE *f;
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    fclose(f);
+}
+
+/* tb_backend_list_plugins: the names TB_BACKEND_PATH offers, from file names alone (nothing is
+   loaded), sorted, once each, like tb_backend_list fills its array. */
+static void test_list_plugins(void **state) {
+    char a[] = "/tmp/tb_test_plugins_a_XXXXXX", b[] = "/tmp/tb_test_plugins_b_XXXXXX";
+    char path[1200], sub[600];
+    char names[8][TB_MAX_NAME + 1];
+    static const char *const files[] = {"libtb_backend_zeta.so",     "libtb_backend_alpha.so",
+                                        "libtb_backend_bad-name.so", "libtb_backend_.so",
+                                        "libtb_backend_mid.so.1",    "notaplugin.so",
+                                        "libtb_backend_mid.so"};
+    size_t i;
+    (void)state;
+    assert_non_null(mkdtemp(a));
+    assert_non_null(mkdtemp(b));
+    for (i = 0; i < sizeof files / sizeof files[0]; i++)
+        touch(a, files[i]);
+    touch(b, "libtb_backend_alpha.so"); /* in both folders: listed once */
+    touch(b, "libtb_backend_beta.so");
+    snprintf(sub, sizeof sub, "%s/libtb_backend_folder.so", b); /* not a file */
+    assert_int_equal(mkdir(sub, 0700), 0);
+    snprintf(path, sizeof path, "%s::/nonexistent/folder:%s", a, b);
+    setenv("TB_BACKEND_PATH", path, 1);
+
+    assert_int_equal(tb_backend_list_plugins(NULL, 0), 4);
+    assert_int_equal(tb_backend_list_plugins(NULL, 99), 4); /* NULL: the count, whatever cap */
+    memset(names, 0, sizeof names);
+    assert_int_equal(tb_backend_list_plugins(names, 8), 4);
+    assert_string_equal(names[0], "alpha");
+    assert_string_equal(names[1], "beta");
+    assert_string_equal(names[2], "mid");
+    assert_string_equal(names[3], "zeta");
+    assert_string_equal(names[4], "");
+    memset(names, 0, sizeof names);
+    assert_int_equal(tb_backend_list_plugins(names, 2), 4); /* the first two, the full count */
+    assert_string_equal(names[1], "beta");
+    assert_string_equal(names[2], "");
+    assert_false(tb_has_backend("alpha")); /* nothing was loaded: these files are empty */
+    unsetenv("TB_BACKEND_PATH");
+    assert_int_equal(tb_backend_list_plugins(names, 8), 0);
+
+    for (i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", a, files[i]);
+        assert_int_equal(remove(path), 0);
+    }
+    snprintf(path, sizeof path, "%s/libtb_backend_alpha.so", b);
+    assert_int_equal(remove(path), 0);
+    snprintf(path, sizeof path, "%s/libtb_backend_beta.so", b);
+    assert_int_equal(remove(path), 0);
+    assert_int_equal(rmdir(sub), 0);
+    assert_int_equal(rmdir(a), 0);
+    assert_int_equal(rmdir(b), 0);
+}
+
+/* A plugin that builds its own copy of the library (TB_STATIC) and reports errors only through
+   that copy's tb_set_error: the host's tb_last_error shows them, from the entry, from init and
+   from the backend entries a sync calls. */
+static void test_plugin_tb_set_error_reaches_host(void **state) {
+    static const float one[2] = {1.0f, 2.0f};
+    tb_shape s = tb_shape_of(TB_F32, 1, 2);
+    tb_device dev;
+    tb_tensor *x, *y;
+    float out[2];
+    (void)state;
+    (void)plugin_dir(); /* skips without plugins */
+
+    assert_null(tb_backend_lookup("seterrorentry"));
+    assert_int_equal(tb_last_status(), TB_ERR_PLUGIN);
+    if (strstr(tb_last_error(), "tb_backend_plugin_entry failed: seterrorentry: firmware 0.9 is "
+                                "too old") == NULL) {
+        fail_msg("entry: '%s'", tb_last_error());
+    }
+    assert_null(tb_backend_lookup("seterrorinit"));
+    assert_int_equal(tb_last_status(), TB_ERR_PLUGIN);
+    if (strstr(tb_last_error(), "init of backend 'seterrorinit' failed: seterrorinit: the card "
+                                "is not plugged in") == NULL) {
+        fail_msg("init: '%s'", tb_last_error());
+    }
+
+    assert_int_equal(tb_device_make("seterror", 0, &dev), TB_OK);
+    x = tb_tensor_from_host(one, &s, &dev);
+    assert_non_null(x);
+    y = tb_neg(x);
+    assert_non_null(y);
+    assert_int_equal(tb_tensor_to_host(y, out, sizeof out), TB_ERR_EXECUTE);
+    assert_string_equal(tb_last_error(), "tb_tensor_to_host: backend 'seterror': execute: "
+                                         "seterror: the device fell off the bus");
+    /* a success after it leaves the host's error alone */
+    assert_int_equal(tb_tensor_to_host(x, out, sizeof out), TB_OK);
+    assert_true(out[1] == 2.0f);
+    assert_int_equal(tb_last_status(), TB_ERR_EXECUTE);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+}
+
 /* Plugins whose strings are hostile and live in the plugin's own memory: the host must quote
    them from copies taken before it unloads the object (each used to crash the host). */
 static void test_hostile_plugins_rejected(void **state) {
@@ -1495,6 +1631,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_plugin_load_out_of_memory, reset, reset),
         cmocka_unit_test_setup_teardown(test_bad_plugins_rejected, reset, reset),
         cmocka_unit_test_setup_teardown(test_hostile_plugins_rejected, reset, reset),
+        cmocka_unit_test_setup_teardown(test_plugin_tb_set_error_reaches_host, reset, reset),
+        cmocka_unit_test_setup_teardown(test_list_plugins, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_register_distinct, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_register_same_name, reset, reset),
         cmocka_unit_test_setup_teardown(test_threads_load_plugin_once, reset, reset),

@@ -309,8 +309,8 @@ if [ "${TB_TEST_OPENCL_LEAKS:-0}" = 1 ]; then
 fi
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 
-# The plugins the registry tests load from TB_BACKEND_PATH (examples/plugin_backend.c and one
-# broken plugin per error path). Built without sanitizers: a plain shared object loads into a
+# The plugins the registry tests load from TB_BACKEND_PATH (examples/plugin_backend.c, one
+# broken plugin per error path, and plugins that report errors through their own tb_set_error). Built without sanitizers: a plain shared object loads into a
 # sanitized program, not the other way round.
 plugin_src=examples/plugin_backend.c
 log=build/plugins/build.log

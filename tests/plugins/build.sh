@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the plugins the registry tests load:   bash tests/plugins/build.sh OUTDIR
 #   OUTDIR/libtb_backend_plugin.so       examples/plugin_backend.c (a working plugin)
-#   OUTDIR/libtb_backend_<variant>.so    tests/plugins/bad_plugin.c, one per error path
+#   OUTDIR/libtb_backend_<variant>.so    tests/plugins/bad_plugin.c, one per error path, and
+#                                        tests/plugins/seterror_plugin.c, one per variant
 # tests/test_registry.c finds them through TB_BACKEND_PATH=OUTDIR. CC picks the compiler
 # (default cc; it may hold arguments, e.g. "ccache gcc"). Plain shared objects, without
 # sanitizers: they load into sanitized test programs.
@@ -24,4 +25,11 @@ for variant in "${variants[@]}"; do
     # shellcheck disable=SC2086
     $cc $flags -D"$macro" tests/plugins/bad_plugin.c -o "$out/libtb_backend_$variant.so"
 done
-echo "built $((${#variants[@]} + 1)) plugins in $out"
+# Plugins that report errors only through tb_set_error of their own copy of the library.
+seterror_variants=(seterror seterrorentry seterrorinit)
+for variant in "${seterror_variants[@]}"; do
+    macro=TB_TEST_$(printf '%s' "$variant" | tr '[:lower:]' '[:upper:]')
+    # shellcheck disable=SC2086
+    $cc $flags -D"$macro" tests/plugins/seterror_plugin.c -o "$out/libtb_backend_$variant.so"
+done
+echo "built $((${#variants[@]} + ${#seterror_variants[@]} + 1)) plugins in $out"

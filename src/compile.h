@@ -1,0 +1,412 @@
+/* ===========================================================================================
+   The internal contract of the compiled backends (OpenCL, native): what the planner, the index
+   arithmetic, the code generator and the disk cache give the parts after them. The types are
+   defined here and the functions declared; each is defined in the part named above it.
+   =========================================================================================== */
+#include "impl_begin.h"
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+/* ---- diskcache.c: the disk cache of compiled programs ---- */
+
+#define TB__DISK_MAX_PARTS 12
+
+/* What a program depends on, as texts: the source, the compiler or driver and its options,
+   the device, this library's version. Equal keys, interchangeable programs. */
+typedef struct tb__disk_key {
+    const char *parts[TB__DISK_MAX_PARTS];
+    size_t lens[TB__DISK_MAX_PARTS];
+    size_t count;
+} tb__disk_key;
+
+/* A kind of entry: the backend naming it in messages, its magic (8 bytes), format version and
+   file name suffix. */
+typedef struct tb__disk_format {
+    const char *who;
+    const char *magic;
+    uint32_t version;
+    const char *suffix;
+} tb__disk_format;
+
+/* adds a part (a NUL-terminated text when len is (size_t)-1); false when the key is full */
+static bool tb__disk_key_add(tb__disk_key *key, const char *part, size_t len);
+/* a 128-bit hash of the key's parts, masked by `mask` */
+static void tb__disk_key_hash(const tb__disk_key *key, uint64_t mask, uint64_t out[2]);
+/* the cache folder's path (caller frees), or NULL when the cache is off */
+static char *tb__disk_cache_path(void);
+/* the payload of the entry of `key` (caller frees) or NULL; then *save_dir is the folder to
+   write the program to (caller frees; NULL when the cache is off or not usable), *path the
+   entry's path (caller frees) and *why what is wrong with a file that is there */
+static unsigned char *tb__disk_lookup(const tb__disk_format *fmt, const tb__disk_key *key,
+                                      const uint64_t hash[2], int32_t *reported, size_t *size,
+                                      char **save_dir, char **path, const char **why);
+/* removes an entry that cannot be used */
+static void tb__disk_reject(const char *path);
+/* writes `payload` as the entry of `key` in the folder `dir` */
+static void tb__disk_store(const tb__disk_format *fmt, const char *dir, const tb__disk_key *key,
+                           const uint64_t hash[2], int32_t *reported, const unsigned char *payload,
+                           size_t n);
+
+/* ---- planner.c: the kernel plan ---- */
+
+/* The numbers that shape kernels for a class of device. A backend picks the table of its
+   device and may hand the planner a copy with changes (tests, experiments). */
+typedef struct tb__tuning {
+    const char *name;
+    /* reductions and norms over rows */
+    int32_t reduce_lanes;     /* independent accumulators per work item and row (1: one) */
+    int32_t max_group;        /* largest work-group for one row; 1: a work item per row always */
+    int64_t group_min_len;    /* rows shorter than this get one work item each */
+    int32_t item_rows_per_cu; /* from this many rows per compute unit, a work item per row */
+    int32_t gpu_rows;         /* GPUs: one item per row when rows >= compute units x this and
+                                 the row is not contiguous (neighbours read neighbours); 0: off */
+    /* split reductions: few outputs over many elements */
+    int64_t split_min_len;       /* rows shorter than this are not split */
+    int64_t split_min_chunk;     /* elements per chunk at least */
+    int32_t split_chunks_per_cu; /* outputs x chunks wanted per compute unit */
+    int32_t split_max_chunks;
+    /* matmul */
+    int32_t mm_kind;     /* TB__MM_PACKED (registers as fallback) or TB__MM_TILES */
+    int32_t mm_reg_rows; /* register block of the unpacked kernel: rows x columns */
+    int32_t mm_reg_cols;
+    int32_t mm_small_n;     /* up to this many columns: one register block of all of them */
+    int32_t mm_reg_group_x; /* its work-group */
+    int32_t mm_reg_group_y;
+    int32_t mm_panel_rows; /* packed: rows of A per panel and per work item */
+    int32_t mm_vec_f32;    /* packed: columns of B per panel (one vector) for f32 and f64 */
+    int32_t mm_vec_f64;
+    int32_t mm_pack_group_k;  /* pack kernels: work-group of vector width x this */
+    int64_t mm_pack_min_work; /* M x N x K below this: not packed */
+    int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
+    int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
+    int32_t mm_tile_k;        /* tiles: depth of a tile */
+    /* budgets of one kernel's code */
+    int64_t values_per_kernel;  /* values a kernel computes per output element */
+    int32_t positions_per_node; /* positions one node is evaluated at in one kernel */
+    int32_t nesting;            /* pad, concat and gather nested in one kernel */
+    /* launch */
+    int32_t item_group; /* preferred work-group of kernels launched over items */
+    /* rows read in order: f32 elements per vector (a work item's row loop reads that many at
+       once); 0: no vectors (rows are spread over a work-group instead) */
+    int32_t vec_width;
+} tb__tuning;
+
+enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
+enum { TB__CLASS_CPU, TB__CLASS_GPU, TB__CLASS_HOST };
+
+/* What the planner knows of the device. */
+typedef struct tb__target {
+    const tb__tuning *tuning;
+    uint32_t compute_units;
+    uint32_t max_group;      /* the device's largest work-group */
+    uint64_t max_allocation; /* bytes; 0: unknown */
+    size_t max_args;         /* kernel arguments the device takes (8 bytes each) */
+    bool f64;                /* double precision is available */
+    bool acc_f64;            /* f32 sums accumulate in double (cheap on CPUs with fp64) */
+} tb__target;
+
+/* ---- the plan ---- */
+
+enum {
+    TB__K_ELEMENTWISE,
+    TB__K_REDUCE,
+    TB__K_MATMUL,
+    TB__K_NORM,
+    TB__K_PARTIAL, /* first stage of a split reduction: partial results per chunk */
+    TB__K_PACK_A,  /* a matmul's left operand copied into row panels */
+    TB__K_PACK_B   /* a matmul's right operand copied into column panels */
+};
+enum { TB__SLOT_PARAM, TB__SLOT_RESULT, TB__SLOT_TEMP };
+/* a kernel's arguments after its output: buffers, scalars by value, the error flag buffer,
+   the table of scalars (graphs with many scalars) */
+enum { TB__ARG_BUF, TB__ARG_SCALAR, TB__ARG_ERR, TB__ARG_TABLE };
+
+/* Graphs with more scalar parameters than this pass them in a table (one small buffer written
+   before the kernels) rather than as kernel arguments: devices may accept as little as 1024
+   bytes of arguments per kernel. */
+#define TB__PLAN_MAX_SCALAR_ARGS 16
+/* the context of a view that every kernel reading it evaluates itself */
+#define TB__CTX_ANY (-3)
+
+typedef struct tb__plan_arg {
+    int32_t kind;
+    int32_t index; /* a slot for buffers, a parameter for scalars */
+} tb__plan_arg;
+
+typedef struct tb__plan_kernel {
+    int32_t kind;
+    int32_t root, core; /* node indices; core -1 for elementwise kernels */
+    int32_t owner; /* the kernel whose nodes it evaluates: itself, or the kernel it is a stage of
+                      (the final stage of a split reduction, a matmul reading panels) */
+    int32_t split; /* a split reduction's chunk count (both stages), else 0 */
+    int32_t partial_slot; /* the final stage: the partial results it reads */
+    int32_t mm;           /* matmul: TB__MM_* */
+    int32_t pack_slot[2]; /* a packed matmul: the panels of A and B */
+    int32_t pack_param;   /* a pack kernel: the parameter whose buffer alone its panels come
+                             from (panels a backend may keep while that buffer holds), or -1 */
+    int32_t out_slot;
+    char name[64];
+    tb__plan_arg *args;
+    size_t num_args;
+    /* layout */
+    int32_t group;    /* reductions and norms: work items per row (1: one item per row) */
+    int32_t lanes;    /* reductions: independent accumulators per item */
+    bool suffix;      /* reductions: the reduced axes are the trailing ones (rows contiguous) */
+    tb_dtype acc;     /* reductions, norms: the accumulator dtype */
+    int32_t vec;      /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
+    int32_t vec_axes; /* the row's trailing axes the vectors run along */
+    int32_t rm, rn;   /* matmul: outputs per work item (rows, columns); packed: rm x vector */
+    int32_t tk;       /* matmul in tiles: depth of a tile */
+    /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
+       work-group), or fixed work-group sizes and counts */
+    uint32_t work_dim;
+    uint64_t items;
+    size_t group_size[3];
+    size_t groups[3];
+    bool empty; /* no work item: not emitted, not launched */
+    double flops, bytes;
+} tb__plan_kernel;
+
+typedef struct tb__plan_slot {
+    int32_t kind;
+    int32_t index; /* parameter or result index */
+    tb_shape shape;
+    int32_t last_use; /* the last kernel reading or writing it */
+} tb__plan_slot;
+
+/* Where a run-time error flag came from (out-of-range gather index, negative integer power). */
+typedef struct tb__errsite {
+    tb_op op;
+    int32_t node;
+    int32_t dim;
+    int64_t size;
+} tb__errsite;
+
+/* A planned graph: what a backend needs to run it besides its code; no node pointers. */
+typedef struct tb__plan {
+    uint64_t graph_hash;
+    size_t num_params, num_results;
+    int32_t *param_scalar; /* 1: passed by value (SCALAR); 0: a buffer */
+    tb_dtype *param_dtype;
+    int32_t *result_slot;   /* per result: the slot holding it */
+    int32_t *result_source; /* per result: -1, or an earlier result it duplicates */
+    tb__plan_slot *slots;
+    size_t num_slots, cap_slots;
+    tb__plan_kernel *kernels;
+    size_t num_kernels, cap_kernels;
+    tb__errsite *errsites;
+    size_t num_errsites, cap_errsites;
+    bool scalar_table; /* scalars in a table buffer (8 bytes each, by parameter index) */
+    /* per graph node (post-order): the kernel computing it, -1 for none (get_node_kernel) */
+    int32_t *node_kernel;
+    size_t num_nodes;
+} tb__plan;
+
+/* ---- the planner's view of a graph (alive while the graph is lowered) ---- */
+
+typedef struct tb__pnode {
+    const tb_node *node;
+    int32_t first_operand; /* into tb__pgraph.operands */
+    int32_t first_user;    /* into tb__pgraph.users */
+    int32_t num_users;     /* distinct users */
+    int32_t uses;          /* operand slots that name it */
+    int32_t param, result, slot;
+    int32_t ctx; /* the kernel evaluating it (its own kernel when it is a root) */
+    bool root, ident, in_mm, force_root;
+    int32_t depth;      /* pad/concat/gather above it in its kernel */
+    int32_t keys_first; /* its positions in its kernel: keys[keys_first .. + keys_count] */
+    int32_t keys_count;
+} tb__pnode;
+
+typedef struct tb__pgraph {
+    const tb_graph *graph;
+    const tb__target *target;
+    size_t n;
+    tb__pnode *info;
+    int32_t *operands;
+    int32_t *users;
+    /* node pointer -> index */
+    const tb_node **map_keys;
+    int32_t *map_vals;
+    size_t map_cap;
+    tb__plan *plan;
+    /* positions of the partition under way */
+    uint64_t *keys;
+    size_t num_keys, cap_keys;
+    int64_t *kernel_values; /* per kernel: values it computes per output element */
+    size_t cap_kernel_values;
+} tb__pgraph;
+
+/* A matmul core's sizes: batch (the product of the leading dims), M, N and K. */
+typedef struct tb__plan_mm {
+    int64_t batch, m, n, k;
+} tb__plan_mm;
+
+/* the tuning table of a device class (TB__CLASS_*) */
+static void tb__tuning_of(int32_t device_class, tb__tuning *t);
+/* plans `graph` for `target`: *out the plan (tb__plan_free), G the graph view the renderer
+   reads (tb__pgraph_free once the code is emitted) */
+static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target, tb__pgraph *G,
+                                tb__plan **out);
+static void tb__plan_free(tb__plan *p);
+static void tb__pgraph_free(tb__pgraph *G);
+/* the error a run reports from its error flag (flag[0]: 1 + the errsite) */
+static tb_status tb__plan_run_error(const tb__plan *p, const char *who, const int64_t flag[4]);
+/* how an operand's dims run along a node's row (its last row_axes axes) */
+enum { TB__ROW_ALIGNED, TB__ROW_CONSTANT, TB__ROW_OTHER };
+static int32_t tb__plan_row_relation(const tb_shape *ds, const tb_shape *os, int32_t row_axes);
+/* the desc of a custom op (NULL for built-ins) */
+static const tb_custom_op_desc *tb__plan_custom(tb_op op);
+/* what the renderer asks of a planned graph */
+static int32_t tb__plan_operand(const tb__pgraph *G, int32_t node, size_t k);
+static const tb_shape *tb__plan_shape(const tb__pgraph *G, int32_t node);
+static int64_t tb__plan_numel(const tb_shape *s);
+static bool tb__plan_same_dims(const tb_shape *a, const tb_shape *b);
+static bool tb__plan_is_elementwise(tb_op op);
+static tb__plan_mm tb__plan_mm_of(const tb__pgraph *G, int32_t core);
+/* batch, M, N, K, panel count and panel width of a packed matmul's operand */
+static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]);
+/* the error code a failing node writes (1 + its errsite), -1 for none */
+static int32_t tb__plan_errsite_code(const tb__plan *p, int32_t node);
+
+/* ---- index.c: index arithmetic and the text of a kernel ---- */
+
+#define TB__LF_MAX     8
+#define TB__IX_BUCKETS 4096
+
+/* c + sum(coef[i] * var[i]), terms sorted by var, unused entries zero (so memcmp works). */
+typedef struct tb__lf {
+    int64_t c;
+    int32_t n;
+    int32_t var[TB__LF_MAX];
+    int64_t coef[TB__LF_MAX];
+} tb__lf;
+
+/* Which element of an array of `dims` a kernel is at: its flat (row-major) offset, its index
+   along each dim, or both. Interned, so equal positions share an id; the form a position was
+   made with identifies it, the other is added when needed. */
+typedef struct tb__pos {
+    int32_t rank;
+    int32_t has_flat, has_multi, key_flat;
+    int64_t dims[TB_MAX_RANK];
+    tb__lf flat;
+    tb__lf dim[TB_MAX_RANK];
+    uint64_t hash;
+    int32_t next;
+} tb__pos;
+
+/* what the memo holds: a value v<n> of a node at a position (the renderer's), or the first of
+   the variables an unravelled flat form was split into */
+enum { TB__MEMO_VALUE = 1, TB__MEMO_UNRAVEL = 2, TB__MEMO_VECTOR = 3 };
+
+typedef struct tb__ix_memo {
+    uint64_t key;
+    int32_t kind, a, b;
+    uint64_t extra;
+    int32_t value;
+    int32_t next;
+} tb__ix_memo;
+
+typedef struct tb__ix_undo {
+    int32_t pos;
+    int32_t form; /* 1: flat was added, 2: multi was added */
+} tb__ix_undo;
+
+typedef struct tb__ix_scope {
+    size_t memo, undo;
+} tb__ix_scope;
+
+typedef struct tb__ix_var {
+    int64_t lo, hi;
+} tb__ix_var;
+
+/* The state of one kernel's code while it is emitted: its text (one builder whose failure is
+   sticky and checked once, after the kernel), the indentation, the index variables i<n>
+   (`long`, with their ranges), the interned positions, the memo of what was computed in the
+   enclosing blocks (values and unravelled positions; a block's entries are forgotten at its
+   closing brace) and the first error. */
+typedef struct tb__ix {
+    tb__str body;
+    int indent;
+    tb__ix_var *vars;
+    size_t num_vars, cap_vars;
+    tb__pos *pos;
+    size_t num_pos, cap_pos;
+    int32_t pos_head[TB__IX_BUCKETS];
+    tb__ix_memo *memo;
+    size_t num_memo, cap_memo;
+    int32_t memo_head[TB__IX_BUCKETS];
+    tb__ix_undo *undo;
+    size_t num_undo, cap_undo;
+    tb__ix_scope *scopes;
+    size_t num_scopes, cap_scopes;
+    tb_status status;
+} tb__ix;
+
+#define TB__LF_TEXT 640 /* bytes of a form as text */
+
+static void tb__lf_const(tb__lf *lf, int64_t c);
+static bool tb__lf_add_term(tb__lf *lf, int32_t var, int64_t coef);
+static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap);
+static tb_status tb__ix_fail(tb__ix *g, tb_status st);
+static void tb__ix_line(tb__ix *g, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
+static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
+static bool tb__ix_lf_addmul(tb__ix *g, tb__lf *dst, const tb__lf *src, int64_t scale);
+static int32_t tb__ix_memo_find(const tb__ix *g, int32_t kind, int32_t a, int32_t b,
+                                uint64_t extra);
+static void tb__ix_memo_add(tb__ix *g, int32_t kind, int32_t a, int32_t b, uint64_t extra,
+                            int32_t value);
+static void tb__ix_open(tb__ix *g, const char *head);
+static void tb__ix_close(tb__ix *g, const char *tail);
+static bool tb__ix_need_flat(tb__ix *g, int32_t id);
+static bool tb__ix_need_multi(tb__ix *g, int32_t id);
+static int32_t tb__ix_pos_multi(tb__ix *g, const tb_shape *shape, const tb__lf *dims);
+static int32_t tb__ix_pos_flat(tb__ix *g, const tb_shape *shape, const tb__lf *flat);
+static int32_t tb__ix_var_pos_flat(tb__ix *g, const tb_shape *shape, int32_t var, int64_t scale,
+                                   int32_t var2);
+static void tb__ix_reset(tb__ix *g);
+static void tb__ix_free(tb__ix *g);
+
+/* ---- codegen.c: the C-family code generator ---- */
+
+/* One parameter of a kernel's entry point, as the renderer describes it to the dialect. */
+typedef struct tb__cg_param {
+    int32_t role;     /* TB__ARG_* or -1 for the output */
+    const char *type; /* the element type (buffers, tables) or the value type (scalars) */
+    char name[16];    /* out, b<slot>, s<param>, tb_sc, tb_err */
+} tb__cg_param;
+
+/* What differs between the C-family languages the generator writes. */
+typedef struct tb__dialect {
+    const char *name;
+    /* the text before the shared prelude (pragmas, includes, typedefs, helpers) */
+    const char *head;
+    /* address space of buffers ("__global " or ""), of work-group memory ("__local "; NULL:
+       none, and no plan for this dialect may use work-groups of more than one item) */
+    const char *global;
+    const char *local;
+    const char *barrier; /* a work-group barrier statement */
+    /* work-item ids as printf formats of the dimension */
+    const char *global_id;
+    const char *group_id;
+    const char *local_id;
+    /* vectors: float16 and double8 with vload16/vstore16 and vload8/vstore8, scalar * vector
+       widening the scalar; a vector of zeros as a format of the vector type */
+    const char *vec_zero;
+    const char *min_long; /* min of two longs */
+    const char *bits_f32; /* the float of 32 bits (uint) */
+    const char *bits_f64; /* the double of 64 bits (ulong) */
+    bool f64;             /* the target has double precision */
+    /* a math function's name for a dtype (exp, log, sin, cos, tanh, sqrt, erf, pow, fabs,
+       floor, ceil, rint) */
+    const char *(*math)(const char *fn, tb_dtype dtype);
+    /* writes one kernel: its entry point around `body` */
+    void (*kernel)(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
+                   size_t num_params, const char *body);
+} tb__dialect;
+
+/* renders every kernel of the plan through the dialect as one program (caller frees) */
+static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
+                               size_t *len);
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */

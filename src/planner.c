@@ -1,0 +1,1585 @@
+/* ===========================================================================================
+   Kernel planner: turns a graph into a kernel plan, the only interface between scheduling and
+   code generation. It knows nothing of OpenCL or of any language: it decides which nodes form
+   which kernel (elementwise chains fused; elementwise producers fused into reductions, norms
+   and matmul operands as index arithmetic; elementwise consumers as epilogues), which
+   reductions are split into a partial and a final stage, which matmuls read packed operand
+   panels, which buffers each kernel reads and how long each lives, the launch geometry and the
+   kernel names. Every decision is made here, before any code is emitted, within budgets that
+   keep each kernel's code small; the renderer (codegen.c) then emits exactly this plan.
+
+   Every node is either materialised (a parameter, or the output of a kernel: a "root") or
+   inlined into the one kernel that reads it (views read by several kernels are inlined into
+   each: they are index arithmetic only).
+   =========================================================================================== */
+#include "impl_begin.h"
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+/* ---- tuning: one table per device class ---- */
+
+/* The table of a device class:
+   - TB__CLASS_CPU, CPU devices of OpenCL (PoCL and others): no local memory worth using; the
+     driver vectorises work items, so a row kernel gives each work item a row (or a chunk of
+     one) with several accumulators; matmuls read packed panels, and the caches tile them.
+     Measured on PoCL 3.1 on 2-core AVX-512 CPUs (README, Performance).
+   - TB__CLASS_GPU, GPUs and accelerators: a work-group per row with a local-memory reduction;
+     matmul in local-memory tiles.
+   - TB__CLASS_HOST, the native backend's threads: a thread runs a range of work items, so there
+     are no work-groups; otherwise as TB__CLASS_CPU. */
+static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
+    bool gpu = device_class == TB__CLASS_GPU, host = device_class == TB__CLASS_HOST;
+    memset(t, 0, sizeof *t);
+    t->name = gpu ? "gpu" : (host ? "host" : "cpu");
+    t->reduce_lanes = gpu ? 1 : 8;
+    t->max_group = gpu ? 256 : (host ? 1 : 64);
+    t->group_min_len = 32;
+    t->item_rows_per_cu = gpu ? 0 : 4;
+    t->gpu_rows = gpu ? 256 : 0;
+    t->split_min_len = 16384;
+    t->split_min_chunk = 4096;
+    t->split_chunks_per_cu = gpu ? 16 : 64;
+    t->split_max_chunks = 1024;
+    t->mm_kind = gpu ? TB__MM_TILES : TB__MM_PACKED;
+    t->mm_reg_rows = 8;
+    t->mm_reg_cols = 8;
+    t->mm_small_n = 16;
+    t->mm_reg_group_x = host ? 1 : 8;
+    t->mm_reg_group_y = host ? 1 : 4;
+    t->mm_panel_rows = 16;
+    t->mm_vec_f32 = 16;
+    t->mm_vec_f64 = 8;
+    t->mm_pack_group_k = host ? 1 : 8;
+    t->mm_pack_min_work = 262144; /* 64^3 */
+    t->mm_tile_group = 16;
+    t->mm_tile_block = 4;
+    t->mm_tile_k = 16;
+    t->values_per_kernel = 4096;
+    t->positions_per_node = 64;
+    t->nesting = 64;
+    t->item_group = gpu ? 256 : (host ? 1 : 128);
+    t->vec_width = gpu ? 0 : 16;
+}
+
+/* ---- tuning: one table per device class ---- */
+
+/* ---- small helpers ---- */
+
+static bool tb__plan_same_dims(const tb_shape *a, const tb_shape *b) {
+    int32_t i;
+    if (a->rank != b->rank) return false;
+    for (i = 0; i < a->rank; i++)
+        if (a->dims[i] != b->dims[i]) return false;
+    return true;
+}
+
+/* Elements of a shape already checked by the IR (no overflow). */
+static int64_t tb__plan_numel(const tb_shape *s) {
+    int64_t n = 1;
+    int32_t i;
+    for (i = 0; i < s->rank; i++)
+        n *= s->dims[i];
+    return n;
+}
+
+static const tb_custom_op_desc *tb__plan_custom(tb_op op) {
+    return op >= TB_OP_BUILTIN_COUNT ? tb_op_custom_desc(op) : NULL;
+}
+
+/* Elementwise ops: their operands are read at the same (broadcast) position. A custom op is
+   one when it has a kernel expression and the default (broadcast) shape rule. */
+static bool tb__plan_is_elementwise(tb_op op) {
+    tb_op_kind kind = tb_op_get_kind(op);
+    if (kind == TB_KIND_UNARY || kind == TB_KIND_BINARY || kind == TB_KIND_TERNARY) return true;
+    if (kind == TB_KIND_CUSTOM) {
+        const tb_custom_op_desc *d = tb__plan_custom(op);
+        return d != NULL && d->opencl_expr != NULL && d->infer_shape == NULL;
+    }
+    return false;
+}
+
+/* Ops computed where they are used. */
+static bool tb__plan_is_inlinable(tb_op op) {
+    tb_op_kind kind = tb_op_get_kind(op);
+    if (tb__plan_is_elementwise(op)) return true;
+    if (kind == TB_KIND_MOVEMENT || kind == TB_KIND_OTHER) return true;
+    return op == TB_OP_ARANGE || op == TB_OP_EYE || op == TB_OP_RAND || op == TB_OP_RANDN;
+}
+
+/* Ops a matmul operand may read through without a copy (index arithmetic only). */
+static bool tb__plan_is_view_like(tb_op op) {
+    return tb_op_get_kind(op) == TB_KIND_MOVEMENT || op == TB_OP_CAST;
+}
+
+/* Ops that open a block of their own in a kernel (their operands are evaluated inside it). */
+static bool tb__plan_is_nesting(tb_op op) {
+    return op == TB_OP_PAD || op == TB_OP_CONCAT || op == TB_OP_GATHER || op == TB_OP_INDEX_SELECT;
+}
+
+static int32_t tb__plan_core_kind(tb_op op) {
+    switch (tb_op_get_kind(op)) {
+    case TB_KIND_REDUCE:
+        return TB__K_REDUCE;
+    case TB_KIND_MATMUL:
+        return TB__K_MATMUL;
+    case TB_KIND_NORM:
+        return TB__K_NORM;
+    default:
+        return -1;
+    }
+}
+
+static int32_t tb__plan_operand(const tb__pgraph *G, int32_t node, size_t k) {
+    return G->operands[G->info[node].first_operand + (int32_t)k];
+}
+
+static const tb_shape *tb__plan_shape(const tb__pgraph *G, int32_t node) {
+    return &G->info[node].node->shape;
+}
+
+static size_t tb__plan_ptr_hash(const void *p, size_t cap) {
+    uint64_t h = tb__hash_u64(0x6f70656e636c6d61ull, (uint64_t)(uintptr_t)p);
+    return (size_t)(h & (uint64_t)(cap - 1));
+}
+
+static int32_t tb__plan_index_of(const tb__pgraph *G, const tb_node *node) {
+    size_t i = tb__plan_ptr_hash(node, G->map_cap);
+    while (G->map_keys[i] != NULL) {
+        if (G->map_keys[i] == node) return G->map_vals[i];
+        i = (i + 1) & (G->map_cap - 1);
+    }
+    return -1;
+}
+
+static void tb__plan_free(tb__plan *p) {
+    size_t i;
+    if (p == NULL) return;
+    for (i = 0; i < p->num_kernels; i++)
+        tb__free(p->kernels[i].args);
+    tb__free(p->kernels);
+    tb__free(p->slots);
+    tb__free(p->param_scalar);
+    tb__free(p->param_dtype);
+    tb__free(p->result_slot);
+    tb__free(p->result_source);
+    tb__free(p->errsites);
+    tb__free(p->node_kernel);
+    tb__free(p);
+}
+
+static void tb__pgraph_free(tb__pgraph *G) {
+    tb__free(G->info);
+    tb__free(G->operands);
+    tb__free(G->users);
+    tb__free((void *)G->map_keys);
+    tb__free(G->map_vals);
+    tb__free(G->keys);
+    tb__free(G->kernel_values);
+    memset(G, 0, sizeof *G);
+}
+
+/* ---- the graph view: node table, operand and user lists, parameters and results ---- */
+
+static tb_status tb__pgraph_init(tb__pgraph *G) {
+    const tb_graph *g = G->graph;
+    size_t i, k, total_ops = 0;
+    int32_t *fill, at = 0;
+    G->n = g->num_nodes;
+    if (G->n > (size_t)INT32_MAX / 2) {
+        return tb__error(TB_ERR_UNSUPPORTED, "planner: a graph of %zu nodes is too large", G->n);
+    }
+    G->info = (tb__pnode *)tb__calloc(G->n + 1, sizeof *G->info);
+    G->map_cap = 16;
+    while (G->map_cap < 2 * G->n + 2)
+        G->map_cap *= 2;
+    G->map_keys = (const tb_node **)tb__calloc(G->map_cap, sizeof *G->map_keys);
+    G->map_vals = (int32_t *)tb__calloc(G->map_cap, sizeof *G->map_vals);
+    if (G->info == NULL || G->map_keys == NULL || G->map_vals == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < G->n; i++) {
+        const tb_node *node = g->nodes[i];
+        size_t h = tb__plan_ptr_hash(node, G->map_cap);
+        while (G->map_keys[h] != NULL)
+            h = (h + 1) & (G->map_cap - 1);
+        G->map_keys[h] = node;
+        G->map_vals[h] = (int32_t)i;
+        G->info[i].node = node;
+        G->info[i].param = -1;
+        G->info[i].result = -1;
+        G->info[i].slot = -1;
+        G->info[i].ctx = -1;
+        total_ops += node->num_operands;
+    }
+    G->operands = (int32_t *)tb__calloc(total_ops + 1, sizeof *G->operands);
+    G->users = (int32_t *)tb__calloc(total_ops + 1, sizeof *G->users);
+    fill = (int32_t *)tb__calloc(G->n + 1, sizeof *fill);
+    if (G->operands == NULL || G->users == NULL || fill == NULL) {
+        tb__free(fill);
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    for (i = 0; i < g->num_parameters; i++) {
+        int32_t p = tb__plan_index_of(G, g->parameters[i]);
+        if (p < 0) {
+            tb__free(fill);
+            return tb__error(TB_ERR_INTERNAL, "planner: parameter %zu is not in the graph", i);
+        }
+        G->info[p].param = (int32_t)i;
+    }
+    for (i = 0; i < g->num_results; i++) {
+        int32_t r = tb__plan_index_of(G, g->results[i]);
+        if (r < 0) {
+            tb__free(fill);
+            return tb__error(TB_ERR_INTERNAL, "planner: result %zu is not in the graph", i);
+        }
+        if (G->info[r].result < 0) G->info[r].result = (int32_t)i;
+    }
+    /* operands (parameters are leaves: their operands are not part of this graph's work) */
+    total_ops = 0;
+    for (i = 0; i < G->n; i++) {
+        const tb_node *node = G->info[i].node;
+        G->info[i].first_operand = (int32_t)total_ops;
+        if (G->info[i].param >= 0) continue;
+        for (k = 0; k < node->num_operands; k++) {
+            int32_t o = tb__plan_index_of(G, node->operands[k]);
+            if (o < 0 || (size_t)o >= i) {
+                tb__free(fill);
+                return tb__error(TB_ERR_INTERNAL,
+                                 "planner: the graph is not in post-order (node %zu, operand %zu)",
+                                 i, k);
+            }
+            G->operands[total_ops++] = o;
+            G->info[o].uses++;
+        }
+    }
+    /* distinct users, grouped per node: counted, then filled */
+    for (i = 0; i < G->n; i++) {
+        const tb_node *node = G->info[i].node;
+        if (G->info[i].param >= 0) continue;
+        for (k = 0; k < node->num_operands; k++) {
+            int32_t o = tb__plan_operand(G, (int32_t)i, k);
+            size_t j;
+            bool seen = false;
+            for (j = 0; j < k && !seen; j++)
+                seen = tb__plan_operand(G, (int32_t)i, j) == o;
+            if (!seen) G->info[o].num_users++;
+        }
+    }
+    for (i = 0; i < G->n; i++) {
+        G->info[i].first_user = at;
+        at += G->info[i].num_users;
+    }
+    for (i = 0; i < G->n; i++) {
+        const tb_node *node = G->info[i].node;
+        if (G->info[i].param >= 0) continue;
+        for (k = 0; k < node->num_operands; k++) {
+            int32_t o = tb__plan_operand(G, (int32_t)i, k);
+            size_t j;
+            bool seen = false;
+            for (j = 0; j < k && !seen; j++)
+                seen = tb__plan_operand(G, (int32_t)i, j) == o;
+            if (!seen) G->users[G->info[o].first_user + fill[o]++] = (int32_t)i;
+        }
+    }
+    tb__free(fill);
+    return TB_OK;
+}
+
+/* ---- positions and budgets ----
+   A node inlined into a kernel is evaluated once per distinct position its users read it at,
+   and each evaluation is code. The planner names positions by keys: a user at key q reads an
+   operand at q itself when the operand is aligned with it (an elementwise op over equal dims),
+   else at a key mixed from q, the user and the operand slot; a kernel's core reads its operands
+   at keys of its own (the accumulators of a reduction loop, the passes of a norm, the rows and
+   columns of a matmul block). Two keys may name one position: an over-count, which only makes
+   the budgets stricter. A node that would break a budget (positions per node, values per
+   kernel, nesting of pad/concat/gather) is materialised instead, so that no kernel's code grows
+   without bound (a DAG that reads its values through ever more views, a chain of 40,000 ops). */
+
+#define TB__PLAN_KEY_ROOT 0x9e3779b97f4a7c15ull
+#define TB__PLAN_KEYSET   256 /* open addressing: 4x the largest positions_per_node */
+#define TB__PLAN_MAX_KEYS 64
+
+typedef struct tb__keyset {
+    uint64_t slot[TB__PLAN_KEYSET];
+    uint64_t list[TB__PLAN_MAX_KEYS];
+    int32_t count;
+    bool full;
+} tb__keyset;
+
+static void tb__keyset_add(tb__keyset *s, uint64_t key, int32_t cap) {
+    size_t h = (size_t)(key * 0x9E3779B97F4A7C15ull >> 56) & (TB__PLAN_KEYSET - 1);
+    key |= 1; /* 0 marks an empty slot */
+    if (s->full) return;
+    while (s->slot[h] != 0) {
+        if (s->slot[h] == key) return;
+        h = (h + 1) & (TB__PLAN_KEYSET - 1);
+    }
+    if (s->count >= cap || s->count >= TB__PLAN_MAX_KEYS) {
+        s->full = true;
+        return;
+    }
+    s->slot[h] = key;
+    s->list[s->count++] = key;
+}
+
+static uint64_t tb__plan_key_mix(uint64_t q, int32_t user, size_t k, int32_t lane) {
+    uint64_t h = tb__hash_u64(q, (uint64_t)(uint32_t)user);
+    h = tb__hash_u64(h, (uint64_t)k);
+    return tb__hash_u64(h, (uint64_t)(uint32_t)lane);
+}
+
+/* How many positions a kernel's core reads operand k at (an upper bound). */
+static int32_t tb__plan_core_reads(const tb__pgraph *G, int32_t core, size_t k) {
+    const tb__tuning *t = G->target->tuning;
+    switch (tb_op_get_kind(G->info[core].node->op)) {
+    case TB_KIND_REDUCE:
+        return t->reduce_lanes > 1 ? t->reduce_lanes + 1 : 1;
+    case TB_KIND_NORM:
+        return k == 0 ? 3 : 1; /* x in each of the three passes; weight and bias in the last */
+    case TB_KIND_MATMUL:
+        if (t->mm_kind == TB__MM_TILES) return 1;
+        return k == 0 ? t->mm_reg_rows : t->mm_reg_cols;
+    default:
+        return 1;
+    }
+}
+
+static tb_status tb__plan_kernel_values_grow(tb__pgraph *G, size_t kernels) {
+    size_t old = G->cap_kernel_values;
+    if (kernels <= old) return TB_OK;
+    if (tb__grow((void **)&G->kernel_values, &G->cap_kernel_values, kernels, sizeof(int64_t)) !=
+        TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    memset(G->kernel_values + old, 0, (G->cap_kernel_values - old) * sizeof(int64_t));
+    return TB_OK;
+}
+
+/* Stores a node's positions in its kernel. */
+static tb_status tb__plan_keys_store(tb__pgraph *G, int32_t node, const uint64_t *keys,
+                                     int32_t count) {
+    if (tb__grow((void **)&G->keys, &G->cap_keys, G->num_keys + (size_t)count, sizeof(uint64_t)) !=
+        TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    memcpy(G->keys + G->num_keys, keys, (size_t)count * sizeof(uint64_t));
+    G->info[node].keys_first = (int32_t)G->num_keys;
+    G->info[node].keys_count = count;
+    G->num_keys += (size_t)count;
+    return TB_OK;
+}
+
+/* Whether node i, read by users that are all in kernel `ctx`, fits into that kernel's budgets;
+   on true its positions and nesting depth are stored and the kernel's values counted. */
+static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits) {
+    const tb__tuning *t = G->target->tuning;
+    tb__pnode *in = &G->info[i];
+    const tb_shape *is = &in->node->shape;
+    tb__keyset *set;
+    int32_t e, depth = 0, core = G->plan->kernels[ctx].core;
+    tb_status st;
+    *fits = false;
+    set = (tb__keyset *)tb__calloc(1, sizeof *set);
+    if (set == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (e = 0; e < in->num_users && !set->full; e++) {
+        int32_t u = G->users[in->first_user + e];
+        const tb__pnode *ui = &G->info[u];
+        bool aligned =
+            tb__plan_is_elementwise(ui->node->op) && tb__plan_same_dims(&ui->node->shape, is);
+        size_t k;
+        int32_t d = ui->depth + (tb__plan_is_nesting(ui->node->op) ? 1 : 0);
+        if (d > depth) depth = d;
+        for (k = 0; k < ui->node->num_operands && !set->full; k++) {
+            int32_t lane, q;
+            if (tb__plan_operand(G, u, k) != i) continue;
+            if (tb__plan_numel(is) <= 1 && ui->node->op != TB_OP_PAD &&
+                ui->node->op != TB_OP_CONCAT) {
+                tb__keyset_add(set, TB__PLAN_KEY_ROOT ^ 0x5ca1a4ull, t->positions_per_node);
+            } else if (u == core) {
+                int32_t reads = tb__plan_core_reads(G, u, k);
+                for (lane = 0; lane < reads; lane++)
+                    tb__keyset_add(set, tb__plan_key_mix(TB__PLAN_KEY_ROOT, u, k, lane),
+                                   t->positions_per_node);
+            } else {
+                for (q = 0; q < ui->keys_count; q++) {
+                    uint64_t key = G->keys[ui->keys_first + q];
+                    tb__keyset_add(set, aligned ? key : tb__plan_key_mix(key, u, k, 0),
+                                   t->positions_per_node);
+                }
+            }
+        }
+    }
+    if (!set->full && depth <= t->nesting &&
+        G->kernel_values[ctx] + set->count <= t->values_per_kernel) {
+        st = tb__plan_keys_store(G, i, set->list, set->count);
+        if (st != TB_OK) {
+            tb__free(set);
+            return st;
+        }
+        in->depth = depth;
+        G->kernel_values[ctx] += set->count;
+        *fits = true;
+    }
+    tb__free(set);
+    return TB_OK;
+}
+
+/* ---- partition ---- */
+
+static tb_status tb__plan_add_kernel(tb__pgraph *G, int32_t kind, int32_t root, int32_t core,
+                                     int32_t *out) {
+    tb__plan *p = G->plan;
+    tb__plan_kernel *k;
+    if (tb__grow((void **)&p->kernels, &p->cap_kernels, p->num_kernels + 1,
+                 sizeof(tb__plan_kernel)) != TB_OK ||
+        tb__plan_kernel_values_grow(G, p->num_kernels + 1) != TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    k = &p->kernels[p->num_kernels];
+    memset(k, 0, sizeof *k);
+    k->kind = kind;
+    k->root = root;
+    k->core = core;
+    k->out_slot = -1;
+    k->partial_slot = -1;
+    k->pack_slot[0] = k->pack_slot[1] = -1;
+    G->kernel_values[p->num_kernels] = 1;
+    *out = (int32_t)p->num_kernels++;
+    return TB_OK;
+}
+
+/* A node becomes the root of a kernel of its own, evaluated at the kernel's output. */
+static tb_status tb__plan_make_root(tb__pgraph *G, int32_t i, int32_t kind, int32_t core) {
+    static const uint64_t root_key = TB__PLAN_KEY_ROOT;
+    tb__pnode *in = &G->info[i];
+    int32_t k;
+    tb_status st = tb__plan_add_kernel(G, kind, i, core, &k);
+    if (st != TB_OK) return st;
+    in->root = true;
+    in->ctx = k;
+    in->ident = true;
+    in->depth = 0;
+    return tb__plan_keys_store(G, i, &root_key, 1);
+}
+
+/* Orders kernels by their roots (producers first) and renumbers the contexts. */
+static tb_status tb__plan_sort_kernels(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    size_t nk = p->num_kernels, i, j;
+    int32_t *remap;
+    tb__plan_kernel *sorted;
+    if (nk == 0) return TB_OK;
+    remap = (int32_t *)tb__calloc(nk, sizeof *remap);
+    sorted = (tb__plan_kernel *)tb__calloc(nk, sizeof *sorted);
+    if (remap == NULL || sorted == NULL) {
+        tb__free(remap);
+        tb__free(sorted);
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    /* kernels were made from the last node to the first: reversing sorts them by root */
+    for (i = 0; i < nk; i++) {
+        j = nk - 1 - i;
+        sorted[i] = p->kernels[j];
+        remap[j] = (int32_t)i;
+    }
+    for (i = 1; i < nk; i++) {
+        if (sorted[i - 1].root >= sorted[i].root) {
+            tb__free(remap);
+            tb__free(sorted);
+            return tb__error(TB_ERR_INTERNAL, "planner: kernels out of order");
+        }
+    }
+    memcpy(p->kernels, sorted, nk * sizeof *sorted);
+    for (i = 0; i < G->n; i++)
+        if (G->info[i].ctx >= 0) G->info[i].ctx = remap[G->info[i].ctx];
+    tb__free(remap);
+    tb__free(sorted);
+    return TB_OK;
+}
+
+/* Roots and contexts. Users come before their operands (reverse post-order), so a node knows
+   the kernels of all its users when its turn comes: it is inlined when they all share one
+   kernel (and, under a matmul, when it is index arithmetic) and it fits that kernel's budgets,
+   else it becomes a root. A reduction, matmul or norm whose only user is an elementwise node
+   evaluated at the kernel's output position becomes that kernel's core, and the elementwise
+   nodes above it its epilogue. */
+static tb_status tb__plan_partition(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    int32_t i;
+    size_t j;
+    tb_status st;
+    for (j = 0; j < p->num_kernels; j++)
+        tb__free(p->kernels[j].args);
+    p->num_kernels = 0;
+    G->num_keys = 0;
+    for (j = 0; j < G->n; j++) {
+        tb__pnode *in = &G->info[j];
+        in->root = in->ident = in->in_mm = false;
+        in->ctx = -1;
+        in->slot = -1;
+        in->depth = 0;
+        in->keys_count = 0;
+    }
+    for (i = (int32_t)G->n - 1; i >= 0; i--) {
+        tb__pnode *in = &G->info[i];
+        const tb_node *node = in->node;
+        bool must_root = in->result >= 0 || in->force_root || in->num_users == 0;
+        int32_t core_kind = tb__plan_core_kind(node->op);
+        if (in->param >= 0) {
+            /* a parameter returned as a result: a copy */
+            if (in->result >= 0) {
+                st = tb__plan_make_root(G, i, TB__K_ELEMENTWISE, -1);
+                if (st != TB_OK) return st;
+            }
+            continue;
+        }
+        if (core_kind >= 0) {
+            if (!must_root && in->num_users == 1 && in->uses == 1) {
+                int32_t u = G->users[in->first_user];
+                const tb__pnode *ui = &G->info[u];
+                if (ui->ident && ui->ctx >= 0 && p->kernels[ui->ctx].core < 0 &&
+                    tb__plan_is_elementwise(ui->node->op) &&
+                    tb__plan_same_dims(&ui->node->shape, &node->shape)) {
+                    p->kernels[ui->ctx].core = i;
+                    p->kernels[ui->ctx].kind = core_kind;
+                    in->ctx = ui->ctx;
+                    in->ident = true;
+                    st = tb__plan_keys_store(G, i, &G->keys[ui->keys_first], 1);
+                    if (st != TB_OK) return st;
+                    continue;
+                }
+            }
+            st = tb__plan_make_root(G, i, core_kind, i);
+            if (st != TB_OK) return st;
+            continue;
+        }
+        if (!tb__plan_is_inlinable(node->op)) {
+            const char *name = tb_op_name(node->op);
+            return tb__error(TB_ERR_UNSUPPORTED, "planner: op '%s' cannot be lowered",
+                             name != NULL ? name : "?");
+        }
+        if (!must_root) {
+            int32_t common = -2, u = -1, e;
+            bool ok = true, in_mm = false, movement = tb_op_get_kind(node->op) == TB_KIND_MOVEMENT;
+            for (e = 0; e < in->num_users; e++) {
+                const tb__pnode *ui;
+                u = G->users[in->first_user + e];
+                ui = &G->info[u];
+                if (common == -2) {
+                    common = ui->ctx;
+                } else if (common != ui->ctx) {
+                    ok = false;
+                }
+                if (ui->node->op == TB_OP_MATMUL || (ui->in_mm && !ui->root)) in_mm = true;
+            }
+            if (common < 0) ok = false;
+            if (ok && in_mm && !tb__plan_is_view_like(node->op)) ok = false;
+            if (!ok && movement && (common >= 0 || common == TB__CTX_ANY)) {
+                /* a view read by several kernels: each reads through it (index arithmetic),
+                   whatever is below it is materialised once */
+                in->ctx = TB__CTX_ANY;
+                continue;
+            }
+            if (ok) {
+                st = tb__plan_fits(G, i, common, &ok);
+                if (st != TB_OK) return st;
+            }
+            if (ok) {
+                in->ctx = common;
+                in->in_mm = in_mm;
+                if (in->num_users == 1 && in->uses == 1) {
+                    const tb__pnode *ui = &G->info[u];
+                    in->ident = ui->ident && tb__plan_is_elementwise(ui->node->op) &&
+                                tb__plan_same_dims(&ui->node->shape, &node->shape);
+                }
+                continue;
+            }
+        }
+        st = tb__plan_make_root(G, i, TB__K_ELEMENTWISE, -1);
+        if (st != TB_OK) return st;
+    }
+    return tb__plan_sort_kernels(G);
+}
+
+/* ---- split reductions and packed matmuls ---- */
+
+/* The reduced element count and output count of a reduction node. */
+static void tb__plan_reduce_sizes(const tb__pgraph *G, int32_t core, int64_t *n_out, int64_t *m) {
+    const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, core, 0));
+    *n_out = tb__plan_numel(tb__plan_shape(G, core));
+    *m = *n_out > 0 ? tb__plan_numel(xs) / *n_out : 0;
+}
+
+/* The dtype a reduction accumulates in (and the partial results of a split one hold): the
+   operand's for max and min, the wider float where the target affords it for f32 sums, and
+   the wrapping 32- or 64-bit integer for integer sums and products. */
+static tb_dtype tb__plan_reduce_acc(const tb__pgraph *G, int32_t core) {
+    const tb_node *c = G->info[core].node;
+    tb_dtype od = c->shape.dtype;
+    if (c->op == TB_OP_MAX || c->op == TB_OP_MIN || c->op == TB_OP_ARGMAX || c->op == TB_OP_ARGMIN)
+        return tb__plan_shape(G, tb__plan_operand(G, core, 0))->dtype;
+    if (tb_dtype_is_float(od)) return od == TB_F32 && G->target->acc_f64 ? TB_F64 : od;
+    return od == TB_I64 ? TB_I64 : TB_I32;
+}
+
+/* How many chunks a reduction with few outputs over many elements is split into, so that
+   every compute unit gets work; 1: not split. */
+static int64_t tb__plan_split_count(const tb__pgraph *G, int64_t n_out, int64_t m) {
+    const tb__tuning *t = G->target->tuning;
+    int64_t want = (int64_t)G->target->compute_units * t->split_chunks_per_cu, chunks;
+    if (n_out <= 0 || m < t->split_min_len || n_out >= want) return 1;
+    chunks = (want + n_out - 1) / n_out;
+    if (chunks > m / t->split_min_chunk) chunks = m / t->split_min_chunk;
+    if (chunks > t->split_max_chunks) chunks = t->split_max_chunks;
+    return chunks >= 2 ? chunks : 1;
+}
+
+/* Inserts `count` zeroed kernels at position `at`, keeping contexts and owners pointing at
+   the kernels they pointed at. */
+static tb_status tb__plan_insert_kernels(tb__pgraph *G, size_t at, size_t count) {
+    tb__plan *p = G->plan;
+    size_t j;
+    if (tb__grow((void **)&p->kernels, &p->cap_kernels, p->num_kernels + count,
+                 sizeof(tb__plan_kernel)) != TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    memmove(&p->kernels[at + count], &p->kernels[at],
+            (p->num_kernels - at) * sizeof(tb__plan_kernel));
+    p->num_kernels += count;
+    for (j = 0; j < G->n; j++)
+        if (G->info[j].ctx >= (int32_t)at) G->info[j].ctx += (int32_t)count;
+    for (j = 0; j < p->num_kernels; j++)
+        if ((j < at || j >= at + count) && p->kernels[j].owner >= (int32_t)at)
+            p->kernels[j].owner += (int32_t)count;
+    for (j = at; j < at + count; j++) {
+        memset(&p->kernels[j], 0, sizeof(tb__plan_kernel));
+        p->kernels[j].out_slot = -1;
+        p->kernels[j].partial_slot = -1;
+        p->kernels[j].pack_slot[0] = p->kernels[j].pack_slot[1] = -1;
+    }
+    return TB_OK;
+}
+
+/* Splits reductions with few outputs into a partial stage (chunks of each row in parallel)
+   and a final stage (combines the chunks, then the epilogue). */
+static tb_status tb__plan_split_reductions(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    size_t i;
+    for (i = 0; i < p->num_kernels; i++)
+        p->kernels[i].owner = (int32_t)i;
+    for (i = 0; i < p->num_kernels; i++) {
+        tb__plan_kernel *k = &p->kernels[i];
+        const tb_node *c;
+        int64_t n_out, m, chunks;
+        tb_status st;
+        if (k->kind != TB__K_REDUCE) continue;
+        c = G->info[k->core].node;
+        if (c->op == TB_OP_ARGMAX || c->op == TB_OP_ARGMIN) continue;
+        tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+        chunks = tb__plan_split_count(G, n_out, m);
+        if (chunks <= 1) continue;
+        st = tb__plan_insert_kernels(G, i, 1);
+        if (st != TB_OK) return st;
+        p->kernels[i].kind = TB__K_PARTIAL;
+        p->kernels[i].root = p->kernels[i + 1].root;
+        p->kernels[i].core = p->kernels[i + 1].core;
+        p->kernels[i].split = (int32_t)chunks;
+        p->kernels[i].owner = (int32_t)i + 1;
+        p->kernels[i + 1].split = (int32_t)chunks;
+        i++;
+    }
+    return TB_OK;
+}
+
+static tb__plan_mm tb__plan_mm_of(const tb__pgraph *G, int32_t core) {
+    const tb_shape *cs = tb__plan_shape(G, core);
+    const tb_shape *as = tb__plan_shape(G, tb__plan_operand(G, core, 0));
+    tb__plan_mm mm;
+    int32_t d;
+    mm.batch = 1;
+    for (d = 0; d + 2 < cs->rank; d++)
+        mm.batch *= cs->dims[d];
+    mm.m = cs->dims[cs->rank - 2];
+    mm.n = cs->dims[cs->rank - 1];
+    mm.k = as->dims[as->rank - 1];
+    return mm;
+}
+
+/* The panels of a packed matmul's operand: batch, M, N, K, the panel count and the panel
+   width (rows of A per panel, or one vector of columns of B). */
+static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]) {
+    const tb__tuning *t = G->target->tuning;
+    tb__plan_mm mm = tb__plan_mm_of(G, core);
+    int64_t width =
+        is_a ? t->mm_panel_rows
+             : (tb__plan_shape(G, core)->dtype == TB_F64 ? t->mm_vec_f64 : t->mm_vec_f32);
+    int64_t len = is_a ? mm.m : mm.n;
+    sizes[0] = mm.batch;
+    sizes[1] = mm.m;
+    sizes[2] = mm.n;
+    sizes[3] = mm.k;
+    sizes[4] = (len + width - 1) / width;
+    sizes[5] = width;
+}
+
+/* Whether a matmul kernel reads packed panels: a float matmul with some work in it whose
+   panels fit the device's allocations. */
+static bool tb__plan_mm_packs(const tb__pgraph *G, int32_t core) {
+    const tb__tuning *t = G->target->tuning;
+    const tb_shape *cs = tb__plan_shape(G, core);
+    const tb_shape *as = tb__plan_shape(G, tb__plan_operand(G, core, 0));
+    const tb_shape *bs = tb__plan_shape(G, tb__plan_operand(G, core, 1));
+    tb__plan_mm mm = tb__plan_mm_of(G, core);
+    tb_dtype od = cs->dtype;
+    double elems;
+    if (t->mm_kind != TB__MM_PACKED || (od != TB_F32 && od != TB_F64)) return false;
+    if (as->dtype != od || bs->dtype != od || as->rank != cs->rank || bs->rank != cs->rank)
+        return false;
+    if (od == TB_F64 && !G->target->f64) return false;
+    if (mm.m < 4 || mm.n < 16 || mm.k < 16 ||
+        (double)mm.m * (double)mm.n * (double)mm.k < (double)t->mm_pack_min_work)
+        return false;
+    /* the panels of the bigger operand (batch included) within half the largest allocation */
+    elems = (double)(mm.m > mm.n ? mm.m + t->mm_panel_rows : mm.n + t->mm_vec_f32) * (double)mm.k *
+            (double)mm.batch;
+    if (G->target->max_allocation > 0 &&
+        elems * (double)tb_dtype_size(od) > (double)G->target->max_allocation / 2)
+        return false;
+    return true;
+}
+
+/* Chooses each matmul's kernel and puts the two pack kernels in front of those that pack. */
+static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    size_t i, j;
+    for (i = 0; i < p->num_kernels; i++) {
+        tb__plan_kernel *k = &p->kernels[i];
+        tb_status st;
+        if (k->kind != TB__K_MATMUL) continue;
+        if (G->target->tuning->mm_kind == TB__MM_TILES) {
+            k->mm = TB__MM_TILES;
+            continue;
+        }
+        k->mm = TB__MM_REGISTERS;
+        if (!tb__plan_mm_packs(G, k->core)) continue;
+        st = tb__plan_insert_kernels(G, i, 2);
+        if (st != TB_OK) return st;
+        for (j = 0; j < 2; j++) {
+            tb__plan_kernel *pk = &p->kernels[i + j];
+            pk->kind = j == 0 ? TB__K_PACK_A : TB__K_PACK_B;
+            pk->root = p->kernels[i + 2].root;
+            pk->core = p->kernels[i + 2].core;
+            pk->owner = (int32_t)i + 2;
+        }
+        p->kernels[i + 2].mm = TB__MM_PACKED;
+        i += 2;
+    }
+    return TB_OK;
+}
+
+/* ---- buffers ---- */
+
+static tb_status tb__plan_add_slot(tb__plan *p, int32_t kind, int32_t index, const tb_shape *shape,
+                                   int32_t *out) {
+    tb__plan_slot *s;
+    if (tb__grow((void **)&p->slots, &p->cap_slots, p->num_slots + 1, sizeof(tb__plan_slot)) !=
+        TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    s = &p->slots[p->num_slots];
+    memset(s, 0, sizeof *s);
+    s->kind = kind;
+    s->index = index;
+    s->shape = *shape;
+    s->last_use = -1;
+    *out = (int32_t)p->num_slots++;
+    return TB_OK;
+}
+
+/* Buffers: one per array parameter and one per kernel output. */
+static tb_status tb__plan_assign_slots(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    size_t i;
+    int32_t s;
+    tb_status st;
+    p->num_slots = 0;
+    for (i = 0; i < G->n; i++) {
+        tb__pnode *in = &G->info[i];
+        if (in->param < 0 || in->node->op == TB_OP_SCALAR) continue;
+        st = tb__plan_add_slot(p, TB__SLOT_PARAM, in->param, &in->node->shape, &s);
+        if (st != TB_OK) return st;
+        in->slot = s;
+    }
+    for (i = 0; i < p->num_kernels; i++) {
+        tb__plan_kernel *k = &p->kernels[i];
+        tb__pnode *in = &G->info[k->root];
+        if (k->owner != (int32_t)i) {
+            /* a stage of another kernel (partial results, operand panels): a temporary only
+               that kernel reads */
+            tb__plan_kernel *o = &p->kernels[k->owner];
+            tb_shape ps;
+            memset(&ps, 0, sizeof ps);
+            ps.rank = 1;
+            if (k->kind == TB__K_PARTIAL) {
+                int64_t n_out, m;
+                tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+                ps.dtype = tb__plan_reduce_acc(G, k->core);
+                ps.dims[0] = n_out * k->split;
+            } else {
+                int64_t z[6];
+                tb__plan_pack_sizes(G, k->core, k->kind == TB__K_PACK_A, z);
+                ps.dtype = tb__plan_shape(G, k->core)->dtype;
+                ps.dims[0] = z[0] * z[4] * z[3] * z[5];
+            }
+            st = tb__plan_add_slot(p, TB__SLOT_TEMP, -1, &ps, &s);
+            if (st != TB_OK) return st;
+            k->out_slot = s;
+            p->slots[s].last_use = k->owner;
+            if (k->kind == TB__K_PARTIAL)
+                o->partial_slot = s;
+            else
+                o->pack_slot[k->kind == TB__K_PACK_A ? 0 : 1] = s;
+            continue;
+        }
+        if (in->result >= 0) {
+            st = tb__plan_add_slot(p, TB__SLOT_RESULT, in->result, &in->node->shape, &s);
+        } else {
+            st = tb__plan_add_slot(p, TB__SLOT_TEMP, -1, &in->node->shape, &s);
+        }
+        if (st != TB_OK) return st;
+        k->out_slot = s;
+        p->slots[s].last_use = (int32_t)i;
+        if (in->param < 0) in->slot = s;
+    }
+    for (i = 0; i < p->num_results; i++) {
+        int32_t r = tb__plan_index_of(G, G->graph->results[i]);
+        size_t kk;
+        p->result_slot[i] = -1;
+        p->result_source[i] = -1;
+        if (G->info[r].result != (int32_t)i) {
+            p->result_source[i] = G->info[r].result;
+            continue;
+        }
+        for (kk = 0; kk < p->num_kernels; kk++)
+            if (p->kernels[kk].root == r && p->kernels[kk].owner == (int32_t)kk)
+                p->result_slot[i] = p->kernels[kk].out_slot;
+        if (p->result_slot[i] < 0)
+            return tb__error(TB_ERR_INTERNAL, "planner: result %zu without a kernel", i);
+    }
+    return TB_OK;
+}
+
+/* The error a run reports from its error flag: flag[0] is 1 + the errsite, flag[1..2] the
+   offending values. */
+static tb_status tb__plan_run_error(const tb__plan *p, const char *who, const int64_t flag[4]) {
+    const tb__errsite *e;
+    if (flag[0] <= 0 || (size_t)flag[0] > p->num_errsites) {
+        return tb__error(TB_ERR_EXECUTE, "%s: a kernel reported error %lld", who,
+                         (long long)flag[0]);
+    }
+    e = &p->errsites[flag[0] - 1];
+    if (e->op == TB_OP_POW) {
+        return tb__error(TB_ERR_EXECUTE,
+                         "tb_pow: integers to negative integer powers are not allowed (%lld ** "
+                         "%lld)",
+                         (long long)flag[1], (long long)flag[2]);
+    }
+    return tb__error(TB_ERR_EXECUTE, "tb_%s: index %lld is out of range for dim %d of size %lld",
+                     tb_op_name(e->op), (long long)flag[1], (int)e->dim, (long long)e->size);
+}
+
+/* ---- what each kernel reads ---- */
+
+/* Whether kernel k evaluates the operands of its core: not the final stage of a split
+   reduction (it reads the partial results) nor a matmul reading panels. */
+static bool tb__plan_reads_core_operands(const tb__plan_kernel *k) {
+    if (k->kind == TB__K_REDUCE && k->split > 0) return false;
+    if (k->kind == TB__K_MATMUL && k->mm == TB__MM_PACKED) return false;
+    return true;
+}
+
+/* The node a kernel's evaluation starts from. */
+static int32_t tb__plan_kernel_start(const tb__pgraph *G, const tb__plan_kernel *k) {
+    if (k->kind == TB__K_PARTIAL || k->kind == TB__K_PACK_A) return tb__plan_operand(G, k->core, 0);
+    if (k->kind == TB__K_PACK_B) return tb__plan_operand(G, k->core, 1);
+    return k->root;
+}
+
+static tb_status tb__plan_arg_add(tb__plan *p, size_t ki, int32_t kind, int32_t index) {
+    tb__plan_kernel *k = &p->kernels[ki];
+    size_t i, cap = k->num_args;
+    for (i = 0; i < k->num_args; i++)
+        if (k->args[i].kind == kind && k->args[i].index == index) return TB_OK;
+    if (tb__grow((void **)&k->args, &cap, k->num_args + 1, sizeof(tb__plan_arg)) != TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    k->args[k->num_args].kind = kind;
+    k->args[k->num_args].index = index;
+    k->num_args++;
+    if (kind == TB__ARG_BUF && p->slots[index].last_use < (int32_t)ki)
+        p->slots[index].last_use = (int32_t)ki;
+    return TB_OK;
+}
+
+/* Whether a node can fail at run time (an index out of range, a negative integer power). */
+static bool tb__plan_can_fail(const tb_node *n) {
+    if (n->op == TB_OP_GATHER || n->op == TB_OP_INDEX_SELECT) return true;
+    return n->op == TB_OP_POW && !tb_dtype_is_float(n->shape.dtype);
+}
+
+static tb_status tb__plan_errsite_add(tb__pgraph *G, int32_t node) {
+    tb__plan *p = G->plan;
+    const tb_node *n = G->info[node].node;
+    tb__errsite *e;
+    if (tb__grow((void **)&p->errsites, &p->cap_errsites, p->num_errsites + 1,
+                 sizeof(tb__errsite)) != TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    e = &p->errsites[p->num_errsites++];
+    memset(e, 0, sizeof *e);
+    e->op = n->op;
+    e->node = node;
+    if (n->op != TB_OP_POW) {
+        e->dim = (int32_t)n->attrs[0];
+        e->size = tb__plan_shape(G, tb__plan_operand(G, node, 0))->dims[e->dim];
+    }
+    return TB_OK;
+}
+
+/* The code a kernel writes to its error flag for a failing node: 1 + its errsite. */
+static int32_t tb__plan_errsite_code(const tb__plan *p, int32_t node) {
+    size_t i;
+    for (i = 0; i < p->num_errsites; i++)
+        if (p->errsites[i].node == node) return (int32_t)i + 1;
+    return -1;
+}
+
+/* The arguments of kernel ki in the order its evaluation meets them, the run-time error sites
+   it holds, and the last use of every buffer. `stamp` is scratch of one int per node. */
+static tb_status tb__plan_kernel_args(tb__pgraph *G, size_t ki, int32_t *stamp, int32_t *stack) {
+    tb__plan *p = G->plan;
+    tb__plan_kernel *k = &p->kernels[ki];
+    size_t sp = 0, j;
+    int32_t start = tb__plan_kernel_start(G, k), mark = (int32_t)ki + 1;
+    bool errs = false;
+    tb_status st = TB_OK;
+    k->num_args = 0;
+    if (k->kind == TB__K_REDUCE && k->split > 0)
+        st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->partial_slot);
+    if (st == TB_OK && k->kind == TB__K_MATMUL && k->mm == TB__MM_PACKED) {
+        st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->pack_slot[0]);
+        if (st == TB_OK) st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->pack_slot[1]);
+    }
+    stack[sp++] = start;
+    stamp[start] = mark;
+    while (sp > 0 && st == TB_OK) {
+        int32_t n = stack[--sp];
+        const tb__pnode *in = &G->info[n];
+        size_t nops = in->node->num_operands;
+        if (in->param >= 0) {
+            if (in->node->op != TB_OP_SCALAR) {
+                st = tb__plan_arg_add(p, ki, TB__ARG_BUF, in->slot);
+            } else if (p->scalar_table) {
+                st = tb__plan_arg_add(p, ki, TB__ARG_TABLE, 0);
+            } else {
+                st = tb__plan_arg_add(p, ki, TB__ARG_SCALAR, in->param);
+            }
+            continue;
+        }
+        if (in->root && n != k->root) {
+            st = tb__plan_arg_add(p, ki, TB__ARG_BUF, in->slot);
+            continue;
+        }
+        if (n == k->core && !tb__plan_reads_core_operands(k)) continue;
+        if (tb__plan_can_fail(in->node)) {
+            if (tb__plan_errsite_code(p, n) < 0) st = tb__plan_errsite_add(G, n);
+            errs = true;
+        }
+        /* operands pushed last first: they are met in operand order */
+        for (j = nops; j > 0 && st == TB_OK; j--) {
+            int32_t o = tb__plan_operand(G, n, j - 1);
+            if (stamp[o] == mark) continue;
+            stamp[o] = mark;
+            stack[sp++] = o;
+        }
+    }
+    if (st == TB_OK && errs) st = tb__plan_arg_add(p, ki, TB__ARG_ERR, 0);
+    return st;
+}
+
+/* Every kernel's arguments; *over is a kernel with more than the device takes, or -1. */
+static tb_status tb__plan_args(tb__pgraph *G, int32_t *over) {
+    tb__plan *p = G->plan;
+    int32_t *stamp = (int32_t *)tb__calloc(G->n + 1, sizeof(int32_t));
+    int32_t *stack = (int32_t *)tb__calloc(G->n + 1, sizeof(int32_t));
+    tb_status st = TB_OK;
+    size_t i;
+    *over = -1;
+    p->num_errsites = 0;
+    if (stamp == NULL || stack == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
+        st = tb__plan_kernel_args(G, i, stamp, stack);
+        if (st == TB_OK && *over < 0 && p->kernels[i].num_args + 1 > G->target->max_args)
+            *over = (int32_t)i;
+        if (st == TB_OK) {
+            /* panels made of one parameter's buffer only (through views): kept by backends */
+            tb__plan_kernel *k = &p->kernels[i];
+            k->pack_param = -1;
+            if ((k->kind == TB__K_PACK_A || k->kind == TB__K_PACK_B) && k->num_args == 1 &&
+                k->args[0].kind == TB__ARG_BUF && p->slots[k->args[0].index].kind == TB__SLOT_PARAM)
+                k->pack_param = p->slots[k->args[0].index].index;
+        }
+    }
+    tb__free(stamp);
+    tb__free(stack);
+    return st;
+}
+
+/* A node of kernel `ki` to materialise so that the kernel reads fewer arguments: the inlined
+   node whose operands reach the most distinct arguments while still fitting a kernel of its
+   own (at least two, so that the cut saves one). -1 when there is none. */
+static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
+    const tb__plan_kernel *k = &G->plan->kernels[ki];
+    size_t nargs = k->num_args, words = (nargs + 63) / 64, i, j, w;
+    int32_t owner = k->owner, best = -1, best_count = 1;
+    uint64_t *bits = (uint64_t *)tb__calloc(G->n * words + 1, sizeof(uint64_t));
+    if (bits == NULL) return TB_ERR_OUT_OF_MEMORY;
+    /* nodes are in post-order: operands before users */
+    for (i = 0; i < G->n; i++) {
+        const tb__pnode *in = &G->info[i];
+        uint64_t *mine = bits + i * words;
+        int32_t count = 0;
+        if (in->ctx != owner || in->param >= 0 || in->root) continue;
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t o = tb__plan_operand(G, (int32_t)i, j);
+            const tb__pnode *oi = &G->info[o];
+            size_t a;
+            if (oi->ctx == owner && oi->param < 0 && !oi->root) {
+                for (w = 0; w < words; w++)
+                    mine[w] |= bits[(size_t)o * words + w];
+                continue;
+            }
+            for (a = 0; a < nargs; a++) {
+                const tb__plan_arg *arg = &k->args[a];
+                bool hit = false;
+                if (oi->param >= 0 && oi->node->op == TB_OP_SCALAR) {
+                    hit = (arg->kind == TB__ARG_SCALAR && arg->index == oi->param) ||
+                          arg->kind == TB__ARG_TABLE;
+                } else {
+                    hit = arg->kind == TB__ARG_BUF && arg->index == oi->slot;
+                }
+                if (hit) mine[a / 64] |= (uint64_t)1 << (a % 64);
+            }
+        }
+        for (w = 0; w < words; w++) {
+            uint64_t v = mine[w];
+            while (v != 0) {
+                v &= v - 1;
+                count++;
+            }
+        }
+        if (count > best_count && (size_t)count + 3 <= G->target->max_args) {
+            best = (int32_t)i;
+            best_count = count;
+        }
+    }
+    tb__free(bits);
+    *pick = best;
+    return TB_OK;
+}
+
+/* ---- vectors along rows ----
+   A row kernel whose work item reads its row in order (one item per row, the row contiguous)
+   evaluates the row W elements at a time when every node it evaluates along the row can be:
+   f32 ops of a small set over operands that are aligned with the row (equal dims: W
+   consecutive elements), constant along it (one element, or dims of 1 across the row's axes:
+   evaluated once per step as scalars) or loads of buffers of the row's dims. */
+
+#define TB__PLAN_VEC_NODES 256 /* nodes of a subtree evaluated as vectors, at most */
+
+static bool tb__plan_vec_op(const tb_node *n) {
+    if (n->shape.dtype != TB_F32) return false;
+    switch (n->op) {
+    case TB_OP_ADD:
+    case TB_OP_SUB:
+    case TB_OP_MUL:
+    case TB_OP_DIV:
+    case TB_OP_NEG:
+    case TB_OP_ABS:
+    case TB_OP_EXP:
+    case TB_OP_RECIPROCAL:
+    case TB_OP_MAXIMUM:
+    case TB_OP_MINIMUM:
+    case TB_OP_RELU:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* How operand dims `os` run along the row of a node with dims `ds` (the last `row_axes` axes):
+   TB__ROW_ALIGNED when its dims there equal the node's (W consecutive elements: it is
+   broadcast along the leading axes at most), TB__ROW_CONSTANT when they are 1 or absent (one
+   value for the whole row), else TB__ROW_OTHER. */
+static int32_t tb__plan_row_relation(const tb_shape *ds, const tb_shape *os, int32_t row_axes) {
+    int32_t a, off = ds->rank - os->rank;
+    bool aligned = true, constant = true;
+    for (a = ds->rank - row_axes; a < ds->rank; a++) {
+        int32_t oa = a - off;
+        int64_t od = oa >= 0 ? os->dims[oa] : 1;
+        if (od != ds->dims[a]) aligned = false;
+        if (od != 1) constant = false;
+    }
+    if (aligned && tb__plan_numel(os) > 1) return TB__ROW_ALIGNED;
+    return constant ? TB__ROW_CONSTANT : TB__ROW_OTHER;
+}
+
+/* Whether the nodes kernel k evaluates from `start` (aligned with the row, whose last
+   `row_axes` axes run along it) can all be evaluated as vectors; `stop`, when >= 0, is a node
+   whose vector the kernel has already (the core under an epilogue). */
+static bool tb__plan_vec_subtree(const tb__pgraph *G, const tb__plan_kernel *k, int32_t start,
+                                 int32_t stop, int32_t row_axes) {
+    int32_t stack[TB__PLAN_VEC_NODES];
+    int32_t sp = 0, seen = 0;
+    stack[sp++] = start;
+    while (sp > 0) {
+        int32_t n = stack[--sp];
+        const tb__pnode *in = &G->info[n];
+        size_t j;
+        if (++seen > TB__PLAN_VEC_NODES) return false;
+        if (n == stop) continue;
+        if (in->param >= 0 || (in->root && n != k->root)) {
+            if (in->node->shape.dtype != TB_F32) return false;
+            continue; /* a load of W elements */
+        }
+        if (in->ctx != k->owner || !tb__plan_vec_op(in->node)) return false;
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t o = tb__plan_operand(G, n, j);
+            int32_t rel = tb__plan_row_relation(&in->node->shape, tb__plan_shape(G, o), row_axes);
+            if (rel == TB__ROW_ALIGNED) {
+                if (sp >= TB__PLAN_VEC_NODES) return false;
+                stack[sp++] = o;
+            } else if (rel == TB__ROW_OTHER) {
+                return false; /* broadcast along the row: not consecutive elements */
+            }
+        }
+    }
+    return true;
+}
+
+/* The vector width of a row kernel (0: scalar), after its layout is chosen. */
+/* The vector width of kernel k (0: scalar code); *row_axes gets how many trailing axes the
+   vectors run along, the count the code generator must use when it sorts operands into
+   aligned, constant and other. */
+static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k,
+                                  int32_t *row_axes) {
+    int32_t w = G->target->tuning->vec_width, x, axes;
+    const tb_node *cn;
+    const tb_shape *xs;
+    int64_t len;
+    if (w <= 0) return 0;
+    if (k->kind == TB__K_ELEMENTWISE) {
+        /* blocks of W along the last axis, which W divides (blocks never cross rows) */
+        const tb_shape *rs = tb__plan_shape(G, k->root);
+        if (rs->dtype != TB_F32 || rs->rank < 1 || rs->dims[rs->rank - 1] % w != 0 ||
+            tb__plan_numel(rs) < 64 * w || G->info[k->root].param >= 0)
+            return 0;
+        *row_axes = 1;
+        return tb__plan_vec_subtree(G, k, k->root, -1, 1) ? w : 0;
+    }
+    if (k->group > 1 || !k->suffix) return 0;
+    cn = G->info[k->core].node;
+    x = tb__plan_operand(G, k->core, 0);
+    xs = tb__plan_shape(G, x);
+    if (xs->dtype != TB_F32) return 0;
+    if (k->kind == TB__K_NORM) {
+        size_t j;
+        axes = cn->op == TB_OP_LAYER_NORM ? (int32_t)cn->attrs[0] : 1;
+        len = 1;
+        for (j = (size_t)(xs->rank - axes); j < (size_t)xs->rank; j++)
+            len *= xs->dims[j];
+        *row_axes = axes;
+        if (len < 2 * w || !tb__plan_vec_subtree(G, k, x, -1, axes)) return 0;
+        for (j = 1; j < cn->num_operands; j++) /* weight and bias, along the row */
+            if (!tb__plan_vec_subtree(G, k, tb__plan_operand(G, k->core, j), -1, axes)) return 0;
+        /* the epilogue stores W outputs at once */
+        return tb__plan_vec_subtree(G, k, k->root, k->core, axes) ? w : 0;
+    }
+    if ((k->kind != TB__K_REDUCE && k->kind != TB__K_PARTIAL) ||
+        (k->kind == TB__K_REDUCE && k->split > 0))
+        return 0;
+    if (cn->op != TB_OP_SUM && cn->op != TB_OP_MEAN && cn->op != TB_OP_MAX && cn->op != TB_OP_MIN &&
+        cn->op != TB_OP_PROD)
+        return 0;
+    {
+        int64_t n_out, m;
+        int32_t a;
+        uint64_t mask = (uint64_t)cn->attrs[0];
+        tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+        if (k->kind == TB__K_PARTIAL) m = (m + k->split - 1) / k->split;
+        axes = 0;
+        for (a = 0; a < xs->rank; a++)
+            if ((mask >> a) & 1u) axes++;
+        if (m < 2 * w) return 0;
+    }
+    *row_axes = axes;
+    return tb__plan_vec_subtree(G, k, x, -1, axes) ? w : 0;
+}
+
+/* ---- layouts and launch geometry ---- */
+
+/* Work items per row for a kernel with `rows` rows of `len` elements (1: one work item per
+   row). `inner`: the row is contiguous (the items of a group read neighbours). */
+static int32_t tb__plan_pick_group(const tb__pgraph *G, int64_t rows, int64_t len, bool inner) {
+    const tb__tuning *t = G->target->tuning;
+    int64_t maxg = t->max_group, cu = (int64_t)G->target->compute_units, n = 1;
+    if (maxg > (int64_t)G->target->max_group) maxg = (int64_t)G->target->max_group;
+    if (maxg <= 1 || len < t->group_min_len) return 1;
+    if (t->item_rows_per_cu > 0 && rows >= cu * t->item_rows_per_cu) return 1;
+    if (t->gpu_rows > 0 && !inner && rows >= cu * t->gpu_rows) return 1;
+    while (n * 2 <= maxg && n * 2 <= len)
+        n *= 2;
+    return (int32_t)n;
+}
+
+static void tb__plan_launch_rows(tb__plan_kernel *k, int64_t rows, int32_t group) {
+    k->group = group;
+    k->work_dim = 1;
+    if (group == 1) {
+        k->items = (uint64_t)rows;
+    } else {
+        k->group_size[0] = (size_t)group;
+        k->group_size[1] = k->group_size[2] = 1;
+        k->groups[0] = (size_t)rows;
+        k->groups[1] = k->groups[2] = 1;
+    }
+}
+
+static void tb__plan_launch_groups(tb__plan_kernel *k, size_t gx, size_t gy, size_t nx, size_t ny,
+                                   size_t nz) {
+    k->work_dim = 3;
+    k->group_size[0] = gx;
+    k->group_size[1] = gy;
+    k->group_size[2] = 1;
+    k->groups[0] = nx;
+    k->groups[1] = ny;
+    k->groups[2] = nz;
+}
+
+static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
+    const tb_node *cn = G->info[k->core].node;
+    const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, k->core, 0));
+    bool is_arg = cn->op == TB_OP_ARGMAX || cn->op == TB_OP_ARGMIN, seen = false;
+    uint64_t mask = is_arg ? ((uint64_t)1 << cn->attrs[0]) : (uint64_t)cn->attrs[0];
+    int64_t n_out, m, rows, len;
+    int32_t a, lanes = G->target->tuning->reduce_lanes;
+    tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+    k->suffix = true;
+    for (a = 0; a < xs->rank; a++) {
+        if ((mask >> a) & 1u) {
+            seen = true;
+        } else if (seen) {
+            k->suffix = false;
+        }
+    }
+    k->acc = tb__plan_reduce_acc(G, k->core);
+    rows = k->kind == TB__K_PARTIAL ? n_out * k->split : n_out;
+    len = k->kind == TB__K_PARTIAL ? (m + k->split - 1) / k->split : m;
+    if (k->kind == TB__K_REDUCE && k->split > 0) {
+        tb__plan_launch_rows(k, rows, 1); /* the final stage: a work item per output */
+    } else {
+        tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
+    }
+    k->lanes = (k->group == 1 && !is_arg && lanes > 1 && m >= 4 * lanes) ? lanes : 1;
+    k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
+    if (k->vec > 0) {
+        k->acc = tb__plan_shape(G, k->core)->dtype; /* f32 vectors, several lanes each */
+        k->lanes = 2;                               /* vector accumulators */
+    }
+}
+
+static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
+    const tb_node *cn = G->info[k->core].node;
+    const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, k->core, 0));
+    bool layer = cn->op == TB_OP_LAYER_NORM;
+    int64_t len = 1, numel = tb__plan_numel(xs), rows;
+    int32_t a;
+    if (layer) {
+        for (a = xs->rank - (int32_t)cn->attrs[0]; a < xs->rank; a++)
+            len *= xs->dims[a];
+    } else {
+        len = xs->dims[cn->attrs[0]];
+    }
+    rows = len > 0 ? numel / len : 0;
+    k->suffix = layer || cn->attrs[0] == xs->rank - 1;
+    k->acc = cn->shape.dtype == TB_F32 && G->target->acc_f64 ? TB_F64 : cn->shape.dtype;
+    tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
+    k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
+    if (k->vec > 0) k->acc = TB_F32;
+}
+
+static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
+    const tb__tuning *t = G->target->tuning;
+    tb__plan_mm mm = tb__plan_mm_of(G, k->core);
+    if (k->mm == TB__MM_PACKED) {
+        int64_t za[6], zb[6];
+        tb__plan_pack_sizes(G, k->core, true, za);
+        tb__plan_pack_sizes(G, k->core, false, zb);
+        k->rm = (int32_t)za[5];
+        k->rn = (int32_t)zb[5];
+        tb__plan_launch_groups(k, 1, 1, (size_t)zb[4], (size_t)za[4], (size_t)za[0]);
+    } else if (k->mm == TB__MM_REGISTERS) {
+        int64_t lx = t->mm_reg_group_x, ly = t->mm_reg_group_y, bx, by;
+        k->rm = (int32_t)(mm.m < t->mm_reg_rows ? (mm.m > 0 ? mm.m : 1) : t->mm_reg_rows);
+        k->rn = (int32_t)(mm.n < t->mm_reg_cols ? (mm.n > 0 ? mm.n : 1) : t->mm_reg_cols);
+        /* few columns (the last layer of a classifier): one block of all of them */
+        if (mm.n > t->mm_reg_cols && mm.n <= t->mm_small_n) k->rn = (int32_t)mm.n;
+        /* no work-group wider than the blocks there are: padding items would compute
+           clamped copies */
+        bx = (mm.n + k->rn - 1) / k->rn;
+        by = (mm.m + k->rm - 1) / k->rm;
+        if (lx > bx) lx = bx > 0 ? bx : 1;
+        if (ly > by) ly = by > 0 ? by : 1;
+        tb__plan_launch_groups(
+            k, (size_t)lx, (size_t)ly, (size_t)(((mm.n + k->rn - 1) / k->rn + lx - 1) / lx),
+            (size_t)(((mm.m + k->rm - 1) / k->rm + ly - 1) / ly), (size_t)mm.batch);
+    } else {
+        int64_t w = t->mm_tile_group, tm, tn;
+        if (G->target->max_group < (uint32_t)(w * w)) w /= 2;
+        k->rm = k->rn = t->mm_tile_block;
+        if (mm.m * mm.n < 64 * 64 || mm.m < 32 || mm.n < 32) k->rm = k->rn = 1;
+        k->tk = t->mm_tile_k;
+        tm = w * k->rm;
+        tn = w * k->rn;
+        tb__plan_launch_groups(k, (size_t)w, (size_t)w, (size_t)((mm.n + tn - 1) / tn),
+                               (size_t)((mm.m + tm - 1) / tm), (size_t)mm.batch);
+    }
+    k->flops = 2.0 * (double)mm.m * (double)mm.n * (double)mm.k * (double)mm.batch;
+}
+
+/* Pack kernels: lanes along dim 0 (neighbouring work items write neighbouring elements), K
+   along dim 1, batch x panels along dim 2. */
+static void tb__plan_layout_pack(const tb__pgraph *G, tb__plan_kernel *k) {
+    int64_t z[6], gk = G->target->tuning->mm_pack_group_k;
+    tb__plan_pack_sizes(G, k->core, k->kind == TB__K_PACK_A, z);
+    tb__plan_launch_groups(k, (size_t)z[5], (size_t)gk, 1, (size_t)((z[3] + gk - 1) / gk),
+                           (size_t)(z[0] * z[4]));
+}
+
+static void tb__plan_layout(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    double *ops = (double *)tb__calloc(p->num_kernels + 1, sizeof(double));
+    size_t i;
+    if (ops != NULL) {
+        /* values each kernel computes per element, for the GFLOP/s of TB_DEBUG=2 */
+        for (i = 0; i < G->n; i++) {
+            const tb__pnode *in = &G->info[i];
+            if (in->ctx >= 0 && in->param < 0 && tb__plan_is_elementwise(in->node->op))
+                ops[in->ctx] += 1;
+        }
+    }
+    for (i = 0; i < p->num_kernels; i++) {
+        tb__plan_kernel *k = &p->kernels[i];
+        double per = ops != NULL ? ops[k->owner] : 0;
+        switch (k->kind) {
+        case TB__K_REDUCE:
+        case TB__K_PARTIAL: {
+            int64_t n_out, m;
+            tb__plan_layout_reduce(G, k);
+            tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+            k->flops = k->split > 0 && k->kind == TB__K_REDUCE
+                           ? (double)k->split * (double)n_out
+                           : (per + 1) * (double)m * (double)n_out;
+            break;
+        }
+        case TB__K_NORM:
+            tb__plan_layout_norm(G, k);
+            k->flops = (per + 8) *
+                       (double)tb__plan_numel(tb__plan_shape(G, tb__plan_operand(G, k->core, 0)));
+            break;
+        case TB__K_MATMUL:
+            tb__plan_layout_matmul(G, k);
+            break;
+        case TB__K_PACK_A:
+        case TB__K_PACK_B:
+            tb__plan_layout_pack(G, k);
+            k->flops = per * (double)p->slots[k->out_slot].shape.dims[0];
+            break;
+        default:
+            k->work_dim = 1;
+            k->items = (uint64_t)tb__plan_numel(tb__plan_shape(G, k->root));
+            k->flops = per * (double)k->items;
+            k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
+            if (k->vec > 0) {
+                k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
+            }
+            break;
+        }
+        if (k->group_size[0] > 0) {
+            k->empty = k->groups[0] == 0 || k->groups[1] == 0 || k->groups[2] == 0;
+        } else {
+            k->empty = k->items == 0;
+        }
+    }
+    tb__free(ops);
+}
+
+/* ---- names ---- */
+
+/* Names that say what a kernel is (tinygrad's habit): E_<elements> elementwise,
+   R_<outputs>_<length> reductions (split ones by stage), S_<rows>_<length> softmax and norms,
+   MM_<M>_<N>_<K>[_b<batch>] matmuls, PA_/PB_<panels>_<K>_<width> their operand panels; a name
+   met before gets _n2, _n3, ... */
+static void tb__plan_kernel_name(const tb__pgraph *G, size_t index) {
+    tb__plan *p = G->plan;
+    tb__plan_kernel *k = &p->kernels[index];
+    char base[48];
+    size_t i;
+    int dup = 0;
+    if (k->kind == TB__K_MATMUL) {
+        tb__plan_mm mm = tb__plan_mm_of(G, k->core);
+        snprintf(base, sizeof base, "MM_%lld_%lld_%lld", (long long)mm.m, (long long)mm.n,
+                 (long long)mm.k);
+        if (mm.batch != 1) {
+            size_t n = strlen(base);
+            snprintf(base + n, sizeof base - n, "_b%lld", (long long)mm.batch);
+        }
+    } else if (k->kind == TB__K_PACK_A || k->kind == TB__K_PACK_B) {
+        int64_t z[6];
+        tb__plan_pack_sizes(G, k->core, k->kind == TB__K_PACK_A, z);
+        snprintf(base, sizeof base, "P%s_%lld_%lld_%lld", k->kind == TB__K_PACK_A ? "A" : "B",
+                 (long long)(z[0] * z[4]), (long long)z[3], (long long)z[5]);
+    } else if (k->kind == TB__K_REDUCE || k->kind == TB__K_PARTIAL) {
+        int64_t n_out, m;
+        tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+        if (k->kind == TB__K_PARTIAL) {
+            snprintf(base, sizeof base, "R_%lld_%lld", (long long)(n_out * k->split),
+                     (long long)((m + k->split - 1) / k->split));
+        } else if (k->split > 0) {
+            snprintf(base, sizeof base, "R_%lld_%lld", (long long)n_out, (long long)k->split);
+        } else {
+            snprintf(base, sizeof base, "R_%lld_%lld", (long long)n_out, (long long)m);
+        }
+    } else if (k->kind == TB__K_NORM) {
+        const tb_node *c = G->info[k->core].node;
+        const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, k->core, 0));
+        int64_t len = 1, numel = tb__plan_numel(xs);
+        int32_t a;
+        if (c->op == TB_OP_LAYER_NORM) {
+            for (a = xs->rank - (int32_t)c->attrs[0]; a < xs->rank; a++)
+                len *= xs->dims[a];
+        } else {
+            len = xs->dims[c->attrs[0]];
+        }
+        snprintf(base, sizeof base, "S_%lld_%lld", (long long)(len > 0 ? numel / len : 0),
+                 (long long)len);
+    } else {
+        snprintf(base, sizeof base, "E_%lld",
+                 (long long)tb__plan_numel(tb__plan_shape(G, k->root)));
+    }
+    for (i = 0; i < index; i++) {
+        const char *other = p->kernels[i].name;
+        size_t n = strlen(base);
+        if (strncmp(other, base, n) == 0 && (other[n] == '\0' || other[n] == '_')) {
+            if (other[n] == '\0' || (other[n + 1] == 'n')) dup++;
+        }
+    }
+    if (dup > 0) {
+        snprintf(k->name, sizeof k->name, "%s_n%d", base, dup + 1);
+    } else {
+        snprintf(k->name, sizeof k->name, "%s", base);
+    }
+}
+
+/* Bytes a kernel moves: its output and every buffer it reads. */
+static double tb__plan_kernel_bytes(const tb__plan *p, const tb__plan_kernel *k) {
+    size_t i, n = 0;
+    double bytes = 0;
+    if (tb_shape_nbytes(&p->slots[k->out_slot].shape, &n) == TB_OK) bytes += (double)n;
+    for (i = 0; i < k->num_args; i++) {
+        if (k->args[i].kind != TB__ARG_BUF) continue;
+        if (tb_shape_nbytes(&p->slots[k->args[i].index].shape, &n) == TB_OK) bytes += (double)n;
+    }
+    return bytes;
+}
+
+/* ---- the plan of a graph ---- */
+
+static tb_status tb__plan_params(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    const tb_graph *g = G->graph;
+    size_t i, scalars = 0;
+    p->graph_hash = g->hash;
+    p->num_params = g->num_parameters;
+    p->num_results = g->num_results;
+    p->param_scalar = (int32_t *)tb__calloc(p->num_params + 1, sizeof(int32_t));
+    p->param_dtype = (tb_dtype *)tb__calloc(p->num_params + 1, sizeof(tb_dtype));
+    p->result_slot = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
+    p->result_source = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
+    p->node_kernel = (int32_t *)tb__calloc(G->n + 1, sizeof(int32_t));
+    if (p->param_scalar == NULL || p->param_dtype == NULL || p->result_slot == NULL ||
+        p->result_source == NULL || p->node_kernel == NULL)
+        return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < p->num_params; i++) {
+        p->param_scalar[i] = g->parameters[i]->op == TB_OP_SCALAR ? 1 : 0;
+        p->param_dtype[i] = g->parameters[i]->shape.dtype;
+        scalars += (size_t)p->param_scalar[i];
+    }
+    p->scalar_table = scalars > TB__PLAN_MAX_SCALAR_ARGS;
+    p->num_nodes = G->n;
+    return TB_OK;
+}
+
+/* Plans `graph` for `target`. On success *out is the plan (free with tb__plan_free) and G is
+   the graph view the renderer reads (free with tb__pgraph_free once the code is emitted). A
+   kernel with more arguments than the device takes gets producers materialised until it fits;
+   if that cannot help (one node reads too many arrays), the error says so. */
+static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target, tb__pgraph *G,
+                                tb__plan **out) {
+    tb__plan *p;
+    tb_status st;
+    size_t i;
+    int32_t over = -1, pick = -1;
+    memset(G, 0, sizeof *G);
+    *out = NULL;
+    G->graph = graph;
+    G->target = target;
+    p = (tb__plan *)tb__calloc(1, sizeof *p);
+    if (p == NULL) return TB_ERR_OUT_OF_MEMORY;
+    G->plan = p;
+    st = tb__pgraph_init(G);
+    if (st == TB_OK) st = tb__plan_params(G);
+    while (st == TB_OK) {
+        st = tb__plan_partition(G);
+        if (st == TB_OK) st = tb__plan_split_reductions(G);
+        if (st == TB_OK) st = tb__plan_pack_matmuls(G);
+        if (st == TB_OK) st = tb__plan_assign_slots(G);
+        if (st == TB_OK) st = tb__plan_args(G, &over);
+        if (st != TB_OK || over < 0) break;
+        st = tb__plan_pick_cut(G, over, &pick);
+        if (st == TB_OK && pick < 0) {
+            tb__plan_kernel_name(G, (size_t)over);
+            st = tb__error(TB_ERR_UNSUPPORTED,
+                           "%s: kernel %s reads %zu arrays and scalars, more than the %zu "
+                           "arguments the device takes",
+                           target->tuning->name, p->kernels[over].name, p->kernels[over].num_args,
+                           target->max_args);
+        }
+        if (st == TB_OK) G->info[pick].force_root = true;
+    }
+    if (st == TB_OK) {
+        tb__plan_layout(G);
+        for (i = 0; i < p->num_kernels; i++) {
+            tb__plan_kernel_name(G, i);
+            p->kernels[i].bytes = tb__plan_kernel_bytes(p, &p->kernels[i]);
+        }
+        for (i = 0; i < G->n; i++) {
+            int32_t k = G->info[i].ctx;
+            if (G->info[i].param >= 0 || k < 0 || (size_t)k >= p->num_kernels ||
+                p->kernels[k].empty)
+                k = -1;
+            p->node_kernel[i] = k;
+        }
+    }
+    if (st != TB_OK) {
+        tb__pgraph_free(G);
+        tb__plan_free(p);
+        return st;
+    }
+    *out = p;
+    return TB_OK;
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */

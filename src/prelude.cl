@@ -1,0 +1,187 @@
+/* torch_backend.h: helpers at the top of every generated program, after the dialect's head
+   (which defines TB_FN, the storage of these helpers, and TB_HAS_F64 where doubles work).
+   Written in the subset OpenCL C 1.2 and C99 share. */
+
+/* Float to integer as the reference converts: toward zero, saturating at the int64 range,
+   NaN gives 0; the caller wraps the result to narrower types. */
+TB_FN long tb_f2i_f32(float x) {
+    if (isnan(x)) return 0;
+    if (x >= 9223372036854775808.0f) return LONG_MAX;
+    if (x <= -9223372036854775808.0f) return LONG_MIN;
+    return (long)x;
+}
+
+#ifdef TB_HAS_F64
+TB_FN long tb_f2i_f64(double x) {
+    if (isnan(x)) return 0;
+    if (x >= 9223372036854775808.0) return LONG_MAX;
+    if (x <= -9223372036854775808.0) return LONG_MIN;
+    return (long)x;
+}
+#endif
+
+/* Integer power by squaring with wrapping products; the caller reports negative exponents. */
+TB_FN long tb_ipow(long base, long e) {
+    ulong r = 1, b = (ulong)base;
+    if (e < 0) return 0;
+    while (e > 0) {
+        if (e & 1) r *= b;
+        e >>= 1;
+        if (e > 0) b *= b;
+    }
+    return (long)r;
+}
+
+/* The four words of a Philox block. */
+typedef struct tb_words {
+    uint x, y, z, w;
+} tb_words;
+
+/* Philox 4x32-10 of counter offset + block under seed: the library's random stream. */
+TB_FN tb_words tb_philox(ulong seed, ulong offset, ulong block) {
+    ulong c = offset + block;
+    uint c0 = (uint)c, c1 = (uint)(c >> 32), c2 = 0, c3 = 0;
+    uint k0 = (uint)seed, k1 = (uint)(seed >> 32);
+    tb_words out;
+    int round;
+    for (round = 0; round < 10; round++) {
+        ulong p0, p1;
+        if (round > 0) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        p0 = (ulong)0xD2511F53u * (ulong)c0;
+        p1 = (ulong)0xCD9E8D57u * (ulong)c2;
+        c0 = (uint)(p1 >> 32) ^ c1 ^ k0;
+        c1 = (uint)p1;
+        c2 = (uint)(p0 >> 32) ^ c3 ^ k1;
+        c3 = (uint)p0;
+    }
+    out.x = c0;
+    out.y = c1;
+    out.z = c2;
+    out.w = c3;
+    return out;
+}
+
+/* Uniform [0, 1) with 24 random bits: exact in float. */
+TB_FN float tb_rand_f32(ulong seed, ulong offset, ulong index) {
+    tb_words w = tb_philox(seed, offset, index / 4);
+    uint sel = (uint)(index % 4);
+    uint x = sel == 0 ? w.x : (sel == 1 ? w.y : (sel == 2 ? w.z : w.w));
+    return (float)(x >> 8) / 16777216.0f;
+}
+
+#ifdef TB_HAS_F64
+TB_FN double tb_u53(uint hi, uint lo) {
+    ulong bits = ((ulong)hi << 21) | (ulong)(lo >> 11);
+    return (double)bits / 9007199254740992.0;
+}
+
+TB_FN double tb_rand_f64(ulong seed, ulong offset, ulong index) {
+    tb_words w = tb_philox(seed, offset, index / 2);
+    return (index % 2 == 0) ? tb_u53(w.x, w.y) : tb_u53(w.z, w.w);
+}
+
+/* Box-Muller on the pair of uniforms of block index / 2: cos for even, sin for odd. */
+TB_FN double tb_randn_f64(ulong seed, ulong offset, ulong index) {
+    tb_words w = tb_philox(seed, offset, index / 2);
+    double u1 = tb_u53(w.x, w.y), u2 = tb_u53(w.z, w.w);
+    double r = sqrt(-2.0 * log(1.0 - u1));
+    double t = 6.283185307179586 * u2;
+    return (index % 2 == 0) ? r * cos(t) : r * sin(t);
+}
+
+TB_FN float tb_randn_f32(ulong seed, ulong offset, ulong index) {
+    return (float)tb_randn_f64(seed, offset, index);
+}
+#endif
+
+#ifdef TB_HAS_VEC16
+/* Vectors of 16 floats for rows read in order (the dialect's head defines float16, int16,
+   TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a),
+   TB_VCVTI (float to int, lane by lane) and TB_VASF (int bits as float). */
+
+/* exp of each lane (Cephes' polynomial after reduction by ln 2, about 1 ulp): overflow gives
+   +inf, underflow 0 through the denormals, NaN stays NaN. */
+TB_FN float16 tb_vexp16(float16 x) {
+    float16 xc = TB_VSEL(x, TB_VBC(0.0f), x != x), k, r, p;
+    int16 ki, k1;
+    xc = TB_VSEL(xc, TB_VBC(-104.0f), xc < -104.0f);
+    xc = TB_VSEL(xc, TB_VBC(89.0f), xc > 89.0f);
+    k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to nearest */
+    r = xc - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    p = TB_VBC(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    ki = TB_VCVTI(k);
+    k1 = ki >> 1; /* 2^k as two factors: denormal results are reached too */
+    p = p * TB_VASF((k1 + 127) << 23) * TB_VASF((ki - k1 + 127) << 23);
+    p = TB_VSEL(p, TB_VBC(INFINITY), x > 88.72283935546875f);
+    p = TB_VSEL(p, TB_VBC(0.0f), x < -103.97208404541015625f);
+    return TB_VSEL(p, x, x != x);
+}
+
+/* The greater (smaller) lane of two, NaN when either is NaN (as the scalar ops). */
+TB_FN float16 tb_vmax16(float16 a, float16 b) {
+    return TB_VSEL(b, a, (a > b) | (a != a));
+}
+
+TB_FN float16 tb_vmin16(float16 a, float16 b) {
+    return TB_VSEL(b, a, (a < b) | (a != a));
+}
+
+TB_FN float16 tb_vrelu16(float16 a) {
+    return TB_VSEL(a, TB_VBC(0.0f), a < 0.0f);
+}
+
+TB_FN float16 tb_vabs16(float16 a) {
+    return TB_VASF(TB_VASI(a) & 0x7fffffff);
+}
+
+/* Sum, maximum, minimum and product of the lanes, in halves (a fixed order). */
+TB_FN float tb_hsum16(float16 v) {
+    float s[16];
+    int i, h;
+    TB_VSTORE(v, s);
+    for (h = 8; h >= 1; h >>= 1)
+        for (i = 0; i < h; i++)
+            s[i] = s[i] + s[i + h];
+    return s[0];
+}
+
+TB_FN float tb_hprod16(float16 v) {
+    float s[16];
+    int i, h;
+    TB_VSTORE(v, s);
+    for (h = 8; h >= 1; h >>= 1)
+        for (i = 0; i < h; i++)
+            s[i] = s[i] * s[i + h];
+    return s[0];
+}
+
+TB_FN float tb_hmax16(float16 v) {
+    float s[16];
+    int i, h;
+    TB_VSTORE(v, s);
+    for (h = 8; h >= 1; h >>= 1)
+        for (i = 0; i < h; i++)
+            s[i] = (s[i + h] > s[i] || isnan(s[i + h])) && !isnan(s[i]) ? s[i + h] : s[i];
+    return s[0];
+}
+
+TB_FN float tb_hmin16(float16 v) {
+    float s[16];
+    int i, h;
+    TB_VSTORE(v, s);
+    for (h = 8; h >= 1; h >>= 1)
+        for (i = 0; i < h; i++)
+            s[i] = (s[i + h] < s[i] || isnan(s[i + h])) && !isnan(s[i]) ? s[i + h] : s[i];
+    return s[0];
+}
+#endif
