@@ -178,7 +178,7 @@ static bool tb__disk_cache_usable(const char *who, const char *dir, int32_t *rep
     tb__free(copy);
     /* a link to the folder itself is followed: a user may keep the cache elsewhere */
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        const char *why = stat(dir, &st) != 0 ? strerror(errno) : "not a directory";
+        const char *why = stat(dir, &st) != 0 ? strerror(errno) : "not a folder";
         if (tb__disk_first_report(reported)) {
             tb_log_message(TB_LOG_WARN, "%s: the program cache folder %s is not usable: %s", who,
                            dir, why);
