@@ -164,13 +164,17 @@ typedef struct bandwidth {
     double read, copy, triad; /* bytes per second, STREAM's counting (no write-allocate) */
     double buffer_bytes;
     double l3_bytes; /* what the CPU reports, 0 if unknown */
+    int runs;
 } bandwidth;
 extern bandwidth g_bw;
 void measure_bandwidth(void);
+void bandwidth_end(void); /* measures again (a note), frees the buffers */
 /* The least time to move `bytes` (read only, or with writes). */
 double bound_time(double bytes, int writes);
-/* A note when a case's footprint fits the last-level cache (the bound may then be beaten). */
+/* Cases whose footprint fits the last-level cache (the bound may then be beaten): collected,
+   then one note. */
 void note_footprint(const char *name, double footprint_bytes);
+void note_footprints(void);
 
 /* OpenBLAS (host) and CLBlast (OpenCL device), when built in. */
 int have_openblas(void);

@@ -112,7 +112,7 @@ static void print_machine(FILE *f) {
     fprintf(f,
             "bandwidth (%d thread%s, best of %d, 3 buffers of %.0f MiB; last-level cache %.0f "
             "MiB): read %.2f GB/s, copy %.2f GB/s, triad %.2f GB/s\n",
-            g_threads, g_threads == 1 ? "" : "s", g_quick ? 2 : 5, g_bw.buffer_bytes / 1048576.0,
+            g_threads, g_threads == 1 ? "" : "s", g_bw.runs, g_bw.buffer_bytes / 1048576.0,
             g_bw.l3_bytes / 1048576.0, g_bw.read / 1e9, g_bw.copy / 1e9, g_bw.triad / 1e9);
     fprintf(f, "torch_backend.h %s\n", TB_VERSION_STRING);
 }
@@ -227,6 +227,8 @@ int main(int argc, char **argv) {
         note("time per case (setup, checks, tuning and timing): %s", times);
     }
     torch_stop();
+    note_footprints();
+    bandwidth_end();
     print_table();
     printf("\nbound: bandwidth cases: least traffic (every input read once, the output written "
            "once) / measured bandwidth (read-only cases: read; the others: the best of copy and "

@@ -362,12 +362,27 @@ static double l3_bytes(void) {
     return 0;
 }
 
+static v4 *g_bw_a, *g_bw_b, *g_bw_c;
+static size_t g_bw_vecs;
+
+/* Best of `runs` passes of each loop, in bytes per second (STREAM's counting). */
+static void bw_runs(int runs, double *read, double *copy, double *triad) {
+    double best[4] = {INFINITY, INFINITY, INFINITY, INFINITY};
+    int r, op;
+    for (r = 0; r < runs; r++) {
+        for (op = BW_READ; op <= BW_TRIAD; op++) {
+            double t = bw_pass(op, g_bw_a, g_bw_b, g_bw_c, g_bw_vecs);
+            if (t < best[op]) best[op] = t;
+        }
+    }
+    *read = g_bw.buffer_bytes / best[BW_READ];
+    *copy = 2 * g_bw.buffer_bytes / best[BW_COPY];
+    *triad = 3 * g_bw.buffer_bytes / best[BW_TRIAD];
+}
+
 void measure_bandwidth(void) {
     double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-    double bytes, best[4] = {INFINITY, INFINITY, INFINITY, INFINITY};
-    size_t vecs;
-    v4 *a, *b, *c;
-    int runs = g_quick ? 2 : 5, r, op;
+    double bytes;
     g_bw.l3_bytes = l3_bytes();
     /* three buffers, each twice the last-level cache, 256 MiB to 1 GiB (and at most a 16th of
        the memory); --quick: 64 MiB */
@@ -376,25 +391,35 @@ void measure_bandwidth(void) {
     if (bytes > 1024.0 * 1048576) bytes = 1024.0 * 1048576;
     if (mem > 0 && bytes > mem / 16) bytes = mem / 16;
     if (g_quick) bytes = 64.0 * 1048576;
-    vecs = (size_t)(bytes / sizeof(v4)) / 8 * 8;
-    g_bw.buffer_bytes = (double)vecs * sizeof(v4);
-    if (posix_memalign((void **)&a, 64, vecs * sizeof(v4)) != 0 ||
-        posix_memalign((void **)&b, 64, vecs * sizeof(v4)) != 0 ||
-        posix_memalign((void **)&c, 64, vecs * sizeof(v4)) != 0)
+    g_bw_vecs = (size_t)(bytes / sizeof(v4)) / 8 * 8;
+    g_bw.buffer_bytes = (double)g_bw_vecs * sizeof(v4);
+    if (posix_memalign((void **)&g_bw_a, 64, g_bw_vecs * sizeof(v4)) != 0 ||
+        posix_memalign((void **)&g_bw_b, 64, g_bw_vecs * sizeof(v4)) != 0 ||
+        posix_memalign((void **)&g_bw_c, 64, g_bw_vecs * sizeof(v4)) != 0)
         die("out of memory for the bandwidth buffers");
-    bw_pass(BW_FILL, a, b, c, vecs); /* first touch, on the threads that use each part */
-    for (r = 0; r < runs; r++) {
-        for (op = BW_READ; op <= BW_TRIAD; op++) {
-            double t = bw_pass(op, a, b, c, vecs);
-            if (t < best[op]) best[op] = t;
-        }
+    /* first touch, on the threads that use each part */
+    bw_pass(BW_FILL, g_bw_a, g_bw_b, g_bw_c, g_bw_vecs);
+    g_bw.runs = g_quick ? 2 : 10;
+    bw_runs(g_bw.runs, &g_bw.read, &g_bw.copy, &g_bw.triad);
+    if (g_quick) bandwidth_end();
+}
+
+/* A full run measures once more at its end, on the same buffers: a bound that moved says the
+   machine's load changed during the run. */
+void bandwidth_end(void) {
+    double read, copy, triad;
+    if (g_bw_a == NULL) return;
+    if (!g_quick) {
+        bw_runs(5, &read, &copy, &triad);
+        note("bandwidth at the end of the run (best of 5): read %.2f GB/s, copy %.2f GB/s, triad "
+             "%.2f GB/s (at the start, used for the bound: %.2f, %.2f, %.2f)",
+             read / 1e9, copy / 1e9, triad / 1e9, g_bw.read / 1e9, g_bw.copy / 1e9,
+             g_bw.triad / 1e9);
     }
-    g_bw.read = g_bw.buffer_bytes / best[BW_READ];
-    g_bw.copy = 2 * g_bw.buffer_bytes / best[BW_COPY];
-    g_bw.triad = 3 * g_bw.buffer_bytes / best[BW_TRIAD];
-    free(a);
-    free(b);
-    free(c);
+    free(g_bw_a);
+    free(g_bw_b);
+    free(g_bw_c);
+    g_bw_a = g_bw_b = g_bw_c = NULL;
 }
 
 double bound_time(double bytes, int writes) {
@@ -402,12 +427,21 @@ double bound_time(double bytes, int writes) {
     return bw > 0 ? bytes / bw : NAN;
 }
 
+static char g_in_cache[1024];
+
 void note_footprint(const char *name, double footprint) {
-    if (g_bw.l3_bytes > 0 && footprint <= g_bw.l3_bytes) {
-        note("%s: its %.0f MiB fit in the %.0f MiB last-level cache the CPU reports: the "
-             "bandwidth bound may be beaten",
-             name, footprint / 1048576.0, g_bw.l3_bytes / 1048576.0);
-    }
+    size_t len = strlen(g_in_cache);
+    if (g_bw.l3_bytes > 0 && footprint <= g_bw.l3_bytes)
+        snprintf(g_in_cache + len, sizeof g_in_cache - len, "%s%s %.0f MiB", len > 0 ? ", " : "",
+                 name, footprint / 1048576.0);
+}
+
+void note_footprints(void) {
+    if (g_in_cache[0] != '\0')
+        note("the CPU reports a %.0f MiB last-level cache (a virtual machine may see less of it); "
+             "the least traffic of these cases is under it, so they may beat the bandwidth "
+             "bound: %s",
+             g_bw.l3_bytes / 1048576.0, g_in_cache);
 }
 
 /* ======================================================================================
