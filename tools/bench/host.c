@@ -103,7 +103,7 @@ void case_trace(void) {
     sides[ns].name = "cpu";
     sides[ns].timed = trace_timed;
     sides[ns++].ctx = &cc;
-    reps = measure(sides, ns, g_quick ? 5 : 31);
+    reps = measure(sides, ns, g_quick ? 3 : 31);
     for (b = 0; b < NUM_BACKENDS; b++) {
         row r;
         if (on[b] < 0) continue;

@@ -117,17 +117,33 @@ static void print_machine(FILE *f) {
     fprintf(f, "torch_backend.h %s\n", TB_VERSION_STRING);
 }
 
+/* `in` as a JSON string's contents: quotes, backslashes and control characters dropped. */
+static const char *json_text(const char *in, char *out, size_t cap) {
+    size_t n = 0;
+    for (; *in != '\0' && n + 1 < cap; in++)
+        if (*in != '"' && *in != '\\' && (unsigned char)*in >= 0x20) out[n++] = *in;
+    out[n] = '\0';
+    return out;
+}
+
 static void json_facts(void) {
-    char cpu[256];
+    char cpu[256], dev[256] = "", a[256], b[512], c[512], d[512];
+    tb_device_info info;
+    memset(&info, 0, sizeof info);
+    if (g_backends[0].ok && tb_backend_device_info(&g_backends[0].dev, &info) == TB_OK)
+        snprintf(dev, sizeof dev, "%.120s, driver %.64s", info.name, info.driver_version);
     cpu_name(cpu, sizeof cpu);
     json_machine("{\"case\": \"machine\", \"cpu\": \"%s\", \"cores\": %ld, \"threads\": %d, "
-                 "\"quick\": %s, \"opencl\": %s, \"native\": %s, \"pytorch\": %s, "
-                 "\"openblas\": %s, \"clblast\": %s, \"bandwidth_read\": %.6g, "
-                 "\"bandwidth_copy\": %.6g, \"bandwidth_triad\": %.6g, \"buffer_bytes\": %.0f, "
-                 "\"llc_bytes\": %.0f, \"version\": \"%s\"}",
-                 cpu, sysconf(_SC_NPROCESSORS_ONLN), g_threads, g_quick ? "true" : "false",
-                 g_backends[0].ok ? "true" : "false", g_backends[1].ok ? "true" : "false",
-                 torch_ok() ? "true" : "false", have_openblas() ? "true" : "false",
+                 "\"quick\": %s, \"opencl\": %s, \"opencl_device\": \"%s\", \"native\": %s, "
+                 "\"pytorch\": %s, \"pytorch_about\": \"%s\", \"openblas\": \"%s\", "
+                 "\"clblast\": %s, \"bandwidth_read\": %.6g, \"bandwidth_copy\": %.6g, "
+                 "\"bandwidth_triad\": %.6g, \"buffer_bytes\": %.0f, \"llc_bytes\": %.0f, "
+                 "\"version\": \"%s\"}",
+                 json_text(cpu, a, sizeof a), sysconf(_SC_NPROCESSORS_ONLN), g_threads,
+                 g_quick ? "true" : "false", g_backends[0].ok ? "true" : "false",
+                 json_text(dev, b, sizeof b), g_backends[1].ok ? "true" : "false",
+                 torch_ok() ? "true" : "false", json_text(torch_about(), c, sizeof c),
+                 json_text(openblas_about(), d, sizeof d),
                  have_clblast() && g_backends[0].ok ? "true" : "false", g_bw.read, g_bw.copy,
                  g_bw.triad, g_bw.buffer_bytes, g_bw.l3_bytes, TB_VERSION_STRING);
 }
