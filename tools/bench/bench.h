@@ -159,21 +159,21 @@ float *torch_setup(const char *kase, const torch_input *in, int n_in, size_t out
 double torch_timed(void *unused); /* a side's `timed`: one call, timed by PyTorch's process */
 
 /* The memory-bandwidth bound: read, copy and triad over buffers much larger than the caches, on
-   g_threads threads, best of several runs. */
+   g_threads threads, best of several runs (and the same over 64 MiB buffers, for a note). */
 typedef struct bandwidth {
     double read, copy, triad; /* bytes per second, STREAM's counting (no write-allocate) */
     double buffer_bytes;
     double l3_bytes; /* what the CPU reports, 0 if unknown */
     int runs;
+    /* the same loops over 64 MiB buffers */
+    double small_bytes, small_read, small_copy, small_triad;
 } bandwidth;
 extern bandwidth g_bw;
 void measure_bandwidth(void);
 void bandwidth_end(void); /* measures again (a note), frees the buffers */
 /* The least time to move `bytes` (read only, or with writes). */
 double bound_time(double bytes, int writes);
-/* Cases whose footprint fits the last-level cache (the bound may then be beaten): collected,
-   then one note. */
-void note_footprint(const char *name, double footprint_bytes);
+/* A note comparing the bandwidth over 64 MiB buffers with the bound's. */
 void note_footprints(void);
 
 /* OpenBLAS (host) and CLBlast (OpenCL device), when built in. */

@@ -97,7 +97,6 @@ static void run_bw_case(const bw_case *d) {
     side sides[NUM_BACKENDS + 2];
     int on[NUM_BACKENDS], ns = 0, b, reps, torch_i = -1, hand_i = -1;
     hand *h = NULL;
-    double footprint = d->bytes;
     memset(sides, 0, sizeof sides);
     for (b = 0; b < NUM_BACKENDS; b++) {
         on[b] = -1;
@@ -134,7 +133,6 @@ static void run_bw_case(const bw_case *d) {
         torch_i = ns++;
     if (ns == 0) return;
     reps = measure(sides, ns, 0);
-    note_footprint(d->name, footprint);
     for (b = 0; b < NUM_BACKENDS; b++) {
         row r;
         if (on[b] < 0) continue;

@@ -138,6 +138,8 @@ static void json_facts(void) {
                  "\"pytorch\": %s, \"pytorch_about\": \"%s\", \"openblas\": \"%s\", "
                  "\"clblast\": %s, \"bandwidth_read\": %.6g, \"bandwidth_copy\": %.6g, "
                  "\"bandwidth_triad\": %.6g, \"buffer_bytes\": %.0f, \"llc_bytes\": %.0f, "
+                 "\"bandwidth_64mib_read\": %.6g, \"bandwidth_64mib_copy\": %.6g, "
+                 "\"bandwidth_64mib_triad\": %.6g, "
                  "\"version\": \"%s\"}",
                  json_text(cpu, a, sizeof a), sysconf(_SC_NPROCESSORS_ONLN), g_threads,
                  g_quick ? "true" : "false", g_backends[0].ok ? "true" : "false",
@@ -145,7 +147,8 @@ static void json_facts(void) {
                  torch_ok() ? "true" : "false", json_text(torch_about(), c, sizeof c),
                  json_text(openblas_about(), d, sizeof d),
                  have_clblast() && g_backends[0].ok ? "true" : "false", g_bw.read, g_bw.copy,
-                 g_bw.triad, g_bw.buffer_bytes, g_bw.l3_bytes, TB_VERSION_STRING);
+                 g_bw.triad, g_bw.buffer_bytes, g_bw.l3_bytes, g_bw.small_read, g_bw.small_copy,
+                 g_bw.small_triad, TB_VERSION_STRING);
 }
 
 static void usage(const char *self) {
@@ -247,8 +250,9 @@ int main(int argc, char **argv) {
     bandwidth_end();
     print_table();
     printf("\nbound: bandwidth cases: least traffic (every input read once, the output written "
-           "once) / measured bandwidth (read-only cases: read; the others: the best of copy and "
-           "triad); matmul and mlp: OpenBLAS on the host, same threads\n"
+           "once) / measured bandwidth (cases that write: the best of copy and triad; read-only "
+           "cases: the best of read, copy and triad); matmul and mlp: OpenBLAS on the host, same "
+           "threads\n"
            "rate: least traffic / our time (GB/s); matmul, mlp: 2*M*N*K flop / our time\n\n");
     printf("%s\n", notes_text());
     print_machine(stdout);
