@@ -483,17 +483,29 @@ void case_coldstart(void) {
    the child processes
    ====================================================================================== */
 
-static int g_print_kernels;
+/* The kernels of the profiled steps: names from the first, times of each step. */
+#define PROFILE_KERNELS 32
+#define PROFILE_STEPS   16
+static char g_kernel_names[PROFILE_KERNELS][128];
+static double g_kernel_ms[PROFILE_STEPS][PROFILE_KERNELS];
+static int g_step = -1, g_kernel, g_num_kernels;
 
 /* TB_DEBUG=2 lines: "BACKEND:ORDINAL KERNEL TIME ms ..." */
 static void child_log(tb_log_level level, const char *message, void *user_data) {
-    char backend[16], name[128];
+    char backend[16], name[120];
     int ord;
     double ms;
     double *sum = (double *)user_data;
-    if (sscanf(message, "%15[a-z]:%d %127s %lf ms", backend, &ord, name, &ms) == 4) {
-        if (g_print_kernels) printf("KERNEL %-28s %9.3f ms\n", name, ms);
+    if (sscanf(message, "%15[a-z]:%d %119s %lf ms", backend, &ord, name, &ms) == 4) {
         *sum += ms;
+        if (g_step >= 0 && g_step < PROFILE_STEPS && g_kernel < PROFILE_KERNELS) {
+            if (g_step == 0) {
+                snprintf(g_kernel_names[g_kernel], sizeof g_kernel_names[0], "%s", name);
+                g_num_kernels = g_kernel + 1;
+            }
+            g_kernel_ms[g_step][g_kernel] = ms;
+        }
+        g_kernel++;
     } else if (level <= TB_LOG_WARN) {
         fprintf(stderr, "tb: %s\n", message);
     }
@@ -535,14 +547,15 @@ static int child_coldstart(const bench_backend *be) {
 
 static int child_mlp_profile(const bench_backend *be, double *sum) {
     mlp m;
-    double walls[16], kernels[16];
-    int i, steps = g_quick ? 3 : 9;
+    double walls[PROFILE_STEPS], kernels[PROFILE_STEPS];
+    int i, k, steps = g_quick ? 3 : 9;
     mlp_init_host(&m, 256);
     mlp_upload(&m, be);
     for (i = -1; i < steps; i++) { /* step -1 compiles */
         double t0 = now_s();
         tb_tensor *y = mlp_forward(&m);
-        g_print_kernels = i == steps - 1;
+        g_step = i;
+        g_kernel = 0;
         *sum = 0;
         sync_on(y, be);
         tb_tensor_release(y);
@@ -550,6 +563,13 @@ static int child_mlp_profile(const bench_backend *be, double *sum) {
             walls[i] = now_s() - t0;
             kernels[i] = *sum * 1e-3;
         }
+    }
+    for (k = 0; k < g_num_kernels; k++) {
+        double v[PROFILE_STEPS];
+        for (i = 0; i < steps; i++)
+            v[i] = g_kernel_ms[i][k];
+        printf("KERNEL %-28s %9.3f ms (median of %d steps)\n", g_kernel_names[k], median(v, steps),
+               steps);
     }
     printf("RESULT kernel_s=%.9f\n", median(kernels, steps));
     printf("RESULT wall_s=%.9f\n", median(walls, steps));
