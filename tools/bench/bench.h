@@ -91,7 +91,8 @@ void json_machine(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
    A side is one way of doing the work of a case (our backends, PyTorch, an anchor). measure()
    calls each once untimed (warm-up), once timed to size the repetitions, then the repetitions,
    one call of every side per round, the order rotating from round to round; each side gets the
-   median of its rounds. A primed side gets an untimed call right before each timed one (while
+   median of its rounds. A flushed side finds the caches full of other data at each timed call
+   (flush_caches). A primed side gets an untimed call right before each timed one (while
    its calls take under half a second), so that it runs at the speed of a loop of calls; a side
    whose library keeps threads spinning after a call (OpenBLAS, PyTorch's BLAS) sleeps for a
    cooldown after each call, so that the next side finds the cores idle. */
@@ -103,6 +104,7 @@ typedef struct side {
     double (*timed)(void *ctx); /* or returns its own time (PyTorch times itself) */
     void *ctx;
     int prime;          /* an untimed call right before each timed one */
+    int flush;          /* the caches flushed (untimed) right before each timed call */
     double cooldown;    /* seconds to sleep after each call: BLAS threads that spin
                            after a call would take the cores from the next side */
     double t;           /* the median */
@@ -171,6 +173,10 @@ typedef struct bandwidth {
 extern bandwidth g_bw;
 void measure_bandwidth(void);
 void bandwidth_end(void); /* measures again (a note), frees the buffers */
+/* Reads a bandwidth buffer (twice the last-level cache, at least 256 MiB; 64 MiB with
+   --quick) on g_threads threads, so that what a case touched before is out of the caches.
+   Returns the seconds it took. */
+double flush_caches(void);
 /* The least time to move `bytes` (read only, or with writes). */
 double bound_time(double bytes, int writes);
 /* A note comparing the bandwidth over 64 MiB buffers with the bound's. */

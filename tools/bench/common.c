@@ -226,6 +226,7 @@ static double call_once(side *s) {
 static double call_side(side *s) {
     double t;
     if (s->prime && s->t < 0.5) call_once(s);
+    if (s->flush) flush_caches();
     t = call_once(s);
     s->t = t; /* the last call's, until measure sets the median */
     if (s->cooldown > 0) usleep((useconds_t)(s->cooldown * 1e6));
@@ -254,6 +255,7 @@ int measure(side *s, int n, int force_reps) {
         double t = call_side(&s[j]);
         s[j].samples[0] = t;
         round_s += t * (s[j].prime ? 2 : 1) + s[j].cooldown;
+        if (s[j].flush) round_s += flush_caches();
         if (t > slowest) slowest = t;
     }
     reps = force_reps > 0 ? force_reps : reps_for(round_s, slowest);
