@@ -25,13 +25,15 @@
 #     several accumulators), tuned over a few launch shapes.
 # Every result (ours on each backend, PyTorch's, the anchors') is checked against the cpu
 # reference backend or the host before anything is timed; a wrong one stops the run (exit
-# status 1). Timing: a warm-up call per side, then rounds that call every side once in a
+# status 1). Timing: two warm-up calls per side, then rounds that call every side once in a
 # rotating order; each side's median is reported. In the bandwidth cases the caches are
 # flushed (a large buffer read, untimed) before each timed call, so every side streams from
 # memory as the bound does. BLAS sides sleep after each call (their threads spin); in matmul and
 # mlp every side gets an untimed call before each timed one. The table gives per (case,
 # backend): our time, PyTorch's and PyTorch / ours (> 1: we are faster), the bound and bound /
-# ours, our rate (GB/s of least traffic, or GFLOP/s), the anchor's time and anchor / ours.
+# ours, our rate (GB/s of least traffic, or GFLOP/s), the anchor's time and anchor / ours. A
+# note gives each side's page faults per timed call where any has some (fresh memory is slow
+# to touch on some virtual machines).
 #
 # Steps: install the Debian packages the benchmark needs (compiler, OpenCL headers and ICD
 # loader, PoCL) and, when missing, its peers (libopenblas-dev, libclblast-dev, python3-torch,

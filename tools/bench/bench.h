@@ -89,7 +89,7 @@ void json_machine(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- timing ----
    A side is one way of doing the work of a case (our backends, PyTorch, an anchor). measure()
-   calls each once untimed (warm-up), once timed to size the repetitions, then the repetitions,
+   calls each twice untimed (warm-up), once timed to size the repetitions, then the repetitions,
    one call of every side per round, the order rotating from round to round; each side gets the
    median of its rounds. A flushed side finds the caches full of other data at each timed call
    (flush_caches). A primed side gets an untimed call right before each timed one (while
@@ -109,6 +109,8 @@ typedef struct side {
                            after a call would take the cores from the next side */
     double t;           /* the median */
     double samples[64]; /* one per round */
+    double faults[64];  /* minor page faults of each round's timed call */
+    double faults_med;
 } side;
 
 double now_s(void);
@@ -116,6 +118,8 @@ double median(double *v, int n);
 double time_once(run_fn fn, void *ctx);
 /* force_reps > 0 fixes the number of rounds (at most 64). Returns the rounds run. */
 int measure(side *sides, int n, int force_reps);
+/* A note with each side's page faults per timed call, when any side has some. */
+void note_faults(const char *name, const side *sides, int n);
 
 /* ---- data and checks ---- */
 
@@ -159,6 +163,7 @@ typedef struct torch_input {
    malloc'd) or NULL when PyTorch cannot run it (a note says why). */
 float *torch_setup(const char *kase, const torch_input *in, int n_in, size_t out_n);
 double torch_timed(void *unused); /* a side's `timed`: one call, timed by PyTorch's process */
+double torch_last_faults(void);   /* the minor page faults of that call in PyTorch's process */
 
 /* The memory-bandwidth bound: read, copy and triad over buffers much larger than the caches, on
    g_threads threads, best of several runs (and the same over 64 MiB buffers, for a note). */

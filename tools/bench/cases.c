@@ -137,6 +137,7 @@ static void run_bw_case(const bw_case *d) {
     for (b = 0; b < ns; b++)
         sides[b].flush = 1;
     reps = measure(sides, ns, 0);
+    note_faults(d->name, sides, ns);
     for (b = 0; b < NUM_BACKENDS; b++) {
         row r;
         if (on[b] < 0) continue;
@@ -503,6 +504,7 @@ void case_matmul(int n) {
     }
     if (ns > 0) {
         reps = measure(sides, ns, 0);
+        note_faults(name, sides, ns);
         for (b = 0; b < NUM_BACKENDS; b++) {
             row r;
             if (on[b] < 0) continue;
@@ -788,6 +790,7 @@ void case_mlp(int64_t batch) {
     }
     if (ns > 0) {
         reps = measure(sides, ns, 0);
+        note_faults("mlp", sides, ns);
         for (b = 0; b < NUM_BACKENDS; b++) {
             row r;
             if (on[b] < 0) continue;

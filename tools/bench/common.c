@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -223,11 +224,21 @@ static double call_once(side *s) {
     return s->timed != NULL ? s->timed(s->ctx) : time_once(s->run, s->ctx);
 }
 
-static double call_side(side *s) {
-    double t;
+static double minor_faults(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_minflt;
+}
+
+/* One timed call (after its prime and flush); *faults gets the minor page faults it took:
+   fresh memory touched for the first time (slow on some virtual machines). */
+static double call_side(side *s, double *faults) {
+    double t, f0;
     if (s->prime && s->t < 0.5) call_once(s);
     if (s->flush) flush_caches();
+    f0 = minor_faults();
     t = call_once(s);
+    *faults = s->timed == torch_timed ? torch_last_faults() : minor_faults() - f0;
     s->t = t; /* the last call's, until measure sets the median */
     if (s->cooldown > 0) usleep((useconds_t)(s->cooldown * 1e6));
     return t;
@@ -249,10 +260,13 @@ static int reps_for(double round_s, double slowest) {
 int measure(side *s, int n, int force_reps) {
     double round_s = 0, slowest = 0, tmp[64];
     int reps, r, j, k;
-    for (j = 0; j < n; j++)
-        call_side(&s[j]);
+    /* two warm-up rounds: the first call compiled (ours) or was the check; allocators reach
+       their steady state (glibc's heap under PyTorch grows for a few calls) */
+    for (r = 0; r < 2; r++)
+        for (j = 0; j < n; j++)
+            call_side(&s[j], &s[j].faults[0]);
     for (j = 0; j < n; j++) {
-        double t = call_side(&s[j]);
+        double t = call_side(&s[j], &s[j].faults[0]);
         s[j].samples[0] = t;
         round_s += t * (s[j].prime ? 2 : 1) + s[j].cooldown;
         if (s[j].flush) round_s += flush_caches();
@@ -263,14 +277,29 @@ int measure(side *s, int n, int force_reps) {
     for (r = 1; r < reps; r++) {
         for (k = 0; k < n; k++) {
             j = (k + r) % n;
-            s[j].samples[r] = call_side(&s[j]);
+            s[j].samples[r] = call_side(&s[j], &s[j].faults[r]);
         }
     }
     for (j = 0; j < n; j++) {
         memcpy(tmp, s[j].samples, (size_t)reps * sizeof(double));
         s[j].t = median(tmp, reps);
+        memcpy(tmp, s[j].faults, (size_t)reps * sizeof(double));
+        s[j].faults_med = median(tmp, reps);
     }
     return reps;
+}
+
+void note_faults(const char *name, const side *s, int n) {
+    char buf[512];
+    size_t len = 0;
+    int j, any = 0;
+    for (j = 0; j < n; j++) {
+        any |= s[j].faults_med > 0;
+        len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%s %.0f", j > 0 ? ", " : "",
+                                s[j].name, s[j].faults_med);
+        if (len >= sizeof buf) break;
+    }
+    if (any) note("%s: minor page faults per timed call (median; fresh memory): %s", name, buf);
 }
 
 /* ---- data ---- */

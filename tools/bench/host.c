@@ -273,6 +273,7 @@ void case_replay(void) {
         sides[ns++].timed = torch_timed;
     }
     reps = measure(sides, ns, g_quick ? 11 : 51);
+    note_faults("replay", sides, ns);
     for (b = 0; b < NUM_BACKENDS; b++) {
         const bench_backend *be = &g_backends[b];
         double per_kernel, diff[64];

@@ -39,6 +39,7 @@ static FILE *g_torch_to, *g_torch_from;
 static int g_torch_ok;
 static char g_torch_about[512] = "not started";
 static char g_torch_dir[1024];
+static double g_torch_faults;
 
 int torch_ok(void) {
     return g_torch_ok;
@@ -239,7 +240,16 @@ double torch_timed(void *unused) {
         return NAN;
     }
     if (strncmp(line, "time ", 5) != 0) die("PyTorch: unexpected answer '%.200s'", line);
-    return atof(line + 5);
+    {
+        char *end = NULL;
+        double t = strtod(line + 5, &end);
+        g_torch_faults = end != NULL ? strtod(end, NULL) : 0;
+        return t;
+    }
+}
+
+double torch_last_faults(void) {
+    return g_torch_faults;
 }
 
 /* ======================================================================================

@@ -12,9 +12,9 @@ OMP_NUM_THREADS, OPENBLAS_NUM_THREADS set to THREADS, and speaks one line per re
     setup CASE OUT NAME=PATH:DIMS ...   -> "ok N" | "error WHY"
         loads the inputs (raw little-endian float32 files; DIMS like 4096x4096), runs the case
         once (the warm-up) and writes its result to OUT (raw float32, N elements)
-    run                                 -> "time SECONDS"
+    run                                 -> "time SECONDS FAULTS"
         one call of the case, timed with time.perf_counter (the result is dropped inside the
-        timed region, as the benchmark releases ours)
+        timed region, as the benchmark releases ours); FAULTS: its minor page faults
     quit
 
 Each case is what a PyTorch user writes, run under torch.inference_mode() with the garbage
@@ -22,6 +22,7 @@ collector off while timing (as timeit does). Standard library, numpy and torch o
 """
 
 import gc
+import resource
 import sys
 import time
 
@@ -135,12 +136,14 @@ def main():
                     answer("error no case")
                     continue
                 gc.disable()
+                f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 t0 = time.perf_counter()
                 y = call()
                 del y
                 t1 = time.perf_counter()
+                f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 gc.enable()
-                answer("time %.9f" % (t1 - t0))
+                answer("time %.9f %d" % (t1 - t0, f1 - f0))
             else:
                 answer("error unknown request " + words[0])
     return 0
