@@ -19,8 +19,9 @@
 #     TB_NATIVE_THREADS), run by /usr/bin/python3 tools/bench/torch_peer.py on the same inputs,
 #     its result checked like ours; skipped with a note where torch cannot be imported;
 #   - the bound: memory bandwidth measured here (read, copy and triad over buffers much larger
-#     than the caches, same threads, best of several runs) times the case's least traffic; for
-#     matmul and the MLP, OpenBLAS on the same threads (and CLBlast on the OpenCL device);
+#     than the caches, same threads, best of several runs, before and after the bandwidth cases,
+#     the better kept) times the case's least traffic; for matmul and the MLP, OpenBLAS on the
+#     same threads (and CLBlast on the OpenCL device);
 #   - on OpenCL, a hand-written kernel doing the same work (contiguous chunks, float16 vectors,
 #     several accumulators), tuned over a few launch shapes.
 # Every result (ours on each backend, PyTorch's, the anchors') is checked against the cpu

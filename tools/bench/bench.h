@@ -78,11 +78,16 @@ typedef struct row {
     double value; /* our rate in unit */
     double bytes; /* least traffic */
     double flops;
+    int writes; /* bandwidth rows: whether the output is large (which bandwidth bounds it) */
     int reps;
 } row;
 
 row row_new(const char *name, const char *backend);
 void add_row(const row *r);
+/* While rows are held, add_row keeps them; release_rows sets the bandwidth rows' bound from the
+   final bandwidth (measure_bandwidth, bandwidth_end), then prints and writes them. */
+void hold_rows(void);
+void release_rows(void);
 void print_header(void);
 void print_table(void);
 void json_machine(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -172,12 +177,15 @@ typedef struct bandwidth {
     double buffer_bytes;
     double l3_bytes; /* what the CPU reports, 0 if unknown */
     int runs;
+    int measured; /* 1 after measure_bandwidth, 2 after bandwidth_end */
     /* the same loops over 64 MiB buffers */
     double small_bytes, small_read, small_copy, small_triad;
 } bandwidth;
 extern bandwidth g_bw;
 void measure_bandwidth(void);
-void bandwidth_end(void); /* measures again (a note), frees the buffers */
+/* Measures again (after the bandwidth cases), keeps the better of the two for each loop (the
+   machine's load moves), notes both and frees the buffers. */
+void bandwidth_end(void);
 /* Reads a bandwidth buffer (twice the last-level cache, at least 256 MiB; 64 MiB with
    --quick) on g_threads threads, so that what a case touched before is out of the caches.
    Returns the seconds it took. */

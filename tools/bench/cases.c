@@ -144,6 +144,7 @@ static void run_bw_case(const bw_case *d) {
         r = row_new(d->name, g_backends[b].name);
         r.ours = sides[on[b]].t;
         if (torch_i >= 0 && torch_ok()) r.torch = sides[torch_i].t;
+        r.writes = d->writes;
         r.bound = bound_time(d->bytes, d->writes);
         snprintf(r.bound_kind, sizeof r.bound_kind, "bandwidth");
         if (g_backends[b].opencl && hand_i >= 0) {

@@ -151,9 +151,9 @@ static void json_str(FILE *f, const char *key, const char *v) {
     }
 }
 
-void add_row(const row *r) {
-    if (g_num_rows >= (int)(sizeof g_rows / sizeof g_rows[0])) die("too many rows");
-    g_rows[g_num_rows++] = *r;
+static int g_held = -1; /* the first held row, -1: none held */
+
+static void emit_row(const row *r) {
     print_row(r);
     fflush(stdout);
     if (g_json != NULL) {
@@ -175,6 +175,27 @@ void add_row(const row *r) {
         fprintf(g_json, ", \"reps\": %d}\n", r->reps);
         fflush(g_json);
     }
+}
+
+void add_row(const row *r) {
+    if (g_num_rows >= (int)(sizeof g_rows / sizeof g_rows[0])) die("too many rows");
+    g_rows[g_num_rows++] = *r;
+    if (g_held < 0) emit_row(r);
+}
+
+void hold_rows(void) {
+    if (g_held < 0) g_held = g_num_rows;
+}
+
+void release_rows(void) {
+    int i;
+    if (g_held < 0) return;
+    for (i = g_held; i < g_num_rows; i++) {
+        row *r = &g_rows[i];
+        if (strcmp(r->bound_kind, "bandwidth") == 0) r->bound = bound_time(r->bytes, r->writes);
+        emit_row(r);
+    }
+    g_held = -1;
 }
 
 /* One JSON object of facts about the run (the machine, the peers, the bound), not a row. */
