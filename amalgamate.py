@@ -32,6 +32,7 @@ DECLARATION_PARTS = [
     "src/opencl.h",
     "src/interop.h",
     "src/files.h",
+    "src/autograd.h",
     "src/header_end.h",
 ]
 IMPLEMENTATION_PARTS = [
@@ -48,6 +49,7 @@ IMPLEMENTATION_PARTS = [
     "src/reference.c",
     "src/cpu_backend.c",
     "src/print.c",
+    "src/autograd.c",
     "src/compile.h",
     "src/diskcache.c",
     "src/planner.c",

@@ -5,6 +5,7 @@
    =========================================================================================== */
 
 typedef struct tb_node tb_node;       /* an IR node (see the IR section) */
+typedef struct tb_tensor tb_tensor;   /* a lazy tensor (see the tensors section) */
 typedef struct tb_backend tb_backend; /* a registered backend (owned by the registry) */
 
 /* A backend's handle to one array on one device: LTC's BackendData. The library allocates the

@@ -229,6 +229,11 @@ struct tb_node {
     /* the executor's bound on the computed (non-parameter) nodes of this node's graph, for the
        automatic flush; tb__node_new sets it to 0 and only tensor.c writes it */
     uint64_t graph_size;
+    /* autograd (set when the node is made, before anyone else sees it): requires_grad, the
+       value keeps its history across a sync (an operand's flag passes to its users);
+       stop_grad, gradients do not pass into the operands (tb_detach, leaves) */
+    bool requires_grad;
+    bool stop_grad;
 };
 static tb_node *tb__node_new(tb_op op, const tb_shape *shape, const tb_device *device,
                              tb_node *const *operands, size_t num_operands, const int64_t *attrs,
@@ -251,6 +256,12 @@ static void tb__graph_detached_free(tb__detached_graph *detached);
 /* shape inference for a built-in or custom op (used by ops.c and tb_call_op) */
 static tb_status tb__op_infer_shape(tb_op op, const tb_shape *inputs, size_t num_inputs,
                                     const int64_t *attrs, size_t num_attrs, tb_shape *out);
+
+/* ops.c: creates and announces (on_node_created) a node of a known shape; an owned reference
+   or NULL with the error set, naming `fn` */
+static tb_node *tb__emit(const char *fn, tb_op op, const tb_shape *shape, const tb_device *device,
+                         tb_node *const *operands, size_t num_operands, const int64_t *attrs,
+                         size_t num_attrs, const double *fattrs);
 
 /* metrics.c */
 static void tb__metric_count(const char *name, int64_t delta);

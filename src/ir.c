@@ -292,6 +292,7 @@ static tb_node *tb__node_new(tb_op op, const tb_shape *shape, const tb_device *d
         for (i = 0; i < num_operands; i++) {
             node->operands[i] = operands[i];
             tb__node_retain(operands[i]);
+            if (operands[i]->requires_grad) node->requires_grad = true;
         }
         node->num_operands = (uint32_t)num_operands;
     }

@@ -237,6 +237,13 @@ typedef struct tb_custom_op_desc {
        also defined), e.g. "x0 * x1 + (T)1". Ops without it fall back to the reference. */
     const char *opencl_expr;
     void *user_data;
+    /* (optional) the vector-Jacobian product for tb_grad: given the op's inputs, its output and
+       grad_output (the gradient of the output), writes to grad_inputs[i] a new tensor of
+       inputs[i]'s shape (or leaves NULL: no gradient) built with the library's ops, and
+       returns TB_OK. A custom op without it on a gradient's path makes tb_grad fail. */
+    tb_status (*vjp)(tb_tensor *const *inputs, size_t num_inputs, tb_tensor *output,
+                     tb_tensor *grad_output, const int64_t *attrs, size_t num_attrs,
+                     tb_tensor **grad_inputs, void *user_data);
 } tb_custom_op_desc;
 
 /* Registers a custom op and writes its id (TB_OP_BUILTIN_COUNT and up, in registration order)

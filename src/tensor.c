@@ -15,6 +15,10 @@ struct tb_tensor {
     tb_tensor *live_prev;  /* the list of live tensors that tb_mark_step syncs */
     tb_tensor *live_next;
     bool live_linked;
+    bool requires_grad; /* tb_set_requires_grad: its data node carries the flag */
+    /* the node a synced value was computed from, kept (with node->value set) while it requires
+       grad, so that tb_grad can still walk the history; owned, NULL otherwise */
+    tb_node *history;
 };
 
 static tb__mutex tb__tensor_live_mutex = TB__MUTEX_INIT;
@@ -124,6 +128,7 @@ static void tb__tensor_destroy(tb_tensor *t) {
     }
     tb__mutex_unlock(&tb__tensor_live_mutex);
     if (t->node != NULL) tb__node_release(t->node);
+    if (t->history != NULL) tb__node_release(t->history);
     if (t->data_node != NULL) tb__node_release(t->data_node);
     if (t->data != NULL) tb__data_release(t->data);
     tb__free(t);
@@ -144,12 +149,14 @@ static tb_tensor *tb__tensor_from_data(tb_backend_data *data) {
 static tb_node *tb__tensor_ir(tb_tensor *tensor) {
     if (tensor == NULL) return NULL;
     if (tensor->node != NULL) return tensor->node;
+    if (tensor->history != NULL) return tensor->history;
     if (tensor->data_node == NULL) {
         if (tensor->data == NULL) {
             tb__error(TB_ERR_INTERNAL, "tb__tensor_ir: a tensor with neither IR nor data");
             return NULL;
         }
         tensor->data_node = tb__node_device_data(tensor->data);
+        if (tensor->data_node != NULL) tensor->data_node->requires_grad = tensor->requires_grad;
     }
     return tensor->data_node;
 }
@@ -1625,10 +1632,17 @@ static tb_status tb__exec_sync(tb_tensor *const *tensors, size_t count, const ch
             k = (size_t)*at;
             tb__data_retain(values[k]);
             t->data = values[k];
-            tb__node_release(t->node);
+            if (t->node->requires_grad && !t->node->stop_grad) {
+                t->history = t->node; /* tb_grad walks it; its value is set below */
+            } else {
+                tb__node_release(t->node);
+            }
             t->node = NULL;
             /* tensors that shared a node share its device data node: one parameter later */
-            if (first[k] == NULL) {
+            if (t->history != NULL ||
+                (first[k] != NULL && first[k]->requires_grad != t->requires_grad)) {
+                /* its own operand node */
+            } else if (first[k] == NULL) {
                 first[k] = t;
             } else {
                 tb_node *dn = tb__tensor_ir(first[k]);

@@ -6,8 +6,6 @@
    be checked once at the end.
    =========================================================================================== */
 
-typedef struct tb_tensor tb_tensor;
-
 /* ---- creation ---- */
 
 /* A tensor holding a copy of the contiguous host array `data` (tb_shape_nbytes bytes) on

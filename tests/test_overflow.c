@@ -42,6 +42,7 @@ static void expect_status(tb_status status, const char *fragment) {
 
 static tb_shape make_shape(tb_dtype dtype, int32_t rank, const int64_t *dims) {
     tb_shape s;
+    memset(&s, 0, sizeof s);
     if (tb_shape_make(&s, dtype, rank, dims) != TB_OK) fail_msg("shape: %s", tb_last_error());
     return s;
 }

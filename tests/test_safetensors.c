@@ -24,7 +24,8 @@ static const char *path_of(const char *name) {
     static char bufs[4][512];
     static int next;
     char *buf = bufs[next++ % 4];
-    snprintf(buf, sizeof bufs[0], "%s/%s", tmpdir, name);
+    int n = snprintf(buf, sizeof bufs[0], "%s/%s", tmpdir, name);
+    assert_true(n > 0 && (size_t)n < sizeof bufs[0]);
     return buf;
 }
 

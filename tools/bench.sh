@@ -2,23 +2,48 @@
 # The benchmark, in one command:   bash tools/bench.sh [--quick] [--json FILE] [--no-install]
 #                                                    [--only CASE,...]
 #   --quick         small sizes, 1 to 3 repetitions (well under a minute); results still checked
-#   --json FILE     also write one JSON object per (case, anchor) and line to FILE:
-#                   {"case", "tb", "anchor_name", "anchor", "unit", "ratio", "value", "reps"}
-#                   (tb and anchor in seconds; ratio = anchor / tb; value = our rate in unit)
+#   --json FILE     also write to FILE one JSON object per (case, backend) row:
+#                   {"case", "backend", "ours", "pytorch", "ratio_pytorch", "bound", "bound_kind",
+#                    "frac_bound", "rate", "unit", "anchor_name", "anchor", "ratio_anchor",
+#                    "bytes", "flops", "reps"}
+#                   (times in seconds, null where there is none; ratio_pytorch = pytorch / ours,
+#                   frac_bound = bound / ours, ratio_anchor = anchor / ours), after a first object
+#                   {"case": "machine", ...} with the CPU, threads and measured bandwidths
 #   --no-install    do not install missing Debian packages
-#   --only LIST     run only these cases (comma-separated): chain8 sum max row_sums softmax
+#   --only LIST     run only these cases (comma-separated): chain8 add sum max row_sums softmax
 #                   layer_norm matmul mlp trace replay coldstart
 #
-# Steps: install the Debian packages the benchmark needs (compiler, OpenCL headers and ICD
-# loader, PoCL), look for the optional anchors (CLBlast and OpenBLAS are used when their headers
-# and libraries are installed, skipped with a note otherwise), compile tools/bench.c with -O2
-# against torch_backend.h (and -lOpenCL for the hand-written anchor kernels), and run it on
-# opencl:0. Every case checks its result against the cpu reference backend or the host before
-# it is timed and stops the run (exit status 1) when a result is wrong. The table gives our
-# time, the anchor's time and ratio = anchor time / our time (> 1: we are faster).
+# Every case runs on opencl:0 and native:0 (a backend that cannot run here is skipped with a
+# note) beside its peers, measured in the same run:
+#   - PyTorch eager on the same number of threads (the native backend's: online cores, or
+#     TB_NATIVE_THREADS), run by /usr/bin/python3 tools/bench/torch_peer.py on the same inputs,
+#     its result checked like ours; skipped with a note where torch cannot be imported;
+#   - the bound: memory bandwidth measured here (read, copy and triad over buffers much larger
+#     than the caches, same threads, best of several runs, before and after the bandwidth cases,
+#     the better kept) times the case's least traffic; for matmul and the MLP, OpenBLAS on the
+#     same threads (and CLBlast on the OpenCL device);
+#   - on OpenCL, a hand-written kernel doing the same work (contiguous chunks, float16 vectors,
+#     several accumulators), tuned over a few launch shapes.
+# Every result (ours on each backend, PyTorch's, the anchors') is checked against the cpu
+# reference backend or the host before anything is timed; a wrong one stops the run (exit
+# status 1). Timing: two warm-up calls per side, then rounds that call every side once in a
+# rotating order; each side's median is reported. In the bandwidth cases the caches are
+# flushed (a large buffer read, untimed) before each timed call, so every side streams from
+# memory as the bound does. BLAS sides sleep after each call (their threads spin); in matmul and
+# mlp every side gets an untimed call before each timed one. The table gives per (case,
+# backend): our time, PyTorch's and PyTorch / ours (> 1: we are faster), the bound and bound /
+# ours, our rate (GB/s of least traffic, or GFLOP/s), the anchor's time and anchor / ours. A
+# note gives each side's page faults per timed call where any has some (fresh memory is slow
+# to touch on some virtual machines).
 #
-# Environment: CC picks the compiler (default gcc). TB_CACHE_DIR, when set, is used as the
-# OpenCL program cache; otherwise the benchmark makes a fresh one in $TMPDIR and removes it.
+# Steps: install the Debian packages the benchmark needs (compiler, OpenCL headers and ICD
+# loader, PoCL) and, when missing, its peers (libopenblas-dev, libclblast-dev, python3-torch,
+# python3-numpy; a note when they cannot be installed), compile tools/bench/*.c with -O2 against
+# torch_backend.h (objects in build/bench/obj, rebuilt when their sources change) and run it.
+#
+# Environment: CC picks the compiler (default gcc; the native backend uses it too).
+# TB_NATIVE_THREADS sets the native backend's threads and so every peer's. TB_CACHE_DIR, when
+# set, is used as the program cache; otherwise the benchmark makes a fresh one and removes it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -47,7 +72,7 @@ while [ $# -gt 0 ]; do
     --only=*) args+=(--only "${1#--only=}") ;;
     --no-install) install=0 ;;
     -h | --help)
-        sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+        awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
         exit 0
         ;;
     *)
@@ -60,29 +85,45 @@ done
 
 CC=${CC:-gcc}
 
-# ---- packages ----
-packages=(gcc libc6-dev ocl-icd-opencl-dev opencl-headers ocl-icd-libopencl1 pocl-opencl-icd)
-if [ "$install" -eq 1 ] && command -v dpkg >/dev/null 2>&1; then
-    missing=()
-    for p in "${packages[@]}"; do
+# ---- packages: the ones the benchmark needs, then its peers (optional) ----
+missing_of() {
+    local p
+    for p in "$@"; do
         if ! dpkg -s "$p" 2>/dev/null | grep -q '^Status: install ok installed'; then
-            missing+=("$p")
+            echo "$p"
         fi
     done
+}
+apt_updated=0
+apt_install() {
+    local sudo=()
+    if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then sudo=(sudo); fi
+    if [ "$apt_updated" -eq 0 ]; then
+        "${sudo[@]+"${sudo[@]}"}" apt-get update || return 1
+        apt_updated=1
+    fi
+    "${sudo[@]+"${sudo[@]}"}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "$@"
+}
+if [ "$install" -eq 1 ] && command -v dpkg >/dev/null 2>&1; then
+    mapfile -t missing < <(missing_of gcc libc6-dev ocl-icd-opencl-dev opencl-headers \
+        ocl-icd-libopencl1 pocl-opencl-icd)
     if [ "${#missing[@]}" -gt 0 ]; then
         echo "bench: installing ${missing[*]}"
-        sudo=()
-        if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then sudo=(sudo); fi
-        if ! { "${sudo[@]+"${sudo[@]}"}" apt-get update &&
-            "${sudo[@]+"${sudo[@]}"}" env DEBIAN_FRONTEND=noninteractive apt-get install -y \
-                "${missing[@]}"; }; then
+        if ! apt_install "${missing[@]}"; then
             echo "bench: could not install ${missing[*]}; going on with what is there" >&2
+        fi
+    fi
+    mapfile -t missing < <(missing_of libopenblas-dev libclblast-dev python3-torch python3-numpy)
+    if [ "${#missing[@]}" -gt 0 ]; then
+        echo "bench: installing the peers ${missing[*]}"
+        if ! apt_install "${missing[@]}"; then
+            echo "bench: note: could not install ${missing[*]}; their columns stay empty" >&2
         fi
     fi
 fi
 
 # ---- optional anchors: used when a test program compiles and links ----
-mkdir -p build/bench
+mkdir -p build/bench/obj
 probe=build/bench/probe
 defs=()
 libs=()
@@ -90,7 +131,7 @@ if printf '#include <clblast_c.h>\nint main(void) { return (int)CLBlastClearCach
     $CC -x c - -o "$probe" -lclblast -lOpenCL >/dev/null 2>&1; then
     defs+=(-DBENCH_CLBLAST)
     libs+=(-lclblast)
-    echo "bench: CLBlast found: SGEMM anchor on the same OpenCL device"
+    echo "bench: CLBlast found: SGEMM anchor on the OpenCL device"
 else
     echo "bench: note: CLBlast not installed (libclblast-dev): its matmul anchor is skipped"
 fi
@@ -98,34 +139,59 @@ if printf '#include <cblas.h>\nint openblas_get_num_threads(void);\nint main(voi
     $CC -x c - -o "$probe" -lopenblas >/dev/null 2>&1; then
     defs+=(-DBENCH_OPENBLAS)
     libs+=(-lopenblas)
-    echo "bench: OpenBLAS found: cblas_sgemm anchor on the host"
+    echo "bench: OpenBLAS found: the matmul and mlp bound on the host"
 else
     echo "bench: note: OpenBLAS not installed (libopenblas-dev): its host anchors are skipped"
 fi
 rm -f "$probe"
+if ! /usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1; then
+    echo "bench: note: /usr/bin/python3 cannot import torch and numpy (python3-torch," \
+        "python3-numpy): the PyTorch column stays empty"
+fi
 
 if command -v python3 >/dev/null 2>&1 && ! python3 amalgamate.py --check >/dev/null 2>&1; then
     echo "bench: note: torch_backend.h differs from src/ (python3 amalgamate.py regenerates it);"
     echo "bench: benchmarking torch_backend.h as it is"
 fi
 
-# ---- build (skipped when the program is newer than its sources and the flags are the same)
-# and run ----
+# ---- build: each object is rebuilt when it is older than its source, tools/bench/bench.h or
+# torch_backend.h, or was built with other flags; then linked ----
 # The library opens the ICD loader at run time; -lOpenCL is for the anchors' own OpenCL calls
 # (both end up in the same libOpenCL.so.1, so they share the library's context and queue).
 # CC may hold a command with arguments ("ccache gcc"): it is split on spaces on purpose.
 # shellcheck disable=SC2206
-cmd=($CC -std=gnu11 -O2 -I. tools/bench.c -o build/bench/bench "${defs[@]+"${defs[@]}"}"
-    -lOpenCL "${libs[@]+"${libs[@]}"}" -ldl -lpthread -lm)
-stamp=build/bench/bench.cmd
-if [ -x build/bench/bench ] && [ build/bench/bench -nt tools/bench.c ] &&
-    [ build/bench/bench -nt torch_backend.h ] && [ -f "$stamp" ] &&
-    [ "$(cat "$stamp")" = "${cmd[*]}" ]; then
-    echo "bench: build/bench/bench is up to date"
-else
-    echo "bench: compiling: ${cmd[*]}"
-    rm -f "$stamp"
-    "${cmd[@]}"
-    printf '%s' "${cmd[*]}" >"$stamp"
+cc=($CC)
+cflags=(-std=gnu11 -O2 -I. -Itools/bench -pthread "${defs[@]+"${defs[@]}"}")
+stamp=build/bench/obj/flags
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${cc[*]} ${cflags[*]}" ]; then
+    rm -f build/bench/obj/*.o
+    printf '%s' "${cc[*]} ${cflags[*]}" >"$stamp"
 fi
-exec build/bench/bench "${args[@]+"${args[@]}"}"
+objs=()
+pids=()
+for src in tools/bench/*.c; do
+    obj=build/bench/obj/$(basename "${src%.c}").o
+    objs+=("$obj")
+    if [ -f "$obj" ] && [ "$obj" -nt "$src" ] && [ "$obj" -nt tools/bench/bench.h ] &&
+        [ "$obj" -nt torch_backend.h ]; then
+        continue
+    fi
+    echo "bench: compiling $src"
+    "${cc[@]}" "${cflags[@]}" -c "$src" -o "$obj" &
+    pids+=($!)
+done
+for pid in "${pids[@]+"${pids[@]}"}"; do
+    wait "$pid"
+done
+link=0
+[ -x build/bench/bench ] || link=1
+for obj in "${objs[@]}"; do
+    [ "$obj" -nt build/bench/bench ] && link=1
+done
+if [ "$link" -eq 1 ]; then
+    "${cc[@]}" "${objs[@]}" -o build/bench/bench -lOpenCL "${libs[@]+"${libs[@]}"}" -ldl \
+        -lpthread -lm
+else
+    echo "bench: build/bench/bench is up to date"
+fi
+exec build/bench/bench --torch-peer tools/bench/torch_peer.py "${args[@]+"${args[@]}"}"

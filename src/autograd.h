@@ -1,0 +1,49 @@
+/* ===========================================================================================
+   Autograd: reverse-mode gradients over the lazy IR, and in-place assignment
+   The recorded IR is the tape: a gradient is more IR, so a forward pass, its backward pass
+   and an optimizer's update are one graph that fuses, compiles once and is a cache hit at
+   every later step.
+   =========================================================================================== */
+
+/* Gradients of `out` with respect to `inputs`: grads_out[i] gets a new lazy tensor of
+   inputs[i]'s shape and dtype holding d(sum(seed * out)) / d(inputs[i]), or NULL when no path
+   of floating-point ops leads from inputs[i] to `out` (an input used only through tb_detach,
+   comparisons, argmax or integer casts has no path; one used only through ops of zero
+   derivative, floor or sign, gets zeros). `seed` has out's shape (its dtype is cast to out's);
+   NULL seeds 1, and then `out` must have exactly one element. `out` and every input are
+   floating point and on one device. Inputs are matched by the value they had when `out` was
+   recorded: an input that was assigned (tb_assign) since then has no path. Works after the
+   tensors of the forward pass were synced or flushed when they require grad (see
+   tb_set_requires_grad), since those keep the history they were computed from; a tensor that
+   does not require grad keeps it only until it is synced. Gradients of gradients work where
+   the backward rules are themselves differentiable (every built-in op's are). A custom op on a
+   path needs a vjp (tb_custom_op_desc.vjp); TB_ERR_UNSUPPORTED names the op otherwise. On
+   error grads_out is all NULL. */
+TBDEF tb_status tb_grad(tb_tensor *out, tb_tensor *seed, tb_tensor *const *inputs, size_t n,
+                        tb_tensor **grads_out);
+/* A new tensor with x's value and no history: gradients do not flow through it. */
+TBDEF tb_tensor *tb_detach(tb_tensor *x);
+/* Whether the tensor's value keeps its history for tb_grad after a sync (PyTorch's
+   requires_grad). Set it on parameters: every tensor computed from a tensor that requires grad
+   requires grad too. Setting it makes the tensor a leaf (its value stays, the history it had
+   is no longer followed); clearing it is tb_detach in place. Only floating-point tensors can
+   require grad (TB_ERR_DTYPE). */
+TBDEF tb_status tb_set_requires_grad(tb_tensor *tensor, bool requires_grad);
+TBDEF bool tb_requires_grad(const tb_tensor *tensor);
+/* dst takes value's value in place (LTC's SetInPlaceIrValue): dst keeps its handle, and what
+   was recorded from dst before still reads the old value. Shapes (dtype included) and devices
+   must be equal. dst keeps its requires_grad; when it requires grad it becomes a leaf holding
+   the new value (an optimizer's update is not history). When nothing else reads dst's old
+   buffer, the backend that computes the new value may write it over the old one (see
+   tb_backend_impl.execute's donation), so an update does not need twice the memory. */
+TBDEF tb_status tb_assign(tb_tensor *dst, tb_tensor *value);
+
+/* ---- composite ops (recorded as built-in ops; differentiable) ---- */
+
+/* torch.Tensor.scatter_add: x plus, for each element of src (index's dims, index of x's rank),
+   src added at x's position with `dim` replaced by index's value. Indices outside
+   [0, x.dims[dim]) add nothing. index.dims[d] <= x.dims[d] for d != dim. */
+TBDEF tb_tensor *tb_scatter_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_tensor *src);
+/* torch.Tensor.index_add: x plus src's slices along dim added at the positions index (1-D)
+   names; src has x's dims except dims[dim] = index's length. */
+TBDEF tb_tensor *tb_index_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_tensor *src);
