@@ -90,7 +90,8 @@ mkdir -p build/compile build/tests build/examples build/plugins
 # ---------------------------------------------------------------------------------------------
 step "install Debian packages"
 packages=(gcc g++ clang clang-format libclang-rt-14-dev libcmocka-dev pocl-opencl-icd
-    ocl-icd-opencl-dev opencl-headers clinfo python3-numpy valgrind cmake pkg-config)
+    ocl-icd-opencl-dev opencl-headers clinfo python3-numpy valgrind cmake pkg-config gzip
+    dataset-fashion-mnist)
 if [ "$install" -eq 0 ]; then
     echo "skipped (--no-install)"
 elif ! command -v dpkg >/dev/null 2>&1; then
