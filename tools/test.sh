@@ -91,7 +91,7 @@ mkdir -p build/compile build/tests build/examples build/plugins
 step "install Debian packages"
 packages=(gcc g++ clang clang-format libclang-rt-14-dev libcmocka-dev pocl-opencl-icd
     ocl-icd-opencl-dev opencl-headers clinfo python3-numpy python3-torch dataset-fashion-mnist
-    valgrind cmake pkg-config)
+    gzip valgrind cmake pkg-config)
 if [ "$install" -eq 0 ]; then
     echo "skipped (--no-install)"
 elif ! command -v dpkg >/dev/null 2>&1; then
