@@ -33,6 +33,8 @@ DECLARATION_PARTS = [
     "src/interop.h",
     "src/files.h",
     "src/autograd.h",
+    "src/nn.h",
+    "src/optim.h",
     "src/header_end.h",
 ]
 IMPLEMENTATION_PARTS = [
@@ -50,6 +52,8 @@ IMPLEMENTATION_PARTS = [
     "src/cpu_backend.c",
     "src/print.c",
     "src/autograd.c",
+    "src/nn.c",
+    "src/optim.c",
     "src/compile.h",
     "src/diskcache.c",
     "src/planner.c",

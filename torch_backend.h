@@ -1473,6 +1473,33 @@ TBDEF tb_tensor_set *tb_npz_load(const char *path, const tb_device *device);
    tb_safetensors_save. */
 TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set);
 
+/* ===========================================================================================
+   IDX files (the format of MNIST and Fashion-MNIST)
+   =========================================================================================== */
+
+/* Reads an IDX file (a big-endian magic 0x0000TTNN, TT the type and NN the rank, then NN
+   big-endian u32 dims, then the elements big-endian in C order) into a new tensor of the file's
+   dims on `device` (NULL: the current device). The file may be compressed as one gzip member
+   (RFC 1952), as MNIST's `.gz` files are: that is decided by its first two bytes (0x1f 0x8b),
+   not by its name, and it is inflated by the library itself (no zlib needed).
+   Types: 0x08 u8 loads as u8, 0x0C i32 as i32, 0x0D f32 as f32, 0x0E f64 as f64; 0x09 i8 and
+   0x0B i16 load widened to i32 (the narrowest dtype of the library that holds every value
+   exactly). On a device that shares host memory (the cpu backend) a u8 file's mapping or the
+   inflated data are used in place, without a copy.
+   Errors (NULL returned; the message names the path and the reason): TB_ERR_INVALID_ARGUMENT
+   (NULL path), TB_ERR_NOT_FOUND / TB_ERR_IO (cannot open or read the file), the error of an
+   unknown `device`, TB_ERR_UNSUPPORTED (more than TB_MAX_RANK dims), and TB_ERR_FORMAT for: a
+   magic not starting with two zero bytes, an unknown type code, rank 0, a truncated header, dims
+   whose size overflows, data shorter or longer than the dims describe; for gzip also a bad
+   header (method other than deflate, reserved flags, FEXTRA / FNAME / FCOMMENT running past the
+   end, an FHCRC mismatch), corrupt or truncated deflate data, a missing trailer, a CRC-32 or
+   ISIZE mismatch, and trailing data after the member (concatenated members are not supported).
+   Memory: the file is memory-mapped; a gzip file's data are inflated once into a buffer of the
+   size the dims give, never more than deflate can produce from the compressed bytes (1032 times
+   as many); i8 and i16 need one more buffer for the widened values. Thread-safe with other
+   loads. */
+TBDEF tb_tensor *tb_idx_load(const char *path, const tb_device *device);
+
 /* ---- src/autograd.h ---- */
 /* ===========================================================================================
    Autograd: reverse-mode gradients over the lazy IR, and in-place assignment
@@ -1509,9 +1536,9 @@ TBDEF bool tb_requires_grad(const tb_tensor *tensor);
 /* dst takes value's value in place (LTC's SetInPlaceIrValue): dst keeps its handle, and what
    was recorded from dst before still reads the old value. Shapes (dtype included) and devices
    must be equal. dst keeps its requires_grad; when it requires grad it becomes a leaf holding
-   the new value (an optimizer's update is not history). When nothing else reads dst's old
-   buffer, the backend that computes the new value may write it over the old one (see
-   tb_backend_impl.execute's donation), so an update does not need twice the memory. */
+   the new value (an optimizer's update is not history). The old value's buffer is freed when
+   nothing reads it any more; the new value is computed into a buffer of its own (no buffer
+   donation yet), so an update needs the memory of both for the length of one graph. */
 TBDEF tb_status tb_assign(tb_tensor *dst, tb_tensor *value);
 
 /* ---- composite ops (recorded as built-in ops; differentiable) ---- */
@@ -1523,6 +1550,111 @@ TBDEF tb_tensor *tb_scatter_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_
 /* torch.Tensor.index_add: x plus src's slices along dim added at the positions index (1-D)
    names; src has x's dims except dims[dim] = index's length. */
 TBDEF tb_tensor *tb_index_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_tensor *src);
+
+/* ---- src/nn.h ---- */
+/* ===========================================================================================
+   Losses and dropout (torch.nn.functional's): recorded from the public ops, so they fuse
+   with the model, differentiate with tb_grad and run on every backend.
+   =========================================================================================== */
+
+/* How a loss combines its per-element values: their mean (PyTorch's default), their sum, or
+   none (the per-element losses, of the target's dims). */
+typedef enum tb_reduction {
+    TB_REDUCTION_MEAN = 0,
+    TB_REDUCTION_SUM = 1,
+    TB_REDUCTION_NONE = 2
+} tb_reduction;
+
+/* torch.nn.functional.cross_entropy from unnormalised logits. The class axis is axis 1 of
+   logits [N, C, d1, ...] (axis 0 of [C]). `target` is either class indices (i32 or i64, of
+   logits' dims without the class axis, each in [0, C): an index outside fails the sync as
+   tb_gather does) or class probabilities (logits' shape and dtype). label_smoothing in [0, 1]
+   mixes the target with the uniform distribution: loss = (1 - s) * nll + s * mean over the
+   classes of -log_softmax. */
+TBDEF tb_tensor *tb_cross_entropy(tb_tensor *logits, tb_tensor *target, tb_reduction reduction,
+                                  double label_smoothing);
+/* torch.nn.functional.nll_loss: -log_probs at the class each target names (class axis as in
+   tb_cross_entropy; integer targets only). */
+TBDEF tb_tensor *tb_nll_loss(tb_tensor *log_probs, tb_tensor *target, tb_reduction reduction);
+/* torch.nn.functional.mse_loss: (input - target)^2; input and target of one shape. */
+TBDEF tb_tensor *tb_mse_loss(tb_tensor *input, tb_tensor *target, tb_reduction reduction);
+/* torch.nn.functional.dropout: when `training`, each element is kept with probability 1 - p
+   and scaled by 1 / (1 - p), else zeroed; the mask is tb_rand's stream (uniform u < 1 - p keeps
+   the element), so every backend drops the same elements for the same seed and call order.
+   Not training (or p = 0): x itself (retained). p must be in [0, 1]; p = 1 gives zeros. */
+TBDEF tb_tensor *tb_dropout(tb_tensor *x, double p, bool training);
+
+/* ---- src/optim.h ---- */
+/* ===========================================================================================
+   Optimizers: torch.optim's SGD, Adam and AdamW as lazy updates. A step records the update of
+   every parameter and its state from the gradients, assigns the results in place (tb_assign)
+   and runs them in one graph with the forward and backward passes the gradients come from.
+   Hyperparameters and the step count enter the graph as scalar parameters, so a changed
+   learning rate (a schedule) never compiles a new graph.
+   =========================================================================================== */
+
+typedef enum tb_optimizer_kind { TB_SGD = 1, TB_ADAM = 2, TB_ADAMW = 3 } tb_optimizer_kind;
+
+/* PyTorch's arguments of the same names. Start from tb_sgd_desc / tb_adam_desc /
+   tb_adamw_desc, which set PyTorch's defaults, and change what you need. */
+typedef struct tb_optimizer_desc {
+    tb_optimizer_kind kind;
+    double lr;           /* learning rate (> 0) */
+    double momentum;     /* SGD: 0 (plain SGD) or in (0, 1] */
+    double dampening;    /* SGD */
+    bool nesterov;       /* SGD: needs momentum > 0 and dampening 0 */
+    double beta1, beta2; /* Adam, AdamW: in [0, 1) */
+    double eps;          /* Adam, AdamW: > 0 */
+    double weight_decay; /* SGD, Adam: added to the gradient (L2); AdamW: decoupled */
+    bool maximize;       /* ascend instead of descend */
+} tb_optimizer_desc;
+
+/* SGD(lr, momentum=0, dampening=0, weight_decay=0, nesterov=False) */
+TBDEF tb_optimizer_desc tb_sgd_desc(double lr);
+/* Adam(lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0) */
+TBDEF tb_optimizer_desc tb_adam_desc(double lr);
+/* AdamW(lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01) */
+TBDEF tb_optimizer_desc tb_adamw_desc(double lr);
+
+typedef struct tb_optimizer tb_optimizer;
+
+/* An optimizer over `n` parameters (floating-point tensors; it holds a reference to each and
+   updates them in place). Parameters may live on different devices; each one's state lives
+   with it. The desc is checked here (TB_ERR_INVALID_ARGUMENT names the bad field). */
+TBDEF tb_optimizer *tb_optimizer_new(const tb_optimizer_desc *desc, tb_tensor *const *params,
+                                     size_t n);
+/* One step: grads[i] is the gradient of params[i] (its shape, dtype and device), or NULL to
+   leave that parameter and its state alone this step (PyTorch's grad None). The updated
+   parameters and state are computed in one tb_sync, together with the `num_also` tensors of
+   `also` (the loss, an accuracy: whatever the caller wants from the same graph; they are
+   synced in place as tb_sync does). Before anything is assigned the step checks its
+   arguments; when the sync fails (the device ran out of memory, say) every parameter and state
+   keeps its old value and the step count does not advance. With `check_finite`
+   (tb_optimizer_set_check_finite) a step whose `also` tensors or gradients hold a NaN or an
+   infinity is refused with TB_ERR_EXECUTE naming the first one, and nothing is updated. */
+TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
+                                  tb_tensor *const *also, size_t num_also);
+/* Refuse steps whose loss or gradients are not finite (off by default; it costs one small
+   reduction per step and a read of its result). */
+TBDEF tb_status tb_optimizer_set_check_finite(tb_optimizer *opt, bool on);
+/* Changes the learning rate for later steps (a schedule); no recompilation. */
+TBDEF tb_status tb_optimizer_set_lr(tb_optimizer *opt, double lr);
+TBDEF double tb_optimizer_lr(const tb_optimizer *opt);
+/* Steps taken so far (Adam's bias correction uses it). */
+TBDEF int64_t tb_optimizer_steps(const tb_optimizer *opt);
+/* Frees the optimizer and its state; the parameters stay with their other owners. NULL is
+   ignored. */
+TBDEF void tb_optimizer_free(tb_optimizer *opt);
+
+/* torch.nn.utils.clip_grad_norm_: scales the gradients in place (tb_assign) so that their
+   global L2 norm is at most max_norm (factor min(1, max_norm / (norm + 1e-6))); NULL entries
+   are skipped. *total_norm_out (may be NULL) gets the norm before clipping as a lazy f32 or
+   f64 scalar tensor (f64 when any gradient is). Everything stays lazy: nothing syncs. */
+TBDEF tb_status tb_clip_grad_norm(tb_tensor *const *grads, size_t n, double max_norm,
+                                  tb_tensor **total_norm_out);
+/* Gradient accumulation: acc[i] += grads[i] in place (tb_assign), for i with both non-NULL;
+   acc[i] NULL takes a new reference to grads[i]. Zeroing is releasing: set acc[i] to NULL. */
+TBDEF tb_status tb_accumulate_grads(tb_tensor **acc, tb_tensor *const *grads, size_t n);
 
 /* ---- src/header_end.h ---- */
 #ifdef __cplusplus
@@ -15204,6 +15336,760 @@ TBDEF tb_tensor *tb_index_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_te
     return tb__ag_scatter_op("tb_index_add", x, dim, index, src, true);
 }
 
+/* ---- src/nn.c ---- */
+/* ===========================================================================================
+   Losses and dropout, built from the public ops (their gradients come from the ops' rules).
+   =========================================================================================== */
+
+/* NULL with the error kept: a NULL argument that an earlier call returned keeps that call's
+   error; a NULL given on its own gets one naming the argument. */
+static tb_tensor *tb__nn_null(const char *fn, const char *what) {
+    if (tb_last_status() == TB_OK) tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
+    return NULL;
+}
+
+static bool tb__nn_reduction_ok(const char *fn, tb_reduction reduction) {
+    if (reduction == TB_REDUCTION_MEAN || reduction == TB_REDUCTION_SUM ||
+        reduction == TB_REDUCTION_NONE)
+        return true;
+    tb__error(TB_ERR_INVALID_ARGUMENT,
+              "%s: reduction %d is not TB_REDUCTION_MEAN, TB_REDUCTION_SUM or TB_REDUCTION_NONE",
+              fn, (int)reduction);
+    return false;
+}
+
+static bool tb__nn_same_device(tb_tensor *a, tb_tensor *b) {
+    tb_device da = tb_tensor_device(a), db = tb_tensor_device(b);
+    return tb_device_equal(&da, &db);
+}
+
+/* The per-element losses reduced as asked; the result is a new reference. */
+static tb_tensor *tb__nn_reduce(tb__ag *a, tb_tensor *per, tb_reduction reduction) {
+    if (per == NULL) return NULL;
+    if (reduction == TB_REDUCTION_SUM) return tb__ag_keep(a, tb_sum(per, NULL, 0, false));
+    if (reduction == TB_REDUCTION_MEAN) return tb__ag_keep(a, tb_mean(per, NULL, 0, false));
+    return per;
+}
+
+/* Checks a class-index target against x [N, C, ...] (or [C]); the class axis, or -1. */
+static int32_t tb__nn_class_target(const char *fn, const char *xname, tb_tensor *x,
+                                   tb_tensor *target) {
+    tb_shape xs = tb_tensor_shape(x), ts = tb_tensor_shape(target);
+    int32_t c = xs.rank >= 2 ? 1 : 0, i;
+    bool ok = ts.rank == xs.rank - 1;
+    char a[160], b[160];
+    if (!tb_dtype_is_float(xs.dtype)) {
+        tb__error(TB_ERR_DTYPE, "%s: %s is %s; it must be floating point", fn, xname,
+                  tb_dtype_name(xs.dtype));
+        return -1;
+    }
+    if (xs.rank < 1) {
+        tb__error(TB_ERR_SHAPE, "%s: %s is rank 0; it needs a class axis", fn, xname);
+        return -1;
+    }
+    if (ts.dtype != TB_I32 && ts.dtype != TB_I64) {
+        tb__error(TB_ERR_DTYPE, "%s: target is %s; class indices are i32 or i64", fn,
+                  tb_dtype_name(ts.dtype));
+        return -1;
+    }
+    for (i = 0; ok && i < ts.rank; i++)
+        ok = ts.dims[i] == xs.dims[i < c ? i : i + 1];
+    if (!ok) {
+        tb_shape_format(&xs, a, sizeof a);
+        tb_shape_format(&ts, b, sizeof b);
+        tb__error(TB_ERR_SHAPE, "%s: target %s does not match %s %s without its class axis %d", fn,
+                  b, xname, a, (int)c);
+        return -1;
+    }
+    if (!tb__nn_same_device(x, target)) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s and target are on different devices", fn, xname);
+        return -1;
+    }
+    return c;
+}
+
+/* -log_probs at the target's classes, of the target's dims. */
+static tb_tensor *tb__nn_nll(tb__ag *a, tb_tensor *log_probs, tb_tensor *target, int32_t c) {
+    tb_tensor *idx = tb__ag_keep(a, tb_unsqueeze(target, c));
+    tb_tensor *picked = idx != NULL ? tb__ag_keep(a, tb_gather(log_probs, c, idx)) : NULL;
+    tb_tensor *sq = picked != NULL ? tb__ag_keep(a, tb_squeeze(picked, c)) : NULL;
+    return sq != NULL ? tb__ag_keep(a, tb_neg(sq)) : NULL;
+}
+
+static tb_tensor *tb__nn_finish(tb__ag *a, tb_tensor *result) {
+    if (result != NULL && !a->failed)
+        tb_tensor_retain(result);
+    else
+        result = NULL;
+    tb__ag_free(a);
+    return result;
+}
+
+TBDEF tb_tensor *tb_nll_loss(tb_tensor *log_probs, tb_tensor *target, tb_reduction reduction) {
+    const char *fn = "tb_nll_loss";
+    tb__ag a;
+    int32_t c;
+    tb__ensure_setup();
+    if (log_probs == NULL) return tb__nn_null(fn, "log_probs");
+    if (target == NULL) return tb__nn_null(fn, "target");
+    if (!tb__nn_reduction_ok(fn, reduction)) return NULL;
+    c = tb__nn_class_target(fn, "log_probs", log_probs, target);
+    if (c < 0) return NULL;
+    tb__ag_init(&a, fn);
+    a.device = tb_tensor_device(log_probs);
+    return tb__nn_finish(&a, tb__nn_reduce(&a, tb__nn_nll(&a, log_probs, target, c), reduction));
+}
+
+TBDEF tb_tensor *tb_cross_entropy(tb_tensor *logits, tb_tensor *target, tb_reduction reduction,
+                                  double label_smoothing) {
+    const char *fn = "tb_cross_entropy";
+    tb_shape xs, ts;
+    tb_tensor *logp, *per = NULL;
+    tb__ag a;
+    int32_t c;
+    double s = label_smoothing;
+    tb__ensure_setup();
+    if (logits == NULL) return tb__nn_null(fn, "logits");
+    if (target == NULL) return tb__nn_null(fn, "target");
+    if (!tb__nn_reduction_ok(fn, reduction)) return NULL;
+    if (!(s >= 0.0 && s <= 1.0)) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: label_smoothing %g is not in [0, 1]", fn, s);
+        return NULL;
+    }
+    xs = tb_tensor_shape(logits);
+    ts = tb_tensor_shape(target);
+    c = xs.rank >= 2 ? 1 : 0;
+    if (tb_dtype_is_float(ts.dtype)) { /* class probabilities */
+        char sa[160], sb[160];
+        if (!tb_dtype_is_float(xs.dtype) || xs.rank < 1 || !tb_shape_equal(&xs, &ts)) {
+            tb_shape_format(&xs, sa, sizeof sa);
+            tb_shape_format(&ts, sb, sizeof sb);
+            tb__error(tb_dtype_is_float(xs.dtype) ? TB_ERR_SHAPE : TB_ERR_DTYPE,
+                      "%s: probability target %s must have the shape and dtype of logits %s "
+                      "(floating point, rank >= 1)",
+                      fn, sb, sa);
+            return NULL;
+        }
+        if (!tb__nn_same_device(logits, target)) {
+            tb__error(TB_ERR_INVALID_ARGUMENT, "%s: logits and target are on different devices",
+                      fn);
+            return NULL;
+        }
+    } else if (tb__nn_class_target(fn, "logits", logits, target) < 0) {
+        return NULL;
+    }
+    tb__ag_init(&a, fn);
+    a.device = tb_tensor_device(logits);
+    logp = tb__ag_keep(&a, tb_log_softmax(logits, c));
+    if (tb_dtype_is_float(ts.dtype)) {
+        /* -sum over classes of ((1 - s) * t + s / C) * logp */
+        tb_tensor *t = target;
+        if (s > 0.0) {
+            t = tb__ag_keep(&a, tb_mul_scalar(target, 1.0 - s));
+            t = tb__ag_keep(&a, tb_add_scalar(t, s / (double)xs.dims[c]));
+        }
+        per = tb__ag_keep(&a, tb_mul(t, logp));
+        per = tb__ag_keep(&a, tb_sum(per, &c, 1, false));
+        per = tb__ag_keep(&a, tb_neg(per));
+    } else {
+        per = tb__nn_nll(&a, logp, target, c);
+        if (s > 0.0) {
+            tb_tensor *smooth = tb__ag_keep(&a, tb_mean(logp, &c, 1, false));
+            smooth = tb__ag_keep(&a, tb_mul_scalar(smooth, -s));
+            per = tb__ag_keep(&a, tb_mul_scalar(per, 1.0 - s));
+            per = tb__ag_keep(&a, tb_add(per, smooth));
+        }
+    }
+    return tb__nn_finish(&a, tb__nn_reduce(&a, per, reduction));
+}
+
+TBDEF tb_tensor *tb_mse_loss(tb_tensor *input, tb_tensor *target, tb_reduction reduction) {
+    const char *fn = "tb_mse_loss";
+    tb_shape xs, ts;
+    tb_tensor *d;
+    tb__ag a;
+    tb__ensure_setup();
+    if (input == NULL) return tb__nn_null(fn, "input");
+    if (target == NULL) return tb__nn_null(fn, "target");
+    if (!tb__nn_reduction_ok(fn, reduction)) return NULL;
+    xs = tb_tensor_shape(input);
+    ts = tb_tensor_shape(target);
+    if (!tb_dtype_is_float(xs.dtype)) {
+        tb__error(TB_ERR_DTYPE, "%s: input is %s; it must be floating point", fn,
+                  tb_dtype_name(xs.dtype));
+        return NULL;
+    }
+    if (!tb_shape_equal(&xs, &ts)) {
+        char sa[160], sb[160];
+        tb_shape_format(&xs, sa, sizeof sa);
+        tb_shape_format(&ts, sb, sizeof sb);
+        tb__error(TB_ERR_SHAPE, "%s: input %s and target %s differ", fn, sa, sb);
+        return NULL;
+    }
+    tb__ag_init(&a, fn);
+    a.device = tb_tensor_device(input);
+    d = tb__ag_keep(&a, tb_sub(input, target));
+    d = d != NULL ? tb__ag_keep(&a, tb_mul(d, d)) : NULL;
+    return tb__nn_finish(&a, tb__nn_reduce(&a, d, reduction));
+}
+
+TBDEF tb_tensor *tb_dropout(tb_tensor *x, double p, bool training) {
+    const char *fn = "tb_dropout";
+    tb_shape xs;
+    tb_tensor *u, *keep, *scaled, *zero, *y;
+    tb__ag a;
+    tb__ensure_setup();
+    if (x == NULL) return tb__nn_null(fn, "x");
+    if (!(p >= 0.0 && p <= 1.0)) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: p %g is not in [0, 1]", fn, p);
+        return NULL;
+    }
+    xs = tb_tensor_shape(x);
+    if (!tb_dtype_is_float(xs.dtype)) {
+        tb__error(TB_ERR_DTYPE, "%s: x is %s; it must be floating point", fn,
+                  tb_dtype_name(xs.dtype));
+        return NULL;
+    }
+    if (!training || p == 0.0) return tb_tensor_retain(x);
+    tb__ag_init(&a, fn);
+    a.device = tb_tensor_device(x);
+    if (p == 1.0) {
+        zero = tb__ag_const(&a, xs.dtype, 0.0);
+        y = zero != NULL ? tb__ag_keep(&a, tb_mul(x, zero)) : NULL;
+        return tb__nn_finish(&a, y);
+    }
+    u = tb__ag_keep(&a, tb_rand(&xs, &a.device));
+    keep = tb__ag_keep(&a, tb_lt(u, tb__ag_const(&a, xs.dtype, 1.0 - p)));
+    scaled = tb__ag_keep(&a, tb_mul_scalar(x, 1.0 / (1.0 - p)));
+    zero = tb__ag_const(&a, xs.dtype, 0.0);
+    y = a.failed ? NULL : tb__ag_keep(&a, tb_where(keep, scaled, zero));
+    return tb__nn_finish(&a, y);
+}
+
+/* ---- src/optim.c ---- */
+/* ===========================================================================================
+   Optimizers: each step builds the new parameters and state as lazy tensors (PyTorch 1.13's
+   formulas, operation for operation), syncs them with the caller's tensors in one graph, and
+   only then swaps them in: a failed or refused step changes nothing. Per-step numbers (the
+   learning rate, bias corrections, the first-step switch of SGD's momentum) are scalar
+   parameters, and the state exists from the start (zeros), so every step records the same
+   graph and only the first compiles.
+   =========================================================================================== */
+
+struct tb_optimizer {
+    tb_optimizer_desc d;
+    size_t n;
+    tb_tensor **params;
+    tb_tensor **s1, **s2; /* momentum buffer / exp_avg, exp_avg_sq (NULL when unused) */
+    int64_t *steps;       /* per parameter, as PyTorch's state['step'] */
+    int64_t total_steps;
+    bool check_finite;
+};
+
+TBDEF tb_optimizer_desc tb_sgd_desc(double lr) {
+    tb_optimizer_desc d;
+    memset(&d, 0, sizeof d);
+    d.kind = TB_SGD;
+    d.lr = lr;
+    return d;
+}
+
+TBDEF tb_optimizer_desc tb_adam_desc(double lr) {
+    tb_optimizer_desc d;
+    memset(&d, 0, sizeof d);
+    d.kind = TB_ADAM;
+    d.lr = lr;
+    d.beta1 = 0.9;
+    d.beta2 = 0.999;
+    d.eps = 1e-8;
+    return d;
+}
+
+TBDEF tb_optimizer_desc tb_adamw_desc(double lr) {
+    tb_optimizer_desc d = tb_adam_desc(lr);
+    d.kind = TB_ADAMW;
+    d.weight_decay = 0.01;
+    return d;
+}
+
+static tb_status tb__optim_check_desc(const char *fn, const tb_optimizer_desc *d) {
+    if (d->kind != TB_SGD && d->kind != TB_ADAM && d->kind != TB_ADAMW)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: kind %d is not TB_SGD, TB_ADAM or TB_ADAMW",
+                         fn, (int)d->kind);
+    if (!(d->lr > 0.0) || isinf(d->lr))
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: lr %g is not a positive number", fn, d->lr);
+    if (!(d->weight_decay >= 0.0) || isinf(d->weight_decay))
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: weight_decay %g is negative or not finite",
+                         fn, d->weight_decay);
+    if (d->kind == TB_SGD) {
+        if (!(d->momentum >= 0.0 && d->momentum <= 1.0))
+            return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: momentum %g is not in [0, 1]", fn,
+                             d->momentum);
+        if (!(d->dampening >= 0.0 && d->dampening <= 1.0))
+            return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: dampening %g is not in [0, 1]", fn,
+                             d->dampening);
+        if (d->nesterov && (d->momentum <= 0.0 || d->dampening != 0.0))
+            return tb__error(TB_ERR_INVALID_ARGUMENT,
+                             "%s: nesterov needs momentum > 0 and dampening 0 (momentum %g, "
+                             "dampening %g)",
+                             fn, d->momentum, d->dampening);
+        return TB_OK;
+    }
+    if (!(d->beta1 >= 0.0 && d->beta1 < 1.0))
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: beta1 %g is not in [0, 1)", fn, d->beta1);
+    if (!(d->beta2 >= 0.0 && d->beta2 < 1.0))
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: beta2 %g is not in [0, 1)", fn, d->beta2);
+    if (!(d->eps > 0.0) || isinf(d->eps))
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: eps %g is not a positive number", fn,
+                         d->eps);
+    return TB_OK;
+}
+
+static void tb__optim_release_all(tb_tensor **t, size_t n) {
+    size_t i;
+    if (t == NULL) return;
+    for (i = 0; i < n; i++)
+        tb_tensor_release(t[i]);
+}
+
+TBDEF void tb_optimizer_free(tb_optimizer *opt) {
+    if (opt == NULL) return;
+    tb__optim_release_all(opt->params, opt->n);
+    tb__optim_release_all(opt->s1, opt->n);
+    tb__optim_release_all(opt->s2, opt->n);
+    tb__free(opt->params);
+    tb__free(opt->s1);
+    tb__free(opt->s2);
+    tb__free(opt->steps);
+    tb__free(opt);
+}
+
+/* A materialised zero tensor of t's shape on t's device. */
+static tb_tensor *tb__optim_zeros_like(tb_tensor *t) {
+    tb_shape s = tb_tensor_shape(t);
+    tb_device dev = tb_tensor_device(t);
+    tb_tensor *z = tb_zeros(&s, &dev);
+    if (z != NULL && tb_sync(&z, 1) != TB_OK) {
+        tb_tensor_release(z);
+        z = NULL;
+    }
+    return z;
+}
+
+TBDEF tb_optimizer *tb_optimizer_new(const tb_optimizer_desc *desc, tb_tensor *const *params,
+                                     size_t n) {
+    const char *fn = "tb_optimizer_new";
+    tb_optimizer *opt;
+    size_t i;
+    bool two, one;
+    tb__ensure_setup();
+    if (desc == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: desc is NULL", fn);
+        return NULL;
+    }
+    if (params == NULL && n > 0) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: params is NULL", fn);
+        return NULL;
+    }
+    if (tb__optim_check_desc(fn, desc) != TB_OK) return NULL;
+    for (i = 0; i < n; i++) {
+        tb_shape s;
+        size_t j;
+        if (params[i] == NULL) {
+            tb__error(TB_ERR_INVALID_ARGUMENT, "%s: params[%zu] is NULL", fn, i);
+            return NULL;
+        }
+        s = tb_tensor_shape(params[i]);
+        if (!tb_dtype_is_float(s.dtype)) {
+            tb__error(TB_ERR_DTYPE, "%s: params[%zu] is %s; parameters are floating point", fn, i,
+                      tb_dtype_name(s.dtype));
+            return NULL;
+        }
+        for (j = 0; j < i; j++) {
+            if (params[j] == params[i]) {
+                tb__error(TB_ERR_INVALID_ARGUMENT, "%s: params[%zu] is params[%zu] again", fn, i,
+                          j);
+                return NULL;
+            }
+        }
+    }
+    opt = (tb_optimizer *)tb__calloc(1, sizeof *opt);
+    if (opt == NULL) return NULL;
+    opt->d = *desc;
+    opt->n = n;
+    one = desc->kind != TB_SGD || desc->momentum > 0.0;
+    two = desc->kind != TB_SGD;
+    if (n > 0) {
+        opt->params = (tb_tensor **)tb__calloc(n, sizeof(tb_tensor *));
+        opt->steps = (int64_t *)tb__calloc(n, sizeof(int64_t));
+        if (one) opt->s1 = (tb_tensor **)tb__calloc(n, sizeof(tb_tensor *));
+        if (two) opt->s2 = (tb_tensor **)tb__calloc(n, sizeof(tb_tensor *));
+        if (opt->params == NULL || opt->steps == NULL || (one && opt->s1 == NULL) ||
+            (two && opt->s2 == NULL)) {
+            tb_optimizer_free(opt);
+            return NULL;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        opt->params[i] = tb_tensor_retain(params[i]);
+        if ((one && (opt->s1[i] = tb__optim_zeros_like(params[i])) == NULL) ||
+            (two && (opt->s2[i] = tb__optim_zeros_like(params[i])) == NULL)) {
+            tb_optimizer_free(opt);
+            return NULL;
+        }
+    }
+    return opt;
+}
+
+TBDEF tb_status tb_optimizer_set_lr(tb_optimizer *opt, double lr) {
+    if (opt == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_optimizer_set_lr: opt is NULL");
+    if (!(lr > 0.0) || isinf(lr))
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_optimizer_set_lr: lr %g is not a positive "
+                         "number",
+                         lr);
+    opt->d.lr = lr;
+    return TB_OK;
+}
+
+TBDEF double tb_optimizer_lr(const tb_optimizer *opt) {
+    return opt != NULL ? opt->d.lr : 0.0;
+}
+
+TBDEF int64_t tb_optimizer_steps(const tb_optimizer *opt) {
+    return opt != NULL ? opt->total_steps : 0;
+}
+
+TBDEF tb_status tb_optimizer_set_check_finite(tb_optimizer *opt, bool on) {
+    if (opt == NULL)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_optimizer_set_check_finite: opt is NULL");
+    opt->check_finite = on;
+    return TB_OK;
+}
+
+/* The new value of parameter i and its state (into p, s1, s2). */
+static void tb__optim_update(tb__ag *a, const tb_optimizer *opt, size_t i, tb_tensor *grad,
+                             tb_tensor **p_out, tb_tensor **s1_out, tb_tensor **s2_out) {
+    const tb_optimizer_desc *d = &opt->d;
+    tb_tensor *p = opt->params[i], *g = grad;
+    tb_dtype dt = tb_tensor_shape(p).dtype;
+    int64_t step = opt->steps[i] + 1;
+    a->device = tb_tensor_device(p);
+    if (d->maximize) g = tb__ag_keep(a, tb_neg(g));
+    if (d->kind == TB_SGD) {
+        if (d->weight_decay != 0.0)
+            g = tb__ag_keep(
+                a, tb_add(g, tb__ag_keep(a, tb_mul(p, tb__ag_const(a, dt, d->weight_decay)))));
+        if (d->momentum > 0.0) {
+            /* buf = g on the first step, else momentum * buf + (1 - dampening) * g: one graph
+               for both, with the two factors as parameters (buf starts at zero) */
+            bool first = opt->steps[i] == 0;
+            tb_tensor *b =
+                tb__ag_keep(a, tb_mul(opt->s1[i], tb__ag_const(a, dt, first ? 0.0 : d->momentum)));
+            tb_tensor *gg =
+                tb__ag_keep(a, tb_mul(g, tb__ag_const(a, dt, first ? 1.0 : 1.0 - d->dampening)));
+            b = tb__ag_keep(a, tb_add(b, gg));
+            *s1_out = b;
+            if (d->nesterov)
+                g = tb__ag_keep(
+                    a, tb_add(g, tb__ag_keep(a, tb_mul(b, tb__ag_const(a, dt, d->momentum)))));
+            else
+                g = b;
+        }
+        *p_out = tb__ag_keep(a, tb_sub(p, tb__ag_keep(a, tb_mul(g, tb__ag_const(a, dt, d->lr)))));
+        return;
+    }
+    {
+        double bc1 = 1.0 - pow(d->beta1, (double)step), bc2 = 1.0 - pow(d->beta2, (double)step);
+        tb_tensor *m, *v, *denom, *upd;
+        if (d->kind == TB_ADAMW) {
+            p = tb__ag_keep(a, tb_mul(p, tb__ag_const(a, dt, 1.0 - d->lr * d->weight_decay)));
+        } else if (d->weight_decay != 0.0) {
+            g = tb__ag_keep(
+                a, tb_add(g, tb__ag_keep(
+                                 a, tb_mul(opt->params[i], tb__ag_const(a, dt, d->weight_decay)))));
+        }
+        m = tb__ag_keep(a, tb_mul(opt->s1[i], tb__ag_const(a, dt, d->beta1)));
+        m = tb__ag_keep(a,
+                        tb_add(m, tb__ag_keep(a, tb_mul(g, tb__ag_const(a, dt, 1.0 - d->beta1)))));
+        v = tb__ag_keep(a, tb_mul(opt->s2[i], tb__ag_const(a, dt, d->beta2)));
+        v = tb__ag_keep(a, tb_add(v, tb__ag_keep(a, tb_mul(tb__ag_keep(a, tb_mul(g, g)),
+                                                           tb__ag_const(a, dt, 1.0 - d->beta2)))));
+        denom = tb__ag_keep(a, tb_div(tb__ag_keep(a, tb_sqrt(v)), tb__ag_const(a, dt, sqrt(bc2))));
+        denom = tb__ag_keep(a, tb_add(denom, tb__ag_const(a, dt, d->eps)));
+        upd = tb__ag_keep(a, tb_div(m, denom));
+        upd = tb__ag_keep(a, tb_mul(upd, tb__ag_const(a, dt, d->lr / bc1)));
+        *p_out = tb__ag_keep(a, tb_sub(p, upd));
+        *s1_out = m;
+        *s2_out = v;
+    }
+}
+
+/* How many elements of t are NaN or infinite (x - x is NaN exactly for those), as an f32 [1]. */
+static tb_tensor *tb__optim_nonfinite(tb__ag *a, tb_tensor *t) {
+    tb_shape s = tb_tensor_shape(t);
+    int64_t one = 1;
+    tb_tensor *d, *bad, *n;
+    a->device = tb_tensor_device(t);
+    d = tb__ag_keep(a, tb_sub(t, t));
+    bad = tb__ag_keep(a, tb_ne(d, tb__ag_const(a, s.dtype, 0.0)));
+    n = tb__ag_keep(a, tb_sum(tb__ag_keep(a, tb_cast(bad, TB_F32)), NULL, 0, false));
+    return tb__ag_keep(a, tb_reshape(n, &one, 1));
+}
+
+TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
+                                  tb_tensor *const *also, size_t num_also) {
+    const char *fn = "tb_optimizer_step";
+    tb__ag a;
+    tb_tensor **np = NULL, **ns1 = NULL, **ns2 = NULL, **sync = NULL, **checks = NULL;
+    size_t i, ns = 0, nc = 0;
+    tb_status st = TB_OK;
+    tb__ensure_setup();
+    if (opt == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: opt is NULL", fn);
+    if (grads == NULL && opt->n > 0)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: grads is NULL", fn);
+    if (also == NULL && num_also > 0)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: also is NULL", fn);
+    for (i = 0; i < num_also; i++)
+        if (also[i] == NULL)
+            return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: also[%zu] is NULL", fn, i);
+    for (i = 0; i < opt->n; i++) {
+        tb_shape ps, gs;
+        tb_device pd, gd;
+        char sa[160], sb[160];
+        if (grads[i] == NULL) continue;
+        ps = tb_tensor_shape(opt->params[i]);
+        gs = tb_tensor_shape(grads[i]);
+        if (!tb_shape_equal(&ps, &gs)) {
+            tb_shape_format(&ps, sa, sizeof sa);
+            tb_shape_format(&gs, sb, sizeof sb);
+            return tb__error(TB_ERR_SHAPE, "%s: grads[%zu] is %s but its parameter is %s", fn, i,
+                             sb, sa);
+        }
+        pd = tb_tensor_device(opt->params[i]);
+        gd = tb_tensor_device(grads[i]);
+        if (!tb_device_equal(&pd, &gd)) {
+            tb_device_format(&pd, sa, sizeof sa);
+            tb_device_format(&gd, sb, sizeof sb);
+            return tb__error(TB_ERR_INVALID_ARGUMENT,
+                             "%s: grads[%zu] is on %s but its parameter "
+                             "is on %s",
+                             fn, i, sb, sa);
+        }
+    }
+    tb__ag_init(&a, fn);
+    if (opt->n > 0) {
+        np = (tb_tensor **)tb__calloc(opt->n, sizeof(tb_tensor *));
+        ns1 = (tb_tensor **)tb__calloc(opt->n, sizeof(tb_tensor *));
+        ns2 = (tb_tensor **)tb__calloc(opt->n, sizeof(tb_tensor *));
+        checks = (tb_tensor **)tb__calloc(opt->n + num_also, sizeof(tb_tensor *));
+    }
+    sync = (tb_tensor **)tb__calloc(3 * opt->n + num_also + 1, sizeof(tb_tensor *));
+    if (sync == NULL ||
+        (opt->n > 0 && (np == NULL || ns1 == NULL || ns2 == NULL || checks == NULL))) {
+        st = TB_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    for (i = 0; i < opt->n; i++) {
+        if (grads[i] == NULL) continue;
+        tb__optim_update(&a, opt, i, grads[i], &np[i], &ns1[i], &ns2[i]);
+        if (a.failed) break;
+        sync[ns++] = np[i];
+        if (ns1[i] != NULL) sync[ns++] = ns1[i];
+        if (ns2[i] != NULL) sync[ns++] = ns2[i];
+    }
+    if (!a.failed && opt->check_finite) {
+        /* one vector of counts, read once: the also tensors first, then the gradients */
+        for (i = 0; i < num_also && !a.failed; i++)
+            if (tb_dtype_is_float(tb_tensor_shape(also[i]).dtype))
+                checks[nc++] = tb__optim_nonfinite(&a, also[i]);
+        for (i = 0; i < opt->n && !a.failed; i++)
+            if (grads[i] != NULL) checks[nc++] = tb__optim_nonfinite(&a, grads[i]);
+        if (!a.failed && nc > 0) {
+            tb_device dev0 = tb_tensor_device(checks[0]);
+            for (i = 1; i < nc && !a.failed; i++) { /* counts on other devices come over */
+                tb_device di = tb_tensor_device(checks[i]);
+                if (!tb_device_equal(&di, &dev0))
+                    checks[i] = tb__ag_keep(&a, tb_to_device(checks[i], &dev0));
+            }
+            if (!a.failed) sync[ns++] = tb__ag_keep(&a, tb_concat(checks, nc, 0));
+        }
+    }
+    if (a.failed) {
+        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+        goto done;
+    }
+    for (i = 0; i < num_also; i++)
+        sync[ns + i] = also[i];
+    st = tb_sync(sync, ns + num_also);
+    if (st != TB_OK) goto done;
+    if (opt->check_finite && nc > 0) {
+        float *counts = (float *)tb__calloc(nc, sizeof(float));
+        size_t k = 0;
+        if (counts == NULL) {
+            st = TB_ERR_OUT_OF_MEMORY;
+            goto done;
+        }
+        st = tb_tensor_to_host(sync[ns - 1], counts, nc * sizeof(float));
+        for (i = 0; st == TB_OK && i < num_also; i++) {
+            if (!tb_dtype_is_float(tb_tensor_shape(also[i]).dtype)) continue;
+            if (counts[k++] > 0.0f)
+                st = tb__error(TB_ERR_EXECUTE,
+                               "%s: also[%zu] holds %.0f NaN or infinite values; "
+                               "no parameter was updated",
+                               fn, i, (double)counts[k - 1]);
+        }
+        for (i = 0; st == TB_OK && i < opt->n; i++) {
+            if (grads[i] == NULL) continue;
+            if (counts[k++] > 0.0f)
+                st = tb__error(TB_ERR_EXECUTE,
+                               "%s: grads[%zu] holds %.0f NaN or infinite values; "
+                               "no parameter was updated",
+                               fn, i, (double)counts[k - 1]);
+        }
+        tb__free(counts);
+        if (st != TB_OK) goto done;
+    }
+    /* everything is computed: swap it in (assigning a value that is already there cannot
+       fail for want of memory on the device) */
+    for (i = 0; i < opt->n; i++) {
+        if (grads[i] == NULL) continue;
+        st = tb_assign(opt->params[i], np[i]);
+        if (st != TB_OK) goto done;
+        if (ns1[i] != NULL) {
+            tb_tensor_release(opt->s1[i]);
+            opt->s1[i] = tb_tensor_retain(ns1[i]);
+        }
+        if (ns2[i] != NULL) {
+            tb_tensor_release(opt->s2[i]);
+            opt->s2[i] = tb_tensor_retain(ns2[i]);
+        }
+        opt->steps[i]++;
+    }
+    opt->total_steps++;
+done:
+    if (st == TB_ERR_OUT_OF_MEMORY && tb_last_status() == TB_OK)
+        tb__error(TB_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    tb__ag_free(&a);
+    tb__free(np);
+    tb__free(ns1);
+    tb__free(ns2);
+    tb__free(checks);
+    tb__free(sync);
+    return st;
+}
+
+TBDEF tb_status tb_clip_grad_norm(tb_tensor *const *grads, size_t n, double max_norm,
+                                  tb_tensor **total_norm_out) {
+    const char *fn = "tb_clip_grad_norm";
+    tb__ag a;
+    tb_tensor *total = NULL, *coef, **scaled = NULL;
+    tb_dtype acc = TB_F32;
+    tb_device dev;
+    bool any = false;
+    size_t i;
+    tb_status st = TB_OK;
+    tb__ensure_setup();
+    if (total_norm_out != NULL) *total_norm_out = NULL;
+    if (grads == NULL && n > 0) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: grads is NULL", fn);
+    if (!(max_norm >= 0.0) || isinf(max_norm))
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: max_norm %g is negative or not finite", fn,
+                         max_norm);
+    memset(&dev, 0, sizeof dev);
+    for (i = 0; i < n; i++) {
+        tb_shape s;
+        tb_device d;
+        if (grads[i] == NULL) continue;
+        s = tb_tensor_shape(grads[i]);
+        d = tb_tensor_device(grads[i]);
+        if (!tb_dtype_is_float(s.dtype))
+            return tb__error(TB_ERR_DTYPE, "%s: grads[%zu] is %s; gradients are floating point", fn,
+                             i, tb_dtype_name(s.dtype));
+        if (any && !tb_device_equal(&d, &dev))
+            return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: the gradients are on different devices",
+                             fn);
+        dev = d;
+        any = true;
+        if (s.dtype == TB_F64) acc = TB_F64;
+    }
+    if (!any) {
+        if (total_norm_out == NULL) return TB_OK;
+        *total_norm_out = tb_scalar_tensor(tb_scalar_f(TB_F32, 0.0), NULL);
+        return *total_norm_out != NULL ? TB_OK : tb_last_status();
+    }
+    tb__ag_init(&a, fn);
+    a.device = dev;
+    for (i = 0; i < n && !a.failed; i++) {
+        tb_tensor *g, *sq;
+        if (grads[i] == NULL) continue;
+        g = tb__ag_keep(&a, tb_cast(grads[i], acc));
+        sq = tb__ag_keep(&a, tb_sum(tb__ag_keep(&a, tb_mul(g, g)), NULL, 0, false));
+        total = total == NULL ? sq : tb__ag_keep(&a, tb_add(total, sq));
+    }
+    if (!a.failed) total = tb__ag_keep(&a, tb_sqrt(total));
+    if (!a.failed) {
+        coef = tb__ag_keep(&a, tb_div(tb__ag_const(&a, acc, max_norm),
+                                      tb__ag_keep(&a, tb_add(total, tb__ag_const(&a, acc, 1e-6)))));
+        coef = tb__ag_keep(&a, tb_minimum(coef, tb__ag_const(&a, acc, 1.0)));
+        scaled = (tb_tensor **)tb__calloc(n, sizeof(tb_tensor *));
+        if (scaled == NULL) a.failed = true;
+        for (i = 0; i < n && !a.failed; i++) {
+            tb_shape s;
+            if (grads[i] == NULL) continue;
+            s = tb_tensor_shape(grads[i]);
+            scaled[i] = tb__ag_keep(&a, tb_mul(grads[i], tb__ag_keep(&a, tb_cast(coef, s.dtype))));
+        }
+    }
+    if (a.failed) {
+        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+    } else {
+        for (i = 0; i < n && st == TB_OK; i++)
+            if (grads[i] != NULL) st = tb_assign(grads[i], scaled[i]);
+        if (st == TB_OK && total_norm_out != NULL) *total_norm_out = tb_tensor_retain(total);
+    }
+    tb__free(scaled);
+    tb__ag_free(&a);
+    return st;
+}
+
+TBDEF tb_status tb_accumulate_grads(tb_tensor **acc, tb_tensor *const *grads, size_t n) {
+    const char *fn = "tb_accumulate_grads";
+    size_t i;
+    tb__ensure_setup();
+    if ((acc == NULL || grads == NULL) && n > 0)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                         acc == NULL ? "acc" : "grads");
+    for (i = 0; i < n; i++) { /* check everything before changing anything */
+        tb_shape as, gs;
+        tb_device ad, gd;
+        if (acc[i] == NULL || grads[i] == NULL) continue;
+        as = tb_tensor_shape(acc[i]);
+        gs = tb_tensor_shape(grads[i]);
+        ad = tb_tensor_device(acc[i]);
+        gd = tb_tensor_device(grads[i]);
+        if (!tb_shape_equal(&as, &gs) || !tb_device_equal(&ad, &gd))
+            return tb__error(TB_ERR_SHAPE,
+                             "%s: grads[%zu] differs from acc[%zu] in shape, dtype "
+                             "or device",
+                             fn, i, i);
+    }
+    for (i = 0; i < n; i++) {
+        tb_tensor *sum;
+        tb_status st;
+        if (grads[i] == NULL) continue;
+        if (acc[i] == NULL) {
+            acc[i] = tb_tensor_retain(grads[i]);
+            continue;
+        }
+        sum = tb_add(acc[i], grads[i]);
+        if (sum == NULL) return tb_last_status();
+        st = tb_assign(acc[i], sum);
+        tb_tensor_release(sum);
+        if (st != TB_OK) return st;
+    }
+    return TB_OK;
+}
+
 /* ---- src/compile.h ---- */
 /* ===========================================================================================
    The internal contract of the compiled backends (OpenCL, native): what the planner, the index
@@ -16378,6 +17264,7 @@ static tb_status tb__plan_kernel_values_grow(tb__pgraph *G, size_t kernels) {
 }
 
 /* Stores a node's positions in its kernel. */
+/* Appends `count` keys for `node`; `keys` must not point into G->keys (which may move). */
 static tb_status tb__plan_keys_store(tb__pgraph *G, int32_t node, const uint64_t *keys,
                                      int32_t count) {
     if (tb__grow((void **)&G->keys, &G->cap_keys, G->num_keys + (size_t)count, sizeof(uint64_t)) !=
@@ -16564,7 +17451,8 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
                     p->kernels[ui->ctx].kind = core_kind;
                     in->ctx = ui->ctx;
                     in->ident = true;
-                    st = tb__plan_keys_store(G, i, &G->keys[ui->keys_first], 1);
+                    uint64_t key = G->keys[ui->keys_first]; /* copied: G->keys may move */
+                    st = tb__plan_keys_store(G, i, &key, 1);
                     if (st != TB_OK) return st;
                     continue;
                 }
@@ -26781,6 +27669,8 @@ typedef struct tb__inflater {
     int pad; /* zero bytes added past the end of the input */
     unsigned char *out;
     size_t out_len, out_pos;
+    bool full; /* stopped because the output was full: out holds its first out_len bytes */
+    bool done; /* the last block ended */
 } tb__inflater;
 
 static void tb__inf_refill(tb__inflater *s) {
@@ -26881,7 +27771,10 @@ static const char *tb__inf_codes(tb__inflater *s, const tb__huff *lit, const tb_
         if (sym < 0) return "a literal/length code that the block's table does not have";
         if (tb__inf_overrun(s)) return "the compressed data end in the middle of a block";
         if (sym < 256) {
-            if (s->out_pos >= s->out_len) return "more data than the entry's size";
+            if (s->out_pos >= s->out_len) {
+                s->full = true;
+                return "more data than the entry's size";
+            }
             s->out[s->out_pos++] = (unsigned char)sym;
         } else if (sym == 256) {
             return NULL;
@@ -26896,7 +27789,11 @@ static const char *tb__inf_codes(tb__inflater *s, const tb__huff *lit, const tb_
             d = tb__inf_dist_base[dsym] + tb__inf_bits(s, tb__inf_dist_extra[dsym]);
             if (tb__inf_overrun(s)) return "the compressed data end in the middle of a block";
             if (d > s->out_pos) return "a distance before the start of the data";
-            if (len > s->out_len - s->out_pos) return "more data than the entry's size";
+            if (len > s->out_len - s->out_pos) {
+                /* what fits is copied, so a caller reading only a prefix gets all of it */
+                len = s->out_len - s->out_pos;
+                s->full = true;
+            }
             if (d >= len) { /* no overlap */
                 memcpy(s->out + s->out_pos, s->out + s->out_pos - d, len);
                 s->out_pos += len;
@@ -26904,6 +27801,7 @@ static const char *tb__inf_codes(tb__inflater *s, const tb__huff *lit, const tb_
                 for (k = 0; k < len; ++k, ++s->out_pos)
                     s->out[s->out_pos] = s->out[s->out_pos - d];
             }
+            if (s->full) return "more data than the entry's size";
         }
     }
 }
@@ -26915,7 +27813,10 @@ static const char *tb__inf_stored(tb__inflater *s) {
     nlen = tb__inf_bits(s, 16);
     if (tb__inf_overrun(s)) return "the compressed data end in a stored block's header";
     if (len != (~nlen & 0xffffu)) return "a stored block whose length check fails";
-    if (len > s->out_len - s->out_pos) return "more data than the entry's size";
+    if (len > s->out_len - s->out_pos) {
+        len = (uint32_t)(s->out_len - s->out_pos);
+        s->full = true;
+    }
     while (len > 0 && s->nbits >= 8) {
         s->out[s->out_pos++] = (unsigned char)tb__inf_bits(s, 8);
         len--;
@@ -26925,7 +27826,7 @@ static const char *tb__inf_stored(tb__inflater *s) {
     memcpy(s->out + s->out_pos, s->in + s->in_pos, len);
     s->out_pos += len;
     s->in_pos += len;
-    return NULL;
+    return s->full ? "more data than the entry's size" : NULL;
 }
 
 static const char *tb__inf_dynamic(tb__inflater *s, tb__huff *lit, tb__huff *dist) {
@@ -26969,7 +27870,9 @@ static const char *tb__inf_dynamic(tb__inflater *s, tb__huff *lit, tb__huff *dis
     return NULL;
 }
 
-/* Inflates all of s->in into exactly s->out_len bytes. NULL on success, else the reason. */
+/* Inflates all of s->in into exactly s->out_len bytes. NULL on success, else the reason. When
+   the data are longer, s->full is set and s->out holds their first s->out_len bytes (a caller
+   may inflate a prefix that way); s->done says the last block ended. */
 static const char *tb__inflate(tb__inflater *s) {
     tb__huff lit, dist;
     uint32_t final;
@@ -26999,6 +27902,7 @@ static const char *tb__inflate(tb__inflater *s) {
         }
         if (why != NULL) return why;
     } while (!final);
+    s->done = true;
     if (s->out_pos != s->out_len) return "less data than the entry's size";
     return NULL;
 }
@@ -27567,6 +28471,371 @@ TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set) {
     tb__free(tables);
     return st;
 }
+
+/* ---- IDX files (MNIST's format), plain or gzip ---- */
+
+/* The magic (0x0000TTNN) and at most 255 dims of 4 bytes: the longest IDX header. */
+#define TB__IDX_MAX_HEADER (4 + 4 * 255)
+
+typedef struct tb__idx_type {
+    uint8_t code;   /* TT of the magic */
+    uint8_t width;  /* bytes per element in the file */
+    tb_dtype dtype; /* what it loads as */
+    const char *name;
+} tb__idx_type;
+
+static const tb__idx_type tb__idx_types[] = {{0x08, 1, TB_U8, "u8"},   {0x09, 1, TB_I32, "i8"},
+                                             {0x0b, 2, TB_I32, "i16"}, {0x0c, 4, TB_I32, "i32"},
+                                             {0x0d, 4, TB_F32, "f32"}, {0x0e, 8, TB_F64, "f64"}};
+
+/* What an IDX header says. */
+typedef struct tb__idx_header {
+    const tb__idx_type *type;
+    tb_shape shape;
+    size_t header_len; /* 4 + 4 * rank */
+    size_t count;      /* elements */
+    size_t data_len;   /* count * type->width: the bytes after the header */
+    char text[128];    /* "u8[10000,28,28]", for messages */
+} tb__idx_header;
+
+static uint32_t tb__be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+/* Parses the header at p[0, avail); `where` names what holds it in messages ("the file", "the
+   decompressed data"). */
+static tb_status tb__idx_parse_header(const char *fn, const char *path, const char *where,
+                                      const unsigned char *p, size_t avail, tb__idx_header *h) {
+    int64_t dims[TB_MAX_RANK];
+    size_t i, n = 0, nbytes = 0;
+    unsigned rank;
+    memset(h, 0, sizeof *h);
+    if (avail < 4)
+        return tb__error(TB_ERR_FORMAT,
+                         "%s: %s: truncated: %s holds %lu bytes, an IDX header needs at least 4",
+                         fn, path, where, (unsigned long)avail);
+    if (p[0] != 0 || p[1] != 0)
+        return tb__error(TB_ERR_FORMAT,
+                         "%s: %s is not an IDX file: its magic 0x%02x%02x%02x%02x does not start "
+                         "with two zero bytes (0x0000TTNN: TT the type, NN the rank)",
+                         fn, path, p[0], p[1], p[2], p[3]);
+    for (i = 0; i < sizeof tb__idx_types / sizeof tb__idx_types[0]; ++i)
+        if (tb__idx_types[i].code == p[2]) h->type = &tb__idx_types[i];
+    if (h->type == NULL)
+        return tb__error(TB_ERR_FORMAT,
+                         "%s: %s: unknown IDX type code 0x%02x (known: 0x08 u8, 0x09 i8, 0x0B "
+                         "i16, 0x0C i32, 0x0D f32, 0x0E f64)",
+                         fn, path, p[2]);
+    rank = p[3];
+    if (rank == 0)
+        return tb__error(TB_ERR_FORMAT, "%s: %s: rank 0 (an IDX file has at least one dimension)",
+                         fn, path);
+    if (rank > TB_MAX_RANK)
+        return tb__error(TB_ERR_UNSUPPORTED, "%s: %s: %u dimensions; at most %d are supported", fn,
+                         path, rank, TB_MAX_RANK);
+    h->header_len = 4 + 4 * (size_t)rank;
+    if (avail < h->header_len)
+        return tb__error(TB_ERR_FORMAT,
+                         "%s: %s: truncated header: %u dimensions need %lu bytes, %s holds %lu", fn,
+                         path, rank, (unsigned long)h->header_len, where, (unsigned long)avail);
+    n = (size_t)snprintf(h->text, sizeof h->text, "%s[", h->type->name);
+    for (i = 0; i < rank; ++i) {
+        dims[i] = (int64_t)tb__be32(p + 4 + 4 * i);
+        n += (size_t)snprintf(h->text + n, sizeof h->text - n, "%s%lld", i ? "," : "",
+                              (long long)dims[i]);
+    }
+    snprintf(h->text + n, sizeof h->text - n, "]");
+    if (tb_shape_make(&h->shape, h->type->dtype, (int32_t)rank, dims) != TB_OK ||
+        tb_shape_nbytes(&h->shape, &nbytes) != TB_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", tb_last_error());
+        return tb__error(TB_ERR_FORMAT, "%s: %s: the dims %s are too large (%s)", fn, path, h->text,
+                         why);
+    }
+    /* the file's elements are never wider than the tensor's, so this does not overflow */
+    h->count = nbytes / tb_dtype_size(h->type->dtype);
+    h->data_len = h->count * h->type->width;
+    if (h->data_len > SIZE_MAX - h->header_len - 8)
+        return tb__error(TB_ERR_FORMAT, "%s: %s: the dims %s are too large for this machine", fn,
+                         path, h->text);
+    return TB_OK;
+}
+
+/* `count` big-endian elements of IDX type `code` at src as the loaded dtype's values in host
+   order at dst; src may equal dst when the widths are equal (each element is read first). */
+static void tb__idx_decode(unsigned char *dst, const unsigned char *src, size_t count,
+                           uint8_t code) {
+    size_t i;
+    for (i = 0; i < count; ++i) {
+        if (code == 0x09) {
+            int32_t v = (int32_t)src[i] - (src[i] >= 0x80 ? 0x100 : 0);
+            memcpy(dst + 4 * i, &v, 4);
+        } else if (code == 0x0b) {
+            uint32_t u = ((uint32_t)src[2 * i] << 8) | src[2 * i + 1];
+            int32_t v = (int32_t)u - (u >= 0x8000 ? 0x10000 : 0);
+            memcpy(dst + 4 * i, &v, 4);
+        } else if (code == 0x0e) {
+            uint64_t v = ((uint64_t)tb__be32(src + 8 * i) << 32) | tb__be32(src + 8 * i + 4);
+            memcpy(dst + 8 * i, &v, 8);
+        } else { /* 0x0c, 0x0d */
+            uint32_t v = tb__be32(src + 4 * i);
+            memcpy(dst + 4 * i, &v, 4);
+        }
+    }
+}
+
+/* The tensor of the data at `bytes` inside `blob`. `writable`: the blob's bytes are the
+   loader's own (inflated), so values the width of the dtype are put in host order in place;
+   on a device that shares host memory the tensor then uses the blob without a copy. */
+static tb_tensor *tb__idx_tensor(tb__blob *blob, unsigned char *bytes, bool writable,
+                                 const tb__idx_header *h, const tb_device *device) {
+    const bool host_big = !tb__host_is_little_endian();
+    size_t size = tb_dtype_size(h->type->dtype);
+    unsigned char *values;
+    tb__blob *converted;
+    tb_tensor *t;
+    if (h->type->code == 0x08) return tb__blob_tensor(blob, bytes, &h->shape, false, device);
+    if (writable && h->type->width == size) {
+        tb__idx_decode(bytes, bytes, h->count, h->type->code);
+        return tb__blob_tensor(blob, bytes, &h->shape, host_big, device);
+    }
+    values = (unsigned char *)tb__alloc(h->count ? h->count * size : 1);
+    converted = values != NULL ? tb__blob_owning(values, h->count * size) : NULL;
+    if (converted == NULL) return NULL;
+    tb__idx_decode(values, bytes, h->count, h->type->code);
+    t = tb__blob_tensor(converted, values, &h->shape, host_big, device);
+    tb__blob_release(converted);
+    return t;
+}
+
+/* An uncompressed IDX file. */
+static tb_tensor *tb__idx_plain(const char *path, tb__blob *blob, const tb_device *device) {
+    static const char fn[] = "tb_idx_load";
+    tb__idx_header h;
+    size_t have;
+    if (tb__idx_parse_header(fn, path, "the file", blob->data, blob->size, &h) != TB_OK)
+        return NULL;
+    have = blob->size - h.header_len;
+    if (have < h.data_len) {
+        tb__error(TB_ERR_FORMAT,
+                  "%s: %s: truncated: the dims %s need %lu bytes of data, the file holds %lu", fn,
+                  path, h.text, (unsigned long)h.data_len, (unsigned long)have);
+        return NULL;
+    }
+    if (have > h.data_len) {
+        tb__error(TB_ERR_FORMAT,
+                  "%s: %s: %lu bytes of trailing data after the %lu that the dims %s describe", fn,
+                  path, (unsigned long)(have - h.data_len), (unsigned long)h.data_len, h.text);
+        return NULL;
+    }
+    return tb__idx_tensor(blob, blob->data + h.header_len, false, &h, device);
+}
+
+/* The start of the deflate data after a gzip member's header (RFC 1952), checking it. */
+static tb_status tb__gzip_header(const char *path, const unsigned char *p, size_t n,
+                                 const tb__crc32_tables *crc, size_t *start) {
+    static const char fn[] = "tb_idx_load";
+    const unsigned flags = n > 3 ? p[3] : 0;
+    size_t pos = 10;
+    if (n < 10)
+        return tb__error(TB_ERR_FORMAT,
+                         "%s: %s: truncated gzip header (%lu bytes; it has at least 10)", fn, path,
+                         (unsigned long)n);
+    if (p[2] != 8)
+        return tb__error(TB_ERR_FORMAT,
+                         "%s: %s: bad gzip header: compression method %u is not deflate (8)", fn,
+                         path, (unsigned)p[2]);
+    if (flags & 0xe0)
+        return tb__error(TB_ERR_FORMAT,
+                         "%s: %s: bad gzip header: reserved flag bits are set (flags 0x%02x)", fn,
+                         path, flags);
+    if (flags & 4) { /* FEXTRA: a 2-byte length, then that many bytes */
+        size_t xlen;
+        if (n - pos < 2)
+            return tb__error(TB_ERR_FORMAT, "%s: %s: truncated gzip header (in the extra field)",
+                             fn, path);
+        xlen = tb__le16(p + pos);
+        if (n - pos - 2 < xlen)
+            return tb__error(TB_ERR_FORMAT,
+                             "%s: %s: truncated gzip header: the extra field of %lu bytes runs "
+                             "past the end of the file",
+                             fn, path, (unsigned long)xlen);
+        pos += 2 + xlen;
+    }
+    if (flags & 8) { /* FNAME, then FCOMMENT: NUL-terminated */
+        const unsigned char *end = (const unsigned char *)memchr(p + pos, 0, n - pos);
+        if (end == NULL)
+            return tb__error(TB_ERR_FORMAT,
+                             "%s: %s: truncated gzip header: the file name has no terminating "
+                             "NUL",
+                             fn, path);
+        pos = (size_t)(end - p) + 1;
+    }
+    if (flags & 16) {
+        const unsigned char *end = (const unsigned char *)memchr(p + pos, 0, n - pos);
+        if (end == NULL)
+            return tb__error(TB_ERR_FORMAT,
+                             "%s: %s: truncated gzip header: the comment has no terminating NUL",
+                             fn, path);
+        pos = (size_t)(end - p) + 1;
+    }
+    if (flags & 2) { /* FHCRC: the low 16 bits of the CRC-32 of the header before it */
+        uint32_t want;
+        if (n - pos < 2)
+            return tb__error(TB_ERR_FORMAT, "%s: %s: truncated gzip header (in the header CRC)", fn,
+                             path);
+        want = tb__crc32(crc, 0, p, pos) & 0xffffu;
+        if (tb__le16(p + pos) != want)
+            return tb__error(TB_ERR_FORMAT,
+                             "%s: %s: bad gzip header: its CRC-16 is 0x%04x, the header gives "
+                             "0x%04x",
+                             fn, path, (unsigned)tb__le16(p + pos), (unsigned)want);
+        pos += 2;
+    }
+    *start = pos;
+    return TB_OK;
+}
+
+/* A gzip-compressed IDX file: the header is inflated first (into a small buffer) so that the
+   data are inflated once, into a buffer of the size the dims give. */
+static tb_tensor *tb__idx_gzip(const char *path, tb__blob *blob, const tb__crc32_tables *crc,
+                               const tb_device *device) {
+    static const char fn[] = "tb_idx_load";
+    unsigned char head[TB__IDX_MAX_HEADER];
+    const unsigned char *in, *trailer;
+    size_t start = 0, in_len, total, pad, used;
+    unsigned char *buffer, *out;
+    tb__blob *inflated;
+    tb__inflater s;
+    tb__idx_header h;
+    const char *why;
+    tb_tensor *t;
+    uint32_t crc_file, crc_data;
+    if (tb__gzip_header(path, blob->data, blob->size, crc, &start) != TB_OK) return NULL;
+    in = blob->data + start;
+    in_len = blob->size - start;
+    memset(&s, 0, sizeof s);
+    s.in = in;
+    s.in_len = in_len;
+    s.out = head;
+    s.out_len = sizeof head;
+    why = tb__inflate(&s);
+    if (why != NULL && !s.full && !s.done) {
+        tb__error(TB_ERR_FORMAT, "%s: %s: corrupt or truncated gzip data: %s", fn, path, why);
+        return NULL;
+    }
+    if (tb__idx_parse_header(fn, path, "the decompressed data", head, s.out_pos, &h) != TB_OK)
+        return NULL;
+    total = h.header_len + h.data_len;
+    if (total / 1032 > in_len) {
+        tb__error(TB_ERR_FORMAT,
+                  "%s: %s: the dims %s need %lu bytes, more than deflate can give from the %lu "
+                  "compressed bytes (at most 1032 times as many): truncated data or wrong dims",
+                  fn, path, h.text, (unsigned long)total, (unsigned long)in_len);
+        return NULL;
+    }
+    /* the data start 8-byte aligned, so that the tensor can use them in place */
+    pad = (8 - h.header_len % 8) % 8;
+    buffer = (unsigned char *)tb__alloc(pad + total);
+    inflated = buffer != NULL ? tb__blob_owning(buffer, pad + total) : NULL;
+    if (inflated == NULL) return NULL;
+    out = buffer + pad;
+    memset(&s, 0, sizeof s);
+    s.in = in;
+    s.in_len = in_len;
+    s.out = out;
+    s.out_len = total;
+    why = tb__inflate(&s);
+    if (why != NULL) {
+        if (s.full)
+            tb__error(TB_ERR_FORMAT,
+                      "%s: %s: the decompressed data are longer than the %lu bytes that the dims "
+                      "%s describe",
+                      fn, path, (unsigned long)total, h.text);
+        else if (s.done)
+            tb__error(TB_ERR_FORMAT,
+                      "%s: %s: truncated: the dims %s need %lu bytes, the decompressed data hold "
+                      "%lu",
+                      fn, path, h.text, (unsigned long)total, (unsigned long)s.out_pos);
+        else
+            tb__error(TB_ERR_FORMAT, "%s: %s: corrupt or truncated gzip data: %s", fn, path, why);
+        tb__blob_release(inflated);
+        return NULL;
+    }
+    /* the deflate data end with the byte holding their last bit; the trailer follows */
+    used = s.in_pos + (size_t)s.pad - (size_t)(s.nbits / 8);
+    if (in_len - used < 8) {
+        tb__error(TB_ERR_FORMAT,
+                  "%s: %s: truncated: the gzip trailer (CRC-32 and size, 8 bytes) has only %lu", fn,
+                  path, (unsigned long)(in_len - used));
+        tb__blob_release(inflated);
+        return NULL;
+    }
+    trailer = in + used;
+    if (in_len - used > 8) {
+        const bool member = in_len - used >= 10 && trailer[8] == 0x1f && trailer[9] == 0x8b;
+        tb__error(TB_ERR_FORMAT, "%s: %s: %lu bytes of trailing data after the gzip member%s", fn,
+                  path, (unsigned long)(in_len - used - 8),
+                  member ? " (a second member: concatenated gzip files are not supported)" : "");
+        tb__blob_release(inflated);
+        return NULL;
+    }
+    crc_file = tb__le32(trailer);
+    crc_data = tb__crc32(crc, 0, out, total);
+    if (crc_file != crc_data) {
+        tb__error(TB_ERR_FORMAT,
+                  "%s: %s: CRC-32 mismatch (the trailer says 0x%08lx, the data give 0x%08lx): "
+                  "the file is corrupt",
+                  fn, path, (unsigned long)crc_file, (unsigned long)crc_data);
+        tb__blob_release(inflated);
+        return NULL;
+    }
+    if (tb__le32(trailer + 4) != (uint32_t)total) {
+        tb__error(TB_ERR_FORMAT,
+                  "%s: %s: the gzip trailer's ISIZE is %lu but the data inflate to %lu bytes", fn,
+                  path, (unsigned long)tb__le32(trailer + 4), (unsigned long)total);
+        tb__blob_release(inflated);
+        return NULL;
+    }
+    t = tb__idx_tensor(inflated, out + h.header_len, true, &h, device);
+    tb__blob_release(inflated);
+    return t;
+}
+
+TBDEF tb_tensor *tb_idx_load(const char *path, const tb_device *device) {
+    static const char fn[] = "tb_idx_load";
+    tb__blob *blob = NULL;
+    tb__crc32_tables *crc = NULL;
+    tb_tensor *t = NULL;
+    tb_device dev;
+    tb__ensure_setup();
+    if (path == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: path is NULL", fn);
+        return NULL;
+    }
+    if (tb__resolve_device(device, &dev) != TB_OK) {
+        char why[1024];
+        tb_status st = tb_last_status();
+        snprintf(why, sizeof why, "%s", tb_last_error());
+        tb__error(st, "%s: %s: %s", fn, path, why);
+        return NULL;
+    }
+    if (tb__blob_open(fn, path, &blob) != TB_OK) return NULL;
+    if (blob->size >= 2 && blob->data[0] == 0x1f && blob->data[1] == 0x8b) {
+        crc = (tb__crc32_tables *)tb__alloc(sizeof *crc);
+        if (crc != NULL) {
+            tb__crc32_init(crc);
+            t = tb__idx_gzip(path, blob, crc, &dev);
+        }
+    } else {
+        t = tb__idx_plain(path, blob, &dev);
+    }
+    tb__free(crc);
+    tb__blob_release(blob);
+    return t;
+}
+
+#undef TB__IDX_MAX_HEADER
 
 #undef TB__ZIP_MAX32
 #undef TB__ZIP_MAX16

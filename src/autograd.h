@@ -33,9 +33,9 @@ TBDEF bool tb_requires_grad(const tb_tensor *tensor);
 /* dst takes value's value in place (LTC's SetInPlaceIrValue): dst keeps its handle, and what
    was recorded from dst before still reads the old value. Shapes (dtype included) and devices
    must be equal. dst keeps its requires_grad; when it requires grad it becomes a leaf holding
-   the new value (an optimizer's update is not history). When nothing else reads dst's old
-   buffer, the backend that computes the new value may write it over the old one (see
-   tb_backend_impl.execute's donation), so an update does not need twice the memory. */
+   the new value (an optimizer's update is not history). The old value's buffer is freed when
+   nothing reads it any more; the new value is computed into a buffer of its own (no buffer
+   donation yet), so an update needs the memory of both for the length of one graph. */
 TBDEF tb_status tb_assign(tb_tensor *dst, tb_tensor *value);
 
 /* ---- composite ops (recorded as built-in ops; differentiable) ---- */

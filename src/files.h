@@ -92,3 +92,30 @@ TBDEF tb_tensor_set *tb_npz_load(const char *path, const tb_device *device);
    numpy would read it as a folder), a failed sync, TB_ERR_IO. Thread safety as
    tb_safetensors_save. */
 TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set);
+
+/* ===========================================================================================
+   IDX files (the format of MNIST and Fashion-MNIST)
+   =========================================================================================== */
+
+/* Reads an IDX file (a big-endian magic 0x0000TTNN, TT the type and NN the rank, then NN
+   big-endian u32 dims, then the elements big-endian in C order) into a new tensor of the file's
+   dims on `device` (NULL: the current device). The file may be compressed as one gzip member
+   (RFC 1952), as MNIST's `.gz` files are: that is decided by its first two bytes (0x1f 0x8b),
+   not by its name, and it is inflated by the library itself (no zlib needed).
+   Types: 0x08 u8 loads as u8, 0x0C i32 as i32, 0x0D f32 as f32, 0x0E f64 as f64; 0x09 i8 and
+   0x0B i16 load widened to i32 (the narrowest dtype of the library that holds every value
+   exactly). On a device that shares host memory (the cpu backend) a u8 file's mapping or the
+   inflated data are used in place, without a copy.
+   Errors (NULL returned; the message names the path and the reason): TB_ERR_INVALID_ARGUMENT
+   (NULL path), TB_ERR_NOT_FOUND / TB_ERR_IO (cannot open or read the file), the error of an
+   unknown `device`, TB_ERR_UNSUPPORTED (more than TB_MAX_RANK dims), and TB_ERR_FORMAT for: a
+   magic not starting with two zero bytes, an unknown type code, rank 0, a truncated header, dims
+   whose size overflows, data shorter or longer than the dims describe; for gzip also a bad
+   header (method other than deflate, reserved flags, FEXTRA / FNAME / FCOMMENT running past the
+   end, an FHCRC mismatch), corrupt or truncated deflate data, a missing trailer, a CRC-32 or
+   ISIZE mismatch, and trailing data after the member (concatenated members are not supported).
+   Memory: the file is memory-mapped; a gzip file's data are inflated once into a buffer of the
+   size the dims give, never more than deflate can produce from the compressed bytes (1032 times
+   as many); i8 and i16 need one more buffer for the widened values. Thread-safe with other
+   loads. */
+TBDEF tb_tensor *tb_idx_load(const char *path, const tb_device *device);

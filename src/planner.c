@@ -354,6 +354,7 @@ static tb_status tb__plan_kernel_values_grow(tb__pgraph *G, size_t kernels) {
 }
 
 /* Stores a node's positions in its kernel. */
+/* Appends `count` keys for `node`; `keys` must not point into G->keys (which may move). */
 static tb_status tb__plan_keys_store(tb__pgraph *G, int32_t node, const uint64_t *keys,
                                      int32_t count) {
     if (tb__grow((void **)&G->keys, &G->cap_keys, G->num_keys + (size_t)count, sizeof(uint64_t)) !=
@@ -540,7 +541,8 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
                     p->kernels[ui->ctx].kind = core_kind;
                     in->ctx = ui->ctx;
                     in->ident = true;
-                    st = tb__plan_keys_store(G, i, &G->keys[ui->keys_first], 1);
+                    uint64_t key = G->keys[ui->keys_first]; /* copied: G->keys may move */
+                    st = tb__plan_keys_store(G, i, &key, 1);
                     if (st != TB_OK) return st;
                     continue;
                 }

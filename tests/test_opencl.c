@@ -2944,6 +2944,47 @@ static void test_vector_operand_relations(void **state) {
     }
 }
 
+/* A matmul that becomes the core of the elementwise kernel reading it takes that kernel's
+   position key; graphs of every size before it make the planner's key table grow at that
+   moment in one of them (the key was once read from the table while it moved). */
+static void test_matmul_core_key_table_growth(void **state) {
+    tb_shape xs = tb_shape_of(TB_F32, 2, 6, 7), ws = tb_shape_of(TB_F32, 2, 7, 7);
+    tb_shape bs = tb_shape_of(TB_F32, 1, 7);
+    int extra, layers, d, i;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (layers = 1; layers <= 3; layers++) {
+        for (extra = 0; extra < 40; extra++) {
+            tb_tensor *out[2];
+            for (d = 0; d < 2; d++) {
+                const tb_device *dev = d == 0 ? &g_cpu : &g_ocl;
+                tb_tensor *x = vr_input(&xs, dev, 21), *w = vr_input(&ws, dev, 22);
+                tb_tensor *b = vr_input(&bs, dev, 23), *h = tb_tensor_retain(x);
+                for (i = 0; i < extra; i++) { /* a chain of elementwise producers */
+                    tb_tensor *t = i % 2 ? tb_tanh(h) : tb_add(h, x);
+                    tb_tensor_release(h);
+                    h = t;
+                }
+                for (i = 0; i < layers; i++) { /* relu(h @ w + b), as a network's layers */
+                    tb_tensor *m = tb_matmul(h, w), *z = tb_add(m, b);
+                    tb_tensor_release(h);
+                    h = tb_relu(z);
+                    tb_tensor_release(m);
+                    tb_tensor_release(z);
+                }
+                out[d] = h;
+                assert_non_null(out[d]);
+                tb_tensor_release(x);
+                tb_tensor_release(w);
+                tb_tensor_release(b);
+            }
+            compare_tensors("layers of relu(h @ w + b)", out[0], out[1]);
+            tb_tensor_release(out[0]);
+            tb_tensor_release(out[1]);
+        }
+    }
+}
+
 /* r <- max over each row of (r + x), chained: the [8, 1] running value is broadcast along
    the 32-wide row the vector reduction reads. */
 static void test_vector_reduce_broadcast_operand(void **state) {
@@ -4599,6 +4640,7 @@ int main(void) {
         cmocka_unit_test(test_vector_exp),
         cmocka_unit_test(test_vector_reduce_broadcast_operand),
         cmocka_unit_test(test_vector_operand_relations),
+        cmocka_unit_test(test_matmul_core_key_table_growth),
         cmocka_unit_test(test_random_wide_graphs),
         cmocka_unit_test(test_kept_panels_follow_their_buffer),
         cmocka_unit_test(test_long_chain_splits),

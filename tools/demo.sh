@@ -1,8 +1,22 @@
 #!/usr/bin/env bash
 # The demo: installs what is missing, builds examples/hello.c against torch_backend.h and runs it.
 # It uses the OpenCL backend when an OpenCL device is present, else the cpu reference backend.
+#
+#   bash tools/demo.sh                   the first lazy computation (examples/hello.c)
+#   bash tools/demo.sh --train [EPOCHS]  trains an MLP on Fashion-MNIST (examples/train_mnist.c;
+#                                        one epoch unless EPOCHS says more)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+train=0
+epochs=1
+if [ "${1-}" = "--train" ]; then
+    train=1
+    epochs=${2:-1}
+elif [ $# -gt 0 ]; then
+    echo "usage: bash tools/demo.sh [--train [EPOCHS]]" >&2
+    exit 2
+fi
 
 need=()
 for pkg in gcc libc6-dev; do
@@ -12,6 +26,9 @@ done
 for pkg in ocl-icd-libopencl1 pocl-opencl-icd; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
+if [ "$train" -eq 1 ]; then
+    dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || need+=(dataset-fashion-mnist)
+fi
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo=sudo
@@ -22,5 +39,10 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 mkdir -p build
-${CC:-cc} -std=c99 -O2 -I. examples/hello.c -o build/hello -ldl -lpthread -lm
-./build/hello
+if [ "$train" -eq 1 ]; then
+    ${CC:-cc} -std=c99 -O2 -I. examples/train_mnist.c -o build/train_mnist -ldl -lpthread -lm
+    ./build/train_mnist "$epochs"
+else
+    ${CC:-cc} -std=c99 -O2 -I. examples/hello.c -o build/hello -ldl -lpthread -lm
+    ./build/hello
+fi

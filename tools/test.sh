@@ -95,7 +95,8 @@ mkdir -p build/compile build/tests build/examples build/plugins
 # ---------------------------------------------------------------------------------------------
 step "install Debian packages"
 packages=(gcc g++ clang clang-format libclang-rt-14-dev libcmocka-dev pocl-opencl-icd
-    ocl-icd-opencl-dev opencl-headers clinfo python3-numpy valgrind cmake pkg-config)
+    ocl-icd-opencl-dev opencl-headers clinfo python3-numpy python3-torch dataset-fashion-mnist
+    gzip valgrind cmake pkg-config)
 if [ "$install" -eq 0 ]; then
     echo "skipped (--no-install)"
 elif ! command -v dpkg >/dev/null 2>&1; then
@@ -513,6 +514,38 @@ for src in examples/*.c; do
         fi
     done
 done
+
+# ---------------------------------------------------------------------------------------------
+step "training example"
+# examples/train_mnist.c (built above with the test flags) trains for one short epoch on the
+# first 2560 Fashion-MNIST images on each backend and must beat chance clearly on 1000 test
+# images; the full run (bash tools/demo.sh --train 5) is a manual check.
+if selected examples/train_mnist.c; then
+    fmnist=/usr/share/datasets/fashion-mnist
+    if [ ! -f build/examples/train_mnist ]; then
+        echo "FAIL training example: build/examples/train_mnist was not built"
+        fail "training example: build"
+    elif [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ]; then
+        echo "skipped: $fmnist has no Fashion-MNIST (Debian package dataset-fashion-mnist)"
+    else
+        for backend in "${backends[@]}"; do
+            log=build/examples/train_mnist.$backend.log
+            ASAN_OPTIONS=$asan_opencl \
+                LSAN_OPTIONS="suppressions=$repo/tools/lsan.supp:print_suppressions=0" \
+                timeout --foreground -k 10 "$timeout_s" build/examples/train_mnist 1 \
+                --images 2560 --test-images 1000 --device "$backend:0" 2>&1 | tee "$log"
+            rc=${PIPESTATUS[0]}
+            acc=$(sed -n 's/.*test accuracy \([0-9.]*\).*/\1/p' "$log" | tail -n 1)
+            if [ "$rc" -eq 0 ] && [ -n "$acc" ] && awk -v a="$acc" 'BEGIN { exit !(a >= 0.6) }'; then
+                echo "ok training example on $backend (test accuracy $acc)"
+                pass
+            else
+                echo "FAIL training example on $backend (exit status $rc, test accuracy '${acc}', need >= 0.6)"
+                fail "training example on $backend"
+            fi
+        done
+    fi
+fi
 
 # ---------------------------------------------------------------------------------------------
 step "README code blocks"
