@@ -22872,12 +22872,13 @@ static size_t tb__ocl_metrics_report(void *user_data, char *buf, size_t cap) {
                            (unsigned long long)d->buffers_reused);
             tb__str_append(&s, "  OpenCL::CacheTrim: %llu\n", (unsigned long long)d->cache_trims);
             tb__str_append(&s, "  OpenCL::ProgramBuild: %llu\n",
-                           (unsigned long long)d->program_builds);
-            tb__str_append(&s, "  OpenCL::DiskCacheHit: %llu\n", (unsigned long long)d->disk_hits);
+                           (unsigned long long)TB__ATOMIC_LOAD(&d->program_builds));
+            tb__str_append(&s, "  OpenCL::DiskCacheHit: %llu\n",
+                           (unsigned long long)TB__ATOMIC_LOAD(&d->disk_hits));
             tb__str_append(&s, "  OpenCL::DiskCacheMiss: %llu\n",
-                           (unsigned long long)d->disk_misses);
+                           (unsigned long long)TB__ATOMIC_LOAD(&d->disk_misses));
             tb__str_append(&s, "  OpenCL::DiskCacheRejected: %llu\n",
-                           (unsigned long long)d->disk_rejected);
+                           (unsigned long long)TB__ATOMIC_LOAD(&d->disk_rejected));
             tb__str_append(&s, "  OpenCL::KernelLaunch: %llu\n",
                            (unsigned long long)d->kernels_launched);
             tb__mutex_unlock(&d->lock);
