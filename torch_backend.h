@@ -1923,6 +1923,9 @@ static void tb__graph_detached_free(tb__detached_graph *detached);
 static tb_status tb__op_infer_shape(tb_op op, const tb_shape *inputs, size_t num_inputs,
                                     const int64_t *attrs, size_t num_attrs, tb_shape *out);
 
+/* ops.c: NULL for an op given a NULL tensor; the chain's first error is kept, else one naming
+   `what` is set */
+static tb_tensor *tb__null_input(const char *fn, const char *what);
 /* ops.c: creates and announces (on_node_created) a node of a known shape; an owned reference
    or NULL with the error set, naming `fn` */
 static tb_node *tb__emit(const char *fn, tb_op op, const tb_shape *shape, const tb_device *device,
@@ -15161,10 +15164,7 @@ TBDEF tb_tensor *tb_detach(tb_tensor *x) {
     const char *fn = "tb_detach";
     tb_tensor *t;
     tb__ensure_setup();
-    if (x == NULL) {
-        if (tb_last_status() == TB_OK) tb__error(TB_ERR_INVALID_ARGUMENT, "%s: x is NULL", fn);
-        return NULL;
-    }
+    if (x == NULL) return tb__null_input(fn, "x");
     if (x->data != NULL) {
         tb__data_retain(x->data);
         return tb__tensor_from_data(x->data);
@@ -15269,14 +15269,8 @@ static tb_tensor *tb__ag_scatter_op(const char *fn, tb_tensor *x, int32_t dim, t
     tb_tensor *sum, *r = NULL;
     int32_t d;
     tb__ensure_setup();
-    if (x == NULL || index == NULL || src == NULL) {
-        if (tb_last_status() == TB_OK)
-            tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
-                      x == NULL       ? "x"
-                      : index == NULL ? "index"
-                                      : "src");
-        return NULL;
-    }
+    if (x == NULL || index == NULL || src == NULL)
+        return tb__null_input(fn, x == NULL ? "x" : index == NULL ? "index" : "src");
     xs = tb_tensor_shape(x);
     is = tb_tensor_shape(index);
     ss = tb_tensor_shape(src);
@@ -15341,13 +15335,6 @@ TBDEF tb_tensor *tb_index_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_te
    Losses and dropout, built from the public ops (their gradients come from the ops' rules).
    =========================================================================================== */
 
-/* NULL with the error kept: a NULL argument that an earlier call returned keeps that call's
-   error; a NULL given on its own gets one naming the argument. */
-static tb_tensor *tb__nn_null(const char *fn, const char *what) {
-    if (tb_last_status() == TB_OK) tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
-    return NULL;
-}
-
 static bool tb__nn_reduction_ok(const char *fn, tb_reduction reduction) {
     if (reduction == TB_REDUCTION_MEAN || reduction == TB_REDUCTION_SUM ||
         reduction == TB_REDUCTION_NONE)
@@ -15377,7 +15364,7 @@ static int32_t tb__nn_class_target(const char *fn, const char *xname, tb_tensor 
     tb_shape xs = tb_tensor_shape(x), ts = tb_tensor_shape(target);
     int32_t c = xs.rank >= 2 ? 1 : 0, i;
     bool ok = ts.rank == xs.rank - 1;
-    char a[160], b[160];
+    char a[96], b[96];
     if (!tb_dtype_is_float(xs.dtype)) {
         tb__error(TB_ERR_DTYPE, "%s: %s is %s; it must be floating point", fn, xname,
                   tb_dtype_name(xs.dtype));
@@ -15395,8 +15382,8 @@ static int32_t tb__nn_class_target(const char *fn, const char *xname, tb_tensor 
     for (i = 0; ok && i < ts.rank; i++)
         ok = ts.dims[i] == xs.dims[i < c ? i : i + 1];
     if (!ok) {
-        tb_shape_format(&xs, a, sizeof a);
-        tb_shape_format(&ts, b, sizeof b);
+        tb__shape_text(&xs, a);
+        tb__shape_text(&ts, b);
         tb__error(TB_ERR_SHAPE, "%s: target %s does not match %s %s without its class axis %d", fn,
                   b, xname, a, (int)c);
         return -1;
@@ -15430,8 +15417,8 @@ TBDEF tb_tensor *tb_nll_loss(tb_tensor *log_probs, tb_tensor *target, tb_reducti
     tb__ag a;
     int32_t c;
     tb__ensure_setup();
-    if (log_probs == NULL) return tb__nn_null(fn, "log_probs");
-    if (target == NULL) return tb__nn_null(fn, "target");
+    if (log_probs == NULL) return tb__null_input(fn, "log_probs");
+    if (target == NULL) return tb__null_input(fn, "target");
     if (!tb__nn_reduction_ok(fn, reduction)) return NULL;
     c = tb__nn_class_target(fn, "log_probs", log_probs, target);
     if (c < 0) return NULL;
@@ -15449,8 +15436,8 @@ TBDEF tb_tensor *tb_cross_entropy(tb_tensor *logits, tb_tensor *target, tb_reduc
     int32_t c;
     double s = label_smoothing;
     tb__ensure_setup();
-    if (logits == NULL) return tb__nn_null(fn, "logits");
-    if (target == NULL) return tb__nn_null(fn, "target");
+    if (logits == NULL) return tb__null_input(fn, "logits");
+    if (target == NULL) return tb__null_input(fn, "target");
     if (!tb__nn_reduction_ok(fn, reduction)) return NULL;
     if (!(s >= 0.0 && s <= 1.0)) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: label_smoothing %g is not in [0, 1]", fn, s);
@@ -15460,10 +15447,10 @@ TBDEF tb_tensor *tb_cross_entropy(tb_tensor *logits, tb_tensor *target, tb_reduc
     ts = tb_tensor_shape(target);
     c = xs.rank >= 2 ? 1 : 0;
     if (tb_dtype_is_float(ts.dtype)) { /* class probabilities */
-        char sa[160], sb[160];
+        char sa[96], sb[96];
         if (!tb_dtype_is_float(xs.dtype) || xs.rank < 1 || !tb_shape_equal(&xs, &ts)) {
-            tb_shape_format(&xs, sa, sizeof sa);
-            tb_shape_format(&ts, sb, sizeof sb);
+            tb__shape_text(&xs, sa);
+            tb__shape_text(&ts, sb);
             tb__error(tb_dtype_is_float(xs.dtype) ? TB_ERR_SHAPE : TB_ERR_DTYPE,
                       "%s: probability target %s must have the shape and dtype of logits %s "
                       "(floating point, rank >= 1)",
@@ -15509,8 +15496,8 @@ TBDEF tb_tensor *tb_mse_loss(tb_tensor *input, tb_tensor *target, tb_reduction r
     tb_tensor *d;
     tb__ag a;
     tb__ensure_setup();
-    if (input == NULL) return tb__nn_null(fn, "input");
-    if (target == NULL) return tb__nn_null(fn, "target");
+    if (input == NULL) return tb__null_input(fn, "input");
+    if (target == NULL) return tb__null_input(fn, "target");
     if (!tb__nn_reduction_ok(fn, reduction)) return NULL;
     xs = tb_tensor_shape(input);
     ts = tb_tensor_shape(target);
@@ -15520,9 +15507,9 @@ TBDEF tb_tensor *tb_mse_loss(tb_tensor *input, tb_tensor *target, tb_reduction r
         return NULL;
     }
     if (!tb_shape_equal(&xs, &ts)) {
-        char sa[160], sb[160];
-        tb_shape_format(&xs, sa, sizeof sa);
-        tb_shape_format(&ts, sb, sizeof sb);
+        char sa[96], sb[96];
+        tb__shape_text(&xs, sa);
+        tb__shape_text(&ts, sb);
         tb__error(TB_ERR_SHAPE, "%s: input %s and target %s differ", fn, sa, sb);
         return NULL;
     }
@@ -15539,7 +15526,7 @@ TBDEF tb_tensor *tb_dropout(tb_tensor *x, double p, bool training) {
     tb_tensor *u, *keep, *scaled, *zero, *y;
     tb__ag a;
     tb__ensure_setup();
-    if (x == NULL) return tb__nn_null(fn, "x");
+    if (x == NULL) return tb__null_input(fn, "x");
     if (!(p >= 0.0 && p <= 1.0)) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: p %g is not in [0, 1]", fn, p);
         return NULL;
@@ -15856,13 +15843,13 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
     for (i = 0; i < opt->n; i++) {
         tb_shape ps, gs;
         tb_device pd, gd;
-        char sa[160], sb[160];
+        char sa[96], sb[96];
         if (grads[i] == NULL) continue;
         ps = tb_tensor_shape(opt->params[i]);
         gs = tb_tensor_shape(grads[i]);
         if (!tb_shape_equal(&ps, &gs)) {
-            tb_shape_format(&ps, sa, sizeof sa);
-            tb_shape_format(&gs, sb, sizeof sb);
+            tb__shape_text(&ps, sa);
+            tb__shape_text(&gs, sb);
             return tb__error(TB_ERR_SHAPE, "%s: grads[%zu] is %s but its parameter is %s", fn, i,
                              sb, sa);
         }
@@ -23057,32 +23044,24 @@ static void tb__ocl_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb
 static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     memset(d, 0, sizeof *d);
     d->name = "OpenCL C";
+    /* the lines after the fp64 switch are the same with or without it */
+#define TB__OCL_HEAD_REST                                                                          \
+    "/* a * b + c stays two roundings, as in the reference */\n"                                   \
+    "#pragma OPENCL FP_CONTRACT OFF\n"                                                             \
+    "#define TB_FN\n"                                                                              \
+    "#define TB_HAS_VEC16 1\n"                                                                     \
+    "#define TB_VBC(c) ((float16)(c))\n"                                                           \
+    "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"                                             \
+    "#define TB_VCVTI(x) convert_int16(x)\n"                                                       \
+    "#define TB_VASF(x) as_float16(x)\n"                                                           \
+    "#define TB_VASI(x) as_int16(x)\n"                                                             \
+    "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"                                              \
+    "\n"
     d->head = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
                                        "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
-                                       "#define TB_HAS_F64 1\n"
-                                       "/* a * b + c stays two roundings, as in the reference */\n"
-                                       "#pragma OPENCL FP_CONTRACT OFF\n"
-                                       "#define TB_FN\n"
-                                       "#define TB_HAS_VEC16 1\n"
-                                       "#define TB_VBC(c) ((float16)(c))\n"
-                                       "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"
-                                       "#define TB_VCVTI(x) convert_int16(x)\n"
-                                       "#define TB_VASF(x) as_float16(x)\n"
-                                       "#define TB_VASI(x) as_int16(x)\n"
-                                       "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"
-                                       "\n"
-                                     : "/* torch_backend.h: OpenCL C 1.2 */\n"
-                                       "/* a * b + c stays two roundings, as in the reference */\n"
-                                       "#pragma OPENCL FP_CONTRACT OFF\n"
-                                       "#define TB_FN\n"
-                                       "#define TB_HAS_VEC16 1\n"
-                                       "#define TB_VBC(c) ((float16)(c))\n"
-                                       "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"
-                                       "#define TB_VCVTI(x) convert_int16(x)\n"
-                                       "#define TB_VASF(x) as_float16(x)\n"
-                                       "#define TB_VASI(x) as_int16(x)\n"
-                                       "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"
-                                       "\n";
+                                       "#define TB_HAS_F64 1\n" TB__OCL_HEAD_REST
+                                     : "/* torch_backend.h: OpenCL C 1.2 */\n" TB__OCL_HEAD_REST;
+#undef TB__OCL_HEAD_REST
     d->global = "__global ";
     d->local = "__local ";
     d->barrier = "barrier(CLK_LOCAL_MEM_FENCE);";
@@ -24924,7 +24903,6 @@ static void tb__native_data_release(void *user_data, tb_backend_data *data) {
 
 /* ---- backend entries: lowering, compile, execute ---- */
 
-/* A compiled graph: its plan, its source, its program and a function per kernel. */
 /* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
    of the same generation) comes again. */
 typedef struct tb__native_kept {
@@ -24933,6 +24911,7 @@ typedef struct tb__native_kept {
     tb__native_buf *panels;
 } tb__native_kept;
 
+/* A compiled graph: its plan, its source, its program and a function per kernel. */
 typedef struct tb__native_comp {
     tb__plan *plan;
     char *source;

@@ -975,10 +975,7 @@ TBDEF tb_tensor *tb_detach(tb_tensor *x) {
     const char *fn = "tb_detach";
     tb_tensor *t;
     tb__ensure_setup();
-    if (x == NULL) {
-        if (tb_last_status() == TB_OK) tb__error(TB_ERR_INVALID_ARGUMENT, "%s: x is NULL", fn);
-        return NULL;
-    }
+    if (x == NULL) return tb__null_input(fn, "x");
     if (x->data != NULL) {
         tb__data_retain(x->data);
         return tb__tensor_from_data(x->data);
@@ -1083,14 +1080,8 @@ static tb_tensor *tb__ag_scatter_op(const char *fn, tb_tensor *x, int32_t dim, t
     tb_tensor *sum, *r = NULL;
     int32_t d;
     tb__ensure_setup();
-    if (x == NULL || index == NULL || src == NULL) {
-        if (tb_last_status() == TB_OK)
-            tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
-                      x == NULL       ? "x"
-                      : index == NULL ? "index"
-                                      : "src");
-        return NULL;
-    }
+    if (x == NULL || index == NULL || src == NULL)
+        return tb__null_input(fn, x == NULL ? "x" : index == NULL ? "index" : "src");
     xs = tb_tensor_shape(x);
     is = tb_tensor_shape(index);
     ss = tb_tensor_shape(src);

@@ -257,6 +257,9 @@ static void tb__graph_detached_free(tb__detached_graph *detached);
 static tb_status tb__op_infer_shape(tb_op op, const tb_shape *inputs, size_t num_inputs,
                                     const int64_t *attrs, size_t num_attrs, tb_shape *out);
 
+/* ops.c: NULL for an op given a NULL tensor; the chain's first error is kept, else one naming
+   `what` is set */
+static tb_tensor *tb__null_input(const char *fn, const char *what);
 /* ops.c: creates and announces (on_node_created) a node of a known shape; an owned reference
    or NULL with the error set, naming `fn` */
 static tb_node *tb__emit(const char *fn, tb_op op, const tb_shape *shape, const tb_device *device,

@@ -994,7 +994,6 @@ static void tb__native_data_release(void *user_data, tb_backend_data *data) {
 
 /* ---- backend entries: lowering, compile, execute ---- */
 
-/* A compiled graph: its plan, its source, its program and a function per kernel. */
 /* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
    of the same generation) comes again. */
 typedef struct tb__native_kept {
@@ -1003,6 +1002,7 @@ typedef struct tb__native_kept {
     tb__native_buf *panels;
 } tb__native_kept;
 
+/* A compiled graph: its plan, its source, its program and a function per kernel. */
 typedef struct tb__native_comp {
     tb__plan *plan;
     char *source;

@@ -3,13 +3,6 @@
    =========================================================================================== */
 #include "impl_begin.h"
 
-/* NULL with the error kept: a NULL argument that an earlier call returned keeps that call's
-   error; a NULL given on its own gets one naming the argument. */
-static tb_tensor *tb__nn_null(const char *fn, const char *what) {
-    if (tb_last_status() == TB_OK) tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
-    return NULL;
-}
-
 static bool tb__nn_reduction_ok(const char *fn, tb_reduction reduction) {
     if (reduction == TB_REDUCTION_MEAN || reduction == TB_REDUCTION_SUM ||
         reduction == TB_REDUCTION_NONE)
@@ -39,7 +32,7 @@ static int32_t tb__nn_class_target(const char *fn, const char *xname, tb_tensor 
     tb_shape xs = tb_tensor_shape(x), ts = tb_tensor_shape(target);
     int32_t c = xs.rank >= 2 ? 1 : 0, i;
     bool ok = ts.rank == xs.rank - 1;
-    char a[160], b[160];
+    char a[96], b[96];
     if (!tb_dtype_is_float(xs.dtype)) {
         tb__error(TB_ERR_DTYPE, "%s: %s is %s; it must be floating point", fn, xname,
                   tb_dtype_name(xs.dtype));
@@ -57,8 +50,8 @@ static int32_t tb__nn_class_target(const char *fn, const char *xname, tb_tensor 
     for (i = 0; ok && i < ts.rank; i++)
         ok = ts.dims[i] == xs.dims[i < c ? i : i + 1];
     if (!ok) {
-        tb_shape_format(&xs, a, sizeof a);
-        tb_shape_format(&ts, b, sizeof b);
+        tb__shape_text(&xs, a);
+        tb__shape_text(&ts, b);
         tb__error(TB_ERR_SHAPE, "%s: target %s does not match %s %s without its class axis %d", fn,
                   b, xname, a, (int)c);
         return -1;
@@ -92,8 +85,8 @@ TBDEF tb_tensor *tb_nll_loss(tb_tensor *log_probs, tb_tensor *target, tb_reducti
     tb__ag a;
     int32_t c;
     tb__ensure_setup();
-    if (log_probs == NULL) return tb__nn_null(fn, "log_probs");
-    if (target == NULL) return tb__nn_null(fn, "target");
+    if (log_probs == NULL) return tb__null_input(fn, "log_probs");
+    if (target == NULL) return tb__null_input(fn, "target");
     if (!tb__nn_reduction_ok(fn, reduction)) return NULL;
     c = tb__nn_class_target(fn, "log_probs", log_probs, target);
     if (c < 0) return NULL;
@@ -111,8 +104,8 @@ TBDEF tb_tensor *tb_cross_entropy(tb_tensor *logits, tb_tensor *target, tb_reduc
     int32_t c;
     double s = label_smoothing;
     tb__ensure_setup();
-    if (logits == NULL) return tb__nn_null(fn, "logits");
-    if (target == NULL) return tb__nn_null(fn, "target");
+    if (logits == NULL) return tb__null_input(fn, "logits");
+    if (target == NULL) return tb__null_input(fn, "target");
     if (!tb__nn_reduction_ok(fn, reduction)) return NULL;
     if (!(s >= 0.0 && s <= 1.0)) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: label_smoothing %g is not in [0, 1]", fn, s);
@@ -122,10 +115,10 @@ TBDEF tb_tensor *tb_cross_entropy(tb_tensor *logits, tb_tensor *target, tb_reduc
     ts = tb_tensor_shape(target);
     c = xs.rank >= 2 ? 1 : 0;
     if (tb_dtype_is_float(ts.dtype)) { /* class probabilities */
-        char sa[160], sb[160];
+        char sa[96], sb[96];
         if (!tb_dtype_is_float(xs.dtype) || xs.rank < 1 || !tb_shape_equal(&xs, &ts)) {
-            tb_shape_format(&xs, sa, sizeof sa);
-            tb_shape_format(&ts, sb, sizeof sb);
+            tb__shape_text(&xs, sa);
+            tb__shape_text(&ts, sb);
             tb__error(tb_dtype_is_float(xs.dtype) ? TB_ERR_SHAPE : TB_ERR_DTYPE,
                       "%s: probability target %s must have the shape and dtype of logits %s "
                       "(floating point, rank >= 1)",
@@ -171,8 +164,8 @@ TBDEF tb_tensor *tb_mse_loss(tb_tensor *input, tb_tensor *target, tb_reduction r
     tb_tensor *d;
     tb__ag a;
     tb__ensure_setup();
-    if (input == NULL) return tb__nn_null(fn, "input");
-    if (target == NULL) return tb__nn_null(fn, "target");
+    if (input == NULL) return tb__null_input(fn, "input");
+    if (target == NULL) return tb__null_input(fn, "target");
     if (!tb__nn_reduction_ok(fn, reduction)) return NULL;
     xs = tb_tensor_shape(input);
     ts = tb_tensor_shape(target);
@@ -182,9 +175,9 @@ TBDEF tb_tensor *tb_mse_loss(tb_tensor *input, tb_tensor *target, tb_reduction r
         return NULL;
     }
     if (!tb_shape_equal(&xs, &ts)) {
-        char sa[160], sb[160];
-        tb_shape_format(&xs, sa, sizeof sa);
-        tb_shape_format(&ts, sb, sizeof sb);
+        char sa[96], sb[96];
+        tb__shape_text(&xs, sa);
+        tb__shape_text(&ts, sb);
         tb__error(TB_ERR_SHAPE, "%s: input %s and target %s differ", fn, sa, sb);
         return NULL;
     }
@@ -201,7 +194,7 @@ TBDEF tb_tensor *tb_dropout(tb_tensor *x, double p, bool training) {
     tb_tensor *u, *keep, *scaled, *zero, *y;
     tb__ag a;
     tb__ensure_setup();
-    if (x == NULL) return tb__nn_null(fn, "x");
+    if (x == NULL) return tb__null_input(fn, "x");
     if (!(p >= 0.0 && p <= 1.0)) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: p %g is not in [0, 1]", fn, p);
         return NULL;

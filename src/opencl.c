@@ -332,32 +332,24 @@ static void tb__ocl_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb
 static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     memset(d, 0, sizeof *d);
     d->name = "OpenCL C";
+    /* the lines after the fp64 switch are the same with or without it */
+#define TB__OCL_HEAD_REST                                                                          \
+    "/* a * b + c stays two roundings, as in the reference */\n"                                   \
+    "#pragma OPENCL FP_CONTRACT OFF\n"                                                             \
+    "#define TB_FN\n"                                                                              \
+    "#define TB_HAS_VEC16 1\n"                                                                     \
+    "#define TB_VBC(c) ((float16)(c))\n"                                                           \
+    "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"                                             \
+    "#define TB_VCVTI(x) convert_int16(x)\n"                                                       \
+    "#define TB_VASF(x) as_float16(x)\n"                                                           \
+    "#define TB_VASI(x) as_int16(x)\n"                                                             \
+    "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"                                              \
+    "\n"
     d->head = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
                                        "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
-                                       "#define TB_HAS_F64 1\n"
-                                       "/* a * b + c stays two roundings, as in the reference */\n"
-                                       "#pragma OPENCL FP_CONTRACT OFF\n"
-                                       "#define TB_FN\n"
-                                       "#define TB_HAS_VEC16 1\n"
-                                       "#define TB_VBC(c) ((float16)(c))\n"
-                                       "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"
-                                       "#define TB_VCVTI(x) convert_int16(x)\n"
-                                       "#define TB_VASF(x) as_float16(x)\n"
-                                       "#define TB_VASI(x) as_int16(x)\n"
-                                       "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"
-                                       "\n"
-                                     : "/* torch_backend.h: OpenCL C 1.2 */\n"
-                                       "/* a * b + c stays two roundings, as in the reference */\n"
-                                       "#pragma OPENCL FP_CONTRACT OFF\n"
-                                       "#define TB_FN\n"
-                                       "#define TB_HAS_VEC16 1\n"
-                                       "#define TB_VBC(c) ((float16)(c))\n"
-                                       "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"
-                                       "#define TB_VCVTI(x) convert_int16(x)\n"
-                                       "#define TB_VASF(x) as_float16(x)\n"
-                                       "#define TB_VASI(x) as_int16(x)\n"
-                                       "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"
-                                       "\n";
+                                       "#define TB_HAS_F64 1\n" TB__OCL_HEAD_REST
+                                     : "/* torch_backend.h: OpenCL C 1.2 */\n" TB__OCL_HEAD_REST;
+#undef TB__OCL_HEAD_REST
     d->global = "__global ";
     d->local = "__local ";
     d->barrier = "barrier(CLK_LOCAL_MEM_FENCE);";

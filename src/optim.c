@@ -288,13 +288,13 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
     for (i = 0; i < opt->n; i++) {
         tb_shape ps, gs;
         tb_device pd, gd;
-        char sa[160], sb[160];
+        char sa[96], sb[96];
         if (grads[i] == NULL) continue;
         ps = tb_tensor_shape(opt->params[i]);
         gs = tb_tensor_shape(grads[i]);
         if (!tb_shape_equal(&ps, &gs)) {
-            tb_shape_format(&ps, sa, sizeof sa);
-            tb_shape_format(&gs, sb, sizeof sb);
+            tb__shape_text(&ps, sa);
+            tb__shape_text(&gs, sb);
             return tb__error(TB_ERR_SHAPE, "%s: grads[%zu] is %s but its parameter is %s", fn, i,
                              sb, sa);
         }
