@@ -404,6 +404,7 @@ typedef struct tb_backend_data {
     /* Owned by the library; backends leave these alone. */
     int32_t tb__refcount;
     const tb_backend *tb__backend;
+    bool tb__donated; /* its buffer went to a result of an execute (tb_graph.result_donors) */
 } tb_backend_data;
 
 /* What a backend lowers: the nodes of one graph in post-order (operands before their users),
@@ -420,6 +421,14 @@ typedef struct tb_graph {
     size_t num_results;
     uint64_t hash; /* structural hash of the graph: equal hashes, same computation */
     tb_device device;
+    /* Buffer donation (XLA's input/output aliasing), or NULL: result_donors[i] >= 0 names a
+       parameter whose value nothing reads after this graph (the value the tensor of result i
+       held before tb_assign), of result i's shape. A backend may compute result i into that
+       parameter's buffer: at execute it moves the argument's payload to results[i] and sets
+       the argument's payload to NULL, once no kernel still to run reads the old value at any
+       other element. It may as well ignore the offer. An argument whose payload is NULL after
+       execute (success or not) was consumed: its old value is gone. Part of the hash. */
+    const int32_t *result_donors;
 } tb_graph;
 
 /* The backend vtable. `user_data` is handed to every entry. Entries marked (optional) may be NULL
@@ -1535,10 +1544,17 @@ TBDEF tb_status tb_set_requires_grad(tb_tensor *tensor, bool requires_grad);
 TBDEF bool tb_requires_grad(const tb_tensor *tensor);
 /* dst takes value's value in place (LTC's SetInPlaceIrValue): dst keeps its handle, and what
    was recorded from dst before still reads the old value. Shapes (dtype included) and devices
-   must be equal. dst keeps its requires_grad; when it requires grad it becomes a leaf holding
-   the new value (an optimizer's update is not history). The old value's buffer is freed when
-   nothing reads it any more; the new value is computed into a buffer of its own (no buffer
-   donation yet), so an update needs the memory of both for the length of one graph. */
+   must be equal. dst keeps its requires_grad and becomes a leaf holding the new value: no
+   gradient flows through an assignment into it (an optimizer's update is not history, and
+   state computed from gradients does not keep earlier steps alive). The old value's buffer is freed
+   when nothing reads it any more. Buffer donation: when dst is synced and that sync is the last
+   reader of the old value (no live tensor holds it, no pending graph left after the sync reads
+   it), a compiled backend (opencl, native) computes the new value into the old value's buffer
+   wherever its kernel reads the old value only at the element it writes, so an update in
+   place needs no second copy (counted in the metric DonatedBuffers). A tensor you still hold
+   that was computed from the old value and is not synced with dst keeps the old buffer apart.
+   Gradients (tb_grad) through a history that read the overwritten value then fail with
+   TB_ERR_INVALID_ARGUMENT, as PyTorch refuses a backward through a value modified in place. */
 TBDEF tb_status tb_assign(tb_tensor *dst, tb_tensor *value);
 
 /* ---- composite ops (recorded as built-in ops; differentiable) ---- */
@@ -7057,6 +7073,9 @@ struct tb_tensor {
     /* the node a synced value was computed from, kept (with node->value set) while it requires
        grad, so that tb_grad can still walk the history; owned, NULL otherwise */
     tb_node *history;
+    /* the value it held before tb_assign gave it a pending one (owned, NULL otherwise): the
+       sync that computes the new value may compute it into this value's buffer */
+    tb_backend_data *donor;
 };
 
 static tb__mutex tb__tensor_live_mutex = TB__MUTEX_INIT;
@@ -7169,6 +7188,7 @@ static void tb__tensor_destroy(tb_tensor *t) {
     if (t->history != NULL) tb__node_release(t->history);
     if (t->data_node != NULL) tb__node_release(t->data_node);
     if (t->data != NULL) tb__data_release(t->data);
+    if (t->donor != NULL) tb__data_release(t->donor);
     tb__free(t);
 }
 
@@ -7360,7 +7380,8 @@ enum {
     TB__CANON_NODE = 1,   /* a computed node: op, shape, attributes, operand positions */
     TB__CANON_DATA = 2,   /* a parameter of device data, or of a value computed apart */
     TB__CANON_SCALAR = 3, /* a scalar parameter (wrapped number or not) */
-    TB__CANON_RESULTS = 4
+    TB__CANON_RESULTS = 4,
+    TB__CANON_DONORS = 5 /* per result: the parameter it may be computed into, or -1 */
 };
 
 /* Appends the canonical words of the node the walk is placing next: its structure, with
@@ -8036,7 +8057,7 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
 }
 
 static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
-                                      tb_backend_data **out);
+                                      tb_backend_data *const *donors, tb_backend_data **out);
 
 /* LTC's eager fallback: runs one node the backend does not support on the reference
    interpreter, from its operands' values, and keeps the result on the device in node->value. */
@@ -8064,7 +8085,7 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
         if (!seen) pending[num_pending++] = node->operands[i];
     }
     if (num_pending > 0) {
-        st = tb__exec_materialize(ex, pending, num_pending, computed);
+        st = tb__exec_materialize(ex, pending, num_pending, NULL, computed);
         if (st != TB_OK) goto done;
     }
     for (i = 0; i < k; i++) {
@@ -8183,22 +8204,29 @@ static uint64_t tb__exec_hash_mask = ~(uint64_t)0;
 /* Builds the graph of the walk for the non-parameter roots, and ends the walk's canonical
    form with them. */
 static tb_status tb__exec_graph_make(const tb__exec *ex, tb__exec_walk *w, tb_node *const *roots,
-                                     size_t n, const tb_node ***results, tb_graph *g) {
+                                     size_t n, const int32_t *root_donors, const tb_node ***results,
+                                     tb_graph *g) {
     size_t i, num_results = 0;
     uint64_t h = w->hash;
-    *results = (const tb_node **)tb__calloc(n + 1, sizeof(const tb_node *));
+    int32_t *donors = NULL;
+    bool any = false;
+    *results = (const tb_node **)tb__calloc(2 * n + 2, sizeof(const tb_node *));
     if (*results == NULL) return TB_ERR_OUT_OF_MEMORY;
     w->num_canon = w->canon_nodes; /* a graph made again from the same walk */
-    if (tb__grow((void **)&w->canon, &w->cap_canon, w->num_canon + n + 3, sizeof *w->canon) !=
+    if (tb__grow((void **)&w->canon, &w->cap_canon, w->num_canon + 2 * n + 4, sizeof *w->canon) !=
         TB_OK) {
         tb__free((void *)*results);
         *results = NULL;
         return TB_ERR_OUT_OF_MEMORY;
     }
+    /* the donors live behind the results, in the same block */
+    donors = (int32_t *)(void *)(*results + n + 1);
     w->canon[w->num_canon++] = TB__CANON_RESULTS;
     for (i = 0; i < n; i++) {
         uint64_t at;
         if (tb__exec_walk_is_param(w, roots[i])) continue;
+        donors[num_results] = root_donors != NULL ? root_donors[i] : -1;
+        if (donors[num_results] >= 0) any = true;
         (*results)[num_results++] = roots[i];
         at = (uint64_t)tb__exec_walk_position(w, roots[i]);
         w->canon[w->num_canon++] = at;
@@ -8206,7 +8234,16 @@ static tb_status tb__exec_graph_make(const tb__exec *ex, tb__exec_walk *w, tb_no
     }
     w->canon[w->num_canon++] = num_results;
     w->canon[w->num_canon++] = w->num_params;
+    if (any) {
+        /* a graph that may compute results into parameters' buffers is another computation */
+        w->canon[w->num_canon++] = TB__CANON_DONORS;
+        for (i = 0; i < num_results; i++) {
+            w->canon[w->num_canon++] = (uint64_t)(int64_t)donors[i];
+            h = tb__hash_u64(h, (uint64_t)(int64_t)donors[i] ^ 0xd0d0u);
+        }
+    }
     memset(g, 0, sizeof(*g));
+    if (any) g->result_donors = donors;
     g->nodes = w->order;
     g->num_nodes = w->num_order;
     g->parameters = w->params;
@@ -8223,6 +8260,7 @@ static tb_status tb__exec_graph_make(const tb__exec *ex, tb__exec_walk *w, tb_no
 static tb_status tb__exec_run(const tb__exec *ex, const tb_graph *g, void *computation,
                               tb_backend_data **out_results, uint64_t *run_ns) {
     tb_backend_data **args;
+    bool *had = NULL; /* per result: its donor had a buffer before the run */
     size_t i;
     tb_status st = TB_OK;
     tb__saved_error saved;
@@ -8233,6 +8271,12 @@ static tb_status tb__exec_run(const tb__exec *ex, const tb_graph *g, void *compu
         args[i] = tb__exec_param_value(ex, g->parameters[i]);
         if (args[i] == NULL) {
             st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+        } else if (args[i]->tb__donated) {
+            st = tb__error(TB_ERR_INVALID_ARGUMENT,
+                           "%s: parameter %lu of the graph (%s) is a value that tb_assign replaced "
+                           "and whose buffer the new value took; what reads the old value must "
+                           "be synced before or with the assignment",
+                           ex->func, (unsigned long)i, tb_op_name(g->parameters[i]->op));
         } else if (!tb_device_equal(&args[i]->device, &ex->device)) {
             char a[64], b[64];
             tb__exec_device_text(&args[i]->device, a);
@@ -8256,6 +8300,12 @@ static tb_status tb__exec_run(const tb__exec *ex, const tb_graph *g, void *compu
             }
         }
     }
+    if (st == TB_OK && g->result_donors != NULL) {
+        had = (bool *)tb__calloc(g->num_results + 1, sizeof(bool));
+        if (had == NULL) st = TB_ERR_OUT_OF_MEMORY;
+        for (i = 0; st == TB_OK && i < g->num_results; i++)
+            had[i] = g->result_donors[i] >= 0 && args[g->result_donors[i]]->payload != NULL;
+    }
     if (st == TB_OK) {
         t0 = tb__now_ns();
         tb__exec_call_begin(&saved);
@@ -8263,6 +8313,13 @@ static tb_status tb__exec_run(const tb__exec *ex, const tb_graph *g, void *compu
                              g->num_results);
         *run_ns = tb__now_ns() - t0;
         tb__metric_sample("ExecuteTime", (double)*run_ns);
+        for (i = 0; g->result_donors != NULL && i < g->num_results; i++) {
+            int32_t j = g->result_donors[i];
+            if (j >= 0 && had[i] && args[j]->payload == NULL && !args[j]->tb__donated) {
+                args[j]->tb__donated = true; /* its buffer is result i's now (or gone) */
+                tb__metric_count("DonatedBuffers", 1);
+            }
+        }
         if (st != TB_OK) {
             st = tb__exec_call_failed(ex, st, "execute");
         } else {
@@ -8273,6 +8330,7 @@ static tb_status tb__exec_run(const tb__exec *ex, const tb_graph *g, void *compu
         if (args[i] != NULL) tb__data_release(args[i]);
     }
     tb__free(args);
+    tb__free(had);
     if (st != TB_OK) {
         for (i = 0; i < g->num_results; i++) {
             if (out_results[i] != NULL) tb__data_release(out_results[i]);
@@ -8470,12 +8528,30 @@ done:
 
 #undef TB__SLOW_COMPILE_MS
 
-/* The values of `roots` (distinct nodes on ex->device): out[i] gets a new reference. On error
-   out is all NULL and no node changed except for values the eager fallback computed. */
+/* The parameter of the walk whose value is `data`, when exactly one is; else -1. */
+static int32_t tb__exec_donor_param(const tb__exec *ex, const tb__exec_walk *w,
+                                    const tb_backend_data *data) {
+    size_t j;
+    int32_t at = -1;
+    for (j = 0; j < w->num_params; j++) {
+        const tb_node *p = w->params[j];
+        if (p->op == TB_OP_SCALAR && p->value == NULL) continue;
+        if (tb__exec_param_data(ex, p) != data) continue;
+        if (at >= 0) return -1; /* read through two parameters: kept apart */
+        at = (int32_t)j;
+    }
+    return at;
+}
+
+/* The values of `roots` (distinct nodes on ex->device): out[i] gets a new reference. donors
+   (NULL: none) gives per root a value nothing reads after this graph, whose buffer the root's
+   value may take (tb__exec_donors). On error out is all NULL and no node changed except for
+   values the eager fallback computed (and donated values a failed run consumed). */
 static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
-                                      tb_backend_data **out) {
+                                      tb_backend_data *const *donors, tb_backend_data **out) {
     tb__exec_walk w;
     tb_graph g;
+    int32_t *root_donors = NULL;
     const tb_node **results = NULL;
     tb_backend_data **values = NULL;
     tb__comp_cache_entry *entry = NULL;
@@ -8492,7 +8568,13 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
         tb__exec_walk_free(&w);
         st = tb__exec_walk_add(&w, ex->func, roots, n);
     }
-    if (st == TB_OK) st = tb__exec_graph_make(ex, &w, roots, n, &results, &g);
+    if (st == TB_OK && donors != NULL) {
+        root_donors = (int32_t *)tb__calloc(n + 1, sizeof(int32_t));
+        if (root_donors == NULL) st = TB_ERR_OUT_OF_MEMORY;
+        for (i = 0; i < n && st == TB_OK; i++)
+            root_donors[i] = donors[i] != NULL ? tb__exec_donor_param(ex, &w, donors[i]) : -1;
+    }
+    if (st == TB_OK) st = tb__exec_graph_make(ex, &w, roots, n, root_donors, &results, &g);
     if (st != TB_OK) goto done;
 
     if (g.num_results > 0) {
@@ -8542,6 +8624,7 @@ done:
     tb__comp_cache_release(entry);
     tb__free(values);
     tb__free((void *)results);
+    tb__free(root_donors);
     tb__exec_walk_free(&w);
     return st;
 }
@@ -8638,11 +8721,116 @@ static tb_status tb__exec_check_list(const char *func, tb_tensor *const *tensors
     return TB_OK;
 }
 
+/* ---- buffer donation ----
+   A tensor given a pending value by tb_assign keeps the value it held before as its donor.
+   When the sync that computes the new value is the last reader of the donor, the backend may
+   compute the new value into the donor's buffer, so that an update in place needs no second
+   copy of what it updates. The last reader: no live tensor holds the donor as its value, and
+   no live tensor's pending graph outside this sync reads it. Histories kept for tb_grad do not
+   count (as PyTorch's in-place updates, a gradient through an overwritten value is an error
+   when it is computed, not a wrong value). */
+
+/* Whether the pending graph below `node` reads one of the `n` values of `donors` (set in
+   *hit, per donor); `seen` holds the nodes visited (shared across calls), `stop` the nodes this
+   sync computes (their values will be at hand). */
+static tb_status tb__exec_donor_readers(const tb_node *node, tb_backend_data *const *donors,
+                                        size_t n, bool *hit, tb__exec_map *seen,
+                                        const tb__exec_map *stop, const tb_node ***stack,
+                                        size_t *cap) {
+    size_t sp = 0, i;
+    if (tb__exec_map_get(seen, node) != NULL) return TB_OK;
+    if (tb__grow((void **)stack, cap, 1, sizeof **stack) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
+    if (tb__exec_map_put(seen, node, 0) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
+    (*stack)[sp++] = node;
+    while (sp > 0) {
+        const tb_node *m = (*stack)[--sp];
+        const tb_backend_data *d = m->value != NULL ? m->value : m->data;
+        for (i = 0; d != NULL && i < n; i++)
+            if (donors[i] == d) hit[i] = true;
+        if (m->value != NULL || tb__exec_map_get(stop, m) != NULL) continue;
+        for (i = 0; i < m->num_operands; i++) {
+            const tb_node *o = m->operands[i];
+            if (o == NULL || tb__exec_map_get(seen, o) != NULL) continue;
+            if (tb__exec_map_put(seen, o, 0) != TB_OK ||
+                tb__grow((void **)stack, cap, sp + 1, sizeof **stack) != TB_OK)
+                return TB_ERR_OUT_OF_MEMORY;
+            (*stack)[sp++] = o;
+        }
+    }
+    return TB_OK;
+}
+
+/* Per root of the sync of `tensors`: the donor its value may take, or NULL. Running out of
+   memory here only means no donation. */
+static void tb__exec_donors(tb_tensor *const *tensors, size_t count, const tb__exec_roots *roots,
+                            tb_backend_data **donors) {
+    tb_tensor **live = NULL, *t;
+    const tb_node **stack = NULL;
+    tb__exec_map seen;
+    size_t i, j, n = 0, cap = 0, cap_stack = 0, num = 0;
+    bool *hit = NULL;
+    tb_backend_data **cand = NULL;
+    tb_status st = TB_OK;
+    if (tb__desc()->check > 0) return; /* the check reads every parameter after the run */
+    for (i = 0; i < count; i++) {
+        const int64_t *at;
+        t = tensors[i];
+        if (t->donor == NULL || t->node == NULL || t->donor->tb__donated) continue;
+        at = tb__exec_map_get(&roots->index, t->node);
+        if (at == NULL || donors[*at] != NULL) continue;
+        for (j = 0; j < roots->count && donors[j] != t->donor; j++) {
+        }
+        if (j < roots->count) continue; /* one value, one buffer */
+        donors[*at] = t->donor;
+        num++;
+    }
+    if (num == 0) return;
+    memset(&seen, 0, sizeof seen);
+    hit = (bool *)tb__calloc(roots->count, sizeof(bool));
+    cand = (tb_backend_data **)tb__calloc(roots->count, sizeof *cand);
+    if (hit == NULL || cand == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; st == TB_OK && i < roots->count; i++)
+        cand[i] = donors[i];
+    if (st == TB_OK) {
+        tb__mutex_lock(&tb__tensor_live_mutex);
+        for (t = tb__tensor_live_head; t != NULL && st == TB_OK; t = t->live_next) {
+            bool reads = false;
+            for (i = 0; i < roots->count; i++) {
+                if (cand[i] != NULL && t->data == cand[i]) hit[i] = true;
+                if (cand[i] != NULL && t->data_node != NULL && t->data_node->data == cand[i])
+                    hit[i] = true;
+            }
+            /* pending graphs this sync leaves pending: walked below, outside the lock */
+            reads = t->node != NULL && tb__exec_map_get(&roots->index, t->node) == NULL;
+            if (!reads || !tb__tensor_retain_if_alive(&t->refcount)) continue;
+            if (tb__grow((void **)&live, &cap, n + 1, sizeof *live) != TB_OK) {
+                tb_tensor_release(t);
+                st = TB_ERR_OUT_OF_MEMORY;
+                break;
+            }
+            live[n++] = t;
+        }
+        tb__mutex_unlock(&tb__tensor_live_mutex);
+    }
+    for (i = 0; i < n && st == TB_OK; i++)
+        st = tb__exec_donor_readers(live[i]->node, cand, roots->count, hit, &seen, &roots->index,
+                                    &stack, &cap_stack);
+    for (i = 0; i < roots->count; i++)
+        if (st != TB_OK || (hit != NULL && hit[i])) donors[i] = NULL;
+    for (i = 0; i < n; i++)
+        tb_tensor_release(live[i]);
+    tb__free(live);
+    tb__free((void *)stack);
+    tb__free(hit);
+    tb__free(cand);
+    tb__exec_map_free(&seen);
+}
+
 /* LTC's SyncTensorsGraph for tensors on one device. */
 static tb_status tb__exec_sync(tb_tensor *const *tensors, size_t count, const char *func) {
     tb__exec_roots roots;
     tb__exec ex;
-    tb_backend_data **values = NULL;
+    tb_backend_data **values = NULL, **donors = NULL;
     tb_tensor **first = NULL; /* the first tensor given each root's value */
     size_t i;
     tb_status st = tb__exec_roots_collect(&roots, func, tensors, count, false, true);
@@ -8654,10 +8842,12 @@ static tb_status tb__exec_sync(tb_tensor *const *tensors, size_t count, const ch
     st = tb__exec_init(&ex, func, &roots.device);
     if (st == TB_OK) {
         values = (tb_backend_data **)tb__calloc(roots.count, sizeof(tb_backend_data *));
+        donors = (tb_backend_data **)tb__calloc(roots.count, sizeof(tb_backend_data *));
         first = (tb_tensor **)tb__calloc(roots.count, sizeof(tb_tensor *));
-        if (values == NULL || first == NULL) st = TB_ERR_OUT_OF_MEMORY;
+        if (values == NULL || donors == NULL || first == NULL) st = TB_ERR_OUT_OF_MEMORY;
     }
-    if (st == TB_OK) st = tb__exec_materialize(&ex, roots.nodes, roots.count, values);
+    if (st == TB_OK) tb__exec_donors(tensors, count, &roots, donors);
+    if (st == TB_OK) st = tb__exec_materialize(&ex, roots.nodes, roots.count, donors, values);
     if (st == TB_OK) {
         /* LTC assigns each result to its tensors and replaces their IR by device data */
         for (i = 0; i < count; i++) {
@@ -8670,6 +8860,8 @@ static tb_status tb__exec_sync(tb_tensor *const *tensors, size_t count, const ch
             k = (size_t)*at;
             tb__data_retain(values[k]);
             t->data = values[k];
+            if (t->donor != NULL) tb__data_release(t->donor); /* taken, or no longer needed */
+            t->donor = NULL;
             if (t->node->requires_grad && !t->node->stop_grad) {
                 t->history = t->node; /* tb_grad walks it; its value is set below */
             } else {
@@ -8706,6 +8898,7 @@ static tb_status tb__exec_sync(tb_tensor *const *tensors, size_t count, const ch
         }
     }
     tb__free(values);
+    tb__free(donors);
     tb__free(first);
     tb__exec_roots_free(&roots);
     return st;
@@ -9009,7 +9202,8 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
         cw.cut = ex.vt;
         st = tb__exec_walk_add(&cw, func, roots->nodes, roots->count);
     }
-    if (st == TB_OK) st = tb__exec_graph_make(&ex, &cw, roots->nodes, roots->count, &results, &g);
+    if (st == TB_OK)
+        st = tb__exec_graph_make(&ex, &cw, roots->nodes, roots->count, NULL, &results, &g);
     if (st == TB_OK && g.num_results == 0) st = TB_ERR_NOT_FOUND;
     if (st == TB_OK) st = tb__exec_compile(&ex, &g, &cw, entry, &hit, &compile_ns);
     if (st == TB_OK && !hit && tb_debug_level() >= 1)
@@ -9134,7 +9328,8 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
         w.cut = ex.vt;
         st = tb__exec_walk_add(&w, ex.func, roots.nodes, roots.count);
     }
-    if (st == TB_OK) st = tb__exec_graph_make(&ex, &w, roots.nodes, roots.count, &results, &g);
+    if (st == TB_OK)
+        st = tb__exec_graph_make(&ex, &w, roots.nodes, roots.count, NULL, &results, &g);
     if (st == TB_OK && g.num_results == 0) {
         text = tb__strdup("");
     } else if (st == TB_OK) {
@@ -15209,10 +15404,69 @@ TBDEF tb_status tb_set_requires_grad(tb_tensor *tensor, bool requires_grad) {
     return TB_OK;
 }
 
+/* What a tensor holds, kept across assignments that may have to be undone (an optimizer step
+   whose sync fails). Holding it does not keep a donation from happening: only live tensors
+   count as readers. */
+typedef struct tb__held {
+    tb_tensor *t;
+    tb_node *node, *history, *data_node;
+    tb_backend_data *data, *donor;
+} tb__held;
+
+static void tb__held_take(tb__held *h, tb_tensor *t) {
+    h->t = tb_tensor_retain(t);
+    h->node = t->node, h->history = t->history, h->data_node = t->data_node;
+    h->data = t->data, h->donor = t->donor;
+    if (h->node != NULL) tb__node_retain(h->node);
+    if (h->history != NULL) tb__node_retain(h->history);
+    if (h->data_node != NULL) tb__node_retain(h->data_node);
+    if (h->data != NULL) tb__data_retain(h->data);
+    if (h->donor != NULL) tb__data_retain(h->donor);
+}
+
+static void tb__held_drop(tb__held *h) {
+    if (h->node != NULL) tb__node_release(h->node);
+    if (h->history != NULL) tb__node_release(h->history);
+    if (h->data_node != NULL) tb__node_release(h->data_node);
+    if (h->data != NULL) tb__data_release(h->data);
+    if (h->donor != NULL) tb__data_release(h->donor);
+    if (h->t != NULL) tb_tensor_release(h->t);
+    memset(h, 0, sizeof *h);
+}
+
+/* Puts back what the tensor held; false when that value's buffer was consumed meanwhile (a
+   run that failed after it began to write into donated buffers). */
+static bool tb__held_restore(tb__held *h) {
+    tb_tensor *t = h->t;
+    bool intact =
+        !(h->data != NULL && h->data->tb__donated) && !(h->donor != NULL && h->donor->tb__donated);
+    if (t == NULL) return true;
+    if (t->node != NULL) tb__node_release(t->node);
+    if (t->history != NULL) tb__node_release(t->history);
+    if (t->data_node != NULL) tb__node_release(t->data_node);
+    if (t->data != NULL) tb__data_release(t->data);
+    if (t->donor != NULL) tb__data_release(t->donor);
+    t->node = h->node, t->history = h->history, t->data_node = h->data_node;
+    t->data = h->data, t->donor = h->donor;
+    h->node = h->history = h->data_node = NULL;
+    h->data = h->donor = NULL;
+    tb_tensor_release(t);
+    h->t = NULL;
+    return intact;
+}
+
+/* A live tensor holding what `h` holds as its value: while it lives, that buffer is read by
+   someone and cannot be donated. NULL when there is no value (or no memory). */
+static tb_tensor *tb__held_guard(const tb__held *h) {
+    if (h->data == NULL) return NULL;
+    tb__data_retain(h->data);
+    return tb__tensor_from_data(h->data);
+}
+
 TBDEF tb_status tb_assign(tb_tensor *dst, tb_tensor *value) {
     const char *fn = "tb_assign";
     tb_node *node = NULL, *data_node = NULL, *history = NULL;
-    tb_backend_data *data = NULL;
+    tb_backend_data *data = NULL, *donor = NULL;
     tb__ensure_setup();
     if (dst == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: dst is NULL", fn);
     if (value == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: value is NULL", fn);
@@ -15231,32 +15485,39 @@ TBDEF tb_status tb_assign(tb_tensor *dst, tb_tensor *value) {
     if (dst == value) return TB_OK;
     if (value->data != NULL) {
         data = value->data;
-        if (dst->requires_grad) {
-            data_node = tb__ag_data_node(data, true);
+        if (dst->requires_grad || value->history != NULL) {
+            /* a leaf either way: dst's own flag, no history (an optimizer's state computed
+               from gradients must not keep every earlier step alive) */
+            data_node = tb__ag_data_node(data, dst->requires_grad);
             if (data_node == NULL) return tb_last_status();
-        } else if (value->history != NULL) {
-            history = value->history;
-            tb__node_retain(history);
         } else if (value->data_node != NULL) {
             data_node = value->data_node;
             tb__node_retain(data_node);
         }
         tb__data_retain(data);
-    } else if (dst->requires_grad) {
-        node = tb__ag_leaf_node(fn, value->node, true);
+    } else if (dst->requires_grad || value->node->requires_grad) {
+        node = tb__ag_leaf_node(fn, value->node, dst->requires_grad);
         if (node == NULL) return tb_last_status();
     } else {
         node = value->node;
         tb__node_retain(node);
     }
+    if (node != NULL) {
+        /* the value dst holds (or the one it held before an assignment not yet synced) is the
+           donor: the sync computing the new value may compute it into that buffer */
+        donor = dst->data != NULL ? dst->data : dst->donor;
+        if (donor != NULL) tb__data_retain(donor);
+    }
     if (dst->node != NULL) tb__node_release(dst->node);
     if (dst->history != NULL) tb__node_release(dst->history);
     if (dst->data_node != NULL) tb__node_release(dst->data_node);
     if (dst->data != NULL) tb__data_release(dst->data);
+    if (dst->donor != NULL) tb__data_release(dst->donor);
     dst->node = node;
     dst->history = history;
     dst->data_node = data_node;
     dst->data = data;
+    dst->donor = donor;
     return TB_OK;
 }
 
@@ -15812,6 +16073,51 @@ static void tb__optim_update(tb__ag *a, const tb_optimizer *opt, size_t i, tb_te
     }
 }
 
+/* Syncs `tensors`, one graph per device. A step over several devices runs several graphs:
+   the old values stay readable (no donation) until all of them ran, so that a failure in a
+   later one can still give every parameter its old value back. */
+static tb_status tb__optim_sync(tb_tensor *const *tensors, size_t n, const tb__held *held,
+                                size_t nh) {
+    tb_tensor **group = NULL, **guard = NULL;
+    bool *done = NULL, several = false;
+    size_t i, j, m;
+    tb_status st = TB_OK;
+    tb_device dev0;
+    if (n == 0) return TB_OK;
+    dev0 = tb_tensor_device(tensors[0]);
+    for (i = 1; i < n && !several; i++) {
+        tb_device di = tb_tensor_device(tensors[i]);
+        several = !tb_device_equal(&di, &dev0);
+    }
+    if (!several) return tb_sync(tensors, n);
+    group = (tb_tensor **)tb__calloc(n, sizeof *group);
+    done = (bool *)tb__calloc(n, sizeof *done);
+    guard = (tb_tensor **)tb__calloc(nh + 1, sizeof *guard);
+    if (group == NULL || done == NULL || guard == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < nh && st == TB_OK; i++) {
+        guard[i] = tb__held_guard(&held[i]);
+        if (guard[i] == NULL && held[i].data != NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    for (i = 0; i < n && st == TB_OK; i++) {
+        tb_device di;
+        if (done[i]) continue;
+        di = tb_tensor_device(tensors[i]);
+        for (j = i, m = 0; j < n; j++) {
+            tb_device dj = tb_tensor_device(tensors[j]);
+            if (done[j] || !tb_device_equal(&di, &dj)) continue;
+            done[j] = true;
+            group[m++] = tensors[j];
+        }
+        st = tb_sync(group, m);
+    }
+    for (i = 0; guard != NULL && i < nh; i++)
+        tb_tensor_release(guard[i]);
+    tb__free(group);
+    tb__free(done);
+    tb__free(guard);
+    return st;
+}
+
 /* How many elements of t are NaN or infinite (x - x is NaN exactly for those), as an f32 [1]. */
 static tb_tensor *tb__optim_nonfinite(tb__ag *a, tb_tensor *t) {
     tb_shape s = tb_tensor_shape(t);
@@ -15829,7 +16135,10 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
     const char *fn = "tb_optimizer_step";
     tb__ag a;
     tb_tensor **np = NULL, **ns1 = NULL, **ns2 = NULL, **sync = NULL, **checks = NULL;
-    size_t i, ns = 0, nc = 0;
+    tb_tensor *counts = NULL;
+    tb__held *held = NULL;
+    size_t i, ns = 0, nc = 0, nh = 0;
+    bool counts_kept = false;
     tb_status st = TB_OK;
     tb__ensure_setup();
     if (opt == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: opt is NULL", fn);
@@ -15870,10 +16179,11 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
         ns1 = (tb_tensor **)tb__calloc(opt->n, sizeof(tb_tensor *));
         ns2 = (tb_tensor **)tb__calloc(opt->n, sizeof(tb_tensor *));
         checks = (tb_tensor **)tb__calloc(opt->n + num_also, sizeof(tb_tensor *));
+        held = (tb__held *)tb__calloc(3 * opt->n, sizeof(tb__held));
     }
-    sync = (tb_tensor **)tb__calloc(3 * opt->n + num_also + 1, sizeof(tb_tensor *));
-    if (sync == NULL ||
-        (opt->n > 0 && (np == NULL || ns1 == NULL || ns2 == NULL || checks == NULL))) {
+    sync = (tb_tensor **)tb__calloc(4 * opt->n + num_also + 1, sizeof(tb_tensor *));
+    if (sync == NULL || (opt->n > 0 && (np == NULL || ns1 == NULL || ns2 == NULL ||
+                                        checks == NULL || held == NULL))) {
         st = TB_ERR_OUT_OF_MEMORY;
         goto done;
     }
@@ -15881,9 +16191,6 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
         if (grads[i] == NULL) continue;
         tb__optim_update(&a, opt, i, grads[i], &np[i], &ns1[i], &ns2[i]);
         if (a.failed) break;
-        sync[ns++] = np[i];
-        if (ns1[i] != NULL) sync[ns++] = ns1[i];
-        if (ns2[i] != NULL) sync[ns++] = ns2[i];
     }
     if (!a.failed && opt->check_finite) {
         /* one vector of counts, read once: the also tensors first, then the gradients */
@@ -15894,67 +16201,116 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
             if (grads[i] != NULL) checks[nc++] = tb__optim_nonfinite(&a, grads[i]);
         if (!a.failed && nc > 0) {
             tb_device dev0 = tb_tensor_device(checks[0]);
+            tb_tensor *ok;
             for (i = 1; i < nc && !a.failed; i++) { /* counts on other devices come over */
                 tb_device di = tb_tensor_device(checks[i]);
                 if (!tb_device_equal(&di, &dev0))
                     checks[i] = tb__ag_keep(&a, tb_to_device(checks[i], &dev0));
             }
-            if (!a.failed) sync[ns++] = tb__ag_keep(&a, tb_concat(checks, nc, 0));
+            if (!a.failed) counts = tb__ag_keep(&a, tb_concat(checks, nc, 0));
+            /* a refused step computes the old values again (into their own buffers): the
+               check needs no second pass and nothing has to be undone */
+            a.device = dev0;
+            ok = a.failed ? NULL
+                          : tb__ag_keep(&a, tb_eq(tb__ag_keep(&a, tb_sum(counts, NULL, 0, false)),
+                                                  tb__ag_const(&a, TB_F32, 0.0)));
+            for (i = 0; i < opt->n && !a.failed; i++) {
+                tb_device pd = tb_tensor_device(opt->params[i]);
+                tb_tensor *oki = ok;
+                if (grads[i] == NULL) continue;
+                if (!tb_device_equal(&pd, &dev0)) oki = tb__ag_keep(&a, tb_to_device(ok, &pd));
+                np[i] = tb__ag_keep(&a, tb_where(oki, np[i], opt->params[i]));
+                if (ns1[i] != NULL) ns1[i] = tb__ag_keep(&a, tb_where(oki, ns1[i], opt->s1[i]));
+                if (ns2[i] != NULL) ns2[i] = tb__ag_keep(&a, tb_where(oki, ns2[i], opt->s2[i]));
+            }
         }
     }
     if (a.failed) {
         st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
         goto done;
     }
+    /* the parameters and state take their new values in place (their old buffers are donated
+       to the new values when nothing else reads them), remembering what they held */
+    for (i = 0; i < opt->n; i++) {
+        tb_tensor *dst[3], *val[3];
+        int k;
+        if (grads[i] == NULL) continue;
+        dst[0] = opt->params[i], val[0] = np[i];
+        dst[1] = opt->s1 != NULL ? opt->s1[i] : NULL, val[1] = ns1[i];
+        dst[2] = opt->s2 != NULL ? opt->s2[i] : NULL, val[2] = ns2[i];
+        for (k = 0; k < 3; k++) {
+            if (dst[k] == NULL || val[k] == NULL) continue;
+            tb__held_take(&held[nh], dst[k]);
+            nh++;
+            st = tb_assign(dst[k], val[k]);
+            if (st != TB_OK) goto undo;
+        }
+    }
+    /* the update's intermediate tensors would read the old values after the sync: gone */
+    if (counts != NULL) counts_kept = tb_tensor_retain(counts) != NULL;
+    tb__ag_free(&a);
+    tb__ag_init(&a, fn);
+    /* what the caller reads first, the updates last: kernels that can fail at run time (a
+       target out of range) then come before those writing in place */
     for (i = 0; i < num_also; i++)
-        sync[ns + i] = also[i];
-    st = tb_sync(sync, ns + num_also);
-    if (st != TB_OK) goto done;
-    if (opt->check_finite && nc > 0) {
-        float *counts = (float *)tb__calloc(nc, sizeof(float));
+        sync[ns++] = also[i];
+    for (i = 0; i < opt->n; i++)
+        if (grads[i] != NULL) sync[ns++] = grads[i];
+    if (counts != NULL) sync[ns++] = counts;
+    for (i = 0; i < nh; i++)
+        sync[ns++] = held[i].t;
+    st = tb__optim_sync(sync, ns, held, nh);
+    if (st != TB_OK) goto undo;
+    if (counts != NULL) {
+        float *c = (float *)tb__calloc(nc, sizeof(float));
         size_t k = 0;
-        if (counts == NULL) {
+        if (c == NULL) {
             st = TB_ERR_OUT_OF_MEMORY;
             goto done;
         }
-        st = tb_tensor_to_host(sync[ns - 1], counts, nc * sizeof(float));
+        st = tb_tensor_to_host(counts, c, nc * sizeof(float));
         for (i = 0; st == TB_OK && i < num_also; i++) {
             if (!tb_dtype_is_float(tb_tensor_shape(also[i]).dtype)) continue;
-            if (counts[k++] > 0.0f)
+            if (c[k++] > 0.0f)
                 st = tb__error(TB_ERR_EXECUTE,
                                "%s: also[%zu] holds %.0f NaN or infinite values; "
                                "no parameter was updated",
-                               fn, i, (double)counts[k - 1]);
+                               fn, i, (double)c[k - 1]);
         }
         for (i = 0; st == TB_OK && i < opt->n; i++) {
             if (grads[i] == NULL) continue;
-            if (counts[k++] > 0.0f)
+            if (c[k++] > 0.0f)
                 st = tb__error(TB_ERR_EXECUTE,
                                "%s: grads[%zu] holds %.0f NaN or infinite values; "
                                "no parameter was updated",
-                               fn, i, (double)counts[k - 1]);
+                               fn, i, (double)c[k - 1]);
         }
-        tb__free(counts);
-        if (st != TB_OK) goto done;
+        tb__free(c);
+        if (st != TB_OK) goto done; /* the values computed are the old ones */
     }
-    /* everything is computed: swap it in (assigning a value that is already there cannot
-       fail for want of memory on the device) */
-    for (i = 0; i < opt->n; i++) {
-        if (grads[i] == NULL) continue;
-        st = tb_assign(opt->params[i], np[i]);
-        if (st != TB_OK) goto done;
-        if (ns1[i] != NULL) {
-            tb_tensor_release(opt->s1[i]);
-            opt->s1[i] = tb_tensor_retain(ns1[i]);
-        }
-        if (ns2[i] != NULL) {
-            tb_tensor_release(opt->s2[i]);
-            opt->s2[i] = tb_tensor_retain(ns2[i]);
-        }
-        opt->steps[i]++;
-    }
+    for (i = 0; i < opt->n; i++)
+        if (grads[i] != NULL) opt->steps[i]++;
     opt->total_steps++;
+    goto done;
+undo:
+    /* a failed assignment or sync: every parameter and state holds what it held before */
+    {
+        bool lost = false;
+        for (i = nh; i-- > 0;)
+            if (!tb__held_restore(&held[i])) lost = true;
+        if (lost) {
+            char why[256];
+            snprintf(why, sizeof why, "%.200s", tb_last_error());
+            tb__error(st,
+                      "%s: %s; the run had begun to write the new values in place, so the "
+                      "parameters' old values are lost",
+                      fn, why);
+        }
+    }
 done:
+    for (i = 0; i < nh; i++)
+        tb__held_drop(&held[i]);
+    if (counts_kept) tb_tensor_release(counts);
     if (st == TB_ERR_OUT_OF_MEMORY && tb_last_status() == TB_OK)
         tb__error(TB_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     tb__ag_free(&a);
@@ -15962,6 +16318,7 @@ done:
     tb__free(ns1);
     tb__free(ns2);
     tb__free(checks);
+    tb__free(held);
     tb__free(sync);
     return st;
 }
@@ -16269,6 +16626,12 @@ typedef struct tb__plan {
     tb_dtype *param_dtype;
     int32_t *result_slot;   /* per result: the slot holding it */
     int32_t *result_source; /* per result: -1, or an earlier result it duplicates */
+    int32_t *result_alias;  /* per result: -1, or the parameter whose buffer it is computed into
+                               (tb_graph.result_donors: its kernel reads that parameter only at
+                               the element it writes, and no later kernel reads it) */
+    int32_t first_alias;    /* the first kernel writing into a parameter's buffer, or -1: a run
+                               with error sites checks the flag before it (no kernel from there
+                               on can fail) */
     tb__plan_slot *slots;
     size_t num_slots, cap_slots;
     tb__plan_kernel *kernels;
@@ -17059,6 +17422,7 @@ static void tb__plan_free(tb__plan *p) {
     tb__free(p->param_dtype);
     tb__free(p->result_slot);
     tb__free(p->result_source);
+    tb__free(p->result_alias);
     tb__free(p->errsites);
     tb__free(p->node_kernel);
     tb__free(p);
@@ -17991,6 +18355,9 @@ static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
 static bool tb__plan_vec_op(const tb_node *n) {
     if (n->shape.dtype != TB_F32) return false;
     switch (n->op) {
+    case TB_OP_RESHAPE: /* to the same dims (tb_detach, a leaf): the operand itself */
+        return tb__plan_same_dims(&n->shape, &n->operands[0]->shape);
+    case TB_OP_SQRT:
     case TB_OP_ADD:
     case TB_OP_SUB:
     case TB_OP_MUL:
@@ -18407,10 +18774,14 @@ static tb_status tb__plan_params(tb__pgraph *G) {
     p->param_dtype = (tb_dtype *)tb__calloc(p->num_params + 1, sizeof(tb_dtype));
     p->result_slot = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
     p->result_source = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
+    p->result_alias = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
     p->node_kernel = (int32_t *)tb__calloc(G->n + 1, sizeof(int32_t));
     if (p->param_scalar == NULL || p->param_dtype == NULL || p->result_slot == NULL ||
-        p->result_source == NULL || p->node_kernel == NULL)
+        p->result_source == NULL || p->result_alias == NULL || p->node_kernel == NULL)
         return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < p->num_results; i++)
+        p->result_alias[i] = -1;
+    p->first_alias = -1;
     for (i = 0; i < p->num_params; i++) {
         p->param_scalar[i] = g->parameters[i]->op == TB_OP_SCALAR ? 1 : 0;
         p->param_dtype[i] = g->parameters[i]->shape.dtype;
@@ -18419,6 +18790,87 @@ static tb_status tb__plan_params(tb__pgraph *G) {
     p->scalar_table = scalars > TB__PLAN_MAX_SCALAR_ARGS;
     p->num_nodes = G->n;
     return TB_OK;
+}
+
+/* ---- buffer donation ---- */
+
+/* Whether user u reads its operand o at the element it is evaluated at (flat, row-major): an
+   elementwise op over equal dims, or a reshape. */
+static bool tb__plan_same_element(const tb__pgraph *G, int32_t u, int32_t o) {
+    const tb_node *un = G->info[u].node;
+    if (un->op == TB_OP_RESHAPE) return true;
+    return tb__plan_is_elementwise(un->op) && tb__plan_same_dims(&un->shape, tb__plan_shape(G, o));
+}
+
+/* Whether every reader of node n in kernel kk is evaluated only at the kernel's output
+   element and reads n there; at_root holds the answer for the nodes after n. */
+static bool tb__plan_read_at_root(const tb__pgraph *G, int32_t n, int32_t kk, const bool *at_root) {
+    int32_t e;
+    for (e = 0; e < G->info[n].num_users; e++) {
+        int32_t u = G->users[G->info[n].first_user + e];
+        if (G->info[u].ctx != kk) continue; /* an earlier kernel: done before this one starts */
+        if (!at_root[u] || !tb__plan_same_element(G, u, n)) return false;
+    }
+    return true;
+}
+
+/* Whether result i may be computed into the buffer of parameter `param`: its kernel is
+   elementwise, every node of that kernel reading the parameter is evaluated only at the
+   kernel's own output element and reads the parameter there, no later kernel reads the
+   parameter and no later kernel can fail at run time. Returns the kernel, or -1. */
+static int32_t tb__plan_alias_kernel(const tb__pgraph *G, size_t i, int32_t param) {
+    const tb__plan *p = G->plan;
+    int32_t r, pn = -1, kk = -1, n;
+    size_t j, a;
+    bool *at_root, ok;
+    const tb_shape *ps;
+    if (p->result_source[i] >= 0 || param < 0 || (size_t)param >= p->num_params ||
+        p->param_scalar[param])
+        return -1;
+    r = tb__plan_index_of(G, G->graph->results[i]);
+    for (j = 0; j < G->n && pn < 0; j++)
+        if (G->info[j].param == param) pn = (int32_t)j;
+    if (r < 0 || pn < 0 || G->info[pn].slot < 0) return -1;
+    ps = tb__plan_shape(G, pn);
+    if (!tb__plan_same_dims(ps, tb__plan_shape(G, r)) || ps->dtype != tb__plan_shape(G, r)->dtype ||
+        tb__plan_numel(ps) <= 1)
+        return -1;
+    for (j = 0; j < p->num_kernels; j++)
+        if (p->kernels[j].root == r && p->kernels[j].owner == (int32_t)j) kk = (int32_t)j;
+    if (kk < 0 || p->kernels[kk].kind != TB__K_ELEMENTWISE || p->kernels[kk].core >= 0 ||
+        p->kernels[kk].empty || p->slots[G->info[pn].slot].last_use > kk)
+        return -1;
+    at_root = (bool *)tb__calloc(G->n + 1, sizeof(bool));
+    if (at_root == NULL) return -1; /* no memory: no donation */
+    /* users come after their operands: from the root down */
+    at_root[r] = true;
+    for (n = r - 1; n >= 0; n--)
+        if (G->info[n].ctx == kk && G->info[n].param < 0 && !G->info[n].root)
+            at_root[n] = G->info[n].num_users > 0 && tb__plan_read_at_root(G, n, kk, at_root);
+    ok = tb__plan_read_at_root(G, pn, kk, at_root);
+    tb__free(at_root);
+    if (!ok) return -1;
+    for (j = (size_t)kk; j < p->num_kernels; j++)
+        for (a = 0; a < p->kernels[j].num_args; a++)
+            if (p->kernels[j].args[a].kind == TB__ARG_ERR) return -1;
+    return kk;
+}
+
+/* The results computed into their donors' buffers (tb_graph.result_donors). */
+static void tb__plan_aliases(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    size_t i, j;
+    for (i = 0; G->graph->result_donors != NULL && i < p->num_results; i++) {
+        int32_t d = G->graph->result_donors[i], kk;
+        bool taken = false;
+        for (j = 0; j < i; j++)
+            taken = taken || p->result_alias[j] == d;
+        if (d < 0 || taken) continue;
+        kk = tb__plan_alias_kernel(G, i, d);
+        if (kk < 0) continue;
+        p->result_alias[i] = d;
+        if (p->first_alias < 0 || kk < p->first_alias) p->first_alias = kk;
+    }
 }
 
 /* Plans `graph` for `target`. On success *out is the plan (free with tb__plan_free) and G is
@@ -18459,6 +18911,7 @@ static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target,
         if (st == TB_OK) G->info[pick].force_root = true;
     }
     if (st == TB_OK) {
+        tb__plan_aliases(G);
         tb__plan_layout(G);
         for (i = 0; i < p->num_kernels; i++) {
             tb__plan_kernel_name(G, i);
@@ -20038,6 +20491,13 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
                  : n->op == TB_OP_MUL ? "*"
                                       : "/",
                  b);
+        break;
+    case TB_OP_RESHAPE: /* to the same dims: nothing to compute */
+        if (is_vec[0]) return ops[0];
+        snprintf(e, sizeof e, "%s", a);
+        break;
+    case TB_OP_SQRT:
+        snprintf(e, sizeof e, "TB_VSQRT(%s)", a);
         break;
     case TB_OP_NEG:
         snprintf(e, sizeof e, "-%s", a);
@@ -23056,6 +23516,7 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "#define TB_VASF(x) as_float16(x)\n"                                                           \
     "#define TB_VASI(x) as_int16(x)\n"                                                             \
     "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"                                              \
+    "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
     "\n"
     d->head = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
                                        "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
@@ -23391,6 +23852,7 @@ typedef struct tb__ocl_run {
     tb__ocl_buffer **owned, *err_buf, *table_buf;
     tb__cl_mem *mems;
     tb__cl_event *events; /* per kernel at TB_DEBUG >= 2: its profiling event */
+    bool consumed;        /* the kernels writing into donated buffers were reached */
 } tb__ocl_run;
 
 static tb_status tb__ocl_run_init(tb__ocl_run *r, tb_backend_data *const *arguments) {
@@ -23408,6 +23870,12 @@ static tb_status tb__ocl_run_init(tb__ocl_run *r, tb_backend_data *const *argume
         if (s->kind != TB__SLOT_PARAM) continue;
         r->mems[i] = tb__ocl_data_mem(dev, arguments[s->index]);
         if (r->mems[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+    }
+    for (i = 0; i < plan->num_results && st == TB_OK; i++) {
+        /* a result computed into a donated parameter's buffer */
+        if (plan->result_alias[i] >= 0)
+            r->mems[plan->result_slot[i]] =
+                ((tb__ocl_buffer *)arguments[plan->result_alias[i]]->payload)->mem;
     }
     if (st == TB_OK && plan->num_errsites > 0) {
         tb__cl_int err;
@@ -23569,12 +24037,46 @@ static void tb__ocl_profile(tb__ocl_run *r) {
     }
 }
 
+/* Before the first kernel that writes into a donated buffer: the error flag is read first
+   (no kernel from there on can fail), and the donated buffers count as written. */
+static tb_status tb__ocl_run_consume(tb__ocl_run *r, tb_backend_data *const *arguments) {
+    const tb__plan *plan = r->p->plan;
+    size_t i;
+    if (r->err_buf != NULL) {
+        int64_t flag[4];
+        tb_status st = tb__ocl_read(r->dev, r->err_buf, flag, sizeof flag);
+        if (st == TB_OK && flag[0] != 0) st = tb__plan_run_error(plan, "opencl", flag);
+        if (st != TB_OK) return st;
+    }
+    r->consumed = true;
+    for (i = 0; i < plan->num_results; i++) {
+        /* its panels, kept by pack kernels, are stale from here on */
+        if (plan->result_alias[i] >= 0)
+            ((tb__ocl_buffer *)arguments[plan->result_alias[i]]->payload)->gen =
+                tb__next_generation();
+    }
+    return TB_OK;
+}
+
 /* Hands the results over (success) or drops the copies made for them (failure), then frees
-   everything the run still owns. */
-static void tb__ocl_run_finish(tb__ocl_run *r, tb_status st, tb_backend_data *const *results) {
+   everything the run still owns. Donated buffers become their results' (success), or are
+   freed once written (failure); either way their arguments lose them. */
+static void tb__ocl_run_finish(tb__ocl_run *r, tb_status st, tb_backend_data *const *arguments,
+                               tb_backend_data *const *results) {
     const tb__plan *plan = r->p->plan;
     size_t i;
     for (i = 0; i < plan->num_results && r->owned != NULL; i++) {
+        int32_t d = plan->result_alias[i];
+        if (d >= 0) {
+            if (st == TB_OK) {
+                results[i]->payload = arguments[d]->payload;
+                arguments[d]->payload = NULL;
+            } else if (r->consumed) {
+                tb__ocl_buffer_free((tb__ocl_buffer *)arguments[d]->payload);
+                arguments[d]->payload = NULL;
+            }
+            continue;
+        }
         if (plan->result_source[i] >= 0) {
             if (st != TB_OK && results[i]->payload != NULL) {
                 tb__ocl_buffer_free((tb__ocl_buffer *)results[i]->payload);
@@ -23624,7 +24126,8 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
     tb__ocl_device_lock(r.dev);
     st = tb__ocl_run_init(&r, arguments);
     for (i = 0; i < p->plan->num_kernels && st == TB_OK; i++) {
-        st = tb__ocl_run_kernel(&r, i, arguments);
+        if ((int32_t)i == p->plan->first_alias) st = tb__ocl_run_consume(&r, arguments);
+        if (st == TB_OK) st = tb__ocl_run_kernel(&r, i, arguments);
         /* temporaries nobody reads any more go back to the cache (the queue is in order) */
         for (j = 0; j < p->plan->num_slots && st == TB_OK; j++) {
             if (p->plan->slots[j].kind == TB__SLOT_TEMP && r.owned[j] != NULL &&
@@ -23647,7 +24150,7 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
         if (st == TB_OK && flag[0] != 0) st = tb__plan_run_error(p->plan, "opencl", flag);
     }
     if (st == TB_OK && tb_debug_level() >= 2) tb__ocl_profile(&r);
-    tb__ocl_run_finish(&r, st, results);
+    tb__ocl_run_finish(&r, st, arguments, results);
     tb__ocl_device_release(r.dev);
     return st;
 }
@@ -23957,6 +24460,9 @@ static const char tb__native_head[] =
     "#define TB_VASF(x) ((float16)(x))\n"
     "#define TB_VASI(x) ((int16)(x))\n"
     "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(float16))\n"
+    "static inline float16 TB_VSQRT(float16 x) {\n"
+    "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
+    "}\n"
     "\n";
 
 static const char *tb__native_math(const char *fn, tb_dtype dtype) {
@@ -25108,6 +25614,12 @@ static tb_status tb__native_run_init(tb__native_comp *c, tb_backend_data *const 
             return tb__error(TB_ERR_INVALID_ARGUMENT, "native: an argument has no value");
         s->ptrs[i] = b->ptr;
     }
+    for (i = 0; i < p->num_results; i++) {
+        /* a result computed into a donated parameter's buffer */
+        if (p->result_alias[i] >= 0)
+            s->ptrs[p->result_slot[i]] =
+                ((tb__native_buf *)arguments[p->result_alias[i]]->payload)->ptr;
+    }
     if (p->scalar_table) {
         *table = (unsigned char *)tb__calloc(p->num_params + 1, 8);
         if (*table == NULL) return TB_ERR_OUT_OF_MEMORY;
@@ -25193,6 +25705,7 @@ static tb_status tb__native_execute(void *user_data, void *computation,
     unsigned char *table = NULL;
     tb_status st;
     size_t i, j;
+    bool consumed = false;
     (void)user_data;
     if (p == NULL || num_arguments != p->num_params || num_results != p->num_results) {
         return tb__error(TB_ERR_INVALID_ARGUMENT,
@@ -25206,6 +25719,19 @@ static tb_status tb__native_execute(void *user_data, void *computation,
     tb__mutex_lock(&tb__native_run_mutex);
     st = tb__native_run_init(c, arguments, &s, &table);
     for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
+        if ((int32_t)i == p->first_alias) {
+            /* the kernels from here on write into donated buffers and cannot fail: a flag
+               raised before them fails the run with the donated values intact */
+            if (s.err[0] != 0) {
+                st = tb__plan_run_error(p, "native", s.err);
+                break;
+            }
+            consumed = true;
+            for (j = 0; j < p->num_results; j++)
+                if (p->result_alias[j] >= 0) /* panels kept from it are stale from here on */
+                    ((tb__native_buf *)arguments[p->result_alias[j]]->payload)->gen =
+                        tb__next_generation();
+        }
         st = tb__native_run_kernel(c, i, arguments, &s, table);
         /* temporaries nobody reads any more go back to the cache */
         tb__mutex_lock(&tb__native_mutex);
@@ -25224,16 +25750,28 @@ static tb_status tb__native_execute(void *user_data, void *computation,
     for (i = 0; i < p->num_results && st == TB_OK; i++) {
         int32_t src = p->result_source[i];
         tb__native_buf *copy = NULL;
-        const tb__plan_slot *sl;
+        size_t bytes = 0;
         if (src < 0) continue;
-        sl = &p->slots[p->result_slot[src]];
-        st = tb__native_buf_alloc(c->rt, s.owned[p->result_slot[src]]->size, &copy);
+        /* the buffer it repeats may be a donated one: its size is the slot's */
+        st = tb_shape_nbytes(&p->slots[p->result_slot[src]].shape, &bytes);
+        if (st == TB_OK) st = tb__native_buf_alloc(c->rt, bytes, &copy);
         if (st != TB_OK) break;
-        memcpy(copy->ptr, s.ptrs[p->result_slot[src]], copy->size);
-        (void)sl;
+        if (bytes > 0) memcpy(copy->ptr, s.ptrs[p->result_slot[src]], bytes);
         results[i]->payload = copy;
     }
     for (i = 0; i < p->num_results; i++) {
+        int32_t d = p->result_alias[i];
+        if (d >= 0) {
+            /* the donated buffer is the result's (success), or freed once written (failure) */
+            if (st == TB_OK) {
+                results[i]->payload = arguments[d]->payload;
+                arguments[d]->payload = NULL;
+            } else if (consumed) {
+                tb__native_buf_free(c->rt, (tb__native_buf *)arguments[d]->payload);
+                arguments[d]->payload = NULL;
+            }
+            continue;
+        }
         if (p->result_source[i] >= 0) {
             if (st != TB_OK && results[i]->payload != NULL) {
                 tb__native_buf_free(c->rt, (tb__native_buf *)results[i]->payload);

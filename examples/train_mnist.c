@@ -282,6 +282,10 @@ int main(int argc, char **argv) {
             z = forward(params, x);
             loss = tb_cross_entropy(z, y, TB_REDUCTION_MEAN, 0.0);
             hits = correct(z, y);
+            /* what the step reads is recorded: holding the logits would keep the old weights
+               readable, and their buffers could not take the new weights in place */
+            tb_tensor_release(z);
+            z = NULL;
             also[0] = loss;
             also[1] = hits;
             if (loss == NULL || hits == NULL ||
@@ -299,7 +303,6 @@ int main(int argc, char **argv) {
                 tb_tensor_release(grads[k]);
             tb_tensor_release(x);
             tb_tensor_release(y);
-            tb_tensor_release(z);
             tb_tensor_release(loss);
             tb_tensor_release(hits);
         }

@@ -1020,10 +1020,69 @@ TBDEF tb_status tb_set_requires_grad(tb_tensor *tensor, bool requires_grad) {
     return TB_OK;
 }
 
+/* What a tensor holds, kept across assignments that may have to be undone (an optimizer step
+   whose sync fails). Holding it does not keep a donation from happening: only live tensors
+   count as readers. */
+typedef struct tb__held {
+    tb_tensor *t;
+    tb_node *node, *history, *data_node;
+    tb_backend_data *data, *donor;
+} tb__held;
+
+static void tb__held_take(tb__held *h, tb_tensor *t) {
+    h->t = tb_tensor_retain(t);
+    h->node = t->node, h->history = t->history, h->data_node = t->data_node;
+    h->data = t->data, h->donor = t->donor;
+    if (h->node != NULL) tb__node_retain(h->node);
+    if (h->history != NULL) tb__node_retain(h->history);
+    if (h->data_node != NULL) tb__node_retain(h->data_node);
+    if (h->data != NULL) tb__data_retain(h->data);
+    if (h->donor != NULL) tb__data_retain(h->donor);
+}
+
+static void tb__held_drop(tb__held *h) {
+    if (h->node != NULL) tb__node_release(h->node);
+    if (h->history != NULL) tb__node_release(h->history);
+    if (h->data_node != NULL) tb__node_release(h->data_node);
+    if (h->data != NULL) tb__data_release(h->data);
+    if (h->donor != NULL) tb__data_release(h->donor);
+    if (h->t != NULL) tb_tensor_release(h->t);
+    memset(h, 0, sizeof *h);
+}
+
+/* Puts back what the tensor held; false when that value's buffer was consumed meanwhile (a
+   run that failed after it began to write into donated buffers). */
+static bool tb__held_restore(tb__held *h) {
+    tb_tensor *t = h->t;
+    bool intact =
+        !(h->data != NULL && h->data->tb__donated) && !(h->donor != NULL && h->donor->tb__donated);
+    if (t == NULL) return true;
+    if (t->node != NULL) tb__node_release(t->node);
+    if (t->history != NULL) tb__node_release(t->history);
+    if (t->data_node != NULL) tb__node_release(t->data_node);
+    if (t->data != NULL) tb__data_release(t->data);
+    if (t->donor != NULL) tb__data_release(t->donor);
+    t->node = h->node, t->history = h->history, t->data_node = h->data_node;
+    t->data = h->data, t->donor = h->donor;
+    h->node = h->history = h->data_node = NULL;
+    h->data = h->donor = NULL;
+    tb_tensor_release(t);
+    h->t = NULL;
+    return intact;
+}
+
+/* A live tensor holding what `h` holds as its value: while it lives, that buffer is read by
+   someone and cannot be donated. NULL when there is no value (or no memory). */
+static tb_tensor *tb__held_guard(const tb__held *h) {
+    if (h->data == NULL) return NULL;
+    tb__data_retain(h->data);
+    return tb__tensor_from_data(h->data);
+}
+
 TBDEF tb_status tb_assign(tb_tensor *dst, tb_tensor *value) {
     const char *fn = "tb_assign";
     tb_node *node = NULL, *data_node = NULL, *history = NULL;
-    tb_backend_data *data = NULL;
+    tb_backend_data *data = NULL, *donor = NULL;
     tb__ensure_setup();
     if (dst == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: dst is NULL", fn);
     if (value == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: value is NULL", fn);
@@ -1042,32 +1101,39 @@ TBDEF tb_status tb_assign(tb_tensor *dst, tb_tensor *value) {
     if (dst == value) return TB_OK;
     if (value->data != NULL) {
         data = value->data;
-        if (dst->requires_grad) {
-            data_node = tb__ag_data_node(data, true);
+        if (dst->requires_grad || value->history != NULL) {
+            /* a leaf either way: dst's own flag, no history (an optimizer's state computed
+               from gradients must not keep every earlier step alive) */
+            data_node = tb__ag_data_node(data, dst->requires_grad);
             if (data_node == NULL) return tb_last_status();
-        } else if (value->history != NULL) {
-            history = value->history;
-            tb__node_retain(history);
         } else if (value->data_node != NULL) {
             data_node = value->data_node;
             tb__node_retain(data_node);
         }
         tb__data_retain(data);
-    } else if (dst->requires_grad) {
-        node = tb__ag_leaf_node(fn, value->node, true);
+    } else if (dst->requires_grad || value->node->requires_grad) {
+        node = tb__ag_leaf_node(fn, value->node, dst->requires_grad);
         if (node == NULL) return tb_last_status();
     } else {
         node = value->node;
         tb__node_retain(node);
     }
+    if (node != NULL) {
+        /* the value dst holds (or the one it held before an assignment not yet synced) is the
+           donor: the sync computing the new value may compute it into that buffer */
+        donor = dst->data != NULL ? dst->data : dst->donor;
+        if (donor != NULL) tb__data_retain(donor);
+    }
     if (dst->node != NULL) tb__node_release(dst->node);
     if (dst->history != NULL) tb__node_release(dst->history);
     if (dst->data_node != NULL) tb__node_release(dst->data_node);
     if (dst->data != NULL) tb__data_release(dst->data);
+    if (dst->donor != NULL) tb__data_release(dst->donor);
     dst->node = node;
     dst->history = history;
     dst->data_node = data_node;
     dst->data = data;
+    dst->donor = donor;
     return TB_OK;
 }
 

@@ -32,10 +32,17 @@ TBDEF tb_status tb_set_requires_grad(tb_tensor *tensor, bool requires_grad);
 TBDEF bool tb_requires_grad(const tb_tensor *tensor);
 /* dst takes value's value in place (LTC's SetInPlaceIrValue): dst keeps its handle, and what
    was recorded from dst before still reads the old value. Shapes (dtype included) and devices
-   must be equal. dst keeps its requires_grad; when it requires grad it becomes a leaf holding
-   the new value (an optimizer's update is not history). The old value's buffer is freed when
-   nothing reads it any more; the new value is computed into a buffer of its own (no buffer
-   donation yet), so an update needs the memory of both for the length of one graph. */
+   must be equal. dst keeps its requires_grad and becomes a leaf holding the new value: no
+   gradient flows through an assignment into it (an optimizer's update is not history, and
+   state computed from gradients does not keep earlier steps alive). The old value's buffer is freed
+   when nothing reads it any more. Buffer donation: when dst is synced and that sync is the last
+   reader of the old value (no live tensor holds it, no pending graph left after the sync reads
+   it), a compiled backend (opencl, native) computes the new value into the old value's buffer
+   wherever its kernel reads the old value only at the element it writes, so an update in
+   place needs no second copy (counted in the metric DonatedBuffers). A tensor you still hold
+   that was computed from the old value and is not synced with dst keeps the old buffer apart.
+   Gradients (tb_grad) through a history that read the overwritten value then fail with
+   TB_ERR_INVALID_ARGUMENT, as PyTorch refuses a backward through a value modified in place. */
 TBDEF tb_status tb_assign(tb_tensor *dst, tb_tensor *value);
 
 /* ---- composite ops (recorded as built-in ops; differentiable) ---- */

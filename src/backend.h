@@ -21,6 +21,7 @@ typedef struct tb_backend_data {
     /* Owned by the library; backends leave these alone. */
     int32_t tb__refcount;
     const tb_backend *tb__backend;
+    bool tb__donated; /* its buffer went to a result of an execute (tb_graph.result_donors) */
 } tb_backend_data;
 
 /* What a backend lowers: the nodes of one graph in post-order (operands before their users),
@@ -37,6 +38,14 @@ typedef struct tb_graph {
     size_t num_results;
     uint64_t hash; /* structural hash of the graph: equal hashes, same computation */
     tb_device device;
+    /* Buffer donation (XLA's input/output aliasing), or NULL: result_donors[i] >= 0 names a
+       parameter whose value nothing reads after this graph (the value the tensor of result i
+       held before tb_assign), of result i's shape. A backend may compute result i into that
+       parameter's buffer: at execute it moves the argument's payload to results[i] and sets
+       the argument's payload to NULL, once no kernel still to run reads the old value at any
+       other element. It may as well ignore the offer. An argument whose payload is NULL after
+       execute (success or not) was consumed: its old value is gone. Part of the hash. */
+    const int32_t *result_donors;
 } tb_graph;
 
 /* The backend vtable. `user_data` is handed to every entry. Entries marked (optional) may be NULL

@@ -869,6 +869,13 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
                                       : "/",
                  b);
         break;
+    case TB_OP_RESHAPE: /* to the same dims: nothing to compute */
+        if (is_vec[0]) return ops[0];
+        snprintf(e, sizeof e, "%s", a);
+        break;
+    case TB_OP_SQRT:
+        snprintf(e, sizeof e, "TB_VSQRT(%s)", a);
+        break;
     case TB_OP_NEG:
         snprintf(e, sizeof e, "-%s", a);
         break;

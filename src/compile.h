@@ -190,6 +190,12 @@ typedef struct tb__plan {
     tb_dtype *param_dtype;
     int32_t *result_slot;   /* per result: the slot holding it */
     int32_t *result_source; /* per result: -1, or an earlier result it duplicates */
+    int32_t *result_alias;  /* per result: -1, or the parameter whose buffer it is computed into
+                               (tb_graph.result_donors: its kernel reads that parameter only at
+                               the element it writes, and no later kernel reads it) */
+    int32_t first_alias;    /* the first kernel writing into a parameter's buffer, or -1: a run
+                               with error sites checks the flag before it (no kernel from there
+                               on can fail) */
     tb__plan_slot *slots;
     size_t num_slots, cap_slots;
     tb__plan_kernel *kernels;

@@ -48,6 +48,9 @@ static const char tb__native_head[] =
     "#define TB_VASF(x) ((float16)(x))\n"
     "#define TB_VASI(x) ((int16)(x))\n"
     "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(float16))\n"
+    "static inline float16 TB_VSQRT(float16 x) {\n"
+    "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
+    "}\n"
     "\n";
 
 static const char *tb__native_math(const char *fn, tb_dtype dtype) {
@@ -1199,6 +1202,12 @@ static tb_status tb__native_run_init(tb__native_comp *c, tb_backend_data *const 
             return tb__error(TB_ERR_INVALID_ARGUMENT, "native: an argument has no value");
         s->ptrs[i] = b->ptr;
     }
+    for (i = 0; i < p->num_results; i++) {
+        /* a result computed into a donated parameter's buffer */
+        if (p->result_alias[i] >= 0)
+            s->ptrs[p->result_slot[i]] =
+                ((tb__native_buf *)arguments[p->result_alias[i]]->payload)->ptr;
+    }
     if (p->scalar_table) {
         *table = (unsigned char *)tb__calloc(p->num_params + 1, 8);
         if (*table == NULL) return TB_ERR_OUT_OF_MEMORY;
@@ -1284,6 +1293,7 @@ static tb_status tb__native_execute(void *user_data, void *computation,
     unsigned char *table = NULL;
     tb_status st;
     size_t i, j;
+    bool consumed = false;
     (void)user_data;
     if (p == NULL || num_arguments != p->num_params || num_results != p->num_results) {
         return tb__error(TB_ERR_INVALID_ARGUMENT,
@@ -1297,6 +1307,19 @@ static tb_status tb__native_execute(void *user_data, void *computation,
     tb__mutex_lock(&tb__native_run_mutex);
     st = tb__native_run_init(c, arguments, &s, &table);
     for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
+        if ((int32_t)i == p->first_alias) {
+            /* the kernels from here on write into donated buffers and cannot fail: a flag
+               raised before them fails the run with the donated values intact */
+            if (s.err[0] != 0) {
+                st = tb__plan_run_error(p, "native", s.err);
+                break;
+            }
+            consumed = true;
+            for (j = 0; j < p->num_results; j++)
+                if (p->result_alias[j] >= 0) /* panels kept from it are stale from here on */
+                    ((tb__native_buf *)arguments[p->result_alias[j]]->payload)->gen =
+                        tb__next_generation();
+        }
         st = tb__native_run_kernel(c, i, arguments, &s, table);
         /* temporaries nobody reads any more go back to the cache */
         tb__mutex_lock(&tb__native_mutex);
@@ -1315,16 +1338,28 @@ static tb_status tb__native_execute(void *user_data, void *computation,
     for (i = 0; i < p->num_results && st == TB_OK; i++) {
         int32_t src = p->result_source[i];
         tb__native_buf *copy = NULL;
-        const tb__plan_slot *sl;
+        size_t bytes = 0;
         if (src < 0) continue;
-        sl = &p->slots[p->result_slot[src]];
-        st = tb__native_buf_alloc(c->rt, s.owned[p->result_slot[src]]->size, &copy);
+        /* the buffer it repeats may be a donated one: its size is the slot's */
+        st = tb_shape_nbytes(&p->slots[p->result_slot[src]].shape, &bytes);
+        if (st == TB_OK) st = tb__native_buf_alloc(c->rt, bytes, &copy);
         if (st != TB_OK) break;
-        memcpy(copy->ptr, s.ptrs[p->result_slot[src]], copy->size);
-        (void)sl;
+        if (bytes > 0) memcpy(copy->ptr, s.ptrs[p->result_slot[src]], bytes);
         results[i]->payload = copy;
     }
     for (i = 0; i < p->num_results; i++) {
+        int32_t d = p->result_alias[i];
+        if (d >= 0) {
+            /* the donated buffer is the result's (success), or freed once written (failure) */
+            if (st == TB_OK) {
+                results[i]->payload = arguments[d]->payload;
+                arguments[d]->payload = NULL;
+            } else if (consumed) {
+                tb__native_buf_free(c->rt, (tb__native_buf *)arguments[d]->payload);
+                arguments[d]->payload = NULL;
+            }
+            continue;
+        }
         if (p->result_source[i] >= 0) {
             if (st != TB_OK && results[i]->payload != NULL) {
                 tb__native_buf_free(c->rt, (tb__native_buf *)results[i]->payload);

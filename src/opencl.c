@@ -344,6 +344,7 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "#define TB_VASF(x) as_float16(x)\n"                                                           \
     "#define TB_VASI(x) as_int16(x)\n"                                                             \
     "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"                                              \
+    "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
     "\n"
     d->head = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
                                        "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
@@ -679,6 +680,7 @@ typedef struct tb__ocl_run {
     tb__ocl_buffer **owned, *err_buf, *table_buf;
     tb__cl_mem *mems;
     tb__cl_event *events; /* per kernel at TB_DEBUG >= 2: its profiling event */
+    bool consumed;        /* the kernels writing into donated buffers were reached */
 } tb__ocl_run;
 
 static tb_status tb__ocl_run_init(tb__ocl_run *r, tb_backend_data *const *arguments) {
@@ -696,6 +698,12 @@ static tb_status tb__ocl_run_init(tb__ocl_run *r, tb_backend_data *const *argume
         if (s->kind != TB__SLOT_PARAM) continue;
         r->mems[i] = tb__ocl_data_mem(dev, arguments[s->index]);
         if (r->mems[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+    }
+    for (i = 0; i < plan->num_results && st == TB_OK; i++) {
+        /* a result computed into a donated parameter's buffer */
+        if (plan->result_alias[i] >= 0)
+            r->mems[plan->result_slot[i]] =
+                ((tb__ocl_buffer *)arguments[plan->result_alias[i]]->payload)->mem;
     }
     if (st == TB_OK && plan->num_errsites > 0) {
         tb__cl_int err;
@@ -857,12 +865,46 @@ static void tb__ocl_profile(tb__ocl_run *r) {
     }
 }
 
+/* Before the first kernel that writes into a donated buffer: the error flag is read first
+   (no kernel from there on can fail), and the donated buffers count as written. */
+static tb_status tb__ocl_run_consume(tb__ocl_run *r, tb_backend_data *const *arguments) {
+    const tb__plan *plan = r->p->plan;
+    size_t i;
+    if (r->err_buf != NULL) {
+        int64_t flag[4];
+        tb_status st = tb__ocl_read(r->dev, r->err_buf, flag, sizeof flag);
+        if (st == TB_OK && flag[0] != 0) st = tb__plan_run_error(plan, "opencl", flag);
+        if (st != TB_OK) return st;
+    }
+    r->consumed = true;
+    for (i = 0; i < plan->num_results; i++) {
+        /* its panels, kept by pack kernels, are stale from here on */
+        if (plan->result_alias[i] >= 0)
+            ((tb__ocl_buffer *)arguments[plan->result_alias[i]]->payload)->gen =
+                tb__next_generation();
+    }
+    return TB_OK;
+}
+
 /* Hands the results over (success) or drops the copies made for them (failure), then frees
-   everything the run still owns. */
-static void tb__ocl_run_finish(tb__ocl_run *r, tb_status st, tb_backend_data *const *results) {
+   everything the run still owns. Donated buffers become their results' (success), or are
+   freed once written (failure); either way their arguments lose them. */
+static void tb__ocl_run_finish(tb__ocl_run *r, tb_status st, tb_backend_data *const *arguments,
+                               tb_backend_data *const *results) {
     const tb__plan *plan = r->p->plan;
     size_t i;
     for (i = 0; i < plan->num_results && r->owned != NULL; i++) {
+        int32_t d = plan->result_alias[i];
+        if (d >= 0) {
+            if (st == TB_OK) {
+                results[i]->payload = arguments[d]->payload;
+                arguments[d]->payload = NULL;
+            } else if (r->consumed) {
+                tb__ocl_buffer_free((tb__ocl_buffer *)arguments[d]->payload);
+                arguments[d]->payload = NULL;
+            }
+            continue;
+        }
         if (plan->result_source[i] >= 0) {
             if (st != TB_OK && results[i]->payload != NULL) {
                 tb__ocl_buffer_free((tb__ocl_buffer *)results[i]->payload);
@@ -912,7 +954,8 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
     tb__ocl_device_lock(r.dev);
     st = tb__ocl_run_init(&r, arguments);
     for (i = 0; i < p->plan->num_kernels && st == TB_OK; i++) {
-        st = tb__ocl_run_kernel(&r, i, arguments);
+        if ((int32_t)i == p->plan->first_alias) st = tb__ocl_run_consume(&r, arguments);
+        if (st == TB_OK) st = tb__ocl_run_kernel(&r, i, arguments);
         /* temporaries nobody reads any more go back to the cache (the queue is in order) */
         for (j = 0; j < p->plan->num_slots && st == TB_OK; j++) {
             if (p->plan->slots[j].kind == TB__SLOT_TEMP && r.owned[j] != NULL &&
@@ -935,7 +978,7 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
         if (st == TB_OK && flag[0] != 0) st = tb__plan_run_error(p->plan, "opencl", flag);
     }
     if (st == TB_OK && tb_debug_level() >= 2) tb__ocl_profile(&r);
-    tb__ocl_run_finish(&r, st, results);
+    tb__ocl_run_finish(&r, st, arguments, results);
     tb__ocl_device_release(r.dev);
     return st;
 }

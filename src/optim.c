@@ -257,6 +257,51 @@ static void tb__optim_update(tb__ag *a, const tb_optimizer *opt, size_t i, tb_te
     }
 }
 
+/* Syncs `tensors`, one graph per device. A step over several devices runs several graphs:
+   the old values stay readable (no donation) until all of them ran, so that a failure in a
+   later one can still give every parameter its old value back. */
+static tb_status tb__optim_sync(tb_tensor *const *tensors, size_t n, const tb__held *held,
+                                size_t nh) {
+    tb_tensor **group = NULL, **guard = NULL;
+    bool *done = NULL, several = false;
+    size_t i, j, m;
+    tb_status st = TB_OK;
+    tb_device dev0;
+    if (n == 0) return TB_OK;
+    dev0 = tb_tensor_device(tensors[0]);
+    for (i = 1; i < n && !several; i++) {
+        tb_device di = tb_tensor_device(tensors[i]);
+        several = !tb_device_equal(&di, &dev0);
+    }
+    if (!several) return tb_sync(tensors, n);
+    group = (tb_tensor **)tb__calloc(n, sizeof *group);
+    done = (bool *)tb__calloc(n, sizeof *done);
+    guard = (tb_tensor **)tb__calloc(nh + 1, sizeof *guard);
+    if (group == NULL || done == NULL || guard == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < nh && st == TB_OK; i++) {
+        guard[i] = tb__held_guard(&held[i]);
+        if (guard[i] == NULL && held[i].data != NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    for (i = 0; i < n && st == TB_OK; i++) {
+        tb_device di;
+        if (done[i]) continue;
+        di = tb_tensor_device(tensors[i]);
+        for (j = i, m = 0; j < n; j++) {
+            tb_device dj = tb_tensor_device(tensors[j]);
+            if (done[j] || !tb_device_equal(&di, &dj)) continue;
+            done[j] = true;
+            group[m++] = tensors[j];
+        }
+        st = tb_sync(group, m);
+    }
+    for (i = 0; guard != NULL && i < nh; i++)
+        tb_tensor_release(guard[i]);
+    tb__free(group);
+    tb__free(done);
+    tb__free(guard);
+    return st;
+}
+
 /* How many elements of t are NaN or infinite (x - x is NaN exactly for those), as an f32 [1]. */
 static tb_tensor *tb__optim_nonfinite(tb__ag *a, tb_tensor *t) {
     tb_shape s = tb_tensor_shape(t);
@@ -274,7 +319,10 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
     const char *fn = "tb_optimizer_step";
     tb__ag a;
     tb_tensor **np = NULL, **ns1 = NULL, **ns2 = NULL, **sync = NULL, **checks = NULL;
-    size_t i, ns = 0, nc = 0;
+    tb_tensor *counts = NULL;
+    tb__held *held = NULL;
+    size_t i, ns = 0, nc = 0, nh = 0;
+    bool counts_kept = false;
     tb_status st = TB_OK;
     tb__ensure_setup();
     if (opt == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: opt is NULL", fn);
@@ -315,10 +363,11 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
         ns1 = (tb_tensor **)tb__calloc(opt->n, sizeof(tb_tensor *));
         ns2 = (tb_tensor **)tb__calloc(opt->n, sizeof(tb_tensor *));
         checks = (tb_tensor **)tb__calloc(opt->n + num_also, sizeof(tb_tensor *));
+        held = (tb__held *)tb__calloc(3 * opt->n, sizeof(tb__held));
     }
-    sync = (tb_tensor **)tb__calloc(3 * opt->n + num_also + 1, sizeof(tb_tensor *));
-    if (sync == NULL ||
-        (opt->n > 0 && (np == NULL || ns1 == NULL || ns2 == NULL || checks == NULL))) {
+    sync = (tb_tensor **)tb__calloc(4 * opt->n + num_also + 1, sizeof(tb_tensor *));
+    if (sync == NULL || (opt->n > 0 && (np == NULL || ns1 == NULL || ns2 == NULL ||
+                                        checks == NULL || held == NULL))) {
         st = TB_ERR_OUT_OF_MEMORY;
         goto done;
     }
@@ -326,9 +375,6 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
         if (grads[i] == NULL) continue;
         tb__optim_update(&a, opt, i, grads[i], &np[i], &ns1[i], &ns2[i]);
         if (a.failed) break;
-        sync[ns++] = np[i];
-        if (ns1[i] != NULL) sync[ns++] = ns1[i];
-        if (ns2[i] != NULL) sync[ns++] = ns2[i];
     }
     if (!a.failed && opt->check_finite) {
         /* one vector of counts, read once: the also tensors first, then the gradients */
@@ -339,67 +385,116 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
             if (grads[i] != NULL) checks[nc++] = tb__optim_nonfinite(&a, grads[i]);
         if (!a.failed && nc > 0) {
             tb_device dev0 = tb_tensor_device(checks[0]);
+            tb_tensor *ok;
             for (i = 1; i < nc && !a.failed; i++) { /* counts on other devices come over */
                 tb_device di = tb_tensor_device(checks[i]);
                 if (!tb_device_equal(&di, &dev0))
                     checks[i] = tb__ag_keep(&a, tb_to_device(checks[i], &dev0));
             }
-            if (!a.failed) sync[ns++] = tb__ag_keep(&a, tb_concat(checks, nc, 0));
+            if (!a.failed) counts = tb__ag_keep(&a, tb_concat(checks, nc, 0));
+            /* a refused step computes the old values again (into their own buffers): the
+               check needs no second pass and nothing has to be undone */
+            a.device = dev0;
+            ok = a.failed ? NULL
+                          : tb__ag_keep(&a, tb_eq(tb__ag_keep(&a, tb_sum(counts, NULL, 0, false)),
+                                                  tb__ag_const(&a, TB_F32, 0.0)));
+            for (i = 0; i < opt->n && !a.failed; i++) {
+                tb_device pd = tb_tensor_device(opt->params[i]);
+                tb_tensor *oki = ok;
+                if (grads[i] == NULL) continue;
+                if (!tb_device_equal(&pd, &dev0)) oki = tb__ag_keep(&a, tb_to_device(ok, &pd));
+                np[i] = tb__ag_keep(&a, tb_where(oki, np[i], opt->params[i]));
+                if (ns1[i] != NULL) ns1[i] = tb__ag_keep(&a, tb_where(oki, ns1[i], opt->s1[i]));
+                if (ns2[i] != NULL) ns2[i] = tb__ag_keep(&a, tb_where(oki, ns2[i], opt->s2[i]));
+            }
         }
     }
     if (a.failed) {
         st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
         goto done;
     }
+    /* the parameters and state take their new values in place (their old buffers are donated
+       to the new values when nothing else reads them), remembering what they held */
+    for (i = 0; i < opt->n; i++) {
+        tb_tensor *dst[3], *val[3];
+        int k;
+        if (grads[i] == NULL) continue;
+        dst[0] = opt->params[i], val[0] = np[i];
+        dst[1] = opt->s1 != NULL ? opt->s1[i] : NULL, val[1] = ns1[i];
+        dst[2] = opt->s2 != NULL ? opt->s2[i] : NULL, val[2] = ns2[i];
+        for (k = 0; k < 3; k++) {
+            if (dst[k] == NULL || val[k] == NULL) continue;
+            tb__held_take(&held[nh], dst[k]);
+            nh++;
+            st = tb_assign(dst[k], val[k]);
+            if (st != TB_OK) goto undo;
+        }
+    }
+    /* the update's intermediate tensors would read the old values after the sync: gone */
+    if (counts != NULL) counts_kept = tb_tensor_retain(counts) != NULL;
+    tb__ag_free(&a);
+    tb__ag_init(&a, fn);
+    /* what the caller reads first, the updates last: kernels that can fail at run time (a
+       target out of range) then come before those writing in place */
     for (i = 0; i < num_also; i++)
-        sync[ns + i] = also[i];
-    st = tb_sync(sync, ns + num_also);
-    if (st != TB_OK) goto done;
-    if (opt->check_finite && nc > 0) {
-        float *counts = (float *)tb__calloc(nc, sizeof(float));
+        sync[ns++] = also[i];
+    for (i = 0; i < opt->n; i++)
+        if (grads[i] != NULL) sync[ns++] = grads[i];
+    if (counts != NULL) sync[ns++] = counts;
+    for (i = 0; i < nh; i++)
+        sync[ns++] = held[i].t;
+    st = tb__optim_sync(sync, ns, held, nh);
+    if (st != TB_OK) goto undo;
+    if (counts != NULL) {
+        float *c = (float *)tb__calloc(nc, sizeof(float));
         size_t k = 0;
-        if (counts == NULL) {
+        if (c == NULL) {
             st = TB_ERR_OUT_OF_MEMORY;
             goto done;
         }
-        st = tb_tensor_to_host(sync[ns - 1], counts, nc * sizeof(float));
+        st = tb_tensor_to_host(counts, c, nc * sizeof(float));
         for (i = 0; st == TB_OK && i < num_also; i++) {
             if (!tb_dtype_is_float(tb_tensor_shape(also[i]).dtype)) continue;
-            if (counts[k++] > 0.0f)
+            if (c[k++] > 0.0f)
                 st = tb__error(TB_ERR_EXECUTE,
                                "%s: also[%zu] holds %.0f NaN or infinite values; "
                                "no parameter was updated",
-                               fn, i, (double)counts[k - 1]);
+                               fn, i, (double)c[k - 1]);
         }
         for (i = 0; st == TB_OK && i < opt->n; i++) {
             if (grads[i] == NULL) continue;
-            if (counts[k++] > 0.0f)
+            if (c[k++] > 0.0f)
                 st = tb__error(TB_ERR_EXECUTE,
                                "%s: grads[%zu] holds %.0f NaN or infinite values; "
                                "no parameter was updated",
-                               fn, i, (double)counts[k - 1]);
+                               fn, i, (double)c[k - 1]);
         }
-        tb__free(counts);
-        if (st != TB_OK) goto done;
+        tb__free(c);
+        if (st != TB_OK) goto done; /* the values computed are the old ones */
     }
-    /* everything is computed: swap it in (assigning a value that is already there cannot
-       fail for want of memory on the device) */
-    for (i = 0; i < opt->n; i++) {
-        if (grads[i] == NULL) continue;
-        st = tb_assign(opt->params[i], np[i]);
-        if (st != TB_OK) goto done;
-        if (ns1[i] != NULL) {
-            tb_tensor_release(opt->s1[i]);
-            opt->s1[i] = tb_tensor_retain(ns1[i]);
-        }
-        if (ns2[i] != NULL) {
-            tb_tensor_release(opt->s2[i]);
-            opt->s2[i] = tb_tensor_retain(ns2[i]);
-        }
-        opt->steps[i]++;
-    }
+    for (i = 0; i < opt->n; i++)
+        if (grads[i] != NULL) opt->steps[i]++;
     opt->total_steps++;
+    goto done;
+undo:
+    /* a failed assignment or sync: every parameter and state holds what it held before */
+    {
+        bool lost = false;
+        for (i = nh; i-- > 0;)
+            if (!tb__held_restore(&held[i])) lost = true;
+        if (lost) {
+            char why[256];
+            snprintf(why, sizeof why, "%.200s", tb_last_error());
+            tb__error(st,
+                      "%s: %s; the run had begun to write the new values in place, so the "
+                      "parameters' old values are lost",
+                      fn, why);
+        }
+    }
 done:
+    for (i = 0; i < nh; i++)
+        tb__held_drop(&held[i]);
+    if (counts_kept) tb_tensor_release(counts);
     if (st == TB_ERR_OUT_OF_MEMORY && tb_last_status() == TB_OK)
         tb__error(TB_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     tb__ag_free(&a);
@@ -407,6 +502,7 @@ done:
     tb__free(ns1);
     tb__free(ns2);
     tb__free(checks);
+    tb__free(held);
     tb__free(sync);
     return st;
 }

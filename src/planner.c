@@ -162,6 +162,7 @@ static void tb__plan_free(tb__plan *p) {
     tb__free(p->param_dtype);
     tb__free(p->result_slot);
     tb__free(p->result_source);
+    tb__free(p->result_alias);
     tb__free(p->errsites);
     tb__free(p->node_kernel);
     tb__free(p);
@@ -1094,6 +1095,9 @@ static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
 static bool tb__plan_vec_op(const tb_node *n) {
     if (n->shape.dtype != TB_F32) return false;
     switch (n->op) {
+    case TB_OP_RESHAPE: /* to the same dims (tb_detach, a leaf): the operand itself */
+        return tb__plan_same_dims(&n->shape, &n->operands[0]->shape);
+    case TB_OP_SQRT:
     case TB_OP_ADD:
     case TB_OP_SUB:
     case TB_OP_MUL:
@@ -1510,10 +1514,14 @@ static tb_status tb__plan_params(tb__pgraph *G) {
     p->param_dtype = (tb_dtype *)tb__calloc(p->num_params + 1, sizeof(tb_dtype));
     p->result_slot = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
     p->result_source = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
+    p->result_alias = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
     p->node_kernel = (int32_t *)tb__calloc(G->n + 1, sizeof(int32_t));
     if (p->param_scalar == NULL || p->param_dtype == NULL || p->result_slot == NULL ||
-        p->result_source == NULL || p->node_kernel == NULL)
+        p->result_source == NULL || p->result_alias == NULL || p->node_kernel == NULL)
         return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < p->num_results; i++)
+        p->result_alias[i] = -1;
+    p->first_alias = -1;
     for (i = 0; i < p->num_params; i++) {
         p->param_scalar[i] = g->parameters[i]->op == TB_OP_SCALAR ? 1 : 0;
         p->param_dtype[i] = g->parameters[i]->shape.dtype;
@@ -1522,6 +1530,87 @@ static tb_status tb__plan_params(tb__pgraph *G) {
     p->scalar_table = scalars > TB__PLAN_MAX_SCALAR_ARGS;
     p->num_nodes = G->n;
     return TB_OK;
+}
+
+/* ---- buffer donation ---- */
+
+/* Whether user u reads its operand o at the element it is evaluated at (flat, row-major): an
+   elementwise op over equal dims, or a reshape. */
+static bool tb__plan_same_element(const tb__pgraph *G, int32_t u, int32_t o) {
+    const tb_node *un = G->info[u].node;
+    if (un->op == TB_OP_RESHAPE) return true;
+    return tb__plan_is_elementwise(un->op) && tb__plan_same_dims(&un->shape, tb__plan_shape(G, o));
+}
+
+/* Whether every reader of node n in kernel kk is evaluated only at the kernel's output
+   element and reads n there; at_root holds the answer for the nodes after n. */
+static bool tb__plan_read_at_root(const tb__pgraph *G, int32_t n, int32_t kk, const bool *at_root) {
+    int32_t e;
+    for (e = 0; e < G->info[n].num_users; e++) {
+        int32_t u = G->users[G->info[n].first_user + e];
+        if (G->info[u].ctx != kk) continue; /* an earlier kernel: done before this one starts */
+        if (!at_root[u] || !tb__plan_same_element(G, u, n)) return false;
+    }
+    return true;
+}
+
+/* Whether result i may be computed into the buffer of parameter `param`: its kernel is
+   elementwise, every node of that kernel reading the parameter is evaluated only at the
+   kernel's own output element and reads the parameter there, no later kernel reads the
+   parameter and no later kernel can fail at run time. Returns the kernel, or -1. */
+static int32_t tb__plan_alias_kernel(const tb__pgraph *G, size_t i, int32_t param) {
+    const tb__plan *p = G->plan;
+    int32_t r, pn = -1, kk = -1, n;
+    size_t j, a;
+    bool *at_root, ok;
+    const tb_shape *ps;
+    if (p->result_source[i] >= 0 || param < 0 || (size_t)param >= p->num_params ||
+        p->param_scalar[param])
+        return -1;
+    r = tb__plan_index_of(G, G->graph->results[i]);
+    for (j = 0; j < G->n && pn < 0; j++)
+        if (G->info[j].param == param) pn = (int32_t)j;
+    if (r < 0 || pn < 0 || G->info[pn].slot < 0) return -1;
+    ps = tb__plan_shape(G, pn);
+    if (!tb__plan_same_dims(ps, tb__plan_shape(G, r)) || ps->dtype != tb__plan_shape(G, r)->dtype ||
+        tb__plan_numel(ps) <= 1)
+        return -1;
+    for (j = 0; j < p->num_kernels; j++)
+        if (p->kernels[j].root == r && p->kernels[j].owner == (int32_t)j) kk = (int32_t)j;
+    if (kk < 0 || p->kernels[kk].kind != TB__K_ELEMENTWISE || p->kernels[kk].core >= 0 ||
+        p->kernels[kk].empty || p->slots[G->info[pn].slot].last_use > kk)
+        return -1;
+    at_root = (bool *)tb__calloc(G->n + 1, sizeof(bool));
+    if (at_root == NULL) return -1; /* no memory: no donation */
+    /* users come after their operands: from the root down */
+    at_root[r] = true;
+    for (n = r - 1; n >= 0; n--)
+        if (G->info[n].ctx == kk && G->info[n].param < 0 && !G->info[n].root)
+            at_root[n] = G->info[n].num_users > 0 && tb__plan_read_at_root(G, n, kk, at_root);
+    ok = tb__plan_read_at_root(G, pn, kk, at_root);
+    tb__free(at_root);
+    if (!ok) return -1;
+    for (j = (size_t)kk; j < p->num_kernels; j++)
+        for (a = 0; a < p->kernels[j].num_args; a++)
+            if (p->kernels[j].args[a].kind == TB__ARG_ERR) return -1;
+    return kk;
+}
+
+/* The results computed into their donors' buffers (tb_graph.result_donors). */
+static void tb__plan_aliases(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    size_t i, j;
+    for (i = 0; G->graph->result_donors != NULL && i < p->num_results; i++) {
+        int32_t d = G->graph->result_donors[i], kk;
+        bool taken = false;
+        for (j = 0; j < i; j++)
+            taken = taken || p->result_alias[j] == d;
+        if (d < 0 || taken) continue;
+        kk = tb__plan_alias_kernel(G, i, d);
+        if (kk < 0) continue;
+        p->result_alias[i] = d;
+        if (p->first_alias < 0 || kk < p->first_alias) p->first_alias = kk;
+    }
 }
 
 /* Plans `graph` for `target`. On success *out is the plan (free with tb__plan_free) and G is
@@ -1562,6 +1651,7 @@ static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target,
         if (st == TB_OK) G->info[pick].force_root = true;
     }
     if (st == TB_OK) {
+        tb__plan_aliases(G);
         tb__plan_layout(G);
         for (i = 0; i < p->num_kernels; i++) {
             tb__plan_kernel_name(G, i);

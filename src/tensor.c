@@ -19,6 +19,9 @@ struct tb_tensor {
     /* the node a synced value was computed from, kept (with node->value set) while it requires
        grad, so that tb_grad can still walk the history; owned, NULL otherwise */
     tb_node *history;
+    /* the value it held before tb_assign gave it a pending one (owned, NULL otherwise): the
+       sync that computes the new value may compute it into this value's buffer */
+    tb_backend_data *donor;
 };
 
 static tb__mutex tb__tensor_live_mutex = TB__MUTEX_INIT;
@@ -131,6 +134,7 @@ static void tb__tensor_destroy(tb_tensor *t) {
     if (t->history != NULL) tb__node_release(t->history);
     if (t->data_node != NULL) tb__node_release(t->data_node);
     if (t->data != NULL) tb__data_release(t->data);
+    if (t->donor != NULL) tb__data_release(t->donor);
     tb__free(t);
 }
 
@@ -322,7 +326,8 @@ enum {
     TB__CANON_NODE = 1,   /* a computed node: op, shape, attributes, operand positions */
     TB__CANON_DATA = 2,   /* a parameter of device data, or of a value computed apart */
     TB__CANON_SCALAR = 3, /* a scalar parameter (wrapped number or not) */
-    TB__CANON_RESULTS = 4
+    TB__CANON_RESULTS = 4,
+    TB__CANON_DONORS = 5 /* per result: the parameter it may be computed into, or -1 */
 };
 
 /* Appends the canonical words of the node the walk is placing next: its structure, with
@@ -998,7 +1003,7 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
 }
 
 static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
-                                      tb_backend_data **out);
+                                      tb_backend_data *const *donors, tb_backend_data **out);
 
 /* LTC's eager fallback: runs one node the backend does not support on the reference
    interpreter, from its operands' values, and keeps the result on the device in node->value. */
@@ -1026,7 +1031,7 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
         if (!seen) pending[num_pending++] = node->operands[i];
     }
     if (num_pending > 0) {
-        st = tb__exec_materialize(ex, pending, num_pending, computed);
+        st = tb__exec_materialize(ex, pending, num_pending, NULL, computed);
         if (st != TB_OK) goto done;
     }
     for (i = 0; i < k; i++) {
@@ -1145,22 +1150,29 @@ static uint64_t tb__exec_hash_mask = ~(uint64_t)0;
 /* Builds the graph of the walk for the non-parameter roots, and ends the walk's canonical
    form with them. */
 static tb_status tb__exec_graph_make(const tb__exec *ex, tb__exec_walk *w, tb_node *const *roots,
-                                     size_t n, const tb_node ***results, tb_graph *g) {
+                                     size_t n, const int32_t *root_donors, const tb_node ***results,
+                                     tb_graph *g) {
     size_t i, num_results = 0;
     uint64_t h = w->hash;
-    *results = (const tb_node **)tb__calloc(n + 1, sizeof(const tb_node *));
+    int32_t *donors = NULL;
+    bool any = false;
+    *results = (const tb_node **)tb__calloc(2 * n + 2, sizeof(const tb_node *));
     if (*results == NULL) return TB_ERR_OUT_OF_MEMORY;
     w->num_canon = w->canon_nodes; /* a graph made again from the same walk */
-    if (tb__grow((void **)&w->canon, &w->cap_canon, w->num_canon + n + 3, sizeof *w->canon) !=
+    if (tb__grow((void **)&w->canon, &w->cap_canon, w->num_canon + 2 * n + 4, sizeof *w->canon) !=
         TB_OK) {
         tb__free((void *)*results);
         *results = NULL;
         return TB_ERR_OUT_OF_MEMORY;
     }
+    /* the donors live behind the results, in the same block */
+    donors = (int32_t *)(void *)(*results + n + 1);
     w->canon[w->num_canon++] = TB__CANON_RESULTS;
     for (i = 0; i < n; i++) {
         uint64_t at;
         if (tb__exec_walk_is_param(w, roots[i])) continue;
+        donors[num_results] = root_donors != NULL ? root_donors[i] : -1;
+        if (donors[num_results] >= 0) any = true;
         (*results)[num_results++] = roots[i];
         at = (uint64_t)tb__exec_walk_position(w, roots[i]);
         w->canon[w->num_canon++] = at;
@@ -1168,7 +1180,16 @@ static tb_status tb__exec_graph_make(const tb__exec *ex, tb__exec_walk *w, tb_no
     }
     w->canon[w->num_canon++] = num_results;
     w->canon[w->num_canon++] = w->num_params;
+    if (any) {
+        /* a graph that may compute results into parameters' buffers is another computation */
+        w->canon[w->num_canon++] = TB__CANON_DONORS;
+        for (i = 0; i < num_results; i++) {
+            w->canon[w->num_canon++] = (uint64_t)(int64_t)donors[i];
+            h = tb__hash_u64(h, (uint64_t)(int64_t)donors[i] ^ 0xd0d0u);
+        }
+    }
     memset(g, 0, sizeof(*g));
+    if (any) g->result_donors = donors;
     g->nodes = w->order;
     g->num_nodes = w->num_order;
     g->parameters = w->params;
@@ -1185,6 +1206,7 @@ static tb_status tb__exec_graph_make(const tb__exec *ex, tb__exec_walk *w, tb_no
 static tb_status tb__exec_run(const tb__exec *ex, const tb_graph *g, void *computation,
                               tb_backend_data **out_results, uint64_t *run_ns) {
     tb_backend_data **args;
+    bool *had = NULL; /* per result: its donor had a buffer before the run */
     size_t i;
     tb_status st = TB_OK;
     tb__saved_error saved;
@@ -1195,6 +1217,12 @@ static tb_status tb__exec_run(const tb__exec *ex, const tb_graph *g, void *compu
         args[i] = tb__exec_param_value(ex, g->parameters[i]);
         if (args[i] == NULL) {
             st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+        } else if (args[i]->tb__donated) {
+            st = tb__error(TB_ERR_INVALID_ARGUMENT,
+                           "%s: parameter %lu of the graph (%s) is a value that tb_assign replaced "
+                           "and whose buffer the new value took; what reads the old value must "
+                           "be synced before or with the assignment",
+                           ex->func, (unsigned long)i, tb_op_name(g->parameters[i]->op));
         } else if (!tb_device_equal(&args[i]->device, &ex->device)) {
             char a[64], b[64];
             tb__exec_device_text(&args[i]->device, a);
@@ -1218,6 +1246,12 @@ static tb_status tb__exec_run(const tb__exec *ex, const tb_graph *g, void *compu
             }
         }
     }
+    if (st == TB_OK && g->result_donors != NULL) {
+        had = (bool *)tb__calloc(g->num_results + 1, sizeof(bool));
+        if (had == NULL) st = TB_ERR_OUT_OF_MEMORY;
+        for (i = 0; st == TB_OK && i < g->num_results; i++)
+            had[i] = g->result_donors[i] >= 0 && args[g->result_donors[i]]->payload != NULL;
+    }
     if (st == TB_OK) {
         t0 = tb__now_ns();
         tb__exec_call_begin(&saved);
@@ -1225,6 +1259,13 @@ static tb_status tb__exec_run(const tb__exec *ex, const tb_graph *g, void *compu
                              g->num_results);
         *run_ns = tb__now_ns() - t0;
         tb__metric_sample("ExecuteTime", (double)*run_ns);
+        for (i = 0; g->result_donors != NULL && i < g->num_results; i++) {
+            int32_t j = g->result_donors[i];
+            if (j >= 0 && had[i] && args[j]->payload == NULL && !args[j]->tb__donated) {
+                args[j]->tb__donated = true; /* its buffer is result i's now (or gone) */
+                tb__metric_count("DonatedBuffers", 1);
+            }
+        }
         if (st != TB_OK) {
             st = tb__exec_call_failed(ex, st, "execute");
         } else {
@@ -1235,6 +1276,7 @@ static tb_status tb__exec_run(const tb__exec *ex, const tb_graph *g, void *compu
         if (args[i] != NULL) tb__data_release(args[i]);
     }
     tb__free(args);
+    tb__free(had);
     if (st != TB_OK) {
         for (i = 0; i < g->num_results; i++) {
             if (out_results[i] != NULL) tb__data_release(out_results[i]);
@@ -1432,12 +1474,30 @@ done:
 
 #undef TB__SLOW_COMPILE_MS
 
-/* The values of `roots` (distinct nodes on ex->device): out[i] gets a new reference. On error
-   out is all NULL and no node changed except for values the eager fallback computed. */
+/* The parameter of the walk whose value is `data`, when exactly one is; else -1. */
+static int32_t tb__exec_donor_param(const tb__exec *ex, const tb__exec_walk *w,
+                                    const tb_backend_data *data) {
+    size_t j;
+    int32_t at = -1;
+    for (j = 0; j < w->num_params; j++) {
+        const tb_node *p = w->params[j];
+        if (p->op == TB_OP_SCALAR && p->value == NULL) continue;
+        if (tb__exec_param_data(ex, p) != data) continue;
+        if (at >= 0) return -1; /* read through two parameters: kept apart */
+        at = (int32_t)j;
+    }
+    return at;
+}
+
+/* The values of `roots` (distinct nodes on ex->device): out[i] gets a new reference. donors
+   (NULL: none) gives per root a value nothing reads after this graph, whose buffer the root's
+   value may take (tb__exec_donors). On error out is all NULL and no node changed except for
+   values the eager fallback computed (and donated values a failed run consumed). */
 static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
-                                      tb_backend_data **out) {
+                                      tb_backend_data *const *donors, tb_backend_data **out) {
     tb__exec_walk w;
     tb_graph g;
+    int32_t *root_donors = NULL;
     const tb_node **results = NULL;
     tb_backend_data **values = NULL;
     tb__comp_cache_entry *entry = NULL;
@@ -1454,7 +1514,13 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
         tb__exec_walk_free(&w);
         st = tb__exec_walk_add(&w, ex->func, roots, n);
     }
-    if (st == TB_OK) st = tb__exec_graph_make(ex, &w, roots, n, &results, &g);
+    if (st == TB_OK && donors != NULL) {
+        root_donors = (int32_t *)tb__calloc(n + 1, sizeof(int32_t));
+        if (root_donors == NULL) st = TB_ERR_OUT_OF_MEMORY;
+        for (i = 0; i < n && st == TB_OK; i++)
+            root_donors[i] = donors[i] != NULL ? tb__exec_donor_param(ex, &w, donors[i]) : -1;
+    }
+    if (st == TB_OK) st = tb__exec_graph_make(ex, &w, roots, n, root_donors, &results, &g);
     if (st != TB_OK) goto done;
 
     if (g.num_results > 0) {
@@ -1504,6 +1570,7 @@ done:
     tb__comp_cache_release(entry);
     tb__free(values);
     tb__free((void *)results);
+    tb__free(root_donors);
     tb__exec_walk_free(&w);
     return st;
 }
@@ -1600,11 +1667,116 @@ static tb_status tb__exec_check_list(const char *func, tb_tensor *const *tensors
     return TB_OK;
 }
 
+/* ---- buffer donation ----
+   A tensor given a pending value by tb_assign keeps the value it held before as its donor.
+   When the sync that computes the new value is the last reader of the donor, the backend may
+   compute the new value into the donor's buffer, so that an update in place needs no second
+   copy of what it updates. The last reader: no live tensor holds the donor as its value, and
+   no live tensor's pending graph outside this sync reads it. Histories kept for tb_grad do not
+   count (as PyTorch's in-place updates, a gradient through an overwritten value is an error
+   when it is computed, not a wrong value). */
+
+/* Whether the pending graph below `node` reads one of the `n` values of `donors` (set in
+   *hit, per donor); `seen` holds the nodes visited (shared across calls), `stop` the nodes this
+   sync computes (their values will be at hand). */
+static tb_status tb__exec_donor_readers(const tb_node *node, tb_backend_data *const *donors,
+                                        size_t n, bool *hit, tb__exec_map *seen,
+                                        const tb__exec_map *stop, const tb_node ***stack,
+                                        size_t *cap) {
+    size_t sp = 0, i;
+    if (tb__exec_map_get(seen, node) != NULL) return TB_OK;
+    if (tb__grow((void **)stack, cap, 1, sizeof **stack) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
+    if (tb__exec_map_put(seen, node, 0) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
+    (*stack)[sp++] = node;
+    while (sp > 0) {
+        const tb_node *m = (*stack)[--sp];
+        const tb_backend_data *d = m->value != NULL ? m->value : m->data;
+        for (i = 0; d != NULL && i < n; i++)
+            if (donors[i] == d) hit[i] = true;
+        if (m->value != NULL || tb__exec_map_get(stop, m) != NULL) continue;
+        for (i = 0; i < m->num_operands; i++) {
+            const tb_node *o = m->operands[i];
+            if (o == NULL || tb__exec_map_get(seen, o) != NULL) continue;
+            if (tb__exec_map_put(seen, o, 0) != TB_OK ||
+                tb__grow((void **)stack, cap, sp + 1, sizeof **stack) != TB_OK)
+                return TB_ERR_OUT_OF_MEMORY;
+            (*stack)[sp++] = o;
+        }
+    }
+    return TB_OK;
+}
+
+/* Per root of the sync of `tensors`: the donor its value may take, or NULL. Running out of
+   memory here only means no donation. */
+static void tb__exec_donors(tb_tensor *const *tensors, size_t count, const tb__exec_roots *roots,
+                            tb_backend_data **donors) {
+    tb_tensor **live = NULL, *t;
+    const tb_node **stack = NULL;
+    tb__exec_map seen;
+    size_t i, j, n = 0, cap = 0, cap_stack = 0, num = 0;
+    bool *hit = NULL;
+    tb_backend_data **cand = NULL;
+    tb_status st = TB_OK;
+    if (tb__desc()->check > 0) return; /* the check reads every parameter after the run */
+    for (i = 0; i < count; i++) {
+        const int64_t *at;
+        t = tensors[i];
+        if (t->donor == NULL || t->node == NULL || t->donor->tb__donated) continue;
+        at = tb__exec_map_get(&roots->index, t->node);
+        if (at == NULL || donors[*at] != NULL) continue;
+        for (j = 0; j < roots->count && donors[j] != t->donor; j++) {
+        }
+        if (j < roots->count) continue; /* one value, one buffer */
+        donors[*at] = t->donor;
+        num++;
+    }
+    if (num == 0) return;
+    memset(&seen, 0, sizeof seen);
+    hit = (bool *)tb__calloc(roots->count, sizeof(bool));
+    cand = (tb_backend_data **)tb__calloc(roots->count, sizeof *cand);
+    if (hit == NULL || cand == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; st == TB_OK && i < roots->count; i++)
+        cand[i] = donors[i];
+    if (st == TB_OK) {
+        tb__mutex_lock(&tb__tensor_live_mutex);
+        for (t = tb__tensor_live_head; t != NULL && st == TB_OK; t = t->live_next) {
+            bool reads = false;
+            for (i = 0; i < roots->count; i++) {
+                if (cand[i] != NULL && t->data == cand[i]) hit[i] = true;
+                if (cand[i] != NULL && t->data_node != NULL && t->data_node->data == cand[i])
+                    hit[i] = true;
+            }
+            /* pending graphs this sync leaves pending: walked below, outside the lock */
+            reads = t->node != NULL && tb__exec_map_get(&roots->index, t->node) == NULL;
+            if (!reads || !tb__tensor_retain_if_alive(&t->refcount)) continue;
+            if (tb__grow((void **)&live, &cap, n + 1, sizeof *live) != TB_OK) {
+                tb_tensor_release(t);
+                st = TB_ERR_OUT_OF_MEMORY;
+                break;
+            }
+            live[n++] = t;
+        }
+        tb__mutex_unlock(&tb__tensor_live_mutex);
+    }
+    for (i = 0; i < n && st == TB_OK; i++)
+        st = tb__exec_donor_readers(live[i]->node, cand, roots->count, hit, &seen, &roots->index,
+                                    &stack, &cap_stack);
+    for (i = 0; i < roots->count; i++)
+        if (st != TB_OK || (hit != NULL && hit[i])) donors[i] = NULL;
+    for (i = 0; i < n; i++)
+        tb_tensor_release(live[i]);
+    tb__free(live);
+    tb__free((void *)stack);
+    tb__free(hit);
+    tb__free(cand);
+    tb__exec_map_free(&seen);
+}
+
 /* LTC's SyncTensorsGraph for tensors on one device. */
 static tb_status tb__exec_sync(tb_tensor *const *tensors, size_t count, const char *func) {
     tb__exec_roots roots;
     tb__exec ex;
-    tb_backend_data **values = NULL;
+    tb_backend_data **values = NULL, **donors = NULL;
     tb_tensor **first = NULL; /* the first tensor given each root's value */
     size_t i;
     tb_status st = tb__exec_roots_collect(&roots, func, tensors, count, false, true);
@@ -1616,10 +1788,12 @@ static tb_status tb__exec_sync(tb_tensor *const *tensors, size_t count, const ch
     st = tb__exec_init(&ex, func, &roots.device);
     if (st == TB_OK) {
         values = (tb_backend_data **)tb__calloc(roots.count, sizeof(tb_backend_data *));
+        donors = (tb_backend_data **)tb__calloc(roots.count, sizeof(tb_backend_data *));
         first = (tb_tensor **)tb__calloc(roots.count, sizeof(tb_tensor *));
-        if (values == NULL || first == NULL) st = TB_ERR_OUT_OF_MEMORY;
+        if (values == NULL || donors == NULL || first == NULL) st = TB_ERR_OUT_OF_MEMORY;
     }
-    if (st == TB_OK) st = tb__exec_materialize(&ex, roots.nodes, roots.count, values);
+    if (st == TB_OK) tb__exec_donors(tensors, count, &roots, donors);
+    if (st == TB_OK) st = tb__exec_materialize(&ex, roots.nodes, roots.count, donors, values);
     if (st == TB_OK) {
         /* LTC assigns each result to its tensors and replaces their IR by device data */
         for (i = 0; i < count; i++) {
@@ -1632,6 +1806,8 @@ static tb_status tb__exec_sync(tb_tensor *const *tensors, size_t count, const ch
             k = (size_t)*at;
             tb__data_retain(values[k]);
             t->data = values[k];
+            if (t->donor != NULL) tb__data_release(t->donor); /* taken, or no longer needed */
+            t->donor = NULL;
             if (t->node->requires_grad && !t->node->stop_grad) {
                 t->history = t->node; /* tb_grad walks it; its value is set below */
             } else {
@@ -1668,6 +1844,7 @@ static tb_status tb__exec_sync(tb_tensor *const *tensors, size_t count, const ch
         }
     }
     tb__free(values);
+    tb__free(donors);
     tb__free(first);
     tb__exec_roots_free(&roots);
     return st;
@@ -1971,7 +2148,8 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
         cw.cut = ex.vt;
         st = tb__exec_walk_add(&cw, func, roots->nodes, roots->count);
     }
-    if (st == TB_OK) st = tb__exec_graph_make(&ex, &cw, roots->nodes, roots->count, &results, &g);
+    if (st == TB_OK)
+        st = tb__exec_graph_make(&ex, &cw, roots->nodes, roots->count, NULL, &results, &g);
     if (st == TB_OK && g.num_results == 0) st = TB_ERR_NOT_FOUND;
     if (st == TB_OK) st = tb__exec_compile(&ex, &g, &cw, entry, &hit, &compile_ns);
     if (st == TB_OK && !hit && tb_debug_level() >= 1)
@@ -2096,7 +2274,8 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
         w.cut = ex.vt;
         st = tb__exec_walk_add(&w, ex.func, roots.nodes, roots.count);
     }
-    if (st == TB_OK) st = tb__exec_graph_make(&ex, &w, roots.nodes, roots.count, &results, &g);
+    if (st == TB_OK)
+        st = tb__exec_graph_make(&ex, &w, roots.nodes, roots.count, NULL, &results, &g);
     if (st == TB_OK && g.num_results == 0) {
         text = tb__strdup("");
     } else if (st == TB_OK) {

@@ -840,6 +840,35 @@ static void test_assign(void **state) {
         assert_true(got[0] == 1 && got[1] == 4 && got[2] == 9);
         tb_tensor_release(q);
     }
+    /* ... and when the value was computed from one that requires grad, no history either:
+       state updated from gradients step after step does not keep every step alive */
+    {
+        tb_tensor *q = from(a, 1, DIMS(3)), *y = NULL;
+        assert_int_equal(tb_assign(q, K(tb_mul(p, v))), TB_OK);
+        assert_false(tb_requires_grad(q));
+        y = tb_sum(q, NULL, 0, false);
+        g = (tb_tensor *)1;
+        assert_int_equal(tb_grad(y, NULL, &p, 1, &g), TB_OK);
+        assert_null(g); /* no path from p through the assignment */
+        read_f64(q, got);
+        assert_true(got[0] == 110 && got[1] == 440 && got[2] == 990);
+        tb_tensor_release(y);
+        {
+            tb_tensor *r = tb_add(p, v); /* synced: a value with history */
+            assert_non_null(r);
+            assert_int_equal(tb_sync(&r, 1), TB_OK);
+            assert_int_equal(tb_assign(q, r), TB_OK);
+            tb_tensor_release(r);
+        }
+        read_f64(q, got);
+        assert_true(got[0] == 21 && got[2] == 63);
+        y = tb_sum(q, NULL, 0, false);
+        g = (tb_tensor *)1;
+        assert_int_equal(tb_grad(y, NULL, &p, 1, &g), TB_OK);
+        assert_null(g);
+        tb_tensor_release(y);
+        tb_tensor_release(q);
+    }
     tb_tensor_release(old_reader);
     tb_tensor_release(p);
     tb_tensor_release(v);

@@ -480,6 +480,7 @@ static void training_compiles_once(const char *backend) {
     tb_tensor *params[4];
     int64_t compiles = 0, launches = 0;
     double first = 0, last = 0;
+    void *buffers[1] = {NULL};
     int step;
     if (!device_of(backend, &dev)) skip();
     mlp_make(&m, &dev);
@@ -492,6 +493,7 @@ static void training_compiles_once(const char *backend) {
     for (step = 0; step < 8; step++) {
         int64_t c0 = tb_metrics_counter("UncachedCompile");
         int64_t k0 = tb_metrics_counter("OpenCL::KernelLaunch");
+        int64_t d0 = tb_metrics_counter("DonatedBuffers");
         double v;
         if (step == 4) assert_int_equal(tb_optimizer_set_lr(opt, 0.005), TB_OK); /* a schedule */
         v = mlp_step(&m, opt, m.x);
@@ -499,6 +501,14 @@ static void training_compiles_once(const char *backend) {
         last = v;
         if (step >= 1) compiles += tb_metrics_counter("UncachedCompile") - c0;
         if (step == 7) launches = tb_metrics_counter("OpenCL::KernelLaunch") - k0;
+        if (strcmp(backend, "cpu") != 0) {
+            /* each parameter and both its moments are computed into their old buffers: the
+               buffers of the parameters stay the same from step to step */
+            void *before = step == 0 ? NULL : buffers[0];
+            assert_int_equal(tb_metrics_counter("DonatedBuffers") - d0, 12);
+            buffers[0] = tb_tensor_data(m.w1)->payload;
+            if (before != NULL) assert_ptr_equal(before, buffers[0]);
+        }
     }
     print_message("%s: loss %.4f -> %.4f over 8 steps; kernels per step %lld\n", backend, first,
                   last, (long long)launches);
@@ -525,6 +535,168 @@ static void test_compiles_once_opencl(void **state) {
 static void test_compiles_once_native(void **state) {
     (void)state;
     training_compiles_once("native");
+}
+
+/* ---- buffer donation: tb_assign's new value computed into the old value's buffer ---- */
+
+/* A 3x3 f32 tensor holding base + 0, ..., base + 8. */
+static tb_tensor *donation_param(const tb_device *dev, double base) {
+    double v[9];
+    int64_t dims[2] = {3, 3};
+    int i;
+    for (i = 0; i < 9; i++)
+        v[i] = base + i;
+    return upload(v, TB_F32, 2, dims, dev);
+}
+
+/* p takes value (released here), then p alone is synced; whether its buffer was donated. */
+static bool donation_assign_sync(tb_tensor *p, tb_tensor *value) {
+    int64_t d0 = tb_metrics_counter("DonatedBuffers");
+    assert_non_null(value);
+    assert_int_equal(tb_assign(p, value), TB_OK);
+    tb_tensor_release(value);
+    if (tb_sync(&p, 1) != TB_OK) fail_msg("sync: %s", tb_last_error());
+    return tb_metrics_counter("DonatedBuffers") - d0 > 0;
+}
+
+static void expect_values(const char *what, tb_tensor *t, const double *want, size_t n) {
+    double got[16];
+    size_t i;
+    assert_int_equal(read_values(t, got, 16), n);
+    for (i = 0; i < n; i++)
+        if (!(fabs(got[i] - want[i]) <= 1e-5 * (1.0 + fabs(want[i]))))
+            fail_msg("%s: element %zu is %g, expected %g", what, i, got[i], want[i]);
+}
+
+static void donation_cases(const char *backend) {
+    tb_device dev;
+    tb_tensor *p, *old, *r, *t, *s, *g;
+    double want[9];
+    bool compiled = strcmp(backend, "cpu") != 0;
+    void *buffer;
+    int i;
+    if (!device_of(backend, &dev)) skip();
+
+    /* nothing else reads the old value: the new one is computed into its buffer */
+    p = donation_param(&dev, 1.0);
+    buffer = tb_tensor_data(p)->payload;
+    t = tb_add_scalar(p, 1.0);
+    r = tb_mul_scalar(t, 2.0);
+    tb_tensor_release(t); /* a live tensor reading the old value would keep it apart */
+    assert_int_equal(donation_assign_sync(p, r), compiled);
+    if (compiled) assert_ptr_equal(tb_tensor_data(p)->payload, buffer);
+    for (i = 0; i < 9; i++)
+        want[i] = 2.0 * (i + 2.0);
+    expect_values("2 * (p + 1) in place", p, want, 9);
+    tb_tensor_release(p);
+
+    /* a live tensor holds the old value: the new value gets a buffer of its own */
+    p = donation_param(&dev, 1.0);
+    old = tb_detach(p);
+    assert_false(donation_assign_sync(p, tb_add_scalar(p, 1.0)));
+    for (i = 0; i < 9; i++)
+        want[i] = i + 1.0;
+    expect_values("the detached old value", old, want, 9);
+    tb_tensor_release(old);
+    tb_tensor_release(p);
+
+    /* a pending tensor left out of the sync reads the old value later */
+    p = donation_param(&dev, 1.0);
+    r = tb_mul_scalar(p, 3.0);
+    assert_false(donation_assign_sync(p, tb_add_scalar(p, 1.0)));
+    for (i = 0; i < 9; i++)
+        want[i] = 3.0 * (i + 1.0);
+    expect_values("3 * the old value, synced after the assignment", r, want, 9);
+    tb_tensor_release(r);
+    tb_tensor_release(p);
+
+    /* the new value reads the old one at other elements (p + p^T): not in place */
+    p = donation_param(&dev, 1.0);
+    t = tb_transpose(p, 0, 1);
+    r = tb_add(p, t);
+    tb_tensor_release(t);
+    assert_false(donation_assign_sync(p, r));
+    for (i = 0; i < 9; i++)
+        want[i] = (i + 1.0) + ((i % 3) * 3 + i / 3 + 1.0);
+    expect_values("p + p^T", p, want, 9);
+    tb_tensor_release(p);
+
+    /* ... or through a reduction that runs before the update: in place */
+    p = donation_param(&dev, 1.0);
+    s = tb_sum(p, NULL, 0, false);
+    r = tb_add(p, s);
+    tb_tensor_release(s);
+    assert_int_equal(donation_assign_sync(p, r), compiled);
+    for (i = 0; i < 9; i++)
+        want[i] = i + 1.0 + 45.0;
+    expect_values("p + sum(p)", p, want, 9);
+    tb_tensor_release(p);
+
+    /* a run that fails (an index out of range) before it writes in place: the old value is
+       intact and the assignment can still be synced */
+    {
+        double bad[3] = {0, 5, 0};
+        int64_t idims[2] = {1, 3};
+        tb_tensor *index = upload(bad, TB_I64, 2, idims, &dev), *both[2];
+        int64_t d0 = tb_metrics_counter("DonatedBuffers");
+        p = donation_param(&dev, 1.0);
+        g = tb_gather(p, 0, index);
+        t = tb_add_scalar(p, 1.0);
+        assert_int_equal(tb_assign(p, t), TB_OK);
+        tb_tensor_release(t);
+        both[0] = g;
+        both[1] = p;
+        assert_int_equal(tb_sync(both, 2), TB_ERR_EXECUTE);
+        assert_non_null(strstr(tb_last_error(), "out of range"));
+        assert_int_equal(tb_metrics_counter("DonatedBuffers"), d0);
+        tb_tensor_release(g);
+        assert_int_equal(tb_sync(&p, 1), TB_OK);
+        for (i = 0; i < 9; i++)
+            want[i] = i + 2.0;
+        expect_values("p + 1 after a failed run", p, want, 9);
+        tb_tensor_release(p);
+        tb_tensor_release(index);
+    }
+
+    /* a gradient through a history that read the overwritten value: an error, not a wrong
+       value (PyTorch refuses a backward through a value modified in place) */
+    {
+        tb_tensor *x = donation_param(&dev, 1.0), *w = donation_param(&dev, 10.0), *xw, *y;
+        tb_tensor *grad = NULL;
+        assert_int_equal(tb_set_requires_grad(x, true), TB_OK);
+        assert_int_equal(tb_set_requires_grad(w, true), TB_OK);
+        xw = tb_mul(x, w);
+        y = tb_sum(xw, NULL, 0, false);
+        tb_tensor_release(xw);
+        assert_int_equal(tb_sync(&y, 1), TB_OK); /* y keeps its history */
+        assert_int_equal(donation_assign_sync(w, tb_add_scalar(w, -0.5)), compiled);
+        assert_int_equal(tb_grad(y, NULL, &x, 1, &grad), TB_OK);
+        if (compiled) {
+            assert_int_equal(tb_sync(&grad, 1), TB_ERR_INVALID_ARGUMENT);
+            assert_non_null(strstr(tb_last_error(), "tb_assign"));
+        } else {
+            for (i = 0; i < 9; i++)
+                want[i] = 10.0 + i; /* dy/dx is w as it was */
+            expect_values("dy/dx", grad, want, 9);
+        }
+        tb_tensor_release(grad);
+        tb_tensor_release(y);
+        tb_tensor_release(x);
+        tb_tensor_release(w);
+    }
+}
+
+static void test_donation_cpu(void **state) {
+    (void)state;
+    donation_cases("cpu");
+}
+static void test_donation_opencl(void **state) {
+    (void)state;
+    donation_cases("opencl");
+}
+static void test_donation_native(void **state) {
+    (void)state;
+    donation_cases("native");
 }
 
 /* ---- a NaN in the loss or the gradients: refused, nothing changes ---- */
@@ -762,6 +934,9 @@ int main(void) {
         cmocka_unit_test(test_compiles_once_cpu),
         cmocka_unit_test(test_compiles_once_opencl),
         cmocka_unit_test(test_compiles_once_native),
+        cmocka_unit_test(test_donation_cpu),
+        cmocka_unit_test(test_donation_opencl),
+        cmocka_unit_test(test_donation_native),
         cmocka_unit_test(test_nonfinite_step_refused),
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_clip_and_accumulate),

@@ -394,7 +394,7 @@ run_tests() {
         asan=$asan_default
         lsan=""
         case "$name" in
-        *opencl* | test_threads)
+        *opencl* | test_threads | test_train)
             asan=$asan_opencl
             lsan="suppressions=$repo/tools/lsan.supp:print_suppressions=0"
             ;;
