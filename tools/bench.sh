@@ -11,7 +11,7 @@
 #                   {"case": "machine", ...} with the CPU, threads and measured bandwidths
 #   --no-install    do not install missing Debian packages
 #   --only LIST     run only these cases (comma-separated): chain8 add sum max row_sums softmax
-#                   layer_norm matmul mlp trace replay coldstart
+#                   layer_norm matmul mlp mlp_train trace replay coldstart
 #
 # Every case runs on opencl:0 and native:0 (a backend that cannot run here is skipped with a
 # note) beside its peers, measured in the same run:
@@ -24,17 +24,26 @@
 #     same threads (and CLBlast on the OpenCL device);
 #   - on OpenCL, a hand-written kernel doing the same work (contiguous chunks, float16 vectors,
 #     several accumulators), tuned over a few launch shapes.
+# mlp_train is one training step (784-512-512-10, ReLU, batch 256, cross-entropy on integer
+# targets, AdamW lr 1e-3): ours records the forward pass, asks tb_grad for the gradients and
+# runs tb_optimizer_step (one graph per step); its anchor is the same step written with the
+# library's plain ops on the same backend (backward and AdamW by hand, tb_assign), so anchor /
+# ours is what autograd and the optimizer cost (target >= 0.9); its bound is the step in C on
+# the host with OpenBLAS's sgemm; PyTorch runs torch.optim.AdamW. A note adds ours with the
+# gradients passed through tb_detach. Every side starts from the same parameters and must agree
+# with ours on the cpu reference backend after 3 steps; after the timing a few more steps are
+# watched: a note says LEAK where they grow the device's bytes in use or the host heap.
 # Every result (ours on each backend, PyTorch's, the anchors') is checked against the cpu
 # reference backend or the host before anything is timed; a wrong one stops the run (exit
 # status 1). Timing: two warm-up calls per side, then rounds that call every side once in a
 # rotating order; each side's median is reported. In the bandwidth cases the caches are
 # flushed (a large buffer read, untimed) before each timed call, so every side streams from
-# memory as the bound does. BLAS sides sleep after each call (their threads spin); in matmul and
-# mlp every side gets an untimed call before each timed one. The table gives per (case,
-# backend): our time, PyTorch's and PyTorch / ours (> 1: we are faster), the bound and bound /
-# ours, our rate (GB/s of least traffic, or GFLOP/s), the anchor's time and anchor / ours. A
-# note gives each side's page faults per timed call where any has some (fresh memory is slow
-# to touch on some virtual machines).
+# memory as the bound does. BLAS sides sleep after each call (their threads spin); in matmul,
+# mlp and mlp_train every side gets an untimed call before each timed one. The table gives per
+# (case, backend): our time, PyTorch's and PyTorch / ours (> 1: we are faster), the bound and
+# bound / ours, our rate (GB/s of least traffic, or GFLOP/s), the anchor's time and anchor /
+# ours. A note gives each side's page faults per timed call where any has some (fresh memory
+# is slow to touch on some virtual machines).
 #
 # Steps: install the Debian packages the benchmark needs (compiler, OpenCL headers and ICD
 # loader, PoCL) and, when missing, its peers (libopenblas-dev, libclblast-dev, python3-torch,

@@ -8,6 +8,8 @@
                    OpenBLAS and CLBlast
        hand_cl.c   the hand-written OpenCL kernels (a floor on the OpenCL device)
        cases.c     the compute cases: chain8 add sum max row_sums softmax layer_norm matmul mlp
+       train.c     the training case: mlp_train (one AdamW step: ours, hand-written from plain
+                   ops, OpenBLAS on the host, PyTorch)
        host.c      the host-overhead cases: trace replay coldstart, and the child processes */
 #ifndef BENCH_H
 #define BENCH_H
@@ -201,6 +203,10 @@ int have_clblast(void);
 void openblas_setup(void);
 const char *openblas_about(void);
 void openblas_sgemm(int m, int n, int k, const float *a, const float *b, float beta, float *c);
+/* c = op(a) op(b) + beta c, row-major; op(a) is m x k (a stored k x m when trans_a), op(b)
+   k x n (b stored n x k when trans_b). */
+void openblas_gemm(int trans_a, int trans_b, int m, int n, int k, const float *a, const float *b,
+                   float beta, float *c);
 void clblast_sgemm(int n, cl_mem a, cl_mem b, cl_mem c); /* square, row-major; ends with clFinish */
 
 /* ---- hand-written OpenCL kernels (hand_cl.c) ----
@@ -227,6 +233,7 @@ void case_reduce(const char *name, int max, int64_t n, int64_t rows);
 void case_norm(const char *name, int layer_norm, int64_t rows, int64_t cols);
 void case_matmul(int n);
 void case_mlp(int64_t batch);
+void case_mlp_train(int64_t batch);
 void case_trace(void);
 void case_replay(void);
 void case_coldstart(void);

@@ -23,9 +23,9 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *const g_case_names[] = {"chain8",   "add",     "sum",        "max",
-                                           "row_sums", "softmax", "layer_norm", "matmul",
-                                           "mlp",      "trace",   "replay",     "coldstart"};
+static const char *const g_case_names[] = {"chain8",  "add",        "sum",      "max", "row_sums",
+                                           "softmax", "layer_norm", "matmul",   "mlp", "mlp_train",
+                                           "trace",   "replay",     "coldstart"};
 #define NUM_CASES (sizeof g_case_names / sizeof g_case_names[0])
 
 static const char *g_only; /* comma-separated case names, NULL: all */
@@ -157,8 +157,8 @@ static void json_facts(void) {
 static void usage(const char *self) {
     fprintf(stderr,
             "usage: %s [--quick] [--json FILE] [--only CASE,...] [--torch-peer SCRIPT]\n"
-            "cases: chain8 add sum max row_sums softmax layer_norm matmul mlp trace replay "
-            "coldstart\n",
+            "cases: chain8 add sum max row_sums softmax layer_norm matmul mlp mlp_train trace "
+            "replay coldstart\n",
             self);
 }
 
@@ -251,6 +251,7 @@ int main(int argc, char **argv) {
         release_rows();
         RUN_CASE("matmul", for (s = 0; s < num_sizes; s++) case_matmul(sizes[s]))
         RUN_CASE("mlp", case_mlp(256))
+        RUN_CASE("mlp_train", case_mlp_train(256))
         RUN_CASE("trace", case_trace())
         RUN_CASE("replay", case_replay())
         RUN_CASE("coldstart", case_coldstart())
@@ -262,8 +263,11 @@ int main(int argc, char **argv) {
     printf("\nbound: bandwidth cases: least traffic (every input read once, the output written "
            "once) / measured bandwidth (cases that write: the best of copy and triad; read-only "
            "cases: the best of read, copy and triad); matmul and mlp: OpenBLAS on the host, same "
-           "threads\n"
-           "rate: least traffic / our time (GB/s); matmul, mlp: 2*M*N*K flop / our time\n\n");
+           "threads; mlp_train: the step in C on the host with OpenBLAS's sgemm\n"
+           "rate: least traffic / our time (GB/s); matmul, mlp, mlp_train: 2*M*N*K flop of the "
+           "matmuls / our time\n"
+           "mlp_train's anchor: the same step written with the library's plain ops (backward and "
+           "AdamW by hand) on the same backend; an/ours >= 0.9 is the target\n\n");
     printf("%s\n", notes_text());
     print_machine(stdout);
     printf("total %.1f s\n", now_s() - t_start);

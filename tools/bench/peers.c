@@ -531,10 +531,19 @@ const char *openblas_about(void) {
 
 /* c = a b + beta c, row-major, a m x k, b k x n. */
 void openblas_sgemm(int m, int n, int k, const float *a, const float *b, float beta, float *c) {
+    openblas_gemm(0, 0, m, n, k, a, b, beta, c);
+}
+
+/* c = op(a) op(b) + beta c, row-major, op(a) m x k, op(b) k x n; a is stored k x m when
+   trans_a, b n x k when trans_b. */
+void openblas_gemm(int trans_a, int trans_b, int m, int n, int k, const float *a, const float *b,
+                   float beta, float *c) {
 #ifdef BENCH_OPENBLAS
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, k, b, n, beta, c, n);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, trans_a ? m : k, b,
+                trans_b ? k : n, beta, c, n);
 #else
-    (void)m, (void)n, (void)k, (void)a, (void)b, (void)beta, (void)c;
+    (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)a, (void)b, (void)beta, (void)c;
     die("OpenBLAS is not built in");
 #endif
 }

@@ -11,14 +11,16 @@ OMP_NUM_THREADS, OPENBLAS_NUM_THREADS set to THREADS, and speaks one line per re
     (at start)                          -> "ready torch V numpy V threads N" or "unavailable WHY"
     setup CASE OUT NAME=PATH:DIMS ...   -> "ok N" | "error WHY"
         loads the inputs (raw little-endian float32 files; DIMS like 4096x4096), runs the case
-        once (the warm-up) and writes its result to OUT (raw float32, N elements)
+        once (the warm-up; a training case runs its check steps instead) and writes its result
+        to OUT (raw float32, N elements)
     run                                 -> "time SECONDS FAULTS"
         one call of the case, timed with time.perf_counter (the result is dropped inside the
         timed region, as the benchmark releases ours); FAULTS: its minor page faults
     quit
 
-Each case is what a PyTorch user writes, run under torch.inference_mode() with the garbage
-collector off while timing (as timeit does). Standard library, numpy and torch only.
+Each case is what a PyTorch user writes, run under torch.inference_mode() (the training
+case, mlp_train, leaves it for its step) with the garbage collector off while timing (as
+timeit does). Standard library, numpy and torch only.
 """
 
 import gc
@@ -74,6 +76,8 @@ def make_case(torch, name, t):
             return h
 
         return mlp
+    if name == "mlp_train":
+        return make_train(torch, t)
     if name == "replay":
         x, r0 = t["x"], t["r0"]
 
@@ -85,6 +89,47 @@ def make_case(torch, name, t):
 
         return replay
     raise ValueError("unknown case " + name)
+
+
+def make_train(torch, t):
+    """One training step of the MLP as a PyTorch user writes it: nn.Linear's layout and
+    initial values (ours are [in, out]: transposed here), F.cross_entropy on integer targets,
+    loss.backward(), torch.optim.AdamW(lr=1e-3) with its defaults. The setup runs `steps`
+    steps and gives their losses and then the parameters in our layout."""
+    F = torch.nn.functional
+    # the server runs under inference_mode: training needs autograd, and tensors of its own
+    # (inference tensors cannot be saved for backward)
+    with torch.inference_mode(False):
+        x = t["x"].clone()
+        y = t["y"].clone().long()
+        params = []
+        for i in range(3):
+            params.append(t["w%d" % i].clone().t().contiguous().requires_grad_())
+            params.append(t["b%d" % i].clone().requires_grad_())
+        opt = torch.optim.AdamW(params, lr=1e-3)
+    steps = int(t["steps"].item())
+
+    def step():
+        with torch.inference_mode(False):
+            opt.zero_grad(set_to_none=True)
+            h = x
+            for i in range(3):
+                h = F.linear(h, params[2 * i], params[2 * i + 1])
+                if i < 2:
+                    h = torch.relu(h)
+            loss = F.cross_entropy(h, y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+    def check():
+        losses = [step() for _ in range(steps)]
+        with torch.inference_mode(False):
+            ours = [p.detach().t() if p.dim() == 2 else p.detach() for p in params]
+            return torch.cat([torch.stack(losses)] + [p.reshape(-1) for p in ours])
+
+    step.check = check
+    return step
 
 
 def load(np, torch, spec):
@@ -124,7 +169,7 @@ def main():
                 try:
                     inputs = dict(load(np, torch, spec) for spec in words[3:])
                     call = make_case(torch, words[1], inputs)
-                    y = call()
+                    y = getattr(call, "check", call)()
                     out = y.contiguous().numpy().astype(np.float32, copy=False)
                     out.tofile(words[2])
                     answer("ok %d" % out.size)
