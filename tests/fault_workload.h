@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h> /* rmdir */
 
 #if defined(__GNUC__) || defined(__clang__)
 #define WL_UNUSED __attribute__((unused)) /* a test may use only some of what is here */
@@ -190,15 +191,6 @@ static WL_UNUSED tb_tensor *wl_k(wl_run_state *w, tb_tensor *t) {
 
 /* T: a call that returns a tensor (kept until the end of the run); S: one that returns a status;
    P: one that returns a pointer that must not be NULL. Each jumps to `out` on failure. */
-#define WL_T(var, expr)                                                                            \
-    do {                                                                                           \
-        (var) = (expr);                                                                            \
-        if ((var) == NULL) {                                                                       \
-            wl_fail(w, #expr, TB_OK);                                                              \
-            goto out;                                                                              \
-        }                                                                                          \
-        wl_keep(w, (var));                                                                         \
-    } while (0)
 #define WL_S(expr)                                                                                 \
     do {                                                                                           \
         tb_status wl_st_ = (expr);                                                                 \
@@ -214,6 +206,11 @@ static WL_UNUSED tb_tensor *wl_k(wl_run_state *w, tb_tensor *t) {
             wl_fail(w, #expr, TB_OK);                                                              \
             goto out;                                                                              \
         }                                                                                          \
+    } while (0)
+#define WL_T(var, expr)                                                                            \
+    do {                                                                                           \
+        WL_P(var, expr);                                                                           \
+        wl_keep(w, (var));                                                                         \
     } while (0)
 /* A broken expectation that is not an error of the library's call: the test reports it. */
 #define WL_EXPECT(cond)                                                                            \
@@ -743,6 +740,28 @@ typedef struct wl_sweep_stats {
     long allocations; /* in a clean session: setup, one run, shutdown */
     long tried, errors, absorbed;
 } wl_sweep_stats;
+
+/* The folder a sweep's runs write their file to (wl_config.dir): made by wl_group_setup,
+   removed with that file by wl_group_teardown, which also frees the records. */
+static WL_UNUSED char wl_dir[256];
+
+static WL_UNUSED int wl_group_setup(void **state) {
+    (void)state;
+    snprintf(wl_dir, sizeof wl_dir, "%s/tb_alloc_faults.XXXXXX",
+             getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp");
+    return mkdtemp(wl_dir) == NULL ? -1 : 0;
+}
+
+static WL_UNUSED int wl_group_teardown(void **state) {
+    char path[512];
+    (void)state;
+    tb_shutdown();
+    wl_records_free();
+    snprintf(path, sizeof path, "%s/wl.npy", wl_dir);
+    remove(path);
+    rmdir(wl_dir);
+    return 0;
+}
 
 /* Problems found by a sweep: each is printed (the first 40), the sweep goes on with the next
    allocation, and the test fails at the end. */

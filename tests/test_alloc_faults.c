@@ -20,27 +20,6 @@
 
 #include "fault_workload.h"
 
-static char g_dir[256];
-
-static int group_setup(void **state) {
-    (void)state;
-    snprintf(g_dir, sizeof g_dir, "%s/tb_alloc_faults.XXXXXX",
-             getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp");
-    if (mkdtemp(g_dir) == NULL) return -1;
-    return 0;
-}
-
-static int group_teardown(void **state) {
-    char path[512];
-    (void)state;
-    tb_shutdown();
-    wl_records_free();
-    snprintf(path, sizeof path, "%s/wl.npy", g_dir);
-    remove(path);
-    rmdir(g_dir);
-    return 0;
-}
-
 /* Whether the example plugin was built into TB_BACKEND_PATH (tools/test.sh builds it). */
 static bool plugin_built(void) {
     const char *dir = getenv("TB_BACKEND_PATH");
@@ -61,7 +40,7 @@ static void test_cpu_every_allocation(void **state) {
     cfg.dev.type = TB_DEVICE_CPU;
     snprintf(cfg.other.backend, sizeof cfg.other.backend, "wl_host");
     cfg.other.type = TB_DEVICE_CPU;
-    snprintf(cfg.dir, sizeof cfg.dir, "%s", g_dir);
+    snprintf(cfg.dir, sizeof cfg.dir, "%s", wl_dir);
     cfg.plugin = plugin_built();
     if (!cfg.plugin) print_message("the plugin is not built: the sweep does not load it\n");
     wl_sweep(&cfg, true, 0, &stats);
@@ -71,5 +50,5 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_every_allocation),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, wl_group_setup, wl_group_teardown);
 }

@@ -25,27 +25,6 @@
 /* Allocations refused in the suite's run (about a minute on two cores under the sanitizers). */
 #define SAMPLE 48
 
-static char g_dir[256];
-
-static int group_setup(void **state) {
-    (void)state;
-    snprintf(g_dir, sizeof g_dir, "%s/tb_alloc_faults.XXXXXX",
-             getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp");
-    if (mkdtemp(g_dir) == NULL) return -1;
-    return 0;
-}
-
-static int group_teardown(void **state) {
-    char path[512];
-    (void)state;
-    tb_shutdown();
-    wl_records_free();
-    snprintf(path, sizeof path, "%s/wl.npy", g_dir);
-    remove(path);
-    rmdir(g_dir);
-    return 0;
-}
-
 static void test_opencl_allocations(void **state) {
     wl_config cfg;
     wl_sweep_stats stats;
@@ -67,7 +46,7 @@ static void test_opencl_allocations(void **state) {
         assert_int_equal(tb_device_make("cpu", 0, &cfg.other), TB_OK);
     }
     tb_shutdown();
-    snprintf(cfg.dir, sizeof cfg.dir, "%s", g_dir);
+    snprintf(cfg.dir, sizeof cfg.dir, "%s", wl_dir);
     wl_sweep(&cfg, false, SAMPLE, &stats);
 }
 
@@ -75,5 +54,5 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_opencl_allocations),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, wl_group_setup, wl_group_teardown);
 }

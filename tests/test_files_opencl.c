@@ -15,16 +15,9 @@
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
 
-static tb_device cl;
-static char tmpdir[256];
+#include "scratch_dir.h"
 
-static const char *path_of(const char *name) {
-    static char bufs[4][512];
-    static int next;
-    char *buf = bufs[next++ % 4];
-    snprintf(buf, sizeof bufs[0], "%s/%s", tmpdir, name);
-    return buf;
-}
+static tb_device cl;
 
 static int mappings_of(const char *path) {
     FILE *f = fopen("/proc/self/maps", "r");
@@ -134,8 +127,7 @@ static void test_print_names_the_device(void **state) {
 
 static int setup(void **state) {
     (void)state;
-    strcpy(tmpdir, "/tmp/tb_files_cl_XXXXXX");
-    if (mkdtemp(tmpdir) == NULL) return -1;
+    if (scratch_make("tb_files_cl") != 0) return -1;
     memset(&cl, 0, sizeof cl);
     if (tb_device_make("opencl", 0, &cl) != TB_OK) {
         memset(&cl, 0, sizeof cl);
@@ -146,10 +138,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    tb_shutdown();
-    return system(cmd) == 0 ? 0 : -1;
+    return scratch_remove();
 }
 
 int main(void) {

@@ -19,27 +19,13 @@
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
 
+#include "scratch_dir.h"
+
 #define FASHION_MNIST "/usr/share/datasets/fashion-mnist"
 
 static tb_device cpu;
-static char tmpdir[256];
 static tb__crc32_tables crc_table;
 static int gzip_found = -1;
-
-static const char *path_of(const char *name) {
-    static char bufs[4][512];
-    static int next;
-    char *buf = bufs[next++ % 4];
-    snprintf(buf, sizeof bufs[0], "%s/%s", tmpdir, name);
-    return buf;
-}
-
-static void write_bytes(const char *path, const void *data, size_t size) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, size, f), size);
-    fclose(f);
-}
 
 static size_t read_bytes(const char *path, unsigned char *out, size_t cap) {
     FILE *f = fopen(path, "rb");
@@ -656,18 +642,14 @@ static void test_fashion_mnist(void **state) {
 
 static int setup(void **state) {
     (void)state;
-    strcpy(tmpdir, "/tmp/tb_idx_XXXXXX");
-    if (mkdtemp(tmpdir) == NULL) return -1;
+    if (scratch_make("tb_idx") != 0) return -1;
     tb__crc32_init(&crc_table);
     return tb_device_make("cpu", 0, &cpu) == TB_OK ? 0 : -1;
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    tb_shutdown();
-    return system(cmd) == 0 ? 0 : -1;
+    return scratch_remove();
 }
 
 int main(void) {

@@ -13,23 +13,7 @@
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
 
-static char tmpdir[256];
-
-/* A path in the test's folder; four rotating buffers so a call can use several at once. */
-static const char *path_of(const char *name) {
-    static char bufs[4][512];
-    static int next;
-    char *buf = bufs[next++ % 4];
-    snprintf(buf, sizeof bufs[0], "%s/%s", tmpdir, name);
-    return buf;
-}
-
-static void write_bytes(const char *path, const void *data, size_t size) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, size, f), size);
-    fclose(f);
-}
+#include "scratch_dir.h"
 
 /* A .npy 1.0 file with the given header dict text and data bytes. */
 static void write_npy(const char *path, const char *dict, const void *data, size_t size) {
@@ -272,16 +256,12 @@ static void test_numpy_interop(void **state) {
 
 static int setup(void **state) {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/tb_npy_XXXXXX");
-    return mkdtemp(tmpdir) == NULL ? -1 : 0;
+    return scratch_make("tb_npy");
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    tb_shutdown();
-    return system(cmd) == 0 ? 0 : -1;
+    return scratch_remove();
 }
 
 int main(void) {

@@ -16,6 +16,8 @@
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
 
+#include "scratch_dir.h"
+
 /* The streams below are Python's zlib output (raw deflate, wbits -15) for sample(n):
        w = b"abracadabra alakazam "
        bytes((w[(i * 7 + i // 13) % 21] if i % 200 < 190 else (i * i + i // 7) % 251)
@@ -127,24 +129,7 @@ static void sample(unsigned char *out, size_t n) {
 }
 
 static tb_device cpu;
-static char tmpdir[256];
 static tb__crc32_tables crc_table;
-
-static const char *path_of(const char *name) {
-    static char bufs[4][512];
-    static int next;
-    char *buf = bufs[next++ % 4];
-    int n = snprintf(buf, sizeof bufs[0], "%s/%s", tmpdir, name);
-    assert_true(n > 0 && (size_t)n < sizeof bufs[0]);
-    return buf;
-}
-
-static void write_bytes(const char *path, const void *data, size_t size) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, size, f), size);
-    fclose(f);
-}
 
 /* Inflates a stream into exactly `out_len` bytes; NULL on success, else the reason. */
 static const char *inflate_into(const unsigned char *in, size_t in_len, unsigned char *out,
@@ -687,18 +672,14 @@ static void test_numpy_exchange(void **state) {
 
 static int setup(void **state) {
     (void)state;
-    strcpy(tmpdir, "/tmp/tb_npz_XXXXXX");
-    if (mkdtemp(tmpdir) == NULL) return -1;
+    if (scratch_make("tb_npz") != 0) return -1;
     tb__crc32_init(&crc_table);
     return tb_device_make("cpu", 0, &cpu) == TB_OK ? 0 : -1;
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    tb_shutdown();
-    return system(cmd) == 0 ? 0 : -1;
+    return scratch_remove();
 }
 
 int main(void) {

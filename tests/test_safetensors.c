@@ -17,24 +17,9 @@
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
 
+#include "scratch_dir.h"
+
 static tb_device cpu;
-static char tmpdir[256];
-
-static const char *path_of(const char *name) {
-    static char bufs[4][512];
-    static int next;
-    char *buf = bufs[next++ % 4];
-    int n = snprintf(buf, sizeof bufs[0], "%s/%s", tmpdir, name);
-    assert_true(n > 0 && (size_t)n < sizeof bufs[0]);
-    return buf;
-}
-
-static void write_bytes(const char *path, const void *data, size_t size) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, size, f), size);
-    fclose(f);
-}
 
 /* A safetensors file: the 8-byte length, the header text as given, then `data`. */
 static void write_st(const char *path, const char *header, const void *data, size_t size) {
@@ -672,17 +657,13 @@ static void test_numpy_exchange(void **state) {
 
 static int setup(void **state) {
     (void)state;
-    strcpy(tmpdir, "/tmp/tb_safetensors_XXXXXX");
-    if (mkdtemp(tmpdir) == NULL) return -1;
+    if (scratch_make("tb_safetensors") != 0) return -1;
     return tb_device_make("cpu", 0, &cpu) == TB_OK ? 0 : -1;
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    tb_shutdown();
-    return system(cmd) == 0 ? 0 : -1;
+    return scratch_remove();
 }
 
 int main(void) {
