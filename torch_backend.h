@@ -8769,7 +8769,6 @@ static void tb__exec_donors(tb_tensor *const *tensors, size_t count, const tb__e
     tb__exec_map seen;
     size_t i, j, n = 0, cap = 0, cap_stack = 0, num = 0;
     bool *hit = NULL;
-    tb_backend_data **cand = NULL;
     tb_status st = TB_OK;
     if (tb__desc()->check > 0) return; /* the check reads every parameter after the run */
     for (i = 0; i < count; i++) {
@@ -8778,8 +8777,8 @@ static void tb__exec_donors(tb_tensor *const *tensors, size_t count, const tb__e
         if (t->donor == NULL || t->node == NULL || t->donor->tb__donated) continue;
         at = tb__exec_map_get(&roots->index, t->node);
         if (at == NULL || donors[*at] != NULL) continue;
-        for (j = 0; j < roots->count && donors[j] != t->donor; j++) {
-        }
+        for (j = 0; j < roots->count; j++)
+            if (donors[j] == t->donor) break;
         if (j < roots->count) continue; /* one value, one buffer */
         donors[*at] = t->donor;
         num++;
@@ -8787,19 +8786,13 @@ static void tb__exec_donors(tb_tensor *const *tensors, size_t count, const tb__e
     if (num == 0) return;
     memset(&seen, 0, sizeof seen);
     hit = (bool *)tb__calloc(roots->count, sizeof(bool));
-    cand = (tb_backend_data **)tb__calloc(roots->count, sizeof *cand);
-    if (hit == NULL || cand == NULL) st = TB_ERR_OUT_OF_MEMORY;
-    for (i = 0; st == TB_OK && i < roots->count; i++)
-        cand[i] = donors[i];
+    if (hit == NULL) st = TB_ERR_OUT_OF_MEMORY;
     if (st == TB_OK) {
         tb__mutex_lock(&tb__tensor_live_mutex);
         for (t = tb__tensor_live_head; t != NULL && st == TB_OK; t = t->live_next) {
-            bool reads = false;
-            for (i = 0; i < roots->count; i++) {
-                if (cand[i] != NULL && t->data == cand[i]) hit[i] = true;
-                if (cand[i] != NULL && t->data_node != NULL && t->data_node->data == cand[i])
-                    hit[i] = true;
-            }
+            bool reads;
+            for (i = 0; i < roots->count; i++) /* its data node, if any, is over its data */
+                if (donors[i] != NULL && t->data == donors[i]) hit[i] = true;
             /* pending graphs this sync leaves pending: walked below, outside the lock */
             reads = t->node != NULL && tb__exec_map_get(&roots->index, t->node) == NULL;
             if (!reads || !tb__tensor_retain_if_alive(&t->refcount)) continue;
@@ -8813,7 +8806,7 @@ static void tb__exec_donors(tb_tensor *const *tensors, size_t count, const tb__e
         tb__mutex_unlock(&tb__tensor_live_mutex);
     }
     for (i = 0; i < n && st == TB_OK; i++)
-        st = tb__exec_donor_readers(live[i]->node, cand, roots->count, hit, &seen, &roots->index,
+        st = tb__exec_donor_readers(live[i]->node, donors, roots->count, hit, &seen, &roots->index,
                                     &stack, &cap_stack);
     for (i = 0; i < roots->count; i++)
         if (st != TB_OK || (hit != NULL && hit[i])) donors[i] = NULL;
@@ -8822,7 +8815,6 @@ static void tb__exec_donors(tb_tensor *const *tensors, size_t count, const tb__e
     tb__free(live);
     tb__free((void *)stack);
     tb__free(hit);
-    tb__free(cand);
     tb__exec_map_free(&seen);
 }
 
@@ -18820,7 +18812,7 @@ static bool tb__plan_read_at_root(const tb__pgraph *G, int32_t n, int32_t kk, co
    parameter and no later kernel can fail at run time. Returns the kernel, or -1. */
 static int32_t tb__plan_alias_kernel(const tb__pgraph *G, size_t i, int32_t param) {
     const tb__plan *p = G->plan;
-    int32_t r, pn = -1, kk = -1, n;
+    int32_t r, pn, kk = -1, n;
     size_t j, a;
     bool *at_root, ok;
     const tb_shape *ps;
@@ -18828,8 +18820,7 @@ static int32_t tb__plan_alias_kernel(const tb__pgraph *G, size_t i, int32_t para
         p->param_scalar[param])
         return -1;
     r = tb__plan_index_of(G, G->graph->results[i]);
-    for (j = 0; j < G->n && pn < 0; j++)
-        if (G->info[j].param == param) pn = (int32_t)j;
+    pn = tb__plan_index_of(G, G->graph->parameters[param]);
     if (r < 0 || pn < 0 || G->info[pn].slot < 0) return -1;
     ps = tb__plan_shape(G, pn);
     if (!tb__plan_same_dims(ps, tb__plan_shape(G, r)) || ps->dtype != tb__plan_shape(G, r)->dtype ||

@@ -1560,7 +1560,7 @@ static bool tb__plan_read_at_root(const tb__pgraph *G, int32_t n, int32_t kk, co
    parameter and no later kernel can fail at run time. Returns the kernel, or -1. */
 static int32_t tb__plan_alias_kernel(const tb__pgraph *G, size_t i, int32_t param) {
     const tb__plan *p = G->plan;
-    int32_t r, pn = -1, kk = -1, n;
+    int32_t r, pn, kk = -1, n;
     size_t j, a;
     bool *at_root, ok;
     const tb_shape *ps;
@@ -1568,8 +1568,7 @@ static int32_t tb__plan_alias_kernel(const tb__pgraph *G, size_t i, int32_t para
         p->param_scalar[param])
         return -1;
     r = tb__plan_index_of(G, G->graph->results[i]);
-    for (j = 0; j < G->n && pn < 0; j++)
-        if (G->info[j].param == param) pn = (int32_t)j;
+    pn = tb__plan_index_of(G, G->graph->parameters[param]);
     if (r < 0 || pn < 0 || G->info[pn].slot < 0) return -1;
     ps = tb__plan_shape(G, pn);
     if (!tb__plan_same_dims(ps, tb__plan_shape(G, r)) || ps->dtype != tb__plan_shape(G, r)->dtype ||

@@ -1715,7 +1715,6 @@ static void tb__exec_donors(tb_tensor *const *tensors, size_t count, const tb__e
     tb__exec_map seen;
     size_t i, j, n = 0, cap = 0, cap_stack = 0, num = 0;
     bool *hit = NULL;
-    tb_backend_data **cand = NULL;
     tb_status st = TB_OK;
     if (tb__desc()->check > 0) return; /* the check reads every parameter after the run */
     for (i = 0; i < count; i++) {
@@ -1724,8 +1723,8 @@ static void tb__exec_donors(tb_tensor *const *tensors, size_t count, const tb__e
         if (t->donor == NULL || t->node == NULL || t->donor->tb__donated) continue;
         at = tb__exec_map_get(&roots->index, t->node);
         if (at == NULL || donors[*at] != NULL) continue;
-        for (j = 0; j < roots->count && donors[j] != t->donor; j++) {
-        }
+        for (j = 0; j < roots->count; j++)
+            if (donors[j] == t->donor) break;
         if (j < roots->count) continue; /* one value, one buffer */
         donors[*at] = t->donor;
         num++;
@@ -1733,19 +1732,13 @@ static void tb__exec_donors(tb_tensor *const *tensors, size_t count, const tb__e
     if (num == 0) return;
     memset(&seen, 0, sizeof seen);
     hit = (bool *)tb__calloc(roots->count, sizeof(bool));
-    cand = (tb_backend_data **)tb__calloc(roots->count, sizeof *cand);
-    if (hit == NULL || cand == NULL) st = TB_ERR_OUT_OF_MEMORY;
-    for (i = 0; st == TB_OK && i < roots->count; i++)
-        cand[i] = donors[i];
+    if (hit == NULL) st = TB_ERR_OUT_OF_MEMORY;
     if (st == TB_OK) {
         tb__mutex_lock(&tb__tensor_live_mutex);
         for (t = tb__tensor_live_head; t != NULL && st == TB_OK; t = t->live_next) {
-            bool reads = false;
-            for (i = 0; i < roots->count; i++) {
-                if (cand[i] != NULL && t->data == cand[i]) hit[i] = true;
-                if (cand[i] != NULL && t->data_node != NULL && t->data_node->data == cand[i])
-                    hit[i] = true;
-            }
+            bool reads;
+            for (i = 0; i < roots->count; i++) /* its data node, if any, is over its data */
+                if (donors[i] != NULL && t->data == donors[i]) hit[i] = true;
             /* pending graphs this sync leaves pending: walked below, outside the lock */
             reads = t->node != NULL && tb__exec_map_get(&roots->index, t->node) == NULL;
             if (!reads || !tb__tensor_retain_if_alive(&t->refcount)) continue;
@@ -1759,7 +1752,7 @@ static void tb__exec_donors(tb_tensor *const *tensors, size_t count, const tb__e
         tb__mutex_unlock(&tb__tensor_live_mutex);
     }
     for (i = 0; i < n && st == TB_OK; i++)
-        st = tb__exec_donor_readers(live[i]->node, cand, roots->count, hit, &seen, &roots->index,
+        st = tb__exec_donor_readers(live[i]->node, donors, roots->count, hit, &seen, &roots->index,
                                     &stack, &cap_stack);
     for (i = 0; i < roots->count; i++)
         if (st != TB_OK || (hit != NULL && hit[i])) donors[i] = NULL;
@@ -1768,7 +1761,6 @@ static void tb__exec_donors(tb_tensor *const *tensors, size_t count, const tb__e
     tb__free(live);
     tb__free((void *)stack);
     tb__free(hit);
-    tb__free(cand);
     tb__exec_map_free(&seen);
 }
 
