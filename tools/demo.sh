@@ -5,17 +5,33 @@
 #   bash tools/demo.sh                   the first lazy computation (examples/hello.c)
 #   bash tools/demo.sh --train [EPOCHS]  trains an MLP on Fashion-MNIST (examples/train_mnist.c;
 #                                        one epoch unless EPOCHS says more)
+#   bash tools/demo.sh --train EPOCHS --torch
+#                                        then trains the same model the same way in PyTorch
+#                                        (tools/bench/train_mnist_torch.py), for the epoch times
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 train=0
 epochs=1
+torch=0
+usage() {
+    echo "usage: bash tools/demo.sh [--train [EPOCHS] [--torch]]" >&2
+    exit 2
+}
 if [ "${1-}" = "--train" ]; then
     train=1
-    epochs=${2:-1}
+    shift
+    if [ $# -gt 0 ] && [ "$1" != "--torch" ]; then
+        epochs=$1
+        shift
+    fi
+    if [ "${1-}" = "--torch" ]; then
+        torch=1
+        shift
+    fi
+    [ $# -eq 0 ] || usage
 elif [ $# -gt 0 ]; then
-    echo "usage: bash tools/demo.sh [--train [EPOCHS]]" >&2
-    exit 2
+    usage
 fi
 
 need=()
@@ -28,6 +44,9 @@ for pkg in ocl-icd-libopencl1 pocl-opencl-icd; do
 done
 if [ "$train" -eq 1 ]; then
     dpkg -s dataset-fashion-mnist >/dev/null 2>&1 || need+=(dataset-fashion-mnist)
+fi
+if [ "$torch" -eq 1 ]; then
+    dpkg -s python3-torch >/dev/null 2>&1 || need+=(python3-torch)
 fi
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""
@@ -42,6 +61,11 @@ mkdir -p build
 if [ "$train" -eq 1 ]; then
     ${CC:-cc} -std=c99 -O2 -I. examples/train_mnist.c -o build/train_mnist -ldl -lpthread -lm
     ./build/train_mnist "$epochs"
+    if [ "$torch" -eq 1 ]; then
+        echo "-- the same training in PyTorch --"
+        MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 OMP_WAIT_POLICY=PASSIVE \
+            /usr/bin/python3 tools/bench/train_mnist_torch.py "$epochs"
+    fi
 else
     ${CC:-cc} -std=c99 -O2 -I. examples/hello.c -o build/hello -ldl -lpthread -lm
     ./build/hello
