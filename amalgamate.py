@@ -40,12 +40,13 @@ DECLARATION_PARTS = [
 IMPLEMENTATION_PARTS = [
     "src/impl_begin.h",
     "src/base.c",
+    "src/metrics.c",
     "src/rng.c",
     "src/shape.c",
     "src/device.c",
     "src/backend.c",
+    "src/device_resolve.c",
     "src/ir.c",
-    "src/metrics.c",
     "src/tensor.c",
     "src/ops.c",
     "src/reference.c",
@@ -68,6 +69,7 @@ IMPLEMENTATION_PARTS = [
     "src/native.c",
     "src/interop.c",
     "src/files.c",
+    "src/wiring.c",
     "src/impl_end.h",
 ]
 PARTS = DECLARATION_PARTS + IMPLEMENTATION_PARTS

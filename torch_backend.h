@@ -524,6 +524,18 @@ typedef struct tb_backend_impl {
        NULL: no clusters. */
     int32_t (*get_node_kernel)(void *user_data, const void *computation, size_t node_index,
                                const char **kernel_name);
+    /* (optional) Host memory: the address of the data's values when the backend keeps them in
+       host memory that the library may read and write in place (a CPU backend; a device that
+       shares the host's memory), else NULL. DLPack export and the model files then skip a
+       copy. NULL entry: always a copy. */
+    void *(*data_host_pointer)(void *user_data, const tb_backend_data *data);
+    /* (optional) Zero-copy import: makes `data` (device and shape set, no payload yet) use the
+       caller's `host` array in place, which stays valid until `release(context)` is called
+       (once, when the backend no longer needs it; `release` may be NULL). Returns
+       TB_ERR_UNSUPPORTED, with nothing called, when it cannot (then the library copies, as it
+       does when the entry is NULL). */
+    tb_status (*data_borrow_host)(void *user_data, tb_backend_data *data, void *host,
+                                  void (*release)(void *context), void *context);
 } tb_backend_impl;
 
 /* Registers a backend under `name` (1..TB_MAX_NAME bytes, [A-Za-z_][A-Za-z0-9_]*), with
@@ -1831,11 +1843,43 @@ typedef struct tb__str {
 static void tb__str_append(tb__str *s, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static char *tb__str_take(tb__str *s); /* the text (caller frees), NULL if failed */
 static void tb__str_free(tb__str *s);
-/* teardown hooks of later layers, called by tb_shutdown in reverse layer order */
+
+#define TB__ERROR_CAP 1024 /* bytes of an error message, NUL included */
+
+/* A copy of the calling thread's error, for calls that must not disturb it. */
+typedef struct tb__saved_error {
+    tb_status status;
+    char message[TB__ERROR_CAP];
+} tb__saved_error;
+static void tb__error_save(tb__saved_error *saved);
+static void tb__error_restore(const tb__saved_error *saved);
+static tb_status tb__error_v(tb_status status, const char *fmt, va_list ap);
+/* a * b + c without overflow: false (nothing stored) when it would overflow */
+static bool tb__muladd_i64(int64_t a, int64_t b, int64_t c, int64_t *out);
+static uintptr_t tb__thread_id(void); /* nonzero, distinct per live thread */
+static void tb__yield(void);
+/* teardown hooks of the layers; tb_shutdown calls them through the wiring, in its order */
 static void tb__registry_shutdown(void);
 static void tb__ir_shutdown(void);
 static void tb__metrics_shutdown(void);
 static void tb__executor_shutdown(void);
+
+/* The wiring: what an earlier layer needs of later ones without naming them. The last part of
+   the implementation (wiring.c) fills one table with the later layers' hooks; earlier layers
+   reach them only through tb__wiring(). */
+typedef struct tb__builtin_backend {
+    const char *name;
+    tb_status (*register_backend)(void); /* registers the backend under `name` */
+} tb__builtin_backend;
+typedef struct tb__wiring_table {
+    /* tb_shutdown: each layer's teardown, later layers first and the metrics last */
+    void (*const *teardown)(void);
+    size_t num_teardown;
+    /* the backends built into the library, in registration order (the reference first) */
+    const tb__builtin_backend *builtins;
+    size_t num_builtins;
+} tb__wiring_table;
+static const tb__wiring_table *tb__wiring(void);
 
 /* rng.c: Philox 4x32-10 */
 static void tb__philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
@@ -1850,6 +1894,14 @@ static void tb__rng_reset(void);             /* the default seed, offset 0 (shut
 
 /* shape.c */
 static size_t tb__shape_text(const tb_shape *shape, char buf[96]); /* cut with "...]" if long */
+static tb_status tb__shape_check(const char *fn, const tb_shape *shape); /* valid, naming fn */
+static bool tb__shape_has_zero(const tb_shape *shape);
+static int64_t tb__shape_numel(const tb_shape *shape); /* of a valid shape */
+static bool tb__shape_size_ok(const tb_shape *shape);  /* within the size rule of shapes */
+
+/* device.c: splits "backend" or "backend:ordinal" (no lookup); messages name `fn` */
+static tb_status tb__device_text_split(const char *fn, const char *text, char name[TB_MAX_NAME + 1],
+                                       int32_t *ordinal);
 /* writes one element of `dtype` holding the value (C conversions; out-of-range floats saturate) */
 static void tb__scalar_store(tb_scalar value, tb_dtype dtype, void *out);
 
@@ -1867,18 +1919,20 @@ static tb_backend_data *tb__data_from_host(const tb_device *device, const tb_sha
 static tb_status tb__data_to_host(const tb_backend_data *data, void *host); /* FromDevice time */
 /* a rank-0 data of the scalar's dtype (the backend's data_from_scalar, else via the host) */
 static tb_backend_data *tb__data_from_scalar(const tb_device *device, tb_scalar value);
-/* a cpu data using `host` in place (no copy); NULL without an error when the device's backend
-   cannot borrow host memory: copy with tb__data_from_host instead */
+/* a data using `host` in place (no copy), when the device's backend can borrow host memory
+   (tb_backend_impl.data_borrow_host): release(context) is then the data's to call when it no
+   longer needs the memory. NULL without an error and nothing called when it cannot: copy with
+   tb__data_from_host instead, and release the memory yourself */
 static tb_backend_data *tb__data_borrow_host(const tb_device *device, const tb_shape *shape,
-                                             const void *host);
-/* the host array of a cpu backend data (payload tb__host_buffer, defined in backend.c);
-   NULL for another backend's data or a placeholder */
+                                             const void *host, void (*release)(void *context),
+                                             void *context);
+/* the host array of a data whose backend keeps it in host memory (data_host_pointer); NULL
+   for other data and placeholders */
 static void *tb__host_data(const tb_backend_data *data);
-/* arms a release callback on a cpu data that borrows `host` (tb__data_borrow_host): called
-   once, when the data's buffer is freed. false (nothing set) when `data` is not such a data
-   or already has a callback */
-static bool tb__data_set_host_release(tb_backend_data *data, const void *host,
-                                      void (*release)(void *context), void *context);
+/* registers a backend (tb_backend_register's work, messages naming `fn`); `plugin` is the
+   shared object it came from or NULL; *out (may be NULL) gets the entry */
+static tb_status tb__backend_register(const char *fn, const char *name, const tb_backend_impl *impl,
+                                      const char *tags, void *plugin, tb_backend **out);
 /* the device `ordinal` of a backend, its type asked from the backend; messages name `fn`
    (unknown backend: lists those that exist; bad ordinal: gives the device count) */
 static tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
@@ -1886,9 +1940,28 @@ static tb_status tb__backend_device(const char *fn, const char *backend, int32_t
 /* the current backend (tb_set_backend's, else the default of desc.backend / $TB_BACKEND /
    "cpu", looked up); NULL with an error naming `fn` and the setting that holds a bad name */
 static const tb_backend *tb__current_backend(const char *fn);
-/* cpu, opencl: those not registered yet (the registry calls it until all are) */
-struct tb__builtin_failure;
-static void tb__register_builtin_backends(struct tb__builtin_failure *why);
+/* the built-in backends of the wiring not registered yet (the registry calls it until all
+   are); the first failure is kept in `why` */
+/* Why a built-in backend is missing after tb__registry_ensure. */
+typedef struct tb__builtin_failure {
+    tb_status status;           /* TB_OK: every built-in backend is registered */
+    char name[TB_MAX_NAME + 1]; /* the first one that could not be */
+    char reason[TB__ERROR_CAP];
+} tb__builtin_failure;
+static void tb__register_builtin_backends(tb__builtin_failure *why);
+/* registers every built-in backend not registered yet; `why` (may be NULL) gets the first
+   failure */
+static void tb__registry_ensure(tb__builtin_failure *why);
+static void tb__registry_set_rng_seed(uint64_t seed); /* every registered backend's */
+/* the backend named `name` (loaded as a plugin if need be); NULL with an error naming `fn` */
+static tb_backend *tb__lookup(const char *fn, const char *name);
+/* the error of a backend entry that failed with `st`, naming the backend and the entry */
+static tb_status tb__backend_failed(tb_status st, const tb_backend *b, const char *entry);
+/* the reference backend: the one whose values every other is checked against and which runs
+   the eager fallback. Its built-in registration names it (tb__registry_set_reference); NULL
+   until then. */
+static void tb__registry_set_reference(const tb_backend *backend);
+static const tb_backend *tb__registry_reference(void);
 
 /* ir.c: nodes. Operands are retained by the node; the node is created with refcount 1. */
 struct tb_node {
@@ -1938,6 +2011,21 @@ static void tb__graph_detached_free(tb__detached_graph *detached);
 /* shape inference for a built-in or custom op (used by ops.c and tb_call_op) */
 static tb_status tb__op_infer_shape(tb_op op, const tb_shape *inputs, size_t num_inputs,
                                     const int64_t *attrs, size_t num_attrs, tb_shape *out);
+/* ir.c's shape rules, shared with the ops: messages name `fn` and the shapes involved */
+typedef struct tb__shape_buf {
+    char text[96];
+} tb__shape_buf;
+static const char *tb__st(const tb_shape *shape, tb__shape_buf *buf); /* the shape's text */
+static tb_status tb__infer_shape_as(const char *fn, tb_op op, const tb_shape *inputs,
+                                    size_t num_inputs, const int64_t *attrs, size_t num_attrs,
+                                    tb_shape *out);
+static tb_status tb__broadcast_dims(const char *fn, const tb_shape *inputs, size_t n,
+                                    tb_shape *out);
+static tb_status tb__check_fits(const char *fn, const tb_shape *shape);
+static tb_status tb__need_bool(const char *fn, const char *what, const tb_shape *shape);
+static tb_status tb__need_float(const char *fn, const tb_shape *shape);
+static tb_status tb__need_index(const char *fn, const tb_shape *shape);
+static tb_status tb__need_not_bool(const char *fn, const tb_shape *shape);
 
 /* ops.c: NULL for an op given a NULL tensor; the chain's first error is kept, else one naming
    `what` is set */
@@ -1967,26 +2055,73 @@ static tb_node *tb__tensor_ir(tb_tensor *tensor);
 static tb_status tb__resolve_device(const tb_device *device, tb_device *out);
 /* a new tensor holding `data` (consumes the caller's reference); NULL data -> NULL */
 static tb_tensor *tb__tensor_from_data(tb_backend_data *data);
+/* a tensor over `host` in place where the device's backend can borrow host memory, else over
+   a copy. On success release(context) is called exactly once: by the data when it no longer
+   needs `host`, or before this returns (the device copied); on failure (NULL) it is not */
+static tb_tensor *tb__tensor_borrow(const char *func, const void *host, const tb_shape *shape,
+                                    const tb_device *device, void (*release)(void *context),
+                                    void *context);
 
-/* reference.c: the reference interpreter. A graph's parameter values and results are
-   contiguous host arrays of the nodes' shapes. */
+/* reference.c: the reference interpreter (the cpu backend runs it). A graph's parameter values
+   and results are contiguous host arrays of the nodes' shapes. */
 static tb_status tb__ref_run_graph(const tb_graph *graph, const void *const *parameters,
                                    void *const *results);
-/* one node from contiguous host arrays of its operands */
-static tb_status tb__ref_eval_node(const tb_node *node, const void *const *operands, void *output);
 
-/* cpu_backend.c: the "cpu" backend's vtable (registered by backend.c) */
-static void tb__cpu_backend_impl(tb_backend_impl *out);
+/* the built-in backends' registrations, which the wiring lists */
+/* autograd.c: the arena of tensors a rule makes, released together (nn.c and optim.c build
+   on it), and what a tensor holds across an assignment that may have to be undone */
+typedef struct tb__ag {
+    const char *fn;
+    tb_device device;
+    tb_tensor **temps;
+    size_t num_temps, cap_temps;
+    bool failed; /* a tensor could not be made; the error is set */
+} tb__ag;
+static void tb__ag_init(tb__ag *a, const char *fn);
+static void tb__ag_free(tb__ag *a);
+/* t joins the arena (released with it) and is returned; NULL t, or no memory (t released),
+   marks the arena failed and gives NULL */
+static tb_tensor *tb__ag_keep(tb__ag *a, tb_tensor *t);
+static tb_tensor *tb__ag_const(tb__ag *a, tb_dtype dtype, double value);
+/* What a tensor holds, kept across assignments that may have to be undone (an optimizer step
+   whose sync fails). Holding it does not keep a donation from happening: only live tensors
+   count as readers. */
+typedef struct tb__held {
+    tb_tensor *t;
+    tb_node *node, *history, *data_node;
+    tb_backend_data *data, *donor;
+} tb__held;
+static void tb__held_take(tb__held *h, tb_tensor *t);
+static tb_tensor *tb__held_guard(const tb__held *h);
+static bool tb__held_restore(tb__held *h);
+static void tb__held_drop(tb__held *h);
 
-/* opencl.c */
+/* cpu_backend.c: registers the "cpu" backend as the registry's reference */
+static tb_status tb__cpu_register(void);
 #if !defined(TB_NO_OPENCL)
-/* registers the "opencl" backend (called by tb__register_builtin_backends) */
+/* opencl.c: registers the "opencl" backend */
 static tb_status tb__opencl_register(void);
 #endif
 #if defined(TB__HAVE_NATIVE)
 /* native.c: registers the "native" backend */
 static tb_status tb__native_register(void);
 #endif
+
+/* interop.c: the .npy header and byte order, which the model files (files.c) share */
+/* The parsed header of a .npy file. */
+typedef struct tb__npy_header {
+    tb_dtype dtype;
+    bool big_endian;
+    bool fortran_order;
+    int32_t rank;
+    int64_t dims[TB_MAX_RANK];
+    bool has_descr, has_order, has_shape;
+} tb__npy_header;
+static tb_status tb__npy_parse_header(const char *text, size_t len, const char *path,
+                                      tb__npy_header *h);
+static char *tb__npy_header_text(const tb_shape *shape, size_t *len, unsigned *major);
+static bool tb__host_is_little_endian(void);
+static void tb__swap_bytes(unsigned char *data, size_t count, size_t width);
 
 /* ---- src/base.c ---- */
 /* ===========================================================================================
@@ -1997,8 +2132,6 @@ static tb_status tb__native_register(void);
 #include <sched.h>    /* sched_yield */
 #include <sys/time.h> /* gettimeofday: the clock when clock_gettime is not declared */
 #endif
-
-#define TB__ERROR_CAP 1024
 
 /* The calling thread's last error. */
 static TB__THREAD_LOCAL tb_status tb__err_status = TB_OK;
@@ -2168,12 +2301,6 @@ TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) {
     if (tb__plugin_parent != NULL) tb__plugin_parent->set_error(status, tb__err_message);
     return status;
 }
-
-/* A copy of the calling thread's error, for calls that must not disturb it. */
-typedef struct tb__saved_error {
-    tb_status status;
-    char message[TB__ERROR_CAP];
-} tb__saved_error;
 
 static TB__UNUSED void tb__error_save(tb__saved_error *saved) {
     saved->status = tb__err_status;
@@ -2651,14 +2778,14 @@ TBDEF void tb_shutdown(void) {
         tb__mutex_unlock(&tb__setup_mutex);
         return;
     }
-    /* Later layers first; they may still allocate, log and read the desc meanwhile. The
-       metrics go last of all: every layer records them, the backends too (in prepare_to_exit
-       and while their buffers are released), and a metric recorded after the table was freed
-       would outlive the allocator hooks. Nothing after this point allocates. */
-    tb__executor_shutdown();
-    tb__ir_shutdown();
-    tb__registry_shutdown();
-    tb__metrics_shutdown();
+    /* Later layers first (the wiring's order); they may still allocate, log and read the desc
+       meanwhile. Nothing after this point allocates. */
+    {
+        const tb__wiring_table *w = tb__wiring();
+        size_t i;
+        for (i = 0; i < w->num_teardown; i++)
+            w->teardown[i]();
+    }
     tb__free_desc_strings();
     memset(&tb__g.desc, 0, sizeof tb__g.desc);
     tb__g.device_source = NULL;
@@ -2915,6 +3042,271 @@ static TB__UNUSED void tb__slow_notice_end(tb__slow_notice *n) {
 #endif
     n->armed = false;
 }
+
+/* ---- src/metrics.c ---- */
+/* ===========================================================================================
+   Metrics: LTC's counters and metrics (torch/csrc/lazy/core/metrics.h), by name
+   =========================================================================================== */
+
+#define TB__METRIC_RECENT   64  /* samples kept per metric for the percentiles */
+#define TB__METRIC_NAME_MAX 255 /* longest name in bytes */
+
+typedef struct tb__metric {
+    char *name;
+    int64_t value; /* a counter's value; a metric's number of samples */
+    double sum;
+    double min;
+    double max;
+    double recent[TB__METRIC_RECENT]; /* a ring of the latest samples */
+} tb__metric;
+
+typedef struct tb__metric_table {
+    tb__metric **items; /* sorted by name */
+    size_t count;
+    size_t cap;
+} tb__metric_table;
+
+static tb__mutex tb__metrics_mutex = TB__MUTEX_INIT;
+static tb__metric_table tb__metric_counters;
+static tb__metric_table tb__metric_samples;
+
+/* The index of `name`, or where it would go (*found false). */
+static size_t tb__metric_find(const tb__metric_table *table, const char *name, bool *found) {
+    size_t lo = 0, hi = table->count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(table->items[mid]->name, name);
+        if (c == 0) {
+            *found = true;
+            return mid;
+        }
+        if (c < 0) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    *found = false;
+    return lo;
+}
+
+/* The entry of `name`, created when missing; NULL when out of memory. Recording is best
+   effort: a metric that cannot be created is dropped, and the caller's error (its operation
+   succeeded) stays as it was. Caller holds the lock. */
+static tb__metric *tb__metric_get(tb__metric_table *table, const char *name) {
+    bool found;
+    size_t at = tb__metric_find(table, name, &found);
+    tb__metric *m;
+    tb__saved_error saved;
+    if (found) return table->items[at];
+    tb__error_save(&saved);
+    if (tb__grow((void **)&table->items, &table->cap, table->count + 1, sizeof(tb__metric *)) !=
+        TB_OK) {
+        tb__error_restore(&saved);
+        return NULL;
+    }
+    m = (tb__metric *)tb__calloc(1, sizeof(tb__metric));
+    if (m == NULL) {
+        tb__error_restore(&saved);
+        return NULL;
+    }
+    m->name = tb__strdup(name);
+    if (m->name == NULL) {
+        tb__free(m);
+        tb__error_restore(&saved);
+        return NULL;
+    }
+    memmove(table->items + at + 1, table->items + at, (table->count - at) * sizeof(tb__metric *));
+    table->items[at] = m;
+    table->count++;
+    return m;
+}
+
+static const tb__metric *tb__metric_peek(const tb__metric_table *table, const char *name) {
+    bool found;
+    size_t at = tb__metric_find(table, name, &found);
+    return found ? table->items[at] : NULL;
+}
+
+static void tb__metric_table_free(tb__metric_table *table) {
+    size_t i;
+    for (i = 0; i < table->count; i++) {
+        tb__free(table->items[i]->name);
+        tb__free(table->items[i]);
+    }
+    tb__free(table->items);
+    table->items = NULL;
+    table->count = 0;
+    table->cap = 0;
+}
+
+static void tb__metric_count(const char *name, int64_t delta) {
+    tb__metric *m;
+    tb__mutex_lock(&tb__metrics_mutex);
+    m = tb__metric_get(&tb__metric_counters, name);
+    if (m != NULL) m->value += delta;
+    tb__mutex_unlock(&tb__metrics_mutex);
+}
+
+static void tb__metric_sample(const char *name, double value) {
+    tb__metric *m;
+    tb__mutex_lock(&tb__metrics_mutex);
+    m = tb__metric_get(&tb__metric_samples, name);
+    if (m != NULL) {
+        if (m->value == 0 || value < m->min) m->min = value;
+        if (m->value == 0 || value > m->max) m->max = value;
+        m->recent[(uint64_t)m->value % TB__METRIC_RECENT] = value;
+        m->sum += value;
+        m->value++;
+    }
+    tb__mutex_unlock(&tb__metrics_mutex);
+}
+
+static void tb__metrics_shutdown(void) {
+    tb__mutex_lock(&tb__metrics_mutex);
+    tb__metric_table_free(&tb__metric_counters);
+    tb__metric_table_free(&tb__metric_samples);
+    tb__mutex_unlock(&tb__metrics_mutex);
+}
+
+static bool tb__metric_name_ok(const char *func, const char *name) {
+    size_t n;
+    if (name == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: name is NULL", func);
+        return false;
+    }
+    n = strlen(name);
+    if (n == 0 || n > TB__METRIC_NAME_MAX) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: name '%.40s' has %lu bytes (1..%d allowed)", func,
+                  name, (unsigned long)n, TB__METRIC_NAME_MAX);
+        return false;
+    }
+    return true;
+}
+
+TBDEF int64_t tb_metrics_counter(const char *name) {
+    const tb__metric *m;
+    int64_t value = 0;
+    if (!tb__metric_name_ok("tb_metrics_counter", name)) return 0;
+    tb__ensure_setup();
+    tb__mutex_lock(&tb__metrics_mutex);
+    m = tb__metric_peek(&tb__metric_counters, name);
+    if (m == NULL) m = tb__metric_peek(&tb__metric_samples, name);
+    if (m != NULL) value = m->value;
+    tb__mutex_unlock(&tb__metrics_mutex);
+    return value;
+}
+
+TBDEF double tb_metrics_total(const char *name) {
+    const tb__metric *m;
+    double total = 0.0;
+    if (!tb__metric_name_ok("tb_metrics_total", name)) return 0.0;
+    tb__ensure_setup();
+    tb__mutex_lock(&tb__metrics_mutex);
+    m = tb__metric_peek(&tb__metric_samples, name);
+    if (m != NULL) {
+        total = m->sum;
+    } else {
+        m = tb__metric_peek(&tb__metric_counters, name);
+        if (m != NULL) total = (double)m->value;
+    }
+    tb__mutex_unlock(&tb__metrics_mutex);
+    return total;
+}
+
+TBDEF void tb_metrics_reset(void) {
+    tb__ensure_setup();
+    tb__metrics_shutdown();
+}
+
+TBDEF void tb_metrics_add(const char *name, int64_t delta) {
+    if (!tb__metric_name_ok("tb_metrics_add", name)) return;
+    tb__ensure_setup();
+    tb__metric_count(name, delta);
+}
+
+TBDEF void tb_metrics_sample(const char *name, double value) {
+    if (!tb__metric_name_ok("tb_metrics_sample", name)) return;
+    if (value != value) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_metrics_sample: %s: the value is NaN", name);
+        return;
+    }
+    tb__ensure_setup();
+    tb__metric_sample(name, value);
+}
+
+/* Times are in nanoseconds and shown in the largest unit below them, as LTC does. */
+static void tb__metric_value_text(tb__str *s, bool is_time, double v) {
+    double a = fabs(v);
+    if (is_time) {
+        if (a < 1e3) {
+            tb__str_append(s, "%.0fns", v);
+        } else if (a < 1e6) {
+            tb__str_append(s, "%.3fus", v / 1e3);
+        } else if (a < 1e9) {
+            tb__str_append(s, "%.3fms", v / 1e6);
+        } else {
+            tb__str_append(s, "%.3fs", v / 1e9);
+        }
+    } else if (a < 1e15 && v == floor(v)) {
+        tb__str_append(s, "%.0f", v);
+    } else {
+        tb__str_append(s, "%.6g", v);
+    }
+}
+
+static int tb__metric_compare_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void tb__metric_report(tb__str *s, const tb__metric *m) {
+    static const int percentiles[] = {1, 5, 10, 20, 50, 80, 90, 95, 99};
+    size_t name_len = strlen(m->name);
+    bool is_time = name_len >= 4 && strcmp(m->name + name_len - 4, "Time") == 0;
+    double sorted[TB__METRIC_RECENT];
+    size_t n = m->value < TB__METRIC_RECENT ? (size_t)m->value : TB__METRIC_RECENT;
+    size_t i;
+    tb__str_append(s, "Metric: %s\n  TotalSamples: %lld\n  Accumulator: ", m->name,
+                   (long long)m->value);
+    tb__metric_value_text(s, is_time, m->sum);
+    tb__str_append(s, "\n  Mean: ");
+    tb__metric_value_text(s, is_time, m->value > 0 ? m->sum / (double)m->value : 0.0);
+    tb__str_append(s, "\n  Min: ");
+    tb__metric_value_text(s, is_time, m->min);
+    tb__str_append(s, "\n  Max: ");
+    tb__metric_value_text(s, is_time, m->max);
+    memcpy(sorted, m->recent, n * sizeof(double));
+    qsort(sorted, n, sizeof(double), tb__metric_compare_double);
+    tb__str_append(s, "\n  Percentiles: ");
+    for (i = 0; i < sizeof(percentiles) / sizeof(percentiles[0]); i++) {
+        size_t at = (size_t)((double)percentiles[i] / 100.0 * (double)(n - 1) + 0.5);
+        tb__str_append(s, "%s%d%%=", i > 0 ? "; " : "", percentiles[i]);
+        tb__metric_value_text(s, is_time, sorted[at]);
+    }
+    tb__str_append(s, "\n");
+}
+
+TBDEF char *tb_metrics_report(void) {
+    tb__str s;
+    size_t i;
+    memset(&s, 0, sizeof(s));
+    tb__ensure_setup();
+    tb__mutex_lock(&tb__metrics_mutex);
+    for (i = 0; i < tb__metric_samples.count; i++) {
+        tb__metric_report(&s, tb__metric_samples.items[i]);
+    }
+    for (i = 0; i < tb__metric_counters.count; i++) {
+        tb__str_append(&s, "Counter: %s\n  Value: %lld\n", tb__metric_counters.items[i]->name,
+                       (long long)tb__metric_counters.items[i]->value);
+    }
+    tb__mutex_unlock(&tb__metrics_mutex);
+    if (s.data == NULL && !s.failed) return tb__strdup("");
+    return tb__str_take(&s);
+}
+
+#undef TB__METRIC_RECENT
+#undef TB__METRIC_NAME_MAX
 
 /* ---- src/rng.c ---- */
 /* ===========================================================================================
@@ -3612,12 +4004,9 @@ TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out) {
 
 /* ---- src/device.c ---- */
 /* ===========================================================================================
-   Devices: text form, resolution through the registry, the per-thread device guard
+   Devices: types, the text form `backend:ordinal`, equality (resolution through the registry
+   is device_resolve.c's)
    =========================================================================================== */
-
-/* The calling thread's innermost guarded device. */
-static TB__THREAD_LOCAL tb_device tb__guard_device;
-static TB__THREAD_LOCAL bool tb__guard_active = false;
 
 TBDEF const char *tb_device_type_name(tb_device_type type) {
     switch (type) {
@@ -3658,15 +4047,6 @@ TBDEF tb_status tb_device_type_parse(const char *text, tb_device_type *out) {
                      "tb_device_type_parse: unknown device type '%.64s' (expected cpu, gpu or "
                      "accelerator)",
                      text);
-}
-
-TBDEF tb_status tb_device_make(const char *backend, int32_t ordinal, tb_device *out) {
-    if (backend == NULL || out == NULL) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_device_make: %s is NULL",
-                         backend == NULL ? "backend" : "out");
-    }
-    tb__ensure_setup();
-    return tb__backend_device("tb_device_make", backend, ordinal, out);
 }
 
 TBDEF size_t tb_device_format(const tb_device *device, char *buf, size_t cap) {
@@ -3744,90 +4124,9 @@ static tb_status tb__device_text_split(const char *fn, const char *text, char na
     return TB_OK;
 }
 
-static tb_status tb__device_parse(const char *fn, const char *text, tb_device *out) {
-    char name[TB_MAX_NAME + 1];
-    int32_t ordinal;
-    tb_status st = tb__device_text_split(fn, text, name, &ordinal);
-    if (st != TB_OK) return st;
-    return tb__backend_device(fn, name, ordinal, out);
-}
-
-TBDEF tb_status tb_device_parse(const char *text, tb_device *out) {
-    if (text == NULL || out == NULL) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_device_parse: %s is NULL",
-                         text == NULL ? "text" : "out");
-    }
-    tb__ensure_setup();
-    return tb__device_parse("tb_device_parse", text, out);
-}
-
 TBDEF bool tb_device_equal(const tb_device *a, const tb_device *b) {
     if (a == NULL || b == NULL) return false;
     return a->ordinal == b->ordinal && strncmp(a->backend, b->backend, sizeof a->backend) == 0;
-}
-
-TBDEF tb_status tb_current_device(tb_device *out) {
-    const tb_desc *desc;
-    if (out == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_current_device: out is NULL");
-    if (tb__guard_active) {
-        *out = tb__guard_device;
-        return TB_OK;
-    }
-    desc = tb__desc();
-    if (desc->device != NULL) {
-        tb_device d;
-        tb_status st = tb__device_parse("tb_current_device", desc->device, &d);
-        if (st != TB_OK) {
-            /* Keep the reason, and say which setting holds the bad value. */
-            static const char prefix[] = "tb_current_device: ";
-            char reason[TB__ERROR_CAP];
-            const char *source = tb__g.device_source != NULL ? tb__g.device_source : "TB_DEVICE";
-            const char *r = tb_last_error();
-            if (strncmp(r, prefix, sizeof prefix - 1) == 0) r += sizeof prefix - 1;
-            snprintf(reason, sizeof reason, "%s", r);
-            return tb__error(st, "tb_current_device: %s='%.64s' is not a usable device: %s", source,
-                             desc->device, reason);
-        }
-        *out = d;
-        return TB_OK;
-    }
-    {
-        const tb_backend *b = tb__current_backend("tb_current_device");
-        if (b == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_NOT_FOUND;
-        return tb_backend_default_device(tb_backend_name(b), out);
-    }
-}
-
-TBDEF tb_status tb_device_guard_begin(tb_device_guard *guard, const tb_device *device) {
-    tb_device d;
-    tb_status st;
-    if (guard == NULL || device == NULL) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_device_guard_begin: %s is NULL",
-                         guard == NULL ? "guard" : "device");
-    }
-    tb__ensure_setup();
-    if (device->backend[0] == '\0') {
-        st = tb_current_device(&d);
-    } else {
-        char name[TB_MAX_NAME + 1];
-        memcpy(name, device->backend, TB_MAX_NAME);
-        name[TB_MAX_NAME] = '\0';
-        st = tb__backend_device("tb_device_guard_begin", name, device->ordinal, &d);
-    }
-    if (st != TB_OK) return st;
-    guard->previous = tb__guard_device;
-    guard->had_previous = tb__guard_active;
-    guard->active = true;
-    tb__guard_device = d;
-    tb__guard_active = true;
-    return TB_OK;
-}
-
-TBDEF void tb_device_guard_end(tb_device_guard *guard) {
-    if (guard == NULL || !guard->active) return;
-    tb__guard_device = guard->previous;
-    tb__guard_active = guard->had_previous;
-    guard->active = false;
 }
 
 /* ---- src/backend.c ---- */
@@ -3859,10 +4158,10 @@ struct tb_backend {
 typedef struct tb__registry {
     tb_backend **items;
     size_t count, cap;
-    size_t removals;       /* entries removed (a failed init), so that a walk can restart */
-    tb_backend *current;   /* NULL until chosen (lazily from the desc) */
-    int32_t builtins_done; /* read atomically */
-    const tb_backend *cpu; /* the reference backend, whose payloads are tb__host_buffer */
+    size_t removals;             /* entries removed (a failed init), so that a walk can restart */
+    tb_backend *current;         /* NULL until chosen (lazily from the desc) */
+    int32_t builtins_done;       /* read atomically */
+    const tb_backend *reference; /* tb__registry_set_reference's, NULL before */
 } tb__registry;
 
 static tb__registry tb__reg;
@@ -3962,13 +4261,6 @@ static bool tb__tags_have(const char *tags, const char *wanted) {
 }
 
 /* ---- the registry ---- */
-
-/* Why a built-in backend is missing after tb__registry_ensure. */
-typedef struct tb__builtin_failure {
-    tb_status status;           /* TB_OK: every built-in backend is registered */
-    char name[TB_MAX_NAME + 1]; /* the first one that could not be */
-    char reason[TB__ERROR_CAP];
-} tb__builtin_failure;
 
 /* Registers the built-in backends that are not registered yet. A failure (memory ran out) is
    not remembered: the next call tries again, so a transient failure does not disable a
@@ -4524,9 +4816,9 @@ TBDEF tb_status tb_set_backend(const char *name) {
 }
 
 /* The current backend: the one tb_set_backend chose, else the default (desc.backend,
-   $TB_BACKEND, "cpu"), looked up on first use. A default that names no usable backend is an
-   error each time it is used, in the words tb_current_device uses for a bad desc.device or
-   $TB_DEVICE; nothing falls back to another backend. */
+   $TB_BACKEND, the reference backend), looked up on first use. A default that names no usable
+   backend is an error each time it is used, in the words tb_current_device uses for a bad
+   desc.device or $TB_DEVICE; nothing falls back to another backend. */
 static const tb_backend *tb__current_backend(const char *fn) {
     tb_backend *b;
     const char *wanted, *source;
@@ -4537,7 +4829,8 @@ static const tb_backend *tb__current_backend(const char *fn) {
     tb__mutex_unlock(&tb__reg_mutex);
     if (b != NULL) return b;
 
-    wanted = tb__desc()->backend != NULL ? tb__desc()->backend : "cpu";
+    /* no setting: the reference backend, the first built-in of the wiring */
+    wanted = tb__desc()->backend != NULL ? tb__desc()->backend : tb__wiring()->builtins[0].name;
     source = tb__g.backend_source;
     b = tb__lookup(fn, wanted);
     if (b == NULL) {
@@ -4677,45 +4970,6 @@ TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t c
         out[i].ordinal = (int32_t)i;
     }
     if (count != NULL) *count = n;
-    return TB_OK;
-}
-
-TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *out) {
-    tb_device d;
-    tb_status st;
-    tb_backend *b;
-    if (device == NULL || out == NULL) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_device_info: %s is NULL",
-                         device == NULL ? "device" : "out");
-    }
-    if (device->backend[0] == '\0') {
-        st = tb_current_device(&d);
-    } else {
-        char name[TB_MAX_NAME + 1];
-        memcpy(name, device->backend, TB_MAX_NAME);
-        name[TB_MAX_NAME] = '\0';
-        st = tb__backend_device("tb_backend_device_info", name, device->ordinal, &d);
-    }
-    if (st != TB_OK) return st;
-    b = tb__lookup("tb_backend_device_info", d.backend);
-    if (b == NULL) return tb_last_status();
-    memset(out, 0, sizeof *out);
-    out->device = d;
-    if (b->impl.get_device_info != NULL) {
-        tb__saved_error saved;
-        tb__error_save(&saved);
-        tb_clear_error();
-        st = b->impl.get_device_info(b->impl.user_data, d.ordinal, out);
-        if (st != TB_OK) return tb__backend_failed(st, b, "get_device_info");
-        tb__error_restore(&saved);
-        out->device = d;
-        /* whatever the backend wrote, the strings end inside their arrays */
-        out->name[sizeof out->name - 1] = '\0';
-        out->vendor[sizeof out->vendor - 1] = '\0';
-        out->driver_version[sizeof out->driver_version - 1] = '\0';
-        out->language_version[sizeof out->language_version - 1] = '\0';
-        out->extensions[sizeof out->extensions - 1] = '\0';
-    }
     return TB_OK;
 }
 
@@ -5099,7 +5353,7 @@ static void tb__registry_shutdown(void) {
     tb__reg.count = 0;
     tb__reg.cap = 0;
     tb__reg.current = NULL;
-    tb__reg.cpu = NULL;
+    tb__reg.reference = NULL;
     tb__mutex_unlock(&tb__reg_mutex);
     /* entries first, then the objects their strings and functions came from */
     for (i = 0; i < count; i++) {
@@ -5117,47 +5371,14 @@ static void tb__registry_shutdown(void) {
 
 /* ---- backend data ---- */
 
-/* The cpu backend's payload: a host array, owned or borrowed from the caller. A borrowed array
-   may carry a release callback, called once when the buffer is freed (DLPack's deleter). */
-typedef struct tb__host_buffer {
-    void *data;
-    size_t size;
-    bool borrowed;
-    void (*release)(void *context);
-    void *release_context;
-} tb__host_buffer;
-
-/* An owned host buffer of `size` bytes (uninitialised). */
-static TB__UNUSED tb__host_buffer *tb__host_buffer_new(size_t size) {
-    tb__host_buffer *hb = (tb__host_buffer *)tb__alloc(sizeof *hb);
-    if (hb == NULL) return NULL;
-    hb->data = tb__alloc(size);
-    if (hb->data == NULL) {
-        tb__free(hb);
-        return NULL;
-    }
-    hb->size = size;
-    hb->borrowed = false;
-    hb->release = NULL;
-    hb->release_context = NULL;
-    return hb;
-}
-
-static TB__UNUSED void tb__host_buffer_free(tb__host_buffer *hb) {
-    if (hb == NULL) return;
-    if (!hb->borrowed) tb__free(hb->data);
-    if (hb->borrowed && hb->release != NULL) hb->release(hb->release_context);
-    tb__free(hb);
-}
-
+/* The host address of a data's values, from its backend when that keeps them in host memory
+   (tb_backend_impl.data_host_pointer); NULL otherwise. */
 static TB__UNUSED void *tb__host_data(const tb_backend_data *data) {
-    const tb_backend *cpu;
-    if (data == NULL || data->payload == NULL) return NULL;
-    tb__mutex_lock(&tb__reg_mutex);
-    cpu = tb__reg.cpu;
-    tb__mutex_unlock(&tb__reg_mutex);
-    if (data->tb__backend != cpu) return NULL;
-    return ((const tb__host_buffer *)data->payload)->data;
+    const tb_backend_impl *impl;
+    if (data == NULL || data->payload == NULL || data->tb__backend == NULL) return NULL;
+    impl = &data->tb__backend->impl;
+    if (impl->data_host_pointer == NULL) return NULL;
+    return impl->data_host_pointer(impl->user_data, data);
 }
 
 static TB__UNUSED tb_backend_data *tb__data_new(const tb_backend *backend, const tb_device *device,
@@ -5269,54 +5490,44 @@ static TB__UNUSED tb_backend_data *tb__data_from_scalar(const tb_device *device,
     return d;
 }
 
-/* A cpu data that uses `host` in place. NULL without an error when the device's backend cannot
-   borrow host memory (the caller copies instead, which also reports any error). */
+/* A data of the device's backend that uses `host` in place, when the backend can
+   (tb_backend_impl.data_borrow_host); `release(context)` is then the data's to call. NULL without
+   an error, nothing called, when it cannot: the caller copies instead (which also reports any
+   error of the device) and keeps `release`. */
 static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device,
-                                                        const tb_shape *shape, const void *host) {
+                                                        const tb_shape *shape, const void *host,
+                                                        void (*release)(void *context),
+                                                        void *context) {
     tb_backend *b;
     tb_backend_data *d;
-    tb__host_buffer *hb;
-    size_t nbytes = 0;
-    const tb_backend *cpu;
+    void *writable;
+    tb_status st;
     tb__saved_error saved;
     if (device == NULL || shape == NULL || host == NULL) return NULL;
-    if (strncmp(device->backend, "cpu", sizeof device->backend) != 0) return NULL;
     tb__error_save(&saved);
     b = tb__backend_for_device(device);
-    tb__mutex_lock(&tb__reg_mutex);
-    cpu = tb__reg.cpu;
-    tb__mutex_unlock(&tb__reg_mutex);
-    if (b == NULL || b != cpu || tb_shape_nbytes(shape, &nbytes) != TB_OK) {
+    if (b == NULL || b->impl.data_borrow_host == NULL) {
         tb__error_restore(&saved);
         return NULL;
     }
-    hb = (tb__host_buffer *)tb__alloc(sizeof *hb);
-    d = hb != NULL ? tb__data_new(b, device, shape) : NULL;
+    d = tb__data_new(b, device, shape);
     if (d == NULL) {
-        tb__free(hb);
         tb__error_restore(&saved);
         return NULL;
     }
-    /* The caller promised the array outlives the data; the const is given back on read. */
-    memcpy(&hb->data, &host, sizeof hb->data);
-    hb->size = nbytes;
-    hb->borrowed = true;
-    hb->release = NULL;
-    hb->release_context = NULL;
-    d->payload = hb;
+    /* The caller promised the array outlives the data; the backend gives the const back on
+       read (tb_tensor_from_host_borrowed's contract: the library never writes through it). */
+    memcpy(&writable, &host, sizeof writable);
+    st = b->impl.data_borrow_host(b->impl.user_data, d, writable, release, context);
+    if (st != TB_OK || d->payload == NULL) {
+        d->payload = NULL;
+        tb__data_discard(d);
+        tb__error_restore(&saved);
+        return NULL;
+    }
+    tb__error_restore(&saved);
     tb__metric_count("CreateDataHandles", 1);
     return d;
-}
-
-static TB__UNUSED bool tb__data_set_host_release(tb_backend_data *data, const void *host,
-                                                 void (*release)(void *context), void *context) {
-    tb__host_buffer *hb;
-    if (tb__host_data(data) == NULL || host == NULL) return false;
-    hb = (tb__host_buffer *)data->payload;
-    if (!hb->borrowed || hb->data != host || hb->release != NULL) return false;
-    hb->release = release;
-    hb->release_context = context;
-    return true;
 }
 
 static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *host) {
@@ -5375,39 +5586,189 @@ static void tb__builtin_failed(tb__builtin_failure *why, const char *name, tb_st
 }
 
 static void tb__register_builtin_backends(tb__builtin_failure *why) {
-    tb_status st;
-    if (!tb__registered("cpu")) {
-        tb_backend_impl impl;
-        tb_backend *cpu = NULL;
-        tb__cpu_backend_impl(&impl);
+    const tb__wiring_table *w = tb__wiring();
+    size_t i;
+    for (i = 0; i < w->num_builtins; i++) {
+        const tb__builtin_backend *builtin = &w->builtins[i];
+        tb_status st;
+        if (tb__registered(builtin->name)) continue;
         tb_clear_error();
-        st = tb__backend_register("tb_backend_register", "cpu", &impl, "", NULL, &cpu);
-        if (st == TB_OK) {
-            tb__mutex_lock(&tb__reg_mutex);
-            tb__reg.cpu = cpu;
-            tb__mutex_unlock(&tb__reg_mutex);
-        } else {
-            tb__builtin_failed(why, "cpu", st);
-        }
+        st = builtin->register_backend();
+        if (st != TB_OK) tb__builtin_failed(why, builtin->name, st);
     }
-#if !defined(TB_NO_OPENCL)
-    if (!tb__registered("opencl")) {
-        tb_clear_error();
-        st = tb__opencl_register();
-        if (st != TB_OK) tb__builtin_failed(why, "opencl", st);
-    }
-#endif
-#if defined(TB__HAVE_NATIVE)
-    if (!tb__registered("native")) {
-        tb_clear_error();
-        st = tb__native_register();
-        if (st != TB_OK) tb__builtin_failed(why, "native", st);
-    }
-#endif
+}
+
+static void tb__registry_set_reference(const tb_backend *backend) {
+    tb__mutex_lock(&tb__reg_mutex);
+    tb__reg.reference = backend;
+    tb__mutex_unlock(&tb__reg_mutex);
+}
+
+static const tb_backend *tb__registry_reference(void) {
+    const tb_backend *reference;
+    tb__mutex_lock(&tb__reg_mutex);
+    reference = tb__reg.reference;
+    tb__mutex_unlock(&tb__reg_mutex);
+    return reference;
 }
 
 #undef TB__HAVE_PLUGINS
 #undef TB__QUOTE_CAP
+
+/* ---- src/device_resolve.c ---- */
+/* ===========================================================================================
+   Device resolution: a device's text or backend name and ordinal checked against the registry,
+   the current device (guard, desc.device / $TB_DEVICE, else the current backend's default),
+   and the per-thread device guard. Every part resolves devices here.
+   =========================================================================================== */
+
+/* The calling thread's innermost guarded device. */
+static TB__THREAD_LOCAL tb_device tb__guard_device;
+static TB__THREAD_LOCAL bool tb__guard_active = false;
+
+TBDEF tb_status tb_device_make(const char *backend, int32_t ordinal, tb_device *out) {
+    if (backend == NULL || out == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_device_make: %s is NULL",
+                         backend == NULL ? "backend" : "out");
+    }
+    tb__ensure_setup();
+    return tb__backend_device("tb_device_make", backend, ordinal, out);
+}
+
+static tb_status tb__device_parse(const char *fn, const char *text, tb_device *out) {
+    char name[TB_MAX_NAME + 1];
+    int32_t ordinal;
+    tb_status st = tb__device_text_split(fn, text, name, &ordinal);
+    if (st != TB_OK) return st;
+    return tb__backend_device(fn, name, ordinal, out);
+}
+
+TBDEF tb_status tb_device_parse(const char *text, tb_device *out) {
+    if (text == NULL || out == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_device_parse: %s is NULL",
+                         text == NULL ? "text" : "out");
+    }
+    tb__ensure_setup();
+    return tb__device_parse("tb_device_parse", text, out);
+}
+
+TBDEF tb_status tb_current_device(tb_device *out) {
+    const tb_desc *desc;
+    if (out == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_current_device: out is NULL");
+    if (tb__guard_active) {
+        *out = tb__guard_device;
+        return TB_OK;
+    }
+    desc = tb__desc();
+    if (desc->device != NULL) {
+        tb_device d;
+        tb_status st = tb__device_parse("tb_current_device", desc->device, &d);
+        if (st != TB_OK) {
+            /* Keep the reason, and say which setting holds the bad value. */
+            static const char prefix[] = "tb_current_device: ";
+            char reason[TB__ERROR_CAP];
+            const char *source = tb__g.device_source != NULL ? tb__g.device_source : "TB_DEVICE";
+            const char *r = tb_last_error();
+            if (strncmp(r, prefix, sizeof prefix - 1) == 0) r += sizeof prefix - 1;
+            snprintf(reason, sizeof reason, "%s", r);
+            return tb__error(st, "tb_current_device: %s='%.64s' is not a usable device: %s", source,
+                             desc->device, reason);
+        }
+        *out = d;
+        return TB_OK;
+    }
+    {
+        const tb_backend *b = tb__current_backend("tb_current_device");
+        if (b == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_NOT_FOUND;
+        return tb_backend_default_device(tb_backend_name(b), out);
+    }
+}
+
+TBDEF tb_status tb_device_guard_begin(tb_device_guard *guard, const tb_device *device) {
+    tb_device d;
+    tb_status st;
+    if (guard == NULL || device == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_device_guard_begin: %s is NULL",
+                         guard == NULL ? "guard" : "device");
+    }
+    tb__ensure_setup();
+    if (device->backend[0] == '\0') {
+        st = tb_current_device(&d);
+    } else {
+        char name[TB_MAX_NAME + 1];
+        memcpy(name, device->backend, TB_MAX_NAME);
+        name[TB_MAX_NAME] = '\0';
+        st = tb__backend_device("tb_device_guard_begin", name, device->ordinal, &d);
+    }
+    if (st != TB_OK) return st;
+    guard->previous = tb__guard_device;
+    guard->had_previous = tb__guard_active;
+    guard->active = true;
+    tb__guard_device = d;
+    tb__guard_active = true;
+    return TB_OK;
+}
+
+TBDEF void tb_device_guard_end(tb_device_guard *guard) {
+    if (guard == NULL || !guard->active) return;
+    tb__guard_device = guard->previous;
+    tb__guard_active = guard->had_previous;
+    guard->active = false;
+}
+
+static tb_status tb__resolve_device(const tb_device *device, tb_device *out) {
+    tb_device made;
+    tb_status st;
+    if (device == NULL || device->backend[0] == '\0') return tb_current_device(out);
+    if (memchr(device->backend, '\0', sizeof(device->backend)) == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_device: the backend name is not NUL-terminated within %d bytes",
+                         TB_MAX_NAME + 1);
+    }
+    st = tb_device_make(device->backend, device->ordinal, &made);
+    if (st != TB_OK) return st;
+    *out = made;
+    return TB_OK;
+}
+
+TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *out) {
+    tb_device d;
+    tb_status st;
+    tb_backend *b;
+    if (device == NULL || out == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_device_info: %s is NULL",
+                         device == NULL ? "device" : "out");
+    }
+    if (device->backend[0] == '\0') {
+        st = tb_current_device(&d);
+    } else {
+        char name[TB_MAX_NAME + 1];
+        memcpy(name, device->backend, TB_MAX_NAME);
+        name[TB_MAX_NAME] = '\0';
+        st = tb__backend_device("tb_backend_device_info", name, device->ordinal, &d);
+    }
+    if (st != TB_OK) return st;
+    b = tb__lookup("tb_backend_device_info", d.backend);
+    if (b == NULL) return tb_last_status();
+    memset(out, 0, sizeof *out);
+    out->device = d;
+    if (b->impl.get_device_info != NULL) {
+        tb__saved_error saved;
+        tb__error_save(&saved);
+        tb_clear_error();
+        st = b->impl.get_device_info(b->impl.user_data, d.ordinal, out);
+        if (st != TB_OK) return tb__backend_failed(st, b, "get_device_info");
+        tb__error_restore(&saved);
+        out->device = d;
+        /* whatever the backend wrote, the strings end inside their arrays */
+        out->name[sizeof out->name - 1] = '\0';
+        out->vendor[sizeof out->vendor - 1] = '\0';
+        out->driver_version[sizeof out->driver_version - 1] = '\0';
+        out->language_version[sizeof out->language_version - 1] = '\0';
+        out->extensions[sizeof out->extensions - 1] = '\0';
+    }
+    return TB_OK;
+}
 
 /* ---- src/ir.c ---- */
 /* ===========================================================================================
@@ -5876,10 +6237,6 @@ TBDEF tb_status tb_node_scalar(const tb_node *node, tb_scalar *out) {
 /* ---- shape inference ----
    Every check names the op (or the public function, through `fn`) and the shapes involved.
    The layouts accepted here are the normal form documented above TB_OP_LIST in ir.h. */
-
-typedef struct tb__shape_buf {
-    char text[96];
-} tb__shape_buf;
 
 static const char *tb__st(const tb_shape *shape, tb__shape_buf *buf) {
     tb__shape_text(shape, buf->text);
@@ -6786,271 +7143,6 @@ done:
     return status;
 }
 
-/* ---- src/metrics.c ---- */
-/* ===========================================================================================
-   Metrics: LTC's counters and metrics (torch/csrc/lazy/core/metrics.h), by name
-   =========================================================================================== */
-
-#define TB__METRIC_RECENT   64  /* samples kept per metric for the percentiles */
-#define TB__METRIC_NAME_MAX 255 /* longest name in bytes */
-
-typedef struct tb__metric {
-    char *name;
-    int64_t value; /* a counter's value; a metric's number of samples */
-    double sum;
-    double min;
-    double max;
-    double recent[TB__METRIC_RECENT]; /* a ring of the latest samples */
-} tb__metric;
-
-typedef struct tb__metric_table {
-    tb__metric **items; /* sorted by name */
-    size_t count;
-    size_t cap;
-} tb__metric_table;
-
-static tb__mutex tb__metrics_mutex = TB__MUTEX_INIT;
-static tb__metric_table tb__metric_counters;
-static tb__metric_table tb__metric_samples;
-
-/* The index of `name`, or where it would go (*found false). */
-static size_t tb__metric_find(const tb__metric_table *table, const char *name, bool *found) {
-    size_t lo = 0, hi = table->count;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int c = strcmp(table->items[mid]->name, name);
-        if (c == 0) {
-            *found = true;
-            return mid;
-        }
-        if (c < 0) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    *found = false;
-    return lo;
-}
-
-/* The entry of `name`, created when missing; NULL when out of memory. Recording is best
-   effort: a metric that cannot be created is dropped, and the caller's error (its operation
-   succeeded) stays as it was. Caller holds the lock. */
-static tb__metric *tb__metric_get(tb__metric_table *table, const char *name) {
-    bool found;
-    size_t at = tb__metric_find(table, name, &found);
-    tb__metric *m;
-    tb__saved_error saved;
-    if (found) return table->items[at];
-    tb__error_save(&saved);
-    if (tb__grow((void **)&table->items, &table->cap, table->count + 1, sizeof(tb__metric *)) !=
-        TB_OK) {
-        tb__error_restore(&saved);
-        return NULL;
-    }
-    m = (tb__metric *)tb__calloc(1, sizeof(tb__metric));
-    if (m == NULL) {
-        tb__error_restore(&saved);
-        return NULL;
-    }
-    m->name = tb__strdup(name);
-    if (m->name == NULL) {
-        tb__free(m);
-        tb__error_restore(&saved);
-        return NULL;
-    }
-    memmove(table->items + at + 1, table->items + at, (table->count - at) * sizeof(tb__metric *));
-    table->items[at] = m;
-    table->count++;
-    return m;
-}
-
-static const tb__metric *tb__metric_peek(const tb__metric_table *table, const char *name) {
-    bool found;
-    size_t at = tb__metric_find(table, name, &found);
-    return found ? table->items[at] : NULL;
-}
-
-static void tb__metric_table_free(tb__metric_table *table) {
-    size_t i;
-    for (i = 0; i < table->count; i++) {
-        tb__free(table->items[i]->name);
-        tb__free(table->items[i]);
-    }
-    tb__free(table->items);
-    table->items = NULL;
-    table->count = 0;
-    table->cap = 0;
-}
-
-static void tb__metric_count(const char *name, int64_t delta) {
-    tb__metric *m;
-    tb__mutex_lock(&tb__metrics_mutex);
-    m = tb__metric_get(&tb__metric_counters, name);
-    if (m != NULL) m->value += delta;
-    tb__mutex_unlock(&tb__metrics_mutex);
-}
-
-static void tb__metric_sample(const char *name, double value) {
-    tb__metric *m;
-    tb__mutex_lock(&tb__metrics_mutex);
-    m = tb__metric_get(&tb__metric_samples, name);
-    if (m != NULL) {
-        if (m->value == 0 || value < m->min) m->min = value;
-        if (m->value == 0 || value > m->max) m->max = value;
-        m->recent[(uint64_t)m->value % TB__METRIC_RECENT] = value;
-        m->sum += value;
-        m->value++;
-    }
-    tb__mutex_unlock(&tb__metrics_mutex);
-}
-
-static void tb__metrics_shutdown(void) {
-    tb__mutex_lock(&tb__metrics_mutex);
-    tb__metric_table_free(&tb__metric_counters);
-    tb__metric_table_free(&tb__metric_samples);
-    tb__mutex_unlock(&tb__metrics_mutex);
-}
-
-static bool tb__metric_name_ok(const char *func, const char *name) {
-    size_t n;
-    if (name == NULL) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: name is NULL", func);
-        return false;
-    }
-    n = strlen(name);
-    if (n == 0 || n > TB__METRIC_NAME_MAX) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: name '%.40s' has %lu bytes (1..%d allowed)", func,
-                  name, (unsigned long)n, TB__METRIC_NAME_MAX);
-        return false;
-    }
-    return true;
-}
-
-TBDEF int64_t tb_metrics_counter(const char *name) {
-    const tb__metric *m;
-    int64_t value = 0;
-    if (!tb__metric_name_ok("tb_metrics_counter", name)) return 0;
-    tb__ensure_setup();
-    tb__mutex_lock(&tb__metrics_mutex);
-    m = tb__metric_peek(&tb__metric_counters, name);
-    if (m == NULL) m = tb__metric_peek(&tb__metric_samples, name);
-    if (m != NULL) value = m->value;
-    tb__mutex_unlock(&tb__metrics_mutex);
-    return value;
-}
-
-TBDEF double tb_metrics_total(const char *name) {
-    const tb__metric *m;
-    double total = 0.0;
-    if (!tb__metric_name_ok("tb_metrics_total", name)) return 0.0;
-    tb__ensure_setup();
-    tb__mutex_lock(&tb__metrics_mutex);
-    m = tb__metric_peek(&tb__metric_samples, name);
-    if (m != NULL) {
-        total = m->sum;
-    } else {
-        m = tb__metric_peek(&tb__metric_counters, name);
-        if (m != NULL) total = (double)m->value;
-    }
-    tb__mutex_unlock(&tb__metrics_mutex);
-    return total;
-}
-
-TBDEF void tb_metrics_reset(void) {
-    tb__ensure_setup();
-    tb__metrics_shutdown();
-}
-
-TBDEF void tb_metrics_add(const char *name, int64_t delta) {
-    if (!tb__metric_name_ok("tb_metrics_add", name)) return;
-    tb__ensure_setup();
-    tb__metric_count(name, delta);
-}
-
-TBDEF void tb_metrics_sample(const char *name, double value) {
-    if (!tb__metric_name_ok("tb_metrics_sample", name)) return;
-    if (value != value) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_metrics_sample: %s: the value is NaN", name);
-        return;
-    }
-    tb__ensure_setup();
-    tb__metric_sample(name, value);
-}
-
-/* Times are in nanoseconds and shown in the largest unit below them, as LTC does. */
-static void tb__metric_value_text(tb__str *s, bool is_time, double v) {
-    double a = fabs(v);
-    if (is_time) {
-        if (a < 1e3) {
-            tb__str_append(s, "%.0fns", v);
-        } else if (a < 1e6) {
-            tb__str_append(s, "%.3fus", v / 1e3);
-        } else if (a < 1e9) {
-            tb__str_append(s, "%.3fms", v / 1e6);
-        } else {
-            tb__str_append(s, "%.3fs", v / 1e9);
-        }
-    } else if (a < 1e15 && v == floor(v)) {
-        tb__str_append(s, "%.0f", v);
-    } else {
-        tb__str_append(s, "%.6g", v);
-    }
-}
-
-static int tb__metric_compare_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static void tb__metric_report(tb__str *s, const tb__metric *m) {
-    static const int percentiles[] = {1, 5, 10, 20, 50, 80, 90, 95, 99};
-    size_t name_len = strlen(m->name);
-    bool is_time = name_len >= 4 && strcmp(m->name + name_len - 4, "Time") == 0;
-    double sorted[TB__METRIC_RECENT];
-    size_t n = m->value < TB__METRIC_RECENT ? (size_t)m->value : TB__METRIC_RECENT;
-    size_t i;
-    tb__str_append(s, "Metric: %s\n  TotalSamples: %lld\n  Accumulator: ", m->name,
-                   (long long)m->value);
-    tb__metric_value_text(s, is_time, m->sum);
-    tb__str_append(s, "\n  Mean: ");
-    tb__metric_value_text(s, is_time, m->value > 0 ? m->sum / (double)m->value : 0.0);
-    tb__str_append(s, "\n  Min: ");
-    tb__metric_value_text(s, is_time, m->min);
-    tb__str_append(s, "\n  Max: ");
-    tb__metric_value_text(s, is_time, m->max);
-    memcpy(sorted, m->recent, n * sizeof(double));
-    qsort(sorted, n, sizeof(double), tb__metric_compare_double);
-    tb__str_append(s, "\n  Percentiles: ");
-    for (i = 0; i < sizeof(percentiles) / sizeof(percentiles[0]); i++) {
-        size_t at = (size_t)((double)percentiles[i] / 100.0 * (double)(n - 1) + 0.5);
-        tb__str_append(s, "%s%d%%=", i > 0 ? "; " : "", percentiles[i]);
-        tb__metric_value_text(s, is_time, sorted[at]);
-    }
-    tb__str_append(s, "\n");
-}
-
-TBDEF char *tb_metrics_report(void) {
-    tb__str s;
-    size_t i;
-    memset(&s, 0, sizeof(s));
-    tb__ensure_setup();
-    tb__mutex_lock(&tb__metrics_mutex);
-    for (i = 0; i < tb__metric_samples.count; i++) {
-        tb__metric_report(&s, tb__metric_samples.items[i]);
-    }
-    for (i = 0; i < tb__metric_counters.count; i++) {
-        tb__str_append(&s, "Counter: %s\n  Value: %lld\n", tb__metric_counters.items[i]->name,
-                       (long long)tb__metric_counters.items[i]->value);
-    }
-    tb__mutex_unlock(&tb__metrics_mutex);
-    if (s.data == NULL && !s.failed) return tb__strdup("");
-    return tb__str_take(&s);
-}
-
-#undef TB__METRIC_RECENT
-#undef TB__METRIC_NAME_MAX
-
 /* ---- src/tensor.c ---- */
 /* ===========================================================================================
    Lazy tensors and the executor: the C form of LTC's LazyTensor and LazyGraphExecutor
@@ -7217,21 +7309,6 @@ static tb_node *tb__tensor_ir(tb_tensor *tensor) {
         if (tensor->data_node != NULL) tensor->data_node->requires_grad = tensor->requires_grad;
     }
     return tensor->data_node;
-}
-
-static tb_status tb__resolve_device(const tb_device *device, tb_device *out) {
-    tb_device made;
-    tb_status st;
-    if (device == NULL || device->backend[0] == '\0') return tb_current_device(out);
-    if (memchr(device->backend, '\0', sizeof(device->backend)) == NULL) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT,
-                         "tb_device: the backend name is not NUL-terminated within %d bytes",
-                         TB_MAX_NAME + 1);
-    }
-    st = tb_device_make(device->backend, device->ordinal, &made);
-    if (st != TB_OK) return st;
-    *out = made;
-    return TB_OK;
 }
 
 TBDEF tb_tensor *tb_tensor_retain(tb_tensor *tensor) {
@@ -8059,8 +8136,122 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
 static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
                                       tb_backend_data *const *donors, tb_backend_data **out);
 
+/* Runs `g` on the registry's reference backend, reached like any backend through its vtable:
+   the parameters' values come from contiguous host arrays, the results go into host arrays.
+   TB_CHECK and the eager fallback use it. Messages name `fn`. */
+static tb_status tb__exec_on_reference(const char *fn, const tb_graph *g,
+                                       const void *const *param_host, void *const *result_host) {
+    tb__exec ref;
+    tb_graph rg = *g;
+    tb_backend_data **args = NULL, **outs = NULL;
+    void *context = NULL, *computation = NULL;
+    tb__saved_error saved;
+    const char *entry = "create_lowering_context";
+    size_t i;
+    tb_status st;
+    ref.func = fn;
+    ref.backend = tb__registry_reference();
+    if (ref.backend == NULL) {
+        return tb__error(TB_ERR_STATE, "%s: the reference backend is not registered", fn);
+    }
+    ref.vt = tb__backend_vtable(ref.backend);
+    st = tb__backend_device(fn, tb_backend_name(ref.backend), 0, &ref.device);
+    if (st != TB_OK) return st;
+    rg.device = ref.device;
+    rg.result_donors = NULL;
+    args = (tb_backend_data **)tb__calloc(g->num_parameters + 1, sizeof *args);
+    outs = (tb_backend_data **)tb__calloc(g->num_results + 1, sizeof *outs);
+    if (args == NULL || outs == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < g->num_parameters && st == TB_OK; i++) {
+        args[i] = tb__data_from_host(&ref.device, &g->parameters[i]->shape, param_host[i]);
+        if (args[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+    }
+    for (i = 0; i < g->num_results && st == TB_OK; i++) {
+        outs[i] = tb__data_new(ref.backend, &ref.device, &g->results[i]->shape);
+        if (outs[i] == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    if (st != TB_OK) goto done;
+    tb__exec_call_begin(&saved);
+    for (i = 0; i < g->num_results && st == TB_OK && ref.vt->create_placeholder != NULL; i++) {
+        entry = "create_placeholder";
+        st = ref.vt->create_placeholder(ref.vt->user_data, outs[i]);
+    }
+    if (st == TB_OK) {
+        entry = "create_lowering_context";
+        st = ref.vt->create_lowering_context(ref.vt->user_data, &rg, &context);
+    }
+    if (st == TB_OK) {
+        entry = "compile";
+        st = ref.vt->compile(ref.vt->user_data, context, &computation);
+    }
+    if (context != NULL && ref.vt->release_lowering_context != NULL)
+        ref.vt->release_lowering_context(ref.vt->user_data, context);
+    if (st == TB_OK) {
+        entry = "execute";
+        st = ref.vt->execute(ref.vt->user_data, computation, args, g->num_parameters, outs,
+                             g->num_results);
+    }
+    if (st != TB_OK) {
+        st = tb__exec_call_failed(&ref, st, entry);
+    } else {
+        tb__error_restore(&saved);
+    }
+    for (i = 0; i < g->num_results && st == TB_OK; i++)
+        st = tb__data_to_host(outs[i], result_host[i]);
+done:
+    if (computation != NULL) ref.vt->release_computation(ref.vt->user_data, computation);
+    for (i = 0; args != NULL && i < g->num_parameters; i++)
+        tb__data_release(args[i]);
+    for (i = 0; outs != NULL && i < g->num_results; i++)
+        tb__data_release(outs[i]);
+    tb__free(args);
+    tb__free(outs);
+    return st;
+}
+
+/* One node on the reference backend, from contiguous host arrays of its operands (one per
+   operand position): a graph of the node whose parameters are its distinct operands. */
+static tb_status tb__exec_reference_node(const char *fn, const tb_node *node,
+                                         void *const *operand_host, void *result) {
+    size_t k = node->num_operands, n = 0, i, j;
+    const tb_node **nodes = (const tb_node **)tb__calloc(k + 2, sizeof *nodes);
+    const void **param_host = (const void **)tb__calloc(k + 1, sizeof *param_host);
+    tb_graph g;
+    tb_status st = TB_ERR_OUT_OF_MEMORY;
+    if (nodes != NULL && param_host != NULL) {
+        /* distinct operands in the order they were made (the post-order of such a graph) */
+        for (i = 0; i < k; i++) {
+            const tb_node *operand = node->operands[i];
+            bool seen = false;
+            for (j = 0; j < n; j++)
+                seen = seen || nodes[j] == operand;
+            if (seen) continue;
+            for (j = n; j > 0 && nodes[j - 1]->id > operand->id; j--) {
+                nodes[j] = nodes[j - 1];
+                param_host[j] = param_host[j - 1];
+            }
+            nodes[j] = operand;
+            param_host[j] = operand_host[i];
+            n++;
+        }
+        nodes[n] = node;
+        memset(&g, 0, sizeof g);
+        g.nodes = nodes;
+        g.num_nodes = n + 1;
+        g.parameters = nodes;
+        g.num_parameters = n;
+        g.results = nodes + n;
+        g.num_results = 1;
+        g.hash = node->hash;
+        st = tb__exec_on_reference(fn, &g, param_host, &result);
+    }
+    tb__free((void *)nodes);
+    tb__free((void *)param_host);
+    return st;
+}
+
 /* LTC's eager fallback: runs one node the backend does not support on the reference
-   interpreter, from its operands' values, and keeps the result on the device in node->value. */
+   backend, from its operands' values, and keeps the result on the device in node->value. */
 static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     size_t k = node->num_operands, i, num_pending = 0;
     void **host = NULL;
@@ -8120,7 +8311,7 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
         st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
         goto done;
     }
-    st = tb__ref_eval_node(node, (const void *const *)host, result);
+    st = tb__exec_reference_node(ex->func, node, host, result);
     if (st != TB_OK) goto done;
     value = tb__data_from_host(&ex->device, &node->shape, result);
     if (value == NULL) {
@@ -8407,7 +8598,7 @@ static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, cons
     char report[TB__ERROR_CAP];
     tb__slow_notice notice;
 
-    if (strcmp(tb_backend_name(ex->backend), "cpu") == 0) return TB_OK; /* it is the reference */
+    if (ex->backend == tb__registry_reference()) return TB_OK; /* it is the reference */
     report[0] = '\0';
     tb__error_save(&saved);
     tb_clear_error(); /* a reason below is the check's own */
@@ -8462,7 +8653,8 @@ static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, cons
             if (ref_host[i] == NULL) st = TB_ERR_OUT_OF_MEMORY;
         }
     }
-    if (st == TB_OK) st = tb__ref_run_graph(&cg, (const void *const *)param_host, ref_host);
+    if (st == TB_OK)
+        st = tb__exec_on_reference(ex->func, &cg, (const void *const *)param_host, ref_host);
     for (i = 0; i < m && st == TB_OK; i++) {
         const tb_shape *shape = &computed[i]->shape;
         size_t nbytes = 0, size = tb_dtype_size(shape->dtype), k, count;
@@ -9013,20 +9205,24 @@ static tb_tensor *tb__tensor_from_node(tb_node *node) {
 
 /* ---- creation, reading back ---- */
 
+/* A tensor over a copy of `data`, or over `data` itself when `borrow` and the device's
+   backend can use host memory in place. `release` (may be NULL): on success called exactly
+   once, by the data when it no longer needs `data` (borrowed) or before this returns (copied);
+   on failure not called. */
 static tb_tensor *tb__tensor_from_host(const char *func, const void *data, const tb_shape *shape,
-                                       const tb_device *device, bool borrow) {
+                                       const tb_device *device, bool borrow,
+                                       void (*release)(void *context), void *context) {
     tb_device dev;
     size_t nbytes = 0;
     tb_backend_data *d = NULL;
-    tb_status st;
+    tb_tensor *t;
+    bool taken = false;
     tb__ensure_setup();
     if (shape == NULL) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: shape is NULL", func);
         return NULL;
     }
-    st = tb_shape_validate(shape);
-    if (st == TB_OK) st = tb_shape_nbytes(shape, &nbytes);
-    if (st != TB_OK) return NULL;
+    if (tb_shape_validate(shape) != TB_OK || tb_shape_nbytes(shape, &nbytes) != TB_OK) return NULL;
     if (data == NULL && nbytes > 0) {
         char text[96];
         tb__shape_text(shape, text);
@@ -9035,20 +9231,37 @@ static tb_tensor *tb__tensor_from_host(const char *func, const void *data, const
         return NULL;
     }
     if (tb__resolve_device(device, &dev) != TB_OK) return NULL;
+    /* the handle first, so that nothing can fail once the data holds `release` */
+    t = tb__tensor_new(&dev, shape);
+    if (t == NULL) return NULL;
     /* NULL from the borrow: this device cannot use host memory in place; copy */
-    if (borrow) d = tb__data_borrow_host(&dev, shape, data);
+    if (borrow) d = tb__data_borrow_host(&dev, shape, data, release, context);
+    taken = d != NULL;
     if (d == NULL) d = tb__data_from_host(&dev, shape, data);
-    return tb__tensor_from_data(d);
+    if (d == NULL) {
+        tb_tensor_release(t);
+        return NULL;
+    }
+    t->data = d;
+    if (!taken && release != NULL) release(context);
+    return t;
 }
 
 TBDEF tb_tensor *tb_tensor_from_host(const void *data, const tb_shape *shape,
                                      const tb_device *device) {
-    return tb__tensor_from_host("tb_tensor_from_host", data, shape, device, false);
+    return tb__tensor_from_host("tb_tensor_from_host", data, shape, device, false, NULL, NULL);
 }
 
 TBDEF tb_tensor *tb_tensor_from_host_borrowed(const void *data, const tb_shape *shape,
                                               const tb_device *device) {
-    return tb__tensor_from_host("tb_tensor_from_host_borrowed", data, shape, device, true);
+    return tb__tensor_from_host("tb_tensor_from_host_borrowed", data, shape, device, true, NULL,
+                                NULL);
+}
+
+static tb_tensor *tb__tensor_borrow(const char *func, const void *host, const tb_shape *shape,
+                                    const tb_device *device, void (*release)(void *context),
+                                    void *context) {
+    return tb__tensor_from_host(func, host, shape, device, true, release, context);
 }
 
 /* Syncs one tensor if its value is pending. */
@@ -13716,6 +13929,63 @@ static void tb__cpu_program_free(tb__cpu_program *p) {
     tb__free(p);
 }
 
+/* The payload of a cpu data: a host array, owned or borrowed from the caller. A borrowed array
+   may carry a release callback, called once when the buffer is freed (DLPack's deleter). */
+typedef struct tb__host_buffer {
+    void *data;
+    size_t size;
+    bool borrowed;
+    void (*release)(void *context);
+    void *release_context;
+} tb__host_buffer;
+
+/* An owned host buffer of `size` bytes (uninitialised). */
+static tb__host_buffer *tb__host_buffer_new(size_t size) {
+    tb__host_buffer *hb = (tb__host_buffer *)tb__alloc(sizeof *hb);
+    if (hb == NULL) return NULL;
+    hb->data = tb__alloc(size);
+    if (hb->data == NULL) {
+        tb__free(hb);
+        return NULL;
+    }
+    hb->size = size;
+    hb->borrowed = false;
+    hb->release = NULL;
+    hb->release_context = NULL;
+    return hb;
+}
+
+static void tb__host_buffer_free(tb__host_buffer *hb) {
+    if (hb == NULL) return;
+    if (!hb->borrowed) tb__free(hb->data);
+    if (hb->borrowed && hb->release != NULL) hb->release(hb->release_context);
+    tb__free(hb);
+}
+
+static void *tb__cpu_data_host_pointer(void *user_data, const tb_backend_data *data) {
+    (void)user_data;
+    return data->payload != NULL ? ((const tb__host_buffer *)data->payload)->data : NULL;
+}
+
+static tb_status tb__cpu_data_borrow_host(void *user_data, tb_backend_data *data, void *host,
+                                          void (*release)(void *context), void *context) {
+    size_t nbytes = 0;
+    tb__host_buffer *hb;
+    tb_status st;
+    (void)user_data;
+    st = tb_shape_nbytes(&data->shape, &nbytes);
+    if (st != TB_OK) return st;
+    hb = (tb__host_buffer *)tb__alloc(sizeof *hb);
+    if (hb == NULL) return tb_last_status();
+    hb->data = host;
+    hb->size = nbytes;
+    hb->borrowed = true;
+    hb->release = release;
+    hb->release_context = context;
+    data->payload = hb;
+    return TB_OK;
+}
+
 static tb_status tb__cpu_data_from_host(void *user_data, tb_backend_data *data, const void *host) {
     size_t nbytes = 0;
     tb__host_buffer *hb;
@@ -14037,6 +14307,20 @@ static void tb__cpu_backend_impl(tb_backend_impl *out) {
     out->get_device_info = tb__cpu_get_device_info;
     out->eager_fallback_device_type = tb__cpu_eager_fallback;
     out->create_metrics_report = tb__cpu_metrics_report;
+    out->data_host_pointer = tb__cpu_data_host_pointer;
+    out->data_borrow_host = tb__cpu_data_borrow_host;
+}
+
+/* Registers the "cpu" backend as the registry's reference (called by the registry through the
+   wiring). */
+static tb_status tb__cpu_register(void) {
+    tb_backend_impl impl;
+    tb_backend *cpu = NULL;
+    tb_status st;
+    tb__cpu_backend_impl(&impl);
+    st = tb__backend_register("tb_backend_register", "cpu", &impl, "", NULL, &cpu);
+    if (st == TB_OK) tb__registry_set_reference(cpu);
+    return st;
 }
 
 /* ---- src/print.c ---- */
@@ -14385,14 +14669,6 @@ TBDEF tb_status tb_tensor_print(tb_tensor *tensor) {
    =========================================================================================== */
 
 /* ---- the arena: every tensor a rule makes is kept here and released at the end ---- */
-
-typedef struct tb__ag {
-    const char *fn;
-    tb_device device;
-    tb_tensor **temps;
-    size_t num_temps, cap_temps;
-    bool failed; /* a tensor could not be made; the error is set */
-} tb__ag;
 
 static void tb__ag_init(tb__ag *a, const char *fn) {
     memset(a, 0, sizeof *a);
@@ -15395,15 +15671,6 @@ TBDEF tb_status tb_set_requires_grad(tb_tensor *tensor, bool requires_grad) {
     tensor->requires_grad = requires_grad;
     return TB_OK;
 }
-
-/* What a tensor holds, kept across assignments that may have to be undone (an optimizer step
-   whose sync fails). Holding it does not keep a donation from happening: only live tensors
-   count as readers. */
-typedef struct tb__held {
-    tb_tensor *t;
-    tb_node *node, *history, *data_node;
-    tb_backend_data *data, *donor;
-} tb__held;
 
 static void tb__held_take(tb__held *h, tb_tensor *t) {
     h->t = tb_tensor_retain(t);
@@ -25906,16 +26173,6 @@ static void tb__swap_bytes(unsigned char *data, size_t count, size_t width) {
     }
 }
 
-/* The parsed header of a .npy file. */
-typedef struct tb__npy_header {
-    tb_dtype dtype;
-    bool big_endian;
-    bool fortran_order;
-    int32_t rank;
-    int64_t dims[TB_MAX_RANK];
-    bool has_descr, has_order, has_shape;
-} tb__npy_header;
-
 typedef struct tb__npy_parser {
     const char *text;
     size_t len;
@@ -26698,12 +26955,9 @@ static tb_tensor *tb__dl_import(const char *fn, const tb_dl_tensor *dl, const tb
     for (i = 0; in_place && dtype == TB_BOOL && i < nbytes; ++i)
         in_place = base[i] <= 1;
     if (in_place) {
-        t = tb_tensor_from_host_borrowed(base, &shape, device);
-        if (t == NULL) return NULL;
-        /* Not a cpu device: the tensor holds a copy and the producer's buffer is free now. */
-        if (nbytes == 0 || !tb__data_set_host_release(tb_tensor_data(t), base, release, context))
-            release(context);
-        return t;
+        /* A device that cannot use host memory in place copies, and the producer's buffer is
+           released at once; on failure the caller keeps it. */
+        return tb__tensor_borrow(fn, base, &shape, device, release, context);
     } else {
         unsigned char *copy = (unsigned char *)tb__alloc(nbytes ? nbytes : 1);
         if (copy == NULL) return NULL;
@@ -27172,12 +27426,12 @@ static tb_tensor *tb__blob_tensor(tb__blob *blob, const unsigned char *bytes, co
     for (i = 0; in_place && shape->dtype == TB_BOOL && i < nbytes; ++i)
         in_place = bytes[i] <= 1;
     if (in_place) {
-        t = tb_tensor_from_host_borrowed(bytes, shape, device);
-        if (t == NULL) return NULL;
+        /* the tensor's data holds a reference to the blob (given back at once by a device
+           that copied) */
         TB__ATOMIC_ADD(&blob->refcount, 1);
-        /* a device that copied: the blob is not needed by this tensor */
-        if (!tb__data_set_host_release(tb_tensor_data(t), bytes, tb__blob_release, blob))
-            tb__blob_release(blob);
+        t = tb__tensor_borrow("tb_tensor_from_host_borrowed", bytes, shape, device,
+                              tb__blob_release, blob);
+        if (t == NULL) TB__ATOMIC_ADD(&blob->refcount, -1); /* not the last: the caller's */
         return t;
     }
     if ((width == 1 || big_endian != tb__host_is_little_endian()) && shape->dtype != TB_BOOL)
@@ -29349,6 +29603,43 @@ TBDEF tb_tensor *tb_idx_load(const char *path, const tb_device *device) {
 #undef TB__ZIP_MAX32
 #undef TB__ZIP_MAX16
 #undef TB__SET_NONE
+
+/* ---- src/wiring.c ---- */
+/* ===========================================================================================
+   The wiring: the one part that names the hooks of every layer, so that earlier layers reach
+   later ones only through tb__wiring() (tb_shutdown's teardown order, the built-in backends)
+   =========================================================================================== */
+
+/* Later layers first. The metrics go last of all: every layer records them, the backends too
+   (in prepare_to_exit and while their buffers are released), and a metric recorded after the
+   table was freed would outlive the allocator hooks. */
+static void (*const tb__wired_teardown[])(void) = {
+    tb__executor_shutdown,
+    tb__ir_shutdown,
+    tb__registry_shutdown,
+    tb__metrics_shutdown,
+};
+
+/* The reference backend first: it is the default backend and the oracle of the others. */
+static const tb__builtin_backend tb__wired_builtins[] = {
+    {"cpu", tb__cpu_register},
+#if !defined(TB_NO_OPENCL)
+    {"opencl", tb__opencl_register},
+#endif
+#if defined(TB__HAVE_NATIVE)
+    {"native", tb__native_register},
+#endif
+};
+
+static const tb__wiring_table *tb__wiring(void) {
+    static const tb__wiring_table table = {
+        tb__wired_teardown,
+        sizeof tb__wired_teardown / sizeof tb__wired_teardown[0],
+        tb__wired_builtins,
+        sizeof tb__wired_builtins / sizeof tb__wired_builtins[0],
+    };
+    return &table;
+}
 
 /* ---- src/impl_end.h ---- */
 #endif /* TB_IMPLEMENTATION */

@@ -10,14 +10,6 @@
 
 /* ---- the arena: every tensor a rule makes is kept here and released at the end ---- */
 
-typedef struct tb__ag {
-    const char *fn;
-    tb_device device;
-    tb_tensor **temps;
-    size_t num_temps, cap_temps;
-    bool failed; /* a tensor could not be made; the error is set */
-} tb__ag;
-
 static void tb__ag_init(tb__ag *a, const char *fn) {
     memset(a, 0, sizeof *a);
     a->fn = fn;
@@ -1019,15 +1011,6 @@ TBDEF tb_status tb_set_requires_grad(tb_tensor *tensor, bool requires_grad) {
     tensor->requires_grad = requires_grad;
     return TB_OK;
 }
-
-/* What a tensor holds, kept across assignments that may have to be undone (an optimizer step
-   whose sync fails). Holding it does not keep a donation from happening: only live tensors
-   count as readers. */
-typedef struct tb__held {
-    tb_tensor *t;
-    tb_node *node, *history, *data_node;
-    tb_backend_data *data, *donor;
-} tb__held;
 
 static void tb__held_take(tb__held *h, tb_tensor *t) {
     h->t = tb_tensor_retain(t);

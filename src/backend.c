@@ -27,10 +27,10 @@ struct tb_backend {
 typedef struct tb__registry {
     tb_backend **items;
     size_t count, cap;
-    size_t removals;       /* entries removed (a failed init), so that a walk can restart */
-    tb_backend *current;   /* NULL until chosen (lazily from the desc) */
-    int32_t builtins_done; /* read atomically */
-    const tb_backend *cpu; /* the reference backend, whose payloads are tb__host_buffer */
+    size_t removals;             /* entries removed (a failed init), so that a walk can restart */
+    tb_backend *current;         /* NULL until chosen (lazily from the desc) */
+    int32_t builtins_done;       /* read atomically */
+    const tb_backend *reference; /* tb__registry_set_reference's, NULL before */
 } tb__registry;
 
 static tb__registry tb__reg;
@@ -130,13 +130,6 @@ static bool tb__tags_have(const char *tags, const char *wanted) {
 }
 
 /* ---- the registry ---- */
-
-/* Why a built-in backend is missing after tb__registry_ensure. */
-typedef struct tb__builtin_failure {
-    tb_status status;           /* TB_OK: every built-in backend is registered */
-    char name[TB_MAX_NAME + 1]; /* the first one that could not be */
-    char reason[TB__ERROR_CAP];
-} tb__builtin_failure;
 
 /* Registers the built-in backends that are not registered yet. A failure (memory ran out) is
    not remembered: the next call tries again, so a transient failure does not disable a
@@ -692,9 +685,9 @@ TBDEF tb_status tb_set_backend(const char *name) {
 }
 
 /* The current backend: the one tb_set_backend chose, else the default (desc.backend,
-   $TB_BACKEND, "cpu"), looked up on first use. A default that names no usable backend is an
-   error each time it is used, in the words tb_current_device uses for a bad desc.device or
-   $TB_DEVICE; nothing falls back to another backend. */
+   $TB_BACKEND, the reference backend), looked up on first use. A default that names no usable
+   backend is an error each time it is used, in the words tb_current_device uses for a bad
+   desc.device or $TB_DEVICE; nothing falls back to another backend. */
 static const tb_backend *tb__current_backend(const char *fn) {
     tb_backend *b;
     const char *wanted, *source;
@@ -705,7 +698,8 @@ static const tb_backend *tb__current_backend(const char *fn) {
     tb__mutex_unlock(&tb__reg_mutex);
     if (b != NULL) return b;
 
-    wanted = tb__desc()->backend != NULL ? tb__desc()->backend : "cpu";
+    /* no setting: the reference backend, the first built-in of the wiring */
+    wanted = tb__desc()->backend != NULL ? tb__desc()->backend : tb__wiring()->builtins[0].name;
     source = tb__g.backend_source;
     b = tb__lookup(fn, wanted);
     if (b == NULL) {
@@ -845,45 +839,6 @@ TBDEF tb_status tb_backend_devices(const char *backend, tb_device *out, size_t c
         out[i].ordinal = (int32_t)i;
     }
     if (count != NULL) *count = n;
-    return TB_OK;
-}
-
-TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *out) {
-    tb_device d;
-    tb_status st;
-    tb_backend *b;
-    if (device == NULL || out == NULL) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_device_info: %s is NULL",
-                         device == NULL ? "device" : "out");
-    }
-    if (device->backend[0] == '\0') {
-        st = tb_current_device(&d);
-    } else {
-        char name[TB_MAX_NAME + 1];
-        memcpy(name, device->backend, TB_MAX_NAME);
-        name[TB_MAX_NAME] = '\0';
-        st = tb__backend_device("tb_backend_device_info", name, device->ordinal, &d);
-    }
-    if (st != TB_OK) return st;
-    b = tb__lookup("tb_backend_device_info", d.backend);
-    if (b == NULL) return tb_last_status();
-    memset(out, 0, sizeof *out);
-    out->device = d;
-    if (b->impl.get_device_info != NULL) {
-        tb__saved_error saved;
-        tb__error_save(&saved);
-        tb_clear_error();
-        st = b->impl.get_device_info(b->impl.user_data, d.ordinal, out);
-        if (st != TB_OK) return tb__backend_failed(st, b, "get_device_info");
-        tb__error_restore(&saved);
-        out->device = d;
-        /* whatever the backend wrote, the strings end inside their arrays */
-        out->name[sizeof out->name - 1] = '\0';
-        out->vendor[sizeof out->vendor - 1] = '\0';
-        out->driver_version[sizeof out->driver_version - 1] = '\0';
-        out->language_version[sizeof out->language_version - 1] = '\0';
-        out->extensions[sizeof out->extensions - 1] = '\0';
-    }
     return TB_OK;
 }
 
@@ -1267,7 +1222,7 @@ static void tb__registry_shutdown(void) {
     tb__reg.count = 0;
     tb__reg.cap = 0;
     tb__reg.current = NULL;
-    tb__reg.cpu = NULL;
+    tb__reg.reference = NULL;
     tb__mutex_unlock(&tb__reg_mutex);
     /* entries first, then the objects their strings and functions came from */
     for (i = 0; i < count; i++) {
@@ -1285,47 +1240,14 @@ static void tb__registry_shutdown(void) {
 
 /* ---- backend data ---- */
 
-/* The cpu backend's payload: a host array, owned or borrowed from the caller. A borrowed array
-   may carry a release callback, called once when the buffer is freed (DLPack's deleter). */
-typedef struct tb__host_buffer {
-    void *data;
-    size_t size;
-    bool borrowed;
-    void (*release)(void *context);
-    void *release_context;
-} tb__host_buffer;
-
-/* An owned host buffer of `size` bytes (uninitialised). */
-static TB__UNUSED tb__host_buffer *tb__host_buffer_new(size_t size) {
-    tb__host_buffer *hb = (tb__host_buffer *)tb__alloc(sizeof *hb);
-    if (hb == NULL) return NULL;
-    hb->data = tb__alloc(size);
-    if (hb->data == NULL) {
-        tb__free(hb);
-        return NULL;
-    }
-    hb->size = size;
-    hb->borrowed = false;
-    hb->release = NULL;
-    hb->release_context = NULL;
-    return hb;
-}
-
-static TB__UNUSED void tb__host_buffer_free(tb__host_buffer *hb) {
-    if (hb == NULL) return;
-    if (!hb->borrowed) tb__free(hb->data);
-    if (hb->borrowed && hb->release != NULL) hb->release(hb->release_context);
-    tb__free(hb);
-}
-
+/* The host address of a data's values, from its backend when that keeps them in host memory
+   (tb_backend_impl.data_host_pointer); NULL otherwise. */
 static TB__UNUSED void *tb__host_data(const tb_backend_data *data) {
-    const tb_backend *cpu;
-    if (data == NULL || data->payload == NULL) return NULL;
-    tb__mutex_lock(&tb__reg_mutex);
-    cpu = tb__reg.cpu;
-    tb__mutex_unlock(&tb__reg_mutex);
-    if (data->tb__backend != cpu) return NULL;
-    return ((const tb__host_buffer *)data->payload)->data;
+    const tb_backend_impl *impl;
+    if (data == NULL || data->payload == NULL || data->tb__backend == NULL) return NULL;
+    impl = &data->tb__backend->impl;
+    if (impl->data_host_pointer == NULL) return NULL;
+    return impl->data_host_pointer(impl->user_data, data);
 }
 
 static TB__UNUSED tb_backend_data *tb__data_new(const tb_backend *backend, const tb_device *device,
@@ -1437,54 +1359,44 @@ static TB__UNUSED tb_backend_data *tb__data_from_scalar(const tb_device *device,
     return d;
 }
 
-/* A cpu data that uses `host` in place. NULL without an error when the device's backend cannot
-   borrow host memory (the caller copies instead, which also reports any error). */
+/* A data of the device's backend that uses `host` in place, when the backend can
+   (tb_backend_impl.data_borrow_host); `release(context)` is then the data's to call. NULL without
+   an error, nothing called, when it cannot: the caller copies instead (which also reports any
+   error of the device) and keeps `release`. */
 static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device,
-                                                        const tb_shape *shape, const void *host) {
+                                                        const tb_shape *shape, const void *host,
+                                                        void (*release)(void *context),
+                                                        void *context) {
     tb_backend *b;
     tb_backend_data *d;
-    tb__host_buffer *hb;
-    size_t nbytes = 0;
-    const tb_backend *cpu;
+    void *writable;
+    tb_status st;
     tb__saved_error saved;
     if (device == NULL || shape == NULL || host == NULL) return NULL;
-    if (strncmp(device->backend, "cpu", sizeof device->backend) != 0) return NULL;
     tb__error_save(&saved);
     b = tb__backend_for_device(device);
-    tb__mutex_lock(&tb__reg_mutex);
-    cpu = tb__reg.cpu;
-    tb__mutex_unlock(&tb__reg_mutex);
-    if (b == NULL || b != cpu || tb_shape_nbytes(shape, &nbytes) != TB_OK) {
+    if (b == NULL || b->impl.data_borrow_host == NULL) {
         tb__error_restore(&saved);
         return NULL;
     }
-    hb = (tb__host_buffer *)tb__alloc(sizeof *hb);
-    d = hb != NULL ? tb__data_new(b, device, shape) : NULL;
+    d = tb__data_new(b, device, shape);
     if (d == NULL) {
-        tb__free(hb);
         tb__error_restore(&saved);
         return NULL;
     }
-    /* The caller promised the array outlives the data; the const is given back on read. */
-    memcpy(&hb->data, &host, sizeof hb->data);
-    hb->size = nbytes;
-    hb->borrowed = true;
-    hb->release = NULL;
-    hb->release_context = NULL;
-    d->payload = hb;
+    /* The caller promised the array outlives the data; the backend gives the const back on
+       read (tb_tensor_from_host_borrowed's contract: the library never writes through it). */
+    memcpy(&writable, &host, sizeof writable);
+    st = b->impl.data_borrow_host(b->impl.user_data, d, writable, release, context);
+    if (st != TB_OK || d->payload == NULL) {
+        d->payload = NULL;
+        tb__data_discard(d);
+        tb__error_restore(&saved);
+        return NULL;
+    }
+    tb__error_restore(&saved);
     tb__metric_count("CreateDataHandles", 1);
     return d;
-}
-
-static TB__UNUSED bool tb__data_set_host_release(tb_backend_data *data, const void *host,
-                                                 void (*release)(void *context), void *context) {
-    tb__host_buffer *hb;
-    if (tb__host_data(data) == NULL || host == NULL) return false;
-    hb = (tb__host_buffer *)data->payload;
-    if (!hb->borrowed || hb->data != host || hb->release != NULL) return false;
-    hb->release = release;
-    hb->release_context = context;
-    return true;
 }
 
 static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *host) {
@@ -1543,35 +1455,30 @@ static void tb__builtin_failed(tb__builtin_failure *why, const char *name, tb_st
 }
 
 static void tb__register_builtin_backends(tb__builtin_failure *why) {
-    tb_status st;
-    if (!tb__registered("cpu")) {
-        tb_backend_impl impl;
-        tb_backend *cpu = NULL;
-        tb__cpu_backend_impl(&impl);
+    const tb__wiring_table *w = tb__wiring();
+    size_t i;
+    for (i = 0; i < w->num_builtins; i++) {
+        const tb__builtin_backend *builtin = &w->builtins[i];
+        tb_status st;
+        if (tb__registered(builtin->name)) continue;
         tb_clear_error();
-        st = tb__backend_register("tb_backend_register", "cpu", &impl, "", NULL, &cpu);
-        if (st == TB_OK) {
-            tb__mutex_lock(&tb__reg_mutex);
-            tb__reg.cpu = cpu;
-            tb__mutex_unlock(&tb__reg_mutex);
-        } else {
-            tb__builtin_failed(why, "cpu", st);
-        }
+        st = builtin->register_backend();
+        if (st != TB_OK) tb__builtin_failed(why, builtin->name, st);
     }
-#if !defined(TB_NO_OPENCL)
-    if (!tb__registered("opencl")) {
-        tb_clear_error();
-        st = tb__opencl_register();
-        if (st != TB_OK) tb__builtin_failed(why, "opencl", st);
-    }
-#endif
-#if defined(TB__HAVE_NATIVE)
-    if (!tb__registered("native")) {
-        tb_clear_error();
-        st = tb__native_register();
-        if (st != TB_OK) tb__builtin_failed(why, "native", st);
-    }
-#endif
+}
+
+static void tb__registry_set_reference(const tb_backend *backend) {
+    tb__mutex_lock(&tb__reg_mutex);
+    tb__reg.reference = backend;
+    tb__mutex_unlock(&tb__reg_mutex);
+}
+
+static const tb_backend *tb__registry_reference(void) {
+    const tb_backend *reference;
+    tb__mutex_lock(&tb__reg_mutex);
+    reference = tb__reg.reference;
+    tb__mutex_unlock(&tb__reg_mutex);
+    return reference;
 }
 
 #undef TB__HAVE_PLUGINS

@@ -8,8 +8,6 @@
 #include <sys/time.h> /* gettimeofday: the clock when clock_gettime is not declared */
 #endif
 
-#define TB__ERROR_CAP 1024
-
 /* The calling thread's last error. */
 static TB__THREAD_LOCAL tb_status tb__err_status = TB_OK;
 static TB__THREAD_LOCAL char tb__err_message[TB__ERROR_CAP];
@@ -178,12 +176,6 @@ TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) {
     if (tb__plugin_parent != NULL) tb__plugin_parent->set_error(status, tb__err_message);
     return status;
 }
-
-/* A copy of the calling thread's error, for calls that must not disturb it. */
-typedef struct tb__saved_error {
-    tb_status status;
-    char message[TB__ERROR_CAP];
-} tb__saved_error;
 
 static TB__UNUSED void tb__error_save(tb__saved_error *saved) {
     saved->status = tb__err_status;
@@ -661,14 +653,14 @@ TBDEF void tb_shutdown(void) {
         tb__mutex_unlock(&tb__setup_mutex);
         return;
     }
-    /* Later layers first; they may still allocate, log and read the desc meanwhile. The
-       metrics go last of all: every layer records them, the backends too (in prepare_to_exit
-       and while their buffers are released), and a metric recorded after the table was freed
-       would outlive the allocator hooks. Nothing after this point allocates. */
-    tb__executor_shutdown();
-    tb__ir_shutdown();
-    tb__registry_shutdown();
-    tb__metrics_shutdown();
+    /* Later layers first (the wiring's order); they may still allocate, log and read the desc
+       meanwhile. Nothing after this point allocates. */
+    {
+        const tb__wiring_table *w = tb__wiring();
+        size_t i;
+        for (i = 0; i < w->num_teardown; i++)
+            w->teardown[i]();
+    }
     tb__free_desc_strings();
     memset(&tb__g.desc, 0, sizeof tb__g.desc);
     tb__g.device_source = NULL;

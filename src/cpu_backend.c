@@ -23,6 +23,63 @@ static void tb__cpu_program_free(tb__cpu_program *p) {
     tb__free(p);
 }
 
+/* The payload of a cpu data: a host array, owned or borrowed from the caller. A borrowed array
+   may carry a release callback, called once when the buffer is freed (DLPack's deleter). */
+typedef struct tb__host_buffer {
+    void *data;
+    size_t size;
+    bool borrowed;
+    void (*release)(void *context);
+    void *release_context;
+} tb__host_buffer;
+
+/* An owned host buffer of `size` bytes (uninitialised). */
+static tb__host_buffer *tb__host_buffer_new(size_t size) {
+    tb__host_buffer *hb = (tb__host_buffer *)tb__alloc(sizeof *hb);
+    if (hb == NULL) return NULL;
+    hb->data = tb__alloc(size);
+    if (hb->data == NULL) {
+        tb__free(hb);
+        return NULL;
+    }
+    hb->size = size;
+    hb->borrowed = false;
+    hb->release = NULL;
+    hb->release_context = NULL;
+    return hb;
+}
+
+static void tb__host_buffer_free(tb__host_buffer *hb) {
+    if (hb == NULL) return;
+    if (!hb->borrowed) tb__free(hb->data);
+    if (hb->borrowed && hb->release != NULL) hb->release(hb->release_context);
+    tb__free(hb);
+}
+
+static void *tb__cpu_data_host_pointer(void *user_data, const tb_backend_data *data) {
+    (void)user_data;
+    return data->payload != NULL ? ((const tb__host_buffer *)data->payload)->data : NULL;
+}
+
+static tb_status tb__cpu_data_borrow_host(void *user_data, tb_backend_data *data, void *host,
+                                          void (*release)(void *context), void *context) {
+    size_t nbytes = 0;
+    tb__host_buffer *hb;
+    tb_status st;
+    (void)user_data;
+    st = tb_shape_nbytes(&data->shape, &nbytes);
+    if (st != TB_OK) return st;
+    hb = (tb__host_buffer *)tb__alloc(sizeof *hb);
+    if (hb == NULL) return tb_last_status();
+    hb->data = host;
+    hb->size = nbytes;
+    hb->borrowed = true;
+    hb->release = release;
+    hb->release_context = context;
+    data->payload = hb;
+    return TB_OK;
+}
+
 static tb_status tb__cpu_data_from_host(void *user_data, tb_backend_data *data, const void *host) {
     size_t nbytes = 0;
     tb__host_buffer *hb;
@@ -344,4 +401,18 @@ static void tb__cpu_backend_impl(tb_backend_impl *out) {
     out->get_device_info = tb__cpu_get_device_info;
     out->eager_fallback_device_type = tb__cpu_eager_fallback;
     out->create_metrics_report = tb__cpu_metrics_report;
+    out->data_host_pointer = tb__cpu_data_host_pointer;
+    out->data_borrow_host = tb__cpu_data_borrow_host;
+}
+
+/* Registers the "cpu" backend as the registry's reference (called by the registry through the
+   wiring). */
+static tb_status tb__cpu_register(void) {
+    tb_backend_impl impl;
+    tb_backend *cpu = NULL;
+    tb_status st;
+    tb__cpu_backend_impl(&impl);
+    st = tb__backend_register("tb_backend_register", "cpu", &impl, "", NULL, &cpu);
+    if (st == TB_OK) tb__registry_set_reference(cpu);
+    return st;
 }

@@ -419,12 +419,12 @@ static tb_tensor *tb__blob_tensor(tb__blob *blob, const unsigned char *bytes, co
     for (i = 0; in_place && shape->dtype == TB_BOOL && i < nbytes; ++i)
         in_place = bytes[i] <= 1;
     if (in_place) {
-        t = tb_tensor_from_host_borrowed(bytes, shape, device);
-        if (t == NULL) return NULL;
+        /* the tensor's data holds a reference to the blob (given back at once by a device
+           that copied) */
         TB__ATOMIC_ADD(&blob->refcount, 1);
-        /* a device that copied: the blob is not needed by this tensor */
-        if (!tb__data_set_host_release(tb_tensor_data(t), bytes, tb__blob_release, blob))
-            tb__blob_release(blob);
+        t = tb__tensor_borrow("tb_tensor_from_host_borrowed", bytes, shape, device,
+                              tb__blob_release, blob);
+        if (t == NULL) TB__ATOMIC_ADD(&blob->refcount, -1); /* not the last: the caller's */
         return t;
     }
     if ((width == 1 || big_endian != tb__host_is_little_endian()) && shape->dtype != TB_BOOL)

@@ -149,11 +149,43 @@ typedef struct tb__str {
 static void tb__str_append(tb__str *s, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static char *tb__str_take(tb__str *s); /* the text (caller frees), NULL if failed */
 static void tb__str_free(tb__str *s);
-/* teardown hooks of later layers, called by tb_shutdown in reverse layer order */
+
+#define TB__ERROR_CAP 1024 /* bytes of an error message, NUL included */
+
+/* A copy of the calling thread's error, for calls that must not disturb it. */
+typedef struct tb__saved_error {
+    tb_status status;
+    char message[TB__ERROR_CAP];
+} tb__saved_error;
+static void tb__error_save(tb__saved_error *saved);
+static void tb__error_restore(const tb__saved_error *saved);
+static tb_status tb__error_v(tb_status status, const char *fmt, va_list ap);
+/* a * b + c without overflow: false (nothing stored) when it would overflow */
+static bool tb__muladd_i64(int64_t a, int64_t b, int64_t c, int64_t *out);
+static uintptr_t tb__thread_id(void); /* nonzero, distinct per live thread */
+static void tb__yield(void);
+/* teardown hooks of the layers; tb_shutdown calls them through the wiring, in its order */
 static void tb__registry_shutdown(void);
 static void tb__ir_shutdown(void);
 static void tb__metrics_shutdown(void);
 static void tb__executor_shutdown(void);
+
+/* The wiring: what an earlier layer needs of later ones without naming them. The last part of
+   the implementation (wiring.c) fills one table with the later layers' hooks; earlier layers
+   reach them only through tb__wiring(). */
+typedef struct tb__builtin_backend {
+    const char *name;
+    tb_status (*register_backend)(void); /* registers the backend under `name` */
+} tb__builtin_backend;
+typedef struct tb__wiring_table {
+    /* tb_shutdown: each layer's teardown, later layers first and the metrics last */
+    void (*const *teardown)(void);
+    size_t num_teardown;
+    /* the backends built into the library, in registration order (the reference first) */
+    const tb__builtin_backend *builtins;
+    size_t num_builtins;
+} tb__wiring_table;
+static const tb__wiring_table *tb__wiring(void);
 
 /* rng.c: Philox 4x32-10 */
 static void tb__philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
@@ -168,6 +200,14 @@ static void tb__rng_reset(void);             /* the default seed, offset 0 (shut
 
 /* shape.c */
 static size_t tb__shape_text(const tb_shape *shape, char buf[96]); /* cut with "...]" if long */
+static tb_status tb__shape_check(const char *fn, const tb_shape *shape); /* valid, naming fn */
+static bool tb__shape_has_zero(const tb_shape *shape);
+static int64_t tb__shape_numel(const tb_shape *shape); /* of a valid shape */
+static bool tb__shape_size_ok(const tb_shape *shape);  /* within the size rule of shapes */
+
+/* device.c: splits "backend" or "backend:ordinal" (no lookup); messages name `fn` */
+static tb_status tb__device_text_split(const char *fn, const char *text, char name[TB_MAX_NAME + 1],
+                                       int32_t *ordinal);
 /* writes one element of `dtype` holding the value (C conversions; out-of-range floats saturate) */
 static void tb__scalar_store(tb_scalar value, tb_dtype dtype, void *out);
 
@@ -185,18 +225,20 @@ static tb_backend_data *tb__data_from_host(const tb_device *device, const tb_sha
 static tb_status tb__data_to_host(const tb_backend_data *data, void *host); /* FromDevice time */
 /* a rank-0 data of the scalar's dtype (the backend's data_from_scalar, else via the host) */
 static tb_backend_data *tb__data_from_scalar(const tb_device *device, tb_scalar value);
-/* a cpu data using `host` in place (no copy); NULL without an error when the device's backend
-   cannot borrow host memory: copy with tb__data_from_host instead */
+/* a data using `host` in place (no copy), when the device's backend can borrow host memory
+   (tb_backend_impl.data_borrow_host): release(context) is then the data's to call when it no
+   longer needs the memory. NULL without an error and nothing called when it cannot: copy with
+   tb__data_from_host instead, and release the memory yourself */
 static tb_backend_data *tb__data_borrow_host(const tb_device *device, const tb_shape *shape,
-                                             const void *host);
-/* the host array of a cpu backend data (payload tb__host_buffer, defined in backend.c);
-   NULL for another backend's data or a placeholder */
+                                             const void *host, void (*release)(void *context),
+                                             void *context);
+/* the host array of a data whose backend keeps it in host memory (data_host_pointer); NULL
+   for other data and placeholders */
 static void *tb__host_data(const tb_backend_data *data);
-/* arms a release callback on a cpu data that borrows `host` (tb__data_borrow_host): called
-   once, when the data's buffer is freed. false (nothing set) when `data` is not such a data
-   or already has a callback */
-static bool tb__data_set_host_release(tb_backend_data *data, const void *host,
-                                      void (*release)(void *context), void *context);
+/* registers a backend (tb_backend_register's work, messages naming `fn`); `plugin` is the
+   shared object it came from or NULL; *out (may be NULL) gets the entry */
+static tb_status tb__backend_register(const char *fn, const char *name, const tb_backend_impl *impl,
+                                      const char *tags, void *plugin, tb_backend **out);
 /* the device `ordinal` of a backend, its type asked from the backend; messages name `fn`
    (unknown backend: lists those that exist; bad ordinal: gives the device count) */
 static tb_status tb__backend_device(const char *fn, const char *backend, int32_t ordinal,
@@ -204,9 +246,28 @@ static tb_status tb__backend_device(const char *fn, const char *backend, int32_t
 /* the current backend (tb_set_backend's, else the default of desc.backend / $TB_BACKEND /
    "cpu", looked up); NULL with an error naming `fn` and the setting that holds a bad name */
 static const tb_backend *tb__current_backend(const char *fn);
-/* cpu, opencl: those not registered yet (the registry calls it until all are) */
-struct tb__builtin_failure;
-static void tb__register_builtin_backends(struct tb__builtin_failure *why);
+/* the built-in backends of the wiring not registered yet (the registry calls it until all
+   are); the first failure is kept in `why` */
+/* Why a built-in backend is missing after tb__registry_ensure. */
+typedef struct tb__builtin_failure {
+    tb_status status;           /* TB_OK: every built-in backend is registered */
+    char name[TB_MAX_NAME + 1]; /* the first one that could not be */
+    char reason[TB__ERROR_CAP];
+} tb__builtin_failure;
+static void tb__register_builtin_backends(tb__builtin_failure *why);
+/* registers every built-in backend not registered yet; `why` (may be NULL) gets the first
+   failure */
+static void tb__registry_ensure(tb__builtin_failure *why);
+static void tb__registry_set_rng_seed(uint64_t seed); /* every registered backend's */
+/* the backend named `name` (loaded as a plugin if need be); NULL with an error naming `fn` */
+static tb_backend *tb__lookup(const char *fn, const char *name);
+/* the error of a backend entry that failed with `st`, naming the backend and the entry */
+static tb_status tb__backend_failed(tb_status st, const tb_backend *b, const char *entry);
+/* the reference backend: the one whose values every other is checked against and which runs
+   the eager fallback. Its built-in registration names it (tb__registry_set_reference); NULL
+   until then. */
+static void tb__registry_set_reference(const tb_backend *backend);
+static const tb_backend *tb__registry_reference(void);
 
 /* ir.c: nodes. Operands are retained by the node; the node is created with refcount 1. */
 struct tb_node {
@@ -256,6 +317,21 @@ static void tb__graph_detached_free(tb__detached_graph *detached);
 /* shape inference for a built-in or custom op (used by ops.c and tb_call_op) */
 static tb_status tb__op_infer_shape(tb_op op, const tb_shape *inputs, size_t num_inputs,
                                     const int64_t *attrs, size_t num_attrs, tb_shape *out);
+/* ir.c's shape rules, shared with the ops: messages name `fn` and the shapes involved */
+typedef struct tb__shape_buf {
+    char text[96];
+} tb__shape_buf;
+static const char *tb__st(const tb_shape *shape, tb__shape_buf *buf); /* the shape's text */
+static tb_status tb__infer_shape_as(const char *fn, tb_op op, const tb_shape *inputs,
+                                    size_t num_inputs, const int64_t *attrs, size_t num_attrs,
+                                    tb_shape *out);
+static tb_status tb__broadcast_dims(const char *fn, const tb_shape *inputs, size_t n,
+                                    tb_shape *out);
+static tb_status tb__check_fits(const char *fn, const tb_shape *shape);
+static tb_status tb__need_bool(const char *fn, const char *what, const tb_shape *shape);
+static tb_status tb__need_float(const char *fn, const tb_shape *shape);
+static tb_status tb__need_index(const char *fn, const tb_shape *shape);
+static tb_status tb__need_not_bool(const char *fn, const tb_shape *shape);
 
 /* ops.c: NULL for an op given a NULL tensor; the chain's first error is kept, else one naming
    `what` is set */
@@ -285,23 +361,70 @@ static tb_node *tb__tensor_ir(tb_tensor *tensor);
 static tb_status tb__resolve_device(const tb_device *device, tb_device *out);
 /* a new tensor holding `data` (consumes the caller's reference); NULL data -> NULL */
 static tb_tensor *tb__tensor_from_data(tb_backend_data *data);
+/* a tensor over `host` in place where the device's backend can borrow host memory, else over
+   a copy. On success release(context) is called exactly once: by the data when it no longer
+   needs `host`, or before this returns (the device copied); on failure (NULL) it is not */
+static tb_tensor *tb__tensor_borrow(const char *func, const void *host, const tb_shape *shape,
+                                    const tb_device *device, void (*release)(void *context),
+                                    void *context);
 
-/* reference.c: the reference interpreter. A graph's parameter values and results are
-   contiguous host arrays of the nodes' shapes. */
+/* reference.c: the reference interpreter (the cpu backend runs it). A graph's parameter values
+   and results are contiguous host arrays of the nodes' shapes. */
 static tb_status tb__ref_run_graph(const tb_graph *graph, const void *const *parameters,
                                    void *const *results);
-/* one node from contiguous host arrays of its operands */
-static tb_status tb__ref_eval_node(const tb_node *node, const void *const *operands, void *output);
 
-/* cpu_backend.c: the "cpu" backend's vtable (registered by backend.c) */
-static void tb__cpu_backend_impl(tb_backend_impl *out);
+/* the built-in backends' registrations, which the wiring lists */
+/* autograd.c: the arena of tensors a rule makes, released together (nn.c and optim.c build
+   on it), and what a tensor holds across an assignment that may have to be undone */
+typedef struct tb__ag {
+    const char *fn;
+    tb_device device;
+    tb_tensor **temps;
+    size_t num_temps, cap_temps;
+    bool failed; /* a tensor could not be made; the error is set */
+} tb__ag;
+static void tb__ag_init(tb__ag *a, const char *fn);
+static void tb__ag_free(tb__ag *a);
+/* t joins the arena (released with it) and is returned; NULL t, or no memory (t released),
+   marks the arena failed and gives NULL */
+static tb_tensor *tb__ag_keep(tb__ag *a, tb_tensor *t);
+static tb_tensor *tb__ag_const(tb__ag *a, tb_dtype dtype, double value);
+/* What a tensor holds, kept across assignments that may have to be undone (an optimizer step
+   whose sync fails). Holding it does not keep a donation from happening: only live tensors
+   count as readers. */
+typedef struct tb__held {
+    tb_tensor *t;
+    tb_node *node, *history, *data_node;
+    tb_backend_data *data, *donor;
+} tb__held;
+static void tb__held_take(tb__held *h, tb_tensor *t);
+static tb_tensor *tb__held_guard(const tb__held *h);
+static bool tb__held_restore(tb__held *h);
+static void tb__held_drop(tb__held *h);
 
-/* opencl.c */
+/* cpu_backend.c: registers the "cpu" backend as the registry's reference */
+static tb_status tb__cpu_register(void);
 #if !defined(TB_NO_OPENCL)
-/* registers the "opencl" backend (called by tb__register_builtin_backends) */
+/* opencl.c: registers the "opencl" backend */
 static tb_status tb__opencl_register(void);
 #endif
 #if defined(TB__HAVE_NATIVE)
 /* native.c: registers the "native" backend */
 static tb_status tb__native_register(void);
 #endif
+
+/* interop.c: the .npy header and byte order, which the model files (files.c) share */
+/* The parsed header of a .npy file. */
+typedef struct tb__npy_header {
+    tb_dtype dtype;
+    bool big_endian;
+    bool fortran_order;
+    int32_t rank;
+    int64_t dims[TB_MAX_RANK];
+    bool has_descr, has_order, has_shape;
+} tb__npy_header;
+static tb_status tb__npy_parse_header(const char *text, size_t len, const char *path,
+                                      tb__npy_header *h);
+static char *tb__npy_header_text(const tb_shape *shape, size_t *len, unsigned *major);
+static bool tb__host_is_little_endian(void);
+static void tb__swap_bytes(unsigned char *data, size_t count, size_t width);

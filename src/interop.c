@@ -23,16 +23,6 @@ static void tb__swap_bytes(unsigned char *data, size_t count, size_t width) {
     }
 }
 
-/* The parsed header of a .npy file. */
-typedef struct tb__npy_header {
-    tb_dtype dtype;
-    bool big_endian;
-    bool fortran_order;
-    int32_t rank;
-    int64_t dims[TB_MAX_RANK];
-    bool has_descr, has_order, has_shape;
-} tb__npy_header;
-
 typedef struct tb__npy_parser {
     const char *text;
     size_t len;
@@ -815,12 +805,9 @@ static tb_tensor *tb__dl_import(const char *fn, const tb_dl_tensor *dl, const tb
     for (i = 0; in_place && dtype == TB_BOOL && i < nbytes; ++i)
         in_place = base[i] <= 1;
     if (in_place) {
-        t = tb_tensor_from_host_borrowed(base, &shape, device);
-        if (t == NULL) return NULL;
-        /* Not a cpu device: the tensor holds a copy and the producer's buffer is free now. */
-        if (nbytes == 0 || !tb__data_set_host_release(tb_tensor_data(t), base, release, context))
-            release(context);
-        return t;
+        /* A device that cannot use host memory in place copies, and the producer's buffer is
+           released at once; on failure the caller keeps it. */
+        return tb__tensor_borrow(fn, base, &shape, device, release, context);
     } else {
         unsigned char *copy = (unsigned char *)tb__alloc(nbytes ? nbytes : 1);
         if (copy == NULL) return NULL;

@@ -466,10 +466,6 @@ TBDEF tb_status tb_node_scalar(const tb_node *node, tb_scalar *out) {
    Every check names the op (or the public function, through `fn`) and the shapes involved.
    The layouts accepted here are the normal form documented above TB_OP_LIST in ir.h. */
 
-typedef struct tb__shape_buf {
-    char text[96];
-} tb__shape_buf;
-
 static const char *tb__st(const tb_shape *shape, tb__shape_buf *buf) {
     tb__shape_text(shape, buf->text);
     return buf->text;

@@ -165,21 +165,6 @@ static tb_node *tb__tensor_ir(tb_tensor *tensor) {
     return tensor->data_node;
 }
 
-static tb_status tb__resolve_device(const tb_device *device, tb_device *out) {
-    tb_device made;
-    tb_status st;
-    if (device == NULL || device->backend[0] == '\0') return tb_current_device(out);
-    if (memchr(device->backend, '\0', sizeof(device->backend)) == NULL) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT,
-                         "tb_device: the backend name is not NUL-terminated within %d bytes",
-                         TB_MAX_NAME + 1);
-    }
-    st = tb_device_make(device->backend, device->ordinal, &made);
-    if (st != TB_OK) return st;
-    *out = made;
-    return TB_OK;
-}
-
 TBDEF tb_tensor *tb_tensor_retain(tb_tensor *tensor) {
     if (tensor != NULL) TB__ATOMIC_ADD(&tensor->refcount, 1);
     return tensor;
@@ -1005,8 +990,122 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
 static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
                                       tb_backend_data *const *donors, tb_backend_data **out);
 
+/* Runs `g` on the registry's reference backend, reached like any backend through its vtable:
+   the parameters' values come from contiguous host arrays, the results go into host arrays.
+   TB_CHECK and the eager fallback use it. Messages name `fn`. */
+static tb_status tb__exec_on_reference(const char *fn, const tb_graph *g,
+                                       const void *const *param_host, void *const *result_host) {
+    tb__exec ref;
+    tb_graph rg = *g;
+    tb_backend_data **args = NULL, **outs = NULL;
+    void *context = NULL, *computation = NULL;
+    tb__saved_error saved;
+    const char *entry = "create_lowering_context";
+    size_t i;
+    tb_status st;
+    ref.func = fn;
+    ref.backend = tb__registry_reference();
+    if (ref.backend == NULL) {
+        return tb__error(TB_ERR_STATE, "%s: the reference backend is not registered", fn);
+    }
+    ref.vt = tb__backend_vtable(ref.backend);
+    st = tb__backend_device(fn, tb_backend_name(ref.backend), 0, &ref.device);
+    if (st != TB_OK) return st;
+    rg.device = ref.device;
+    rg.result_donors = NULL;
+    args = (tb_backend_data **)tb__calloc(g->num_parameters + 1, sizeof *args);
+    outs = (tb_backend_data **)tb__calloc(g->num_results + 1, sizeof *outs);
+    if (args == NULL || outs == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < g->num_parameters && st == TB_OK; i++) {
+        args[i] = tb__data_from_host(&ref.device, &g->parameters[i]->shape, param_host[i]);
+        if (args[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+    }
+    for (i = 0; i < g->num_results && st == TB_OK; i++) {
+        outs[i] = tb__data_new(ref.backend, &ref.device, &g->results[i]->shape);
+        if (outs[i] == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    if (st != TB_OK) goto done;
+    tb__exec_call_begin(&saved);
+    for (i = 0; i < g->num_results && st == TB_OK && ref.vt->create_placeholder != NULL; i++) {
+        entry = "create_placeholder";
+        st = ref.vt->create_placeholder(ref.vt->user_data, outs[i]);
+    }
+    if (st == TB_OK) {
+        entry = "create_lowering_context";
+        st = ref.vt->create_lowering_context(ref.vt->user_data, &rg, &context);
+    }
+    if (st == TB_OK) {
+        entry = "compile";
+        st = ref.vt->compile(ref.vt->user_data, context, &computation);
+    }
+    if (context != NULL && ref.vt->release_lowering_context != NULL)
+        ref.vt->release_lowering_context(ref.vt->user_data, context);
+    if (st == TB_OK) {
+        entry = "execute";
+        st = ref.vt->execute(ref.vt->user_data, computation, args, g->num_parameters, outs,
+                             g->num_results);
+    }
+    if (st != TB_OK) {
+        st = tb__exec_call_failed(&ref, st, entry);
+    } else {
+        tb__error_restore(&saved);
+    }
+    for (i = 0; i < g->num_results && st == TB_OK; i++)
+        st = tb__data_to_host(outs[i], result_host[i]);
+done:
+    if (computation != NULL) ref.vt->release_computation(ref.vt->user_data, computation);
+    for (i = 0; args != NULL && i < g->num_parameters; i++)
+        tb__data_release(args[i]);
+    for (i = 0; outs != NULL && i < g->num_results; i++)
+        tb__data_release(outs[i]);
+    tb__free(args);
+    tb__free(outs);
+    return st;
+}
+
+/* One node on the reference backend, from contiguous host arrays of its operands (one per
+   operand position): a graph of the node whose parameters are its distinct operands. */
+static tb_status tb__exec_reference_node(const char *fn, const tb_node *node,
+                                         void *const *operand_host, void *result) {
+    size_t k = node->num_operands, n = 0, i, j;
+    const tb_node **nodes = (const tb_node **)tb__calloc(k + 2, sizeof *nodes);
+    const void **param_host = (const void **)tb__calloc(k + 1, sizeof *param_host);
+    tb_graph g;
+    tb_status st = TB_ERR_OUT_OF_MEMORY;
+    if (nodes != NULL && param_host != NULL) {
+        /* distinct operands in the order they were made (the post-order of such a graph) */
+        for (i = 0; i < k; i++) {
+            const tb_node *operand = node->operands[i];
+            bool seen = false;
+            for (j = 0; j < n; j++)
+                seen = seen || nodes[j] == operand;
+            if (seen) continue;
+            for (j = n; j > 0 && nodes[j - 1]->id > operand->id; j--) {
+                nodes[j] = nodes[j - 1];
+                param_host[j] = param_host[j - 1];
+            }
+            nodes[j] = operand;
+            param_host[j] = operand_host[i];
+            n++;
+        }
+        nodes[n] = node;
+        memset(&g, 0, sizeof g);
+        g.nodes = nodes;
+        g.num_nodes = n + 1;
+        g.parameters = nodes;
+        g.num_parameters = n;
+        g.results = nodes + n;
+        g.num_results = 1;
+        g.hash = node->hash;
+        st = tb__exec_on_reference(fn, &g, param_host, &result);
+    }
+    tb__free((void *)nodes);
+    tb__free((void *)param_host);
+    return st;
+}
+
 /* LTC's eager fallback: runs one node the backend does not support on the reference
-   interpreter, from its operands' values, and keeps the result on the device in node->value. */
+   backend, from its operands' values, and keeps the result on the device in node->value. */
 static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     size_t k = node->num_operands, i, num_pending = 0;
     void **host = NULL;
@@ -1066,7 +1165,7 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
         st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
         goto done;
     }
-    st = tb__ref_eval_node(node, (const void *const *)host, result);
+    st = tb__exec_reference_node(ex->func, node, host, result);
     if (st != TB_OK) goto done;
     value = tb__data_from_host(&ex->device, &node->shape, result);
     if (value == NULL) {
@@ -1353,7 +1452,7 @@ static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, cons
     char report[TB__ERROR_CAP];
     tb__slow_notice notice;
 
-    if (strcmp(tb_backend_name(ex->backend), "cpu") == 0) return TB_OK; /* it is the reference */
+    if (ex->backend == tb__registry_reference()) return TB_OK; /* it is the reference */
     report[0] = '\0';
     tb__error_save(&saved);
     tb_clear_error(); /* a reason below is the check's own */
@@ -1408,7 +1507,8 @@ static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, cons
             if (ref_host[i] == NULL) st = TB_ERR_OUT_OF_MEMORY;
         }
     }
-    if (st == TB_OK) st = tb__ref_run_graph(&cg, (const void *const *)param_host, ref_host);
+    if (st == TB_OK)
+        st = tb__exec_on_reference(ex->func, &cg, (const void *const *)param_host, ref_host);
     for (i = 0; i < m && st == TB_OK; i++) {
         const tb_shape *shape = &computed[i]->shape;
         size_t nbytes = 0, size = tb_dtype_size(shape->dtype), k, count;
@@ -1959,20 +2059,24 @@ static tb_tensor *tb__tensor_from_node(tb_node *node) {
 
 /* ---- creation, reading back ---- */
 
+/* A tensor over a copy of `data`, or over `data` itself when `borrow` and the device's
+   backend can use host memory in place. `release` (may be NULL): on success called exactly
+   once, by the data when it no longer needs `data` (borrowed) or before this returns (copied);
+   on failure not called. */
 static tb_tensor *tb__tensor_from_host(const char *func, const void *data, const tb_shape *shape,
-                                       const tb_device *device, bool borrow) {
+                                       const tb_device *device, bool borrow,
+                                       void (*release)(void *context), void *context) {
     tb_device dev;
     size_t nbytes = 0;
     tb_backend_data *d = NULL;
-    tb_status st;
+    tb_tensor *t;
+    bool taken = false;
     tb__ensure_setup();
     if (shape == NULL) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: shape is NULL", func);
         return NULL;
     }
-    st = tb_shape_validate(shape);
-    if (st == TB_OK) st = tb_shape_nbytes(shape, &nbytes);
-    if (st != TB_OK) return NULL;
+    if (tb_shape_validate(shape) != TB_OK || tb_shape_nbytes(shape, &nbytes) != TB_OK) return NULL;
     if (data == NULL && nbytes > 0) {
         char text[96];
         tb__shape_text(shape, text);
@@ -1981,20 +2085,37 @@ static tb_tensor *tb__tensor_from_host(const char *func, const void *data, const
         return NULL;
     }
     if (tb__resolve_device(device, &dev) != TB_OK) return NULL;
+    /* the handle first, so that nothing can fail once the data holds `release` */
+    t = tb__tensor_new(&dev, shape);
+    if (t == NULL) return NULL;
     /* NULL from the borrow: this device cannot use host memory in place; copy */
-    if (borrow) d = tb__data_borrow_host(&dev, shape, data);
+    if (borrow) d = tb__data_borrow_host(&dev, shape, data, release, context);
+    taken = d != NULL;
     if (d == NULL) d = tb__data_from_host(&dev, shape, data);
-    return tb__tensor_from_data(d);
+    if (d == NULL) {
+        tb_tensor_release(t);
+        return NULL;
+    }
+    t->data = d;
+    if (!taken && release != NULL) release(context);
+    return t;
 }
 
 TBDEF tb_tensor *tb_tensor_from_host(const void *data, const tb_shape *shape,
                                      const tb_device *device) {
-    return tb__tensor_from_host("tb_tensor_from_host", data, shape, device, false);
+    return tb__tensor_from_host("tb_tensor_from_host", data, shape, device, false, NULL, NULL);
 }
 
 TBDEF tb_tensor *tb_tensor_from_host_borrowed(const void *data, const tb_shape *shape,
                                               const tb_device *device) {
-    return tb__tensor_from_host("tb_tensor_from_host_borrowed", data, shape, device, true);
+    return tb__tensor_from_host("tb_tensor_from_host_borrowed", data, shape, device, true, NULL,
+                                NULL);
+}
+
+static tb_tensor *tb__tensor_borrow(const char *func, const void *host, const tb_shape *shape,
+                                    const tb_device *device, void (*release)(void *context),
+                                    void *context) {
+    return tb__tensor_from_host(func, host, shape, device, true, release, context);
 }
 
 /* Syncs one tensor if its value is pending. */

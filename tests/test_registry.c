@@ -1445,6 +1445,12 @@ static void test_cpu_data_round_trip(void **state) {
     assert_true(tb_metrics_counter("TransferFromDeviceTime") >= 12);
 }
 
+static int releases;
+
+static void count_release(void *context) {
+    ++*(int *)context;
+}
+
 static void test_cpu_data_scalar_borrow_and_errors(void **state) {
     tb_device cpu, none;
     tb_backend_data *d;
@@ -1468,7 +1474,7 @@ static void test_cpu_data_scalar_borrow_and_errors(void **state) {
     tb__data_release(d);
 
     /* borrowing: the cpu backend uses the array in place */
-    d = tb__data_borrow_host(&cpu, &shape, values);
+    d = tb__data_borrow_host(&cpu, &shape, values, NULL, NULL);
     assert_non_null(d);
     assert_true(tb__host_data(d) == (void *)values);
     values[1] = 20;
@@ -1476,6 +1482,15 @@ static void test_cpu_data_scalar_borrow_and_errors(void **state) {
     assert_true(out[1] == 20);
     tb__data_release(d); /* does not free the caller's array */
     assert_true(values[0] == 1);
+    /* the release callback runs once, when the data no longer needs the array */
+    releases = 0;
+    d = tb__data_borrow_host(&cpu, &shape, values, count_release, &releases);
+    assert_non_null(d);
+    tb__data_retain(d);
+    tb__data_release(d);
+    assert_int_equal(releases, 0);
+    tb__data_release(d);
+    assert_int_equal(releases, 1);
 
     /* size 0 */
     d = tb__data_from_host(&cpu, &empty, NULL);
@@ -1487,7 +1502,10 @@ static void test_cpu_data_scalar_borrow_and_errors(void **state) {
     tb_clear_error();
     memset(&none, 0, sizeof none);
     snprintf(none.backend, sizeof none.backend, "ghost");
-    assert_null(tb__data_borrow_host(&none, &shape, values)); /* cannot borrow: no error */
+    releases = 0;
+    /* cannot borrow: no error, and the callback stays the caller's */
+    assert_null(tb__data_borrow_host(&none, &shape, values, count_release, &releases));
+    assert_int_equal(releases, 0);
     assert_int_equal(tb_last_status(), TB_OK);
     assert_null(tb__data_from_host(&none, &shape, values));
     assert_int_equal(tb_last_status(), TB_ERR_NOT_FOUND);
