@@ -2024,6 +2024,8 @@ static tb_status tb__broadcast_dims(const char *fn, const tb_shape *inputs, size
 static tb_status tb__check_fits(const char *fn, const tb_shape *shape);
 static tb_status tb__need_bool(const char *fn, const char *what, const tb_shape *shape);
 static tb_status tb__need_float(const char *fn, const tb_shape *shape);
+/* the unary ops defined on floating dtypes only (exp, log, sqrt, ..., erf) */
+static bool tb__op_float_only(tb_op op);
 static tb_status tb__need_index(const char *fn, const tb_shape *shape);
 static tb_status tb__need_not_bool(const char *fn, const tb_shape *shape);
 
@@ -6391,7 +6393,7 @@ static tb_status tb__check_rank1(const char *fn, const tb_shape *shape) {
                      tb__st(shape, &b));
 }
 
-static tb_status tb__infer_unary(const char *fn, tb_op op, const tb_shape *x) {
+static bool tb__op_float_only(tb_op op) {
     switch (op) {
     case TB_OP_EXP:
     case TB_OP_LOG:
@@ -6405,7 +6407,15 @@ static tb_status tb__infer_unary(const char *fn, tb_op op, const tb_shape *x) {
     case TB_OP_SILU:
     case TB_OP_RECIPROCAL:
     case TB_OP_ERF:
-        return tb__need_float(fn, x);
+        return true;
+    default:
+        return false;
+    }
+}
+
+static tb_status tb__infer_unary(const char *fn, tb_op op, const tb_shape *x) {
+    if (tb__op_float_only(op)) return tb__need_float(fn, x);
+    switch (op) {
     case TB_OP_NEG:
     case TB_OP_ABS:
     case TB_OP_RELU:
@@ -9985,26 +9995,6 @@ static tb_status tb__norm_axis(const char *fn, const char *what, int64_t axis, i
 
 /* ---- unary ---- */
 
-static bool tb__op_is_float_only(tb_op op) {
-    switch (op) {
-    case TB_OP_EXP:
-    case TB_OP_LOG:
-    case TB_OP_SQRT:
-    case TB_OP_RSQRT:
-    case TB_OP_SIN:
-    case TB_OP_COS:
-    case TB_OP_TANH:
-    case TB_OP_SIGMOID:
-    case TB_OP_GELU:
-    case TB_OP_SILU:
-    case TB_OP_RECIPROCAL:
-    case TB_OP_ERF:
-        return true;
-    default:
-        return false;
-    }
-}
-
 static tb_tensor *tb__unary(const char *fn, tb_op op, tb_tensor *x) {
     tb__arg arg;
     tb_device device;
@@ -10012,7 +10002,7 @@ static tb_tensor *tb__unary(const char *fn, tb_op op, tb_tensor *x) {
     tb__ensure_setup();
     if (x == NULL) return tb__null_input(fn, "x");
     if (tb__args_get(fn, &x, 1, &arg, &device) != TB_OK) return NULL;
-    if (tb__op_is_float_only(op) && !tb_dtype_is_float(arg.shape.dtype)) {
+    if (tb__op_float_only(op) && !tb_dtype_is_float(arg.shape.dtype)) {
         if (op == TB_OP_GELU || op == TB_OP_SILU) {
             /* PyTorch has no integer kernels for these (and does not promote) */
             tb__need_float(fn, &arg.shape);
@@ -24415,25 +24405,9 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
 
 /* ---- backend entries: IR hooks, lifetime, registration ---- */
 
-static bool tb__ocl_float_only_unary(tb_op op) {
-    switch (op) {
-    case TB_OP_EXP:
-    case TB_OP_LOG:
-    case TB_OP_SQRT:
-    case TB_OP_RSQRT:
-    case TB_OP_SIN:
-    case TB_OP_COS:
-    case TB_OP_TANH:
-    case TB_OP_SIGMOID:
-    case TB_OP_GELU:
-    case TB_OP_SILU:
-    case TB_OP_RECIPROCAL:
-    case TB_OP_DIV:
-    case TB_OP_ERF:
-        return true;
-    default:
-        return false;
-    }
+/* The ops whose OpenCL lowering takes floating operands only (integer forms fall back). */
+static bool tb__ocl_float_only(tb_op op) {
+    return op == TB_OP_DIV || tb__op_float_only(op);
 }
 
 static bool tb__ocl_supports_node(void *user_data, const tb_node *node) {
@@ -24466,7 +24440,7 @@ static bool tb__ocl_supports_node(void *user_data, const tb_node *node) {
        library's exact functions, so f64 runs on the reference */
     if (op == TB_OP_RANDN) return fp64 && node->shape.dtype == TB_F32;
     if (op == TB_OP_ARANGE && tb_dtype_is_float(node->shape.dtype)) return fp64;
-    if (tb__ocl_float_only_unary(op) && !tb_dtype_is_float(node->shape.dtype)) return false;
+    if (tb__ocl_float_only(op) && !tb_dtype_is_float(node->shape.dtype)) return false;
     return true;
 }
 

@@ -330,6 +330,8 @@ static tb_status tb__broadcast_dims(const char *fn, const tb_shape *inputs, size
 static tb_status tb__check_fits(const char *fn, const tb_shape *shape);
 static tb_status tb__need_bool(const char *fn, const char *what, const tb_shape *shape);
 static tb_status tb__need_float(const char *fn, const tb_shape *shape);
+/* the unary ops defined on floating dtypes only (exp, log, sqrt, ..., erf) */
+static bool tb__op_float_only(tb_op op);
 static tb_status tb__need_index(const char *fn, const tb_shape *shape);
 static tb_status tb__need_not_bool(const char *fn, const tb_shape *shape);
 

@@ -619,7 +619,7 @@ static tb_status tb__check_rank1(const char *fn, const tb_shape *shape) {
                      tb__st(shape, &b));
 }
 
-static tb_status tb__infer_unary(const char *fn, tb_op op, const tb_shape *x) {
+static bool tb__op_float_only(tb_op op) {
     switch (op) {
     case TB_OP_EXP:
     case TB_OP_LOG:
@@ -633,7 +633,15 @@ static tb_status tb__infer_unary(const char *fn, tb_op op, const tb_shape *x) {
     case TB_OP_SILU:
     case TB_OP_RECIPROCAL:
     case TB_OP_ERF:
-        return tb__need_float(fn, x);
+        return true;
+    default:
+        return false;
+    }
+}
+
+static tb_status tb__infer_unary(const char *fn, tb_op op, const tb_shape *x) {
+    if (tb__op_float_only(op)) return tb__need_float(fn, x);
+    switch (op) {
     case TB_OP_NEG:
     case TB_OP_ABS:
     case TB_OP_RELU:

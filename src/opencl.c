@@ -985,25 +985,9 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
 
 /* ---- backend entries: IR hooks, lifetime, registration ---- */
 
-static bool tb__ocl_float_only_unary(tb_op op) {
-    switch (op) {
-    case TB_OP_EXP:
-    case TB_OP_LOG:
-    case TB_OP_SQRT:
-    case TB_OP_RSQRT:
-    case TB_OP_SIN:
-    case TB_OP_COS:
-    case TB_OP_TANH:
-    case TB_OP_SIGMOID:
-    case TB_OP_GELU:
-    case TB_OP_SILU:
-    case TB_OP_RECIPROCAL:
-    case TB_OP_DIV:
-    case TB_OP_ERF:
-        return true;
-    default:
-        return false;
-    }
+/* The ops whose OpenCL lowering takes floating operands only (integer forms fall back). */
+static bool tb__ocl_float_only(tb_op op) {
+    return op == TB_OP_DIV || tb__op_float_only(op);
 }
 
 static bool tb__ocl_supports_node(void *user_data, const tb_node *node) {
@@ -1036,7 +1020,7 @@ static bool tb__ocl_supports_node(void *user_data, const tb_node *node) {
        library's exact functions, so f64 runs on the reference */
     if (op == TB_OP_RANDN) return fp64 && node->shape.dtype == TB_F32;
     if (op == TB_OP_ARANGE && tb_dtype_is_float(node->shape.dtype)) return fp64;
-    if (tb__ocl_float_only_unary(op) && !tb_dtype_is_float(node->shape.dtype)) return false;
+    if (tb__ocl_float_only(op) && !tb_dtype_is_float(node->shape.dtype)) return false;
     return true;
 }
 

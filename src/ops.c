@@ -373,26 +373,6 @@ static tb_status tb__norm_axis(const char *fn, const char *what, int64_t axis, i
 
 /* ---- unary ---- */
 
-static bool tb__op_is_float_only(tb_op op) {
-    switch (op) {
-    case TB_OP_EXP:
-    case TB_OP_LOG:
-    case TB_OP_SQRT:
-    case TB_OP_RSQRT:
-    case TB_OP_SIN:
-    case TB_OP_COS:
-    case TB_OP_TANH:
-    case TB_OP_SIGMOID:
-    case TB_OP_GELU:
-    case TB_OP_SILU:
-    case TB_OP_RECIPROCAL:
-    case TB_OP_ERF:
-        return true;
-    default:
-        return false;
-    }
-}
-
 static tb_tensor *tb__unary(const char *fn, tb_op op, tb_tensor *x) {
     tb__arg arg;
     tb_device device;
@@ -400,7 +380,7 @@ static tb_tensor *tb__unary(const char *fn, tb_op op, tb_tensor *x) {
     tb__ensure_setup();
     if (x == NULL) return tb__null_input(fn, "x");
     if (tb__args_get(fn, &x, 1, &arg, &device) != TB_OK) return NULL;
-    if (tb__op_is_float_only(op) && !tb_dtype_is_float(arg.shape.dtype)) {
+    if (tb__op_float_only(op) && !tb_dtype_is_float(arg.shape.dtype)) {
         if (op == TB_OP_GELU || op == TB_OP_SILU) {
             /* PyTorch has no integer kernels for these (and does not promote) */
             tb__need_float(fn, &arg.shape);
