@@ -48,6 +48,8 @@ IMPLEMENTATION_PARTS = [
     "src/metrics.c",
     "src/tensor.c",
     "src/ops.c",
+    "src/reference_internal.h",
+    "src/reference_elementwise.c",
     "src/reference.c",
     "src/cpu_backend.c",
     "src/print.c",

@@ -11191,14 +11191,15 @@ TBDEF tb_tensor *tb_randn(const tb_shape *shape, const tb_device *device) {
     return tb__random("tb_randn", TB_OP_RANDN, shape, device);
 }
 
-/* ---- src/reference.c ---- */
+/* ---- src/reference_internal.h ---- */
 /* ===========================================================================================
-   Reference interpreter: every op in plain C on host arrays. The cpu backend executes graphs
-   with it, the executor runs eager fallbacks with it and TB_CHECK compares against it.
-   Values are views (a refcounted buffer, an element offset and element strides), so movement
-   ops never copy; kernels walk strided views with one N-d iterator.
+   The internal contract of the reference interpreter's parts (reference_elementwise.c, then
+   reference.c): values as views over refcounted buffers, the buffer pool of a graph run, the
+   strided N-d iterator, and the functions the first part gives the second, each defined in the
+   part named above it.
    =========================================================================================== */
 
+/* operands of one iterator: an output and up to three inputs */
 #define TB__REF_MAX_OPS 4
 
 /* Large buffers freed during a graph run are kept in a small pool and reused by the next
@@ -11229,6 +11230,81 @@ typedef struct tb__rview {
     int64_t strides[TB_MAX_RANK]; /* elements; 0 for broadcast axes, negative for flipped ones */
     tb_shape shape;
 } tb__rview;
+
+/* The strided N-d iterator (reference_elementwise.c). A run function gets n elements along
+   the innermost axis: each operand's first element (ptrs) and its stride along the run, in
+   elements. */
+typedef tb_status (*tb__run_fn)(void *ctx, int64_t n, char *const *ptrs, const int64_t *strides);
+
+typedef struct tb__iter {
+    int32_t nops;
+    int32_t rank;
+    int64_t dims[TB_MAX_RANK];
+    int64_t strides[TB__REF_MAX_OPS][TB_MAX_RANK];
+    int64_t offset[TB__REF_MAX_OPS];
+    char *base[TB__REF_MAX_OPS];
+    int64_t esize[TB__REF_MAX_OPS];
+} tb__iter;
+
+/* ---- reference_elementwise.c: buffers and views ---- */
+
+/* frees the blocks a pool holds */
+static void tb__ref_pool_drain(tb__ref_pool *pool);
+static int64_t tb__ref_esize(tb_dtype dtype); /* bytes per element */
+/* element count of a validated shape (fits in int64: the size rule of shapes) */
+static int64_t tb__ref_numel(const tb_shape *s);
+/* row-major strides (a 0 dim counts as 1) */
+static void tb__ref_contig_strides(const tb_shape *s, int64_t *strides);
+/* a new contiguous view of `shape` over a fresh buffer */
+static tb_status tb__rview_alloc(tb__rview *v, const tb_shape *shape);
+/* a contiguous view over a caller's array (not copied) */
+static tb_status tb__rview_borrow(tb__rview *v, const tb_shape *shape, const void *data);
+static void tb__rview_share(tb__rview *dst, const tb__rview *src); /* one more reference */
+static void tb__rview_clear(tb__rview *v);      /* drops the view's reference: no value */
+static char *tb__rview_ptr(const tb__rview *v); /* the view's first element */
+
+/* ---- reference_elementwise.c: scalar conversions (no UB on NaN or out-of-range values) ---- */
+
+/* truncation toward zero, saturating at the int64 range; NaN gives 0 */
+static int64_t tb__ref_f2i(double v);
+/* the element of dtype `dt` at `p` as a double or an int64; stores a value into one */
+static double tb__ld_f(tb_dtype dt, const char *p);
+static int64_t tb__ld_i(tb_dtype dt, const char *p);
+static void tb__st_f(tb_dtype dt, char *p, double v);
+static void tb__st_i(tb_dtype dt, char *p, int64_t v);
+/* one element of dtype `sd` at `a` converted to `dd` at `o` (CAST's rules) */
+static void tb__ref_convert(tb_dtype dd, char *o, tb_dtype sd, const char *a);
+static double tb__ref_maxf(double a, double b); /* NaN wins */
+
+/* ---- reference_elementwise.c: the iterator, copies, elementwise ops ---- */
+
+static void tb__iter_begin(tb__iter *it, int32_t rank, const int64_t *dims);
+/* adds an operand: its base pointer, offset and strides in elements over the iterator's dims */
+static void tb__iter_add(tb__iter *it, char *base, int64_t offset, const int64_t *strides,
+                         int64_t esize);
+/* calls `fn` on every run of the iteration space */
+static tb_status tb__iter_run(tb__iter *it, tb__run_fn fn, void *ctx);
+/* a malformed node: a bug in the layer that built the graph, not the user's doing */
+static tb_status tb__ref_malformed(const tb_node *node, const tb_shape *operand);
+/* dst[...] = src[...] (same dims; src may broadcast), converting the dtype if they differ */
+static tb_status tb__ref_copy(const tb__rview *dst, const tb__rview *src);
+/* a contiguous view with the same value: the view itself (shared) when it already is one */
+static tb_status tb__rview_contig(const tb__rview *src, tb__rview *out);
+/* copies a view into a caller's contiguous array of its shape */
+static tb_status tb__rview_to_host(const tb__rview *v, void *host);
+/* a unary, binary or ternary op's node computed from its operands' values into *out */
+static tb_status tb__ref_elementwise(const tb_node *node, const tb__rview *in, tb__rview *out);
+
+/* ---- src/reference_elementwise.c ---- */
+/* ===========================================================================================
+   Reference interpreter: every op in plain C on host arrays. The cpu backend executes graphs
+   with it, the executor runs eager fallbacks with it and TB_CHECK compares against it.
+   Values are views (a refcounted buffer, an element offset and element strides), so movement
+   ops never copy; kernels walk strided views with one N-d iterator.
+   This part: buffers and views, scalar conversions, the iterator, copies and the elementwise
+   ops; reference.c has the other ops and runs nodes and graphs (the types and what the parts
+   share: reference_internal.h).
+   =========================================================================================== */
 
 /* ---- buffers and views ---- */
 
@@ -11525,18 +11601,6 @@ static void tb__ref_convert(tb_dtype dd, char *o, tb_dtype sd, const char *a) {
    Operand 0 is usually the output. Every operand has strides over the same dims (0 where it is
    broadcast). Axes of size 1 are dropped and adjacent axes that are contiguous for every operand
    are merged, so contiguous work becomes one long run. */
-
-typedef tb_status (*tb__run_fn)(void *ctx, int64_t n, char *const *ptrs, const int64_t *strides);
-
-typedef struct tb__iter {
-    int32_t nops;
-    int32_t rank;
-    int64_t dims[TB_MAX_RANK];
-    int64_t strides[TB__REF_MAX_OPS][TB_MAX_RANK];
-    int64_t offset[TB__REF_MAX_OPS];
-    char *base[TB__REF_MAX_OPS];
-    int64_t esize[TB__REF_MAX_OPS];
-} tb__iter;
 
 static void tb__iter_begin(tb__iter *it, int32_t rank, const int64_t *dims) {
     memset(it, 0, sizeof(*it));
@@ -12332,6 +12396,17 @@ static tb_status tb__ref_elementwise(const tb_node *node, const tb__rview *in, t
     if (st != TB_OK) tb__rview_clear(out);
     return st;
 }
+
+#undef TB__REF_SQRT1_2
+
+/* ---- src/reference.c ---- */
+/* ===========================================================================================
+   Reference interpreter, the ops beyond the elementwise ones (reductions, matmul, softmax and
+   layer_norm, movement, concat, pad, gather and index_select, leaves and generators, custom
+   ops) and the driver: one node from host arrays, a whole graph with the buffer pool and
+   operands freed after their last use. Buffers, views, the iterator, copies and the
+   elementwise ops are reference_elementwise.c's (reference_internal.h).
+   =========================================================================================== */
 
 /* ---- reductions ---- */
 
@@ -13689,7 +13764,6 @@ done:
 #undef TB__REF_MAX_OPS
 #undef TB__REF_POOL_SLOTS
 #undef TB__REF_POOL_MIN
-#undef TB__REF_SQRT1_2
 
 /* ---- src/cpu_backend.c ---- */
 /* ===========================================================================================
