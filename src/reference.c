@@ -1218,6 +1218,73 @@ static size_t tb__ref_map_put(tb__ref_map *m, const tb_node *node, size_t slot) 
     return slot;
 }
 
+/* The slots: the nodes in post-order, then parameters the node list lacks; each result's
+   slot is marked needed and chained (next_result) to the other results of its node.
+   *nslots counts the slots filled, also when a malformed graph stops this early. */
+static tb_status tb__ref_slots_fill(const tb_graph *graph, tb__ref_map *map, tb__ref_slot *slots,
+                                    size_t *nslots, int64_t *next_result) {
+    size_t i;
+    for (i = 0; i < graph->num_nodes; i++) {
+        const tb_node *node = graph->nodes[i];
+        if (!node) return tb__error(TB_ERR_INTERNAL, "reference: NULL node in the graph");
+        if (tb__ref_map_put(map, node, *nslots) == *nslots) {
+            slots[*nslots].node = node;
+            slots[*nslots].param = -1;
+            slots[*nslots].result = -1;
+            (*nslots)++;
+        }
+    }
+    for (i = 0; i < graph->num_parameters; i++) {
+        const tb_node *node = graph->parameters[i];
+        size_t s;
+        if (!node) return tb__error(TB_ERR_INTERNAL, "reference: NULL parameter in the graph");
+        s = tb__ref_map_put(map, node, *nslots);
+        if (s == *nslots) {
+            slots[*nslots].node = node;
+            slots[*nslots].result = -1;
+            (*nslots)++;
+        }
+        slots[s].param = (int64_t)i;
+    }
+    for (i = graph->num_results; i-- > 0;) {
+        size_t s = graph->results[i] ? tb__ref_map_get(map, graph->results[i]) : SIZE_MAX;
+        if (s == SIZE_MAX)
+            return tb__error(TB_ERR_INTERNAL, "reference: result %zu is not a node of the graph",
+                             i);
+        next_result[i] = slots[s].result;
+        slots[s].result = (int64_t)i;
+        slots[s].needed = true;
+    }
+    return TB_OK;
+}
+
+/* What the results need, and how often each value is used (consumers come after their
+   operands, so a backward walk sees every consumer first); *in_cap becomes the most operands
+   a needed node has. */
+static tb_status tb__ref_slots_mark_needed(const tb__ref_map *map, tb__ref_slot *slots,
+                                           size_t nslots, size_t *in_cap) {
+    size_t i;
+    for (i = nslots; i-- > 0;) {
+        tb__ref_slot *sl = &slots[i];
+        uint32_t k;
+        if (!sl->needed || sl->param >= 0) continue;
+        if (sl->node->num_operands > 0 && !sl->node->operands)
+            return tb__error(TB_ERR_INTERNAL, "reference: node without its operands");
+        for (k = 0; k < sl->node->num_operands; k++) {
+            size_t s = tb__ref_map_get(map, sl->node->operands[k]);
+            if (s == SIZE_MAX || s >= i) {
+                return tb__error(TB_ERR_INTERNAL,
+                                 "reference: an operand of a %s node is not before it in the graph",
+                                 tb_op_name(sl->node->op) ? tb_op_name(sl->node->op) : "custom");
+            }
+            slots[s].needed = true;
+            slots[s].uses++;
+        }
+        if (sl->node->num_operands > *in_cap) *in_cap = sl->node->num_operands;
+    }
+    return TB_OK;
+}
+
 TB__UNUSED static tb_status tb__ref_run_graph(const tb_graph *graph, const void *const *parameters,
                                               void *const *results) {
     tb__ref_slot *slots = NULL;
@@ -1247,68 +1314,10 @@ TB__UNUSED static tb_status tb__ref_run_graph(const tb_graph *graph, const void 
     if (st != TB_OK) goto done;
     tb__ref_current_pool = &pool;
 
-    /* slots: the nodes in post-order, then parameters the node list lacks */
-    for (i = 0; i < graph->num_nodes; i++) {
-        const tb_node *node = graph->nodes[i];
-        if (!node) {
-            st = tb__error(TB_ERR_INTERNAL, "reference: NULL node in the graph");
-            goto done;
-        }
-        if (tb__ref_map_put(&map, node, nslots) == nslots) {
-            slots[nslots].node = node;
-            slots[nslots].param = -1;
-            slots[nslots].result = -1;
-            nslots++;
-        }
-    }
-    for (i = 0; i < graph->num_parameters; i++) {
-        const tb_node *node = graph->parameters[i];
-        size_t s;
-        if (!node) {
-            st = tb__error(TB_ERR_INTERNAL, "reference: NULL parameter in the graph");
-            goto done;
-        }
-        s = tb__ref_map_put(&map, node, nslots);
-        if (s == nslots) {
-            slots[nslots].node = node;
-            slots[nslots].result = -1;
-            nslots++;
-        }
-        slots[s].param = (int64_t)i;
-    }
-    for (i = graph->num_results; i-- > 0;) {
-        size_t s = graph->results[i] ? tb__ref_map_get(&map, graph->results[i]) : SIZE_MAX;
-        if (s == SIZE_MAX) {
-            st = tb__error(TB_ERR_INTERNAL, "reference: result %zu is not a node of the graph", i);
-            goto done;
-        }
-        next_result[i] = slots[s].result;
-        slots[s].result = (int64_t)i;
-        slots[s].needed = true;
-    }
-    /* what the results need, and how often each value is used (consumers come after their
-       operands, so a backward walk sees every consumer first) */
-    for (i = nslots; i-- > 0;) {
-        tb__ref_slot *sl = &slots[i];
-        uint32_t k;
-        if (!sl->needed || sl->param >= 0) continue;
-        if (sl->node->num_operands > 0 && !sl->node->operands) {
-            st = tb__error(TB_ERR_INTERNAL, "reference: node without its operands");
-            goto done;
-        }
-        for (k = 0; k < sl->node->num_operands; k++) {
-            size_t s = tb__ref_map_get(&map, sl->node->operands[k]);
-            if (s == SIZE_MAX || s >= i) {
-                st = tb__error(TB_ERR_INTERNAL,
-                               "reference: an operand of a %s node is not before it in the graph",
-                               tb_op_name(sl->node->op) ? tb_op_name(sl->node->op) : "custom");
-                goto done;
-            }
-            slots[s].needed = true;
-            slots[s].uses++;
-        }
-        if (sl->node->num_operands > in_cap) in_cap = sl->node->num_operands;
-    }
+    st = tb__ref_slots_fill(graph, &map, slots, &nslots, next_result);
+    if (st != TB_OK) goto done;
+    st = tb__ref_slots_mark_needed(&map, slots, nslots, &in_cap);
+    if (st != TB_OK) goto done;
     in = (tb__rview *)tb__calloc(in_cap + 1u, sizeof(tb__rview));
     if (!in) {
         st = TB_ERR_OUT_OF_MEMORY;
