@@ -62,6 +62,7 @@ IMPLEMENTATION_PARTS = [
     "src/index.c",
     "src/prelude.cl",
     "src/codegen.c",
+    "src/codegen_kernels.c",
     "src/opencl_internal.h",
     "src/opencl_api.c",
     "src/opencl_device.c",
