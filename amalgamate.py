@@ -70,7 +70,12 @@ IMPLEMENTATION_PARTS = [
     "src/opencl.c",
     "src/native.c",
     "src/interop.c",
+    "src/files_internal.h",
     "src/files.c",
+    "src/safetensors.c",
+    "src/inflate.c",
+    "src/npz.c",
+    "src/idx.c",
     "src/impl_end.h",
 ]
 PARTS = DECLARATION_PARTS + IMPLEMENTATION_PARTS

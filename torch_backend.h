@@ -26872,16 +26872,18 @@ TBDEF tb_tensor *tb_dlpack_import_versioned(tb_dl_managed_tensor_versioned *mana
                          tb__dl_call_deleter_versioned, managed);
 }
 
-/* ---- src/files.c ---- */
+/* ---- src/files_internal.h ---- */
 /* ===========================================================================================
-   Model files: tensor sets, safetensors and .npz
+   The internal contract of the model file parts (files.c, safetensors.c, inflate.c, npz.c,
+   idx.c): tensor sets, a file's bytes, the file being written, CRC-32 and inflate, and the
+   functions the parts give the ones after them, each defined in the part named above it.
    =========================================================================================== */
 
-#if !defined(_WIN32)
-#include <sys/mman.h>
-#endif
+/* ---- interop.c: the byte order the formats read and write by ---- */
 
-/* ---- tensor sets ---- */
+static bool tb__host_is_little_endian(void);
+
+/* ---- files.c: tensor sets ---- */
 
 typedef struct tb__set_entry {
     char *name;
@@ -26903,6 +26905,109 @@ struct tb_tensor_set {
 };
 
 #define TB__SET_NONE ((size_t)-1)
+
+/* the entry of `name`, or TB__SET_NONE */
+static size_t tb__set_find(const tb_tensor_set *set, const char *name);
+/* appends `tensor` under `name`, taking over the caller's reference (released on error) */
+static tb_status tb__set_add_owned(const char *fn, tb_tensor_set *set, const char *name,
+                                   tb_tensor *tensor);
+/* the metadata entry of `key`, or TB__SET_NONE */
+static size_t tb__set_meta_find(const tb_tensor_set *set, const char *key);
+/* syncs the set's pending tensors, one graph per device */
+static tb_status tb__set_sync(const tb_tensor_set *set);
+
+/* ---- files.c: a file's bytes, shared by the tensors that use them in place ---- */
+
+typedef struct tb__blob {
+    int32_t refcount;
+    unsigned char *data;
+    size_t size;
+    bool mapped; /* munmap, else tb__free */
+} tb__blob;
+
+/* the whole file: memory-mapped where the system allows, else read into memory */
+static tb_status tb__blob_open(const char *fn, const char *path, tb__blob **out);
+/* a blob owning `data` (from tb__alloc; freed here on error) */
+static tb__blob *tb__blob_owning(unsigned char *data, size_t size);
+static void tb__blob_release(void *context); /* drops a reference to the blob */
+/* a tensor of `shape` whose elements are the bytes at `bytes` inside `blob` (little-endian
+   unless `big_endian`): in place where it can, else a converted copy */
+static tb_tensor *tb__blob_tensor(tb__blob *blob, const unsigned char *bytes, const tb_shape *shape,
+                                  bool big_endian, const tb_device *device);
+/* little-endian numbers */
+static uint16_t tb__le16(const unsigned char *p);
+static uint32_t tb__le32(const unsigned char *p);
+static uint64_t tb__le64(const unsigned char *p);
+/* whether `n` bytes are well-formed UTF-8 */
+static bool tb__utf8_valid(const unsigned char *s, size_t n);
+
+/* ---- files.c: writing files ---- */
+
+/* Writes a file through a temporary one and a rename. */
+typedef struct tb__out_file {
+    FILE *f;
+    char *tmp;
+    const char *path;
+    uint64_t written;
+    bool failed;
+} tb__out_file;
+
+static tb_status tb__out_open(const char *fn, const char *path, tb__out_file *o);
+static void tb__out_write(tb__out_file *o, const void *data, size_t size);
+/* closes the file and renames it into place when `ok` and every write worked; removes it
+   otherwise */
+static tb_status tb__out_close(const char *fn, tb__out_file *o, bool ok);
+/* the value of a synced tensor as contiguous host bytes, little-endian (a copy in *copy that
+   the caller frees where the tensor's own buffer cannot serve) */
+static tb_status tb__tensor_le_bytes(tb_tensor *t, const unsigned char **bytes, size_t *nbytes,
+                                     unsigned char **copy);
+
+/* ---- safetensors.c ---- */
+
+/* the safetensors name of a library dtype; NULL for one it cannot hold */
+static const char *tb__st_dtype_name(tb_dtype dtype);
+
+/* ---- inflate.c: CRC-32 and inflate ---- */
+
+/* CRC-32 (zip's, reflected 0xedb88320), eight bytes per step: the tables */
+typedef struct tb__crc32_tables {
+    uint32_t t[8][256];
+} tb__crc32_tables;
+
+static void tb__crc32_init(tb__crc32_tables *c);
+/* the CRC-32 of `crc` continued over n bytes (0 to start) */
+static uint32_t tb__crc32(const tb__crc32_tables *c, uint32_t crc, const unsigned char *p,
+                          size_t n);
+
+/* Inflating (RFC 1951) s->in into a buffer of known size, s->out. */
+typedef struct tb__inflater {
+    const unsigned char *in;
+    size_t in_len, in_pos;
+    uint64_t bits;
+    int nbits;
+    int pad; /* zero bytes added past the end of the input */
+    unsigned char *out;
+    size_t out_len, out_pos;
+    bool full; /* stopped because the output was full: out holds its first out_len bytes */
+    bool done; /* the last block ended */
+} tb__inflater;
+
+/* inflates all of s->in into exactly s->out_len bytes: NULL on success, else the reason */
+static const char *tb__inflate(tb__inflater *s);
+
+/* ---- src/files.c ---- */
+/* ===========================================================================================
+   Model files: tensor sets, and what the file formats share: a file's bytes (memory-mapped,
+   shared by the tensors that use them in place), little-endian reads, UTF-8 checks, writing
+   through a temporary file and a tensor's bytes to write. The formats: safetensors.c, npz.c,
+   idx.c (and inflate.c); the types the parts share: files_internal.h.
+   =========================================================================================== */
+
+#if !defined(_WIN32)
+#include <sys/mman.h>
+#endif
+
+/* ---- tensor sets ---- */
 
 static size_t tb__set_slot_of(const char *name, size_t slot_count) {
     return (size_t)tb__hash_bytes(0x7e5e7, name, strlen(name)) & (slot_count - 1);
@@ -27161,13 +27266,6 @@ static tb_status tb__set_sync(const tb_tensor_set *set) {
 
 /* ---- a file's bytes, shared by the tensors that use them in place ---- */
 
-typedef struct tb__blob {
-    int32_t refcount;
-    unsigned char *data;
-    size_t size;
-    bool mapped; /* munmap, else tb__free */
-} tb__blob;
-
 static void tb__blob_release(void *context) {
     tb__blob *b = (tb__blob *)context;
     if (b == NULL || TB__ATOMIC_ADD(&b->refcount, -1) != 0) return;
@@ -27366,15 +27464,7 @@ static bool tb__utf8_valid(const unsigned char *s, size_t n) {
     return true;
 }
 
-/* Writes a file through a temporary one and a rename. */
-typedef struct tb__out_file {
-    FILE *f;
-    char *tmp;
-    const char *path;
-    uint64_t written;
-    bool failed;
-} tb__out_file;
-
+/* Writing a file through a temporary one and a rename (tb__out_file). */
 static tb_status tb__out_open(const char *fn, const char *path, tb__out_file *o) {
     memset(o, 0, sizeof *o);
     o->path = path;
@@ -27451,6 +27541,12 @@ static tb_status tb__tensor_le_bytes(tb_tensor *t, const unsigned char **bytes, 
     *bytes = *copy;
     return TB_OK;
 }
+
+/* ---- src/safetensors.c ---- */
+/* ===========================================================================================
+   Model files: safetensors (an 8-byte length, a JSON header, then the tensors' bytes), loaded
+   and saved.
+   =========================================================================================== */
 
 /* ---- safetensors ---- */
 
@@ -28249,13 +28345,13 @@ TBDEF tb_status tb_safetensors_save(const char *path, const tb_tensor_set *set) 
 #undef TB__ST_F16
 #undef TB__ST_BF16
 
-/* ---- .npz: CRC-32, inflate, zip ---- */
+/* ---- src/inflate.c ---- */
+/* ===========================================================================================
+   CRC-32 and inflate (RFC 1951): the checksums and decompression that .npz (zip) and gzipped
+   IDX files share.
+   =========================================================================================== */
 
 /* CRC-32 (zip's, reflected 0xedb88320), eight bytes per step ("slicing by 8"). */
-typedef struct tb__crc32_tables {
-    uint32_t t[8][256];
-} tb__crc32_tables;
-
 static void tb__crc32_init(tb__crc32_tables *c) {
     uint32_t n, k, v;
     for (n = 0; n < 256; ++n) {
@@ -28291,18 +28387,6 @@ typedef struct tb__huff {
     uint16_t count[16];                /* codes of each length */
     uint16_t symbol[288];              /* symbols in canonical order */
 } tb__huff;
-
-typedef struct tb__inflater {
-    const unsigned char *in;
-    size_t in_len, in_pos;
-    uint64_t bits;
-    int nbits;
-    int pad; /* zero bytes added past the end of the input */
-    unsigned char *out;
-    size_t out_len, out_pos;
-    bool full; /* stopped because the output was full: out holds its first out_len bytes */
-    bool done; /* the last block ended */
-} tb__inflater;
 
 static void tb__inf_refill(tb__inflater *s) {
     while (s->nbits <= 56) {
@@ -28539,6 +28623,12 @@ static const char *tb__inflate(tb__inflater *s) {
 }
 
 #undef TB__HUFF_FAST
+
+/* ---- src/npz.c ---- */
+/* ===========================================================================================
+   Model files: .npz (a zip of .npy files), loaded (stored or deflated entries) and saved
+   (stored entries; zip64 records where the sizes need them).
+   =========================================================================================== */
 
 /* One file of a zip's central directory. 40 bytes: never more than the 46 bytes of the record
    it comes from, so the directory's size bounds the memory. */
@@ -29103,6 +29193,14 @@ TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set) {
     return st;
 }
 
+#undef TB__ZIP_MAX32
+#undef TB__ZIP_MAX16
+
+/* ---- src/idx.c ---- */
+/* ===========================================================================================
+   Model files: IDX (MNIST's format), plain or gzip.
+   =========================================================================================== */
+
 /* ---- IDX files (MNIST's format), plain or gzip ---- */
 
 /* The magic (0x0000TTNN) and at most 255 dims of 4 bytes: the longest IDX header. */
@@ -29468,8 +29566,6 @@ TBDEF tb_tensor *tb_idx_load(const char *path, const tb_device *device) {
 
 #undef TB__IDX_MAX_HEADER
 
-#undef TB__ZIP_MAX32
-#undef TB__ZIP_MAX16
 #undef TB__SET_NONE
 
 /* ---- src/impl_end.h ---- */
