@@ -17436,7 +17436,8 @@ static void tb__disk_store(const tb__disk_format *fmt, const char *dir, const tb
    reductions are split into a partial and a final stage, which matmuls read packed operand
    panels, which buffers each kernel reads and how long each lives, the launch geometry and the
    kernel names. Every decision is made here, before any code is emitted, within budgets that
-   keep each kernel's code small; the renderer (codegen.c) then emits exactly this plan.
+   keep each kernel's code small; the renderer (codegen.c, codegen_kernels.c) then emits
+   exactly this plan.
 
    Every node is either materialised (a parameter, or the output of a kernel: a "root") or
    inlined into the one kernel that reads it (views read by several kernels are inlined into
@@ -24571,10 +24572,10 @@ TBDEF tb_status tb_opencl_trim_cache(const tb_device *device) {
 
 /* ---- src/native.c ---- */
 /* ===========================================================================================
-   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c), compiled at run
-   time by the system C compiler ($CC, else cc) into a shared object, loaded with dlopen and
-   run on a pool of threads (one per core: a kernel's work items are split among them). Programs
-   are cached on disk as OpenCL's are (diskcache.c), keyed by the source, the compiler, its
+   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c, codegen_kernels.c),
+   compiled at run time by the system C compiler ($CC, else cc) into a shared object, loaded with
+   dlopen and run on a pool of threads (one per core: a kernel's work items are split among them).
+   Programs are cached on disk as OpenCL's are (diskcache.c), keyed by the source, the compiler, its
    options, the CPU and this library's version. Memory is host memory. Without a compiler the
    backend has no device and says why, as OpenCL without a loader does.
    =========================================================================================== */
