@@ -2109,7 +2109,8 @@ static tb_status tb__opencl_register(void);
 static tb_status tb__native_register(void);
 #endif
 
-/* interop.c: the .npy header and byte order, which the model files (files.c) share */
+/* interop.c: the .npy header and the byte order, which the model file parts (files.c, npz.c,
+   idx.c, ...) share */
 /* The parsed header of a .npy file. */
 typedef struct tb__npy_header {
     tb_dtype dtype;
@@ -6861,13 +6862,10 @@ static tb_status tb__infer_custom(const char *fn, const tb__custom_op *entry, co
     }
 }
 
-/* Shape inference with `fn` as the name that starts every message. */
-static tb_status tb__infer_shape_as(const char *fn, tb_op op, const tb_shape *inputs,
-                                    size_t num_inputs, const int64_t *attrs, size_t num_attrs,
-                                    tb_shape *out) {
-    tb_shape result;
-    tb_status st;
-    int32_t arity;
+/* The checks every inference starts with: the arrays are there, the attributes are not too
+   many, every operand's shape is valid. */
+static tb_status tb__infer_check_args(const char *fn, const tb_shape *inputs, size_t num_inputs,
+                                      const int64_t *attrs, size_t num_attrs, const tb_shape *out) {
     size_t k;
     if (num_inputs > 0 && inputs == NULL) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: inputs is NULL", fn);
@@ -6889,6 +6887,121 @@ static tb_status tb__infer_shape_as(const char *fn, tb_op op, const tb_shape *in
                              fn, k, (int)s->dtype, (int)s->rank);
         }
     }
+    return TB_OK;
+}
+
+/* The result shape of a built-in op that is not a leaf, by its kind (the caller checked the
+   operand count and zeroed *result). */
+static tb_status tb__infer_by_kind(const char *fn, tb_op op, const tb_shape *inputs,
+                                   size_t num_inputs, const int64_t *attrs, size_t num_attrs,
+                                   tb_shape *result) {
+    tb_status st;
+    switch (tb__op_table[op].kind) {
+    case TB_KIND_UNARY:
+        if (op == TB_OP_CAST) {
+            if ((st = tb__want_attrs(fn, num_attrs, 1, "[dtype]")) != TB_OK) return st;
+            if (attrs[0] < 0 || attrs[0] >= (int64_t)TB_DTYPE_COUNT) {
+                return tb__error(TB_ERR_DTYPE, "%s: invalid dtype %lld", fn, (long long)attrs[0]);
+            }
+            *result = inputs[0];
+            result->dtype = (tb_dtype)attrs[0];
+            break;
+        }
+        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
+        if ((st = tb__infer_unary(fn, op, &inputs[0])) != TB_OK) return st;
+        *result = inputs[0];
+        if (op == TB_OP_LOGICAL_NOT) result->dtype = TB_BOOL;
+        break;
+    case TB_KIND_BINARY:
+        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
+        if ((st = tb__infer_binary(fn, op, inputs, result)) != TB_OK) return st;
+        break;
+    case TB_KIND_TERNARY:
+        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
+        if (op == TB_OP_WHERE) {
+            if ((st = tb__need_bool(fn, "the condition", &inputs[0])) != TB_OK) return st;
+            if ((st = tb__same_dtype(fn, inputs + 1, 2)) != TB_OK) return st;
+            result->dtype = inputs[1].dtype;
+        } else {
+            if ((st = tb__same_dtype(fn, inputs, 3)) != TB_OK) return st;
+            if ((st = tb__need_not_bool(fn, &inputs[0])) != TB_OK) return st;
+            result->dtype = inputs[0].dtype;
+        }
+        if ((st = tb__broadcast_dims(fn, inputs, 3, result)) != TB_OK) return st;
+        break;
+    case TB_KIND_REDUCE:
+        if (op == TB_OP_ARGMAX || op == TB_OP_ARGMIN) {
+            st = tb__infer_arg(fn, &inputs[0], attrs, num_attrs, result);
+        } else {
+            st = tb__infer_reduce(fn, op, &inputs[0], attrs, num_attrs, result);
+        }
+        if (st != TB_OK) return st;
+        break;
+    case TB_KIND_MATMUL:
+        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
+        if ((st = tb__infer_matmul(fn, inputs, result)) != TB_OK) return st;
+        break;
+    case TB_KIND_NORM:
+        if (op == TB_OP_LAYER_NORM) {
+            st = tb__infer_layer_norm(fn, inputs, num_inputs, attrs, num_attrs, result);
+            if (st != TB_OK) return st;
+            break;
+        }
+        if ((st = tb__want_attrs(fn, num_attrs, 1, "[axis]")) != TB_OK) return st;
+        if ((st = tb__need_float(fn, &inputs[0])) != TB_OK) return st;
+        if ((st = tb__check_rank1(fn, &inputs[0])) != TB_OK) return st;
+        if ((st = tb__check_axis(fn, "axis", attrs[0], &inputs[0])) != TB_OK) return st;
+        *result = inputs[0];
+        break;
+    case TB_KIND_MOVEMENT:
+        switch (op) {
+        case TB_OP_RESHAPE:
+            st = tb__infer_reshape(fn, &inputs[0], attrs, num_attrs, result);
+            break;
+        case TB_OP_PERMUTE:
+            st = tb__infer_permute(fn, &inputs[0], attrs, num_attrs, result);
+            break;
+        case TB_OP_EXPAND:
+            st = tb__infer_expand(fn, &inputs[0], attrs, num_attrs, result);
+            break;
+        case TB_OP_SLICE:
+            st = tb__infer_slice(fn, &inputs[0], attrs, num_attrs, result);
+            break;
+        default: /* FLIP */
+            st = tb__want_attrs(fn, num_attrs, 1, "[axes bitmask]");
+            if (st == TB_OK) st = tb__check_mask(fn, attrs[0], &inputs[0]);
+            *result = inputs[0];
+            break;
+        }
+        if (st != TB_OK) return st;
+        break;
+    default: /* TB_KIND_OTHER */
+        switch (op) {
+        case TB_OP_CONCAT:
+            st = tb__infer_concat(fn, inputs, num_inputs, attrs, num_attrs, result);
+            break;
+        case TB_OP_PAD:
+            st = tb__infer_pad(fn, inputs, attrs, num_attrs, result);
+            break;
+        default: /* GATHER, INDEX_SELECT */
+            st = tb__infer_gather(fn, op, inputs, attrs, num_attrs, result);
+            break;
+        }
+        if (st != TB_OK) return st;
+        break;
+    }
+    return TB_OK;
+}
+
+/* Shape inference with `fn` as the name that starts every message. */
+static tb_status tb__infer_shape_as(const char *fn, tb_op op, const tb_shape *inputs,
+                                    size_t num_inputs, const int64_t *attrs, size_t num_attrs,
+                                    tb_shape *out) {
+    tb_shape result;
+    tb_status st;
+    int32_t arity;
+    if ((st = tb__infer_check_args(fn, inputs, num_inputs, attrs, num_attrs, out)) != TB_OK)
+        return st;
     if (!tb__op_is_builtin(op)) {
         const tb__custom_op *entry = tb__custom_get(op);
         if (entry == NULL) return tb__error(TB_ERR_NOT_FOUND, "%s: unknown op %d", fn, (int)op);
@@ -6908,100 +7021,8 @@ static tb_status tb__infer_shape_as(const char *fn, tb_op op, const tb_shape *in
         return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: expected at least 1 operand, got 0", fn);
     }
     memset(&result, 0, sizeof result);
-    switch (tb__op_table[op].kind) {
-    case TB_KIND_UNARY:
-        if (op == TB_OP_CAST) {
-            if ((st = tb__want_attrs(fn, num_attrs, 1, "[dtype]")) != TB_OK) return st;
-            if (attrs[0] < 0 || attrs[0] >= (int64_t)TB_DTYPE_COUNT) {
-                return tb__error(TB_ERR_DTYPE, "%s: invalid dtype %lld", fn, (long long)attrs[0]);
-            }
-            result = inputs[0];
-            result.dtype = (tb_dtype)attrs[0];
-            break;
-        }
-        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
-        if ((st = tb__infer_unary(fn, op, &inputs[0])) != TB_OK) return st;
-        result = inputs[0];
-        if (op == TB_OP_LOGICAL_NOT) result.dtype = TB_BOOL;
-        break;
-    case TB_KIND_BINARY:
-        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
-        if ((st = tb__infer_binary(fn, op, inputs, &result)) != TB_OK) return st;
-        break;
-    case TB_KIND_TERNARY:
-        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
-        if (op == TB_OP_WHERE) {
-            if ((st = tb__need_bool(fn, "the condition", &inputs[0])) != TB_OK) return st;
-            if ((st = tb__same_dtype(fn, inputs + 1, 2)) != TB_OK) return st;
-            result.dtype = inputs[1].dtype;
-        } else {
-            if ((st = tb__same_dtype(fn, inputs, 3)) != TB_OK) return st;
-            if ((st = tb__need_not_bool(fn, &inputs[0])) != TB_OK) return st;
-            result.dtype = inputs[0].dtype;
-        }
-        if ((st = tb__broadcast_dims(fn, inputs, 3, &result)) != TB_OK) return st;
-        break;
-    case TB_KIND_REDUCE:
-        if (op == TB_OP_ARGMAX || op == TB_OP_ARGMIN) {
-            st = tb__infer_arg(fn, &inputs[0], attrs, num_attrs, &result);
-        } else {
-            st = tb__infer_reduce(fn, op, &inputs[0], attrs, num_attrs, &result);
-        }
-        if (st != TB_OK) return st;
-        break;
-    case TB_KIND_MATMUL:
-        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
-        if ((st = tb__infer_matmul(fn, inputs, &result)) != TB_OK) return st;
-        break;
-    case TB_KIND_NORM:
-        if (op == TB_OP_LAYER_NORM) {
-            st = tb__infer_layer_norm(fn, inputs, num_inputs, attrs, num_attrs, &result);
-            if (st != TB_OK) return st;
-            break;
-        }
-        if ((st = tb__want_attrs(fn, num_attrs, 1, "[axis]")) != TB_OK) return st;
-        if ((st = tb__need_float(fn, &inputs[0])) != TB_OK) return st;
-        if ((st = tb__check_rank1(fn, &inputs[0])) != TB_OK) return st;
-        if ((st = tb__check_axis(fn, "axis", attrs[0], &inputs[0])) != TB_OK) return st;
-        result = inputs[0];
-        break;
-    case TB_KIND_MOVEMENT:
-        switch (op) {
-        case TB_OP_RESHAPE:
-            st = tb__infer_reshape(fn, &inputs[0], attrs, num_attrs, &result);
-            break;
-        case TB_OP_PERMUTE:
-            st = tb__infer_permute(fn, &inputs[0], attrs, num_attrs, &result);
-            break;
-        case TB_OP_EXPAND:
-            st = tb__infer_expand(fn, &inputs[0], attrs, num_attrs, &result);
-            break;
-        case TB_OP_SLICE:
-            st = tb__infer_slice(fn, &inputs[0], attrs, num_attrs, &result);
-            break;
-        default: /* FLIP */
-            st = tb__want_attrs(fn, num_attrs, 1, "[axes bitmask]");
-            if (st == TB_OK) st = tb__check_mask(fn, attrs[0], &inputs[0]);
-            result = inputs[0];
-            break;
-        }
-        if (st != TB_OK) return st;
-        break;
-    default: /* TB_KIND_OTHER */
-        switch (op) {
-        case TB_OP_CONCAT:
-            st = tb__infer_concat(fn, inputs, num_inputs, attrs, num_attrs, &result);
-            break;
-        case TB_OP_PAD:
-            st = tb__infer_pad(fn, inputs, attrs, num_attrs, &result);
-            break;
-        default: /* GATHER, INDEX_SELECT */
-            st = tb__infer_gather(fn, op, inputs, attrs, num_attrs, &result);
-            break;
-        }
-        if (st != TB_OK) return st;
-        break;
-    }
+    if ((st = tb__infer_by_kind(fn, op, inputs, num_inputs, attrs, num_attrs, &result)) != TB_OK)
+        return st;
     if ((st = tb__check_fits(fn, &result)) != TB_OK) return st;
     *out = result;
     return TB_OK;
@@ -11394,14 +11415,15 @@ TBDEF tb_tensor *tb_randn(const tb_shape *shape, const tb_device *device) {
     return tb__random("tb_randn", TB_OP_RANDN, shape, device);
 }
 
-/* ---- src/reference.c ---- */
+/* ---- src/reference_internal.h ---- */
 /* ===========================================================================================
-   Reference interpreter: every op in plain C on host arrays. The cpu backend executes graphs
-   with it, the executor runs eager fallbacks with it and TB_CHECK compares against it.
-   Values are views (a refcounted buffer, an element offset and element strides), so movement
-   ops never copy; kernels walk strided views with one N-d iterator.
+   The internal contract of the reference interpreter's parts (reference_elementwise.c, then
+   reference.c): values as views over refcounted buffers, the buffer pool of a graph run, the
+   strided N-d iterator, and the functions the first part gives the second, each defined in the
+   part named above it.
    =========================================================================================== */
 
+/* operands of one iterator: an output and up to three inputs */
 #define TB__REF_MAX_OPS 4
 
 /* Large buffers freed during a graph run are kept in a small pool and reused by the next
@@ -11432,6 +11454,81 @@ typedef struct tb__rview {
     int64_t strides[TB_MAX_RANK]; /* elements; 0 for broadcast axes, negative for flipped ones */
     tb_shape shape;
 } tb__rview;
+
+/* The strided N-d iterator (reference_elementwise.c). A run function gets n elements along
+   the innermost axis: each operand's first element (ptrs) and its stride along the run, in
+   elements. */
+typedef tb_status (*tb__run_fn)(void *ctx, int64_t n, char *const *ptrs, const int64_t *strides);
+
+typedef struct tb__iter {
+    int32_t nops;
+    int32_t rank;
+    int64_t dims[TB_MAX_RANK];
+    int64_t strides[TB__REF_MAX_OPS][TB_MAX_RANK];
+    int64_t offset[TB__REF_MAX_OPS];
+    char *base[TB__REF_MAX_OPS];
+    int64_t esize[TB__REF_MAX_OPS];
+} tb__iter;
+
+/* ---- reference_elementwise.c: buffers and views ---- */
+
+/* frees the blocks a pool holds */
+static void tb__ref_pool_drain(tb__ref_pool *pool);
+static int64_t tb__ref_esize(tb_dtype dtype); /* bytes per element */
+/* element count of a validated shape (fits in int64: the size rule of shapes) */
+static int64_t tb__ref_numel(const tb_shape *s);
+/* row-major strides (a 0 dim counts as 1) */
+static void tb__ref_contig_strides(const tb_shape *s, int64_t *strides);
+/* a new contiguous view of `shape` over a fresh buffer */
+static tb_status tb__rview_alloc(tb__rview *v, const tb_shape *shape);
+/* a contiguous view over a caller's array (not copied) */
+static tb_status tb__rview_borrow(tb__rview *v, const tb_shape *shape, const void *data);
+static void tb__rview_share(tb__rview *dst, const tb__rview *src); /* one more reference */
+static void tb__rview_clear(tb__rview *v);      /* drops the view's reference: no value */
+static char *tb__rview_ptr(const tb__rview *v); /* the view's first element */
+
+/* ---- reference_elementwise.c: scalar conversions (no UB on NaN or out-of-range values) ---- */
+
+/* truncation toward zero, saturating at the int64 range; NaN gives 0 */
+static int64_t tb__ref_f2i(double v);
+/* the element of dtype `dt` at `p` as a double or an int64; stores a value into one */
+static double tb__ld_f(tb_dtype dt, const char *p);
+static int64_t tb__ld_i(tb_dtype dt, const char *p);
+static void tb__st_f(tb_dtype dt, char *p, double v);
+static void tb__st_i(tb_dtype dt, char *p, int64_t v);
+/* one element of dtype `sd` at `a` converted to `dd` at `o` (CAST's rules) */
+static void tb__ref_convert(tb_dtype dd, char *o, tb_dtype sd, const char *a);
+static double tb__ref_maxf(double a, double b); /* NaN wins */
+
+/* ---- reference_elementwise.c: the iterator, copies, elementwise ops ---- */
+
+static void tb__iter_begin(tb__iter *it, int32_t rank, const int64_t *dims);
+/* adds an operand: its base pointer, offset and strides in elements over the iterator's dims */
+static void tb__iter_add(tb__iter *it, char *base, int64_t offset, const int64_t *strides,
+                         int64_t esize);
+/* calls `fn` on every run of the iteration space */
+static tb_status tb__iter_run(tb__iter *it, tb__run_fn fn, void *ctx);
+/* a malformed node: a bug in the layer that built the graph, not the user's doing */
+static tb_status tb__ref_malformed(const tb_node *node, const tb_shape *operand);
+/* dst[...] = src[...] (same dims; src may broadcast), converting the dtype if they differ */
+static tb_status tb__ref_copy(const tb__rview *dst, const tb__rview *src);
+/* a contiguous view with the same value: the view itself (shared) when it already is one */
+static tb_status tb__rview_contig(const tb__rview *src, tb__rview *out);
+/* copies a view into a caller's contiguous array of its shape */
+static tb_status tb__rview_to_host(const tb__rview *v, void *host);
+/* a unary, binary or ternary op's node computed from its operands' values into *out */
+static tb_status tb__ref_elementwise(const tb_node *node, const tb__rview *in, tb__rview *out);
+
+/* ---- src/reference_elementwise.c ---- */
+/* ===========================================================================================
+   Reference interpreter: every op in plain C on host arrays. The cpu backend executes graphs
+   with it, the executor runs eager fallbacks with it and TB_CHECK compares against it.
+   Values are views (a refcounted buffer, an element offset and element strides), so movement
+   ops never copy; kernels walk strided views with one N-d iterator.
+   This part: buffers and views, scalar conversions, the iterator, copies and the elementwise
+   ops; reference.c has the other ops and runs nodes and graphs (the types and what the parts
+   share: reference_internal.h).
+   =========================================================================================== */
 
 /* ---- buffers and views ---- */
 
@@ -11728,18 +11825,6 @@ static void tb__ref_convert(tb_dtype dd, char *o, tb_dtype sd, const char *a) {
    Operand 0 is usually the output. Every operand has strides over the same dims (0 where it is
    broadcast). Axes of size 1 are dropped and adjacent axes that are contiguous for every operand
    are merged, so contiguous work becomes one long run. */
-
-typedef tb_status (*tb__run_fn)(void *ctx, int64_t n, char *const *ptrs, const int64_t *strides);
-
-typedef struct tb__iter {
-    int32_t nops;
-    int32_t rank;
-    int64_t dims[TB_MAX_RANK];
-    int64_t strides[TB__REF_MAX_OPS][TB_MAX_RANK];
-    int64_t offset[TB__REF_MAX_OPS];
-    char *base[TB__REF_MAX_OPS];
-    int64_t esize[TB__REF_MAX_OPS];
-} tb__iter;
 
 static void tb__iter_begin(tb__iter *it, int32_t rank, const int64_t *dims) {
     memset(it, 0, sizeof(*it));
@@ -12535,6 +12620,17 @@ static tb_status tb__ref_elementwise(const tb_node *node, const tb__rview *in, t
     if (st != TB_OK) tb__rview_clear(out);
     return st;
 }
+
+#undef TB__REF_SQRT1_2
+
+/* ---- src/reference.c ---- */
+/* ===========================================================================================
+   Reference interpreter, the ops beyond the elementwise ones (reductions, matmul, softmax and
+   layer_norm, movement, concat, pad, gather and index_select, leaves and generators, custom
+   ops) and the driver: one node from host arrays, a whole graph with the buffer pool and
+   operands freed after their last use. Buffers, views, the iterator, copies and the
+   elementwise ops are reference_elementwise.c's (reference_internal.h).
+   =========================================================================================== */
 
 /* ---- reductions ---- */
 
@@ -13657,32 +13753,6 @@ static tb_status tb__ref_compute(const tb_node *node, const tb__rview *in, tb__r
     return tb__error(TB_ERR_INTERNAL, "reference: no implementation of op %d", (int)node->op);
 }
 
-TB__UNUSED static tb_status tb__ref_eval_node(const tb_node *node, const void *const *operands,
-                                              void *output) {
-    tb__rview *in = NULL, out;
-    uint32_t n, k;
-    tb_status st = TB_OK;
-    if (!node || (node->num_operands > 0 && !operands))
-        return tb__error(TB_ERR_INTERNAL, "reference: eval_node without a node or operands");
-    n = node->num_operands;
-    in = (tb__rview *)tb__calloc(n + 1u, sizeof(tb__rview));
-    if (!in) return TB_ERR_OUT_OF_MEMORY;
-    for (k = 0; k < n && st == TB_OK; k++)
-        st = tb__rview_borrow(&in[k], &node->operands[k]->shape, operands[k]);
-    if (st == TB_OK) st = tb__ref_compute(node, in, &out);
-    if (st == TB_OK) {
-        if (!output && tb__ref_numel(&node->shape) > 0)
-            st = tb__error(TB_ERR_INTERNAL, "reference: eval_node without an output array");
-        else if (output)
-            st = tb__rview_to_host(&out, output);
-        tb__rview_clear(&out);
-    }
-    for (k = 0; k < n; k++)
-        tb__rview_clear(&in[k]);
-    tb__free(in);
-    return st;
-}
-
 /* ---- whole graphs ---- */
 
 typedef struct tb__ref_slot {
@@ -13748,6 +13818,73 @@ static size_t tb__ref_map_put(tb__ref_map *m, const tb_node *node, size_t slot) 
     return slot;
 }
 
+/* The slots: the nodes in post-order, then parameters the node list lacks; each result's
+   slot is marked needed and chained (next_result) to the other results of its node.
+   *nslots counts the slots filled, also when a malformed graph stops this early. */
+static tb_status tb__ref_slots_fill(const tb_graph *graph, tb__ref_map *map, tb__ref_slot *slots,
+                                    size_t *nslots, int64_t *next_result) {
+    size_t i;
+    for (i = 0; i < graph->num_nodes; i++) {
+        const tb_node *node = graph->nodes[i];
+        if (!node) return tb__error(TB_ERR_INTERNAL, "reference: NULL node in the graph");
+        if (tb__ref_map_put(map, node, *nslots) == *nslots) {
+            slots[*nslots].node = node;
+            slots[*nslots].param = -1;
+            slots[*nslots].result = -1;
+            (*nslots)++;
+        }
+    }
+    for (i = 0; i < graph->num_parameters; i++) {
+        const tb_node *node = graph->parameters[i];
+        size_t s;
+        if (!node) return tb__error(TB_ERR_INTERNAL, "reference: NULL parameter in the graph");
+        s = tb__ref_map_put(map, node, *nslots);
+        if (s == *nslots) {
+            slots[*nslots].node = node;
+            slots[*nslots].result = -1;
+            (*nslots)++;
+        }
+        slots[s].param = (int64_t)i;
+    }
+    for (i = graph->num_results; i-- > 0;) {
+        size_t s = graph->results[i] ? tb__ref_map_get(map, graph->results[i]) : SIZE_MAX;
+        if (s == SIZE_MAX)
+            return tb__error(TB_ERR_INTERNAL, "reference: result %zu is not a node of the graph",
+                             i);
+        next_result[i] = slots[s].result;
+        slots[s].result = (int64_t)i;
+        slots[s].needed = true;
+    }
+    return TB_OK;
+}
+
+/* What the results need, and how often each value is used (consumers come after their
+   operands, so a backward walk sees every consumer first); *in_cap becomes the most operands
+   a needed node has. */
+static tb_status tb__ref_slots_mark_needed(const tb__ref_map *map, tb__ref_slot *slots,
+                                           size_t nslots, size_t *in_cap) {
+    size_t i;
+    for (i = nslots; i-- > 0;) {
+        tb__ref_slot *sl = &slots[i];
+        uint32_t k;
+        if (!sl->needed || sl->param >= 0) continue;
+        if (sl->node->num_operands > 0 && !sl->node->operands)
+            return tb__error(TB_ERR_INTERNAL, "reference: node without its operands");
+        for (k = 0; k < sl->node->num_operands; k++) {
+            size_t s = tb__ref_map_get(map, sl->node->operands[k]);
+            if (s == SIZE_MAX || s >= i) {
+                return tb__error(TB_ERR_INTERNAL,
+                                 "reference: an operand of a %s node is not before it in the graph",
+                                 tb_op_name(sl->node->op) ? tb_op_name(sl->node->op) : "custom");
+            }
+            slots[s].needed = true;
+            slots[s].uses++;
+        }
+        if (sl->node->num_operands > *in_cap) *in_cap = sl->node->num_operands;
+    }
+    return TB_OK;
+}
+
 TB__UNUSED static tb_status tb__ref_run_graph(const tb_graph *graph, const void *const *parameters,
                                               void *const *results) {
     tb__ref_slot *slots = NULL;
@@ -13777,68 +13914,10 @@ TB__UNUSED static tb_status tb__ref_run_graph(const tb_graph *graph, const void 
     if (st != TB_OK) goto done;
     tb__ref_current_pool = &pool;
 
-    /* slots: the nodes in post-order, then parameters the node list lacks */
-    for (i = 0; i < graph->num_nodes; i++) {
-        const tb_node *node = graph->nodes[i];
-        if (!node) {
-            st = tb__error(TB_ERR_INTERNAL, "reference: NULL node in the graph");
-            goto done;
-        }
-        if (tb__ref_map_put(&map, node, nslots) == nslots) {
-            slots[nslots].node = node;
-            slots[nslots].param = -1;
-            slots[nslots].result = -1;
-            nslots++;
-        }
-    }
-    for (i = 0; i < graph->num_parameters; i++) {
-        const tb_node *node = graph->parameters[i];
-        size_t s;
-        if (!node) {
-            st = tb__error(TB_ERR_INTERNAL, "reference: NULL parameter in the graph");
-            goto done;
-        }
-        s = tb__ref_map_put(&map, node, nslots);
-        if (s == nslots) {
-            slots[nslots].node = node;
-            slots[nslots].result = -1;
-            nslots++;
-        }
-        slots[s].param = (int64_t)i;
-    }
-    for (i = graph->num_results; i-- > 0;) {
-        size_t s = graph->results[i] ? tb__ref_map_get(&map, graph->results[i]) : SIZE_MAX;
-        if (s == SIZE_MAX) {
-            st = tb__error(TB_ERR_INTERNAL, "reference: result %zu is not a node of the graph", i);
-            goto done;
-        }
-        next_result[i] = slots[s].result;
-        slots[s].result = (int64_t)i;
-        slots[s].needed = true;
-    }
-    /* what the results need, and how often each value is used (consumers come after their
-       operands, so a backward walk sees every consumer first) */
-    for (i = nslots; i-- > 0;) {
-        tb__ref_slot *sl = &slots[i];
-        uint32_t k;
-        if (!sl->needed || sl->param >= 0) continue;
-        if (sl->node->num_operands > 0 && !sl->node->operands) {
-            st = tb__error(TB_ERR_INTERNAL, "reference: node without its operands");
-            goto done;
-        }
-        for (k = 0; k < sl->node->num_operands; k++) {
-            size_t s = tb__ref_map_get(&map, sl->node->operands[k]);
-            if (s == SIZE_MAX || s >= i) {
-                st = tb__error(TB_ERR_INTERNAL,
-                               "reference: an operand of a %s node is not before it in the graph",
-                               tb_op_name(sl->node->op) ? tb_op_name(sl->node->op) : "custom");
-                goto done;
-            }
-            slots[s].needed = true;
-            slots[s].uses++;
-        }
-        if (sl->node->num_operands > in_cap) in_cap = sl->node->num_operands;
-    }
+    st = tb__ref_slots_fill(graph, &map, slots, &nslots, next_result);
+    if (st != TB_OK) goto done;
+    st = tb__ref_slots_mark_needed(&map, slots, nslots, &in_cap);
+    if (st != TB_OK) goto done;
     in = (tb__rview *)tb__calloc(in_cap + 1u, sizeof(tb__rview));
     if (!in) {
         st = TB_ERR_OUT_OF_MEMORY;
@@ -13892,7 +13971,6 @@ done:
 #undef TB__REF_MAX_OPS
 #undef TB__REF_POOL_SLOTS
 #undef TB__REF_POOL_MIN
-#undef TB__REF_SQRT1_2
 
 /* ---- src/cpu_backend.c ---- */
 /* ===========================================================================================
@@ -16379,17 +16457,12 @@ static tb_tensor *tb__optim_nonfinite(tb__ag *a, tb_tensor *t) {
     return tb__ag_keep(a, tb_reshape(n, &one, 1));
 }
 
-TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
-                                  tb_tensor *const *also, size_t num_also) {
-    const char *fn = "tb_optimizer_step";
-    tb__ag a;
-    tb_tensor **np = NULL, **ns1 = NULL, **ns2 = NULL, **sync = NULL, **checks = NULL;
-    tb_tensor *counts = NULL;
-    tb__held *held = NULL;
-    size_t i, ns = 0, nc = 0, nh = 0;
-    bool counts_kept = false;
-    tb_status st = TB_OK;
-    tb__ensure_setup();
+/* The step's arguments: opt, grads (unless opt has no parameters) and every also tensor are
+   there, and each gradient given has its parameter's shape and device. */
+static tb_status tb__optim_check_args(const char *fn, const tb_optimizer *opt,
+                                      tb_tensor *const *grads, tb_tensor *const *also,
+                                      size_t num_also) {
+    size_t i;
     if (opt == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: opt is NULL", fn);
     if (grads == NULL && opt->n > 0)
         return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: grads is NULL", fn);
@@ -16422,6 +16495,91 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
                              fn, i, sb, sa);
         }
     }
+    return TB_OK;
+}
+
+/* The check of check_finite: one vector of counts of the NaN or infinite values (*counts, *nc
+   of them), read once: the also tensors first, then the gradients; and the new values (np,
+   ns1, ns2) made the old ones where any count is not zero. */
+static void tb__optim_guard_finite(tb__ag *a, const tb_optimizer *opt, tb_tensor *const *grads,
+                                   tb_tensor *const *also, size_t num_also, tb_tensor **checks,
+                                   size_t *nc, tb_tensor **counts, tb_tensor **np, tb_tensor **ns1,
+                                   tb_tensor **ns2) {
+    size_t i;
+    for (i = 0; i < num_also && !a->failed; i++)
+        if (tb_dtype_is_float(tb_tensor_shape(also[i]).dtype))
+            checks[(*nc)++] = tb__optim_nonfinite(a, also[i]);
+    for (i = 0; i < opt->n && !a->failed; i++)
+        if (grads[i] != NULL) checks[(*nc)++] = tb__optim_nonfinite(a, grads[i]);
+    if (!a->failed && *nc > 0) {
+        tb_device dev0 = tb_tensor_device(checks[0]);
+        tb_tensor *ok;
+        for (i = 1; i < *nc && !a->failed; i++) { /* counts on other devices come over */
+            tb_device di = tb_tensor_device(checks[i]);
+            if (!tb_device_equal(&di, &dev0))
+                checks[i] = tb__ag_keep(a, tb_to_device(checks[i], &dev0));
+        }
+        if (!a->failed) *counts = tb__ag_keep(a, tb_concat(checks, *nc, 0));
+        /* a refused step computes the old values again (into their own buffers): the
+           check needs no second pass and nothing has to be undone */
+        a->device = dev0;
+        ok = a->failed ? NULL
+                       : tb__ag_keep(a, tb_eq(tb__ag_keep(a, tb_sum(*counts, NULL, 0, false)),
+                                              tb__ag_const(a, TB_F32, 0.0)));
+        for (i = 0; i < opt->n && !a->failed; i++) {
+            tb_device pd = tb_tensor_device(opt->params[i]);
+            tb_tensor *oki = ok;
+            if (grads[i] == NULL) continue;
+            if (!tb_device_equal(&pd, &dev0)) oki = tb__ag_keep(a, tb_to_device(ok, &pd));
+            np[i] = tb__ag_keep(a, tb_where(oki, np[i], opt->params[i]));
+            if (ns1[i] != NULL) ns1[i] = tb__ag_keep(a, tb_where(oki, ns1[i], opt->s1[i]));
+            if (ns2[i] != NULL) ns2[i] = tb__ag_keep(a, tb_where(oki, ns2[i], opt->s2[i]));
+        }
+    }
+}
+
+/* Reads the counts of tb__optim_guard_finite: an error naming the first tensor that holds NaN
+   or infinite values, if one does. */
+static tb_status tb__optim_read_counts(const char *fn, const tb_optimizer *opt,
+                                       tb_tensor *const *grads, tb_tensor *const *also,
+                                       size_t num_also, tb_tensor *counts, size_t nc) {
+    float *c = (float *)tb__calloc(nc, sizeof(float));
+    size_t i, k = 0;
+    tb_status st;
+    if (c == NULL) return TB_ERR_OUT_OF_MEMORY;
+    st = tb_tensor_to_host(counts, c, nc * sizeof(float));
+    for (i = 0; st == TB_OK && i < num_also; i++) {
+        if (!tb_dtype_is_float(tb_tensor_shape(also[i]).dtype)) continue;
+        if (c[k++] > 0.0f)
+            st = tb__error(TB_ERR_EXECUTE,
+                           "%s: also[%zu] holds %.0f NaN or infinite values; "
+                           "no parameter was updated",
+                           fn, i, (double)c[k - 1]);
+    }
+    for (i = 0; st == TB_OK && i < opt->n; i++) {
+        if (grads[i] == NULL) continue;
+        if (c[k++] > 0.0f)
+            st = tb__error(TB_ERR_EXECUTE,
+                           "%s: grads[%zu] holds %.0f NaN or infinite values; "
+                           "no parameter was updated",
+                           fn, i, (double)c[k - 1]);
+    }
+    tb__free(c);
+    return st;
+}
+
+TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
+                                  tb_tensor *const *also, size_t num_also) {
+    const char *fn = "tb_optimizer_step";
+    tb__ag a;
+    tb_tensor **np = NULL, **ns1 = NULL, **ns2 = NULL, **sync = NULL, **checks = NULL;
+    tb_tensor *counts = NULL;
+    tb__held *held = NULL;
+    size_t i, ns = 0, nc = 0, nh = 0;
+    bool counts_kept = false;
+    tb_status st = TB_OK;
+    tb__ensure_setup();
+    if ((st = tb__optim_check_args(fn, opt, grads, also, num_also)) != TB_OK) return st;
     tb__ag_init(&a, fn);
     if (opt->n > 0) {
         np = (tb_tensor **)tb__calloc(opt->n, sizeof(tb_tensor *));
@@ -16441,39 +16599,8 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
         tb__optim_update(&a, opt, i, grads[i], &np[i], &ns1[i], &ns2[i]);
         if (a.failed) break;
     }
-    if (!a.failed && opt->check_finite) {
-        /* one vector of counts, read once: the also tensors first, then the gradients */
-        for (i = 0; i < num_also && !a.failed; i++)
-            if (tb_dtype_is_float(tb_tensor_shape(also[i]).dtype))
-                checks[nc++] = tb__optim_nonfinite(&a, also[i]);
-        for (i = 0; i < opt->n && !a.failed; i++)
-            if (grads[i] != NULL) checks[nc++] = tb__optim_nonfinite(&a, grads[i]);
-        if (!a.failed && nc > 0) {
-            tb_device dev0 = tb_tensor_device(checks[0]);
-            tb_tensor *ok;
-            for (i = 1; i < nc && !a.failed; i++) { /* counts on other devices come over */
-                tb_device di = tb_tensor_device(checks[i]);
-                if (!tb_device_equal(&di, &dev0))
-                    checks[i] = tb__ag_keep(&a, tb_to_device(checks[i], &dev0));
-            }
-            if (!a.failed) counts = tb__ag_keep(&a, tb_concat(checks, nc, 0));
-            /* a refused step computes the old values again (into their own buffers): the
-               check needs no second pass and nothing has to be undone */
-            a.device = dev0;
-            ok = a.failed ? NULL
-                          : tb__ag_keep(&a, tb_eq(tb__ag_keep(&a, tb_sum(counts, NULL, 0, false)),
-                                                  tb__ag_const(&a, TB_F32, 0.0)));
-            for (i = 0; i < opt->n && !a.failed; i++) {
-                tb_device pd = tb_tensor_device(opt->params[i]);
-                tb_tensor *oki = ok;
-                if (grads[i] == NULL) continue;
-                if (!tb_device_equal(&pd, &dev0)) oki = tb__ag_keep(&a, tb_to_device(ok, &pd));
-                np[i] = tb__ag_keep(&a, tb_where(oki, np[i], opt->params[i]));
-                if (ns1[i] != NULL) ns1[i] = tb__ag_keep(&a, tb_where(oki, ns1[i], opt->s1[i]));
-                if (ns2[i] != NULL) ns2[i] = tb__ag_keep(&a, tb_where(oki, ns2[i], opt->s2[i]));
-            }
-        }
-    }
+    if (!a.failed && opt->check_finite)
+        tb__optim_guard_finite(&a, opt, grads, also, num_also, checks, &nc, &counts, np, ns1, ns2);
     if (a.failed) {
         st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
         goto done;
@@ -16511,30 +16638,7 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
     st = tb__optim_sync(sync, ns, held, nh);
     if (st != TB_OK) goto undo;
     if (counts != NULL) {
-        float *c = (float *)tb__calloc(nc, sizeof(float));
-        size_t k = 0;
-        if (c == NULL) {
-            st = TB_ERR_OUT_OF_MEMORY;
-            goto done;
-        }
-        st = tb_tensor_to_host(counts, c, nc * sizeof(float));
-        for (i = 0; st == TB_OK && i < num_also; i++) {
-            if (!tb_dtype_is_float(tb_tensor_shape(also[i]).dtype)) continue;
-            if (c[k++] > 0.0f)
-                st = tb__error(TB_ERR_EXECUTE,
-                               "%s: also[%zu] holds %.0f NaN or infinite values; "
-                               "no parameter was updated",
-                               fn, i, (double)c[k - 1]);
-        }
-        for (i = 0; st == TB_OK && i < opt->n; i++) {
-            if (grads[i] == NULL) continue;
-            if (c[k++] > 0.0f)
-                st = tb__error(TB_ERR_EXECUTE,
-                               "%s: grads[%zu] holds %.0f NaN or infinite values; "
-                               "no parameter was updated",
-                               fn, i, (double)c[k - 1]);
-        }
-        tb__free(c);
+        st = tb__optim_read_counts(fn, opt, grads, also, num_also, counts, nc);
         if (st != TB_OK) goto done; /* the values computed are the old ones */
     }
     for (i = 0; i < opt->n; i++)
@@ -17058,7 +17162,7 @@ static int32_t tb__ix_var_pos_flat(tb__ix *g, const tb_shape *shape, int32_t var
 static void tb__ix_reset(tb__ix *g);
 static void tb__ix_free(tb__ix *g);
 
-/* ---- codegen.c: the C-family code generator ---- */
+/* ---- codegen.c, codegen_kernels.c: the C-family code generator ---- */
 
 /* One parameter of a kernel's entry point, as the renderer describes it to the dialect. */
 typedef struct tb__cg_param {
@@ -17096,9 +17200,57 @@ typedef struct tb__dialect {
                    size_t num_params, const char *body);
 } tb__dialect;
 
-/* renders every kernel of the plan through the dialect as one program (caller frees) */
+/* codegen_kernels.c: renders every kernel of the plan through the dialect as one program
+   (caller frees) */
 static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
                                size_t *len);
+
+/* ---- codegen.c: the values and expressions the kernels of codegen_kernels.c are made of ---- */
+
+typedef struct tb__cg_frame {
+    int32_t node, pos, state, vbase;
+} tb__cg_frame;
+
+/* The renderer's state for one graph. */
+typedef struct tb__cg {
+    tb__ix ix; /* the text, index variables and positions of the kernel being emitted */
+    const tb__pgraph *G;
+    tb__plan *P;
+    const tb__dialect *d;
+    int32_t kernel;
+    /* values v<n> with their dtypes */
+    tb_dtype *val_dtype;
+    size_t num_vals, cap_vals;
+    /* the evaluation stack */
+    tb__cg_frame *frames;
+    size_t num_frames, cap_frames;
+    int32_t *stack;
+    size_t num_stack, cap_stack;
+    int depth; /* pad, concat and gather being evaluated */
+} tb__cg;
+
+/* the C type of a dtype; of an accumulator dtype chosen by the planner (integers wrap:
+   unsigned); of a scalar argument in the kernel (doubles travel as floats where the device has
+   no double precision) */
+static const char *tb__cg_ctype(tb_dtype dtype);
+static const char *tb__cg_acc_ctype(tb_dtype acc);
+static const char *tb__cg_scalar_ctype(const tb__cg *g, tb_dtype dtype);
+static const tb__plan *tb__cg_plan(const tb__cg *g);      /* the plan being rendered */
+static tb__plan_kernel *tb__cg_kernel(const tb__cg *g);   /* the kernel being rendered */
+static int32_t tb__cg_new_val(tb__cg *g, tb_dtype dtype); /* a new value v<n>, -1 if failed */
+static int32_t tb__cg_new_vec(tb__cg *g); /* a vector value of W f32 lanes (v<n> too) */
+/* a math function of the dialect for a dtype */
+static const char *tb__cg_math(const tb__cg *g, const char *fn, tb_dtype dtype);
+/* a floating literal of the dtype (a float literal carries the f suffix) */
+static void tb__cg_flit(tb_dtype dtype, double v, char *buf, size_t cap);
+/* checks that the plan gave this kernel the argument (the planner decides them all) */
+static bool tb__cg_arg(tb__cg *g, int32_t kind, int32_t index);
+/* the id of work item dimension d, as the dialect names it */
+static void tb__cg_id(char *buf, size_t cap, const char *fmt, int d);
+/* the value of `node` at `pos` (each (node, position) emitted once per scope) */
+static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos);
+/* the W consecutive elements of `node` from position `pos` on, as a vector */
+static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos);
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
@@ -17516,7 +17668,8 @@ static void tb__disk_store(const tb__disk_format *fmt, const char *dir, const tb
    reductions are split into a partial and a final stage, which matmuls read packed operand
    panels, which buffers each kernel reads and how long each lives, the launch geometry and the
    kernel names. Every decision is made here, before any code is emitted, within budgets that
-   keep each kernel's code small; the renderer (codegen.c) then emits exactly this plan.
+   keep each kernel's code small; the renderer (codegen.c, codegen_kernels.c) then emits
+   exactly this plan.
 
    Every node is either materialised (a parameter, or the output of a kernel: a "root") or
    inlined into the one kernel that reads it (views read by several kernels are inlined into
@@ -19887,31 +20040,12 @@ static const size_t tb__cl_prelude_count = 187;
      and is never one letter followed by digits, so it cannot meet a numbered name whatever
      the graph; fixed names are the same in every kernel of a kind, so a test of that kind
      shows a collision among them.
+
+   This part: the renderer's values and expressions (one node at a position, vectors along
+   rows); codegen_kernels.c writes the kernels and the program with them (compile.h).
    =========================================================================================== */
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
-
-typedef struct tb__cg_frame {
-    int32_t node, pos, state, vbase;
-} tb__cg_frame;
-
-/* The renderer's state for one graph. */
-typedef struct tb__cg {
-    tb__ix ix; /* the text, index variables and positions of the kernel being emitted */
-    const tb__pgraph *G;
-    tb__plan *P;
-    const tb__dialect *d;
-    int32_t kernel;
-    /* values v<n> with their dtypes */
-    tb_dtype *val_dtype;
-    size_t num_vals, cap_vals;
-    /* the evaluation stack */
-    tb__cg_frame *frames;
-    size_t num_frames, cap_frames;
-    int32_t *stack;
-    size_t num_stack, cap_stack;
-    int depth; /* pad, concat and gather being evaluated */
-} tb__cg;
 
 /* Values one kernel may emit before the renderer gives up: the planner's budget bounds what a
    plan asks for far below this; reaching it is a bug. */
@@ -20102,8 +20236,6 @@ static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k
     }
     return tb__ix_pos_multi(&g->ix, cs, dims);
 }
-
-static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos);
 
 /* Reads element `pos` of a buffer slot. */
 static int32_t tb__cg_read_slot(tb__cg *g, int32_t slot, tb_dtype dtype, int32_t pos) {
@@ -20816,6 +20948,18 @@ static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
     tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, node, pos, 0, v);
     return v;
 }
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
+/* ---- src/codegen_kernels.c ---- */
+/* ===========================================================================================
+   C-family code generator, the kernels and the program: each kernel of the plan (elementwise,
+   reductions, norms, matmul and its pack kernels) around the values and expressions of
+   codegen.c, and the program of all of them through the dialect (tb__cg_render). The naming
+   rules of generated kernels are in codegen.c.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
 
 /* ---- kernels ---- */
 
@@ -24644,10 +24788,10 @@ TBDEF tb_status tb_opencl_trim_cache(const tb_device *device) {
 
 /* ---- src/native.c ---- */
 /* ===========================================================================================
-   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c), compiled at run
-   time by the system C compiler ($CC, else cc) into a shared object, loaded with dlopen and
-   run on a pool of threads (one per core: a kernel's work items are split among them). Programs
-   are cached on disk as OpenCL's are (diskcache.c), keyed by the source, the compiler, its
+   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c, codegen_kernels.c),
+   compiled at run time by the system C compiler ($CC, else cc) into a shared object, loaded with
+   dlopen and run on a pool of threads (one per core: a kernel's work items are split among them).
+   Programs are cached on disk as OpenCL's are (diskcache.c), keyed by the source, the compiler, its
    options, the CPU and this library's version. Memory is host memory. Without a compiler the
    backend has no device and says why, as OpenCL without a loader does.
    =========================================================================================== */
@@ -26978,16 +27122,14 @@ TBDEF tb_tensor *tb_dlpack_import_versioned(tb_dl_managed_tensor_versioned *mana
                          tb__dl_call_deleter_versioned, managed);
 }
 
-/* ---- src/files.c ---- */
+/* ---- src/files_internal.h ---- */
 /* ===========================================================================================
-   Model files: tensor sets, safetensors and .npz
+   The internal contract of the model file parts (files.c, safetensors.c, inflate.c, npz.c,
+   idx.c): tensor sets, a file's bytes, the file being written, CRC-32 and inflate, and the
+   functions the parts give the ones after them, each defined in the part named above it.
    =========================================================================================== */
 
-#if !defined(_WIN32)
-#include <sys/mman.h>
-#endif
-
-/* ---- tensor sets ---- */
+/* ---- files.c: tensor sets ---- */
 
 typedef struct tb__set_entry {
     char *name;
@@ -27009,6 +27151,109 @@ struct tb_tensor_set {
 };
 
 #define TB__SET_NONE ((size_t)-1)
+
+/* the entry of `name`, or TB__SET_NONE */
+static size_t tb__set_find(const tb_tensor_set *set, const char *name);
+/* appends `tensor` under `name`, taking over the caller's reference (released on error) */
+static tb_status tb__set_add_owned(const char *fn, tb_tensor_set *set, const char *name,
+                                   tb_tensor *tensor);
+/* the metadata entry of `key`, or TB__SET_NONE */
+static size_t tb__set_meta_find(const tb_tensor_set *set, const char *key);
+/* syncs the set's pending tensors, one graph per device */
+static tb_status tb__set_sync(const tb_tensor_set *set);
+
+/* ---- files.c: a file's bytes, shared by the tensors that use them in place ---- */
+
+typedef struct tb__blob {
+    int32_t refcount;
+    unsigned char *data;
+    size_t size;
+    bool mapped; /* munmap, else tb__free */
+} tb__blob;
+
+/* the whole file: memory-mapped where the system allows, else read into memory */
+static tb_status tb__blob_open(const char *fn, const char *path, tb__blob **out);
+/* a blob owning `data` (from tb__alloc; freed here on error) */
+static tb__blob *tb__blob_owning(unsigned char *data, size_t size);
+static void tb__blob_release(void *context); /* drops a reference to the blob */
+/* a tensor of `shape` whose elements are the bytes at `bytes` inside `blob` (little-endian
+   unless `big_endian`): in place where it can, else a converted copy */
+static tb_tensor *tb__blob_tensor(tb__blob *blob, const unsigned char *bytes, const tb_shape *shape,
+                                  bool big_endian, const tb_device *device);
+/* little-endian numbers */
+static uint16_t tb__le16(const unsigned char *p);
+static uint32_t tb__le32(const unsigned char *p);
+static uint64_t tb__le64(const unsigned char *p);
+/* whether `n` bytes are well-formed UTF-8 */
+static bool tb__utf8_valid(const unsigned char *s, size_t n);
+
+/* ---- files.c: writing files ---- */
+
+/* Writes a file through a temporary one and a rename. */
+typedef struct tb__out_file {
+    FILE *f;
+    char *tmp;
+    const char *path;
+    uint64_t written;
+    bool failed;
+} tb__out_file;
+
+static tb_status tb__out_open(const char *fn, const char *path, tb__out_file *o);
+static void tb__out_write(tb__out_file *o, const void *data, size_t size);
+/* closes the file and renames it into place when `ok` and every write worked; removes it
+   otherwise */
+static tb_status tb__out_close(const char *fn, tb__out_file *o, bool ok);
+/* the value of a synced tensor as contiguous host bytes, little-endian (a copy in *copy that
+   the caller frees where the tensor's own buffer cannot serve) */
+static tb_status tb__tensor_le_bytes(tb_tensor *t, const unsigned char **bytes, size_t *nbytes,
+                                     unsigned char **copy);
+
+/* ---- safetensors.c ---- */
+
+/* the safetensors name of a library dtype; NULL for one it cannot hold */
+static const char *tb__st_dtype_name(tb_dtype dtype);
+
+/* ---- inflate.c: CRC-32 and inflate ---- */
+
+/* CRC-32 (zip's, reflected 0xedb88320), eight bytes per step: the tables */
+typedef struct tb__crc32_tables {
+    uint32_t t[8][256];
+} tb__crc32_tables;
+
+static void tb__crc32_init(tb__crc32_tables *c);
+/* the CRC-32 of `crc` continued over n bytes (0 to start) */
+static uint32_t tb__crc32(const tb__crc32_tables *c, uint32_t crc, const unsigned char *p,
+                          size_t n);
+
+/* Inflating (RFC 1951) s->in into a buffer of known size, s->out. */
+typedef struct tb__inflater {
+    const unsigned char *in;
+    size_t in_len, in_pos;
+    uint64_t bits;
+    int nbits;
+    int pad; /* zero bytes added past the end of the input */
+    unsigned char *out;
+    size_t out_len, out_pos;
+    bool full; /* stopped because the output was full: out holds its first out_len bytes */
+    bool done; /* the last block ended */
+} tb__inflater;
+
+/* inflates all of s->in into exactly s->out_len bytes: NULL on success, else the reason */
+static const char *tb__inflate(tb__inflater *s);
+
+/* ---- src/files.c ---- */
+/* ===========================================================================================
+   Model files: tensor sets, and what the file formats share: a file's bytes (memory-mapped,
+   shared by the tensors that use them in place), little-endian reads, UTF-8 checks, writing
+   through a temporary file and a tensor's bytes to write. The formats: safetensors.c, npz.c,
+   idx.c (and inflate.c); the types the parts share: files_internal.h.
+   =========================================================================================== */
+
+#if !defined(_WIN32)
+#include <sys/mman.h>
+#endif
+
+/* ---- tensor sets ---- */
 
 static size_t tb__set_slot_of(const char *name, size_t slot_count) {
     return (size_t)tb__hash_bytes(0x7e5e7, name, strlen(name)) & (slot_count - 1);
@@ -27267,13 +27512,6 @@ static tb_status tb__set_sync(const tb_tensor_set *set) {
 
 /* ---- a file's bytes, shared by the tensors that use them in place ---- */
 
-typedef struct tb__blob {
-    int32_t refcount;
-    unsigned char *data;
-    size_t size;
-    bool mapped; /* munmap, else tb__free */
-} tb__blob;
-
 static void tb__blob_release(void *context) {
     tb__blob *b = (tb__blob *)context;
     if (b == NULL || TB__ATOMIC_ADD(&b->refcount, -1) != 0) return;
@@ -27472,15 +27710,7 @@ static bool tb__utf8_valid(const unsigned char *s, size_t n) {
     return true;
 }
 
-/* Writes a file through a temporary one and a rename. */
-typedef struct tb__out_file {
-    FILE *f;
-    char *tmp;
-    const char *path;
-    uint64_t written;
-    bool failed;
-} tb__out_file;
-
+/* Writing a file through a temporary one and a rename (tb__out_file). */
 static tb_status tb__out_open(const char *fn, const char *path, tb__out_file *o) {
     memset(o, 0, sizeof *o);
     o->path = path;
@@ -27557,6 +27787,12 @@ static tb_status tb__tensor_le_bytes(tb_tensor *t, const unsigned char **bytes, 
     *bytes = *copy;
     return TB_OK;
 }
+
+/* ---- src/safetensors.c ---- */
+/* ===========================================================================================
+   Model files: safetensors (an 8-byte length, a JSON header, then the tensors' bytes), loaded
+   and saved.
+   =========================================================================================== */
 
 /* ---- safetensors ---- */
 
@@ -28355,13 +28591,13 @@ TBDEF tb_status tb_safetensors_save(const char *path, const tb_tensor_set *set) 
 #undef TB__ST_F16
 #undef TB__ST_BF16
 
-/* ---- .npz: CRC-32, inflate, zip ---- */
+/* ---- src/inflate.c ---- */
+/* ===========================================================================================
+   CRC-32 and inflate (RFC 1951): the checksums and decompression that .npz (zip) and gzipped
+   IDX files share.
+   =========================================================================================== */
 
 /* CRC-32 (zip's, reflected 0xedb88320), eight bytes per step ("slicing by 8"). */
-typedef struct tb__crc32_tables {
-    uint32_t t[8][256];
-} tb__crc32_tables;
-
 static void tb__crc32_init(tb__crc32_tables *c) {
     uint32_t n, k, v;
     for (n = 0; n < 256; ++n) {
@@ -28397,18 +28633,6 @@ typedef struct tb__huff {
     uint16_t count[16];                /* codes of each length */
     uint16_t symbol[288];              /* symbols in canonical order */
 } tb__huff;
-
-typedef struct tb__inflater {
-    const unsigned char *in;
-    size_t in_len, in_pos;
-    uint64_t bits;
-    int nbits;
-    int pad; /* zero bytes added past the end of the input */
-    unsigned char *out;
-    size_t out_len, out_pos;
-    bool full; /* stopped because the output was full: out holds its first out_len bytes */
-    bool done; /* the last block ended */
-} tb__inflater;
 
 static void tb__inf_refill(tb__inflater *s) {
     while (s->nbits <= 56) {
@@ -28645,6 +28869,12 @@ static const char *tb__inflate(tb__inflater *s) {
 }
 
 #undef TB__HUFF_FAST
+
+/* ---- src/npz.c ---- */
+/* ===========================================================================================
+   Model files: .npz (a zip of .npy files), loaded (stored or deflated entries) and saved
+   (stored entries; zip64 records where the sizes need them).
+   =========================================================================================== */
 
 /* One file of a zip's central directory. 40 bytes: never more than the 46 bytes of the record
    it comes from, so the directory's size bounds the memory. */
@@ -29209,6 +29439,14 @@ TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set) {
     return st;
 }
 
+#undef TB__ZIP_MAX32
+#undef TB__ZIP_MAX16
+
+/* ---- src/idx.c ---- */
+/* ===========================================================================================
+   Model files: IDX (MNIST's format), plain or gzip.
+   =========================================================================================== */
+
 /* ---- IDX files (MNIST's format), plain or gzip ---- */
 
 /* The magic (0x0000TTNN) and at most 255 dims of 4 bytes: the longest IDX header. */
@@ -29574,8 +29812,6 @@ TBDEF tb_tensor *tb_idx_load(const char *path, const tb_device *device) {
 
 #undef TB__IDX_MAX_HEADER
 
-#undef TB__ZIP_MAX32
-#undef TB__ZIP_MAX16
 #undef TB__SET_NONE
 
 /* ---- src/wiring.c ---- */

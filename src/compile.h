@@ -373,7 +373,7 @@ static int32_t tb__ix_var_pos_flat(tb__ix *g, const tb_shape *shape, int32_t var
 static void tb__ix_reset(tb__ix *g);
 static void tb__ix_free(tb__ix *g);
 
-/* ---- codegen.c: the C-family code generator ---- */
+/* ---- codegen.c, codegen_kernels.c: the C-family code generator ---- */
 
 /* One parameter of a kernel's entry point, as the renderer describes it to the dialect. */
 typedef struct tb__cg_param {
@@ -411,8 +411,56 @@ typedef struct tb__dialect {
                    size_t num_params, const char *body);
 } tb__dialect;
 
-/* renders every kernel of the plan through the dialect as one program (caller frees) */
+/* codegen_kernels.c: renders every kernel of the plan through the dialect as one program
+   (caller frees) */
 static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
                                size_t *len);
+
+/* ---- codegen.c: the values and expressions the kernels of codegen_kernels.c are made of ---- */
+
+typedef struct tb__cg_frame {
+    int32_t node, pos, state, vbase;
+} tb__cg_frame;
+
+/* The renderer's state for one graph. */
+typedef struct tb__cg {
+    tb__ix ix; /* the text, index variables and positions of the kernel being emitted */
+    const tb__pgraph *G;
+    tb__plan *P;
+    const tb__dialect *d;
+    int32_t kernel;
+    /* values v<n> with their dtypes */
+    tb_dtype *val_dtype;
+    size_t num_vals, cap_vals;
+    /* the evaluation stack */
+    tb__cg_frame *frames;
+    size_t num_frames, cap_frames;
+    int32_t *stack;
+    size_t num_stack, cap_stack;
+    int depth; /* pad, concat and gather being evaluated */
+} tb__cg;
+
+/* the C type of a dtype; of an accumulator dtype chosen by the planner (integers wrap:
+   unsigned); of a scalar argument in the kernel (doubles travel as floats where the device has
+   no double precision) */
+static const char *tb__cg_ctype(tb_dtype dtype);
+static const char *tb__cg_acc_ctype(tb_dtype acc);
+static const char *tb__cg_scalar_ctype(const tb__cg *g, tb_dtype dtype);
+static const tb__plan *tb__cg_plan(const tb__cg *g);      /* the plan being rendered */
+static tb__plan_kernel *tb__cg_kernel(const tb__cg *g);   /* the kernel being rendered */
+static int32_t tb__cg_new_val(tb__cg *g, tb_dtype dtype); /* a new value v<n>, -1 if failed */
+static int32_t tb__cg_new_vec(tb__cg *g); /* a vector value of W f32 lanes (v<n> too) */
+/* a math function of the dialect for a dtype */
+static const char *tb__cg_math(const tb__cg *g, const char *fn, tb_dtype dtype);
+/* a floating literal of the dtype (a float literal carries the f suffix) */
+static void tb__cg_flit(tb_dtype dtype, double v, char *buf, size_t cap);
+/* checks that the plan gave this kernel the argument (the planner decides them all) */
+static bool tb__cg_arg(tb__cg *g, int32_t kind, int32_t index);
+/* the id of work item dimension d, as the dialect names it */
+static void tb__cg_id(char *buf, size_t cap, const char *fmt, int d);
+/* the value of `node` at `pos` (each (node, position) emitted once per scope) */
+static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos);
+/* the W consecutive elements of `node` from position `pos` on, as a vector */
+static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos);
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */

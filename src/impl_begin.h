@@ -415,7 +415,8 @@ static tb_status tb__opencl_register(void);
 static tb_status tb__native_register(void);
 #endif
 
-/* interop.c: the .npy header and byte order, which the model files (files.c) share */
+/* interop.c: the .npy header and the byte order, which the model file parts (files.c, npz.c,
+   idx.c, ...) share */
 /* The parsed header of a .npy file. */
 typedef struct tb__npy_header {
     tb_dtype dtype;

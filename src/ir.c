@@ -1087,13 +1087,10 @@ static tb_status tb__infer_custom(const char *fn, const tb__custom_op *entry, co
     }
 }
 
-/* Shape inference with `fn` as the name that starts every message. */
-static tb_status tb__infer_shape_as(const char *fn, tb_op op, const tb_shape *inputs,
-                                    size_t num_inputs, const int64_t *attrs, size_t num_attrs,
-                                    tb_shape *out) {
-    tb_shape result;
-    tb_status st;
-    int32_t arity;
+/* The checks every inference starts with: the arrays are there, the attributes are not too
+   many, every operand's shape is valid. */
+static tb_status tb__infer_check_args(const char *fn, const tb_shape *inputs, size_t num_inputs,
+                                      const int64_t *attrs, size_t num_attrs, const tb_shape *out) {
     size_t k;
     if (num_inputs > 0 && inputs == NULL) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: inputs is NULL", fn);
@@ -1115,6 +1112,121 @@ static tb_status tb__infer_shape_as(const char *fn, tb_op op, const tb_shape *in
                              fn, k, (int)s->dtype, (int)s->rank);
         }
     }
+    return TB_OK;
+}
+
+/* The result shape of a built-in op that is not a leaf, by its kind (the caller checked the
+   operand count and zeroed *result). */
+static tb_status tb__infer_by_kind(const char *fn, tb_op op, const tb_shape *inputs,
+                                   size_t num_inputs, const int64_t *attrs, size_t num_attrs,
+                                   tb_shape *result) {
+    tb_status st;
+    switch (tb__op_table[op].kind) {
+    case TB_KIND_UNARY:
+        if (op == TB_OP_CAST) {
+            if ((st = tb__want_attrs(fn, num_attrs, 1, "[dtype]")) != TB_OK) return st;
+            if (attrs[0] < 0 || attrs[0] >= (int64_t)TB_DTYPE_COUNT) {
+                return tb__error(TB_ERR_DTYPE, "%s: invalid dtype %lld", fn, (long long)attrs[0]);
+            }
+            *result = inputs[0];
+            result->dtype = (tb_dtype)attrs[0];
+            break;
+        }
+        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
+        if ((st = tb__infer_unary(fn, op, &inputs[0])) != TB_OK) return st;
+        *result = inputs[0];
+        if (op == TB_OP_LOGICAL_NOT) result->dtype = TB_BOOL;
+        break;
+    case TB_KIND_BINARY:
+        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
+        if ((st = tb__infer_binary(fn, op, inputs, result)) != TB_OK) return st;
+        break;
+    case TB_KIND_TERNARY:
+        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
+        if (op == TB_OP_WHERE) {
+            if ((st = tb__need_bool(fn, "the condition", &inputs[0])) != TB_OK) return st;
+            if ((st = tb__same_dtype(fn, inputs + 1, 2)) != TB_OK) return st;
+            result->dtype = inputs[1].dtype;
+        } else {
+            if ((st = tb__same_dtype(fn, inputs, 3)) != TB_OK) return st;
+            if ((st = tb__need_not_bool(fn, &inputs[0])) != TB_OK) return st;
+            result->dtype = inputs[0].dtype;
+        }
+        if ((st = tb__broadcast_dims(fn, inputs, 3, result)) != TB_OK) return st;
+        break;
+    case TB_KIND_REDUCE:
+        if (op == TB_OP_ARGMAX || op == TB_OP_ARGMIN) {
+            st = tb__infer_arg(fn, &inputs[0], attrs, num_attrs, result);
+        } else {
+            st = tb__infer_reduce(fn, op, &inputs[0], attrs, num_attrs, result);
+        }
+        if (st != TB_OK) return st;
+        break;
+    case TB_KIND_MATMUL:
+        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
+        if ((st = tb__infer_matmul(fn, inputs, result)) != TB_OK) return st;
+        break;
+    case TB_KIND_NORM:
+        if (op == TB_OP_LAYER_NORM) {
+            st = tb__infer_layer_norm(fn, inputs, num_inputs, attrs, num_attrs, result);
+            if (st != TB_OK) return st;
+            break;
+        }
+        if ((st = tb__want_attrs(fn, num_attrs, 1, "[axis]")) != TB_OK) return st;
+        if ((st = tb__need_float(fn, &inputs[0])) != TB_OK) return st;
+        if ((st = tb__check_rank1(fn, &inputs[0])) != TB_OK) return st;
+        if ((st = tb__check_axis(fn, "axis", attrs[0], &inputs[0])) != TB_OK) return st;
+        *result = inputs[0];
+        break;
+    case TB_KIND_MOVEMENT:
+        switch (op) {
+        case TB_OP_RESHAPE:
+            st = tb__infer_reshape(fn, &inputs[0], attrs, num_attrs, result);
+            break;
+        case TB_OP_PERMUTE:
+            st = tb__infer_permute(fn, &inputs[0], attrs, num_attrs, result);
+            break;
+        case TB_OP_EXPAND:
+            st = tb__infer_expand(fn, &inputs[0], attrs, num_attrs, result);
+            break;
+        case TB_OP_SLICE:
+            st = tb__infer_slice(fn, &inputs[0], attrs, num_attrs, result);
+            break;
+        default: /* FLIP */
+            st = tb__want_attrs(fn, num_attrs, 1, "[axes bitmask]");
+            if (st == TB_OK) st = tb__check_mask(fn, attrs[0], &inputs[0]);
+            *result = inputs[0];
+            break;
+        }
+        if (st != TB_OK) return st;
+        break;
+    default: /* TB_KIND_OTHER */
+        switch (op) {
+        case TB_OP_CONCAT:
+            st = tb__infer_concat(fn, inputs, num_inputs, attrs, num_attrs, result);
+            break;
+        case TB_OP_PAD:
+            st = tb__infer_pad(fn, inputs, attrs, num_attrs, result);
+            break;
+        default: /* GATHER, INDEX_SELECT */
+            st = tb__infer_gather(fn, op, inputs, attrs, num_attrs, result);
+            break;
+        }
+        if (st != TB_OK) return st;
+        break;
+    }
+    return TB_OK;
+}
+
+/* Shape inference with `fn` as the name that starts every message. */
+static tb_status tb__infer_shape_as(const char *fn, tb_op op, const tb_shape *inputs,
+                                    size_t num_inputs, const int64_t *attrs, size_t num_attrs,
+                                    tb_shape *out) {
+    tb_shape result;
+    tb_status st;
+    int32_t arity;
+    if ((st = tb__infer_check_args(fn, inputs, num_inputs, attrs, num_attrs, out)) != TB_OK)
+        return st;
     if (!tb__op_is_builtin(op)) {
         const tb__custom_op *entry = tb__custom_get(op);
         if (entry == NULL) return tb__error(TB_ERR_NOT_FOUND, "%s: unknown op %d", fn, (int)op);
@@ -1134,100 +1246,8 @@ static tb_status tb__infer_shape_as(const char *fn, tb_op op, const tb_shape *in
         return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: expected at least 1 operand, got 0", fn);
     }
     memset(&result, 0, sizeof result);
-    switch (tb__op_table[op].kind) {
-    case TB_KIND_UNARY:
-        if (op == TB_OP_CAST) {
-            if ((st = tb__want_attrs(fn, num_attrs, 1, "[dtype]")) != TB_OK) return st;
-            if (attrs[0] < 0 || attrs[0] >= (int64_t)TB_DTYPE_COUNT) {
-                return tb__error(TB_ERR_DTYPE, "%s: invalid dtype %lld", fn, (long long)attrs[0]);
-            }
-            result = inputs[0];
-            result.dtype = (tb_dtype)attrs[0];
-            break;
-        }
-        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
-        if ((st = tb__infer_unary(fn, op, &inputs[0])) != TB_OK) return st;
-        result = inputs[0];
-        if (op == TB_OP_LOGICAL_NOT) result.dtype = TB_BOOL;
-        break;
-    case TB_KIND_BINARY:
-        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
-        if ((st = tb__infer_binary(fn, op, inputs, &result)) != TB_OK) return st;
-        break;
-    case TB_KIND_TERNARY:
-        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
-        if (op == TB_OP_WHERE) {
-            if ((st = tb__need_bool(fn, "the condition", &inputs[0])) != TB_OK) return st;
-            if ((st = tb__same_dtype(fn, inputs + 1, 2)) != TB_OK) return st;
-            result.dtype = inputs[1].dtype;
-        } else {
-            if ((st = tb__same_dtype(fn, inputs, 3)) != TB_OK) return st;
-            if ((st = tb__need_not_bool(fn, &inputs[0])) != TB_OK) return st;
-            result.dtype = inputs[0].dtype;
-        }
-        if ((st = tb__broadcast_dims(fn, inputs, 3, &result)) != TB_OK) return st;
-        break;
-    case TB_KIND_REDUCE:
-        if (op == TB_OP_ARGMAX || op == TB_OP_ARGMIN) {
-            st = tb__infer_arg(fn, &inputs[0], attrs, num_attrs, &result);
-        } else {
-            st = tb__infer_reduce(fn, op, &inputs[0], attrs, num_attrs, &result);
-        }
-        if (st != TB_OK) return st;
-        break;
-    case TB_KIND_MATMUL:
-        if ((st = tb__want_attrs(fn, num_attrs, 0, "")) != TB_OK) return st;
-        if ((st = tb__infer_matmul(fn, inputs, &result)) != TB_OK) return st;
-        break;
-    case TB_KIND_NORM:
-        if (op == TB_OP_LAYER_NORM) {
-            st = tb__infer_layer_norm(fn, inputs, num_inputs, attrs, num_attrs, &result);
-            if (st != TB_OK) return st;
-            break;
-        }
-        if ((st = tb__want_attrs(fn, num_attrs, 1, "[axis]")) != TB_OK) return st;
-        if ((st = tb__need_float(fn, &inputs[0])) != TB_OK) return st;
-        if ((st = tb__check_rank1(fn, &inputs[0])) != TB_OK) return st;
-        if ((st = tb__check_axis(fn, "axis", attrs[0], &inputs[0])) != TB_OK) return st;
-        result = inputs[0];
-        break;
-    case TB_KIND_MOVEMENT:
-        switch (op) {
-        case TB_OP_RESHAPE:
-            st = tb__infer_reshape(fn, &inputs[0], attrs, num_attrs, &result);
-            break;
-        case TB_OP_PERMUTE:
-            st = tb__infer_permute(fn, &inputs[0], attrs, num_attrs, &result);
-            break;
-        case TB_OP_EXPAND:
-            st = tb__infer_expand(fn, &inputs[0], attrs, num_attrs, &result);
-            break;
-        case TB_OP_SLICE:
-            st = tb__infer_slice(fn, &inputs[0], attrs, num_attrs, &result);
-            break;
-        default: /* FLIP */
-            st = tb__want_attrs(fn, num_attrs, 1, "[axes bitmask]");
-            if (st == TB_OK) st = tb__check_mask(fn, attrs[0], &inputs[0]);
-            result = inputs[0];
-            break;
-        }
-        if (st != TB_OK) return st;
-        break;
-    default: /* TB_KIND_OTHER */
-        switch (op) {
-        case TB_OP_CONCAT:
-            st = tb__infer_concat(fn, inputs, num_inputs, attrs, num_attrs, &result);
-            break;
-        case TB_OP_PAD:
-            st = tb__infer_pad(fn, inputs, attrs, num_attrs, &result);
-            break;
-        default: /* GATHER, INDEX_SELECT */
-            st = tb__infer_gather(fn, op, inputs, attrs, num_attrs, &result);
-            break;
-        }
-        if (st != TB_OK) return st;
-        break;
-    }
+    if ((st = tb__infer_by_kind(fn, op, inputs, num_inputs, attrs, num_attrs, &result)) != TB_OK)
+        return st;
     if ((st = tb__check_fits(fn, &result)) != TB_OK) return st;
     *out = result;
     return TB_OK;

@@ -314,17 +314,12 @@ static tb_tensor *tb__optim_nonfinite(tb__ag *a, tb_tensor *t) {
     return tb__ag_keep(a, tb_reshape(n, &one, 1));
 }
 
-TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
-                                  tb_tensor *const *also, size_t num_also) {
-    const char *fn = "tb_optimizer_step";
-    tb__ag a;
-    tb_tensor **np = NULL, **ns1 = NULL, **ns2 = NULL, **sync = NULL, **checks = NULL;
-    tb_tensor *counts = NULL;
-    tb__held *held = NULL;
-    size_t i, ns = 0, nc = 0, nh = 0;
-    bool counts_kept = false;
-    tb_status st = TB_OK;
-    tb__ensure_setup();
+/* The step's arguments: opt, grads (unless opt has no parameters) and every also tensor are
+   there, and each gradient given has its parameter's shape and device. */
+static tb_status tb__optim_check_args(const char *fn, const tb_optimizer *opt,
+                                      tb_tensor *const *grads, tb_tensor *const *also,
+                                      size_t num_also) {
+    size_t i;
     if (opt == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: opt is NULL", fn);
     if (grads == NULL && opt->n > 0)
         return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: grads is NULL", fn);
@@ -357,6 +352,91 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
                              fn, i, sb, sa);
         }
     }
+    return TB_OK;
+}
+
+/* The check of check_finite: one vector of counts of the NaN or infinite values (*counts, *nc
+   of them), read once: the also tensors first, then the gradients; and the new values (np,
+   ns1, ns2) made the old ones where any count is not zero. */
+static void tb__optim_guard_finite(tb__ag *a, const tb_optimizer *opt, tb_tensor *const *grads,
+                                   tb_tensor *const *also, size_t num_also, tb_tensor **checks,
+                                   size_t *nc, tb_tensor **counts, tb_tensor **np, tb_tensor **ns1,
+                                   tb_tensor **ns2) {
+    size_t i;
+    for (i = 0; i < num_also && !a->failed; i++)
+        if (tb_dtype_is_float(tb_tensor_shape(also[i]).dtype))
+            checks[(*nc)++] = tb__optim_nonfinite(a, also[i]);
+    for (i = 0; i < opt->n && !a->failed; i++)
+        if (grads[i] != NULL) checks[(*nc)++] = tb__optim_nonfinite(a, grads[i]);
+    if (!a->failed && *nc > 0) {
+        tb_device dev0 = tb_tensor_device(checks[0]);
+        tb_tensor *ok;
+        for (i = 1; i < *nc && !a->failed; i++) { /* counts on other devices come over */
+            tb_device di = tb_tensor_device(checks[i]);
+            if (!tb_device_equal(&di, &dev0))
+                checks[i] = tb__ag_keep(a, tb_to_device(checks[i], &dev0));
+        }
+        if (!a->failed) *counts = tb__ag_keep(a, tb_concat(checks, *nc, 0));
+        /* a refused step computes the old values again (into their own buffers): the
+           check needs no second pass and nothing has to be undone */
+        a->device = dev0;
+        ok = a->failed ? NULL
+                       : tb__ag_keep(a, tb_eq(tb__ag_keep(a, tb_sum(*counts, NULL, 0, false)),
+                                              tb__ag_const(a, TB_F32, 0.0)));
+        for (i = 0; i < opt->n && !a->failed; i++) {
+            tb_device pd = tb_tensor_device(opt->params[i]);
+            tb_tensor *oki = ok;
+            if (grads[i] == NULL) continue;
+            if (!tb_device_equal(&pd, &dev0)) oki = tb__ag_keep(a, tb_to_device(ok, &pd));
+            np[i] = tb__ag_keep(a, tb_where(oki, np[i], opt->params[i]));
+            if (ns1[i] != NULL) ns1[i] = tb__ag_keep(a, tb_where(oki, ns1[i], opt->s1[i]));
+            if (ns2[i] != NULL) ns2[i] = tb__ag_keep(a, tb_where(oki, ns2[i], opt->s2[i]));
+        }
+    }
+}
+
+/* Reads the counts of tb__optim_guard_finite: an error naming the first tensor that holds NaN
+   or infinite values, if one does. */
+static tb_status tb__optim_read_counts(const char *fn, const tb_optimizer *opt,
+                                       tb_tensor *const *grads, tb_tensor *const *also,
+                                       size_t num_also, tb_tensor *counts, size_t nc) {
+    float *c = (float *)tb__calloc(nc, sizeof(float));
+    size_t i, k = 0;
+    tb_status st;
+    if (c == NULL) return TB_ERR_OUT_OF_MEMORY;
+    st = tb_tensor_to_host(counts, c, nc * sizeof(float));
+    for (i = 0; st == TB_OK && i < num_also; i++) {
+        if (!tb_dtype_is_float(tb_tensor_shape(also[i]).dtype)) continue;
+        if (c[k++] > 0.0f)
+            st = tb__error(TB_ERR_EXECUTE,
+                           "%s: also[%zu] holds %.0f NaN or infinite values; "
+                           "no parameter was updated",
+                           fn, i, (double)c[k - 1]);
+    }
+    for (i = 0; st == TB_OK && i < opt->n; i++) {
+        if (grads[i] == NULL) continue;
+        if (c[k++] > 0.0f)
+            st = tb__error(TB_ERR_EXECUTE,
+                           "%s: grads[%zu] holds %.0f NaN or infinite values; "
+                           "no parameter was updated",
+                           fn, i, (double)c[k - 1]);
+    }
+    tb__free(c);
+    return st;
+}
+
+TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
+                                  tb_tensor *const *also, size_t num_also) {
+    const char *fn = "tb_optimizer_step";
+    tb__ag a;
+    tb_tensor **np = NULL, **ns1 = NULL, **ns2 = NULL, **sync = NULL, **checks = NULL;
+    tb_tensor *counts = NULL;
+    tb__held *held = NULL;
+    size_t i, ns = 0, nc = 0, nh = 0;
+    bool counts_kept = false;
+    tb_status st = TB_OK;
+    tb__ensure_setup();
+    if ((st = tb__optim_check_args(fn, opt, grads, also, num_also)) != TB_OK) return st;
     tb__ag_init(&a, fn);
     if (opt->n > 0) {
         np = (tb_tensor **)tb__calloc(opt->n, sizeof(tb_tensor *));
@@ -376,39 +456,8 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
         tb__optim_update(&a, opt, i, grads[i], &np[i], &ns1[i], &ns2[i]);
         if (a.failed) break;
     }
-    if (!a.failed && opt->check_finite) {
-        /* one vector of counts, read once: the also tensors first, then the gradients */
-        for (i = 0; i < num_also && !a.failed; i++)
-            if (tb_dtype_is_float(tb_tensor_shape(also[i]).dtype))
-                checks[nc++] = tb__optim_nonfinite(&a, also[i]);
-        for (i = 0; i < opt->n && !a.failed; i++)
-            if (grads[i] != NULL) checks[nc++] = tb__optim_nonfinite(&a, grads[i]);
-        if (!a.failed && nc > 0) {
-            tb_device dev0 = tb_tensor_device(checks[0]);
-            tb_tensor *ok;
-            for (i = 1; i < nc && !a.failed; i++) { /* counts on other devices come over */
-                tb_device di = tb_tensor_device(checks[i]);
-                if (!tb_device_equal(&di, &dev0))
-                    checks[i] = tb__ag_keep(&a, tb_to_device(checks[i], &dev0));
-            }
-            if (!a.failed) counts = tb__ag_keep(&a, tb_concat(checks, nc, 0));
-            /* a refused step computes the old values again (into their own buffers): the
-               check needs no second pass and nothing has to be undone */
-            a.device = dev0;
-            ok = a.failed ? NULL
-                          : tb__ag_keep(&a, tb_eq(tb__ag_keep(&a, tb_sum(counts, NULL, 0, false)),
-                                                  tb__ag_const(&a, TB_F32, 0.0)));
-            for (i = 0; i < opt->n && !a.failed; i++) {
-                tb_device pd = tb_tensor_device(opt->params[i]);
-                tb_tensor *oki = ok;
-                if (grads[i] == NULL) continue;
-                if (!tb_device_equal(&pd, &dev0)) oki = tb__ag_keep(&a, tb_to_device(ok, &pd));
-                np[i] = tb__ag_keep(&a, tb_where(oki, np[i], opt->params[i]));
-                if (ns1[i] != NULL) ns1[i] = tb__ag_keep(&a, tb_where(oki, ns1[i], opt->s1[i]));
-                if (ns2[i] != NULL) ns2[i] = tb__ag_keep(&a, tb_where(oki, ns2[i], opt->s2[i]));
-            }
-        }
-    }
+    if (!a.failed && opt->check_finite)
+        tb__optim_guard_finite(&a, opt, grads, also, num_also, checks, &nc, &counts, np, ns1, ns2);
     if (a.failed) {
         st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
         goto done;
@@ -446,30 +495,7 @@ TBDEF tb_status tb_optimizer_step(tb_optimizer *opt, tb_tensor *const *grads,
     st = tb__optim_sync(sync, ns, held, nh);
     if (st != TB_OK) goto undo;
     if (counts != NULL) {
-        float *c = (float *)tb__calloc(nc, sizeof(float));
-        size_t k = 0;
-        if (c == NULL) {
-            st = TB_ERR_OUT_OF_MEMORY;
-            goto done;
-        }
-        st = tb_tensor_to_host(counts, c, nc * sizeof(float));
-        for (i = 0; st == TB_OK && i < num_also; i++) {
-            if (!tb_dtype_is_float(tb_tensor_shape(also[i]).dtype)) continue;
-            if (c[k++] > 0.0f)
-                st = tb__error(TB_ERR_EXECUTE,
-                               "%s: also[%zu] holds %.0f NaN or infinite values; "
-                               "no parameter was updated",
-                               fn, i, (double)c[k - 1]);
-        }
-        for (i = 0; st == TB_OK && i < opt->n; i++) {
-            if (grads[i] == NULL) continue;
-            if (c[k++] > 0.0f)
-                st = tb__error(TB_ERR_EXECUTE,
-                               "%s: grads[%zu] holds %.0f NaN or infinite values; "
-                               "no parameter was updated",
-                               fn, i, (double)c[k - 1]);
-        }
-        tb__free(c);
+        st = tb__optim_read_counts(fn, opt, grads, also, num_also, counts, nc);
         if (st != TB_OK) goto done; /* the values computed are the old ones */
     }
     for (i = 0; i < opt->n; i++)

@@ -6,7 +6,8 @@
    reductions are split into a partial and a final stage, which matmuls read packed operand
    panels, which buffers each kernel reads and how long each lives, the launch geometry and the
    kernel names. Every decision is made here, before any code is emitted, within budgets that
-   keep each kernel's code small; the renderer (codegen.c) then emits exactly this plan.
+   keep each kernel's code small; the renderer (codegen.c, codegen_kernels.c) then emits
+   exactly this plan.
 
    Every node is either materialised (a parameter, or the output of a kernel: a "root") or
    inlined into the one kernel that reads it (views read by several kernels are inlined into

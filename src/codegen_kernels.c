@@ -1,0 +1,1193 @@
+/* ===========================================================================================
+   C-family code generator, the kernels and the program: each kernel of the plan (elementwise,
+   reductions, norms, matmul and its pack kernels) around the values and expressions of
+   codegen.c, and the program of all of them through the dialect (tb__cg_render). The naming
+   rules of generated kernels are in codegen.c.
+   =========================================================================================== */
+#include "impl_begin.h"
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+/* ---- kernels ---- */
+
+/* The kernel's row index i<v>: one work item per row, or one work-group per row with the
+   item's index in the group as `lid` (the plan's layout). */
+static int32_t tb__cg_row_header(tb__cg *g, const tb__plan_kernel *k, int64_t rows) {
+    int32_t v = tb__ix_new_var(&g->ix, 0, rows > 0 ? rows - 1 : 0);
+    char id[48];
+    if (v < 0) return -1;
+    if (k->group <= 1) {
+        tb__cg_id(id, sizeof id, g->d->global_id, 0);
+        tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)v, id);
+        tb__ix_line(&g->ix, "if (i%d >= %lldL) return;", (int)v, (long long)rows);
+    } else {
+        tb__cg_id(id, sizeof id, g->d->group_id, 0);
+        tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)v, id);
+        tb__cg_id(id, sizeof id, g->d->local_id, 0);
+        tb__ix_line(&g->ix, "const int lid = (int)%s;", id);
+    }
+    return v;
+}
+
+/* Work-group memory of `count` elements of `type` named `name`. */
+static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t count) {
+    if (g->d->local == NULL) {
+        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
+                                      "codegen: kernel %s needs work-group memory, which %s has "
+                                      "not",
+                                      tb__cg_kernel(g)->name, g->d->name));
+        return;
+    }
+    tb__ix_line(&g->ix, "%s%s %s[%lld];", g->d->local, type, name, (long long)count);
+}
+
+/* The tree reduction of `var` over a work-group of `groups` items. */
+static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, const char *type,
+                                const char *combine) {
+    tb__ix_line(&g->ix, "red[lid] = %s;", var);
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+    tb__ix_line(&g->ix, "for (int s = %d; s > 0; s >>= 1) {", (int)(groups / 2));
+    tb__ix_line(&g->ix, "    if (lid < s) {");
+    tb__ix_line(&g->ix, "        const %s a = red[lid], b = red[lid + s];", type);
+    tb__ix_line(&g->ix, "        red[lid] = %s;", combine);
+    tb__ix_line(&g->ix, "    }");
+    tb__ix_line(&g->ix, "    %s", g->d->barrier);
+    tb__ix_line(&g->ix, "}");
+    tb__ix_line(&g->ix, "%s = red[0];", var);
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+}
+
+static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_shape *rs = tb__plan_shape(g->G, k->root);
+    int32_t i0, v;
+    if (k->vec > 0) {
+        /* a block of W consecutive elements per work item (W divides the last axis) */
+        i0 = tb__cg_row_header(g, k, (int64_t)k->items);
+        if (i0 < 0) return g->ix.status;
+        v = tb__cg_veval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->vec, -1));
+        if (v < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "vstore16(v%d, 0, out + i%d * %dL);", (int)v, (int)i0, (int)k->vec);
+        return TB_OK;
+    }
+    i0 = tb__cg_row_header(g, k, tb__plan_numel(rs));
+    if (i0 < 0) return g->ix.status;
+    v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, 1, -1));
+    if (v < 0) return g->ix.status;
+    tb__ix_line(&g->ix, "out[i%d] = v%d;", (int)i0, (int)v);
+    return TB_OK;
+}
+
+/* The operand's position of a reduction or norm: the output's dims for the kept axes, the
+   loop's index for the reduced ones. */
+static int32_t tb__cg_split_pos(tb__cg *g, const tb_shape *xs, uint64_t mask, bool keepdim,
+                                int32_t out_pos, const tb__lf *red) {
+    tb__lf dims[TB_MAX_RANK];
+    const tb__pos *p = &g->ix.pos[out_pos];
+    int32_t a, oi = 0, ri = 0;
+    for (a = 0; a < xs->rank; a++) {
+        if ((mask >> a) & 1u) {
+            dims[a] = red[ri++];
+            if (keepdim) oi++;
+        } else {
+            dims[a] = p->dim[oi++];
+        }
+    }
+    return tb__ix_pos_multi(&g->ix, xs, dims);
+}
+
+/* What a reduction kernel reads and how it folds: the operand x at (output row, reduction
+   index), the accumulator type and the combination of two partial results. */
+typedef struct tb__cg_red {
+    const tb__plan_kernel *k;
+    const tb_node *cn;
+    int32_t x, i0, row, chunk_var, out_pos;
+    const tb_shape *xs;
+    tb_shape red;
+    uint64_t mask;
+    bool keepdim, is_arg, is_max;
+    int64_t m, n_out, chunk;
+    tb_dtype xd, od;
+    const char *xt, *acc_t, *combine;
+} tb__cg_red;
+
+/* The value of x at reduction index i<r> + lane of the current row. */
+static int32_t tb__cg_red_value(tb__cg *g, const tb__cg_red *rd, int32_t r, int64_t lane) {
+    tb__lf lf;
+    int32_t xp;
+    tb__lf_const(&lf, lane);
+    if (rd->k->suffix) {
+        tb__lf_add_term(&lf, rd->row, rd->m);
+        tb__lf_add_term(&lf, r, 1);
+        xp = tb__ix_pos_flat(&g->ix, rd->xs, &lf);
+    } else {
+        tb__lf rl[TB_MAX_RANK];
+        int32_t rp;
+        tb__lf_add_term(&lf, r, 1);
+        rp = tb__ix_pos_flat(&g->ix, &rd->red, &lf);
+        if (rp < 0 || !tb__ix_need_multi(&g->ix, rp)) return -1;
+        memcpy(rl, g->ix.pos[rp].dim, sizeof rl);
+        xp = tb__cg_split_pos(g, rd->xs, rd->mask, rd->keepdim, rd->out_pos, rl);
+    }
+    if (xp < 0) return -1;
+    return tb__cg_eval(g, rd->x, xp);
+}
+
+/* Accumulator `lane` of a reduction loop: acc, acc1, acc2, ... */
+static void tb__cg_acc_name(char *buf, size_t cap, int32_t lane) {
+    if (lane == 0)
+        snprintf(buf, cap, "acc");
+    else
+        snprintf(buf, cap, "acc%d", (int)lane);
+}
+
+/* Folds value v<vx> (at reduction index i<r>) into the accumulator named `acc`. */
+static void tb__cg_red_step(tb__cg *g, const tb__cg_red *rd, int32_t vx, int32_t r,
+                            const char *acc) {
+    const char *cmp = rd->is_max ? ">" : "<";
+    switch (rd->cn->op) {
+    case TB_OP_SUM:
+    case TB_OP_MEAN:
+        tb__ix_line(&g->ix, "%s += (%s)v%d;", acc, rd->acc_t, (int)vx);
+        break;
+    case TB_OP_PROD:
+        tb__ix_line(&g->ix, "%s *= (%s)v%d;", acc, rd->acc_t, (int)vx);
+        break;
+    case TB_OP_MAX:
+    case TB_OP_MIN:
+        if (tb_dtype_is_float(rd->xd)) {
+            tb__ix_line(&g->ix, "if (v%d %s %s || isnan(v%d)) %s = v%d;", (int)vx, cmp, acc,
+                        (int)vx, acc, (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "if (v%d %s %s) %s = v%d;", (int)vx, cmp, acc, acc, (int)vx);
+        }
+        break;
+    default:
+        if (tb_dtype_is_float(rd->xd)) {
+            tb__ix_line(&g->ix,
+                        "if (bi < 0 || v%d %s best || (isnan(v%d) && !isnan(best))) { best = v%d; "
+                        "bi = i%d; }",
+                        (int)vx, cmp, (int)vx, (int)vx, (int)r);
+        } else {
+            tb__ix_line(&g->ix, "if (bi < 0 || v%d %s best) { best = v%d; bi = i%d; }", (int)vx,
+                        cmp, (int)vx, (int)r);
+        }
+        break;
+    }
+}
+
+/* The reduction's description, its row header and its accumulators' first values. */
+static bool tb__cg_red_begin(tb__cg *g, const tb__plan_kernel *k, tb__cg_red *rd) {
+    const tb_node *cn = g->G->info[k->core].node;
+    bool partial = k->kind == TB__K_PARTIAL, final = !partial && k->split > 0, sums;
+    int32_t a;
+    const char *init = "0";
+    memset(rd, 0, sizeof *rd);
+    rd->k = k;
+    rd->cn = cn;
+    rd->x = tb__plan_operand(g->G, k->core, 0);
+    rd->xs = tb__plan_shape(g->G, rd->x);
+    rd->is_arg = cn->op == TB_OP_ARGMAX || cn->op == TB_OP_ARGMIN;
+    rd->is_max = cn->op == TB_OP_MAX || cn->op == TB_OP_ARGMAX;
+    rd->mask = rd->is_arg ? ((uint64_t)1 << cn->attrs[0]) : (uint64_t)cn->attrs[0];
+    rd->keepdim = cn->attrs[1] != 0;
+    rd->xd = rd->xs->dtype;
+    rd->od = cn->shape.dtype;
+    rd->xt = tb__cg_ctype(rd->xd);
+    rd->n_out = tb__plan_numel(&cn->shape);
+    rd->m = 1;
+    rd->red.dtype = rd->xd;
+    for (a = 0; a < rd->xs->rank; a++) {
+        if ((rd->mask >> a) & 1u) {
+            rd->red.dims[rd->red.rank++] = rd->xs->dims[a];
+            rd->m *= rd->xs->dims[a];
+        }
+    }
+    sums = cn->op == TB_OP_SUM || cn->op == TB_OP_MEAN || cn->op == TB_OP_PROD;
+    rd->acc_t = sums ? tb__cg_acc_ctype(k->acc) : rd->xt;
+    rd->combine = cn->op == TB_OP_PROD ? "a * b" : "a + b";
+    if (cn->op == TB_OP_MAX)
+        rd->combine =
+            tb_dtype_is_float(rd->xd) ? "((b > a || isnan(b)) ? b : a)" : "(b > a ? b : a)";
+    if (cn->op == TB_OP_MIN)
+        rd->combine =
+            tb_dtype_is_float(rd->xd) ? "((b < a || isnan(b)) ? b : a)" : "(b < a ? b : a)";
+    rd->i0 = tb__cg_row_header(g, k, partial ? rd->n_out * k->split : rd->n_out);
+    if (rd->i0 < 0) return false;
+    if (k->group > 1) {
+        if (rd->is_arg) {
+            tb__cg_local(g, rd->xt, "redv", k->group);
+            tb__cg_local(g, "long", "redi", k->group);
+        } else {
+            tb__cg_local(g, rd->acc_t, "red", k->group);
+        }
+    }
+    rd->row = rd->i0;
+    if (partial) {
+        rd->chunk = (rd->m + k->split - 1) / k->split;
+        rd->row = tb__ix_new_var(&g->ix, 0, rd->n_out - 1);
+        rd->chunk_var = tb__ix_new_var(&g->ix, 0, k->split - 1);
+        if (rd->row < 0 || rd->chunk_var < 0) return false;
+        tb__ix_line(&g->ix, "const long i%d = i%d / %d, i%d = i%d %% %d;", (int)rd->row,
+                    (int)rd->i0, (int)k->split, (int)rd->chunk_var, (int)rd->i0, (int)k->split);
+    }
+    rd->out_pos = tb__ix_var_pos_flat(&g->ix, &cn->shape, rd->row, 1, -1);
+    if (rd->out_pos < 0) return false;
+    if (!final && !k->suffix && !tb__ix_need_multi(&g->ix, rd->out_pos)) return false;
+    if (rd->is_arg) {
+        tb__ix_line(&g->ix, "%s best = 0;", rd->xt);
+        tb__ix_line(&g->ix, "long bi = -1;");
+        return g->ix.status == TB_OK;
+    }
+    if (cn->op == TB_OP_PROD) init = "1";
+    if (cn->op == TB_OP_MAX || cn->op == TB_OP_MIN) {
+        if (tb_dtype_is_float(rd->xd)) {
+            init = rd->is_max ? "-INFINITY" : "INFINITY";
+        } else if (rd->xd == TB_I32) {
+            init = rd->is_max ? "INT_MIN" : "INT_MAX";
+        } else if (rd->xd == TB_I64) {
+            init = rd->is_max ? "LONG_MIN" : "LONG_MAX";
+        } else {
+            init = rd->is_max ? "0" : "255";
+        }
+    }
+    tb__ix_line(&g->ix, "%s acc = %s;", rd->acc_t, init);
+    return g->ix.status == TB_OK;
+}
+
+/* The vector part of a row's loop: `lanes` vector accumulators over [rs, rv), rv the last
+   multiple of W x lanes from rs, folded into acc; the caller loops over [rv, re) one element
+   at a time. */
+static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
+    const tb__plan_kernel *k = rd->k;
+    int32_t w = k->vec, lanes = k->lanes > 1 ? k->lanes : 1, lane, r;
+    const char *init, *fold;
+    char head[192], name[16], prev[16];
+    switch (rd->cn->op) {
+    case TB_OP_PROD:
+        init = "1.0f";
+        break;
+    case TB_OP_MAX:
+        init = "-INFINITY";
+        break;
+    case TB_OP_MIN:
+        init = "INFINITY";
+        break;
+    default:
+        init = "0.0f";
+        break;
+    }
+    for (lane = 0; lane < lanes; lane++)
+        tb__ix_line(&g->ix, "float16 accv%d = TB_VBC(%s);", (int)lane, init);
+    tb__ix_line(&g->ix, "const long rv = rs + (re - rs) / %dL * %dL;", (int)(w * lanes),
+                (int)(w * lanes));
+    r = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+    if (r < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = rs; i%d < rv; i%d += %d) ", (int)r, (int)r, (int)r,
+             (int)(w * lanes));
+    tb__ix_open(&g->ix, head);
+    for (lane = 0; lane < lanes; lane++) {
+        tb__lf lf;
+        int32_t xp, vx;
+        tb__lf_const(&lf, (int64_t)lane * w);
+        tb__lf_add_term(&lf, rd->row, rd->m);
+        tb__lf_add_term(&lf, r, 1);
+        xp = tb__ix_pos_flat(&g->ix, rd->xs, &lf);
+        vx = tb__cg_veval(g, rd->x, xp);
+        if (vx < 0) return false;
+        if (rd->cn->op == TB_OP_MAX || rd->cn->op == TB_OP_MIN) {
+            tb__ix_line(&g->ix, "accv%d = tb_v%s16(v%d, accv%d);", (int)lane,
+                        rd->cn->op == TB_OP_MAX ? "max" : "min", (int)vx, (int)lane);
+        } else {
+            tb__ix_line(&g->ix, "accv%d %s= v%d;", (int)lane, rd->cn->op == TB_OP_PROD ? "*" : "+",
+                        (int)vx);
+        }
+    }
+    tb__ix_close(&g->ix, "");
+    /* the lanes' vectors into one, then into acc */
+    for (lane = 1; lane < lanes; lane++) {
+        snprintf(name, sizeof name, "accv%d", (int)lane);
+        if (rd->cn->op == TB_OP_MAX || rd->cn->op == TB_OP_MIN) {
+            tb__ix_line(&g->ix, "accv0 = tb_v%s16(accv0, %s);",
+                        rd->cn->op == TB_OP_MAX ? "max" : "min", name);
+        } else {
+            tb__ix_line(&g->ix, "accv0 %s= %s;", rd->cn->op == TB_OP_PROD ? "*" : "+", name);
+        }
+    }
+    fold = rd->cn->op == TB_OP_PROD  ? "tb_hprod16"
+           : rd->cn->op == TB_OP_MAX ? "tb_hmax16"
+           : rd->cn->op == TB_OP_MIN ? "tb_hmin16"
+                                     : "tb_hsum16";
+    snprintf(prev, sizeof prev, "%s", "acc");
+    tb__ix_line(&g->ix, "%s = %s(accv0);", prev, fold);
+    return g->ix.status == TB_OK;
+}
+
+/* The loop over a row (or a chunk of one) with the plan's number of accumulators, combined
+   pairwise at the end. */
+static bool tb__cg_red_loop(tb__cg *g, const tb__cg_red *rd) {
+    const tb__plan_kernel *k = rd->k;
+    char head[384], from[64], to[96];
+    int32_t r, vx, lane, rt, lanes = k->lanes > 1 ? k->lanes : 1;
+    if (k->kind == TB__K_PARTIAL) {
+        snprintf(from, sizeof from, "i%d * %lldL", (int)rd->chunk_var, (long long)rd->chunk);
+        snprintf(to, sizeof to, "%s((i%d + 1) * %lldL, %lldL)", g->d->min_long, (int)rd->chunk_var,
+                 (long long)rd->chunk, (long long)rd->m);
+    } else {
+        snprintf(from, sizeof from, "0L");
+        snprintf(to, sizeof to, "%lldL", (long long)rd->m);
+    }
+    if (k->vec > 0) {
+        tb__ix_open(&g->ix, "");
+        tb__ix_line(&g->ix, "const long rs = %s, re = %s;", from, to);
+        if (!tb__cg_red_vloop(g, rd)) return false;
+        rt = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+        if (rt < 0) return false;
+        snprintf(head, sizeof head, "for (long i%d = rv; i%d < re; i%d++) ", (int)rt, (int)rt,
+                 (int)rt);
+        tb__ix_open(&g->ix, head);
+        vx = tb__cg_red_value(g, rd, rt, 0);
+        if (vx < 0) return false;
+        tb__cg_red_step(g, rd, vx, rt, "acc");
+        tb__ix_close(&g->ix, "");
+        tb__ix_close(&g->ix, "");
+        return g->ix.status == TB_OK;
+    }
+    if (lanes == 1) {
+        r = tb__ix_new_var(&g->ix, 0, rd->m > 0 ? rd->m - 1 : 0);
+        if (r < 0) return false;
+        if (k->group <= 1) {
+            snprintf(head, sizeof head, "for (long i%d = %s; i%d < %s; i%d++) ", (int)r, from,
+                     (int)r, to, (int)r);
+        } else {
+            snprintf(head, sizeof head, "for (long i%d = %s + lid; i%d < %s; i%d += %d) ", (int)r,
+                     from, (int)r, to, (int)r, (int)k->group);
+        }
+        tb__ix_open(&g->ix, head);
+        vx = tb__cg_red_value(g, rd, r, 0);
+        if (vx < 0) return false;
+        tb__cg_red_step(g, rd, vx, r, "acc");
+        tb__ix_close(&g->ix, "");
+        return g->ix.status == TB_OK;
+    }
+    tb__ix_open(&g->ix, "");
+    for (lane = 1; lane < lanes; lane++)
+        tb__ix_line(&g->ix, "%s acc%d = acc;", rd->acc_t, (int)lane);
+    tb__ix_line(&g->ix, "const long rs = %s, re = %s, rm = rs + ((re - rs) & ~%dL);", from, to,
+                (int)lanes - 1);
+    r = tb__ix_new_var(&g->ix, 0, rd->m - lanes);
+    if (r < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = rs; i%d < rm; i%d += %d) ", (int)r, (int)r, (int)r,
+             (int)lanes);
+    tb__ix_open(&g->ix, head);
+    for (lane = 0; lane < lanes; lane++) {
+        char name[16];
+        tb__cg_acc_name(name, sizeof name, lane);
+        vx = tb__cg_red_value(g, rd, r, lane);
+        if (vx < 0) return false;
+        tb__cg_red_step(g, rd, vx, r, name);
+    }
+    tb__ix_close(&g->ix, "");
+    rt = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+    if (rt < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = rm; i%d < re; i%d++) ", (int)rt, (int)rt, (int)rt);
+    tb__ix_open(&g->ix, head);
+    vx = tb__cg_red_value(g, rd, rt, 0);
+    if (vx < 0) return false;
+    tb__cg_red_step(g, rd, vx, rt, "acc");
+    tb__ix_close(&g->ix, "");
+    /* pairwise: acc_j with acc_(j + half), halving */
+    for (lane = lanes / 2; lane >= 1; lane /= 2) {
+        int32_t j;
+        for (j = 0; j < lane; j++) {
+            char dst[16], src[16];
+            tb__cg_acc_name(dst, sizeof dst, j);
+            tb__cg_acc_name(src, sizeof src, j + lane);
+            tb__ix_line(&g->ix, "{ const %s a = %s, b = %s; %s = %s; }", rd->acc_t, dst, src, dst,
+                        rd->combine);
+        }
+    }
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
+/* Combines the work-group's results (a row per group): sums and extremes by a tree, argmax and
+   argmin keeping the first index of the extreme. Opens `if (lid == 0)`. */
+static void tb__cg_red_group(tb__cg *g, const tb__cg_red *rd) {
+    const char *cmp = rd->is_max ? ">" : "<";
+    if (!rd->is_arg) {
+        tb__cg_local_reduce(g, rd->k->group, "acc", rd->acc_t, rd->combine);
+        tb__ix_open(&g->ix, "if (lid == 0) ");
+        return;
+    }
+    tb__ix_line(&g->ix, "redv[lid] = best;");
+    tb__ix_line(&g->ix, "redi[lid] = bi;");
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+    tb__ix_line(&g->ix, "for (int s = %d; s > 0; s >>= 1) {", (int)(rd->k->group / 2));
+    tb__ix_line(&g->ix, "    if (lid < s) {");
+    tb__ix_line(&g->ix, "        const %s ov = redv[lid + s], cv = redv[lid];", rd->xt);
+    tb__ix_line(&g->ix, "        const long oi = redi[lid + s], ci = redi[lid];");
+    if (tb_dtype_is_float(rd->xd)) {
+        tb__ix_line(&g->ix,
+                    "        if (oi >= 0 && (ci < 0 || (isnan(ov) ? (!isnan(cv) || oi < "
+                    "ci) : (!isnan(cv) && (ov %s cv || (ov == cv && oi < ci)))))) {",
+                    cmp);
+    } else {
+        tb__ix_line(&g->ix,
+                    "        if (oi >= 0 && (ci < 0 || ov %s cv || (ov == cv && oi < "
+                    "ci))) {",
+                    cmp);
+    }
+    tb__ix_line(&g->ix, "            redv[lid] = ov;");
+    tb__ix_line(&g->ix, "            redi[lid] = oi;");
+    tb__ix_line(&g->ix, "        }");
+    tb__ix_line(&g->ix, "    }");
+    tb__ix_line(&g->ix, "    %s", g->d->barrier);
+    tb__ix_line(&g->ix, "}");
+    tb__ix_line(&g->ix, "bi = redi[0];");
+    tb__ix_open(&g->ix, "if (lid == 0) ");
+}
+
+/* A reduction: one work item or one work-group per output, or, when the reduction is split,
+   the partial stage (one per chunk of a row, raw accumulators out) or the final stage
+   (combines the chunks of its row, then finishes and runs the epilogue). */
+static tb_status tb__cg_kernel_reduce(tb__cg *g, const tb__plan_kernel *k) {
+    tb__cg_red rd;
+    bool partial = k->kind == TB__K_PARTIAL, final = !partial && k->split > 0;
+    const char *t;
+    int32_t vf, vr;
+    if (!tb__cg_red_begin(g, k, &rd)) return g->ix.status;
+    t = tb__cg_ctype(rd.od);
+    if (final) {
+        /* the partial results of this row, in chunk order */
+        if (!tb__cg_arg(g, TB__ARG_BUF, k->partial_slot)) return g->ix.status;
+        tb__ix_line(&g->ix, "for (int c = 0; c < %d; c++) {", (int)k->split);
+        tb__ix_line(&g->ix, "    const %s b = (%s)b%d[i%d * %d + c];", rd.acc_t, rd.acc_t,
+                    (int)k->partial_slot, (int)rd.i0, (int)k->split);
+        tb__ix_line(&g->ix, "    const %s a = acc;", rd.acc_t);
+        tb__ix_line(&g->ix, "    acc = %s;", rd.combine);
+        tb__ix_line(&g->ix, "}");
+    } else if (!tb__cg_red_loop(g, &rd)) {
+        return g->ix.status;
+    }
+    if (k->group > 1) tb__cg_red_group(g, &rd);
+    if (partial) {
+        tb__ix_line(&g->ix, "out[i%d] = (%s)acc;", (int)rd.i0,
+                    tb__cg_ctype(tb__cg_plan(g)->slots[k->out_slot].shape.dtype));
+    } else {
+        vf = tb__cg_new_val(g, rd.od);
+        if (vf < 0) return g->ix.status;
+        if (rd.cn->op == TB_OP_MEAN) {
+            tb__ix_line(&g->ix, "const %s v%d = (%s)(acc / (%s)%lld);", t, (int)vf, t, rd.acc_t,
+                        (long long)rd.m);
+        } else if (rd.is_arg) {
+            tb__ix_line(&g->ix, "const %s v%d = (%s)bi;", t, (int)vf, t);
+        } else {
+            tb__ix_line(&g->ix, "const %s v%d = (%s)acc;", t, (int)vf, t);
+        }
+        tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, rd.out_pos, 0, vf);
+        vr = tb__cg_eval(g, k->root, rd.out_pos);
+        if (vr < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "out[i%d] = v%d;", (int)rd.i0, (int)vr);
+    }
+    if (k->group > 1) tb__ix_close(&g->ix, "");
+    return g->ix.status;
+}
+
+/* What a softmax, log_softmax or layer_norm kernel reads: x by rows of `len` elements (the
+   trailing axes, or one axis of a row shape for softmax over an inner axis), weight and bias. */
+typedef struct tb__cg_norm {
+    const tb__plan_kernel *k;
+    const tb_node *cn;
+    const tb_shape *xs;
+    int32_t x, w, b, axis, i0, row_pos;
+    int64_t len;
+    bool layer;
+    tb_dtype od;
+    const char *t, *ct; /* the output's type and the accumulators' */
+} tb__cg_norm;
+
+/* The position of x at element i<j> of the current row. */
+static int32_t tb__cg_norm_pos(tb__cg *g, const tb__cg_norm *nm, int32_t j) {
+    tb__lf dims[TB_MAX_RANK];
+    int32_t a, ri = 0;
+    if (nm->k->suffix) return tb__ix_var_pos_flat(&g->ix, nm->xs, nm->i0, nm->len, j);
+    for (a = 0; a < nm->xs->rank; a++) {
+        if (a == nm->axis) {
+            tb__lf_const(&dims[a], 0);
+            tb__lf_add_term(&dims[a], j, 1);
+        } else {
+            dims[a] = g->ix.pos[nm->row_pos].dim[ri++];
+        }
+    }
+    return tb__ix_pos_multi(&g->ix, nm->xs, dims);
+}
+
+/* The last pass: the normalised value of x at xp (v<vx>), then the epilogue and the store. */
+static bool tb__cg_norm_store(tb__cg *g, const tb__cg_norm *nm, int32_t j, int32_t xp, int32_t vx) {
+    const tb__pgraph *G = g->G;
+    int32_t vf = tb__cg_new_val(g, nm->od), vr;
+    char flat[TB__LF_TEXT];
+    const char *t = nm->t, *ct = nm->ct;
+    if (vf < 0) return false;
+    if (nm->layer) {
+        tb__ix_line(&g->ix, "%s y = ((%s)v%d - mean) * rstd;", ct, ct, (int)vx);
+        if (nm->w >= 0) {
+            int32_t vw = tb__cg_eval(
+                g, nm->w, tb__ix_var_pos_flat(&g->ix, tb__plan_shape(G, nm->w), j, 1, -1));
+            if (vw < 0) return false;
+            tb__ix_line(&g->ix, "y = y * (%s)v%d;", ct, (int)vw);
+        }
+        if (nm->b >= 0) {
+            int32_t vb = tb__cg_eval(
+                g, nm->b, tb__ix_var_pos_flat(&g->ix, tb__plan_shape(G, nm->b), j, 1, -1));
+            if (vb < 0) return false;
+            tb__ix_line(&g->ix, "y = y + (%s)v%d;", ct, (int)vb);
+        }
+        tb__ix_line(&g->ix, "const %s v%d = (%s)y;", t, (int)vf, t);
+    } else if (nm->cn->op == TB_OP_SOFTMAX) {
+        tb__ix_line(&g->ix, "const %s v%d = (%s)((%s)%s(v%d - (%s)mx) / sm);", t, (int)vf, t, ct,
+                    tb__cg_math(g, "exp", nm->od), (int)vx, t);
+    } else {
+        tb__ix_line(&g->ix, "const %s v%d = (%s)((%s)v%d - mx - lse);", t, (int)vf, t, ct, (int)vx);
+    }
+    tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, nm->k->core, xp, 0, vf);
+    vr = tb__cg_eval(g, nm->k->root, xp);
+    if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
+    tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+    tb__ix_line(&g->ix, "out[%s] = v%d;", flat, (int)vr);
+    return g->ix.status == TB_OK;
+}
+
+/* The vector part of a pass over the row: elements [0, rv) W at a time, folded into the
+   scalar accumulators that the pass's element loop goes on with from rv (passes 0 and 1); the
+   last pass stores W outputs at once. */
+static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
+    int32_t w = nm->k->vec, j, xp, vx, wp, vf, vr;
+    char head[128], flat[TB__LF_TEXT];
+    j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+    if (j < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < rv; i%d += %d) ", (int)j, (int)j, (int)j,
+             (int)w);
+    tb__ix_open(&g->ix, head);
+    xp = tb__cg_norm_pos(g, nm, j);
+    vx = tb__cg_veval(g, nm->x, xp);
+    if (vx < 0) return false;
+    if (pass == 0) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "sumv += v%d;", (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "mxv = tb_vmax16(v%d, mxv);", (int)vx);
+        }
+    } else if (pass == 1) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "const float16 dv = v%d - mean;", (int)vx);
+            tb__ix_line(&g->ix, "sqv += dv * dv;");
+        } else {
+            tb__ix_line(&g->ix, "smv += tb_vexp16(v%d - mx);", (int)vx);
+        }
+    } else {
+        vf = tb__cg_new_vec(g);
+        if (vf < 0) return false;
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "float16 y = (v%d - mean) * rstd;", (int)vx);
+            if (nm->w >= 0) {
+                wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->w), j, 1, -1);
+                vr = tb__cg_veval(g, nm->w, wp);
+                if (vr < 0) return false;
+                tb__ix_line(&g->ix, "y = y * v%d;", (int)vr);
+            }
+            if (nm->b >= 0) {
+                wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->b), j, 1, -1);
+                vr = tb__cg_veval(g, nm->b, wp);
+                if (vr < 0) return false;
+                tb__ix_line(&g->ix, "y = y + v%d;", (int)vr);
+            }
+            tb__ix_line(&g->ix, "const float16 v%d = y;", (int)vf);
+        } else if (nm->cn->op == TB_OP_SOFTMAX) {
+            tb__ix_line(&g->ix, "const float16 v%d = tb_vexp16(v%d - mx) / sm;", (int)vf, (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "const float16 v%d = v%d - mx - lse;", (int)vf, (int)vx);
+        }
+        tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, nm->k->core, xp, 0, vf);
+        vr = tb__cg_veval(g, nm->k->root, xp);
+        if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
+        tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+        tb__ix_line(&g->ix, "vstore16(v%d, 0, out + (%s));", (int)vr, flat);
+    }
+    tb__ix_close(&g->ix, "");
+    if (pass == 0) {
+        tb__ix_line(&g->ix, "%s", nm->layer ? "sum = tb_hsum16(sumv);" : "mx = tb_hmax16(mxv);");
+    } else if (pass == 1) {
+        tb__ix_line(&g->ix, "%s", nm->layer ? "sqdev = tb_hsum16(sqv);" : "sm = tb_hsum16(smv);");
+    }
+    return g->ix.status == TB_OK;
+}
+
+/* One pass over the row: 0 the sum or the maximum, 1 the squared deviations or the sum of
+   exponentials, 2 the output. */
+static bool tb__cg_norm_pass(tb__cg *g, const tb__cg_norm *nm, int pass) {
+    const tb__plan_kernel *k = nm->k;
+    const char *ct = nm->ct;
+    char head[128];
+    int32_t j, xp, vx;
+    if (k->vec > 0 && !tb__cg_norm_vpass(g, nm, pass)) return false;
+    j = tb__ix_new_var(&g->ix, 0, nm->len > 0 ? nm->len - 1 : 0);
+    if (j < 0) return false;
+    if (k->group <= 1) {
+        snprintf(head, sizeof head, "for (long i%d = %s; i%d < %lldL; i%d++) ", (int)j,
+                 k->vec > 0 ? "rv" : "0", (int)j, (long long)nm->len, (int)j);
+    } else {
+        snprintf(head, sizeof head, "for (long i%d = lid; i%d < %lldL; i%d += %d) ", (int)j, (int)j,
+                 (long long)nm->len, (int)j, (int)k->group);
+    }
+    tb__ix_open(&g->ix, head);
+    xp = tb__cg_norm_pos(g, nm, j);
+    vx = tb__cg_eval(g, nm->x, xp);
+    if (vx < 0) return false;
+    if (pass == 0) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "sum += (%s)v%d;", ct, (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "if ((%s)v%d > mx || isnan(v%d)) mx = (%s)v%d;", ct, (int)vx,
+                        (int)vx, ct, (int)vx);
+        }
+    } else if (pass == 1) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "const %s dv = (%s)v%d - mean;", ct, ct, (int)vx);
+            tb__ix_line(&g->ix, "sqdev += dv * dv;");
+        } else {
+            tb__ix_line(&g->ix, "sm += (%s)%s(v%d - (%s)mx);", ct, tb__cg_math(g, "exp", nm->od),
+                        (int)vx, nm->t);
+        }
+    } else if (!tb__cg_norm_store(g, nm, j, xp, vx)) {
+        return false;
+    }
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
+static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
+    const tb__pgraph *G = g->G;
+    tb__cg_norm nm;
+    tb_shape rowshape;
+    int32_t a, pass;
+    memset(&nm, 0, sizeof nm);
+    nm.k = k;
+    nm.cn = G->info[k->core].node;
+    nm.x = tb__plan_operand(G, k->core, 0);
+    nm.xs = tb__plan_shape(G, nm.x);
+    nm.w = nm.b = nm.row_pos = -1;
+    nm.layer = nm.cn->op == TB_OP_LAYER_NORM;
+    nm.axis = nm.layer ? nm.xs->rank - 1 : (int32_t)nm.cn->attrs[0];
+    nm.od = nm.cn->shape.dtype;
+    nm.t = tb__cg_ctype(nm.od);
+    nm.ct = tb__cg_ctype(k->acc);
+    nm.len = 1;
+    memset(&rowshape, 0, sizeof rowshape);
+    rowshape.dtype = nm.xs->dtype;
+    if (nm.layer) {
+        int32_t next = 1;
+        for (a = nm.xs->rank - (int32_t)nm.cn->attrs[0]; a < nm.xs->rank; a++)
+            nm.len *= nm.xs->dims[a];
+        if (nm.cn->attrs[1] != 0) nm.w = tb__plan_operand(G, k->core, (size_t)next++);
+        if (nm.cn->attrs[2] != 0) nm.b = tb__plan_operand(G, k->core, (size_t)next++);
+    } else {
+        nm.len = nm.xs->dims[nm.axis];
+        for (a = 0; a < nm.xs->rank; a++)
+            if (a != nm.axis) rowshape.dims[rowshape.rank++] = nm.xs->dims[a];
+    }
+    nm.i0 = tb__cg_row_header(g, k, nm.len > 0 ? tb__plan_numel(nm.xs) / nm.len : 0);
+    if (nm.i0 < 0) return g->ix.status;
+    if (k->group > 1) tb__cg_local(g, nm.ct, "red", k->group);
+    if (!k->suffix) {
+        nm.row_pos = tb__ix_var_pos_flat(&g->ix, &rowshape, nm.i0, 1, -1);
+        if (nm.row_pos < 0 || !tb__ix_need_multi(&g->ix, nm.row_pos)) return g->ix.status;
+    }
+    if (nm.layer) {
+        tb__ix_line(&g->ix, "%s sum = 0, sqdev = 0;", nm.ct);
+    } else {
+        tb__ix_line(&g->ix, "%s mx = -INFINITY, sm = 0;", nm.ct);
+    }
+    if (k->vec > 0) {
+        tb__ix_line(&g->ix, "const long rv = %lldL;", (long long)(nm.len / k->vec * k->vec));
+        tb__ix_line(&g->ix, "%s",
+                    nm.layer ? "float16 sumv = TB_VBC(0.0f), sqv = TB_VBC(0.0f);"
+                             : "float16 mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
+    }
+    for (pass = 0; pass < 3; pass++) {
+        if (!tb__cg_norm_pass(g, &nm, pass)) return g->ix.status;
+        if (pass == 0) {
+            if (k->group > 1)
+                tb__cg_local_reduce(g, k->group, nm.layer ? "sum" : "mx", nm.ct,
+                                    nm.layer ? "a + b" : "((b > a || isnan(b)) ? b : a)");
+            if (nm.layer)
+                tb__ix_line(&g->ix, "const %s mean = sum / (%s)%lld;", nm.ct, nm.ct,
+                            (long long)nm.len);
+        } else if (pass == 1) {
+            char eps[64];
+            if (k->group > 1)
+                tb__cg_local_reduce(g, k->group, nm.layer ? "sqdev" : "sm", nm.ct, "a + b");
+            if (nm.layer) {
+                tb__cg_flit(k->acc, nm.cn->fattrs[0], eps, sizeof eps);
+                tb__ix_line(&g->ix, "const %s rstd = (%s)1 / %s(sqdev / (%s)%lld + %s);", nm.ct,
+                            nm.ct, tb__cg_math(g, "sqrt", k->acc), nm.ct, (long long)nm.len, eps);
+            } else if (nm.cn->op == TB_OP_LOG_SOFTMAX) {
+                tb__ix_line(&g->ix, "const %s lse = %s(sm);", nm.ct, tb__cg_math(g, "log", k->acc));
+            }
+        }
+    }
+    return g->ix.status;
+}
+
+/* The store of one accumulator acc[ii][jj] of a matmul kernel at row gr, column gc (the caller
+   has emitted both and opened the bounds check): the kernel's fused consumers run on the value
+   and the result goes to out. Shared by every matmul kernel. False when code generation
+   stopped (g->ix.status says why, if it failed). */
+static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    int32_t r = cs->rank, nb = r - 2, d;
+    int64_t M = cs->dims[r - 2], N = cs->dims[r - 1];
+    tb_dtype od = cs->dtype;
+    const char *t = tb__cg_ctype(od);
+    tb__lf dims[TB_MAX_RANK];
+    char flat[TB__LF_TEXT];
+    int32_t vr = tb__ix_new_var(&g->ix, 0, M - 1), vc = tb__ix_new_var(&g->ix, 0, N - 1), p, vf, v;
+    if (vr < 0 || vc < 0) return false;
+    tb__ix_line(&g->ix, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
+    for (d = 0; d < nb; d++)
+        dims[d] = bdims[d];
+    tb__lf_const(&dims[r - 2], 0);
+    tb__lf_add_term(&dims[r - 2], vr, 1);
+    tb__lf_const(&dims[r - 1], 0);
+    tb__lf_add_term(&dims[r - 1], vc, 1);
+    p = tb__ix_pos_multi(&g->ix, cs, dims);
+    vf = tb__cg_new_val(g, od);
+    if (p < 0 || vf < 0) return false;
+    tb__ix_line(&g->ix, "const %s v%d = (%s)acc[ii][jj];", t, (int)vf, t);
+    tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, p, 0, vf);
+    v = tb__cg_eval(g, k->root, p);
+    if (v < 0 || !tb__ix_need_flat(&g->ix, p)) return false;
+    tb__lf_text(&g->ix.pos[p].flat, flat, sizeof flat);
+    tb__ix_line(&g->ix, "out[%s] = v%d;", flat, (int)v);
+    return true;
+}
+
+/* The loops over a work item's block of rm x rn outputs at row0 + ii (+ step_r * ii), col0 +
+   jj, storing the real ones through the epilogue. */
+static bool tb__cg_matmul_stores(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                 const char *rows, const char *cols) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    char head[192];
+    snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ",
+             (int)k->rm, (int)k->rn);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long gr = %s, gc = %s;", rows, cols);
+    snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)cs->dims[cs->rank - 2],
+             (long long)cs->dims[cs->rank - 1]);
+    tb__ix_open(&g->ix, head);
+    if (!tb__cg_matmul_store(g, k, bdims)) return false;
+    tb__ix_close(&g->ix, "");
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
+/* The batch index variable of a matmul kernel's output (i<var> given) as per-dim forms of
+   the batch dims, in bdims. */
+static bool tb__cg_batch_dims(tb__cg *g, const tb_shape *cs, int32_t var, tb__lf *bdims) {
+    tb_shape bshape;
+    int32_t d, bpos;
+    if (cs->rank <= 2) return true;
+    memset(&bshape, 0, sizeof bshape);
+    bshape.dtype = cs->dtype;
+    for (d = 0; d + 2 < cs->rank; d++)
+        bshape.dims[bshape.rank++] = cs->dims[d];
+    bpos = tb__ix_var_pos_flat(&g->ix, &bshape, var, 1, -1);
+    if (bpos < 0 || !tb__ix_need_multi(&g->ix, bpos)) return false;
+    memcpy(bdims, g->ix.pos[bpos].dim, sizeof(tb__lf) * TB_MAX_RANK);
+    return true;
+}
+
+/* The value of a matmul operand (side 0: A, 1: B) at (row var, column var) of its matrix. */
+static int32_t tb__cg_matmul_operand(tb__cg *g, const tb__plan_kernel *k, int side,
+                                     const tb__lf *bdims, int32_t row, int32_t col) {
+    int32_t x = tb__plan_operand(g->G, k->core, (size_t)side);
+    const tb_shape *xs = tb__plan_shape(g->G, x);
+    int32_t r = xs->rank, d;
+    tb__lf dims[TB_MAX_RANK];
+    for (d = 0; d + 2 < r; d++)
+        dims[d] = bdims[d];
+    tb__lf_const(&dims[r - 2], 0);
+    tb__lf_add_term(&dims[r - 2], row, 1);
+    tb__lf_const(&dims[r - 1], 0);
+    tb__lf_add_term(&dims[r - 1], col, 1);
+    return tb__cg_eval(g, x, tb__ix_pos_multi(&g->ix, xs, dims));
+}
+
+/* Matmul from registers (CPU devices without packing: integers, small sizes): no work-group
+   memory (the caches tile), each work item an rm x rn block of the output, operands read at
+   clamped rows and columns (always in bounds; the epilogue writes only the real ones). */
+static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
+    int32_t i0, kv, i, j, rows[16], cols[16], va[16], vb[16];
+    tb_dtype od = cs->dtype;
+    const char *acc_t = tb__cg_acc_ctype(od);
+    tb__lf bdims[TB_MAX_RANK];
+    char head[160], id0[48], id1[48], id2[48];
+    if (k->rm > 16 || k->rn > 16) {
+        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: a register block of %dx%d",
+                                      (int)k->rm, (int)k->rn));
+        return g->ix.status;
+    }
+    tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
+    tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
+    tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
+    tb__ix_line(&g->ix, "const long col0 = (long)%s * %d, row0 = (long)%s * %d;", id0, (int)k->rn,
+                id1, (int)k->rm);
+    i0 = tb__ix_new_var(&g->ix, 0, mm.batch > 0 ? mm.batch - 1 : 0);
+    if (i0 < 0) return g->ix.status;
+    tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, id2);
+    if (!tb__cg_batch_dims(g, cs, i0, bdims)) return g->ix.status;
+    for (i = 0; i < k->rm; i++) {
+        rows[i] = tb__ix_new_var(&g->ix, 0, mm.m - 1);
+        if (rows[i] < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "const long i%d = %s(row0 + %d, %lldL);", (int)rows[i], g->d->min_long,
+                    (int)i, (long long)(mm.m - 1));
+    }
+    for (j = 0; j < k->rn; j++) {
+        cols[j] = tb__ix_new_var(&g->ix, 0, mm.n - 1);
+        if (cols[j] < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "const long i%d = %s(col0 + %d, %lldL);", (int)cols[j], g->d->min_long,
+                    (int)j, (long long)(mm.n - 1));
+    }
+    tb__ix_line(&g->ix, "%s acc[%d][%d];", acc_t, (int)k->rm, (int)k->rn);
+    tb__ix_line(&g->ix, "for (int ii = 0; ii < %d; ii++)", (int)k->rm);
+    tb__ix_line(&g->ix, "    for (int jj = 0; jj < %d; jj++) acc[ii][jj] = 0;", (int)k->rn);
+    kv = tb__ix_new_var(&g->ix, 0, mm.k > 0 ? mm.k - 1 : 0);
+    if (kv < 0) return g->ix.status;
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)kv, (int)kv,
+             (long long)mm.k, (int)kv);
+    tb__ix_open(&g->ix, head);
+    for (j = 0; j < k->rn; j++) {
+        vb[j] = tb__cg_matmul_operand(g, k, 1, bdims, kv, cols[j]);
+        if (vb[j] < 0) return g->ix.status;
+    }
+    for (i = 0; i < k->rm; i++) {
+        va[i] = tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv);
+        if (va[i] < 0) return g->ix.status;
+    }
+    for (i = 0; i < k->rm; i++) {
+        for (j = 0; j < k->rn; j++) {
+            if (tb_dtype_is_float(od)) {
+                tb__ix_line(&g->ix, "acc[%d][%d] += v%d * v%d;", (int)i, (int)j, (int)va[i],
+                            (int)vb[j]);
+            } else {
+                tb__ix_line(&g->ix, "acc[%d][%d] += (%s)v%d * (%s)v%d;", (int)i, (int)j, acc_t,
+                            (int)va[i], acc_t, (int)vb[j]);
+            }
+        }
+    }
+    tb__ix_close(&g->ix, "");
+    tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj");
+    return g->ix.status;
+}
+
+/* A pack kernel: one work item per element of the panels. Element (b, panel, k, lane) is the
+   operand at batch b, depth k and row (A) or column (B) panel * width + lane, clamped to the
+   last one (the matmul never stores what the padding computes). */
+static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
+    bool is_a = k->kind == TB__K_PACK_A;
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    int32_t i0, ib, ik, il, v;
+    int64_t z[6], len, K, blocks, width;
+    tb__lf bdims[TB_MAX_RANK];
+    char id0[48], id1[48], id2[48];
+    tb__plan_pack_sizes(g->G, k->core, is_a, z);
+    K = z[3];
+    blocks = z[4];
+    width = z[5];
+    len = is_a ? z[1] : z[2];
+    i0 = tb__ix_new_var(&g->ix, 0, z[0] * blocks - 1);
+    ib = tb__ix_new_var(&g->ix, 0, z[0] - 1);
+    ik = tb__ix_new_var(&g->ix, 0, K - 1);
+    il = tb__ix_new_var(&g->ix, 0, len - 1);
+    if (i0 < 0 || ib < 0 || ik < 0 || il < 0) return g->ix.status;
+    tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
+    tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
+    tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
+    tb__ix_line(&g->ix, "const long lane = (long)%s, i%d = (long)%s;", id0, (int)ik, id1);
+    tb__ix_line(&g->ix, "if (i%d >= %lldL) return;", (int)ik, (long long)K);
+    tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, id2);
+    tb__ix_line(&g->ix, "const long i%d = i%d / %lldL;", (int)ib, (int)i0, (long long)blocks);
+    tb__ix_line(&g->ix, "const long i%d = %s(i%d %% %lldL * %lldL + lane, %lldL);", (int)il,
+                g->d->min_long, (int)i0, (long long)blocks, (long long)width, (long long)(len - 1));
+    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
+    v = is_a ? tb__cg_matmul_operand(g, k, 0, bdims, il, ik)
+             : tb__cg_matmul_operand(g, k, 1, bdims, ik, il);
+    if (v < 0) return g->ix.status;
+    tb__ix_line(&g->ix, "out[(i%d * %lldL + i%d) * %lldL + lane] = v%d;", (int)i0, (long long)K,
+                (int)ik, (long long)width, (int)v);
+    return g->ix.status;
+}
+
+/* Matmul from the panels of the two pack kernels before it: each work item an rm x width
+   block of the output, one vector accumulator per row; the inner loop reads one vector of B
+   and rm consecutive values of A per step of K. */
+static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    int64_t za[6], zb[6], K;
+    int rm = (int)k->rm, vw = (int)k->rn, i;
+    const char *t = tb__cg_ctype(cs->dtype);
+    char tv[16], zero[48], head[160], id0[48], id1[48], id2[48];
+    int32_t ib;
+    tb__lf bdims[TB_MAX_RANK];
+    tb__plan_pack_sizes(g->G, k->core, true, za);
+    tb__plan_pack_sizes(g->G, k->core, false, zb);
+    K = za[3];
+    snprintf(tv, sizeof tv, "%s%d", t, vw);
+    if (!tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[0]) ||
+        !tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[1]))
+        return g->ix.status;
+    ib = tb__ix_new_var(&g->ix, 0, za[0] - 1);
+    if (ib < 0) return g->ix.status;
+    tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
+    tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
+    tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
+    tb__ix_line(&g->ix, "const long pc = (long)%s, pr = (long)%s;", id0, id1);
+    tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)ib, id2);
+    tb__ix_line(&g->ix, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
+    tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", g->d->global, t,
+                (int)k->pack_slot[0], (int)ib, (long long)za[4], (long long)(K * rm));
+    tb__ix_line(&g->ix, "%sconst %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", g->d->global, t,
+                (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));
+    snprintf(zero, sizeof zero, g->d->vec_zero, tv);
+    for (i = 0; i < rm; i++)
+        tb__ix_line(&g->ix, "%s accv%d = %s;", tv, i, zero);
+    snprintf(head, sizeof head, "for (long kk = 0; kk < %lldL; kk++) ", (long long)K);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const %s bv = vload%d(kk, bp);", tv, vw);
+    tb__ix_line(&g->ix, "%sconst %s *ak = ap + kk * %d;", g->d->global, t, rm);
+    for (i = 0; i < rm; i++)
+        tb__ix_line(&g->ix, "accv%d += ak[%d] * bv;", i, i);
+    tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "%s acc[%d][%d];", t, rm, vw);
+    for (i = 0; i < rm; i++)
+        tb__ix_line(&g->ix, "vstore%d(accv%d, 0, acc[%d]);", vw, i, i);
+    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
+    tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj");
+    return g->ix.status;
+}
+
+/* Loads the tiles of A and B of depth kt into work-group memory. */
+static bool tb__cg_matmul_tiles_load(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                     int32_t w, int32_t tm, int32_t tn) {
+    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
+    const char *t = tb__cg_ctype(tb__plan_shape(g->G, k->core)->dtype);
+    char head[160];
+    int side;
+    for (side = 0; side < 2; side++) {
+        int32_t vr, vc, v;
+        int tile_rows = side == 0 ? tm : k->tk, tile_cols = side == 0 ? k->tk : tn;
+        snprintf(head, sizeof head, "for (int l = ly * %d + lx; l < %d; l += %d) ", (int)w,
+                 tile_rows * tile_cols, (int)(w * w));
+        tb__ix_open(&g->ix, head);
+        tb__ix_line(&g->ix, "const int lr = l / %d, lc = l %% %d;", tile_cols, tile_cols);
+        if (side == 0) {
+            tb__ix_line(&g->ix, "const long gr = row0 + lr, gc = kt + lc;");
+        } else {
+            tb__ix_line(&g->ix, "const long gr = kt + lr, gc = col0 + lc;");
+        }
+        tb__ix_line(&g->ix, "%s e = 0;", t);
+        snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ",
+                 (long long)(side == 0 ? mm.m : mm.k), (long long)(side == 0 ? mm.k : mm.n));
+        tb__ix_open(&g->ix, head);
+        vr = tb__ix_new_var(&g->ix, 0, (side == 0 ? mm.m : mm.k) - 1);
+        vc = tb__ix_new_var(&g->ix, 0, (side == 0 ? mm.k : mm.n) - 1);
+        if (vr < 0 || vc < 0) return false;
+        tb__ix_line(&g->ix, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
+        v = tb__cg_matmul_operand(g, k, side, bdims, vr, vc);
+        if (v < 0) return false;
+        tb__ix_line(&g->ix, "e = v%d;", (int)v);
+        tb__ix_close(&g->ix, "");
+        tb__ix_line(&g->ix, "%s", side == 0 ? "As[lc][lr] = e;" : "Bs[lr][lc] = e;");
+        tb__ix_close(&g->ix, "");
+    }
+    return g->ix.status == TB_OK;
+}
+
+/* Matmul in work-group memory tiles (GPUs): a w x w work-group computes a (w rm) x (w rn)
+   block, each item rm x rn outputs strided by w. */
+static tb_status tb__cg_kernel_matmul_tiles(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
+    int32_t w = (int32_t)k->group_size[0], tm = w * k->rm, tn = w * k->rn, i0;
+    tb_dtype od = cs->dtype;
+    const char *t = tb__cg_ctype(od), *acc_t = tb__cg_acc_ctype(od);
+    tb__lf bdims[TB_MAX_RANK];
+    char head[160], rows[64], cols[64], name[32], lx[48], ly[48], gx[48], gy[48], gz[48];
+    tb__cg_id(lx, sizeof lx, g->d->local_id, 0);
+    tb__cg_id(ly, sizeof ly, g->d->local_id, 1);
+    tb__cg_id(gx, sizeof gx, g->d->group_id, 0);
+    tb__cg_id(gy, sizeof gy, g->d->group_id, 1);
+    tb__cg_id(gz, sizeof gz, g->d->group_id, 2);
+    snprintf(name, sizeof name, "As[%d]", (int)k->tk);
+    tb__cg_local(g, t, name, tm);
+    snprintf(name, sizeof name, "Bs[%d]", (int)k->tk);
+    tb__cg_local(g, t, name, tn);
+    tb__ix_line(&g->ix, "const int lx = (int)%s, ly = (int)%s;", lx, ly);
+    tb__ix_line(&g->ix, "const long row0 = (long)%s * %d, col0 = (long)%s * %d;", gy, (int)tm, gx,
+                (int)tn);
+    i0 = tb__ix_new_var(&g->ix, 0, mm.batch > 0 ? mm.batch - 1 : 0);
+    if (i0 < 0) return g->ix.status;
+    tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, gz);
+    if (!tb__cg_batch_dims(g, cs, i0, bdims)) return g->ix.status;
+    tb__ix_line(&g->ix, "%s acc[%d][%d];", acc_t, (int)k->rm, (int)k->rn);
+    tb__ix_line(&g->ix, "for (int ii = 0; ii < %d; ii++)", (int)k->rm);
+    tb__ix_line(&g->ix, "    for (int jj = 0; jj < %d; jj++) acc[ii][jj] = 0;", (int)k->rn);
+    snprintf(head, sizeof head, "for (long kt = 0; kt < %lldL; kt += %d) ", (long long)mm.k,
+             (int)k->tk);
+    tb__ix_open(&g->ix, head);
+    if (!tb__cg_matmul_tiles_load(g, k, bdims, w, tm, tn)) return g->ix.status;
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+    tb__ix_line(&g->ix, "for (int kk = 0; kk < %d; kk++) {", (int)k->tk);
+    tb__ix_line(&g->ix, "    %s ra[%d], rb[%d];", t, (int)k->rm, (int)k->rn);
+    tb__ix_line(&g->ix, "    for (int ii = 0; ii < %d; ii++) ra[ii] = As[kk][ly + ii * %d];",
+                (int)k->rm, (int)w);
+    tb__ix_line(&g->ix, "    for (int jj = 0; jj < %d; jj++) rb[jj] = Bs[kk][lx + jj * %d];",
+                (int)k->rn, (int)w);
+    tb__ix_line(&g->ix, "    for (int ii = 0; ii < %d; ii++)", (int)k->rm);
+    if (tb_dtype_is_float(od)) {
+        tb__ix_line(&g->ix,
+                    "        for (int jj = 0; jj < %d; jj++) acc[ii][jj] += ra[ii] * rb[jj];",
+                    (int)k->rn);
+    } else {
+        tb__ix_line(&g->ix,
+                    "        for (int jj = 0; jj < %d; jj++) acc[ii][jj] += (%s)ra[ii] * "
+                    "(%s)rb[jj];",
+                    (int)k->rn, acc_t, acc_t);
+    }
+    tb__ix_line(&g->ix, "}");
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+    tb__ix_close(&g->ix, "");
+    snprintf(rows, sizeof rows, "row0 + ly + ii * %d", (int)w);
+    snprintf(cols, sizeof cols, "col0 + lx + jj * %d", (int)w);
+    tb__cg_matmul_stores(g, k, bdims, rows, cols);
+    return g->ix.status;
+}
+
+static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k) {
+    if (k->mm == TB__MM_PACKED) return tb__cg_kernel_matmul_packed(g, k);
+    if (k->mm == TB__MM_REGISTERS) return tb__cg_kernel_matmul_registers(g, k);
+    return tb__cg_kernel_matmul_tiles(g, k);
+}
+
+/* ---- the program ---- */
+
+/* The entry point's parameters: the output, then the kernel's arguments in plan order. */
+static tb_status tb__cg_params(const tb__cg *g, const tb__plan_kernel *k, tb__cg_param **out) {
+    const tb__plan *p = g->P;
+    tb__cg_param *params = (tb__cg_param *)tb__calloc(k->num_args + 1, sizeof *params);
+    size_t i;
+    if (params == NULL) return TB_ERR_OUT_OF_MEMORY;
+    params[0].role = -1;
+    params[0].type = tb__cg_ctype(p->slots[k->out_slot].shape.dtype);
+    snprintf(params[0].name, sizeof params[0].name, "out");
+    for (i = 0; i < k->num_args; i++) {
+        const tb__plan_arg *a = &k->args[i];
+        tb__cg_param *q = &params[i + 1];
+        q->role = a->kind;
+        if (a->kind == TB__ARG_BUF) {
+            q->type = tb__cg_ctype(p->slots[a->index].shape.dtype);
+            snprintf(q->name, sizeof q->name, "b%d", (int)a->index);
+        } else if (a->kind == TB__ARG_SCALAR) {
+            q->type = tb__cg_scalar_ctype(g, p->param_dtype[a->index]);
+            snprintf(q->name, sizeof q->name, "s%d", (int)a->index);
+        } else if (a->kind == TB__ARG_TABLE) {
+            q->type = "ulong";
+            snprintf(q->name, sizeof q->name, "tb_sc");
+        } else {
+            q->type = "long";
+            snprintf(q->name, sizeof q->name, "tb_err");
+        }
+    }
+    *out = params;
+    return TB_OK;
+}
+
+/* The body of kernel i into g->ix.body. */
+static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
+    const tb__plan_kernel *k = &g->P->kernels[i];
+    tb_status st;
+    tb__ix_reset(&g->ix);
+    g->kernel = (int32_t)i;
+    g->num_vals = g->num_frames = g->num_stack = 0;
+    g->depth = 0;
+    switch (k->kind) {
+    case TB__K_REDUCE:
+    case TB__K_PARTIAL:
+        st = tb__cg_kernel_reduce(g, k);
+        break;
+    case TB__K_MATMUL:
+        st = tb__cg_kernel_matmul(g, k);
+        break;
+    case TB__K_PACK_A:
+    case TB__K_PACK_B:
+        st = tb__cg_kernel_pack(g, k);
+        break;
+    case TB__K_NORM:
+        st = tb__cg_kernel_norm(g, k);
+        break;
+    default:
+        st = tb__cg_kernel_elementwise(g, k);
+        break;
+    }
+    if (st == TB_OK) st = g->ix.status;
+    if (st == TB_OK && g->ix.body.failed) st = TB_ERR_OUT_OF_MEMORY;
+    return st;
+}
+
+/* Renders every kernel of the plan (those with work) after the dialect's head and the shared
+   prelude, as one program; *out (caller frees) and its length. */
+static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
+                               size_t *len) {
+    tb__cg *g = (tb__cg *)tb__calloc(1, sizeof *g);
+    tb__str src;
+    size_t i;
+    tb_status st = TB_OK;
+    *out = NULL;
+    if (g == NULL) return TB_ERR_OUT_OF_MEMORY;
+    g->G = G;
+    g->P = P;
+    g->d = d;
+    memset(&src, 0, sizeof src);
+    tb__str_append(&src, "%s", d->head);
+    for (i = 0; i < tb__cl_prelude_count; i++)
+        tb__str_append(&src, "%s", tb__cl_prelude[i]);
+    tb__str_append(&src, "\n");
+    for (i = 0; i < P->num_kernels && st == TB_OK; i++) {
+        const tb__plan_kernel *k = &P->kernels[i];
+        tb__cg_param *params = NULL;
+        if (k->empty) continue;
+        st = tb__cg_kernel_body(g, i);
+        if (st == TB_OK) st = tb__cg_params(g, k, &params);
+        if (st == TB_OK)
+            d->kernel(&src, k, params, k->num_args + 1,
+                      g->ix.body.data != NULL ? g->ix.body.data : "");
+        tb__free(params);
+    }
+    if (st == TB_OK && src.failed) st = TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK) {
+        *len = src.len;
+        *out = tb__str_take(&src);
+        if (*out == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    tb__str_free(&src);
+    tb__ix_free(&g->ix);
+    tb__free(g->val_dtype);
+    tb__free(g->frames);
+    tb__free(g->stack);
+    tb__free(g);
+    return st;
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
