@@ -47,6 +47,8 @@ IMPLEMENTATION_PARTS = [
     "src/backend.c",
     "src/device_resolve.c",
     "src/ir.c",
+    "src/executor_internal.h",
+    "src/executor.c",
     "src/tensor.c",
     "src/ops.c",
     "src/reference_internal.h",

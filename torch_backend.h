@@ -7174,69 +7174,107 @@ done:
     return status;
 }
 
-/* ---- src/tensor.c ---- */
+/* ---- src/executor_internal.h ---- */
 /* ===========================================================================================
-   Lazy tensors and the executor: the C form of LTC's LazyTensor and LazyGraphExecutor
-   (torch/csrc/lazy/core/lazy_graph_executor.cpp): a tensor holds either a pending IR node or a
-   materialised backend data; a sync walks the pending graph, looks its hash up in the
-   computation cache, compiles on a miss, executes, and gives each tensor its result.
+   The internal contract between the executor (executor.c) and the lazy tensors (tensor.c):
+   the walk of a pending graph, the computation cache's entries and what one sync works with.
    =========================================================================================== */
 
-struct tb_tensor {
-    int32_t refcount;
+/* node pointer -> int64, open addressing */
+typedef struct tb__exec_map {
+    const tb_node **keys;
+    int64_t *values;
+    size_t cap; /* a power of two, or 0 */
+    size_t count;
+} tb__exec_map;
+
+typedef struct tb__exec_frame {
+    const tb_node *node;
+    uint32_t next; /* the next operand to visit */
+    bool param;
+} tb__exec_frame;
+
+typedef struct tb__exec_walk {
+    tb__exec_map pos; /* node -> post-order position; -1 while the node is on the stack */
+    const tb_node **order;
+    size_t num_order, cap_order;
+    const tb_node **params;
+    size_t num_params, cap_params;
+    tb__exec_frame *stack;
+    size_t cap_stack;
+    uint64_t hash;
+    uint64_t *canon; /* the canonical form (tb__exec_walk_node_canon, tb__exec_graph_make) */
+    size_t num_canon, cap_canon;
+    size_t canon_nodes; /* the words of the nodes, before those of the results */
+    /* non-NULL: nodes this backend does not support are parameters too (graphs that are only
+       compiled, for the backend text: the eager fallback would make them device data) */
+    const tb_backend_impl *cut;
+} tb__exec_walk;
+
+/* A hit on the hash is confirmed by the graph's canonical form, so that two graphs whose hashes
+   collide never share a computation. */
+typedef struct tb__comp_cache_entry {
+    uint64_t key;
+    uint64_t graph_hash;
+    const uint64_t *canon; /* the graph's canonical form (in the same allocation) */
+    size_t num_canon;
     tb_device device;
-    tb_shape shape;
-    tb_node *node;         /* the pending IR (owned), NULL once materialised */
-    tb_backend_data *data; /* the materialised value (owned), NULL while pending */
-    tb_node *data_node;    /* a DEVICE_DATA node over `data` for use as an operand (owned) */
-    tb_tensor *live_prev;  /* the list of live tensors that tb_mark_step syncs */
-    tb_tensor *live_next;
-    bool live_linked;
-    bool requires_grad; /* tb_set_requires_grad: its data node carries the flag */
-    /* the node a synced value was computed from, kept (with node->value set) while it requires
-       grad, so that tb_grad can still walk the history; owned, NULL otherwise */
-    tb_node *history;
-    /* the value it held before tb_assign gave it a pending one (owned, NULL otherwise): the
-       sync that computes the new value may compute it into this value's buffer */
-    tb_backend_data *donor;
-};
+    const tb_backend *backend;
+    void *computation;
+    int32_t refcount; /* the cache's reference and the users'; guarded by the cache mutex */
+    struct tb__comp_cache_entry *lru_prev; /* most recently used first */
+    struct tb__comp_cache_entry *lru_next;
+    struct tb__comp_cache_entry *bucket_next;
+} tb__comp_cache_entry;
 
-static tb__mutex tb__tensor_live_mutex = TB__MUTEX_INIT;
-static tb_tensor *tb__tensor_live_head = NULL;
+/* What one sync works with. */
+typedef struct tb__exec {
+    const char *func; /* the public function, for messages */
+    tb_device device;
+    const tb_backend *backend;
+    const tb_backend_impl *vt;
+} tb__exec;
 
-/* ---- small helpers ---- */
+static void tb__comp_cache_release(tb__comp_cache_entry *e);
+static void tb__comp_cache_shutdown(void);
+static void tb__exec_call_begin(tb__saved_error *saved);
+static tb_status tb__exec_call_failed(const tb__exec *ex, tb_status st, const char *entry);
+static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, const tb__exec_walk *w,
+                                  tb__comp_cache_entry **out, bool *hit, uint64_t *compile_ns);
+static void tb__exec_device_text(const tb_device *device, char buf[64]);
+static void tb__exec_dot_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes, size_t n,
+                                const int32_t *kernel, const char *const *kernel_names);
+static tb_status tb__exec_graph_make(const tb__exec *ex, tb__exec_walk *w, tb_node *const *roots,
+                                     size_t n, const int32_t *root_donors, const tb_node ***results,
+                                     tb_graph *g);
+static void *tb__exec_host_alloc(const tb_shape *shape, size_t *nbytes);
+static double tb__exec_host_to_double(const void *in, tb_dtype dtype);
+static tb_status tb__exec_init(tb__exec *ex, const char *func, const tb_device *device);
+static bool tb__exec_is_param(const tb_node *n);
+static void tb__exec_log_dump_compile(const tb__exec *ex, const tb_graph *g, uint64_t compile_ns);
+static void tb__exec_map_free(tb__exec_map *m);
+static int64_t *tb__exec_map_get(const tb__exec_map *m, const tb_node *key);
+static tb_status tb__exec_map_put(tb__exec_map *m, const tb_node *key, int64_t value);
+static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
+                                      tb_backend_data *const *donors, tb_backend_data **out);
+static void tb__exec_text_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes,
+                                 size_t n);
+static tb_status tb__exec_walk_add(tb__exec_walk *w, const char *func, tb_node *const *roots,
+                                   size_t n);
+static void tb__exec_walk_free(tb__exec_walk *w);
+static int64_t tb__exec_walk_position(const tb__exec_walk *w, const tb_node *node);
+
+/* ---- src/executor.c ---- */
+/* ===========================================================================================
+   The graph executor: the C form of LTC's LazyGraphExecutor
+   (torch/csrc/lazy/core/lazy_graph_executor.cpp) below the tensors: the post-order walk of a
+   pending graph with its canonical form and hash, dumps of a walked graph, the computation
+   cache, compiling and running on a backend, the eager fallback and TB_CHECK on the reference
+   backend. tensor.c's syncs drive it.
+   =========================================================================================== */
 
 static void tb__exec_device_text(const tb_device *device, char buf[64]) {
     tb_device_format(device, buf, 64);
-}
-
-/* The error for a NULL tensor argument: the first error of a chain stays. */
-static void tb__tensor_null_error(const char *func, const char *what) {
-    if (tb_last_status() == TB_OK) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", func, what);
-    }
-}
-
-/* Adds one to a refcount unless it already dropped to 0 (a tensor being destroyed). */
-static bool tb__tensor_retain_if_alive(int32_t *refcount) {
-#if defined(_MSC_VER) && !defined(__clang__)
-    LONG seen = *(volatile LONG *)refcount;
-    while (seen > 0) {
-        LONG prev = InterlockedCompareExchange((volatile LONG *)refcount, seen + 1, seen);
-        if (prev == seen) return true;
-        seen = prev;
-    }
-    return false;
-#else
-    int32_t seen = __atomic_load_n(refcount, __ATOMIC_ACQUIRE);
-    while (seen > 0) {
-        if (__atomic_compare_exchange_n(refcount, &seen, seen + 1, false, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE)) {
-            return true;
-        }
-    }
-    return false;
-#endif
 }
 
 /* One host element of `dtype` as a double. */
@@ -7279,105 +7317,7 @@ static void *tb__exec_host_alloc(const tb_shape *shape, size_t *nbytes) {
     return tb__alloc(n > 0 ? n : 1);
 }
 
-/* ---- tensors ---- */
-
-static tb_tensor *tb__tensor_new(const tb_device *device, const tb_shape *shape) {
-    tb_tensor *t = (tb_tensor *)tb__calloc(1, sizeof(tb_tensor));
-    if (t == NULL) return NULL;
-    t->refcount = 1;
-    t->device = *device;
-    t->shape = *shape;
-    tb__mutex_lock(&tb__tensor_live_mutex);
-    t->live_next = tb__tensor_live_head;
-    if (tb__tensor_live_head != NULL) tb__tensor_live_head->live_prev = t;
-    tb__tensor_live_head = t;
-    t->live_linked = true;
-    tb__mutex_unlock(&tb__tensor_live_mutex);
-    return t;
-}
-
-static void tb__tensor_destroy(tb_tensor *t) {
-    tb__mutex_lock(&tb__tensor_live_mutex);
-    if (t->live_linked) {
-        if (t->live_prev != NULL) {
-            t->live_prev->live_next = t->live_next;
-        } else {
-            tb__tensor_live_head = t->live_next;
-        }
-        if (t->live_next != NULL) t->live_next->live_prev = t->live_prev;
-    }
-    tb__mutex_unlock(&tb__tensor_live_mutex);
-    if (t->node != NULL) tb__node_release(t->node);
-    if (t->history != NULL) tb__node_release(t->history);
-    if (t->data_node != NULL) tb__node_release(t->data_node);
-    if (t->data != NULL) tb__data_release(t->data);
-    if (t->donor != NULL) tb__data_release(t->donor);
-    tb__free(t);
-}
-
-static tb_tensor *tb__tensor_from_data(tb_backend_data *data) {
-    tb_tensor *t;
-    if (data == NULL) return NULL;
-    t = tb__tensor_new(&data->device, &data->shape);
-    if (t == NULL) {
-        tb__data_release(data);
-        return NULL;
-    }
-    t->data = data;
-    return t;
-}
-
-static tb_node *tb__tensor_ir(tb_tensor *tensor) {
-    if (tensor == NULL) return NULL;
-    if (tensor->node != NULL) return tensor->node;
-    if (tensor->history != NULL) return tensor->history;
-    if (tensor->data_node == NULL) {
-        if (tensor->data == NULL) {
-            tb__error(TB_ERR_INTERNAL, "tb__tensor_ir: a tensor with neither IR nor data");
-            return NULL;
-        }
-        tensor->data_node = tb__node_device_data(tensor->data);
-        if (tensor->data_node != NULL) tensor->data_node->requires_grad = tensor->requires_grad;
-    }
-    return tensor->data_node;
-}
-
-TBDEF tb_tensor *tb_tensor_retain(tb_tensor *tensor) {
-    if (tensor != NULL) TB__ATOMIC_ADD(&tensor->refcount, 1);
-    return tensor;
-}
-
-TBDEF void tb_tensor_release(tb_tensor *tensor) {
-    if (tensor == NULL) return;
-    if (TB__ATOMIC_ADD(&tensor->refcount, -1) == 0) tb__tensor_destroy(tensor);
-}
-
-TBDEF tb_shape tb_tensor_shape(const tb_tensor *tensor) {
-    tb_shape s;
-    if (tensor != NULL) return tensor->shape;
-    memset(&s, 0, sizeof(s));
-    return s;
-}
-
-TBDEF tb_device tb_tensor_device(const tb_tensor *tensor) {
-    tb_device d;
-    if (tensor != NULL) return tensor->device;
-    memset(&d, 0, sizeof(d));
-    return d;
-}
-
-TBDEF const tb_node *tb_tensor_node(const tb_tensor *tensor) {
-    return tensor != NULL ? tensor->node : NULL;
-}
-
 /* ---- node sets: node pointer -> int64, open addressing ---- */
-
-typedef struct tb__exec_map {
-    const tb_node **keys;
-    int64_t *values;
-    size_t cap; /* a power of two, or 0 */
-    size_t count;
-} tb__exec_map;
 
 static size_t tb__exec_map_slot(const tb__exec_map *m, const tb_node *key) {
     uint64_t h = (uint64_t)(uintptr_t)key;
@@ -7439,29 +7379,6 @@ static void tb__exec_map_free(tb__exec_map *m) {
 }
 
 /* ---- the post-order walk (LTC's Util::ComputePostOrder, without recursion) ---- */
-
-typedef struct tb__exec_frame {
-    const tb_node *node;
-    uint32_t next; /* the next operand to visit */
-    bool param;
-} tb__exec_frame;
-
-typedef struct tb__exec_walk {
-    tb__exec_map pos; /* node -> post-order position; -1 while the node is on the stack */
-    const tb_node **order;
-    size_t num_order, cap_order;
-    const tb_node **params;
-    size_t num_params, cap_params;
-    tb__exec_frame *stack;
-    size_t cap_stack;
-    uint64_t hash;
-    uint64_t *canon; /* the canonical form (tb__exec_walk_node_canon, tb__exec_graph_make) */
-    size_t num_canon, cap_canon;
-    size_t canon_nodes; /* the words of the nodes, before those of the results */
-    /* non-NULL: nodes this backend does not support are parameters too (graphs that are only
-       compiled, for the backend text: the eager fallback would make them device data) */
-    const tb_backend_impl *cut;
-} tb__exec_walk;
 
 static void tb__exec_walk_free(tb__exec_walk *w) {
     tb__exec_map_free(&w->pos);
@@ -7814,22 +7731,6 @@ static void tb__exec_dot_append(tb__str *s, const tb__exec_walk *w, tb_node *con
 
 /* ---- the computation cache (LTC's ComputationCache: an LRU keyed by the graph hash) ---- */
 
-/* A hit on the hash is confirmed by the graph's canonical form, so that two graphs whose hashes
-   collide never share a computation. */
-typedef struct tb__comp_cache_entry {
-    uint64_t key;
-    uint64_t graph_hash;
-    const uint64_t *canon; /* the graph's canonical form (in the same allocation) */
-    size_t num_canon;
-    tb_device device;
-    const tb_backend *backend;
-    void *computation;
-    int32_t refcount; /* the cache's reference and the users'; guarded by the cache mutex */
-    struct tb__comp_cache_entry *lru_prev; /* most recently used first */
-    struct tb__comp_cache_entry *lru_next;
-    struct tb__comp_cache_entry *bucket_next;
-} tb__comp_cache_entry;
-
 static tb__mutex tb__comp_cache_mutex = TB__MUTEX_INIT;
 static tb__comp_cache_entry **tb__comp_cache_buckets = NULL;
 static size_t tb__comp_cache_num_buckets = 0;
@@ -8034,14 +7935,6 @@ TBDEF size_t tb_computation_cache_size(void) {
 }
 
 /* ---- the executor ---- */
-
-/* What one sync works with. */
-typedef struct tb__exec {
-    const char *func; /* the public function, for messages */
-    tb_device device;
-    const tb_backend *backend;
-    const tb_backend_impl *vt;
-} tb__exec;
 
 /* A backend entry starts with a clean error so that the reason of a failure is the backend's;
    a success gives the caller's error back. */
@@ -8610,8 +8503,55 @@ static bool tb__check_close(tb_dtype dtype, const unsigned char *a, const unsign
     }
 }
 
+/* Compares the backend's values of the `m` computed nodes with the reference's, element by
+   element, in post-order. The first that differs: TB_ERR_EXECUTE with the report written.
+   A value that could not be read: TB_OK with *st set. */
+static tb_status tb__check_compare(const tb__exec *ex, const tb__exec_walk *w, const tb_graph *g,
+                                   const tb_node *const *computed, size_t m,
+                                   tb_backend_data *const *device_values, void *const *ref_host,
+                                   char *report, size_t cap, tb_status *st) {
+    unsigned char *backend_host = NULL;
+    tb_status verdict = TB_OK;
+    size_t i;
+    for (i = 0; i < m && *st == TB_OK && verdict == TB_OK; i++) {
+        const tb_shape *shape = &computed[i]->shape;
+        size_t nbytes = 0, size = tb_dtype_size(shape->dtype), k, count;
+        *st = tb_shape_nbytes(shape, &nbytes);
+        if (*st != TB_OK) break;
+        tb__free(backend_host);
+        backend_host = (unsigned char *)tb__alloc(nbytes ? nbytes : 1);
+        if (backend_host == NULL) {
+            *st = TB_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        *st = tb__data_to_host(device_values[i], backend_host);
+        count = size ? nbytes / size : 0;
+        for (k = 0; k < count && *st == TB_OK; k++) {
+            double va, vb;
+            char text[96], where[64];
+            if (tb__check_close(shape->dtype, backend_host + k * size,
+                                (const unsigned char *)ref_host[i] + k * size, &va, &vb))
+                continue;
+            tb__shape_text(shape, text);
+            tb_device_format(&ex->device, where, sizeof where);
+            tb__metric_count("CheckMismatch", 1);
+            snprintf(report, cap,
+                     "TB_CHECK: graph %016llx: node %%%lld %s %s (node %lu of %lu in "
+                     "post-order) differs at element %lu: %s gives %.9g, the reference "
+                     "gives %.9g",
+                     (unsigned long long)g->hash, (long long)tb__exec_walk_position(w, computed[i]),
+                     tb_op_name(computed[i]->op), text, (unsigned long)i, (unsigned long)m,
+                     (unsigned long)k, where, va, vb);
+            verdict = TB_ERR_EXECUTE;
+            break;
+        }
+    }
+    tb__free(backend_host);
+    return verdict;
+}
+
 /* Runs `g` again on its backend with every computed node as a result, runs the same graph on
-   the reference interpreter, and reports the first node (in post-order) whose values differ.
+   the reference backend, and reports the first node (in post-order) whose values differ.
    At check level 1 purely diagnostic: the caller's error stays as it was and TB_OK comes back.
    At level 2 a node that differs, or a graph that could not be checked, is an error of the
    sync: TB_ERR_EXECUTE (or the reason the check failed) with the report as its message. */
@@ -8621,7 +8561,6 @@ static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, cons
     tb_backend_data **device_values = NULL;
     void **param_host = NULL, **ref_host = NULL;
     void *context = NULL, *computation = NULL;
-    unsigned char *backend_host = NULL;
     size_t i, m = 0;
     uint64_t run_ns = 0;
     tb__saved_error saved;
@@ -8686,39 +8625,10 @@ static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, cons
     }
     if (st == TB_OK)
         st = tb__exec_on_reference(ex->func, &cg, (const void *const *)param_host, ref_host);
-    for (i = 0; i < m && st == TB_OK; i++) {
-        const tb_shape *shape = &computed[i]->shape;
-        size_t nbytes = 0, size = tb_dtype_size(shape->dtype), k, count;
-        st = tb_shape_nbytes(shape, &nbytes);
-        if (st != TB_OK) break;
-        tb__free(backend_host);
-        backend_host = (unsigned char *)tb__alloc(nbytes ? nbytes : 1);
-        if (backend_host == NULL) {
-            st = TB_ERR_OUT_OF_MEMORY;
-            break;
-        }
-        st = tb__data_to_host(device_values[i], backend_host);
-        count = size ? nbytes / size : 0;
-        for (k = 0; k < count && st == TB_OK; k++) {
-            double va, vb;
-            if (!tb__check_close(shape->dtype, backend_host + k * size,
-                                 (const unsigned char *)ref_host[i] + k * size, &va, &vb)) {
-                char text[96], where[64];
-                tb__shape_text(shape, text);
-                tb_device_format(&ex->device, where, sizeof where);
-                tb__metric_count("CheckMismatch", 1);
-                snprintf(report, sizeof report,
-                         "TB_CHECK: graph %016llx: node %%%lld %s %s (node %lu of %lu in "
-                         "post-order) differs at element %lu: %s gives %.9g, the reference "
-                         "gives %.9g",
-                         (unsigned long long)g->hash,
-                         (long long)tb__exec_walk_position(w, computed[i]),
-                         tb_op_name(computed[i]->op), text, (unsigned long)i, (unsigned long)m,
-                         (unsigned long)k, where, va, vb);
-                verdict = TB_ERR_EXECUTE;
-                goto done;
-            }
-        }
+    if (st == TB_OK) {
+        verdict = tb__check_compare(ex, w, g, computed, m, device_values, ref_host, report,
+                                    sizeof report, &st);
+        if (verdict != TB_OK) goto done;
     }
     if (st == TB_OK) {
         tb__metric_count("CheckedGraphs", 1);
@@ -8737,7 +8647,6 @@ done:
         tb__free(param_host[i]);
     for (i = 0; ref_host != NULL && i < m; i++)
         tb__free(ref_host[i]);
-    tb__free(backend_host);
     tb__free(device_values);
     tb__free(param_host);
     tb__free(ref_host);
@@ -8861,6 +8770,168 @@ static tb_status tb__exec_init(tb__exec *ex, const char *func, const tb_device *
     ex->vt = tb__backend_vtable(ex->backend);
     if (ex->vt == NULL) return tb__error(TB_ERR_INTERNAL, "%s: a backend without a vtable", func);
     return TB_OK;
+}
+
+/* Empties the computation cache and frees its table (tb_shutdown, through tensor.c's). */
+static void tb__comp_cache_shutdown(void) {
+    tb__comp_cache_clear();
+    tb__mutex_lock(&tb__comp_cache_mutex);
+    tb__free(tb__comp_cache_buckets);
+    tb__comp_cache_buckets = NULL;
+    tb__comp_cache_num_buckets = 0;
+    tb__mutex_unlock(&tb__comp_cache_mutex);
+}
+
+/* ---- src/tensor.c ---- */
+/* ===========================================================================================
+   Lazy tensors: the C form of LTC's LazyTensor and the sync half of its LazyGraphExecutor: a
+   tensor holds either a pending IR node or a materialised backend data; a sync collects the
+   pending roots, hands the graph to the executor (executor.c), which looks its hash up in the
+   computation cache, compiles on a miss and executes, and gives each tensor its result.
+   =========================================================================================== */
+
+struct tb_tensor {
+    int32_t refcount;
+    tb_device device;
+    tb_shape shape;
+    tb_node *node;         /* the pending IR (owned), NULL once materialised */
+    tb_backend_data *data; /* the materialised value (owned), NULL while pending */
+    tb_node *data_node;    /* a DEVICE_DATA node over `data` for use as an operand (owned) */
+    tb_tensor *live_prev;  /* the list of live tensors that tb_mark_step syncs */
+    tb_tensor *live_next;
+    bool live_linked;
+    bool requires_grad; /* tb_set_requires_grad: its data node carries the flag */
+    /* the node a synced value was computed from, kept (with node->value set) while it requires
+       grad, so that tb_grad can still walk the history; owned, NULL otherwise */
+    tb_node *history;
+    /* the value it held before tb_assign gave it a pending one (owned, NULL otherwise): the
+       sync that computes the new value may compute it into this value's buffer */
+    tb_backend_data *donor;
+};
+
+static tb__mutex tb__tensor_live_mutex = TB__MUTEX_INIT;
+static tb_tensor *tb__tensor_live_head = NULL;
+
+/* ---- small helpers ---- */
+
+/* The error for a NULL tensor argument: the first error of a chain stays. */
+static void tb__tensor_null_error(const char *func, const char *what) {
+    if (tb_last_status() == TB_OK) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", func, what);
+    }
+}
+
+/* Adds one to a refcount unless it already dropped to 0 (a tensor being destroyed). */
+static bool tb__tensor_retain_if_alive(int32_t *refcount) {
+#if defined(_MSC_VER) && !defined(__clang__)
+    LONG seen = *(volatile LONG *)refcount;
+    while (seen > 0) {
+        LONG prev = InterlockedCompareExchange((volatile LONG *)refcount, seen + 1, seen);
+        if (prev == seen) return true;
+        seen = prev;
+    }
+    return false;
+#else
+    int32_t seen = __atomic_load_n(refcount, __ATOMIC_ACQUIRE);
+    while (seen > 0) {
+        if (__atomic_compare_exchange_n(refcount, &seen, seen + 1, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+            return true;
+        }
+    }
+    return false;
+#endif
+}
+
+/* ---- tensors ---- */
+
+static tb_tensor *tb__tensor_new(const tb_device *device, const tb_shape *shape) {
+    tb_tensor *t = (tb_tensor *)tb__calloc(1, sizeof(tb_tensor));
+    if (t == NULL) return NULL;
+    t->refcount = 1;
+    t->device = *device;
+    t->shape = *shape;
+    tb__mutex_lock(&tb__tensor_live_mutex);
+    t->live_next = tb__tensor_live_head;
+    if (tb__tensor_live_head != NULL) tb__tensor_live_head->live_prev = t;
+    tb__tensor_live_head = t;
+    t->live_linked = true;
+    tb__mutex_unlock(&tb__tensor_live_mutex);
+    return t;
+}
+
+static void tb__tensor_destroy(tb_tensor *t) {
+    tb__mutex_lock(&tb__tensor_live_mutex);
+    if (t->live_linked) {
+        if (t->live_prev != NULL) {
+            t->live_prev->live_next = t->live_next;
+        } else {
+            tb__tensor_live_head = t->live_next;
+        }
+        if (t->live_next != NULL) t->live_next->live_prev = t->live_prev;
+    }
+    tb__mutex_unlock(&tb__tensor_live_mutex);
+    if (t->node != NULL) tb__node_release(t->node);
+    if (t->history != NULL) tb__node_release(t->history);
+    if (t->data_node != NULL) tb__node_release(t->data_node);
+    if (t->data != NULL) tb__data_release(t->data);
+    if (t->donor != NULL) tb__data_release(t->donor);
+    tb__free(t);
+}
+
+static tb_tensor *tb__tensor_from_data(tb_backend_data *data) {
+    tb_tensor *t;
+    if (data == NULL) return NULL;
+    t = tb__tensor_new(&data->device, &data->shape);
+    if (t == NULL) {
+        tb__data_release(data);
+        return NULL;
+    }
+    t->data = data;
+    return t;
+}
+
+static tb_node *tb__tensor_ir(tb_tensor *tensor) {
+    if (tensor == NULL) return NULL;
+    if (tensor->node != NULL) return tensor->node;
+    if (tensor->history != NULL) return tensor->history;
+    if (tensor->data_node == NULL) {
+        if (tensor->data == NULL) {
+            tb__error(TB_ERR_INTERNAL, "tb__tensor_ir: a tensor with neither IR nor data");
+            return NULL;
+        }
+        tensor->data_node = tb__node_device_data(tensor->data);
+        if (tensor->data_node != NULL) tensor->data_node->requires_grad = tensor->requires_grad;
+    }
+    return tensor->data_node;
+}
+
+TBDEF tb_tensor *tb_tensor_retain(tb_tensor *tensor) {
+    if (tensor != NULL) TB__ATOMIC_ADD(&tensor->refcount, 1);
+    return tensor;
+}
+
+TBDEF void tb_tensor_release(tb_tensor *tensor) {
+    if (tensor == NULL) return;
+    if (TB__ATOMIC_ADD(&tensor->refcount, -1) == 0) tb__tensor_destroy(tensor);
+}
+
+TBDEF tb_shape tb_tensor_shape(const tb_tensor *tensor) {
+    tb_shape s;
+    if (tensor != NULL) return tensor->shape;
+    memset(&s, 0, sizeof(s));
+    return s;
+}
+
+TBDEF tb_device tb_tensor_device(const tb_tensor *tensor) {
+    tb_device d;
+    if (tensor != NULL) return tensor->device;
+    memset(&d, 0, sizeof(d));
+    return d;
+}
+
+TBDEF const tb_node *tb_tensor_node(const tb_tensor *tensor) {
+    return tensor != NULL ? tensor->node : NULL;
 }
 
 /* The distinct pending nodes of `tensors` (those with a node), checked to share one device. */
@@ -9620,12 +9691,7 @@ TBDEF tb_status tb_manual_seed(uint64_t seed) {
 
 static void tb__executor_shutdown(void) {
     tb_tensor *t;
-    tb__comp_cache_clear();
-    tb__mutex_lock(&tb__comp_cache_mutex);
-    tb__free(tb__comp_cache_buckets);
-    tb__comp_cache_buckets = NULL;
-    tb__comp_cache_num_buckets = 0;
-    tb__mutex_unlock(&tb__comp_cache_mutex);
+    tb__comp_cache_shutdown();
     /* tensors still alive are invalid from now on; forget them so a new setup starts clean */
     tb__mutex_lock(&tb__tensor_live_mutex);
     t = tb__tensor_live_head;

@@ -1,0 +1,1517 @@
+/* ===========================================================================================
+   The graph executor: the C form of LTC's LazyGraphExecutor
+   (torch/csrc/lazy/core/lazy_graph_executor.cpp) below the tensors: the post-order walk of a
+   pending graph with its canonical form and hash, dumps of a walked graph, the computation
+   cache, compiling and running on a backend, the eager fallback and TB_CHECK on the reference
+   backend. tensor.c's syncs drive it.
+   =========================================================================================== */
+#include "impl_begin.h"
+
+static void tb__exec_device_text(const tb_device *device, char buf[64]) {
+    tb_device_format(device, buf, 64);
+}
+
+/* One host element of `dtype` as a double. */
+static double tb__exec_host_to_double(const void *in, tb_dtype dtype) {
+    switch (dtype) {
+    case TB_F32: {
+        float v;
+        memcpy(&v, in, sizeof(v));
+        return (double)v;
+    }
+    case TB_F64: {
+        double v;
+        memcpy(&v, in, sizeof(v));
+        return v;
+    }
+    case TB_I32: {
+        int32_t v;
+        memcpy(&v, in, sizeof(v));
+        return (double)v;
+    }
+    case TB_I64: {
+        int64_t v;
+        memcpy(&v, in, sizeof(v));
+        return (double)v;
+    }
+    case TB_U8:
+        return (double)*(const uint8_t *)in;
+    case TB_BOOL:
+        return *(const uint8_t *)in != 0 ? 1.0 : 0.0;
+    default:
+        return 0.0;
+    }
+}
+
+/* A host buffer for `shape` (at least one byte, so that empty tensors need no special case). */
+static void *tb__exec_host_alloc(const tb_shape *shape, size_t *nbytes) {
+    size_t n = 0;
+    if (tb_shape_nbytes(shape, &n) != TB_OK) return NULL;
+    if (nbytes != NULL) *nbytes = n;
+    return tb__alloc(n > 0 ? n : 1);
+}
+
+/* ---- node sets: node pointer -> int64, open addressing ---- */
+
+static size_t tb__exec_map_slot(const tb__exec_map *m, const tb_node *key) {
+    uint64_t h = (uint64_t)(uintptr_t)key;
+    size_t mask = m->cap - 1, i;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    i = (size_t)h & mask;
+    while (m->keys[i] != NULL && m->keys[i] != key)
+        i = (i + 1) & mask;
+    return i;
+}
+
+static int64_t *tb__exec_map_get(const tb__exec_map *m, const tb_node *key) {
+    size_t i;
+    if (m->cap == 0) return NULL;
+    i = tb__exec_map_slot(m, key);
+    return m->keys[i] != NULL ? &m->values[i] : NULL;
+}
+
+static tb_status tb__exec_map_put(tb__exec_map *m, const tb_node *key, int64_t value) {
+    size_t i;
+    if ((m->count + 1) * 2 > m->cap) {
+        tb__exec_map bigger;
+        size_t j;
+        bigger.cap = m->cap > 0 ? m->cap * 2 : 64;
+        bigger.count = m->count;
+        bigger.keys = (const tb_node **)tb__calloc(bigger.cap, sizeof(const tb_node *));
+        bigger.values = (int64_t *)tb__calloc(bigger.cap, sizeof(int64_t));
+        if (bigger.keys == NULL || bigger.values == NULL) {
+            tb__free((void *)bigger.keys);
+            tb__free(bigger.values);
+            return TB_ERR_OUT_OF_MEMORY;
+        }
+        for (j = 0; j < m->cap; j++) {
+            if (m->keys[j] != NULL) {
+                size_t k = tb__exec_map_slot(&bigger, m->keys[j]);
+                bigger.keys[k] = m->keys[j];
+                bigger.values[k] = m->values[j];
+            }
+        }
+        tb__free((void *)m->keys);
+        tb__free(m->values);
+        *m = bigger;
+    }
+    i = tb__exec_map_slot(m, key);
+    if (m->keys[i] == NULL) {
+        m->keys[i] = key;
+        m->count++;
+    }
+    m->values[i] = value;
+    return TB_OK;
+}
+
+static void tb__exec_map_free(tb__exec_map *m) {
+    tb__free((void *)m->keys);
+    tb__free(m->values);
+    memset(m, 0, sizeof(*m));
+}
+
+/* ---- the post-order walk (LTC's Util::ComputePostOrder, without recursion) ---- */
+
+static void tb__exec_walk_free(tb__exec_walk *w) {
+    tb__exec_map_free(&w->pos);
+    tb__free((void *)w->order);
+    tb__free((void *)w->params);
+    tb__free(w->stack);
+    tb__free(w->canon);
+    memset(w, 0, sizeof(*w));
+}
+
+/* Leaves whose values arrive at execution: device data, scalars and nodes computed apart. */
+static bool tb__exec_is_param(const tb_node *n) {
+    return n->op == TB_OP_DEVICE_DATA || n->op == TB_OP_SCALAR || n->value != NULL;
+}
+
+static bool tb__exec_supported(const tb_backend_impl *vt, const tb_node *n) {
+    return vt->supports_node == NULL || vt->supports_node(vt->user_data, n);
+}
+
+/* The canonical form of a graph: per node in post-order the words below, then the results.
+   Two graphs with the same form are the same computation; the graph's hash is a hash of it,
+   and a cache hit on the hash is confirmed by comparing forms. */
+enum {
+    TB__CANON_NODE = 1,   /* a computed node: op, shape, attributes, operand positions */
+    TB__CANON_DATA = 2,   /* a parameter of device data, or of a value computed apart */
+    TB__CANON_SCALAR = 3, /* a scalar parameter (wrapped number or not) */
+    TB__CANON_RESULTS = 4,
+    TB__CANON_DONORS = 5 /* per result: the parameter it may be computed into, or -1 */
+};
+
+/* Appends the canonical words of the node the walk is placing next: its structure, with
+   operands named by their positions (x + x and x + y differ) and parameters by their index
+   (values never enter). Mixes the words into the walk's hash. */
+static tb_status tb__exec_walk_node_canon(tb__exec_walk *w, const tb_node *n, bool param) {
+    size_t need = w->num_canon + 16 + TB_MAX_RANK + TB_MAX_ATTRS + n->num_operands;
+    uint64_t *c, *start, h = 0x7462677261706802ull;
+    int32_t d;
+    uint32_t i;
+    if (tb__grow((void **)&w->canon, &w->cap_canon, need, sizeof *w->canon) != TB_OK)
+        return TB_ERR_OUT_OF_MEMORY;
+    start = c = w->canon + w->num_canon;
+    if (param) {
+        /* device data and values computed apart are the same kind of input for a backend */
+        if (n->op == TB_OP_SCALAR) {
+            *c++ = TB__CANON_SCALAR;
+            *c++ = n->wrapped_number ? 1u : 0u;
+        } else {
+            *c++ = TB__CANON_DATA;
+        }
+    } else {
+        *c++ = TB__CANON_NODE;
+        *c++ = (uint64_t)(uint32_t)n->op;
+    }
+    *c++ = (uint64_t)n->shape.dtype;
+    *c++ = (uint64_t)(uint32_t)n->shape.rank;
+    for (d = 0; d < n->shape.rank && d < TB_MAX_RANK; d++)
+        *c++ = (uint64_t)n->shape.dims[d];
+    if (param) {
+        *c++ = (uint64_t)w->num_params;
+    } else {
+        *c++ = n->num_attrs;
+        for (i = 0; i < n->num_attrs && i < TB_MAX_ATTRS; i++)
+            *c++ = (uint64_t)n->attrs[i];
+        for (i = 0; i < 2; i++) {
+            uint64_t bits;
+            memcpy(&bits, &n->fattrs[i], sizeof(bits));
+            *c++ = bits;
+        }
+        *c++ = n->num_operands;
+        for (i = 0; i < n->num_operands; i++) {
+            const int64_t *p = tb__exec_map_get(&w->pos, n->operands[i]);
+            *c++ = p != NULL ? (uint64_t)*p : ~(uint64_t)0;
+        }
+    }
+    w->num_canon += (size_t)(c - start);
+    w->canon_nodes = w->num_canon;
+    for (; start < c; start++)
+        h = tb__hash_u64(h, *start);
+    w->hash = tb__hash_u64(w->hash, h);
+    return TB_OK;
+}
+
+static tb_status tb__exec_walk_push(tb__exec_walk *w, size_t *sp, const tb_node *n) {
+    tb_status st;
+    if (tb__grow((void **)&w->stack, &w->cap_stack, *sp + 1, sizeof(tb__exec_frame)) != TB_OK) {
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    st = tb__exec_map_put(&w->pos, n, -1);
+    if (st != TB_OK) return st;
+    w->stack[*sp].node = n;
+    w->stack[*sp].next = 0;
+    w->stack[*sp].param =
+        tb__exec_is_param(n) || (w->cut != NULL && !tb__exec_supported(w->cut, n));
+    (*sp)++;
+    return TB_OK;
+}
+
+/* Adds the graphs of `roots` to the walk: every node once, operands first. */
+static tb_status tb__exec_walk_add(tb__exec_walk *w, const char *func, tb_node *const *roots,
+                                   size_t n) {
+    size_t r, sp = 0;
+    for (r = 0; r < n; r++) {
+        if (tb__exec_map_get(&w->pos, roots[r]) != NULL) continue;
+        if (tb__exec_walk_push(w, &sp, roots[r]) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
+        while (sp > 0) {
+            tb__exec_frame *f = &w->stack[sp - 1];
+            const tb_node *node = f->node;
+            int64_t *p;
+            if (!f->param && f->next < node->num_operands) {
+                const tb_node *operand = node->operands[f->next++];
+                if (operand == NULL) {
+                    return tb__error(TB_ERR_INTERNAL, "%s: node %llu (%s) has a NULL operand", func,
+                                     (unsigned long long)node->id, tb_op_name(node->op));
+                }
+                p = tb__exec_map_get(&w->pos, operand);
+                if (p != NULL) {
+                    if (*p < 0) {
+                        return tb__error(TB_ERR_INTERNAL,
+                                         "%s: the graph has a loop through node %llu (%s)", func,
+                                         (unsigned long long)operand->id, tb_op_name(operand->op));
+                    }
+                    continue;
+                }
+                if (tb__exec_walk_push(w, &sp, operand) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
+                continue;
+            }
+            if (tb__grow((void **)&w->order, &w->cap_order, w->num_order + 1,
+                         sizeof(const tb_node *)) != TB_OK) {
+                return TB_ERR_OUT_OF_MEMORY;
+            }
+            if (f->param && tb__grow((void **)&w->params, &w->cap_params, w->num_params + 1,
+                                     sizeof(const tb_node *)) != TB_OK) {
+                return TB_ERR_OUT_OF_MEMORY;
+            }
+            if (tb__exec_walk_node_canon(w, node, f->param) != TB_OK) {
+                return TB_ERR_OUT_OF_MEMORY;
+            }
+            p = tb__exec_map_get(&w->pos, node);
+            *p = (int64_t)w->num_order;
+            w->order[w->num_order++] = node;
+            if (f->param) w->params[w->num_params++] = node;
+            sp--;
+        }
+    }
+    return TB_OK;
+}
+
+static int64_t tb__exec_walk_position(const tb__exec_walk *w, const tb_node *node) {
+    const int64_t *p = tb__exec_map_get(&w->pos, node);
+    return p != NULL ? *p : -1;
+}
+
+static bool tb__exec_walk_is_param(const tb__exec_walk *w, const tb_node *node) {
+    /* parameters are exactly the nodes the walk did not descend into */
+    size_t lo = 0, hi = w->num_params;
+    int64_t at = tb__exec_walk_position(w, node);
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int64_t p = tb__exec_walk_position(w, w->params[mid]);
+        if (p == at) return true;
+        if (p < at) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return false;
+}
+
+/* ---- dumps of a walked graph ---- */
+
+/* Which tensor's node sits where: (post-order position, tensor index), sorted, so that a dump
+   marks results in one pass however many tensors there are. */
+typedef struct tb__exec_mark {
+    int64_t pos;
+    size_t index;
+} tb__exec_mark;
+
+static int tb__exec_mark_compare(const void *a, const void *b) {
+    const tb__exec_mark *x = (const tb__exec_mark *)a, *y = (const tb__exec_mark *)b;
+    if (x->pos != y->pos) return x->pos < y->pos ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+static tb__exec_mark *tb__exec_marks(const tb__exec_walk *w, tb_node *const *nodes, size_t n) {
+    tb__exec_mark *marks = (tb__exec_mark *)tb__calloc(n + 1, sizeof(tb__exec_mark));
+    size_t i;
+    if (marks == NULL) return NULL;
+    for (i = 0; i < n; i++) {
+        marks[i].pos = tb__exec_walk_position(w, nodes[i]);
+        marks[i].index = i;
+    }
+    qsort(marks, n, sizeof(tb__exec_mark), tb__exec_mark_compare);
+    marks[n].pos = -1; /* an end that matches no position */
+    return marks;
+}
+
+/* `nodes[i]` is the node of result i (tensors[i] for a dump). */
+static void tb__exec_text_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes,
+                                 size_t n) {
+    size_t i, next_param = 0, next_mark = 0;
+    tb__exec_mark *marks = tb__exec_marks(w, nodes, n);
+    if (marks == NULL) {
+        s->failed = true;
+        return;
+    }
+    for (i = 0; i < w->num_order; i++) {
+        const tb_node *node = w->order[i];
+        char shape[96];
+        uint32_t k;
+        bool param = next_param < w->num_params && w->params[next_param] == node;
+        tb__shape_text(&node->shape, shape);
+        tb__str_append(s, "%%%lu = %s", (unsigned long)i, tb_op_name(node->op));
+        if (!param && node->num_operands > 0) {
+            tb__str_append(s, "(");
+            for (k = 0; k < node->num_operands; k++) {
+                tb__str_append(s, "%s%%%lld", k > 0 ? ", " : "",
+                               (long long)tb__exec_walk_position(w, node->operands[k]));
+            }
+            tb__str_append(s, ")");
+        }
+        tb__str_append(s, " %s", shape);
+        if (!param && node->num_attrs > 0) {
+            tb__str_append(s, " attrs=[");
+            for (k = 0; k < node->num_attrs && k < TB_MAX_ATTRS; k++) {
+                tb__str_append(s, "%s%lld", k > 0 ? ", " : "", (long long)node->attrs[k]);
+            }
+            tb__str_append(s, "]");
+        }
+        if (!param && (node->fattrs[0] != 0.0 || node->fattrs[1] != 0.0)) {
+            tb__str_append(s, " fattrs=[%.17g, %.17g]", node->fattrs[0], node->fattrs[1]);
+        }
+        if (param) {
+            tb__str_append(s, " (param %lu", (unsigned long)next_param);
+            if (node->op == TB_OP_SCALAR) {
+                tb__str_append(s, ", value %.17g", tb_scalar_as_double(node->scalar));
+            } else if (node->op != TB_OP_DEVICE_DATA) {
+                tb__str_append(s, "%s",
+                               node->value != NULL ? ", computed apart" : ", not supported");
+            }
+            tb__str_append(s, ")");
+            next_param++;
+        }
+        for (; marks[next_mark].pos == (int64_t)i; next_mark++) {
+            tb__str_append(s, " (result %lu)", (unsigned long)marks[next_mark].index);
+        }
+        tb__str_append(s, "\n");
+    }
+    tb__free(marks);
+}
+
+/* One node of a DOT dump: its id, label and style. */
+static void tb__exec_dot_node(tb__str *s, const tb__exec_walk *w, size_t i, bool param,
+                              size_t param_index, const tb__exec_mark *marks, size_t next_mark,
+                              const char *indent) {
+    const tb_node *node = w->order[i];
+    char shape[96];
+    tb__shape_text(&node->shape, shape);
+    tb__str_append(s, "%sn%lu [label=\"%%%lu %s\\n%s", indent, (unsigned long)i, (unsigned long)i,
+                   tb_op_name(node->op), shape);
+    if (param) tb__str_append(s, "\\nparam %lu", (unsigned long)param_index);
+    for (; marks[next_mark].pos == (int64_t)i; next_mark++) {
+        tb__str_append(s, "\\nresult %lu", (unsigned long)marks[next_mark].index);
+    }
+    tb__str_append(s, "\"%s];\n", param ? ", style=rounded" : "");
+}
+
+/* `kernel` (NULL: no clusters): per walk position, the kernel computing the node or -1, and
+   `kernel_names` its name; the nodes of each kernel are drawn inside "subgraph cluster_k". */
+static void tb__exec_dot_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes, size_t n,
+                                const int32_t *kernel, const char *const *kernel_names) {
+    size_t i, next_param = 0, next_mark = 0, num_clustered = 0;
+    tb__exec_mark *marks = tb__exec_marks(w, nodes, n);
+    tb__exec_mark *clustered = NULL;
+    size_t *param_index = NULL, *mark_start = NULL;
+    if (marks == NULL) {
+        s->failed = true;
+        return;
+    }
+    tb__str_append(s, "digraph tb {\n  node [shape=box, fontname=\"monospace\"];\n");
+    if (kernel != NULL) {
+        /* clusters first, so that every node is declared before an edge names it */
+        clustered = (tb__exec_mark *)tb__calloc(w->num_order + 1, sizeof(tb__exec_mark));
+        param_index = (size_t *)tb__calloc(w->num_order + 1, sizeof(size_t));
+        mark_start = (size_t *)tb__calloc(w->num_order + 1, sizeof(size_t));
+        if (clustered == NULL || param_index == NULL || mark_start == NULL) {
+            s->failed = true;
+        } else {
+            for (i = 0; i < w->num_order; i++) {
+                bool param = next_param < w->num_params && w->params[next_param] == w->order[i];
+                param_index[i] = next_param;
+                mark_start[i] = next_mark;
+                while (marks[next_mark].pos == (int64_t)i)
+                    next_mark++;
+                if (param) next_param++;
+                if (kernel[i] >= 0) {
+                    clustered[num_clustered].pos = kernel[i];
+                    clustered[num_clustered].index = i;
+                    num_clustered++;
+                }
+            }
+            qsort(clustered, num_clustered, sizeof(tb__exec_mark), tb__exec_mark_compare);
+            for (i = 0; i < num_clustered; i++) {
+                size_t at = clustered[i].index;
+                bool param =
+                    param_index[at] < w->num_params && w->params[param_index[at]] == w->order[at];
+                if (i == 0 || clustered[i - 1].pos != clustered[i].pos) {
+                    const char *name = kernel_names[at] != NULL ? kernel_names[at] : "";
+                    tb__str_append(s, "  subgraph cluster_%lld {\n    label=\"",
+                                   (long long)clustered[i].pos);
+                    for (; *name != '\0'; name++) {
+                        if (*name != '"' && *name != '\\') tb__str_append(s, "%c", *name);
+                    }
+                    tb__str_append(s, "\";\n");
+                }
+                tb__exec_dot_node(s, w, at, param, param_index[at], marks, mark_start[at], "    ");
+                if (i + 1 == num_clustered || clustered[i + 1].pos != clustered[i].pos) {
+                    tb__str_append(s, "  }\n");
+                }
+            }
+        }
+        next_param = 0;
+        next_mark = 0;
+    }
+    for (i = 0; i < w->num_order; i++) {
+        const tb_node *node = w->order[i];
+        bool param = next_param < w->num_params && w->params[next_param] == node;
+        if (kernel == NULL || kernel[i] < 0) {
+            tb__exec_dot_node(s, w, i, param, next_param, marks, next_mark, "  ");
+        }
+        while (marks[next_mark].pos == (int64_t)i)
+            next_mark++;
+        if (param) {
+            next_param++;
+        } else {
+            uint32_t k;
+            for (k = 0; k < node->num_operands; k++) {
+                tb__str_append(s, "  n%lld -> n%lu;\n",
+                               (long long)tb__exec_walk_position(w, node->operands[k]),
+                               (unsigned long)i);
+            }
+        }
+    }
+    tb__str_append(s, "}\n");
+    tb__free(clustered);
+    tb__free(param_index);
+    tb__free(mark_start);
+    tb__free(marks);
+}
+
+/* ---- the computation cache (LTC's ComputationCache: an LRU keyed by the graph hash) ---- */
+
+static tb__mutex tb__comp_cache_mutex = TB__MUTEX_INIT;
+static tb__comp_cache_entry **tb__comp_cache_buckets = NULL;
+static size_t tb__comp_cache_num_buckets = 0;
+static size_t tb__comp_cache_count = 0;
+static tb__comp_cache_entry *tb__comp_cache_lru_head = NULL;
+static tb__comp_cache_entry *tb__comp_cache_lru_tail = NULL;
+
+static uint64_t tb__comp_cache_key(uint64_t graph_hash, const tb_device *device) {
+    uint64_t h = tb__hash_bytes(graph_hash, device->backend, strlen(device->backend));
+    return tb__hash_u64(h, (uint64_t)(uint32_t)device->ordinal);
+}
+
+static void tb__comp_cache_entry_destroy(tb__comp_cache_entry *e) {
+    const tb_backend_impl *vt = tb__backend_vtable(e->backend);
+    if (vt != NULL) vt->release_computation(vt->user_data, e->computation);
+    tb__free(e);
+}
+
+/* Drops a reference; returns the entry when the caller must destroy it (outside the lock). */
+static tb__comp_cache_entry *tb__comp_cache_unref_locked(tb__comp_cache_entry *e) {
+    e->refcount--;
+    return e->refcount == 0 ? e : NULL;
+}
+
+static void tb__comp_cache_release(tb__comp_cache_entry *e) {
+    tb__comp_cache_entry *dead;
+    if (e == NULL) return;
+    tb__mutex_lock(&tb__comp_cache_mutex);
+    dead = tb__comp_cache_unref_locked(e);
+    tb__mutex_unlock(&tb__comp_cache_mutex);
+    if (dead != NULL) tb__comp_cache_entry_destroy(dead);
+}
+
+static void tb__comp_cache_unlink_locked(tb__comp_cache_entry *e) {
+    tb__comp_cache_entry **link =
+        &tb__comp_cache_buckets[e->key & (tb__comp_cache_num_buckets - 1)];
+    while (*link != e)
+        link = &(*link)->bucket_next;
+    *link = e->bucket_next;
+    if (e->lru_prev != NULL) {
+        e->lru_prev->lru_next = e->lru_next;
+    } else {
+        tb__comp_cache_lru_head = e->lru_next;
+    }
+    if (e->lru_next != NULL) {
+        e->lru_next->lru_prev = e->lru_prev;
+    } else {
+        tb__comp_cache_lru_tail = e->lru_prev;
+    }
+    e->lru_prev = NULL;
+    e->lru_next = NULL;
+    e->bucket_next = NULL;
+    tb__comp_cache_count--;
+}
+
+static void tb__comp_cache_push_front_locked(tb__comp_cache_entry *e) {
+    e->lru_prev = NULL;
+    e->lru_next = tb__comp_cache_lru_head;
+    if (tb__comp_cache_lru_head != NULL) tb__comp_cache_lru_head->lru_prev = e;
+    tb__comp_cache_lru_head = e;
+    if (tb__comp_cache_lru_tail == NULL) tb__comp_cache_lru_tail = e;
+}
+
+/* The entry of the graph, or NULL; `*collided` tells whether an entry had the graph's hash but
+   another structure. */
+static tb__comp_cache_entry *tb__comp_cache_find_locked(uint64_t key, uint64_t graph_hash,
+                                                        const tb_device *device,
+                                                        const tb_backend *backend,
+                                                        const uint64_t *canon, size_t num_canon,
+                                                        bool *collided) {
+    tb__comp_cache_entry *e;
+    *collided = false;
+    if (tb__comp_cache_num_buckets == 0) return NULL;
+    for (e = tb__comp_cache_buckets[key & (tb__comp_cache_num_buckets - 1)]; e != NULL;
+         e = e->bucket_next) {
+        if (e->key == key && e->graph_hash == graph_hash && e->backend == backend &&
+            tb_device_equal(&e->device, device)) {
+            if (e->num_canon == num_canon &&
+                memcmp(e->canon, canon, num_canon * sizeof *canon) == 0) {
+                return e;
+            }
+            *collided = true;
+        }
+    }
+    return NULL;
+}
+
+/* The cached computation of the graph whose walk is `w` (a new reference, moved to the
+   front), or NULL. */
+static tb__comp_cache_entry *tb__comp_cache_lookup(uint64_t graph_hash, const tb__exec_walk *w,
+                                                   const tb_device *device,
+                                                   const tb_backend *backend) {
+    uint64_t key = tb__comp_cache_key(graph_hash, device);
+    tb__comp_cache_entry *e;
+    bool collided;
+    tb__mutex_lock(&tb__comp_cache_mutex);
+    e = tb__comp_cache_find_locked(key, graph_hash, device, backend, w->canon, w->num_canon,
+                                   &collided);
+    if (e != NULL) {
+        e->refcount++;
+        if (tb__comp_cache_lru_head != e) {
+            e->lru_prev->lru_next = e->lru_next;
+            if (e->lru_next != NULL) {
+                e->lru_next->lru_prev = e->lru_prev;
+            } else {
+                tb__comp_cache_lru_tail = e->lru_prev;
+            }
+            tb__comp_cache_push_front_locked(e);
+        }
+    }
+    tb__mutex_unlock(&tb__comp_cache_mutex);
+    if (collided && e == NULL) tb__metric_count("GraphHashCollision", 1);
+    return e;
+}
+
+/* Puts a new entry (refcount 1, the caller's) in the cache, evicting the least recently used
+   ones beyond the capacity. Returns the entry the caller should use: `e`, or an equal one that
+   another thread put first (then `e` is destroyed). */
+static tb__comp_cache_entry *tb__comp_cache_insert(tb__comp_cache_entry *e) {
+    size_t capacity = tb__desc()->cache_size > 0 ? tb__desc()->cache_size : 1024;
+    tb__comp_cache_entry *evicted = NULL, *existing;
+    bool collided;
+    tb__mutex_lock(&tb__comp_cache_mutex);
+    if (tb__comp_cache_num_buckets == 0) {
+        size_t nb = 16;
+        while (nb < capacity && nb < ((size_t)1 << 20))
+            nb *= 2;
+        tb__saved_error saved;
+        tb__error_save(&saved);
+        tb__comp_cache_buckets =
+            (tb__comp_cache_entry **)tb__calloc(nb, sizeof(tb__comp_cache_entry *));
+        if (tb__comp_cache_buckets == NULL) {
+            /* uncached: the computation lives as long as the caller's reference, and the
+               caller's operation goes on, its error untouched */
+            tb__error_restore(&saved);
+            tb__mutex_unlock(&tb__comp_cache_mutex);
+            return e;
+        }
+        tb__comp_cache_num_buckets = nb;
+    }
+    existing = tb__comp_cache_find_locked(e->key, e->graph_hash, &e->device, e->backend, e->canon,
+                                          e->num_canon, &collided);
+    if (existing != NULL) {
+        existing->refcount++;
+        tb__mutex_unlock(&tb__comp_cache_mutex);
+        tb__comp_cache_entry_destroy(e);
+        return existing;
+    }
+    e->refcount++; /* the cache's reference */
+    e->bucket_next = tb__comp_cache_buckets[e->key & (tb__comp_cache_num_buckets - 1)];
+    tb__comp_cache_buckets[e->key & (tb__comp_cache_num_buckets - 1)] = e;
+    tb__comp_cache_push_front_locked(e);
+    tb__comp_cache_count++;
+    while (tb__comp_cache_count > capacity) {
+        tb__comp_cache_entry *victim = tb__comp_cache_lru_tail;
+        tb__comp_cache_unlink_locked(victim);
+        if (tb__comp_cache_unref_locked(victim) != NULL) {
+            victim->lru_next = evicted; /* a private list of entries to destroy */
+            evicted = victim;
+        }
+    }
+    tb__mutex_unlock(&tb__comp_cache_mutex);
+    while (evicted != NULL) {
+        tb__comp_cache_entry *next = evicted->lru_next;
+        tb__comp_cache_entry_destroy(evicted);
+        evicted = next;
+    }
+    return e;
+}
+
+static void tb__comp_cache_clear(void) {
+    tb__comp_cache_entry *dead = NULL;
+    tb__mutex_lock(&tb__comp_cache_mutex);
+    while (tb__comp_cache_lru_head != NULL) {
+        tb__comp_cache_entry *e = tb__comp_cache_lru_head;
+        tb__comp_cache_unlink_locked(e);
+        if (tb__comp_cache_unref_locked(e) != NULL) {
+            e->lru_next = dead;
+            dead = e;
+        }
+    }
+    tb__mutex_unlock(&tb__comp_cache_mutex);
+    while (dead != NULL) {
+        tb__comp_cache_entry *next = dead->lru_next;
+        tb__comp_cache_entry_destroy(dead);
+        dead = next;
+    }
+}
+
+TBDEF void tb_computation_cache_clear(void) {
+    tb__ensure_setup();
+    tb__comp_cache_clear();
+}
+
+TBDEF size_t tb_computation_cache_size(void) {
+    size_t n;
+    tb__ensure_setup();
+    tb__mutex_lock(&tb__comp_cache_mutex);
+    n = tb__comp_cache_count;
+    tb__mutex_unlock(&tb__comp_cache_mutex);
+    return n;
+}
+
+/* ---- the executor ---- */
+
+/* A backend entry starts with a clean error so that the reason of a failure is the backend's;
+   a success gives the caller's error back. */
+static void tb__exec_call_begin(tb__saved_error *saved) {
+    tb__error_save(saved);
+    tb_clear_error();
+}
+
+static tb_status tb__exec_call_failed(const tb__exec *ex, tb_status st, const char *entry) {
+    if (st == TB_OK) st = TB_ERR_INTERNAL;
+    if (tb_last_status() == TB_OK || tb_last_error()[0] == '\0') {
+        return tb__error(st, "%s: backend '%s': %s failed (%s)", ex->func, ex->device.backend,
+                         entry, tb_status_string(st));
+    }
+    return tb__error(st, "%s: backend '%s': %s: %s", ex->func, ex->device.backend, entry,
+                     tb_last_error());
+}
+
+/* The data a DEVICE_DATA node or a node computed apart stands for (borrowed). */
+static tb_backend_data *tb__exec_param_data(const tb__exec *ex, const tb_node *node) {
+    tb_backend_data *d = NULL;
+    if (node->value != NULL) return node->value;
+    if (ex->vt->get_node_data != NULL) d = ex->vt->get_node_data(ex->vt->user_data, node);
+    if (d == NULL) d = node->data;
+    if (d == NULL) {
+        tb__error(TB_ERR_INTERNAL, "%s: device data node %llu has no data", ex->func,
+                  (unsigned long long)node->id);
+    }
+    return d;
+}
+
+/* A new data on the device holding a SCALAR node's value in the node's dtype. */
+static tb_backend_data *tb__exec_scalar_data(const tb__exec *ex, const tb_node *node) {
+    tb_scalar value;
+    if (tb_dtype_is_float(node->shape.dtype)) {
+        value = tb_scalar_f(node->shape.dtype, tb_scalar_as_double(node->scalar));
+    } else {
+        value = tb_scalar_i(node->shape.dtype, tb_scalar_as_int(node->scalar));
+    }
+    return tb__data_from_scalar(&ex->device, value);
+}
+
+/* The value of a parameter node: a new reference. */
+static tb_backend_data *tb__exec_param_value(const tb__exec *ex, const tb_node *node) {
+    tb_backend_data *d;
+    if (node->op == TB_OP_SCALAR && node->value == NULL) return tb__exec_scalar_data(ex, node);
+    d = tb__exec_param_data(ex, node);
+    if (d != NULL) tb__data_retain(d);
+    return d;
+}
+
+/* TB_DEBUG=1: a compile still running after this long logs a line saying so. */
+#define TB__SLOW_COMPILE_MS 1000u
+
+/* A computation for the graph (made from the walk `w`): from the cache, else lowered and
+   compiled (and cached). */
+static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, const tb__exec_walk *w,
+                                  tb__comp_cache_entry **out, bool *hit, uint64_t *compile_ns) {
+    tb__comp_cache_entry *e = tb__comp_cache_lookup(graph->hash, w, &ex->device, ex->backend);
+    void *context = NULL, *computation = NULL;
+    tb__saved_error saved;
+    tb__slow_notice notice;
+    uint64_t t0;
+    tb_status st;
+    *compile_ns = 0;
+    if (e != NULL) {
+        tb__metric_count("CachedCompile", 1);
+        *hit = true;
+        *out = e;
+        return TB_OK;
+    }
+    *hit = false;
+    notice.armed = false;
+    if (tb_debug_level() >= 1) {
+        /* the graph's own line comes once the compile is done: a compile that takes seconds
+           (a large OpenCL program) says so while it runs, from a thread of its own */
+        char device[64];
+        tb__exec_device_text(&ex->device, device);
+        tb__slow_notice_begin(&notice, TB__SLOW_COMPILE_MS,
+                              "graph %016llx: compiling %lu nodes on %s ... (still running after "
+                              "%u s)",
+                              (unsigned long long)graph->hash, (unsigned long)graph->num_nodes,
+                              device, TB__SLOW_COMPILE_MS / 1000u);
+    }
+    t0 = tb__now_ns();
+    tb__exec_call_begin(&saved);
+    st = ex->vt->create_lowering_context(ex->vt->user_data, graph, &context);
+    if (st != TB_OK) {
+        tb__slow_notice_end(&notice);
+        return tb__exec_call_failed(ex, st, "create_lowering_context");
+    }
+    st = ex->vt->compile(ex->vt->user_data, context, &computation);
+    if (st != TB_OK) st = tb__exec_call_failed(ex, st, "compile");
+    if (ex->vt->release_lowering_context != NULL) {
+        ex->vt->release_lowering_context(ex->vt->user_data, context);
+    }
+    tb__slow_notice_end(&notice);
+    if (st != TB_OK) return st;
+    tb__error_restore(&saved);
+    *compile_ns = tb__now_ns() - t0;
+    tb__metric_count("UncachedCompile", 1);
+    tb__metric_sample("CompileTime", (double)*compile_ns);
+    e = w->num_canon > (SIZE_MAX - sizeof *e) / sizeof *w->canon
+            ? NULL
+            : (tb__comp_cache_entry *)tb__calloc(1, sizeof *e + w->num_canon * sizeof *w->canon);
+    if (e == NULL) {
+        ex->vt->release_computation(ex->vt->user_data, computation);
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    e->key = tb__comp_cache_key(graph->hash, &ex->device);
+    e->graph_hash = graph->hash;
+    memcpy(e + 1, w->canon, w->num_canon * sizeof *w->canon);
+    e->canon = (const uint64_t *)(void *)(e + 1);
+    e->num_canon = w->num_canon;
+    e->device = ex->device;
+    e->backend = ex->backend;
+    e->computation = computation;
+    e->refcount = 1;
+    *out = tb__comp_cache_insert(e);
+    return TB_OK;
+}
+
+static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
+                                      tb_backend_data *const *donors, tb_backend_data **out);
+
+/* Runs `g` on the registry's reference backend, reached like any backend through its vtable:
+   the parameters' values come from contiguous host arrays, the results go into host arrays.
+   TB_CHECK and the eager fallback use it. Messages name `fn`. */
+static tb_status tb__exec_on_reference(const char *fn, const tb_graph *g,
+                                       const void *const *param_host, void *const *result_host) {
+    tb__exec ref;
+    tb_graph rg = *g;
+    tb_backend_data **args = NULL, **outs = NULL;
+    void *context = NULL, *computation = NULL;
+    tb__saved_error saved;
+    const char *entry = "create_lowering_context";
+    size_t i;
+    tb_status st;
+    ref.func = fn;
+    ref.backend = tb__registry_reference();
+    if (ref.backend == NULL) {
+        return tb__error(TB_ERR_STATE, "%s: the reference backend is not registered", fn);
+    }
+    ref.vt = tb__backend_vtable(ref.backend);
+    st = tb__backend_device(fn, tb_backend_name(ref.backend), 0, &ref.device);
+    if (st != TB_OK) return st;
+    rg.device = ref.device;
+    rg.result_donors = NULL;
+    args = (tb_backend_data **)tb__calloc(g->num_parameters + 1, sizeof *args);
+    outs = (tb_backend_data **)tb__calloc(g->num_results + 1, sizeof *outs);
+    if (args == NULL || outs == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < g->num_parameters && st == TB_OK; i++) {
+        args[i] = tb__data_from_host(&ref.device, &g->parameters[i]->shape, param_host[i]);
+        if (args[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+    }
+    for (i = 0; i < g->num_results && st == TB_OK; i++) {
+        outs[i] = tb__data_new(ref.backend, &ref.device, &g->results[i]->shape);
+        if (outs[i] == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    if (st != TB_OK) goto done;
+    tb__exec_call_begin(&saved);
+    for (i = 0; i < g->num_results && st == TB_OK && ref.vt->create_placeholder != NULL; i++) {
+        entry = "create_placeholder";
+        st = ref.vt->create_placeholder(ref.vt->user_data, outs[i]);
+    }
+    if (st == TB_OK) {
+        entry = "create_lowering_context";
+        st = ref.vt->create_lowering_context(ref.vt->user_data, &rg, &context);
+    }
+    if (st == TB_OK) {
+        entry = "compile";
+        st = ref.vt->compile(ref.vt->user_data, context, &computation);
+    }
+    if (context != NULL && ref.vt->release_lowering_context != NULL)
+        ref.vt->release_lowering_context(ref.vt->user_data, context);
+    if (st == TB_OK) {
+        entry = "execute";
+        st = ref.vt->execute(ref.vt->user_data, computation, args, g->num_parameters, outs,
+                             g->num_results);
+    }
+    if (st != TB_OK) {
+        st = tb__exec_call_failed(&ref, st, entry);
+    } else {
+        tb__error_restore(&saved);
+    }
+    for (i = 0; i < g->num_results && st == TB_OK; i++)
+        st = tb__data_to_host(outs[i], result_host[i]);
+done:
+    if (computation != NULL) ref.vt->release_computation(ref.vt->user_data, computation);
+    for (i = 0; args != NULL && i < g->num_parameters; i++)
+        tb__data_release(args[i]);
+    for (i = 0; outs != NULL && i < g->num_results; i++)
+        tb__data_release(outs[i]);
+    tb__free(args);
+    tb__free(outs);
+    return st;
+}
+
+/* One node on the reference backend, from contiguous host arrays of its operands (one per
+   operand position): a graph of the node whose parameters are its distinct operands. */
+static tb_status tb__exec_reference_node(const char *fn, const tb_node *node,
+                                         void *const *operand_host, void *result) {
+    size_t k = node->num_operands, n = 0, i, j;
+    const tb_node **nodes = (const tb_node **)tb__calloc(k + 2, sizeof *nodes);
+    const void **param_host = (const void **)tb__calloc(k + 1, sizeof *param_host);
+    tb_graph g;
+    tb_status st = TB_ERR_OUT_OF_MEMORY;
+    if (nodes != NULL && param_host != NULL) {
+        /* distinct operands in the order they were made (the post-order of such a graph) */
+        for (i = 0; i < k; i++) {
+            const tb_node *operand = node->operands[i];
+            bool seen = false;
+            for (j = 0; j < n; j++)
+                seen = seen || nodes[j] == operand;
+            if (seen) continue;
+            for (j = n; j > 0 && nodes[j - 1]->id > operand->id; j--) {
+                nodes[j] = nodes[j - 1];
+                param_host[j] = param_host[j - 1];
+            }
+            nodes[j] = operand;
+            param_host[j] = operand_host[i];
+            n++;
+        }
+        nodes[n] = node;
+        memset(&g, 0, sizeof g);
+        g.nodes = nodes;
+        g.num_nodes = n + 1;
+        g.parameters = nodes;
+        g.num_parameters = n;
+        g.results = nodes + n;
+        g.num_results = 1;
+        g.hash = node->hash;
+        st = tb__exec_on_reference(fn, &g, param_host, &result);
+    }
+    tb__free((void *)nodes);
+    tb__free((void *)param_host);
+    return st;
+}
+
+/* LTC's eager fallback: runs one node the backend does not support on the reference
+   backend, from its operands' values, and keeps the result on the device in node->value. */
+static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
+    size_t k = node->num_operands, i, num_pending = 0;
+    void **host = NULL;
+    tb_node **pending = NULL;
+    tb_backend_data **computed = NULL;
+    void *result = NULL;
+    tb_backend_data *value = NULL;
+    tb_status st = TB_ERR_OUT_OF_MEMORY;
+    char name[64];
+
+    host = (void **)tb__calloc(k + 1, sizeof(void *));
+    pending = (tb_node **)tb__calloc(k + 1, sizeof(tb_node *));
+    computed = (tb_backend_data **)tb__calloc(k + 1, sizeof(tb_backend_data *));
+    if (host == NULL || pending == NULL || computed == NULL) goto done;
+    /* operands still pending become a graph of their own, whose results are those operands */
+    for (i = 0; i < k; i++) {
+        size_t j;
+        bool seen = false;
+        if (tb__exec_is_param(node->operands[i])) continue;
+        for (j = 0; j < num_pending; j++)
+            seen = seen || pending[j] == node->operands[i];
+        if (!seen) pending[num_pending++] = node->operands[i];
+    }
+    if (num_pending > 0) {
+        st = tb__exec_materialize(ex, pending, num_pending, NULL, computed);
+        if (st != TB_OK) goto done;
+    }
+    for (i = 0; i < k; i++) {
+        const tb_node *operand = node->operands[i];
+        const tb_backend_data *d = NULL;
+        host[i] = tb__exec_host_alloc(&operand->shape, NULL);
+        if (host[i] == NULL) {
+            st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+            goto done;
+        }
+        if (operand->op == TB_OP_SCALAR && operand->value == NULL) {
+            tb__scalar_store(operand->scalar, operand->shape.dtype, host[i]);
+            continue;
+        }
+        if (tb__exec_is_param(operand)) {
+            d = tb__exec_param_data(ex, operand);
+        } else {
+            size_t j;
+            for (j = 0; j < num_pending; j++) {
+                if (pending[j] == operand) d = computed[j];
+            }
+        }
+        if (d == NULL) {
+            st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+            goto done;
+        }
+        st = tb__data_to_host(d, host[i]);
+        if (st != TB_OK) goto done;
+    }
+    result = tb__exec_host_alloc(&node->shape, NULL);
+    if (result == NULL) {
+        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    st = tb__exec_reference_node(ex->func, node, host, result);
+    if (st != TB_OK) goto done;
+    value = tb__data_from_host(&ex->device, &node->shape, result);
+    if (value == NULL) {
+        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    node->value = value;
+    snprintf(name, sizeof(name), "Fallback::%s", tb_op_name(node->op));
+    tb__metric_count(name, 1);
+    st = TB_OK;
+done:
+    if (host != NULL) {
+        for (i = 0; i < k; i++)
+            tb__free(host[i]);
+    }
+    if (computed != NULL) {
+        for (i = 0; i < num_pending; i++) {
+            if (computed[i] != NULL) tb__data_release(computed[i]);
+        }
+    }
+    tb__free(host);
+    tb__free(pending);
+    tb__free(computed);
+    tb__free(result);
+    return st;
+}
+
+/* Runs the eager fallback for every node of the walked graph the backend does not support.
+   Returns whether any ran (the walk is then stale). */
+static tb_status tb__exec_run_fallbacks(const tb__exec *ex, const tb__exec_walk *w, bool *ran) {
+    size_t i, next_param = 0;
+    *ran = false;
+    if (ex->vt->supports_node == NULL) return TB_OK;
+    for (i = 0; i < w->num_order; i++) {
+        tb_node *node = (tb_node *)w->order[i];
+        tb_status st;
+        if (next_param < w->num_params && w->params[next_param] == node) {
+            next_param++;
+            continue;
+        }
+        /* post-order: every unsupported node below this one already has its value, so the
+           operands' graph needs no fallback of its own */
+        if (tb__exec_supported(ex->vt, node)) continue;
+        st = tb__exec_fallback(ex, node);
+        if (st != TB_OK) return st;
+        *ran = true;
+    }
+    return TB_OK;
+}
+
+static void tb__exec_log_graph(const tb__exec *ex, const tb_graph *g, bool hit, uint64_t compile_ns,
+                               uint64_t run_ns) {
+    char device[64];
+    tb__exec_device_text(&ex->device, device);
+    tb_log_message(
+        TB_LOG_INFO,
+        "graph %016llx nodes=%lu params=%lu results=%lu device=%s cache=%s compile=%.3fms "
+        "run=%.3fms",
+        (unsigned long long)g->hash, (unsigned long)g->num_nodes, (unsigned long)g->num_parameters,
+        (unsigned long)g->num_results, device, hit ? "hit" : "miss", (double)compile_ns / 1e6,
+        (double)run_ns / 1e6);
+}
+
+/* The TB_DEBUG=1 line of a compile that a dump (tb_ir_backend_text, tb_ir_dot) started: the
+   same fields as a run's line, so that a later run's "cache=hit compile=0.000ms" has its
+   compile in the log. */
+static void tb__exec_log_dump_compile(const tb__exec *ex, const tb_graph *g, uint64_t compile_ns) {
+    char device[64];
+    tb__exec_device_text(&ex->device, device);
+    tb_log_message(TB_LOG_INFO,
+                   "graph %016llx nodes=%lu params=%lu results=%lu device=%s cache=miss "
+                   "compile=%.3fms (compiled by %s, not run)",
+                   (unsigned long long)g->hash, (unsigned long)g->num_nodes,
+                   (unsigned long)g->num_parameters, (unsigned long)g->num_results, device,
+                   (double)compile_ns / 1e6, ex->func);
+}
+
+/* The bits of a graph's hash that count: tests keep fewer to force hash collisions. */
+static uint64_t tb__exec_hash_mask = ~(uint64_t)0;
+
+/* Builds the graph of the walk for the non-parameter roots, and ends the walk's canonical
+   form with them. */
+static tb_status tb__exec_graph_make(const tb__exec *ex, tb__exec_walk *w, tb_node *const *roots,
+                                     size_t n, const int32_t *root_donors, const tb_node ***results,
+                                     tb_graph *g) {
+    size_t i, num_results = 0;
+    uint64_t h = w->hash;
+    int32_t *donors = NULL;
+    bool any = false;
+    *results = (const tb_node **)tb__calloc(2 * n + 2, sizeof(const tb_node *));
+    if (*results == NULL) return TB_ERR_OUT_OF_MEMORY;
+    w->num_canon = w->canon_nodes; /* a graph made again from the same walk */
+    if (tb__grow((void **)&w->canon, &w->cap_canon, w->num_canon + 2 * n + 4, sizeof *w->canon) !=
+        TB_OK) {
+        tb__free((void *)*results);
+        *results = NULL;
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    /* the donors live behind the results, in the same block */
+    donors = (int32_t *)(void *)(*results + n + 1);
+    w->canon[w->num_canon++] = TB__CANON_RESULTS;
+    for (i = 0; i < n; i++) {
+        uint64_t at;
+        if (tb__exec_walk_is_param(w, roots[i])) continue;
+        donors[num_results] = root_donors != NULL ? root_donors[i] : -1;
+        if (donors[num_results] >= 0) any = true;
+        (*results)[num_results++] = roots[i];
+        at = (uint64_t)tb__exec_walk_position(w, roots[i]);
+        w->canon[w->num_canon++] = at;
+        h = tb__hash_u64(h, at);
+    }
+    w->canon[w->num_canon++] = num_results;
+    w->canon[w->num_canon++] = w->num_params;
+    if (any) {
+        /* a graph that may compute results into parameters' buffers is another computation */
+        w->canon[w->num_canon++] = TB__CANON_DONORS;
+        for (i = 0; i < num_results; i++) {
+            w->canon[w->num_canon++] = (uint64_t)(int64_t)donors[i];
+            h = tb__hash_u64(h, (uint64_t)(int64_t)donors[i] ^ 0xd0d0u);
+        }
+    }
+    memset(g, 0, sizeof(*g));
+    if (any) g->result_donors = donors;
+    g->nodes = w->order;
+    g->num_nodes = w->num_order;
+    g->parameters = w->params;
+    g->num_parameters = w->num_params;
+    g->results = *results;
+    g->num_results = num_results;
+    g->hash = tb__hash_u64(tb__hash_u64(h, num_results), w->num_params) & tb__exec_hash_mask;
+    g->device = ex->device;
+    return TB_OK;
+}
+
+/* Runs a compiled graph: parameter values in, placeholders filled. On success out_results[i]
+   gets a new reference to the value of g->results[i]. */
+static tb_status tb__exec_run(const tb__exec *ex, const tb_graph *g, void *computation,
+                              tb_backend_data **out_results, uint64_t *run_ns) {
+    tb_backend_data **args;
+    bool *had = NULL; /* per result: its donor had a buffer before the run */
+    size_t i;
+    tb_status st = TB_OK;
+    tb__saved_error saved;
+    uint64_t t0;
+    args = (tb_backend_data **)tb__calloc(g->num_parameters + 1, sizeof(tb_backend_data *));
+    if (args == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < g->num_parameters && st == TB_OK; i++) {
+        args[i] = tb__exec_param_value(ex, g->parameters[i]);
+        if (args[i] == NULL) {
+            st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+        } else if (args[i]->tb__donated) {
+            st = tb__error(TB_ERR_INVALID_ARGUMENT,
+                           "%s: parameter %lu of the graph (%s) is a value that tb_assign replaced "
+                           "and whose buffer the new value took; what reads the old value must "
+                           "be synced before or with the assignment",
+                           ex->func, (unsigned long)i, tb_op_name(g->parameters[i]->op));
+        } else if (!tb_device_equal(&args[i]->device, &ex->device)) {
+            char a[64], b[64];
+            tb__exec_device_text(&args[i]->device, a);
+            tb__exec_device_text(&ex->device, b);
+            st = tb__error(TB_ERR_INVALID_ARGUMENT,
+                           "%s: parameter %lu of the graph is on %s but the graph runs on %s",
+                           ex->func, (unsigned long)i, a, b);
+        }
+    }
+    for (i = 0; i < g->num_results && st == TB_OK; i++) {
+        out_results[i] = tb__data_new(ex->backend, &ex->device, &g->results[i]->shape);
+        if (out_results[i] == NULL) {
+            st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+        } else if (ex->vt->create_placeholder != NULL) {
+            tb__exec_call_begin(&saved);
+            st = ex->vt->create_placeholder(ex->vt->user_data, out_results[i]);
+            if (st != TB_OK) {
+                st = tb__exec_call_failed(ex, st, "create_placeholder");
+            } else {
+                tb__error_restore(&saved);
+            }
+        }
+    }
+    if (st == TB_OK && g->result_donors != NULL) {
+        had = (bool *)tb__calloc(g->num_results + 1, sizeof(bool));
+        if (had == NULL) st = TB_ERR_OUT_OF_MEMORY;
+        for (i = 0; st == TB_OK && i < g->num_results; i++)
+            had[i] = g->result_donors[i] >= 0 && args[g->result_donors[i]]->payload != NULL;
+    }
+    if (st == TB_OK) {
+        t0 = tb__now_ns();
+        tb__exec_call_begin(&saved);
+        st = ex->vt->execute(ex->vt->user_data, computation, args, g->num_parameters, out_results,
+                             g->num_results);
+        *run_ns = tb__now_ns() - t0;
+        tb__metric_sample("ExecuteTime", (double)*run_ns);
+        for (i = 0; g->result_donors != NULL && i < g->num_results; i++) {
+            int32_t j = g->result_donors[i];
+            if (j >= 0 && had[i] && args[j]->payload == NULL && !args[j]->tb__donated) {
+                args[j]->tb__donated = true; /* its buffer is result i's now (or gone) */
+                tb__metric_count("DonatedBuffers", 1);
+            }
+        }
+        if (st != TB_OK) {
+            st = tb__exec_call_failed(ex, st, "execute");
+        } else {
+            tb__error_restore(&saved);
+        }
+    }
+    for (i = 0; i < g->num_parameters; i++) {
+        if (args[i] != NULL) tb__data_release(args[i]);
+    }
+    tb__free(args);
+    tb__free(had);
+    if (st != TB_OK) {
+        for (i = 0; i < g->num_results; i++) {
+            if (out_results[i] != NULL) tb__data_release(out_results[i]);
+            out_results[i] = NULL;
+        }
+    }
+    return st;
+}
+
+/* ---- TB_CHECK: every graph also on the reference interpreter ---- */
+
+/* Whether a backend value and a reference value of one element agree: integers and bool
+   exactly; floats within a tolerance that allows for a device's own exp/log/division. */
+static bool tb__check_close(tb_dtype dtype, const unsigned char *a, const unsigned char *b,
+                            double *va, double *vb) {
+    switch (dtype) {
+    case TB_F32: {
+        float x, y;
+        memcpy(&x, a, sizeof x);
+        memcpy(&y, b, sizeof y);
+        *va = x;
+        *vb = y;
+        break;
+    }
+    case TB_F64:
+        memcpy(va, a, sizeof *va);
+        memcpy(vb, b, sizeof *vb);
+        break;
+    default: {
+        size_t size = tb_dtype_size(dtype);
+        int64_t x = 0, y = 0;
+        if (dtype == TB_I32) {
+            int32_t u, v;
+            memcpy(&u, a, sizeof u);
+            memcpy(&v, b, sizeof v);
+            x = u;
+            y = v;
+        } else if (dtype == TB_I64) {
+            memcpy(&x, a, sizeof x);
+            memcpy(&y, b, sizeof y);
+        } else {
+            x = a[0];
+            y = b[0];
+        }
+        *va = (double)x;
+        *vb = (double)y;
+        return memcmp(a, b, size) == 0;
+    }
+    }
+    if (*va != *va || *vb != *vb) return (*va != *va) && (*vb != *vb);
+    if (*va == *vb) return true; /* equal infinities too */
+    {
+        double tol = dtype == TB_F32 ? 1e-5 + 1e-4 * fabs(*vb) : 1e-10 + 1e-8 * fabs(*vb);
+        return fabs(*va - *vb) <= tol;
+    }
+}
+
+/* Compares the backend's values of the `m` computed nodes with the reference's, element by
+   element, in post-order. The first that differs: TB_ERR_EXECUTE with the report written.
+   A value that could not be read: TB_OK with *st set. */
+static tb_status tb__check_compare(const tb__exec *ex, const tb__exec_walk *w, const tb_graph *g,
+                                   const tb_node *const *computed, size_t m,
+                                   tb_backend_data *const *device_values, void *const *ref_host,
+                                   char *report, size_t cap, tb_status *st) {
+    unsigned char *backend_host = NULL;
+    tb_status verdict = TB_OK;
+    size_t i;
+    for (i = 0; i < m && *st == TB_OK && verdict == TB_OK; i++) {
+        const tb_shape *shape = &computed[i]->shape;
+        size_t nbytes = 0, size = tb_dtype_size(shape->dtype), k, count;
+        *st = tb_shape_nbytes(shape, &nbytes);
+        if (*st != TB_OK) break;
+        tb__free(backend_host);
+        backend_host = (unsigned char *)tb__alloc(nbytes ? nbytes : 1);
+        if (backend_host == NULL) {
+            *st = TB_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        *st = tb__data_to_host(device_values[i], backend_host);
+        count = size ? nbytes / size : 0;
+        for (k = 0; k < count && *st == TB_OK; k++) {
+            double va, vb;
+            char text[96], where[64];
+            if (tb__check_close(shape->dtype, backend_host + k * size,
+                                (const unsigned char *)ref_host[i] + k * size, &va, &vb))
+                continue;
+            tb__shape_text(shape, text);
+            tb_device_format(&ex->device, where, sizeof where);
+            tb__metric_count("CheckMismatch", 1);
+            snprintf(report, cap,
+                     "TB_CHECK: graph %016llx: node %%%lld %s %s (node %lu of %lu in "
+                     "post-order) differs at element %lu: %s gives %.9g, the reference "
+                     "gives %.9g",
+                     (unsigned long long)g->hash, (long long)tb__exec_walk_position(w, computed[i]),
+                     tb_op_name(computed[i]->op), text, (unsigned long)i, (unsigned long)m,
+                     (unsigned long)k, where, va, vb);
+            verdict = TB_ERR_EXECUTE;
+            break;
+        }
+    }
+    tb__free(backend_host);
+    return verdict;
+}
+
+/* Runs `g` again on its backend with every computed node as a result, runs the same graph on
+   the reference backend, and reports the first node (in post-order) whose values differ.
+   At check level 1 purely diagnostic: the caller's error stays as it was and TB_OK comes back.
+   At level 2 a node that differs, or a graph that could not be checked, is an error of the
+   sync: TB_ERR_EXECUTE (or the reason the check failed) with the report as its message. */
+static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, const tb_graph *g) {
+    tb_graph cg = *g;
+    const tb_node **computed = NULL;
+    tb_backend_data **device_values = NULL;
+    void **param_host = NULL, **ref_host = NULL;
+    void *context = NULL, *computation = NULL;
+    size_t i, m = 0;
+    uint64_t run_ns = 0;
+    tb__saved_error saved;
+    tb_status st = TB_OK, verdict = TB_OK;
+    char report[TB__ERROR_CAP];
+    tb__slow_notice notice;
+
+    if (ex->backend == tb__registry_reference()) return TB_OK; /* it is the reference */
+    report[0] = '\0';
+    tb__error_save(&saved);
+    tb_clear_error(); /* a reason below is the check's own */
+    computed = (const tb_node **)tb__calloc(g->num_nodes + 1, sizeof *computed);
+    param_host = (void **)tb__calloc(g->num_parameters + 1, sizeof *param_host);
+    if (computed == NULL || param_host == NULL) {
+        st = TB_ERR_OUT_OF_MEMORY;
+    } else {
+        for (i = 0; i < g->num_nodes; i++) {
+            if (!tb__exec_walk_is_param(w, g->nodes[i])) computed[m++] = g->nodes[i];
+        }
+        device_values = (tb_backend_data **)tb__calloc(m + 1, sizeof *device_values);
+        ref_host = (void **)tb__calloc(m + 1, sizeof *ref_host);
+        if (device_values == NULL || ref_host == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    cg.results = computed;
+    cg.num_results = m;
+    /* the backend's values of every node: an uncached computation of its own (not counted as
+       a compile of the program's, but a slow one says so like any other) */
+    notice.armed = false;
+    if (st == TB_OK && tb_debug_level() >= 1) {
+        char device[64];
+        tb__exec_device_text(&ex->device, device);
+        tb__slow_notice_begin(&notice, TB__SLOW_COMPILE_MS,
+                              "graph %016llx: TB_CHECK: compiling %lu nodes on %s ... (still "
+                              "running after %u s)",
+                              (unsigned long long)g->hash, (unsigned long)g->num_nodes, device,
+                              TB__SLOW_COMPILE_MS / 1000u);
+    }
+    if (st == TB_OK) st = ex->vt->create_lowering_context(ex->vt->user_data, &cg, &context);
+    if (st == TB_OK) st = ex->vt->compile(ex->vt->user_data, context, &computation);
+    if (context != NULL && ex->vt->release_lowering_context != NULL)
+        ex->vt->release_lowering_context(ex->vt->user_data, context);
+    tb__slow_notice_end(&notice);
+    if (st == TB_OK) st = tb__exec_run(ex, &cg, computation, device_values, &run_ns);
+    /* the reference's values, from the same parameter values */
+    for (i = 0; i < g->num_parameters && st == TB_OK; i++) {
+        size_t nbytes = 0;
+        tb_backend_data *d = tb__exec_param_value(ex, g->parameters[i]);
+        st = d == NULL ? TB_ERR_INTERNAL : tb_shape_nbytes(&d->shape, &nbytes);
+        if (st == TB_OK) {
+            param_host[i] = tb__alloc(nbytes ? nbytes : 1);
+            st = param_host[i] == NULL ? TB_ERR_OUT_OF_MEMORY : tb__data_to_host(d, param_host[i]);
+        }
+        if (d != NULL) tb__data_release(d);
+    }
+    for (i = 0; i < m && st == TB_OK; i++) {
+        size_t nbytes = 0;
+        st = tb_shape_nbytes(&computed[i]->shape, &nbytes);
+        if (st == TB_OK) {
+            ref_host[i] = tb__alloc(nbytes ? nbytes : 1);
+            if (ref_host[i] == NULL) st = TB_ERR_OUT_OF_MEMORY;
+        }
+    }
+    if (st == TB_OK)
+        st = tb__exec_on_reference(ex->func, &cg, (const void *const *)param_host, ref_host);
+    if (st == TB_OK) {
+        verdict = tb__check_compare(ex, w, g, computed, m, device_values, ref_host, report,
+                                    sizeof report, &st);
+        if (verdict != TB_OK) goto done;
+    }
+    if (st == TB_OK) {
+        tb__metric_count("CheckedGraphs", 1);
+    } else {
+        snprintf(report, sizeof report, "TB_CHECK: graph %016llx could not be checked: %.900s",
+                 (unsigned long long)g->hash,
+                 tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
+        verdict = st;
+    }
+done:
+    if (computation != NULL) ex->vt->release_computation(ex->vt->user_data, computation);
+    for (i = 0; device_values != NULL && i < m; i++) {
+        if (device_values[i] != NULL) tb__data_release(device_values[i]);
+    }
+    for (i = 0; param_host != NULL && i < g->num_parameters; i++)
+        tb__free(param_host[i]);
+    for (i = 0; ref_host != NULL && i < m; i++)
+        tb__free(ref_host[i]);
+    tb__free(device_values);
+    tb__free(param_host);
+    tb__free(ref_host);
+    tb__free((void *)computed);
+    tb__error_restore(&saved);
+    if (verdict == TB_OK) return TB_OK;
+    tb_log_message(TB_LOG_WARN, "%s", report);
+    if (tb__desc()->check < 2) return TB_OK;
+    return tb__error(verdict, "%s: %s", ex->func, report);
+}
+
+#undef TB__SLOW_COMPILE_MS
+
+/* The parameter of the walk whose value is `data`, when exactly one is; else -1. */
+static int32_t tb__exec_donor_param(const tb__exec *ex, const tb__exec_walk *w,
+                                    const tb_backend_data *data) {
+    size_t j;
+    int32_t at = -1;
+    for (j = 0; j < w->num_params; j++) {
+        const tb_node *p = w->params[j];
+        if (p->op == TB_OP_SCALAR && p->value == NULL) continue;
+        if (tb__exec_param_data(ex, p) != data) continue;
+        if (at >= 0) return -1; /* read through two parameters: kept apart */
+        at = (int32_t)j;
+    }
+    return at;
+}
+
+/* The values of `roots` (distinct nodes on ex->device): out[i] gets a new reference. donors
+   (NULL: none) gives per root a value nothing reads after this graph, whose buffer the root's
+   value may take (tb__exec_donors). On error out is all NULL and no node changed except for
+   values the eager fallback computed (and donated values a failed run consumed). */
+static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
+                                      tb_backend_data *const *donors, tb_backend_data **out) {
+    tb__exec_walk w;
+    tb_graph g;
+    int32_t *root_donors = NULL;
+    const tb_node **results = NULL;
+    tb_backend_data **values = NULL;
+    tb__comp_cache_entry *entry = NULL;
+    bool ran = false, hit = false;
+    uint64_t compile_ns = 0, run_ns = 0;
+    size_t i, r;
+    tb_status st;
+
+    memset(&w, 0, sizeof(w));
+    memset(out, 0, n * sizeof(tb_backend_data *));
+    st = tb__exec_walk_add(&w, ex->func, roots, n);
+    if (st == TB_OK) st = tb__exec_run_fallbacks(ex, &w, &ran);
+    if (st == TB_OK && ran) {
+        tb__exec_walk_free(&w);
+        st = tb__exec_walk_add(&w, ex->func, roots, n);
+    }
+    if (st == TB_OK && donors != NULL) {
+        root_donors = (int32_t *)tb__calloc(n + 1, sizeof(int32_t));
+        if (root_donors == NULL) st = TB_ERR_OUT_OF_MEMORY;
+        for (i = 0; i < n && st == TB_OK; i++)
+            root_donors[i] = donors[i] != NULL ? tb__exec_donor_param(ex, &w, donors[i]) : -1;
+    }
+    if (st == TB_OK) st = tb__exec_graph_make(ex, &w, roots, n, root_donors, &results, &g);
+    if (st != TB_OK) goto done;
+
+    if (g.num_results > 0) {
+        values = (tb_backend_data **)tb__calloc(g.num_results, sizeof(tb_backend_data *));
+        if (values == NULL) {
+            st = TB_ERR_OUT_OF_MEMORY;
+            goto done;
+        }
+        tb__metric_sample("TensorsGraphSize", (double)g.num_nodes);
+        if (tb_debug_level() >= 3) {
+            tb__str text;
+            memset(&text, 0, sizeof(text));
+            tb__exec_text_append(&text, &w, roots, n);
+            tb_log_message(TB_LOG_DEBUG, "graph %016llx IR:\n%s", (unsigned long long)g.hash,
+                           text.data != NULL ? text.data : "");
+            tb__str_free(&text);
+        }
+        st = tb__exec_compile(ex, &g, &w, &entry, &hit, &compile_ns);
+        if (st == TB_OK) st = tb__exec_run(ex, &g, entry->computation, values, &run_ns);
+        if (st != TB_OK) goto done;
+        if (tb_debug_level() >= 1) tb__exec_log_graph(ex, &g, hit, compile_ns, run_ns);
+        /* at check level 2 a failed check fails the sync: the results are released below */
+        if (tb__desc()->check > 0) st = tb__exec_check(ex, &w, &g);
+    }
+    /* roots that are parameters need no computation: their values are at hand */
+    for (i = 0, r = 0; i < n; i++) {
+        if (r < g.num_results && results[r] == roots[i]) {
+            out[i] = values[r++];
+            continue;
+        }
+        out[i] = tb__exec_param_value(ex, roots[i]);
+        if (out[i] == NULL) {
+            st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+            break;
+        }
+    }
+    if (st != TB_OK) {
+        for (i = 0; i < n; i++) {
+            if (out[i] != NULL) tb__data_release(out[i]);
+            out[i] = NULL;
+        }
+        /* results not yet handed to out */
+        for (; r < g.num_results; r++)
+            tb__data_release(values[r]);
+    }
+done:
+    tb__comp_cache_release(entry);
+    tb__free(values);
+    tb__free((void *)results);
+    tb__free(root_donors);
+    tb__exec_walk_free(&w);
+    return st;
+}
+
+/* The executor of `device` for `func`. */
+static tb_status tb__exec_init(tb__exec *ex, const char *func, const tb_device *device) {
+    ex->func = func;
+    ex->device = *device;
+    ex->backend = tb__backend_for_device(device);
+    if (ex->backend == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_NOT_FOUND;
+    ex->vt = tb__backend_vtable(ex->backend);
+    if (ex->vt == NULL) return tb__error(TB_ERR_INTERNAL, "%s: a backend without a vtable", func);
+    return TB_OK;
+}
+
+/* Empties the computation cache and frees its table (tb_shutdown, through tensor.c's). */
+static void tb__comp_cache_shutdown(void) {
+    tb__comp_cache_clear();
+    tb__mutex_lock(&tb__comp_cache_mutex);
+    tb__free(tb__comp_cache_buckets);
+    tb__comp_cache_buckets = NULL;
+    tb__comp_cache_num_buckets = 0;
+    tb__mutex_unlock(&tb__comp_cache_mutex);
+}
