@@ -39,6 +39,10 @@ typedef struct fake_state {
 typedef struct fake_buffer {
     void *data;
     size_t size;
+    /* a caller's array used in place (data_borrow_host): not freed, handed back instead */
+    void (*release)(void *context);
+    void *release_context;
+    int borrowed;
 } fake_buffer;
 
 static fake_buffer *fake_buffer_new(size_t size) {
@@ -50,12 +54,16 @@ static fake_buffer *fake_buffer_new(size_t size) {
         return NULL;
     }
     b->size = size;
+    b->release = NULL;
+    b->release_context = NULL;
+    b->borrowed = 0;
     return b;
 }
 
 static void fake_buffer_free(fake_buffer *b) {
     if (b == NULL) return;
-    free(b->data);
+    if (!b->borrowed) free(b->data);
+    if (b->borrowed && b->release != NULL) b->release(b->release_context);
     free(b);
 }
 
@@ -523,6 +531,34 @@ static size_t fake_create_metrics_report(void *user_data, char *buf, size_t cap)
     return n < 0 ? 0 : (size_t)n;
 }
 
+/* data_host_pointer (optional): where the values live when the library may read and write
+   them in place. This "device" keeps them in host memory, so DLPack export and the model files
+   need no copy; a discrete device leaves the entry NULL. */
+static void *fake_data_host_pointer(void *user_data, const tb_backend_data *data) {
+    (void)user_data;
+    return ((const fake_buffer *)data->payload)->data;
+}
+
+/* data_borrow_host (optional): use the caller's array in place (tb_tensor_from_host_borrowed,
+   DLPack import, memory-mapped model files) and hand it back with release(context) when the
+   buffer is freed. A device that cannot returns TB_ERR_UNSUPPORTED (or leaves it NULL). */
+static tb_status fake_data_borrow_host(void *user_data, tb_backend_data *data, void *host,
+                                       void (*release)(void *context), void *context) {
+    size_t size = 0;
+    fake_buffer *b;
+    (void)user_data;
+    if (tb_shape_nbytes(&data->shape, &size) != TB_OK) return tb_last_status();
+    b = (fake_buffer *)malloc(sizeof *b);
+    if (b == NULL) return tb_set_error(TB_ERR_OUT_OF_MEMORY, "fake: out of memory");
+    b->data = host;
+    b->size = size;
+    b->release = release;
+    b->release_context = context;
+    b->borrowed = 1;
+    data->payload = b;
+    return TB_OK;
+}
+
 /* ---- registration ---- */
 
 static tb_status fake_register(fake_state *state) {
@@ -556,6 +592,8 @@ static tb_status fake_register(fake_state *state) {
     impl.set_default_device_ordinal = fake_set_default_device_ordinal;
     impl.eager_fallback_device_type = fake_eager_fallback_device_type;
     impl.create_metrics_report = fake_create_metrics_report;
+    impl.data_host_pointer = fake_data_host_pointer;
+    impl.data_borrow_host = fake_data_borrow_host;
     return tb_backend_register("fake", &impl, "experimental");
 }
 
@@ -622,6 +660,20 @@ int main(void) {
         if (fabsf(ex[i] - expf(av[i])) > 1e-5f * expf(av[i])) bad = 1;
     }
     printf("\n");
+
+    /* a borrowed array is used in place: a change to it shows in the next computation */
+    {
+        float host[6] = {1, 2, 3, 4, 5, 6}, twice[6];
+        tb_tensor *h = tb_tensor_from_host_borrowed(host, &shape, &dev), *t;
+        host[5] = 60;
+        t = tb_add(h, h);
+        if (t == NULL || tb_tensor_to_host(t, twice, sizeof twice) != TB_OK)
+            return fail("borrowed");
+        printf("h + h over a borrowed array = %g ... %g\n", twice[0], twice[5]);
+        if (twice[0] != 2 || twice[5] != 120) bad = 1;
+        tb_tensor_release(t);
+        tb_tensor_release(h);
+    }
 
     text = tb_backend_metrics_report("fake");
     if (text != NULL) printf("%s", text);

@@ -6,7 +6,8 @@
 #   --no-install    do not install missing Debian packages
 #
 # Steps: install the Debian packages the suite needs, check that torch_backend.h matches src/,
-# test amalgamate.py, check formatting, compile checks (C99/C11/C++11/C++17, gcc and clang),
+# test amalgamate.py, check the layering of src/ (tools/check_layers.py), check formatting,
+# compile checks (C99/C11/C++11/C++17, gcc and clang),
 # the cmocka test programs tests/test_*.c under gcc's address and undefined-behaviour
 # sanitizers (the plugins and the OpenCL fault stand-in they load are built first),
 # tests/test_threads.c under clang's thread sanitizer, the test programs again under clang's
@@ -47,7 +48,7 @@ while [ $# -gt 0 ]; do
     --filter=*) filter=${1#--filter=} ;;
     --no-install) install=0 ;;
     -h | --help)
-        sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
@@ -161,6 +162,18 @@ if selected "tools/test_amalgamate.sh" || selected "amalgamate.py"; then
     pass "$n_ok"
     if [ "$n_fail" -gt 0 ]; then
         fail "tools/test_amalgamate.sh" "$n_fail"
+    fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+step "layers"
+if selected "tools/check_layers.py"; then
+    if python3 tools/check_layers.py; then
+        echo "ok layers: no part calls a later one, internals are declared, sizes within budget"
+        pass
+    else
+        echo "FAIL layers: see tools/check_layers.py's findings above"
+        fail "tools/check_layers.py"
     fi
 fi
 
