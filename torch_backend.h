@@ -21521,6 +21521,9 @@ typedef struct tb__cg_norm {
     int32_t x, w, b, axis, i0, row_pos;
     int64_t len;
     bool layer;
+    /* a softmax whose kernel ends with it (no epilogue): the second pass stores each exp in
+       out, the last scales out by 1 / sum in place, so each element's exp is computed once */
+    bool stash;
     tb_dtype od;
     const char *t, *ct; /* the output's type and the accumulators' */
 } tb__cg_norm;
@@ -21564,7 +21567,7 @@ static bool tb__cg_norm_store(tb__cg *g, const tb__cg_norm *nm, int32_t j, int32
         }
         tb__ix_line(&g->ix, "const %s v%d = (%s)y;", t, (int)vf, t);
     } else if (nm->cn->op == TB_OP_SOFTMAX) {
-        tb__ix_line(&g->ix, "const %s v%d = (%s)((%s)%s(v%d - (%s)mx) / sm);", t, (int)vf, t, ct,
+        tb__ix_line(&g->ix, "const %s v%d = (%s)((%s)%s(v%d - (%s)mx) * rsm);", t, (int)vf, t, ct,
                     tb__cg_math(g, "exp", nm->od), (int)vx, t);
     } else {
         tb__ix_line(&g->ix, "const %s v%d = (%s)((%s)v%d - mx - lse);", t, (int)vf, t, ct, (int)vx);
@@ -21589,9 +21592,22 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
              (int)w);
     tb__ix_open(&g->ix, head);
     xp = tb__cg_norm_pos(g, nm, j);
+    if (nm->stash && pass >= 1) {
+        if (!tb__ix_need_flat(&g->ix, xp)) return false;
+        tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+    }
+    if (nm->stash && pass == 2) {
+        tb__ix_line(&g->ix, "vstore16(vload16(0, out + (%s)) * rsm, 0, out + (%s));", flat, flat);
+        tb__ix_close(&g->ix, "");
+        return g->ix.status == TB_OK;
+    }
     vx = tb__cg_veval(g, nm->x, xp);
     if (vx < 0) return false;
-    if (pass == 0) {
+    if (nm->stash && pass == 1) {
+        tb__ix_line(&g->ix, "const float16 evv = tb_vexp16(v%d - mx);", (int)vx);
+        tb__ix_line(&g->ix, "smv += evv;");
+        tb__ix_line(&g->ix, "vstore16(evv, 0, out + (%s));", flat);
+    } else if (pass == 0) {
         if (nm->layer) {
             tb__ix_line(&g->ix, "sumv += v%d;", (int)vx);
         } else {
@@ -21623,7 +21639,7 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
             }
             tb__ix_line(&g->ix, "const float16 v%d = y;", (int)vf);
         } else if (nm->cn->op == TB_OP_SOFTMAX) {
-            tb__ix_line(&g->ix, "const float16 v%d = tb_vexp16(v%d - mx) / sm;", (int)vf, (int)vx);
+            tb__ix_line(&g->ix, "const float16 v%d = tb_vexp16(v%d - mx) * rsm;", (int)vf, (int)vx);
         } else {
             tb__ix_line(&g->ix, "const float16 v%d = v%d - mx - lse;", (int)vf, (int)vx);
         }
@@ -21647,7 +21663,7 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
 static bool tb__cg_norm_pass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     const tb__plan_kernel *k = nm->k;
     const char *ct = nm->ct;
-    char head[128];
+    char head[128], flat[TB__LF_TEXT];
     int32_t j, xp, vx;
     if (k->vec > 0 && !tb__cg_norm_vpass(g, nm, pass)) return false;
     j = tb__ix_new_var(&g->ix, 0, nm->len > 0 ? nm->len - 1 : 0);
@@ -21661,9 +21677,23 @@ static bool tb__cg_norm_pass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     }
     tb__ix_open(&g->ix, head);
     xp = tb__cg_norm_pos(g, nm, j);
+    if (nm->stash && pass >= 1) {
+        if (!tb__ix_need_flat(&g->ix, xp)) return false;
+        tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+    }
+    if (nm->stash && pass == 2) {
+        tb__ix_line(&g->ix, "out[%s] = (%s)((%s)out[%s] * rsm);", flat, nm->t, ct, flat);
+        tb__ix_close(&g->ix, "");
+        return g->ix.status == TB_OK;
+    }
     vx = tb__cg_eval(g, nm->x, xp);
     if (vx < 0) return false;
-    if (pass == 0) {
+    if (nm->stash && pass == 1) {
+        tb__ix_line(&g->ix, "const %s ev = (%s)%s(v%d - (%s)mx);", ct, ct,
+                    tb__cg_math(g, "exp", nm->od), (int)vx, nm->t);
+        tb__ix_line(&g->ix, "sm += ev;");
+        tb__ix_line(&g->ix, "out[%s] = (%s)ev;", flat, nm->t);
+    } else if (pass == 0) {
         if (nm->layer) {
             tb__ix_line(&g->ix, "sum += (%s)v%d;", ct, (int)vx);
         } else {
@@ -21697,6 +21727,7 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
     nm.xs = tb__plan_shape(G, nm.x);
     nm.w = nm.b = nm.row_pos = -1;
     nm.layer = nm.cn->op == TB_OP_LAYER_NORM;
+    nm.stash = nm.cn->op == TB_OP_SOFTMAX && k->root == k->core;
     nm.axis = nm.layer ? nm.xs->rank - 1 : (int32_t)nm.cn->attrs[0];
     nm.od = nm.cn->shape.dtype;
     nm.t = tb__cg_ctype(nm.od);
@@ -21752,6 +21783,8 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
                             nm.ct, tb__cg_math(g, "sqrt", k->acc), nm.ct, (long long)nm.len, eps);
             } else if (nm.cn->op == TB_OP_LOG_SOFTMAX) {
                 tb__ix_line(&g->ix, "const %s lse = %s(sm);", nm.ct, tb__cg_math(g, "log", k->acc));
+            } else {
+                tb__ix_line(&g->ix, "const %s rsm = (%s)1 / sm;", nm.ct, nm.ct);
             }
         }
     }
