@@ -285,6 +285,11 @@ static tb_node *tb__tensor_ir(tb_tensor *tensor);
 static tb_status tb__resolve_device(const tb_device *device, tb_device *out);
 /* a new tensor holding `data` (consumes the caller's reference); NULL data -> NULL */
 static tb_tensor *tb__tensor_from_data(tb_backend_data *data);
+/* scopes (tb_scope_begin): a library object takes over one of the caller's references to t,
+   which a scope stops owning when every reference t has was a scope's */
+static void tb__scope_disown(tb_tensor *t);
+/* a new reference to an existing tensor, returned to the caller: a scope owns it; returns t */
+static tb_tensor *tb__scope_claim(tb_tensor *t);
 
 /* reference.c: the reference interpreter. A graph's parameter values and results are
    contiguous host arrays of the nodes' shapes. */
