@@ -990,10 +990,11 @@ TBDEF tb_status tb_tensor_item(tb_tensor *tensor, double *out);
    What a scope owns: the reference that comes with every tensor handle a function returns on
    the calling thread while the scope is that thread's innermost one (ops, creation, transfers,
    loads, tb_detach, tb_grad's gradients, ...). Not the tensors made before it opened, nor
-   the references tb_accumulate_grads stores in its acc array (the caller's, like acc). tb_dropout
-   when not training hands back its input: that reference goes to the calling thread's scope that
-   owns the input, or to the innermost scope when no scope does. The scope owns that one reference
-   and nothing else, so:
+   those a library object keeps for itself (an optimizer's state, a loaded tensor set's
+   tensors), nor the references tb_accumulate_grads stores in its acc array (the caller's, like
+   acc). tb_dropout when not training hands back its input: that reference goes to the
+   calling thread's scope that owns the input, or to the innermost scope when no scope does.
+   The scope owns that one reference and nothing else, so:
    - tb_tensor_retain on a handle gives you a reference of your own: tb_scope_end drops only
      the scope's, and the tensor lives until you release yours.
    - Releasing a handle yourself inside its scope is allowed: when that frees the tensor (no
@@ -16165,6 +16166,7 @@ static tb_tensor *tb__optim_zeros_like(tb_tensor *t) {
         tb_tensor_release(z);
         z = NULL;
     }
+    if (z != NULL) tb__scope_disown(z); /* the optimizer keeps it: a scope no longer owns it */
     return z;
 }
 
@@ -27098,6 +27100,7 @@ static tb_status tb__set_add_owned(const char *fn, tb_tensor_set *set, const cha
         return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
     }
     set->entries[set->count].name = copy;
+    tb__scope_disown(tensor); /* the set keeps the reference: a scope no longer owns it */
     set->entries[set->count].tensor = tensor;
     {
         size_t s = tb__set_slot_of(copy, set->slot_count);

@@ -96,10 +96,11 @@ TBDEF tb_status tb_tensor_item(tb_tensor *tensor, double *out);
    What a scope owns: the reference that comes with every tensor handle a function returns on
    the calling thread while the scope is that thread's innermost one (ops, creation, transfers,
    loads, tb_detach, tb_grad's gradients, ...). Not the tensors made before it opened, nor
-   the references tb_accumulate_grads stores in its acc array (the caller's, like acc). tb_dropout
-   when not training hands back its input: that reference goes to the calling thread's scope that
-   owns the input, or to the innermost scope when no scope does. The scope owns that one reference
-   and nothing else, so:
+   those a library object keeps for itself (an optimizer's state, a loaded tensor set's
+   tensors), nor the references tb_accumulate_grads stores in its acc array (the caller's, like
+   acc). tb_dropout when not training hands back its input: that reference goes to the
+   calling thread's scope that owns the input, or to the innermost scope when no scope does.
+   The scope owns that one reference and nothing else, so:
    - tb_tensor_retain on a handle gives you a reference of your own: tb_scope_end drops only
      the scope's, and the tensor lives until you release yours.
    - Releasing a handle yourself inside its scope is allowed: when that frees the tensor (no

@@ -1,9 +1,10 @@
 /* Scopes (tb_scope_begin, tb_scope_end, tb_scope_keep): a forward pass without a release per
    intermediate, values checked against numbers worked out by hand; nesting, keep moving a tensor
    to the enclosing scope, handles released or retained by their user inside a scope, errors,
-   each thread's own scopes, tb_dropout's handed-back input, refused allocations, and
-   tb_shutdown with scopes open. Every test runs with a counting allocator: what a scope
-   releases shows as blocks given back, and tb_shutdown must leave none. */
+   each thread's own scopes, tb_dropout's handed-back input, tensors that an optimizer or a
+   tensor set keeps for itself, refused allocations, and tb_shutdown with scopes open. Every
+   test runs with a counting allocator: what a scope releases shows as blocks given back, and
+   tb_shutdown must leave none. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <stdarg.h>
 #include <stddef.h>
@@ -484,6 +485,53 @@ static void test_dropout_hands_back_its_input(void **state) {
     run_thrice(dropout_body);
 }
 
+static void test_library_objects_keep_their_tensors(void **state) {
+    const float pv[2] = {1, -2}, after[2] = {0.9f, -1.9f};
+    tb_tensor *p, *grads[1], *loss, *q;
+    tb_optimizer *opt;
+    tb_optimizer_desc desc = tb_adam_desc(0.1);
+    tb_tensor_set *set, *loaded;
+    const char *path = path_of("scope.safetensors");
+    (void)state;
+    p = f32(pv, 1, 2, 0);
+    assert_int_equal(tb_set_requires_grad(p, true), TB_OK);
+    /* a training step in a scope: the optimizer's state is made in it, yet is the optimizer's */
+    assert_int_equal(tb_scope_begin(), TB_OK);
+    opt = tb_optimizer_new(&desc, &p, 1);
+    assert_non_null(opt);
+    loss = tb_sum(tb_mul(p, p), NULL, 0, false);
+    assert_int_equal(tb_grad(loss, NULL, &p, 1, grads), TB_OK);
+    assert_int_equal(tb_optimizer_step(opt, grads, &loss, 1), TB_OK);
+    /* a tensor set: one tensor added (the set retains it), one file loaded */
+    set = tb_tensor_set_new();
+    assert_non_null(set);
+    assert_int_equal(tb_tensor_set_add(set, "twice", tb_mul_scalar(p, 2.0)), TB_OK);
+    assert_int_equal(tb_safetensors_save(path, set), TB_OK);
+    loaded = tb_safetensors_load(path, NULL);
+    assert_non_null(loaded);
+    assert_int_equal(tb_scope_end(), TB_OK);
+    expect_values(p, after, 2);
+    /* the state survived the scope: a second step reads it (PyTorch's numbers) */
+    assert_int_equal(tb_scope_begin(), TB_OK);
+    loss = tb_sum(tb_mul(p, p), NULL, 0, false);
+    assert_int_equal(tb_grad(loss, NULL, &p, 1, grads), TB_OK);
+    assert_int_equal(tb_optimizer_step(opt, grads, &loss, 1), TB_OK);
+    assert_int_equal(tb_scope_end(), TB_OK);
+    assert_int_equal(tb_optimizer_steps(opt), 2);
+    {
+        const float twice[2] = {1.8f, -3.8f}, p2[2] = {0.8004122f, -1.8001665f};
+        expect_values(tb_tensor_set_get(set, "twice"), twice, 2);
+        expect_values(tb_tensor_set_get(loaded, "twice"), twice, 2);
+        expect_values(p, p2, 2);
+    }
+    q = tb_tensor_set_get(loaded, "twice");
+    assert_non_null(q);
+    tb_optimizer_free(opt);
+    tb_tensor_set_free(set);
+    tb_tensor_set_free(loaded);
+    tb_tensor_release(p);
+}
+
 /* ---- refused allocations ---- */
 
 /* The scoped forward pass read back: TB_OK with the values in `got`, or the first error. */
@@ -572,6 +620,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_threads_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shutdown_with_scopes_open, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dropout_hands_back_its_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_library_objects_keep_their_tensors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused_allocations, setup, teardown),
     };
     return cmocka_run_group_tests_name("scope", tests, group_setup, group_teardown);
