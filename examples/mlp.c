@@ -103,13 +103,11 @@ static int write_missing(const char *folder) {
     return 0;
 }
 
-/* relu(x @ w + b), or just x @ w + b for the last layer. The intermediate handles go to
-   `keep` so that main releases them. */
-static tb_tensor *layer(tb_tensor *x, tb_tensor *w, tb_tensor *b, int relu, tb_tensor **keep) {
-    keep[0] = tb_matmul(x, w);
-    keep[1] = tb_add(keep[0], b);
-    if (!relu) return tb_tensor_retain(keep[1]);
-    return tb_relu(keep[1]);
+/* relu(x @ w + b), or just x @ w + b for the last layer. Called inside a scope, which owns
+   the intermediate handles. */
+static tb_tensor *layer(tb_tensor *x, tb_tensor *w, tb_tensor *b, int relu) {
+    tb_tensor *y = tb_add(tb_matmul(x, w), b);
+    return relu ? tb_relu(y) : y;
 }
 
 /* The same network in plain C (double accumulation), for the check. */
@@ -147,8 +145,7 @@ static void host_forward(float *const *v, double probs[BATCH][CLASSES]) {
 int main(int argc, char **argv) {
     const char *folder = argc > 1 ? argv[1] : "mlp_weights";
     tb_tensor *p[NUM_PARAMS] = {NULL};
-    tb_tensor *keep[6] = {NULL};
-    tb_tensor *h1 = NULL, *h2 = NULL, *logits = NULL, *probs = NULL, *pred = NULL;
+    tb_tensor *probs = NULL, *pred = NULL;
     float *host[NUM_PARAMS] = {NULL};
     float out_probs[BATCH][CLASSES];
     int64_t out_pred[BATCH];
@@ -194,12 +191,16 @@ int main(int argc, char **argv) {
     }
 
     if (!failed) {
-        /* Recorded, not run: the forward pass is one pending graph. */
-        h1 = layer(p[0], p[1], p[2], 1, keep);
-        h2 = layer(h1, p[3], p[4], 1, keep + 2);
-        logits = layer(h2, p[5], p[6], 0, keep + 4);
-        probs = tb_softmax(logits, -1);
-        pred = tb_argmax(logits, -1, false);
+        /* Recorded, not run: the forward pass is one pending graph. The scope releases the
+           intermediate handles at its end; the two outputs are kept (the caller's). */
+        if (tb_scope_begin() == TB_OK) {
+            tb_tensor *h1 = layer(p[0], p[1], p[2], 1);
+            tb_tensor *h2 = layer(h1, p[3], p[4], 1);
+            tb_tensor *logits = layer(h2, p[5], p[6], 0);
+            probs = tb_scope_keep(tb_softmax(logits, -1));
+            pred = tb_scope_keep(tb_argmax(logits, -1, false));
+            tb_scope_end();
+        }
         if (probs == NULL || pred == NULL) {
             fprintf(stderr, "mlp: %s\n", tb_last_error());
             failed = 1;
@@ -269,11 +270,6 @@ int main(int argc, char **argv) {
         tb_tensor_release(p[i]);
         free(host[i]);
     }
-    for (i = 0; i < sizeof keep / sizeof keep[0]; ++i)
-        tb_tensor_release(keep[i]);
-    tb_tensor_release(h1);
-    tb_tensor_release(h2);
-    tb_tensor_release(logits);
     tb_tensor_release(probs);
     tb_tensor_release(pred);
     tb_free(dot);

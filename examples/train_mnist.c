@@ -124,28 +124,23 @@ static tb_tensor *uniform(int64_t rows, int64_t cols, int64_t fan_in, const tb_d
     return w;
 }
 
-/* logits of the batch x [n, 784] */
+/* logits of the batch x [n, 784]; the scope releases the intermediates as it ends */
 static tb_tensor *forward(tb_tensor *const *p, tb_tensor *x) {
-    tb_tensor *a = tb_matmul(x, p[0]), *b = tb_add(a, p[1]), *h = tb_relu(b);
-    tb_tensor *c = tb_matmul(h, p[2]), *d = tb_add(c, p[3]), *k = tb_relu(d);
-    tb_tensor *e = tb_matmul(k, p[4]), *z = tb_add(e, p[5]);
-    tb_tensor_release(a);
-    tb_tensor_release(b);
-    tb_tensor_release(h);
-    tb_tensor_release(c);
-    tb_tensor_release(d);
-    tb_tensor_release(k);
-    tb_tensor_release(e);
+    tb_tensor *h, *k, *z;
+    if (tb_scope_begin() != TB_OK) return NULL;
+    h = tb_relu(tb_add(tb_matmul(x, p[0]), p[1]));
+    k = tb_relu(tb_add(tb_matmul(h, p[2]), p[3]));
+    z = tb_scope_keep(tb_add(tb_matmul(k, p[4]), p[5]));
+    tb_scope_end();
     return z;
 }
 
 /* how many rows of logits z pick the label y, as an f32 scalar */
 static tb_tensor *correct(tb_tensor *z, tb_tensor *y) {
-    tb_tensor *am = tb_argmax(z, 1, false), *eq = tb_eq(am, y), *f = tb_cast(eq, TB_F32);
-    tb_tensor *s = tb_sum(f, NULL, 0, false);
-    tb_tensor_release(am);
-    tb_tensor_release(eq);
-    tb_tensor_release(f);
+    tb_tensor *s;
+    if (tb_scope_begin() != TB_OK) return NULL;
+    s = tb_scope_keep(tb_sum(tb_cast(tb_eq(tb_argmax(z, 1, false), y), TB_F32), NULL, 0, false));
+    tb_scope_end();
     return s;
 }
 

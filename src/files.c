@@ -75,6 +75,7 @@ static tb_status tb__set_add_owned(const char *fn, tb_tensor_set *set, const cha
         return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
     }
     set->entries[set->count].name = copy;
+    tb__scope_disown(tensor); /* the set keeps the reference: a scope no longer owns it */
     set->entries[set->count].tensor = tensor;
     {
         size_t s = tb__set_slot_of(copy, set->slot_count);

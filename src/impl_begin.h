@@ -369,6 +369,11 @@ static tb_tensor *tb__tensor_from_data(tb_backend_data *data);
 static tb_tensor *tb__tensor_borrow(const char *func, const void *host, const tb_shape *shape,
                                     const tb_device *device, void (*release)(void *context),
                                     void *context);
+/* scopes (tb_scope_begin): a library object takes over one of the caller's references to t,
+   which a scope stops owning when every reference t has was a scope's */
+static void tb__scope_disown(tb_tensor *t);
+/* a new reference to an existing tensor, returned to the caller: a scope owns it; returns t */
+static tb_tensor *tb__scope_claim(tb_tensor *t);
 
 /* reference.c: the reference interpreter (the cpu backend runs it). A graph's parameter values
    and results are contiguous host arrays of the nodes' shapes. */

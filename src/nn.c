@@ -205,7 +205,7 @@ TBDEF tb_tensor *tb_dropout(tb_tensor *x, double p, bool training) {
                   tb_dtype_name(xs.dtype));
         return NULL;
     }
-    if (!training || p == 0.0) return tb_tensor_retain(x);
+    if (!training || p == 0.0) return tb__scope_claim(tb_tensor_retain(x));
     tb__ag_init(&a, fn);
     a.device = tb_tensor_device(x);
     if (p == 1.0) {

@@ -27,5 +27,6 @@ TBDEF tb_tensor *tb_mse_loss(tb_tensor *input, tb_tensor *target, tb_reduction r
 /* torch.nn.functional.dropout: when `training`, each element is kept with probability 1 - p
    and scaled by 1 / (1 - p), else zeroed; the mask is tb_rand's stream (uniform u < 1 - p keeps
    the element), so every backend drops the same elements for the same seed and call order.
-   Not training (or p = 0): x itself (retained). p must be in [0, 1]; p = 1 gives zeros. */
+   Not training (or p = 0): x itself (retained; inside a scope see tb_scope_begin). p must be in [0,
+   1]; p = 1 gives zeros. */
 TBDEF tb_tensor *tb_dropout(tb_tensor *x, double p, bool training);

@@ -105,6 +105,7 @@ static tb_tensor *tb__optim_zeros_like(tb_tensor *t) {
         tb_tensor_release(z);
         z = NULL;
     }
+    if (z != NULL) tb__scope_disown(z); /* the optimizer keeps it: a scope no longer owns it */
     return z;
 }
 

@@ -23,6 +23,13 @@ struct tb_tensor {
     /* the value it held before tb_assign gave it a pending one (owned, NULL otherwise): the
        sync that computes the new value may compute it into this value's buffer */
     tb_backend_data *donor;
+    /* the scope that owns `scope_refs` of its references (tb_scope_begin; NULL: none) and its
+       place in that scope's list; under tb__tensor_live_mutex (scope_refs changes atomically
+       too: tb_tensor_release reads it without the lock) */
+    struct tb__scope *scope;
+    tb_tensor *scope_prev;
+    tb_tensor *scope_next;
+    int32_t scope_refs;
 };
 
 static tb__mutex tb__tensor_live_mutex = TB__MUTEX_INIT;
@@ -59,9 +66,189 @@ static bool tb__tensor_retain_if_alive(int32_t *refcount) {
 #endif
 }
 
+/* ---- scopes ----
+   Each open scope is a record on its thread's stack (tb__scope_top, innermost first through
+   `parent`) and on the process-wide list tb__scope_all (newest first), through which
+   tb_shutdown finds the scopes of every thread. A tensor is in at most one scope's list. The
+   lists and the tensors' scope fields are guarded by tb__tensor_live_mutex, which making and
+   freeing a tensor take anyway: a tensor joins its scope with no extra lock and no allocation.
+   tb_shutdown frees every record and bumps tb__scope_epoch: a thread whose stack is older has
+   none open. */
+
+typedef struct tb__scope {
+    struct tb__scope *parent; /* the enclosing scope of the same thread */
+    struct tb__scope *all_prev;
+    struct tb__scope *all_next;
+    tb_tensor *head; /* the tensors it owns references to, newest first */
+} tb__scope;
+
+static tb__scope *tb__scope_all = NULL;
+static int32_t tb__scope_epoch = 0;
+static TB__THREAD_LOCAL tb__scope *tb__scope_top = NULL;
+static TB__THREAD_LOCAL int32_t tb__scope_top_epoch = 0;
+
+/* The calling thread's innermost open scope, or NULL. */
+static tb__scope *tb__scope_current(void) {
+    if (tb__scope_top != NULL && tb__scope_top_epoch != TB__ATOMIC_LOAD(&tb__scope_epoch))
+        tb__scope_top = NULL; /* tb_shutdown closed it */
+    return tb__scope_top;
+}
+
+/* Gives scope s `refs` references of t, which is in no scope. Under the lock. */
+static void tb__scope_link(tb__scope *s, tb_tensor *t, int32_t refs) {
+    t->scope = s;
+    t->scope_prev = NULL;
+    t->scope_next = s->head;
+    if (s->head != NULL) s->head->scope_prev = t;
+    s->head = t;
+    TB__ATOMIC_ADD(&t->scope_refs, refs);
+}
+
+/* Takes t out of its scope; returns how many of its references the scope owned. Under the
+   lock. */
+static int32_t tb__scope_unlink(tb_tensor *t) {
+    int32_t refs;
+    if (t->scope == NULL) return 0;
+    if (t->scope_prev != NULL) {
+        t->scope_prev->scope_next = t->scope_next;
+    } else {
+        t->scope->head = t->scope_next;
+    }
+    if (t->scope_next != NULL) t->scope_next->scope_prev = t->scope_prev;
+    t->scope = NULL;
+    t->scope_prev = NULL;
+    t->scope_next = NULL;
+    refs = TB__ATOMIC_LOAD(&t->scope_refs);
+    TB__ATOMIC_ADD(&t->scope_refs, -refs);
+    return refs;
+}
+
+/* One reference of t leaves the caller's hands: released (tb_tensor_release calls this), or
+   taken over by a library object that keeps it (a tensor set, an optimizer's state). When
+   every reference t has is a scope's, that reference was the scope's, which no longer owns it:
+   a handle its user releases inside the scope is not released again at the end. Otherwise the
+   reference is taken to be one of the caller's own (tb_tensor_retain). */
+static void tb__scope_disown(tb_tensor *t) {
+    if (TB__ATOMIC_LOAD(&t->scope_refs) == 0) return; /* in no scope: the common case */
+    tb__mutex_lock(&tb__tensor_live_mutex);
+    if (t->scope != NULL && TB__ATOMIC_LOAD(&t->refcount) <= TB__ATOMIC_LOAD(&t->scope_refs)) {
+        if (TB__ATOMIC_LOAD(&t->scope_refs) > 1) {
+            TB__ATOMIC_ADD(&t->scope_refs, -1);
+        } else {
+            (void)tb__scope_unlink(t);
+        }
+    }
+    tb__mutex_unlock(&tb__tensor_live_mutex);
+}
+
+/* For a function that returns a new reference to a tensor that already exists (tb_dropout's
+   input): the scope of the calling thread that owns t gets it, or the innermost scope when t
+   is in none. A tensor of another thread's scope, or no scope open: the caller's. Returns t. */
+static tb_tensor *tb__scope_claim(tb_tensor *t) {
+    tb__scope *top = tb__scope_current(), *s = top;
+    if (t == NULL || top == NULL) return t;
+    tb__mutex_lock(&tb__tensor_live_mutex);
+    if (t->scope == NULL) {
+        tb__scope_link(top, t, 1);
+    } else {
+        while (s != NULL && s != t->scope)
+            s = s->parent;
+        if (s != NULL) TB__ATOMIC_ADD(&t->scope_refs, 1);
+    }
+    tb__mutex_unlock(&tb__tensor_live_mutex);
+    return t;
+}
+
+/* Releases the references scope s owns, one tensor at a time (a release may call into a
+   backend: never under the lock), then takes s off tb__scope_all and frees it. */
+static void tb__scope_close(tb__scope *s) {
+    for (;;) {
+        tb_tensor *t;
+        int32_t refs = 0;
+        tb__mutex_lock(&tb__tensor_live_mutex);
+        t = s->head;
+        if (t != NULL) {
+            refs = tb__scope_unlink(t);
+        } else {
+            if (s->all_prev != NULL) {
+                s->all_prev->all_next = s->all_next;
+            } else {
+                tb__scope_all = s->all_next;
+            }
+            if (s->all_next != NULL) s->all_next->all_prev = s->all_prev;
+        }
+        tb__mutex_unlock(&tb__tensor_live_mutex);
+        if (t == NULL) break;
+        while (refs-- > 0)
+            tb_tensor_release(t);
+    }
+    tb__free(s);
+}
+
+TBDEF tb_status tb_scope_begin(void) {
+    tb__scope *s;
+    tb__ensure_setup();
+    if (!tb_is_setup()) return tb_last_status(); /* memory ran out setting the library up */
+    s = (tb__scope *)tb__calloc(1, sizeof *s);
+    if (s == NULL) return tb__error(TB_ERR_OUT_OF_MEMORY, "tb_scope_begin: out of memory");
+    s->parent = tb__scope_current();
+    tb__mutex_lock(&tb__tensor_live_mutex);
+    s->all_next = tb__scope_all;
+    if (tb__scope_all != NULL) tb__scope_all->all_prev = s;
+    tb__scope_all = s;
+    tb__mutex_unlock(&tb__tensor_live_mutex);
+    tb__scope_top = s;
+    tb__scope_top_epoch = TB__ATOMIC_LOAD(&tb__scope_epoch);
+    return TB_OK;
+}
+
+TBDEF tb_status tb_scope_end(void) {
+    tb__scope *s = tb__scope_current();
+    if (s == NULL) {
+        return tb__error(
+            TB_ERR_STATE,
+            "tb_scope_end: no scope is open on this thread (tb_scope_begin opens one)");
+    }
+    tb__scope_top = s->parent;
+    tb__scope_close(s);
+    return TB_OK;
+}
+
+TBDEF tb_tensor *tb_scope_keep(tb_tensor *tensor) {
+    tb__scope *top = tb__scope_current();
+    if (tensor == NULL) {
+        tb__tensor_null_error("tb_scope_keep", "tensor");
+        return NULL;
+    }
+    if (top == NULL) return tensor;
+    tb__mutex_lock(&tb__tensor_live_mutex);
+    if (tensor->scope == top) {
+        int32_t refs = tb__scope_unlink(tensor);
+        if (top->parent != NULL) tb__scope_link(top->parent, tensor, refs);
+    }
+    tb__mutex_unlock(&tb__tensor_live_mutex);
+    return tensor;
+}
+
+/* tb_shutdown: closes every scope still open on any thread, newest first (a thread's inner
+   scopes before its outer ones); afterwards no thread has a scope open. */
+static void tb__scope_shutdown(void) {
+    for (;;) {
+        tb__scope *s;
+        tb__mutex_lock(&tb__tensor_live_mutex);
+        s = tb__scope_all;
+        tb__mutex_unlock(&tb__tensor_live_mutex);
+        if (s == NULL) break;
+        tb__scope_close(s);
+    }
+    TB__ATOMIC_ADD(&tb__scope_epoch, 1);
+    tb__scope_top = NULL;
+}
+
 /* ---- tensors ---- */
 
 static tb_tensor *tb__tensor_new(const tb_device *device, const tb_shape *shape) {
+    tb__scope *scope = tb__scope_current();
     tb_tensor *t = (tb_tensor *)tb__calloc(1, sizeof(tb_tensor));
     if (t == NULL) return NULL;
     t->refcount = 1;
@@ -72,12 +259,14 @@ static tb_tensor *tb__tensor_new(const tb_device *device, const tb_shape *shape)
     if (tb__tensor_live_head != NULL) tb__tensor_live_head->live_prev = t;
     tb__tensor_live_head = t;
     t->live_linked = true;
+    if (scope != NULL) tb__scope_link(scope, t, 1); /* the handle's reference is the scope's */
     tb__mutex_unlock(&tb__tensor_live_mutex);
     return t;
 }
 
 static void tb__tensor_destroy(tb_tensor *t) {
     tb__mutex_lock(&tb__tensor_live_mutex);
+    (void)tb__scope_unlink(t); /* a handle released once too often: its scope must not again */
     if (t->live_linked) {
         if (t->live_prev != NULL) {
             t->live_prev->live_next = t->live_next;
@@ -129,6 +318,7 @@ TBDEF tb_tensor *tb_tensor_retain(tb_tensor *tensor) {
 
 TBDEF void tb_tensor_release(tb_tensor *tensor) {
     if (tensor == NULL) return;
+    tb__scope_disown(tensor);
     if (TB__ATOMIC_ADD(&tensor->refcount, -1) == 0) tb__tensor_destroy(tensor);
 }
 
@@ -907,6 +1097,7 @@ TBDEF tb_status tb_manual_seed(uint64_t seed) {
 
 static void tb__executor_shutdown(void) {
     tb_tensor *t;
+    tb__scope_shutdown(); /* before the cache and the backends go: its releases may use them */
     tb__comp_cache_shutdown();
     /* tensors still alive are invalid from now on; forget them so a new setup starts clean */
     tb__mutex_lock(&tb__tensor_live_mutex);

@@ -1,9 +1,9 @@
 /* ===========================================================================================
    Lazy tensors, ops, executor, metrics
    Ownership: every function that returns a tb_tensor * returns a new reference that the caller
-   releases with tb_tensor_release. Tensors given as arguments are borrowed (never consumed).
-   A function given a NULL tensor returns NULL and keeps the first error, so a chain of ops can
-   be checked once at the end.
+   releases with tb_tensor_release (or leaves to a scope: tb_scope_begin). Tensors given as
+   arguments are borrowed (never consumed). A function given a NULL tensor returns NULL and
+   keeps the first error, so a chain of ops can be checked once at the end.
    =========================================================================================== */
 
 /* ---- creation ---- */
@@ -80,6 +80,62 @@ TBDEF tb_status tb_tensor_to_host(tb_tensor *tensor, void *dst, size_t size);
 TBDEF tb_tensor *tb_to_device(tb_tensor *tensor, const tb_device *device);
 /* The value of a one-element tensor as a double (syncs). TB_ERR_SHAPE for other sizes. */
 TBDEF tb_status tb_tensor_item(tb_tensor *tensor, double *out);
+
+/* ---- scopes ----
+   A scope owns the tensors made while it is open, so that code with many intermediate results
+   (a model's forward pass) needs no release for each: tb_scope_end releases them, except those
+   passed to tb_scope_keep (TensorFlow.js's tidy and keep; an autorelease pool).
+
+       tb_scope_begin();
+       tb_tensor *h = tb_relu(tb_add(tb_matmul(x, w1), b1));
+       tb_tensor *y = tb_scope_keep(tb_softmax(tb_matmul(h, w2), -1));
+       tb_scope_end();          (releases both matmuls, the add and h; y stays pending)
+       ...
+       tb_tensor_release(y);    (kept out of every scope: the caller's)
+
+   What a scope owns: the reference that comes with every tensor handle a function returns on
+   the calling thread while the scope is that thread's innermost one (ops, creation, transfers,
+   loads, tb_detach, tb_grad's gradients, ...). Not the tensors made before it opened, nor
+   those a library object keeps for itself (an optimizer's state, a loaded tensor set's
+   tensors), nor the references tb_accumulate_grads stores in its acc array (the caller's, like
+   acc). tb_dropout when not training hands back its input: that reference goes to the
+   calling thread's scope that owns the input, or to the innermost scope when no scope does.
+   The scope owns that one reference and nothing else, so:
+   - tb_tensor_retain on a handle gives you a reference of your own: tb_scope_end drops only
+     the scope's, and the tensor lives until you release yours.
+   - Releasing a handle yourself inside its scope is allowed: when that frees the tensor (no
+     other reference is left) the scope forgets it; nothing is released twice. A release while
+     references other than the scope's remain drops one of those (one you retained). So do not
+     release a handle after giving it to something that keeps a reference of its own
+     (tb_tensor_set_add): the scope still drops its reference at the end; leave it to the
+     scope, or keep the handle and release it after the end.
+   A pending tensor released by a scope stays in the graphs of the tensors computed from it
+   (IR nodes are counted apart), so kept results still compute after tb_scope_end.
+   Threads: each thread has its own scopes, and a scope only owns handles returned on its
+   thread. A handle may still be used or released on any thread, as any handle; releasing a
+   scope's handle on one thread while another ends that scope is a race as any double release
+   is. A thread that exits with scopes open leaves them (and their references) to tb_shutdown.
+   tb_shutdown ends every scope still open on every thread, innermost first, releasing their
+   references as tb_scope_end would (other references to those tensors become invalid as any
+   live tensor does); afterwards no thread has a scope open. */
+
+/* Opens a scope on the calling thread, nested in the thread's innermost open scope if any.
+   TB_ERR_OUT_OF_MEMORY when its record cannot be allocated: then no scope is opened (and no
+   tb_scope_end is due). Thread-safe: it touches the calling thread's scopes only. */
+TBDEF tb_status tb_scope_begin(void);
+/* Closes the calling thread's innermost scope: drops its reference to every tensor it owns
+   (not kept, not freed by a release of its user), then the enclosing scope is innermost again.
+   TB_ERR_STATE when no scope is open on this thread ("tb_scope_end: no scope is open on this
+   thread (tb_scope_begin opens one)"); on success an earlier error stays as it was.
+   Thread-safe: it touches the calling thread's scopes only. */
+TBDEF tb_status tb_scope_end(void);
+/* Makes `tensor` survive the calling thread's innermost scope: when that scope owns it, the
+   references it owns move to the enclosing scope, or to the caller (who then releases them)
+   when there is none. A tensor the innermost scope does not own (made outside it, already
+   kept, another thread's), or no scope open: nothing changes. Returns `tensor`. NULL: returns
+   NULL and keeps the first error (TB_ERR_INVALID_ARGUMENT when there was none), so
+   tb_scope_keep(op(...)) is checked once with the rest. Thread-safe. */
+TBDEF tb_tensor *tb_scope_keep(tb_tensor *tensor);
 
 /* ---- executor ----
    A graph's computation is cached under a structural hash: ops, attributes, shapes, how the

@@ -545,6 +545,31 @@ static WL_UNUSED tb_status wl_run(const wl_config *cfg, wl_record *rec, wl_run_s
         WL_V("vector matmul", q);
     }
 
+    /* ---- scopes: a forward pass without a release per intermediate ---- */
+    {
+        tb_status st;
+        WL_S(tb_scope_begin());
+        t = tb_relu(tb_add(tb_matmul(x, wt), b));
+        st = tb_scope_begin();
+        if (st == TB_OK) {
+            v = tb_scope_keep(tb_mul_scalar(t, 0.5)); /* to the outer scope */
+            tb_tensor_release(tb_exp(t));             /* released inside its scope */
+            st = tb_scope_end();
+        }
+        u = st == TB_OK ? tb_scope_keep(tb_softmax(v, 1)) : NULL; /* out of both */
+        (void)tb_scope_end(); /* t and v go; u's pending graph still reads them */
+        if (st != TB_OK) {
+            wl_fail(w, "tb_scope_begin (nested)", st);
+            goto out;
+        }
+        if (u == NULL) {
+            wl_fail(w, "tb_scope_keep(tb_softmax(v, 1))", TB_OK);
+            goto out;
+        }
+        wl_keep(w, u);
+        WL_V("scoped softmax", u);
+    }
+
     /* ---- views, concat, pad, gather, index_select ---- */
     {
         int64_t dims3[3] = {2, 2, 6}, edims[4] = {4, 3, 2, 2}, pads[4] = {1, 2, 0, 1};
