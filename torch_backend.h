@@ -25768,6 +25768,7 @@ static bool tb__native_write_file(const char *path, const void *data, size_t n) 
     while (ok && n > 0) {
         ssize_t put = write(fd, p, n);
         if (put < 0 && errno == EINTR) continue;
+        if (put == 0) errno = EIO; /* nothing written: no reason of write's own to report */
         if (put <= 0) ok = false;
         if (put > 0) {
             p += put;
@@ -27902,9 +27903,10 @@ static tb_status tb__blob_open(const char *fn, const char *path, tb__blob **out)
     if (fd < 0)
         return tb__error(errno == ENOENT ? TB_ERR_NOT_FOUND : TB_ERR_IO, "%s: cannot open %s: %s",
                          fn, path, strerror(errno));
+    errno = 0;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 0 ||
         (uint64_t)st.st_size > (uint64_t)SIZE_MAX) {
-        int e = errno;
+        int e = errno; /* 0 unless fstat itself failed: nothing stale in the message */
         close(fd);
         return tb__error(TB_ERR_IO, "%s: %s is not a regular file that can be read%s%s", fn, path,
                          e ? ": " : "", e ? strerror(e) : "");

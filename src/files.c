@@ -305,9 +305,10 @@ static tb_status tb__blob_open(const char *fn, const char *path, tb__blob **out)
     if (fd < 0)
         return tb__error(errno == ENOENT ? TB_ERR_NOT_FOUND : TB_ERR_IO, "%s: cannot open %s: %s",
                          fn, path, strerror(errno));
+    errno = 0;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 0 ||
         (uint64_t)st.st_size > (uint64_t)SIZE_MAX) {
-        int e = errno;
+        int e = errno; /* 0 unless fstat itself failed: nothing stale in the message */
         close(fd);
         return tb__error(TB_ERR_IO, "%s: %s is not a regular file that can be read%s%s", fn, path,
                          e ? ": " : "", e ? strerror(e) : "");

@@ -627,6 +627,7 @@ static bool tb__native_write_file(const char *path, const void *data, size_t n) 
     while (ok && n > 0) {
         ssize_t put = write(fd, p, n);
         if (put < 0 && errno == EINTR) continue;
+        if (put == 0) errno = EIO; /* nothing written: no reason of write's own to report */
         if (put <= 0) ok = false;
         if (put > 0) {
             p += put;
