@@ -585,7 +585,7 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     vx = tb__cg_veval(g, nm->x, xp);
     if (vx < 0) return false;
     if (nm->stash && pass == 1) {
-        tb__ix_line(&g->ix, "const float16 evv = tb_vexp16(v%d - mx);", (int)vx);
+        tb__ix_line(&g->ix, "const float16 evv = TB_VEXP(v%d - mx);", (int)vx);
         tb__ix_line(&g->ix, "smv += evv;");
         tb__ix_line(&g->ix, "vstore16(evv, 0, out + (%s));", flat);
     } else if (pass == 0) {
@@ -599,7 +599,7 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
             tb__ix_line(&g->ix, "const float16 dv = v%d - mean;", (int)vx);
             tb__ix_line(&g->ix, "sqv += dv * dv;");
         } else {
-            tb__ix_line(&g->ix, "smv += tb_vexp16(v%d - mx);", (int)vx);
+            tb__ix_line(&g->ix, "smv += TB_VEXP(v%d - mx);", (int)vx);
         }
     } else {
         vf = tb__cg_new_vec(g);
@@ -620,7 +620,7 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
             }
             tb__ix_line(&g->ix, "const float16 v%d = y;", (int)vf);
         } else if (nm->cn->op == TB_OP_SOFTMAX) {
-            tb__ix_line(&g->ix, "const float16 v%d = tb_vexp16(v%d - mx) * rsm;", (int)vf, (int)vx);
+            tb__ix_line(&g->ix, "const float16 v%d = TB_VEXP(v%d - mx) * rsm;", (int)vf, (int)vx);
         } else {
             tb__ix_line(&g->ix, "const float16 v%d = v%d - mx - lse;", (int)vf, (int)vx);
         }

@@ -48,6 +48,7 @@ static const char tb__native_head[] =
     "#define TB_VASF(x) ((float16)(x))\n"
     "#define TB_VASI(x) ((int16)(x))\n"
     "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(float16))\n"
+    "#define TB_VEXP(x) tb_vexp16(x) /* the prelude's: C has no vector exp */\n"
     "static inline float16 TB_VSQRT(float16 x) {\n"
     "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
     "}\n"

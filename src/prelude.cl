@@ -100,7 +100,9 @@ TB_FN float tb_randn_f32(ulong seed, ulong offset, ulong index) {
 #ifdef TB_HAS_VEC16
 /* Vectors of 16 floats for rows read in order (the dialect's head defines float16, int16,
    TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a),
-   TB_VCVTI (float to int, lane by lane) and TB_VASF (int bits as float). */
+   TB_VCVTI (float to int, lane by lane), TB_VASF (int bits as float) and TB_VEXP (exp of each
+   lane: the device's built-in where it has a vector one, which on PoCL is faster than the
+   polynomial below; tb_vexp16 where the dialect has none). */
 
 /* exp of each lane (Cephes' polynomial after reduction by ln 2, about 1 ulp): overflow gives
    +inf, underflow 0 through the denormals, NaN stays NaN. */
