@@ -12,6 +12,9 @@
 #   4. The README's recipe for building the implementation once (static and shared library).
 #   5. Every example's build line (its "// Build:" and "//    or:" comments) and the README's
 #      cc lines for examples/, run as written from a copy of the repository root.
+#   6. What the examples built there say: hello's values and its errors on a bad TB_BACKEND or
+#      TB_DEVICE (exit status 1, the library's message), devices listing the plugins on
+#      TB_BACKEND_PATH (the example plugin built from its build line, and a broken one).
 # One line per check, "ok ..." or "FAIL ..." (tools/test.sh counts them); exit 1 on a failure.
 # Needs cmake, pkg-config and a C compiler (CC, default cc); C++ lines use c++ as written.
 set -uo pipefail
@@ -265,6 +268,53 @@ for entry in "${lines[@]}"; do
         fail "build line of ${entry%%: *}: $command" "$out"
     fi
 done
+
+# ---- 6. what the examples built above say -------------------------------------------------
+# expect NAME WANT_STATUS NEEDLE... -- COMMAND...: COMMAND (run in the root copy) exits with
+# WANT_STATUS and its output (stdout and stderr) holds each NEEDLE.
+expect() {
+    local name=$1 want=$2 out rc needle missing=""
+    shift 2
+    local needles=()
+    while [ "$1" != "--" ]; do
+        needles+=("$1")
+        shift
+    done
+    shift
+    out=$(cd "$root_copy" && "$@" 2>&1)
+    rc=$?
+    for needle in "${needles[@]}"; do
+        [[ "$out" == *"$needle"* ]] || missing+=" '$needle'"
+    done
+    if [ "$rc" -eq "$want" ] && [ -z "$missing" ]; then
+        ok "$name"
+    else
+        fail "$name (exit status $rc, want $want; missing:${missing:- nothing})" "$out"
+    fi
+}
+if [ -x "$root_copy/hello" ] && [ -x "$root_copy/devices" ] &&
+    [ -f "$root_copy/libtb_backend_plugin.so" ]; then
+    # hello checks each status it prints: a bad switch ends it with the library's message, in
+    # the same words for TB_BACKEND and TB_DEVICE
+    expect "examples/hello.c on cpu prints its values" 0 "backend: cpu, device: cpu:0" \
+        $'4 4 4\n5 6 7' -- env -u TB_DEVICE TB_BACKEND=cpu ./hello
+    expect "examples/hello.c stops on a bad TB_BACKEND" 1 \
+        "hello: tb_get_backend: TB_BACKEND='no_such_backend' is not a usable backend: unknown backend 'no_such_backend'; available: " \
+        -- env -u TB_DEVICE TB_BACKEND=no_such_backend ./hello
+    expect "examples/hello.c stops on a bad TB_DEVICE" 1 \
+        "hello: tb_current_device: TB_DEVICE='cpu:9' is not a usable device: device ordinal 9 out of range" \
+        -- env -u TB_BACKEND TB_DEVICE=cpu:9 ./hello
+    # devices lists the plugins on TB_BACKEND_PATH with the built-in backends, and says why a
+    # plugin does not load
+    mkdir -p "$work/broken_plugins"
+    : >"$work/broken_plugins/libtb_backend_broken.so"
+    expect "examples/devices.c lists the plugin backends" 0 "cpu"$'\n'"  cpu:0 (CPU)" \
+        $'\nplugin [example]\n  plugin:0 (ACCELERATOR)\n    name:             plugin device' \
+        "plugin broken does not load: tb_backend_lookup: cannot load plugin $work/broken_plugins/libtb_backend_broken.so" \
+        -- env -u TB_BACKEND -u TB_DEVICE TB_BACKEND_PATH="$root_copy:$work/broken_plugins" ./devices
+else
+    fail "examples: hello, devices or libtb_backend_plugin.so was not built from its build line"
+fi
 
 echo "integration: $failures failed"
 [ "$failures" -eq 0 ]
