@@ -18,6 +18,7 @@
 #include "torch_backend.h"
 
 #include "scratch_dir.h"
+#include "alloc_watch.h"
 
 static tb_device cpu;
 
@@ -34,9 +35,17 @@ static void write_st(const char *path, const char *header, const void *data, siz
     free(buf);
 }
 
+/* The size of a file (0 when there is none). */
+static size_t size_of_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (size_t)st.st_size : 0;
+}
+
 static void expect_load_error(const char *path, tb_status status, const char *fragment) {
     tb_clear_error();
+    alloc_watch_reset();
     tb_tensor_set *set = tb_safetensors_load(path, &cpu);
+    alloc_watch_check(size_of_file(path), fragment);
     if (set != NULL) {
         tb_tensor_set_free(set);
         fail_msg("%s loaded; expected an error with '%s'", path, fragment);
@@ -503,7 +512,8 @@ static void test_hostile_files(void **state) {
 }
 
 /* Every truncation and many random byte changes of a valid file: no crash, no leak (the
-   sanitizers watch), and either a set or an error with a message. */
+   sanitizers watch), no allocation larger than the file, and either a set or an error with a
+   message. */
 static void test_mutations_fail_cleanly(void **state) {
     (void)state;
     tb_tensor_set *set = sample_set();
@@ -517,7 +527,9 @@ static void test_mutations_fail_cleanly(void **state) {
     for (size_t len = 0; len < n; ++len) {
         write_bytes(bad, bytes, len);
         tb_clear_error();
+        alloc_watch_reset();
         set = tb_safetensors_load(bad, &cpu);
+        alloc_watch_check(len, "a truncated file");
         assert_null(set); /* every proper prefix is incomplete */
         assert_true(tb_last_error()[0] != '\0');
     }
@@ -535,7 +547,9 @@ static void test_mutations_fail_cleanly(void **state) {
         }
         write_bytes(bad, work, n);
         tb_clear_error();
+        alloc_watch_reset();
         set = tb_safetensors_load(bad, &cpu);
+        alloc_watch_check(n, "a damaged file");
         if (set != NULL) {
             ++loaded;
             for (size_t i = 0; i < tb_tensor_set_count(set); ++i) {
@@ -658,6 +672,7 @@ static void test_numpy_exchange(void **state) {
 static int setup(void **state) {
     (void)state;
     if (scratch_make("tb_safetensors") != 0) return -1;
+    if (alloc_watch_setup() != TB_OK) return -1;
     return tb_device_make("cpu", 0, &cpu) == TB_OK ? 0 : -1;
 }
 
