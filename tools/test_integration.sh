@@ -7,8 +7,9 @@
 #      find_package (against both installs; a 1.0 request must fail), add_subdirectory,
 #      FetchContent from SOURCE_DIR and from a file:// URL of an archive (no network), each also
 #      linking the implementation compiled once (torch_backend::impl or
-#      torch_backend_add_implementation); every program built is run.
-#   3. pkg-config --cflags --libs against both installs.
+#      torch_backend_add_implementation) and building examples/hello.c; every program built
+#      is run.
+#   3. pkg-config --cflags --libs against both installs (a small program and examples/hello.c).
 #   4. The README's recipe for building the implementation once (static and shared library).
 #   5. Every example's build line (its "// Build:" and "//    or:" comments) and the README's
 #      cc lines for examples/, run as written from a copy of the repository root.
@@ -127,7 +128,7 @@ sed '/#define TB_IMPLEMENTATION/d' "$consumer/main.c" >"$consumer/app.c"
 write_project() {
     local dir=$1 how=$2 impl=torch_backend::impl
     mkdir -p "$dir"
-    cp "$consumer/main.c" "$consumer/app.c" "$dir/"
+    cp "$consumer/main.c" "$consumer/app.c" "$repo/examples/hello.c" "$dir/"
     {
         echo "cmake_minimum_required(VERSION 3.14)"
         echo "project(consumer C)"
@@ -156,10 +157,12 @@ write_project() {
         echo "target_link_libraries(consumer PRIVATE torch_backend::torch_backend)"
         echo "add_executable(consumer_lib app.c)"
         echo "target_link_libraries(consumer_lib PRIVATE $impl)"
+        echo "add_executable(hello hello.c)"
+        echo "target_link_libraries(hello PRIVATE torch_backend::torch_backend)"
     } >"$dir/CMakeLists.txt"
 }
 
-# build_and_run NAME DIR [cmake args]: configure, build, run both programs.
+# build_and_run NAME DIR [cmake args]: configure, build, run the three programs.
 build_and_run() {
     local name=$1 dir=$2 out
     shift 2
@@ -178,6 +181,12 @@ build_and_run() {
             fail "$name: $program runs" "$out"
         fi
     done
+    if out=$(env -u TB_DEVICE TB_BACKEND=cpu "$dir/build/hello" 2>&1) &&
+        [[ "$out" == *"backend: cpu, device: cpu:0"* ]]; then
+        ok "$name: examples/hello.c runs"
+    else
+        fail "$name: examples/hello.c runs" "$out"
+    fi
 }
 
 # An archive of the repository's files (what a release or a forge's tarball holds).
@@ -223,6 +232,15 @@ for tree in prefix_cmake prefix_sh; do
         ok "pkg-config --cflags --libs torch_backend ($tree: $flags): $out"
     else
         fail "pkg-config --cflags --libs torch_backend ($tree)" "$flags / $got_version / $out"
+    fi
+    # an example, built out of tree with nothing but what pkg-config gives
+    # shellcheck disable=SC2086
+    if out=$(cd "$work" && $cc -std=c99 "$repo/examples/hello.c" $flags -o "$work/pc_hello_$tree" 2>&1) &&
+        out=$(env -u TB_DEVICE TB_BACKEND=cpu "$work/pc_hello_$tree" 2>&1) &&
+        [[ "$out" == *"backend: cpu, device: cpu:0"* ]]; then
+        ok "pkg-config: examples/hello.c builds and runs ($tree)"
+    else
+        fail "pkg-config: examples/hello.c builds and runs ($tree)" "$out"
     fi
     unset PKG_CONFIG_PATH
 done
