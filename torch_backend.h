@@ -152,8 +152,9 @@ TBDEF void tb_clear_error(void);
 
 /* Records an error for the calling thread and returns `status`, for backends and custom ops that
    want to report a reason: `return tb_set_error(TB_ERR_EXECUTE, "mydev: queue lost");`.
-   Messages longer than 1023 bytes are cut. In a plugin's own copy of the library (TB_STATIC)
-   loaded by a host, the error is also set in the host (see "plugins" below). Thread-safe. */
+   Messages longer than 1023 bytes are cut; a NULL `fmt` gives tb_status_string(status) as the
+   message. In a plugin's own copy of the library (TB_STATIC) loaded by a host, the error is
+   also set in the host (see "plugins" below). Thread-safe. */
 TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 
 typedef enum tb_log_level {
@@ -2299,7 +2300,11 @@ static const tb_plugin_host *tb__plugin_parent = NULL;
 TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    tb__error_v(status, fmt, ap);
+    if (fmt != NULL) {
+        tb__error_v(status, fmt, ap);
+    } else {
+        tb__error(status, "%s", tb_status_string(status)); /* never an empty message */
+    }
     va_end(ap);
     if (tb__plugin_parent != NULL) tb__plugin_parent->set_error(status, tb__err_message);
     return status;

@@ -86,6 +86,11 @@ static void test_set_error(void **state) {
     tb_set_error(TB_ERR_INTERNAL, "%s", long_text);
     assert_int_equal(strlen(tb_last_error()), 1023);
     assert_true(tb_last_error()[0] == 'x' && tb_last_error()[1022] == 'x');
+    /* no format: the status's description, never an empty message */
+    assert_int_equal(tb_set_error(TB_ERR_EXECUTE, NULL), TB_ERR_EXECUTE);
+    assert_int_equal(tb_last_status(), TB_ERR_EXECUTE);
+    assert_string_equal(tb_last_error(), tb_status_string(TB_ERR_EXECUTE));
+    assert_true(tb_last_error()[0] != '\0');
     tb_clear_error();
     assert_int_equal(tb_last_status(), TB_OK);
     assert_string_equal(tb_last_error(), "");
