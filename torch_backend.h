@@ -152,8 +152,9 @@ TBDEF void tb_clear_error(void);
 
 /* Records an error for the calling thread and returns `status`, for backends and custom ops that
    want to report a reason: `return tb_set_error(TB_ERR_EXECUTE, "mydev: queue lost");`.
-   Messages longer than 1023 bytes are cut. In a plugin's own copy of the library (TB_STATIC)
-   loaded by a host, the error is also set in the host (see "plugins" below). Thread-safe. */
+   Messages longer than 1023 bytes are cut; a NULL `fmt` gives tb_status_string(status) as the
+   message. In a plugin's own copy of the library (TB_STATIC) loaded by a host, the error is
+   also set in the host (see "plugins" below). Thread-safe. */
 TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 
 typedef enum tb_log_level {
@@ -1233,7 +1234,7 @@ TBDEF tb_tensor *tb_call_op(tb_op op, tb_tensor *const *inputs, size_t num_input
        tensor([[ 1.0000, -2.5000],
                [ 3.0000,  4.0000]], device='cpu:0', dtype=f32)
        tensor([0, 1, 2,  ..., 7, 8, 9], device='cpu:0', dtype=i64)
-       tensor([], size=(0, 3), device='cpu:0', dtype=bool)
+       tensor([], device='cpu:0', size=(0, 3), dtype=bool)
    Floats print as PyTorch chooses: fixed point with 4 decimals, integers as "1.", or
    scientific ("1.0000e+09") when the magnitudes span more than 1000x, pass 1e8 or fall below
    1e-4; integers in full; bool as True/False.
@@ -2361,7 +2362,11 @@ static const tb_plugin_host *tb__plugin_parent = NULL;
 TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    tb__error_v(status, fmt, ap);
+    if (fmt != NULL) {
+        tb__error_v(status, fmt, ap);
+    } else {
+        tb__error(status, "%s", tb_status_string(status)); /* never an empty message */
+    }
     va_end(ap);
     if (tb__plugin_parent != NULL) tb__plugin_parent->set_error(status, tb__err_message);
     return status;

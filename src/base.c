@@ -171,7 +171,11 @@ static const tb_plugin_host *tb__plugin_parent = NULL;
 TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    tb__error_v(status, fmt, ap);
+    if (fmt != NULL) {
+        tb__error_v(status, fmt, ap);
+    } else {
+        tb__error(status, "%s", tb_status_string(status)); /* never an empty message */
+    }
     va_end(ap);
     if (tb__plugin_parent != NULL) tb__plugin_parent->set_error(status, tb__err_message);
     return status;

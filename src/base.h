@@ -43,8 +43,9 @@ TBDEF void tb_clear_error(void);
 
 /* Records an error for the calling thread and returns `status`, for backends and custom ops that
    want to report a reason: `return tb_set_error(TB_ERR_EXECUTE, "mydev: queue lost");`.
-   Messages longer than 1023 bytes are cut. In a plugin's own copy of the library (TB_STATIC)
-   loaded by a host, the error is also set in the host (see "plugins" below). Thread-safe. */
+   Messages longer than 1023 bytes are cut; a NULL `fmt` gives tb_status_string(status) as the
+   message. In a plugin's own copy of the library (TB_STATIC) loaded by a host, the error is
+   also set in the host (see "plugins" below). Thread-safe. */
 TBDEF tb_status tb_set_error(tb_status status, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 
 typedef enum tb_log_level {

@@ -5,7 +5,7 @@
        tensor([[ 1.0000, -2.5000],
                [ 3.0000,  4.0000]], device='cpu:0', dtype=f32)
        tensor([0, 1, 2,  ..., 7, 8, 9], device='cpu:0', dtype=i64)
-       tensor([], size=(0, 3), device='cpu:0', dtype=bool)
+       tensor([], device='cpu:0', size=(0, 3), dtype=bool)
    Floats print as PyTorch chooses: fixed point with 4 decimals, integers as "1.", or
    scientific ("1.0000e+09") when the magnitudes span more than 1000x, pass 1e8 or fall below
    1e-4; integers in full; bool as True/False.

@@ -1,17 +1,27 @@
-"""safetensors and .npz between torch_backend.h and numpy (tests/test_safetensors.c and
-tests/test_npz.c run it). safetensors is written and read here with the standard library and
-numpy only (struct + json), following the format's specification; .npz through numpy itself.
+"""safetensors and .npz between torch_backend.h and numpy or PyTorch (tests/test_safetensors.c
+and tests/test_npz.c run it). safetensors is written and read here with the standard library and
+numpy only (struct + json), following the format's specification, or with PyTorch's own bytes
+of each tensor (the `safetensors` package is not in Debian); .npz through numpy itself.
 
 Usage: python3 tests/model_files_numpy.py COMMAND DIR
   write-safetensors DIR   DIR/py.safetensors, and DIR/py_<name>.npy with each tensor's value
                           (float16 and bfloat16 values as float32: what the library loads)
   check-safetensors DIR   reads DIR/c.safetensors strictly; compares each tensor with
                           DIR/c_<name>.npy and the metadata with DIR/c_metadata.json
+  write-safetensors-torch DIR
+                          DIR/torch.safetensors from PyTorch tensors (bfloat16 and float16
+                          among them, their bytes as torch keeps them), DIR/torch_orig.pt with
+                          the tensors, DIR/torch_<name>.npy with what the library must load
+                          (half types widened by torch's .float()), DIR/torch_names.txt
+  check-safetensors-torch DIR
+                          reads DIR/c_torch.safetensors into PyTorch tensors (torch.frombuffer)
+                          and compares each with the tensor of DIR/torch_orig.pt it came from
   write-npz DIR           DIR/py.npz (numpy.savez), DIR/py_compressed.npz (savez_compressed),
                           and DIR/py_<name>.npy for each array
   check-npz DIR           numpy.load of DIR/c.npz and DIR/c_zip64.npz; each array compared
                           with DIR/c_<name>.npy
-Exit status: 0 passed, 77 numpy is not installed (skip), 1 a check failed.
+Exit status: 0 passed, 77 numpy (or, for the torch commands, PyTorch) is not installed
+(skip), 1 a check failed.
 """
 import json
 import struct
@@ -118,6 +128,105 @@ def check_safetensors(d):
     return 1 if failures else 0
 
 
+def torch_or_skip():
+    try:
+        import torch
+    except ImportError:
+        print("PyTorch is not installed")
+        sys.exit(77)
+    return torch
+
+
+def torch_codes(torch):
+    """safetensors dtype names of the PyTorch dtypes, and the widening the library applies."""
+    return {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+            torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8",
+            torch.bool: "BOOL"}
+
+
+def torch_tensors(torch):
+    g = torch.Generator().manual_seed(11)
+    return {
+        "model.embed.weight": torch.randn(6, 5, generator=g).to(torch.bfloat16),
+        "model.norm.bias": (torch.randn(7, generator=g) * 1000).to(torch.float16),
+        "bf16.specials": torch.tensor([0.0, -0.0, float("inf"), float("-inf"), 1e-40, 3e38],
+                                      dtype=torch.bfloat16),
+        "f16.specials": torch.tensor([65504.0, -65504.0, 6e-8, float("inf"), -0.0],
+                                     dtype=torch.float16),
+        "layer.0.weight": torch.randn(4, 3, 2, generator=g),
+        "layer.0.scale": torch.randn(3, generator=g, dtype=torch.float64),
+        "position_ids": torch.arange(-5, 11, dtype=torch.int64).reshape(2, 8),
+        "counts": torch.randint(-1000, 1000, (9,), generator=g, dtype=torch.int32),
+        "pixels": torch.randint(0, 256, (2, 3, 4), generator=g, dtype=torch.uint8),
+        "mask": torch.randn(3, 3, generator=g) > 0,
+        "step": torch.tensor(12345, dtype=torch.int64),
+        "empty": torch.zeros(0, 4),
+    }
+
+
+def write_safetensors_torch(d):
+    torch = torch_or_skip()
+    codes = torch_codes(torch)
+    tensors = torch_tensors(torch)
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, t in tensors.items():
+        t = t.contiguous()
+        # the bytes as PyTorch keeps them (little-endian on every machine PyTorch runs on)
+        same_size = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+        raw = t.view(same_size[t.element_size()]).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": codes[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+        widened = t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+        np.save("%s/torch_%s.npy" % (d, name), widened.numpy())
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - (8 + len(text)) % 8) % 8)
+    with open("%s/torch.safetensors" % d, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    torch.save(tensors, "%s/torch_orig.pt" % d)
+    with open("%s/torch_names.txt" % d, "w", encoding="utf-8") as f:
+        f.write("\n".join(tensors) + "\n")
+    return 0
+
+
+def check_safetensors_torch(d):
+    torch = torch_or_skip()
+    names = {v: k for k, v in torch_codes(torch).items()}
+    orig = torch.load("%s/torch_orig.pt" % d)
+    with open("%s/c_torch.safetensors" % d, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    header.pop("__metadata__", None)
+    data = bytearray(raw[8 + n:])
+    failures = []
+    if sorted(header) != sorted(orig):
+        failures.append("names %r, expected %r" % (sorted(header), sorted(orig)))
+    for name, info in header.items():
+        b, e = info["data_offsets"]
+        dtype = names[info["dtype"]]
+        if e > b:
+            count = (e - b) // torch.empty(0, dtype=dtype).element_size()
+            t = torch.frombuffer(data, dtype=dtype, count=count, offset=b)
+            t = t.reshape(info["shape"])
+        else:
+            t = torch.empty(info["shape"], dtype=dtype)
+        want = orig.get(name)
+        if want is None:
+            continue
+        # the library loads float16 and bfloat16 as float32: exactly torch's .float()
+        if want.dtype in (torch.float16, torch.bfloat16):
+            want = want.float()
+        if t.dtype != want.dtype or t.shape != want.shape or not torch.equal(t, want):
+            failures.append("%s: %r != %r" % (name, t, want))
+        else:
+            print("ok   torch %s %s %s" % (name, t.dtype, list(t.shape)))
+    for f in failures:
+        print("FAIL " + f)
+    return 1 if failures else 0
+
+
 def write_npz(d):
     data = arrays()
     data["big_endian"] = np.arange(5, dtype=">f8")
@@ -154,6 +263,8 @@ def main():
         return 2
     command, d = sys.argv[1], sys.argv[2]
     return {"write-safetensors": write_safetensors, "check-safetensors": check_safetensors,
+            "write-safetensors-torch": write_safetensors_torch,
+            "check-safetensors-torch": check_safetensors_torch,
             "write-npz": write_npz, "check-npz": check_npz}[command](d)
 
 

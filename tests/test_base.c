@@ -86,6 +86,11 @@ static void test_set_error(void **state) {
     tb_set_error(TB_ERR_INTERNAL, "%s", long_text);
     assert_int_equal(strlen(tb_last_error()), 1023);
     assert_true(tb_last_error()[0] == 'x' && tb_last_error()[1022] == 'x');
+    /* no format: the status's description, never an empty message */
+    assert_int_equal(tb_set_error(TB_ERR_EXECUTE, NULL), TB_ERR_EXECUTE);
+    assert_int_equal(tb_last_status(), TB_ERR_EXECUTE);
+    assert_string_equal(tb_last_error(), tb_status_string(TB_ERR_EXECUTE));
+    assert_true(tb_last_error()[0] != '\0');
     tb_clear_error();
     assert_int_equal(tb_last_status(), TB_OK);
     assert_string_equal(tb_last_error(), "");
@@ -436,9 +441,33 @@ static void test_bad_env_level_warns(void **state) {
     assert_int_equal(tb_debug_level(), 0);
     assert_int_equal(r.count, 1);
     assert_int_equal(r.levels[0], TB_LOG_WARN);
-    assert_non_null(strstr(r.messages[0], "TB_DEBUG='verbose'"));
+    assert_string_equal(r.messages[0], "TB_DEBUG='verbose' is not a number in 0..3; using 0");
     tb_shutdown();
     unsetenv("TB_DEBUG");
+
+    /* TB_CHECK the same way: a value that is not a level warns and checks nothing; an empty
+       one is unset, quietly */
+    static const char *const bad[] = {"3", "-1", "yes", "12", "1 "};
+    char want[128];
+    size_t i;
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&r, 0, sizeof r);
+        setenv("TB_CHECK", bad[i], 1);
+        assert_int_equal(tb_setup(&desc), TB_OK);
+        assert_int_equal(tb__desc()->check, 0);
+        assert_int_equal(r.count, 1);
+        assert_int_equal(r.levels[0], TB_LOG_WARN);
+        snprintf(want, sizeof want, "TB_CHECK='%s' is not a number in 0..2; using 0", bad[i]);
+        assert_string_equal(r.messages[0], want);
+        tb_shutdown();
+    }
+    memset(&r, 0, sizeof r);
+    setenv("TB_CHECK", "", 1);
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    assert_int_equal(tb__desc()->check, 0);
+    assert_int_equal(r.count, 0);
+    tb_shutdown();
+    unsetenv("TB_CHECK");
 }
 
 /* ---- hashing ---- */

@@ -394,7 +394,17 @@ static size_t count_devices(void *u, tb_device *out, size_t cap) {
     return 2;
 }
 
-static void count_register(void) {
+/* Every node that is not a parameter is computed by the one kernel of a count program. */
+static int32_t count_node_kernel(void *u, const void *computation, size_t node_index,
+                                 const char **kernel_name) {
+    const count_prog *p = (const count_prog *)computation;
+    (void)u;
+    if (node_index >= p->n || p->kind[node_index] == K_PARAM) return -1;
+    *kernel_name = "count_kernel";
+    return 0;
+}
+
+static void count_register_impl(const char *name, bool node_kernels) {
     tb_backend_impl impl;
     memset(&impl, 0, sizeof(impl));
     impl.supports_node = count_supports;
@@ -410,7 +420,12 @@ static void count_register(void) {
     impl.release_computation = count_release_computation;
     impl.computation_backend_text = count_text;
     impl.get_backend_devices = count_devices;
-    assert_int_equal(tb_backend_register("count", &impl, "debug"), TB_OK);
+    if (node_kernels) impl.get_node_kernel = count_node_kernel;
+    assert_int_equal(tb_backend_register(name, &impl, "debug"), TB_OK);
+}
+
+static void count_register(void) {
+    count_register_impl("count", false);
 }
 
 /* ===========================================================================================
@@ -1220,6 +1235,58 @@ static void test_dump_compile_logged_and_counted(void **state) {
     stop();
 }
 
+/* tb_ir_dot compiles the graph when the backend names the kernels of its nodes (to draw them
+   as clusters): that compile is counted and logged too, and the sync after it is a cache hit. */
+static void test_dot_compile_logged_and_counted(void **state) {
+    const float xs[3] = {1, 2, 3};
+    float out[3];
+    tb_desc desc;
+    tb_device dev;
+    tb_tensor *x, *y, *z;
+    const char *line;
+    char *text;
+    (void)state;
+    memset(&desc, 0, sizeof(desc));
+    desc.debug = 1;
+    desc.logger.func = log_hook;
+    log_text[0] = '\0';
+    start(&desc);
+    count_register_impl("countk", true);
+    assert_int_equal(tb_device_make("countk", 0, &dev), TB_OK);
+    x = vec(xs, 3, &dev);
+    y = tb_add(x, x);
+    z = tb_mul(y, x);
+    text = tb_ir_dot(&z, 1);
+    assert_non_null(text);
+    assert_contains(text, "subgraph cluster_0 {");
+    assert_contains(text, "count_kernel");
+    tb_free(text);
+    assert_int_equal(cs.compiles, 1);
+    assert_int_equal(cs.executes, 0);
+    assert_int_equal(tb_metrics_counter("UncachedCompile"), 1);
+    assert_int_equal(tb_metrics_counter("CompileTime"), 1); /* one sample */
+    line = strstr(log_text, "|graph ");
+    assert_non_null(line);
+    assert_contains(line, " nodes=3 params=1 results=1 device=countk:0 cache=miss compile=");
+    assert_contains(line, "ms (compiled by tb_ir_dot, not run)\n");
+    /* the same dump again compiles nothing and logs nothing */
+    text = tb_ir_dot(&z, 1);
+    assert_non_null(text);
+    tb_free(text);
+    assert_int_equal(cs.compiles, 1);
+    assert_null(strstr(line + 1, "|graph "));
+    read_vec(z, out, 3);
+    assert_true(out[0] == 2.0f && out[1] == 8.0f && out[2] == 18.0f);
+    assert_int_equal(cs.compiles, 1);
+    assert_int_equal(tb_metrics_counter("UncachedCompile"), 1);
+    assert_int_equal(tb_metrics_counter("CachedCompile"), 2);
+    assert_contains(strstr(line + 1, "|graph "), "cache=hit compile=0.000ms run=");
+    tb_tensor_release(z);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+    stop();
+}
+
 /* TB_DEBUG=1: a compile that takes over a second says so while it still runs, before the
    graph's own line; a quick compile does not. */
 static char slow_log[4096];
@@ -1774,6 +1841,7 @@ int main(void) {
         cmocka_unit_test(test_ir_text_and_dot),
         cmocka_unit_test(test_debug_log),
         cmocka_unit_test(test_dump_compile_logged_and_counted),
+        cmocka_unit_test(test_dot_compile_logged_and_counted),
         cmocka_unit_test(test_check_levels),
         cmocka_unit_test(test_slow_compile_notice),
         cmocka_unit_test(test_cpu_backend_values),

@@ -17,6 +17,7 @@
 #include "torch_backend.h"
 
 #include "scratch_dir.h"
+#include "alloc_watch.h"
 
 /* The streams below are Python's zlib output (raw deflate, wbits -15) for sample(n):
        w = b"abracadabra alakazam "
@@ -412,11 +413,27 @@ static size_t make_npy(unsigned char *out, const char *dict, const void *data, s
     return total + size;
 }
 
+/* The most an archive of `size` bytes may make a load allocate at once: its size, or 1032
+   times it when a header names a deflated entry (deflate's largest ratio: what a small valid
+   archive may truly inflate to; a claim beyond it is refused before anything is allocated). */
+static size_t load_limit(const unsigned char *bytes, size_t size) {
+    size_t i;
+    for (i = 0; i + 12 <= size; ++i) {
+        bool local = memcmp(bytes + i, "PK\3\4", 4) == 0;
+        bool central = memcmp(bytes + i, "PK\1\2", 4) == 0;
+        size_t at = i + (local ? 8 : 10);
+        if ((local || central) && bytes[at] == 8 && bytes[at + 1] == 0) return size * 1032;
+    }
+    return size;
+}
+
 static void expect_load_error(const unsigned char *bytes, size_t size, tb_status status,
                               const char *fragment) {
     write_bytes(path_of("bad.npz"), bytes, size);
     tb_clear_error();
+    alloc_watch_reset();
     tb_tensor_set *set = tb_npz_load(path_of("bad.npz"), &cpu);
+    alloc_watch_check(load_limit(bytes, size), fragment);
     if (set != NULL) {
         tb_tensor_set_free(set);
         fail_msg("loaded; expected an error with '%s'", fragment);
@@ -555,7 +572,8 @@ static void test_hostile_archives(void **state) {
 }
 
 /* Every truncation and random damage of a valid archive (stored and deflated entries): no
-   crash or leak, and an error with a message whenever the load fails. */
+   crash or leak, no allocation beyond load_limit, and an error with a message whenever the
+   load fails. */
 static void test_damaged_archives_fail_cleanly(void **state) {
     (void)state;
     static unsigned char zip[8192], work[8192], npy[512];
@@ -569,7 +587,9 @@ static void test_damaged_archives_fail_cleanly(void **state) {
     for (size_t len = 0; len < n; ++len) {
         write_bytes(path_of("cut.npz"), zip, len);
         tb_clear_error();
+        alloc_watch_reset();
         tb_tensor_set *set = tb_npz_load(path_of("cut.npz"), &cpu);
+        alloc_watch_check(load_limit(zip, len), "a truncated archive");
         assert_null(set);
         assert_true(tb_last_error()[0] != '\0');
     }
@@ -583,7 +603,9 @@ static void test_damaged_archives_fail_cleanly(void **state) {
         }
         write_bytes(path_of("damaged.npz"), work, n);
         tb_clear_error();
+        alloc_watch_reset();
         tb_tensor_set *set = tb_npz_load(path_of("damaged.npz"), &cpu);
+        alloc_watch_check(load_limit(work, n), "a damaged archive");
         if (set != NULL) {
             ++loaded;
             tb_tensor_set_free(set);
@@ -673,6 +695,7 @@ static void test_numpy_exchange(void **state) {
 static int setup(void **state) {
     (void)state;
     if (scratch_make("tb_npz") != 0) return -1;
+    if (alloc_watch_setup() != TB_OK) return -1;
     tb__crc32_init(&crc_table);
     return tb_device_make("cpu", 0, &cpu) == TB_OK ? 0 : -1;
 }

@@ -2006,38 +2006,96 @@ static void test_kept_panels_follow_their_buffer(void **state) {
     tb_tensor_release(xc);
 }
 
-/* A chain longer than one kernel's budget becomes several kernels (it used to fail with "a
-   kernel too large"); the values are those of the whole chain. */
-static void test_long_chain_splits(void **state) {
-    enum { OPS = 9001 };
-    static const float a[8] = {1, -2, 3, -4, 5, -6, 7, -8};
-    float got[8];
-    tb_shape s = shp(TB_F32, 1, 8, 0, 0, 0);
-    tb_tensor *x, *y;
+/* The chain of test_long_chain_splits: op i of `ops` is, by i % 5, y + x, -y, y - k, |y|, y * s.
+   With x, k in halves and s = +-1 every value is exact in f32, so backends agree bit for bit
+   and a kernel that dropped, repeated or reordered a piece of the chain would show. */
+static tb_tensor *exact_chain(const tb_device *dev, int ops, const float *x, const float *k,
+                              const float *s, int64_t n) {
+    tb_shape sh = shp(TB_F32, 1, n, 0, 0, 0);
+    tb_tensor *tx = tb_tensor_from_host(x, &sh, dev), *tk = tb_tensor_from_host(k, &sh, dev);
+    tb_tensor *ts = tb_tensor_from_host(s, &sh, dev), *y = tb_tensor_retain(tx);
     int i;
+    for (i = 0; i < ops; i++) {
+        switch (i % 5) {
+        case 0:
+            y = take(y, tb_add(y, tx));
+            break;
+        case 1:
+            y = take(y, tb_neg(y));
+            break;
+        case 2:
+            y = take(y, tb_sub(y, tk));
+            break;
+        case 3:
+            y = take(y, tb_abs(y));
+            break;
+        default:
+            y = take(y, tb_mul(y, ts));
+            break;
+        }
+    }
+    tb_tensor_release(tx);
+    tb_tensor_release(tk);
+    tb_tensor_release(ts);
+    assert_non_null(y);
+    return y;
+}
+
+/* An elementwise chain of 40,000 ops is more than one kernel's budget: it becomes several
+   kernels (it used to fail with "a kernel too large"), and the values are the cpu reference's
+   for the whole chain, bit for bit. */
+static void test_long_chain_splits(void **state) {
+    enum { OPS = 40000, N = 8 };
+    static const float x[N] = {1, -2, 3, -4.5f, 5, -6, 7.5f, -8};
+    static const float k[N] = {0.5f, 1.5f, -0.5f, 2, -1, 0, 3, -2.5f};
+    static const float s[N] = {1, -1, -1, 1, 1, -1, 1, -1};
+    float got[N], want[N];
+    tb_tensor *y, *ref;
+    int i, kernels;
     (void)state;
     REQUIRE_OPENCL();
-    x = tb_tensor_from_host(a, &s, &g_ocl);
-    y = tb_tensor_retain(x);
-    for (i = 0; i < OPS; i++)
-        y = take(y, tb_neg(y));
-    assert_true(kernel_count(&y, 1) >= 3);
+    y = exact_chain(&g_ocl, OPS, x, k, s, N);
+    ref = exact_chain(&g_cpu, OPS, x, k, s, N);
+    kernels = kernel_count(&y, 1);
+    print_message("%d ops: %d kernels\n", OPS, kernels);
+    assert_true(kernels >= 2);
     assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
-    for (i = 0; i < 8; i++)
-        assert_true(got[i] == -a[i]);
+    assert_int_equal(tb_tensor_to_host(ref, want, sizeof want), TB_OK);
+    for (i = 0; i < N; i++) {
+        if (got[i] != want[i])
+            fail_msg("element %d is %.9g, the reference gives %.9g", i, (double)got[i],
+                     (double)want[i]);
+    }
     tb_tensor_release(y);
-    tb_tensor_release(x);
+    tb_tensor_release(ref);
+}
+
+/* The sum of `n` arrays of 4 values, each from vals[i], on `dev`: a kernel of n - 1 adds that
+   reads n arrays, unless the planner splits it. */
+static tb_tensor *sum_of_arrays(const tb_device *dev, const float (*vals)[4], int n) {
+    tb_shape s = shp(TB_F32, 1, 4, 0, 0, 0);
+    tb_tensor *y = tb_tensor_from_host(vals[0], &s, dev);
+    int i;
+    for (i = 1; i < n; i++) {
+        tb_tensor *in = tb_tensor_from_host(vals[i], &s, dev);
+        y = take(y, tb_add(y, in));
+        tb_tensor_release(in);
+    }
+    assert_non_null(y);
+    return y;
 }
 
 /* A sum of more arrays than one kernel may take as arguments is split into kernels that each
-   take few enough (it used to fail with "more than the bytes of arguments the device takes"). */
+   take few enough (it used to fail with "more than the arguments the device takes"). 4096
+   arrays fit the values one kernel may compute, but no device takes that many arguments: an
+   OpenCL device takes its CL_DEVICE_MAX_PARAMETER_SIZE / 8 (128 on PoCL, 544 to 4095 on GPUs),
+   the native backend 4096 including the output. */
 static void test_many_arguments_split(void **state) {
-    enum { INPUTS = 300 };
+    enum { INPUTS = 4096 };
     static float vals[INPUTS][4];
-    float got[4], want[4] = {0, 0, 0, 0};
-    tb_shape s = shp(TB_F32, 1, 4, 0, 0, 0);
-    tb_tensor *in[INPUTS], *y;
-    int i, j;
+    float got[4], want[4] = {0, 0, 0, 0}, ref_got[4];
+    tb_tensor *y, *ref;
+    int i, j, kernels;
     (void)state;
     REQUIRE_OPENCL();
     for (i = 0; i < INPUTS; i++) {
@@ -2045,17 +2103,20 @@ static void test_many_arguments_split(void **state) {
             vals[i][j] = (float)((i * 7 + j * 3) % 11) - 5.0f;
             want[j] += vals[i][j];
         }
-        in[i] = tb_tensor_from_host(vals[i], &s, &g_ocl);
     }
-    y = tb_tensor_retain(in[0]);
-    for (i = 1; i < INPUTS; i++)
-        y = take(y, tb_add(y, in[i]));
+    y = sum_of_arrays(&g_ocl, (const float(*)[4])vals, INPUTS);
+    ref = sum_of_arrays(&g_cpu, (const float(*)[4])vals, INPUTS);
+    kernels = kernel_count(&y, 1);
+    print_message("%d arrays: %d kernels\n", INPUTS, kernels);
+    assert_true(kernels >= 2);
     assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
-    for (j = 0; j < 4; j++)
-        assert_true(got[j] == want[j]); /* small integers: exact in any order */
+    assert_int_equal(tb_tensor_to_host(ref, ref_got, sizeof ref_got), TB_OK);
+    for (j = 0; j < 4; j++) {
+        assert_true(ref_got[j] == want[j]); /* small integers: exact in any order */
+        assert_true(got[j] == ref_got[j]);
+    }
     tb_tensor_release(y);
-    for (i = 0; i < INPUTS; i++)
-        tb_tensor_release(in[i]);
+    tb_tensor_release(ref);
 }
 
 /* The distance of two floats in units in the last place (0 for equal values, both NaN). */

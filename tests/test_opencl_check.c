@@ -1,11 +1,14 @@
 /* TB_CHECK: every graph also runs on the reference backend, and the first node whose values
-   differ is reported with its op, shape and the two values. */
+   differ is reported with its op, shape and the two values; at 2 (TB_CHECK=2) that sync also
+   fails. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define TB_IMPLEMENTATION
@@ -124,6 +127,57 @@ static void test_first_differing_node_is_reported(void **state) {
     tb_tensor_release(x);
 }
 
+/* TB_CHECK=2 in the environment (what a user's CI sets): the sync of a graph that differs
+   fails with TB_ERR_EXECUTE and the report as its message, so the program can fail; a graph
+   that agrees syncs as before. */
+static void test_check_2_from_env_fails_the_sync(void **state) {
+    (void)state;
+    if (!have_opencl()) {
+        printf("no OpenCL device: skipping\n");
+        skip();
+    }
+    tb_shutdown();
+    setenv("TB_CHECK", "2", 1);
+    tb_desc setup_desc;
+    memset(&setup_desc, 0, sizeof setup_desc);
+    setup_desc.logger.func = capture;
+    assert_int_equal(tb_setup(&setup_desc), TB_OK);
+    unsetenv("TB_CHECK");
+    tb_custom_op_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.name = "plus_one";
+    desc.num_inputs = 1;
+    desc.reference = plus_one_ref;
+    desc.opencl_expr = "x0 + (T)2";
+    tb_op op;
+    assert_int_equal(tb_op_register(&desc, &op), TB_OK);
+    tb_device dev;
+    assert_int_equal(tb_device_make(TEST_BACKEND, 0, &dev), TB_OK);
+    warnings[0] = '\0';
+    tb_tensor *x = input(&dev);
+    tb_tensor *good = tb_neg(x);
+    float out[6];
+    assert_int_equal(tb_tensor_to_host(good, out, sizeof out), TB_OK);
+    assert_true(out[0] == 1.5f);
+    assert_string_equal(warnings, "");
+    tb_tensor *p = tb_call_op(op, &x, 1, NULL, 0);
+    tb_clear_error();
+    assert_int_equal(tb_tensor_to_host(p, out, sizeof out), TB_ERR_EXECUTE);
+    assert_int_equal(tb_last_status(), TB_ERR_EXECUTE);
+    if (strncmp(tb_last_error(), "tb_tensor_to_host: TB_CHECK: graph ", 35) != 0 ||
+        strstr(tb_last_error(), "plus_one f32[2,3]") == NULL ||
+        strstr(tb_last_error(), "differs at element 0") == NULL)
+        fail_msg("unexpected error: %s", tb_last_error());
+    assert_non_null(strstr(warnings, "differs at element 0")); /* reported as at level 1 too */
+    assert_int_equal(tb_metrics_counter("CheckMismatch"), 1);
+    tb_tensor_release(p);
+    tb_tensor_release(good);
+    tb_tensor_release(x);
+    /* back to the group's setup (TB_CHECK=1 through the desc) */
+    tb_shutdown();
+    assert_int_equal(setup(NULL), 0);
+}
+
 static void test_cpu_graphs_are_not_checked_against_themselves(void **state) {
     (void)state;
     tb_metrics_reset();
@@ -140,6 +194,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agreeing_graph_is_checked_silently),
         cmocka_unit_test(test_first_differing_node_is_reported),
+        cmocka_unit_test(test_check_2_from_env_fails_the_sync),
         cmocka_unit_test(test_cpu_graphs_are_not_checked_against_themselves),
     };
     return cmocka_run_group_tests_name("TB_CHECK", tests, setup, teardown);

@@ -188,6 +188,41 @@ static void test_errors(void **state) {
     tb_tensor_release(y);
 }
 
+/* tb_tensor_print writes tb_tensor_format's text and a newline to stdout, and nothing when it
+   fails. stdout goes to a file for the test. */
+static void test_print_writes_stdout(void **state) {
+    (void)state;
+    char path[] = "/tmp/tb_print_out_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    fflush(stdout);
+    int saved = dup(STDOUT_FILENO);
+    assert_true(saved >= 0);
+    assert_int_equal(dup2(fd, STDOUT_FILENO), STDOUT_FILENO);
+    tb_tensor *x = reshaped(tb_arange(0, 6, 1, TB_F32, &cpu), 2, 3, 0, 2);
+    tb_tensor *y = div_consume(tb_tensor_retain(x), 4.0);
+    tb_status first = tb_tensor_print(y);
+    tb_clear_error(); /* a NULL tensor after an error would keep that error */
+    tb_status second = tb_tensor_print(NULL);
+    fflush(stdout);
+    assert_int_equal(dup2(saved, STDOUT_FILENO), STDOUT_FILENO);
+    close(saved);
+    close(fd);
+    if (first != TB_OK) fail_msg("tb_tensor_print: %s", tb_last_error());
+    assert_int_equal(second, TB_ERR_INVALID_ARGUMENT);
+    char got[512];
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    size_t n = fread(got, 1, sizeof got - 1, f);
+    fclose(f);
+    remove(path);
+    got[n] = '\0';
+    assert_string_equal(got, "tensor([[0.0000, 0.2500, 0.5000],\n"
+                             "        [0.7500, 1.0000, 1.2500]], device='cpu:0', dtype=f32)\n");
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+}
+
 /* Printing syncs the printed tensor and nothing else. */
 static void test_syncs_only_that_tensor(void **state) {
     (void)state;
@@ -403,6 +438,7 @@ int main(void) {
         cmocka_unit_test(test_snprintf_contract),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_syncs_only_that_tensor),
+        cmocka_unit_test(test_print_writes_stdout),
 
         cmocka_unit_test(test_matches_torch_live),
     };

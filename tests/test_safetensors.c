@@ -1,6 +1,7 @@
 /* Tensor sets and safetensors: the set's contract, round trips, zero-copy loading from the
    mapped file and the mapping's lifetime, F16/BF16 widening, hostile files, and the exchange
-   with numpy (tests/model_files_numpy.py writes and reads the format with struct + json). */
+   with numpy (tests/model_files_numpy.py writes and reads the format with struct + json) and
+   with PyTorch (the same script, with torch's own bytes of each tensor). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +19,7 @@
 #include "torch_backend.h"
 
 #include "scratch_dir.h"
+#include "alloc_watch.h"
 
 static tb_device cpu;
 
@@ -34,9 +36,17 @@ static void write_st(const char *path, const char *header, const void *data, siz
     free(buf);
 }
 
+/* The size of a file (0 when there is none). */
+static size_t size_of_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (size_t)st.st_size : 0;
+}
+
 static void expect_load_error(const char *path, tb_status status, const char *fragment) {
     tb_clear_error();
+    alloc_watch_reset();
     tb_tensor_set *set = tb_safetensors_load(path, &cpu);
+    alloc_watch_check(size_of_file(path), fragment);
     if (set != NULL) {
         tb_tensor_set_free(set);
         fail_msg("%s loaded; expected an error with '%s'", path, fragment);
@@ -503,7 +513,8 @@ static void test_hostile_files(void **state) {
 }
 
 /* Every truncation and many random byte changes of a valid file: no crash, no leak (the
-   sanitizers watch), and either a set or an error with a message. */
+   sanitizers watch), no allocation larger than the file, and either a set or an error with a
+   message. */
 static void test_mutations_fail_cleanly(void **state) {
     (void)state;
     tb_tensor_set *set = sample_set();
@@ -517,7 +528,9 @@ static void test_mutations_fail_cleanly(void **state) {
     for (size_t len = 0; len < n; ++len) {
         write_bytes(bad, bytes, len);
         tb_clear_error();
+        alloc_watch_reset();
         set = tb_safetensors_load(bad, &cpu);
+        alloc_watch_check(len, "a truncated file");
         assert_null(set); /* every proper prefix is incomplete */
         assert_true(tb_last_error()[0] != '\0');
     }
@@ -535,7 +548,9 @@ static void test_mutations_fail_cleanly(void **state) {
         }
         write_bytes(bad, work, n);
         tb_clear_error();
+        alloc_watch_reset();
         set = tb_safetensors_load(bad, &cpu);
+        alloc_watch_check(n, "a damaged file");
         if (set != NULL) {
             ++loaded;
             for (size_t i = 0; i < tb_tensor_set_count(set); ++i) {
@@ -605,26 +620,19 @@ static int run_script(const char *command) {
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : 1;
 }
 
-static void test_numpy_exchange(void **state) {
-    (void)state;
-    int rc = run_script("write-safetensors");
-    if (rc == 77) {
-        printf("numpy or tests/model_files_numpy.py not found: skipping\n");
-        skip();
-    }
-    assert_int_equal(rc, 0);
-    /* Python wrote: we read, tensor by tensor against numpy's .npy of the same values */
-    tb_tensor_set *set = tb_safetensors_load(path_of("py.safetensors"), &cpu);
-    if (set == NULL) fail_msg("%s", tb_last_error());
-    assert_string_equal(tb_tensor_set_metadata(set, "note"), "ünïcode \"q\"");
-    FILE *names = fopen(path_of("py_names.txt"), "r");
+/* Compares each tensor of `set` (in the order of PREFIX_names.txt, the header's) with numpy's
+   PREFIX_<name>.npy of the same values. */
+static void expect_set_as_npy(const tb_tensor_set *set, const char *prefix) {
+    char file[600];
+    snprintf(file, sizeof file, "%s_names.txt", prefix);
+    FILE *names = fopen(path_of(file), "r");
     assert_non_null(names);
     char line[512];
     size_t index = 0;
     while (fgets(line, sizeof line, names) != NULL) {
         line[strcspn(line, "\n")] = '\0';
         char npy[600];
-        snprintf(npy, sizeof npy, "py_%s.npy", line);
+        snprintf(npy, sizeof npy, "%s_%s.npy", prefix, line);
         tb_tensor *want = tb_npy_load(path_of(npy), &cpu);
         if (want == NULL) fail_msg("%s", tb_last_error());
         assert_string_equal(tb_tensor_set_name(set, index), line); /* the header's order */
@@ -641,23 +649,64 @@ static void test_numpy_exchange(void **state) {
     fclose(names);
     assert_int_equal(index, tb_tensor_set_count(set));
     printf("read %u tensors written by Python\n", (unsigned)index);
+}
+
+/* Writes the .npy of each tensor of `set` as PREFIX_<name>.npy. */
+static void save_set_as_npy(const tb_tensor_set *set, const char *prefix) {
+    for (size_t i = 0; i < tb_tensor_set_count(set); ++i) {
+        char npy[600];
+        snprintf(npy, sizeof npy, "%s_%s.npy", prefix, tb_tensor_set_name(set, i));
+        assert_int_equal(tb_npy_save(path_of(npy), tb_tensor_set_tensor(set, i)), TB_OK);
+    }
+}
+
+static void test_numpy_exchange(void **state) {
+    (void)state;
+    int rc = run_script("write-safetensors");
+    if (rc == 77) {
+        printf("numpy or tests/model_files_numpy.py not found: skipping\n");
+        skip();
+    }
+    assert_int_equal(rc, 0);
+    /* Python wrote: we read, tensor by tensor against numpy's .npy of the same values */
+    tb_tensor_set *set = tb_safetensors_load(path_of("py.safetensors"), &cpu);
+    if (set == NULL) fail_msg("%s", tb_last_error());
+    assert_string_equal(tb_tensor_set_metadata(set, "note"), "ünïcode \"q\"");
+    expect_set_as_npy(set, "py");
     /* we write what we read (F16/BF16 now F32), Python reads it strictly */
     FILE *meta = fopen(path_of("c_metadata.json"), "w");
     fputs("{\"format\": \"pt\", \"note\": \"\\u00fcn\\u00efcode \\\"q\\\"\"}", meta);
     fclose(meta);
-    for (size_t i = 0; i < tb_tensor_set_count(set); ++i) {
-        char npy[600];
-        snprintf(npy, sizeof npy, "c_%s.npy", tb_tensor_set_name(set, i));
-        assert_int_equal(tb_npy_save(path_of(npy), tb_tensor_set_tensor(set, i)), TB_OK);
-    }
+    save_set_as_npy(set, "c");
     assert_int_equal(tb_safetensors_save(path_of("c.safetensors"), set), TB_OK);
     tb_tensor_set_free(set);
     assert_int_equal(run_script("check-safetensors"), 0);
 }
 
+/* PyTorch's tensors (bfloat16 and float16 among them) written with torch's own bytes: loaded
+   here as torch's .float() gives them; written back and read by PyTorch, each equals the tensor
+   it came from (widened). */
+static void test_torch_exchange(void **state) {
+    (void)state;
+    int rc = run_script("write-safetensors-torch");
+    if (rc == 77) {
+        printf("PyTorch, numpy or tests/model_files_numpy.py not found: skipping\n");
+        skip();
+    }
+    assert_int_equal(rc, 0);
+    tb_tensor_set *set = tb_safetensors_load(path_of("torch.safetensors"), &cpu);
+    if (set == NULL) fail_msg("%s", tb_last_error());
+    assert_string_equal(tb_tensor_set_metadata(set, "format"), "pt");
+    expect_set_as_npy(set, "torch");
+    assert_int_equal(tb_safetensors_save(path_of("c_torch.safetensors"), set), TB_OK);
+    tb_tensor_set_free(set);
+    assert_int_equal(run_script("check-safetensors-torch"), 0);
+}
+
 static int setup(void **state) {
     (void)state;
     if (scratch_make("tb_safetensors") != 0) return -1;
+    if (alloc_watch_setup() != TB_OK) return -1;
     return tb_device_make("cpu", 0, &cpu) == TB_OK ? 0 : -1;
 }
 
@@ -679,6 +728,7 @@ int main(void) {
         cmocka_unit_test(test_mutations_fail_cleanly),
         cmocka_unit_test(test_io_and_argument_errors),
         cmocka_unit_test(test_numpy_exchange),
+        cmocka_unit_test(test_torch_exchange),
     };
     return cmocka_run_group_tests_name("safetensors", tests, setup, teardown);
 }

@@ -7,11 +7,15 @@
 #      find_package (against both installs; a 1.0 request must fail), add_subdirectory,
 #      FetchContent from SOURCE_DIR and from a file:// URL of an archive (no network), each also
 #      linking the implementation compiled once (torch_backend::impl or
-#      torch_backend_add_implementation); every program built is run.
-#   3. pkg-config --cflags --libs against both installs.
+#      torch_backend_add_implementation) and building examples/hello.c; every program built
+#      is run.
+#   3. pkg-config --cflags --libs against both installs (a small program and examples/hello.c).
 #   4. The README's recipe for building the implementation once (static and shared library).
 #   5. Every example's build line (its "// Build:" and "//    or:" comments) and the README's
 #      cc lines for examples/, run as written from a copy of the repository root.
+#   6. What the examples built there say: hello's values and its errors on a bad TB_BACKEND or
+#      TB_DEVICE (exit status 1, the library's message), devices listing the plugins on
+#      TB_BACKEND_PATH (the example plugin built from its build line, and a broken one).
 # One line per check, "ok ..." or "FAIL ..." (tools/test.sh counts them); exit 1 on a failure.
 # Needs cmake, pkg-config and a C compiler (CC, default cc); C++ lines use c++ as written.
 set -uo pipefail
@@ -124,7 +128,7 @@ sed '/#define TB_IMPLEMENTATION/d' "$consumer/main.c" >"$consumer/app.c"
 write_project() {
     local dir=$1 how=$2 impl=torch_backend::impl
     mkdir -p "$dir"
-    cp "$consumer/main.c" "$consumer/app.c" "$dir/"
+    cp "$consumer/main.c" "$consumer/app.c" "$repo/examples/hello.c" "$dir/"
     {
         echo "cmake_minimum_required(VERSION 3.14)"
         echo "project(consumer C)"
@@ -153,10 +157,12 @@ write_project() {
         echo "target_link_libraries(consumer PRIVATE torch_backend::torch_backend)"
         echo "add_executable(consumer_lib app.c)"
         echo "target_link_libraries(consumer_lib PRIVATE $impl)"
+        echo "add_executable(hello hello.c)"
+        echo "target_link_libraries(hello PRIVATE torch_backend::torch_backend)"
     } >"$dir/CMakeLists.txt"
 }
 
-# build_and_run NAME DIR [cmake args]: configure, build, run both programs.
+# build_and_run NAME DIR [cmake args]: configure, build, run the three programs.
 build_and_run() {
     local name=$1 dir=$2 out
     shift 2
@@ -175,6 +181,12 @@ build_and_run() {
             fail "$name: $program runs" "$out"
         fi
     done
+    if out=$(env -u TB_DEVICE TB_BACKEND=cpu "$dir/build/hello" 2>&1) &&
+        [[ "$out" == *"backend: cpu, device: cpu:0"* ]]; then
+        ok "$name: examples/hello.c runs"
+    else
+        fail "$name: examples/hello.c runs" "$out"
+    fi
 }
 
 # An archive of the repository's files (what a release or a forge's tarball holds).
@@ -221,6 +233,15 @@ for tree in prefix_cmake prefix_sh; do
     else
         fail "pkg-config --cflags --libs torch_backend ($tree)" "$flags / $got_version / $out"
     fi
+    # an example, built out of tree with nothing but what pkg-config gives
+    # shellcheck disable=SC2086
+    if out=$(cd "$work" && $cc -std=c99 "$repo/examples/hello.c" $flags -o "$work/pc_hello_$tree" 2>&1) &&
+        out=$(env -u TB_DEVICE TB_BACKEND=cpu "$work/pc_hello_$tree" 2>&1) &&
+        [[ "$out" == *"backend: cpu, device: cpu:0"* ]]; then
+        ok "pkg-config: examples/hello.c builds and runs ($tree)"
+    else
+        fail "pkg-config: examples/hello.c builds and runs ($tree)" "$out"
+    fi
     unset PKG_CONFIG_PATH
 done
 
@@ -265,6 +286,53 @@ for entry in "${lines[@]}"; do
         fail "build line of ${entry%%: *}: $command" "$out"
     fi
 done
+
+# ---- 6. what the examples built above say -------------------------------------------------
+# expect NAME WANT_STATUS NEEDLE... -- COMMAND...: COMMAND (run in the root copy) exits with
+# WANT_STATUS and its output (stdout and stderr) holds each NEEDLE.
+expect() {
+    local name=$1 want=$2 out rc needle missing=""
+    shift 2
+    local needles=()
+    while [ "$1" != "--" ]; do
+        needles+=("$1")
+        shift
+    done
+    shift
+    out=$(cd "$root_copy" && "$@" 2>&1)
+    rc=$?
+    for needle in "${needles[@]}"; do
+        [[ "$out" == *"$needle"* ]] || missing+=" '$needle'"
+    done
+    if [ "$rc" -eq "$want" ] && [ -z "$missing" ]; then
+        ok "$name"
+    else
+        fail "$name (exit status $rc, want $want; missing:${missing:- nothing})" "$out"
+    fi
+}
+if [ -x "$root_copy/hello" ] && [ -x "$root_copy/devices" ] &&
+    [ -f "$root_copy/libtb_backend_plugin.so" ]; then
+    # hello checks each status it prints: a bad switch ends it with the library's message, in
+    # the same words for TB_BACKEND and TB_DEVICE
+    expect "examples/hello.c on cpu prints its values" 0 "backend: cpu, device: cpu:0" \
+        $'4 4 4\n5 6 7' -- env -u TB_DEVICE TB_BACKEND=cpu ./hello
+    expect "examples/hello.c stops on a bad TB_BACKEND" 1 \
+        "hello: tb_get_backend: TB_BACKEND='no_such_backend' is not a usable backend: unknown backend 'no_such_backend'; available: " \
+        -- env -u TB_DEVICE TB_BACKEND=no_such_backend ./hello
+    expect "examples/hello.c stops on a bad TB_DEVICE" 1 \
+        "hello: tb_current_device: TB_DEVICE='cpu:9' is not a usable device: device ordinal 9 out of range" \
+        -- env -u TB_BACKEND TB_DEVICE=cpu:9 ./hello
+    # devices lists the plugins on TB_BACKEND_PATH with the built-in backends, and says why a
+    # plugin does not load
+    mkdir -p "$work/broken_plugins"
+    : >"$work/broken_plugins/libtb_backend_broken.so"
+    expect "examples/devices.c lists the plugin backends" 0 "cpu"$'\n'"  cpu:0 (CPU)" \
+        $'\nplugin [example]\n  plugin:0 (ACCELERATOR)\n    name:             plugin device' \
+        "plugin broken does not load: tb_backend_lookup: cannot load plugin $work/broken_plugins/libtb_backend_broken.so" \
+        -- env -u TB_BACKEND -u TB_DEVICE TB_BACKEND_PATH="$root_copy:$work/broken_plugins" ./devices
+else
+    fail "examples: hello, devices or libtb_backend_plugin.so was not built from its build line"
+fi
 
 echo "integration: $failures failed"
 [ "$failures" -eq 0 ]
