@@ -82,7 +82,7 @@
 #define TB_VERSION_STRING "0.1.0"
 /* The binary contract between the library and a backend plugin; bumped whenever
    tb_backend_impl, tb_backend_data or tb_plugin_desc change layout. */
-#define TB_API_VERSION 1
+#define TB_API_VERSION 2
 
 #ifndef TBDEF
 #ifdef TB_STATIC
@@ -526,15 +526,17 @@ typedef struct tb_backend_impl {
     int32_t (*get_node_kernel)(void *user_data, const void *computation, size_t node_index,
                                const char **kernel_name);
     /* (optional) Host memory: the address of the data's values when the backend keeps them in
-       host memory that the library may read and write in place (a CPU backend; a device that
-       shares the host's memory), else NULL. DLPack export and the model files then skip a
-       copy. NULL entry: always a copy. */
+       host memory that the library may read in place (a CPU backend; a device that shares the
+       host's memory), else NULL. DLPack export and the model files then skip a copy. NULL
+       entry: always a copy. The memory may be a caller's array or a read-only file mapping
+       (data_borrow_host): a backend never writes into a borrowed payload, and so never takes
+       one as a donated buffer (tb_graph.result_donors). */
     void *(*data_host_pointer)(void *user_data, const tb_backend_data *data);
     /* (optional) Zero-copy import: makes `data` (device and shape set, no payload yet) use the
        caller's `host` array in place, which stays valid until `release(context)` is called
        (once, when the backend no longer needs it; `release` may be NULL). Returns
        TB_ERR_UNSUPPORTED, with nothing called, when it cannot (then the library copies, as it
-       does when the entry is NULL). */
+       does when the entry is NULL); on any failure it leaves data->payload NULL. */
     tb_status (*data_borrow_host)(void *user_data, tb_backend_data *data, void *host,
                                   void (*release)(void *context), void *context);
 } tb_backend_impl;
@@ -8652,6 +8654,7 @@ static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, cons
         if (device_values == NULL || ref_host == NULL) st = TB_ERR_OUT_OF_MEMORY;
     }
     cg.results = computed;
+    cg.result_donors = NULL; /* the check's results are other nodes; it donates nothing */
     cg.num_results = m;
     /* the backend's values of every node: an uncached computation of its own (not counted as
        a compile of the program's, but a slow one says so like any other) */
@@ -9601,7 +9604,11 @@ static tb_tensor *tb__tensor_from_host(const char *func, const void *data, const
         tb_tensor_release(t);
         return NULL;
     }
+    /* under the live list's lock: the handle is on the list already, where a sync's donation
+       walk reads t->data */
+    tb__mutex_lock(&tb__tensor_live_mutex);
     t->data = d;
+    tb__mutex_unlock(&tb__tensor_live_mutex);
     if (!taken && release != NULL) release(context);
     return t;
 }

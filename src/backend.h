@@ -142,15 +142,17 @@ typedef struct tb_backend_impl {
     int32_t (*get_node_kernel)(void *user_data, const void *computation, size_t node_index,
                                const char **kernel_name);
     /* (optional) Host memory: the address of the data's values when the backend keeps them in
-       host memory that the library may read and write in place (a CPU backend; a device that
-       shares the host's memory), else NULL. DLPack export and the model files then skip a
-       copy. NULL entry: always a copy. */
+       host memory that the library may read in place (a CPU backend; a device that shares the
+       host's memory), else NULL. DLPack export and the model files then skip a copy. NULL
+       entry: always a copy. The memory may be a caller's array or a read-only file mapping
+       (data_borrow_host): a backend never writes into a borrowed payload, and so never takes
+       one as a donated buffer (tb_graph.result_donors). */
     void *(*data_host_pointer)(void *user_data, const tb_backend_data *data);
     /* (optional) Zero-copy import: makes `data` (device and shape set, no payload yet) use the
        caller's `host` array in place, which stays valid until `release(context)` is called
        (once, when the backend no longer needs it; `release` may be NULL). Returns
        TB_ERR_UNSUPPORTED, with nothing called, when it cannot (then the library copies, as it
-       does when the entry is NULL). */
+       does when the entry is NULL); on any failure it leaves data->payload NULL. */
     tb_status (*data_borrow_host)(void *user_data, tb_backend_data *data, void *host,
                                   void (*release)(void *context), void *context);
 } tb_backend_impl;

@@ -1319,6 +1319,7 @@ static tb_status tb__exec_check(const tb__exec *ex, const tb__exec_walk *w, cons
         if (device_values == NULL || ref_host == NULL) st = TB_ERR_OUT_OF_MEMORY;
     }
     cg.results = computed;
+    cg.result_donors = NULL; /* the check's results are other nodes; it donates nothing */
     cg.num_results = m;
     /* the backend's values of every node: an uncached computation of its own (not counted as
        a compile of the program's, but a slow one says so like any other) */

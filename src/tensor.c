@@ -750,7 +750,11 @@ static tb_tensor *tb__tensor_from_host(const char *func, const void *data, const
         tb_tensor_release(t);
         return NULL;
     }
+    /* under the live list's lock: the handle is on the list already, where a sync's donation
+       walk reads t->data */
+    tb__mutex_lock(&tb__tensor_live_mutex);
     t->data = d;
+    tb__mutex_unlock(&tb__tensor_live_mutex);
     if (!taken && release != NULL) release(context);
     return t;
 }
