@@ -5756,6 +5756,16 @@ TBDEF tb_status tb_current_device(tb_device *out) {
     }
 }
 
+/* The device a caller gave: the current one when its backend is empty, else its backend and
+   ordinal checked against the registry (messages name `fn`). */
+static tb_status tb__device_given(const char *fn, const tb_device *device, tb_device *out) {
+    char name[TB_MAX_NAME + 1];
+    if (device->backend[0] == '\0') return tb_current_device(out);
+    memcpy(name, device->backend, TB_MAX_NAME);
+    name[TB_MAX_NAME] = '\0';
+    return tb__backend_device(fn, name, device->ordinal, out);
+}
+
 TBDEF tb_status tb_device_guard_begin(tb_device_guard *guard, const tb_device *device) {
     tb_device d;
     tb_status st;
@@ -5764,14 +5774,7 @@ TBDEF tb_status tb_device_guard_begin(tb_device_guard *guard, const tb_device *d
                          guard == NULL ? "guard" : "device");
     }
     tb__ensure_setup();
-    if (device->backend[0] == '\0') {
-        st = tb_current_device(&d);
-    } else {
-        char name[TB_MAX_NAME + 1];
-        memcpy(name, device->backend, TB_MAX_NAME);
-        name[TB_MAX_NAME] = '\0';
-        st = tb__backend_device("tb_device_guard_begin", name, device->ordinal, &d);
-    }
+    st = tb__device_given("tb_device_guard_begin", device, &d);
     if (st != TB_OK) return st;
     guard->previous = tb__guard_device;
     guard->had_previous = tb__guard_active;
@@ -5811,14 +5814,7 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
         return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_device_info: %s is NULL",
                          device == NULL ? "device" : "out");
     }
-    if (device->backend[0] == '\0') {
-        st = tb_current_device(&d);
-    } else {
-        char name[TB_MAX_NAME + 1];
-        memcpy(name, device->backend, TB_MAX_NAME);
-        name[TB_MAX_NAME] = '\0';
-        st = tb__backend_device("tb_backend_device_info", name, device->ordinal, &d);
-    }
+    st = tb__device_given("tb_backend_device_info", device, &d);
     if (st != TB_OK) return st;
     b = tb__lookup("tb_backend_device_info", d.backend);
     if (b == NULL) return tb_last_status();
@@ -21848,6 +21844,16 @@ static bool tb__cg_norm_store(tb__cg *g, const tb__cg_norm *nm, int32_t j, int32
     return g->ix.status == TB_OK;
 }
 
+/* A stashing softmax's passes 1 and 2 read and write out at x's position: its flat index in
+   `flat`. False when code generation stopped. */
+static bool tb__cg_norm_stash_at(tb__cg *g, const tb__cg_norm *nm, int pass, int32_t xp,
+                                 char flat[TB__LF_TEXT]) {
+    if (!nm->stash || pass < 1) return true;
+    if (!tb__ix_need_flat(&g->ix, xp)) return false;
+    tb__lf_text(&g->ix.pos[xp].flat, flat, TB__LF_TEXT);
+    return true;
+}
+
 /* The vector part of a pass over the row: elements [0, rv) W at a time, folded into the
    scalar accumulators that the pass's element loop goes on with from rv (passes 0 and 1); the
    last pass stores W outputs at once. */
@@ -21860,10 +21866,7 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
              (int)w);
     tb__ix_open(&g->ix, head);
     xp = tb__cg_norm_pos(g, nm, j);
-    if (nm->stash && pass >= 1) {
-        if (!tb__ix_need_flat(&g->ix, xp)) return false;
-        tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
-    }
+    if (!tb__cg_norm_stash_at(g, nm, pass, xp, flat)) return false;
     if (nm->stash && pass == 2) {
         tb__ix_line(&g->ix, "vstore16(vload16(0, out + (%s)) * rsm, 0, out + (%s));", flat, flat);
         tb__ix_close(&g->ix, "");
@@ -21945,10 +21948,7 @@ static bool tb__cg_norm_pass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     }
     tb__ix_open(&g->ix, head);
     xp = tb__cg_norm_pos(g, nm, j);
-    if (nm->stash && pass >= 1) {
-        if (!tb__ix_need_flat(&g->ix, xp)) return false;
-        tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
-    }
+    if (!tb__cg_norm_stash_at(g, nm, pass, xp, flat)) return false;
     if (nm->stash && pass == 2) {
         tb__ix_line(&g->ix, "out[%s] = (%s)((%s)out[%s] * rsm);", flat, nm->t, ct, flat);
         tb__ix_close(&g->ix, "");

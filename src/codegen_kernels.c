@@ -561,6 +561,16 @@ static bool tb__cg_norm_store(tb__cg *g, const tb__cg_norm *nm, int32_t j, int32
     return g->ix.status == TB_OK;
 }
 
+/* A stashing softmax's passes 1 and 2 read and write out at x's position: its flat index in
+   `flat`. False when code generation stopped. */
+static bool tb__cg_norm_stash_at(tb__cg *g, const tb__cg_norm *nm, int pass, int32_t xp,
+                                 char flat[TB__LF_TEXT]) {
+    if (!nm->stash || pass < 1) return true;
+    if (!tb__ix_need_flat(&g->ix, xp)) return false;
+    tb__lf_text(&g->ix.pos[xp].flat, flat, TB__LF_TEXT);
+    return true;
+}
+
 /* The vector part of a pass over the row: elements [0, rv) W at a time, folded into the
    scalar accumulators that the pass's element loop goes on with from rv (passes 0 and 1); the
    last pass stores W outputs at once. */
@@ -573,10 +583,7 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
              (int)w);
     tb__ix_open(&g->ix, head);
     xp = tb__cg_norm_pos(g, nm, j);
-    if (nm->stash && pass >= 1) {
-        if (!tb__ix_need_flat(&g->ix, xp)) return false;
-        tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
-    }
+    if (!tb__cg_norm_stash_at(g, nm, pass, xp, flat)) return false;
     if (nm->stash && pass == 2) {
         tb__ix_line(&g->ix, "vstore16(vload16(0, out + (%s)) * rsm, 0, out + (%s));", flat, flat);
         tb__ix_close(&g->ix, "");
@@ -658,10 +665,7 @@ static bool tb__cg_norm_pass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     }
     tb__ix_open(&g->ix, head);
     xp = tb__cg_norm_pos(g, nm, j);
-    if (nm->stash && pass >= 1) {
-        if (!tb__ix_need_flat(&g->ix, xp)) return false;
-        tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
-    }
+    if (!tb__cg_norm_stash_at(g, nm, pass, xp, flat)) return false;
     if (nm->stash && pass == 2) {
         tb__ix_line(&g->ix, "out[%s] = (%s)((%s)out[%s] * rsm);", flat, nm->t, ct, flat);
         tb__ix_close(&g->ix, "");

@@ -67,6 +67,16 @@ TBDEF tb_status tb_current_device(tb_device *out) {
     }
 }
 
+/* The device a caller gave: the current one when its backend is empty, else its backend and
+   ordinal checked against the registry (messages name `fn`). */
+static tb_status tb__device_given(const char *fn, const tb_device *device, tb_device *out) {
+    char name[TB_MAX_NAME + 1];
+    if (device->backend[0] == '\0') return tb_current_device(out);
+    memcpy(name, device->backend, TB_MAX_NAME);
+    name[TB_MAX_NAME] = '\0';
+    return tb__backend_device(fn, name, device->ordinal, out);
+}
+
 TBDEF tb_status tb_device_guard_begin(tb_device_guard *guard, const tb_device *device) {
     tb_device d;
     tb_status st;
@@ -75,14 +85,7 @@ TBDEF tb_status tb_device_guard_begin(tb_device_guard *guard, const tb_device *d
                          guard == NULL ? "guard" : "device");
     }
     tb__ensure_setup();
-    if (device->backend[0] == '\0') {
-        st = tb_current_device(&d);
-    } else {
-        char name[TB_MAX_NAME + 1];
-        memcpy(name, device->backend, TB_MAX_NAME);
-        name[TB_MAX_NAME] = '\0';
-        st = tb__backend_device("tb_device_guard_begin", name, device->ordinal, &d);
-    }
+    st = tb__device_given("tb_device_guard_begin", device, &d);
     if (st != TB_OK) return st;
     guard->previous = tb__guard_device;
     guard->had_previous = tb__guard_active;
@@ -122,14 +125,7 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
         return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_backend_device_info: %s is NULL",
                          device == NULL ? "device" : "out");
     }
-    if (device->backend[0] == '\0') {
-        st = tb_current_device(&d);
-    } else {
-        char name[TB_MAX_NAME + 1];
-        memcpy(name, device->backend, TB_MAX_NAME);
-        name[TB_MAX_NAME] = '\0';
-        st = tb__backend_device("tb_backend_device_info", name, device->ordinal, &d);
-    }
+    st = tb__device_given("tb_backend_device_info", device, &d);
     if (st != TB_OK) return st;
     b = tb__lookup("tb_backend_device_info", d.backend);
     if (b == NULL) return tb_last_status();
