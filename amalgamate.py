@@ -34,6 +34,7 @@ DECLARATION_PARTS = [
     "src/files.h",
     "src/autograd.h",
     "src/nn.h",
+    "src/conv.h",
     "src/optim.h",
     "src/header_end.h",
 ]
@@ -58,6 +59,7 @@ IMPLEMENTATION_PARTS = [
     "src/print.c",
     "src/autograd.c",
     "src/nn.c",
+    "src/conv.c",
     "src/optim.c",
     "src/compile.h",
     "src/diskcache.c",

@@ -748,6 +748,11 @@ typedef enum tb_op_kind {
        Out-of-range indices as GATHER.
    Added later (at the end, so that the ids of the ops above keep their values):
      ERF: unary elementwise, float T only (the op function casts integers and bool to f32 first).
+     WINDOW: movement (a view); sliding windows over the last n axes of x (1 <= n <= 3, n <=
+       rank, rank + n <= TB_MAX_RANK); attrs [n, then for each of those axes i: out_i, kernel_i,
+       stride_i, dilation_i], each >= 1, with (out_i - 1) * stride_i + (kernel_i - 1) *
+       dilation_i < dims[i]. Output [..., out_1, ..., out_n, kernel_1, ..., kernel_n]; element
+       [..., o, k] is x[..., o_i * stride_i + k_i * dilation_i]. (Padding is a PAD below it.)
    Custom ops: the registered number of operands, as recorded (no CAST is inserted); attrs as
    given to tb_call_op; output from infer_shape, or else the broadcast of the operands with the
    tb_dtype_promote of their dtypes.
@@ -818,7 +823,8 @@ typedef enum tb_op_kind {
     X(PAD, "pad", TB_KIND_OTHER, 2)                                                                \
     X(GATHER, "gather", TB_KIND_OTHER, 2)                                                          \
     X(INDEX_SELECT, "index_select", TB_KIND_OTHER, 2)                                              \
-    X(ERF, "erf", TB_KIND_UNARY, 1)
+    X(ERF, "erf", TB_KIND_UNARY, 1)                                                                \
+    X(WINDOW, "window", TB_KIND_MOVEMENT, 1)
 
 /* An op id: a built-in TB_OP_* or an id returned by tb_op_register. */
 typedef int32_t tb_op;
@@ -1214,6 +1220,13 @@ TBDEF tb_tensor *tb_unsqueeze(tb_tensor *x, int32_t dim);
    clamped, step >= 1) */
 TBDEF tb_tensor *tb_slice(tb_tensor *x, int32_t dim, int64_t start, int64_t end, int64_t step);
 TBDEF tb_tensor *tb_flip(tb_tensor *x, const int32_t *dims, size_t num_dims);
+/* Sliding windows over the last num_spatial (1..3) dims, as torch.Tensor.unfold along each of
+   them at once: x [..., L_1, .., L_n] -> [..., O_1, .., O_n, K_1, .., K_n] with element
+   [..., o, k] = x[..., o_i * stride_i + k_i * dilation_i] and O_i = (L_i - dilation_i * (K_i -
+   1) - 1) / stride_i + 1 (no padding: tb_pad first). kernel is required; stride and dilation
+   may be NULL (all 1). A view: a matmul or reduction reads the windows straight from x. */
+TBDEF tb_tensor *tb_window(tb_tensor *x, size_t num_spatial, const int64_t *kernel,
+                           const int64_t *stride, const int64_t *dilation);
 /* copies (new arrays) */
 TBDEF tb_tensor *tb_concat(tb_tensor *const *tensors, size_t count, int32_t dim);
 /* torch.nn.functional.pad's constant mode: pads = (before_last, after_last, before_2nd_last, ...),
@@ -1671,6 +1684,64 @@ TBDEF tb_tensor *tb_mse_loss(tb_tensor *input, tb_tensor *target, tb_reduction r
    Not training (or p = 0): x itself (retained; inside a scope see tb_scope_begin). p must be in [0,
    1]; p = 1 gives zeros. */
 TBDEF tb_tensor *tb_dropout(tb_tensor *x, double p, bool training);
+
+/* ---- src/conv.h ---- */
+/* ===========================================================================================
+   Convolution and pooling (torch.nn.functional's, channels first: [N, C, L] for the 1-D
+   forms, [N, C, H, W] for the 2-D ones; the batch axis may be left out as in PyTorch).
+   Recorded from tb_window (sliding windows, a view), tb_pad and tb_matmul, so a convolution
+   is a matmul that reads its windows straight from the input, and the gradients come from
+   the ops' rules (tb_grad covers a CNN). Float dtypes only.
+
+   Arrays of per-dim values have 1 entry for the 1-D forms and 2 (height, width) for the 2-D
+   ones; NULL gives PyTorch's default: stride 1 (pooling: the kernel size), padding 0,
+   dilation 1, output_padding 0. Bad arguments (a kernel larger than the padded input, groups
+   that do not divide the channels, stride < 1, padding < 0) give TB_ERR_INVALID_ARGUMENT or
+   TB_ERR_SHAPE with a message.
+   =========================================================================================== */
+
+/* torch.nn.functional.conv2d: x [N, C, H, W], weight [O, C / groups, KH, KW], bias [O] or
+   NULL; output [N, O, OH, OW] with OH = (H + 2 * padding - dilation * (KH - 1) - 1) / stride +
+   1. */
+TBDEF tb_tensor *tb_conv2d(tb_tensor *x, tb_tensor *weight, tb_tensor *bias, const int64_t *stride,
+                           const int64_t *padding, const int64_t *dilation, int64_t groups);
+TBDEF tb_tensor *tb_conv1d(tb_tensor *x, tb_tensor *weight, tb_tensor *bias, const int64_t *stride,
+                           const int64_t *padding, const int64_t *dilation, int64_t groups);
+/* torch.nn.functional.conv_transpose2d: x [N, C, H, W], weight [C, O / groups, KH, KW];
+   output [N, O, OH, OW] with OH = (H - 1) * stride - 2 * padding + dilation * (KH - 1) +
+   output_padding + 1 (output_padding < stride or < dilation). The gradient of tb_conv2d with
+   respect to its input. */
+TBDEF tb_tensor *tb_conv_transpose2d(tb_tensor *x, tb_tensor *weight, tb_tensor *bias,
+                                     const int64_t *stride, const int64_t *padding,
+                                     const int64_t *output_padding, const int64_t *dilation,
+                                     int64_t groups);
+TBDEF tb_tensor *tb_conv_transpose1d(tb_tensor *x, tb_tensor *weight, tb_tensor *bias,
+                                     const int64_t *stride, const int64_t *padding,
+                                     const int64_t *output_padding, const int64_t *dilation,
+                                     int64_t groups);
+/* torch.nn.functional.max_pool2d: the largest element of each window (padding counts as
+   -inf, at most half the kernel); NaN wins as in PyTorch; the gradient goes to the first
+   largest element of each window. ceil_mode rounds the output size up (a last window that
+   starts inside the input or its left padding). */
+TBDEF tb_tensor *tb_max_pool2d(tb_tensor *x, const int64_t *kernel, const int64_t *stride,
+                               const int64_t *padding, const int64_t *dilation, bool ceil_mode);
+TBDEF tb_tensor *tb_max_pool1d(tb_tensor *x, const int64_t *kernel, const int64_t *stride,
+                               const int64_t *padding, const int64_t *dilation, bool ceil_mode);
+/* torch.nn.functional.avg_pool2d: the mean of each window; count_include_pad divides by the
+   window's extent within the padded input, else by its elements inside the input. */
+TBDEF tb_tensor *tb_avg_pool2d(tb_tensor *x, const int64_t *kernel, const int64_t *stride,
+                               const int64_t *padding, bool ceil_mode, bool count_include_pad);
+TBDEF tb_tensor *tb_avg_pool1d(tb_tensor *x, const int64_t *kernel, const int64_t *stride,
+                               const int64_t *padding, bool ceil_mode, bool count_include_pad);
+/* torch.nn.functional.adaptive_avg_pool2d: output_size bins per dim, bin i covering [floor(i *
+   L / out), ceil((i + 1) * L / out)). */
+TBDEF tb_tensor *tb_adaptive_avg_pool2d(tb_tensor *x, const int64_t *output_size);
+TBDEF tb_tensor *tb_adaptive_avg_pool1d(tb_tensor *x, const int64_t *output_size);
+/* The adjoint of tb_window (torch.nn.functional.fold for num_spatial 2, without its flat
+   layout): g [..., O_1, .., O_n, K_1, .., K_n] summed onto [..., sizes]: element [..., o, k]
+   adds to [..., o_i * stride_i + k_i * dilation_i]. The windows must fit in sizes. */
+TBDEF tb_tensor *tb_fold(tb_tensor *g, size_t num_spatial, const int64_t *sizes,
+                         const int64_t *kernel, const int64_t *stride, const int64_t *dilation);
 
 /* ---- src/optim.h ---- */
 /* ===========================================================================================
@@ -2150,6 +2221,12 @@ static void tb__ag_free(tb__ag *a);
    marks the arena failed and gives NULL */
 static tb_tensor *tb__ag_keep(tb__ag *a, tb_tensor *t);
 static tb_tensor *tb__ag_const(tb__ag *a, tb_dtype dtype, double value);
+/* the adjoint of tb_window: g [..., O_1, .., O_n, K_1, .., K_n] summed onto [..., sizes] */
+static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *sizes,
+                              const int64_t *kernel, const int64_t *stride,
+                              const int64_t *dilation);
+/* nn.c: the arena's result as a new reference (NULL when the arena failed); frees the arena */
+static tb_tensor *tb__nn_finish(tb__ag *a, tb_tensor *result);
 /* What a tensor holds, kept across assignments that may have to be undone (an optimizer step
    whose sync fails). Holding it does not keep a donation from happening: only live tensors
    count as readers. */
@@ -6773,6 +6850,49 @@ static tb_status tb__infer_slice(const char *fn, const tb_shape *x, const int64_
     return TB_OK;
 }
 
+/* WINDOW: attrs [n, (out, kernel, stride, dilation) for each of the last n axes]. */
+static tb_status tb__infer_window(const char *fn, const tb_shape *x, const int64_t *attrs,
+                                  size_t num_attrs, tb_shape *out) {
+    int64_t n = num_attrs > 0 ? attrs[0] : 0, last;
+    int32_t lead, i;
+    tb__shape_buf b;
+    if (num_attrs < 1 || n < 1 || n > 3 || num_attrs != 1 + 4 * (size_t)n) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "%s: %zu attributes; [n, then (out, kernel, stride, dilation) for each "
+                         "of the last n axes, 1 <= n <= 3] is needed",
+                         fn, num_attrs);
+    }
+    if (n > x->rank || x->rank + n > TB_MAX_RANK) {
+        return tb__error(TB_ERR_SHAPE, "%s: windows over %lld axes of %s (rank %d .. %d needed)",
+                         fn, (long long)n, tb__st(x, &b), (int)n, (int)(TB_MAX_RANK - n));
+    }
+    lead = x->rank - (int32_t)n;
+    *out = *x;
+    out->rank = x->rank + (int32_t)n;
+    for (i = 0; i < (int32_t)n; i++) {
+        const int64_t *a = &attrs[1 + 4 * i];
+        int64_t span;
+        if (a[0] < 1 || a[1] < 1 || a[2] < 1 || a[3] < 1) {
+            return tb__error(TB_ERR_INVALID_ARGUMENT,
+                             "%s: axis %d: out %lld, kernel %lld, stride %lld and dilation %lld "
+                             "must each be >= 1",
+                             fn, (int)(lead + i), (long long)a[0], (long long)a[1], (long long)a[2],
+                             (long long)a[3]);
+        }
+        if (!tb__muladd_i64(a[1] - 1, a[3], 0, &span) ||
+            !tb__muladd_i64(a[0] - 1, a[2], span, &last) || last >= x->dims[lead + i]) {
+            return tb__error(TB_ERR_SHAPE,
+                             "%s: %lld windows of %lld (stride %lld, dilation %lld) do not fit "
+                             "in axis %d of %s",
+                             fn, (long long)a[0], (long long)a[1], (long long)a[2], (long long)a[3],
+                             (int)(lead + i), tb__st(x, &b));
+        }
+        out->dims[lead + i] = a[0];
+        out->dims[x->rank + i] = a[1];
+    }
+    return TB_OK;
+}
+
 static tb_status tb__infer_concat(const char *fn, const tb_shape *in, size_t n,
                                   const int64_t *attrs, size_t num_attrs, tb_shape *out) {
     tb_status st = tb__want_attrs(fn, num_attrs, 1, "[dim]");
@@ -7031,6 +7151,9 @@ static tb_status tb__infer_by_kind(const char *fn, tb_op op, const tb_shape *inp
             break;
         case TB_OP_SLICE:
             st = tb__infer_slice(fn, &inputs[0], attrs, num_attrs, result);
+            break;
+        case TB_OP_WINDOW:
+            st = tb__infer_window(fn, &inputs[0], attrs, num_attrs, result);
             break;
         default: /* FLIP */
             st = tb__want_attrs(fn, num_attrs, 1, "[axes bitmask]");
@@ -11238,6 +11361,62 @@ done:
     return tb__finish(node);
 }
 
+TBDEF tb_tensor *tb_window(tb_tensor *x, size_t num_spatial, const int64_t *kernel,
+                           const int64_t *stride, const int64_t *dilation) {
+    const char *fn = "tb_window";
+    tb__arg arg;
+    tb_device device;
+    int64_t attrs[1 + 4 * 3];
+    int32_t lead, i, n = (int32_t)num_spatial;
+    tb_node *node = NULL;
+    tb__shape_buf b;
+    tb__ensure_setup();
+    if (x == NULL) return tb__null_input(fn, "x");
+    if (kernel == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: kernel is NULL", fn);
+        return NULL;
+    }
+    if (num_spatial < 1 || num_spatial > 3) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: num_spatial is %zu; 1, 2 or 3 dims are supported",
+                  fn, num_spatial);
+        return NULL;
+    }
+    if (tb__args_get(fn, &x, 1, &arg, &device) != TB_OK) return NULL;
+    if (arg.shape.rank < n) {
+        tb__error(TB_ERR_SHAPE, "%s: %s has fewer than %d dims", fn, tb__st(&arg.shape, &b), n);
+        goto done;
+    }
+    lead = arg.shape.rank - n;
+    attrs[0] = n;
+    for (i = 0; i < n; i++) {
+        int64_t k = kernel[i], s = stride != NULL ? stride[i] : 1;
+        int64_t d = dilation != NULL ? dilation[i] : 1, len = arg.shape.dims[lead + i], span;
+        if (k < 1 || s < 1 || d < 1) {
+            tb__error(TB_ERR_INVALID_ARGUMENT,
+                      "%s: kernel %lld, stride %lld and dilation %lld (spatial dim %d) must each "
+                      "be >= 1",
+                      fn, (long long)k, (long long)s, (long long)d, (int)i);
+            goto done;
+        }
+        if (!tb__muladd_i64(k - 1, d, 1, &span) || span > len) {
+            tb__error(TB_ERR_SHAPE,
+                      "%s: a window of %lld with dilation %lld spans more than dim %d of %s "
+                      "(size %lld)",
+                      fn, (long long)k, (long long)d, (int)(lead + i), tb__st(&arg.shape, &b),
+                      (long long)len);
+            goto done;
+        }
+        attrs[1 + 4 * i] = (len - span) / s + 1;
+        attrs[2 + 4 * i] = k;
+        attrs[3 + 4 * i] = s;
+        attrs[4 + 4 * i] = d;
+    }
+    node = tb__record(fn, TB_OP_WINDOW, &device, &arg.node, 1, attrs, 1 + 4 * (size_t)n, NULL);
+done:
+    tb__args_release(&arg, 1);
+    return tb__finish(node);
+}
+
 TBDEF tb_tensor *tb_flip(tb_tensor *x, const int32_t *dims, size_t num_dims) {
     const char *fn = "tb_flip";
     tb__arg arg;
@@ -13612,6 +13791,39 @@ static bool tb__ref_reshape_strides(const tb__rview *v, const tb_shape *ns, int6
     return true;
 }
 
+/* WINDOW as a strided view: the output axis of window positions steps by stride, the kernel
+   axis by dilation, both along the same input axis. */
+static tb_status tb__ref_window(const tb_node *node, const tb__rview *x, tb__rview *out) {
+    const tb_shape *xs = &x->shape, *os = &node->shape;
+    int64_t n = node->num_attrs > 0 ? node->attrs[0] : 0;
+    int32_t lead, i, d;
+    if (n < 1 || n > 3 || node->num_attrs != 1 + 4 * (size_t)n || n > xs->rank ||
+        os->rank != xs->rank + n)
+        return tb__ref_malformed(node, xs);
+    lead = xs->rank - (int32_t)n;
+    for (d = 0; d < lead; d++)
+        if (os->dims[d] != xs->dims[d]) return tb__ref_malformed(node, xs);
+    tb__rview_share(out, x);
+    out->shape = *os;
+    for (i = 0; i < (int32_t)n; i++) {
+        const int64_t *a = &node->attrs[1 + 4 * i];
+        int64_t span, last, st = x->strides[lead + i];
+        bool ok = a[0] >= 1 && a[1] >= 1 && a[2] >= 1 && a[3] >= 1 && os->dims[lead + i] == a[0] &&
+                  os->dims[xs->rank + i] == a[1] && tb__muladd_i64(a[1] - 1, a[3], 0, &span) &&
+                  tb__muladd_i64(a[0] - 1, a[2], span, &last) && last < xs->dims[lead + i];
+        /* inside the operand, so the strides only grow where an axis has two or more elements */
+        out->strides[lead + i] = st;
+        out->strides[xs->rank + i] = st;
+        if (ok && a[0] > 1) ok = tb__mul_i64(st, a[2], &out->strides[lead + i]);
+        if (ok && a[1] > 1) ok = tb__mul_i64(st, a[3], &out->strides[xs->rank + i]);
+        if (!ok) {
+            tb__rview_clear(out);
+            return tb__ref_malformed(node, xs);
+        }
+    }
+    return TB_OK;
+}
+
 static tb_status tb__ref_movement(const tb_node *node, const tb__rview *x, tb__rview *out) {
     const tb_shape *xs = &x->shape, *os = &node->shape;
     int32_t d;
@@ -13692,6 +13904,8 @@ static tb_status tb__ref_movement(const tb_node *node, const tb__rview *x, tb__r
         }
         return TB_OK;
     }
+    case TB_OP_WINDOW:
+        return tb__ref_window(node, x, out);
     case TB_OP_FLIP: {
         int64_t mask = node->num_attrs > 0 ? node->attrs[0] : 0;
         if (!tb_shape_equal(xs, os) || ((uint64_t)mask >> xs->rank) != 0)
@@ -15489,6 +15703,71 @@ static void tb__vjp_norm(const tb__vjp *v) {
     }
 }
 
+/* Element o of a window axis moved to o * stride (stride - 1 zeros between neighbours):
+   g [L, O_1, .., O_n, K_1, .., K_n], axis 1 + i grows to (O_i - 1) * stride + 1. */
+static tb_tensor *tb__ag_spread(tb__ag *a, tb_tensor *g, int32_t i, int64_t stride) {
+    tb_shape s = tb_tensor_shape(g);
+    int64_t pads[2 * TB_MAX_RANK], dims[TB_MAX_RANK], o = s.dims[1 + i];
+    int32_t ax = 2 + i, r = s.rank + 1, d;
+    tb_tensor *t;
+    if (stride <= 1 || o <= 1) return g;
+    t = tb__ag_keep(a, tb_unsqueeze(g, ax));
+    memset(pads, 0, sizeof pads);
+    pads[2 * (r - 1 - ax) + 1] = stride - 1;
+    t = tb__ag_keep(a, tb_pad(t, pads, 2 * (size_t)r, 0.0));
+    for (d = 0; d < s.rank; d++)
+        dims[d] = d == 1 + i ? o * stride : s.dims[d];
+    t = tb__ag_keep(a, tb_reshape(t, dims, s.rank));
+    return tb__ag_keep(a, tb_slice(t, 1 + i, 0, (o - 1) * stride + 1, 1));
+}
+
+/* The adjoint of WINDOW (col2im): g [..., O_1, .., O_n, K_1, .., K_n] summed back onto
+   [..., sizes]: element [..., o, k] adds to [..., o_i * stride_i + k_i * dilation_i]. One
+   shifted copy of the spread g per kernel position, added up (the planner fuses the sum). */
+static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *sizes,
+                              const int64_t *kernel, const int64_t *stride,
+                              const int64_t *dilation) {
+    tb_shape gs = tb_tensor_shape(g);
+    int64_t dims[TB_MAX_RANK], pads[2 * TB_MAX_RANK], lead_numel = 1, ktotal = 1, q, rem;
+    int32_t lead = gs.rank - 2 * n, i, r = 1 + n;
+    tb_tensor *t, *acc = NULL;
+    for (i = 0; i < lead; i++)
+        lead_numel *= gs.dims[i];
+    dims[0] = lead_numel;
+    for (i = 0; i < 2 * n; i++)
+        dims[1 + i] = gs.dims[lead + i];
+    t = tb__ag_keep(a, tb_reshape(g, dims, 1 + 2 * n));
+    for (i = 0; i < n && t != NULL; i++) {
+        t = tb__ag_spread(a, t, i, stride[i]);
+        ktotal *= kernel[i];
+    }
+    for (q = 0; q < ktotal && !a->failed; q++) {
+        tb_tensor *term = t;
+        tb_shape ts = tb_tensor_shape(t);
+        memset(pads, 0, sizeof pads);
+        rem = q;
+        for (i = n - 1; i >= 0; i--) {
+            int64_t k = rem % kernel[i], at = k * dilation[i], len = ts.dims[1 + i];
+            rem /= kernel[i];
+            if (kernel[i] > 1) term = tb__ag_keep(a, tb_slice(term, 1 + n + i, k, k + 1, 1));
+            pads[2 * (r - 1 - (1 + i))] = at;
+            pads[2 * (r - 1 - (1 + i)) + 1] = sizes[i] - at - len;
+        }
+        dims[0] = lead_numel;
+        for (i = 0; i < n; i++)
+            dims[1 + i] = ts.dims[1 + i];
+        term = tb__ag_keep(a, tb_reshape(term, dims, r));
+        term = tb__ag_keep(a, tb_pad(term, pads, 2 * (size_t)r, 0.0));
+        acc = acc == NULL ? term : tb__ag_keep(a, tb_add(acc, term));
+    }
+    if (a->failed || acc == NULL) return NULL;
+    for (i = 0; i < lead; i++)
+        dims[i] = gs.dims[i];
+    for (i = 0; i < n; i++)
+        dims[lead + i] = sizes[i];
+    return tb__ag_keep(a, tb_reshape(acc, dims, lead + n));
+}
+
 static void tb__vjp_movement(const tb__vjp *v) {
     const tb_shape *xs = &v->xs[0];
     const int64_t *at = v->node->attrs;
@@ -15506,6 +15785,18 @@ static void tb__vjp_movement(const tb__vjp *v) {
     case TB_OP_EXPAND:
         v->out[0] = tb__ag_unbroadcast(v->a, g, xs);
         break;
+    case TB_OP_WINDOW: {
+        int64_t sizes[3], kernel[3], stride[3], dilation[3];
+        int32_t n = (int32_t)at[0];
+        for (i = 0; i < n; i++) {
+            sizes[i] = xs->dims[r - n + i];
+            kernel[i] = at[2 + 4 * i];
+            stride[i] = at[3 + 4 * i];
+            dilation[i] = at[4 + 4 * i];
+        }
+        v->out[0] = tb__ag_fold(v->a, g, n, sizes, kernel, stride, dilation);
+        break;
+    }
     case TB_OP_FLIP: {
         size_t n = tb__ag_axes(at[0], r, list);
         v->out[0] = n > 0 ? TB__K(tb_flip(g, list, n)) : g;
@@ -16466,6 +16757,665 @@ TBDEF tb_tensor *tb_dropout(tb_tensor *x, double p, bool training) {
     zero = tb__ag_const(&a, xs.dtype, 0.0);
     y = a.failed ? NULL : tb__ag_keep(&a, tb_where(keep, scaled, zero));
     return tb__nn_finish(&a, y);
+}
+
+/* ---- src/conv.c ---- */
+/* ===========================================================================================
+   Convolution and pooling, recorded from tb_window, tb_pad and tb_matmul (their gradients
+   come from the ops' rules; the window's is the fold in autograd.c).
+   =========================================================================================== */
+
+/* The per-dim arguments of one call, defaults filled in. */
+typedef struct tb__conv_args {
+    const char *fn;
+    int32_t n;                                    /* spatial dims: 1 or 2 */
+    int64_t k[2], s[2], p[2], d[2], op[2], lo[2]; /* lo: input sizes */
+    int64_t out[2], right[2];                     /* output sizes, right padding */
+} tb__conv_args;
+
+static bool tb__conv_fill(const char *fn, const char *what, const int64_t *v, int32_t n,
+                          int64_t dflt, int64_t min, int64_t *out) {
+    int32_t i;
+    for (i = 0; i < n; i++) {
+        out[i] = v != NULL ? v[i] : dflt;
+        if (out[i] < min) {
+            tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s %lld (spatial dim %d) must be >= %lld", fn,
+                      what, (long long)out[i], (int)i, (long long)min);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* x float, of rank n + 1 or n + 2; false with the error set otherwise. */
+static bool tb__conv_input(const char *fn, const char *name, tb_tensor *x, int32_t n) {
+    tb_shape s;
+    char t[96];
+    if (x == NULL) {
+        tb__null_input(fn, name);
+        return false;
+    }
+    s = tb_tensor_shape(x);
+    tb__shape_text(&s, t);
+    if (!tb_dtype_is_float(s.dtype)) {
+        tb__error(TB_ERR_DTYPE, "%s: %s is %s; it must be floating point", fn, name, t);
+        return false;
+    }
+    if (s.rank != n + 1 && s.rank != n + 2) {
+        tb__error(TB_ERR_SHAPE, "%s: %s is %s; [N, C, %s] or [C, %s] is needed", fn, name, t,
+                  n == 1 ? "L" : "H, W", n == 1 ? "L" : "H, W");
+        return false;
+    }
+    return true;
+}
+
+/* The output size of sliding windows over a padded axis (PyTorch's rule, ceil_mode's last
+   window starting inside the input or its left padding) and the right padding the windows
+   need; false with the error set when no window fits. */
+static bool tb__conv_out_size(tb__conv_args *c, int32_t i, bool ceil_mode) {
+    int64_t span = c->d[i] * (c->k[i] - 1) + 1, room = c->lo[i] + 2 * c->p[i], o, need;
+    if (room < span) {
+        tb__error(TB_ERR_SHAPE,
+                  "%s: the kernel spans %lld (size %lld, dilation %lld) but the padded input "
+                  "has %lld along spatial dim %d",
+                  c->fn, (long long)span, (long long)c->k[i], (long long)c->d[i], (long long)room,
+                  (int)i);
+        return false;
+    }
+    o = (room - span) / c->s[i] + 1;
+    if (ceil_mode && (room - span) % c->s[i] != 0) {
+        o++;
+        if ((o - 1) * c->s[i] >= c->lo[i] + c->p[i]) o--;
+    }
+    need = (o - 1) * c->s[i] + span;
+    c->out[i] = o;
+    c->right[i] = need - c->lo[i] - c->p[i] > c->p[i] ? need - c->lo[i] - c->p[i] : c->p[i];
+    return true;
+}
+
+/* x padded by (p, right) on each spatial axis with `value`, then its windows. */
+static tb_tensor *tb__conv_windows(tb__ag *a, const tb__conv_args *c, tb_tensor *x, double value) {
+    int64_t pads[4] = {0, 0, 0, 0};
+    bool any = false;
+    int32_t i;
+    tb_tensor *t = x;
+    for (i = 0; i < c->n; i++) {
+        pads[2 * (c->n - 1 - i)] = c->p[i];
+        pads[2 * (c->n - 1 - i) + 1] = c->right[i];
+        any = any || c->p[i] > 0 || c->right[i] > 0;
+    }
+    if (any) t = tb__ag_keep(a, tb_pad(x, pads, 2 * (size_t)c->n, value));
+    return t != NULL ? tb__ag_keep(a, tb_window(t, (size_t)c->n, c->k, c->s, c->d)) : NULL;
+}
+
+/* The arguments every form checks: the input's spatial sizes, stride, padding, dilation. */
+static bool tb__conv_common(tb__conv_args *c, tb_tensor *x, const int64_t *kernel,
+                            const int64_t *stride, const int64_t *padding, const int64_t *dilation,
+                            bool pool) {
+    tb_shape s = tb_tensor_shape(x);
+    int32_t i;
+    for (i = 0; i < c->n; i++)
+        c->lo[i] = s.dims[s.rank - c->n + i];
+    if (kernel != NULL && !tb__conv_fill(c->fn, "kernel size", kernel, c->n, 1, 1, c->k))
+        return false;
+    if (!tb__conv_fill(c->fn, "stride", pool && stride == NULL ? c->k : stride, c->n, 1, 1, c->s))
+        return false;
+    if (!tb__conv_fill(c->fn, "padding", padding, c->n, 0, 0, c->p)) return false;
+    if (!tb__conv_fill(c->fn, "dilation", dilation, c->n, 1, 1, c->d)) return false;
+    for (i = 0; pool && i < c->n; i++) {
+        if (c->p[i] > c->k[i] / 2) {
+            tb__error(TB_ERR_INVALID_ARGUMENT,
+                      "%s: padding %lld is more than half the kernel size %lld (spatial dim %d)",
+                      c->fn, (long long)c->p[i], (long long)c->k[i], (int)i);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ---- convolution ---- */
+
+/* Checks weight (and bias) against x for a convolution: weight [O, C / groups, K..] (or, for
+   the transposed one, [C, O / groups, K..]); the output channels. */
+static int64_t tb__conv_weight(tb__conv_args *c, tb_tensor *x, tb_tensor *weight, tb_tensor *bias,
+                               int64_t groups, bool transposed) {
+    tb_shape xs = tb_tensor_shape(x), ws = tb_tensor_shape(weight);
+    int64_t ch = xs.dims[xs.rank - c->n - 1], outc;
+    int32_t i;
+    char a[96], b[96];
+    tb__shape_text(&xs, a);
+    tb__shape_text(&ws, b);
+    if (ws.dtype != xs.dtype || ws.rank != c->n + 2) {
+        tb__error(ws.dtype != xs.dtype ? TB_ERR_DTYPE : TB_ERR_SHAPE,
+                  "%s: weight %s does not suit x %s (a %s weight of rank %d is needed)", c->fn, b,
+                  a, tb_dtype_name(xs.dtype), (int)(c->n + 2));
+        return -1;
+    }
+    if (groups < 1 || ch % groups != 0) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: groups %lld do not divide the %lld channels of %s",
+                  c->fn, (long long)groups, (long long)ch, a);
+        return -1;
+    }
+    if (transposed ? ws.dims[0] != ch : ws.dims[1] * groups != ch || ws.dims[0] % groups != 0) {
+        tb__error(TB_ERR_SHAPE, "%s: weight %s does not suit x %s with groups %lld (%s is needed)",
+                  c->fn, b, a, (long long)groups,
+                  transposed ? "[C, O / groups, K..]" : "[O, C / groups, K..], groups dividing O");
+        return -1;
+    }
+    for (i = 0; i < c->n; i++)
+        c->k[i] = ws.dims[2 + i];
+    outc = transposed ? ws.dims[1] * groups : ws.dims[0];
+    if (bias != NULL) {
+        tb_shape bs = tb_tensor_shape(bias);
+        if (bs.dtype != xs.dtype || bs.rank != 1 || bs.dims[0] != outc) {
+            tb__shape_text(&bs, b);
+            tb__error(bs.dtype != xs.dtype ? TB_ERR_DTYPE : TB_ERR_SHAPE,
+                      "%s: bias %s does not suit %lld output channels of x's dtype %s", c->fn, b,
+                      (long long)outc, tb_dtype_name(xs.dtype));
+            return -1;
+        }
+    }
+    return outc;
+}
+
+/* y [N, O, ..] + bias along axis 1; the batch axis dropped again for an unbatched input. */
+static tb_tensor *tb__conv_finish_out(tb__ag *a, tb_tensor *y, tb_tensor *bias, bool batched) {
+    if (y != NULL && bias != NULL) {
+        tb_shape ys = tb_tensor_shape(y);
+        int64_t dims[3] = {-1, 1, 1};
+        tb_tensor *b = tb__ag_keep(a, tb_reshape(bias, dims, ys.rank - 1));
+        y = b != NULL ? tb__ag_keep(a, tb_add(y, b)) : NULL;
+    }
+    if (y != NULL && !batched) y = tb__ag_keep(a, tb_squeeze(y, 0));
+    return y;
+}
+
+/* x [N, C, L..] as [N, G, C / G, K.., O..] windows flattened to [N, G, C / G * K.., O..] and
+   multiplied by the weight [G, O / G, C / G * K..]. */
+static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor *x,
+                                   tb_tensor *weight, int64_t groups, int64_t outc) {
+    tb_shape xs = tb_tensor_shape(x);
+    int64_t n = xs.dims[0], ch = xs.dims[1], kk = 1, oo = 1, dims[TB_MAX_RANK];
+    int32_t perm[TB_MAX_RANK], i, r;
+    tb_tensor *w = tb__conv_windows(a, c, x, 0.0), *t, *m;
+    for (i = 0; i < c->n; i++) {
+        kk *= c->k[i];
+        oo *= c->out[i];
+    }
+    /* [N, C, O.., K..] -> [N, G, C/G, O.., K..] -> [N, G, C/G, K.., O..] */
+    dims[0] = n;
+    dims[1] = groups;
+    dims[2] = ch / groups;
+    for (i = 0; i < 2 * c->n; i++)
+        dims[3 + i] = i < c->n ? c->out[i] : c->k[i - c->n];
+    r = 3 + 2 * c->n;
+    t = w != NULL ? tb__ag_keep(a, tb_reshape(w, dims, r)) : NULL;
+    for (i = 0; i < 3; i++)
+        perm[i] = i;
+    for (i = 0; i < c->n; i++) {
+        perm[3 + i] = 3 + c->n + i;
+        perm[3 + c->n + i] = 3 + i;
+    }
+    t = t != NULL ? tb__ag_keep(a, tb_permute(t, perm, r)) : NULL;
+    dims[2] = ch / groups * kk;
+    dims[3] = oo;
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 4)) : NULL;
+    dims[0] = groups;
+    dims[1] = outc / groups;
+    dims[2] = ch / groups * kk;
+    m = tb__ag_keep(a, tb_reshape(weight, dims, 3));
+    t = t != NULL && m != NULL ? tb__ag_keep(a, tb_matmul(m, t)) : NULL;
+    dims[0] = n;
+    dims[1] = outc;
+    for (i = 0; i < c->n; i++)
+        dims[2 + i] = c->out[i];
+    return t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 2 + c->n)) : NULL;
+}
+
+static tb_tensor *tb__conv(const char *fn, int32_t n, tb_tensor *x, tb_tensor *weight,
+                           tb_tensor *bias, const int64_t *stride, const int64_t *padding,
+                           const int64_t *dilation, int64_t groups) {
+    tb__conv_args c;
+    tb_tensor *y;
+    int64_t outc;
+    bool batched;
+    tb__ag a;
+    int32_t i;
+    tb__ensure_setup();
+    memset(&c, 0, sizeof c);
+    c.fn = fn;
+    c.n = n;
+    if (!tb__conv_input(fn, "x", x, n)) return NULL;
+    if (weight == NULL) return tb__null_input(fn, "weight");
+    if (!tb__conv_common(&c, x, NULL, stride, padding, dilation, false)) return NULL;
+    outc = tb__conv_weight(&c, x, weight, bias, groups, false);
+    if (outc < 0) return NULL;
+    for (i = 0; i < n; i++)
+        if (!tb__conv_out_size(&c, i, false)) return NULL;
+    tb__ag_init(&a, fn);
+    a.device = tb_tensor_device(x);
+    batched = tb_tensor_shape(x).rank == n + 2;
+    if (!batched) x = tb__ag_keep(&a, tb_unsqueeze(x, 0));
+    y = x != NULL ? tb__conv_forward(&a, &c, x, weight, groups, outc) : NULL;
+    return tb__nn_finish(&a, tb__conv_finish_out(&a, y, bias, batched));
+}
+
+TBDEF tb_tensor *tb_conv2d(tb_tensor *x, tb_tensor *weight, tb_tensor *bias, const int64_t *stride,
+                           const int64_t *padding, const int64_t *dilation, int64_t groups) {
+    return tb__conv("tb_conv2d", 2, x, weight, bias, stride, padding, dilation, groups);
+}
+
+TBDEF tb_tensor *tb_conv1d(tb_tensor *x, tb_tensor *weight, tb_tensor *bias, const int64_t *stride,
+                           const int64_t *padding, const int64_t *dilation, int64_t groups) {
+    return tb__conv("tb_conv1d", 1, x, weight, bias, stride, padding, dilation, groups);
+}
+
+/* x [N, C, L..] times the weight [G, O / G * K.., C / G] as [N, G, O / G * K.., L..], folded
+   onto the full output (before the padding is cut away). */
+static tb_tensor *tb__conv_transpose_forward(tb__ag *a, const tb__conv_args *c, tb_tensor *x,
+                                             tb_tensor *weight, int64_t groups, int64_t outc) {
+    tb_shape xs = tb_tensor_shape(x);
+    int64_t n = xs.dims[0], ch = xs.dims[1], kk = 1, ll = 1, dims[TB_MAX_RANK], full[2];
+    int32_t perm[TB_MAX_RANK], i, r;
+    tb_tensor *t, *m;
+    for (i = 0; i < c->n; i++) {
+        kk *= c->k[i];
+        ll *= c->lo[i];
+        full[i] = c->out[i] + 2 * c->p[i];
+    }
+    dims[0] = n;
+    dims[1] = groups;
+    dims[2] = ch / groups;
+    dims[3] = ll;
+    t = tb__ag_keep(a, tb_reshape(x, dims, 4));
+    dims[0] = groups;
+    dims[1] = ch / groups;
+    dims[2] = outc / groups * kk;
+    m = tb__ag_keep(a, tb_reshape(weight, dims, 3));
+    m = m != NULL ? tb__ag_keep(a, tb_transpose(m, 1, 2)) : NULL;
+    t = t != NULL && m != NULL ? tb__ag_keep(a, tb_matmul(m, t)) : NULL;
+    /* [N, G, O/G * K.., L..] -> [N, O, K.., L..] -> [N, O, L.., K..] */
+    dims[0] = n;
+    dims[1] = outc;
+    for (i = 0; i < 2 * c->n; i++)
+        dims[2 + i] = i < c->n ? c->k[i] : c->lo[i - c->n];
+    r = 2 + 2 * c->n;
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, r)) : NULL;
+    perm[0] = 0;
+    perm[1] = 1;
+    for (i = 0; i < c->n; i++) {
+        perm[2 + i] = 2 + c->n + i;
+        perm[2 + c->n + i] = 2 + i;
+    }
+    t = t != NULL ? tb__ag_keep(a, tb_permute(t, perm, r)) : NULL;
+    t = t != NULL ? tb__ag_fold(a, t, c->n, full, c->k, c->s, c->d) : NULL;
+    for (i = 0; i < c->n && t != NULL; i++) {
+        if (c->p[i] > 0) t = tb__ag_keep(a, tb_slice(t, 2 + i, c->p[i], c->p[i] + c->out[i], 1));
+    }
+    return t;
+}
+
+static tb_tensor *tb__conv_transpose(const char *fn, int32_t n, tb_tensor *x, tb_tensor *weight,
+                                     tb_tensor *bias, const int64_t *stride, const int64_t *padding,
+                                     const int64_t *output_padding, const int64_t *dilation,
+                                     int64_t groups) {
+    tb__conv_args c;
+    tb_tensor *y;
+    int64_t outc;
+    bool batched;
+    tb__ag a;
+    int32_t i;
+    tb__ensure_setup();
+    memset(&c, 0, sizeof c);
+    c.fn = fn;
+    c.n = n;
+    if (!tb__conv_input(fn, "x", x, n)) return NULL;
+    if (weight == NULL) return tb__null_input(fn, "weight");
+    if (!tb__conv_common(&c, x, NULL, stride, padding, dilation, false)) return NULL;
+    if (!tb__conv_fill(fn, "output_padding", output_padding, n, 0, 0, c.op)) return NULL;
+    outc = tb__conv_weight(&c, x, weight, bias, groups, true);
+    if (outc < 0) return NULL;
+    for (i = 0; i < n; i++) {
+        if (c.op[i] >= c.s[i] && c.op[i] >= c.d[i]) {
+            tb__error(TB_ERR_INVALID_ARGUMENT,
+                      "%s: output_padding %lld must be smaller than the stride %lld or the "
+                      "dilation %lld (spatial dim %d)",
+                      fn, (long long)c.op[i], (long long)c.s[i], (long long)c.d[i], (int)i);
+            return NULL;
+        }
+        c.out[i] = (c.lo[i] - 1) * c.s[i] - 2 * c.p[i] + c.d[i] * (c.k[i] - 1) + c.op[i] + 1;
+        if (c.lo[i] < 1 || c.out[i] < 1) {
+            tb__error(TB_ERR_SHAPE, "%s: the output would have %lld elements along spatial dim %d",
+                      fn, (long long)c.out[i], (int)i);
+            return NULL;
+        }
+    }
+    tb__ag_init(&a, fn);
+    a.device = tb_tensor_device(x);
+    batched = tb_tensor_shape(x).rank == n + 2;
+    if (!batched) x = tb__ag_keep(&a, tb_unsqueeze(x, 0));
+    y = x != NULL ? tb__conv_transpose_forward(&a, &c, x, weight, groups, outc) : NULL;
+    return tb__nn_finish(&a, tb__conv_finish_out(&a, y, bias, batched));
+}
+
+TBDEF tb_tensor *tb_conv_transpose2d(tb_tensor *x, tb_tensor *weight, tb_tensor *bias,
+                                     const int64_t *stride, const int64_t *padding,
+                                     const int64_t *output_padding, const int64_t *dilation,
+                                     int64_t groups) {
+    return tb__conv_transpose("tb_conv_transpose2d", 2, x, weight, bias, stride, padding,
+                              output_padding, dilation, groups);
+}
+
+TBDEF tb_tensor *tb_conv_transpose1d(tb_tensor *x, tb_tensor *weight, tb_tensor *bias,
+                                     const int64_t *stride, const int64_t *padding,
+                                     const int64_t *output_padding, const int64_t *dilation,
+                                     int64_t groups) {
+    return tb__conv_transpose("tb_conv_transpose1d", 1, x, weight, bias, stride, padding,
+                              output_padding, dilation, groups);
+}
+
+/* ---- pooling ---- */
+
+/* The windows of x flattened to one last axis of K.. elements: [.., O.., K1 * K2]. */
+static tb_tensor *tb__pool_windows(tb__ag *a, const tb__conv_args *c, tb_tensor *x, double value) {
+    tb_tensor *w = tb__conv_windows(a, c, x, value);
+    tb_shape ws;
+    int64_t dims[TB_MAX_RANK];
+    int32_t i;
+    if (w == NULL) return NULL;
+    ws = tb_tensor_shape(w);
+    for (i = 0; i < ws.rank - c->n; i++)
+        dims[i] = ws.dims[i];
+    dims[ws.rank - c->n] = -1;
+    return tb__ag_keep(a, tb_reshape(w, dims, ws.rank - c->n + 1));
+}
+
+static bool tb__pool_setup(tb__conv_args *c, tb_tensor *x, const int64_t *kernel,
+                           const int64_t *stride, const int64_t *padding, const int64_t *dilation,
+                           bool ceil_mode) {
+    int32_t i;
+    tb__ensure_setup();
+    if (!tb__conv_input(c->fn, "x", x, c->n)) return false;
+    if (kernel == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: kernel is NULL", c->fn);
+        return false;
+    }
+    if (!tb__conv_common(c, x, kernel, stride, padding, dilation, true)) return false;
+    for (i = 0; i < c->n; i++)
+        if (!tb__conv_out_size(c, i, ceil_mode)) return false;
+    return true;
+}
+
+static tb_tensor *tb__max_pool(const char *fn, int32_t n, tb_tensor *x, const int64_t *kernel,
+                               const int64_t *stride, const int64_t *padding,
+                               const int64_t *dilation, bool ceil_mode) {
+    tb__conv_args c;
+    tb_tensor *w, *idx, *y;
+    tb__ag a;
+    int32_t last;
+    memset(&c, 0, sizeof c);
+    c.fn = fn;
+    c.n = n;
+    if (!tb__pool_setup(&c, x, kernel, stride, padding, dilation, ceil_mode)) return NULL;
+    tb__ag_init(&a, fn);
+    a.device = tb_tensor_device(x);
+    w = tb__pool_windows(&a, &c, x, -INFINITY);
+    last = w != NULL ? tb_tensor_shape(w).rank - 1 : 0;
+    /* the first largest (or first NaN) element of each window, picked by index so that the
+       gradient goes to it alone, as PyTorch's */
+    idx = w != NULL ? tb__ag_keep(&a, tb_argmax(w, last, true)) : NULL;
+    y = idx != NULL ? tb__ag_keep(&a, tb_gather(w, last, idx)) : NULL;
+    y = y != NULL ? tb__ag_keep(&a, tb_squeeze(y, last)) : NULL;
+    return tb__nn_finish(&a, y);
+}
+
+TBDEF tb_tensor *tb_max_pool2d(tb_tensor *x, const int64_t *kernel, const int64_t *stride,
+                               const int64_t *padding, const int64_t *dilation, bool ceil_mode) {
+    return tb__max_pool("tb_max_pool2d", 2, x, kernel, stride, padding, dilation, ceil_mode);
+}
+
+TBDEF tb_tensor *tb_max_pool1d(tb_tensor *x, const int64_t *kernel, const int64_t *stride,
+                               const int64_t *padding, const int64_t *dilation, bool ceil_mode) {
+    return tb__max_pool("tb_max_pool1d", 1, x, kernel, stride, padding, dilation, ceil_mode);
+}
+
+/* PyTorch's divisor of window o along one axis: its extent within the padded input
+   (count_include_pad) or within the input. */
+static int64_t tb__pool_count(const tb__conv_args *c, int32_t i, int64_t o, bool include_pad) {
+    int64_t start = o * c->s[i] - c->p[i], end = start + c->k[i];
+    if (end > c->lo[i] + c->p[i]) end = c->lo[i] + c->p[i];
+    if (!include_pad) {
+        if (start < 0) start = 0;
+        if (end > c->lo[i]) end = c->lo[i];
+    }
+    return end - start;
+}
+
+/* The divisors of every output position, [O..] of x's dtype, on x's device. */
+static tb_tensor *tb__pool_divisors(tb__ag *a, const tb__conv_args *c, tb_dtype dtype,
+                                    bool include_pad) {
+    int64_t total = c->out[0] * (c->n > 1 ? c->out[1] : 1), o;
+    size_t es = tb_dtype_size(dtype);
+    tb_shape s;
+    tb_tensor *t;
+    char *host;
+    if (tb_shape_make(&s, dtype, c->n, c->out) != TB_OK) return NULL;
+    host = (char *)tb__alloc((size_t)total * es);
+    if (host == NULL) {
+        tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for the divisors", c->fn);
+        a->failed = true;
+        return NULL;
+    }
+    for (o = 0; o < total; o++) {
+        double v = (double)tb__pool_count(c, c->n - 1, o % c->out[c->n - 1], include_pad);
+        if (c->n > 1) v *= (double)tb__pool_count(c, 0, o / c->out[1], include_pad);
+        if (dtype == TB_F64) {
+            memcpy(host + (size_t)o * es, &v, es);
+        } else {
+            float f = (float)v;
+            memcpy(host + (size_t)o * es, &f, es);
+        }
+    }
+    t = tb__ag_keep(a, tb_tensor_from_host(host, &s, &a->device));
+    tb__free(host);
+    return t;
+}
+
+static tb_tensor *tb__avg_pool(const char *fn, int32_t n, tb_tensor *x, const int64_t *kernel,
+                               const int64_t *stride, const int64_t *padding, bool ceil_mode,
+                               bool count_include_pad) {
+    tb__conv_args c;
+    tb_tensor *w, *y, *div;
+    tb__ag a;
+    int32_t last;
+    memset(&c, 0, sizeof c);
+    c.fn = fn;
+    c.n = n;
+    if (!tb__pool_setup(&c, x, kernel, stride, padding, NULL, ceil_mode)) return NULL;
+    tb__ag_init(&a, fn);
+    a.device = tb_tensor_device(x);
+    w = tb__pool_windows(&a, &c, x, 0.0);
+    last = w != NULL ? tb_tensor_shape(w).rank - 1 : 0;
+    y = w != NULL ? tb__ag_keep(&a, tb_sum(w, &last, 1, false)) : NULL;
+    div = y != NULL ? tb__pool_divisors(&a, &c, tb_tensor_shape(x).dtype, count_include_pad) : NULL;
+    y = div != NULL ? tb__ag_keep(&a, tb_div(y, div)) : NULL;
+    return tb__nn_finish(&a, y);
+}
+
+TBDEF tb_tensor *tb_avg_pool2d(tb_tensor *x, const int64_t *kernel, const int64_t *stride,
+                               const int64_t *padding, bool ceil_mode, bool count_include_pad) {
+    return tb__avg_pool("tb_avg_pool2d", 2, x, kernel, stride, padding, ceil_mode,
+                        count_include_pad);
+}
+
+TBDEF tb_tensor *tb_avg_pool1d(tb_tensor *x, const int64_t *kernel, const int64_t *stride,
+                               const int64_t *padding, bool ceil_mode, bool count_include_pad) {
+    return tb__avg_pool("tb_avg_pool1d", 1, x, kernel, stride, padding, ceil_mode,
+                        count_include_pad);
+}
+
+/* The bins of one axis as a 0/1 matrix [L, out] (transposed: [out, L]) and each bin's size. */
+static tb_tensor *tb__adaptive_bins(tb__ag *a, tb_dtype dtype, int64_t len, int64_t out,
+                                    bool transposed, double *count) {
+    int64_t i, j, dims[2];
+    size_t es = tb_dtype_size(dtype);
+    tb_shape s;
+    tb_tensor *t;
+    char *host = (char *)tb__calloc((size_t)(len * out), es);
+    if (host == NULL) {
+        tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for the bins", a->fn);
+        a->failed = true;
+        return NULL;
+    }
+    for (j = 0; j < out; j++) {
+        int64_t start = j * len / out, end = ((j + 1) * len + out - 1) / out;
+        count[j] = (double)(end - start);
+        for (i = start; i < end; i++) {
+            size_t at = (size_t)(transposed ? j * len + i : i * out + j) * es;
+            if (dtype == TB_F64) {
+                double one = 1.0;
+                memcpy(host + at, &one, es);
+            } else {
+                float one = 1.0f;
+                memcpy(host + at, &one, es);
+            }
+        }
+    }
+    dims[0] = transposed ? out : len;
+    dims[1] = transposed ? len : out;
+    t = tb_shape_make(&s, dtype, 2, dims) == TB_OK
+            ? tb__ag_keep(a, tb_tensor_from_host(host, &s, &a->device))
+            : NULL;
+    tb__free(host);
+    return t;
+}
+
+static tb_tensor *tb__adaptive_avg_pool(const char *fn, int32_t n, tb_tensor *x,
+                                        const int64_t *output_size) {
+    tb_shape xs, cs;
+    tb_dtype dt;
+    double *counts[2];
+    tb_tensor *y, *m, *div;
+    tb__ag a;
+    int64_t i, cdims[2];
+    int32_t d;
+    char *host;
+    tb__ensure_setup();
+    if (!tb__conv_input(fn, "x", x, n)) return NULL;
+    if (output_size == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: output_size is NULL", fn);
+        return NULL;
+    }
+    xs = tb_tensor_shape(x);
+    dt = xs.dtype;
+    for (d = 0; d < n; d++) {
+        if (output_size[d] < 1 || output_size[d] > xs.dims[xs.rank - n + d] * 64 + 64) {
+            tb__error(TB_ERR_INVALID_ARGUMENT,
+                      "%s: output size %lld for an input of %lld along spatial dim %d (at least "
+                      "1, at most 64 bins per element)",
+                      fn, (long long)output_size[d], (long long)xs.dims[xs.rank - n + d], (int)d);
+            return NULL;
+        }
+    }
+    counts[0] = (double *)tb__alloc(sizeof(double) * (size_t)(output_size[0] + output_size[n - 1]));
+    if (counts[0] == NULL) {
+        tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for the bin sizes", fn);
+        return NULL;
+    }
+    counts[1] = counts[0] + output_size[0];
+    tb__ag_init(&a, fn);
+    a.device = tb_tensor_device(x);
+    /* the last axis: x [.., W] @ [W, OW]; the one before: [OH, H] @ x [.., H, OW] */
+    m = tb__adaptive_bins(&a, dt, xs.dims[xs.rank - 1], output_size[n - 1], false, counts[n - 1]);
+    y = m != NULL ? tb__ag_keep(&a, tb_matmul(x, m)) : NULL;
+    if (n > 1 && y != NULL) {
+        m = tb__adaptive_bins(&a, dt, xs.dims[xs.rank - 2], output_size[0], true, counts[0]);
+        y = m != NULL ? tb__ag_keep(&a, tb_matmul(m, y)) : NULL;
+    }
+    cdims[0] = output_size[0];
+    cdims[1] = n > 1 ? output_size[1] : 1;
+    host = y != NULL ? (char *)tb__alloc((size_t)(cdims[0] * cdims[1]) * tb_dtype_size(dt)) : NULL;
+    if (y != NULL && host == NULL) {
+        tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for the bin sizes", fn);
+        a.failed = true;
+    }
+    div = NULL;
+    if (host != NULL) {
+        for (i = 0; i < cdims[0] * cdims[1]; i++) {
+            double v = n > 1 ? counts[0][i / cdims[1]] * counts[1][i % cdims[1]] : counts[0][i];
+            float f = (float)v;
+            if (dt == TB_F64)
+                memcpy(host + (size_t)i * 8, &v, 8);
+            else
+                memcpy(host + (size_t)i * 4, &f, 4);
+        }
+        if (tb_shape_make(&cs, dt, n, output_size) == TB_OK)
+            div = tb__ag_keep(&a, tb_tensor_from_host(host, &cs, &a.device));
+        tb__free(host);
+    }
+    y = div != NULL ? tb__ag_keep(&a, tb_div(y, div)) : NULL;
+    tb__free(counts[0]);
+    return tb__nn_finish(&a, y);
+}
+
+TBDEF tb_tensor *tb_adaptive_avg_pool2d(tb_tensor *x, const int64_t *output_size) {
+    return tb__adaptive_avg_pool("tb_adaptive_avg_pool2d", 2, x, output_size);
+}
+
+TBDEF tb_tensor *tb_adaptive_avg_pool1d(tb_tensor *x, const int64_t *output_size) {
+    return tb__adaptive_avg_pool("tb_adaptive_avg_pool1d", 1, x, output_size);
+}
+
+/* ---- fold ---- */
+
+TBDEF tb_tensor *tb_fold(tb_tensor *g, size_t num_spatial, const int64_t *sizes,
+                         const int64_t *kernel, const int64_t *stride, const int64_t *dilation) {
+    const char *fn = "tb_fold";
+    int64_t k[3], s[3], d[3];
+    tb_shape gs;
+    tb__ag a;
+    int32_t n = (int32_t)num_spatial, lead, i;
+    tb__ensure_setup();
+    if (g == NULL) return tb__null_input(fn, "g");
+    if (sizes == NULL || kernel == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                  sizes == NULL ? "sizes" : "kernel");
+        return NULL;
+    }
+    if (num_spatial < 1 || num_spatial > 3) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: num_spatial is %zu; 1, 2 or 3 dims are supported",
+                  fn, num_spatial);
+        return NULL;
+    }
+    gs = tb_tensor_shape(g);
+    lead = gs.rank - 2 * n;
+    if (lead < 0) {
+        char t[96];
+        tb__shape_text(&gs, t);
+        tb__error(TB_ERR_SHAPE, "%s: g %s has fewer than %d dims", fn, t, (int)(2 * n));
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        int64_t o = gs.dims[lead + i], span, last;
+        k[i] = kernel[i];
+        s[i] = stride != NULL ? stride[i] : 1;
+        d[i] = dilation != NULL ? dilation[i] : 1;
+        if (k[i] < 1 || s[i] < 1 || d[i] < 1 || gs.dims[lead + n + i] != k[i] || o < 1 ||
+            !tb__muladd_i64(k[i] - 1, d[i], 0, &span) ||
+            !tb__muladd_i64(o - 1, s[i], span, &last) || last >= sizes[i]) {
+            char t[96];
+            tb__shape_text(&gs, t);
+            tb__error(TB_ERR_SHAPE,
+                      "%s: g %s does not hold windows of %lld (stride %lld, dilation %lld) that "
+                      "fit in %lld along spatial dim %d",
+                      fn, t, (long long)k[i], (long long)s[i], (long long)d[i], (long long)sizes[i],
+                      (int)i);
+            return NULL;
+        }
+    }
+    tb__ag_init(&a, fn);
+    a.device = tb_tensor_device(g);
+    return tb__nn_finish(&a, tb__ag_fold(&a, g, n, sizes, k, s, d));
 }
 
 /* ---- src/optim.c ---- */
@@ -20541,6 +21491,19 @@ static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k
             dims[i] = p.dim[i];
         tb__lf_const(&dims[d], n->attrs[1]);
         if (!tb__ix_lf_addmul(&g->ix, &dims[d], &p.dim[d], n->attrs[3])) return -1;
+        break;
+    }
+    case TB_OP_WINDOW: {
+        int32_t nsp = (int32_t)n->attrs[0], lead = cs->rank - nsp;
+        for (i = 0; i < lead; i++)
+            dims[i] = p.dim[i];
+        for (i = 0; i < nsp; i++) {
+            tb__lf_const(&dims[lead + i], 0);
+            if (!tb__ix_lf_addmul(&g->ix, &dims[lead + i], &p.dim[lead + i], n->attrs[3 + 4 * i]) ||
+                !tb__ix_lf_addmul(&g->ix, &dims[lead + i], &p.dim[cs->rank + i],
+                                  n->attrs[4 + 4 * i]))
+                return -1;
+        }
         break;
     }
     case TB_OP_FLIP:

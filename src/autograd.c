@@ -434,6 +434,71 @@ static void tb__vjp_norm(const tb__vjp *v) {
     }
 }
 
+/* Element o of a window axis moved to o * stride (stride - 1 zeros between neighbours):
+   g [L, O_1, .., O_n, K_1, .., K_n], axis 1 + i grows to (O_i - 1) * stride + 1. */
+static tb_tensor *tb__ag_spread(tb__ag *a, tb_tensor *g, int32_t i, int64_t stride) {
+    tb_shape s = tb_tensor_shape(g);
+    int64_t pads[2 * TB_MAX_RANK], dims[TB_MAX_RANK], o = s.dims[1 + i];
+    int32_t ax = 2 + i, r = s.rank + 1, d;
+    tb_tensor *t;
+    if (stride <= 1 || o <= 1) return g;
+    t = tb__ag_keep(a, tb_unsqueeze(g, ax));
+    memset(pads, 0, sizeof pads);
+    pads[2 * (r - 1 - ax) + 1] = stride - 1;
+    t = tb__ag_keep(a, tb_pad(t, pads, 2 * (size_t)r, 0.0));
+    for (d = 0; d < s.rank; d++)
+        dims[d] = d == 1 + i ? o * stride : s.dims[d];
+    t = tb__ag_keep(a, tb_reshape(t, dims, s.rank));
+    return tb__ag_keep(a, tb_slice(t, 1 + i, 0, (o - 1) * stride + 1, 1));
+}
+
+/* The adjoint of WINDOW (col2im): g [..., O_1, .., O_n, K_1, .., K_n] summed back onto
+   [..., sizes]: element [..., o, k] adds to [..., o_i * stride_i + k_i * dilation_i]. One
+   shifted copy of the spread g per kernel position, added up (the planner fuses the sum). */
+static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *sizes,
+                              const int64_t *kernel, const int64_t *stride,
+                              const int64_t *dilation) {
+    tb_shape gs = tb_tensor_shape(g);
+    int64_t dims[TB_MAX_RANK], pads[2 * TB_MAX_RANK], lead_numel = 1, ktotal = 1, q, rem;
+    int32_t lead = gs.rank - 2 * n, i, r = 1 + n;
+    tb_tensor *t, *acc = NULL;
+    for (i = 0; i < lead; i++)
+        lead_numel *= gs.dims[i];
+    dims[0] = lead_numel;
+    for (i = 0; i < 2 * n; i++)
+        dims[1 + i] = gs.dims[lead + i];
+    t = tb__ag_keep(a, tb_reshape(g, dims, 1 + 2 * n));
+    for (i = 0; i < n && t != NULL; i++) {
+        t = tb__ag_spread(a, t, i, stride[i]);
+        ktotal *= kernel[i];
+    }
+    for (q = 0; q < ktotal && !a->failed; q++) {
+        tb_tensor *term = t;
+        tb_shape ts = tb_tensor_shape(t);
+        memset(pads, 0, sizeof pads);
+        rem = q;
+        for (i = n - 1; i >= 0; i--) {
+            int64_t k = rem % kernel[i], at = k * dilation[i], len = ts.dims[1 + i];
+            rem /= kernel[i];
+            if (kernel[i] > 1) term = tb__ag_keep(a, tb_slice(term, 1 + n + i, k, k + 1, 1));
+            pads[2 * (r - 1 - (1 + i))] = at;
+            pads[2 * (r - 1 - (1 + i)) + 1] = sizes[i] - at - len;
+        }
+        dims[0] = lead_numel;
+        for (i = 0; i < n; i++)
+            dims[1 + i] = ts.dims[1 + i];
+        term = tb__ag_keep(a, tb_reshape(term, dims, r));
+        term = tb__ag_keep(a, tb_pad(term, pads, 2 * (size_t)r, 0.0));
+        acc = acc == NULL ? term : tb__ag_keep(a, tb_add(acc, term));
+    }
+    if (a->failed || acc == NULL) return NULL;
+    for (i = 0; i < lead; i++)
+        dims[i] = gs.dims[i];
+    for (i = 0; i < n; i++)
+        dims[lead + i] = sizes[i];
+    return tb__ag_keep(a, tb_reshape(acc, dims, lead + n));
+}
+
 static void tb__vjp_movement(const tb__vjp *v) {
     const tb_shape *xs = &v->xs[0];
     const int64_t *at = v->node->attrs;
@@ -451,6 +516,18 @@ static void tb__vjp_movement(const tb__vjp *v) {
     case TB_OP_EXPAND:
         v->out[0] = tb__ag_unbroadcast(v->a, g, xs);
         break;
+    case TB_OP_WINDOW: {
+        int64_t sizes[3], kernel[3], stride[3], dilation[3];
+        int32_t n = (int32_t)at[0];
+        for (i = 0; i < n; i++) {
+            sizes[i] = xs->dims[r - n + i];
+            kernel[i] = at[2 + 4 * i];
+            stride[i] = at[3 + 4 * i];
+            dilation[i] = at[4 + 4 * i];
+        }
+        v->out[0] = tb__ag_fold(v->a, g, n, sizes, kernel, stride, dilation);
+        break;
+    }
     case TB_OP_FLIP: {
         size_t n = tb__ag_axes(at[0], r, list);
         v->out[0] = n > 0 ? TB__K(tb_flip(g, list, n)) : g;

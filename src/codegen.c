@@ -189,6 +189,19 @@ static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k
         if (!tb__ix_lf_addmul(&g->ix, &dims[d], &p.dim[d], n->attrs[3])) return -1;
         break;
     }
+    case TB_OP_WINDOW: {
+        int32_t nsp = (int32_t)n->attrs[0], lead = cs->rank - nsp;
+        for (i = 0; i < lead; i++)
+            dims[i] = p.dim[i];
+        for (i = 0; i < nsp; i++) {
+            tb__lf_const(&dims[lead + i], 0);
+            if (!tb__ix_lf_addmul(&g->ix, &dims[lead + i], &p.dim[lead + i], n->attrs[3 + 4 * i]) ||
+                !tb__ix_lf_addmul(&g->ix, &dims[lead + i], &p.dim[cs->rank + i],
+                                  n->attrs[4 + 4 * i]))
+                return -1;
+        }
+        break;
+    }
     case TB_OP_FLIP:
         for (i = 0; i < cs->rank; i++) {
             if (((uint64_t)n->attrs[0] >> i) & 1u) {

@@ -396,6 +396,12 @@ static void tb__ag_free(tb__ag *a);
    marks the arena failed and gives NULL */
 static tb_tensor *tb__ag_keep(tb__ag *a, tb_tensor *t);
 static tb_tensor *tb__ag_const(tb__ag *a, tb_dtype dtype, double value);
+/* the adjoint of tb_window: g [..., O_1, .., O_n, K_1, .., K_n] summed onto [..., sizes] */
+static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *sizes,
+                              const int64_t *kernel, const int64_t *stride,
+                              const int64_t *dilation);
+/* nn.c: the arena's result as a new reference (NULL when the arena failed); frees the arena */
+static tb_tensor *tb__nn_finish(tb__ag *a, tb_tensor *result);
 /* What a tensor holds, kept across assignments that may have to be undone (an optimizer step
    whose sync fails). Holding it does not keep a donation from happening: only live tensors
    count as readers. */

@@ -933,6 +933,49 @@ static tb_status tb__infer_slice(const char *fn, const tb_shape *x, const int64_
     return TB_OK;
 }
 
+/* WINDOW: attrs [n, (out, kernel, stride, dilation) for each of the last n axes]. */
+static tb_status tb__infer_window(const char *fn, const tb_shape *x, const int64_t *attrs,
+                                  size_t num_attrs, tb_shape *out) {
+    int64_t n = num_attrs > 0 ? attrs[0] : 0, last;
+    int32_t lead, i;
+    tb__shape_buf b;
+    if (num_attrs < 1 || n < 1 || n > 3 || num_attrs != 1 + 4 * (size_t)n) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "%s: %zu attributes; [n, then (out, kernel, stride, dilation) for each "
+                         "of the last n axes, 1 <= n <= 3] is needed",
+                         fn, num_attrs);
+    }
+    if (n > x->rank || x->rank + n > TB_MAX_RANK) {
+        return tb__error(TB_ERR_SHAPE, "%s: windows over %lld axes of %s (rank %d .. %d needed)",
+                         fn, (long long)n, tb__st(x, &b), (int)n, (int)(TB_MAX_RANK - n));
+    }
+    lead = x->rank - (int32_t)n;
+    *out = *x;
+    out->rank = x->rank + (int32_t)n;
+    for (i = 0; i < (int32_t)n; i++) {
+        const int64_t *a = &attrs[1 + 4 * i];
+        int64_t span;
+        if (a[0] < 1 || a[1] < 1 || a[2] < 1 || a[3] < 1) {
+            return tb__error(TB_ERR_INVALID_ARGUMENT,
+                             "%s: axis %d: out %lld, kernel %lld, stride %lld and dilation %lld "
+                             "must each be >= 1",
+                             fn, (int)(lead + i), (long long)a[0], (long long)a[1], (long long)a[2],
+                             (long long)a[3]);
+        }
+        if (!tb__muladd_i64(a[1] - 1, a[3], 0, &span) ||
+            !tb__muladd_i64(a[0] - 1, a[2], span, &last) || last >= x->dims[lead + i]) {
+            return tb__error(TB_ERR_SHAPE,
+                             "%s: %lld windows of %lld (stride %lld, dilation %lld) do not fit "
+                             "in axis %d of %s",
+                             fn, (long long)a[0], (long long)a[1], (long long)a[2], (long long)a[3],
+                             (int)(lead + i), tb__st(x, &b));
+        }
+        out->dims[lead + i] = a[0];
+        out->dims[x->rank + i] = a[1];
+    }
+    return TB_OK;
+}
+
 static tb_status tb__infer_concat(const char *fn, const tb_shape *in, size_t n,
                                   const int64_t *attrs, size_t num_attrs, tb_shape *out) {
     tb_status st = tb__want_attrs(fn, num_attrs, 1, "[dim]");
@@ -1191,6 +1234,9 @@ static tb_status tb__infer_by_kind(const char *fn, tb_op op, const tb_shape *inp
             break;
         case TB_OP_SLICE:
             st = tb__infer_slice(fn, &inputs[0], attrs, num_attrs, result);
+            break;
+        case TB_OP_WINDOW:
+            st = tb__infer_window(fn, &inputs[0], attrs, num_attrs, result);
             break;
         default: /* FLIP */
             st = tb__want_attrs(fn, num_attrs, 1, "[axes bitmask]");

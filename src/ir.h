@@ -98,6 +98,11 @@ typedef enum tb_op_kind {
        Out-of-range indices as GATHER.
    Added later (at the end, so that the ids of the ops above keep their values):
      ERF: unary elementwise, float T only (the op function casts integers and bool to f32 first).
+     WINDOW: movement (a view); sliding windows over the last n axes of x (1 <= n <= 3, n <=
+       rank, rank + n <= TB_MAX_RANK); attrs [n, then for each of those axes i: out_i, kernel_i,
+       stride_i, dilation_i], each >= 1, with (out_i - 1) * stride_i + (kernel_i - 1) *
+       dilation_i < dims[i]. Output [..., out_1, ..., out_n, kernel_1, ..., kernel_n]; element
+       [..., o, k] is x[..., o_i * stride_i + k_i * dilation_i]. (Padding is a PAD below it.)
    Custom ops: the registered number of operands, as recorded (no CAST is inserted); attrs as
    given to tb_call_op; output from infer_shape, or else the broadcast of the operands with the
    tb_dtype_promote of their dtypes.
@@ -168,7 +173,8 @@ typedef enum tb_op_kind {
     X(PAD, "pad", TB_KIND_OTHER, 2)                                                                \
     X(GATHER, "gather", TB_KIND_OTHER, 2)                                                          \
     X(INDEX_SELECT, "index_select", TB_KIND_OTHER, 2)                                              \
-    X(ERF, "erf", TB_KIND_UNARY, 1)
+    X(ERF, "erf", TB_KIND_UNARY, 1)                                                                \
+    X(WINDOW, "window", TB_KIND_MOVEMENT, 1)
 
 /* An op id: a built-in TB_OP_* or an id returned by tb_op_register. */
 typedef int32_t tb_op;

@@ -1268,6 +1268,62 @@ done:
     return tb__finish(node);
 }
 
+TBDEF tb_tensor *tb_window(tb_tensor *x, size_t num_spatial, const int64_t *kernel,
+                           const int64_t *stride, const int64_t *dilation) {
+    const char *fn = "tb_window";
+    tb__arg arg;
+    tb_device device;
+    int64_t attrs[1 + 4 * 3];
+    int32_t lead, i, n = (int32_t)num_spatial;
+    tb_node *node = NULL;
+    tb__shape_buf b;
+    tb__ensure_setup();
+    if (x == NULL) return tb__null_input(fn, "x");
+    if (kernel == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: kernel is NULL", fn);
+        return NULL;
+    }
+    if (num_spatial < 1 || num_spatial > 3) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: num_spatial is %zu; 1, 2 or 3 dims are supported",
+                  fn, num_spatial);
+        return NULL;
+    }
+    if (tb__args_get(fn, &x, 1, &arg, &device) != TB_OK) return NULL;
+    if (arg.shape.rank < n) {
+        tb__error(TB_ERR_SHAPE, "%s: %s has fewer than %d dims", fn, tb__st(&arg.shape, &b), n);
+        goto done;
+    }
+    lead = arg.shape.rank - n;
+    attrs[0] = n;
+    for (i = 0; i < n; i++) {
+        int64_t k = kernel[i], s = stride != NULL ? stride[i] : 1;
+        int64_t d = dilation != NULL ? dilation[i] : 1, len = arg.shape.dims[lead + i], span;
+        if (k < 1 || s < 1 || d < 1) {
+            tb__error(TB_ERR_INVALID_ARGUMENT,
+                      "%s: kernel %lld, stride %lld and dilation %lld (spatial dim %d) must each "
+                      "be >= 1",
+                      fn, (long long)k, (long long)s, (long long)d, (int)i);
+            goto done;
+        }
+        if (!tb__muladd_i64(k - 1, d, 1, &span) || span > len) {
+            tb__error(TB_ERR_SHAPE,
+                      "%s: a window of %lld with dilation %lld spans more than dim %d of %s "
+                      "(size %lld)",
+                      fn, (long long)k, (long long)d, (int)(lead + i), tb__st(&arg.shape, &b),
+                      (long long)len);
+            goto done;
+        }
+        attrs[1 + 4 * i] = (len - span) / s + 1;
+        attrs[2 + 4 * i] = k;
+        attrs[3 + 4 * i] = s;
+        attrs[4 + 4 * i] = d;
+    }
+    node = tb__record(fn, TB_OP_WINDOW, &device, &arg.node, 1, attrs, 1 + 4 * (size_t)n, NULL);
+done:
+    tb__args_release(&arg, 1);
+    return tb__finish(node);
+}
+
 TBDEF tb_tensor *tb_flip(tb_tensor *x, const int32_t *dims, size_t num_dims) {
     const char *fn = "tb_flip";
     tb__arg arg;

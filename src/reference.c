@@ -659,6 +659,39 @@ static bool tb__ref_reshape_strides(const tb__rview *v, const tb_shape *ns, int6
     return true;
 }
 
+/* WINDOW as a strided view: the output axis of window positions steps by stride, the kernel
+   axis by dilation, both along the same input axis. */
+static tb_status tb__ref_window(const tb_node *node, const tb__rview *x, tb__rview *out) {
+    const tb_shape *xs = &x->shape, *os = &node->shape;
+    int64_t n = node->num_attrs > 0 ? node->attrs[0] : 0;
+    int32_t lead, i, d;
+    if (n < 1 || n > 3 || node->num_attrs != 1 + 4 * (size_t)n || n > xs->rank ||
+        os->rank != xs->rank + n)
+        return tb__ref_malformed(node, xs);
+    lead = xs->rank - (int32_t)n;
+    for (d = 0; d < lead; d++)
+        if (os->dims[d] != xs->dims[d]) return tb__ref_malformed(node, xs);
+    tb__rview_share(out, x);
+    out->shape = *os;
+    for (i = 0; i < (int32_t)n; i++) {
+        const int64_t *a = &node->attrs[1 + 4 * i];
+        int64_t span, last, st = x->strides[lead + i];
+        bool ok = a[0] >= 1 && a[1] >= 1 && a[2] >= 1 && a[3] >= 1 && os->dims[lead + i] == a[0] &&
+                  os->dims[xs->rank + i] == a[1] && tb__muladd_i64(a[1] - 1, a[3], 0, &span) &&
+                  tb__muladd_i64(a[0] - 1, a[2], span, &last) && last < xs->dims[lead + i];
+        /* inside the operand, so the strides only grow where an axis has two or more elements */
+        out->strides[lead + i] = st;
+        out->strides[xs->rank + i] = st;
+        if (ok && a[0] > 1) ok = tb__mul_i64(st, a[2], &out->strides[lead + i]);
+        if (ok && a[1] > 1) ok = tb__mul_i64(st, a[3], &out->strides[xs->rank + i]);
+        if (!ok) {
+            tb__rview_clear(out);
+            return tb__ref_malformed(node, xs);
+        }
+    }
+    return TB_OK;
+}
+
 static tb_status tb__ref_movement(const tb_node *node, const tb__rview *x, tb__rview *out) {
     const tb_shape *xs = &x->shape, *os = &node->shape;
     int32_t d;
@@ -739,6 +772,8 @@ static tb_status tb__ref_movement(const tb_node *node, const tb__rview *x, tb__r
         }
         return TB_OK;
     }
+    case TB_OP_WINDOW:
+        return tb__ref_window(node, x, out);
     case TB_OP_FLIP: {
         int64_t mask = node->num_attrs > 0 ? node->attrs[0] : 0;
         if (!tb_shape_equal(xs, os) || ((uint64_t)mask >> xs->rank) != 0)

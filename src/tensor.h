@@ -305,6 +305,13 @@ TBDEF tb_tensor *tb_unsqueeze(tb_tensor *x, int32_t dim);
    clamped, step >= 1) */
 TBDEF tb_tensor *tb_slice(tb_tensor *x, int32_t dim, int64_t start, int64_t end, int64_t step);
 TBDEF tb_tensor *tb_flip(tb_tensor *x, const int32_t *dims, size_t num_dims);
+/* Sliding windows over the last num_spatial (1..3) dims, as torch.Tensor.unfold along each of
+   them at once: x [..., L_1, .., L_n] -> [..., O_1, .., O_n, K_1, .., K_n] with element
+   [..., o, k] = x[..., o_i * stride_i + k_i * dilation_i] and O_i = (L_i - dilation_i * (K_i -
+   1) - 1) / stride_i + 1 (no padding: tb_pad first). kernel is required; stride and dilation
+   may be NULL (all 1). A view: a matmul or reduction reads the windows straight from x. */
+TBDEF tb_tensor *tb_window(tb_tensor *x, size_t num_spatial, const int64_t *kernel,
+                           const int64_t *stride, const int64_t *dilation);
 /* copies (new arrays) */
 TBDEF tb_tensor *tb_concat(tb_tensor *const *tensors, size_t count, int32_t dim);
 /* torch.nn.functional.pad's constant mode: pads = (before_last, after_last, before_2nd_last, ...),

@@ -1,0 +1,694 @@
+/* Convolution and pooling: tb_conv1d/2d, tb_conv_transpose1d/2d, tb_max_pool1d/2d,
+   tb_avg_pool1d/2d, tb_adaptive_avg_pool1d/2d, tb_window and tb_fold. Forward values and the
+   gradients of sum(y * r) on awkward cases (stride larger than the kernel, padding larger
+   than the kernel, dilation, groups = channels, size-1 spatial dims, batch 1, unbatched
+   inputs, odd sizes, non-contiguous inputs, max-pool ties) against PyTorch in f64
+   (/usr/bin/python3 tests/conv_torch.py; skipped with a message where torch is missing), the
+   opencl and native backends against the cpu in f32, and the errors of bad arguments. */
+#define _POSIX_C_SOURCE 200809L /* popen, mkstemp */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#define TB_IMPLEMENTATION
+#include "torch_backend.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct conv_case {
+    const char *name;
+    const char *op; /* conv convt maxpool avgpool adaptive */
+    int64_t ints[16];
+    int nints;
+    int64_t xd[4];
+    int xr;
+    int64_t wd[4];
+    int wr;        /* 0: no weight */
+    bool bias;     /* conv and convt */
+    bool permuted; /* x made as the transpose of its last two dims */
+    bool ties;     /* x holds small integers: many equal elements */
+} conv_case;
+
+/* ints: conv [n, s.., p.., d.., groups]; convt [n, s.., p.., op.., d.., groups];
+   maxpool [n, k.., s.., p.., d.., ceil]; avgpool [n, k.., s.., p.., ceil, include_pad];
+   adaptive [n, out..] */
+static const conv_case g_cases[] = {
+    {"conv2d_basic",
+     "conv",
+     {2, 2, 1, 1, 0, 1, 1, 1},
+     8,
+     {2, 3, 7, 6},
+     4,
+     {4, 3, 3, 2},
+     4,
+     true,
+     false,
+     false},
+    {"conv2d_stride_gt_kernel",
+     "conv",
+     {2, 3, 3, 0, 0, 1, 1, 1},
+     8,
+     {1, 2, 8, 9},
+     4,
+     {3, 2, 2, 2},
+     4,
+     false,
+     false,
+     false},
+    {"conv2d_pad_gt_kernel",
+     "conv",
+     {2, 1, 2, 3, 2, 1, 1, 1},
+     8,
+     {2, 2, 3, 4},
+     4,
+     {2, 2, 2, 1},
+     4,
+     true,
+     false,
+     false},
+    {"conv2d_dilation",
+     "conv",
+     {2, 1, 2, 2, 1, 2, 3, 1},
+     8,
+     {2, 3, 9, 10},
+     4,
+     {2, 3, 3, 3},
+     4,
+     true,
+     false,
+     false},
+    {"conv2d_depthwise",
+     "conv",
+     {2, 1, 1, 1, 1, 1, 1, 4},
+     8,
+     {2, 4, 5, 5},
+     4,
+     {8, 1, 3, 3},
+     4,
+     true,
+     false,
+     false},
+    {"conv2d_groups2",
+     "conv",
+     {2, 2, 2, 1, 1, 1, 1, 2},
+     8,
+     {1, 4, 7, 7},
+     4,
+     {6, 2, 3, 3},
+     4,
+     true,
+     false,
+     false},
+    {"conv2d_size1_spatial",
+     "conv",
+     {2, 1, 1, 0, 1, 1, 1, 1},
+     8,
+     {3, 2, 1, 5},
+     4,
+     {2, 2, 1, 3},
+     4,
+     true,
+     false,
+     false},
+    {"conv2d_unbatched",
+     "conv",
+     {2, 1, 1, 1, 1, 1, 1, 1},
+     8,
+     {3, 5, 4},
+     3,
+     {2, 3, 3, 3},
+     4,
+     true,
+     false,
+     false},
+    {"conv2d_noncontig",
+     "conv",
+     {2, 1, 2, 1, 0, 1, 1, 1},
+     8,
+     {2, 3, 6, 5},
+     4,
+     {2, 3, 2, 3},
+     4,
+     true,
+     true,
+     false},
+    {"conv2d_5x5_one_channel",
+     "conv",
+     {2, 1, 1, 2, 2, 1, 1, 1},
+     8,
+     {3, 1, 9, 9},
+     4,
+     {4, 1, 5, 5},
+     4,
+     true,
+     false,
+     false},
+    {"conv1d_basic", "conv", {1, 2, 1, 1, 1}, 5, {2, 3, 11}, 3, {4, 3, 3}, 3, true, false, false},
+    {"conv1d_dilated_groups",
+     "conv",
+     {1, 1, 2, 3, 3},
+     5,
+     {1, 3, 10},
+     3,
+     {6, 1, 2},
+     3,
+     false,
+     false,
+     false},
+    {"convt2d_basic",
+     "convt",
+     {2, 2, 2, 1, 1, 1, 1, 1, 1, 1},
+     10,
+     {2, 3, 4, 3},
+     4,
+     {3, 2, 3, 3},
+     4,
+     true,
+     false,
+     false},
+    {"convt2d_groups_dilation",
+     "convt",
+     {2, 1, 2, 0, 1, 0, 1, 2, 1, 2},
+     10,
+     {1, 4, 3, 5},
+     4,
+     {4, 3, 2, 3},
+     4,
+     true,
+     false,
+     false},
+    {"convt1d", "convt", {1, 3, 1, 2, 1, 1}, 6, {2, 2, 5}, 3, {2, 3, 4}, 3, true, false, false},
+    {"maxpool2d_ceil_dilation",
+     "maxpool",
+     {2, 3, 3, 2, 2, 1, 1, 2, 1, 1},
+     10,
+     {2, 2, 9, 8},
+     4,
+     {0},
+     0,
+     false,
+     false,
+     false},
+    {"maxpool2d_ties",
+     "maxpool",
+     {2, 2, 2, 2, 2, 0, 0, 1, 1, 0},
+     10,
+     {1, 2, 6, 6},
+     4,
+     {0},
+     0,
+     false,
+     false,
+     true},
+    {"maxpool2d_stride1_ties",
+     "maxpool",
+     {2, 3, 3, 1, 1, 1, 1, 1, 1, 0},
+     10,
+     {2, 1, 5, 5},
+     4,
+     {0},
+     0,
+     false,
+     false,
+     true},
+    {"maxpool1d", "maxpool", {1, 3, 2, 1, 1, 1}, 6, {2, 3, 10}, 3, {0}, 0, false, false, false},
+    {"maxpool2d_unbatched",
+     "maxpool",
+     {2, 2, 2, 2, 2, 0, 0, 1, 1, 1},
+     10,
+     {3, 5, 5},
+     3,
+     {0},
+     0,
+     false,
+     false,
+     false},
+    {"avgpool2d_ceil_include",
+     "avgpool",
+     {2, 3, 3, 2, 2, 1, 1, 1, 1},
+     9,
+     {2, 2, 8, 7},
+     4,
+     {0},
+     0,
+     false,
+     false,
+     false},
+    {"avgpool2d_ceil_exclude",
+     "avgpool",
+     {2, 3, 2, 2, 2, 1, 1, 1, 0},
+     9,
+     {1, 3, 7, 6},
+     4,
+     {0},
+     0,
+     false,
+     false,
+     false},
+    {"avgpool2d_plain",
+     "avgpool",
+     {2, 2, 2, 2, 2, 0, 0, 0, 1},
+     9,
+     {2, 2, 6, 6},
+     4,
+     {0},
+     0,
+     false,
+     false,
+     false},
+    {"avgpool1d", "avgpool", {1, 4, 3, 2, 1, 0}, 6, {2, 2, 11}, 3, {0}, 0, false, false, false},
+    {"adaptive2d", "adaptive", {2, 3, 4}, 3, {2, 2, 7, 5}, 4, {0}, 0, false, false, false},
+    {"adaptive1d", "adaptive", {1, 4}, 2, {2, 3, 10}, 3, {0}, 0, false, false, false},
+};
+#define NUM_CASES (sizeof g_cases / sizeof g_cases[0])
+
+/* ---- values ---- */
+
+static uint64_t g_rng;
+static double next_value(bool ties) {
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    if (ties) return (double)((g_rng >> 33) % 3);
+    return (double)((g_rng >> 11) & ((1ull << 53) - 1)) / 9007199254740992.0 * 2.0 - 1.0;
+}
+
+static int64_t numel(const int64_t *dims, int rank) {
+    int64_t n = 1;
+    int i;
+    for (i = 0; i < rank; i++)
+        n *= dims[i];
+    return n;
+}
+
+typedef struct inputs {
+    double x[4096], w[4096], b[64], r[8192];
+    int64_t rd[4];
+    int rr;
+} inputs;
+
+/* The results of one run, in f64. */
+typedef struct results {
+    double y[8192], gx[4096], gw[4096], gb[64];
+    int64_t ny, nx, nw, nb;
+} results;
+
+static void make_inputs(const conv_case *c, inputs *in, uint64_t seed) {
+    int64_t i;
+    g_rng = seed;
+    for (i = 0; i < numel(c->xd, c->xr); i++)
+        in->x[i] = next_value(c->ties);
+    for (i = 0; c->wr > 0 && i < numel(c->wd, c->wr); i++)
+        in->w[i] = next_value(false);
+    for (i = 0; i < 64; i++)
+        in->b[i] = next_value(false);
+}
+
+static tb_tensor *host_tensor(const double *v, const int64_t *dims, int rank, tb_dtype dt,
+                              const tb_device *dev) {
+    float f[8192];
+    tb_shape s;
+    int64_t i, n = numel(dims, rank);
+    assert_true(n <= 8192);
+    assert_int_equal(tb_shape_make(&s, dt, rank, dims), TB_OK);
+    if (dt == TB_F64) return tb_tensor_from_host(v, &s, dev);
+    for (i = 0; i < n; i++)
+        f[i] = (float)v[i];
+    return tb_tensor_from_host(f, &s, dev);
+}
+
+/* The op of a case on x, w, b (NULL where the case has none). */
+static tb_tensor *apply(const conv_case *c, tb_tensor *x, tb_tensor *w, tb_tensor *b) {
+    const int64_t *a = &c->ints[1];
+    int n = (int)c->ints[0];
+    if (strcmp(c->op, "conv") == 0) {
+        return n == 1 ? tb_conv1d(x, w, b, a, a + 1, a + 2, a[3])
+                      : tb_conv2d(x, w, b, a, a + 2, a + 4, a[6]);
+    }
+    if (strcmp(c->op, "convt") == 0) {
+        return n == 1 ? tb_conv_transpose1d(x, w, b, a, a + 1, a + 2, a + 3, a[4])
+                      : tb_conv_transpose2d(x, w, b, a, a + 2, a + 4, a + 6, a[8]);
+    }
+    if (strcmp(c->op, "maxpool") == 0) {
+        return n == 1 ? tb_max_pool1d(x, a, a + 1, a + 2, a + 3, a[4] != 0)
+                      : tb_max_pool2d(x, a, a + 2, a + 4, a + 6, a[8] != 0);
+    }
+    if (strcmp(c->op, "avgpool") == 0) {
+        return n == 1 ? tb_avg_pool1d(x, a, a + 1, a + 2, a[3] != 0, a[4] != 0)
+                      : tb_avg_pool2d(x, a, a + 2, a + 4, a[6] != 0, a[7] != 0);
+    }
+    return n == 1 ? tb_adaptive_avg_pool1d(x, a) : tb_adaptive_avg_pool2d(x, a);
+}
+
+static void to_f64(tb_tensor *t, double *out, int64_t *count) {
+    tb_shape s = tb_tensor_shape(t);
+    int64_t n = numel(s.dims, s.rank), i;
+    float f[8192];
+    assert_true(n <= 8192);
+    *count = n;
+    if (s.dtype == TB_F64) {
+        assert_int_equal(tb_tensor_to_host(t, out, (size_t)n * 8), TB_OK);
+        return;
+    }
+    assert_int_equal(tb_tensor_to_host(t, f, (size_t)n * 4), TB_OK);
+    for (i = 0; i < n; i++)
+        out[i] = f[i];
+}
+
+/* Runs a case on a device; r is made from the output's shape the first time (in->rr == 0). */
+static void run_case(const conv_case *c, inputs *in, const char *backend, tb_dtype dt,
+                     results *res) {
+    tb_device dev;
+    tb_tensor *x, *w = NULL, *b = NULL, *y, *r, *loss, *prod, *ins[3],
+                  *grads[3] = {NULL, NULL, NULL};
+    tb_shape ys;
+    size_t nin = 0, k;
+    assert_int_equal(tb_device_make(backend, 0, &dev), TB_OK);
+    if (c->permuted) { /* x as the transpose of a tensor with its last two dims swapped */
+        int64_t d[4];
+        double t[4096];
+        int64_t i, j, outer, h = c->xd[c->xr - 2], wd = c->xd[c->xr - 1];
+        tb_tensor *base;
+        memcpy(d, c->xd, sizeof d);
+        d[c->xr - 2] = wd;
+        d[c->xr - 1] = h;
+        outer = numel(c->xd, c->xr) / (h * wd);
+        for (k = 0; k < (size_t)outer; k++)
+            for (i = 0; i < h; i++)
+                for (j = 0; j < wd; j++)
+                    t[(int64_t)k * h * wd + j * h + i] = in->x[(int64_t)k * h * wd + i * wd + j];
+        base = host_tensor(t, d, c->xr, dt, &dev);
+        tb_set_requires_grad(base, true);
+        x = tb_transpose(base, c->xr - 2, c->xr - 1);
+        tb_tensor_release(base);
+    } else {
+        x = host_tensor(in->x, c->xd, c->xr, dt, &dev);
+    }
+    assert_non_null(x);
+    assert_int_equal(tb_set_requires_grad(x, true), TB_OK);
+    ins[nin++] = x;
+    if (c->wr > 0) {
+        w = host_tensor(in->w, c->wd, c->wr, dt, &dev);
+        tb_set_requires_grad(w, true);
+        ins[nin++] = w;
+    }
+    if (c->bias) {
+        int64_t ob = strcmp(c->op, "conv") == 0 ? c->wd[0] : c->wd[1] * c->ints[c->ints[0] * 4 + 1];
+        b = host_tensor(in->b, &ob, 1, dt, &dev);
+        tb_set_requires_grad(b, true);
+        ins[nin++] = b;
+    }
+    y = apply(c, x, w, b);
+    if (y == NULL) fail_msg("%s on %s: %s", c->name, backend, tb_last_error());
+    ys = tb_tensor_shape(y);
+    if (in->rr == 0) {
+        int64_t i;
+        in->rr = ys.rank;
+        memcpy(in->rd, ys.dims, sizeof(int64_t) * (size_t)ys.rank);
+        for (i = 0; i < numel(ys.dims, ys.rank); i++)
+            in->r[i] = next_value(false);
+    }
+    r = host_tensor(in->r, in->rd, in->rr, dt, &dev);
+    prod = tb_mul(y, r);
+    loss = tb_sum(prod, NULL, 0, false);
+    tb_tensor_release(prod);
+    if (tb_grad(loss, NULL, ins, nin, grads) != TB_OK)
+        fail_msg("%s on %s: grad: %s", c->name, backend, tb_last_error());
+    to_f64(y, res->y, &res->ny);
+    to_f64(grads[0], res->gx, &res->nx);
+    res->nw = res->nb = 0;
+    if (w != NULL) to_f64(grads[1], res->gw, &res->nw);
+    if (b != NULL) to_f64(grads[2], res->gb, &res->nb);
+    for (k = 0; k < nin; k++) {
+        tb_tensor_release(grads[k]);
+        tb_tensor_release(ins[k]);
+    }
+    tb_tensor_release(loss);
+    tb_tensor_release(r);
+    tb_tensor_release(y);
+}
+
+/* max |a - b| / max(1, max |b|) */
+static double rel_err(const double *a, const double *b, int64_t n) {
+    double worst = 0, scale = 1;
+    int64_t i;
+    for (i = 0; i < n; i++)
+        if (fabs(b[i]) > scale) scale = fabs(b[i]);
+    for (i = 0; i < n; i++) {
+        double e = fabs(a[i] - b[i]);
+        if (e != e || a[i] != a[i]) return INFINITY;
+        if (e > worst) worst = e;
+    }
+    return worst / scale;
+}
+
+static void compare(const char *what, const results *got, const results *want, double tol) {
+    assert_int_equal(got->ny, want->ny);
+    assert_int_equal(got->nx, want->nx);
+    assert_int_equal(got->nw, want->nw);
+    assert_int_equal(got->nb, want->nb);
+    if (rel_err(got->y, want->y, got->ny) > tol) fail_msg("%s: y differs", what);
+    if (rel_err(got->gx, want->gx, got->nx) > tol) fail_msg("%s: grad x differs", what);
+    if (rel_err(got->gw, want->gw, got->nw) > tol) fail_msg("%s: grad weight differs", what);
+    if (rel_err(got->gb, want->gb, got->nb) > tol) fail_msg("%s: grad bias differs", what);
+}
+
+/* ---- PyTorch ---- */
+
+static void write_tensor(FILE *f, const char *role, const double *v, const int64_t *dims,
+                         int rank) {
+    int64_t i;
+    fprintf(f, "t %s %d", role, rank);
+    for (i = 0; i < rank; i++)
+        fprintf(f, " %lld", (long long)dims[i]);
+    for (i = 0; i < numel(dims, rank); i++)
+        fprintf(f, " %.17g", v[i]);
+    fprintf(f, "\n");
+}
+
+static bool read_values(FILE *p, const char *tag, double *out, int64_t want) {
+    char word[16];
+    long long n;
+    int64_t i;
+    if (fscanf(p, " %15s", word) != 1 || strcmp(word, tag) != 0) return false;
+    if (strcmp(tag, "g") == 0 && fscanf(p, " %15s", word) != 1) return false;
+    if (fscanf(p, " %lld", &n) != 1 || n != want) return false;
+    for (i = 0; i < n; i++)
+        if (fscanf(p, " %lf", &out[i]) != 1) return false;
+    return true;
+}
+
+static void test_against_torch(void **state) {
+    static inputs in[NUM_CASES];
+    static results ours[NUM_CASES], theirs;
+    char path[] = "/tmp/tb_conv_XXXXXX", cmd[256], word[64];
+    size_t i;
+    int fd, j;
+    FILE *f, *p;
+    (void)state;
+    if (access("/usr/bin/python3", X_OK) != 0) {
+        print_message("no /usr/bin/python3: PyTorch comparison skipped\n");
+        skip();
+    }
+    fd = mkstemp(path);
+    assert_true(fd >= 0);
+    f = fdopen(fd, "w");
+    assert_non_null(f);
+    for (i = 0; i < NUM_CASES; i++) {
+        const conv_case *c = &g_cases[i];
+        int64_t ob;
+        memset(&in[i], 0, sizeof in[i]);
+        make_inputs(c, &in[i], 1000 + i);
+        run_case(c, &in[i], "cpu", TB_F64, &ours[i]);
+        fprintf(f, "case %s %s", c->name, c->op);
+        for (j = 0; j < c->nints; j++)
+            fprintf(f, " %lld", (long long)c->ints[j]);
+        fprintf(f, "\n");
+        write_tensor(f, "x", in[i].x, c->xd, c->xr);
+        if (c->wr > 0) write_tensor(f, "w", in[i].w, c->wd, c->wr);
+        if (c->bias) {
+            ob = strcmp(c->op, "conv") == 0 ? c->wd[0] : c->wd[1] * c->ints[c->ints[0] * 4 + 1];
+            write_tensor(f, "b", in[i].b, &ob, 1);
+        }
+        write_tensor(f, "r", in[i].r, in[i].rd, in[i].rr);
+        fprintf(f, "end\n");
+    }
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/conv_torch.py %s 2>&1", path);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    for (i = 0; i < NUM_CASES; i++) {
+        const results *o = &ours[i];
+        if (fscanf(p, " %63s", word) != 1) fail_msg("no output from tests/conv_torch.py");
+        if (strcmp(word, "torch-unavailable") == 0) {
+            pclose(p);
+            unlink(path);
+            print_message("PyTorch is not available: comparison skipped\n");
+            skip();
+        }
+        if (strcmp(word, "case") != 0 || fscanf(p, " %63s", word) != 1 ||
+            strcmp(word, g_cases[i].name) != 0)
+            fail_msg("tests/conv_torch.py: unexpected output at case %s", g_cases[i].name);
+        theirs.ny = o->ny;
+        theirs.nx = o->nx;
+        theirs.nw = o->nw;
+        theirs.nb = o->nb;
+        if (!read_values(p, "y", theirs.y, o->ny) || !read_values(p, "g", theirs.gx, o->nx) ||
+            (o->nw > 0 && !read_values(p, "g", theirs.gw, o->nw)) ||
+            (o->nb > 0 && !read_values(p, "g", theirs.gb, o->nb)))
+            fail_msg("tests/conv_torch.py: bad values for case %s", g_cases[i].name);
+        compare(g_cases[i].name, o, &theirs, 1e-12);
+    }
+    pclose(p);
+    unlink(path);
+}
+
+/* f32 on a compiled backend against the cpu. */
+static void against_cpu(const char *backend) {
+    static inputs in;
+    static results want, got;
+    tb_device dev;
+    size_t i;
+    if (tb_device_make(backend, 0, &dev) != TB_OK) {
+        print_message("no %s device, skipped: %s\n", backend, tb_last_error());
+        tb_clear_error();
+        skip();
+    }
+    for (i = 0; i < NUM_CASES; i++) {
+        char what[96];
+        memset(&in, 0, sizeof in);
+        make_inputs(&g_cases[i], &in, 2000 + i);
+        run_case(&g_cases[i], &in, "cpu", TB_F32, &want);
+        run_case(&g_cases[i], &in, backend, TB_F32, &got);
+        snprintf(what, sizeof what, "%s on %s", g_cases[i].name, backend);
+        compare(what, &got, &want, 1e-5);
+    }
+}
+
+static void test_opencl_against_cpu(void **state) {
+    (void)state;
+    against_cpu("opencl");
+}
+
+static void test_native_against_cpu(void **state) {
+    (void)state;
+    against_cpu("native");
+}
+
+/* ---- tb_window and tb_fold directly ---- */
+
+static void test_window_and_fold(void **state) {
+    float xs[2 * 7 * 6], out[2 * 2 * 2 * 3 * 2], g[2 * 7 * 6];
+    const int64_t k[2] = {3, 2}, st[2] = {2, 3}, di[2] = {2, 1}, sizes[2] = {7, 6};
+    tb_shape s = tb_shape_of(TB_F32, 3, 2, 7, 6), ws;
+    tb_tensor *x, *w, *f;
+    int c, o1, o2, k1, k2, n = 0, i;
+    float want[2 * 7 * 6];
+    (void)state;
+    for (i = 0; i < 84; i++)
+        xs[i] = (float)i;
+    x = tb_tensor_from_host(xs, &s, NULL);
+    w = tb_window(x, 2, k, st, di);
+    assert_non_null(w);
+    ws = tb_tensor_shape(w);
+    assert_int_equal(ws.rank, 5);
+    assert_int_equal(ws.dims[1], 2); /* (7 - 5) / 2 + 1 */
+    assert_int_equal(ws.dims[2], 2); /* (6 - 2) / 3 + 1 */
+    assert_int_equal(tb_tensor_to_host(w, out, sizeof out), TB_OK);
+    memset(want, 0, sizeof want);
+    for (c = 0; c < 2; c++)
+        for (o1 = 0; o1 < 2; o1++)
+            for (o2 = 0; o2 < 2; o2++)
+                for (k1 = 0; k1 < 3; k1++)
+                    for (k2 = 0; k2 < 2; k2++) {
+                        int at = c * 42 + (o1 * 2 + k1 * 2) * 6 + o2 * 3 + k2;
+                        assert_true(out[n] == xs[at]);
+                        want[at] += out[n];
+                        n++;
+                    }
+    f = tb_fold(w, 2, sizes, k, st, di);
+    assert_non_null(f);
+    assert_int_equal(tb_tensor_to_host(f, g, sizeof g), TB_OK);
+    for (i = 0; i < 84; i++)
+        assert_true(g[i] == want[i]);
+    tb_tensor_release(f);
+    tb_tensor_release(w);
+    tb_tensor_release(x);
+}
+
+/* ---- errors ---- */
+
+static void expect_error(tb_tensor *t, tb_status status, const char *words) {
+    if (t != NULL) {
+        tb_tensor_release(t);
+        fail_msg("no error; expected one mentioning '%s'", words);
+    }
+    if (tb_last_status() != status)
+        fail_msg("status %s, expected %s: %s", tb_status_string(tb_last_status()),
+                 tb_status_string(status), tb_last_error());
+    if (strstr(tb_last_error(), words) == NULL)
+        fail_msg("error '%s' does not mention '%s'", tb_last_error(), words);
+    tb_clear_error();
+}
+
+static void test_errors(void **state) {
+    tb_shape xs = tb_shape_of(TB_F32, 4, 1, 4, 5, 5), ws = tb_shape_of(TB_F32, 4, 2, 4, 3, 3);
+    tb_shape is = tb_shape_of(TB_I32, 4, 1, 4, 5, 5), big = tb_shape_of(TB_F32, 4, 2, 4, 7, 7);
+    tb_shape w3 = tb_shape_of(TB_F32, 4, 6, 2, 3, 3), wts = tb_shape_of(TB_F32, 4, 4, 2, 3, 3);
+    tb_tensor *x = tb_zeros(&xs, NULL), *w = tb_zeros(&ws, NULL), *xi = tb_zeros(&is, NULL);
+    tb_tensor *wb = tb_zeros(&big, NULL), *wg = tb_zeros(&w3, NULL), *wt = tb_zeros(&wts, NULL);
+    const int64_t neg[2] = {-1, 1}, k9[2] = {9, 9}, k3[2] = {3, 3}, p2[2] = {2, 2};
+    const int64_t zero[2] = {0, 0};
+    (void)state;
+    expect_error(tb_conv2d(NULL, w, NULL, NULL, NULL, NULL, 1), TB_ERR_INVALID_ARGUMENT, "x");
+    expect_error(tb_conv2d(x, NULL, NULL, NULL, NULL, NULL, 1), TB_ERR_INVALID_ARGUMENT, "weight");
+    expect_error(tb_conv2d(xi, w, NULL, NULL, NULL, NULL, 1), TB_ERR_DTYPE, "floating point");
+    expect_error(tb_conv2d(x, wb, NULL, NULL, NULL, NULL, 1), TB_ERR_SHAPE, "padded input");
+    expect_error(tb_conv2d(x, wg, NULL, NULL, NULL, NULL, 3), TB_ERR_INVALID_ARGUMENT,
+                 "do not divide");
+    expect_error(tb_conv2d(x, w, NULL, neg, NULL, NULL, 1), TB_ERR_INVALID_ARGUMENT, "stride");
+    expect_error(tb_conv2d(x, w, NULL, NULL, neg, NULL, 1), TB_ERR_INVALID_ARGUMENT, "padding");
+    expect_error(tb_conv2d(x, w, NULL, NULL, NULL, zero, 1), TB_ERR_INVALID_ARGUMENT, "dilation");
+    expect_error(tb_conv2d(x, w, x, NULL, NULL, NULL, 1), TB_ERR_SHAPE, "bias");
+    expect_error(tb_conv_transpose2d(x, wt, NULL, NULL, NULL, k3, NULL, 1), TB_ERR_INVALID_ARGUMENT,
+                 "output_padding");
+    expect_error(tb_max_pool2d(x, k9, NULL, NULL, NULL, false), TB_ERR_SHAPE, "padded input");
+    expect_error(tb_max_pool2d(x, k3, NULL, k9, NULL, false), TB_ERR_INVALID_ARGUMENT,
+                 "half the kernel");
+    expect_error(tb_max_pool2d(x, NULL, NULL, NULL, NULL, false), TB_ERR_INVALID_ARGUMENT,
+                 "kernel");
+    expect_error(tb_avg_pool2d(xi, k3, NULL, NULL, false, true), TB_ERR_DTYPE, "floating point");
+    expect_error(tb_avg_pool2d(x, k3, neg, NULL, false, true), TB_ERR_INVALID_ARGUMENT, "stride");
+    expect_error(tb_adaptive_avg_pool2d(x, zero), TB_ERR_INVALID_ARGUMENT, "output size");
+    expect_error(tb_window(x, 2, k9, NULL, NULL), TB_ERR_SHAPE, "spans");
+    expect_error(tb_window(x, 4, k3, NULL, NULL), TB_ERR_INVALID_ARGUMENT, "num_spatial");
+    expect_error(tb_window(x, 2, k3, NULL, zero), TB_ERR_INVALID_ARGUMENT, "dilation");
+    expect_error(tb_fold(x, 2, k3, k3, NULL, NULL), TB_ERR_SHAPE, "windows");
+    expect_error(tb_max_pool2d(x, k3, NULL, p2, NULL, false), TB_ERR_INVALID_ARGUMENT,
+                 "half the kernel");
+    tb_tensor_release(x);
+    tb_tensor_release(w);
+    tb_tensor_release(xi);
+    tb_tensor_release(wb);
+    tb_tensor_release(wg);
+    tb_tensor_release(wt);
+}
+
+static int teardown(void **state) {
+    (void)state;
+    tb_shutdown();
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_window_and_fold),    cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_against_torch),      cmocka_unit_test(test_opencl_against_cpu),
+        cmocka_unit_test(test_native_against_cpu),
+    };
+    return cmocka_run_group_tests(tests, NULL, teardown);
+}
