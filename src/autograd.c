@@ -452,51 +452,103 @@ static tb_tensor *tb__ag_spread(tb__ag *a, tb_tensor *g, int32_t i, int64_t stri
     return tb__ag_keep(a, tb_slice(t, 1 + i, 0, (o - 1) * stride + 1, 1));
 }
 
+/* Whether windows tile their axes without overlap or gaps (stride = kernel, dilation 1). */
+static bool tb__ag_fold_tiles(int32_t n, const int64_t *kernel, const int64_t *stride,
+                              const int64_t *dilation) {
+    int32_t i;
+    for (i = 0; i < n; i++)
+        if (dilation[i] != 1 || stride[i] != kernel[i]) return false;
+    return true;
+}
+
+/* The fold of tiling windows, a view: [.., O_1, .., O_n, K_1, .., K_n] -> [.., O_1, K_1, ..,
+   O_n, K_n] -> [.., O_1 * K_1, .., O_n * K_n], zero-padded at the end to sizes. */
+static tb_tensor *tb__ag_untile(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *sizes) {
+    tb_shape gs = tb_tensor_shape(g);
+    int64_t dims[TB_MAX_RANK], pads[2 * TB_MAX_RANK];
+    int32_t perm[TB_MAX_RANK], lead = gs.rank - 2 * n, i, r = lead + n;
+    bool pad = false;
+    tb_tensor *t;
+    for (i = 0; i < lead; i++) {
+        perm[i] = i;
+        dims[i] = gs.dims[i];
+    }
+    memset(pads, 0, sizeof pads);
+    for (i = 0; i < n; i++) {
+        perm[lead + 2 * i] = lead + i;
+        perm[lead + 2 * i + 1] = lead + n + i;
+        dims[lead + i] = gs.dims[lead + i] * gs.dims[lead + n + i];
+        pads[2 * (n - 1 - i) + 1] = sizes[i] - dims[lead + i];
+        pad = pad || sizes[i] > dims[lead + i];
+    }
+    t = tb__ag_keep(a, tb_permute(g, perm, gs.rank));
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, r)) : NULL;
+    return t != NULL && pad ? tb__ag_keep(a, tb_pad(t, pads, 2 * (size_t)n, 0.0)) : t;
+}
+
 /* The adjoint of WINDOW (col2im): g [..., O_1, .., O_n, K_1, .., K_n] summed back onto
-   [..., sizes]: element [..., o, k] adds to [..., o_i * stride_i + k_i * dilation_i]. One
-   shifted copy of the spread g per kernel position, added up (the planner fuses the sum). */
+   [..., sizes]: element [..., o, k] adds to [..., o_i * stride_i + k_i * dilation_i]. Tiling
+   windows need a view only. Otherwise g is spread by the strides (zeros between window
+   positions, so the stride is 1) and padded by (K - 1) * dilation on both sides; in the
+   padded g laid out as [.., P_1 * K_1, ..] the elements that add up to output l are k = 0..K
+   - 1 at flat index (l + (K - 1 - k) * dilation) * K + k, which is window j = K - 1 - k of a
+   window with stride K and dilation K * dilation - 1 starting at K - 1: one reduction over a
+   view, whatever the kernel size. */
 static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *sizes,
                               const int64_t *kernel, const int64_t *stride,
                               const int64_t *dilation) {
-    tb_shape gs = tb_tensor_shape(g);
-    int64_t dims[TB_MAX_RANK], pads[2 * TB_MAX_RANK], lead_numel = 1, ktotal = 1, q, rem;
-    int32_t lead = gs.rank - 2 * n, i, r = 1 + n;
-    tb_tensor *t, *acc = NULL;
+    tb_shape gs = tb_tensor_shape(g), ts;
+    int64_t dims[TB_MAX_RANK], pads[2 * TB_MAX_RANK], lead_numel = 1, wk[3], ws[3], wd[3];
+    int32_t lead = gs.rank - 2 * n, i, perm[TB_MAX_RANK], axes[3];
+    tb_tensor *t;
+    if (tb__ag_fold_tiles(n, kernel, stride, dilation)) return tb__ag_untile(a, g, n, sizes);
     for (i = 0; i < lead; i++)
         lead_numel *= gs.dims[i];
     dims[0] = lead_numel;
     for (i = 0; i < 2 * n; i++)
         dims[1 + i] = gs.dims[lead + i];
     t = tb__ag_keep(a, tb_reshape(g, dims, 1 + 2 * n));
-    for (i = 0; i < n && t != NULL; i++) {
+    for (i = 0; i < n && t != NULL; i++)
         t = tb__ag_spread(a, t, i, stride[i]);
-        ktotal *= kernel[i];
+    if (t == NULL) return NULL;
+    /* [L, O', K] padded along O' by (K - 1) * dilation on both sides */
+    memset(pads, 0, sizeof pads);
+    for (i = 0; i < n; i++) {
+        int32_t from_end = 2 * n - 1 - i; /* axis 1 + i of a rank 1 + 2n tensor */
+        pads[2 * from_end] = pads[2 * from_end + 1] = (kernel[i] - 1) * dilation[i];
     }
-    for (q = 0; q < ktotal && !a->failed; q++) {
-        tb_tensor *term = t;
-        tb_shape ts = tb_tensor_shape(t);
-        memset(pads, 0, sizeof pads);
-        rem = q;
-        for (i = n - 1; i >= 0; i--) {
-            int64_t k = rem % kernel[i], at = k * dilation[i], len = ts.dims[1 + i];
-            rem /= kernel[i];
-            if (kernel[i] > 1) term = tb__ag_keep(a, tb_slice(term, 1 + n + i, k, k + 1, 1));
-            pads[2 * (r - 1 - (1 + i))] = at;
-            pads[2 * (r - 1 - (1 + i)) + 1] = sizes[i] - at - len;
-        }
-        dims[0] = lead_numel;
-        for (i = 0; i < n; i++)
-            dims[1 + i] = ts.dims[1 + i];
-        term = tb__ag_keep(a, tb_reshape(term, dims, r));
-        term = tb__ag_keep(a, tb_pad(term, pads, 2 * (size_t)r, 0.0));
-        acc = acc == NULL ? term : tb__ag_keep(a, tb_add(acc, term));
+    t = tb__ag_keep(a, tb_pad(t, pads, 2 * (size_t)(1 + 2 * n), 0.0));
+    /* [L, P_1, K_1, .., P_n, K_n] -> [L, P_1 * K_1, .., P_n * K_n] */
+    ts = t != NULL ? tb_tensor_shape(t) : gs;
+    perm[0] = 0;
+    for (i = 0; i < n; i++) {
+        perm[1 + 2 * i] = 1 + i;
+        perm[2 + 2 * i] = 1 + n + i;
+        dims[1 + i] = ts.dims[1 + i] * ts.dims[1 + n + i];
     }
-    if (a->failed || acc == NULL) return NULL;
+    t = t != NULL ? tb__ag_keep(a, tb_permute(t, perm, 1 + 2 * n)) : NULL;
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 1 + n)) : NULL;
+    for (i = 0; i < n && t != NULL; i++) {
+        t = tb__ag_keep(a, tb_slice(t, 1 + i, kernel[i] - 1, dims[1 + i], 1));
+        wk[i] = kernel[i];
+        ws[i] = kernel[i];
+        wd[i] = kernel[i] * dilation[i] - 1 > 0 ? kernel[i] * dilation[i] - 1 : 1;
+        axes[i] = 1 + n + i;
+    }
+    t = t != NULL ? tb__ag_keep(a, tb_window(t, (size_t)n, wk, ws, wd)) : NULL;
+    t = t != NULL ? tb__ag_keep(a, tb_sum(t, axes, (size_t)n, false)) : NULL;
+    if (t == NULL) return NULL;
+    /* [L, M..] with M = (O - 1) * stride + (K - 1) * dilation + 1 <= sizes: zeros after */
+    ts = tb_tensor_shape(t);
+    memset(pads, 0, sizeof pads);
+    for (i = 0; i < n; i++)
+        pads[2 * (n - 1 - i) + 1] = sizes[i] - ts.dims[1 + i];
+    t = tb__ag_keep(a, tb_pad(t, pads, 2 * (size_t)n, 0.0));
     for (i = 0; i < lead; i++)
         dims[i] = gs.dims[i];
     for (i = 0; i < n; i++)
         dims[lead + i] = sizes[i];
-    return tb__ag_keep(a, tb_reshape(acc, dims, lead + n));
+    return t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, lead + n)) : NULL;
 }
 
 static void tb__vjp_movement(const tb__vjp *v) {

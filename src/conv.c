@@ -389,22 +389,29 @@ static tb_tensor *tb__max_pool(const char *fn, int32_t n, tb_tensor *x, const in
                                const int64_t *stride, const int64_t *padding,
                                const int64_t *dilation, bool ceil_mode) {
     tb__conv_args c;
-    tb_tensor *w, *idx, *y;
+    tb_tensor *w, *idx, *k, *pick, *y;
+    tb_shape xs;
     tb__ag a;
     int32_t last;
     memset(&c, 0, sizeof c);
     c.fn = fn;
     c.n = n;
     if (!tb__pool_setup(&c, x, kernel, stride, padding, dilation, ceil_mode)) return NULL;
+    xs = tb_tensor_shape(x);
     tb__ag_init(&a, fn);
     a.device = tb_tensor_device(x);
     w = tb__pool_windows(&a, &c, x, -INFINITY);
     last = w != NULL ? tb_tensor_shape(w).rank - 1 : 0;
-    /* the first largest (or first NaN) element of each window, picked by index so that the
-       gradient goes to it alone, as PyTorch's */
+    /* the first largest (or first NaN) element of each window, picked by a mask so that the
+       gradient goes to it alone, as PyTorch's: sum(where(k == argmax, w, 0)), whose backward is
+       elementwise */
     idx = w != NULL ? tb__ag_keep(&a, tb_argmax(w, last, true)) : NULL;
-    y = idx != NULL ? tb__ag_keep(&a, tb_gather(w, last, idx)) : NULL;
-    y = y != NULL ? tb__ag_keep(&a, tb_squeeze(y, last)) : NULL;
+    k = idx != NULL ? tb__ag_keep(&a, tb_arange(0, (double)tb_tensor_shape(w).dims[last], 1, TB_I64,
+                                                &a.device))
+                    : NULL;
+    pick = k != NULL ? tb__ag_keep(&a, tb_eq(k, idx)) : NULL;
+    y = pick != NULL ? tb__ag_keep(&a, tb_where(pick, w, tb__ag_const(&a, xs.dtype, 0.0))) : NULL;
+    y = y != NULL ? tb__ag_keep(&a, tb_sum(y, &last, 1, false)) : NULL;
     return tb__nn_finish(&a, y);
 }
 
