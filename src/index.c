@@ -386,6 +386,63 @@ static bool tb__ix_affine_split(const tb__ix *g, const tb__lf *flat, int32_t ran
     return true;
 }
 
+/* Splits a flat form whose terms each cover whole digits of their own (a variable times the
+   stride of a digit, its range ending below the stride of the first digit it does not cover,
+   no constant): each digit is then that variable divided and reduced, so a digit that depends
+   on a loop-invariant variable stays invariant (rows and lanes of a packed matmul operand read
+   through merged axes). False when the form is not like that. */
+static bool tb__ix_group_split(tb__ix *g, const tb__lf *flat, int32_t rank, const int64_t *dims,
+                               tb__lf *out) {
+    int64_t strides[TB_MAX_RANK];
+    int32_t owner[TB_MAX_RANK], i, j, j0;
+    if (flat->c != 0 || flat->n < 1) return false;
+    tb__ix_contig(rank, dims, strides);
+    for (j = 0; j < rank; j++)
+        owner[j] = -1;
+    for (i = 0; i < flat->n; i++) {
+        const tb__ix_var *v = &g->vars[flat->var[i]];
+        int64_t f = flat->coef[i], span;
+        if (f < 1 || v->lo < 0) return false;
+        for (j0 = rank - 1; j0 >= 0 && !(dims[j0] > 1 && strides[j0] == f); j0--) {
+        }
+        if (j0 < 0 || v->hi >= INT64_MAX / f) return false;
+        span = f * (v->hi + 1);
+        for (j = j0; j >= 0 && strides[j] < span; j--) {
+            if (dims[j] <= 1) continue;
+            if (owner[j] >= 0) return false;
+            owner[j] = i;
+        }
+        if (j >= 0 && j < j0 && strides[j] < span) return false;
+    }
+    for (j = 0; j < rank; j++) {
+        tb__lf_const(&out[j], 0);
+        if (dims[j] <= 1 || owner[j] < 0) continue;
+        {
+            int32_t src = flat->var[owner[j]], v;
+            int64_t q = strides[j] / flat->coef[owner[j]];
+            const tb__ix_var *sv = &g->vars[src];
+            bool top = sv->hi / q < dims[j];
+            if (top && q == 1) {
+                tb__lf_add_term(&out[j], src, 1);
+                continue;
+            }
+            v = tb__ix_new_var(g, 0, dims[j] - 1);
+            if (v < 0) return false;
+            if (top) {
+                tb__ix_line(g, "const long i%d = i%d / %lldL;", (int)v, (int)src, (long long)q);
+            } else if (q == 1) {
+                tb__ix_line(g, "const long i%d = i%d %% %lldL;", (int)v, (int)src,
+                            (long long)dims[j]);
+            } else {
+                tb__ix_line(g, "const long i%d = (i%d / %lldL) %% %lldL;", (int)v, (int)src,
+                            (long long)q, (long long)dims[j]);
+            }
+            tb__lf_add_term(&out[j], v, 1);
+        }
+    }
+    return g->status == TB_OK;
+}
+
 /* Makes sure the position has its per-dim form: an affine split of the flat form, else
    division and remainder by the contiguous strides. */
 static bool tb__ix_need_multi(tb__ix *g, int32_t id) {
@@ -394,7 +451,8 @@ static bool tb__ix_need_multi(tb__ix *g, int32_t id) {
     int32_t i;
     if (g->pos[id].has_multi) return true;
     p = g->pos[id];
-    if (!tb__ix_affine_split(g, &p.flat, p.rank, p.dims, dims_lf)) {
+    if (!tb__ix_affine_split(g, &p.flat, p.rank, p.dims, dims_lf) &&
+        !tb__ix_group_split(g, &p.flat, p.rank, p.dims, dims_lf)) {
         int64_t strides[TB_MAX_RANK];
         uint64_t extra = tb__hash_bytes(tb__hash_bytes(0x756e726176656cull, &p.flat, sizeof p.flat),
                                         p.dims, sizeof p.dims);

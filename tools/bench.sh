@@ -11,7 +11,7 @@
 #                   {"case": "machine", ...} with the CPU, threads and measured bandwidths
 #   --no-install    do not install missing Debian packages
 #   --only LIST     run only these cases (comma-separated): chain8 add sum max row_sums softmax
-#                   layer_norm matmul mlp mlp_train trace replay coldstart
+#                   layer_norm matmul mlp mlp_train conv trace replay coldstart
 #
 # Every case runs on opencl:0 and native:0 (a backend that cannot run here is skipped with a
 # note) beside its peers, measured in the same run:

@@ -8,6 +8,7 @@
                    OpenBLAS and CLBlast
        hand_cl.c   the hand-written OpenCL kernels (a floor on the OpenCL device)
        cases.c     the compute cases: chain8 add sum max row_sums softmax layer_norm matmul mlp
+       conv.c      the convolution cases: conv2d_resnet, conv2d_lenet, forward and backward
        train.c     the training case: mlp_train (one AdamW step: ours, hand-written from plain
                    ops, OpenBLAS on the host, PyTorch)
        host.c      the host-overhead cases: trace replay coldstart, and the child processes */
@@ -234,6 +235,8 @@ void case_norm(const char *name, int layer_norm, int64_t rows, int64_t cols);
 void case_matmul(int n);
 void case_mlp(int64_t batch);
 void case_mlp_train(int64_t batch);
+void case_conv(const char *label, int64_t n, int64_t c, int64_t o, int64_t hw, int64_t k,
+               int64_t pad, int backward);
 void case_trace(void);
 void case_replay(void);
 void case_coldstart(void);

@@ -23,9 +23,9 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *const g_case_names[] = {"chain8",  "add",        "sum",      "max", "row_sums",
-                                           "softmax", "layer_norm", "matmul",   "mlp", "mlp_train",
-                                           "trace",   "replay",     "coldstart"};
+static const char *const g_case_names[] = {
+    "chain8", "add", "sum",       "max",  "row_sums", "softmax", "layer_norm",
+    "matmul", "mlp", "mlp_train", "conv", "trace",    "replay",  "coldstart"};
 #define NUM_CASES (sizeof g_case_names / sizeof g_case_names[0])
 
 static const char *g_only; /* comma-separated case names, NULL: all */
@@ -252,6 +252,12 @@ int main(int argc, char **argv) {
         RUN_CASE("matmul", for (s = 0; s < num_sizes; s++) case_matmul(sizes[s]))
         RUN_CASE("mlp", case_mlp(256))
         RUN_CASE("mlp_train", case_mlp_train(256))
+        RUN_CASE("conv", {
+            case_conv("resnet", 32, 64, 64, 56, 3, 1, 0);
+            case_conv("resnet", 32, 64, 64, 56, 3, 1, 1);
+            case_conv("lenet", 256, 1, 32, 28, 5, 0, 0);
+            case_conv("lenet", 256, 1, 32, 28, 5, 0, 1);
+        })
         RUN_CASE("trace", case_trace())
         RUN_CASE("replay", case_replay())
         RUN_CASE("coldstart", case_coldstart())

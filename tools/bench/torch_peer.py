@@ -78,6 +78,8 @@ def make_case(torch, name, t):
         return mlp
     if name == "mlp_train":
         return make_train(torch, t)
+    if name == "conv2d":
+        return make_conv(torch, t)
     if name == "replay":
         x, r0 = t["x"], t["r0"]
 
@@ -89,6 +91,30 @@ def make_case(torch, name, t):
 
         return replay
     raise ValueError("unknown case " + name)
+
+
+def make_conv(torch, t):
+    """F.conv2d on x [N, C, H, W] and w [O, C, K, K] (sent flat, with their sizes in cfg: N C
+    H O K pad backward); with backward, also the gradients of x and w by autograd with r as
+    the gradient of the output (the setup's result is the forward output either way)."""
+    F = torch.nn.functional
+    n, c, h, o, k, pad, backward = (int(v) for v in t["cfg"][:7].tolist())
+    x = t["x"].reshape(n, c, h, h)
+    w = t["w"].reshape(o, c, k, k)
+    if not backward:
+        return lambda: F.conv2d(x, w, padding=pad)
+    with torch.inference_mode(False):
+        xg = x.clone().requires_grad_()
+        wg = w.clone().requires_grad_()
+        r = t["r"].clone().reshape(n, o, h + 2 * pad - k + 1, h + 2 * pad - k + 1)
+
+    def step():
+        with torch.inference_mode(False):
+            y = F.conv2d(xg, wg, padding=pad)
+            gx, gw = torch.autograd.grad(y, (xg, wg), r)
+            return y.detach()
+
+    return step
 
 
 def make_train(torch, t):
