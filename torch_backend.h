@@ -753,6 +753,11 @@ typedef enum tb_op_kind {
        stride_i, dilation_i], each >= 1, with (out_i - 1) * stride_i + (kernel_i - 1) *
        dilation_i < dims[i]. Output [..., out_1, ..., out_n, kernel_1, ..., kernel_n]; element
        [..., o, k] is x[..., o_i * stride_i + k_i * dilation_i]. (Padding is a PAD below it.)
+       Diagonal form, attrs [n, (out, kernel, stride, dilation) per axis, 1]: x already holds
+       the kernel axes, [..., L_1, .., L_n, kernel_1, .., kernel_n] (rank >= 2n, rank <=
+       TB_MAX_RANK), the output is [..., out_1, .., out_n, kernel_1, .., kernel_n] and element
+       [..., o, k] is x[..., o_i * stride_i + k_i * dilation_i, .., k_i, ..] (the fold of
+       windows, tb_fold, sums these over k).
    Custom ops: the registered number of operands, as recorded (no CAST is inserted); attrs as
    given to tb_call_op; output from infer_shape, or else the broadcast of the operands with the
    tb_dtype_promote of their dtypes.
@@ -6855,20 +6860,29 @@ static tb_status tb__infer_window(const char *fn, const tb_shape *x, const int64
                                   size_t num_attrs, tb_shape *out) {
     int64_t n = num_attrs > 0 ? attrs[0] : 0, last;
     int32_t lead, i;
+    bool diag = n >= 1 && n <= 3 && num_attrs == 2 + 4 * (size_t)n && attrs[num_attrs - 1] == 1;
     tb__shape_buf b;
-    if (num_attrs < 1 || n < 1 || n > 3 || num_attrs != 1 + 4 * (size_t)n) {
+    if (num_attrs < 1 || n < 1 || n > 3 || (num_attrs != 1 + 4 * (size_t)n && !diag)) {
         return tb__error(TB_ERR_INVALID_ARGUMENT,
                          "%s: %zu attributes; [n, then (out, kernel, stride, dilation) for each "
-                         "of the last n axes, 1 <= n <= 3] is needed",
+                         "of the last n axes, 1 <= n <= 3, then 1 for the diagonal form] is "
+                         "needed",
                          fn, num_attrs);
     }
-    if (n > x->rank || x->rank + n > TB_MAX_RANK) {
+    if (diag ? 2 * n > x->rank : n > x->rank || x->rank + n > TB_MAX_RANK) {
         return tb__error(TB_ERR_SHAPE, "%s: windows over %lld axes of %s (rank %d .. %d needed)",
-                         fn, (long long)n, tb__st(x, &b), (int)n, (int)(TB_MAX_RANK - n));
+                         fn, (long long)n, tb__st(x, &b), (int)(diag ? 2 * n : n),
+                         (int)(diag ? TB_MAX_RANK : TB_MAX_RANK - n));
     }
-    lead = x->rank - (int32_t)n;
+    lead = x->rank - (int32_t)(diag ? 2 * n : n);
     *out = *x;
-    out->rank = x->rank + (int32_t)n;
+    out->rank = diag ? x->rank : x->rank + (int32_t)n;
+    for (i = 0; diag && i < (int32_t)n; i++) {
+        if (x->dims[lead + n + i] != attrs[2 + 4 * i]) {
+            return tb__error(TB_ERR_SHAPE, "%s: axis %d of %s is not the kernel size %lld", fn,
+                             (int)(lead + n + i), tb__st(x, &b), (long long)attrs[2 + 4 * i]);
+        }
+    }
     for (i = 0; i < (int32_t)n; i++) {
         const int64_t *a = &attrs[1 + 4 * i];
         int64_t span;
@@ -6888,7 +6902,7 @@ static tb_status tb__infer_window(const char *fn, const tb_shape *x, const int64
                              (int)(lead + i), tb__st(x, &b));
         }
         out->dims[lead + i] = a[0];
-        out->dims[x->rank + i] = a[1];
+        out->dims[lead + n + i] = a[1];
     }
     return TB_OK;
 }
@@ -13797,25 +13811,33 @@ static tb_status tb__ref_window(const tb_node *node, const tb__rview *x, tb__rvi
     const tb_shape *xs = &x->shape, *os = &node->shape;
     int64_t n = node->num_attrs > 0 ? node->attrs[0] : 0;
     int32_t lead, i, d;
-    if (n < 1 || n > 3 || node->num_attrs != 1 + 4 * (size_t)n || n > xs->rank ||
-        os->rank != xs->rank + n)
+    bool diag = n >= 1 && n <= 3 && node->num_attrs == 2 + 4 * (size_t)n &&
+                node->attrs[node->num_attrs - 1] == 1;
+    if (n < 1 || n > 3 || (node->num_attrs != 1 + 4 * (size_t)n && !diag) ||
+        (diag ? 2 * n : n) > xs->rank || os->rank != xs->rank + (diag ? 0 : n))
         return tb__ref_malformed(node, xs);
-    lead = xs->rank - (int32_t)n;
+    lead = xs->rank - (int32_t)(diag ? 2 * n : n);
     for (d = 0; d < lead; d++)
         if (os->dims[d] != xs->dims[d]) return tb__ref_malformed(node, xs);
     tb__rview_share(out, x);
     out->shape = *os;
     for (i = 0; i < (int32_t)n; i++) {
         const int64_t *a = &node->attrs[1 + 4 * i];
-        int64_t span, last, st = x->strides[lead + i];
+        int64_t span, last, st = x->strides[lead + i], kst = 0, ka = lead + n + i;
         bool ok = a[0] >= 1 && a[1] >= 1 && a[2] >= 1 && a[3] >= 1 && os->dims[lead + i] == a[0] &&
-                  os->dims[xs->rank + i] == a[1] && tb__muladd_i64(a[1] - 1, a[3], 0, &span) &&
-                  tb__muladd_i64(a[0] - 1, a[2], span, &last) && last < xs->dims[lead + i];
+                  os->dims[ka] == a[1] && tb__muladd_i64(a[1] - 1, a[3], 0, &span) &&
+                  tb__muladd_i64(a[0] - 1, a[2], span, &last) && last < xs->dims[lead + i] &&
+                  (!diag || xs->dims[ka] == a[1]);
         /* inside the operand, so the strides only grow where an axis has two or more elements */
         out->strides[lead + i] = st;
-        out->strides[xs->rank + i] = st;
+        out->strides[ka] = st;
         if (ok && a[0] > 1) ok = tb__mul_i64(st, a[2], &out->strides[lead + i]);
-        if (ok && a[1] > 1) ok = tb__mul_i64(st, a[3], &out->strides[xs->rank + i]);
+        if (ok && a[1] > 1) ok = tb__mul_i64(st, a[3], &out->strides[ka]);
+        /* the diagonal form also steps along x's own kernel axis */
+        if (ok && diag) {
+            kst = x->strides[ka];
+            ok = a[1] <= 1 || tb__add_i64(out->strides[ka], kst, &out->strides[ka]);
+        }
         if (!ok) {
             tb__rview_clear(out);
             return tb__ref_malformed(node, xs);
@@ -15755,22 +15777,42 @@ static tb_tensor *tb__ag_untile(tb__ag *a, tb_tensor *g, int32_t n, const int64_
     return t != NULL && pad ? tb__ag_keep(a, tb_pad(t, pads, 2 * (size_t)n, 0.0)) : t;
 }
 
-/* The adjoint of WINDOW (col2im): g [..., O_1, .., O_n, K_1, .., K_n] summed back onto
-   [..., sizes]: element [..., o, k] adds to [..., o_i * stride_i + k_i * dilation_i]. Tiling
-   windows need a view only. Otherwise g is spread by the strides (zeros between window
-   positions, so the stride is 1) and padded by (K - 1) * dilation on both sides; in the
-   padded g laid out as [.., P_1 * K_1, ..] the elements that add up to output l are k = 0..K
-   - 1 at flat index (l + (K - 1 - k) * dilation) * K + k, which is window j = K - 1 - k of a
-   window with stride K and dilation K * dilation - 1 starting at K - 1: one reduction over a
-   view, whatever the kernel size. */
-static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *sizes,
-                              const int64_t *kernel, const int64_t *stride,
-                              const int64_t *dilation) {
-    tb_shape gs = tb_tensor_shape(g), ts;
-    int64_t dims[TB_MAX_RANK], pads[2 * TB_MAX_RANK], lead_numel = 1, wk[3], ws[3], wd[3];
-    int32_t lead = gs.rank - 2 * n, i, perm[TB_MAX_RANK], axes[3];
+/* t [L, O'_1, .., O'_n, K_1, .., K_n] (window positions at stride 1) placed back onto
+   [L, sizes.., K..]: element [l, a, k] = t[l, a - k * dilation, k] (0 outside). Padded by
+   (K - 1) * dilation before, its kernel axes flipped, it is the diagonal window [l, a, j] ->
+   [l, a + j * dilation, j] (one view), flipped back when `flip_back`. */
+static tb_tensor *tb__ag_place(tb__ag *a, tb_tensor *t, int32_t n, const int64_t *sizes,
+                               const int64_t *kernel, const int64_t *dilation, bool flip_back) {
+    tb_shape ts = tb_tensor_shape(t);
+    int64_t pads[2 * TB_MAX_RANK], attrs[2 + 4 * 3];
+    int32_t i, r = 1 + 2 * n, kax[3];
+    memset(pads, 0, sizeof pads);
+    attrs[0] = n;
+    for (i = 0; i < n; i++) {
+        int32_t from_end = 2 * n - 1 - i; /* axis 1 + i */
+        pads[2 * from_end] = (kernel[i] - 1) * dilation[i];
+        pads[2 * from_end + 1] = sizes[i] - ts.dims[1 + i];
+        kax[i] = 1 + n + i;
+        attrs[1 + 4 * i] = sizes[i];
+        attrs[2 + 4 * i] = kernel[i];
+        attrs[3 + 4 * i] = 1;
+        attrs[4 + 4 * i] = dilation[i];
+    }
+    attrs[1 + 4 * n] = 1;
+    t = tb__ag_keep(a, tb_pad(t, pads, 2 * (size_t)r, 0.0));
+    t = t != NULL ? tb__ag_keep(a, tb_flip(t, kax, (size_t)n)) : NULL;
+    t = t != NULL ? tb__ag_keep(a, tb_call_op(TB_OP_WINDOW, &t, 1, attrs, 2 + 4 * (size_t)n))
+                  : NULL;
+    return t != NULL && flip_back ? tb__ag_keep(a, tb_flip(t, kax, (size_t)n)) : t;
+}
+
+/* g [..., O.., K..] with its leading axes merged into one, spread by the strides. */
+static tb_tensor *tb__ag_merge_spread(tb__ag *a, tb_tensor *g, int32_t n, int32_t lead,
+                                      const int64_t *stride) {
+    tb_shape gs = tb_tensor_shape(g);
+    int64_t dims[TB_MAX_RANK], lead_numel = 1;
+    int32_t i;
     tb_tensor *t;
-    if (tb__ag_fold_tiles(n, kernel, stride, dilation)) return tb__ag_untile(a, g, n, sizes);
     for (i = 0; i < lead; i++)
         lead_numel *= gs.dims[i];
     dims[0] = lead_numel;
@@ -15779,45 +15821,41 @@ static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t 
     t = tb__ag_keep(a, tb_reshape(g, dims, 1 + 2 * n));
     for (i = 0; i < n && t != NULL; i++)
         t = tb__ag_spread(a, t, i, stride[i]);
+    return t;
+}
+
+/* t [L, rest..] as [lead dims of `like`.., rest..]. */
+static tb_tensor *tb__ag_unmerge(tb__ag *a, tb_tensor *t, const tb_shape *like, int32_t lead) {
+    tb_shape ts;
+    int64_t dims[TB_MAX_RANK];
+    int32_t i;
     if (t == NULL) return NULL;
-    /* [L, O', K] padded along O' by (K - 1) * dilation on both sides */
-    memset(pads, 0, sizeof pads);
-    for (i = 0; i < n; i++) {
-        int32_t from_end = 2 * n - 1 - i; /* axis 1 + i of a rank 1 + 2n tensor */
-        pads[2 * from_end] = pads[2 * from_end + 1] = (kernel[i] - 1) * dilation[i];
-    }
-    t = tb__ag_keep(a, tb_pad(t, pads, 2 * (size_t)(1 + 2 * n), 0.0));
-    /* [L, P_1, K_1, .., P_n, K_n] -> [L, P_1 * K_1, .., P_n * K_n] */
-    ts = t != NULL ? tb_tensor_shape(t) : gs;
-    perm[0] = 0;
-    for (i = 0; i < n; i++) {
-        perm[1 + 2 * i] = 1 + i;
-        perm[2 + 2 * i] = 1 + n + i;
-        dims[1 + i] = ts.dims[1 + i] * ts.dims[1 + n + i];
-    }
-    t = t != NULL ? tb__ag_keep(a, tb_permute(t, perm, 1 + 2 * n)) : NULL;
-    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 1 + n)) : NULL;
-    for (i = 0; i < n && t != NULL; i++) {
-        t = tb__ag_keep(a, tb_slice(t, 1 + i, kernel[i] - 1, dims[1 + i], 1));
-        wk[i] = kernel[i];
-        ws[i] = kernel[i];
-        wd[i] = kernel[i] * dilation[i] - 1 > 0 ? kernel[i] * dilation[i] - 1 : 1;
-        axes[i] = 1 + n + i;
-    }
-    t = t != NULL ? tb__ag_keep(a, tb_window(t, (size_t)n, wk, ws, wd)) : NULL;
-    t = t != NULL ? tb__ag_keep(a, tb_sum(t, axes, (size_t)n, false)) : NULL;
-    if (t == NULL) return NULL;
-    /* [L, M..] with M = (O - 1) * stride + (K - 1) * dilation + 1 <= sizes: zeros after */
     ts = tb_tensor_shape(t);
-    memset(pads, 0, sizeof pads);
-    for (i = 0; i < n; i++)
-        pads[2 * (n - 1 - i) + 1] = sizes[i] - ts.dims[1 + i];
-    t = tb__ag_keep(a, tb_pad(t, pads, 2 * (size_t)n, 0.0));
     for (i = 0; i < lead; i++)
-        dims[i] = gs.dims[i];
+        dims[i] = like->dims[i];
+    for (i = 1; i < ts.rank; i++)
+        dims[lead + i - 1] = ts.dims[i];
+    return tb__ag_keep(a, tb_reshape(t, dims, lead + ts.rank - 1));
+}
+
+/* The adjoint of WINDOW (col2im): g [..., O_1, .., O_n, K_1, .., K_n] summed back onto
+   [..., sizes]: element [..., o, k] adds to [..., o_i * stride_i + k_i * dilation_i]. Tiling
+   windows need a view only; others are spread by the strides, placed (tb__ag_place: one
+   diagonal window) and summed over the kernel axes: one reduction reading g through views,
+   whatever the kernel size. */
+static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *sizes,
+                              const int64_t *kernel, const int64_t *stride,
+                              const int64_t *dilation) {
+    tb_shape gs = tb_tensor_shape(g);
+    int32_t lead = gs.rank - 2 * n, i, axes[3];
+    tb_tensor *t;
+    if (tb__ag_fold_tiles(n, kernel, stride, dilation)) return tb__ag_untile(a, g, n, sizes);
+    t = tb__ag_merge_spread(a, g, n, lead, stride);
+    t = t != NULL ? tb__ag_place(a, t, n, sizes, kernel, dilation, false) : NULL;
     for (i = 0; i < n; i++)
-        dims[lead + i] = sizes[i];
-    return t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, lead + n)) : NULL;
+        axes[i] = 1 + n + i;
+    t = t != NULL ? tb__ag_keep(a, tb_sum(t, axes, (size_t)n, false)) : NULL;
+    return tb__ag_unmerge(a, t, &gs, lead);
 }
 
 static void tb__vjp_movement(const tb__vjp *v) {
@@ -15840,13 +15878,20 @@ static void tb__vjp_movement(const tb__vjp *v) {
     case TB_OP_WINDOW: {
         int64_t sizes[3], kernel[3], stride[3], dilation[3];
         int32_t n = (int32_t)at[0];
+        bool diag = v->node->num_attrs == 2 + 4 * (size_t)n;
         for (i = 0; i < n; i++) {
-            sizes[i] = xs->dims[r - n + i];
+            sizes[i] = xs->dims[r - (diag ? 2 : 1) * n + i];
             kernel[i] = at[2 + 4 * i];
             stride[i] = at[3 + 4 * i];
             dilation[i] = at[4 + 4 * i];
         }
-        v->out[0] = tb__ag_fold(v->a, g, n, sizes, kernel, stride, dilation);
+        if (!diag) {
+            v->out[0] = tb__ag_fold(v->a, g, n, sizes, kernel, stride, dilation);
+        } else { /* x [.., L.., K..]: g spread and placed back, kernel axes kept */
+            tb_tensor *t = tb__ag_merge_spread(v->a, g, n, r - 2 * n, stride);
+            t = t != NULL ? tb__ag_place(v->a, t, n, sizes, kernel, dilation, true) : NULL;
+            v->out[0] = tb__ag_unmerge(v->a, t, xs, r - 2 * n);
+        }
         break;
     }
     case TB_OP_FLIP: {
@@ -18494,6 +18539,12 @@ static bool tb__ix_need_flat(tb__ix *g, int32_t id);
 static bool tb__ix_need_multi(tb__ix *g, int32_t id);
 static int32_t tb__ix_pos_multi(tb__ix *g, const tb_shape *shape, const tb__lf *dims);
 static int32_t tb__ix_pos_flat(tb__ix *g, const tb_shape *shape, const tb__lf *flat);
+/* The per-dim forms over `to` of a position over `from` given per dim (a reshape), when the
+   dims of the two shapes group into runs of equal size where one side has a single axis of
+   size > 1: that axis is unravelled or the run's axes combined, group by group. False (nothing
+   written) when the shapes do not group so. */
+static bool tb__ix_regroup(tb__ix *g, const tb__lf *dims, const tb_shape *from, const tb_shape *to,
+                           tb__lf *out);
 static int32_t tb__ix_var_pos_flat(tb__ix *g, const tb_shape *shape, int32_t var, int64_t scale,
                                    int32_t var2);
 static void tb__ix_reset(tb__ix *g);
@@ -21169,6 +21220,89 @@ static bool tb__ix_need_multi(tb__ix *g, int32_t id) {
     return g->status == TB_OK;
 }
 
+/* One run of a regroup: out axes [ta, tb) of `to` take the value of in axes [fa, fb) of
+   `from`, where one side has at most one axis of size > 1. */
+static bool tb__ix_regroup_run(tb__ix *g, const tb__lf *dims, const tb_shape *from, int32_t fa,
+                               int32_t fb, const tb_shape *to, int32_t ta, int32_t tb_,
+                               tb__lf *out) {
+    int32_t i, big_from = -1, big_to = -1, nf = 0, nt = 0, v, src;
+    int64_t stride;
+    for (i = fa; i < fb; i++)
+        if (from->dims[i] > 1) big_from = i, nf++;
+    for (i = ta; i < tb_; i++) {
+        tb__lf_const(&out[i], 0);
+        if (to->dims[i] > 1) big_to = i, nt++;
+    }
+    if (nf > 1 && nt > 1) return false;
+    if (nt == 0) return true;
+    if (nf <= 1 && nt == 1) {
+        if (nf == 1) out[big_to] = dims[big_from];
+        return true;
+    }
+    if (nt == 1) { /* several from axes combine into one */
+        stride = 1;
+        for (i = fb - 1; i >= fa; i--) {
+            if (!tb__ix_lf_addmul(g, &out[big_to], &dims[i], stride)) return false;
+            stride *= from->dims[i];
+        }
+        return true;
+    }
+    /* one from axis unravels into several */
+    src = tb__ix_spill(g, &dims[big_from]);
+    if (src < 0) return false;
+    stride = 1;
+    for (i = tb_ - 1; i >= ta; i--) {
+        if (to->dims[i] <= 1) continue;
+        v = tb__ix_new_var(g, 0, to->dims[i] - 1);
+        if (v < 0) return false;
+        if (i == big_to && stride == 1 && g->vars[src].hi < to->dims[i]) {
+            out[i] = dims[big_from];
+            continue;
+        }
+        if (stride == 1) {
+            tb__ix_line(g, "const long i%d = i%d %% %lldL;", (int)v, (int)src,
+                        (long long)to->dims[i]);
+        } else {
+            tb__ix_line(g, "const long i%d = (i%d / %lldL) %% %lldL;", (int)v, (int)src,
+                        (long long)stride, (long long)to->dims[i]);
+        }
+        tb__lf_add_term(&out[i], v, 1);
+        stride *= to->dims[i];
+    }
+    return g->status == TB_OK;
+}
+
+static bool tb__ix_regroup(tb__ix *g, const tb__lf *dims, const tb_shape *from, const tb_shape *to,
+                           tb__lf *out) {
+    int32_t i = 0, j = 0;
+    for (i = 0; i < from->rank; i++)
+        if (from->dims[i] == 0) return false;
+    i = 0;
+    while (i < from->rank || j < to->rank) {
+        int32_t fa = i, ta = j;
+        int64_t pf = 1, pt = 1;
+        /* a run: the shortest prefixes of equal size, size-1 axes joining the run before them */
+        if (i < from->rank) pf = from->dims[i++];
+        if (j < to->rank) pt = to->dims[j++];
+        while (pf != pt || (i < from->rank && from->dims[i] == 1) ||
+               (j < to->rank && to->dims[j] == 1)) {
+            if (pf == pt && i < from->rank && from->dims[i] == 1) {
+                i++;
+            } else if (pf == pt && j < to->rank && to->dims[j] == 1) {
+                j++;
+            } else if (pf < pt && i < from->rank) {
+                pf *= from->dims[i++];
+            } else if (pt < pf && j < to->rank) {
+                pt *= to->dims[j++];
+            } else {
+                return false;
+            }
+        }
+        if (!tb__ix_regroup_run(g, dims, from, fa, i, to, ta, j, out)) return false;
+    }
+    return true;
+}
+
 /* A position over `shape` with the given per-dim forms. */
 static int32_t tb__ix_pos_multi(tb__ix *g, const tb_shape *shape, const tb__lf *dims) {
     tb__pos q;
@@ -21586,6 +21720,10 @@ static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k
         return tb__ix_pos_flat(&g->ix, cs, &zero);
     }
     if (n->op == TB_OP_RESHAPE) {
+        /* per dim where the axes group (merged or split runs), else through the flat index */
+        if (g->ix.pos[pos].has_multi && !g->ix.pos[pos].has_flat &&
+            tb__ix_regroup(&g->ix, g->ix.pos[pos].dim, ns, cs, dims))
+            return tb__ix_pos_multi(&g->ix, cs, dims);
         if (!tb__ix_need_flat(&g->ix, pos)) return -1;
         return tb__ix_pos_flat(&g->ix, cs, &g->ix.pos[pos].flat);
     }
@@ -21611,13 +21749,15 @@ static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k
         break;
     }
     case TB_OP_WINDOW: {
-        int32_t nsp = (int32_t)n->attrs[0], lead = cs->rank - nsp;
-        for (i = 0; i < lead; i++)
+        /* the plain form adds the kernel axes after x's; the diagonal one reads x's own */
+        int32_t nsp = (int32_t)n->attrs[0], diag = n->num_attrs == 2 + 4 * (size_t)nsp;
+        int32_t lead = cs->rank - (diag ? 2 : 1) * nsp;
+        for (i = 0; i < cs->rank; i++)
             dims[i] = p.dim[i];
         for (i = 0; i < nsp; i++) {
             tb__lf_const(&dims[lead + i], 0);
             if (!tb__ix_lf_addmul(&g->ix, &dims[lead + i], &p.dim[lead + i], n->attrs[3 + 4 * i]) ||
-                !tb__ix_lf_addmul(&g->ix, &dims[lead + i], &p.dim[cs->rank + i],
+                !tb__ix_lf_addmul(&g->ix, &dims[lead + i], &p.dim[lead + nsp + i],
                                   n->attrs[4 + 4 * i]))
                 return -1;
         }

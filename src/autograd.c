@@ -486,22 +486,42 @@ static tb_tensor *tb__ag_untile(tb__ag *a, tb_tensor *g, int32_t n, const int64_
     return t != NULL && pad ? tb__ag_keep(a, tb_pad(t, pads, 2 * (size_t)n, 0.0)) : t;
 }
 
-/* The adjoint of WINDOW (col2im): g [..., O_1, .., O_n, K_1, .., K_n] summed back onto
-   [..., sizes]: element [..., o, k] adds to [..., o_i * stride_i + k_i * dilation_i]. Tiling
-   windows need a view only. Otherwise g is spread by the strides (zeros between window
-   positions, so the stride is 1) and padded by (K - 1) * dilation on both sides; in the
-   padded g laid out as [.., P_1 * K_1, ..] the elements that add up to output l are k = 0..K
-   - 1 at flat index (l + (K - 1 - k) * dilation) * K + k, which is window j = K - 1 - k of a
-   window with stride K and dilation K * dilation - 1 starting at K - 1: one reduction over a
-   view, whatever the kernel size. */
-static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *sizes,
-                              const int64_t *kernel, const int64_t *stride,
-                              const int64_t *dilation) {
-    tb_shape gs = tb_tensor_shape(g), ts;
-    int64_t dims[TB_MAX_RANK], pads[2 * TB_MAX_RANK], lead_numel = 1, wk[3], ws[3], wd[3];
-    int32_t lead = gs.rank - 2 * n, i, perm[TB_MAX_RANK], axes[3];
+/* t [L, O'_1, .., O'_n, K_1, .., K_n] (window positions at stride 1) placed back onto
+   [L, sizes.., K..]: element [l, a, k] = t[l, a - k * dilation, k] (0 outside). Padded by
+   (K - 1) * dilation before, its kernel axes flipped, it is the diagonal window [l, a, j] ->
+   [l, a + j * dilation, j] (one view), flipped back when `flip_back`. */
+static tb_tensor *tb__ag_place(tb__ag *a, tb_tensor *t, int32_t n, const int64_t *sizes,
+                               const int64_t *kernel, const int64_t *dilation, bool flip_back) {
+    tb_shape ts = tb_tensor_shape(t);
+    int64_t pads[2 * TB_MAX_RANK], attrs[2 + 4 * 3];
+    int32_t i, r = 1 + 2 * n, kax[3];
+    memset(pads, 0, sizeof pads);
+    attrs[0] = n;
+    for (i = 0; i < n; i++) {
+        int32_t from_end = 2 * n - 1 - i; /* axis 1 + i */
+        pads[2 * from_end] = (kernel[i] - 1) * dilation[i];
+        pads[2 * from_end + 1] = sizes[i] - ts.dims[1 + i];
+        kax[i] = 1 + n + i;
+        attrs[1 + 4 * i] = sizes[i];
+        attrs[2 + 4 * i] = kernel[i];
+        attrs[3 + 4 * i] = 1;
+        attrs[4 + 4 * i] = dilation[i];
+    }
+    attrs[1 + 4 * n] = 1;
+    t = tb__ag_keep(a, tb_pad(t, pads, 2 * (size_t)r, 0.0));
+    t = t != NULL ? tb__ag_keep(a, tb_flip(t, kax, (size_t)n)) : NULL;
+    t = t != NULL ? tb__ag_keep(a, tb_call_op(TB_OP_WINDOW, &t, 1, attrs, 2 + 4 * (size_t)n))
+                  : NULL;
+    return t != NULL && flip_back ? tb__ag_keep(a, tb_flip(t, kax, (size_t)n)) : t;
+}
+
+/* g [..., O.., K..] with its leading axes merged into one, spread by the strides. */
+static tb_tensor *tb__ag_merge_spread(tb__ag *a, tb_tensor *g, int32_t n, int32_t lead,
+                                      const int64_t *stride) {
+    tb_shape gs = tb_tensor_shape(g);
+    int64_t dims[TB_MAX_RANK], lead_numel = 1;
+    int32_t i;
     tb_tensor *t;
-    if (tb__ag_fold_tiles(n, kernel, stride, dilation)) return tb__ag_untile(a, g, n, sizes);
     for (i = 0; i < lead; i++)
         lead_numel *= gs.dims[i];
     dims[0] = lead_numel;
@@ -510,45 +530,41 @@ static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t 
     t = tb__ag_keep(a, tb_reshape(g, dims, 1 + 2 * n));
     for (i = 0; i < n && t != NULL; i++)
         t = tb__ag_spread(a, t, i, stride[i]);
+    return t;
+}
+
+/* t [L, rest..] as [lead dims of `like`.., rest..]. */
+static tb_tensor *tb__ag_unmerge(tb__ag *a, tb_tensor *t, const tb_shape *like, int32_t lead) {
+    tb_shape ts;
+    int64_t dims[TB_MAX_RANK];
+    int32_t i;
     if (t == NULL) return NULL;
-    /* [L, O', K] padded along O' by (K - 1) * dilation on both sides */
-    memset(pads, 0, sizeof pads);
-    for (i = 0; i < n; i++) {
-        int32_t from_end = 2 * n - 1 - i; /* axis 1 + i of a rank 1 + 2n tensor */
-        pads[2 * from_end] = pads[2 * from_end + 1] = (kernel[i] - 1) * dilation[i];
-    }
-    t = tb__ag_keep(a, tb_pad(t, pads, 2 * (size_t)(1 + 2 * n), 0.0));
-    /* [L, P_1, K_1, .., P_n, K_n] -> [L, P_1 * K_1, .., P_n * K_n] */
-    ts = t != NULL ? tb_tensor_shape(t) : gs;
-    perm[0] = 0;
-    for (i = 0; i < n; i++) {
-        perm[1 + 2 * i] = 1 + i;
-        perm[2 + 2 * i] = 1 + n + i;
-        dims[1 + i] = ts.dims[1 + i] * ts.dims[1 + n + i];
-    }
-    t = t != NULL ? tb__ag_keep(a, tb_permute(t, perm, 1 + 2 * n)) : NULL;
-    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 1 + n)) : NULL;
-    for (i = 0; i < n && t != NULL; i++) {
-        t = tb__ag_keep(a, tb_slice(t, 1 + i, kernel[i] - 1, dims[1 + i], 1));
-        wk[i] = kernel[i];
-        ws[i] = kernel[i];
-        wd[i] = kernel[i] * dilation[i] - 1 > 0 ? kernel[i] * dilation[i] - 1 : 1;
-        axes[i] = 1 + n + i;
-    }
-    t = t != NULL ? tb__ag_keep(a, tb_window(t, (size_t)n, wk, ws, wd)) : NULL;
-    t = t != NULL ? tb__ag_keep(a, tb_sum(t, axes, (size_t)n, false)) : NULL;
-    if (t == NULL) return NULL;
-    /* [L, M..] with M = (O - 1) * stride + (K - 1) * dilation + 1 <= sizes: zeros after */
     ts = tb_tensor_shape(t);
-    memset(pads, 0, sizeof pads);
-    for (i = 0; i < n; i++)
-        pads[2 * (n - 1 - i) + 1] = sizes[i] - ts.dims[1 + i];
-    t = tb__ag_keep(a, tb_pad(t, pads, 2 * (size_t)n, 0.0));
     for (i = 0; i < lead; i++)
-        dims[i] = gs.dims[i];
+        dims[i] = like->dims[i];
+    for (i = 1; i < ts.rank; i++)
+        dims[lead + i - 1] = ts.dims[i];
+    return tb__ag_keep(a, tb_reshape(t, dims, lead + ts.rank - 1));
+}
+
+/* The adjoint of WINDOW (col2im): g [..., O_1, .., O_n, K_1, .., K_n] summed back onto
+   [..., sizes]: element [..., o, k] adds to [..., o_i * stride_i + k_i * dilation_i]. Tiling
+   windows need a view only; others are spread by the strides, placed (tb__ag_place: one
+   diagonal window) and summed over the kernel axes: one reduction reading g through views,
+   whatever the kernel size. */
+static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *sizes,
+                              const int64_t *kernel, const int64_t *stride,
+                              const int64_t *dilation) {
+    tb_shape gs = tb_tensor_shape(g);
+    int32_t lead = gs.rank - 2 * n, i, axes[3];
+    tb_tensor *t;
+    if (tb__ag_fold_tiles(n, kernel, stride, dilation)) return tb__ag_untile(a, g, n, sizes);
+    t = tb__ag_merge_spread(a, g, n, lead, stride);
+    t = t != NULL ? tb__ag_place(a, t, n, sizes, kernel, dilation, false) : NULL;
     for (i = 0; i < n; i++)
-        dims[lead + i] = sizes[i];
-    return t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, lead + n)) : NULL;
+        axes[i] = 1 + n + i;
+    t = t != NULL ? tb__ag_keep(a, tb_sum(t, axes, (size_t)n, false)) : NULL;
+    return tb__ag_unmerge(a, t, &gs, lead);
 }
 
 static void tb__vjp_movement(const tb__vjp *v) {
@@ -571,13 +587,20 @@ static void tb__vjp_movement(const tb__vjp *v) {
     case TB_OP_WINDOW: {
         int64_t sizes[3], kernel[3], stride[3], dilation[3];
         int32_t n = (int32_t)at[0];
+        bool diag = v->node->num_attrs == 2 + 4 * (size_t)n;
         for (i = 0; i < n; i++) {
-            sizes[i] = xs->dims[r - n + i];
+            sizes[i] = xs->dims[r - (diag ? 2 : 1) * n + i];
             kernel[i] = at[2 + 4 * i];
             stride[i] = at[3 + 4 * i];
             dilation[i] = at[4 + 4 * i];
         }
-        v->out[0] = tb__ag_fold(v->a, g, n, sizes, kernel, stride, dilation);
+        if (!diag) {
+            v->out[0] = tb__ag_fold(v->a, g, n, sizes, kernel, stride, dilation);
+        } else { /* x [.., L.., K..]: g spread and placed back, kernel axes kept */
+            tb_tensor *t = tb__ag_merge_spread(v->a, g, n, r - 2 * n, stride);
+            t = t != NULL ? tb__ag_place(v->a, t, n, sizes, kernel, dilation, true) : NULL;
+            v->out[0] = tb__ag_unmerge(v->a, t, xs, r - 2 * n);
+        }
         break;
     }
     case TB_OP_FLIP: {

@@ -165,6 +165,10 @@ static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k
         return tb__ix_pos_flat(&g->ix, cs, &zero);
     }
     if (n->op == TB_OP_RESHAPE) {
+        /* per dim where the axes group (merged or split runs), else through the flat index */
+        if (g->ix.pos[pos].has_multi && !g->ix.pos[pos].has_flat &&
+            tb__ix_regroup(&g->ix, g->ix.pos[pos].dim, ns, cs, dims))
+            return tb__ix_pos_multi(&g->ix, cs, dims);
         if (!tb__ix_need_flat(&g->ix, pos)) return -1;
         return tb__ix_pos_flat(&g->ix, cs, &g->ix.pos[pos].flat);
     }
@@ -190,13 +194,15 @@ static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k
         break;
     }
     case TB_OP_WINDOW: {
-        int32_t nsp = (int32_t)n->attrs[0], lead = cs->rank - nsp;
-        for (i = 0; i < lead; i++)
+        /* the plain form adds the kernel axes after x's; the diagonal one reads x's own */
+        int32_t nsp = (int32_t)n->attrs[0], diag = n->num_attrs == 2 + 4 * (size_t)nsp;
+        int32_t lead = cs->rank - (diag ? 2 : 1) * nsp;
+        for (i = 0; i < cs->rank; i++)
             dims[i] = p.dim[i];
         for (i = 0; i < nsp; i++) {
             tb__lf_const(&dims[lead + i], 0);
             if (!tb__ix_lf_addmul(&g->ix, &dims[lead + i], &p.dim[lead + i], n->attrs[3 + 4 * i]) ||
-                !tb__ix_lf_addmul(&g->ix, &dims[lead + i], &p.dim[cs->rank + i],
+                !tb__ix_lf_addmul(&g->ix, &dims[lead + i], &p.dim[lead + nsp + i],
                                   n->attrs[4 + 4 * i]))
                 return -1;
         }

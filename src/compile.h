@@ -368,6 +368,12 @@ static bool tb__ix_need_flat(tb__ix *g, int32_t id);
 static bool tb__ix_need_multi(tb__ix *g, int32_t id);
 static int32_t tb__ix_pos_multi(tb__ix *g, const tb_shape *shape, const tb__lf *dims);
 static int32_t tb__ix_pos_flat(tb__ix *g, const tb_shape *shape, const tb__lf *flat);
+/* The per-dim forms over `to` of a position over `from` given per dim (a reshape), when the
+   dims of the two shapes group into runs of equal size where one side has a single axis of
+   size > 1: that axis is unravelled or the run's axes combined, group by group. False (nothing
+   written) when the shapes do not group so. */
+static bool tb__ix_regroup(tb__ix *g, const tb__lf *dims, const tb_shape *from, const tb_shape *to,
+                           tb__lf *out);
 static int32_t tb__ix_var_pos_flat(tb__ix *g, const tb_shape *shape, int32_t var, int64_t scale,
                                    int32_t var2);
 static void tb__ix_reset(tb__ix *g);

@@ -493,6 +493,89 @@ static bool tb__ix_need_multi(tb__ix *g, int32_t id) {
     return g->status == TB_OK;
 }
 
+/* One run of a regroup: out axes [ta, tb) of `to` take the value of in axes [fa, fb) of
+   `from`, where one side has at most one axis of size > 1. */
+static bool tb__ix_regroup_run(tb__ix *g, const tb__lf *dims, const tb_shape *from, int32_t fa,
+                               int32_t fb, const tb_shape *to, int32_t ta, int32_t tb_,
+                               tb__lf *out) {
+    int32_t i, big_from = -1, big_to = -1, nf = 0, nt = 0, v, src;
+    int64_t stride;
+    for (i = fa; i < fb; i++)
+        if (from->dims[i] > 1) big_from = i, nf++;
+    for (i = ta; i < tb_; i++) {
+        tb__lf_const(&out[i], 0);
+        if (to->dims[i] > 1) big_to = i, nt++;
+    }
+    if (nf > 1 && nt > 1) return false;
+    if (nt == 0) return true;
+    if (nf <= 1 && nt == 1) {
+        if (nf == 1) out[big_to] = dims[big_from];
+        return true;
+    }
+    if (nt == 1) { /* several from axes combine into one */
+        stride = 1;
+        for (i = fb - 1; i >= fa; i--) {
+            if (!tb__ix_lf_addmul(g, &out[big_to], &dims[i], stride)) return false;
+            stride *= from->dims[i];
+        }
+        return true;
+    }
+    /* one from axis unravels into several */
+    src = tb__ix_spill(g, &dims[big_from]);
+    if (src < 0) return false;
+    stride = 1;
+    for (i = tb_ - 1; i >= ta; i--) {
+        if (to->dims[i] <= 1) continue;
+        v = tb__ix_new_var(g, 0, to->dims[i] - 1);
+        if (v < 0) return false;
+        if (i == big_to && stride == 1 && g->vars[src].hi < to->dims[i]) {
+            out[i] = dims[big_from];
+            continue;
+        }
+        if (stride == 1) {
+            tb__ix_line(g, "const long i%d = i%d %% %lldL;", (int)v, (int)src,
+                        (long long)to->dims[i]);
+        } else {
+            tb__ix_line(g, "const long i%d = (i%d / %lldL) %% %lldL;", (int)v, (int)src,
+                        (long long)stride, (long long)to->dims[i]);
+        }
+        tb__lf_add_term(&out[i], v, 1);
+        stride *= to->dims[i];
+    }
+    return g->status == TB_OK;
+}
+
+static bool tb__ix_regroup(tb__ix *g, const tb__lf *dims, const tb_shape *from, const tb_shape *to,
+                           tb__lf *out) {
+    int32_t i = 0, j = 0;
+    for (i = 0; i < from->rank; i++)
+        if (from->dims[i] == 0) return false;
+    i = 0;
+    while (i < from->rank || j < to->rank) {
+        int32_t fa = i, ta = j;
+        int64_t pf = 1, pt = 1;
+        /* a run: the shortest prefixes of equal size, size-1 axes joining the run before them */
+        if (i < from->rank) pf = from->dims[i++];
+        if (j < to->rank) pt = to->dims[j++];
+        while (pf != pt || (i < from->rank && from->dims[i] == 1) ||
+               (j < to->rank && to->dims[j] == 1)) {
+            if (pf == pt && i < from->rank && from->dims[i] == 1) {
+                i++;
+            } else if (pf == pt && j < to->rank && to->dims[j] == 1) {
+                j++;
+            } else if (pf < pt && i < from->rank) {
+                pf *= from->dims[i++];
+            } else if (pt < pf && j < to->rank) {
+                pt *= to->dims[j++];
+            } else {
+                return false;
+            }
+        }
+        if (!tb__ix_regroup_run(g, dims, from, fa, i, to, ta, j, out)) return false;
+    }
+    return true;
+}
+
 /* A position over `shape` with the given per-dim forms. */
 static int32_t tb__ix_pos_multi(tb__ix *g, const tb_shape *shape, const tb__lf *dims) {
     tb__pos q;

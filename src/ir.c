@@ -938,20 +938,29 @@ static tb_status tb__infer_window(const char *fn, const tb_shape *x, const int64
                                   size_t num_attrs, tb_shape *out) {
     int64_t n = num_attrs > 0 ? attrs[0] : 0, last;
     int32_t lead, i;
+    bool diag = n >= 1 && n <= 3 && num_attrs == 2 + 4 * (size_t)n && attrs[num_attrs - 1] == 1;
     tb__shape_buf b;
-    if (num_attrs < 1 || n < 1 || n > 3 || num_attrs != 1 + 4 * (size_t)n) {
+    if (num_attrs < 1 || n < 1 || n > 3 || (num_attrs != 1 + 4 * (size_t)n && !diag)) {
         return tb__error(TB_ERR_INVALID_ARGUMENT,
                          "%s: %zu attributes; [n, then (out, kernel, stride, dilation) for each "
-                         "of the last n axes, 1 <= n <= 3] is needed",
+                         "of the last n axes, 1 <= n <= 3, then 1 for the diagonal form] is "
+                         "needed",
                          fn, num_attrs);
     }
-    if (n > x->rank || x->rank + n > TB_MAX_RANK) {
+    if (diag ? 2 * n > x->rank : n > x->rank || x->rank + n > TB_MAX_RANK) {
         return tb__error(TB_ERR_SHAPE, "%s: windows over %lld axes of %s (rank %d .. %d needed)",
-                         fn, (long long)n, tb__st(x, &b), (int)n, (int)(TB_MAX_RANK - n));
+                         fn, (long long)n, tb__st(x, &b), (int)(diag ? 2 * n : n),
+                         (int)(diag ? TB_MAX_RANK : TB_MAX_RANK - n));
     }
-    lead = x->rank - (int32_t)n;
+    lead = x->rank - (int32_t)(diag ? 2 * n : n);
     *out = *x;
-    out->rank = x->rank + (int32_t)n;
+    out->rank = diag ? x->rank : x->rank + (int32_t)n;
+    for (i = 0; diag && i < (int32_t)n; i++) {
+        if (x->dims[lead + n + i] != attrs[2 + 4 * i]) {
+            return tb__error(TB_ERR_SHAPE, "%s: axis %d of %s is not the kernel size %lld", fn,
+                             (int)(lead + n + i), tb__st(x, &b), (long long)attrs[2 + 4 * i]);
+        }
+    }
     for (i = 0; i < (int32_t)n; i++) {
         const int64_t *a = &attrs[1 + 4 * i];
         int64_t span;
@@ -971,7 +980,7 @@ static tb_status tb__infer_window(const char *fn, const tb_shape *x, const int64
                              (int)(lead + i), tb__st(x, &b));
         }
         out->dims[lead + i] = a[0];
-        out->dims[x->rank + i] = a[1];
+        out->dims[lead + n + i] = a[1];
     }
     return TB_OK;
 }

@@ -103,6 +103,11 @@ typedef enum tb_op_kind {
        stride_i, dilation_i], each >= 1, with (out_i - 1) * stride_i + (kernel_i - 1) *
        dilation_i < dims[i]. Output [..., out_1, ..., out_n, kernel_1, ..., kernel_n]; element
        [..., o, k] is x[..., o_i * stride_i + k_i * dilation_i]. (Padding is a PAD below it.)
+       Diagonal form, attrs [n, (out, kernel, stride, dilation) per axis, 1]: x already holds
+       the kernel axes, [..., L_1, .., L_n, kernel_1, .., kernel_n] (rank >= 2n, rank <=
+       TB_MAX_RANK), the output is [..., out_1, .., out_n, kernel_1, .., kernel_n] and element
+       [..., o, k] is x[..., o_i * stride_i + k_i * dilation_i, .., k_i, ..] (the fold of
+       windows, tb_fold, sums these over k).
    Custom ops: the registered number of operands, as recorded (no CAST is inserted); attrs as
    given to tb_call_op; output from infer_shape, or else the broadcast of the operands with the
    tb_dtype_promote of their dtypes.

@@ -665,25 +665,33 @@ static tb_status tb__ref_window(const tb_node *node, const tb__rview *x, tb__rvi
     const tb_shape *xs = &x->shape, *os = &node->shape;
     int64_t n = node->num_attrs > 0 ? node->attrs[0] : 0;
     int32_t lead, i, d;
-    if (n < 1 || n > 3 || node->num_attrs != 1 + 4 * (size_t)n || n > xs->rank ||
-        os->rank != xs->rank + n)
+    bool diag = n >= 1 && n <= 3 && node->num_attrs == 2 + 4 * (size_t)n &&
+                node->attrs[node->num_attrs - 1] == 1;
+    if (n < 1 || n > 3 || (node->num_attrs != 1 + 4 * (size_t)n && !diag) ||
+        (diag ? 2 * n : n) > xs->rank || os->rank != xs->rank + (diag ? 0 : n))
         return tb__ref_malformed(node, xs);
-    lead = xs->rank - (int32_t)n;
+    lead = xs->rank - (int32_t)(diag ? 2 * n : n);
     for (d = 0; d < lead; d++)
         if (os->dims[d] != xs->dims[d]) return tb__ref_malformed(node, xs);
     tb__rview_share(out, x);
     out->shape = *os;
     for (i = 0; i < (int32_t)n; i++) {
         const int64_t *a = &node->attrs[1 + 4 * i];
-        int64_t span, last, st = x->strides[lead + i];
+        int64_t span, last, st = x->strides[lead + i], kst = 0, ka = lead + n + i;
         bool ok = a[0] >= 1 && a[1] >= 1 && a[2] >= 1 && a[3] >= 1 && os->dims[lead + i] == a[0] &&
-                  os->dims[xs->rank + i] == a[1] && tb__muladd_i64(a[1] - 1, a[3], 0, &span) &&
-                  tb__muladd_i64(a[0] - 1, a[2], span, &last) && last < xs->dims[lead + i];
+                  os->dims[ka] == a[1] && tb__muladd_i64(a[1] - 1, a[3], 0, &span) &&
+                  tb__muladd_i64(a[0] - 1, a[2], span, &last) && last < xs->dims[lead + i] &&
+                  (!diag || xs->dims[ka] == a[1]);
         /* inside the operand, so the strides only grow where an axis has two or more elements */
         out->strides[lead + i] = st;
-        out->strides[xs->rank + i] = st;
+        out->strides[ka] = st;
         if (ok && a[0] > 1) ok = tb__mul_i64(st, a[2], &out->strides[lead + i]);
-        if (ok && a[1] > 1) ok = tb__mul_i64(st, a[3], &out->strides[xs->rank + i]);
+        if (ok && a[1] > 1) ok = tb__mul_i64(st, a[3], &out->strides[ka]);
+        /* the diagonal form also steps along x's own kernel axis */
+        if (ok && diag) {
+            kst = x->strides[ka];
+            ok = a[1] <= 1 || tb__add_i64(out->strides[ka], kst, &out->strides[ka]);
+        }
         if (!ok) {
             tb__rview_clear(out);
             return tb__ref_malformed(node, xs);

@@ -631,6 +631,94 @@ static void test_window_and_fold(void **state) {
     tb_tensor_release(x);
 }
 
+/* The diagonal form of WINDOW (what tb_fold reads through): values and its gradient by
+   loops, on every backend, 1-D and 2-D, with strides and dilations. */
+static void diagonal_case(const char *backend, int n, const int64_t *len, const int64_t *out,
+                          const int64_t *k, const int64_t *st, const int64_t *di) {
+    double x[2 * 9 * 9 * 3 * 3], r[2 * 9 * 9 * 3 * 3], y[2 * 9 * 9 * 3 * 3], gx[2 * 9 * 9 * 3 * 3];
+    double want_gx[2 * 9 * 9 * 3 * 3];
+    int64_t xd[5], yd[5], attrs[10], nx, ny, i, q;
+    int rank = 1 + 2 * n, j;
+    tb_device dev;
+    tb_tensor *tx, *ty, *tr, *prod, *loss, *g = NULL;
+    tb_shape s;
+    assert_int_equal(tb_device_make(backend, 0, &dev), TB_OK);
+    xd[0] = yd[0] = 2;
+    attrs[0] = n;
+    for (j = 0; j < n; j++) {
+        xd[1 + j] = len[j];
+        yd[1 + j] = out[j];
+        xd[1 + n + j] = yd[1 + n + j] = k[j];
+        attrs[1 + 4 * j] = out[j];
+        attrs[2 + 4 * j] = k[j];
+        attrs[3 + 4 * j] = st[j];
+        attrs[4 + 4 * j] = di[j];
+    }
+    attrs[1 + 4 * n] = 1;
+    nx = numel(xd, rank);
+    ny = numel(yd, rank);
+    g_rng = 77;
+    for (i = 0; i < nx; i++)
+        x[i] = next_value(false);
+    for (i = 0; i < ny; i++)
+        r[i] = next_value(false);
+    assert_int_equal(tb_shape_make(&s, TB_F64, rank, xd), TB_OK);
+    tx = tb_tensor_from_host(x, &s, &dev);
+    assert_int_equal(tb_set_requires_grad(tx, true), TB_OK);
+    ty = tb_call_op(TB_OP_WINDOW, &tx, 1, attrs, 2 + 4 * (size_t)n);
+    if (ty == NULL) fail_msg("%s: %s", backend, tb_last_error());
+    assert_int_equal(tb_shape_make(&s, TB_F64, rank, yd), TB_OK);
+    tr = tb_tensor_from_host(r, &s, &dev);
+    prod = tb_mul(ty, tr);
+    loss = tb_sum(prod, NULL, 0, false);
+    assert_int_equal(tb_grad(loss, NULL, &tx, 1, &g), TB_OK);
+    assert_int_equal(tb_tensor_to_host(ty, y, (size_t)ny * 8), TB_OK);
+    assert_int_equal(tb_tensor_to_host(g, gx, (size_t)nx * 8), TB_OK);
+    memset(want_gx, 0, sizeof want_gx);
+    for (q = 0; q < ny; q++) { /* q -> [b, o.., k..] */
+        int64_t rem = q, idx[5], src = 0;
+        for (j = rank - 1; j >= 0; j--) {
+            idx[j] = rem % yd[j];
+            rem /= yd[j];
+        }
+        for (j = 0; j < rank; j++) {
+            int64_t at = idx[j];
+            if (j >= 1 && j <= n) at = idx[j] * st[j - 1] + idx[j + n] * di[j - 1];
+            src = src * xd[j] + at;
+        }
+        if (y[q] != x[src]) fail_msg("%s: diagonal window element %lld", backend, (long long)q);
+        want_gx[src] += r[q];
+    }
+    for (i = 0; i < nx; i++)
+        if (fabs(gx[i] - want_gx[i]) > 1e-12)
+            fail_msg("%s: diagonal window gradient element %lld: %g, expected %g", backend,
+                     (long long)i, gx[i], want_gx[i]);
+    tb_tensor_release(g);
+    tb_tensor_release(loss);
+    tb_tensor_release(prod);
+    tb_tensor_release(tr);
+    tb_tensor_release(ty);
+    tb_tensor_release(tx);
+}
+
+static void test_diagonal_window(void **state) {
+    const char *backends[3] = {"cpu", "opencl", "native"};
+    const int64_t len2[2] = {9, 8}, out2[2] = {3, 4}, k2[2] = {3, 2}, st2[2] = {2, 1},
+                  di2[2] = {2, 3};
+    const int64_t len1[1] = {7}, out1[1] = {5}, k1[1] = {3}, st1[1] = {1}, di1[1] = {1};
+    int b;
+    (void)state;
+    for (b = 0; b < 3; b++) {
+        tb_device dev;
+        if (tb_device_make(backends[b], 0, &dev) != TB_OK) {
+            tb_clear_error();
+            continue;
+        }
+        diagonal_case(backends[b], 2, len2, out2, k2, st2, di2);
+        diagonal_case(backends[b], 1, len1, out1, k1, st1, di1);
+    }
+}
+
 /* ---- errors ---- */
 
 static void expect_error(tb_tensor *t, tb_status status, const char *words) {
@@ -697,8 +785,11 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_window_and_fold),    cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_against_torch),      cmocka_unit_test(test_opencl_against_cpu),
+        cmocka_unit_test(test_window_and_fold),
+        cmocka_unit_test(test_diagonal_window),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_against_torch),
+        cmocka_unit_test(test_opencl_against_cpu),
         cmocka_unit_test(test_native_against_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
