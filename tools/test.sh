@@ -530,35 +530,43 @@ done
 
 # ---------------------------------------------------------------------------------------------
 step "training example"
-# examples/train_mnist.c (built above with the test flags) trains for one short epoch on the
-# first 2560 Fashion-MNIST images on each backend and must beat chance clearly on 1000 test
-# images; the full run (bash tools/demo.sh --train 5) is a manual check.
-if selected examples/train_mnist.c; then
-    fmnist=/usr/share/datasets/fashion-mnist
-    if [ ! -f build/examples/train_mnist ]; then
-        echo "FAIL training example: build/examples/train_mnist was not built"
-        fail "training example: build"
-    elif [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ]; then
-        echo "skipped: $fmnist has no Fashion-MNIST (Debian package dataset-fashion-mnist)"
-    else
-        for backend in "${backends[@]}"; do
-            log=build/examples/train_mnist.$backend.log
-            ASAN_OPTIONS=$asan_opencl \
-                LSAN_OPTIONS="suppressions=$repo/tools/lsan.supp:print_suppressions=0" \
-                timeout --foreground -k 10 "$timeout_s" build/examples/train_mnist 1 \
-                --images 2560 --test-images 1000 --device "$backend:0" 2>&1 | tee "$log"
-            rc=${PIPESTATUS[0]}
-            acc=$(sed -n 's/.*test accuracy \([0-9.]*\).*/\1/p' "$log" | tail -n 1)
-            if [ "$rc" -eq 0 ] && [ -n "$acc" ] && awk -v a="$acc" 'BEGIN { exit !(a >= 0.6) }'; then
-                echo "ok training example on $backend (test accuracy $acc)"
-                pass
-            else
-                echo "FAIL training example on $backend (exit status $rc, test accuracy '${acc}', need >= 0.6)"
-                fail "training example on $backend"
-            fi
-        done
+# examples/train_mnist.c and examples/train_cnn.c (built above with the test flags) train for
+# one short epoch on the first Fashion-MNIST images on each backend and must beat chance
+# clearly on the test images; the full runs (bash tools/demo.sh --train 5, ./train_cnn 10) are
+# manual checks.
+# train_example NAME IMAGES TEST_IMAGES MIN_ACCURACY
+train_example() {
+    local name=$1 images=$2 test_images=$3 min_acc=$4 fmnist=/usr/share/datasets/fashion-mnist
+    local backend log rc acc
+    selected "examples/$name.c" || return 0
+    if [ ! -f "build/examples/$name" ]; then
+        echo "FAIL training example: build/examples/$name was not built"
+        fail "training example: build of $name"
+        return 0
     fi
-fi
+    if [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ]; then
+        echo "skipped: $fmnist has no Fashion-MNIST (Debian package dataset-fashion-mnist)"
+        return 0
+    fi
+    for backend in "${backends[@]}"; do
+        log=build/examples/$name.$backend.log
+        ASAN_OPTIONS=$asan_opencl \
+            LSAN_OPTIONS="suppressions=$repo/tools/lsan.supp:print_suppressions=0" \
+            timeout --foreground -k 10 "$timeout_s" "build/examples/$name" 1 \
+            --images "$images" --test-images "$test_images" --device "$backend:0" 2>&1 | tee "$log"
+        rc=${PIPESTATUS[0]}
+        acc=$(sed -n 's/.*test accuracy \([0-9.]*\).*/\1/p' "$log" | tail -n 1)
+        if [ "$rc" -eq 0 ] && [ -n "$acc" ] && awk -v a="$acc" -v m="$min_acc" 'BEGIN { exit !(a >= m) }'; then
+            echo "ok training example $name on $backend (test accuracy $acc)"
+            pass
+        else
+            echo "FAIL training example $name on $backend (exit status $rc, test accuracy '${acc}', need >= $min_acc)"
+            fail "training example $name on $backend"
+        fi
+    done
+}
+train_example train_mnist 2560 1000 0.6
+train_example train_cnn 768 300 0.45
 
 # ---------------------------------------------------------------------------------------------
 step "README code blocks"
