@@ -35,6 +35,7 @@ DECLARATION_PARTS = [
     "src/autograd.h",
     "src/nn.h",
     "src/optim.h",
+    "src/distributed.h",
     "src/header_end.h",
 ]
 IMPLEMENTATION_PARTS = [
@@ -72,6 +73,9 @@ IMPLEMENTATION_PARTS = [
     "src/opencl_program.c",
     "src/opencl.c",
     "src/native.c",
+    "src/distributed_internal.h",
+    "src/mpi.c",
+    "src/distributed.c",
     "src/interop.c",
     "src/files_internal.h",
     "src/files.c",

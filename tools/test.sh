@@ -97,7 +97,7 @@ mkdir -p build/compile build/tests build/examples build/plugins
 step "install Debian packages"
 packages=(gcc g++ clang clang-format libclang-rt-14-dev libcmocka-dev pocl-opencl-icd
     ocl-icd-opencl-dev opencl-headers clinfo python3-numpy python3-torch dataset-fashion-mnist
-    gzip valgrind cmake pkg-config)
+    gzip valgrind cmake pkg-config openmpi-bin libopenmpi-dev)
 if [ "$install" -eq 0 ]; then
     echo "skipped (--no-install)"
 elif ! command -v dpkg >/dev/null 2>&1; then
@@ -557,6 +557,45 @@ if selected examples/train_mnist.c; then
                 fail "training example on $backend"
             fi
         done
+    fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+step "MPI collectives"
+# tests/mpi/collectives.c under mpirun on 1, 2 and 3 ranks (Open MPI: openmpi-bin), every rank
+# against a serial computation. Built without sanitizers: MPI's own allocations are not ours to
+# check. Without mpirun the step says so and runs nothing.
+mpi_flags=(--oversubscribe)
+if [ "$(id -u)" -eq 0 ]; then
+    mpi_flags+=(--allow-run-as-root)
+fi
+if selected tests/mpi/collectives.c; then
+    if ! command -v mpirun >/dev/null 2>&1; then
+        echo "SKIPPED: no mpirun here (Debian: openmpi-bin libopenmpi-dev), the MPI collectives did not run"
+    else
+        mkdir -p build/mpi
+        log=build/mpi/build.log
+        # shellcheck disable=SC2086
+        if $CC -std=c11 -g -O1 -Wall -Wextra -Werror -pedantic -I. tests/mpi/collectives.c \
+            -o build/mpi/collectives -ldl -lpthread -lm >"$log" 2>&1; then
+            for n in 1 2 3; do
+                log=build/mpi/collectives.$n.log
+                timeout --foreground -k 10 120 mpirun "${mpi_flags[@]}" -np "$n" \
+                    build/mpi/collectives 2>&1 | tee "$log"
+                rc=${PIPESTATUS[0]}
+                if [ "$rc" -eq 0 ] && [ "$(grep -c ' 0 failed$' "$log")" -eq "$n" ]; then
+                    echo "ok MPI collectives on $n rank(s)"
+                    pass
+                else
+                    echo "FAIL MPI collectives on $n rank(s) (exit status $rc)"
+                    fail "MPI collectives on $n rank(s)"
+                fi
+            done
+        else
+            echo "FAIL build: tests/mpi/collectives.c"
+            indent <"$log"
+            fail "build: tests/mpi/collectives.c"
+        fi
     fi
 fi
 
