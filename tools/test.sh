@@ -599,6 +599,46 @@ if selected tests/mpi/collectives.c; then
     fi
 fi
 
+# Data-parallel training: examples/train_mnist.c on two ranks (--group mpi) must reach the
+# one-process test accuracy to 0.5% (same seed, same batches, the whole batch's gradient).
+if selected tests/mpi/train_mnist_data_parallel; then
+    fmnist=/usr/share/datasets/fashion-mnist
+    if ! command -v mpirun >/dev/null 2>&1; then
+        echo "SKIPPED: no mpirun here (Debian: openmpi-bin libopenmpi-dev), data-parallel training did not run"
+    elif [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ]; then
+        echo "SKIPPED: $fmnist has no Fashion-MNIST (Debian package dataset-fashion-mnist)"
+    else
+        mkdir -p build/mpi
+        log=build/mpi/train_mnist.build.log
+        # shellcheck disable=SC2086
+        if $CC -std=c99 -O2 -I. examples/train_mnist.c -o build/mpi/train_mnist -ldl -lpthread \
+            -lm >"$log" 2>&1; then
+            train_args=(1 --images 2560 --test-images 1000 --device cpu:0)
+            timeout --foreground -k 10 120 build/mpi/train_mnist "${train_args[@]}" \
+                >build/mpi/train_mnist.1.log 2>&1
+            rc1=$?
+            timeout --foreground -k 10 120 mpirun "${mpi_flags[@]}" -np 2 build/mpi/train_mnist \
+                "${train_args[@]}" --group mpi >build/mpi/train_mnist.2.log 2>&1
+            rc2=$?
+            cat build/mpi/train_mnist.1.log build/mpi/train_mnist.2.log
+            acc1=$(sed -n 's/.*test accuracy \([0-9.]*\).*/\1/p' build/mpi/train_mnist.1.log | tail -n 1)
+            acc2=$(sed -n 's/.*test accuracy \([0-9.]*\).*/\1/p' build/mpi/train_mnist.2.log | tail -n 1)
+            if [ "$rc1" -eq 0 ] && [ "$rc2" -eq 0 ] && [ -n "$acc1" ] && [ -n "$acc2" ] &&
+                awk -v a="$acc1" -v b="$acc2" 'BEGIN { d = a - b; exit !(d <= 0.005 && d >= -0.005) }'; then
+                echo "ok data-parallel training on 2 ranks (test accuracy $acc2, one process $acc1)"
+                pass
+            else
+                echo "FAIL data-parallel training (exit status $rc1/$rc2, accuracy '$acc1' vs '$acc2')"
+                fail "data-parallel training on 2 ranks"
+            fi
+        else
+            echo "FAIL build: examples/train_mnist.c"
+            indent <"$log"
+            fail "build: examples/train_mnist.c (data-parallel)"
+        fi
+    fi
+fi
+
 # ---------------------------------------------------------------------------------------------
 step "README code blocks"
 if selected README.md; then
