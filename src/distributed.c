@@ -6,6 +6,15 @@
 #include "impl_begin.h"
 #include "distributed_internal.h"
 
+/* A receive buffer that a result tensor borrows: back in the group's pool when the tensor lets
+   go of it, freed then if the group was left meanwhile (tb_shutdown). Under tb__pg.lock. */
+typedef struct tb__pg_buffer {
+    void *ptr;
+    size_t cap;
+    bool in_use, orphaned;
+} tb__pg_buffer;
+#define TB__PG_BUFFERS 4
+
 struct tb_process_group {
     char name[TB_MAX_NAME + 1];
     tb_process_group_impl impl;
@@ -13,9 +22,11 @@ struct tb_process_group {
     int32_t rank, size;
     uint64_t sequence; /* collectives called so far */
     tb__mutex lock;    /* one collective at a time */
-    /* host staging, reused by every call (grown, never shrunk) */
-    void *send, *recv;
-    size_t send_cap, recv_cap;
+    /* host staging, reused by every call (grown, never shrunk): the input's copy where its
+       backend keeps it off the host, and the results' buffers */
+    void *send;
+    size_t send_cap;
+    tb__pg_buffer *buffers[TB__PG_BUFFERS];
     int64_t *records; /* size records of the agreement exchange */
     size_t records_cap;
 };
@@ -196,9 +207,19 @@ static void tb__process_group_shutdown(void) {
     tb__mutex_lock(&tb__pg.lock);
     for (i = 0; i < tb__pg.count; i++) {
         tb_process_group *g = tb__pg.items[i];
+        size_t b;
         if (g->joined && g->impl.finalize != NULL) g->impl.finalize(g->impl.user_data);
         tb__free(g->send);
-        tb__free(g->recv);
+        for (b = 0; b < TB__PG_BUFFERS; b++) {
+            tb__pg_buffer *buf = g->buffers[b];
+            if (buf == NULL) continue;
+            if (buf->in_use) { /* a tensor still reads it: freed when it lets go */
+                buf->orphaned = true;
+                continue;
+            }
+            tb__free(buf->ptr);
+            tb__free(buf);
+        }
         tb__free(g->records);
         tb__free(g);
     }
@@ -428,18 +449,84 @@ static tb_status tb__pg_check_reduce(const char *fn, tb_tensor *x, tb_reduce_op 
     return TB_OK;
 }
 
-/* The result tensor from the group's receive buffer, on x's device; MEAN divides lazily. */
-static tb_tensor *tb__pg_result(tb__pg_call *c, const tb_shape *shape) {
+/* A result tensor lets go of its receive buffer. */
+static void tb__pg_buffer_release(void *context) {
+    tb__pg_buffer *buf = (tb__pg_buffer *)context;
+    tb__mutex_lock(&tb__pg.lock);
+    buf->in_use = false;
+    if (buf->orphaned) {
+        tb__free(buf->ptr);
+        tb__free(buf);
+    }
+    tb__mutex_unlock(&tb__pg.lock);
+}
+
+/* A receive buffer of at least `need` bytes: a free one of the pool (grown when too small), a
+   new one in a free slot, or one outside the pool (freed when released). NULL when memory ran
+   out. */
+static tb__pg_buffer *tb__pg_buffer_acquire(tb_process_group *g, size_t need) {
+    tb__pg_buffer *buf = NULL;
+    size_t b, slot = TB__PG_BUFFERS;
+    if (need == 0) need = 1;
+    tb__mutex_lock(&tb__pg.lock);
+    for (b = 0; b < TB__PG_BUFFERS; b++) {
+        tb__pg_buffer *it = g->buffers[b];
+        if (it == NULL) {
+            if (slot == TB__PG_BUFFERS) slot = b;
+        } else if (!it->in_use && (buf == NULL || it->cap > buf->cap)) {
+            buf = it; /* the largest free one */
+        }
+    }
+    if (buf == NULL) {
+        buf = (tb__pg_buffer *)tb__calloc(1, sizeof *buf);
+        if (buf != NULL && slot < TB__PG_BUFFERS) g->buffers[slot] = buf;
+        if (buf != NULL) buf->orphaned = slot == TB__PG_BUFFERS;
+    }
+    if (buf != NULL && buf->cap < need) {
+        tb__free(buf->ptr);
+        buf->cap = 0;
+        buf->ptr = tb__alloc(need);
+        if (buf->ptr != NULL) buf->cap = need;
+    }
+    if (buf != NULL && buf->ptr == NULL) {
+        if (buf->orphaned) tb__free(buf);
+        buf = NULL;
+    }
+    if (buf != NULL) buf->in_use = true;
+    tb__mutex_unlock(&tb__pg.lock);
+    return buf;
+}
+
+/* The result tensor over the receive buffer `buf`, on x's device (in place where the backend
+   keeps host memory, else a copy; the buffer goes back to the pool when the tensor lets go of
+   it, or now on failure). MEAN divides lazily. */
+static tb_tensor *tb__pg_result(tb__pg_call *c, tb__pg_buffer *buf, const tb_shape *shape) {
     tb_device dev = tb_tensor_device(c->x);
-    tb_tensor *t = tb_tensor_from_host(c->group->recv, shape, &dev), *m;
+    tb_tensor *t = tb__tensor_borrow(c->fn, buf->ptr, shape, &dev, tb__pg_buffer_release, buf), *m;
+    if (t == NULL) tb__pg_buffer_release(buf);
     if (t == NULL || c->op != TB_REDUCE_MEAN) return t;
     m = tb_div_scalar(t, (double)c->group->size);
     tb_tensor_release(t);
     return m;
 }
 
+/* Ends a collective: the result over `buf` when st is TB_OK (else the buffer goes back), then
+   the group's lock is released. */
+static tb_tensor *tb__pg_end(tb__pg_call *c, tb_status st, tb__pg_buffer *buf,
+                             const tb_shape *shape) {
+    tb_tensor *t = NULL;
+    if (st == TB_OK && buf != NULL) {
+        t = tb__pg_result(c, buf, shape);
+    } else if (buf != NULL) {
+        tb__pg_buffer_release(buf);
+    }
+    tb__mutex_unlock(&c->group->lock);
+    return t;
+}
+
 TBDEF tb_tensor *tb_all_reduce(tb_process_group *group, tb_tensor *x, tb_reduce_op op) {
     tb__pg_call c;
+    tb__pg_buffer *buf;
     tb_dtype wd;
     tb_reduce_op wo;
     tb_status st;
@@ -448,17 +535,17 @@ TBDEF tb_tensor *tb_all_reduce(tb_process_group *group, tb_tensor *x, tb_reduce_
     st = tb__pg_check_reduce(c.fn, x, op);
     if (tb__pg_begin(&c, st, true) != TB_OK) return NULL;
     tb__pg_wire(c.shape.dtype, op, &wd, &wo);
-    st = tb__pg_reserve(&group->recv, &group->recv_cap, c.bytes > 0 ? c.bytes : 1);
+    buf = tb__pg_buffer_acquire(group, c.bytes);
+    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
     if (st == TB_OK && c.count > 0) {
-        st = group->impl.all_reduce(group->impl.user_data, c.send, group->recv, c.count, wd, wo);
+        st = group->impl.all_reduce(group->impl.user_data, c.send, buf->ptr, c.count, wd, wo);
     }
-    x = st == TB_OK ? tb__pg_result(&c, &c.shape) : NULL;
-    tb__mutex_unlock(&group->lock);
-    return x;
+    return tb__pg_end(&c, st, buf, &c.shape);
 }
 
 TBDEF tb_tensor *tb_all_gather(tb_process_group *group, tb_tensor *x) {
     tb__pg_call c;
+    tb__pg_buffer *buf;
     tb_shape out;
     tb_status st;
     memset(&c, 0, sizeof c);
@@ -471,31 +558,30 @@ TBDEF tb_tensor *tb_all_gather(tb_process_group *group, tb_tensor *x) {
     } else {
         out.dims[0] *= group->size;
     }
-    st = tb__pg_reserve(&group->recv, &group->recv_cap,
-                        c.bytes > 0 ? c.bytes * (size_t)group->size : 1);
+    buf = tb__pg_buffer_acquire(group, c.bytes * (size_t)group->size);
+    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
     if (st == TB_OK && c.bytes > 0) {
-        st = group->impl.all_gather(group->impl.user_data, c.send, group->recv, c.bytes);
+        st = group->impl.all_gather(group->impl.user_data, c.send, buf->ptr, c.bytes);
     }
-    x = st == TB_OK ? tb__pg_result(&c, &out) : NULL;
-    tb__mutex_unlock(&group->lock);
-    return x;
+    return tb__pg_end(&c, st, buf, &out);
 }
 
-/* reduce_scatter through all_reduce for a group without the entry: rank r keeps block r. */
-static tb_status tb__pg_reduce_scatter_by_all_reduce(tb__pg_call *c, tb_dtype wd, tb_reduce_op wo,
-                                                     size_t block) {
+/* reduce_scatter for a group without the entry: everything reduced with all_reduce into
+   `recv` (the whole size), and rank r keeps block r at its start. */
+static tb_status tb__pg_reduce_scatter_by_all_reduce(tb__pg_call *c, void *recv, tb_dtype wd,
+                                                     tb_reduce_op wo, size_t block) {
     tb_process_group *g = c->group;
     size_t esize = tb_dtype_size(wd);
-    tb_status st = tb__pg_reserve(&g->recv, &g->recv_cap, c->bytes);
-    if (st == TB_OK) st = g->impl.all_reduce(g->impl.user_data, c->send, g->recv, c->count, wd, wo);
+    tb_status st = g->impl.all_reduce(g->impl.user_data, c->send, recv, c->count, wd, wo);
     if (st == TB_OK && g->rank > 0) {
-        memmove(g->recv, (char *)g->recv + (size_t)g->rank * block * esize, block * esize);
+        memmove(recv, (char *)recv + (size_t)g->rank * block * esize, block * esize);
     }
     return st;
 }
 
 TBDEF tb_tensor *tb_reduce_scatter(tb_process_group *group, tb_tensor *x, tb_reduce_op op) {
     tb__pg_call c;
+    tb__pg_buffer *buf;
     tb_shape s, out;
     tb_dtype wd;
     tb_reduce_op wo;
@@ -519,24 +605,20 @@ TBDEF tb_tensor *tb_reduce_scatter(tb_process_group *group, tb_tensor *x, tb_red
     out = c.shape;
     out.dims[0] /= group->size;
     block = c.count / (size_t)group->size;
-    if (block == 0) {
-        st = tb__pg_reserve(&group->recv, &group->recv_cap, 1);
-    } else if (group->impl.reduce_scatter != NULL) {
-        st = tb__pg_reserve(&group->recv, &group->recv_cap, c.bytes / (size_t)group->size);
-        if (st == TB_OK) {
-            st = group->impl.reduce_scatter(group->impl.user_data, c.send, group->recv, block, wd,
-                                            wo);
-        }
-    } else {
-        st = tb__pg_reduce_scatter_by_all_reduce(&c, wd, wo, block);
+    buf = tb__pg_buffer_acquire(
+        group, group->impl.reduce_scatter != NULL ? c.bytes / (size_t)group->size : c.bytes);
+    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK && block > 0 && group->impl.reduce_scatter != NULL) {
+        st = group->impl.reduce_scatter(group->impl.user_data, c.send, buf->ptr, block, wd, wo);
+    } else if (st == TB_OK && block > 0) {
+        st = tb__pg_reduce_scatter_by_all_reduce(&c, buf->ptr, wd, wo, block);
     }
-    x = st == TB_OK ? tb__pg_result(&c, &out) : NULL;
-    tb__mutex_unlock(&group->lock);
-    return x;
+    return tb__pg_end(&c, st, buf, &out);
 }
 
 TBDEF tb_tensor *tb_broadcast(tb_process_group *group, tb_tensor *x, int32_t root) {
     tb__pg_call c;
+    tb__pg_buffer *buf;
     tb_status st = TB_OK;
     memset(&c, 0, sizeof c);
     c.fn = "tb_broadcast", c.group = group, c.kind = TB__COLL_BROADCAST, c.root = root, c.x = x;
@@ -545,14 +627,13 @@ TBDEF tb_tensor *tb_broadcast(tb_process_group *group, tb_tensor *x, int32_t roo
                        (int)root, (int)group->size);
     }
     if (tb__pg_begin(&c, st, group != NULL && group->rank == root) != TB_OK) return NULL;
-    st = tb__pg_reserve(&group->recv, &group->recv_cap, c.bytes > 0 ? c.bytes : 1);
-    if (st == TB_OK && group->rank == root && c.bytes > 0) memcpy(group->recv, c.send, c.bytes);
+    buf = tb__pg_buffer_acquire(group, c.bytes);
+    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK && group->rank == root && c.bytes > 0) memcpy(buf->ptr, c.send, c.bytes);
     if (st == TB_OK && c.bytes > 0) {
-        st = group->impl.broadcast(group->impl.user_data, group->recv, c.bytes, root);
+        st = group->impl.broadcast(group->impl.user_data, buf->ptr, c.bytes, root);
     }
-    x = st == TB_OK ? tb__pg_result(&c, &c.shape) : NULL;
-    tb__mutex_unlock(&group->lock);
-    return x;
+    return tb__pg_end(&c, st, buf, &c.shape);
 }
 
 TBDEF tb_status tb_barrier(tb_process_group *group) {

@@ -109,9 +109,23 @@ static bool tb__mpi_resolve(void *lib, const char *const *names, size_t count, v
     return true;
 }
 
+/* Where Open MPI's handle objects live. A program linked with libmpi may hold copies of them
+   (copy relocations of an executable), which libmpi itself then uses: the global scope finds
+   those first. It is used only when it resolves to the same library (same MPI_Init). */
+static void *tb__ompi_scope(void) {
+    void *global = dlopen(NULL, RTLD_NOW);
+    void *ours = dlsym(tb__mpi.lib, "MPI_Init");
+    if (global != NULL && ours != NULL && dlsym(global, "MPI_Init") == ours &&
+        dlsym(global, "ompi_mpi_comm_world") != NULL) {
+        return global;
+    }
+    return tb__mpi.lib;
+}
+
 /* The handles of the library's ABI; false when an Open MPI global is missing. */
 static bool tb__mpi_resolve_handles(char *reason, size_t cap) {
     size_t i;
+    void *scope;
     if (tb__mpi.abi == TB__MPI_ABI_MPICH) {
         tb__mpi.i_world = tb__mpich_world;
         memcpy(tb__mpi.i_types, tb__mpich_types, sizeof tb__mpi.i_types);
@@ -126,13 +140,13 @@ static bool tb__mpi_resolve_handles(char *reason, size_t cap) {
             tb__mpi.p_ops[i] = (void *)tb__mpiabi_ops[i];
         return true;
     }
-    if (!tb__mpi_resolve(tb__mpi.lib, tb__ompi_type_symbols, TB__MPI_NUM_TYPES, tb__mpi.p_types,
-                         reason, cap) ||
-        !tb__mpi_resolve(tb__mpi.lib, tb__ompi_op_symbols, TB__MPI_NUM_OPS, tb__mpi.p_ops, reason,
-                         cap)) {
+    scope = tb__ompi_scope();
+    if (!tb__mpi_resolve(scope, tb__ompi_type_symbols, TB__MPI_NUM_TYPES, tb__mpi.p_types, reason,
+                         cap) ||
+        !tb__mpi_resolve(scope, tb__ompi_op_symbols, TB__MPI_NUM_OPS, tb__mpi.p_ops, reason, cap)) {
         return false;
     }
-    tb__mpi.p_world = dlsym(tb__mpi.lib, "ompi_mpi_comm_world");
+    tb__mpi.p_world = dlsym(scope, "ompi_mpi_comm_world");
     return tb__mpi.p_world != NULL;
 }
 
