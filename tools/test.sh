@@ -578,17 +578,20 @@ if selected tests/mpi/collectives.c; then
         # shellcheck disable=SC2086
         if $CC -std=c11 -g -O1 -Wall -Wextra -Werror -pedantic -I. tests/mpi/collectives.c \
             -o build/mpi/collectives -ldl -lpthread -lm >"$log" 2>&1; then
-            for n in 1 2 3; do
-                log=build/mpi/collectives.$n.log
-                timeout --foreground -k 10 120 mpirun "${mpi_flags[@]}" -np "$n" \
-                    build/mpi/collectives 2>&1 | tee "$log"
+            # cpu tensors on 1, 2 and 3 ranks; the other backends' on 2
+            for run in 1:cpu:0 2:cpu:0 3:cpu:0 2:native:0 2:opencl:0; do
+                n=${run%%:*}
+                dev=${run#*:}
+                log=build/mpi/collectives.$n.${dev%%:*}.log
+                TB_DEVICE=$dev timeout --foreground -k 10 120 mpirun "${mpi_flags[@]}" \
+                    -x TB_DEVICE -np "$n" build/mpi/collectives 2>&1 | tee "$log"
                 rc=${PIPESTATUS[0]}
-                if [ "$rc" -eq 0 ] && [ "$(grep -c ' 0 failed$' "$log")" -eq "$n" ]; then
-                    echo "ok MPI collectives on $n rank(s)"
+                if [ "$rc" -eq 0 ] && [ "$(grep -c "on $dev: .* 0 failed$" "$log")" -eq "$n" ]; then
+                    echo "ok MPI collectives on $n rank(s), $dev tensors"
                     pass
                 else
-                    echo "FAIL MPI collectives on $n rank(s) (exit status $rc)"
-                    fail "MPI collectives on $n rank(s)"
+                    echo "FAIL MPI collectives on $n rank(s), $dev tensors (exit status $rc)"
+                    fail "MPI collectives on $n rank(s), $dev tensors"
                 fi
             done
         else

@@ -6,7 +6,8 @@
    Every dtype and reduce op, odd sizes and sizes that do not divide by the world size, every
    root; ranks that call different collectives, a rank without a tensor and a bad shape must give
    an error on every rank (and the group must go on working afterwards). Prints one line per
-   rank and exits non-zero when a check failed. */
+   rank and exits non-zero when a check failed. The tensors are on the default device
+   (TB_DEVICE picks another backend's). */
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
 
@@ -303,8 +304,15 @@ int main(void) {
     test_reduce_scatter(g);
     test_broadcast(g);
     test_disagreement(g);
-    printf("collectives: rank %d of %d: %d checks passed, %d failed\n", rank_, size_, passed,
-           failed);
+    {
+        char dev[64];
+        tb_tensor *probe = input(TB_F32, rank_, 1, 0);
+        tb_device d = tb_tensor_device(probe);
+        tb_device_format(&d, dev, sizeof dev);
+        tb_tensor_release(probe);
+        printf("collectives: rank %d of %d on %s: %d checks passed, %d failed\n", rank_, size_, dev,
+               passed, failed);
+    }
     tb_shutdown();
     return failed != 0;
 }
