@@ -250,12 +250,47 @@ static void test_ranks_that_disagree(void **state) {
     tb_tensor_release(x);
 }
 
+/* Results borrow the group's receive buffers: many alive at once (more than the pool keeps),
+   each keeps its values while later collectives run, and released ones are reused. */
+static void test_results_keep_their_buffers(void **state) {
+    tb_process_group_impl impl = loop_impl();
+    tb_process_group *g;
+    tb_tensor *x[7], *y[7];
+    float v[5], out[5];
+    int k, i;
+    (void)state;
+    assert_int_equal(tb_process_group_register("loop", &impl), TB_OK);
+    g = tb_process_group_get("loop");
+    assert_non_null(g);
+    for (k = 0; k < 7; k++) {
+        for (i = 0; i < 5; i++)
+            v[i] = (float)(k * 10 + i);
+        x[k] = vec(v, 5);
+        y[k] = tb_all_reduce(g, x[k], TB_REDUCE_SUM);
+        assert_non_null(y[k]);
+    }
+    for (k = 0; k < 7; k++) {
+        assert_int_equal(tb_tensor_to_host(y[k], out, sizeof out), TB_OK);
+        for (i = 0; i < 5; i++)
+            assert_true(out[i] == (float)(k * 10 + i));
+    }
+    for (k = 0; k < 7; k++)
+        tb_tensor_release(y[k]);
+    /* the pool's buffers again, grown for a larger result */
+    y[0] = tb_all_gather(g, x[6]);
+    assert_int_equal(tb_tensor_shape(y[0]).dims[0], 5);
+    tb_tensor_release(y[0]);
+    for (k = 0; k < 7; k++)
+        tb_tensor_release(x[k]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_registry, teardown),
         cmocka_unit_test_teardown(test_mpi_absent, teardown),
         cmocka_unit_test_teardown(test_collectives_on_one_rank, teardown),
         cmocka_unit_test_teardown(test_ranks_that_disagree, teardown),
+        cmocka_unit_test_teardown(test_results_keep_their_buffers, teardown),
     };
     return cmocka_run_group_tests_name("distributed", tests, NULL, NULL);
 }
