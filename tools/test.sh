@@ -280,7 +280,7 @@ compile_check "tu_a.c as C++ + tu_b.c as C ($CXX, $CC)" \
      $CXX $out/tu_a_cxx.o $out/tu_b_c.o -o $out/tu_ab_mixed2 $libs
      $out/tu_ab_mixed2"
 # The configuration macros of the header's doc block, one at a time.
-for macro in TB_NO_OPENCL TB_NO_PLUGINS; do
+for macro in TB_NO_OPENCL TB_NO_PLUGINS TB_NO_MPI; do
     compile_check "impl.c with -D$macro ($CC -std=c99)" \
         "$CC -std=c99 $c_warnings -D$macro -I. tests/compile/impl.c -o $out/impl_$macro $libs
          $out/impl_$macro"
