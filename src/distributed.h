@@ -65,13 +65,15 @@ TBDEF const char *tb_process_group_name(const tb_process_group *group);
 
 /* ---- collectives: call them on every rank of the group, in the same order ----
    Before each one the ranks exchange what they are about to do (collective, reduce op, dtype,
-   shape, root) and whether they could read their input; when the ranks disagree every rank
-   gets TB_ERR_STATE naming both sides ("... rank 0 recorded all_reduce(sum) f32[10], rank 1
-   recorded broadcast(from 0) f32[10]") and no data moves. When a rank could not read its input
-   every rank gets an error. NULL group or op/root out of range: TB_ERR_INVALID_ARGUMENT. A NULL
-   tensor: NULL with the first error kept, after taking part in the exchange so that the other
-   ranks get an error too. Dtypes: f32 f64 i32 i64 u8 bool. Not thread-safe per group (calls
-   on one group are serialised by a lock, but ranks must see the same order). */
+   shape, root, a sequence number) and whether they could read their input; when the ranks
+   disagree every rank gets TB_ERR_STATE naming both sides ("... rank 0 called #3
+   all_reduce(sum) f32[10], rank 1 called #3 broadcast(from 0) f32[10]; no data moved") and no
+   data moves. When a rank could not read its input every rank gets an error. NULL group or
+   op/root out of range: TB_ERR_INVALID_ARGUMENT. A NULL tensor: NULL with the first error
+   kept, after taking part in the exchange so that the other ranks get an error too. Dtypes:
+   f32 f64 i32 i64 u8 bool. A rank that dies or stops calling is MPI's business: its default
+   error handler ends the job. Calls on one group are serialised by a lock, but every rank must
+   make them in the same order. */
 
 /* Every rank gets the elementwise reduction of every rank's `x` (same shape and dtype on every
    rank). MEAN on an integer or bool dtype is TB_ERR_DTYPE. */
