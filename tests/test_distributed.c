@@ -284,6 +284,83 @@ static void test_results_keep_their_buffers(void **state) {
         tb_tensor_release(x[k]);
 }
 
+/* ---- refused allocations: an error or the right values, no leak, the next run right ---- */
+
+static long g_live, g_calls, g_fail_at;
+
+static void *hook_alloc(size_t size, void *user_data) {
+    void *p;
+    (void)user_data;
+    if (++g_calls == g_fail_at) return NULL;
+    p = malloc(size);
+    if (p != NULL) g_live++;
+    return p;
+}
+
+static void hook_free(void *ptr, void *user_data) {
+    (void)user_data;
+    if (ptr != NULL) g_live--;
+    free(ptr);
+}
+
+/* Every collective once through the loopback; returns how many gave the right values. */
+static int workload(void) {
+    static const float v[6] = {1, 2, 3, 4, 5, 6};
+    tb_process_group_impl impl = loop_impl();
+    tb_process_group *g;
+    tb_tensor *x, *y[5];
+    float out[6];
+    int k, right = 0;
+    tb_status st = tb_process_group_register("loop", &impl);
+    if (st != TB_OK && st != TB_ERR_DUPLICATE) return 0; /* registered by a run before */
+    g = tb_process_group_get("loop");
+    x = vec(v, 6);
+    y[0] = tb_all_reduce(g, x, TB_REDUCE_MEAN);
+    y[1] = tb_all_gather(g, x);
+    y[2] = tb_reduce_scatter(g, x, TB_REDUCE_MAX);
+    y[3] = tb_broadcast(g, x, 0);
+    y[4] = tb_all_reduce(g, x, TB_REDUCE_SUM);
+    for (k = 0; k < 5; k++) {
+        right += y[k] != NULL && tb_tensor_to_host(y[k], out, sizeof out) == TB_OK &&
+                 memcmp(out, v, sizeof out) == 0;
+        tb_tensor_release(y[k]);
+    }
+    right += tb_barrier(g) == TB_OK;
+    tb_tensor_release(x);
+    return right;
+}
+
+static void test_refused_allocations(void **state) {
+    tb_desc desc;
+    long n, total;
+    (void)state;
+    memset(&desc, 0, sizeof desc);
+    desc.allocator.alloc = hook_alloc;
+    desc.allocator.free = hook_free;
+    desc.backend = "cpu";
+    g_calls = g_live = g_fail_at = 0;
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    assert_int_equal(workload(), 6);
+    tb_shutdown();
+    assert_int_equal(g_live, 0);
+    total = g_calls;
+    for (n = 1; n <= total; n++) {
+        g_calls = 0;
+        g_fail_at = n;
+        if (tb_setup(&desc) != TB_OK) continue;
+        workload();
+        g_fail_at = 0;
+        if (workload() != 6) fail_msg("allocation %ld refused: the next run went wrong", n);
+        tb_shutdown();
+        if (g_live != 0) fail_msg("allocation %ld refused: %ld blocks left", n, g_live);
+        g_calls = 0;
+        assert_int_equal(tb_setup(&desc), TB_OK);
+        assert_int_equal(workload(), 6);
+        tb_shutdown();
+        assert_int_equal(g_live, 0);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_registry, teardown),
@@ -291,6 +368,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_collectives_on_one_rank, teardown),
         cmocka_unit_test_teardown(test_ranks_that_disagree, teardown),
         cmocka_unit_test_teardown(test_results_keep_their_buffers, teardown),
+        cmocka_unit_test(test_refused_allocations),
     };
     return cmocka_run_group_tests_name("distributed", tests, NULL, NULL);
 }
