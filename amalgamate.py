@@ -36,6 +36,7 @@ DECLARATION_PARTS = [
     "src/nn.h",
     "src/conv.h",
     "src/optim.h",
+    "src/distributed.h",
     "src/header_end.h",
 ]
 IMPLEMENTATION_PARTS = [
@@ -74,6 +75,9 @@ IMPLEMENTATION_PARTS = [
     "src/opencl_program.c",
     "src/opencl.c",
     "src/native.c",
+    "src/distributed_internal.h",
+    "src/mpi.c",
+    "src/distributed.c",
     "src/interop.c",
     "src/files_internal.h",
     "src/files.c",

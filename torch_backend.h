@@ -28,6 +28,8 @@
                             opening the ICD loader at run time
      TB_NO_OPENCL           leave the OpenCL backend out entirely
      TB_NO_PLUGINS          leave plugin loading (dlopen) out
+     TB_NO_MPI              leave the MPI loader out (the "mpi" process group then reports
+                            TB_ERR_UNAVAILABLE)
      TB_ASSERT(x)           your own assert for internal invariants (default: assert.h)
 
    ENVIRONMENT VARIABLES
@@ -41,6 +43,8 @@
                          others may write to is not used); "off" disables it
      TB_OPENCL_LIBRARY   path of the OpenCL ICD loader (default libOpenCL.so.1; ignored with
                          TB_OPENCL_LINKED)
+     TB_MPI_LIBRARY      the MPI library the "mpi" process group opens (default: libmpi.so.40,
+                         then libmpich.so.12, then libmpi_abi.so.0); no -lmpi is ever needed
      TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk
                          cache key), e.g. "-cl-fast-relaxed-math"
      TB_DEBUG            1: one line per graph compile/run, and one while a compile is still
@@ -1820,6 +1824,100 @@ TBDEF tb_status tb_clip_grad_norm(tb_tensor *const *grads, size_t n, double max_
    acc[i] NULL takes a new reference to grads[i]. Zeroing is releasing: set acc[i] to NULL. */
 TBDEF tb_status tb_accumulate_grads(tb_tensor **acc, tb_tensor *const *grads, size_t n);
 
+/* ---- src/distributed.h ---- */
+/* ===========================================================================================
+   Distribution: process groups by name (the `mpi` group built in) and collectives on tensors
+   with torch.distributed's semantics. The collectives are eager: each one runs the graph of its
+   input now (as tb_sync does), stages the values through host buffers the group keeps and
+   reuses, calls the group, and returns a new tensor on the input's device.
+   =========================================================================================== */
+
+typedef enum tb_reduce_op {
+    TB_REDUCE_SUM = 0,
+    TB_REDUCE_MEAN, /* the sum divided by the world size (floating dtypes) */
+    TB_REDUCE_MAX,
+    TB_REDUCE_MIN,
+    TB_REDUCE_PRODUCT, /* on bool: logical and; SUM and MAX on bool are logical or */
+    TB_REDUCE_OP_COUNT
+} tb_reduce_op;
+
+/* "sum", "mean", "max", "min", "product"; "invalid" for anything else. */
+TBDEF const char *tb_reduce_op_name(tb_reduce_op op);
+
+typedef struct tb_process_group tb_process_group;
+
+/* What a process group provides: collectives on contiguous host arrays. Every entry is called
+   on every rank in the same order with the same sizes (the library checks that first), from one
+   thread at a time. Entries return TB_OK or an error set with tb_set_error. */
+typedef struct tb_process_group_impl {
+    void *user_data;
+    /* Joins the group: this process's rank and the number of ranks. Called by the first
+       tb_process_group_get of the group (again after a failure, and after tb_shutdown). */
+    tb_status (*init)(void *user_data, int32_t *rank, int32_t *size);
+    /* recv[i] = op over the ranks of send[i], for `count` values of `dtype` (f32 f64 i32 i64 u8;
+       op is SUM MAX MIN or PRODUCT: the library does MEAN and maps bool to u8). send and recv
+       do not overlap. */
+    tb_status (*all_reduce)(void *user_data, const void *send, void *recv, size_t count,
+                            tb_dtype dtype, tb_reduce_op op);
+    /* recv = every rank's `bytes` bytes of send, in rank order (size * bytes). */
+    tb_status (*all_gather)(void *user_data, const void *send, void *recv, size_t bytes);
+    /* recv = block `rank` (of `count` values) of the reduction of send (size * count values).
+       Optional: NULL makes the library reduce everything with all_reduce and keep its block. */
+    tb_status (*reduce_scatter)(void *user_data, const void *send, void *recv, size_t count,
+                                tb_dtype dtype, tb_reduce_op op);
+    /* every rank's buf = root's `bytes` bytes of buf. */
+    tb_status (*broadcast)(void *user_data, void *buf, size_t bytes, int32_t root);
+    tb_status (*barrier)(void *user_data);
+    /* (optional) Leaves the group; called by tb_shutdown when init had succeeded. */
+    void (*finalize)(void *user_data);
+} tb_process_group_impl;
+
+/* Registers a process group under `name` (1..TB_MAX_NAME bytes, [A-Za-z_][A-Za-z0-9_]*); the
+   impl is copied. "mpi" is built in. Errors: NULL or a bad name, a missing entry
+   (TB_ERR_INVALID_ARGUMENT), a name already registered (TB_ERR_DUPLICATE). Thread-safe. */
+TBDEF tb_status tb_process_group_register(const char *name, const tb_process_group_impl *impl);
+/* The group `name`, joined on first use (for "mpi": the MPI library is opened and initialised;
+   it must run under the MPI launcher, e.g. `mpirun -np 2 ./prog`, or alone as a group of one).
+   Owned by the library until tb_shutdown. NULL on failure: TB_ERR_NOT_FOUND for an unknown name
+   (the message lists the registered ones), the init's error otherwise (for "mpi" without an MPI
+   library: TB_ERR_UNAVAILABLE naming the libraries tried). Thread-safe. */
+TBDEF tb_process_group *tb_process_group_get(const char *name);
+/* The names of the registered groups, sorted, into names[0..cap) (borrowed); returns how many
+   there are (which may exceed cap). */
+TBDEF size_t tb_process_group_list(const char **names, size_t cap);
+/* This process's rank, the number of ranks, the group's name; -1 / NULL for a NULL group. */
+TBDEF int32_t tb_process_group_rank(const tb_process_group *group);
+TBDEF int32_t tb_process_group_size(const tb_process_group *group);
+TBDEF const char *tb_process_group_name(const tb_process_group *group);
+
+/* ---- collectives: call them on every rank of the group, in the same order ----
+   Before each one the ranks exchange what they are about to do (collective, reduce op, dtype,
+   shape, root, a sequence number) and whether they could read their input; when the ranks
+   disagree every rank gets TB_ERR_STATE naming both sides ("... rank 0 called #3
+   all_reduce(sum) f32[10], rank 1 called #3 broadcast(from 0) f32[10]; no data moved") and no
+   data moves. When a rank could not read its input every rank gets an error. NULL group or
+   op/root out of range: TB_ERR_INVALID_ARGUMENT. A NULL tensor: NULL with the first error
+   kept, after taking part in the exchange so that the other ranks get an error too. Dtypes:
+   f32 f64 i32 i64 u8 bool. A rank that dies or stops calling is MPI's business: its default
+   error handler ends the job. Calls on one group are serialised by a lock, but every rank must
+   make them in the same order. */
+
+/* Every rank gets the elementwise reduction of every rank's `x` (same shape and dtype on every
+   rank). MEAN on an integer or bool dtype is TB_ERR_DTYPE. */
+TBDEF tb_tensor *tb_all_reduce(tb_process_group *group, tb_tensor *x, tb_reduce_op op);
+/* Every rank's `x` concatenated along dim 0 in rank order: shape [size * d0, ...]; a rank-0 x
+   gives [size]. */
+TBDEF tb_tensor *tb_all_gather(tb_process_group *group, tb_tensor *x);
+/* The reduction of every rank's `x`, split along dim 0 into `size` blocks; rank r gets block r:
+   shape [d0 / size, ...]. d0 must be a multiple of the world size (TB_ERR_SHAPE otherwise) and
+   x of rank >= 1. */
+TBDEF tb_tensor *tb_reduce_scatter(tb_process_group *group, tb_tensor *x, tb_reduce_op op);
+/* Every rank gets rank `root`'s `x` (each rank passes a tensor of the same shape and dtype; its
+   values are read only on the root). */
+TBDEF tb_tensor *tb_broadcast(tb_process_group *group, tb_tensor *x, int32_t root);
+/* Returns once every rank has called it. */
+TBDEF tb_status tb_barrier(tb_process_group *group);
+
 /* ---- src/header_end.h ---- */
 #ifdef __cplusplus
 } /* extern "C" */
@@ -1999,6 +2097,7 @@ static void tb__registry_shutdown(void);
 static void tb__ir_shutdown(void);
 static void tb__metrics_shutdown(void);
 static void tb__executor_shutdown(void);
+static void tb__process_group_shutdown(void);
 
 /* The wiring: what an earlier layer needs of later ones without naming them. The last part of
    the implementation (wiring.c) fills one table with the later layers' hooks; earlier layers
@@ -2042,6 +2141,8 @@ static tb_status tb__device_text_split(const char *fn, const char *text, char na
 static void tb__scalar_store(tb_scalar value, tb_dtype dtype, void *out);
 
 /* backend.c: backend data and the registry */
+/* 1..TB_MAX_NAME bytes of [A-Za-z_][A-Za-z0-9_]* (the names of backends and process groups) */
+static bool tb__name_valid(const char *name);
 static tb_backend *tb__backend_for_device(const tb_device *device); /* error if unknown */
 static const tb_backend_impl *tb__backend_vtable(const tb_backend *backend);
 /* a new data (refcount 1, payload NULL) for a device of `backend` */
@@ -27855,6 +27956,1096 @@ static tb_status tb__native_register(void) {
 
 #endif /* TB__HAVE_NATIVE */
 
+/* ---- src/distributed_internal.h ---- */
+/* ===========================================================================================
+   Distribution: what the process-group registry (distributed.c) uses of the mpi part
+   =========================================================================================== */
+
+/* The mpi group's loader needs dlopen; TB_NO_MPI leaves it out (the group then says so). */
+#if !defined(TB_NO_MPI) && !defined(_WIN32)
+#define TB__HAVE_MPI 1
+#include <dlfcn.h>
+#endif
+
+/* mpi.c: the entries of the built-in `mpi` process group */
+static tb_process_group_impl tb__mpi_group_impl(void);
+
+/* ---- src/mpi.c ---- */
+/* ===========================================================================================
+   The `mpi` process group: the MPI library opened at run time (no -lmpi, no mpi.h), Open MPI's
+   libmpi.so.40, MPICH's libmpich.so.12 or an MPI-5 standard ABI library. The three ABIs differ
+   in what a handle is: Open MPI's MPI_COMM_WORLD, MPI_FLOAT, MPI_SUM are the addresses of
+   global objects (found with dlsym), MPICH's are int constants, the standard ABI's are small
+   integers in pointer-typed handles. Each is spelled out below.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_MPI)
+
+/* How the library spells handles. */
+typedef enum tb__mpi_abi {
+    TB__MPI_ABI_OPEN_MPI = 1, /* pointers: addresses of ompi_mpi_* globals */
+    TB__MPI_ABI_MPICH,        /* int constants (MPICH, and Intel MPI, MVAPICH on its ABI) */
+    TB__MPI_ABI_STANDARD      /* MPI-5: pointer-typed handles holding small integers */
+} tb__mpi_abi;
+
+/* The entry points that take no handle. */
+typedef struct tb__mpi_common_api {
+    int (*Initialized)(int *flag);
+    int (*Finalized)(int *flag);
+    int (*Init)(int *argc, char ***argv);
+    int (*Finalize)(void);
+    int (*Error_string)(int code, char *text, int *length);
+} tb__mpi_common_api;
+static const char *const tb__mpi_common_symbols[] = {"MPI_Initialized", "MPI_Finalized", "MPI_Init",
+                                                     "MPI_Finalize", "MPI_Error_string"};
+
+/* The entry points that take handles: once with pointer handles (Open MPI, standard ABI) and once
+   with int handles (MPICH); the symbols are the same. */
+typedef struct tb__mpi_pointer_api {
+    int (*Comm_rank)(void *comm, int *rank);
+    int (*Comm_size)(void *comm, int *size);
+    int (*Barrier)(void *comm);
+    int (*Allreduce)(const void *send, void *recv, int count, void *type, void *op, void *comm);
+    int (*Allgather)(const void *send, int send_count, void *send_type, void *recv, int recv_count,
+                     void *recv_type, void *comm);
+    int (*Reduce_scatter_block)(const void *send, void *recv, int count, void *type, void *op,
+                                void *comm);
+    int (*Bcast)(void *buf, int count, void *type, int root, void *comm);
+} tb__mpi_pointer_api;
+typedef struct tb__mpi_int_api {
+    int (*Comm_rank)(int comm, int *rank);
+    int (*Comm_size)(int comm, int *size);
+    int (*Barrier)(int comm);
+    int (*Allreduce)(const void *send, void *recv, int count, int type, int op, int comm);
+    int (*Allgather)(const void *send, int send_count, int send_type, void *recv, int recv_count,
+                     int recv_type, int comm);
+    int (*Reduce_scatter_block)(const void *send, void *recv, int count, int type, int op,
+                                int comm);
+    int (*Bcast)(void *buf, int count, int type, int root, int comm);
+} tb__mpi_int_api;
+static const char *const tb__mpi_handle_symbols[] = {"MPI_Comm_rank", "MPI_Comm_size",
+                                                     "MPI_Barrier",   "MPI_Allreduce",
+                                                     "MPI_Allgather", "MPI_Reduce_scatter_block",
+                                                     "MPI_Bcast"};
+
+/* Handle indices: the datatypes of f32 f64 i32 i64 u8, then MPI_BYTE; the ops SUM MAX MIN PROD. */
+#define TB__MPI_NUM_TYPES 6
+#define TB__MPI_TYPE_BYTE 5
+#define TB__MPI_NUM_OPS   4
+
+static const char *const tb__ompi_type_symbols[TB__MPI_NUM_TYPES] = {
+    "ompi_mpi_float",   "ompi_mpi_double",  "ompi_mpi_int32_t",
+    "ompi_mpi_int64_t", "ompi_mpi_uint8_t", "ompi_mpi_byte"};
+static const char *const tb__ompi_op_symbols[TB__MPI_NUM_OPS] = {
+    "ompi_mpi_op_sum", "ompi_mpi_op_max", "ompi_mpi_op_min", "ompi_mpi_op_prod"};
+/* MPICH's mpi.h: MPI_COMM_WORLD, MPI_FLOAT, MPI_DOUBLE, MPI_INT32_T, MPI_INT64_T, MPI_UINT8_T,
+   MPI_BYTE, MPI_SUM, MPI_MAX, MPI_MIN, MPI_PROD. */
+static const int tb__mpich_world = 0x44000000;
+static const int tb__mpich_types[TB__MPI_NUM_TYPES] = {0x4c00040a, 0x4c00080b, 0x4c000439,
+                                                       0x4c00083a, 0x4c00013b, 0x4c00010d};
+static const int tb__mpich_ops[TB__MPI_NUM_OPS] = {0x58000003, 0x58000001, 0x58000002, 0x58000004};
+/* The MPI-5 standard ABI's mpi.h, same order. */
+static const uintptr_t tb__mpiabi_world = 0x101;
+static const uintptr_t tb__mpiabi_types[TB__MPI_NUM_TYPES] = {0x210, 0x214, 0x250,
+                                                              0x258, 0x241, 0x247};
+static const uintptr_t tb__mpiabi_ops[TB__MPI_NUM_OPS] = {0x21, 0x23, 0x22, 0x24};
+
+typedef struct tb__mpi_state {
+    void *lib;
+    tb__mpi_abi abi;
+    char path[256];
+    bool initialized_here; /* MPI_Init was ours, so MPI_Finalize is ours too */
+    tb__mpi_common_api common;
+    tb__mpi_pointer_api p; /* Open MPI and the standard ABI */
+    tb__mpi_int_api i;     /* MPICH */
+    void *p_world, *p_types[TB__MPI_NUM_TYPES], *p_ops[TB__MPI_NUM_OPS];
+    int i_world, i_types[TB__MPI_NUM_TYPES], i_ops[TB__MPI_NUM_OPS];
+} tb__mpi_state;
+
+static tb__mpi_state tb__mpi;
+
+/* Resolves `count` symbols into consecutive function pointers at `out`; false names the first
+   missing one in `reason`. */
+static bool tb__mpi_resolve(void *lib, const char *const *names, size_t count, void *out,
+                            char *reason, size_t cap) {
+    size_t i;
+    for (i = 0; i < count; i++) {
+        void *sym = dlsym(lib, names[i]);
+        if (sym == NULL) {
+            snprintf(reason, cap, "%s does not export %s", tb__mpi.path, names[i]);
+            return false;
+        }
+        memcpy((char *)out + i * sizeof(void *), &sym, sizeof sym);
+    }
+    return true;
+}
+
+/* Where Open MPI's handle objects live. A program linked with libmpi may hold copies of them
+   (copy relocations of an executable), which libmpi itself then uses: the global scope finds
+   those first. It is used only when it resolves to the same library (same MPI_Init). */
+static void *tb__ompi_scope(void) {
+    void *global = dlopen(NULL, RTLD_NOW);
+    void *ours = dlsym(tb__mpi.lib, "MPI_Init");
+    if (global != NULL && ours != NULL && dlsym(global, "MPI_Init") == ours &&
+        dlsym(global, "ompi_mpi_comm_world") != NULL) {
+        return global;
+    }
+    return tb__mpi.lib;
+}
+
+/* The handles of the library's ABI; false when an Open MPI global is missing. */
+static bool tb__mpi_resolve_handles(char *reason, size_t cap) {
+    size_t i;
+    void *scope;
+    if (tb__mpi.abi == TB__MPI_ABI_MPICH) {
+        tb__mpi.i_world = tb__mpich_world;
+        memcpy(tb__mpi.i_types, tb__mpich_types, sizeof tb__mpi.i_types);
+        memcpy(tb__mpi.i_ops, tb__mpich_ops, sizeof tb__mpi.i_ops);
+        return true;
+    }
+    if (tb__mpi.abi == TB__MPI_ABI_STANDARD) {
+        tb__mpi.p_world = (void *)tb__mpiabi_world;
+        for (i = 0; i < TB__MPI_NUM_TYPES; i++)
+            tb__mpi.p_types[i] = (void *)tb__mpiabi_types[i];
+        for (i = 0; i < TB__MPI_NUM_OPS; i++)
+            tb__mpi.p_ops[i] = (void *)tb__mpiabi_ops[i];
+        return true;
+    }
+    scope = tb__ompi_scope();
+    if (!tb__mpi_resolve(scope, tb__ompi_type_symbols, TB__MPI_NUM_TYPES, tb__mpi.p_types, reason,
+                         cap) ||
+        !tb__mpi_resolve(scope, tb__ompi_op_symbols, TB__MPI_NUM_OPS, tb__mpi.p_ops, reason, cap)) {
+        return false;
+    }
+    tb__mpi.p_world = dlsym(scope, "ompi_mpi_comm_world");
+    return tb__mpi.p_world != NULL;
+}
+
+/* Opens `path` and fills tb__mpi; false with the reason, and nothing kept, on failure. */
+static bool tb__mpi_open(const char *path, char *reason, size_t cap) {
+    void *lib;
+    bool ok;
+    /* RTLD_GLOBAL: Open MPI's components are shared objects that it opens itself and that
+       resolve libmpi's symbols globally. */
+    lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (lib == NULL) {
+        const char *why = dlerror();
+        snprintf(reason, cap, "%s", why != NULL ? why : path);
+        return false;
+    }
+    memset(&tb__mpi, 0, sizeof tb__mpi);
+    tb__mpi.lib = lib;
+    snprintf(tb__mpi.path, sizeof tb__mpi.path, "%s", path);
+    if (dlsym(lib, "ompi_mpi_comm_world") != NULL) {
+        tb__mpi.abi = TB__MPI_ABI_OPEN_MPI;
+    } else if (dlsym(lib, "MPI_Abi_get_version") != NULL) {
+        tb__mpi.abi = TB__MPI_ABI_STANDARD;
+    } else {
+        tb__mpi.abi = TB__MPI_ABI_MPICH;
+    }
+    ok = sizeof(tb__mpi_common_api) == 5 * sizeof(void *) &&
+         sizeof(tb__mpi_pointer_api) == 7 * sizeof(void *) &&
+         sizeof(tb__mpi_int_api) == 7 * sizeof(void *) &&
+         tb__mpi_resolve(lib, tb__mpi_common_symbols, 5, &tb__mpi.common, reason, cap) &&
+         tb__mpi_resolve(lib, tb__mpi_handle_symbols, 7,
+                         tb__mpi.abi == TB__MPI_ABI_MPICH ? (void *)&tb__mpi.i : (void *)&tb__mpi.p,
+                         reason, cap) &&
+         tb__mpi_resolve_handles(reason, cap);
+    if (!ok) {
+        if (reason[0] == '\0') snprintf(reason, cap, "%s: not a usable MPI library", path);
+        dlclose(lib);
+        memset(&tb__mpi, 0, sizeof tb__mpi);
+    }
+    return ok;
+}
+
+/* Opens the MPI library once: $TB_MPI_LIBRARY alone when set, else the libraries of Open MPI,
+   MPICH and the standard ABI, the one of the launcher that started this process first. */
+static tb_status tb__mpi_load(void) {
+    const char *names[4];
+    size_t n = 0, i, used = 0;
+    char tried[1024], reason[512];
+    const char *forced = tb__getenv("TB_MPI_LIBRARY");
+    if (tb__mpi.lib != NULL) return TB_OK;
+    if (forced != NULL) {
+        names[n++] = forced;
+    } else if (tb__getenv("PMI_RANK") != NULL && tb__getenv("OMPI_COMM_WORLD_RANK") == NULL) {
+        names[n++] = "libmpich.so.12";
+        names[n++] = "libmpi.so.40";
+        names[n++] = "libmpi_abi.so.0";
+    } else {
+        names[n++] = "libmpi.so.40";
+        names[n++] = "libmpich.so.12";
+        names[n++] = "libmpi_abi.so.0";
+    }
+    tried[0] = '\0';
+    for (i = 0; i < n; i++) {
+        int w;
+        reason[0] = '\0';
+        if (tb__mpi_open(names[i], reason, sizeof reason)) return TB_OK;
+        w = snprintf(tried + used, sizeof tried - used, "%s%s", used > 0 ? "; " : "", reason);
+        if (w > 0) used = used + (size_t)w < sizeof tried ? used + (size_t)w : sizeof tried - 1;
+    }
+    return tb__error(TB_ERR_UNAVAILABLE,
+                     "mpi: no usable MPI library (%s); install Open MPI (libopenmpi3) or MPICH, "
+                     "or name the library in TB_MPI_LIBRARY",
+                     tried);
+}
+
+/* An MPI return code as an error of the library. */
+static tb_status tb__mpi_check(int code, const char *what) {
+    char text[512];
+    int len = 0;
+    if (code == 0) return TB_OK;
+    text[0] = '\0';
+    if (tb__mpi.common.Error_string == NULL || tb__mpi.common.Error_string(code, text, &len) != 0 ||
+        len <= 0) {
+        snprintf(text, sizeof text, "error %d", code);
+    }
+    text[sizeof text - 1] = '\0';
+    return tb__error(TB_ERR_EXECUTE, "mpi: %s failed: %s", what, text);
+}
+
+static int tb__mpi_type_index(tb_dtype dtype) {
+    switch (dtype) {
+    case TB_F32:
+        return 0;
+    case TB_F64:
+        return 1;
+    case TB_I32:
+        return 2;
+    case TB_I64:
+        return 3;
+    case TB_U8:
+        return 4;
+    default:
+        return -1;
+    }
+}
+
+static int tb__mpi_op_index(tb_reduce_op op) {
+    switch (op) {
+    case TB_REDUCE_SUM:
+        return 0;
+    case TB_REDUCE_MAX:
+        return 1;
+    case TB_REDUCE_MIN:
+        return 2;
+    case TB_REDUCE_PRODUCT:
+        return 3;
+    default:
+        return -1;
+    }
+}
+
+static tb_status tb__mpi_init(void *user_data, int32_t *rank, int32_t *size) {
+    int flag = 0, r = 0, s = 0;
+    tb_status st;
+    (void)user_data;
+    st = tb__mpi_load();
+    if (st != TB_OK) return st;
+    if (tb__mpi.common.Finalized(&flag) == 0 && flag) {
+        return tb__error(TB_ERR_STATE, "mpi: MPI was finalized in this process (by tb_shutdown "
+                                       "or the program), and MPI cannot start twice");
+    }
+    if (tb__mpi.common.Initialized(&flag) != 0) flag = 0;
+    if (!flag) {
+        st = tb__mpi_check(tb__mpi.common.Init(NULL, NULL), "MPI_Init");
+        if (st != TB_OK) return st;
+        tb__mpi.initialized_here = true;
+    }
+    if (tb__mpi.abi == TB__MPI_ABI_MPICH) {
+        st = tb__mpi_check(tb__mpi.i.Comm_rank(tb__mpi.i_world, &r), "MPI_Comm_rank");
+        if (st == TB_OK)
+            st = tb__mpi_check(tb__mpi.i.Comm_size(tb__mpi.i_world, &s), "MPI_Comm_size");
+    } else {
+        st = tb__mpi_check(tb__mpi.p.Comm_rank(tb__mpi.p_world, &r), "MPI_Comm_rank");
+        if (st == TB_OK)
+            st = tb__mpi_check(tb__mpi.p.Comm_size(tb__mpi.p_world, &s), "MPI_Comm_size");
+    }
+    if (st != TB_OK) return st;
+    *rank = (int32_t)r;
+    *size = (int32_t)s;
+    return TB_OK;
+}
+
+static tb_status tb__mpi_all_reduce(void *user_data, const void *send, void *recv, size_t count,
+                                    tb_dtype dtype, tb_reduce_op op) {
+    int t = tb__mpi_type_index(dtype), o = tb__mpi_op_index(op);
+    size_t esize = tb_dtype_size(dtype), done = 0;
+    (void)user_data;
+    if (t < 0 || o < 0) {
+        return tb__error(TB_ERR_INTERNAL, "mpi: all_reduce of %s with op %d", tb_dtype_name(dtype),
+                         (int)op);
+    }
+    /* MPI counts are int: larger arrays go in pieces. */
+    while (done < count) {
+        size_t n = count - done < (size_t)INT_MAX ? count - done : (size_t)INT_MAX;
+        const char *s = (const char *)send + done * esize;
+        char *r = (char *)recv + done * esize;
+        int code = tb__mpi.abi == TB__MPI_ABI_MPICH
+                       ? tb__mpi.i.Allreduce(s, r, (int)n, tb__mpi.i_types[t], tb__mpi.i_ops[o],
+                                             tb__mpi.i_world)
+                       : tb__mpi.p.Allreduce(s, r, (int)n, tb__mpi.p_types[t], tb__mpi.p_ops[o],
+                                             tb__mpi.p_world);
+        tb_status st = tb__mpi_check(code, "MPI_Allreduce");
+        if (st != TB_OK) return st;
+        done += n;
+    }
+    return TB_OK;
+}
+
+static tb_status tb__mpi_all_gather(void *user_data, const void *send, void *recv, size_t bytes) {
+    int code;
+    (void)user_data;
+    if (bytes > (size_t)INT_MAX) {
+        return tb__error(TB_ERR_UNSUPPORTED, "mpi: all_gather of %zu bytes per rank (at most %d)",
+                         bytes, INT_MAX);
+    }
+    if (tb__mpi.abi == TB__MPI_ABI_MPICH) {
+        int byte = tb__mpi.i_types[TB__MPI_TYPE_BYTE];
+        code = tb__mpi.i.Allgather(send, (int)bytes, byte, recv, (int)bytes, byte, tb__mpi.i_world);
+    } else {
+        void *byte = tb__mpi.p_types[TB__MPI_TYPE_BYTE];
+        code = tb__mpi.p.Allgather(send, (int)bytes, byte, recv, (int)bytes, byte, tb__mpi.p_world);
+    }
+    return tb__mpi_check(code, "MPI_Allgather");
+}
+
+static tb_status tb__mpi_reduce_scatter(void *user_data, const void *send, void *recv, size_t count,
+                                        tb_dtype dtype, tb_reduce_op op) {
+    int t = tb__mpi_type_index(dtype), o = tb__mpi_op_index(op), code;
+    (void)user_data;
+    if (t < 0 || o < 0) {
+        return tb__error(TB_ERR_INTERNAL, "mpi: reduce_scatter of %s with op %d",
+                         tb_dtype_name(dtype), (int)op);
+    }
+    if (count > (size_t)INT_MAX) {
+        return tb__error(TB_ERR_UNSUPPORTED,
+                         "mpi: reduce_scatter of %zu values per rank (at most %d)", count, INT_MAX);
+    }
+    code = tb__mpi.abi == TB__MPI_ABI_MPICH
+               ? tb__mpi.i.Reduce_scatter_block(send, recv, (int)count, tb__mpi.i_types[t],
+                                                tb__mpi.i_ops[o], tb__mpi.i_world)
+               : tb__mpi.p.Reduce_scatter_block(send, recv, (int)count, tb__mpi.p_types[t],
+                                                tb__mpi.p_ops[o], tb__mpi.p_world);
+    return tb__mpi_check(code, "MPI_Reduce_scatter_block");
+}
+
+static tb_status tb__mpi_broadcast(void *user_data, void *buf, size_t bytes, int32_t root) {
+    size_t done = 0;
+    (void)user_data;
+    while (done < bytes) {
+        size_t n = bytes - done < (size_t)INT_MAX ? bytes - done : (size_t)INT_MAX;
+        char *b = (char *)buf + done;
+        int code = tb__mpi.abi == TB__MPI_ABI_MPICH
+                       ? tb__mpi.i.Bcast(b, (int)n, tb__mpi.i_types[TB__MPI_TYPE_BYTE], (int)root,
+                                         tb__mpi.i_world)
+                       : tb__mpi.p.Bcast(b, (int)n, tb__mpi.p_types[TB__MPI_TYPE_BYTE], (int)root,
+                                         tb__mpi.p_world);
+        tb_status st = tb__mpi_check(code, "MPI_Bcast");
+        if (st != TB_OK) return st;
+        done += n;
+    }
+    return TB_OK;
+}
+
+static tb_status tb__mpi_barrier(void *user_data) {
+    (void)user_data;
+    return tb__mpi_check(tb__mpi.abi == TB__MPI_ABI_MPICH ? tb__mpi.i.Barrier(tb__mpi.i_world)
+                                                          : tb__mpi.p.Barrier(tb__mpi.p_world),
+                         "MPI_Barrier");
+}
+
+/* MPI_Finalize when MPI_Init was ours. The library stays open: MPI cannot start again in this
+   process, and unloading it under its own helper threads is not safe. */
+static void tb__mpi_finalize(void *user_data) {
+    int flag = 0;
+    (void)user_data;
+    if (tb__mpi.lib == NULL || !tb__mpi.initialized_here) return;
+    if (tb__mpi.common.Finalized(&flag) == 0 && !flag) tb__mpi.common.Finalize();
+    tb__mpi.initialized_here = false;
+}
+
+static tb_process_group_impl tb__mpi_group_impl(void) {
+    tb_process_group_impl impl;
+    memset(&impl, 0, sizeof impl);
+    impl.init = tb__mpi_init;
+    impl.all_reduce = tb__mpi_all_reduce;
+    impl.all_gather = tb__mpi_all_gather;
+    impl.reduce_scatter = tb__mpi_reduce_scatter;
+    impl.broadcast = tb__mpi_broadcast;
+    impl.barrier = tb__mpi_barrier;
+    impl.finalize = tb__mpi_finalize;
+    return impl;
+}
+
+#else /* no dlopen */
+
+static tb_status tb__mpi_unavailable(void *user_data, int32_t *rank, int32_t *size) {
+    (void)user_data, (void)rank, (void)size;
+    return tb__error(TB_ERR_UNAVAILABLE, "mpi: this build has no MPI loader (TB_NO_MPI, or a "
+                                         "platform without dlopen)");
+}
+
+static tb_process_group_impl tb__mpi_group_impl(void) {
+    tb_process_group_impl impl;
+    memset(&impl, 0, sizeof impl);
+    impl.init = tb__mpi_unavailable;
+    return impl;
+}
+
+#endif /* TB__HAVE_MPI */
+
+/* ---- src/distributed.c ---- */
+/* ===========================================================================================
+   Distribution: the process-group registry and the collectives on tensors. Each collective
+   first exchanges a small record of what every rank is about to do, so that ranks that went
+   different ways get an error each instead of waiting on each other forever.
+   =========================================================================================== */
+
+/* A receive buffer that a result tensor borrows: back in the group's pool when the tensor lets
+   go of it, freed then if the group was left meanwhile (tb_shutdown). Under tb__pg.lock. */
+typedef struct tb__pg_buffer {
+    void *ptr;
+    size_t cap;
+    bool in_use, orphaned;
+} tb__pg_buffer;
+#define TB__PG_BUFFERS 4
+
+struct tb_process_group {
+    char name[TB_MAX_NAME + 1];
+    tb_process_group_impl impl;
+    bool joined;
+    int32_t rank, size;
+    uint64_t sequence; /* collectives called so far */
+    tb__mutex lock;    /* one collective at a time */
+    /* host staging, reused by every call (grown, never shrunk): the input's copy where its
+       backend keeps it off the host, and the results' buffers */
+    void *send;
+    size_t send_cap;
+    tb__pg_buffer *buffers[TB__PG_BUFFERS];
+    int64_t *records; /* size records of the agreement exchange */
+    size_t records_cap;
+};
+
+static struct {
+    tb__mutex lock;
+    tb_process_group **items;
+    size_t count, cap;
+    bool builtins_done;
+} tb__pg = {TB__MUTEX_INIT, NULL, 0, 0, false};
+
+TBDEF const char *tb_reduce_op_name(tb_reduce_op op) {
+    switch (op) {
+    case TB_REDUCE_SUM:
+        return "sum";
+    case TB_REDUCE_MEAN:
+        return "mean";
+    case TB_REDUCE_MAX:
+        return "max";
+    case TB_REDUCE_MIN:
+        return "min";
+    case TB_REDUCE_PRODUCT:
+        return "product";
+    default:
+        return "invalid";
+    }
+}
+
+/* ---- the registry ---- */
+
+static tb_process_group *tb__pg_find(const char *name) {
+    size_t i;
+    for (i = 0; i < tb__pg.count; i++) {
+        if (strcmp(tb__pg.items[i]->name, name) == 0) return tb__pg.items[i];
+    }
+    return NULL;
+}
+
+/* Adds a group (under tb__pg.lock); the impl is trusted. */
+static tb_status tb__pg_add(const char *name, const tb_process_group_impl *impl) {
+    tb_process_group *g;
+    tb__mutex init = TB__MUTEX_INIT;
+    if (tb__grow((void **)&tb__pg.items, &tb__pg.cap, tb__pg.count + 1, sizeof *tb__pg.items) !=
+        TB_OK) {
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    g = (tb_process_group *)tb__calloc(1, sizeof *g);
+    if (g == NULL) return TB_ERR_OUT_OF_MEMORY;
+    snprintf(g->name, sizeof g->name, "%s", name);
+    g->impl = *impl;
+    g->lock = init;
+    g->rank = -1;
+    g->size = 0;
+    tb__pg.items[tb__pg.count++] = g;
+    return TB_OK;
+}
+
+/* The built-in groups, registered on first use of the registry (under tb__pg.lock). */
+static tb_status tb__pg_builtins(void) {
+    tb_process_group_impl mpi;
+    tb_status st;
+    if (tb__pg.builtins_done) return TB_OK;
+    mpi = tb__mpi_group_impl();
+    st = tb__pg_add("mpi", &mpi);
+    if (st == TB_OK) tb__pg.builtins_done = true;
+    return st;
+}
+
+TBDEF tb_status tb_process_group_register(const char *name, const tb_process_group_impl *impl) {
+    tb_status st;
+    tb__ensure_setup();
+    if (!tb__name_valid(name)) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_process_group_register: the name must be 1..%d characters of "
+                         "[A-Za-z_][A-Za-z0-9_]*",
+                         TB_MAX_NAME);
+    }
+    if (impl == NULL || impl->init == NULL || impl->all_reduce == NULL ||
+        impl->all_gather == NULL || impl->broadcast == NULL || impl->barrier == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_process_group_register: %s: the impl needs init, all_reduce, "
+                         "all_gather, broadcast and barrier",
+                         name);
+    }
+    tb__mutex_lock(&tb__pg.lock);
+    st = tb__pg_builtins();
+    if (st == TB_OK && tb__pg_find(name) != NULL) {
+        st = tb__error(TB_ERR_DUPLICATE, "tb_process_group_register: duplicate name: %s", name);
+    }
+    if (st == TB_OK) st = tb__pg_add(name, impl);
+    tb__mutex_unlock(&tb__pg.lock);
+    return st;
+}
+
+/* The registered names, comma-separated, into buf. */
+static void tb__pg_names(char *buf, size_t cap) {
+    size_t i, used = 0;
+    buf[0] = '\0';
+    for (i = 0; i < tb__pg.count && used + 1 < cap; i++) {
+        int w = snprintf(buf + used, cap - used, "%s%s", i > 0 ? ", " : "", tb__pg.items[i]->name);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+}
+
+TBDEF tb_process_group *tb_process_group_get(const char *name) {
+    tb_process_group *g = NULL;
+    char names[256];
+    tb__ensure_setup();
+    if (name == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_process_group_get: NULL name");
+        return NULL;
+    }
+    tb__mutex_lock(&tb__pg.lock);
+    if (tb__pg_builtins() == TB_OK) {
+        g = tb__pg_find(name);
+        if (g == NULL) {
+            tb__pg_names(names, sizeof names);
+            tb__error(TB_ERR_NOT_FOUND,
+                      "tb_process_group_get: no process group named '%s' (registered: %s)", name,
+                      names);
+        } else if (!g->joined) {
+            int32_t rank = -1, size = 0;
+            tb_status st = g->impl.init(g->impl.user_data, &rank, &size);
+            if (st == TB_OK && (size < 1 || rank < 0 || rank >= size)) {
+                st = tb__error(TB_ERR_INTERNAL, "tb_process_group_get: %s: rank %d of %d", name,
+                               (int)rank, (int)size);
+            }
+            if (st != TB_OK) {
+                g = NULL;
+            } else {
+                g->rank = rank;
+                g->size = size;
+                g->sequence = 0;
+                g->joined = true;
+            }
+        }
+    }
+    tb__mutex_unlock(&tb__pg.lock);
+    return g;
+}
+
+TBDEF size_t tb_process_group_list(const char **names, size_t cap) {
+    size_t i, k, n;
+    tb__ensure_setup();
+    tb__mutex_lock(&tb__pg.lock);
+    tb__pg_builtins();
+    n = tb__pg.count;
+    /* names are unique: position k gets the smallest name after position k - 1's */
+    for (k = 0; names != NULL && k < n && k < cap; k++) {
+        const char *best = NULL;
+        for (i = 0; i < n; i++) {
+            const char *s = tb__pg.items[i]->name;
+            if (k > 0 && strcmp(s, names[k - 1]) <= 0) continue;
+            if (best == NULL || strcmp(s, best) < 0) best = s;
+        }
+        names[k] = best;
+    }
+    tb__mutex_unlock(&tb__pg.lock);
+    return n;
+}
+
+TBDEF int32_t tb_process_group_rank(const tb_process_group *group) {
+    return group != NULL ? group->rank : -1;
+}
+
+TBDEF int32_t tb_process_group_size(const tb_process_group *group) {
+    return group != NULL ? group->size : -1;
+}
+
+TBDEF const char *tb_process_group_name(const tb_process_group *group) {
+    return group != NULL ? group->name : NULL;
+}
+
+/* tb_shutdown: each joined group leaves (MPI_Finalize for mpi when MPI_Init was ours). */
+static void tb__process_group_shutdown(void) {
+    size_t i;
+    tb__mutex_lock(&tb__pg.lock);
+    for (i = 0; i < tb__pg.count; i++) {
+        tb_process_group *g = tb__pg.items[i];
+        size_t b;
+        if (g->joined && g->impl.finalize != NULL) g->impl.finalize(g->impl.user_data);
+        tb__free(g->send);
+        for (b = 0; b < TB__PG_BUFFERS; b++) {
+            tb__pg_buffer *buf = g->buffers[b];
+            if (buf == NULL) continue;
+            if (buf->in_use) { /* a tensor still reads it: freed when it lets go */
+                buf->orphaned = true;
+                continue;
+            }
+            tb__free(buf->ptr);
+            tb__free(buf);
+        }
+        tb__free(g->records);
+        tb__free(g);
+    }
+    tb__free(tb__pg.items);
+    tb__pg.items = NULL;
+    tb__pg.count = tb__pg.cap = 0;
+    tb__pg.builtins_done = false;
+    tb__mutex_unlock(&tb__pg.lock);
+}
+
+/* ---- the agreement exchange ---- */
+
+typedef enum tb__collective {
+    TB__COLL_ALL_REDUCE = 1,
+    TB__COLL_ALL_GATHER,
+    TB__COLL_REDUCE_SCATTER,
+    TB__COLL_BROADCAST,
+    TB__COLL_BARRIER
+} tb__collective;
+
+/* One rank's record: what it is about to do, and whether it could. */
+enum {
+    TB__REC_MAGIC,
+    TB__REC_SEQUENCE,
+    TB__REC_KIND,
+    TB__REC_OP,
+    TB__REC_ROOT,
+    TB__REC_DTYPE,
+    TB__REC_RANK,
+    TB__REC_DIMS,
+    TB__REC_OK = TB__REC_DIMS + TB_MAX_RANK,
+    TB__REC_COUNT
+};
+#define TB__REC_MAGIC_VALUE 0x7462706752656331LL
+
+/* A collective in progress (under the group's lock). */
+typedef struct tb__pg_call {
+    const char *fn;
+    tb_process_group *group;
+    tb__collective kind;
+    tb_reduce_op op;
+    int32_t root;
+    tb_tensor *x;
+    tb_shape shape;
+    size_t count, bytes; /* of x */
+    const void *send;    /* x's values on the host */
+} tb__pg_call;
+
+/* "all_reduce(sum) f32[10]" for a record. */
+static void tb__pg_describe(const int64_t *rec, char *buf, size_t cap) {
+    static const char *const kinds[] = {"?",         "all_reduce", "all_gather", "reduce_scatter",
+                                        "broadcast", "barrier"};
+    int64_t kind = rec[TB__REC_KIND];
+    const char *k = kind >= 1 && kind <= 5 ? kinds[kind] : "?";
+    char shape[96];
+    tb_shape s;
+    int32_t i;
+    int w;
+    if (kind == TB__COLL_BARRIER) {
+        snprintf(buf, cap, "#%lld barrier", (long long)rec[TB__REC_SEQUENCE]);
+        return;
+    }
+    memset(&s, 0, sizeof s);
+    s.dtype = (tb_dtype)rec[TB__REC_DTYPE];
+    s.rank = (int32_t)rec[TB__REC_RANK];
+    if (s.rank >= 0 && s.rank <= TB_MAX_RANK && tb_dtype_is_valid(s.dtype)) {
+        for (i = 0; i < s.rank; i++)
+            s.dims[i] = rec[TB__REC_DIMS + i];
+        tb_shape_format(&s, shape, sizeof shape);
+    } else {
+        snprintf(shape, sizeof shape, "(no tensor)");
+    }
+    if (kind == TB__COLL_ALL_REDUCE || kind == TB__COLL_REDUCE_SCATTER) {
+        w = snprintf(buf, cap, "#%lld %s(%s) %s", (long long)rec[TB__REC_SEQUENCE], k,
+                     tb_reduce_op_name((tb_reduce_op)rec[TB__REC_OP]), shape);
+    } else if (kind == TB__COLL_BROADCAST) {
+        w = snprintf(buf, cap, "#%lld %s(from %lld) %s", (long long)rec[TB__REC_SEQUENCE], k,
+                     (long long)rec[TB__REC_ROOT], shape);
+    } else {
+        w = snprintf(buf, cap, "#%lld %s %s", (long long)rec[TB__REC_SEQUENCE], k, shape);
+    }
+    (void)w;
+}
+
+/* Exchanges this rank's record with every rank and checks that they agree. `local` is this
+   rank's own status so far (its error is kept when it failed). On disagreement every rank
+   returns an error and no rank moves data. */
+static tb_status tb__pg_agree(tb__pg_call *c, tb_status local) {
+    tb_process_group *g = c->group;
+    int64_t rec[TB__REC_COUNT];
+    size_t need = (size_t)g->size * sizeof rec;
+    int32_t i, r;
+    tb_status st;
+    memset(rec, 0, sizeof rec);
+    rec[TB__REC_MAGIC] = TB__REC_MAGIC_VALUE;
+    rec[TB__REC_SEQUENCE] = (int64_t)g->sequence++;
+    rec[TB__REC_KIND] = c->kind;
+    rec[TB__REC_OP] =
+        c->kind == TB__COLL_ALL_REDUCE || c->kind == TB__COLL_REDUCE_SCATTER ? (int64_t)c->op : 0;
+    rec[TB__REC_ROOT] = c->kind == TB__COLL_BROADCAST ? c->root : 0;
+    rec[TB__REC_DTYPE] = c->x != NULL ? (int64_t)c->shape.dtype : -1;
+    rec[TB__REC_RANK] = c->x != NULL ? c->shape.rank : -1;
+    for (i = 0; c->x != NULL && i < c->shape.rank; i++)
+        rec[TB__REC_DIMS + i] = c->shape.dims[i];
+    rec[TB__REC_OK] = local == TB_OK;
+    if (tb__grow((void **)&g->records, &g->records_cap, need, 1) != TB_OK) {
+        /* the other ranks wait in the exchange: nothing to do but tell this one */
+        return tb_last_status();
+    }
+    st = g->impl.all_gather(g->impl.user_data, rec, g->records, sizeof rec);
+    if (st != TB_OK) return st;
+    for (r = 0; r < g->size; r++) {
+        const int64_t *other = g->records + (size_t)r * TB__REC_COUNT;
+        if (other[TB__REC_OK] == 0) {
+            if (local != TB_OK) return local;
+            return tb__error(TB_ERR_EXECUTE,
+                             "%s: rank %d could not take part in collective #%lld (see its "
+                             "error); no data moved",
+                             c->fn, (int)r, (long long)rec[TB__REC_SEQUENCE]);
+        }
+    }
+    for (r = 0; r < g->size; r++) {
+        const int64_t *other = g->records + (size_t)r * TB__REC_COUNT;
+        if (memcmp(other, rec, TB__REC_OK * sizeof rec[0]) != 0) {
+            char mine[160], theirs[160];
+            tb__pg_describe(rec, mine, sizeof mine);
+            tb__pg_describe(other, theirs, sizeof theirs);
+            return tb__error(TB_ERR_STATE,
+                             "%s: the ranks of process group '%s' called different collectives: "
+                             "rank %d called %s, rank %d called %s; no data moved",
+                             c->fn, g->name, (int)g->rank, mine, (int)r, theirs);
+        }
+    }
+    return TB_OK;
+}
+
+/* Room for `need` bytes in a staging buffer (kept and reused). */
+static tb_status tb__pg_reserve(void **buf, size_t *cap, size_t need) {
+    void *p;
+    if (need <= *cap) return TB_OK;
+    p = tb__alloc(need);
+    if (p == NULL) return TB_ERR_OUT_OF_MEMORY;
+    tb__free(*buf);
+    *buf = p;
+    *cap = need;
+    return TB_OK;
+}
+
+/* x's values on the host: in place where its backend keeps them in host memory, else copied
+   into the group's send buffer. Runs x's pending graph. */
+static tb_status tb__pg_stage(tb__pg_call *c) {
+    tb_process_group *g = c->group;
+    tb_backend_data *d;
+    void *host;
+    if (c->bytes == 0) {
+        c->send = NULL;
+        return TB_OK;
+    }
+    d = tb_tensor_data(c->x);
+    if (d == NULL) return tb_last_status();
+    host = tb__host_data(d);
+    if (host != NULL && tb_shape_equal(&d->shape, &c->shape)) {
+        c->send = host;
+        return TB_OK;
+    }
+    if (tb__pg_reserve(&g->send, &g->send_cap, c->bytes) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
+    if (tb_tensor_to_host(c->x, g->send, c->bytes) != TB_OK) return tb_last_status();
+    c->send = g->send;
+    return TB_OK;
+}
+
+/* Checks the group and the tensor, takes the group's lock, stages x when `stage`, and agrees
+   with the other ranks. On success the caller holds the lock; on failure it is released. */
+static tb_status tb__pg_begin(tb__pg_call *c, tb_status local, bool stage) {
+    tb_status st = local;
+    if (c->group == NULL)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: NULL process group", c->fn);
+    if (!c->group->joined) {
+        return tb__error(TB_ERR_STATE, "%s: process group '%s' was left (tb_shutdown)", c->fn,
+                         c->group->name);
+    }
+    if (c->x != NULL) {
+        int64_t numel = 0;
+        c->shape = tb_tensor_shape(c->x);
+        if (tb_shape_numel(&c->shape, &numel) != TB_OK) numel = 0;
+        c->count = (size_t)numel;
+        c->bytes = c->count * tb_dtype_size(c->shape.dtype);
+    } else if (c->kind != TB__COLL_BARRIER && st == TB_OK) {
+        st = tb_last_status() != TB_OK
+                 ? tb_last_status()
+                 : tb__error(TB_ERR_INVALID_ARGUMENT, "%s: NULL tensor", c->fn);
+    }
+    tb__mutex_lock(&c->group->lock);
+    if (st == TB_OK && stage) st = tb__pg_stage(c);
+    st = tb__pg_agree(c, st);
+    if (st != TB_OK) tb__mutex_unlock(&c->group->lock);
+    return st;
+}
+
+/* The dtype and op the group is asked for: bool travels as u8, where SUM and MAX are logical
+   or and PRODUCT and MIN logical and (as torch.distributed does); MEAN is a SUM. */
+static void tb__pg_wire(tb_dtype dtype, tb_reduce_op op, tb_dtype *wire_dtype,
+                        tb_reduce_op *wire_op) {
+    *wire_dtype = dtype == TB_BOOL ? TB_U8 : dtype;
+    *wire_op = op == TB_REDUCE_MEAN ? TB_REDUCE_SUM : op;
+    if (dtype == TB_BOOL) {
+        *wire_op = op == TB_REDUCE_SUM || op == TB_REDUCE_MAX ? TB_REDUCE_MAX : TB_REDUCE_MIN;
+    }
+}
+
+/* The checks of a reduction's arguments: the op and the dtype. */
+static tb_status tb__pg_check_reduce(const char *fn, tb_tensor *x, tb_reduce_op op) {
+    tb_shape s;
+    if ((int)op < 0 || op >= TB_REDUCE_OP_COUNT) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: unknown reduce op %d", fn, (int)op);
+    }
+    if (x == NULL) return TB_OK;
+    s = tb_tensor_shape(x);
+    if (op == TB_REDUCE_MEAN && !tb_dtype_is_float(s.dtype)) {
+        return tb__error(TB_ERR_DTYPE, "%s: mean of %s values (mean needs a floating dtype)", fn,
+                         tb_dtype_name(s.dtype));
+    }
+    if (s.dtype != TB_F32 && s.dtype != TB_F64 && s.dtype != TB_I32 && s.dtype != TB_I64 &&
+        s.dtype != TB_U8 && s.dtype != TB_BOOL) {
+        return tb__error(TB_ERR_DTYPE, "%s: %s is not supported", fn, tb_dtype_name(s.dtype));
+    }
+    return TB_OK;
+}
+
+/* A result tensor lets go of its receive buffer. */
+static void tb__pg_buffer_release(void *context) {
+    tb__pg_buffer *buf = (tb__pg_buffer *)context;
+    tb__mutex_lock(&tb__pg.lock);
+    buf->in_use = false;
+    if (buf->orphaned) {
+        tb__free(buf->ptr);
+        tb__free(buf);
+    }
+    tb__mutex_unlock(&tb__pg.lock);
+}
+
+/* A receive buffer of at least `need` bytes: a free one of the pool (grown when too small), a
+   new one in a free slot, or one outside the pool (freed when released). NULL when memory ran
+   out. */
+static tb__pg_buffer *tb__pg_buffer_acquire(tb_process_group *g, size_t need) {
+    tb__pg_buffer *buf = NULL;
+    size_t b, slot = TB__PG_BUFFERS;
+    if (need == 0) need = 1;
+    tb__mutex_lock(&tb__pg.lock);
+    for (b = 0; b < TB__PG_BUFFERS; b++) {
+        tb__pg_buffer *it = g->buffers[b];
+        if (it == NULL) {
+            if (slot == TB__PG_BUFFERS) slot = b;
+        } else if (!it->in_use && (buf == NULL || it->cap > buf->cap)) {
+            buf = it; /* the largest free one */
+        }
+    }
+    if (buf == NULL) {
+        buf = (tb__pg_buffer *)tb__calloc(1, sizeof *buf);
+        if (buf != NULL && slot < TB__PG_BUFFERS) g->buffers[slot] = buf;
+        if (buf != NULL) buf->orphaned = slot == TB__PG_BUFFERS;
+    }
+    if (buf != NULL && buf->cap < need) {
+        tb__free(buf->ptr);
+        buf->cap = 0;
+        buf->ptr = tb__alloc(need);
+        if (buf->ptr != NULL) buf->cap = need;
+    }
+    if (buf != NULL && buf->ptr == NULL) {
+        if (buf->orphaned) tb__free(buf);
+        buf = NULL;
+    }
+    if (buf != NULL) buf->in_use = true;
+    tb__mutex_unlock(&tb__pg.lock);
+    return buf;
+}
+
+/* The result tensor over the receive buffer `buf`, on x's device (in place where the backend
+   keeps host memory, else a copy; the buffer goes back to the pool when the tensor lets go of
+   it, or now on failure). MEAN divides lazily. */
+static tb_tensor *tb__pg_result(tb__pg_call *c, tb__pg_buffer *buf, const tb_shape *shape) {
+    tb_device dev = tb_tensor_device(c->x);
+    tb_tensor *t = tb__tensor_borrow(c->fn, buf->ptr, shape, &dev, tb__pg_buffer_release, buf), *m;
+    if (t == NULL) tb__pg_buffer_release(buf);
+    if (t == NULL || c->op != TB_REDUCE_MEAN) return t;
+    m = tb_div_scalar(t, (double)c->group->size);
+    tb_tensor_release(t);
+    return m;
+}
+
+/* Ends a collective: the result over `buf` when st is TB_OK (else the buffer goes back), then
+   the group's lock is released. */
+static tb_tensor *tb__pg_end(tb__pg_call *c, tb_status st, tb__pg_buffer *buf,
+                             const tb_shape *shape) {
+    tb_tensor *t = NULL;
+    if (st == TB_OK && buf != NULL) {
+        t = tb__pg_result(c, buf, shape);
+    } else if (buf != NULL) {
+        tb__pg_buffer_release(buf);
+    }
+    tb__mutex_unlock(&c->group->lock);
+    return t;
+}
+
+TBDEF tb_tensor *tb_all_reduce(tb_process_group *group, tb_tensor *x, tb_reduce_op op) {
+    tb__pg_call c;
+    tb__pg_buffer *buf;
+    tb_dtype wd;
+    tb_reduce_op wo;
+    tb_status st;
+    memset(&c, 0, sizeof c);
+    c.fn = "tb_all_reduce", c.group = group, c.kind = TB__COLL_ALL_REDUCE, c.op = op, c.x = x;
+    st = tb__pg_check_reduce(c.fn, x, op);
+    if (tb__pg_begin(&c, st, true) != TB_OK) return NULL;
+    tb__pg_wire(c.shape.dtype, op, &wd, &wo);
+    buf = tb__pg_buffer_acquire(group, c.bytes);
+    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK && c.count > 0) {
+        st = group->impl.all_reduce(group->impl.user_data, c.send, buf->ptr, c.count, wd, wo);
+    }
+    return tb__pg_end(&c, st, buf, &c.shape);
+}
+
+TBDEF tb_tensor *tb_all_gather(tb_process_group *group, tb_tensor *x) {
+    tb__pg_call c;
+    tb__pg_buffer *buf;
+    tb_shape out;
+    tb_status st;
+    memset(&c, 0, sizeof c);
+    c.fn = "tb_all_gather", c.group = group, c.kind = TB__COLL_ALL_GATHER, c.x = x;
+    if (tb__pg_begin(&c, TB_OK, true) != TB_OK) return NULL;
+    out = c.shape;
+    if (out.rank == 0) {
+        out.rank = 1;
+        out.dims[0] = group->size;
+    } else {
+        out.dims[0] *= group->size;
+    }
+    buf = tb__pg_buffer_acquire(group, c.bytes * (size_t)group->size);
+    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK && c.bytes > 0) {
+        st = group->impl.all_gather(group->impl.user_data, c.send, buf->ptr, c.bytes);
+    }
+    return tb__pg_end(&c, st, buf, &out);
+}
+
+/* reduce_scatter for a group without the entry: everything reduced with all_reduce into
+   `recv` (the whole size), and rank r keeps block r at its start. */
+static tb_status tb__pg_reduce_scatter_by_all_reduce(tb__pg_call *c, void *recv, tb_dtype wd,
+                                                     tb_reduce_op wo, size_t block) {
+    tb_process_group *g = c->group;
+    size_t esize = tb_dtype_size(wd);
+    tb_status st = g->impl.all_reduce(g->impl.user_data, c->send, recv, c->count, wd, wo);
+    if (st == TB_OK && g->rank > 0) {
+        memmove(recv, (char *)recv + (size_t)g->rank * block * esize, block * esize);
+    }
+    return st;
+}
+
+TBDEF tb_tensor *tb_reduce_scatter(tb_process_group *group, tb_tensor *x, tb_reduce_op op) {
+    tb__pg_call c;
+    tb__pg_buffer *buf;
+    tb_shape s, out;
+    tb_dtype wd;
+    tb_reduce_op wo;
+    tb_status st;
+    size_t block;
+    memset(&c, 0, sizeof c);
+    c.fn = "tb_reduce_scatter", c.group = group, c.kind = TB__COLL_REDUCE_SCATTER, c.op = op;
+    c.x = x;
+    st = tb__pg_check_reduce(c.fn, x, op);
+    s = tb_tensor_shape(x);
+    if (st == TB_OK && x != NULL && group != NULL &&
+        (s.rank < 1 || s.dims[0] % (group->size > 0 ? group->size : 1) != 0)) {
+        char text[96];
+        tb_shape_format(&s, text, sizeof text);
+        st = tb__error(TB_ERR_SHAPE,
+                       "%s: %s does not split along dim 0 into %d equal blocks (one per rank)",
+                       c.fn, text, (int)group->size);
+    }
+    if (tb__pg_begin(&c, st, true) != TB_OK) return NULL;
+    tb__pg_wire(c.shape.dtype, op, &wd, &wo);
+    out = c.shape;
+    out.dims[0] /= group->size;
+    block = c.count / (size_t)group->size;
+    buf = tb__pg_buffer_acquire(
+        group, group->impl.reduce_scatter != NULL ? c.bytes / (size_t)group->size : c.bytes);
+    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK && block > 0 && group->impl.reduce_scatter != NULL) {
+        st = group->impl.reduce_scatter(group->impl.user_data, c.send, buf->ptr, block, wd, wo);
+    } else if (st == TB_OK && block > 0) {
+        st = tb__pg_reduce_scatter_by_all_reduce(&c, buf->ptr, wd, wo, block);
+    }
+    return tb__pg_end(&c, st, buf, &out);
+}
+
+TBDEF tb_tensor *tb_broadcast(tb_process_group *group, tb_tensor *x, int32_t root) {
+    tb__pg_call c;
+    tb__pg_buffer *buf;
+    tb_status st = TB_OK;
+    memset(&c, 0, sizeof c);
+    c.fn = "tb_broadcast", c.group = group, c.kind = TB__COLL_BROADCAST, c.root = root, c.x = x;
+    if (group != NULL && (root < 0 || root >= group->size)) {
+        st = tb__error(TB_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank of a group of %d", c.fn,
+                       (int)root, (int)group->size);
+    }
+    if (tb__pg_begin(&c, st, group != NULL && group->rank == root) != TB_OK) return NULL;
+    buf = tb__pg_buffer_acquire(group, c.bytes);
+    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK && group->rank == root && c.bytes > 0) memcpy(buf->ptr, c.send, c.bytes);
+    if (st == TB_OK && c.bytes > 0) {
+        st = group->impl.broadcast(group->impl.user_data, buf->ptr, c.bytes, root);
+    }
+    return tb__pg_end(&c, st, buf, &c.shape);
+}
+
+TBDEF tb_status tb_barrier(tb_process_group *group) {
+    tb__pg_call c;
+    tb_status st;
+    memset(&c, 0, sizeof c);
+    c.fn = "tb_barrier", c.group = group, c.kind = TB__COLL_BARRIER;
+    st = tb__pg_begin(&c, TB_OK, false);
+    if (st != TB_OK) return st;
+    st = group->impl.barrier(group->impl.user_data);
+    tb__mutex_unlock(&group->lock);
+    return st;
+}
+
 /* ---- src/interop.c ---- */
 /* ===========================================================================================
    Interop: .npy files
@@ -31416,10 +32607,8 @@ TBDEF tb_tensor *tb_idx_load(const char *path, const tb_device *device) {
    (in prepare_to_exit and while their buffers are released), and a metric recorded after the
    table was freed would outlive the allocator hooks. */
 static void (*const tb__wired_teardown[])(void) = {
-    tb__executor_shutdown,
-    tb__ir_shutdown,
-    tb__registry_shutdown,
-    tb__metrics_shutdown,
+    tb__process_group_shutdown, tb__executor_shutdown, tb__ir_shutdown,
+    tb__registry_shutdown,      tb__metrics_shutdown,
 };
 
 /* The reference backend first: it is the default backend and the oracle of the others. */

@@ -3,6 +3,7 @@
 //        (both from the repository root)
 // Run:   ./train_mnist [EPOCHS] [--device D] [--data DIR] [--images N] [--test-images N]
 //        (Debian: apt-get install dataset-fashion-mnist)
+//        mpirun -np 2 ./train_mnist [EPOCHS] --group mpi [...]   (data-parallel)
 /* Trains a multilayer perceptron, 784 -> 512 -> 256 -> 10 with ReLU, on Fashion-MNIST: AdamW
    (lr 1e-3, times 0.6 after every epoch: a schedule, which never recompiles), cross-entropy,
    minibatches of 128 shuffled every epoch. The dataset's four
@@ -17,7 +18,13 @@
 
    EPOCHS defaults to 1; the device to opencl:0 when there is one, else cpu:0. --images and
    --test-images train and test on the first N images only (a quick run). Exit status 1 on any
-   error. */
+   error.
+
+   --group mpi trains data-parallel over the ranks of the process group (start it with
+   `mpirun -np N`): every rank shuffles alike, takes its share of each batch of 128, and one
+   all-reduce (sum) of all the gradients, the loss and the count of right answers gives every
+   rank the whole batch's gradient, so the weights stay the same on every rank and follow the
+   one-process run. Rank 0 prints. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
@@ -109,7 +116,8 @@ static int load_set(const char *dir, const char *prefix, int64_t limit, dataset 
 }
 
 /* PyTorch's nn.Linear initialisation: weight and bias uniform in +-1/sqrt(fan_in). */
-static tb_tensor *uniform(int64_t rows, int64_t cols, int64_t fan_in, const tb_device *dev) {
+static tb_tensor *uniform(int64_t rows, int64_t cols, int64_t fan_in, const tb_device *dev,
+                          tb_process_group *group) {
     tb_shape s =
         cols > 0 ? tb_shape_of(TB_F32, 2, (int)rows, (int)cols) : tb_shape_of(TB_F32, 1, (int)rows);
     double bound = 1.0 / sqrt((double)fan_in);
@@ -117,6 +125,11 @@ static tb_tensor *uniform(int64_t rows, int64_t cols, int64_t fan_in, const tb_d
     tb_tensor *w = tb_sub_scalar(a, bound);
     tb_tensor_release(u);
     tb_tensor_release(a);
+    if (group != NULL) { /* rank 0's weights everywhere */
+        u = w;
+        w = tb_broadcast(group, u, 0);
+        tb_tensor_release(u);
+    }
     if (w != NULL && (tb_sync(&w, 1) != TB_OK || tb_set_requires_grad(w, true) != TB_OK)) {
         tb_tensor_release(w);
         w = NULL;
@@ -178,6 +191,59 @@ static int evaluate(tb_tensor *const *params, const dataset *test, const tb_devi
     return 0;
 }
 
+/* One data-parallel step on this rank's rows of the batch. Its loss is the sum over its rows
+   divided by the whole batch's size, so that the sum over the ranks of the gradients is the
+   whole batch's mean gradient however the rows are split. One all-reduce carries every
+   gradient, the loss and the count of right answers (one buffer, as DDP's buckets do). */
+static int distributed_step(tb_process_group *group, tb_optimizer *opt, tb_tensor *const *params,
+                            tb_tensor *x, tb_tensor *y, float *loss_hits) {
+    tb_tensor *z = forward(params, x), *ce, *loss, *hits, *flat, *sum, *tail;
+    tb_tensor *grads[NPARAMS] = {NULL}, *parts[NPARAMS + 2] = {NULL}, *reduced[NPARAMS] = {NULL};
+    int64_t off = 0, n, one = 1;
+    int k, rc = 0;
+    ce = tb_cross_entropy(z, y, TB_REDUCTION_SUM, 0.0);
+    loss = tb_div_scalar(ce, (double)BATCH);
+    hits = correct(z, y);
+    tb_tensor_release(ce);
+    tb_tensor_release(z); /* see the single-process step: hold nothing that reads the weights */
+    if (loss == NULL || hits == NULL || tb_grad(loss, NULL, params, NPARAMS, grads) != TB_OK)
+        rc = fail("gradients");
+    for (k = 0; rc == 0 && k < NPARAMS; k++) {
+        tb_shape s = tb_tensor_shape(grads[k]);
+        tb_shape_numel(&s, &n);
+        parts[k] = tb_reshape(grads[k], &n, 1);
+    }
+    parts[NPARAMS] = tb_reshape(loss, &one, 1);
+    parts[NPARAMS + 1] = tb_reshape(hits, &one, 1);
+    flat = rc == 0 ? tb_concat(parts, NPARAMS + 2, 0) : NULL;
+    for (k = 0; k < NPARAMS + 2; k++)
+        tb_tensor_release(parts[k]);
+    for (k = 0; k < NPARAMS; k++)
+        tb_tensor_release(grads[k]);
+    tb_tensor_release(loss);
+    tb_tensor_release(hits);
+    sum = tb_all_reduce(group, flat, TB_REDUCE_SUM);
+    tb_tensor_release(flat);
+    for (k = 0; k < NPARAMS; k++) {
+        tb_shape s = tb_tensor_shape(params[k]);
+        tb_tensor *part;
+        tb_shape_numel(&s, &n);
+        part = tb_slice(sum, 0, off, off + n, 1);
+        reduced[k] = tb_reshape(part, s.dims, s.rank);
+        tb_tensor_release(part);
+        off += n;
+    }
+    tail = tb_slice(sum, 0, off, off + 2, 1);
+    if (rc == 0 && (sum == NULL || tb_optimizer_step(opt, reduced, NULL, 0) != TB_OK ||
+                    tb_tensor_to_host(tail, loss_hits, 2 * sizeof(float)) != TB_OK))
+        rc = fail("distributed step");
+    for (k = 0; k < NPARAMS; k++)
+        tb_tensor_release(reduced[k]);
+    tb_tensor_release(tail);
+    tb_tensor_release(sum);
+    return rc;
+}
+
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next_random(void) {
     g_rng ^= g_rng << 13;
@@ -187,7 +253,9 @@ static uint64_t next_random(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *dir = "/usr/share/datasets/fashion-mnist", *device = NULL;
+    const char *dir = "/usr/share/datasets/fashion-mnist", *device = NULL, *group_name = NULL;
+    tb_process_group *group = NULL;
+    int rank = 0, ranks = 1;
     int epochs = 1, e, i, rc = 1;
     int64_t limit = INT64_MAX, test_limit = INT64_MAX, *order = NULL, step;
     dataset train, test;
@@ -207,12 +275,14 @@ int main(int argc, char **argv) {
             limit = atoll(argv[++i]);
         else if (strcmp(argv[i], "--test-images") == 0 && i + 1 < argc)
             test_limit = atoll(argv[++i]);
+        else if (strcmp(argv[i], "--group") == 0 && i + 1 < argc)
+            group_name = argv[++i];
         else if (argv[i][0] != '-' && atoi(argv[i]) > 0)
             epochs = atoi(argv[i]);
         else {
             fprintf(stderr,
                     "usage: %s [EPOCHS] [--device D] [--data DIR] [--images N] "
-                    "[--test-images N]\n",
+                    "[--test-images N] [--group mpi]\n",
                     argv[0]);
             return 2;
         }
@@ -222,21 +292,32 @@ int main(int argc, char **argv) {
                           tb_device_make("cpu", 0, &dev) != TB_OK))
         return fail("device");
     tb_clear_error();
+    if (group_name != NULL) {
+        group = tb_process_group_get(group_name);
+        if (group == NULL) {
+            fail("process group");
+            tb_shutdown();
+            return 1;
+        }
+        rank = tb_process_group_rank(group);
+        ranks = tb_process_group_size(group);
+    }
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
     if (load_set(dir, "train", limit, &train) != 0 || load_set(dir, "t10k", test_limit, &test) != 0)
         goto done;
     tb_device_format(&dev, name, sizeof name);
-    printf("Fashion-MNIST: %lld training and %lld test images; MLP 784-512-256-10, AdamW, batch "
-           "%d, on %s\n",
-           (long long)train.n, (long long)test.n, BATCH, name);
+    if (rank == 0)
+        printf("Fashion-MNIST: %lld training and %lld test images; MLP 784-512-256-10, AdamW, "
+               "batch %d, on %s (%d rank%s)\n",
+               (long long)train.n, (long long)test.n, BATCH, name, ranks, ranks > 1 ? "s" : "");
     if (tb_manual_seed(0) != TB_OK) goto done;
-    params[0] = uniform(PIXELS, H1, PIXELS, &dev);
-    params[1] = uniform(H1, 0, PIXELS, &dev);
-    params[2] = uniform(H1, H2, H1, &dev);
-    params[3] = uniform(H2, 0, H1, &dev);
-    params[4] = uniform(H2, CLASSES, H2, &dev);
-    params[5] = uniform(CLASSES, 0, H2, &dev);
+    params[0] = uniform(PIXELS, H1, PIXELS, &dev, group);
+    params[1] = uniform(H1, 0, PIXELS, &dev, group);
+    params[2] = uniform(H1, H2, H1, &dev, group);
+    params[3] = uniform(H2, 0, H1, &dev, group);
+    params[4] = uniform(H2, CLASSES, H2, &dev, group);
+    params[5] = uniform(CLASSES, 0, H2, &dev, group);
     for (i = 0; i < NPARAMS; i++)
         if (params[i] == NULL) {
             rc = fail("parameters");
@@ -267,7 +348,25 @@ int main(int argc, char **argv) {
         /* full batches only: every step has one shape, so one compiled graph */
         for (at = 0; at + BATCH <= train.n; at += BATCH) {
             tb_tensor *x, *y, *z, *loss, *hits, *also[2], *grads[NPARAMS];
-            float lv = 0, hv = 0;
+            float lv = 0, hv = 0, lh[2] = {0, 0};
+            if (group != NULL) { /* this rank's rows [lo, hi) of the batch */
+                int64_t lo = BATCH * rank / ranks, hi = BATCH * (rank + 1) / ranks;
+                for (k = lo; k < hi; k++) {
+                    memcpy(bx + (k - lo) * PIXELS, train.x + order[at + k] * PIXELS,
+                           PIXELS * sizeof(float));
+                    by[k - lo] = train.y[order[at + k]];
+                }
+                x = batch_x(bx, hi - lo, &dev);
+                y = batch_y(by, hi - lo, &dev);
+                k = distributed_step(group, opt, params, x, y, lh);
+                tb_tensor_release(x);
+                tb_tensor_release(y);
+                if (k != 0) goto done;
+                loss_sum += lh[0] * BATCH;
+                right += lh[1];
+                seen += BATCH;
+                continue;
+            }
             for (k = 0; k < BATCH; k++) {
                 memcpy(bx + k * PIXELS, train.x + order[at + k] * PIXELS, PIXELS * sizeof(float));
                 by[k] = train.y[order[at + k]];
@@ -303,15 +402,18 @@ int main(int argc, char **argv) {
         }
         seconds = now_s() - t0;
         if (evaluate(params, &test, &dev, &test_acc) != 0) goto done;
-        printf("epoch %d/%d  loss %.4f  train accuracy %.4f  test accuracy %.4f  %.0f images/s  "
-               "%.2f s\n",
-               e, epochs, seen > 0 ? loss_sum / (double)seen : 0.0,
-               seen > 0 ? right / (double)seen : 0.0, test_acc, (double)seen / seconds, seconds);
+        if (rank == 0)
+            printf(
+                "epoch %d/%d  loss %.4f  train accuracy %.4f  test accuracy %.4f  %.0f images/s  "
+                "%.2f s\n",
+                e, epochs, seen > 0 ? loss_sum / (double)seen : 0.0,
+                seen > 0 ? right / (double)seen : 0.0, test_acc, (double)seen / seconds, seconds);
         fflush(stdout);
     }
-    printf("compiled graphs: %lld, cache hits: %lld\n",
-           (long long)tb_metrics_counter("UncachedCompile"),
-           (long long)tb_metrics_counter("CachedCompile"));
+    if (rank == 0)
+        printf("compiled graphs: %lld, cache hits: %lld\n",
+               (long long)tb_metrics_counter("UncachedCompile"),
+               (long long)tb_metrics_counter("CachedCompile"));
     rc = 0;
 done:
     tb_optimizer_free(opt);

@@ -28,6 +28,8 @@
                             opening the ICD loader at run time
      TB_NO_OPENCL           leave the OpenCL backend out entirely
      TB_NO_PLUGINS          leave plugin loading (dlopen) out
+     TB_NO_MPI              leave the MPI loader out (the "mpi" process group then reports
+                            TB_ERR_UNAVAILABLE)
      TB_ASSERT(x)           your own assert for internal invariants (default: assert.h)
 
    ENVIRONMENT VARIABLES
@@ -41,6 +43,8 @@
                          others may write to is not used); "off" disables it
      TB_OPENCL_LIBRARY   path of the OpenCL ICD loader (default libOpenCL.so.1; ignored with
                          TB_OPENCL_LINKED)
+     TB_MPI_LIBRARY      the MPI library the "mpi" process group opens (default: libmpi.so.40,
+                         then libmpich.so.12, then libmpi_abi.so.0); no -lmpi is ever needed
      TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk
                          cache key), e.g. "-cl-fast-relaxed-math"
      TB_DEBUG            1: one line per graph compile/run, and one while a compile is still

@@ -169,6 +169,7 @@ static void tb__registry_shutdown(void);
 static void tb__ir_shutdown(void);
 static void tb__metrics_shutdown(void);
 static void tb__executor_shutdown(void);
+static void tb__process_group_shutdown(void);
 
 /* The wiring: what an earlier layer needs of later ones without naming them. The last part of
    the implementation (wiring.c) fills one table with the later layers' hooks; earlier layers
@@ -212,6 +213,8 @@ static tb_status tb__device_text_split(const char *fn, const char *text, char na
 static void tb__scalar_store(tb_scalar value, tb_dtype dtype, void *out);
 
 /* backend.c: backend data and the registry */
+/* 1..TB_MAX_NAME bytes of [A-Za-z_][A-Za-z0-9_]* (the names of backends and process groups) */
+static bool tb__name_valid(const char *name);
 static tb_backend *tb__backend_for_device(const tb_device *device); /* error if unknown */
 static const tb_backend_impl *tb__backend_vtable(const tb_backend *backend);
 /* a new data (refcount 1, payload NULL) for a device of `backend` */

@@ -8,10 +8,8 @@
    (in prepare_to_exit and while their buffers are released), and a metric recorded after the
    table was freed would outlive the allocator hooks. */
 static void (*const tb__wired_teardown[])(void) = {
-    tb__executor_shutdown,
-    tb__ir_shutdown,
-    tb__registry_shutdown,
-    tb__metrics_shutdown,
+    tb__process_group_shutdown, tb__executor_shutdown, tb__ir_shutdown,
+    tb__registry_shutdown,      tb__metrics_shutdown,
 };
 
 /* The reference backend first: it is the default backend and the oracle of the others. */

@@ -11,7 +11,13 @@
 #                   {"case": "machine", ...} with the CPU, threads and measured bandwidths
 #   --no-install    do not install missing Debian packages
 #   --only LIST     run only these cases (comma-separated): chain8 add sum max row_sums softmax
-#                   layer_norm matmul mlp mlp_train conv trace replay coldstart
+#                   layer_norm matmul mlp mlp_train conv trace replay coldstart allreduce_mpi
+#
+# allreduce_mpi (last; skipped with a note where mpicc or mpirun is missing: Debian's
+# libopenmpi-dev and openmpi-bin) is tools/bench/mpi/allreduce.c built with mpicc and run under
+# `mpirun -np 2`: tb_all_reduce (sum) of 16M floats (--quick: 1M) on cpu:0, native:0 and
+# opencl:0 beside raw MPI_Allreduce of the same values in the same run; MPI / ours is the
+# target (>= 0.9). A call's time is the slowest rank's, each call after a barrier.
 #
 # Every case runs on opencl:0 and native:0 (a backend that cannot run here is skipped with a
 # note) beside its peers, measured in the same run:
@@ -58,27 +64,33 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 args=()
 install=1
+quick=0
+json=""
+only=""
 while [ $# -gt 0 ]; do
     case "$1" in
-    --quick) args+=(--quick) ;;
+    --quick)
+        args+=(--quick)
+        quick=1
+        ;;
     --json)
         if [ $# -lt 2 ]; then
             echo "bench.sh: --json needs a FILE" >&2
             exit 2
         fi
-        args+=(--json "$2")
+        json=$2
         shift
         ;;
-    --json=*) args+=(--json "${1#--json=}") ;;
+    --json=*) json=${1#--json=} ;;
     --only)
         if [ $# -lt 2 ]; then
             echo "bench.sh: --only needs a LIST" >&2
             exit 2
         fi
-        args+=(--only "$2")
+        only=$2
         shift
         ;;
-    --only=*) args+=(--only "${1#--only=}") ;;
+    --only=*) only=${1#--only=} ;;
     --no-install) install=0 ;;
     -h | --help)
         awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
@@ -203,4 +215,49 @@ if [ "$link" -eq 1 ]; then
 else
     echo "bench: build/bench/bench is up to date"
 fi
-exec build/bench/bench --torch-peer tools/bench/torch_peer.py "${args[@]+"${args[@]}"}"
+# ---- the cases of build/bench/bench, then allreduce_mpi ----
+run_mpi=1
+if [ -n "$only" ]; then
+    run_mpi=0
+    rest=""
+    IFS=, read -r -a cases <<<"$only"
+    for c in "${cases[@]}"; do
+        if [ "$c" = allreduce_mpi ]; then
+            run_mpi=1
+        else
+            rest=${rest:+$rest,}$c
+        fi
+    done
+    if [ -n "$rest" ]; then
+        args+=(--only "$rest")
+    fi
+fi
+if [ -n "$json" ]; then
+    args+=(--json "$json")
+fi
+rc=0
+if [ -z "$only" ] || [ -n "${rest:-}" ]; then
+    build/bench/bench --torch-peer tools/bench/torch_peer.py "${args[@]+"${args[@]}"}" || rc=$?
+elif [ -n "$json" ]; then
+    : >"$json"
+fi
+if [ "$run_mpi" -eq 1 ]; then
+    if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
+        echo "bench: note: allreduce_mpi skipped: no mpicc/mpirun (Debian: libopenmpi-dev openmpi-bin)"
+    elif mpicc -std=gnu11 -O2 -I. tools/bench/mpi/allreduce.c -o build/bench/mpi_allreduce \
+        -ldl -lpthread -lm; then
+        mpi_flags=(--oversubscribe)
+        if [ "$(id -u)" -eq 0 ]; then
+            mpi_flags+=(--allow-run-as-root)
+        fi
+        mpi_args=()
+        [ "$quick" -eq 1 ] && mpi_args+=(--quick)
+        [ -n "$json" ] && mpi_args+=(--json "$json")
+        mpirun "${mpi_flags[@]}" -np 2 build/bench/mpi_allreduce "${mpi_args[@]+"${mpi_args[@]}"}" ||
+            rc=1
+    else
+        echo "bench: allreduce_mpi: tools/bench/mpi/allreduce.c does not build" >&2
+        rc=1
+    fi
+fi
+exit "$rc"

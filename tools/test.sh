@@ -97,7 +97,7 @@ mkdir -p build/compile build/tests build/examples build/plugins
 step "install Debian packages"
 packages=(gcc g++ clang clang-format libclang-rt-14-dev libcmocka-dev pocl-opencl-icd
     ocl-icd-opencl-dev opencl-headers clinfo python3-numpy python3-torch dataset-fashion-mnist
-    gzip valgrind cmake pkg-config)
+    gzip valgrind cmake pkg-config openmpi-bin libopenmpi-dev)
 if [ "$install" -eq 0 ]; then
     echo "skipped (--no-install)"
 elif ! command -v dpkg >/dev/null 2>&1; then
@@ -280,7 +280,7 @@ compile_check "tu_a.c as C++ + tu_b.c as C ($CXX, $CC)" \
      $CXX $out/tu_a_cxx.o $out/tu_b_c.o -o $out/tu_ab_mixed2 $libs
      $out/tu_ab_mixed2"
 # The configuration macros of the header's doc block, one at a time.
-for macro in TB_NO_OPENCL TB_NO_PLUGINS; do
+for macro in TB_NO_OPENCL TB_NO_PLUGINS TB_NO_MPI; do
     compile_check "impl.c with -D$macro ($CC -std=c99)" \
         "$CC -std=c99 $c_warnings -D$macro -I. tests/compile/impl.c -o $out/impl_$macro $libs
          $out/impl_$macro"
@@ -567,6 +567,106 @@ train_example() {
 }
 train_example train_mnist 2560 1000 0.6
 train_example train_cnn 768 300 0.45
+
+# ---------------------------------------------------------------------------------------------
+step "MPI collectives"
+# tests/mpi/collectives.c under mpirun on 1, 2 and 3 ranks (Open MPI: openmpi-bin), every rank
+# against a serial computation. Built without sanitizers: MPI's own allocations are not ours to
+# check. Without mpirun the step says so and runs nothing.
+mpi_flags=(--oversubscribe)
+if [ "$(id -u)" -eq 0 ]; then
+    mpi_flags+=(--allow-run-as-root)
+fi
+if selected tests/mpi/collectives.c; then
+    if ! command -v mpirun >/dev/null 2>&1; then
+        echo "SKIPPED: no mpirun here (Debian: openmpi-bin libopenmpi-dev), the MPI collectives did not run"
+    else
+        mkdir -p build/mpi
+        log=build/mpi/build.log
+        # shellcheck disable=SC2086
+        if $CC -std=c11 -g -O1 -Wall -Wextra -Werror -pedantic -I. tests/mpi/collectives.c \
+            -o build/mpi/collectives -ldl -lpthread -lm >"$log" 2>&1; then
+            # cpu tensors on 1, 2 and 3 ranks; the other backends' on 2
+            for run in 1:cpu:0 2:cpu:0 3:cpu:0 2:native:0 2:opencl:0; do
+                n=${run%%:*}
+                dev=${run#*:}
+                log=build/mpi/collectives.$n.${dev%%:*}.log
+                TB_DEVICE=$dev timeout --foreground -k 10 120 mpirun "${mpi_flags[@]}" \
+                    -x TB_DEVICE -np "$n" build/mpi/collectives 2>&1 | tee "$log"
+                rc=${PIPESTATUS[0]}
+                if [ "$rc" -eq 0 ] && [ "$(grep -c "on $dev: .* 0 failed$" "$log")" -eq "$n" ]; then
+                    echo "ok MPI collectives on $n rank(s), $dev tensors"
+                    pass
+                else
+                    echo "FAIL MPI collectives on $n rank(s), $dev tensors (exit status $rc)"
+                    fail "MPI collectives on $n rank(s), $dev tensors"
+                fi
+            done
+            # MPICH's integer handles, where MPICH is installed too (Debian: mpich): its
+            # launcher sets PMI_RANK, and the library opens libmpich.so.12 first then.
+            if command -v mpiexec.hydra >/dev/null 2>&1 &&
+                ldconfig -p 2>/dev/null | grep -q 'libmpich\.so\.12'; then
+                log=build/mpi/collectives.mpich.log
+                timeout --foreground -k 10 120 mpiexec.hydra -np 3 build/mpi/collectives 2>&1 |
+                    tee "$log"
+                rc=${PIPESTATUS[0]}
+                if [ "$rc" -eq 0 ] && [ "$(grep -c ' of 3 on .* 0 failed$' "$log")" -eq 3 ]; then
+                    echo "ok MPI collectives on 3 ranks with MPICH"
+                    pass
+                else
+                    echo "FAIL MPI collectives on 3 ranks with MPICH (exit status $rc)"
+                    fail "MPI collectives with MPICH"
+                fi
+            else
+                echo "note: MPICH not installed (Debian: mpich): its ABI was not run here"
+            fi
+        else
+            echo "FAIL build: tests/mpi/collectives.c"
+            indent <"$log"
+            fail "build: tests/mpi/collectives.c"
+        fi
+    fi
+fi
+
+# Data-parallel training: examples/train_mnist.c on two ranks (--group mpi) must reach the
+# one-process test accuracy to 0.5% (same seed, same batches, the whole batch's gradient).
+if selected tests/mpi/train_mnist_data_parallel; then
+    fmnist=/usr/share/datasets/fashion-mnist
+    if ! command -v mpirun >/dev/null 2>&1; then
+        echo "SKIPPED: no mpirun here (Debian: openmpi-bin libopenmpi-dev), data-parallel training did not run"
+    elif [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ]; then
+        echo "SKIPPED: $fmnist has no Fashion-MNIST (Debian package dataset-fashion-mnist)"
+    else
+        mkdir -p build/mpi
+        log=build/mpi/train_mnist.build.log
+        # shellcheck disable=SC2086
+        if $CC -std=c99 -O2 -I. examples/train_mnist.c -o build/mpi/train_mnist -ldl -lpthread \
+            -lm >"$log" 2>&1; then
+            train_args=(1 --images 2560 --test-images 1000 --device cpu:0)
+            timeout --foreground -k 10 120 build/mpi/train_mnist "${train_args[@]}" \
+                >build/mpi/train_mnist.1.log 2>&1
+            rc1=$?
+            timeout --foreground -k 10 120 mpirun "${mpi_flags[@]}" -np 2 build/mpi/train_mnist \
+                "${train_args[@]}" --group mpi >build/mpi/train_mnist.2.log 2>&1
+            rc2=$?
+            cat build/mpi/train_mnist.1.log build/mpi/train_mnist.2.log
+            acc1=$(sed -n 's/.*test accuracy \([0-9.]*\).*/\1/p' build/mpi/train_mnist.1.log | tail -n 1)
+            acc2=$(sed -n 's/.*test accuracy \([0-9.]*\).*/\1/p' build/mpi/train_mnist.2.log | tail -n 1)
+            if [ "$rc1" -eq 0 ] && [ "$rc2" -eq 0 ] && [ -n "$acc1" ] && [ -n "$acc2" ] &&
+                awk -v a="$acc1" -v b="$acc2" 'BEGIN { d = a - b; exit !(d <= 0.005 && d >= -0.005) }'; then
+                echo "ok data-parallel training on 2 ranks (test accuracy $acc2, one process $acc1)"
+                pass
+            else
+                echo "FAIL data-parallel training (exit status $rc1/$rc2, accuracy '$acc1' vs '$acc2')"
+                fail "data-parallel training on 2 ranks"
+            fi
+        else
+            echo "FAIL build: examples/train_mnist.c"
+            indent <"$log"
+            fail "build: examples/train_mnist.c (data-parallel)"
+        fi
+    fi
+fi
 
 # ---------------------------------------------------------------------------------------------
 step "README code blocks"

@@ -1,0 +1,13 @@
+/* ===========================================================================================
+   Distribution: what the process-group registry (distributed.c) uses of the mpi part
+   =========================================================================================== */
+#include "impl_begin.h"
+
+/* The mpi group's loader needs dlopen; TB_NO_MPI leaves it out (the group then says so). */
+#if !defined(TB_NO_MPI) && !defined(_WIN32)
+#define TB__HAVE_MPI 1
+#include <dlfcn.h>
+#endif
+
+/* mpi.c: the entries of the built-in `mpi` process group */
+static tb_process_group_impl tb__mpi_group_impl(void);
