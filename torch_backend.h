@@ -17011,7 +17011,14 @@ static bool tb__conv_input(const char *fn, const char *name, tb_tensor *x, int32
    window starting inside the input or its left padding) and the right padding the windows
    need; false with the error set when no window fits. */
 static bool tb__conv_out_size(tb__conv_args *c, int32_t i, bool ceil_mode) {
-    int64_t span = c->d[i] * (c->k[i] - 1) + 1, room = c->lo[i] + 2 * c->p[i], o, need;
+    int64_t span, room, o, need;
+    if (!tb__muladd_i64(c->d[i], c->k[i] - 1, 1, &span) ||
+        !tb__muladd_i64(c->p[i], 2, c->lo[i], &room)) {
+        tb__error(TB_ERR_OVERFLOW,
+                  "%s: kernel %lld, dilation %lld and padding %lld overflow along spatial dim %d",
+                  c->fn, (long long)c->k[i], (long long)c->d[i], (long long)c->p[i], (int)i);
+        return false;
+    }
     if (room < span) {
         tb__error(TB_ERR_SHAPE,
                   "%s: the kernel spans %lld (size %lld, dilation %lld) but the padded input "
@@ -17078,11 +17085,24 @@ static bool tb__conv_common(tb__conv_args *c, tb_tensor *x, const int64_t *kerne
 static int64_t tb__conv_weight(tb__conv_args *c, tb_tensor *x, tb_tensor *weight, tb_tensor *bias,
                                int64_t groups, bool transposed) {
     tb_shape xs = tb_tensor_shape(x), ws = tb_tensor_shape(weight);
+    tb_device dx = tb_tensor_device(x), dw = tb_tensor_device(weight);
+    const char *other = "weight";
     int64_t ch = xs.dims[xs.rank - c->n - 1], outc;
     int32_t i;
     char a[96], b[96];
     tb__shape_text(&xs, a);
     tb__shape_text(&ws, b);
+    if (tb_device_equal(&dx, &dw) && bias != NULL) {
+        dw = tb_tensor_device(bias);
+        other = "bias";
+    }
+    if (!tb_device_equal(&dx, &dw)) {
+        char na[64], nb[64];
+        tb_device_format(&dx, na, sizeof na);
+        tb_device_format(&dw, nb, sizeof nb);
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: x is on %s but %s is on %s", c->fn, na, other, nb);
+        return -1;
+    }
     if (ws.dtype != xs.dtype || ws.rank != c->n + 2) {
         tb__error(ws.dtype != xs.dtype ? TB_ERR_DTYPE : TB_ERR_SHAPE,
                   "%s: weight %s does not suit x %s (a %s weight of rank %d is needed)", c->fn, b,
@@ -17259,7 +17279,7 @@ static tb_tensor *tb__conv_transpose(const char *fn, int32_t n, tb_tensor *x, tb
                                      int64_t groups) {
     tb__conv_args c;
     tb_tensor *y;
-    int64_t outc;
+    int64_t outc, full;
     bool batched;
     tb__ag a;
     int32_t i;
@@ -17281,8 +17301,16 @@ static tb_tensor *tb__conv_transpose(const char *fn, int32_t n, tb_tensor *x, tb
                       fn, (long long)c.op[i], (long long)c.s[i], (long long)c.d[i], (int)i);
             return NULL;
         }
-        c.out[i] = (c.lo[i] - 1) * c.s[i] - 2 * c.p[i] + c.d[i] * (c.k[i] - 1) + c.op[i] + 1;
-        if (c.lo[i] < 1 || c.out[i] < 1) {
+        if (c.lo[i] < 1 || !tb__muladd_i64(c.lo[i] - 1, c.s[i], c.op[i] + 1, &full) ||
+            !tb__muladd_i64(c.d[i], c.k[i] - 1, full, &full) || full > INT64_MAX / 4) {
+            tb__error(TB_ERR_OVERFLOW,
+                      "%s: the output size overflows along spatial dim %d (stride %lld, "
+                      "dilation %lld)",
+                      fn, (int)i, (long long)c.s[i], (long long)c.d[i]);
+            return NULL;
+        }
+        c.out[i] = full - 2 * c.p[i];
+        if (c.p[i] > INT64_MAX / 4 || c.out[i] < 1) {
             tb__error(TB_ERR_SHAPE, "%s: the output would have %lld elements along spatial dim %d",
                       fn, (long long)c.out[i], (int)i);
             return NULL;

@@ -741,7 +741,7 @@ static void test_errors(void **state) {
     tb_tensor *x = tb_zeros(&xs, NULL), *w = tb_zeros(&ws, NULL), *xi = tb_zeros(&is, NULL);
     tb_tensor *wb = tb_zeros(&big, NULL), *wg = tb_zeros(&w3, NULL), *wt = tb_zeros(&wts, NULL);
     const int64_t neg[2] = {-1, 1}, k9[2] = {9, 9}, k3[2] = {3, 3}, p2[2] = {2, 2};
-    const int64_t zero[2] = {0, 0};
+    const int64_t zero[2] = {0, 0}, huge[2] = {INT64_MAX / 2, INT64_MAX / 2};
     (void)state;
     expect_error(tb_conv2d(NULL, w, NULL, NULL, NULL, NULL, 1), TB_ERR_INVALID_ARGUMENT, "x");
     expect_error(tb_conv2d(x, NULL, NULL, NULL, NULL, NULL, 1), TB_ERR_INVALID_ARGUMENT, "weight");
@@ -769,6 +769,19 @@ static void test_errors(void **state) {
     expect_error(tb_fold(x, 2, k3, k3, NULL, NULL), TB_ERR_SHAPE, "windows");
     expect_error(tb_max_pool2d(x, k3, NULL, p2, NULL, false), TB_ERR_INVALID_ARGUMENT,
                  "half the kernel");
+    expect_error(tb_conv2d(x, w, NULL, NULL, huge, NULL, 1), TB_ERR_OVERFLOW, "overflow");
+    expect_error(tb_conv_transpose2d(x, wt, NULL, huge, NULL, NULL, NULL, 1), TB_ERR_OVERFLOW,
+                 "overflow");
+    {
+        tb_device nat;
+        if (tb_device_make("native", 0, &nat) == TB_OK) {
+            tb_tensor *wn = tb_zeros(&ws, &nat);
+            expect_error(tb_conv2d(x, wn, NULL, NULL, NULL, NULL, 1), TB_ERR_INVALID_ARGUMENT,
+                         "weight is on native:0");
+            tb_tensor_release(wn);
+        }
+        tb_clear_error();
+    }
     tb_tensor_release(x);
     tb_tensor_release(w);
     tb_tensor_release(xi);
