@@ -596,6 +596,22 @@ static WL_UNUSED tb_status wl_run(const wl_config *cfg, wl_record *rec, wl_run_s
         WL_V("index_select", z);
     }
 
+    /* ---- convolution, pooling, windows and their fold ---- */
+    {
+        int64_t xdims[4] = {1, 1, 4, 6}, flat[1] = {24}, wdims[4] = {2, 1, 3, 3};
+        const int64_t pad[2] = {1, 1}, pool[2] = {2, 2}, sizes[2] = {4, 6}, k3[2] = {3, 3};
+        WL_T(t, tb_reshape(x, xdims, 4));
+        WL_T(u, tb_reshape(K(tb_slice(K(tb_reshape(x, flat, 1)), 0, 0, 18, 1)), wdims, 4));
+        WL_T(v, tb_conv2d(t, u, NULL, NULL, pad, NULL, 1));       /* [1,2,4,6] */
+        WL_T(z, tb_max_pool2d(v, pool, NULL, NULL, NULL, false)); /* [1,2,2,3] */
+        WL_T(p, tb_avg_pool2d(t, k3, NULL, pad, true, false));    /* [1,1,2,2] */
+        WL_T(q, tb_fold(K(tb_window(t, 2, k3, NULL, NULL)), 2, sizes, k3, NULL, NULL));
+        WL_V("conv2d", v);
+        WL_V("max_pool2d", z);
+        WL_V("avg_pool2d", p);
+        WL_V("fold of windows", q);
+    }
+
     /* ---- generators and random numbers ---- */
     {
         tb_shape s23 = tb_shape_of(TB_F32, 2, 2, 3);
