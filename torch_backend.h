@@ -20344,14 +20344,20 @@ static const char *const tb__cl_prelude[] = {
     "\n",
     "/* 16-bit floats as bits (in a uint) to float and back, as the reference converts: to nearest\n",
     "   even, overflow to infinity, subnormals kept, NaN stays NaN. TB_BITS_F32 and TB_F32_BITS are\n",
-    "   the dialect's reinterpretations. */\n",
+    "   the dialect's reinterpretations; a dialect whose compiler converts f16 itself defines\n",
+    "   TB_HAS_F16_CVT and its own tb_f2h and tb_rnd_f16. */\n",
     "TB_FN float tb_h2f(uint h) {\n",
-    "    uint sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;\n",
-    "    if (e == 0x1fu) return TB_BITS_F32(sign | 0x7f800000u | (m << 13));\n",
-    "    if (e != 0u) return TB_BITS_F32(sign | ((e + 112u) << 23) | (m << 13));\n",
-    "    return (sign != 0u ? -1.0f : 1.0f) * ((float)m * 5.9604644775390625e-8f); /* m * 2^-24 */\n",
+    "    /* without branches: exponent and mantissa as an f32 scaled by 2^112 (exact), infinity and\n",
+    "       NaN given the all-ones exponent; subnormals as m * 2^-24 (an f32 subnormal would be\n",
+    "       flushed to zero where a device does so); then the sign */\n",
+    "    uint em = (h & 0x7fffu) << 13;\n",
+    "    uint u = TB_F32_BITS(TB_BITS_F32(em) * 5.192296858534828e+33f);\n",
+    "    uint sub = TB_F32_BITS((float)(h & 0x3ffu) * 5.9604644775390625e-8f);\n",
+    "    u = em < 0x00800000u ? sub : (u | (em >= 0x0f800000u ? 0x7f800000u : 0u));\n",
+    "    return TB_BITS_F32(u | ((h & 0x8000u) << 16));\n",
     "}\n",
     "\n",
+    "#ifndef TB_HAS_F16_CVT\n",
     "/* v >> s rounded to nearest, ties to even (0 < s < 32). */\n",
     "TB_FN uint tb_shr_rne(uint v, uint s) {\n",
     "    uint q = v >> s, rem = v & ((1u << s) - 1u), mid = 1u << (s - 1u);\n",
@@ -20367,6 +20373,11 @@ static const char *const tb__cl_prelude[] = {
     "    return sign | tb_shr_rne((a & 0x7fffffu) | 0x800000u, 126u - (a >> 23));\n",
     "}\n",
     "\n",
+    "TB_FN float tb_rnd_f16(float x) {\n",
+    "    return tb_h2f(tb_f2h(x));\n",
+    "}\n",
+    "#endif\n",
+    "\n",
     "TB_FN float tb_bf2f(uint h) {\n",
     "    return TB_BITS_F32(h << 16);\n",
     "}\n",
@@ -20377,11 +20388,7 @@ static const char *const tb__cl_prelude[] = {
     "    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;\n",
     "}\n",
     "\n",
-    "/* A float rounded to the nearest f16 or bf16 value (still a float). */\n",
-    "TB_FN float tb_rnd_f16(float x) {\n",
-    "    return tb_h2f(tb_f2h(x));\n",
-    "}\n",
-    "\n",
+    "/* A float rounded to the nearest bf16 value (still a float); tb_rnd_f16 likewise for f16. */\n",
     "TB_FN float tb_rnd_bf16(float x) {\n",
     "    return tb_bf2f(tb_f2bf(x));\n",
     "}\n",
@@ -20555,7 +20562,7 @@ static const char *const tb__cl_prelude[] = {
     "#endif\n",
     0
 };
-static const size_t tb__cl_prelude_count = 233;
+static const size_t tb__cl_prelude_count = 240;
 // clang-format on
 #endif
 
@@ -21374,6 +21381,29 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
     return v;
 }
 
+/* Whether an op's result is one of its operands' values, or exact in their dtype, whenever
+   they are of its 16-bit dtype: no rounding needed. */
+static bool tb__cg_exact(const tb_node *n) {
+    size_t k;
+    for (k = n->op == TB_OP_WHERE ? 1 : 0; k < n->num_operands; k++) /* where: after cond */
+        if (n->operands[k]->shape.dtype != n->shape.dtype) return false;
+    switch (n->op) {
+    case TB_OP_NEG:
+    case TB_OP_ABS:
+    case TB_OP_RELU:
+    case TB_OP_FLOOR:
+    case TB_OP_CEIL:
+    case TB_OP_ROUND:
+    case TB_OP_SIGN:
+    case TB_OP_MAXIMUM:
+    case TB_OP_MINIMUM:
+    case TB_OP_WHERE:
+        return true;
+    default:
+        return false;
+    }
+}
+
 /* Whether v is one of the operand values on the stack from `base` (a view of an operand). */
 static bool tb__cg_passes(const tb__cg *g, int32_t base, size_t num_operands, int32_t v) {
     size_t k;
@@ -21422,7 +21452,8 @@ static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos) {
         }
         v = tb__cg_emit_op(g, fnode, fpos, &g->stack[f->vbase], n->num_operands);
         if (v < 0) goto fail;
-        if (tb__cg_is_half(n->shape.dtype) && !tb__cg_passes(g, f->vbase, n->num_operands, v)) {
+        if (tb__cg_is_half(n->shape.dtype) && !tb__cg_exact(n) &&
+            !tb__cg_passes(g, f->vbase, n->num_operands, v)) {
             v = tb__cg_round(g, n->shape.dtype, v); /* a computed value, not an operand's */
             if (v < 0) goto fail;
         }
@@ -25495,6 +25526,14 @@ static const char tb__native_head[] =
     "#define TB_F32_BITS(f) tb_as_u32(f)\n"
     "#define TB_LDH(p, i) tb_h2f((p)[i])\n"
     "#define TB_STH(p, i, v) ((p)[i] = (ushort)tb_f2h(v))\n"
+    "#if defined(__FLT16_MAX__) /* the compiler's _Float16: F16C instructions where the CPU has "
+    "them */\n"
+    "#define TB_HAS_F16_CVT 1\n"
+    "static inline uint tb_f2h(float x) {\n"
+    "    _Float16 f = (_Float16)x; ushort b; memcpy(&b, &f, sizeof b); return b;\n"
+    "}\n"
+    "static inline float tb_rnd_f16(float x) { return (float)(_Float16)x; }\n"
+    "#endif\n"
     "static inline double tb_as_f64(ulong b) { double f; memcpy(&f, &b, sizeof f); return f; }\n"
     "typedef float float16 __attribute__((vector_size(64)));\n"
     "typedef double double8 __attribute__((vector_size(64)));\n"

@@ -813,6 +813,29 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
     return v;
 }
 
+/* Whether an op's result is one of its operands' values, or exact in their dtype, whenever
+   they are of its 16-bit dtype: no rounding needed. */
+static bool tb__cg_exact(const tb_node *n) {
+    size_t k;
+    for (k = n->op == TB_OP_WHERE ? 1 : 0; k < n->num_operands; k++) /* where: after cond */
+        if (n->operands[k]->shape.dtype != n->shape.dtype) return false;
+    switch (n->op) {
+    case TB_OP_NEG:
+    case TB_OP_ABS:
+    case TB_OP_RELU:
+    case TB_OP_FLOOR:
+    case TB_OP_CEIL:
+    case TB_OP_ROUND:
+    case TB_OP_SIGN:
+    case TB_OP_MAXIMUM:
+    case TB_OP_MINIMUM:
+    case TB_OP_WHERE:
+        return true;
+    default:
+        return false;
+    }
+}
+
 /* Whether v is one of the operand values on the stack from `base` (a view of an operand). */
 static bool tb__cg_passes(const tb__cg *g, int32_t base, size_t num_operands, int32_t v) {
     size_t k;
@@ -861,7 +884,8 @@ static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos) {
         }
         v = tb__cg_emit_op(g, fnode, fpos, &g->stack[f->vbase], n->num_operands);
         if (v < 0) goto fail;
-        if (tb__cg_is_half(n->shape.dtype) && !tb__cg_passes(g, f->vbase, n->num_operands, v)) {
+        if (tb__cg_is_half(n->shape.dtype) && !tb__cg_exact(n) &&
+            !tb__cg_passes(g, f->vbase, n->num_operands, v)) {
             v = tb__cg_round(g, n->shape.dtype, v); /* a computed value, not an operand's */
             if (v < 0) goto fail;
         }

@@ -22,14 +22,20 @@ TB_FN long tb_f2i_f64(double x) {
 
 /* 16-bit floats as bits (in a uint) to float and back, as the reference converts: to nearest
    even, overflow to infinity, subnormals kept, NaN stays NaN. TB_BITS_F32 and TB_F32_BITS are
-   the dialect's reinterpretations. */
+   the dialect's reinterpretations; a dialect whose compiler converts f16 itself defines
+   TB_HAS_F16_CVT and its own tb_f2h and tb_rnd_f16. */
 TB_FN float tb_h2f(uint h) {
-    uint sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0x1fu) return TB_BITS_F32(sign | 0x7f800000u | (m << 13));
-    if (e != 0u) return TB_BITS_F32(sign | ((e + 112u) << 23) | (m << 13));
-    return (sign != 0u ? -1.0f : 1.0f) * ((float)m * 5.9604644775390625e-8f); /* m * 2^-24 */
+    /* without branches: exponent and mantissa as an f32 scaled by 2^112 (exact), infinity and
+       NaN given the all-ones exponent; subnormals as m * 2^-24 (an f32 subnormal would be
+       flushed to zero where a device does so); then the sign */
+    uint em = (h & 0x7fffu) << 13;
+    uint u = TB_F32_BITS(TB_BITS_F32(em) * 5.192296858534828e+33f);
+    uint sub = TB_F32_BITS((float)(h & 0x3ffu) * 5.9604644775390625e-8f);
+    u = em < 0x00800000u ? sub : (u | (em >= 0x0f800000u ? 0x7f800000u : 0u));
+    return TB_BITS_F32(u | ((h & 0x8000u) << 16));
 }
 
+#ifndef TB_HAS_F16_CVT
 /* v >> s rounded to nearest, ties to even (0 < s < 32). */
 TB_FN uint tb_shr_rne(uint v, uint s) {
     uint q = v >> s, rem = v & ((1u << s) - 1u), mid = 1u << (s - 1u);
@@ -45,6 +51,11 @@ TB_FN uint tb_f2h(float f) {
     return sign | tb_shr_rne((a & 0x7fffffu) | 0x800000u, 126u - (a >> 23));
 }
 
+TB_FN float tb_rnd_f16(float x) {
+    return tb_h2f(tb_f2h(x));
+}
+#endif
+
 TB_FN float tb_bf2f(uint h) {
     return TB_BITS_F32(h << 16);
 }
@@ -55,11 +66,7 @@ TB_FN uint tb_f2bf(float f) {
     return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
-/* A float rounded to the nearest f16 or bf16 value (still a float). */
-TB_FN float tb_rnd_f16(float x) {
-    return tb_h2f(tb_f2h(x));
-}
-
+/* A float rounded to the nearest bf16 value (still a float); tb_rnd_f16 likewise for f16. */
 TB_FN float tb_rnd_bf16(float x) {
     return tb_bf2f(tb_f2bf(x));
 }

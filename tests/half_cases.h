@@ -341,3 +341,59 @@ static int half_run_cases(const tb_device *device, void ***got_out) {
     if (got_out) *got_out = kept;
     return failures;
 }
+
+/* Every 16-bit pattern cast to f32 on the device, and the oracle's f32 values cast to 16 bits,
+   against the library's host conversions (which the exhaustive test holds to PyTorch's):
+   returns how many differ (NaN only has to stay NaN). */
+static int half_device_conversions(const tb_device *device) {
+    int k, bad = 0;
+    static uint16_t pats[65536];
+    static float f32[65536];
+    for (k = 0; k < 2; k++) {
+        tb_dtype dt = k == 0 ? TB_F16 : TB_BF16;
+        tb_shape s = tb_shape_of(dt, 1, 65536), sf;
+        tb_tensor *x, *y, *z, *w;
+        size_t i, n = g_half.f2h_count[k];
+        uint16_t *back = (uint16_t *)calloc(n + 1, 2);
+        for (i = 0; i < 65536; i++)
+            pats[i] = (uint16_t)i;
+        x = tb_tensor_from_host(pats, &s, device);
+        y = tb_cast(x, TB_F32);
+        if (back == NULL || tb_tensor_to_host(y, f32, sizeof f32) != TB_OK) {
+            print_message("%s\n", tb_last_error());
+            bad++;
+        }
+        for (i = 0; i < 65536 && bad < 5; i++) {
+            float want = k == 0 ? tb_f16_to_f32(pats[i]) : tb_bf16_to_f32(pats[i]);
+            if (want != want ? f32[i] == f32[i] : memcmp(&want, &f32[i], 4) != 0) {
+                print_message("%s %04x to f32 on the device: %.9g, expected %.9g\n",
+                              tb_dtype_name(dt), (unsigned)i, f32[i], want);
+                bad++;
+            }
+        }
+        tb_shape_make(&sf, TB_F32, 1, (const int64_t[]){(int64_t)n});
+        z = tb_tensor_from_host(g_half.f2h_in[k], &sf, device);
+        w = tb_cast(z, dt);
+        if (back == NULL || tb_tensor_to_host(w, back, n * 2) != TB_OK) {
+            print_message("%s\n", tb_last_error());
+            bad++;
+        }
+        for (i = 0; i < n && back != NULL && bad < 10; i++) {
+            float f;
+            uint16_t want;
+            memcpy(&f, &g_half.f2h_in[k][i], 4);
+            want = k == 0 ? tb_f32_to_f16(f) : tb_f32_to_bf16(f);
+            if (f != f ? !half_is_nan(dt, back[i]) : back[i] != want) {
+                print_message("f32 %08x to %s on the device: %04x, expected %04x\n",
+                              (unsigned)g_half.f2h_in[k][i], tb_dtype_name(dt), back[i], want);
+                bad++;
+            }
+        }
+        free(back);
+        tb_tensor_release(w);
+        tb_tensor_release(z);
+        tb_tensor_release(y);
+        tb_tensor_release(x);
+    }
+    return bad;
+}

@@ -150,6 +150,7 @@ static void test_ops_cpu(void **state) {
         skip();
     }
     assert_int_equal(tb_device_parse("cpu:0", &cpu), TB_OK);
+    assert_int_equal(half_device_conversions(&cpu), 0);
     assert_int_equal(half_run_cases(&cpu, NULL), 0);
 }
 
@@ -170,6 +171,7 @@ static void test_ops_native(void **state) {
         skip();
     }
     tb_tensor_release(probe);
+    assert_int_equal(half_device_conversions(&dev), 0);
     assert_int_equal(half_run_cases(&dev, NULL), 0);
 }
 

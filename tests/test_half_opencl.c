@@ -34,6 +34,7 @@ static void test_ops_against_torch_and_reference(void **state) {
     (void)state;
     need_cases();
     assert_int_equal(tb_device_parse("cpu:0", &cpu), TB_OK);
+    assert_int_equal(half_device_conversions(&ocl), 0);
     assert_int_equal(half_run_cases(&ocl, &on_ocl), 0);
     assert_int_equal(half_run_cases(&cpu, &on_cpu), 0);
     for (ci = 0; ci < g_half.num_cases; ci++) {
