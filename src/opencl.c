@@ -351,6 +351,14 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "/* f16 through the built-ins every OpenCL C device has (no cl_khr_fp16 needed) */\n"          \
     "#define TB_LDH(p, i) vload_half((i), (const __global half *)(p))\n"                           \
     "#define TB_STH(p, i, v) vstore_half_rte((v), (i), (__global half *)(p))\n"                    \
+    "#define TB_HAS_F16_CVT 1\n"                                                                   \
+    "uint tb_f2h(float x) {\n"                                                                     \
+    "    ushort h; vstore_half_rte(x, 0, (__private half *)&h); return h;\n"                       \
+    "}\n"                                                                                          \
+    "float tb_rnd_f16(float x) {\n"                                                                \
+    "    ushort h; vstore_half_rte(x, 0, (__private half *)&h);\n"                                 \
+    "    return vload_half(0, (const __private half *)&h);\n"                                      \
+    "}\n"                                                                                          \
     "\n"
     d->head = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
                                        "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"

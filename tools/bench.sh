@@ -11,7 +11,11 @@
 #                   {"case": "machine", ...} with the CPU, threads and measured bandwidths
 #   --no-install    do not install missing Debian packages
 #   --only LIST     run only these cases (comma-separated): chain8 add sum max row_sums softmax
-#                   layer_norm matmul mlp mlp_train trace replay coldstart
+#                   layer_norm matmul mlp mlp_train trace replay coldstart half
+#
+# half: chain8, sum and matmul (512) with f16 and bf16 storage (rows chain8_f16, sum_bf16,
+# matmul_f16_512, ...), each timed beside the same case in f32 on the same backend: the row's
+# anchor is ours_f32, so an/ours is the speed-up of 16-bit storage.
 #
 # Every case runs on opencl:0 and native:0 (a backend that cannot run here is skipped with a
 # note) beside its peers, measured in the same run:
