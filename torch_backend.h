@@ -237,6 +237,8 @@ typedef enum tb_dtype {
     TB_I64,
     TB_U8,
     TB_BOOL,
+    TB_F16,  /* IEEE binary16: storage and results in 16 bits, arithmetic in f32 */
+    TB_BF16, /* bfloat16 (the top half of an f32): storage in 16 bits, arithmetic in f32 */
     TB_DTYPE_COUNT
 } tb_dtype;
 
@@ -256,18 +258,29 @@ typedef struct tb_scalar {
     int64_t i;
 } tb_scalar;
 
-/* "f32", "f64", "i32", "i64", "u8", "bool"; "invalid" for anything else. */
+/* "f32", "f64", "i32", "i64", "u8", "bool", "f16", "bf16"; "invalid" for anything else. */
 TBDEF const char *tb_dtype_name(tb_dtype dtype);
 /* Bytes per element (bool is 1 byte); 0 for an invalid dtype. */
 TBDEF size_t tb_dtype_size(tb_dtype dtype);
-/* Parses a dtype name ("f32", also "float32", "float", "int64", ...). */
+/* Parses a dtype name ("f32", also "float32", "float", "int64", "f16", "float16", "half",
+   "bf16", "bfloat16", ...). */
 TBDEF tb_status tb_dtype_parse(const char *text, tb_dtype *out);
 TBDEF bool tb_dtype_is_valid(tb_dtype dtype);
-TBDEF bool tb_dtype_is_float(tb_dtype dtype);
+TBDEF bool tb_dtype_is_float(tb_dtype dtype);   /* f16 bf16 f32 f64 */
 TBDEF bool tb_dtype_is_integer(tb_dtype dtype); /* i32 i64 u8 (not bool) */
-/* PyTorch's promotion of two tensor dtypes: bool < u8 < i32 < i64 < f32 < f64, with
-   u8 combined with a signed type giving the signed type (u8 + i32 = i32). */
+/* PyTorch's promotion of two tensor dtypes: bool < u8 < i32 < i64 < f16, bf16 < f32 < f64, with
+   u8 combined with a signed type giving the signed type (u8 + i32 = i32) and f16 combined with
+   bf16 giving f32. */
 TBDEF tb_dtype tb_dtype_promote(tb_dtype a, tb_dtype b);
+
+/* f32 <-> f16 and bf16 as bit patterns, as PyTorch converts: to nearest, ties to even;
+   values beyond the largest finite number give infinity; f16 subnormals are kept; a NaN stays a
+   NaN of the same sign (f32 -> f16/bf16 gives a quiet NaN with the top payload bits; f16/bf16
+   -> f32 keeps the payload). Pure functions: thread-safe. */
+TBDEF uint16_t tb_f32_to_f16(float value);
+TBDEF float tb_f16_to_f32(uint16_t bits);
+TBDEF uint16_t tb_f32_to_bf16(float value);
+TBDEF float tb_bf16_to_f32(uint16_t bits);
 
 /* Scalars of each kind. */
 TBDEF tb_scalar tb_scalar_f(tb_dtype dtype, double value);
@@ -1333,12 +1346,12 @@ TBDEF tb_status tb_opencl_trim_cache(const tb_device *device);
    Interop: .npy files
    =========================================================================================== */
 
-/* Reads a .npy file (format 1.0 to 3.0, C order, f4 f8 i4 i8 u1 b1, little or big endian) into a
+/* Reads a .npy file (format 1.0 to 3.0, C order, f2 f4 f8 i4 i8 u1 b1, little or big endian) into a
    new tensor on `device` (NULL: current). Fortran order, other dtypes, truncated files, headers
    that lie and shapes that overflow are TB_ERR_FORMAT with the reason. */
 TBDEF tb_tensor *tb_npy_load(const char *path, const tb_device *device);
 /* Writes the tensor's value (syncing it) as .npy 1.0 (2.0 if the header needs it), through a
-   temporary file and a rename. */
+   temporary file and a rename. f16 is '<f2'; bf16, which numpy lacks, is TB_ERR_DTYPE. */
 TBDEF tb_status tb_npy_save(const char *path, tb_tensor *tensor);
 
 /* ===========================================================================================
@@ -1394,8 +1407,9 @@ typedef struct tb_dl_device {
 } tb_dl_device;
 
 /* DLDataType: code (a tb_dl_data_type_code), bits per lane, lanes. The library's dtypes are
-   f32 (FLOAT, 32), f64 (FLOAT, 64), i32 (INT, 32), i64 (INT, 64), u8 (UINT, 8) and bool
-   (BOOL, 8, one byte per element as numpy and PyTorch store it), all with lanes 1. */
+   f32 (FLOAT, 32), f64 (FLOAT, 64), f16 (FLOAT, 16), bf16 (BFLOAT, 16), i32 (INT, 32), i64
+   (INT, 64), u8 (UINT, 8) and bool (BOOL, 8, one byte per element as numpy and PyTorch store
+   it), all with lanes 1. */
 typedef struct tb_dl_data_type {
     uint8_t code;
     uint8_t bits;
@@ -1451,7 +1465,7 @@ typedef struct tb_dl_managed_tensor_versioned {
 TBDEF tb_status tb_dlpack_export(tb_tensor *tensor, tb_dl_managed_tensor **out);
 
 /* A new tensor on `device` (NULL: the current device) holding the value of a DLPack tensor.
-   Accepted: device type TB_DL_CPU (host memory), lanes 1, the library's six dtypes (see
+   Accepted: device type TB_DL_CPU (host memory), lanes 1, the library's eight dtypes (see
    tb_dl_data_type), ndim 0..TB_MAX_RANK, non-negative dims, any strides (NULL: C-contiguous)
    and byte_offset. On success the library owns `managed`:
      - on a device that shares host memory (the cpu backend), a C-contiguous, suitably aligned
@@ -1528,8 +1542,8 @@ TBDEF const char *tb_tensor_set_metadata_key(const tb_tensor_set *set, size_t in
 /* Reads a safetensors file (github.com/huggingface/safetensors: an 8-byte little-endian header
    length, a JSON header {"name": {"dtype", "shape", "data_offsets": [begin, end]}, optional
    "__metadata__": {string: string}}, then the data) into a new set on `device` (NULL: the
-   current device), tensors in the header's order. Dtypes F32 F64 I32 I64 U8 BOOL load as
-   f32 f64 i32 i64 u8 bool; F16 and BF16 load widened to f32 (exactly: every value is kept).
+   current device), tensors in the header's order. Dtypes F32 F64 F16 BF16 I32 I64 U8 BOOL
+   load as f32 f64 f16 bf16 i32 i64 u8 bool.
    The file is memory-mapped; on a device that shares host memory (the cpu backend) each
    suitably aligned tensor uses the mapping in place, without a copy, and the mapping lives
    until the last such tensor is released (the set may be freed first). Do not truncate or
@@ -2139,6 +2153,11 @@ static tb_status tb__device_text_split(const char *fn, const char *text, char na
                                        int32_t *ordinal);
 /* writes one element of `dtype` holding the value (C conversions; out-of-range floats saturate) */
 static void tb__scalar_store(tb_scalar value, tb_dtype dtype, void *out);
+/* a double as an f32 (IEEE rounding, no undefined behaviour out of range), and as or from the
+   bits of f16 or bf16 (through f32) */
+static float tb__f64_to_f32(double d);
+static uint16_t tb__f64_to_half(tb_dtype dtype, double d);
+static double tb__half_to_f64(tb_dtype dtype, uint16_t bits);
 
 /* backend.c: backend data and the registry */
 /* 1..TB_MAX_NAME bytes of [A-Za-z_][A-Za-z0-9_]* (the names of backends and process groups) */
@@ -3698,6 +3717,10 @@ TBDEF const char *tb_dtype_name(tb_dtype dtype) {
         return "u8";
     case TB_BOOL:
         return "bool";
+    case TB_F16:
+        return "f16";
+    case TB_BF16:
+        return "bf16";
     case TB_DTYPE_COUNT:
         break;
     }
@@ -3718,6 +3741,9 @@ TBDEF size_t tb_dtype_size(tb_dtype dtype) {
         return 1;
     case TB_BOOL:
         return 1;
+    case TB_F16:
+    case TB_BF16:
+        return 2;
     case TB_DTYPE_COUNT:
         break;
     }
@@ -3728,10 +3754,12 @@ TBDEF tb_status tb_dtype_parse(const char *text, tb_dtype *out) {
     static const struct {
         const char *name;
         tb_dtype dtype;
-    } names[] = {{"f32", TB_F32},     {"float32", TB_F32}, {"float", TB_F32}, {"f64", TB_F64},
-                 {"float64", TB_F64}, {"double", TB_F64},  {"i32", TB_I32},   {"int32", TB_I32},
-                 {"int", TB_I32},     {"i64", TB_I64},     {"int64", TB_I64}, {"long", TB_I64},
-                 {"u8", TB_U8},       {"uint8", TB_U8},    {"bool", TB_BOOL}};
+    } names[] = {
+        {"f32", TB_F32},     {"float32", TB_F32}, {"float", TB_F32}, {"f64", TB_F64},
+        {"float64", TB_F64}, {"double", TB_F64},  {"i32", TB_I32},   {"int32", TB_I32},
+        {"int", TB_I32},     {"i64", TB_I64},     {"int64", TB_I64}, {"long", TB_I64},
+        {"u8", TB_U8},       {"uint8", TB_U8},    {"bool", TB_BOOL}, {"f16", TB_F16},
+        {"float16", TB_F16}, {"half", TB_F16},    {"bf16", TB_BF16}, {"bfloat16", TB_BF16}};
     size_t i;
     if (text == NULL || out == NULL) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_dtype_parse: %s is NULL",
@@ -3744,20 +3772,21 @@ TBDEF tb_status tb_dtype_parse(const char *text, tb_dtype *out) {
         }
     }
     return tb__error(TB_ERR_INVALID_ARGUMENT,
-                     "tb_dtype_parse: unknown dtype '%.64s' (expected f32, f64, i32, i64, u8 or "
-                     "bool)",
+                     "tb_dtype_parse: unknown dtype '%.64s' (expected f32, f64, f16, bf16, i32, "
+                     "i64, u8 or bool)",
                      text);
 }
 
 TBDEF bool tb_dtype_is_float(tb_dtype dtype) {
-    return dtype == TB_F32 || dtype == TB_F64;
+    return dtype == TB_F32 || dtype == TB_F64 || dtype == TB_F16 || dtype == TB_BF16;
 }
 
 TBDEF bool tb_dtype_is_integer(tb_dtype dtype) {
     return dtype == TB_I32 || dtype == TB_I64 || dtype == TB_U8;
 }
 
-/* Position in the promotion lattice, which is a chain for these dtypes. */
+/* Position in the promotion lattice, a chain but for f16 and bf16, which share a place (their
+   join is f32: tb_dtype_promote). */
 static int tb__dtype_rank(tb_dtype dtype) {
     switch (dtype) {
     case TB_BOOL:
@@ -3768,10 +3797,13 @@ static int tb__dtype_rank(tb_dtype dtype) {
         return 2;
     case TB_I64:
         return 3;
-    case TB_F32:
+    case TB_F16:
+    case TB_BF16:
         return 4;
-    case TB_F64:
+    case TB_F32:
         return 5;
+    case TB_F64:
+        return 6;
     case TB_DTYPE_COUNT:
         break;
     }
@@ -3784,7 +3816,81 @@ TBDEF tb_dtype tb_dtype_promote(tb_dtype a, tb_dtype b) {
                   tb_dtype_is_valid(a) ? (int)b : (int)a);
         return TB_DTYPE_COUNT;
     }
+    if ((a == TB_F16 && b == TB_BF16) || (a == TB_BF16 && b == TB_F16)) return TB_F32;
     return tb__dtype_rank(a) >= tb__dtype_rank(b) ? a : b;
+}
+
+/* ---- 16-bit floats ---- */
+
+static uint32_t tb__f32_bits(float value) {
+    uint32_t u;
+    memcpy(&u, &value, sizeof u);
+    return u;
+}
+
+static float tb__f32_of_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* value >> shift, rounded to nearest with ties to even. */
+static uint32_t tb__round_shift(uint32_t value, int shift) {
+    uint32_t q = value >> shift, rem = value & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    return q + (rem > half || (rem == half && (q & 1u)) ? 1u : 0u);
+}
+
+TBDEF uint16_t tb_f32_to_f16(float value) {
+    uint32_t u = tb__f32_bits(value), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to infinity */
+    if (a >= 0x38800000u) return (uint16_t)(sign | tb__round_shift(a - 0x38000000u, 13));
+    if ((a >> 23) < 102u) return (uint16_t)sign; /* below half the smallest subnormal */
+    /* a subnormal: the significand with its hidden bit, in units of 2^-24 */
+    return (uint16_t)(sign | tb__round_shift((a & 0x7fffffu) | 0x800000u, (int)(126u - (a >> 23))));
+}
+
+TBDEF float tb_f16_to_f32(uint16_t bits) {
+    uint32_t sign = ((uint32_t)bits & 0x8000u) << 16, e = ((uint32_t)bits >> 10) & 0x1fu;
+    uint32_t m = (uint32_t)bits & 0x3ffu;
+    if (e == 0x1fu) return tb__f32_of_bits(sign | 0x7f800000u | (m << 13));
+    if (e != 0) return tb__f32_of_bits(sign | ((e + 112u) << 23) | (m << 13));
+    if (m == 0) return tb__f32_of_bits(sign);
+    e = 113u;
+    while ((m & 0x400u) == 0) {
+        m <<= 1;
+        e--;
+    }
+    return tb__f32_of_bits(sign | (e << 23) | ((m & 0x3ffu) << 13));
+}
+
+TBDEF uint16_t tb_f32_to_bf16(float value) {
+    uint32_t u = tb__f32_bits(value);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+TBDEF float tb_bf16_to_f32(uint16_t bits) {
+    return tb__f32_of_bits((uint32_t)bits << 16);
+}
+
+/* double -> float as IEEE rounds, with no undefined behaviour out of float's range: below
+   FLT_MAX + half an ulp (2^103) to FLT_MAX, beyond it to infinity. */
+static float tb__f64_to_f32(double d) {
+    double limit = (double)FLT_MAX + ldexp(1.0, 103);
+    if (d > (double)FLT_MAX) return d < limit ? FLT_MAX : HUGE_VALF;
+    if (d < -(double)FLT_MAX) return d > -limit ? -FLT_MAX : -HUGE_VALF;
+    return (float)d;
+}
+
+/* A double as the bits of a 16-bit float dtype (through f32, as PyTorch converts). */
+static uint16_t tb__f64_to_half(tb_dtype dtype, double d) {
+    float f = tb__f64_to_f32(d);
+    return dtype == TB_F16 ? tb_f32_to_f16(f) : tb_f32_to_bf16(f);
+}
+
+static double tb__half_to_f64(tb_dtype dtype, uint16_t bits) {
+    return (double)(dtype == TB_F16 ? tb_f16_to_f32(bits) : tb_bf16_to_f32(bits));
 }
 
 /* ---- scalars ---- */
@@ -3863,19 +3969,15 @@ TBDEF int64_t tb_scalar_as_int(tb_scalar s) {
 static TB__UNUSED void tb__scalar_store(tb_scalar value, tb_dtype dtype, void *out) {
     switch (dtype) {
     case TB_F32: {
-        /* Out of float range the cast is undefined in C; round as IEEE does instead:
-           below FLT_MAX + half an ulp (2^103) to FLT_MAX, beyond it to infinity. */
-        double d = tb_scalar_as_double(value);
-        double limit = (double)FLT_MAX + ldexp(1.0, 103);
-        float f;
-        if (d > (double)FLT_MAX) {
-            f = d < limit ? FLT_MAX : HUGE_VALF;
-        } else if (d < -(double)FLT_MAX) {
-            f = d > -limit ? -FLT_MAX : -HUGE_VALF;
-        } else {
-            f = (float)d;
-        }
+        /* out of float range the cast is undefined in C: tb__f64_to_f32 rounds as IEEE does */
+        float f = tb__f64_to_f32(tb_scalar_as_double(value));
         memcpy(out, &f, sizeof f);
+        break;
+    }
+    case TB_F16:
+    case TB_BF16: {
+        uint16_t h = tb__f64_to_half(dtype, tb_scalar_as_double(value));
+        memcpy(out, &h, sizeof h);
         break;
     }
     case TB_F64: {
@@ -7607,6 +7709,12 @@ static double tb__exec_host_to_double(const void *in, tb_dtype dtype) {
         return (double)*(const uint8_t *)in;
     case TB_BOOL:
         return *(const uint8_t *)in != 0 ? 1.0 : 0.0;
+    case TB_F16:
+    case TB_BF16: {
+        uint16_t v;
+        memcpy(&v, in, sizeof(v));
+        return tb__half_to_f64(dtype, v);
+    }
     default:
         return 0.0;
     }
@@ -8777,6 +8885,15 @@ static bool tb__check_close(tb_dtype dtype, const unsigned char *a, const unsign
         memcpy(va, a, sizeof *va);
         memcpy(vb, b, sizeof *vb);
         break;
+    case TB_F16:
+    case TB_BF16: {
+        uint16_t x, y;
+        memcpy(&x, a, sizeof x);
+        memcpy(&y, b, sizeof y);
+        *va = tb__half_to_f64(dtype, x);
+        *vb = tb__half_to_f64(dtype, y);
+        break;
+    }
     default: {
         size_t size = tb_dtype_size(dtype);
         int64_t x = 0, y = 0;
@@ -8801,7 +8918,11 @@ static bool tb__check_close(tb_dtype dtype, const unsigned char *a, const unsign
     if (*va != *va || *vb != *vb) return (*va != *va) && (*vb != *vb);
     if (*va == *vb) return true; /* equal infinities too */
     {
-        double tol = dtype == TB_F32 ? 1e-5 + 1e-4 * fabs(*vb) : 1e-10 + 1e-8 * fabs(*vb);
+        /* 16-bit floats: one unit in the last place (2^-10 and 2^-7 of the value) */
+        double tol = dtype == TB_F32    ? 1e-5 + 1e-4 * fabs(*vb)
+                     : dtype == TB_F16  ? 1e-7 + 1e-3 * fabs(*vb)
+                     : dtype == TB_BF16 ? 1e-7 + 8e-3 * fabs(*vb)
+                                        : 1e-10 + 1e-8 * fabs(*vb);
         return fabs(*va - *vb) <= tol;
     }
 }
@@ -12344,6 +12465,12 @@ static double tb__ld_f(tb_dtype dt, const char *p) {
         return (double)*(const uint8_t *)p;
     case TB_BOOL:
         return *(const uint8_t *)p ? 1.0 : 0.0;
+    case TB_F16:
+    case TB_BF16: {
+        uint16_t h;
+        memcpy(&h, p, sizeof h);
+        return tb__half_to_f64(dt, h);
+    }
     default:
         return 0.0;
     }
@@ -12363,6 +12490,9 @@ static int64_t tb__ld_i(tb_dtype dt, const char *p) {
         return (int64_t)(*(const uint8_t *)p);
     case TB_BOOL:
         return *(const uint8_t *)p ? 1 : 0;
+    case TB_F16:
+    case TB_BF16:
+        return tb__ref_f2i(tb__ld_f(dt, p));
     default:
         return 0;
     }
@@ -12379,6 +12509,9 @@ static bool tb__ld_b(tb_dtype dt, const char *p) {
         return *(const int32_t *)p != 0;
     case TB_I64:
         return *(const int64_t *)p != 0;
+    case TB_F16:
+    case TB_BF16:
+        return tb__ld_f(dt, p) != 0.0;
     default:
         return *(const uint8_t *)p != 0;
     }
@@ -12404,6 +12537,12 @@ static void tb__st_f(tb_dtype dt, char *p, double v) {
     case TB_BOOL:
         *(uint8_t *)p = (uint8_t)(v != 0.0);
         break;
+    case TB_F16:
+    case TB_BF16: {
+        uint16_t h = tb__f64_to_half(dt, v);
+        memcpy(p, &h, sizeof h);
+        break;
+    }
     default:
         break;
     }
@@ -12428,6 +12567,10 @@ static void tb__st_i(tb_dtype dt, char *p, int64_t v) {
         break;
     case TB_BOOL:
         *(uint8_t *)p = (uint8_t)(v != 0);
+        break;
+    case TB_F16:
+    case TB_BF16:
+        tb__st_f(dt, p, (double)v);
         break;
     default:
         break;
@@ -12631,6 +12774,12 @@ static tb_status tb__ref_conv_run(void *ctx, int64_t n, char *const *p, const in
     const tb__conv_ctx *c = (const tb__conv_ctx *)ctx;
     tb_dtype dd = c->dd;
     int64_t i;
+    if (tb__ref_esize(dd) == 2 || tb__ref_esize(c->sd) == 2) { /* f16, bf16: in software */
+        int64_t es0 = tb__ref_esize(dd), es1 = tb__ref_esize(c->sd);
+        for (i = 0; i < n; i++)
+            tb__ref_convert(dd, p[0] + i * s[0] * es0, c->sd, p[1] + i * s[1] * es1);
+        return TB_OK;
+    }
     switch (c->sd) {
     case TB_F32:
         TB__CONV_SWITCH(float, TB__TOI_FLOAT, TB__TOF_NUM);
@@ -15086,6 +15235,10 @@ static double tb__print_float_at(const tb__printer *p, int64_t index) {
         float f;
         memcpy(&f, p->data + (size_t)index * 4, 4);
         return (double)f;
+    } else if (p->shape.dtype == TB_F16 || p->shape.dtype == TB_BF16) {
+        uint16_t h;
+        memcpy(&h, p->data + (size_t)index * 2, 2);
+        return tb__half_to_f64(p->shape.dtype, h);
     } else {
         double v;
         memcpy(&v, p->data + (size_t)index * 8, 8);
@@ -17433,32 +17586,53 @@ static int64_t tb__pool_count(const tb__conv_args *c, int32_t i, int64_t o, bool
     return end - start;
 }
 
+/* A constant of `dtype` on the arena's device from doubles (exact small integers here): made
+   in f64 or f32, cast to a 16-bit dtype. Frees nothing of `v`. */
+static tb_tensor *tb__conv_constant(tb__ag *a, const double *v, int32_t rank, const int64_t *dims,
+                                    tb_dtype dtype) {
+    tb_dtype host_dt = dtype == TB_F64 ? TB_F64 : TB_F32;
+    int64_t n = 1, i;
+    int32_t d;
+    tb_shape s;
+    tb_tensor *t;
+    float *f = NULL;
+    for (d = 0; d < rank; d++)
+        n *= dims[d];
+    if (tb_shape_make(&s, host_dt, rank, dims) != TB_OK) {
+        a->failed = true;
+        return NULL;
+    }
+    if (host_dt == TB_F32) {
+        f = (float *)tb__calloc((size_t)n, sizeof(float));
+        if (f == NULL) {
+            a->failed = true;
+            return NULL;
+        }
+        for (i = 0; i < n; i++)
+            f[i] = (float)v[i];
+    }
+    t = tb__ag_keep(
+        a, tb_tensor_from_host(f != NULL ? (const void *)f : (const void *)v, &s, &a->device));
+    tb__free(f);
+    if (t != NULL && dtype != host_dt) t = tb__ag_keep(a, tb_cast(t, dtype));
+    return t;
+}
+
 /* The divisors of every output position, [O..] of x's dtype, on x's device. */
 static tb_tensor *tb__pool_divisors(tb__ag *a, const tb__conv_args *c, tb_dtype dtype,
                                     bool include_pad) {
     int64_t total = c->out[0] * (c->n > 1 ? c->out[1] : 1), o;
-    size_t es = tb_dtype_size(dtype);
-    tb_shape s;
     tb_tensor *t;
-    char *host;
-    if (tb_shape_make(&s, dtype, c->n, c->out) != TB_OK) return NULL;
-    host = (char *)tb__alloc((size_t)total * es);
+    double *host = (double *)tb__calloc((size_t)total, sizeof(double));
     if (host == NULL) {
-        tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for the divisors", c->fn);
         a->failed = true;
         return NULL;
     }
     for (o = 0; o < total; o++) {
-        double v = (double)tb__pool_count(c, c->n - 1, o % c->out[c->n - 1], include_pad);
-        if (c->n > 1) v *= (double)tb__pool_count(c, 0, o / c->out[1], include_pad);
-        if (dtype == TB_F64) {
-            memcpy(host + (size_t)o * es, &v, es);
-        } else {
-            float f = (float)v;
-            memcpy(host + (size_t)o * es, &f, es);
-        }
+        host[o] = (double)tb__pool_count(c, c->n - 1, o % c->out[c->n - 1], include_pad);
+        if (c->n > 1) host[o] *= (double)tb__pool_count(c, 0, o / c->out[1], include_pad);
     }
-    t = tb__ag_keep(a, tb_tensor_from_host(host, &s, &a->device));
+    t = tb__conv_constant(a, host, c->n, c->out, dtype);
     tb__free(host);
     return t;
 }
@@ -17500,48 +17674,34 @@ TBDEF tb_tensor *tb_avg_pool1d(tb_tensor *x, const int64_t *kernel, const int64_
 static tb_tensor *tb__adaptive_bins(tb__ag *a, tb_dtype dtype, int64_t len, int64_t out,
                                     bool transposed, double *count) {
     int64_t i, j, dims[2];
-    size_t es = tb_dtype_size(dtype);
-    tb_shape s;
     tb_tensor *t;
-    char *host = (char *)tb__calloc((size_t)(len * out), es);
+    double *host = (double *)tb__calloc((size_t)len, (size_t)out * sizeof(double));
     if (host == NULL) {
-        tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for the bins", a->fn);
         a->failed = true;
         return NULL;
     }
     for (j = 0; j < out; j++) {
         int64_t start = j * len / out, end = ((j + 1) * len + out - 1) / out;
         count[j] = (double)(end - start);
-        for (i = start; i < end; i++) {
-            size_t at = (size_t)(transposed ? j * len + i : i * out + j) * es;
-            if (dtype == TB_F64) {
-                double one = 1.0;
-                memcpy(host + at, &one, es);
-            } else {
-                float one = 1.0f;
-                memcpy(host + at, &one, es);
-            }
-        }
+        for (i = start; i < end; i++)
+            host[transposed ? j * len + i : i * out + j] = 1.0;
     }
     dims[0] = transposed ? out : len;
     dims[1] = transposed ? len : out;
-    t = tb_shape_make(&s, dtype, 2, dims) == TB_OK
-            ? tb__ag_keep(a, tb_tensor_from_host(host, &s, &a->device))
-            : NULL;
+    t = tb__conv_constant(a, host, 2, dims, dtype);
     tb__free(host);
     return t;
 }
 
 static tb_tensor *tb__adaptive_avg_pool(const char *fn, int32_t n, tb_tensor *x,
                                         const int64_t *output_size) {
-    tb_shape xs, cs;
+    tb_shape xs;
     tb_dtype dt;
-    double *counts[2];
+    double *counts[2], *host;
     tb_tensor *y, *m, *div;
     tb__ag a;
     int64_t i, cdims[2];
     int32_t d;
-    char *host;
     tb__ensure_setup();
     if (!tb__conv_input(fn, "x", x, n)) return NULL;
     if (output_size == NULL) {
@@ -17576,23 +17736,13 @@ static tb_tensor *tb__adaptive_avg_pool(const char *fn, int32_t n, tb_tensor *x,
     }
     cdims[0] = output_size[0];
     cdims[1] = n > 1 ? output_size[1] : 1;
-    host = y != NULL ? (char *)tb__alloc((size_t)(cdims[0] * cdims[1]) * tb_dtype_size(dt)) : NULL;
-    if (y != NULL && host == NULL) {
-        tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for the bin sizes", fn);
-        a.failed = true;
-    }
+    host = y != NULL ? (double *)tb__calloc((size_t)(cdims[0] * cdims[1]), sizeof(double)) : NULL;
+    if (y != NULL && host == NULL) a.failed = true;
     div = NULL;
     if (host != NULL) {
-        for (i = 0; i < cdims[0] * cdims[1]; i++) {
-            double v = n > 1 ? counts[0][i / cdims[1]] * counts[1][i % cdims[1]] : counts[0][i];
-            float f = (float)v;
-            if (dt == TB_F64)
-                memcpy(host + (size_t)i * 8, &v, 8);
-            else
-                memcpy(host + (size_t)i * 4, &f, 4);
-        }
-        if (tb_shape_make(&cs, dt, n, output_size) == TB_OK)
-            div = tb__ag_keep(&a, tb_tensor_from_host(host, &cs, &a.device));
+        for (i = 0; i < cdims[0] * cdims[1]; i++)
+            host[i] = n > 1 ? counts[0][i / cdims[1]] * counts[1][i % cdims[1]] : counts[0][i];
+        div = tb__conv_constant(&a, host, n, output_size, dt);
         tb__free(host);
     }
     y = div != NULL ? tb__ag_keep(&a, tb_div(y, div)) : NULL;
@@ -18761,6 +18911,13 @@ typedef struct tb__cg {
 static const char *tb__cg_ctype(tb_dtype dtype);
 static const char *tb__cg_acc_ctype(tb_dtype acc);
 static const char *tb__cg_scalar_ctype(const tb__cg *g, tb_dtype dtype);
+/* 16-bit floats (f16, bf16): values compute in float, buffers hold the bits (ushort); a store
+   of v<v> at buf[index] rounding to the dtype; a computed value rounded to the dtype (v itself
+   for other dtypes, -1 if failed) */
+static bool tb__cg_is_half(tb_dtype dtype);
+static const char *tb__cg_btype(tb_dtype dtype);
+static void tb__cg_store(tb__cg *g, tb_dtype dtype, const char *buf, const char *index, int32_t v);
+static int32_t tb__cg_round(tb__cg *g, tb_dtype dtype, int32_t v);
 static const tb__plan *tb__cg_plan(const tb__cg *g);      /* the plan being rendered */
 static tb__plan_kernel *tb__cg_kernel(const tb__cg *g);   /* the kernel being rendered */
 static int32_t tb__cg_new_val(tb__cg *g, tb_dtype dtype); /* a new value v<n>, -1 if failed */
@@ -19798,13 +19955,15 @@ static void tb__plan_reduce_sizes(const tb__pgraph *G, int32_t core, int64_t *n_
 }
 
 /* The dtype a reduction accumulates in (and the partial results of a split one hold): the
-   operand's for max and min, the wider float where the target affords it for f32 sums, and
-   the wrapping 32- or 64-bit integer for integer sums and products. */
+   operand's for max and min, the wider float where the target affords it for f32 sums (f32
+   for f16 and bf16 ones, as PyTorch), and the wrapping 32- or 64-bit integer for integer sums
+   and products. */
 static tb_dtype tb__plan_reduce_acc(const tb__pgraph *G, int32_t core) {
     const tb_node *c = G->info[core].node;
     tb_dtype od = c->shape.dtype;
     if (c->op == TB_OP_MAX || c->op == TB_OP_MIN || c->op == TB_OP_ARGMAX || c->op == TB_OP_ARGMIN)
         return tb__plan_shape(G, tb__plan_operand(G, core, 0))->dtype;
+    if (od == TB_F16 || od == TB_BF16) od = TB_F32;
     if (tb_dtype_is_float(od)) return od == TB_F32 && G->target->acc_f64 ? TB_F64 : od;
     return od == TB_I64 ? TB_I64 : TB_I32;
 }
@@ -20498,7 +20657,8 @@ static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
     }
     rows = len > 0 ? numel / len : 0;
     k->suffix = layer || cn->attrs[0] == xs->rank - 1;
-    k->acc = cn->shape.dtype == TB_F32 && G->target->acc_f64 ? TB_F64 : cn->shape.dtype;
+    k->acc = cn->shape.dtype == TB_F16 || cn->shape.dtype == TB_BF16 ? TB_F32 : cn->shape.dtype;
+    if (k->acc == TB_F32 && G->target->acc_f64) k->acc = TB_F64;
     tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
     k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
     if (k->vec > 0) k->acc = TB_F32;
@@ -21518,6 +21678,57 @@ static const char *const tb__cl_prelude[] = {
     "}\n",
     "#endif\n",
     "\n",
+    "/* 16-bit floats as bits (in a uint) to float and back, as the reference converts: to nearest\n",
+    "   even, overflow to infinity, subnormals kept, NaN stays NaN. TB_BITS_F32 and TB_F32_BITS are\n",
+    "   the dialect's reinterpretations; a dialect whose compiler converts f16 itself defines\n",
+    "   TB_HAS_F16_CVT and its own tb_f2h and tb_rnd_f16. */\n",
+    "TB_FN float tb_h2f(uint h) {\n",
+    "    /* without branches: exponent and mantissa as an f32 scaled by 2^112 (exact), infinity and\n",
+    "       NaN given the all-ones exponent; subnormals as m * 2^-24 (an f32 subnormal would be\n",
+    "       flushed to zero where a device does so); then the sign */\n",
+    "    uint em = (h & 0x7fffu) << 13;\n",
+    "    uint u = TB_F32_BITS(TB_BITS_F32(em) * 5.192296858534828e+33f);\n",
+    "    uint sub = TB_F32_BITS((float)(h & 0x3ffu) * 5.9604644775390625e-8f);\n",
+    "    u = em < 0x00800000u ? sub : (u | (em >= 0x0f800000u ? 0x7f800000u : 0u));\n",
+    "    return TB_BITS_F32(u | ((h & 0x8000u) << 16));\n",
+    "}\n",
+    "\n",
+    "#ifndef TB_HAS_F16_CVT\n",
+    "/* v >> s rounded to nearest, ties to even (0 < s < 32). */\n",
+    "TB_FN uint tb_shr_rne(uint v, uint s) {\n",
+    "    uint q = v >> s, rem = v & ((1u << s) - 1u), mid = 1u << (s - 1u);\n",
+    "    return q + ((rem > mid || (rem == mid && (q & 1u) != 0u)) ? 1u : 0u);\n",
+    "}\n",
+    "\n",
+    "TB_FN uint tb_f2h(float f) {\n",
+    "    uint u = TB_F32_BITS(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;\n",
+    "    if (a > 0x7f800000u) return sign | 0x7e00u | ((a >> 13) & 0x3ffu);\n",
+    "    if (a >= 0x477ff000u) return sign | 0x7c00u;\n",
+    "    if (a >= 0x38800000u) return sign | tb_shr_rne(a - 0x38000000u, 13u);\n",
+    "    if ((a >> 23) < 102u) return sign;\n",
+    "    return sign | tb_shr_rne((a & 0x7fffffu) | 0x800000u, 126u - (a >> 23));\n",
+    "}\n",
+    "\n",
+    "TB_FN float tb_rnd_f16(float x) {\n",
+    "    return tb_h2f(tb_f2h(x));\n",
+    "}\n",
+    "#endif\n",
+    "\n",
+    "TB_FN float tb_bf2f(uint h) {\n",
+    "    return TB_BITS_F32(h << 16);\n",
+    "}\n",
+    "\n",
+    "TB_FN uint tb_f2bf(float f) {\n",
+    "    uint u = TB_F32_BITS(f);\n",
+    "    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;\n",
+    "    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;\n",
+    "}\n",
+    "\n",
+    "/* A float rounded to the nearest bf16 value (still a float); tb_rnd_f16 likewise for f16. */\n",
+    "TB_FN float tb_rnd_bf16(float x) {\n",
+    "    return tb_bf2f(tb_f2bf(x));\n",
+    "}\n",
+    "\n",
     "/* Integer power by squaring with wrapping products; the caller reports negative exponents. */\n",
     "TB_FN long tb_ipow(long base, long e) {\n",
     "    ulong r = 1, b = (ulong)base;\n",
@@ -21687,7 +21898,7 @@ static const char *const tb__cl_prelude[] = {
     "#endif\n",
     0
 };
-static const size_t tb__cl_prelude_count = 189;
+static const size_t tb__cl_prelude_count = 240;
 // clang-format on
 #endif
 
@@ -21720,9 +21931,12 @@ static const size_t tb__cl_prelude_count = 189;
    plan asks for far below this; reaching it is a bug. */
 #define TB__CG_HARD_VALUES 1000000
 
+/* The C type of a value of the dtype in a kernel: 16-bit floats compute in float. */
 static const char *tb__cg_ctype(tb_dtype dtype) {
     switch (dtype) {
     case TB_F32:
+    case TB_F16:
+    case TB_BF16:
         return "float";
     case TB_F64:
         return "double";
@@ -21733,6 +21947,39 @@ static const char *tb__cg_ctype(tb_dtype dtype) {
     default:
         return "uchar"; /* u8 and bool (0 or 1) */
     }
+}
+
+static bool tb__cg_is_half(tb_dtype dtype) {
+    return dtype == TB_F16 || dtype == TB_BF16;
+}
+
+/* The C type of a buffer's elements: 16-bit floats are stored as their bits. */
+static const char *tb__cg_btype(tb_dtype dtype) {
+    return tb__cg_is_half(dtype) ? "ushort" : tb__cg_ctype(dtype);
+}
+
+/* The statement that stores value v<v> as element `index` of buffer `buf` (16-bit floats
+   rounded to nearest even: TB_STH is the dialect's, tb_f2bf the prelude's). */
+static void tb__cg_store(tb__cg *g, tb_dtype dtype, const char *buf, const char *index, int32_t v) {
+    if (dtype == TB_F16) {
+        tb__ix_line(&g->ix, "TB_STH(%s, %s, v%d);", buf, index, (int)v);
+    } else if (dtype == TB_BF16) {
+        tb__ix_line(&g->ix, "%s[%s] = (ushort)tb_f2bf(v%d);", buf, index, (int)v);
+    } else {
+        tb__ix_line(&g->ix, "%s[%s] = v%d;", buf, index, (int)v);
+    }
+}
+
+/* A computed value of a 16-bit float dtype rounded to it: values stay floats in a kernel, and
+   every op's result is rounded once, as PyTorch stores it. Other dtypes: v itself. */
+static int32_t tb__cg_round(tb__cg *g, tb_dtype dtype, int32_t v) {
+    int32_t r;
+    if (!tb__cg_is_half(dtype) || v < 0) return v;
+    r = tb__cg_new_val(g, dtype);
+    if (r < 0) return -1;
+    tb__ix_line(&g->ix, "const float v%d = %s(v%d);", (int)r,
+                dtype == TB_F16 ? "tb_rnd_f16" : "tb_rnd_bf16", (int)v);
+    return r;
 }
 
 /* The unsigned type integer arithmetic wraps in. */
@@ -21934,14 +22181,22 @@ static int32_t tb__cg_read_slot(tb__cg *g, int32_t slot, tb_dtype dtype, int32_t
     tb__lf_text(&g->ix.pos[pos].flat, text, sizeof text);
     v = tb__cg_new_val(g, dtype);
     if (v < 0) return -1;
-    tb__ix_line(&g->ix, "const %s v%d = b%d[%s];", tb__cg_ctype(dtype), (int)v, (int)slot, text);
+    if (dtype == TB_F16) {
+        tb__ix_line(&g->ix, "const float v%d = TB_LDH(b%d, %s);", (int)v, (int)slot, text);
+    } else if (dtype == TB_BF16) {
+        tb__ix_line(&g->ix, "const float v%d = tb_bf2f(b%d[%s]);", (int)v, (int)slot, text);
+    } else {
+        tb__ix_line(&g->ix, "const %s v%d = b%d[%s];", tb__cg_ctype(dtype), (int)v, (int)slot,
+                    text);
+    }
     return v;
 }
 
 /* The type a scalar argument has in the kernel: doubles travel as floats where the device has
-   no double precision. */
+   no double precision, 16-bit floats as their bits. */
 static const char *tb__cg_scalar_ctype(const tb__cg *g, tb_dtype dtype) {
     if (dtype == TB_F64 && !g->d->f64) return "float";
+    if (tb__cg_is_half(dtype)) return "ushort";
     return tb__cg_ctype(dtype);
 }
 
@@ -22111,7 +22366,7 @@ static int32_t tb__cg_generator(tb__cg *g, int32_t node, int32_t pos) {
         tb__ix_line(&g->ix, "const %s v%d = (%s)((ulong)%lldL + (ulong)(%s) * (ulong)%lldL);", t,
                     (int)v, t, s0, a, s1);
     }
-    return v;
+    return tb__cg_round(g, od, v);
 }
 
 /* Nodes that are not computed from operand values at the same kind of position: leaves,
@@ -22128,7 +22383,10 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
             if (!tb__cg_arg(g, TB__ARG_TABLE, 0)) return -1;
             v = tb__cg_new_val(g, dt);
             if (v < 0) return -1;
-            if (dt == TB_F32 || (dt == TB_F64 && !g->d->f64)) {
+            if (tb__cg_is_half(dt)) {
+                tb__ix_line(&g->ix, "const float v%d = %s((uint)tb_sc[%d] & 0xffffu);", (int)v,
+                            dt == TB_F16 ? "tb_h2f" : "tb_bf2f", (int)in->param);
+            } else if (dt == TB_F32 || (dt == TB_F64 && !g->d->f64)) {
                 tb__ix_line(&g->ix, "const %s v%d = (%s)%s((uint)tb_sc[%d]);", ct, (int)v, ct,
                             g->d->bits_f32, (int)in->param);
             } else if (dt == TB_F64) {
@@ -22141,11 +22399,17 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
             return v;
         }
         if (in->node->op == TB_OP_SCALAR) {
+            tb_dtype dt = in->node->shape.dtype;
             if (!tb__cg_arg(g, TB__ARG_SCALAR, in->param)) return -1;
-            v = tb__cg_new_val(g, in->node->shape.dtype);
+            v = tb__cg_new_val(g, dt);
             if (v < 0) return -1;
-            tb__ix_line(&g->ix, "const %s v%d = (%s)s%d;", tb__cg_ctype(in->node->shape.dtype),
-                        (int)v, tb__cg_ctype(in->node->shape.dtype), (int)in->param);
+            if (tb__cg_is_half(dt)) {
+                tb__ix_line(&g->ix, "const float v%d = %s((uint)s%d);", (int)v,
+                            dt == TB_F16 ? "tb_h2f" : "tb_bf2f", (int)in->param);
+            } else {
+                tb__ix_line(&g->ix, "const %s v%d = (%s)s%d;", tb__cg_ctype(dt), (int)v,
+                            tb__cg_ctype(dt), (int)in->param);
+            }
             return v;
         }
         return tb__cg_read_slot(g, in->slot, in->node->shape.dtype, pos);
@@ -22472,6 +22736,37 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
     return v;
 }
 
+/* Whether an op's result is one of its operands' values, or exact in their dtype, whenever
+   they are of its 16-bit dtype: no rounding needed. */
+static bool tb__cg_exact(const tb_node *n) {
+    size_t k;
+    for (k = n->op == TB_OP_WHERE ? 1 : 0; k < n->num_operands; k++) /* where: after cond */
+        if (n->operands[k]->shape.dtype != n->shape.dtype) return false;
+    switch (n->op) {
+    case TB_OP_NEG:
+    case TB_OP_ABS:
+    case TB_OP_RELU:
+    case TB_OP_FLOOR:
+    case TB_OP_CEIL:
+    case TB_OP_ROUND:
+    case TB_OP_SIGN:
+    case TB_OP_MAXIMUM:
+    case TB_OP_MINIMUM:
+    case TB_OP_WHERE:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Whether v is one of the operand values on the stack from `base` (a view of an operand). */
+static bool tb__cg_passes(const tb__cg *g, int32_t base, size_t num_operands, int32_t v) {
+    size_t k;
+    for (k = 0; k < num_operands; k++)
+        if (g->stack[(size_t)base + k] == v) return true;
+    return false;
+}
+
 /* The value of `node` at `pos`: operands first (an explicit stack, so chains of any length do
    not recurse), each (node, position) emitted once per scope. */
 static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos) {
@@ -22512,6 +22807,11 @@ static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos) {
         }
         v = tb__cg_emit_op(g, fnode, fpos, &g->stack[f->vbase], n->num_operands);
         if (v < 0) goto fail;
+        if (tb__cg_is_half(n->shape.dtype) && !tb__cg_exact(n) &&
+            !tb__cg_passes(g, f->vbase, n->num_operands, v)) {
+            v = tb__cg_round(g, n->shape.dtype, v); /* a computed value, not an operand's */
+            if (v < 0) goto fail;
+        }
         g->num_stack = (size_t)g->frames[g->num_frames - 1].vbase;
         tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, fnode, fpos, 0, v);
         g->num_frames--;
@@ -22701,6 +23001,7 @@ static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, cons
 static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *rs = tb__plan_shape(g->G, k->root);
     int32_t i0, v;
+    char index[32];
     if (k->vec > 0) {
         /* a block of W consecutive elements per work item (W divides the last axis) */
         i0 = tb__cg_row_header(g, k, (int64_t)k->items);
@@ -22714,7 +23015,8 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
     if (i0 < 0) return g->ix.status;
     v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, 1, -1));
     if (v < 0) return g->ix.status;
-    tb__ix_line(&g->ix, "out[i%d] = v%d;", (int)i0, (int)v);
+    snprintf(index, sizeof index, "i%d", (int)i0);
+    tb__cg_store(g, rs->dtype, "out", index, v);
     return TB_OK;
 }
 
@@ -23096,14 +23398,23 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, const tb__plan_kernel *k) {
     bool partial = k->kind == TB__K_PARTIAL, final = !partial && k->split > 0;
     const char *t;
     int32_t vf, vr;
+    tb_dtype pd =
+        k->partial_slot >= 0 ? tb__cg_plan(g)->slots[k->partial_slot].shape.dtype : TB_F32;
+    char index[32];
     if (!tb__cg_red_begin(g, k, &rd)) return g->ix.status;
     t = tb__cg_ctype(rd.od);
     if (final) {
         /* the partial results of this row, in chunk order */
         if (!tb__cg_arg(g, TB__ARG_BUF, k->partial_slot)) return g->ix.status;
         tb__ix_line(&g->ix, "for (int c = 0; c < %d; c++) {", (int)k->split);
-        tb__ix_line(&g->ix, "    const %s b = (%s)b%d[i%d * %d + c];", rd.acc_t, rd.acc_t,
-                    (int)k->partial_slot, (int)rd.i0, (int)k->split);
+        if (tb__cg_is_half(pd)) { /* max and min of 16-bit floats keep partials in them */
+            tb__ix_line(&g->ix, "    const float b = %s(b%d[i%d * %d + c]);",
+                        pd == TB_F16 ? "tb_h2f" : "tb_bf2f", (int)k->partial_slot, (int)rd.i0,
+                        (int)k->split);
+        } else {
+            tb__ix_line(&g->ix, "    const %s b = (%s)b%d[i%d * %d + c];", rd.acc_t, rd.acc_t,
+                        (int)k->partial_slot, (int)rd.i0, (int)k->split);
+        }
         tb__ix_line(&g->ix, "    const %s a = acc;", rd.acc_t);
         tb__ix_line(&g->ix, "    acc = %s;", rd.combine);
         tb__ix_line(&g->ix, "}");
@@ -23111,7 +23422,13 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, const tb__plan_kernel *k) {
         return g->ix.status;
     }
     if (k->group > 1) tb__cg_red_group(g, &rd);
-    if (partial) {
+    snprintf(index, sizeof index, "i%d", (int)rd.i0);
+    if (partial && tb__cg_is_half(tb__cg_plan(g)->slots[k->out_slot].shape.dtype)) {
+        vf = tb__cg_new_val(g, tb__cg_plan(g)->slots[k->out_slot].shape.dtype);
+        if (vf < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "const float v%d = (float)acc;", (int)vf);
+        tb__cg_store(g, tb__cg_plan(g)->slots[k->out_slot].shape.dtype, "out", index, vf);
+    } else if (partial) {
         tb__ix_line(&g->ix, "out[i%d] = (%s)acc;", (int)rd.i0,
                     tb__cg_ctype(tb__cg_plan(g)->slots[k->out_slot].shape.dtype));
     } else {
@@ -23125,10 +23442,12 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, const tb__plan_kernel *k) {
         } else {
             tb__ix_line(&g->ix, "const %s v%d = (%s)acc;", t, (int)vf, t);
         }
+        vf = tb__cg_round(g, rd.od, vf);
+        if (vf < 0) return g->ix.status;
         tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, rd.out_pos, 0, vf);
         vr = tb__cg_eval(g, k->root, rd.out_pos);
         if (vr < 0) return g->ix.status;
-        tb__ix_line(&g->ix, "out[i%d] = v%d;", (int)rd.i0, (int)vr);
+        tb__cg_store(g, tb__plan_shape(g->G, k->root)->dtype, "out", index, vr);
     }
     if (k->group > 1) tb__ix_close(&g->ix, "");
     return g->ix.status;
@@ -23194,11 +23513,13 @@ static bool tb__cg_norm_store(tb__cg *g, const tb__cg_norm *nm, int32_t j, int32
     } else {
         tb__ix_line(&g->ix, "const %s v%d = (%s)((%s)v%d - mx - lse);", t, (int)vf, t, ct, (int)vx);
     }
+    vf = tb__cg_round(g, nm->od, vf);
+    if (vf < 0) return false;
     tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, nm->k->core, xp, 0, vf);
     vr = tb__cg_eval(g, nm->k->root, xp);
     if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
     tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
-    tb__ix_line(&g->ix, "out[%s] = v%d;", flat, (int)vr);
+    tb__cg_store(g, tb__plan_shape(g->G, nm->k->root)->dtype, "out", flat, vr);
     return g->ix.status == TB_OK;
 }
 
@@ -23353,7 +23674,9 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
     nm.xs = tb__plan_shape(G, nm.x);
     nm.w = nm.b = nm.row_pos = -1;
     nm.layer = nm.cn->op == TB_OP_LAYER_NORM;
-    nm.stash = nm.cn->op == TB_OP_SOFTMAX && k->root == k->core;
+    /* a 16-bit output cannot hold the exponentials between passes: no stash there */
+    nm.stash =
+        nm.cn->op == TB_OP_SOFTMAX && k->root == k->core && !tb__cg_is_half(nm.cn->shape.dtype);
     nm.axis = nm.layer ? nm.xs->rank - 1 : (int32_t)nm.cn->attrs[0];
     nm.od = nm.cn->shape.dtype;
     nm.t = tb__cg_ctype(nm.od);
@@ -23442,11 +23765,13 @@ static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__l
     vf = tb__cg_new_val(g, od);
     if (p < 0 || vf < 0) return false;
     tb__ix_line(&g->ix, "const %s v%d = (%s)acc[ii][jj];", t, (int)vf, t);
+    vf = tb__cg_round(g, od, vf);
+    if (vf < 0) return false;
     tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, p, 0, vf);
     v = tb__cg_eval(g, k->root, p);
     if (v < 0 || !tb__ix_need_flat(&g->ix, p)) return false;
     tb__lf_text(&g->ix.pos[p].flat, flat, sizeof flat);
-    tb__ix_line(&g->ix, "out[%s] = v%d;", flat, (int)v);
+    tb__cg_store(g, tb__plan_shape(g->G, k->root)->dtype, "out", flat, v);
     return true;
 }
 
@@ -23768,14 +24093,14 @@ static tb_status tb__cg_params(const tb__cg *g, const tb__plan_kernel *k, tb__cg
     size_t i;
     if (params == NULL) return TB_ERR_OUT_OF_MEMORY;
     params[0].role = -1;
-    params[0].type = tb__cg_ctype(p->slots[k->out_slot].shape.dtype);
+    params[0].type = tb__cg_btype(p->slots[k->out_slot].shape.dtype);
     snprintf(params[0].name, sizeof params[0].name, "out");
     for (i = 0; i < k->num_args; i++) {
         const tb__plan_arg *a = &k->args[i];
         tb__cg_param *q = &params[i + 1];
         q->role = a->kind;
         if (a->kind == TB__ARG_BUF) {
-            q->type = tb__cg_ctype(p->slots[a->index].shape.dtype);
+            q->type = tb__cg_btype(p->slots[a->index].shape.dtype);
             snprintf(q->name, sizeof q->name, "b%d", (int)a->index);
         } else if (a->kind == TB__ARG_SCALAR) {
             q->type = tb__cg_scalar_ctype(g, p->param_dtype[a->index]);
@@ -25635,6 +25960,19 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"                                              \
     "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
     "#define TB_VEXP(x) exp(x)\n"                                                                  \
+    "#define TB_BITS_F32(b) as_float(b)\n"                                                         \
+    "#define TB_F32_BITS(f) as_uint(f)\n"                                                          \
+    "/* f16 through the built-ins every OpenCL C device has (no cl_khr_fp16 needed) */\n"          \
+    "#define TB_LDH(p, i) vload_half((i), (const __global half *)(p))\n"                           \
+    "#define TB_STH(p, i, v) vstore_half_rte((v), (i), (__global half *)(p))\n"                    \
+    "#define TB_HAS_F16_CVT 1\n"                                                                   \
+    "uint tb_f2h(float x) {\n"                                                                     \
+    "    ushort h; vstore_half_rte(x, 0, (__private half *)&h); return h;\n"                       \
+    "}\n"                                                                                          \
+    "float tb_rnd_f16(float x) {\n"                                                                \
+    "    ushort h; vstore_half_rte(x, 0, (__private half *)&h);\n"                                 \
+    "    return vload_half(0, (const __private half *)&h);\n"                                      \
+    "}\n"                                                                                          \
     "\n"
     d->head = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
                                        "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
@@ -25942,6 +26280,10 @@ static size_t tb__ocl_scalar_arg(tb__ocl_device *dev, tb_dtype dtype, const tb_b
             double f;
             memcpy(&f, raw, sizeof f);
             v = tb_scalar_f(TB_F64, f);
+        } else if (dtype == TB_F16 || dtype == TB_BF16) {
+            uint16_t h;
+            memcpy(&h, raw, sizeof h);
+            v = tb_scalar_f(dtype, tb__half_to_f64(dtype, h));
         } else if (dtype == TB_I32) {
             int32_t x;
             memcpy(&x, raw, sizeof x);
@@ -26541,6 +26883,20 @@ static const char tb__native_head[] =
     "#define TB_HAS_F64 1\n"
     "static inline long tb_min_l(long a, long b) { return a < b ? a : b; }\n"
     "static inline float tb_as_f32(uint b) { float f; memcpy(&f, &b, sizeof f); return f; }\n"
+    "static inline uint tb_as_u32(float f) { uint b; memcpy(&b, &f, sizeof b); return b; }\n"
+    "typedef unsigned short ushort;\n"
+    "#define TB_BITS_F32(b) tb_as_f32(b)\n"
+    "#define TB_F32_BITS(f) tb_as_u32(f)\n"
+    "#define TB_LDH(p, i) tb_h2f((p)[i])\n"
+    "#define TB_STH(p, i, v) ((p)[i] = (ushort)tb_f2h(v))\n"
+    "#if defined(__FLT16_MAX__) /* the compiler's _Float16: F16C instructions where the CPU has "
+    "them */\n"
+    "#define TB_HAS_F16_CVT 1\n"
+    "static inline uint tb_f2h(float x) {\n"
+    "    _Float16 f = (_Float16)x; ushort b; memcpy(&b, &f, sizeof b); return b;\n"
+    "}\n"
+    "static inline float tb_rnd_f16(float x) { return (float)(_Float16)x; }\n"
+    "#endif\n"
     "static inline double tb_as_f64(ulong b) { double f; memcpy(&f, &b, sizeof f); return f; }\n"
     "typedef float float16 __attribute__((vector_size(64)));\n"
     "typedef double double8 __attribute__((vector_size(64)));\n"
@@ -29160,8 +29516,8 @@ static tb_status tb__npy_descr(tb__npy_parser *p, tb__npy_header *h) {
     static const struct {
         const char *code;
         tb_dtype dtype;
-    } table[] = {{"f4", TB_F32}, {"f8", TB_F64}, {"i4", TB_I32},
-                 {"i8", TB_I64}, {"u1", TB_U8},  {"b1", TB_BOOL}};
+    } table[] = {{"f4", TB_F32}, {"f8", TB_F64},  {"i4", TB_I32}, {"i8", TB_I64},
+                 {"u1", TB_U8},  {"b1", TB_BOOL}, {"f2", TB_F16}};
     char order = descr[0];
     if (order != '<' && order != '>' && order != '|' && order != '=')
         return tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: unsupported dtype '%s'", p->path, descr);
@@ -29174,7 +29530,7 @@ static tb_status tb__npy_descr(tb__npy_parser *p, tb__npy_header *h) {
         }
     }
     return tb__error(TB_ERR_FORMAT,
-                     "tb_npy_load: %s: unsupported dtype '%s' (supported: f4 f8 i4 i8 u1 b1)",
+                     "tb_npy_load: %s: unsupported dtype '%s' (supported: f2 f4 f8 i4 i8 u1 b1)",
                      p->path, descr);
 }
 
@@ -29423,7 +29779,9 @@ TBDEF tb_tensor *tb_npy_load(const char *path, const tb_device *device) {
 
 /* numpy's header text, padded with spaces so the data starts on a 64-byte boundary. */
 static char *tb__npy_header_text(const tb_shape *shape, size_t *len, unsigned *major) {
-    static const char *const codes[TB_DTYPE_COUNT] = {"<f4", "<f8", "<i4", "<i8", "|u1", "|b1"};
+    /* bf16 has no numpy code: tb_npy_save refuses it before this */
+    static const char *const codes[TB_DTYPE_COUNT] = {"<f4", "<f8", "<i4", "<i8",
+                                                      "|u1", "|b1", "<f2", "<V2"};
     tb__str s;
     memset(&s, 0, sizeof s);
     tb__str_append(&s, "{'descr': '%s', 'fortran_order': False, 'shape': (", codes[shape->dtype]);
@@ -29455,6 +29813,11 @@ TBDEF tb_status tb_npy_save(const char *path, tb_tensor *tensor) {
     size_t nbytes = 0;
     tb_status st = tb_shape_nbytes(&shape, &nbytes);
     if (st != TB_OK) return st;
+    if (shape.dtype == TB_BF16)
+        return tb__error(TB_ERR_DTYPE,
+                         "tb_npy_save: %s: numpy has no bf16 dtype (cast to f32 or f16 first, or "
+                         "use safetensors or DLPack)",
+                         path);
     void *data = tb__alloc(nbytes ? nbytes : 1);
     if (data == NULL) return TB_ERR_OUT_OF_MEMORY;
     st = tb_tensor_to_host(tensor, data, nbytes);
@@ -29533,7 +29896,8 @@ typedef char
 
 static bool tb__dl_from_dtype(tb_dtype dtype, tb_dl_data_type *out) {
     static const uint8_t codes[TB_DTYPE_COUNT] = {TB_DL_FLOAT, TB_DL_FLOAT, TB_DL_INT,
-                                                  TB_DL_INT,   TB_DL_UINT,  TB_DL_BOOL};
+                                                  TB_DL_INT,   TB_DL_UINT,  TB_DL_BOOL,
+                                                  TB_DL_FLOAT, TB_DL_BFLOAT};
     if (!tb_dtype_is_valid(dtype)) return false;
     out->code = codes[dtype];
     out->bits = (uint8_t)(8 * tb_dtype_size(dtype));
@@ -30858,7 +31222,7 @@ static tb_status tb__json_skip(tb__json *j, int depth) {
     return tb__json_fail(j, "expected a value");
 }
 
-/* The safetensors dtypes the library reads; F16 and BF16 are widened to f32. */
+/* The safetensors dtypes the library reads and writes. */
 typedef struct tb__st_dtype {
     const char *name;
     tb_dtype dtype;
@@ -30866,11 +31230,9 @@ typedef struct tb__st_dtype {
 } tb__st_dtype;
 
 static const tb__st_dtype tb__st_dtypes[] = {
-    {"F64", TB_F64, 8}, {"F32", TB_F32, 4}, {"F16", TB_F32, 2}, {"BF16", TB_F32, 2},
+    {"F64", TB_F64, 8}, {"F32", TB_F32, 4}, {"F16", TB_F16, 2}, {"BF16", TB_BF16, 2},
     {"I64", TB_I64, 8}, {"I32", TB_I32, 4}, {"U8", TB_U8, 1},   {"BOOL", TB_BOOL, 1},
 };
-#define TB__ST_F16  2
-#define TB__ST_BF16 3
 
 /* The safetensors name of a library dtype; NULL for one it cannot hold. */
 static const char *tb__st_dtype_name(tb_dtype dtype) {
@@ -30887,6 +31249,10 @@ static const char *tb__st_dtype_name(tb_dtype dtype) {
         return "U8";
     case TB_BOOL:
         return "BOOL";
+    case TB_F16:
+        return "F16";
+    case TB_BF16:
+        return "BF16";
     default:
         return NULL;
     }
@@ -30955,8 +31321,7 @@ static tb_status tb__st_tensor_entry(tb__json *j, tb__st_entry *e) {
                 if (st == TB_OK && i == n)
                     st = tb__error(TB_ERR_DTYPE,
                                    "%s: %s: tensor '%.200s' has dtype '%.32s', which the library "
-                                   "does not read (it reads F32 F64 I32 I64 U8 BOOL, and F16 BF16 "
-                                   "widened to f32)",
+                                   "does not read (it reads F64 F32 F16 BF16 I64 I32 U8 BOOL)",
                                    j->fn, j->path, e->name, name);
                 e->dtype = (uint8_t)i;
                 tb__free(name);
@@ -31126,50 +31491,6 @@ static tb_status tb__st_check_layout(const char *path, tb__st_entry *entries, si
     return st;
 }
 
-static float tb__f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, bits;
-    float f;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (mant << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (mant << 13);
-    } else if (mant == 0) {
-        bits = sign;
-    } else { /* subnormal: normalise */
-        exp = 113;
-        while ((mant & 0x400) == 0) {
-            mant <<= 1;
-            exp--;
-        }
-        bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
-    }
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-/* An F16 or BF16 tensor widened to f32 (a copy). */
-static tb_tensor *tb__st_widen(const unsigned char *bytes, const tb_shape *shape, bool bf16,
-                               const tb_device *device) {
-    int64_t numel = 0, i;
-    float *values;
-    tb_tensor *t;
-    if (tb_shape_numel(shape, &numel) != TB_OK) return NULL;
-    values = (float *)tb__alloc(numel ? (size_t)numel * 4 : 1);
-    if (values == NULL) return NULL;
-    for (i = 0; i < numel; ++i) {
-        uint16_t h = tb__le16(bytes + 2 * i);
-        if (bf16) {
-            uint32_t bits = (uint32_t)h << 16;
-            memcpy(&values[i], &bits, 4);
-        } else {
-            values[i] = tb__f16_to_f32(h);
-        }
-    }
-    t = tb_tensor_from_host(values, shape, device);
-    tb__free(values);
-    return t;
-}
-
 TBDEF tb_tensor_set *tb_safetensors_load(const char *path, const tb_device *device) {
     static const char fn[] = "tb_safetensors_load";
     tb__blob *blob = NULL;
@@ -31259,10 +31580,7 @@ TBDEF tb_tensor_set *tb_safetensors_load(const char *path, const tb_device *devi
                       path, e->name);
             goto fail;
         }
-        if (e->dtype == TB__ST_F16 || e->dtype == TB__ST_BF16)
-            t = tb__st_widen(bytes, &shape, e->dtype == TB__ST_BF16, &dev);
-        else
-            t = tb__blob_tensor(blob, bytes, &shape, false, &dev);
+        t = tb__blob_tensor(blob, bytes, &shape, false, &dev);
         if (t == NULL || tb__set_add_owned(fn, set, e->name, t) != TB_OK) goto fail;
     }
     for (i = 0; i < parsed; ++i)
@@ -31407,9 +31725,6 @@ TBDEF tb_status tb_safetensors_save(const char *path, const tb_tensor_set *set) 
     tb__free(begin);
     return st;
 }
-
-#undef TB__ST_F16
-#undef TB__ST_BF16
 
 /* ---- src/inflate.c ---- */
 /* ===========================================================================================
@@ -32166,7 +32481,8 @@ TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set) {
                          path == NULL ? "path" : "set");
     for (i = 0; i < set->count; ++i) {
         tb_shape shape = tb_tensor_shape(set->entries[i].tensor);
-        if (tb__st_dtype_name(shape.dtype) == NULL || strlen(set->entries[i].name) + 4 > 65535)
+        if (tb__st_dtype_name(shape.dtype) == NULL || shape.dtype == TB_BF16 ||
+            strlen(set->entries[i].name) + 4 > 65535)
             return tb__error(TB_ERR_INVALID_ARGUMENT,
                              "%s: tensor '%.200s': its dtype has no .npy code or its name is "
                              "too long for a zip entry",

@@ -2,6 +2,7 @@
 //    or: c++ -x c++ -std=c++11 -O2 -I. examples/train_mnist.c -o train_mnist -ldl -lpthread -lm
 //        (both from the repository root)
 // Run:   ./train_mnist [EPOCHS] [--device D] [--data DIR] [--images N] [--test-images N]
+//                      [--dtype f32|bf16|f16]
 //        (Debian: apt-get install dataset-fashion-mnist)
 //        mpirun -np 2 ./train_mnist [EPOCHS] --group mpi [...]   (data-parallel)
 /* Trains a multilayer perceptron, 784 -> 512 -> 256 -> 10 with ReLU, on Fashion-MNIST: AdamW
@@ -17,8 +18,11 @@
    accuracy, images per second and the epoch's time.
 
    EPOCHS defaults to 1; the device to opencl:0 when there is one, else cpu:0. --images and
-   --test-images train and test on the first N images only (a quick run). Exit status 1 on any
-   error.
+   --test-images train and test on the first N images only (a quick run). --dtype bf16 (or f16)
+   trains in mixed precision: the weights stay f32 (the optimizer updates them there), and each
+   step's forward pass runs on bf16 casts of them and of the images, its matmuls accumulating in
+   f32; the logits go back to f32 for the loss, and the gradients flow back through the casts
+   to f32. Exit status 1 on any error.
 
    --group mpi trains data-parallel over the ranks of the process group (start it with
    `mpirun -np N`): every rank shuffles alike, takes its share of each batch of 128, and one
@@ -137,13 +141,21 @@ static tb_tensor *uniform(int64_t rows, int64_t cols, int64_t fan_in, const tb_d
     return w;
 }
 
-/* logits of the batch x [n, 784]; the scope releases the intermediates as it ends */
+static tb_dtype g_compute = TB_F32; /* --dtype: the forward pass's (the weights stay f32) */
+
+/* f32 logits of the batch x [n, 784], computed in g_compute; the scope releases the
+   intermediates as it ends */
 static tb_tensor *forward(tb_tensor *const *p, tb_tensor *x) {
-    tb_tensor *h, *k, *z;
+    tb_tensor *q[NPARAMS], *h, *k, *z;
+    int i;
     if (tb_scope_begin() != TB_OK) return NULL;
-    h = tb_relu(tb_add(tb_matmul(x, p[0]), p[1]));
-    k = tb_relu(tb_add(tb_matmul(h, p[2]), p[3]));
-    z = tb_scope_keep(tb_add(tb_matmul(k, p[4]), p[5]));
+    for (i = 0; i < NPARAMS; i++)
+        q[i] = g_compute == TB_F32 ? p[i] : tb_cast(p[i], g_compute);
+    if (g_compute != TB_F32) x = tb_cast(x, g_compute);
+    h = tb_relu(tb_add(tb_matmul(x, q[0]), q[1]));
+    k = tb_relu(tb_add(tb_matmul(h, q[2]), q[3]));
+    z = tb_add(tb_matmul(k, q[4]), q[5]);
+    z = tb_scope_keep(g_compute == TB_F32 ? z : tb_cast(z, TB_F32));
     tb_scope_end();
     return z;
 }
@@ -277,12 +289,16 @@ int main(int argc, char **argv) {
             test_limit = atoll(argv[++i]);
         else if (strcmp(argv[i], "--group") == 0 && i + 1 < argc)
             group_name = argv[++i];
+        else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc &&
+                 tb_dtype_parse(argv[i + 1], &g_compute) == TB_OK &&
+                 (g_compute == TB_F32 || g_compute == TB_BF16 || g_compute == TB_F16))
+            i++;
         else if (argv[i][0] != '-' && atoi(argv[i]) > 0)
             epochs = atoi(argv[i]);
         else {
             fprintf(stderr,
                     "usage: %s [EPOCHS] [--device D] [--data DIR] [--images N] "
-                    "[--test-images N] [--group mpi]\n",
+                    "[--test-images N] [--group mpi] [--dtype f32|bf16|f16]\n",
                     argv[0]);
             return 2;
         }
@@ -309,8 +325,9 @@ int main(int argc, char **argv) {
     tb_device_format(&dev, name, sizeof name);
     if (rank == 0)
         printf("Fashion-MNIST: %lld training and %lld test images; MLP 784-512-256-10, AdamW, "
-               "batch %d, on %s (%d rank%s)\n",
-               (long long)train.n, (long long)test.n, BATCH, name, ranks, ranks > 1 ? "s" : "");
+               "batch %d, on %s (%d rank%s), forward in %s\n",
+               (long long)train.n, (long long)test.n, BATCH, name, ranks, ranks > 1 ? "s" : "",
+               tb_dtype_name(g_compute));
     if (tb_manual_seed(0) != TB_OK) goto done;
     params[0] = uniform(PIXELS, H1, PIXELS, &dev, group);
     params[1] = uniform(H1, 0, PIXELS, &dev, group);

@@ -27,9 +27,12 @@
    plan asks for far below this; reaching it is a bug. */
 #define TB__CG_HARD_VALUES 1000000
 
+/* The C type of a value of the dtype in a kernel: 16-bit floats compute in float. */
 static const char *tb__cg_ctype(tb_dtype dtype) {
     switch (dtype) {
     case TB_F32:
+    case TB_F16:
+    case TB_BF16:
         return "float";
     case TB_F64:
         return "double";
@@ -40,6 +43,39 @@ static const char *tb__cg_ctype(tb_dtype dtype) {
     default:
         return "uchar"; /* u8 and bool (0 or 1) */
     }
+}
+
+static bool tb__cg_is_half(tb_dtype dtype) {
+    return dtype == TB_F16 || dtype == TB_BF16;
+}
+
+/* The C type of a buffer's elements: 16-bit floats are stored as their bits. */
+static const char *tb__cg_btype(tb_dtype dtype) {
+    return tb__cg_is_half(dtype) ? "ushort" : tb__cg_ctype(dtype);
+}
+
+/* The statement that stores value v<v> as element `index` of buffer `buf` (16-bit floats
+   rounded to nearest even: TB_STH is the dialect's, tb_f2bf the prelude's). */
+static void tb__cg_store(tb__cg *g, tb_dtype dtype, const char *buf, const char *index, int32_t v) {
+    if (dtype == TB_F16) {
+        tb__ix_line(&g->ix, "TB_STH(%s, %s, v%d);", buf, index, (int)v);
+    } else if (dtype == TB_BF16) {
+        tb__ix_line(&g->ix, "%s[%s] = (ushort)tb_f2bf(v%d);", buf, index, (int)v);
+    } else {
+        tb__ix_line(&g->ix, "%s[%s] = v%d;", buf, index, (int)v);
+    }
+}
+
+/* A computed value of a 16-bit float dtype rounded to it: values stay floats in a kernel, and
+   every op's result is rounded once, as PyTorch stores it. Other dtypes: v itself. */
+static int32_t tb__cg_round(tb__cg *g, tb_dtype dtype, int32_t v) {
+    int32_t r;
+    if (!tb__cg_is_half(dtype) || v < 0) return v;
+    r = tb__cg_new_val(g, dtype);
+    if (r < 0) return -1;
+    tb__ix_line(&g->ix, "const float v%d = %s(v%d);", (int)r,
+                dtype == TB_F16 ? "tb_rnd_f16" : "tb_rnd_bf16", (int)v);
+    return r;
 }
 
 /* The unsigned type integer arithmetic wraps in. */
@@ -241,14 +277,22 @@ static int32_t tb__cg_read_slot(tb__cg *g, int32_t slot, tb_dtype dtype, int32_t
     tb__lf_text(&g->ix.pos[pos].flat, text, sizeof text);
     v = tb__cg_new_val(g, dtype);
     if (v < 0) return -1;
-    tb__ix_line(&g->ix, "const %s v%d = b%d[%s];", tb__cg_ctype(dtype), (int)v, (int)slot, text);
+    if (dtype == TB_F16) {
+        tb__ix_line(&g->ix, "const float v%d = TB_LDH(b%d, %s);", (int)v, (int)slot, text);
+    } else if (dtype == TB_BF16) {
+        tb__ix_line(&g->ix, "const float v%d = tb_bf2f(b%d[%s]);", (int)v, (int)slot, text);
+    } else {
+        tb__ix_line(&g->ix, "const %s v%d = b%d[%s];", tb__cg_ctype(dtype), (int)v, (int)slot,
+                    text);
+    }
     return v;
 }
 
 /* The type a scalar argument has in the kernel: doubles travel as floats where the device has
-   no double precision. */
+   no double precision, 16-bit floats as their bits. */
 static const char *tb__cg_scalar_ctype(const tb__cg *g, tb_dtype dtype) {
     if (dtype == TB_F64 && !g->d->f64) return "float";
+    if (tb__cg_is_half(dtype)) return "ushort";
     return tb__cg_ctype(dtype);
 }
 
@@ -418,7 +462,7 @@ static int32_t tb__cg_generator(tb__cg *g, int32_t node, int32_t pos) {
         tb__ix_line(&g->ix, "const %s v%d = (%s)((ulong)%lldL + (ulong)(%s) * (ulong)%lldL);", t,
                     (int)v, t, s0, a, s1);
     }
-    return v;
+    return tb__cg_round(g, od, v);
 }
 
 /* Nodes that are not computed from operand values at the same kind of position: leaves,
@@ -435,7 +479,10 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
             if (!tb__cg_arg(g, TB__ARG_TABLE, 0)) return -1;
             v = tb__cg_new_val(g, dt);
             if (v < 0) return -1;
-            if (dt == TB_F32 || (dt == TB_F64 && !g->d->f64)) {
+            if (tb__cg_is_half(dt)) {
+                tb__ix_line(&g->ix, "const float v%d = %s((uint)tb_sc[%d] & 0xffffu);", (int)v,
+                            dt == TB_F16 ? "tb_h2f" : "tb_bf2f", (int)in->param);
+            } else if (dt == TB_F32 || (dt == TB_F64 && !g->d->f64)) {
                 tb__ix_line(&g->ix, "const %s v%d = (%s)%s((uint)tb_sc[%d]);", ct, (int)v, ct,
                             g->d->bits_f32, (int)in->param);
             } else if (dt == TB_F64) {
@@ -448,11 +495,17 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
             return v;
         }
         if (in->node->op == TB_OP_SCALAR) {
+            tb_dtype dt = in->node->shape.dtype;
             if (!tb__cg_arg(g, TB__ARG_SCALAR, in->param)) return -1;
-            v = tb__cg_new_val(g, in->node->shape.dtype);
+            v = tb__cg_new_val(g, dt);
             if (v < 0) return -1;
-            tb__ix_line(&g->ix, "const %s v%d = (%s)s%d;", tb__cg_ctype(in->node->shape.dtype),
-                        (int)v, tb__cg_ctype(in->node->shape.dtype), (int)in->param);
+            if (tb__cg_is_half(dt)) {
+                tb__ix_line(&g->ix, "const float v%d = %s((uint)s%d);", (int)v,
+                            dt == TB_F16 ? "tb_h2f" : "tb_bf2f", (int)in->param);
+            } else {
+                tb__ix_line(&g->ix, "const %s v%d = (%s)s%d;", tb__cg_ctype(dt), (int)v,
+                            tb__cg_ctype(dt), (int)in->param);
+            }
             return v;
         }
         return tb__cg_read_slot(g, in->slot, in->node->shape.dtype, pos);
@@ -779,6 +832,37 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
     return v;
 }
 
+/* Whether an op's result is one of its operands' values, or exact in their dtype, whenever
+   they are of its 16-bit dtype: no rounding needed. */
+static bool tb__cg_exact(const tb_node *n) {
+    size_t k;
+    for (k = n->op == TB_OP_WHERE ? 1 : 0; k < n->num_operands; k++) /* where: after cond */
+        if (n->operands[k]->shape.dtype != n->shape.dtype) return false;
+    switch (n->op) {
+    case TB_OP_NEG:
+    case TB_OP_ABS:
+    case TB_OP_RELU:
+    case TB_OP_FLOOR:
+    case TB_OP_CEIL:
+    case TB_OP_ROUND:
+    case TB_OP_SIGN:
+    case TB_OP_MAXIMUM:
+    case TB_OP_MINIMUM:
+    case TB_OP_WHERE:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Whether v is one of the operand values on the stack from `base` (a view of an operand). */
+static bool tb__cg_passes(const tb__cg *g, int32_t base, size_t num_operands, int32_t v) {
+    size_t k;
+    for (k = 0; k < num_operands; k++)
+        if (g->stack[(size_t)base + k] == v) return true;
+    return false;
+}
+
 /* The value of `node` at `pos`: operands first (an explicit stack, so chains of any length do
    not recurse), each (node, position) emitted once per scope. */
 static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos) {
@@ -819,6 +903,11 @@ static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos) {
         }
         v = tb__cg_emit_op(g, fnode, fpos, &g->stack[f->vbase], n->num_operands);
         if (v < 0) goto fail;
+        if (tb__cg_is_half(n->shape.dtype) && !tb__cg_exact(n) &&
+            !tb__cg_passes(g, f->vbase, n->num_operands, v)) {
+            v = tb__cg_round(g, n->shape.dtype, v); /* a computed value, not an operand's */
+            if (v < 0) goto fail;
+        }
         g->num_stack = (size_t)g->frames[g->num_frames - 1].vbase;
         tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, fnode, fpos, 0, v);
         g->num_frames--;

@@ -60,6 +60,7 @@ static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, cons
 static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *rs = tb__plan_shape(g->G, k->root);
     int32_t i0, v;
+    char index[32];
     if (k->vec > 0) {
         /* a block of W consecutive elements per work item (W divides the last axis) */
         i0 = tb__cg_row_header(g, k, (int64_t)k->items);
@@ -73,7 +74,8 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
     if (i0 < 0) return g->ix.status;
     v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, 1, -1));
     if (v < 0) return g->ix.status;
-    tb__ix_line(&g->ix, "out[i%d] = v%d;", (int)i0, (int)v);
+    snprintf(index, sizeof index, "i%d", (int)i0);
+    tb__cg_store(g, rs->dtype, "out", index, v);
     return TB_OK;
 }
 
@@ -455,14 +457,23 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, const tb__plan_kernel *k) {
     bool partial = k->kind == TB__K_PARTIAL, final = !partial && k->split > 0;
     const char *t;
     int32_t vf, vr;
+    tb_dtype pd =
+        k->partial_slot >= 0 ? tb__cg_plan(g)->slots[k->partial_slot].shape.dtype : TB_F32;
+    char index[32];
     if (!tb__cg_red_begin(g, k, &rd)) return g->ix.status;
     t = tb__cg_ctype(rd.od);
     if (final) {
         /* the partial results of this row, in chunk order */
         if (!tb__cg_arg(g, TB__ARG_BUF, k->partial_slot)) return g->ix.status;
         tb__ix_line(&g->ix, "for (int c = 0; c < %d; c++) {", (int)k->split);
-        tb__ix_line(&g->ix, "    const %s b = (%s)b%d[i%d * %d + c];", rd.acc_t, rd.acc_t,
-                    (int)k->partial_slot, (int)rd.i0, (int)k->split);
+        if (tb__cg_is_half(pd)) { /* max and min of 16-bit floats keep partials in them */
+            tb__ix_line(&g->ix, "    const float b = %s(b%d[i%d * %d + c]);",
+                        pd == TB_F16 ? "tb_h2f" : "tb_bf2f", (int)k->partial_slot, (int)rd.i0,
+                        (int)k->split);
+        } else {
+            tb__ix_line(&g->ix, "    const %s b = (%s)b%d[i%d * %d + c];", rd.acc_t, rd.acc_t,
+                        (int)k->partial_slot, (int)rd.i0, (int)k->split);
+        }
         tb__ix_line(&g->ix, "    const %s a = acc;", rd.acc_t);
         tb__ix_line(&g->ix, "    acc = %s;", rd.combine);
         tb__ix_line(&g->ix, "}");
@@ -470,7 +481,13 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, const tb__plan_kernel *k) {
         return g->ix.status;
     }
     if (k->group > 1) tb__cg_red_group(g, &rd);
-    if (partial) {
+    snprintf(index, sizeof index, "i%d", (int)rd.i0);
+    if (partial && tb__cg_is_half(tb__cg_plan(g)->slots[k->out_slot].shape.dtype)) {
+        vf = tb__cg_new_val(g, tb__cg_plan(g)->slots[k->out_slot].shape.dtype);
+        if (vf < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "const float v%d = (float)acc;", (int)vf);
+        tb__cg_store(g, tb__cg_plan(g)->slots[k->out_slot].shape.dtype, "out", index, vf);
+    } else if (partial) {
         tb__ix_line(&g->ix, "out[i%d] = (%s)acc;", (int)rd.i0,
                     tb__cg_ctype(tb__cg_plan(g)->slots[k->out_slot].shape.dtype));
     } else {
@@ -484,10 +501,12 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, const tb__plan_kernel *k) {
         } else {
             tb__ix_line(&g->ix, "const %s v%d = (%s)acc;", t, (int)vf, t);
         }
+        vf = tb__cg_round(g, rd.od, vf);
+        if (vf < 0) return g->ix.status;
         tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, rd.out_pos, 0, vf);
         vr = tb__cg_eval(g, k->root, rd.out_pos);
         if (vr < 0) return g->ix.status;
-        tb__ix_line(&g->ix, "out[i%d] = v%d;", (int)rd.i0, (int)vr);
+        tb__cg_store(g, tb__plan_shape(g->G, k->root)->dtype, "out", index, vr);
     }
     if (k->group > 1) tb__ix_close(&g->ix, "");
     return g->ix.status;
@@ -553,11 +572,13 @@ static bool tb__cg_norm_store(tb__cg *g, const tb__cg_norm *nm, int32_t j, int32
     } else {
         tb__ix_line(&g->ix, "const %s v%d = (%s)((%s)v%d - mx - lse);", t, (int)vf, t, ct, (int)vx);
     }
+    vf = tb__cg_round(g, nm->od, vf);
+    if (vf < 0) return false;
     tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, nm->k->core, xp, 0, vf);
     vr = tb__cg_eval(g, nm->k->root, xp);
     if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
     tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
-    tb__ix_line(&g->ix, "out[%s] = v%d;", flat, (int)vr);
+    tb__cg_store(g, tb__plan_shape(g->G, nm->k->root)->dtype, "out", flat, vr);
     return g->ix.status == TB_OK;
 }
 
@@ -712,7 +733,9 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
     nm.xs = tb__plan_shape(G, nm.x);
     nm.w = nm.b = nm.row_pos = -1;
     nm.layer = nm.cn->op == TB_OP_LAYER_NORM;
-    nm.stash = nm.cn->op == TB_OP_SOFTMAX && k->root == k->core;
+    /* a 16-bit output cannot hold the exponentials between passes: no stash there */
+    nm.stash =
+        nm.cn->op == TB_OP_SOFTMAX && k->root == k->core && !tb__cg_is_half(nm.cn->shape.dtype);
     nm.axis = nm.layer ? nm.xs->rank - 1 : (int32_t)nm.cn->attrs[0];
     nm.od = nm.cn->shape.dtype;
     nm.t = tb__cg_ctype(nm.od);
@@ -801,11 +824,13 @@ static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__l
     vf = tb__cg_new_val(g, od);
     if (p < 0 || vf < 0) return false;
     tb__ix_line(&g->ix, "const %s v%d = (%s)acc[ii][jj];", t, (int)vf, t);
+    vf = tb__cg_round(g, od, vf);
+    if (vf < 0) return false;
     tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, p, 0, vf);
     v = tb__cg_eval(g, k->root, p);
     if (v < 0 || !tb__ix_need_flat(&g->ix, p)) return false;
     tb__lf_text(&g->ix.pos[p].flat, flat, sizeof flat);
-    tb__ix_line(&g->ix, "out[%s] = v%d;", flat, (int)v);
+    tb__cg_store(g, tb__plan_shape(g->G, k->root)->dtype, "out", flat, v);
     return true;
 }
 
@@ -1127,14 +1152,14 @@ static tb_status tb__cg_params(const tb__cg *g, const tb__plan_kernel *k, tb__cg
     size_t i;
     if (params == NULL) return TB_ERR_OUT_OF_MEMORY;
     params[0].role = -1;
-    params[0].type = tb__cg_ctype(p->slots[k->out_slot].shape.dtype);
+    params[0].type = tb__cg_btype(p->slots[k->out_slot].shape.dtype);
     snprintf(params[0].name, sizeof params[0].name, "out");
     for (i = 0; i < k->num_args; i++) {
         const tb__plan_arg *a = &k->args[i];
         tb__cg_param *q = &params[i + 1];
         q->role = a->kind;
         if (a->kind == TB__ARG_BUF) {
-            q->type = tb__cg_ctype(p->slots[a->index].shape.dtype);
+            q->type = tb__cg_btype(p->slots[a->index].shape.dtype);
             snprintf(q->name, sizeof q->name, "b%d", (int)a->index);
         } else if (a->kind == TB__ARG_SCALAR) {
             q->type = tb__cg_scalar_ctype(g, p->param_dtype[a->index]);

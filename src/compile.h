@@ -452,6 +452,13 @@ typedef struct tb__cg {
 static const char *tb__cg_ctype(tb_dtype dtype);
 static const char *tb__cg_acc_ctype(tb_dtype acc);
 static const char *tb__cg_scalar_ctype(const tb__cg *g, tb_dtype dtype);
+/* 16-bit floats (f16, bf16): values compute in float, buffers hold the bits (ushort); a store
+   of v<v> at buf[index] rounding to the dtype; a computed value rounded to the dtype (v itself
+   for other dtypes, -1 if failed) */
+static bool tb__cg_is_half(tb_dtype dtype);
+static const char *tb__cg_btype(tb_dtype dtype);
+static void tb__cg_store(tb__cg *g, tb_dtype dtype, const char *buf, const char *index, int32_t v);
+static int32_t tb__cg_round(tb__cg *g, tb_dtype dtype, int32_t v);
 static const tb__plan *tb__cg_plan(const tb__cg *g);      /* the plan being rendered */
 static tb__plan_kernel *tb__cg_kernel(const tb__cg *g);   /* the kernel being rendered */
 static int32_t tb__cg_new_val(tb__cg *g, tb_dtype dtype); /* a new value v<n>, -1 if failed */

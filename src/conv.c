@@ -474,32 +474,53 @@ static int64_t tb__pool_count(const tb__conv_args *c, int32_t i, int64_t o, bool
     return end - start;
 }
 
+/* A constant of `dtype` on the arena's device from doubles (exact small integers here): made
+   in f64 or f32, cast to a 16-bit dtype. Frees nothing of `v`. */
+static tb_tensor *tb__conv_constant(tb__ag *a, const double *v, int32_t rank, const int64_t *dims,
+                                    tb_dtype dtype) {
+    tb_dtype host_dt = dtype == TB_F64 ? TB_F64 : TB_F32;
+    int64_t n = 1, i;
+    int32_t d;
+    tb_shape s;
+    tb_tensor *t;
+    float *f = NULL;
+    for (d = 0; d < rank; d++)
+        n *= dims[d];
+    if (tb_shape_make(&s, host_dt, rank, dims) != TB_OK) {
+        a->failed = true;
+        return NULL;
+    }
+    if (host_dt == TB_F32) {
+        f = (float *)tb__calloc((size_t)n, sizeof(float));
+        if (f == NULL) {
+            a->failed = true;
+            return NULL;
+        }
+        for (i = 0; i < n; i++)
+            f[i] = (float)v[i];
+    }
+    t = tb__ag_keep(
+        a, tb_tensor_from_host(f != NULL ? (const void *)f : (const void *)v, &s, &a->device));
+    tb__free(f);
+    if (t != NULL && dtype != host_dt) t = tb__ag_keep(a, tb_cast(t, dtype));
+    return t;
+}
+
 /* The divisors of every output position, [O..] of x's dtype, on x's device. */
 static tb_tensor *tb__pool_divisors(tb__ag *a, const tb__conv_args *c, tb_dtype dtype,
                                     bool include_pad) {
     int64_t total = c->out[0] * (c->n > 1 ? c->out[1] : 1), o;
-    size_t es = tb_dtype_size(dtype);
-    tb_shape s;
     tb_tensor *t;
-    char *host;
-    if (tb_shape_make(&s, dtype, c->n, c->out) != TB_OK) return NULL;
-    host = (char *)tb__alloc((size_t)total * es);
+    double *host = (double *)tb__calloc((size_t)total, sizeof(double));
     if (host == NULL) {
-        tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for the divisors", c->fn);
         a->failed = true;
         return NULL;
     }
     for (o = 0; o < total; o++) {
-        double v = (double)tb__pool_count(c, c->n - 1, o % c->out[c->n - 1], include_pad);
-        if (c->n > 1) v *= (double)tb__pool_count(c, 0, o / c->out[1], include_pad);
-        if (dtype == TB_F64) {
-            memcpy(host + (size_t)o * es, &v, es);
-        } else {
-            float f = (float)v;
-            memcpy(host + (size_t)o * es, &f, es);
-        }
+        host[o] = (double)tb__pool_count(c, c->n - 1, o % c->out[c->n - 1], include_pad);
+        if (c->n > 1) host[o] *= (double)tb__pool_count(c, 0, o / c->out[1], include_pad);
     }
-    t = tb__ag_keep(a, tb_tensor_from_host(host, &s, &a->device));
+    t = tb__conv_constant(a, host, c->n, c->out, dtype);
     tb__free(host);
     return t;
 }
@@ -541,48 +562,34 @@ TBDEF tb_tensor *tb_avg_pool1d(tb_tensor *x, const int64_t *kernel, const int64_
 static tb_tensor *tb__adaptive_bins(tb__ag *a, tb_dtype dtype, int64_t len, int64_t out,
                                     bool transposed, double *count) {
     int64_t i, j, dims[2];
-    size_t es = tb_dtype_size(dtype);
-    tb_shape s;
     tb_tensor *t;
-    char *host = (char *)tb__calloc((size_t)(len * out), es);
+    double *host = (double *)tb__calloc((size_t)len, (size_t)out * sizeof(double));
     if (host == NULL) {
-        tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for the bins", a->fn);
         a->failed = true;
         return NULL;
     }
     for (j = 0; j < out; j++) {
         int64_t start = j * len / out, end = ((j + 1) * len + out - 1) / out;
         count[j] = (double)(end - start);
-        for (i = start; i < end; i++) {
-            size_t at = (size_t)(transposed ? j * len + i : i * out + j) * es;
-            if (dtype == TB_F64) {
-                double one = 1.0;
-                memcpy(host + at, &one, es);
-            } else {
-                float one = 1.0f;
-                memcpy(host + at, &one, es);
-            }
-        }
+        for (i = start; i < end; i++)
+            host[transposed ? j * len + i : i * out + j] = 1.0;
     }
     dims[0] = transposed ? out : len;
     dims[1] = transposed ? len : out;
-    t = tb_shape_make(&s, dtype, 2, dims) == TB_OK
-            ? tb__ag_keep(a, tb_tensor_from_host(host, &s, &a->device))
-            : NULL;
+    t = tb__conv_constant(a, host, 2, dims, dtype);
     tb__free(host);
     return t;
 }
 
 static tb_tensor *tb__adaptive_avg_pool(const char *fn, int32_t n, tb_tensor *x,
                                         const int64_t *output_size) {
-    tb_shape xs, cs;
+    tb_shape xs;
     tb_dtype dt;
-    double *counts[2];
+    double *counts[2], *host;
     tb_tensor *y, *m, *div;
     tb__ag a;
     int64_t i, cdims[2];
     int32_t d;
-    char *host;
     tb__ensure_setup();
     if (!tb__conv_input(fn, "x", x, n)) return NULL;
     if (output_size == NULL) {
@@ -617,23 +624,13 @@ static tb_tensor *tb__adaptive_avg_pool(const char *fn, int32_t n, tb_tensor *x,
     }
     cdims[0] = output_size[0];
     cdims[1] = n > 1 ? output_size[1] : 1;
-    host = y != NULL ? (char *)tb__alloc((size_t)(cdims[0] * cdims[1]) * tb_dtype_size(dt)) : NULL;
-    if (y != NULL && host == NULL) {
-        tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for the bin sizes", fn);
-        a.failed = true;
-    }
+    host = y != NULL ? (double *)tb__calloc((size_t)(cdims[0] * cdims[1]), sizeof(double)) : NULL;
+    if (y != NULL && host == NULL) a.failed = true;
     div = NULL;
     if (host != NULL) {
-        for (i = 0; i < cdims[0] * cdims[1]; i++) {
-            double v = n > 1 ? counts[0][i / cdims[1]] * counts[1][i % cdims[1]] : counts[0][i];
-            float f = (float)v;
-            if (dt == TB_F64)
-                memcpy(host + (size_t)i * 8, &v, 8);
-            else
-                memcpy(host + (size_t)i * 4, &f, 4);
-        }
-        if (tb_shape_make(&cs, dt, n, output_size) == TB_OK)
-            div = tb__ag_keep(&a, tb_tensor_from_host(host, &cs, &a.device));
+        for (i = 0; i < cdims[0] * cdims[1]; i++)
+            host[i] = n > 1 ? counts[0][i / cdims[1]] * counts[1][i % cdims[1]] : counts[0][i];
+        div = tb__conv_constant(&a, host, n, output_size, dt);
         tb__free(host);
     }
     y = div != NULL ? tb__ag_keep(&a, tb_div(y, div)) : NULL;

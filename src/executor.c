@@ -38,6 +38,12 @@ static double tb__exec_host_to_double(const void *in, tb_dtype dtype) {
         return (double)*(const uint8_t *)in;
     case TB_BOOL:
         return *(const uint8_t *)in != 0 ? 1.0 : 0.0;
+    case TB_F16:
+    case TB_BF16: {
+        uint16_t v;
+        memcpy(&v, in, sizeof(v));
+        return tb__half_to_f64(dtype, v);
+    }
     default:
         return 0.0;
     }
@@ -1208,6 +1214,15 @@ static bool tb__check_close(tb_dtype dtype, const unsigned char *a, const unsign
         memcpy(va, a, sizeof *va);
         memcpy(vb, b, sizeof *vb);
         break;
+    case TB_F16:
+    case TB_BF16: {
+        uint16_t x, y;
+        memcpy(&x, a, sizeof x);
+        memcpy(&y, b, sizeof y);
+        *va = tb__half_to_f64(dtype, x);
+        *vb = tb__half_to_f64(dtype, y);
+        break;
+    }
     default: {
         size_t size = tb_dtype_size(dtype);
         int64_t x = 0, y = 0;
@@ -1232,7 +1247,11 @@ static bool tb__check_close(tb_dtype dtype, const unsigned char *a, const unsign
     if (*va != *va || *vb != *vb) return (*va != *va) && (*vb != *vb);
     if (*va == *vb) return true; /* equal infinities too */
     {
-        double tol = dtype == TB_F32 ? 1e-5 + 1e-4 * fabs(*vb) : 1e-10 + 1e-8 * fabs(*vb);
+        /* 16-bit floats: one unit in the last place (2^-10 and 2^-7 of the value) */
+        double tol = dtype == TB_F32    ? 1e-5 + 1e-4 * fabs(*vb)
+                     : dtype == TB_F16  ? 1e-7 + 1e-3 * fabs(*vb)
+                     : dtype == TB_BF16 ? 1e-7 + 8e-3 * fabs(*vb)
+                                        : 1e-10 + 1e-8 * fabs(*vb);
         return fabs(*va - *vb) <= tol;
     }
 }

@@ -46,8 +46,8 @@ TBDEF const char *tb_tensor_set_metadata_key(const tb_tensor_set *set, size_t in
 /* Reads a safetensors file (github.com/huggingface/safetensors: an 8-byte little-endian header
    length, a JSON header {"name": {"dtype", "shape", "data_offsets": [begin, end]}, optional
    "__metadata__": {string: string}}, then the data) into a new set on `device` (NULL: the
-   current device), tensors in the header's order. Dtypes F32 F64 I32 I64 U8 BOOL load as
-   f32 f64 i32 i64 u8 bool; F16 and BF16 load widened to f32 (exactly: every value is kept).
+   current device), tensors in the header's order. Dtypes F32 F64 F16 BF16 I32 I64 U8 BOOL
+   load as f32 f64 f16 bf16 i32 i64 u8 bool.
    The file is memory-mapped; on a device that shares host memory (the cpu backend) each
    suitably aligned tensor uses the mapping in place, without a copy, and the mapping lives
    until the last such tensor is released (the set may be freed first). Do not truncate or

@@ -211,6 +211,11 @@ static tb_status tb__device_text_split(const char *fn, const char *text, char na
                                        int32_t *ordinal);
 /* writes one element of `dtype` holding the value (C conversions; out-of-range floats saturate) */
 static void tb__scalar_store(tb_scalar value, tb_dtype dtype, void *out);
+/* a double as an f32 (IEEE rounding, no undefined behaviour out of range), and as or from the
+   bits of f16 or bf16 (through f32) */
+static float tb__f64_to_f32(double d);
+static uint16_t tb__f64_to_half(tb_dtype dtype, double d);
+static double tb__half_to_f64(tb_dtype dtype, uint16_t bits);
 
 /* backend.c: backend data and the registry */
 /* 1..TB_MAX_NAME bytes of [A-Za-z_][A-Za-z0-9_]* (the names of backends and process groups) */

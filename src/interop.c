@@ -74,8 +74,8 @@ static tb_status tb__npy_descr(tb__npy_parser *p, tb__npy_header *h) {
     static const struct {
         const char *code;
         tb_dtype dtype;
-    } table[] = {{"f4", TB_F32}, {"f8", TB_F64}, {"i4", TB_I32},
-                 {"i8", TB_I64}, {"u1", TB_U8},  {"b1", TB_BOOL}};
+    } table[] = {{"f4", TB_F32}, {"f8", TB_F64},  {"i4", TB_I32}, {"i8", TB_I64},
+                 {"u1", TB_U8},  {"b1", TB_BOOL}, {"f2", TB_F16}};
     char order = descr[0];
     if (order != '<' && order != '>' && order != '|' && order != '=')
         return tb__error(TB_ERR_FORMAT, "tb_npy_load: %s: unsupported dtype '%s'", p->path, descr);
@@ -88,7 +88,7 @@ static tb_status tb__npy_descr(tb__npy_parser *p, tb__npy_header *h) {
         }
     }
     return tb__error(TB_ERR_FORMAT,
-                     "tb_npy_load: %s: unsupported dtype '%s' (supported: f4 f8 i4 i8 u1 b1)",
+                     "tb_npy_load: %s: unsupported dtype '%s' (supported: f2 f4 f8 i4 i8 u1 b1)",
                      p->path, descr);
 }
 
@@ -337,7 +337,9 @@ TBDEF tb_tensor *tb_npy_load(const char *path, const tb_device *device) {
 
 /* numpy's header text, padded with spaces so the data starts on a 64-byte boundary. */
 static char *tb__npy_header_text(const tb_shape *shape, size_t *len, unsigned *major) {
-    static const char *const codes[TB_DTYPE_COUNT] = {"<f4", "<f8", "<i4", "<i8", "|u1", "|b1"};
+    /* bf16 has no numpy code: tb_npy_save refuses it before this */
+    static const char *const codes[TB_DTYPE_COUNT] = {"<f4", "<f8", "<i4", "<i8",
+                                                      "|u1", "|b1", "<f2", "<V2"};
     tb__str s;
     memset(&s, 0, sizeof s);
     tb__str_append(&s, "{'descr': '%s', 'fortran_order': False, 'shape': (", codes[shape->dtype]);
@@ -369,6 +371,11 @@ TBDEF tb_status tb_npy_save(const char *path, tb_tensor *tensor) {
     size_t nbytes = 0;
     tb_status st = tb_shape_nbytes(&shape, &nbytes);
     if (st != TB_OK) return st;
+    if (shape.dtype == TB_BF16)
+        return tb__error(TB_ERR_DTYPE,
+                         "tb_npy_save: %s: numpy has no bf16 dtype (cast to f32 or f16 first, or "
+                         "use safetensors or DLPack)",
+                         path);
     void *data = tb__alloc(nbytes ? nbytes : 1);
     if (data == NULL) return TB_ERR_OUT_OF_MEMORY;
     st = tb_tensor_to_host(tensor, data, nbytes);
@@ -447,7 +454,8 @@ typedef char
 
 static bool tb__dl_from_dtype(tb_dtype dtype, tb_dl_data_type *out) {
     static const uint8_t codes[TB_DTYPE_COUNT] = {TB_DL_FLOAT, TB_DL_FLOAT, TB_DL_INT,
-                                                  TB_DL_INT,   TB_DL_UINT,  TB_DL_BOOL};
+                                                  TB_DL_INT,   TB_DL_UINT,  TB_DL_BOOL,
+                                                  TB_DL_FLOAT, TB_DL_BFLOAT};
     if (!tb_dtype_is_valid(dtype)) return false;
     out->code = codes[dtype];
     out->bits = (uint8_t)(8 * tb_dtype_size(dtype));

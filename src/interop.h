@@ -2,12 +2,12 @@
    Interop: .npy files
    =========================================================================================== */
 
-/* Reads a .npy file (format 1.0 to 3.0, C order, f4 f8 i4 i8 u1 b1, little or big endian) into a
+/* Reads a .npy file (format 1.0 to 3.0, C order, f2 f4 f8 i4 i8 u1 b1, little or big endian) into a
    new tensor on `device` (NULL: current). Fortran order, other dtypes, truncated files, headers
    that lie and shapes that overflow are TB_ERR_FORMAT with the reason. */
 TBDEF tb_tensor *tb_npy_load(const char *path, const tb_device *device);
 /* Writes the tensor's value (syncing it) as .npy 1.0 (2.0 if the header needs it), through a
-   temporary file and a rename. */
+   temporary file and a rename. f16 is '<f2'; bf16, which numpy lacks, is TB_ERR_DTYPE. */
 TBDEF tb_status tb_npy_save(const char *path, tb_tensor *tensor);
 
 /* ===========================================================================================
@@ -63,8 +63,9 @@ typedef struct tb_dl_device {
 } tb_dl_device;
 
 /* DLDataType: code (a tb_dl_data_type_code), bits per lane, lanes. The library's dtypes are
-   f32 (FLOAT, 32), f64 (FLOAT, 64), i32 (INT, 32), i64 (INT, 64), u8 (UINT, 8) and bool
-   (BOOL, 8, one byte per element as numpy and PyTorch store it), all with lanes 1. */
+   f32 (FLOAT, 32), f64 (FLOAT, 64), f16 (FLOAT, 16), bf16 (BFLOAT, 16), i32 (INT, 32), i64
+   (INT, 64), u8 (UINT, 8) and bool (BOOL, 8, one byte per element as numpy and PyTorch store
+   it), all with lanes 1. */
 typedef struct tb_dl_data_type {
     uint8_t code;
     uint8_t bits;
@@ -120,7 +121,7 @@ typedef struct tb_dl_managed_tensor_versioned {
 TBDEF tb_status tb_dlpack_export(tb_tensor *tensor, tb_dl_managed_tensor **out);
 
 /* A new tensor on `device` (NULL: the current device) holding the value of a DLPack tensor.
-   Accepted: device type TB_DL_CPU (host memory), lanes 1, the library's six dtypes (see
+   Accepted: device type TB_DL_CPU (host memory), lanes 1, the library's eight dtypes (see
    tb_dl_data_type), ndim 0..TB_MAX_RANK, non-negative dims, any strides (NULL: C-contiguous)
    and byte_offset. On success the library owns `managed`:
      - on a device that shares host memory (the cpu backend), a C-contiguous, suitably aligned

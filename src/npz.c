@@ -473,7 +473,8 @@ TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set) {
                          path == NULL ? "path" : "set");
     for (i = 0; i < set->count; ++i) {
         tb_shape shape = tb_tensor_shape(set->entries[i].tensor);
-        if (tb__st_dtype_name(shape.dtype) == NULL || strlen(set->entries[i].name) + 4 > 65535)
+        if (tb__st_dtype_name(shape.dtype) == NULL || shape.dtype == TB_BF16 ||
+            strlen(set->entries[i].name) + 4 > 65535)
             return tb__error(TB_ERR_INVALID_ARGUMENT,
                              "%s: tensor '%.200s': its dtype has no .npy code or its name is "
                              "too long for a zip entry",

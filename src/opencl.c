@@ -346,6 +346,19 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"                                              \
     "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
     "#define TB_VEXP(x) exp(x)\n"                                                                  \
+    "#define TB_BITS_F32(b) as_float(b)\n"                                                         \
+    "#define TB_F32_BITS(f) as_uint(f)\n"                                                          \
+    "/* f16 through the built-ins every OpenCL C device has (no cl_khr_fp16 needed) */\n"          \
+    "#define TB_LDH(p, i) vload_half((i), (const __global half *)(p))\n"                           \
+    "#define TB_STH(p, i, v) vstore_half_rte((v), (i), (__global half *)(p))\n"                    \
+    "#define TB_HAS_F16_CVT 1\n"                                                                   \
+    "uint tb_f2h(float x) {\n"                                                                     \
+    "    ushort h; vstore_half_rte(x, 0, (__private half *)&h); return h;\n"                       \
+    "}\n"                                                                                          \
+    "float tb_rnd_f16(float x) {\n"                                                                \
+    "    ushort h; vstore_half_rte(x, 0, (__private half *)&h);\n"                                 \
+    "    return vload_half(0, (const __private half *)&h);\n"                                      \
+    "}\n"                                                                                          \
     "\n"
     d->head = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
                                        "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
@@ -653,6 +666,10 @@ static size_t tb__ocl_scalar_arg(tb__ocl_device *dev, tb_dtype dtype, const tb_b
             double f;
             memcpy(&f, raw, sizeof f);
             v = tb_scalar_f(TB_F64, f);
+        } else if (dtype == TB_F16 || dtype == TB_BF16) {
+            uint16_t h;
+            memcpy(&h, raw, sizeof h);
+            v = tb_scalar_f(dtype, tb__half_to_f64(dtype, h));
         } else if (dtype == TB_I32) {
             int32_t x;
             memcpy(&x, raw, sizeof x);

@@ -611,13 +611,15 @@ static void tb__plan_reduce_sizes(const tb__pgraph *G, int32_t core, int64_t *n_
 }
 
 /* The dtype a reduction accumulates in (and the partial results of a split one hold): the
-   operand's for max and min, the wider float where the target affords it for f32 sums, and
-   the wrapping 32- or 64-bit integer for integer sums and products. */
+   operand's for max and min, the wider float where the target affords it for f32 sums (f32
+   for f16 and bf16 ones, as PyTorch), and the wrapping 32- or 64-bit integer for integer sums
+   and products. */
 static tb_dtype tb__plan_reduce_acc(const tb__pgraph *G, int32_t core) {
     const tb_node *c = G->info[core].node;
     tb_dtype od = c->shape.dtype;
     if (c->op == TB_OP_MAX || c->op == TB_OP_MIN || c->op == TB_OP_ARGMAX || c->op == TB_OP_ARGMIN)
         return tb__plan_shape(G, tb__plan_operand(G, core, 0))->dtype;
+    if (od == TB_F16 || od == TB_BF16) od = TB_F32;
     if (tb_dtype_is_float(od)) return od == TB_F32 && G->target->acc_f64 ? TB_F64 : od;
     return od == TB_I64 ? TB_I64 : TB_I32;
 }
@@ -1311,7 +1313,8 @@ static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
     }
     rows = len > 0 ? numel / len : 0;
     k->suffix = layer || cn->attrs[0] == xs->rank - 1;
-    k->acc = cn->shape.dtype == TB_F32 && G->target->acc_f64 ? TB_F64 : cn->shape.dtype;
+    k->acc = cn->shape.dtype == TB_F16 || cn->shape.dtype == TB_BF16 ? TB_F32 : cn->shape.dtype;
+    if (k->acc == TB_F32 && G->target->acc_f64) k->acc = TB_F64;
     tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
     k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
     if (k->vec > 0) k->acc = TB_F32;

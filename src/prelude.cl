@@ -20,6 +20,57 @@ TB_FN long tb_f2i_f64(double x) {
 }
 #endif
 
+/* 16-bit floats as bits (in a uint) to float and back, as the reference converts: to nearest
+   even, overflow to infinity, subnormals kept, NaN stays NaN. TB_BITS_F32 and TB_F32_BITS are
+   the dialect's reinterpretations; a dialect whose compiler converts f16 itself defines
+   TB_HAS_F16_CVT and its own tb_f2h and tb_rnd_f16. */
+TB_FN float tb_h2f(uint h) {
+    /* without branches: exponent and mantissa as an f32 scaled by 2^112 (exact), infinity and
+       NaN given the all-ones exponent; subnormals as m * 2^-24 (an f32 subnormal would be
+       flushed to zero where a device does so); then the sign */
+    uint em = (h & 0x7fffu) << 13;
+    uint u = TB_F32_BITS(TB_BITS_F32(em) * 5.192296858534828e+33f);
+    uint sub = TB_F32_BITS((float)(h & 0x3ffu) * 5.9604644775390625e-8f);
+    u = em < 0x00800000u ? sub : (u | (em >= 0x0f800000u ? 0x7f800000u : 0u));
+    return TB_BITS_F32(u | ((h & 0x8000u) << 16));
+}
+
+#ifndef TB_HAS_F16_CVT
+/* v >> s rounded to nearest, ties to even (0 < s < 32). */
+TB_FN uint tb_shr_rne(uint v, uint s) {
+    uint q = v >> s, rem = v & ((1u << s) - 1u), mid = 1u << (s - 1u);
+    return q + ((rem > mid || (rem == mid && (q & 1u) != 0u)) ? 1u : 0u);
+}
+
+TB_FN uint tb_f2h(float f) {
+    uint u = TB_F32_BITS(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u | ((a >> 13) & 0x3ffu);
+    if (a >= 0x477ff000u) return sign | 0x7c00u;
+    if (a >= 0x38800000u) return sign | tb_shr_rne(a - 0x38000000u, 13u);
+    if ((a >> 23) < 102u) return sign;
+    return sign | tb_shr_rne((a & 0x7fffffu) | 0x800000u, 126u - (a >> 23));
+}
+
+TB_FN float tb_rnd_f16(float x) {
+    return tb_h2f(tb_f2h(x));
+}
+#endif
+
+TB_FN float tb_bf2f(uint h) {
+    return TB_BITS_F32(h << 16);
+}
+
+TB_FN uint tb_f2bf(float f) {
+    uint u = TB_F32_BITS(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+/* A float rounded to the nearest bf16 value (still a float); tb_rnd_f16 likewise for f16. */
+TB_FN float tb_rnd_bf16(float x) {
+    return tb_bf2f(tb_f2bf(x));
+}
+
 /* Integer power by squaring with wrapping products; the caller reports negative exponents. */
 TB_FN long tb_ipow(long base, long e) {
     ulong r = 1, b = (ulong)base;

@@ -28,6 +28,10 @@ static double tb__print_float_at(const tb__printer *p, int64_t index) {
         float f;
         memcpy(&f, p->data + (size_t)index * 4, 4);
         return (double)f;
+    } else if (p->shape.dtype == TB_F16 || p->shape.dtype == TB_BF16) {
+        uint16_t h;
+        memcpy(&h, p->data + (size_t)index * 2, 2);
+        return tb__half_to_f64(p->shape.dtype, h);
     } else {
         double v;
         memcpy(&v, p->data + (size_t)index * 8, 8);

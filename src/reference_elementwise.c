@@ -201,6 +201,12 @@ static double tb__ld_f(tb_dtype dt, const char *p) {
         return (double)*(const uint8_t *)p;
     case TB_BOOL:
         return *(const uint8_t *)p ? 1.0 : 0.0;
+    case TB_F16:
+    case TB_BF16: {
+        uint16_t h;
+        memcpy(&h, p, sizeof h);
+        return tb__half_to_f64(dt, h);
+    }
     default:
         return 0.0;
     }
@@ -220,6 +226,9 @@ static int64_t tb__ld_i(tb_dtype dt, const char *p) {
         return (int64_t)(*(const uint8_t *)p);
     case TB_BOOL:
         return *(const uint8_t *)p ? 1 : 0;
+    case TB_F16:
+    case TB_BF16:
+        return tb__ref_f2i(tb__ld_f(dt, p));
     default:
         return 0;
     }
@@ -236,6 +245,9 @@ static bool tb__ld_b(tb_dtype dt, const char *p) {
         return *(const int32_t *)p != 0;
     case TB_I64:
         return *(const int64_t *)p != 0;
+    case TB_F16:
+    case TB_BF16:
+        return tb__ld_f(dt, p) != 0.0;
     default:
         return *(const uint8_t *)p != 0;
     }
@@ -261,6 +273,12 @@ static void tb__st_f(tb_dtype dt, char *p, double v) {
     case TB_BOOL:
         *(uint8_t *)p = (uint8_t)(v != 0.0);
         break;
+    case TB_F16:
+    case TB_BF16: {
+        uint16_t h = tb__f64_to_half(dt, v);
+        memcpy(p, &h, sizeof h);
+        break;
+    }
     default:
         break;
     }
@@ -285,6 +303,10 @@ static void tb__st_i(tb_dtype dt, char *p, int64_t v) {
         break;
     case TB_BOOL:
         *(uint8_t *)p = (uint8_t)(v != 0);
+        break;
+    case TB_F16:
+    case TB_BF16:
+        tb__st_f(dt, p, (double)v);
         break;
     default:
         break;
@@ -488,6 +510,12 @@ static tb_status tb__ref_conv_run(void *ctx, int64_t n, char *const *p, const in
     const tb__conv_ctx *c = (const tb__conv_ctx *)ctx;
     tb_dtype dd = c->dd;
     int64_t i;
+    if (tb__ref_esize(dd) == 2 || tb__ref_esize(c->sd) == 2) { /* f16, bf16: in software */
+        int64_t es0 = tb__ref_esize(dd), es1 = tb__ref_esize(c->sd);
+        for (i = 0; i < n; i++)
+            tb__ref_convert(dd, p[0] + i * s[0] * es0, c->sd, p[1] + i * s[1] * es1);
+        return TB_OK;
+    }
     switch (c->sd) {
     case TB_F32:
         TB__CONV_SWITCH(float, TB__TOI_FLOAT, TB__TOF_NUM);

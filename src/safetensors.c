@@ -247,7 +247,7 @@ static tb_status tb__json_skip(tb__json *j, int depth) {
     return tb__json_fail(j, "expected a value");
 }
 
-/* The safetensors dtypes the library reads; F16 and BF16 are widened to f32. */
+/* The safetensors dtypes the library reads and writes. */
 typedef struct tb__st_dtype {
     const char *name;
     tb_dtype dtype;
@@ -255,11 +255,9 @@ typedef struct tb__st_dtype {
 } tb__st_dtype;
 
 static const tb__st_dtype tb__st_dtypes[] = {
-    {"F64", TB_F64, 8}, {"F32", TB_F32, 4}, {"F16", TB_F32, 2}, {"BF16", TB_F32, 2},
+    {"F64", TB_F64, 8}, {"F32", TB_F32, 4}, {"F16", TB_F16, 2}, {"BF16", TB_BF16, 2},
     {"I64", TB_I64, 8}, {"I32", TB_I32, 4}, {"U8", TB_U8, 1},   {"BOOL", TB_BOOL, 1},
 };
-#define TB__ST_F16  2
-#define TB__ST_BF16 3
 
 /* The safetensors name of a library dtype; NULL for one it cannot hold. */
 static const char *tb__st_dtype_name(tb_dtype dtype) {
@@ -276,6 +274,10 @@ static const char *tb__st_dtype_name(tb_dtype dtype) {
         return "U8";
     case TB_BOOL:
         return "BOOL";
+    case TB_F16:
+        return "F16";
+    case TB_BF16:
+        return "BF16";
     default:
         return NULL;
     }
@@ -344,8 +346,7 @@ static tb_status tb__st_tensor_entry(tb__json *j, tb__st_entry *e) {
                 if (st == TB_OK && i == n)
                     st = tb__error(TB_ERR_DTYPE,
                                    "%s: %s: tensor '%.200s' has dtype '%.32s', which the library "
-                                   "does not read (it reads F32 F64 I32 I64 U8 BOOL, and F16 BF16 "
-                                   "widened to f32)",
+                                   "does not read (it reads F64 F32 F16 BF16 I64 I32 U8 BOOL)",
                                    j->fn, j->path, e->name, name);
                 e->dtype = (uint8_t)i;
                 tb__free(name);
@@ -515,50 +516,6 @@ static tb_status tb__st_check_layout(const char *path, tb__st_entry *entries, si
     return st;
 }
 
-static float tb__f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, bits;
-    float f;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (mant << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (mant << 13);
-    } else if (mant == 0) {
-        bits = sign;
-    } else { /* subnormal: normalise */
-        exp = 113;
-        while ((mant & 0x400) == 0) {
-            mant <<= 1;
-            exp--;
-        }
-        bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
-    }
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-/* An F16 or BF16 tensor widened to f32 (a copy). */
-static tb_tensor *tb__st_widen(const unsigned char *bytes, const tb_shape *shape, bool bf16,
-                               const tb_device *device) {
-    int64_t numel = 0, i;
-    float *values;
-    tb_tensor *t;
-    if (tb_shape_numel(shape, &numel) != TB_OK) return NULL;
-    values = (float *)tb__alloc(numel ? (size_t)numel * 4 : 1);
-    if (values == NULL) return NULL;
-    for (i = 0; i < numel; ++i) {
-        uint16_t h = tb__le16(bytes + 2 * i);
-        if (bf16) {
-            uint32_t bits = (uint32_t)h << 16;
-            memcpy(&values[i], &bits, 4);
-        } else {
-            values[i] = tb__f16_to_f32(h);
-        }
-    }
-    t = tb_tensor_from_host(values, shape, device);
-    tb__free(values);
-    return t;
-}
-
 TBDEF tb_tensor_set *tb_safetensors_load(const char *path, const tb_device *device) {
     static const char fn[] = "tb_safetensors_load";
     tb__blob *blob = NULL;
@@ -648,10 +605,7 @@ TBDEF tb_tensor_set *tb_safetensors_load(const char *path, const tb_device *devi
                       path, e->name);
             goto fail;
         }
-        if (e->dtype == TB__ST_F16 || e->dtype == TB__ST_BF16)
-            t = tb__st_widen(bytes, &shape, e->dtype == TB__ST_BF16, &dev);
-        else
-            t = tb__blob_tensor(blob, bytes, &shape, false, &dev);
+        t = tb__blob_tensor(blob, bytes, &shape, false, &dev);
         if (t == NULL || tb__set_add_owned(fn, set, e->name, t) != TB_OK) goto fail;
     }
     for (i = 0; i < parsed; ++i)
@@ -796,6 +750,3 @@ TBDEF tb_status tb_safetensors_save(const char *path, const tb_tensor_set *set) 
     tb__free(begin);
     return st;
 }
-
-#undef TB__ST_F16
-#undef TB__ST_BF16

@@ -21,6 +21,10 @@ TBDEF const char *tb_dtype_name(tb_dtype dtype) {
         return "u8";
     case TB_BOOL:
         return "bool";
+    case TB_F16:
+        return "f16";
+    case TB_BF16:
+        return "bf16";
     case TB_DTYPE_COUNT:
         break;
     }
@@ -41,6 +45,9 @@ TBDEF size_t tb_dtype_size(tb_dtype dtype) {
         return 1;
     case TB_BOOL:
         return 1;
+    case TB_F16:
+    case TB_BF16:
+        return 2;
     case TB_DTYPE_COUNT:
         break;
     }
@@ -51,10 +58,12 @@ TBDEF tb_status tb_dtype_parse(const char *text, tb_dtype *out) {
     static const struct {
         const char *name;
         tb_dtype dtype;
-    } names[] = {{"f32", TB_F32},     {"float32", TB_F32}, {"float", TB_F32}, {"f64", TB_F64},
-                 {"float64", TB_F64}, {"double", TB_F64},  {"i32", TB_I32},   {"int32", TB_I32},
-                 {"int", TB_I32},     {"i64", TB_I64},     {"int64", TB_I64}, {"long", TB_I64},
-                 {"u8", TB_U8},       {"uint8", TB_U8},    {"bool", TB_BOOL}};
+    } names[] = {
+        {"f32", TB_F32},     {"float32", TB_F32}, {"float", TB_F32}, {"f64", TB_F64},
+        {"float64", TB_F64}, {"double", TB_F64},  {"i32", TB_I32},   {"int32", TB_I32},
+        {"int", TB_I32},     {"i64", TB_I64},     {"int64", TB_I64}, {"long", TB_I64},
+        {"u8", TB_U8},       {"uint8", TB_U8},    {"bool", TB_BOOL}, {"f16", TB_F16},
+        {"float16", TB_F16}, {"half", TB_F16},    {"bf16", TB_BF16}, {"bfloat16", TB_BF16}};
     size_t i;
     if (text == NULL || out == NULL) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_dtype_parse: %s is NULL",
@@ -67,20 +76,21 @@ TBDEF tb_status tb_dtype_parse(const char *text, tb_dtype *out) {
         }
     }
     return tb__error(TB_ERR_INVALID_ARGUMENT,
-                     "tb_dtype_parse: unknown dtype '%.64s' (expected f32, f64, i32, i64, u8 or "
-                     "bool)",
+                     "tb_dtype_parse: unknown dtype '%.64s' (expected f32, f64, f16, bf16, i32, "
+                     "i64, u8 or bool)",
                      text);
 }
 
 TBDEF bool tb_dtype_is_float(tb_dtype dtype) {
-    return dtype == TB_F32 || dtype == TB_F64;
+    return dtype == TB_F32 || dtype == TB_F64 || dtype == TB_F16 || dtype == TB_BF16;
 }
 
 TBDEF bool tb_dtype_is_integer(tb_dtype dtype) {
     return dtype == TB_I32 || dtype == TB_I64 || dtype == TB_U8;
 }
 
-/* Position in the promotion lattice, which is a chain for these dtypes. */
+/* Position in the promotion lattice, a chain but for f16 and bf16, which share a place (their
+   join is f32: tb_dtype_promote). */
 static int tb__dtype_rank(tb_dtype dtype) {
     switch (dtype) {
     case TB_BOOL:
@@ -91,10 +101,13 @@ static int tb__dtype_rank(tb_dtype dtype) {
         return 2;
     case TB_I64:
         return 3;
-    case TB_F32:
+    case TB_F16:
+    case TB_BF16:
         return 4;
-    case TB_F64:
+    case TB_F32:
         return 5;
+    case TB_F64:
+        return 6;
     case TB_DTYPE_COUNT:
         break;
     }
@@ -107,7 +120,81 @@ TBDEF tb_dtype tb_dtype_promote(tb_dtype a, tb_dtype b) {
                   tb_dtype_is_valid(a) ? (int)b : (int)a);
         return TB_DTYPE_COUNT;
     }
+    if ((a == TB_F16 && b == TB_BF16) || (a == TB_BF16 && b == TB_F16)) return TB_F32;
     return tb__dtype_rank(a) >= tb__dtype_rank(b) ? a : b;
+}
+
+/* ---- 16-bit floats ---- */
+
+static uint32_t tb__f32_bits(float value) {
+    uint32_t u;
+    memcpy(&u, &value, sizeof u);
+    return u;
+}
+
+static float tb__f32_of_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* value >> shift, rounded to nearest with ties to even. */
+static uint32_t tb__round_shift(uint32_t value, int shift) {
+    uint32_t q = value >> shift, rem = value & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    return q + (rem > half || (rem == half && (q & 1u)) ? 1u : 0u);
+}
+
+TBDEF uint16_t tb_f32_to_f16(float value) {
+    uint32_t u = tb__f32_bits(value), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to infinity */
+    if (a >= 0x38800000u) return (uint16_t)(sign | tb__round_shift(a - 0x38000000u, 13));
+    if ((a >> 23) < 102u) return (uint16_t)sign; /* below half the smallest subnormal */
+    /* a subnormal: the significand with its hidden bit, in units of 2^-24 */
+    return (uint16_t)(sign | tb__round_shift((a & 0x7fffffu) | 0x800000u, (int)(126u - (a >> 23))));
+}
+
+TBDEF float tb_f16_to_f32(uint16_t bits) {
+    uint32_t sign = ((uint32_t)bits & 0x8000u) << 16, e = ((uint32_t)bits >> 10) & 0x1fu;
+    uint32_t m = (uint32_t)bits & 0x3ffu;
+    if (e == 0x1fu) return tb__f32_of_bits(sign | 0x7f800000u | (m << 13));
+    if (e != 0) return tb__f32_of_bits(sign | ((e + 112u) << 23) | (m << 13));
+    if (m == 0) return tb__f32_of_bits(sign);
+    e = 113u;
+    while ((m & 0x400u) == 0) {
+        m <<= 1;
+        e--;
+    }
+    return tb__f32_of_bits(sign | (e << 23) | ((m & 0x3ffu) << 13));
+}
+
+TBDEF uint16_t tb_f32_to_bf16(float value) {
+    uint32_t u = tb__f32_bits(value);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+TBDEF float tb_bf16_to_f32(uint16_t bits) {
+    return tb__f32_of_bits((uint32_t)bits << 16);
+}
+
+/* double -> float as IEEE rounds, with no undefined behaviour out of float's range: below
+   FLT_MAX + half an ulp (2^103) to FLT_MAX, beyond it to infinity. */
+static float tb__f64_to_f32(double d) {
+    double limit = (double)FLT_MAX + ldexp(1.0, 103);
+    if (d > (double)FLT_MAX) return d < limit ? FLT_MAX : HUGE_VALF;
+    if (d < -(double)FLT_MAX) return d > -limit ? -FLT_MAX : -HUGE_VALF;
+    return (float)d;
+}
+
+/* A double as the bits of a 16-bit float dtype (through f32, as PyTorch converts). */
+static uint16_t tb__f64_to_half(tb_dtype dtype, double d) {
+    float f = tb__f64_to_f32(d);
+    return dtype == TB_F16 ? tb_f32_to_f16(f) : tb_f32_to_bf16(f);
+}
+
+static double tb__half_to_f64(tb_dtype dtype, uint16_t bits) {
+    return (double)(dtype == TB_F16 ? tb_f16_to_f32(bits) : tb_bf16_to_f32(bits));
 }
 
 /* ---- scalars ---- */
@@ -186,19 +273,15 @@ TBDEF int64_t tb_scalar_as_int(tb_scalar s) {
 static TB__UNUSED void tb__scalar_store(tb_scalar value, tb_dtype dtype, void *out) {
     switch (dtype) {
     case TB_F32: {
-        /* Out of float range the cast is undefined in C; round as IEEE does instead:
-           below FLT_MAX + half an ulp (2^103) to FLT_MAX, beyond it to infinity. */
-        double d = tb_scalar_as_double(value);
-        double limit = (double)FLT_MAX + ldexp(1.0, 103);
-        float f;
-        if (d > (double)FLT_MAX) {
-            f = d < limit ? FLT_MAX : HUGE_VALF;
-        } else if (d < -(double)FLT_MAX) {
-            f = d > -limit ? -FLT_MAX : -HUGE_VALF;
-        } else {
-            f = (float)d;
-        }
+        /* out of float range the cast is undefined in C: tb__f64_to_f32 rounds as IEEE does */
+        float f = tb__f64_to_f32(tb_scalar_as_double(value));
         memcpy(out, &f, sizeof f);
+        break;
+    }
+    case TB_F16:
+    case TB_BF16: {
+        uint16_t h = tb__f64_to_half(dtype, tb_scalar_as_double(value));
+        memcpy(out, &h, sizeof h);
         break;
     }
     case TB_F64: {

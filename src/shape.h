@@ -9,6 +9,8 @@ typedef enum tb_dtype {
     TB_I64,
     TB_U8,
     TB_BOOL,
+    TB_F16,  /* IEEE binary16: storage and results in 16 bits, arithmetic in f32 */
+    TB_BF16, /* bfloat16 (the top half of an f32): storage in 16 bits, arithmetic in f32 */
     TB_DTYPE_COUNT
 } tb_dtype;
 
@@ -28,18 +30,29 @@ typedef struct tb_scalar {
     int64_t i;
 } tb_scalar;
 
-/* "f32", "f64", "i32", "i64", "u8", "bool"; "invalid" for anything else. */
+/* "f32", "f64", "i32", "i64", "u8", "bool", "f16", "bf16"; "invalid" for anything else. */
 TBDEF const char *tb_dtype_name(tb_dtype dtype);
 /* Bytes per element (bool is 1 byte); 0 for an invalid dtype. */
 TBDEF size_t tb_dtype_size(tb_dtype dtype);
-/* Parses a dtype name ("f32", also "float32", "float", "int64", ...). */
+/* Parses a dtype name ("f32", also "float32", "float", "int64", "f16", "float16", "half",
+   "bf16", "bfloat16", ...). */
 TBDEF tb_status tb_dtype_parse(const char *text, tb_dtype *out);
 TBDEF bool tb_dtype_is_valid(tb_dtype dtype);
-TBDEF bool tb_dtype_is_float(tb_dtype dtype);
+TBDEF bool tb_dtype_is_float(tb_dtype dtype);   /* f16 bf16 f32 f64 */
 TBDEF bool tb_dtype_is_integer(tb_dtype dtype); /* i32 i64 u8 (not bool) */
-/* PyTorch's promotion of two tensor dtypes: bool < u8 < i32 < i64 < f32 < f64, with
-   u8 combined with a signed type giving the signed type (u8 + i32 = i32). */
+/* PyTorch's promotion of two tensor dtypes: bool < u8 < i32 < i64 < f16, bf16 < f32 < f64, with
+   u8 combined with a signed type giving the signed type (u8 + i32 = i32) and f16 combined with
+   bf16 giving f32. */
 TBDEF tb_dtype tb_dtype_promote(tb_dtype a, tb_dtype b);
+
+/* f32 <-> f16 and bf16 as bit patterns, as PyTorch converts: to nearest, ties to even;
+   values beyond the largest finite number give infinity; f16 subnormals are kept; a NaN stays a
+   NaN of the same sign (f32 -> f16/bf16 gives a quiet NaN with the top payload bits; f16/bf16
+   -> f32 keeps the payload). Pure functions: thread-safe. */
+TBDEF uint16_t tb_f32_to_f16(float value);
+TBDEF float tb_f16_to_f32(uint16_t bits);
+TBDEF uint16_t tb_f32_to_bf16(float value);
+TBDEF float tb_bf16_to_f32(uint16_t bits);
 
 /* Scalars of each kind. */
 TBDEF tb_scalar tb_scalar_f(tb_dtype dtype, double value);

@@ -9,6 +9,8 @@ Exit status: 0 passed, 77 numpy is not installed (skip), 1 a check failed.
     buffer is the array's), copied when strided; numpy's deleter runs exactly once, on the
     release of the tensor or at once after a copy; unsupported dtypes are refused and leave the
     capsule to numpy.
+(c) bf16 (kDLBfloat, 16 bits), which numpy lacks, both ways with PyTorch where it imports
+    (torch.utils.dlpack): our export read by torch.from_dlpack, torch's capsule imported.
 """
 import ctypes
 import gc
@@ -58,7 +60,8 @@ DLTENSOR = ctypes.create_string_buffer(b"dltensor")
 USED_DLTENSOR = ctypes.create_string_buffer(b"used_dltensor")
 DESTRUCTOR = ctypes.cast(lib.shim_capsule_destructor, ctypes.c_void_p)
 
-TB_DTYPES = {np.float32: 0, np.float64: 1, np.int32: 2, np.int64: 3, np.uint8: 4}
+TB_DTYPES = {np.float32: 0, np.float64: 1, np.int32: 2, np.int64: 3, np.uint8: 4, np.float16: 6}
+TB_BF16 = 7
 
 
 class Exported:
@@ -165,7 +168,7 @@ for name, a in (("transposed", base.T), ("sliced", base[1:, ::2]), ("reversed", 
     check(lib.shim_import_deleter_count() == calls + 1, "import %s: deleter ran once" % name)
 
 # Unsupported dtypes are refused; the capsule keeps ownership and numpy frees it.
-for dtype in (np.complex64, np.float16, np.int16):
+for dtype in (np.complex64, np.int16):
     a = np.zeros((2, 2), dtype)
     refs = sys.getrefcount(a)
     calls = lib.shim_import_deleter_count()
@@ -191,6 +194,35 @@ try:
     lib.shim_release(tensor)
 except (TypeError, BufferError) as e:
     print("skip bool: this numpy does not export bool arrays (%s)" % e)
+
+# ---- (c) bf16 with PyTorch ----
+try:
+    import torch
+    import torch.utils.dlpack
+except Exception as e:  # noqa: BLE001 (no torch: skip this part)
+    torch = None
+    print("skip bf16: PyTorch does not import (%s)" % str(e).replace("\n", " "))
+if torch is not None:
+    before = lib.shim_export_deleter_count()
+    t = torch.utils.dlpack.from_dlpack(Exported(lib.shim_export_arange(TB_BF16, 3, 4)))
+    check(t.dtype == torch.bfloat16 and tuple(t.shape) == (3, 4) and
+          t.float().tolist() == [[float(r * 4 + c) for c in range(4)] for r in range(3)],
+          "torch.from_dlpack bf16: dtype, shape and values")
+    del t
+    gc.collect()
+    check(lib.shim_export_deleter_count() == before + 1, "export bf16: deleter once")
+    for dt in (torch.bfloat16, torch.float16):
+        src = (torch.arange(12, dtype=torch.float32).reshape(3, 4) * 0.3 - 1).to(dt)
+        capsule = torch.utils.dlpack.to_dlpack(src)
+        tensor = lib.shim_import(py.PyCapsule_GetPointer(capsule, DLTENSOR))
+        check(tensor is not None, "import torch %s" % dt)
+        if tensor is not None:
+            py.PyCapsule_SetName(capsule, USED_DLTENSOR)
+            out = torch.empty(3, 4, dtype=dt)
+            status = lib.shim_tensor_to_host(tensor, out.data_ptr(), 24)
+            check(status == 0 and torch.equal(out, src), "import torch %s: values" % dt)
+            lib.shim_release(tensor)
+        del capsule
 
 lib.shim_shutdown()
 if failures:

@@ -5,14 +5,16 @@ of each tensor (the `safetensors` package is not in Debian); .npz through numpy 
 
 Usage: python3 tests/model_files_numpy.py COMMAND DIR
   write-safetensors DIR   DIR/py.safetensors, and DIR/py_<name>.npy with each tensor's value
-                          (float16 and bfloat16 values as float32: what the library loads)
+                          (float16 and bfloat16 values as float32: the library's f16 and bf16
+                          tensors cast to f32)
   check-safetensors DIR   reads DIR/c.safetensors strictly; compares each tensor with
-                          DIR/c_<name>.npy and the metadata with DIR/c_metadata.json
+                          DIR/c_<name>.npy (F16 and BF16 widened to float32) and the metadata
+                          with DIR/c_metadata.json
   write-safetensors-torch DIR
                           DIR/torch.safetensors from PyTorch tensors (bfloat16 and float16
                           among them, their bytes as torch keeps them), DIR/torch_orig.pt with
-                          the tensors, DIR/torch_<name>.npy with what the library must load
-                          (half types widened by torch's .float()), DIR/torch_names.txt
+                          the tensors, DIR/torch_<name>.npy with their values (half types
+                          widened by torch's .float()), DIR/torch_names.txt
   check-safetensors-torch DIR
                           reads DIR/c_torch.safetensors into PyTorch tensors (torch.frombuffer)
                           and compares each with the tensor of DIR/torch_orig.pt it came from
@@ -33,7 +35,7 @@ except ImportError:
     print("numpy is not installed")
     sys.exit(77)
 
-ST_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
+ST_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
              "U8": "|u1", "BOOL": "|b1"}
 
 
@@ -118,6 +120,10 @@ def check_safetensors(d):
         if b % dtype.itemsize:
             failures.append("%s starts at %d, not aligned" % (name, b))
         a = np.frombuffer(data[b:e], dtype=dtype).reshape(info["shape"])
+        if info["dtype"] == "BF16":  # numpy has no bfloat16: its bits widened to float32
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+        elif info["dtype"] == "F16":
+            a = a.astype(np.float32)
         want = np.load("%s/c_%s.npy" % (d, name))
         if a.dtype != want.dtype or a.shape != want.shape or not np.array_equal(a, want):
             failures.append("%s: %r != %r" % (name, a, want))
@@ -138,7 +144,7 @@ def torch_or_skip():
 
 
 def torch_codes(torch):
-    """safetensors dtype names of the PyTorch dtypes, and the widening the library applies."""
+    """safetensors dtype names of the PyTorch dtypes."""
     return {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
             torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8",
             torch.bool: "BOOL"}
@@ -215,9 +221,7 @@ def check_safetensors_torch(d):
         want = orig.get(name)
         if want is None:
             continue
-        # the library loads float16 and bfloat16 as float32: exactly torch's .float()
-        if want.dtype in (torch.float16, torch.bfloat16):
-            want = want.float()
+        # float16 and bfloat16 come back as they went, bit for bit
         if t.dtype != want.dtype or t.shape != want.shape or not torch.equal(t, want):
             failures.append("%s: %r != %r" % (name, t, want))
         else:

@@ -355,6 +355,10 @@ static tb_tensor *apply(const conv_case *c, tb_tensor *x, tb_tensor *w, tb_tenso
     return n == 1 ? tb_adaptive_avg_pool1d(x, a) : tb_adaptive_avg_pool2d(x, a);
 }
 
+static size_t numel_of_shape(tb_shape s) {
+    return (size_t)numel(s.dims, s.rank);
+}
+
 static void to_f64(tb_tensor *t, double *out, int64_t *count) {
     tb_shape s = tb_tensor_shape(t);
     int64_t n = numel(s.dims, s.rank), i;
@@ -719,6 +723,84 @@ static void test_diagonal_window(void **state) {
     }
 }
 
+/* 16-bit inputs: each op in f16 and bf16 against the same op in f32 on the cpu (inputs
+   rounded to 16 bits first), on every backend, within the 16-bit rounding of the result. */
+static void test_half_precision(void **state) {
+    const char *backends[3] = {"cpu", "opencl", "native"};
+    const tb_dtype dts[2] = {TB_F16, TB_BF16};
+    float xv[2 * 2 * 6 * 5], wv[3 * 2 * 3 * 3], want[512], got[512];
+    const int64_t pad[2] = {1, 1}, k2[2] = {2, 2}, k3[2] = {3, 3}, out2[2] = {2, 3};
+    tb_shape xs = tb_shape_of(TB_F32, 4, 2, 2, 6, 5), ws = tb_shape_of(TB_F32, 4, 3, 2, 3, 3);
+    int b, d, op, i;
+    (void)state;
+    g_rng = 5;
+    for (i = 0; i < 120; i++)
+        xv[i] = (float)next_value(false);
+    for (i = 0; i < 54; i++)
+        wv[i] = (float)next_value(false);
+    for (b = 0; b < 3; b++) {
+        tb_device dev;
+        if (tb_device_make(backends[b], 0, &dev) != TB_OK) {
+            tb_clear_error();
+            continue;
+        }
+        for (d = 0; d < 2; d++) {
+            for (op = 0; op < 4; op++) {
+                tb_tensor *x32 = tb_tensor_from_host(xv, &xs, NULL);
+                tb_tensor *w32 = tb_tensor_from_host(wv, &ws, NULL);
+                /* the f32 reference sees the inputs already rounded to 16 bits */
+                tb_tensor *xr = tb_cast(x32, dts[d]), *wr = tb_cast(w32, dts[d]);
+                tb_tensor *x16 = tb_to_device(xr, &dev), *w16 = tb_to_device(wr, &dev);
+                tb_tensor *xf = tb_cast(xr, TB_F32), *wf = tb_cast(wr, TB_F32);
+                tb_tensor *y16, *yf, *y32;
+                size_t n;
+                double scale = 1, worst = 0;
+                if (op == 0) {
+                    y16 = tb_conv2d(x16, w16, NULL, NULL, pad, NULL, 1);
+                    yf = tb_conv2d(xf, wf, NULL, NULL, pad, NULL, 1);
+                } else if (op == 1) {
+                    y16 = tb_max_pool2d(x16, k3, k2, pad, NULL, true);
+                    yf = tb_max_pool2d(xf, k3, k2, pad, NULL, true);
+                } else if (op == 2) {
+                    y16 = tb_avg_pool2d(x16, k3, k2, pad, true, false);
+                    yf = tb_avg_pool2d(xf, k3, k2, pad, true, false);
+                } else {
+                    y16 = tb_adaptive_avg_pool2d(x16, out2);
+                    yf = tb_adaptive_avg_pool2d(xf, out2);
+                }
+                if (y16 == NULL || yf == NULL)
+                    fail_msg("%s %s op %d: %s", backends[b], tb_dtype_name(dts[d]), op,
+                             tb_last_error());
+                assert_int_equal(tb_tensor_shape(y16).dtype, dts[d]);
+                y32 = tb_cast(y16, TB_F32);
+                n = numel_of_shape(tb_tensor_shape(yf));
+                assert_true(n <= 512);
+                assert_int_equal(tb_tensor_to_host(yf, want, n * 4), TB_OK);
+                assert_int_equal(tb_tensor_to_host(y32, got, n * 4), TB_OK);
+                for (i = 0; i < (int)n; i++)
+                    if (fabs(want[i]) > scale) scale = fabs(want[i]);
+                for (i = 0; i < (int)n; i++)
+                    if (fabs(got[i] - want[i]) > worst) worst = fabs(got[i] - want[i]);
+                /* one rounding of the result (bf16: 2^-8 relative) plus the sums' own */
+                if (worst > scale * (dts[d] == TB_BF16 ? 1.6e-2 : 2e-3))
+                    fail_msg("%s %s op %d: off by %g (scale %g)", backends[b],
+                             tb_dtype_name(dts[d]), op, worst, scale);
+                tb_tensor_release(y32);
+                tb_tensor_release(y16);
+                tb_tensor_release(yf);
+                tb_tensor_release(xf);
+                tb_tensor_release(wf);
+                tb_tensor_release(x16);
+                tb_tensor_release(w16);
+                tb_tensor_release(xr);
+                tb_tensor_release(wr);
+                tb_tensor_release(x32);
+                tb_tensor_release(w32);
+            }
+        }
+    }
+}
+
 /* ---- errors ---- */
 
 static void expect_error(tb_tensor *t, tb_status status, const char *words) {
@@ -798,11 +880,9 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_window_and_fold),
-        cmocka_unit_test(test_diagonal_window),
-        cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_against_torch),
-        cmocka_unit_test(test_opencl_against_cpu),
+        cmocka_unit_test(test_window_and_fold),    cmocka_unit_test(test_diagonal_window),
+        cmocka_unit_test(test_half_precision),     cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_against_torch),      cmocka_unit_test(test_opencl_against_cpu),
         cmocka_unit_test(test_native_against_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);

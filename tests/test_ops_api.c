@@ -1106,7 +1106,7 @@ static void test_creation(void **state) {
                  "tb_scalar_tensor", "256", "u8");
     expect_error(tb_scalar_tensor(sc_i(TB_I32, 3000000000LL), NULL), TB_ERR_INVALID_ARGUMENT,
                  "tb_scalar_tensor", "i32", NULL);
-    expect_error(tb_scalar_tensor(sc_i((tb_dtype)6, 1), NULL), TB_ERR_DTYPE, "tb_scalar_tensor",
+    expect_error(tb_scalar_tensor(sc_i(TB_DTYPE_COUNT, 1), NULL), TB_ERR_DTYPE, "tb_scalar_tensor",
                  NULL, NULL);
 }
 

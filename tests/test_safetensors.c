@@ -334,7 +334,8 @@ static void test_misaligned_data_is_copied(void **state) {
     tb_tensor_set_free(set);
 }
 
-static void test_f16_and_bf16_widen_to_f32(void **state) {
+/* F16 and BF16 load as f16 and bf16, bit for bit; cast to f32 they are the exact values. */
+static void test_f16_and_bf16_load_as_themselves(void **state) {
     (void)state;
     const uint16_t half[8] = {0x3c00, 0xc000, 0x0001, 0x7c00, 0x8000, 0x7bff, 0x0400, 0x3555};
     const uint16_t bf16[3] = {0x3f80, 0x4049, 0xff80};
@@ -353,11 +354,17 @@ static void test_f16_and_bf16_widen_to_f32(void **state) {
              data, sizeof data);
     tb_tensor_set *set = tb_safetensors_load(path_of("half.safetensors"), &cpu);
     assert_non_null(set);
+    check_value(tb_tensor_set_get(set, "h"), &(tb_shape){TB_F16, 2, {2, 4}}, half);
+    check_value(tb_tensor_set_get(set, "b"), &(tb_shape){TB_BF16, 1, {3}}, bf16);
     const float want_h[8] = {1.0f,  -2.0f,    5.9604644775390625e-08f, INFINITY,
                              -0.0f, 65504.0f, 6.103515625e-05f,        0.333251953125f};
-    check_value(tb_tensor_set_get(set, "h"), &(tb_shape){TB_F32, 2, {2, 4}}, want_h);
+    tb_tensor *h = tb_cast(tb_tensor_set_get(set, "h"), TB_F32);
+    check_value(h, &(tb_shape){TB_F32, 2, {2, 4}}, want_h);
     const float want_b[3] = {1.0f, 3.140625f, -INFINITY};
-    check_value(tb_tensor_set_get(set, "b"), &(tb_shape){TB_F32, 1, {3}}, want_b);
+    tb_tensor *b = tb_cast(tb_tensor_set_get(set, "b"), TB_F32);
+    check_value(b, &(tb_shape){TB_F32, 1, {3}}, want_b);
+    tb_tensor_release(b);
+    tb_tensor_release(h);
     tb_tensor_set_free(set);
 }
 
@@ -621,7 +628,7 @@ static int run_script(const char *command) {
 }
 
 /* Compares each tensor of `set` (in the order of PREFIX_names.txt, the header's) with numpy's
-   PREFIX_<name>.npy of the same values. */
+   PREFIX_<name>.npy of the same values (f16 and bf16 ones cast to f32: numpy's float32). */
 static void expect_set_as_npy(const tb_tensor_set *set, const char *prefix) {
     char file[600];
     snprintf(file, sizeof file, "%s_names.txt", prefix);
@@ -641,7 +648,11 @@ static void expect_set_as_npy(const tb_tensor_set *set, const char *prefix) {
         assert_int_equal(tb_shape_nbytes(&shape, &nbytes), TB_OK);
         unsigned char *buf = (unsigned char *)malloc(nbytes + 1);
         assert_int_equal(tb_tensor_to_host(want, buf, nbytes), TB_OK);
-        check_value(tb_tensor_set_get(set, line), &shape, buf);
+        tb_tensor *got = tb_tensor_set_get(set, line);
+        tb_dtype dt = got ? tb_tensor_shape(got).dtype : TB_F32;
+        got = dt == TB_F16 || dt == TB_BF16 ? tb_cast(got, TB_F32) : tb_tensor_retain(got);
+        check_value(got, &shape, buf);
+        tb_tensor_release(got);
         free(buf);
         tb_tensor_release(want);
         ++index;
@@ -651,12 +662,16 @@ static void expect_set_as_npy(const tb_tensor_set *set, const char *prefix) {
     printf("read %u tensors written by Python\n", (unsigned)index);
 }
 
-/* Writes the .npy of each tensor of `set` as PREFIX_<name>.npy. */
+/* Writes the .npy of each tensor of `set` as PREFIX_<name>.npy (f16 and bf16 as f32). */
 static void save_set_as_npy(const tb_tensor_set *set, const char *prefix) {
     for (size_t i = 0; i < tb_tensor_set_count(set); ++i) {
         char npy[600];
+        tb_tensor *t = tb_tensor_set_tensor(set, i);
+        tb_dtype dt = tb_tensor_shape(t).dtype;
+        t = dt == TB_F16 || dt == TB_BF16 ? tb_cast(t, TB_F32) : tb_tensor_retain(t);
         snprintf(npy, sizeof npy, "%s_%s.npy", prefix, tb_tensor_set_name(set, i));
-        assert_int_equal(tb_npy_save(path_of(npy), tb_tensor_set_tensor(set, i)), TB_OK);
+        assert_int_equal(tb_npy_save(path_of(npy), t), TB_OK);
+        tb_tensor_release(t);
     }
 }
 
@@ -673,7 +688,7 @@ static void test_numpy_exchange(void **state) {
     if (set == NULL) fail_msg("%s", tb_last_error());
     assert_string_equal(tb_tensor_set_metadata(set, "note"), "ünïcode \"q\"");
     expect_set_as_npy(set, "py");
-    /* we write what we read (F16/BF16 now F32), Python reads it strictly */
+    /* we write what we read (F16 and BF16 as they came), Python reads it strictly */
     FILE *meta = fopen(path_of("c_metadata.json"), "w");
     fputs("{\"format\": \"pt\", \"note\": \"\\u00fcn\\u00efcode \\\"q\\\"\"}", meta);
     fclose(meta);
@@ -684,8 +699,8 @@ static void test_numpy_exchange(void **state) {
 }
 
 /* PyTorch's tensors (bfloat16 and float16 among them) written with torch's own bytes: loaded
-   here as torch's .float() gives them; written back and read by PyTorch, each equals the tensor
-   it came from (widened). */
+   here as torch has them (cast to f32, as torch's .float() gives them); written back and read
+   by PyTorch, each equals the tensor it came from, bit for bit. */
 static void test_torch_exchange(void **state) {
     (void)state;
     int rc = run_script("write-safetensors-torch");
@@ -723,7 +738,7 @@ int main(void) {
         cmocka_unit_test(test_empty_set),
         cmocka_unit_test(test_zero_copy_and_mapping_lifetime),
         cmocka_unit_test(test_misaligned_data_is_copied),
-        cmocka_unit_test(test_f16_and_bf16_widen_to_f32),
+        cmocka_unit_test(test_f16_and_bf16_load_as_themselves),
         cmocka_unit_test(test_hostile_files),
         cmocka_unit_test(test_mutations_fail_cleanly),
         cmocka_unit_test(test_io_and_argument_errors),

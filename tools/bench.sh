@@ -11,7 +11,12 @@
 #                   {"case": "machine", ...} with the CPU, threads and measured bandwidths
 #   --no-install    do not install missing Debian packages
 #   --only LIST     run only these cases (comma-separated): chain8 add sum max row_sums softmax
-#                   layer_norm matmul mlp mlp_train conv trace replay coldstart allreduce_mpi
+#                   layer_norm matmul mlp mlp_train conv trace replay coldstart half
+#                   allreduce_mpi
+#
+# half: chain8, sum and matmul (512) with f16 and bf16 storage (rows chain8_f16, sum_bf16,
+# matmul_f16_512, ...), each timed beside the same case in f32 on the same backend: the row's
+# anchor is ours_f32, so an/ours is the speed-up of 16-bit storage.
 #
 # allreduce_mpi (last; skipped with a note where mpicc or mpirun is missing: Debian's
 # libopenmpi-dev and openmpi-bin) is tools/bench/mpi/allreduce.c built with mpicc and run under

@@ -818,3 +818,117 @@ void case_mlp(int64_t batch) {
     mlp_free_host(&base);
     free(want);
 }
+
+/* ======================================================================================
+   half: chain8, sum and matmul with f16 and bf16 storage beside f32, on each backend
+   ====================================================================================== */
+
+/* The f32 input cast to `dt` on the device, materialised (the cast is not timed). */
+static tb_tensor *upload_as(const float *h, int32_t rank, const int64_t *dims, tb_dtype dt,
+                            const tb_device *dev) {
+    tb_tensor *x = upload(h, rank, dims, dev), *y;
+    if (dt == TB_F32) return x;
+    y = need(tb_cast(x, dt), "tb_cast");
+    need_ok(tb_sync(&y, 1), "tb_sync");
+    tb_tensor_release(x);
+    return y;
+}
+
+/* The result as f32 on the host. */
+static float *to_host_f32(tb_tensor *y) {
+    tb_tensor *f = need(tb_cast(y, TB_F32), "tb_cast");
+    float *h = to_host(f);
+    tb_tensor_release(f);
+    return h;
+}
+
+/* One of chain8, sum, matmul (n: elements, or the matmul's side) in f16 and bf16, each timed
+   beside the same case in f32 on the same backend (the row's anchor: anchor / ours is the
+   speed-up of 16-bit storage), checked against the cpu reference backend in the same dtype
+   (within a few units in the last place of the dtype: devices may round a sum's terms in
+   another order). Rows: chain8_f16, sum_bf16, matmul_f16_N, ... */
+void case_half(const char *kase, int64_t n) {
+    static const tb_dtype dts[2] = {TB_F16, TB_BF16};
+    int is_mm = strcmp(kase, "matmul") == 0, k, b, i;
+    int64_t dims[2] = {n, n};
+    int32_t rank = is_mm ? 2 : 1;
+    size_t numel = is_mm ? (size_t)(n * n) : (size_t)n;
+    float *x = host_random(numel, 1.0f);
+    build_fn build = is_mm ? matmul_build : strcmp(kase, "sum") == 0 ? sum_build : chain8_build;
+    for (k = 0; k < 2; k++) {
+        tb_dtype dt = dts[k];
+        double es = 2.0, tol = dt == TB_F16 ? 4.0 / 1024 : 4.0 / 128;
+        char name[40];
+        tb_tensor *xc = upload_as(x, rank, dims, dt, &g_cpu), *in2[2] = {xc, xc};
+        float *want = to_host_f32(need(build(in2), "the reference"));
+        size_t out_n = is_mm ? numel : strcmp(kase, "sum") == 0 ? 1 : numel;
+        tb_tensor_release(xc);
+        if (is_mm) {
+            snprintf(name, sizeof name, "matmul_%s_%lld", tb_dtype_name(dt), (long long)n);
+        } else {
+            snprintf(name, sizeof name, "%s_%s", kase, tb_dtype_name(dt));
+        }
+        for (b = 0; b < NUM_BACKENDS; b++) {
+            ours_ctx o[2];
+            side sides[2];
+            int reps, j;
+            double bytes, flops = 2.0 * (double)n * (double)n * (double)n;
+            row r;
+            char what[96];
+            if (!g_backends[b].ok) continue;
+            memset(sides, 0, sizeof sides);
+            for (j = 0; j < 2; j++) { /* 0: the 16-bit dtype, 1: f32 */
+                tb_tensor *y;
+                float *got;
+                memset(&o[j], 0, sizeof o[j]);
+                o[j].be = &g_backends[b];
+                o[j].build = build;
+                o[j].n_in = is_mm ? 2 : 1;
+                o[j].in[0] = upload_as(x, rank, dims, j == 0 ? dt : TB_F32, &g_backends[b].dev);
+                o[j].in[1] = is_mm ? tb_tensor_retain(o[j].in[0]) : NULL;
+                y = need(build(o[j].in), name);
+                got = to_host_f32(y);
+                tb_tensor_release(y);
+                snprintf(what, sizeof what, "%s (%s%s vs the reference)", name, g_backends[b].name,
+                         j == 0 ? "" : ", f32");
+                /* f32 against the 16-bit reference: within the rounding of the 16-bit inputs */
+                for (i = 0; i < (int)out_n && i<1 << 20; i += out_n> 4096 ? 7 : 1)
+                    check_close(what, got + i, want + i, 1,
+                                j == 0 ? 1e-3 : 4.0 * tol * (is_mm ? sqrt((double)n) : 1.0),
+                                tol * (j == 0 ? 1 : 2));
+                free(got);
+                sides[j].name = j == 0 ? tb_dtype_name(dt) : "f32";
+                sides[j].run = ours_run;
+                sides[j].ctx = &o[j];
+                sides[j].flush = !is_mm;
+                sides[j].prime = is_mm;
+            }
+            reps = measure(sides, 2, 0);
+            note_faults(name, sides, 2);
+            r = row_new(name, g_backends[b].name);
+            r.ours = sides[0].t;
+            snprintf(r.anchor_name, sizeof r.anchor_name, "ours_f32");
+            r.anchor = sides[1].t;
+            r.reps = reps;
+            if (is_mm) {
+                snprintf(r.unit, sizeof r.unit, "GFLOP/s");
+                r.value = flops / r.ours / 1e9;
+                r.flops = flops;
+                r.bytes = 3.0 * es * (double)numel;
+            } else {
+                bytes = es * (double)numel + (out_n > 1 ? es * (double)out_n : 0.0);
+                r.writes = out_n > 1;
+                r.bound = bound_time(bytes, r.writes);
+                snprintf(r.bound_kind, sizeof r.bound_kind, "bandwidth");
+                snprintf(r.unit, sizeof r.unit, "GB/s");
+                r.value = bytes / r.ours / 1e9;
+                r.bytes = bytes;
+            }
+            add_row(&r);
+            ours_release(&o[0]);
+            ours_release(&o[1]);
+        }
+        free(want);
+    }
+    free(x);
+}

@@ -24,8 +24,8 @@
 #include <unistd.h>
 
 static const char *const g_case_names[] = {
-    "chain8", "add", "sum",       "max",  "row_sums", "softmax", "layer_norm",
-    "matmul", "mlp", "mlp_train", "conv", "trace",    "replay",  "coldstart"};
+    "chain8", "add",       "sum",  "max",   "row_sums", "softmax",   "layer_norm", "matmul",
+    "mlp",    "mlp_train", "conv", "trace", "replay",   "coldstart", "half"};
 #define NUM_CASES (sizeof g_case_names / sizeof g_case_names[0])
 
 static const char *g_only; /* comma-separated case names, NULL: all */
@@ -157,8 +157,8 @@ static void json_facts(void) {
 static void usage(const char *self) {
     fprintf(stderr,
             "usage: %s [--quick] [--json FILE] [--only CASE,...] [--torch-peer SCRIPT]\n"
-            "cases: chain8 add sum max row_sums softmax layer_norm matmul mlp mlp_train trace "
-            "replay coldstart\n",
+            "cases: chain8 add sum max row_sums softmax layer_norm matmul mlp mlp_train conv trace "
+            "replay coldstart half\n",
             self);
 }
 
@@ -244,12 +244,14 @@ int main(int argc, char **argv) {
         RUN_CASE("row_sums", case_reduce("row_sums", 0, side * side, side))
         RUN_CASE("softmax", case_norm("softmax", 0, side, side))
         RUN_CASE("layer_norm", case_norm("layer_norm", 1, side, side))
+        RUN_CASE("half", case_half("chain8", n); case_half("sum", n))
         bw_phase = 0;
         note_footprints();
         bandwidth_end();
         json_facts();
         release_rows();
         RUN_CASE("matmul", for (s = 0; s < num_sizes; s++) case_matmul(sizes[s]))
+        RUN_CASE("half", case_half("matmul", g_quick ? 256 : 512))
         RUN_CASE("mlp", case_mlp(256))
         RUN_CASE("mlp_train", case_mlp_train(256))
         RUN_CASE("conv", {
