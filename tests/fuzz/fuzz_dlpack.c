@@ -105,6 +105,10 @@ static int fuzz_dlpack_one(const uint8_t *data, size_t size) {
             dtype = TB_F32;
         else if (dl->dtype.code == TB_DL_FLOAT && dl->dtype.bits == 64)
             dtype = TB_F64;
+        else if (dl->dtype.code == TB_DL_FLOAT && dl->dtype.bits == 16)
+            dtype = TB_F16;
+        else if (dl->dtype.code == TB_DL_BFLOAT && dl->dtype.bits == 16)
+            dtype = TB_BF16;
         else if (dl->dtype.code == TB_DL_INT && dl->dtype.bits == 32)
             dtype = TB_I32;
         else if (dl->dtype.code == TB_DL_INT && dl->dtype.bits == 64)
