@@ -240,32 +240,54 @@ static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor 
     return t != NULL ? tb__ag_keep(a, tb_permute(t, perm, 2 + c->n)) : NULL;
 }
 
+/* The checks both convolutions make (x, weight, bias, stride, padding, dilation, groups);
+   the output channels, or -1 with the error set. */
+static int64_t tb__conv_check(tb__conv_args *c, const char *fn, int32_t n, tb_tensor *x,
+                              tb_tensor *weight, tb_tensor *bias, const int64_t *stride,
+                              const int64_t *padding, const int64_t *dilation, int64_t groups,
+                              bool transposed) {
+    tb__ensure_setup();
+    memset(c, 0, sizeof *c);
+    c->fn = fn;
+    c->n = n;
+    if (!tb__conv_input(fn, "x", x, n)) return -1;
+    if (weight == NULL) {
+        tb__null_input(fn, "weight");
+        return -1;
+    }
+    if (!tb__conv_common(c, x, NULL, stride, padding, dilation, false)) return -1;
+    return tb__conv_weight(c, x, weight, bias, groups, transposed);
+}
+
+typedef tb_tensor *(*tb__conv_body)(tb__ag *a, const tb__conv_args *c, tb_tensor *x,
+                                    tb_tensor *weight, int64_t groups, int64_t outc);
+
+/* Records a checked convolution: an unbatched x gets its batch axis for the body and loses it
+   again after the bias. */
+static tb_tensor *tb__conv_record(const tb__conv_args *c, tb__conv_body body, tb_tensor *x,
+                                  tb_tensor *weight, tb_tensor *bias, int64_t groups,
+                                  int64_t outc) {
+    tb__ag a;
+    tb_tensor *y;
+    bool batched = tb_tensor_shape(x).rank == c->n + 2;
+    tb__ag_init(&a, c->fn);
+    a.device = tb_tensor_device(x);
+    if (!batched) x = tb__ag_keep(&a, tb_unsqueeze(x, 0));
+    y = x != NULL ? body(&a, c, x, weight, groups, outc) : NULL;
+    return tb__nn_finish(&a, tb__conv_finish_out(&a, y, bias, batched));
+}
+
 static tb_tensor *tb__conv(const char *fn, int32_t n, tb_tensor *x, tb_tensor *weight,
                            tb_tensor *bias, const int64_t *stride, const int64_t *padding,
                            const int64_t *dilation, int64_t groups) {
     tb__conv_args c;
-    tb_tensor *y;
-    int64_t outc;
-    bool batched;
-    tb__ag a;
+    int64_t outc =
+        tb__conv_check(&c, fn, n, x, weight, bias, stride, padding, dilation, groups, false);
     int32_t i;
-    tb__ensure_setup();
-    memset(&c, 0, sizeof c);
-    c.fn = fn;
-    c.n = n;
-    if (!tb__conv_input(fn, "x", x, n)) return NULL;
-    if (weight == NULL) return tb__null_input(fn, "weight");
-    if (!tb__conv_common(&c, x, NULL, stride, padding, dilation, false)) return NULL;
-    outc = tb__conv_weight(&c, x, weight, bias, groups, false);
     if (outc < 0) return NULL;
     for (i = 0; i < n; i++)
         if (!tb__conv_out_size(&c, i, false)) return NULL;
-    tb__ag_init(&a, fn);
-    a.device = tb_tensor_device(x);
-    batched = tb_tensor_shape(x).rank == n + 2;
-    if (!batched) x = tb__ag_keep(&a, tb_unsqueeze(x, 0));
-    y = x != NULL ? tb__conv_forward(&a, &c, x, weight, groups, outc) : NULL;
-    return tb__nn_finish(&a, tb__conv_finish_out(&a, y, bias, batched));
+    return tb__conv_record(&c, tb__conv_forward, x, weight, bias, groups, outc);
 }
 
 TBDEF tb_tensor *tb_conv2d(tb_tensor *x, tb_tensor *weight, tb_tensor *bias, const int64_t *stride,
@@ -328,21 +350,11 @@ static tb_tensor *tb__conv_transpose(const char *fn, int32_t n, tb_tensor *x, tb
                                      const int64_t *output_padding, const int64_t *dilation,
                                      int64_t groups) {
     tb__conv_args c;
-    tb_tensor *y;
-    int64_t outc, full;
-    bool batched;
-    tb__ag a;
+    int64_t full,
+        outc = tb__conv_check(&c, fn, n, x, weight, bias, stride, padding, dilation, groups, true);
     int32_t i;
-    tb__ensure_setup();
-    memset(&c, 0, sizeof c);
-    c.fn = fn;
-    c.n = n;
-    if (!tb__conv_input(fn, "x", x, n)) return NULL;
-    if (weight == NULL) return tb__null_input(fn, "weight");
-    if (!tb__conv_common(&c, x, NULL, stride, padding, dilation, false)) return NULL;
-    if (!tb__conv_fill(fn, "output_padding", output_padding, n, 0, 0, c.op)) return NULL;
-    outc = tb__conv_weight(&c, x, weight, bias, groups, true);
     if (outc < 0) return NULL;
+    if (!tb__conv_fill(fn, "output_padding", output_padding, n, 0, 0, c.op)) return NULL;
     for (i = 0; i < n; i++) {
         if (c.op[i] >= c.s[i] && c.op[i] >= c.d[i]) {
             tb__error(TB_ERR_INVALID_ARGUMENT,
@@ -366,12 +378,7 @@ static tb_tensor *tb__conv_transpose(const char *fn, int32_t n, tb_tensor *x, tb
             return NULL;
         }
     }
-    tb__ag_init(&a, fn);
-    a.device = tb_tensor_device(x);
-    batched = tb_tensor_shape(x).rank == n + 2;
-    if (!batched) x = tb__ag_keep(&a, tb_unsqueeze(x, 0));
-    y = x != NULL ? tb__conv_transpose_forward(&a, &c, x, weight, groups, outc) : NULL;
-    return tb__nn_finish(&a, tb__conv_finish_out(&a, y, bias, batched));
+    return tb__conv_record(&c, tb__conv_transpose_forward, x, weight, bias, groups, outc);
 }
 
 TBDEF tb_tensor *tb_conv_transpose2d(tb_tensor *x, tb_tensor *weight, tb_tensor *bias,

@@ -528,10 +528,6 @@ static bool tb__ix_regroup_run(tb__ix *g, const tb__lf *dims, const tb_shape *fr
         if (to->dims[i] <= 1) continue;
         v = tb__ix_new_var(g, 0, to->dims[i] - 1);
         if (v < 0) return false;
-        if (i == big_to && stride == 1 && g->vars[src].hi < to->dims[i]) {
-            out[i] = dims[big_from];
-            continue;
-        }
         if (stride == 1) {
             tb__ix_line(g, "const long i%d = i%d %% %lldL;", (int)v, (int)src,
                         (long long)to->dims[i]);

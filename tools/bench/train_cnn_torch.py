@@ -11,40 +11,14 @@ side by side.
         [--images N]
 
 Run it with the allocator settings of tools/bench.sh (MALLOC_MMAP_MAX_=0
-MALLOC_TRIM_THRESHOLD_=68719476736 OMP_WAIT_POLICY=PASSIVE); tools/demo.sh --train N --torch
-does. --threads defaults to the number of cores this process may use."""
+MALLOC_TRIM_THRESHOLD_=68719476736 OMP_WAIT_POLICY=PASSIVE). --threads defaults to the number of cores this process may use."""
 import argparse
-import gzip
 import os
-import struct
 import sys
 import time
 
-
-def load_idx(path, rank):
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 4 + 4 * rank or data[:3] != b"\x00\x00\x08" or data[3] != rank:
-        sys.exit("train_cnn_torch: %s: not a u8 IDX file of rank %d" % (path, rank))
-    dims = struct.unpack(">%dI" % rank, data[4:4 + 4 * rank])
-    count = 1
-    for d in dims:
-        count *= d
-    body = data[4 + 4 * rank:]
-    if len(body) != count:
-        sys.exit("train_cnn_torch: %s: %d bytes of data, %d expected" % (path, len(body), count))
-    return dims, body
-
-
-def load_set(torch, directory, prefix):
-    dims, pixels = load_idx(os.path.join(directory, prefix + "-images-idx3-ubyte.gz"), 3)
-    ldims, labels = load_idx(os.path.join(directory, prefix + "-labels-idx1-ubyte.gz"), 1)
-    if dims[1:] != (28, 28) or ldims[0] != dims[0]:
-        sys.exit("train_cnn_torch: %s: not 28x28 images with one label each" % prefix)
-    x = torch.frombuffer(bytearray(pixels), dtype=torch.uint8).reshape(dims[0], 784)
-    x = (x.float() / 255.0 - 0.2860) / 0.3530
-    y = torch.frombuffer(bytearray(labels), dtype=torch.uint8).long()
-    return x, y
+# the data loading of the MLP's script, which lies beside this one
+from train_mnist_torch import load_set
 
 
 def main():
