@@ -18910,6 +18910,10 @@ typedef struct tb__cg {
     int32_t *stack;
     size_t num_stack, cap_stack;
     int depth; /* pad, concat and gather being evaluated */
+    /* the last rounding emitted: v<rounded> is v<unrounded> rounded to rounded_dtype (a 16-bit
+       float), -1 if none; a store of v<rounded> stores v<unrounded> (the store rounds too) */
+    int32_t rounded, unrounded;
+    tb_dtype rounded_dtype;
 } tb__cg;
 
 /* the C type of a dtype; of an accumulator dtype chosen by the planner (integers wrap:
@@ -18925,6 +18929,9 @@ static bool tb__cg_is_half(tb_dtype dtype);
 static const char *tb__cg_btype(tb_dtype dtype);
 static void tb__cg_store(tb__cg *g, tb_dtype dtype, const char *buf, const char *index, int32_t v);
 static int32_t tb__cg_round(tb__cg *g, tb_dtype dtype, int32_t v);
+/* the same for vectors of W lanes: the store of vector v<v> at `ptr`, a rounding */
+static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr);
+static int32_t tb__cg_vround(tb__cg *g, tb_dtype dtype, int32_t v);
 static const tb__plan *tb__cg_plan(const tb__cg *g);      /* the plan being rendered */
 static tb__plan_kernel *tb__cg_kernel(const tb__cg *g);   /* the kernel being rendered */
 static int32_t tb__cg_new_val(tb__cg *g, tb_dtype dtype); /* a new value v<n>, -1 if failed */
@@ -20074,6 +20081,12 @@ static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, in
     sizes[5] = width;
 }
 
+/* The dtype of a matmul's packed panels: 16-bit floats are widened once, by the pack kernels,
+   and the matmul computes in f32 as their every kernel does. */
+static tb_dtype tb__plan_pack_dtype(tb_dtype dtype) {
+    return dtype == TB_F16 || dtype == TB_BF16 ? TB_F32 : dtype;
+}
+
 /* Whether a matmul kernel reads packed panels: a float matmul with some work in it whose
    panels fit the device's allocations. */
 static bool tb__plan_mm_packs(const tb__pgraph *G, int32_t core) {
@@ -20082,9 +20095,9 @@ static bool tb__plan_mm_packs(const tb__pgraph *G, int32_t core) {
     const tb_shape *as = tb__plan_shape(G, tb__plan_operand(G, core, 0));
     const tb_shape *bs = tb__plan_shape(G, tb__plan_operand(G, core, 1));
     tb__plan_mm mm = tb__plan_mm_of(G, core);
-    tb_dtype od = cs->dtype;
+    tb_dtype od = cs->dtype, pd = tb__plan_pack_dtype(od);
     double elems;
-    if (t->mm_kind != TB__MM_PACKED || (od != TB_F32 && od != TB_F64)) return false;
+    if (t->mm_kind != TB__MM_PACKED || (pd != TB_F32 && pd != TB_F64)) return false;
     if (as->dtype != od || bs->dtype != od || as->rank != cs->rank || bs->rank != cs->rank)
         return false;
     if (od == TB_F64 && !G->target->f64) return false;
@@ -20095,7 +20108,7 @@ static bool tb__plan_mm_packs(const tb__pgraph *G, int32_t core) {
     elems = (double)(mm.m > mm.n ? mm.m + t->mm_panel_rows : mm.n + t->mm_vec_f32) * (double)mm.k *
             (double)mm.batch;
     if (G->target->max_allocation > 0 &&
-        elems * (double)tb_dtype_size(od) > (double)G->target->max_allocation / 2)
+        elems * (double)tb_dtype_size(pd) > (double)G->target->max_allocation / 2)
         return false;
     return true;
 }
@@ -20179,7 +20192,7 @@ static tb_status tb__plan_assign_slots(tb__pgraph *G) {
             } else {
                 int64_t z[6];
                 tb__plan_pack_sizes(G, k->core, k->kind == TB__K_PACK_A, z);
-                ps.dtype = tb__plan_shape(G, k->core)->dtype;
+                ps.dtype = tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype);
                 ps.dims[0] = z[0] * z[4] * z[3] * z[5];
             }
             st = tb__plan_add_slot(p, TB__SLOT_TEMP, -1, &ps, &s);
@@ -20440,15 +20453,23 @@ static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
 /* ---- vectors along rows ----
    A row kernel whose work item reads its row in order (one item per row, the row contiguous)
    evaluates the row W elements at a time when every node it evaluates along the row can be:
-   f32 ops of a small set over operands that are aligned with the row (equal dims: W
+   f32, f16 or bf16 ops of a small set over operands that are aligned with the row (equal dims: W
    consecutive elements), constant along it (one element, or dims of 1 across the row's axes:
    evaluated once per step as scalars) or loads of buffers of the row's dims. */
 
 #define TB__PLAN_VEC_NODES 256 /* nodes of a subtree evaluated as vectors, at most */
 
+/* The dtypes a vector holds: f32, and the 16-bit floats (loaded to f32 lanes, every op's
+   result rounded to them, stored rounded). */
+static bool tb__plan_vec_dtype(tb_dtype dtype) {
+    return dtype == TB_F32 || dtype == TB_F16 || dtype == TB_BF16;
+}
+
 static bool tb__plan_vec_op(const tb_node *n) {
-    if (n->shape.dtype != TB_F32) return false;
+    if (!tb__plan_vec_dtype(n->shape.dtype)) return false;
     switch (n->op) {
+    case TB_OP_CAST: /* between the vector dtypes: a rounding at most */
+        return tb__plan_vec_dtype(n->operands[0]->shape.dtype);
     case TB_OP_RESHAPE: /* to the same dims (tb_detach, a leaf): the operand itself */
         return tb__plan_same_dims(&n->shape, &n->operands[0]->shape);
     case TB_OP_SQRT:
@@ -20501,7 +20522,7 @@ static bool tb__plan_vec_subtree(const tb__pgraph *G, const tb__plan_kernel *k, 
         if (++seen > TB__PLAN_VEC_NODES) return false;
         if (n == stop) continue;
         if (in->param >= 0 || (in->root && n != k->root)) {
-            if (in->node->shape.dtype != TB_F32) return false;
+            if (!tb__plan_vec_dtype(in->node->shape.dtype)) return false;
             continue; /* a load of W elements */
         }
         if (in->ctx != k->owner || !tb__plan_vec_op(in->node)) return false;
@@ -20533,7 +20554,7 @@ static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k,
     if (k->kind == TB__K_ELEMENTWISE) {
         /* blocks of W along the last axis, which W divides (blocks never cross rows) */
         const tb_shape *rs = tb__plan_shape(G, k->root);
-        if (rs->dtype != TB_F32 || rs->rank < 1 || rs->dims[rs->rank - 1] % w != 0 ||
+        if (!tb__plan_vec_dtype(rs->dtype) || rs->rank < 1 || rs->dims[rs->rank - 1] % w != 0 ||
             tb__plan_numel(rs) < 64 * w || G->info[k->root].param >= 0)
             return 0;
         *row_axes = 1;
@@ -20543,7 +20564,7 @@ static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k,
     cn = G->info[k->core].node;
     x = tb__plan_operand(G, k->core, 0);
     xs = tb__plan_shape(G, x);
-    if (xs->dtype != TB_F32) return 0;
+    if (!tb__plan_vec_dtype(xs->dtype)) return 0;
     if (k->kind == TB__K_NORM) {
         size_t j;
         axes = cn->op == TB_OP_LAYER_NORM ? (int32_t)cn->attrs[0] : 1;
@@ -21811,8 +21832,9 @@ static const char *const tb__cl_prelude[] = {
     "\n",
     "#ifdef TB_HAS_VEC16\n",
     "/* Vectors of 16 floats for rows read in order (the dialect's head defines float16, int16,\n",
-    "   TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a),\n",
-    "   TB_VCVTI (float to int, lane by lane), TB_VASF (int bits as float) and TB_VEXP (exp of each\n",
+    "   uint16, TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a),\n",
+    "   TB_VCVTI (float to int, lane by lane), TB_VASF (int bits as float; TB_VASU and TB_VASFU:\n",
+    "   float bits as uint and back) and TB_VEXP (exp of each\n",
     "   lane: the device's built-in where it has a vector one, which on PoCL is faster than the\n",
     "   polynomial below; tb_vexp16 where the dialect has none). */\n",
     "\n",
@@ -21858,6 +21880,14 @@ static const char *const tb__cl_prelude[] = {
     "    return TB_VASF(TB_VASI(a) & 0x7fffffff);\n",
     "}\n",
     "\n",
+    "/* Each lane rounded to the nearest bf16 value, as tb_rnd_bf16 (the dialect loads and stores\n",
+    "   16-bit floats: TB_VLDH, TB_VSTH and TB_VRNDH for f16, TB_VLDBF and TB_VSTBF for bf16). */\n",
+    "TB_FN float16 tb_vrnd_bf16(float16 x) {\n",
+    "    uint16 u = TB_VASU(x); /* unsigned: a NaN's bits wrap, and its lane is replaced */\n",
+    "    float16 r = TB_VASFU((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);\n",
+    "    return TB_VSEL(r, TB_VASFU((u & 0xffff0000u) | 0x400000u), x != x);\n",
+    "}\n",
+    "\n",
     "/* Sum, maximum, minimum and product of the lanes, in halves (a fixed order). */\n",
     "TB_FN float tb_hsum16(float16 v) {\n",
     "    float s[16];\n",
@@ -21901,7 +21931,7 @@ static const char *const tb__cl_prelude[] = {
     "#endif\n",
     0
 };
-static const size_t tb__cl_prelude_count = 240;
+static const size_t tb__cl_prelude_count = 249;
 // clang-format on
 #endif
 
@@ -21964,6 +21994,7 @@ static const char *tb__cg_btype(tb_dtype dtype) {
 /* The statement that stores value v<v> as element `index` of buffer `buf` (16-bit floats
    rounded to nearest even: TB_STH is the dialect's, tb_f2bf the prelude's). */
 static void tb__cg_store(tb__cg *g, tb_dtype dtype, const char *buf, const char *index, int32_t v) {
+    if (v == g->rounded && dtype == g->rounded_dtype) v = g->unrounded; /* rounded once */
     if (dtype == TB_F16) {
         tb__ix_line(&g->ix, "TB_STH(%s, %s, v%d);", buf, index, (int)v);
     } else if (dtype == TB_BF16) {
@@ -21982,6 +22013,9 @@ static int32_t tb__cg_round(tb__cg *g, tb_dtype dtype, int32_t v) {
     if (r < 0) return -1;
     tb__ix_line(&g->ix, "const float v%d = %s(v%d);", (int)r,
                 dtype == TB_F16 ? "tb_rnd_f16" : "tb_rnd_bf16", (int)v);
+    g->rounded = r;
+    g->unrounded = v;
+    g->rounded_dtype = dtype;
     return r;
 }
 
@@ -22831,9 +22865,39 @@ fail:
 
 /* ---- vectors along rows ---- */
 
-/* A vector value of W f32 lanes (v<n> too; its dtype is f32). */
+/* A vector value of W f32 lanes (v<n> too; its dtype is f32; 16-bit floats are loaded to f32
+   lanes). */
 static int32_t tb__cg_new_vec(tb__cg *g) {
     return tb__cg_new_val(g, TB_F32);
+}
+
+/* The statement that stores vector v<v> as the W elements of `dtype` at `ptr` (16-bit floats
+   rounded to nearest even: the dialect's TB_VSTH, TB_VSTBF; a value just rounded is stored
+   from before its rounding, which the store repeats). */
+static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr) {
+    if (v == g->rounded && dtype == g->rounded_dtype) v = g->unrounded;
+    if (dtype == TB_F16) {
+        tb__ix_line(&g->ix, "TB_VSTH(v%d, %s);", (int)v, ptr);
+    } else if (dtype == TB_BF16) {
+        tb__ix_line(&g->ix, "TB_VSTBF(v%d, %s);", (int)v, ptr);
+    } else {
+        tb__ix_line(&g->ix, "vstore16(v%d, 0, %s);", (int)v, ptr);
+    }
+}
+
+/* A computed vector of a 16-bit float dtype rounded to it lane by lane, as tb__cg_round does
+   for one value. Other dtypes: v itself. */
+static int32_t tb__cg_vround(tb__cg *g, tb_dtype dtype, int32_t v) {
+    int32_t r;
+    if (!tb__cg_is_half(dtype) || v < 0) return v;
+    r = tb__cg_new_vec(g);
+    if (r < 0) return -1;
+    tb__ix_line(&g->ix, "const float16 v%d = %s(v%d);", (int)r,
+                dtype == TB_F16 ? "TB_VRNDH" : "tb_vrnd_bf16", (int)v);
+    g->rounded = r;
+    g->unrounded = v;
+    g->rounded_dtype = dtype;
+    return r;
 }
 
 /* The text of a value as a vector operand: vectors as they are, scalars widened. */
@@ -22864,7 +22928,8 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
                  b);
         break;
     case TB_OP_RESHAPE: /* to the same dims: nothing to compute */
-        if (is_vec[0]) return ops[0];
+    case TB_OP_CAST:    /* between f32 and 16-bit floats: the rounding below at most */
+        if (is_vec[0] && (n->op == TB_OP_RESHAPE || !tb__cg_is_half(n->shape.dtype))) return ops[0];
         snprintf(e, sizeof e, "%s", a);
         break;
     case TB_OP_SQRT:
@@ -22897,7 +22962,7 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     v = tb__cg_new_vec(g);
     if (v < 0) return -1;
     tb__ix_line(&g->ix, "const float16 v%d = %s;", (int)v, e);
-    return v;
+    return tb__cg_exact(n) ? v : tb__cg_vround(g, n->shape.dtype, v);
 }
 
 /* The W consecutive elements of `node` from position `pos` on, as a vector: the planner
@@ -22916,10 +22981,14 @@ static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
         char flat[TB__LF_TEXT];
         if (!tb__cg_arg(g, TB__ARG_BUF, in->slot) || !tb__ix_need_flat(&g->ix, pos)) return -1;
         tb__lf_text(&g->ix.pos[pos].flat, flat, sizeof flat);
+        tb_dtype dt = in->node->shape.dtype;
         v = tb__cg_new_vec(g);
         if (v < 0) return -1;
-        tb__ix_line(&g->ix, "const float16 v%d = vload16(0, b%d + (%s));", (int)v, (int)in->slot,
-                    flat);
+        tb__ix_line(&g->ix, "const float16 v%d = %s(%sb%d + (%s));", (int)v,
+                    dt == TB_F16    ? "TB_VLDH"
+                    : dt == TB_BF16 ? "TB_VLDBF"
+                                    : "vload16",
+                    dt == TB_F32 ? "0, " : "", (int)in->slot, flat);
     } else {
         if (in->node->num_operands > 3) {
             tb__ix_fail(&g->ix, TB_ERR_INTERNAL);
@@ -23009,9 +23078,11 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
         /* a block of W consecutive elements per work item (W divides the last axis) */
         i0 = tb__cg_row_header(g, k, (int64_t)k->items);
         if (i0 < 0) return g->ix.status;
+        char ptr[48];
         v = tb__cg_veval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->vec, -1));
         if (v < 0) return g->ix.status;
-        tb__ix_line(&g->ix, "vstore16(v%d, 0, out + i%d * %dL);", (int)v, (int)i0, (int)k->vec);
+        snprintf(ptr, sizeof ptr, "out + i%d * %dL", (int)i0, (int)k->vec);
+        tb__cg_vstore(g, rs->dtype, v, ptr);
         return TB_OK;
     }
     i0 = tb__cg_row_header(g, k, tb__plan_numel(rs));
@@ -23596,11 +23667,17 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
         } else {
             tb__ix_line(&g->ix, "const float16 v%d = v%d - mx - lse;", (int)vf, (int)vx);
         }
+        vf = tb__cg_vround(g, nm->od, vf);
+        if (vf < 0) return false;
         tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, nm->k->core, xp, 0, vf);
         vr = tb__cg_veval(g, nm->k->root, xp);
         if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
         tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
-        tb__ix_line(&g->ix, "vstore16(v%d, 0, out + (%s));", (int)vr, flat);
+        {
+            char ptr[TB__LF_TEXT + 16];
+            snprintf(ptr, sizeof ptr, "out + (%s)", flat);
+            tb__cg_vstore(g, tb__plan_shape(g->G, nm->k->root)->dtype, vr, ptr);
+        }
     }
     tb__ix_close(&g->ix, "");
     if (pass == 0) {
@@ -24128,6 +24205,7 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
     g->kernel = (int32_t)i;
     g->num_vals = g->num_frames = g->num_stack = 0;
     g->depth = 0;
+    g->rounded = g->unrounded = -1;
     switch (k->kind) {
     case TB__K_REDUCE:
     case TB__K_PARTIAL:
@@ -25960,6 +26038,8 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "#define TB_VCVTI(x) convert_int16(x)\n"                                                       \
     "#define TB_VASF(x) as_float16(x)\n"                                                           \
     "#define TB_VASI(x) as_int16(x)\n"                                                             \
+    "#define TB_VASU(x) as_uint16(x)\n"                                                            \
+    "#define TB_VASFU(x) as_float16(x)\n"                                                          \
     "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"                                              \
     "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
     "#define TB_VEXP(x) exp(x)\n"                                                                  \
@@ -25976,6 +26056,17 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "    ushort h; vstore_half_rte(x, 0, (__private half *)&h);\n"                                 \
     "    return vload_half(0, (const __private half *)&h);\n"                                      \
     "}\n"                                                                                          \
+    "/* 16 lanes: f16 through the same built-ins, bf16 as the top half of an f32 */\n"             \
+    "#define TB_VLDH(p) vload_half16(0, (const __global half *)(p))\n"                             \
+    "#define TB_VSTH(v, p) vstore_half16_rte((v), 0, (__global half *)(p))\n"                      \
+    "#define TB_VRNDH(x) tb_vrnd_f16(x)\n"                                                         \
+    "float16 tb_vrnd_f16(float16 x) {\n"                                                           \
+    "    ushort16 h; vstore_half16_rte(x, 0, (__private half *)&h);\n"                             \
+    "    return vload_half16(0, (const __private half *)&h);\n"                                    \
+    "}\n"                                                                                          \
+    "#define TB_VLDBF(p) as_float16(convert_uint16(vload16(0, (p))) << 16)\n"                      \
+    "#define TB_VSTBF(v, p) vstore16(convert_ushort16(as_uint16(tb_vrnd_bf16(v)) >> 16), 0, "      \
+    "(p))\n"                                                                                       \
     "\n"
     d->head = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
                                        "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
@@ -26920,8 +27011,68 @@ static const char tb__native_head[] =
     "#define TB_VCVTI(x) __builtin_convertvector((x), int16)\n"
     "#define TB_VASF(x) ((float16)(x))\n"
     "#define TB_VASI(x) ((int16)(x))\n"
+    "typedef uint uint16 __attribute__((vector_size(64)));\n"
+    "#define TB_VASU(x) ((uint16)(x))\n"
+    "#define TB_VASFU(x) ((float16)(x))\n"
     "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(float16))\n"
     "#define TB_VEXP(x) tb_vexp16(x) /* the prelude's: C has no vector exp */\n"
+    /* 16 lanes of f16: the F16C instructions where the CPU has them, else lane by lane; bf16
+       as the top half of an f32 */
+    "typedef unsigned short ushort16 __attribute__((vector_size(32)));\n"
+    "#if defined(__AVX512F__) && defined(__GNUC__)\n"
+    "typedef short tb_v16hi __attribute__((vector_size(32)));\n"
+    "static inline float16 tb_vh2f16(tb_v16hi h) {\n"
+    "    return __builtin_ia32_vcvtph2ps512_mask(h, (float16){0}, (unsigned short)0xffff, 4);\n"
+    "}\n"
+    "static inline tb_v16hi tb_vf2h16(float16 v) {\n"
+    "    return __builtin_ia32_vcvtps2ph512_mask(v, 0, (tb_v16hi){0}, (unsigned short)0xffff);\n"
+    "}\n"
+    "#elif defined(__F16C__) && defined(__GNUC__)\n"
+    "typedef short tb_v16hi __attribute__((vector_size(32)));\n"
+    "typedef short tb_v8hi __attribute__((vector_size(16)));\n"
+    "typedef float tb_v8sf __attribute__((vector_size(32)));\n"
+    "static inline float16 tb_vh2f16(tb_v16hi h) {\n"
+    "    tb_v8hi a, b; tb_v8sf fa, fb; float16 r;\n"
+    "    memcpy(&a, &h, 16); memcpy(&b, (char *)&h + 16, 16);\n"
+    "    fa = __builtin_ia32_vcvtph2ps256(a); fb = __builtin_ia32_vcvtph2ps256(b);\n"
+    "    memcpy(&r, &fa, 32); memcpy((char *)&r + 32, &fb, 32); return r;\n"
+    "}\n"
+    "static inline tb_v16hi tb_vf2h16(float16 v) {\n"
+    "    tb_v8sf fa, fb; tb_v8hi a, b; tb_v16hi h;\n"
+    "    memcpy(&fa, &v, 32); memcpy(&fb, (char *)&v + 32, 32);\n"
+    "    a = __builtin_ia32_vcvtps2ph256(fa, 0); b = __builtin_ia32_vcvtps2ph256(fb, 0);\n"
+    "    memcpy(&h, &a, 16); memcpy((char *)&h + 16, &b, 16); return h;\n"
+    "}\n"
+    "#else\n"
+    "typedef ushort16 tb_v16hi;\n"
+    "static inline float tb_h2f(uint h);\n"
+    "static inline uint tb_f2h(float f);\n"
+    "static inline float16 tb_vh2f16(tb_v16hi h) {\n"
+    "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = tb_h2f(h[i]); return r;\n"
+    "}\n"
+    "static inline tb_v16hi tb_vf2h16(float16 v) {\n"
+    "    tb_v16hi h; int i; for (i = 0; i < 16; i++) h[i] = (ushort)tb_f2h(v[i]); return h;\n"
+    "}\n"
+    "#endif\n"
+    "static inline float16 tb_vldh(const ushort *p) {\n"
+    "    tb_v16hi h; memcpy(&h, p, sizeof h); return tb_vh2f16(h);\n"
+    "}\n"
+    "static inline void tb_vsth(float16 v, ushort *p) {\n"
+    "    tb_v16hi h = tb_vf2h16(v); memcpy(p, &h, sizeof h);\n"
+    "}\n"
+    "#define TB_VLDH(p) tb_vldh(p)\n"
+    "#define TB_VSTH(v, p) tb_vsth((v), (p))\n"
+    "#define TB_VRNDH(x) tb_vh2f16(tb_vf2h16(x))\n"
+    "static inline float16 tb_vldbf(const ushort *p) {\n"
+    "    ushort16 h; memcpy(&h, p, sizeof h);\n"
+    "    return (float16)(__builtin_convertvector(h, uint16) << 16);\n"
+    "}\n"
+    "static inline void tb_vstbf(float16 r, ushort *p) {\n"
+    "    ushort16 h = __builtin_convertvector((uint16)r >> 16, ushort16); memcpy(p, &h, sizeof "
+    "h);\n"
+    "}\n"
+    "#define TB_VLDBF(p) tb_vldbf(p)\n"
+    "#define TB_VSTBF(v, p) tb_vstbf(tb_vrnd_bf16(v), (p))\n"
     "static inline float16 TB_VSQRT(float16 x) {\n"
     "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
     "}\n"

@@ -57,6 +57,7 @@ static const char *tb__cg_btype(tb_dtype dtype) {
 /* The statement that stores value v<v> as element `index` of buffer `buf` (16-bit floats
    rounded to nearest even: TB_STH is the dialect's, tb_f2bf the prelude's). */
 static void tb__cg_store(tb__cg *g, tb_dtype dtype, const char *buf, const char *index, int32_t v) {
+    if (v == g->rounded && dtype == g->rounded_dtype) v = g->unrounded; /* rounded once */
     if (dtype == TB_F16) {
         tb__ix_line(&g->ix, "TB_STH(%s, %s, v%d);", buf, index, (int)v);
     } else if (dtype == TB_BF16) {
@@ -75,6 +76,9 @@ static int32_t tb__cg_round(tb__cg *g, tb_dtype dtype, int32_t v) {
     if (r < 0) return -1;
     tb__ix_line(&g->ix, "const float v%d = %s(v%d);", (int)r,
                 dtype == TB_F16 ? "tb_rnd_f16" : "tb_rnd_bf16", (int)v);
+    g->rounded = r;
+    g->unrounded = v;
+    g->rounded_dtype = dtype;
     return r;
 }
 
@@ -924,9 +928,39 @@ fail:
 
 /* ---- vectors along rows ---- */
 
-/* A vector value of W f32 lanes (v<n> too; its dtype is f32). */
+/* A vector value of W f32 lanes (v<n> too; its dtype is f32; 16-bit floats are loaded to f32
+   lanes). */
 static int32_t tb__cg_new_vec(tb__cg *g) {
     return tb__cg_new_val(g, TB_F32);
+}
+
+/* The statement that stores vector v<v> as the W elements of `dtype` at `ptr` (16-bit floats
+   rounded to nearest even: the dialect's TB_VSTH, TB_VSTBF; a value just rounded is stored
+   from before its rounding, which the store repeats). */
+static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr) {
+    if (v == g->rounded && dtype == g->rounded_dtype) v = g->unrounded;
+    if (dtype == TB_F16) {
+        tb__ix_line(&g->ix, "TB_VSTH(v%d, %s);", (int)v, ptr);
+    } else if (dtype == TB_BF16) {
+        tb__ix_line(&g->ix, "TB_VSTBF(v%d, %s);", (int)v, ptr);
+    } else {
+        tb__ix_line(&g->ix, "vstore16(v%d, 0, %s);", (int)v, ptr);
+    }
+}
+
+/* A computed vector of a 16-bit float dtype rounded to it lane by lane, as tb__cg_round does
+   for one value. Other dtypes: v itself. */
+static int32_t tb__cg_vround(tb__cg *g, tb_dtype dtype, int32_t v) {
+    int32_t r;
+    if (!tb__cg_is_half(dtype) || v < 0) return v;
+    r = tb__cg_new_vec(g);
+    if (r < 0) return -1;
+    tb__ix_line(&g->ix, "const float16 v%d = %s(v%d);", (int)r,
+                dtype == TB_F16 ? "TB_VRNDH" : "tb_vrnd_bf16", (int)v);
+    g->rounded = r;
+    g->unrounded = v;
+    g->rounded_dtype = dtype;
+    return r;
 }
 
 /* The text of a value as a vector operand: vectors as they are, scalars widened. */
@@ -957,7 +991,8 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
                  b);
         break;
     case TB_OP_RESHAPE: /* to the same dims: nothing to compute */
-        if (is_vec[0]) return ops[0];
+    case TB_OP_CAST:    /* between f32 and 16-bit floats: the rounding below at most */
+        if (is_vec[0] && (n->op == TB_OP_RESHAPE || !tb__cg_is_half(n->shape.dtype))) return ops[0];
         snprintf(e, sizeof e, "%s", a);
         break;
     case TB_OP_SQRT:
@@ -990,7 +1025,7 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     v = tb__cg_new_vec(g);
     if (v < 0) return -1;
     tb__ix_line(&g->ix, "const float16 v%d = %s;", (int)v, e);
-    return v;
+    return tb__cg_exact(n) ? v : tb__cg_vround(g, n->shape.dtype, v);
 }
 
 /* The W consecutive elements of `node` from position `pos` on, as a vector: the planner
@@ -1009,10 +1044,14 @@ static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
         char flat[TB__LF_TEXT];
         if (!tb__cg_arg(g, TB__ARG_BUF, in->slot) || !tb__ix_need_flat(&g->ix, pos)) return -1;
         tb__lf_text(&g->ix.pos[pos].flat, flat, sizeof flat);
+        tb_dtype dt = in->node->shape.dtype;
         v = tb__cg_new_vec(g);
         if (v < 0) return -1;
-        tb__ix_line(&g->ix, "const float16 v%d = vload16(0, b%d + (%s));", (int)v, (int)in->slot,
-                    flat);
+        tb__ix_line(&g->ix, "const float16 v%d = %s(%sb%d + (%s));", (int)v,
+                    dt == TB_F16    ? "TB_VLDH"
+                    : dt == TB_BF16 ? "TB_VLDBF"
+                                    : "vload16",
+                    dt == TB_F32 ? "0, " : "", (int)in->slot, flat);
     } else {
         if (in->node->num_operands > 3) {
             tb__ix_fail(&g->ix, TB_ERR_INTERNAL);

@@ -65,9 +65,11 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
         /* a block of W consecutive elements per work item (W divides the last axis) */
         i0 = tb__cg_row_header(g, k, (int64_t)k->items);
         if (i0 < 0) return g->ix.status;
+        char ptr[48];
         v = tb__cg_veval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->vec, -1));
         if (v < 0) return g->ix.status;
-        tb__ix_line(&g->ix, "vstore16(v%d, 0, out + i%d * %dL);", (int)v, (int)i0, (int)k->vec);
+        snprintf(ptr, sizeof ptr, "out + i%d * %dL", (int)i0, (int)k->vec);
+        tb__cg_vstore(g, rs->dtype, v, ptr);
         return TB_OK;
     }
     i0 = tb__cg_row_header(g, k, tb__plan_numel(rs));
@@ -652,11 +654,17 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
         } else {
             tb__ix_line(&g->ix, "const float16 v%d = v%d - mx - lse;", (int)vf, (int)vx);
         }
+        vf = tb__cg_vround(g, nm->od, vf);
+        if (vf < 0) return false;
         tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, nm->k->core, xp, 0, vf);
         vr = tb__cg_veval(g, nm->k->root, xp);
         if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
         tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
-        tb__ix_line(&g->ix, "vstore16(v%d, 0, out + (%s));", (int)vr, flat);
+        {
+            char ptr[TB__LF_TEXT + 16];
+            snprintf(ptr, sizeof ptr, "out + (%s)", flat);
+            tb__cg_vstore(g, tb__plan_shape(g->G, nm->k->root)->dtype, vr, ptr);
+        }
     }
     tb__ix_close(&g->ix, "");
     if (pass == 0) {
@@ -1184,6 +1192,7 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
     g->kernel = (int32_t)i;
     g->num_vals = g->num_frames = g->num_stack = 0;
     g->depth = 0;
+    g->rounded = g->unrounded = -1;
     switch (k->kind) {
     case TB__K_REDUCE:
     case TB__K_PARTIAL:

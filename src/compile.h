@@ -444,6 +444,10 @@ typedef struct tb__cg {
     int32_t *stack;
     size_t num_stack, cap_stack;
     int depth; /* pad, concat and gather being evaluated */
+    /* the last rounding emitted: v<rounded> is v<unrounded> rounded to rounded_dtype (a 16-bit
+       float), -1 if none; a store of v<rounded> stores v<unrounded> (the store rounds too) */
+    int32_t rounded, unrounded;
+    tb_dtype rounded_dtype;
 } tb__cg;
 
 /* the C type of a dtype; of an accumulator dtype chosen by the planner (integers wrap:
@@ -459,6 +463,9 @@ static bool tb__cg_is_half(tb_dtype dtype);
 static const char *tb__cg_btype(tb_dtype dtype);
 static void tb__cg_store(tb__cg *g, tb_dtype dtype, const char *buf, const char *index, int32_t v);
 static int32_t tb__cg_round(tb__cg *g, tb_dtype dtype, int32_t v);
+/* the same for vectors of W lanes: the store of vector v<v> at `ptr`, a rounding */
+static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr);
+static int32_t tb__cg_vround(tb__cg *g, tb_dtype dtype, int32_t v);
 static const tb__plan *tb__cg_plan(const tb__cg *g);      /* the plan being rendered */
 static tb__plan_kernel *tb__cg_kernel(const tb__cg *g);   /* the kernel being rendered */
 static int32_t tb__cg_new_val(tb__cg *g, tb_dtype dtype); /* a new value v<n>, -1 if failed */

@@ -343,6 +343,8 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "#define TB_VCVTI(x) convert_int16(x)\n"                                                       \
     "#define TB_VASF(x) as_float16(x)\n"                                                           \
     "#define TB_VASI(x) as_int16(x)\n"                                                             \
+    "#define TB_VASU(x) as_uint16(x)\n"                                                            \
+    "#define TB_VASFU(x) as_float16(x)\n"                                                          \
     "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"                                              \
     "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
     "#define TB_VEXP(x) exp(x)\n"                                                                  \
@@ -359,6 +361,17 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "    ushort h; vstore_half_rte(x, 0, (__private half *)&h);\n"                                 \
     "    return vload_half(0, (const __private half *)&h);\n"                                      \
     "}\n"                                                                                          \
+    "/* 16 lanes: f16 through the same built-ins, bf16 as the top half of an f32 */\n"             \
+    "#define TB_VLDH(p) vload_half16(0, (const __global half *)(p))\n"                             \
+    "#define TB_VSTH(v, p) vstore_half16_rte((v), 0, (__global half *)(p))\n"                      \
+    "#define TB_VRNDH(x) tb_vrnd_f16(x)\n"                                                         \
+    "float16 tb_vrnd_f16(float16 x) {\n"                                                           \
+    "    ushort16 h; vstore_half16_rte(x, 0, (__private half *)&h);\n"                             \
+    "    return vload_half16(0, (const __private half *)&h);\n"                                    \
+    "}\n"                                                                                          \
+    "#define TB_VLDBF(p) as_float16(convert_uint16(vload16(0, (p))) << 16)\n"                      \
+    "#define TB_VSTBF(v, p) vstore16(convert_ushort16(as_uint16(tb_vrnd_bf16(v)) >> 16), 0, "      \
+    "(p))\n"                                                                                       \
     "\n"
     d->head = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
                                        "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"

@@ -723,6 +723,12 @@ static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, in
     sizes[5] = width;
 }
 
+/* The dtype of a matmul's packed panels: 16-bit floats are widened once, by the pack kernels,
+   and the matmul computes in f32 as their every kernel does. */
+static tb_dtype tb__plan_pack_dtype(tb_dtype dtype) {
+    return dtype == TB_F16 || dtype == TB_BF16 ? TB_F32 : dtype;
+}
+
 /* Whether a matmul kernel reads packed panels: a float matmul with some work in it whose
    panels fit the device's allocations. */
 static bool tb__plan_mm_packs(const tb__pgraph *G, int32_t core) {
@@ -731,9 +737,9 @@ static bool tb__plan_mm_packs(const tb__pgraph *G, int32_t core) {
     const tb_shape *as = tb__plan_shape(G, tb__plan_operand(G, core, 0));
     const tb_shape *bs = tb__plan_shape(G, tb__plan_operand(G, core, 1));
     tb__plan_mm mm = tb__plan_mm_of(G, core);
-    tb_dtype od = cs->dtype;
+    tb_dtype od = cs->dtype, pd = tb__plan_pack_dtype(od);
     double elems;
-    if (t->mm_kind != TB__MM_PACKED || (od != TB_F32 && od != TB_F64)) return false;
+    if (t->mm_kind != TB__MM_PACKED || (pd != TB_F32 && pd != TB_F64)) return false;
     if (as->dtype != od || bs->dtype != od || as->rank != cs->rank || bs->rank != cs->rank)
         return false;
     if (od == TB_F64 && !G->target->f64) return false;
@@ -744,7 +750,7 @@ static bool tb__plan_mm_packs(const tb__pgraph *G, int32_t core) {
     elems = (double)(mm.m > mm.n ? mm.m + t->mm_panel_rows : mm.n + t->mm_vec_f32) * (double)mm.k *
             (double)mm.batch;
     if (G->target->max_allocation > 0 &&
-        elems * (double)tb_dtype_size(od) > (double)G->target->max_allocation / 2)
+        elems * (double)tb_dtype_size(pd) > (double)G->target->max_allocation / 2)
         return false;
     return true;
 }
@@ -828,7 +834,7 @@ static tb_status tb__plan_assign_slots(tb__pgraph *G) {
             } else {
                 int64_t z[6];
                 tb__plan_pack_sizes(G, k->core, k->kind == TB__K_PACK_A, z);
-                ps.dtype = tb__plan_shape(G, k->core)->dtype;
+                ps.dtype = tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype);
                 ps.dims[0] = z[0] * z[4] * z[3] * z[5];
             }
             st = tb__plan_add_slot(p, TB__SLOT_TEMP, -1, &ps, &s);
@@ -1089,15 +1095,23 @@ static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
 /* ---- vectors along rows ----
    A row kernel whose work item reads its row in order (one item per row, the row contiguous)
    evaluates the row W elements at a time when every node it evaluates along the row can be:
-   f32 ops of a small set over operands that are aligned with the row (equal dims: W
+   f32, f16 or bf16 ops of a small set over operands that are aligned with the row (equal dims: W
    consecutive elements), constant along it (one element, or dims of 1 across the row's axes:
    evaluated once per step as scalars) or loads of buffers of the row's dims. */
 
 #define TB__PLAN_VEC_NODES 256 /* nodes of a subtree evaluated as vectors, at most */
 
+/* The dtypes a vector holds: f32, and the 16-bit floats (loaded to f32 lanes, every op's
+   result rounded to them, stored rounded). */
+static bool tb__plan_vec_dtype(tb_dtype dtype) {
+    return dtype == TB_F32 || dtype == TB_F16 || dtype == TB_BF16;
+}
+
 static bool tb__plan_vec_op(const tb_node *n) {
-    if (n->shape.dtype != TB_F32) return false;
+    if (!tb__plan_vec_dtype(n->shape.dtype)) return false;
     switch (n->op) {
+    case TB_OP_CAST: /* between the vector dtypes: a rounding at most */
+        return tb__plan_vec_dtype(n->operands[0]->shape.dtype);
     case TB_OP_RESHAPE: /* to the same dims (tb_detach, a leaf): the operand itself */
         return tb__plan_same_dims(&n->shape, &n->operands[0]->shape);
     case TB_OP_SQRT:
@@ -1150,7 +1164,7 @@ static bool tb__plan_vec_subtree(const tb__pgraph *G, const tb__plan_kernel *k, 
         if (++seen > TB__PLAN_VEC_NODES) return false;
         if (n == stop) continue;
         if (in->param >= 0 || (in->root && n != k->root)) {
-            if (in->node->shape.dtype != TB_F32) return false;
+            if (!tb__plan_vec_dtype(in->node->shape.dtype)) return false;
             continue; /* a load of W elements */
         }
         if (in->ctx != k->owner || !tb__plan_vec_op(in->node)) return false;
@@ -1182,7 +1196,7 @@ static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k,
     if (k->kind == TB__K_ELEMENTWISE) {
         /* blocks of W along the last axis, which W divides (blocks never cross rows) */
         const tb_shape *rs = tb__plan_shape(G, k->root);
-        if (rs->dtype != TB_F32 || rs->rank < 1 || rs->dims[rs->rank - 1] % w != 0 ||
+        if (!tb__plan_vec_dtype(rs->dtype) || rs->rank < 1 || rs->dims[rs->rank - 1] % w != 0 ||
             tb__plan_numel(rs) < 64 * w || G->info[k->root].param >= 0)
             return 0;
         *row_axes = 1;
@@ -1192,7 +1206,7 @@ static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k,
     cn = G->info[k->core].node;
     x = tb__plan_operand(G, k->core, 0);
     xs = tb__plan_shape(G, x);
-    if (xs->dtype != TB_F32) return 0;
+    if (!tb__plan_vec_dtype(xs->dtype)) return 0;
     if (k->kind == TB__K_NORM) {
         size_t j;
         axes = cn->op == TB_OP_LAYER_NORM ? (int32_t)cn->attrs[0] : 1;

@@ -150,8 +150,9 @@ TB_FN float tb_randn_f32(ulong seed, ulong offset, ulong index) {
 
 #ifdef TB_HAS_VEC16
 /* Vectors of 16 floats for rows read in order (the dialect's head defines float16, int16,
-   TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a),
-   TB_VCVTI (float to int, lane by lane), TB_VASF (int bits as float) and TB_VEXP (exp of each
+   uint16, TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a),
+   TB_VCVTI (float to int, lane by lane), TB_VASF (int bits as float; TB_VASU and TB_VASFU:
+   float bits as uint and back) and TB_VEXP (exp of each
    lane: the device's built-in where it has a vector one, which on PoCL is faster than the
    polynomial below; tb_vexp16 where the dialect has none). */
 
@@ -195,6 +196,14 @@ TB_FN float16 tb_vrelu16(float16 a) {
 
 TB_FN float16 tb_vabs16(float16 a) {
     return TB_VASF(TB_VASI(a) & 0x7fffffff);
+}
+
+/* Each lane rounded to the nearest bf16 value, as tb_rnd_bf16 (the dialect loads and stores
+   16-bit floats: TB_VLDH, TB_VSTH and TB_VRNDH for f16, TB_VLDBF and TB_VSTBF for bf16). */
+TB_FN float16 tb_vrnd_bf16(float16 x) {
+    uint16 u = TB_VASU(x); /* unsigned: a NaN's bits wrap, and its lane is replaced */
+    float16 r = TB_VASFU((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+    return TB_VSEL(r, TB_VASFU((u & 0xffff0000u) | 0x400000u), x != x);
 }
 
 /* Sum, maximum, minimum and product of the lanes, in halves (a fixed order). */

@@ -221,6 +221,19 @@ static tb_tensor *half_chain(tb_tensor *t) {
     return tb_mul(tb_tanh(tb_sub(tb_exp(a), t)), t);
 }
 
+/* The vector-set chain of half_torch.py's vchain: x, y of the row's dims, c one per row. */
+static tb_tensor *half_vchain(tb_tensor **x) {
+    tb_tensor *a = tb_add_scalar(tb_mul_scalar(x[0], 1.7), 0.3);
+    tb_tensor *n1 = tb_div(tb_relu(tb_sub(tb_exp(a), x[1])), tb_add_scalar(tb_abs(x[0]), 1.0));
+    tb_tensor *n2 = tb_mul(tb_sqrt(tb_abs(x[1])), x[2]);
+    return tb_maximum(n1, tb_neg(n2));
+}
+
+/* vmixed: a 16-bit x widened, times an f32 tensor, plus one, cast back to x's dtype. */
+static tb_tensor *half_vmixed(tb_tensor **x, tb_dtype dt) {
+    return tb_cast(tb_add_scalar(tb_mul(tb_cast(x[0], TB_F32), x[1]), 1.0), dt);
+}
+
 static tb_tensor *half_apply(const half_case *c, tb_tensor **x) {
     size_t i;
     int32_t axis = atoi(c->arg);
@@ -239,6 +252,9 @@ static tb_tensor *half_apply(const half_case *c, tb_tensor **x) {
     if (strcmp(c->op, "log_softmax") == 0) return tb_log_softmax(x[0], axis);
     if (strcmp(c->op, "matmul") == 0) return tb_matmul(x[0], x[1]);
     if (strcmp(c->op, "chain") == 0) return half_chain(x[0]);
+    if (strcmp(c->op, "vchain") == 0) return half_vchain(x);
+    if (strcmp(c->op, "vmixed") == 0 && tb_dtype_parse(c->arg, &dt) == TB_OK)
+        return half_vmixed(x, dt);
     if (strcmp(c->op, "cast") == 0 && tb_dtype_parse(c->arg, &dt) == TB_OK)
         return tb_cast(x[0], dt);
     return NULL;

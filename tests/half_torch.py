@@ -167,6 +167,40 @@ def ops(name, g):
     x = rnd(5, 33)
     case("chain_%s" % name, "chain", "-", [x],
          run(lambda t: ((t * 1.7 + 0.3).exp() - t).tanh() * t, dt, x))
+    # rows long enough for the kernels that work 16 lanes at a time: every op of a chain
+    # rounded (tb's vector set), a row broadcast, mixed with f32 through casts, reductions,
+    # softmax, and a matmul big enough to pack its operands
+    def r(fn, *xs):
+        return run(fn, dt, *xs)
+
+    x, y, c = rnd(16, 1024), rnd(16, 1024), rnd(16, 1)
+    a = r(lambda t: t + 0.3, r(lambda t: t * 1.7, x))
+    b = r(torch.sub, r(torch.exp, a), y)
+    n1 = r(torch.div, r(torch.relu, b), r(lambda t: t + 1.0, r(torch.abs, x)))
+    n2 = r(torch.mul, r(torch.sqrt, r(torch.abs, y)), c)
+    case("vchain_%s" % name, "vchain", "-", [x, y, c], r(torch.maximum, n1, r(torch.neg, n2)))
+    f = torch.rand(16, 1024, generator=g) * 4 - 2
+    fb = f.view(torch.int32)  # NaNs whose low bits would carry a rounding into the exponent
+    fb[0, 3], fb[1, 4], fb[2, 5], fb[3, 6] = 0x7F800001, 0x7FFFFFFF, -1, 0x7F80FFFF
+    case("vmixed_%s" % name, "vmixed", name, [x, f], (x.float() * f + 1.0).to(dt))
+    x = rnd(8, 2048, lo=0.0, hi=1.0)
+    case("vsum_1_%s" % name, "sum", "1", [x], run(lambda t: t.sum(1), dt, x))
+    x = rnd(8, 2048)
+    case("vmax_1_%s" % name, "max", "1", [x], run(lambda t: t.amax(1), dt, x))
+    case("vsoftmax_1_%s" % name, "softmax", "1", [x], run(lambda t: t.softmax(1), dt, x))
+    a, b = rnd(70, 96, lo=0.0, hi=1.0), rnd(96, 80, lo=0.0, hi=1.0)
+    case("vmatmul_%s" % name, "matmul", "-", [a, b], run(torch.matmul, dt, a, b))
+    # the same 16 lanes at a time through overflow, subnormal results, NaN and infinities
+    spec = ([65504.0, 65520.0, 6.0e-8, 3.0e-8, 1.0e-5, -0.0, 3.0e38, 1.0e-39, 1.0e-41]
+            + [float("nan"), float("inf"), -float("inf"), 2.5, -7.0, 0.1, 1000.0])
+    a = torch.tensor(spec * 64, dtype=torch.float32).reshape(16, 64)
+    a = (a * (torch.rand(16, 64, generator=g) * 0.5 + 0.75)).to(dt)
+    b = torch.tensor([1.0001, 0.5, -2.0, 0.75, 1.5, 0.0078125, -1.0, 3.0] * 128).reshape(16, 64)
+    b = b.to(dt)
+    case("vspecial_mul_%s" % name, "mul", "-", [a, b], run(torch.mul, dt, a, b))
+    e = (torch.rand(16, 64, generator=g) * 32 - 20).to(dt)
+    e[3, 5], e[7, 9], e[11, 1] = float("nan"), float("inf"), -float("inf")
+    case("vspecial_exp_%s" % name, "exp", "-", [e], run(torch.exp, dt, e))
     # overflow to infinity, NaN
     big = torch.tensor([300.0, -300.0, 60000.0, 1e38, 2.0], dtype=torch.float32).to(dt)
     case("overflow_mul_%s" % name, "mul", "-", [big, big], run(torch.mul, dt, big, big))

@@ -14,9 +14,11 @@
 #                   layer_norm matmul mlp mlp_train conv trace replay coldstart half
 #                   allreduce_mpi
 #
-# half: chain8, sum and matmul (512) with f16 and bf16 storage (rows chain8_f16, sum_bf16,
-# matmul_f16_512, ...), each timed beside the same case in f32 on the same backend: the row's
-# anchor is ours_f32, so an/ours is the speed-up of 16-bit storage.
+# half: chain8, axpy (2.5 x + y), sum and matmul (512) with f16 and bf16 storage (rows
+# chain8_f16, axpy_bf16, sum_bf16, matmul_f16_512, ...), each timed beside the same case in f32
+# on the same backend: the row's anchor is ours_f32, so an/ours is the speed-up of 16-bit
+# storage. Every op of a 16-bit chain rounds its result (as PyTorch eager), so a chain whose
+# f32 form is bound by arithmetic, not memory (chain8's exp), pays those roundings.
 #
 # allreduce_mpi (last; skipped with a note where mpicc or mpirun is missing: Debian's
 # libopenmpi-dev and openmpi-bin) is tools/bench/mpi/allreduce.c built with mpicc and run under

@@ -233,7 +233,7 @@ void case_add(int64_t n);
 void case_reduce(const char *name, int max, int64_t n, int64_t rows);
 void case_norm(const char *name, int layer_norm, int64_t rows, int64_t cols);
 void case_matmul(int n);
-void case_half(const char *kase, int64_t n); /* chain8, sum or matmul in f16 and bf16 */
+void case_half(const char *kase, int64_t n); /* chain8, axpy, sum or matmul, f16 and bf16 */
 void case_mlp(int64_t batch);
 void case_mlp_train(int64_t batch);
 void case_conv(const char *label, int64_t n, int64_t c, int64_t o, int64_t hw, int64_t k,

@@ -820,7 +820,7 @@ void case_mlp(int64_t batch) {
 }
 
 /* ======================================================================================
-   half: chain8, sum and matmul with f16 and bf16 storage beside f32, on each backend
+   half: chain8, axpy, sum and matmul with f16 and bf16 storage beside f32, on each backend
    ====================================================================================== */
 
 /* The f32 input cast to `dt` on the device, materialised (the cast is not timed). */
@@ -842,27 +842,40 @@ static float *to_host_f32(tb_tensor *y) {
     return h;
 }
 
-/* One of chain8, sum, matmul (n: elements, or the matmul's side) in f16 and bf16, each timed
+/* axpy: 2.5 x + y (two inputs, two roundings in a 16-bit dtype). */
+static tb_tensor *axpy_build(tb_tensor *const *in) {
+    tb_tensor *ax = tb_mul_scalar(in[0], 2.5), *r = tb_add(ax, in[1]);
+    tb_tensor_release(ax);
+    return r;
+}
+
+/* One of chain8, axpy, sum, matmul (n: elements, or the matmul's side) in f16 and bf16, each timed
    beside the same case in f32 on the same backend (the row's anchor: anchor / ours is the
    speed-up of 16-bit storage), checked against the cpu reference backend in the same dtype
    (within a few units in the last place of the dtype: devices may round a sum's terms in
    another order). Rows: chain8_f16, sum_bf16, matmul_f16_N, ... */
 void case_half(const char *kase, int64_t n) {
     static const tb_dtype dts[2] = {TB_F16, TB_BF16};
-    int is_mm = strcmp(kase, "matmul") == 0, k, b, i;
+    int is_mm = strcmp(kase, "matmul") == 0, is_axpy = strcmp(kase, "axpy") == 0, k, b, i;
     int64_t dims[2] = {n, n};
     int32_t rank = is_mm ? 2 : 1;
     size_t numel = is_mm ? (size_t)(n * n) : (size_t)n;
-    float *x = host_random(numel, 1.0f);
-    build_fn build = is_mm ? matmul_build : strcmp(kase, "sum") == 0 ? sum_build : chain8_build;
+    float *x = host_random(numel, 1.0f), *x2 = is_mm || is_axpy ? host_random(numel, 1.0f) : NULL;
+    build_fn build = is_mm                      ? matmul_build
+                     : is_axpy                  ? axpy_build
+                     : strcmp(kase, "sum") == 0 ? sum_build
+                                                : chain8_build;
     for (k = 0; k < 2; k++) {
         tb_dtype dt = dts[k];
         double es = 2.0, tol = dt == TB_F16 ? 4.0 / 1024 : 4.0 / 128;
         char name[40];
-        tb_tensor *xc = upload_as(x, rank, dims, dt, &g_cpu), *in2[2] = {xc, xc};
+        tb_tensor *xc = upload_as(x, rank, dims, dt, &g_cpu);
+        tb_tensor *yc = x2 != NULL ? upload_as(x2, rank, dims, dt, &g_cpu) : tb_tensor_retain(xc);
+        tb_tensor *in2[2] = {xc, yc};
         float *want = to_host_f32(need(build(in2), "the reference"));
         size_t out_n = is_mm ? numel : strcmp(kase, "sum") == 0 ? 1 : numel;
         tb_tensor_release(xc);
+        tb_tensor_release(yc);
         if (is_mm) {
             snprintf(name, sizeof name, "matmul_%s_%lld", tb_dtype_name(dt), (long long)n);
         } else {
@@ -883,9 +896,11 @@ void case_half(const char *kase, int64_t n) {
                 memset(&o[j], 0, sizeof o[j]);
                 o[j].be = &g_backends[b];
                 o[j].build = build;
-                o[j].n_in = is_mm ? 2 : 1;
+                o[j].n_in = is_mm || is_axpy ? 2 : 1;
                 o[j].in[0] = upload_as(x, rank, dims, j == 0 ? dt : TB_F32, &g_backends[b].dev);
-                o[j].in[1] = is_mm ? tb_tensor_retain(o[j].in[0]) : NULL;
+                o[j].in[1] = o[j].n_in == 2 ? upload_as(x2, rank, dims, j == 0 ? dt : TB_F32,
+                                                        &g_backends[b].dev)
+                                            : NULL;
                 y = need(build(o[j].in), name);
                 got = to_host_f32(y);
                 tb_tensor_release(y);
@@ -916,7 +931,8 @@ void case_half(const char *kase, int64_t n) {
                 r.flops = flops;
                 r.bytes = 3.0 * es * (double)numel;
             } else {
-                bytes = es * (double)numel + (out_n > 1 ? es * (double)out_n : 0.0);
+                bytes = es * (double)numel * (is_axpy ? 2.0 : 1.0) +
+                        (out_n > 1 ? es * (double)out_n : 0.0);
                 r.writes = out_n > 1;
                 r.bound = bound_time(bytes, r.writes);
                 snprintf(r.bound_kind, sizeof r.bound_kind, "bandwidth");
@@ -931,4 +947,5 @@ void case_half(const char *kase, int64_t n) {
         free(want);
     }
     free(x);
+    free(x2);
 }

@@ -244,7 +244,7 @@ int main(int argc, char **argv) {
         RUN_CASE("row_sums", case_reduce("row_sums", 0, side * side, side))
         RUN_CASE("softmax", case_norm("softmax", 0, side, side))
         RUN_CASE("layer_norm", case_norm("layer_norm", 1, side, side))
-        RUN_CASE("half", case_half("chain8", n); case_half("sum", n))
+        RUN_CASE("half", case_half("chain8", n); case_half("axpy", n); case_half("sum", n))
         bw_phase = 0;
         note_footprints();
         bandwidth_end();
