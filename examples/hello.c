@@ -11,11 +11,14 @@
 #include <stdlib.h>
 
 /* TB_BACKEND when it is set (NULL with the error when it names no usable backend), else the
-   OpenCL backend when a device is there, else the cpu reference backend. */
+   OpenCL backend when a device is there, else the native backend when a C compiler is there,
+   else the cpu reference backend. */
 static const char *pick_backend(void) {
     size_t count = 0;
     if (getenv("TB_BACKEND") != NULL) return tb_get_backend();
     if (tb_backend_devices("opencl", NULL, 0, &count) == TB_OK && count > 0) return "opencl";
+    if (tb_backend_devices("native", NULL, 0, &count) == TB_OK && count > 0) return "native";
+    tb_clear_error();
     return "cpu";
 }
 

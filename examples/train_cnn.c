@@ -17,7 +17,8 @@
    come back from the same graph. One line per epoch gives the mean loss, the training and test
    accuracy, images per second and the epoch's time.
 
-   EPOCHS defaults to 1; the device to opencl:0 when there is one, else cpu:0. --images and
+   EPOCHS defaults to 1; the device to opencl:0 when there is one, else native:0
+   (a C compiler on PATH), else cpu:0. --images and
    --test-images train and test on the first N images only (a quick run). Exit status 1 on any
    error. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
@@ -227,6 +228,7 @@ int main(int argc, char **argv) {
     }
     if (device != NULL ? tb_device_parse(device, &dev) != TB_OK
                        : (tb_device_make("opencl", 0, &dev) != TB_OK &&
+                          tb_device_make("native", 0, &dev) != TB_OK &&
                           tb_device_make("cpu", 0, &dev) != TB_OK))
         return fail("device");
     tb_clear_error();

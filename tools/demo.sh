@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The demo: installs what is missing, builds examples/hello.c against torch_backend.h and runs it.
-# It uses the OpenCL backend when an OpenCL device is present, else the cpu reference backend.
+# It uses the OpenCL backend when an OpenCL device is present, else the native backend (C
+# generated and compiled at run time) when a C compiler is, else the cpu reference backend.
 #
 #   bash tools/demo.sh                   the first lazy computation (examples/hello.c)
 #   bash tools/demo.sh --train [EPOCHS]  trains an MLP on Fashion-MNIST (examples/train_mnist.c;
