@@ -18857,8 +18857,10 @@ typedef struct tb__cg_param {
 /* What differs between the C-family languages the generator writes. */
 typedef struct tb__dialect {
     const char *name;
-    /* the text before the shared prelude (pragmas, includes, typedefs, helpers) */
+    /* the text before the shared prelude (pragmas, includes, typedefs, helpers), in two parts
+       (each literal within the length C99 compilers must take; head2 may be NULL) */
     const char *head;
+    const char *head2;
     /* address space of buffers ("__global " or ""), of work-group memory ("__local "; NULL:
        none, and no plan for this dialect may use work-groups of more than one item) */
     const char *global;
@@ -24244,7 +24246,7 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
     g->P = P;
     g->d = d;
     memset(&src, 0, sizeof src);
-    tb__str_append(&src, "%s", d->head);
+    tb__str_append(&src, "%s%s", d->head, d->head2 != NULL ? d->head2 : "");
     for (i = 0; i < tb__cl_prelude_count; i++)
         tb__str_append(&src, "%s", tb__cl_prelude[i]);
     tb__str_append(&src, "\n");
@@ -27016,6 +27018,13 @@ static const char tb__native_head[] =
     "#define TB_VASFU(x) ((float16)(x))\n"
     "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(float16))\n"
     "#define TB_VEXP(x) tb_vexp16(x) /* the prelude's: C has no vector exp */\n"
+    "static inline float16 TB_VSQRT(float16 x) {\n"
+    "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
+    "}\n"
+    "\n";
+
+/* The head's second part: 16 lanes of 16-bit floats. */
+static const char tb__native_head2[] =
     /* 16 lanes of f16: the F16C instructions where the CPU has them, else lane by lane; bf16
        as the top half of an f32 */
     "typedef unsigned short ushort16 __attribute__((vector_size(32)));\n"
@@ -27080,11 +27089,7 @@ static const char tb__native_head[] =
     "h);\n"
     "}\n"
     "#define TB_VLDBF(p) tb_vldbf(p)\n"
-    "#define TB_VSTBF(v, p) tb_vstbf(tb_vrnd_bf16(v), (p))\n"
-    "static inline float16 TB_VSQRT(float16 x) {\n"
-    "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
-    "}\n"
-    "\n";
+    "#define TB_VSTBF(v, p) tb_vstbf(tb_vrnd_bf16(v), (p))\n";
 
 static const char *tb__native_math(const char *fn, tb_dtype dtype) {
     (void)dtype; /* <tgmath.h> picks the float or double function */
@@ -27171,6 +27176,7 @@ static void tb__native_dialect(tb__dialect *d) {
     memset(d, 0, sizeof *d);
     d->name = "C99";
     d->head = tb__native_head;
+    d->head2 = tb__native_head2;
     d->global = "";
     d->local = NULL; /* a thread runs a range of work items: no work-groups */
     d->barrier = "";

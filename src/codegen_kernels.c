@@ -1231,7 +1231,7 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
     g->P = P;
     g->d = d;
     memset(&src, 0, sizeof src);
-    tb__str_append(&src, "%s", d->head);
+    tb__str_append(&src, "%s%s", d->head, d->head2 != NULL ? d->head2 : "");
     for (i = 0; i < tb__cl_prelude_count; i++)
         tb__str_append(&src, "%s", tb__cl_prelude[i]);
     tb__str_append(&src, "\n");

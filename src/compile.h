@@ -391,8 +391,10 @@ typedef struct tb__cg_param {
 /* What differs between the C-family languages the generator writes. */
 typedef struct tb__dialect {
     const char *name;
-    /* the text before the shared prelude (pragmas, includes, typedefs, helpers) */
+    /* the text before the shared prelude (pragmas, includes, typedefs, helpers), in two parts
+       (each literal within the length C99 compilers must take; head2 may be NULL) */
     const char *head;
+    const char *head2;
     /* address space of buffers ("__global " or ""), of work-group memory ("__local "; NULL:
        none, and no plan for this dialect may use work-groups of more than one item) */
     const char *global;

@@ -66,6 +66,13 @@ static const char tb__native_head[] =
     "#define TB_VASFU(x) ((float16)(x))\n"
     "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(float16))\n"
     "#define TB_VEXP(x) tb_vexp16(x) /* the prelude's: C has no vector exp */\n"
+    "static inline float16 TB_VSQRT(float16 x) {\n"
+    "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
+    "}\n"
+    "\n";
+
+/* The head's second part: 16 lanes of 16-bit floats. */
+static const char tb__native_head2[] =
     /* 16 lanes of f16: the F16C instructions where the CPU has them, else lane by lane; bf16
        as the top half of an f32 */
     "typedef unsigned short ushort16 __attribute__((vector_size(32)));\n"
@@ -130,11 +137,7 @@ static const char tb__native_head[] =
     "h);\n"
     "}\n"
     "#define TB_VLDBF(p) tb_vldbf(p)\n"
-    "#define TB_VSTBF(v, p) tb_vstbf(tb_vrnd_bf16(v), (p))\n"
-    "static inline float16 TB_VSQRT(float16 x) {\n"
-    "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
-    "}\n"
-    "\n";
+    "#define TB_VSTBF(v, p) tb_vstbf(tb_vrnd_bf16(v), (p))\n";
 
 static const char *tb__native_math(const char *fn, tb_dtype dtype) {
     (void)dtype; /* <tgmath.h> picks the float or double function */
@@ -221,6 +224,7 @@ static void tb__native_dialect(tb__dialect *d) {
     memset(d, 0, sizeof *d);
     d->name = "C99";
     d->head = tb__native_head;
+    d->head2 = tb__native_head2;
     d->global = "";
     d->local = NULL; /* a thread runs a range of work items: no work-groups */
     d->barrier = "";
