@@ -764,10 +764,21 @@ if selected tools/bench.sh; then
     if [ "$quick" -eq 1 ] || [ "${TB_TEST_NO_BENCH:-0}" = 1 ]; then
         echo "skipped: --quick or TB_TEST_NO_BENCH=1"
     elif timeout --foreground -k 10 "$timeout_s" bash tools/bench.sh --quick --no-install \
-        >build/bench_quick.log 2>&1; then
+        --json build/bench_quick.json >build/bench_quick.log 2>&1; then
         indent <build/bench_quick.log
         echo "ok bench: tools/bench.sh --quick"
         pass
+        # the README's table is made from such a file: every row the run wrote must come out
+        rows=$(grep -c '"backend"' build/bench_quick.json || true)
+        if out=$(python3 tools/bench_table.py build/bench_quick.json 2>&1) &&
+            [ "$(grep -c '^| [a-z]' <<<"$out")" -eq "$((rows + 1))" ] && [ "$rows" -gt 0 ]; then
+            echo "ok bench: tools/bench_table.py makes the table of its $rows rows"
+            pass
+        else
+            indent <<<"$out"
+            echo "FAIL bench: tools/bench_table.py on build/bench_quick.json ($rows rows)"
+            fail "tools/bench_table.py"
+        fi
     else
         indent <build/bench_quick.log
         echo "FAIL bench: tools/bench.sh --quick"
