@@ -18873,6 +18873,10 @@ typedef struct tb__dialect {
     /* vectors: float16 and double8 with vload16/vstore16 and vload8/vstore8, scalar * vector
        widening the scalar; a vector of zeros as a format of the vector type */
     const char *vec_zero;
+    /* a float16 made of 16 listed floats, a printf format of the list (NULL: the register
+       matmul keeps scalar accumulators; a dialect whose compiler vectorises across work items
+       leaves it NULL) */
+    const char *vec_make;
     const char *min_long; /* min of two longs */
     const char *bits_f32; /* the float of 32 bits (uint) */
     const char *bits_f64; /* the double of 64 bits (ulong) */
@@ -23908,6 +23912,51 @@ static int32_t tb__cg_matmul_operand(tb__cg *g, const tb__plan_kernel *k, int si
     return tb__cg_eval(g, x, tb__ix_pos_multi(&g->ix, xs, dims));
 }
 
+/* The depth loop and stores of an f32 register matmul with one float16 accumulator per row
+   of the block: each step of K makes B's rn values one vector (lanes past rn zero) and adds
+   it times each row's A value (the dialect's vec_make; rn <= 16). */
+static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k,
+                                             const tb__lf *bdims, const int32_t *rows,
+                                             const int32_t *cols) {
+    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
+    int32_t kv, i, j, vb[16];
+    char head[160], list[16 * 16], vec[16 * 16 + 32], zero[48];
+    size_t used = 0;
+    snprintf(zero, sizeof zero, g->d->vec_zero, "float16");
+    for (i = 0; i < k->rm; i++)
+        tb__ix_line(&g->ix, "float16 accv%d = %s;", (int)i, zero);
+    kv = tb__ix_new_var(&g->ix, 0, mm.k > 0 ? mm.k - 1 : 0);
+    if (kv < 0) return g->ix.status;
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)kv, (int)kv,
+             (long long)mm.k, (int)kv);
+    tb__ix_open(&g->ix, head);
+    for (j = 0; j < k->rn; j++) {
+        vb[j] = tb__cg_matmul_operand(g, k, 1, bdims, kv, cols[j]);
+        if (vb[j] < 0) return g->ix.status;
+    }
+    for (j = 0; j < 16; j++) { /* lanes past rn: zeros */
+        if (j < k->rn) {
+            used += (size_t)snprintf(list + used, sizeof list - used, "%sv%d", j ? ", " : "",
+                                     (int)vb[j]);
+        } else {
+            used += (size_t)snprintf(list + used, sizeof list - used, ", 0.0f");
+        }
+    }
+    snprintf(vec, sizeof vec, g->d->vec_make, list);
+    tb__ix_line(&g->ix, "const float16 bv = %s;", vec);
+    for (i = 0; i < k->rm; i++) {
+        int32_t va = tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv);
+        if (va < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "accv%d += v%d * bv;", (int)i, (int)va);
+    }
+    tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "float acc[%d][16];", (int)k->rm);
+    for (i = 0; i < k->rm; i++)
+        tb__ix_line(&g->ix, "vstore16(accv%d, 0, acc[%d]);", (int)i, (int)i);
+    tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj");
+    return g->ix.status;
+}
+
 /* Matmul from registers (CPU devices without packing: integers, small sizes): no work-group
    memory (the caches tile), each work item an rm x rn block of the output, operands read at
    clamped rows and columns (always in bounds; the epilogue writes only the real ones). */
@@ -23945,6 +23994,8 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
         tb__ix_line(&g->ix, "const long i%d = %s(col0 + %d, %lldL);", (int)cols[j], g->d->min_long,
                     (int)j, (long long)(mm.n - 1));
     }
+    if (od == TB_F32 && g->d->vec_make != NULL && k->rn > 1)
+        return tb__cg_matmul_registers_vec(g, k, bdims, rows, cols);
     tb__ix_line(&g->ix, "%s acc[%d][%d];", acc_t, (int)k->rm, (int)k->rn);
     tb__ix_line(&g->ix, "for (int ii = 0; ii < %d; ii++)", (int)k->rm);
     tb__ix_line(&g->ix, "    for (int jj = 0; jj < %d; jj++) acc[ii][jj] = 0;", (int)k->rn);
@@ -27177,6 +27228,7 @@ static void tb__native_dialect(tb__dialect *d) {
     d->name = "C99";
     d->head = tb__native_head;
     d->head2 = tb__native_head2;
+    d->vec_make = "(float16){%s}";
     d->global = "";
     d->local = NULL; /* a thread runs a range of work items: no work-groups */
     d->barrier = "";

@@ -407,6 +407,10 @@ typedef struct tb__dialect {
     /* vectors: float16 and double8 with vload16/vstore16 and vload8/vstore8, scalar * vector
        widening the scalar; a vector of zeros as a format of the vector type */
     const char *vec_zero;
+    /* a float16 made of 16 listed floats, a printf format of the list (NULL: the register
+       matmul keeps scalar accumulators; a dialect whose compiler vectorises across work items
+       leaves it NULL) */
+    const char *vec_make;
     const char *min_long; /* min of two longs */
     const char *bits_f32; /* the float of 32 bits (uint) */
     const char *bits_f64; /* the double of 64 bits (ulong) */

@@ -225,6 +225,7 @@ static void tb__native_dialect(tb__dialect *d) {
     d->name = "C99";
     d->head = tb__native_head;
     d->head2 = tb__native_head2;
+    d->vec_make = "(float16){%s}";
     d->global = "";
     d->local = NULL; /* a thread runs a range of work items: no work-groups */
     d->barrier = "";

@@ -1144,6 +1144,13 @@ static void test_matmul(void **state) {
     in[0] = in_of(shp(TB_F32, 2, 3, 0, 0, 0), R_ANY);
     in[1] = in_of(shp(TB_F32, 2, 0, 4, 0, 0), R_ANY);
     add_case("matmul with k = 0", build_matmul, &plain, in, 2);
+    /* small N (a classifier's last layer): native adds one vector of B's row per step */
+    in[0] = in_of(shp(TB_F32, 2, 41, 64, 0, 0), R_ANY);
+    in[1] = in_of(shp(TB_F32, 2, 64, 10, 0, 0), R_ANY);
+    in[2] = in_of(shp(TB_F32, 1, 10, 0, 0, 0), R_ANY);
+    add_case("relu(matmul [41,64]x[64,10] + bias)", build_matmul, &relu_bias, in, 3);
+    in[1] = in_of(shp(TB_F32, 2, 64, 2, 0, 0), R_ANY);
+    add_case("matmul [41,64]x[64,2]", build_matmul, &plain, in, 2);
     flush_cases();
     /* big enough for CPU devices to copy the operands into panels first: sizes that are not
        multiples of the panel widths, both float types, views and producers in the panels */
