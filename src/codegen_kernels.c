@@ -893,28 +893,38 @@ static int32_t tb__cg_matmul_operand(tb__cg *g, const tb__plan_kernel *k, int si
     return tb__cg_eval(g, x, tb__ix_pos_multi(&g->ix, xs, dims));
 }
 
+/* Opens a register matmul's loop over the depth and reads B's values at the block's columns
+   in it (vb[j] for cols[j]); returns the depth variable, -1 if failed. */
+static int32_t tb__cg_matmul_depth_open(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                        const int32_t *cols, int32_t *vb) {
+    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
+    int32_t kv = tb__ix_new_var(&g->ix, 0, mm.k > 0 ? mm.k - 1 : 0), j;
+    char head[160];
+    if (kv < 0) return -1;
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)kv, (int)kv,
+             (long long)mm.k, (int)kv);
+    tb__ix_open(&g->ix, head);
+    for (j = 0; j < k->rn; j++) {
+        vb[j] = tb__cg_matmul_operand(g, k, 1, bdims, kv, cols[j]);
+        if (vb[j] < 0) return -1;
+    }
+    return kv;
+}
+
 /* The depth loop and stores of an f32 register matmul with one float16 accumulator per row
    of the block: each step of K makes B's rn values one vector (lanes past rn zero) and adds
    it times each row's A value (the dialect's vec_make; rn <= 16). */
 static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k,
                                              const tb__lf *bdims, const int32_t *rows,
                                              const int32_t *cols) {
-    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
     int32_t kv, i, j, vb[16];
-    char head[160], list[16 * 16], vec[16 * 16 + 32], zero[48];
+    char list[16 * 16], vec[16 * 16 + 32], zero[48];
     size_t used = 0;
     snprintf(zero, sizeof zero, g->d->vec_zero, "float16");
     for (i = 0; i < k->rm; i++)
         tb__ix_line(&g->ix, "float16 accv%d = %s;", (int)i, zero);
-    kv = tb__ix_new_var(&g->ix, 0, mm.k > 0 ? mm.k - 1 : 0);
+    kv = tb__cg_matmul_depth_open(g, k, bdims, cols, vb);
     if (kv < 0) return g->ix.status;
-    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)kv, (int)kv,
-             (long long)mm.k, (int)kv);
-    tb__ix_open(&g->ix, head);
-    for (j = 0; j < k->rn; j++) {
-        vb[j] = tb__cg_matmul_operand(g, k, 1, bdims, kv, cols[j]);
-        if (vb[j] < 0) return g->ix.status;
-    }
     for (j = 0; j < 16; j++) { /* lanes past rn: zeros */
         if (j < k->rn) {
             used += (size_t)snprintf(list + used, sizeof list - used, "%sv%d", j ? ", " : "",
@@ -948,7 +958,7 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     tb_dtype od = cs->dtype;
     const char *acc_t = tb__cg_acc_ctype(od);
     tb__lf bdims[TB_MAX_RANK];
-    char head[160], id0[48], id1[48], id2[48];
+    char id0[48], id1[48], id2[48];
     if (k->rm > 16 || k->rn > 16) {
         tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: a register block of %dx%d",
                                       (int)k->rm, (int)k->rn));
@@ -980,15 +990,8 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     tb__ix_line(&g->ix, "%s acc[%d][%d];", acc_t, (int)k->rm, (int)k->rn);
     tb__ix_line(&g->ix, "for (int ii = 0; ii < %d; ii++)", (int)k->rm);
     tb__ix_line(&g->ix, "    for (int jj = 0; jj < %d; jj++) acc[ii][jj] = 0;", (int)k->rn);
-    kv = tb__ix_new_var(&g->ix, 0, mm.k > 0 ? mm.k - 1 : 0);
+    kv = tb__cg_matmul_depth_open(g, k, bdims, cols, vb);
     if (kv < 0) return g->ix.status;
-    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)kv, (int)kv,
-             (long long)mm.k, (int)kv);
-    tb__ix_open(&g->ix, head);
-    for (j = 0; j < k->rn; j++) {
-        vb[j] = tb__cg_matmul_operand(g, k, 1, bdims, kv, cols[j]);
-        if (vb[j] < 0) return g->ix.status;
-    }
     for (i = 0; i < k->rm; i++) {
         va[i] = tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv);
         if (va[i] < 0) return g->ix.status;
