@@ -18541,7 +18541,8 @@ typedef struct tb__tuning {
     int32_t mm_panel_rows; /* packed: rows of A per panel and per work item */
     int32_t mm_vec_f32;    /* packed: columns of B per panel (one vector) for f32 and f64 */
     int32_t mm_vec_f64;
-    int32_t mm_pack_group_k;  /* pack kernels: work-group of vector width x this */
+    int32_t
+        mm_pack_group_k; /* pack kernels: rows of a panel per work-group (an item packs a row) */
     int64_t mm_pack_min_work; /* M x N x K below this: not packed */
     int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
     int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
@@ -18790,13 +18791,16 @@ typedef struct tb__ix_scope {
 
 typedef struct tb__ix_var {
     int64_t lo, hi;
+    int32_t traced; /* derived from the traced variable (see tb__ix.period) */
 } tb__ix_var;
 
 /* The state of one kernel's code while it is emitted: its text (one builder whose failure is
    sticky and checked once, after the kernel), the indentation, the index variables i<n>
    (`long`, with their ranges), the interned positions, the memo of what was computed in the
    enclosing blocks (values and unravelled positions; a block's entries are forgotten at its
-   closing brace) and the first error. */
+   closing brace) and the first error. `period`: the smallest period of a division or
+   remainder taken of a traced variable (0: none), which tells a pack kernel how long a run of
+   consecutive lanes stays affine. */
 typedef struct tb__ix {
     tb__str body;
     int indent;
@@ -18812,6 +18816,7 @@ typedef struct tb__ix {
     size_t num_undo, cap_undo;
     tb__ix_scope *scopes;
     size_t num_scopes, cap_scopes;
+    int64_t period;
     tb_status status;
 } tb__ix;
 
@@ -19401,7 +19406,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->mm_panel_rows = 16;
     t->mm_vec_f32 = 16;
     t->mm_vec_f64 = 8;
-    t->mm_pack_group_k = host ? 1 : 8;
+    t->mm_pack_group_k = host ? 16 : 8;
     t->mm_pack_min_work = 262144; /* 64^3 */
     t->mm_tile_group = 16;
     t->mm_tile_block = 4;
@@ -20710,13 +20715,13 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
     k->flops = 2.0 * (double)mm.m * (double)mm.n * (double)mm.k * (double)mm.batch;
 }
 
-/* Pack kernels: lanes along dim 0 (neighbouring work items write neighbouring elements), K
-   along dim 1, batch x panels along dim 2. */
+/* Pack kernels: a work item per row of a panel, the rows of a panel along dim 0 (neighbouring
+   items write neighbouring rows), batch x panels along dim 1. */
 static void tb__plan_layout_pack(const tb__pgraph *G, tb__plan_kernel *k) {
     int64_t z[6], gk = G->target->tuning->mm_pack_group_k;
     tb__plan_pack_sizes(G, k->core, k->kind == TB__K_PACK_A, z);
-    tb__plan_launch_groups(k, (size_t)z[5], (size_t)gk, 1, (size_t)((z[3] + gk - 1) / gk),
-                           (size_t)(z[0] * z[4]));
+    tb__plan_launch_groups(k, (size_t)gk, 1, (size_t)((z[3] + gk - 1) / gk), (size_t)(z[0] * z[4]),
+                           1);
 }
 
 static void tb__plan_layout(tb__pgraph *G) {
@@ -21099,7 +21104,15 @@ static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi) {
     }
     g->vars[g->num_vars].lo = lo;
     g->vars[g->num_vars].hi = hi;
+    g->vars[g->num_vars].traced = 0;
     return (int32_t)g->num_vars++;
+}
+
+/* Notes that a line divides (or reduces) variable `src` with the given period: the number of
+   consecutive values of src over which the result changes by steps of 0 or 1 only. */
+static void tb__ix_note_period(tb__ix *g, int32_t src, int64_t period) {
+    if (!g->vars[src].traced || period <= 1) return;
+    if (g->period == 0 || period < g->period) g->period = period;
 }
 
 static void tb__lf_const(tb__lf *lf, int64_t c) {
@@ -21180,11 +21193,13 @@ static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap) {
 static int32_t tb__ix_spill(tb__ix *g, const tb__lf *lf) {
     char text[TB__LF_TEXT];
     int64_t lo, hi;
-    int32_t v;
+    int32_t v, i;
     if (lf->n == 1 && lf->c == 0 && lf->coef[0] == 1) return lf->var[0];
     tb__ix_lf_range(g, lf, &lo, &hi);
     v = tb__ix_new_var(g, lo, hi);
     if (v < 0) return -1;
+    for (i = 0; i < lf->n; i++)
+        g->vars[v].traced |= g->vars[lf->var[i]].traced;
     tb__lf_text(lf, text, sizeof text);
     tb__ix_line(g, "const long i%d = %s;", (int)v, text);
     return v;
@@ -21460,6 +21475,7 @@ static bool tb__ix_group_split(tb__ix *g, const tb__lf *flat, int32_t rank, cons
             }
             v = tb__ix_new_var(g, 0, dims[j] - 1);
             if (v < 0) return false;
+            tb__ix_note_period(g, src, q > 1 ? q : dims[j]);
             if (top) {
                 tb__ix_line(g, "const long i%d = i%d / %lldL;", (int)v, (int)src, (long long)q);
             } else if (q == 1) {
@@ -21497,6 +21513,8 @@ static bool tb__ix_need_multi(tb__ix *g, int32_t id) {
             for (i = 0; i < p.rank; i++) {
                 int32_t v = tb__ix_new_var(g, 0, p.dims[i] > 0 ? p.dims[i] - 1 : 0);
                 if (v < 0) return false;
+                if (p.dims[i] > 1 && (!leading || strides[i] > 1))
+                    tb__ix_note_period(g, t, strides[i] > 1 ? strides[i] : p.dims[i]);
                 if (p.dims[i] <= 1) {
                     tb__ix_line(g, "const long i%d = 0;", (int)v);
                 } else if (leading) {
@@ -21552,7 +21570,13 @@ static bool tb__ix_regroup_run(tb__ix *g, const tb__lf *dims, const tb_shape *fr
         }
         return true;
     }
-    /* one from axis unravels into several */
+    /* one from axis unravels into several: affinely where the form's terms fall on whole
+       digits, else by division and remainder */
+    if (tb__ix_affine_split(g, &dims[big_from], tb_ - ta, &to->dims[ta], &out[ta]) ||
+        tb__ix_group_split(g, &dims[big_from], tb_ - ta, &to->dims[ta], &out[ta]))
+        return g->status == TB_OK;
+    for (i = ta; i < tb_; i++)
+        tb__lf_const(&out[i], 0);
     src = tb__ix_spill(g, &dims[big_from]);
     if (src < 0) return false;
     stride = 1;
@@ -21560,6 +21584,7 @@ static bool tb__ix_regroup_run(tb__ix *g, const tb__lf *dims, const tb_shape *fr
         if (to->dims[i] <= 1) continue;
         v = tb__ix_new_var(g, 0, to->dims[i] - 1);
         if (v < 0) return false;
+        tb__ix_note_period(g, src, stride > 1 ? stride : to->dims[i]);
         if (stride == 1) {
             tb__ix_line(g, "const long i%d = i%d %% %lldL;", (int)v, (int)src,
                         (long long)to->dims[i]);
@@ -21639,6 +21664,7 @@ static void tb__ix_reset(tb__ix *g) {
     memset(&g->body, 0, sizeof g->body);
     g->indent = 1;
     g->num_vars = g->num_pos = g->num_memo = g->num_undo = g->num_scopes = 0;
+    g->period = 0;
     g->status = TB_OK;
     memset(g->pos_head, 0xff, sizeof g->pos_head);
     memset(g->memo_head, 0xff, sizeof g->memo_head);
@@ -23898,41 +23924,110 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     return g->ix.status;
 }
 
-/* A pack kernel: one work item per element of the panels. Element (b, panel, k, lane) is the
-   operand at batch b, depth k and row (A) or column (B) panel * width + lane, clamped to the
-   last one (the matmul never stores what the padding computes). */
-static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
+/* The value of a matmul operand at the position of a pack kernel's row (k) and lane (the
+   form `lane`): B at (k, lane), A at (lane, k). */
+static int32_t tb__cg_pack_value(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                 int32_t ik, const tb__lf *lane) {
     bool is_a = k->kind == TB__K_PACK_A;
+    int32_t x = tb__plan_operand(g->G, k->core, is_a ? 0 : 1);
+    const tb_shape *xs = tb__plan_shape(g->G, x);
+    int32_t r = xs->rank, d;
+    tb__lf dims[TB_MAX_RANK];
+    for (d = 0; d + 2 < r; d++)
+        dims[d] = bdims[d];
+    tb__lf_const(&dims[is_a ? r - 1 : r - 2], 0);
+    tb__lf_add_term(&dims[is_a ? r - 1 : r - 2], ik, 1);
+    dims[is_a ? r - 2 : r - 1] = *lane;
+    return tb__cg_eval(g, x, tb__ix_pos_multi(&g->ix, xs, dims));
+}
+
+/* How many consecutive lanes a pack kernel can read as one affine run: the smallest period of
+   the divisions its operand's index takes of the lane (the innermost axis a view unravels the
+   lane into: a window's output row), `len` where there is none. Found by emitting the value
+   once in a block that is then dropped from the text. */
+static int64_t tb__cg_pack_period(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                  int32_t ik, int64_t len) {
+    size_t mark = g->ix.body.len;
+    int32_t lane = tb__ix_new_var(&g->ix, 0, len - 1);
+    int64_t period;
+    tb__lf lf;
+    if (lane < 0) return 1;
+    g->ix.vars[lane].traced = 1;
+    g->ix.period = 0;
+    tb__lf_const(&lf, 0);
+    tb__lf_add_term(&lf, lane, 1);
+    tb__ix_open(&g->ix, "");
+    tb__cg_pack_value(g, k, bdims, ik, &lf);
+    tb__ix_close(&g->ix, "");
+    if (!g->ix.body.failed && g->ix.body.data != NULL) {
+        g->ix.body.len = mark;
+        g->ix.body.data[mark] = '\0';
+    }
+    period = g->ix.period;
+    return period > 0 && period < len ? period : len;
+}
+
+/* A pack kernel: one work item per row of a panel (batch b, panel, depth k), its lanes the
+   operand at rows (A) or columns (B) panel * width + lane, zero past the last one (the matmul
+   never stores what the padding computes). The lanes go in runs that stay within one period
+   of the lane's unravelling (tb__cg_pack_period): within a run the operand's index is affine
+   in the lane, so a window's run is a slice of an input row (only a pad's edges test), and
+   what depends on the run alone is computed once per run. */
+static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
-    int32_t i0, ib, ik, il, v;
-    int64_t z[6], len, K, blocks, width;
-    tb__lf bdims[TB_MAX_RANK];
-    char id0[48], id1[48], id2[48];
-    tb__plan_pack_sizes(g->G, k->core, is_a, z);
+    int32_t i0, ib, ik, iq, ir, v;
+    int64_t z[6], len, K, blocks, width, period;
+    tb__lf bdims[TB_MAX_RANK], lane;
+    char id0[48], id1[48], head[160];
+    tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
     K = z[3];
     blocks = z[4];
     width = z[5];
-    len = is_a ? z[1] : z[2];
+    len = k->kind == TB__K_PACK_A ? z[1] : z[2];
     i0 = tb__ix_new_var(&g->ix, 0, z[0] * blocks - 1);
     ib = tb__ix_new_var(&g->ix, 0, z[0] - 1);
     ik = tb__ix_new_var(&g->ix, 0, K - 1);
-    il = tb__ix_new_var(&g->ix, 0, len - 1);
-    if (i0 < 0 || ib < 0 || ik < 0 || il < 0) return g->ix.status;
+    if (i0 < 0 || ib < 0 || ik < 0) return g->ix.status;
     tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
     tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
-    tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
-    tb__ix_line(&g->ix, "const long lane = (long)%s, i%d = (long)%s;", id0, (int)ik, id1);
-    tb__ix_line(&g->ix, "if (i%d >= %lldL) return;", (int)ik, (long long)K);
-    tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, id2);
+    tb__ix_line(&g->ix, "const long i%d = (long)%s, i%d = (long)%s;", (int)ik, id0, (int)i0, id1);
+    snprintf(head, sizeof head, "if (i%d < %lldL) ", (int)ik, (long long)K);
+    tb__ix_open(&g->ix, head);
     tb__ix_line(&g->ix, "const long i%d = i%d / %lldL;", (int)ib, (int)i0, (long long)blocks);
-    tb__ix_line(&g->ix, "const long i%d = %s(i%d %% %lldL * %lldL + lane, %lldL);", (int)il,
-                g->d->min_long, (int)i0, (long long)blocks, (long long)width, (long long)(len - 1));
+    tb__ix_line(&g->ix, "const long pl0 = i%d %% %lldL * %lldL, po = (i%d * %lldL + i%d) * %lldL;",
+                (int)i0, (long long)blocks, (long long)width, (int)i0, (long long)K, (int)ik,
+                (long long)width);
     if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
-    v = is_a ? tb__cg_matmul_operand(g, k, 0, bdims, il, ik)
-             : tb__cg_matmul_operand(g, k, 1, bdims, ik, il);
+    period = tb__cg_pack_period(g, k, bdims, ik, len);
+    iq = tb__ix_new_var(&g->ix, 0, (len - 1) / period);
+    ir = tb__ix_new_var(&g->ix, 0, period - 1);
+    if (iq < 0 || ir < 0) return g->ix.status;
+    snprintf(head, sizeof head, "for (long pj = 0; pj < %lldL;) ", (long long)width);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long pl = pl0 + pj;");
+    tb__ix_line(&g->ix, "if (pl >= %lldL) {", (long long)len);
+    tb__ix_line(&g->ix, "    for (; pj < %lldL; pj++) out[po + pj] = 0;", (long long)width);
+    tb__ix_line(&g->ix, "    break;");
+    tb__ix_line(&g->ix, "}");
+    tb__ix_line(&g->ix, "const long i%d = pl / %lldL, pr0 = pl %% %lldL;", (int)iq,
+                (long long)period, (long long)period);
+    tb__ix_line(&g->ix, "long pn = %lldL - pr0;", (long long)period);
+    tb__ix_line(&g->ix, "if (pn > %lldL - pj) pn = %lldL - pj;", (long long)width,
+                (long long)width);
+    tb__ix_line(&g->ix, "if (pn > %lldL - pl) pn = %lldL - pl;", (long long)len, (long long)len);
+    snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + pn; i%d++) ", (int)ir, (int)ir,
+             (int)ir);
+    tb__ix_open(&g->ix, head);
+    tb__lf_const(&lane, 0);
+    tb__lf_add_term(&lane, iq, period);
+    tb__lf_add_term(&lane, ir, 1);
+    v = tb__cg_pack_value(g, k, bdims, ik, &lane);
     if (v < 0) return g->ix.status;
-    tb__ix_line(&g->ix, "out[(i%d * %lldL + i%d) * %lldL + lane] = v%d;", (int)i0, (long long)K,
-                (int)ik, (long long)width, (int)v);
+    tb__ix_line(&g->ix, "out[po + pj + i%d - pr0] = v%d;", (int)ir, (int)v);
+    tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "pj += pn;");
+    tb__ix_close(&g->ix, "");
+    tb__ix_close(&g->ix, "");
     return g->ix.status;
 }
 
