@@ -496,12 +496,14 @@ static tb_status tb__plan_sort_kernels(tb__pgraph *G) {
     return TB_OK;
 }
 
+static bool tb__plan_mm_packs(const tb__pgraph *G, int32_t core);
+
 /* Roots and contexts. Users come before their operands (reverse post-order), so a node knows
    the kernels of all its users when its turn comes: it is inlined when they all share one
-   kernel (and, under a matmul, when it is index arithmetic) and it fits that kernel's budgets,
-   else it becomes a root. A reduction, matmul or norm whose only user is an elementwise node
-   evaluated at the kernel's output position becomes that kernel's core, and the elementwise
-   nodes above it its epilogue. */
+   kernel (and, under a matmul, when it is index arithmetic or a pad of a packed operand) and it
+   fits that kernel's budgets, else it becomes a root. A reduction, matmul or norm whose only user
+   is an elementwise node evaluated at the kernel's output position becomes that kernel's core, and
+   the elementwise nodes above it its epilogue. */
 static tb_status tb__plan_partition(tb__pgraph *G) {
     tb__plan *p = G->plan;
     int32_t i;
@@ -573,7 +575,10 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
                 if (ui->node->op == TB_OP_MATMUL || (ui->in_mm && !ui->root)) in_mm = true;
             }
             if (common < 0) ok = false;
-            if (ok && in_mm && !tb__plan_is_view_like(node->op)) ok = false;
+            /* a pad is a test at each read: a packed operand reads once, so it may pay it */
+            if (ok && in_mm && !tb__plan_is_view_like(node->op) &&
+                !(node->op == TB_OP_PAD && tb__plan_mm_packs(G, p->kernels[common].core)))
+                ok = false;
             if (!ok && movement && (common >= 0 || common == TB__CTX_ANY)) {
                 /* a view read by several kernels: each reads through it (index arithmetic),
                    whatever is below it is materialised once */
