@@ -997,16 +997,16 @@ static int64_t tb__cg_pack_period(tb__cg *g, const tb__plan_kernel *k, const tb_
     return period > 0 && period < len ? period : len;
 }
 
-/* A pack kernel: one work item per row of a panel (batch b, panel, depth k), its lanes the
-   operand at rows (A) or columns (B) panel * width + lane, zero past the last one (the matmul
-   never stores what the padding computes). The lanes go in runs that stay within one period
-   of the lane's unravelling (tb__cg_pack_period): within a run the operand's index is affine
-   in the lane, so a window's run is a slice of an input row (only a pad's edges test), and
-   what depends on the run alone is computed once per run. */
+/* A pack kernel: one work item per mm_pack_rows rows of a panel (batch b, panel, depths k),
+   their lanes the operand at rows (A) or columns (B) panel * width + lane, zero past the last
+   one (the matmul never stores what the padding computes). The lanes go in runs that stay
+   within one period of the lane's unravelling (tb__cg_pack_period): within a run the
+   operand's index is affine in the lane, so a window's run is a slice of an input row (only a
+   pad's edges test), and what depends on the run alone is computed once for all the rows. */
 static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     int32_t i0, ib, ik, iq, ir, v;
-    int64_t z[6], len, K, blocks, width, period;
+    int64_t z[6], len, K, blocks, width, period, rows = g->G->target->tuning->mm_pack_rows;
     tb__lf bdims[TB_MAX_RANK], lane;
     char id0[48], id1[48], head[160];
     tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
@@ -1020,13 +1020,14 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     if (i0 < 0 || ib < 0 || ik < 0) return g->ix.status;
     tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
     tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
-    tb__ix_line(&g->ix, "const long i%d = (long)%s, i%d = (long)%s;", (int)ik, id0, (int)i0, id1);
-    snprintf(head, sizeof head, "if (i%d < %lldL) ", (int)ik, (long long)K);
+    tb__ix_line(&g->ix, "const long pk0 = (long)%s * %lldL, i%d = (long)%s;", id0, (long long)rows,
+                (int)i0, id1);
+    snprintf(head, sizeof head, "if (pk0 < %lldL) ", (long long)K);
     tb__ix_open(&g->ix, head);
-    tb__ix_line(&g->ix, "const long i%d = i%d / %lldL;", (int)ib, (int)i0, (long long)blocks);
-    tb__ix_line(&g->ix, "const long pl0 = i%d %% %lldL * %lldL, po = (i%d * %lldL + i%d) * %lldL;",
-                (int)i0, (long long)blocks, (long long)width, (int)i0, (long long)K, (int)ik,
-                (long long)width);
+    tb__ix_line(&g->ix, "const long pk1 = pk0 + %lldL < %lldL ? pk0 + %lldL : %lldL;",
+                (long long)rows, (long long)K, (long long)rows, (long long)K);
+    tb__ix_line(&g->ix, "const long i%d = i%d / %lldL, pl0 = i%d %% %lldL * %lldL;", (int)ib,
+                (int)i0, (long long)blocks, (int)i0, (long long)blocks, (long long)width);
     if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
     period = tb__cg_pack_period(g, k, bdims, ik, len);
     iq = tb__ix_new_var(&g->ix, 0, (len - 1) / period);
@@ -1036,7 +1037,11 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     tb__ix_open(&g->ix, head);
     tb__ix_line(&g->ix, "const long pl = pl0 + pj;");
     tb__ix_line(&g->ix, "if (pl >= %lldL) {", (long long)len);
-    tb__ix_line(&g->ix, "    for (; pj < %lldL; pj++) out[po + pj] = 0;", (long long)width);
+    tb__ix_line(&g->ix, "    for (long pk = pk0; pk < pk1; pk++)");
+    tb__ix_line(
+        &g->ix,
+        "        for (long pz = pj; pz < %lldL; pz++) out[(i%d * %lldL + pk) * %lldL + pz] = 0;",
+        (long long)width, (int)i0, (long long)K, (long long)width);
     tb__ix_line(&g->ix, "    break;");
     tb__ix_line(&g->ix, "}");
     tb__ix_line(&g->ix, "const long i%d = pl / %lldL, pr0 = pl %% %lldL;", (int)iq,
@@ -1045,6 +1050,11 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     tb__ix_line(&g->ix, "if (pn > %lldL - pj) pn = %lldL - pj;", (long long)width,
                 (long long)width);
     tb__ix_line(&g->ix, "if (pn > %lldL - pl) pn = %lldL - pl;", (long long)len, (long long)len);
+    snprintf(head, sizeof head, "for (long i%d = pk0; i%d < pk1; i%d++) ", (int)ik, (int)ik,
+             (int)ik);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long po = (i%d * %lldL + i%d) * %lldL + pj - pr0;", (int)i0,
+                (long long)K, (int)ik, (long long)width);
     snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + pn; i%d++) ", (int)ir, (int)ir,
              (int)ir);
     tb__ix_open(&g->ix, head);
@@ -1053,7 +1063,8 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     tb__lf_add_term(&lane, ir, 1);
     v = tb__cg_pack_value(g, k, bdims, ik, &lane);
     if (v < 0) return g->ix.status;
-    tb__ix_line(&g->ix, "out[po + pj + i%d - pr0] = v%d;", (int)ir, (int)v);
+    tb__ix_line(&g->ix, "out[po + i%d] = v%d;", (int)ir, (int)v);
+    tb__ix_close(&g->ix, "");
     tb__ix_close(&g->ix, "");
     tb__ix_line(&g->ix, "pj += pn;");
     tb__ix_close(&g->ix, "");

@@ -75,8 +75,8 @@ typedef struct tb__tuning {
     int32_t mm_panel_rows; /* packed: rows of A per panel and per work item */
     int32_t mm_vec_f32;    /* packed: columns of B per panel (one vector) for f32 and f64 */
     int32_t mm_vec_f64;
-    int32_t
-        mm_pack_group_k; /* pack kernels: rows of a panel per work-group (an item packs a row) */
+    int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
+    int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work; /* M x N x K below this: not packed */
     int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
     int32_t mm_tile_block;    /* tiles: outputs per work item along each side */

@@ -50,7 +50,8 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->mm_panel_rows = 16;
     t->mm_vec_f32 = 16;
     t->mm_vec_f64 = 8;
-    t->mm_pack_group_k = host ? 16 : 8;
+    t->mm_pack_rows = 8;
+    t->mm_pack_group_k = host ? 1 : 8;
     t->mm_pack_min_work = 262144; /* 64^3 */
     t->mm_tile_group = 16;
     t->mm_tile_block = 4;
@@ -1364,12 +1365,15 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
     k->flops = 2.0 * (double)mm.m * (double)mm.n * (double)mm.k * (double)mm.batch;
 }
 
-/* Pack kernels: a work item per row of a panel, the rows of a panel along dim 0 (neighbouring
-   items write neighbouring rows), batch x panels along dim 1. */
+/* Pack kernels: a work item per mm_pack_rows rows of a panel, the rows of a panel along dim 0
+   (neighbouring items write neighbouring rows), batch x panels along dim 1. */
 static void tb__plan_layout_pack(const tb__pgraph *G, tb__plan_kernel *k) {
-    int64_t z[6], gk = G->target->tuning->mm_pack_group_k;
+    const tb__tuning *t = G->target->tuning;
+    int64_t z[6], rows = t->mm_pack_rows, gk = t->mm_pack_group_k, items;
     tb__plan_pack_sizes(G, k->core, k->kind == TB__K_PACK_A, z);
-    tb__plan_launch_groups(k, (size_t)gk, 1, (size_t)((z[3] + gk - 1) / gk), (size_t)(z[0] * z[4]),
+    items = (z[3] + rows - 1) / rows;
+    if (gk > items) gk = items > 0 ? items : 1;
+    tb__plan_launch_groups(k, (size_t)gk, 1, (size_t)((items + gk - 1) / gk), (size_t)(z[0] * z[4]),
                            1);
 }
 
