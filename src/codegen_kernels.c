@@ -804,14 +804,15 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
    and the result goes to out. Shared by every matmul kernel. False when code generation
    stopped (g->ix.status says why, if it failed). */
 static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
-    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    const tb_shape *cs = tb__plan_shape(g->G, k->core), *rs = tb__plan_shape(g->G, k->root);
     int32_t r = cs->rank, nb = r - 2, d;
     int64_t M = cs->dims[r - 2], N = cs->dims[r - 1];
     tb_dtype od = cs->dtype;
     const char *t = tb__cg_ctype(od);
     tb__lf dims[TB_MAX_RANK];
     char flat[TB__LF_TEXT];
-    int32_t vr = tb__ix_new_var(&g->ix, 0, M - 1), vc = tb__ix_new_var(&g->ix, 0, N - 1), p, vf, v;
+    int32_t vr = tb__ix_new_var(&g->ix, 0, M - 1), vc = tb__ix_new_var(&g->ix, 0, N - 1), p, pr, vf,
+            v;
     if (vr < 0 || vc < 0) return false;
     tb__ix_line(&g->ix, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
     for (d = 0; d < nb; d++)
@@ -827,10 +828,19 @@ static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__l
     vf = tb__cg_round(g, od, vf);
     if (vf < 0) return false;
     tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, p, 0, vf);
-    v = tb__cg_eval(g, k->root, p);
-    if (v < 0 || !tb__ix_need_flat(&g->ix, p)) return false;
+    if (!tb__ix_need_flat(&g->ix, p)) return false;
+    pr = p;
+    if (!tb__plan_same_dims(rs, cs)) {
+        /* the consumers see the matmul through a reshape: the same flat offset in both */
+        int32_t pf = tb__ix_pos_flat(&g->ix, cs, &g->ix.pos[p].flat);
+        pr = tb__ix_pos_flat(&g->ix, rs, &g->ix.pos[p].flat);
+        if (pf < 0 || pr < 0) return false;
+        tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, pf, 0, vf);
+    }
+    v = tb__cg_eval(g, k->root, pr);
+    if (v < 0) return false;
     tb__lf_text(&g->ix.pos[p].flat, flat, sizeof flat);
-    tb__cg_store(g, tb__plan_shape(g->G, k->root)->dtype, "out", flat, v);
+    tb__cg_store(g, rs->dtype, "out", flat, v);
     return true;
 }
 

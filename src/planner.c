@@ -539,9 +539,11 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
             if (!must_root && in->num_users == 1 && in->uses == 1) {
                 int32_t u = G->users[in->first_user];
                 const tb__pnode *ui = &G->info[u];
+                /* a matmul also under a reshape: its stores go to the same flat offsets */
                 if (ui->ident && ui->ctx >= 0 && p->kernels[ui->ctx].core < 0 &&
-                    tb__plan_is_elementwise(ui->node->op) &&
-                    tb__plan_same_dims(&ui->node->shape, &node->shape)) {
+                    ((tb__plan_is_elementwise(ui->node->op) &&
+                      tb__plan_same_dims(&ui->node->shape, &node->shape)) ||
+                     (core_kind == TB__K_MATMUL && ui->node->op == TB_OP_RESHAPE))) {
                     p->kernels[ui->ctx].core = i;
                     p->kernels[ui->ctx].kind = core_kind;
                     in->ctx = ui->ctx;

@@ -886,6 +886,7 @@ typedef struct packed_case {
     int64_t xd[4], wd[4]; /* [N, C, L..], [O, C / groups, K..] */
     int64_t s[2], p[2], d[2], groups;
     bool permuted; /* x read through the transpose of its last two dims */
+    bool bias;     /* a bias added after the matmul (its epilogue, through a reshape) */
     tb_dtype dt;
     const char *run; /* a line the forward's pack kernel has (its run length), or NULL */
 } packed_case;
@@ -900,6 +901,7 @@ static const packed_case g_packed[] = {
      {1, 1},
      1,
      false,
+     true,
      TB_F32,
      "long pn = 35L - pr0;"},
     {"stride2",
@@ -910,6 +912,7 @@ static const packed_case g_packed[] = {
      {1, 1},
      {1, 1},
      1,
+     false,
      false,
      TB_F32,
      "long pn = 35L - pr0;"},
@@ -922,6 +925,7 @@ static const packed_case g_packed[] = {
      {3, 3},
      1,
      false,
+     false,
      TB_F32,
      "long pn = 35L - pr0;"},
     {"pad_gt_kernel",
@@ -932,6 +936,7 @@ static const packed_case g_packed[] = {
      {3, 3},
      {1, 1},
      1,
+     false,
      false,
      TB_F32,
      "long pn = 36L - pr0;"},
@@ -944,6 +949,7 @@ static const packed_case g_packed[] = {
      {1, 1},
      2,
      false,
+     true,
      TB_F32,
      "long pn = 35L - pr0;"},
     {"permuted",
@@ -955,6 +961,7 @@ static const packed_case g_packed[] = {
      {1, 1},
      1,
      true,
+     false,
      TB_F32,
      "long pn = 35L - pr0;"},
     {"odd_kernel_stride",
@@ -965,6 +972,7 @@ static const packed_case g_packed[] = {
      {2, 0},
      {1, 1},
      1,
+     false,
      false,
      TB_F32,
      "long pn = 14L - pr0;"},
@@ -977,6 +985,7 @@ static const packed_case g_packed[] = {
      {1},
      1,
      false,
+     true,
      TB_F32,
      "long pn = 2000L - pr0;"},
     {"pad1_f64",
@@ -987,6 +996,7 @@ static const packed_case g_packed[] = {
      {1, 1},
      {1, 1},
      1,
+     false,
      false,
      TB_F64,
      "long pn = 35L - pr0;"},
@@ -1000,7 +1010,7 @@ static void packed_run(const packed_case *c, const double *x, const double *w, c
     int64_t xd[4], i, nx = numel(c->xd, rank), nw = numel(c->wd, rank);
     tb_device dev;
     tb_shape s;
-    tb_tensor *tx, *tw, *y, *tr, *prod, *loss, *ins[2], *g[2] = {NULL, NULL};
+    tb_tensor *tx, *tw, *tb = NULL, *y, *tr, *prod, *loss, *ins[2], *g[2] = {NULL, NULL};
     size_t es = c->dt == TB_F64 ? 8 : 4, ny;
     void *buf = malloc((size_t)(nx > nw ? nx : nw) * 8 + PACKED_MAX_Y * 8);
     assert_int_equal(tb_device_make(backend, 0, &dev), TB_OK);
@@ -1028,8 +1038,14 @@ static void packed_run(const packed_case *c, const double *x, const double *w, c
     assert_non_null(tw);
     tb_set_requires_grad(tx, true);
     tb_set_requires_grad(tw, true);
-    y = c->n == 1 ? tb_conv1d(tx, tw, NULL, c->s, c->p, c->d, c->groups)
-                  : tb_conv2d(tx, tw, NULL, c->s, c->p, c->d, c->groups);
+    if (c->bias) {
+        PACKED_FILL(w + nw - c->wd[0], c->wd[0]) /* the weight's last values */
+        assert_int_equal(tb_shape_make(&s, c->dt, 1, c->wd), TB_OK);
+        tb = tb_tensor_from_host(buf, &s, &dev);
+        assert_non_null(tb);
+    }
+    y = c->n == 1 ? tb_conv1d(tx, tw, tb, c->s, c->p, c->d, c->groups)
+                  : tb_conv2d(tx, tw, tb, c->s, c->p, c->d, c->groups);
     if (y == NULL) fail_msg("%s on %s: %s", c->name, backend, tb_last_error());
     s = tb_tensor_shape(y);
     ny = numel_of_shape(s);
@@ -1063,6 +1079,7 @@ static void packed_run(const packed_case *c, const double *x, const double *w, c
     tb_tensor_release(y);
     tb_tensor_release(tx);
     tb_tensor_release(tw);
+    tb_tensor_release(tb);
     free(buf);
 }
 
