@@ -17301,9 +17301,9 @@ static tb_tensor *tb__conv_finish_out(tb__ag *a, tb_tensor *y, tb_tensor *bias, 
     return y;
 }
 
-/* x [N, C, L..] as windows [G, C / G * K.., N * O..] multiplied by the weight [G, O / G, C / G *
-   K..]: one matmul per group whatever the batch (the weight's gradient is one matmul too,
-   contracting over the batch and the positions), its [O, N, O..] result read as [N, O, O..]. */
+/* x [N, C, L..] as windows [N, G, C / G * K.., O..] multiplied by the weight [G, O / G, C / G *
+   K..] (broadcast over the batch): one matmul per image and group, whose [N, G, O / G, O..]
+   result is already the output's layout [N, O, O..] (nothing to transpose after it). */
 static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor *x,
                                    tb_tensor *weight, int64_t groups, int64_t outc) {
     tb_shape xs = tb_tensor_shape(x);
@@ -17314,7 +17314,7 @@ static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor 
         kk *= c->k[i];
         oo *= c->out[i];
     }
-    /* [N, C, O.., K..] -> [N, G, C/G, O.., K..] -> [G, C/G, K.., N, O..] */
+    /* [N, C, O.., K..] -> [N, G, C/G, O.., K..] -> [N, G, C/G, K.., O..] */
     dims[0] = n;
     dims[1] = groups;
     dims[2] = ch / groups;
@@ -17322,34 +17322,29 @@ static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor 
         dims[3 + i] = i < c->n ? c->out[i] : c->k[i - c->n];
     r = 3 + 2 * c->n;
     t = w != NULL ? tb__ag_keep(a, tb_reshape(w, dims, r)) : NULL;
-    perm[0] = 1;
-    perm[1] = 2;
-    perm[2 + c->n] = 0;
+    for (i = 0; i < 3; i++)
+        perm[i] = i;
     for (i = 0; i < c->n; i++) {
-        perm[2 + i] = 3 + c->n + i;
+        perm[3 + i] = 3 + c->n + i;
         perm[3 + c->n + i] = 3 + i;
     }
     t = t != NULL ? tb__ag_keep(a, tb_permute(t, perm, r)) : NULL;
-    dims[0] = groups;
-    dims[1] = ch / groups * kk;
-    dims[2] = n * oo;
-    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 3)) : NULL;
+    dims[0] = n;
+    dims[1] = groups;
+    dims[2] = ch / groups * kk;
+    dims[3] = oo;
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 4)) : NULL;
     dims[0] = groups;
     dims[1] = outc / groups;
     dims[2] = ch / groups * kk;
     m = tb__ag_keep(a, tb_reshape(weight, dims, 3));
     t = t != NULL && m != NULL ? tb__ag_keep(a, tb_matmul(m, t)) : NULL;
-    /* [G, O/G, N * O..] -> [O, N, O..] -> [N, O, O..] */
-    dims[0] = outc;
-    dims[1] = n;
-    perm[0] = 1;
-    perm[1] = 0;
-    for (i = 0; i < c->n; i++) {
+    /* [N, G, O/G, O..O] -> [N, O, O..] */
+    dims[0] = n;
+    dims[1] = outc;
+    for (i = 0; i < c->n; i++)
         dims[2 + i] = c->out[i];
-        perm[2 + i] = 2 + i;
-    }
-    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 2 + c->n)) : NULL;
-    return t != NULL ? tb__ag_keep(a, tb_permute(t, perm, 2 + c->n)) : NULL;
+    return t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 2 + c->n)) : NULL;
 }
 
 /* The checks both convolutions make (x, weight, bias, stride, padding, dilation, groups);
@@ -18541,7 +18536,8 @@ typedef struct tb__tuning {
     int32_t mm_panel_rows; /* packed: rows of A per panel and per work item */
     int32_t mm_vec_f32;    /* packed: columns of B per panel (one vector) for f32 and f64 */
     int32_t mm_vec_f64;
-    int32_t mm_pack_group_k;  /* pack kernels: work-group of vector width x this */
+    int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
+    int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work; /* M x N x K below this: not packed */
     int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
     int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
@@ -18790,13 +18786,16 @@ typedef struct tb__ix_scope {
 
 typedef struct tb__ix_var {
     int64_t lo, hi;
+    int32_t traced; /* derived from the traced variable (see tb__ix.period) */
 } tb__ix_var;
 
 /* The state of one kernel's code while it is emitted: its text (one builder whose failure is
    sticky and checked once, after the kernel), the indentation, the index variables i<n>
    (`long`, with their ranges), the interned positions, the memo of what was computed in the
    enclosing blocks (values and unravelled positions; a block's entries are forgotten at its
-   closing brace) and the first error. */
+   closing brace) and the first error. `period`: the smallest period of a division or
+   remainder taken of a traced variable (0: none), which tells a pack kernel how long a run of
+   consecutive lanes stays affine. */
 typedef struct tb__ix {
     tb__str body;
     int indent;
@@ -18812,6 +18811,7 @@ typedef struct tb__ix {
     size_t num_undo, cap_undo;
     tb__ix_scope *scopes;
     size_t num_scopes, cap_scopes;
+    int64_t period;
     tb_status status;
 } tb__ix;
 
@@ -19414,6 +19414,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->mm_panel_rows = 16;
     t->mm_vec_f32 = 16;
     t->mm_vec_f64 = 8;
+    t->mm_pack_rows = 8;
     t->mm_pack_group_k = host ? 1 : 8;
     t->mm_pack_min_work = 262144; /* 64^3 */
     t->mm_tile_group = 16;
@@ -19860,12 +19861,14 @@ static tb_status tb__plan_sort_kernels(tb__pgraph *G) {
     return TB_OK;
 }
 
+static bool tb__plan_mm_packs(const tb__pgraph *G, int32_t core);
+
 /* Roots and contexts. Users come before their operands (reverse post-order), so a node knows
    the kernels of all its users when its turn comes: it is inlined when they all share one
-   kernel (and, under a matmul, when it is index arithmetic) and it fits that kernel's budgets,
-   else it becomes a root. A reduction, matmul or norm whose only user is an elementwise node
-   evaluated at the kernel's output position becomes that kernel's core, and the elementwise
-   nodes above it its epilogue. */
+   kernel (and, under a matmul, when it is index arithmetic or a pad of a packed operand) and it
+   fits that kernel's budgets, else it becomes a root. A reduction, matmul or norm whose only user
+   is an elementwise node evaluated at the kernel's output position becomes that kernel's core, and
+   the elementwise nodes above it its epilogue. */
 static tb_status tb__plan_partition(tb__pgraph *G) {
     tb__plan *p = G->plan;
     int32_t i;
@@ -19900,9 +19903,11 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
             if (!must_root && in->num_users == 1 && in->uses == 1) {
                 int32_t u = G->users[in->first_user];
                 const tb__pnode *ui = &G->info[u];
+                /* a matmul also under a reshape: its stores go to the same flat offsets */
                 if (ui->ident && ui->ctx >= 0 && p->kernels[ui->ctx].core < 0 &&
-                    tb__plan_is_elementwise(ui->node->op) &&
-                    tb__plan_same_dims(&ui->node->shape, &node->shape)) {
+                    ((tb__plan_is_elementwise(ui->node->op) &&
+                      tb__plan_same_dims(&ui->node->shape, &node->shape)) ||
+                     (core_kind == TB__K_MATMUL && ui->node->op == TB_OP_RESHAPE))) {
                     p->kernels[ui->ctx].core = i;
                     p->kernels[ui->ctx].kind = core_kind;
                     in->ctx = ui->ctx;
@@ -19937,7 +19942,10 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
                 if (ui->node->op == TB_OP_MATMUL || (ui->in_mm && !ui->root)) in_mm = true;
             }
             if (common < 0) ok = false;
-            if (ok && in_mm && !tb__plan_is_view_like(node->op)) ok = false;
+            /* a pad is a test at each read: a packed operand reads once, so it may pay it */
+            if (ok && in_mm && !tb__plan_is_view_like(node->op) &&
+                !(node->op == TB_OP_PAD && tb__plan_mm_packs(G, p->kernels[common].core)))
+                ok = false;
             if (!ok && movement && (common >= 0 || common == TB__CTX_ANY)) {
                 /* a view read by several kernels: each reads through it (index arithmetic),
                    whatever is below it is materialised once */
@@ -20737,13 +20745,16 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
     k->flops = 2.0 * (double)mm.m * (double)mm.n * (double)mm.k * (double)mm.batch;
 }
 
-/* Pack kernels: lanes along dim 0 (neighbouring work items write neighbouring elements), K
-   along dim 1, batch x panels along dim 2. */
+/* Pack kernels: a work item per mm_pack_rows rows of a panel, the rows of a panel along dim 0
+   (neighbouring items write neighbouring rows), batch x panels along dim 1. */
 static void tb__plan_layout_pack(const tb__pgraph *G, tb__plan_kernel *k) {
-    int64_t z[6], gk = G->target->tuning->mm_pack_group_k;
+    const tb__tuning *t = G->target->tuning;
+    int64_t z[6], rows = t->mm_pack_rows, gk = t->mm_pack_group_k, items;
     tb__plan_pack_sizes(G, k->core, k->kind == TB__K_PACK_A, z);
-    tb__plan_launch_groups(k, (size_t)z[5], (size_t)gk, 1, (size_t)((z[3] + gk - 1) / gk),
-                           (size_t)(z[0] * z[4]));
+    items = (z[3] + rows - 1) / rows;
+    if (gk > items) gk = items > 0 ? items : 1;
+    tb__plan_launch_groups(k, (size_t)gk, 1, (size_t)((items + gk - 1) / gk), (size_t)(z[0] * z[4]),
+                           1);
 }
 
 static void tb__plan_layout(tb__pgraph *G) {
@@ -21126,7 +21137,15 @@ static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi) {
     }
     g->vars[g->num_vars].lo = lo;
     g->vars[g->num_vars].hi = hi;
+    g->vars[g->num_vars].traced = 0;
     return (int32_t)g->num_vars++;
+}
+
+/* Notes that a line divides (or reduces) variable `src` with the given period: the number of
+   consecutive values of src over which the result changes by steps of 0 or 1 only. */
+static void tb__ix_note_period(tb__ix *g, int32_t src, int64_t period) {
+    if (!g->vars[src].traced || period <= 1) return;
+    if (g->period == 0 || period < g->period) g->period = period;
 }
 
 static void tb__lf_const(tb__lf *lf, int64_t c) {
@@ -21207,11 +21226,13 @@ static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap) {
 static int32_t tb__ix_spill(tb__ix *g, const tb__lf *lf) {
     char text[TB__LF_TEXT];
     int64_t lo, hi;
-    int32_t v;
+    int32_t v, i;
     if (lf->n == 1 && lf->c == 0 && lf->coef[0] == 1) return lf->var[0];
     tb__ix_lf_range(g, lf, &lo, &hi);
     v = tb__ix_new_var(g, lo, hi);
     if (v < 0) return -1;
+    for (i = 0; i < lf->n; i++)
+        g->vars[v].traced |= g->vars[lf->var[i]].traced;
     tb__lf_text(lf, text, sizeof text);
     tb__ix_line(g, "const long i%d = %s;", (int)v, text);
     return v;
@@ -21487,6 +21508,7 @@ static bool tb__ix_group_split(tb__ix *g, const tb__lf *flat, int32_t rank, cons
             }
             v = tb__ix_new_var(g, 0, dims[j] - 1);
             if (v < 0) return false;
+            tb__ix_note_period(g, src, q > 1 ? q : dims[j]);
             if (top) {
                 tb__ix_line(g, "const long i%d = i%d / %lldL;", (int)v, (int)src, (long long)q);
             } else if (q == 1) {
@@ -21524,6 +21546,8 @@ static bool tb__ix_need_multi(tb__ix *g, int32_t id) {
             for (i = 0; i < p.rank; i++) {
                 int32_t v = tb__ix_new_var(g, 0, p.dims[i] > 0 ? p.dims[i] - 1 : 0);
                 if (v < 0) return false;
+                if (p.dims[i] > 1 && (!leading || strides[i] > 1))
+                    tb__ix_note_period(g, t, strides[i] > 1 ? strides[i] : p.dims[i]);
                 if (p.dims[i] <= 1) {
                     tb__ix_line(g, "const long i%d = 0;", (int)v);
                 } else if (leading) {
@@ -21579,7 +21603,13 @@ static bool tb__ix_regroup_run(tb__ix *g, const tb__lf *dims, const tb_shape *fr
         }
         return true;
     }
-    /* one from axis unravels into several */
+    /* one from axis unravels into several: affinely where the form's terms fall on whole
+       digits, else by division and remainder */
+    if (tb__ix_affine_split(g, &dims[big_from], tb_ - ta, &to->dims[ta], &out[ta]) ||
+        tb__ix_group_split(g, &dims[big_from], tb_ - ta, &to->dims[ta], &out[ta]))
+        return g->status == TB_OK;
+    for (i = ta; i < tb_; i++)
+        tb__lf_const(&out[i], 0);
     src = tb__ix_spill(g, &dims[big_from]);
     if (src < 0) return false;
     stride = 1;
@@ -21587,6 +21617,7 @@ static bool tb__ix_regroup_run(tb__ix *g, const tb__lf *dims, const tb_shape *fr
         if (to->dims[i] <= 1) continue;
         v = tb__ix_new_var(g, 0, to->dims[i] - 1);
         if (v < 0) return false;
+        tb__ix_note_period(g, src, stride > 1 ? stride : to->dims[i]);
         if (stride == 1) {
             tb__ix_line(g, "const long i%d = i%d %% %lldL;", (int)v, (int)src,
                         (long long)to->dims[i]);
@@ -21666,6 +21697,7 @@ static void tb__ix_reset(tb__ix *g) {
     memset(&g->body, 0, sizeof g->body);
     g->indent = 1;
     g->num_vars = g->num_pos = g->num_memo = g->num_undo = g->num_scopes = 0;
+    g->period = 0;
     g->status = TB_OK;
     memset(g->pos_head, 0xff, sizeof g->pos_head);
     memset(g->memo_head, 0xff, sizeof g->memo_head);
@@ -23831,14 +23863,15 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
    and the result goes to out. Shared by every matmul kernel. False when code generation
    stopped (g->ix.status says why, if it failed). */
 static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
-    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    const tb_shape *cs = tb__plan_shape(g->G, k->core), *rs = tb__plan_shape(g->G, k->root);
     int32_t r = cs->rank, nb = r - 2, d;
     int64_t M = cs->dims[r - 2], N = cs->dims[r - 1];
     tb_dtype od = cs->dtype;
     const char *t = tb__cg_ctype(od);
     tb__lf dims[TB_MAX_RANK];
     char flat[TB__LF_TEXT];
-    int32_t vr = tb__ix_new_var(&g->ix, 0, M - 1), vc = tb__ix_new_var(&g->ix, 0, N - 1), p, vf, v;
+    int32_t vr = tb__ix_new_var(&g->ix, 0, M - 1), vc = tb__ix_new_var(&g->ix, 0, N - 1), p, pr, vf,
+            v;
     if (vr < 0 || vc < 0) return false;
     tb__ix_line(&g->ix, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
     for (d = 0; d < nb; d++)
@@ -23854,10 +23887,19 @@ static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__l
     vf = tb__cg_round(g, od, vf);
     if (vf < 0) return false;
     tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, p, 0, vf);
-    v = tb__cg_eval(g, k->root, p);
-    if (v < 0 || !tb__ix_need_flat(&g->ix, p)) return false;
+    if (!tb__ix_need_flat(&g->ix, p)) return false;
+    pr = p;
+    if (!tb__plan_same_dims(rs, cs)) {
+        /* the consumers see the matmul through a reshape: the same flat offset in both */
+        int32_t pf = tb__ix_pos_flat(&g->ix, cs, &g->ix.pos[p].flat);
+        pr = tb__ix_pos_flat(&g->ix, rs, &g->ix.pos[p].flat);
+        if (pf < 0 || pr < 0) return false;
+        tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, pf, 0, vf);
+    }
+    v = tb__cg_eval(g, k->root, pr);
+    if (v < 0) return false;
     tb__lf_text(&g->ix.pos[p].flat, flat, sizeof flat);
-    tb__cg_store(g, tb__plan_shape(g->G, k->root)->dtype, "out", flat, v);
+    tb__cg_store(g, rs->dtype, "out", flat, v);
     return true;
 }
 
@@ -24031,41 +24073,121 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     return g->ix.status;
 }
 
-/* A pack kernel: one work item per element of the panels. Element (b, panel, k, lane) is the
-   operand at batch b, depth k and row (A) or column (B) panel * width + lane, clamped to the
-   last one (the matmul never stores what the padding computes). */
-static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
+/* The value of a matmul operand at the position of a pack kernel's row (k) and lane (the
+   form `lane`): B at (k, lane), A at (lane, k). */
+static int32_t tb__cg_pack_value(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                 int32_t ik, const tb__lf *lane) {
     bool is_a = k->kind == TB__K_PACK_A;
+    int32_t x = tb__plan_operand(g->G, k->core, is_a ? 0 : 1);
+    const tb_shape *xs = tb__plan_shape(g->G, x);
+    int32_t r = xs->rank, d;
+    tb__lf dims[TB_MAX_RANK];
+    for (d = 0; d + 2 < r; d++)
+        dims[d] = bdims[d];
+    tb__lf_const(&dims[is_a ? r - 1 : r - 2], 0);
+    tb__lf_add_term(&dims[is_a ? r - 1 : r - 2], ik, 1);
+    dims[is_a ? r - 2 : r - 1] = *lane;
+    return tb__cg_eval(g, x, tb__ix_pos_multi(&g->ix, xs, dims));
+}
+
+/* How many consecutive lanes a pack kernel can read as one affine run: the smallest period of
+   the divisions its operand's index takes of the lane (the innermost axis a view unravels the
+   lane into: a window's output row), `len` where there is none. Found by emitting the value
+   once in a block that is then dropped from the text. */
+static int64_t tb__cg_pack_period(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                  int32_t ik, int64_t len) {
+    size_t mark = g->ix.body.len;
+    int32_t lane = tb__ix_new_var(&g->ix, 0, len - 1);
+    int64_t period;
+    tb__lf lf;
+    if (lane < 0) return 1;
+    g->ix.vars[lane].traced = 1;
+    g->ix.period = 0;
+    tb__lf_const(&lf, 0);
+    tb__lf_add_term(&lf, lane, 1);
+    tb__ix_open(&g->ix, "");
+    tb__cg_pack_value(g, k, bdims, ik, &lf);
+    tb__ix_close(&g->ix, "");
+    if (!g->ix.body.failed && g->ix.body.data != NULL) {
+        g->ix.body.len = mark;
+        g->ix.body.data[mark] = '\0';
+    }
+    period = g->ix.period;
+    return period > 0 && period < len ? period : len;
+}
+
+/* A pack kernel: one work item per mm_pack_rows rows of a panel (batch b, panel, depths k),
+   their lanes the operand at rows (A) or columns (B) panel * width + lane, zero past the last
+   one (the matmul never stores what the padding computes). The lanes go in runs that stay
+   within one period of the lane's unravelling (tb__cg_pack_period): within a run the
+   operand's index is affine in the lane, so a window's run is a slice of an input row (only a
+   pad's edges test), and what depends on the run alone is computed once for all the rows. */
+static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
-    int32_t i0, ib, ik, il, v;
-    int64_t z[6], len, K, blocks, width;
-    tb__lf bdims[TB_MAX_RANK];
-    char id0[48], id1[48], id2[48];
-    tb__plan_pack_sizes(g->G, k->core, is_a, z);
+    int32_t i0, ib, ik, iq, ir, v;
+    int64_t z[6], len, K, blocks, width, period, rows = g->G->target->tuning->mm_pack_rows;
+    tb__lf bdims[TB_MAX_RANK], lane;
+    char id0[48], id1[48], head[160];
+    tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
     K = z[3];
     blocks = z[4];
     width = z[5];
-    len = is_a ? z[1] : z[2];
+    len = k->kind == TB__K_PACK_A ? z[1] : z[2];
     i0 = tb__ix_new_var(&g->ix, 0, z[0] * blocks - 1);
     ib = tb__ix_new_var(&g->ix, 0, z[0] - 1);
     ik = tb__ix_new_var(&g->ix, 0, K - 1);
-    il = tb__ix_new_var(&g->ix, 0, len - 1);
-    if (i0 < 0 || ib < 0 || ik < 0 || il < 0) return g->ix.status;
+    if (i0 < 0 || ib < 0 || ik < 0) return g->ix.status;
     tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
     tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
-    tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
-    tb__ix_line(&g->ix, "const long lane = (long)%s, i%d = (long)%s;", id0, (int)ik, id1);
-    tb__ix_line(&g->ix, "if (i%d >= %lldL) return;", (int)ik, (long long)K);
-    tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, id2);
-    tb__ix_line(&g->ix, "const long i%d = i%d / %lldL;", (int)ib, (int)i0, (long long)blocks);
-    tb__ix_line(&g->ix, "const long i%d = %s(i%d %% %lldL * %lldL + lane, %lldL);", (int)il,
-                g->d->min_long, (int)i0, (long long)blocks, (long long)width, (long long)(len - 1));
+    tb__ix_line(&g->ix, "const long pk0 = (long)%s * %lldL, i%d = (long)%s;", id0, (long long)rows,
+                (int)i0, id1);
+    snprintf(head, sizeof head, "if (pk0 < %lldL) ", (long long)K);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long pk1 = pk0 + %lldL < %lldL ? pk0 + %lldL : %lldL;",
+                (long long)rows, (long long)K, (long long)rows, (long long)K);
+    tb__ix_line(&g->ix, "const long i%d = i%d / %lldL, pl0 = i%d %% %lldL * %lldL;", (int)ib,
+                (int)i0, (long long)blocks, (int)i0, (long long)blocks, (long long)width);
     if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
-    v = is_a ? tb__cg_matmul_operand(g, k, 0, bdims, il, ik)
-             : tb__cg_matmul_operand(g, k, 1, bdims, ik, il);
+    period = tb__cg_pack_period(g, k, bdims, ik, len);
+    iq = tb__ix_new_var(&g->ix, 0, (len - 1) / period);
+    ir = tb__ix_new_var(&g->ix, 0, period - 1);
+    if (iq < 0 || ir < 0) return g->ix.status;
+    snprintf(head, sizeof head, "for (long pj = 0; pj < %lldL;) ", (long long)width);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long pl = pl0 + pj;");
+    tb__ix_line(&g->ix, "if (pl >= %lldL) {", (long long)len);
+    tb__ix_line(&g->ix, "    for (long pk = pk0; pk < pk1; pk++)");
+    tb__ix_line(
+        &g->ix,
+        "        for (long pz = pj; pz < %lldL; pz++) out[(i%d * %lldL + pk) * %lldL + pz] = 0;",
+        (long long)width, (int)i0, (long long)K, (long long)width);
+    tb__ix_line(&g->ix, "    break;");
+    tb__ix_line(&g->ix, "}");
+    tb__ix_line(&g->ix, "const long i%d = pl / %lldL, pr0 = pl %% %lldL;", (int)iq,
+                (long long)period, (long long)period);
+    tb__ix_line(&g->ix, "long pn = %lldL - pr0;", (long long)period);
+    tb__ix_line(&g->ix, "if (pn > %lldL - pj) pn = %lldL - pj;", (long long)width,
+                (long long)width);
+    tb__ix_line(&g->ix, "if (pn > %lldL - pl) pn = %lldL - pl;", (long long)len, (long long)len);
+    snprintf(head, sizeof head, "for (long i%d = pk0; i%d < pk1; i%d++) ", (int)ik, (int)ik,
+             (int)ik);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long po = (i%d * %lldL + i%d) * %lldL + pj - pr0;", (int)i0,
+                (long long)K, (int)ik, (long long)width);
+    snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + pn; i%d++) ", (int)ir, (int)ir,
+             (int)ir);
+    tb__ix_open(&g->ix, head);
+    tb__lf_const(&lane, 0);
+    tb__lf_add_term(&lane, iq, period);
+    tb__lf_add_term(&lane, ir, 1);
+    v = tb__cg_pack_value(g, k, bdims, ik, &lane);
     if (v < 0) return g->ix.status;
-    tb__ix_line(&g->ix, "out[(i%d * %lldL + i%d) * %lldL + lane] = v%d;", (int)i0, (long long)K,
-                (int)ik, (long long)width, (int)v);
+    tb__ix_line(&g->ix, "out[po + i%d] = v%d;", (int)ir, (int)v);
+    tb__ix_close(&g->ix, "");
+    tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "pj += pn;");
+    tb__ix_close(&g->ix, "");
+    tb__ix_close(&g->ix, "");
     return g->ix.status;
 }
 

@@ -812,14 +812,15 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
    and the result goes to out. Shared by every matmul kernel. False when code generation
    stopped (g->ix.status says why, if it failed). */
 static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
-    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    const tb_shape *cs = tb__plan_shape(g->G, k->core), *rs = tb__plan_shape(g->G, k->root);
     int32_t r = cs->rank, nb = r - 2, d;
     int64_t M = cs->dims[r - 2], N = cs->dims[r - 1];
     tb_dtype od = cs->dtype;
     const char *t = tb__cg_ctype(od);
     tb__lf dims[TB_MAX_RANK];
     char flat[TB__LF_TEXT];
-    int32_t vr = tb__ix_new_var(&g->ix, 0, M - 1), vc = tb__ix_new_var(&g->ix, 0, N - 1), p, vf, v;
+    int32_t vr = tb__ix_new_var(&g->ix, 0, M - 1), vc = tb__ix_new_var(&g->ix, 0, N - 1), p, pr, vf,
+            v;
     if (vr < 0 || vc < 0) return false;
     tb__ix_line(&g->ix, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
     for (d = 0; d < nb; d++)
@@ -835,10 +836,19 @@ static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__l
     vf = tb__cg_round(g, od, vf);
     if (vf < 0) return false;
     tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, p, 0, vf);
-    v = tb__cg_eval(g, k->root, p);
-    if (v < 0 || !tb__ix_need_flat(&g->ix, p)) return false;
+    if (!tb__ix_need_flat(&g->ix, p)) return false;
+    pr = p;
+    if (!tb__plan_same_dims(rs, cs)) {
+        /* the consumers see the matmul through a reshape: the same flat offset in both */
+        int32_t pf = tb__ix_pos_flat(&g->ix, cs, &g->ix.pos[p].flat);
+        pr = tb__ix_pos_flat(&g->ix, rs, &g->ix.pos[p].flat);
+        if (pf < 0 || pr < 0) return false;
+        tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, pf, 0, vf);
+    }
+    v = tb__cg_eval(g, k->root, pr);
+    if (v < 0) return false;
     tb__lf_text(&g->ix.pos[p].flat, flat, sizeof flat);
-    tb__cg_store(g, tb__plan_shape(g->G, k->root)->dtype, "out", flat, v);
+    tb__cg_store(g, rs->dtype, "out", flat, v);
     return true;
 }
 
@@ -1012,41 +1022,121 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     return g->ix.status;
 }
 
-/* A pack kernel: one work item per element of the panels. Element (b, panel, k, lane) is the
-   operand at batch b, depth k and row (A) or column (B) panel * width + lane, clamped to the
-   last one (the matmul never stores what the padding computes). */
-static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
+/* The value of a matmul operand at the position of a pack kernel's row (k) and lane (the
+   form `lane`): B at (k, lane), A at (lane, k). */
+static int32_t tb__cg_pack_value(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                 int32_t ik, const tb__lf *lane) {
     bool is_a = k->kind == TB__K_PACK_A;
+    int32_t x = tb__plan_operand(g->G, k->core, is_a ? 0 : 1);
+    const tb_shape *xs = tb__plan_shape(g->G, x);
+    int32_t r = xs->rank, d;
+    tb__lf dims[TB_MAX_RANK];
+    for (d = 0; d + 2 < r; d++)
+        dims[d] = bdims[d];
+    tb__lf_const(&dims[is_a ? r - 1 : r - 2], 0);
+    tb__lf_add_term(&dims[is_a ? r - 1 : r - 2], ik, 1);
+    dims[is_a ? r - 2 : r - 1] = *lane;
+    return tb__cg_eval(g, x, tb__ix_pos_multi(&g->ix, xs, dims));
+}
+
+/* How many consecutive lanes a pack kernel can read as one affine run: the smallest period of
+   the divisions its operand's index takes of the lane (the innermost axis a view unravels the
+   lane into: a window's output row), `len` where there is none. Found by emitting the value
+   once in a block that is then dropped from the text. */
+static int64_t tb__cg_pack_period(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                  int32_t ik, int64_t len) {
+    size_t mark = g->ix.body.len;
+    int32_t lane = tb__ix_new_var(&g->ix, 0, len - 1);
+    int64_t period;
+    tb__lf lf;
+    if (lane < 0) return 1;
+    g->ix.vars[lane].traced = 1;
+    g->ix.period = 0;
+    tb__lf_const(&lf, 0);
+    tb__lf_add_term(&lf, lane, 1);
+    tb__ix_open(&g->ix, "");
+    tb__cg_pack_value(g, k, bdims, ik, &lf);
+    tb__ix_close(&g->ix, "");
+    if (!g->ix.body.failed && g->ix.body.data != NULL) {
+        g->ix.body.len = mark;
+        g->ix.body.data[mark] = '\0';
+    }
+    period = g->ix.period;
+    return period > 0 && period < len ? period : len;
+}
+
+/* A pack kernel: one work item per mm_pack_rows rows of a panel (batch b, panel, depths k),
+   their lanes the operand at rows (A) or columns (B) panel * width + lane, zero past the last
+   one (the matmul never stores what the padding computes). The lanes go in runs that stay
+   within one period of the lane's unravelling (tb__cg_pack_period): within a run the
+   operand's index is affine in the lane, so a window's run is a slice of an input row (only a
+   pad's edges test), and what depends on the run alone is computed once for all the rows. */
+static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
-    int32_t i0, ib, ik, il, v;
-    int64_t z[6], len, K, blocks, width;
-    tb__lf bdims[TB_MAX_RANK];
-    char id0[48], id1[48], id2[48];
-    tb__plan_pack_sizes(g->G, k->core, is_a, z);
+    int32_t i0, ib, ik, iq, ir, v;
+    int64_t z[6], len, K, blocks, width, period, rows = g->G->target->tuning->mm_pack_rows;
+    tb__lf bdims[TB_MAX_RANK], lane;
+    char id0[48], id1[48], head[160];
+    tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
     K = z[3];
     blocks = z[4];
     width = z[5];
-    len = is_a ? z[1] : z[2];
+    len = k->kind == TB__K_PACK_A ? z[1] : z[2];
     i0 = tb__ix_new_var(&g->ix, 0, z[0] * blocks - 1);
     ib = tb__ix_new_var(&g->ix, 0, z[0] - 1);
     ik = tb__ix_new_var(&g->ix, 0, K - 1);
-    il = tb__ix_new_var(&g->ix, 0, len - 1);
-    if (i0 < 0 || ib < 0 || ik < 0 || il < 0) return g->ix.status;
+    if (i0 < 0 || ib < 0 || ik < 0) return g->ix.status;
     tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
     tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
-    tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
-    tb__ix_line(&g->ix, "const long lane = (long)%s, i%d = (long)%s;", id0, (int)ik, id1);
-    tb__ix_line(&g->ix, "if (i%d >= %lldL) return;", (int)ik, (long long)K);
-    tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, id2);
-    tb__ix_line(&g->ix, "const long i%d = i%d / %lldL;", (int)ib, (int)i0, (long long)blocks);
-    tb__ix_line(&g->ix, "const long i%d = %s(i%d %% %lldL * %lldL + lane, %lldL);", (int)il,
-                g->d->min_long, (int)i0, (long long)blocks, (long long)width, (long long)(len - 1));
+    tb__ix_line(&g->ix, "const long pk0 = (long)%s * %lldL, i%d = (long)%s;", id0, (long long)rows,
+                (int)i0, id1);
+    snprintf(head, sizeof head, "if (pk0 < %lldL) ", (long long)K);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long pk1 = pk0 + %lldL < %lldL ? pk0 + %lldL : %lldL;",
+                (long long)rows, (long long)K, (long long)rows, (long long)K);
+    tb__ix_line(&g->ix, "const long i%d = i%d / %lldL, pl0 = i%d %% %lldL * %lldL;", (int)ib,
+                (int)i0, (long long)blocks, (int)i0, (long long)blocks, (long long)width);
     if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
-    v = is_a ? tb__cg_matmul_operand(g, k, 0, bdims, il, ik)
-             : tb__cg_matmul_operand(g, k, 1, bdims, ik, il);
+    period = tb__cg_pack_period(g, k, bdims, ik, len);
+    iq = tb__ix_new_var(&g->ix, 0, (len - 1) / period);
+    ir = tb__ix_new_var(&g->ix, 0, period - 1);
+    if (iq < 0 || ir < 0) return g->ix.status;
+    snprintf(head, sizeof head, "for (long pj = 0; pj < %lldL;) ", (long long)width);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long pl = pl0 + pj;");
+    tb__ix_line(&g->ix, "if (pl >= %lldL) {", (long long)len);
+    tb__ix_line(&g->ix, "    for (long pk = pk0; pk < pk1; pk++)");
+    tb__ix_line(
+        &g->ix,
+        "        for (long pz = pj; pz < %lldL; pz++) out[(i%d * %lldL + pk) * %lldL + pz] = 0;",
+        (long long)width, (int)i0, (long long)K, (long long)width);
+    tb__ix_line(&g->ix, "    break;");
+    tb__ix_line(&g->ix, "}");
+    tb__ix_line(&g->ix, "const long i%d = pl / %lldL, pr0 = pl %% %lldL;", (int)iq,
+                (long long)period, (long long)period);
+    tb__ix_line(&g->ix, "long pn = %lldL - pr0;", (long long)period);
+    tb__ix_line(&g->ix, "if (pn > %lldL - pj) pn = %lldL - pj;", (long long)width,
+                (long long)width);
+    tb__ix_line(&g->ix, "if (pn > %lldL - pl) pn = %lldL - pl;", (long long)len, (long long)len);
+    snprintf(head, sizeof head, "for (long i%d = pk0; i%d < pk1; i%d++) ", (int)ik, (int)ik,
+             (int)ik);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long po = (i%d * %lldL + i%d) * %lldL + pj - pr0;", (int)i0,
+                (long long)K, (int)ik, (long long)width);
+    snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + pn; i%d++) ", (int)ir, (int)ir,
+             (int)ir);
+    tb__ix_open(&g->ix, head);
+    tb__lf_const(&lane, 0);
+    tb__lf_add_term(&lane, iq, period);
+    tb__lf_add_term(&lane, ir, 1);
+    v = tb__cg_pack_value(g, k, bdims, ik, &lane);
     if (v < 0) return g->ix.status;
-    tb__ix_line(&g->ix, "out[(i%d * %lldL + i%d) * %lldL + lane] = v%d;", (int)i0, (long long)K,
-                (int)ik, (long long)width, (int)v);
+    tb__ix_line(&g->ix, "out[po + i%d] = v%d;", (int)ir, (int)v);
+    tb__ix_close(&g->ix, "");
+    tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "pj += pn;");
+    tb__ix_close(&g->ix, "");
+    tb__ix_close(&g->ix, "");
     return g->ix.status;
 }
 

@@ -75,7 +75,8 @@ typedef struct tb__tuning {
     int32_t mm_panel_rows; /* packed: rows of A per panel and per work item */
     int32_t mm_vec_f32;    /* packed: columns of B per panel (one vector) for f32 and f64 */
     int32_t mm_vec_f64;
-    int32_t mm_pack_group_k;  /* pack kernels: work-group of vector width x this */
+    int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
+    int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work; /* M x N x K below this: not packed */
     int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
     int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
@@ -324,13 +325,16 @@ typedef struct tb__ix_scope {
 
 typedef struct tb__ix_var {
     int64_t lo, hi;
+    int32_t traced; /* derived from the traced variable (see tb__ix.period) */
 } tb__ix_var;
 
 /* The state of one kernel's code while it is emitted: its text (one builder whose failure is
    sticky and checked once, after the kernel), the indentation, the index variables i<n>
    (`long`, with their ranges), the interned positions, the memo of what was computed in the
    enclosing blocks (values and unravelled positions; a block's entries are forgotten at its
-   closing brace) and the first error. */
+   closing brace) and the first error. `period`: the smallest period of a division or
+   remainder taken of a traced variable (0: none), which tells a pack kernel how long a run of
+   consecutive lanes stays affine. */
 typedef struct tb__ix {
     tb__str body;
     int indent;
@@ -346,6 +350,7 @@ typedef struct tb__ix {
     size_t num_undo, cap_undo;
     tb__ix_scope *scopes;
     size_t num_scopes, cap_scopes;
+    int64_t period;
     tb_status status;
 } tb__ix;
 

@@ -189,9 +189,9 @@ static tb_tensor *tb__conv_finish_out(tb__ag *a, tb_tensor *y, tb_tensor *bias, 
     return y;
 }
 
-/* x [N, C, L..] as windows [G, C / G * K.., N * O..] multiplied by the weight [G, O / G, C / G *
-   K..]: one matmul per group whatever the batch (the weight's gradient is one matmul too,
-   contracting over the batch and the positions), its [O, N, O..] result read as [N, O, O..]. */
+/* x [N, C, L..] as windows [N, G, C / G * K.., O..] multiplied by the weight [G, O / G, C / G *
+   K..] (broadcast over the batch): one matmul per image and group, whose [N, G, O / G, O..]
+   result is already the output's layout [N, O, O..] (nothing to transpose after it). */
 static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor *x,
                                    tb_tensor *weight, int64_t groups, int64_t outc) {
     tb_shape xs = tb_tensor_shape(x);
@@ -202,7 +202,7 @@ static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor 
         kk *= c->k[i];
         oo *= c->out[i];
     }
-    /* [N, C, O.., K..] -> [N, G, C/G, O.., K..] -> [G, C/G, K.., N, O..] */
+    /* [N, C, O.., K..] -> [N, G, C/G, O.., K..] -> [N, G, C/G, K.., O..] */
     dims[0] = n;
     dims[1] = groups;
     dims[2] = ch / groups;
@@ -210,34 +210,29 @@ static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor 
         dims[3 + i] = i < c->n ? c->out[i] : c->k[i - c->n];
     r = 3 + 2 * c->n;
     t = w != NULL ? tb__ag_keep(a, tb_reshape(w, dims, r)) : NULL;
-    perm[0] = 1;
-    perm[1] = 2;
-    perm[2 + c->n] = 0;
+    for (i = 0; i < 3; i++)
+        perm[i] = i;
     for (i = 0; i < c->n; i++) {
-        perm[2 + i] = 3 + c->n + i;
+        perm[3 + i] = 3 + c->n + i;
         perm[3 + c->n + i] = 3 + i;
     }
     t = t != NULL ? tb__ag_keep(a, tb_permute(t, perm, r)) : NULL;
-    dims[0] = groups;
-    dims[1] = ch / groups * kk;
-    dims[2] = n * oo;
-    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 3)) : NULL;
+    dims[0] = n;
+    dims[1] = groups;
+    dims[2] = ch / groups * kk;
+    dims[3] = oo;
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 4)) : NULL;
     dims[0] = groups;
     dims[1] = outc / groups;
     dims[2] = ch / groups * kk;
     m = tb__ag_keep(a, tb_reshape(weight, dims, 3));
     t = t != NULL && m != NULL ? tb__ag_keep(a, tb_matmul(m, t)) : NULL;
-    /* [G, O/G, N * O..] -> [O, N, O..] -> [N, O, O..] */
-    dims[0] = outc;
-    dims[1] = n;
-    perm[0] = 1;
-    perm[1] = 0;
-    for (i = 0; i < c->n; i++) {
+    /* [N, G, O/G, O..O] -> [N, O, O..] */
+    dims[0] = n;
+    dims[1] = outc;
+    for (i = 0; i < c->n; i++)
         dims[2 + i] = c->out[i];
-        perm[2 + i] = 2 + i;
-    }
-    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 2 + c->n)) : NULL;
-    return t != NULL ? tb__ag_keep(a, tb_permute(t, perm, 2 + c->n)) : NULL;
+    return t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 2 + c->n)) : NULL;
 }
 
 /* The checks both convolutions make (x, weight, bias, stride, padding, dilation, groups);

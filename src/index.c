@@ -67,7 +67,15 @@ static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi) {
     }
     g->vars[g->num_vars].lo = lo;
     g->vars[g->num_vars].hi = hi;
+    g->vars[g->num_vars].traced = 0;
     return (int32_t)g->num_vars++;
+}
+
+/* Notes that a line divides (or reduces) variable `src` with the given period: the number of
+   consecutive values of src over which the result changes by steps of 0 or 1 only. */
+static void tb__ix_note_period(tb__ix *g, int32_t src, int64_t period) {
+    if (!g->vars[src].traced || period <= 1) return;
+    if (g->period == 0 || period < g->period) g->period = period;
 }
 
 static void tb__lf_const(tb__lf *lf, int64_t c) {
@@ -148,11 +156,13 @@ static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap) {
 static int32_t tb__ix_spill(tb__ix *g, const tb__lf *lf) {
     char text[TB__LF_TEXT];
     int64_t lo, hi;
-    int32_t v;
+    int32_t v, i;
     if (lf->n == 1 && lf->c == 0 && lf->coef[0] == 1) return lf->var[0];
     tb__ix_lf_range(g, lf, &lo, &hi);
     v = tb__ix_new_var(g, lo, hi);
     if (v < 0) return -1;
+    for (i = 0; i < lf->n; i++)
+        g->vars[v].traced |= g->vars[lf->var[i]].traced;
     tb__lf_text(lf, text, sizeof text);
     tb__ix_line(g, "const long i%d = %s;", (int)v, text);
     return v;
@@ -428,6 +438,7 @@ static bool tb__ix_group_split(tb__ix *g, const tb__lf *flat, int32_t rank, cons
             }
             v = tb__ix_new_var(g, 0, dims[j] - 1);
             if (v < 0) return false;
+            tb__ix_note_period(g, src, q > 1 ? q : dims[j]);
             if (top) {
                 tb__ix_line(g, "const long i%d = i%d / %lldL;", (int)v, (int)src, (long long)q);
             } else if (q == 1) {
@@ -465,6 +476,8 @@ static bool tb__ix_need_multi(tb__ix *g, int32_t id) {
             for (i = 0; i < p.rank; i++) {
                 int32_t v = tb__ix_new_var(g, 0, p.dims[i] > 0 ? p.dims[i] - 1 : 0);
                 if (v < 0) return false;
+                if (p.dims[i] > 1 && (!leading || strides[i] > 1))
+                    tb__ix_note_period(g, t, strides[i] > 1 ? strides[i] : p.dims[i]);
                 if (p.dims[i] <= 1) {
                     tb__ix_line(g, "const long i%d = 0;", (int)v);
                 } else if (leading) {
@@ -520,7 +533,13 @@ static bool tb__ix_regroup_run(tb__ix *g, const tb__lf *dims, const tb_shape *fr
         }
         return true;
     }
-    /* one from axis unravels into several */
+    /* one from axis unravels into several: affinely where the form's terms fall on whole
+       digits, else by division and remainder */
+    if (tb__ix_affine_split(g, &dims[big_from], tb_ - ta, &to->dims[ta], &out[ta]) ||
+        tb__ix_group_split(g, &dims[big_from], tb_ - ta, &to->dims[ta], &out[ta]))
+        return g->status == TB_OK;
+    for (i = ta; i < tb_; i++)
+        tb__lf_const(&out[i], 0);
     src = tb__ix_spill(g, &dims[big_from]);
     if (src < 0) return false;
     stride = 1;
@@ -528,6 +547,7 @@ static bool tb__ix_regroup_run(tb__ix *g, const tb__lf *dims, const tb_shape *fr
         if (to->dims[i] <= 1) continue;
         v = tb__ix_new_var(g, 0, to->dims[i] - 1);
         if (v < 0) return false;
+        tb__ix_note_period(g, src, stride > 1 ? stride : to->dims[i]);
         if (stride == 1) {
             tb__ix_line(g, "const long i%d = i%d %% %lldL;", (int)v, (int)src,
                         (long long)to->dims[i]);
@@ -607,6 +627,7 @@ static void tb__ix_reset(tb__ix *g) {
     memset(&g->body, 0, sizeof g->body);
     g->indent = 1;
     g->num_vars = g->num_pos = g->num_memo = g->num_undo = g->num_scopes = 0;
+    g->period = 0;
     g->status = TB_OK;
     memset(g->pos_head, 0xff, sizeof g->pos_head);
     memset(g->memo_head, 0xff, sizeof g->memo_head);

@@ -50,6 +50,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->mm_panel_rows = 16;
     t->mm_vec_f32 = 16;
     t->mm_vec_f64 = 8;
+    t->mm_pack_rows = 8;
     t->mm_pack_group_k = host ? 1 : 8;
     t->mm_pack_min_work = 262144; /* 64^3 */
     t->mm_tile_group = 16;
@@ -496,12 +497,14 @@ static tb_status tb__plan_sort_kernels(tb__pgraph *G) {
     return TB_OK;
 }
 
+static bool tb__plan_mm_packs(const tb__pgraph *G, int32_t core);
+
 /* Roots and contexts. Users come before their operands (reverse post-order), so a node knows
    the kernels of all its users when its turn comes: it is inlined when they all share one
-   kernel (and, under a matmul, when it is index arithmetic) and it fits that kernel's budgets,
-   else it becomes a root. A reduction, matmul or norm whose only user is an elementwise node
-   evaluated at the kernel's output position becomes that kernel's core, and the elementwise
-   nodes above it its epilogue. */
+   kernel (and, under a matmul, when it is index arithmetic or a pad of a packed operand) and it
+   fits that kernel's budgets, else it becomes a root. A reduction, matmul or norm whose only user
+   is an elementwise node evaluated at the kernel's output position becomes that kernel's core, and
+   the elementwise nodes above it its epilogue. */
 static tb_status tb__plan_partition(tb__pgraph *G) {
     tb__plan *p = G->plan;
     int32_t i;
@@ -536,9 +539,11 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
             if (!must_root && in->num_users == 1 && in->uses == 1) {
                 int32_t u = G->users[in->first_user];
                 const tb__pnode *ui = &G->info[u];
+                /* a matmul also under a reshape: its stores go to the same flat offsets */
                 if (ui->ident && ui->ctx >= 0 && p->kernels[ui->ctx].core < 0 &&
-                    tb__plan_is_elementwise(ui->node->op) &&
-                    tb__plan_same_dims(&ui->node->shape, &node->shape)) {
+                    ((tb__plan_is_elementwise(ui->node->op) &&
+                      tb__plan_same_dims(&ui->node->shape, &node->shape)) ||
+                     (core_kind == TB__K_MATMUL && ui->node->op == TB_OP_RESHAPE))) {
                     p->kernels[ui->ctx].core = i;
                     p->kernels[ui->ctx].kind = core_kind;
                     in->ctx = ui->ctx;
@@ -573,7 +578,10 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
                 if (ui->node->op == TB_OP_MATMUL || (ui->in_mm && !ui->root)) in_mm = true;
             }
             if (common < 0) ok = false;
-            if (ok && in_mm && !tb__plan_is_view_like(node->op)) ok = false;
+            /* a pad is a test at each read: a packed operand reads once, so it may pay it */
+            if (ok && in_mm && !tb__plan_is_view_like(node->op) &&
+                !(node->op == TB_OP_PAD && tb__plan_mm_packs(G, p->kernels[common].core)))
+                ok = false;
             if (!ok && movement && (common >= 0 || common == TB__CTX_ANY)) {
                 /* a view read by several kernels: each reads through it (index arithmetic),
                    whatever is below it is materialised once */
@@ -1373,13 +1381,16 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
     k->flops = 2.0 * (double)mm.m * (double)mm.n * (double)mm.k * (double)mm.batch;
 }
 
-/* Pack kernels: lanes along dim 0 (neighbouring work items write neighbouring elements), K
-   along dim 1, batch x panels along dim 2. */
+/* Pack kernels: a work item per mm_pack_rows rows of a panel, the rows of a panel along dim 0
+   (neighbouring items write neighbouring rows), batch x panels along dim 1. */
 static void tb__plan_layout_pack(const tb__pgraph *G, tb__plan_kernel *k) {
-    int64_t z[6], gk = G->target->tuning->mm_pack_group_k;
+    const tb__tuning *t = G->target->tuning;
+    int64_t z[6], rows = t->mm_pack_rows, gk = t->mm_pack_group_k, items;
     tb__plan_pack_sizes(G, k->core, k->kind == TB__K_PACK_A, z);
-    tb__plan_launch_groups(k, (size_t)z[5], (size_t)gk, 1, (size_t)((z[3] + gk - 1) / gk),
-                           (size_t)(z[0] * z[4]));
+    items = (z[3] + rows - 1) / rows;
+    if (gk > items) gk = items > 0 ? items : 1;
+    tb__plan_launch_groups(k, (size_t)gk, 1, (size_t)((items + gk - 1) / gk), (size_t)(z[0] * z[4]),
+                           1);
 }
 
 static void tb__plan_layout(tb__pgraph *G) {

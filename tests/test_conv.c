@@ -872,6 +872,287 @@ static void test_errors(void **state) {
     tb_tensor_release(wt);
 }
 
+/* ---- convolutions big enough for packed matmul operands ----
+   On CPU devices these matmuls read panels that a pack kernel gathers straight from the
+   (padded, strided, dilated, transposed) input: lanes go in runs along a window's output row
+   where that row is affine in the lane (the forward's windows), in runs of a kernel row for
+   the weight's gradient; each case compares forward and both gradients with the cpu. */
+
+#define PACKED_MAX_Y 40000 /* output elements of the largest case */
+
+typedef struct packed_case {
+    const char *name;
+    int n;                /* spatial dims: 1 or 2 */
+    int64_t xd[4], wd[4]; /* [N, C, L..], [O, C / groups, K..] */
+    int64_t s[2], p[2], d[2], groups;
+    bool permuted; /* x read through the transpose of its last two dims */
+    bool bias;     /* a bias added after the matmul (its epilogue, through a reshape) */
+    tb_dtype dt;
+    const char *run; /* a line the forward's pack kernel has (its run length), or NULL */
+} packed_case;
+
+static const packed_case g_packed[] = {
+    {"pad1",
+     2,
+     {2, 4, 33, 35},
+     {8, 4, 3, 3},
+     {1, 1},
+     {1, 1},
+     {1, 1},
+     1,
+     false,
+     true,
+     TB_F32,
+     "long pn = 35L - pr0;"},
+    {"stride2",
+     2,
+     {2, 4, 66, 70},
+     {8, 4, 3, 3},
+     {2, 2},
+     {1, 1},
+     {1, 1},
+     1,
+     false,
+     false,
+     TB_F32,
+     "long pn = 35L - pr0;"},
+    {"dilation3",
+     2,
+     {2, 4, 37, 39},
+     {8, 4, 3, 3},
+     {1, 1},
+     {1, 1},
+     {3, 3},
+     1,
+     false,
+     false,
+     TB_F32,
+     "long pn = 35L - pr0;"},
+    {"pad_gt_kernel",
+     2,
+     {2, 8, 29, 31},
+     {8, 8, 2, 2},
+     {1, 1},
+     {3, 3},
+     {1, 1},
+     1,
+     false,
+     false,
+     TB_F32,
+     "long pn = 36L - pr0;"},
+    {"groups2",
+     2,
+     {2, 8, 33, 35},
+     {16, 4, 3, 3},
+     {1, 1},
+     {1, 1},
+     {1, 1},
+     2,
+     false,
+     true,
+     TB_F32,
+     "long pn = 35L - pr0;"},
+    {"permuted",
+     2,
+     {2, 4, 33, 35},
+     {8, 4, 3, 3},
+     {1, 1},
+     {1, 1},
+     {1, 1},
+     1,
+     true,
+     false,
+     TB_F32,
+     "long pn = 35L - pr0;"},
+    {"odd_kernel_stride",
+     2,
+     {1, 3, 61, 29},
+     {8, 3, 5, 3},
+     {1, 2},
+     {2, 0},
+     {1, 1},
+     1,
+     false,
+     false,
+     TB_F32,
+     "long pn = 14L - pr0;"},
+    {"conv1d",
+     1,
+     {2, 4, 2000},
+     {8, 4, 5},
+     {1},
+     {2},
+     {1},
+     1,
+     false,
+     true,
+     TB_F32,
+     "long pn = 2000L - pr0;"},
+    {"pad1_f64",
+     2,
+     {2, 4, 33, 35},
+     {8, 4, 3, 3},
+     {1, 1},
+     {1, 1},
+     {1, 1},
+     1,
+     false,
+     false,
+     TB_F64,
+     "long pn = 35L - pr0;"},
+};
+
+/* y, grad x and grad w of sum(conv(x, w) * r) on `backend`, into out (y, then gx, then gw);
+   the program's text in *text when text is not NULL (the caller frees it). */
+static void packed_run(const packed_case *c, const double *x, const double *w, const double *r,
+                       const char *backend, double *out, char **text) {
+    int rank = c->n + 2;
+    int64_t xd[4], i, nx = numel(c->xd, rank), nw = numel(c->wd, rank);
+    tb_device dev;
+    tb_shape s;
+    tb_tensor *tx, *tw, *tb = NULL, *y, *tr, *prod, *loss, *ins[2], *g[2] = {NULL, NULL};
+    size_t es = c->dt == TB_F64 ? 8 : 4, ny;
+    void *buf = malloc((size_t)(nx > nw ? nx : nw) * 8 + PACKED_MAX_Y * 8);
+    assert_int_equal(tb_device_make(backend, 0, &dev), TB_OK);
+    memcpy(xd, c->xd, sizeof xd);
+    if (c->permuted) xd[rank - 2] = c->xd[rank - 1], xd[rank - 1] = c->xd[rank - 2];
+#define PACKED_FILL(src, n)                                                                        \
+    for (i = 0; i < (n); i++) {                                                                    \
+        if (c->dt == TB_F64)                                                                       \
+            ((double *)buf)[i] = (src)[i];                                                         \
+        else                                                                                       \
+            ((float *)buf)[i] = (float)(src)[i];                                                   \
+    }
+    PACKED_FILL(x, nx)
+    assert_int_equal(tb_shape_make(&s, c->dt, rank, xd), TB_OK);
+    tx = tb_tensor_from_host(buf, &s, &dev);
+    if (c->permuted) {
+        tb_tensor *base = tx;
+        tx = tb_transpose(base, rank - 2, rank - 1);
+        tb_tensor_release(base);
+    }
+    PACKED_FILL(w, nw)
+    assert_int_equal(tb_shape_make(&s, c->dt, rank, c->wd), TB_OK);
+    tw = tb_tensor_from_host(buf, &s, &dev);
+    assert_non_null(tx);
+    assert_non_null(tw);
+    tb_set_requires_grad(tx, true);
+    tb_set_requires_grad(tw, true);
+    if (c->bias) {
+        PACKED_FILL(w + nw - c->wd[0], c->wd[0]) /* the weight's last values */
+        assert_int_equal(tb_shape_make(&s, c->dt, 1, c->wd), TB_OK);
+        tb = tb_tensor_from_host(buf, &s, &dev);
+        assert_non_null(tb);
+    }
+    y = c->n == 1 ? tb_conv1d(tx, tw, tb, c->s, c->p, c->d, c->groups)
+                  : tb_conv2d(tx, tw, tb, c->s, c->p, c->d, c->groups);
+    if (y == NULL) fail_msg("%s on %s: %s", c->name, backend, tb_last_error());
+    s = tb_tensor_shape(y);
+    ny = numel_of_shape(s);
+    assert_true(ny <= PACKED_MAX_Y);
+    PACKED_FILL(r, (int64_t)ny)
+#undef PACKED_FILL
+    tr = tb_tensor_from_host(buf, &s, &dev);
+    if (text != NULL) *text = tb_ir_backend_text(&y, 1);
+    prod = tb_mul(y, tr);
+    loss = tb_sum(prod, NULL, 0, false);
+    ins[0] = tx;
+    ins[1] = tw;
+    if (tb_grad(loss, NULL, ins, 2, g) != TB_OK)
+        fail_msg("%s on %s: grad: %s", c->name, backend, tb_last_error());
+    assert_int_equal(tb_tensor_to_host(y, buf, ny * es), TB_OK);
+    for (i = 0; i < (int64_t)ny; i++)
+        out[i] = c->dt == TB_F64 ? ((double *)buf)[i] : ((float *)buf)[i];
+    out += ny;
+    assert_int_equal(tb_tensor_to_host(g[0], buf, (size_t)nx * es), TB_OK);
+    for (i = 0; i < nx; i++)
+        out[i] = c->dt == TB_F64 ? ((double *)buf)[i] : ((float *)buf)[i];
+    out += nx;
+    assert_int_equal(tb_tensor_to_host(g[1], buf, (size_t)nw * es), TB_OK);
+    for (i = 0; i < nw; i++)
+        out[i] = c->dt == TB_F64 ? ((double *)buf)[i] : ((float *)buf)[i];
+    tb_tensor_release(g[0]);
+    tb_tensor_release(g[1]);
+    tb_tensor_release(loss);
+    tb_tensor_release(prod);
+    tb_tensor_release(tr);
+    tb_tensor_release(y);
+    tb_tensor_release(tx);
+    tb_tensor_release(tw);
+    tb_tensor_release(tb);
+    free(buf);
+}
+
+static void packed_against_cpu(const char *backend) {
+    tb_device dev;
+    size_t i;
+    if (tb_device_make(backend, 0, &dev) != TB_OK) {
+        print_message("no %s device, skipped: %s\n", backend, tb_last_error());
+        tb_clear_error();
+        skip();
+    }
+    for (i = 0; i < sizeof g_packed / sizeof g_packed[0]; i++) {
+        const packed_case *c = &g_packed[i];
+        int rank = c->n + 2;
+        int64_t nx = numel(c->xd, rank), nw = numel(c->wd, rank), total = nx + nw + PACKED_MAX_Y, j;
+        double *x = malloc((size_t)nx * 8), *w = malloc((size_t)nw * 8);
+        double *r = malloc(PACKED_MAX_Y * 8), *want = malloc((size_t)total * 8);
+        double *got = malloc((size_t)total * 8);
+        char *text = NULL, what[96];
+        tb_device_info info;
+        assert_non_null(x && w && r && want && got);
+        g_rng = 3000 + i;
+        for (j = 0; j < nx; j++)
+            x[j] = next_value(false);
+        for (j = 0; j < nw; j++)
+            w[j] = next_value(false);
+        for (j = 0; j < PACKED_MAX_Y; j++)
+            r[j] = next_value(false);
+        packed_run(c, x, w, r, "cpu", want, NULL);
+        packed_run(c, x, w, r, backend, got, &text);
+        assert_non_null(text);
+        assert_int_equal(tb_backend_device_info(&dev, &info), TB_OK);
+        if (info.device.type == TB_DEVICE_CPU) { /* packed operands: CPU devices only */
+            if (strstr(text, "void PB_") == NULL) fail_msg("%s on %s: no pack", c->name, backend);
+            if (c->run != NULL && strstr(text, c->run) == NULL)
+                fail_msg("%s on %s: the pack kernel has no run `%s`", c->name, backend, c->run);
+        }
+        snprintf(what, sizeof what, "%s on %s", c->name, backend);
+        {
+            int64_t off = 0, n, k, a;
+            for (k = 0; k < 3; k++) { /* y, grad x, grad w */
+                if (k == 0) {
+                    for (n = c->xd[0] * c->wd[0], a = 0; a < c->n; a++)
+                        n *= (c->xd[2 + a] + 2 * c->p[a] - c->d[a] * (c->wd[2 + a] - 1) - 1) /
+                                 c->s[a] +
+                             1;
+                } else {
+                    n = k == 1 ? nx : nw;
+                }
+                if (rel_err(got + off, want + off, n) > (c->dt == TB_F64 ? 1e-12 : 1e-5))
+                    fail_msg("%s: %s differs", what, k == 0 ? "y" : k == 1 ? "grad x" : "grad w");
+                off += n;
+            }
+        }
+        free(text);
+        free(x);
+        free(w);
+        free(r);
+        free(want);
+        free(got);
+    }
+}
+
+static void test_packed_opencl_against_cpu(void **state) {
+    (void)state;
+    packed_against_cpu("opencl");
+}
+
+static void test_packed_native_against_cpu(void **state) {
+    (void)state;
+    packed_against_cpu("native");
+}
+
 static int teardown(void **state) {
     (void)state;
     tb_shutdown();
@@ -880,10 +1161,15 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_window_and_fold),    cmocka_unit_test(test_diagonal_window),
-        cmocka_unit_test(test_half_precision),     cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_against_torch),      cmocka_unit_test(test_opencl_against_cpu),
+        cmocka_unit_test(test_window_and_fold),
+        cmocka_unit_test(test_diagonal_window),
+        cmocka_unit_test(test_half_precision),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_against_torch),
+        cmocka_unit_test(test_opencl_against_cpu),
         cmocka_unit_test(test_native_against_cpu),
+        cmocka_unit_test(test_packed_opencl_against_cpu),
+        cmocka_unit_test(test_packed_native_against_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }
