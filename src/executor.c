@@ -135,6 +135,8 @@ static bool tb__exec_is_param(const tb_node *n) {
 }
 
 static bool tb__exec_supported(const tb_backend_impl *vt, const tb_node *n) {
+    /* a collective runs on the host through its process group, whatever the backend says */
+    if (n->op == TB_OP_COLLECTIVE) return false;
     return vt->supports_node == NULL || vt->supports_node(vt->user_data, n);
 }
 
@@ -914,22 +916,91 @@ static tb_status tb__exec_reference_node(const char *fn, const tb_node *node,
     return st;
 }
 
+/* This rank could not run the collective `node` (st): it still takes part in the ranks'
+   exchange, so that the others get an error too instead of waiting for it. Keeps the error. */
+static void tb__exec_collective_failed(const tb_node *node, tb_status st) {
+    tb__saved_error saved;
+    tb__error_save(&saved);
+    tb__wiring()->collective(node, st, NULL, NULL);
+    tb__error_restore(&saved);
+}
+
+/* The release of a host array that a result's data borrows. */
+static void tb__exec_free_host(void *context) {
+    tb__free(context);
+}
+
+/* Operand `operand`'s values on the host for the fallback, from its data `d` (NULL for an
+   unset scalar): *in points at them, in the data's own host memory where its backend keeps it
+   there, else in a new array *owned (the caller frees it). */
+static tb_status tb__exec_operand_host(const tb_node *operand, const tb_backend_data *d,
+                                       void **owned, void **in) {
+    void *host = d != NULL ? tb__host_data(d) : NULL;
+    if (host != NULL && tb_shape_equal(&d->shape, &operand->shape)) {
+        *in = host;
+        return TB_OK;
+    }
+    *owned = tb__exec_host_alloc(&operand->shape, NULL);
+    if (*owned == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+    *in = *owned;
+    if (d == NULL) {
+        tb__scalar_store(operand->scalar, operand->shape.dtype, *owned);
+        return TB_OK;
+    }
+    return tb__data_to_host(d, *owned);
+}
+
+/* The fallback's step on the host: the node from its operands' host values `in` into a new
+   host array, which becomes the node's value on the device (in place where the backend can
+   borrow host memory). A collective runs through its process group (*exchanged: the ranks'
+   exchange took place), any other node on the reference backend. */
+static tb_status tb__exec_fallback_run(const tb__exec *ex, tb_node *node, void *const *in,
+                                       bool *exchanged) {
+    tb_backend_data *value = NULL;
+    void *result = tb__exec_host_alloc(&node->shape, NULL);
+    tb_status st;
+    char name[64];
+    if (result == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+    if (node->op == TB_OP_COLLECTIVE) {
+        *exchanged = true;
+        st = tb__wiring()->collective(node, TB_OK, in[0], result);
+    } else {
+        st = tb__exec_reference_node(ex->func, node, in, result);
+    }
+    if (st == TB_OK) {
+        value = tb__data_borrow_host(&ex->device, &node->shape, result, tb__exec_free_host, result);
+        if (value != NULL) {
+            result = NULL; /* the data's now */
+        } else {
+            value = tb__data_from_host(&ex->device, &node->shape, result);
+            if (value == NULL)
+                st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+        }
+    }
+    tb__free(result);
+    if (st != TB_OK) return st;
+    node->value = value;
+    snprintf(name, sizeof(name), "Fallback::%s", tb_op_name(node->op));
+    tb__metric_count(node->op == TB_OP_COLLECTIVE ? "CollectiveOnHost" : name, 1);
+    return TB_OK;
+}
+
 /* LTC's eager fallback: runs one node the backend does not support on the reference
-   backend, from its operands' values, and keeps the result on the device in node->value. */
+   backend, from its operands' values, and keeps the result on the device in node->value. A
+   COLLECTIVE node runs the same way, on the host through its process group. */
 static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     size_t k = node->num_operands, i, num_pending = 0;
-    void **host = NULL;
+    void **host = NULL, **in = NULL;
     tb_node **pending = NULL;
     tb_backend_data **computed = NULL;
-    void *result = NULL;
-    tb_backend_data *value = NULL;
     tb_status st = TB_ERR_OUT_OF_MEMORY;
-    char name[64];
+    bool exchanged = false;
 
     host = (void **)tb__calloc(k + 1, sizeof(void *));
+    in = (void **)tb__calloc(k + 1, sizeof(void *));
     pending = (tb_node **)tb__calloc(k + 1, sizeof(tb_node *));
     computed = (tb_backend_data **)tb__calloc(k + 1, sizeof(tb_backend_data *));
-    if (host == NULL || pending == NULL || computed == NULL) goto done;
+    if (host == NULL || in == NULL || pending == NULL || computed == NULL) goto done;
     /* operands still pending become a graph of their own, whose results are those operands */
     for (i = 0; i < k; i++) {
         size_t j;
@@ -946,16 +1017,9 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     for (i = 0; i < k; i++) {
         const tb_node *operand = node->operands[i];
         const tb_backend_data *d = NULL;
-        host[i] = tb__exec_host_alloc(&operand->shape, NULL);
-        if (host[i] == NULL) {
-            st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
-            goto done;
-        }
         if (operand->op == TB_OP_SCALAR && operand->value == NULL) {
-            tb__scalar_store(operand->scalar, operand->shape.dtype, host[i]);
-            continue;
-        }
-        if (tb__exec_is_param(operand)) {
+            /* its value is the node's own: d stays NULL */
+        } else if (tb__exec_is_param(operand)) {
             d = tb__exec_param_data(ex, operand);
         } else {
             size_t j;
@@ -963,30 +1027,17 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
                 if (pending[j] == operand) d = computed[j];
             }
         }
-        if (d == NULL) {
+        if (d == NULL && !(operand->op == TB_OP_SCALAR && operand->value == NULL)) {
             st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
             goto done;
         }
-        st = tb__data_to_host(d, host[i]);
+        st = tb__exec_operand_host(operand, d, &host[i], &in[i]);
         if (st != TB_OK) goto done;
     }
-    result = tb__exec_host_alloc(&node->shape, NULL);
-    if (result == NULL) {
-        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
-    st = tb__exec_reference_node(ex->func, node, host, result);
-    if (st != TB_OK) goto done;
-    value = tb__data_from_host(&ex->device, &node->shape, result);
-    if (value == NULL) {
-        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
-    node->value = value;
-    snprintf(name, sizeof(name), "Fallback::%s", tb_op_name(node->op));
-    tb__metric_count(name, 1);
-    st = TB_OK;
+    st = tb__exec_fallback_run(ex, node, in, &exchanged);
 done:
+    if (st != TB_OK && node->op == TB_OP_COLLECTIVE && !exchanged)
+        tb__exec_collective_failed(node, st);
     if (host != NULL) {
         for (i = 0; i < k; i++)
             tb__free(host[i]);
@@ -997,18 +1048,31 @@ done:
         }
     }
     tb__free(host);
+    tb__free(in);
     tb__free(pending);
     tb__free(computed);
-    tb__free(result);
     return st;
 }
 
-/* Runs the eager fallback for every node of the walked graph the backend does not support.
-   Returns whether any ran (the walk is then stale). */
+/* After a failure at position `from` of the walk: the first collective after it still takes
+   part in its exchange (every rank meets the collectives of a graph in the same order), so that
+   the ranks stop together. */
+static void tb__exec_collectives_abandon(const tb__exec_walk *w, size_t from, tb_status st) {
+    size_t i;
+    for (i = from; i < w->num_order; i++) {
+        const tb_node *node = w->order[i];
+        if (node->op == TB_OP_COLLECTIVE && node->value == NULL) {
+            tb__exec_collective_failed(node, st);
+            return;
+        }
+    }
+}
+
+/* Runs the eager fallback for every node of the walked graph the backend does not support, and
+   every collective. Returns whether any ran (the walk is then stale). */
 static tb_status tb__exec_run_fallbacks(const tb__exec *ex, const tb__exec_walk *w, bool *ran) {
     size_t i, next_param = 0;
     *ran = false;
-    if (ex->vt->supports_node == NULL) return TB_OK;
     for (i = 0; i < w->num_order; i++) {
         tb_node *node = (tb_node *)w->order[i];
         tb_status st;
@@ -1020,7 +1084,11 @@ static tb_status tb__exec_run_fallbacks(const tb__exec *ex, const tb__exec_walk 
            operands' graph needs no fallback of its own */
         if (tb__exec_supported(ex->vt, node)) continue;
         st = tb__exec_fallback(ex, node);
-        if (st != TB_OK) return st;
+        if (st != TB_OK) {
+            /* a failed collective already told the other ranks */
+            if (node->op != TB_OP_COLLECTIVE) tb__exec_collectives_abandon(w, i + 1, st);
+            return st;
+        }
         *ran = true;
     }
     return TB_OK;
