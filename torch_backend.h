@@ -2156,10 +2156,13 @@ typedef struct tb__wiring_table {
     const tb__builtin_backend *builtins;
     size_t num_builtins;
     /* the executor's host step for a COLLECTIVE node (distributed.c): `in` holds the operand's
-       values and `out` receives the node's (contiguous host arrays). local != TB_OK: this rank
-       could not compute its operand (in and out NULL); it still takes part in the ranks'
-       exchange, so that every rank gets an error instead of waiting, and returns an error. */
-    tb_status (*collective)(const tb_node *node, tb_status local, const void *in, void *out);
+       values (a contiguous host array); on success *out is a host array of the node's values
+       that stays valid until release(*context) is called (once: when the data that borrowed it
+       lets go, or after copying it). local != TB_OK: this rank could not compute its operand
+       (in and out NULL); it still takes part in the ranks' exchange, so that every rank gets
+       an error instead of waiting, and returns an error. */
+    tb_status (*collective)(const tb_node *node, tb_status local, const void *in, void **out,
+                            void (**release)(void *context), void **context);
 } tb__wiring_table;
 static const tb__wiring_table *tb__wiring(void);
 
@@ -7716,6 +7719,7 @@ typedef struct tb__exec {
 
 static void tb__comp_cache_release(tb__comp_cache_entry *e);
 static void tb__comp_cache_shutdown(void);
+static void tb__exec_stage_shutdown(void); /* frees the fallback's kept staging array */
 static void tb__exec_call_begin(tb__saved_error *saved);
 static tb_status tb__exec_call_failed(const tb__exec *ex, tb_status st, const char *entry);
 static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, const tb__exec_walk *w,
@@ -8666,8 +8670,57 @@ static tb_status tb__exec_reference_node(const char *fn, const tb_node *node,
 static void tb__exec_collective_failed(const tb_node *node, tb_status st) {
     tb__saved_error saved;
     tb__error_save(&saved);
-    tb__wiring()->collective(node, st, NULL, NULL);
+    tb__wiring()->collective(node, st, NULL, NULL, NULL, NULL);
     tb__error_restore(&saved);
+}
+
+/* One host array kept between fallbacks for operands copied off their device, so that a large
+   collective's input lands in warm pages step after step. */
+static tb__mutex tb__exec_stage_mutex = TB__MUTEX_INIT;
+static void *tb__exec_stage;
+static size_t tb__exec_stage_cap;
+
+/* A host array of at least `need` bytes (the kept one when it is large enough); *cap gets its
+   size. NULL when memory ran out. */
+static void *tb__exec_stage_take(size_t need, size_t *cap) {
+    void *p;
+    size_t have;
+    tb__mutex_lock(&tb__exec_stage_mutex);
+    p = tb__exec_stage;
+    have = tb__exec_stage_cap;
+    tb__exec_stage = NULL;
+    tb__exec_stage_cap = 0;
+    tb__mutex_unlock(&tb__exec_stage_mutex);
+    if (need == 0) need = 1;
+    if (p != NULL && have >= need) {
+        *cap = have;
+        return p;
+    }
+    tb__free(p);
+    *cap = need;
+    return tb__alloc(need);
+}
+
+/* Gives an array of tb__exec_stage_take back: kept when it is the largest, else freed. */
+static void tb__exec_stage_give(void *p, size_t cap) {
+    if (p == NULL) return;
+    tb__mutex_lock(&tb__exec_stage_mutex);
+    if (tb__exec_stage == NULL || cap > tb__exec_stage_cap) {
+        void *old = tb__exec_stage;
+        tb__exec_stage = p;
+        tb__exec_stage_cap = cap;
+        p = old;
+    }
+    tb__mutex_unlock(&tb__exec_stage_mutex);
+    tb__free(p);
+}
+
+static void tb__exec_stage_shutdown(void) {
+    tb__mutex_lock(&tb__exec_stage_mutex);
+    tb__free(tb__exec_stage);
+    tb__exec_stage = NULL;
+    tb__exec_stage_cap = 0;
+    tb__mutex_unlock(&tb__exec_stage_mutex);
 }
 
 /* The release of a host array that a result's data borrows. */
@@ -8677,16 +8730,19 @@ static void tb__exec_free_host(void *context) {
 
 /* Operand `operand`'s values on the host for the fallback, from its data `d` (NULL for an
    unset scalar): *in points at them, in the data's own host memory where its backend keeps it
-   there, else in a new array *owned (the caller frees it). */
+   there, else in a staging array *owned of *cap bytes (the caller gives it back with
+   tb__exec_stage_give). */
 static tb_status tb__exec_operand_host(const tb_node *operand, const tb_backend_data *d,
-                                       void **owned, void **in) {
+                                       void **owned, size_t *cap, void **in) {
     void *host = d != NULL ? tb__host_data(d) : NULL;
+    size_t nbytes = 0;
     if (host != NULL && tb_shape_equal(&d->shape, &operand->shape)) {
         *in = host;
         return TB_OK;
     }
-    *owned = tb__exec_host_alloc(&operand->shape, NULL);
-    if (*owned == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+    if (tb_shape_nbytes(&operand->shape, &nbytes) != TB_OK) return tb_last_status();
+    *owned = tb__exec_stage_take(nbytes, cap);
+    if (*owned == NULL) return TB_ERR_OUT_OF_MEMORY;
     *in = *owned;
     if (d == NULL) {
         tb__scalar_store(operand->scalar, operand->shape.dtype, *owned);
@@ -8695,34 +8751,39 @@ static tb_status tb__exec_operand_host(const tb_node *operand, const tb_backend_
     return tb__data_to_host(d, *owned);
 }
 
-/* The fallback's step on the host: the node from its operands' host values `in` into a new
-   host array, which becomes the node's value on the device (in place where the backend can
-   borrow host memory). A collective runs through its process group (*exchanged: the ranks'
-   exchange took place), any other node on the reference backend. */
+/* The fallback's step on the host: the node from its operands' host values `in` into a host
+   array, which becomes the node's value on the device (in place where the backend can borrow
+   host memory). A collective runs through its process group (*exchanged: the ranks' exchange
+   took place) into a buffer the group lends, any other node on the reference backend into a
+   new array. */
 static tb_status tb__exec_fallback_run(const tb__exec *ex, tb_node *node, void *const *in,
                                        bool *exchanged) {
     tb_backend_data *value = NULL;
-    void *result = tb__exec_host_alloc(&node->shape, NULL);
+    void *result = NULL, *context = NULL;
+    void (*release)(void *context) = tb__exec_free_host;
     tb_status st;
     char name[64];
-    if (result == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
     if (node->op == TB_OP_COLLECTIVE) {
         *exchanged = true;
-        st = tb__wiring()->collective(node, TB_OK, in[0], result);
+        st = tb__wiring()->collective(node, TB_OK, in[0], &result, &release, &context);
     } else {
-        st = tb__exec_reference_node(ex->func, node, in, result);
+        result = context = tb__exec_host_alloc(&node->shape, NULL);
+        st = result != NULL              ? TB_OK
+             : tb_last_status() != TB_OK ? tb_last_status()
+                                         : TB_ERR_OUT_OF_MEMORY;
+        if (st == TB_OK) st = tb__exec_reference_node(ex->func, node, in, result);
     }
     if (st == TB_OK) {
-        value = tb__data_borrow_host(&ex->device, &node->shape, result, tb__exec_free_host, result);
+        value = tb__data_borrow_host(&ex->device, &node->shape, result, release, context);
         if (value != NULL) {
-            result = NULL; /* the data's now */
+            result = NULL; /* the data's now: it releases it */
         } else {
             value = tb__data_from_host(&ex->device, &node->shape, result);
             if (value == NULL)
                 st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
         }
     }
-    tb__free(result);
+    if (result != NULL) release(context);
     if (st != TB_OK) return st;
     node->value = value;
     snprintf(name, sizeof(name), "Fallback::%s", tb_op_name(node->op));
@@ -8734,7 +8795,7 @@ static tb_status tb__exec_fallback_run(const tb__exec *ex, tb_node *node, void *
    backend, from its operands' values, and keeps the result on the device in node->value. A
    COLLECTIVE node runs the same way, on the host through its process group. */
 static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
-    size_t k = node->num_operands, i, num_pending = 0;
+    size_t k = node->num_operands, i, num_pending = 0, *caps = NULL;
     void **host = NULL, **in = NULL;
     tb_node **pending = NULL;
     tb_backend_data **computed = NULL;
@@ -8743,9 +8804,11 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
 
     host = (void **)tb__calloc(k + 1, sizeof(void *));
     in = (void **)tb__calloc(k + 1, sizeof(void *));
+    caps = (size_t *)tb__calloc(k + 1, sizeof(size_t));
     pending = (tb_node **)tb__calloc(k + 1, sizeof(tb_node *));
     computed = (tb_backend_data **)tb__calloc(k + 1, sizeof(tb_backend_data *));
-    if (host == NULL || in == NULL || pending == NULL || computed == NULL) goto done;
+    if (host == NULL || in == NULL || caps == NULL || pending == NULL || computed == NULL)
+        goto done;
     /* operands still pending become a graph of their own, whose results are those operands */
     for (i = 0; i < k; i++) {
         size_t j;
@@ -8776,16 +8839,16 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
             st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
             goto done;
         }
-        st = tb__exec_operand_host(operand, d, &host[i], &in[i]);
+        st = tb__exec_operand_host(operand, d, &host[i], &caps[i], &in[i]);
         if (st != TB_OK) goto done;
     }
     st = tb__exec_fallback_run(ex, node, in, &exchanged);
 done:
     if (st != TB_OK && node->op == TB_OP_COLLECTIVE && !exchanged)
         tb__exec_collective_failed(node, st);
-    if (host != NULL) {
+    if (host != NULL && caps != NULL) {
         for (i = 0; i < k; i++)
-            tb__free(host[i]);
+            tb__exec_stage_give(host[i], caps[i]);
     }
     if (computed != NULL) {
         for (i = 0; i < num_pending; i++) {
@@ -8794,6 +8857,7 @@ done:
     }
     tb__free(host);
     tb__free(in);
+    tb__free(caps);
     tb__free(pending);
     tb__free(computed);
     return st;
@@ -10454,6 +10518,7 @@ static void tb__executor_shutdown(void) {
     tb_tensor *t;
     tb__scope_shutdown(); /* before the cache and the backends go: its releases may use them */
     tb__comp_cache_shutdown();
+    tb__exec_stage_shutdown();
     /* tensors still alive are invalid from now on; forget them so a new setup starts clean */
     tb__mutex_lock(&tb__tensor_live_mutex);
     t = tb__tensor_live_head;
@@ -28713,7 +28778,7 @@ static tb_process_group_impl tb__mpi_group_impl(void);
 /* distributed.c: the executor's host step for a COLLECTIVE node (the wiring hands it to the
    executor as tb__wiring()->collective) */
 static tb_status tb__process_group_run(const tb_node *node, tb_status local, const void *in,
-                                       void *out);
+                                       void **out, void (**release)(void *context), void **context);
 
 /* ---- src/mpi.c ---- */
 /* ===========================================================================================
@@ -29149,6 +29214,16 @@ static tb_process_group_impl tb__mpi_group_impl(void) {
    different ways get an error each instead of waiting on each other forever.
    =========================================================================================== */
 
+/* A receive buffer that a result's data borrows: back in the group's pool when the data lets
+   go of it (warm pages for the next collective), freed then if the group was left meanwhile
+   (tb_shutdown). Under tb__pg.lock. */
+typedef struct tb__pg_buffer {
+    void *ptr;
+    size_t cap;
+    bool in_use, orphaned;
+} tb__pg_buffer;
+#define TB__PG_BUFFERS 4
+
 struct tb_process_group {
     char name[TB_MAX_NAME + 1];
     tb_process_group_impl impl;
@@ -29161,6 +29236,7 @@ struct tb_process_group {
        values, and the whole reduction of a reduce_scatter done by all_reduce */
     void *scratch;
     size_t scratch_cap;
+    tb__pg_buffer *buffers[TB__PG_BUFFERS];
     int64_t *records; /* size records of the agreement exchange */
     size_t records_cap;
 };
@@ -29342,8 +29418,19 @@ static void tb__process_group_shutdown(void) {
     tb__mutex_lock(&tb__pg.lock);
     for (i = 0; i < tb__pg.count; i++) {
         tb_process_group *g = tb__pg.items[i];
+        size_t b;
         if (g->joined && g->impl.finalize != NULL) g->impl.finalize(g->impl.user_data);
         tb__free(g->scratch);
+        for (b = 0; b < TB__PG_BUFFERS; b++) {
+            tb__pg_buffer *buf = g->buffers[b];
+            if (buf == NULL) continue;
+            if (buf->in_use) { /* a data still reads it: freed when it lets go */
+                buf->orphaned = true;
+                continue;
+            }
+            tb__free(buf->ptr);
+            tb__free(buf);
+        }
         tb__free(g->records);
         tb__free(g);
     }
@@ -29621,13 +29708,64 @@ static void tb__pg_refuse(tb__pg_call *c, tb_status st) {
     tb__error_restore(&saved);
 }
 
-/* The executor's host step for a COLLECTIVE node (through the wiring): the ranks agree, then
-   the group moves the data from `in` into `out`. */
+/* A receive buffer lets go (the data that borrowed it, or the executor after a copy). */
+static void tb__pg_buffer_release(void *context) {
+    tb__pg_buffer *buf = (tb__pg_buffer *)context;
+    tb__mutex_lock(&tb__pg.lock);
+    buf->in_use = false;
+    if (buf->orphaned) {
+        tb__free(buf->ptr);
+        tb__free(buf);
+    }
+    tb__mutex_unlock(&tb__pg.lock);
+}
+
+/* A receive buffer of at least `need` bytes: a free one of the pool (grown when too small), a
+   new one in a free slot, or one outside the pool (freed when released). NULL when memory ran
+   out. */
+static tb__pg_buffer *tb__pg_buffer_acquire(tb_process_group *g, size_t need) {
+    tb__pg_buffer *buf = NULL;
+    size_t b, slot = TB__PG_BUFFERS;
+    if (need == 0) need = 1;
+    tb__mutex_lock(&tb__pg.lock);
+    for (b = 0; b < TB__PG_BUFFERS; b++) {
+        tb__pg_buffer *it = g->buffers[b];
+        if (it == NULL) {
+            if (slot == TB__PG_BUFFERS) slot = b;
+        } else if (!it->in_use && (buf == NULL || it->cap > buf->cap)) {
+            buf = it; /* the largest free one */
+        }
+    }
+    if (buf == NULL) {
+        buf = (tb__pg_buffer *)tb__calloc(1, sizeof *buf);
+        if (buf != NULL && slot < TB__PG_BUFFERS) g->buffers[slot] = buf;
+        if (buf != NULL) buf->orphaned = slot == TB__PG_BUFFERS;
+    }
+    if (buf != NULL && buf->cap < need) {
+        tb__free(buf->ptr);
+        buf->cap = 0;
+        buf->ptr = tb__alloc(need);
+        if (buf->ptr != NULL) buf->cap = need;
+    }
+    if (buf != NULL && buf->ptr == NULL) {
+        if (buf->orphaned) tb__free(buf);
+        buf = NULL;
+    }
+    if (buf != NULL) buf->in_use = true;
+    tb__mutex_unlock(&tb__pg.lock);
+    return buf;
+}
+
+/* The executor's host step for a COLLECTIVE node (through the wiring): a receive buffer from
+   the group's pool, the ranks agree, then the group moves the data from `in` into it. */
 static tb_status tb__process_group_run(const tb_node *node, tb_status local, const void *in,
-                                       void *out) {
+                                       void **out, void (**release)(void *context),
+                                       void **context) {
     tb_process_group *g = NULL;
+    tb__pg_buffer *buf = NULL;
     tb__pg_call c;
     const int64_t *at = node->attrs;
+    size_t nbytes = 0;
     tb_status st;
     tb__mutex_lock(&tb__pg.lock);
     if (node->num_attrs == 5 && at[0] >= 0 && (size_t)at[0] < tb__pg.count) g = tb__pg.items[at[0]];
@@ -29641,11 +29779,25 @@ static tb_status tb__process_group_run(const tb_node *node, tb_status local, con
     }
     tb__pg_call_init(&c, g, (tb__collective)at[1], (tb_reduce_op)at[2], (int32_t)at[3],
                      &node->operands[0]->shape);
+    if (local == TB_OK) { /* before the exchange: a rank without memory tells the others */
+        if (tb_shape_nbytes(&node->shape, &nbytes) == TB_OK) buf = tb__pg_buffer_acquire(g, nbytes);
+        if (buf == NULL) {
+            local = tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for a %zu-byte result", c.fn,
+                              nbytes);
+        }
+    }
     tb__mutex_lock(&g->lock);
     st = tb__pg_agree(&c, local);
-    if (st == TB_OK) st = tb__pg_move(&c, in, out);
+    if (st == TB_OK) st = tb__pg_move(&c, in, buf->ptr);
     tb__mutex_unlock(&g->lock);
-    return st;
+    if (st != TB_OK) {
+        if (buf != NULL) tb__pg_buffer_release(buf);
+        return st;
+    }
+    *out = buf->ptr;
+    *release = tb__pg_buffer_release;
+    *context = buf;
+    return TB_OK;
 }
 
 /* The checks of a reduction's arguments: the op and the dtype. */

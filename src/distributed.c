@@ -6,6 +6,16 @@
 #include "impl_begin.h"
 #include "distributed_internal.h"
 
+/* A receive buffer that a result's data borrows: back in the group's pool when the data lets
+   go of it (warm pages for the next collective), freed then if the group was left meanwhile
+   (tb_shutdown). Under tb__pg.lock. */
+typedef struct tb__pg_buffer {
+    void *ptr;
+    size_t cap;
+    bool in_use, orphaned;
+} tb__pg_buffer;
+#define TB__PG_BUFFERS 4
+
 struct tb_process_group {
     char name[TB_MAX_NAME + 1];
     tb_process_group_impl impl;
@@ -18,6 +28,7 @@ struct tb_process_group {
        values, and the whole reduction of a reduce_scatter done by all_reduce */
     void *scratch;
     size_t scratch_cap;
+    tb__pg_buffer *buffers[TB__PG_BUFFERS];
     int64_t *records; /* size records of the agreement exchange */
     size_t records_cap;
 };
@@ -199,8 +210,19 @@ static void tb__process_group_shutdown(void) {
     tb__mutex_lock(&tb__pg.lock);
     for (i = 0; i < tb__pg.count; i++) {
         tb_process_group *g = tb__pg.items[i];
+        size_t b;
         if (g->joined && g->impl.finalize != NULL) g->impl.finalize(g->impl.user_data);
         tb__free(g->scratch);
+        for (b = 0; b < TB__PG_BUFFERS; b++) {
+            tb__pg_buffer *buf = g->buffers[b];
+            if (buf == NULL) continue;
+            if (buf->in_use) { /* a data still reads it: freed when it lets go */
+                buf->orphaned = true;
+                continue;
+            }
+            tb__free(buf->ptr);
+            tb__free(buf);
+        }
         tb__free(g->records);
         tb__free(g);
     }
@@ -478,13 +500,64 @@ static void tb__pg_refuse(tb__pg_call *c, tb_status st) {
     tb__error_restore(&saved);
 }
 
-/* The executor's host step for a COLLECTIVE node (through the wiring): the ranks agree, then
-   the group moves the data from `in` into `out`. */
+/* A receive buffer lets go (the data that borrowed it, or the executor after a copy). */
+static void tb__pg_buffer_release(void *context) {
+    tb__pg_buffer *buf = (tb__pg_buffer *)context;
+    tb__mutex_lock(&tb__pg.lock);
+    buf->in_use = false;
+    if (buf->orphaned) {
+        tb__free(buf->ptr);
+        tb__free(buf);
+    }
+    tb__mutex_unlock(&tb__pg.lock);
+}
+
+/* A receive buffer of at least `need` bytes: a free one of the pool (grown when too small), a
+   new one in a free slot, or one outside the pool (freed when released). NULL when memory ran
+   out. */
+static tb__pg_buffer *tb__pg_buffer_acquire(tb_process_group *g, size_t need) {
+    tb__pg_buffer *buf = NULL;
+    size_t b, slot = TB__PG_BUFFERS;
+    if (need == 0) need = 1;
+    tb__mutex_lock(&tb__pg.lock);
+    for (b = 0; b < TB__PG_BUFFERS; b++) {
+        tb__pg_buffer *it = g->buffers[b];
+        if (it == NULL) {
+            if (slot == TB__PG_BUFFERS) slot = b;
+        } else if (!it->in_use && (buf == NULL || it->cap > buf->cap)) {
+            buf = it; /* the largest free one */
+        }
+    }
+    if (buf == NULL) {
+        buf = (tb__pg_buffer *)tb__calloc(1, sizeof *buf);
+        if (buf != NULL && slot < TB__PG_BUFFERS) g->buffers[slot] = buf;
+        if (buf != NULL) buf->orphaned = slot == TB__PG_BUFFERS;
+    }
+    if (buf != NULL && buf->cap < need) {
+        tb__free(buf->ptr);
+        buf->cap = 0;
+        buf->ptr = tb__alloc(need);
+        if (buf->ptr != NULL) buf->cap = need;
+    }
+    if (buf != NULL && buf->ptr == NULL) {
+        if (buf->orphaned) tb__free(buf);
+        buf = NULL;
+    }
+    if (buf != NULL) buf->in_use = true;
+    tb__mutex_unlock(&tb__pg.lock);
+    return buf;
+}
+
+/* The executor's host step for a COLLECTIVE node (through the wiring): a receive buffer from
+   the group's pool, the ranks agree, then the group moves the data from `in` into it. */
 static tb_status tb__process_group_run(const tb_node *node, tb_status local, const void *in,
-                                       void *out) {
+                                       void **out, void (**release)(void *context),
+                                       void **context) {
     tb_process_group *g = NULL;
+    tb__pg_buffer *buf = NULL;
     tb__pg_call c;
     const int64_t *at = node->attrs;
+    size_t nbytes = 0;
     tb_status st;
     tb__mutex_lock(&tb__pg.lock);
     if (node->num_attrs == 5 && at[0] >= 0 && (size_t)at[0] < tb__pg.count) g = tb__pg.items[at[0]];
@@ -498,11 +571,25 @@ static tb_status tb__process_group_run(const tb_node *node, tb_status local, con
     }
     tb__pg_call_init(&c, g, (tb__collective)at[1], (tb_reduce_op)at[2], (int32_t)at[3],
                      &node->operands[0]->shape);
+    if (local == TB_OK) { /* before the exchange: a rank without memory tells the others */
+        if (tb_shape_nbytes(&node->shape, &nbytes) == TB_OK) buf = tb__pg_buffer_acquire(g, nbytes);
+        if (buf == NULL) {
+            local = tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for a %zu-byte result", c.fn,
+                              nbytes);
+        }
+    }
     tb__mutex_lock(&g->lock);
     st = tb__pg_agree(&c, local);
-    if (st == TB_OK) st = tb__pg_move(&c, in, out);
+    if (st == TB_OK) st = tb__pg_move(&c, in, buf->ptr);
     tb__mutex_unlock(&g->lock);
-    return st;
+    if (st != TB_OK) {
+        if (buf != NULL) tb__pg_buffer_release(buf);
+        return st;
+    }
+    *out = buf->ptr;
+    *release = tb__pg_buffer_release;
+    *context = buf;
+    return TB_OK;
 }
 
 /* The checks of a reduction's arguments: the op and the dtype. */

@@ -921,8 +921,57 @@ static tb_status tb__exec_reference_node(const char *fn, const tb_node *node,
 static void tb__exec_collective_failed(const tb_node *node, tb_status st) {
     tb__saved_error saved;
     tb__error_save(&saved);
-    tb__wiring()->collective(node, st, NULL, NULL);
+    tb__wiring()->collective(node, st, NULL, NULL, NULL, NULL);
     tb__error_restore(&saved);
+}
+
+/* One host array kept between fallbacks for operands copied off their device, so that a large
+   collective's input lands in warm pages step after step. */
+static tb__mutex tb__exec_stage_mutex = TB__MUTEX_INIT;
+static void *tb__exec_stage;
+static size_t tb__exec_stage_cap;
+
+/* A host array of at least `need` bytes (the kept one when it is large enough); *cap gets its
+   size. NULL when memory ran out. */
+static void *tb__exec_stage_take(size_t need, size_t *cap) {
+    void *p;
+    size_t have;
+    tb__mutex_lock(&tb__exec_stage_mutex);
+    p = tb__exec_stage;
+    have = tb__exec_stage_cap;
+    tb__exec_stage = NULL;
+    tb__exec_stage_cap = 0;
+    tb__mutex_unlock(&tb__exec_stage_mutex);
+    if (need == 0) need = 1;
+    if (p != NULL && have >= need) {
+        *cap = have;
+        return p;
+    }
+    tb__free(p);
+    *cap = need;
+    return tb__alloc(need);
+}
+
+/* Gives an array of tb__exec_stage_take back: kept when it is the largest, else freed. */
+static void tb__exec_stage_give(void *p, size_t cap) {
+    if (p == NULL) return;
+    tb__mutex_lock(&tb__exec_stage_mutex);
+    if (tb__exec_stage == NULL || cap > tb__exec_stage_cap) {
+        void *old = tb__exec_stage;
+        tb__exec_stage = p;
+        tb__exec_stage_cap = cap;
+        p = old;
+    }
+    tb__mutex_unlock(&tb__exec_stage_mutex);
+    tb__free(p);
+}
+
+static void tb__exec_stage_shutdown(void) {
+    tb__mutex_lock(&tb__exec_stage_mutex);
+    tb__free(tb__exec_stage);
+    tb__exec_stage = NULL;
+    tb__exec_stage_cap = 0;
+    tb__mutex_unlock(&tb__exec_stage_mutex);
 }
 
 /* The release of a host array that a result's data borrows. */
@@ -932,16 +981,19 @@ static void tb__exec_free_host(void *context) {
 
 /* Operand `operand`'s values on the host for the fallback, from its data `d` (NULL for an
    unset scalar): *in points at them, in the data's own host memory where its backend keeps it
-   there, else in a new array *owned (the caller frees it). */
+   there, else in a staging array *owned of *cap bytes (the caller gives it back with
+   tb__exec_stage_give). */
 static tb_status tb__exec_operand_host(const tb_node *operand, const tb_backend_data *d,
-                                       void **owned, void **in) {
+                                       void **owned, size_t *cap, void **in) {
     void *host = d != NULL ? tb__host_data(d) : NULL;
+    size_t nbytes = 0;
     if (host != NULL && tb_shape_equal(&d->shape, &operand->shape)) {
         *in = host;
         return TB_OK;
     }
-    *owned = tb__exec_host_alloc(&operand->shape, NULL);
-    if (*owned == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+    if (tb_shape_nbytes(&operand->shape, &nbytes) != TB_OK) return tb_last_status();
+    *owned = tb__exec_stage_take(nbytes, cap);
+    if (*owned == NULL) return TB_ERR_OUT_OF_MEMORY;
     *in = *owned;
     if (d == NULL) {
         tb__scalar_store(operand->scalar, operand->shape.dtype, *owned);
@@ -950,34 +1002,39 @@ static tb_status tb__exec_operand_host(const tb_node *operand, const tb_backend_
     return tb__data_to_host(d, *owned);
 }
 
-/* The fallback's step on the host: the node from its operands' host values `in` into a new
-   host array, which becomes the node's value on the device (in place where the backend can
-   borrow host memory). A collective runs through its process group (*exchanged: the ranks'
-   exchange took place), any other node on the reference backend. */
+/* The fallback's step on the host: the node from its operands' host values `in` into a host
+   array, which becomes the node's value on the device (in place where the backend can borrow
+   host memory). A collective runs through its process group (*exchanged: the ranks' exchange
+   took place) into a buffer the group lends, any other node on the reference backend into a
+   new array. */
 static tb_status tb__exec_fallback_run(const tb__exec *ex, tb_node *node, void *const *in,
                                        bool *exchanged) {
     tb_backend_data *value = NULL;
-    void *result = tb__exec_host_alloc(&node->shape, NULL);
+    void *result = NULL, *context = NULL;
+    void (*release)(void *context) = tb__exec_free_host;
     tb_status st;
     char name[64];
-    if (result == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
     if (node->op == TB_OP_COLLECTIVE) {
         *exchanged = true;
-        st = tb__wiring()->collective(node, TB_OK, in[0], result);
+        st = tb__wiring()->collective(node, TB_OK, in[0], &result, &release, &context);
     } else {
-        st = tb__exec_reference_node(ex->func, node, in, result);
+        result = context = tb__exec_host_alloc(&node->shape, NULL);
+        st = result != NULL              ? TB_OK
+             : tb_last_status() != TB_OK ? tb_last_status()
+                                         : TB_ERR_OUT_OF_MEMORY;
+        if (st == TB_OK) st = tb__exec_reference_node(ex->func, node, in, result);
     }
     if (st == TB_OK) {
-        value = tb__data_borrow_host(&ex->device, &node->shape, result, tb__exec_free_host, result);
+        value = tb__data_borrow_host(&ex->device, &node->shape, result, release, context);
         if (value != NULL) {
-            result = NULL; /* the data's now */
+            result = NULL; /* the data's now: it releases it */
         } else {
             value = tb__data_from_host(&ex->device, &node->shape, result);
             if (value == NULL)
                 st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
         }
     }
-    tb__free(result);
+    if (result != NULL) release(context);
     if (st != TB_OK) return st;
     node->value = value;
     snprintf(name, sizeof(name), "Fallback::%s", tb_op_name(node->op));
@@ -989,7 +1046,7 @@ static tb_status tb__exec_fallback_run(const tb__exec *ex, tb_node *node, void *
    backend, from its operands' values, and keeps the result on the device in node->value. A
    COLLECTIVE node runs the same way, on the host through its process group. */
 static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
-    size_t k = node->num_operands, i, num_pending = 0;
+    size_t k = node->num_operands, i, num_pending = 0, *caps = NULL;
     void **host = NULL, **in = NULL;
     tb_node **pending = NULL;
     tb_backend_data **computed = NULL;
@@ -998,9 +1055,11 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
 
     host = (void **)tb__calloc(k + 1, sizeof(void *));
     in = (void **)tb__calloc(k + 1, sizeof(void *));
+    caps = (size_t *)tb__calloc(k + 1, sizeof(size_t));
     pending = (tb_node **)tb__calloc(k + 1, sizeof(tb_node *));
     computed = (tb_backend_data **)tb__calloc(k + 1, sizeof(tb_backend_data *));
-    if (host == NULL || in == NULL || pending == NULL || computed == NULL) goto done;
+    if (host == NULL || in == NULL || caps == NULL || pending == NULL || computed == NULL)
+        goto done;
     /* operands still pending become a graph of their own, whose results are those operands */
     for (i = 0; i < k; i++) {
         size_t j;
@@ -1031,16 +1090,16 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
             st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
             goto done;
         }
-        st = tb__exec_operand_host(operand, d, &host[i], &in[i]);
+        st = tb__exec_operand_host(operand, d, &host[i], &caps[i], &in[i]);
         if (st != TB_OK) goto done;
     }
     st = tb__exec_fallback_run(ex, node, in, &exchanged);
 done:
     if (st != TB_OK && node->op == TB_OP_COLLECTIVE && !exchanged)
         tb__exec_collective_failed(node, st);
-    if (host != NULL) {
+    if (host != NULL && caps != NULL) {
         for (i = 0; i < k; i++)
-            tb__free(host[i]);
+            tb__exec_stage_give(host[i], caps[i]);
     }
     if (computed != NULL) {
         for (i = 0; i < num_pending; i++) {
@@ -1049,6 +1108,7 @@ done:
     }
     tb__free(host);
     tb__free(in);
+    tb__free(caps);
     tb__free(pending);
     tb__free(computed);
     return st;
