@@ -29852,7 +29852,14 @@ static tb_tensor *tb__pg_record(tb_process_group *group, tb_tensor *x, tb__colle
         node = tb__emit(fn, TB_OP_COLLECTIVE, &out, &xn->device, &xn, 1, attrs, 5, NULL);
         if (node == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
     }
-    if (st == TB_OK) return tb__tensor_from_node(node);
+    if (st == TB_OK) {
+        uint64_t before = group->sequence;
+        tb_tensor *t = tb__tensor_from_node(node); /* may sync a large graph at once */
+        if (t != NULL) return t;
+        /* the ranks met in that sync already: they know */
+        if (group->sequence != before) return NULL;
+        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+    }
     tb__pg_call_init(&c, group, kind, op, root, xn != NULL ? &xn->shape : NULL);
     tb__pg_refuse(&c, st);
     return NULL;

@@ -447,6 +447,20 @@ static void test_collective_attributes_are_hashed(void **state) {
         for (j = 0; j < i; j++)
             assert_true(tb_node_hash(n) != tb_node_hash(tb_tensor_node(y[j])));
     }
+    /* the dumps show the node; the backend's text treats it as a parameter */
+    {
+        tb_tensor *z = tb_add_scalar(y[0], 1.0);
+        char *text = tb_ir_text(&z, 1), *backend = tb_ir_backend_text(&z, 1), *dot;
+        dot = tb_ir_dot(&z, 1);
+        assert_non_null(text);
+        assert_non_null(strstr(text, "collective"));
+        assert_non_null(backend);
+        assert_non_null(dot);
+        tb_free(text);
+        tb_free(backend);
+        tb_free(dot);
+        tb_tensor_release(z);
+    }
     /* recorded only by the collectives */
     {
         int64_t attrs[5] = {0, 1, 0, 0, 1};
