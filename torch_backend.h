@@ -468,7 +468,8 @@ typedef struct tb_backend_impl {
     /* IR builder hooks (LTC GetIrBuilder). (optional) on_node_created: called for every node
        recorded on a device of this backend; an error rejects the op (the op returns NULL).
        (optional) supports_node: false makes the executor run that node on the reference
-       backend (eager fallback, counted in the metrics); NULL: every node is supported. */
+       backend (eager fallback, counted in the metrics); NULL: every node is supported. A
+       COLLECTIVE node is never asked about: the executor runs it on the host itself. */
     tb_status (*on_node_created)(void *user_data, const tb_node *node);
     bool (*supports_node)(void *user_data, const tb_node *node);
 
@@ -680,7 +681,7 @@ typedef enum tb_op_kind {
     TB_KIND_MATMUL,       /* batched matrix product */
     TB_KIND_NORM,         /* softmax, log_softmax, layer_norm: reductions plus elementwise */
     TB_KIND_MOVEMENT,     /* a view: reshape, permute, expand, slice, flip (index arithmetic) */
-    TB_KIND_OTHER,        /* concat, pad, gather, index_select */
+    TB_KIND_OTHER,        /* concat, pad, gather, index_select, collective */
     TB_KIND_CUSTOM        /* registered by the user */
 } tb_op_kind;
 
@@ -775,6 +776,16 @@ typedef enum tb_op_kind {
        TB_MAX_RANK), the output is [..., out_1, .., out_n, kernel_1, .., kernel_n] and element
        [..., o, k] is x[..., o_i * stride_i + k_i * dilation_i, .., k_i, ..] (the fold of
        windows, tb_fold, sums these over k).
+     COLLECTIVE: other; one operand x; attrs [group, collective, reduce op, root, size]: group
+       is a process group's index in the registry (tb_process_group_get), collective 1
+       all_reduce, 2 all_gather, 3 reduce_scatter, 4 broadcast; reduce op a tb_reduce_op
+       (all_reduce and reduce_scatter; 0 otherwise), root a rank (broadcast; 0 otherwise), size
+       the group's number of ranks (>= 1). Output x's dtype and dims, except all_gather [size *
+       d0, ...] ([size] for a rank-0 x) and reduce_scatter [d0 / size, ...] (x of rank >= 1, d0
+       a multiple of size). Recorded by tb_all_reduce, tb_all_gather, tb_reduce_scatter and
+       tb_broadcast only (tb_call_op refuses it). No backend lowers it: the executor runs it on
+       the host through the group when the graph runs (whatever the backend's supports_node
+       says), and the graph below it and the graph above it are computations of their own.
    Custom ops: the registered number of operands, as recorded (no CAST is inserted); attrs as
    given to tb_call_op; output from infer_shape, or else the broadcast of the operands with the
    tb_dtype_promote of their dtypes.
@@ -846,7 +857,8 @@ typedef enum tb_op_kind {
     X(GATHER, "gather", TB_KIND_OTHER, 2)                                                          \
     X(INDEX_SELECT, "index_select", TB_KIND_OTHER, 2)                                              \
     X(ERF, "erf", TB_KIND_UNARY, 1)                                                                \
-    X(WINDOW, "window", TB_KIND_MOVEMENT, 1)
+    X(WINDOW, "window", TB_KIND_MOVEMENT, 1)                                                       \
+    X(COLLECTIVE, "collective", TB_KIND_OTHER, 1)
 
 /* An op id: a built-in TB_OP_* or an id returned by tb_op_register. */
 typedef int32_t tb_op;
@@ -1080,12 +1092,13 @@ TBDEF tb_tensor *tb_scope_keep(tb_tensor *tensor);
    values are parameters, so a step repeated with new values compiles once (UncachedCompile 1,
    CachedCompile for the rest). A node the backend does not support (supports_node) runs on the
    reference interpreter first, its operands synced as a graph of their own, and enters the
-   graph as a parameter (counter Fallback::<op>). Recording an op whose pending graph then
-   computes more than desc.max_graph_nodes nodes syncs that tensor at once; graphs that reuse
-   subgraphs heavily may be synced from half that size. On any error the tensors keep their
-   pending graphs and nothing leaks. TB_DEBUG=1 logs one line per graph run:
-   "graph <hash> nodes=N params=P results=R device=D cache=hit|miss compile=Xms run=Yms";
-   TB_DEBUG=3 also logs the IR before compiling. */
+   graph as a parameter (counter Fallback::<op>); a collective (tb_all_reduce, ...) runs the
+   same way on the host through its process group (counter CollectiveOnHost). Recording an op whose
+   pending graph then computes more than desc.max_graph_nodes nodes syncs that tensor at once;
+   graphs that reuse subgraphs heavily may be synced from half that size. On any error the tensors
+   keep their pending graphs and nothing leaks. TB_DEBUG=1 logs one line per graph run: "graph
+   <hash> nodes=N params=P results=R device=D cache=hit|miss compile=Xms run=Yms"; TB_DEBUG=3 also
+   logs the IR before compiling. */
 
 /* Runs the pending graphs of these tensors as ONE computation on their device (LTC
    SyncTensorsGraph): collect the distinct pending nodes, walk them in post-order (iteratively:
@@ -1259,7 +1272,8 @@ TBDEF tb_tensor *tb_gather(tb_tensor *x, int32_t dim, tb_tensor *index);
 /* torch.index_select: index 1-D (i32/i64) */
 TBDEF tb_tensor *tb_index_select(tb_tensor *x, int32_t dim, tb_tensor *index);
 
-/* A custom op (tb_op_register) or any built-in by id with explicit attributes. */
+/* A custom op (tb_op_register) or any built-in by id with explicit attributes (not a leaf, not
+   COLLECTIVE: TB_ERR_UNSUPPORTED). */
 TBDEF tb_tensor *tb_call_op(tb_op op, tb_tensor *const *inputs, size_t num_inputs,
                             const int64_t *attrs, size_t num_attrs);
 
@@ -1841,9 +1855,11 @@ TBDEF tb_status tb_accumulate_grads(tb_tensor **acc, tb_tensor *const *grads, si
 /* ---- src/distributed.h ---- */
 /* ===========================================================================================
    Distribution: process groups by name (the `mpi` group built in) and collectives on tensors
-   with torch.distributed's semantics. The collectives are eager: each one runs the graph of its
-   input now (as tb_sync does), stages the values through host buffers the group keeps and
-   reuses, calls the group, and returns a new tensor on the input's device.
+   with torch.distributed's semantics. The collectives are lazy like every op: each one records
+   a COLLECTIVE node (see ir.h) and returns its pending tensor on the input's device. When the
+   graph runs (tb_sync, tb_tensor_to_host, an optimizer step) the executor computes the node's
+   input, hands the values to the group from host memory, and puts the result back on the
+   device, so that a training step's gradient all-reduce is part of the step's graph.
    =========================================================================================== */
 
 typedef enum tb_reduce_op {
@@ -1869,7 +1885,8 @@ typedef struct tb_process_group_impl {
        tb_process_group_get of the group (again after a failure, and after tb_shutdown). */
     tb_status (*init)(void *user_data, int32_t *rank, int32_t *size);
     /* recv[i] = op over the ranks of send[i], for `count` values of `dtype` (f32 f64 i32 i64 u8;
-       op is SUM MAX MIN or PRODUCT: the library does MEAN and maps bool to u8). send and recv
+       op is SUM MAX MIN or PRODUCT: the library does MEAN, maps bool to u8 and hands f16 and
+       bf16 values over as f32). send and recv
        do not overlap. */
     tb_status (*all_reduce)(void *user_data, const void *send, void *recv, size_t count,
                             tb_dtype dtype, tb_reduce_op op);
@@ -1905,16 +1922,26 @@ TBDEF int32_t tb_process_group_size(const tb_process_group *group);
 TBDEF const char *tb_process_group_name(const tb_process_group *group);
 
 /* ---- collectives: call them on every rank of the group, in the same order ----
-   Before each one the ranks exchange what they are about to do (collective, reduce op, dtype,
-   shape, root, a sequence number) and whether they could read their input; when the ranks
-   disagree every rank gets TB_ERR_STATE naming both sides ("... rank 0 called #3
-   all_reduce(sum) f32[10], rank 1 called #3 broadcast(from 0) f32[10]; no data moved") and no
-   data moves. When a rank could not read its input every rank gets an error. NULL group or
-   op/root out of range: TB_ERR_INVALID_ARGUMENT. A NULL tensor: NULL with the first error
-   kept, after taking part in the exchange so that the other ranks get an error too. Dtypes:
-   f32 f64 i32 i64 u8 bool. A rank that dies or stops calling is MPI's business: its default
-   error handler ends the job. Calls on one group are serialised by a lock, but every rank must
-   make them in the same order. */
+   Each one records a node; it runs when a sync needs its value, and every rank must run its
+   collectives in the same order: record them alike and sync them alike (the same tensors in
+   the same order; a graph's collectives run in its post-order, which is the same on every
+   rank for the same graph). Before each one runs the ranks exchange what they are about to do
+   (collective, reduce op, dtype, shape, root, a sequence number) and whether they could compute
+   its input; when the ranks disagree the sync fails on every rank with TB_ERR_STATE naming both
+   sides ("tb_all_reduce: ... rank 0 called #3 all_reduce(sum) f32[10], rank 1 called #3
+   broadcast(from 0) f32[10]; no data moved") and no data moves. When a rank could not compute
+   the input (its graph failed), or failed earlier in the same sync, it still takes part in the
+   exchange of the sync's next collective: its sync fails with its own error, the others' with
+   TB_ERR_EXECUTE. A failed collective stays pending, like any node of a failed sync. Errors
+   found while recording (NULL group or op/root out of range: TB_ERR_INVALID_ARGUMENT; MEAN of
+   an integer: TB_ERR_DTYPE; a bad shape: TB_ERR_SHAPE; a NULL tensor: the first error kept)
+   return NULL after this rank took part in an exchange at once, so that the other ranks'
+   syncs of that collective fail too. Dtypes: all (f16 and bf16 reduce in f32 on the host and
+   round once). tb_grad through all_reduce with SUM or MEAN gives the all_reduce (SUM, MEAN) of
+   the gradient, recorded like any collective; other collectives on the path are
+   TB_ERR_UNSUPPORTED. A rank that dies or stops calling is MPI's business: its default error
+   handler ends the job. Calls on one group are serialised by a lock, but every rank must make
+   them in the same order. */
 
 /* Every rank gets the elementwise reduction of every rank's `x` (same shape and dtype on every
    rank). MEAN on an integer or bool dtype is TB_ERR_DTYPE. */
@@ -1927,9 +1954,10 @@ TBDEF tb_tensor *tb_all_gather(tb_process_group *group, tb_tensor *x);
    x of rank >= 1. */
 TBDEF tb_tensor *tb_reduce_scatter(tb_process_group *group, tb_tensor *x, tb_reduce_op op);
 /* Every rank gets rank `root`'s `x` (each rank passes a tensor of the same shape and dtype; its
-   values are read only on the root). */
+   values are used only on the root). */
 TBDEF tb_tensor *tb_broadcast(tb_process_group *group, tb_tensor *x, int32_t root);
-/* Returns once every rank has called it. */
+/* Returns once every rank has called it (eager: it runs no pending graph; a pending collective
+   recorded before it still runs when its graph is synced). */
 TBDEF tb_status tb_barrier(tb_process_group *group);
 
 /* ---- src/header_end.h ---- */
@@ -2127,6 +2155,14 @@ typedef struct tb__wiring_table {
     /* the backends built into the library, in registration order (the reference first) */
     const tb__builtin_backend *builtins;
     size_t num_builtins;
+    /* the executor's host step for a COLLECTIVE node (distributed.c): `in` holds the operand's
+       values (a contiguous host array); on success *out is a host array of the node's values
+       that stays valid until release(*context) is called (once: when the data that borrowed it
+       lets go, or after copying it). local != TB_OK: this rank could not compute its operand
+       (in and out NULL); it still takes part in the ranks' exchange, so that every rank gets
+       an error instead of waiting, and returns an error. */
+    tb_status (*collective)(const tb_node *node, tb_status local, const void *in, void **out,
+                            void (**release)(void *context), void **context);
 } tb__wiring_table;
 static const tb__wiring_table *tb__wiring(void);
 
@@ -7213,6 +7249,44 @@ static tb_status tb__infer_gather(const char *fn, tb_op op, const tb_shape *in,
     return TB_OK;
 }
 
+/* A collective: attrs [group, collective, reduce op, root, size] (see COLLECTIVE in ir.h). */
+static tb_status tb__infer_collective(const char *fn, const tb_shape *x, const int64_t *attrs,
+                                      size_t num_attrs, tb_shape *out) {
+    tb_status st = tb__want_attrs(fn, num_attrs, 5, "[group, collective, reduce op, root, size]");
+    int64_t kind, size;
+    tb__shape_buf b;
+    if (st != TB_OK) return st;
+    kind = attrs[1];
+    size = attrs[4];
+    if (attrs[0] < 0 || kind < 1 || kind > 4 || attrs[2] < 0 || attrs[2] > 4 || size < 1 ||
+        attrs[3] < 0 || attrs[3] >= size) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "%s: invalid attributes [%lld, %lld, %lld, %lld, %lld]", fn,
+                         (long long)attrs[0], (long long)kind, (long long)attrs[2],
+                         (long long)attrs[3], (long long)size);
+    }
+    *out = *x;
+    if (kind == 2 && x->rank == 0) { /* all_gather of scalars */
+        out->rank = 1;
+        out->dims[0] = size;
+    } else if (kind == 2) {
+        if (x->dims[0] > INT64_MAX / size) {
+            return tb__error(TB_ERR_SHAPE, "%s: %s gathered from %lld ranks is too large", fn,
+                             tb__st(x, &b), (long long)size);
+        }
+        out->dims[0] = x->dims[0] * size;
+    } else if (kind == 3) {
+        if (x->rank < 1 || x->dims[0] % size != 0) {
+            return tb__error(TB_ERR_SHAPE,
+                             "%s: %s does not split along dim 0 into %lld equal blocks (one per "
+                             "rank)",
+                             fn, tb__st(x, &b), (long long)size);
+        }
+        out->dims[0] = x->dims[0] / size;
+    }
+    return tb__check_fits(fn, out);
+}
+
 /* The output dtype and shape of a custom op. */
 static tb_status tb__infer_custom(const char *fn, const tb__custom_op *entry, const tb_shape *in,
                                   size_t n, const int64_t *attrs, size_t num_attrs, tb_shape *out) {
@@ -7387,6 +7461,9 @@ static tb_status tb__infer_by_kind(const char *fn, tb_op op, const tb_shape *inp
             break;
         case TB_OP_PAD:
             st = tb__infer_pad(fn, inputs, attrs, num_attrs, result);
+            break;
+        case TB_OP_COLLECTIVE:
+            st = tb__infer_collective(fn, &inputs[0], attrs, num_attrs, result);
             break;
         default: /* GATHER, INDEX_SELECT */
             st = tb__infer_gather(fn, op, inputs, attrs, num_attrs, result);
@@ -7642,6 +7719,7 @@ typedef struct tb__exec {
 
 static void tb__comp_cache_release(tb__comp_cache_entry *e);
 static void tb__comp_cache_shutdown(void);
+static void tb__exec_stage_shutdown(void); /* frees the fallback's kept staging array */
 static void tb__exec_call_begin(tb__saved_error *saved);
 static tb_status tb__exec_call_failed(const tb__exec *ex, tb_status st, const char *entry);
 static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, const tb__exec_walk *w,
@@ -7806,6 +7884,8 @@ static bool tb__exec_is_param(const tb_node *n) {
 }
 
 static bool tb__exec_supported(const tb_backend_impl *vt, const tb_node *n) {
+    /* a collective runs on the host through its process group, whatever the backend says */
+    if (n->op == TB_OP_COLLECTIVE) return false;
     return vt->supports_node == NULL || vt->supports_node(vt->user_data, n);
 }
 
@@ -8585,22 +8665,150 @@ static tb_status tb__exec_reference_node(const char *fn, const tb_node *node,
     return st;
 }
 
+/* This rank could not run the collective `node` (st): it still takes part in the ranks'
+   exchange, so that the others get an error too instead of waiting for it. Keeps the error. */
+static void tb__exec_collective_failed(const tb_node *node, tb_status st) {
+    tb__saved_error saved;
+    tb__error_save(&saved);
+    tb__wiring()->collective(node, st, NULL, NULL, NULL, NULL);
+    tb__error_restore(&saved);
+}
+
+/* One host array kept between fallbacks for operands copied off their device, so that a large
+   collective's input lands in warm pages step after step. */
+static tb__mutex tb__exec_stage_mutex = TB__MUTEX_INIT;
+static void *tb__exec_stage;
+static size_t tb__exec_stage_cap;
+
+/* A host array of at least `need` bytes (the kept one when it is large enough); *cap gets its
+   size. NULL when memory ran out. */
+static void *tb__exec_stage_take(size_t need, size_t *cap) {
+    void *p;
+    size_t have;
+    tb__mutex_lock(&tb__exec_stage_mutex);
+    p = tb__exec_stage;
+    have = tb__exec_stage_cap;
+    tb__exec_stage = NULL;
+    tb__exec_stage_cap = 0;
+    tb__mutex_unlock(&tb__exec_stage_mutex);
+    if (need == 0) need = 1;
+    if (p != NULL && have >= need) {
+        *cap = have;
+        return p;
+    }
+    tb__free(p);
+    *cap = need;
+    return tb__alloc(need);
+}
+
+/* Gives an array of tb__exec_stage_take back: kept when it is the largest, else freed. */
+static void tb__exec_stage_give(void *p, size_t cap) {
+    if (p == NULL) return;
+    tb__mutex_lock(&tb__exec_stage_mutex);
+    if (tb__exec_stage == NULL || cap > tb__exec_stage_cap) {
+        void *old = tb__exec_stage;
+        tb__exec_stage = p;
+        tb__exec_stage_cap = cap;
+        p = old;
+    }
+    tb__mutex_unlock(&tb__exec_stage_mutex);
+    tb__free(p);
+}
+
+static void tb__exec_stage_shutdown(void) {
+    tb__mutex_lock(&tb__exec_stage_mutex);
+    tb__free(tb__exec_stage);
+    tb__exec_stage = NULL;
+    tb__exec_stage_cap = 0;
+    tb__mutex_unlock(&tb__exec_stage_mutex);
+}
+
+/* The release of a host array that a result's data borrows. */
+static void tb__exec_free_host(void *context) {
+    tb__free(context);
+}
+
+/* Operand `operand`'s values on the host for the fallback, from its data `d` (NULL for an
+   unset scalar): *in points at them, in the data's own host memory where its backend keeps it
+   there, else in a staging array *owned of *cap bytes (the caller gives it back with
+   tb__exec_stage_give). */
+static tb_status tb__exec_operand_host(const tb_node *operand, const tb_backend_data *d,
+                                       void **owned, size_t *cap, void **in) {
+    void *host = d != NULL ? tb__host_data(d) : NULL;
+    size_t nbytes = 0;
+    if (host != NULL && tb_shape_equal(&d->shape, &operand->shape)) {
+        *in = host;
+        return TB_OK;
+    }
+    if (tb_shape_nbytes(&operand->shape, &nbytes) != TB_OK) return tb_last_status();
+    *owned = tb__exec_stage_take(nbytes, cap);
+    if (*owned == NULL) return TB_ERR_OUT_OF_MEMORY;
+    *in = *owned;
+    if (d == NULL) {
+        tb__scalar_store(operand->scalar, operand->shape.dtype, *owned);
+        return TB_OK;
+    }
+    return tb__data_to_host(d, *owned);
+}
+
+/* The fallback's step on the host: the node from its operands' host values `in` into a host
+   array, which becomes the node's value on the device (in place where the backend can borrow
+   host memory). A collective runs through its process group (*exchanged: the ranks' exchange
+   took place) into a buffer the group lends, any other node on the reference backend into a
+   new array. */
+static tb_status tb__exec_fallback_run(const tb__exec *ex, tb_node *node, void *const *in,
+                                       bool *exchanged) {
+    tb_backend_data *value = NULL;
+    void *result = NULL, *context = NULL;
+    void (*release)(void *context) = tb__exec_free_host;
+    tb_status st;
+    char name[64];
+    if (node->op == TB_OP_COLLECTIVE) {
+        *exchanged = true;
+        st = tb__wiring()->collective(node, TB_OK, in[0], &result, &release, &context);
+    } else {
+        result = context = tb__exec_host_alloc(&node->shape, NULL);
+        st = result != NULL              ? TB_OK
+             : tb_last_status() != TB_OK ? tb_last_status()
+                                         : TB_ERR_OUT_OF_MEMORY;
+        if (st == TB_OK) st = tb__exec_reference_node(ex->func, node, in, result);
+    }
+    if (st == TB_OK) {
+        value = tb__data_borrow_host(&ex->device, &node->shape, result, release, context);
+        if (value != NULL) {
+            result = NULL; /* the data's now: it releases it */
+        } else {
+            value = tb__data_from_host(&ex->device, &node->shape, result);
+            if (value == NULL)
+                st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+        }
+    }
+    if (result != NULL) release(context);
+    if (st != TB_OK) return st;
+    node->value = value;
+    snprintf(name, sizeof(name), "Fallback::%s", tb_op_name(node->op));
+    tb__metric_count(node->op == TB_OP_COLLECTIVE ? "CollectiveOnHost" : name, 1);
+    return TB_OK;
+}
+
 /* LTC's eager fallback: runs one node the backend does not support on the reference
-   backend, from its operands' values, and keeps the result on the device in node->value. */
+   backend, from its operands' values, and keeps the result on the device in node->value. A
+   COLLECTIVE node runs the same way, on the host through its process group. */
 static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
-    size_t k = node->num_operands, i, num_pending = 0;
-    void **host = NULL;
+    size_t k = node->num_operands, i, num_pending = 0, *caps = NULL;
+    void **host = NULL, **in = NULL;
     tb_node **pending = NULL;
     tb_backend_data **computed = NULL;
-    void *result = NULL;
-    tb_backend_data *value = NULL;
     tb_status st = TB_ERR_OUT_OF_MEMORY;
-    char name[64];
+    bool exchanged = false;
 
     host = (void **)tb__calloc(k + 1, sizeof(void *));
+    in = (void **)tb__calloc(k + 1, sizeof(void *));
+    caps = (size_t *)tb__calloc(k + 1, sizeof(size_t));
     pending = (tb_node **)tb__calloc(k + 1, sizeof(tb_node *));
     computed = (tb_backend_data **)tb__calloc(k + 1, sizeof(tb_backend_data *));
-    if (host == NULL || pending == NULL || computed == NULL) goto done;
+    if (host == NULL || in == NULL || caps == NULL || pending == NULL || computed == NULL)
+        goto done;
     /* operands still pending become a graph of their own, whose results are those operands */
     for (i = 0; i < k; i++) {
         size_t j;
@@ -8617,16 +8825,9 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     for (i = 0; i < k; i++) {
         const tb_node *operand = node->operands[i];
         const tb_backend_data *d = NULL;
-        host[i] = tb__exec_host_alloc(&operand->shape, NULL);
-        if (host[i] == NULL) {
-            st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
-            goto done;
-        }
         if (operand->op == TB_OP_SCALAR && operand->value == NULL) {
-            tb__scalar_store(operand->scalar, operand->shape.dtype, host[i]);
-            continue;
-        }
-        if (tb__exec_is_param(operand)) {
+            /* its value is the node's own: d stays NULL */
+        } else if (tb__exec_is_param(operand)) {
             d = tb__exec_param_data(ex, operand);
         } else {
             size_t j;
@@ -8634,33 +8835,20 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
                 if (pending[j] == operand) d = computed[j];
             }
         }
-        if (d == NULL) {
+        if (d == NULL && !(operand->op == TB_OP_SCALAR && operand->value == NULL)) {
             st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
             goto done;
         }
-        st = tb__data_to_host(d, host[i]);
+        st = tb__exec_operand_host(operand, d, &host[i], &caps[i], &in[i]);
         if (st != TB_OK) goto done;
     }
-    result = tb__exec_host_alloc(&node->shape, NULL);
-    if (result == NULL) {
-        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
-    st = tb__exec_reference_node(ex->func, node, host, result);
-    if (st != TB_OK) goto done;
-    value = tb__data_from_host(&ex->device, &node->shape, result);
-    if (value == NULL) {
-        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
-    node->value = value;
-    snprintf(name, sizeof(name), "Fallback::%s", tb_op_name(node->op));
-    tb__metric_count(name, 1);
-    st = TB_OK;
+    st = tb__exec_fallback_run(ex, node, in, &exchanged);
 done:
-    if (host != NULL) {
+    if (st != TB_OK && node->op == TB_OP_COLLECTIVE && !exchanged)
+        tb__exec_collective_failed(node, st);
+    if (host != NULL && caps != NULL) {
         for (i = 0; i < k; i++)
-            tb__free(host[i]);
+            tb__exec_stage_give(host[i], caps[i]);
     }
     if (computed != NULL) {
         for (i = 0; i < num_pending; i++) {
@@ -8668,18 +8856,32 @@ done:
         }
     }
     tb__free(host);
+    tb__free(in);
+    tb__free(caps);
     tb__free(pending);
     tb__free(computed);
-    tb__free(result);
     return st;
 }
 
-/* Runs the eager fallback for every node of the walked graph the backend does not support.
-   Returns whether any ran (the walk is then stale). */
+/* After a failure at position `from` of the walk: the first collective after it still takes
+   part in its exchange (every rank meets the collectives of a graph in the same order), so that
+   the ranks stop together. */
+static void tb__exec_collectives_abandon(const tb__exec_walk *w, size_t from, tb_status st) {
+    size_t i;
+    for (i = from; i < w->num_order; i++) {
+        const tb_node *node = w->order[i];
+        if (node->op == TB_OP_COLLECTIVE && node->value == NULL) {
+            tb__exec_collective_failed(node, st);
+            return;
+        }
+    }
+}
+
+/* Runs the eager fallback for every node of the walked graph the backend does not support, and
+   every collective. Returns whether any ran (the walk is then stale). */
 static tb_status tb__exec_run_fallbacks(const tb__exec *ex, const tb__exec_walk *w, bool *ran) {
     size_t i, next_param = 0;
     *ran = false;
-    if (ex->vt->supports_node == NULL) return TB_OK;
     for (i = 0; i < w->num_order; i++) {
         tb_node *node = (tb_node *)w->order[i];
         tb_status st;
@@ -8691,7 +8893,11 @@ static tb_status tb__exec_run_fallbacks(const tb__exec *ex, const tb__exec_walk 
            operands' graph needs no fallback of its own */
         if (tb__exec_supported(ex->vt, node)) continue;
         st = tb__exec_fallback(ex, node);
-        if (st != TB_OK) return st;
+        if (st != TB_OK) {
+            /* a failed collective already told the other ranks */
+            if (node->op != TB_OP_COLLECTIVE) tb__exec_collectives_abandon(w, i + 1, st);
+            return st;
+        }
         *ran = true;
     }
     return TB_OK;
@@ -10312,6 +10518,7 @@ static void tb__executor_shutdown(void) {
     tb_tensor *t;
     tb__scope_shutdown(); /* before the cache and the backends go: its releases may use them */
     tb__comp_cache_shutdown();
+    tb__exec_stage_shutdown();
     /* tensors still alive are invalid from now on; forget them so a new setup starts clean */
     tb__mutex_lock(&tb__tensor_live_mutex);
     t = tb__tensor_live_head;
@@ -11911,6 +12118,13 @@ TBDEF tb_tensor *tb_call_op(tb_op op, tb_tensor *const *inputs, size_t num_input
     snprintf(fn, sizeof fn, "tb_call_op(%s)", name);
     if (op < (tb_op)TB_OP_BUILTIN_COUNT && tb_op_get_kind(op) == TB_KIND_LEAF) {
         tb__error(TB_ERR_UNSUPPORTED, "%s: a leaf op is created by its own function", fn);
+        return NULL;
+    }
+    if (op == TB_OP_COLLECTIVE) {
+        tb__error(TB_ERR_UNSUPPORTED,
+                  "%s: a collective is recorded by tb_all_reduce, tb_all_gather, "
+                  "tb_reduce_scatter or tb_broadcast",
+                  fn);
         return NULL;
     }
     if (num_inputs == 0 || inputs == NULL) {
@@ -16190,6 +16404,33 @@ static void tb__vjp_movement(const tb__vjp *v) {
     }
 }
 
+/* A collective's vjp: every rank's all_reduce output reads every rank's input alike, so the
+   gradient of a sum (a mean) is the all_reduce sum (mean) of the ranks' gradients, recorded as
+   the same collective (every rank runs tb_grad alike). Other collectives: an error. */
+static tb_tensor *tb__vjp_collective(const tb__vjp *v) {
+    const int64_t *at = v->node->attrs;
+    tb_node *gn, *node;
+    if (at[1] != 1 || (at[2] != TB_REDUCE_SUM && at[2] != TB_REDUCE_MEAN)) {
+        static const char *const names[] = {"?", "all_reduce", "all_gather", "reduce_scatter",
+                                            "broadcast"};
+        static const char *const ops[] = {"sum", "mean", "max", "min", "product"};
+        tb__error(TB_ERR_UNSUPPORTED,
+                  "%s: %s%s%s%s is on the path; of the collectives only all_reduce with sum or "
+                  "mean has a gradient",
+                  v->a->fn, at[1] >= 1 && at[1] <= 4 ? names[at[1]] : "?",
+                  at[1] == 1 || at[1] == 3 ? "(" : "",
+                  at[1] == 1 || at[1] == 3 ? ops[at[2] >= 0 && at[2] <= 4 ? at[2] : 0] : "",
+                  at[1] == 1 || at[1] == 3 ? ")" : "");
+        v->a->failed = true;
+        return NULL;
+    }
+    gn = tb__tensor_ir(v->g);
+    node = gn != NULL ? tb__emit(v->a->fn, TB_OP_COLLECTIVE, &gn->shape, &gn->device, &gn, 1, at,
+                                 v->node->num_attrs, NULL)
+                      : NULL;
+    return TB__K(tb__tensor_from_node(node));
+}
+
 static void tb__vjp_other(const tb__vjp *v) {
     const tb_shape *xs = &v->xs[0];
     const int64_t *at = v->node->attrs;
@@ -16225,6 +16466,9 @@ static void tb__vjp_other(const tb__vjp *v) {
         break;
     case TB_OP_INDEX_SELECT:
         if (v->need[0]) v->out[0] = tb__ag_index_sum(v->a, xs, (int32_t)at[0], v->x[1], g);
+        break;
+    case TB_OP_COLLECTIVE:
+        if (v->need[0]) v->out[0] = tb__vjp_collective(v);
         break;
     default:
         break;
@@ -28708,6 +28952,11 @@ static tb_status tb__native_register(void) {
 /* mpi.c: the entries of the built-in `mpi` process group */
 static tb_process_group_impl tb__mpi_group_impl(void);
 
+/* distributed.c: the executor's host step for a COLLECTIVE node (the wiring hands it to the
+   executor as tb__wiring()->collective) */
+static tb_status tb__process_group_run(const tb_node *node, tb_status local, const void *in,
+                                       void **out, void (**release)(void *context), void **context);
+
 /* ---- src/mpi.c ---- */
 /* ===========================================================================================
    The `mpi` process group: the MPI library opened at run time (no -lmpi, no mpi.h), Open MPI's
@@ -29142,8 +29391,9 @@ static tb_process_group_impl tb__mpi_group_impl(void) {
    different ways get an error each instead of waiting on each other forever.
    =========================================================================================== */
 
-/* A receive buffer that a result tensor borrows: back in the group's pool when the tensor lets
-   go of it, freed then if the group was left meanwhile (tb_shutdown). Under tb__pg.lock. */
+/* A receive buffer that a result's data borrows: back in the group's pool when the data lets
+   go of it (warm pages for the next collective), freed then if the group was left meanwhile
+   (tb_shutdown). Under tb__pg.lock. */
 typedef struct tb__pg_buffer {
     void *ptr;
     size_t cap;
@@ -29156,12 +29406,13 @@ struct tb_process_group {
     tb_process_group_impl impl;
     bool joined;
     int32_t rank, size;
+    int32_t index;     /* in the registry: a COLLECTIVE node's group attribute */
     uint64_t sequence; /* collectives called so far */
     tb__mutex lock;    /* one collective at a time */
-    /* host staging, reused by every call (grown, never shrunk): the input's copy where its
-       backend keeps it off the host, and the results' buffers */
-    void *send;
-    size_t send_cap;
+    /* host scratch, reused by every call (grown, never shrunk): f32 copies of f16 and bf16
+       values, and the whole reduction of a reduce_scatter done by all_reduce */
+    void *scratch;
+    size_t scratch_cap;
     tb__pg_buffer *buffers[TB__PG_BUFFERS];
     int64_t *records; /* size records of the agreement exchange */
     size_t records_cap;
@@ -29216,6 +29467,7 @@ static tb_status tb__pg_add(const char *name, const tb_process_group_impl *impl)
     g->lock = init;
     g->rank = -1;
     g->size = 0;
+    g->index = (int32_t)tb__pg.count;
     tb__pg.items[tb__pg.count++] = g;
     return TB_OK;
 }
@@ -29345,11 +29597,11 @@ static void tb__process_group_shutdown(void) {
         tb_process_group *g = tb__pg.items[i];
         size_t b;
         if (g->joined && g->impl.finalize != NULL) g->impl.finalize(g->impl.user_data);
-        tb__free(g->send);
+        tb__free(g->scratch);
         for (b = 0; b < TB__PG_BUFFERS; b++) {
             tb__pg_buffer *buf = g->buffers[b];
             if (buf == NULL) continue;
-            if (buf->in_use) { /* a tensor still reads it: freed when it lets go */
+            if (buf->in_use) { /* a data still reads it: freed when it lets go */
                 buf->orphaned = true;
                 continue;
             }
@@ -29398,10 +29650,9 @@ typedef struct tb__pg_call {
     tb__collective kind;
     tb_reduce_op op;
     int32_t root;
-    tb_tensor *x;
-    tb_shape shape;
-    size_t count, bytes; /* of x */
-    const void *send;    /* x's values on the host */
+    bool has_shape; /* false: no tensor (a NULL argument) */
+    tb_shape shape; /* of the operand */
+    size_t count, bytes;
 } tb__pg_call;
 
 /* "all_reduce(sum) f32[10]" for a record. */
@@ -29456,9 +29707,9 @@ static tb_status tb__pg_agree(tb__pg_call *c, tb_status local) {
     rec[TB__REC_OP] =
         c->kind == TB__COLL_ALL_REDUCE || c->kind == TB__COLL_REDUCE_SCATTER ? (int64_t)c->op : 0;
     rec[TB__REC_ROOT] = c->kind == TB__COLL_BROADCAST ? c->root : 0;
-    rec[TB__REC_DTYPE] = c->x != NULL ? (int64_t)c->shape.dtype : -1;
-    rec[TB__REC_RANK] = c->x != NULL ? c->shape.rank : -1;
-    for (i = 0; c->x != NULL && i < c->shape.rank; i++)
+    rec[TB__REC_DTYPE] = c->has_shape ? (int64_t)c->shape.dtype : -1;
+    rec[TB__REC_RANK] = c->has_shape ? c->shape.rank : -1;
+    for (i = 0; c->has_shape && i < c->shape.rank; i++)
         rec[TB__REC_DIMS + i] = c->shape.dims[i];
     rec[TB__REC_OK] = local == TB_OK;
     if (tb__grow((void **)&g->records, &g->records_cap, need, 1) != TB_OK) {
@@ -29492,100 +29743,149 @@ static tb_status tb__pg_agree(tb__pg_call *c, tb_status local) {
     return TB_OK;
 }
 
-/* Room for `need` bytes in a staging buffer (kept and reused). */
-static tb_status tb__pg_reserve(void **buf, size_t *cap, size_t need) {
-    void *p;
-    if (need <= *cap) return TB_OK;
-    p = tb__alloc(need);
-    if (p == NULL) return TB_ERR_OUT_OF_MEMORY;
-    tb__free(*buf);
-    *buf = p;
-    *cap = need;
-    return TB_OK;
-}
-
-/* x's values on the host: in place where its backend keeps them in host memory, else copied
-   into the group's send buffer. Runs x's pending graph. */
-static tb_status tb__pg_stage(tb__pg_call *c) {
-    tb_process_group *g = c->group;
-    tb_backend_data *d;
-    void *host;
-    if (c->bytes == 0) {
-        c->send = NULL;
-        return TB_OK;
-    }
-    d = tb_tensor_data(c->x);
-    if (d == NULL) return tb_last_status();
-    host = tb__host_data(d);
-    if (host != NULL && tb_shape_equal(&d->shape, &c->shape)) {
-        c->send = host;
-        return TB_OK;
-    }
-    if (tb__pg_reserve(&g->send, &g->send_cap, c->bytes) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
-    if (tb_tensor_to_host(c->x, g->send, c->bytes) != TB_OK) return tb_last_status();
-    c->send = g->send;
-    return TB_OK;
-}
-
-/* Checks the group and the tensor, takes the group's lock, stages x when `stage`, and agrees
-   with the other ranks. On success the caller holds the lock; on failure it is released. */
-static tb_status tb__pg_begin(tb__pg_call *c, tb_status local, bool stage) {
-    tb_status st = local;
-    if (c->group == NULL)
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: NULL process group", c->fn);
-    if (!c->group->joined) {
-        return tb__error(TB_ERR_STATE, "%s: process group '%s' was left (tb_shutdown)", c->fn,
-                         c->group->name);
-    }
-    if (c->x != NULL) {
-        int64_t numel = 0;
-        c->shape = tb_tensor_shape(c->x);
-        if (tb_shape_numel(&c->shape, &numel) != TB_OK) numel = 0;
-        c->count = (size_t)numel;
-        c->bytes = c->count * tb_dtype_size(c->shape.dtype);
-    } else if (c->kind != TB__COLL_BARRIER && st == TB_OK) {
-        st = tb_last_status() != TB_OK
-                 ? tb_last_status()
-                 : tb__error(TB_ERR_INVALID_ARGUMENT, "%s: NULL tensor", c->fn);
-    }
-    tb__mutex_lock(&c->group->lock);
-    if (st == TB_OK && stage) st = tb__pg_stage(c);
-    st = tb__pg_agree(c, st);
-    if (st != TB_OK) tb__mutex_unlock(&c->group->lock);
-    return st;
-}
-
 /* The dtype and op the group is asked for: bool travels as u8, where SUM and MAX are logical
-   or and PRODUCT and MIN logical and (as torch.distributed does); MEAN is a SUM. */
+   or and PRODUCT and MIN logical and (as torch.distributed does); f16 and bf16 travel as f32;
+   MEAN is a SUM. */
 static void tb__pg_wire(tb_dtype dtype, tb_reduce_op op, tb_dtype *wire_dtype,
                         tb_reduce_op *wire_op) {
     *wire_dtype = dtype == TB_BOOL ? TB_U8 : dtype;
+    if (dtype == TB_F16 || dtype == TB_BF16) *wire_dtype = TB_F32;
     *wire_op = op == TB_REDUCE_MEAN ? TB_REDUCE_SUM : op;
     if (dtype == TB_BOOL) {
         *wire_op = op == TB_REDUCE_SUM || op == TB_REDUCE_MAX ? TB_REDUCE_MAX : TB_REDUCE_MIN;
     }
 }
 
-/* The checks of a reduction's arguments: the op and the dtype. */
-static tb_status tb__pg_check_reduce(const char *fn, tb_tensor *x, tb_reduce_op op) {
-    tb_shape s;
-    if ((int)op < 0 || op >= TB_REDUCE_OP_COUNT) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: unknown reduce op %d", fn, (int)op);
+/* Room for `need` bytes of scratch (kept and reused). */
+static tb_status tb__pg_reserve(tb_process_group *g, size_t need) {
+    void *p;
+    if (need <= g->scratch_cap) return TB_OK;
+    p = tb__alloc(need);
+    if (p == NULL) {
+        return tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for %zu bytes of scratch", g->name,
+                         need);
     }
-    if (x == NULL) return TB_OK;
-    s = tb_tensor_shape(x);
-    if (op == TB_REDUCE_MEAN && !tb_dtype_is_float(s.dtype)) {
-        return tb__error(TB_ERR_DTYPE, "%s: mean of %s values (mean needs a floating dtype)", fn,
-                         tb_dtype_name(s.dtype));
-    }
-    if (s.dtype != TB_F32 && s.dtype != TB_F64 && s.dtype != TB_I32 && s.dtype != TB_I64 &&
-        s.dtype != TB_U8 && s.dtype != TB_BOOL) {
-        return tb__error(TB_ERR_DTYPE, "%s: %s is not supported", fn, tb_dtype_name(s.dtype));
-    }
+    tb__free(g->scratch);
+    g->scratch = p;
+    g->scratch_cap = need;
     return TB_OK;
 }
 
-/* A result tensor lets go of its receive buffer. */
+/* n reduced values of the wire dtype at `src` into `out` as `dtype`: MEAN divides by the world
+   size (f16 and bf16 in f32, rounded once). src may be out. */
+static void tb__pg_finish(const tb_process_group *g, tb_dtype dtype, tb_reduce_op op,
+                          const void *src, void *out, size_t n) {
+    size_t i;
+    bool mean = op == TB_REDUCE_MEAN;
+    if (dtype == TB_F16 || dtype == TB_BF16) {
+        for (i = 0; i < n; i++) {
+            float v = ((const float *)src)[i];
+            if (mean) v /= (float)g->size;
+            ((uint16_t *)out)[i] = dtype == TB_F16 ? tb_f32_to_f16(v) : tb_f32_to_bf16(v);
+        }
+        return;
+    }
+    if (src != out) memcpy(out, src, n * tb_dtype_size(dtype));
+    for (i = 0; mean && dtype == TB_F32 && i < n; i++)
+        ((float *)out)[i] /= (float)g->size;
+    for (i = 0; mean && dtype == TB_F64 && i < n; i++)
+        ((double *)out)[i] /= (double)g->size;
+}
+
+/* all_reduce (`scatter` false: out gets every value) or reduce_scatter (out gets block `rank`
+   of count / size values) of `count` values of the call's dtype from in into out. */
+static tb_status tb__pg_reduce(tb__pg_call *c, bool scatter, const void *in, void *out) {
+    tb_process_group *g = c->group;
+    tb_dtype dtype = c->shape.dtype, wd;
+    tb_reduce_op wo;
+    bool half = dtype == TB_F16 || dtype == TB_BF16;
+    bool whole = scatter && g->impl.reduce_scatter == NULL; /* all_reduce, then keep a block */
+    size_t n_out = scatter ? c->count / (size_t)g->size : c->count, i, wsize;
+    size_t n_recv = whole ? c->count : n_out;
+    const void *send = in;
+    void *recv = out;
+    tb_status st;
+    if (n_out == 0) return TB_OK;
+    tb__pg_wire(dtype, c->op, &wd, &wo);
+    wsize = tb_dtype_size(wd);
+    if (half || whole) {
+        size_t front = half ? c->count * wsize : 0;
+        if (tb__pg_reserve(g, front + n_recv * wsize) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
+        for (i = 0; half && i < c->count; i++) {
+            uint16_t bits = ((const uint16_t *)in)[i];
+            ((float *)g->scratch)[i] = dtype == TB_F16 ? tb_f16_to_f32(bits) : tb_bf16_to_f32(bits);
+        }
+        if (half) send = g->scratch;
+        recv = (char *)g->scratch + front;
+    }
+    if (scatter && !whole) {
+        st = g->impl.reduce_scatter(g->impl.user_data, send, recv, n_out, wd, wo);
+    } else {
+        st = g->impl.all_reduce(g->impl.user_data, send, recv, c->count, wd, wo);
+    }
+    if (st != TB_OK) return st;
+    if (whole) recv = (char *)recv + (size_t)g->rank * n_out * wsize;
+    tb__pg_finish(g, dtype, c->op, recv, out, n_out);
+    return TB_OK;
+}
+
+/* Moves the data of an agreed collective (under the group's lock). */
+static tb_status tb__pg_move(tb__pg_call *c, const void *in, void *out) {
+    tb_process_group *g = c->group;
+    switch (c->kind) {
+    case TB__COLL_ALL_REDUCE:
+        return tb__pg_reduce(c, false, in, out);
+    case TB__COLL_REDUCE_SCATTER:
+        return tb__pg_reduce(c, true, in, out);
+    case TB__COLL_ALL_GATHER:
+        if (c->bytes == 0) return TB_OK;
+        return g->impl.all_gather(g->impl.user_data, in, out, c->bytes);
+    case TB__COLL_BROADCAST:
+        if (c->bytes == 0) return TB_OK;
+        if (g->rank == c->root) memcpy(out, in, c->bytes);
+        return g->impl.broadcast(g->impl.user_data, out, c->bytes, c->root);
+    default:
+        return tb__error(TB_ERR_INTERNAL, "%s: unknown collective %d", c->fn, (int)c->kind);
+    }
+}
+
+static const char *tb__pg_function(int64_t kind) {
+    static const char *const names[] = {"tb_barrier",        "tb_all_reduce", "tb_all_gather",
+                                        "tb_reduce_scatter", "tb_broadcast",  "tb_barrier"};
+    return kind >= 1 && kind <= 5 ? names[kind] : "tb_barrier";
+}
+
+/* The call of `kind` on `group` for an operand of `shape` (NULL: none). */
+static void tb__pg_call_init(tb__pg_call *c, tb_process_group *group, tb__collective kind,
+                             tb_reduce_op op, int32_t root, const tb_shape *shape) {
+    memset(c, 0, sizeof *c);
+    c->fn = tb__pg_function(kind);
+    c->group = group;
+    c->kind = kind;
+    c->op = op;
+    c->root = root;
+    if (shape != NULL) {
+        int64_t numel = 0;
+        c->has_shape = true;
+        c->shape = *shape;
+        if (tb_shape_numel(shape, &numel) != TB_OK) numel = 0;
+        c->count = (size_t)numel;
+        c->bytes = c->count * tb_dtype_size(shape->dtype);
+    }
+}
+
+/* The exchange of a call this rank cannot make (st): the other ranks get an error from theirs
+   instead of waiting. This rank's error is kept. */
+static void tb__pg_refuse(tb__pg_call *c, tb_status st) {
+    tb__saved_error saved;
+    tb__error_save(&saved);
+    tb__mutex_lock(&c->group->lock);
+    tb__pg_agree(c, st);
+    tb__mutex_unlock(&c->group->lock);
+    tb__error_restore(&saved);
+}
+
+/* A receive buffer lets go (the data that borrowed it, or the executor after a copy). */
 static void tb__pg_buffer_release(void *context) {
     tb__pg_buffer *buf = (tb__pg_buffer *)context;
     tb__mutex_lock(&tb__pg.lock);
@@ -29633,153 +29933,151 @@ static tb__pg_buffer *tb__pg_buffer_acquire(tb_process_group *g, size_t need) {
     return buf;
 }
 
-/* The result tensor over the receive buffer `buf`, on x's device (in place where the backend
-   keeps host memory, else a copy; the buffer goes back to the pool when the tensor lets go of
-   it, or now on failure). MEAN divides lazily. */
-static tb_tensor *tb__pg_result(tb__pg_call *c, tb__pg_buffer *buf, const tb_shape *shape) {
-    tb_device dev = tb_tensor_device(c->x);
-    tb_tensor *t = tb__tensor_borrow(c->fn, buf->ptr, shape, &dev, tb__pg_buffer_release, buf), *m;
-    if (t == NULL) tb__pg_buffer_release(buf);
-    if (t == NULL || c->op != TB_REDUCE_MEAN) return t;
-    m = tb_div_scalar(t, (double)c->group->size);
-    tb_tensor_release(t);
-    return m;
+/* The executor's host step for a COLLECTIVE node (through the wiring): a receive buffer from
+   the group's pool, the ranks agree, then the group moves the data from `in` into it. */
+static tb_status tb__process_group_run(const tb_node *node, tb_status local, const void *in,
+                                       void **out, void (**release)(void *context),
+                                       void **context) {
+    tb_process_group *g = NULL;
+    tb__pg_buffer *buf = NULL;
+    tb__pg_call c;
+    const int64_t *at = node->attrs;
+    size_t nbytes = 0;
+    tb_status st;
+    tb__mutex_lock(&tb__pg.lock);
+    if (node->num_attrs == 5 && at[0] >= 0 && (size_t)at[0] < tb__pg.count) g = tb__pg.items[at[0]];
+    tb__mutex_unlock(&tb__pg.lock);
+    if (g == NULL || !g->joined || g->size != at[4]) {
+        if (local != TB_OK) return local;
+        return tb__error(TB_ERR_STATE,
+                         "%s: the process group of this collective was left (tb_shutdown) since "
+                         "it was recorded",
+                         tb__pg_function(node->num_attrs == 5 ? at[1] : 0));
+    }
+    tb__pg_call_init(&c, g, (tb__collective)at[1], (tb_reduce_op)at[2], (int32_t)at[3],
+                     &node->operands[0]->shape);
+    if (local == TB_OK) { /* before the exchange: a rank without memory tells the others */
+        if (tb_shape_nbytes(&node->shape, &nbytes) == TB_OK) buf = tb__pg_buffer_acquire(g, nbytes);
+        if (buf == NULL) {
+            local = tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for a %zu-byte result", c.fn,
+                              nbytes);
+        }
+    }
+    tb__mutex_lock(&g->lock);
+    st = tb__pg_agree(&c, local);
+    if (st == TB_OK) st = tb__pg_move(&c, in, buf->ptr);
+    tb__mutex_unlock(&g->lock);
+    if (st != TB_OK) {
+        if (buf != NULL) tb__pg_buffer_release(buf);
+        return st;
+    }
+    *out = buf->ptr;
+    *release = tb__pg_buffer_release;
+    *context = buf;
+    return TB_OK;
 }
 
-/* Ends a collective: the result over `buf` when st is TB_OK (else the buffer goes back), then
-   the group's lock is released. */
-static tb_tensor *tb__pg_end(tb__pg_call *c, tb_status st, tb__pg_buffer *buf,
-                             const tb_shape *shape) {
-    tb_tensor *t = NULL;
-    if (st == TB_OK && buf != NULL) {
-        t = tb__pg_result(c, buf, shape);
-    } else if (buf != NULL) {
-        tb__pg_buffer_release(buf);
+/* The checks of a reduction's arguments: the op and the dtype. */
+static tb_status tb__pg_check_reduce(const char *fn, tb_tensor *x, tb_reduce_op op) {
+    tb_shape s;
+    if ((int)op < 0 || op >= TB_REDUCE_OP_COUNT) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: unknown reduce op %d", fn, (int)op);
     }
-    tb__mutex_unlock(&c->group->lock);
-    return t;
+    if (x == NULL) return TB_OK;
+    s = tb_tensor_shape(x);
+    if (op == TB_REDUCE_MEAN && !tb_dtype_is_float(s.dtype)) {
+        return tb__error(TB_ERR_DTYPE, "%s: mean of %s values (mean needs a floating dtype)", fn,
+                         tb_dtype_name(s.dtype));
+    }
+    return TB_OK;
+}
+
+/* Records the COLLECTIVE node of x (the checks the caller made gave `st`). On a failure this
+   rank takes part in the ranks' exchange now, so that the other ranks' syncs get an error, and
+   NULL is returned with the error. */
+static tb_tensor *tb__pg_record(tb_process_group *group, tb_tensor *x, tb__collective kind,
+                                tb_reduce_op op, int32_t root, tb_status st) {
+    const char *fn = tb__pg_function(kind);
+    tb_node *xn = NULL, *node = NULL;
+    tb_shape out;
+    tb__pg_call c;
+    int64_t attrs[5];
+    if (group == NULL) {
+        if (st == TB_OK) tb__error(TB_ERR_INVALID_ARGUMENT, "%s: NULL process group", fn);
+        return NULL;
+    }
+    if (!group->joined) {
+        tb__error(TB_ERR_STATE, "%s: process group '%s' was left (tb_shutdown)", fn, group->name);
+        return NULL;
+    }
+    if (x == NULL && st == TB_OK)
+        st = tb_last_status() != TB_OK ? tb_last_status()
+                                       : tb__error(TB_ERR_INVALID_ARGUMENT, "%s: NULL tensor", fn);
+    if (x != NULL) xn = tb__tensor_ir(x);
+    if (st == TB_OK && xn == NULL)
+        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK) {
+        attrs[0] = group->index;
+        attrs[1] = kind;
+        attrs[2] = kind == TB__COLL_ALL_REDUCE || kind == TB__COLL_REDUCE_SCATTER ? op : 0;
+        attrs[3] = kind == TB__COLL_BROADCAST ? root : 0;
+        attrs[4] = group->size;
+        memset(&out, 0, sizeof out);
+        st = tb__infer_shape_as(fn, TB_OP_COLLECTIVE, &xn->shape, 1, attrs, 5, &out);
+    }
+    if (st == TB_OK) {
+        node = tb__emit(fn, TB_OP_COLLECTIVE, &out, &xn->device, &xn, 1, attrs, 5, NULL);
+        if (node == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+    }
+    if (st == TB_OK) {
+        uint64_t before = group->sequence;
+        tb_tensor *t = tb__tensor_from_node(node); /* may sync a large graph at once */
+        if (t != NULL) return t;
+        /* the ranks met in that sync already: they know */
+        if (group->sequence != before) return NULL;
+        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+    }
+    tb__pg_call_init(&c, group, kind, op, root, xn != NULL ? &xn->shape : NULL);
+    tb__pg_refuse(&c, st);
+    return NULL;
 }
 
 TBDEF tb_tensor *tb_all_reduce(tb_process_group *group, tb_tensor *x, tb_reduce_op op) {
-    tb__pg_call c;
-    tb__pg_buffer *buf;
-    tb_dtype wd;
-    tb_reduce_op wo;
-    tb_status st;
-    memset(&c, 0, sizeof c);
-    c.fn = "tb_all_reduce", c.group = group, c.kind = TB__COLL_ALL_REDUCE, c.op = op, c.x = x;
-    st = tb__pg_check_reduce(c.fn, x, op);
-    if (tb__pg_begin(&c, st, true) != TB_OK) return NULL;
-    tb__pg_wire(c.shape.dtype, op, &wd, &wo);
-    buf = tb__pg_buffer_acquire(group, c.bytes);
-    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
-    if (st == TB_OK && c.count > 0) {
-        st = group->impl.all_reduce(group->impl.user_data, c.send, buf->ptr, c.count, wd, wo);
-    }
-    return tb__pg_end(&c, st, buf, &c.shape);
+    tb_status st = tb__pg_check_reduce("tb_all_reduce", x, op);
+    return tb__pg_record(group, x, TB__COLL_ALL_REDUCE, op, 0, st);
 }
 
 TBDEF tb_tensor *tb_all_gather(tb_process_group *group, tb_tensor *x) {
-    tb__pg_call c;
-    tb__pg_buffer *buf;
-    tb_shape out;
-    tb_status st;
-    memset(&c, 0, sizeof c);
-    c.fn = "tb_all_gather", c.group = group, c.kind = TB__COLL_ALL_GATHER, c.x = x;
-    if (tb__pg_begin(&c, TB_OK, true) != TB_OK) return NULL;
-    out = c.shape;
-    if (out.rank == 0) {
-        out.rank = 1;
-        out.dims[0] = group->size;
-    } else {
-        out.dims[0] *= group->size;
-    }
-    buf = tb__pg_buffer_acquire(group, c.bytes * (size_t)group->size);
-    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
-    if (st == TB_OK && c.bytes > 0) {
-        st = group->impl.all_gather(group->impl.user_data, c.send, buf->ptr, c.bytes);
-    }
-    return tb__pg_end(&c, st, buf, &out);
-}
-
-/* reduce_scatter for a group without the entry: everything reduced with all_reduce into
-   `recv` (the whole size), and rank r keeps block r at its start. */
-static tb_status tb__pg_reduce_scatter_by_all_reduce(tb__pg_call *c, void *recv, tb_dtype wd,
-                                                     tb_reduce_op wo, size_t block) {
-    tb_process_group *g = c->group;
-    size_t esize = tb_dtype_size(wd);
-    tb_status st = g->impl.all_reduce(g->impl.user_data, c->send, recv, c->count, wd, wo);
-    if (st == TB_OK && g->rank > 0) {
-        memmove(recv, (char *)recv + (size_t)g->rank * block * esize, block * esize);
-    }
-    return st;
+    return tb__pg_record(group, x, TB__COLL_ALL_GATHER, TB_REDUCE_SUM, 0, TB_OK);
 }
 
 TBDEF tb_tensor *tb_reduce_scatter(tb_process_group *group, tb_tensor *x, tb_reduce_op op) {
-    tb__pg_call c;
-    tb__pg_buffer *buf;
-    tb_shape s, out;
-    tb_dtype wd;
-    tb_reduce_op wo;
-    tb_status st;
-    size_t block;
-    memset(&c, 0, sizeof c);
-    c.fn = "tb_reduce_scatter", c.group = group, c.kind = TB__COLL_REDUCE_SCATTER, c.op = op;
-    c.x = x;
-    st = tb__pg_check_reduce(c.fn, x, op);
-    s = tb_tensor_shape(x);
-    if (st == TB_OK && x != NULL && group != NULL &&
-        (s.rank < 1 || s.dims[0] % (group->size > 0 ? group->size : 1) != 0)) {
-        char text[96];
-        tb_shape_format(&s, text, sizeof text);
-        st = tb__error(TB_ERR_SHAPE,
-                       "%s: %s does not split along dim 0 into %d equal blocks (one per rank)",
-                       c.fn, text, (int)group->size);
-    }
-    if (tb__pg_begin(&c, st, true) != TB_OK) return NULL;
-    tb__pg_wire(c.shape.dtype, op, &wd, &wo);
-    out = c.shape;
-    out.dims[0] /= group->size;
-    block = c.count / (size_t)group->size;
-    buf = tb__pg_buffer_acquire(
-        group, group->impl.reduce_scatter != NULL ? c.bytes / (size_t)group->size : c.bytes);
-    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
-    if (st == TB_OK && block > 0 && group->impl.reduce_scatter != NULL) {
-        st = group->impl.reduce_scatter(group->impl.user_data, c.send, buf->ptr, block, wd, wo);
-    } else if (st == TB_OK && block > 0) {
-        st = tb__pg_reduce_scatter_by_all_reduce(&c, buf->ptr, wd, wo, block);
-    }
-    return tb__pg_end(&c, st, buf, &out);
+    tb_status st = tb__pg_check_reduce("tb_reduce_scatter", x, op);
+    return tb__pg_record(group, x, TB__COLL_REDUCE_SCATTER, op, 0, st);
 }
 
 TBDEF tb_tensor *tb_broadcast(tb_process_group *group, tb_tensor *x, int32_t root) {
-    tb__pg_call c;
-    tb__pg_buffer *buf;
     tb_status st = TB_OK;
-    memset(&c, 0, sizeof c);
-    c.fn = "tb_broadcast", c.group = group, c.kind = TB__COLL_BROADCAST, c.root = root, c.x = x;
     if (group != NULL && (root < 0 || root >= group->size)) {
-        st = tb__error(TB_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank of a group of %d", c.fn,
-                       (int)root, (int)group->size);
+        st = tb__error(TB_ERR_INVALID_ARGUMENT,
+                       "tb_broadcast: root %d is not a rank of a group of %d", (int)root,
+                       (int)group->size);
     }
-    if (tb__pg_begin(&c, st, group != NULL && group->rank == root) != TB_OK) return NULL;
-    buf = tb__pg_buffer_acquire(group, c.bytes);
-    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
-    if (st == TB_OK && group->rank == root && c.bytes > 0) memcpy(buf->ptr, c.send, c.bytes);
-    if (st == TB_OK && c.bytes > 0) {
-        st = group->impl.broadcast(group->impl.user_data, buf->ptr, c.bytes, root);
-    }
-    return tb__pg_end(&c, st, buf, &c.shape);
+    return tb__pg_record(group, x, TB__COLL_BROADCAST, TB_REDUCE_SUM, st == TB_OK ? root : 0, st);
 }
 
 TBDEF tb_status tb_barrier(tb_process_group *group) {
     tb__pg_call c;
     tb_status st;
-    memset(&c, 0, sizeof c);
-    c.fn = "tb_barrier", c.group = group, c.kind = TB__COLL_BARRIER;
-    st = tb__pg_begin(&c, TB_OK, false);
-    if (st != TB_OK) return st;
-    st = group->impl.barrier(group->impl.user_data);
+    if (group == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_barrier: NULL process group");
+    if (!group->joined) {
+        return tb__error(TB_ERR_STATE, "tb_barrier: process group '%s' was left (tb_shutdown)",
+                         group->name);
+    }
+    tb__pg_call_init(&c, group, TB__COLL_BARRIER, TB_REDUCE_SUM, 0, NULL);
+    tb__mutex_lock(&group->lock);
+    st = tb__pg_agree(&c, TB_OK);
+    if (st == TB_OK) st = group->impl.barrier(group->impl.user_data);
     tb__mutex_unlock(&group->lock);
     return st;
 }
@@ -33298,7 +33596,8 @@ TBDEF tb_tensor *tb_idx_load(const char *path, const tb_device *device) {
 /* ---- src/wiring.c ---- */
 /* ===========================================================================================
    The wiring: the one part that names the hooks of every layer, so that earlier layers reach
-   later ones only through tb__wiring() (tb_shutdown's teardown order, the built-in backends)
+   later ones only through tb__wiring() (tb_shutdown's teardown order, the built-in backends,
+   the collectives' host step)
    =========================================================================================== */
 
 /* Later layers first. The metrics go last of all: every layer records them, the backends too
@@ -33322,10 +33621,9 @@ static const tb__builtin_backend tb__wired_builtins[] = {
 
 static const tb__wiring_table *tb__wiring(void) {
     static const tb__wiring_table table = {
-        tb__wired_teardown,
-        sizeof tb__wired_teardown / sizeof tb__wired_teardown[0],
-        tb__wired_builtins,
-        sizeof tb__wired_builtins / sizeof tb__wired_builtins[0],
+        tb__wired_teardown,    sizeof tb__wired_teardown / sizeof tb__wired_teardown[0],
+        tb__wired_builtins,    sizeof tb__wired_builtins / sizeof tb__wired_builtins[0],
+        tb__process_group_run,
     };
     return &table;
 }

@@ -29,7 +29,9 @@
    `mpirun -np N`): every rank shuffles alike, takes its share of each batch of 128, and one
    all-reduce (sum) of all the gradients, the loss and the count of right answers gives every
    rank the whole batch's gradient, so the weights stay the same on every rank and follow the
-   one-process run. Rank 0 prints. */
+   one-process run. The all-reduce is recorded like any op: forward, backward, the all-reduce
+   and the update run in the optimizer step's one sync (the graphs below and above the
+   all-reduce each compile once). Rank 0 prints. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
@@ -207,7 +209,8 @@ static int evaluate(tb_tensor *const *params, const dataset *test, const tb_devi
 /* One data-parallel step on this rank's rows of the batch. Its loss is the sum over its rows
    divided by the whole batch's size, so that the sum over the ranks of the gradients is the
    whole batch's mean gradient however the rows are split. One all-reduce carries every
-   gradient, the loss and the count of right answers (one buffer, as DDP's buckets do). */
+   gradient, the loss and the count of right answers (one buffer, as DDP's buckets do); it is
+   lazy, so the optimizer step's sync runs the whole step, the loss and count included. */
 static int distributed_step(tb_process_group *group, tb_optimizer *opt, tb_tensor *const *params,
                             tb_tensor *x, tb_tensor *y, float *loss_hits) {
     tb_tensor *z = forward(params, x), *ce, *loss, *hits, *flat, *sum, *tail;
@@ -247,7 +250,7 @@ static int distributed_step(tb_process_group *group, tb_optimizer *opt, tb_tenso
         off += n;
     }
     tail = tb_slice(sum, 0, off, off + 2, 1);
-    if (rc == 0 && (sum == NULL || tb_optimizer_step(opt, reduced, NULL, 0) != TB_OK ||
+    if (rc == 0 && (sum == NULL || tb_optimizer_step(opt, reduced, &tail, 1) != TB_OK ||
                     tb_tensor_to_host(tail, loss_hits, 2 * sizeof(float)) != TB_OK))
         rc = fail("distributed step");
     for (k = 0; k < NPARAMS; k++)

@@ -645,6 +645,33 @@ static void tb__vjp_movement(const tb__vjp *v) {
     }
 }
 
+/* A collective's vjp: every rank's all_reduce output reads every rank's input alike, so the
+   gradient of a sum (a mean) is the all_reduce sum (mean) of the ranks' gradients, recorded as
+   the same collective (every rank runs tb_grad alike). Other collectives: an error. */
+static tb_tensor *tb__vjp_collective(const tb__vjp *v) {
+    const int64_t *at = v->node->attrs;
+    tb_node *gn, *node;
+    if (at[1] != 1 || (at[2] != TB_REDUCE_SUM && at[2] != TB_REDUCE_MEAN)) {
+        static const char *const names[] = {"?", "all_reduce", "all_gather", "reduce_scatter",
+                                            "broadcast"};
+        static const char *const ops[] = {"sum", "mean", "max", "min", "product"};
+        tb__error(TB_ERR_UNSUPPORTED,
+                  "%s: %s%s%s%s is on the path; of the collectives only all_reduce with sum or "
+                  "mean has a gradient",
+                  v->a->fn, at[1] >= 1 && at[1] <= 4 ? names[at[1]] : "?",
+                  at[1] == 1 || at[1] == 3 ? "(" : "",
+                  at[1] == 1 || at[1] == 3 ? ops[at[2] >= 0 && at[2] <= 4 ? at[2] : 0] : "",
+                  at[1] == 1 || at[1] == 3 ? ")" : "");
+        v->a->failed = true;
+        return NULL;
+    }
+    gn = tb__tensor_ir(v->g);
+    node = gn != NULL ? tb__emit(v->a->fn, TB_OP_COLLECTIVE, &gn->shape, &gn->device, &gn, 1, at,
+                                 v->node->num_attrs, NULL)
+                      : NULL;
+    return TB__K(tb__tensor_from_node(node));
+}
+
 static void tb__vjp_other(const tb__vjp *v) {
     const tb_shape *xs = &v->xs[0];
     const int64_t *at = v->node->attrs;
@@ -680,6 +707,9 @@ static void tb__vjp_other(const tb__vjp *v) {
         break;
     case TB_OP_INDEX_SELECT:
         if (v->need[0]) v->out[0] = tb__ag_index_sum(v->a, xs, (int32_t)at[0], v->x[1], g);
+        break;
+    case TB_OP_COLLECTIVE:
+        if (v->need[0]) v->out[0] = tb__vjp_collective(v);
         break;
     default:
         break;

@@ -67,7 +67,8 @@ typedef struct tb_backend_impl {
     /* IR builder hooks (LTC GetIrBuilder). (optional) on_node_created: called for every node
        recorded on a device of this backend; an error rejects the op (the op returns NULL).
        (optional) supports_node: false makes the executor run that node on the reference
-       backend (eager fallback, counted in the metrics); NULL: every node is supported. */
+       backend (eager fallback, counted in the metrics); NULL: every node is supported. A
+       COLLECTIVE node is never asked about: the executor runs it on the host itself. */
     tb_status (*on_node_created)(void *user_data, const tb_node *node);
     bool (*supports_node)(void *user_data, const tb_node *node);
 

@@ -6,8 +6,9 @@
 #include "impl_begin.h"
 #include "distributed_internal.h"
 
-/* A receive buffer that a result tensor borrows: back in the group's pool when the tensor lets
-   go of it, freed then if the group was left meanwhile (tb_shutdown). Under tb__pg.lock. */
+/* A receive buffer that a result's data borrows: back in the group's pool when the data lets
+   go of it (warm pages for the next collective), freed then if the group was left meanwhile
+   (tb_shutdown). Under tb__pg.lock. */
 typedef struct tb__pg_buffer {
     void *ptr;
     size_t cap;
@@ -20,12 +21,13 @@ struct tb_process_group {
     tb_process_group_impl impl;
     bool joined;
     int32_t rank, size;
+    int32_t index;     /* in the registry: a COLLECTIVE node's group attribute */
     uint64_t sequence; /* collectives called so far */
     tb__mutex lock;    /* one collective at a time */
-    /* host staging, reused by every call (grown, never shrunk): the input's copy where its
-       backend keeps it off the host, and the results' buffers */
-    void *send;
-    size_t send_cap;
+    /* host scratch, reused by every call (grown, never shrunk): f32 copies of f16 and bf16
+       values, and the whole reduction of a reduce_scatter done by all_reduce */
+    void *scratch;
+    size_t scratch_cap;
     tb__pg_buffer *buffers[TB__PG_BUFFERS];
     int64_t *records; /* size records of the agreement exchange */
     size_t records_cap;
@@ -80,6 +82,7 @@ static tb_status tb__pg_add(const char *name, const tb_process_group_impl *impl)
     g->lock = init;
     g->rank = -1;
     g->size = 0;
+    g->index = (int32_t)tb__pg.count;
     tb__pg.items[tb__pg.count++] = g;
     return TB_OK;
 }
@@ -209,11 +212,11 @@ static void tb__process_group_shutdown(void) {
         tb_process_group *g = tb__pg.items[i];
         size_t b;
         if (g->joined && g->impl.finalize != NULL) g->impl.finalize(g->impl.user_data);
-        tb__free(g->send);
+        tb__free(g->scratch);
         for (b = 0; b < TB__PG_BUFFERS; b++) {
             tb__pg_buffer *buf = g->buffers[b];
             if (buf == NULL) continue;
-            if (buf->in_use) { /* a tensor still reads it: freed when it lets go */
+            if (buf->in_use) { /* a data still reads it: freed when it lets go */
                 buf->orphaned = true;
                 continue;
             }
@@ -262,10 +265,9 @@ typedef struct tb__pg_call {
     tb__collective kind;
     tb_reduce_op op;
     int32_t root;
-    tb_tensor *x;
-    tb_shape shape;
-    size_t count, bytes; /* of x */
-    const void *send;    /* x's values on the host */
+    bool has_shape; /* false: no tensor (a NULL argument) */
+    tb_shape shape; /* of the operand */
+    size_t count, bytes;
 } tb__pg_call;
 
 /* "all_reduce(sum) f32[10]" for a record. */
@@ -320,9 +322,9 @@ static tb_status tb__pg_agree(tb__pg_call *c, tb_status local) {
     rec[TB__REC_OP] =
         c->kind == TB__COLL_ALL_REDUCE || c->kind == TB__COLL_REDUCE_SCATTER ? (int64_t)c->op : 0;
     rec[TB__REC_ROOT] = c->kind == TB__COLL_BROADCAST ? c->root : 0;
-    rec[TB__REC_DTYPE] = c->x != NULL ? (int64_t)c->shape.dtype : -1;
-    rec[TB__REC_RANK] = c->x != NULL ? c->shape.rank : -1;
-    for (i = 0; c->x != NULL && i < c->shape.rank; i++)
+    rec[TB__REC_DTYPE] = c->has_shape ? (int64_t)c->shape.dtype : -1;
+    rec[TB__REC_RANK] = c->has_shape ? c->shape.rank : -1;
+    for (i = 0; c->has_shape && i < c->shape.rank; i++)
         rec[TB__REC_DIMS + i] = c->shape.dims[i];
     rec[TB__REC_OK] = local == TB_OK;
     if (tb__grow((void **)&g->records, &g->records_cap, need, 1) != TB_OK) {
@@ -356,100 +358,149 @@ static tb_status tb__pg_agree(tb__pg_call *c, tb_status local) {
     return TB_OK;
 }
 
-/* Room for `need` bytes in a staging buffer (kept and reused). */
-static tb_status tb__pg_reserve(void **buf, size_t *cap, size_t need) {
-    void *p;
-    if (need <= *cap) return TB_OK;
-    p = tb__alloc(need);
-    if (p == NULL) return TB_ERR_OUT_OF_MEMORY;
-    tb__free(*buf);
-    *buf = p;
-    *cap = need;
-    return TB_OK;
-}
-
-/* x's values on the host: in place where its backend keeps them in host memory, else copied
-   into the group's send buffer. Runs x's pending graph. */
-static tb_status tb__pg_stage(tb__pg_call *c) {
-    tb_process_group *g = c->group;
-    tb_backend_data *d;
-    void *host;
-    if (c->bytes == 0) {
-        c->send = NULL;
-        return TB_OK;
-    }
-    d = tb_tensor_data(c->x);
-    if (d == NULL) return tb_last_status();
-    host = tb__host_data(d);
-    if (host != NULL && tb_shape_equal(&d->shape, &c->shape)) {
-        c->send = host;
-        return TB_OK;
-    }
-    if (tb__pg_reserve(&g->send, &g->send_cap, c->bytes) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
-    if (tb_tensor_to_host(c->x, g->send, c->bytes) != TB_OK) return tb_last_status();
-    c->send = g->send;
-    return TB_OK;
-}
-
-/* Checks the group and the tensor, takes the group's lock, stages x when `stage`, and agrees
-   with the other ranks. On success the caller holds the lock; on failure it is released. */
-static tb_status tb__pg_begin(tb__pg_call *c, tb_status local, bool stage) {
-    tb_status st = local;
-    if (c->group == NULL)
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: NULL process group", c->fn);
-    if (!c->group->joined) {
-        return tb__error(TB_ERR_STATE, "%s: process group '%s' was left (tb_shutdown)", c->fn,
-                         c->group->name);
-    }
-    if (c->x != NULL) {
-        int64_t numel = 0;
-        c->shape = tb_tensor_shape(c->x);
-        if (tb_shape_numel(&c->shape, &numel) != TB_OK) numel = 0;
-        c->count = (size_t)numel;
-        c->bytes = c->count * tb_dtype_size(c->shape.dtype);
-    } else if (c->kind != TB__COLL_BARRIER && st == TB_OK) {
-        st = tb_last_status() != TB_OK
-                 ? tb_last_status()
-                 : tb__error(TB_ERR_INVALID_ARGUMENT, "%s: NULL tensor", c->fn);
-    }
-    tb__mutex_lock(&c->group->lock);
-    if (st == TB_OK && stage) st = tb__pg_stage(c);
-    st = tb__pg_agree(c, st);
-    if (st != TB_OK) tb__mutex_unlock(&c->group->lock);
-    return st;
-}
-
 /* The dtype and op the group is asked for: bool travels as u8, where SUM and MAX are logical
-   or and PRODUCT and MIN logical and (as torch.distributed does); MEAN is a SUM. */
+   or and PRODUCT and MIN logical and (as torch.distributed does); f16 and bf16 travel as f32;
+   MEAN is a SUM. */
 static void tb__pg_wire(tb_dtype dtype, tb_reduce_op op, tb_dtype *wire_dtype,
                         tb_reduce_op *wire_op) {
     *wire_dtype = dtype == TB_BOOL ? TB_U8 : dtype;
+    if (dtype == TB_F16 || dtype == TB_BF16) *wire_dtype = TB_F32;
     *wire_op = op == TB_REDUCE_MEAN ? TB_REDUCE_SUM : op;
     if (dtype == TB_BOOL) {
         *wire_op = op == TB_REDUCE_SUM || op == TB_REDUCE_MAX ? TB_REDUCE_MAX : TB_REDUCE_MIN;
     }
 }
 
-/* The checks of a reduction's arguments: the op and the dtype. */
-static tb_status tb__pg_check_reduce(const char *fn, tb_tensor *x, tb_reduce_op op) {
-    tb_shape s;
-    if ((int)op < 0 || op >= TB_REDUCE_OP_COUNT) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: unknown reduce op %d", fn, (int)op);
+/* Room for `need` bytes of scratch (kept and reused). */
+static tb_status tb__pg_reserve(tb_process_group *g, size_t need) {
+    void *p;
+    if (need <= g->scratch_cap) return TB_OK;
+    p = tb__alloc(need);
+    if (p == NULL) {
+        return tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for %zu bytes of scratch", g->name,
+                         need);
     }
-    if (x == NULL) return TB_OK;
-    s = tb_tensor_shape(x);
-    if (op == TB_REDUCE_MEAN && !tb_dtype_is_float(s.dtype)) {
-        return tb__error(TB_ERR_DTYPE, "%s: mean of %s values (mean needs a floating dtype)", fn,
-                         tb_dtype_name(s.dtype));
-    }
-    if (s.dtype != TB_F32 && s.dtype != TB_F64 && s.dtype != TB_I32 && s.dtype != TB_I64 &&
-        s.dtype != TB_U8 && s.dtype != TB_BOOL) {
-        return tb__error(TB_ERR_DTYPE, "%s: %s is not supported", fn, tb_dtype_name(s.dtype));
-    }
+    tb__free(g->scratch);
+    g->scratch = p;
+    g->scratch_cap = need;
     return TB_OK;
 }
 
-/* A result tensor lets go of its receive buffer. */
+/* n reduced values of the wire dtype at `src` into `out` as `dtype`: MEAN divides by the world
+   size (f16 and bf16 in f32, rounded once). src may be out. */
+static void tb__pg_finish(const tb_process_group *g, tb_dtype dtype, tb_reduce_op op,
+                          const void *src, void *out, size_t n) {
+    size_t i;
+    bool mean = op == TB_REDUCE_MEAN;
+    if (dtype == TB_F16 || dtype == TB_BF16) {
+        for (i = 0; i < n; i++) {
+            float v = ((const float *)src)[i];
+            if (mean) v /= (float)g->size;
+            ((uint16_t *)out)[i] = dtype == TB_F16 ? tb_f32_to_f16(v) : tb_f32_to_bf16(v);
+        }
+        return;
+    }
+    if (src != out) memcpy(out, src, n * tb_dtype_size(dtype));
+    for (i = 0; mean && dtype == TB_F32 && i < n; i++)
+        ((float *)out)[i] /= (float)g->size;
+    for (i = 0; mean && dtype == TB_F64 && i < n; i++)
+        ((double *)out)[i] /= (double)g->size;
+}
+
+/* all_reduce (`scatter` false: out gets every value) or reduce_scatter (out gets block `rank`
+   of count / size values) of `count` values of the call's dtype from in into out. */
+static tb_status tb__pg_reduce(tb__pg_call *c, bool scatter, const void *in, void *out) {
+    tb_process_group *g = c->group;
+    tb_dtype dtype = c->shape.dtype, wd;
+    tb_reduce_op wo;
+    bool half = dtype == TB_F16 || dtype == TB_BF16;
+    bool whole = scatter && g->impl.reduce_scatter == NULL; /* all_reduce, then keep a block */
+    size_t n_out = scatter ? c->count / (size_t)g->size : c->count, i, wsize;
+    size_t n_recv = whole ? c->count : n_out;
+    const void *send = in;
+    void *recv = out;
+    tb_status st;
+    if (n_out == 0) return TB_OK;
+    tb__pg_wire(dtype, c->op, &wd, &wo);
+    wsize = tb_dtype_size(wd);
+    if (half || whole) {
+        size_t front = half ? c->count * wsize : 0;
+        if (tb__pg_reserve(g, front + n_recv * wsize) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
+        for (i = 0; half && i < c->count; i++) {
+            uint16_t bits = ((const uint16_t *)in)[i];
+            ((float *)g->scratch)[i] = dtype == TB_F16 ? tb_f16_to_f32(bits) : tb_bf16_to_f32(bits);
+        }
+        if (half) send = g->scratch;
+        recv = (char *)g->scratch + front;
+    }
+    if (scatter && !whole) {
+        st = g->impl.reduce_scatter(g->impl.user_data, send, recv, n_out, wd, wo);
+    } else {
+        st = g->impl.all_reduce(g->impl.user_data, send, recv, c->count, wd, wo);
+    }
+    if (st != TB_OK) return st;
+    if (whole) recv = (char *)recv + (size_t)g->rank * n_out * wsize;
+    tb__pg_finish(g, dtype, c->op, recv, out, n_out);
+    return TB_OK;
+}
+
+/* Moves the data of an agreed collective (under the group's lock). */
+static tb_status tb__pg_move(tb__pg_call *c, const void *in, void *out) {
+    tb_process_group *g = c->group;
+    switch (c->kind) {
+    case TB__COLL_ALL_REDUCE:
+        return tb__pg_reduce(c, false, in, out);
+    case TB__COLL_REDUCE_SCATTER:
+        return tb__pg_reduce(c, true, in, out);
+    case TB__COLL_ALL_GATHER:
+        if (c->bytes == 0) return TB_OK;
+        return g->impl.all_gather(g->impl.user_data, in, out, c->bytes);
+    case TB__COLL_BROADCAST:
+        if (c->bytes == 0) return TB_OK;
+        if (g->rank == c->root) memcpy(out, in, c->bytes);
+        return g->impl.broadcast(g->impl.user_data, out, c->bytes, c->root);
+    default:
+        return tb__error(TB_ERR_INTERNAL, "%s: unknown collective %d", c->fn, (int)c->kind);
+    }
+}
+
+static const char *tb__pg_function(int64_t kind) {
+    static const char *const names[] = {"tb_barrier",        "tb_all_reduce", "tb_all_gather",
+                                        "tb_reduce_scatter", "tb_broadcast",  "tb_barrier"};
+    return kind >= 1 && kind <= 5 ? names[kind] : "tb_barrier";
+}
+
+/* The call of `kind` on `group` for an operand of `shape` (NULL: none). */
+static void tb__pg_call_init(tb__pg_call *c, tb_process_group *group, tb__collective kind,
+                             tb_reduce_op op, int32_t root, const tb_shape *shape) {
+    memset(c, 0, sizeof *c);
+    c->fn = tb__pg_function(kind);
+    c->group = group;
+    c->kind = kind;
+    c->op = op;
+    c->root = root;
+    if (shape != NULL) {
+        int64_t numel = 0;
+        c->has_shape = true;
+        c->shape = *shape;
+        if (tb_shape_numel(shape, &numel) != TB_OK) numel = 0;
+        c->count = (size_t)numel;
+        c->bytes = c->count * tb_dtype_size(shape->dtype);
+    }
+}
+
+/* The exchange of a call this rank cannot make (st): the other ranks get an error from theirs
+   instead of waiting. This rank's error is kept. */
+static void tb__pg_refuse(tb__pg_call *c, tb_status st) {
+    tb__saved_error saved;
+    tb__error_save(&saved);
+    tb__mutex_lock(&c->group->lock);
+    tb__pg_agree(c, st);
+    tb__mutex_unlock(&c->group->lock);
+    tb__error_restore(&saved);
+}
+
+/* A receive buffer lets go (the data that borrowed it, or the executor after a copy). */
 static void tb__pg_buffer_release(void *context) {
     tb__pg_buffer *buf = (tb__pg_buffer *)context;
     tb__mutex_lock(&tb__pg.lock);
@@ -497,153 +548,151 @@ static tb__pg_buffer *tb__pg_buffer_acquire(tb_process_group *g, size_t need) {
     return buf;
 }
 
-/* The result tensor over the receive buffer `buf`, on x's device (in place where the backend
-   keeps host memory, else a copy; the buffer goes back to the pool when the tensor lets go of
-   it, or now on failure). MEAN divides lazily. */
-static tb_tensor *tb__pg_result(tb__pg_call *c, tb__pg_buffer *buf, const tb_shape *shape) {
-    tb_device dev = tb_tensor_device(c->x);
-    tb_tensor *t = tb__tensor_borrow(c->fn, buf->ptr, shape, &dev, tb__pg_buffer_release, buf), *m;
-    if (t == NULL) tb__pg_buffer_release(buf);
-    if (t == NULL || c->op != TB_REDUCE_MEAN) return t;
-    m = tb_div_scalar(t, (double)c->group->size);
-    tb_tensor_release(t);
-    return m;
+/* The executor's host step for a COLLECTIVE node (through the wiring): a receive buffer from
+   the group's pool, the ranks agree, then the group moves the data from `in` into it. */
+static tb_status tb__process_group_run(const tb_node *node, tb_status local, const void *in,
+                                       void **out, void (**release)(void *context),
+                                       void **context) {
+    tb_process_group *g = NULL;
+    tb__pg_buffer *buf = NULL;
+    tb__pg_call c;
+    const int64_t *at = node->attrs;
+    size_t nbytes = 0;
+    tb_status st;
+    tb__mutex_lock(&tb__pg.lock);
+    if (node->num_attrs == 5 && at[0] >= 0 && (size_t)at[0] < tb__pg.count) g = tb__pg.items[at[0]];
+    tb__mutex_unlock(&tb__pg.lock);
+    if (g == NULL || !g->joined || g->size != at[4]) {
+        if (local != TB_OK) return local;
+        return tb__error(TB_ERR_STATE,
+                         "%s: the process group of this collective was left (tb_shutdown) since "
+                         "it was recorded",
+                         tb__pg_function(node->num_attrs == 5 ? at[1] : 0));
+    }
+    tb__pg_call_init(&c, g, (tb__collective)at[1], (tb_reduce_op)at[2], (int32_t)at[3],
+                     &node->operands[0]->shape);
+    if (local == TB_OK) { /* before the exchange: a rank without memory tells the others */
+        if (tb_shape_nbytes(&node->shape, &nbytes) == TB_OK) buf = tb__pg_buffer_acquire(g, nbytes);
+        if (buf == NULL) {
+            local = tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for a %zu-byte result", c.fn,
+                              nbytes);
+        }
+    }
+    tb__mutex_lock(&g->lock);
+    st = tb__pg_agree(&c, local);
+    if (st == TB_OK) st = tb__pg_move(&c, in, buf->ptr);
+    tb__mutex_unlock(&g->lock);
+    if (st != TB_OK) {
+        if (buf != NULL) tb__pg_buffer_release(buf);
+        return st;
+    }
+    *out = buf->ptr;
+    *release = tb__pg_buffer_release;
+    *context = buf;
+    return TB_OK;
 }
 
-/* Ends a collective: the result over `buf` when st is TB_OK (else the buffer goes back), then
-   the group's lock is released. */
-static tb_tensor *tb__pg_end(tb__pg_call *c, tb_status st, tb__pg_buffer *buf,
-                             const tb_shape *shape) {
-    tb_tensor *t = NULL;
-    if (st == TB_OK && buf != NULL) {
-        t = tb__pg_result(c, buf, shape);
-    } else if (buf != NULL) {
-        tb__pg_buffer_release(buf);
+/* The checks of a reduction's arguments: the op and the dtype. */
+static tb_status tb__pg_check_reduce(const char *fn, tb_tensor *x, tb_reduce_op op) {
+    tb_shape s;
+    if ((int)op < 0 || op >= TB_REDUCE_OP_COUNT) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: unknown reduce op %d", fn, (int)op);
     }
-    tb__mutex_unlock(&c->group->lock);
-    return t;
+    if (x == NULL) return TB_OK;
+    s = tb_tensor_shape(x);
+    if (op == TB_REDUCE_MEAN && !tb_dtype_is_float(s.dtype)) {
+        return tb__error(TB_ERR_DTYPE, "%s: mean of %s values (mean needs a floating dtype)", fn,
+                         tb_dtype_name(s.dtype));
+    }
+    return TB_OK;
+}
+
+/* Records the COLLECTIVE node of x (the checks the caller made gave `st`). On a failure this
+   rank takes part in the ranks' exchange now, so that the other ranks' syncs get an error, and
+   NULL is returned with the error. */
+static tb_tensor *tb__pg_record(tb_process_group *group, tb_tensor *x, tb__collective kind,
+                                tb_reduce_op op, int32_t root, tb_status st) {
+    const char *fn = tb__pg_function(kind);
+    tb_node *xn = NULL, *node = NULL;
+    tb_shape out;
+    tb__pg_call c;
+    int64_t attrs[5];
+    if (group == NULL) {
+        if (st == TB_OK) tb__error(TB_ERR_INVALID_ARGUMENT, "%s: NULL process group", fn);
+        return NULL;
+    }
+    if (!group->joined) {
+        tb__error(TB_ERR_STATE, "%s: process group '%s' was left (tb_shutdown)", fn, group->name);
+        return NULL;
+    }
+    if (x == NULL && st == TB_OK)
+        st = tb_last_status() != TB_OK ? tb_last_status()
+                                       : tb__error(TB_ERR_INVALID_ARGUMENT, "%s: NULL tensor", fn);
+    if (x != NULL) xn = tb__tensor_ir(x);
+    if (st == TB_OK && xn == NULL)
+        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK) {
+        attrs[0] = group->index;
+        attrs[1] = kind;
+        attrs[2] = kind == TB__COLL_ALL_REDUCE || kind == TB__COLL_REDUCE_SCATTER ? op : 0;
+        attrs[3] = kind == TB__COLL_BROADCAST ? root : 0;
+        attrs[4] = group->size;
+        memset(&out, 0, sizeof out);
+        st = tb__infer_shape_as(fn, TB_OP_COLLECTIVE, &xn->shape, 1, attrs, 5, &out);
+    }
+    if (st == TB_OK) {
+        node = tb__emit(fn, TB_OP_COLLECTIVE, &out, &xn->device, &xn, 1, attrs, 5, NULL);
+        if (node == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+    }
+    if (st == TB_OK) {
+        uint64_t before = group->sequence;
+        tb_tensor *t = tb__tensor_from_node(node); /* may sync a large graph at once */
+        if (t != NULL) return t;
+        /* the ranks met in that sync already: they know */
+        if (group->sequence != before) return NULL;
+        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+    }
+    tb__pg_call_init(&c, group, kind, op, root, xn != NULL ? &xn->shape : NULL);
+    tb__pg_refuse(&c, st);
+    return NULL;
 }
 
 TBDEF tb_tensor *tb_all_reduce(tb_process_group *group, tb_tensor *x, tb_reduce_op op) {
-    tb__pg_call c;
-    tb__pg_buffer *buf;
-    tb_dtype wd;
-    tb_reduce_op wo;
-    tb_status st;
-    memset(&c, 0, sizeof c);
-    c.fn = "tb_all_reduce", c.group = group, c.kind = TB__COLL_ALL_REDUCE, c.op = op, c.x = x;
-    st = tb__pg_check_reduce(c.fn, x, op);
-    if (tb__pg_begin(&c, st, true) != TB_OK) return NULL;
-    tb__pg_wire(c.shape.dtype, op, &wd, &wo);
-    buf = tb__pg_buffer_acquire(group, c.bytes);
-    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
-    if (st == TB_OK && c.count > 0) {
-        st = group->impl.all_reduce(group->impl.user_data, c.send, buf->ptr, c.count, wd, wo);
-    }
-    return tb__pg_end(&c, st, buf, &c.shape);
+    tb_status st = tb__pg_check_reduce("tb_all_reduce", x, op);
+    return tb__pg_record(group, x, TB__COLL_ALL_REDUCE, op, 0, st);
 }
 
 TBDEF tb_tensor *tb_all_gather(tb_process_group *group, tb_tensor *x) {
-    tb__pg_call c;
-    tb__pg_buffer *buf;
-    tb_shape out;
-    tb_status st;
-    memset(&c, 0, sizeof c);
-    c.fn = "tb_all_gather", c.group = group, c.kind = TB__COLL_ALL_GATHER, c.x = x;
-    if (tb__pg_begin(&c, TB_OK, true) != TB_OK) return NULL;
-    out = c.shape;
-    if (out.rank == 0) {
-        out.rank = 1;
-        out.dims[0] = group->size;
-    } else {
-        out.dims[0] *= group->size;
-    }
-    buf = tb__pg_buffer_acquire(group, c.bytes * (size_t)group->size);
-    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
-    if (st == TB_OK && c.bytes > 0) {
-        st = group->impl.all_gather(group->impl.user_data, c.send, buf->ptr, c.bytes);
-    }
-    return tb__pg_end(&c, st, buf, &out);
-}
-
-/* reduce_scatter for a group without the entry: everything reduced with all_reduce into
-   `recv` (the whole size), and rank r keeps block r at its start. */
-static tb_status tb__pg_reduce_scatter_by_all_reduce(tb__pg_call *c, void *recv, tb_dtype wd,
-                                                     tb_reduce_op wo, size_t block) {
-    tb_process_group *g = c->group;
-    size_t esize = tb_dtype_size(wd);
-    tb_status st = g->impl.all_reduce(g->impl.user_data, c->send, recv, c->count, wd, wo);
-    if (st == TB_OK && g->rank > 0) {
-        memmove(recv, (char *)recv + (size_t)g->rank * block * esize, block * esize);
-    }
-    return st;
+    return tb__pg_record(group, x, TB__COLL_ALL_GATHER, TB_REDUCE_SUM, 0, TB_OK);
 }
 
 TBDEF tb_tensor *tb_reduce_scatter(tb_process_group *group, tb_tensor *x, tb_reduce_op op) {
-    tb__pg_call c;
-    tb__pg_buffer *buf;
-    tb_shape s, out;
-    tb_dtype wd;
-    tb_reduce_op wo;
-    tb_status st;
-    size_t block;
-    memset(&c, 0, sizeof c);
-    c.fn = "tb_reduce_scatter", c.group = group, c.kind = TB__COLL_REDUCE_SCATTER, c.op = op;
-    c.x = x;
-    st = tb__pg_check_reduce(c.fn, x, op);
-    s = tb_tensor_shape(x);
-    if (st == TB_OK && x != NULL && group != NULL &&
-        (s.rank < 1 || s.dims[0] % (group->size > 0 ? group->size : 1) != 0)) {
-        char text[96];
-        tb_shape_format(&s, text, sizeof text);
-        st = tb__error(TB_ERR_SHAPE,
-                       "%s: %s does not split along dim 0 into %d equal blocks (one per rank)",
-                       c.fn, text, (int)group->size);
-    }
-    if (tb__pg_begin(&c, st, true) != TB_OK) return NULL;
-    tb__pg_wire(c.shape.dtype, op, &wd, &wo);
-    out = c.shape;
-    out.dims[0] /= group->size;
-    block = c.count / (size_t)group->size;
-    buf = tb__pg_buffer_acquire(
-        group, group->impl.reduce_scatter != NULL ? c.bytes / (size_t)group->size : c.bytes);
-    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
-    if (st == TB_OK && block > 0 && group->impl.reduce_scatter != NULL) {
-        st = group->impl.reduce_scatter(group->impl.user_data, c.send, buf->ptr, block, wd, wo);
-    } else if (st == TB_OK && block > 0) {
-        st = tb__pg_reduce_scatter_by_all_reduce(&c, buf->ptr, wd, wo, block);
-    }
-    return tb__pg_end(&c, st, buf, &out);
+    tb_status st = tb__pg_check_reduce("tb_reduce_scatter", x, op);
+    return tb__pg_record(group, x, TB__COLL_REDUCE_SCATTER, op, 0, st);
 }
 
 TBDEF tb_tensor *tb_broadcast(tb_process_group *group, tb_tensor *x, int32_t root) {
-    tb__pg_call c;
-    tb__pg_buffer *buf;
     tb_status st = TB_OK;
-    memset(&c, 0, sizeof c);
-    c.fn = "tb_broadcast", c.group = group, c.kind = TB__COLL_BROADCAST, c.root = root, c.x = x;
     if (group != NULL && (root < 0 || root >= group->size)) {
-        st = tb__error(TB_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank of a group of %d", c.fn,
-                       (int)root, (int)group->size);
+        st = tb__error(TB_ERR_INVALID_ARGUMENT,
+                       "tb_broadcast: root %d is not a rank of a group of %d", (int)root,
+                       (int)group->size);
     }
-    if (tb__pg_begin(&c, st, group != NULL && group->rank == root) != TB_OK) return NULL;
-    buf = tb__pg_buffer_acquire(group, c.bytes);
-    st = buf != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
-    if (st == TB_OK && group->rank == root && c.bytes > 0) memcpy(buf->ptr, c.send, c.bytes);
-    if (st == TB_OK && c.bytes > 0) {
-        st = group->impl.broadcast(group->impl.user_data, buf->ptr, c.bytes, root);
-    }
-    return tb__pg_end(&c, st, buf, &c.shape);
+    return tb__pg_record(group, x, TB__COLL_BROADCAST, TB_REDUCE_SUM, st == TB_OK ? root : 0, st);
 }
 
 TBDEF tb_status tb_barrier(tb_process_group *group) {
     tb__pg_call c;
     tb_status st;
-    memset(&c, 0, sizeof c);
-    c.fn = "tb_barrier", c.group = group, c.kind = TB__COLL_BARRIER;
-    st = tb__pg_begin(&c, TB_OK, false);
-    if (st != TB_OK) return st;
-    st = group->impl.barrier(group->impl.user_data);
+    if (group == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_barrier: NULL process group");
+    if (!group->joined) {
+        return tb__error(TB_ERR_STATE, "tb_barrier: process group '%s' was left (tb_shutdown)",
+                         group->name);
+    }
+    tb__pg_call_init(&c, group, TB__COLL_BARRIER, TB_REDUCE_SUM, 0, NULL);
+    tb__mutex_lock(&group->lock);
+    st = tb__pg_agree(&c, TB_OK);
+    if (st == TB_OK) st = group->impl.barrier(group->impl.user_data);
     tb__mutex_unlock(&group->lock);
     return st;
 }

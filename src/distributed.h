@@ -1,8 +1,10 @@
 /* ===========================================================================================
    Distribution: process groups by name (the `mpi` group built in) and collectives on tensors
-   with torch.distributed's semantics. The collectives are eager: each one runs the graph of its
-   input now (as tb_sync does), stages the values through host buffers the group keeps and
-   reuses, calls the group, and returns a new tensor on the input's device.
+   with torch.distributed's semantics. The collectives are lazy like every op: each one records
+   a COLLECTIVE node (see ir.h) and returns its pending tensor on the input's device. When the
+   graph runs (tb_sync, tb_tensor_to_host, an optimizer step) the executor computes the node's
+   input, hands the values to the group from host memory, and puts the result back on the
+   device, so that a training step's gradient all-reduce is part of the step's graph.
    =========================================================================================== */
 
 typedef enum tb_reduce_op {
@@ -28,7 +30,8 @@ typedef struct tb_process_group_impl {
        tb_process_group_get of the group (again after a failure, and after tb_shutdown). */
     tb_status (*init)(void *user_data, int32_t *rank, int32_t *size);
     /* recv[i] = op over the ranks of send[i], for `count` values of `dtype` (f32 f64 i32 i64 u8;
-       op is SUM MAX MIN or PRODUCT: the library does MEAN and maps bool to u8). send and recv
+       op is SUM MAX MIN or PRODUCT: the library does MEAN, maps bool to u8 and hands f16 and
+       bf16 values over as f32). send and recv
        do not overlap. */
     tb_status (*all_reduce)(void *user_data, const void *send, void *recv, size_t count,
                             tb_dtype dtype, tb_reduce_op op);
@@ -64,16 +67,26 @@ TBDEF int32_t tb_process_group_size(const tb_process_group *group);
 TBDEF const char *tb_process_group_name(const tb_process_group *group);
 
 /* ---- collectives: call them on every rank of the group, in the same order ----
-   Before each one the ranks exchange what they are about to do (collective, reduce op, dtype,
-   shape, root, a sequence number) and whether they could read their input; when the ranks
-   disagree every rank gets TB_ERR_STATE naming both sides ("... rank 0 called #3
-   all_reduce(sum) f32[10], rank 1 called #3 broadcast(from 0) f32[10]; no data moved") and no
-   data moves. When a rank could not read its input every rank gets an error. NULL group or
-   op/root out of range: TB_ERR_INVALID_ARGUMENT. A NULL tensor: NULL with the first error
-   kept, after taking part in the exchange so that the other ranks get an error too. Dtypes:
-   f32 f64 i32 i64 u8 bool. A rank that dies or stops calling is MPI's business: its default
-   error handler ends the job. Calls on one group are serialised by a lock, but every rank must
-   make them in the same order. */
+   Each one records a node; it runs when a sync needs its value, and every rank must run its
+   collectives in the same order: record them alike and sync them alike (the same tensors in
+   the same order; a graph's collectives run in its post-order, which is the same on every
+   rank for the same graph). Before each one runs the ranks exchange what they are about to do
+   (collective, reduce op, dtype, shape, root, a sequence number) and whether they could compute
+   its input; when the ranks disagree the sync fails on every rank with TB_ERR_STATE naming both
+   sides ("tb_all_reduce: ... rank 0 called #3 all_reduce(sum) f32[10], rank 1 called #3
+   broadcast(from 0) f32[10]; no data moved") and no data moves. When a rank could not compute
+   the input (its graph failed), or failed earlier in the same sync, it still takes part in the
+   exchange of the sync's next collective: its sync fails with its own error, the others' with
+   TB_ERR_EXECUTE. A failed collective stays pending, like any node of a failed sync. Errors
+   found while recording (NULL group or op/root out of range: TB_ERR_INVALID_ARGUMENT; MEAN of
+   an integer: TB_ERR_DTYPE; a bad shape: TB_ERR_SHAPE; a NULL tensor: the first error kept)
+   return NULL after this rank took part in an exchange at once, so that the other ranks'
+   syncs of that collective fail too. Dtypes: all (f16 and bf16 reduce in f32 on the host and
+   round once). tb_grad through all_reduce with SUM or MEAN gives the all_reduce (SUM, MEAN) of
+   the gradient, recorded like any collective; other collectives on the path are
+   TB_ERR_UNSUPPORTED. A rank that dies or stops calling is MPI's business: its default error
+   handler ends the job. Calls on one group are serialised by a lock, but every rank must make
+   them in the same order. */
 
 /* Every rank gets the elementwise reduction of every rank's `x` (same shape and dtype on every
    rank). MEAN on an integer or bool dtype is TB_ERR_DTYPE. */
@@ -86,7 +99,8 @@ TBDEF tb_tensor *tb_all_gather(tb_process_group *group, tb_tensor *x);
    x of rank >= 1. */
 TBDEF tb_tensor *tb_reduce_scatter(tb_process_group *group, tb_tensor *x, tb_reduce_op op);
 /* Every rank gets rank `root`'s `x` (each rank passes a tensor of the same shape and dtype; its
-   values are read only on the root). */
+   values are used only on the root). */
 TBDEF tb_tensor *tb_broadcast(tb_process_group *group, tb_tensor *x, int32_t root);
-/* Returns once every rank has called it. */
+/* Returns once every rank has called it (eager: it runs no pending graph; a pending collective
+   recorded before it still runs when its graph is synced). */
 TBDEF tb_status tb_barrier(tb_process_group *group);

@@ -135,6 +135,8 @@ static bool tb__exec_is_param(const tb_node *n) {
 }
 
 static bool tb__exec_supported(const tb_backend_impl *vt, const tb_node *n) {
+    /* a collective runs on the host through its process group, whatever the backend says */
+    if (n->op == TB_OP_COLLECTIVE) return false;
     return vt->supports_node == NULL || vt->supports_node(vt->user_data, n);
 }
 
@@ -914,22 +916,150 @@ static tb_status tb__exec_reference_node(const char *fn, const tb_node *node,
     return st;
 }
 
+/* This rank could not run the collective `node` (st): it still takes part in the ranks'
+   exchange, so that the others get an error too instead of waiting for it. Keeps the error. */
+static void tb__exec_collective_failed(const tb_node *node, tb_status st) {
+    tb__saved_error saved;
+    tb__error_save(&saved);
+    tb__wiring()->collective(node, st, NULL, NULL, NULL, NULL);
+    tb__error_restore(&saved);
+}
+
+/* One host array kept between fallbacks for operands copied off their device, so that a large
+   collective's input lands in warm pages step after step. */
+static tb__mutex tb__exec_stage_mutex = TB__MUTEX_INIT;
+static void *tb__exec_stage;
+static size_t tb__exec_stage_cap;
+
+/* A host array of at least `need` bytes (the kept one when it is large enough); *cap gets its
+   size. NULL when memory ran out. */
+static void *tb__exec_stage_take(size_t need, size_t *cap) {
+    void *p;
+    size_t have;
+    tb__mutex_lock(&tb__exec_stage_mutex);
+    p = tb__exec_stage;
+    have = tb__exec_stage_cap;
+    tb__exec_stage = NULL;
+    tb__exec_stage_cap = 0;
+    tb__mutex_unlock(&tb__exec_stage_mutex);
+    if (need == 0) need = 1;
+    if (p != NULL && have >= need) {
+        *cap = have;
+        return p;
+    }
+    tb__free(p);
+    *cap = need;
+    return tb__alloc(need);
+}
+
+/* Gives an array of tb__exec_stage_take back: kept when it is the largest, else freed. */
+static void tb__exec_stage_give(void *p, size_t cap) {
+    if (p == NULL) return;
+    tb__mutex_lock(&tb__exec_stage_mutex);
+    if (tb__exec_stage == NULL || cap > tb__exec_stage_cap) {
+        void *old = tb__exec_stage;
+        tb__exec_stage = p;
+        tb__exec_stage_cap = cap;
+        p = old;
+    }
+    tb__mutex_unlock(&tb__exec_stage_mutex);
+    tb__free(p);
+}
+
+static void tb__exec_stage_shutdown(void) {
+    tb__mutex_lock(&tb__exec_stage_mutex);
+    tb__free(tb__exec_stage);
+    tb__exec_stage = NULL;
+    tb__exec_stage_cap = 0;
+    tb__mutex_unlock(&tb__exec_stage_mutex);
+}
+
+/* The release of a host array that a result's data borrows. */
+static void tb__exec_free_host(void *context) {
+    tb__free(context);
+}
+
+/* Operand `operand`'s values on the host for the fallback, from its data `d` (NULL for an
+   unset scalar): *in points at them, in the data's own host memory where its backend keeps it
+   there, else in a staging array *owned of *cap bytes (the caller gives it back with
+   tb__exec_stage_give). */
+static tb_status tb__exec_operand_host(const tb_node *operand, const tb_backend_data *d,
+                                       void **owned, size_t *cap, void **in) {
+    void *host = d != NULL ? tb__host_data(d) : NULL;
+    size_t nbytes = 0;
+    if (host != NULL && tb_shape_equal(&d->shape, &operand->shape)) {
+        *in = host;
+        return TB_OK;
+    }
+    if (tb_shape_nbytes(&operand->shape, &nbytes) != TB_OK) return tb_last_status();
+    *owned = tb__exec_stage_take(nbytes, cap);
+    if (*owned == NULL) return TB_ERR_OUT_OF_MEMORY;
+    *in = *owned;
+    if (d == NULL) {
+        tb__scalar_store(operand->scalar, operand->shape.dtype, *owned);
+        return TB_OK;
+    }
+    return tb__data_to_host(d, *owned);
+}
+
+/* The fallback's step on the host: the node from its operands' host values `in` into a host
+   array, which becomes the node's value on the device (in place where the backend can borrow
+   host memory). A collective runs through its process group (*exchanged: the ranks' exchange
+   took place) into a buffer the group lends, any other node on the reference backend into a
+   new array. */
+static tb_status tb__exec_fallback_run(const tb__exec *ex, tb_node *node, void *const *in,
+                                       bool *exchanged) {
+    tb_backend_data *value = NULL;
+    void *result = NULL, *context = NULL;
+    void (*release)(void *context) = tb__exec_free_host;
+    tb_status st;
+    char name[64];
+    if (node->op == TB_OP_COLLECTIVE) {
+        *exchanged = true;
+        st = tb__wiring()->collective(node, TB_OK, in[0], &result, &release, &context);
+    } else {
+        result = context = tb__exec_host_alloc(&node->shape, NULL);
+        st = result != NULL              ? TB_OK
+             : tb_last_status() != TB_OK ? tb_last_status()
+                                         : TB_ERR_OUT_OF_MEMORY;
+        if (st == TB_OK) st = tb__exec_reference_node(ex->func, node, in, result);
+    }
+    if (st == TB_OK) {
+        value = tb__data_borrow_host(&ex->device, &node->shape, result, release, context);
+        if (value != NULL) {
+            result = NULL; /* the data's now: it releases it */
+        } else {
+            value = tb__data_from_host(&ex->device, &node->shape, result);
+            if (value == NULL)
+                st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+        }
+    }
+    if (result != NULL) release(context);
+    if (st != TB_OK) return st;
+    node->value = value;
+    snprintf(name, sizeof(name), "Fallback::%s", tb_op_name(node->op));
+    tb__metric_count(node->op == TB_OP_COLLECTIVE ? "CollectiveOnHost" : name, 1);
+    return TB_OK;
+}
+
 /* LTC's eager fallback: runs one node the backend does not support on the reference
-   backend, from its operands' values, and keeps the result on the device in node->value. */
+   backend, from its operands' values, and keeps the result on the device in node->value. A
+   COLLECTIVE node runs the same way, on the host through its process group. */
 static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
-    size_t k = node->num_operands, i, num_pending = 0;
-    void **host = NULL;
+    size_t k = node->num_operands, i, num_pending = 0, *caps = NULL;
+    void **host = NULL, **in = NULL;
     tb_node **pending = NULL;
     tb_backend_data **computed = NULL;
-    void *result = NULL;
-    tb_backend_data *value = NULL;
     tb_status st = TB_ERR_OUT_OF_MEMORY;
-    char name[64];
+    bool exchanged = false;
 
     host = (void **)tb__calloc(k + 1, sizeof(void *));
+    in = (void **)tb__calloc(k + 1, sizeof(void *));
+    caps = (size_t *)tb__calloc(k + 1, sizeof(size_t));
     pending = (tb_node **)tb__calloc(k + 1, sizeof(tb_node *));
     computed = (tb_backend_data **)tb__calloc(k + 1, sizeof(tb_backend_data *));
-    if (host == NULL || pending == NULL || computed == NULL) goto done;
+    if (host == NULL || in == NULL || caps == NULL || pending == NULL || computed == NULL)
+        goto done;
     /* operands still pending become a graph of their own, whose results are those operands */
     for (i = 0; i < k; i++) {
         size_t j;
@@ -946,16 +1076,9 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     for (i = 0; i < k; i++) {
         const tb_node *operand = node->operands[i];
         const tb_backend_data *d = NULL;
-        host[i] = tb__exec_host_alloc(&operand->shape, NULL);
-        if (host[i] == NULL) {
-            st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
-            goto done;
-        }
         if (operand->op == TB_OP_SCALAR && operand->value == NULL) {
-            tb__scalar_store(operand->scalar, operand->shape.dtype, host[i]);
-            continue;
-        }
-        if (tb__exec_is_param(operand)) {
+            /* its value is the node's own: d stays NULL */
+        } else if (tb__exec_is_param(operand)) {
             d = tb__exec_param_data(ex, operand);
         } else {
             size_t j;
@@ -963,33 +1086,20 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
                 if (pending[j] == operand) d = computed[j];
             }
         }
-        if (d == NULL) {
+        if (d == NULL && !(operand->op == TB_OP_SCALAR && operand->value == NULL)) {
             st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
             goto done;
         }
-        st = tb__data_to_host(d, host[i]);
+        st = tb__exec_operand_host(operand, d, &host[i], &caps[i], &in[i]);
         if (st != TB_OK) goto done;
     }
-    result = tb__exec_host_alloc(&node->shape, NULL);
-    if (result == NULL) {
-        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
-    st = tb__exec_reference_node(ex->func, node, host, result);
-    if (st != TB_OK) goto done;
-    value = tb__data_from_host(&ex->device, &node->shape, result);
-    if (value == NULL) {
-        st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
-    node->value = value;
-    snprintf(name, sizeof(name), "Fallback::%s", tb_op_name(node->op));
-    tb__metric_count(name, 1);
-    st = TB_OK;
+    st = tb__exec_fallback_run(ex, node, in, &exchanged);
 done:
-    if (host != NULL) {
+    if (st != TB_OK && node->op == TB_OP_COLLECTIVE && !exchanged)
+        tb__exec_collective_failed(node, st);
+    if (host != NULL && caps != NULL) {
         for (i = 0; i < k; i++)
-            tb__free(host[i]);
+            tb__exec_stage_give(host[i], caps[i]);
     }
     if (computed != NULL) {
         for (i = 0; i < num_pending; i++) {
@@ -997,18 +1107,32 @@ done:
         }
     }
     tb__free(host);
+    tb__free(in);
+    tb__free(caps);
     tb__free(pending);
     tb__free(computed);
-    tb__free(result);
     return st;
 }
 
-/* Runs the eager fallback for every node of the walked graph the backend does not support.
-   Returns whether any ran (the walk is then stale). */
+/* After a failure at position `from` of the walk: the first collective after it still takes
+   part in its exchange (every rank meets the collectives of a graph in the same order), so that
+   the ranks stop together. */
+static void tb__exec_collectives_abandon(const tb__exec_walk *w, size_t from, tb_status st) {
+    size_t i;
+    for (i = from; i < w->num_order; i++) {
+        const tb_node *node = w->order[i];
+        if (node->op == TB_OP_COLLECTIVE && node->value == NULL) {
+            tb__exec_collective_failed(node, st);
+            return;
+        }
+    }
+}
+
+/* Runs the eager fallback for every node of the walked graph the backend does not support, and
+   every collective. Returns whether any ran (the walk is then stale). */
 static tb_status tb__exec_run_fallbacks(const tb__exec *ex, const tb__exec_walk *w, bool *ran) {
     size_t i, next_param = 0;
     *ran = false;
-    if (ex->vt->supports_node == NULL) return TB_OK;
     for (i = 0; i < w->num_order; i++) {
         tb_node *node = (tb_node *)w->order[i];
         tb_status st;
@@ -1020,7 +1144,11 @@ static tb_status tb__exec_run_fallbacks(const tb__exec *ex, const tb__exec_walk 
            operands' graph needs no fallback of its own */
         if (tb__exec_supported(ex->vt, node)) continue;
         st = tb__exec_fallback(ex, node);
-        if (st != TB_OK) return st;
+        if (st != TB_OK) {
+            /* a failed collective already told the other ranks */
+            if (node->op != TB_OP_COLLECTIVE) tb__exec_collectives_abandon(w, i + 1, st);
+            return st;
+        }
         *ran = true;
     }
     return TB_OK;

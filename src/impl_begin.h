@@ -185,6 +185,14 @@ typedef struct tb__wiring_table {
     /* the backends built into the library, in registration order (the reference first) */
     const tb__builtin_backend *builtins;
     size_t num_builtins;
+    /* the executor's host step for a COLLECTIVE node (distributed.c): `in` holds the operand's
+       values (a contiguous host array); on success *out is a host array of the node's values
+       that stays valid until release(*context) is called (once: when the data that borrowed it
+       lets go, or after copying it). local != TB_OK: this rank could not compute its operand
+       (in and out NULL); it still takes part in the ranks' exchange, so that every rank gets
+       an error instead of waiting, and returns an error. */
+    tb_status (*collective)(const tb_node *node, tb_status local, const void *in, void **out,
+                            void (**release)(void *context), void **context);
 } tb__wiring_table;
 static const tb__wiring_table *tb__wiring(void);
 

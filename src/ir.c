@@ -1088,6 +1088,44 @@ static tb_status tb__infer_gather(const char *fn, tb_op op, const tb_shape *in,
     return TB_OK;
 }
 
+/* A collective: attrs [group, collective, reduce op, root, size] (see COLLECTIVE in ir.h). */
+static tb_status tb__infer_collective(const char *fn, const tb_shape *x, const int64_t *attrs,
+                                      size_t num_attrs, tb_shape *out) {
+    tb_status st = tb__want_attrs(fn, num_attrs, 5, "[group, collective, reduce op, root, size]");
+    int64_t kind, size;
+    tb__shape_buf b;
+    if (st != TB_OK) return st;
+    kind = attrs[1];
+    size = attrs[4];
+    if (attrs[0] < 0 || kind < 1 || kind > 4 || attrs[2] < 0 || attrs[2] > 4 || size < 1 ||
+        attrs[3] < 0 || attrs[3] >= size) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "%s: invalid attributes [%lld, %lld, %lld, %lld, %lld]", fn,
+                         (long long)attrs[0], (long long)kind, (long long)attrs[2],
+                         (long long)attrs[3], (long long)size);
+    }
+    *out = *x;
+    if (kind == 2 && x->rank == 0) { /* all_gather of scalars */
+        out->rank = 1;
+        out->dims[0] = size;
+    } else if (kind == 2) {
+        if (x->dims[0] > INT64_MAX / size) {
+            return tb__error(TB_ERR_SHAPE, "%s: %s gathered from %lld ranks is too large", fn,
+                             tb__st(x, &b), (long long)size);
+        }
+        out->dims[0] = x->dims[0] * size;
+    } else if (kind == 3) {
+        if (x->rank < 1 || x->dims[0] % size != 0) {
+            return tb__error(TB_ERR_SHAPE,
+                             "%s: %s does not split along dim 0 into %lld equal blocks (one per "
+                             "rank)",
+                             fn, tb__st(x, &b), (long long)size);
+        }
+        out->dims[0] = x->dims[0] / size;
+    }
+    return tb__check_fits(fn, out);
+}
+
 /* The output dtype and shape of a custom op. */
 static tb_status tb__infer_custom(const char *fn, const tb__custom_op *entry, const tb_shape *in,
                                   size_t n, const int64_t *attrs, size_t num_attrs, tb_shape *out) {
@@ -1262,6 +1300,9 @@ static tb_status tb__infer_by_kind(const char *fn, tb_op op, const tb_shape *inp
             break;
         case TB_OP_PAD:
             st = tb__infer_pad(fn, inputs, attrs, num_attrs, result);
+            break;
+        case TB_OP_COLLECTIVE:
+            st = tb__infer_collective(fn, &inputs[0], attrs, num_attrs, result);
             break;
         default: /* GATHER, INDEX_SELECT */
             st = tb__infer_gather(fn, op, inputs, attrs, num_attrs, result);

@@ -13,7 +13,7 @@ typedef enum tb_op_kind {
     TB_KIND_MATMUL,       /* batched matrix product */
     TB_KIND_NORM,         /* softmax, log_softmax, layer_norm: reductions plus elementwise */
     TB_KIND_MOVEMENT,     /* a view: reshape, permute, expand, slice, flip (index arithmetic) */
-    TB_KIND_OTHER,        /* concat, pad, gather, index_select */
+    TB_KIND_OTHER,        /* concat, pad, gather, index_select, collective */
     TB_KIND_CUSTOM        /* registered by the user */
 } tb_op_kind;
 
@@ -108,6 +108,16 @@ typedef enum tb_op_kind {
        TB_MAX_RANK), the output is [..., out_1, .., out_n, kernel_1, .., kernel_n] and element
        [..., o, k] is x[..., o_i * stride_i + k_i * dilation_i, .., k_i, ..] (the fold of
        windows, tb_fold, sums these over k).
+     COLLECTIVE: other; one operand x; attrs [group, collective, reduce op, root, size]: group
+       is a process group's index in the registry (tb_process_group_get), collective 1
+       all_reduce, 2 all_gather, 3 reduce_scatter, 4 broadcast; reduce op a tb_reduce_op
+       (all_reduce and reduce_scatter; 0 otherwise), root a rank (broadcast; 0 otherwise), size
+       the group's number of ranks (>= 1). Output x's dtype and dims, except all_gather [size *
+       d0, ...] ([size] for a rank-0 x) and reduce_scatter [d0 / size, ...] (x of rank >= 1, d0
+       a multiple of size). Recorded by tb_all_reduce, tb_all_gather, tb_reduce_scatter and
+       tb_broadcast only (tb_call_op refuses it). No backend lowers it: the executor runs it on
+       the host through the group when the graph runs (whatever the backend's supports_node
+       says), and the graph below it and the graph above it are computations of their own.
    Custom ops: the registered number of operands, as recorded (no CAST is inserted); attrs as
    given to tb_call_op; output from infer_shape, or else the broadcast of the operands with the
    tb_dtype_promote of their dtypes.
@@ -179,7 +189,8 @@ typedef enum tb_op_kind {
     X(GATHER, "gather", TB_KIND_OTHER, 2)                                                          \
     X(INDEX_SELECT, "index_select", TB_KIND_OTHER, 2)                                              \
     X(ERF, "erf", TB_KIND_UNARY, 1)                                                                \
-    X(WINDOW, "window", TB_KIND_MOVEMENT, 1)
+    X(WINDOW, "window", TB_KIND_MOVEMENT, 1)                                                       \
+    X(COLLECTIVE, "collective", TB_KIND_OTHER, 1)
 
 /* An op id: a built-in TB_OP_* or an id returned by tb_op_register. */
 typedef int32_t tb_op;

@@ -1584,6 +1584,13 @@ TBDEF tb_tensor *tb_call_op(tb_op op, tb_tensor *const *inputs, size_t num_input
         tb__error(TB_ERR_UNSUPPORTED, "%s: a leaf op is created by its own function", fn);
         return NULL;
     }
+    if (op == TB_OP_COLLECTIVE) {
+        tb__error(TB_ERR_UNSUPPORTED,
+                  "%s: a collective is recorded by tb_all_reduce, tb_all_gather, "
+                  "tb_reduce_scatter or tb_broadcast",
+                  fn);
+        return NULL;
+    }
     if (num_inputs == 0 || inputs == NULL) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: no inputs (inputs %s, num_inputs %zu)", fn,
                   inputs == NULL ? "NULL" : "given", num_inputs);

@@ -1103,6 +1103,7 @@ static void tb__executor_shutdown(void) {
     tb_tensor *t;
     tb__scope_shutdown(); /* before the cache and the backends go: its releases may use them */
     tb__comp_cache_shutdown();
+    tb__exec_stage_shutdown();
     /* tensors still alive are invalid from now on; forget them so a new setup starts clean */
     tb__mutex_lock(&tb__tensor_live_mutex);
     t = tb__tensor_live_head;

@@ -143,12 +143,13 @@ TBDEF tb_tensor *tb_scope_keep(tb_tensor *tensor);
    values are parameters, so a step repeated with new values compiles once (UncachedCompile 1,
    CachedCompile for the rest). A node the backend does not support (supports_node) runs on the
    reference interpreter first, its operands synced as a graph of their own, and enters the
-   graph as a parameter (counter Fallback::<op>). Recording an op whose pending graph then
-   computes more than desc.max_graph_nodes nodes syncs that tensor at once; graphs that reuse
-   subgraphs heavily may be synced from half that size. On any error the tensors keep their
-   pending graphs and nothing leaks. TB_DEBUG=1 logs one line per graph run:
-   "graph <hash> nodes=N params=P results=R device=D cache=hit|miss compile=Xms run=Yms";
-   TB_DEBUG=3 also logs the IR before compiling. */
+   graph as a parameter (counter Fallback::<op>); a collective (tb_all_reduce, ...) runs the
+   same way on the host through its process group (counter CollectiveOnHost). Recording an op whose
+   pending graph then computes more than desc.max_graph_nodes nodes syncs that tensor at once;
+   graphs that reuse subgraphs heavily may be synced from half that size. On any error the tensors
+   keep their pending graphs and nothing leaks. TB_DEBUG=1 logs one line per graph run: "graph
+   <hash> nodes=N params=P results=R device=D cache=hit|miss compile=Xms run=Yms"; TB_DEBUG=3 also
+   logs the IR before compiling. */
 
 /* Runs the pending graphs of these tensors as ONE computation on their device (LTC
    SyncTensorsGraph): collect the distinct pending nodes, walk them in post-order (iteratively:
@@ -322,6 +323,7 @@ TBDEF tb_tensor *tb_gather(tb_tensor *x, int32_t dim, tb_tensor *index);
 /* torch.index_select: index 1-D (i32/i64) */
 TBDEF tb_tensor *tb_index_select(tb_tensor *x, int32_t dim, tb_tensor *index);
 
-/* A custom op (tb_op_register) or any built-in by id with explicit attributes. */
+/* A custom op (tb_op_register) or any built-in by id with explicit attributes (not a leaf, not
+   COLLECTIVE: TB_ERR_UNSUPPORTED). */
 TBDEF tb_tensor *tb_call_op(tb_op op, tb_tensor *const *inputs, size_t num_inputs,
                             const int64_t *attrs, size_t num_attrs);

@@ -1,6 +1,7 @@
 /* ===========================================================================================
    The wiring: the one part that names the hooks of every layer, so that earlier layers reach
-   later ones only through tb__wiring() (tb_shutdown's teardown order, the built-in backends)
+   later ones only through tb__wiring() (tb_shutdown's teardown order, the built-in backends,
+   the collectives' host step)
    =========================================================================================== */
 #include "impl_begin.h"
 
@@ -25,10 +26,9 @@ static const tb__builtin_backend tb__wired_builtins[] = {
 
 static const tb__wiring_table *tb__wiring(void) {
     static const tb__wiring_table table = {
-        tb__wired_teardown,
-        sizeof tb__wired_teardown / sizeof tb__wired_teardown[0],
-        tb__wired_builtins,
-        sizeof tb__wired_builtins / sizeof tb__wired_builtins[0],
+        tb__wired_teardown,    sizeof tb__wired_teardown / sizeof tb__wired_teardown[0],
+        tb__wired_builtins,    sizeof tb__wired_builtins / sizeof tb__wired_builtins[0],
+        tb__process_group_run,
     };
     return &table;
 }

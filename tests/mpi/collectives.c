@@ -4,10 +4,12 @@
        mpirun -np 3 build/mpi/collectives
 
    Every dtype and reduce op, odd sizes and sizes that do not divide by the world size, every
-   root; ranks that call different collectives, a rank without a tensor and a bad shape must give
-   an error on every rank (and the group must go on working afterwards). Prints one line per
-   rank and exits non-zero when a check failed. The tensors are on the default device
-   (TB_DEVICE picks another backend's). */
+   root; collectives recorded inside graphs with ops before and after them, synced once; ranks
+   that call different collectives (eagerly recorded or inside a graph), a rank without a
+   tensor, a rank whose input fails when the graph runs and a bad shape must give an error on
+   every rank (and the group must go on working afterwards). Prints one line per rank and exits
+   non-zero when a check failed. The tensors are on the default device (TB_DEVICE picks another
+   backend's). */
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
 
@@ -30,7 +32,7 @@ static int rank_, size_, passed, failed;
         }                                                                                          \
     } while (0)
 
-static const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_I32, TB_I64, TB_U8, TB_BOOL};
+static const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_I32, TB_I64, TB_U8, TB_BOOL, TB_F16, TB_BF16};
 static const tb_reduce_op ops[] = {TB_REDUCE_SUM, TB_REDUCE_MEAN, TB_REDUCE_MAX, TB_REDUCE_MIN,
                                    TB_REDUCE_PRODUCT};
 
@@ -74,6 +76,12 @@ static void put(void *buf, tb_dtype dt, int64_t i, double v) {
     case TB_U8:
         ((uint8_t *)buf)[i] = (uint8_t)v;
         break;
+    case TB_F16:
+        ((uint16_t *)buf)[i] = tb_f32_to_f16((float)v);
+        break;
+    case TB_BF16:
+        ((uint16_t *)buf)[i] = tb_f32_to_bf16((float)v);
+        break;
     default:
         ((bool *)buf)[i] = v != 0.0;
         break;
@@ -92,9 +100,20 @@ static double get(const void *buf, tb_dtype dt, int64_t i) {
         return (double)((const int64_t *)buf)[i];
     case TB_U8:
         return ((const uint8_t *)buf)[i];
+    case TB_F16:
+        return tb_f16_to_f32(((const uint16_t *)buf)[i]);
+    case TB_BF16:
+        return tb_bf16_to_f32(((const uint16_t *)buf)[i]);
     default:
         return ((const bool *)buf)[i] ? 1.0 : 0.0;
     }
+}
+
+/* Whether a reduced value is right: floats to their precision (f16 and bf16 reduce in f32 and
+   round once), the others exactly. */
+static bool close_enough(tb_dtype dt, double got, double want) {
+    double tol = dt == TB_F32 ? 1e-6 : dt == TB_F16 ? 1e-3 : dt == TB_BF16 ? 8e-3 : 0.0;
+    return fabs(got - want) <= tol * (1 + fabs(want));
 }
 
 /* Rank r's tensor of `rows` x `cols` (cols 0: a vector; rows < 0: a scalar). */
@@ -152,9 +171,7 @@ static void test_all_reduce(tb_process_group *g) {
                 v = y != NULL ? values(y, &n) : NULL;
                 for (i = 0; v != NULL && i < n; i++) {
                     double want = reduce(dt, ops[o], i), got = get(v, dt, i);
-                    if (dt == TB_F32 ? fabs(got - want) > 1e-6 * (1 + fabs(want)) : got != want) {
-                        bad++;
-                    }
+                    if (!close_enough(dt, got, want)) bad++;
                 }
                 if (y != NULL) {
                     CHECK(v != NULL && n == sizes[k] && bad == 0,
@@ -220,9 +237,7 @@ static void test_reduce_scatter(tb_process_group *g) {
                       tb_reduce_op_name(ops[o]), (long long)blocks[k]);
                 for (i = 0; v != NULL && i < n; i++) {
                     double want = reduce(dt, ops[o], rank_ * per + i), got = get(v, dt, i);
-                    if (dt == TB_F32 ? fabs(got - want) > 1e-6 * (1 + fabs(want)) : got != want) {
-                        bad++;
-                    }
+                    if (!close_enough(dt, got, want)) bad++;
                 }
                 CHECK(bad == 0, "reduce_scatter %s %s: %lld wrong", tb_dtype_name(dt),
                       tb_reduce_op_name(ops[o]), (long long)bad);
@@ -263,29 +278,130 @@ static void test_broadcast(tb_process_group *g) {
     }
 }
 
-/* Ranks that disagree, or a rank without a tensor: an error on every rank, then the group
-   works again. */
+/* Collectives inside graphs, with ops before and after them, synced once:
+   y = all_reduce(x * 2) + 1, g = all_gather(exp(x)) * 2, b = broadcast(all_reduce(x, max) * 3,
+   last rank) - 1 and s = reduce_scatter(x2) of an i32 tensor, against the serial computation.
+   Twice: the second time every graph around the collectives comes from the cache. */
+static void test_in_a_graph(tb_process_group *g) {
+    int round;
+    for (round = 0; round < 2; round++) {
+        tb_tensor *x = input(TB_F32, rank_, 7, 0), *xi = input(TB_I32, rank_, 2 * size_, 3);
+        tb_tensor *a = tb_mul_scalar(x, 2.0), *r = tb_all_reduce(g, a, TB_REDUCE_SUM);
+        tb_tensor *y = tb_add_scalar(r, 1.0), *e = tb_exp(x), *ge = tb_all_gather(g, e);
+        tb_tensor *gg = tb_mul_scalar(ge, 2.0), *mx = tb_all_reduce(g, x, TB_REDUCE_MAX);
+        tb_tensor *m3 = tb_mul_scalar(mx, 3.0), *bc = tb_broadcast(g, m3, size_ - 1);
+        tb_tensor *b = tb_sub_scalar(bc, 1.0), *x2 = tb_add(xi, xi);
+        tb_tensor *sc = tb_reduce_scatter(g, x2, TB_REDUCE_SUM);
+        tb_tensor *outs[4];
+        float vy[7], vg[64], vb[7];
+        int32_t vs[6];
+        int64_t i;
+        int bad = 0;
+        outs[0] = y, outs[1] = gg, outs[2] = b, outs[3] = sc;
+        tb_metrics_reset();
+        CHECK(y != NULL && gg != NULL && b != NULL && sc != NULL && tb_sync(outs, 4) == TB_OK,
+              "collectives in a graph, synced once (round %d)", round);
+        CHECK(tb_metrics_counter("CollectiveOnHost") == 5, "five collectives ran on the host");
+        if (round == 1) {
+            CHECK(tb_metrics_counter("UncachedCompile") == 0,
+                  "the graphs around the collectives from the cache");
+        }
+        if (tb_tensor_to_host(y, vy, sizeof vy) == TB_OK &&
+            tb_tensor_to_host(gg, vg, (size_t)(7 * size_) * sizeof(float)) == TB_OK &&
+            tb_tensor_to_host(b, vb, sizeof vb) == TB_OK &&
+            tb_tensor_to_host(sc, vs, sizeof vs) == TB_OK) {
+            for (i = 0; i < 7; i++) {
+                double sum = 0, mxv = value(TB_F32, 0, i);
+                int q;
+                for (q = 0; q < size_; q++) {
+                    double v = value(TB_F32, q, i);
+                    sum += 2.0 * v;
+                    mxv = v > mxv ? v : mxv;
+                    bad += !close_enough(TB_F32, vg[q * 7 + i], 2.0 * exp(v));
+                }
+                bad += !close_enough(TB_F32, vy[i], sum + 1.0);
+                bad += !close_enough(TB_F32, vb[i], 3.0 * mxv - 1.0);
+            }
+            for (i = 0; i < 6; i++) { /* rank r's block: rows 2r, 2r + 1 of [2 * size, 3] */
+                double want = 0;
+                int q;
+                for (q = 0; q < size_; q++)
+                    want += 2.0 * value(TB_I32, q, rank_ * 6 + i);
+                bad += vs[i] != (int32_t)want;
+            }
+        } else {
+            bad++;
+        }
+        CHECK(bad == 0, "collectives in a graph: %d wrong values (round %d)", bad, round);
+        tb_tensor_release(x), tb_tensor_release(xi), tb_tensor_release(a), tb_tensor_release(r);
+        tb_tensor_release(y), tb_tensor_release(e), tb_tensor_release(ge), tb_tensor_release(gg);
+        tb_tensor_release(mx), tb_tensor_release(m3), tb_tensor_release(bc), tb_tensor_release(b);
+        tb_tensor_release(x2), tb_tensor_release(sc);
+        tb_clear_error();
+    }
+}
+
+/* Ranks that disagree, or a rank without a tensor, or a rank whose input fails: an error on
+   every rank, then the group works again. The collectives are lazy: the ranks meet when the
+   graph runs. */
 static void test_disagreement(tb_process_group *g) {
     tb_tensor *x = input(TB_F32, rank_, 10, 0), *y, *z;
+    tb_status st;
     y = rank_ == 0 ? tb_all_reduce(g, x, TB_REDUCE_SUM) : tb_broadcast(g, x, 0);
-    CHECK(size_ == 1 ? y != NULL
-                     : y == NULL && tb_last_status() == TB_ERR_STATE &&
-                           strstr(tb_last_error(), "different collectives") != NULL,
+    st = y != NULL ? tb_sync(&y, 1) : TB_ERR_INTERNAL;
+    CHECK(size_ == 1
+              ? st == TB_OK
+              : st == TB_ERR_STATE && strstr(tb_last_error(), "different collectives") != NULL,
           "different collectives refused on every rank");
     tb_tensor_release(y);
     tb_clear_error();
     z = input(TB_F32, rank_, rank_ == size_ - 1 ? 11 : 10, 0);
     y = tb_all_reduce(g, z, TB_REDUCE_SUM);
-    CHECK(size_ == 1 ? y != NULL : y == NULL && tb_last_status() == TB_ERR_STATE,
-          "different shapes refused on every rank");
+    st = y != NULL ? tb_sync(&y, 1) : TB_ERR_INTERNAL;
+    CHECK(size_ == 1 ? st == TB_OK : st == TB_ERR_STATE, "different shapes refused on every rank");
     tb_tensor_release(y);
     tb_tensor_release(z);
     tb_clear_error();
+    /* rank 0 has no tensor: it meets the others at once, they meet it when they sync */
     y = tb_all_reduce(g, rank_ == 0 ? NULL : x, TB_REDUCE_MAX);
-    CHECK(y == NULL && tb_last_status() != TB_OK, "a rank without a tensor: error everywhere");
+    st = y != NULL ? tb_sync(&y, 1) : tb_last_status();
+    CHECK(st != TB_OK && (rank_ == 0) == (y == NULL), "a rank without a tensor: error everywhere");
+    tb_tensor_release(y);
     tb_clear_error();
+    /* inside a graph: rank 0 all_reduces, the others broadcast; ops before and after */
+    {
+        tb_tensor *a = tb_mul_scalar(x, 2.0);
+        tb_tensor *c = rank_ == 0 ? tb_all_reduce(g, a, TB_REDUCE_SUM) : tb_broadcast(g, a, 0);
+        tb_tensor *d = tb_add_scalar(c, 1.0);
+        st = d != NULL ? tb_sync(&d, 1) : TB_ERR_INTERNAL;
+        CHECK(size_ == 1
+                  ? st == TB_OK
+                  : st == TB_ERR_STATE && strstr(tb_last_error(), "different collectives") != NULL,
+              "different collectives inside a graph refused on every rank");
+        tb_tensor_release(d), tb_tensor_release(c), tb_tensor_release(a);
+        tb_clear_error();
+    }
+    /* the last rank's input fails when the graph runs (an index out of range) */
+    {
+        int64_t idx[10], i;
+        tb_shape is = tb_shape_of(TB_I64, 1, 10);
+        tb_tensor *index, *picked, *c, *d;
+        for (i = 0; i < 10; i++)
+            idx[i] = rank_ == size_ - 1 && i == 9 ? 99 : i;
+        index = tb_tensor_from_host(idx, &is, NULL);
+        picked = tb_gather(x, 0, index);
+        c = tb_all_reduce(g, picked, TB_REDUCE_SUM);
+        d = tb_add_scalar(c, 1.0);
+        st = d != NULL ? tb_sync(&d, 1) : TB_ERR_INTERNAL;
+        CHECK(st != TB_OK &&
+                  (rank_ == size_ - 1 || strstr(tb_last_error(), "could not take part") != NULL),
+              "a rank whose input failed: error everywhere");
+        tb_tensor_release(d), tb_tensor_release(c), tb_tensor_release(picked);
+        tb_tensor_release(index);
+        tb_clear_error();
+    }
     y = tb_all_reduce(g, x, TB_REDUCE_SUM);
-    CHECK(y != NULL, "the group works after the errors");
+    CHECK(y != NULL && tb_sync(&y, 1) == TB_OK, "the group works after the errors");
     tb_tensor_release(y);
     CHECK(tb_barrier(g) == TB_OK, "barrier");
     tb_tensor_release(x);
@@ -303,6 +419,7 @@ int main(void) {
     test_all_gather(g);
     test_reduce_scatter(g);
     test_broadcast(g);
+    test_in_a_graph(g);
     test_disagreement(g);
     {
         char dev[64];
