@@ -838,8 +838,9 @@ static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__l
     tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, p, 0, vf);
     if (!tb__ix_need_flat(&g->ix, p)) return false;
     pr = p;
-    if (!tb__plan_same_dims(rs, cs)) {
-        /* the consumers see the matmul through a reshape: the same flat offset in both */
+    if (k->root != k->core) {
+        /* the consumers may see the matmul through a reshape (to other dims or its own):
+           the same flat offset in both */
         int32_t pf = tb__ix_pos_flat(&g->ix, cs, &g->ix.pos[p].flat);
         pr = tb__ix_pos_flat(&g->ix, rs, &g->ix.pos[p].flat);
         if (pf < 0 || pr < 0) return false;

@@ -1063,15 +1063,17 @@ static void test_argmax_nan_and_ties(void **state) {
 /* ---- matmul, softmax, layer_norm ---- */
 
 typedef struct mm_arg {
-    int epilogue;     /* 0 none, 1 + bias, 2 relu(+ bias), 3 * 2 then gelu */
+    int epilogue;     /* 0 none, 1 + bias, 2 relu(+ bias), 3 * 2 then gelu, 4 detached,
+                         5 reshaped flat */
     bool transpose_b; /* b given as [n, k] and transposed (a view) */
     bool prologue;    /* a is exp(a) * 0.5 */
+    bool transpose_a; /* a given as [k, m] and transposed (a view) */
 } mm_arg;
 
 static tb_tensor *build_matmul(tb_tensor **in, const void *arg) {
     const mm_arg *a = (const mm_arg *)arg;
     tb_tensor *b = a->transpose_b ? tb_transpose(in[1], -1, -2) : tb_tensor_retain(in[1]);
-    tb_tensor *x = tb_tensor_retain(in[0]), *y, *t;
+    tb_tensor *x = a->transpose_a ? tb_transpose(in[0], -1, -2) : tb_tensor_retain(in[0]), *y, *t;
     if (a->prologue) {
         t = tb_exp(x);
         tb_tensor_release(x);
@@ -1096,6 +1098,16 @@ static tb_tensor *build_matmul(tb_tensor **in, const void *arg) {
         tb_tensor_release(y);
         y = tb_gelu(t);
         tb_tensor_release(t);
+    }
+    if (a->epilogue == 4 || a->epilogue == 5) { /* a reshape to its own dims, or flat */
+        tb_shape ys = tb_tensor_shape(y);
+        int64_t n = 1;
+        int32_t d;
+        for (d = 0; d < ys.rank; d++)
+            n *= ys.dims[d];
+        t = a->epilogue == 4 ? tb_detach(y) : tb_reshape(y, &n, 1);
+        tb_tensor_release(y);
+        y = t;
     }
     return y;
 }
@@ -1175,8 +1187,54 @@ static void test_matmul(void **state) {
         in[0] = in_of(shp(TB_F32, 2, 256, 256, 0, 0), R_ANY);
         in[1] = in_of(shp(TB_F32, 2, 256, 256, 0, 0), R_ANY);
         add_case("matmul [256,256]x[256,256]", build_matmul, &plain, in, 2);
+        /* the matmul under a reshape: its kernel stores through it (to its own dims: a
+           detached gradient; flat) */
+        {
+            static const mm_arg detached = {4, false, false}, flat = {5, false, false},
+                                detached_t = {4, true, false, true},
+                                flat_t = {5, true, false, true};
+            in[0] = in_of(shp(TB_F32, 2, 100, 70, 0, 0), R_ANY);
+            in[1] = in_of(shp(TB_F32, 2, 70, 90, 0, 0), R_ANY);
+            add_case("detach(matmul [100,70]x[70,90])", build_matmul, &detached, in, 2);
+            add_case("reshape(matmul [100,70]x[70,90], [9000])", build_matmul, &flat, in, 2);
+            in[0] = in_of(shp(TB_F32, 2, 70, 100, 0, 0), R_ANY);
+            in[1] = in_of(shp(TB_F32, 2, 90, 70, 0, 0), R_ANY);
+            add_case("detach(matmul(a^T, b^T))", build_matmul, &detached_t, in, 2);
+            add_case("reshape(matmul(a^T, b^T), [9000])", build_matmul, &flat_t, in, 2);
+        }
         flush_cases();
     }
+}
+
+/* A matmul of a transposed operand whose result is only detached (a gradient as tb_grad
+   returns it): the matmul's kernel stores through the reshape. Against the cpu backend. */
+static void test_matmul_through_reshape(void **state) {
+    static float a[256 * 300], b[256 * 130];
+    float got[300 * 130], want[300 * 130];
+    tb_shape sa = shp(TB_F32, 2, 256, 300, 0, 0), sb = shp(TB_F32, 2, 256, 130, 0, 0);
+    const tb_device *devs[2];
+    int k;
+    size_t i;
+    (void)state;
+    REQUIRE_OPENCL();
+    devs[0] = &g_ocl;
+    devs[1] = &g_cpu;
+    fill(a, &sa, R_ANY, 1);
+    fill(b, &sb, R_ANY, 2);
+    for (k = 0; k < 2; k++) {
+        tb_tensor *x = tb_tensor_from_host(a, &sa, devs[k]);
+        tb_tensor *y = tb_tensor_from_host(b, &sb, devs[k]);
+        tb_tensor *xt = tb_transpose(x, 0, 1), *m = tb_matmul(xt, y), *r = tb_detach(m);
+        assert_non_null(r);
+        assert_int_equal(tb_tensor_to_host(r, k == 0 ? got : want, sizeof got), TB_OK);
+        tb_tensor_release(r);
+        tb_tensor_release(m);
+        tb_tensor_release(xt);
+        tb_tensor_release(y);
+        tb_tensor_release(x);
+    }
+    for (i = 0; i < 300 * 130; i++)
+        assert_true(fabsf(got[i] - want[i]) <= 1e-3f * (1.0f + fabsf(want[i])));
 }
 
 typedef struct norm_arg {
@@ -4694,6 +4752,7 @@ int main(void) {
         cmocka_unit_test(test_reductions),
         cmocka_unit_test(test_argmax_nan_and_ties),
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul_through_reshape),
         cmocka_unit_test(test_softmax_layer_norm),
         cmocka_unit_test(test_movement),
         cmocka_unit_test(test_concat_pad_gather),
