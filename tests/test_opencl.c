@@ -1113,9 +1113,11 @@ static tb_tensor *build_matmul(tb_tensor **in, const void *arg) {
 }
 
 static void test_matmul(void **state) {
-    static const mm_arg plain = {0, false, false}, bias = {1, false, false},
-                        relu_bias = {2, false, false}, scaled_gelu = {3, false, false},
-                        transposed = {0, true, false}, transposed_bias = {2, true, false};
+    static const mm_arg plain = {0, false, false, false}, bias = {1, false, false, false},
+                        relu_bias = {2, false, false, false},
+                        scaled_gelu = {3, false, false, false},
+                        transposed = {0, true, false, false},
+                        transposed_bias = {2, true, false, false};
     input in[3];
     const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_I32, TB_I64, TB_U8};
     size_t d;
@@ -1167,7 +1169,7 @@ static void test_matmul(void **state) {
     /* big enough for CPU devices to copy the operands into panels first: sizes that are not
        multiples of the panel widths, both float types, views and producers in the panels */
     {
-        static const mm_arg exp_a = {0, false, true};
+        static const mm_arg exp_a = {0, false, true, false};
         for (d = 0; d < 2; d++) {
             tb_dtype dt = dtypes[d];
             in[0] = in_of(shp(dt, 2, 100, 70, 0, 0), R_ANY);
@@ -1190,7 +1192,8 @@ static void test_matmul(void **state) {
         /* the matmul under a reshape: its kernel stores through it (to its own dims: a
            detached gradient; flat) */
         {
-            static const mm_arg detached = {4, false, false}, flat = {5, false, false},
+            static const mm_arg detached = {4, false, false, false},
+                                flat = {5, false, false, false},
                                 detached_t = {4, true, false, true},
                                 flat_t = {5, true, false, true};
             in[0] = in_of(shp(TB_F32, 2, 100, 70, 0, 0), R_ANY);
@@ -1333,8 +1336,8 @@ static void test_softmax_layer_norm(void **state) {
    with work-groups per chunk), run on whatever device is here through the code generator's
    test hook. */
 static void test_gpu_code_paths(void **state) {
-    static const mm_arg relu_bias = {2, false, false}, plain = {0, false, false},
-                        transposed_bias = {2, true, false};
+    static const mm_arg relu_bias = {2, false, false, false}, plain = {0, false, false, false},
+                        transposed_bias = {2, true, false, false};
     static reduce_arg red[6];
     static norm_arg norm[2];
     input in[3];
