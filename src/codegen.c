@@ -54,10 +54,16 @@ static const char *tb__cg_btype(tb_dtype dtype) {
     return tb__cg_is_half(dtype) ? "ushort" : tb__cg_ctype(dtype);
 }
 
+/* What a store of v<v> as `dtype` stores: the value before v's rounding when v was just
+   rounded to that dtype (the store rounds it the same way), else v. */
+static int32_t tb__cg_unrounded(const tb__cg *g, tb_dtype dtype, int32_t v) {
+    return v == g->rounded && dtype == g->rounded_dtype ? g->unrounded : v;
+}
+
 /* The statement that stores value v<v> as element `index` of buffer `buf` (16-bit floats
    rounded to nearest even: TB_STH is the dialect's, tb_f2bf the prelude's). */
 static void tb__cg_store(tb__cg *g, tb_dtype dtype, const char *buf, const char *index, int32_t v) {
-    if (v == g->rounded && dtype == g->rounded_dtype) v = g->unrounded; /* rounded once */
+    v = tb__cg_unrounded(g, dtype, v);
     if (dtype == TB_F16) {
         tb__ix_line(&g->ix, "TB_STH(%s, %s, v%d);", buf, index, (int)v);
     } else if (dtype == TB_BF16) {
@@ -67,19 +73,29 @@ static void tb__cg_store(tb__cg *g, tb_dtype dtype, const char *buf, const char 
     }
 }
 
-/* A computed value of a 16-bit float dtype rounded to it: values stay floats in a kernel, and
-   every op's result is rounded once, as PyTorch stores it. Other dtypes: v itself. */
-static int32_t tb__cg_round(tb__cg *g, tb_dtype dtype, int32_t v) {
+/* A computed value (`vector`: a vector of W lanes) of a 16-bit float dtype rounded to it:
+   values stay floats in a kernel, and every op's result is rounded once, as PyTorch stores it.
+   Other dtypes: v itself. The rounding is remembered for the store that may follow. */
+static int32_t tb__cg_round_as(tb__cg *g, tb_dtype dtype, int32_t v, bool vector) {
     int32_t r;
     if (!tb__cg_is_half(dtype) || v < 0) return v;
-    r = tb__cg_new_val(g, dtype);
+    r = vector ? tb__cg_new_val(g, TB_F32) : tb__cg_new_val(g, dtype);
     if (r < 0) return -1;
-    tb__ix_line(&g->ix, "const float v%d = %s(v%d);", (int)r,
-                dtype == TB_F16 ? "tb_rnd_f16" : "tb_rnd_bf16", (int)v);
+    if (vector) {
+        tb__ix_line(&g->ix, "const float16 v%d = %s(v%d);", (int)r,
+                    dtype == TB_F16 ? "TB_VRNDH" : "tb_vrnd_bf16", (int)v);
+    } else {
+        tb__ix_line(&g->ix, "const float v%d = %s(v%d);", (int)r,
+                    dtype == TB_F16 ? "tb_rnd_f16" : "tb_rnd_bf16", (int)v);
+    }
     g->rounded = r;
     g->unrounded = v;
     g->rounded_dtype = dtype;
     return r;
+}
+
+static int32_t tb__cg_round(tb__cg *g, tb_dtype dtype, int32_t v) {
+    return tb__cg_round_as(g, dtype, v, false);
 }
 
 /* The unsigned type integer arithmetic wraps in. */
@@ -938,7 +954,7 @@ static int32_t tb__cg_new_vec(tb__cg *g) {
    rounded to nearest even: the dialect's TB_VSTH, TB_VSTBF; a value just rounded is stored
    from before its rounding, which the store repeats). */
 static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr) {
-    if (v == g->rounded && dtype == g->rounded_dtype) v = g->unrounded;
+    v = tb__cg_unrounded(g, dtype, v);
     if (dtype == TB_F16) {
         tb__ix_line(&g->ix, "TB_VSTH(v%d, %s);", (int)v, ptr);
     } else if (dtype == TB_BF16) {
@@ -948,19 +964,9 @@ static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr)
     }
 }
 
-/* A computed vector of a 16-bit float dtype rounded to it lane by lane, as tb__cg_round does
-   for one value. Other dtypes: v itself. */
+/* A computed vector of a 16-bit float dtype rounded to it lane by lane. */
 static int32_t tb__cg_vround(tb__cg *g, tb_dtype dtype, int32_t v) {
-    int32_t r;
-    if (!tb__cg_is_half(dtype) || v < 0) return v;
-    r = tb__cg_new_vec(g);
-    if (r < 0) return -1;
-    tb__ix_line(&g->ix, "const float16 v%d = %s(v%d);", (int)r,
-                dtype == TB_F16 ? "TB_VRNDH" : "tb_vrnd_bf16", (int)v);
-    g->rounded = r;
-    g->unrounded = v;
-    g->rounded_dtype = dtype;
-    return r;
+    return tb__cg_round_as(g, dtype, v, true);
 }
 
 /* The text of a value as a vector operand: vectors as they are, scalars widened. */
@@ -1025,7 +1031,8 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     v = tb__cg_new_vec(g);
     if (v < 0) return -1;
     tb__ix_line(&g->ix, "const float16 v%d = %s;", (int)v, e);
-    return tb__cg_exact(n) ? v : tb__cg_vround(g, n->shape.dtype, v);
+    /* a reshape widens an operand that is already of its dtype: nothing to round */
+    return tb__cg_exact(n) || n->op == TB_OP_RESHAPE ? v : tb__cg_vround(g, n->shape.dtype, v);
 }
 
 /* The W consecutive elements of `node` from position `pos` on, as a vector: the planner
