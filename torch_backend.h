@@ -24155,22 +24155,37 @@ static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__l
     return true;
 }
 
-/* The loops over a work item's block of rm x rn outputs at row0 + ii (+ step_r * ii), col0 +
-   jj, storing the real ones through the epilogue. */
+/* The loops over a work item's block of rm x rn outputs at `rows`, `cols` (row0 + ii (+ step *
+   ii), col0 + jj (+ step * jj)), storing the real ones through the epilogue. A block that lies
+   within the output (its span_r x span_c extent from row0, col0) stores without the bounds
+   test, in loops of a constant count the compiler can vectorise; only edge blocks test each
+   output (none when the block divides the output: a work item past the edge stores nothing). */
 static bool tb__cg_matmul_stores(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
-                                 const char *rows, const char *cols) {
+                                 const char *rows, const char *cols, int32_t span_r,
+                                 int32_t span_c) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
-    char head[192];
-    snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ",
-             (int)k->rm, (int)k->rn);
-    tb__ix_open(&g->ix, head);
-    tb__ix_line(&g->ix, "const long gr = %s, gc = %s;", rows, cols);
-    snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", (long long)cs->dims[cs->rank - 2],
-             (long long)cs->dims[cs->rank - 1]);
-    tb__ix_open(&g->ix, head);
-    if (!tb__cg_matmul_store(g, k, bdims)) return false;
-    tb__ix_close(&g->ix, "");
-    tb__ix_close(&g->ix, "");
+    long long M = (long long)cs->dims[cs->rank - 2], N = (long long)cs->dims[cs->rank - 1];
+    bool exact = M % span_r == 0 && N % span_c == 0;
+    char head[192], loops[192];
+    int edge;
+    snprintf(loops, sizeof loops,
+             "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ", (int)k->rm,
+             (int)k->rn);
+    snprintf(head, sizeof head, "if (row0 + %d <= %lldL && col0 + %d <= %lldL) ", (int)span_r, M,
+             (int)span_c, N);
+    for (edge = 0; edge < (exact ? 1 : 2); edge++) {
+        tb__ix_open(&g->ix, edge ? "else " : head);
+        tb__ix_open(&g->ix, loops);
+        tb__ix_line(&g->ix, "const long gr = %s, gc = %s;", rows, cols);
+        if (edge) {
+            snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", M, N);
+            tb__ix_open(&g->ix, head);
+        }
+        if (!tb__cg_matmul_store(g, k, bdims)) return false;
+        if (edge) tb__ix_close(&g->ix, "");
+        tb__ix_close(&g->ix, "");
+        tb__ix_close(&g->ix, "");
+    }
     return g->ix.status == TB_OK;
 }
 
@@ -24257,7 +24272,7 @@ static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k
     tb__ix_line(&g->ix, "float acc[%d][16];", (int)k->rm);
     for (i = 0; i < k->rm; i++)
         tb__ix_line(&g->ix, "vstore16(accv%d, 0, acc[%d]);", (int)i, (int)i);
-    tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj");
+    tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm, (int32_t)k->rn);
     return g->ix.status;
 }
 
@@ -24321,7 +24336,7 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
         }
     }
     tb__ix_close(&g->ix, "");
-    tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj");
+    tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm, (int32_t)k->rn);
     return g->ix.status;
 }
 
@@ -24487,7 +24502,7 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     for (i = 0; i < rm; i++)
         tb__ix_line(&g->ix, "vstore%d(accv%d, 0, acc[%d]);", vw, i, i);
     if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
-    tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj");
+    tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm, (int32_t)k->rn);
     return g->ix.status;
 }
 
@@ -24584,7 +24599,7 @@ static tb_status tb__cg_kernel_matmul_tiles(tb__cg *g, const tb__plan_kernel *k)
     tb__ix_close(&g->ix, "");
     snprintf(rows, sizeof rows, "row0 + ly + ii * %d", (int)w);
     snprintf(cols, sizeof cols, "col0 + lx + jj * %d", (int)w);
-    tb__cg_matmul_stores(g, k, bdims, rows, cols);
+    tb__cg_matmul_stores(g, k, bdims, rows, cols, (int32_t)tm, (int32_t)tn);
     return g->ix.status;
 }
 
