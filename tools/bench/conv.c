@@ -2,7 +2,10 @@
    the weight (conv2d_*_bwd) on a ResNet-like layer and a LeNet-like one. Beside ours: PyTorch's
    F.conv2d (and its autograd), OpenBLAS on the host (im2col, then one sgemm per image: the
    bound of the forward rows) and, as the anchor, the library's own tb_matmul on an im2col made
-   beforehand (the ratio shows what reading the windows in place costs). GFLOP/s count the
+   beforehand (the ratio shows what reading the windows in place costs). The anchor alternates
+   between two copies of the im2col, as a network's im2col changes at every step: with one, the
+   backends would keep its packed panels from the call before and the anchor would time the
+   multiply alone, no read of its operand at all. GFLOP/s count the
    convolution's multiply-adds (forward 2 N O P C K K; with the gradients three times that). */
 #include <stdlib.h>
 #include <string.h>
@@ -16,8 +19,8 @@ typedef struct conv_shape {
 typedef struct conv_ctx {
     const bench_backend *be;
     conv_shape s;
-    tb_tensor *x, *w, *r, *cols, *wm;
-    int backward;
+    tb_tensor *x, *w, *r, *cols[2], *wm;
+    int backward, flip;
     /* OpenBLAS */
     const float *hx, *hw;
     float *hcols, *hy;
@@ -51,7 +54,8 @@ static void conv_ours(void *p) {
 /* The anchor: [O, CKK] @ [N, CKK, P] on an im2col made beforehand. */
 static void conv_own_matmul(void *p) {
     conv_ctx *c = (conv_ctx *)p;
-    tb_tensor *y = need(tb_matmul(c->wm, c->cols), "tb_matmul");
+    tb_tensor *y = need(tb_matmul(c->wm, c->cols[c->flip]), "tb_matmul");
+    c->flip ^= 1;
     sync_on(y, c->be);
     tb_tensor_release(y);
 }
@@ -198,7 +202,8 @@ void case_conv(const char *label, int64_t n, int64_t c, int64_t o, int64_t hw, i
         sides[ns++].ctx = cx;
         if (!backward) {
             int64_t cd[3] = {n, ckk, pp}, md[2] = {o, ckk};
-            cx->cols = upload(hcols_all, 3, cd, &g_backends[b].dev);
+            cx->cols[0] = upload(hcols_all, 3, cd, &g_backends[b].dev);
+            cx->cols[1] = upload(hcols_all, 3, cd, &g_backends[b].dev);
             cx->wm = upload(hwt, 2, md, &g_backends[b].dev);
             anchor_i[b] = ns;
             sides[ns].name = "matmul_on_im2col";
@@ -236,7 +241,8 @@ void case_conv(const char *label, int64_t n, int64_t c, int64_t o, int64_t hw, i
         tb_tensor_release(ctx[b].x);
         tb_tensor_release(ctx[b].w);
         tb_tensor_release(ctx[b].r);
-        tb_tensor_release(ctx[b].cols);
+        tb_tensor_release(ctx[b].cols[0]);
+        tb_tensor_release(ctx[b].cols[1]);
         tb_tensor_release(ctx[b].wm);
     }
     free(hx);
