@@ -5,7 +5,8 @@
    beforehand (the ratio shows what reading the windows in place costs). The anchor alternates
    between two copies of the im2col, as a network's im2col changes at every step: with one, the
    backends would keep its packed panels from the call before and the anchor would time the
-   multiply alone, no read of its operand at all. GFLOP/s count the
+   multiply alone, no read of its operand at all. tb_conv2d alternates between two copies of
+   its input for the same reason. GFLOP/s count the
    convolution's multiply-adds (forward 2 N O P C K K; with the gradients three times that). */
 #include <stdlib.h>
 #include <string.h>
@@ -19,8 +20,8 @@ typedef struct conv_shape {
 typedef struct conv_ctx {
     const bench_backend *be;
     conv_shape s;
-    tb_tensor *x, *w, *r, *cols[2], *wm;
-    int backward, flip;
+    tb_tensor *x[2], *w, *r, *cols[2], *wm;
+    int backward, flip, xflip;
     /* OpenBLAS */
     const float *hx, *hw;
     float *hcols, *hy;
@@ -28,14 +29,14 @@ typedef struct conv_ctx {
 
 static tb_tensor *conv_forward(const conv_ctx *c) {
     const int64_t pad[2] = {c->s.pad, c->s.pad};
-    return tb_conv2d(c->x, c->w, NULL, NULL, pad, NULL, 1);
+    return tb_conv2d(c->x[c->xflip], c->w, NULL, NULL, pad, NULL, 1);
 }
 
 static void conv_ours(void *p) {
     conv_ctx *c = (conv_ctx *)p;
     tb_tensor *y = need(conv_forward(c), "tb_conv2d");
     if (c->backward) {
-        tb_tensor *ins[2] = {c->x, c->w}, *g[2] = {NULL, NULL};
+        tb_tensor *ins[2] = {c->x[c->xflip], c->w}, *g[2] = {NULL, NULL};
         tb_tensor *yr = need(tb_mul(y, c->r), "tb_mul");
         tb_tensor *l = need(tb_sum(yr, NULL, 0, false), "tb_sum");
         need_ok(tb_grad(l, NULL, ins, 2, g), "tb_grad");
@@ -49,6 +50,7 @@ static void conv_ours(void *p) {
         sync_on(y, c->be);
     }
     tb_tensor_release(y);
+    c->xflip ^= 1;
 }
 
 /* The anchor: [O, CKK] @ [N, CKK, P] on an im2col made beforehand. */
@@ -180,11 +182,13 @@ void case_conv(const char *label, int64_t n, int64_t c, int64_t o, int64_t hw, i
         cx->be = &g_backends[b];
         cx->s = s;
         cx->backward = backward;
-        cx->x = upload(hx, 4, xd, &g_backends[b].dev);
+        cx->x[0] = upload(hx, 4, xd, &g_backends[b].dev);
+        cx->x[1] = upload(hx, 4, xd, &g_backends[b].dev);
         cx->w = upload(hwt, 4, wd, &g_backends[b].dev);
         if (backward) {
             cx->r = upload(hr, 4, yd, &g_backends[b].dev);
-            need_ok(tb_set_requires_grad(cx->x, true), "requires grad");
+            need_ok(tb_set_requires_grad(cx->x[0], true), "requires grad");
+            need_ok(tb_set_requires_grad(cx->x[1], true), "requires grad");
             need_ok(tb_set_requires_grad(cx->w, true), "requires grad");
         }
         if (want != NULL) {
@@ -238,7 +242,8 @@ void case_conv(const char *label, int64_t n, int64_t c, int64_t o, int64_t hw, i
     }
     for (b = 0; b < NUM_BACKENDS; b++) {
         if (on[b] < 0) continue;
-        tb_tensor_release(ctx[b].x);
+        tb_tensor_release(ctx[b].x[0]);
+        tb_tensor_release(ctx[b].x[1]);
         tb_tensor_release(ctx[b].w);
         tb_tensor_release(ctx[b].r);
         tb_tensor_release(ctx[b].cols[0]);
