@@ -8674,8 +8674,9 @@ static void tb__exec_collective_failed(const tb_node *node, tb_status st) {
     tb__error_restore(&saved);
 }
 
-/* One host array kept between fallbacks for operands copied off their device, so that a large
-   collective's input lands in warm pages step after step. */
+/* One host array kept between fallbacks for operands copied off their device and between
+   tb_to_device's copies from one device to another, so that a large collective's input or a
+   tensor moved step after step lands in warm pages. */
 static tb__mutex tb__exec_stage_mutex = TB__MUTEX_INIT;
 static void *tb__exec_stage;
 static size_t tb__exec_stage_cap;
@@ -10237,6 +10238,7 @@ TBDEF tb_status tb_tensor_to_host(tb_tensor *tensor, void *dst, size_t size) {
 
 TBDEF tb_tensor *tb_to_device(tb_tensor *tensor, const tb_device *device) {
     tb_device dev;
+    size_t nbytes = 0, cap = 0;
     void *host;
     tb_backend_data *d;
     tb__ensure_setup();
@@ -10259,13 +10261,20 @@ TBDEF tb_tensor *tb_to_device(tb_tensor *tensor, const tb_device *device) {
         }
         return t;
     }
-    host = tb__exec_host_alloc(&tensor->shape, NULL);
-    if (host == NULL) return NULL;
+    /* through the host array the executor keeps for such copies: warm pages, no allocation
+       per copy once it is large enough */
+    if (tb_shape_nbytes(&tensor->shape, &nbytes) != TB_OK) return NULL;
+    host = tb__exec_stage_take(nbytes, &cap);
+    if (host == NULL) {
+        tb__error(TB_ERR_OUT_OF_MEMORY, "tb_to_device: no memory for %lu bytes of staging",
+                  (unsigned long)nbytes);
+        return NULL;
+    }
     d = NULL;
     if (tb__data_to_host(tensor->data, host) == TB_OK) {
         d = tb__data_from_host(&dev, &tensor->shape, host);
     }
-    tb__free(host);
+    tb__exec_stage_give(host, cap);
     return tb__tensor_from_data(d);
 }
 

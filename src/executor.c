@@ -925,8 +925,9 @@ static void tb__exec_collective_failed(const tb_node *node, tb_status st) {
     tb__error_restore(&saved);
 }
 
-/* One host array kept between fallbacks for operands copied off their device, so that a large
-   collective's input lands in warm pages step after step. */
+/* One host array kept between fallbacks for operands copied off their device and between
+   tb_to_device's copies from one device to another, so that a large collective's input or a
+   tensor moved step after step lands in warm pages. */
 static tb__mutex tb__exec_stage_mutex = TB__MUTEX_INIT;
 static void *tb__exec_stage;
 static size_t tb__exec_stage_cap;

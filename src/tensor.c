@@ -822,6 +822,7 @@ TBDEF tb_status tb_tensor_to_host(tb_tensor *tensor, void *dst, size_t size) {
 
 TBDEF tb_tensor *tb_to_device(tb_tensor *tensor, const tb_device *device) {
     tb_device dev;
+    size_t nbytes = 0, cap = 0;
     void *host;
     tb_backend_data *d;
     tb__ensure_setup();
@@ -844,13 +845,20 @@ TBDEF tb_tensor *tb_to_device(tb_tensor *tensor, const tb_device *device) {
         }
         return t;
     }
-    host = tb__exec_host_alloc(&tensor->shape, NULL);
-    if (host == NULL) return NULL;
+    /* through the host array the executor keeps for such copies: warm pages, no allocation
+       per copy once it is large enough */
+    if (tb_shape_nbytes(&tensor->shape, &nbytes) != TB_OK) return NULL;
+    host = tb__exec_stage_take(nbytes, &cap);
+    if (host == NULL) {
+        tb__error(TB_ERR_OUT_OF_MEMORY, "tb_to_device: no memory for %lu bytes of staging",
+                  (unsigned long)nbytes);
+        return NULL;
+    }
     d = NULL;
     if (tb__data_to_host(tensor->data, host) == TB_OK) {
         d = tb__data_from_host(&dev, &tensor->shape, host);
     }
-    tb__free(host);
+    tb__exec_stage_give(host, cap);
     return tb__tensor_from_data(d);
 }
 

@@ -1448,11 +1448,14 @@ static void test_cpu_backend_values(void **state) {
 }
 
 /* An allocator hook that refuses the call numbered fail_at (counted from 0 at arming). */
-static long hook_calls, hook_fail_at = -1, hook_refused;
+static long hook_calls, hook_fail_at = -1, hook_refused, hook_big;
+static size_t hook_big_min; /* allocations of at least this many bytes are counted in hook_big */
 
 static void *hook_alloc(size_t size, void *user_data) {
     long call = __atomic_fetch_add(&hook_calls, 1, __ATOMIC_RELAXED);
     (void)user_data;
+    if (hook_big_min > 0 && size >= hook_big_min)
+        __atomic_add_fetch(&hook_big, 1, __ATOMIC_RELAXED);
     if (call == __atomic_load_n(&hook_fail_at, __ATOMIC_RELAXED)) {
         __atomic_add_fetch(&hook_refused, 1, __ATOMIC_RELAXED);
         return NULL;
@@ -1580,6 +1583,52 @@ static void test_to_device(void **state) {
     tb_tensor_release(y);
     tb_tensor_release(on_cpu);
     tb_tensor_release(same);
+    stop();
+}
+
+/* A copy between devices goes through a host array the library keeps: the second copy of the
+   same size allocates one large array fewer than the first (only the destination's). */
+static void test_to_device_keeps_staging(void **state) {
+    const int64_t n = (int64_t)1 << 20;
+    tb_shape s = tb_shape_of(TB_F32, 1, n);
+    tb_desc desc;
+    tb_device cpu;
+    tb_tensor *x, *a, *b;
+    float *h = (float *)malloc((size_t)n * sizeof(float)), *back;
+    long first, second;
+    int64_t i;
+    (void)state;
+    assert_non_null(h);
+    for (i = 0; i < n; i++)
+        h[i] = (float)(i % 1000) * 0.5f;
+    memset(&desc, 0, sizeof desc);
+    desc.allocator.alloc = hook_alloc;
+    desc.allocator.free = hook_free;
+    hook_arm(-1);
+    start(&desc);
+    assert_int_equal(tb_device_make("cpu", 0, &cpu), TB_OK);
+    x = tb_tensor_from_host(h, &s, &dev0);
+    assert_non_null(x);
+    __atomic_store_n(&hook_big, 0, __ATOMIC_RELAXED);
+    hook_big_min = (size_t)n * sizeof(float);
+    a = tb_to_device(x, &cpu);
+    assert_non_null(a);
+    first = __atomic_exchange_n(&hook_big, 0, __ATOMIC_RELAXED);
+    b = tb_to_device(x, &cpu);
+    assert_non_null(b);
+    second = __atomic_exchange_n(&hook_big, 0, __ATOMIC_RELAXED);
+    hook_big_min = 0;
+    assert_true(first >= 1);
+    assert_int_equal(second, first - 1);
+    back = (float *)malloc((size_t)n * sizeof(float));
+    assert_non_null(back);
+    assert_int_equal(tb_tensor_to_host(b, back, (size_t)n * sizeof(float)), TB_OK);
+    assert_memory_equal(back, h, (size_t)n * sizeof(float));
+    free(back);
+    free(h);
+    tb_tensor_release(x);
+    tb_tensor_release(a);
+    tb_tensor_release(b);
     stop();
 }
 
@@ -1847,6 +1896,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_backend_values),
         cmocka_unit_test(test_dumps_under_allocation_failures),
         cmocka_unit_test(test_to_device),
+        cmocka_unit_test(test_to_device_keeps_staging),
         cmocka_unit_test(test_borrowed_host_memory),
         cmocka_unit_test(test_errors_arguments),
         cmocka_unit_test(test_errors_mixed_devices),
