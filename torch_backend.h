@@ -7720,6 +7720,10 @@ typedef struct tb__exec {
 static void tb__comp_cache_release(tb__comp_cache_entry *e);
 static void tb__comp_cache_shutdown(void);
 static void tb__exec_stage_shutdown(void); /* frees the fallback's kept staging array */
+/* the kept host staging array: taken (at least `need` bytes, *cap its size; NULL when memory ran
+   out) and given back (kept when it is the largest) */
+static void *tb__exec_stage_take(size_t need, size_t *cap);
+static void tb__exec_stage_give(void *p, size_t cap);
 static void tb__exec_call_begin(tb__saved_error *saved);
 static tb_status tb__exec_call_failed(const tb__exec *ex, tb_status st, const char *entry);
 static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, const tb__exec_walk *w,
