@@ -18808,6 +18808,8 @@ typedef struct tb__tuning {
     /* rows read in order: f32 elements per vector (a work item's row loop reads that many at
        once); 0: no vectors (rows are spread over a work-group instead) */
     int32_t vec_width;
+    /* scalar elementwise kernels: a work item per row of the last axis (1) or per element (0) */
+    int32_t elem_row_loops;
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
@@ -18874,6 +18876,9 @@ typedef struct tb__plan_kernel {
     tb_dtype acc;     /* reductions, norms: the accumulator dtype */
     int32_t vec;      /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
     int32_t vec_axes; /* the row's trailing axes the vectors run along */
+    int64_t row_len;  /* scalar elementwise: a work item per row of this many elements along
+                         the last axis (0: per element), so the leading dims' index
+                         arithmetic runs once per row */
     int32_t rm, rn;   /* matmul: outputs per work item (rows, columns); packed: rm x vector */
     int32_t tk;       /* matmul in tiles: depth of a tile */
     /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
@@ -19682,6 +19687,9 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->nesting = 64;
     t->item_group = gpu ? 256 : (host ? 1 : 128);
     t->vec_width = gpu ? 0 : 16;
+    /* host threads run a work item as a function call: a row of elements each amortises the
+       leading dims' divisions (OpenCL CPU devices vectorise across work items instead) */
+    t->elem_row_loops = host;
 }
 
 /* ---- tuning: one table per device class ---- */
@@ -21060,6 +21068,13 @@ static void tb__plan_layout(tb__pgraph *G) {
             k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
             if (k->vec > 0) {
                 k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
+            } else if (k->kind == TB__K_ELEMENTWISE && G->target->tuning->elem_row_loops) {
+                const tb_shape *rs = tb__plan_shape(G, k->root);
+                int64_t len = rs->rank >= 2 ? rs->dims[rs->rank - 1] : 0;
+                if (len >= 2 && k->items / (uint64_t)len >= (uint64_t)G->target->compute_units) {
+                    k->row_len = len;
+                    k->items /= (uint64_t)len;
+                }
             }
             break;
         }
@@ -23375,7 +23390,7 @@ static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, cons
 static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *rs = tb__plan_shape(g->G, k->root);
     int32_t i0, v;
-    char index[32];
+    char index[64];
     if (k->vec > 0) {
         /* a block of W consecutive elements per work item (W divides the last axis) */
         i0 = tb__cg_row_header(g, k, (int64_t)k->items);
@@ -23386,6 +23401,23 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
         snprintf(ptr, sizeof ptr, "out + i%d * %dL", (int)i0, (int)k->vec);
         tb__cg_vstore(g, rs->dtype, v, ptr);
         return TB_OK;
+    }
+    if (k->row_len > 0) {
+        /* a row of the last axis per work item: the leading dims' positions once a row */
+        int32_t ic;
+        char head[96];
+        i0 = tb__cg_row_header(g, k, tb__plan_numel(rs) / k->row_len);
+        ic = tb__ix_new_var(&g->ix, 0, k->row_len - 1);
+        if (i0 < 0 || ic < 0) return g->ix.status;
+        snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)ic, (int)ic,
+                 (long long)k->row_len, (int)ic);
+        tb__ix_open(&g->ix, head);
+        v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->row_len, ic));
+        if (v < 0) return g->ix.status;
+        snprintf(index, sizeof index, "i%d * %lldL + i%d", (int)i0, (long long)k->row_len, (int)ic);
+        tb__cg_store(g, rs->dtype, "out", index, v);
+        tb__ix_close(&g->ix, "");
+        return g->ix.status;
     }
     i0 = tb__cg_row_header(g, k, tb__plan_numel(rs));
     if (i0 < 0) return g->ix.status;

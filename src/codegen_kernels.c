@@ -60,7 +60,7 @@ static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, cons
 static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *rs = tb__plan_shape(g->G, k->root);
     int32_t i0, v;
-    char index[32];
+    char index[64];
     if (k->vec > 0) {
         /* a block of W consecutive elements per work item (W divides the last axis) */
         i0 = tb__cg_row_header(g, k, (int64_t)k->items);
@@ -71,6 +71,23 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
         snprintf(ptr, sizeof ptr, "out + i%d * %dL", (int)i0, (int)k->vec);
         tb__cg_vstore(g, rs->dtype, v, ptr);
         return TB_OK;
+    }
+    if (k->row_len > 0) {
+        /* a row of the last axis per work item: the leading dims' positions once a row */
+        int32_t ic;
+        char head[96];
+        i0 = tb__cg_row_header(g, k, tb__plan_numel(rs) / k->row_len);
+        ic = tb__ix_new_var(&g->ix, 0, k->row_len - 1);
+        if (i0 < 0 || ic < 0) return g->ix.status;
+        snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)ic, (int)ic,
+                 (long long)k->row_len, (int)ic);
+        tb__ix_open(&g->ix, head);
+        v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->row_len, ic));
+        if (v < 0) return g->ix.status;
+        snprintf(index, sizeof index, "i%d * %lldL + i%d", (int)i0, (long long)k->row_len, (int)ic);
+        tb__cg_store(g, rs->dtype, "out", index, v);
+        tb__ix_close(&g->ix, "");
+        return g->ix.status;
     }
     i0 = tb__cg_row_header(g, k, tb__plan_numel(rs));
     if (i0 < 0) return g->ix.status;

@@ -90,6 +90,8 @@ typedef struct tb__tuning {
     /* rows read in order: f32 elements per vector (a work item's row loop reads that many at
        once); 0: no vectors (rows are spread over a work-group instead) */
     int32_t vec_width;
+    /* scalar elementwise kernels: a work item per row of the last axis (1) or per element (0) */
+    int32_t elem_row_loops;
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
@@ -156,6 +158,9 @@ typedef struct tb__plan_kernel {
     tb_dtype acc;     /* reductions, norms: the accumulator dtype */
     int32_t vec;      /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
     int32_t vec_axes; /* the row's trailing axes the vectors run along */
+    int64_t row_len;  /* scalar elementwise: a work item per row of this many elements along
+                         the last axis (0: per element), so the leading dims' index
+                         arithmetic runs once per row */
     int32_t rm, rn;   /* matmul: outputs per work item (rows, columns); packed: rm x vector */
     int32_t tk;       /* matmul in tiles: depth of a tile */
     /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the

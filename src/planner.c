@@ -61,6 +61,9 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->nesting = 64;
     t->item_group = gpu ? 256 : (host ? 1 : 128);
     t->vec_width = gpu ? 0 : 16;
+    /* host threads run a work item as a function call: a row of elements each amortises the
+       leading dims' divisions (OpenCL CPU devices vectorise across work items instead) */
+    t->elem_row_loops = host;
 }
 
 /* ---- tuning: one table per device class ---- */
@@ -1439,6 +1442,13 @@ static void tb__plan_layout(tb__pgraph *G) {
             k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
             if (k->vec > 0) {
                 k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
+            } else if (k->kind == TB__K_ELEMENTWISE && G->target->tuning->elem_row_loops) {
+                const tb_shape *rs = tb__plan_shape(G, k->root);
+                int64_t len = rs->rank >= 2 ? rs->dims[rs->rank - 1] : 0;
+                if (len >= 2 && k->items / (uint64_t)len >= (uint64_t)G->target->compute_units) {
+                    k->row_len = len;
+                    k->items /= (uint64_t)len;
+                }
             }
             break;
         }

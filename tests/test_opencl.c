@@ -1240,6 +1240,57 @@ static void test_matmul_through_reshape(void **state) {
         assert_true(fabsf(got[i] - want[i]) <= 1e-3f * (1.0f + fabsf(want[i])));
 }
 
+/* An elementwise kernel over rows the vectors cannot take (a last axis of 28): on the native
+   backend a work item runs a row, its leading dims' positions once per row; values as cpu's
+   with a transposed and a row-broadcast operand, a max-pool-like gather and a select. */
+static void test_elementwise_rows(void **state) {
+    static float a[6 * 32 * 28], c[6 * 32 * 14];
+    float got[6 * 32 * 28], want[6 * 32 * 28];
+    tb_shape sa = shp(TB_F32, 3, 6, 32, 28, 0), sc = shp(TB_F32, 3, 6, 32, 14, 0);
+    const tb_device *devs[2];
+    int k;
+    size_t i;
+    (void)state;
+    REQUIRE_OPENCL();
+    devs[0] = &g_ocl;
+    devs[1] = &g_cpu;
+    fill(a, &sa, R_ANY, 3);
+    fill(c, &sc, R_ANY, 4);
+    for (k = 0; k < 2; k++) {
+        const int64_t up[4] = {6, 32, 14, 2}, flat[3] = {6, 32, 28};
+        tb_tensor *x = tb_tensor_from_host(a, &sa, devs[k]);
+        tb_tensor *p = tb_tensor_from_host(c, &sc, devs[k]);
+        tb_tensor *pu = tb_unsqueeze(p, 3), *pe = tb_expand(pu, up, 4);
+        tb_tensor *pr = tb_reshape(pe, flat, 3); /* each pooled value twice along the row */
+        tb_tensor *xt = tb_transpose(x, 0, 1), *xb = tb_transpose(xt, 0, 1);
+        tb_tensor *z = tb_zeros(&sa, devs[k]), *pos = tb_gt(xb, z), *m = tb_mul(pr, xb);
+        tb_tensor *y = tb_where(pos, m, z);
+        char *text;
+        assert_non_null(y);
+        if (k == 0 && strcmp(TEST_BACKEND, "native") == 0) {
+            text = tb_ir_backend_text(&y, 1);
+            assert_non_null(text);
+            if (strstr(text, "< 28L; i") == NULL) fail_msg("no row loop in:\n%s", text);
+            tb_free(text);
+        }
+        assert_int_equal(tb_tensor_to_host(y, k == 0 ? got : want, sizeof got), TB_OK);
+        tb_tensor_release(y);
+        tb_tensor_release(z);
+        tb_tensor_release(m);
+        tb_tensor_release(pos);
+        tb_tensor_release(xb);
+        tb_tensor_release(xt);
+        tb_tensor_release(pr);
+        tb_tensor_release(pe);
+        tb_tensor_release(pu);
+        tb_tensor_release(p);
+        tb_tensor_release(x);
+    }
+    for (i = 0; i < 6 * 32 * 28; i++)
+        if (got[i] != want[i])
+            fail_msg("element %zu: %g, cpu %g", i, (double)got[i], (double)want[i]);
+}
+
 typedef struct norm_arg {
     int which; /* 0 softmax, 1 log_softmax, 2 layer_norm */
     int32_t axis;
@@ -4756,6 +4807,7 @@ int main(void) {
         cmocka_unit_test(test_argmax_nan_and_ties),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_through_reshape),
+        cmocka_unit_test(test_elementwise_rows),
         cmocka_unit_test(test_softmax_layer_norm),
         cmocka_unit_test(test_movement),
         cmocka_unit_test(test_concat_pad_gather),
