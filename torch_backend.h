@@ -22156,15 +22156,15 @@ static const char *const tb__cl_prelude[] = {
     "    xc = TB_VSEL(xc, TB_VBC(-104.0f), xc < -104.0f);\n",
     "    xc = TB_VSEL(xc, TB_VBC(89.0f), xc > 89.0f);\n",
     "    k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to nearest */\n",
-    "    r = xc - k * 0.693359375f;\n",
-    "    r = r - k * -2.12194440e-4f;\n",
+    "    r = TB_VFMA(k, TB_VBC(-0.693359375f), xc);\n",
+    "    r = TB_VFMA(k, TB_VBC(2.12194440e-4f), r);\n",
     "    p = TB_VBC(1.9875691500e-4f);\n",
-    "    p = p * r + 1.3981999507e-3f;\n",
-    "    p = p * r + 8.3334519073e-3f;\n",
-    "    p = p * r + 4.1665795894e-2f;\n",
-    "    p = p * r + 1.6666665459e-1f;\n",
-    "    p = p * r + 5.0000001201e-1f;\n",
-    "    p = p * r * r + r + 1.0f;\n",
+    "    p = TB_VFMA(p, r, TB_VBC(1.3981999507e-3f));\n",
+    "    p = TB_VFMA(p, r, TB_VBC(8.3334519073e-3f));\n",
+    "    p = TB_VFMA(p, r, TB_VBC(4.1665795894e-2f));\n",
+    "    p = TB_VFMA(p, r, TB_VBC(1.6666665459e-1f));\n",
+    "    p = TB_VFMA(p, r, TB_VBC(5.0000001201e-1f));\n",
+    "    p = TB_VFMA(p, r * r, r + 1.0f);\n",
     "    ki = TB_VCVTI(k);\n",
     "    k1 = ki >> 1; /* 2^k as two factors: denormal results are reached too */\n",
     "    p = p * TB_VASF((k1 + 127) << 23) * TB_VASF((ki - k1 + 127) << 23);\n",
@@ -26530,6 +26530,7 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "#define TB_VASI(x) as_int16(x)\n"                                                             \
     "#define TB_VASU(x) as_uint16(x)\n"                                                            \
     "#define TB_VASFU(x) as_float16(x)\n"                                                          \
+    "#define TB_VFMA(a, b, c) fma(a, b, c)\n"                                                      \
     "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"                                              \
     "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
     "#define TB_VEXP(x) exp(x)\n"                                                                  \
@@ -27506,6 +27507,11 @@ static const char tb__native_head[] =
     "#define TB_VASFU(x) ((float16)(x))\n"
     "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(float16))\n"
     "#define TB_VEXP(x) tb_vexp16(x) /* the prelude's: C has no vector exp */\n"
+    "#if defined(__AVX512F__) && defined(__GNUC__) /* a * b + c rounded once */\n"
+    "#define TB_VFMA(a, b, c) __builtin_ia32_vfmaddps512_mask(a, b, c, (unsigned short)0xffff, 4)\n"
+    "#else\n"
+    "#define TB_VFMA(a, b, c) ((a) * (b) + (c))\n"
+    "#endif\n"
     "static inline float16 TB_VSQRT(float16 x) {\n"
     "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
     "}\n"

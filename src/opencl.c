@@ -345,6 +345,7 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "#define TB_VASI(x) as_int16(x)\n"                                                             \
     "#define TB_VASU(x) as_uint16(x)\n"                                                            \
     "#define TB_VASFU(x) as_float16(x)\n"                                                          \
+    "#define TB_VFMA(a, b, c) fma(a, b, c)\n"                                                      \
     "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"                                              \
     "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
     "#define TB_VEXP(x) exp(x)\n"                                                                  \
