@@ -18783,6 +18783,10 @@ typedef struct tb__tuning {
     int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
     int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work; /* M x N x K below this: not packed */
+    int64_t mm_cache_bytes;   /* packed: a core's own data cache (L2) where the target does not
+                                 say (an OpenCL device reports only its last-level cache) */
+    int32_t mm_group_caches;  /* packed: the column panels one sweep over the row panels reuses
+                                 fill this many of those caches at most */
     int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
     int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
     int32_t mm_tile_k;        /* tiles: depth of a tile */
@@ -18809,6 +18813,7 @@ typedef struct tb__target {
     size_t max_args;         /* kernel arguments the device takes (8 bytes each) */
     bool f64;                /* double precision is available */
     bool acc_f64;            /* f32 sums accumulate in double (cheap on CPUs with fp64) */
+    uint64_t cache_bytes;    /* a compute unit's own data cache (L2) in bytes; 0: unknown */
 } tb__target;
 
 /* ---- the plan ---- */
@@ -18862,6 +18867,8 @@ typedef struct tb__plan_kernel {
     int32_t vec;      /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
     int32_t vec_axes; /* the row's trailing axes the vectors run along */
     int32_t rm, rn;   /* matmul: outputs per work item (rows, columns); packed: rm x vector */
+    int32_t mm_group; /* packed matmul: the work items go over the output in groups of this many
+                         column panels, each group row panel by row panel (0: row by row) */
     int32_t tk;       /* matmul in tiles: depth of a tile */
     /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
        work-group), or fixed work-group sizes and counts */
@@ -19661,6 +19668,8 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->mm_pack_rows = 8;
     t->mm_pack_group_k = host ? 1 : 8;
     t->mm_pack_min_work = 262144; /* 64^3 */
+    t->mm_cache_bytes = (int64_t)1 << 20;
+    t->mm_group_caches = 2;
     t->mm_tile_group = 16;
     t->mm_tile_block = 4;
     t->mm_tile_k = 16;
@@ -20950,6 +20959,24 @@ static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
     if (k->vec > 0) k->acc = TB_F32;
 }
 
+/* The column panels of a packed matmul's group (tb__plan_kernel.mm_group): a row panel of A
+   is read once per group, the group's panels of B once per row panel, so the group is as wide
+   as the caches keep: every panel of B read in one sweep over the rows stays in a core's cache
+   (and the last-level cache next to it) until the next row panel reads it again. Without
+   groups a sweep reads all of B, which falls out of the caches once B outgrows them (2048 x
+   2048 floats: 16 MiB) and then streams from memory for every row panel. 0: one group. */
+static int32_t tb__plan_mm_group(const tb__pgraph *G, const tb__plan_kernel *k,
+                                 const int64_t zb[6]) {
+    const tb__tuning *t = G->target->tuning;
+    tb_dtype pd = tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype);
+    double cache =
+        G->target->cache_bytes > 0 ? (double)G->target->cache_bytes : (double)t->mm_cache_bytes;
+    double panel = (double)zb[3] * (double)zb[5] * (double)tb_dtype_size(pd);
+    double width = panel > 0 ? cache * (double)t->mm_group_caches / panel : (double)zb[4];
+    if (width >= (double)zb[4]) return 0;
+    return width < 1 ? 1 : (int32_t)width;
+}
+
 static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
     const tb__tuning *t = G->target->tuning;
     tb__plan_mm mm = tb__plan_mm_of(G, k->core);
@@ -20959,6 +20986,7 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
         tb__plan_pack_sizes(G, k->core, false, zb);
         k->rm = (int32_t)za[5];
         k->rn = (int32_t)zb[5];
+        k->mm_group = tb__plan_mm_group(G, k, zb);
         tb__plan_launch_groups(k, 1, 1, (size_t)zb[4], (size_t)za[4], (size_t)za[0]);
     } else if (k->mm == TB__MM_REGISTERS) {
         int64_t lx = t->mm_reg_group_x, ly = t->mm_reg_group_y, bx, by;
@@ -24466,7 +24494,18 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
     tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
     tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
-    tb__ix_line(&g->ix, "const long pc = (long)%s, pr = (long)%s;", id0, id1);
+    if (k->mm_group > 0) {
+        /* the items in groups of mm_group column panels, each group row panel by row panel
+           (the last group may be narrower) */
+        long long gw = k->mm_group, npc = zb[4], npr = za[4], last = npc - (npc - 1) / gw * gw;
+        tb__ix_line(&g->ix, "const long pw = (long)%s * %lldL + (long)%s;", id1, npc, id0);
+        tb__ix_line(&g->ix, "const long pg = pw / %lldL, pq = pw %% %lldL;", gw * npr, gw * npr);
+        tb__ix_line(&g->ix, "const long pgw = (pg + 1) * %lldL <= %lldL ? %lldL : %lldL;", gw, npc,
+                    gw, last);
+        tb__ix_line(&g->ix, "const long pr = pq / pgw, pc = pg * %lldL + pq %% pgw;", gw);
+    } else {
+        tb__ix_line(&g->ix, "const long pc = (long)%s, pr = (long)%s;", id0, id1);
+    }
     tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)ib, id2);
     tb__ix_line(&g->ix, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
     tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", g->d->global, t,
@@ -27781,6 +27820,7 @@ typedef struct tb__native_rt {
     char options[512];
     char cc_id[4200];
     char cpu[512];
+    uint64_t l2_bytes; /* a core's L2 cache as the C library reports it; 0: unknown */
     tb__native_pool *pool;
     /* the caching allocator: free buffers, oldest first */
     tb__native_buf **cache;
@@ -27910,6 +27950,12 @@ static void tb__native_probe(tb__native_rt *rt) {
     info->unified_memory = true;
     info->supports_f64 = true;
     tb__native_read_cpu(rt);
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+    {
+        long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        rt->l2_bytes = l2 > 0 ? (uint64_t)l2 : 0;
+    }
+#endif
     rt->cache_limit = info->global_memory / 8;
     if (rt->cache_limit < ((uint64_t)64 << 20)) rt->cache_limit = (uint64_t)64 << 20;
     if (sizeof(long) != 8) {
@@ -28549,6 +28595,7 @@ static tb_status tb__native_create_lowering_context(void *user_data, const tb_gr
     target.max_args = 4096;
     target.f64 = true;
     target.acc_f64 = true;
+    target.cache_bytes = rt->l2_bytes;
     tb__native_dialect(&dialect);
     st = tb__plan_build(graph, &target, &G, &c->plan);
     if (st == TB_OK) {

@@ -1164,7 +1164,18 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
     tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
     tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
-    tb__ix_line(&g->ix, "const long pc = (long)%s, pr = (long)%s;", id0, id1);
+    if (k->mm_group > 0) {
+        /* the items in groups of mm_group column panels, each group row panel by row panel
+           (the last group may be narrower) */
+        long long gw = k->mm_group, npc = zb[4], npr = za[4], last = npc - (npc - 1) / gw * gw;
+        tb__ix_line(&g->ix, "const long pw = (long)%s * %lldL + (long)%s;", id1, npc, id0);
+        tb__ix_line(&g->ix, "const long pg = pw / %lldL, pq = pw %% %lldL;", gw * npr, gw * npr);
+        tb__ix_line(&g->ix, "const long pgw = (pg + 1) * %lldL <= %lldL ? %lldL : %lldL;", gw, npc,
+                    gw, last);
+        tb__ix_line(&g->ix, "const long pr = pq / pgw, pc = pg * %lldL + pq %% pgw;", gw);
+    } else {
+        tb__ix_line(&g->ix, "const long pc = (long)%s, pr = (long)%s;", id0, id1);
+    }
     tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)ib, id2);
     tb__ix_line(&g->ix, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
     tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", g->d->global, t,

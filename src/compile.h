@@ -78,6 +78,10 @@ typedef struct tb__tuning {
     int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
     int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work; /* M x N x K below this: not packed */
+    int64_t mm_cache_bytes;   /* packed: a core's own data cache (L2) where the target does not
+                                 say (an OpenCL device reports only its last-level cache) */
+    int32_t mm_group_caches;  /* packed: the column panels one sweep over the row panels reuses
+                                 fill this many of those caches at most */
     int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
     int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
     int32_t mm_tile_k;        /* tiles: depth of a tile */
@@ -104,6 +108,7 @@ typedef struct tb__target {
     size_t max_args;         /* kernel arguments the device takes (8 bytes each) */
     bool f64;                /* double precision is available */
     bool acc_f64;            /* f32 sums accumulate in double (cheap on CPUs with fp64) */
+    uint64_t cache_bytes;    /* a compute unit's own data cache (L2) in bytes; 0: unknown */
 } tb__target;
 
 /* ---- the plan ---- */
@@ -157,6 +162,8 @@ typedef struct tb__plan_kernel {
     int32_t vec;      /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
     int32_t vec_axes; /* the row's trailing axes the vectors run along */
     int32_t rm, rn;   /* matmul: outputs per work item (rows, columns); packed: rm x vector */
+    int32_t mm_group; /* packed matmul: the work items go over the output in groups of this many
+                         column panels, each group row panel by row panel (0: row by row) */
     int32_t tk;       /* matmul in tiles: depth of a tile */
     /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
        work-group), or fixed work-group sizes and counts */
