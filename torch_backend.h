@@ -18799,6 +18799,9 @@ typedef struct tb__tuning {
     /* rows read in order: f32 elements per vector (a work item's row loop reads that many at
        once); 0: no vectors (rows are spread over a work-group instead) */
     int32_t vec_width;
+    /* reductions with vectors: from this many bytes per accumulator, each accumulator reads its
+       own part of the range (a core's prefetchers follow several streams at once) */
+    int64_t stream_min_bytes;
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
@@ -18862,6 +18865,8 @@ typedef struct tb__plan_kernel {
     /* layout */
     int32_t group;    /* reductions and norms: work items per row (1: one item per row) */
     int32_t lanes;    /* reductions: independent accumulators per item */
+    bool lane_parts;  /* reductions with vectors: each accumulator runs over its own part of
+                         the item's range (a stream through memory each), else they take turns */
     bool suffix;      /* reductions: the reduced axes are the trailing ones (rows contiguous) */
     tb_dtype acc;     /* reductions, norms: the accumulator dtype */
     int32_t vec;      /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
@@ -19678,6 +19683,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->nesting = 64;
     t->item_group = gpu ? 256 : (host ? 1 : 128);
     t->vec_width = gpu ? 0 : 16;
+    t->stream_min_bytes = 65536;
 }
 
 /* ---- tuning: one table per device class ---- */
@@ -20935,6 +20941,8 @@ static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
     if (k->vec > 0) {
         k->acc = tb__plan_shape(G, k->core)->dtype; /* f32 vectors, several lanes each */
         k->lanes = 2;                               /* vector accumulators */
+        k->lane_parts = (double)len * (double)tb_dtype_size(xs->dtype) / k->lanes >=
+                        (double)G->target->tuning->stream_min_bytes;
     }
 }
 
@@ -23612,19 +23620,37 @@ static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
     }
     for (lane = 0; lane < lanes; lane++)
         tb__ix_line(&g->ix, "float16 accv%d = TB_VBC(%s);", (int)lane, init);
-    tb__ix_line(&g->ix, "const long rv = rs + (re - rs) / %dL * %dL;", (int)(w * lanes),
-                (int)(w * lanes));
+    /* lane_parts: each accumulator its own part of the range (a stream through memory each,
+       which a core's prefetchers fetch ahead in parallel); else the accumulators take turns
+       along one stream */
+    if (k->lane_parts) {
+        tb__ix_line(&g->ix, "const long rn = (re - rs) / %dL * %dL, rv = rs + rn * %dL;",
+                    (int)(w * lanes), (int)w, (int)lanes);
+    } else {
+        tb__ix_line(&g->ix, "const long rv = rs + (re - rs) / %dL * %dL;", (int)(w * lanes),
+                    (int)(w * lanes));
+    }
     r = tb__ix_new_var(&g->ix, 0, rd->m - 1);
     if (r < 0) return false;
-    snprintf(head, sizeof head, "for (long i%d = rs; i%d < rv; i%d += %d) ", (int)r, (int)r, (int)r,
-             (int)(w * lanes));
+    if (k->lane_parts) {
+        snprintf(head, sizeof head, "for (long i%d = rs; i%d < rs + rn; i%d += %d) ", (int)r,
+                 (int)r, (int)r, (int)w);
+    } else {
+        snprintf(head, sizeof head, "for (long i%d = rs; i%d < rv; i%d += %d) ", (int)r, (int)r,
+                 (int)r, (int)(w * lanes));
+    }
     tb__ix_open(&g->ix, head);
     for (lane = 0; lane < lanes; lane++) {
         tb__lf lf;
-        int32_t xp, vx;
-        tb__lf_const(&lf, (int64_t)lane * w);
+        int32_t xp, vx, rl = r;
+        if (lane > 0 && k->lane_parts) {
+            rl = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+            if (rl < 0) return false;
+            tb__ix_line(&g->ix, "const long i%d = i%d + rn * %dL;", (int)rl, (int)r, (int)lane);
+        }
+        tb__lf_const(&lf, k->lane_parts ? 0 : (int64_t)lane * w);
         tb__lf_add_term(&lf, rd->row, rd->m);
-        tb__lf_add_term(&lf, r, 1);
+        tb__lf_add_term(&lf, rl, 1);
         xp = tb__ix_pos_flat(&g->ix, rd->xs, &lf);
         vx = tb__cg_veval(g, rd->x, xp);
         if (vx < 0) return false;

@@ -282,19 +282,37 @@ static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
     }
     for (lane = 0; lane < lanes; lane++)
         tb__ix_line(&g->ix, "float16 accv%d = TB_VBC(%s);", (int)lane, init);
-    tb__ix_line(&g->ix, "const long rv = rs + (re - rs) / %dL * %dL;", (int)(w * lanes),
-                (int)(w * lanes));
+    /* lane_parts: each accumulator its own part of the range (a stream through memory each,
+       which a core's prefetchers fetch ahead in parallel); else the accumulators take turns
+       along one stream */
+    if (k->lane_parts) {
+        tb__ix_line(&g->ix, "const long rn = (re - rs) / %dL * %dL, rv = rs + rn * %dL;",
+                    (int)(w * lanes), (int)w, (int)lanes);
+    } else {
+        tb__ix_line(&g->ix, "const long rv = rs + (re - rs) / %dL * %dL;", (int)(w * lanes),
+                    (int)(w * lanes));
+    }
     r = tb__ix_new_var(&g->ix, 0, rd->m - 1);
     if (r < 0) return false;
-    snprintf(head, sizeof head, "for (long i%d = rs; i%d < rv; i%d += %d) ", (int)r, (int)r, (int)r,
-             (int)(w * lanes));
+    if (k->lane_parts) {
+        snprintf(head, sizeof head, "for (long i%d = rs; i%d < rs + rn; i%d += %d) ", (int)r,
+                 (int)r, (int)r, (int)w);
+    } else {
+        snprintf(head, sizeof head, "for (long i%d = rs; i%d < rv; i%d += %d) ", (int)r, (int)r,
+                 (int)r, (int)(w * lanes));
+    }
     tb__ix_open(&g->ix, head);
     for (lane = 0; lane < lanes; lane++) {
         tb__lf lf;
-        int32_t xp, vx;
-        tb__lf_const(&lf, (int64_t)lane * w);
+        int32_t xp, vx, rl = r;
+        if (lane > 0 && k->lane_parts) {
+            rl = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+            if (rl < 0) return false;
+            tb__ix_line(&g->ix, "const long i%d = i%d + rn * %dL;", (int)rl, (int)r, (int)lane);
+        }
+        tb__lf_const(&lf, k->lane_parts ? 0 : (int64_t)lane * w);
         tb__lf_add_term(&lf, rd->row, rd->m);
-        tb__lf_add_term(&lf, r, 1);
+        tb__lf_add_term(&lf, rl, 1);
         xp = tb__ix_pos_flat(&g->ix, rd->xs, &lf);
         vx = tb__cg_veval(g, rd->x, xp);
         if (vx < 0) return false;

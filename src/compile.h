@@ -94,6 +94,9 @@ typedef struct tb__tuning {
     /* rows read in order: f32 elements per vector (a work item's row loop reads that many at
        once); 0: no vectors (rows are spread over a work-group instead) */
     int32_t vec_width;
+    /* reductions with vectors: from this many bytes per accumulator, each accumulator reads its
+       own part of the range (a core's prefetchers follow several streams at once) */
+    int64_t stream_min_bytes;
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
@@ -157,6 +160,8 @@ typedef struct tb__plan_kernel {
     /* layout */
     int32_t group;    /* reductions and norms: work items per row (1: one item per row) */
     int32_t lanes;    /* reductions: independent accumulators per item */
+    bool lane_parts;  /* reductions with vectors: each accumulator runs over its own part of
+                         the item's range (a stream through memory each), else they take turns */
     bool suffix;      /* reductions: the reduced axes are the trailing ones (rows contiguous) */
     tb_dtype acc;     /* reductions, norms: the accumulator dtype */
     int32_t vec;      /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */

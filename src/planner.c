@@ -63,6 +63,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->nesting = 64;
     t->item_group = gpu ? 256 : (host ? 1 : 128);
     t->vec_width = gpu ? 0 : 16;
+    t->stream_min_bytes = 65536;
 }
 
 /* ---- tuning: one table per device class ---- */
@@ -1320,6 +1321,8 @@ static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
     if (k->vec > 0) {
         k->acc = tb__plan_shape(G, k->core)->dtype; /* f32 vectors, several lanes each */
         k->lanes = 2;                               /* vector accumulators */
+        k->lane_parts = (double)len * (double)tb_dtype_size(xs->dtype) / k->lanes >=
+                        (double)G->target->tuning->stream_min_bytes;
     }
 }
 

@@ -972,8 +972,11 @@ static void test_reductions(void **state) {
     {
         /* long rows, long columns, many rows; then rows so long the reduction is split into
            chunks reduced in parallel and combined */
-        static const int64_t sizes[][3] = {
-            {1, 5000, 1}, {5000, 3, 0}, {64, 700, 1}, {2, 40000, 1}, {50000, 1, 0}};
+        /* and ranges long enough per work item that each vector accumulator of CPU devices
+           reads its own part (rows of 40003; chunks of a split over 4200007) */
+        static const int64_t sizes[][3] = {{1, 5000, 1},   {5000, 3, 0},  {64, 700, 1},
+                                           {2, 40000, 1},  {50000, 1, 0}, {16, 40003, 1},
+                                           {1, 4200007, 1}};
         size_t k;
         for (k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
             for (which = 0; which < 7; which++) {
