@@ -18796,6 +18796,10 @@ typedef struct tb__tuning {
     int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
     int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work; /* M x N x K below this: not packed */
+    int64_t mm_cache_bytes;   /* packed: a core's own data cache (L2) where the target does not
+                                 say (an OpenCL device reports only its last-level cache) */
+    int32_t mm_group_caches;  /* packed: the column panels one sweep over the row panels reuses
+                                 fill this many of those caches at most */
     int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
     int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
     int32_t mm_tile_k;        /* tiles: depth of a tile */
@@ -18810,6 +18814,9 @@ typedef struct tb__tuning {
     int32_t vec_width;
     /* scalar elementwise kernels: a work item per row of the last axis (1) or per element (0) */
     int32_t elem_row_loops;
+    /* reductions with vectors: from this many bytes per accumulator, each accumulator reads its
+       own part of the range (a core's prefetchers follow several streams at once) */
+    int64_t stream_min_bytes;
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
@@ -18824,6 +18831,7 @@ typedef struct tb__target {
     size_t max_args;         /* kernel arguments the device takes (8 bytes each) */
     bool f64;                /* double precision is available */
     bool acc_f64;            /* f32 sums accumulate in double (cheap on CPUs with fp64) */
+    uint64_t cache_bytes;    /* a compute unit's own data cache (L2) in bytes; 0: unknown */
 } tb__target;
 
 /* ---- the plan ---- */
@@ -18872,6 +18880,8 @@ typedef struct tb__plan_kernel {
     /* layout */
     int32_t group;    /* reductions and norms: work items per row (1: one item per row) */
     int32_t lanes;    /* reductions: independent accumulators per item */
+    bool lane_parts;  /* reductions with vectors: each accumulator runs over its own part of
+                         the item's range (a stream through memory each), else they take turns */
     bool suffix;      /* reductions: the reduced axes are the trailing ones (rows contiguous) */
     tb_dtype acc;     /* reductions, norms: the accumulator dtype */
     int32_t vec;      /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
@@ -18880,6 +18890,8 @@ typedef struct tb__plan_kernel {
                          the last axis (0: per element), so the leading dims' index
                          arithmetic runs once per row */
     int32_t rm, rn;   /* matmul: outputs per work item (rows, columns); packed: rm x vector */
+    int32_t mm_group; /* packed matmul: the work items go over the output in groups of this many
+                         column panels, each group row panel by row panel (0: row by row) */
     int32_t tk;       /* matmul in tiles: depth of a tile */
     /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
        work-group), or fixed work-group sizes and counts */
@@ -19679,6 +19691,8 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->mm_pack_rows = 8;
     t->mm_pack_group_k = host ? 1 : 8;
     t->mm_pack_min_work = 262144; /* 64^3 */
+    t->mm_cache_bytes = (int64_t)1 << 20;
+    t->mm_group_caches = 2;
     t->mm_tile_group = 16;
     t->mm_tile_block = 4;
     t->mm_tile_k = 16;
@@ -19690,6 +19704,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     /* host threads run a work item as a function call: a row of elements each amortises the
        leading dims' divisions (OpenCL CPU devices vectorise across work items instead) */
     t->elem_row_loops = host;
+    t->stream_min_bytes = 65536;
 }
 
 /* ---- tuning: one table per device class ---- */
@@ -20947,6 +20962,8 @@ static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
     if (k->vec > 0) {
         k->acc = tb__plan_shape(G, k->core)->dtype; /* f32 vectors, several lanes each */
         k->lanes = 2;                               /* vector accumulators */
+        k->lane_parts = (double)len * (double)tb_dtype_size(xs->dtype) / k->lanes >=
+                        (double)G->target->tuning->stream_min_bytes;
     }
 }
 
@@ -20971,6 +20988,24 @@ static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
     if (k->vec > 0) k->acc = TB_F32;
 }
 
+/* The column panels of a packed matmul's group (tb__plan_kernel.mm_group): a row panel of A
+   is read once per group, the group's panels of B once per row panel, so the group is as wide
+   as the caches keep: every panel of B read in one sweep over the rows stays in a core's cache
+   (and the last-level cache next to it) until the next row panel reads it again. Without
+   groups a sweep reads all of B, which falls out of the caches once B outgrows them (2048 x
+   2048 floats: 16 MiB) and then streams from memory for every row panel. 0: one group. */
+static int32_t tb__plan_mm_group(const tb__pgraph *G, const tb__plan_kernel *k,
+                                 const int64_t zb[6]) {
+    const tb__tuning *t = G->target->tuning;
+    tb_dtype pd = tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype);
+    double cache =
+        G->target->cache_bytes > 0 ? (double)G->target->cache_bytes : (double)t->mm_cache_bytes;
+    double panel = (double)zb[3] * (double)zb[5] * (double)tb_dtype_size(pd);
+    double width = panel > 0 ? cache * (double)t->mm_group_caches / panel : (double)zb[4];
+    if (width >= (double)zb[4]) return 0;
+    return width < 1 ? 1 : (int32_t)width;
+}
+
 static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
     const tb__tuning *t = G->target->tuning;
     tb__plan_mm mm = tb__plan_mm_of(G, k->core);
@@ -20980,6 +21015,7 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
         tb__plan_pack_sizes(G, k->core, false, zb);
         k->rm = (int32_t)za[5];
         k->rn = (int32_t)zb[5];
+        k->mm_group = tb__plan_mm_group(G, k, zb);
         tb__plan_launch_groups(k, 1, 1, (size_t)zb[4], (size_t)za[4], (size_t)za[0]);
     } else if (k->mm == TB__MM_REGISTERS) {
         int64_t lx = t->mm_reg_group_x, ly = t->mm_reg_group_y, bx, by;
@@ -23629,19 +23665,37 @@ static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
     }
     for (lane = 0; lane < lanes; lane++)
         tb__ix_line(&g->ix, "float16 accv%d = TB_VBC(%s);", (int)lane, init);
-    tb__ix_line(&g->ix, "const long rv = rs + (re - rs) / %dL * %dL;", (int)(w * lanes),
-                (int)(w * lanes));
+    /* lane_parts: each accumulator its own part of the range (a stream through memory each,
+       which a core's prefetchers fetch ahead in parallel); else the accumulators take turns
+       along one stream */
+    if (k->lane_parts) {
+        tb__ix_line(&g->ix, "const long rn = (re - rs) / %dL * %dL, rv = rs + rn * %dL;",
+                    (int)(w * lanes), (int)w, (int)lanes);
+    } else {
+        tb__ix_line(&g->ix, "const long rv = rs + (re - rs) / %dL * %dL;", (int)(w * lanes),
+                    (int)(w * lanes));
+    }
     r = tb__ix_new_var(&g->ix, 0, rd->m - 1);
     if (r < 0) return false;
-    snprintf(head, sizeof head, "for (long i%d = rs; i%d < rv; i%d += %d) ", (int)r, (int)r, (int)r,
-             (int)(w * lanes));
+    if (k->lane_parts) {
+        snprintf(head, sizeof head, "for (long i%d = rs; i%d < rs + rn; i%d += %d) ", (int)r,
+                 (int)r, (int)r, (int)w);
+    } else {
+        snprintf(head, sizeof head, "for (long i%d = rs; i%d < rv; i%d += %d) ", (int)r, (int)r,
+                 (int)r, (int)(w * lanes));
+    }
     tb__ix_open(&g->ix, head);
     for (lane = 0; lane < lanes; lane++) {
         tb__lf lf;
-        int32_t xp, vx;
-        tb__lf_const(&lf, (int64_t)lane * w);
+        int32_t xp, vx, rl = r;
+        if (lane > 0 && k->lane_parts) {
+            rl = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+            if (rl < 0) return false;
+            tb__ix_line(&g->ix, "const long i%d = i%d + rn * %dL;", (int)rl, (int)r, (int)lane);
+        }
+        tb__lf_const(&lf, k->lane_parts ? 0 : (int64_t)lane * w);
         tb__lf_add_term(&lf, rd->row, rd->m);
-        tb__lf_add_term(&lf, r, 1);
+        tb__lf_add_term(&lf, rl, 1);
         xp = tb__ix_pos_flat(&g->ix, rd->xs, &lf);
         vx = tb__cg_veval(g, rd->x, xp);
         if (vx < 0) return false;
@@ -24526,7 +24580,18 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
     tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
     tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
-    tb__ix_line(&g->ix, "const long pc = (long)%s, pr = (long)%s;", id0, id1);
+    if (k->mm_group > 0) {
+        /* the items in groups of mm_group column panels, each group row panel by row panel
+           (the last group may be narrower) */
+        long long gw = k->mm_group, npc = zb[4], npr = za[4], last = npc - (npc - 1) / gw * gw;
+        tb__ix_line(&g->ix, "const long pw = (long)%s * %lldL + (long)%s;", id1, npc, id0);
+        tb__ix_line(&g->ix, "const long pg = pw / %lldL, pq = pw %% %lldL;", gw * npr, gw * npr);
+        tb__ix_line(&g->ix, "const long pgw = (pg + 1) * %lldL <= %lldL ? %lldL : %lldL;", gw, npc,
+                    gw, last);
+        tb__ix_line(&g->ix, "const long pr = pq / pgw, pc = pg * %lldL + pq %% pgw;", gw);
+    } else {
+        tb__ix_line(&g->ix, "const long pc = (long)%s, pr = (long)%s;", id0, id1);
+    }
     tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)ib, id2);
     tb__ix_line(&g->ix, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
     tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", g->d->global, t,
@@ -27847,6 +27912,7 @@ typedef struct tb__native_rt {
     char options[512];
     char cc_id[4200];
     char cpu[512];
+    uint64_t l2_bytes; /* a core's L2 cache as the C library reports it; 0: unknown */
     tb__native_pool *pool;
     /* the caching allocator: free buffers, oldest first */
     tb__native_buf **cache;
@@ -27976,6 +28042,12 @@ static void tb__native_probe(tb__native_rt *rt) {
     info->unified_memory = true;
     info->supports_f64 = true;
     tb__native_read_cpu(rt);
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+    {
+        long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        rt->l2_bytes = l2 > 0 ? (uint64_t)l2 : 0;
+    }
+#endif
     rt->cache_limit = info->global_memory / 8;
     if (rt->cache_limit < ((uint64_t)64 << 20)) rt->cache_limit = (uint64_t)64 << 20;
     if (sizeof(long) != 8) {
@@ -28615,6 +28687,7 @@ static tb_status tb__native_create_lowering_context(void *user_data, const tb_gr
     target.max_args = 4096;
     target.f64 = true;
     target.acc_f64 = true;
+    target.cache_bytes = rt->l2_bytes;
     tb__native_dialect(&dialect);
     st = tb__plan_build(graph, &target, &G, &c->plan);
     if (st == TB_OK) {

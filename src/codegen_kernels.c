@@ -299,19 +299,37 @@ static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
     }
     for (lane = 0; lane < lanes; lane++)
         tb__ix_line(&g->ix, "float16 accv%d = TB_VBC(%s);", (int)lane, init);
-    tb__ix_line(&g->ix, "const long rv = rs + (re - rs) / %dL * %dL;", (int)(w * lanes),
-                (int)(w * lanes));
+    /* lane_parts: each accumulator its own part of the range (a stream through memory each,
+       which a core's prefetchers fetch ahead in parallel); else the accumulators take turns
+       along one stream */
+    if (k->lane_parts) {
+        tb__ix_line(&g->ix, "const long rn = (re - rs) / %dL * %dL, rv = rs + rn * %dL;",
+                    (int)(w * lanes), (int)w, (int)lanes);
+    } else {
+        tb__ix_line(&g->ix, "const long rv = rs + (re - rs) / %dL * %dL;", (int)(w * lanes),
+                    (int)(w * lanes));
+    }
     r = tb__ix_new_var(&g->ix, 0, rd->m - 1);
     if (r < 0) return false;
-    snprintf(head, sizeof head, "for (long i%d = rs; i%d < rv; i%d += %d) ", (int)r, (int)r, (int)r,
-             (int)(w * lanes));
+    if (k->lane_parts) {
+        snprintf(head, sizeof head, "for (long i%d = rs; i%d < rs + rn; i%d += %d) ", (int)r,
+                 (int)r, (int)r, (int)w);
+    } else {
+        snprintf(head, sizeof head, "for (long i%d = rs; i%d < rv; i%d += %d) ", (int)r, (int)r,
+                 (int)r, (int)(w * lanes));
+    }
     tb__ix_open(&g->ix, head);
     for (lane = 0; lane < lanes; lane++) {
         tb__lf lf;
-        int32_t xp, vx;
-        tb__lf_const(&lf, (int64_t)lane * w);
+        int32_t xp, vx, rl = r;
+        if (lane > 0 && k->lane_parts) {
+            rl = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+            if (rl < 0) return false;
+            tb__ix_line(&g->ix, "const long i%d = i%d + rn * %dL;", (int)rl, (int)r, (int)lane);
+        }
+        tb__lf_const(&lf, k->lane_parts ? 0 : (int64_t)lane * w);
         tb__lf_add_term(&lf, rd->row, rd->m);
-        tb__lf_add_term(&lf, r, 1);
+        tb__lf_add_term(&lf, rl, 1);
         xp = tb__ix_pos_flat(&g->ix, rd->xs, &lf);
         vx = tb__cg_veval(g, rd->x, xp);
         if (vx < 0) return false;
@@ -1196,7 +1214,18 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
     tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
     tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
-    tb__ix_line(&g->ix, "const long pc = (long)%s, pr = (long)%s;", id0, id1);
+    if (k->mm_group > 0) {
+        /* the items in groups of mm_group column panels, each group row panel by row panel
+           (the last group may be narrower) */
+        long long gw = k->mm_group, npc = zb[4], npr = za[4], last = npc - (npc - 1) / gw * gw;
+        tb__ix_line(&g->ix, "const long pw = (long)%s * %lldL + (long)%s;", id1, npc, id0);
+        tb__ix_line(&g->ix, "const long pg = pw / %lldL, pq = pw %% %lldL;", gw * npr, gw * npr);
+        tb__ix_line(&g->ix, "const long pgw = (pg + 1) * %lldL <= %lldL ? %lldL : %lldL;", gw, npc,
+                    gw, last);
+        tb__ix_line(&g->ix, "const long pr = pq / pgw, pc = pg * %lldL + pq %% pgw;", gw);
+    } else {
+        tb__ix_line(&g->ix, "const long pc = (long)%s, pr = (long)%s;", id0, id1);
+    }
     tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)ib, id2);
     tb__ix_line(&g->ix, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
     tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", g->d->global, t,

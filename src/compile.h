@@ -78,6 +78,10 @@ typedef struct tb__tuning {
     int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
     int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work; /* M x N x K below this: not packed */
+    int64_t mm_cache_bytes;   /* packed: a core's own data cache (L2) where the target does not
+                                 say (an OpenCL device reports only its last-level cache) */
+    int32_t mm_group_caches;  /* packed: the column panels one sweep over the row panels reuses
+                                 fill this many of those caches at most */
     int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
     int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
     int32_t mm_tile_k;        /* tiles: depth of a tile */
@@ -92,6 +96,9 @@ typedef struct tb__tuning {
     int32_t vec_width;
     /* scalar elementwise kernels: a work item per row of the last axis (1) or per element (0) */
     int32_t elem_row_loops;
+    /* reductions with vectors: from this many bytes per accumulator, each accumulator reads its
+       own part of the range (a core's prefetchers follow several streams at once) */
+    int64_t stream_min_bytes;
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
@@ -106,6 +113,7 @@ typedef struct tb__target {
     size_t max_args;         /* kernel arguments the device takes (8 bytes each) */
     bool f64;                /* double precision is available */
     bool acc_f64;            /* f32 sums accumulate in double (cheap on CPUs with fp64) */
+    uint64_t cache_bytes;    /* a compute unit's own data cache (L2) in bytes; 0: unknown */
 } tb__target;
 
 /* ---- the plan ---- */
@@ -154,6 +162,8 @@ typedef struct tb__plan_kernel {
     /* layout */
     int32_t group;    /* reductions and norms: work items per row (1: one item per row) */
     int32_t lanes;    /* reductions: independent accumulators per item */
+    bool lane_parts;  /* reductions with vectors: each accumulator runs over its own part of
+                         the item's range (a stream through memory each), else they take turns */
     bool suffix;      /* reductions: the reduced axes are the trailing ones (rows contiguous) */
     tb_dtype acc;     /* reductions, norms: the accumulator dtype */
     int32_t vec;      /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
@@ -162,6 +172,8 @@ typedef struct tb__plan_kernel {
                          the last axis (0: per element), so the leading dims' index
                          arithmetic runs once per row */
     int32_t rm, rn;   /* matmul: outputs per work item (rows, columns); packed: rm x vector */
+    int32_t mm_group; /* packed matmul: the work items go over the output in groups of this many
+                         column panels, each group row panel by row panel (0: row by row) */
     int32_t tk;       /* matmul in tiles: depth of a tile */
     /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
        work-group), or fixed work-group sizes and counts */

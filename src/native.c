@@ -406,6 +406,7 @@ typedef struct tb__native_rt {
     char options[512];
     char cc_id[4200];
     char cpu[512];
+    uint64_t l2_bytes; /* a core's L2 cache as the C library reports it; 0: unknown */
     tb__native_pool *pool;
     /* the caching allocator: free buffers, oldest first */
     tb__native_buf **cache;
@@ -535,6 +536,12 @@ static void tb__native_probe(tb__native_rt *rt) {
     info->unified_memory = true;
     info->supports_f64 = true;
     tb__native_read_cpu(rt);
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+    {
+        long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        rt->l2_bytes = l2 > 0 ? (uint64_t)l2 : 0;
+    }
+#endif
     rt->cache_limit = info->global_memory / 8;
     if (rt->cache_limit < ((uint64_t)64 << 20)) rt->cache_limit = (uint64_t)64 << 20;
     if (sizeof(long) != 8) {
@@ -1174,6 +1181,7 @@ static tb_status tb__native_create_lowering_context(void *user_data, const tb_gr
     target.max_args = 4096;
     target.f64 = true;
     target.acc_f64 = true;
+    target.cache_bytes = rt->l2_bytes;
     tb__native_dialect(&dialect);
     st = tb__plan_build(graph, &target, &G, &c->plan);
     if (st == TB_OK) {

@@ -53,6 +53,8 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->mm_pack_rows = 8;
     t->mm_pack_group_k = host ? 1 : 8;
     t->mm_pack_min_work = 262144; /* 64^3 */
+    t->mm_cache_bytes = (int64_t)1 << 20;
+    t->mm_group_caches = 2;
     t->mm_tile_group = 16;
     t->mm_tile_block = 4;
     t->mm_tile_k = 16;
@@ -64,6 +66,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     /* host threads run a work item as a function call: a row of elements each amortises the
        leading dims' divisions (OpenCL CPU devices vectorise across work items instead) */
     t->elem_row_loops = host;
+    t->stream_min_bytes = 65536;
 }
 
 /* ---- tuning: one table per device class ---- */
@@ -1321,6 +1324,8 @@ static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
     if (k->vec > 0) {
         k->acc = tb__plan_shape(G, k->core)->dtype; /* f32 vectors, several lanes each */
         k->lanes = 2;                               /* vector accumulators */
+        k->lane_parts = (double)len * (double)tb_dtype_size(xs->dtype) / k->lanes >=
+                        (double)G->target->tuning->stream_min_bytes;
     }
 }
 
@@ -1345,6 +1350,24 @@ static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
     if (k->vec > 0) k->acc = TB_F32;
 }
 
+/* The column panels of a packed matmul's group (tb__plan_kernel.mm_group): a row panel of A
+   is read once per group, the group's panels of B once per row panel, so the group is as wide
+   as the caches keep: every panel of B read in one sweep over the rows stays in a core's cache
+   (and the last-level cache next to it) until the next row panel reads it again. Without
+   groups a sweep reads all of B, which falls out of the caches once B outgrows them (2048 x
+   2048 floats: 16 MiB) and then streams from memory for every row panel. 0: one group. */
+static int32_t tb__plan_mm_group(const tb__pgraph *G, const tb__plan_kernel *k,
+                                 const int64_t zb[6]) {
+    const tb__tuning *t = G->target->tuning;
+    tb_dtype pd = tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype);
+    double cache =
+        G->target->cache_bytes > 0 ? (double)G->target->cache_bytes : (double)t->mm_cache_bytes;
+    double panel = (double)zb[3] * (double)zb[5] * (double)tb_dtype_size(pd);
+    double width = panel > 0 ? cache * (double)t->mm_group_caches / panel : (double)zb[4];
+    if (width >= (double)zb[4]) return 0;
+    return width < 1 ? 1 : (int32_t)width;
+}
+
 static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
     const tb__tuning *t = G->target->tuning;
     tb__plan_mm mm = tb__plan_mm_of(G, k->core);
@@ -1354,6 +1377,7 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
         tb__plan_pack_sizes(G, k->core, false, zb);
         k->rm = (int32_t)za[5];
         k->rn = (int32_t)zb[5];
+        k->mm_group = tb__plan_mm_group(G, k, zb);
         tb__plan_launch_groups(k, 1, 1, (size_t)zb[4], (size_t)za[4], (size_t)za[0]);
     } else if (k->mm == TB__MM_REGISTERS) {
         int64_t lx = t->mm_reg_group_x, ly = t->mm_reg_group_y, bx, by;

@@ -972,8 +972,11 @@ static void test_reductions(void **state) {
     {
         /* long rows, long columns, many rows; then rows so long the reduction is split into
            chunks reduced in parallel and combined */
-        static const int64_t sizes[][3] = {
-            {1, 5000, 1}, {5000, 3, 0}, {64, 700, 1}, {2, 40000, 1}, {50000, 1, 0}};
+        /* and ranges long enough per work item that each vector accumulator of CPU devices
+           reads its own part (rows of 40003; chunks of a split over 4200007) */
+        static const int64_t sizes[][3] = {{1, 5000, 1},   {5000, 3, 0},  {64, 700, 1},
+                                           {2, 40000, 1},  {50000, 1, 0}, {16, 40003, 1},
+                                           {1, 4200007, 1}};
         size_t k;
         for (k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
             for (which = 0; which < 7; which++) {
@@ -1189,6 +1192,20 @@ static void test_matmul(void **state) {
         in[0] = in_of(shp(TB_F32, 2, 256, 256, 0, 0), R_ANY);
         in[1] = in_of(shp(TB_F32, 2, 256, 256, 0, 0), R_ANY);
         add_case("matmul [256,256]x[256,256]", build_matmul, &plain, in, 2);
+        /* B larger than a core's caches (megabytes): the work items go over the output in
+           groups of column panels, the last group narrower; a long K: groups of one panel */
+        for (d = 0; d < 2; d++) {
+            in[0] = in_of(shp(dtypes[d], 2, 37, 1100, 0, 0), R_ANY);
+            in[1] = in_of(shp(dtypes[d], 2, 1100, 500, 0, 0), R_ANY);
+            in[2] = in_of(shp(dtypes[d], 1, 500, 0, 0, 0), R_ANY);
+            add_case("relu(matmul [37,1100]x[1100,500] + bias)", build_matmul, &relu_bias, in, 3);
+        }
+        in[0] = in_of(shp(TB_F32, 3, 2, 20, 1100, 0), R_ANY);
+        in[1] = in_of(shp(TB_F32, 3, 2, 1100, 500, 0), R_ANY);
+        add_case("batched matmul [2,20,1100]x[2,1100,500]", build_matmul, &plain, in, 2);
+        in[0] = in_of(shp(TB_F32, 2, 5, 40000, 0, 0), R_ANY);
+        in[1] = in_of(shp(TB_F32, 2, 40000, 33, 0, 0), R_ANY);
+        add_case("matmul [5,40000]x[40000,33]", build_matmul, &plain, in, 2);
         /* the matmul under a reshape: its kernel stores through it (to its own dims: a
            detached gradient; flat) */
         {
