@@ -86,7 +86,7 @@
 #define TB_VERSION_STRING "0.1.0"
 /* The binary contract between the library and a backend plugin; bumped whenever
    tb_backend_impl, tb_backend_data or tb_plugin_desc change layout. */
-#define TB_API_VERSION 2
+#define TB_API_VERSION 3
 
 #ifndef TBDEF
 #ifdef TB_STATIC
@@ -557,6 +557,17 @@ typedef struct tb_backend_impl {
        does when the entry is NULL); on any failure it leaves data->payload NULL. */
     tb_status (*data_borrow_host)(void *user_data, tb_backend_data *data, void *host,
                                   void (*release)(void *context), void *context);
+    /* (optional) Host access for one host step (a collective's input and result, an eager
+       fallback's operands): the address of the data's values in host memory, valid until
+       data_unmap_host, when the backend can give one without a copy (a CPU backend; a device
+       that shares the host's memory, through a mapping). `write` false: the library only
+       reads the values. `write` true: `data` has no payload yet; the backend allocates it and
+       the library writes every value before data_unmap_host, and before any other use of the
+       data. NULL without an error (and, for `write`, data->payload left NULL): not possible
+       here, the library copies (data_to_host, data_from_host). NULL entry: always a copy. */
+    void *(*data_map_host)(void *user_data, tb_backend_data *data, bool write);
+    /* (optional) Ends a data_map_host (`host` is what it returned). NULL: nothing to do. */
+    tb_status (*data_unmap_host)(void *user_data, tb_backend_data *data, void *host);
 } tb_backend_impl;
 
 /* Registers a backend under `name` (1..TB_MAX_NAME bytes, [A-Za-z_][A-Za-z0-9_]*), with
@@ -2156,13 +2167,14 @@ typedef struct tb__wiring_table {
     const tb__builtin_backend *builtins;
     size_t num_builtins;
     /* the executor's host step for a COLLECTIVE node (distributed.c): `in` holds the operand's
-       values (a contiguous host array); on success *out is a host array of the node's values
-       that stays valid until release(*context) is called (once: when the data that borrowed it
-       lets go, or after copying it). local != TB_OK: this rank could not compute its operand
-       (in and out NULL); it still takes part in the ranks' exchange, so that every rank gets
-       an error instead of waiting, and returns an error. */
-    tb_status (*collective)(const tb_node *node, tb_status local, const void *in, void **out,
-                            void (**release)(void *context), void **context);
+       values (a contiguous host array). `dest` not NULL: the node's values go there (the
+       result's own memory, mapped into the host); else on success *out is a host array of the
+       node's values that stays valid until release(*context) is called (once: when the data
+       that borrowed it lets go, or after copying it). local != TB_OK: this rank could not
+       compute its operand (in, dest and out NULL); it still takes part in the ranks' exchange,
+       so that every rank gets an error instead of waiting, and returns an error. */
+    tb_status (*collective)(const tb_node *node, tb_status local, const void *in, void *dest,
+                            void **out, void (**release)(void *context), void **context);
 } tb__wiring_table;
 static const tb__wiring_table *tb__wiring(void);
 
@@ -2221,6 +2233,14 @@ static tb_backend_data *tb__data_borrow_host(const tb_device *device, const tb_s
 /* the host array of a data whose backend keeps it in host memory (data_host_pointer); NULL
    for other data and placeholders */
 static void *tb__host_data(const tb_backend_data *data);
+/* the values of a data in host memory for one host step, read only (data_map_host), ended by
+   tb__data_unmap_host; NULL without an error when the backend would need a copy */
+static void *tb__data_map_host(tb_backend_data *data);
+static tb_status tb__data_unmap_host(tb_backend_data *data, void *host);
+/* a new data whose values the caller writes at *host, then tb__data_unmap_host (data_map_host
+   with `write`); NULL without an error when the backend would need a copy */
+static tb_backend_data *tb__data_new_mapped(const tb_device *device, const tb_shape *shape,
+                                            void **host);
 /* registers a backend (tb_backend_register's work, messages naming `fn`); `plugin` is the
    shared object it came from or NULL; *out (may be NULL) gets the entry */
 static tb_status tb__backend_register(const char *fn, const char *name, const tb_backend_impl *impl,
@@ -5923,6 +5943,59 @@ static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device,
     return d;
 }
 
+/* The host address of a data's values for one host step (tb_backend_impl.data_map_host), read
+   only: NULL without an error when the backend cannot give one without a copy. */
+static TB__UNUSED void *tb__data_map_host(tb_backend_data *data) {
+    const tb_backend_impl *impl;
+    tb__saved_error saved;
+    void *host;
+    if (data == NULL || data->payload == NULL || data->tb__backend == NULL) return NULL;
+    impl = &data->tb__backend->impl;
+    if (impl->data_map_host == NULL) return NULL;
+    tb__error_save(&saved);
+    host = impl->data_map_host(impl->user_data, data, false);
+    tb__error_restore(&saved);
+    return host;
+}
+
+/* Ends a tb__data_map_host or tb__data_new_mapped (`host` is what it gave). */
+static TB__UNUSED tb_status tb__data_unmap_host(tb_backend_data *data, void *host) {
+    const tb_backend_impl *impl;
+    if (data == NULL || host == NULL || data->tb__backend == NULL) return TB_OK;
+    impl = &data->tb__backend->impl;
+    if (impl->data_unmap_host == NULL) return TB_OK;
+    return impl->data_unmap_host(impl->user_data, data, host);
+}
+
+/* A new data of the device's backend whose values the caller writes in place at *host (every
+   value, then tb__data_unmap_host before any other use). NULL without an error, nothing kept,
+   when the backend cannot give host memory without a copy: the caller writes a host array and
+   copies it with tb__data_from_host instead (which also reports any error of the device). */
+static TB__UNUSED tb_backend_data *tb__data_new_mapped(const tb_device *device,
+                                                       const tb_shape *shape, void **host) {
+    tb_backend *b;
+    tb_backend_data *d;
+    tb__saved_error saved;
+    *host = NULL;
+    if (device == NULL || shape == NULL) return NULL;
+    tb__error_save(&saved);
+    b = tb__backend_for_device(device);
+    if (b == NULL || b->impl.data_map_host == NULL) {
+        tb__error_restore(&saved);
+        return NULL;
+    }
+    d = tb__data_new(b, device, shape);
+    if (d != NULL) *host = b->impl.data_map_host(b->impl.user_data, d, true);
+    if (d != NULL && (*host == NULL || d->payload == NULL)) {
+        tb__data_discard(d);
+        d = NULL;
+        *host = NULL;
+    }
+    tb__error_restore(&saved);
+    if (d != NULL) tb__metric_count("CreateDataHandles", 1);
+    return d;
+}
+
 static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *host) {
     const tb_backend *b;
     size_t nbytes = 0;
@@ -8670,7 +8743,7 @@ static tb_status tb__exec_reference_node(const char *fn, const tb_node *node,
 static void tb__exec_collective_failed(const tb_node *node, tb_status st) {
     tb__saved_error saved;
     tb__error_save(&saved);
-    tb__wiring()->collective(node, st, NULL, NULL, NULL, NULL);
+    tb__wiring()->collective(node, st, NULL, NULL, NULL, NULL, NULL);
     tb__error_restore(&saved);
 }
 
@@ -8730,14 +8803,22 @@ static void tb__exec_free_host(void *context) {
 
 /* Operand `operand`'s values on the host for the fallback, from its data `d` (NULL for an
    unset scalar): *in points at them, in the data's own host memory where its backend keeps it
-   there, else in a staging array *owned of *cap bytes (the caller gives it back with
-   tb__exec_stage_give). */
-static tb_status tb__exec_operand_host(const tb_node *operand, const tb_backend_data *d,
-                                       void **owned, size_t *cap, void **in) {
-    void *host = d != NULL ? tb__host_data(d) : NULL;
+   there or maps it there without a copy (then *mapped is d, and the caller ends the mapping
+   with tb__data_unmap_host), else in a staging array *owned of *cap bytes (the caller gives it
+   back with tb__exec_stage_give). */
+static tb_status tb__exec_operand_host(const tb_node *operand, tb_backend_data *d, void **owned,
+                                       size_t *cap, void **in, tb_backend_data **mapped) {
+    bool same = d != NULL && tb_shape_equal(&d->shape, &operand->shape);
+    void *host = same ? tb__host_data(d) : NULL;
     size_t nbytes = 0;
-    if (host != NULL && tb_shape_equal(&d->shape, &operand->shape)) {
+    if (host != NULL) {
         *in = host;
+        return TB_OK;
+    }
+    host = same ? tb__data_map_host(d) : NULL;
+    if (host != NULL) {
+        *in = host;
+        *mapped = d;
         return TB_OK;
     }
     if (tb_shape_nbytes(&operand->shape, &nbytes) != TB_OK) return tb_last_status();
@@ -8764,8 +8845,22 @@ static tb_status tb__exec_fallback_run(const tb__exec *ex, tb_node *node, void *
     tb_status st;
     char name[64];
     if (node->op == TB_OP_COLLECTIVE) {
+        /* into the result's own memory where the device lends it to the host without a copy,
+           else into a buffer of the group's that the result borrows or copies */
+        void *dest = NULL;
+        size_t nbytes = 0;
         *exchanged = true;
-        st = tb__wiring()->collective(node, TB_OK, in[0], &result, &release, &context);
+        if (tb_shape_nbytes(&node->shape, &nbytes) == TB_OK && nbytes > 0)
+            value = tb__data_new_mapped(&ex->device, &node->shape, &dest);
+        st = tb__wiring()->collective(node, TB_OK, in[0], dest, &result, &release, &context);
+        if (value != NULL) {
+            tb_status unmapped = tb__data_unmap_host(value, dest);
+            if (st == TB_OK) st = unmapped;
+            if (st != TB_OK) {
+                tb__data_release(value);
+                return st;
+            }
+        }
     } else {
         result = context = tb__exec_host_alloc(&node->shape, NULL);
         st = result != NULL              ? TB_OK
@@ -8773,7 +8868,7 @@ static tb_status tb__exec_fallback_run(const tb__exec *ex, tb_node *node, void *
                                          : TB_ERR_OUT_OF_MEMORY;
         if (st == TB_OK) st = tb__exec_reference_node(ex->func, node, in, result);
     }
-    if (st == TB_OK) {
+    if (st == TB_OK && value == NULL) {
         value = tb__data_borrow_host(&ex->device, &node->shape, result, release, context);
         if (value != NULL) {
             result = NULL; /* the data's now: it releases it */
@@ -8798,7 +8893,7 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     size_t k = node->num_operands, i, num_pending = 0, *caps = NULL;
     void **host = NULL, **in = NULL;
     tb_node **pending = NULL;
-    tb_backend_data **computed = NULL;
+    tb_backend_data **computed = NULL, **mapped = NULL;
     tb_status st = TB_ERR_OUT_OF_MEMORY;
     bool exchanged = false;
 
@@ -8807,7 +8902,9 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     caps = (size_t *)tb__calloc(k + 1, sizeof(size_t));
     pending = (tb_node **)tb__calloc(k + 1, sizeof(tb_node *));
     computed = (tb_backend_data **)tb__calloc(k + 1, sizeof(tb_backend_data *));
-    if (host == NULL || in == NULL || caps == NULL || pending == NULL || computed == NULL)
+    mapped = (tb_backend_data **)tb__calloc(k + 1, sizeof(tb_backend_data *));
+    if (host == NULL || in == NULL || caps == NULL || pending == NULL || computed == NULL ||
+        mapped == NULL)
         goto done;
     /* operands still pending become a graph of their own, whose results are those operands */
     for (i = 0; i < k; i++) {
@@ -8824,7 +8921,7 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     }
     for (i = 0; i < k; i++) {
         const tb_node *operand = node->operands[i];
-        const tb_backend_data *d = NULL;
+        tb_backend_data *d = NULL;
         if (operand->op == TB_OP_SCALAR && operand->value == NULL) {
             /* its value is the node's own: d stays NULL */
         } else if (tb__exec_is_param(operand)) {
@@ -8839,7 +8936,7 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
             st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
             goto done;
         }
-        st = tb__exec_operand_host(operand, d, &host[i], &caps[i], &in[i]);
+        st = tb__exec_operand_host(operand, d, &host[i], &caps[i], &in[i], &mapped[i]);
         if (st != TB_OK) goto done;
     }
     st = tb__exec_fallback_run(ex, node, in, &exchanged);
@@ -8849,6 +8946,12 @@ done:
     if (host != NULL && caps != NULL) {
         for (i = 0; i < k; i++)
             tb__exec_stage_give(host[i], caps[i]);
+    }
+    if (mapped != NULL && in != NULL) {
+        for (i = 0; i < k; i++) {
+            tb_status unmapped = tb__data_unmap_host(mapped[i], in[i]);
+            if (st == TB_OK) st = unmapped;
+        }
     }
     if (computed != NULL) {
         for (i = 0; i < num_pending; i++) {
@@ -8860,6 +8963,7 @@ done:
     tb__free(caps);
     tb__free(pending);
     tb__free(computed);
+    tb__free(mapped);
     return st;
 }
 
@@ -26389,6 +26493,61 @@ static void tb__ocl_data_release(void *user_data, tb_backend_data *data) {
     data->payload = NULL;
 }
 
+/* On a device that shares the host's memory, a buffer mapped into the host's address space
+   (no copy where the buffer is host memory, as PoCL's are): the library reads or writes the
+   values there for one host step, then unmaps. Elsewhere NULL: the library copies. */
+static void *tb__ocl_data_map_host(void *user_data, tb_backend_data *data, bool write) {
+    tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
+    tb__ocl_device *dev;
+    tb__cl_int err = TB__CL_SUCCESS;
+    void *p = NULL;
+    size_t size;
+    (void)user_data;
+    if (tb_shape_nbytes(&data->shape, &size) != TB_OK || size == 0) return NULL;
+    if (write) {
+        dev = tb__ocl_device_acquire(data->device.ordinal, "opencl");
+        if (dev == NULL) return NULL;
+        if (dev->info.unified_memory && tb__ocl_buffer_alloc(dev, size, &buf) != TB_OK) buf = NULL;
+        if (!dev->info.unified_memory) buf = NULL;
+    } else {
+        if (buf == NULL || buf->mem == NULL || !buf->dev->info.unified_memory) return NULL;
+        dev = buf->dev;
+        tb__ocl_device_lock(dev);
+    }
+    if (buf != NULL && !dev->rt->exited) {
+        p = TB__OCL_CALL(dev->rt, EnqueueMapBuffer)(dev->queue, buf->mem, TB__CL_TRUE,
+                                                    write ? TB__CL_MAP_WRITE : TB__CL_MAP_READ, 0,
+                                                    size, 0, NULL, NULL, &err);
+        if (err != TB__CL_SUCCESS) p = NULL;
+    }
+    if (write && buf != NULL) {
+        if (p != NULL) {
+            data->payload = buf;
+        } else {
+            tb__ocl_buffer_free(buf);
+        }
+    }
+    tb__ocl_device_release(dev);
+    return p;
+}
+
+static tb_status tb__ocl_data_unmap_host(void *user_data, tb_backend_data *data, void *host) {
+    tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
+    tb__cl_int err;
+    (void)user_data;
+    if (buf == NULL || buf->mem == NULL) return TB_OK;
+    tb__ocl_device_lock(buf->dev);
+    err = buf->dev->rt->exited ? TB__CL_SUCCESS
+                               : TB__OCL_CALL(buf->dev->rt, EnqueueUnmapMemObject)(
+                                     buf->dev->queue, buf->mem, host, 0, NULL, NULL);
+    tb__ocl_device_release(buf->dev);
+    if (err != TB__CL_SUCCESS) {
+        return tb__error(TB_ERR_EXECUTE, "opencl:%d: unmapping a buffer failed: %s (%d)",
+                         (int)buf->dev->ordinal, tb__cl_error_name(err), (int)err);
+    }
+    return TB_OK;
+}
+
 /* Device memory for a data that may hold a host scalar; NULL with the error set. */
 static tb__cl_mem tb__ocl_data_mem(tb__ocl_device *dev, tb_backend_data *data) {
     tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
@@ -27209,6 +27368,8 @@ static tb_status tb__opencl_register(void) {
     impl.data_from_scalar = tb__ocl_data_from_scalar;
     impl.data_to_host = tb__ocl_data_to_host;
     impl.data_release = tb__ocl_data_release;
+    impl.data_map_host = tb__ocl_data_map_host;
+    impl.data_unmap_host = tb__ocl_data_unmap_host;
     impl.create_lowering_context = tb__ocl_create_lowering_context;
     impl.release_lowering_context = tb__ocl_release_lowering_context;
     impl.compile = tb__ocl_compile;
@@ -28464,6 +28625,27 @@ static void tb__native_data_release(void *user_data, tb_backend_data *data) {
     data->payload = NULL;
 }
 
+/* The buffers are host memory: the library reads and writes them in place (a collective's
+   input and result), with nothing to do at the end. */
+static void *tb__native_data_map_host(void *user_data, tb_backend_data *data, bool write) {
+    tb__native_rt *rt;
+    tb__native_buf *b = NULL;
+    size_t size;
+    (void)user_data;
+    if (!write) {
+        b = (tb__native_buf *)data->payload;
+        return b != NULL ? b->ptr : NULL;
+    }
+    if (tb_shape_nbytes(&data->shape, &size) != TB_OK) return NULL;
+    tb__mutex_lock(&tb__native_mutex);
+    rt = tb__native_device(data->device.ordinal, "native");
+    if (rt != NULL && tb__native_buf_alloc(rt, size, &b) != TB_OK) b = NULL;
+    tb__mutex_unlock(&tb__native_mutex);
+    if (b == NULL) return NULL;
+    data->payload = b;
+    return b->ptr;
+}
+
 /* ---- backend entries: lowering, compile, execute ---- */
 
 /* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
@@ -28931,6 +29113,7 @@ static tb_status tb__native_register(void) {
     impl.data_from_scalar = tb__native_data_from_scalar;
     impl.data_to_host = tb__native_data_to_host;
     impl.data_release = tb__native_data_release;
+    impl.data_map_host = tb__native_data_map_host;
     impl.create_lowering_context = tb__native_create_lowering_context;
     impl.release_lowering_context = tb__native_release_lowering_context;
     impl.compile = tb__native_compile;
@@ -28963,7 +29146,8 @@ static tb_process_group_impl tb__mpi_group_impl(void);
 /* distributed.c: the executor's host step for a COLLECTIVE node (the wiring hands it to the
    executor as tb__wiring()->collective) */
 static tb_status tb__process_group_run(const tb_node *node, tb_status local, const void *in,
-                                       void **out, void (**release)(void *context), void **context);
+                                       void *dest, void **out, void (**release)(void *context),
+                                       void **context);
 
 /* ---- src/mpi.c ---- */
 /* ===========================================================================================
@@ -29941,10 +30125,11 @@ static tb__pg_buffer *tb__pg_buffer_acquire(tb_process_group *g, size_t need) {
     return buf;
 }
 
-/* The executor's host step for a COLLECTIVE node (through the wiring): a receive buffer from
-   the group's pool, the ranks agree, then the group moves the data from `in` into it. */
+/* The executor's host step for a COLLECTIVE node (through the wiring): the ranks agree, then
+   the group moves the data from `in` into `dest` (the result's own memory), or without one
+   into a receive buffer from the group's pool. */
 static tb_status tb__process_group_run(const tb_node *node, tb_status local, const void *in,
-                                       void **out, void (**release)(void *context),
+                                       void *dest, void **out, void (**release)(void *context),
                                        void **context) {
     tb_process_group *g = NULL;
     tb__pg_buffer *buf = NULL;
@@ -29964,7 +30149,8 @@ static tb_status tb__process_group_run(const tb_node *node, tb_status local, con
     }
     tb__pg_call_init(&c, g, (tb__collective)at[1], (tb_reduce_op)at[2], (int32_t)at[3],
                      &node->operands[0]->shape);
-    if (local == TB_OK) { /* before the exchange: a rank without memory tells the others */
+    /* before the exchange: a rank without memory tells the others */
+    if (local == TB_OK && dest == NULL) {
         if (tb_shape_nbytes(&node->shape, &nbytes) == TB_OK) buf = tb__pg_buffer_acquire(g, nbytes);
         if (buf == NULL) {
             local = tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for a %zu-byte result", c.fn,
@@ -29973,12 +30159,13 @@ static tb_status tb__process_group_run(const tb_node *node, tb_status local, con
     }
     tb__mutex_lock(&g->lock);
     st = tb__pg_agree(&c, local);
-    if (st == TB_OK) st = tb__pg_move(&c, in, buf->ptr);
+    if (st == TB_OK) st = tb__pg_move(&c, in, dest != NULL ? dest : buf->ptr);
     tb__mutex_unlock(&g->lock);
     if (st != TB_OK) {
         if (buf != NULL) tb__pg_buffer_release(buf);
         return st;
     }
+    if (dest != NULL) return TB_OK;
     *out = buf->ptr;
     *release = tb__pg_buffer_release;
     *context = buf;

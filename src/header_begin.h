@@ -86,7 +86,7 @@
 #define TB_VERSION_STRING "0.1.0"
 /* The binary contract between the library and a backend plugin; bumped whenever
    tb_backend_impl, tb_backend_data or tb_plugin_desc change layout. */
-#define TB_API_VERSION 2
+#define TB_API_VERSION 3
 
 #ifndef TBDEF
 #ifdef TB_STATIC
