@@ -332,7 +332,14 @@ static tb_status tb__pg_agree(tb__pg_call *c, tb_status local) {
         return tb_last_status();
     }
     st = g->impl.all_gather(g->impl.user_data, rec, g->records, sizeof rec);
-    if (st != TB_OK) return st;
+    if (st != TB_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%.400s", tb_last_error());
+        return tb__error(st,
+                         "%s: rank %d: the exchange before collective #%lld of process group "
+                         "'%s' failed: %s",
+                         c->fn, (int)g->rank, (long long)rec[TB__REC_SEQUENCE], g->name, why);
+    }
     for (r = 0; r < g->size; r++) {
         const int64_t *other = g->records + (size_t)r * TB__REC_COUNT;
         if (other[TB__REC_OK] == 0) {

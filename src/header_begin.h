@@ -45,6 +45,8 @@
                          TB_OPENCL_LINKED)
      TB_MPI_LIBRARY      the MPI library the "mpi" process group opens (default: libmpi.so.40,
                          then libmpich.so.12, then libmpi_abi.so.0); no -lmpi is ever needed
+     TB_COLLECTIVE_TIMEOUT  seconds an "mpi" collective may wait for the other ranks before
+                         it fails and the group becomes unusable (default 300; 0: no end)
      TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk
                          cache key), e.g. "-cl-fast-relaxed-math"
      TB_DEBUG            1: one line per graph compile/run, and one while a compile is still
