@@ -45,6 +45,8 @@
                          TB_OPENCL_LINKED)
      TB_MPI_LIBRARY      the MPI library the "mpi" process group opens (default: libmpi.so.40,
                          then libmpich.so.12, then libmpi_abi.so.0); no -lmpi is ever needed
+     TB_COLLECTIVE_TIMEOUT  seconds an "mpi" collective may wait for the other ranks before
+                         it fails and the group becomes unusable (default 300; 0: no end)
      TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk
                          cache key), e.g. "-cl-fast-relaxed-math"
      TB_DEBUG            1: one line per graph compile/run, and one while a compile is still
@@ -86,7 +88,7 @@
 #define TB_VERSION_STRING "0.1.0"
 /* The binary contract between the library and a backend plugin; bumped whenever
    tb_backend_impl, tb_backend_data or tb_plugin_desc change layout. */
-#define TB_API_VERSION 2
+#define TB_API_VERSION 3
 
 #ifndef TBDEF
 #ifdef TB_STATIC
@@ -557,6 +559,17 @@ typedef struct tb_backend_impl {
        does when the entry is NULL); on any failure it leaves data->payload NULL. */
     tb_status (*data_borrow_host)(void *user_data, tb_backend_data *data, void *host,
                                   void (*release)(void *context), void *context);
+    /* (optional) Host access for one host step (a collective's input and result, an eager
+       fallback's operands): the address of the data's values in host memory, valid until
+       data_unmap_host, when the backend can give one without a copy (a CPU backend; a device
+       that shares the host's memory, through a mapping). `write` false: the library only
+       reads the values. `write` true: `data` has no payload yet; the backend allocates it and
+       the library writes every value before data_unmap_host, and before any other use of the
+       data. NULL without an error (and, for `write`, data->payload left NULL): not possible
+       here, the library copies (data_to_host, data_from_host). NULL entry: always a copy. */
+    void *(*data_map_host)(void *user_data, tb_backend_data *data, bool write);
+    /* (optional) Ends a data_map_host (`host` is what it returned). NULL: nothing to do. */
+    tb_status (*data_unmap_host)(void *user_data, tb_backend_data *data, void *host);
 } tb_backend_impl;
 
 /* Registers a backend under `name` (1..TB_MAX_NAME bytes, [A-Za-z_][A-Za-z0-9_]*), with
@@ -1939,9 +1952,12 @@ TBDEF const char *tb_process_group_name(const tb_process_group *group);
    syncs of that collective fail too. Dtypes: all (f16 and bf16 reduce in f32 on the host and
    round once). tb_grad through all_reduce with SUM or MEAN gives the all_reduce (SUM, MEAN) of
    the gradient, recorded like any collective; other collectives on the path are
-   TB_ERR_UNSUPPORTED. A rank that dies or stops calling is MPI's business: its default error
-   handler ends the job. Calls on one group are serialised by a lock, but every rank must make
-   them in the same order. */
+   TB_ERR_UNSUPPORTED. A rank that dies or stops calling: the mpi group waits at most
+   TB_COLLECTIVE_TIMEOUT seconds (default 300) in any collective, the exchange included; then
+   the sync fails with TB_ERR_EXECUTE naming the timeout, every later collective of the group
+   fails at once with TB_ERR_STATE, and tb_shutdown leaves MPI_Finalize out (end the process;
+   the launcher ends the job). Calls on one group are serialised by a lock, but every rank must
+   make them in the same order. */
 
 /* Every rank gets the elementwise reduction of every rank's `x` (same shape and dtype on every
    rank). MEAN on an integer or bool dtype is TB_ERR_DTYPE. */
@@ -2156,13 +2172,14 @@ typedef struct tb__wiring_table {
     const tb__builtin_backend *builtins;
     size_t num_builtins;
     /* the executor's host step for a COLLECTIVE node (distributed.c): `in` holds the operand's
-       values (a contiguous host array); on success *out is a host array of the node's values
-       that stays valid until release(*context) is called (once: when the data that borrowed it
-       lets go, or after copying it). local != TB_OK: this rank could not compute its operand
-       (in and out NULL); it still takes part in the ranks' exchange, so that every rank gets
-       an error instead of waiting, and returns an error. */
-    tb_status (*collective)(const tb_node *node, tb_status local, const void *in, void **out,
-                            void (**release)(void *context), void **context);
+       values (a contiguous host array). `dest` not NULL: the node's values go there (the
+       result's own memory, mapped into the host); else on success *out is a host array of the
+       node's values that stays valid until release(*context) is called (once: when the data
+       that borrowed it lets go, or after copying it). local != TB_OK: this rank could not
+       compute its operand (in, dest and out NULL); it still takes part in the ranks' exchange,
+       so that every rank gets an error instead of waiting, and returns an error. */
+    tb_status (*collective)(const tb_node *node, tb_status local, const void *in, void *dest,
+                            void **out, void (**release)(void *context), void **context);
 } tb__wiring_table;
 static const tb__wiring_table *tb__wiring(void);
 
@@ -2221,6 +2238,14 @@ static tb_backend_data *tb__data_borrow_host(const tb_device *device, const tb_s
 /* the host array of a data whose backend keeps it in host memory (data_host_pointer); NULL
    for other data and placeholders */
 static void *tb__host_data(const tb_backend_data *data);
+/* the values of a data in host memory for one host step, read only (data_map_host), ended by
+   tb__data_unmap_host; NULL without an error when the backend would need a copy */
+static void *tb__data_map_host(tb_backend_data *data);
+static tb_status tb__data_unmap_host(tb_backend_data *data, void *host);
+/* a new data whose values the caller writes at *host, then tb__data_unmap_host (data_map_host
+   with `write`); NULL without an error when the backend would need a copy */
+static tb_backend_data *tb__data_new_mapped(const tb_device *device, const tb_shape *shape,
+                                            void **host);
 /* registers a backend (tb_backend_register's work, messages naming `fn`); `plugin` is the
    shared object it came from or NULL; *out (may be NULL) gets the entry */
 static tb_status tb__backend_register(const char *fn, const char *name, const tb_backend_impl *impl,
@@ -5923,6 +5948,59 @@ static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device,
     return d;
 }
 
+/* The host address of a data's values for one host step (tb_backend_impl.data_map_host), read
+   only: NULL without an error when the backend cannot give one without a copy. */
+static TB__UNUSED void *tb__data_map_host(tb_backend_data *data) {
+    const tb_backend_impl *impl;
+    tb__saved_error saved;
+    void *host;
+    if (data == NULL || data->payload == NULL || data->tb__backend == NULL) return NULL;
+    impl = &data->tb__backend->impl;
+    if (impl->data_map_host == NULL) return NULL;
+    tb__error_save(&saved);
+    host = impl->data_map_host(impl->user_data, data, false);
+    tb__error_restore(&saved);
+    return host;
+}
+
+/* Ends a tb__data_map_host or tb__data_new_mapped (`host` is what it gave). */
+static TB__UNUSED tb_status tb__data_unmap_host(tb_backend_data *data, void *host) {
+    const tb_backend_impl *impl;
+    if (data == NULL || host == NULL || data->tb__backend == NULL) return TB_OK;
+    impl = &data->tb__backend->impl;
+    if (impl->data_unmap_host == NULL) return TB_OK;
+    return impl->data_unmap_host(impl->user_data, data, host);
+}
+
+/* A new data of the device's backend whose values the caller writes in place at *host (every
+   value, then tb__data_unmap_host before any other use). NULL without an error, nothing kept,
+   when the backend cannot give host memory without a copy: the caller writes a host array and
+   copies it with tb__data_from_host instead (which also reports any error of the device). */
+static TB__UNUSED tb_backend_data *tb__data_new_mapped(const tb_device *device,
+                                                       const tb_shape *shape, void **host) {
+    tb_backend *b;
+    tb_backend_data *d;
+    tb__saved_error saved;
+    *host = NULL;
+    if (device == NULL || shape == NULL) return NULL;
+    tb__error_save(&saved);
+    b = tb__backend_for_device(device);
+    if (b == NULL || b->impl.data_map_host == NULL) {
+        tb__error_restore(&saved);
+        return NULL;
+    }
+    d = tb__data_new(b, device, shape);
+    if (d != NULL) *host = b->impl.data_map_host(b->impl.user_data, d, true);
+    if (d != NULL && (*host == NULL || d->payload == NULL)) {
+        tb__data_discard(d);
+        d = NULL;
+        *host = NULL;
+    }
+    tb__error_restore(&saved);
+    if (d != NULL) tb__metric_count("CreateDataHandles", 1);
+    return d;
+}
+
 static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *host) {
     const tb_backend *b;
     size_t nbytes = 0;
@@ -8674,7 +8752,7 @@ static tb_status tb__exec_reference_node(const char *fn, const tb_node *node,
 static void tb__exec_collective_failed(const tb_node *node, tb_status st) {
     tb__saved_error saved;
     tb__error_save(&saved);
-    tb__wiring()->collective(node, st, NULL, NULL, NULL, NULL);
+    tb__wiring()->collective(node, st, NULL, NULL, NULL, NULL, NULL);
     tb__error_restore(&saved);
 }
 
@@ -8735,14 +8813,22 @@ static void tb__exec_free_host(void *context) {
 
 /* Operand `operand`'s values on the host for the fallback, from its data `d` (NULL for an
    unset scalar): *in points at them, in the data's own host memory where its backend keeps it
-   there, else in a staging array *owned of *cap bytes (the caller gives it back with
-   tb__exec_stage_give). */
-static tb_status tb__exec_operand_host(const tb_node *operand, const tb_backend_data *d,
-                                       void **owned, size_t *cap, void **in) {
-    void *host = d != NULL ? tb__host_data(d) : NULL;
+   there or maps it there without a copy (then *mapped is d, and the caller ends the mapping
+   with tb__data_unmap_host), else in a staging array *owned of *cap bytes (the caller gives it
+   back with tb__exec_stage_give). */
+static tb_status tb__exec_operand_host(const tb_node *operand, tb_backend_data *d, void **owned,
+                                       size_t *cap, void **in, tb_backend_data **mapped) {
+    bool same = d != NULL && tb_shape_equal(&d->shape, &operand->shape);
+    void *host = same ? tb__host_data(d) : NULL;
     size_t nbytes = 0;
-    if (host != NULL && tb_shape_equal(&d->shape, &operand->shape)) {
+    if (host != NULL) {
         *in = host;
+        return TB_OK;
+    }
+    host = same ? tb__data_map_host(d) : NULL;
+    if (host != NULL) {
+        *in = host;
+        *mapped = d;
         return TB_OK;
     }
     if (tb_shape_nbytes(&operand->shape, &nbytes) != TB_OK) return tb_last_status();
@@ -8769,8 +8855,22 @@ static tb_status tb__exec_fallback_run(const tb__exec *ex, tb_node *node, void *
     tb_status st;
     char name[64];
     if (node->op == TB_OP_COLLECTIVE) {
+        /* into the result's own memory where the device lends it to the host without a copy,
+           else into a buffer of the group's that the result borrows or copies */
+        void *dest = NULL;
+        size_t nbytes = 0;
         *exchanged = true;
-        st = tb__wiring()->collective(node, TB_OK, in[0], &result, &release, &context);
+        if (tb_shape_nbytes(&node->shape, &nbytes) == TB_OK && nbytes > 0)
+            value = tb__data_new_mapped(&ex->device, &node->shape, &dest);
+        st = tb__wiring()->collective(node, TB_OK, in[0], dest, &result, &release, &context);
+        if (value != NULL) {
+            tb_status unmapped = tb__data_unmap_host(value, dest);
+            if (st == TB_OK) st = unmapped;
+            if (st != TB_OK) {
+                tb__data_release(value);
+                return st;
+            }
+        }
     } else {
         result = context = tb__exec_host_alloc(&node->shape, NULL);
         st = result != NULL              ? TB_OK
@@ -8778,7 +8878,7 @@ static tb_status tb__exec_fallback_run(const tb__exec *ex, tb_node *node, void *
                                          : TB_ERR_OUT_OF_MEMORY;
         if (st == TB_OK) st = tb__exec_reference_node(ex->func, node, in, result);
     }
-    if (st == TB_OK) {
+    if (st == TB_OK && value == NULL) {
         value = tb__data_borrow_host(&ex->device, &node->shape, result, release, context);
         if (value != NULL) {
             result = NULL; /* the data's now: it releases it */
@@ -8803,7 +8903,7 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     size_t k = node->num_operands, i, num_pending = 0, *caps = NULL;
     void **host = NULL, **in = NULL;
     tb_node **pending = NULL;
-    tb_backend_data **computed = NULL;
+    tb_backend_data **computed = NULL, **mapped = NULL;
     tb_status st = TB_ERR_OUT_OF_MEMORY;
     bool exchanged = false;
 
@@ -8812,7 +8912,9 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     caps = (size_t *)tb__calloc(k + 1, sizeof(size_t));
     pending = (tb_node **)tb__calloc(k + 1, sizeof(tb_node *));
     computed = (tb_backend_data **)tb__calloc(k + 1, sizeof(tb_backend_data *));
-    if (host == NULL || in == NULL || caps == NULL || pending == NULL || computed == NULL)
+    mapped = (tb_backend_data **)tb__calloc(k + 1, sizeof(tb_backend_data *));
+    if (host == NULL || in == NULL || caps == NULL || pending == NULL || computed == NULL ||
+        mapped == NULL)
         goto done;
     /* operands still pending become a graph of their own, whose results are those operands */
     for (i = 0; i < k; i++) {
@@ -8829,7 +8931,7 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     }
     for (i = 0; i < k; i++) {
         const tb_node *operand = node->operands[i];
-        const tb_backend_data *d = NULL;
+        tb_backend_data *d = NULL;
         if (operand->op == TB_OP_SCALAR && operand->value == NULL) {
             /* its value is the node's own: d stays NULL */
         } else if (tb__exec_is_param(operand)) {
@@ -8844,7 +8946,7 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
             st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
             goto done;
         }
-        st = tb__exec_operand_host(operand, d, &host[i], &caps[i], &in[i]);
+        st = tb__exec_operand_host(operand, d, &host[i], &caps[i], &in[i], &mapped[i]);
         if (st != TB_OK) goto done;
     }
     st = tb__exec_fallback_run(ex, node, in, &exchanged);
@@ -8854,6 +8956,12 @@ done:
     if (host != NULL && caps != NULL) {
         for (i = 0; i < k; i++)
             tb__exec_stage_give(host[i], caps[i]);
+    }
+    if (mapped != NULL && in != NULL) {
+        for (i = 0; i < k; i++) {
+            tb_status unmapped = tb__data_unmap_host(mapped[i], in[i]);
+            if (st == TB_OK) st = unmapped;
+        }
     }
     if (computed != NULL) {
         for (i = 0; i < num_pending; i++) {
@@ -8865,6 +8973,7 @@ done:
     tb__free(caps);
     tb__free(pending);
     tb__free(computed);
+    tb__free(mapped);
     return st;
 }
 
@@ -26514,6 +26623,61 @@ static void tb__ocl_data_release(void *user_data, tb_backend_data *data) {
     data->payload = NULL;
 }
 
+/* On a device that shares the host's memory, a buffer mapped into the host's address space
+   (no copy where the buffer is host memory, as PoCL's are): the library reads or writes the
+   values there for one host step, then unmaps. Elsewhere NULL: the library copies. */
+static void *tb__ocl_data_map_host(void *user_data, tb_backend_data *data, bool write) {
+    tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
+    tb__ocl_device *dev;
+    tb__cl_int err = TB__CL_SUCCESS;
+    void *p = NULL;
+    size_t size;
+    (void)user_data;
+    if (tb_shape_nbytes(&data->shape, &size) != TB_OK || size == 0) return NULL;
+    if (write) {
+        dev = tb__ocl_device_acquire(data->device.ordinal, "opencl");
+        if (dev == NULL) return NULL;
+        if (dev->info.unified_memory && tb__ocl_buffer_alloc(dev, size, &buf) != TB_OK) buf = NULL;
+        if (!dev->info.unified_memory) buf = NULL;
+    } else {
+        if (buf == NULL || buf->mem == NULL || !buf->dev->info.unified_memory) return NULL;
+        dev = buf->dev;
+        tb__ocl_device_lock(dev);
+    }
+    if (buf != NULL && !dev->rt->exited) {
+        p = TB__OCL_CALL(dev->rt, EnqueueMapBuffer)(dev->queue, buf->mem, TB__CL_TRUE,
+                                                    write ? TB__CL_MAP_WRITE : TB__CL_MAP_READ, 0,
+                                                    size, 0, NULL, NULL, &err);
+        if (err != TB__CL_SUCCESS) p = NULL;
+    }
+    if (write && buf != NULL) {
+        if (p != NULL) {
+            data->payload = buf;
+        } else {
+            tb__ocl_buffer_free(buf);
+        }
+    }
+    tb__ocl_device_release(dev);
+    return p;
+}
+
+static tb_status tb__ocl_data_unmap_host(void *user_data, tb_backend_data *data, void *host) {
+    tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
+    tb__cl_int err;
+    (void)user_data;
+    if (buf == NULL || buf->mem == NULL) return TB_OK;
+    tb__ocl_device_lock(buf->dev);
+    err = buf->dev->rt->exited ? TB__CL_SUCCESS
+                               : TB__OCL_CALL(buf->dev->rt, EnqueueUnmapMemObject)(
+                                     buf->dev->queue, buf->mem, host, 0, NULL, NULL);
+    tb__ocl_device_release(buf->dev);
+    if (err != TB__CL_SUCCESS) {
+        return tb__error(TB_ERR_EXECUTE, "opencl:%d: unmapping a buffer failed: %s (%d)",
+                         (int)buf->dev->ordinal, tb__cl_error_name(err), (int)err);
+    }
+    return TB_OK;
+}
+
 /* Device memory for a data that may hold a host scalar; NULL with the error set. */
 static tb__cl_mem tb__ocl_data_mem(tb__ocl_device *dev, tb_backend_data *data) {
     tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
@@ -27335,6 +27499,8 @@ static tb_status tb__opencl_register(void) {
     impl.data_from_scalar = tb__ocl_data_from_scalar;
     impl.data_to_host = tb__ocl_data_to_host;
     impl.data_release = tb__ocl_data_release;
+    impl.data_map_host = tb__ocl_data_map_host;
+    impl.data_unmap_host = tb__ocl_data_unmap_host;
     impl.create_lowering_context = tb__ocl_create_lowering_context;
     impl.release_lowering_context = tb__ocl_release_lowering_context;
     impl.compile = tb__ocl_compile;
@@ -28602,6 +28768,27 @@ static void tb__native_data_release(void *user_data, tb_backend_data *data) {
     data->payload = NULL;
 }
 
+/* The buffers are host memory: the library reads and writes them in place (a collective's
+   input and result), with nothing to do at the end. */
+static void *tb__native_data_map_host(void *user_data, tb_backend_data *data, bool write) {
+    tb__native_rt *rt;
+    tb__native_buf *b = NULL;
+    size_t size;
+    (void)user_data;
+    if (!write) {
+        b = (tb__native_buf *)data->payload;
+        return b != NULL ? b->ptr : NULL;
+    }
+    if (tb_shape_nbytes(&data->shape, &size) != TB_OK) return NULL;
+    tb__mutex_lock(&tb__native_mutex);
+    rt = tb__native_device(data->device.ordinal, "native");
+    if (rt != NULL && tb__native_buf_alloc(rt, size, &b) != TB_OK) b = NULL;
+    tb__mutex_unlock(&tb__native_mutex);
+    if (b == NULL) return NULL;
+    data->payload = b;
+    return b->ptr;
+}
+
 /* ---- backend entries: lowering, compile, execute ---- */
 
 /* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
@@ -29070,6 +29257,7 @@ static tb_status tb__native_register(void) {
     impl.data_from_scalar = tb__native_data_from_scalar;
     impl.data_to_host = tb__native_data_to_host;
     impl.data_release = tb__native_data_release;
+    impl.data_map_host = tb__native_data_map_host;
     impl.create_lowering_context = tb__native_create_lowering_context;
     impl.release_lowering_context = tb__native_release_lowering_context;
     impl.compile = tb__native_compile;
@@ -29102,7 +29290,8 @@ static tb_process_group_impl tb__mpi_group_impl(void);
 /* distributed.c: the executor's host step for a COLLECTIVE node (the wiring hands it to the
    executor as tb__wiring()->collective) */
 static tb_status tb__process_group_run(const tb_node *node, tb_status local, const void *in,
-                                       void **out, void (**release)(void *context), void **context);
+                                       void *dest, void **out, void (**release)(void *context),
+                                       void **context);
 
 /* ---- src/mpi.c ---- */
 /* ===========================================================================================
@@ -29134,33 +29323,48 @@ static const char *const tb__mpi_common_symbols[] = {"MPI_Initialized", "MPI_Fin
                                                      "MPI_Finalize", "MPI_Error_string"};
 
 /* The entry points that take handles: once with pointer handles (Open MPI, standard ABI) and once
-   with int handles (MPICH); the symbols are the same. */
+   with int handles (MPICH); the symbols are the same. The collectives are the nonblocking ones,
+   completed by polling MPI_Test against a deadline (TB_COLLECTIVE_TIMEOUT), so that a rank that
+   died or stopped calling gives the others an error instead of a wait without end. A request is
+   a pointer in the first two ABIs and an int in MPICH's; the status is ignored (a buffer larger
+   than any ABI's MPI_Status). */
 typedef struct tb__mpi_pointer_api {
     int (*Comm_rank)(void *comm, int *rank);
     int (*Comm_size)(void *comm, int *size);
-    int (*Barrier)(void *comm);
-    int (*Allreduce)(const void *send, void *recv, int count, void *type, void *op, void *comm);
-    int (*Allgather)(const void *send, int send_count, void *send_type, void *recv, int recv_count,
-                     void *recv_type, void *comm);
-    int (*Reduce_scatter_block)(const void *send, void *recv, int count, void *type, void *op,
-                                void *comm);
-    int (*Bcast)(void *buf, int count, void *type, int root, void *comm);
+    int (*Ibarrier)(void *comm, void **request);
+    int (*Iallreduce)(const void *send, void *recv, int count, void *type, void *op, void *comm,
+                      void **request);
+    int (*Iallgather)(const void *send, int send_count, void *send_type, void *recv, int recv_count,
+                      void *recv_type, void *comm, void **request);
+    int (*Ireduce_scatter_block)(const void *send, void *recv, int count, void *type, void *op,
+                                 void *comm, void **request);
+    int (*Ibcast)(void *buf, int count, void *type, int root, void *comm, void **request);
+    int (*Test)(void **request, int *flag, void *status);
 } tb__mpi_pointer_api;
 typedef struct tb__mpi_int_api {
     int (*Comm_rank)(int comm, int *rank);
     int (*Comm_size)(int comm, int *size);
-    int (*Barrier)(int comm);
-    int (*Allreduce)(const void *send, void *recv, int count, int type, int op, int comm);
-    int (*Allgather)(const void *send, int send_count, int send_type, void *recv, int recv_count,
-                     int recv_type, int comm);
-    int (*Reduce_scatter_block)(const void *send, void *recv, int count, int type, int op,
-                                int comm);
-    int (*Bcast)(void *buf, int count, int type, int root, int comm);
+    int (*Ibarrier)(int comm, int *request);
+    int (*Iallreduce)(const void *send, void *recv, int count, int type, int op, int comm,
+                      int *request);
+    int (*Iallgather)(const void *send, int send_count, int send_type, void *recv, int recv_count,
+                      int recv_type, int comm, int *request);
+    int (*Ireduce_scatter_block)(const void *send, void *recv, int count, int type, int op,
+                                 int comm, int *request);
+    int (*Ibcast)(void *buf, int count, int type, int root, int comm, int *request);
+    int (*Test)(int *request, int *flag, void *status);
 } tb__mpi_int_api;
-static const char *const tb__mpi_handle_symbols[] = {"MPI_Comm_rank", "MPI_Comm_size",
-                                                     "MPI_Barrier",   "MPI_Allreduce",
-                                                     "MPI_Allgather", "MPI_Reduce_scatter_block",
-                                                     "MPI_Bcast"};
+#define TB__MPI_HANDLE_SYMBOLS 8
+static const char *const tb__mpi_handle_symbols[TB__MPI_HANDLE_SYMBOLS] = {
+    "MPI_Comm_rank",  "MPI_Comm_size",  "MPI_Ibarrier",
+    "MPI_Iallreduce", "MPI_Iallgather", "MPI_Ireduce_scatter_block",
+    "MPI_Ibcast",     "MPI_Test"};
+
+/* A request in flight, of either ABI. */
+typedef struct tb__mpi_request {
+    void *p;
+    int i;
+} tb__mpi_request;
 
 /* Handle indices: the datatypes of f32 f64 i32 i64 u8, then MPI_BYTE; the ops SUM MAX MIN PROD. */
 #define TB__MPI_NUM_TYPES 6
@@ -29189,6 +29393,10 @@ typedef struct tb__mpi_state {
     tb__mpi_abi abi;
     char path[256];
     bool initialized_here; /* MPI_Init was ours, so MPI_Finalize is ours too */
+    double timeout_s;      /* TB_COLLECTIVE_TIMEOUT: how long a collective may wait; 0: no end */
+    /* a collective that did not complete in time: the group is unusable from then on (MPI
+       cannot cancel a collective, and the ranks no longer agree on what comes next) */
+    char broken[384];
     tb__mpi_common_api common;
     tb__mpi_pointer_api p; /* Open MPI and the standard ABI */
     tb__mpi_int_api i;     /* MPICH */
@@ -29278,10 +29486,10 @@ static bool tb__mpi_open(const char *path, char *reason, size_t cap) {
         tb__mpi.abi = TB__MPI_ABI_MPICH;
     }
     ok = sizeof(tb__mpi_common_api) == 5 * sizeof(void *) &&
-         sizeof(tb__mpi_pointer_api) == 7 * sizeof(void *) &&
-         sizeof(tb__mpi_int_api) == 7 * sizeof(void *) &&
+         sizeof(tb__mpi_pointer_api) == TB__MPI_HANDLE_SYMBOLS * sizeof(void *) &&
+         sizeof(tb__mpi_int_api) == TB__MPI_HANDLE_SYMBOLS * sizeof(void *) &&
          tb__mpi_resolve(lib, tb__mpi_common_symbols, 5, &tb__mpi.common, reason, cap) &&
-         tb__mpi_resolve(lib, tb__mpi_handle_symbols, 7,
+         tb__mpi_resolve(lib, tb__mpi_handle_symbols, TB__MPI_HANDLE_SYMBOLS,
                          tb__mpi.abi == TB__MPI_ABI_MPICH ? (void *)&tb__mpi.i : (void *)&tb__mpi.p,
                          reason, cap) &&
          tb__mpi_resolve_handles(reason, cap);
@@ -29340,6 +29548,63 @@ static tb_status tb__mpi_check(int code, const char *what) {
     return tb__error(TB_ERR_EXECUTE, "mpi: %s failed: %s", what, text);
 }
 
+/* TB_COLLECTIVE_TIMEOUT as seconds: unset or empty gives 300; 0 waits without end. */
+static tb_status tb__mpi_read_timeout(double *out) {
+    const char *v = tb__getenv("TB_COLLECTIVE_TIMEOUT");
+    char *end = NULL;
+    double t;
+    *out = 300.0;
+    if (v == NULL || v[0] == '\0') return TB_OK;
+    t = strtod(v, &end);
+    if (end == v || *end != '\0' || !(t >= 0.0) || t > 1e9) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "mpi: TB_COLLECTIVE_TIMEOUT='%.64s' is not a number of seconds (>= 0; "
+                         "0 waits without end)",
+                         v);
+    }
+    *out = t;
+    return TB_OK;
+}
+
+/* Whether the group can still be used; the error when an earlier collective timed out. */
+static tb_status tb__mpi_usable(const char *what) {
+    if (tb__mpi.broken[0] == '\0') return TB_OK;
+    return tb__error(TB_ERR_STATE, "mpi: %s refused: the process group is unusable since %s", what,
+                     tb__mpi.broken);
+}
+
+/* Completes a started collective (`code` is what starting it returned) by polling MPI_Test
+   until it is done or TB_COLLECTIVE_TIMEOUT seconds have passed. The loop yields the processor
+   every few tests, as MPI's own blocking calls do on a busy node: MPI makes progress only
+   inside its calls, so the loop never sleeps. */
+static tb_status tb__mpi_wait(int code, tb__mpi_request *req, const char *what) {
+    int64_t status[32]; /* MPI_Status of any ABI */
+    uint64_t start = tb__now_ns(), limit = (uint64_t)(tb__mpi.timeout_s * 1e9);
+    uint32_t polls = 0;
+    tb_status st = tb__mpi_check(code, what);
+    if (st != TB_OK) return st;
+    for (;;) {
+        int flag = 0;
+        code = tb__mpi.abi == TB__MPI_ABI_MPICH ? tb__mpi.i.Test(&req->i, &flag, status)
+                                                : tb__mpi.p.Test(&req->p, &flag, status);
+        st = tb__mpi_check(code, what);
+        if (st != TB_OK || flag) return st;
+        if (++polls % 64 == 0) {
+            uint64_t waited = tb__now_ns() - start;
+            if (limit > 0 && waited >= limit) break;
+            tb__yield();
+        }
+    }
+    snprintf(tb__mpi.broken, sizeof tb__mpi.broken,
+             "%s did not complete within TB_COLLECTIVE_TIMEOUT=%g s on this rank", what,
+             tb__mpi.timeout_s);
+    return tb__error(TB_ERR_EXECUTE,
+                     "mpi: %s did not complete within %g s (TB_COLLECTIVE_TIMEOUT): another rank "
+                     "died, hangs, or stopped calling collectives; the process group is unusable "
+                     "from now on (end the process: MPI cannot cancel a collective)",
+                     what, tb__mpi.timeout_s);
+}
+
 static int tb__mpi_type_index(tb_dtype dtype) {
     switch (dtype) {
     case TB_F32:
@@ -29377,7 +29642,9 @@ static tb_status tb__mpi_init(void *user_data, int32_t *rank, int32_t *size) {
     tb_status st;
     (void)user_data;
     st = tb__mpi_load();
+    if (st == TB_OK) st = tb__mpi_read_timeout(&tb__mpi.timeout_s);
     if (st != TB_OK) return st;
+    tb__mpi.broken[0] = '\0';
     if (tb__mpi.common.Finalized(&flag) == 0 && flag) {
         return tb__error(TB_ERR_STATE, "mpi: MPI was finalized in this process (by tb_shutdown "
                                        "or the program), and MPI cannot start twice");
@@ -29407,7 +29674,9 @@ static tb_status tb__mpi_all_reduce(void *user_data, const void *send, void *rec
                                     tb_dtype dtype, tb_reduce_op op) {
     int t = tb__mpi_type_index(dtype), o = tb__mpi_op_index(op);
     size_t esize = tb_dtype_size(dtype), done = 0;
+    tb_status st = tb__mpi_usable("MPI_Iallreduce");
     (void)user_data;
+    if (st != TB_OK) return st;
     if (t < 0 || o < 0) {
         return tb__error(TB_ERR_INTERNAL, "mpi: all_reduce of %s with op %d", tb_dtype_name(dtype),
                          (int)op);
@@ -29417,12 +29686,13 @@ static tb_status tb__mpi_all_reduce(void *user_data, const void *send, void *rec
         size_t n = count - done < (size_t)INT_MAX ? count - done : (size_t)INT_MAX;
         const char *s = (const char *)send + done * esize;
         char *r = (char *)recv + done * esize;
+        tb__mpi_request req = {NULL, 0};
         int code = tb__mpi.abi == TB__MPI_ABI_MPICH
-                       ? tb__mpi.i.Allreduce(s, r, (int)n, tb__mpi.i_types[t], tb__mpi.i_ops[o],
-                                             tb__mpi.i_world)
-                       : tb__mpi.p.Allreduce(s, r, (int)n, tb__mpi.p_types[t], tb__mpi.p_ops[o],
-                                             tb__mpi.p_world);
-        tb_status st = tb__mpi_check(code, "MPI_Allreduce");
+                       ? tb__mpi.i.Iallreduce(s, r, (int)n, tb__mpi.i_types[t], tb__mpi.i_ops[o],
+                                              tb__mpi.i_world, &req.i)
+                       : tb__mpi.p.Iallreduce(s, r, (int)n, tb__mpi.p_types[t], tb__mpi.p_ops[o],
+                                              tb__mpi.p_world, &req.p);
+        st = tb__mpi_wait(code, &req, "MPI_Iallreduce");
         if (st != TB_OK) return st;
         done += n;
     }
@@ -29430,26 +29700,34 @@ static tb_status tb__mpi_all_reduce(void *user_data, const void *send, void *rec
 }
 
 static tb_status tb__mpi_all_gather(void *user_data, const void *send, void *recv, size_t bytes) {
+    tb__mpi_request req = {NULL, 0};
     int code;
+    tb_status st = tb__mpi_usable("MPI_Iallgather");
     (void)user_data;
+    if (st != TB_OK) return st;
     if (bytes > (size_t)INT_MAX) {
         return tb__error(TB_ERR_UNSUPPORTED, "mpi: all_gather of %zu bytes per rank (at most %d)",
                          bytes, INT_MAX);
     }
     if (tb__mpi.abi == TB__MPI_ABI_MPICH) {
         int byte = tb__mpi.i_types[TB__MPI_TYPE_BYTE];
-        code = tb__mpi.i.Allgather(send, (int)bytes, byte, recv, (int)bytes, byte, tb__mpi.i_world);
+        code = tb__mpi.i.Iallgather(send, (int)bytes, byte, recv, (int)bytes, byte, tb__mpi.i_world,
+                                    &req.i);
     } else {
         void *byte = tb__mpi.p_types[TB__MPI_TYPE_BYTE];
-        code = tb__mpi.p.Allgather(send, (int)bytes, byte, recv, (int)bytes, byte, tb__mpi.p_world);
+        code = tb__mpi.p.Iallgather(send, (int)bytes, byte, recv, (int)bytes, byte, tb__mpi.p_world,
+                                    &req.p);
     }
-    return tb__mpi_check(code, "MPI_Allgather");
+    return tb__mpi_wait(code, &req, "MPI_Iallgather");
 }
 
 static tb_status tb__mpi_reduce_scatter(void *user_data, const void *send, void *recv, size_t count,
                                         tb_dtype dtype, tb_reduce_op op) {
     int t = tb__mpi_type_index(dtype), o = tb__mpi_op_index(op), code;
+    tb__mpi_request req = {NULL, 0};
+    tb_status st = tb__mpi_usable("MPI_Ireduce_scatter_block");
     (void)user_data;
+    if (st != TB_OK) return st;
     if (t < 0 || o < 0) {
         return tb__error(TB_ERR_INTERNAL, "mpi: reduce_scatter of %s with op %d",
                          tb_dtype_name(dtype), (int)op);
@@ -29459,25 +29737,28 @@ static tb_status tb__mpi_reduce_scatter(void *user_data, const void *send, void 
                          "mpi: reduce_scatter of %zu values per rank (at most %d)", count, INT_MAX);
     }
     code = tb__mpi.abi == TB__MPI_ABI_MPICH
-               ? tb__mpi.i.Reduce_scatter_block(send, recv, (int)count, tb__mpi.i_types[t],
-                                                tb__mpi.i_ops[o], tb__mpi.i_world)
-               : tb__mpi.p.Reduce_scatter_block(send, recv, (int)count, tb__mpi.p_types[t],
-                                                tb__mpi.p_ops[o], tb__mpi.p_world);
-    return tb__mpi_check(code, "MPI_Reduce_scatter_block");
+               ? tb__mpi.i.Ireduce_scatter_block(send, recv, (int)count, tb__mpi.i_types[t],
+                                                 tb__mpi.i_ops[o], tb__mpi.i_world, &req.i)
+               : tb__mpi.p.Ireduce_scatter_block(send, recv, (int)count, tb__mpi.p_types[t],
+                                                 tb__mpi.p_ops[o], tb__mpi.p_world, &req.p);
+    return tb__mpi_wait(code, &req, "MPI_Ireduce_scatter_block");
 }
 
 static tb_status tb__mpi_broadcast(void *user_data, void *buf, size_t bytes, int32_t root) {
     size_t done = 0;
+    tb_status st = tb__mpi_usable("MPI_Ibcast");
     (void)user_data;
+    if (st != TB_OK) return st;
     while (done < bytes) {
         size_t n = bytes - done < (size_t)INT_MAX ? bytes - done : (size_t)INT_MAX;
         char *b = (char *)buf + done;
+        tb__mpi_request req = {NULL, 0};
         int code = tb__mpi.abi == TB__MPI_ABI_MPICH
-                       ? tb__mpi.i.Bcast(b, (int)n, tb__mpi.i_types[TB__MPI_TYPE_BYTE], (int)root,
-                                         tb__mpi.i_world)
-                       : tb__mpi.p.Bcast(b, (int)n, tb__mpi.p_types[TB__MPI_TYPE_BYTE], (int)root,
-                                         tb__mpi.p_world);
-        tb_status st = tb__mpi_check(code, "MPI_Bcast");
+                       ? tb__mpi.i.Ibcast(b, (int)n, tb__mpi.i_types[TB__MPI_TYPE_BYTE], (int)root,
+                                          tb__mpi.i_world, &req.i)
+                       : tb__mpi.p.Ibcast(b, (int)n, tb__mpi.p_types[TB__MPI_TYPE_BYTE], (int)root,
+                                          tb__mpi.p_world, &req.p);
+        st = tb__mpi_wait(code, &req, "MPI_Ibcast");
         if (st != TB_OK) return st;
         done += n;
     }
@@ -29485,18 +29766,23 @@ static tb_status tb__mpi_broadcast(void *user_data, void *buf, size_t bytes, int
 }
 
 static tb_status tb__mpi_barrier(void *user_data) {
+    tb__mpi_request req = {NULL, 0};
+    int code;
+    tb_status st = tb__mpi_usable("MPI_Ibarrier");
     (void)user_data;
-    return tb__mpi_check(tb__mpi.abi == TB__MPI_ABI_MPICH ? tb__mpi.i.Barrier(tb__mpi.i_world)
-                                                          : tb__mpi.p.Barrier(tb__mpi.p_world),
-                         "MPI_Barrier");
+    if (st != TB_OK) return st;
+    code = tb__mpi.abi == TB__MPI_ABI_MPICH ? tb__mpi.i.Ibarrier(tb__mpi.i_world, &req.i)
+                                            : tb__mpi.p.Ibarrier(tb__mpi.p_world, &req.p);
+    return tb__mpi_wait(code, &req, "MPI_Ibarrier");
 }
 
-/* MPI_Finalize when MPI_Init was ours. The library stays open: MPI cannot start again in this
+/* MPI_Finalize when MPI_Init was ours, unless a collective timed out (MPI_Finalize would wait
+   for the rank that is missing). The library stays open: MPI cannot start again in this
    process, and unloading it under its own helper threads is not safe. */
 static void tb__mpi_finalize(void *user_data) {
     int flag = 0;
     (void)user_data;
-    if (tb__mpi.lib == NULL || !tb__mpi.initialized_here) return;
+    if (tb__mpi.lib == NULL || !tb__mpi.initialized_here || tb__mpi.broken[0] != '\0') return;
     if (tb__mpi.common.Finalized(&flag) == 0 && !flag) tb__mpi.common.Finalize();
     tb__mpi.initialized_here = false;
 }
@@ -29864,7 +30150,14 @@ static tb_status tb__pg_agree(tb__pg_call *c, tb_status local) {
         return tb_last_status();
     }
     st = g->impl.all_gather(g->impl.user_data, rec, g->records, sizeof rec);
-    if (st != TB_OK) return st;
+    if (st != TB_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%.400s", tb_last_error());
+        return tb__error(st,
+                         "%s: rank %d: the exchange before collective #%lld of process group "
+                         "'%s' failed: %s",
+                         c->fn, (int)g->rank, (long long)rec[TB__REC_SEQUENCE], g->name, why);
+    }
     for (r = 0; r < g->size; r++) {
         const int64_t *other = g->records + (size_t)r * TB__REC_COUNT;
         if (other[TB__REC_OK] == 0) {
@@ -30080,10 +30373,11 @@ static tb__pg_buffer *tb__pg_buffer_acquire(tb_process_group *g, size_t need) {
     return buf;
 }
 
-/* The executor's host step for a COLLECTIVE node (through the wiring): a receive buffer from
-   the group's pool, the ranks agree, then the group moves the data from `in` into it. */
+/* The executor's host step for a COLLECTIVE node (through the wiring): the ranks agree, then
+   the group moves the data from `in` into `dest` (the result's own memory), or without one
+   into a receive buffer from the group's pool. */
 static tb_status tb__process_group_run(const tb_node *node, tb_status local, const void *in,
-                                       void **out, void (**release)(void *context),
+                                       void *dest, void **out, void (**release)(void *context),
                                        void **context) {
     tb_process_group *g = NULL;
     tb__pg_buffer *buf = NULL;
@@ -30103,7 +30397,8 @@ static tb_status tb__process_group_run(const tb_node *node, tb_status local, con
     }
     tb__pg_call_init(&c, g, (tb__collective)at[1], (tb_reduce_op)at[2], (int32_t)at[3],
                      &node->operands[0]->shape);
-    if (local == TB_OK) { /* before the exchange: a rank without memory tells the others */
+    /* before the exchange: a rank without memory tells the others */
+    if (local == TB_OK && dest == NULL) {
         if (tb_shape_nbytes(&node->shape, &nbytes) == TB_OK) buf = tb__pg_buffer_acquire(g, nbytes);
         if (buf == NULL) {
             local = tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for a %zu-byte result", c.fn,
@@ -30112,12 +30407,13 @@ static tb_status tb__process_group_run(const tb_node *node, tb_status local, con
     }
     tb__mutex_lock(&g->lock);
     st = tb__pg_agree(&c, local);
-    if (st == TB_OK) st = tb__pg_move(&c, in, buf->ptr);
+    if (st == TB_OK) st = tb__pg_move(&c, in, dest != NULL ? dest : buf->ptr);
     tb__mutex_unlock(&g->lock);
     if (st != TB_OK) {
         if (buf != NULL) tb__pg_buffer_release(buf);
         return st;
     }
+    if (dest != NULL) return TB_OK;
     *out = buf->ptr;
     *release = tb__pg_buffer_release;
     *context = buf;

@@ -1399,6 +1399,59 @@ static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device,
     return d;
 }
 
+/* The host address of a data's values for one host step (tb_backend_impl.data_map_host), read
+   only: NULL without an error when the backend cannot give one without a copy. */
+static TB__UNUSED void *tb__data_map_host(tb_backend_data *data) {
+    const tb_backend_impl *impl;
+    tb__saved_error saved;
+    void *host;
+    if (data == NULL || data->payload == NULL || data->tb__backend == NULL) return NULL;
+    impl = &data->tb__backend->impl;
+    if (impl->data_map_host == NULL) return NULL;
+    tb__error_save(&saved);
+    host = impl->data_map_host(impl->user_data, data, false);
+    tb__error_restore(&saved);
+    return host;
+}
+
+/* Ends a tb__data_map_host or tb__data_new_mapped (`host` is what it gave). */
+static TB__UNUSED tb_status tb__data_unmap_host(tb_backend_data *data, void *host) {
+    const tb_backend_impl *impl;
+    if (data == NULL || host == NULL || data->tb__backend == NULL) return TB_OK;
+    impl = &data->tb__backend->impl;
+    if (impl->data_unmap_host == NULL) return TB_OK;
+    return impl->data_unmap_host(impl->user_data, data, host);
+}
+
+/* A new data of the device's backend whose values the caller writes in place at *host (every
+   value, then tb__data_unmap_host before any other use). NULL without an error, nothing kept,
+   when the backend cannot give host memory without a copy: the caller writes a host array and
+   copies it with tb__data_from_host instead (which also reports any error of the device). */
+static TB__UNUSED tb_backend_data *tb__data_new_mapped(const tb_device *device,
+                                                       const tb_shape *shape, void **host) {
+    tb_backend *b;
+    tb_backend_data *d;
+    tb__saved_error saved;
+    *host = NULL;
+    if (device == NULL || shape == NULL) return NULL;
+    tb__error_save(&saved);
+    b = tb__backend_for_device(device);
+    if (b == NULL || b->impl.data_map_host == NULL) {
+        tb__error_restore(&saved);
+        return NULL;
+    }
+    d = tb__data_new(b, device, shape);
+    if (d != NULL) *host = b->impl.data_map_host(b->impl.user_data, d, true);
+    if (d != NULL && (*host == NULL || d->payload == NULL)) {
+        tb__data_discard(d);
+        d = NULL;
+        *host = NULL;
+    }
+    tb__error_restore(&saved);
+    if (d != NULL) tb__metric_count("CreateDataHandles", 1);
+    return d;
+}
+
 static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *host) {
     const tb_backend *b;
     size_t nbytes = 0;

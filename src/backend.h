@@ -156,6 +156,17 @@ typedef struct tb_backend_impl {
        does when the entry is NULL); on any failure it leaves data->payload NULL. */
     tb_status (*data_borrow_host)(void *user_data, tb_backend_data *data, void *host,
                                   void (*release)(void *context), void *context);
+    /* (optional) Host access for one host step (a collective's input and result, an eager
+       fallback's operands): the address of the data's values in host memory, valid until
+       data_unmap_host, when the backend can give one without a copy (a CPU backend; a device
+       that shares the host's memory, through a mapping). `write` false: the library only
+       reads the values. `write` true: `data` has no payload yet; the backend allocates it and
+       the library writes every value before data_unmap_host, and before any other use of the
+       data. NULL without an error (and, for `write`, data->payload left NULL): not possible
+       here, the library copies (data_to_host, data_from_host). NULL entry: always a copy. */
+    void *(*data_map_host)(void *user_data, tb_backend_data *data, bool write);
+    /* (optional) Ends a data_map_host (`host` is what it returned). NULL: nothing to do. */
+    tb_status (*data_unmap_host)(void *user_data, tb_backend_data *data, void *host);
 } tb_backend_impl;
 
 /* Registers a backend under `name` (1..TB_MAX_NAME bytes, [A-Za-z_][A-Za-z0-9_]*), with

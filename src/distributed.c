@@ -332,7 +332,14 @@ static tb_status tb__pg_agree(tb__pg_call *c, tb_status local) {
         return tb_last_status();
     }
     st = g->impl.all_gather(g->impl.user_data, rec, g->records, sizeof rec);
-    if (st != TB_OK) return st;
+    if (st != TB_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%.400s", tb_last_error());
+        return tb__error(st,
+                         "%s: rank %d: the exchange before collective #%lld of process group "
+                         "'%s' failed: %s",
+                         c->fn, (int)g->rank, (long long)rec[TB__REC_SEQUENCE], g->name, why);
+    }
     for (r = 0; r < g->size; r++) {
         const int64_t *other = g->records + (size_t)r * TB__REC_COUNT;
         if (other[TB__REC_OK] == 0) {
@@ -548,10 +555,11 @@ static tb__pg_buffer *tb__pg_buffer_acquire(tb_process_group *g, size_t need) {
     return buf;
 }
 
-/* The executor's host step for a COLLECTIVE node (through the wiring): a receive buffer from
-   the group's pool, the ranks agree, then the group moves the data from `in` into it. */
+/* The executor's host step for a COLLECTIVE node (through the wiring): the ranks agree, then
+   the group moves the data from `in` into `dest` (the result's own memory), or without one
+   into a receive buffer from the group's pool. */
 static tb_status tb__process_group_run(const tb_node *node, tb_status local, const void *in,
-                                       void **out, void (**release)(void *context),
+                                       void *dest, void **out, void (**release)(void *context),
                                        void **context) {
     tb_process_group *g = NULL;
     tb__pg_buffer *buf = NULL;
@@ -571,7 +579,8 @@ static tb_status tb__process_group_run(const tb_node *node, tb_status local, con
     }
     tb__pg_call_init(&c, g, (tb__collective)at[1], (tb_reduce_op)at[2], (int32_t)at[3],
                      &node->operands[0]->shape);
-    if (local == TB_OK) { /* before the exchange: a rank without memory tells the others */
+    /* before the exchange: a rank without memory tells the others */
+    if (local == TB_OK && dest == NULL) {
         if (tb_shape_nbytes(&node->shape, &nbytes) == TB_OK) buf = tb__pg_buffer_acquire(g, nbytes);
         if (buf == NULL) {
             local = tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for a %zu-byte result", c.fn,
@@ -580,12 +589,13 @@ static tb_status tb__process_group_run(const tb_node *node, tb_status local, con
     }
     tb__mutex_lock(&g->lock);
     st = tb__pg_agree(&c, local);
-    if (st == TB_OK) st = tb__pg_move(&c, in, buf->ptr);
+    if (st == TB_OK) st = tb__pg_move(&c, in, dest != NULL ? dest : buf->ptr);
     tb__mutex_unlock(&g->lock);
     if (st != TB_OK) {
         if (buf != NULL) tb__pg_buffer_release(buf);
         return st;
     }
+    if (dest != NULL) return TB_OK;
     *out = buf->ptr;
     *release = tb__pg_buffer_release;
     *context = buf;

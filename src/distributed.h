@@ -84,9 +84,12 @@ TBDEF const char *tb_process_group_name(const tb_process_group *group);
    syncs of that collective fail too. Dtypes: all (f16 and bf16 reduce in f32 on the host and
    round once). tb_grad through all_reduce with SUM or MEAN gives the all_reduce (SUM, MEAN) of
    the gradient, recorded like any collective; other collectives on the path are
-   TB_ERR_UNSUPPORTED. A rank that dies or stops calling is MPI's business: its default error
-   handler ends the job. Calls on one group are serialised by a lock, but every rank must make
-   them in the same order. */
+   TB_ERR_UNSUPPORTED. A rank that dies or stops calling: the mpi group waits at most
+   TB_COLLECTIVE_TIMEOUT seconds (default 300) in any collective, the exchange included; then
+   the sync fails with TB_ERR_EXECUTE naming the timeout, every later collective of the group
+   fails at once with TB_ERR_STATE, and tb_shutdown leaves MPI_Finalize out (end the process;
+   the launcher ends the job). Calls on one group are serialised by a lock, but every rank must
+   make them in the same order. */
 
 /* Every rank gets the elementwise reduction of every rank's `x` (same shape and dtype on every
    rank). MEAN on an integer or bool dtype is TB_ERR_DTYPE. */

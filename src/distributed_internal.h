@@ -15,4 +15,5 @@ static tb_process_group_impl tb__mpi_group_impl(void);
 /* distributed.c: the executor's host step for a COLLECTIVE node (the wiring hands it to the
    executor as tb__wiring()->collective) */
 static tb_status tb__process_group_run(const tb_node *node, tb_status local, const void *in,
-                                       void **out, void (**release)(void *context), void **context);
+                                       void *dest, void **out, void (**release)(void *context),
+                                       void **context);

@@ -921,7 +921,7 @@ static tb_status tb__exec_reference_node(const char *fn, const tb_node *node,
 static void tb__exec_collective_failed(const tb_node *node, tb_status st) {
     tb__saved_error saved;
     tb__error_save(&saved);
-    tb__wiring()->collective(node, st, NULL, NULL, NULL, NULL);
+    tb__wiring()->collective(node, st, NULL, NULL, NULL, NULL, NULL);
     tb__error_restore(&saved);
 }
 
@@ -982,14 +982,22 @@ static void tb__exec_free_host(void *context) {
 
 /* Operand `operand`'s values on the host for the fallback, from its data `d` (NULL for an
    unset scalar): *in points at them, in the data's own host memory where its backend keeps it
-   there, else in a staging array *owned of *cap bytes (the caller gives it back with
-   tb__exec_stage_give). */
-static tb_status tb__exec_operand_host(const tb_node *operand, const tb_backend_data *d,
-                                       void **owned, size_t *cap, void **in) {
-    void *host = d != NULL ? tb__host_data(d) : NULL;
+   there or maps it there without a copy (then *mapped is d, and the caller ends the mapping
+   with tb__data_unmap_host), else in a staging array *owned of *cap bytes (the caller gives it
+   back with tb__exec_stage_give). */
+static tb_status tb__exec_operand_host(const tb_node *operand, tb_backend_data *d, void **owned,
+                                       size_t *cap, void **in, tb_backend_data **mapped) {
+    bool same = d != NULL && tb_shape_equal(&d->shape, &operand->shape);
+    void *host = same ? tb__host_data(d) : NULL;
     size_t nbytes = 0;
-    if (host != NULL && tb_shape_equal(&d->shape, &operand->shape)) {
+    if (host != NULL) {
         *in = host;
+        return TB_OK;
+    }
+    host = same ? tb__data_map_host(d) : NULL;
+    if (host != NULL) {
+        *in = host;
+        *mapped = d;
         return TB_OK;
     }
     if (tb_shape_nbytes(&operand->shape, &nbytes) != TB_OK) return tb_last_status();
@@ -1016,8 +1024,22 @@ static tb_status tb__exec_fallback_run(const tb__exec *ex, tb_node *node, void *
     tb_status st;
     char name[64];
     if (node->op == TB_OP_COLLECTIVE) {
+        /* into the result's own memory where the device lends it to the host without a copy,
+           else into a buffer of the group's that the result borrows or copies */
+        void *dest = NULL;
+        size_t nbytes = 0;
         *exchanged = true;
-        st = tb__wiring()->collective(node, TB_OK, in[0], &result, &release, &context);
+        if (tb_shape_nbytes(&node->shape, &nbytes) == TB_OK && nbytes > 0)
+            value = tb__data_new_mapped(&ex->device, &node->shape, &dest);
+        st = tb__wiring()->collective(node, TB_OK, in[0], dest, &result, &release, &context);
+        if (value != NULL) {
+            tb_status unmapped = tb__data_unmap_host(value, dest);
+            if (st == TB_OK) st = unmapped;
+            if (st != TB_OK) {
+                tb__data_release(value);
+                return st;
+            }
+        }
     } else {
         result = context = tb__exec_host_alloc(&node->shape, NULL);
         st = result != NULL              ? TB_OK
@@ -1025,7 +1047,7 @@ static tb_status tb__exec_fallback_run(const tb__exec *ex, tb_node *node, void *
                                          : TB_ERR_OUT_OF_MEMORY;
         if (st == TB_OK) st = tb__exec_reference_node(ex->func, node, in, result);
     }
-    if (st == TB_OK) {
+    if (st == TB_OK && value == NULL) {
         value = tb__data_borrow_host(&ex->device, &node->shape, result, release, context);
         if (value != NULL) {
             result = NULL; /* the data's now: it releases it */
@@ -1050,7 +1072,7 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     size_t k = node->num_operands, i, num_pending = 0, *caps = NULL;
     void **host = NULL, **in = NULL;
     tb_node **pending = NULL;
-    tb_backend_data **computed = NULL;
+    tb_backend_data **computed = NULL, **mapped = NULL;
     tb_status st = TB_ERR_OUT_OF_MEMORY;
     bool exchanged = false;
 
@@ -1059,7 +1081,9 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     caps = (size_t *)tb__calloc(k + 1, sizeof(size_t));
     pending = (tb_node **)tb__calloc(k + 1, sizeof(tb_node *));
     computed = (tb_backend_data **)tb__calloc(k + 1, sizeof(tb_backend_data *));
-    if (host == NULL || in == NULL || caps == NULL || pending == NULL || computed == NULL)
+    mapped = (tb_backend_data **)tb__calloc(k + 1, sizeof(tb_backend_data *));
+    if (host == NULL || in == NULL || caps == NULL || pending == NULL || computed == NULL ||
+        mapped == NULL)
         goto done;
     /* operands still pending become a graph of their own, whose results are those operands */
     for (i = 0; i < k; i++) {
@@ -1076,7 +1100,7 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
     }
     for (i = 0; i < k; i++) {
         const tb_node *operand = node->operands[i];
-        const tb_backend_data *d = NULL;
+        tb_backend_data *d = NULL;
         if (operand->op == TB_OP_SCALAR && operand->value == NULL) {
             /* its value is the node's own: d stays NULL */
         } else if (tb__exec_is_param(operand)) {
@@ -1091,7 +1115,7 @@ static tb_status tb__exec_fallback(const tb__exec *ex, tb_node *node) {
             st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
             goto done;
         }
-        st = tb__exec_operand_host(operand, d, &host[i], &caps[i], &in[i]);
+        st = tb__exec_operand_host(operand, d, &host[i], &caps[i], &in[i], &mapped[i]);
         if (st != TB_OK) goto done;
     }
     st = tb__exec_fallback_run(ex, node, in, &exchanged);
@@ -1101,6 +1125,12 @@ done:
     if (host != NULL && caps != NULL) {
         for (i = 0; i < k; i++)
             tb__exec_stage_give(host[i], caps[i]);
+    }
+    if (mapped != NULL && in != NULL) {
+        for (i = 0; i < k; i++) {
+            tb_status unmapped = tb__data_unmap_host(mapped[i], in[i]);
+            if (st == TB_OK) st = unmapped;
+        }
     }
     if (computed != NULL) {
         for (i = 0; i < num_pending; i++) {
@@ -1112,6 +1142,7 @@ done:
     tb__free(caps);
     tb__free(pending);
     tb__free(computed);
+    tb__free(mapped);
     return st;
 }
 

@@ -45,6 +45,8 @@
                          TB_OPENCL_LINKED)
      TB_MPI_LIBRARY      the MPI library the "mpi" process group opens (default: libmpi.so.40,
                          then libmpich.so.12, then libmpi_abi.so.0); no -lmpi is ever needed
+     TB_COLLECTIVE_TIMEOUT  seconds an "mpi" collective may wait for the other ranks before
+                         it fails and the group becomes unusable (default 300; 0: no end)
      TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk
                          cache key), e.g. "-cl-fast-relaxed-math"
      TB_DEBUG            1: one line per graph compile/run, and one while a compile is still
@@ -86,7 +88,7 @@
 #define TB_VERSION_STRING "0.1.0"
 /* The binary contract between the library and a backend plugin; bumped whenever
    tb_backend_impl, tb_backend_data or tb_plugin_desc change layout. */
-#define TB_API_VERSION 2
+#define TB_API_VERSION 3
 
 #ifndef TBDEF
 #ifdef TB_STATIC

@@ -186,13 +186,14 @@ typedef struct tb__wiring_table {
     const tb__builtin_backend *builtins;
     size_t num_builtins;
     /* the executor's host step for a COLLECTIVE node (distributed.c): `in` holds the operand's
-       values (a contiguous host array); on success *out is a host array of the node's values
-       that stays valid until release(*context) is called (once: when the data that borrowed it
-       lets go, or after copying it). local != TB_OK: this rank could not compute its operand
-       (in and out NULL); it still takes part in the ranks' exchange, so that every rank gets
-       an error instead of waiting, and returns an error. */
-    tb_status (*collective)(const tb_node *node, tb_status local, const void *in, void **out,
-                            void (**release)(void *context), void **context);
+       values (a contiguous host array). `dest` not NULL: the node's values go there (the
+       result's own memory, mapped into the host); else on success *out is a host array of the
+       node's values that stays valid until release(*context) is called (once: when the data
+       that borrowed it lets go, or after copying it). local != TB_OK: this rank could not
+       compute its operand (in, dest and out NULL); it still takes part in the ranks' exchange,
+       so that every rank gets an error instead of waiting, and returns an error. */
+    tb_status (*collective)(const tb_node *node, tb_status local, const void *in, void *dest,
+                            void **out, void (**release)(void *context), void **context);
 } tb__wiring_table;
 static const tb__wiring_table *tb__wiring(void);
 
@@ -251,6 +252,14 @@ static tb_backend_data *tb__data_borrow_host(const tb_device *device, const tb_s
 /* the host array of a data whose backend keeps it in host memory (data_host_pointer); NULL
    for other data and placeholders */
 static void *tb__host_data(const tb_backend_data *data);
+/* the values of a data in host memory for one host step, read only (data_map_host), ended by
+   tb__data_unmap_host; NULL without an error when the backend would need a copy */
+static void *tb__data_map_host(tb_backend_data *data);
+static tb_status tb__data_unmap_host(tb_backend_data *data, void *host);
+/* a new data whose values the caller writes at *host, then tb__data_unmap_host (data_map_host
+   with `write`); NULL without an error when the backend would need a copy */
+static tb_backend_data *tb__data_new_mapped(const tb_device *device, const tb_shape *shape,
+                                            void **host);
 /* registers a backend (tb_backend_register's work, messages naming `fn`); `plugin` is the
    shared object it came from or NULL; *out (may be NULL) gets the entry */
 static tb_status tb__backend_register(const char *fn, const char *name, const tb_backend_impl *impl,

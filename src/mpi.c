@@ -29,33 +29,48 @@ static const char *const tb__mpi_common_symbols[] = {"MPI_Initialized", "MPI_Fin
                                                      "MPI_Finalize", "MPI_Error_string"};
 
 /* The entry points that take handles: once with pointer handles (Open MPI, standard ABI) and once
-   with int handles (MPICH); the symbols are the same. */
+   with int handles (MPICH); the symbols are the same. The collectives are the nonblocking ones,
+   completed by polling MPI_Test against a deadline (TB_COLLECTIVE_TIMEOUT), so that a rank that
+   died or stopped calling gives the others an error instead of a wait without end. A request is
+   a pointer in the first two ABIs and an int in MPICH's; the status is ignored (a buffer larger
+   than any ABI's MPI_Status). */
 typedef struct tb__mpi_pointer_api {
     int (*Comm_rank)(void *comm, int *rank);
     int (*Comm_size)(void *comm, int *size);
-    int (*Barrier)(void *comm);
-    int (*Allreduce)(const void *send, void *recv, int count, void *type, void *op, void *comm);
-    int (*Allgather)(const void *send, int send_count, void *send_type, void *recv, int recv_count,
-                     void *recv_type, void *comm);
-    int (*Reduce_scatter_block)(const void *send, void *recv, int count, void *type, void *op,
-                                void *comm);
-    int (*Bcast)(void *buf, int count, void *type, int root, void *comm);
+    int (*Ibarrier)(void *comm, void **request);
+    int (*Iallreduce)(const void *send, void *recv, int count, void *type, void *op, void *comm,
+                      void **request);
+    int (*Iallgather)(const void *send, int send_count, void *send_type, void *recv, int recv_count,
+                      void *recv_type, void *comm, void **request);
+    int (*Ireduce_scatter_block)(const void *send, void *recv, int count, void *type, void *op,
+                                 void *comm, void **request);
+    int (*Ibcast)(void *buf, int count, void *type, int root, void *comm, void **request);
+    int (*Test)(void **request, int *flag, void *status);
 } tb__mpi_pointer_api;
 typedef struct tb__mpi_int_api {
     int (*Comm_rank)(int comm, int *rank);
     int (*Comm_size)(int comm, int *size);
-    int (*Barrier)(int comm);
-    int (*Allreduce)(const void *send, void *recv, int count, int type, int op, int comm);
-    int (*Allgather)(const void *send, int send_count, int send_type, void *recv, int recv_count,
-                     int recv_type, int comm);
-    int (*Reduce_scatter_block)(const void *send, void *recv, int count, int type, int op,
-                                int comm);
-    int (*Bcast)(void *buf, int count, int type, int root, int comm);
+    int (*Ibarrier)(int comm, int *request);
+    int (*Iallreduce)(const void *send, void *recv, int count, int type, int op, int comm,
+                      int *request);
+    int (*Iallgather)(const void *send, int send_count, int send_type, void *recv, int recv_count,
+                      int recv_type, int comm, int *request);
+    int (*Ireduce_scatter_block)(const void *send, void *recv, int count, int type, int op,
+                                 int comm, int *request);
+    int (*Ibcast)(void *buf, int count, int type, int root, int comm, int *request);
+    int (*Test)(int *request, int *flag, void *status);
 } tb__mpi_int_api;
-static const char *const tb__mpi_handle_symbols[] = {"MPI_Comm_rank", "MPI_Comm_size",
-                                                     "MPI_Barrier",   "MPI_Allreduce",
-                                                     "MPI_Allgather", "MPI_Reduce_scatter_block",
-                                                     "MPI_Bcast"};
+#define TB__MPI_HANDLE_SYMBOLS 8
+static const char *const tb__mpi_handle_symbols[TB__MPI_HANDLE_SYMBOLS] = {
+    "MPI_Comm_rank",  "MPI_Comm_size",  "MPI_Ibarrier",
+    "MPI_Iallreduce", "MPI_Iallgather", "MPI_Ireduce_scatter_block",
+    "MPI_Ibcast",     "MPI_Test"};
+
+/* A request in flight, of either ABI. */
+typedef struct tb__mpi_request {
+    void *p;
+    int i;
+} tb__mpi_request;
 
 /* Handle indices: the datatypes of f32 f64 i32 i64 u8, then MPI_BYTE; the ops SUM MAX MIN PROD. */
 #define TB__MPI_NUM_TYPES 6
@@ -84,6 +99,10 @@ typedef struct tb__mpi_state {
     tb__mpi_abi abi;
     char path[256];
     bool initialized_here; /* MPI_Init was ours, so MPI_Finalize is ours too */
+    double timeout_s;      /* TB_COLLECTIVE_TIMEOUT: how long a collective may wait; 0: no end */
+    /* a collective that did not complete in time: the group is unusable from then on (MPI
+       cannot cancel a collective, and the ranks no longer agree on what comes next) */
+    char broken[384];
     tb__mpi_common_api common;
     tb__mpi_pointer_api p; /* Open MPI and the standard ABI */
     tb__mpi_int_api i;     /* MPICH */
@@ -173,10 +192,10 @@ static bool tb__mpi_open(const char *path, char *reason, size_t cap) {
         tb__mpi.abi = TB__MPI_ABI_MPICH;
     }
     ok = sizeof(tb__mpi_common_api) == 5 * sizeof(void *) &&
-         sizeof(tb__mpi_pointer_api) == 7 * sizeof(void *) &&
-         sizeof(tb__mpi_int_api) == 7 * sizeof(void *) &&
+         sizeof(tb__mpi_pointer_api) == TB__MPI_HANDLE_SYMBOLS * sizeof(void *) &&
+         sizeof(tb__mpi_int_api) == TB__MPI_HANDLE_SYMBOLS * sizeof(void *) &&
          tb__mpi_resolve(lib, tb__mpi_common_symbols, 5, &tb__mpi.common, reason, cap) &&
-         tb__mpi_resolve(lib, tb__mpi_handle_symbols, 7,
+         tb__mpi_resolve(lib, tb__mpi_handle_symbols, TB__MPI_HANDLE_SYMBOLS,
                          tb__mpi.abi == TB__MPI_ABI_MPICH ? (void *)&tb__mpi.i : (void *)&tb__mpi.p,
                          reason, cap) &&
          tb__mpi_resolve_handles(reason, cap);
@@ -235,6 +254,63 @@ static tb_status tb__mpi_check(int code, const char *what) {
     return tb__error(TB_ERR_EXECUTE, "mpi: %s failed: %s", what, text);
 }
 
+/* TB_COLLECTIVE_TIMEOUT as seconds: unset or empty gives 300; 0 waits without end. */
+static tb_status tb__mpi_read_timeout(double *out) {
+    const char *v = tb__getenv("TB_COLLECTIVE_TIMEOUT");
+    char *end = NULL;
+    double t;
+    *out = 300.0;
+    if (v == NULL || v[0] == '\0') return TB_OK;
+    t = strtod(v, &end);
+    if (end == v || *end != '\0' || !(t >= 0.0) || t > 1e9) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "mpi: TB_COLLECTIVE_TIMEOUT='%.64s' is not a number of seconds (>= 0; "
+                         "0 waits without end)",
+                         v);
+    }
+    *out = t;
+    return TB_OK;
+}
+
+/* Whether the group can still be used; the error when an earlier collective timed out. */
+static tb_status tb__mpi_usable(const char *what) {
+    if (tb__mpi.broken[0] == '\0') return TB_OK;
+    return tb__error(TB_ERR_STATE, "mpi: %s refused: the process group is unusable since %s", what,
+                     tb__mpi.broken);
+}
+
+/* Completes a started collective (`code` is what starting it returned) by polling MPI_Test
+   until it is done or TB_COLLECTIVE_TIMEOUT seconds have passed. The loop yields the processor
+   every few tests, as MPI's own blocking calls do on a busy node: MPI makes progress only
+   inside its calls, so the loop never sleeps. */
+static tb_status tb__mpi_wait(int code, tb__mpi_request *req, const char *what) {
+    int64_t status[32]; /* MPI_Status of any ABI */
+    uint64_t start = tb__now_ns(), limit = (uint64_t)(tb__mpi.timeout_s * 1e9);
+    uint32_t polls = 0;
+    tb_status st = tb__mpi_check(code, what);
+    if (st != TB_OK) return st;
+    for (;;) {
+        int flag = 0;
+        code = tb__mpi.abi == TB__MPI_ABI_MPICH ? tb__mpi.i.Test(&req->i, &flag, status)
+                                                : tb__mpi.p.Test(&req->p, &flag, status);
+        st = tb__mpi_check(code, what);
+        if (st != TB_OK || flag) return st;
+        if (++polls % 64 == 0) {
+            uint64_t waited = tb__now_ns() - start;
+            if (limit > 0 && waited >= limit) break;
+            tb__yield();
+        }
+    }
+    snprintf(tb__mpi.broken, sizeof tb__mpi.broken,
+             "%s did not complete within TB_COLLECTIVE_TIMEOUT=%g s on this rank", what,
+             tb__mpi.timeout_s);
+    return tb__error(TB_ERR_EXECUTE,
+                     "mpi: %s did not complete within %g s (TB_COLLECTIVE_TIMEOUT): another rank "
+                     "died, hangs, or stopped calling collectives; the process group is unusable "
+                     "from now on (end the process: MPI cannot cancel a collective)",
+                     what, tb__mpi.timeout_s);
+}
+
 static int tb__mpi_type_index(tb_dtype dtype) {
     switch (dtype) {
     case TB_F32:
@@ -272,7 +348,9 @@ static tb_status tb__mpi_init(void *user_data, int32_t *rank, int32_t *size) {
     tb_status st;
     (void)user_data;
     st = tb__mpi_load();
+    if (st == TB_OK) st = tb__mpi_read_timeout(&tb__mpi.timeout_s);
     if (st != TB_OK) return st;
+    tb__mpi.broken[0] = '\0';
     if (tb__mpi.common.Finalized(&flag) == 0 && flag) {
         return tb__error(TB_ERR_STATE, "mpi: MPI was finalized in this process (by tb_shutdown "
                                        "or the program), and MPI cannot start twice");
@@ -302,7 +380,9 @@ static tb_status tb__mpi_all_reduce(void *user_data, const void *send, void *rec
                                     tb_dtype dtype, tb_reduce_op op) {
     int t = tb__mpi_type_index(dtype), o = tb__mpi_op_index(op);
     size_t esize = tb_dtype_size(dtype), done = 0;
+    tb_status st = tb__mpi_usable("MPI_Iallreduce");
     (void)user_data;
+    if (st != TB_OK) return st;
     if (t < 0 || o < 0) {
         return tb__error(TB_ERR_INTERNAL, "mpi: all_reduce of %s with op %d", tb_dtype_name(dtype),
                          (int)op);
@@ -312,12 +392,13 @@ static tb_status tb__mpi_all_reduce(void *user_data, const void *send, void *rec
         size_t n = count - done < (size_t)INT_MAX ? count - done : (size_t)INT_MAX;
         const char *s = (const char *)send + done * esize;
         char *r = (char *)recv + done * esize;
+        tb__mpi_request req = {NULL, 0};
         int code = tb__mpi.abi == TB__MPI_ABI_MPICH
-                       ? tb__mpi.i.Allreduce(s, r, (int)n, tb__mpi.i_types[t], tb__mpi.i_ops[o],
-                                             tb__mpi.i_world)
-                       : tb__mpi.p.Allreduce(s, r, (int)n, tb__mpi.p_types[t], tb__mpi.p_ops[o],
-                                             tb__mpi.p_world);
-        tb_status st = tb__mpi_check(code, "MPI_Allreduce");
+                       ? tb__mpi.i.Iallreduce(s, r, (int)n, tb__mpi.i_types[t], tb__mpi.i_ops[o],
+                                              tb__mpi.i_world, &req.i)
+                       : tb__mpi.p.Iallreduce(s, r, (int)n, tb__mpi.p_types[t], tb__mpi.p_ops[o],
+                                              tb__mpi.p_world, &req.p);
+        st = tb__mpi_wait(code, &req, "MPI_Iallreduce");
         if (st != TB_OK) return st;
         done += n;
     }
@@ -325,26 +406,34 @@ static tb_status tb__mpi_all_reduce(void *user_data, const void *send, void *rec
 }
 
 static tb_status tb__mpi_all_gather(void *user_data, const void *send, void *recv, size_t bytes) {
+    tb__mpi_request req = {NULL, 0};
     int code;
+    tb_status st = tb__mpi_usable("MPI_Iallgather");
     (void)user_data;
+    if (st != TB_OK) return st;
     if (bytes > (size_t)INT_MAX) {
         return tb__error(TB_ERR_UNSUPPORTED, "mpi: all_gather of %zu bytes per rank (at most %d)",
                          bytes, INT_MAX);
     }
     if (tb__mpi.abi == TB__MPI_ABI_MPICH) {
         int byte = tb__mpi.i_types[TB__MPI_TYPE_BYTE];
-        code = tb__mpi.i.Allgather(send, (int)bytes, byte, recv, (int)bytes, byte, tb__mpi.i_world);
+        code = tb__mpi.i.Iallgather(send, (int)bytes, byte, recv, (int)bytes, byte, tb__mpi.i_world,
+                                    &req.i);
     } else {
         void *byte = tb__mpi.p_types[TB__MPI_TYPE_BYTE];
-        code = tb__mpi.p.Allgather(send, (int)bytes, byte, recv, (int)bytes, byte, tb__mpi.p_world);
+        code = tb__mpi.p.Iallgather(send, (int)bytes, byte, recv, (int)bytes, byte, tb__mpi.p_world,
+                                    &req.p);
     }
-    return tb__mpi_check(code, "MPI_Allgather");
+    return tb__mpi_wait(code, &req, "MPI_Iallgather");
 }
 
 static tb_status tb__mpi_reduce_scatter(void *user_data, const void *send, void *recv, size_t count,
                                         tb_dtype dtype, tb_reduce_op op) {
     int t = tb__mpi_type_index(dtype), o = tb__mpi_op_index(op), code;
+    tb__mpi_request req = {NULL, 0};
+    tb_status st = tb__mpi_usable("MPI_Ireduce_scatter_block");
     (void)user_data;
+    if (st != TB_OK) return st;
     if (t < 0 || o < 0) {
         return tb__error(TB_ERR_INTERNAL, "mpi: reduce_scatter of %s with op %d",
                          tb_dtype_name(dtype), (int)op);
@@ -354,25 +443,28 @@ static tb_status tb__mpi_reduce_scatter(void *user_data, const void *send, void 
                          "mpi: reduce_scatter of %zu values per rank (at most %d)", count, INT_MAX);
     }
     code = tb__mpi.abi == TB__MPI_ABI_MPICH
-               ? tb__mpi.i.Reduce_scatter_block(send, recv, (int)count, tb__mpi.i_types[t],
-                                                tb__mpi.i_ops[o], tb__mpi.i_world)
-               : tb__mpi.p.Reduce_scatter_block(send, recv, (int)count, tb__mpi.p_types[t],
-                                                tb__mpi.p_ops[o], tb__mpi.p_world);
-    return tb__mpi_check(code, "MPI_Reduce_scatter_block");
+               ? tb__mpi.i.Ireduce_scatter_block(send, recv, (int)count, tb__mpi.i_types[t],
+                                                 tb__mpi.i_ops[o], tb__mpi.i_world, &req.i)
+               : tb__mpi.p.Ireduce_scatter_block(send, recv, (int)count, tb__mpi.p_types[t],
+                                                 tb__mpi.p_ops[o], tb__mpi.p_world, &req.p);
+    return tb__mpi_wait(code, &req, "MPI_Ireduce_scatter_block");
 }
 
 static tb_status tb__mpi_broadcast(void *user_data, void *buf, size_t bytes, int32_t root) {
     size_t done = 0;
+    tb_status st = tb__mpi_usable("MPI_Ibcast");
     (void)user_data;
+    if (st != TB_OK) return st;
     while (done < bytes) {
         size_t n = bytes - done < (size_t)INT_MAX ? bytes - done : (size_t)INT_MAX;
         char *b = (char *)buf + done;
+        tb__mpi_request req = {NULL, 0};
         int code = tb__mpi.abi == TB__MPI_ABI_MPICH
-                       ? tb__mpi.i.Bcast(b, (int)n, tb__mpi.i_types[TB__MPI_TYPE_BYTE], (int)root,
-                                         tb__mpi.i_world)
-                       : tb__mpi.p.Bcast(b, (int)n, tb__mpi.p_types[TB__MPI_TYPE_BYTE], (int)root,
-                                         tb__mpi.p_world);
-        tb_status st = tb__mpi_check(code, "MPI_Bcast");
+                       ? tb__mpi.i.Ibcast(b, (int)n, tb__mpi.i_types[TB__MPI_TYPE_BYTE], (int)root,
+                                          tb__mpi.i_world, &req.i)
+                       : tb__mpi.p.Ibcast(b, (int)n, tb__mpi.p_types[TB__MPI_TYPE_BYTE], (int)root,
+                                          tb__mpi.p_world, &req.p);
+        st = tb__mpi_wait(code, &req, "MPI_Ibcast");
         if (st != TB_OK) return st;
         done += n;
     }
@@ -380,18 +472,23 @@ static tb_status tb__mpi_broadcast(void *user_data, void *buf, size_t bytes, int
 }
 
 static tb_status tb__mpi_barrier(void *user_data) {
+    tb__mpi_request req = {NULL, 0};
+    int code;
+    tb_status st = tb__mpi_usable("MPI_Ibarrier");
     (void)user_data;
-    return tb__mpi_check(tb__mpi.abi == TB__MPI_ABI_MPICH ? tb__mpi.i.Barrier(tb__mpi.i_world)
-                                                          : tb__mpi.p.Barrier(tb__mpi.p_world),
-                         "MPI_Barrier");
+    if (st != TB_OK) return st;
+    code = tb__mpi.abi == TB__MPI_ABI_MPICH ? tb__mpi.i.Ibarrier(tb__mpi.i_world, &req.i)
+                                            : tb__mpi.p.Ibarrier(tb__mpi.p_world, &req.p);
+    return tb__mpi_wait(code, &req, "MPI_Ibarrier");
 }
 
-/* MPI_Finalize when MPI_Init was ours. The library stays open: MPI cannot start again in this
+/* MPI_Finalize when MPI_Init was ours, unless a collective timed out (MPI_Finalize would wait
+   for the rank that is missing). The library stays open: MPI cannot start again in this
    process, and unloading it under its own helper threads is not safe. */
 static void tb__mpi_finalize(void *user_data) {
     int flag = 0;
     (void)user_data;
-    if (tb__mpi.lib == NULL || !tb__mpi.initialized_here) return;
+    if (tb__mpi.lib == NULL || !tb__mpi.initialized_here || tb__mpi.broken[0] != '\0') return;
     if (tb__mpi.common.Finalized(&flag) == 0 && !flag) tb__mpi.common.Finalize();
     tb__mpi.initialized_here = false;
 }

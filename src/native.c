@@ -1096,6 +1096,27 @@ static void tb__native_data_release(void *user_data, tb_backend_data *data) {
     data->payload = NULL;
 }
 
+/* The buffers are host memory: the library reads and writes them in place (a collective's
+   input and result), with nothing to do at the end. */
+static void *tb__native_data_map_host(void *user_data, tb_backend_data *data, bool write) {
+    tb__native_rt *rt;
+    tb__native_buf *b = NULL;
+    size_t size;
+    (void)user_data;
+    if (!write) {
+        b = (tb__native_buf *)data->payload;
+        return b != NULL ? b->ptr : NULL;
+    }
+    if (tb_shape_nbytes(&data->shape, &size) != TB_OK) return NULL;
+    tb__mutex_lock(&tb__native_mutex);
+    rt = tb__native_device(data->device.ordinal, "native");
+    if (rt != NULL && tb__native_buf_alloc(rt, size, &b) != TB_OK) b = NULL;
+    tb__mutex_unlock(&tb__native_mutex);
+    if (b == NULL) return NULL;
+    data->payload = b;
+    return b->ptr;
+}
+
 /* ---- backend entries: lowering, compile, execute ---- */
 
 /* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
@@ -1564,6 +1585,7 @@ static tb_status tb__native_register(void) {
     impl.data_from_scalar = tb__native_data_from_scalar;
     impl.data_to_host = tb__native_data_to_host;
     impl.data_release = tb__native_data_release;
+    impl.data_map_host = tb__native_data_map_host;
     impl.create_lowering_context = tb__native_create_lowering_context;
     impl.release_lowering_context = tb__native_release_lowering_context;
     impl.compile = tb__native_compile;

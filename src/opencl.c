@@ -264,6 +264,61 @@ static void tb__ocl_data_release(void *user_data, tb_backend_data *data) {
     data->payload = NULL;
 }
 
+/* On a device that shares the host's memory, a buffer mapped into the host's address space
+   (no copy where the buffer is host memory, as PoCL's are): the library reads or writes the
+   values there for one host step, then unmaps. Elsewhere NULL: the library copies. */
+static void *tb__ocl_data_map_host(void *user_data, tb_backend_data *data, bool write) {
+    tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
+    tb__ocl_device *dev;
+    tb__cl_int err = TB__CL_SUCCESS;
+    void *p = NULL;
+    size_t size;
+    (void)user_data;
+    if (tb_shape_nbytes(&data->shape, &size) != TB_OK || size == 0) return NULL;
+    if (write) {
+        dev = tb__ocl_device_acquire(data->device.ordinal, "opencl");
+        if (dev == NULL) return NULL;
+        if (dev->info.unified_memory && tb__ocl_buffer_alloc(dev, size, &buf) != TB_OK) buf = NULL;
+        if (!dev->info.unified_memory) buf = NULL;
+    } else {
+        if (buf == NULL || buf->mem == NULL || !buf->dev->info.unified_memory) return NULL;
+        dev = buf->dev;
+        tb__ocl_device_lock(dev);
+    }
+    if (buf != NULL && !dev->rt->exited) {
+        p = TB__OCL_CALL(dev->rt, EnqueueMapBuffer)(dev->queue, buf->mem, TB__CL_TRUE,
+                                                    write ? TB__CL_MAP_WRITE : TB__CL_MAP_READ, 0,
+                                                    size, 0, NULL, NULL, &err);
+        if (err != TB__CL_SUCCESS) p = NULL;
+    }
+    if (write && buf != NULL) {
+        if (p != NULL) {
+            data->payload = buf;
+        } else {
+            tb__ocl_buffer_free(buf);
+        }
+    }
+    tb__ocl_device_release(dev);
+    return p;
+}
+
+static tb_status tb__ocl_data_unmap_host(void *user_data, tb_backend_data *data, void *host) {
+    tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
+    tb__cl_int err;
+    (void)user_data;
+    if (buf == NULL || buf->mem == NULL) return TB_OK;
+    tb__ocl_device_lock(buf->dev);
+    err = buf->dev->rt->exited ? TB__CL_SUCCESS
+                               : TB__OCL_CALL(buf->dev->rt, EnqueueUnmapMemObject)(
+                                     buf->dev->queue, buf->mem, host, 0, NULL, NULL);
+    tb__ocl_device_release(buf->dev);
+    if (err != TB__CL_SUCCESS) {
+        return tb__error(TB_ERR_EXECUTE, "opencl:%d: unmapping a buffer failed: %s (%d)",
+                         (int)buf->dev->ordinal, tb__cl_error_name(err), (int)err);
+    }
+    return TB_OK;
+}
+
 /* Device memory for a data that may hold a host scalar; NULL with the error set. */
 static tb__cl_mem tb__ocl_data_mem(tb__ocl_device *dev, tb_backend_data *data) {
     tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
@@ -1085,6 +1140,8 @@ static tb_status tb__opencl_register(void) {
     impl.data_from_scalar = tb__ocl_data_from_scalar;
     impl.data_to_host = tb__ocl_data_to_host;
     impl.data_release = tb__ocl_data_release;
+    impl.data_map_host = tb__ocl_data_map_host;
+    impl.data_unmap_host = tb__ocl_data_unmap_host;
     impl.create_lowering_context = tb__ocl_create_lowering_context;
     impl.release_lowering_context = tb__ocl_release_lowering_context;
     impl.compile = tb__ocl_compile;

@@ -1043,7 +1043,7 @@ static void test_plugin_load_out_of_memory(void **state) {
 
 static void test_bad_plugins_rejected(void **state) {
     static const bad_plugin_case cases[] = {
-        {"badversion", "was built for API version 3, this library has 2"},
+        {"badversion", "was built for API version 4, this library has 3"},
         {"nosymbol", "does not export tb_backend_plugin_entry"},
         {"failinit", "init of backend 'failinit' failed: failinit: no such hardware here"},
         {"mismatch", "registers backend 'somethingelse', expected 'mismatch'"},

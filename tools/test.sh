@@ -628,6 +628,52 @@ if selected tests/mpi/collectives.c; then
     fi
 fi
 
+# A rank that dies or stops calling: tests/mpi/rank_dies.c under mpirun. `stall` (the last
+# rank sleeps, TB_COLLECTIVE_TIMEOUT=2): every other rank must report the timeout within it and
+# a few seconds. `kill` (the last rank raises SIGKILL, TB_COLLECTIVE_TIMEOUT=5): the job must
+# end, by the launcher or by the timeout, with no rank reporting a wrong outcome. Either way
+# mpirun must end within 30 s; `timeout` stops a hang at 60 s, which fails the test.
+if selected tests/mpi/rank_dies.c; then
+    if ! command -v mpirun >/dev/null 2>&1; then
+        echo "SKIPPED: no mpirun here (Debian: openmpi-bin libopenmpi-dev), the dying-rank test did not run"
+    else
+        mkdir -p build/mpi
+        log=build/mpi/rank_dies.build.log
+        # shellcheck disable=SC2086
+        if $CC -std=c11 -g -O1 -Wall -Wextra -Werror -pedantic -I. tests/mpi/rank_dies.c \
+            -o build/mpi/rank_dies -ldl -lpthread -lm >"$log" 2>&1; then
+            for run in stall:2 stall:3 kill:2 kill:3; do
+                mode=${run%%:*}
+                n=${run#*:}
+                limit=2 what="stops calling"
+                [ "$mode" = kill ] && limit=5 what="is killed"
+                log=build/mpi/rank_dies.$mode.$n.log
+                start=$(date +%s)
+                TB_COLLECTIVE_TIMEOUT=$limit timeout --foreground -k 10 60 mpirun \
+                    "${mpi_flags[@]}" -x TB_COLLECTIVE_TIMEOUT -np "$n" build/mpi/rank_dies \
+                    "$mode" >"$log" 2>&1
+                rc=$?
+                took=$(($(date +%s) - start))
+                expected=$(grep -c 'timed out after .* as expected$' "$log")
+                wrong=$(grep -cE 'rank_dies: rank [0-9]+: (expected|waited|the next|the first|needs)' "$log")
+                if [ "$took" -le 30 ] && [ "$wrong" -eq 0 ] &&
+                    { [ "$mode" = kill ] || [ "$expected" -eq $((n - 1)) ]; }; then
+                    echo "ok a rank that $what on $n ranks: the job ended in ${took} s (mpirun status $rc, $expected rank(s) reported the timeout)"
+                    pass
+                else
+                    indent <"$log"
+                    echo "FAIL a rank that $what on $n ranks (mpirun status $rc after ${took} s, $expected rank(s) reported the timeout)"
+                    fail "a rank that $what on $n ranks"
+                fi
+            done
+        else
+            echo "FAIL build: tests/mpi/rank_dies.c"
+            indent <"$log"
+            fail "build: tests/mpi/rank_dies.c"
+        fi
+    fi
+fi
+
 # Data-parallel training: examples/train_mnist.c on two ranks (--group mpi) must reach the
 # one-process test accuracy to 0.5% (same seed, same batches, the whole batch's gradient).
 if selected tests/mpi/train_mnist_data_parallel; then
