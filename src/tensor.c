@@ -845,8 +845,36 @@ TBDEF tb_tensor *tb_to_device(tb_tensor *tensor, const tb_device *device) {
         }
         return t;
     }
-    /* through the host array the executor keeps for such copies: warm pages, no allocation
-       per copy once it is large enough */
+    /* one copy where either side's values lie in host memory (the cpu and native backends,
+       an OpenCL device that shares the host's memory): from the source's memory into the new
+       data, or from the source straight into the new data's mapped memory */
+    host = tb__host_data(tensor->data);
+    if (host == NULL) {
+        host = tb__data_map_host(tensor->data);
+        if (host != NULL) {
+            tb_status st;
+            d = tb__data_from_host(&dev, &tensor->shape, host);
+            st = tb__data_unmap_host(tensor->data, host);
+            if (d != NULL && st != TB_OK) {
+                tb__data_release(d);
+                d = NULL;
+            }
+            return tb__tensor_from_data(d);
+        }
+    } else {
+        return tb__tensor_from_data(tb__data_from_host(&dev, &tensor->shape, host));
+    }
+    d = tb__data_new_mapped(&dev, &tensor->shape, &host);
+    if (d != NULL) {
+        tb_status st = tb__data_to_host(tensor->data, host), st2 = tb__data_unmap_host(d, host);
+        if (st != TB_OK || st2 != TB_OK) {
+            tb__data_release(d);
+            d = NULL;
+        }
+        return tb__tensor_from_data(d);
+    }
+    /* else through the host array the executor keeps for such copies: warm pages, no
+       allocation per copy once it is large enough */
     if (tb_shape_nbytes(&tensor->shape, &nbytes) != TB_OK) return NULL;
     host = tb__exec_stage_take(nbytes, &cap);
     if (host == NULL) {

@@ -3538,6 +3538,18 @@ static void test_two_devices(void **state) {
         assert_int_equal(tb_tensor_item(m1, &v1), TB_OK);
         assert_true(v0 == v1);
     }
+    /* to the cpu and back: from the device's (mapped) memory, into a new data's */
+    {
+        tb_tensor *c = tb_to_device(y1, &g_cpu), *b0 = c != NULL ? tb_to_device(c, &g_ocl) : NULL;
+        float rc[64], rb[64];
+        assert_non_null(b0);
+        assert_int_equal(tb_tensor_to_host(c, rc, sizeof rc), TB_OK);
+        assert_int_equal(tb_tensor_to_host(b0, rb, sizeof rb), TB_OK);
+        for (i = 0; i < 64; i++)
+            assert_true(rc[i] == r1[i] && rb[i] == r1[i]);
+        tb_tensor_release(b0);
+        tb_tensor_release(c);
+    }
     /* mixing devices in one op is an error that names both */
     {
         tb_tensor *bad = tb_add(x0, x1);
