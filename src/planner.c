@@ -763,13 +763,28 @@ static bool tb__plan_mm_packs(const tb__pgraph *G, int32_t core) {
     return true;
 }
 
-/* Chooses each matmul's kernel and puts the two pack kernels in front of those that pack. */
+/* Whether a packed matmul reads A where it is instead of from panels: A is the whole output of
+   another kernel of the graph (a contiguous buffer: its rows are runs of K values, read once
+   per column panel with no index arithmetic beyond a row's start) in the dtype the matmul
+   computes in. Packing it would cost a pass over A on every run; a parameter's panels are kept
+   by the backends while its buffer holds, so parameters are still packed. */
+static bool tb__plan_mm_reads_a(const tb__pgraph *G, int32_t core) {
+    int32_t a = tb__plan_operand(G, core, 0);
+    const tb__pnode *in = &G->info[a];
+    tb_dtype od = tb__plan_shape(G, core)->dtype;
+    return in->root && in->param < 0 && tb__plan_pack_dtype(od) == od &&
+           tb__plan_shape(G, a)->dtype == od;
+}
+
+/* Chooses each matmul's kernel and puts the pack kernels in front of those that pack (B's, and
+   A's unless the matmul reads A in place). */
 static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
     tb__plan *p = G->plan;
     size_t i, j;
     for (i = 0; i < p->num_kernels; i++) {
         tb__plan_kernel *k = &p->kernels[i];
         tb_status st;
+        size_t packs;
         if (k->kind != TB__K_MATMUL) continue;
         if (G->target->tuning->mm_kind == TB__MM_TILES) {
             k->mm = TB__MM_TILES;
@@ -777,17 +792,18 @@ static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
         }
         k->mm = TB__MM_REGISTERS;
         if (!tb__plan_mm_packs(G, k->core)) continue;
-        st = tb__plan_insert_kernels(G, i, 2);
+        packs = tb__plan_mm_reads_a(G, k->core) ? 1 : 2;
+        st = tb__plan_insert_kernels(G, i, packs);
         if (st != TB_OK) return st;
-        for (j = 0; j < 2; j++) {
+        for (j = 0; j < packs; j++) {
             tb__plan_kernel *pk = &p->kernels[i + j];
-            pk->kind = j == 0 ? TB__K_PACK_A : TB__K_PACK_B;
-            pk->root = p->kernels[i + 2].root;
-            pk->core = p->kernels[i + 2].core;
-            pk->owner = (int32_t)i + 2;
+            pk->kind = j + 1 < packs ? TB__K_PACK_A : TB__K_PACK_B;
+            pk->root = p->kernels[i + packs].root;
+            pk->core = p->kernels[i + packs].core;
+            pk->owner = (int32_t)(i + packs);
         }
-        p->kernels[i + 2].mm = TB__MM_PACKED;
-        i += 2;
+        p->kernels[i + packs].mm = TB__MM_PACKED;
+        i += packs;
     }
     return TB_OK;
 }
@@ -979,7 +995,7 @@ static tb_status tb__plan_kernel_args(tb__pgraph *G, size_t ki, int32_t *stamp, 
     if (k->kind == TB__K_REDUCE && k->split > 0)
         st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->partial_slot);
     if (st == TB_OK && k->kind == TB__K_MATMUL && k->mm == TB__MM_PACKED) {
-        st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->pack_slot[0]);
+        if (k->pack_slot[0] >= 0) st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->pack_slot[0]);
         if (st == TB_OK) st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->pack_slot[1]);
     }
     stack[sp++] = start;
@@ -1002,7 +1018,15 @@ static tb_status tb__plan_kernel_args(tb__pgraph *G, size_t ki, int32_t *stamp, 
             st = tb__plan_arg_add(p, ki, TB__ARG_BUF, in->slot);
             continue;
         }
-        if (n == k->core && !tb__plan_reads_core_operands(k)) continue;
+        if (n == k->core && !tb__plan_reads_core_operands(k)) {
+            /* a packed matmul without A's panels reads A itself */
+            int32_t a = tb__plan_operand(G, n, 0);
+            if (k->kind == TB__K_MATMUL && k->pack_slot[0] < 0 && stamp[a] != mark) {
+                stamp[a] = mark;
+                stack[sp++] = a;
+            }
+            continue;
+        }
         if (tb__plan_can_fail(in->node)) {
             if (tb__plan_errsite_code(p, n) < 0) st = tb__plan_errsite_add(G, n);
             errs = true;
