@@ -763,17 +763,30 @@ static bool tb__plan_mm_packs(const tb__pgraph *G, int32_t core) {
     return true;
 }
 
-/* Whether a packed matmul reads A where it is instead of from panels: A is the whole output of
-   another kernel of the graph (a contiguous buffer: its rows are runs of K values, read once
-   per column panel with no index arithmetic beyond a row's start) in the dtype the matmul
-   computes in. Packing it would cost a pass over A on every run; a parameter's panels are kept
-   by the backends while its buffer holds, so parameters are still packed. */
-static bool tb__plan_mm_reads_a(const tb__pgraph *G, int32_t core) {
+/* The node whose buffer a packed matmul reads A from in place, or -1 (A is packed): A (or A
+   broadcast over the batch by an expand) is the whole output of another kernel of the graph (a
+   contiguous buffer: a panel's rows are runs of K values at one stride, read from one address
+   per step of K) in the dtype the matmul computes in, and its rows fill whole panels. Packing
+   it would cost a pass over A on every run; a parameter's panels are kept by the backends while
+   its buffer holds, so parameters are still packed. */
+static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
     int32_t a = tb__plan_operand(G, core, 0);
-    const tb__pnode *in = &G->info[a];
-    tb_dtype od = tb__plan_shape(G, core)->dtype;
-    return in->root && in->param < 0 && tb__plan_pack_dtype(od) == od &&
-           tb__plan_shape(G, a)->dtype == od;
+    const tb_shape *cs = tb__plan_shape(G, core), *as;
+    tb_dtype od = cs->dtype;
+    if (G->info[a].node->op == TB_OP_EXPAND && !G->info[a].root) {
+        int32_t x = tb__plan_operand(G, a, 0);
+        const tb_shape *xs = tb__plan_shape(G, x);
+        if (xs->rank != cs->rank ||
+            xs->dims[xs->rank - 1] != tb__plan_shape(G, a)->dims[xs->rank - 1] ||
+            xs->dims[xs->rank - 2] != tb__plan_shape(G, a)->dims[xs->rank - 2])
+            return -1;
+        a = x;
+    }
+    as = tb__plan_shape(G, a);
+    if (!G->info[a].root || G->info[a].param >= 0 || tb__plan_pack_dtype(od) != od ||
+        as->dtype != od || tb__plan_mm_of(G, core).m % G->target->tuning->mm_panel_rows != 0)
+        return -1;
+    return a;
 }
 
 /* Chooses each matmul's kernel and puts the pack kernels in front of those that pack (B's, and
@@ -792,7 +805,7 @@ static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
         }
         k->mm = TB__MM_REGISTERS;
         if (!tb__plan_mm_packs(G, k->core)) continue;
-        packs = tb__plan_mm_reads_a(G, k->core) ? 1 : 2;
+        packs = tb__plan_mm_a_buffer(G, k->core) >= 0 ? 1 : 2;
         st = tb__plan_insert_kernels(G, i, packs);
         if (st != TB_OK) return st;
         for (j = 0; j < packs; j++) {
@@ -1382,6 +1395,11 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
         k->rn = (int32_t)(mm.n < t->mm_reg_cols ? (mm.n > 0 ? mm.n : 1) : t->mm_reg_cols);
         /* few columns (the last layer of a classifier): one block of all of them */
         if (mm.n > t->mm_reg_cols && mm.n <= t->mm_small_n) k->rn = (int32_t)mm.n;
+        /* all the columns in one block, its rows of B made into one vector per step of K: twice
+           the rows share that vector while every compute unit still gets blocks */
+        if (k->rn == mm.n && mm.n > 1 &&
+            mm.m >= 4 * t->mm_reg_rows * (int64_t)G->target->compute_units)
+            k->rm = 2 * t->mm_reg_rows;
         /* no work-group wider than the blocks there are: padding items would compute
            clamped copies */
         bx = (mm.n + k->rn - 1) / k->rn;

@@ -1185,10 +1185,16 @@ static void test_matmul(void **state) {
         in[0] = in_of(shp(TB_F32, 3, 3, 70, 61, 0), R_ANY);
         in[1] = in_of(shp(TB_F32, 3, 3, 61, 83, 0), R_ANY);
         add_case("batched matmul [3,70,61]x[3,61,83]", build_matmul, &plain, in, 2);
-        add_case("matmul(exp(a) * 0.5, b) [3,70,61]x[3,61,83]", build_matmul, &exp_a, in, 2);
-        in[0] = in_of(shp(TB_F32, 3, 1, 70, 61, 0), R_ANY);
-        add_case("matmul(exp(a) * 0.5, b) [1,70,61]x[3,61,83] (a broadcast)", build_matmul, &exp_a,
+        /* A computed in the graph with rows that fill whole panels: read in place */
+        in[0] = in_of(shp(TB_F32, 3, 3, 64, 61, 0), R_ANY);
+        add_case("matmul(exp(a) * 0.5, b) [3,64,61]x[3,61,83]", build_matmul, &exp_a, in, 2);
+        in[0] = in_of(shp(TB_F32, 3, 1, 64, 61, 0), R_ANY);
+        add_case("matmul(exp(a) * 0.5, b) [1,64,61]x[3,61,83] (a broadcast)", build_matmul, &exp_a,
                  in, 2);
+        in[0] = in_of(shp(TB_F32, 4, 2, 1, 64, 61), R_ANY);
+        in[1] = in_of(shp(TB_F32, 4, 1, 3, 61, 83), R_ANY);
+        add_case("matmul(exp(a) * 0.5, b) [2,1,64,61]x[1,3,61,83] (both broadcast)", build_matmul,
+                 &exp_a, in, 2);
         in[0] = in_of(shp(TB_F32, 3, 3, 70, 61, 0), R_ANY);
         in[1] = in_of(shp(TB_F32, 2, 61, 83, 0, 0), R_ANY);
         add_case("matmul [3,70,61]x[61,83] (b broadcast)", build_matmul, &scaled_gelu, in, 2);
@@ -2045,9 +2051,10 @@ static void test_fusion_patterns(void **state) {
 
 /* A large float max / min (split into chunks, read in vectors): a NaN anywhere propagates,
    without one the result is the exact extreme. */
-/* Two layers, relu(x w1 + b) w2, with sizes that are not multiples of the panel widths: on a
-   CPU device the second matmul reads its A (the first layer's output, computed in the same
-   graph) where it is, so the program packs only the parameter x as an A operand. */
+/* Two layers, relu(x w1 + b) w2, with depths and widths that are not multiples of the panel
+   widths: on a CPU device the second matmul reads its A (the first layer's output, computed in
+   the same graph, 96 rows: whole panels) where it is, so the program packs only the parameter
+   x as an A operand. */
 static tb_tensor *two_layers(const tb_device *dev, const float *x, const float *w1, const float *b,
                              const float *w2, tb_shape sx, tb_shape sw1, tb_shape sb,
                              tb_shape sw2) {
@@ -2091,7 +2098,7 @@ static int count_pack_kernels(const char *text, const char *prefix) {
 }
 
 static void test_matmul_reads_a_in_place(void **state) {
-    enum { M = 100, K = 70, H = 90, N = 80 };
+    enum { M = 96, K = 70, H = 90, N = 80 };
     static float x[M * K], w1[K * H], b[H], w2[H * N], got[M * N], want[M * N];
     tb_shape sx = shp(TB_F32, 2, M, K, 0, 0), sw1 = shp(TB_F32, 2, K, H, 0, 0);
     tb_shape sb = shp(TB_F32, 1, H, 0, 0, 0), sw2 = shp(TB_F32, 2, H, N, 0, 0);
