@@ -21005,10 +21005,11 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
         k->rn = (int32_t)(mm.n < t->mm_reg_cols ? (mm.n > 0 ? mm.n : 1) : t->mm_reg_cols);
         /* few columns (the last layer of a classifier): one block of all of them */
         if (mm.n > t->mm_reg_cols && mm.n <= t->mm_small_n) k->rn = (int32_t)mm.n;
-        /* f32, all the columns in one block: its row of B is made into one vector per step of
-           K (codegen's vector register kernel), which twice the rows share where every compute
-           unit still gets blocks, and one block per work-group (a CPU driver's loop over a
-           group's items shares none of that work; PoCL: 0.137 -> 0.108 ms for 256x10x512) */
+        /* f32, all the columns in one block: the loads of B's row at each step of K (made into
+           one vector where the dialect has vec_make) are shared by twice the rows where every
+           compute unit still gets blocks, and one block per work-group (a CPU driver's loop
+           over a group's items shares none of that work). 256x10x512: native 0.068 -> 0.063
+           ms, PoCL 0.137 -> 0.108 ms (8 rows and one block per group: 0.128). */
         if (tb__plan_shape(G, k->core)->dtype == TB_F32 && k->rn == mm.n && mm.n > 1) {
             if (mm.m >= 4 * t->mm_reg_rows * (int64_t)G->target->compute_units)
                 k->rm = 2 * t->mm_reg_rows;
