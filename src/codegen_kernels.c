@@ -1191,23 +1191,47 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     return g->ix.status;
 }
 
-/* Matmul from the panels of the two pack kernels before it: each work item an rm x width
-   block of the output, one vector accumulator per row; the inner loop reads one vector of B
-   and rm consecutive values of A per step of K. */
+/* The offset of A's matrix for batch index `ib` of a matmul that reads A in place (A
+   contiguous, broadcast over the batch where its dims are 1), as C text. */
+static void tb__cg_matmul_a_offset(tb__cg *g, const tb__plan_kernel *k, int32_t ib, char *out,
+                                   size_t size) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    const tb_shape *as = tb__plan_shape(g->G, tb__plan_mm_a_buffer(g->G, k->core));
+    int64_t below = 1, stride = as->dims[as->rank - 1] * as->dims[as->rank - 2];
+    size_t used = (size_t)snprintf(out, size, "0");
+    int32_t d;
+    for (d = cs->rank - 3; d >= 0; d--) {
+        if (as->dims[d] != 1 && used < size)
+            used += (size_t)snprintf(out + used, size - used, " + (i%d / %lldL %% %lldL) * %lldL",
+                                     (int)ib, (long long)below, (long long)cs->dims[d],
+                                     (long long)stride);
+        below *= cs->dims[d];
+        stride *= as->dims[d];
+    }
+}
+
+/* Matmul from the panels of the pack kernels before it: each work item an rm x width block of
+   the output, one vector accumulator per row; the inner loop reads one vector of B and rm values
+   of A per step of K: consecutive ones of A's panel, or (no panels of A: A is a contiguous
+   buffer whose rows fill whole panels) one from each of the block's rows of A itself. */
 static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     int64_t za[6], zb[6], K;
     int rm = (int)k->rm, vw = (int)k->rn, i;
     const char *t = tb__cg_ctype(cs->dtype);
-    char tv[16], zero[48], head[160], id0[48], id1[48], id2[48];
-    int32_t ib;
+    char tv[16], zero[48], head[160], id0[48], id1[48], id2[48], off[256];
+    int32_t ib, a_slot = k->pack_slot[0];
+    bool panels_a = a_slot >= 0;
     tb__lf bdims[TB_MAX_RANK];
     tb__plan_pack_sizes(g->G, k->core, true, za);
     tb__plan_pack_sizes(g->G, k->core, false, zb);
     K = za[3];
+    if (!panels_a) {
+        int32_t a = tb__plan_mm_a_buffer(g->G, k->core);
+        a_slot = a >= 0 ? g->G->info[a].slot : -1;
+    }
     snprintf(tv, sizeof tv, "%s%d", t, vw);
-    if (!tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[0]) ||
-        !tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[1]))
+    if (!tb__cg_arg(g, TB__ARG_BUF, a_slot) || !tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[1]))
         return g->ix.status;
     ib = tb__ix_new_var(&g->ix, 0, za[0] - 1);
     if (ib < 0) return g->ix.status;
@@ -1228,8 +1252,14 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     }
     tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)ib, id2);
     tb__ix_line(&g->ix, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
-    tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", g->d->global, t,
-                (int)k->pack_slot[0], (int)ib, (long long)za[4], (long long)(K * rm));
+    if (panels_a) {
+        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", g->d->global, t,
+                    (int)a_slot, (int)ib, (long long)za[4], (long long)(K * rm));
+    } else {
+        tb__cg_matmul_a_offset(g, k, ib, off, sizeof off);
+        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (%s) + row0 * %lldL;", g->d->global, t,
+                    (int)a_slot, off, (long long)K);
+    }
     tb__ix_line(&g->ix, "%sconst %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", g->d->global, t,
                 (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));
     snprintf(zero, sizeof zero, g->d->vec_zero, tv);
@@ -1238,9 +1268,9 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     snprintf(head, sizeof head, "for (long kk = 0; kk < %lldL; kk++) ", (long long)K);
     tb__ix_open(&g->ix, head);
     tb__ix_line(&g->ix, "const %s bv = vload%d(kk, bp);", tv, vw);
-    tb__ix_line(&g->ix, "%sconst %s *ak = ap + kk * %d;", g->d->global, t, rm);
+    tb__ix_line(&g->ix, "%sconst %s *ak = ap + kk * %d;", g->d->global, t, panels_a ? rm : 1);
     for (i = 0; i < rm; i++)
-        tb__ix_line(&g->ix, "accv%d += ak[%d] * bv;", i, i);
+        tb__ix_line(&g->ix, "accv%d += ak[%lld] * bv;", i, (long long)(panels_a ? i : i * K));
     tb__ix_close(&g->ix, "");
     tb__ix_line(&g->ix, "%s acc[%d][%d];", t, rm, vw);
     for (i = 0; i < rm; i++)

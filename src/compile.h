@@ -290,6 +290,8 @@ static bool tb__plan_is_elementwise(tb_op op);
 static tb__plan_mm tb__plan_mm_of(const tb__pgraph *G, int32_t core);
 /* batch, M, N, K, panel count and panel width of a packed matmul's operand */
 static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]);
+/* the node whose buffer a packed matmul reads A from in place (no panels of A), or -1 */
+static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core);
 /* the error code a failing node writes (1 + its errsite), -1 for none */
 static int32_t tb__plan_errsite_code(const tb__plan *p, int32_t node);
 

@@ -12,6 +12,7 @@
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1187,6 +1188,13 @@ static void test_matmul(void **state) {
         in[0] = in_of(shp(TB_F32, 3, 3, 70, 61, 0), R_ANY);
         in[1] = in_of(shp(TB_F32, 3, 3, 61, 83, 0), R_ANY);
         add_case("batched matmul [3,70,61]x[3,61,83]", build_matmul, &plain, in, 2);
+        /* A computed in the graph with rows that fill whole panels: read in place, both
+           operands broadcast over a two-dimensional batch */
+        in[0] = in_of(shp(TB_F32, 4, 2, 1, 64, 61), R_ANY);
+        in[1] = in_of(shp(TB_F32, 4, 1, 3, 61, 83), R_ANY);
+        add_case("matmul(exp(a) * 0.5, b) [2,1,64,61]x[1,3,61,83] (both broadcast)", build_matmul,
+                 &exp_a, in, 2);
+        in[0] = in_of(shp(TB_F32, 3, 3, 70, 61, 0), R_ANY);
         in[1] = in_of(shp(TB_F32, 2, 61, 83, 0, 0), R_ANY);
         add_case("matmul [3,70,61]x[61,83] (b broadcast)", build_matmul, &scaled_gelu, in, 2);
         in[0] = in_of(shp(TB_F32, 2, 256, 256, 0, 0), R_ANY);
@@ -2107,6 +2115,84 @@ static void test_fusion_patterns(void **state) {
 
 /* A large float max / min (split into chunks, read in vectors): a NaN anywhere propagates,
    without one the result is the exact extreme. */
+/* Two layers, relu(x w1 + b) w2, with depths and widths that are not multiples of the panel
+   widths: on a CPU device the second matmul reads its A (the first layer's output, computed in
+   the same graph, 96 rows: whole panels) where it is, so the program packs only the parameter
+   x as an A operand. */
+static tb_tensor *two_layers(const tb_device *dev, const float *x, const float *w1, const float *b,
+                             const float *w2, tb_shape sx, tb_shape sw1, tb_shape sb,
+                             tb_shape sw2) {
+    tb_tensor *tx = tb_tensor_from_host(x, &sx, dev), *tw1 = tb_tensor_from_host(w1, &sw1, dev);
+    tb_tensor *tb = tb_tensor_from_host(b, &sb, dev), *tw2 = tb_tensor_from_host(w2, &sw2, dev);
+    tb_tensor *h = tb_matmul(tx, tw1), *y;
+    h = take(h, tb_add(h, tb));
+    h = take(h, tb_relu(h));
+    y = tb_matmul(h, tw2);
+    tb_tensor_release(h);
+    tb_tensor_release(tx);
+    tb_tensor_release(tw1);
+    tb_tensor_release(tb);
+    tb_tensor_release(tw2);
+    assert_non_null(y);
+    return y;
+}
+
+/* How many kernels of a program text have names that start with `prefix` (a kernel's name
+   after "void ", its helpers' names the kernel's and a suffix). */
+static int count_pack_kernels(const char *text, const char *prefix) {
+    char names[8][64];
+    int count = 0, i;
+    size_t plen = strlen(prefix);
+    const char *at = text;
+    while ((at = strstr(at, "void ")) != NULL) {
+        size_t len = 0;
+        at += 5;
+        if (strncmp(at, prefix, plen) != 0) continue;
+        while (len < 63 && (at[len] == '_' || isalnum((unsigned char)at[len])))
+            len++;
+        for (i = 0; i < count; i++)
+            if (strncmp(names[i], at, strlen(names[i])) == 0 || strncmp(names[i], at, len) == 0)
+                break;
+        if (i == count && count < 8) {
+            memcpy(names[count], at, len);
+            names[count++][len] = '\0';
+        }
+    }
+    return count;
+}
+
+static void test_matmul_reads_a_in_place(void **state) {
+    enum { M = 96, K = 70, H = 90, N = 80 };
+    static float x[M * K], w1[K * H], b[H], w2[H * N], got[M * N], want[M * N];
+    tb_shape sx = shp(TB_F32, 2, M, K, 0, 0), sw1 = shp(TB_F32, 2, K, H, 0, 0);
+    tb_shape sb = shp(TB_F32, 1, H, 0, 0, 0), sw2 = shp(TB_F32, 2, H, N, 0, 0);
+    tb_shape sy = shp(TB_F32, 2, M, N, 0, 0);
+    tb_device_info info;
+    tb_tensor *y, *yc;
+    char *text;
+    (void)state;
+    REQUIRE_OPENCL();
+    fill(x, &sx, R_ANY, 0);
+    fill(w1, &sw1, R_ANY, 0);
+    fill(b, &sb, R_ANY, 0);
+    fill(w2, &sw2, R_ANY, 0);
+    y = two_layers(&g_ocl, x, w1, b, w2, sx, sw1, sb, sw2);
+    yc = two_layers(&g_cpu, x, w1, b, w2, sx, sw1, sb, sw2);
+    text = tb_ir_backend_text(&y, 1);
+    assert_non_null(text);
+    assert_int_equal(tb_backend_device_info(&g_ocl, &info), TB_OK);
+    if (info.device.type == TB_DEVICE_CPU) { /* packed operands: CPU devices only */
+        assert_int_equal(count_pack_kernels(text, "PA_"), 1);
+        assert_int_equal(count_pack_kernels(text, "PB_"), 2);
+    }
+    free(text);
+    assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+    assert_int_equal(tb_tensor_to_host(yc, want, sizeof want), TB_OK);
+    compare_host("relu(x w1 + b) w2", &sy, want, got);
+    tb_tensor_release(y);
+    tb_tensor_release(yc);
+}
+
 /* A matmul's weight panels are kept with the computation while the same weight buffer comes
    again; a new weight in the same computation (even in a buffer the allocator hands out again
    after the first weight was released) is packed anew. */
@@ -4854,6 +4940,7 @@ int main(void) {
         cmocka_unit_test(test_vector_operand_relations),
         cmocka_unit_test(test_matmul_core_key_table_growth),
         cmocka_unit_test(test_random_wide_graphs),
+        cmocka_unit_test(test_matmul_reads_a_in_place),
         cmocka_unit_test(test_kept_panels_follow_their_buffer),
         cmocka_unit_test(test_long_chain_splits),
         cmocka_unit_test(test_many_arguments_split),
