@@ -10352,7 +10352,7 @@ TBDEF tb_status tb_tensor_to_host(tb_tensor *tensor, void *dst, size_t size) {
 TBDEF tb_tensor *tb_to_device(tb_tensor *tensor, const tb_device *device) {
     tb_device dev;
     size_t nbytes = 0, cap = 0;
-    void *host;
+    void *host, *mapped;
     tb_backend_data *d;
     tb__ensure_setup();
     if (tensor == NULL) {
@@ -10378,20 +10378,14 @@ TBDEF tb_tensor *tb_to_device(tb_tensor *tensor, const tb_device *device) {
        an OpenCL device that shares the host's memory): from the source's memory into the new
        data, or from the source straight into the new data's mapped memory */
     host = tb__host_data(tensor->data);
-    if (host == NULL) {
-        host = tb__data_map_host(tensor->data);
-        if (host != NULL) {
-            tb_status st;
-            d = tb__data_from_host(&dev, &tensor->shape, host);
-            st = tb__data_unmap_host(tensor->data, host);
-            if (d != NULL && st != TB_OK) {
-                tb__data_release(d);
-                d = NULL;
-            }
-            return tb__tensor_from_data(d);
+    mapped = host == NULL ? tb__data_map_host(tensor->data) : NULL;
+    if (host != NULL || mapped != NULL) {
+        d = tb__data_from_host(&dev, &tensor->shape, host != NULL ? host : mapped);
+        if (mapped != NULL && tb__data_unmap_host(tensor->data, mapped) != TB_OK && d != NULL) {
+            tb__data_release(d);
+            d = NULL;
         }
-    } else {
-        return tb__tensor_from_data(tb__data_from_host(&dev, &tensor->shape, host));
+        return tb__tensor_from_data(d);
     }
     d = tb__data_new_mapped(&dev, &tensor->shape, &host);
     if (d != NULL) {
