@@ -37,6 +37,7 @@ DECLARATION_PARTS = [
     "src/conv.h",
     "src/optim.h",
     "src/distributed.h",
+    "src/shard.h",
     "src/header_end.h",
 ]
 IMPLEMENTATION_PARTS = [
@@ -78,6 +79,7 @@ IMPLEMENTATION_PARTS = [
     "src/distributed_internal.h",
     "src/mpi.c",
     "src/distributed.c",
+    "src/shard.c",
     "src/interop.c",
     "src/files_internal.h",
     "src/files.c",

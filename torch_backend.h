@@ -1976,6 +1976,129 @@ TBDEF tb_tensor *tb_broadcast(tb_process_group *group, tb_tensor *x, int32_t roo
    recorded before it still runs when its graph is synced). */
 TBDEF tb_status tb_barrier(tb_process_group *group);
 
+/* ---- src/shard.h ---- */
+/* ===========================================================================================
+   Sharded tensors: one logical tensor over several devices of this process, placed as
+   PyTorch's DTensor places it on a one-dimensional mesh: split along an axis (TB_SHARD), a whole
+   copy on every device (TB_REPLICATE), or a partial value on every device whose elementwise sum
+   is the tensor (TB_PARTIAL: a gradient summed over the devices, a sum over a sharded axis
+   before its all-reduce). Ops run per shard (tb_sharded_unary, tb_sharded_binary,
+   tb_sharded_map), lazily like every op; a reduction over the sharded axis and a change of
+   placement are the collectives (partial to replicate: all-reduce; shard to replicate:
+   all-gather; partial to shard: reduce-scatter) between the devices. A collective syncs the
+   shards it moves (one tb_sync over every device, so the graphs below it run once each), then
+   moves them with tb_to_device (one copy where either side keeps its values in host memory,
+   else through one host array the library keeps) and combines them lazily on the receiving
+   device: the sums are computed on the first device in shard order and copied to the others,
+   so that every replica holds the same bits.
+   =========================================================================================== */
+
+typedef enum tb_placement {
+    TB_SHARD = 0, /* split along an axis: shard i is rows [lo_i, hi_i) of that axis */
+    TB_REPLICATE, /* the whole tensor on every device */
+    TB_PARTIAL,   /* every device a tensor of the whole shape; the value is their sum */
+    TB_PLACEMENT_COUNT
+} tb_placement;
+
+/* "shard", "replicate", "partial"; "invalid" for anything else. */
+TBDEF const char *tb_placement_name(tb_placement placement);
+
+typedef struct tb_sharded tb_sharded;
+
+/* x over `count` devices (1..TB_MAX_SHARDS; a device may appear more than once). TB_SHARD
+   splits along `axis` (negative counts from the end) as numpy.array_split does: the first
+   (d % count) shards get one row more, and a shard may be empty when d < count. TB_REPLICATE
+   copies x to every device; TB_PARTIAL puts x on the first device and zeros on the others
+   (DTensor's rule). `axis` is read only for TB_SHARD. x stays the caller's. NULL on error: NULL
+   arguments, count 0 or above TB_MAX_SHARDS (TB_ERR_INVALID_ARGUMENT), a bad axis
+   (TB_ERR_SHAPE), an unknown device, a failed sync or copy (their errors). */
+#define TB_MAX_SHARDS 64
+TBDEF tb_sharded *tb_distribute(tb_tensor *x, const tb_device *devices, size_t count,
+                                tb_placement placement, int32_t axis);
+/* A sharded tensor of per-device tensors the caller already has (each is retained; the caller
+   keeps its references). TB_SHARD: the same dtype and rank, equal dims but along `axis`;
+   TB_REPLICATE and TB_PARTIAL: equal shapes (TB_ERR_SHAPE names the first that differs). */
+TBDEF tb_sharded *tb_sharded_from_tensors(tb_tensor *const *tensors, size_t count,
+                                          tb_placement placement, int32_t axis);
+TBDEF void tb_sharded_release(tb_sharded *s); /* NULL is ignored */
+
+TBDEF size_t tb_sharded_count(const tb_sharded *s); /* 0 for NULL */
+TBDEF tb_placement tb_sharded_placement(const tb_sharded *s);
+/* the sharded axis (non-negative) for TB_SHARD, -1 otherwise and for NULL */
+TBDEF int32_t tb_sharded_axis(const tb_sharded *s);
+/* the whole tensor's shape (TB_SHARD: the shards' dims summed along the axis) */
+TBDEF tb_shape tb_sharded_shape(const tb_sharded *s);
+/* Shard i (borrowed: valid while s lives; tb_tensor_retain to keep it); NULL out of range. */
+TBDEF tb_tensor *tb_sharded_shard(const tb_sharded *s, size_t i);
+
+/* The whole tensor on `device` (NULL: the first shard's): the shards concatenated (TB_SHARD),
+   a replica (TB_REPLICATE: the one already there, else a copy of the first), or the partial
+   values summed in shard order (TB_PARTIAL). */
+TBDEF tb_tensor *tb_sharded_to_tensor(tb_sharded *s, const tb_device *device);
+/* The same tensor placed anew on the same devices (`axis` read only for TB_SHARD): partial to
+   replicate is an all-reduce (sum), partial to shard a reduce-scatter, shard to replicate an
+   all-gather, shard to shard along another axis an all-to-all, replicate to shard a local slice
+   (no data moves), replicate or shard to partial keeps the values on the first device and
+   zeros elsewhere. The same placement gives a new reference to the same shards. */
+TBDEF tb_sharded *tb_sharded_redistribute(tb_sharded *s, tb_placement placement, int32_t axis);
+/* The shards taken as one value per device (equal shapes: TB_ERR_SHAPE otherwise), reduced
+   elementwise over the devices with `op` (MEAN: the sum over the count; integer MEAN is
+   TB_ERR_DTYPE), the result on every device (TB_REPLICATE): torch.distributed.all_reduce with
+   a device for a rank. A TB_PARTIAL tensor's SUM is its redistribution to TB_REPLICATE. */
+TBDEF tb_sharded *tb_sharded_all_reduce(tb_sharded *s, tb_reduce_op op);
+/* Several at once: one sync for every input's shards, one for the sums. out[i] is NULL for
+   every i on error. */
+TBDEF tb_status tb_sharded_all_reduce_many(tb_sharded *const *in, size_t n, tb_reduce_op op,
+                                           tb_sharded **out);
+
+/* ---- ops per shard (lazy; nothing moves unless said) ---- */
+
+/* op(shard) on every shard; the placement stays (TB_PARTIAL is refused unless op is tb_neg: a
+   sum of partial values only commutes with linear ops; redistribute first). */
+TBDEF tb_sharded *tb_sharded_unary(tb_tensor *(*op)(tb_tensor *), tb_sharded *x);
+/* op(a_i, b_i) shard by shard, for any binary op of the library (tb_add, tb_mul, tb_maximum,
+   ...) or of the caller, broadcasting as op does. Placements: shard with shard (the same
+   axis, devices and split), shard with replicate (the replica is sliced to each shard's rows
+   where its broadcast dims reach the sharded axis with more than one row: a view, no data
+   moves), replicate with replicate. The devices must match shard by shard. TB_PARTIAL operands
+   are refused: redistribute first. */
+TBDEF tb_sharded *tb_sharded_binary(tb_tensor *(*op)(tb_tensor *, tb_tensor *), tb_sharded *a,
+                                    tb_sharded *b);
+/* A matmul of sharded operands (PyTorch's matmul rules per shard): a sharded along a dim
+   other than its last (rows, a batch dim) times a replicated b gives a's sharding; a
+   replicated a times b sharded along its last dim gives the columns sharded; a sharded along
+   its last dim (the contracted one) times b sharded along the contracted dim gives TB_PARTIAL
+   (redistribute it to TB_REPLICATE to all-reduce it); replicate times
+   replicate gives replicate. Other combinations: TB_ERR_UNSUPPORTED naming both placements. */
+TBDEF tb_sharded *tb_sharded_matmul(tb_sharded *a, tb_sharded *b);
+/* Reductions as tb_sum/tb_mean/tb_max/tb_min per shard; one over the sharded axis finishes with
+   the all-reduce across the devices (TB_REPLICATE result): a sum of shards, the mean over the
+   whole axis, the max or min of the shards' maxima or minima. Reducing other axes keeps the
+   sharding (the axis renumbered when keepdim is false). A TB_PARTIAL sum stays TB_PARTIAL; its
+   max, min or mean are refused (redistribute first). */
+TBDEF tb_sharded *tb_sharded_sum(tb_sharded *x, const int32_t *axes, size_t num_axes, bool keepdim);
+TBDEF tb_sharded *tb_sharded_mean(tb_sharded *x, const int32_t *axes, size_t num_axes,
+                                  bool keepdim);
+TBDEF tb_sharded *tb_sharded_max(tb_sharded *x, const int32_t *axes, size_t num_axes, bool keepdim);
+TBDEF tb_sharded *tb_sharded_min(tb_sharded *x, const int32_t *axes, size_t num_axes, bool keepdim);
+
+/* Anything else, per shard: fn(user, shard i of every input, i) must return shard i of the
+   result (a new reference, on that shard's device, or NULL with an error set), which gets
+   `placement` (and `axis` for TB_SHARD), checked as tb_sharded_from_tensors checks. Every input
+   has the same count of shards; shards of sharded inputs are passed as they are and replicas
+   whole, so fn sees what one device holds. */
+typedef tb_tensor *(*tb_shard_fn)(void *user, tb_tensor *const *shards, size_t index);
+TBDEF tb_sharded *tb_sharded_map(tb_sharded *const *inputs, size_t num_inputs, tb_shard_fn fn,
+                                 void *user, tb_placement placement, int32_t axis);
+
+/* Data parallelism's gradient: `loss` is TB_PARTIAL with one element per device (each device's
+   share of the loss, computed from its shard of the batch) and params[j] TB_REPLICATE on the
+   same devices (each replica requires grad); grads[j] is the gradient of the summed loss with
+   respect to the replicated parameter, on every device (TB_REPLICATE): each device's tb_grad, then
+   one all-reduce of them all (tb_sharded_all_reduce_many, SUM). On error grads is all NULL. */
+TBDEF tb_status tb_sharded_grad(tb_sharded *loss, tb_sharded *const *params, size_t n,
+                                tb_sharded **grads);
+
 /* ---- src/header_end.h ---- */
 #ifdef __cplusplus
 } /* extern "C" */
@@ -30623,6 +30746,1048 @@ TBDEF tb_status tb_barrier(tb_process_group *group) {
     st = tb__pg_agree(&c, TB_OK);
     if (st == TB_OK) st = group->impl.barrier(group->impl.user_data);
     tb__mutex_unlock(&group->lock);
+    return st;
+}
+
+/* ---- src/shard.c ---- */
+/* ===========================================================================================
+   Sharded tensors: per-device tensors and their placement, ops per shard, and the collectives
+   between the devices of this process (built on tb_sync, tb_to_device and the ops).
+   =========================================================================================== */
+
+struct tb_sharded {
+    tb_placement placement;
+    int32_t axis; /* TB_SHARD's, non-negative; -1 otherwise */
+    size_t count;
+    tb_shape shape; /* the whole tensor's */
+    tb_tensor **shards;
+};
+
+TBDEF const char *tb_placement_name(tb_placement placement) {
+    switch (placement) {
+    case TB_SHARD:
+        return "shard";
+    case TB_REPLICATE:
+        return "replicate";
+    case TB_PARTIAL:
+        return "partial";
+    default:
+        return "invalid";
+    }
+}
+
+/* ---- plumbing ---- */
+
+static tb_sharded *tb__shard_alloc(size_t count) {
+    tb_sharded *s = (tb_sharded *)tb__calloc(1, sizeof *s);
+    if (s == NULL) return NULL;
+    s->shards = (tb_tensor **)tb__calloc(count, sizeof *s->shards);
+    if (s->shards == NULL) {
+        tb__free(s);
+        return NULL;
+    }
+    s->count = count;
+    s->axis = -1;
+    return s;
+}
+
+TBDEF void tb_sharded_release(tb_sharded *s) {
+    size_t i;
+    if (s == NULL) return;
+    for (i = 0; i < s->count; i++)
+        tb_tensor_release(s->shards[i]);
+    tb__free(s->shards);
+    tb__free(s);
+}
+
+static void tb__shard_release_all(tb_tensor **t, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        tb_tensor_release(t[i]);
+        t[i] = NULL;
+    }
+}
+
+/* A NULL sharded tensor keeps the first error of a chain, as ops do with NULL tensors. */
+static tb_status tb__shard_null(const char *fn, const char *what) {
+    if (tb_last_status() == TB_OK)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
+    return tb_last_status();
+}
+
+static tb_status tb__shard_axis(const char *fn, int32_t axis, int32_t rank, int32_t *out) {
+    if (axis < -rank || axis >= rank)
+        return tb__error(TB_ERR_SHAPE, "%s: axis %d is out of range for rank %d", fn, (int)axis,
+                         (int)rank);
+    *out = axis < 0 ? axis + rank : axis;
+    return TB_OK;
+}
+
+/* Rows [*lo, *hi) of shard i of `count` along a dim of d, as numpy.array_split. */
+static void tb__shard_bounds(int64_t d, size_t count, size_t i, int64_t *lo, int64_t *hi) {
+    int64_t q = d / (int64_t)count, r = d % (int64_t)count, k = (int64_t)i;
+    *lo = k * q + (k < r ? k : r);
+    *hi = *lo + q + (k < r ? 1 : 0);
+}
+
+static bool tb__shard_same_device(tb_tensor *t, const tb_device *device) {
+    tb_device d = tb_tensor_device(t);
+    return tb_device_equal(&d, device);
+}
+
+/* x on `device`: a new reference to x where it already is (nothing runs), else tb_to_device. */
+static tb_tensor *tb__shard_move(tb_tensor *x, const tb_device *device) {
+    if (tb__shard_same_device(x, device)) return tb_tensor_retain(x);
+    return tb_to_device(x, device);
+}
+
+/* Checks per-device tensors against a placement and fills s's shape (s->shards are set). */
+static tb_status tb__shard_fill(const char *fn, tb_sharded *s, tb_placement placement,
+                                int32_t axis) {
+    tb_shape first, whole;
+    size_t i;
+    if ((int)placement < 0 || placement >= TB_PLACEMENT_COUNT)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: placement %d is not a tb_placement", fn,
+                         (int)placement);
+    for (i = 0; i < s->count; i++) {
+        if (s->shards[i] == NULL) return tb__shard_null(fn, "a shard");
+    }
+    first = whole = tb_tensor_shape(s->shards[0]);
+    s->placement = placement;
+    s->axis = -1;
+    if (placement == TB_SHARD) {
+        if (tb__shard_axis(fn, axis, first.rank, &s->axis) != TB_OK) return tb_last_status();
+        whole.dims[s->axis] = 0;
+    }
+    for (i = 0; i < s->count; i++) {
+        tb_shape si = tb_tensor_shape(s->shards[i]);
+        bool ok = si.dtype == first.dtype && si.rank == first.rank;
+        int32_t k;
+        for (k = 0; ok && k < si.rank; k++)
+            ok = k == s->axis || si.dims[k] == first.dims[k];
+        if (!ok) {
+            char a[96], b[96];
+            tb_shape_format(&first, a, sizeof a);
+            tb_shape_format(&si, b, sizeof b);
+            return tb__error(TB_ERR_SHAPE, "%s: shard 0 is %s but shard %zu is %s (%s%s)", fn, a, i,
+                             b, tb_placement_name(placement),
+                             placement == TB_SHARD ? ": only the sharded axis may differ"
+                                                   : ": shards of equal shape");
+        }
+        if (placement == TB_SHARD) whole.dims[s->axis] += si.dims[s->axis];
+    }
+    s->shape = whole;
+    return TB_OK;
+}
+
+/* A sharded tensor that takes over n owned tensors (released on error). */
+static tb_sharded *tb__shard_adopt(const char *fn, tb_tensor **t, size_t n, tb_placement placement,
+                                   int32_t axis) {
+    tb_sharded *s;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        if (t[i] == NULL) {
+            tb__shard_null(fn, "a shard");
+            tb__shard_release_all(t, n);
+            return NULL;
+        }
+    }
+    s = tb__shard_alloc(n);
+    if (s == NULL) {
+        tb__shard_release_all(t, n);
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        s->shards[i] = t[i];
+        t[i] = NULL;
+    }
+    if (tb__shard_fill(fn, s, placement, axis) != TB_OK) {
+        tb_sharded_release(s);
+        return NULL;
+    }
+    return s;
+}
+
+static tb_status tb__shard_count_ok(const char *fn, size_t count) {
+    if (count == 0 || count > TB_MAX_SHARDS)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %zu devices (1 to %d)", fn, count,
+                         TB_MAX_SHARDS);
+    return TB_OK;
+}
+
+/* ---- making and reading ---- */
+
+TBDEF tb_sharded *tb_sharded_from_tensors(tb_tensor *const *tensors, size_t count,
+                                          tb_placement placement, int32_t axis) {
+    static const char fn[] = "tb_sharded_from_tensors";
+    tb_tensor *t[TB_MAX_SHARDS];
+    size_t i;
+    if (tensors == NULL) {
+        tb__shard_null(fn, "tensors");
+        return NULL;
+    }
+    if (tb__shard_count_ok(fn, count) != TB_OK) return NULL;
+    for (i = 0; i < count; i++) {
+        if (tensors[i] == NULL) {
+            tb__shard_null(fn, "a tensor");
+            return NULL;
+        }
+    }
+    for (i = 0; i < count; i++)
+        t[i] = tb_tensor_retain(tensors[i]);
+    return tb__shard_adopt(fn, t, count, placement, axis);
+}
+
+TBDEF tb_sharded *tb_distribute(tb_tensor *x, const tb_device *devices, size_t count,
+                                tb_placement placement, int32_t axis) {
+    static const char fn[] = "tb_distribute";
+    tb_tensor *t[TB_MAX_SHARDS];
+    tb_shape shape;
+    int32_t ax = -1;
+    size_t i;
+    if (x == NULL || devices == NULL) {
+        tb__shard_null(fn, x == NULL ? "x" : "devices");
+        return NULL;
+    }
+    if (tb__shard_count_ok(fn, count) != TB_OK) return NULL;
+    if ((int)placement < 0 || placement >= TB_PLACEMENT_COUNT) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: placement %d is not a tb_placement", fn,
+                  (int)placement);
+        return NULL;
+    }
+    shape = tb_tensor_shape(x);
+    if (placement == TB_SHARD && tb__shard_axis(fn, axis, shape.rank, &ax) != TB_OK) return NULL;
+    memset(t, 0, sizeof t);
+    for (i = 0; i < count; i++) {
+        if (placement == TB_SHARD) {
+            int64_t lo, hi;
+            tb_tensor *part;
+            tb__shard_bounds(shape.dims[ax], count, i, &lo, &hi);
+            part = tb_slice(x, ax, lo, hi, 1);
+            t[i] = part != NULL ? tb__shard_move(part, &devices[i]) : NULL;
+            tb_tensor_release(part);
+        } else if (placement == TB_PARTIAL && i > 0) {
+            t[i] = tb_zeros(&shape, &devices[i]);
+        } else {
+            t[i] = tb__shard_move(x, &devices[i]);
+        }
+        if (t[i] == NULL) {
+            tb__shard_release_all(t, i);
+            return NULL;
+        }
+    }
+    return tb__shard_adopt(fn, t, count, placement, ax);
+}
+
+TBDEF size_t tb_sharded_count(const tb_sharded *s) {
+    return s == NULL ? 0 : s->count;
+}
+
+TBDEF tb_placement tb_sharded_placement(const tb_sharded *s) {
+    return s == NULL ? TB_PLACEMENT_COUNT : s->placement;
+}
+
+TBDEF int32_t tb_sharded_axis(const tb_sharded *s) {
+    return s == NULL ? -1 : s->axis;
+}
+
+TBDEF tb_shape tb_sharded_shape(const tb_sharded *s) {
+    tb_shape none;
+    if (s != NULL) return s->shape;
+    memset(&none, 0, sizeof none);
+    return none;
+}
+
+TBDEF tb_tensor *tb_sharded_shard(const tb_sharded *s, size_t i) {
+    if (s == NULL || i >= s->count) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_sharded_shard: %s",
+                  s == NULL ? "s is NULL" : "index out of range");
+        return NULL;
+    }
+    return s->shards[i];
+}
+
+/* ---- moving between devices ---- */
+
+/* Syncs tensors on several devices: one tb_sync per device, of that device's tensors (the
+   order of the list is changed). */
+static tb_status tb__shard_sync_list(tb_tensor **t, size_t n) {
+    size_t done = 0, i;
+    while (done < n) {
+        tb_device d = tb_tensor_device(t[done]);
+        size_t m = 0;
+        tb_status st;
+        for (i = done; i < n; i++) {
+            if (tb__shard_same_device(t[i], &d)) {
+                tb_tensor *tmp = t[i];
+                t[i] = t[done + m];
+                t[done + m] = tmp;
+                m++;
+            }
+        }
+        st = tb_sync(t + done, m);
+        if (st != TB_OK) return st;
+        done += m;
+    }
+    return TB_OK;
+}
+
+/* One sync per device for all the shards of n sharded tensors (the graphs below them run
+   once). */
+static tb_status tb__shard_sync(tb_sharded *const *in, size_t n) {
+    tb_tensor **all;
+    size_t i, j, k = 0, total = 0;
+    tb_status st;
+    for (i = 0; i < n; i++)
+        total += in[i]->count;
+    all = (tb_tensor **)tb__calloc(total == 0 ? 1 : total, sizeof *all);
+    if (all == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < n; i++) {
+        for (j = 0; j < in[i]->count; j++)
+            all[k++] = in[i]->shards[j];
+    }
+    st = tb__shard_sync_list(all, total);
+    tb__free(all);
+    return st;
+}
+
+/* acc op= x elementwise for an all-reduce (bool: or for sum and max, and for min and product;
+   f16 and bf16 are combined in f32 by the caller). Consumes acc. */
+static tb_tensor *tb__shard_combine(tb_tensor *acc, tb_tensor *x, tb_reduce_op op) {
+    tb_tensor *r;
+    bool is_bool = tb_tensor_shape(acc).dtype == TB_BOOL;
+    switch (op) {
+    case TB_REDUCE_MAX:
+        r = is_bool ? tb_logical_or(acc, x) : tb_maximum(acc, x);
+        break;
+    case TB_REDUCE_MIN:
+        r = is_bool ? tb_logical_and(acc, x) : tb_minimum(acc, x);
+        break;
+    case TB_REDUCE_PRODUCT:
+        r = is_bool ? tb_logical_and(acc, x) : tb_mul(acc, x);
+        break;
+    default:
+        r = is_bool ? tb_logical_or(acc, x) : tb_add(acc, x);
+        break;
+    }
+    tb_tensor_release(acc);
+    return r;
+}
+
+/* The reduction over the devices of `count` tensors of equal shape, in shard order, on
+   `device`: the values are moved there (already synced) and combined lazily. */
+static tb_tensor *tb__shard_reduce_on(tb_tensor *const *t, size_t count, tb_reduce_op op,
+                                      const tb_device *device) {
+    tb_dtype dtype = tb_tensor_shape(t[0]).dtype;
+    bool half = dtype == TB_F16 || dtype == TB_BF16;
+    tb_tensor *acc = NULL;
+    size_t j;
+    for (j = 0; j < count; j++) {
+        tb_tensor *m = tb__shard_move(t[j], device), *w = m;
+        if (m != NULL && half) {
+            w = tb_cast(m, TB_F32);
+            tb_tensor_release(m);
+        }
+        if (w == NULL) {
+            tb_tensor_release(acc);
+            return NULL;
+        }
+        if (acc == NULL) {
+            acc = w;
+            continue;
+        }
+        acc = tb__shard_combine(acc, w, op);
+        tb_tensor_release(w);
+        if (acc == NULL) return NULL;
+    }
+    if (op == TB_REDUCE_MEAN) {
+        tb_tensor *m = tb_div_scalar(acc, (double)count);
+        tb_tensor_release(acc);
+        acc = m;
+    }
+    if (acc != NULL && half) {
+        tb_tensor *c = tb_cast(acc, dtype);
+        tb_tensor_release(acc);
+        acc = c;
+    }
+    return acc;
+}
+
+static tb_status tb__shard_reduce_check(const char *fn, tb_sharded *s, tb_reduce_op op) {
+    size_t j;
+    tb_shape first;
+    if ((int)op < 0 || op >= TB_REDUCE_OP_COUNT)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: reduce op %d is not a tb_reduce_op", fn,
+                         (int)op);
+    first = tb_tensor_shape(s->shards[0]);
+    if (op == TB_REDUCE_MEAN && !tb_dtype_is_float(first.dtype))
+        return tb__error(TB_ERR_DTYPE, "%s: mean of %s values (floating dtypes only)", fn,
+                         tb_dtype_name(first.dtype));
+    for (j = 1; j < s->count; j++) {
+        tb_shape sj = tb_tensor_shape(s->shards[j]);
+        if (!tb_shape_equal(&sj, &first)) {
+            char a[96], b[96];
+            tb_shape_format(&first, a, sizeof a);
+            tb_shape_format(&sj, b, sizeof b);
+            return tb__error(TB_ERR_SHAPE,
+                             "%s: the shards are not of equal shape: shard 0 is %s, shard %zu %s",
+                             fn, a, j, b);
+        }
+    }
+    return TB_OK;
+}
+
+TBDEF tb_status tb_sharded_all_reduce_many(tb_sharded *const *in, size_t n, tb_reduce_op op,
+                                           tb_sharded **out) {
+    static const char fn[] = "tb_sharded_all_reduce_many";
+    tb_tensor **sums = NULL;
+    size_t i, j;
+    tb_status st = TB_OK;
+    if (out != NULL) {
+        for (i = 0; i < n; i++)
+            out[i] = NULL;
+    }
+    if (in == NULL || out == NULL) return tb__shard_null(fn, in == NULL ? "in" : "out");
+    for (i = 0; i < n && st == TB_OK; i++) {
+        st = in[i] == NULL ? tb__shard_null(fn, "an input") : tb__shard_reduce_check(fn, in[i], op);
+    }
+    if (st != TB_OK || n == 0) return st;
+    sums = (tb_tensor **)tb__calloc(n, sizeof *sums);
+    if (sums == NULL) return TB_ERR_OUT_OF_MEMORY;
+    st = tb__shard_sync(in, n);
+    for (i = 0; i < n && st == TB_OK; i++) {
+        tb_device d0 = tb_tensor_device(in[i]->shards[0]);
+        sums[i] = tb__shard_reduce_on(in[i]->shards, in[i]->count, op, &d0);
+        if (sums[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+    }
+    if (st == TB_OK) {
+        tb_tensor **order = (tb_tensor **)tb__calloc(n, sizeof *order);
+        if (order == NULL) st = TB_ERR_OUT_OF_MEMORY;
+        if (order != NULL) memcpy(order, sums, n * sizeof *order);
+        if (order != NULL) st = tb__shard_sync_list(order, n);
+        tb__free(order);
+    }
+    for (i = 0; i < n && st == TB_OK; i++) {
+        tb_tensor *t[TB_MAX_SHARDS];
+        for (j = 0; j < in[i]->count; j++) {
+            tb_device dj = tb_tensor_device(in[i]->shards[j]);
+            t[j] = tb__shard_move(sums[i], &dj);
+            if (t[j] == NULL) {
+                tb__shard_release_all(t, j);
+                st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+                break;
+            }
+        }
+        if (st == TB_OK) {
+            out[i] = tb__shard_adopt(fn, t, in[i]->count, TB_REPLICATE, 0);
+            if (out[i] == NULL) st = tb_last_status();
+        }
+    }
+    if (sums != NULL) tb__shard_release_all(sums, n);
+    tb__free(sums);
+    if (st != TB_OK) {
+        for (i = 0; i < n; i++) {
+            tb_sharded_release(out[i]);
+            out[i] = NULL;
+        }
+    }
+    return st;
+}
+
+TBDEF tb_sharded *tb_sharded_all_reduce(tb_sharded *s, tb_reduce_op op) {
+    tb_sharded *out = NULL;
+    if (s == NULL) {
+        tb__shard_null("tb_sharded_all_reduce", "s");
+        return NULL;
+    }
+    if (tb_sharded_all_reduce_many(&s, 1, op, &out) != TB_OK) return NULL;
+    return out;
+}
+
+/* The whole tensor on `device` from shards already synced. */
+static tb_tensor *tb__shard_whole_on(tb_sharded *s, const tb_device *device) {
+    tb_tensor *t[TB_MAX_SHARDS], *r;
+    size_t j;
+    if (s->placement == TB_PARTIAL)
+        return tb__shard_reduce_on(s->shards, s->count, TB_REDUCE_SUM, device);
+    if (s->placement == TB_REPLICATE) {
+        for (j = 0; j < s->count; j++) {
+            if (tb__shard_same_device(s->shards[j], device)) return tb_tensor_retain(s->shards[j]);
+        }
+        return tb_to_device(s->shards[0], device);
+    }
+    for (j = 0; j < s->count; j++) {
+        t[j] = tb__shard_move(s->shards[j], device);
+        if (t[j] == NULL) {
+            tb__shard_release_all(t, j);
+            return NULL;
+        }
+    }
+    r = s->count == 1 ? tb_tensor_retain(t[0]) : tb_concat(t, s->count, s->axis);
+    tb__shard_release_all(t, s->count);
+    return r;
+}
+
+TBDEF tb_tensor *tb_sharded_to_tensor(tb_sharded *s, const tb_device *device) {
+    tb_device d;
+    if (s == NULL) {
+        tb__shard_null("tb_sharded_to_tensor", "s");
+        return NULL;
+    }
+    d = device != NULL ? *device : tb_tensor_device(s->shards[0]);
+    /* a replica already there needs no sync */
+    if (s->placement == TB_REPLICATE) return tb__shard_whole_on(s, &d);
+    if (tb__shard_sync(&s, 1) != TB_OK) return NULL;
+    return tb__shard_whole_on(s, &d);
+}
+
+/* A new sharded tensor with the same shards. */
+static tb_sharded *tb__shard_clone(tb_sharded *s) {
+    tb_sharded *c = tb__shard_alloc(s->count);
+    size_t i;
+    if (c == NULL) return NULL;
+    for (i = 0; i < s->count; i++)
+        c->shards[i] = tb_tensor_retain(s->shards[i]);
+    c->placement = s->placement;
+    c->axis = s->axis;
+    c->shape = s->shape;
+    return c;
+}
+
+/* pieces[i * n + j] = rows [lo_i, hi_i) along `axis` of shard j, of the whole dim d, synced
+   (each is then moved to device i). */
+static tb_status tb__shard_pieces(tb_sharded *s, int32_t axis, int64_t d, tb_tensor **pieces) {
+    size_t i, j, n = s->count;
+    tb_status st = tb__shard_sync(&s, 1);
+    for (i = 0; i < n && st == TB_OK; i++) {
+        int64_t lo, hi;
+        tb__shard_bounds(d, n, i, &lo, &hi);
+        for (j = 0; j < n && st == TB_OK; j++) {
+            pieces[i * n + j] = tb_slice(s->shards[j], axis, lo, hi, 1);
+            if (pieces[i * n + j] == NULL) st = tb_last_status();
+        }
+    }
+    if (st == TB_OK) {
+        tb_tensor **order = (tb_tensor **)tb__calloc(n * n, sizeof *order);
+        if (order == NULL) return TB_ERR_OUT_OF_MEMORY;
+        memcpy(order, pieces, n * n * sizeof *order);
+        st = tb__shard_sync_list(order, n * n);
+        tb__free(order);
+    }
+    return st;
+}
+
+/* Shards i of the reduce-scatter (partial) or all-to-all (sharded along another axis) of s
+   into placement TB_SHARD along `axis`. */
+static tb_sharded *tb__shard_scatter(const char *fn, tb_sharded *s, int32_t axis) {
+    size_t i, j, n = s->count;
+    tb_tensor **pieces = (tb_tensor **)tb__calloc(n * n, sizeof *pieces), *t[TB_MAX_SHARDS];
+    tb_status st;
+    if (pieces == NULL) return NULL;
+    memset(t, 0, sizeof t);
+    st = tb__shard_pieces(s, axis, s->shape.dims[axis], pieces);
+    for (i = 0; i < n && st == TB_OK; i++) {
+        tb_device di = tb_tensor_device(s->shards[i]);
+        if (s->placement == TB_PARTIAL) {
+            t[i] = tb__shard_reduce_on(pieces + i * n, n, TB_REDUCE_SUM, &di);
+        } else {
+            tb_tensor *m[TB_MAX_SHARDS];
+            for (j = 0; j < n; j++) {
+                m[j] = tb__shard_move(pieces[i * n + j], &di);
+                if (m[j] == NULL) break;
+            }
+            t[i] = j == n ? tb_concat(m, n, s->axis) : NULL;
+            tb__shard_release_all(m, j);
+        }
+        if (t[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+    }
+    tb__shard_release_all(pieces, n * n);
+    tb__free(pieces);
+    if (st != TB_OK) {
+        tb__shard_release_all(t, n);
+        return NULL;
+    }
+    return tb__shard_adopt(fn, t, n, TB_SHARD, axis);
+}
+
+/* Shard, replicate or partial to another placement that needs the whole tensor per device
+   (all-gather) or on the first device only (partial). */
+static tb_sharded *tb__shard_gather(const char *fn, tb_sharded *s, tb_placement placement) {
+    tb_tensor *t[TB_MAX_SHARDS];
+    size_t i, n = s->count;
+    memset(t, 0, sizeof t);
+    if (s->placement != TB_REPLICATE && tb__shard_sync(&s, 1) != TB_OK) return NULL;
+    for (i = 0; i < n; i++) {
+        tb_device di = tb_tensor_device(s->shards[i]);
+        if (placement == TB_PARTIAL && i > 0)
+            t[i] = tb_zeros(&s->shape, &di);
+        else
+            t[i] = tb__shard_whole_on(s, &di);
+        if (t[i] == NULL) {
+            tb__shard_release_all(t, i);
+            return NULL;
+        }
+    }
+    return tb__shard_adopt(fn, t, n, placement, 0);
+}
+
+TBDEF tb_sharded *tb_sharded_redistribute(tb_sharded *s, tb_placement placement, int32_t axis) {
+    static const char fn[] = "tb_sharded_redistribute";
+    int32_t ax = -1;
+    size_t i;
+    if (s == NULL) {
+        tb__shard_null(fn, "s");
+        return NULL;
+    }
+    if ((int)placement < 0 || placement >= TB_PLACEMENT_COUNT) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: placement %d is not a tb_placement", fn,
+                  (int)placement);
+        return NULL;
+    }
+    if (placement == TB_SHARD && tb__shard_axis(fn, axis, s->shape.rank, &ax) != TB_OK) return NULL;
+    if (placement == s->placement && ax == s->axis) return tb__shard_clone(s);
+    if (placement == TB_REPLICATE && s->placement == TB_PARTIAL)
+        return tb_sharded_all_reduce(s, TB_REDUCE_SUM);
+    if (placement != TB_SHARD) return tb__shard_gather(fn, s, placement);
+    if (s->placement != TB_REPLICATE) return tb__shard_scatter(fn, s, ax);
+    { /* replicate to shard: each device keeps its rows (a view) */
+        tb_tensor *t[TB_MAX_SHARDS];
+        for (i = 0; i < s->count; i++) {
+            int64_t lo, hi;
+            tb__shard_bounds(s->shape.dims[ax], s->count, i, &lo, &hi);
+            t[i] = tb_slice(s->shards[i], ax, lo, hi, 1);
+            if (t[i] == NULL) {
+                tb__shard_release_all(t, i);
+                return NULL;
+            }
+        }
+        return tb__shard_adopt(fn, t, s->count, TB_SHARD, ax);
+    }
+}
+
+/* ---- ops per shard ---- */
+
+/* "shard(axis 1 of f32[8,4])", "replicate", "partial" */
+static void tb__shard_describe(const tb_sharded *s, char *buf, size_t cap) {
+    char shape[96];
+    tb_shape_format(&s->shape, shape, sizeof shape);
+    if (s->placement == TB_SHARD)
+        snprintf(buf, cap, "shard(axis %d of %s)", (int)s->axis, shape);
+    else
+        snprintf(buf, cap, "%s %s", tb_placement_name(s->placement), shape);
+}
+
+/* a and b have the same count of shards on the same devices, shard by shard. */
+static tb_status tb__shard_devices_match(const char *fn, const tb_sharded *a, const tb_sharded *b) {
+    size_t i;
+    if (a->count != b->count)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %zu shards and %zu shards", fn, a->count,
+                         b->count);
+    for (i = 0; i < a->count; i++) {
+        tb_device da = tb_tensor_device(a->shards[i]), db = tb_tensor_device(b->shards[i]);
+        if (!tb_device_equal(&da, &db)) {
+            char x[64], y[64];
+            tb_device_format(&da, x, sizeof x);
+            tb_device_format(&db, y, sizeof y);
+            return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: shard %zu is on %s and on %s", fn, i, x,
+                             y);
+        }
+    }
+    return TB_OK;
+}
+
+static tb_status tb__shard_refuse_partial(const char *fn, const tb_sharded *s, const char *what) {
+    if (s->placement != TB_PARTIAL) return TB_OK;
+    return tb__error(TB_ERR_UNSUPPORTED,
+                     "%s: %s is partial (a sum over the devices): redistribute it to "
+                     "TB_REPLICATE or TB_SHARD first",
+                     fn, what);
+}
+
+/* What shard i of a replica `r` meets shard i of `sh` (sharded at position p from the end,
+   the whole dim d) with: the replica's rows of that shard along its aligned dim k (a view),
+   or the whole replica where it has no such dim or broadcasts it (size 1). */
+static tb_tensor *tb__shard_align(const char *fn, tb_sharded *r, tb_sharded *sh, int32_t p,
+                                  size_t i) {
+    tb_shape rs = r->shape;
+    int32_t k = rs.rank - p;
+    int64_t lo = 0;
+    size_t j;
+    if (k < 0 || rs.dims[k] == 1) return tb_tensor_retain(r->shards[i]);
+    if (rs.dims[k] != sh->shape.dims[sh->axis]) {
+        char a[96], b[96];
+        tb_shape_format(&sh->shape, a, sizeof a);
+        tb_shape_format(&rs, b, sizeof b);
+        tb__error(TB_ERR_SHAPE, "%s: the sharded %s and the replicated %s do not broadcast", fn, a,
+                  b);
+        return NULL;
+    }
+    for (j = 0; j < i; j++)
+        lo += tb_tensor_shape(sh->shards[j]).dims[sh->axis];
+    return tb_slice(r->shards[i], k, lo, lo + tb_tensor_shape(sh->shards[i]).dims[sh->axis], 1);
+}
+
+/* Whether a and b, both sharded, split alike at the same position from the end. */
+static tb_status tb__shard_same_split(const char *fn, const tb_sharded *a, int32_t a_axis,
+                                      const tb_sharded *b, int32_t b_axis) {
+    size_t i;
+    for (i = 0; i < a->count; i++) {
+        if (tb_tensor_shape(a->shards[i]).dims[a_axis] !=
+            tb_tensor_shape(b->shards[i]).dims[b_axis])
+            return tb__error(TB_ERR_SHAPE,
+                             "%s: the operands are split differently (shard %zu: %lld and %lld "
+                             "rows)",
+                             fn, i, (long long)tb_tensor_shape(a->shards[i]).dims[a_axis],
+                             (long long)tb_tensor_shape(b->shards[i]).dims[b_axis]);
+    }
+    return TB_OK;
+}
+
+TBDEF tb_sharded *tb_sharded_unary(tb_tensor *(*op)(tb_tensor *), tb_sharded *x) {
+    static const char fn[] = "tb_sharded_unary";
+    tb_tensor *t[TB_MAX_SHARDS];
+    size_t i;
+    if (op == NULL || x == NULL) {
+        tb__shard_null(fn, op == NULL ? "op" : "x");
+        return NULL;
+    }
+    if (op != tb_neg && tb__shard_refuse_partial(fn, x, "x") != TB_OK) return NULL;
+    for (i = 0; i < x->count; i++) {
+        t[i] = op(x->shards[i]);
+        if (t[i] == NULL) {
+            tb__shard_release_all(t, i);
+            return NULL;
+        }
+    }
+    return tb__shard_adopt(fn, t, x->count, x->placement, x->axis);
+}
+
+/* The operands of shard i of a binary op or matmul: a sharded side's shard, and the other
+   side's replica sliced to it where their dims meet (position p from the end; 0: never). */
+static tb_status tb__shard_operands(const char *fn, tb_sharded *a, tb_sharded *b, int32_t p,
+                                    size_t i, tb_tensor **x, tb_tensor **y) {
+    *x = a->placement == TB_REPLICATE && b->placement == TB_SHARD && p > 0
+             ? tb__shard_align(fn, a, b, p, i)
+             : tb_tensor_retain(a->shards[i]);
+    *y = b->placement == TB_REPLICATE && a->placement == TB_SHARD && p > 0
+             ? tb__shard_align(fn, b, a, p, i)
+             : tb_tensor_retain(b->shards[i]);
+    if (*x != NULL && *y != NULL) return TB_OK;
+    tb_tensor_release(*x);
+    tb_tensor_release(*y);
+    return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+}
+
+/* op shard by shard; the result's placement and its axis at position p from the end of the
+   result (p 0: not sharded). */
+static tb_sharded *tb__shard_pairwise(const char *fn, tb_tensor *(*op)(tb_tensor *, tb_tensor *),
+                                      tb_sharded *a, tb_sharded *b, int32_t align_p,
+                                      tb_placement out, int32_t out_p) {
+    tb_tensor *t[TB_MAX_SHARDS];
+    size_t i;
+    for (i = 0; i < a->count; i++) {
+        tb_tensor *x, *y;
+        if (tb__shard_operands(fn, a, b, align_p, i, &x, &y) != TB_OK) {
+            tb__shard_release_all(t, i);
+            return NULL;
+        }
+        t[i] = op(x, y);
+        tb_tensor_release(x);
+        tb_tensor_release(y);
+        if (t[i] == NULL) {
+            tb__shard_release_all(t, i);
+            return NULL;
+        }
+    }
+    return tb__shard_adopt(fn, t, a->count, out,
+                           out == TB_SHARD ? tb_tensor_shape(t[0]).rank - out_p : 0);
+}
+
+TBDEF tb_sharded *tb_sharded_binary(tb_tensor *(*op)(tb_tensor *, tb_tensor *), tb_sharded *a,
+                                    tb_sharded *b) {
+    static const char fn[] = "tb_sharded_binary";
+    int32_t pa, pb;
+    if (op == NULL || a == NULL || b == NULL) {
+        tb__shard_null(fn, op == NULL ? "op" : a == NULL ? "a" : "b");
+        return NULL;
+    }
+    if (tb__shard_devices_match(fn, a, b) != TB_OK ||
+        tb__shard_refuse_partial(fn, a, "a") != TB_OK ||
+        tb__shard_refuse_partial(fn, b, "b") != TB_OK)
+        return NULL;
+    pa = a->placement == TB_SHARD ? a->shape.rank - a->axis : 0;
+    pb = b->placement == TB_SHARD ? b->shape.rank - b->axis : 0;
+    if (pa > 0 && pb > 0) {
+        if (pa != pb) {
+            tb__error(TB_ERR_SHAPE,
+                      "%s: a is sharded along axis %d of %d dims and b along axis %d of %d: "
+                      "the sharded axes do not line up",
+                      fn, (int)a->axis, (int)a->shape.rank, (int)b->axis, (int)b->shape.rank);
+            return NULL;
+        }
+        if (tb__shard_same_split(fn, a, a->axis, b, b->axis) != TB_OK) return NULL;
+    }
+    if (pa == 0 && pb == 0) return tb__shard_pairwise(fn, op, a, b, 0, TB_REPLICATE, 0);
+    return tb__shard_pairwise(fn, op, a, b, pa > 0 ? pa : pb, TB_SHARD, pa > 0 ? pa : pb);
+}
+
+TBDEF tb_sharded *tb_sharded_matmul(tb_sharded *a, tb_sharded *b) {
+    static const char fn[] = "tb_sharded_matmul";
+    int32_t ra, rb;
+    if (a == NULL || b == NULL) {
+        tb__shard_null(fn, a == NULL ? "a" : "b");
+        return NULL;
+    }
+    if (tb__shard_devices_match(fn, a, b) != TB_OK) return NULL;
+    ra = a->shape.rank;
+    rb = b->shape.rank;
+    if (a->placement == TB_REPLICATE && b->placement == TB_REPLICATE)
+        return tb__shard_pairwise(fn, tb_matmul, a, b, 0, TB_REPLICATE, 0);
+    if (a->placement == TB_SHARD && b->placement == TB_REPLICATE && ra >= 2 && a->axis < ra - 1) {
+        int32_t p = ra - a->axis; /* rows (2) or a batch dim (3 and up) */
+        return tb__shard_pairwise(fn, tb_matmul, a, b, p >= 3 ? p : 0, TB_SHARD,
+                                  rb == 1 ? p - 1 : p);
+    }
+    if (a->placement == TB_REPLICATE && b->placement == TB_SHARD && rb >= 2 && b->axis == rb - 1)
+        return tb__shard_pairwise(fn, tb_matmul, a, b, 0, TB_SHARD, 1);
+    if (a->placement == TB_SHARD && b->placement == TB_SHARD && a->axis == ra - 1 &&
+        b->axis == (rb >= 2 ? rb - 2 : 0)) {
+        if (tb__shard_same_split(fn, a, a->axis, b, b->axis) != TB_OK) return NULL;
+        return tb__shard_pairwise(fn, tb_matmul, a, b, 0, TB_PARTIAL, 0);
+    }
+    {
+        char x[160], y[160];
+        tb__shard_describe(a, x, sizeof x);
+        tb__shard_describe(b, y, sizeof y);
+        tb__error(TB_ERR_UNSUPPORTED,
+                  "%s: a %s times b %s: supported are a's rows or batch sharded with b "
+                  "replicated, b's columns sharded with a replicated, the contracted dim sharded "
+                  "on both, and both replicated (redistribute first)",
+                  fn, x, y);
+    }
+    return NULL;
+}
+
+/* ---- reductions ---- */
+
+typedef tb_tensor *(*tb__shard_reduce_fn)(tb_tensor *, const int32_t *, size_t, bool);
+
+/* Whether `axis` is among the reduced axes (none given: all), which are checked. */
+static tb_status tb__shard_reduces(const char *fn, const tb_sharded *x, const int32_t *axes,
+                                   size_t num_axes, int32_t axis, bool *hit, int32_t *before) {
+    size_t i;
+    *hit = num_axes == 0;
+    *before = 0;
+    if (num_axes > 0 && axes == NULL) return tb__shard_null(fn, "axes");
+    for (i = 0; i < num_axes; i++) {
+        int32_t a;
+        if (tb__shard_axis(fn, axes[i], x->shape.rank, &a) != TB_OK) return tb_last_status();
+        if (a == axis) *hit = true;
+        if (a < axis) (*before)++;
+    }
+    return TB_OK;
+}
+
+static tb_tensor *tb__shard_div_fn(void *user, tb_tensor *const *shards, size_t index) {
+    (void)index;
+    return tb_div_scalar(shards[0], *(const double *)user);
+}
+
+static tb_sharded *tb__shard_reduce(const char *fn, tb_sharded *x, const int32_t *axes,
+                                    size_t num_axes, bool keepdim, tb_reduce_op op) {
+    static const tb__shard_reduce_fn per[TB_REDUCE_OP_COUNT] = {tb_sum, tb_sum, tb_max, tb_min,
+                                                                tb_prod};
+    tb_tensor *t[TB_MAX_SHARDS];
+    tb_sharded *part, *r;
+    tb_placement out;
+    int32_t before = 0;
+    bool hit = false;
+    size_t i;
+    if (x == NULL) {
+        tb__shard_null(fn, "x");
+        return NULL;
+    }
+    if (op != TB_REDUCE_SUM && tb__shard_refuse_partial(fn, x, "x") != TB_OK) return NULL;
+    if (op == TB_REDUCE_MEAN && !tb_dtype_is_float(x->shape.dtype)) {
+        tb__error(TB_ERR_DTYPE, "%s: mean of %s values (floating dtypes only)", fn,
+                  tb_dtype_name(x->shape.dtype));
+        return NULL;
+    }
+    if (tb__shard_reduces(fn, x, axes, num_axes, x->axis, &hit, &before) != TB_OK) return NULL;
+    hit = hit && x->placement == TB_SHARD;
+    for (i = 0; i < x->count; i++) {
+        if (hit && (op == TB_REDUCE_MAX || op == TB_REDUCE_MIN) &&
+            tb_tensor_shape(x->shards[i]).dims[x->axis] == 0) {
+            tb__error(TB_ERR_SHAPE, "%s: shard %zu is empty along the reduced axis %d", fn, i,
+                      (int)x->axis);
+            tb__shard_release_all(t, i);
+            return NULL;
+        }
+        /* a mean over the sharded axis: the shards' sums, divided by the whole count below */
+        t[i] = (hit || op != TB_REDUCE_MEAN ? per[op] : tb_mean)(x->shards[i], axes, num_axes,
+                                                                 keepdim);
+        if (t[i] == NULL) {
+            tb__shard_release_all(t, i);
+            return NULL;
+        }
+    }
+    out = hit ? TB_PARTIAL : x->placement;
+    part = tb__shard_adopt(fn, t, x->count, out, keepdim ? x->axis : x->axis - before);
+    if (part == NULL || !hit) return part;
+    /* over the sharded axis: the all-reduce across the devices */
+    r = tb_sharded_all_reduce(part, op == TB_REDUCE_MEAN ? TB_REDUCE_SUM : op);
+    tb_sharded_release(part);
+    if (r != NULL && op == TB_REDUCE_MEAN) {
+        double n = 1;
+        int32_t k;
+        for (k = 0; k < x->shape.rank; k++) {
+            bool reduced = num_axes == 0;
+            for (i = 0; i < num_axes; i++)
+                reduced = reduced || axes[i] == k || axes[i] + x->shape.rank == k;
+            if (reduced) n *= (double)x->shape.dims[k];
+        }
+        part = r;
+        r = tb_sharded_map(&part, 1, tb__shard_div_fn, &n, TB_REPLICATE, 0);
+        tb_sharded_release(part);
+    }
+    return r;
+}
+
+TBDEF tb_sharded *tb_sharded_sum(tb_sharded *x, const int32_t *axes, size_t num_axes,
+                                 bool keepdim) {
+    return tb__shard_reduce("tb_sharded_sum", x, axes, num_axes, keepdim, TB_REDUCE_SUM);
+}
+
+TBDEF tb_sharded *tb_sharded_mean(tb_sharded *x, const int32_t *axes, size_t num_axes,
+                                  bool keepdim) {
+    return tb__shard_reduce("tb_sharded_mean", x, axes, num_axes, keepdim, TB_REDUCE_MEAN);
+}
+
+TBDEF tb_sharded *tb_sharded_max(tb_sharded *x, const int32_t *axes, size_t num_axes,
+                                 bool keepdim) {
+    return tb__shard_reduce("tb_sharded_max", x, axes, num_axes, keepdim, TB_REDUCE_MAX);
+}
+
+TBDEF tb_sharded *tb_sharded_min(tb_sharded *x, const int32_t *axes, size_t num_axes,
+                                 bool keepdim) {
+    return tb__shard_reduce("tb_sharded_min", x, axes, num_axes, keepdim, TB_REDUCE_MIN);
+}
+
+/* ---- anything per shard, and gradients ---- */
+
+TBDEF tb_sharded *tb_sharded_map(tb_sharded *const *inputs, size_t num_inputs, tb_shard_fn fn,
+                                 void *user, tb_placement placement, int32_t axis) {
+    static const char name[] = "tb_sharded_map";
+    tb_tensor *t[TB_MAX_SHARDS], **args;
+    size_t i, k, count;
+    if (inputs == NULL || fn == NULL || num_inputs == 0) {
+        if (num_inputs == 0 && inputs != NULL && fn != NULL)
+            tb__error(TB_ERR_INVALID_ARGUMENT, "%s: no inputs", name);
+        else
+            tb__shard_null(name, fn == NULL ? "fn" : "inputs");
+        return NULL;
+    }
+    for (k = 0; k < num_inputs; k++) {
+        if (inputs[k] == NULL) {
+            tb__shard_null(name, "an input");
+            return NULL;
+        }
+        if (tb__shard_devices_match(name, inputs[0], inputs[k]) != TB_OK) return NULL;
+    }
+    count = inputs[0]->count;
+    args = (tb_tensor **)tb__calloc(num_inputs, sizeof *args);
+    if (args == NULL) return NULL;
+    for (i = 0; i < count; i++) {
+        tb_device want = tb_tensor_device(inputs[0]->shards[i]);
+        tb__saved_error before;
+        for (k = 0; k < num_inputs; k++)
+            args[k] = inputs[k]->shards[i];
+        tb__error_save(&before);
+        t[i] = fn(user, args, i);
+        if (t[i] != NULL && !tb__shard_same_device(t[i], &want)) {
+            char d[64];
+            tb_device_format(&want, d, sizeof d);
+            tb__error(TB_ERR_INVALID_ARGUMENT,
+                      "%s: fn returned shard %zu on another device than %s", name, i, d);
+            tb_tensor_release(t[i]);
+            t[i] = NULL;
+        } else if (t[i] == NULL && tb_last_status() == before.status) {
+            tb__error(TB_ERR_INVALID_ARGUMENT, "%s: fn returned NULL for shard %zu", name, i);
+        }
+        if (t[i] == NULL) {
+            tb__shard_release_all(t, i);
+            tb__free(args);
+            return NULL;
+        }
+    }
+    tb__free(args);
+    return tb__shard_adopt(name, t, count, placement, axis);
+}
+
+/* grads of one device's loss with respect to its replicas (g: n tensors). */
+static tb_status tb__shard_grad_one(const char *fn, tb_sharded *loss, tb_sharded *const *params,
+                                    size_t n, size_t i, tb_tensor **g) {
+    tb_tensor **in = (tb_tensor **)tb__calloc(n, sizeof *in);
+    size_t j;
+    tb_status st = TB_OK;
+    if (in == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (j = 0; j < n; j++)
+        in[j] = params[j]->shards[i];
+    st = tb_grad(loss->shards[i], NULL, in, n, g);
+    if (st != TB_OK) st = tb__error(st, "%s: device %zu: %s", fn, i, tb_last_error());
+    tb__free(in);
+    return st;
+}
+
+TBDEF tb_status tb_sharded_grad(tb_sharded *loss, tb_sharded *const *params, size_t n,
+                                tb_sharded **grads) {
+    static const char fn[] = "tb_sharded_grad";
+    tb_tensor **g = NULL;
+    tb_sharded **partial = NULL;
+    size_t i, j, count;
+    int64_t numel = 0;
+    tb_status st = TB_OK;
+    if (grads != NULL) {
+        for (j = 0; j < n; j++)
+            grads[j] = NULL;
+    }
+    if (loss == NULL || params == NULL || grads == NULL)
+        return tb__shard_null(fn, loss == NULL ? "loss" : params == NULL ? "params" : "grads");
+    count = loss->count;
+    if (loss->placement != TB_PARTIAL || tb_shape_numel(&loss->shape, &numel) != TB_OK ||
+        numel != 1)
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "%s: the loss must be partial with one element per device (each "
+                         "device's share of it)",
+                         fn);
+    for (j = 0; j < n && st == TB_OK; j++) {
+        if (params[j] == NULL) return tb__shard_null(fn, "a parameter");
+        st = tb__shard_devices_match(fn, loss, params[j]);
+        if (st == TB_OK && params[j]->placement != TB_REPLICATE)
+            st = tb__error(TB_ERR_INVALID_ARGUMENT, "%s: parameter %zu is %s, not replicated", fn,
+                           j, tb_placement_name(params[j]->placement));
+    }
+    if (st != TB_OK || n == 0) return st;
+    g = (tb_tensor **)tb__calloc(n * count, sizeof *g);
+    partial = (tb_sharded **)tb__calloc(n, sizeof *partial);
+    if (g == NULL || partial == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < count && st == TB_OK; i++)
+        st = tb__shard_grad_one(fn, loss, params, n, i, g + i * n);
+    for (j = 0; j < n && st == TB_OK; j++) {
+        tb_tensor *t[TB_MAX_SHARDS];
+        for (i = 0; i < count; i++) {
+            t[i] = g[i * n + j];
+            g[i * n + j] = NULL;
+        }
+        partial[j] = tb__shard_adopt(fn, t, count, TB_PARTIAL, 0);
+        if (partial[j] == NULL) st = tb_last_status();
+    }
+    if (st == TB_OK) st = tb_sharded_all_reduce_many(partial, n, TB_REDUCE_SUM, grads);
+    if (g != NULL) tb__shard_release_all(g, n * count);
+    for (j = 0; partial != NULL && j < n; j++)
+        tb_sharded_release(partial[j]);
+    tb__free(g);
+    tb__free(partial);
     return st;
 }
 

@@ -408,7 +408,7 @@ run_tests() {
         lsan=""
         case "$name" in
         # these also run on PoCL, whose LLVM keeps allocations past exit
-        *opencl* | test_threads | test_train | test_distributed)
+        *opencl* | test_threads | test_train | test_distributed | test_shard)
             asan=$asan_opencl
             lsan="suppressions=$repo/tools/lsan.supp:print_suppressions=0"
             ;;
