@@ -2094,10 +2094,15 @@ TBDEF tb_sharded *tb_sharded_map(tb_sharded *const *inputs, size_t num_inputs, t
 /* Data parallelism's gradient: `loss` is TB_PARTIAL with one element per device (each device's
    share of the loss, computed from its shard of the batch) and params[j] TB_REPLICATE on the
    same devices (each replica requires grad); grads[j] is the gradient of the summed loss with
-   respect to the replicated parameter, on every device (TB_REPLICATE): each device's tb_grad, then
-   one all-reduce of them all (tb_sharded_all_reduce_many, SUM). On error grads is all NULL. */
+   respect to the replicated parameter, on every device (TB_REPLICATE): each device's tb_grad,
+   then one all-reduce (sum) of them all, as DDP's buckets do. The `num_also` tensors of `also`
+   (per-device values of equal shapes: the loss itself, a count of right answers) are summed in
+   the same all-reduce into also_out (TB_REPLICATE), so that the sync that computes the
+   gradients computes them too (num_also 0: also and also_out may be NULL). On error grads and
+   also_out are all NULL. */
 TBDEF tb_status tb_sharded_grad(tb_sharded *loss, tb_sharded *const *params, size_t n,
-                                tb_sharded **grads);
+                                tb_sharded **grads, tb_sharded *const *also, size_t num_also,
+                                tb_sharded **also_out);
 
 /* ---- src/header_end.h ---- */
 #ifdef __cplusplus
@@ -31010,7 +31015,8 @@ TBDEF tb_tensor *tb_sharded_shard(const tb_sharded *s, size_t i) {
 /* ---- moving between devices ---- */
 
 /* Syncs tensors on several devices: one tb_sync per device, of that device's tensors (the
-   order of the list is changed). */
+   order of the list is changed), one device after the other. (Syncing them from a thread each
+   trips an assertion inside PoCL 3.1 when its two devices build kernels at the same time.) */
 static tb_status tb__shard_sync_list(tb_tensor **t, size_t n) {
     size_t done = 0, i;
     while (done < n) {
@@ -31580,7 +31586,7 @@ static tb_status tb__shard_reduces(const char *fn, const tb_sharded *x, const in
     *before = 0;
     if (num_axes > 0 && axes == NULL) return tb__shard_null(fn, "axes");
     for (i = 0; i < num_axes; i++) {
-        int32_t a;
+        int32_t a = 0;
         if (tb__shard_axis(fn, axes[i], x->shape.rank, &a) != TB_OK) return tb_last_status();
         if (a == axis) *hit = true;
         if (a < axis) (*before)++;
@@ -31739,39 +31745,56 @@ static tb_status tb__shard_grad_one(const char *fn, tb_sharded *loss, tb_sharded
     return st;
 }
 
-TBDEF tb_status tb_sharded_grad(tb_sharded *loss, tb_sharded *const *params, size_t n,
-                                tb_sharded **grads) {
-    static const char fn[] = "tb_sharded_grad";
-    tb_tensor **g = NULL;
-    tb_sharded **partial = NULL;
-    size_t i, j, count;
+static tb_status tb__shard_grad_check(const char *fn, tb_sharded *loss, tb_sharded *const *params,
+                                      size_t n, tb_sharded *const *also, size_t num_also) {
+    size_t j;
     int64_t numel = 0;
-    tb_status st = TB_OK;
-    if (grads != NULL) {
-        for (j = 0; j < n; j++)
-            grads[j] = NULL;
-    }
-    if (loss == NULL || params == NULL || grads == NULL)
-        return tb__shard_null(fn, loss == NULL ? "loss" : params == NULL ? "params" : "grads");
-    count = loss->count;
     if (loss->placement != TB_PARTIAL || tb_shape_numel(&loss->shape, &numel) != TB_OK ||
         numel != 1)
         return tb__error(TB_ERR_INVALID_ARGUMENT,
                          "%s: the loss must be partial with one element per device (each "
                          "device's share of it)",
                          fn);
-    for (j = 0; j < n && st == TB_OK; j++) {
+    for (j = 0; j < n; j++) {
         if (params[j] == NULL) return tb__shard_null(fn, "a parameter");
-        st = tb__shard_devices_match(fn, loss, params[j]);
-        if (st == TB_OK && params[j]->placement != TB_REPLICATE)
-            st = tb__error(TB_ERR_INVALID_ARGUMENT, "%s: parameter %zu is %s, not replicated", fn,
-                           j, tb_placement_name(params[j]->placement));
+        if (tb__shard_devices_match(fn, loss, params[j]) != TB_OK) return tb_last_status();
+        if (params[j]->placement != TB_REPLICATE)
+            return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: parameter %zu is %s, not replicated", fn,
+                             j, tb_placement_name(params[j]->placement));
     }
-    if (st != TB_OK || n == 0) return st;
-    g = (tb_tensor **)tb__calloc(n * count, sizeof *g);
-    partial = (tb_sharded **)tb__calloc(n, sizeof *partial);
-    if (g == NULL || partial == NULL) st = TB_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < count && st == TB_OK; i++)
+    if (num_also > 0 && also == NULL) return tb__shard_null(fn, "also");
+    for (j = 0; j < num_also; j++) {
+        if (also[j] == NULL) return tb__shard_null(fn, "an also tensor");
+        if (tb__shard_devices_match(fn, loss, also[j]) != TB_OK) return tb_last_status();
+    }
+    return TB_OK;
+}
+
+TBDEF tb_status tb_sharded_grad(tb_sharded *loss, tb_sharded *const *params, size_t n,
+                                tb_sharded **grads, tb_sharded *const *also, size_t num_also,
+                                tb_sharded **also_out) {
+    static const char fn[] = "tb_sharded_grad";
+    tb_tensor **g = NULL;
+    tb_sharded **in = NULL, **out = NULL;
+    size_t i, j, count;
+    tb_status st;
+    for (j = 0; grads != NULL && j < n; j++)
+        grads[j] = NULL;
+    for (j = 0; also_out != NULL && j < num_also; j++)
+        also_out[j] = NULL;
+    if (loss == NULL || params == NULL || grads == NULL || (num_also > 0 && also_out == NULL))
+        return tb__shard_null(fn, loss == NULL     ? "loss"
+                                  : params == NULL ? "params"
+                                  : grads == NULL  ? "grads"
+                                                   : "also_out");
+    st = tb__shard_grad_check(fn, loss, params, n, also, num_also);
+    if (st != TB_OK || n + num_also == 0) return st;
+    count = loss->count;
+    g = (tb_tensor **)tb__calloc(n * count + 1, sizeof *g);
+    in = (tb_sharded **)tb__calloc(n + num_also, sizeof *in);
+    out = (tb_sharded **)tb__calloc(n + num_also, sizeof *out);
+    if (g == NULL || in == NULL || out == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < count && st == TB_OK && n > 0; i++)
         st = tb__shard_grad_one(fn, loss, params, n, i, g + i * n);
     for (j = 0; j < n && st == TB_OK; j++) {
         tb_tensor *t[TB_MAX_SHARDS];
@@ -31779,15 +31802,26 @@ TBDEF tb_status tb_sharded_grad(tb_sharded *loss, tb_sharded *const *params, siz
             t[i] = g[i * n + j];
             g[i * n + j] = NULL;
         }
-        partial[j] = tb__shard_adopt(fn, t, count, TB_PARTIAL, 0);
-        if (partial[j] == NULL) st = tb_last_status();
+        in[j] = tb__shard_adopt(fn, t, count, TB_PARTIAL, 0);
+        if (in[j] == NULL) st = tb_last_status();
     }
-    if (st == TB_OK) st = tb_sharded_all_reduce_many(partial, n, TB_REDUCE_SUM, grads);
+    for (j = 0; j < num_also && st == TB_OK; j++) {
+        in[n + j] = tb__shard_clone(also[j]);
+        if (in[n + j] == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    if (st == TB_OK) st = tb_sharded_all_reduce_many(in, n + num_also, TB_REDUCE_SUM, out);
+    for (j = 0; st == TB_OK && j < n + num_also; j++) {
+        if (j < n)
+            grads[j] = out[j];
+        else
+            also_out[j - n] = out[j];
+    }
     if (g != NULL) tb__shard_release_all(g, n * count);
-    for (j = 0; partial != NULL && j < n; j++)
-        tb_sharded_release(partial[j]);
+    for (j = 0; in != NULL && j < n + num_also; j++)
+        tb_sharded_release(in[j]);
     tb__free(g);
-    tb__free(partial);
+    tb__free(in);
+    tb__free(out);
     return st;
 }
 

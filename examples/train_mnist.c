@@ -5,6 +5,7 @@
 //                      [--dtype f32|bf16|f16]
 //        (Debian: apt-get install dataset-fashion-mnist)
 //        mpirun -np 2 ./train_mnist [EPOCHS] --group mpi [...]   (data-parallel)
+//        ./train_mnist [EPOCHS] --devices opencl:0,opencl:1 [...]  (data-parallel, one process)
 /* Trains a multilayer perceptron, 784 -> 512 -> 256 -> 10 with ReLU, on Fashion-MNIST: AdamW
    (lr 1e-3, times 0.6 after every epoch: a schedule, which never recompiles), cross-entropy,
    minibatches of 128 shuffled every epoch. The dataset's four
@@ -31,7 +32,14 @@
    rank the whole batch's gradient, so the weights stay the same on every rank and follow the
    one-process run. The all-reduce is recorded like any op: forward, backward, the all-reduce
    and the update run in the optimizer step's one sync (the graphs below and above the
-   all-reduce each compile once). Rank 0 prints. */
+   all-reduce each compile once). Rank 0 prints.
+
+   --devices D1,D2,... trains data-parallel over devices of this process with sharded tensors:
+   the weights replicated on every device (TB_REPLICATE, one optimizer over all the replicas),
+   each batch split by rows (TB_SHARD), each device's loss its rows' share (TB_PARTIAL), and
+   tb_sharded_grad's one all-reduce of the gradients, the loss and the count of right answers
+   across the devices. The replicas take the same updates, so they stay equal; the test set is
+   evaluated on the first device. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
@@ -42,12 +50,13 @@
 #include <string.h>
 #include <time.h>
 
-#define BATCH   128
-#define PIXELS  784
-#define H1      512
-#define H2      256
-#define CLASSES 10
-#define NPARAMS 6
+#define BATCH       128
+#define PIXELS      784
+#define H1          512
+#define H2          256
+#define CLASSES     10
+#define NPARAMS     6
+#define MAX_DEVICES 8
 
 static double now_s(void) {
     struct timespec ts;
@@ -260,6 +269,97 @@ static int distributed_step(tb_process_group *group, tb_optimizer *opt, tb_tenso
     return rc;
 }
 
+/* --devices: one device's share of the step (its rows of the batch, its weight replicas); the
+   count of right answers goes to hits[index] */
+typedef struct shard_ctx {
+    tb_tensor *hits[MAX_DEVICES];
+} shard_ctx;
+
+static tb_tensor *shard_loss(void *user, tb_tensor *const *in, size_t index) {
+    shard_ctx *c = (shard_ctx *)user;
+    tb_tensor *z = forward(in + 2, in[0]), *ce = tb_cross_entropy(z, in[1], TB_REDUCTION_SUM, 0.0);
+    tb_tensor *loss = tb_div_scalar(ce, (double)BATCH); /* its rows' share of the batch mean */
+    c->hits[index] = correct(z, in[1]);
+    tb_tensor_release(ce);
+    tb_tensor_release(z);
+    return loss;
+}
+
+/* One data-parallel step over the devices of this process: params are the replicated weights,
+   opt updates every replica (device d's weights are its parameters d * NPARAMS ...). */
+static int sharded_step(tb_sharded *const *params, tb_optimizer *opt, const tb_device *devs, int nd,
+                        const float *x, const int64_t *y, float *loss_hits) {
+    tb_tensor *xs[MAX_DEVICES] = {NULL}, *ys[MAX_DEVICES] = {NULL}, *g[NPARAMS * MAX_DEVICES];
+    tb_sharded *in[2 + NPARAMS] = {NULL}, *loss = NULL, *hits = NULL, *also[2],
+                       *grads[NPARAMS] = {NULL}, *sums[2] = {NULL, NULL};
+    shard_ctx ctx;
+    int d, k, rc = 0;
+    memset(&ctx, 0, sizeof ctx);
+    for (d = 0; d < nd; d++) { /* device d's rows [lo, hi), straight from the host */
+        int64_t lo = (int64_t)BATCH * d / nd, hi = (int64_t)BATCH * (d + 1) / nd;
+        xs[d] = batch_x(x + lo * PIXELS, hi - lo, &devs[d]);
+        ys[d] = batch_y(y + lo, hi - lo, &devs[d]);
+    }
+    in[0] = tb_sharded_from_tensors(xs, (size_t)nd, TB_SHARD, 0);
+    in[1] = tb_sharded_from_tensors(ys, (size_t)nd, TB_SHARD, 0);
+    for (k = 0; k < NPARAMS; k++)
+        in[2 + k] = params[k];
+    if (in[0] != NULL && in[1] != NULL)
+        loss = tb_sharded_map(in, 2 + NPARAMS, shard_loss, &ctx, TB_PARTIAL, 0);
+    if (loss != NULL) hits = tb_sharded_from_tensors(ctx.hits, (size_t)nd, TB_PARTIAL, 0);
+    also[0] = loss;
+    also[1] = hits;
+    if (hits == NULL || tb_sharded_grad(loss, params, NPARAMS, grads, also, 2, sums) != TB_OK)
+        rc = fail("gradients");
+    /* the step reads nothing of the forward pass but the gradients: let it go first */
+    tb_sharded_release(loss);
+    tb_sharded_release(hits);
+    for (d = 0; rc == 0 && d < nd; d++)
+        for (k = 0; k < NPARAMS; k++)
+            g[d * NPARAMS + k] = tb_sharded_shard(grads[k], (size_t)d);
+    if (rc == 0 &&
+        (tb_optimizer_step(opt, g, NULL, 0) != TB_OK ||
+         tb_tensor_to_host(tb_sharded_shard(sums[0], 0), &loss_hits[0], sizeof(float)) != TB_OK ||
+         tb_tensor_to_host(tb_sharded_shard(sums[1], 0), &loss_hits[1], sizeof(float)) != TB_OK))
+        rc = fail("sharded step");
+    for (k = 0; k < NPARAMS; k++)
+        tb_sharded_release(grads[k]);
+    for (d = 0; d < nd; d++) {
+        tb_tensor_release(xs[d]);
+        tb_tensor_release(ys[d]);
+        tb_tensor_release(ctx.hits[d]);
+    }
+    tb_sharded_release(sums[0]);
+    tb_sharded_release(sums[1]);
+    tb_sharded_release(in[0]);
+    tb_sharded_release(in[1]);
+    return rc;
+}
+
+/* "opencl:0,opencl:1" into devs (at most MAX_DEVICES); the count, or 0 after printing why */
+static int parse_devices(const char *list, tb_device *devs) {
+    char one[64];
+    int n = 0;
+    while (*list != '\0') {
+        size_t len = strcspn(list, ",");
+        if (n == MAX_DEVICES || len == 0 || len >= sizeof one) {
+            fprintf(stderr, "train_mnist: --devices: 1 to %d names, comma-separated\n",
+                    MAX_DEVICES);
+            return 0;
+        }
+        memcpy(one, list, len);
+        one[len] = '\0';
+        if (tb_device_parse(one, &devs[n]) != TB_OK) {
+            fail("--devices");
+            return 0;
+        }
+        n++;
+        list += len;
+        if (*list == ',') list++;
+    }
+    return n;
+}
+
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next_random(void) {
     g_rng ^= g_rng << 13;
@@ -269,14 +369,17 @@ static uint64_t next_random(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *dir = "/usr/share/datasets/fashion-mnist", *device = NULL, *group_name = NULL;
+    const char *dir = "/usr/share/datasets/fashion-mnist", *device = NULL, *group_name = NULL,
+               *device_list = NULL;
     tb_process_group *group = NULL;
     int rank = 0, ranks = 1;
     int epochs = 1, e, i, rc = 1;
     int64_t limit = INT64_MAX, test_limit = INT64_MAX, *order = NULL, step;
     dataset train, test;
-    tb_device dev;
-    tb_tensor *params[NPARAMS] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    tb_device dev, devs[MAX_DEVICES];
+    int nd = 0; /* --devices: how many */
+    tb_tensor *params[NPARAMS] = {NULL, NULL, NULL, NULL, NULL, NULL}, *all[NPARAMS * MAX_DEVICES];
+    tb_sharded *sp[NPARAMS] = {NULL, NULL, NULL, NULL, NULL, NULL};
     tb_optimizer *opt = NULL;
     tb_optimizer_desc desc = tb_adamw_desc(1e-3);
     float *bx = NULL;
@@ -293,6 +396,8 @@ int main(int argc, char **argv) {
             test_limit = atoll(argv[++i]);
         else if (strcmp(argv[i], "--group") == 0 && i + 1 < argc)
             group_name = argv[++i];
+        else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc)
+            device_list = argv[++i];
         else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc &&
                  tb_dtype_parse(argv[i + 1], &g_compute) == TB_OK &&
                  (g_compute == TB_F32 || g_compute == TB_BF16 || g_compute == TB_F16))
@@ -300,17 +405,25 @@ int main(int argc, char **argv) {
         else if (argv[i][0] != '-' && atoi(argv[i]) > 0)
             epochs = atoi(argv[i]);
         else {
-            fprintf(stderr,
-                    "usage: %s [EPOCHS] [--device D] [--data DIR] [--images N] "
-                    "[--test-images N] [--group mpi] [--dtype f32|bf16|f16]\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [EPOCHS] [--device D] [--data DIR] [--images N] "
+                "[--test-images N] [--group mpi | --devices D1,D2,...] [--dtype f32|bf16|f16]\n",
+                argv[0]);
             return 2;
         }
     }
-    if (device != NULL ? tb_device_parse(device, &dev) != TB_OK
-                       : (tb_device_make("opencl", 0, &dev) != TB_OK &&
-                          tb_device_make("native", 0, &dev) != TB_OK &&
-                          tb_device_make("cpu", 0, &dev) != TB_OK))
+    if (device_list != NULL) {
+        nd = parse_devices(device_list, devs);
+        if (nd == 0 || group_name != NULL) {
+            if (nd > 0) fprintf(stderr, "train_mnist: --devices or --group, not both\n");
+            return 2;
+        }
+        dev = devs[0];
+    } else if (device != NULL ? tb_device_parse(device, &dev) != TB_OK
+                              : (tb_device_make("opencl", 0, &dev) != TB_OK &&
+                                 tb_device_make("native", 0, &dev) != TB_OK &&
+                                 tb_device_make("cpu", 0, &dev) != TB_OK))
         return fail("device");
     tb_clear_error();
     if (group_name != NULL) {
@@ -330,9 +443,9 @@ int main(int argc, char **argv) {
     tb_device_format(&dev, name, sizeof name);
     if (rank == 0)
         printf("Fashion-MNIST: %lld training and %lld test images; MLP 784-512-256-10, AdamW, "
-               "batch %d, on %s (%d rank%s), forward in %s\n",
-               (long long)train.n, (long long)test.n, BATCH, name, ranks, ranks > 1 ? "s" : "",
-               tb_dtype_name(g_compute));
+               "batch %d, on %s%s (%d rank%s), forward in %s\n",
+               (long long)train.n, (long long)test.n, BATCH, nd > 1 ? "devices " : "",
+               nd > 1 ? device_list : name, ranks, ranks > 1 ? "s" : "", tb_dtype_name(g_compute));
     if (tb_manual_seed(0) != TB_OK) goto done;
     params[0] = uniform(PIXELS, H1, PIXELS, &dev, group);
     params[1] = uniform(H1, 0, PIXELS, &dev, group);
@@ -345,7 +458,26 @@ int main(int argc, char **argv) {
             rc = fail("parameters");
             goto done;
         }
-    opt = tb_optimizer_new(&desc, params, NPARAMS);
+    if (nd > 1) { /* a replica of every weight on every device, one optimizer over them all */
+        for (i = 0; i < NPARAMS; i++) {
+            int d;
+            sp[i] = tb_distribute(params[i], devs, (size_t)nd, TB_REPLICATE, 0);
+            for (d = 0; sp[i] != NULL && d < nd; d++) {
+                all[d * NPARAMS + i] = tb_sharded_shard(sp[i], (size_t)d);
+                if (tb_set_requires_grad(all[d * NPARAMS + i], true) != TB_OK) {
+                    rc = fail("replicas");
+                    goto done;
+                }
+            }
+            if (sp[i] == NULL) {
+                rc = fail("replicas");
+                goto done;
+            }
+        }
+        opt = tb_optimizer_new(&desc, all, (size_t)(NPARAMS * nd));
+    } else {
+        opt = tb_optimizer_new(&desc, params, NPARAMS);
+    }
     order = (int64_t *)malloc((size_t)(train.n > 0 ? train.n : 1) * sizeof(int64_t));
     bx = (float *)malloc((size_t)BATCH * PIXELS * sizeof(float));
     by = (int64_t *)malloc((size_t)BATCH * sizeof(int64_t));
@@ -371,6 +503,18 @@ int main(int argc, char **argv) {
         for (at = 0; at + BATCH <= train.n; at += BATCH) {
             tb_tensor *x, *y, *z, *loss, *hits, *also[2], *grads[NPARAMS];
             float lv = 0, hv = 0, lh[2] = {0, 0};
+            if (nd > 1) { /* the whole batch, split over the devices */
+                for (k = 0; k < BATCH; k++) {
+                    memcpy(bx + k * PIXELS, train.x + order[at + k] * PIXELS,
+                           PIXELS * sizeof(float));
+                    by[k] = train.y[order[at + k]];
+                }
+                if (sharded_step(sp, opt, devs, nd, bx, by, lh) != 0) goto done;
+                loss_sum += lh[0] * BATCH;
+                right += lh[1];
+                seen += BATCH;
+                continue;
+            }
             if (group != NULL) { /* this rank's rows [lo, hi) of the batch */
                 int64_t lo = BATCH * rank / ranks, hi = BATCH * (rank + 1) / ranks;
                 for (k = lo; k < hi; k++) {
@@ -439,8 +583,10 @@ int main(int argc, char **argv) {
     rc = 0;
 done:
     tb_optimizer_free(opt);
-    for (i = 0; i < NPARAMS; i++)
+    for (i = 0; i < NPARAMS; i++) {
+        tb_sharded_release(sp[i]);
         tb_tensor_release(params[i]);
+    }
     free(order);
     free(bx);
     free(by);

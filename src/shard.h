@@ -115,7 +115,12 @@ TBDEF tb_sharded *tb_sharded_map(tb_sharded *const *inputs, size_t num_inputs, t
 /* Data parallelism's gradient: `loss` is TB_PARTIAL with one element per device (each device's
    share of the loss, computed from its shard of the batch) and params[j] TB_REPLICATE on the
    same devices (each replica requires grad); grads[j] is the gradient of the summed loss with
-   respect to the replicated parameter, on every device (TB_REPLICATE): each device's tb_grad, then
-   one all-reduce of them all (tb_sharded_all_reduce_many, SUM). On error grads is all NULL. */
+   respect to the replicated parameter, on every device (TB_REPLICATE): each device's tb_grad,
+   then one all-reduce (sum) of them all, as DDP's buckets do. The `num_also` tensors of `also`
+   (per-device values of equal shapes: the loss itself, a count of right answers) are summed in
+   the same all-reduce into also_out (TB_REPLICATE), so that the sync that computes the
+   gradients computes them too (num_also 0: also and also_out may be NULL). On error grads and
+   also_out are all NULL. */
 TBDEF tb_status tb_sharded_grad(tb_sharded *loss, tb_sharded *const *params, size_t n,
-                                tb_sharded **grads);
+                                tb_sharded **grads, tb_sharded *const *also, size_t num_also,
+                                tb_sharded **also_out);

@@ -713,7 +713,7 @@ static void test_data_parallel_grad(void **state) {
     tb_shape xs = tb_shape_of(TB_F32, 2, 7, 3), ys = tb_shape_of(TB_F32, 2, 7, 2),
              wsh = tb_shape_of(TB_F32, 2, 3, 2), bs = tb_shape_of(TB_F32, 1, 2);
     tb_tensor *x, *y, *w, *b, *l1, *g1[2] = {NULL, NULL}, *in1[4];
-    tb_sharded *sx, *sy, *sw, *sb, *in[4], *loss, *grads[2] = {NULL, NULL};
+    tb_sharded *sx, *sy, *sw, *sb, *in[4], *loss, *grads[2] = {NULL, NULL}, *total = NULL;
     loss_ctx ctx = {7};
     float want[6], got[6];
     size_t i, j;
@@ -744,7 +744,12 @@ static void test_data_parallel_grad(void **state) {
     in[0] = sx, in[1] = sy, in[2] = sw, in[3] = sb;
     loss = tb_sharded_map(in, 4, loss_fn, &ctx, TB_PARTIAL, 0);
     assert_non_null(loss);
-    assert_int_equal(tb_sharded_grad(loss, in + 2, 2, grads), TB_OK);
+    assert_int_equal(tb_sharded_grad(loss, in + 2, 2, grads, &loss, 1, &total), TB_OK);
+    assert_int_equal(tb_sharded_placement(total), TB_REPLICATE);
+    host_of(l1, want, 1);
+    host_of(tb_sharded_shard(total, 2), got, 1);
+    assert_float_equal(got[0], want[0], 1e-5);
+    tb_sharded_release(total);
     for (j = 0; j < 2; j++) {
         size_t n = j == 0 ? 6 : 2;
         assert_int_equal(tb_sharded_placement(grads[j]), TB_REPLICATE);
@@ -758,9 +763,11 @@ static void test_data_parallel_grad(void **state) {
         tb_sharded_release(grads[j]);
     }
     /* refused: a replicated loss, a parameter that is not replicated */
-    assert_int_equal(tb_sharded_grad(sw, in + 2, 2, grads), TB_ERR_INVALID_ARGUMENT);
+    assert_int_equal(tb_sharded_grad(sw, in + 2, 2, grads, NULL, 0, NULL), TB_ERR_INVALID_ARGUMENT);
     assert_null(grads[0]);
-    assert_int_equal(tb_sharded_grad(loss, in, 2, grads), TB_ERR_INVALID_ARGUMENT);
+    assert_int_equal(tb_sharded_grad(loss, in + 2, 2, grads, &loss, 1, NULL),
+                     TB_ERR_INVALID_ARGUMENT);
+    assert_int_equal(tb_sharded_grad(loss, in, 2, grads, NULL, 0, NULL), TB_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(tb_last_error(), "not replicated"));
     tb_clear_error();
     tb_sharded_release(loss);
