@@ -12,13 +12,19 @@
 #   --no-install    do not install missing Debian packages
 #   --only LIST     run only these cases (comma-separated): chain8 add sum max row_sums softmax
 #                   layer_norm matmul mlp mlp_train conv trace replay coldstart half
-#                   allreduce_mpi
+#                   allreduce_devices allreduce_mpi
 #
 # half: chain8, axpy (2.5 x + y), sum and matmul (512) with f16 and bf16 storage (rows
 # chain8_f16, axpy_bf16, sum_bf16, matmul_f16_512, ...), each timed beside the same case in f32
 # on the same backend: the row's anchor is ours_f32, so an/ours is the speed-up of 16-bit
 # storage. Every op of a 16-bit chain rounds its result (as PyTorch eager), so a chain whose
 # f32 form is bound by arithmetic, not memory (chain8's exp), pays those roundings.
+#
+# allreduce_devices: the all-reduce (sum) of 16M floats held by opencl:0 and opencl:1 of one
+# process (POCL_DEVICES defaults to "pthread pthread" here, which gives PoCL two devices),
+# tb_sharded_all_reduce beside the same work written by hand with the OpenCL API (device 1's
+# buffer mapped and written to device 0, the hand-written add, the sum mapped and written back);
+# anchor / ours is the target (>= 0.9).
 #
 # allreduce_mpi (last; skipped with a note where mpicc or mpirun is missing: Debian's
 # libopenmpi-dev and openmpi-bin) is tools/bench/mpi/allreduce.c built with mpicc and run under
@@ -68,6 +74,7 @@
 # set, is used as the program cache; otherwise the benchmark makes a fresh one and removes it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export POCL_DEVICES=${POCL_DEVICES:-pthread pthread} # two PoCL devices for allreduce_devices
 
 args=()
 install=1

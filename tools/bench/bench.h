@@ -11,7 +11,9 @@
        conv.c      the convolution cases: conv2d_resnet, conv2d_lenet, forward and backward
        train.c     the training case: mlp_train (one AdamW step: ours, hand-written from plain
                    ops, OpenBLAS on the host, PyTorch)
-       host.c      the host-overhead cases: trace replay coldstart, and the child processes */
+       host.c      the host-overhead cases: trace replay coldstart, and the child processes
+       devices.c   the in-process collective: allreduce_devices (two OpenCL devices, sharded
+                   tensors, beside a hand-written copy and add) */
 #ifndef BENCH_H
 #define BENCH_H
 
@@ -222,6 +224,7 @@ hand *hand_norm(int layer_norm, cl_mem x, cl_mem w, cl_mem b, int64_t rows, int6
 cl_kernel hand_kernel(const char *name);
 void hand_run(void *h);                 /* a side's run: enqueue, clFinish */
 float *hand_result(hand *h, size_t *n); /* reads the output */
+cl_mem hand_out(hand *h);               /* the output buffer */
 const char *hand_label(const hand *h);  /* "hand_kernel", "hand_2stage" */
 const char *hand_about(const hand *h);  /* the design and shape the tuning picked */
 void hand_free(hand *h);
@@ -241,6 +244,7 @@ void case_conv(const char *label, int64_t n, int64_t c, int64_t o, int64_t hw, i
 void case_trace(void);
 void case_replay(void);
 void case_coldstart(void);
+void case_allreduce_devices(int64_t n); /* devices.c: two OpenCL devices of this process */
 int child_main(const char *mode, const char *backend);
 
 /* The MLP, shared by cases.c and host.c. */

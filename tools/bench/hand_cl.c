@@ -403,6 +403,10 @@ float *hand_result(hand *h, size_t *n) {
     return cl_read(h->out, h->out_n);
 }
 
+cl_mem hand_out(hand *h) {
+    return h->out;
+}
+
 const char *hand_label(const hand *h) {
     return h->kind == H_REDUCE && h->partial != NULL ? "hand_2stage" : "hand_kernel";
 }

@@ -24,8 +24,10 @@
 #include <unistd.h>
 
 static const char *const g_case_names[] = {
-    "chain8", "add",       "sum",  "max",   "row_sums", "softmax",   "layer_norm", "matmul",
-    "mlp",    "mlp_train", "conv", "trace", "replay",   "coldstart", "half"};
+    "chain8",   "add",       "sum",        "max",
+    "row_sums", "softmax",   "layer_norm", "matmul",
+    "mlp",      "mlp_train", "conv",       "trace",
+    "replay",   "coldstart", "half",       "allreduce_devices"};
 #define NUM_CASES (sizeof g_case_names / sizeof g_case_names[0])
 
 static const char *g_only; /* comma-separated case names, NULL: all */
@@ -158,7 +160,7 @@ static void usage(const char *self) {
     fprintf(stderr,
             "usage: %s [--quick] [--json FILE] [--only CASE,...] [--torch-peer SCRIPT]\n"
             "cases: chain8 add sum max row_sums softmax layer_norm matmul mlp mlp_train conv trace "
-            "replay coldstart half\n",
+            "replay coldstart half allreduce_devices\n",
             self);
 }
 
@@ -263,6 +265,7 @@ int main(int argc, char **argv) {
         RUN_CASE("trace", case_trace())
         RUN_CASE("replay", case_replay())
         RUN_CASE("coldstart", case_coldstart())
+        RUN_CASE("allreduce_devices", case_allreduce_devices(g_quick ? (1 << 20) : (1 << 24)))
 #undef RUN_CASE
         note("time per case (setup, checks, tuning and timing): %s", times);
     }
