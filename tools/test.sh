@@ -97,7 +97,7 @@ mkdir -p build/compile build/tests build/examples build/plugins
 step "install Debian packages"
 packages=(gcc g++ clang clang-format libclang-rt-14-dev libcmocka-dev pocl-opencl-icd
     ocl-icd-opencl-dev opencl-headers clinfo python3-numpy python3-torch dataset-fashion-mnist
-    gzip valgrind cmake pkg-config openmpi-bin libopenmpi-dev)
+    gzip valgrind cmake pkg-config openmpi-bin libopenmpi-dev mpich)
 if [ "$install" -eq 0 ]; then
     echo "skipped (--no-install)"
 elif ! command -v dpkg >/dev/null 2>&1; then
@@ -667,6 +667,25 @@ if selected tests/mpi/rank_dies.c; then
                     fail "a rank that $what on $n ranks"
                 fi
             done
+            # the same stall under MPICH (its integer handles, its nonblocking calls)
+            if command -v mpiexec.hydra >/dev/null 2>&1 &&
+                ldconfig -p 2>/dev/null | grep -q 'libmpich\.so\.12'; then
+                log=build/mpi/rank_dies.stall.mpich.log
+                start=$(date +%s)
+                TB_COLLECTIVE_TIMEOUT=2 timeout --foreground -k 10 60 mpiexec.hydra -np 3 \
+                    build/mpi/rank_dies stall >"$log" 2>&1
+                rc=$?
+                took=$(($(date +%s) - start))
+                expected=$(grep -c 'timed out after .* as expected$' "$log")
+                if [ "$took" -le 30 ] && [ "$expected" -eq 2 ]; then
+                    echo "ok a rank that stops calling on 3 ranks with MPICH: the job ended in ${took} s (status $rc)"
+                    pass
+                else
+                    indent <"$log"
+                    echo "FAIL a rank that stops calling with MPICH (status $rc after ${took} s, $expected rank(s) reported the timeout)"
+                    fail "a rank that stops calling with MPICH"
+                fi
+            fi
         else
             echo "FAIL build: tests/mpi/rank_dies.c"
             indent <"$log"
@@ -711,6 +730,44 @@ if selected tests/mpi/train_mnist_data_parallel; then
             echo "FAIL build: examples/train_mnist.c"
             indent <"$log"
             fail "build: examples/train_mnist.c (data-parallel)"
+        fi
+    fi
+fi
+
+# Data-parallel training over two devices of one process: examples/train_mnist.c --devices
+# opencl:0,opencl:1 (sharded tensors) must reach the one-device test accuracy to 0.5%.
+if selected tests/train_mnist_devices; then
+    fmnist=/usr/share/datasets/fashion-mnist
+    if [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ]; then
+        echo "SKIPPED: $fmnist has no Fashion-MNIST (Debian package dataset-fashion-mnist)"
+    else
+        mkdir -p build/devices
+        log=build/devices/train_mnist.build.log
+        # shellcheck disable=SC2086
+        if $CC -std=c99 -O2 -I. examples/train_mnist.c -o build/devices/train_mnist -ldl \
+            -lpthread -lm >"$log" 2>&1; then
+            train_args=(1 --images 2560 --test-images 1000)
+            timeout --foreground -k 10 300 build/devices/train_mnist "${train_args[@]}" \
+                --device opencl:0 >build/devices/one.log 2>&1
+            rc1=$?
+            timeout --foreground -k 10 300 build/devices/train_mnist "${train_args[@]}" \
+                --devices opencl:0,opencl:1 >build/devices/two.log 2>&1
+            rc2=$?
+            cat build/devices/one.log build/devices/two.log
+            acc1=$(sed -n 's/.*test accuracy \([0-9.]*\).*/\1/p' build/devices/one.log | tail -n 1)
+            acc2=$(sed -n 's/.*test accuracy \([0-9.]*\).*/\1/p' build/devices/two.log | tail -n 1)
+            if [ "$rc1" -eq 0 ] && [ "$rc2" -eq 0 ] && [ -n "$acc1" ] && [ -n "$acc2" ] &&
+                awk -v a="$acc1" -v b="$acc2" 'BEGIN { d = a - b; exit !(d <= 0.005 && d >= -0.005) }'; then
+                echo "ok data-parallel training on opencl:0 and opencl:1 (test accuracy $acc2, one device $acc1)"
+                pass
+            else
+                echo "FAIL data-parallel training on two devices (exit status $rc1/$rc2, accuracy '$acc1' vs '$acc2')"
+                fail "data-parallel training on two devices"
+            fi
+        else
+            echo "FAIL build: examples/train_mnist.c"
+            indent <"$log"
+            fail "build: examples/train_mnist.c (two devices)"
         fi
     fi
 fi
