@@ -6,7 +6,9 @@
    views (reshape, permute, transpose, expand, squeeze, unsqueeze, slice, flip), concat, pad,
    gather, index_select, generators and random numbers, custom ops (one with an OpenCL
    expression, one that falls back), the dumps (tb_ir_text, tb_ir_dot, tb_ir_backend_text),
-   sync, mark step, transfers between devices, .npy save and load, DLPack export and import
+   sync, mark step, transfers between devices, sharded tensors over two devices (distribute,
+   ops per shard, an all-reduce, an all-gather, the data-parallel gradient), .npy save and load,
+   DLPack export and import
    (plain and versioned), printing, metrics.
 
    wl_run runs it on one device and stops at the first call that fails, recording what failed
@@ -99,6 +101,15 @@ static WL_UNUSED const char *wl_first_difference(const wl_record *a, const wl_re
 
 /* ---- one run ---- */
 
+/* sum((x W)^2) of one device's rows, for the sharded part of the run */
+static WL_UNUSED tb_tensor *wl_shard_loss(void *user, tb_tensor *const *in, size_t index) {
+    tb_tensor *m = tb_matmul(in[0], in[1]), *m2 = tb_mul(m, m), *l = tb_sum(m2, NULL, 0, false);
+    (void)user, (void)index;
+    tb_tensor_release(m);
+    tb_tensor_release(m2);
+    return l;
+}
+
 #define WL_MAX_TENSORS 256
 
 typedef struct wl_config {
@@ -113,6 +124,8 @@ typedef struct wl_run_state {
     wl_record *rec;
     tb_tensor *kept[WL_MAX_TENSORS];
     size_t num_kept;
+    tb_sharded *sharded[16];
+    size_t num_sharded;
     /* the first failure */
     tb_status status;
     char step[160];
@@ -220,6 +233,13 @@ static WL_UNUSED tb_tensor *wl_k(wl_run_state *w, tb_tensor *t) {
             wl_fail(w, "expectation: " #cond, TB_ERR_INTERNAL);                                    \
             goto out;                                                                              \
         }                                                                                          \
+    } while (0)
+
+/* A call that returns a sharded tensor (kept until the end of the run). */
+#define WL_SH(var, expr)                                                                           \
+    do {                                                                                           \
+        WL_P(var, expr);                                                                           \
+        w->sharded[w->num_sharded++] = (var);                                                      \
     } while (0)
 
 /* Appends the value of `t` (synced) under `label`. */
@@ -657,6 +677,34 @@ static WL_UNUSED tb_status wl_run(const wl_config *cfg, wl_record *rec, wl_run_s
     }
     WL_V("to_device", v);
 
+    /* ---- sharded tensors over dev and the other device ---- */
+    {
+        tb_device two[2];
+        tb_sharded *a, *r, *sum, *all, *rw, *loss, *in2[2], *grad = NULL, *total = NULL;
+        int32_t ax0 = 0;
+        two[0] = *dev;
+        two[1] = cfg->other;
+        WL_SH(a, tb_distribute(x, two, 2, TB_SHARD, 0)); /* rows 2 and 2 */
+        WL_SH(r, tb_sharded_binary(tb_mul, a, a));
+        WL_SH(sum, tb_sharded_sum(r, &ax0, 1, false)); /* an all-reduce */
+        WL_V("sharded sum", tb_sharded_shard(sum, 1));
+        WL_SH(all, tb_sharded_redistribute(a, TB_REPLICATE, 0)); /* an all-gather */
+        WL_V("sharded gather", tb_sharded_shard(all, 1));
+        /* the data-parallel gradient of sum((x W)^2) */
+        WL_T(t, tb_mul_scalar(wt, 0.5));
+        WL_SH(rw, tb_distribute(t, two, 2, TB_REPLICATE, 0));
+        WL_S(tb_set_requires_grad(tb_sharded_shard(rw, 0), true));
+        WL_S(tb_set_requires_grad(tb_sharded_shard(rw, 1), true));
+        in2[0] = a;
+        in2[1] = rw;
+        WL_SH(loss, tb_sharded_map(in2, 2, wl_shard_loss, NULL, TB_PARTIAL, 0));
+        WL_S(tb_sharded_grad(loss, &rw, 1, &grad, &loss, 1, &total));
+        w->sharded[w->num_sharded++] = grad;
+        w->sharded[w->num_sharded++] = total;
+        WL_V("sharded grad", tb_sharded_shard(grad, 1));
+        WL_V("sharded loss", tb_sharded_shard(total, 0));
+    }
+
     /* ---- .npy ---- */
     snprintf(npy_path, sizeof npy_path, "%s/wl.npy", cfg->dir);
     WL_T(t, tb_sub(x, y));
@@ -709,6 +757,9 @@ out:
     for (i = 0; i < w->num_kept; i++)
         tb_tensor_release(w->kept[i]);
     w->num_kept = 0;
+    for (i = 0; i < w->num_sharded; i++)
+        tb_sharded_release(w->sharded[i]);
+    w->num_sharded = 0;
     return w->status;
 }
 
