@@ -2020,7 +2020,11 @@ TBDEF tb_sharded *tb_distribute(tb_tensor *x, const tb_device *devices, size_t c
    TB_REPLICATE and TB_PARTIAL: equal shapes (TB_ERR_SHAPE names the first that differs). */
 TBDEF tb_sharded *tb_sharded_from_tensors(tb_tensor *const *tensors, size_t count,
                                           tb_placement placement, int32_t axis);
-TBDEF void tb_sharded_release(tb_sharded *s); /* NULL is ignored */
+/* Frees a sharded tensor and its references to its shards (NULL is ignored). A sharded tensor
+   is the caller's whatever scope is open (tb_scope_begin): scopes own tensor handles, and the
+   shards a sharded tensor holds are its own; tensors the functions below return (the whole
+   tensor of tb_sharded_to_tensor) go to the open scope like any returned handle. */
+TBDEF void tb_sharded_release(tb_sharded *s);
 
 TBDEF size_t tb_sharded_count(const tb_sharded *s); /* 0 for NULL */
 TBDEF tb_placement tb_sharded_placement(const tb_sharded *s);
@@ -30903,6 +30907,7 @@ static tb_sharded *tb__shard_adopt(const char *fn, tb_tensor **t, size_t n, tb_p
         return NULL;
     }
     for (i = 0; i < n; i++) {
+        tb__scope_disown(t[i]); /* the sharded tensor keeps it: a scope no longer owns it */
         s->shards[i] = t[i];
         t[i] = NULL;
     }
@@ -31235,16 +31240,22 @@ static tb_tensor *tb__shard_whole_on(tb_sharded *s, const tb_device *device) {
 }
 
 TBDEF tb_tensor *tb_sharded_to_tensor(tb_sharded *s, const tb_device *device) {
+    tb_tensor *r;
+    size_t j;
     tb_device d;
     if (s == NULL) {
         tb__shard_null("tb_sharded_to_tensor", "s");
         return NULL;
     }
     d = device != NULL ? *device : tb_tensor_device(s->shards[0]);
-    /* a replica already there needs no sync */
-    if (s->placement == TB_REPLICATE) return tb__shard_whole_on(s, &d);
-    if (tb__shard_sync(&s, 1) != TB_OK) return NULL;
-    return tb__shard_whole_on(s, &d);
+    /* a replica already there needs no sync; a shard handed back is the scope's like any
+       returned handle */
+    if (s->placement != TB_REPLICATE && tb__shard_sync(&s, 1) != TB_OK) return NULL;
+    r = tb__shard_whole_on(s, &d);
+    for (j = 0; r != NULL && j < s->count; j++) {
+        if (r == s->shards[j]) return tb__scope_claim(r);
+    }
+    return r;
 }
 
 /* A new sharded tensor with the same shards. */

@@ -147,6 +147,7 @@ static tb_sharded *tb__shard_adopt(const char *fn, tb_tensor **t, size_t n, tb_p
         return NULL;
     }
     for (i = 0; i < n; i++) {
+        tb__scope_disown(t[i]); /* the sharded tensor keeps it: a scope no longer owns it */
         s->shards[i] = t[i];
         t[i] = NULL;
     }
@@ -479,16 +480,22 @@ static tb_tensor *tb__shard_whole_on(tb_sharded *s, const tb_device *device) {
 }
 
 TBDEF tb_tensor *tb_sharded_to_tensor(tb_sharded *s, const tb_device *device) {
+    tb_tensor *r;
+    size_t j;
     tb_device d;
     if (s == NULL) {
         tb__shard_null("tb_sharded_to_tensor", "s");
         return NULL;
     }
     d = device != NULL ? *device : tb_tensor_device(s->shards[0]);
-    /* a replica already there needs no sync */
-    if (s->placement == TB_REPLICATE) return tb__shard_whole_on(s, &d);
-    if (tb__shard_sync(&s, 1) != TB_OK) return NULL;
-    return tb__shard_whole_on(s, &d);
+    /* a replica already there needs no sync; a shard handed back is the scope's like any
+       returned handle */
+    if (s->placement != TB_REPLICATE && tb__shard_sync(&s, 1) != TB_OK) return NULL;
+    r = tb__shard_whole_on(s, &d);
+    for (j = 0; r != NULL && j < s->count; j++) {
+        if (r == s->shards[j]) return tb__scope_claim(r);
+    }
+    return r;
 }
 
 /* A new sharded tensor with the same shards. */

@@ -41,7 +41,11 @@ TBDEF tb_sharded *tb_distribute(tb_tensor *x, const tb_device *devices, size_t c
    TB_REPLICATE and TB_PARTIAL: equal shapes (TB_ERR_SHAPE names the first that differs). */
 TBDEF tb_sharded *tb_sharded_from_tensors(tb_tensor *const *tensors, size_t count,
                                           tb_placement placement, int32_t axis);
-TBDEF void tb_sharded_release(tb_sharded *s); /* NULL is ignored */
+/* Frees a sharded tensor and its references to its shards (NULL is ignored). A sharded tensor
+   is the caller's whatever scope is open (tb_scope_begin): scopes own tensor handles, and the
+   shards a sharded tensor holds are its own; tensors the functions below return (the whole
+   tensor of tb_sharded_to_tensor) go to the open scope like any returned handle. */
+TBDEF void tb_sharded_release(tb_sharded *s);
 
 TBDEF size_t tb_sharded_count(const tb_sharded *s); /* 0 for NULL */
 TBDEF tb_placement tb_sharded_placement(const tb_sharded *s);

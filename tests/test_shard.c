@@ -784,6 +784,40 @@ static void test_data_parallel_grad(void **state) {
     tb_tensor_release(b);
 }
 
+/* ---- scopes own tensor handles, not the shards a sharded tensor holds ---- */
+
+static void test_scopes(void **state) {
+    tb_tensor *x = grid(4, 3, NULL), *whole, *replica;
+    tb_sharded *a, *b, *r;
+    int32_t ax0 = 0;
+    (void)state;
+    assert_int_equal(tb_scope_begin(), TB_OK);
+    a = tb_distribute(x, g_dev, 3, TB_SHARD, 0);
+    b = tb_sharded_unary(tb_neg, a);
+    r = tb_sharded_redistribute(a, TB_REPLICATE, 0);
+    whole = tb_sharded_to_tensor(b, NULL);           /* the scope's */
+    replica = tb_sharded_to_tensor(r, &g_dev[2]);    /* a shard handed back: the scope's too */
+    assert_true(replica == tb_sharded_shard(r, 2) || /* the first replica on that device */
+                tb_device_equal(&g_dev[0], &g_dev[2]));
+    assert_non_null(whole);
+    assert_int_equal(tb_scope_end(), TB_OK);
+    /* every shard outlived the scope */
+    expect_grid(tb_sharded_shard(a, 1), 1, 3, 2, 0);
+    expect_grid(tb_sharded_shard(r, 2), 4, 3, 0, 0);
+    {
+        tb_sharded *m = tb_sharded_max(b, &ax0, 1, false);
+        float v[3];
+        assert_non_null(m);
+        host_of(tb_sharded_shard(m, 0), v, 3);
+        assert_float_equal(v[0], -1, 0);
+        tb_sharded_release(m);
+    }
+    tb_sharded_release(r);
+    tb_sharded_release(b);
+    tb_sharded_release(a);
+    tb_tensor_release(x);
+}
+
 /* ---- bad arguments ---- */
 
 static void test_errors(void **state) {
@@ -861,6 +895,7 @@ int main(void) {
         cmocka_unit_test(test_reductions),
         cmocka_unit_test(test_map_errors),
         cmocka_unit_test(test_data_parallel_grad),
+        cmocka_unit_test(test_scopes),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
