@@ -646,6 +646,77 @@ static void identity_results(const char *backend) {
     }
 }
 
+/* ReLU's backward masks the gradient with its result, as PyTorch does: the pre-activation
+   then has no reader but the ReLU, so a layer's matmul, bias and ReLU stay one kernel in a
+   training graph too, and the ReLU costs no kernel over the same layer without it. The
+   kernels of a sync of sum((x w + b)^2), or of sum(relu(x w + b)^2), and their gradients. */
+static int64_t layer_grad_launches(const char *backend, const tb_device *dev, bool relu) {
+    tb_shape s;
+    tb_tensor *x, *w, *b, *mm, *z, *h, *h2, *loss, *in[2], *g[2] = {NULL, NULL}, *sync[3];
+    int64_t k0;
+    int i;
+    assert_int_equal(tb_manual_seed(3), TB_OK);
+    s = tb_shape_of(TB_F32, 2, 64, 48);
+    x = tb_randn(&s, dev);
+    s = tb_shape_of(TB_F32, 2, 48, 32);
+    w = tb_randn(&s, dev);
+    s = tb_shape_of(TB_F32, 1, 32);
+    b = tb_randn(&s, dev);
+    assert_int_equal(tb_set_requires_grad(w, true), TB_OK);
+    assert_int_equal(tb_set_requires_grad(b, true), TB_OK);
+    sync[0] = x;
+    sync[1] = w;
+    sync[2] = b;
+    assert_int_equal(tb_sync(sync, 3), TB_OK);
+    mm = tb_matmul(x, w);
+    z = tb_add(mm, b);
+    h = relu ? tb_relu(z) : tb_tensor_retain(z);
+    h2 = tb_mul(h, h);
+    loss = tb_sum(h2, NULL, 0, false);
+    assert_non_null(loss);
+    in[0] = w;
+    in[1] = b;
+    assert_int_equal(tb_grad(loss, NULL, in, 2, g), TB_OK);
+    sync[0] = loss;
+    sync[1] = g[0];
+    sync[2] = g[1];
+    k0 = kernel_launches(backend);
+    assert_int_equal(tb_sync(sync, 3), TB_OK);
+    k0 = kernel_launches(backend) - k0;
+    for (i = 0; i < 2; i++)
+        tb_tensor_release(g[i]);
+    tb_tensor_release(loss);
+    tb_tensor_release(h2);
+    tb_tensor_release(h);
+    tb_tensor_release(z);
+    tb_tensor_release(mm);
+    tb_tensor_release(b);
+    tb_tensor_release(w);
+    tb_tensor_release(x);
+    return k0;
+}
+
+static void relu_backward_kernels(const char *backend) {
+    tb_device dev;
+    int64_t linear, relu;
+    if (!device_of(backend, &dev)) skip();
+    linear = layer_grad_launches(backend, &dev, false);
+    relu = layer_grad_launches(backend, &dev, true);
+    print_message("%s: a layer and its gradients in %lld kernels, %lld with a ReLU\n", backend,
+                  (long long)linear, (long long)relu);
+    assert_true(linear > 0);
+    assert_int_equal(relu, linear);
+}
+
+static void test_relu_backward_kernels_opencl(void **state) {
+    (void)state;
+    relu_backward_kernels("opencl");
+}
+static void test_relu_backward_kernels_native(void **state) {
+    (void)state;
+    relu_backward_kernels("native");
+}
+
 static void test_identity_results_opencl(void **state) {
     (void)state;
     identity_results("opencl");
@@ -1054,6 +1125,8 @@ int main(void) {
         cmocka_unit_test(test_compiles_once_native),
         cmocka_unit_test(test_identity_results_opencl),
         cmocka_unit_test(test_identity_results_native),
+        cmocka_unit_test(test_relu_backward_kernels_opencl),
+        cmocka_unit_test(test_relu_backward_kernels_native),
         cmocka_unit_test(test_donation_cpu),
         cmocka_unit_test(test_donation_opencl),
         cmocka_unit_test(test_donation_native),
