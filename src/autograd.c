@@ -207,8 +207,10 @@ static void tb__vjp_unary(const tb__vjp *v) {
     case TB_OP_SIGMOID: /* g y (1 - y) */
         r = TB__K(tb_mul(g, TB__K(tb_mul(y, TB__K(tb_sub(TB__C(1.0), y))))));
         break;
-    case TB_OP_RELU:
-        r = tb__ag_mask(v->a, TB__K(tb_gt(x, TB__C(0.0))), g);
+    case TB_OP_RELU: /* the mask from the result (y > 0 exactly where x > 0), as PyTorch's
+                        threshold_backward: x has no reader left but the ReLU, so it is not
+                        materialised beside y (a matmul's bias and ReLU stay its epilogue) */
+        r = tb__ag_mask(v->a, TB__K(tb_gt(y, TB__C(0.0))), g);
         break;
     case TB_OP_GELU: { /* g (Phi(x) + x phi(x)) */
         tb_tensor *cdf = TB__K(tb_mul_scalar(

@@ -1213,6 +1213,52 @@ static void tb__exec_log_dump_compile(const tb__exec *ex, const tb_graph *g, uin
                    (double)compile_ns / 1e6, ex->func);
 }
 
+/* The nodes a graph computes for `roots`: a root that is a reshape to its operand's own dims
+   (tb_detach, tb_assign of a value with history, tb_set_requires_grad: an identity the walk for
+   tb_grad does not pass) over a node the graph computes stands for that operand, so that the
+   operand's kernel writes the result itself. As a result of its own, the reshape is a second
+   kernel copying the operand's value out of a buffer of its own whenever the operand has other
+   readers (an optimizer's new moment, read again by the parameter's update). The operand is
+   kept apart from the roots (it is no root of its own, nor another root's operand taken
+   already: each result has a buffer of its own), and parameters stay behind their reshapes
+   (their values are other tensors' buffers). `cut` as in tb__exec_walk. *out (n entries, free
+   with tb__free) is NULL only when memory ran out. */
+static tb_status tb__exec_value_roots(tb_node *const *roots, size_t n, const tb_backend_impl *cut,
+                                      tb_node ***out) {
+    tb__exec_map taken;
+    tb_node **nodes;
+    size_t i;
+    tb_status st = TB_OK;
+    *out = NULL;
+    nodes = (tb_node **)tb__calloc(n + 1, sizeof *nodes);
+    if (nodes == NULL) return TB_ERR_OUT_OF_MEMORY;
+    memset(&taken, 0, sizeof taken);
+    for (i = 0; i < n && st == TB_OK; i++)
+        st = tb__exec_map_put(&taken, roots[i], 0);
+    for (i = 0; i < n && st == TB_OK; i++) {
+        tb_node *node = roots[i];
+        nodes[i] = node;
+        while (st == TB_OK && node->op == TB_OP_RESHAPE && node->value == NULL &&
+               node->num_operands == 1) {
+            tb_node *o = node->operands[0];
+            if (o == NULL || tb__exec_is_param(o) || (cut != NULL && !tb__exec_supported(cut, o)) ||
+                o->shape.dtype != node->shape.dtype || !tb_shape_equal(&o->shape, &node->shape) ||
+                tb__exec_map_get(&taken, o) != NULL)
+                break;
+            st = tb__exec_map_put(&taken, o, 0);
+            node = o;
+            nodes[i] = node;
+        }
+    }
+    tb__exec_map_free(&taken);
+    if (st != TB_OK) {
+        tb__free(nodes);
+        return st;
+    }
+    *out = nodes;
+    return TB_OK;
+}
+
 /* The bits of a graph's hash that count: tests keep fewer to force hash collisions. */
 static uint64_t tb__exec_hash_mask = ~(uint64_t)0;
 
@@ -1599,6 +1645,7 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
     tb_graph g;
     int32_t *root_donors = NULL;
     const tb_node **results = NULL;
+    tb_node **nodes = NULL; /* what the graph computes for each root (tb__exec_value_roots) */
     tb_backend_data **values = NULL;
     tb__comp_cache_entry *entry = NULL;
     bool ran = false, hit = false;
@@ -1608,11 +1655,15 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
 
     memset(&w, 0, sizeof(w));
     memset(out, 0, n * sizeof(tb_backend_data *));
-    st = tb__exec_walk_add(&w, ex->func, roots, n);
+    st = tb__exec_value_roots(roots, n, NULL, &nodes);
+    if (st == TB_OK) st = tb__exec_walk_add(&w, ex->func, nodes, n);
     if (st == TB_OK) st = tb__exec_run_fallbacks(ex, &w, &ran);
     if (st == TB_OK && ran) {
+        /* values computed by the fallback are parameters now: roots over them stay */
         tb__exec_walk_free(&w);
-        st = tb__exec_walk_add(&w, ex->func, roots, n);
+        tb__free(nodes);
+        st = tb__exec_value_roots(roots, n, NULL, &nodes);
+        if (st == TB_OK) st = tb__exec_walk_add(&w, ex->func, nodes, n);
     }
     if (st == TB_OK && donors != NULL) {
         root_donors = (int32_t *)tb__calloc(n + 1, sizeof(int32_t));
@@ -1620,7 +1671,7 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
         for (i = 0; i < n && st == TB_OK; i++)
             root_donors[i] = donors[i] != NULL ? tb__exec_donor_param(ex, &w, donors[i]) : -1;
     }
-    if (st == TB_OK) st = tb__exec_graph_make(ex, &w, roots, n, root_donors, &results, &g);
+    if (st == TB_OK) st = tb__exec_graph_make(ex, &w, nodes, n, root_donors, &results, &g);
     if (st != TB_OK) goto done;
 
     if (g.num_results > 0) {
@@ -1633,7 +1684,7 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
         if (tb_debug_level() >= 3) {
             tb__str text;
             memset(&text, 0, sizeof(text));
-            tb__exec_text_append(&text, &w, roots, n);
+            tb__exec_text_append(&text, &w, nodes, n);
             tb_log_message(TB_LOG_DEBUG, "graph %016llx IR:\n%s", (unsigned long long)g.hash,
                            text.data != NULL ? text.data : "");
             tb__str_free(&text);
@@ -1647,11 +1698,11 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
     }
     /* roots that are parameters need no computation: their values are at hand */
     for (i = 0, r = 0; i < n; i++) {
-        if (r < g.num_results && results[r] == roots[i]) {
+        if (r < g.num_results && results[r] == nodes[i]) {
             out[i] = values[r++];
             continue;
         }
-        out[i] = tb__exec_param_value(ex, roots[i]);
+        out[i] = tb__exec_param_value(ex, nodes[i]);
         if (out[i] == NULL) {
             st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
             break;
@@ -1671,6 +1722,7 @@ done:
     tb__free(values);
     tb__free((void *)results);
     tb__free(root_donors);
+    tb__free(nodes);
     tb__exec_walk_free(&w);
     return st;
 }

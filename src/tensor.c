@@ -927,6 +927,7 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     tb__exec_walk cw;
     tb_graph g;
     const tb_node **results = NULL;
+    tb_node **nodes = NULL;
     tb__saved_error saved;
     bool hit, ok = false;
     uint64_t compile_ns;
@@ -947,10 +948,10 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     if (st == TB_OK) {
         /* the graph a sync would compile once the eager fallback has run (tb_ir_backend_text) */
         cw.cut = ex.vt;
-        st = tb__exec_walk_add(&cw, func, roots->nodes, roots->count);
+        st = tb__exec_value_roots(roots->nodes, roots->count, ex.vt, &nodes);
     }
-    if (st == TB_OK)
-        st = tb__exec_graph_make(&ex, &cw, roots->nodes, roots->count, NULL, &results, &g);
+    if (st == TB_OK) st = tb__exec_walk_add(&cw, func, nodes, roots->count);
+    if (st == TB_OK) st = tb__exec_graph_make(&ex, &cw, nodes, roots->count, NULL, &results, &g);
     if (st == TB_OK && g.num_results == 0) st = TB_ERR_NOT_FOUND;
     if (st == TB_OK) st = tb__exec_compile(&ex, &g, &cw, entry, &hit, &compile_ns);
     if (st == TB_OK && !hit && tb_debug_level() >= 1)
@@ -982,6 +983,7 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
         *entry = NULL;
     }
     tb__free((void *)results);
+    tb__free(nodes);
     tb__exec_walk_free(&cw);
     if (!ok && (st == TB_ERR_OUT_OF_MEMORY || st == TB_ERR_OVERFLOW)) {
         *failed = true; /* the error stays: the dump fails with it */
@@ -1052,6 +1054,7 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
     tb__exec ex;
     tb_graph g;
     const tb_node **results = NULL;
+    tb_node **nodes = NULL;
     tb__comp_cache_entry *entry = NULL;
     char *text = NULL;
     bool hit;
@@ -1073,10 +1076,10 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
     if (st == TB_OK) {
         /* the graph a sync would compile once the eager fallback has run */
         w.cut = ex.vt;
-        st = tb__exec_walk_add(&w, ex.func, roots.nodes, roots.count);
+        st = tb__exec_value_roots(roots.nodes, roots.count, ex.vt, &nodes);
     }
-    if (st == TB_OK)
-        st = tb__exec_graph_make(&ex, &w, roots.nodes, roots.count, NULL, &results, &g);
+    if (st == TB_OK) st = tb__exec_walk_add(&w, ex.func, nodes, roots.count);
+    if (st == TB_OK) st = tb__exec_graph_make(&ex, &w, nodes, roots.count, NULL, &results, &g);
     if (st == TB_OK && g.num_results == 0) {
         text = tb__strdup("");
     } else if (st == TB_OK) {
@@ -1104,6 +1107,7 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
     }
     tb__comp_cache_release(entry);
     tb__free((void *)results);
+    tb__free(nodes);
     tb__exec_walk_free(&w);
     tb__exec_roots_free(&roots);
     return text;

@@ -537,6 +537,195 @@ static void test_compiles_once_native(void **state) {
     training_compiles_once("native");
 }
 
+/* ---- values behind an identity: computed once, into the result's buffer ---- */
+
+/* Kernels the backend has launched so far (opencl: the counter; native: its report). */
+static int64_t kernel_launches(const char *backend) {
+    char *report;
+    const char *at;
+    int64_t n = -1;
+    if (strcmp(backend, "opencl") == 0) return tb_metrics_counter("OpenCL::KernelLaunch");
+    report = tb_backend_metrics_report(backend);
+    assert_non_null(report);
+    at = strstr(report, "Native::KernelLaunch: ");
+    if (at != NULL) n = (int64_t)strtoll(at + strlen("Native::KernelLaunch: "), NULL, 10);
+    free(report);
+    assert_true(n >= 0);
+    return n;
+}
+
+/* A gradient requires grad, so an optimizer step's new moments come with history, and
+   tb_assign stores them behind an identity reshape that cuts it. The moment is read again by
+   the parameter's update: the step must still compute it once, straight into the moment's
+   buffer, not into a buffer of its own and then a copy per moment. Gradients attached or
+   detached, a step launches the same kernels. */
+static int64_t mlp_step_launches(mlp *m, tb_optimizer *opt, const char *backend, bool detach) {
+    tb_tensor *params[4] = {m->w1, m->b1, m->w2, m->b2}, *grads[4] = {NULL, NULL, NULL, NULL};
+    tb_tensor *loss = mlp_loss(m, m->x);
+    int64_t k0;
+    int i;
+    assert_int_equal(tb_grad(loss, NULL, params, 4, grads), TB_OK);
+    for (i = 0; detach && i < 4; i++) {
+        tb_tensor *g = tb_detach(grads[i]);
+        assert_non_null(g);
+        tb_tensor_release(grads[i]);
+        grads[i] = g;
+    }
+    k0 = kernel_launches(backend);
+    if (tb_optimizer_step(opt, grads, &loss, 1) != TB_OK) fail_msg("step: %s", tb_last_error());
+    k0 = kernel_launches(backend) - k0;
+    for (i = 0; i < 4; i++)
+        tb_tensor_release(grads[i]);
+    tb_tensor_release(loss);
+    return k0;
+}
+
+static void identity_results(const char *backend) {
+    tb_device dev;
+    double xv[6] = {-1.5, -0.5, 0.0, 0.25, 1.0, 2.0}, got[6], want[6];
+    int64_t dims[2] = {2, 3}, k0, attached[2], detached[2];
+    tb_tensor *x, *y, *yy, *d, *z, *sync[2], *params[4];
+    tb_optimizer_desc desc = tb_adamw_desc(0.01);
+    tb_optimizer *opt[2];
+    mlp m[2];
+    int i, step;
+    if (!device_of(backend, &dev)) skip();
+    /* y's detached copy and z = y * y + 1 in one sync: y computed once, into d's buffer */
+    x = upload(xv, TB_F32, 2, dims, &dev);
+    y = tb_exp(x);
+    d = tb_detach(y);
+    yy = tb_mul(y, y);
+    z = tb_add_scalar(yy, 1.0);
+    tb_tensor_release(yy);
+    assert_non_null(z);
+    sync[0] = d;
+    sync[1] = z;
+    k0 = kernel_launches(backend);
+    assert_int_equal(tb_sync(sync, 2), TB_OK);
+    assert_int_equal(kernel_launches(backend) - k0, 2);
+    read_values(d, got, 6);
+    for (i = 0; i < 6; i++) {
+        want[i] = exp(xv[i]);
+        assert_true(fabs(got[i] - want[i]) <= 1e-5 * want[i]);
+    }
+    read_values(z, got, 6);
+    for (i = 0; i < 6; i++)
+        assert_true(fabs(got[i] - (want[i] * want[i] + 1.0)) <= 1e-5 * (want[i] * want[i] + 1.0));
+    tb_tensor_release(x);
+    tb_tensor_release(y);
+    tb_tensor_release(d);
+    tb_tensor_release(z);
+    /* AdamW on the same model: with the gradients as tb_grad gives them, and detached */
+    for (i = 0; i < 2; i++) {
+        mlp_make(&m[i], &dev);
+        params[0] = m[i].w1;
+        params[1] = m[i].b1;
+        params[2] = m[i].w2;
+        params[3] = m[i].b2;
+        opt[i] = tb_optimizer_new(&desc, params, 4);
+        assert_non_null(opt[i]);
+    }
+    for (step = 0; step < 2; step++) {
+        attached[step] = mlp_step_launches(&m[0], opt[0], backend, false);
+        detached[step] = mlp_step_launches(&m[1], opt[1], backend, true);
+    }
+    print_message("%s: kernels per step %lld with the gradients attached, %lld detached\n", backend,
+                  (long long)attached[1], (long long)detached[1]);
+    assert_true(detached[1] > 0);
+    assert_int_equal(attached[1], detached[1]);
+    {
+        double a[320], b[320];
+        size_t n = read_values(m[0].w1, a, 320);
+        assert_int_equal(read_values(m[1].w1, b, 320), n);
+        for (i = 0; i < (int)n; i++)
+            assert_true(a[i] == b[i]);
+    }
+    for (i = 0; i < 2; i++) {
+        tb_optimizer_free(opt[i]);
+        mlp_free(&m[i]);
+    }
+}
+
+/* ReLU's backward masks the gradient with its result, as PyTorch does: the pre-activation
+   then has no reader but the ReLU, so a layer's matmul, bias and ReLU stay one kernel in a
+   training graph too, and the ReLU costs no kernel over the same layer without it. The
+   kernels of a sync of sum((x w + b)^2), or of sum(relu(x w + b)^2), and their gradients. */
+static int64_t layer_grad_launches(const char *backend, const tb_device *dev, bool relu) {
+    tb_shape s;
+    tb_tensor *x, *w, *b, *mm, *z, *h, *h2, *loss, *in[2], *g[2] = {NULL, NULL}, *sync[3];
+    int64_t k0;
+    int i;
+    assert_int_equal(tb_manual_seed(3), TB_OK);
+    s = tb_shape_of(TB_F32, 2, 64, 48);
+    x = tb_randn(&s, dev);
+    s = tb_shape_of(TB_F32, 2, 48, 32);
+    w = tb_randn(&s, dev);
+    s = tb_shape_of(TB_F32, 1, 32);
+    b = tb_randn(&s, dev);
+    assert_int_equal(tb_set_requires_grad(w, true), TB_OK);
+    assert_int_equal(tb_set_requires_grad(b, true), TB_OK);
+    sync[0] = x;
+    sync[1] = w;
+    sync[2] = b;
+    assert_int_equal(tb_sync(sync, 3), TB_OK);
+    mm = tb_matmul(x, w);
+    z = tb_add(mm, b);
+    h = relu ? tb_relu(z) : tb_tensor_retain(z);
+    h2 = tb_mul(h, h);
+    loss = tb_sum(h2, NULL, 0, false);
+    assert_non_null(loss);
+    in[0] = w;
+    in[1] = b;
+    assert_int_equal(tb_grad(loss, NULL, in, 2, g), TB_OK);
+    sync[0] = loss;
+    sync[1] = g[0];
+    sync[2] = g[1];
+    k0 = kernel_launches(backend);
+    assert_int_equal(tb_sync(sync, 3), TB_OK);
+    k0 = kernel_launches(backend) - k0;
+    for (i = 0; i < 2; i++)
+        tb_tensor_release(g[i]);
+    tb_tensor_release(loss);
+    tb_tensor_release(h2);
+    tb_tensor_release(h);
+    tb_tensor_release(z);
+    tb_tensor_release(mm);
+    tb_tensor_release(b);
+    tb_tensor_release(w);
+    tb_tensor_release(x);
+    return k0;
+}
+
+static void relu_backward_kernels(const char *backend) {
+    tb_device dev;
+    int64_t linear, relu;
+    if (!device_of(backend, &dev)) skip();
+    linear = layer_grad_launches(backend, &dev, false);
+    relu = layer_grad_launches(backend, &dev, true);
+    print_message("%s: a layer and its gradients in %lld kernels, %lld with a ReLU\n", backend,
+                  (long long)linear, (long long)relu);
+    assert_true(linear > 0);
+    assert_int_equal(relu, linear);
+}
+
+static void test_relu_backward_kernels_opencl(void **state) {
+    (void)state;
+    relu_backward_kernels("opencl");
+}
+static void test_relu_backward_kernels_native(void **state) {
+    (void)state;
+    relu_backward_kernels("native");
+}
+
+static void test_identity_results_opencl(void **state) {
+    (void)state;
+    identity_results("opencl");
+}
+static void test_identity_results_native(void **state) {
+    (void)state;
+    identity_results("native");
+}
+
 /* ---- buffer donation: tb_assign's new value computed into the old value's buffer ---- */
 
 /* A 3x3 f32 tensor holding base + 0, ..., base + 8. */
@@ -934,6 +1123,10 @@ int main(void) {
         cmocka_unit_test(test_compiles_once_cpu),
         cmocka_unit_test(test_compiles_once_opencl),
         cmocka_unit_test(test_compiles_once_native),
+        cmocka_unit_test(test_identity_results_opencl),
+        cmocka_unit_test(test_identity_results_native),
+        cmocka_unit_test(test_relu_backward_kernels_opencl),
+        cmocka_unit_test(test_relu_backward_kernels_native),
         cmocka_unit_test(test_donation_cpu),
         cmocka_unit_test(test_donation_opencl),
         cmocka_unit_test(test_donation_native),
