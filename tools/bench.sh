@@ -54,8 +54,8 @@
 # watched: a note says LEAK where they grow the device's bytes in use or the host heap.
 # Every result (ours on each backend, PyTorch's, the anchors') is checked against the cpu
 # reference backend or the host before anything is timed; a wrong one stops the run (exit
-# status 1). Timing: two warm-up calls per side, then rounds that call every side once in a
-# rotating order; each side's median is reported. In the bandwidth cases the caches are
+# status 1). Timing: two warm-up calls per side, then rounds that call every side once in an
+# order shuffled every round; each side's median is reported. In the bandwidth cases the caches are
 # flushed (a large buffer read, untimed) before each timed call, so every side streams from
 # memory as the bound does. BLAS sides sleep after each call (their threads spin); in matmul,
 # mlp and mlp_train every side gets an untimed call before each timed one. The table gives per

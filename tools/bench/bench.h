@@ -100,7 +100,7 @@ void json_machine(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* ---- timing ----
    A side is one way of doing the work of a case (our backends, PyTorch, an anchor). measure()
    calls each twice untimed (warm-up), once timed to size the repetitions, then the repetitions,
-   one call of every side per round, the order rotating from round to round; each side gets the
+   one call of every side per round, in an order shuffled anew every round; each side gets the
    median of its rounds. A flushed side finds the caches full of other data at each timed call
    (flush_caches). A primed side gets an untimed call right before each timed one (while
    its calls take under half a second), so that it runs at the speed of a loop of calls; a side

@@ -278,6 +278,8 @@ static int reps_for(double round_s, double slowest) {
     return r;
 }
 
+static uint64_t g_order_rng = 0x2545F4914F6CDD1Dull; /* the sides' order in each round */
+
 int measure(side *s, int n, int force_reps) {
     double round_s = 0, slowest = 0, tmp[64];
     int reps, r, j, k;
@@ -296,8 +298,21 @@ int measure(side *s, int n, int force_reps) {
     reps = force_reps > 0 ? force_reps : reps_for(round_s, slowest);
     if (reps > 64) reps = 64;
     for (r = 1; r < reps; r++) {
+        int order[64];
+        /* a fresh order every round: each side follows every other about as often, so that
+           none always pays for the same predecessor (a runtime switch, a BLAS pool waking) */
+        for (k = 0; k < n; k++)
+            order[k] = k;
+        for (k = n - 1; k > 0; k--) {
+            int m, t;
+            g_order_rng = g_order_rng * 6364136223846793005ull + 1442695040888963407ull;
+            m = (int)((g_order_rng >> 33) % (uint64_t)(k + 1));
+            t = order[k];
+            order[k] = order[m];
+            order[m] = t;
+        }
         for (k = 0; k < n; k++) {
-            j = (k + r) % n;
+            j = order[k];
             s[j].samples[r] = call_side(&s[j], &s[j].faults[r]);
         }
     }

@@ -7,8 +7,8 @@
    Every case checks every side's result (ours on each backend, PyTorch's, the anchors') against
    the cpu reference backend or a host computation before anything is timed; a wrong result stops
    the run with exit status 1. Timing: two untimed warm-ups per side, then rounds that call every
-   side once in a rotating order (each of ours ends when its result is ready: tb_sync, and
-   clFinish on OpenCL); the median of the rounds is reported.
+   side once in an order shuffled every round (each of ours ends when its result is ready: tb_sync,
+   and clFinish on OpenCL); the median of the rounds is reported.
 
    The program re-executes itself for the parts that need a fresh process:
        --child coldstart BACKEND     one MLP step in a new process (the caller sets TB_CACHE_DIR
