@@ -28213,7 +28213,19 @@ static void tb__native_dialect(tb__dialect *d) {
 
 /* ---- the thread pool ----
    One job at a time: a kernel's work items split into chunks, taken by the pool's threads
-   and the caller from a shared counter. */
+   and the caller from a shared counter.
+   On Linux the pool's threads are kept off the core the caller runs on (tb__native_place): the
+   caller works on the job as soon as it has woken them, and when all have slept (a pause
+   between calls) the scheduler may queue a woken thread on the caller's own core, where both
+   then share that core for the whole job (and the next ones) while another sits idle. Each
+   thread may run on the CPUs the caller may run on, less the caller's: a process or thread
+   that is pinned (taskset, sched_setaffinity) keeps its pool within its CPUs. */
+
+#if defined(__linux__)
+#define TB__NATIVE_CPU_WORDS 16 /* 1024 CPUs, as glibc's cpu_set_t */
+typedef int (*tb__native_affinity_fn)(pthread_t thread, size_t size, void *mask);
+typedef int (*tb__native_getcpu_fn)(void);
+#endif
 
 typedef void (*tb__native_fn)(void *const *args, long lo, long hi);
 
@@ -28230,6 +28242,15 @@ typedef struct tb__native_pool {
     int64_t next;   /* the next chunk to take (atomic) */
     size_t running; /* threads still working on this generation */
     bool stop;
+#if defined(__linux__)
+    /* pthread_getaffinity_np, pthread_setaffinity_np and sched_getcpu (looked up, as they are
+       GNU extensions; NULL: the threads are left where the scheduler puts them), and the
+       caller's CPU and CPU mask the threads were last placed for */
+    tb__native_affinity_fn get_affinity, set_affinity;
+    tb__native_getcpu_fn getcpu;
+    int placed_cpu;
+    unsigned long placed_mask[TB__NATIVE_CPU_WORDS];
+#endif
 } tb__native_pool;
 
 static int64_t tb__native_take(tb__native_pool *p) {
@@ -28267,6 +28288,47 @@ static void *tb__native_thread(void *arg) {
     return NULL;
 }
 
+#if defined(__linux__)
+static void tb__native_place_init(tb__native_pool *p) {
+    void *self = dlopen(NULL, RTLD_LAZY), *get, *set, *cpu;
+    p->placed_cpu = -1;
+    if (self == NULL) return;
+    get = dlsym(self, "pthread_getaffinity_np");
+    set = dlsym(self, "pthread_setaffinity_np");
+    cpu = dlsym(self, "sched_getcpu");
+    if (get == NULL || set == NULL || cpu == NULL) return;
+    /* ISO C has no cast from an object pointer to a function pointer; POSIX guarantees the
+       representations match. The mask is glibc's cpu_set_t: bits in unsigned longs. */
+    memcpy(&p->get_affinity, &get, sizeof get);
+    memcpy(&p->set_affinity, &set, sizeof set);
+    memcpy(&p->getcpu, &cpu, sizeof cpu);
+}
+
+/* Before a job: the pool's threads may run on the caller's CPUs less the one it runs on (all of
+   the caller's where it has only that one). Two system calls when nothing changed. */
+static void tb__native_place(tb__native_pool *p) {
+    unsigned long mask[TB__NATIVE_CPU_WORDS];
+    int cpu;
+    size_t i, w = sizeof(unsigned long) * CHAR_BIT;
+    bool other = false;
+    if (p->set_affinity == NULL) return;
+    cpu = p->getcpu();
+    memset(mask, 0, sizeof mask);
+    if (cpu < 0 || (size_t)cpu >= TB__NATIVE_CPU_WORDS * w ||
+        p->get_affinity(pthread_self(), sizeof mask, mask) != 0)
+        return;
+    if (cpu == p->placed_cpu && memcmp(mask, p->placed_mask, sizeof mask) == 0) return;
+    p->placed_cpu = cpu;
+    memcpy(p->placed_mask, mask, sizeof mask);
+    mask[(size_t)cpu / w] &= ~(1ul << ((size_t)cpu % w));
+    for (i = 0; i < TB__NATIVE_CPU_WORDS; i++)
+        other = other || mask[i] != 0;
+    if (!other) memcpy(mask, p->placed_mask, sizeof mask);
+    for (i = 0; i < p->num_threads; i++)
+        (void)p->set_affinity(p->threads[i], sizeof mask, mask);
+}
+#endif
+
 /* A pool of `threads` threads besides the caller; NULL with the error set. */
 static tb__native_pool *tb__native_pool_new(size_t threads) {
     tb__native_pool *p = (tb__native_pool *)tb__calloc(1, sizeof *p);
@@ -28283,6 +28345,9 @@ static tb__native_pool *tb__native_pool_new(size_t threads) {
         if (pthread_create(&p->threads[i], NULL, tb__native_thread, p) != 0) break;
         p->num_threads++;
     }
+#if defined(__linux__)
+    tb__native_place_init(p);
+#endif
     return p;
 }
 
@@ -28314,6 +28379,9 @@ static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *ar
     }
     parts = (int64_t)(p->num_threads + 1) * 4;
     if (parts > total) parts = total;
+#if defined(__linux__)
+    tb__native_place(p);
+#endif
     pthread_mutex_lock(&p->lock);
     p->fn = fn;
     p->args = args;
