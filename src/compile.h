@@ -99,6 +99,9 @@ typedef struct tb__tuning {
     /* reductions with vectors: from this many bytes per accumulator, each accumulator reads its
        own part of the range (a core's prefetchers follow several streams at once) */
     int64_t stream_min_bytes;
+    /* reductions with vectors: vector accumulators per work item (each its own part of the
+       range from stream_min_bytes on) */
+    int32_t red_vec_lanes;
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
