@@ -1990,7 +1990,9 @@ TBDEF tb_status tb_barrier(tb_process_group *group);
    moves them with tb_to_device (one copy where either side keeps its values in host memory,
    else through one host array the library keeps) and combines them lazily on the receiving
    device: the sums are computed on the first device in shard order and copied to the others,
-   so that every replica holds the same bits.
+   so that every replica holds the same bits. A sharded tensor's shards stay the same handles
+   once it is made (an optimizer may update their values in place), and it may be read from
+   several threads; calls that sync follow tb_sync's rules.
    =========================================================================================== */
 
 typedef enum tb_placement {
@@ -2008,10 +2010,12 @@ typedef struct tb_sharded tb_sharded;
 /* x over `count` devices (1..TB_MAX_SHARDS; a device may appear more than once). TB_SHARD
    splits along `axis` (negative counts from the end) as numpy.array_split does: the first
    (d % count) shards get one row more, and a shard may be empty when d < count. TB_REPLICATE
-   copies x to every device; TB_PARTIAL puts x on the first device and zeros on the others
-   (DTensor's rule). `axis` is read only for TB_SHARD. x stays the caller's. NULL on error: NULL
-   arguments, count 0 or above TB_MAX_SHARDS (TB_ERR_INVALID_ARGUMENT), a bad axis
-   (TB_ERR_SHAPE), an unknown device, a failed sync or copy (their errors). */
+   copies x to every device, a handle of its own on each (on x's own device sharing x's value),
+   so that replicas can each require grad or be updated in place; TB_PARTIAL puts x on the
+   first device and zeros on the others (DTensor's rule). A pending x is synced once first. `axis`
+   is read only for TB_SHARD. x stays the caller's. NULL on error: NULL arguments, count 0 or above
+   TB_MAX_SHARDS (TB_ERR_INVALID_ARGUMENT), a bad axis (TB_ERR_SHAPE), an unknown device, a failed
+   sync or copy (their errors). */
 #define TB_MAX_SHARDS 64
 TBDEF tb_sharded *tb_distribute(tb_tensor *x, const tb_device *devices, size_t count,
                                 tb_placement placement, int32_t axis);
@@ -2026,8 +2030,8 @@ TBDEF tb_sharded *tb_sharded_from_tensors(tb_tensor *const *tensors, size_t coun
    tensor of tb_sharded_to_tensor) go to the open scope like any returned handle. */
 TBDEF void tb_sharded_release(tb_sharded *s);
 
-TBDEF size_t tb_sharded_count(const tb_sharded *s); /* 0 for NULL */
-TBDEF tb_placement tb_sharded_placement(const tb_sharded *s);
+TBDEF size_t tb_sharded_count(const tb_sharded *s);           /* 0 for NULL */
+TBDEF tb_placement tb_sharded_placement(const tb_sharded *s); /* TB_PLACEMENT_COUNT for NULL */
 /* the sharded axis (non-negative) for TB_SHARD, -1 otherwise and for NULL */
 TBDEF int32_t tb_sharded_axis(const tb_sharded *s);
 /* the whole tensor's shape (TB_SHARD: the shards' dims summed along the axis) */
@@ -2050,15 +2054,16 @@ TBDEF tb_sharded *tb_sharded_redistribute(tb_sharded *s, tb_placement placement,
    TB_ERR_DTYPE), the result on every device (TB_REPLICATE): torch.distributed.all_reduce with
    a device for a rank. A TB_PARTIAL tensor's SUM is its redistribution to TB_REPLICATE. */
 TBDEF tb_sharded *tb_sharded_all_reduce(tb_sharded *s, tb_reduce_op op);
-/* Several at once: one sync for every input's shards, one for the sums. out[i] is NULL for
-   every i on error. */
+/* Several at once: one sync per device for every input's shards, one for the sums. out may be
+   in (it is written once every input was read); out[i] is NULL for every i on error. */
 TBDEF tb_status tb_sharded_all_reduce_many(tb_sharded *const *in, size_t n, tb_reduce_op op,
                                            tb_sharded **out);
 
 /* ---- ops per shard (lazy; nothing moves unless said) ---- */
 
-/* op(shard) on every shard; the placement stays (TB_PARTIAL is refused unless op is tb_neg: a
-   sum of partial values only commutes with linear ops; redistribute first). */
+/* op(shard) on every shard; the placement stays. op must keep each shard's dims and device (an
+   elementwise op, a cast): anything else is TB_ERR_SHAPE (tb_sharded_map takes it). TB_PARTIAL
+   is refused unless op is tb_neg: a sum of partial values only commutes with linear ops. */
 TBDEF tb_sharded *tb_sharded_unary(tb_tensor *(*op)(tb_tensor *), tb_sharded *x);
 /* op(a_i, b_i) shard by shard, for any binary op of the library (tb_add, tb_mul, tb_maximum,
    ...) or of the caller, broadcasting as op does. Placements: shard with shard (the same
@@ -2078,8 +2083,10 @@ TBDEF tb_sharded *tb_sharded_matmul(tb_sharded *a, tb_sharded *b);
 /* Reductions as tb_sum/tb_mean/tb_max/tb_min per shard; one over the sharded axis finishes with
    the all-reduce across the devices (TB_REPLICATE result): a sum of shards, the mean over the
    whole axis, the max or min of the shards' maxima or minima. Reducing other axes keeps the
-   sharding (the axis renumbered when keepdim is false). A TB_PARTIAL sum stays TB_PARTIAL; its
-   max, min or mean are refused (redistribute first). */
+   sharding (the axis renumbered when keepdim is false). f16 and bf16 sums and means over the
+   sharded axis add in f32 and round once. A max or min over the sharded axis skips empty
+   shards. A TB_PARTIAL sum or mean stays TB_PARTIAL (both are linear); its max or min, and any
+   reduction of a partial bool tensor, are refused (redistribute first). */
 TBDEF tb_sharded *tb_sharded_sum(tb_sharded *x, const int32_t *axes, size_t num_axes, bool keepdim);
 TBDEF tb_sharded *tb_sharded_mean(tb_sharded *x, const int32_t *axes, size_t num_axes,
                                   bool keepdim);
@@ -2087,7 +2094,8 @@ TBDEF tb_sharded *tb_sharded_max(tb_sharded *x, const int32_t *axes, size_t num_
 TBDEF tb_sharded *tb_sharded_min(tb_sharded *x, const int32_t *axes, size_t num_axes, bool keepdim);
 
 /* Anything else, per shard: fn(user, shard i of every input, i) must return shard i of the
-   result (a new reference, on that shard's device, or NULL with an error set), which gets
+   result (a new reference, such as an op returns, on that shard's device, or NULL with an
+   error set; the result keeps it whatever scope is open), which gets
    `placement` (and `axis` for TB_SHARD), checked as tb_sharded_from_tensors checks. Every input
    has the same count of shards; shards of sharded inputs are passed as they are and replicas
    whole, so fn sees what one device holds. */
@@ -2099,11 +2107,14 @@ TBDEF tb_sharded *tb_sharded_map(tb_sharded *const *inputs, size_t num_inputs, t
    share of the loss, computed from its shard of the batch) and params[j] TB_REPLICATE on the
    same devices (each replica requires grad); grads[j] is the gradient of the summed loss with
    respect to the replicated parameter, on every device (TB_REPLICATE): each device's tb_grad,
-   then one all-reduce (sum) of them all, as DDP's buckets do. The `num_also` tensors of `also`
-   (per-device values of equal shapes: the loss itself, a count of right answers) are summed in
-   the same all-reduce into also_out (TB_REPLICATE), so that the sync that computes the
-   gradients computes them too (num_also 0: also and also_out may be NULL). On error grads and
-   also_out are all NULL. */
+   then one all-reduce (sum) of them all, as DDP's buckets do. grads[j] is NULL where no
+   device's loss depends on params[j] (tb_optimizer_step leaves such a parameter alone); a
+   device whose loss does not while another's does contributes zeros. The `num_also` tensors of
+   `also` (per-device values of equal shapes: the loss itself, a count of right answers) are summed
+   in the same all-reduce into also_out (TB_REPLICATE), so that the sync that computes the gradients
+   computes them too (num_also 0: also and also_out may be NULL; n 0: params and grads may be).
+   grads may be params and also_out may be also: they are written last. On error grads and also_out
+   are all NULL. */
 TBDEF tb_status tb_sharded_grad(tb_sharded *loss, tb_sharded *const *params, size_t n,
                                 tb_sharded **grads, tb_sharded *const *also, size_t num_also,
                                 tb_sharded **also_out);
@@ -2517,6 +2528,8 @@ static tb_tensor *tb__tensor_borrow(const char *func, const void *host, const tb
 static void tb__scope_disown(tb_tensor *t);
 /* a new reference to an existing tensor, returned to the caller: a scope owns it; returns t */
 static tb_tensor *tb__scope_claim(tb_tensor *t);
+/* the reference a library call just returned on this thread is the caller's, not its scope's */
+static void tb__scope_take(tb_tensor *t);
 
 /* reference.c: the reference interpreter (the cpu backend runs it). A graph's parameter values
    and results are contiguous host arrays of the nodes' shapes. */
@@ -9847,6 +9860,26 @@ static void tb__scope_disown(tb_tensor *t) {
     if (TB__ATOMIC_LOAD(&t->scope_refs) == 0) return; /* in no scope: the common case */
     tb__mutex_lock(&tb__tensor_live_mutex);
     if (t->scope != NULL && TB__ATOMIC_LOAD(&t->refcount) <= TB__ATOMIC_LOAD(&t->scope_refs)) {
+        if (TB__ATOMIC_LOAD(&t->scope_refs) > 1) {
+            TB__ATOMIC_ADD(&t->scope_refs, -1);
+        } else {
+            (void)tb__scope_unlink(t);
+        }
+    }
+    tb__mutex_unlock(&tb__tensor_live_mutex);
+}
+
+/* The reference a library call has just returned on this thread leaves the scope that took
+   it: when t belongs to one of the calling thread's scopes, that scope owns one reference
+   fewer (the caller's code keeps or releases it itself). Unlike tb__scope_disown it does not
+   guess whose reference it is: call it right after the call that returned t. */
+static void tb__scope_take(tb_tensor *t) {
+    tb__scope *s = tb__scope_current();
+    if (t == NULL || s == NULL || TB__ATOMIC_LOAD(&t->scope_refs) == 0) return;
+    tb__mutex_lock(&tb__tensor_live_mutex);
+    while (s != NULL && s != t->scope)
+        s = s->parent;
+    if (s != NULL) {
         if (TB__ATOMIC_LOAD(&t->scope_refs) > 1) {
             TB__ATOMIC_ADD(&t->scope_refs, -1);
         } else {
@@ -30978,10 +31011,24 @@ static bool tb__shard_same_device(tb_tensor *t, const tb_device *device) {
     return tb_device_equal(&d, device);
 }
 
+/* Every tensor a library call returns inside this part goes through here: the reference is
+   this code's, not the open scope's (it keeps it in a sharded tensor or releases it itself).
+   What is handed back to the caller as a tensor goes to the scope again (tb__scope_claim). */
+static tb_tensor *tb__shard_own(tb_tensor *t) {
+    tb__scope_take(t);
+    return t;
+}
+
 /* x on `device`: a new reference to x where it already is (nothing runs), else tb_to_device. */
 static tb_tensor *tb__shard_move(tb_tensor *x, const tb_device *device) {
     if (tb__shard_same_device(x, device)) return tb_tensor_retain(x);
-    return tb_to_device(x, device);
+    return tb__shard_own(tb_to_device(x, device));
+}
+
+/* A replica of x on `device`: a handle of its own (sharing x's value on x's device), so that
+   replicas can each require grad or be updated in place without touching x or each other. */
+static tb_tensor *tb__shard_replica(tb_tensor *x, const tb_device *device) {
+    return tb__shard_own(tb_to_device(x, device));
 }
 
 /* Checks per-device tensors against a placement and fills s's shape (s->shards are set). */
@@ -31017,8 +31064,15 @@ static tb_status tb__shard_fill(const char *fn, tb_sharded *s, tb_placement plac
                              placement == TB_SHARD ? ": only the sharded axis may differ"
                                                    : ": shards of equal shape");
         }
-        if (placement == TB_SHARD) whole.dims[s->axis] += si.dims[s->axis];
+        if (placement == TB_SHARD) {
+            if (si.dims[s->axis] > INT64_MAX - whole.dims[s->axis])
+                return tb__error(TB_ERR_OVERFLOW, "%s: the shards' sizes along axis %d overflow",
+                                 fn, (int)s->axis);
+            whole.dims[s->axis] += si.dims[s->axis];
+        }
     }
+    if (tb_shape_validate(&whole) != TB_OK)
+        return tb__error(tb_last_status(), "%s: the whole tensor: %s", fn, tb_last_error());
     s->shape = whole;
     return TB_OK;
 }
@@ -31041,7 +31095,6 @@ static tb_sharded *tb__shard_adopt(const char *fn, tb_tensor **t, size_t n, tb_p
         return NULL;
     }
     for (i = 0; i < n; i++) {
-        tb__scope_disown(t[i]); /* the sharded tensor keeps it: a scope no longer owns it */
         s->shards[i] = t[i];
         t[i] = NULL;
     }
@@ -31101,19 +31154,21 @@ TBDEF tb_sharded *tb_distribute(tb_tensor *x, const tb_device *devices, size_t c
     }
     shape = tb_tensor_shape(x);
     if (placement == TB_SHARD && tb__shard_axis(fn, axis, shape.rank, &ax) != TB_OK) return NULL;
+    /* a pending x runs once, not once per device it is copied to */
+    if (tb_sync(&x, 1) != TB_OK) return NULL;
     memset(t, 0, sizeof t);
     for (i = 0; i < count; i++) {
         if (placement == TB_SHARD) {
             int64_t lo, hi;
             tb_tensor *part;
             tb__shard_bounds(shape.dims[ax], count, i, &lo, &hi);
-            part = tb_slice(x, ax, lo, hi, 1);
+            part = tb__shard_own(tb_slice(x, ax, lo, hi, 1));
             t[i] = part != NULL ? tb__shard_move(part, &devices[i]) : NULL;
             tb_tensor_release(part);
         } else if (placement == TB_PARTIAL && i > 0) {
-            t[i] = tb_zeros(&shape, &devices[i]);
+            t[i] = tb__shard_own(tb_zeros(&shape, &devices[i]));
         } else {
-            t[i] = tb__shard_move(x, &devices[i]);
+            t[i] = tb__shard_replica(x, &devices[i]);
         }
         if (t[i] == NULL) {
             tb__shard_release_all(t, i);
@@ -31143,9 +31198,12 @@ TBDEF tb_shape tb_sharded_shape(const tb_sharded *s) {
 }
 
 TBDEF tb_tensor *tb_sharded_shard(const tb_sharded *s, size_t i) {
-    if (s == NULL || i >= s->count) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_sharded_shard: %s",
-                  s == NULL ? "s is NULL" : "index out of range");
+    if (s == NULL) {
+        tb__shard_null("tb_sharded_shard", "s");
+        return NULL;
+    }
+    if (i >= s->count) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_sharded_shard: shard %zu of %zu", i, s->count);
         return NULL;
     }
     return s->shards[i];
@@ -31216,7 +31274,7 @@ static tb_tensor *tb__shard_combine(tb_tensor *acc, tb_tensor *x, tb_reduce_op o
         break;
     }
     tb_tensor_release(acc);
-    return r;
+    return tb__shard_own(r);
 }
 
 /* The reduction over the devices of `count` tensors of equal shape, in shard order, on
@@ -31230,7 +31288,7 @@ static tb_tensor *tb__shard_reduce_on(tb_tensor *const *t, size_t count, tb_redu
     for (j = 0; j < count; j++) {
         tb_tensor *m = tb__shard_move(t[j], device), *w = m;
         if (m != NULL && half) {
-            w = tb_cast(m, TB_F32);
+            w = tb__shard_own(tb_cast(m, TB_F32));
             tb_tensor_release(m);
         }
         if (w == NULL) {
@@ -31246,12 +31304,12 @@ static tb_tensor *tb__shard_reduce_on(tb_tensor *const *t, size_t count, tb_redu
         if (acc == NULL) return NULL;
     }
     if (op == TB_REDUCE_MEAN) {
-        tb_tensor *m = tb_div_scalar(acc, (double)count);
+        tb_tensor *m = tb__shard_own(tb_div_scalar(acc, (double)count));
         tb_tensor_release(acc);
         acc = m;
     }
     if (acc != NULL && half) {
-        tb_tensor *c = tb_cast(acc, dtype);
+        tb_tensor *c = tb__shard_own(tb_cast(acc, dtype));
         tb_tensor_release(acc);
         acc = c;
     }
@@ -31282,22 +31340,12 @@ static tb_status tb__shard_reduce_check(const char *fn, tb_sharded *s, tb_reduce
     return TB_OK;
 }
 
-TBDEF tb_status tb_sharded_all_reduce_many(tb_sharded *const *in, size_t n, tb_reduce_op op,
-                                           tb_sharded **out) {
-    static const char fn[] = "tb_sharded_all_reduce_many";
-    tb_tensor **sums = NULL;
+/* The all-reduce of in[0..n) into res (each NULL on entry), the inputs checked. */
+static tb_status tb__shard_all_reduce_run(const char *fn, tb_sharded *const *in, size_t n,
+                                          tb_reduce_op op, tb_sharded **res) {
+    tb_tensor **sums = (tb_tensor **)tb__calloc(n, sizeof *sums), **order = NULL;
     size_t i, j;
-    tb_status st = TB_OK;
-    if (out != NULL) {
-        for (i = 0; i < n; i++)
-            out[i] = NULL;
-    }
-    if (in == NULL || out == NULL) return tb__shard_null(fn, in == NULL ? "in" : "out");
-    for (i = 0; i < n && st == TB_OK; i++) {
-        st = in[i] == NULL ? tb__shard_null(fn, "an input") : tb__shard_reduce_check(fn, in[i], op);
-    }
-    if (st != TB_OK || n == 0) return st;
-    sums = (tb_tensor **)tb__calloc(n, sizeof *sums);
+    tb_status st;
     if (sums == NULL) return TB_ERR_OUT_OF_MEMORY;
     st = tb__shard_sync(in, n);
     for (i = 0; i < n && st == TB_OK; i++) {
@@ -31306,17 +31354,21 @@ TBDEF tb_status tb_sharded_all_reduce_many(tb_sharded *const *in, size_t n, tb_r
         if (sums[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
     }
     if (st == TB_OK) {
-        tb_tensor **order = (tb_tensor **)tb__calloc(n, sizeof *order);
+        order = (tb_tensor **)tb__calloc(n, sizeof *order);
         if (order == NULL) st = TB_ERR_OUT_OF_MEMORY;
-        if (order != NULL) memcpy(order, sums, n * sizeof *order);
-        if (order != NULL) st = tb__shard_sync_list(order, n);
-        tb__free(order);
     }
+    if (st == TB_OK) {
+        memcpy(order, sums, n * sizeof *order);
+        st = tb__shard_sync_list(order, n);
+    }
+    tb__free(order);
+    /* the first device's sum, and a handle of its own on every other device */
     for (i = 0; i < n && st == TB_OK; i++) {
         tb_tensor *t[TB_MAX_SHARDS];
-        for (j = 0; j < in[i]->count; j++) {
+        t[0] = tb_tensor_retain(sums[i]);
+        for (j = 1; j < in[i]->count; j++) {
             tb_device dj = tb_tensor_device(in[i]->shards[j]);
-            t[j] = tb__shard_move(sums[i], &dj);
+            t[j] = tb__shard_replica(sums[i], &dj);
             if (t[j] == NULL) {
                 tb__shard_release_all(t, j);
                 st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
@@ -31324,18 +31376,39 @@ TBDEF tb_status tb_sharded_all_reduce_many(tb_sharded *const *in, size_t n, tb_r
             }
         }
         if (st == TB_OK) {
-            out[i] = tb__shard_adopt(fn, t, in[i]->count, TB_REPLICATE, 0);
-            if (out[i] == NULL) st = tb_last_status();
+            res[i] = tb__shard_adopt(fn, t, in[i]->count, TB_REPLICATE, 0);
+            if (res[i] == NULL) st = tb_last_status();
         }
     }
-    if (sums != NULL) tb__shard_release_all(sums, n);
+    tb__shard_release_all(sums, n);
     tb__free(sums);
-    if (st != TB_OK) {
-        for (i = 0; i < n; i++) {
-            tb_sharded_release(out[i]);
+    return st;
+}
+
+TBDEF tb_status tb_sharded_all_reduce_many(tb_sharded *const *in, size_t n, tb_reduce_op op,
+                                           tb_sharded **out) {
+    static const char fn[] = "tb_sharded_all_reduce_many";
+    tb_sharded **res;
+    size_t i;
+    tb_status st = TB_OK;
+    if (in == NULL || out == NULL) {
+        st = tb__shard_null(fn, in == NULL ? "in" : "out");
+        for (i = 0; out != NULL && i < n; i++)
             out[i] = NULL;
-        }
+        return st;
     }
+    for (i = 0; i < n && st == TB_OK; i++) {
+        st = in[i] == NULL ? tb__shard_null(fn, "an input") : tb__shard_reduce_check(fn, in[i], op);
+    }
+    res = (tb_sharded **)tb__calloc(n == 0 ? 1 : n, sizeof *res);
+    if (st == TB_OK && res == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    /* out may be in: it is written only once every input was read */
+    if (st == TB_OK && n > 0) st = tb__shard_all_reduce_run(fn, in, n, op, res);
+    for (i = 0; i < n; i++) {
+        if (st != TB_OK && res != NULL) tb_sharded_release(res[i]);
+        out[i] = st == TB_OK ? res[i] : NULL;
+    }
+    tb__free(res);
     return st;
 }
 
@@ -31359,7 +31432,7 @@ static tb_tensor *tb__shard_whole_on(tb_sharded *s, const tb_device *device) {
         for (j = 0; j < s->count; j++) {
             if (tb__shard_same_device(s->shards[j], device)) return tb_tensor_retain(s->shards[j]);
         }
-        return tb_to_device(s->shards[0], device);
+        return tb__shard_own(tb_to_device(s->shards[0], device));
     }
     for (j = 0; j < s->count; j++) {
         t[j] = tb__shard_move(s->shards[j], device);
@@ -31368,28 +31441,24 @@ static tb_tensor *tb__shard_whole_on(tb_sharded *s, const tb_device *device) {
             return NULL;
         }
     }
-    r = s->count == 1 ? tb_tensor_retain(t[0]) : tb_concat(t, s->count, s->axis);
+    r = s->count == 1 ? tb_tensor_retain(t[0]) : tb__shard_own(tb_concat(t, s->count, s->axis));
     tb__shard_release_all(t, s->count);
     return r;
 }
 
 TBDEF tb_tensor *tb_sharded_to_tensor(tb_sharded *s, const tb_device *device) {
     tb_tensor *r;
-    size_t j;
     tb_device d;
     if (s == NULL) {
         tb__shard_null("tb_sharded_to_tensor", "s");
         return NULL;
     }
     d = device != NULL ? *device : tb_tensor_device(s->shards[0]);
-    /* a replica already there needs no sync; a shard handed back is the scope's like any
-       returned handle */
+    /* a replica already there needs no sync; the tensor handed back is the open scope's like
+       any returned handle */
     if (s->placement != TB_REPLICATE && tb__shard_sync(&s, 1) != TB_OK) return NULL;
     r = tb__shard_whole_on(s, &d);
-    for (j = 0; r != NULL && j < s->count; j++) {
-        if (r == s->shards[j]) return tb__scope_claim(r);
-    }
-    return r;
+    return tb__scope_claim(r);
 }
 
 /* A new sharded tensor with the same shards. */
@@ -31414,7 +31483,7 @@ static tb_status tb__shard_pieces(tb_sharded *s, int32_t axis, int64_t d, tb_ten
         int64_t lo, hi;
         tb__shard_bounds(d, n, i, &lo, &hi);
         for (j = 0; j < n && st == TB_OK; j++) {
-            pieces[i * n + j] = tb_slice(s->shards[j], axis, lo, hi, 1);
+            pieces[i * n + j] = tb__shard_own(tb_slice(s->shards[j], axis, lo, hi, 1));
             if (pieces[i * n + j] == NULL) st = tb_last_status();
         }
     }
@@ -31447,7 +31516,7 @@ static tb_sharded *tb__shard_scatter(const char *fn, tb_sharded *s, int32_t axis
                 m[j] = tb__shard_move(pieces[i * n + j], &di);
                 if (m[j] == NULL) break;
             }
-            t[i] = j == n ? tb_concat(m, n, s->axis) : NULL;
+            t[i] = j == n ? tb__shard_own(tb_concat(m, n, s->axis)) : NULL;
             tb__shard_release_all(m, j);
         }
         if (t[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
@@ -31471,7 +31540,7 @@ static tb_sharded *tb__shard_gather(const char *fn, tb_sharded *s, tb_placement 
     for (i = 0; i < n; i++) {
         tb_device di = tb_tensor_device(s->shards[i]);
         if (placement == TB_PARTIAL && i > 0)
-            t[i] = tb_zeros(&s->shape, &di);
+            t[i] = tb__shard_own(tb_zeros(&s->shape, &di));
         else
             t[i] = tb__shard_whole_on(s, &di);
         if (t[i] == NULL) {
@@ -31506,7 +31575,7 @@ TBDEF tb_sharded *tb_sharded_redistribute(tb_sharded *s, tb_placement placement,
         for (i = 0; i < s->count; i++) {
             int64_t lo, hi;
             tb__shard_bounds(s->shape.dims[ax], s->count, i, &lo, &hi);
-            t[i] = tb_slice(s->shards[i], ax, lo, hi, 1);
+            t[i] = tb__shard_own(tb_slice(s->shards[i], ax, lo, hi, 1));
             if (t[i] == NULL) {
                 tb__shard_release_all(t, i);
                 return NULL;
@@ -31569,13 +31638,17 @@ static tb_tensor *tb__shard_align(const char *fn, tb_sharded *r, tb_sharded *sh,
         char a[96], b[96];
         tb_shape_format(&sh->shape, a, sizeof a);
         tb_shape_format(&rs, b, sizeof b);
-        tb__error(TB_ERR_SHAPE, "%s: the sharded %s and the replicated %s do not broadcast", fn, a,
-                  b);
+        tb__error(TB_ERR_SHAPE,
+                  "%s: the replicated %s meets the axis %d of the sharded %s with %lld rows, not "
+                  "%lld or 1: redistribute one of them first",
+                  fn, b, (int)sh->axis, a, (long long)rs.dims[k],
+                  (long long)sh->shape.dims[sh->axis]);
         return NULL;
     }
     for (j = 0; j < i; j++)
         lo += tb_tensor_shape(sh->shards[j]).dims[sh->axis];
-    return tb_slice(r->shards[i], k, lo, lo + tb_tensor_shape(sh->shards[i]).dims[sh->axis], 1);
+    return tb__shard_own(
+        tb_slice(r->shards[i], k, lo, lo + tb_tensor_shape(sh->shards[i]).dims[sh->axis], 1));
 }
 
 /* Whether a and b, both sharded, split alike at the same position from the end. */
@@ -31604,9 +31677,26 @@ TBDEF tb_sharded *tb_sharded_unary(tb_tensor *(*op)(tb_tensor *), tb_sharded *x)
     }
     if (op != tb_neg && tb__shard_refuse_partial(fn, x, "x") != TB_OK) return NULL;
     for (i = 0; i < x->count; i++) {
-        t[i] = op(x->shards[i]);
+        tb_shape in = tb_tensor_shape(x->shards[i]), out;
+        tb_device want = tb_tensor_device(x->shards[i]);
+        int32_t k;
+        bool same;
+        t[i] = tb__shard_own(op(x->shards[i]));
         if (t[i] == NULL) {
             tb__shard_release_all(t, i);
+            return NULL;
+        }
+        /* elementwise only: a view or a reduction would leave the placement wrong */
+        out = tb_tensor_shape(t[i]);
+        same = out.rank == in.rank && tb__shard_same_device(t[i], &want);
+        for (k = 0; same && k < in.rank; k++)
+            same = out.dims[k] == in.dims[k];
+        if (!same) {
+            tb__error(TB_ERR_SHAPE,
+                      "%s: op changed shard %zu's shape or device (an elementwise op keeps "
+                      "them; tb_sharded_map takes any other)",
+                      fn, i);
+            tb__shard_release_all(t, i + 1);
             return NULL;
         }
     }
@@ -31642,7 +31732,7 @@ static tb_sharded *tb__shard_pairwise(const char *fn, tb_tensor *(*op)(tb_tensor
             tb__shard_release_all(t, i);
             return NULL;
         }
-        t[i] = op(x, y);
+        t[i] = tb__shard_own(op(x, y));
         tb_tensor_release(x);
         tb_tensor_release(y);
         if (t[i] == NULL) {
@@ -31744,64 +31834,118 @@ static tb_tensor *tb__shard_div_fn(void *user, tb_tensor *const *shards, size_t 
     return tb_div_scalar(shards[0], *(const double *)user);
 }
 
-static tb_sharded *tb__shard_reduce(const char *fn, tb_sharded *x, const int32_t *axes,
-                                    size_t num_axes, bool keepdim, tb_reduce_op op) {
-    static const tb__shard_reduce_fn per[TB_REDUCE_OP_COUNT] = {tb_sum, tb_sum, tb_max, tb_min,
+/* One shard's part of a reduction. Over the sharded axis: a sum for a mean (divided by the
+   whole count after the all-reduce), and f16 and bf16 sums and means in f32 (rounded once at
+   the end, as tb_sum and tb_mean do); elsewhere the op itself. */
+static tb_tensor *tb__shard_reduce_one(tb_tensor *shard, const int32_t *axes, size_t num_axes,
+                                       bool keepdim, tb_reduce_op op, bool hit) {
+    static const tb__shard_reduce_fn per[TB_REDUCE_OP_COUNT] = {tb_sum, tb_mean, tb_max, tb_min,
                                                                 tb_prod};
-    tb_tensor *t[TB_MAX_SHARDS];
-    tb_sharded *part, *r;
-    tb_placement out;
-    int32_t before = 0;
-    bool hit = false;
-    size_t i;
-    if (x == NULL) {
-        tb__shard_null(fn, "x");
-        return NULL;
-    }
-    if (op != TB_REDUCE_SUM && tb__shard_refuse_partial(fn, x, "x") != TB_OK) return NULL;
-    if (op == TB_REDUCE_MEAN && !tb_dtype_is_float(x->shape.dtype)) {
-        tb__error(TB_ERR_DTYPE, "%s: mean of %s values (floating dtypes only)", fn,
-                  tb_dtype_name(x->shape.dtype));
-        return NULL;
-    }
-    if (tb__shard_reduces(fn, x, axes, num_axes, x->axis, &hit, &before) != TB_OK) return NULL;
-    hit = hit && x->placement == TB_SHARD;
-    for (i = 0; i < x->count; i++) {
-        if (hit && (op == TB_REDUCE_MAX || op == TB_REDUCE_MIN) &&
-            tb_tensor_shape(x->shards[i]).dims[x->axis] == 0) {
-            tb__error(TB_ERR_SHAPE, "%s: shard %zu is empty along the reduced axis %d", fn, i,
-                      (int)x->axis);
-            tb__shard_release_all(t, i);
-            return NULL;
-        }
-        /* a mean over the sharded axis: the shards' sums, divided by the whole count below */
-        t[i] = (hit || op != TB_REDUCE_MEAN ? per[op] : tb_mean)(x->shards[i], axes, num_axes,
-                                                                 keepdim);
-        if (t[i] == NULL) {
-            tb__shard_release_all(t, i);
-            return NULL;
-        }
-    }
-    out = hit ? TB_PARTIAL : x->placement;
-    part = tb__shard_adopt(fn, t, x->count, out, keepdim ? x->axis : x->axis - before);
-    if (part == NULL || !hit) return part;
-    /* over the sharded axis: the all-reduce across the devices */
-    r = tb_sharded_all_reduce(part, op == TB_REDUCE_MEAN ? TB_REDUCE_SUM : op);
-    tb_sharded_release(part);
+    tb_dtype dt = tb_tensor_shape(shard).dtype;
+    tb_tensor *w, *r;
+    if (!hit) return tb__shard_own(per[op](shard, axes, num_axes, keepdim));
+    if (op != TB_REDUCE_SUM && op != TB_REDUCE_MEAN)
+        return tb__shard_own(per[op](shard, axes, num_axes, keepdim));
+    if (dt != TB_F16 && dt != TB_BF16) return tb__shard_own(tb_sum(shard, axes, num_axes, keepdim));
+    w = tb__shard_own(tb_cast(shard, TB_F32));
+    r = w != NULL ? tb__shard_own(tb_sum(w, axes, num_axes, keepdim)) : NULL;
+    tb_tensor_release(w);
+    return r;
+}
+
+static tb_tensor *tb__shard_cast_fn(void *user, tb_tensor *const *shards, size_t index) {
+    (void)index;
+    return tb_cast(shards[0], *(const tb_dtype *)user);
+}
+
+/* After the all-reduce of a sum or mean over the sharded axis: the mean's division by the whole
+   count, and f16 and bf16 back from f32. Consumes r. */
+static tb_sharded *tb__shard_reduce_finish(tb_sharded *x, tb_sharded *r, const int32_t *axes,
+                                           size_t num_axes, tb_reduce_op op) {
+    tb_dtype dt = x->shape.dtype;
+    tb_sharded *next;
     if (r != NULL && op == TB_REDUCE_MEAN) {
         double n = 1;
         int32_t k;
+        size_t i;
         for (k = 0; k < x->shape.rank; k++) {
             bool reduced = num_axes == 0;
             for (i = 0; i < num_axes; i++)
                 reduced = reduced || axes[i] == k || axes[i] + x->shape.rank == k;
             if (reduced) n *= (double)x->shape.dims[k];
         }
-        part = r;
-        r = tb_sharded_map(&part, 1, tb__shard_div_fn, &n, TB_REPLICATE, 0);
-        tb_sharded_release(part);
+        next = tb_sharded_map(&r, 1, tb__shard_div_fn, &n, TB_REPLICATE, 0);
+        tb_sharded_release(r);
+        r = next;
+    }
+    if (r != NULL && (op == TB_REDUCE_SUM || op == TB_REDUCE_MEAN) &&
+        (dt == TB_F16 || dt == TB_BF16)) {
+        next = tb_sharded_map(&r, 1, tb__shard_cast_fn, &dt, TB_REPLICATE, 0);
+        tb_sharded_release(r);
+        r = next;
     }
     return r;
+}
+
+static tb_status tb__shard_reduce_check_args(const char *fn, tb_sharded *x, tb_reduce_op op) {
+    if (x->placement == TB_PARTIAL && op != TB_REDUCE_SUM && op != TB_REDUCE_MEAN)
+        return tb__shard_refuse_partial(fn, x, "x"); /* sums and means are linear; not the rest */
+    if (x->placement == TB_PARTIAL && x->shape.dtype == TB_BOOL)
+        return tb__error(TB_ERR_UNSUPPORTED,
+                         "%s: x is partial bool (its values combine by or, not by a sum): "
+                         "redistribute it first",
+                         fn);
+    if (op == TB_REDUCE_MEAN && !tb_dtype_is_float(x->shape.dtype))
+        return tb__error(TB_ERR_DTYPE, "%s: mean of %s values (floating dtypes only)", fn,
+                         tb_dtype_name(x->shape.dtype));
+    return TB_OK;
+}
+
+static tb_sharded *tb__shard_reduce(const char *fn, tb_sharded *x, const int32_t *axes,
+                                    size_t num_axes, bool keepdim, tb_reduce_op op) {
+    tb_tensor *t[TB_MAX_SHARDS];
+    tb_sharded *part, *r;
+    int32_t before = 0;
+    bool hit = false;
+    size_t i, first = 0;
+    if (x == NULL) {
+        tb__shard_null(fn, "x");
+        return NULL;
+    }
+    if (tb__shard_reduce_check_args(fn, x, op) != TB_OK ||
+        tb__shard_reduces(fn, x, axes, num_axes, x->axis, &hit, &before) != TB_OK)
+        return NULL;
+    hit = hit && x->placement == TB_SHARD;
+    memset(t, 0, sizeof t);
+    /* a max or min over the sharded axis skips empty shards: they take a copy of the first
+       non-empty shard's result, which changes no max or min */
+    if (hit && (op == TB_REDUCE_MAX || op == TB_REDUCE_MIN)) {
+        while (first + 1 < x->count && tb_tensor_shape(x->shards[first]).dims[x->axis] == 0)
+            first++;
+    }
+    t[first] = tb__shard_reduce_one(x->shards[first], axes, num_axes, keepdim, op, hit);
+    for (i = 0; i < x->count && t[first] != NULL; i++) {
+        bool empty = tb_tensor_shape(x->shards[i]).dims[x->axis < 0 ? 0 : x->axis] == 0;
+        tb_device di = tb_tensor_device(x->shards[i]);
+        if (i == first) continue;
+        t[i] = hit && (op == TB_REDUCE_MAX || op == TB_REDUCE_MIN) && empty
+                   ? tb__shard_replica(t[first], &di)
+                   : tb__shard_reduce_one(x->shards[i], axes, num_axes, keepdim, op, hit);
+        if (t[i] == NULL) break;
+    }
+    for (i = 0; i < x->count; i++) {
+        if (t[i] == NULL) {
+            tb__shard_release_all(t, x->count);
+            return NULL;
+        }
+    }
+    part = tb__shard_adopt(fn, t, x->count, hit ? TB_PARTIAL : x->placement,
+                           keepdim ? x->axis : x->axis - before);
+    if (part == NULL || !hit) return part;
+    /* over the sharded axis: the all-reduce across the devices */
+    r = tb_sharded_all_reduce(part, op == TB_REDUCE_MEAN ? TB_REDUCE_SUM : op);
+    tb_sharded_release(part);
+    return tb__shard_reduce_finish(x, r, axes, num_axes, op);
 }
 
 TBDEF tb_sharded *tb_sharded_sum(tb_sharded *x, const int32_t *axes, size_t num_axes,
@@ -31854,7 +31998,7 @@ TBDEF tb_sharded *tb_sharded_map(tb_sharded *const *inputs, size_t num_inputs, t
         for (k = 0; k < num_inputs; k++)
             args[k] = inputs[k]->shards[i];
         tb__error_save(&before);
-        t[i] = fn(user, args, i);
+        t[i] = tb__shard_own(fn(user, args, i));
         if (t[i] != NULL && !tb__shard_same_device(t[i], &want)) {
             char d[64];
             tb_device_format(&want, d, sizeof d);
@@ -31885,6 +32029,8 @@ static tb_status tb__shard_grad_one(const char *fn, tb_sharded *loss, tb_sharded
     for (j = 0; j < n; j++)
         in[j] = params[j]->shards[i];
     st = tb_grad(loss->shards[i], NULL, in, n, g);
+    for (j = 0; st == TB_OK && j < n; j++)
+        tb__shard_own(g[j]);
     if (st != TB_OK) st = tb__error(st, "%s: device %zu: %s", fn, i, tb_last_error());
     tb__free(in);
     return st;
@@ -31915,58 +32061,113 @@ static tb_status tb__shard_grad_check(const char *fn, tb_sharded *loss, tb_shard
     return TB_OK;
 }
 
+/* Parameter j's gradients from every device as one partial sharded tensor (*out), or NULL
+   where no device's loss depends on it; a device whose loss does not gets zeros. Takes over
+   the gradients (g[i * n + j] is NULL afterwards). */
+static tb_status tb__shard_grad_partial(const char *fn, tb_sharded *const *params, size_t n,
+                                        size_t count, size_t j, tb_tensor **g, tb_sharded **out) {
+    tb_tensor *t[TB_MAX_SHARDS];
+    size_t i, have = 0;
+    *out = NULL;
+    for (i = 0; i < count; i++)
+        have += g[i * n + j] != NULL;
+    if (have == 0) return TB_OK;
+    for (i = 0; i < count; i++) {
+        t[i] = g[i * n + j];
+        g[i * n + j] = NULL;
+        if (t[i] == NULL) {
+            tb_shape ps = tb_tensor_shape(params[j]->shards[i]);
+            tb_device d = tb_tensor_device(params[j]->shards[i]);
+            t[i] = tb__shard_own(tb_zeros(&ps, &d));
+            if (t[i] == NULL) {
+                size_t k;
+                for (k = i + 1; k < count; k++) {
+                    tb_tensor_release(g[k * n + j]);
+                    g[k * n + j] = NULL;
+                }
+                tb__shard_release_all(t, i);
+                return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+            }
+        }
+    }
+    *out = tb__shard_adopt(fn, t, count, TB_PARTIAL, 0);
+    return *out != NULL ? TB_OK : tb_last_status();
+}
+
+/* The gradients and the also tensors, all-reduced together: in[k] is a parameter's partial
+   gradient or NULL (no path), or an also tensor. res gets the results (NULL for NULL). */
+static tb_status tb__shard_grad_reduce(const char *fn, tb_sharded **in, size_t total,
+                                       tb_sharded **res) {
+    tb_sharded **live = (tb_sharded **)tb__calloc(total, sizeof *live),
+               **got = (tb_sharded **)tb__calloc(total, sizeof *got);
+    size_t k, m = 0;
+    tb_status st = live != NULL && got != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
+    for (k = 0; k < total && st == TB_OK; k++) {
+        if (in[k] != NULL) live[m++] = in[k];
+    }
+    if (st == TB_OK && m > 0) st = tb__shard_all_reduce_run(fn, live, m, TB_REDUCE_SUM, got);
+    for (k = 0; st != TB_OK && got != NULL && k < m; k++)
+        tb_sharded_release(got[k]); /* those made before the failure */
+    for (k = 0, m = 0; k < total && st == TB_OK; k++) {
+        if (in[k] != NULL) res[k] = got[m++];
+    }
+    tb__free(live);
+    tb__free(got);
+    return st;
+}
+
 TBDEF tb_status tb_sharded_grad(tb_sharded *loss, tb_sharded *const *params, size_t n,
                                 tb_sharded **grads, tb_sharded *const *also, size_t num_also,
                                 tb_sharded **also_out) {
     static const char fn[] = "tb_sharded_grad";
     tb_tensor **g = NULL;
-    tb_sharded **in = NULL, **out = NULL;
-    size_t i, j, count;
+    tb_sharded **in = NULL, **res = NULL;
+    size_t i, j, count, total = n + num_also;
     tb_status st;
-    for (j = 0; grads != NULL && j < n; j++)
-        grads[j] = NULL;
-    for (j = 0; also_out != NULL && j < num_also; j++)
-        also_out[j] = NULL;
-    if (loss == NULL || params == NULL || grads == NULL || (num_also > 0 && also_out == NULL))
-        return tb__shard_null(fn, loss == NULL     ? "loss"
-                                  : params == NULL ? "params"
-                                  : grads == NULL  ? "grads"
-                                                   : "also_out");
-    st = tb__shard_grad_check(fn, loss, params, n, also, num_also);
-    if (st != TB_OK || n + num_also == 0) return st;
-    count = loss->count;
-    g = (tb_tensor **)tb__calloc(n * count + 1, sizeof *g);
-    in = (tb_sharded **)tb__calloc(n + num_also, sizeof *in);
-    out = (tb_sharded **)tb__calloc(n + num_also, sizeof *out);
-    if (g == NULL || in == NULL || out == NULL) st = TB_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < count && st == TB_OK && n > 0; i++)
-        st = tb__shard_grad_one(fn, loss, params, n, i, g + i * n);
-    for (j = 0; j < n && st == TB_OK; j++) {
-        tb_tensor *t[TB_MAX_SHARDS];
-        for (i = 0; i < count; i++) {
-            t[i] = g[i * n + j];
-            g[i * n + j] = NULL;
-        }
-        in[j] = tb__shard_adopt(fn, t, count, TB_PARTIAL, 0);
-        if (in[j] == NULL) st = tb_last_status();
+    if (loss == NULL || (n > 0 && (params == NULL || grads == NULL)) ||
+        (num_also > 0 && also_out == NULL)) {
+        st = tb__shard_null(fn, loss == NULL     ? "loss"
+                                : params == NULL ? "params"
+                                : grads == NULL  ? "grads"
+                                                 : "also_out");
+        for (j = 0; grads != NULL && j < n; j++)
+            grads[j] = NULL;
+        for (j = 0; also_out != NULL && j < num_also; j++)
+            also_out[j] = NULL;
+        return st;
     }
+    st = tb__shard_grad_check(fn, loss, params, n, also, num_also);
+    count = loss->count;
+    if (st == TB_OK && total > 0) {
+        g = (tb_tensor **)tb__calloc(n * count + 1, sizeof *g);
+        in = (tb_sharded **)tb__calloc(total, sizeof *in);
+        res = (tb_sharded **)tb__calloc(total, sizeof *res);
+        if (g == NULL || in == NULL || res == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    for (i = 0; i < count && st == TB_OK && n > 0 && total > 0; i++)
+        st = tb__shard_grad_one(fn, loss, params, n, i, g + i * n);
+    for (j = 0; j < n && st == TB_OK; j++)
+        st = tb__shard_grad_partial(fn, params, n, count, j, g, &in[j]);
     for (j = 0; j < num_also && st == TB_OK; j++) {
         in[n + j] = tb__shard_clone(also[j]);
         if (in[n + j] == NULL) st = TB_ERR_OUT_OF_MEMORY;
     }
-    if (st == TB_OK) st = tb_sharded_all_reduce_many(in, n + num_also, TB_REDUCE_SUM, out);
-    for (j = 0; st == TB_OK && j < n + num_also; j++) {
+    if (st == TB_OK && total > 0) st = tb__shard_grad_reduce(fn, in, total, res);
+    /* the outputs are written only now: grads may be params, also_out may be also */
+    for (j = 0; j < total; j++) {
+        tb_sharded *r = st == TB_OK && res != NULL ? res[j] : NULL;
+        if (st != TB_OK && res != NULL) tb_sharded_release(res[j]);
         if (j < n)
-            grads[j] = out[j];
+            grads[j] = r;
         else
-            also_out[j - n] = out[j];
+            also_out[j - n] = r;
     }
     if (g != NULL) tb__shard_release_all(g, n * count);
-    for (j = 0; in != NULL && j < n + num_also; j++)
+    for (j = 0; in != NULL && j < total; j++)
         tb_sharded_release(in[j]);
     tb__free(g);
     tb__free(in);
-    tb__free(out);
+    tb__free(res);
     return st;
 }
 

@@ -567,7 +567,14 @@ int main(int argc, char **argv) {
             tb_tensor_release(hits);
         }
         seconds = now_s() - t0;
-        if (evaluate(params, &test, &dev, &test_acc) != 0) goto done;
+        if (nd > 1) { /* the first device's replicas */
+            tb_tensor *first[NPARAMS];
+            for (i = 0; i < NPARAMS; i++)
+                first[i] = tb_sharded_shard(sp[i], 0);
+            if (evaluate(first, &test, &dev, &test_acc) != 0) goto done;
+        } else if (evaluate(params, &test, &dev, &test_acc) != 0) {
+            goto done;
+        }
         if (rank == 0)
             printf(
                 "epoch %d/%d  loss %.4f  train accuracy %.4f  test accuracy %.4f  %.0f images/s  "

@@ -399,6 +399,8 @@ static tb_tensor *tb__tensor_borrow(const char *func, const void *host, const tb
 static void tb__scope_disown(tb_tensor *t);
 /* a new reference to an existing tensor, returned to the caller: a scope owns it; returns t */
 static tb_tensor *tb__scope_claim(tb_tensor *t);
+/* the reference a library call just returned on this thread is the caller's, not its scope's */
+static void tb__scope_take(tb_tensor *t);
 
 /* reference.c: the reference interpreter (the cpu backend runs it). A graph's parameter values
    and results are contiguous host arrays of the nodes' shapes. */

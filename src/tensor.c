@@ -141,6 +141,26 @@ static void tb__scope_disown(tb_tensor *t) {
     tb__mutex_unlock(&tb__tensor_live_mutex);
 }
 
+/* The reference a library call has just returned on this thread leaves the scope that took
+   it: when t belongs to one of the calling thread's scopes, that scope owns one reference
+   fewer (the caller's code keeps or releases it itself). Unlike tb__scope_disown it does not
+   guess whose reference it is: call it right after the call that returned t. */
+static void tb__scope_take(tb_tensor *t) {
+    tb__scope *s = tb__scope_current();
+    if (t == NULL || s == NULL || TB__ATOMIC_LOAD(&t->scope_refs) == 0) return;
+    tb__mutex_lock(&tb__tensor_live_mutex);
+    while (s != NULL && s != t->scope)
+        s = s->parent;
+    if (s != NULL) {
+        if (TB__ATOMIC_LOAD(&t->scope_refs) > 1) {
+            TB__ATOMIC_ADD(&t->scope_refs, -1);
+        } else {
+            (void)tb__scope_unlink(t);
+        }
+    }
+    tb__mutex_unlock(&tb__tensor_live_mutex);
+}
+
 /* For a function that returns a new reference to a tensor that already exists (tb_dropout's
    input): the scope of the calling thread that owns t gets it, or the innermost scope when t
    is in none. A tensor of another thread's scope, or no scope open: the caller's. Returns t. */
