@@ -2530,6 +2530,8 @@ static void tb__scope_disown(tb_tensor *t);
 static tb_tensor *tb__scope_claim(tb_tensor *t);
 /* the reference a library call just returned on this thread is the caller's, not its scope's */
 static void tb__scope_take(tb_tensor *t);
+/* tensor.c: syncs tensors on several devices, one graph per device (tb_mark_step's way) */
+static tb_status tb__sync_by_device(tb_tensor *const *tensors, size_t n, const char *func);
 
 /* reference.c: the reference interpreter (the cpu backend runs it). A graph's parameter values
    and results are contiguous host arrays of the nodes' shapes. */
@@ -7965,8 +7967,8 @@ static void tb__exec_log_dump_compile(const tb__exec *ex, const tb_graph *g, uin
 static void tb__exec_map_free(tb__exec_map *m);
 static int64_t *tb__exec_map_get(const tb__exec_map *m, const tb_node *key);
 static tb_status tb__exec_map_put(tb__exec_map *m, const tb_node *key, int64_t value);
-static tb_status tb__exec_value_roots(tb_node *const *roots, size_t n, const tb_backend_impl *cut,
-                                      tb_node ***out);
+static tb_status tb__exec_walk_values(tb__exec_walk *w, const char *func, tb_node *const *roots,
+                                      size_t n, const tb_backend_impl *cut, tb_node ***nodes);
 static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
                                       tb_backend_data *const *donors, tb_backend_data **out);
 static void tb__exec_text_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes,
@@ -9210,6 +9212,12 @@ static tb_status tb__exec_value_roots(tb_node *const *roots, size_t n, const tb_
     *out = NULL;
     nodes = (tb_node **)tb__calloc(n + 1, sizeof *nodes);
     if (nodes == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < n && !(roots[i]->op == TB_OP_RESHAPE && roots[i]->value == NULL); i++)
+        nodes[i] = roots[i];
+    if (i == n) { /* no root is a pending reshape: the common case needs no map */
+        *out = nodes;
+        return TB_OK;
+    }
     memset(&taken, 0, sizeof taken);
     for (i = 0; i < n && st == TB_OK; i++)
         st = tb__exec_map_put(&taken, roots[i], 0);
@@ -9235,6 +9243,16 @@ static tb_status tb__exec_value_roots(tb_node *const *roots, size_t n, const tb_
     }
     *out = nodes;
     return TB_OK;
+}
+
+/* Walks the graph of `roots` as computed (tb__exec_value_roots): *nodes (replaced, freed
+   first) gets what the graph computes for each root. */
+static tb_status tb__exec_walk_values(tb__exec_walk *w, const char *func, tb_node *const *roots,
+                                      size_t n, const tb_backend_impl *cut, tb_node ***nodes) {
+    tb_status st;
+    tb__free(*nodes);
+    st = tb__exec_value_roots(roots, n, cut, nodes);
+    return st == TB_OK ? tb__exec_walk_add(w, func, *nodes, n) : st;
 }
 
 /* The bits of a graph's hash that count: tests keep fewer to force hash collisions. */
@@ -9633,15 +9651,12 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
 
     memset(&w, 0, sizeof(w));
     memset(out, 0, n * sizeof(tb_backend_data *));
-    st = tb__exec_value_roots(roots, n, NULL, &nodes);
-    if (st == TB_OK) st = tb__exec_walk_add(&w, ex->func, nodes, n);
+    st = tb__exec_walk_values(&w, ex->func, roots, n, NULL, &nodes);
     if (st == TB_OK) st = tb__exec_run_fallbacks(ex, &w, &ran);
     if (st == TB_OK && ran) {
         /* values computed by the fallback are parameters now: roots over them stay */
         tb__exec_walk_free(&w);
-        tb__free(nodes);
-        st = tb__exec_value_roots(roots, n, NULL, &nodes);
-        if (st == TB_OK) st = tb__exec_walk_add(&w, ex->func, nodes, n);
+        st = tb__exec_walk_values(&w, ex->func, roots, n, NULL, &nodes);
     }
     if (st == TB_OK && donors != NULL) {
         root_donors = (int32_t *)tb__calloc(n + 1, sizeof(int32_t));
@@ -10352,10 +10367,41 @@ TBDEF tb_status tb_sync(tb_tensor *const *tensors, size_t count) {
     return tb__exec_sync(tensors, count, "tb_sync");
 }
 
+/* Syncs tensors that may live on several devices: one graph per device, of that device's
+   tensors in their order, one device after the other (every device is tried; the first error
+   is returned). */
+static tb_status tb__sync_by_device(tb_tensor *const *tensors, size_t n, const char *func) {
+    tb_tensor **t;
+    size_t done = 0, i;
+    tb_status result = TB_OK;
+    if (n == 0) return TB_OK;
+    t = (tb_tensor **)tb__alloc(n * sizeof *t);
+    if (t == NULL) return TB_ERR_OUT_OF_MEMORY;
+    memcpy(t, tensors, n * sizeof *t);
+    while (done < n) { /* gather the tensors of the first device left, in order */
+        size_t m = 0;
+        tb_device device = t[done]->device;
+        tb_status st;
+        for (i = done; i < n; i++) {
+            if (tb_device_equal(&t[i]->device, &device)) {
+                tb_tensor *tmp = t[i];
+                t[i] = t[done + m];
+                t[done + m] = tmp;
+                m++;
+            }
+        }
+        st = tb__exec_sync(t + done, m, func);
+        if (st != TB_OK && result == TB_OK) result = st;
+        done += m;
+    }
+    tb__free(t);
+    return result;
+}
+
 TBDEF tb_status tb_mark_step(void) {
     tb_tensor **live = NULL;
-    size_t n = 0, cap = 0, i, done = 0;
-    tb_status result = TB_OK, st = TB_OK;
+    size_t n = 0, cap = 0, i;
+    tb_status result, st = TB_OK;
     tb_tensor *t;
     tb__ensure_setup();
     tb__metric_count("MarkStep", 1);
@@ -10375,22 +10421,7 @@ TBDEF tb_status tb_mark_step(void) {
         tb__free(live);
         return st;
     }
-    /* one graph per device: gather the tensors of the first device left, in order */
-    while (done < n) {
-        size_t m = 0;
-        tb_device device = live[done]->device;
-        for (i = done; i < n; i++) {
-            if (tb_device_equal(&live[i]->device, &device)) {
-                tb_tensor *tmp = live[i];
-                live[i] = live[done + m];
-                live[done + m] = tmp;
-                m++;
-            }
-        }
-        st = tb__exec_sync(live + done, m, "tb_mark_step");
-        if (st != TB_OK && result == TB_OK) result = st;
-        done += m;
-    }
+    result = tb__sync_by_device(live, n, "tb_mark_step");
     for (i = 0; i < n; i++)
         tb_tensor_release(live[i]);
     tb__free(live);
@@ -10696,9 +10727,8 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     if (st == TB_OK) {
         /* the graph a sync would compile once the eager fallback has run (tb_ir_backend_text) */
         cw.cut = ex.vt;
-        st = tb__exec_value_roots(roots->nodes, roots->count, ex.vt, &nodes);
+        st = tb__exec_walk_values(&cw, func, roots->nodes, roots->count, ex.vt, &nodes);
     }
-    if (st == TB_OK) st = tb__exec_walk_add(&cw, func, nodes, roots->count);
     if (st == TB_OK) st = tb__exec_graph_make(&ex, &cw, nodes, roots->count, NULL, &results, &g);
     if (st == TB_OK && g.num_results == 0) st = TB_ERR_NOT_FOUND;
     if (st == TB_OK) st = tb__exec_compile(&ex, &g, &cw, entry, &hit, &compile_ns);
@@ -10824,9 +10854,8 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
     if (st == TB_OK) {
         /* the graph a sync would compile once the eager fallback has run */
         w.cut = ex.vt;
-        st = tb__exec_value_roots(roots.nodes, roots.count, ex.vt, &nodes);
+        st = tb__exec_walk_values(&w, ex.func, roots.nodes, roots.count, ex.vt, &nodes);
     }
-    if (st == TB_OK) st = tb__exec_walk_add(&w, ex.func, nodes, roots.count);
     if (st == TB_OK) st = tb__exec_graph_make(&ex, &w, nodes, roots.count, NULL, &results, &g);
     if (st == TB_OK && g.num_results == 0) {
         text = tb__strdup("");
@@ -30991,6 +31020,13 @@ static tb_status tb__shard_null(const char *fn, const char *what) {
     return tb_last_status();
 }
 
+static tb_status tb__shard_placement_ok(const char *fn, tb_placement placement) {
+    if ((int)placement < 0 || placement >= TB_PLACEMENT_COUNT)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: placement %d is not a tb_placement", fn,
+                         (int)placement);
+    return TB_OK;
+}
+
 static tb_status tb__shard_axis(const char *fn, int32_t axis, int32_t rank, int32_t *out) {
     if (axis < -rank || axis >= rank)
         return tb__error(TB_ERR_SHAPE, "%s: axis %d is out of range for rank %d", fn, (int)axis,
@@ -31036,12 +31072,7 @@ static tb_status tb__shard_fill(const char *fn, tb_sharded *s, tb_placement plac
                                 int32_t axis) {
     tb_shape first, whole;
     size_t i;
-    if ((int)placement < 0 || placement >= TB_PLACEMENT_COUNT)
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: placement %d is not a tb_placement", fn,
-                         (int)placement);
-    for (i = 0; i < s->count; i++) {
-        if (s->shards[i] == NULL) return tb__shard_null(fn, "a shard");
-    }
+    if (tb__shard_placement_ok(fn, placement) != TB_OK) return tb_last_status();
     first = whole = tb_tensor_shape(s->shards[0]);
     s->placement = placement;
     s->axis = -1;
@@ -31146,12 +31177,8 @@ TBDEF tb_sharded *tb_distribute(tb_tensor *x, const tb_device *devices, size_t c
         tb__shard_null(fn, x == NULL ? "x" : "devices");
         return NULL;
     }
-    if (tb__shard_count_ok(fn, count) != TB_OK) return NULL;
-    if ((int)placement < 0 || placement >= TB_PLACEMENT_COUNT) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: placement %d is not a tb_placement", fn,
-                  (int)placement);
+    if (tb__shard_count_ok(fn, count) != TB_OK || tb__shard_placement_ok(fn, placement) != TB_OK)
         return NULL;
-    }
     shape = tb_tensor_shape(x);
     if (placement == TB_SHARD && tb__shard_axis(fn, axis, shape.rank, &ax) != TB_OK) return NULL;
     /* a pending x runs once, not once per device it is copied to */
@@ -31211,32 +31238,9 @@ TBDEF tb_tensor *tb_sharded_shard(const tb_sharded *s, size_t i) {
 
 /* ---- moving between devices ---- */
 
-/* Syncs tensors on several devices: one tb_sync per device, of that device's tensors (the
-   order of the list is changed), one device after the other. (Syncing them from a thread each
-   trips an assertion inside PoCL 3.1 when its two devices build kernels at the same time.) */
-static tb_status tb__shard_sync_list(tb_tensor **t, size_t n) {
-    size_t done = 0, i;
-    while (done < n) {
-        tb_device d = tb_tensor_device(t[done]);
-        size_t m = 0;
-        tb_status st;
-        for (i = done; i < n; i++) {
-            if (tb__shard_same_device(t[i], &d)) {
-                tb_tensor *tmp = t[i];
-                t[i] = t[done + m];
-                t[done + m] = tmp;
-                m++;
-            }
-        }
-        st = tb_sync(t + done, m);
-        if (st != TB_OK) return st;
-        done += m;
-    }
-    return TB_OK;
-}
-
 /* One sync per device for all the shards of n sharded tensors (the graphs below them run
-   once). */
+   once), one device after the other: syncing them from a thread each trips an assertion inside
+   PoCL 3.1 when its two devices build kernels at the same time. */
 static tb_status tb__shard_sync(tb_sharded *const *in, size_t n) {
     tb_tensor **all;
     size_t i, j, k = 0, total = 0;
@@ -31249,7 +31253,7 @@ static tb_status tb__shard_sync(tb_sharded *const *in, size_t n) {
         for (j = 0; j < in[i]->count; j++)
             all[k++] = in[i]->shards[j];
     }
-    st = tb__shard_sync_list(all, total);
+    st = tb__sync_by_device(all, total, "tb_sync");
     tb__free(all);
     return st;
 }
@@ -31343,7 +31347,7 @@ static tb_status tb__shard_reduce_check(const char *fn, tb_sharded *s, tb_reduce
 /* The all-reduce of in[0..n) into res (each NULL on entry), the inputs checked. */
 static tb_status tb__shard_all_reduce_run(const char *fn, tb_sharded *const *in, size_t n,
                                           tb_reduce_op op, tb_sharded **res) {
-    tb_tensor **sums = (tb_tensor **)tb__calloc(n, sizeof *sums), **order = NULL;
+    tb_tensor **sums = (tb_tensor **)tb__calloc(n, sizeof *sums);
     size_t i, j;
     tb_status st;
     if (sums == NULL) return TB_ERR_OUT_OF_MEMORY;
@@ -31353,15 +31357,7 @@ static tb_status tb__shard_all_reduce_run(const char *fn, tb_sharded *const *in,
         sums[i] = tb__shard_reduce_on(in[i]->shards, in[i]->count, op, &d0);
         if (sums[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
     }
-    if (st == TB_OK) {
-        order = (tb_tensor **)tb__calloc(n, sizeof *order);
-        if (order == NULL) st = TB_ERR_OUT_OF_MEMORY;
-    }
-    if (st == TB_OK) {
-        memcpy(order, sums, n * sizeof *order);
-        st = tb__shard_sync_list(order, n);
-    }
-    tb__free(order);
+    if (st == TB_OK) st = tb__sync_by_device(sums, n, "tb_sync");
     /* the first device's sum, and a handle of its own on every other device */
     for (i = 0; i < n && st == TB_OK; i++) {
         tb_tensor *t[TB_MAX_SHARDS];
@@ -31487,13 +31483,7 @@ static tb_status tb__shard_pieces(tb_sharded *s, int32_t axis, int64_t d, tb_ten
             if (pieces[i * n + j] == NULL) st = tb_last_status();
         }
     }
-    if (st == TB_OK) {
-        tb_tensor **order = (tb_tensor **)tb__calloc(n * n, sizeof *order);
-        if (order == NULL) return TB_ERR_OUT_OF_MEMORY;
-        memcpy(order, pieces, n * n * sizeof *order);
-        st = tb__shard_sync_list(order, n * n);
-        tb__free(order);
-    }
+    if (st == TB_OK) st = tb__sync_by_device(pieces, n * n, "tb_sync");
     return st;
 }
 
@@ -31559,11 +31549,7 @@ TBDEF tb_sharded *tb_sharded_redistribute(tb_sharded *s, tb_placement placement,
         tb__shard_null(fn, "s");
         return NULL;
     }
-    if ((int)placement < 0 || placement >= TB_PLACEMENT_COUNT) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: placement %d is not a tb_placement", fn,
-                  (int)placement);
-        return NULL;
-    }
+    if (tb__shard_placement_ok(fn, placement) != TB_OK) return NULL;
     if (placement == TB_SHARD && tb__shard_axis(fn, axis, s->shape.rank, &ax) != TB_OK) return NULL;
     if (placement == s->placement && ax == s->axis) return tb__shard_clone(s);
     if (placement == TB_REPLICATE && s->placement == TB_PARTIAL)
@@ -31906,7 +31892,7 @@ static tb_sharded *tb__shard_reduce(const char *fn, tb_sharded *x, const int32_t
     tb_tensor *t[TB_MAX_SHARDS];
     tb_sharded *part, *r;
     int32_t before = 0;
-    bool hit = false;
+    bool hit = false, max_min;
     size_t i, first = 0;
     if (x == NULL) {
         tb__shard_null(fn, "x");
@@ -31919,16 +31905,16 @@ static tb_sharded *tb__shard_reduce(const char *fn, tb_sharded *x, const int32_t
     memset(t, 0, sizeof t);
     /* a max or min over the sharded axis skips empty shards: they take a copy of the first
        non-empty shard's result, which changes no max or min */
-    if (hit && (op == TB_REDUCE_MAX || op == TB_REDUCE_MIN)) {
+    max_min = hit && (op == TB_REDUCE_MAX || op == TB_REDUCE_MIN);
+    if (max_min) {
         while (first + 1 < x->count && tb_tensor_shape(x->shards[first]).dims[x->axis] == 0)
             first++;
     }
     t[first] = tb__shard_reduce_one(x->shards[first], axes, num_axes, keepdim, op, hit);
     for (i = 0; i < x->count && t[first] != NULL; i++) {
-        bool empty = tb_tensor_shape(x->shards[i]).dims[x->axis < 0 ? 0 : x->axis] == 0;
         tb_device di = tb_tensor_device(x->shards[i]);
         if (i == first) continue;
-        t[i] = hit && (op == TB_REDUCE_MAX || op == TB_REDUCE_MIN) && empty
+        t[i] = max_min && tb_tensor_shape(x->shards[i]).dims[x->axis] == 0
                    ? tb__shard_replica(t[first], &di)
                    : tb__shard_reduce_one(x->shards[i], axes, num_axes, keepdim, op, hit);
         if (t[i] == NULL) break;

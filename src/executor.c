@@ -1232,6 +1232,12 @@ static tb_status tb__exec_value_roots(tb_node *const *roots, size_t n, const tb_
     *out = NULL;
     nodes = (tb_node **)tb__calloc(n + 1, sizeof *nodes);
     if (nodes == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < n && !(roots[i]->op == TB_OP_RESHAPE && roots[i]->value == NULL); i++)
+        nodes[i] = roots[i];
+    if (i == n) { /* no root is a pending reshape: the common case needs no map */
+        *out = nodes;
+        return TB_OK;
+    }
     memset(&taken, 0, sizeof taken);
     for (i = 0; i < n && st == TB_OK; i++)
         st = tb__exec_map_put(&taken, roots[i], 0);
@@ -1257,6 +1263,16 @@ static tb_status tb__exec_value_roots(tb_node *const *roots, size_t n, const tb_
     }
     *out = nodes;
     return TB_OK;
+}
+
+/* Walks the graph of `roots` as computed (tb__exec_value_roots): *nodes (replaced, freed
+   first) gets what the graph computes for each root. */
+static tb_status tb__exec_walk_values(tb__exec_walk *w, const char *func, tb_node *const *roots,
+                                      size_t n, const tb_backend_impl *cut, tb_node ***nodes) {
+    tb_status st;
+    tb__free(*nodes);
+    st = tb__exec_value_roots(roots, n, cut, nodes);
+    return st == TB_OK ? tb__exec_walk_add(w, func, *nodes, n) : st;
 }
 
 /* The bits of a graph's hash that count: tests keep fewer to force hash collisions. */
@@ -1655,15 +1671,12 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
 
     memset(&w, 0, sizeof(w));
     memset(out, 0, n * sizeof(tb_backend_data *));
-    st = tb__exec_value_roots(roots, n, NULL, &nodes);
-    if (st == TB_OK) st = tb__exec_walk_add(&w, ex->func, nodes, n);
+    st = tb__exec_walk_values(&w, ex->func, roots, n, NULL, &nodes);
     if (st == TB_OK) st = tb__exec_run_fallbacks(ex, &w, &ran);
     if (st == TB_OK && ran) {
         /* values computed by the fallback are parameters now: roots over them stay */
         tb__exec_walk_free(&w);
-        tb__free(nodes);
-        st = tb__exec_value_roots(roots, n, NULL, &nodes);
-        if (st == TB_OK) st = tb__exec_walk_add(&w, ex->func, nodes, n);
+        st = tb__exec_walk_values(&w, ex->func, roots, n, NULL, &nodes);
     }
     if (st == TB_OK && donors != NULL) {
         root_donors = (int32_t *)tb__calloc(n + 1, sizeof(int32_t));

@@ -84,8 +84,8 @@ static void tb__exec_log_dump_compile(const tb__exec *ex, const tb_graph *g, uin
 static void tb__exec_map_free(tb__exec_map *m);
 static int64_t *tb__exec_map_get(const tb__exec_map *m, const tb_node *key);
 static tb_status tb__exec_map_put(tb__exec_map *m, const tb_node *key, int64_t value);
-static tb_status tb__exec_value_roots(tb_node *const *roots, size_t n, const tb_backend_impl *cut,
-                                      tb_node ***out);
+static tb_status tb__exec_walk_values(tb__exec_walk *w, const char *func, tb_node *const *roots,
+                                      size_t n, const tb_backend_impl *cut, tb_node ***nodes);
 static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots, size_t n,
                                       tb_backend_data *const *donors, tb_backend_data **out);
 static void tb__exec_text_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes,

@@ -401,6 +401,8 @@ static void tb__scope_disown(tb_tensor *t);
 static tb_tensor *tb__scope_claim(tb_tensor *t);
 /* the reference a library call just returned on this thread is the caller's, not its scope's */
 static void tb__scope_take(tb_tensor *t);
+/* tensor.c: syncs tensors on several devices, one graph per device (tb_mark_step's way) */
+static tb_status tb__sync_by_device(tb_tensor *const *tensors, size_t n, const char *func);
 
 /* reference.c: the reference interpreter (the cpu backend runs it). A graph's parameter values
    and results are contiguous host arrays of the nodes' shapes. */

@@ -64,6 +64,13 @@ static tb_status tb__shard_null(const char *fn, const char *what) {
     return tb_last_status();
 }
 
+static tb_status tb__shard_placement_ok(const char *fn, tb_placement placement) {
+    if ((int)placement < 0 || placement >= TB_PLACEMENT_COUNT)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: placement %d is not a tb_placement", fn,
+                         (int)placement);
+    return TB_OK;
+}
+
 static tb_status tb__shard_axis(const char *fn, int32_t axis, int32_t rank, int32_t *out) {
     if (axis < -rank || axis >= rank)
         return tb__error(TB_ERR_SHAPE, "%s: axis %d is out of range for rank %d", fn, (int)axis,
@@ -109,12 +116,7 @@ static tb_status tb__shard_fill(const char *fn, tb_sharded *s, tb_placement plac
                                 int32_t axis) {
     tb_shape first, whole;
     size_t i;
-    if ((int)placement < 0 || placement >= TB_PLACEMENT_COUNT)
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: placement %d is not a tb_placement", fn,
-                         (int)placement);
-    for (i = 0; i < s->count; i++) {
-        if (s->shards[i] == NULL) return tb__shard_null(fn, "a shard");
-    }
+    if (tb__shard_placement_ok(fn, placement) != TB_OK) return tb_last_status();
     first = whole = tb_tensor_shape(s->shards[0]);
     s->placement = placement;
     s->axis = -1;
@@ -219,12 +221,8 @@ TBDEF tb_sharded *tb_distribute(tb_tensor *x, const tb_device *devices, size_t c
         tb__shard_null(fn, x == NULL ? "x" : "devices");
         return NULL;
     }
-    if (tb__shard_count_ok(fn, count) != TB_OK) return NULL;
-    if ((int)placement < 0 || placement >= TB_PLACEMENT_COUNT) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: placement %d is not a tb_placement", fn,
-                  (int)placement);
+    if (tb__shard_count_ok(fn, count) != TB_OK || tb__shard_placement_ok(fn, placement) != TB_OK)
         return NULL;
-    }
     shape = tb_tensor_shape(x);
     if (placement == TB_SHARD && tb__shard_axis(fn, axis, shape.rank, &ax) != TB_OK) return NULL;
     /* a pending x runs once, not once per device it is copied to */
@@ -284,32 +282,9 @@ TBDEF tb_tensor *tb_sharded_shard(const tb_sharded *s, size_t i) {
 
 /* ---- moving between devices ---- */
 
-/* Syncs tensors on several devices: one tb_sync per device, of that device's tensors (the
-   order of the list is changed), one device after the other. (Syncing them from a thread each
-   trips an assertion inside PoCL 3.1 when its two devices build kernels at the same time.) */
-static tb_status tb__shard_sync_list(tb_tensor **t, size_t n) {
-    size_t done = 0, i;
-    while (done < n) {
-        tb_device d = tb_tensor_device(t[done]);
-        size_t m = 0;
-        tb_status st;
-        for (i = done; i < n; i++) {
-            if (tb__shard_same_device(t[i], &d)) {
-                tb_tensor *tmp = t[i];
-                t[i] = t[done + m];
-                t[done + m] = tmp;
-                m++;
-            }
-        }
-        st = tb_sync(t + done, m);
-        if (st != TB_OK) return st;
-        done += m;
-    }
-    return TB_OK;
-}
-
 /* One sync per device for all the shards of n sharded tensors (the graphs below them run
-   once). */
+   once), one device after the other: syncing them from a thread each trips an assertion inside
+   PoCL 3.1 when its two devices build kernels at the same time. */
 static tb_status tb__shard_sync(tb_sharded *const *in, size_t n) {
     tb_tensor **all;
     size_t i, j, k = 0, total = 0;
@@ -322,7 +297,7 @@ static tb_status tb__shard_sync(tb_sharded *const *in, size_t n) {
         for (j = 0; j < in[i]->count; j++)
             all[k++] = in[i]->shards[j];
     }
-    st = tb__shard_sync_list(all, total);
+    st = tb__sync_by_device(all, total, "tb_sync");
     tb__free(all);
     return st;
 }
@@ -416,7 +391,7 @@ static tb_status tb__shard_reduce_check(const char *fn, tb_sharded *s, tb_reduce
 /* The all-reduce of in[0..n) into res (each NULL on entry), the inputs checked. */
 static tb_status tb__shard_all_reduce_run(const char *fn, tb_sharded *const *in, size_t n,
                                           tb_reduce_op op, tb_sharded **res) {
-    tb_tensor **sums = (tb_tensor **)tb__calloc(n, sizeof *sums), **order = NULL;
+    tb_tensor **sums = (tb_tensor **)tb__calloc(n, sizeof *sums);
     size_t i, j;
     tb_status st;
     if (sums == NULL) return TB_ERR_OUT_OF_MEMORY;
@@ -426,15 +401,7 @@ static tb_status tb__shard_all_reduce_run(const char *fn, tb_sharded *const *in,
         sums[i] = tb__shard_reduce_on(in[i]->shards, in[i]->count, op, &d0);
         if (sums[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
     }
-    if (st == TB_OK) {
-        order = (tb_tensor **)tb__calloc(n, sizeof *order);
-        if (order == NULL) st = TB_ERR_OUT_OF_MEMORY;
-    }
-    if (st == TB_OK) {
-        memcpy(order, sums, n * sizeof *order);
-        st = tb__shard_sync_list(order, n);
-    }
-    tb__free(order);
+    if (st == TB_OK) st = tb__sync_by_device(sums, n, "tb_sync");
     /* the first device's sum, and a handle of its own on every other device */
     for (i = 0; i < n && st == TB_OK; i++) {
         tb_tensor *t[TB_MAX_SHARDS];
@@ -560,13 +527,7 @@ static tb_status tb__shard_pieces(tb_sharded *s, int32_t axis, int64_t d, tb_ten
             if (pieces[i * n + j] == NULL) st = tb_last_status();
         }
     }
-    if (st == TB_OK) {
-        tb_tensor **order = (tb_tensor **)tb__calloc(n * n, sizeof *order);
-        if (order == NULL) return TB_ERR_OUT_OF_MEMORY;
-        memcpy(order, pieces, n * n * sizeof *order);
-        st = tb__shard_sync_list(order, n * n);
-        tb__free(order);
-    }
+    if (st == TB_OK) st = tb__sync_by_device(pieces, n * n, "tb_sync");
     return st;
 }
 
@@ -632,11 +593,7 @@ TBDEF tb_sharded *tb_sharded_redistribute(tb_sharded *s, tb_placement placement,
         tb__shard_null(fn, "s");
         return NULL;
     }
-    if ((int)placement < 0 || placement >= TB_PLACEMENT_COUNT) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: placement %d is not a tb_placement", fn,
-                  (int)placement);
-        return NULL;
-    }
+    if (tb__shard_placement_ok(fn, placement) != TB_OK) return NULL;
     if (placement == TB_SHARD && tb__shard_axis(fn, axis, s->shape.rank, &ax) != TB_OK) return NULL;
     if (placement == s->placement && ax == s->axis) return tb__shard_clone(s);
     if (placement == TB_REPLICATE && s->placement == TB_PARTIAL)
@@ -979,7 +936,7 @@ static tb_sharded *tb__shard_reduce(const char *fn, tb_sharded *x, const int32_t
     tb_tensor *t[TB_MAX_SHARDS];
     tb_sharded *part, *r;
     int32_t before = 0;
-    bool hit = false;
+    bool hit = false, max_min;
     size_t i, first = 0;
     if (x == NULL) {
         tb__shard_null(fn, "x");
@@ -992,16 +949,16 @@ static tb_sharded *tb__shard_reduce(const char *fn, tb_sharded *x, const int32_t
     memset(t, 0, sizeof t);
     /* a max or min over the sharded axis skips empty shards: they take a copy of the first
        non-empty shard's result, which changes no max or min */
-    if (hit && (op == TB_REDUCE_MAX || op == TB_REDUCE_MIN)) {
+    max_min = hit && (op == TB_REDUCE_MAX || op == TB_REDUCE_MIN);
+    if (max_min) {
         while (first + 1 < x->count && tb_tensor_shape(x->shards[first]).dims[x->axis] == 0)
             first++;
     }
     t[first] = tb__shard_reduce_one(x->shards[first], axes, num_axes, keepdim, op, hit);
     for (i = 0; i < x->count && t[first] != NULL; i++) {
-        bool empty = tb_tensor_shape(x->shards[i]).dims[x->axis < 0 ? 0 : x->axis] == 0;
         tb_device di = tb_tensor_device(x->shards[i]);
         if (i == first) continue;
-        t[i] = hit && (op == TB_REDUCE_MAX || op == TB_REDUCE_MIN) && empty
+        t[i] = max_min && tb_tensor_shape(x->shards[i]).dims[x->axis] == 0
                    ? tb__shard_replica(t[first], &di)
                    : tb__shard_reduce_one(x->shards[i], axes, num_axes, keepdim, op, hit);
         if (t[i] == NULL) break;

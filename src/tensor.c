@@ -624,10 +624,41 @@ TBDEF tb_status tb_sync(tb_tensor *const *tensors, size_t count) {
     return tb__exec_sync(tensors, count, "tb_sync");
 }
 
+/* Syncs tensors that may live on several devices: one graph per device, of that device's
+   tensors in their order, one device after the other (every device is tried; the first error
+   is returned). */
+static tb_status tb__sync_by_device(tb_tensor *const *tensors, size_t n, const char *func) {
+    tb_tensor **t;
+    size_t done = 0, i;
+    tb_status result = TB_OK;
+    if (n == 0) return TB_OK;
+    t = (tb_tensor **)tb__alloc(n * sizeof *t);
+    if (t == NULL) return TB_ERR_OUT_OF_MEMORY;
+    memcpy(t, tensors, n * sizeof *t);
+    while (done < n) { /* gather the tensors of the first device left, in order */
+        size_t m = 0;
+        tb_device device = t[done]->device;
+        tb_status st;
+        for (i = done; i < n; i++) {
+            if (tb_device_equal(&t[i]->device, &device)) {
+                tb_tensor *tmp = t[i];
+                t[i] = t[done + m];
+                t[done + m] = tmp;
+                m++;
+            }
+        }
+        st = tb__exec_sync(t + done, m, func);
+        if (st != TB_OK && result == TB_OK) result = st;
+        done += m;
+    }
+    tb__free(t);
+    return result;
+}
+
 TBDEF tb_status tb_mark_step(void) {
     tb_tensor **live = NULL;
-    size_t n = 0, cap = 0, i, done = 0;
-    tb_status result = TB_OK, st = TB_OK;
+    size_t n = 0, cap = 0, i;
+    tb_status result, st = TB_OK;
     tb_tensor *t;
     tb__ensure_setup();
     tb__metric_count("MarkStep", 1);
@@ -647,22 +678,7 @@ TBDEF tb_status tb_mark_step(void) {
         tb__free(live);
         return st;
     }
-    /* one graph per device: gather the tensors of the first device left, in order */
-    while (done < n) {
-        size_t m = 0;
-        tb_device device = live[done]->device;
-        for (i = done; i < n; i++) {
-            if (tb_device_equal(&live[i]->device, &device)) {
-                tb_tensor *tmp = live[i];
-                live[i] = live[done + m];
-                live[done + m] = tmp;
-                m++;
-            }
-        }
-        st = tb__exec_sync(live + done, m, "tb_mark_step");
-        if (st != TB_OK && result == TB_OK) result = st;
-        done += m;
-    }
+    result = tb__sync_by_device(live, n, "tb_mark_step");
     for (i = 0; i < n; i++)
         tb_tensor_release(live[i]);
     tb__free(live);
@@ -968,9 +984,8 @@ static bool tb__exec_dump_kernels(const char *func, tb_tensor *const *tensors, s
     if (st == TB_OK) {
         /* the graph a sync would compile once the eager fallback has run (tb_ir_backend_text) */
         cw.cut = ex.vt;
-        st = tb__exec_value_roots(roots->nodes, roots->count, ex.vt, &nodes);
+        st = tb__exec_walk_values(&cw, func, roots->nodes, roots->count, ex.vt, &nodes);
     }
-    if (st == TB_OK) st = tb__exec_walk_add(&cw, func, nodes, roots->count);
     if (st == TB_OK) st = tb__exec_graph_make(&ex, &cw, nodes, roots->count, NULL, &results, &g);
     if (st == TB_OK && g.num_results == 0) st = TB_ERR_NOT_FOUND;
     if (st == TB_OK) st = tb__exec_compile(&ex, &g, &cw, entry, &hit, &compile_ns);
@@ -1096,9 +1111,8 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
     if (st == TB_OK) {
         /* the graph a sync would compile once the eager fallback has run */
         w.cut = ex.vt;
-        st = tb__exec_value_roots(roots.nodes, roots.count, ex.vt, &nodes);
+        st = tb__exec_walk_values(&w, ex.func, roots.nodes, roots.count, ex.vt, &nodes);
     }
-    if (st == TB_OK) st = tb__exec_walk_add(&w, ex.func, nodes, roots.count);
     if (st == TB_OK) st = tb__exec_graph_make(&ex, &w, nodes, roots.count, NULL, &results, &g);
     if (st == TB_OK && g.num_results == 0) {
         text = tb__strdup("");
