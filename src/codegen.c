@@ -952,13 +952,16 @@ static int32_t tb__cg_new_vec(tb__cg *g) {
 
 /* The statement that stores vector v<v> as the W elements of `dtype` at `ptr` (16-bit floats
    rounded to nearest even: the dialect's TB_VSTH, TB_VSTBF; a value just rounded is stored
-   from before its rounding, which the store repeats). */
-static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr) {
+   from before its rounding, which the store repeats). f32 with `stream`: the dialect's
+   non-temporal TB_VSTREAM (the caller has checked that ptr is aligned to a vector). */
+static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr, bool stream) {
     v = tb__cg_unrounded(g, dtype, v);
     if (dtype == TB_F16) {
         tb__ix_line(&g->ix, "TB_VSTH(v%d, %s);", (int)v, ptr);
     } else if (dtype == TB_BF16) {
         tb__ix_line(&g->ix, "TB_VSTBF(v%d, %s);", (int)v, ptr);
+    } else if (stream) {
+        tb__ix_line(&g->ix, "TB_VSTREAM(v%d, %s);", (int)v, ptr);
     } else {
         tb__ix_line(&g->ix, "vstore16(v%d, 0, %s);", (int)v, ptr);
     }

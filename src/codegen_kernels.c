@@ -69,7 +69,7 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
         v = tb__cg_veval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->vec, -1));
         if (v < 0) return g->ix.status;
         snprintf(ptr, sizeof ptr, "out + i%d * %dL", (int)i0, (int)k->vec);
-        tb__cg_vstore(g, rs->dtype, v, ptr);
+        tb__cg_vstore(g, rs->dtype, v, ptr, false);
         return TB_OK;
     }
     if (k->row_len > 0) {
@@ -629,12 +629,37 @@ static bool tb__cg_norm_stash_at(tb__cg *g, const tb__cg_norm *nm, int pass, int
     return true;
 }
 
+/* Whether a flat offset is a multiple of w wherever the vector loop variable j (a multiple
+   of w) is: every other term's coefficient and the constant are. */
+static bool tb__cg_vec_aligned(const tb__lf *flat, int32_t j, int32_t w) {
+    int32_t i;
+    if (flat->c % w != 0) return false;
+    for (i = 0; i < flat->n; i++)
+        if (flat->var[i] != j && flat->coef[i] % w != 0) return false;
+    return true;
+}
+
+/* The prefetch of x's element one row ahead of position xp, where x is read from a buffer
+   (a parameter or another kernel's output) along contiguous rows; nothing otherwise. False
+   when code generation stopped. */
+static bool tb__cg_norm_prefetch(tb__cg *g, const tb__cg_norm *nm, int32_t xp) {
+    const tb__pnode *in = &g->G->info[nm->x];
+    char flat[TB__LF_TEXT];
+    if (!nm->k->suffix || (in->param < 0 && !(in->root && nm->x != nm->k->root))) return true;
+    if (!tb__ix_need_flat(&g->ix, xp)) return false;
+    tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+    tb__ix_line(&g->ix, "TB_PREFETCH(b%d + (%s) + %lldL);", (int)in->slot, flat,
+                (long long)nm->len);
+    return g->ix.status == TB_OK;
+}
+
 /* The vector part of a pass over the row: elements [0, rv) W at a time, folded into the
    scalar accumulators that the pass's element loop goes on with from rv (passes 0 and 1); the
    last pass stores W outputs at once. */
 static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     int32_t w = nm->k->vec, j, xp, vx, wp, vf, vr;
     char head[128], flat[TB__LF_TEXT];
+    bool stream = false;
     j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
     if (j < 0) return false;
     snprintf(head, sizeof head, "for (long i%d = 0; i%d < rv; i%d += %d) ", (int)j, (int)j, (int)j,
@@ -649,6 +674,7 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     }
     vx = tb__cg_veval(g, nm->x, xp);
     if (vx < 0) return false;
+    if (pass == 1 && nm->k->prefetch_rows && !tb__cg_norm_prefetch(g, nm, xp)) return false;
     if (nm->stash && pass == 1) {
         tb__ix_line(&g->ix, "const float16 evv = TB_VEXP(v%d - mx);", (int)vx);
         tb__ix_line(&g->ix, "smv += evv;");
@@ -695,13 +721,15 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
         vr = tb__cg_veval(g, nm->k->root, xp);
         if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
         tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+        stream = nm->k->stream_out && tb__cg_vec_aligned(&g->ix.pos[xp].flat, j, w);
         {
             char ptr[TB__LF_TEXT + 16];
             snprintf(ptr, sizeof ptr, "out + (%s)", flat);
-            tb__cg_vstore(g, tb__plan_shape(g->G, nm->k->root)->dtype, vr, ptr);
+            tb__cg_vstore(g, tb__plan_shape(g->G, nm->k->root)->dtype, vr, ptr, stream);
         }
     }
     tb__ix_close(&g->ix, "");
+    if (stream) tb__ix_line(&g->ix, "TB_VSTREAM_END();");
     if (pass == 0) {
         tb__ix_line(&g->ix, "%s", nm->layer ? "sum = tb_hsum16(sumv);" : "mx = tb_hmax16(mxv);");
     } else if (pass == 1) {

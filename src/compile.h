@@ -102,6 +102,13 @@ typedef struct tb__tuning {
     /* reductions with vectors: vector accumulators per work item (each its own part of the
        range from stream_min_bytes on) */
     int32_t red_vec_lanes;
+    /* norms with vectors over contiguous rows: the second pass over a row (read from the
+       cache) prefetches the next row's x, so memory works while the row is computed */
+    bool row_prefetch;
+    /* norms with vectors: an output of at least this many bytes is written with non-temporal
+       stores (no read of its lines before the write, no eviction of what the caches hold);
+       0: never */
+    int64_t stream_store_min_bytes;
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
@@ -117,6 +124,7 @@ typedef struct tb__target {
     bool f64;                /* double precision is available */
     bool acc_f64;            /* f32 sums accumulate in double (cheap on CPUs with fp64) */
     uint64_t cache_bytes;    /* a compute unit's own data cache (L2) in bytes; 0: unknown */
+    uint32_t buffer_align;   /* bytes every buffer's start is aligned to; 0: unknown */
 } tb__target;
 
 /* ---- the plan ---- */
@@ -163,21 +171,24 @@ typedef struct tb__plan_kernel {
     tb__plan_arg *args;
     size_t num_args;
     /* layout */
-    int32_t group;    /* reductions and norms: work items per row (1: one item per row) */
-    int32_t lanes;    /* reductions: independent accumulators per item */
-    bool lane_parts;  /* reductions with vectors: each accumulator runs over its own part of
-                         the item's range (a stream through memory each), else they take turns */
-    bool suffix;      /* reductions: the reduced axes are the trailing ones (rows contiguous) */
-    tb_dtype acc;     /* reductions, norms: the accumulator dtype */
-    int32_t vec;      /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
-    int32_t vec_axes; /* the row's trailing axes the vectors run along */
-    int64_t row_len;  /* scalar elementwise: a work item per row of this many elements along
-                         the last axis (0: per element), so the leading dims' index
-                         arithmetic runs once per row */
-    int32_t rm, rn;   /* matmul: outputs per work item (rows, columns); packed: rm x vector */
-    int32_t mm_group; /* packed matmul: the work items go over the output in groups of this many
-                         column panels, each group row panel by row panel (0: row by row) */
-    int32_t tk;       /* matmul in tiles: depth of a tile */
+    int32_t group;      /* reductions and norms: work items per row (1: one item per row) */
+    int32_t lanes;      /* reductions: independent accumulators per item */
+    bool lane_parts;    /* reductions with vectors: each accumulator runs over its own part of
+                           the item's range (a stream through memory each), else they take turns */
+    bool suffix;        /* reductions: the reduced axes are the trailing ones (rows contiguous) */
+    tb_dtype acc;       /* reductions, norms: the accumulator dtype */
+    int32_t vec;        /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
+    int32_t vec_axes;   /* the row's trailing axes the vectors run along */
+    int64_t row_len;    /* scalar elementwise: a work item per row of this many elements along
+                           the last axis (0: per element), so the leading dims' index
+                           arithmetic runs once per row */
+    int32_t rm, rn;     /* matmul: outputs per work item (rows, columns); packed: rm x vector */
+    int32_t mm_group;   /* packed matmul: the work items go over the output in groups of this many
+                           column panels, each group row panel by row panel (0: row by row) */
+    int32_t tk;         /* matmul in tiles: depth of a tile */
+    bool prefetch_rows; /* norms: the second pass prefetches the next row of x */
+    bool stream_out;    /* norms: the last pass stores whole vectors with non-temporal stores
+                           (a softmax that keeps its exponentials in out scales them in place) */
     /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
        work-group), or fixed work-group sizes and counts */
     uint32_t work_dim;
@@ -496,8 +507,9 @@ static bool tb__cg_is_half(tb_dtype dtype);
 static const char *tb__cg_btype(tb_dtype dtype);
 static void tb__cg_store(tb__cg *g, tb_dtype dtype, const char *buf, const char *index, int32_t v);
 static int32_t tb__cg_round(tb__cg *g, tb_dtype dtype, int32_t v);
-/* the same for vectors of W lanes: the store of vector v<v> at `ptr`, a rounding */
-static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr);
+/* the same for vectors of W lanes: the store of vector v<v> at `ptr` (f32: past the caches
+   when `stream`), a rounding */
+static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr, bool stream);
 static int32_t tb__cg_vround(tb__cg *g, tb_dtype dtype, int32_t v);
 static const tb__plan *tb__cg_plan(const tb__cg *g);      /* the plan being rendered */
 static tb__plan_kernel *tb__cg_kernel(const tb__cg *g);   /* the kernel being rendered */

@@ -71,6 +71,24 @@ static const char tb__native_head[] =
     "#else\n"
     "#define TB_VFMA(a, b, c) ((a) * (b) + (c))\n"
     "#endif\n"
+    "#if defined(__AVX512F__) && defined(__GNUC__) /* p * 2^k (k whole) rounded once */\n"
+    "#define TB_VSCALEF(p, k) __builtin_ia32_scalefps512_mask(p, k, p, (unsigned short)0xffff, 4)\n"
+    "#endif\n"
+    "/* rows streamed through the caches: the next row fetched ahead, outputs stored past the\n"
+    "   caches (the fence orders those stores before the kernel's end) */\n"
+    "#define TB_PREFETCH(p) __builtin_prefetch(p)\n"
+    "#if defined(__clang__)\n"
+    "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (float16 *)(p))\n"
+    "#elif defined(__AVX512F__) && defined(__GNUC__)\n"
+    "#define TB_VSTREAM(v, p) __builtin_ia32_movntps512((p), (v))\n"
+    "#else\n"
+    "#define TB_VSTREAM(v, p) vstore16((v), 0, (p))\n"
+    "#endif\n"
+    "#if defined(__SSE__) && defined(__GNUC__)\n"
+    "#define TB_VSTREAM_END() __builtin_ia32_sfence()\n"
+    "#else\n"
+    "#define TB_VSTREAM_END() ((void)0)\n"
+    "#endif\n"
     "static inline float16 TB_VSQRT(float16 x) {\n"
     "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
     "}\n"
@@ -89,12 +107,14 @@ static const char tb__native_head2[] =
     "static inline tb_v16hi tb_vf2h16(float16 v) {\n"
     "    return __builtin_ia32_vcvtps2ph512_mask(v, 0, (tb_v16hi){0}, (unsigned short)0xffff);\n"
     "}\n"
-    "#define TB_HAS_VLDBF 1 /* one widening load */\n"
+    "#if !defined(__clang__) /* gcc's builtin: one widening load (clang has no such builtin) */\n"
+    "#define TB_HAS_VLDBF 1\n"
     "static inline float16 tb_vldbf(const ushort *p) {\n"
     "    tb_v16hi h; memcpy(&h, p, sizeof h);\n"
     "    return (float16)(__builtin_ia32_pmovzxwd512_mask(h, (int16){0}, (unsigned short)0xffff) "
     "<< 16);\n"
     "}\n"
+    "#endif\n"
     "#elif defined(__F16C__) && defined(__GNUC__)\n"
     "typedef short tb_v16hi __attribute__((vector_size(32)));\n"
     "typedef short tb_v8hi __attribute__((vector_size(16)));\n"
@@ -1271,6 +1291,7 @@ static tb_status tb__native_create_lowering_context(void *user_data, const tb_gr
     target.f64 = true;
     target.acc_f64 = true;
     target.cache_bytes = rt->l2_bytes;
+    target.buffer_align = 64; /* tb__native_buf_alloc */
     tb__native_dialect(&dialect);
     st = tb__plan_build(graph, &target, &G, &c->plan);
     if (st == TB_OK) {

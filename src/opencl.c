@@ -404,6 +404,20 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"                                              \
     "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
     "#define TB_VEXP(x) exp(x)\n"                                                                  \
+    "/* rows streamed through the caches (CPU devices): the next row fetched ahead, outputs */\n"  \
+    "/* stored past the caches, the fence that orders those stores before the kernel's end */\n"   \
+    "#if defined(__clang__)\n"                                                                     \
+    "#define TB_PREFETCH(p) __builtin_prefetch(p)\n"                                               \
+    "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (__global float16 *)(p))\n"         \
+    "#else\n"                                                                                      \
+    "#define TB_PREFETCH(p) prefetch((p), 1)\n"                                                    \
+    "#define TB_VSTREAM(v, p) vstore16((v), 0, (p))\n"                                             \
+    "#endif\n"                                                                                     \
+    "#if defined(__clang__) && defined(__SSE__)\n"                                                 \
+    "#define TB_VSTREAM_END() __builtin_ia32_sfence()\n"                                           \
+    "#else\n"                                                                                      \
+    "#define TB_VSTREAM_END()\n"                                                                   \
+    "#endif\n"                                                                                     \
     "#define TB_BITS_F32(b) as_float(b)\n"                                                         \
     "#define TB_F32_BITS(f) as_uint(f)\n"                                                          \
     "/* f16 through the built-ins every OpenCL C device has (no cl_khr_fp16 needed) */\n"          \
@@ -463,6 +477,7 @@ static void tb__ocl_target(const tb__ocl_device *dev, tb__tuning *tuning, tb__ta
     target->max_group = dev->info.max_work_group_size;
     target->max_allocation = dev->info.max_allocation;
     target->max_args = dev->max_parameter_size / 8; /* pointers and the widest scalars */
+    target->buffer_align = dev->base_align_bits / 8;
     target->f64 = dev->info.supports_f64;
     target->acc_f64 = dev->info.supports_f64 && dev->info.device.type == TB_DEVICE_CPU;
 }

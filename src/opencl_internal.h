@@ -229,6 +229,7 @@ typedef struct tb__ocl_device {
     char device_version[128];
     uint64_t max_alloc;
     size_t max_parameter_size; /* bytes of kernel arguments */
+    uint32_t base_align_bits;  /* every buffer's start is aligned to this many bits */
     uint32_t clock_mhz;
     bool correct_divide_sqrt;
     char build_options[512];

@@ -157,11 +157,17 @@ TB_FN float tb_randn_f32(ulong seed, ulong offset, ulong index) {
    polynomial below; tb_vexp16 where the dialect has none). */
 
 /* exp of each lane (Cephes' polynomial after reduction by ln 2, about 1 ulp): overflow gives
-   +inf, underflow 0 through the denormals, NaN stays NaN. */
+   +inf, underflow 0 through the denormals, NaN stays NaN. Where the dialect has TB_VSCALEF
+   (p * 2^k rounded once, to inf above the range and through the denormals to 0 below it),
+   that one step scales; a NaN goes through every step as NaN. */
 TB_FN float16 tb_vexp16(float16 x) {
+#ifdef TB_VSCALEF
+    float16 xc = TB_VSEL(x, TB_VBC(-104.0f), x < -104.0f), k, r, p;
+#else
     float16 xc = TB_VSEL(x, TB_VBC(0.0f), x != x), k, r, p;
     int16 ki, k1;
     xc = TB_VSEL(xc, TB_VBC(-104.0f), xc < -104.0f);
+#endif
     xc = TB_VSEL(xc, TB_VBC(89.0f), xc > 89.0f);
     k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to nearest */
     r = TB_VFMA(k, TB_VBC(-0.693359375f), xc);
@@ -173,12 +179,16 @@ TB_FN float16 tb_vexp16(float16 x) {
     p = TB_VFMA(p, r, TB_VBC(1.6666665459e-1f));
     p = TB_VFMA(p, r, TB_VBC(5.0000001201e-1f));
     p = TB_VFMA(p, r * r, r + 1.0f);
+#ifdef TB_VSCALEF
+    return TB_VSCALEF(p, k);
+#else
     ki = TB_VCVTI(k);
     k1 = ki >> 1; /* 2^k as two factors: denormal results are reached too */
     p = p * TB_VASF((k1 + 127) << 23) * TB_VASF((ki - k1 + 127) << 23);
     p = TB_VSEL(p, TB_VBC(INFINITY), x > 88.72283935546875f);
     p = TB_VSEL(p, TB_VBC(0.0f), x < -103.97208404541015625f);
     return TB_VSEL(p, x, x != x);
+#endif
 }
 
 /* The greater (smaller) lane of two, NaN when either is NaN (as the scalar ops). */

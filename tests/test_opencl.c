@@ -2401,6 +2401,93 @@ static void test_vector_exp(void **state) {
     tb_tensor_release(x);
 }
 
+/* Norms over long f32 rows of a large output: the second pass over each row prefetches the
+   next one and the last pass stores past the caches (non-temporal stores, then a fence), where
+   every store is a whole aligned vector; values as the reference's either way. A row length
+   that is not a multiple of the vector, or an x computed in the kernel, keeps plain stores or
+   no prefetch; a softmax that keeps its exponentials in the output scales them in place. */
+static bool streams(const char *text) {
+    const char *p;
+    for (p = strstr(text, "TB_VSTREAM(v"); p != NULL; p = strstr(p + 1, "TB_VSTREAM(v"))
+        if (isdigit((unsigned char)p[12])) return true; /* a store, not the macro's definition */
+    return false;
+}
+
+static void test_norm_rows_streamed(void **state) {
+    enum { ROWS = 2048, COLS = 4096, ODD = 4100 };
+    const size_t n = (size_t)ROWS * ODD;
+    float *host = (float *)malloc(n * sizeof(float)),
+          *wb = (float *)malloc(2 * ODD * sizeof(float));
+    tb_shape s = shp(TB_F32, 2, ROWS, COLS, 0, 0), so = shp(TB_F32, 2, ROWS, ODD, 0, 0),
+             sw = shp(TB_F32, 1, COLS, 0, 0, 0);
+    size_t i;
+    int c;
+    (void)state;
+    REQUIRE_OPENCL();
+    assert_non_null(host);
+    assert_non_null(wb);
+    for (i = 0; i < n; i++)
+        host[i] = (float)(rnd_unit() * 8.0 - 4.0);
+    for (i = 0; i < 2 * ODD; i++)
+        wb[i] = (float)(rnd_unit() * 2.0 - 1.0);
+    for (c = 0; c < 6; c++) {
+        /* 0 layer_norm, 1 log_softmax, 2 softmax * 2 (an epilogue), 3 softmax (kept in out),
+           4 layer_norm of rows of ODD, 5 layer_norm of exp(x) (computed in the kernel) */
+        const tb_shape *xs = c == 4 ? &so : &s;
+        tb_tensor *x[2], *w[2], *b[2], *y[2];
+        char *text, what[64];
+        int d;
+        for (d = 0; d < 2; d++) {
+            const tb_device *dev = d ? &g_ocl : &g_cpu;
+            x[d] = tb_tensor_from_host(host, xs, dev);
+            w[d] = tb_tensor_from_host(wb, &sw, dev);
+            b[d] = tb_tensor_from_host(wb + ODD, &sw, dev);
+            if (c == 0) {
+                y[d] = tb_layer_norm(x[d], 1, w[d], b[d], 1e-5);
+            } else if (c == 1) {
+                y[d] = tb_log_softmax(x[d], 1);
+            } else if (c == 2) {
+                tb_tensor *sm = tb_softmax(x[d], 1);
+                y[d] = tb_mul_scalar(sm, 2.0);
+                tb_tensor_release(sm);
+            } else if (c == 3) {
+                y[d] = tb_softmax(x[d], 1);
+            } else if (c == 4) {
+                y[d] = tb_layer_norm(x[d], 1, NULL, NULL, 1e-5);
+            } else {
+                tb_tensor *e = tb_exp(x[d]);
+                y[d] = tb_layer_norm(e, 1, w[d], b[d], 1e-5);
+                tb_tensor_release(e);
+            }
+            assert_non_null(y[d]);
+        }
+        text = tb_ir_backend_text(&y[1], 1);
+        assert_non_null(text);
+        if (c == 3 || c == 4) {
+            assert_false(streams(text));
+        } else {
+            assert_true(streams(text));
+            assert_non_null(strstr(text, "TB_VSTREAM_END();"));
+        }
+        if (c <= 3) {
+            assert_non_null(strstr(text, "TB_PREFETCH(b0 + "));
+        } else if (c == 5) {
+            assert_null(strstr(text, "TB_PREFETCH(b"));
+        }
+        tb_free(text);
+        snprintf(what, sizeof what, "streamed norm case %d", c);
+        compare_tensors(what, y[0], y[1]);
+        for (d = 0; d < 2; d++) {
+            tb_tensor_release(x[d]);
+            tb_tensor_release(w[d]);
+            tb_tensor_release(b[d]);
+            tb_tensor_release(y[d]);
+        }
+    }
+    free(host);
+    free(wb);
+}
+
 static void test_max_min_nan_large(void **state) {
     const size_t n = (size_t)1 << 20;
     tb_shape s = shp(TB_F32, 1, (int64_t)n, 0, 0, 0);
@@ -4936,6 +5023,7 @@ int main(void) {
         cmocka_unit_test(test_dumps_under_allocation_failures),
         cmocka_unit_test(test_max_min_nan_large),
         cmocka_unit_test(test_vector_exp),
+        cmocka_unit_test(test_norm_rows_streamed),
         cmocka_unit_test(test_vector_reduce_broadcast_operand),
         cmocka_unit_test(test_vector_operand_relations),
         cmocka_unit_test(test_matmul_core_key_table_growth),
