@@ -37,9 +37,14 @@
 #   - PyTorch eager on the same number of threads (the native backend's: online cores, or
 #     TB_NATIVE_THREADS), run by /usr/bin/python3 tools/bench/torch_peer.py on the same inputs,
 #     its result checked like ours; skipped with a note where torch cannot be imported;
-#   - the bound: memory bandwidth measured here (read, copy and triad over buffers much larger
-#     than the caches, same threads, best of several runs, before and after the bandwidth cases,
-#     the better kept) times the case's least traffic; for matmul and the MLP, OpenBLAS on the
+#   - the bound: in the bandwidth cases a side of the case's own rounds (flushed and timed like
+#     every side, so it sees the memory the case saw: the bandwidth of these VMs moves by 1.5x
+#     from minute to minute) that moves the case's least traffic over buffers much larger than
+#     the caches on the same threads: a read where the case only reads, else a copy with
+#     non-temporal stores (no read of the written lines, as the kernels that write large
+#     outputs store; x86); rows with bound kind "bandwidth_side". Read, copy (plain and
+#     non-temporal) and triad are also measured before and after the cases (noted; the bound
+#     of the other bandwidth rows and of --quick runs). For matmul and the MLP, OpenBLAS on the
 #     same threads (and CLBlast on the OpenCL device);
 #   - on OpenCL, a hand-written kernel doing the same work (contiguous chunks, float16 vectors,
 #     several accumulators), tuned over a few launch shapes.

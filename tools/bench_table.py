@@ -48,9 +48,9 @@ def machine_line(m):
     if m.get("pytorch"):
         parts.append(m.get("pytorch_about"))
     parts.append(m.get("openblas"))
-    parts.append("bandwidth read %.1f, copy %.1f, triad %.1f GB/s" %
+    parts.append("bandwidth read %.1f, copy %.1f (non-temporal stores %.1f), triad %.1f GB/s" %
                  (m.get("bandwidth_read", 0) / gb, m.get("bandwidth_copy", 0) / gb,
-                  m.get("bandwidth_triad", 0) / gb))
+                  m.get("bandwidth_copy_stream", 0) / gb, m.get("bandwidth_triad", 0) / gb))
     if m.get("quick"):
         parts.append("--quick sizes")
     return "Machine: " + "; ".join(p for p in parts if p) + "; torch_backend.h %s." % m.get(

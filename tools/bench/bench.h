@@ -179,12 +179,13 @@ double torch_last_faults(void);   /* the minor page faults of that call in PyTor
    g_threads threads, best of several runs (and the same over 64 MiB buffers, for a note). */
 typedef struct bandwidth {
     double read, copy, triad; /* bytes per second, STREAM's counting (no write-allocate) */
+    double copy_stream;       /* copy with non-temporal stores (x86; else a plain copy) */
     double buffer_bytes;
     double l3_bytes; /* what the CPU reports, 0 if unknown */
     int runs;
     int measured; /* 1 after measure_bandwidth, 2 after bandwidth_end */
     /* the same loops over 64 MiB buffers */
-    double small_bytes, small_read, small_copy, small_triad;
+    double small_bytes, small_read, small_copy, small_copy_stream, small_triad;
 } bandwidth;
 extern bandwidth g_bw;
 void measure_bandwidth(void);
@@ -197,6 +198,11 @@ void bandwidth_end(void);
 double flush_caches(void);
 /* The least time to move `bytes` (read only, or with writes). */
 double bound_time(double bytes, int writes);
+/* The bound as a side of the case's own rounds (flushed and timed as the others, so it sees
+   the memory the case saw: these machines' bandwidth moves by 1.5x from minute to minute):
+   the same bytes read (read-only cases) or copied with non-temporal stores (half read, half
+   written) over the bandwidth buffers. 0 when the buffers are too small for them (--quick). */
+int bound_side(side *s, double bytes, int writes);
 /* A note comparing the bandwidth over 64 MiB buffers with the bound's. */
 void note_footprints(void);
 
