@@ -19212,6 +19212,9 @@ typedef struct tb__tuning {
        stores (no read of its lines before the write, no eviction of what the caches hold);
        0: never */
     int64_t stream_store_min_bytes;
+    /* elementwise kernels with vectors stream such outputs too (the backend fences once per
+       range of work items; OpenCL has no such point without a barrier) */
+    bool stream_elementwise;
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
@@ -19291,7 +19294,8 @@ typedef struct tb__plan_kernel {
     int32_t tk;         /* matmul in tiles: depth of a tile */
     bool prefetch_rows; /* norms: the second pass prefetches the next row of x */
     bool stream_out;    /* norms: the last pass stores whole vectors with non-temporal stores
-                           (a softmax that keeps its exponentials in out scales them in place) */
+                           (a softmax that keeps its exponentials in out scales them in place);
+                           elementwise kernels with vectors: every store */
     /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
        work-group), or fixed work-group sizes and counts */
     uint32_t work_dim;
@@ -20114,6 +20118,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
        with both (PoCL and the native backend alike); a GPU's work-group per row has neither */
     t->row_prefetch = !gpu;
     t->stream_store_min_bytes = gpu ? 0 : (int64_t)32 << 20;
+    t->stream_elementwise = host;
 }
 
 /* ---- tuning: one table per device class ---- */
@@ -21569,7 +21574,14 @@ static void tb__plan_layout(tb__pgraph *G) {
             k->flops = per * (double)k->items;
             k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
             if (k->vec > 0) {
+                const tb__tuning *t = G->target->tuning;
+                const tb_shape *rs = tb__plan_shape(G, k->root);
                 k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
+                k->stream_out =
+                    k->kind == TB__K_ELEMENTWISE && t->stream_elementwise &&
+                    t->stream_store_min_bytes > 0 && rs->dtype == TB_F32 &&
+                    G->target->buffer_align >= (uint32_t)k->vec * (uint32_t)sizeof(float) &&
+                    (double)tb__plan_numel(rs) * 4.0 >= (double)t->stream_store_min_bytes;
             } else if (k->kind == TB__K_ELEMENTWISE && G->target->tuning->elem_row_loops) {
                 const tb_shape *rs = tb__plan_shape(G, k->root);
                 int64_t len = rs->rank >= 2 ? rs->dims[rs->rank - 1] : 0;
@@ -23772,14 +23784,12 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     case TB_OP_RECIPROCAL:
         snprintf(e, sizeof e, "1.0f / %s", a);
         break;
+    case TB_OP_EXP: /* the dialect's: a device's built-in where it has a faster one */
+        snprintf(e, sizeof e, "TB_VEXP(%s)", a);
+        break;
     case TB_OP_ABS:
-    case TB_OP_EXP:
     case TB_OP_RELU:
-        snprintf(e, sizeof e, "tb_v%s16(%s)",
-                 n->op == TB_OP_ABS   ? "abs"
-                 : n->op == TB_OP_EXP ? "exp"
-                                      : "relu",
-                 a);
+        snprintf(e, sizeof e, "tb_v%s16(%s)", n->op == TB_OP_ABS ? "abs" : "relu", a);
         break;
     case TB_OP_MAXIMUM:
     case TB_OP_MINIMUM:
@@ -23914,7 +23924,7 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
         v = tb__cg_veval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->vec, -1));
         if (v < 0) return g->ix.status;
         snprintf(ptr, sizeof ptr, "out + i%d * %dL", (int)i0, (int)k->vec);
-        tb__cg_vstore(g, rs->dtype, v, ptr, false);
+        tb__cg_vstore(g, rs->dtype, v, ptr, k->stream_out); /* out + i0 * W: aligned */
         return TB_OK;
     }
     if (k->row_len > 0) {
@@ -25805,11 +25815,52 @@ static bool tb__cl_is_oom(tb__cl_int err) {
            err == TB__CL_OUT_OF_HOST_MEMORY;
 }
 
+#if defined(__linux__)
+/* PoCL's CPU device runs a worker thread per core, unpinned unless POCL_AFFINITY=1. After a
+   pause between calls the scheduler may queue the woken workers on one core, where they share
+   it for the whole kernel while another core idles (the native pool's problem, which it solves
+   for itself): on the 2-core EPYC VMs sum and max ran at 0.90-0.95 of PyTorch unpinned, 1.11-1.15
+   pinned, and an elementwise chain swung between 4.3 and 8.2 ms from run to run. So, before the
+   driver starts, POCL_AFFINITY=1 is set where the user has not set it and the process may run
+   on every online CPU (PoCL pins its workers to CPUs 0..n-1 whatever the process's own mask).
+   Only PoCL reads the variable; POCL_AFFINITY=0 keeps it off. setenv and the mask call are
+   looked up, as a strict C build may not declare them. */
+static void tb__ocl_pocl_affinity(void) {
+    typedef int (*tb__getaffinity_fn)(pthread_t thread, size_t size, void *mask);
+    typedef int (*tb__setenv_fn)(const char *name, const char *value, int overwrite);
+    unsigned long mask[16];
+    long online = sysconf(_SC_NPROCESSORS_ONLN), allowed = 0;
+    void *self, *get_sym, *set_sym;
+    tb__getaffinity_fn get;
+    tb__setenv_fn set;
+    size_t i;
+    if (online < 2 || tb__getenv("POCL_AFFINITY") != NULL) return;
+    self = dlopen(NULL, RTLD_LAZY);
+    if (self == NULL) return;
+    get_sym = dlsym(self, "pthread_getaffinity_np");
+    set_sym = dlsym(self, "setenv");
+    if (get_sym == NULL || set_sym == NULL) return;
+    memcpy(&get, &get_sym, sizeof get_sym);
+    memcpy(&set, &set_sym, sizeof set_sym);
+    memset(mask, 0, sizeof mask);
+    if (get(pthread_self(), sizeof mask, mask) != 0) return;
+    for (i = 0; i < sizeof mask / sizeof mask[0]; i++) {
+        unsigned long m = mask[i];
+        for (; m != 0; m &= m - 1)
+            allowed++;
+    }
+    if (allowed >= online) set("POCL_AFFINITY", "1", 0);
+}
+#endif
+
 /* Opens the ICD loader ($TB_OPENCL_LIBRARY, else the system's) and resolves every entry point
    into *api; on failure `reason` (of `cap` bytes) says why. The library stays loaded: drivers
    keep threads and state past the release of their last object, and some crash when
    unloaded; opening it again gives the same handle. */
 static bool tb__ocl_load_library(tb__cl_api *api, char *reason, size_t cap) {
+#if defined(__linux__)
+    tb__ocl_pocl_affinity();
+#endif
 #if defined(TB_OPENCL_LINKED)
     api->GetPlatformIDs = clGetPlatformIDs;
     api->GetPlatformInfo = clGetPlatformInfo;
@@ -28343,7 +28394,10 @@ static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
         tb__str_append(src, "        %s_item(tb_w, 0, 0", k->name);
         for (i = 0; i < num_params; i++)
             tb__str_append(src, ", %s", params[i].name);
-        tb__str_append(src, ");\n}\n\n");
+        /* an elementwise kernel's non-temporal stores: one fence for the whole range */
+        tb__str_append(src, ");\n%s}\n\n",
+                       k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n"
+                                                                     : "");
         return;
     }
     /* runs of dimension 0 at fixed ids 1 and 2: one division per run, not per item */
@@ -28359,7 +28413,8 @@ static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
     tb__str_append(src, "            %s_item(tb_g0, tb_g1, tb_g2", k->name);
     for (i = 0; i < num_params; i++)
         tb__str_append(src, ", %s", params[i].name);
-    tb__str_append(src, ");\n    }\n}\n\n");
+    tb__str_append(src, ");\n    }\n%s}\n\n",
+                   k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n" : "");
 }
 
 static void tb__native_dialect(tb__dialect *d) {

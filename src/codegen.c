@@ -1013,14 +1013,12 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     case TB_OP_RECIPROCAL:
         snprintf(e, sizeof e, "1.0f / %s", a);
         break;
+    case TB_OP_EXP: /* the dialect's: a device's built-in where it has a faster one */
+        snprintf(e, sizeof e, "TB_VEXP(%s)", a);
+        break;
     case TB_OP_ABS:
-    case TB_OP_EXP:
     case TB_OP_RELU:
-        snprintf(e, sizeof e, "tb_v%s16(%s)",
-                 n->op == TB_OP_ABS   ? "abs"
-                 : n->op == TB_OP_EXP ? "exp"
-                                      : "relu",
-                 a);
+        snprintf(e, sizeof e, "tb_v%s16(%s)", n->op == TB_OP_ABS ? "abs" : "relu", a);
         break;
     case TB_OP_MAXIMUM:
     case TB_OP_MINIMUM:

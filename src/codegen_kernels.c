@@ -69,7 +69,7 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
         v = tb__cg_veval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->vec, -1));
         if (v < 0) return g->ix.status;
         snprintf(ptr, sizeof ptr, "out + i%d * %dL", (int)i0, (int)k->vec);
-        tb__cg_vstore(g, rs->dtype, v, ptr, false);
+        tb__cg_vstore(g, rs->dtype, v, ptr, k->stream_out); /* out + i0 * W: aligned */
         return TB_OK;
     }
     if (k->row_len > 0) {

@@ -109,6 +109,9 @@ typedef struct tb__tuning {
        stores (no read of its lines before the write, no eviction of what the caches hold);
        0: never */
     int64_t stream_store_min_bytes;
+    /* elementwise kernels with vectors stream such outputs too (the backend fences once per
+       range of work items; OpenCL has no such point without a barrier) */
+    bool stream_elementwise;
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
@@ -188,7 +191,8 @@ typedef struct tb__plan_kernel {
     int32_t tk;         /* matmul in tiles: depth of a tile */
     bool prefetch_rows; /* norms: the second pass prefetches the next row of x */
     bool stream_out;    /* norms: the last pass stores whole vectors with non-temporal stores
-                           (a softmax that keeps its exponentials in out scales them in place) */
+                           (a softmax that keeps its exponentials in out scales them in place);
+                           elementwise kernels with vectors: every store */
     /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
        work-group), or fixed work-group sizes and counts */
     uint32_t work_dim;

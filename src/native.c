@@ -226,7 +226,10 @@ static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
         tb__str_append(src, "        %s_item(tb_w, 0, 0", k->name);
         for (i = 0; i < num_params; i++)
             tb__str_append(src, ", %s", params[i].name);
-        tb__str_append(src, ");\n}\n\n");
+        /* an elementwise kernel's non-temporal stores: one fence for the whole range */
+        tb__str_append(src, ");\n%s}\n\n",
+                       k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n"
+                                                                     : "");
         return;
     }
     /* runs of dimension 0 at fixed ids 1 and 2: one division per run, not per item */
@@ -242,7 +245,8 @@ static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
     tb__str_append(src, "            %s_item(tb_g0, tb_g1, tb_g2", k->name);
     for (i = 0; i < num_params; i++)
         tb__str_append(src, ", %s", params[i].name);
-    tb__str_append(src, ");\n    }\n}\n\n");
+    tb__str_append(src, ");\n    }\n%s}\n\n",
+                   k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n" : "");
 }
 
 static void tb__native_dialect(tb__dialect *d) {

@@ -133,11 +133,52 @@ static bool tb__cl_is_oom(tb__cl_int err) {
            err == TB__CL_OUT_OF_HOST_MEMORY;
 }
 
+#if defined(__linux__)
+/* PoCL's CPU device runs a worker thread per core, unpinned unless POCL_AFFINITY=1. After a
+   pause between calls the scheduler may queue the woken workers on one core, where they share
+   it for the whole kernel while another core idles (the native pool's problem, which it solves
+   for itself): on the 2-core EPYC VMs sum and max ran at 0.90-0.95 of PyTorch unpinned, 1.11-1.15
+   pinned, and an elementwise chain swung between 4.3 and 8.2 ms from run to run. So, before the
+   driver starts, POCL_AFFINITY=1 is set where the user has not set it and the process may run
+   on every online CPU (PoCL pins its workers to CPUs 0..n-1 whatever the process's own mask).
+   Only PoCL reads the variable; POCL_AFFINITY=0 keeps it off. setenv and the mask call are
+   looked up, as a strict C build may not declare them. */
+static void tb__ocl_pocl_affinity(void) {
+    typedef int (*tb__getaffinity_fn)(pthread_t thread, size_t size, void *mask);
+    typedef int (*tb__setenv_fn)(const char *name, const char *value, int overwrite);
+    unsigned long mask[16];
+    long online = sysconf(_SC_NPROCESSORS_ONLN), allowed = 0;
+    void *self, *get_sym, *set_sym;
+    tb__getaffinity_fn get;
+    tb__setenv_fn set;
+    size_t i;
+    if (online < 2 || tb__getenv("POCL_AFFINITY") != NULL) return;
+    self = dlopen(NULL, RTLD_LAZY);
+    if (self == NULL) return;
+    get_sym = dlsym(self, "pthread_getaffinity_np");
+    set_sym = dlsym(self, "setenv");
+    if (get_sym == NULL || set_sym == NULL) return;
+    memcpy(&get, &get_sym, sizeof get_sym);
+    memcpy(&set, &set_sym, sizeof set_sym);
+    memset(mask, 0, sizeof mask);
+    if (get(pthread_self(), sizeof mask, mask) != 0) return;
+    for (i = 0; i < sizeof mask / sizeof mask[0]; i++) {
+        unsigned long m = mask[i];
+        for (; m != 0; m &= m - 1)
+            allowed++;
+    }
+    if (allowed >= online) set("POCL_AFFINITY", "1", 0);
+}
+#endif
+
 /* Opens the ICD loader ($TB_OPENCL_LIBRARY, else the system's) and resolves every entry point
    into *api; on failure `reason` (of `cap` bytes) says why. The library stays loaded: drivers
    keep threads and state past the release of their last object, and some crash when
    unloaded; opening it again gives the same handle. */
 static bool tb__ocl_load_library(tb__cl_api *api, char *reason, size_t cap) {
+#if defined(__linux__)
+    tb__ocl_pocl_affinity();
+#endif
 #if defined(TB_OPENCL_LINKED)
     api->GetPlatformIDs = clGetPlatformIDs;
     api->GetPlatformInfo = clGetPlatformInfo;

@@ -74,6 +74,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
        with both (PoCL and the native backend alike); a GPU's work-group per row has neither */
     t->row_prefetch = !gpu;
     t->stream_store_min_bytes = gpu ? 0 : (int64_t)32 << 20;
+    t->stream_elementwise = host;
 }
 
 /* ---- tuning: one table per device class ---- */
@@ -1529,7 +1530,14 @@ static void tb__plan_layout(tb__pgraph *G) {
             k->flops = per * (double)k->items;
             k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
             if (k->vec > 0) {
+                const tb__tuning *t = G->target->tuning;
+                const tb_shape *rs = tb__plan_shape(G, k->root);
                 k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
+                k->stream_out =
+                    k->kind == TB__K_ELEMENTWISE && t->stream_elementwise &&
+                    t->stream_store_min_bytes > 0 && rs->dtype == TB_F32 &&
+                    G->target->buffer_align >= (uint32_t)k->vec * (uint32_t)sizeof(float) &&
+                    (double)tb__plan_numel(rs) * 4.0 >= (double)t->stream_store_min_bytes;
             } else if (k->kind == TB__K_ELEMENTWISE && G->target->tuning->elem_row_loops) {
                 const tb_shape *rs = tb__plan_shape(G, k->root);
                 int64_t len = rs->rank >= 2 ? rs->dims[rs->rank - 1] : 0;
