@@ -19634,6 +19634,8 @@ static void tb__cg_id(char *buf, size_t cap, const char *fmt, int d);
 static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos);
 /* the W consecutive elements of `node` from position `pos` on, as a vector */
 static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos);
+/* whether the current kernel reads node from a buffer (b<slot>) at its own flat index */
+static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node);
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
@@ -21418,6 +21420,16 @@ static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
     }
 }
 
+/* Whether kernel k (with vectors) may write its output with non-temporal stores: an f32
+   output of at least the tuning's size, in buffers whose start is aligned to a vector. */
+static bool tb__plan_streams(const tb__pgraph *G, const tb__plan_kernel *k) {
+    const tb__tuning *t = G->target->tuning;
+    const tb_shape *rs = tb__plan_shape(G, k->root);
+    return t->stream_store_min_bytes > 0 && rs->dtype == TB_F32 &&
+           G->target->buffer_align >= (uint32_t)k->vec * (uint32_t)sizeof(float) &&
+           (double)tb__plan_numel(rs) * 4.0 >= (double)t->stream_store_min_bytes;
+}
+
 static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
     const tb_node *cn = G->info[k->core].node;
     const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, k->core, 0));
@@ -21437,15 +21449,11 @@ static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
     tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
     k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
     if (k->vec > 0) {
-        const tb__tuning *t = G->target->tuning;
-        const tb_shape *rs = tb__plan_shape(G, k->root);
         k->acc = TB_F32;
-        k->prefetch_rows = t->row_prefetch;
-        /* whole vectors at aligned addresses: f32 rows of a multiple of the width in a buffer
-           whose start is aligned to a vector (the code generator checks each store's offset) */
-        k->stream_out = t->stream_store_min_bytes > 0 && rs->dtype == TB_F32 && len % k->vec == 0 &&
-                        G->target->buffer_align >= (uint32_t)k->vec * (uint32_t)sizeof(float) &&
-                        (double)tb__plan_numel(rs) * 4.0 >= (double)t->stream_store_min_bytes;
+        k->prefetch_rows = G->target->tuning->row_prefetch;
+        /* whole vectors at aligned addresses: rows of a multiple of the width (the code
+           generator checks each store's offset) */
+        k->stream_out = len % k->vec == 0 && tb__plan_streams(G, k);
     }
 }
 
@@ -21574,14 +21582,9 @@ static void tb__plan_layout(tb__pgraph *G) {
             k->flops = per * (double)k->items;
             k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
             if (k->vec > 0) {
-                const tb__tuning *t = G->target->tuning;
-                const tb_shape *rs = tb__plan_shape(G, k->root);
                 k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
-                k->stream_out =
-                    k->kind == TB__K_ELEMENTWISE && t->stream_elementwise &&
-                    t->stream_store_min_bytes > 0 && rs->dtype == TB_F32 &&
-                    G->target->buffer_align >= (uint32_t)k->vec * (uint32_t)sizeof(float) &&
-                    (double)tb__plan_numel(rs) * 4.0 >= (double)t->stream_store_min_bytes;
+                k->stream_out = k->kind == TB__K_ELEMENTWISE &&
+                                G->target->tuning->stream_elementwise && tb__plan_streams(G, k);
             } else if (k->kind == TB__K_ELEMENTWISE && G->target->tuning->elem_row_loops) {
                 const tb_shape *rs = tb__plan_shape(G, k->root);
                 int64_t len = rs->rank >= 2 ? rs->dims[rs->rank - 1] : 0;
@@ -23810,6 +23813,13 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
 /* The W consecutive elements of `node` from position `pos` on, as a vector: the planner
    checked that every node on the way is of the vector set, aligned with the row (consecutive
    elements), constant along it (evaluated as a scalar) or a buffer of the row's dims. */
+/* Whether the current kernel reads node from a buffer (a parameter, or another kernel's
+   output): b<slot> at the node's own flat index. */
+static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node) {
+    const tb__pnode *in = &g->G->info[node];
+    return in->param >= 0 || (in->root && node != tb__cg_kernel(g)->root);
+}
+
 static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
     const tb__pnode *in = &g->G->info[node];
     const tb__plan_kernel *k = tb__cg_kernel(g);
@@ -23819,7 +23829,7 @@ static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
     if (pos < 0 || g->ix.status != TB_OK) return -1;
     v = tb__ix_memo_find(&g->ix, TB__MEMO_VECTOR, node, pos, 0);
     if (v >= 0) return v;
-    if (in->param >= 0 || (in->root && node != k->root)) {
+    if (tb__cg_reads_buffer(g, node)) {
         char flat[TB__LF_TEXT];
         if (!tb__cg_arg(g, TB__ARG_BUF, in->slot) || !tb__ix_need_flat(&g->ix, pos)) return -1;
         tb__lf_text(&g->ix.pos[pos].flat, flat, sizeof flat);
@@ -24498,12 +24508,11 @@ static bool tb__cg_vec_aligned(const tb__lf *flat, int32_t j, int32_t w) {
    (a parameter or another kernel's output) along contiguous rows; nothing otherwise. False
    when code generation stopped. */
 static bool tb__cg_norm_prefetch(tb__cg *g, const tb__cg_norm *nm, int32_t xp) {
-    const tb__pnode *in = &g->G->info[nm->x];
     char flat[TB__LF_TEXT];
-    if (!nm->k->suffix || (in->param < 0 && !(in->root && nm->x != nm->k->root))) return true;
+    if (!nm->k->suffix || !tb__cg_reads_buffer(g, nm->x)) return true;
     if (!tb__ix_need_flat(&g->ix, xp)) return false;
     tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
-    tb__ix_line(&g->ix, "TB_PREFETCH(b%d + (%s) + %lldL);", (int)in->slot, flat,
+    tb__ix_line(&g->ix, "TB_PREFETCH(b%d + (%s) + %lldL);", (int)g->G->info[nm->x].slot, flat,
                 (long long)nm->len);
     return g->ix.status == TB_OK;
 }
@@ -28356,6 +28365,9 @@ static void tb__native_global_size(const tb__plan_kernel *k, uint64_t size[3]) {
 static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
                                    const tb__cg_param *params, size_t num_params,
                                    const char *body) {
+    /* an elementwise kernel's non-temporal stores: one fence for the whole range */
+    const char *fence =
+        k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n" : "";
     uint64_t size[3];
     size_t i;
     tb__native_global_size(k, size);
@@ -28394,10 +28406,7 @@ static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
         tb__str_append(src, "        %s_item(tb_w, 0, 0", k->name);
         for (i = 0; i < num_params; i++)
             tb__str_append(src, ", %s", params[i].name);
-        /* an elementwise kernel's non-temporal stores: one fence for the whole range */
-        tb__str_append(src, ");\n%s}\n\n",
-                       k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n"
-                                                                     : "");
+        tb__str_append(src, ");\n%s}\n\n", fence);
         return;
     }
     /* runs of dimension 0 at fixed ids 1 and 2: one division per run, not per item */
@@ -28413,8 +28422,7 @@ static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
     tb__str_append(src, "            %s_item(tb_g0, tb_g1, tb_g2", k->name);
     for (i = 0; i < num_params; i++)
         tb__str_append(src, ", %s", params[i].name);
-    tb__str_append(src, ");\n    }\n%s}\n\n",
-                   k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n" : "");
+    tb__str_append(src, ");\n    }\n%s}\n\n", fence);
 }
 
 static void tb__native_dialect(tb__dialect *d) {

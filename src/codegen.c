@@ -1039,6 +1039,13 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
 /* The W consecutive elements of `node` from position `pos` on, as a vector: the planner
    checked that every node on the way is of the vector set, aligned with the row (consecutive
    elements), constant along it (evaluated as a scalar) or a buffer of the row's dims. */
+/* Whether the current kernel reads node from a buffer (a parameter, or another kernel's
+   output): b<slot> at the node's own flat index. */
+static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node) {
+    const tb__pnode *in = &g->G->info[node];
+    return in->param >= 0 || (in->root && node != tb__cg_kernel(g)->root);
+}
+
 static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
     const tb__pnode *in = &g->G->info[node];
     const tb__plan_kernel *k = tb__cg_kernel(g);
@@ -1048,7 +1055,7 @@ static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
     if (pos < 0 || g->ix.status != TB_OK) return -1;
     v = tb__ix_memo_find(&g->ix, TB__MEMO_VECTOR, node, pos, 0);
     if (v >= 0) return v;
-    if (in->param >= 0 || (in->root && node != k->root)) {
+    if (tb__cg_reads_buffer(g, node)) {
         char flat[TB__LF_TEXT];
         if (!tb__cg_arg(g, TB__ARG_BUF, in->slot) || !tb__ix_need_flat(&g->ix, pos)) return -1;
         tb__lf_text(&g->ix.pos[pos].flat, flat, sizeof flat);

@@ -643,12 +643,11 @@ static bool tb__cg_vec_aligned(const tb__lf *flat, int32_t j, int32_t w) {
    (a parameter or another kernel's output) along contiguous rows; nothing otherwise. False
    when code generation stopped. */
 static bool tb__cg_norm_prefetch(tb__cg *g, const tb__cg_norm *nm, int32_t xp) {
-    const tb__pnode *in = &g->G->info[nm->x];
     char flat[TB__LF_TEXT];
-    if (!nm->k->suffix || (in->param < 0 && !(in->root && nm->x != nm->k->root))) return true;
+    if (!nm->k->suffix || !tb__cg_reads_buffer(g, nm->x)) return true;
     if (!tb__ix_need_flat(&g->ix, xp)) return false;
     tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
-    tb__ix_line(&g->ix, "TB_PREFETCH(b%d + (%s) + %lldL);", (int)in->slot, flat,
+    tb__ix_line(&g->ix, "TB_PREFETCH(b%d + (%s) + %lldL);", (int)g->G->info[nm->x].slot, flat,
                 (long long)nm->len);
     return g->ix.status == TB_OK;
 }

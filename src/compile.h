@@ -531,5 +531,7 @@ static void tb__cg_id(char *buf, size_t cap, const char *fmt, int d);
 static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos);
 /* the W consecutive elements of `node` from position `pos` on, as a vector */
 static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos);
+/* whether the current kernel reads node from a buffer (b<slot>) at its own flat index */
+static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node);
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */

@@ -188,6 +188,9 @@ static void tb__native_global_size(const tb__plan_kernel *k, uint64_t size[3]) {
 static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
                                    const tb__cg_param *params, size_t num_params,
                                    const char *body) {
+    /* an elementwise kernel's non-temporal stores: one fence for the whole range */
+    const char *fence =
+        k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n" : "";
     uint64_t size[3];
     size_t i;
     tb__native_global_size(k, size);
@@ -226,10 +229,7 @@ static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
         tb__str_append(src, "        %s_item(tb_w, 0, 0", k->name);
         for (i = 0; i < num_params; i++)
             tb__str_append(src, ", %s", params[i].name);
-        /* an elementwise kernel's non-temporal stores: one fence for the whole range */
-        tb__str_append(src, ");\n%s}\n\n",
-                       k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n"
-                                                                     : "");
+        tb__str_append(src, ");\n%s}\n\n", fence);
         return;
     }
     /* runs of dimension 0 at fixed ids 1 and 2: one division per run, not per item */
@@ -245,8 +245,7 @@ static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
     tb__str_append(src, "            %s_item(tb_g0, tb_g1, tb_g2", k->name);
     for (i = 0; i < num_params; i++)
         tb__str_append(src, ", %s", params[i].name);
-    tb__str_append(src, ");\n    }\n%s}\n\n",
-                   k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n" : "");
+    tb__str_append(src, ");\n    }\n%s}\n\n", fence);
 }
 
 static void tb__native_dialect(tb__dialect *d) {

@@ -1374,6 +1374,16 @@ static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
     }
 }
 
+/* Whether kernel k (with vectors) may write its output with non-temporal stores: an f32
+   output of at least the tuning's size, in buffers whose start is aligned to a vector. */
+static bool tb__plan_streams(const tb__pgraph *G, const tb__plan_kernel *k) {
+    const tb__tuning *t = G->target->tuning;
+    const tb_shape *rs = tb__plan_shape(G, k->root);
+    return t->stream_store_min_bytes > 0 && rs->dtype == TB_F32 &&
+           G->target->buffer_align >= (uint32_t)k->vec * (uint32_t)sizeof(float) &&
+           (double)tb__plan_numel(rs) * 4.0 >= (double)t->stream_store_min_bytes;
+}
+
 static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
     const tb_node *cn = G->info[k->core].node;
     const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, k->core, 0));
@@ -1393,15 +1403,11 @@ static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
     tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
     k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
     if (k->vec > 0) {
-        const tb__tuning *t = G->target->tuning;
-        const tb_shape *rs = tb__plan_shape(G, k->root);
         k->acc = TB_F32;
-        k->prefetch_rows = t->row_prefetch;
-        /* whole vectors at aligned addresses: f32 rows of a multiple of the width in a buffer
-           whose start is aligned to a vector (the code generator checks each store's offset) */
-        k->stream_out = t->stream_store_min_bytes > 0 && rs->dtype == TB_F32 && len % k->vec == 0 &&
-                        G->target->buffer_align >= (uint32_t)k->vec * (uint32_t)sizeof(float) &&
-                        (double)tb__plan_numel(rs) * 4.0 >= (double)t->stream_store_min_bytes;
+        k->prefetch_rows = G->target->tuning->row_prefetch;
+        /* whole vectors at aligned addresses: rows of a multiple of the width (the code
+           generator checks each store's offset) */
+        k->stream_out = len % k->vec == 0 && tb__plan_streams(G, k);
     }
 }
 
@@ -1530,14 +1536,9 @@ static void tb__plan_layout(tb__pgraph *G) {
             k->flops = per * (double)k->items;
             k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
             if (k->vec > 0) {
-                const tb__tuning *t = G->target->tuning;
-                const tb_shape *rs = tb__plan_shape(G, k->root);
                 k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
-                k->stream_out =
-                    k->kind == TB__K_ELEMENTWISE && t->stream_elementwise &&
-                    t->stream_store_min_bytes > 0 && rs->dtype == TB_F32 &&
-                    G->target->buffer_align >= (uint32_t)k->vec * (uint32_t)sizeof(float) &&
-                    (double)tb__plan_numel(rs) * 4.0 >= (double)t->stream_store_min_bytes;
+                k->stream_out = k->kind == TB__K_ELEMENTWISE &&
+                                G->target->tuning->stream_elementwise && tb__plan_streams(G, k);
             } else if (k->kind == TB__K_ELEMENTWISE && G->target->tuning->elem_row_loops) {
                 const tb_shape *rs = tb__plan_shape(G, k->root);
                 int64_t len = rs->rank >= 2 ? rs->dims[rs->rank - 1] : 0;
