@@ -201,7 +201,8 @@ double bound_time(double bytes, int writes);
 /* The bound as a side of the case's own rounds (flushed and timed as the others, so it sees
    the memory the case saw: these machines' bandwidth moves by 1.5x from minute to minute):
    the same bytes read (read-only cases) or copied with non-temporal stores (half read, half
-   written) over the bandwidth buffers. 0 when the buffers are too small for them (--quick). */
+   written) over the bandwidth buffers. 0 with --quick (buffers the caches may partly hold,
+   cases of a few MiB) or when the buffers are too small for the bytes. */
 int bound_side(side *s, double bytes, int writes);
 /* A note comparing the bandwidth over 64 MiB buffers with the bound's. */
 void note_footprints(void);

@@ -506,11 +506,12 @@ typedef struct bound_ctx {
 
 static void bound_run(void *p) {
     const bound_ctx *c = (const bound_ctx *)p;
-    /* a read of b (the flush reads a, whose end it leaves in the caches), a copy from a's start */
+    /* never a (the flush reads it and leaves its end in the caches): a read of b, a copy of c
+       into b */
     if (c->op == BW_READ) {
         bw_pass(g_bw_read_op, g_bw_b, g_bw_a, g_bw_c, c->vecs);
     } else {
-        bw_pass(c->op, g_bw_a, g_bw_b, g_bw_c, c->vecs);
+        bw_pass(c->op, g_bw_c, g_bw_b, g_bw_a, c->vecs);
     }
 }
 
@@ -518,7 +519,7 @@ int bound_side(side *s, double bytes, int writes) {
     static bound_ctx ctx[2];
     bound_ctx *c = &ctx[writes != 0];
     size_t vecs = (size_t)(bytes / (writes ? 2.0 : 1.0) / sizeof(v4)) / 32 * 32;
-    if (g_bw_a == NULL || vecs == 0 || vecs > g_bw_vecs) return 0;
+    if (g_quick || g_bw_a == NULL || vecs == 0 || vecs > g_bw_vecs) return 0;
     c->op = writes ? BW_COPY_STREAM : BW_READ;
     c->vecs = vecs;
     memset(s, 0, sizeof *s);
