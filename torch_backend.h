@@ -2242,7 +2242,14 @@ static void tb__mutex_unlock(tb__mutex *m);
 static void tb__ensure_setup(void);              /* implicit setup with a zero desc */
 static const tb_desc *tb__desc(void);            /* the effective desc (defaults filled) */
 static const char *tb__getenv(const char *name); /* NULL when unset or empty */
-static uint64_t tb__now_ns(void);                /* monotonic clock */
+#if defined(__linux__)
+#define TB__CPU_WORDS 16 /* a CPU mask in unsigned longs: 1024 CPUs, as glibc's cpu_set_t */
+typedef int (*tb__affinity_fn)(pthread_t thread, size_t size, void *mask);
+/* glibc's pthread_getaffinity_np and pthread_setaffinity_np, looked up (a strict C build does
+   not declare them); false where either is missing */
+static bool tb__affinity_calls(tb__affinity_fn *get, tb__affinity_fn *set);
+#endif
+static uint64_t tb__now_ns(void); /* monotonic clock */
 /* A log line that appears only when something takes long: begin starts a thread that logs the
    message at info level unless end comes within `delay_ms`; end stops the thread and waits for
    it, so a line it logs comes before anything the caller logs next. For TB_DEBUG lines that
@@ -3066,6 +3073,21 @@ static TB__UNUSED const char *tb__getenv(const char *name) {
     const char *v = getenv(name);
     return (v != NULL && v[0] != '\0') ? v : NULL;
 }
+
+#if defined(__linux__)
+static TB__UNUSED bool tb__affinity_calls(tb__affinity_fn *get, tb__affinity_fn *set) {
+    void *self = dlopen(NULL, RTLD_LAZY), *g, *s;
+    if (self == NULL) return false;
+    g = dlsym(self, "pthread_getaffinity_np");
+    s = dlsym(self, "pthread_setaffinity_np");
+    if (g == NULL || s == NULL) return false;
+    /* ISO C has no cast from an object pointer to a function pointer; POSIX guarantees the
+       representations match */
+    memcpy(get, &g, sizeof g);
+    memcpy(set, &s, sizeof s);
+    return true;
+}
+#endif
 
 /* ---- logging ---- */
 
@@ -25835,21 +25857,18 @@ static bool tb__cl_is_oom(tb__cl_int err) {
    Only PoCL reads the variable; POCL_AFFINITY=0 keeps it off. setenv and the mask call are
    looked up, as a strict C build may not declare them. */
 static void tb__ocl_pocl_affinity(void) {
-    typedef int (*tb__getaffinity_fn)(pthread_t thread, size_t size, void *mask);
     typedef int (*tb__setenv_fn)(const char *name, const char *value, int overwrite);
-    unsigned long mask[16];
+    unsigned long mask[TB__CPU_WORDS];
     long online = sysconf(_SC_NPROCESSORS_ONLN), allowed = 0;
-    void *self, *get_sym, *set_sym;
-    tb__getaffinity_fn get;
+    void *self, *set_sym;
+    tb__affinity_fn get, unused;
     tb__setenv_fn set;
     size_t i;
     if (online < 2 || tb__getenv("POCL_AFFINITY") != NULL) return;
     self = dlopen(NULL, RTLD_LAZY);
-    if (self == NULL) return;
-    get_sym = dlsym(self, "pthread_getaffinity_np");
+    if (self == NULL || !tb__affinity_calls(&get, &unused)) return;
     set_sym = dlsym(self, "setenv");
-    if (get_sym == NULL || set_sym == NULL) return;
-    memcpy(&get, &get_sym, sizeof get_sym);
+    if (set_sym == NULL) return;
     memcpy(&set, &set_sym, sizeof set_sym);
     memset(mask, 0, sizeof mask);
     if (get(pthread_self(), sizeof mask, mask) != 0) return;
@@ -28457,8 +28476,6 @@ static void tb__native_dialect(tb__dialect *d) {
    that is pinned (taskset, sched_setaffinity) keeps its pool within its CPUs. */
 
 #if defined(__linux__)
-#define TB__NATIVE_CPU_WORDS 16 /* 1024 CPUs, as glibc's cpu_set_t */
-typedef int (*tb__native_affinity_fn)(pthread_t thread, size_t size, void *mask);
 typedef int (*tb__native_getcpu_fn)(void);
 #endif
 
@@ -28481,10 +28498,10 @@ typedef struct tb__native_pool {
     /* pthread_getaffinity_np, pthread_setaffinity_np and sched_getcpu (looked up, as they are
        GNU extensions; NULL: the threads are left where the scheduler puts them), and the
        caller's CPU and CPU mask the threads were last placed for */
-    tb__native_affinity_fn get_affinity, set_affinity;
+    tb__affinity_fn get_affinity, set_affinity;
     tb__native_getcpu_fn getcpu;
     int placed_cpu;
-    unsigned long placed_mask[TB__NATIVE_CPU_WORDS];
+    unsigned long placed_mask[TB__CPU_WORDS];
 #endif
 } tb__native_pool;
 
@@ -28525,38 +28542,35 @@ static void *tb__native_thread(void *arg) {
 
 #if defined(__linux__)
 static void tb__native_place_init(tb__native_pool *p) {
-    void *self = dlopen(NULL, RTLD_LAZY), *get, *set, *cpu;
+    void *self = dlopen(NULL, RTLD_LAZY), *cpu;
+    tb__affinity_fn get, set;
     p->placed_cpu = -1;
-    if (self == NULL) return;
-    get = dlsym(self, "pthread_getaffinity_np");
-    set = dlsym(self, "pthread_setaffinity_np");
+    if (self == NULL || !tb__affinity_calls(&get, &set)) return;
     cpu = dlsym(self, "sched_getcpu");
-    if (get == NULL || set == NULL || cpu == NULL) return;
-    /* ISO C has no cast from an object pointer to a function pointer; POSIX guarantees the
-       representations match. The mask is glibc's cpu_set_t: bits in unsigned longs. */
-    memcpy(&p->get_affinity, &get, sizeof get);
-    memcpy(&p->set_affinity, &set, sizeof set);
-    memcpy(&p->getcpu, &cpu, sizeof cpu);
+    if (cpu == NULL) return;
+    p->get_affinity = get;
+    p->set_affinity = set;
+    memcpy(&p->getcpu, &cpu, sizeof cpu); /* as tb__affinity_calls */
 }
 
 /* Before a job: the pool's threads may run on the caller's CPUs less the one it runs on (all of
    the caller's where it has only that one). Two system calls when nothing changed. */
 static void tb__native_place(tb__native_pool *p) {
-    unsigned long mask[TB__NATIVE_CPU_WORDS];
+    unsigned long mask[TB__CPU_WORDS];
     int cpu;
     size_t i, w = sizeof(unsigned long) * CHAR_BIT;
     bool other = false;
     if (p->set_affinity == NULL) return;
     cpu = p->getcpu();
     memset(mask, 0, sizeof mask);
-    if (cpu < 0 || (size_t)cpu >= TB__NATIVE_CPU_WORDS * w ||
+    if (cpu < 0 || (size_t)cpu >= TB__CPU_WORDS * w ||
         p->get_affinity(pthread_self(), sizeof mask, mask) != 0)
         return;
     if (cpu == p->placed_cpu && memcmp(mask, p->placed_mask, sizeof mask) == 0) return;
     p->placed_cpu = cpu;
     memcpy(p->placed_mask, mask, sizeof mask);
     mask[(size_t)cpu / w] &= ~(1ul << ((size_t)cpu % w));
-    for (i = 0; i < TB__NATIVE_CPU_WORDS; i++)
+    for (i = 0; i < TB__CPU_WORDS; i++)
         other = other || mask[i] != 0;
     if (!other) memcpy(mask, p->placed_mask, sizeof mask);
     for (i = 0; i < p->num_threads; i++)

@@ -464,6 +464,21 @@ static TB__UNUSED const char *tb__getenv(const char *name) {
     return (v != NULL && v[0] != '\0') ? v : NULL;
 }
 
+#if defined(__linux__)
+static TB__UNUSED bool tb__affinity_calls(tb__affinity_fn *get, tb__affinity_fn *set) {
+    void *self = dlopen(NULL, RTLD_LAZY), *g, *s;
+    if (self == NULL) return false;
+    g = dlsym(self, "pthread_getaffinity_np");
+    s = dlsym(self, "pthread_setaffinity_np");
+    if (g == NULL || s == NULL) return false;
+    /* ISO C has no cast from an object pointer to a function pointer; POSIX guarantees the
+       representations match */
+    memcpy(get, &g, sizeof g);
+    memcpy(set, &s, sizeof s);
+    return true;
+}
+#endif
+
 /* ---- logging ---- */
 
 static const char *tb__log_level_name(tb_log_level level) {

@@ -113,7 +113,14 @@ static void tb__mutex_unlock(tb__mutex *m);
 static void tb__ensure_setup(void);              /* implicit setup with a zero desc */
 static const tb_desc *tb__desc(void);            /* the effective desc (defaults filled) */
 static const char *tb__getenv(const char *name); /* NULL when unset or empty */
-static uint64_t tb__now_ns(void);                /* monotonic clock */
+#if defined(__linux__)
+#define TB__CPU_WORDS 16 /* a CPU mask in unsigned longs: 1024 CPUs, as glibc's cpu_set_t */
+typedef int (*tb__affinity_fn)(pthread_t thread, size_t size, void *mask);
+/* glibc's pthread_getaffinity_np and pthread_setaffinity_np, looked up (a strict C build does
+   not declare them); false where either is missing */
+static bool tb__affinity_calls(tb__affinity_fn *get, tb__affinity_fn *set);
+#endif
+static uint64_t tb__now_ns(void); /* monotonic clock */
 /* A log line that appears only when something takes long: begin starts a thread that logs the
    message at info level unless end comes within `delay_ms`; end stops the thread and waits for
    it, so a line it logs comes before anything the caller logs next. For TB_DEBUG lines that

@@ -280,8 +280,6 @@ static void tb__native_dialect(tb__dialect *d) {
    that is pinned (taskset, sched_setaffinity) keeps its pool within its CPUs. */
 
 #if defined(__linux__)
-#define TB__NATIVE_CPU_WORDS 16 /* 1024 CPUs, as glibc's cpu_set_t */
-typedef int (*tb__native_affinity_fn)(pthread_t thread, size_t size, void *mask);
 typedef int (*tb__native_getcpu_fn)(void);
 #endif
 
@@ -304,10 +302,10 @@ typedef struct tb__native_pool {
     /* pthread_getaffinity_np, pthread_setaffinity_np and sched_getcpu (looked up, as they are
        GNU extensions; NULL: the threads are left where the scheduler puts them), and the
        caller's CPU and CPU mask the threads were last placed for */
-    tb__native_affinity_fn get_affinity, set_affinity;
+    tb__affinity_fn get_affinity, set_affinity;
     tb__native_getcpu_fn getcpu;
     int placed_cpu;
-    unsigned long placed_mask[TB__NATIVE_CPU_WORDS];
+    unsigned long placed_mask[TB__CPU_WORDS];
 #endif
 } tb__native_pool;
 
@@ -348,38 +346,35 @@ static void *tb__native_thread(void *arg) {
 
 #if defined(__linux__)
 static void tb__native_place_init(tb__native_pool *p) {
-    void *self = dlopen(NULL, RTLD_LAZY), *get, *set, *cpu;
+    void *self = dlopen(NULL, RTLD_LAZY), *cpu;
+    tb__affinity_fn get, set;
     p->placed_cpu = -1;
-    if (self == NULL) return;
-    get = dlsym(self, "pthread_getaffinity_np");
-    set = dlsym(self, "pthread_setaffinity_np");
+    if (self == NULL || !tb__affinity_calls(&get, &set)) return;
     cpu = dlsym(self, "sched_getcpu");
-    if (get == NULL || set == NULL || cpu == NULL) return;
-    /* ISO C has no cast from an object pointer to a function pointer; POSIX guarantees the
-       representations match. The mask is glibc's cpu_set_t: bits in unsigned longs. */
-    memcpy(&p->get_affinity, &get, sizeof get);
-    memcpy(&p->set_affinity, &set, sizeof set);
-    memcpy(&p->getcpu, &cpu, sizeof cpu);
+    if (cpu == NULL) return;
+    p->get_affinity = get;
+    p->set_affinity = set;
+    memcpy(&p->getcpu, &cpu, sizeof cpu); /* as tb__affinity_calls */
 }
 
 /* Before a job: the pool's threads may run on the caller's CPUs less the one it runs on (all of
    the caller's where it has only that one). Two system calls when nothing changed. */
 static void tb__native_place(tb__native_pool *p) {
-    unsigned long mask[TB__NATIVE_CPU_WORDS];
+    unsigned long mask[TB__CPU_WORDS];
     int cpu;
     size_t i, w = sizeof(unsigned long) * CHAR_BIT;
     bool other = false;
     if (p->set_affinity == NULL) return;
     cpu = p->getcpu();
     memset(mask, 0, sizeof mask);
-    if (cpu < 0 || (size_t)cpu >= TB__NATIVE_CPU_WORDS * w ||
+    if (cpu < 0 || (size_t)cpu >= TB__CPU_WORDS * w ||
         p->get_affinity(pthread_self(), sizeof mask, mask) != 0)
         return;
     if (cpu == p->placed_cpu && memcmp(mask, p->placed_mask, sizeof mask) == 0) return;
     p->placed_cpu = cpu;
     memcpy(p->placed_mask, mask, sizeof mask);
     mask[(size_t)cpu / w] &= ~(1ul << ((size_t)cpu % w));
-    for (i = 0; i < TB__NATIVE_CPU_WORDS; i++)
+    for (i = 0; i < TB__CPU_WORDS; i++)
         other = other || mask[i] != 0;
     if (!other) memcpy(mask, p->placed_mask, sizeof mask);
     for (i = 0; i < p->num_threads; i++)

@@ -144,21 +144,18 @@ static bool tb__cl_is_oom(tb__cl_int err) {
    Only PoCL reads the variable; POCL_AFFINITY=0 keeps it off. setenv and the mask call are
    looked up, as a strict C build may not declare them. */
 static void tb__ocl_pocl_affinity(void) {
-    typedef int (*tb__getaffinity_fn)(pthread_t thread, size_t size, void *mask);
     typedef int (*tb__setenv_fn)(const char *name, const char *value, int overwrite);
-    unsigned long mask[16];
+    unsigned long mask[TB__CPU_WORDS];
     long online = sysconf(_SC_NPROCESSORS_ONLN), allowed = 0;
-    void *self, *get_sym, *set_sym;
-    tb__getaffinity_fn get;
+    void *self, *set_sym;
+    tb__affinity_fn get, unused;
     tb__setenv_fn set;
     size_t i;
     if (online < 2 || tb__getenv("POCL_AFFINITY") != NULL) return;
     self = dlopen(NULL, RTLD_LAZY);
-    if (self == NULL) return;
-    get_sym = dlsym(self, "pthread_getaffinity_np");
+    if (self == NULL || !tb__affinity_calls(&get, &unused)) return;
     set_sym = dlsym(self, "setenv");
-    if (get_sym == NULL || set_sym == NULL) return;
-    memcpy(&get, &get_sym, sizeof get_sym);
+    if (set_sym == NULL) return;
     memcpy(&set, &set_sym, sizeof set_sym);
     memset(mask, 0, sizeof mask);
     if (get(pthread_self(), sizeof mask, mask) != 0) return;
