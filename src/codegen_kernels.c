@@ -639,15 +639,15 @@ static bool tb__cg_vec_aligned(const tb__lf *flat, int32_t j, int32_t w) {
     return true;
 }
 
-/* The prefetch of x's element one row ahead of position xp, where x is read from a buffer
-   (a parameter or another kernel's output) along contiguous rows; nothing otherwise. False
-   when code generation stopped. */
-static bool tb__cg_norm_prefetch(tb__cg *g, const tb__cg_norm *nm, int32_t xp) {
+/* The prefetch (`how`: the dialect's TB_PREFETCH or TB_PREFETCH_L2) of x's element one row
+   ahead of position xp, where x is read from a buffer (a parameter or another kernel's
+   output) along contiguous rows; nothing otherwise. False when code generation stopped. */
+static bool tb__cg_norm_prefetch(tb__cg *g, const tb__cg_norm *nm, int32_t xp, const char *how) {
     char flat[TB__LF_TEXT];
     if (!nm->k->suffix || !tb__cg_reads_buffer(g, nm->x)) return true;
     if (!tb__ix_need_flat(&g->ix, xp)) return false;
     tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
-    tb__ix_line(&g->ix, "TB_PREFETCH(b%d + (%s) + %lldL);", (int)g->G->info[nm->x].slot, flat,
+    tb__ix_line(&g->ix, "%s(b%d + (%s) + %lldL);", how, (int)g->G->info[nm->x].slot, flat,
                 (long long)nm->len);
     return g->ix.status == TB_OK;
 }
@@ -673,7 +673,8 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     }
     vx = tb__cg_veval(g, nm->x, xp);
     if (vx < 0) return false;
-    if (pass == 1 && nm->k->prefetch_rows && !tb__cg_norm_prefetch(g, nm, xp)) return false;
+    if (pass == 1 && nm->k->prefetch_rows && !tb__cg_norm_prefetch(g, nm, xp, "TB_PREFETCH"))
+        return false;
     if (nm->stash && pass == 1) {
         tb__ix_line(&g->ix, "const float16 evv = TB_VEXP(v%d - mx);", (int)vx);
         tb__ix_line(&g->ix, "smv += evv;");
@@ -791,6 +792,85 @@ static bool tb__cg_norm_pass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     return g->ix.status == TB_OK;
 }
 
+/* One vector pass of a pipelined softmax over row i<row> (x's vectors at v<vx>): pass 0 the
+   maximum; pass 1 the exponentials, summed and kept in the row's half of tb_scr, and, where
+   `drain`, the previous row's (the other half) scaled by its rsp and streamed out. */
+static bool tb__cg_softmax_pipe_pass(tb__cg *g, const tb__cg_norm *nm, int32_t row, int pass,
+                                     bool drain) {
+    long long len = (long long)nm->len, nv = len / nm->k->vec; /* vectors per row */
+    int32_t j = tb__ix_new_var(&g->ix, 0, nm->len - 1), xp, vx;
+    char head[128];
+    if (j < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d += %d) ", (int)j, (int)j, len,
+             (int)j, (int)nm->k->vec);
+    tb__ix_open(&g->ix, head);
+    xp = tb__cg_norm_pos(g, nm, j);
+    vx = tb__cg_veval(g, nm->x, xp);
+    if (vx < 0) return false;
+    if (pass == 0) {
+        tb__ix_line(&g->ix, "mxv = tb_vmax16(v%d, mxv);", (int)vx);
+    } else {
+        if (nm->k->prefetch_rows && !tb__cg_norm_prefetch(g, nm, xp, "TB_PREFETCH_L2"))
+            return false;
+        tb__ix_line(&g->ix, "const float16 evv = TB_VEXP(v%d - mx);", (int)vx);
+        tb__ix_line(&g->ix, "smv += evv;");
+        if (drain)
+            tb__ix_line(&g->ix,
+                        "TB_VSTREAM(tb_scr[((i%d - 1) & 1) * %lld + i%d / %d] * rsp, out + (i%d - "
+                        "1) * %lldL + i%d);",
+                        (int)row, nv, (int)j, (int)nm->k->vec, (int)row, len, (int)j);
+        tb__ix_line(&g->ix, "tb_scr[(i%d & 1) * %lld + i%d / %d] = evv;", (int)row, nv, (int)j,
+                    (int)nm->k->vec);
+    }
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
+/* A softmax over contiguous rows with a streamed output, pipelined (k->chunk_rows): a work
+   item takes a chunk of consecutive rows; the pass that computes a row's exponentials keeps
+   them in a private buffer of two rows and streams the previous row out, scaled, so memory
+   reads the next row (prefetched) and writes the previous one while the exponentials are
+   computed, and no line of out is read before it is written. The values are those of the
+   kernel that keeps its exponentials in out: the same exp, sum and scaling. */
+static tb_status tb__cg_kernel_softmax_pipe(tb__cg *g, const tb__cg_norm *nm, int64_t rows) {
+    const tb__plan_kernel *k = nm->k;
+    long long len = (long long)nm->len, ch = (long long)k->chunk_rows;
+    int32_t i0 = nm->i0;
+    char id[48], head[128];
+    tb__cg_id(id, sizeof id, g->d->global_id, 0);
+    tb__ix_line(&g->ix, "const long tb_c = (long)%s;", id);
+    tb__ix_line(&g->ix, "if (tb_c >= %lldL) return;", (long long)((rows + ch - 1) / ch));
+    tb__ix_line(&g->ix, "const long tb_r0 = tb_c * %lldL;", ch);
+    tb__ix_line(&g->ix, "const long tb_r1 = tb_r0 + %lldL < %lldL ? tb_r0 + %lldL : %lldL;", ch,
+                (long long)rows, ch, (long long)rows);
+    tb__ix_line(&g->ix, "float16 tb_scr[%lld];", 2 * len / k->vec);
+    tb__ix_line(&g->ix, "float rsp = 0;");
+    snprintf(head, sizeof head, "for (long i%d = tb_r0; i%d < tb_r1; i%d++) ", (int)i0, (int)i0,
+             (int)i0);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "float16 mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
+    if (!tb__cg_softmax_pipe_pass(g, nm, i0, 0, false)) return g->ix.status;
+    tb__ix_line(&g->ix, "const float mx = tb_hmax16(mxv);");
+    snprintf(head, sizeof head, "if (i%d > tb_r0) ", (int)i0);
+    tb__ix_open(&g->ix, head);
+    if (!tb__cg_softmax_pipe_pass(g, nm, i0, 1, true)) return g->ix.status;
+    tb__ix_close(&g->ix, "");
+    tb__ix_open(&g->ix, "else ");
+    if (!tb__cg_softmax_pipe_pass(g, nm, i0, 1, false)) return g->ix.status;
+    tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "rsp = (float)1 / tb_hsum16(smv);");
+    tb__ix_close(&g->ix, "");
+    snprintf(head, sizeof head, "for (long tb_j = 0; tb_j < %lldL; tb_j += %d) ", len, (int)k->vec);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix,
+                "TB_VSTREAM(tb_scr[((tb_r1 - 1) & 1) * %lld + tb_j / %d] * rsp, out + (tb_r1 - 1) "
+                "* %lldL + tb_j);",
+                len / k->vec, (int)k->vec, len);
+    tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "TB_VSTREAM_END();");
+    return g->ix.status;
+}
+
 static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
     const tb__pgraph *G = g->G;
     tb__cg_norm nm;
@@ -823,6 +903,12 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
         nm.len = nm.xs->dims[nm.axis];
         for (a = 0; a < nm.xs->rank; a++)
             if (a != nm.axis) rowshape.dims[rowshape.rank++] = nm.xs->dims[a];
+    }
+    if (k->chunk_rows > 0) {
+        int64_t rows = tb__plan_numel(nm.xs) / nm.len; /* the planner's: len > 0 */
+        nm.i0 = tb__ix_new_var(&g->ix, 0, rows - 1);
+        if (nm.i0 < 0) return g->ix.status;
+        return tb__cg_kernel_softmax_pipe(g, &nm, rows);
     }
     nm.i0 = tb__cg_row_header(g, k, nm.len > 0 ? tb__plan_numel(nm.xs) / nm.len : 0);
     if (nm.i0 < 0) return g->ix.status;

@@ -112,6 +112,11 @@ typedef struct tb__tuning {
     /* elementwise kernels with vectors stream such outputs too (the backend fences once per
        range of work items; OpenCL has no such point without a barrier) */
     bool stream_elementwise;
+    /* a softmax over rows with a streamed output: a work item's private buffer for two rows
+       of exponentials may take this many bytes (0: no such buffer), and a work item then
+       takes a chunk of rows, about pipe_items_per_cu items per compute unit */
+    int64_t row_scratch_bytes;
+    int32_t pipe_items_per_cu;
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
@@ -191,8 +196,13 @@ typedef struct tb__plan_kernel {
     int32_t tk;         /* matmul in tiles: depth of a tile */
     bool prefetch_rows; /* norms: the second pass prefetches the next row of x */
     bool stream_out;    /* norms: the last pass stores whole vectors with non-temporal stores
-                           (a softmax that keeps its exponentials in out scales them in place);
-                           elementwise kernels with vectors: every store */
+                           (a softmax that keeps its exponentials in out scales them in place,
+                           unless chunk_rows pipelines it); elementwise kernels with vectors:
+                           every store */
+    int64_t chunk_rows; /* a softmax with stream_out that keeps its exponentials: a work item
+                           takes this many consecutive rows (the last item fewer), holds each
+                           row's exponentials in a private buffer of two rows and streams the
+                           previous row out while it computes the next (0: a row per item) */
     /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
        work-group), or fixed work-group sizes and counts */
     uint32_t work_dim;

@@ -77,6 +77,7 @@ static const char tb__native_head[] =
     "/* rows streamed through the caches: the next row fetched ahead, outputs stored past the\n"
     "   caches (the fence orders those stores before the kernel's end) */\n"
     "#define TB_PREFETCH(p) __builtin_prefetch(p)\n"
+    "#define TB_PREFETCH_L2(p) __builtin_prefetch((p), 0, 1) /* to the outer caches only */\n"
     "#if defined(__clang__)\n"
     "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (float16 *)(p))\n"
     "#elif defined(__AVX512F__) && defined(__GNUC__)\n"

@@ -408,9 +408,11 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "/* stored past the caches, the fence that orders those stores before the kernel's end */\n"   \
     "#if defined(__clang__)\n"                                                                     \
     "#define TB_PREFETCH(p) __builtin_prefetch(p)\n"                                               \
+    "#define TB_PREFETCH_L2(p) __builtin_prefetch((p), 0, 1)\n"                                    \
     "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (__global float16 *)(p))\n"         \
     "#else\n"                                                                                      \
     "#define TB_PREFETCH(p) prefetch((p), 1)\n"                                                    \
+    "#define TB_PREFETCH_L2(p) prefetch((p), 1)\n"                                                 \
     "#define TB_VSTREAM(v, p) vstore16((v), 0, (p))\n"                                             \
     "#endif\n"                                                                                     \
     "#if defined(__clang__) && defined(__SSE__)\n"                                                 \

@@ -2406,42 +2406,62 @@ static void test_vector_exp(void **state) {
    every store is a whole aligned vector; values as the reference's either way. A row length
    that is not a multiple of the vector, or an x computed in the kernel, keeps plain stores or
    no prefetch; a softmax that keeps its exponentials in the output scales them in place. */
+/* Whether generated code has a non-temporal store (not just the macro's definition). */
 static bool streams(const char *text) {
     const char *p;
-    for (p = strstr(text, "TB_VSTREAM(v"); p != NULL; p = strstr(p + 1, "TB_VSTREAM(v"))
-        if (isdigit((unsigned char)p[12])) return true; /* a store, not the macro's definition */
+    for (p = strstr(text, "TB_VSTREAM("); p != NULL; p = strstr(p + 1, "TB_VSTREAM("))
+        if (strncmp(p + 11, "v, p)", 5) != 0) return true;
     return false;
 }
 
 static void test_norm_rows_streamed(void **state) {
     enum { ROWS = 2048, COLS = 4096, ODD = 4100 };
     const size_t n = (size_t)ROWS * ODD;
-    float *host = (float *)malloc(n * sizeof(float)),
+    float *host = (float *)malloc(n * sizeof(float)), *spec = (float *)malloc(n * sizeof(float)),
           *wb = (float *)malloc(2 * ODD * sizeof(float));
     tb_shape s = shp(TB_F32, 2, ROWS, COLS, 0, 0), so = shp(TB_F32, 2, ROWS, ODD, 0, 0),
-             sw = shp(TB_F32, 1, COLS, 0, 0, 0);
+             sw = shp(TB_F32, 1, COLS, 0, 0, 0), s1 = shp(TB_F32, 2, ROWS + 1, COLS, 0, 0),
+             s16k = shp(TB_F32, 2, ROWS / 4, 4 * COLS, 0, 0),
+             s8k = shp(TB_F32, 2, ROWS / 2, 2 * COLS, 0, 0);
     size_t i;
     int c;
     (void)state;
     REQUIRE_OPENCL();
     assert_non_null(host);
+    assert_non_null(spec);
     assert_non_null(wb);
     for (i = 0; i < n; i++)
         host[i] = (float)(rnd_unit() * 8.0 - 4.0);
     for (i = 0; i < 2 * ODD; i++)
         wb[i] = (float)(rnd_unit() * 2.0 - 1.0);
-    for (c = 0; c < 7; c++) {
-        /* 0 layer_norm, 1 log_softmax, 2 softmax * 2 (an epilogue), 3 softmax (kept in out),
-           4 layer_norm of rows of ODD, 5 layer_norm of exp(x) (computed in the kernel),
-           6 exp(x) * 2 + w (elementwise: streamed on native, which fences once per range of
-           items; OpenCL C has no such point) */
-        const tb_shape *xs = c == 4 ? &so : &s;
+    /* rows of s1 with what a softmax must keep: a NaN (row 0, the first of the first chunk),
+       every element -inf (row 128, the end of a chunk of 129 rows where 16 items share 2049
+       rows), +inf (row 129, the first of the next chunk), large values (the last row) */
+    memcpy(spec, host, n * sizeof(float));
+    spec[17] = NAN;
+    for (i = 0; i < COLS; i++) {
+        spec[(size_t)128 * COLS + i] = -INFINITY;
+        spec[(size_t)ROWS * COLS + i] = 80.0f + (float)(i % 7);
+    }
+    spec[(size_t)129 * COLS + 4000] = INFINITY;
+    for (c = 0; c < 11; c++) {
+        /* 0 layer_norm, 1 log_softmax, 2 softmax * 2 (an epilogue), 3 softmax (pipelined: a
+           work item per chunk of rows, exponentials in a private buffer, the previous row
+           streamed out while the next is computed), 4 layer_norm of rows of ODD, 5 layer_norm
+           of exp(x) (computed in the kernel), 6 exp(x) * 2 + w (elementwise: streamed on
+           native, which fences once per range of items; OpenCL C has no such point),
+           7 softmax of 2049 rows with NaN and infinities (a short last chunk), 8 softmax of
+           x * 0.5 (computed: pipelined, nothing to prefetch), 9 softmax of rows of 16384 (two
+           rows too large for the private buffer: exponentials kept in out, not streamed),
+           10 softmax of rows of 8192 (the largest private buffer) */
+        const tb_shape *xs = c == 4 ? &so : c == 7 ? &s1 : c == 9 ? &s16k : c == 10 ? &s8k : &s;
+        const bool pipe = c == 3 || c == 7 || c == 8 || c == 10;
         tb_tensor *x[2], *w[2], *b[2], *y[2];
         char *text, what[64];
         int d;
         for (d = 0; d < 2; d++) {
             const tb_device *dev = d ? &g_ocl : &g_cpu;
-            x[d] = tb_tensor_from_host(host, xs, dev);
+            x[d] = tb_tensor_from_host(c == 7 ? spec : host, xs, dev);
             w[d] = tb_tensor_from_host(wb, &sw, dev);
             b[d] = tb_tensor_from_host(wb + ODD, &sw, dev);
             if (c == 0) {
@@ -2452,7 +2472,7 @@ static void test_norm_rows_streamed(void **state) {
                 tb_tensor *sm = tb_softmax(x[d], 1);
                 y[d] = tb_mul_scalar(sm, 2.0);
                 tb_tensor_release(sm);
-            } else if (c == 3) {
+            } else if (c == 3 || c == 7 || c == 9 || c == 10) {
                 y[d] = tb_softmax(x[d], 1);
             } else if (c == 4) {
                 y[d] = tb_layer_norm(x[d], 1, NULL, NULL, 1e-5);
@@ -2460,26 +2480,34 @@ static void test_norm_rows_streamed(void **state) {
                 tb_tensor *e = tb_exp(x[d]);
                 y[d] = tb_layer_norm(e, 1, w[d], b[d], 1e-5);
                 tb_tensor_release(e);
-            } else {
+            } else if (c == 6) {
                 tb_tensor *e = tb_exp(x[d]), *e2 = tb_mul_scalar(e, 2.0);
                 y[d] = tb_add(e2, w[d]);
                 tb_tensor_release(e);
                 tb_tensor_release(e2);
+            } else {
+                tb_tensor *h = tb_mul_scalar(x[d], 0.5);
+                y[d] = tb_softmax(h, 1);
+                tb_tensor_release(h);
             }
             assert_non_null(y[d]);
         }
         text = tb_ir_backend_text(&y[1], 1);
         assert_non_null(text);
-        if (c == 3 || c == 4 || (c == 6 && TEST_OPENCL)) {
+        if (c == 4 || c == 9 || (c == 6 && TEST_OPENCL)) {
             assert_false(streams(text));
         } else {
             assert_true(streams(text));
             assert_non_null(strstr(text, "TB_VSTREAM_END();"));
         }
-        if (c <= 4) {
+        assert_true((strstr(text, "tb_scr[") != NULL) == pipe);
+        if (c == 3 || c == 7 || c == 10) {
+            assert_non_null(strstr(text, "TB_PREFETCH_L2(b0 + "));
+        } else if (c <= 4 || c == 9) {
             assert_non_null(strstr(text, "TB_PREFETCH(b0 + "));
         } else {
             assert_null(strstr(text, "TB_PREFETCH(b"));
+            assert_null(strstr(text, "TB_PREFETCH_L2(b"));
         }
         tb_free(text);
         snprintf(what, sizeof what, "streamed norm case %d", c);
@@ -2492,6 +2520,7 @@ static void test_norm_rows_streamed(void **state) {
         }
     }
     free(host);
+    free(spec);
     free(wb);
 }
 
