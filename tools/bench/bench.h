@@ -184,6 +184,7 @@ typedef struct bandwidth {
     double l3_bytes; /* what the CPU reports, 0 if unknown */
     int runs;
     int measured; /* 1 after measure_bandwidth, 2 after bandwidth_end */
+    int wide;     /* the read and the copy with non-temporal stores in 64-byte vectors (AVX-512) */
     /* the same loops over 64 MiB buffers */
     double small_bytes, small_read, small_copy, small_copy_stream, small_triad;
 } bandwidth;

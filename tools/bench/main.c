@@ -113,13 +113,14 @@ static void print_machine(FILE *f) {
                                : "linked, unused (no OpenCL device)");
     fprintf(f,
             "bandwidth (%d thread%s, %s, 3 buffers of %.0f MiB; last-level cache %.0f "
-            "MiB): read %.2f GB/s, copy %.2f GB/s (with non-temporal stores %.2f GB/s), triad %.2f "
-            "GB/s\n",
+            "MiB; %s): read %.2f GB/s, copy %.2f GB/s (with non-temporal stores %.2f GB/s), triad "
+            "%.2f GB/s\n",
             g_threads, g_threads == 1 ? "" : "s",
             g_bw.measured > 1 ? "best of the measurements before and after the bandwidth cases"
                               : "before the cases",
-            g_bw.buffer_bytes / 1048576.0, g_bw.l3_bytes / 1048576.0, g_bw.read / 1e9,
-            g_bw.copy / 1e9, g_bw.copy_stream / 1e9, g_bw.triad / 1e9);
+            g_bw.buffer_bytes / 1048576.0, g_bw.l3_bytes / 1048576.0,
+            g_bw.wide ? "the read and the non-temporal copy in 64-byte vectors" : "16-byte vectors",
+            g_bw.read / 1e9, g_bw.copy / 1e9, g_bw.copy_stream / 1e9, g_bw.triad / 1e9);
     fprintf(f, "torch_backend.h %s\n", TB_VERSION_STRING);
 }
 
