@@ -21497,10 +21497,10 @@ static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
                 (int64_t)G->target->compute_units * G->target->tuning->pipe_items_per_cu;
             if (items < 1) items = 1;
             k->chunk_rows = (rows + items - 1) / items;
+            k->items = (uint64_t)((rows + k->chunk_rows - 1) / k->chunk_rows);
             /* a work-group of one: the private buffer once per item, whatever the driver's
                work-group loop would make of it */
-            tb__plan_launch_groups(k, 1, 1, (size_t)((rows + k->chunk_rows - 1) / k->chunk_rows), 1,
-                                   1);
+            tb__plan_launch_groups(k, 1, 1, (size_t)k->items, 1, 1);
         }
     }
 }

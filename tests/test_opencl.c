@@ -2401,11 +2401,6 @@ static void test_vector_exp(void **state) {
     tb_tensor_release(x);
 }
 
-/* Norms over long f32 rows of a large output: the second pass over each row prefetches the
-   next one and the last pass stores past the caches (non-temporal stores, then a fence), where
-   every store is a whole aligned vector; values as the reference's either way. A row length
-   that is not a multiple of the vector, or an x computed in the kernel, keeps plain stores or
-   no prefetch; a softmax that keeps its exponentials in the output scales them in place. */
 /* Whether generated code has a non-temporal store (not just the macro's definition). */
 static bool streams(const char *text) {
     const char *p;
@@ -2414,6 +2409,19 @@ static bool streams(const char *text) {
     return false;
 }
 
+/* The rows a pipelined softmax's work item takes (tb_r0 = tb_c * N in its kernel), 0 if none. */
+static long pipe_chunk(const char *text) {
+    const char *p = strstr(text, "tb_r0 = tb_c * ");
+    return p != NULL ? strtol(p + 15, NULL, 10) : 0;
+}
+
+/* Norms over long f32 rows of a large output: the second pass over each row prefetches the
+   next one and the last pass stores past the caches (non-temporal stores, then a fence), where
+   every store is a whole aligned vector; values as the reference's either way. A row length
+   that is not a multiple of the vector, or an x computed in the kernel, keeps plain stores or
+   no prefetch. A softmax without an epilogue is pipelined (a work item per chunk of rows, each
+   row streamed out while the next is computed) where two rows fit its private buffer; with
+   longer rows it keeps its exponentials in the output and scales them in place. */
 static void test_norm_rows_streamed(void **state) {
     enum { ROWS = 2048, COLS = 4096, ODD = 4100 };
     const size_t n = (size_t)ROWS * ODD;
@@ -2434,16 +2442,32 @@ static void test_norm_rows_streamed(void **state) {
         host[i] = (float)(rnd_unit() * 8.0 - 4.0);
     for (i = 0; i < 2 * ODD; i++)
         wb[i] = (float)(rnd_unit() * 2.0 - 1.0);
-    /* rows of s1 with what a softmax must keep: a NaN (row 0, the first of the first chunk),
-       every element -inf (row 128, the end of a chunk of 129 rows where 16 items share 2049
-       rows), +inf (row 129, the first of the next chunk), large values (the last row) */
-    memcpy(spec, host, n * sizeof(float));
-    spec[17] = NAN;
-    for (i = 0; i < COLS; i++) {
-        spec[(size_t)128 * COLS + i] = -INFINITY;
-        spec[(size_t)ROWS * COLS + i] = 80.0f + (float)(i % 7);
+    /* rows of s1 with what a softmax must keep, where the pipeline turns: a NaN in row 0 (the
+       first of the first chunk), every element -inf at the end of each chunk, +inf in the
+       first row of each later chunk, large values in the last row (of a shorter last chunk) */
+    {
+        tb_tensor *px = tb_tensor_from_host(host, &s1, &g_ocl), *py = tb_softmax(px, 1);
+        char *ptext;
+        long chunk;
+        size_t r;
+        assert_non_null(py);
+        ptext = tb_ir_backend_text(&py, 1);
+        assert_non_null(ptext);
+        chunk = pipe_chunk(ptext);
+        tb_free(ptext);
+        tb_tensor_release(py);
+        tb_tensor_release(px);
+        assert_true(chunk >= 1);
+        memcpy(spec, host, n * sizeof(float));
+        spec[17] = NAN;
+        for (r = (size_t)chunk - 1; r < ROWS; r += (size_t)chunk) {
+            for (i = 0; i < COLS; i++)
+                spec[r * COLS + i] = -INFINITY;
+            if (r + 1 < ROWS) spec[(r + 1) * COLS + 4000] = INFINITY;
+        }
+        for (i = 0; i < COLS; i++)
+            spec[(size_t)ROWS * COLS + i] = 80.0f + (float)(i % 7);
     }
-    spec[(size_t)129 * COLS + 4000] = INFINITY;
     for (c = 0; c < 11; c++) {
         /* 0 layer_norm, 1 log_softmax, 2 softmax * 2 (an epilogue), 3 softmax (pipelined: a
            work item per chunk of rows, exponentials in a private buffer, the previous row
@@ -2501,6 +2525,7 @@ static void test_norm_rows_streamed(void **state) {
             assert_non_null(strstr(text, "TB_VSTREAM_END();"));
         }
         assert_true((strstr(text, "tb_scr[") != NULL) == pipe);
+        if (TEST_OPENCL) check_kernel_names("streamed norm", text);
         if (c == 3 || c == 7 || c == 10) {
             assert_non_null(strstr(text, "TB_PREFETCH_L2(b0 + "));
         } else if (c <= 4 || c == 9) {

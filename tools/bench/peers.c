@@ -274,7 +274,7 @@ typedef struct bw_job {
     float sum;
 } bw_job;
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__SSE__)
 #define BW_HAS_WIDE 1
 /* The read and the copy with non-temporal stores in 64-byte vectors where the CPU has AVX-512
    (g_bw.wide): the bench is built for any x86-64, the generated kernels use the CPU's widest
