@@ -2245,9 +2245,10 @@ static const char *tb__getenv(const char *name); /* NULL when unset or empty */
 #if defined(__linux__)
 #define TB__CPU_WORDS 16 /* a CPU mask in unsigned longs: 1024 CPUs, as glibc's cpu_set_t */
 typedef int (*tb__affinity_fn)(pthread_t thread, size_t size, void *mask);
-/* glibc's pthread_getaffinity_np and pthread_setaffinity_np, looked up (a strict C build does
-   not declare them); false where either is missing */
-static bool tb__affinity_calls(tb__affinity_fn *get, tb__affinity_fn *set);
+/* glibc's pthread_getaffinity_np and pthread_setaffinity_np, looked up in `self` (the
+   program's dlopen(NULL) handle, which the caller also looks its other calls up in; a strict C
+   build does not declare them); false where either is missing */
+static bool tb__affinity_calls(void *self, tb__affinity_fn *get, tb__affinity_fn *set);
 #endif
 static uint64_t tb__now_ns(void); /* monotonic clock */
 /* A log line that appears only when something takes long: begin starts a thread that logs the
@@ -3075,9 +3076,8 @@ static TB__UNUSED const char *tb__getenv(const char *name) {
 }
 
 #if defined(__linux__)
-static TB__UNUSED bool tb__affinity_calls(tb__affinity_fn *get, tb__affinity_fn *set) {
-    void *self = dlopen(NULL, RTLD_LAZY), *g, *s;
-    if (self == NULL) return false;
+static TB__UNUSED bool tb__affinity_calls(void *self, tb__affinity_fn *get, tb__affinity_fn *set) {
+    void *g, *s;
     g = dlsym(self, "pthread_getaffinity_np");
     s = dlsym(self, "pthread_setaffinity_np");
     if (g == NULL || s == NULL) return false;
@@ -24705,6 +24705,15 @@ static bool tb__cg_norm_pass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     return g->ix.status == TB_OK;
 }
 
+/* A pipelined softmax's store of elements [j, j + W) of row `row` (C expressions): that row's
+   half of tb_scr, scaled by its rsp, streamed to out. */
+static void tb__cg_softmax_pipe_store(tb__cg *g, const tb__cg_norm *nm, const char *row,
+                                      const char *j) {
+    tb__ix_line(
+        &g->ix, "TB_VSTREAM(tb_scr[((%s) & 1) * %lld + %s / %d] * rsp, out + (%s) * %lldL + %s);",
+        row, (long long)(nm->len / nm->k->vec), j, (int)nm->k->vec, row, (long long)nm->len, j);
+}
+
 /* One vector pass of a pipelined softmax over row i<row> (x's vectors at v<vx>): pass 0 the
    maximum; pass 1 the exponentials, summed and kept in the row's half of tb_scr, and, where
    `drain`, the previous row's (the other half) scaled by its rsp and streamed out. */
@@ -24727,11 +24736,12 @@ static bool tb__cg_softmax_pipe_pass(tb__cg *g, const tb__cg_norm *nm, int32_t r
             return false;
         tb__ix_line(&g->ix, "const float16 evv = TB_VEXP(v%d - mx);", (int)vx);
         tb__ix_line(&g->ix, "smv += evv;");
-        if (drain)
-            tb__ix_line(&g->ix,
-                        "TB_VSTREAM(tb_scr[((i%d - 1) & 1) * %lld + i%d / %d] * rsp, out + (i%d - "
-                        "1) * %lldL + i%d);",
-                        (int)row, nv, (int)j, (int)nm->k->vec, (int)row, len, (int)j);
+        if (drain) {
+            char prev[32], jt[32];
+            snprintf(prev, sizeof prev, "i%d - 1", (int)row);
+            snprintf(jt, sizeof jt, "i%d", (int)j);
+            tb__cg_softmax_pipe_store(g, nm, prev, jt);
+        }
         tb__ix_line(&g->ix, "tb_scr[(i%d & 1) * %lld + i%d / %d] = evv;", (int)row, nv, (int)j,
                     (int)nm->k->vec);
     }
@@ -24752,7 +24762,7 @@ static tb_status tb__cg_kernel_softmax_pipe(tb__cg *g, const tb__cg_norm *nm, in
     char id[48], head[128];
     tb__cg_id(id, sizeof id, g->d->global_id, 0);
     tb__ix_line(&g->ix, "const long tb_c = (long)%s;", id);
-    tb__ix_line(&g->ix, "if (tb_c >= %lldL) return;", (long long)((rows + ch - 1) / ch));
+    tb__ix_line(&g->ix, "if (tb_c >= %lldL) return;", (long long)k->items); /* the chunks */
     tb__ix_line(&g->ix, "const long tb_r0 = tb_c * %lldL;", ch);
     tb__ix_line(&g->ix, "const long tb_r1 = tb_r0 + %lldL < %lldL ? tb_r0 + %lldL : %lldL;", ch,
                 (long long)rows, ch, (long long)rows);
@@ -24775,10 +24785,7 @@ static tb_status tb__cg_kernel_softmax_pipe(tb__cg *g, const tb__cg_norm *nm, in
     tb__ix_close(&g->ix, "");
     snprintf(head, sizeof head, "for (long tb_j = 0; tb_j < %lldL; tb_j += %d) ", len, (int)k->vec);
     tb__ix_open(&g->ix, head);
-    tb__ix_line(&g->ix,
-                "TB_VSTREAM(tb_scr[((tb_r1 - 1) & 1) * %lld + tb_j / %d] * rsp, out + (tb_r1 - 1) "
-                "* %lldL + tb_j);",
-                len / k->vec, (int)k->vec, len);
+    tb__cg_softmax_pipe_store(g, nm, "tb_r1 - 1", "tb_j");
     tb__ix_close(&g->ix, "");
     tb__ix_line(&g->ix, "TB_VSTREAM_END();");
     return g->ix.status;
@@ -25978,7 +25985,7 @@ static void tb__ocl_pocl_affinity(void) {
     size_t i;
     if (online < 2 || tb__getenv("POCL_AFFINITY") != NULL) return;
     self = dlopen(NULL, RTLD_LAZY);
-    if (self == NULL || !tb__affinity_calls(&get, &unused)) return;
+    if (self == NULL || !tb__affinity_calls(self, &get, &unused)) return;
     set_sym = dlsym(self, "setenv");
     if (set_sym == NULL) return;
     memcpy(&set, &set_sym, sizeof set_sym);
@@ -28660,7 +28667,7 @@ static void tb__native_place_init(tb__native_pool *p) {
     void *self = dlopen(NULL, RTLD_LAZY), *cpu;
     tb__affinity_fn get, set;
     p->placed_cpu = -1;
-    if (self == NULL || !tb__affinity_calls(&get, &set)) return;
+    if (self == NULL || !tb__affinity_calls(self, &get, &set)) return;
     cpu = dlsym(self, "sched_getcpu");
     if (cpu == NULL) return;
     p->get_affinity = get;

@@ -465,9 +465,8 @@ static TB__UNUSED const char *tb__getenv(const char *name) {
 }
 
 #if defined(__linux__)
-static TB__UNUSED bool tb__affinity_calls(tb__affinity_fn *get, tb__affinity_fn *set) {
-    void *self = dlopen(NULL, RTLD_LAZY), *g, *s;
-    if (self == NULL) return false;
+static TB__UNUSED bool tb__affinity_calls(void *self, tb__affinity_fn *get, tb__affinity_fn *set) {
+    void *g, *s;
     g = dlsym(self, "pthread_getaffinity_np");
     s = dlsym(self, "pthread_setaffinity_np");
     if (g == NULL || s == NULL) return false;

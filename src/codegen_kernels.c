@@ -792,6 +792,15 @@ static bool tb__cg_norm_pass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     return g->ix.status == TB_OK;
 }
 
+/* A pipelined softmax's store of elements [j, j + W) of row `row` (C expressions): that row's
+   half of tb_scr, scaled by its rsp, streamed to out. */
+static void tb__cg_softmax_pipe_store(tb__cg *g, const tb__cg_norm *nm, const char *row,
+                                      const char *j) {
+    tb__ix_line(
+        &g->ix, "TB_VSTREAM(tb_scr[((%s) & 1) * %lld + %s / %d] * rsp, out + (%s) * %lldL + %s);",
+        row, (long long)(nm->len / nm->k->vec), j, (int)nm->k->vec, row, (long long)nm->len, j);
+}
+
 /* One vector pass of a pipelined softmax over row i<row> (x's vectors at v<vx>): pass 0 the
    maximum; pass 1 the exponentials, summed and kept in the row's half of tb_scr, and, where
    `drain`, the previous row's (the other half) scaled by its rsp and streamed out. */
@@ -814,11 +823,12 @@ static bool tb__cg_softmax_pipe_pass(tb__cg *g, const tb__cg_norm *nm, int32_t r
             return false;
         tb__ix_line(&g->ix, "const float16 evv = TB_VEXP(v%d - mx);", (int)vx);
         tb__ix_line(&g->ix, "smv += evv;");
-        if (drain)
-            tb__ix_line(&g->ix,
-                        "TB_VSTREAM(tb_scr[((i%d - 1) & 1) * %lld + i%d / %d] * rsp, out + (i%d - "
-                        "1) * %lldL + i%d);",
-                        (int)row, nv, (int)j, (int)nm->k->vec, (int)row, len, (int)j);
+        if (drain) {
+            char prev[32], jt[32];
+            snprintf(prev, sizeof prev, "i%d - 1", (int)row);
+            snprintf(jt, sizeof jt, "i%d", (int)j);
+            tb__cg_softmax_pipe_store(g, nm, prev, jt);
+        }
         tb__ix_line(&g->ix, "tb_scr[(i%d & 1) * %lld + i%d / %d] = evv;", (int)row, nv, (int)j,
                     (int)nm->k->vec);
     }
@@ -839,7 +849,7 @@ static tb_status tb__cg_kernel_softmax_pipe(tb__cg *g, const tb__cg_norm *nm, in
     char id[48], head[128];
     tb__cg_id(id, sizeof id, g->d->global_id, 0);
     tb__ix_line(&g->ix, "const long tb_c = (long)%s;", id);
-    tb__ix_line(&g->ix, "if (tb_c >= %lldL) return;", (long long)((rows + ch - 1) / ch));
+    tb__ix_line(&g->ix, "if (tb_c >= %lldL) return;", (long long)k->items); /* the chunks */
     tb__ix_line(&g->ix, "const long tb_r0 = tb_c * %lldL;", ch);
     tb__ix_line(&g->ix, "const long tb_r1 = tb_r0 + %lldL < %lldL ? tb_r0 + %lldL : %lldL;", ch,
                 (long long)rows, ch, (long long)rows);
@@ -862,10 +872,7 @@ static tb_status tb__cg_kernel_softmax_pipe(tb__cg *g, const tb__cg_norm *nm, in
     tb__ix_close(&g->ix, "");
     snprintf(head, sizeof head, "for (long tb_j = 0; tb_j < %lldL; tb_j += %d) ", len, (int)k->vec);
     tb__ix_open(&g->ix, head);
-    tb__ix_line(&g->ix,
-                "TB_VSTREAM(tb_scr[((tb_r1 - 1) & 1) * %lld + tb_j / %d] * rsp, out + (tb_r1 - 1) "
-                "* %lldL + tb_j);",
-                len / k->vec, (int)k->vec, len);
+    tb__cg_softmax_pipe_store(g, nm, "tb_r1 - 1", "tb_j");
     tb__ix_close(&g->ix, "");
     tb__ix_line(&g->ix, "TB_VSTREAM_END();");
     return g->ix.status;

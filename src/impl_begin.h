@@ -116,9 +116,10 @@ static const char *tb__getenv(const char *name); /* NULL when unset or empty */
 #if defined(__linux__)
 #define TB__CPU_WORDS 16 /* a CPU mask in unsigned longs: 1024 CPUs, as glibc's cpu_set_t */
 typedef int (*tb__affinity_fn)(pthread_t thread, size_t size, void *mask);
-/* glibc's pthread_getaffinity_np and pthread_setaffinity_np, looked up (a strict C build does
-   not declare them); false where either is missing */
-static bool tb__affinity_calls(tb__affinity_fn *get, tb__affinity_fn *set);
+/* glibc's pthread_getaffinity_np and pthread_setaffinity_np, looked up in `self` (the
+   program's dlopen(NULL) handle, which the caller also looks its other calls up in; a strict C
+   build does not declare them); false where either is missing */
+static bool tb__affinity_calls(void *self, tb__affinity_fn *get, tb__affinity_fn *set);
 #endif
 static uint64_t tb__now_ns(void); /* monotonic clock */
 /* A log line that appears only when something takes long: begin starts a thread that logs the

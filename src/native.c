@@ -350,7 +350,7 @@ static void tb__native_place_init(tb__native_pool *p) {
     void *self = dlopen(NULL, RTLD_LAZY), *cpu;
     tb__affinity_fn get, set;
     p->placed_cpu = -1;
-    if (self == NULL || !tb__affinity_calls(&get, &set)) return;
+    if (self == NULL || !tb__affinity_calls(self, &get, &set)) return;
     cpu = dlsym(self, "sched_getcpu");
     if (cpu == NULL) return;
     p->get_affinity = get;

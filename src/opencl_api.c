@@ -153,7 +153,7 @@ static void tb__ocl_pocl_affinity(void) {
     size_t i;
     if (online < 2 || tb__getenv("POCL_AFFINITY") != NULL) return;
     self = dlopen(NULL, RTLD_LAZY);
-    if (self == NULL || !tb__affinity_calls(&get, &unused)) return;
+    if (self == NULL || !tb__affinity_calls(self, &get, &unused)) return;
     set_sym = dlsym(self, "setenv");
     if (set_sym == NULL) return;
     memcpy(&set, &set_sym, sizeof set_sym);

@@ -318,6 +318,8 @@ if command -v stdbuf >/dev/null 2>&1; then
 fi
 asan_default="detect_leaks=1:abort_on_error=0:verify_asan_link_order=0"
 asan_opencl="detect_leaks=0:abort_on_error=0:verify_asan_link_order=0"
+# what PoCL, the OpenCL loader and LLVM keep past exit (every frame in those libraries)
+lsan_pocl="suppressions=$repo/tools/lsan.supp:print_suppressions=0"
 if [ "${TB_TEST_OPENCL_LEAKS:-0}" = 1 ]; then
     asan_opencl=$asan_default
 fi
@@ -410,12 +412,12 @@ run_tests() {
         # these also run on PoCL, whose LLVM keeps allocations past exit
         *opencl* | test_threads | test_train | test_distributed | test_shard)
             asan=$asan_opencl
-            lsan="suppressions=$repo/tools/lsan.supp:print_suppressions=0"
+            lsan=$lsan_pocl
             ;;
         # checked for leaks, but it runs on PoCL too: what PoCL's LLVM keeps when it compiles a
         # program its cache lacks is not ours (every frame of such a leak is in those libraries)
         test_conv)
-            lsan="suppressions=$repo/tools/lsan.supp:print_suppressions=0"
+            lsan=$lsan_pocl
             ;;
         esac
         log=$dir/$name.log
@@ -521,7 +523,7 @@ for src in examples/*.c; do
     for backend in "${backends[@]}"; do
         echo "-- TB_BACKEND=$backend $bin"
         (cd build/examples && TB_BACKEND=$backend ASAN_OPTIONS=$asan_opencl \
-            LSAN_OPTIONS="suppressions=$repo/tools/lsan.supp:print_suppressions=0" \
+            LSAN_OPTIONS=$lsan_pocl \
             timeout --foreground -k 10 "$timeout_s" "./$name")
         rc=$?
         if [ "$rc" -eq 0 ]; then
@@ -557,7 +559,7 @@ train_example() {
     for backend in "${backends[@]}"; do
         log=build/examples/$name.$backend.log
         ASAN_OPTIONS=$asan_opencl \
-            LSAN_OPTIONS="suppressions=$repo/tools/lsan.supp:print_suppressions=0" \
+            LSAN_OPTIONS=$lsan_pocl \
             timeout --foreground -k 10 "$timeout_s" "build/examples/$name" 1 \
             --images "$images" --test-images "$test_images" --device "$backend:0" 2>&1 | tee "$log"
         rc=${PIPESTATUS[0]}
