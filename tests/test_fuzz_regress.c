@@ -19,6 +19,9 @@
 #include "fuzz/fuzz_parse.c"
 #include "fuzz/fuzz_dlpack.c"
 #include "fuzz/fuzz_graph.c"
+#include "fuzz/fuzz_safetensors.c"
+#include "fuzz/fuzz_npz.c"
+#include "fuzz/fuzz_idx.c"
 
 typedef int (*one_input_fn)(const uint8_t *data, size_t size);
 
@@ -109,12 +112,30 @@ static void test_replay_graph(void **state) {
     replay("graph", fuzz_graph_one);
 }
 
+static void test_replay_safetensors(void **state) {
+    (void)state;
+    replay("safetensors", fuzz_safetensors_one);
+}
+
+static void test_replay_npz(void **state) {
+    (void)state;
+    replay("npz", fuzz_npz_one);
+}
+
+static void test_replay_idx(void **state) {
+    (void)state;
+    replay("idx", fuzz_idx_one);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_replay_npy, teardown),
         cmocka_unit_test_teardown(test_replay_parse, teardown),
         cmocka_unit_test_teardown(test_replay_dlpack, teardown),
         cmocka_unit_test_teardown(test_replay_graph, teardown),
+        cmocka_unit_test_teardown(test_replay_safetensors, teardown),
+        cmocka_unit_test_teardown(test_replay_npz, teardown),
+        cmocka_unit_test_teardown(test_replay_idx, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,8 @@
 #
 #     bash tools/fuzz.sh [--seconds N] [TARGET...]
 #
-# TARGET is npy, parse, dlpack or graph (default: all four, one after the other). Each runs for
+# TARGET is npy, parse, dlpack, graph, safetensors, npz or idx (default: all seven, one after the
+# other; the last three load model files through a private temporary folder). Each runs for
 # N seconds (default 30, a smoke run; 600 for a long run), starting from its seeds in
 # tests/fuzz/corpus/TARGET/ and its past crashes in tests/fuzz/regress/TARGET/, and growing a
 # working corpus in build/fuzz/corpus/TARGET/ that later runs start from. One line per target
@@ -20,7 +21,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 seconds=30
 targets=()
-all_targets=(npy parse dlpack graph)
+all_targets=(npy parse dlpack graph safetensors npz idx)
 while [ $# -gt 0 ]; do
     case "$1" in
     --seconds)
