@@ -1,9 +1,19 @@
 /* The f16 and bf16 cases of tests/half_torch.py (PyTorch's conversions and op results), read
    once and run on a device: shared by tests/test_half.c and tests/test_half_opencl.c. The
-   including file defines TB_IMPLEMENTATION and includes cmocka and the header first. */
+   including file defines TB_IMPLEMENTATION and includes cmocka and the header first.
+
+   Each case states how close a result must be (tests/half_torch.py says why): within ULPS
+   units in the last place of its reference at each element (0: the same bits), and, where the
+   oracle also gives PyTorch's own 16-bit kernel's result (which differs by instruction set),
+   within that line's units at the output's scale. TB_HALF_ORACLE_PREFIX, a shell command
+   prefix, runs the oracle under another command: "qemu-x86_64 -cpu EPYC-Milan" gives
+   PyTorch's AVX2 kernels on any x86 machine (tools/test_half_isa.sh). TB_HALF_VERBOSE=1
+   prints each case's largest difference on each device. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define HALF_MAX_IN 3
@@ -18,11 +28,16 @@ typedef struct half_case {
     char name[64], op[32], arg[32];
     half_tensor in[HALF_MAX_IN];
     int num_in;
-    half_tensor out;
+    half_tensor out;    /* the reference */
+    int ulps;           /* at each element, from `out` */
+    half_tensor native; /* PyTorch's own 16-bit kernel's result; data NULL where none */
+    int native_ulps;    /* from `native`, in units at the output's scale */
+    bool ended;
 } half_case;
 
 typedef struct half_oracle {
     bool loaded;
+    bool broken; /* the oracle ran and failed, or gave output that cannot be trusted */
     char why[256];
     uint32_t h2f[2][65536]; /* f16, bf16 */
     uint32_t *f2h_in[2];
@@ -38,34 +53,46 @@ static int half_dtype_index(const char *name) {
     return strcmp(name, "f16") == 0 ? 0 : strcmp(name, "bf16") == 0 ? 1 : -1;
 }
 
-/* "in f16 2 3 4 HEX..." into t; false on a malformed line. */
-static bool half_parse_tensor(char *line, half_tensor *t) {
-    char *save = NULL, *tok = strtok_r(line, " \n", &save);
+/* A whole token as a decimal integer in [lo, hi]. */
+static bool half_parse_int(const char *tok, long lo, long hi, long *v) {
+    char *end;
+    if (tok == NULL || *tok == '\0') return false;
+    *v = strtol(tok, &end, 10);
+    return *end == '\0' && *v >= lo && *v <= hi;
+}
+
+/* A whole token as at most `digits` hexadecimal digits. */
+static bool half_parse_hex(const char *tok, size_t digits, uint64_t *v) {
+    size_t len = tok ? strlen(tok) : 0;
+    if (len == 0 || len > digits || strspn(tok, "0123456789abcdefABCDEF") != len) return false;
+    *v = strtoull(tok, NULL, 16);
+    return true;
+}
+
+/* The rest of a tensor line, "f16 2 3 4 HEX...", from strtok_r's state into t (which must be
+   empty); false on a malformed line: a bad number, too few or too many values. */
+static bool half_parse_tensor(char **save, half_tensor *t) {
+    char *tok = strtok_r(NULL, " \n", save);
     int64_t dims[TB_MAX_RANK], n = 1, i;
-    int32_t rank, d;
+    long rank, d;
     tb_dtype dt;
     size_t es;
-    tok = strtok_r(NULL, " \n", &save);
-    if (tok == NULL || tb_dtype_parse(tok, &dt) != TB_OK) return false;
-    tok = strtok_r(NULL, " \n", &save);
-    if (tok == NULL) return false;
-    rank = atoi(tok);
+    if (t->data != NULL || tok == NULL || tb_dtype_parse(tok, &dt) != TB_OK) return false;
+    if (!half_parse_int(strtok_r(NULL, " \n", save), 0, TB_MAX_RANK, &rank)) return false;
     for (d = 0; d < rank; d++) {
-        tok = strtok_r(NULL, " \n", &save);
-        if (tok == NULL) return false;
-        dims[d] = atoll(tok);
+        long dim;
+        if (!half_parse_int(strtok_r(NULL, " \n", save), 0, 1L << 24, &dim)) return false;
+        dims[d] = dim;
         n *= dims[d];
     }
-    if (tb_shape_make(&t->shape, dt, rank, dims) != TB_OK) return false;
+    if (tb_shape_make(&t->shape, dt, (int32_t)rank, dims) != TB_OK) return false;
     es = tb_dtype_size(dt);
     t->nbytes = (size_t)n * es;
     t->data = calloc((size_t)n + 1, es);
     if (t->data == NULL) return false;
     for (i = 0; i < n; i++) {
         uint64_t u;
-        tok = strtok_r(NULL, " \n", &save);
-        if (tok == NULL) return false;
-        u = strtoull(tok, NULL, 16);
+        if (!half_parse_hex(strtok_r(NULL, " \n", save), 2 * es, &u)) return false;
         if (es == 2) {
             uint16_t h = (uint16_t)u;
             memcpy((char *)t->data + i * 2, &h, 2);
@@ -76,7 +103,7 @@ static bool half_parse_tensor(char *line, half_tensor *t) {
             memcpy((char *)t->data + i * 8, &u, 8);
         }
     }
-    return true;
+    return strtok_r(NULL, " \n", save) == NULL;
 }
 
 static bool half_grow(void **p, size_t *cap, size_t need, size_t size) {
@@ -93,15 +120,38 @@ static bool half_grow(void **p, size_t *cap, size_t need, size_t size) {
     return true;
 }
 
+/* "case NAME OP ARG ULPS" */
+static bool half_parse_case(char **save, half_case *hc) {
+    char *name = strtok_r(NULL, " \n", save), *op = strtok_r(NULL, " \n", save);
+    char *arg = strtok_r(NULL, " \n", save);
+    long ulps;
+    if (name == NULL || op == NULL || arg == NULL || strlen(name) >= sizeof hc->name ||
+        strlen(op) >= sizeof hc->op || strlen(arg) >= sizeof hc->arg)
+        return false;
+    strcpy(hc->name, name);
+    strcpy(hc->op, op);
+    strcpy(hc->arg, arg);
+    if (!half_parse_int(strtok_r(NULL, " \n", save), 0, 64, &ulps)) return false;
+    hc->ulps = (int)ulps;
+    return strtok_r(NULL, " \n", save) == NULL;
+}
+
 static bool half_read_line(half_oracle *o, char *line) {
-    char a[16], b[16], c[16];
-    int k;
-    if (strncmp(line, "h2f ", 4) == 0 || strncmp(line, "f2h ", 4) == 0) {
-        if (sscanf(line + 4, "%15s %15s %15s", a, b, c) != 3) return false;
-        k = half_dtype_index(a);
-        if (k < 0) return false;
-        if (line[0] == 'h') {
-            o->h2f[k][strtoul(b, NULL, 16) & 0xffffu] = (uint32_t)strtoul(c, NULL, 16);
+    char *save = NULL, *tag = strtok_r(line, " \n", &save);
+    half_case *hc = o->num_cases ? &o->cases[o->num_cases - 1] : NULL;
+    if (tag == NULL) return false;
+    if (strcmp(tag, "h2f") == 0 || strcmp(tag, "f2h") == 0) {
+        /* "h2f DTYPE H F" and "f2h DTYPE F H": 16-bit patterns in 4 digits, f32 ones in 8 */
+        bool h2f = tag[0] == 'h';
+        const char *name = strtok_r(NULL, " \n", &save);
+        int k = name ? half_dtype_index(name) : -1;
+        uint64_t from, to;
+        if (k < 0 || !half_parse_hex(strtok_r(NULL, " \n", &save), h2f ? 4 : 8, &from) ||
+            !half_parse_hex(strtok_r(NULL, " \n", &save), h2f ? 8 : 4, &to) ||
+            strtok_r(NULL, " \n", &save) != NULL)
+            return false;
+        if (h2f) {
+            o->h2f[k][from] = (uint32_t)to;
             return true;
         }
         if (o->f2h_count[k] == o->f2h_cap[k]) {
@@ -113,63 +163,110 @@ static bool half_read_line(half_oracle *o, char *line) {
             o->f2h_out[k] = grown;
             o->f2h_cap[k] = cap;
         }
-        o->f2h_in[k][o->f2h_count[k]] = (uint32_t)strtoul(b, NULL, 16);
-        o->f2h_out[k][o->f2h_count[k]++] = (uint16_t)strtoul(c, NULL, 16);
+        o->f2h_in[k][o->f2h_count[k]] = (uint32_t)from;
+        o->f2h_out[k][o->f2h_count[k]++] = (uint16_t)to;
         return true;
     }
-    if (strncmp(line, "case ", 5) == 0) {
-        half_case *hc;
+    if (strcmp(tag, "case") == 0) {
+        if (hc != NULL && !hc->ended) return false;
         if (!half_grow((void **)&o->cases, &o->cap_cases, o->num_cases + 1, sizeof *o->cases))
             return false;
         hc = &o->cases[o->num_cases++];
         memset(hc, 0, sizeof *hc);
-        return sscanf(line + 5, "%63s %31s %31s", hc->name, hc->op, hc->arg) == 3;
+        return half_parse_case(&save, hc);
     }
-    if (o->num_cases == 0) return strncmp(line, "end", 3) == 0;
-    if (strncmp(line, "in ", 3) == 0) {
-        half_case *hc = &o->cases[o->num_cases - 1];
-        if (hc->num_in >= HALF_MAX_IN) return false;
-        return half_parse_tensor(line, &hc->in[hc->num_in++]);
+    if (hc == NULL || hc->ended) return false; /* every other line belongs to an open case */
+    if (strcmp(tag, "in") == 0) {
+        if (hc->num_in >= HALF_MAX_IN || hc->out.data != NULL) return false;
+        return half_parse_tensor(&save, &hc->in[hc->num_in++]);
     }
-    if (strncmp(line, "out ", 4) == 0)
-        return half_parse_tensor(line, &o->cases[o->num_cases - 1].out);
-    return strncmp(line, "end", 3) == 0;
+    if (strcmp(tag, "out") == 0) return hc->num_in > 0 && half_parse_tensor(&save, &hc->out);
+    if (strcmp(tag, "native") == 0) {
+        long ulps;
+        if (hc->out.data == NULL || !half_parse_int(strtok_r(NULL, " \n", &save), 0, 1024, &ulps) ||
+            !half_parse_tensor(&save, &hc->native))
+            return false;
+        hc->native_ulps = (int)ulps;
+        return tb_shape_equal(&hc->native.shape, &hc->out.shape) &&
+               (hc->out.shape.dtype == TB_F16 || hc->out.shape.dtype == TB_BF16);
+    }
+    if (strcmp(tag, "end") == 0 && strtok_r(NULL, " \n", &save) == NULL && hc->out.data) {
+        hc->ended = true;
+        return true;
+    }
+    return false;
 }
 
-/* Runs the oracle once; g_half.why says why it is not loaded. */
+/* Runs the oracle once (under TB_HALF_ORACLE_PREFIX where set); g_half.why says why it is not
+   loaded, g_half.broken whether that is a failure (not merely no PyTorch here). The oracle's
+   standard error stays the test's. */
 static void half_load(void) {
     FILE *p;
-    char *line = NULL;
+    char *line = NULL, command[512];
+    const char *prefix = getenv("TB_HALF_ORACLE_PREFIX");
     size_t cap = 0;
+    ssize_t len;
     bool ok = true;
+    int status;
     if (g_half.loaded || g_half.why[0] != '\0') return;
     if (access("/usr/bin/python3", X_OK) != 0) {
         snprintf(g_half.why, sizeof g_half.why, "no /usr/bin/python3");
         return;
     }
-    p = popen("/usr/bin/python3 tests/half_torch.py 2>&1", "r");
-    if (p == NULL) {
-        snprintf(g_half.why, sizeof g_half.why, "popen failed");
+    if (prefix == NULL) prefix = "";
+    if ((size_t)snprintf(command, sizeof command, "%s /usr/bin/python3 tests/half_torch.py",
+                         prefix) >= sizeof command) {
+        snprintf(g_half.why, sizeof g_half.why, "TB_HALF_ORACLE_PREFIX is too long");
+        g_half.broken = true;
         return;
     }
-    while (getline(&line, &cap, p) > 0) {
+    p = popen(command, "r");
+    if (p == NULL) {
+        snprintf(g_half.why, sizeof g_half.why, "popen failed");
+        g_half.broken = true;
+        return;
+    }
+    while ((len = getline(&line, &cap, p)) > 0) {
+        char shown[121]; /* the line's start, as the parser leaves it cut into tokens */
+        size_t k = (size_t)len < sizeof shown - 1 ? (size_t)len : sizeof shown - 1;
         if (strncmp(line, "torch-unavailable", 17) == 0) {
             snprintf(g_half.why, sizeof g_half.why, "%.200s", line);
             ok = false;
             break;
         }
+        memcpy(shown, line, k);
+        shown[k] = '\0';
+        shown[strcspn(shown, "\n")] = '\0';
         if (ok && !half_read_line(&g_half, line)) {
-            snprintf(g_half.why, sizeof g_half.why, "bad oracle line: %.120s", line);
+            snprintf(g_half.why, sizeof g_half.why, "bad oracle line: %s", shown);
             ok = false;
         }
     }
     free(line);
-    if (pclose(p) != 0 && ok) {
-        snprintf(g_half.why, sizeof g_half.why, "tests/half_torch.py failed");
+    status = pclose(p);
+    if (status != 0 && ok) {
+        snprintf(g_half.why, sizeof g_half.why, "'%.200s' failed (exit status %d)", command,
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        ok = false;
+    }
+    if (ok && g_half.num_cases > 0 && !g_half.cases[g_half.num_cases - 1].ended) {
+        snprintf(g_half.why, sizeof g_half.why, "the oracle's output ends inside case %s",
+                 g_half.cases[g_half.num_cases - 1].name);
         ok = false;
     }
     g_half.loaded = ok && g_half.num_cases > 0;
     if (ok && !g_half.loaded) snprintf(g_half.why, sizeof g_half.why, "the oracle gave no cases");
+    g_half.broken = !g_half.loaded && strncmp(g_half.why, "torch-unavailable", 17) != 0;
+}
+
+/* The oracle for a test: skips the test where PyTorch cannot be imported (or there is no
+   /usr/bin/python3), fails it where the oracle ran and failed or printed a malformed line. */
+static void half_need(void) {
+    half_load();
+    if (g_half.loaded) return;
+    print_message("PyTorch's results are not available: %s\n", g_half.why);
+    if (g_half.broken) fail();
+    skip();
 }
 
 static void half_free(void) {
@@ -179,6 +276,7 @@ static void half_free(void) {
         for (k = 0; k < g_half.cases[i].num_in; k++)
             free(g_half.cases[i].in[k].data);
         free(g_half.cases[i].out.data);
+        free(g_half.cases[i].native.data);
     }
     free(g_half.cases);
     for (k = 0; k < 2; k++) {
@@ -260,9 +358,9 @@ static tb_tensor *half_apply(const half_case *c, tb_tensor **x) {
     return NULL;
 }
 
-/* Monotone integer of a 16-bit float's bits (NaN excluded by the caller). */
-static int32_t half_key(uint16_t h) {
-    return (h & 0x8000u) ? -(int32_t)(h & 0x7fffu) : (int32_t)h;
+/* Monotone integer of a float's bits, `sign` its sign bit (NaN excluded by the caller). */
+static int64_t half_key(uint32_t bits, uint32_t sign) {
+    return (bits & sign) ? -(int64_t)(bits & (sign - 1)) : (int64_t)bits;
 }
 
 static bool half_is_nan(tb_dtype dt, uint16_t h) {
@@ -274,35 +372,160 @@ static bool half_is_inf(tb_dtype dt, uint16_t h) {
     return (h & 0x7fffu) == (dt == TB_F16 ? 0x7c00u : 0x7f80u);
 }
 
-/* Element i of got and want agree: 16-bit floats within one unit in the last place (NaN with
-   NaN, infinities exactly), f32 within one unit, integers exactly. */
-static bool half_close(tb_dtype dt, const void *got, const void *want, int64_t i, char *why,
-                       size_t cap) {
+/* Element i of a 16-bit or f32 tensor's data as a double. */
+static double half_value(tb_dtype dt, const void *data, int64_t i) {
+    uint16_t h;
+    float f;
+    if (dt == TB_F32) {
+        memcpy(&f, (const char *)data + i * 4, 4);
+        return f;
+    }
+    memcpy(&h, (const char *)data + i * 2, 2);
+    return dt == TB_F16 ? tb_f16_to_f32(h) : tb_bf16_to_f32(h);
+}
+
+/* Element i as its bits and value, "bcf9 (-0.0304)". */
+static void half_format(tb_dtype dt, const void *data, int64_t i, char *buf, size_t cap) {
+    size_t es = tb_dtype_size(dt);
+    const char *p = (const char *)data + i * (int64_t)es;
+    uint64_t u = 0;
+    uint32_t w;
+    uint16_t h;
+    if (es == 2) {
+        memcpy(&h, p, 2);
+        u = h;
+    } else if (es == 4) {
+        memcpy(&w, p, 4);
+        u = w;
+    } else if (es == 8) {
+        memcpy(&u, p, 8);
+    } else {
+        u = (unsigned char)*p;
+    }
+    if (dt == TB_F16 || dt == TB_BF16 || dt == TB_F32) {
+        snprintf(buf, cap, "%0*llx (%.9g)", (int)(2 * es), (unsigned long long)u,
+                 half_value(dt, data, i));
+    } else {
+        snprintf(buf, cap, "%llx", (unsigned long long)u);
+    }
+}
+
+/* How far element i of got is from want, in units in the last place of dt (16-bit floats and
+   f32): 0 for the same bits or two NaNs, one unit between zeros of opposite signs, HUGE_VAL
+   where a NaN or an infinity meets anything else, and for other dtypes where the bits
+   differ. */
+static double half_ulps(tb_dtype dt, const void *got, const void *want, int64_t i) {
     if (dt == TB_F16 || dt == TB_BF16) {
         uint16_t a, b;
+        int64_t d;
         memcpy(&a, (const char *)got + i * 2, 2);
         memcpy(&b, (const char *)want + i * 2, 2);
-        snprintf(why, cap, "element %lld: %04x, PyTorch %04x", (long long)i, a, b);
         if (half_is_nan(dt, a) || half_is_nan(dt, b))
-            return half_is_nan(dt, a) && half_is_nan(dt, b);
-        if (half_is_inf(dt, a) || half_is_inf(dt, b)) return a == b;
-        return abs(half_key(a) - half_key(b)) <= 1;
+            return half_is_nan(dt, a) && half_is_nan(dt, b) ? 0.0 : HUGE_VAL;
+        if (half_is_inf(dt, a) || half_is_inf(dt, b)) return a == b ? 0.0 : HUGE_VAL;
+        d = half_key(a, 0x8000u) - half_key(b, 0x8000u);
+        return d != 0 ? fabs((double)d) : a != b;
     }
     if (dt == TB_F32) {
-        int32_t a, b;
+        uint32_t a, b;
         float fa, fb;
+        int64_t d;
         memcpy(&a, (const char *)got + i * 4, 4);
         memcpy(&b, (const char *)want + i * 4, 4);
         memcpy(&fa, &a, 4);
         memcpy(&fb, &b, 4);
-        snprintf(why, cap, "element %lld: %.9g, PyTorch %.9g", (long long)i, fa, fb);
-        if (fa != fa || fb != fb) return fa != fa && fb != fb;
-        if ((a < 0) != (b < 0)) return fa == fb; /* +0 and -0 */
-        return llabs((long long)a - (long long)b) <= 1;
+        if (fa != fa || fb != fb) return fa != fa && fb != fb ? 0.0 : HUGE_VAL;
+        if (isinf(fa) || isinf(fb)) return a == b ? 0.0 : HUGE_VAL;
+        d = half_key(a, 0x80000000u) - half_key(b, 0x80000000u);
+        return d != 0 ? fabs((double)d) : a != b;
     }
-    snprintf(why, cap, "element %lld differs", (long long)i);
     return memcmp((const char *)got + i * (int64_t)tb_dtype_size(dt),
-                  (const char *)want + i * (int64_t)tb_dtype_size(dt), tb_dtype_size(dt)) == 0;
+                  (const char *)want + i * (int64_t)tb_dtype_size(dt), tb_dtype_size(dt)) == 0
+               ? 0.0
+               : HUGE_VAL;
+}
+
+/* Element i of got and want within `ulps` units in the last place (half_ulps); `why` gets
+   both. */
+static bool half_close(tb_dtype dt, const void *got, const void *want, int64_t i, int ulps,
+                       char *why, size_t cap) {
+    char a[48], b[48];
+    half_format(dt, got, i, a, sizeof a);
+    half_format(dt, want, i, b, sizeof b);
+    snprintf(why, cap, "element %lld: %s against %s", (long long)i, a, b);
+    return half_ulps(dt, got, want, i) <= ulps;
+}
+
+/* The unit in the last place of a 16-bit tensor's largest finite |value| (the output's
+   scale); the smallest subnormal where it has none but zeros. */
+static double half_scale_unit(const half_tensor *t) {
+    tb_dtype dt = t->shape.dtype;
+    int emin = dt == TB_F16 ? -14 : -126, digits = dt == TB_F16 ? 10 : 7, e;
+    double m = 0.0;
+    int64_t n = 0, i;
+    tb_shape_numel(&t->shape, &n);
+    for (i = 0; i < n; i++) {
+        double v = fabs(half_value(dt, t->data, i));
+        if (isfinite(v) && v > m) m = v;
+    }
+    e = m > 0.0 ? ilogb(m) : emin;
+    return ldexp(1.0, (e < emin ? emin : e) - digits);
+}
+
+/* How far element i of got is from native, in units of `unit`: NaN from NaN none; HUGE_VAL
+   where a NaN or an infinity meets anything else. */
+static double half_units_apart(tb_dtype dt, const void *got, const void *native, int64_t i,
+                               double unit) {
+    double a = half_value(dt, got, i), b = half_value(dt, native, i);
+    if (a != a || b != b) return a != a && b != b ? 0.0 : HUGE_VAL;
+    if (isinf(a) || isinf(b)) return a == b ? 0.0 : HUGE_VAL;
+    return fabs(a - b) / unit;
+}
+
+/* Compares a device's result for case c with the case's reference and PyTorch's own kernel's
+   result, printing what fails (and with TB_HALF_VERBOSE=1 the largest differences). */
+static bool half_check_case(const half_case *c, const void *got, const char *device) {
+    tb_dtype dt = c->out.shape.dtype;
+    int64_t n = 0, i, bad = -1, bad_native = -1;
+    double worst = 0.0, worst_native = 0.0, unit = 0.0;
+    const char *verbose = getenv("TB_HALF_VERBOSE");
+    char why[160];
+    tb_shape_numel(&c->out.shape, &n);
+    if (c->native.data != NULL) unit = half_scale_unit(&c->out);
+    for (i = 0; i < n; i++) {
+        double d = half_ulps(dt, got, c->out.data, i);
+        if (d > worst) worst = d;
+        if (d > c->ulps && bad < 0) bad = i;
+        if (c->native.data != NULL) {
+            d = half_units_apart(dt, got, c->native.data, i, unit);
+            if (d > worst_native) worst_native = d;
+            if (d > c->native_ulps && bad_native < 0) bad_native = i;
+        }
+    }
+    if (bad >= 0) {
+        half_close(dt, got, c->out.data, bad, c->ulps, why, sizeof why);
+        print_message("%s on %s: %s, the reference (%g units in the last place, %d allowed; "
+                      "the largest difference %g)\n",
+                      c->name, device, why, half_ulps(dt, got, c->out.data, bad), c->ulps, worst);
+    }
+    if (bad_native >= 0) {
+        half_close(dt, got, c->native.data, bad_native, 0, why, sizeof why);
+        print_message("%s on %s: %s, PyTorch's own 16-bit kernel (%.3g units of %g, the "
+                      "output's scale, %d allowed; the largest difference %.3g)\n",
+                      c->name, device, why,
+                      half_units_apart(dt, got, c->native.data, bad_native, unit), unit,
+                      c->native_ulps, worst_native);
+    }
+    if (verbose != NULL && strcmp(verbose, "1") == 0) {
+        if (c->native.data != NULL) {
+            print_message("%-24s %-8s %g units (%d allowed), PyTorch's kernel %.3g units at "
+                          "the output's scale (%d allowed)\n",
+                          c->name, device, worst, c->ulps, worst_native, c->native_ulps);
+        } else {
+            print_message("%-24s %-8s %g units (%d allowed)\n", c->name, device, worst, c->ulps);
+        }
+    }
+    return bad < 0 && bad_native < 0;
 }
 
 /* Runs every case on the device, returning how many failed (each printed). With `got_out`,
@@ -311,14 +534,14 @@ static int half_run_cases(const tb_device *device, void ***got_out) {
     int failures = 0;
     size_t ci;
     void **kept = got_out ? (void **)calloc(g_half.num_cases, sizeof(void *)) : NULL;
+    char name[64];
+    tb_device_format(device, name, sizeof name);
     for (ci = 0; ci < g_half.num_cases; ci++) {
         const half_case *c = &g_half.cases[ci];
         tb_tensor *x[HALF_MAX_IN] = {NULL, NULL, NULL}, *y;
         tb_shape ys;
         void *got;
         int k;
-        int64_t n, i;
-        char why[160];
         bool ok = true;
         for (k = 0; k < c->num_in; k++)
             x[k] = tb_tensor_from_host(c->in[k].data, &c->in[k].shape, device);
@@ -332,17 +555,11 @@ static int half_run_cases(const tb_device *device, void ***got_out) {
             char s1[96], s2[96];
             tb_shape_format(&ys, s1, sizeof s1);
             tb_shape_format(&c->out.shape, s2, sizeof s2);
-            print_message("%s: %s (shape %s, PyTorch %s)\n", c->name,
-                          y ? tb_last_error() : tb_last_error(), s1, s2);
+            print_message("%s on %s: %s (shape %s, PyTorch %s)\n", c->name, name, tb_last_error(),
+                          s1, s2);
             ok = false;
         } else {
-            tb_shape_numel(&c->out.shape, &n);
-            for (i = 0; i < n && ok; i++) {
-                if (!half_close(c->out.shape.dtype, got, c->out.data, i, why, sizeof why)) {
-                    print_message("%s: %s\n", c->name, why);
-                    ok = false;
-                }
-            }
+            ok = half_check_case(c, got, name);
         }
         if (!ok) failures++;
         if (kept) {
