@@ -75,6 +75,7 @@ IMPLEMENTATION_PARTS = [
     "src/opencl_device.c",
     "src/opencl_program.c",
     "src/opencl.c",
+    "src/native_dialect.c",
     "src/native.c",
     "src/distributed_internal.h",
     "src/mpi.c",

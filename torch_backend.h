@@ -39,8 +39,16 @@
                          default is used ("TB_BACKEND='x' is not a usable backend: ..."), never
                          a fallback
      TB_BACKEND_PATH     ':'-separated folders searched for plugins libtb_backend_<name>.so
-     TB_CACHE_DIR        folder for the OpenCL program binary cache, created 0700 (a folder
-                         others may write to is not used); "off" disables it
+     TB_CACHE_DIR        folder of the compiled-program cache (opencl and native), created
+                         0700 (a folder or entry others may write to is not used); "off"
+                         disables it
+     TB_CACHE_MAX        size cap of that folder, e.g. "500M" (default 1G; 0: no cap): past
+                         it, the entries used least recently are removed
+     TB_COMPILE_TIMEOUT  seconds a native compile may take (default 300; 0: no limit); no
+                         compiler outlives the process that started it
+     CC, TB_NATIVE_CFLAGS  the native backend's C compiler (default cc) and extra options, split
+                         at blanks, each word one argument
+     TB_NATIVE_THREADS   threads of the native backend (default: the online cores)
      TB_OPENCL_LIBRARY   path of the OpenCL ICD loader (default libOpenCL.so.1; ignored with
                          TB_OPENCL_LINKED)
      TB_MPI_LIBRARY      the MPI library the "mpi" process group opens (default: libmpi.so.40,
@@ -297,11 +305,16 @@ TBDEF int64_t tb_scalar_as_int(tb_scalar s);
    (as in PyTorch) and so is f32[0,3,2^63-1] (which PyTorch accepts with overflowing strides).
    `dims` may be NULL when rank is 0. On error *out is untouched. */
 TBDEF tb_status tb_shape_make(tb_shape *out, tb_dtype dtype, int32_t rank, const int64_t *dims);
-/* Convenience for literals: tb_shape_of(TB_F32, 2, 3, 4) is f32[3,4]. The dims are read as
-   `int` (the type of a literal): pass int values, and use tb_shape_make for dims above INT_MAX
-   or for int64_t variables. Checks as tb_shape_make; on error it returns a shape of rank -1
-   (which every function rejects) and sets the error. */
+/* Convenience for literals: tb_shape_of(TB_F32, 2, 3, 4) is f32[3,4]. A macro in C and a
+   template in C++ that convert the rank and every dim to int64_t, so that int64_t variables
+   and dims above INT_MAX are read whole, and a count of dims that is not the rank is an error
+   (TB_ERR_INVALID_ARGUMENT). Checks as tb_shape_make; on error it returns a shape of rank -1
+   (which every function rejects) and sets the error. The function behind the name,
+   `(tb_shape_of)(dtype, rank, ...)`, reads its dims as `int` (kept for callers through a
+   symbol, such as a foreign-function interface). */
 TBDEF tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, ...);
+/* What tb_shape_of expands to: `count` numbers, the rank and then the dims. */
+TBDEF tb_shape tb_shape_of_dims(tb_dtype dtype, size_t count, const int64_t *rank_and_dims);
 
 /* Element count; TB_ERR_OVERFLOW for a shape that breaks the size rule of tb_shape_make. */
 TBDEF tb_status tb_shape_numel(const tb_shape *shape, int64_t *out);
@@ -324,6 +337,21 @@ TBDEF size_t tb_shape_format(const tb_shape *shape, char *buf, size_t cap);
    Bad text is TB_ERR_INVALID_ARGUMENT with the position; a valid text with too large dims is
    TB_ERR_OVERFLOW. On error *out is untouched. */
 TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out);
+
+/* tb_shape_of's dims are read as int64_t whatever their type (see above). */
+#if defined(__cplusplus)
+extern "C++" {
+template <typename... TbDims>
+inline tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, TbDims... dims) {
+    const int64_t all[] = {(int64_t)rank, (int64_t)dims...};
+    return tb_shape_of_dims(dtype, sizeof all / sizeof all[0], all);
+}
+}
+#else
+#define tb_shape_of(dtype, ...)                                                                    \
+    tb_shape_of_dims((dtype), sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t),            \
+                     (const int64_t[]){__VA_ARGS__})
+#endif
 
 /* ---- src/device.h ---- */
 /* ===========================================================================================
@@ -1611,8 +1639,9 @@ TBDEF tb_status tb_safetensors_save(const char *path, const tb_tensor_set *set);
 TBDEF tb_tensor_set *tb_npz_load(const char *path, const tb_device *device);
 /* Writes the set as an .npz (stored entries "<name>.npy", zip64 where sizes need it) through
    a temporary file and a rename; numpy.load reads it. The metadata is not written (.npz has no
-   place for it). Errors: NULL arguments, a name holding '/' or '\\' (TB_ERR_INVALID_ARGUMENT:
-   numpy would read it as a folder), a failed sync, TB_ERR_IO. Thread safety as
+   place for it). Errors: NULL arguments, a name that is empty, "." or "..", or holds '/' or
+   '\\' (TB_ERR_INVALID_ARGUMENT: unzip would make it a folder, or a path outside the folder it
+   unpacks into), a failed sync, TB_ERR_IO. Thread safety as
    tb_safetensors_save. */
 TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set);
 
@@ -4361,7 +4390,17 @@ TBDEF tb_status tb_shape_make(tb_shape *out, tb_dtype dtype, int32_t rank, const
     return TB_OK;
 }
 
-TBDEF tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, ...) {
+/* The shape tb_shape_of returns for `s`: itself when valid, else of rank -1 (the error set). */
+static tb_shape tb__shape_of_checked(tb_shape s) {
+    if (tb__shape_check("tb_shape_of", &s) != TB_OK) {
+        memset(s.dims, 0, sizeof s.dims);
+        s.rank = -1;
+    }
+    return s;
+}
+
+/* In parentheses: the name is a macro in C (the function stays for callers by symbol). */
+TBDEF tb_shape(tb_shape_of)(tb_dtype dtype, int32_t rank, ...) {
     tb_shape s;
     va_list ap;
     int32_t i;
@@ -4374,11 +4413,28 @@ TBDEF tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, ...) {
             s.dims[i] = (int64_t)va_arg(ap, int);
         va_end(ap);
     }
-    if (tb__shape_check("tb_shape_of", &s) != TB_OK) {
-        memset(s.dims, 0, sizeof s.dims);
-        s.rank = -1;
+    return tb__shape_of_checked(s);
+}
+
+TBDEF tb_shape tb_shape_of_dims(tb_dtype dtype, size_t count, const int64_t *rank_and_dims) {
+    tb_shape s;
+    int32_t i;
+    memset(&s, 0, sizeof s);
+    s.dtype = dtype;
+    s.rank = -1;
+    if (rank_and_dims == NULL || count == 0) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_shape_of: no rank given");
+        return s;
     }
-    return s;
+    if (rank_and_dims[0] != (int64_t)count - 1) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_shape_of: rank %lld but %zu dims given",
+                  (long long)rank_and_dims[0], count - 1);
+        return s;
+    }
+    s.rank = count - 1 > (size_t)TB_MAX_RANK ? TB_MAX_RANK + 1 : (int32_t)(count - 1);
+    for (i = 0; i < s.rank && i < TB_MAX_RANK; i++)
+        s.dims[i] = rank_and_dims[1 + i];
+    return tb__shape_of_checked(s);
 }
 
 TBDEF tb_status tb_shape_validate(const tb_shape *shape) {
@@ -18142,12 +18198,15 @@ static tb_tensor *tb__conv_transpose(const char *fn, int32_t n, tb_tensor *x, tb
                       fn, (int)i, (long long)c.s[i], (long long)c.d[i]);
             return NULL;
         }
-        c.out[i] = full - 2 * c.p[i];
-        if (c.p[i] > INT64_MAX / 4 || c.out[i] < 1) {
-            tb__error(TB_ERR_SHAPE, "%s: the output would have %lld elements along spatial dim %d",
-                      fn, (long long)c.out[i], (int)i);
+        /* full <= INT64_MAX / 4: twice a padding beyond that cannot leave an output */
+        if (c.p[i] > INT64_MAX / 4 || full - 2 * c.p[i] < 1) {
+            tb__error(TB_ERR_SHAPE,
+                      "%s: padding %lld leaves no output along spatial dim %d (%lld before "
+                      "padding)",
+                      fn, (long long)c.p[i], (int)i, (long long)full);
             return NULL;
         }
+        c.out[i] = full - 2 * c.p[i];
     }
     return tb__conv_record(&c, tb__conv_transpose_forward, x, weight, bias, groups, outc);
 }
@@ -19247,6 +19306,16 @@ typedef struct tb__tuning {
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
 enum { TB__CLASS_CPU, TB__CLASS_GPU, TB__CLASS_HOST };
 
+/* The vector shape of a CPU (or of what a compiler targets on it): the width of its vector
+   registers in bytes (64 AVX-512, 32 AVX2, 16 SSE and NEON), how many there are (32 or 16),
+   fused multiply-add and 16-bit float conversions, and its class's name. */
+typedef struct tb__host_shape {
+    int32_t vec_bytes;
+    int32_t vec_regs;
+    bool fma, f16c, x86;
+    char name[16];
+} tb__host_shape;
+
 /* What the planner knows of the device. */
 typedef struct tb__target {
     const tb__tuning *tuning;
@@ -19258,6 +19327,9 @@ typedef struct tb__target {
     bool acc_f64;            /* f32 sums accumulate in double (cheap on CPUs with fp64) */
     uint64_t cache_bytes;    /* a compute unit's own data cache (L2) in bytes; 0: unknown */
     uint32_t buffer_align;   /* bytes every buffer's start is aligned to; 0: unknown */
+    /* a kernel may read its buffer arguments through a table of them (the dialect's
+       TB__CG_ARGS parameter), so that its code does not grow with their number */
+    bool arg_table;
 } tb__target;
 
 /* ---- the plan ---- */
@@ -19269,8 +19341,13 @@ enum {
     TB__K_NORM,
     TB__K_PARTIAL, /* first stage of a split reduction: partial results per chunk */
     TB__K_PACK_A,  /* a matmul's left operand copied into row panels */
-    TB__K_PACK_B   /* a matmul's right operand copied into column panels */
+    TB__K_PACK_B,  /* a matmul's right operand copied into column panels */
+    TB__K_CONCAT   /* a run of a concat's operands written into their slice of its output */
 };
+/* How a TB__K_CONCAT kernel finds the operand of an element: by comparisons in a balanced
+   tree (one leaf of code per operand), or by index into a table (no code per operand): of
+   the kernel's buffer arguments (target arg_table) or of the scalars (plan scalar_table). */
+enum { TB__CAT_TREE, TB__CAT_ARGS, TB__CAT_SCALARS };
 enum { TB__SLOT_PARAM, TB__SLOT_RESULT, TB__SLOT_TEMP };
 /* a kernel's arguments after its output: buffers, scalars by value, the error flag buffer,
    the table of scalars (graphs with many scalars) */
@@ -19300,6 +19377,11 @@ typedef struct tb__plan_kernel {
     int32_t pack_param;   /* a pack kernel: the parameter whose buffer alone its panels come
                              from (panels a backend may keep while that buffer holds), or -1 */
     int32_t out_slot;
+    /* TB__K_CONCAT: the run of the root concat's operands [cat_first, cat_first + cat_count),
+       its slice [cat_start, cat_start + cat_len) along the concat's axis, its form
+       (TB__CAT_*); the kernels of one concat share its output (the owner is the last) */
+    int32_t cat_first, cat_count, cat_form;
+    int64_t cat_start, cat_len;
     char name[64];
     tb__plan_arg *args;
     size_t num_args;
@@ -19390,6 +19472,8 @@ typedef struct tb__pnode {
     int32_t param, result, slot;
     int32_t ctx; /* the kernel evaluating it (its own kernel when it is a root) */
     bool root, ident, in_mm, force_root;
+    /* a view of a scalar read only by concats of many operands (tb__plan_cat_free): no budget */
+    bool cat_free;
     int32_t depth;      /* pad/concat/gather above it in its kernel */
     int32_t keys_first; /* its positions in its kernel: keys[keys_first .. + keys_count] */
     int32_t keys_count;
@@ -19427,8 +19511,6 @@ static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target,
                                 tb__plan **out);
 static void tb__plan_free(tb__plan *p);
 static void tb__pgraph_free(tb__pgraph *G);
-/* the error a run reports from its error flag (flag[0]: 1 + the errsite) */
-static tb_status tb__plan_run_error(const tb__plan *p, const char *who, const int64_t flag[4]);
 /* how an operand's dims run along a node's row (its last row_axes axes) */
 enum { TB__ROW_ALIGNED, TB__ROW_CONSTANT, TB__ROW_OTHER };
 static int32_t tb__plan_row_relation(const tb_shape *ds, const tb_shape *os, int32_t row_axes);
@@ -19558,11 +19640,15 @@ static void tb__ix_free(tb__ix *g);
 
 /* ---- codegen.c, codegen_kernels.c: the C-family code generator ---- */
 
+/* tb__cg_param.role of a table of the kernel's arguments from this parameter's position on
+   (`void *const *`; targets with arg_table): the last parameter, in place of those arguments */
+#define TB__CG_ARGS (-2)
+
 /* One parameter of a kernel's entry point, as the renderer describes it to the dialect. */
 typedef struct tb__cg_param {
-    int32_t role;     /* TB__ARG_* or -1 for the output */
+    int32_t role;     /* TB__ARG_*, -1 for the output or TB__CG_ARGS */
     const char *type; /* the element type (buffers, tables) or the value type (scalars) */
-    char name[16];    /* out, b<slot>, s<param>, tb_sc, tb_err */
+    char name[16];    /* out, b<slot>, s<param>, tb_sc, tb_err, tb_in */
 } tb__cg_param;
 
 /* What differs between the C-family languages the generator writes. */
@@ -19591,7 +19677,16 @@ typedef struct tb__dialect {
     const char *min_long; /* min of two longs */
     const char *bits_f32; /* the float of 32 bits (uint) */
     const char *bits_f64; /* the double of 64 bits (ulong) */
-    bool f64;             /* the target has double precision */
+    /* an expression true for the one work item that changes tb_err[0] from 0 to `code`
+       atomically (both uint) */
+    const char *err_claim;
+    /* the storage of a constant table in a kernel's outermost scope ("__constant ",
+       "static const ") */
+    const char *constant;
+    /* integer abs as a built-in function of the dialect that returns the unsigned type
+       (OpenCL's abs), or NULL: a select */
+    const char *iabs;
+    bool f64; /* the target has double precision */
     /* a math function's name for a dtype (exp, log, sin, cos, tanh, sqrt, erf, pow, fabs,
        floor, ceil, rint) */
     const char *(*math)(const char *fn, tb_dtype dtype);
@@ -19604,6 +19699,14 @@ typedef struct tb__dialect {
    (caller frees) */
 static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
                                size_t *len);
+/* The error flag of a run (the tb_err argument of the kernels that can fail): TB__ERR_WORDS
+   32-bit words, zero before the run. A failing work item claims word 0 atomically (from 0 to
+   1 + its errsite), and only the item that claimed it writes the report's two values (words
+   1-2 and 3-4, the low word first): a report is one item's, whatever number fail at once. */
+#define TB__ERR_WORDS 8
+/* the error a run reports from its error flag (word 0 not 0) */
+static tb_status tb__cg_run_error(const tb__plan *p, const char *who,
+                                  const uint32_t flag[TB__ERR_WORDS]);
 
 /* ---- codegen.c: the values and expressions the kernels of codegen_kernels.c are made of ---- */
 
@@ -19669,6 +19772,16 @@ static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos);
 /* whether the current kernel reads node from a buffer (b<slot>) at its own flat index */
 static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node);
 
+/* ---- native_dialect.c: the C99 dialect of the native backend ---- */
+
+#if defined(TB__HAVE_NATIVE)
+/* the dialect, its head as text */
+static void tb__native_dialect(tb__dialect *d);
+/* the work-item space of a kernel: its global size per dimension (the entry of a kernel runs
+   a range of its flattened items) */
+static void tb__native_global_size(const tb__plan_kernel *k, uint64_t size[3]);
+#endif
+
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
 /* ---- src/diskcache.c ---- */
@@ -19678,7 +19791,9 @@ static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node);
    ~/.cache, then torch_backend/), private (0700, ours, not writable by others); one file per
    program, named by a 128-bit hash of its key and holding the whole key, so that a hit is
    confirmed byte for byte. Entries are written to a fresh temporary file (O_EXCL) and renamed
-   into place, read without following links or blocking on FIFOs, and a bad one is removed.
+   into place, read without following links or blocking on FIFOs, and a bad one (or one that
+   others may write to) is removed. The folder is bounded: past TB_CACHE_MAX bytes, the entries
+   used least recently (a hit touches its entry's modification time) are removed.
 
    An entry, <folder>/<key hash as 32 hex digits><suffix>:
      0  magic (8 bytes)    8 .. 11  format version   12 .. 15  header size
@@ -19691,10 +19806,20 @@ static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node);
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
 
+#if !defined(_WIN32)
+#include <ctype.h>
+#include <dirent.h>
+#include <utime.h>
+#endif
+
 #define TB__DISK_HEADER    64u
 #define TB__DISK_MAX       ((uint64_t)1 << 30) /* no payload of ours is bigger */
 #define TB__DISK_SEED      0x636c62696e617279ull
 #define TB__DISK_TMP_TRIES 16
+/* the cap when TB_CACHE_MAX is unset: room for the programs of many models */
+#define TB__DISK_DEFAULT_MAX ((uint64_t)1 << 30)
+/* a temporary file this old was left by a process that died while writing it */
+#define TB__DISK_STALE_TMP_S 3600
 
 /* The disk cache opens its files without following links (O_NOFOLLOW, POSIX 2008). glibc
    hides the name under a strict -std when the feature macros come after its first header (our
@@ -19897,6 +20022,9 @@ static unsigned char *tb__disk_read(const tb__disk_format *fmt, const char *path
         *why = "not a regular file";
     } else if (st.st_uid != geteuid()) {
         *why = "owned by another user";
+    } else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+        /* anyone who may write it may rewrite it with a checksum that matches */
+        *why = "writable by others";
     } else if (st.st_size < 0 || (uint64_t)st.st_size <= (uint64_t)TB__DISK_HEADER + kn ||
                (uint64_t)st.st_size > (uint64_t)TB__DISK_HEADER + kn + TB__DISK_MAX) {
         *why = "not the size of an entry for this key";
@@ -19999,6 +20127,121 @@ static void tb__disk_write(const tb__disk_format *fmt, const char *dir, const ch
     tb__free(path);
 }
 
+/* TB_CACHE_MAX, the cap of the cache folder in bytes: a whole number with an optional K, M
+   or G (powers of 1024); 0 means no cap; unset or empty, TB__DISK_DEFAULT_MAX. A bad value is
+   said once (a warning) and the default kept. */
+static uint64_t tb__disk_cap(void) {
+    static int32_t reported = 0;
+    const char *v = tb__getenv("TB_CACHE_MAX");
+    char *end = NULL;
+    unsigned long long n;
+    unsigned shift = 0;
+    if (v == NULL || v[0] == '\0') return TB__DISK_DEFAULT_MAX;
+    errno = 0;
+    n = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+    if (end != NULL && (*end == 'K' || *end == 'k'))
+        shift = 10, end++;
+    else if (end != NULL && (*end == 'M' || *end == 'm'))
+        shift = 20, end++;
+    else if (end != NULL && (*end == 'G' || *end == 'g'))
+        shift = 30, end++;
+    if (end == NULL || end == v || *end != '\0' || errno != 0 || n > (UINT64_MAX >> shift)) {
+        if (tb__disk_first_report(&reported)) {
+            tb_log_message(TB_LOG_WARN,
+                           "TB_CACHE_MAX='%.64s' is not a size (bytes, or a number with K, M or "
+                           "G; 0: no cap); using 1G",
+                           v);
+        }
+        return TB__DISK_DEFAULT_MAX;
+    }
+    return (uint64_t)n << shift;
+}
+
+/* Whether `name` is an entry's (32 hex digits, then a suffix), or a temporary file of one
+   (tb__disk_write's ".<32 hex digits>.<pid>.<serial>.tmp"). */
+static bool tb__disk_is_ours(const char *name, bool *tmp) {
+    size_t i, n = strlen(name);
+    *tmp = name[0] == '.';
+    for (i = 0; i < 32; i++)
+        if (!isxdigit((unsigned char)name[*tmp + i])) return false;
+    return *tmp ? n > 37 && strcmp(name + n - 4, ".tmp") == 0 : name[32] == '.';
+}
+
+typedef struct tb__disk_file {
+    char *name;
+    uint64_t bytes;
+    int64_t used; /* modification time: written or last read */
+} tb__disk_file;
+
+static int tb__disk_by_use(const void *a, const void *b) {
+    const tb__disk_file *x = (const tb__disk_file *)a, *y = (const tb__disk_file *)b;
+    if (x->used != y->used) return x->used < y->used ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* Once the entries of the folder `dir` pass `cap` bytes (0: no cap), removes the least
+   recently used until they take at most three quarters of it, never the entry `keep` just
+   written; temporary files left by a process that died while writing go too. Only regular
+   files of ours with an entry's name are counted or removed. Processes sharing the folder may
+   trim at once: a removal is an unlink, a reader that has an entry open reads it whole, and
+   removing what another process removed first is no error. */
+static void tb__disk_trim(const char *dir, const char *keep, uint64_t cap) {
+    DIR *d;
+    struct dirent *e;
+    tb__disk_file *files = NULL;
+    size_t count = 0, capacity = 0, i;
+    uint64_t total = 0;
+    int64_t now = (int64_t)time(NULL);
+    if (cap == 0 || (d = opendir(dir)) == NULL) return;
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        bool tmp;
+        char *path;
+        int fd;
+        if (!tb__disk_is_ours(e->d_name, &tmp)) continue;
+        path = tb__format("%s/%s", dir, e->d_name);
+        if (path == NULL) break;
+        fd =
+            open(path, O_RDONLY | TB__DISK_O_NOFOLLOW | O_NONBLOCK | TB__DISK_O_CLOEXEC | O_NOCTTY);
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()) {
+            if (tmp) {
+                if (now - (int64_t)st.st_mtime > TB__DISK_STALE_TMP_S) (void)unlink(path);
+            } else if (tb__grow((void **)&files, &capacity, count + 1, sizeof *files) == TB_OK &&
+                       (files[count].name = tb__strdup(e->d_name)) != NULL) {
+                files[count].bytes = (uint64_t)st.st_size;
+                files[count].used = (int64_t)st.st_mtime;
+                total += files[count].bytes;
+                count++;
+            }
+        }
+        if (fd >= 0) close(fd);
+        tb__free(path);
+    }
+    closedir(d);
+    if (total > cap) {
+        qsort(files, count, sizeof *files, tb__disk_by_use);
+        size_t removed = 0;
+        for (i = 0; i < count && total > cap / 4 * 3; i++) {
+            char *path;
+            if (strcmp(files[i].name, keep) == 0) continue;
+            path = tb__format("%s/%s", dir, files[i].name);
+            if (path != NULL && (unlink(path) == 0 || errno == ENOENT)) {
+                total -= files[i].bytes;
+                removed++;
+            }
+            tb__free(path);
+        }
+        if (tb_debug_level() >= 1)
+            tb_log_message(TB_LOG_INFO,
+                           "program cache %s: %zu least recently used entries removed "
+                           "(TB_CACHE_MAX %llu bytes)",
+                           dir, removed, (unsigned long long)cap);
+    }
+    for (i = 0; i < count; i++)
+        tb__free(files[i].name);
+    tb__free(files);
+}
+
 #endif /* TB__DISK_CACHE */
 
 static void tb__disk_entry_name(const tb__disk_format *fmt, const uint64_t key[2], char name[64]) {
@@ -20031,6 +20274,7 @@ static unsigned char *tb__disk_lookup(const tb__disk_format *fmt, const tb__disk
     if (kb != NULL) payload = tb__disk_read(fmt, *path, hash, kb, kn, size, why);
     tb__free(kb);
     if (payload != NULL) {
+        (void)utime(*path, NULL); /* used now: the last to go when the folder is trimmed */
         tb__free(dir);
     } else {
         *save_dir = dir;
@@ -20067,6 +20311,7 @@ static void tb__disk_store(const tb__disk_format *fmt, const char *dir, const tb
     if (kb != NULL && tb__disk_cache_usable(fmt->who, dir, reported)) {
         tb__disk_entry_name(fmt, hash, name);
         tb__disk_write(fmt, dir, name, hash, kb, kn, payload, n);
+        tb__disk_trim(dir, name, tb__disk_cap());
     }
     tb__free(kb);
 #else
@@ -20215,6 +20460,14 @@ static bool tb__plan_is_nesting(tb_op op) {
     return op == TB_OP_PAD || op == TB_OP_CONCAT || op == TB_OP_GATHER || op == TB_OP_INDEX_SELECT;
 }
 
+/* A concat of more operands than one evaluated where it is read may have: materialised by
+   kernels of its own (tb__plan_split_concats). */
+#define TB__PLAN_CAT_INLINE 8
+#define TB__PLAN_CAT_TREE   128 /* operands of a kernel's tree of them, at most */
+static bool tb__plan_cat_many(const tb_node *n) {
+    return n->op == TB_OP_CONCAT && n->num_operands > TB__PLAN_CAT_INLINE;
+}
+
 static int32_t tb__plan_core_kind(tb_op op) {
     switch (tb_op_get_kind(op)) {
     case TB_KIND_REDUCE:
@@ -20282,8 +20535,8 @@ static void tb__pgraph_free(tb__pgraph *G) {
 
 static tb_status tb__pgraph_init(tb__pgraph *G) {
     const tb_graph *g = G->graph;
-    size_t i, k, total_ops = 0;
-    int32_t *fill, at = 0;
+    size_t i, k, pass, total_ops = 0;
+    int32_t *fill, *seen, at = 0;
     G->n = g->num_nodes;
     if (G->n > (size_t)INT32_MAX / 2) {
         return tb__error(TB_ERR_UNSUPPORTED, "planner: a graph of %zu nodes is too large", G->n);
@@ -20311,11 +20564,12 @@ static tb_status tb__pgraph_init(tb__pgraph *G) {
     }
     G->operands = (int32_t *)tb__calloc(total_ops + 1, sizeof *G->operands);
     G->users = (int32_t *)tb__calloc(total_ops + 1, sizeof *G->users);
-    fill = (int32_t *)tb__calloc(G->n + 1, sizeof *fill);
+    fill = (int32_t *)tb__calloc(2 * (G->n + 1), sizeof *fill);
     if (G->operands == NULL || G->users == NULL || fill == NULL) {
         tb__free(fill);
         return TB_ERR_OUT_OF_MEMORY;
     }
+    seen = fill + G->n + 1; /* per node: the mark of the last user that counted it */
     for (i = 0; i < g->num_parameters; i++) {
         int32_t p = tb__plan_index_of(G, g->parameters[i]);
         if (p < 0) {
@@ -20350,33 +20604,27 @@ static tb_status tb__pgraph_init(tb__pgraph *G) {
             G->info[o].uses++;
         }
     }
-    /* distinct users, grouped per node: counted, then filled */
-    for (i = 0; i < G->n; i++) {
-        const tb_node *node = G->info[i].node;
-        if (G->info[i].param >= 0) continue;
-        for (k = 0; k < node->num_operands; k++) {
-            int32_t o = tb__plan_operand(G, (int32_t)i, k);
-            size_t j;
-            bool seen = false;
-            for (j = 0; j < k && !seen; j++)
-                seen = tb__plan_operand(G, (int32_t)i, j) == o;
-            if (!seen) G->info[o].num_users++;
+    /* distinct users, grouped per node: counted (pass 0), then filled (pass 1); a node's
+       repeats among one user's operands are seen by their mark (a pass over the operands) */
+    for (pass = 0; pass < 2; pass++) {
+        for (i = 0; i < G->n; i++) {
+            const tb_node *node = G->info[i].node;
+            int32_t mark = (int32_t)(pass * G->n + i) + 1;
+            if (G->info[i].param >= 0) continue;
+            for (k = 0; k < node->num_operands; k++) {
+                int32_t o = tb__plan_operand(G, (int32_t)i, k);
+                if (seen[o] == mark) continue;
+                seen[o] = mark;
+                if (pass == 0) {
+                    G->info[o].num_users++;
+                } else {
+                    G->users[G->info[o].first_user + fill[o]++] = (int32_t)i;
+                }
+            }
         }
-    }
-    for (i = 0; i < G->n; i++) {
-        G->info[i].first_user = at;
-        at += G->info[i].num_users;
-    }
-    for (i = 0; i < G->n; i++) {
-        const tb_node *node = G->info[i].node;
-        if (G->info[i].param >= 0) continue;
-        for (k = 0; k < node->num_operands; k++) {
-            int32_t o = tb__plan_operand(G, (int32_t)i, k);
-            size_t j;
-            bool seen = false;
-            for (j = 0; j < k && !seen; j++)
-                seen = tb__plan_operand(G, (int32_t)i, j) == o;
-            if (!seen) G->users[G->info[o].first_user + fill[o]++] = (int32_t)i;
+        for (i = 0; pass == 0 && i < G->n; i++) {
+            G->info[i].first_user = at;
+            at += G->info[i].num_users;
         }
     }
     tb__free(fill);
@@ -20475,6 +20723,7 @@ static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits
     const tb_shape *is = &in->node->shape;
     tb__keyset *set;
     int32_t e, depth = 0, core = G->plan->kernels[ctx].core;
+    int64_t budget = t->values_per_kernel;
     tb_status st;
     *fits = false;
     set = (tb__keyset *)tb__calloc(1, sizeof *set);
@@ -20487,6 +20736,11 @@ static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits
         size_t k;
         int32_t d = ui->depth + (tb__plan_is_nesting(ui->node->op) ? 1 : 0);
         if (d > depth) depth = d;
+        if (tb__plan_cat_many(ui->node)) { /* a root: one key per operand node, no scan */
+            tb__keyset_add(set, tb__plan_key_mix(TB__PLAN_KEY_ROOT, u, (size_t)i, 1),
+                           t->positions_per_node);
+            continue;
+        }
         for (k = 0; k < ui->node->num_operands && !set->full; k++) {
             int32_t lane, q;
             if (tb__plan_operand(G, u, k) != i) continue;
@@ -20507,8 +20761,11 @@ static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits
             }
         }
     }
-    if (!set->full && depth <= t->nesting &&
-        G->kernel_values[ctx] + set->count <= t->values_per_kernel) {
+    /* a concat of many operands is one kernel per run of them (tb__plan_split_concats) */
+    if (tb__plan_cat_many(G->info[G->plan->kernels[ctx].root].node))
+        budget *=
+            1 + (int64_t)G->info[G->plan->kernels[ctx].root].node->num_operands / TB__PLAN_CAT_TREE;
+    if (!set->full && depth <= t->nesting && G->kernel_values[ctx] + set->count <= budget) {
         st = tb__plan_keys_store(G, i, set->list, set->count);
         if (st != TB_OK) {
             tb__free(set);
@@ -20520,6 +20777,24 @@ static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits
     }
     tb__free(set);
     return TB_OK;
+}
+
+/* Whether node i is a view of a scalar parameter (each of its elements is the scalar) read
+   only by concats of many operands, directly or through other such views: their kernels read
+   the scalar from the table of scalars, or once in a leaf of their tree of operands, so it
+   costs no budget. Its users are decided before it. */
+static bool tb__plan_cat_free(const tb__pgraph *G, int32_t i) {
+    const tb__pnode *in = &G->info[i];
+    int32_t e, x = i;
+    for (e = 0; e < in->num_users; e++) {
+        const tb__pnode *ui = &G->info[G->users[in->first_user + e]];
+        if (!tb__plan_cat_many(ui->node) && !ui->cat_free) return false;
+    }
+    while (G->info[x].param < 0 && tb_op_get_kind(G->info[x].node->op) == TB_KIND_MOVEMENT &&
+           G->info[x].node->num_operands == 1)
+        x = tb__plan_operand(G, x, 0);
+    return x != i && in->num_users > 0 && G->info[x].param >= 0 &&
+           G->info[x].node->op == TB_OP_SCALAR;
 }
 
 /* ---- partition ---- */
@@ -20613,7 +20888,7 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
     G->num_keys = 0;
     for (j = 0; j < G->n; j++) {
         tb__pnode *in = &G->info[j];
-        in->root = in->ident = in->in_mm = false;
+        in->root = in->ident = in->in_mm = in->cat_free = false;
         in->ctx = -1;
         in->slot = -1;
         in->depth = 0;
@@ -20622,7 +20897,8 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
     for (i = (int32_t)G->n - 1; i >= 0; i--) {
         tb__pnode *in = &G->info[i];
         const tb_node *node = in->node;
-        bool must_root = in->result >= 0 || in->force_root || in->num_users == 0;
+        bool must_root =
+            in->result >= 0 || in->force_root || in->num_users == 0 || tb__plan_cat_many(node);
         int32_t core_kind = tb__plan_core_kind(node->op);
         if (in->param >= 0) {
             /* a parameter returned as a result: a copy */
@@ -20683,6 +20959,11 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
                 /* a view read by several kernels: each reads through it (index arithmetic),
                    whatever is below it is materialised once */
                 in->ctx = TB__CTX_ANY;
+                continue;
+            }
+            if (ok && tb__plan_cat_free(G, i)) { /* no positions to count: no code of its own */
+                in->ctx = common;
+                in->cat_free = true;
                 continue;
             }
             if (ok) {
@@ -20953,6 +21234,7 @@ static tb_status tb__plan_assign_slots(tb__pgraph *G) {
     for (i = 0; i < p->num_kernels; i++) {
         tb__plan_kernel *k = &p->kernels[i];
         tb__pnode *in = &G->info[k->root];
+        if (k->owner != (int32_t)i && k->kind == TB__K_CONCAT) continue; /* the owner's */
         if (k->owner != (int32_t)i) {
             /* a stage of another kernel (partial results, operand panels): a temporary only
                that kernel reads */
@@ -20991,6 +21273,9 @@ static tb_status tb__plan_assign_slots(tb__pgraph *G) {
         p->slots[s].last_use = (int32_t)i;
         if (in->param < 0) in->slot = s;
     }
+    for (i = 0; i < p->num_kernels; i++)
+        if (p->kernels[i].kind == TB__K_CONCAT)
+            p->kernels[i].out_slot = p->kernels[p->kernels[i].owner].out_slot;
     for (i = 0; i < p->num_results; i++) {
         int32_t r = tb__plan_index_of(G, G->graph->results[i]);
         size_t kk;
@@ -21007,25 +21292,6 @@ static tb_status tb__plan_assign_slots(tb__pgraph *G) {
             return tb__error(TB_ERR_INTERNAL, "planner: result %zu without a kernel", i);
     }
     return TB_OK;
-}
-
-/* The error a run reports from its error flag: flag[0] is 1 + the errsite, flag[1..2] the
-   offending values. */
-static tb_status tb__plan_run_error(const tb__plan *p, const char *who, const int64_t flag[4]) {
-    const tb__errsite *e;
-    if (flag[0] <= 0 || (size_t)flag[0] > p->num_errsites) {
-        return tb__error(TB_ERR_EXECUTE, "%s: a kernel reported error %lld", who,
-                         (long long)flag[0]);
-    }
-    e = &p->errsites[flag[0] - 1];
-    if (e->op == TB_OP_POW) {
-        return tb__error(TB_ERR_EXECUTE,
-                         "tb_pow: integers to negative integer powers are not allowed (%lld ** "
-                         "%lld)",
-                         (long long)flag[1], (long long)flag[2]);
-    }
-    return tb__error(TB_ERR_EXECUTE, "tb_%s: index %lld is out of range for dim %d of size %lld",
-                     tb_op_name(e->op), (long long)flag[1], (int)e->dim, (long long)e->size);
 }
 
 /* ---- what each kernel reads ---- */
@@ -21113,7 +21379,7 @@ static tb_status tb__plan_kernel_args(tb__pgraph *G, size_t ki, int32_t *stamp, 
     while (sp > 0 && st == TB_OK) {
         int32_t n = stack[--sp];
         const tb__pnode *in = &G->info[n];
-        size_t nops = in->node->num_operands;
+        size_t nops = in->node->num_operands, first = 0;
         if (in->param >= 0) {
             if (in->node->op != TB_OP_SCALAR) {
                 st = tb__plan_arg_add(p, ki, TB__ARG_BUF, in->slot);
@@ -21141,8 +21407,12 @@ static tb_status tb__plan_kernel_args(tb__pgraph *G, size_t ki, int32_t *stamp, 
             if (tb__plan_errsite_code(p, n) < 0) st = tb__plan_errsite_add(G, n);
             errs = true;
         }
+        if (n == start && k->kind == TB__K_CONCAT) { /* its run of the concat's operands */
+            first = (size_t)k->cat_first;
+            nops = first + (size_t)k->cat_count;
+        }
         /* operands pushed last first: they are met in operand order */
-        for (j = nops; j > 0 && st == TB_OK; j--) {
+        for (j = nops; j > first && st == TB_OK; j--) {
             int32_t o = tb__plan_operand(G, n, j - 1);
             if (stamp[o] == mark) continue;
             stamp[o] = mark;
@@ -21232,6 +21502,136 @@ static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
     tb__free(bits);
     *pick = best;
     return TB_OK;
+}
+
+/* ---- concats of many operands ----
+   A concat of more than TB__PLAN_CAT_INLINE operands is one TB__K_CONCAT kernel per run of
+   its operands, each writing its slice: buffers of one dtype read through the table of the
+   kernel's arguments (arg_table targets), scalars of one dtype from the table of scalars (their
+   code does not grow with the run), or others, one leaf each of a balanced tree of tests. */
+
+#define TB__PLAN_CAT_RUN   8    /* operands of a table run, at least */
+#define TB__PLAN_CAT_TABLE 2048 /* operands of a table run (entries of its tables), at most */
+
+/* The table form operand o of a concat may be read in: TB__CAT_ARGS a buffer (arg_table
+   targets), TB__CAT_SCALARS a view of a scalar parameter (each element the scalar) where
+   scalars travel in a table; else TB__CAT_TREE. */
+static int32_t tb__plan_cat_class(const tb__pgraph *G, int32_t o) {
+    const tb__pnode *oi = &G->info[o];
+    if ((oi->param >= 0 && oi->node->op != TB_OP_SCALAR) || oi->root)
+        return G->target->arg_table ? TB__CAT_ARGS : TB__CAT_TREE;
+    for (; oi->param < 0 && !oi->root && tb_op_get_kind(oi->node->op) == TB_KIND_MOVEMENT &&
+           oi->node->num_operands == 1;
+         oi = &G->info[o])
+        o = tb__plan_operand(G, o, 0);
+    return oi->param >= 0 && oi->node->op == TB_OP_SCALAR && G->plan->scalar_table ? TB__CAT_SCALARS
+                                                                                   : TB__CAT_TREE;
+}
+
+/* The arguments operand o of a concat reads, bounded above (past TB__PLAN_CAT_TREE nodes, an
+   estimate: tb__plan_build still cuts a kernel that reads too many): its nodes' leaves, the
+   error flag. `stamp` and `stack`: scratch of one int per node; `mark` new for each call. */
+static int32_t tb__plan_cat_reads(const tb__pgraph *G, int32_t o, int32_t *stamp, int32_t mark,
+                                  int32_t *stack) {
+    int32_t sp = 1, count = 0, walked = 0;
+    bool fails = false;
+    stack[0] = o;
+    stamp[o] = mark;
+    while (sp > 0) {
+        int32_t n = stack[--sp];
+        const tb__pnode *in = &G->info[n];
+        size_t j;
+        if (in->param >= 0 || in->root) {
+            count++;
+            continue;
+        }
+        if (++walked > TB__PLAN_CAT_TREE) return count + sp + 1;
+        fails = fails || tb__plan_can_fail(in->node);
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t x = tb__plan_operand(G, n, j);
+            if (stamp[x] == mark) continue;
+            stamp[x] = mark;
+            stack[sp++] = x;
+        }
+    }
+    return count + (fails ? 1 : 0);
+}
+
+/* The end of the run of concat c's operands from `first` on, its form in *form: a table run
+   of TB__PLAN_CAT_RUN operands or more of one form and dtype (tail[j]: how many follow from j),
+   else a tree within the target's arguments. `scratch`: tb__plan_cat_reads's, and a mark. */
+static int32_t tb__plan_cat_run_end(const tb__pgraph *G, int32_t c, int32_t first,
+                                    const int32_t *cls, const int32_t *tail, int32_t *scratch,
+                                    int32_t *form) {
+    int32_t n = (int32_t)G->info[c].node->num_operands, j = first, args = 0, limit;
+    size_t most_args = G->target->max_args < 65536 ? G->target->max_args : 65536;
+    limit = most_args > 4 ? (int32_t)most_args - 2 : 2; /* arguments besides the output */
+    *form = TB__CAT_TREE;
+    if (tail[j] >= TB__PLAN_CAT_RUN) {
+        int32_t most =
+            cls[j] == TB__CAT_ARGS && limit < TB__PLAN_CAT_TABLE ? limit : TB__PLAN_CAT_TABLE;
+        *form = cls[j];
+        return j + (tail[j] < most ? tail[j] : most);
+    }
+    while (j < n && j - first < TB__PLAN_CAT_TREE && (j == first || tail[j] < TB__PLAN_CAT_RUN)) {
+        int32_t a = tb__plan_cat_reads(G, tb__plan_operand(G, c, (size_t)j), scratch,
+                                       ++scratch[2 * G->n], scratch + G->n);
+        if (j > first && args + a > limit - 1) break; /* and the table of scalars */
+        args += a;
+        j++;
+    }
+    return j;
+}
+
+/* Turns the kernel of each concat of many operands into one TB__K_CONCAT kernel per run of
+   its operands (the last the owner of the others and of the nodes they evaluate). */
+static tb_status tb__plan_split_concats(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    int32_t *scratch = (int32_t *)tb__calloc(2 * G->n + 1, sizeof(int32_t)), *cls = NULL;
+    size_t i;
+    tb_status st = scratch != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
+        int32_t c = p->kernels[i].root, n, j, end, form, runs = 0, r;
+        const tb_node *cn = G->info[c].node;
+        int64_t at = 0;
+        if (p->kernels[i].kind != TB__K_ELEMENTWISE || !tb__plan_cat_many(cn)) continue;
+        n = (int32_t)cn->num_operands;
+        cls = (int32_t *)tb__calloc(2 * (size_t)n + 2, sizeof(int32_t));
+        if (cls == NULL) {
+            st = TB_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        for (j = n - 1; j >= 0; j--) { /* cls[n + 1 + j]: the table run from j on */
+            const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, c, (size_t)j));
+            cls[j] = tb__plan_cat_class(G, tb__plan_operand(G, c, (size_t)j));
+            cls[n + 1 + j] = cls[j] == TB__CAT_TREE ? 0 : 1;
+            if (cls[j] != TB__CAT_TREE && j + 1 < n && cls[j + 1] == cls[j] &&
+                tb__plan_shape(G, tb__plan_operand(G, c, (size_t)j + 1))->dtype == xs->dtype)
+                cls[n + 1 + j] += cls[n + 2 + j];
+        }
+        for (j = 0; j < n; j = end, runs++)
+            end = tb__plan_cat_run_end(G, c, j, cls, cls + n + 1, scratch, &form);
+        if (runs > 1) st = tb__plan_insert_kernels(G, i, (size_t)runs - 1);
+        for (j = 0, r = 0; st == TB_OK && j < n; j = end, r++) {
+            tb__plan_kernel *k = &p->kernels[i + (size_t)r];
+            end = tb__plan_cat_run_end(G, c, j, cls, cls + n + 1, scratch, &form);
+            k->kind = TB__K_CONCAT;
+            k->root = c;
+            k->core = -1;
+            k->owner = (int32_t)i + runs - 1;
+            k->cat_first = j;
+            k->cat_count = end - j;
+            k->cat_form = form;
+            k->cat_start = at;
+            for (k->cat_len = 0; j < end; j++)
+                k->cat_len += cn->operands[j]->shape.dims[cn->attrs[0]];
+            at += k->cat_len;
+        }
+        tb__free(cls);
+        i += (size_t)runs - 1;
+    }
+    tb__free(scratch);
+    return st;
 }
 
 /* ---- vectors along rows ----
@@ -21624,6 +22024,16 @@ static void tb__plan_layout(tb__pgraph *G) {
             tb__plan_layout_pack(G, k);
             k->flops = per * (double)p->slots[k->out_slot].shape.dims[0];
             break;
+        case TB__K_CONCAT: { /* an item per element of its slice */
+            const tb_shape *cs = tb__plan_shape(G, k->root);
+            int32_t d;
+            k->work_dim = 1;
+            k->items = (uint64_t)k->cat_len;
+            for (d = 0; d < cs->rank; d++)
+                if (d != (int32_t)G->info[k->root].node->attrs[0])
+                    k->items *= (uint64_t)cs->dims[d];
+            break;
+        }
         default:
             k->work_dim = 1;
             k->items = (uint64_t)tb__plan_numel(tb__plan_shape(G, k->root));
@@ -21654,7 +22064,8 @@ static void tb__plan_layout(tb__pgraph *G) {
 
 /* ---- names ---- */
 
-/* Names that say what a kernel is (tinygrad's habit): E_<elements> elementwise,
+/* Names that say what a kernel is (tinygrad's habit): E_<elements> elementwise, C_<elements>
+   a run of a concat's operands,
    R_<outputs>_<length> reductions (split ones by stage), S_<rows>_<length> softmax and norms,
    MM_<M>_<N>_<K>[_b<batch>] matmuls, PA_/PB_<panels>_<K>_<width> their operand panels; a name
    met before gets _n2, _n3, ... */
@@ -21701,6 +22112,8 @@ static void tb__plan_kernel_name(const tb__pgraph *G, size_t index) {
         }
         snprintf(base, sizeof base, "S_%lld_%lld", (long long)(len > 0 ? numel / len : 0),
                  (long long)len);
+    } else if (k->kind == TB__K_CONCAT) {
+        snprintf(base, sizeof base, "C_%llu", (unsigned long long)k->items);
     } else {
         snprintf(base, sizeof base, "E_%lld",
                  (long long)tb__plan_numel(tb__plan_shape(G, k->root)));
@@ -21723,7 +22136,10 @@ static void tb__plan_kernel_name(const tb__pgraph *G, size_t index) {
 static double tb__plan_kernel_bytes(const tb__plan *p, const tb__plan_kernel *k) {
     size_t i, n = 0;
     double bytes = 0;
-    if (tb_shape_nbytes(&p->slots[k->out_slot].shape, &n) == TB_OK) bytes += (double)n;
+    if (tb_shape_nbytes(&p->slots[k->out_slot].shape, &n) == TB_OK) /* a concat's: its slice */
+        bytes += k->kind == TB__K_CONCAT
+                     ? (double)k->items * (double)tb_dtype_size(p->slots[k->out_slot].shape.dtype)
+                     : (double)n;
     for (i = 0; i < k->num_args; i++) {
         if (k->args[i].kind != TB__ARG_BUF) continue;
         if (tb_shape_nbytes(&p->slots[k->args[i].index].shape, &n) == TB_OK) bytes += (double)n;
@@ -21865,6 +22281,7 @@ static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target,
         st = tb__plan_partition(G);
         if (st == TB_OK) st = tb__plan_split_reductions(G);
         if (st == TB_OK) st = tb__plan_pack_matmuls(G);
+        if (st == TB_OK) st = tb__plan_split_concats(G);
         if (st == TB_OK) st = tb__plan_assign_slots(G);
         if (st == TB_OK) st = tb__plan_args(G, &over);
         if (st != TB_OK || over < 0) break;
@@ -22987,7 +23404,7 @@ static bool tb__cg_arg(tb__cg *g, int32_t kind, int32_t index) {
     return false;
 }
 
-/* The code a kernel writes to tb_err[0] for a node that can fail at run time. */
+/* The code a kernel reports (tb_report, tb__cg_render) for a node that can fail at run time. */
 static int32_t tb__cg_errsite(tb__cg *g, int32_t node) {
     int32_t code = tb__plan_errsite_code(g->P, node);
     if (code < 0 || !tb__cg_arg(g, TB__ARG_ERR, 0)) {
@@ -23198,12 +23615,276 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
     return vx >= 0 ? v : -1;
 }
 
+/* Operand j of a concat (starting at `start` along the axis) at the element position p of
+   the concat reads, into v<v>; false if failed. */
+static bool tb__cg_concat_leaf(tb__cg *g, int32_t node, const tb__pos *p, int32_t j, int64_t start,
+                               int32_t v) {
+    int32_t dim = (int32_t)g->G->info[node].node->attrs[0];
+    int32_t x = tb__plan_operand(g->G, node, (size_t)j), qp, vx, d;
+    const tb_shape *xs = &g->G->info[x].node->shape;
+    tb__lf dims[TB_MAX_RANK];
+    memset(dims, 0, sizeof dims); /* only rank entries are used; optimisers cannot tell */
+    for (d = 0; d < xs->rank; d++)
+        dims[d] = p->dim[d];
+    dims[dim].c -= start;
+    qp = tb__ix_pos_multi(&g->ix, xs, dims);
+    vx = qp >= 0 ? tb__cg_eval(g, x, qp) : -1;
+    if (vx >= 0) tb__ix_line(&g->ix, "v%d = v%d;", (int)v, (int)vx);
+    return vx >= 0;
+}
+
+/* Operands idx[lo, hi) of a concat run (starting at starts[] along the axis, where i<c> is),
+   one leaf each of a balanced tree of comparisons, into v<v>. */
+static bool tb__cg_concat_tree(tb__cg *g, int32_t node, const tb__pos *p, const int32_t *idx,
+                               const int64_t *starts, int32_t lo, int32_t hi, int32_t c,
+                               int32_t v) {
+    char head[64];
+    int32_t mid = lo + (hi - lo) / 2;
+    bool ok;
+    if (hi - lo == 1) return tb__cg_concat_leaf(g, node, p, idx[lo], starts[lo], v);
+    snprintf(head, sizeof head, "if (i%d < %lldL) ", (int)c, (long long)starts[mid]);
+    tb__ix_open(&g->ix, head);
+    ok = tb__cg_concat_tree(g, node, p, idx, starts, lo, mid, c, v);
+    tb__ix_close(&g->ix, "");
+    if (!ok) return false;
+    tb__ix_open(&g->ix, "else ");
+    ok = tb__cg_concat_tree(g, node, p, idx, starts, mid, hi, c, v);
+    tb__ix_close(&g->ix, "");
+    return ok;
+}
+
+/* A constant table of the kernel (in the dialect's storage for them) named `name`: `count`
+   entries `vals` of type `type`. */
+static void tb__cg_concat_table(tb__cg *g, const char *type, const char *name, const int64_t *vals,
+                                int32_t count) {
+    tb__str t;
+    int32_t i;
+    memset(&t, 0, sizeof t);
+    tb__str_append(&t, "%s%s %s[%d] = {", g->d->constant, type, name, (int)count);
+    for (i = 0; i < count; i++)
+        tb__str_append(&t, "%s%lld", i > 0 ? ", " : "", (long long)vals[i]);
+    tb__str_append(&t, "};");
+    if (t.failed) {
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+    } else {
+        tb__ix_line(&g->ix, "%s", t.data);
+    }
+    tb__str_free(&t);
+}
+
+/* The scalar parameter a concat operand is a view of (tb__plan_cat_class: TB__CAT_SCALARS). */
+static int32_t tb__cg_concat_scalar(const tb__cg *g, int32_t x) {
+    while (g->G->info[x].param < 0)
+        x = tb__plan_operand(g->G, x, 0);
+    return g->G->info[x].param;
+}
+
+/* The element index in its operand of a table run's element at run coordinate i<r>: the
+   concat's flat index before its axis `outer` (a text), the operand's length `len` and start
+   `at` along the axis (texts), the concat's flat index after the axis `inner` (a text) of
+   `inner_size` elements; into buf. */
+static void tb__cg_concat_index(char *buf, size_t cap, const char *outer, bool has_outer,
+                                const char *len, int32_t r, const char *at, int64_t inner_size,
+                                const char *inner, bool has_inner) {
+    char mid[TB__LF_TEXT + 192];
+    if (has_outer) {
+        snprintf(mid, sizeof mid, "(%s) * %s + i%d - %s", outer, len, (int)r, at);
+    } else {
+        snprintf(mid, sizeof mid, "i%d - %s", (int)r, at);
+    }
+    if (inner_size == 1) {
+        snprintf(buf, cap, "%s", mid);
+    } else {
+        snprintf(buf, cap, "(%s) * %lldL%s%s%s", mid, (long long)inner_size,
+                 has_inner ? " + (" : "", has_inner ? inner : "", has_inner ? ")" : "");
+    }
+}
+
+/* A table run's selection of its operand i<k>: i<k> itself, or its entry of a constant table
+   `name` of `vals` (when they are not i<k> + base); into buf. */
+static void tb__cg_concat_select(tb__cg *g, const char *name, const int64_t *vals, int32_t count,
+                                 int32_t kv, char *buf, size_t cap) {
+    int32_t j;
+    bool affine = true;
+    for (j = 0; j < count; j++)
+        affine = affine && vals[j] == vals[0] + j;
+    if (affine) {
+        snprintf(buf, cap, "%lld + i%d", (long long)vals[0], (int)kv);
+    } else {
+        tb__cg_concat_table(g, "int", name, vals, count);
+        snprintf(buf, cap, "%s[i%d]", name, (int)kv);
+    }
+}
+
+/* A run of a concat's operands read through a table (a TB__K_CONCAT kernel of form
+   TB__CAT_ARGS or TB__CAT_SCALARS) at position p, i<c> its coordinate along the axis, into
+   v<v>: the element's operand i<k> by division (operands of one length) or by binary search
+   in their offsets, then its buffer from the table of arguments (tb_in) at the element's
+   index in it, or its scalar from the table of scalars. */
+static bool tb__cg_concat_lookup(tb__cg *g, int32_t node, const tb__pos *p, int32_t c, int32_t v) {
+    const tb__plan_kernel *k = tb__cg_kernel(g);
+    const tb_node *n = g->G->info[node].node;
+    const tb_shape *cs = &n->shape;
+    int32_t dim = (int32_t)n->attrs[0], count = k->cat_count, j, r, kv, d, vx;
+    tb_dtype xd = g->G->info[tb__plan_operand(g->G, node, (size_t)k->cat_first)].node->shape.dtype;
+    const char *t = tb__cg_ctype(xd);
+    int64_t *vals = (int64_t *)tb__calloc((size_t)count + 1, sizeof(int64_t)), len = -1;
+    int64_t inner = 1, stride = 1;
+    bool same = true, ok = false;
+    char len_text[64], at_text[64], sel[64], ptr[96], outer_text[TB__LF_TEXT];
+    char inner_text[TB__LF_TEXT], index[2 * TB__LF_TEXT + 256];
+    tb__lf outer, innerf;
+    if (vals == NULL) {
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+        return false;
+    }
+    /* the operands' offsets along the axis from the run's start */
+    for (j = 0; j < count; j++) {
+        int64_t xl = g->G->info[tb__plan_operand(g->G, node, (size_t)(k->cat_first + j))]
+                         .node->shape.dims[dim];
+        vals[j + 1] = vals[j] + xl;
+        if (len < 0) len = xl;
+        same = same && xl == len;
+    }
+    r = tb__ix_new_var(&g->ix, 0, k->cat_len > 0 ? k->cat_len - 1 : 0);
+    kv = tb__ix_new_var(&g->ix, 0, count - 1);
+    if (r < 0 || kv < 0) goto done;
+    tb__ix_line(&g->ix, "const long i%d = i%d - %lldL;", (int)r, (int)c, (long long)k->cat_start);
+    if (same && len > 0) {
+        tb__ix_line(&g->ix, "const long i%d = i%d / %lldL;", (int)kv, (int)r, (long long)len);
+        snprintf(len_text, sizeof len_text, "%lldL", (long long)len);
+        snprintf(at_text, sizeof at_text, "i%d * %lldL", (int)kv, (long long)len);
+    } else {
+        /* the last operand starting at or before the element (empty ones start where the
+           next one does) */
+        tb__cg_concat_table(g, "long", "tb_cat_at", vals, count + 1);
+        tb__ix_line(&g->ix, "long i%d = 0;", (int)kv);
+        tb__ix_line(&g->ix, "for (long tb_hi = %dL; tb_hi - i%d > 1L;) {", (int)count, (int)kv);
+        tb__ix_line(&g->ix, "    const long tb_mid = (i%d + tb_hi) / 2L;", (int)kv);
+        tb__ix_line(&g->ix, "    if (i%d >= tb_cat_at[tb_mid]) i%d = tb_mid; else tb_hi = tb_mid;",
+                    (int)r, (int)kv);
+        tb__ix_line(&g->ix, "}");
+        snprintf(len_text, sizeof len_text, "(tb_cat_at[i%d + 1] - tb_cat_at[i%d])", (int)kv,
+                 (int)kv);
+        snprintf(at_text, sizeof at_text, "tb_cat_at[i%d]", (int)kv);
+    }
+    vx = tb__cg_new_val(g, xd);
+    if (vx < 0) goto done;
+    if (k->cat_form == TB__CAT_SCALARS) {
+        /* the scalars' parameters: their entries of the table of scalars */
+        for (j = 0; j < count; j++)
+            vals[j] =
+                tb__cg_concat_scalar(g, tb__plan_operand(g->G, node, (size_t)(k->cat_first + j)));
+        tb__cg_concat_select(g, "tb_cat_sc", vals, count, kv, sel, sizeof sel);
+        if (!tb__cg_arg(g, TB__ARG_TABLE, 0)) goto done;
+        if (tb__cg_is_half(xd)) {
+            tb__ix_line(&g->ix, "const float v%d = %s((uint)tb_sc[%s] & 0xffffu);", (int)vx,
+                        xd == TB_F16 ? "tb_h2f" : "tb_bf2f", sel);
+        } else if (xd == TB_F32 || (xd == TB_F64 && !g->d->f64)) {
+            tb__ix_line(&g->ix, "const %s v%d = (%s)%s((uint)tb_sc[%s]);", t, (int)vx, t,
+                        g->d->bits_f32, sel);
+        } else if (xd == TB_F64) {
+            tb__ix_line(&g->ix, "const double v%d = %s(tb_sc[%s]);", (int)vx, g->d->bits_f64, sel);
+        } else {
+            tb__ix_line(&g->ix, "const %s v%d = (%s)tb_sc[%s];", t, (int)vx, t, sel);
+        }
+    } else {
+        /* the buffers' positions among the kernel's arguments (repeated ones are one) */
+        for (j = 0; j < count; j++) {
+            int32_t slot =
+                g->G->info[tb__plan_operand(g->G, node, (size_t)(k->cat_first + j))].slot;
+            size_t a;
+            vals[j] = -1;
+            for (a = 0; a < k->num_args && vals[j] < 0; a++)
+                if (k->args[a].kind == TB__ARG_BUF && k->args[a].index == slot)
+                    vals[j] = (int64_t)a;
+            if (vals[j] < 0) {
+                tb__cg_arg(g, TB__ARG_BUF, slot); /* the error */
+                goto done;
+            }
+        }
+        tb__cg_concat_select(g, "tb_cat_arg", vals, count, kv, sel, sizeof sel);
+        /* the element's flat index in its operand: the concat's index before the axis, the
+           index along the axis within the operand, the index after the axis */
+        tb__lf_const(&outer, 0);
+        tb__lf_const(&innerf, 0);
+        for (d = cs->rank - 1; d > dim; d--) {
+            if (!tb__ix_lf_addmul(&g->ix, &innerf, &p->dim[d], inner)) goto done;
+            inner *= cs->dims[d];
+        }
+        for (d = dim - 1; d >= 0; d--) {
+            if (!tb__ix_lf_addmul(&g->ix, &outer, &p->dim[d], stride)) goto done;
+            stride *= cs->dims[d];
+        }
+        tb__lf_text(&outer, outer_text, sizeof outer_text);
+        tb__lf_text(&innerf, inner_text, sizeof inner_text);
+        tb__cg_concat_index(index, sizeof index, outer_text, outer.n > 0 || outer.c != 0, len_text,
+                            r, at_text, inner, inner_text, innerf.n > 0 || innerf.c != 0);
+        snprintf(ptr, sizeof ptr, "((const %s%s *)tb_in[%s])", g->d->global, tb__cg_btype(xd), sel);
+        if (xd == TB_F16) {
+            tb__ix_line(&g->ix, "const float v%d = TB_LDH(%s, %s);", (int)vx, ptr, index);
+        } else if (xd == TB_BF16) {
+            tb__ix_line(&g->ix, "const float v%d = tb_bf2f(%s[%s]);", (int)vx, ptr, index);
+        } else {
+            tb__ix_line(&g->ix, "const %s v%d = %s[%s];", t, (int)vx, ptr, index);
+        }
+    }
+    tb__ix_line(&g->ix, "v%d = v%d;", (int)v, (int)vx);
+    ok = true;
+done:
+    tb__free(vals);
+    return ok;
+}
+
+/* A TB__K_CONCAT kernel's run of its root concat's operands at position `pos`. */
+static int32_t tb__cg_concat_run(tb__cg *g, int32_t node, int32_t pos) {
+    const tb__plan_kernel *k = tb__cg_kernel(g);
+    const tb_node *n = g->G->info[node].node;
+    int32_t dim = (int32_t)n->attrs[0], v, c, j, m = 0;
+    int64_t start = k->cat_start;
+    char text[TB__LF_TEXT];
+    int32_t *idx;
+    int64_t *starts;
+    bool ok;
+    tb__pos p;
+    v = tb__cg_new_val(g, n->shape.dtype);
+    c = tb__ix_new_var(&g->ix, 0, n->shape.dims[dim] > 0 ? n->shape.dims[dim] - 1 : 0);
+    if (v < 0 || c < 0 || !tb__ix_need_multi(&g->ix, pos)) return -1;
+    p = g->ix.pos[pos];
+    tb__lf_text(&p.dim[dim], text, sizeof text);
+    tb__ix_line(&g->ix, "%s v%d = 0;", tb__cg_ctype(n->shape.dtype), (int)v);
+    tb__ix_line(&g->ix, "const long i%d = %s;", (int)c, text);
+    if (k->cat_form != TB__CAT_TREE) return tb__cg_concat_lookup(g, node, &p, c, v) ? v : -1;
+    idx = (int32_t *)tb__calloc((size_t)k->cat_count + 1, sizeof(int32_t));
+    starts = (int64_t *)tb__calloc((size_t)k->cat_count + 1, sizeof(int64_t));
+    if (idx == NULL || starts == NULL) {
+        tb__free(idx);
+        tb__free(starts);
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+        return -1;
+    }
+    for (j = k->cat_first; j < k->cat_first + k->cat_count; j++) {
+        int64_t xl = n->operands[j]->shape.dims[dim];
+        if (xl > 0) {
+            idx[m] = j;
+            starts[m++] = start;
+        }
+        start += xl;
+    }
+    ok = m == 0 || tb__cg_concat_tree(g, node, &p, idx, starts, 0, m, c, v);
+    tb__free(idx);
+    tb__free(starts);
+    return ok ? v : -1;
+}
+
 static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
     const tb_node *n = g->G->info[node].node;
     int32_t dim = (int32_t)n->attrs[0], v, i;
     int64_t start = 0, last_nonempty = -1;
     char text[TB__LF_TEXT];
     tb__pos p;
+    if (tb__cg_kernel(g)->kind == TB__K_CONCAT && node == tb__cg_kernel(g)->root)
+        return tb__cg_concat_run(g, node, pos);
     v = tb__cg_new_val(g, n->shape.dtype);
     if (v < 0) return -1;
     tb__ix_line(&g->ix, "%s v%d = 0;", tb__cg_ctype(n->shape.dtype), (int)v);
@@ -23261,8 +23942,7 @@ static int32_t tb__cg_gather(tb__cg *g, int32_t node, int32_t pos) {
     code = tb__cg_errsite(g, node);
     if (t < 0 || code < 0) return -1;
     tb__ix_line(&g->ix, "long i%d = (long)v%d;", (int)t, (int)vi);
-    tb__ix_line(&g->ix,
-                "if (i%d < 0 || i%d >= %lldL) { tb_err[0] = %d; tb_err[1] = i%d; i%d = 0; }",
+    tb__ix_line(&g->ix, "if (i%d < 0 || i%d >= %lldL) { tb_report(tb_err, %du, i%d, 0); i%d = 0; }",
                 (int)t, (int)t, (long long)size, (int)code, (int)t, (int)t);
     if (!tb__ix_need_multi(&g->ix, pos)) return -1;
     p = g->ix.pos[pos];
@@ -23431,6 +24111,8 @@ static bool tb__cg_expr_unary(tb__cg *g, const tb_node *n, tb_dtype ad, const ch
             snprintf(e, cap, "%s(%s)", tb__cg_math(g, "fabs", od), a);
         } else if (od == TB_U8 || od == TB_BOOL) {
             snprintf(e, cap, "%s", a);
+        } else if (g->d->iabs != NULL) {
+            snprintf(e, cap, "(%s)%s(%s)", t, g->d->iabs, a); /* the minimum wraps to itself */
         } else {
             snprintf(e, cap, "(%s)(%s < 0 ? (%s)0 - (%s)%s : (%s)%s)", t, a, u, u, a, u, a);
         }
@@ -23574,10 +24256,8 @@ static int tb__cg_expr_binary(tb__cg *g, int32_t node, const char *a, const char
         } else {
             int32_t code = tb__cg_errsite(g, node);
             if (code < 0) return -1;
-            tb__ix_line(&g->ix,
-                        "if (%s < 0) { tb_err[0] = %d; tb_err[1] = (long)%s; tb_err[2] = "
-                        "(long)%s; }",
-                        b, (int)code, a, b);
+            tb__ix_line(&g->ix, "if (%s < 0) tb_report(tb_err, %du, (long)%s, (long)%s);", b,
+                        (int)code, a, b);
             snprintf(e, cap, "(%s)tb_ipow((long)%s, (long)%s)", t, a, b);
         }
         break;
@@ -24009,6 +24689,31 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
     snprintf(index, sizeof index, "i%d", (int)i0);
     tb__cg_store(g, rs->dtype, "out", index, v);
     return TB_OK;
+}
+
+/* A run of a concat's operands (TB__K_CONCAT): a work item per element of its slice of the
+   output, the concat evaluated there (codegen.c: tb__cg_concat_run) and stored. */
+static tb_status tb__cg_kernel_concat(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_node *n = g->G->info[k->root].node;
+    const tb_shape *cs = &n->shape;
+    int32_t dim = (int32_t)n->attrs[0], i0, pp, qp, v;
+    tb_shape ps = *cs;
+    tb__lf dims[TB_MAX_RANK];
+    char index[TB__LF_TEXT];
+    ps.dims[dim] = k->cat_len;
+    i0 = tb__cg_row_header(g, k, tb__plan_numel(&ps));
+    if (i0 < 0) return g->ix.status;
+    /* the element of the slice, then of the output */
+    pp = tb__ix_var_pos_flat(&g->ix, &ps, i0, 1, -1);
+    if (pp < 0 || !tb__ix_need_multi(&g->ix, pp)) return g->ix.status;
+    memcpy(dims, g->ix.pos[pp].dim, sizeof dims);
+    dims[dim].c += k->cat_start;
+    qp = tb__ix_pos_multi(&g->ix, cs, dims);
+    v = qp >= 0 ? tb__cg_eval(g, k->root, qp) : -1;
+    if (v < 0 || !tb__ix_need_flat(&g->ix, qp)) return g->ix.status;
+    tb__lf_text(&g->ix.pos[qp].flat, index, sizeof index);
+    tb__cg_store(g, cs->dtype, "out", index, v);
+    return g->ix.status;
 }
 
 /* The operand's position of a reduction or norm: the output's dims for the kept axes, the
@@ -25418,8 +26123,11 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k) {
 
 /* ---- the program ---- */
 
-/* The entry point's parameters: the output, then the kernel's arguments in plan order. */
-static tb_status tb__cg_params(const tb__cg *g, const tb__plan_kernel *k, tb__cg_param **out) {
+/* The entry point's parameters (*count of them): the output, then the kernel's arguments in
+   plan order; a concat's run read through the table of its arguments (TB__CAT_ARGS, whose
+   arguments are its operands' buffers) has that table instead (TB__CG_ARGS). */
+static tb_status tb__cg_params(const tb__cg *g, const tb__plan_kernel *k, tb__cg_param **out,
+                               size_t *count) {
     const tb__plan *p = g->P;
     tb__cg_param *params = (tb__cg_param *)tb__calloc(k->num_args + 1, sizeof *params);
     size_t i;
@@ -25441,9 +26149,23 @@ static tb_status tb__cg_params(const tb__cg *g, const tb__plan_kernel *k, tb__cg
             q->type = "ulong";
             snprintf(q->name, sizeof q->name, "tb_sc");
         } else {
-            q->type = "long";
+            q->type = "uint"; /* TB__ERR_WORDS words */
             snprintf(q->name, sizeof q->name, "tb_err");
         }
+    }
+    *count = k->num_args + 1;
+    if (k->kind == TB__K_CONCAT && k->cat_form == TB__CAT_ARGS && k->num_args > 0) {
+        for (i = 0; i < k->num_args; i++) {
+            if (k->args[i].kind != TB__ARG_BUF) {
+                tb__free(params);
+                return tb__error(TB_ERR_INTERNAL, "codegen: kernel %s reads more than its table",
+                                 k->name);
+            }
+        }
+        params[1].role = TB__CG_ARGS;
+        params[1].type = "void";
+        snprintf(params[1].name, sizeof params[1].name, "tb_in");
+        *count = 2;
     }
     *out = params;
     return TB_OK;
@@ -25473,6 +26195,9 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
     case TB__K_NORM:
         st = tb__cg_kernel_norm(g, k);
         break;
+    case TB__K_CONCAT:
+        st = tb__cg_kernel_concat(g, k);
+        break;
     default:
         st = tb__cg_kernel_elementwise(g, k);
         break;
@@ -25480,6 +26205,36 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
     if (st == TB_OK) st = g->ix.status;
     if (st == TB_OK && g->ix.body.failed) st = TB_ERR_OUT_OF_MEMORY;
     return st;
+}
+
+/* A 64-bit value of an error report from its two words (low first). */
+static int64_t tb__cg_err_value(const uint32_t *words) {
+    uint64_t u = (uint64_t)words[0] | (uint64_t)words[1] << 32;
+    int64_t v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+/* The error a run reports from its error flag, as tb_report (tb__cg_render) writes it: word 0
+   is 1 + the errsite, words 1-2 and 3-4 the offending values of the one work item that
+   reported. */
+static tb_status tb__cg_run_error(const tb__plan *p, const char *who,
+                                  const uint32_t flag[TB__ERR_WORDS]) {
+    const tb__errsite *e;
+    int64_t a = tb__cg_err_value(&flag[1]), b = tb__cg_err_value(&flag[3]);
+    if (flag[0] == 0 || (size_t)flag[0] > p->num_errsites) {
+        return tb__error(TB_ERR_EXECUTE, "%s: a kernel reported error %lu", who,
+                         (unsigned long)flag[0]);
+    }
+    e = &p->errsites[flag[0] - 1];
+    if (e->op == TB_OP_POW) {
+        return tb__error(TB_ERR_EXECUTE,
+                         "tb_pow: integers to negative integer powers are not allowed (%lld ** "
+                         "%lld)",
+                         (long long)a, (long long)b);
+    }
+    return tb__error(TB_ERR_EXECUTE, "tb_%s: index %lld is out of range for dim %d of size %lld",
+                     tb_op_name(e->op), (long long)a, (int)e->dim, (long long)e->size);
 }
 
 /* Renders every kernel of the plan (those with work) after the dialect's head and the shared
@@ -25499,16 +26254,32 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
     tb__str_append(&src, "%s%s", d->head, d->head2 != NULL ? d->head2 : "");
     for (i = 0; i < tb__cl_prelude_count; i++)
         tb__str_append(&src, "%s", tb__cl_prelude[i]);
+    if (P->num_errsites > 0 && d->err_claim == NULL)
+        st = tb__error(TB_ERR_INTERNAL, "codegen: the %s dialect cannot report errors", d->name);
+    if (P->num_errsites > 0 && st == TB_OK) {
+        /* a run-time error report (compile.h: TB__ERR_WORDS): the one work item that claims
+           the flag writes its values, so that a report is one item's however many fail */
+        tb__str_append(&src,
+                       "\nTB_FN void tb_report(%suint *tb_err, uint code, long a, long b) {\n"
+                       "    if (%s) {\n"
+                       "        tb_err[1] = (uint)(ulong)a;\n"
+                       "        tb_err[2] = (uint)((ulong)a >> 32);\n"
+                       "        tb_err[3] = (uint)(ulong)b;\n"
+                       "        tb_err[4] = (uint)((ulong)b >> 32);\n"
+                       "    }\n"
+                       "}\n",
+                       d->global, d->err_claim);
+    }
     tb__str_append(&src, "\n");
     for (i = 0; i < P->num_kernels && st == TB_OK; i++) {
         const tb__plan_kernel *k = &P->kernels[i];
         tb__cg_param *params = NULL;
+        size_t num_params = 0;
         if (k->empty) continue;
         st = tb__cg_kernel_body(g, i);
-        if (st == TB_OK) st = tb__cg_params(g, k, &params);
+        if (st == TB_OK) st = tb__cg_params(g, k, &params, &num_params);
         if (st == TB_OK)
-            d->kernel(&src, k, params, k->num_args + 1,
-                      g->ix.body.data != NULL ? g->ix.body.data : "");
+            d->kernel(&src, k, params, num_params, g->ix.body.data != NULL ? g->ix.body.data : "");
         tb__free(params);
     }
     if (st == TB_OK && src.failed) st = TB_ERR_OUT_OF_MEMORY;
@@ -27447,6 +28218,9 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     d->min_long = "min";
     d->bits_f32 = "as_float";
     d->bits_f64 = "as_double";
+    d->err_claim = "atomic_cmpxchg((volatile __global uint *)tb_err, 0u, code) == 0u";
+    d->constant = "__constant ";
+    d->iabs = "abs";
     d->f64 = dev->info.supports_f64;
     d->math = tb__ocl_math;
     d->kernel = tb__ocl_emit_kernel;
@@ -27775,7 +28549,7 @@ typedef struct tb__ocl_run {
 } tb__ocl_run;
 
 static tb_status tb__ocl_run_init(tb__ocl_run *r, tb_backend_data *const *arguments) {
-    static const int64_t zeros[4] = {0, 0, 0, 0};
+    static const uint32_t zeros[TB__ERR_WORDS] = {0};
     const tb__plan *plan = r->p->plan;
     tb__ocl_device *dev = r->dev;
     tb_status st = TB_OK;
@@ -27962,9 +28736,9 @@ static tb_status tb__ocl_run_consume(tb__ocl_run *r, tb_backend_data *const *arg
     const tb__plan *plan = r->p->plan;
     size_t i;
     if (r->err_buf != NULL) {
-        int64_t flag[4];
+        uint32_t flag[TB__ERR_WORDS];
         tb_status st = tb__ocl_read(r->dev, r->err_buf, flag, sizeof flag);
-        if (st == TB_OK && flag[0] != 0) st = tb__plan_run_error(plan, "opencl", flag);
+        if (st == TB_OK && flag[0] != 0) st = tb__cg_run_error(plan, "opencl", flag);
         if (st != TB_OK) return st;
     }
     r->consumed = true;
@@ -28064,9 +28838,9 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
         tb__ocl_program_save(r.dev, p->program);
     }
     if (st == TB_OK && r.err_buf != NULL) {
-        int64_t flag[4];
+        uint32_t flag[TB__ERR_WORDS];
         st = tb__ocl_read(r.dev, r.err_buf, flag, sizeof flag);
-        if (st == TB_OK && flag[0] != 0) st = tb__plan_run_error(p->plan, "opencl", flag);
+        if (st == TB_OK && flag[0] != 0) st = tb__cg_run_error(p->plan, "opencl", flag);
     }
     if (st == TB_OK && tb_debug_level() >= 2) tb__ocl_profile(&r);
     tb__ocl_run_finish(&r, st, arguments, results);
@@ -28315,19 +29089,15 @@ TBDEF tb_status tb_opencl_trim_cache(const tb_device *device) {
 
 #endif /* TB_NO_OPENCL */
 
-/* ---- src/native.c ---- */
+/* ---- src/native_dialect.c ---- */
 /* ===========================================================================================
-   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c, codegen_kernels.c),
-   compiled at run time by the system C compiler ($CC, else cc) into a shared object, loaded with
-   dlopen and run on a pool of threads (one per core: a kernel's work items are split among them).
-   Programs are cached on disk as OpenCL's are (diskcache.c), keyed by the source, the compiler, its
-   options, the CPU and this library's version. Memory is host memory. Without a compiler the
-   backend has no device and says why, as OpenCL without a loader does.
+   The C99 dialect of the code generator, for the native backend (native.c): the head every
+   program starts with (GNU vector extensions for the vector types, the CPU's own instructions
+   where the compiler targets them), the math names, and a kernel's two functions (the body of
+   one work item, and the entry that runs a range of work items on one thread).
    =========================================================================================== */
 
 #if defined(TB__HAVE_NATIVE)
-
-#include <sys/wait.h>
 
 /* ---- the C99 dialect of the code generator ---- */
 
@@ -28341,6 +29111,7 @@ static const char tb__native_head[] =
     "typedef uint32_t uint;\n"
     "typedef uint64_t ulong;\n"
     "#define TB_FN static inline\n"
+    "#define TB_EXPORT __attribute__((visibility(\"default\"))) /* whatever the flags say */\n"
     "#define TB_HAS_F64 1\n"
     "static inline long tb_min_l(long a, long b) { return a < b ? a : b; }\n"
     "static inline float tb_as_f32(uint b) { float f; memcpy(&f, &b, sizeof f); return f; }\n"
@@ -28517,6 +29288,8 @@ static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
         const tb__cg_param *q = &params[i];
         if (q->role == TB__ARG_SCALAR) {
             tb__str_append(src, ",\n    const %s %s", q->type, q->name);
+        } else if (q->role == TB__CG_ARGS) {
+            tb__str_append(src, ",\n    void *const *%s", q->name);
         } else if (q->role == -1 || q->role == TB__ARG_ERR) {
             tb__str_append(src, ",\n    %s *restrict %s", q->type, q->name);
         } else {
@@ -28524,12 +29297,15 @@ static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
         }
     }
     tb__str_append(src, ") {\n    (void)tb_g0, (void)tb_g1, (void)tb_g2;\n%s}\n\n", body);
-    tb__str_append(src, "void %s(void *const *tb_a, long tb_lo, long tb_hi) {\n", k->name);
+    tb__str_append(src, "TB_EXPORT void %s(void *const *tb_a, long tb_lo, long tb_hi) {\n",
+                   k->name);
     for (i = 0; i < num_params; i++) {
         const tb__cg_param *q = &params[i];
         if (q->role == TB__ARG_SCALAR) {
             tb__str_append(src, "    const %s %s = *(const %s *)tb_a[%zu];\n", q->type, q->name,
                            q->type, i);
+        } else if (q->role == TB__CG_ARGS) {
+            tb__str_append(src, "    void *const *%s = tb_a + %zu;\n", q->name, i);
         } else if (q->role == -1 || q->role == TB__ARG_ERR) {
             tb__str_append(src, "    %s *restrict %s = (%s *)tb_a[%zu];\n", q->type, q->name,
                            q->type, i);
@@ -28582,10 +29358,28 @@ static void tb__native_dialect(tb__dialect *d) {
     d->min_long = "tb_min_l";
     d->bits_f32 = "tb_as_f32";
     d->bits_f64 = "tb_as_f64";
+    d->err_claim = "__sync_bool_compare_and_swap(tb_err, 0u, code)";
+    d->constant = "static const ";
     d->f64 = true;
     d->math = tb__native_math;
     d->kernel = tb__native_emit_kernel;
 }
+
+#endif /* TB__HAVE_NATIVE */
+
+/* ---- src/native.c ---- */
+/* ===========================================================================================
+   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c, codegen_kernels.c),
+   compiled at run time by the system C compiler ($CC, else cc) into a shared object, loaded with
+   dlopen and run on a pool of threads (one per core: a kernel's work items are split among them).
+   Programs are cached on disk as OpenCL's are (diskcache.c), keyed by the source, the compiler, its
+   options, the CPU and this library's version. Memory is host memory. Without a compiler the
+   backend has no device and says why, as OpenCL without a loader does.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_NATIVE)
+
+#include <sys/wait.h>
 
 /* ---- the thread pool ----
    One job at a time: a kernel's work items split into chunks, taken by the pool's threads
@@ -28773,9 +29567,19 @@ static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *ar
 
 /* ---- the runtime: the compiler, the device, memory, programs ---- */
 
-#include <spawn.h>
+#include <poll.h>
+#include <signal.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 
 extern char **environ;
+/* kill is POSIX's: under a strict -std, with a system header included before our feature
+   macro, the C library hides it (C++ compilers define the macros that show it). */
+#if !defined(__cplusplus) && defined(__STRICT_ANSI__) &&                                           \
+    (!defined(__GLIBC__) || !defined(__USE_POSIX))
+extern int kill(pid_t pid, int sig);
+#endif
 
 /* A host buffer, 64-byte aligned (the payload of every native tb_backend_data). */
 typedef struct tb__native_buf {
@@ -28802,13 +29606,19 @@ typedef struct tb__native_rt {
     tb_status status; /* TB_OK, or why the backend cannot be used */
     char reason[512];
     tb_device_info info;
-    /* the compiler: its command words ($CC split at spaces), its options, its identity (the
-       first line of --version, read at the first compile) and the CPU's */
-    char *cc_text;
-    char *cc_argv[16];
+    /* the compiler: its command words ($CC split at blanks, every word kept), the path of the
+       first, its options (as one text for the cache key, and as words), its identity (the
+       file it is) and the CPU's; a compile may take timeout_s seconds (0: no limit) */
+    char *cc_command, *cc_text, **cc_argv, cc_path[4096];
     size_t cc_argc;
-    char options[512];
-    char cc_id[4200];
+    char *options, *options_text, **opt_argv;
+    size_t opt_argc;
+    double timeout_s;
+    /* the vector shape the programs are compiled for (tb__native_shape, at the first compile):
+       what both the CPU and the compiler's target have */
+    bool shaped;
+    tb__host_shape shape;
+    char cc_id[4200 + 64];
     char cpu[512];
     uint64_t l2_bytes; /* a core's L2 cache as the C library reports it; 0: unknown */
     tb__native_pool *pool;
@@ -28853,7 +29663,12 @@ static void tb__native_rt_destroy(tb__native_rt *rt) {
         tb__free(rt->cache[i]);
     }
     tb__free(rt->cache);
+    tb__free(rt->cc_command);
     tb__free(rt->cc_text);
+    tb__free(rt->cc_argv);
+    tb__free(rt->options);
+    tb__free(rt->options_text);
+    tb__free(rt->opt_argv);
     tb__free(rt);
 }
 
@@ -28918,13 +29733,77 @@ static void tb__native_read_cpu(tb__native_rt *rt) {
     snprintf(rt->cpu, sizeof rt->cpu, "%s; features %016llx", rt->info.name, (unsigned long long)h);
 }
 
+/* Splits `text` in place at blanks (spaces, tabs, newlines) into its words, every one kept:
+ *words (caller frees; NULL-terminated) and *count. False when out of memory. */
+static bool tb__native_split_words(char *text, char ***words, size_t *count) {
+    size_t n = 0, cap = 1;
+    char *p, **out;
+    for (p = text; *p != '\0'; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' &&
+            (p == text || p[-1] == ' ' || p[-1] == '\t' || p[-1] == '\n'))
+            cap++;
+    out = (char **)tb__calloc(cap, sizeof *out);
+    if (out == NULL) return false;
+    for (p = text; *p != '\0';) {
+        while (*p == ' ' || *p == '\t' || *p == '\n')
+            *p++ = '\0';
+        if (*p == '\0') break;
+        out[n++] = p;
+        while (*p != '\0' && *p != ' ' && *p != '\t' && *p != '\n')
+            p++;
+    }
+    out[n] = NULL;
+    *words = out;
+    *count = n;
+    return true;
+}
+
+/* A positive whole number from the environment variable `name`, at most `max`: *out is left
+   alone when it is unset or empty, and a bad value is said once (a warning) and ignored; a
+   value above `max` is capped, with a warning. */
+static void tb__native_env_count(const char *name, long max, uint32_t *out) {
+    const char *v = tb__getenv(name);
+    char *end = NULL;
+    long n;
+    if (v == NULL || v[0] == '\0') return;
+    errno = 0;
+    n = strtol(v, &end, 10);
+    if (end == v || *end != '\0' || n < 1 || errno != 0) {
+        tb_log_message(TB_LOG_WARN, "native: %s='%.64s' is not a whole number >= 1; ignored", name,
+                       v);
+        return;
+    }
+    if (n > max) {
+        tb_log_message(TB_LOG_WARN, "native: %s=%ld is more than %ld; using %ld", name, n, max,
+                       max);
+        n = max;
+    }
+    *out = (uint32_t)n;
+}
+
+/* TB_COMPILE_TIMEOUT: the seconds a compile may take (unset or empty: 300; 0: no limit). A bad
+   value is said (a warning) and the default kept. */
+static double tb__native_env_timeout(void) {
+    const char *v = tb__getenv("TB_COMPILE_TIMEOUT");
+    char *end = NULL;
+    double t;
+    if (v == NULL || v[0] == '\0') return 300.0;
+    t = strtod(v, &end);
+    if (end == v || *end != '\0' || !(t >= 0.0) || t > 1e7) {
+        tb_log_message(TB_LOG_WARN,
+                       "native: TB_COMPILE_TIMEOUT='%.64s' is not a number of seconds (>= 0; 0: "
+                       "no limit); using 300",
+                       v);
+        return 300.0;
+    }
+    return t;
+}
+
 /* Facts of the device, the compiler's command and options; an unusable runtime says why. */
 static void tb__native_probe(tb__native_rt *rt) {
     const char *cc = tb__getenv("CC"), *extra = tb__getenv("TB_NATIVE_CFLAGS");
-    const char *threads = tb__getenv("TB_NATIVE_THREADS");
     long cores = sysconf(_SC_NPROCESSORS_ONLN), pages = sysconf(_SC_PHYS_PAGES);
     long page = sysconf(_SC_PAGESIZE);
-    char *p, found[4096];
     struct stat st;
     tb_device_info *info = &rt->info;
     strcpy(info->device.backend, "native");
@@ -28933,7 +29812,8 @@ static void tb__native_probe(tb__native_rt *rt) {
     snprintf(info->language_version, sizeof info->language_version, "C99");
     snprintf(info->driver_version, sizeof info->driver_version, "%s", TB_VERSION_STRING);
     info->compute_units = cores > 0 ? (uint32_t)cores : 1;
-    if (threads != NULL && atoi(threads) > 0) info->compute_units = (uint32_t)atoi(threads);
+    /* more threads than 16 per core only add switching; the cap keeps a typo harmless */
+    tb__native_env_count("TB_NATIVE_THREADS", 16 * (cores > 0 ? cores : 1), &info->compute_units);
     info->global_memory = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
     info->max_allocation = info->global_memory;
     info->max_work_group_size = 1;
@@ -28948,40 +29828,38 @@ static void tb__native_probe(tb__native_rt *rt) {
 #endif
     rt->cache_limit = info->global_memory / 8;
     if (rt->cache_limit < ((uint64_t)64 << 20)) rt->cache_limit = (uint64_t)64 << 20;
+    rt->timeout_s = tb__native_env_timeout();
     if (sizeof(long) != 8) {
         rt->status = TB_ERR_UNAVAILABLE;
         snprintf(rt->reason, sizeof rt->reason, "native: needs a 64-bit long (an LP64 system)");
         return;
     }
+    rt->cc_command = tb__strdup(cc != NULL ? cc : "cc");
     rt->cc_text = tb__strdup(cc != NULL ? cc : "cc");
-    if (rt->cc_text == NULL) {
+    rt->options = tb__format(
+        "-std=gnu99 -O3 -march=native -fPIC -shared -ffp-contract=off -fno-math-errno -w%s%s",
+        extra != NULL ? " " : "", extra != NULL ? extra : "");
+    rt->options_text = rt->options != NULL ? tb__strdup(rt->options) : NULL;
+    if (rt->cc_command == NULL || rt->cc_text == NULL || rt->options == NULL ||
+        rt->options_text == NULL ||
+        !tb__native_split_words(rt->cc_text, &rt->cc_argv, &rt->cc_argc) ||
+        !tb__native_split_words(rt->options_text, &rt->opt_argv, &rt->opt_argc)) {
         rt->status = TB_ERR_OUT_OF_MEMORY;
         snprintf(rt->reason, sizeof rt->reason, "native: out of memory");
         return;
     }
-    for (p = rt->cc_text; *p != '\0' && rt->cc_argc < 8;) {
-        while (*p == ' ' || *p == '\t')
-            *p++ = '\0';
-        if (*p == '\0') break;
-        rt->cc_argv[rt->cc_argc++] = p;
-        while (*p != '\0' && *p != ' ' && *p != '\t')
-            p++;
-    }
-    if (rt->cc_argc == 0 || !tb__native_find_program(rt->cc_argv[0], found) ||
-        stat(found, &st) != 0) {
+    if (rt->cc_argc == 0 || !tb__native_find_program(rt->cc_argv[0], rt->cc_path) ||
+        stat(rt->cc_path, &st) != 0) {
         rt->status = TB_ERR_UNAVAILABLE;
         snprintf(rt->reason, sizeof rt->reason,
-                 "native: no C compiler: '%s' is not an executable on PATH (set CC)",
+                 "native: no C compiler: '%.200s' is not an executable on PATH (set CC)",
                  rt->cc_argc > 0 ? rt->cc_argv[0] : (cc != NULL ? cc : "cc"));
         return;
     }
-    /* the compiler's identity for the disk cache: the file it is (a new version is another
-       file, or the same file changed) */
-    snprintf(rt->cc_id, sizeof rt->cc_id, "%s: %s (%lld bytes, modified %lld)",
-             cc != NULL ? cc : "cc", found, (long long)st.st_size, (long long)st.st_mtime);
-    snprintf(rt->options, sizeof rt->options,
-             "-std=gnu99 -O3 -march=native -fPIC -shared -ffp-contract=off -fno-math-errno -w%s%s",
-             extra != NULL ? " " : "", extra != NULL ? extra : "");
+    /* the compiler's identity for the disk cache, beside its whole command: the file it runs
+       (a new version is another file, or the same file changed) */
+    snprintf(rt->cc_id, sizeof rt->cc_id, "%s (%lld bytes, modified %lld)", rt->cc_path,
+             (long long)st.st_size, (long long)st.st_mtime);
 }
 
 /* The runtime, made on first use. Call with tb__native_mutex held. NULL (the error set) when
@@ -29164,33 +30042,192 @@ static unsigned char *tb__native_read_file(const char *path, size_t *size) {
     return buf;
 }
 
-/* Runs argv (argv[0] found on PATH) with its output into the file `log`; the exit status, 128 +
-   the signal that ended it, or -1 with the error set when it cannot start. */
-static int tb__native_spawn(char *const *argv, const char *log) {
-    posix_spawn_file_actions_t fa;
-    pid_t pid;
-    int rc, status = 0;
-    if (posix_spawn_file_actions_init(&fa) != 0) {
-        tb__error(TB_ERR_OUT_OF_MEMORY, "native: out of memory");
-        return -1;
+/* What the supervisor of a compile reports (tb__native_spawn). */
+typedef struct tb__native_outcome {
+    int32_t kind;  /* 'x' exited, 's' killed by a signal, 't' timed out, 'f' could not fork */
+    int32_t value; /* the exit status, the signal, or errno */
+} tb__native_outcome;
+
+#define TB__NATIVE_FD_LIMIT 65536
+
+/* Closes every descriptor from `low` up (async-signal-safe: between fork and exec). */
+static void tb__native_close_from(int low, long limit) {
+    long fd;
+    for (fd = low; fd < limit; fd++)
+        (void)close((int)fd);
+}
+
+/* The supervisor of one compile, in the child of fork (so only async-signal-safe calls): starts
+   the compiler in a process group of its own (the driver and every compiler it starts), then
+   waits for the first of: the compiler's tree closing `done` (it has exited), `alive` closing
+   (the library's process has ended: the group is killed), or the deadline (the group is
+   killed). Reports on `report` and exits. Descriptors: 3 log, 4 alive (read end), 5 report
+   (write end), 6 done (read end), 7 done (write end). */
+static void tb__native_supervise(const char *path, char *const *argv, double timeout_s,
+                                 long fd_limit) {
+    static const int terminal[] = {SIGINT, SIGQUIT, SIGHUP, SIGPIPE};
+    tb__native_outcome out;
+    uint64_t start = tb__now_ns();
+    int status = 0, n, k;
+    pid_t cc, supervisor;
+    /* a Ctrl-C or hang-up meant for the program ends the program, and with it the compile */
+    for (k = 0; k < 4; k++)
+        (void)signal(terminal[k], SIG_IGN);
+    supervisor = getpid();
+    cc = fork();
+    if (cc == 0) {
+        for (k = 0; k < 4; k++)
+            (void)signal(terminal[k], SIG_DFL);
+        (void)setpgid(0, 0);
+#if defined(__linux__) && defined(PR_SET_PDEATHSIG)
+        /* should the supervisor itself be killed, the compiler goes with it */
+        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != supervisor) _exit(126);
+#endif
+        if (dup2(3, 1) < 0 || dup2(3, 2) < 0) _exit(126);
+        /* the write end of `done` stays open in the compiler's tree until its last process ends */
+        if (dup2(7, 3) < 0) _exit(126);
+        tb__native_close_from(4, fd_limit);
+        (void)execve(path, argv, environ);
+        {
+            static const char msg[] = "native: the compiler could not be started (execve)\n";
+            ssize_t w = write(2, msg, sizeof msg - 1);
+            (void)w;
+        }
+        _exit(127);
     }
-    rc = posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    if (rc == 0) rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-        tb__error(TB_ERR_UNAVAILABLE, "native: cannot run %s: %s", argv[0], strerror(rc));
-        return -1;
-    }
-    while (waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR) {
-            tb__error(TB_ERR_COMPILE, "native: waiting for %s failed: %s", argv[0],
-                      strerror(errno));
-            return -1;
+    (void)close(7);
+    out.value = 0;
+    if (cc < 0) {
+        out.kind = 'f';
+        out.value = errno;
+    } else {
+        (void)setpgid(cc, cc); /* the compiler does so too: whichever runs first */
+        out.kind = 'x';
+        for (;;) {
+            struct pollfd fds[2];
+            int wait_ms = -1;
+            if (timeout_s > 0) {
+                double left = timeout_s - (double)(tb__now_ns() - start) * 1e-9;
+                if (left <= 0) {
+                    out.kind = 't';
+                    break;
+                }
+                wait_ms = left > 60.0 ? 60000 : (int)(left * 1000.0) + 1;
+            }
+            fds[0].fd = 6;
+            fds[0].events = POLLIN;
+            fds[1].fd = 4;
+            fds[1].events = POLLIN;
+            fds[0].revents = fds[1].revents = 0;
+            n = poll(fds, 2, wait_ms);
+            if (n < 0 && errno != EINTR) break;
+            if (n > 0 && fds[1].revents != 0) {
+                out.kind = 'k'; /* the library's process is gone */
+                break;
+            }
+            if (n > 0 && fds[0].revents != 0) break; /* the compiler's tree has exited */
+        }
+        if (out.kind != 'x') (void)kill(-cc, SIGKILL);
+        while (waitpid(cc, &status, 0) < 0 && errno == EINTR) {
+        }
+        if (out.kind == 'x' && WIFEXITED(status)) {
+            out.value = WEXITSTATUS(status);
+        } else if (out.kind == 'x') {
+            out.kind = 's';
+            out.value = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
         }
     }
-    if (WIFEXITED(status)) return WEXITSTATUS(status);
-    return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 255;
+    n = (int)write(5, &out, sizeof out);
+    (void)n;
+    _exit(0);
+}
+
+/* Runs the compiler (`argv`, argv[0] found at `path`) with its output into the file `log`,
+   under a supervisor process (tb__native_supervise) that ends the compiler's whole process
+   group when `timeout_s` seconds pass (0: no limit) or when this process ends, so that no
+   compiler outlives it. Returns the exit status, 128 + the signal that ended it, or -1 with
+   the error set (it could not start, or it timed out: TB_ERR_COMPILE saying so). */
+static int tb__native_spawn(const char *path, char *const *argv, const char *log,
+                            double timeout_s) {
+    int logfd, alive[2] = {-1, -1}, report[2] = {-1, -1}, done[2] = {-1, -1}, err = 0;
+    long fd_limit = sysconf(_SC_OPEN_MAX);
+    tb__native_outcome out;
+    size_t got = 0;
+    pid_t sup;
+    if (fd_limit < 64 || fd_limit > TB__NATIVE_FD_LIMIT) fd_limit = TB__NATIVE_FD_LIMIT;
+    logfd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_NOCTTY | TB__DISK_O_CLOEXEC, 0600);
+    if (logfd < 0 || pipe(alive) != 0 || pipe(report) != 0 || pipe(done) != 0) {
+        err = errno;
+        if (logfd >= 0) close(logfd);
+        if (alive[0] >= 0) close(alive[0]), close(alive[1]);
+        if (report[0] >= 0) close(report[0]), close(report[1]);
+        tb__error(TB_ERR_IO, "native: cannot start the compiler: %s", strerror(err));
+        return -1;
+    }
+    /* ours stay out of programs that other threads start meanwhile */
+    (void)fcntl(alive[1], F_SETFD, FD_CLOEXEC);
+    (void)fcntl(report[0], F_SETFD, FD_CLOEXEC);
+    sup = fork();
+    if (sup == 0) {
+        /* the descriptors in the places tb__native_supervise expects, the rest closed (a
+           supervisor holding another compile's `alive` would keep that one from seeing us go) */
+        int want[5], k;
+        want[0] = logfd, want[1] = alive[0], want[2] = report[1], want[3] = done[0];
+        want[4] = done[1];
+        for (k = 0; k < 5; k++) {
+            int moved = fcntl(want[k], F_DUPFD, 16); /* above 3..7: no collision below */
+            if (moved < 0) _exit(1);
+            want[k] = moved;
+        }
+        for (k = 0; k < 5; k++)
+            if (dup2(want[k], 3 + k) < 0) _exit(1);
+        tb__native_close_from(8, fd_limit);
+        tb__native_supervise(path, argv, timeout_s, fd_limit);
+    }
+    err = errno;
+    close(logfd);
+    close(alive[0]);
+    close(report[1]);
+    close(done[0]);
+    close(done[1]);
+    if (sup < 0) {
+        close(alive[1]);
+        close(report[0]);
+        tb__error(TB_ERR_UNAVAILABLE, "native: cannot start the compiler: %s", strerror(err));
+        return -1;
+    }
+    memset(&out, 0, sizeof out);
+    while (got < sizeof out) {
+        ssize_t r = read(report[0], (char *)&out + got, sizeof out - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(report[0]);
+    /* ECHILD: the program ignores SIGCHLD and the supervisor was reaped for it */
+    while (waitpid(sup, NULL, 0) < 0 && errno == EINTR) {
+    }
+    close(alive[1]);
+    if (got != sizeof out) {
+        tb__error(TB_ERR_COMPILE, "native: the compiler's supervisor ended without a report");
+        return -1;
+    }
+    switch (out.kind) {
+    case 'x':
+        return out.value;
+    case 's':
+        return 128 + out.value;
+    case 't':
+        tb__error(TB_ERR_COMPILE,
+                  "native: the compiler (%s) did not finish within %g s and was stopped "
+                  "(TB_COMPILE_TIMEOUT sets the limit; 0 removes it)",
+                  argv[0], timeout_s);
+        return -1;
+    default:
+        tb__error(TB_ERR_UNAVAILABLE, "native: cannot start the compiler: %s", strerror(out.value));
+        return -1;
+    }
 }
 
 /* Removes a temporary folder and the files of ours in it. */
@@ -29210,6 +30247,7 @@ static void tb__native_tmp_clean(const char *dir) {
 static void tb__native_disk_key(const tb__native_rt *rt, const char *src, size_t len,
                                 tb__disk_key *key) {
     memset(key, 0, sizeof *key);
+    tb__disk_key_add(key, rt->cc_command, (size_t)-1);
     tb__disk_key_add(key, rt->cc_id, (size_t)-1);
     tb__disk_key_add(key, rt->options, (size_t)-1);
     tb__disk_key_add(key, rt->cpu, (size_t)-1);
@@ -29234,7 +30272,7 @@ static void *tb__native_load_bytes(const unsigned char *bytes, size_t n) {
 /* Compiles `src` into a shared object; its handle, and its bytes in *so (caller frees). */
 static tb_status tb__native_compile_source(tb__native_rt *rt, const char *src, size_t len,
                                            void **handle, unsigned char **so, size_t *so_len) {
-    char *argv[64], opts[512], *dir, *csrc = NULL, *out = NULL, *log = NULL, *p;
+    char **argv = NULL, *dir, *csrc = NULL, *out = NULL, *log = NULL;
     size_t i = 0, k;
     int rc;
     tb_status st = TB_OK;
@@ -29245,29 +30283,24 @@ static tb_status tb__native_compile_source(tb__native_rt *rt, const char *src, s
     csrc = tb__format("%s/k.c", dir);
     out = tb__format("%s/k.so", dir);
     log = tb__format("%s/k.log", dir);
-    if (csrc == NULL || out == NULL || log == NULL) {
+    argv = (char **)tb__calloc(rt->cc_argc + rt->opt_argc + 6, sizeof *argv);
+    if (csrc == NULL || out == NULL || log == NULL || argv == NULL) {
         st = TB_ERR_OUT_OF_MEMORY;
     } else if (!tb__native_write_file(csrc, src, len)) {
         st = tb__error(TB_ERR_IO, "native: cannot write %s: %s", csrc, strerror(errno));
     }
     if (st == TB_OK) {
+        /* word for word: $CC's words, then the options' */
         for (k = 0; k < rt->cc_argc; k++)
             argv[i++] = rt->cc_argv[k];
-        snprintf(opts, sizeof opts, "%s", rt->options);
-        for (p = opts; *p != '\0' && i < 56;) {
-            while (*p == ' ')
-                *p++ = '\0';
-            if (*p == '\0') break;
-            argv[i++] = p;
-            while (*p != '\0' && *p != ' ')
-                p++;
-        }
+        for (k = 0; k < rt->opt_argc; k++)
+            argv[i++] = rt->opt_argv[k];
         argv[i++] = (char *)"-o";
         argv[i++] = out;
         argv[i++] = csrc;
         argv[i++] = (char *)"-lm";
         argv[i] = NULL;
-        rc = tb__native_spawn(argv, log);
+        rc = tb__native_spawn(rt->cc_path, argv, log, rt->timeout_s);
         if (rc < 0) {
             st = tb_last_status();
         } else if (rc != 0) {
@@ -29288,6 +30321,7 @@ static tb_status tb__native_compile_source(tb__native_rt *rt, const char *src, s
         }
     }
     tb__native_tmp_clean(dir);
+    tb__free(argv);
     tb__free(csrc);
     tb__free(out);
     tb__free(log);
@@ -29297,6 +30331,138 @@ static tb_status tb__native_compile_source(tb__native_rt *rt, const char *src, s
         *so = NULL;
     }
     return st;
+}
+
+/* ---- the host's vector shape ---- */
+
+/* What the CPU has, asked of the CPU itself (cpuid on x86-64 through the compiler's builtin,
+   which also checks that the system saves the wider registers; NEON is part of AArch64). */
+static void tb__native_cpu_shape(tb__host_shape *s) {
+    memset(s, 0, sizeof *s);
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    s->x86 = true;
+    s->vec_bytes = 16; /* SSE2 is part of x86-64 */
+    s->vec_regs = 16;
+    if (__builtin_cpu_supports("avx2")) s->vec_bytes = 32;
+    if (__builtin_cpu_supports("avx512f")) s->vec_bytes = 64, s->vec_regs = 32;
+    s->fma = __builtin_cpu_supports("fma") != 0;
+    /* F16C has no name for the builtin in every compiler: AVX2 CPUs have it (Haswell on) */
+    s->f16c = s->vec_bytes >= 32;
+#elif defined(__aarch64__)
+    s->vec_bytes = 16;
+    s->vec_regs = 32;
+    s->fma = true;
+    s->f16c = true;
+#else
+    s->vec_bytes = 16; /* GNU vectors of 4 floats: the compiler splits them where it must */
+    s->vec_regs = 16;
+#endif
+}
+
+/* What the compiler targets with the backend's options (and the user's): its predefined
+   macros, from `cc OPTIONS -dM -E -x c /dev/null`. False when they cannot be read (a compiler
+   that does not take these options): then the CPU's shape stands alone. */
+static bool tb__native_cc_shape(tb__native_rt *rt, tb__host_shape *s) {
+    char *dir = tb__native_tmpdir(), *log = NULL, *text = NULL, **argv = NULL;
+    size_t i = 0, k;
+    bool ok = false;
+    memset(s, 0, sizeof *s);
+    if (dir == NULL) return false;
+    log = tb__format("%s/k.log", dir);
+    argv = (char **)tb__calloc(rt->cc_argc + rt->opt_argc + 8, sizeof *argv);
+    if (log != NULL && argv != NULL) {
+        for (k = 0; k < rt->cc_argc; k++)
+            argv[i++] = rt->cc_argv[k];
+        for (k = 0; k < rt->opt_argc; k++)
+            if (strcmp(rt->opt_argv[k], "-shared") != 0) argv[i++] = rt->opt_argv[k];
+        argv[i++] = (char *)"-dM";
+        argv[i++] = (char *)"-E";
+        argv[i++] = (char *)"-x";
+        argv[i++] = (char *)"c";
+        argv[i++] = (char *)"/dev/null";
+        argv[i] = NULL;
+        if (tb__native_spawn(rt->cc_path, argv, log, rt->timeout_s) == 0)
+            text = (char *)tb__native_read_file(log, NULL);
+        tb_clear_error();
+    }
+    if (text != NULL && strstr(text, "#define __STDC__ ") != NULL) {
+        ok = true;
+        s->x86 = strstr(text, "#define __x86_64__ ") != NULL;
+        s->vec_bytes = 16;
+        s->vec_regs = 16;
+        if (s->x86 && strstr(text, "#define __AVX2__ ") != NULL) s->vec_bytes = 32;
+        if (s->x86 && strstr(text, "#define __AVX512F__ ") != NULL)
+            s->vec_bytes = 64, s->vec_regs = 32;
+        if (strstr(text, "#define __aarch64__ ") != NULL) s->vec_regs = 32;
+        s->fma = strstr(text, "#define __FMA__ ") != NULL ||
+                 strstr(text, "#define __ARM_FEATURE_FMA ") != NULL;
+        s->f16c = strstr(text, "#define __F16C__ ") != NULL ||
+                  strstr(text, "#define __aarch64__ ") != NULL;
+    }
+    tb__free(text);
+    tb__free(argv);
+    if (log != NULL) (void)unlink(log);
+    tb__free(log);
+    (void)rmdir(dir);
+    tb__free(dir);
+    return ok;
+}
+
+/* Names a shape's class: "avx512", "avx2", "sse", "neon" or "vec4". */
+static void tb__native_shape_name(tb__host_shape *s) {
+    const char *name = s->vec_bytes >= 64   ? "avx512"
+                       : s->vec_bytes >= 32 ? "avx2"
+                       : s->x86             ? "sse"
+                       : s->vec_regs >= 32  ? "neon"
+                                            : "vec4";
+    snprintf(s->name, sizeof s->name, "%s", name);
+}
+
+/* The vector shape of the programs, once: what both the CPU and the compiler's target have.
+   Where the compiler targets more than the CPU has (it runs on another machine, or under an
+   emulator's CPU model), options that take the surplus away follow the user's, so that the
+   programs run here. Call with tb__native_mutex held. */
+static void tb__native_shape(tb__native_rt *rt) {
+    tb__host_shape cpu, cc;
+    const char *cut = NULL;
+    if (rt->shaped) return;
+    rt->shaped = true;
+    tb__native_cpu_shape(&cpu);
+    rt->shape = cpu;
+    if (tb__native_cc_shape(rt, &cc)) {
+        if (cpu.x86 && cc.x86 && cc.vec_bytes > cpu.vec_bytes)
+            cut =
+                cpu.vec_bytes >= 32 ? " -mno-avx512f" : " -mno-avx512f -mno-avx2 -mno-avx -mno-fma";
+        if (cc.vec_bytes < rt->shape.vec_bytes) rt->shape.vec_bytes = cc.vec_bytes;
+        if (cc.vec_regs < rt->shape.vec_regs) rt->shape.vec_regs = cc.vec_regs;
+        rt->shape.fma = cpu.fma && cc.fma;
+        rt->shape.f16c = cpu.f16c && cc.f16c;
+    }
+    tb__native_shape_name(&rt->shape);
+    if (cut != NULL) {
+        char *options = tb__format("%s%s", rt->options, cut), *text = NULL, **words = NULL;
+        size_t count = 0;
+        if (options != NULL && (text = tb__strdup(options)) != NULL &&
+            tb__native_split_words(text, &words, &count)) {
+            tb__free(rt->options);
+            tb__free(rt->options_text);
+            tb__free(rt->opt_argv);
+            rt->options = options;
+            rt->options_text = text;
+            rt->opt_argv = words;
+            rt->opt_argc = count;
+        } else {
+            tb__free(options);
+            tb__free(text);
+        }
+    }
+    if (tb_debug_level() >= 1) {
+        tb_log_message(
+            TB_LOG_INFO, "native: vectors of %d bytes, %d registers%s%s (%s); compiler options: %s",
+            (int)rt->shape.vec_bytes, (int)rt->shape.vec_regs, rt->shape.fma ? ", FMA" : "",
+            rt->shape.f16c ? ", F16C" : "", rt->shape.name, rt->options);
+    }
 }
 
 static void tb__native_prog_unref(tb__native_rt *rt, tb__native_prog *prog) {
@@ -29340,10 +30506,21 @@ static tb__native_prog *tb__native_prog_find(tb__native_rt *rt, const uint64_t k
     return NULL;
 }
 
+/* The first kernel of `plan` that the loaded program lacks, or NULL when it has them all. */
+static const char *tb__native_missing_kernel(void *handle, const tb__plan *plan) {
+    size_t i;
+    for (i = 0; i < plan->num_kernels; i++)
+        if (!plan->kernels[i].empty && dlsym(handle, plan->kernels[i].name) == NULL)
+            return plan->kernels[i].name;
+    return NULL;
+}
+
 /* The loaded program of a source: from memory, from the disk cache, or compiled now (the
-   compiler runs without any lock held). */
+   compiler runs without any lock held). A program is used, and stored on disk, only when it
+   has every kernel of `plan`: a cache entry without them is removed and the source compiled
+   again, and a compile without them is an error that leaves no entry. */
 static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size_t len,
-                                        tb__native_prog **out) {
+                                        const tb__plan *plan, tb__native_prog **out) {
     const char *why = NULL;
     tb__disk_key dkey;
     uint64_t key[2];
@@ -29366,8 +30543,11 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
                             &save_dir, &path, &why);
     if (bytes != NULL) {
         handle = tb__native_load_bytes(bytes, n);
-        if (handle == NULL) {
-            why = "a shared object that does not load";
+        if (handle == NULL || tb__native_missing_kernel(handle, plan) != NULL) {
+            why = handle == NULL ? "a shared object that does not load"
+                                 : "a shared object that lacks a kernel of the program";
+            if (handle != NULL) dlclose(handle);
+            handle = NULL;
             tb__disk_reject(path);
             save_dir = tb__disk_cache_path();
         }
@@ -29386,6 +30566,14 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
             (void)TB__ATOMIC_ADD(&rt->disk_rejected, 1);
         }
         st = tb__native_compile_source(rt, src, len, &handle, &bytes, &n);
+        if (st == TB_OK && tb__native_missing_kernel(handle, plan) != NULL) {
+            st = tb__error(TB_ERR_COMPILE,
+                           "native: the compiled program has no kernel %s (do CC or "
+                           "TB_NATIVE_CFLAGS hide or rename its symbols?)",
+                           tb__native_missing_kernel(handle, plan));
+            dlclose(handle);
+            handle = NULL;
+        }
         if (st == TB_OK) {
             (void)TB__ATOMIC_ADD(&rt->compiles, 1);
             tb__disk_store(&tb__native_disk_format, save_dir, &dkey, key, &rt->cache_dir_reported,
@@ -29589,7 +30777,10 @@ static tb_status tb__native_create_lowering_context(void *user_data, const tb_gr
     }
     tb__mutex_lock(&tb__native_mutex);
     rt = tb__native_device(graph->device.ordinal, "native");
-    if (rt != NULL) rt->refcount++;
+    if (rt != NULL) {
+        rt->refcount++;
+        tb__native_shape(rt);
+    }
     tb__mutex_unlock(&tb__native_mutex);
     if (rt == NULL) {
         tb__free(c);
@@ -29608,6 +30799,7 @@ static tb_status tb__native_create_lowering_context(void *user_data, const tb_gr
     target.acc_f64 = true;
     target.cache_bytes = rt->l2_bytes;
     target.buffer_align = 64; /* tb__native_buf_alloc */
+    target.arg_table = true;  /* tb__native_emit_kernel: TB__CG_ARGS */
     tb__native_dialect(&dialect);
     st = tb__plan_build(graph, &target, &G, &c->plan);
     if (st == TB_OK) {
@@ -29651,7 +30843,7 @@ static tb_status tb__native_compile(void *user_data, void *context, void **compu
     c->fns = (tb__native_fn *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_fn));
     c->kept = (tb__native_kept *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_kept));
     if (c->fns == NULL || c->kept == NULL) return TB_ERR_OUT_OF_MEMORY;
-    st = tb__native_get_program(c->rt, c->source, c->source_len, &c->prog);
+    st = tb__native_get_program(c->rt, c->source, c->source_len, p, &c->prog);
     for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
         void *sym;
         if (p->kernels[i].empty) continue;
@@ -29707,7 +30899,7 @@ typedef struct tb__native_run_state {
     tb__native_buf **owned;
     unsigned char **ptrs;
     void **argv;
-    int64_t err[4];
+    uint32_t err[TB__ERR_WORDS];
 } tb__native_run_state;
 
 static tb_status tb__native_run_init(tb__native_comp *c, tb_backend_data *const *arguments,
@@ -29839,7 +31031,7 @@ static tb_status tb__native_execute(void *user_data, void *computation,
             /* the kernels from here on write into donated buffers and cannot fail: a flag
                raised before them fails the run with the donated values intact */
             if (s.err[0] != 0) {
-                st = tb__plan_run_error(p, "native", s.err);
+                st = tb__cg_run_error(p, "native", s.err);
                 break;
             }
             consumed = true;
@@ -29861,7 +31053,7 @@ static tb_status tb__native_execute(void *user_data, void *computation,
         }
         tb__mutex_unlock(&tb__native_mutex);
     }
-    if (st == TB_OK && s.err[0] != 0) st = tb__plan_run_error(p, "native", s.err);
+    if (st == TB_OK && s.err[0] != 0) st = tb__cg_run_error(p, "native", s.err);
     tb__mutex_lock(&tb__native_mutex);
     for (i = 0; i < p->num_results && st == TB_OK; i++) {
         int32_t src = p->result_source[i];
@@ -29937,7 +31129,7 @@ static size_t tb__native_metrics_report(void *user_data, char *buf, size_t cap) 
     } else {
         tb__str_append(&s, "Device: native:0 (%s, %u threads)\n", rt->info.name,
                        (unsigned)rt->info.compute_units);
-        tb__str_append(&s, "  Native::Compiler: %s %s\n", rt->cc_argv[0], rt->options);
+        tb__str_append(&s, "  Native::Compiler: %s %s\n", rt->cc_command, rt->options);
         tb__str_append(&s, "  Native::BytesInUse: %llu\n", (unsigned long long)rt->bytes_in_use);
         tb__str_append(&s, "  Native::PeakBytesInUse: %llu\n", (unsigned long long)rt->peak_bytes);
         tb__str_append(&s, "  Native::BytesCached: %llu\n", (unsigned long long)rt->cached_bytes);
@@ -35501,6 +36693,15 @@ TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set) {
     if (path == NULL || set == NULL)
         return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
                          path == NULL ? "path" : "set");
+    for (i = 0; i < set->count; ++i) {
+        const char *name = set->entries[i].name;
+        if (name[0] == '\0' || strcmp(name, ".") == 0 || strcmp(name, "..") == 0 ||
+            strpbrk(name, "/\\") != NULL)
+            return tb__error(TB_ERR_INVALID_ARGUMENT,
+                             "%s: tensor '%.200s': a name must not be empty, '.' or '..', nor hold "
+                             "'/' or '\\' (it would name a folder where the .npz is unpacked)",
+                             fn, name);
+    }
     for (i = 0; i < set->count; ++i) {
         tb_shape shape = tb_tensor_shape(set->entries[i].tensor);
         if (tb__st_dtype_name(shape.dtype) == NULL || shape.dtype == TB_BF16 ||

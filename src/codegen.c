@@ -165,7 +165,7 @@ static bool tb__cg_arg(tb__cg *g, int32_t kind, int32_t index) {
     return false;
 }
 
-/* The code a kernel writes to tb_err[0] for a node that can fail at run time. */
+/* The code a kernel reports (tb_report, tb__cg_render) for a node that can fail at run time. */
 static int32_t tb__cg_errsite(tb__cg *g, int32_t node) {
     int32_t code = tb__plan_errsite_code(g->P, node);
     if (code < 0 || !tb__cg_arg(g, TB__ARG_ERR, 0)) {
@@ -376,12 +376,276 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
     return vx >= 0 ? v : -1;
 }
 
+/* Operand j of a concat (starting at `start` along the axis) at the element position p of
+   the concat reads, into v<v>; false if failed. */
+static bool tb__cg_concat_leaf(tb__cg *g, int32_t node, const tb__pos *p, int32_t j, int64_t start,
+                               int32_t v) {
+    int32_t dim = (int32_t)g->G->info[node].node->attrs[0];
+    int32_t x = tb__plan_operand(g->G, node, (size_t)j), qp, vx, d;
+    const tb_shape *xs = &g->G->info[x].node->shape;
+    tb__lf dims[TB_MAX_RANK];
+    memset(dims, 0, sizeof dims); /* only rank entries are used; optimisers cannot tell */
+    for (d = 0; d < xs->rank; d++)
+        dims[d] = p->dim[d];
+    dims[dim].c -= start;
+    qp = tb__ix_pos_multi(&g->ix, xs, dims);
+    vx = qp >= 0 ? tb__cg_eval(g, x, qp) : -1;
+    if (vx >= 0) tb__ix_line(&g->ix, "v%d = v%d;", (int)v, (int)vx);
+    return vx >= 0;
+}
+
+/* Operands idx[lo, hi) of a concat run (starting at starts[] along the axis, where i<c> is),
+   one leaf each of a balanced tree of comparisons, into v<v>. */
+static bool tb__cg_concat_tree(tb__cg *g, int32_t node, const tb__pos *p, const int32_t *idx,
+                               const int64_t *starts, int32_t lo, int32_t hi, int32_t c,
+                               int32_t v) {
+    char head[64];
+    int32_t mid = lo + (hi - lo) / 2;
+    bool ok;
+    if (hi - lo == 1) return tb__cg_concat_leaf(g, node, p, idx[lo], starts[lo], v);
+    snprintf(head, sizeof head, "if (i%d < %lldL) ", (int)c, (long long)starts[mid]);
+    tb__ix_open(&g->ix, head);
+    ok = tb__cg_concat_tree(g, node, p, idx, starts, lo, mid, c, v);
+    tb__ix_close(&g->ix, "");
+    if (!ok) return false;
+    tb__ix_open(&g->ix, "else ");
+    ok = tb__cg_concat_tree(g, node, p, idx, starts, mid, hi, c, v);
+    tb__ix_close(&g->ix, "");
+    return ok;
+}
+
+/* A constant table of the kernel (in the dialect's storage for them) named `name`: `count`
+   entries `vals` of type `type`. */
+static void tb__cg_concat_table(tb__cg *g, const char *type, const char *name, const int64_t *vals,
+                                int32_t count) {
+    tb__str t;
+    int32_t i;
+    memset(&t, 0, sizeof t);
+    tb__str_append(&t, "%s%s %s[%d] = {", g->d->constant, type, name, (int)count);
+    for (i = 0; i < count; i++)
+        tb__str_append(&t, "%s%lld", i > 0 ? ", " : "", (long long)vals[i]);
+    tb__str_append(&t, "};");
+    if (t.failed) {
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+    } else {
+        tb__ix_line(&g->ix, "%s", t.data);
+    }
+    tb__str_free(&t);
+}
+
+/* The scalar parameter a concat operand is a view of (tb__plan_cat_class: TB__CAT_SCALARS). */
+static int32_t tb__cg_concat_scalar(const tb__cg *g, int32_t x) {
+    while (g->G->info[x].param < 0)
+        x = tb__plan_operand(g->G, x, 0);
+    return g->G->info[x].param;
+}
+
+/* The element index in its operand of a table run's element at run coordinate i<r>: the
+   concat's flat index before its axis `outer` (a text), the operand's length `len` and start
+   `at` along the axis (texts), the concat's flat index after the axis `inner` (a text) of
+   `inner_size` elements; into buf. */
+static void tb__cg_concat_index(char *buf, size_t cap, const char *outer, bool has_outer,
+                                const char *len, int32_t r, const char *at, int64_t inner_size,
+                                const char *inner, bool has_inner) {
+    char mid[TB__LF_TEXT + 192];
+    if (has_outer) {
+        snprintf(mid, sizeof mid, "(%s) * %s + i%d - %s", outer, len, (int)r, at);
+    } else {
+        snprintf(mid, sizeof mid, "i%d - %s", (int)r, at);
+    }
+    if (inner_size == 1) {
+        snprintf(buf, cap, "%s", mid);
+    } else {
+        snprintf(buf, cap, "(%s) * %lldL%s%s%s", mid, (long long)inner_size,
+                 has_inner ? " + (" : "", has_inner ? inner : "", has_inner ? ")" : "");
+    }
+}
+
+/* A table run's selection of its operand i<k>: i<k> itself, or its entry of a constant table
+   `name` of `vals` (when they are not i<k> + base); into buf. */
+static void tb__cg_concat_select(tb__cg *g, const char *name, const int64_t *vals, int32_t count,
+                                 int32_t kv, char *buf, size_t cap) {
+    int32_t j;
+    bool affine = true;
+    for (j = 0; j < count; j++)
+        affine = affine && vals[j] == vals[0] + j;
+    if (affine) {
+        snprintf(buf, cap, "%lld + i%d", (long long)vals[0], (int)kv);
+    } else {
+        tb__cg_concat_table(g, "int", name, vals, count);
+        snprintf(buf, cap, "%s[i%d]", name, (int)kv);
+    }
+}
+
+/* A run of a concat's operands read through a table (a TB__K_CONCAT kernel of form
+   TB__CAT_ARGS or TB__CAT_SCALARS) at position p, i<c> its coordinate along the axis, into
+   v<v>: the element's operand i<k> by division (operands of one length) or by binary search
+   in their offsets, then its buffer from the table of arguments (tb_in) at the element's
+   index in it, or its scalar from the table of scalars. */
+static bool tb__cg_concat_lookup(tb__cg *g, int32_t node, const tb__pos *p, int32_t c, int32_t v) {
+    const tb__plan_kernel *k = tb__cg_kernel(g);
+    const tb_node *n = g->G->info[node].node;
+    const tb_shape *cs = &n->shape;
+    int32_t dim = (int32_t)n->attrs[0], count = k->cat_count, j, r, kv, d, vx;
+    tb_dtype xd = g->G->info[tb__plan_operand(g->G, node, (size_t)k->cat_first)].node->shape.dtype;
+    const char *t = tb__cg_ctype(xd);
+    int64_t *vals = (int64_t *)tb__calloc((size_t)count + 1, sizeof(int64_t)), len = -1;
+    int64_t inner = 1, stride = 1;
+    bool same = true, ok = false;
+    char len_text[64], at_text[64], sel[64], ptr[96], outer_text[TB__LF_TEXT];
+    char inner_text[TB__LF_TEXT], index[2 * TB__LF_TEXT + 256];
+    tb__lf outer, innerf;
+    if (vals == NULL) {
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+        return false;
+    }
+    /* the operands' offsets along the axis from the run's start */
+    for (j = 0; j < count; j++) {
+        int64_t xl = g->G->info[tb__plan_operand(g->G, node, (size_t)(k->cat_first + j))]
+                         .node->shape.dims[dim];
+        vals[j + 1] = vals[j] + xl;
+        if (len < 0) len = xl;
+        same = same && xl == len;
+    }
+    r = tb__ix_new_var(&g->ix, 0, k->cat_len > 0 ? k->cat_len - 1 : 0);
+    kv = tb__ix_new_var(&g->ix, 0, count - 1);
+    if (r < 0 || kv < 0) goto done;
+    tb__ix_line(&g->ix, "const long i%d = i%d - %lldL;", (int)r, (int)c, (long long)k->cat_start);
+    if (same && len > 0) {
+        tb__ix_line(&g->ix, "const long i%d = i%d / %lldL;", (int)kv, (int)r, (long long)len);
+        snprintf(len_text, sizeof len_text, "%lldL", (long long)len);
+        snprintf(at_text, sizeof at_text, "i%d * %lldL", (int)kv, (long long)len);
+    } else {
+        /* the last operand starting at or before the element (empty ones start where the
+           next one does) */
+        tb__cg_concat_table(g, "long", "tb_cat_at", vals, count + 1);
+        tb__ix_line(&g->ix, "long i%d = 0;", (int)kv);
+        tb__ix_line(&g->ix, "for (long tb_hi = %dL; tb_hi - i%d > 1L;) {", (int)count, (int)kv);
+        tb__ix_line(&g->ix, "    const long tb_mid = (i%d + tb_hi) / 2L;", (int)kv);
+        tb__ix_line(&g->ix, "    if (i%d >= tb_cat_at[tb_mid]) i%d = tb_mid; else tb_hi = tb_mid;",
+                    (int)r, (int)kv);
+        tb__ix_line(&g->ix, "}");
+        snprintf(len_text, sizeof len_text, "(tb_cat_at[i%d + 1] - tb_cat_at[i%d])", (int)kv,
+                 (int)kv);
+        snprintf(at_text, sizeof at_text, "tb_cat_at[i%d]", (int)kv);
+    }
+    vx = tb__cg_new_val(g, xd);
+    if (vx < 0) goto done;
+    if (k->cat_form == TB__CAT_SCALARS) {
+        /* the scalars' parameters: their entries of the table of scalars */
+        for (j = 0; j < count; j++)
+            vals[j] =
+                tb__cg_concat_scalar(g, tb__plan_operand(g->G, node, (size_t)(k->cat_first + j)));
+        tb__cg_concat_select(g, "tb_cat_sc", vals, count, kv, sel, sizeof sel);
+        if (!tb__cg_arg(g, TB__ARG_TABLE, 0)) goto done;
+        if (tb__cg_is_half(xd)) {
+            tb__ix_line(&g->ix, "const float v%d = %s((uint)tb_sc[%s] & 0xffffu);", (int)vx,
+                        xd == TB_F16 ? "tb_h2f" : "tb_bf2f", sel);
+        } else if (xd == TB_F32 || (xd == TB_F64 && !g->d->f64)) {
+            tb__ix_line(&g->ix, "const %s v%d = (%s)%s((uint)tb_sc[%s]);", t, (int)vx, t,
+                        g->d->bits_f32, sel);
+        } else if (xd == TB_F64) {
+            tb__ix_line(&g->ix, "const double v%d = %s(tb_sc[%s]);", (int)vx, g->d->bits_f64, sel);
+        } else {
+            tb__ix_line(&g->ix, "const %s v%d = (%s)tb_sc[%s];", t, (int)vx, t, sel);
+        }
+    } else {
+        /* the buffers' positions among the kernel's arguments (repeated ones are one) */
+        for (j = 0; j < count; j++) {
+            int32_t slot =
+                g->G->info[tb__plan_operand(g->G, node, (size_t)(k->cat_first + j))].slot;
+            size_t a;
+            vals[j] = -1;
+            for (a = 0; a < k->num_args && vals[j] < 0; a++)
+                if (k->args[a].kind == TB__ARG_BUF && k->args[a].index == slot)
+                    vals[j] = (int64_t)a;
+            if (vals[j] < 0) {
+                tb__cg_arg(g, TB__ARG_BUF, slot); /* the error */
+                goto done;
+            }
+        }
+        tb__cg_concat_select(g, "tb_cat_arg", vals, count, kv, sel, sizeof sel);
+        /* the element's flat index in its operand: the concat's index before the axis, the
+           index along the axis within the operand, the index after the axis */
+        tb__lf_const(&outer, 0);
+        tb__lf_const(&innerf, 0);
+        for (d = cs->rank - 1; d > dim; d--) {
+            if (!tb__ix_lf_addmul(&g->ix, &innerf, &p->dim[d], inner)) goto done;
+            inner *= cs->dims[d];
+        }
+        for (d = dim - 1; d >= 0; d--) {
+            if (!tb__ix_lf_addmul(&g->ix, &outer, &p->dim[d], stride)) goto done;
+            stride *= cs->dims[d];
+        }
+        tb__lf_text(&outer, outer_text, sizeof outer_text);
+        tb__lf_text(&innerf, inner_text, sizeof inner_text);
+        tb__cg_concat_index(index, sizeof index, outer_text, outer.n > 0 || outer.c != 0, len_text,
+                            r, at_text, inner, inner_text, innerf.n > 0 || innerf.c != 0);
+        snprintf(ptr, sizeof ptr, "((const %s%s *)tb_in[%s])", g->d->global, tb__cg_btype(xd), sel);
+        if (xd == TB_F16) {
+            tb__ix_line(&g->ix, "const float v%d = TB_LDH(%s, %s);", (int)vx, ptr, index);
+        } else if (xd == TB_BF16) {
+            tb__ix_line(&g->ix, "const float v%d = tb_bf2f(%s[%s]);", (int)vx, ptr, index);
+        } else {
+            tb__ix_line(&g->ix, "const %s v%d = %s[%s];", t, (int)vx, ptr, index);
+        }
+    }
+    tb__ix_line(&g->ix, "v%d = v%d;", (int)v, (int)vx);
+    ok = true;
+done:
+    tb__free(vals);
+    return ok;
+}
+
+/* A TB__K_CONCAT kernel's run of its root concat's operands at position `pos`. */
+static int32_t tb__cg_concat_run(tb__cg *g, int32_t node, int32_t pos) {
+    const tb__plan_kernel *k = tb__cg_kernel(g);
+    const tb_node *n = g->G->info[node].node;
+    int32_t dim = (int32_t)n->attrs[0], v, c, j, m = 0;
+    int64_t start = k->cat_start;
+    char text[TB__LF_TEXT];
+    int32_t *idx;
+    int64_t *starts;
+    bool ok;
+    tb__pos p;
+    v = tb__cg_new_val(g, n->shape.dtype);
+    c = tb__ix_new_var(&g->ix, 0, n->shape.dims[dim] > 0 ? n->shape.dims[dim] - 1 : 0);
+    if (v < 0 || c < 0 || !tb__ix_need_multi(&g->ix, pos)) return -1;
+    p = g->ix.pos[pos];
+    tb__lf_text(&p.dim[dim], text, sizeof text);
+    tb__ix_line(&g->ix, "%s v%d = 0;", tb__cg_ctype(n->shape.dtype), (int)v);
+    tb__ix_line(&g->ix, "const long i%d = %s;", (int)c, text);
+    if (k->cat_form != TB__CAT_TREE) return tb__cg_concat_lookup(g, node, &p, c, v) ? v : -1;
+    idx = (int32_t *)tb__calloc((size_t)k->cat_count + 1, sizeof(int32_t));
+    starts = (int64_t *)tb__calloc((size_t)k->cat_count + 1, sizeof(int64_t));
+    if (idx == NULL || starts == NULL) {
+        tb__free(idx);
+        tb__free(starts);
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+        return -1;
+    }
+    for (j = k->cat_first; j < k->cat_first + k->cat_count; j++) {
+        int64_t xl = n->operands[j]->shape.dims[dim];
+        if (xl > 0) {
+            idx[m] = j;
+            starts[m++] = start;
+        }
+        start += xl;
+    }
+    ok = m == 0 || tb__cg_concat_tree(g, node, &p, idx, starts, 0, m, c, v);
+    tb__free(idx);
+    tb__free(starts);
+    return ok ? v : -1;
+}
+
 static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
     const tb_node *n = g->G->info[node].node;
     int32_t dim = (int32_t)n->attrs[0], v, i;
     int64_t start = 0, last_nonempty = -1;
     char text[TB__LF_TEXT];
     tb__pos p;
+    if (tb__cg_kernel(g)->kind == TB__K_CONCAT && node == tb__cg_kernel(g)->root)
+        return tb__cg_concat_run(g, node, pos);
     v = tb__cg_new_val(g, n->shape.dtype);
     if (v < 0) return -1;
     tb__ix_line(&g->ix, "%s v%d = 0;", tb__cg_ctype(n->shape.dtype), (int)v);
@@ -439,8 +703,7 @@ static int32_t tb__cg_gather(tb__cg *g, int32_t node, int32_t pos) {
     code = tb__cg_errsite(g, node);
     if (t < 0 || code < 0) return -1;
     tb__ix_line(&g->ix, "long i%d = (long)v%d;", (int)t, (int)vi);
-    tb__ix_line(&g->ix,
-                "if (i%d < 0 || i%d >= %lldL) { tb_err[0] = %d; tb_err[1] = i%d; i%d = 0; }",
+    tb__ix_line(&g->ix, "if (i%d < 0 || i%d >= %lldL) { tb_report(tb_err, %du, i%d, 0); i%d = 0; }",
                 (int)t, (int)t, (long long)size, (int)code, (int)t, (int)t);
     if (!tb__ix_need_multi(&g->ix, pos)) return -1;
     p = g->ix.pos[pos];
@@ -609,6 +872,8 @@ static bool tb__cg_expr_unary(tb__cg *g, const tb_node *n, tb_dtype ad, const ch
             snprintf(e, cap, "%s(%s)", tb__cg_math(g, "fabs", od), a);
         } else if (od == TB_U8 || od == TB_BOOL) {
             snprintf(e, cap, "%s", a);
+        } else if (g->d->iabs != NULL) {
+            snprintf(e, cap, "(%s)%s(%s)", t, g->d->iabs, a); /* the minimum wraps to itself */
         } else {
             snprintf(e, cap, "(%s)(%s < 0 ? (%s)0 - (%s)%s : (%s)%s)", t, a, u, u, a, u, a);
         }
@@ -752,10 +1017,8 @@ static int tb__cg_expr_binary(tb__cg *g, int32_t node, const char *a, const char
         } else {
             int32_t code = tb__cg_errsite(g, node);
             if (code < 0) return -1;
-            tb__ix_line(&g->ix,
-                        "if (%s < 0) { tb_err[0] = %d; tb_err[1] = (long)%s; tb_err[2] = "
-                        "(long)%s; }",
-                        b, (int)code, a, b);
+            tb__ix_line(&g->ix, "if (%s < 0) tb_report(tb_err, %du, (long)%s, (long)%s);", b,
+                        (int)code, a, b);
             snprintf(e, cap, "(%s)tb_ipow((long)%s, (long)%s)", t, a, b);
         }
         break;

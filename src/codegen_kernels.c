@@ -98,6 +98,31 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
     return TB_OK;
 }
 
+/* A run of a concat's operands (TB__K_CONCAT): a work item per element of its slice of the
+   output, the concat evaluated there (codegen.c: tb__cg_concat_run) and stored. */
+static tb_status tb__cg_kernel_concat(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_node *n = g->G->info[k->root].node;
+    const tb_shape *cs = &n->shape;
+    int32_t dim = (int32_t)n->attrs[0], i0, pp, qp, v;
+    tb_shape ps = *cs;
+    tb__lf dims[TB_MAX_RANK];
+    char index[TB__LF_TEXT];
+    ps.dims[dim] = k->cat_len;
+    i0 = tb__cg_row_header(g, k, tb__plan_numel(&ps));
+    if (i0 < 0) return g->ix.status;
+    /* the element of the slice, then of the output */
+    pp = tb__ix_var_pos_flat(&g->ix, &ps, i0, 1, -1);
+    if (pp < 0 || !tb__ix_need_multi(&g->ix, pp)) return g->ix.status;
+    memcpy(dims, g->ix.pos[pp].dim, sizeof dims);
+    dims[dim].c += k->cat_start;
+    qp = tb__ix_pos_multi(&g->ix, cs, dims);
+    v = qp >= 0 ? tb__cg_eval(g, k->root, qp) : -1;
+    if (v < 0 || !tb__ix_need_flat(&g->ix, qp)) return g->ix.status;
+    tb__lf_text(&g->ix.pos[qp].flat, index, sizeof index);
+    tb__cg_store(g, cs->dtype, "out", index, v);
+    return g->ix.status;
+}
+
 /* The operand's position of a reduction or norm: the output's dims for the kept axes, the
    loop's index for the reduced ones. */
 static int32_t tb__cg_split_pos(tb__cg *g, const tb_shape *xs, uint64_t mask, bool keepdim,
@@ -1505,8 +1530,11 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k) {
 
 /* ---- the program ---- */
 
-/* The entry point's parameters: the output, then the kernel's arguments in plan order. */
-static tb_status tb__cg_params(const tb__cg *g, const tb__plan_kernel *k, tb__cg_param **out) {
+/* The entry point's parameters (*count of them): the output, then the kernel's arguments in
+   plan order; a concat's run read through the table of its arguments (TB__CAT_ARGS, whose
+   arguments are its operands' buffers) has that table instead (TB__CG_ARGS). */
+static tb_status tb__cg_params(const tb__cg *g, const tb__plan_kernel *k, tb__cg_param **out,
+                               size_t *count) {
     const tb__plan *p = g->P;
     tb__cg_param *params = (tb__cg_param *)tb__calloc(k->num_args + 1, sizeof *params);
     size_t i;
@@ -1528,9 +1556,23 @@ static tb_status tb__cg_params(const tb__cg *g, const tb__plan_kernel *k, tb__cg
             q->type = "ulong";
             snprintf(q->name, sizeof q->name, "tb_sc");
         } else {
-            q->type = "long";
+            q->type = "uint"; /* TB__ERR_WORDS words */
             snprintf(q->name, sizeof q->name, "tb_err");
         }
+    }
+    *count = k->num_args + 1;
+    if (k->kind == TB__K_CONCAT && k->cat_form == TB__CAT_ARGS && k->num_args > 0) {
+        for (i = 0; i < k->num_args; i++) {
+            if (k->args[i].kind != TB__ARG_BUF) {
+                tb__free(params);
+                return tb__error(TB_ERR_INTERNAL, "codegen: kernel %s reads more than its table",
+                                 k->name);
+            }
+        }
+        params[1].role = TB__CG_ARGS;
+        params[1].type = "void";
+        snprintf(params[1].name, sizeof params[1].name, "tb_in");
+        *count = 2;
     }
     *out = params;
     return TB_OK;
@@ -1560,6 +1602,9 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
     case TB__K_NORM:
         st = tb__cg_kernel_norm(g, k);
         break;
+    case TB__K_CONCAT:
+        st = tb__cg_kernel_concat(g, k);
+        break;
     default:
         st = tb__cg_kernel_elementwise(g, k);
         break;
@@ -1567,6 +1612,36 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
     if (st == TB_OK) st = g->ix.status;
     if (st == TB_OK && g->ix.body.failed) st = TB_ERR_OUT_OF_MEMORY;
     return st;
+}
+
+/* A 64-bit value of an error report from its two words (low first). */
+static int64_t tb__cg_err_value(const uint32_t *words) {
+    uint64_t u = (uint64_t)words[0] | (uint64_t)words[1] << 32;
+    int64_t v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+/* The error a run reports from its error flag, as tb_report (tb__cg_render) writes it: word 0
+   is 1 + the errsite, words 1-2 and 3-4 the offending values of the one work item that
+   reported. */
+static tb_status tb__cg_run_error(const tb__plan *p, const char *who,
+                                  const uint32_t flag[TB__ERR_WORDS]) {
+    const tb__errsite *e;
+    int64_t a = tb__cg_err_value(&flag[1]), b = tb__cg_err_value(&flag[3]);
+    if (flag[0] == 0 || (size_t)flag[0] > p->num_errsites) {
+        return tb__error(TB_ERR_EXECUTE, "%s: a kernel reported error %lu", who,
+                         (unsigned long)flag[0]);
+    }
+    e = &p->errsites[flag[0] - 1];
+    if (e->op == TB_OP_POW) {
+        return tb__error(TB_ERR_EXECUTE,
+                         "tb_pow: integers to negative integer powers are not allowed (%lld ** "
+                         "%lld)",
+                         (long long)a, (long long)b);
+    }
+    return tb__error(TB_ERR_EXECUTE, "tb_%s: index %lld is out of range for dim %d of size %lld",
+                     tb_op_name(e->op), (long long)a, (int)e->dim, (long long)e->size);
 }
 
 /* Renders every kernel of the plan (those with work) after the dialect's head and the shared
@@ -1586,16 +1661,32 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
     tb__str_append(&src, "%s%s", d->head, d->head2 != NULL ? d->head2 : "");
     for (i = 0; i < tb__cl_prelude_count; i++)
         tb__str_append(&src, "%s", tb__cl_prelude[i]);
+    if (P->num_errsites > 0 && d->err_claim == NULL)
+        st = tb__error(TB_ERR_INTERNAL, "codegen: the %s dialect cannot report errors", d->name);
+    if (P->num_errsites > 0 && st == TB_OK) {
+        /* a run-time error report (compile.h: TB__ERR_WORDS): the one work item that claims
+           the flag writes its values, so that a report is one item's however many fail */
+        tb__str_append(&src,
+                       "\nTB_FN void tb_report(%suint *tb_err, uint code, long a, long b) {\n"
+                       "    if (%s) {\n"
+                       "        tb_err[1] = (uint)(ulong)a;\n"
+                       "        tb_err[2] = (uint)((ulong)a >> 32);\n"
+                       "        tb_err[3] = (uint)(ulong)b;\n"
+                       "        tb_err[4] = (uint)((ulong)b >> 32);\n"
+                       "    }\n"
+                       "}\n",
+                       d->global, d->err_claim);
+    }
     tb__str_append(&src, "\n");
     for (i = 0; i < P->num_kernels && st == TB_OK; i++) {
         const tb__plan_kernel *k = &P->kernels[i];
         tb__cg_param *params = NULL;
+        size_t num_params = 0;
         if (k->empty) continue;
         st = tb__cg_kernel_body(g, i);
-        if (st == TB_OK) st = tb__cg_params(g, k, &params);
+        if (st == TB_OK) st = tb__cg_params(g, k, &params, &num_params);
         if (st == TB_OK)
-            d->kernel(&src, k, params, k->num_args + 1,
-                      g->ix.body.data != NULL ? g->ix.body.data : "");
+            d->kernel(&src, k, params, num_params, g->ix.body.data != NULL ? g->ix.body.data : "");
         tb__free(params);
     }
     if (st == TB_OK && src.failed) st = TB_ERR_OUT_OF_MEMORY;

@@ -122,6 +122,16 @@ typedef struct tb__tuning {
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
 enum { TB__CLASS_CPU, TB__CLASS_GPU, TB__CLASS_HOST };
 
+/* The vector shape of a CPU (or of what a compiler targets on it): the width of its vector
+   registers in bytes (64 AVX-512, 32 AVX2, 16 SSE and NEON), how many there are (32 or 16),
+   fused multiply-add and 16-bit float conversions, and its class's name. */
+typedef struct tb__host_shape {
+    int32_t vec_bytes;
+    int32_t vec_regs;
+    bool fma, f16c, x86;
+    char name[16];
+} tb__host_shape;
+
 /* What the planner knows of the device. */
 typedef struct tb__target {
     const tb__tuning *tuning;
@@ -133,6 +143,9 @@ typedef struct tb__target {
     bool acc_f64;            /* f32 sums accumulate in double (cheap on CPUs with fp64) */
     uint64_t cache_bytes;    /* a compute unit's own data cache (L2) in bytes; 0: unknown */
     uint32_t buffer_align;   /* bytes every buffer's start is aligned to; 0: unknown */
+    /* a kernel may read its buffer arguments through a table of them (the dialect's
+       TB__CG_ARGS parameter), so that its code does not grow with their number */
+    bool arg_table;
 } tb__target;
 
 /* ---- the plan ---- */
@@ -144,8 +157,13 @@ enum {
     TB__K_NORM,
     TB__K_PARTIAL, /* first stage of a split reduction: partial results per chunk */
     TB__K_PACK_A,  /* a matmul's left operand copied into row panels */
-    TB__K_PACK_B   /* a matmul's right operand copied into column panels */
+    TB__K_PACK_B,  /* a matmul's right operand copied into column panels */
+    TB__K_CONCAT   /* a run of a concat's operands written into their slice of its output */
 };
+/* How a TB__K_CONCAT kernel finds the operand of an element: by comparisons in a balanced
+   tree (one leaf of code per operand), or by index into a table (no code per operand): of
+   the kernel's buffer arguments (target arg_table) or of the scalars (plan scalar_table). */
+enum { TB__CAT_TREE, TB__CAT_ARGS, TB__CAT_SCALARS };
 enum { TB__SLOT_PARAM, TB__SLOT_RESULT, TB__SLOT_TEMP };
 /* a kernel's arguments after its output: buffers, scalars by value, the error flag buffer,
    the table of scalars (graphs with many scalars) */
@@ -175,6 +193,11 @@ typedef struct tb__plan_kernel {
     int32_t pack_param;   /* a pack kernel: the parameter whose buffer alone its panels come
                              from (panels a backend may keep while that buffer holds), or -1 */
     int32_t out_slot;
+    /* TB__K_CONCAT: the run of the root concat's operands [cat_first, cat_first + cat_count),
+       its slice [cat_start, cat_start + cat_len) along the concat's axis, its form
+       (TB__CAT_*); the kernels of one concat share its output (the owner is the last) */
+    int32_t cat_first, cat_count, cat_form;
+    int64_t cat_start, cat_len;
     char name[64];
     tb__plan_arg *args;
     size_t num_args;
@@ -265,6 +288,8 @@ typedef struct tb__pnode {
     int32_t param, result, slot;
     int32_t ctx; /* the kernel evaluating it (its own kernel when it is a root) */
     bool root, ident, in_mm, force_root;
+    /* a view of a scalar read only by concats of many operands (tb__plan_cat_free): no budget */
+    bool cat_free;
     int32_t depth;      /* pad/concat/gather above it in its kernel */
     int32_t keys_first; /* its positions in its kernel: keys[keys_first .. + keys_count] */
     int32_t keys_count;
@@ -302,8 +327,6 @@ static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target,
                                 tb__plan **out);
 static void tb__plan_free(tb__plan *p);
 static void tb__pgraph_free(tb__pgraph *G);
-/* the error a run reports from its error flag (flag[0]: 1 + the errsite) */
-static tb_status tb__plan_run_error(const tb__plan *p, const char *who, const int64_t flag[4]);
 /* how an operand's dims run along a node's row (its last row_axes axes) */
 enum { TB__ROW_ALIGNED, TB__ROW_CONSTANT, TB__ROW_OTHER };
 static int32_t tb__plan_row_relation(const tb_shape *ds, const tb_shape *os, int32_t row_axes);
@@ -433,11 +456,15 @@ static void tb__ix_free(tb__ix *g);
 
 /* ---- codegen.c, codegen_kernels.c: the C-family code generator ---- */
 
+/* tb__cg_param.role of a table of the kernel's arguments from this parameter's position on
+   (`void *const *`; targets with arg_table): the last parameter, in place of those arguments */
+#define TB__CG_ARGS (-2)
+
 /* One parameter of a kernel's entry point, as the renderer describes it to the dialect. */
 typedef struct tb__cg_param {
-    int32_t role;     /* TB__ARG_* or -1 for the output */
+    int32_t role;     /* TB__ARG_*, -1 for the output or TB__CG_ARGS */
     const char *type; /* the element type (buffers, tables) or the value type (scalars) */
-    char name[16];    /* out, b<slot>, s<param>, tb_sc, tb_err */
+    char name[16];    /* out, b<slot>, s<param>, tb_sc, tb_err, tb_in */
 } tb__cg_param;
 
 /* What differs between the C-family languages the generator writes. */
@@ -466,7 +493,16 @@ typedef struct tb__dialect {
     const char *min_long; /* min of two longs */
     const char *bits_f32; /* the float of 32 bits (uint) */
     const char *bits_f64; /* the double of 64 bits (ulong) */
-    bool f64;             /* the target has double precision */
+    /* an expression true for the one work item that changes tb_err[0] from 0 to `code`
+       atomically (both uint) */
+    const char *err_claim;
+    /* the storage of a constant table in a kernel's outermost scope ("__constant ",
+       "static const ") */
+    const char *constant;
+    /* integer abs as a built-in function of the dialect that returns the unsigned type
+       (OpenCL's abs), or NULL: a select */
+    const char *iabs;
+    bool f64; /* the target has double precision */
     /* a math function's name for a dtype (exp, log, sin, cos, tanh, sqrt, erf, pow, fabs,
        floor, ceil, rint) */
     const char *(*math)(const char *fn, tb_dtype dtype);
@@ -479,6 +515,14 @@ typedef struct tb__dialect {
    (caller frees) */
 static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
                                size_t *len);
+/* The error flag of a run (the tb_err argument of the kernels that can fail): TB__ERR_WORDS
+   32-bit words, zero before the run. A failing work item claims word 0 atomically (from 0 to
+   1 + its errsite), and only the item that claimed it writes the report's two values (words
+   1-2 and 3-4, the low word first): a report is one item's, whatever number fail at once. */
+#define TB__ERR_WORDS 8
+/* the error a run reports from its error flag (word 0 not 0) */
+static tb_status tb__cg_run_error(const tb__plan *p, const char *who,
+                                  const uint32_t flag[TB__ERR_WORDS]);
 
 /* ---- codegen.c: the values and expressions the kernels of codegen_kernels.c are made of ---- */
 
@@ -543,5 +587,15 @@ static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos);
 static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos);
 /* whether the current kernel reads node from a buffer (b<slot>) at its own flat index */
 static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node);
+
+/* ---- native_dialect.c: the C99 dialect of the native backend ---- */
+
+#if defined(TB__HAVE_NATIVE)
+/* the dialect, its head as text */
+static void tb__native_dialect(tb__dialect *d);
+/* the work-item space of a kernel: its global size per dimension (the entry of a kernel runs
+   a range of its flattened items) */
+static void tb__native_global_size(const tb__plan_kernel *k, uint64_t size[3]);
+#endif
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */

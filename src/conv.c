@@ -366,12 +366,15 @@ static tb_tensor *tb__conv_transpose(const char *fn, int32_t n, tb_tensor *x, tb
                       fn, (int)i, (long long)c.s[i], (long long)c.d[i]);
             return NULL;
         }
-        c.out[i] = full - 2 * c.p[i];
-        if (c.p[i] > INT64_MAX / 4 || c.out[i] < 1) {
-            tb__error(TB_ERR_SHAPE, "%s: the output would have %lld elements along spatial dim %d",
-                      fn, (long long)c.out[i], (int)i);
+        /* full <= INT64_MAX / 4: twice a padding beyond that cannot leave an output */
+        if (c.p[i] > INT64_MAX / 4 || full - 2 * c.p[i] < 1) {
+            tb__error(TB_ERR_SHAPE,
+                      "%s: padding %lld leaves no output along spatial dim %d (%lld before "
+                      "padding)",
+                      fn, (long long)c.p[i], (int)i, (long long)full);
             return NULL;
         }
+        c.out[i] = full - 2 * c.p[i];
     }
     return tb__conv_record(&c, tb__conv_transpose_forward, x, weight, bias, groups, outc);
 }

@@ -4,7 +4,9 @@
    ~/.cache, then torch_backend/), private (0700, ours, not writable by others); one file per
    program, named by a 128-bit hash of its key and holding the whole key, so that a hit is
    confirmed byte for byte. Entries are written to a fresh temporary file (O_EXCL) and renamed
-   into place, read without following links or blocking on FIFOs, and a bad one is removed.
+   into place, read without following links or blocking on FIFOs, and a bad one (or one that
+   others may write to) is removed. The folder is bounded: past TB_CACHE_MAX bytes, the entries
+   used least recently (a hit touches its entry's modification time) are removed.
 
    An entry, <folder>/<key hash as 32 hex digits><suffix>:
      0  magic (8 bytes)    8 .. 11  format version   12 .. 15  header size
@@ -18,10 +20,20 @@
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
 
+#if !defined(_WIN32)
+#include <ctype.h>
+#include <dirent.h>
+#include <utime.h>
+#endif
+
 #define TB__DISK_HEADER    64u
 #define TB__DISK_MAX       ((uint64_t)1 << 30) /* no payload of ours is bigger */
 #define TB__DISK_SEED      0x636c62696e617279ull
 #define TB__DISK_TMP_TRIES 16
+/* the cap when TB_CACHE_MAX is unset: room for the programs of many models */
+#define TB__DISK_DEFAULT_MAX ((uint64_t)1 << 30)
+/* a temporary file this old was left by a process that died while writing it */
+#define TB__DISK_STALE_TMP_S 3600
 
 /* The disk cache opens its files without following links (O_NOFOLLOW, POSIX 2008). glibc
    hides the name under a strict -std when the feature macros come after its first header (our
@@ -224,6 +236,9 @@ static unsigned char *tb__disk_read(const tb__disk_format *fmt, const char *path
         *why = "not a regular file";
     } else if (st.st_uid != geteuid()) {
         *why = "owned by another user";
+    } else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+        /* anyone who may write it may rewrite it with a checksum that matches */
+        *why = "writable by others";
     } else if (st.st_size < 0 || (uint64_t)st.st_size <= (uint64_t)TB__DISK_HEADER + kn ||
                (uint64_t)st.st_size > (uint64_t)TB__DISK_HEADER + kn + TB__DISK_MAX) {
         *why = "not the size of an entry for this key";
@@ -326,6 +341,121 @@ static void tb__disk_write(const tb__disk_format *fmt, const char *dir, const ch
     tb__free(path);
 }
 
+/* TB_CACHE_MAX, the cap of the cache folder in bytes: a whole number with an optional K, M
+   or G (powers of 1024); 0 means no cap; unset or empty, TB__DISK_DEFAULT_MAX. A bad value is
+   said once (a warning) and the default kept. */
+static uint64_t tb__disk_cap(void) {
+    static int32_t reported = 0;
+    const char *v = tb__getenv("TB_CACHE_MAX");
+    char *end = NULL;
+    unsigned long long n;
+    unsigned shift = 0;
+    if (v == NULL || v[0] == '\0') return TB__DISK_DEFAULT_MAX;
+    errno = 0;
+    n = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+    if (end != NULL && (*end == 'K' || *end == 'k'))
+        shift = 10, end++;
+    else if (end != NULL && (*end == 'M' || *end == 'm'))
+        shift = 20, end++;
+    else if (end != NULL && (*end == 'G' || *end == 'g'))
+        shift = 30, end++;
+    if (end == NULL || end == v || *end != '\0' || errno != 0 || n > (UINT64_MAX >> shift)) {
+        if (tb__disk_first_report(&reported)) {
+            tb_log_message(TB_LOG_WARN,
+                           "TB_CACHE_MAX='%.64s' is not a size (bytes, or a number with K, M or "
+                           "G; 0: no cap); using 1G",
+                           v);
+        }
+        return TB__DISK_DEFAULT_MAX;
+    }
+    return (uint64_t)n << shift;
+}
+
+/* Whether `name` is an entry's (32 hex digits, then a suffix), or a temporary file of one
+   (tb__disk_write's ".<32 hex digits>.<pid>.<serial>.tmp"). */
+static bool tb__disk_is_ours(const char *name, bool *tmp) {
+    size_t i, n = strlen(name);
+    *tmp = name[0] == '.';
+    for (i = 0; i < 32; i++)
+        if (!isxdigit((unsigned char)name[*tmp + i])) return false;
+    return *tmp ? n > 37 && strcmp(name + n - 4, ".tmp") == 0 : name[32] == '.';
+}
+
+typedef struct tb__disk_file {
+    char *name;
+    uint64_t bytes;
+    int64_t used; /* modification time: written or last read */
+} tb__disk_file;
+
+static int tb__disk_by_use(const void *a, const void *b) {
+    const tb__disk_file *x = (const tb__disk_file *)a, *y = (const tb__disk_file *)b;
+    if (x->used != y->used) return x->used < y->used ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* Once the entries of the folder `dir` pass `cap` bytes (0: no cap), removes the least
+   recently used until they take at most three quarters of it, never the entry `keep` just
+   written; temporary files left by a process that died while writing go too. Only regular
+   files of ours with an entry's name are counted or removed. Processes sharing the folder may
+   trim at once: a removal is an unlink, a reader that has an entry open reads it whole, and
+   removing what another process removed first is no error. */
+static void tb__disk_trim(const char *dir, const char *keep, uint64_t cap) {
+    DIR *d;
+    struct dirent *e;
+    tb__disk_file *files = NULL;
+    size_t count = 0, capacity = 0, i;
+    uint64_t total = 0;
+    int64_t now = (int64_t)time(NULL);
+    if (cap == 0 || (d = opendir(dir)) == NULL) return;
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        bool tmp;
+        char *path;
+        int fd;
+        if (!tb__disk_is_ours(e->d_name, &tmp)) continue;
+        path = tb__format("%s/%s", dir, e->d_name);
+        if (path == NULL) break;
+        fd =
+            open(path, O_RDONLY | TB__DISK_O_NOFOLLOW | O_NONBLOCK | TB__DISK_O_CLOEXEC | O_NOCTTY);
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()) {
+            if (tmp) {
+                if (now - (int64_t)st.st_mtime > TB__DISK_STALE_TMP_S) (void)unlink(path);
+            } else if (tb__grow((void **)&files, &capacity, count + 1, sizeof *files) == TB_OK &&
+                       (files[count].name = tb__strdup(e->d_name)) != NULL) {
+                files[count].bytes = (uint64_t)st.st_size;
+                files[count].used = (int64_t)st.st_mtime;
+                total += files[count].bytes;
+                count++;
+            }
+        }
+        if (fd >= 0) close(fd);
+        tb__free(path);
+    }
+    closedir(d);
+    if (total > cap) {
+        qsort(files, count, sizeof *files, tb__disk_by_use);
+        size_t removed = 0;
+        for (i = 0; i < count && total > cap / 4 * 3; i++) {
+            char *path;
+            if (strcmp(files[i].name, keep) == 0) continue;
+            path = tb__format("%s/%s", dir, files[i].name);
+            if (path != NULL && (unlink(path) == 0 || errno == ENOENT)) {
+                total -= files[i].bytes;
+                removed++;
+            }
+            tb__free(path);
+        }
+        if (tb_debug_level() >= 1)
+            tb_log_message(TB_LOG_INFO,
+                           "program cache %s: %zu least recently used entries removed "
+                           "(TB_CACHE_MAX %llu bytes)",
+                           dir, removed, (unsigned long long)cap);
+    }
+    for (i = 0; i < count; i++)
+        tb__free(files[i].name);
+    tb__free(files);
+}
+
 #endif /* TB__DISK_CACHE */
 
 static void tb__disk_entry_name(const tb__disk_format *fmt, const uint64_t key[2], char name[64]) {
@@ -358,6 +488,7 @@ static unsigned char *tb__disk_lookup(const tb__disk_format *fmt, const tb__disk
     if (kb != NULL) payload = tb__disk_read(fmt, *path, hash, kb, kn, size, why);
     tb__free(kb);
     if (payload != NULL) {
+        (void)utime(*path, NULL); /* used now: the last to go when the folder is trimmed */
         tb__free(dir);
     } else {
         *save_dir = dir;
@@ -394,6 +525,7 @@ static void tb__disk_store(const tb__disk_format *fmt, const char *dir, const tb
     if (kb != NULL && tb__disk_cache_usable(fmt->who, dir, reported)) {
         tb__disk_entry_name(fmt, hash, name);
         tb__disk_write(fmt, dir, name, hash, kb, kn, payload, n);
+        tb__disk_trim(dir, name, tb__disk_cap());
     }
     tb__free(kb);
 #else

@@ -88,8 +88,9 @@ TBDEF tb_status tb_safetensors_save(const char *path, const tb_tensor_set *set);
 TBDEF tb_tensor_set *tb_npz_load(const char *path, const tb_device *device);
 /* Writes the set as an .npz (stored entries "<name>.npy", zip64 where sizes need it) through
    a temporary file and a rename; numpy.load reads it. The metadata is not written (.npz has no
-   place for it). Errors: NULL arguments, a name holding '/' or '\\' (TB_ERR_INVALID_ARGUMENT:
-   numpy would read it as a folder), a failed sync, TB_ERR_IO. Thread safety as
+   place for it). Errors: NULL arguments, a name that is empty, "." or "..", or holds '/' or
+   '\\' (TB_ERR_INVALID_ARGUMENT: unzip would make it a folder, or a path outside the folder it
+   unpacks into), a failed sync, TB_ERR_IO. Thread safety as
    tb_safetensors_save. */
 TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set);
 

@@ -39,8 +39,16 @@
                          default is used ("TB_BACKEND='x' is not a usable backend: ..."), never
                          a fallback
      TB_BACKEND_PATH     ':'-separated folders searched for plugins libtb_backend_<name>.so
-     TB_CACHE_DIR        folder for the OpenCL program binary cache, created 0700 (a folder
-                         others may write to is not used); "off" disables it
+     TB_CACHE_DIR        folder of the compiled-program cache (opencl and native), created
+                         0700 (a folder or entry others may write to is not used); "off"
+                         disables it
+     TB_CACHE_MAX        size cap of that folder, e.g. "500M" (default 1G; 0: no cap): past
+                         it, the entries used least recently are removed
+     TB_COMPILE_TIMEOUT  seconds a native compile may take (default 300; 0: no limit); no
+                         compiler outlives the process that started it
+     CC, TB_NATIVE_CFLAGS  the native backend's C compiler (default cc) and extra options, split
+                         at blanks, each word one argument
+     TB_NATIVE_THREADS   threads of the native backend (default: the online cores)
      TB_OPENCL_LIBRARY   path of the OpenCL ICD loader (default libOpenCL.so.1; ignored with
                          TB_OPENCL_LINKED)
      TB_MPI_LIBRARY      the MPI library the "mpi" process group opens (default: libmpi.so.40,

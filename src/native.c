@@ -12,264 +12,6 @@
 
 #include <sys/wait.h>
 
-/* ---- the C99 dialect of the code generator ---- */
-
-static const char tb__native_head[] =
-    "/* torch_backend.h: C99 (GNU vector extensions) for the native backend */\n"
-    "#include <stdint.h>\n"
-    "#include <string.h>\n"
-    "#include <limits.h>\n"
-    "#include <tgmath.h>\n"
-    "typedef unsigned char uchar;\n"
-    "typedef uint32_t uint;\n"
-    "typedef uint64_t ulong;\n"
-    "#define TB_FN static inline\n"
-    "#define TB_HAS_F64 1\n"
-    "static inline long tb_min_l(long a, long b) { return a < b ? a : b; }\n"
-    "static inline float tb_as_f32(uint b) { float f; memcpy(&f, &b, sizeof f); return f; }\n"
-    "static inline uint tb_as_u32(float f) { uint b; memcpy(&b, &f, sizeof b); return b; }\n"
-    "typedef unsigned short ushort;\n"
-    "#define TB_BITS_F32(b) tb_as_f32(b)\n"
-    "#define TB_F32_BITS(f) tb_as_u32(f)\n"
-    "#define TB_LDH(p, i) tb_h2f((p)[i])\n"
-    "#define TB_STH(p, i, v) ((p)[i] = (ushort)tb_f2h(v))\n"
-    "#if defined(__FLT16_MAX__) /* the compiler's _Float16: F16C instructions where the CPU has "
-    "them */\n"
-    "#define TB_HAS_F16_CVT 1\n"
-    "static inline uint tb_f2h(float x) {\n"
-    "    _Float16 f = (_Float16)x; ushort b; memcpy(&b, &f, sizeof b); return b;\n"
-    "}\n"
-    "static inline float tb_rnd_f16(float x) { return (float)(_Float16)x; }\n"
-    "#endif\n"
-    "static inline double tb_as_f64(ulong b) { double f; memcpy(&f, &b, sizeof f); return f; }\n"
-    "typedef float float16 __attribute__((vector_size(64)));\n"
-    "typedef double double8 __attribute__((vector_size(64)));\n"
-    "static inline float16 vload16(long i, const float *p) {\n"
-    "    float16 v; memcpy(&v, p + i * 16, sizeof v); return v;\n"
-    "}\n"
-    "static inline void vstore16(float16 v, long i, float *p) { memcpy(p + i * 16, &v, sizeof v); "
-    "}\n"
-    "static inline double8 vload8(long i, const double *p) {\n"
-    "    double8 v; memcpy(&v, p + i * 8, sizeof v); return v;\n"
-    "}\n"
-    "static inline void vstore8(double8 v, long i, double *p) { memcpy(p + i * 8, &v, sizeof v); "
-    "}\n"
-    "typedef int int16 __attribute__((vector_size(64)));\n"
-    "#define TB_HAS_VEC16 1\n"
-    "#define TB_VBC(c) ((float16){0} + (c))\n"
-    "#define TB_VSEL(a, b, m) ((float16)(((int16)(a) & ~(m)) | ((int16)(b) & (m))))\n"
-    "#define TB_VCVTI(x) __builtin_convertvector((x), int16)\n"
-    "#define TB_VASF(x) ((float16)(x))\n"
-    "#define TB_VASI(x) ((int16)(x))\n"
-    "typedef uint uint16 __attribute__((vector_size(64)));\n"
-    "#define TB_VASU(x) ((uint16)(x))\n"
-    "#define TB_VASFU(x) ((float16)(x))\n"
-    "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(float16))\n"
-    "#define TB_VEXP(x) tb_vexp16(x) /* the prelude's: C has no vector exp */\n"
-    "#if defined(__AVX512F__) && defined(__GNUC__) /* a * b + c rounded once */\n"
-    "#define TB_VFMA(a, b, c) __builtin_ia32_vfmaddps512_mask(a, b, c, (unsigned short)0xffff, 4)\n"
-    "#else\n"
-    "#define TB_VFMA(a, b, c) ((a) * (b) + (c))\n"
-    "#endif\n"
-    "#if defined(__AVX512F__) && defined(__GNUC__) /* p * 2^k (k whole) rounded once */\n"
-    "#define TB_VSCALEF(p, k) __builtin_ia32_scalefps512_mask(p, k, p, (unsigned short)0xffff, 4)\n"
-    "#endif\n"
-    "/* rows streamed through the caches: the next row fetched ahead, outputs stored past the\n"
-    "   caches (the fence orders those stores before the kernel's end) */\n"
-    "#define TB_PREFETCH(p) __builtin_prefetch(p)\n"
-    "#define TB_PREFETCH_L2(p) __builtin_prefetch((p), 0, 1) /* to the outer caches only */\n"
-    "#if defined(__clang__)\n"
-    "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (float16 *)(p))\n"
-    "#elif defined(__AVX512F__) && defined(__GNUC__)\n"
-    "#define TB_VSTREAM(v, p) __builtin_ia32_movntps512((p), (v))\n"
-    "#else\n"
-    "#define TB_VSTREAM(v, p) vstore16((v), 0, (p))\n"
-    "#endif\n"
-    "#if defined(__SSE__) && defined(__GNUC__)\n"
-    "#define TB_VSTREAM_END() __builtin_ia32_sfence()\n"
-    "#else\n"
-    "#define TB_VSTREAM_END() ((void)0)\n"
-    "#endif\n"
-    "static inline float16 TB_VSQRT(float16 x) {\n"
-    "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
-    "}\n"
-    "\n";
-
-/* The head's second part: 16 lanes of 16-bit floats. */
-static const char tb__native_head2[] =
-    /* 16 lanes of f16: the F16C instructions where the CPU has them, else lane by lane; bf16
-       as the top half of an f32 */
-    "typedef unsigned short ushort16 __attribute__((vector_size(32)));\n"
-    "#if defined(__AVX512F__) && defined(__GNUC__)\n"
-    "typedef short tb_v16hi __attribute__((vector_size(32)));\n"
-    "static inline float16 tb_vh2f16(tb_v16hi h) {\n"
-    "    return __builtin_ia32_vcvtph2ps512_mask(h, (float16){0}, (unsigned short)0xffff, 4);\n"
-    "}\n"
-    "static inline tb_v16hi tb_vf2h16(float16 v) {\n"
-    "    return __builtin_ia32_vcvtps2ph512_mask(v, 0, (tb_v16hi){0}, (unsigned short)0xffff);\n"
-    "}\n"
-    "#if !defined(__clang__) /* gcc's builtin: one widening load (clang has no such builtin) */\n"
-    "#define TB_HAS_VLDBF 1\n"
-    "static inline float16 tb_vldbf(const ushort *p) {\n"
-    "    tb_v16hi h; memcpy(&h, p, sizeof h);\n"
-    "    return (float16)(__builtin_ia32_pmovzxwd512_mask(h, (int16){0}, (unsigned short)0xffff) "
-    "<< 16);\n"
-    "}\n"
-    "#endif\n"
-    "#elif defined(__F16C__) && defined(__GNUC__)\n"
-    "typedef short tb_v16hi __attribute__((vector_size(32)));\n"
-    "typedef short tb_v8hi __attribute__((vector_size(16)));\n"
-    "typedef float tb_v8sf __attribute__((vector_size(32)));\n"
-    "static inline float16 tb_vh2f16(tb_v16hi h) {\n"
-    "    tb_v8hi a, b; tb_v8sf fa, fb; float16 r;\n"
-    "    memcpy(&a, &h, 16); memcpy(&b, (char *)&h + 16, 16);\n"
-    "    fa = __builtin_ia32_vcvtph2ps256(a); fb = __builtin_ia32_vcvtph2ps256(b);\n"
-    "    memcpy(&r, &fa, 32); memcpy((char *)&r + 32, &fb, 32); return r;\n"
-    "}\n"
-    "static inline tb_v16hi tb_vf2h16(float16 v) {\n"
-    "    tb_v8sf fa, fb; tb_v8hi a, b; tb_v16hi h;\n"
-    "    memcpy(&fa, &v, 32); memcpy(&fb, (char *)&v + 32, 32);\n"
-    "    a = __builtin_ia32_vcvtps2ph256(fa, 0); b = __builtin_ia32_vcvtps2ph256(fb, 0);\n"
-    "    memcpy(&h, &a, 16); memcpy((char *)&h + 16, &b, 16); return h;\n"
-    "}\n"
-    "#else\n"
-    "typedef ushort16 tb_v16hi;\n"
-    "static inline float tb_h2f(uint h);\n"
-    "static inline uint tb_f2h(float f);\n"
-    "static inline float16 tb_vh2f16(tb_v16hi h) {\n"
-    "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = tb_h2f(h[i]); return r;\n"
-    "}\n"
-    "static inline tb_v16hi tb_vf2h16(float16 v) {\n"
-    "    tb_v16hi h; int i; for (i = 0; i < 16; i++) h[i] = (ushort)tb_f2h(v[i]); return h;\n"
-    "}\n"
-    "#endif\n"
-    "static inline float16 tb_vldh(const ushort *p) {\n"
-    "    tb_v16hi h; memcpy(&h, p, sizeof h); return tb_vh2f16(h);\n"
-    "}\n"
-    "static inline void tb_vsth(float16 v, ushort *p) {\n"
-    "    tb_v16hi h = tb_vf2h16(v); memcpy(p, &h, sizeof h);\n"
-    "}\n"
-    "#define TB_VLDH(p) tb_vldh(p)\n"
-    "#define TB_VSTH(v, p) tb_vsth((v), (p))\n"
-    "#define TB_VRNDH(x) tb_vh2f16(tb_vf2h16(x))\n"
-    "#ifndef TB_HAS_VLDBF\n"
-    "static inline float16 tb_vldbf(const ushort *p) {\n"
-    "    ushort16 h; memcpy(&h, p, sizeof h);\n"
-    "    return (float16)(__builtin_convertvector(h, uint16) << 16);\n"
-    "}\n"
-    "#endif\n"
-    "static inline void tb_vstbf(float16 r, ushort *p) {\n"
-    "    ushort16 h = __builtin_convertvector((uint16)r >> 16, ushort16); memcpy(p, &h, sizeof "
-    "h);\n"
-    "}\n"
-    "#define TB_VLDBF(p) tb_vldbf(p)\n"
-    "#define TB_VSTBF(v, p) tb_vstbf(tb_vrnd_bf16(v), (p))\n";
-
-static const char *tb__native_math(const char *fn, tb_dtype dtype) {
-    (void)dtype; /* <tgmath.h> picks the float or double function */
-    return fn;
-}
-
-/* The work-item space of a kernel: its global size per dimension. */
-static void tb__native_global_size(const tb__plan_kernel *k, uint64_t size[3]) {
-    int d;
-    if (k->group_size[0] > 0) {
-        for (d = 0; d < 3; d++)
-            size[d] =
-                (uint64_t)k->groups[d] * (uint64_t)(k->group_size[d] > 0 ? k->group_size[d] : 1);
-    } else {
-        size[0] = k->items;
-        size[1] = size[2] = 1;
-    }
-}
-
-/* A kernel is two functions: NAME_item, the body for one work item (tb_g0..2 its ids), and
-   NAME(args, lo, hi), which runs work items [lo, hi) of the flattened space, the pointers and
-   scalars it reads taken from args in the plan's order (the output first). */
-static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
-                                   const tb__cg_param *params, size_t num_params,
-                                   const char *body) {
-    /* an elementwise kernel's non-temporal stores: one fence for the whole range */
-    const char *fence =
-        k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n" : "";
-    uint64_t size[3];
-    size_t i;
-    tb__native_global_size(k, size);
-    tb__str_append(src, "static inline void %s_item(long tb_g0, long tb_g1, long tb_g2", k->name);
-    for (i = 0; i < num_params; i++) {
-        const tb__cg_param *q = &params[i];
-        if (q->role == TB__ARG_SCALAR) {
-            tb__str_append(src, ",\n    const %s %s", q->type, q->name);
-        } else if (q->role == -1 || q->role == TB__ARG_ERR) {
-            tb__str_append(src, ",\n    %s *restrict %s", q->type, q->name);
-        } else {
-            tb__str_append(src, ",\n    const %s *restrict %s", q->type, q->name);
-        }
-    }
-    tb__str_append(src, ") {\n    (void)tb_g0, (void)tb_g1, (void)tb_g2;\n%s}\n\n", body);
-    tb__str_append(src, "void %s(void *const *tb_a, long tb_lo, long tb_hi) {\n", k->name);
-    for (i = 0; i < num_params; i++) {
-        const tb__cg_param *q = &params[i];
-        if (q->role == TB__ARG_SCALAR) {
-            tb__str_append(src, "    const %s %s = *(const %s *)tb_a[%zu];\n", q->type, q->name,
-                           q->type, i);
-        } else if (q->role == -1 || q->role == TB__ARG_ERR) {
-            tb__str_append(src, "    %s *restrict %s = (%s *)tb_a[%zu];\n", q->type, q->name,
-                           q->type, i);
-        } else {
-            tb__str_append(src, "    const %s *restrict %s = (const %s *)tb_a[%zu];\n", q->type,
-                           q->name, q->type, i);
-        }
-    }
-    /* the bound lets the compiler see that every item is in range */
-    tb__str_append(src, "    if (tb_hi > %lldL) tb_hi = %lldL;\n",
-                   (long long)(size[0] * size[1] * size[2]),
-                   (long long)(size[0] * size[1] * size[2]));
-    if (size[1] == 1 && size[2] == 1) {
-        tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi; tb_w++)\n");
-        tb__str_append(src, "        %s_item(tb_w, 0, 0", k->name);
-        for (i = 0; i < num_params; i++)
-            tb__str_append(src, ", %s", params[i].name);
-        tb__str_append(src, ");\n%s}\n\n", fence);
-        return;
-    }
-    /* runs of dimension 0 at fixed ids 1 and 2: one division per run, not per item */
-    tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi;) {\n");
-    tb__str_append(src,
-                   "        const long tb_r = tb_w / %lldL, tb_g1 = tb_r %% %lldL, tb_g2 = tb_r / "
-                   "%lldL;\n",
-                   (long long)size[0], (long long)size[1], (long long)size[1]);
-    tb__str_append(src, "        long tb_g0 = tb_w %% %lldL, tb_end = tb_w + (%lldL - tb_g0);\n",
-                   (long long)size[0], (long long)size[0]);
-    tb__str_append(src, "        if (tb_end > tb_hi) tb_end = tb_hi;\n");
-    tb__str_append(src, "        for (; tb_w < tb_end; tb_w++, tb_g0++)\n");
-    tb__str_append(src, "            %s_item(tb_g0, tb_g1, tb_g2", k->name);
-    for (i = 0; i < num_params; i++)
-        tb__str_append(src, ", %s", params[i].name);
-    tb__str_append(src, ");\n    }\n%s}\n\n", fence);
-}
-
-static void tb__native_dialect(tb__dialect *d) {
-    memset(d, 0, sizeof *d);
-    d->name = "C99";
-    d->head = tb__native_head;
-    d->head2 = tb__native_head2;
-    d->vec_make = "(float16){%s}";
-    d->global = "";
-    d->local = NULL; /* a thread runs a range of work items: no work-groups */
-    d->barrier = "";
-    d->global_id = "tb_g%d";
-    d->group_id = "tb_g%d";
-    d->local_id = "0";
-    d->vec_zero = "(%s){0}";
-    d->min_long = "tb_min_l";
-    d->bits_f32 = "tb_as_f32";
-    d->bits_f64 = "tb_as_f64";
-    d->f64 = true;
-    d->math = tb__native_math;
-    d->kernel = tb__native_emit_kernel;
-}
-
 /* ---- the thread pool ----
    One job at a time: a kernel's work items split into chunks, taken by the pool's threads
    and the caller from a shared counter.
@@ -456,9 +198,19 @@ static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *ar
 
 /* ---- the runtime: the compiler, the device, memory, programs ---- */
 
-#include <spawn.h>
+#include <poll.h>
+#include <signal.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 
 extern char **environ;
+/* kill is POSIX's: under a strict -std, with a system header included before our feature
+   macro, the C library hides it (C++ compilers define the macros that show it). */
+#if !defined(__cplusplus) && defined(__STRICT_ANSI__) &&                                           \
+    (!defined(__GLIBC__) || !defined(__USE_POSIX))
+extern int kill(pid_t pid, int sig);
+#endif
 
 /* A host buffer, 64-byte aligned (the payload of every native tb_backend_data). */
 typedef struct tb__native_buf {
@@ -485,13 +237,19 @@ typedef struct tb__native_rt {
     tb_status status; /* TB_OK, or why the backend cannot be used */
     char reason[512];
     tb_device_info info;
-    /* the compiler: its command words ($CC split at spaces), its options, its identity (the
-       first line of --version, read at the first compile) and the CPU's */
-    char *cc_text;
-    char *cc_argv[16];
+    /* the compiler: its command words ($CC split at blanks, every word kept), the path of the
+       first, its options (as one text for the cache key, and as words), its identity (the
+       file it is) and the CPU's; a compile may take timeout_s seconds (0: no limit) */
+    char *cc_command, *cc_text, **cc_argv, cc_path[4096];
     size_t cc_argc;
-    char options[512];
-    char cc_id[4200];
+    char *options, *options_text, **opt_argv;
+    size_t opt_argc;
+    double timeout_s;
+    /* the vector shape the programs are compiled for (tb__native_shape, at the first compile):
+       what both the CPU and the compiler's target have */
+    bool shaped;
+    tb__host_shape shape;
+    char cc_id[4200 + 64];
     char cpu[512];
     uint64_t l2_bytes; /* a core's L2 cache as the C library reports it; 0: unknown */
     tb__native_pool *pool;
@@ -536,7 +294,12 @@ static void tb__native_rt_destroy(tb__native_rt *rt) {
         tb__free(rt->cache[i]);
     }
     tb__free(rt->cache);
+    tb__free(rt->cc_command);
     tb__free(rt->cc_text);
+    tb__free(rt->cc_argv);
+    tb__free(rt->options);
+    tb__free(rt->options_text);
+    tb__free(rt->opt_argv);
     tb__free(rt);
 }
 
@@ -601,13 +364,77 @@ static void tb__native_read_cpu(tb__native_rt *rt) {
     snprintf(rt->cpu, sizeof rt->cpu, "%s; features %016llx", rt->info.name, (unsigned long long)h);
 }
 
+/* Splits `text` in place at blanks (spaces, tabs, newlines) into its words, every one kept:
+ *words (caller frees; NULL-terminated) and *count. False when out of memory. */
+static bool tb__native_split_words(char *text, char ***words, size_t *count) {
+    size_t n = 0, cap = 1;
+    char *p, **out;
+    for (p = text; *p != '\0'; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' &&
+            (p == text || p[-1] == ' ' || p[-1] == '\t' || p[-1] == '\n'))
+            cap++;
+    out = (char **)tb__calloc(cap, sizeof *out);
+    if (out == NULL) return false;
+    for (p = text; *p != '\0';) {
+        while (*p == ' ' || *p == '\t' || *p == '\n')
+            *p++ = '\0';
+        if (*p == '\0') break;
+        out[n++] = p;
+        while (*p != '\0' && *p != ' ' && *p != '\t' && *p != '\n')
+            p++;
+    }
+    out[n] = NULL;
+    *words = out;
+    *count = n;
+    return true;
+}
+
+/* A positive whole number from the environment variable `name`, at most `max`: *out is left
+   alone when it is unset or empty, and a bad value is said once (a warning) and ignored; a
+   value above `max` is capped, with a warning. */
+static void tb__native_env_count(const char *name, long max, uint32_t *out) {
+    const char *v = tb__getenv(name);
+    char *end = NULL;
+    long n;
+    if (v == NULL || v[0] == '\0') return;
+    errno = 0;
+    n = strtol(v, &end, 10);
+    if (end == v || *end != '\0' || n < 1 || errno != 0) {
+        tb_log_message(TB_LOG_WARN, "native: %s='%.64s' is not a whole number >= 1; ignored", name,
+                       v);
+        return;
+    }
+    if (n > max) {
+        tb_log_message(TB_LOG_WARN, "native: %s=%ld is more than %ld; using %ld", name, n, max,
+                       max);
+        n = max;
+    }
+    *out = (uint32_t)n;
+}
+
+/* TB_COMPILE_TIMEOUT: the seconds a compile may take (unset or empty: 300; 0: no limit). A bad
+   value is said (a warning) and the default kept. */
+static double tb__native_env_timeout(void) {
+    const char *v = tb__getenv("TB_COMPILE_TIMEOUT");
+    char *end = NULL;
+    double t;
+    if (v == NULL || v[0] == '\0') return 300.0;
+    t = strtod(v, &end);
+    if (end == v || *end != '\0' || !(t >= 0.0) || t > 1e7) {
+        tb_log_message(TB_LOG_WARN,
+                       "native: TB_COMPILE_TIMEOUT='%.64s' is not a number of seconds (>= 0; 0: "
+                       "no limit); using 300",
+                       v);
+        return 300.0;
+    }
+    return t;
+}
+
 /* Facts of the device, the compiler's command and options; an unusable runtime says why. */
 static void tb__native_probe(tb__native_rt *rt) {
     const char *cc = tb__getenv("CC"), *extra = tb__getenv("TB_NATIVE_CFLAGS");
-    const char *threads = tb__getenv("TB_NATIVE_THREADS");
     long cores = sysconf(_SC_NPROCESSORS_ONLN), pages = sysconf(_SC_PHYS_PAGES);
     long page = sysconf(_SC_PAGESIZE);
-    char *p, found[4096];
     struct stat st;
     tb_device_info *info = &rt->info;
     strcpy(info->device.backend, "native");
@@ -616,7 +443,8 @@ static void tb__native_probe(tb__native_rt *rt) {
     snprintf(info->language_version, sizeof info->language_version, "C99");
     snprintf(info->driver_version, sizeof info->driver_version, "%s", TB_VERSION_STRING);
     info->compute_units = cores > 0 ? (uint32_t)cores : 1;
-    if (threads != NULL && atoi(threads) > 0) info->compute_units = (uint32_t)atoi(threads);
+    /* more threads than 16 per core only add switching; the cap keeps a typo harmless */
+    tb__native_env_count("TB_NATIVE_THREADS", 16 * (cores > 0 ? cores : 1), &info->compute_units);
     info->global_memory = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
     info->max_allocation = info->global_memory;
     info->max_work_group_size = 1;
@@ -631,40 +459,38 @@ static void tb__native_probe(tb__native_rt *rt) {
 #endif
     rt->cache_limit = info->global_memory / 8;
     if (rt->cache_limit < ((uint64_t)64 << 20)) rt->cache_limit = (uint64_t)64 << 20;
+    rt->timeout_s = tb__native_env_timeout();
     if (sizeof(long) != 8) {
         rt->status = TB_ERR_UNAVAILABLE;
         snprintf(rt->reason, sizeof rt->reason, "native: needs a 64-bit long (an LP64 system)");
         return;
     }
+    rt->cc_command = tb__strdup(cc != NULL ? cc : "cc");
     rt->cc_text = tb__strdup(cc != NULL ? cc : "cc");
-    if (rt->cc_text == NULL) {
+    rt->options = tb__format(
+        "-std=gnu99 -O3 -march=native -fPIC -shared -ffp-contract=off -fno-math-errno -w%s%s",
+        extra != NULL ? " " : "", extra != NULL ? extra : "");
+    rt->options_text = rt->options != NULL ? tb__strdup(rt->options) : NULL;
+    if (rt->cc_command == NULL || rt->cc_text == NULL || rt->options == NULL ||
+        rt->options_text == NULL ||
+        !tb__native_split_words(rt->cc_text, &rt->cc_argv, &rt->cc_argc) ||
+        !tb__native_split_words(rt->options_text, &rt->opt_argv, &rt->opt_argc)) {
         rt->status = TB_ERR_OUT_OF_MEMORY;
         snprintf(rt->reason, sizeof rt->reason, "native: out of memory");
         return;
     }
-    for (p = rt->cc_text; *p != '\0' && rt->cc_argc < 8;) {
-        while (*p == ' ' || *p == '\t')
-            *p++ = '\0';
-        if (*p == '\0') break;
-        rt->cc_argv[rt->cc_argc++] = p;
-        while (*p != '\0' && *p != ' ' && *p != '\t')
-            p++;
-    }
-    if (rt->cc_argc == 0 || !tb__native_find_program(rt->cc_argv[0], found) ||
-        stat(found, &st) != 0) {
+    if (rt->cc_argc == 0 || !tb__native_find_program(rt->cc_argv[0], rt->cc_path) ||
+        stat(rt->cc_path, &st) != 0) {
         rt->status = TB_ERR_UNAVAILABLE;
         snprintf(rt->reason, sizeof rt->reason,
-                 "native: no C compiler: '%s' is not an executable on PATH (set CC)",
+                 "native: no C compiler: '%.200s' is not an executable on PATH (set CC)",
                  rt->cc_argc > 0 ? rt->cc_argv[0] : (cc != NULL ? cc : "cc"));
         return;
     }
-    /* the compiler's identity for the disk cache: the file it is (a new version is another
-       file, or the same file changed) */
-    snprintf(rt->cc_id, sizeof rt->cc_id, "%s: %s (%lld bytes, modified %lld)",
-             cc != NULL ? cc : "cc", found, (long long)st.st_size, (long long)st.st_mtime);
-    snprintf(rt->options, sizeof rt->options,
-             "-std=gnu99 -O3 -march=native -fPIC -shared -ffp-contract=off -fno-math-errno -w%s%s",
-             extra != NULL ? " " : "", extra != NULL ? extra : "");
+    /* the compiler's identity for the disk cache, beside its whole command: the file it runs
+       (a new version is another file, or the same file changed) */
+    snprintf(rt->cc_id, sizeof rt->cc_id, "%s (%lld bytes, modified %lld)", rt->cc_path,
+             (long long)st.st_size, (long long)st.st_mtime);
 }
 
 /* The runtime, made on first use. Call with tb__native_mutex held. NULL (the error set) when
@@ -847,33 +673,192 @@ static unsigned char *tb__native_read_file(const char *path, size_t *size) {
     return buf;
 }
 
-/* Runs argv (argv[0] found on PATH) with its output into the file `log`; the exit status, 128 +
-   the signal that ended it, or -1 with the error set when it cannot start. */
-static int tb__native_spawn(char *const *argv, const char *log) {
-    posix_spawn_file_actions_t fa;
-    pid_t pid;
-    int rc, status = 0;
-    if (posix_spawn_file_actions_init(&fa) != 0) {
-        tb__error(TB_ERR_OUT_OF_MEMORY, "native: out of memory");
-        return -1;
+/* What the supervisor of a compile reports (tb__native_spawn). */
+typedef struct tb__native_outcome {
+    int32_t kind;  /* 'x' exited, 's' killed by a signal, 't' timed out, 'f' could not fork */
+    int32_t value; /* the exit status, the signal, or errno */
+} tb__native_outcome;
+
+#define TB__NATIVE_FD_LIMIT 65536
+
+/* Closes every descriptor from `low` up (async-signal-safe: between fork and exec). */
+static void tb__native_close_from(int low, long limit) {
+    long fd;
+    for (fd = low; fd < limit; fd++)
+        (void)close((int)fd);
+}
+
+/* The supervisor of one compile, in the child of fork (so only async-signal-safe calls): starts
+   the compiler in a process group of its own (the driver and every compiler it starts), then
+   waits for the first of: the compiler's tree closing `done` (it has exited), `alive` closing
+   (the library's process has ended: the group is killed), or the deadline (the group is
+   killed). Reports on `report` and exits. Descriptors: 3 log, 4 alive (read end), 5 report
+   (write end), 6 done (read end), 7 done (write end). */
+static void tb__native_supervise(const char *path, char *const *argv, double timeout_s,
+                                 long fd_limit) {
+    static const int terminal[] = {SIGINT, SIGQUIT, SIGHUP, SIGPIPE};
+    tb__native_outcome out;
+    uint64_t start = tb__now_ns();
+    int status = 0, n, k;
+    pid_t cc, supervisor;
+    /* a Ctrl-C or hang-up meant for the program ends the program, and with it the compile */
+    for (k = 0; k < 4; k++)
+        (void)signal(terminal[k], SIG_IGN);
+    supervisor = getpid();
+    cc = fork();
+    if (cc == 0) {
+        for (k = 0; k < 4; k++)
+            (void)signal(terminal[k], SIG_DFL);
+        (void)setpgid(0, 0);
+#if defined(__linux__) && defined(PR_SET_PDEATHSIG)
+        /* should the supervisor itself be killed, the compiler goes with it */
+        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != supervisor) _exit(126);
+#endif
+        if (dup2(3, 1) < 0 || dup2(3, 2) < 0) _exit(126);
+        /* the write end of `done` stays open in the compiler's tree until its last process ends */
+        if (dup2(7, 3) < 0) _exit(126);
+        tb__native_close_from(4, fd_limit);
+        (void)execve(path, argv, environ);
+        {
+            static const char msg[] = "native: the compiler could not be started (execve)\n";
+            ssize_t w = write(2, msg, sizeof msg - 1);
+            (void)w;
+        }
+        _exit(127);
     }
-    rc = posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    if (rc == 0) rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-        tb__error(TB_ERR_UNAVAILABLE, "native: cannot run %s: %s", argv[0], strerror(rc));
-        return -1;
-    }
-    while (waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR) {
-            tb__error(TB_ERR_COMPILE, "native: waiting for %s failed: %s", argv[0],
-                      strerror(errno));
-            return -1;
+    (void)close(7);
+    out.value = 0;
+    if (cc < 0) {
+        out.kind = 'f';
+        out.value = errno;
+    } else {
+        (void)setpgid(cc, cc); /* the compiler does so too: whichever runs first */
+        out.kind = 'x';
+        for (;;) {
+            struct pollfd fds[2];
+            int wait_ms = -1;
+            if (timeout_s > 0) {
+                double left = timeout_s - (double)(tb__now_ns() - start) * 1e-9;
+                if (left <= 0) {
+                    out.kind = 't';
+                    break;
+                }
+                wait_ms = left > 60.0 ? 60000 : (int)(left * 1000.0) + 1;
+            }
+            fds[0].fd = 6;
+            fds[0].events = POLLIN;
+            fds[1].fd = 4;
+            fds[1].events = POLLIN;
+            fds[0].revents = fds[1].revents = 0;
+            n = poll(fds, 2, wait_ms);
+            if (n < 0 && errno != EINTR) break;
+            if (n > 0 && fds[1].revents != 0) {
+                out.kind = 'k'; /* the library's process is gone */
+                break;
+            }
+            if (n > 0 && fds[0].revents != 0) break; /* the compiler's tree has exited */
+        }
+        if (out.kind != 'x') (void)kill(-cc, SIGKILL);
+        while (waitpid(cc, &status, 0) < 0 && errno == EINTR) {
+        }
+        if (out.kind == 'x' && WIFEXITED(status)) {
+            out.value = WEXITSTATUS(status);
+        } else if (out.kind == 'x') {
+            out.kind = 's';
+            out.value = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
         }
     }
-    if (WIFEXITED(status)) return WEXITSTATUS(status);
-    return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 255;
+    n = (int)write(5, &out, sizeof out);
+    (void)n;
+    _exit(0);
+}
+
+/* Runs the compiler (`argv`, argv[0] found at `path`) with its output into the file `log`,
+   under a supervisor process (tb__native_supervise) that ends the compiler's whole process
+   group when `timeout_s` seconds pass (0: no limit) or when this process ends, so that no
+   compiler outlives it. Returns the exit status, 128 + the signal that ended it, or -1 with
+   the error set (it could not start, or it timed out: TB_ERR_COMPILE saying so). */
+static int tb__native_spawn(const char *path, char *const *argv, const char *log,
+                            double timeout_s) {
+    int logfd, alive[2] = {-1, -1}, report[2] = {-1, -1}, done[2] = {-1, -1}, err = 0;
+    long fd_limit = sysconf(_SC_OPEN_MAX);
+    tb__native_outcome out;
+    size_t got = 0;
+    pid_t sup;
+    if (fd_limit < 64 || fd_limit > TB__NATIVE_FD_LIMIT) fd_limit = TB__NATIVE_FD_LIMIT;
+    logfd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_NOCTTY | TB__DISK_O_CLOEXEC, 0600);
+    if (logfd < 0 || pipe(alive) != 0 || pipe(report) != 0 || pipe(done) != 0) {
+        err = errno;
+        if (logfd >= 0) close(logfd);
+        if (alive[0] >= 0) close(alive[0]), close(alive[1]);
+        if (report[0] >= 0) close(report[0]), close(report[1]);
+        tb__error(TB_ERR_IO, "native: cannot start the compiler: %s", strerror(err));
+        return -1;
+    }
+    /* ours stay out of programs that other threads start meanwhile */
+    (void)fcntl(alive[1], F_SETFD, FD_CLOEXEC);
+    (void)fcntl(report[0], F_SETFD, FD_CLOEXEC);
+    sup = fork();
+    if (sup == 0) {
+        /* the descriptors in the places tb__native_supervise expects, the rest closed (a
+           supervisor holding another compile's `alive` would keep that one from seeing us go) */
+        int want[5], k;
+        want[0] = logfd, want[1] = alive[0], want[2] = report[1], want[3] = done[0];
+        want[4] = done[1];
+        for (k = 0; k < 5; k++) {
+            int moved = fcntl(want[k], F_DUPFD, 16); /* above 3..7: no collision below */
+            if (moved < 0) _exit(1);
+            want[k] = moved;
+        }
+        for (k = 0; k < 5; k++)
+            if (dup2(want[k], 3 + k) < 0) _exit(1);
+        tb__native_close_from(8, fd_limit);
+        tb__native_supervise(path, argv, timeout_s, fd_limit);
+    }
+    err = errno;
+    close(logfd);
+    close(alive[0]);
+    close(report[1]);
+    close(done[0]);
+    close(done[1]);
+    if (sup < 0) {
+        close(alive[1]);
+        close(report[0]);
+        tb__error(TB_ERR_UNAVAILABLE, "native: cannot start the compiler: %s", strerror(err));
+        return -1;
+    }
+    memset(&out, 0, sizeof out);
+    while (got < sizeof out) {
+        ssize_t r = read(report[0], (char *)&out + got, sizeof out - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(report[0]);
+    /* ECHILD: the program ignores SIGCHLD and the supervisor was reaped for it */
+    while (waitpid(sup, NULL, 0) < 0 && errno == EINTR) {
+    }
+    close(alive[1]);
+    if (got != sizeof out) {
+        tb__error(TB_ERR_COMPILE, "native: the compiler's supervisor ended without a report");
+        return -1;
+    }
+    switch (out.kind) {
+    case 'x':
+        return out.value;
+    case 's':
+        return 128 + out.value;
+    case 't':
+        tb__error(TB_ERR_COMPILE,
+                  "native: the compiler (%s) did not finish within %g s and was stopped "
+                  "(TB_COMPILE_TIMEOUT sets the limit; 0 removes it)",
+                  argv[0], timeout_s);
+        return -1;
+    default:
+        tb__error(TB_ERR_UNAVAILABLE, "native: cannot start the compiler: %s", strerror(out.value));
+        return -1;
+    }
 }
 
 /* Removes a temporary folder and the files of ours in it. */
@@ -893,6 +878,7 @@ static void tb__native_tmp_clean(const char *dir) {
 static void tb__native_disk_key(const tb__native_rt *rt, const char *src, size_t len,
                                 tb__disk_key *key) {
     memset(key, 0, sizeof *key);
+    tb__disk_key_add(key, rt->cc_command, (size_t)-1);
     tb__disk_key_add(key, rt->cc_id, (size_t)-1);
     tb__disk_key_add(key, rt->options, (size_t)-1);
     tb__disk_key_add(key, rt->cpu, (size_t)-1);
@@ -917,7 +903,7 @@ static void *tb__native_load_bytes(const unsigned char *bytes, size_t n) {
 /* Compiles `src` into a shared object; its handle, and its bytes in *so (caller frees). */
 static tb_status tb__native_compile_source(tb__native_rt *rt, const char *src, size_t len,
                                            void **handle, unsigned char **so, size_t *so_len) {
-    char *argv[64], opts[512], *dir, *csrc = NULL, *out = NULL, *log = NULL, *p;
+    char **argv = NULL, *dir, *csrc = NULL, *out = NULL, *log = NULL;
     size_t i = 0, k;
     int rc;
     tb_status st = TB_OK;
@@ -928,29 +914,24 @@ static tb_status tb__native_compile_source(tb__native_rt *rt, const char *src, s
     csrc = tb__format("%s/k.c", dir);
     out = tb__format("%s/k.so", dir);
     log = tb__format("%s/k.log", dir);
-    if (csrc == NULL || out == NULL || log == NULL) {
+    argv = (char **)tb__calloc(rt->cc_argc + rt->opt_argc + 6, sizeof *argv);
+    if (csrc == NULL || out == NULL || log == NULL || argv == NULL) {
         st = TB_ERR_OUT_OF_MEMORY;
     } else if (!tb__native_write_file(csrc, src, len)) {
         st = tb__error(TB_ERR_IO, "native: cannot write %s: %s", csrc, strerror(errno));
     }
     if (st == TB_OK) {
+        /* word for word: $CC's words, then the options' */
         for (k = 0; k < rt->cc_argc; k++)
             argv[i++] = rt->cc_argv[k];
-        snprintf(opts, sizeof opts, "%s", rt->options);
-        for (p = opts; *p != '\0' && i < 56;) {
-            while (*p == ' ')
-                *p++ = '\0';
-            if (*p == '\0') break;
-            argv[i++] = p;
-            while (*p != '\0' && *p != ' ')
-                p++;
-        }
+        for (k = 0; k < rt->opt_argc; k++)
+            argv[i++] = rt->opt_argv[k];
         argv[i++] = (char *)"-o";
         argv[i++] = out;
         argv[i++] = csrc;
         argv[i++] = (char *)"-lm";
         argv[i] = NULL;
-        rc = tb__native_spawn(argv, log);
+        rc = tb__native_spawn(rt->cc_path, argv, log, rt->timeout_s);
         if (rc < 0) {
             st = tb_last_status();
         } else if (rc != 0) {
@@ -971,6 +952,7 @@ static tb_status tb__native_compile_source(tb__native_rt *rt, const char *src, s
         }
     }
     tb__native_tmp_clean(dir);
+    tb__free(argv);
     tb__free(csrc);
     tb__free(out);
     tb__free(log);
@@ -980,6 +962,138 @@ static tb_status tb__native_compile_source(tb__native_rt *rt, const char *src, s
         *so = NULL;
     }
     return st;
+}
+
+/* ---- the host's vector shape ---- */
+
+/* What the CPU has, asked of the CPU itself (cpuid on x86-64 through the compiler's builtin,
+   which also checks that the system saves the wider registers; NEON is part of AArch64). */
+static void tb__native_cpu_shape(tb__host_shape *s) {
+    memset(s, 0, sizeof *s);
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    s->x86 = true;
+    s->vec_bytes = 16; /* SSE2 is part of x86-64 */
+    s->vec_regs = 16;
+    if (__builtin_cpu_supports("avx2")) s->vec_bytes = 32;
+    if (__builtin_cpu_supports("avx512f")) s->vec_bytes = 64, s->vec_regs = 32;
+    s->fma = __builtin_cpu_supports("fma") != 0;
+    /* F16C has no name for the builtin in every compiler: AVX2 CPUs have it (Haswell on) */
+    s->f16c = s->vec_bytes >= 32;
+#elif defined(__aarch64__)
+    s->vec_bytes = 16;
+    s->vec_regs = 32;
+    s->fma = true;
+    s->f16c = true;
+#else
+    s->vec_bytes = 16; /* GNU vectors of 4 floats: the compiler splits them where it must */
+    s->vec_regs = 16;
+#endif
+}
+
+/* What the compiler targets with the backend's options (and the user's): its predefined
+   macros, from `cc OPTIONS -dM -E -x c /dev/null`. False when they cannot be read (a compiler
+   that does not take these options): then the CPU's shape stands alone. */
+static bool tb__native_cc_shape(tb__native_rt *rt, tb__host_shape *s) {
+    char *dir = tb__native_tmpdir(), *log = NULL, *text = NULL, **argv = NULL;
+    size_t i = 0, k;
+    bool ok = false;
+    memset(s, 0, sizeof *s);
+    if (dir == NULL) return false;
+    log = tb__format("%s/k.log", dir);
+    argv = (char **)tb__calloc(rt->cc_argc + rt->opt_argc + 8, sizeof *argv);
+    if (log != NULL && argv != NULL) {
+        for (k = 0; k < rt->cc_argc; k++)
+            argv[i++] = rt->cc_argv[k];
+        for (k = 0; k < rt->opt_argc; k++)
+            if (strcmp(rt->opt_argv[k], "-shared") != 0) argv[i++] = rt->opt_argv[k];
+        argv[i++] = (char *)"-dM";
+        argv[i++] = (char *)"-E";
+        argv[i++] = (char *)"-x";
+        argv[i++] = (char *)"c";
+        argv[i++] = (char *)"/dev/null";
+        argv[i] = NULL;
+        if (tb__native_spawn(rt->cc_path, argv, log, rt->timeout_s) == 0)
+            text = (char *)tb__native_read_file(log, NULL);
+        tb_clear_error();
+    }
+    if (text != NULL && strstr(text, "#define __STDC__ ") != NULL) {
+        ok = true;
+        s->x86 = strstr(text, "#define __x86_64__ ") != NULL;
+        s->vec_bytes = 16;
+        s->vec_regs = 16;
+        if (s->x86 && strstr(text, "#define __AVX2__ ") != NULL) s->vec_bytes = 32;
+        if (s->x86 && strstr(text, "#define __AVX512F__ ") != NULL)
+            s->vec_bytes = 64, s->vec_regs = 32;
+        if (strstr(text, "#define __aarch64__ ") != NULL) s->vec_regs = 32;
+        s->fma = strstr(text, "#define __FMA__ ") != NULL ||
+                 strstr(text, "#define __ARM_FEATURE_FMA ") != NULL;
+        s->f16c = strstr(text, "#define __F16C__ ") != NULL ||
+                  strstr(text, "#define __aarch64__ ") != NULL;
+    }
+    tb__free(text);
+    tb__free(argv);
+    if (log != NULL) (void)unlink(log);
+    tb__free(log);
+    (void)rmdir(dir);
+    tb__free(dir);
+    return ok;
+}
+
+/* Names a shape's class: "avx512", "avx2", "sse", "neon" or "vec4". */
+static void tb__native_shape_name(tb__host_shape *s) {
+    const char *name = s->vec_bytes >= 64   ? "avx512"
+                       : s->vec_bytes >= 32 ? "avx2"
+                       : s->x86             ? "sse"
+                       : s->vec_regs >= 32  ? "neon"
+                                            : "vec4";
+    snprintf(s->name, sizeof s->name, "%s", name);
+}
+
+/* The vector shape of the programs, once: what both the CPU and the compiler's target have.
+   Where the compiler targets more than the CPU has (it runs on another machine, or under an
+   emulator's CPU model), options that take the surplus away follow the user's, so that the
+   programs run here. Call with tb__native_mutex held. */
+static void tb__native_shape(tb__native_rt *rt) {
+    tb__host_shape cpu, cc;
+    const char *cut = NULL;
+    if (rt->shaped) return;
+    rt->shaped = true;
+    tb__native_cpu_shape(&cpu);
+    rt->shape = cpu;
+    if (tb__native_cc_shape(rt, &cc)) {
+        if (cpu.x86 && cc.x86 && cc.vec_bytes > cpu.vec_bytes)
+            cut =
+                cpu.vec_bytes >= 32 ? " -mno-avx512f" : " -mno-avx512f -mno-avx2 -mno-avx -mno-fma";
+        if (cc.vec_bytes < rt->shape.vec_bytes) rt->shape.vec_bytes = cc.vec_bytes;
+        if (cc.vec_regs < rt->shape.vec_regs) rt->shape.vec_regs = cc.vec_regs;
+        rt->shape.fma = cpu.fma && cc.fma;
+        rt->shape.f16c = cpu.f16c && cc.f16c;
+    }
+    tb__native_shape_name(&rt->shape);
+    if (cut != NULL) {
+        char *options = tb__format("%s%s", rt->options, cut), *text = NULL, **words = NULL;
+        size_t count = 0;
+        if (options != NULL && (text = tb__strdup(options)) != NULL &&
+            tb__native_split_words(text, &words, &count)) {
+            tb__free(rt->options);
+            tb__free(rt->options_text);
+            tb__free(rt->opt_argv);
+            rt->options = options;
+            rt->options_text = text;
+            rt->opt_argv = words;
+            rt->opt_argc = count;
+        } else {
+            tb__free(options);
+            tb__free(text);
+        }
+    }
+    if (tb_debug_level() >= 1) {
+        tb_log_message(
+            TB_LOG_INFO, "native: vectors of %d bytes, %d registers%s%s (%s); compiler options: %s",
+            (int)rt->shape.vec_bytes, (int)rt->shape.vec_regs, rt->shape.fma ? ", FMA" : "",
+            rt->shape.f16c ? ", F16C" : "", rt->shape.name, rt->options);
+    }
 }
 
 static void tb__native_prog_unref(tb__native_rt *rt, tb__native_prog *prog) {
@@ -1023,10 +1137,21 @@ static tb__native_prog *tb__native_prog_find(tb__native_rt *rt, const uint64_t k
     return NULL;
 }
 
+/* The first kernel of `plan` that the loaded program lacks, or NULL when it has them all. */
+static const char *tb__native_missing_kernel(void *handle, const tb__plan *plan) {
+    size_t i;
+    for (i = 0; i < plan->num_kernels; i++)
+        if (!plan->kernels[i].empty && dlsym(handle, plan->kernels[i].name) == NULL)
+            return plan->kernels[i].name;
+    return NULL;
+}
+
 /* The loaded program of a source: from memory, from the disk cache, or compiled now (the
-   compiler runs without any lock held). */
+   compiler runs without any lock held). A program is used, and stored on disk, only when it
+   has every kernel of `plan`: a cache entry without them is removed and the source compiled
+   again, and a compile without them is an error that leaves no entry. */
 static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size_t len,
-                                        tb__native_prog **out) {
+                                        const tb__plan *plan, tb__native_prog **out) {
     const char *why = NULL;
     tb__disk_key dkey;
     uint64_t key[2];
@@ -1049,8 +1174,11 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
                             &save_dir, &path, &why);
     if (bytes != NULL) {
         handle = tb__native_load_bytes(bytes, n);
-        if (handle == NULL) {
-            why = "a shared object that does not load";
+        if (handle == NULL || tb__native_missing_kernel(handle, plan) != NULL) {
+            why = handle == NULL ? "a shared object that does not load"
+                                 : "a shared object that lacks a kernel of the program";
+            if (handle != NULL) dlclose(handle);
+            handle = NULL;
             tb__disk_reject(path);
             save_dir = tb__disk_cache_path();
         }
@@ -1069,6 +1197,14 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
             (void)TB__ATOMIC_ADD(&rt->disk_rejected, 1);
         }
         st = tb__native_compile_source(rt, src, len, &handle, &bytes, &n);
+        if (st == TB_OK && tb__native_missing_kernel(handle, plan) != NULL) {
+            st = tb__error(TB_ERR_COMPILE,
+                           "native: the compiled program has no kernel %s (do CC or "
+                           "TB_NATIVE_CFLAGS hide or rename its symbols?)",
+                           tb__native_missing_kernel(handle, plan));
+            dlclose(handle);
+            handle = NULL;
+        }
         if (st == TB_OK) {
             (void)TB__ATOMIC_ADD(&rt->compiles, 1);
             tb__disk_store(&tb__native_disk_format, save_dir, &dkey, key, &rt->cache_dir_reported,
@@ -1272,7 +1408,10 @@ static tb_status tb__native_create_lowering_context(void *user_data, const tb_gr
     }
     tb__mutex_lock(&tb__native_mutex);
     rt = tb__native_device(graph->device.ordinal, "native");
-    if (rt != NULL) rt->refcount++;
+    if (rt != NULL) {
+        rt->refcount++;
+        tb__native_shape(rt);
+    }
     tb__mutex_unlock(&tb__native_mutex);
     if (rt == NULL) {
         tb__free(c);
@@ -1291,6 +1430,7 @@ static tb_status tb__native_create_lowering_context(void *user_data, const tb_gr
     target.acc_f64 = true;
     target.cache_bytes = rt->l2_bytes;
     target.buffer_align = 64; /* tb__native_buf_alloc */
+    target.arg_table = true;  /* tb__native_emit_kernel: TB__CG_ARGS */
     tb__native_dialect(&dialect);
     st = tb__plan_build(graph, &target, &G, &c->plan);
     if (st == TB_OK) {
@@ -1334,7 +1474,7 @@ static tb_status tb__native_compile(void *user_data, void *context, void **compu
     c->fns = (tb__native_fn *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_fn));
     c->kept = (tb__native_kept *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_kept));
     if (c->fns == NULL || c->kept == NULL) return TB_ERR_OUT_OF_MEMORY;
-    st = tb__native_get_program(c->rt, c->source, c->source_len, &c->prog);
+    st = tb__native_get_program(c->rt, c->source, c->source_len, p, &c->prog);
     for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
         void *sym;
         if (p->kernels[i].empty) continue;
@@ -1390,7 +1530,7 @@ typedef struct tb__native_run_state {
     tb__native_buf **owned;
     unsigned char **ptrs;
     void **argv;
-    int64_t err[4];
+    uint32_t err[TB__ERR_WORDS];
 } tb__native_run_state;
 
 static tb_status tb__native_run_init(tb__native_comp *c, tb_backend_data *const *arguments,
@@ -1522,7 +1662,7 @@ static tb_status tb__native_execute(void *user_data, void *computation,
             /* the kernels from here on write into donated buffers and cannot fail: a flag
                raised before them fails the run with the donated values intact */
             if (s.err[0] != 0) {
-                st = tb__plan_run_error(p, "native", s.err);
+                st = tb__cg_run_error(p, "native", s.err);
                 break;
             }
             consumed = true;
@@ -1544,7 +1684,7 @@ static tb_status tb__native_execute(void *user_data, void *computation,
         }
         tb__mutex_unlock(&tb__native_mutex);
     }
-    if (st == TB_OK && s.err[0] != 0) st = tb__plan_run_error(p, "native", s.err);
+    if (st == TB_OK && s.err[0] != 0) st = tb__cg_run_error(p, "native", s.err);
     tb__mutex_lock(&tb__native_mutex);
     for (i = 0; i < p->num_results && st == TB_OK; i++) {
         int32_t src = p->result_source[i];
@@ -1620,7 +1760,7 @@ static size_t tb__native_metrics_report(void *user_data, char *buf, size_t cap) 
     } else {
         tb__str_append(&s, "Device: native:0 (%s, %u threads)\n", rt->info.name,
                        (unsigned)rt->info.compute_units);
-        tb__str_append(&s, "  Native::Compiler: %s %s\n", rt->cc_argv[0], rt->options);
+        tb__str_append(&s, "  Native::Compiler: %s %s\n", rt->cc_command, rt->options);
         tb__str_append(&s, "  Native::BytesInUse: %llu\n", (unsigned long long)rt->bytes_in_use);
         tb__str_append(&s, "  Native::PeakBytesInUse: %llu\n", (unsigned long long)rt->peak_bytes);
         tb__str_append(&s, "  Native::BytesCached: %llu\n", (unsigned long long)rt->cached_bytes);

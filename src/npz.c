@@ -472,6 +472,15 @@ TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set) {
         return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
                          path == NULL ? "path" : "set");
     for (i = 0; i < set->count; ++i) {
+        const char *name = set->entries[i].name;
+        if (name[0] == '\0' || strcmp(name, ".") == 0 || strcmp(name, "..") == 0 ||
+            strpbrk(name, "/\\") != NULL)
+            return tb__error(TB_ERR_INVALID_ARGUMENT,
+                             "%s: tensor '%.200s': a name must not be empty, '.' or '..', nor hold "
+                             "'/' or '\\' (it would name a folder where the .npz is unpacked)",
+                             fn, name);
+    }
+    for (i = 0; i < set->count; ++i) {
         tb_shape shape = tb_tensor_shape(set->entries[i].tensor);
         if (tb__st_dtype_name(shape.dtype) == NULL || shape.dtype == TB_BF16 ||
             strlen(set->entries[i].name) + 4 > 65535)

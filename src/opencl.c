@@ -460,6 +460,9 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     d->min_long = "min";
     d->bits_f32 = "as_float";
     d->bits_f64 = "as_double";
+    d->err_claim = "atomic_cmpxchg((volatile __global uint *)tb_err, 0u, code) == 0u";
+    d->constant = "__constant ";
+    d->iabs = "abs";
     d->f64 = dev->info.supports_f64;
     d->math = tb__ocl_math;
     d->kernel = tb__ocl_emit_kernel;
@@ -788,7 +791,7 @@ typedef struct tb__ocl_run {
 } tb__ocl_run;
 
 static tb_status tb__ocl_run_init(tb__ocl_run *r, tb_backend_data *const *arguments) {
-    static const int64_t zeros[4] = {0, 0, 0, 0};
+    static const uint32_t zeros[TB__ERR_WORDS] = {0};
     const tb__plan *plan = r->p->plan;
     tb__ocl_device *dev = r->dev;
     tb_status st = TB_OK;
@@ -975,9 +978,9 @@ static tb_status tb__ocl_run_consume(tb__ocl_run *r, tb_backend_data *const *arg
     const tb__plan *plan = r->p->plan;
     size_t i;
     if (r->err_buf != NULL) {
-        int64_t flag[4];
+        uint32_t flag[TB__ERR_WORDS];
         tb_status st = tb__ocl_read(r->dev, r->err_buf, flag, sizeof flag);
-        if (st == TB_OK && flag[0] != 0) st = tb__plan_run_error(plan, "opencl", flag);
+        if (st == TB_OK && flag[0] != 0) st = tb__cg_run_error(plan, "opencl", flag);
         if (st != TB_OK) return st;
     }
     r->consumed = true;
@@ -1077,9 +1080,9 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
         tb__ocl_program_save(r.dev, p->program);
     }
     if (st == TB_OK && r.err_buf != NULL) {
-        int64_t flag[4];
+        uint32_t flag[TB__ERR_WORDS];
         st = tb__ocl_read(r.dev, r.err_buf, flag, sizeof flag);
-        if (st == TB_OK && flag[0] != 0) st = tb__plan_run_error(p->plan, "opencl", flag);
+        if (st == TB_OK && flag[0] != 0) st = tb__cg_run_error(p->plan, "opencl", flag);
     }
     if (st == TB_OK && tb_debug_level() >= 2) tb__ocl_profile(&r);
     tb__ocl_run_finish(&r, st, arguments, results);

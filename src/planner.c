@@ -137,6 +137,14 @@ static bool tb__plan_is_nesting(tb_op op) {
     return op == TB_OP_PAD || op == TB_OP_CONCAT || op == TB_OP_GATHER || op == TB_OP_INDEX_SELECT;
 }
 
+/* A concat of more operands than one evaluated where it is read may have: materialised by
+   kernels of its own (tb__plan_split_concats). */
+#define TB__PLAN_CAT_INLINE 8
+#define TB__PLAN_CAT_TREE   128 /* operands of a kernel's tree of them, at most */
+static bool tb__plan_cat_many(const tb_node *n) {
+    return n->op == TB_OP_CONCAT && n->num_operands > TB__PLAN_CAT_INLINE;
+}
+
 static int32_t tb__plan_core_kind(tb_op op) {
     switch (tb_op_get_kind(op)) {
     case TB_KIND_REDUCE:
@@ -204,8 +212,8 @@ static void tb__pgraph_free(tb__pgraph *G) {
 
 static tb_status tb__pgraph_init(tb__pgraph *G) {
     const tb_graph *g = G->graph;
-    size_t i, k, total_ops = 0;
-    int32_t *fill, at = 0;
+    size_t i, k, pass, total_ops = 0;
+    int32_t *fill, *seen, at = 0;
     G->n = g->num_nodes;
     if (G->n > (size_t)INT32_MAX / 2) {
         return tb__error(TB_ERR_UNSUPPORTED, "planner: a graph of %zu nodes is too large", G->n);
@@ -233,11 +241,12 @@ static tb_status tb__pgraph_init(tb__pgraph *G) {
     }
     G->operands = (int32_t *)tb__calloc(total_ops + 1, sizeof *G->operands);
     G->users = (int32_t *)tb__calloc(total_ops + 1, sizeof *G->users);
-    fill = (int32_t *)tb__calloc(G->n + 1, sizeof *fill);
+    fill = (int32_t *)tb__calloc(2 * (G->n + 1), sizeof *fill);
     if (G->operands == NULL || G->users == NULL || fill == NULL) {
         tb__free(fill);
         return TB_ERR_OUT_OF_MEMORY;
     }
+    seen = fill + G->n + 1; /* per node: the mark of the last user that counted it */
     for (i = 0; i < g->num_parameters; i++) {
         int32_t p = tb__plan_index_of(G, g->parameters[i]);
         if (p < 0) {
@@ -272,33 +281,27 @@ static tb_status tb__pgraph_init(tb__pgraph *G) {
             G->info[o].uses++;
         }
     }
-    /* distinct users, grouped per node: counted, then filled */
-    for (i = 0; i < G->n; i++) {
-        const tb_node *node = G->info[i].node;
-        if (G->info[i].param >= 0) continue;
-        for (k = 0; k < node->num_operands; k++) {
-            int32_t o = tb__plan_operand(G, (int32_t)i, k);
-            size_t j;
-            bool seen = false;
-            for (j = 0; j < k && !seen; j++)
-                seen = tb__plan_operand(G, (int32_t)i, j) == o;
-            if (!seen) G->info[o].num_users++;
+    /* distinct users, grouped per node: counted (pass 0), then filled (pass 1); a node's
+       repeats among one user's operands are seen by their mark (a pass over the operands) */
+    for (pass = 0; pass < 2; pass++) {
+        for (i = 0; i < G->n; i++) {
+            const tb_node *node = G->info[i].node;
+            int32_t mark = (int32_t)(pass * G->n + i) + 1;
+            if (G->info[i].param >= 0) continue;
+            for (k = 0; k < node->num_operands; k++) {
+                int32_t o = tb__plan_operand(G, (int32_t)i, k);
+                if (seen[o] == mark) continue;
+                seen[o] = mark;
+                if (pass == 0) {
+                    G->info[o].num_users++;
+                } else {
+                    G->users[G->info[o].first_user + fill[o]++] = (int32_t)i;
+                }
+            }
         }
-    }
-    for (i = 0; i < G->n; i++) {
-        G->info[i].first_user = at;
-        at += G->info[i].num_users;
-    }
-    for (i = 0; i < G->n; i++) {
-        const tb_node *node = G->info[i].node;
-        if (G->info[i].param >= 0) continue;
-        for (k = 0; k < node->num_operands; k++) {
-            int32_t o = tb__plan_operand(G, (int32_t)i, k);
-            size_t j;
-            bool seen = false;
-            for (j = 0; j < k && !seen; j++)
-                seen = tb__plan_operand(G, (int32_t)i, j) == o;
-            if (!seen) G->users[G->info[o].first_user + fill[o]++] = (int32_t)i;
+        for (i = 0; pass == 0 && i < G->n; i++) {
+            G->info[i].first_user = at;
+            at += G->info[i].num_users;
         }
     }
     tb__free(fill);
@@ -397,6 +400,7 @@ static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits
     const tb_shape *is = &in->node->shape;
     tb__keyset *set;
     int32_t e, depth = 0, core = G->plan->kernels[ctx].core;
+    int64_t budget = t->values_per_kernel;
     tb_status st;
     *fits = false;
     set = (tb__keyset *)tb__calloc(1, sizeof *set);
@@ -409,6 +413,11 @@ static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits
         size_t k;
         int32_t d = ui->depth + (tb__plan_is_nesting(ui->node->op) ? 1 : 0);
         if (d > depth) depth = d;
+        if (tb__plan_cat_many(ui->node)) { /* a root: one key per operand node, no scan */
+            tb__keyset_add(set, tb__plan_key_mix(TB__PLAN_KEY_ROOT, u, (size_t)i, 1),
+                           t->positions_per_node);
+            continue;
+        }
         for (k = 0; k < ui->node->num_operands && !set->full; k++) {
             int32_t lane, q;
             if (tb__plan_operand(G, u, k) != i) continue;
@@ -429,8 +438,11 @@ static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits
             }
         }
     }
-    if (!set->full && depth <= t->nesting &&
-        G->kernel_values[ctx] + set->count <= t->values_per_kernel) {
+    /* a concat of many operands is one kernel per run of them (tb__plan_split_concats) */
+    if (tb__plan_cat_many(G->info[G->plan->kernels[ctx].root].node))
+        budget *=
+            1 + (int64_t)G->info[G->plan->kernels[ctx].root].node->num_operands / TB__PLAN_CAT_TREE;
+    if (!set->full && depth <= t->nesting && G->kernel_values[ctx] + set->count <= budget) {
         st = tb__plan_keys_store(G, i, set->list, set->count);
         if (st != TB_OK) {
             tb__free(set);
@@ -442,6 +454,24 @@ static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits
     }
     tb__free(set);
     return TB_OK;
+}
+
+/* Whether node i is a view of a scalar parameter (each of its elements is the scalar) read
+   only by concats of many operands, directly or through other such views: their kernels read
+   the scalar from the table of scalars, or once in a leaf of their tree of operands, so it
+   costs no budget. Its users are decided before it. */
+static bool tb__plan_cat_free(const tb__pgraph *G, int32_t i) {
+    const tb__pnode *in = &G->info[i];
+    int32_t e, x = i;
+    for (e = 0; e < in->num_users; e++) {
+        const tb__pnode *ui = &G->info[G->users[in->first_user + e]];
+        if (!tb__plan_cat_many(ui->node) && !ui->cat_free) return false;
+    }
+    while (G->info[x].param < 0 && tb_op_get_kind(G->info[x].node->op) == TB_KIND_MOVEMENT &&
+           G->info[x].node->num_operands == 1)
+        x = tb__plan_operand(G, x, 0);
+    return x != i && in->num_users > 0 && G->info[x].param >= 0 &&
+           G->info[x].node->op == TB_OP_SCALAR;
 }
 
 /* ---- partition ---- */
@@ -535,7 +565,7 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
     G->num_keys = 0;
     for (j = 0; j < G->n; j++) {
         tb__pnode *in = &G->info[j];
-        in->root = in->ident = in->in_mm = false;
+        in->root = in->ident = in->in_mm = in->cat_free = false;
         in->ctx = -1;
         in->slot = -1;
         in->depth = 0;
@@ -544,7 +574,8 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
     for (i = (int32_t)G->n - 1; i >= 0; i--) {
         tb__pnode *in = &G->info[i];
         const tb_node *node = in->node;
-        bool must_root = in->result >= 0 || in->force_root || in->num_users == 0;
+        bool must_root =
+            in->result >= 0 || in->force_root || in->num_users == 0 || tb__plan_cat_many(node);
         int32_t core_kind = tb__plan_core_kind(node->op);
         if (in->param >= 0) {
             /* a parameter returned as a result: a copy */
@@ -605,6 +636,11 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
                 /* a view read by several kernels: each reads through it (index arithmetic),
                    whatever is below it is materialised once */
                 in->ctx = TB__CTX_ANY;
+                continue;
+            }
+            if (ok && tb__plan_cat_free(G, i)) { /* no positions to count: no code of its own */
+                in->ctx = common;
+                in->cat_free = true;
                 continue;
             }
             if (ok) {
@@ -875,6 +911,7 @@ static tb_status tb__plan_assign_slots(tb__pgraph *G) {
     for (i = 0; i < p->num_kernels; i++) {
         tb__plan_kernel *k = &p->kernels[i];
         tb__pnode *in = &G->info[k->root];
+        if (k->owner != (int32_t)i && k->kind == TB__K_CONCAT) continue; /* the owner's */
         if (k->owner != (int32_t)i) {
             /* a stage of another kernel (partial results, operand panels): a temporary only
                that kernel reads */
@@ -913,6 +950,9 @@ static tb_status tb__plan_assign_slots(tb__pgraph *G) {
         p->slots[s].last_use = (int32_t)i;
         if (in->param < 0) in->slot = s;
     }
+    for (i = 0; i < p->num_kernels; i++)
+        if (p->kernels[i].kind == TB__K_CONCAT)
+            p->kernels[i].out_slot = p->kernels[p->kernels[i].owner].out_slot;
     for (i = 0; i < p->num_results; i++) {
         int32_t r = tb__plan_index_of(G, G->graph->results[i]);
         size_t kk;
@@ -929,25 +969,6 @@ static tb_status tb__plan_assign_slots(tb__pgraph *G) {
             return tb__error(TB_ERR_INTERNAL, "planner: result %zu without a kernel", i);
     }
     return TB_OK;
-}
-
-/* The error a run reports from its error flag: flag[0] is 1 + the errsite, flag[1..2] the
-   offending values. */
-static tb_status tb__plan_run_error(const tb__plan *p, const char *who, const int64_t flag[4]) {
-    const tb__errsite *e;
-    if (flag[0] <= 0 || (size_t)flag[0] > p->num_errsites) {
-        return tb__error(TB_ERR_EXECUTE, "%s: a kernel reported error %lld", who,
-                         (long long)flag[0]);
-    }
-    e = &p->errsites[flag[0] - 1];
-    if (e->op == TB_OP_POW) {
-        return tb__error(TB_ERR_EXECUTE,
-                         "tb_pow: integers to negative integer powers are not allowed (%lld ** "
-                         "%lld)",
-                         (long long)flag[1], (long long)flag[2]);
-    }
-    return tb__error(TB_ERR_EXECUTE, "tb_%s: index %lld is out of range for dim %d of size %lld",
-                     tb_op_name(e->op), (long long)flag[1], (int)e->dim, (long long)e->size);
 }
 
 /* ---- what each kernel reads ---- */
@@ -1035,7 +1056,7 @@ static tb_status tb__plan_kernel_args(tb__pgraph *G, size_t ki, int32_t *stamp, 
     while (sp > 0 && st == TB_OK) {
         int32_t n = stack[--sp];
         const tb__pnode *in = &G->info[n];
-        size_t nops = in->node->num_operands;
+        size_t nops = in->node->num_operands, first = 0;
         if (in->param >= 0) {
             if (in->node->op != TB_OP_SCALAR) {
                 st = tb__plan_arg_add(p, ki, TB__ARG_BUF, in->slot);
@@ -1063,8 +1084,12 @@ static tb_status tb__plan_kernel_args(tb__pgraph *G, size_t ki, int32_t *stamp, 
             if (tb__plan_errsite_code(p, n) < 0) st = tb__plan_errsite_add(G, n);
             errs = true;
         }
+        if (n == start && k->kind == TB__K_CONCAT) { /* its run of the concat's operands */
+            first = (size_t)k->cat_first;
+            nops = first + (size_t)k->cat_count;
+        }
         /* operands pushed last first: they are met in operand order */
-        for (j = nops; j > 0 && st == TB_OK; j--) {
+        for (j = nops; j > first && st == TB_OK; j--) {
             int32_t o = tb__plan_operand(G, n, j - 1);
             if (stamp[o] == mark) continue;
             stamp[o] = mark;
@@ -1154,6 +1179,136 @@ static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
     tb__free(bits);
     *pick = best;
     return TB_OK;
+}
+
+/* ---- concats of many operands ----
+   A concat of more than TB__PLAN_CAT_INLINE operands is one TB__K_CONCAT kernel per run of
+   its operands, each writing its slice: buffers of one dtype read through the table of the
+   kernel's arguments (arg_table targets), scalars of one dtype from the table of scalars (their
+   code does not grow with the run), or others, one leaf each of a balanced tree of tests. */
+
+#define TB__PLAN_CAT_RUN   8    /* operands of a table run, at least */
+#define TB__PLAN_CAT_TABLE 2048 /* operands of a table run (entries of its tables), at most */
+
+/* The table form operand o of a concat may be read in: TB__CAT_ARGS a buffer (arg_table
+   targets), TB__CAT_SCALARS a view of a scalar parameter (each element the scalar) where
+   scalars travel in a table; else TB__CAT_TREE. */
+static int32_t tb__plan_cat_class(const tb__pgraph *G, int32_t o) {
+    const tb__pnode *oi = &G->info[o];
+    if ((oi->param >= 0 && oi->node->op != TB_OP_SCALAR) || oi->root)
+        return G->target->arg_table ? TB__CAT_ARGS : TB__CAT_TREE;
+    for (; oi->param < 0 && !oi->root && tb_op_get_kind(oi->node->op) == TB_KIND_MOVEMENT &&
+           oi->node->num_operands == 1;
+         oi = &G->info[o])
+        o = tb__plan_operand(G, o, 0);
+    return oi->param >= 0 && oi->node->op == TB_OP_SCALAR && G->plan->scalar_table ? TB__CAT_SCALARS
+                                                                                   : TB__CAT_TREE;
+}
+
+/* The arguments operand o of a concat reads, bounded above (past TB__PLAN_CAT_TREE nodes, an
+   estimate: tb__plan_build still cuts a kernel that reads too many): its nodes' leaves, the
+   error flag. `stamp` and `stack`: scratch of one int per node; `mark` new for each call. */
+static int32_t tb__plan_cat_reads(const tb__pgraph *G, int32_t o, int32_t *stamp, int32_t mark,
+                                  int32_t *stack) {
+    int32_t sp = 1, count = 0, walked = 0;
+    bool fails = false;
+    stack[0] = o;
+    stamp[o] = mark;
+    while (sp > 0) {
+        int32_t n = stack[--sp];
+        const tb__pnode *in = &G->info[n];
+        size_t j;
+        if (in->param >= 0 || in->root) {
+            count++;
+            continue;
+        }
+        if (++walked > TB__PLAN_CAT_TREE) return count + sp + 1;
+        fails = fails || tb__plan_can_fail(in->node);
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t x = tb__plan_operand(G, n, j);
+            if (stamp[x] == mark) continue;
+            stamp[x] = mark;
+            stack[sp++] = x;
+        }
+    }
+    return count + (fails ? 1 : 0);
+}
+
+/* The end of the run of concat c's operands from `first` on, its form in *form: a table run
+   of TB__PLAN_CAT_RUN operands or more of one form and dtype (tail[j]: how many follow from j),
+   else a tree within the target's arguments. `scratch`: tb__plan_cat_reads's, and a mark. */
+static int32_t tb__plan_cat_run_end(const tb__pgraph *G, int32_t c, int32_t first,
+                                    const int32_t *cls, const int32_t *tail, int32_t *scratch,
+                                    int32_t *form) {
+    int32_t n = (int32_t)G->info[c].node->num_operands, j = first, args = 0, limit;
+    size_t most_args = G->target->max_args < 65536 ? G->target->max_args : 65536;
+    limit = most_args > 4 ? (int32_t)most_args - 2 : 2; /* arguments besides the output */
+    *form = TB__CAT_TREE;
+    if (tail[j] >= TB__PLAN_CAT_RUN) {
+        int32_t most =
+            cls[j] == TB__CAT_ARGS && limit < TB__PLAN_CAT_TABLE ? limit : TB__PLAN_CAT_TABLE;
+        *form = cls[j];
+        return j + (tail[j] < most ? tail[j] : most);
+    }
+    while (j < n && j - first < TB__PLAN_CAT_TREE && (j == first || tail[j] < TB__PLAN_CAT_RUN)) {
+        int32_t a = tb__plan_cat_reads(G, tb__plan_operand(G, c, (size_t)j), scratch,
+                                       ++scratch[2 * G->n], scratch + G->n);
+        if (j > first && args + a > limit - 1) break; /* and the table of scalars */
+        args += a;
+        j++;
+    }
+    return j;
+}
+
+/* Turns the kernel of each concat of many operands into one TB__K_CONCAT kernel per run of
+   its operands (the last the owner of the others and of the nodes they evaluate). */
+static tb_status tb__plan_split_concats(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    int32_t *scratch = (int32_t *)tb__calloc(2 * G->n + 1, sizeof(int32_t)), *cls = NULL;
+    size_t i;
+    tb_status st = scratch != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
+        int32_t c = p->kernels[i].root, n, j, end, form, runs = 0, r;
+        const tb_node *cn = G->info[c].node;
+        int64_t at = 0;
+        if (p->kernels[i].kind != TB__K_ELEMENTWISE || !tb__plan_cat_many(cn)) continue;
+        n = (int32_t)cn->num_operands;
+        cls = (int32_t *)tb__calloc(2 * (size_t)n + 2, sizeof(int32_t));
+        if (cls == NULL) {
+            st = TB_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        for (j = n - 1; j >= 0; j--) { /* cls[n + 1 + j]: the table run from j on */
+            const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, c, (size_t)j));
+            cls[j] = tb__plan_cat_class(G, tb__plan_operand(G, c, (size_t)j));
+            cls[n + 1 + j] = cls[j] == TB__CAT_TREE ? 0 : 1;
+            if (cls[j] != TB__CAT_TREE && j + 1 < n && cls[j + 1] == cls[j] &&
+                tb__plan_shape(G, tb__plan_operand(G, c, (size_t)j + 1))->dtype == xs->dtype)
+                cls[n + 1 + j] += cls[n + 2 + j];
+        }
+        for (j = 0; j < n; j = end, runs++)
+            end = tb__plan_cat_run_end(G, c, j, cls, cls + n + 1, scratch, &form);
+        if (runs > 1) st = tb__plan_insert_kernels(G, i, (size_t)runs - 1);
+        for (j = 0, r = 0; st == TB_OK && j < n; j = end, r++) {
+            tb__plan_kernel *k = &p->kernels[i + (size_t)r];
+            end = tb__plan_cat_run_end(G, c, j, cls, cls + n + 1, scratch, &form);
+            k->kind = TB__K_CONCAT;
+            k->root = c;
+            k->core = -1;
+            k->owner = (int32_t)i + runs - 1;
+            k->cat_first = j;
+            k->cat_count = end - j;
+            k->cat_form = form;
+            k->cat_start = at;
+            for (k->cat_len = 0; j < end; j++)
+                k->cat_len += cn->operands[j]->shape.dims[cn->attrs[0]];
+            at += k->cat_len;
+        }
+        tb__free(cls);
+        i += (size_t)runs - 1;
+    }
+    tb__free(scratch);
+    return st;
 }
 
 /* ---- vectors along rows ----
@@ -1546,6 +1701,16 @@ static void tb__plan_layout(tb__pgraph *G) {
             tb__plan_layout_pack(G, k);
             k->flops = per * (double)p->slots[k->out_slot].shape.dims[0];
             break;
+        case TB__K_CONCAT: { /* an item per element of its slice */
+            const tb_shape *cs = tb__plan_shape(G, k->root);
+            int32_t d;
+            k->work_dim = 1;
+            k->items = (uint64_t)k->cat_len;
+            for (d = 0; d < cs->rank; d++)
+                if (d != (int32_t)G->info[k->root].node->attrs[0])
+                    k->items *= (uint64_t)cs->dims[d];
+            break;
+        }
         default:
             k->work_dim = 1;
             k->items = (uint64_t)tb__plan_numel(tb__plan_shape(G, k->root));
@@ -1576,7 +1741,8 @@ static void tb__plan_layout(tb__pgraph *G) {
 
 /* ---- names ---- */
 
-/* Names that say what a kernel is (tinygrad's habit): E_<elements> elementwise,
+/* Names that say what a kernel is (tinygrad's habit): E_<elements> elementwise, C_<elements>
+   a run of a concat's operands,
    R_<outputs>_<length> reductions (split ones by stage), S_<rows>_<length> softmax and norms,
    MM_<M>_<N>_<K>[_b<batch>] matmuls, PA_/PB_<panels>_<K>_<width> their operand panels; a name
    met before gets _n2, _n3, ... */
@@ -1623,6 +1789,8 @@ static void tb__plan_kernel_name(const tb__pgraph *G, size_t index) {
         }
         snprintf(base, sizeof base, "S_%lld_%lld", (long long)(len > 0 ? numel / len : 0),
                  (long long)len);
+    } else if (k->kind == TB__K_CONCAT) {
+        snprintf(base, sizeof base, "C_%llu", (unsigned long long)k->items);
     } else {
         snprintf(base, sizeof base, "E_%lld",
                  (long long)tb__plan_numel(tb__plan_shape(G, k->root)));
@@ -1645,7 +1813,10 @@ static void tb__plan_kernel_name(const tb__pgraph *G, size_t index) {
 static double tb__plan_kernel_bytes(const tb__plan *p, const tb__plan_kernel *k) {
     size_t i, n = 0;
     double bytes = 0;
-    if (tb_shape_nbytes(&p->slots[k->out_slot].shape, &n) == TB_OK) bytes += (double)n;
+    if (tb_shape_nbytes(&p->slots[k->out_slot].shape, &n) == TB_OK) /* a concat's: its slice */
+        bytes += k->kind == TB__K_CONCAT
+                     ? (double)k->items * (double)tb_dtype_size(p->slots[k->out_slot].shape.dtype)
+                     : (double)n;
     for (i = 0; i < k->num_args; i++) {
         if (k->args[i].kind != TB__ARG_BUF) continue;
         if (tb_shape_nbytes(&p->slots[k->args[i].index].shape, &n) == TB_OK) bytes += (double)n;
@@ -1787,6 +1958,7 @@ static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target,
         st = tb__plan_partition(G);
         if (st == TB_OK) st = tb__plan_split_reductions(G);
         if (st == TB_OK) st = tb__plan_pack_matmuls(G);
+        if (st == TB_OK) st = tb__plan_split_concats(G);
         if (st == TB_OK) st = tb__plan_assign_slots(G);
         if (st == TB_OK) st = tb__plan_args(G, &over);
         if (st != TB_OK || over < 0) break;

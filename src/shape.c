@@ -435,7 +435,17 @@ TBDEF tb_status tb_shape_make(tb_shape *out, tb_dtype dtype, int32_t rank, const
     return TB_OK;
 }
 
-TBDEF tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, ...) {
+/* The shape tb_shape_of returns for `s`: itself when valid, else of rank -1 (the error set). */
+static tb_shape tb__shape_of_checked(tb_shape s) {
+    if (tb__shape_check("tb_shape_of", &s) != TB_OK) {
+        memset(s.dims, 0, sizeof s.dims);
+        s.rank = -1;
+    }
+    return s;
+}
+
+/* In parentheses: the name is a macro in C (the function stays for callers by symbol). */
+TBDEF tb_shape(tb_shape_of)(tb_dtype dtype, int32_t rank, ...) {
     tb_shape s;
     va_list ap;
     int32_t i;
@@ -448,11 +458,28 @@ TBDEF tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, ...) {
             s.dims[i] = (int64_t)va_arg(ap, int);
         va_end(ap);
     }
-    if (tb__shape_check("tb_shape_of", &s) != TB_OK) {
-        memset(s.dims, 0, sizeof s.dims);
-        s.rank = -1;
+    return tb__shape_of_checked(s);
+}
+
+TBDEF tb_shape tb_shape_of_dims(tb_dtype dtype, size_t count, const int64_t *rank_and_dims) {
+    tb_shape s;
+    int32_t i;
+    memset(&s, 0, sizeof s);
+    s.dtype = dtype;
+    s.rank = -1;
+    if (rank_and_dims == NULL || count == 0) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_shape_of: no rank given");
+        return s;
     }
-    return s;
+    if (rank_and_dims[0] != (int64_t)count - 1) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_shape_of: rank %lld but %zu dims given",
+                  (long long)rank_and_dims[0], count - 1);
+        return s;
+    }
+    s.rank = count - 1 > (size_t)TB_MAX_RANK ? TB_MAX_RANK + 1 : (int32_t)(count - 1);
+    for (i = 0; i < s.rank && i < TB_MAX_RANK; i++)
+        s.dims[i] = rank_and_dims[1 + i];
+    return tb__shape_of_checked(s);
 }
 
 TBDEF tb_status tb_shape_validate(const tb_shape *shape) {

@@ -67,11 +67,16 @@ TBDEF int64_t tb_scalar_as_int(tb_scalar s);
    (as in PyTorch) and so is f32[0,3,2^63-1] (which PyTorch accepts with overflowing strides).
    `dims` may be NULL when rank is 0. On error *out is untouched. */
 TBDEF tb_status tb_shape_make(tb_shape *out, tb_dtype dtype, int32_t rank, const int64_t *dims);
-/* Convenience for literals: tb_shape_of(TB_F32, 2, 3, 4) is f32[3,4]. The dims are read as
-   `int` (the type of a literal): pass int values, and use tb_shape_make for dims above INT_MAX
-   or for int64_t variables. Checks as tb_shape_make; on error it returns a shape of rank -1
-   (which every function rejects) and sets the error. */
+/* Convenience for literals: tb_shape_of(TB_F32, 2, 3, 4) is f32[3,4]. A macro in C and a
+   template in C++ that convert the rank and every dim to int64_t, so that int64_t variables
+   and dims above INT_MAX are read whole, and a count of dims that is not the rank is an error
+   (TB_ERR_INVALID_ARGUMENT). Checks as tb_shape_make; on error it returns a shape of rank -1
+   (which every function rejects) and sets the error. The function behind the name,
+   `(tb_shape_of)(dtype, rank, ...)`, reads its dims as `int` (kept for callers through a
+   symbol, such as a foreign-function interface). */
 TBDEF tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, ...);
+/* What tb_shape_of expands to: `count` numbers, the rank and then the dims. */
+TBDEF tb_shape tb_shape_of_dims(tb_dtype dtype, size_t count, const int64_t *rank_and_dims);
 
 /* Element count; TB_ERR_OVERFLOW for a shape that breaks the size rule of tb_shape_make. */
 TBDEF tb_status tb_shape_numel(const tb_shape *shape, int64_t *out);
@@ -94,3 +99,18 @@ TBDEF size_t tb_shape_format(const tb_shape *shape, char *buf, size_t cap);
    Bad text is TB_ERR_INVALID_ARGUMENT with the position; a valid text with too large dims is
    TB_ERR_OVERFLOW. On error *out is untouched. */
 TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out);
+
+/* tb_shape_of's dims are read as int64_t whatever their type (see above). */
+#if defined(__cplusplus)
+extern "C++" {
+template <typename... TbDims>
+inline tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, TbDims... dims) {
+    const int64_t all[] = {(int64_t)rank, (int64_t)dims...};
+    return tb_shape_of_dims(dtype, sizeof all / sizeof all[0], all);
+}
+}
+#else
+#define tb_shape_of(dtype, ...)                                                                    \
+    tb_shape_of_dims((dtype), sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t),            \
+                     (const int64_t[]){__VA_ARGS__})
+#endif

@@ -854,6 +854,13 @@ static void test_errors(void **state) {
     expect_error(tb_conv2d(x, w, NULL, NULL, huge, NULL, 1), TB_ERR_OVERFLOW, "overflow");
     expect_error(tb_conv_transpose2d(x, wt, NULL, huge, NULL, NULL, NULL, 1), TB_ERR_OVERFLOW,
                  "overflow");
+    { /* paddings whose double would overflow: refused before any arithmetic on them */
+        const int64_t pmax[2] = {INT64_MAX, INT64_MAX}, pbig[2] = {INT64_MAX / 4 + 1, 0};
+        expect_error(tb_conv_transpose2d(x, wt, NULL, NULL, pmax, NULL, NULL, 1), TB_ERR_SHAPE,
+                     "leaves no output");
+        expect_error(tb_conv_transpose2d(x, wt, NULL, NULL, pbig, NULL, NULL, 1), TB_ERR_SHAPE,
+                     "leaves no output");
+    }
     {
         tb_device nat;
         if (tb_device_make("native", 0, &nat) == TB_OK) {

@@ -253,7 +253,7 @@ static tb_tensor_set *sample_set(void) {
         tb_tensor_release(ts[k]);
     }
     tb_tensor *pending = tb_add_scalar(tb_tensor_set_get(set, "f64"), 1.0);
-    assert_int_equal(tb_tensor_set_add(set, "sub/dir.name", pending), TB_OK);
+    assert_int_equal(tb_tensor_set_add(set, "dotted.name-1", pending), TB_OK);
     tb_tensor_release(pending);
     return set;
 }
@@ -630,6 +630,37 @@ static void test_argument_and_io_errors(void **state) {
     tb_tensor_set_free(set);
 }
 
+/* A name that unzip would turn into a folder, or a path out of the folder it unpacks into, is
+   refused before anything is written; what was at the path stays. */
+static void test_save_refuses_path_names(void **state) {
+    static const char *const bad[] = {"x/y", "../x", "..\\x", "a\\b", "/abs", "..", "."};
+    float v = 1.0f;
+    tb_shape s = tb_shape_of(TB_F32, 1, 1);
+    size_t i;
+    FILE *f;
+    char text[8] = {0};
+    (void)state;
+    f = fopen(path_of("keep.npz"), "wb");
+    assert_non_null(f);
+    fputs("kept", f);
+    fclose(f);
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tb_tensor_set *set = tb_tensor_set_new();
+        tb_tensor *t = tb_tensor_from_host(&v, &s, &cpu);
+        assert_int_equal(tb_tensor_set_add(set, bad[i], t), TB_OK);
+        tb_tensor_release(t);
+        tb_clear_error();
+        assert_int_equal(tb_npz_save(path_of("keep.npz"), set), TB_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(tb_last_error(), "tb_npz_save"));
+        tb_tensor_set_free(set);
+    }
+    f = fopen(path_of("keep.npz"), "rb");
+    assert_non_null(f);
+    assert_non_null(fgets(text, sizeof text, f));
+    fclose(f);
+    assert_string_equal(text, "kept");
+}
+
 /* ---- numpy ---- */
 
 static const char *python(void) {
@@ -714,6 +745,7 @@ int main(void) {
         cmocka_unit_test(test_hostile_archives),
         cmocka_unit_test(test_damaged_archives_fail_cleanly),
         cmocka_unit_test(test_argument_and_io_errors),
+        cmocka_unit_test(test_save_refuses_path_names),
         cmocka_unit_test(test_numpy_exchange),
     };
     return cmocka_run_group_tests_name("npz", tests, setup, teardown);

@@ -44,6 +44,9 @@ static uint32_t tb__disk_counter;
 
 static bool g_have_opencl;
 static char g_reason[1024];
+/* TB_TEST_SMALL=1 (tools/oclgrind.sh, for a simulated device): tests leave out the cases whose
+   sizes only matter to a real device's code paths (reductions over millions of elements) */
+static bool g_small;
 static tb_device g_cpu, g_ocl;
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
 
@@ -70,6 +73,7 @@ static void probe(void) {
 
 static int group_setup(void **state) {
     (void)state;
+    g_small = getenv("TB_TEST_SMALL") != NULL && strcmp(getenv("TB_TEST_SMALL"), "1") == 0;
     probe();
     if (!g_have_opencl) print_message("OpenCL is not available here: %s\n", g_reason);
     return 0;
@@ -980,6 +984,7 @@ static void test_reductions(void **state) {
                                            {1, 4200007, 1}};
         size_t k;
         for (k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            if (g_small && sizes[k][0] * sizes[k][1] > 50000) continue;
             for (which = 0; which < 7; which++) {
                 reduce_arg *a;
                 input in = in_of(shp(TB_F32, 2, sizes[k][0], sizes[k][1], 0, 0), R_ANY);
@@ -1007,6 +1012,7 @@ static void test_reductions(void **state) {
         const tb_dtype more[] = {TB_F64, TB_I32, TB_I64, TB_U8};
         size_t k;
         for (k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            if (g_small && sizes[k][0] * sizes[k][1] > 50000) continue;
             for (d = 0; d < sizeof more / sizeof more[0]; d++) {
                 for (which = 0; which < 5; which++) {
                     reduce_arg *a;
@@ -1199,10 +1205,10 @@ static void test_matmul(void **state) {
         add_case("matmul [3,70,61]x[61,83] (b broadcast)", build_matmul, &scaled_gelu, in, 2);
         in[0] = in_of(shp(TB_F32, 2, 256, 256, 0, 0), R_ANY);
         in[1] = in_of(shp(TB_F32, 2, 256, 256, 0, 0), R_ANY);
-        add_case("matmul [256,256]x[256,256]", build_matmul, &plain, in, 2);
+        if (!g_small) add_case("matmul [256,256]x[256,256]", build_matmul, &plain, in, 2);
         /* B larger than a core's caches (megabytes): the work items go over the output in
            groups of column panels, the last group narrower; a long K: groups of one panel */
-        for (d = 0; d < 2; d++) {
+        for (d = 0; d < (g_small ? 0u : 2u); d++) {
             in[0] = in_of(shp(dtypes[d], 2, 37, 1100, 0, 0), R_ANY);
             in[1] = in_of(shp(dtypes[d], 2, 1100, 500, 0, 0), R_ANY);
             in[2] = in_of(shp(dtypes[d], 1, 500, 0, 0, 0), R_ANY);
@@ -1210,10 +1216,11 @@ static void test_matmul(void **state) {
         }
         in[0] = in_of(shp(TB_F32, 3, 2, 20, 1100, 0), R_ANY);
         in[1] = in_of(shp(TB_F32, 3, 2, 1100, 500, 0), R_ANY);
-        add_case("batched matmul [2,20,1100]x[2,1100,500]", build_matmul, &plain, in, 2);
+        if (!g_small)
+            add_case("batched matmul [2,20,1100]x[2,1100,500]", build_matmul, &plain, in, 2);
         in[0] = in_of(shp(TB_F32, 2, 5, 40000, 0, 0), R_ANY);
         in[1] = in_of(shp(TB_F32, 2, 40000, 33, 0, 0), R_ANY);
-        add_case("matmul [5,40000]x[40000,33]", build_matmul, &plain, in, 2);
+        if (!g_small) add_case("matmul [5,40000]x[40000,33]", build_matmul, &plain, in, 2);
         /* the matmul under a reshape: its kernel stores through it (to its own dims: a
            detached gradient; flat) */
         {
@@ -1663,6 +1670,291 @@ static void test_concat_pad_gather(void **state) {
     in[1].hi = 6;
     add_case("relu(index_select dim 1)", build_other, &args[7], in, 2);
     flush_cases();
+}
+
+/* ---- convolution and pooling (matmuls over windows, pads; tests/test_conv.c has the rest) ---- */
+
+typedef struct conv_arg {
+    int which; /* 0 conv2d (stride, padding, dilation, groups, bias), 1 conv_transpose2d,
+                  2 max_pool2d, 3 avg_pool2d, 4 the gradient of sum(conv2d(x, w) * x') wrt x */
+} conv_arg;
+
+static tb_tensor *build_conv(tb_tensor **in, const void *arg) {
+    static const int64_t one[2] = {1, 1}, two[2] = {2, 2}, k3[2] = {3, 3}, dil[2] = {2, 1};
+    int which = ((const conv_arg *)arg)->which;
+    switch (which) {
+    case 0:
+        return tb_conv2d(in[0], in[1], in[2], two, one, dil, 2);
+    case 1:
+        return tb_conv_transpose2d(in[0], in[1], in[2], two, one, one, one, 1);
+    case 2:
+        return tb_max_pool2d(in[0], k3, two, one, NULL, true);
+    case 3:
+        return tb_avg_pool2d(in[0], k3, two, one, false, false);
+    default: {
+        tb_tensor *x = tb_detach(in[0]), *y, *p, *l, *g = NULL;
+        tb_set_requires_grad(x, true);
+        y = tb_conv2d(x, in[1], NULL, one, one, NULL, 1);
+        p = tb_mul(y, y);
+        l = tb_sum(p, NULL, 0, false);
+        if (tb_grad(l, NULL, &x, 1, &g) != TB_OK) g = NULL;
+        tb_tensor_release(x);
+        tb_tensor_release(y);
+        tb_tensor_release(p);
+        tb_tensor_release(l);
+        return g;
+    }
+    }
+}
+
+static void test_conv_pool(void **state) {
+    static conv_arg args[5];
+    input in[3];
+    int i;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < 5; i++)
+        args[i].which = i;
+    in[0] = in_of(shp(TB_F32, 4, 2, 4, 9, 8), R_ANY);
+    in[1] = in_of(shp(TB_F32, 4, 6, 2, 3, 3), R_ANY);
+    in[2] = in_of(shp(TB_F32, 1, 6, 0, 0, 0), R_ANY);
+    add_case("conv2d stride 2, padding 1, dilation (2, 1), groups 2, bias", build_conv, &args[0],
+             in, 3);
+    in[1] = in_of(shp(TB_F32, 4, 4, 3, 3, 3), R_ANY);
+    in[2] = in_of(shp(TB_F32, 1, 3, 0, 0, 0), R_ANY);
+    add_case("conv_transpose2d stride 2, padding 1, output_padding 1, bias", build_conv, &args[1],
+             in, 3);
+    in[0].range = R_WHOLE; /* ties */
+    add_case("max_pool2d 3x3 stride 2, padding 1, ceil", build_conv, &args[2], in, 1);
+    in[0].range = R_ANY;
+    add_case("avg_pool2d 3x3 stride 2, padding 1", build_conv, &args[3], in, 1);
+    in[1] = in_of(shp(TB_F32, 4, 5, 4, 3, 3), R_ANY);
+    add_case("gradient of a conv2d wrt its input", build_conv, &args[4], in, 2);
+    flush_cases();
+}
+
+/* ---- concats of many inputs ----
+   A concat of more than a few inputs is written by kernels of its own, one per run of its
+   inputs: buffers read through a table of the kernel's arguments (native), scalars read from
+   the table of scalars, or a balanced tree of tests (views, computed inputs, and buffers where
+   arguments cannot be read through a table). */
+
+enum { CAT_HOST, CAT_SCALAR, CAT_VIEW, CAT_COMPUTED, CAT_MIXED, CAT_REPEAT, CAT_HALF };
+
+typedef struct cat_spec {
+    const char *name;
+    int32_t n;          /* inputs */
+    int32_t rank, dim;  /* inputs of rank 1 to 3 ([len], [2, len], [2, len, 3] with len along
+                           dim, the other dims 2 and 3), concatenated along dim */
+    int32_t lens, zero; /* input i's length along dim: zero + i % lens (zero 0: some empty) */
+    int kind;
+} cat_spec;
+
+static tb_shape cat_input_shape(const cat_spec *c, int32_t i, tb_dtype dtype) {
+    int64_t d[3] = {2, 2, 3}, len = c->zero + i % c->lens;
+    if (c->rank == 1) return shp(dtype, 1, len, 0, 0, 0);
+    d[c->dim] = len;
+    if (c->rank == 2) return shp(dtype, 2, d[0], d[1], 0, 0);
+    return shp(dtype, 3, d[0], d[1], d[2], 0);
+}
+
+/* Input i of a case on `dev`: the same values on every device (seeded by i). */
+static tb_tensor *cat_input(const cat_spec *c, int32_t i, const tb_device *dev) {
+    int kind = c->kind == CAT_MIXED ? (i / 10) % 5 : c->kind;
+    tb_dtype dtype = c->kind == CAT_HALF ? TB_F16 : TB_F32;
+    tb_shape s;
+    tb_tensor *x, *y;
+    void *host;
+    uint64_t saved = g_rng;
+    if (c->kind == CAT_HALF) kind = (i / 10) % 2 == 0 ? CAT_HOST : CAT_SCALAR;
+    if (c->kind == CAT_MIXED && kind == 1) dtype = TB_I32; /* buffers of another dtype */
+    if (c->kind == CAT_REPEAT) i = 0;
+    s = cat_input_shape(c, i, dtype);
+    if (kind == CAT_SCALAR || (c->kind == CAT_MIXED && kind == 2)) {
+        if (c->kind == CAT_MIXED) s.dtype = TB_I64;
+        return tb_full(&s, (double)(i % 7) - 3.0, dev);
+    }
+    if (kind == CAT_VIEW || (c->kind == CAT_MIXED && kind == 3)) {
+        tb_shape t = s;
+        int32_t a = s.rank >= 2 ? 0 : -1;
+        if (a >= 0) {
+            t.dims[0] = s.dims[1];
+            t.dims[1] = s.dims[0];
+        }
+        g_rng = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1);
+        host = host_alloc(&t);
+        fill(host, &t, R_ANY, 0);
+        g_rng = saved;
+        x = tb_tensor_from_host(host, &t, dev);
+        free(host);
+        if (a < 0) { /* rank 1: a reversed view */
+            int32_t f = 0;
+            y = tb_flip(x, &f, 1);
+        } else {
+            y = tb_transpose(x, 0, 1);
+        }
+        tb_tensor_release(x);
+        return y;
+    }
+    g_rng = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1);
+    host = host_alloc(&s);
+    fill(host, &s, R_ANY, 0);
+    g_rng = saved;
+    x = tb_tensor_from_host(host, &s, dev);
+    free(host);
+    if (kind == CAT_COMPUTED || (c->kind == CAT_MIXED && kind == 4)) {
+        y = tb_exp(x);
+        tb_tensor_release(x);
+        return y;
+    }
+    return x;
+}
+
+static tb_tensor *cat_build(const cat_spec *c, const tb_device *dev) {
+    tb_tensor **in = (tb_tensor **)calloc((size_t)c->n, sizeof *in), *y;
+    int32_t i;
+    assert_non_null(in);
+    for (i = 0; i < c->n; i++) {
+        in[i] = cat_input(c, i, dev);
+        if (in[i] == NULL) fail_msg("%s: input %d: %s", c->name, (int)i, tb_last_error());
+    }
+    y = tb_concat(in, (size_t)c->n, c->dim);
+    if (y == NULL) fail_msg("%s: tb_concat: %s", c->name, tb_last_error());
+    for (i = 0; i < c->n; i++)
+        tb_tensor_release(in[i]);
+    free(in);
+    return y;
+}
+
+static void cat_check(const cat_spec *c) {
+    tb_tensor *ref = cat_build(c, &g_cpu), *got = cat_build(c, &g_ocl);
+    check_names_of(c->name, &got, 1);
+    compare_tensors(c->name, ref, got);
+    tb_tensor_release(ref);
+    tb_tensor_release(got);
+}
+
+static const cat_spec cat_cases[] = {
+    {"concat of 1 input", 1, 1, 0, 1, 1, CAT_HOST},
+    {"concat of 9 one-element inputs", 9, 1, 0, 1, 1, CAT_HOST},
+    {"concat of 300 one-element inputs", 300, 1, 0, 1, 1, CAT_HOST},
+    {"concat of 300 one-element scalars", 300, 1, 0, 1, 1, CAT_SCALAR},
+    {"concat of 9 [2, n, 3] along dim 1", 9, 3, 1, 3, 1, CAT_HOST},
+    {"concat of 300 [n, 2, 3] along dim 0", 300, 3, 0, 3, 1, CAT_HOST},
+    {"concat of 300 [2, n, 3] along dim 1, some empty", 300, 3, 1, 3, 0, CAT_HOST},
+    {"concat of 300 [2, 2, n] along dim 2", 300, 3, 2, 2, 1, CAT_HOST},
+    {"concat of 300 expanded scalars [2, n] along dim 1", 300, 2, 1, 3, 1, CAT_SCALAR},
+    {"concat of 40 transposed views along dim 0", 40, 2, 0, 2, 1, CAT_VIEW},
+    {"concat of 40 flipped views", 40, 1, 0, 3, 1, CAT_VIEW},
+    {"concat of 40 computed inputs", 40, 1, 0, 2, 1, CAT_COMPUTED},
+    {"concat of 300 mixed inputs and dtypes [2, n] along dim 1", 300, 2, 1, 2, 1, CAT_MIXED},
+    {"concat of one input 100 times", 100, 1, 0, 3, 1, CAT_REPEAT},
+    {"concat of 60 f16 buffers and scalars", 60, 2, 1, 2, 1, CAT_HALF},
+};
+
+static void test_concat_many_inputs(void **state) {
+    size_t i;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < sizeof cat_cases / sizeof cat_cases[0]; i++)
+        cat_check(&cat_cases[i]);
+}
+
+/* Many inputs in little time and little code: 20,000 one-element tensors (native: buffers
+   read through the table of arguments; every backend: scalars from the table of scalars),
+   and the program of 2,000 inputs stays small (a concat written as one test per input is
+   hundreds of kilobytes of code). */
+static void test_concat_many_inputs_large(void **state) {
+    static const cat_spec large[] = {
+        {"concat of 20000 one-element inputs", 20000, 1, 0, 1, 1, CAT_HOST},
+        {"concat of 20000 one-element scalars", 20000, 1, 0, 1, 1, CAT_SCALAR},
+    };
+    cat_spec small[2] = {{"2000 scalars", 2000, 1, 0, 1, 1, CAT_SCALAR},
+                         {"2000 one-element inputs", 2000, 1, 0, 1, 1, CAT_HOST}};
+    size_t i;
+    (void)state;
+    REQUIRE_OPENCL();
+    /* first the size, which code growing with the inputs fails in seconds */
+    for (i = 0; i < (TEST_OPENCL ? 1u : 2u); i++) {
+        tb_tensor *y = cat_build(&small[i], &g_ocl);
+        char *text = tb_ir_backend_text(&y, 1);
+        if (text == NULL) fail_msg("%s: tb_ir_backend_text: %s", small[i].name, tb_last_error());
+        if (strlen(text) > 65536)
+            fail_msg("%s: the program is %zu bytes", small[i].name, strlen(text));
+        tb_free(text);
+        if (kernel_count(&y, 1) > 2) fail_msg("%s: more than 2 kernels", small[i].name);
+        tb_tensor_release(y);
+    }
+    for (i = TEST_OPENCL ? 1 : 0; i < 2; i++) {
+        tb_tensor *ref = cat_build(&large[i], &g_cpu), *got = cat_build(&large[i], &g_ocl);
+        compare_tensors(large[i].name, ref, got);
+        tb_tensor_release(ref);
+        tb_tensor_release(got);
+    }
+}
+
+/* The same with the code a GPU gets (the test hook of test_gpu_code_paths). */
+static void test_concat_many_inputs_gpu(void **state) {
+    (void)state;
+    REQUIRE_OPENCL();
+#ifndef TB_NO_OPENCL
+    tb__ocl_codegen_as_gpu = 1;
+#endif
+    tb_computation_cache_clear();
+    test_concat_many_inputs(state);
+#ifndef TB_NO_OPENCL
+    tb__ocl_codegen_as_gpu = 0;
+#endif
+    tb_computation_cache_clear();
+}
+
+/* Gradients through a concat of many inputs: each input's gradient is its slice of the
+   seed. */
+static void test_concat_many_inputs_grad(void **state) {
+    enum { N = 20 };
+    const tb_device *devs[2] = {&g_cpu, &g_ocl};
+    tb_tensor *grads[2][N];
+    int d, i;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (d = 0; d < 2; d++) {
+        tb_tensor *x[N], *y, *w, *prod, *loss;
+        tb_shape ws = shp(TB_F32, 2, 2, 0, 0, 0);
+        float *wh;
+        int64_t total = 0;
+        for (i = 0; i < N; i++) {
+            tb_shape s = shp(TB_F32, 2, 2, 1 + i % 3, 0, 0);
+            float h[6];
+            int j;
+            for (j = 0; j < 6; j++)
+                h[j] = (float)(i * 6 + j) * 0.25f - 3.0f;
+            x[i] = tb_tensor_from_host(h, &s, devs[d]);
+            assert_int_equal(tb_set_requires_grad(x[i], true), TB_OK);
+            total += 1 + i % 3;
+        }
+        ws.dims[1] = total;
+        wh = (float *)calloc((size_t)(2 * total), sizeof *wh);
+        assert_non_null(wh);
+        for (i = 0; i < 2 * total; i++)
+            wh[i] = (float)(i % 11) - 5.0f;
+        w = tb_tensor_from_host(wh, &ws, devs[d]);
+        free(wh);
+        y = tb_concat(x, N, 1);
+        prod = tb_mul(y, w);
+        loss = tb_sum(prod, NULL, 0, false);
+        if (tb_grad(loss, NULL, x, N, grads[d]) != TB_OK) fail_msg("tb_grad: %s", tb_last_error());
+        for (i = 0; i < N; i++)
+            tb_tensor_release(x[i]);
+        tb_tensor_release(y);
+        tb_tensor_release(w);
+        tb_tensor_release(prod);
+        tb_tensor_release(loss);
+    }
+    for (i = 0; i < N; i++) {
+        compare_tensors("gradient through a concat of 20 inputs", grads[0][i], grads[1][i]);
+        tb_tensor_release(grads[0][i]);
+        tb_tensor_release(grads[1][i]);
+    }
 }
 
 static void test_generators(void **state) {
@@ -3643,6 +3935,66 @@ static void test_run_time_errors(void **state) {
     tb_tensor_release(p);
 }
 
+/* Many work items fail at once: the report is one item's. Each item's pair is recognisable
+   (base b with exponent -b; an index of the first select in [1000, 1000 + n) against dim 0 of
+   size 3, of the second in [5000000000, 5000000000 + n) against size 5), so a report made of
+   two items' words, or of one site's code and another's index, fails the test. */
+static void test_run_time_error_reports_one_item(void **state) {
+    enum { N = 20000 };
+    static int32_t base[N], ex[N];
+    static int64_t i1[N], i2[N];
+    float xs[3] = {1, 2, 3}, xl[5] = {1, 2, 3, 4, 5};
+    tb_shape sn = shp(TB_I32, 1, N, 0, 0, 0), si = shp(TB_I64, 1, N, 0, 0, 0),
+             s3 = shp(TB_F32, 1, 3, 0, 0, 0), s5 = shp(TB_F32, 1, 5, 0, 0, 0);
+    tb_tensor *b, *e, *p, *x3, *x5, *t1, *t2, *g1, *g2, *y;
+    long long got_b = 0, got_e = 0, idx = 0;
+    int round, size = 0;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (round = 0; round < N; round++) {
+        base[round] = round + 2;
+        ex[round] = -(round + 2);
+        i1[round] = 1000 + round;
+        i2[round] = 5000000000ll + round;
+    }
+    for (round = 0; round < 3; round++) {
+        b = tb_tensor_from_host(base, &sn, &g_ocl);
+        e = tb_tensor_from_host(ex, &sn, &g_ocl);
+        p = tb_pow(b, e);
+        assert_int_equal(tb_sync(&p, 1), TB_ERR_EXECUTE);
+        if (sscanf(strstr(tb_last_error(), "(") != NULL ? strstr(tb_last_error(), "(") : "",
+                   "(%lld ** %lld)", &got_b, &got_e) != 2)
+            fail_msg("unexpected message: %s", tb_last_error());
+        if (got_b < 2 || got_b > N + 1 || got_e != -got_b)
+            fail_msg("a report of two items: %s", tb_last_error());
+        tb_tensor_release(b);
+        tb_tensor_release(e);
+        tb_tensor_release(p);
+        x3 = tb_tensor_from_host(xs, &s3, &g_ocl);
+        x5 = tb_tensor_from_host(xl, &s5, &g_ocl);
+        t1 = tb_tensor_from_host(i1, &si, &g_ocl);
+        t2 = tb_tensor_from_host(i2, &si, &g_ocl);
+        g1 = tb_index_select(x3, 0, t1);
+        g2 = tb_index_select(x5, 0, t2);
+        y = tb_add(g1, g2);
+        assert_int_equal(tb_sync(&y, 1), TB_ERR_EXECUTE);
+        if (sscanf(strstr(tb_last_error(), "index ") != NULL ? strstr(tb_last_error(), "index ")
+                                                             : "",
+                   "index %lld is out of range for dim 0 of size %d", &idx, &size) != 2)
+            fail_msg("unexpected message: %s", tb_last_error());
+        if (!((size == 3 && idx >= 1000 && idx < 1000 + N) ||
+              (size == 5 && idx >= 5000000000ll && idx < 5000000000ll + N)))
+            fail_msg("a report of two sites or items: %s", tb_last_error());
+        tb_tensor_release(x3);
+        tb_tensor_release(x5);
+        tb_tensor_release(t1);
+        tb_tensor_release(t2);
+        tb_tensor_release(g1);
+        tb_tensor_release(g2);
+        tb_tensor_release(y);
+    }
+}
+
 /* ---- two devices ---- */
 
 /* Two threads on two devices run at once: a run on opencl:0 stops, while it holds its device,
@@ -5074,6 +5426,10 @@ int main(void) {
         cmocka_unit_test(test_softmax_layer_norm),
         cmocka_unit_test(test_movement),
         cmocka_unit_test(test_concat_pad_gather),
+        cmocka_unit_test(test_conv_pool),
+        cmocka_unit_test(test_concat_many_inputs),
+        cmocka_unit_test(test_concat_many_inputs_large),
+        cmocka_unit_test(test_concat_many_inputs_grad),
         cmocka_unit_test(test_generators),
         cmocka_unit_test(test_edge_shapes),
         cmocka_unit_test(test_rand_bit_identical),
@@ -5096,6 +5452,7 @@ int main(void) {
         cmocka_unit_test(test_scalars_do_not_recompile),
         cmocka_unit_test(test_random_graphs),
         cmocka_unit_test(test_run_time_errors),
+        cmocka_unit_test(test_run_time_error_reports_one_item),
         cmocka_unit_test(test_scalar_feeds_every_kernel_kind),
         cmocka_unit_test(test_scalar_special_values),
         cmocka_unit_test(test_pad_allocation_failures),
@@ -5105,6 +5462,7 @@ int main(void) {
         cmocka_unit_test(test_transfers),
         cmocka_unit_test(test_devices),
         cmocka_unit_test(test_gpu_code_paths),
+        cmocka_unit_test(test_concat_many_inputs_gpu),
         cmocka_unit_test(test_custom_op_compile_error),
         cmocka_unit_test(test_dot_compile_error_plain),
         cmocka_unit_test(test_allocation_too_large),

@@ -69,7 +69,16 @@ passed=0
 failed=0
 failures=()
 
+# step TITLE: starts a step; the time the previous one took goes into the summary.
+step_name=""
+step_start=$SECONDS
+step_times=()
 step() {
+    if [ -n "$step_name" ]; then
+        step_times+=("$(printf '%5d s  %s' $((SECONDS - step_start)) "$step_name")")
+    fi
+    step_name=$*
+    step_start=$SECONDS
     echo
     echo "== $* =="
 }
@@ -97,7 +106,7 @@ mkdir -p build/compile build/tests build/examples build/plugins
 step "install Debian packages"
 packages=(gcc g++ clang clang-format libclang-rt-14-dev libcmocka-dev pocl-opencl-icd
     ocl-icd-opencl-dev opencl-headers clinfo python3-numpy python3-torch dataset-fashion-mnist
-    gzip valgrind cmake pkg-config openmpi-bin libopenmpi-dev mpich)
+    gzip valgrind cmake pkg-config openmpi-bin libopenmpi-dev mpich qemu-user oclgrind)
 if [ "$install" -eq 0 ]; then
     echo "skipped (--no-install)"
 elif ! command -v dpkg >/dev/null 2>&1; then
@@ -487,6 +496,27 @@ elif [ "${#tests[@]}" -gt 0 ]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
+step "16-bit ops against PyTorch on each x86 class"
+# tests/test_half.c with its oracle on this CPU and under qemu-x86_64 as an AVX2 and an SSE4.2
+# CPU (tools/test_half_isa.sh; the emulated runs skip without qemu-user): PyTorch's own 16-bit
+# kernels differ between these classes, and the test's tolerances must hold on every one.
+if selected tools/test_half_isa.sh || selected test_half; then
+    log=build/test_half_isa.log
+    CC="$CC" TB_CACHE_DIR="$cache_dir" bash tools/test_half_isa.sh 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    n_ok=$(grep -c '^ok ' "$log")
+    n_fail=$(grep -c '^FAIL ' "$log")
+    if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
+        echo "FAIL half isa: tools/test_half_isa.sh stopped with exit status $rc"
+        n_fail=1
+    fi
+    pass "$n_ok"
+    if [ "$n_fail" -gt 0 ]; then
+        fail "tools/test_half_isa.sh" "$n_fail"
+    fi
+fi
+
+# ---------------------------------------------------------------------------------------------
 step "examples"
 # Each example compiles as C (with the test flags) and as C++; those marked '// test: run' run on
 # the cpu backend and, where an OpenCL device is present, on the opencl backend too.
@@ -864,6 +894,34 @@ if selected tools/fuzz.sh; then
 fi
 
 # ---------------------------------------------------------------------------------------------
+step "OpenCL kernels on Oclgrind"
+# The op tests of tests/test_opencl.c on Oclgrind's simulated device (tools/oclgrind.sh): the GPU
+# code paths at small shapes against the cpu backend; out-of-bounds accesses, data races,
+# barrier divergence and API errors fail. Needs the Debian package oclgrind.
+if selected tools/oclgrind.sh; then
+    if [ "$quick" -eq 1 ] || [ "${TB_TEST_NO_OCLGRIND:-0}" = 1 ]; then
+        echo "skipped: --quick or TB_TEST_NO_OCLGRIND=1"
+    else
+        log=build/oclgrind.log
+        (
+            unset POCL_DEVICES TB_CACHE_DIR
+            bash tools/oclgrind.sh
+        ) 2>&1 | tee "$log"
+        rc=${PIPESTATUS[0]}
+        n_ok=$(grep -c '^ok oclgrind: ' "$log")
+        n_fail=$(grep -c '^FAIL ' "$log")
+        if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
+            echo "FAIL oclgrind: tools/oclgrind.sh stopped with exit status $rc"
+            n_fail=1
+        fi
+        pass "$n_ok"
+        if [ "$n_fail" -gt 0 ]; then
+            fail "tools/oclgrind.sh" "$n_fail"
+        fi
+    fi
+fi
+
+# ---------------------------------------------------------------------------------------------
 step "benchmark (quick)"
 # Small sizes, one repetition: keeps the benchmark building and checking its results. Timings
 # are printed for reading only; nothing here compares them with a threshold.
@@ -895,6 +953,10 @@ fi
 
 # ---------------------------------------------------------------------------------------------
 step "summary"
+echo "time per step (${SECONDS} s in all):"
+for t in "${step_times[@]+"${step_times[@]}"}"; do
+    echo "    $t"
+done
 if [ -n "$filter" ]; then
     echo "only the tests whose name contains '$filter'"
 fi
