@@ -65,6 +65,7 @@ IMPLEMENTATION_PARTS = [
     "src/optim.c",
     "src/compile.h",
     "src/diskcache.c",
+    "src/tuning.c",
     "src/planner.c",
     "src/index.c",
     "src/prelude.cl",

@@ -19505,6 +19505,8 @@ typedef struct tb__plan_mm {
 
 /* the tuning table of a device class (TB__CLASS_*) */
 static void tb__tuning_of(int32_t device_class, tb__tuning *t);
+/* a CPU table fitted to the CPU's vector shape (tuning.c) */
+static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape);
 /* plans `graph` for `target`: *out the plan (tb__plan_free), G the graph view the renderer
    reads (tb__pgraph_free once the code is emitted) */
 static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target, tb__pgraph *G,
@@ -19651,13 +19653,17 @@ typedef struct tb__cg_param {
     char name[16];    /* out, b<slot>, s<param>, tb_sc, tb_err, tb_in */
 } tb__cg_param;
 
+#define TB__DIALECT_HEADS 5
+
 /* What differs between the C-family languages the generator writes. */
 typedef struct tb__dialect {
     const char *name;
-    /* the text before the shared prelude (pragmas, includes, typedefs, helpers), in two parts
-       (each literal within the length C99 compilers must take; head2 may be NULL) */
-    const char *head;
-    const char *head2;
+    /* the text before the shared prelude (pragmas, includes, typedefs, helpers), in parts
+       (each literal within the length C99 compilers must take), NULL after the last */
+    const char *head[TB__DIALECT_HEADS];
+    /* f32 lanes of the row vectors (4, 8 or 16): the program starts with "#define TB_VW n",
+       and the plan's vector loops must use as many (tuning vec_width) */
+    int32_t vec_width;
     /* address space of buffers ("__global " or ""), of work-group memory ("__local "; NULL:
        none, and no plan for this dialect may use work-groups of more than one item) */
     const char *global;
@@ -19667,12 +19673,14 @@ typedef struct tb__dialect {
     const char *global_id;
     const char *group_id;
     const char *local_id;
-    /* vectors: float16 and double8 with vload16/vstore16 and vload8/vstore8, scalar * vector
-       widening the scalar; a vector of zeros as a format of the vector type */
+    /* vectors: floatN, intN, uintN (N = 4, 8, 16) and doubleN (2, 4, 8) with vloadN and
+       vstoreN, scalar * vector widening the scalar; the row vectors of TB_VW lanes as tb_vf,
+       tb_vi and tb_vu with TB_VLD and TB_VST (TB_VW: vec_width, defined before the head); a
+       vector of zeros as a format of the vector type */
     const char *vec_zero;
-    /* a float16 made of 16 listed floats, a printf format of the list (NULL: the register
-       matmul keeps scalar accumulators; a dialect whose compiler vectorises across work items
-       leaves it NULL) */
+    /* a vector made of listed floats, a printf format of its type (float4, float8, float16)
+       and the list (NULL: the register matmul keeps scalar accumulators; a dialect whose
+       compiler vectorises across work items leaves it NULL) */
     const char *vec_make;
     const char *min_long; /* min of two longs */
     const char *bits_f32; /* the float of 32 bits (uint) */
@@ -19775,8 +19783,8 @@ static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node);
 /* ---- native_dialect.c: the C99 dialect of the native backend ---- */
 
 #if defined(TB__HAVE_NATIVE)
-/* the dialect, its head as text */
-static void tb__native_dialect(tb__dialect *d);
+/* the dialect for row vectors of `vec_width` f32 lanes */
+static void tb__native_dialect(tb__dialect *d, int32_t vec_width);
 /* the work-item space of a kernel: its global size per dimension (the entry of a kernel runs
    a range of its flattened items) */
 static void tb__native_global_size(const tb__plan_kernel *k, uint64_t size[3]);
@@ -20321,26 +20329,14 @@ static void tb__disk_store(const tb__disk_format *fmt, const char *dir, const tb
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
-/* ---- src/planner.c ---- */
+/* ---- src/tuning.c ---- */
 /* ===========================================================================================
-   Kernel planner: turns a graph into a kernel plan, the only interface between scheduling and
-   code generation. It knows nothing of OpenCL or of any language: it decides which nodes form
-   which kernel (elementwise chains fused; elementwise producers fused into reductions, norms
-   and matmul operands as index arithmetic; elementwise consumers as epilogues), which
-   reductions are split into a partial and a final stage, which matmuls read packed operand
-   panels, which buffers each kernel reads and how long each lives, the launch geometry and the
-   kernel names. Every decision is made here, before any code is emitted, within budgets that
-   keep each kernel's code small; the renderer (codegen.c, codegen_kernels.c) then emits
-   exactly this plan.
-
-   Every node is either materialised (a parameter, or the output of a kernel: a "root") or
-   inlined into the one kernel that reads it (views read by several kernels are inlined into
-   each: they are index arithmetic only).
+   Tuning: the numbers that shape kernels, one table per class of device, and the register
+   blocks and vector widths of a CPU's vector shape (its vector registers' width and count).
+   The planner reads them (tb__target.tuning); nothing else decides a kernel's shape.
    =========================================================================================== */
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
-
-/* ---- tuning: one table per device class ---- */
 
 /* The table of a device class:
    - TB__CLASS_CPU, CPU devices of OpenCL (PoCL and others): no local memory worth using; the
@@ -20405,7 +20401,52 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->pipe_items_per_cu = 8;
 }
 
-/* ---- tuning: one table per device class ---- */
+/* A CPU table (TB__CLASS_CPU or TB__CLASS_HOST) fitted to the CPU's vector shape, so that every
+   vector a kernel keeps is one register and no kernel keeps more of them than the CPU has
+   (a vector wider than the registers is kept in memory by the compiler, and some of its
+   operations, such as comparisons giving masks, are split into lanes):
+   - row vectors (elementwise, reductions, norms, softmax) of the register's width: 16 f32
+     lanes with AVX-512, 8 with AVX2, 4 with SSE and NEON;
+   - the packed matmul's register block: rm rows of A by a row of B's columns held in one or
+     two registers, an accumulator register per row and register of B, plus B's registers and
+     the broadcast of A's value:
+       AVX-512 (32 registers of 16 lanes): 16 x 16 f32, 16 x 8 f64 (16 + 1 + 1 registers);
+       AVX2 and SSE (16 registers): 6 x 2 registers (12 + 2 + 1): AVX2 6 x 16 f32, 6 x 8 f64,
+         SSE 6 x 8 and 6 x 4. AVX2 1024^3 on 2 cores (Zen 4, 256-bit code, mul and add): 6 x 16
+         gave 196-204 GFLOP/s, 4 x 24 203-207, 12 x 8 164-180, 7 x 16 (17 registers) 117-125;
+       NEON (32 registers of 4 lanes): 12 x 2 registers (24 + 2 + 1): 12 x 8 f32, 12 x 4 f64;
+   - the unpacked register matmul (small or integer matmuls): 8 x 8 where a row's 8 lanes are
+     one register, else 4 x 8 (8 registers of two halves each). */
+static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape) {
+    int32_t lanes = shape->vec_bytes >= 64 ? 16 : (shape->vec_bytes >= 32 ? 8 : 4);
+    int32_t b_regs = lanes == 16 ? 1 : 2;
+    t->vec_width = lanes;
+    t->mm_vec_f32 = b_regs * lanes;
+    t->mm_vec_f64 = b_regs * lanes / 2;
+    t->mm_panel_rows = lanes == 16 ? 16 : (shape->vec_regs >= 32 ? 12 : 6);
+    if (lanes < 8) t->mm_reg_rows = 4;
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
+/* ---- src/planner.c ---- */
+/* ===========================================================================================
+   Kernel planner: turns a graph into a kernel plan, the only interface between scheduling and
+   code generation. It knows nothing of OpenCL or of any language: it decides which nodes form
+   which kernel (elementwise chains fused; elementwise producers fused into reductions, norms
+   and matmul operands as index arithmetic; elementwise consumers as epilogues), which
+   reductions are split into a partial and a final stage, which matmuls read packed operand
+   panels, which buffers each kernel reads and how long each lives, the launch geometry and the
+   kernel names. Every decision is made here, before any code is emitted, within budgets that
+   keep each kernel's code small; the renderer (codegen.c, codegen_kernels.c) then emits
+   exactly this plan.
+
+   Every node is either materialised (a parameter, or the output of a kernel: a "root") or
+   inlined into the one kernel that reads it (views read by several kernels are inlined into
+   each: they are index arithmetic only).
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
 
 /* ---- small helpers ---- */
 
@@ -23122,24 +23163,25 @@ static const char *const tb__cl_prelude[] = {
     "}\n",
     "#endif\n",
     "\n",
-    "#ifdef TB_HAS_VEC16\n",
-    "/* Vectors of 16 floats for rows read in order (the dialect's head defines float16, int16,\n",
-    "   uint16, TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a),\n",
-    "   TB_VCVTI (float to int, lane by lane), TB_VASF (int bits as float; TB_VASU and TB_VASFU:\n",
-    "   float bits as uint and back) and TB_VEXP (exp of each\n",
+    "#ifdef TB_HAS_VEC\n",
+    "/* Vectors of TB_VW floats (4, 8 or 16: the device's own width) for rows read in order: the\n",
+    "   dialect's head defines tb_vf, tb_vi and tb_vu (float, int and uint vectors of TB_VW lanes),\n",
+    "   TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a), TB_VCVTI\n",
+    "   (float to int, lane by lane), TB_VASF (int bits as float; TB_VASU and TB_VASFU: float bits\n",
+    "   as uint and back), TB_VSTORE (the lanes into an array of floats) and TB_VEXP (exp of each\n",
     "   lane: the device's built-in where it has a vector one, which on PoCL is faster than the\n",
-    "   polynomial below; tb_vexp16 where the dialect has none). */\n",
+    "   polynomial below; tb_vexp where the dialect has none). */\n",
     "\n",
     "/* exp of each lane (Cephes' polynomial after reduction by ln 2, about 1 ulp): overflow gives\n",
     "   +inf, underflow 0 through the denormals, NaN stays NaN. Where the dialect has TB_VSCALEF\n",
     "   (p * 2^k rounded once, to inf above the range and through the denormals to 0 below it),\n",
     "   that one step scales; a NaN goes through every step as NaN. */\n",
-    "TB_FN float16 tb_vexp16(float16 x) {\n",
+    "TB_FN tb_vf tb_vexp(tb_vf x) {\n",
     "#ifdef TB_VSCALEF\n",
-    "    float16 xc = TB_VSEL(x, TB_VBC(-104.0f), x < -104.0f), k, r, p;\n",
+    "    tb_vf xc = TB_VSEL(x, TB_VBC(-104.0f), x < -104.0f), k, r, p;\n",
     "#else\n",
-    "    float16 xc = TB_VSEL(x, TB_VBC(0.0f), x != x), k, r, p;\n",
-    "    int16 ki, k1;\n",
+    "    tb_vf xc = TB_VSEL(x, TB_VBC(0.0f), x != x), k, r, p;\n",
+    "    tb_vi ki, k1;\n",
     "    xc = TB_VSEL(xc, TB_VBC(-104.0f), xc < -104.0f);\n",
     "#endif\n",
     "    xc = TB_VSEL(xc, TB_VBC(89.0f), xc > 89.0f);\n",
@@ -23166,74 +23208,77 @@ static const char *const tb__cl_prelude[] = {
     "}\n",
     "\n",
     "/* The greater (smaller) lane of two, NaN when either is NaN (as the scalar ops). */\n",
-    "TB_FN float16 tb_vmax16(float16 a, float16 b) {\n",
+    "TB_FN tb_vf tb_vmax(tb_vf a, tb_vf b) {\n",
     "    return TB_VSEL(b, a, (a > b) | (a != a));\n",
     "}\n",
     "\n",
-    "TB_FN float16 tb_vmin16(float16 a, float16 b) {\n",
+    "TB_FN tb_vf tb_vmin(tb_vf a, tb_vf b) {\n",
     "    return TB_VSEL(b, a, (a < b) | (a != a));\n",
     "}\n",
     "\n",
-    "TB_FN float16 tb_vrelu16(float16 a) {\n",
+    "TB_FN tb_vf tb_vrelu(tb_vf a) {\n",
     "    return TB_VSEL(a, TB_VBC(0.0f), a < 0.0f);\n",
     "}\n",
     "\n",
-    "TB_FN float16 tb_vabs16(float16 a) {\n",
+    "TB_FN tb_vf tb_vabs(tb_vf a) {\n",
     "    return TB_VASF(TB_VASI(a) & 0x7fffffff);\n",
     "}\n",
     "\n",
     "/* Each lane rounded to the nearest bf16 value, as tb_rnd_bf16 (the dialect loads and stores\n",
     "   16-bit floats: TB_VLDH, TB_VSTH and TB_VRNDH for f16, TB_VLDBF and TB_VSTBF for bf16). */\n",
-    "TB_FN float16 tb_vrnd_bf16(float16 x) {\n",
-    "    uint16 u = TB_VASU(x); /* unsigned: a NaN's bits wrap, and its lane is replaced */\n",
-    "    float16 r = TB_VASFU((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);\n",
+    "TB_FN tb_vf tb_vrnd_bf16(tb_vf x) {\n",
+    "    tb_vu u = TB_VASU(x); /* unsigned: a NaN's bits wrap, and its lane is replaced */\n",
+    "    tb_vf r = TB_VASFU((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);\n",
     "    return TB_VSEL(r, TB_VASFU((u & 0xffff0000u) | 0x400000u), x != x);\n",
     "}\n",
     "\n",
-    "/* Sum, maximum, minimum and product of the lanes, in halves (a fixed order). */\n",
-    "TB_FN float tb_hsum16(float16 v) {\n",
-    "    float s[16];\n",
+    "/* Sum, maximum, minimum and product of the lanes, in halves (a fixed order; a dialect may\n",
+    "   fold them in registers in the same order: TB_HAS_HFOLD). */\n",
+    "#ifndef TB_HAS_HFOLD\n",
+    "TB_FN float tb_hsum(tb_vf v) {\n",
+    "    float s[TB_VW];\n",
     "    int i, h;\n",
     "    TB_VSTORE(v, s);\n",
-    "    for (h = 8; h >= 1; h >>= 1)\n",
+    "    for (h = TB_VW / 2; h >= 1; h >>= 1)\n",
     "        for (i = 0; i < h; i++)\n",
     "            s[i] = s[i] + s[i + h];\n",
     "    return s[0];\n",
     "}\n",
     "\n",
-    "TB_FN float tb_hprod16(float16 v) {\n",
-    "    float s[16];\n",
+    "TB_FN float tb_hprod(tb_vf v) {\n",
+    "    float s[TB_VW];\n",
     "    int i, h;\n",
     "    TB_VSTORE(v, s);\n",
-    "    for (h = 8; h >= 1; h >>= 1)\n",
+    "    for (h = TB_VW / 2; h >= 1; h >>= 1)\n",
     "        for (i = 0; i < h; i++)\n",
     "            s[i] = s[i] * s[i + h];\n",
     "    return s[0];\n",
     "}\n",
     "\n",
-    "TB_FN float tb_hmax16(float16 v) {\n",
-    "    float s[16];\n",
+    "TB_FN float tb_hmax(tb_vf v) {\n",
+    "    float s[TB_VW];\n",
     "    int i, h;\n",
     "    TB_VSTORE(v, s);\n",
-    "    for (h = 8; h >= 1; h >>= 1)\n",
+    "    for (h = TB_VW / 2; h >= 1; h >>= 1)\n",
     "        for (i = 0; i < h; i++)\n",
     "            s[i] = (s[i + h] > s[i] || isnan(s[i + h])) && !isnan(s[i]) ? s[i + h] : s[i];\n",
     "    return s[0];\n",
     "}\n",
     "\n",
-    "TB_FN float tb_hmin16(float16 v) {\n",
-    "    float s[16];\n",
+    "TB_FN float tb_hmin(tb_vf v) {\n",
+    "    float s[TB_VW];\n",
     "    int i, h;\n",
     "    TB_VSTORE(v, s);\n",
-    "    for (h = 8; h >= 1; h >>= 1)\n",
+    "    for (h = TB_VW / 2; h >= 1; h >>= 1)\n",
     "        for (i = 0; i < h; i++)\n",
     "            s[i] = (s[i + h] < s[i] || isnan(s[i + h])) && !isnan(s[i]) ? s[i + h] : s[i];\n",
     "    return s[0];\n",
     "}\n",
     "#endif\n",
+    "#endif\n",
     0
 };
-static const size_t tb__cl_prelude_count = 259;
+static const size_t tb__cl_prelude_count = 263;
 // clang-format on
 #endif
 
@@ -23321,7 +23366,7 @@ static int32_t tb__cg_round_as(tb__cg *g, tb_dtype dtype, int32_t v, bool vector
     r = vector ? tb__cg_new_val(g, TB_F32) : tb__cg_new_val(g, dtype);
     if (r < 0) return -1;
     if (vector) {
-        tb__ix_line(&g->ix, "const float16 v%d = %s(v%d);", (int)r,
+        tb__ix_line(&g->ix, "const tb_vf v%d = %s(v%d);", (int)r,
                     dtype == TB_F16 ? "TB_VRNDH" : "tb_vrnd_bf16", (int)v);
     } else {
         tb__ix_line(&g->ix, "const float v%d = %s(v%d);", (int)r,
@@ -24465,7 +24510,7 @@ static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr,
     } else if (stream) {
         tb__ix_line(&g->ix, "TB_VSTREAM(v%d, %s);", (int)v, ptr);
     } else {
-        tb__ix_line(&g->ix, "vstore16(v%d, 0, %s);", (int)v, ptr);
+        tb__ix_line(&g->ix, "TB_VST(v%d, 0, %s);", (int)v, ptr);
     }
 }
 
@@ -24520,11 +24565,11 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
         break;
     case TB_OP_ABS:
     case TB_OP_RELU:
-        snprintf(e, sizeof e, "tb_v%s16(%s)", n->op == TB_OP_ABS ? "abs" : "relu", a);
+        snprintf(e, sizeof e, "tb_v%s(%s)", n->op == TB_OP_ABS ? "abs" : "relu", a);
         break;
     case TB_OP_MAXIMUM:
     case TB_OP_MINIMUM:
-        snprintf(e, sizeof e, "tb_v%s16(%s, %s)", n->op == TB_OP_MAXIMUM ? "max" : "min", a, b);
+        snprintf(e, sizeof e, "tb_v%s(%s, %s)", n->op == TB_OP_MAXIMUM ? "max" : "min", a, b);
         break;
     default:
         tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: no vector code for op %s",
@@ -24533,7 +24578,7 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     }
     v = tb__cg_new_vec(g);
     if (v < 0) return -1;
-    tb__ix_line(&g->ix, "const float16 v%d = %s;", (int)v, e);
+    tb__ix_line(&g->ix, "const tb_vf v%d = %s;", (int)v, e);
     /* a reshape widens an operand that is already of its dtype: nothing to round */
     return tb__cg_exact(n) || n->op == TB_OP_RESHAPE ? v : tb__cg_vround(g, n->shape.dtype, v);
 }
@@ -24564,10 +24609,10 @@ static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
         tb_dtype dt = in->node->shape.dtype;
         v = tb__cg_new_vec(g);
         if (v < 0) return -1;
-        tb__ix_line(&g->ix, "const float16 v%d = %s(%sb%d + (%s));", (int)v,
+        tb__ix_line(&g->ix, "const tb_vf v%d = %s(%sb%d + (%s));", (int)v,
                     dt == TB_F16    ? "TB_VLDH"
                     : dt == TB_BF16 ? "TB_VLDBF"
-                                    : "vload16",
+                                    : "TB_VLD",
                     dt == TB_F32 ? "0, " : "", (int)in->slot, flat);
     } else {
         if (in->node->num_operands > 3) {
@@ -24916,7 +24961,7 @@ static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
         break;
     }
     for (lane = 0; lane < lanes; lane++)
-        tb__ix_line(&g->ix, "float16 accv%d = TB_VBC(%s);", (int)lane, init);
+        tb__ix_line(&g->ix, "tb_vf accv%d = TB_VBC(%s);", (int)lane, init);
     /* lane_parts: each accumulator its own part of the range (a stream through memory each,
        which a core's prefetchers fetch ahead in parallel); else the accumulators take turns
        along one stream */
@@ -24952,7 +24997,7 @@ static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
         vx = tb__cg_veval(g, rd->x, xp);
         if (vx < 0) return false;
         if (rd->cn->op == TB_OP_MAX || rd->cn->op == TB_OP_MIN) {
-            tb__ix_line(&g->ix, "accv%d = tb_v%s16(v%d, accv%d);", (int)lane,
+            tb__ix_line(&g->ix, "accv%d = tb_v%s(v%d, accv%d);", (int)lane,
                         rd->cn->op == TB_OP_MAX ? "max" : "min", (int)vx, (int)lane);
         } else {
             tb__ix_line(&g->ix, "accv%d %s= v%d;", (int)lane, rd->cn->op == TB_OP_PROD ? "*" : "+",
@@ -24964,16 +25009,16 @@ static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
     for (lane = 1; lane < lanes; lane++) {
         snprintf(name, sizeof name, "accv%d", (int)lane);
         if (rd->cn->op == TB_OP_MAX || rd->cn->op == TB_OP_MIN) {
-            tb__ix_line(&g->ix, "accv0 = tb_v%s16(accv0, %s);",
+            tb__ix_line(&g->ix, "accv0 = tb_v%s(accv0, %s);",
                         rd->cn->op == TB_OP_MAX ? "max" : "min", name);
         } else {
             tb__ix_line(&g->ix, "accv0 %s= %s;", rd->cn->op == TB_OP_PROD ? "*" : "+", name);
         }
     }
-    fold = rd->cn->op == TB_OP_PROD  ? "tb_hprod16"
-           : rd->cn->op == TB_OP_MAX ? "tb_hmax16"
-           : rd->cn->op == TB_OP_MIN ? "tb_hmin16"
-                                     : "tb_hsum16";
+    fold = rd->cn->op == TB_OP_PROD  ? "tb_hprod"
+           : rd->cn->op == TB_OP_MAX ? "tb_hmax"
+           : rd->cn->op == TB_OP_MIN ? "tb_hmin"
+                                     : "tb_hsum";
     snprintf(prev, sizeof prev, "%s", "acc");
     tb__ix_line(&g->ix, "%s = %s(accv0);", prev, fold);
     return g->ix.status == TB_OK;
@@ -25270,13 +25315,113 @@ static bool tb__cg_norm_prefetch(tb__cg *g, const tb__cg_norm *nm, int32_t xp, c
     return g->ix.status == TB_OK;
 }
 
+/* The accumulator of a norm's vector reduction pass (0: the sum or the maximum, 1: the squared
+   deviations or the sum of exponentials), accumulator `u` of the pass's chains (0: "mxv"). */
+static void tb__cg_norm_acc(const tb__cg_norm *nm, int pass, int u, char *buf, size_t cap) {
+    const char *base = pass == 0 ? (nm->layer ? "sumv" : "mxv") : (nm->layer ? "sqv" : "smv");
+    if (u == 0) {
+        snprintf(buf, cap, "%s", base);
+    } else {
+        snprintf(buf, cap, "%s%d", base, u);
+    }
+}
+
+/* Folds the W elements of x at the vector loop variable i<j> into accumulator `u` of a
+   reduction pass (a stashing softmax's pass 1 also stores its exponentials). */
+static bool tb__cg_norm_vfold(tb__cg *g, const tb__cg_norm *nm, int pass, int32_t j, int u) {
+    char acc[16], flat[TB__LF_TEXT];
+    int32_t xp = tb__cg_norm_pos(g, nm, j), vx;
+    tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+    if (!tb__cg_norm_stash_at(g, nm, pass, xp, flat)) return false;
+    vx = tb__cg_veval(g, nm->x, xp);
+    if (vx < 0) return false;
+    if (pass == 1 && nm->k->prefetch_rows && !tb__cg_norm_prefetch(g, nm, xp, "TB_PREFETCH"))
+        return false;
+    if (nm->stash && pass == 1) {
+        tb__ix_line(&g->ix, "const tb_vf evv%d = TB_VEXP(v%d - mx);", u, (int)vx);
+        tb__ix_line(&g->ix, "%s += evv%d;", acc, u);
+        tb__ix_line(&g->ix, "TB_VST(evv%d, 0, out + (%s));", u, flat);
+    } else if (pass == 0) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "%s += v%d;", acc, (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "%s = tb_vmax(v%d, %s);", acc, (int)vx, acc);
+        }
+    } else if (nm->layer) {
+        tb__ix_line(&g->ix, "const tb_vf dv%d = v%d - mean;", u, (int)vx);
+        tb__ix_line(&g->ix, "%s += dv%d * dv%d;", acc, u, u);
+    } else {
+        tb__ix_line(&g->ix, "%s += TB_VEXP(v%d - mx);", acc, (int)vx);
+    }
+    return g->ix.status == TB_OK;
+}
+
+/* The vector part of a reduction pass over the row (elements [0, rv), W at a time): where the
+   vectors are narrower than 16 lanes, 16 / W accumulators take turns (each its own chain of
+   dependent adds or maxima), so that a row's chain is as long whatever the vector width; then
+   they are combined, in a fixed order, and the result folded to a scalar. */
+static bool tb__cg_norm_vreduce(tb__cg *g, const tb__cg_norm *nm, int pass) {
+    int32_t w = nm->k->vec, lanes = w < 16 ? 16 / w : 1, j, u;
+    char head[160], acc[16], acc0[16];
+    tb__cg_norm_acc(nm, pass, 0, acc0, sizeof acc0);
+    for (u = 1; u < lanes; u++) {
+        tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+        tb__ix_line(&g->ix, "tb_vf %s = TB_VBC(%s);", acc,
+                    pass == 0 && !nm->layer ? "-INFINITY" : "0.0f");
+    }
+    if (lanes > 1) {
+        tb__ix_line(&g->ix, "const long ru%d = rv / %dL * %dL;", pass, (int)(lanes * w),
+                    (int)(lanes * w));
+        j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+        if (j < 0) return false;
+        snprintf(head, sizeof head, "for (long i%d = 0; i%d < ru%d; i%d += %d) ", (int)j, (int)j,
+                 pass, (int)j, (int)(lanes * w));
+        tb__ix_open(&g->ix, head);
+        if (!tb__cg_norm_vfold(g, nm, pass, j, 0)) return false;
+        for (u = 1; u < lanes; u++) {
+            int32_t ju = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+            if (ju < 0) return false;
+            tb__ix_line(&g->ix, "const long i%d = i%d + %dL;", (int)ju, (int)j, (int)(u * w));
+            if (!tb__cg_norm_vfold(g, nm, pass, ju, u)) return false;
+        }
+        tb__ix_close(&g->ix, "");
+    }
+    j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+    if (j < 0) return false;
+    if (lanes > 1) {
+        snprintf(head, sizeof head, "for (long i%d = ru%d; i%d < rv; i%d += %d) ", (int)j, pass,
+                 (int)j, (int)j, (int)w);
+    } else {
+        snprintf(head, sizeof head, "for (long i%d = 0; i%d < rv; i%d += %d) ", (int)j, (int)j,
+                 (int)j, (int)w);
+    }
+    tb__ix_open(&g->ix, head);
+    if (!tb__cg_norm_vfold(g, nm, pass, j, 0)) return false;
+    tb__ix_close(&g->ix, "");
+    for (u = 1; u < lanes; u++) {
+        tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+        if (pass == 0 && !nm->layer) {
+            tb__ix_line(&g->ix, "%s = tb_vmax(%s, %s);", acc0, acc, acc0);
+        } else {
+            tb__ix_line(&g->ix, "%s += %s;", acc0, acc);
+        }
+    }
+    if (pass == 0) {
+        tb__ix_line(&g->ix, "%s", nm->layer ? "sum = tb_hsum(sumv);" : "mx = tb_hmax(mxv);");
+    } else {
+        tb__ix_line(&g->ix, "%s", nm->layer ? "sqdev = tb_hsum(sqv);" : "sm = tb_hsum(smv);");
+    }
+    return g->ix.status == TB_OK;
+}
+
 /* The vector part of a pass over the row: elements [0, rv) W at a time, folded into the
-   scalar accumulators that the pass's element loop goes on with from rv (passes 0 and 1); the
-   last pass stores W outputs at once. */
+   vector accumulators (passes 0 and 1: tb__cg_norm_vreduce) or normalised and stored (pass 2);
+   the caller does the rest [rv, len) one element at a time. */
 static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     int32_t w = nm->k->vec, j, xp, vx, wp, vf, vr;
     char head[128], flat[TB__LF_TEXT];
     bool stream = false;
+    if (pass < 2) return tb__cg_norm_vreduce(g, nm, pass);
     j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
     if (j < 0) return false;
     snprintf(head, sizeof head, "for (long i%d = 0; i%d < rv; i%d += %d) ", (int)j, (int)j, (int)j,
@@ -25284,75 +25429,49 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     tb__ix_open(&g->ix, head);
     xp = tb__cg_norm_pos(g, nm, j);
     if (!tb__cg_norm_stash_at(g, nm, pass, xp, flat)) return false;
-    if (nm->stash && pass == 2) {
-        tb__ix_line(&g->ix, "vstore16(vload16(0, out + (%s)) * rsm, 0, out + (%s));", flat, flat);
+    if (nm->stash) {
+        tb__ix_line(&g->ix, "TB_VST(TB_VLD(0, out + (%s)) * rsm, 0, out + (%s));", flat, flat);
         tb__ix_close(&g->ix, "");
         return g->ix.status == TB_OK;
     }
     vx = tb__cg_veval(g, nm->x, xp);
     if (vx < 0) return false;
-    if (pass == 1 && nm->k->prefetch_rows && !tb__cg_norm_prefetch(g, nm, xp, "TB_PREFETCH"))
-        return false;
-    if (nm->stash && pass == 1) {
-        tb__ix_line(&g->ix, "const float16 evv = TB_VEXP(v%d - mx);", (int)vx);
-        tb__ix_line(&g->ix, "smv += evv;");
-        tb__ix_line(&g->ix, "vstore16(evv, 0, out + (%s));", flat);
-    } else if (pass == 0) {
-        if (nm->layer) {
-            tb__ix_line(&g->ix, "sumv += v%d;", (int)vx);
-        } else {
-            tb__ix_line(&g->ix, "mxv = tb_vmax16(v%d, mxv);", (int)vx);
+    vf = tb__cg_new_vec(g);
+    if (vf < 0) return false;
+    if (nm->layer) {
+        tb__ix_line(&g->ix, "tb_vf y = (v%d - mean) * rstd;", (int)vx);
+        if (nm->w >= 0) {
+            wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->w), j, 1, -1);
+            vr = tb__cg_veval(g, nm->w, wp);
+            if (vr < 0) return false;
+            tb__ix_line(&g->ix, "y = y * v%d;", (int)vr);
         }
-    } else if (pass == 1) {
-        if (nm->layer) {
-            tb__ix_line(&g->ix, "const float16 dv = v%d - mean;", (int)vx);
-            tb__ix_line(&g->ix, "sqv += dv * dv;");
-        } else {
-            tb__ix_line(&g->ix, "smv += TB_VEXP(v%d - mx);", (int)vx);
+        if (nm->b >= 0) {
+            wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->b), j, 1, -1);
+            vr = tb__cg_veval(g, nm->b, wp);
+            if (vr < 0) return false;
+            tb__ix_line(&g->ix, "y = y + v%d;", (int)vr);
         }
+        tb__ix_line(&g->ix, "const tb_vf v%d = y;", (int)vf);
+    } else if (nm->cn->op == TB_OP_SOFTMAX) {
+        tb__ix_line(&g->ix, "const tb_vf v%d = TB_VEXP(v%d - mx) * rsm;", (int)vf, (int)vx);
     } else {
-        vf = tb__cg_new_vec(g);
-        if (vf < 0) return false;
-        if (nm->layer) {
-            tb__ix_line(&g->ix, "float16 y = (v%d - mean) * rstd;", (int)vx);
-            if (nm->w >= 0) {
-                wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->w), j, 1, -1);
-                vr = tb__cg_veval(g, nm->w, wp);
-                if (vr < 0) return false;
-                tb__ix_line(&g->ix, "y = y * v%d;", (int)vr);
-            }
-            if (nm->b >= 0) {
-                wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->b), j, 1, -1);
-                vr = tb__cg_veval(g, nm->b, wp);
-                if (vr < 0) return false;
-                tb__ix_line(&g->ix, "y = y + v%d;", (int)vr);
-            }
-            tb__ix_line(&g->ix, "const float16 v%d = y;", (int)vf);
-        } else if (nm->cn->op == TB_OP_SOFTMAX) {
-            tb__ix_line(&g->ix, "const float16 v%d = TB_VEXP(v%d - mx) * rsm;", (int)vf, (int)vx);
-        } else {
-            tb__ix_line(&g->ix, "const float16 v%d = v%d - mx - lse;", (int)vf, (int)vx);
-        }
-        vf = tb__cg_vround(g, nm->od, vf);
-        if (vf < 0) return false;
-        tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, nm->k->core, xp, 0, vf);
-        vr = tb__cg_veval(g, nm->k->root, xp);
-        if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
-        tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
-        stream = nm->k->stream_out && tb__cg_vec_aligned(&g->ix.pos[xp].flat, j, w);
-        {
-            char ptr[TB__LF_TEXT + 16];
-            snprintf(ptr, sizeof ptr, "out + (%s)", flat);
-            tb__cg_vstore(g, tb__plan_shape(g->G, nm->k->root)->dtype, vr, ptr, stream);
-        }
+        tb__ix_line(&g->ix, "const tb_vf v%d = v%d - mx - lse;", (int)vf, (int)vx);
+    }
+    vf = tb__cg_vround(g, nm->od, vf);
+    if (vf < 0) return false;
+    tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, nm->k->core, xp, 0, vf);
+    vr = tb__cg_veval(g, nm->k->root, xp);
+    if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
+    tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+    stream = nm->k->stream_out && tb__cg_vec_aligned(&g->ix.pos[xp].flat, j, w);
+    {
+        char ptr[TB__LF_TEXT + 16];
+        snprintf(ptr, sizeof ptr, "out + (%s)", flat);
+        tb__cg_vstore(g, tb__plan_shape(g->G, nm->k->root)->dtype, vr, ptr, stream);
     }
     tb__ix_close(&g->ix, "");
     if (stream) tb__ix_line(&g->ix, "TB_VSTREAM_END();");
-    if (pass == 0) {
-        tb__ix_line(&g->ix, "%s", nm->layer ? "sum = tb_hsum16(sumv);" : "mx = tb_hmax16(mxv);");
-    } else if (pass == 1) {
-        tb__ix_line(&g->ix, "%s", nm->layer ? "sqdev = tb_hsum16(sqv);" : "sm = tb_hsum16(smv);");
-    }
     return g->ix.status == TB_OK;
 }
 
@@ -25419,38 +25538,70 @@ static void tb__cg_softmax_pipe_store(tb__cg *g, const tb__cg_norm *nm, const ch
         row, (long long)(nm->len / nm->k->vec), j, (int)nm->k->vec, row, (long long)nm->len, j);
 }
 
-/* One vector pass of a pipelined softmax over row i<row> (x's vectors at v<vx>): pass 0 the
-   maximum; pass 1 the exponentials, summed and kept in the row's half of tb_scr, and, where
-   `drain`, the previous row's (the other half) scaled by its rsp and streamed out. */
-static bool tb__cg_softmax_pipe_pass(tb__cg *g, const tb__cg_norm *nm, int32_t row, int pass,
-                                     bool drain) {
-    long long len = (long long)nm->len, nv = len / nm->k->vec; /* vectors per row */
-    int32_t j = tb__ix_new_var(&g->ix, 0, nm->len - 1), xp, vx;
-    char head[128];
-    if (j < 0) return false;
-    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d += %d) ", (int)j, (int)j, len,
-             (int)j, (int)nm->k->vec);
-    tb__ix_open(&g->ix, head);
-    xp = tb__cg_norm_pos(g, nm, j);
+/* Element vector at i<j> of one vector pass of a pipelined softmax over row i<row>, folded
+   into accumulator `u` (mxv, mxv1, ...: pass 0 the maximum; smv, smv1, ...: pass 1 the
+   exponentials, summed and kept in the row's half of tb_scr, and, where `drain`, the previous
+   row's (the other half) scaled by its rsp and streamed out). */
+static bool tb__cg_softmax_pipe_fold(tb__cg *g, const tb__cg_norm *nm, int32_t row, int pass,
+                                     bool drain, int32_t j, int u) {
+    long long nv = (long long)(nm->len / nm->k->vec); /* vectors per row */
+    int32_t xp = tb__cg_norm_pos(g, nm, j), vx;
+    char acc[16];
+    tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
     vx = tb__cg_veval(g, nm->x, xp);
     if (vx < 0) return false;
     if (pass == 0) {
-        tb__ix_line(&g->ix, "mxv = tb_vmax16(v%d, mxv);", (int)vx);
-    } else {
-        if (nm->k->prefetch_rows && !tb__cg_norm_prefetch(g, nm, xp, "TB_PREFETCH_L2"))
-            return false;
-        tb__ix_line(&g->ix, "const float16 evv = TB_VEXP(v%d - mx);", (int)vx);
-        tb__ix_line(&g->ix, "smv += evv;");
-        if (drain) {
-            char prev[32], jt[32];
-            snprintf(prev, sizeof prev, "i%d - 1", (int)row);
-            snprintf(jt, sizeof jt, "i%d", (int)j);
-            tb__cg_softmax_pipe_store(g, nm, prev, jt);
-        }
-        tb__ix_line(&g->ix, "tb_scr[(i%d & 1) * %lld + i%d / %d] = evv;", (int)row, nv, (int)j,
-                    (int)nm->k->vec);
+        tb__ix_line(&g->ix, "%s = tb_vmax(v%d, %s);", acc, (int)vx, acc);
+        return g->ix.status == TB_OK;
+    }
+    if (nm->k->prefetch_rows && !tb__cg_norm_prefetch(g, nm, xp, "TB_PREFETCH_L2")) return false;
+    tb__ix_line(&g->ix, "const tb_vf evv%d = TB_VEXP(v%d - mx);", u, (int)vx);
+    tb__ix_line(&g->ix, "%s += evv%d;", acc, u);
+    if (drain) {
+        char prev[32], jt[32];
+        snprintf(prev, sizeof prev, "i%d - 1", (int)row);
+        snprintf(jt, sizeof jt, "i%d", (int)j);
+        tb__cg_softmax_pipe_store(g, nm, prev, jt);
+    }
+    tb__ix_line(&g->ix, "tb_scr[(i%d & 1) * %lld + i%d / %d] = evv%d;", (int)row, nv, (int)j,
+                (int)nm->k->vec, u);
+    return g->ix.status == TB_OK;
+}
+
+/* One vector pass of a pipelined softmax over row i<row> (tb__cg_softmax_pipe_fold): where the
+   vectors are narrower than 16 lanes and the row a multiple of 16, 16 / W accumulators take
+   turns, so that the chain of a row is as long whatever the vector width (as in
+   tb__cg_norm_vreduce); then they are combined in a fixed order. */
+static bool tb__cg_softmax_pipe_pass(tb__cg *g, const tb__cg_norm *nm, int32_t row, int pass,
+                                     bool drain) {
+    int32_t w = nm->k->vec, lanes = w < 16 && nm->len % 16 == 0 ? 16 / w : 1, u;
+    int32_t j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+    char head[128], acc[16], acc0[16];
+    if (j < 0) return false;
+    tb__cg_norm_acc(nm, pass, 0, acc0, sizeof acc0);
+    for (u = 1; u < lanes; u++) {
+        tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+        tb__ix_line(&g->ix, "tb_vf %s = TB_VBC(%s);", acc, pass == 0 ? "-INFINITY" : "0.0f");
+    }
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d += %d) ", (int)j, (int)j,
+             (long long)nm->len, (int)j, (int)(lanes * w));
+    tb__ix_open(&g->ix, head);
+    if (!tb__cg_softmax_pipe_fold(g, nm, row, pass, drain, j, 0)) return false;
+    for (u = 1; u < lanes; u++) {
+        int32_t ju = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+        if (ju < 0) return false;
+        tb__ix_line(&g->ix, "const long i%d = i%d + %dL;", (int)ju, (int)j, (int)(u * w));
+        if (!tb__cg_softmax_pipe_fold(g, nm, row, pass, drain, ju, u)) return false;
     }
     tb__ix_close(&g->ix, "");
+    for (u = 1; u < lanes; u++) {
+        tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+        if (pass == 0) {
+            tb__ix_line(&g->ix, "%s = tb_vmax(%s, %s);", acc0, acc, acc0);
+        } else {
+            tb__ix_line(&g->ix, "%s += %s;", acc0, acc);
+        }
+    }
     return g->ix.status == TB_OK;
 }
 
@@ -25471,14 +25622,14 @@ static tb_status tb__cg_kernel_softmax_pipe(tb__cg *g, const tb__cg_norm *nm, in
     tb__ix_line(&g->ix, "const long tb_r0 = tb_c * %lldL;", ch);
     tb__ix_line(&g->ix, "const long tb_r1 = tb_r0 + %lldL < %lldL ? tb_r0 + %lldL : %lldL;", ch,
                 (long long)rows, ch, (long long)rows);
-    tb__ix_line(&g->ix, "float16 tb_scr[%lld];", 2 * len / k->vec);
+    tb__ix_line(&g->ix, "tb_vf tb_scr[%lld];", 2 * len / k->vec);
     tb__ix_line(&g->ix, "float rsp = 0;");
     snprintf(head, sizeof head, "for (long i%d = tb_r0; i%d < tb_r1; i%d++) ", (int)i0, (int)i0,
              (int)i0);
     tb__ix_open(&g->ix, head);
-    tb__ix_line(&g->ix, "float16 mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
+    tb__ix_line(&g->ix, "tb_vf mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
     if (!tb__cg_softmax_pipe_pass(g, nm, i0, 0, false)) return g->ix.status;
-    tb__ix_line(&g->ix, "const float mx = tb_hmax16(mxv);");
+    tb__ix_line(&g->ix, "const float mx = tb_hmax(mxv);");
     snprintf(head, sizeof head, "if (i%d > tb_r0) ", (int)i0);
     tb__ix_open(&g->ix, head);
     if (!tb__cg_softmax_pipe_pass(g, nm, i0, 1, true)) return g->ix.status;
@@ -25486,7 +25637,7 @@ static tb_status tb__cg_kernel_softmax_pipe(tb__cg *g, const tb__cg_norm *nm, in
     tb__ix_open(&g->ix, "else ");
     if (!tb__cg_softmax_pipe_pass(g, nm, i0, 1, false)) return g->ix.status;
     tb__ix_close(&g->ix, "");
-    tb__ix_line(&g->ix, "rsp = (float)1 / tb_hsum16(smv);");
+    tb__ix_line(&g->ix, "rsp = (float)1 / tb_hsum(smv);");
     tb__ix_close(&g->ix, "");
     snprintf(head, sizeof head, "for (long tb_j = 0; tb_j < %lldL; tb_j += %d) ", len, (int)k->vec);
     tb__ix_open(&g->ix, head);
@@ -25550,8 +25701,8 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
     if (k->vec > 0) {
         tb__ix_line(&g->ix, "const long rv = %lldL;", (long long)(nm.len / k->vec * k->vec));
         tb__ix_line(&g->ix, "%s",
-                    nm.layer ? "float16 sumv = TB_VBC(0.0f), sqv = TB_VBC(0.0f);"
-                             : "float16 mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
+                    nm.layer ? "tb_vf sumv = TB_VBC(0.0f), sqv = TB_VBC(0.0f);"
+                             : "tb_vf mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
     }
     for (pass = 0; pass < 3; pass++) {
         if (!tb__cg_norm_pass(g, &nm, pass)) return g->ix.status;
@@ -25710,21 +25861,23 @@ static int32_t tb__cg_matmul_depth_open(tb__cg *g, const tb__plan_kernel *k, con
     return kv;
 }
 
-/* The depth loop and stores of an f32 register matmul with one float16 accumulator per row
-   of the block: each step of K makes B's rn values one vector (lanes past rn zero) and adds
-   it times each row's A value (the dialect's vec_make; rn <= 16). */
+/* The depth loop and stores of an f32 register matmul with one vector accumulator per row of
+   the block, of the narrowest of 4, 8 or 16 lanes that holds rn: each step of K makes B's rn
+   values one vector (lanes past rn zero) and adds it times each row's A value (the dialect's
+   vec_make; rn <= 16). */
 static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k,
                                              const tb__lf *bdims, const int32_t *rows,
                                              const int32_t *cols) {
-    int32_t kv, i, j, vb[16];
-    char list[16 * 16], vec[16 * 16 + 32], zero[48];
+    int32_t kv, i, j, vb[16], w = k->rn <= 4 ? 4 : (k->rn <= 8 ? 8 : 16);
+    char list[16 * 16], vec[16 * 16 + 32], zero[48], tv[16];
     size_t used = 0;
-    snprintf(zero, sizeof zero, g->d->vec_zero, "float16");
+    snprintf(tv, sizeof tv, "float%d", (int)w);
+    snprintf(zero, sizeof zero, g->d->vec_zero, tv);
     for (i = 0; i < k->rm; i++)
-        tb__ix_line(&g->ix, "float16 accv%d = %s;", (int)i, zero);
+        tb__ix_line(&g->ix, "%s accv%d = %s;", tv, (int)i, zero);
     kv = tb__cg_matmul_depth_open(g, k, bdims, cols, vb);
     if (kv < 0) return g->ix.status;
-    for (j = 0; j < 16; j++) { /* lanes past rn: zeros */
+    for (j = 0; j < w; j++) { /* lanes past rn: zeros */
         if (j < k->rn) {
             used += (size_t)snprintf(list + used, sizeof list - used, "%sv%d", j ? ", " : "",
                                      (int)vb[j]);
@@ -25732,17 +25885,17 @@ static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k
             used += (size_t)snprintf(list + used, sizeof list - used, ", 0.0f");
         }
     }
-    snprintf(vec, sizeof vec, g->d->vec_make, list);
-    tb__ix_line(&g->ix, "const float16 bv = %s;", vec);
+    snprintf(vec, sizeof vec, g->d->vec_make, tv, list);
+    tb__ix_line(&g->ix, "const %s bv = %s;", tv, vec);
     for (i = 0; i < k->rm; i++) {
         int32_t va = tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv);
         if (va < 0) return g->ix.status;
         tb__ix_line(&g->ix, "accv%d += v%d * bv;", (int)i, (int)va);
     }
     tb__ix_close(&g->ix, "");
-    tb__ix_line(&g->ix, "float acc[%d][16];", (int)k->rm);
+    tb__ix_line(&g->ix, "float acc[%d][%d];", (int)k->rm, (int)w);
     for (i = 0; i < k->rm; i++)
-        tb__ix_line(&g->ix, "vstore16(accv%d, 0, acc[%d]);", (int)i, (int)i);
+        tb__ix_line(&g->ix, "vstore%d(accv%d, 0, acc[%d]);", (int)w, (int)i, (int)i);
     tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm, (int32_t)k->rn);
     return g->ix.status;
 }
@@ -25949,13 +26102,15 @@ static void tb__cg_matmul_a_offset(tb__cg *g, const tb__plan_kernel *k, int32_t 
 }
 
 /* Matmul from the panels of the pack kernels before it: each work item an rm x width block of
-   the output, one vector accumulator per row; the inner loop reads one vector of B and rm values
-   of A per step of K: consecutive ones of A's panel, or (no panels of A: A is a contiguous
-   buffer whose rows fill whole panels) one from each of the block's rows of A itself. */
+   the output, rows of `width` lanes held as nb registers of the device's width (its row vectors'
+   lanes: f64 half as many) each; the inner loop reads nb vectors of B and rm values of A per
+   step of K: consecutive ones of A's panel, or (no panels of A: A is a contiguous buffer whose
+   rows fill whole panels) one from each of the block's rows of A itself, and adds each A value
+   times each B vector into its accumulator. */
 static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     int64_t za[6], zb[6], K;
-    int rm = (int)k->rm, vw = (int)k->rn, i;
+    int rm = (int)k->rm, vw = (int)k->rn, i, j, nb, rw;
     const char *t = tb__cg_ctype(cs->dtype);
     char tv[16], zero[48], head[160], id0[48], id1[48], id2[48], off[256];
     int32_t ib, a_slot = k->pack_slot[0];
@@ -25968,7 +26123,11 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         int32_t a = tb__plan_mm_a_buffer(g->G, k->core);
         a_slot = a >= 0 ? g->G->info[a].slot : -1;
     }
-    snprintf(tv, sizeof tv, "%s%d", t, vw);
+    /* a register's lanes: the device's row vectors' (f64: half), at most the block's width */
+    rw = g->G->target->tuning->vec_width / (cs->dtype == TB_F64 ? 2 : 1);
+    if (rw < 2 || rw > vw || vw % rw != 0) rw = vw;
+    nb = vw / rw;
+    snprintf(tv, sizeof tv, "%s%d", t, rw);
     if (!tb__cg_arg(g, TB__ARG_BUF, a_slot) || !tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[1]))
         return g->ix.status;
     ib = tb__ix_new_var(&g->ix, 0, za[0] - 1);
@@ -26002,17 +26161,23 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
                 (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));
     snprintf(zero, sizeof zero, g->d->vec_zero, tv);
     for (i = 0; i < rm; i++)
-        tb__ix_line(&g->ix, "%s accv%d = %s;", tv, i, zero);
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "%s accv%d_%d = %s;", tv, i, j, zero);
     snprintf(head, sizeof head, "for (long kk = 0; kk < %lldL; kk++) ", (long long)K);
     tb__ix_open(&g->ix, head);
-    tb__ix_line(&g->ix, "const %s bv = vload%d(kk, bp);", tv, vw);
+    for (j = 0; j < nb; j++)
+        tb__ix_line(&g->ix, "const %s bv%d = vload%d(kk * %d + %d, bp);", tv, j, rw, nb, j);
     tb__ix_line(&g->ix, "%sconst %s *ak = ap + kk * %d;", g->d->global, t, panels_a ? rm : 1);
-    for (i = 0; i < rm; i++)
-        tb__ix_line(&g->ix, "accv%d += ak[%lld] * bv;", i, (long long)(panels_a ? i : i * K));
+    for (i = 0; i < rm; i++) {
+        tb__ix_line(&g->ix, "const %s a%d = ak[%lld];", t, i, (long long)(panels_a ? i : i * K));
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "accv%d_%d += a%d * bv%d;", i, j, i, j);
+    }
     tb__ix_close(&g->ix, "");
     tb__ix_line(&g->ix, "%s acc[%d][%d];", t, rm, vw);
     for (i = 0; i < rm; i++)
-        tb__ix_line(&g->ix, "vstore%d(accv%d, 0, acc[%d]);", vw, i, i);
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "vstore%d(accv%d_%d, %d, acc[%d]);", rw, i, j, j, i);
     if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
     tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm, (int32_t)k->rn);
     return g->ix.status;
@@ -26251,7 +26416,9 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
     g->P = P;
     g->d = d;
     memset(&src, 0, sizeof src);
-    tb__str_append(&src, "%s%s", d->head, d->head2 != NULL ? d->head2 : "");
+    tb__str_append(&src, "#define TB_VW %d\n", (int)(d->vec_width > 0 ? d->vec_width : 16));
+    for (i = 0; i < TB__DIALECT_HEADS && d->head[i] != NULL; i++)
+        tb__str_append(&src, "%s", d->head[i]);
     for (i = 0; i < tb__cl_prelude_count; i++)
         tb__str_append(&src, "%s", tb__cl_prelude[i]);
     if (P->num_errsites > 0 && d->err_claim == NULL)
@@ -26395,6 +26562,7 @@ typedef intptr_t tb__cl_context_properties;
 #define TB__CL_DEVICE_DOUBLE_FP_CONFIG                   0x1032u
 #define TB__CL_DEVICE_HOST_UNIFIED_MEMORY                0x1035u
 #define TB__CL_DEVICE_OPENCL_C_VERSION                   0x103Du
+#define TB__CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT          0x103Au
 #define TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT          (1u << 7)
 #define TB__CL_DEVICE_TYPE_CPU                           (1u << 1)
 #define TB__CL_DEVICE_TYPE_GPU                           (1u << 2)
@@ -26531,6 +26699,7 @@ typedef struct tb__ocl_device {
     uint64_t max_alloc;
     size_t max_parameter_size; /* bytes of kernel arguments */
     uint32_t base_align_bits;  /* every buffer's start is aligned to this many bits */
+    uint32_t float_lanes;      /* CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT: f32 lanes of its vectors */
     uint32_t clock_mhz;
     bool correct_divide_sqrt;
     char build_options[512];
@@ -27067,6 +27236,7 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
     dev->max_parameter_size = tb__ocl_info_size(rt, dev->id, TB__CL_DEVICE_MAX_PARAMETER_SIZE);
     if (dev->max_parameter_size < 256) dev->max_parameter_size = 256; /* the spec's minimum */
     dev->base_align_bits = tb__ocl_info_u32(rt, dev->id, TB__CL_DEVICE_MEM_BASE_ADDR_ALIGN);
+    dev->float_lanes = tb__ocl_info_u32(rt, dev->id, TB__CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT);
     dev->max_alloc = info->max_allocation;
     if (dev->max_alloc == 0) dev->max_alloc = (uint64_t)128 << 20; /* the spec's minimum */
     dev->correct_divide_sqrt = (tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_SINGLE_FP_CONFIG) &
@@ -28150,16 +28320,25 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "/* a * b + c stays two roundings, as in the reference */\n"                                   \
     "#pragma OPENCL FP_CONTRACT OFF\n"                                                             \
     "#define TB_FN\n"                                                                              \
-    "#define TB_HAS_VEC16 1\n"                                                                     \
-    "#define TB_VBC(c) ((float16)(c))\n"                                                           \
+    "/* the row vectors: TB_VW lanes (the program's first line), built-in names by pasting */\n"   \
+    "#define TB_CAT(a, b) a##b\n"                                                                  \
+    "#define TB_XCAT(a, b) TB_CAT(a, b)\n"                                                         \
+    "#define TB_VN(name) TB_XCAT(name, TB_VW)\n"                                                   \
+    "typedef TB_VN(float) tb_vf;\n"                                                                \
+    "typedef TB_VN(int) tb_vi;\n"                                                                  \
+    "typedef TB_VN(uint) tb_vu;\n"                                                                 \
+    "#define TB_HAS_VEC 1\n"                                                                       \
+    "#define TB_VLD(i, p) TB_VN(vload)((i), (p))\n"                                                \
+    "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"                                       \
+    "#define TB_VBC(c) ((tb_vf)(c))\n"                                                             \
     "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"                                             \
-    "#define TB_VCVTI(x) convert_int16(x)\n"                                                       \
-    "#define TB_VASF(x) as_float16(x)\n"                                                           \
-    "#define TB_VASI(x) as_int16(x)\n"                                                             \
-    "#define TB_VASU(x) as_uint16(x)\n"                                                            \
-    "#define TB_VASFU(x) as_float16(x)\n"                                                          \
+    "#define TB_VCVTI(x) TB_VN(convert_int)(x)\n"                                                  \
+    "#define TB_VASF(x) TB_VN(as_float)(x)\n"                                                      \
+    "#define TB_VASI(x) TB_VN(as_int)(x)\n"                                                        \
+    "#define TB_VASU(x) TB_VN(as_uint)(x)\n"                                                       \
+    "#define TB_VASFU(x) TB_VN(as_float)(x)\n"                                                     \
     "#define TB_VFMA(a, b, c) fma(a, b, c)\n"                                                      \
-    "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"                                              \
+    "#define TB_VSTORE(v, s) TB_VST((v), 0, (s))\n"                                                \
     "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
     "#define TB_VEXP(x) exp(x)\n"                                                                  \
     "/* rows streamed through the caches (CPU devices): the next row fetched ahead, outputs */\n"  \
@@ -28167,11 +28346,11 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "#if defined(__clang__)\n"                                                                     \
     "#define TB_PREFETCH(p) __builtin_prefetch(p)\n"                                               \
     "#define TB_PREFETCH_L2(p) __builtin_prefetch((p), 0, 1)\n"                                    \
-    "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (__global float16 *)(p))\n"         \
+    "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (__global tb_vf *)(p))\n"           \
     "#else\n"                                                                                      \
     "#define TB_PREFETCH(p) prefetch((p), 1)\n"                                                    \
     "#define TB_PREFETCH_L2(p) prefetch((p), 1)\n"                                                 \
-    "#define TB_VSTREAM(v, p) vstore16((v), 0, (p))\n"                                             \
+    "#define TB_VSTREAM(v, p) TB_VST((v), 0, (p))\n"                                               \
     "#endif\n"                                                                                     \
     "#if defined(__clang__) && defined(__SSE__)\n"                                                 \
     "#define TB_VSTREAM_END() __builtin_ia32_sfence()\n"                                           \
@@ -28191,22 +28370,22 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "    ushort h; vstore_half_rte(x, 0, (__private half *)&h);\n"                                 \
     "    return vload_half(0, (const __private half *)&h);\n"                                      \
     "}\n"                                                                                          \
-    "/* 16 lanes: f16 through the same built-ins, bf16 as the top half of an f32 */\n"             \
-    "#define TB_VLDH(p) vload_half16(0, (const __global half *)(p))\n"                             \
-    "#define TB_VSTH(v, p) vstore_half16_rte((v), 0, (__global half *)(p))\n"                      \
+    "/* TB_VW lanes: f16 through the same built-ins, bf16 as the top half of an f32 */\n"          \
+    "#define TB_VLDH(p) TB_VN(vload_half)(0, (const __global half *)(p))\n"                        \
+    "#define TB_VSTH(v, p) TB_XCAT(TB_VN(vstore_half), _rte)((v), 0, (__global half *)(p))\n"      \
     "#define TB_VRNDH(x) tb_vrnd_f16(x)\n"                                                         \
-    "float16 tb_vrnd_f16(float16 x) {\n"                                                           \
-    "    ushort16 h; vstore_half16_rte(x, 0, (__private half *)&h);\n"                             \
-    "    return vload_half16(0, (const __private half *)&h);\n"                                    \
+    "tb_vf tb_vrnd_f16(tb_vf x) {\n"                                                               \
+    "    TB_VN(ushort) h; TB_XCAT(TB_VN(vstore_half), _rte)(x, 0, (__private half *)&h);\n"        \
+    "    return TB_VN(vload_half)(0, (const __private half *)&h);\n"                               \
     "}\n"                                                                                          \
-    "#define TB_VLDBF(p) as_float16(convert_uint16(vload16(0, (p))) << 16)\n"                      \
-    "#define TB_VSTBF(v, p) vstore16(convert_ushort16(as_uint16(tb_vrnd_bf16(v)) >> 16), 0, "      \
-    "(p))\n"                                                                                       \
+    "#define TB_VLDBF(p) TB_VN(as_float)(TB_VN(convert_uint)(TB_VLD(0, (p))) << 16)\n"             \
+    "#define TB_VSTBF(v, p) TB_VST(TB_VN(convert_ushort)(TB_VN(as_uint)(tb_vrnd_bf16(v)) >> 16), " \
+    "0, (p))\n"                                                                                    \
     "\n"
-    d->head = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
-                                       "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
-                                       "#define TB_HAS_F64 1\n" TB__OCL_HEAD_REST
-                                     : "/* torch_backend.h: OpenCL C 1.2 */\n" TB__OCL_HEAD_REST;
+    d->head[0] = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
+                                          "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+                                          "#define TB_HAS_F64 1\n" TB__OCL_HEAD_REST
+                                        : "/* torch_backend.h: OpenCL C 1.2 */\n" TB__OCL_HEAD_REST;
 #undef TB__OCL_HEAD_REST
     d->global = "__global ";
     d->local = "__local ";
@@ -28234,6 +28413,15 @@ static int tb__ocl_codegen_as_gpu = 0;
 static void tb__ocl_target(const tb__ocl_device *dev, tb__tuning *tuning, tb__target *target) {
     bool cpu = dev->info.device.type == TB_DEVICE_CPU && !tb__ocl_codegen_as_gpu;
     tb__tuning_of(cpu ? TB__CLASS_CPU : TB__CLASS_GPU, tuning);
+    if (cpu) {
+        /* the vector shape of the CPU from the driver's native float width: 16 lanes (AVX-512,
+           32 registers), 8 (AVX2, 16 registers), 4 (SSE, NEON: 16 registers assumed) */
+        tb__host_shape shape;
+        memset(&shape, 0, sizeof shape);
+        shape.vec_bytes = dev->float_lanes >= 16 ? 64 : (dev->float_lanes >= 8 ? 32 : 16);
+        shape.vec_regs = shape.vec_bytes >= 64 ? 32 : 16;
+        tb__tuning_fit(tuning, &shape);
+    }
     memset(target, 0, sizeof *target);
     target->tuning = tuning;
     target->compute_units = dev->info.compute_units;
@@ -28335,6 +28523,7 @@ static tb_status tb__ocl_create_lowering_context(void *user_data, const tb_graph
     c->ordinal = dev->ordinal;
     tb__ocl_target(dev, &tuning, &target);
     tb__ocl_dialect(dev, &dialect);
+    dialect.vec_width = tuning.vec_width > 0 ? tuning.vec_width : 16;
     st = tb__plan_build(graph, &target, &G, &c->plan);
     if (st == TB_OK) {
         st = tb__cg_render(&G, c->plan, &dialect, &c->source, &c->source_len);
@@ -29130,36 +29319,76 @@ static const char tb__native_head[] =
     "static inline float tb_rnd_f16(float x) { return (float)(_Float16)x; }\n"
     "#endif\n"
     "static inline double tb_as_f64(ulong b) { double f; memcpy(&f, &b, sizeof f); return f; }\n"
-    "typedef float float16 __attribute__((vector_size(64)));\n"
-    "typedef double double8 __attribute__((vector_size(64)));\n"
-    "static inline float16 vload16(long i, const float *p) {\n"
-    "    float16 v; memcpy(&v, p + i * 16, sizeof v); return v;\n"
-    "}\n"
-    "static inline void vstore16(float16 v, long i, float *p) { memcpy(p + i * 16, &v, sizeof v); "
-    "}\n"
-    "static inline double8 vload8(long i, const double *p) {\n"
-    "    double8 v; memcpy(&v, p + i * 8, sizeof v); return v;\n"
-    "}\n"
-    "static inline void vstore8(double8 v, long i, double *p) { memcpy(p + i * 8, &v, sizeof v); "
-    "}\n"
-    "typedef int int16 __attribute__((vector_size(64)));\n"
-    "#define TB_HAS_VEC16 1\n"
-    "#define TB_VBC(c) ((float16){0} + (c))\n"
-    "#define TB_VSEL(a, b, m) ((float16)(((int16)(a) & ~(m)) | ((int16)(b) & (m))))\n"
-    "#define TB_VCVTI(x) __builtin_convertvector((x), int16)\n"
-    "#define TB_VASF(x) ((float16)(x))\n"
-    "#define TB_VASI(x) ((int16)(x))\n"
-    "typedef uint uint16 __attribute__((vector_size(64)));\n"
-    "#define TB_VASU(x) ((uint16)(x))\n"
-    "#define TB_VASFU(x) ((float16)(x))\n"
-    "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(float16))\n"
-    "#define TB_VEXP(x) tb_vexp16(x) /* the prelude's: C has no vector exp */\n"
-    "#if defined(__AVX512F__) && defined(__GNUC__) /* a * b + c rounded once */\n"
+    /* OpenCL's vector names: N lanes of a type, vloadN and vstoreN (overloaded on the
+       pointer's type, as OpenCL's are) */
+    "#define TB_VTYPES(T, N) typedef T T##N __attribute__((vector_size(N * sizeof(T))));\n"
+    "#define TB_VMOVES(T, N)                                                          \\\n"
+    "    static inline T##N tb_vload_##T##N(long i, const T *p) {                    \\\n"
+    "        T##N v; memcpy(&v, p + i * N, sizeof v); return v;                      \\\n"
+    "    }                                                                            \\\n"
+    "    static inline void tb_vstore_##T##N(T##N v, long i, T *p) {                 \\\n"
+    "        memcpy(p + i * N, &v, sizeof v);                                         \\\n"
+    "    }\n"
+    "#define TB_VMOVE2(N)                                                                   \\\n"
+    "    TB_VTYPES(float, N) TB_VTYPES(double, N) TB_VMOVES(float, N) TB_VMOVES(double, N)\n"
+    "TB_VMOVE2(2) TB_VMOVE2(4) TB_VMOVE2(8) TB_VMOVE2(16)\n"
+    "#define TB_VLOADN(N, i, p) \\\n"
+    "    _Generic(*(p), float: tb_vload_float##N, double: tb_vload_double##N)((i), (p))\n"
+    "#define TB_VSTOREN(N, v, i, p) \\\n"
+    "    _Generic(*(p), float: tb_vstore_float##N, double: tb_vstore_double##N)((v), (i), (p))\n"
+    "#define vload2(i, p) TB_VLOADN(2, i, p)\n"
+    "#define vload4(i, p) TB_VLOADN(4, i, p)\n"
+    "#define vload8(i, p) TB_VLOADN(8, i, p)\n"
+    "#define vload16(i, p) TB_VLOADN(16, i, p)\n"
+    "#define vstore2(v, i, p) TB_VSTOREN(2, v, i, p)\n"
+    "#define vstore4(v, i, p) TB_VSTOREN(4, v, i, p)\n"
+    "#define vstore8(v, i, p) TB_VSTOREN(8, v, i, p)\n"
+    "#define vstore16(v, i, p) TB_VSTOREN(16, v, i, p)\n"
+    "TB_VTYPES(int, 4) TB_VTYPES(int, 8) TB_VTYPES(int, 16)\n"
+    "TB_VTYPES(uint, 4) TB_VTYPES(uint, 8) TB_VTYPES(uint, 16)\n"
+    "TB_VTYPES(ushort, 4) TB_VTYPES(ushort, 8) TB_VTYPES(ushort, 16)\n"
+    /* the row vectors: TB_VW lanes (the program's first line), the width of the registers */
+    "#define TB_CAT(a, b) a##b\n"
+    "#define TB_XCAT(a, b) TB_CAT(a, b)\n"
+    "#define TB_VN(name) TB_XCAT(name, TB_VW)\n"
+    "typedef TB_VN(float) tb_vf;\n"
+    "typedef TB_VN(int) tb_vi;\n"
+    "typedef TB_VN(uint) tb_vu;\n"
+    "typedef TB_VN(ushort) tb_vus;\n"
+    "#define TB_HAS_VEC 1\n"
+    "#define TB_VLD(i, p) TB_VN(vload)((i), (p))\n"
+    "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"
+    "#define TB_VBC(c) ((tb_vf){0} + (c))\n"
+    "#define TB_VSEL(a, b, m) ((tb_vf)(((tb_vi)(a) & ~(m)) | ((tb_vi)(b) & (m))))\n"
+    "#define TB_VCVTI(x) __builtin_convertvector((x), tb_vi)\n"
+    "#define TB_VASF(x) ((tb_vf)(x))\n"
+    "#define TB_VASI(x) ((tb_vi)(x))\n"
+    "#define TB_VASU(x) ((tb_vu)(x))\n"
+    "#define TB_VASFU(x) ((tb_vf)(x))\n"
+    "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(tb_vf))\n"
+    "#define TB_VEXP(x) tb_vexp(x) /* the prelude's: C has no vector exp */\n"
+    "static inline tb_vf TB_VSQRT(tb_vf x) {\n"
+    "    tb_vf r; int i; for (i = 0; i < TB_VW; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
+    "}\n";
+
+/* The head's second part: the CPU's own instructions for what C's operators do not say. */
+static const char tb__native_head2[] =
+    /* a * b + c rounded once where the target has it (else two roundings) */
+    "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__)\n"
     "#define TB_VFMA(a, b, c) __builtin_ia32_vfmaddps512_mask(a, b, c, (unsigned short)0xffff, 4)\n"
+    "#elif TB_VW == 8 && defined(__FMA__) && defined(__GNUC__)\n"
+    "#define TB_VFMA(a, b, c) __builtin_ia32_vfmaddps256(a, b, c)\n"
+    "#elif TB_VW == 4 && defined(__FMA__) && defined(__GNUC__)\n"
+    "#define TB_VFMA(a, b, c) __builtin_ia32_vfmaddps(a, b, c)\n"
+    "#elif defined(__aarch64__) /* fmla, lane by lane as the compiler vectorises it */\n"
+    "static inline tb_vf TB_VFMA(tb_vf a, tb_vf b, tb_vf c) {\n"
+    "    tb_vf r; int i; for (i = 0; i < TB_VW; i++) r[i] = __builtin_fmaf(a[i], b[i], c[i]);\n"
+    "    return r;\n"
+    "}\n"
     "#else\n"
     "#define TB_VFMA(a, b, c) ((a) * (b) + (c))\n"
     "#endif\n"
-    "#if defined(__AVX512F__) && defined(__GNUC__) /* p * 2^k (k whole) rounded once */\n"
+    "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__) /* p * 2^k rounded once */\n"
     "#define TB_VSCALEF(p, k) __builtin_ia32_scalefps512_mask(p, k, p, (unsigned short)0xffff, 4)\n"
     "#endif\n"
     "/* rows streamed through the caches: the next row fetched ahead, outputs stored past the\n"
@@ -29167,88 +29396,159 @@ static const char tb__native_head[] =
     "#define TB_PREFETCH(p) __builtin_prefetch(p)\n"
     "#define TB_PREFETCH_L2(p) __builtin_prefetch((p), 0, 1) /* to the outer caches only */\n"
     "#if defined(__clang__)\n"
-    "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (float16 *)(p))\n"
-    "#elif defined(__AVX512F__) && defined(__GNUC__)\n"
+    "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (tb_vf *)(p))\n"
+    "#elif TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__)\n"
     "#define TB_VSTREAM(v, p) __builtin_ia32_movntps512((p), (v))\n"
+    "#elif TB_VW == 8 && defined(__AVX__) && defined(__GNUC__)\n"
+    "#define TB_VSTREAM(v, p) __builtin_ia32_movntps256((p), (v))\n"
+    "#elif TB_VW == 4 && defined(__SSE__) && defined(__GNUC__)\n"
+    "#define TB_VSTREAM(v, p) __builtin_ia32_movntps((p), (v))\n"
     "#else\n"
-    "#define TB_VSTREAM(v, p) vstore16((v), 0, (p))\n"
+    "#define TB_VSTREAM(v, p) TB_VST((v), 0, (p))\n"
     "#endif\n"
     "#if defined(__SSE__) && defined(__GNUC__)\n"
     "#define TB_VSTREAM_END() __builtin_ia32_sfence()\n"
     "#else\n"
     "#define TB_VSTREAM_END() ((void)0)\n"
     "#endif\n"
-    "static inline float16 TB_VSQRT(float16 x) {\n"
-    "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
-    "}\n"
     "\n";
 
-/* The head's second part: 16 lanes of 16-bit floats. */
-static const char tb__native_head2[] =
-    /* 16 lanes of f16: the F16C instructions where the CPU has them, else lane by lane; bf16
-       as the top half of an f32 */
-    "typedef unsigned short ushort16 __attribute__((vector_size(32)));\n"
-    "#if defined(__AVX512F__) && defined(__GNUC__)\n"
-    "typedef short tb_v16hi __attribute__((vector_size(32)));\n"
-    "static inline float16 tb_vh2f16(tb_v16hi h) {\n"
-    "    return __builtin_ia32_vcvtph2ps512_mask(h, (float16){0}, (unsigned short)0xffff, 4);\n"
+/* The head's third part: the lanes of a row vector folded in halves in registers, in the
+   prelude's order: a row's sum, product, maximum (NaN first) or minimum (tb_hsum, ...). */
+static const char tb__native_head_fold[] =
+    /* halves by a shuffle where the compiler has one (a copy through memory would keep the
+       vector, and the loop's accumulator it comes from, in memory) */
+    "#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)\n"
+    "#define TB_LO16(v) __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)\n"
+    "#define TB_HI16(v) __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)\n"
+    "#define TB_LO8(v) __builtin_shufflevector(v, v, 0, 1, 2, 3)\n"
+    "#define TB_HI8(v) __builtin_shufflevector(v, v, 4, 5, 6, 7)\n"
+    "#define TB_LO4(v) __builtin_shufflevector(v, v, 0, 1)\n"
+    "#define TB_HI4(v) __builtin_shufflevector(v, v, 2, 3)\n"
+    "#define TB_HALVES(T, N, H)                                                          \\\n"
+    "    static inline T##H tb_lo_##T##N(T##N v) { return TB_LO##N(v); }                \\\n"
+    "    static inline T##H tb_hi_##T##N(T##N v) { return TB_HI##N(v); }\n"
+    "#else\n"
+    "#define TB_HALVES(T, N, H)                                                          \\\n"
+    "    static inline T##H tb_lo_##T##N(T##N v) { T##H r; memcpy(&r, &v, sizeof r); return r; } "
+    "\\\n"
+    "    static inline T##H tb_hi_##T##N(T##N v) {                                      \\\n"
+    "        T##H r; memcpy(&r, (char *)&v + sizeof r, sizeof r); return r;              \\\n"
+    "    }\n"
+    "#endif\n"
+    "#define TB_FOLDOP(T, IT)                                                            \\\n"
+    "    static inline T tb_fold_##T(T a, T b, int op) {                                \\\n"
+    "        IT m;                                                                       \\\n"
+    "        if (op == 0) return a + b;                                                  \\\n"
+    "        if (op == 1) return a * b;                                                  \\\n"
+    "        m = (op == 2 ? b > a : b < a) | (b != b);                                   \\\n"
+    "        m &= ~(a != a);                                                             \\\n"
+    "        return (T)(((IT)a & ~m) | ((IT)b & m));                                     \\\n"
+    "    }\n"
+    "TB_VTYPES(int, 2) TB_HALVES(float, 16, 8) TB_HALVES(float, 8, 4) TB_HALVES(float, 4, 2)\n"
+    "TB_FOLDOP(float8, int8) TB_FOLDOP(float4, int4) TB_FOLDOP(float2, int2)\n"
+    "static inline float tb_hfold(tb_vf v, int op) {\n"
+    "    float a, b;\n"
+    "#if TB_VW == 16\n"
+    "    float8 v8 = tb_fold_float8(tb_lo_float16(v), tb_hi_float16(v), op);\n"
+    "#elif TB_VW == 8\n"
+    "    float8 v8 = v;\n"
+    "#endif\n"
+    "#if TB_VW >= 8\n"
+    "    float4 v4 = tb_fold_float4(tb_lo_float8(v8), tb_hi_float8(v8), op);\n"
+    "#else\n"
+    "    float4 v4 = v;\n"
+    "#endif\n"
+    "    float2 v2 = tb_fold_float2(tb_lo_float4(v4), tb_hi_float4(v4), op);\n"
+    "    a = v2[0], b = v2[1];\n"
+    "    if (op == 0) return a + b;\n"
+    "    if (op == 1) return a * b;\n"
+    "    return ((op == 2 ? b > a : b < a) || b != b) && a == a ? b : a;\n"
     "}\n"
-    "static inline tb_v16hi tb_vf2h16(float16 v) {\n"
-    "    return __builtin_ia32_vcvtps2ph512_mask(v, 0, (tb_v16hi){0}, (unsigned short)0xffff);\n"
+    "#define TB_HAS_HFOLD 1\n"
+    "#define tb_hsum(v) tb_hfold((v), 0)\n"
+    "#define tb_hprod(v) tb_hfold((v), 1)\n"
+    "#define tb_hmax(v) tb_hfold((v), 2)\n"
+    "#define tb_hmin(v) tb_hfold((v), 3)\n"
+    "\n";
+
+/* The head's fourth part: TB_VW lanes of 16-bit floats. */
+static const char tb__native_head3[] =
+    /* f16: the CPU's conversions where the target has them (AVX-512, F16C), else lane by
+       lane; bf16 as the top half of an f32 */
+    "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__)\n"
+    "typedef short tb_vhi __attribute__((vector_size(32)));\n"
+    "static inline tb_vf tb_vh2f(tb_vhi h) {\n"
+    "    return __builtin_ia32_vcvtph2ps512_mask(h, (tb_vf){0}, (unsigned short)0xffff, 4);\n"
+    "}\n"
+    "static inline tb_vhi tb_vf2h(tb_vf v) {\n"
+    "    return __builtin_ia32_vcvtps2ph512_mask(v, 0, (tb_vhi){0}, (unsigned short)0xffff);\n"
     "}\n"
     "#if !defined(__clang__) /* gcc's builtin: one widening load (clang has no such builtin) */\n"
     "#define TB_HAS_VLDBF 1\n"
-    "static inline float16 tb_vldbf(const ushort *p) {\n"
-    "    tb_v16hi h; memcpy(&h, p, sizeof h);\n"
-    "    return (float16)(__builtin_ia32_pmovzxwd512_mask(h, (int16){0}, (unsigned short)0xffff) "
+    "static inline tb_vf tb_vldbf(const ushort *p) {\n"
+    "    tb_vhi h; memcpy(&h, p, sizeof h);\n"
+    "    return (tb_vf)(__builtin_ia32_pmovzxwd512_mask(h, (tb_vi){0}, (unsigned short)0xffff) "
     "<< 16);\n"
     "}\n"
     "#endif\n"
-    "#elif defined(__F16C__) && defined(__GNUC__)\n"
-    "typedef short tb_v16hi __attribute__((vector_size(32)));\n"
+    "#elif TB_VW == 8 && defined(__F16C__) && defined(__GNUC__)\n"
+    "typedef short tb_vhi __attribute__((vector_size(16)));\n"
+    "static inline tb_vf tb_vh2f(tb_vhi h) { return __builtin_ia32_vcvtph2ps256(h); }\n"
+    "static inline tb_vhi tb_vf2h(tb_vf v) { return __builtin_ia32_vcvtps2ph256(v, 0); }\n"
+    "#elif TB_VW == 4 && defined(__F16C__) && defined(__GNUC__)\n"
+    "typedef short tb_vhi __attribute__((vector_size(8)));\n"
     "typedef short tb_v8hi __attribute__((vector_size(16)));\n"
-    "typedef float tb_v8sf __attribute__((vector_size(32)));\n"
-    "static inline float16 tb_vh2f16(tb_v16hi h) {\n"
-    "    tb_v8hi a, b; tb_v8sf fa, fb; float16 r;\n"
+    "static inline tb_vf tb_vh2f(tb_vhi h) {\n"
+    "    tb_v8hi w = {0}; memcpy(&w, &h, sizeof h); return __builtin_ia32_vcvtph2ps(w);\n"
+    "}\n"
+    "static inline tb_vhi tb_vf2h(tb_vf v) {\n"
+    "    tb_v8hi w = __builtin_ia32_vcvtps2ph(v, 0); tb_vhi h; memcpy(&h, &w, sizeof h);\n"
+    "    return h;\n"
+    "}\n"
+    "#elif TB_VW == 16 && defined(__F16C__) && defined(__GNUC__)\n"
+    "typedef short tb_vhi __attribute__((vector_size(32)));\n"
+    "typedef short tb_v8hi __attribute__((vector_size(16)));\n"
+    "static inline tb_vf tb_vh2f(tb_vhi h) {\n"
+    "    tb_v8hi a, b; float8 fa, fb; tb_vf r;\n"
     "    memcpy(&a, &h, 16); memcpy(&b, (char *)&h + 16, 16);\n"
     "    fa = __builtin_ia32_vcvtph2ps256(a); fb = __builtin_ia32_vcvtph2ps256(b);\n"
     "    memcpy(&r, &fa, 32); memcpy((char *)&r + 32, &fb, 32); return r;\n"
     "}\n"
-    "static inline tb_v16hi tb_vf2h16(float16 v) {\n"
-    "    tb_v8sf fa, fb; tb_v8hi a, b; tb_v16hi h;\n"
+    "static inline tb_vhi tb_vf2h(tb_vf v) {\n"
+    "    float8 fa, fb; tb_v8hi a, b; tb_vhi h;\n"
     "    memcpy(&fa, &v, 32); memcpy(&fb, (char *)&v + 32, 32);\n"
     "    a = __builtin_ia32_vcvtps2ph256(fa, 0); b = __builtin_ia32_vcvtps2ph256(fb, 0);\n"
     "    memcpy(&h, &a, 16); memcpy((char *)&h + 16, &b, 16); return h;\n"
     "}\n"
     "#else\n"
-    "typedef ushort16 tb_v16hi;\n"
+    "typedef tb_vus tb_vhi;\n"
     "static inline float tb_h2f(uint h);\n"
     "static inline uint tb_f2h(float f);\n"
-    "static inline float16 tb_vh2f16(tb_v16hi h) {\n"
-    "    float16 r; int i; for (i = 0; i < 16; i++) r[i] = tb_h2f(h[i]); return r;\n"
+    "static inline tb_vf tb_vh2f(tb_vhi h) {\n"
+    "    tb_vf r; int i; for (i = 0; i < TB_VW; i++) r[i] = tb_h2f(h[i]); return r;\n"
     "}\n"
-    "static inline tb_v16hi tb_vf2h16(float16 v) {\n"
-    "    tb_v16hi h; int i; for (i = 0; i < 16; i++) h[i] = (ushort)tb_f2h(v[i]); return h;\n"
+    "static inline tb_vhi tb_vf2h(tb_vf v) {\n"
+    "    tb_vhi h; int i; for (i = 0; i < TB_VW; i++) h[i] = (ushort)tb_f2h(v[i]); return h;\n"
     "}\n"
     "#endif\n"
-    "static inline float16 tb_vldh(const ushort *p) {\n"
-    "    tb_v16hi h; memcpy(&h, p, sizeof h); return tb_vh2f16(h);\n"
+    "static inline tb_vf tb_vldh(const ushort *p) {\n"
+    "    tb_vhi h; memcpy(&h, p, sizeof h); return tb_vh2f(h);\n"
     "}\n"
-    "static inline void tb_vsth(float16 v, ushort *p) {\n"
-    "    tb_v16hi h = tb_vf2h16(v); memcpy(p, &h, sizeof h);\n"
+    "static inline void tb_vsth(tb_vf v, ushort *p) {\n"
+    "    tb_vhi h = tb_vf2h(v); memcpy(p, &h, sizeof h);\n"
     "}\n"
     "#define TB_VLDH(p) tb_vldh(p)\n"
     "#define TB_VSTH(v, p) tb_vsth((v), (p))\n"
-    "#define TB_VRNDH(x) tb_vh2f16(tb_vf2h16(x))\n"
+    "#define TB_VRNDH(x) tb_vh2f(tb_vf2h(x))\n"
     "#ifndef TB_HAS_VLDBF\n"
-    "static inline float16 tb_vldbf(const ushort *p) {\n"
-    "    ushort16 h; memcpy(&h, p, sizeof h);\n"
-    "    return (float16)(__builtin_convertvector(h, uint16) << 16);\n"
+    "static inline tb_vf tb_vldbf(const ushort *p) {\n"
+    "    tb_vus h; memcpy(&h, p, sizeof h);\n"
+    "    return (tb_vf)(__builtin_convertvector(h, tb_vu) << 16);\n"
     "}\n"
     "#endif\n"
-    "static inline void tb_vstbf(float16 r, ushort *p) {\n"
-    "    ushort16 h = __builtin_convertvector((uint16)r >> 16, ushort16); memcpy(p, &h, sizeof "
-    "h);\n"
+    "static inline void tb_vstbf(tb_vf r, ushort *p) {\n"
+    "    tb_vus h = __builtin_convertvector((tb_vu)r >> 16, tb_vus); memcpy(p, &h, sizeof h);\n"
     "}\n"
     "#define TB_VLDBF(p) tb_vldbf(p)\n"
     "#define TB_VSTBF(v, p) tb_vstbf(tb_vrnd_bf16(v), (p))\n";
@@ -29342,12 +29642,15 @@ static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
     tb__str_append(src, ");\n    }\n%s}\n\n", fence);
 }
 
-static void tb__native_dialect(tb__dialect *d) {
+static void tb__native_dialect(tb__dialect *d, int32_t vec_width) {
     memset(d, 0, sizeof *d);
+    d->vec_width = vec_width;
     d->name = "C99";
-    d->head = tb__native_head;
-    d->head2 = tb__native_head2;
-    d->vec_make = "(float16){%s}";
+    d->head[0] = tb__native_head;
+    d->head[1] = tb__native_head2;
+    d->head[2] = tb__native_head_fold;
+    d->head[3] = tb__native_head3;
+    d->vec_make = "(%s){%s}";
     d->global = "";
     d->local = NULL; /* a thread runs a range of work items: no work-groups */
     d->barrier = "";
@@ -30423,13 +30726,46 @@ static void tb__native_shape_name(tb__host_shape *s) {
    Where the compiler targets more than the CPU has (it runs on another machine, or under an
    emulator's CPU model), options that take the surplus away follow the user's, so that the
    programs run here. Call with tb__native_mutex held. */
+/* Removes the option word `word` from the compiler's options (text and words); false when
+   it is not there. */
+static bool tb__native_drop_option(tb__native_rt *rt, const char *word) {
+    size_t k, n = strlen(word);
+    char *at = strstr(rt->options, word);
+    if (at == NULL || (at[n] != ' ' && at[n] != '\0')) return false;
+    memmove(at, at + n + (at[n] == ' '), strlen(at + n + (at[n] == ' ')) + 1);
+    for (k = 0; k < rt->opt_argc; k++) {
+        if (strcmp(rt->opt_argv[k], word) == 0) {
+            memmove(rt->opt_argv + k, rt->opt_argv + k + 1,
+                    (rt->opt_argc - k) * sizeof *rt->opt_argv); /* the NULL too */
+            rt->opt_argc--;
+            break;
+        }
+    }
+    return true;
+}
+
+/* The vector shape to plan for instead of the host's (a test hook: the register blocks of
+   every class are rendered on any machine; the programs are compiled for the host still). */
+static const tb__host_shape *tb__native_shape_override = NULL;
+
 static void tb__native_shape(tb__native_rt *rt) {
     tb__host_shape cpu, cc;
     const char *cut = NULL;
     if (rt->shaped) return;
     rt->shaped = true;
+    if (tb__native_shape_override != NULL) {
+        rt->shape = *tb__native_shape_override;
+        return;
+    }
     tb__native_cpu_shape(&cpu);
     rt->shape = cpu;
+    if (!tb__native_cc_shape(rt, &cc) && tb__native_drop_option(rt, "-march=native")) {
+        /* a compiler that has no -march=native (a cross compiler, an older clang on some
+           CPUs): its default target */
+        if (tb_debug_level() >= 1)
+            tb_log_message(TB_LOG_INFO, "native: %s takes no -march=native; compiling without",
+                           rt->cc_command);
+    }
     if (tb__native_cc_shape(rt, &cc)) {
         if (cpu.x86 && cc.x86 && cc.vec_bytes > cpu.vec_bytes)
             cut =
@@ -30789,6 +31125,7 @@ static tb_status tb__native_create_lowering_context(void *user_data, const tb_gr
     }
     c->rt = rt;
     tb__tuning_of(TB__CLASS_HOST, &tuning);
+    tb__tuning_fit(&tuning, &rt->shape);
     memset(&target, 0, sizeof target);
     target.tuning = &tuning;
     target.compute_units = rt->info.compute_units;
@@ -30800,7 +31137,7 @@ static tb_status tb__native_create_lowering_context(void *user_data, const tb_gr
     target.cache_bytes = rt->l2_bytes;
     target.buffer_align = 64; /* tb__native_buf_alloc */
     target.arg_table = true;  /* tb__native_emit_kernel: TB__CG_ARGS */
-    tb__native_dialect(&dialect);
+    tb__native_dialect(&dialect, tuning.vec_width);
     st = tb__plan_build(graph, &target, &G, &c->plan);
     if (st == TB_OK) {
         st = tb__cg_render(&G, c->plan, &dialect, &c->source, &c->source_len);
@@ -36409,7 +36746,8 @@ static tb_status tb__zip_check_entries(const char *path, const tb__blob *blob,
     for (i = 0; i < count && st == TB_OK; ++i) {
         const tb__zip_entry *z = order[i];
         uint64_t data = tb__zip_data_offset(blob, z, cd_offset);
-        const unsigned char *h = blob->data + z->local_offset;
+        /* the header's address only once its offset is known to be inside the file */
+        const unsigned char *h = data != 0 ? blob->data + z->local_offset : blob->data;
         if (data == 0 || data > cd_offset || z->comp_size > cd_offset - data)
             st = tb__error(TB_ERR_FORMAT,
                            "%s: %s: entry '%.*s' (local header at %llu, %llu bytes) is not "

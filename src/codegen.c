@@ -82,7 +82,7 @@ static int32_t tb__cg_round_as(tb__cg *g, tb_dtype dtype, int32_t v, bool vector
     r = vector ? tb__cg_new_val(g, TB_F32) : tb__cg_new_val(g, dtype);
     if (r < 0) return -1;
     if (vector) {
-        tb__ix_line(&g->ix, "const float16 v%d = %s(v%d);", (int)r,
+        tb__ix_line(&g->ix, "const tb_vf v%d = %s(v%d);", (int)r,
                     dtype == TB_F16 ? "TB_VRNDH" : "tb_vrnd_bf16", (int)v);
     } else {
         tb__ix_line(&g->ix, "const float v%d = %s(v%d);", (int)r,
@@ -1226,7 +1226,7 @@ static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr,
     } else if (stream) {
         tb__ix_line(&g->ix, "TB_VSTREAM(v%d, %s);", (int)v, ptr);
     } else {
-        tb__ix_line(&g->ix, "vstore16(v%d, 0, %s);", (int)v, ptr);
+        tb__ix_line(&g->ix, "TB_VST(v%d, 0, %s);", (int)v, ptr);
     }
 }
 
@@ -1281,11 +1281,11 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
         break;
     case TB_OP_ABS:
     case TB_OP_RELU:
-        snprintf(e, sizeof e, "tb_v%s16(%s)", n->op == TB_OP_ABS ? "abs" : "relu", a);
+        snprintf(e, sizeof e, "tb_v%s(%s)", n->op == TB_OP_ABS ? "abs" : "relu", a);
         break;
     case TB_OP_MAXIMUM:
     case TB_OP_MINIMUM:
-        snprintf(e, sizeof e, "tb_v%s16(%s, %s)", n->op == TB_OP_MAXIMUM ? "max" : "min", a, b);
+        snprintf(e, sizeof e, "tb_v%s(%s, %s)", n->op == TB_OP_MAXIMUM ? "max" : "min", a, b);
         break;
     default:
         tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: no vector code for op %s",
@@ -1294,7 +1294,7 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     }
     v = tb__cg_new_vec(g);
     if (v < 0) return -1;
-    tb__ix_line(&g->ix, "const float16 v%d = %s;", (int)v, e);
+    tb__ix_line(&g->ix, "const tb_vf v%d = %s;", (int)v, e);
     /* a reshape widens an operand that is already of its dtype: nothing to round */
     return tb__cg_exact(n) || n->op == TB_OP_RESHAPE ? v : tb__cg_vround(g, n->shape.dtype, v);
 }
@@ -1325,10 +1325,10 @@ static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
         tb_dtype dt = in->node->shape.dtype;
         v = tb__cg_new_vec(g);
         if (v < 0) return -1;
-        tb__ix_line(&g->ix, "const float16 v%d = %s(%sb%d + (%s));", (int)v,
+        tb__ix_line(&g->ix, "const tb_vf v%d = %s(%sb%d + (%s));", (int)v,
                     dt == TB_F16    ? "TB_VLDH"
                     : dt == TB_BF16 ? "TB_VLDBF"
-                                    : "vload16",
+                                    : "TB_VLD",
                     dt == TB_F32 ? "0, " : "", (int)in->slot, flat);
     } else {
         if (in->node->num_operands > 3) {

@@ -323,7 +323,7 @@ static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
         break;
     }
     for (lane = 0; lane < lanes; lane++)
-        tb__ix_line(&g->ix, "float16 accv%d = TB_VBC(%s);", (int)lane, init);
+        tb__ix_line(&g->ix, "tb_vf accv%d = TB_VBC(%s);", (int)lane, init);
     /* lane_parts: each accumulator its own part of the range (a stream through memory each,
        which a core's prefetchers fetch ahead in parallel); else the accumulators take turns
        along one stream */
@@ -359,7 +359,7 @@ static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
         vx = tb__cg_veval(g, rd->x, xp);
         if (vx < 0) return false;
         if (rd->cn->op == TB_OP_MAX || rd->cn->op == TB_OP_MIN) {
-            tb__ix_line(&g->ix, "accv%d = tb_v%s16(v%d, accv%d);", (int)lane,
+            tb__ix_line(&g->ix, "accv%d = tb_v%s(v%d, accv%d);", (int)lane,
                         rd->cn->op == TB_OP_MAX ? "max" : "min", (int)vx, (int)lane);
         } else {
             tb__ix_line(&g->ix, "accv%d %s= v%d;", (int)lane, rd->cn->op == TB_OP_PROD ? "*" : "+",
@@ -371,16 +371,16 @@ static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
     for (lane = 1; lane < lanes; lane++) {
         snprintf(name, sizeof name, "accv%d", (int)lane);
         if (rd->cn->op == TB_OP_MAX || rd->cn->op == TB_OP_MIN) {
-            tb__ix_line(&g->ix, "accv0 = tb_v%s16(accv0, %s);",
+            tb__ix_line(&g->ix, "accv0 = tb_v%s(accv0, %s);",
                         rd->cn->op == TB_OP_MAX ? "max" : "min", name);
         } else {
             tb__ix_line(&g->ix, "accv0 %s= %s;", rd->cn->op == TB_OP_PROD ? "*" : "+", name);
         }
     }
-    fold = rd->cn->op == TB_OP_PROD  ? "tb_hprod16"
-           : rd->cn->op == TB_OP_MAX ? "tb_hmax16"
-           : rd->cn->op == TB_OP_MIN ? "tb_hmin16"
-                                     : "tb_hsum16";
+    fold = rd->cn->op == TB_OP_PROD  ? "tb_hprod"
+           : rd->cn->op == TB_OP_MAX ? "tb_hmax"
+           : rd->cn->op == TB_OP_MIN ? "tb_hmin"
+                                     : "tb_hsum";
     snprintf(prev, sizeof prev, "%s", "acc");
     tb__ix_line(&g->ix, "%s = %s(accv0);", prev, fold);
     return g->ix.status == TB_OK;
@@ -677,13 +677,113 @@ static bool tb__cg_norm_prefetch(tb__cg *g, const tb__cg_norm *nm, int32_t xp, c
     return g->ix.status == TB_OK;
 }
 
+/* The accumulator of a norm's vector reduction pass (0: the sum or the maximum, 1: the squared
+   deviations or the sum of exponentials), accumulator `u` of the pass's chains (0: "mxv"). */
+static void tb__cg_norm_acc(const tb__cg_norm *nm, int pass, int u, char *buf, size_t cap) {
+    const char *base = pass == 0 ? (nm->layer ? "sumv" : "mxv") : (nm->layer ? "sqv" : "smv");
+    if (u == 0) {
+        snprintf(buf, cap, "%s", base);
+    } else {
+        snprintf(buf, cap, "%s%d", base, u);
+    }
+}
+
+/* Folds the W elements of x at the vector loop variable i<j> into accumulator `u` of a
+   reduction pass (a stashing softmax's pass 1 also stores its exponentials). */
+static bool tb__cg_norm_vfold(tb__cg *g, const tb__cg_norm *nm, int pass, int32_t j, int u) {
+    char acc[16], flat[TB__LF_TEXT];
+    int32_t xp = tb__cg_norm_pos(g, nm, j), vx;
+    tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+    if (!tb__cg_norm_stash_at(g, nm, pass, xp, flat)) return false;
+    vx = tb__cg_veval(g, nm->x, xp);
+    if (vx < 0) return false;
+    if (pass == 1 && nm->k->prefetch_rows && !tb__cg_norm_prefetch(g, nm, xp, "TB_PREFETCH"))
+        return false;
+    if (nm->stash && pass == 1) {
+        tb__ix_line(&g->ix, "const tb_vf evv%d = TB_VEXP(v%d - mx);", u, (int)vx);
+        tb__ix_line(&g->ix, "%s += evv%d;", acc, u);
+        tb__ix_line(&g->ix, "TB_VST(evv%d, 0, out + (%s));", u, flat);
+    } else if (pass == 0) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "%s += v%d;", acc, (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "%s = tb_vmax(v%d, %s);", acc, (int)vx, acc);
+        }
+    } else if (nm->layer) {
+        tb__ix_line(&g->ix, "const tb_vf dv%d = v%d - mean;", u, (int)vx);
+        tb__ix_line(&g->ix, "%s += dv%d * dv%d;", acc, u, u);
+    } else {
+        tb__ix_line(&g->ix, "%s += TB_VEXP(v%d - mx);", acc, (int)vx);
+    }
+    return g->ix.status == TB_OK;
+}
+
+/* The vector part of a reduction pass over the row (elements [0, rv), W at a time): where the
+   vectors are narrower than 16 lanes, 16 / W accumulators take turns (each its own chain of
+   dependent adds or maxima), so that a row's chain is as long whatever the vector width; then
+   they are combined, in a fixed order, and the result folded to a scalar. */
+static bool tb__cg_norm_vreduce(tb__cg *g, const tb__cg_norm *nm, int pass) {
+    int32_t w = nm->k->vec, lanes = w < 16 ? 16 / w : 1, j, u;
+    char head[160], acc[16], acc0[16];
+    tb__cg_norm_acc(nm, pass, 0, acc0, sizeof acc0);
+    for (u = 1; u < lanes; u++) {
+        tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+        tb__ix_line(&g->ix, "tb_vf %s = TB_VBC(%s);", acc,
+                    pass == 0 && !nm->layer ? "-INFINITY" : "0.0f");
+    }
+    if (lanes > 1) {
+        tb__ix_line(&g->ix, "const long ru%d = rv / %dL * %dL;", pass, (int)(lanes * w),
+                    (int)(lanes * w));
+        j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+        if (j < 0) return false;
+        snprintf(head, sizeof head, "for (long i%d = 0; i%d < ru%d; i%d += %d) ", (int)j, (int)j,
+                 pass, (int)j, (int)(lanes * w));
+        tb__ix_open(&g->ix, head);
+        if (!tb__cg_norm_vfold(g, nm, pass, j, 0)) return false;
+        for (u = 1; u < lanes; u++) {
+            int32_t ju = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+            if (ju < 0) return false;
+            tb__ix_line(&g->ix, "const long i%d = i%d + %dL;", (int)ju, (int)j, (int)(u * w));
+            if (!tb__cg_norm_vfold(g, nm, pass, ju, u)) return false;
+        }
+        tb__ix_close(&g->ix, "");
+    }
+    j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+    if (j < 0) return false;
+    if (lanes > 1) {
+        snprintf(head, sizeof head, "for (long i%d = ru%d; i%d < rv; i%d += %d) ", (int)j, pass,
+                 (int)j, (int)j, (int)w);
+    } else {
+        snprintf(head, sizeof head, "for (long i%d = 0; i%d < rv; i%d += %d) ", (int)j, (int)j,
+                 (int)j, (int)w);
+    }
+    tb__ix_open(&g->ix, head);
+    if (!tb__cg_norm_vfold(g, nm, pass, j, 0)) return false;
+    tb__ix_close(&g->ix, "");
+    for (u = 1; u < lanes; u++) {
+        tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+        if (pass == 0 && !nm->layer) {
+            tb__ix_line(&g->ix, "%s = tb_vmax(%s, %s);", acc0, acc, acc0);
+        } else {
+            tb__ix_line(&g->ix, "%s += %s;", acc0, acc);
+        }
+    }
+    if (pass == 0) {
+        tb__ix_line(&g->ix, "%s", nm->layer ? "sum = tb_hsum(sumv);" : "mx = tb_hmax(mxv);");
+    } else {
+        tb__ix_line(&g->ix, "%s", nm->layer ? "sqdev = tb_hsum(sqv);" : "sm = tb_hsum(smv);");
+    }
+    return g->ix.status == TB_OK;
+}
+
 /* The vector part of a pass over the row: elements [0, rv) W at a time, folded into the
-   scalar accumulators that the pass's element loop goes on with from rv (passes 0 and 1); the
-   last pass stores W outputs at once. */
+   vector accumulators (passes 0 and 1: tb__cg_norm_vreduce) or normalised and stored (pass 2);
+   the caller does the rest [rv, len) one element at a time. */
 static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     int32_t w = nm->k->vec, j, xp, vx, wp, vf, vr;
     char head[128], flat[TB__LF_TEXT];
     bool stream = false;
+    if (pass < 2) return tb__cg_norm_vreduce(g, nm, pass);
     j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
     if (j < 0) return false;
     snprintf(head, sizeof head, "for (long i%d = 0; i%d < rv; i%d += %d) ", (int)j, (int)j, (int)j,
@@ -691,75 +791,49 @@ static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
     tb__ix_open(&g->ix, head);
     xp = tb__cg_norm_pos(g, nm, j);
     if (!tb__cg_norm_stash_at(g, nm, pass, xp, flat)) return false;
-    if (nm->stash && pass == 2) {
-        tb__ix_line(&g->ix, "vstore16(vload16(0, out + (%s)) * rsm, 0, out + (%s));", flat, flat);
+    if (nm->stash) {
+        tb__ix_line(&g->ix, "TB_VST(TB_VLD(0, out + (%s)) * rsm, 0, out + (%s));", flat, flat);
         tb__ix_close(&g->ix, "");
         return g->ix.status == TB_OK;
     }
     vx = tb__cg_veval(g, nm->x, xp);
     if (vx < 0) return false;
-    if (pass == 1 && nm->k->prefetch_rows && !tb__cg_norm_prefetch(g, nm, xp, "TB_PREFETCH"))
-        return false;
-    if (nm->stash && pass == 1) {
-        tb__ix_line(&g->ix, "const float16 evv = TB_VEXP(v%d - mx);", (int)vx);
-        tb__ix_line(&g->ix, "smv += evv;");
-        tb__ix_line(&g->ix, "vstore16(evv, 0, out + (%s));", flat);
-    } else if (pass == 0) {
-        if (nm->layer) {
-            tb__ix_line(&g->ix, "sumv += v%d;", (int)vx);
-        } else {
-            tb__ix_line(&g->ix, "mxv = tb_vmax16(v%d, mxv);", (int)vx);
+    vf = tb__cg_new_vec(g);
+    if (vf < 0) return false;
+    if (nm->layer) {
+        tb__ix_line(&g->ix, "tb_vf y = (v%d - mean) * rstd;", (int)vx);
+        if (nm->w >= 0) {
+            wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->w), j, 1, -1);
+            vr = tb__cg_veval(g, nm->w, wp);
+            if (vr < 0) return false;
+            tb__ix_line(&g->ix, "y = y * v%d;", (int)vr);
         }
-    } else if (pass == 1) {
-        if (nm->layer) {
-            tb__ix_line(&g->ix, "const float16 dv = v%d - mean;", (int)vx);
-            tb__ix_line(&g->ix, "sqv += dv * dv;");
-        } else {
-            tb__ix_line(&g->ix, "smv += TB_VEXP(v%d - mx);", (int)vx);
+        if (nm->b >= 0) {
+            wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->b), j, 1, -1);
+            vr = tb__cg_veval(g, nm->b, wp);
+            if (vr < 0) return false;
+            tb__ix_line(&g->ix, "y = y + v%d;", (int)vr);
         }
+        tb__ix_line(&g->ix, "const tb_vf v%d = y;", (int)vf);
+    } else if (nm->cn->op == TB_OP_SOFTMAX) {
+        tb__ix_line(&g->ix, "const tb_vf v%d = TB_VEXP(v%d - mx) * rsm;", (int)vf, (int)vx);
     } else {
-        vf = tb__cg_new_vec(g);
-        if (vf < 0) return false;
-        if (nm->layer) {
-            tb__ix_line(&g->ix, "float16 y = (v%d - mean) * rstd;", (int)vx);
-            if (nm->w >= 0) {
-                wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->w), j, 1, -1);
-                vr = tb__cg_veval(g, nm->w, wp);
-                if (vr < 0) return false;
-                tb__ix_line(&g->ix, "y = y * v%d;", (int)vr);
-            }
-            if (nm->b >= 0) {
-                wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->b), j, 1, -1);
-                vr = tb__cg_veval(g, nm->b, wp);
-                if (vr < 0) return false;
-                tb__ix_line(&g->ix, "y = y + v%d;", (int)vr);
-            }
-            tb__ix_line(&g->ix, "const float16 v%d = y;", (int)vf);
-        } else if (nm->cn->op == TB_OP_SOFTMAX) {
-            tb__ix_line(&g->ix, "const float16 v%d = TB_VEXP(v%d - mx) * rsm;", (int)vf, (int)vx);
-        } else {
-            tb__ix_line(&g->ix, "const float16 v%d = v%d - mx - lse;", (int)vf, (int)vx);
-        }
-        vf = tb__cg_vround(g, nm->od, vf);
-        if (vf < 0) return false;
-        tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, nm->k->core, xp, 0, vf);
-        vr = tb__cg_veval(g, nm->k->root, xp);
-        if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
-        tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
-        stream = nm->k->stream_out && tb__cg_vec_aligned(&g->ix.pos[xp].flat, j, w);
-        {
-            char ptr[TB__LF_TEXT + 16];
-            snprintf(ptr, sizeof ptr, "out + (%s)", flat);
-            tb__cg_vstore(g, tb__plan_shape(g->G, nm->k->root)->dtype, vr, ptr, stream);
-        }
+        tb__ix_line(&g->ix, "const tb_vf v%d = v%d - mx - lse;", (int)vf, (int)vx);
+    }
+    vf = tb__cg_vround(g, nm->od, vf);
+    if (vf < 0) return false;
+    tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, nm->k->core, xp, 0, vf);
+    vr = tb__cg_veval(g, nm->k->root, xp);
+    if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
+    tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+    stream = nm->k->stream_out && tb__cg_vec_aligned(&g->ix.pos[xp].flat, j, w);
+    {
+        char ptr[TB__LF_TEXT + 16];
+        snprintf(ptr, sizeof ptr, "out + (%s)", flat);
+        tb__cg_vstore(g, tb__plan_shape(g->G, nm->k->root)->dtype, vr, ptr, stream);
     }
     tb__ix_close(&g->ix, "");
     if (stream) tb__ix_line(&g->ix, "TB_VSTREAM_END();");
-    if (pass == 0) {
-        tb__ix_line(&g->ix, "%s", nm->layer ? "sum = tb_hsum16(sumv);" : "mx = tb_hmax16(mxv);");
-    } else if (pass == 1) {
-        tb__ix_line(&g->ix, "%s", nm->layer ? "sqdev = tb_hsum16(sqv);" : "sm = tb_hsum16(smv);");
-    }
     return g->ix.status == TB_OK;
 }
 
@@ -826,38 +900,70 @@ static void tb__cg_softmax_pipe_store(tb__cg *g, const tb__cg_norm *nm, const ch
         row, (long long)(nm->len / nm->k->vec), j, (int)nm->k->vec, row, (long long)nm->len, j);
 }
 
-/* One vector pass of a pipelined softmax over row i<row> (x's vectors at v<vx>): pass 0 the
-   maximum; pass 1 the exponentials, summed and kept in the row's half of tb_scr, and, where
-   `drain`, the previous row's (the other half) scaled by its rsp and streamed out. */
-static bool tb__cg_softmax_pipe_pass(tb__cg *g, const tb__cg_norm *nm, int32_t row, int pass,
-                                     bool drain) {
-    long long len = (long long)nm->len, nv = len / nm->k->vec; /* vectors per row */
-    int32_t j = tb__ix_new_var(&g->ix, 0, nm->len - 1), xp, vx;
-    char head[128];
-    if (j < 0) return false;
-    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d += %d) ", (int)j, (int)j, len,
-             (int)j, (int)nm->k->vec);
-    tb__ix_open(&g->ix, head);
-    xp = tb__cg_norm_pos(g, nm, j);
+/* Element vector at i<j> of one vector pass of a pipelined softmax over row i<row>, folded
+   into accumulator `u` (mxv, mxv1, ...: pass 0 the maximum; smv, smv1, ...: pass 1 the
+   exponentials, summed and kept in the row's half of tb_scr, and, where `drain`, the previous
+   row's (the other half) scaled by its rsp and streamed out). */
+static bool tb__cg_softmax_pipe_fold(tb__cg *g, const tb__cg_norm *nm, int32_t row, int pass,
+                                     bool drain, int32_t j, int u) {
+    long long nv = (long long)(nm->len / nm->k->vec); /* vectors per row */
+    int32_t xp = tb__cg_norm_pos(g, nm, j), vx;
+    char acc[16];
+    tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
     vx = tb__cg_veval(g, nm->x, xp);
     if (vx < 0) return false;
     if (pass == 0) {
-        tb__ix_line(&g->ix, "mxv = tb_vmax16(v%d, mxv);", (int)vx);
-    } else {
-        if (nm->k->prefetch_rows && !tb__cg_norm_prefetch(g, nm, xp, "TB_PREFETCH_L2"))
-            return false;
-        tb__ix_line(&g->ix, "const float16 evv = TB_VEXP(v%d - mx);", (int)vx);
-        tb__ix_line(&g->ix, "smv += evv;");
-        if (drain) {
-            char prev[32], jt[32];
-            snprintf(prev, sizeof prev, "i%d - 1", (int)row);
-            snprintf(jt, sizeof jt, "i%d", (int)j);
-            tb__cg_softmax_pipe_store(g, nm, prev, jt);
-        }
-        tb__ix_line(&g->ix, "tb_scr[(i%d & 1) * %lld + i%d / %d] = evv;", (int)row, nv, (int)j,
-                    (int)nm->k->vec);
+        tb__ix_line(&g->ix, "%s = tb_vmax(v%d, %s);", acc, (int)vx, acc);
+        return g->ix.status == TB_OK;
+    }
+    if (nm->k->prefetch_rows && !tb__cg_norm_prefetch(g, nm, xp, "TB_PREFETCH_L2")) return false;
+    tb__ix_line(&g->ix, "const tb_vf evv%d = TB_VEXP(v%d - mx);", u, (int)vx);
+    tb__ix_line(&g->ix, "%s += evv%d;", acc, u);
+    if (drain) {
+        char prev[32], jt[32];
+        snprintf(prev, sizeof prev, "i%d - 1", (int)row);
+        snprintf(jt, sizeof jt, "i%d", (int)j);
+        tb__cg_softmax_pipe_store(g, nm, prev, jt);
+    }
+    tb__ix_line(&g->ix, "tb_scr[(i%d & 1) * %lld + i%d / %d] = evv%d;", (int)row, nv, (int)j,
+                (int)nm->k->vec, u);
+    return g->ix.status == TB_OK;
+}
+
+/* One vector pass of a pipelined softmax over row i<row> (tb__cg_softmax_pipe_fold): where the
+   vectors are narrower than 16 lanes and the row a multiple of 16, 16 / W accumulators take
+   turns, so that the chain of a row is as long whatever the vector width (as in
+   tb__cg_norm_vreduce); then they are combined in a fixed order. */
+static bool tb__cg_softmax_pipe_pass(tb__cg *g, const tb__cg_norm *nm, int32_t row, int pass,
+                                     bool drain) {
+    int32_t w = nm->k->vec, lanes = w < 16 && nm->len % 16 == 0 ? 16 / w : 1, u;
+    int32_t j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+    char head[128], acc[16], acc0[16];
+    if (j < 0) return false;
+    tb__cg_norm_acc(nm, pass, 0, acc0, sizeof acc0);
+    for (u = 1; u < lanes; u++) {
+        tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+        tb__ix_line(&g->ix, "tb_vf %s = TB_VBC(%s);", acc, pass == 0 ? "-INFINITY" : "0.0f");
+    }
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d += %d) ", (int)j, (int)j,
+             (long long)nm->len, (int)j, (int)(lanes * w));
+    tb__ix_open(&g->ix, head);
+    if (!tb__cg_softmax_pipe_fold(g, nm, row, pass, drain, j, 0)) return false;
+    for (u = 1; u < lanes; u++) {
+        int32_t ju = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+        if (ju < 0) return false;
+        tb__ix_line(&g->ix, "const long i%d = i%d + %dL;", (int)ju, (int)j, (int)(u * w));
+        if (!tb__cg_softmax_pipe_fold(g, nm, row, pass, drain, ju, u)) return false;
     }
     tb__ix_close(&g->ix, "");
+    for (u = 1; u < lanes; u++) {
+        tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+        if (pass == 0) {
+            tb__ix_line(&g->ix, "%s = tb_vmax(%s, %s);", acc0, acc, acc0);
+        } else {
+            tb__ix_line(&g->ix, "%s += %s;", acc0, acc);
+        }
+    }
     return g->ix.status == TB_OK;
 }
 
@@ -878,14 +984,14 @@ static tb_status tb__cg_kernel_softmax_pipe(tb__cg *g, const tb__cg_norm *nm, in
     tb__ix_line(&g->ix, "const long tb_r0 = tb_c * %lldL;", ch);
     tb__ix_line(&g->ix, "const long tb_r1 = tb_r0 + %lldL < %lldL ? tb_r0 + %lldL : %lldL;", ch,
                 (long long)rows, ch, (long long)rows);
-    tb__ix_line(&g->ix, "float16 tb_scr[%lld];", 2 * len / k->vec);
+    tb__ix_line(&g->ix, "tb_vf tb_scr[%lld];", 2 * len / k->vec);
     tb__ix_line(&g->ix, "float rsp = 0;");
     snprintf(head, sizeof head, "for (long i%d = tb_r0; i%d < tb_r1; i%d++) ", (int)i0, (int)i0,
              (int)i0);
     tb__ix_open(&g->ix, head);
-    tb__ix_line(&g->ix, "float16 mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
+    tb__ix_line(&g->ix, "tb_vf mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
     if (!tb__cg_softmax_pipe_pass(g, nm, i0, 0, false)) return g->ix.status;
-    tb__ix_line(&g->ix, "const float mx = tb_hmax16(mxv);");
+    tb__ix_line(&g->ix, "const float mx = tb_hmax(mxv);");
     snprintf(head, sizeof head, "if (i%d > tb_r0) ", (int)i0);
     tb__ix_open(&g->ix, head);
     if (!tb__cg_softmax_pipe_pass(g, nm, i0, 1, true)) return g->ix.status;
@@ -893,7 +999,7 @@ static tb_status tb__cg_kernel_softmax_pipe(tb__cg *g, const tb__cg_norm *nm, in
     tb__ix_open(&g->ix, "else ");
     if (!tb__cg_softmax_pipe_pass(g, nm, i0, 1, false)) return g->ix.status;
     tb__ix_close(&g->ix, "");
-    tb__ix_line(&g->ix, "rsp = (float)1 / tb_hsum16(smv);");
+    tb__ix_line(&g->ix, "rsp = (float)1 / tb_hsum(smv);");
     tb__ix_close(&g->ix, "");
     snprintf(head, sizeof head, "for (long tb_j = 0; tb_j < %lldL; tb_j += %d) ", len, (int)k->vec);
     tb__ix_open(&g->ix, head);
@@ -957,8 +1063,8 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
     if (k->vec > 0) {
         tb__ix_line(&g->ix, "const long rv = %lldL;", (long long)(nm.len / k->vec * k->vec));
         tb__ix_line(&g->ix, "%s",
-                    nm.layer ? "float16 sumv = TB_VBC(0.0f), sqv = TB_VBC(0.0f);"
-                             : "float16 mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
+                    nm.layer ? "tb_vf sumv = TB_VBC(0.0f), sqv = TB_VBC(0.0f);"
+                             : "tb_vf mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
     }
     for (pass = 0; pass < 3; pass++) {
         if (!tb__cg_norm_pass(g, &nm, pass)) return g->ix.status;
@@ -1117,21 +1223,23 @@ static int32_t tb__cg_matmul_depth_open(tb__cg *g, const tb__plan_kernel *k, con
     return kv;
 }
 
-/* The depth loop and stores of an f32 register matmul with one float16 accumulator per row
-   of the block: each step of K makes B's rn values one vector (lanes past rn zero) and adds
-   it times each row's A value (the dialect's vec_make; rn <= 16). */
+/* The depth loop and stores of an f32 register matmul with one vector accumulator per row of
+   the block, of the narrowest of 4, 8 or 16 lanes that holds rn: each step of K makes B's rn
+   values one vector (lanes past rn zero) and adds it times each row's A value (the dialect's
+   vec_make; rn <= 16). */
 static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k,
                                              const tb__lf *bdims, const int32_t *rows,
                                              const int32_t *cols) {
-    int32_t kv, i, j, vb[16];
-    char list[16 * 16], vec[16 * 16 + 32], zero[48];
+    int32_t kv, i, j, vb[16], w = k->rn <= 4 ? 4 : (k->rn <= 8 ? 8 : 16);
+    char list[16 * 16], vec[16 * 16 + 32], zero[48], tv[16];
     size_t used = 0;
-    snprintf(zero, sizeof zero, g->d->vec_zero, "float16");
+    snprintf(tv, sizeof tv, "float%d", (int)w);
+    snprintf(zero, sizeof zero, g->d->vec_zero, tv);
     for (i = 0; i < k->rm; i++)
-        tb__ix_line(&g->ix, "float16 accv%d = %s;", (int)i, zero);
+        tb__ix_line(&g->ix, "%s accv%d = %s;", tv, (int)i, zero);
     kv = tb__cg_matmul_depth_open(g, k, bdims, cols, vb);
     if (kv < 0) return g->ix.status;
-    for (j = 0; j < 16; j++) { /* lanes past rn: zeros */
+    for (j = 0; j < w; j++) { /* lanes past rn: zeros */
         if (j < k->rn) {
             used += (size_t)snprintf(list + used, sizeof list - used, "%sv%d", j ? ", " : "",
                                      (int)vb[j]);
@@ -1139,17 +1247,17 @@ static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k
             used += (size_t)snprintf(list + used, sizeof list - used, ", 0.0f");
         }
     }
-    snprintf(vec, sizeof vec, g->d->vec_make, list);
-    tb__ix_line(&g->ix, "const float16 bv = %s;", vec);
+    snprintf(vec, sizeof vec, g->d->vec_make, tv, list);
+    tb__ix_line(&g->ix, "const %s bv = %s;", tv, vec);
     for (i = 0; i < k->rm; i++) {
         int32_t va = tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv);
         if (va < 0) return g->ix.status;
         tb__ix_line(&g->ix, "accv%d += v%d * bv;", (int)i, (int)va);
     }
     tb__ix_close(&g->ix, "");
-    tb__ix_line(&g->ix, "float acc[%d][16];", (int)k->rm);
+    tb__ix_line(&g->ix, "float acc[%d][%d];", (int)k->rm, (int)w);
     for (i = 0; i < k->rm; i++)
-        tb__ix_line(&g->ix, "vstore16(accv%d, 0, acc[%d]);", (int)i, (int)i);
+        tb__ix_line(&g->ix, "vstore%d(accv%d, 0, acc[%d]);", (int)w, (int)i, (int)i);
     tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm, (int32_t)k->rn);
     return g->ix.status;
 }
@@ -1356,13 +1464,15 @@ static void tb__cg_matmul_a_offset(tb__cg *g, const tb__plan_kernel *k, int32_t 
 }
 
 /* Matmul from the panels of the pack kernels before it: each work item an rm x width block of
-   the output, one vector accumulator per row; the inner loop reads one vector of B and rm values
-   of A per step of K: consecutive ones of A's panel, or (no panels of A: A is a contiguous
-   buffer whose rows fill whole panels) one from each of the block's rows of A itself. */
+   the output, rows of `width` lanes held as nb registers of the device's width (its row vectors'
+   lanes: f64 half as many) each; the inner loop reads nb vectors of B and rm values of A per
+   step of K: consecutive ones of A's panel, or (no panels of A: A is a contiguous buffer whose
+   rows fill whole panels) one from each of the block's rows of A itself, and adds each A value
+   times each B vector into its accumulator. */
 static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     int64_t za[6], zb[6], K;
-    int rm = (int)k->rm, vw = (int)k->rn, i;
+    int rm = (int)k->rm, vw = (int)k->rn, i, j, nb, rw;
     const char *t = tb__cg_ctype(cs->dtype);
     char tv[16], zero[48], head[160], id0[48], id1[48], id2[48], off[256];
     int32_t ib, a_slot = k->pack_slot[0];
@@ -1375,7 +1485,11 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         int32_t a = tb__plan_mm_a_buffer(g->G, k->core);
         a_slot = a >= 0 ? g->G->info[a].slot : -1;
     }
-    snprintf(tv, sizeof tv, "%s%d", t, vw);
+    /* a register's lanes: the device's row vectors' (f64: half), at most the block's width */
+    rw = g->G->target->tuning->vec_width / (cs->dtype == TB_F64 ? 2 : 1);
+    if (rw < 2 || rw > vw || vw % rw != 0) rw = vw;
+    nb = vw / rw;
+    snprintf(tv, sizeof tv, "%s%d", t, rw);
     if (!tb__cg_arg(g, TB__ARG_BUF, a_slot) || !tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[1]))
         return g->ix.status;
     ib = tb__ix_new_var(&g->ix, 0, za[0] - 1);
@@ -1409,17 +1523,23 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
                 (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));
     snprintf(zero, sizeof zero, g->d->vec_zero, tv);
     for (i = 0; i < rm; i++)
-        tb__ix_line(&g->ix, "%s accv%d = %s;", tv, i, zero);
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "%s accv%d_%d = %s;", tv, i, j, zero);
     snprintf(head, sizeof head, "for (long kk = 0; kk < %lldL; kk++) ", (long long)K);
     tb__ix_open(&g->ix, head);
-    tb__ix_line(&g->ix, "const %s bv = vload%d(kk, bp);", tv, vw);
+    for (j = 0; j < nb; j++)
+        tb__ix_line(&g->ix, "const %s bv%d = vload%d(kk * %d + %d, bp);", tv, j, rw, nb, j);
     tb__ix_line(&g->ix, "%sconst %s *ak = ap + kk * %d;", g->d->global, t, panels_a ? rm : 1);
-    for (i = 0; i < rm; i++)
-        tb__ix_line(&g->ix, "accv%d += ak[%lld] * bv;", i, (long long)(panels_a ? i : i * K));
+    for (i = 0; i < rm; i++) {
+        tb__ix_line(&g->ix, "const %s a%d = ak[%lld];", t, i, (long long)(panels_a ? i : i * K));
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "accv%d_%d += a%d * bv%d;", i, j, i, j);
+    }
     tb__ix_close(&g->ix, "");
     tb__ix_line(&g->ix, "%s acc[%d][%d];", t, rm, vw);
     for (i = 0; i < rm; i++)
-        tb__ix_line(&g->ix, "vstore%d(accv%d, 0, acc[%d]);", vw, i, i);
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "vstore%d(accv%d_%d, %d, acc[%d]);", rw, i, j, j, i);
     if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
     tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm, (int32_t)k->rn);
     return g->ix.status;
@@ -1658,7 +1778,9 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
     g->P = P;
     g->d = d;
     memset(&src, 0, sizeof src);
-    tb__str_append(&src, "%s%s", d->head, d->head2 != NULL ? d->head2 : "");
+    tb__str_append(&src, "#define TB_VW %d\n", (int)(d->vec_width > 0 ? d->vec_width : 16));
+    for (i = 0; i < TB__DIALECT_HEADS && d->head[i] != NULL; i++)
+        tb__str_append(&src, "%s", d->head[i]);
     for (i = 0; i < tb__cl_prelude_count; i++)
         tb__str_append(&src, "%s", tb__cl_prelude[i]);
     if (P->num_errsites > 0 && d->err_claim == NULL)

@@ -321,6 +321,8 @@ typedef struct tb__plan_mm {
 
 /* the tuning table of a device class (TB__CLASS_*) */
 static void tb__tuning_of(int32_t device_class, tb__tuning *t);
+/* a CPU table fitted to the CPU's vector shape (tuning.c) */
+static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape);
 /* plans `graph` for `target`: *out the plan (tb__plan_free), G the graph view the renderer
    reads (tb__pgraph_free once the code is emitted) */
 static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target, tb__pgraph *G,
@@ -467,13 +469,17 @@ typedef struct tb__cg_param {
     char name[16];    /* out, b<slot>, s<param>, tb_sc, tb_err, tb_in */
 } tb__cg_param;
 
+#define TB__DIALECT_HEADS 5
+
 /* What differs between the C-family languages the generator writes. */
 typedef struct tb__dialect {
     const char *name;
-    /* the text before the shared prelude (pragmas, includes, typedefs, helpers), in two parts
-       (each literal within the length C99 compilers must take; head2 may be NULL) */
-    const char *head;
-    const char *head2;
+    /* the text before the shared prelude (pragmas, includes, typedefs, helpers), in parts
+       (each literal within the length C99 compilers must take), NULL after the last */
+    const char *head[TB__DIALECT_HEADS];
+    /* f32 lanes of the row vectors (4, 8 or 16): the program starts with "#define TB_VW n",
+       and the plan's vector loops must use as many (tuning vec_width) */
+    int32_t vec_width;
     /* address space of buffers ("__global " or ""), of work-group memory ("__local "; NULL:
        none, and no plan for this dialect may use work-groups of more than one item) */
     const char *global;
@@ -483,12 +489,14 @@ typedef struct tb__dialect {
     const char *global_id;
     const char *group_id;
     const char *local_id;
-    /* vectors: float16 and double8 with vload16/vstore16 and vload8/vstore8, scalar * vector
-       widening the scalar; a vector of zeros as a format of the vector type */
+    /* vectors: floatN, intN, uintN (N = 4, 8, 16) and doubleN (2, 4, 8) with vloadN and
+       vstoreN, scalar * vector widening the scalar; the row vectors of TB_VW lanes as tb_vf,
+       tb_vi and tb_vu with TB_VLD and TB_VST (TB_VW: vec_width, defined before the head); a
+       vector of zeros as a format of the vector type */
     const char *vec_zero;
-    /* a float16 made of 16 listed floats, a printf format of the list (NULL: the register
-       matmul keeps scalar accumulators; a dialect whose compiler vectorises across work items
-       leaves it NULL) */
+    /* a vector made of listed floats, a printf format of its type (float4, float8, float16)
+       and the list (NULL: the register matmul keeps scalar accumulators; a dialect whose
+       compiler vectorises across work items leaves it NULL) */
     const char *vec_make;
     const char *min_long; /* min of two longs */
     const char *bits_f32; /* the float of 32 bits (uint) */
@@ -591,8 +599,8 @@ static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node);
 /* ---- native_dialect.c: the C99 dialect of the native backend ---- */
 
 #if defined(TB__HAVE_NATIVE)
-/* the dialect, its head as text */
-static void tb__native_dialect(tb__dialect *d);
+/* the dialect for row vectors of `vec_width` f32 lanes */
+static void tb__native_dialect(tb__dialect *d, int32_t vec_width);
 /* the work-item space of a kernel: its global size per dimension (the entry of a kernel runs
    a range of its flattened items) */
 static void tb__native_global_size(const tb__plan_kernel *k, uint64_t size[3]);

@@ -1054,13 +1054,46 @@ static void tb__native_shape_name(tb__host_shape *s) {
    Where the compiler targets more than the CPU has (it runs on another machine, or under an
    emulator's CPU model), options that take the surplus away follow the user's, so that the
    programs run here. Call with tb__native_mutex held. */
+/* Removes the option word `word` from the compiler's options (text and words); false when
+   it is not there. */
+static bool tb__native_drop_option(tb__native_rt *rt, const char *word) {
+    size_t k, n = strlen(word);
+    char *at = strstr(rt->options, word);
+    if (at == NULL || (at[n] != ' ' && at[n] != '\0')) return false;
+    memmove(at, at + n + (at[n] == ' '), strlen(at + n + (at[n] == ' ')) + 1);
+    for (k = 0; k < rt->opt_argc; k++) {
+        if (strcmp(rt->opt_argv[k], word) == 0) {
+            memmove(rt->opt_argv + k, rt->opt_argv + k + 1,
+                    (rt->opt_argc - k) * sizeof *rt->opt_argv); /* the NULL too */
+            rt->opt_argc--;
+            break;
+        }
+    }
+    return true;
+}
+
+/* The vector shape to plan for instead of the host's (a test hook: the register blocks of
+   every class are rendered on any machine; the programs are compiled for the host still). */
+static const tb__host_shape *tb__native_shape_override = NULL;
+
 static void tb__native_shape(tb__native_rt *rt) {
     tb__host_shape cpu, cc;
     const char *cut = NULL;
     if (rt->shaped) return;
     rt->shaped = true;
+    if (tb__native_shape_override != NULL) {
+        rt->shape = *tb__native_shape_override;
+        return;
+    }
     tb__native_cpu_shape(&cpu);
     rt->shape = cpu;
+    if (!tb__native_cc_shape(rt, &cc) && tb__native_drop_option(rt, "-march=native")) {
+        /* a compiler that has no -march=native (a cross compiler, an older clang on some
+           CPUs): its default target */
+        if (tb_debug_level() >= 1)
+            tb_log_message(TB_LOG_INFO, "native: %s takes no -march=native; compiling without",
+                           rt->cc_command);
+    }
     if (tb__native_cc_shape(rt, &cc)) {
         if (cpu.x86 && cc.x86 && cc.vec_bytes > cpu.vec_bytes)
             cut =
@@ -1420,6 +1453,7 @@ static tb_status tb__native_create_lowering_context(void *user_data, const tb_gr
     }
     c->rt = rt;
     tb__tuning_of(TB__CLASS_HOST, &tuning);
+    tb__tuning_fit(&tuning, &rt->shape);
     memset(&target, 0, sizeof target);
     target.tuning = &tuning;
     target.compute_units = rt->info.compute_units;
@@ -1431,7 +1465,7 @@ static tb_status tb__native_create_lowering_context(void *user_data, const tb_gr
     target.cache_bytes = rt->l2_bytes;
     target.buffer_align = 64; /* tb__native_buf_alloc */
     target.arg_table = true;  /* tb__native_emit_kernel: TB__CG_ARGS */
-    tb__native_dialect(&dialect);
+    tb__native_dialect(&dialect, tuning.vec_width);
     st = tb__plan_build(graph, &target, &G, &c->plan);
     if (st == TB_OK) {
         st = tb__cg_render(&G, c->plan, &dialect, &c->source, &c->source_len);

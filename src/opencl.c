@@ -392,16 +392,25 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "/* a * b + c stays two roundings, as in the reference */\n"                                   \
     "#pragma OPENCL FP_CONTRACT OFF\n"                                                             \
     "#define TB_FN\n"                                                                              \
-    "#define TB_HAS_VEC16 1\n"                                                                     \
-    "#define TB_VBC(c) ((float16)(c))\n"                                                           \
+    "/* the row vectors: TB_VW lanes (the program's first line), built-in names by pasting */\n"   \
+    "#define TB_CAT(a, b) a##b\n"                                                                  \
+    "#define TB_XCAT(a, b) TB_CAT(a, b)\n"                                                         \
+    "#define TB_VN(name) TB_XCAT(name, TB_VW)\n"                                                   \
+    "typedef TB_VN(float) tb_vf;\n"                                                                \
+    "typedef TB_VN(int) tb_vi;\n"                                                                  \
+    "typedef TB_VN(uint) tb_vu;\n"                                                                 \
+    "#define TB_HAS_VEC 1\n"                                                                       \
+    "#define TB_VLD(i, p) TB_VN(vload)((i), (p))\n"                                                \
+    "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"                                       \
+    "#define TB_VBC(c) ((tb_vf)(c))\n"                                                             \
     "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"                                             \
-    "#define TB_VCVTI(x) convert_int16(x)\n"                                                       \
-    "#define TB_VASF(x) as_float16(x)\n"                                                           \
-    "#define TB_VASI(x) as_int16(x)\n"                                                             \
-    "#define TB_VASU(x) as_uint16(x)\n"                                                            \
-    "#define TB_VASFU(x) as_float16(x)\n"                                                          \
+    "#define TB_VCVTI(x) TB_VN(convert_int)(x)\n"                                                  \
+    "#define TB_VASF(x) TB_VN(as_float)(x)\n"                                                      \
+    "#define TB_VASI(x) TB_VN(as_int)(x)\n"                                                        \
+    "#define TB_VASU(x) TB_VN(as_uint)(x)\n"                                                       \
+    "#define TB_VASFU(x) TB_VN(as_float)(x)\n"                                                     \
     "#define TB_VFMA(a, b, c) fma(a, b, c)\n"                                                      \
-    "#define TB_VSTORE(v, s) vstore16((v), 0, (s))\n"                                              \
+    "#define TB_VSTORE(v, s) TB_VST((v), 0, (s))\n"                                                \
     "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
     "#define TB_VEXP(x) exp(x)\n"                                                                  \
     "/* rows streamed through the caches (CPU devices): the next row fetched ahead, outputs */\n"  \
@@ -409,11 +418,11 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "#if defined(__clang__)\n"                                                                     \
     "#define TB_PREFETCH(p) __builtin_prefetch(p)\n"                                               \
     "#define TB_PREFETCH_L2(p) __builtin_prefetch((p), 0, 1)\n"                                    \
-    "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (__global float16 *)(p))\n"         \
+    "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (__global tb_vf *)(p))\n"           \
     "#else\n"                                                                                      \
     "#define TB_PREFETCH(p) prefetch((p), 1)\n"                                                    \
     "#define TB_PREFETCH_L2(p) prefetch((p), 1)\n"                                                 \
-    "#define TB_VSTREAM(v, p) vstore16((v), 0, (p))\n"                                             \
+    "#define TB_VSTREAM(v, p) TB_VST((v), 0, (p))\n"                                               \
     "#endif\n"                                                                                     \
     "#if defined(__clang__) && defined(__SSE__)\n"                                                 \
     "#define TB_VSTREAM_END() __builtin_ia32_sfence()\n"                                           \
@@ -433,22 +442,22 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "    ushort h; vstore_half_rte(x, 0, (__private half *)&h);\n"                                 \
     "    return vload_half(0, (const __private half *)&h);\n"                                      \
     "}\n"                                                                                          \
-    "/* 16 lanes: f16 through the same built-ins, bf16 as the top half of an f32 */\n"             \
-    "#define TB_VLDH(p) vload_half16(0, (const __global half *)(p))\n"                             \
-    "#define TB_VSTH(v, p) vstore_half16_rte((v), 0, (__global half *)(p))\n"                      \
+    "/* TB_VW lanes: f16 through the same built-ins, bf16 as the top half of an f32 */\n"          \
+    "#define TB_VLDH(p) TB_VN(vload_half)(0, (const __global half *)(p))\n"                        \
+    "#define TB_VSTH(v, p) TB_XCAT(TB_VN(vstore_half), _rte)((v), 0, (__global half *)(p))\n"      \
     "#define TB_VRNDH(x) tb_vrnd_f16(x)\n"                                                         \
-    "float16 tb_vrnd_f16(float16 x) {\n"                                                           \
-    "    ushort16 h; vstore_half16_rte(x, 0, (__private half *)&h);\n"                             \
-    "    return vload_half16(0, (const __private half *)&h);\n"                                    \
+    "tb_vf tb_vrnd_f16(tb_vf x) {\n"                                                               \
+    "    TB_VN(ushort) h; TB_XCAT(TB_VN(vstore_half), _rte)(x, 0, (__private half *)&h);\n"        \
+    "    return TB_VN(vload_half)(0, (const __private half *)&h);\n"                               \
     "}\n"                                                                                          \
-    "#define TB_VLDBF(p) as_float16(convert_uint16(vload16(0, (p))) << 16)\n"                      \
-    "#define TB_VSTBF(v, p) vstore16(convert_ushort16(as_uint16(tb_vrnd_bf16(v)) >> 16), 0, "      \
-    "(p))\n"                                                                                       \
+    "#define TB_VLDBF(p) TB_VN(as_float)(TB_VN(convert_uint)(TB_VLD(0, (p))) << 16)\n"             \
+    "#define TB_VSTBF(v, p) TB_VST(TB_VN(convert_ushort)(TB_VN(as_uint)(tb_vrnd_bf16(v)) >> 16), " \
+    "0, (p))\n"                                                                                    \
     "\n"
-    d->head = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
-                                       "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
-                                       "#define TB_HAS_F64 1\n" TB__OCL_HEAD_REST
-                                     : "/* torch_backend.h: OpenCL C 1.2 */\n" TB__OCL_HEAD_REST;
+    d->head[0] = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
+                                          "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+                                          "#define TB_HAS_F64 1\n" TB__OCL_HEAD_REST
+                                        : "/* torch_backend.h: OpenCL C 1.2 */\n" TB__OCL_HEAD_REST;
 #undef TB__OCL_HEAD_REST
     d->global = "__global ";
     d->local = "__local ";
@@ -476,6 +485,15 @@ static int tb__ocl_codegen_as_gpu = 0;
 static void tb__ocl_target(const tb__ocl_device *dev, tb__tuning *tuning, tb__target *target) {
     bool cpu = dev->info.device.type == TB_DEVICE_CPU && !tb__ocl_codegen_as_gpu;
     tb__tuning_of(cpu ? TB__CLASS_CPU : TB__CLASS_GPU, tuning);
+    if (cpu) {
+        /* the vector shape of the CPU from the driver's native float width: 16 lanes (AVX-512,
+           32 registers), 8 (AVX2, 16 registers), 4 (SSE, NEON: 16 registers assumed) */
+        tb__host_shape shape;
+        memset(&shape, 0, sizeof shape);
+        shape.vec_bytes = dev->float_lanes >= 16 ? 64 : (dev->float_lanes >= 8 ? 32 : 16);
+        shape.vec_regs = shape.vec_bytes >= 64 ? 32 : 16;
+        tb__tuning_fit(tuning, &shape);
+    }
     memset(target, 0, sizeof *target);
     target->tuning = tuning;
     target->compute_units = dev->info.compute_units;
@@ -577,6 +595,7 @@ static tb_status tb__ocl_create_lowering_context(void *user_data, const tb_graph
     c->ordinal = dev->ordinal;
     tb__ocl_target(dev, &tuning, &target);
     tb__ocl_dialect(dev, &dialect);
+    dialect.vec_width = tuning.vec_width > 0 ? tuning.vec_width : 16;
     st = tb__plan_build(graph, &target, &G, &c->plan);
     if (st == TB_OK) {
         st = tb__cg_render(&G, c->plan, &dialect, &c->source, &c->source_len);

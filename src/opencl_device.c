@@ -198,6 +198,7 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
     dev->max_parameter_size = tb__ocl_info_size(rt, dev->id, TB__CL_DEVICE_MAX_PARAMETER_SIZE);
     if (dev->max_parameter_size < 256) dev->max_parameter_size = 256; /* the spec's minimum */
     dev->base_align_bits = tb__ocl_info_u32(rt, dev->id, TB__CL_DEVICE_MEM_BASE_ADDR_ALIGN);
+    dev->float_lanes = tb__ocl_info_u32(rt, dev->id, TB__CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT);
     dev->max_alloc = info->max_allocation;
     if (dev->max_alloc == 0) dev->max_alloc = (uint64_t)128 << 20; /* the spec's minimum */
     dev->correct_divide_sqrt = (tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_SINGLE_FP_CONFIG) &

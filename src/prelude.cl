@@ -148,24 +148,25 @@ TB_FN float tb_randn_f32(ulong seed, ulong offset, ulong index) {
 }
 #endif
 
-#ifdef TB_HAS_VEC16
-/* Vectors of 16 floats for rows read in order (the dialect's head defines float16, int16,
-   uint16, TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a),
-   TB_VCVTI (float to int, lane by lane), TB_VASF (int bits as float; TB_VASU and TB_VASFU:
-   float bits as uint and back) and TB_VEXP (exp of each
+#ifdef TB_HAS_VEC
+/* Vectors of TB_VW floats (4, 8 or 16: the device's own width) for rows read in order: the
+   dialect's head defines tb_vf, tb_vi and tb_vu (float, int and uint vectors of TB_VW lanes),
+   TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a), TB_VCVTI
+   (float to int, lane by lane), TB_VASF (int bits as float; TB_VASU and TB_VASFU: float bits
+   as uint and back), TB_VSTORE (the lanes into an array of floats) and TB_VEXP (exp of each
    lane: the device's built-in where it has a vector one, which on PoCL is faster than the
-   polynomial below; tb_vexp16 where the dialect has none). */
+   polynomial below; tb_vexp where the dialect has none). */
 
 /* exp of each lane (Cephes' polynomial after reduction by ln 2, about 1 ulp): overflow gives
    +inf, underflow 0 through the denormals, NaN stays NaN. Where the dialect has TB_VSCALEF
    (p * 2^k rounded once, to inf above the range and through the denormals to 0 below it),
    that one step scales; a NaN goes through every step as NaN. */
-TB_FN float16 tb_vexp16(float16 x) {
+TB_FN tb_vf tb_vexp(tb_vf x) {
 #ifdef TB_VSCALEF
-    float16 xc = TB_VSEL(x, TB_VBC(-104.0f), x < -104.0f), k, r, p;
+    tb_vf xc = TB_VSEL(x, TB_VBC(-104.0f), x < -104.0f), k, r, p;
 #else
-    float16 xc = TB_VSEL(x, TB_VBC(0.0f), x != x), k, r, p;
-    int16 ki, k1;
+    tb_vf xc = TB_VSEL(x, TB_VBC(0.0f), x != x), k, r, p;
+    tb_vi ki, k1;
     xc = TB_VSEL(xc, TB_VBC(-104.0f), xc < -104.0f);
 #endif
     xc = TB_VSEL(xc, TB_VBC(89.0f), xc > 89.0f);
@@ -192,68 +193,71 @@ TB_FN float16 tb_vexp16(float16 x) {
 }
 
 /* The greater (smaller) lane of two, NaN when either is NaN (as the scalar ops). */
-TB_FN float16 tb_vmax16(float16 a, float16 b) {
+TB_FN tb_vf tb_vmax(tb_vf a, tb_vf b) {
     return TB_VSEL(b, a, (a > b) | (a != a));
 }
 
-TB_FN float16 tb_vmin16(float16 a, float16 b) {
+TB_FN tb_vf tb_vmin(tb_vf a, tb_vf b) {
     return TB_VSEL(b, a, (a < b) | (a != a));
 }
 
-TB_FN float16 tb_vrelu16(float16 a) {
+TB_FN tb_vf tb_vrelu(tb_vf a) {
     return TB_VSEL(a, TB_VBC(0.0f), a < 0.0f);
 }
 
-TB_FN float16 tb_vabs16(float16 a) {
+TB_FN tb_vf tb_vabs(tb_vf a) {
     return TB_VASF(TB_VASI(a) & 0x7fffffff);
 }
 
 /* Each lane rounded to the nearest bf16 value, as tb_rnd_bf16 (the dialect loads and stores
    16-bit floats: TB_VLDH, TB_VSTH and TB_VRNDH for f16, TB_VLDBF and TB_VSTBF for bf16). */
-TB_FN float16 tb_vrnd_bf16(float16 x) {
-    uint16 u = TB_VASU(x); /* unsigned: a NaN's bits wrap, and its lane is replaced */
-    float16 r = TB_VASFU((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+TB_FN tb_vf tb_vrnd_bf16(tb_vf x) {
+    tb_vu u = TB_VASU(x); /* unsigned: a NaN's bits wrap, and its lane is replaced */
+    tb_vf r = TB_VASFU((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
     return TB_VSEL(r, TB_VASFU((u & 0xffff0000u) | 0x400000u), x != x);
 }
 
-/* Sum, maximum, minimum and product of the lanes, in halves (a fixed order). */
-TB_FN float tb_hsum16(float16 v) {
-    float s[16];
+/* Sum, maximum, minimum and product of the lanes, in halves (a fixed order; a dialect may
+   fold them in registers in the same order: TB_HAS_HFOLD). */
+#ifndef TB_HAS_HFOLD
+TB_FN float tb_hsum(tb_vf v) {
+    float s[TB_VW];
     int i, h;
     TB_VSTORE(v, s);
-    for (h = 8; h >= 1; h >>= 1)
+    for (h = TB_VW / 2; h >= 1; h >>= 1)
         for (i = 0; i < h; i++)
             s[i] = s[i] + s[i + h];
     return s[0];
 }
 
-TB_FN float tb_hprod16(float16 v) {
-    float s[16];
+TB_FN float tb_hprod(tb_vf v) {
+    float s[TB_VW];
     int i, h;
     TB_VSTORE(v, s);
-    for (h = 8; h >= 1; h >>= 1)
+    for (h = TB_VW / 2; h >= 1; h >>= 1)
         for (i = 0; i < h; i++)
             s[i] = s[i] * s[i + h];
     return s[0];
 }
 
-TB_FN float tb_hmax16(float16 v) {
-    float s[16];
+TB_FN float tb_hmax(tb_vf v) {
+    float s[TB_VW];
     int i, h;
     TB_VSTORE(v, s);
-    for (h = 8; h >= 1; h >>= 1)
+    for (h = TB_VW / 2; h >= 1; h >>= 1)
         for (i = 0; i < h; i++)
             s[i] = (s[i + h] > s[i] || isnan(s[i + h])) && !isnan(s[i]) ? s[i + h] : s[i];
     return s[0];
 }
 
-TB_FN float tb_hmin16(float16 v) {
-    float s[16];
+TB_FN float tb_hmin(tb_vf v) {
+    float s[TB_VW];
     int i, h;
     TB_VSTORE(v, s);
-    for (h = 8; h >= 1; h >>= 1)
+    for (h = TB_VW / 2; h >= 1; h >>= 1)
         for (i = 0; i < h; i++)
             s[i] = (s[i + h] < s[i] || isnan(s[i + h])) && !isnan(s[i]) ? s[i + h] : s[i];
     return s[0];
 }
+#endif
 #endif

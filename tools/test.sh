@@ -106,7 +106,8 @@ mkdir -p build/compile build/tests build/examples build/plugins
 step "install Debian packages"
 packages=(gcc g++ clang clang-format libclang-rt-14-dev libcmocka-dev pocl-opencl-icd
     ocl-icd-opencl-dev opencl-headers clinfo python3-numpy python3-torch dataset-fashion-mnist
-    gzip valgrind cmake pkg-config openmpi-bin libopenmpi-dev mpich qemu-user oclgrind)
+    gzip valgrind cmake pkg-config openmpi-bin libopenmpi-dev mpich qemu-user oclgrind
+    gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 if [ "$install" -eq 0 ]; then
     echo "skipped (--no-install)"
 elif ! command -v dpkg >/dev/null 2>&1; then
@@ -313,10 +314,11 @@ export TB_BACKEND_PATH=$repo/build/plugins
 export CMOCKA_MESSAGE_OUTPUT=stdout
 unset TB_BACKEND TB_DEVICE TB_CHECK CMOCKA_XML_FILE
 if [ "$quick" -eq 1 ]; then
-    test_flags="-std=c11 -g -O2 -Wall -Wextra -Werror -pedantic -I."
+    test_flags="-std=c11 -g1 -O2 -Wall -Wextra -Werror -pedantic -I."
     echo "quick: -O2, no sanitizers"
 else
-    test_flags="-std=c11 -g -O1 -fsanitize=address,undefined -fno-omit-frame-pointer
+    # -g1: line tables for the sanitizers' reports, at two thirds of -g's compile time
+    test_flags="-std=c11 -g1 -O1 -fsanitize=address,undefined -fno-omit-frame-pointer
         -fno-sanitize-recover=undefined -Wall -Wextra -Werror -pedantic -I."
 fi
 # stdbuf makes a program's stdout line-buffered so that it interleaves with stderr in the order
@@ -470,7 +472,7 @@ if selected tests/test_threads.c; then
     else
         saved_tests=("${tests[@]+"${tests[@]}"}")
         tests=(tests/test_threads.c)
-        tsan_flags="-std=c11 -g -O1 -fsanitize=thread -Wall -Wextra -Werror -pedantic -I."
+        tsan_flags="-std=c11 -g1 -O1 -fsanitize=thread -Wall -Wextra -Werror -pedantic -I."
         export TSAN_OPTIONS="suppressions=$repo/tools/tsan.supp:halt_on_error=1:second_deadlock_stack=1"
         build_tests build/tests-tsan clang "$tsan_flags"
         run_tests build/tests-tsan clang "$tsan_flags" " (clang ThreadSanitizer)"
@@ -489,7 +491,7 @@ step "test programs (clang, undefined behaviour)"
 if [ "$quick" -eq 1 ] || [ "${TB_TEST_NO_UBSAN:-0}" = 1 ]; then
     echo "skipped: --quick or TB_TEST_NO_UBSAN=1"
 elif [ "${#tests[@]}" -gt 0 ]; then
-    ubsan_flags="-std=c11 -g -O0 -fsanitize=undefined,float-cast-overflow
+    ubsan_flags="-std=c11 -g1 -O0 -fsanitize=undefined,float-cast-overflow
         -fno-sanitize-recover=all -fno-omit-frame-pointer -Wall -Wextra -Werror -pedantic -I."
     build_tests build/tests-ubsan clang "$ubsan_flags"
     run_tests build/tests-ubsan clang "$ubsan_flags" " (clang UBSan)"
@@ -517,6 +519,66 @@ if selected tools/test_half_isa.sh || selected test_half; then
 fi
 
 # ---------------------------------------------------------------------------------------------
+step "native kernels for each CPU class"
+# The native backend plans for the vector shape of the CPU (and of what the compiler targets):
+# AVX-512, AVX2, SSE4.2 or NEON. The test programs above ran this CPU's class. Here
+# tests/test_native.c (small shapes, built -O2 without sanitizers) runs with the programs
+# compiled for each narrower x86-64 class this CPU can run (TB_NATIVE_CFLAGS=-march=x86-64-v3,
+# -v2), and tests/native_arch_check.c under user-mode emulation as an AVX2 and an SSE4.2 CPU
+# and as an aarch64 one (tools/test_arch.sh: qemu-user, gcc-aarch64-linux-gnu).
+if selected tests/test_native.c || selected tools/test_arch.sh; then
+    classes=()
+    if grep -q -w avx512f /proc/cpuinfo 2>/dev/null; then
+        classes+=("x86-64-v3:AVX2")
+    fi
+    if grep -q -w avx2 /proc/cpuinfo 2>/dev/null; then
+        classes+=("x86-64-v2:SSE4.2")
+    fi
+    if [ "${#classes[@]}" -gt 0 ] && selected tests/test_native.c; then
+        mkdir -p build/tests-classes
+        # shellcheck disable=SC2086
+        if $CC -std=c11 -g1 -O2 -Wall -Wextra -Werror -pedantic -I. tests/test_native.c \
+            -o build/tests-classes/test_native -lcmocka -ldl -lpthread -lm \
+            >build/tests-classes/build.log 2>&1; then
+            for c in "${classes[@]}"; do
+                log=build/tests-classes/test_native.${c%%:*}.log
+                TB_NATIVE_CFLAGS="-march=${c%%:*}" TB_TEST_SMALL=1 timeout --foreground -k 10 \
+                    "$timeout_s" build/tests-classes/test_native >"$log" 2>&1
+                rc=$?
+                read -r n_ok n_fail < <(count_cmocka "$log")
+                if [ "$rc" -eq 0 ] && [ "$n_fail" -eq 0 ] && [ "$n_ok" -gt 0 ]; then
+                    echo "ok test: tests/test_native.c with ${c#*:} kernels ($n_ok passed)"
+                    pass "$n_ok"
+                else
+                    indent <"$log"
+                    echo "FAIL test: tests/test_native.c with ${c#*:} kernels (exit status $rc)"
+                    fail "tests/test_native.c with ${c#*:} kernels" "$((n_fail > 0 ? n_fail : 1))"
+                fi
+            done
+        else
+            indent <build/tests-classes/build.log
+            echo "FAIL build: tests/test_native.c (-O2)"
+            fail "build: tests/test_native.c (-O2)"
+        fi
+    fi
+    if selected tools/test_arch.sh || selected tests/test_native.c; then
+        log=build/test_arch.log
+        CC="$CC" TB_CACHE_DIR="$cache_dir" bash tools/test_arch.sh 2>&1 | tee "$log"
+        rc=${PIPESTATUS[0]}
+        n_ok=$(grep -c '^ok arch: ' "$log")
+        n_fail=$(grep -c '^FAIL ' "$log")
+        if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
+            echo "FAIL arch: tools/test_arch.sh stopped with exit status $rc"
+            n_fail=1
+        fi
+        pass "$n_ok"
+        if [ "$n_fail" -gt 0 ]; then
+            fail "tools/test_arch.sh" "$n_fail"
+        fi
+    fi
+fi
+
+# ---------------------------------------------------------------------------------------------
 step "examples"
 # Each example compiles as C (with the test flags) and as C++; those marked '// test: run' run on
 # the cpu backend and, where an OpenCL device is present, on the opencl backend too.
@@ -539,7 +601,7 @@ for src in examples/*.c; do
         continue
     fi
     # shellcheck disable=SC2086
-    if ! $CXX -x c++ -std=c++11 $cxx_warnings -I. -c "$src" -o "$bin.cpp.o" >"$log" 2>&1; then
+    if ! $CXX -x c++ -std=c++11 $cxx_warnings -I. -fsyntax-only "$src" >"$log" 2>&1; then
         echo "FAIL example: $src (does not compile as C++)"
         indent <"$log"
         fail "example: $src as C++"
@@ -807,19 +869,44 @@ fi
 
 # ---------------------------------------------------------------------------------------------
 step "README code blocks"
+# Every block is built first, as many at once as there are CPUs (a build of the whole library
+# is most of the time), then the programs run one after the other in the README's order.
 if selected README.md; then
     rm -rf build/readme
     if ! blocks=$(python3 tools/readme_blocks.py build/readme); then
         fail "README code blocks: none found"
     fi
+    # build_readme_block FILE KIND: builds it as C (a program: with the test flags) and checks
+    # it as C++; the outcome in FILE.rc, the compilers' output in FILE.log.
+    build_readme_block() {
+        local src=build/readme/$1 rc=0
+        if [ "$2" = program ]; then
+            # shellcheck disable=SC2086
+            $CC $test_flags "$src" -o "${src%.c}" -ldl -lpthread -lm >"$src.log" 2>&1 || rc=1
+        else
+            # shellcheck disable=SC2086
+            $CC -std=c99 -Wall -Wextra -Werror -pedantic -I. -c "$src" -o "${src%.c}.o" \
+                >"$src.log" 2>&1 || rc=1
+        fi
+        # shellcheck disable=SC2086
+        [ "$rc" -eq 0 ] && { $CXX -x c++ -std=c++11 $cxx_warnings -I. -fsyntax-only "$src" \
+            >>"$src.log" 2>&1 || rc=1; }
+        echo "$rc" >"$src.rc"
+    }
+    while read -r file kind; do
+        [ -n "$file" ] || continue
+        build_readme_block "$file" "$kind" &
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+            wait -n
+        done
+    done <<<"$blocks"
+    wait
     while read -r file kind; do
         [ -n "$file" ] || continue
         src=build/readme/$file
         log=$src.log
         if [ "$kind" = program ]; then
-            # shellcheck disable=SC2086
-            if $CC $test_flags "$src" -o "${src%.c}" -ldl -lpthread -lm >"$log" 2>&1 &&
-                $CXX -x c++ -std=c++11 $cxx_warnings -I. -c "$src" -o "${src%.c}.o" >>"$log" 2>&1 &&
+            if [ "$(cat "$src.rc" 2>/dev/null)" = 0 ] &&
                 (cd build/readme && ASAN_OPTIONS=$asan_opencl "./${file%.c}" >"${file%.c}.out" 2>&1); then
                 echo "ok README: $file (program: built as C and C++, ran)"
                 pass
@@ -829,17 +916,13 @@ if selected README.md; then
                 [ -f "build/readme/${file%.c}.out" ] && indent <"build/readme/${file%.c}.out"
                 fail "README block $file"
             fi
+        elif [ "$(cat "$src.rc" 2>/dev/null)" = 0 ]; then
+            echo "ok README: $file (declarations: compiled as C and C++)"
+            pass
         else
-            # shellcheck disable=SC2086
-            if $CC -std=c99 -Wall -Wextra -Werror -pedantic -I. -c "$src" -o "${src%.c}.o" >"$log" 2>&1 &&
-                $CXX -x c++ -std=c++11 $cxx_warnings -I. -c "$src" -o "${src%.c}.cpp.o" >>"$log" 2>&1; then
-                echo "ok README: $file (declarations: compiled as C and C++)"
-                pass
-            else
-                echo "FAIL README: $file (declarations)"
-                indent <"$log"
-                fail "README block $file"
-            fi
+            echo "FAIL README: $file (declarations)"
+            indent <"$log"
+            fail "README block $file"
         fi
     done <<<"$blocks"
 fi
