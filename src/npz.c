@@ -187,7 +187,8 @@ static tb_status tb__zip_check_entries(const char *path, const tb__blob *blob,
     for (i = 0; i < count && st == TB_OK; ++i) {
         const tb__zip_entry *z = order[i];
         uint64_t data = tb__zip_data_offset(blob, z, cd_offset);
-        const unsigned char *h = blob->data + z->local_offset;
+        /* the header's address only once its offset is known to be inside the file */
+        const unsigned char *h = data != 0 ? blob->data + z->local_offset : blob->data;
         if (data == 0 || data > cd_offset || z->comp_size > cd_offset - data)
             st = tb__error(TB_ERR_FORMAT,
                            "%s: %s: entry '%.*s' (local header at %llu, %llu bytes) is not "
