@@ -23134,7 +23134,10 @@ static const char *const tb__cl_prelude[] = {
     "TB_FN float tb_rand_f32(ulong seed, ulong offset, ulong index) {\n",
     "    tb_words w = tb_philox(seed, offset, index / 4);\n",
     "    uint sel = (uint)(index % 4);\n",
-    "    uint x = sel == 0 ? w.x : (sel == 1 ? w.y : (sel == 2 ? w.z : w.w));\n",
+    "    /* the word by its two bits, each a choice of two (compilers turn a chain of tests on sel\n",
+    "       into a switch, which Oclgrind 21.10 runs wrong) */\n",
+    "    uint lo = (sel & 1u) != 0 ? w.y : w.x, hi = (sel & 1u) != 0 ? w.w : w.z;\n",
+    "    uint x = (sel & 2u) != 0 ? hi : lo;\n",
     "    return (float)(x >> 8) / 16777216.0f;\n",
     "}\n",
     "\n",
@@ -23278,7 +23281,7 @@ static const char *const tb__cl_prelude[] = {
     "#endif\n",
     0
 };
-static const size_t tb__cl_prelude_count = 263;
+static const size_t tb__cl_prelude_count = 266;
 // clang-format on
 #endif
 
@@ -30964,7 +30967,15 @@ static tb_status tb__native_get_device_info(void *user_data, int32_t ordinal, tb
     (void)user_data;
     tb__mutex_lock(&tb__native_mutex);
     rt = tb__native_device(ordinal, "native");
-    if (rt != NULL) *out = rt->info;
+    if (rt != NULL) {
+        /* the class its programs are built for (the compiler is asked once) */
+        tb__native_shape(rt);
+        snprintf(rt->info.language_version, sizeof rt->info.language_version,
+                 "C99, %.8s vectors (%u f32 lanes, %u registers)", rt->shape.name,
+                 (unsigned)(unsigned char)(rt->shape.vec_bytes / 4),
+                 (unsigned)(unsigned char)rt->shape.vec_regs);
+        *out = rt->info;
+    }
     tb__mutex_unlock(&tb__native_mutex);
     return rt != NULL ? TB_OK : tb_last_status();
 }

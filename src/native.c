@@ -1292,7 +1292,15 @@ static tb_status tb__native_get_device_info(void *user_data, int32_t ordinal, tb
     (void)user_data;
     tb__mutex_lock(&tb__native_mutex);
     rt = tb__native_device(ordinal, "native");
-    if (rt != NULL) *out = rt->info;
+    if (rt != NULL) {
+        /* the class its programs are built for (the compiler is asked once) */
+        tb__native_shape(rt);
+        snprintf(rt->info.language_version, sizeof rt->info.language_version,
+                 "C99, %.8s vectors (%u f32 lanes, %u registers)", rt->shape.name,
+                 (unsigned)(unsigned char)(rt->shape.vec_bytes / 4),
+                 (unsigned)(unsigned char)rt->shape.vec_regs);
+        *out = rt->info;
+    }
     tb__mutex_unlock(&tb__native_mutex);
     return rt != NULL ? TB_OK : tb_last_status();
 }

@@ -119,7 +119,10 @@ TB_FN tb_words tb_philox(ulong seed, ulong offset, ulong block) {
 TB_FN float tb_rand_f32(ulong seed, ulong offset, ulong index) {
     tb_words w = tb_philox(seed, offset, index / 4);
     uint sel = (uint)(index % 4);
-    uint x = sel == 0 ? w.x : (sel == 1 ? w.y : (sel == 2 ? w.z : w.w));
+    /* the word by its two bits, each a choice of two (compilers turn a chain of tests on sel
+       into a switch, which Oclgrind 21.10 runs wrong) */
+    uint lo = (sel & 1u) != 0 ? w.y : w.x, hi = (sel & 1u) != 0 ? w.w : w.z;
+    uint x = (sel & 2u) != 0 ? hi : lo;
     return (float)(x >> 8) / 16777216.0f;
 }
 

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # The benchmark, in one command:   bash tools/bench.sh [--quick] [--json FILE] [--no-install]
-#                                                    [--only CASE,...]
+#                                                    [--only CASE,...] [--class avx2|sse]
 #   --quick         small sizes, 1 to 3 repetitions (well under a minute); results still checked
+#   --class C       measure a narrower x86 class than this CPU's on this CPU: the native backend's
+#                   kernels built for it (-march=x86-64-v3 for avx2, -v2 for sse), PyTorch on its
+#                   kernels of that class (ATEN_CPU_CAPABILITY, oneDNN's ISA cap) and OpenBLAS on
+#                   its (OPENBLAS_CORETYPE Haswell, Nehalem); the OpenCL device is left out (PoCL
+#                   compiles for the CPU it runs on). The machine line names the class the native
+#                   kernels were built for. A machine of that class is the real measurement.
 #   --json FILE     also write to FILE one JSON object per (case, backend) row:
 #                   {"case", "backend", "ours", "pytorch", "ratio_pytorch", "bound", "bound_kind",
 #                    "frac_bound", "rate", "unit", "anchor_name", "anchor", "ratio_anchor",
@@ -86,6 +92,7 @@ install=1
 quick=0
 json=""
 only=""
+class=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick)
@@ -111,6 +118,15 @@ while [ $# -gt 0 ]; do
         ;;
     --only=*) only=${1#--only=} ;;
     --no-install) install=0 ;;
+    --class)
+        if [ $# -lt 2 ]; then
+            echo "bench.sh: --class needs avx2 or sse" >&2
+            exit 2
+        fi
+        class=$2
+        shift
+        ;;
+    --class=*) class=${1#--class=} ;;
     -h | --help)
         awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
         exit 0
@@ -124,6 +140,32 @@ while [ $# -gt 0 ]; do
 done
 
 CC=${CC:-gcc}
+
+# ---- a narrower CPU class than this machine's, on this machine ----
+case "$class" in
+"") ;;
+avx2 | sse)
+    if [ "$class" = avx2 ]; then
+        march=x86-64-v3 aten=avx2 dnnl=AVX2 blas=Haswell
+    else
+        march=x86-64-v2 aten=default dnnl=SSE41 blas=Nehalem
+    fi
+    export TB_NATIVE_CFLAGS="${TB_NATIVE_CFLAGS:+$TB_NATIVE_CFLAGS }-march=$march"
+    export ATEN_CPU_CAPABILITY=$aten ONEDNN_MAX_CPU_ISA=$dnnl DNNL_MAX_CPU_ISA=$dnnl
+    export OPENBLAS_CORETYPE=$blas
+    # PoCL compiles for the CPU it finds: its device is left out
+    empty_vendors=$(mktemp -d)
+    trap 'rm -rf "$empty_vendors"' EXIT
+    export OCL_ICD_VENDORS=$empty_vendors
+    echo "bench: class $class on this CPU: native kernels built with -march=$march," \
+        "PyTorch's $aten kernels (ATEN_CPU_CAPABILITY, oneDNN $dnnl), OpenBLAS's $blas" \
+        "kernels; no OpenCL device (PoCL would compile for this CPU)"
+    ;;
+*)
+    echo "bench.sh: unknown class: $class (avx2 or sse)" >&2
+    exit 2
+    ;;
+esac
 
 # ---- packages: the ones the benchmark needs, then its peers (optional) ----
 missing_of() {

@@ -52,10 +52,8 @@ done
 # The op tests of tests/test_opencl.c. Left out, with the reason: test_vector_exp,
 # test_norm_rows_streamed and test_elementwise_rows check the vector and streaming code only
 # CPU devices get; test_matmul_through_reshape is a matmul of 10 million multiply-adds (half a
-# minute simulated; test_matmul and test_gpu_code_paths run the tiled matmul);
-# test_rand_bit_identical meets a bug of Oclgrind 21.10 (a `switch` on an integer truncated to
-# 2 bits goes to its default: tb_rand_f32's choice among a Philox block's four words gives the
-# fourth for the first two); the random-graph tests take minutes simulated; the tests of the
+# minute simulated; test_matmul and test_gpu_code_paths run the tiled matmul); the random-graph
+# tests take minutes simulated; the tests of the
 # OpenCL machinery itself (devices, caches, the loader, allocation failures) run no kernels
 # worth simulating.
 tests=(
@@ -73,6 +71,7 @@ tests=(
     test_concat_many_inputs
     test_concat_many_inputs_grad
     test_generators
+    test_rand_bit_identical
     test_edge_shapes
     test_fusion_patterns
     test_run_time_errors
