@@ -381,10 +381,22 @@ static bool tb__disk_is_ours(const char *name, bool *tmp) {
     return *tmp ? n > 37 && strcmp(name + n - 4, ".tmp") == 0 : name[32] == '.';
 }
 
+/* A file's modification time in nanoseconds where the C library says them (entries written
+   or used within one second are still told apart), else in seconds. */
+static int64_t tb__disk_mtime_ns(const struct stat *st) {
+#if defined(st_mtime) /* POSIX 2008's st_mtim, st_mtime its seconds */
+    return (int64_t)st->st_mtim.tv_sec * 1000000000 + (int64_t)st->st_mtim.tv_nsec;
+#elif defined(__GLIBC__) /* glibc's name when POSIX 2008's is hidden */
+    return (int64_t)st->st_mtime * 1000000000 + (int64_t)st->st_mtimensec;
+#else
+    return (int64_t)st->st_mtime * 1000000000;
+#endif
+}
+
 typedef struct tb__disk_file {
     char *name;
     uint64_t bytes;
-    int64_t used; /* modification time: written or last read */
+    int64_t used; /* modification time in ns: written or last read */
 } tb__disk_file;
 
 static int tb__disk_by_use(const void *a, const void *b) {
@@ -399,14 +411,14 @@ static int tb__disk_by_use(const void *a, const void *b) {
    files of ours with an entry's name are counted or removed. Processes sharing the folder may
    trim at once: a removal is an unlink, a reader that has an entry open reads it whole, and
    removing what another process removed first is no error. */
-static void tb__disk_trim(const char *dir, const char *keep, uint64_t cap) {
+static uint64_t tb__disk_trim(const char *dir, const char *keep, uint64_t cap) {
     DIR *d;
     struct dirent *e;
     tb__disk_file *files = NULL;
     size_t count = 0, capacity = 0, i;
     uint64_t total = 0;
     int64_t now = (int64_t)time(NULL);
-    if (cap == 0 || (d = opendir(dir)) == NULL) return;
+    if (cap == 0 || (d = opendir(dir)) == NULL) return 0;
     while ((e = readdir(d)) != NULL) {
         struct stat st;
         bool tmp;
@@ -423,7 +435,7 @@ static void tb__disk_trim(const char *dir, const char *keep, uint64_t cap) {
             } else if (tb__grow((void **)&files, &capacity, count + 1, sizeof *files) == TB_OK &&
                        (files[count].name = tb__strdup(e->d_name)) != NULL) {
                 files[count].bytes = (uint64_t)st.st_size;
-                files[count].used = (int64_t)st.st_mtime;
+                files[count].used = tb__disk_mtime_ns(&st);
                 total += files[count].bytes;
                 count++;
             }
@@ -454,6 +466,28 @@ static void tb__disk_trim(const char *dir, const char *keep, uint64_t cap) {
     for (i = 0; i < count; i++)
         tb__free(files[i].name);
     tb__free(files);
+    return total;
+}
+
+/* What this process knows of the folder's size (its last scan plus what it wrote since; other
+   processes' entries are seen at the next scan), and the stores since that scan. */
+static uint64_t tb__disk_known_bytes = 0, tb__disk_known_dir = 0;
+static uint32_t tb__disk_stores = 0;
+static tb__mutex tb__disk_trim_mutex = TB__MUTEX_INIT;
+
+/* After a store of `bytes`: the folder is scanned (tb__disk_trim) at the first store into it,
+   when what is known of it passes the cap, and every 64th store (others may write to it too),
+   not at every store: a scan opens every entry. */
+static void tb__disk_maybe_trim(const char *dir, const char *keep, uint64_t bytes) {
+    uint64_t cap = tb__disk_cap(), which = tb__hash_bytes(0x646972ull, dir, strlen(dir));
+    bool scan;
+    if (cap == 0) return;
+    tb__mutex_lock(&tb__disk_trim_mutex);
+    tb__disk_known_bytes += bytes;
+    scan = which != tb__disk_known_dir || ++tb__disk_stores % 64 == 0 || tb__disk_known_bytes > cap;
+    tb__disk_known_dir = which;
+    if (scan) tb__disk_known_bytes = tb__disk_trim(dir, keep, cap);
+    tb__mutex_unlock(&tb__disk_trim_mutex);
 }
 
 #endif /* TB__DISK_CACHE */
@@ -525,7 +559,7 @@ static void tb__disk_store(const tb__disk_format *fmt, const char *dir, const tb
     if (kb != NULL && tb__disk_cache_usable(fmt->who, dir, reported)) {
         tb__disk_entry_name(fmt, hash, name);
         tb__disk_write(fmt, dir, name, hash, kb, kn, payload, n);
-        tb__disk_trim(dir, name, tb__disk_cap());
+        tb__disk_maybe_trim(dir, name, (uint64_t)n + kn + TB__DISK_HEADER);
     }
     tb__free(kb);
 #else

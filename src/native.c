@@ -249,6 +249,7 @@ typedef struct tb__native_rt {
        what both the CPU and the compiler's target have */
     bool shaped;
     tb__host_shape shape;
+    char cc_macros[24]; /* a hash of the compiler's predefined macros: its version and target */
     char cc_id[4200 + 64];
     char cpu[512];
     uint64_t l2_bytes; /* a core's L2 cache as the C library reports it; 0: unknown */
@@ -675,7 +676,8 @@ static unsigned char *tb__native_read_file(const char *path, size_t *size) {
 
 /* What the supervisor of a compile reports (tb__native_spawn). */
 typedef struct tb__native_outcome {
-    int32_t kind;  /* 'x' exited, 's' killed by a signal, 't' timed out, 'f' could not fork */
+    int32_t kind;  /* 'x' exited, 's' killed by a signal, 't' timed out, 'f' could not fork,
+                      'u' the compiler's end was not seen (waitpid failed) */
     int32_t value; /* the exit status, the signal, or errno */
 } tb__native_outcome;
 
@@ -688,19 +690,70 @@ static void tb__native_close_from(int low, long limit) {
         (void)close((int)fd);
 }
 
-/* The supervisor of one compile, in the child of fork (so only async-signal-safe calls): starts
-   the compiler in a process group of its own (the driver and every compiler it starts), then
-   waits for the first of: the compiler's tree closing `done` (it has exited), `alive` closing
-   (the library's process has ended: the group is killed), or the deadline (the group is
-   killed). Reports on `report` and exits. Descriptors: 3 log, 4 alive (read end), 5 report
-   (write end), 6 done (read end), 7 done (write end). */
-static void tb__native_supervise(const char *path, char *const *argv, double timeout_s,
-                                 long fd_limit) {
+/* What the supervisor of a compile needs, made before the fork (after it, only
+   async-signal-safe calls): the compiler, its limit, and the files to remove when the
+   library's process ends during the compile. */
+typedef struct tb__native_job {
+    const char *path;
+    char *const *argv;
+    double timeout_s;
+    long fd_limit;
+    const char *const *files; /* NULL-terminated; then the folder */
+    const char *dir;
+} tb__native_job;
+
+/* Waits for the compiler `cc` (a child of the supervisor) to end: until the compiler's tree
+   closes `done` (the usual end: at once) or, where something else holds `done` open (a helper
+   the compiler started, a program another thread started meanwhile), until waitpid sees it,
+   asked at growing intervals up to 50 ms; until `alive` closes (the library's process has
+   ended) or the deadline passes. The outcome's kind: 'x' ended, 'k' the process ended, 't'
+   timed out. On 'x', *status is the compiler's. */
+static int32_t tb__native_await(pid_t cc, double timeout_s, int *status) {
+    uint64_t start = tb__now_ns();
+    int wait_ms = 1, n;
+    bool done_open = true;
+    for (;;) {
+        struct pollfd fds[2];
+        int ms = wait_ms;
+        pid_t w = waitpid(cc, status, WNOHANG);
+        if (w == cc) return 'x';
+        if (w < 0 && errno != EINTR) return 'u';
+        if (timeout_s > 0) {
+            double left = timeout_s - (double)(tb__now_ns() - start) * 1e-9;
+            if (left <= 0) return 't';
+            if (left * 1000.0 < (double)ms) ms = (int)(left * 1000.0) + 1;
+        }
+        fds[0].fd = 4;
+        fds[0].events = POLLIN;
+        fds[1].fd = done_open ? 6 : -1; /* a negative descriptor is not polled */
+        fds[1].events = POLLIN;
+        fds[0].revents = fds[1].revents = 0;
+        n = poll(fds, 2, ms);
+        if (n > 0 && fds[0].revents != 0) return 'k';
+        if (n > 0 && fds[1].revents != 0) {
+            done_open = false; /* the tree has closed it: waitpid has the end at once */
+            wait_ms = 1;
+            continue;
+        }
+        if (wait_ms < 50) wait_ms *= 2;
+    }
+}
+
+/* The supervisor of one compile, in the child of fork: signals as a new process has them (the
+   program's handlers are not ours to run, and a program that ignores SIGCHLD would have the
+   compiler reaped for it), then the compiler started in a process group of its own (the
+   driver and every compiler it starts), stdin from /dev/null, stdout and stderr into the log;
+   the group is killed when the library's process ends or the deadline passes. Reports on
+   `report` and exits. Descriptors: 0 /dev/null, 3 log, 4 alive (read end), 5 report (write
+   end), 6 done (read end), 7 done (write end). */
+static void tb__native_supervise(const tb__native_job *job) {
     static const int terminal[] = {SIGINT, SIGQUIT, SIGHUP, SIGPIPE};
     tb__native_outcome out;
-    uint64_t start = tb__now_ns();
-    int status = 0, n, k;
+    int status = 0, k;
+    size_t f;
     pid_t cc, supervisor;
+    for (k = 1; k < 32; k++)
+        (void)signal(k, SIG_DFL); /* SIGKILL and SIGSTOP refuse: no matter */
     /* a Ctrl-C or hang-up meant for the program ends the program, and with it the compile */
     for (k = 0; k < 4; k++)
         (void)signal(terminal[k], SIG_IGN);
@@ -718,8 +771,8 @@ static void tb__native_supervise(const char *path, char *const *argv, double tim
         if (dup2(3, 1) < 0 || dup2(3, 2) < 0) _exit(126);
         /* the write end of `done` stays open in the compiler's tree until its last process ends */
         if (dup2(7, 3) < 0) _exit(126);
-        tb__native_close_from(4, fd_limit);
-        (void)execve(path, argv, environ);
+        tb__native_close_from(4, job->fd_limit);
+        (void)execve(job->path, job->argv, environ);
         {
             static const char msg[] = "native: the compiler could not be started (execve)\n";
             ssize_t w = write(2, msg, sizeof msg - 1);
@@ -727,6 +780,7 @@ static void tb__native_supervise(const char *path, char *const *argv, double tim
         }
         _exit(127);
     }
+    (void)supervisor;
     (void)close(7);
     out.value = 0;
     if (cc < 0) {
@@ -734,33 +788,17 @@ static void tb__native_supervise(const char *path, char *const *argv, double tim
         out.value = errno;
     } else {
         (void)setpgid(cc, cc); /* the compiler does so too: whichever runs first */
-        out.kind = 'x';
-        for (;;) {
-            struct pollfd fds[2];
-            int wait_ms = -1;
-            if (timeout_s > 0) {
-                double left = timeout_s - (double)(tb__now_ns() - start) * 1e-9;
-                if (left <= 0) {
-                    out.kind = 't';
-                    break;
-                }
-                wait_ms = left > 60.0 ? 60000 : (int)(left * 1000.0) + 1;
+        out.kind = tb__native_await(cc, job->timeout_s, &status);
+        if (out.kind == 't' || out.kind == 'k') {
+            (void)kill(-cc, SIGKILL);
+            while (waitpid(cc, &status, 0) < 0 && errno == EINTR) {
             }
-            fds[0].fd = 6;
-            fds[0].events = POLLIN;
-            fds[1].fd = 4;
-            fds[1].events = POLLIN;
-            fds[0].revents = fds[1].revents = 0;
-            n = poll(fds, 2, wait_ms);
-            if (n < 0 && errno != EINTR) break;
-            if (n > 0 && fds[1].revents != 0) {
-                out.kind = 'k'; /* the library's process is gone */
-                break;
-            }
-            if (n > 0 && fds[0].revents != 0) break; /* the compiler's tree has exited */
         }
-        if (out.kind != 'x') (void)kill(-cc, SIGKILL);
-        while (waitpid(cc, &status, 0) < 0 && errno == EINTR) {
+        if (out.kind == 'k') {
+            /* nobody is left to remove the compile's files */
+            for (f = 0; job->files[f] != NULL; f++)
+                (void)unlink(job->files[f]);
+            (void)rmdir(job->dir);
         }
         if (out.kind == 'x' && WIFEXITED(status)) {
             out.value = WEXITSTATUS(status);
@@ -769,55 +807,84 @@ static void tb__native_supervise(const char *path, char *const *argv, double tim
             out.value = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
         }
     }
-    n = (int)write(5, &out, sizeof out);
-    (void)n;
+    {
+        const char *p = (const char *)&out;
+        size_t left = sizeof out;
+        while (left > 0) {
+            ssize_t w = write(5, p, left);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) break;
+            p += w;
+            left -= (size_t)w;
+        }
+    }
     _exit(0);
 }
 
 /* Runs the compiler (`argv`, argv[0] found at `path`) with its output into the file `log`,
    under a supervisor process (tb__native_supervise) that ends the compiler's whole process
    group when `timeout_s` seconds pass (0: no limit) or when this process ends, so that no
-   compiler outlives it. Returns the exit status, 128 + the signal that ended it, or -1 with
-   the error set (it could not start, or it timed out: TB_ERR_COMPILE saying so). */
-static int tb__native_spawn(const char *path, char *const *argv, const char *log,
-                            double timeout_s) {
-    int logfd, alive[2] = {-1, -1}, report[2] = {-1, -1}, done[2] = {-1, -1}, err = 0;
+   compiler outlives it; `files` (NULL-terminated) and `dir` are the compile's, removed by the
+   supervisor if this process ends first. Returns the exit status, 128 + the signal that ended
+   it, or -1 with the error set (it could not start, or it timed out: TB_ERR_COMPILE saying
+   so). */
+static int tb__native_spawn(const char *path, char *const *argv, const char *log, double timeout_s,
+                            const char *const *files, const char *dir) {
+    int logfd, null_fd, alive[2] = {-1, -1}, report[2] = {-1, -1}, done[2] = {-1, -1}, err = 0;
     long fd_limit = sysconf(_SC_OPEN_MAX);
     tb__native_outcome out;
+    tb__native_job job;
     size_t got = 0;
     pid_t sup;
     if (fd_limit < 64 || fd_limit > TB__NATIVE_FD_LIMIT) fd_limit = TB__NATIVE_FD_LIMIT;
+    job.path = path;
+    job.argv = argv;
+    job.timeout_s = timeout_s;
+    job.fd_limit = fd_limit;
+    job.files = files;
+    job.dir = dir;
     logfd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_NOCTTY | TB__DISK_O_CLOEXEC, 0600);
-    if (logfd < 0 || pipe(alive) != 0 || pipe(report) != 0 || pipe(done) != 0) {
+    null_fd = open("/dev/null", O_RDWR | O_NOCTTY | TB__DISK_O_CLOEXEC);
+    if (logfd < 0 || null_fd < 0 || pipe(alive) != 0 || pipe(report) != 0 || pipe(done) != 0) {
         err = errno;
         if (logfd >= 0) close(logfd);
+        if (null_fd >= 0) close(null_fd);
         if (alive[0] >= 0) close(alive[0]), close(alive[1]);
         if (report[0] >= 0) close(report[0]), close(report[1]);
         tb__error(TB_ERR_IO, "native: cannot start the compiler: %s", strerror(err));
         return -1;
     }
-    /* ours stay out of programs that other threads start meanwhile */
-    (void)fcntl(alive[1], F_SETFD, FD_CLOEXEC);
-    (void)fcntl(report[0], F_SETFD, FD_CLOEXEC);
+    /* ours stay out of programs that other threads start meanwhile (the supervisor's copies
+       lose the flag when it moves them into place) */
+    for (got = 0; got < 2; got++) {
+        (void)fcntl(alive[got], F_SETFD, FD_CLOEXEC);
+        (void)fcntl(report[got], F_SETFD, FD_CLOEXEC);
+        (void)fcntl(done[got], F_SETFD, FD_CLOEXEC);
+    }
+    got = 0;
     sup = fork();
     if (sup == 0) {
-        /* the descriptors in the places tb__native_supervise expects, the rest closed (a
+        /* the descriptors in the places tb__native_supervise expects, whatever the program had
+           open (with stdin, stdout or stderr closed, ours would be 0 to 2), the rest closed (a
            supervisor holding another compile's `alive` would keep that one from seeing us go) */
-        int want[5], k;
-        want[0] = logfd, want[1] = alive[0], want[2] = report[1], want[3] = done[0];
-        want[4] = done[1];
-        for (k = 0; k < 5; k++) {
-            int moved = fcntl(want[k], F_DUPFD, 16); /* above 3..7: no collision below */
+        int want[6], k;
+        want[0] = null_fd, want[1] = logfd, want[2] = alive[0], want[3] = report[1];
+        want[4] = done[0], want[5] = done[1];
+        for (k = 0; k < 6; k++) {
+            int moved = fcntl(want[k], F_DUPFD, 16); /* above 0..7: no collision below */
             if (moved < 0) _exit(1);
             want[k] = moved;
         }
-        for (k = 0; k < 5; k++)
-            if (dup2(want[k], 3 + k) < 0) _exit(1);
+        for (k = 0; k < 3; k++)
+            if (dup2(want[0], k) < 0) _exit(1);
+        for (k = 1; k < 6; k++)
+            if (dup2(want[k], 2 + k) < 0) _exit(1);
         tb__native_close_from(8, fd_limit);
-        tb__native_supervise(path, argv, timeout_s, fd_limit);
+        tb__native_supervise(&job);
     }
     err = errno;
     close(logfd);
+    close(null_fd);
     close(alive[0]);
     close(report[1]);
     close(done[0]);
@@ -855,6 +922,9 @@ static int tb__native_spawn(const char *path, char *const *argv, const char *log
                   "(TB_COMPILE_TIMEOUT sets the limit; 0 removes it)",
                   argv[0], timeout_s);
         return -1;
+    case 'u':
+        tb__error(TB_ERR_COMPILE, "native: the end of the compiler (%s) was not seen", argv[0]);
+        return -1;
     default:
         tb__error(TB_ERR_UNAVAILABLE, "native: cannot start the compiler: %s", strerror(out.value));
         return -1;
@@ -880,6 +950,7 @@ static void tb__native_disk_key(const tb__native_rt *rt, const char *src, size_t
     memset(key, 0, sizeof *key);
     tb__disk_key_add(key, rt->cc_command, (size_t)-1);
     tb__disk_key_add(key, rt->cc_id, (size_t)-1);
+    tb__disk_key_add(key, rt->cc_macros, (size_t)-1);
     tb__disk_key_add(key, rt->options, (size_t)-1);
     tb__disk_key_add(key, rt->cpu, (size_t)-1);
     tb__disk_key_add(key, TB_VERSION_STRING, (size_t)-1);
@@ -931,7 +1002,9 @@ static tb_status tb__native_compile_source(tb__native_rt *rt, const char *src, s
         argv[i++] = csrc;
         argv[i++] = (char *)"-lm";
         argv[i] = NULL;
-        rc = tb__native_spawn(rt->cc_path, argv, log, rt->timeout_s);
+        const char *files[4];
+        files[0] = csrc, files[1] = out, files[2] = log, files[3] = NULL;
+        rc = tb__native_spawn(rt->cc_path, argv, log, rt->timeout_s, files, dir);
         if (rc < 0) {
             st = tb_last_status();
         } else if (rc != 0) {
@@ -994,7 +1067,7 @@ static void tb__native_cpu_shape(tb__host_shape *s) {
 /* What the compiler targets with the backend's options (and the user's): its predefined
    macros, from `cc OPTIONS -dM -E -x c /dev/null`. False when they cannot be read (a compiler
    that does not take these options): then the CPU's shape stands alone. */
-static bool tb__native_cc_shape(tb__native_rt *rt, tb__host_shape *s) {
+static bool tb__native_cc_shape(tb__native_rt *rt, tb__host_shape *s, uint64_t *macros) {
     char *dir = tb__native_tmpdir(), *log = NULL, *text = NULL, **argv = NULL;
     size_t i = 0, k;
     bool ok = false;
@@ -1013,12 +1086,15 @@ static bool tb__native_cc_shape(tb__native_rt *rt, tb__host_shape *s) {
         argv[i++] = (char *)"c";
         argv[i++] = (char *)"/dev/null";
         argv[i] = NULL;
-        if (tb__native_spawn(rt->cc_path, argv, log, rt->timeout_s) == 0)
+        const char *files[2];
+        files[0] = log, files[1] = NULL;
+        if (tb__native_spawn(rt->cc_path, argv, log, rt->timeout_s, files, dir) == 0)
             text = (char *)tb__native_read_file(log, NULL);
-        tb_clear_error();
     }
     if (text != NULL && strstr(text, "#define __STDC__ ") != NULL) {
         ok = true;
+        /* the compiler's version and target as it says them (__VERSION__, __AVX2__, ...) */
+        *macros = tb__hash_bytes(0x6d6163726f73ull, text, strlen(text));
         s->x86 = strstr(text, "#define __x86_64__ ") != NULL;
         s->vec_bytes = 16;
         s->vec_regs = 16;
@@ -1054,21 +1130,23 @@ static void tb__native_shape_name(tb__host_shape *s) {
    Where the compiler targets more than the CPU has (it runs on another machine, or under an
    emulator's CPU model), options that take the surplus away follow the user's, so that the
    programs run here. Call with tb__native_mutex held. */
-/* Removes the option word `word` from the compiler's options (text and words); false when
-   it is not there. */
-static bool tb__native_drop_option(tb__native_rt *rt, const char *word) {
-    size_t k, n = strlen(word);
-    char *at = strstr(rt->options, word);
-    if (at == NULL || (at[n] != ' ' && at[n] != '\0')) return false;
-    memmove(at, at + n + (at[n] == ' '), strlen(at + n + (at[n] == ' ')) + 1);
-    for (k = 0; k < rt->opt_argc; k++) {
-        if (strcmp(rt->opt_argv[k], word) == 0) {
-            memmove(rt->opt_argv + k, rt->opt_argv + k + 1,
-                    (rt->opt_argc - k) * sizeof *rt->opt_argv); /* the NULL too */
-            rt->opt_argc--;
-            break;
-        }
+/* The compiler's options replaced by `options` (text and words); false, nothing changed, when
+   memory runs out. Before any compile (tb__native_shape). */
+static bool tb__native_set_options(tb__native_rt *rt, const char *options) {
+    char *copy = tb__strdup(options), *text = tb__strdup(options), **words = NULL;
+    size_t count = 0;
+    if (copy == NULL || text == NULL || !tb__native_split_words(text, &words, &count)) {
+        tb__free(copy);
+        tb__free(text);
+        return false;
     }
+    tb__free(rt->options);
+    tb__free(rt->options_text);
+    tb__free(rt->opt_argv);
+    rt->options = copy;
+    rt->options_text = text;
+    rt->opt_argv = words;
+    rt->opt_argc = count;
     return true;
 }
 
@@ -1076,57 +1154,84 @@ static bool tb__native_drop_option(tb__native_rt *rt, const char *word) {
    every class are rendered on any machine; the programs are compiled for the host still). */
 static const tb__host_shape *tb__native_shape_override = NULL;
 
-static void tb__native_shape(tb__native_rt *rt) {
+/* Guards the shaping of the runtime, which runs the compiler (tb__native_mutex is never held
+   while it runs); every compile waits for it. */
+static tb__mutex tb__native_shape_mutex = TB__MUTEX_INIT;
+
+/* What both the CPU and the compiler's target have (the probe of tb__native_cc_shape), and the
+   options that keep the compiler within what the CPU has, where it targets more (it runs on
+   another machine, or under an emulator's CPU model). A compiler that refuses -march=native (a
+   cross compiler) compiles without it: it is dropped only when the probe then succeeds. */
+static void tb__native_probe_shape(tb__native_rt *rt) {
     tb__host_shape cpu, cc;
-    const char *cut = NULL;
-    if (rt->shaped) return;
-    rt->shaped = true;
-    if (tb__native_shape_override != NULL) {
-        rt->shape = *tb__native_shape_override;
-        return;
-    }
+    uint64_t macros = 0;
+    char cut[128] = "";
+    bool ok;
     tb__native_cpu_shape(&cpu);
     rt->shape = cpu;
-    if (!tb__native_cc_shape(rt, &cc) && tb__native_drop_option(rt, "-march=native")) {
-        /* a compiler that has no -march=native (a cross compiler, an older clang on some
-           CPUs): its default target */
-        if (tb_debug_level() >= 1)
-            tb_log_message(TB_LOG_INFO, "native: %s takes no -march=native; compiling without",
+    ok = tb__native_cc_shape(rt, &cc, &macros);
+    if (!ok && strstr(rt->options, "-march=native") != NULL) {
+        char *saved = tb__strdup(rt->options), *at = strstr(rt->options, "-march=native");
+        char *without = saved == NULL ? NULL
+                                      : tb__format("%.*s%s", (int)(at - rt->options), rt->options,
+                                                   at + strlen("-march=native"));
+        if (without != NULL && tb__native_set_options(rt, without))
+            ok = tb__native_cc_shape(rt, &cc, &macros);
+        if (!ok && saved != NULL) {
+            (void)tb__native_set_options(rt, saved);
+        } else if (ok && tb_debug_level() >= 1) {
+            tb_log_message(TB_LOG_INFO, "native: %s takes no -march=native; compiling without it",
                            rt->cc_command);
+        }
+        tb__free(without);
+        tb__free(saved);
     }
-    if (tb__native_cc_shape(rt, &cc)) {
-        if (cpu.x86 && cc.x86 && cc.vec_bytes > cpu.vec_bytes)
-            cut =
-                cpu.vec_bytes >= 32 ? " -mno-avx512f" : " -mno-avx512f -mno-avx2 -mno-avx -mno-fma";
+    if (ok) {
+        if (cpu.x86 && cc.x86) {
+            if (cc.vec_bytes > cpu.vec_bytes)
+                strcat(cut,
+                       cpu.vec_bytes >= 32 ? " -mno-avx512f" : " -mno-avx512f -mno-avx2 -mno-avx");
+            if (cc.fma && !cpu.fma) strcat(cut, " -mno-fma");
+            if (cc.f16c && !cpu.f16c) strcat(cut, " -mno-f16c");
+        }
         if (cc.vec_bytes < rt->shape.vec_bytes) rt->shape.vec_bytes = cc.vec_bytes;
         if (cc.vec_regs < rt->shape.vec_regs) rt->shape.vec_regs = cc.vec_regs;
         rt->shape.fma = cpu.fma && cc.fma;
         rt->shape.f16c = cpu.f16c && cc.f16c;
     }
+    snprintf(rt->cc_macros, sizeof rt->cc_macros, "%016llx", (unsigned long long)macros);
     tb__native_shape_name(&rt->shape);
-    if (cut != NULL) {
-        char *options = tb__format("%s%s", rt->options, cut), *text = NULL, **words = NULL;
-        size_t count = 0;
-        if (options != NULL && (text = tb__strdup(options)) != NULL &&
-            tb__native_split_words(text, &words, &count)) {
-            tb__free(rt->options);
-            tb__free(rt->options_text);
-            tb__free(rt->opt_argv);
-            rt->options = options;
-            rt->options_text = text;
-            rt->opt_argv = words;
-            rt->opt_argc = count;
+    if (cut[0] != '\0') {
+        char *options = tb__format("%s%s", rt->options, cut);
+        if (options != NULL) (void)tb__native_set_options(rt, options);
+        tb__free(options);
+    }
+}
+
+/* The vector shape of the programs, once (tb__native_probe_shape). Call without
+   tb__native_mutex held: the compiler runs. The caller's error state is kept. */
+static void tb__native_shape(tb__native_rt *rt) {
+    tb__saved_error saved;
+    tb__mutex_lock(&tb__native_shape_mutex);
+    if (!rt->shaped) {
+        tb__error_save(&saved);
+        if (tb__native_shape_override != NULL) {
+            rt->shape = *tb__native_shape_override;
         } else {
-            tb__free(options);
-            tb__free(text);
+            tb__native_probe_shape(rt);
         }
+        tb__error_restore(&saved);
+        if (tb_debug_level() >= 1) {
+            tb_log_message(TB_LOG_INFO,
+                           "native: vectors of %d bytes, %d registers%s%s (%s); compiler "
+                           "options: %s",
+                           (int)rt->shape.vec_bytes, (int)rt->shape.vec_regs,
+                           rt->shape.fma ? ", FMA" : "", rt->shape.f16c ? ", F16C" : "",
+                           rt->shape.name, rt->options);
+        }
+        rt->shaped = true;
     }
-    if (tb_debug_level() >= 1) {
-        tb_log_message(
-            TB_LOG_INFO, "native: vectors of %d bytes, %d registers%s%s (%s); compiler options: %s",
-            (int)rt->shape.vec_bytes, (int)rt->shape.vec_regs, rt->shape.fma ? ", FMA" : "",
-            rt->shape.f16c ? ", F16C" : "", rt->shape.name, rt->options);
-    }
+    tb__mutex_unlock(&tb__native_shape_mutex);
 }
 
 static void tb__native_prog_unref(tb__native_rt *rt, tb__native_prog *prog) {
@@ -1292,17 +1397,20 @@ static tb_status tb__native_get_device_info(void *user_data, int32_t ordinal, tb
     (void)user_data;
     tb__mutex_lock(&tb__native_mutex);
     rt = tb__native_device(ordinal, "native");
-    if (rt != NULL) {
-        /* the class its programs are built for (the compiler is asked once) */
-        tb__native_shape(rt);
-        snprintf(rt->info.language_version, sizeof rt->info.language_version,
-                 "C99, %.8s vectors (%u f32 lanes, %u registers)", rt->shape.name,
-                 (unsigned)(unsigned char)(rt->shape.vec_bytes / 4),
-                 (unsigned)(unsigned char)rt->shape.vec_regs);
-        *out = rt->info;
-    }
+    if (rt != NULL) rt->refcount++;
     tb__mutex_unlock(&tb__native_mutex);
-    return rt != NULL ? TB_OK : tb_last_status();
+    if (rt == NULL) return tb_last_status();
+    /* the class its programs are built for (the compiler is asked once) */
+    tb__native_shape(rt);
+    tb__mutex_lock(&tb__native_mutex);
+    snprintf(rt->info.language_version, sizeof rt->info.language_version,
+             "C99, %.8s vectors (%u f32 lanes, %u registers)", rt->shape.name,
+             (unsigned)(unsigned char)(rt->shape.vec_bytes / 4),
+             (unsigned)(unsigned char)rt->shape.vec_regs);
+    *out = rt->info;
+    tb__native_rt_unref(rt);
+    tb__mutex_unlock(&tb__native_mutex);
+    return TB_OK;
 }
 
 static tb_status tb__native_data_from_host(void *user_data, tb_backend_data *data,
@@ -1449,16 +1557,14 @@ static tb_status tb__native_create_lowering_context(void *user_data, const tb_gr
     }
     tb__mutex_lock(&tb__native_mutex);
     rt = tb__native_device(graph->device.ordinal, "native");
-    if (rt != NULL) {
-        rt->refcount++;
-        tb__native_shape(rt);
-    }
+    if (rt != NULL) rt->refcount++;
     tb__mutex_unlock(&tb__native_mutex);
     if (rt == NULL) {
         tb__free(c);
         tb__free(ctx);
         return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
     }
+    tb__native_shape(rt);
     c->rt = rt;
     tb__tuning_of(TB__CLASS_HOST, &tuning);
     tb__tuning_fit(&tuning, &rt->shape);

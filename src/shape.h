@@ -100,17 +100,34 @@ TBDEF size_t tb_shape_format(const tb_shape *shape, char *buf, size_t cap);
    TB_ERR_OVERFLOW. On error *out is untouched. */
 TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out);
 
-/* tb_shape_of's dims are read as int64_t whatever their type (see above). */
+/* tb_shape_of's dims are read as int64_t whatever their type (see above): each converted by
+   an explicit cast (no conversion warning for size_t dims), up to 10 numbers (the rank and 9
+   dims; rank 9 is an error, but a readable one). */
 #if defined(__cplusplus)
 extern "C++" {
 template <typename... TbDims>
 inline tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, TbDims... dims) {
-    const int64_t all[] = {(int64_t)rank, (int64_t)dims...};
+    const int64_t all[] = {static_cast<int64_t>(rank), static_cast<int64_t>(dims)...};
     return tb_shape_of_dims(dtype, sizeof all / sizeof all[0], all);
 }
 }
 #else
+#define TB__SO_COUNT_(a, b, c, d, e, f, g, h, i, j, n, ...) n
+#define TB__SO_COUNT(...)                                   TB__SO_COUNT_(__VA_ARGS__, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define TB__SO_1(a)                                         (int64_t)(a)
+#define TB__SO_2(a, ...)                                    (int64_t)(a), TB__SO_1(__VA_ARGS__)
+#define TB__SO_3(a, ...)                                    (int64_t)(a), TB__SO_2(__VA_ARGS__)
+#define TB__SO_4(a, ...)                                    (int64_t)(a), TB__SO_3(__VA_ARGS__)
+#define TB__SO_5(a, ...)                                    (int64_t)(a), TB__SO_4(__VA_ARGS__)
+#define TB__SO_6(a, ...)                                    (int64_t)(a), TB__SO_5(__VA_ARGS__)
+#define TB__SO_7(a, ...)                                    (int64_t)(a), TB__SO_6(__VA_ARGS__)
+#define TB__SO_8(a, ...)                                    (int64_t)(a), TB__SO_7(__VA_ARGS__)
+#define TB__SO_9(a, ...)                                    (int64_t)(a), TB__SO_8(__VA_ARGS__)
+#define TB__SO_10(a, ...)                                   (int64_t)(a), TB__SO_9(__VA_ARGS__)
+#define TB__SO_CAT_(a, b)                                   a##b
+#define TB__SO_CAT(a, b)                                    TB__SO_CAT_(a, b)
 #define tb_shape_of(dtype, ...)                                                                    \
-    tb_shape_of_dims((dtype), sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t),            \
-                     (const int64_t[]){__VA_ARGS__})
+    tb_shape_of_dims(                                                                              \
+        (dtype), (size_t)TB__SO_COUNT(__VA_ARGS__),                                                \
+        (const int64_t[]){TB__SO_CAT(TB__SO_, TB__SO_COUNT(__VA_ARGS__))(__VA_ARGS__)})
 #endif

@@ -348,14 +348,12 @@ static void test_compile_time_budget(void **state) {
 /* The process that started a compile is killed: its compiler, and the compiler's own child,
    end too. The process is this program again (`--compile`), started afresh: a forked copy of a
    process with threads cannot use the library. */
-static void test_no_compiler_outlives_its_process(void **state) {
+static void outlives_case(const char *mode) {
     char self[1024];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     pid_t pid;
     long cc, child;
     int status;
-    (void)state;
-    REQUIRE_CC();
     if (n <= 0) skip();
     self[n] = '\0';
     setenv("CC", slow_cc(), 1);
@@ -364,7 +362,7 @@ static void test_no_compiler_outlives_its_process(void **state) {
     pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        char *const argv[] = {self, (char *)"--compile", NULL};
+        char *const argv[] = {self, (char *)mode, NULL};
         execv(self, argv);
         _exit(127);
     }
@@ -380,6 +378,52 @@ static void test_no_compiler_outlives_its_process(void **state) {
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(gone_within(cc, 10));
     assert_true(gone_within(child, 10));
+}
+
+static void test_no_compiler_outlives_its_process(void **state) {
+    (void)state;
+    REQUIRE_CC();
+    outlives_case("--compile");
+    /* with stdin, stdout and stderr closed the library's descriptors take their numbers */
+    outlives_case("--compile-closed");
+}
+
+/* A helper that the compiler leaves running (a compile server, as sccache starts) keeps the
+   compiler's descriptors: the compile ends when the compiler does, not when the helper does. */
+static void test_compiler_leaves_a_helper(void **state) {
+    char text[256];
+    time_t start;
+    (void)state;
+    REQUIRE_CC();
+    snprintf(text, sizeof text, "#!/bin/sh\nsleep 20 &\nexec cc \"$@\"\n");
+    write_text(path_in("helper-cc"), text, 0700);
+    setenv("CC", path_in("helper-cc"), 1);
+    setenv("TB_COMPILE_TIMEOUT", "10", 1);
+    restart(NULL);
+    start = time(NULL);
+    assert_int_equal(run_graph(8), TB_OK);
+    assert_true(time(NULL) - start < 8);
+}
+
+/* A program that ignores SIGCHLD (its children reaped for it): a compiler's failure is still
+   told as the compiler's, with its exit status and output. */
+static void test_sigchld_ignored(void **state) {
+    char text[256];
+    void (*old)(int);
+    tb_status st;
+    (void)state;
+    REQUIRE_CC();
+    snprintf(text, sizeof text, "#!/bin/sh\necho 'no such compiler here' >&2\nexit 3\n");
+    write_text(path_in("failing-cc"), text, 0700);
+    setenv("CC", path_in("failing-cc"), 1);
+    restart(NULL);
+    old = signal(SIGCHLD, SIG_IGN);
+    st = run_graph(9);
+    signal(SIGCHLD, old);
+    assert_int_equal(st, TB_ERR_COMPILE);
+    if (strstr(tb_last_error(), "exited with 3") == NULL ||
+        strstr(tb_last_error(), "no such compiler here") == NULL)
+        fail_msg("not the compiler's failure: %s", tb_last_error());
 }
 
 /* The child of test_no_compiler_outlives_its_process: a compile on native, then exit. */
@@ -601,6 +645,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_hidden_visibility, reset, reset),
         cmocka_unit_test_setup_teardown(test_compile_time_budget, reset, reset),
         cmocka_unit_test_setup_teardown(test_no_compiler_outlives_its_process, reset, reset),
+        cmocka_unit_test_setup_teardown(test_compiler_leaves_a_helper, reset, reset),
+        cmocka_unit_test_setup_teardown(test_sigchld_ignored, reset, reset),
         cmocka_unit_test_setup_teardown(test_entry_writable_by_others, reset, reset),
         cmocka_unit_test_setup_teardown(test_entry_without_its_kernels, reset, reset),
         cmocka_unit_test_setup_teardown(test_compile_without_kernels, reset, reset),
@@ -608,5 +654,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_native_threads_variable, reset, reset),
     };
     if (argc == 2 && strcmp(argv[1], "--compile") == 0) return compile_and_exit();
+    if (argc == 2 && strcmp(argv[1], "--compile-closed") == 0) {
+        close(0), close(1), close(2);
+        return compile_and_exit();
+    }
     return cmocka_run_group_tests_name("native_compiler", tests, setup, teardown);
 }
