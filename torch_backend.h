@@ -26223,9 +26223,9 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         tb__ix_line(&g->ix, "const %s bv%d = vload%d(kk * %d + %d, bp);", tv, j, rw, nb, j);
     tb__ix_line(&g->ix, "%sconst %s *ak = ap + kk * %d;", g->d->global, t, panels_a ? rm : 1);
     for (i = 0; i < rm; i++) {
-        tb__ix_line(&g->ix, "const %s a%d = ak[%lld];", t, i, (long long)(panels_a ? i : i * K));
+        tb__ix_line(&g->ix, "const %s am%d = ak[%lld];", t, i, (long long)(panels_a ? i : i * K));
         for (j = 0; j < nb; j++)
-            tb__ix_line(&g->ix, "accv%d_%d += a%d * bv%d;", i, j, i, j);
+            tb__ix_line(&g->ix, "accv%d_%d += am%d * bv%d;", i, j, i, j);
     }
     tb__ix_close(&g->ix, "");
     tb__ix_line(&g->ix, "%s acc[%d][%d];", t, rm, vw);

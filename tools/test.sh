@@ -432,6 +432,7 @@ run_tests() {
             ;;
         esac
         log=$dir/$name.log
+        started=$SECONDS
         ASAN_OPTIONS=$asan LSAN_OPTIONS=$lsan timeout --foreground -k 10 "$timeout_s" \
             "${line_buffered[@]+"${line_buffered[@]}"}" "$bin" 2>&1 | tee "$log"
         rc=${PIPESTATUS[0]}
@@ -450,10 +451,10 @@ run_tests() {
         fi
         pass "$n_ok"
         if [ "$n_fail" -gt 0 ]; then
-            echo "FAIL test: $src$label ($n_ok passed, $n_fail failed, exit status $rc$note)"
+            echo "FAIL test: $src$label ($n_ok passed, $n_fail failed, exit status $rc$note, $((SECONDS - started)) s)"
             fail "$src$label ($n_fail)" "$n_fail"
         else
-            echo "ok test: $src$label ($n_ok passed)"
+            echo "ok test: $src$label ($n_ok passed, $((SECONDS - started)) s)"
         fi
     done
 }
