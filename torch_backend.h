@@ -1781,6 +1781,81 @@ TBDEF tb_tensor *tb_mse_loss(tb_tensor *input, tb_tensor *target, tb_reduction r
    1]; p = 1 gives zeros. */
 TBDEF tb_tensor *tb_dropout(tb_tensor *x, double p, bool training);
 
+/* ---- src/layers.h ---- */
+/* ===========================================================================================
+   Layers of real models (torch.nn.functional's): linear, embedding, batch norm, attention,
+   masks, the hard activations and interpolation. Each is recorded from the public ops, so it
+   fuses with the model, differentiates with tb_grad and runs on every backend.
+   =========================================================================================== */
+
+/* torch.nn.functional.linear: x [..., in] times weight [out, in] (PyTorch's layout,
+   transposed as a view) plus bias [out] (may be NULL): [..., out]. */
+TBDEF tb_tensor *tb_linear(tb_tensor *x, tb_tensor *weight, tb_tensor *bias);
+/* torch.nn.functional.embedding: the rows of weight [num, dim] that indices (i32 or i64, any
+   shape) name: [indices' dims..., dim]. An index outside [0, num) fails the sync as
+   tb_index_select does. The gradient of weight adds each row's gradient at its index
+   (tb_index_add), so repeated indices accumulate. */
+TBDEF tb_tensor *tb_embedding(tb_tensor *indices, tb_tensor *weight);
+
+/* torch.nn.functional.hardtanh: min(max(x, min_val), max_val); min_val <= max_val. */
+TBDEF tb_tensor *tb_hardtanh(tb_tensor *x, double min_val, double max_val);
+/* torch.nn.functional.relu6: min(max(x, 0), 6). */
+TBDEF tb_tensor *tb_relu6(tb_tensor *x);
+/* torch.nn.functional.hardsigmoid: relu6(x + 3) / 6. */
+TBDEF tb_tensor *tb_hardsigmoid(tb_tensor *x);
+/* torch.nn.functional.hardswish: x * relu6(x + 3) / 6. */
+TBDEF tb_tensor *tb_hardswish(tb_tensor *x);
+
+/* torch.tril / torch.triu over the last two dims of x (rank >= 2): tril keeps element [i, j]
+   where j - i <= diagonal, triu where j - i >= diagonal; the others are zero. */
+TBDEF tb_tensor *tb_tril(tb_tensor *x, int64_t diagonal);
+TBDEF tb_tensor *tb_triu(tb_tensor *x, int64_t diagonal);
+/* torch.Tensor.masked_fill: value where mask (bool, broadcasting to x's shape) is true, x
+   elsewhere; x's shape and dtype. */
+TBDEF tb_tensor *tb_masked_fill(tb_tensor *x, tb_tensor *mask, double value);
+
+/* torch.nn.functional.batch_norm over x [N, C, ...] (rank >= 2), per channel C.
+   Training: normalised by the batch's mean and biased variance over every axis but 1; when
+   running_mean and running_var are given ([C], x's dtype and device) they are updated in place
+   (tb_assign, lazy: computed with the graph) to (1 - momentum) * running + momentum * the
+   batch's statistic, the variance unbiased (N * ... > 1 values per channel are needed, as
+   PyTorch requires). Not training: normalised by running_mean and running_var (required).
+   weight and bias ([C]) may be NULL. momentum in [0, 1]; eps > 0. */
+TBDEF tb_tensor *tb_batch_norm(tb_tensor *x, tb_tensor *running_mean, tb_tensor *running_var,
+                               tb_tensor *weight, tb_tensor *bias, bool training, double momentum,
+                               double eps);
+/* Batch norm folded into the convolution (or linear layer) before it, for inference:
+   conv_weight [C, ...] and conv_bias [C] (may be NULL) become *weight_out = conv_weight * s
+   and *bias_out = (conv_bias - running_mean) * s + bn_bias with s = bn_weight /
+   sqrt(running_var + eps) per output channel (bn_weight and bn_bias may be NULL: 1 and 0).
+   The results are new lazy tensors; on error both are NULL. */
+TBDEF tb_status tb_batch_norm_fold(tb_tensor *conv_weight, tb_tensor *conv_bias,
+                                   tb_tensor *running_mean, tb_tensor *running_var,
+                                   tb_tensor *bn_weight, tb_tensor *bn_bias, double eps,
+                                   tb_tensor **weight_out, tb_tensor **bias_out);
+
+/* torch.nn.functional.scaled_dot_product_attention: softmax(q k^T * scale + mask) v for
+   q [..., L, E], k [..., S, E] and v [..., S, Ev] (batch dims broadcast): [..., L, Ev].
+   scale 0 means 1 / sqrt(E). attn_mask (may be NULL) broadcasts to [..., L, S]: bool (true:
+   the position takes part; false: it is left out) or of q's dtype (added to the scores).
+   is_causal leaves out the positions j > i (PyTorch's lower-triangular mask of ones(L, S));
+   it and attn_mask exclude each other as in PyTorch. dropout_p in [0, 1) drops attention
+   weights as tb_dropout does (0: no dropout, as in evaluation). A row whose every position is
+   left out gives NaN, as PyTorch's does. */
+TBDEF tb_tensor *tb_scaled_dot_product_attention(tb_tensor *q, tb_tensor *k, tb_tensor *v,
+                                                 tb_tensor *attn_mask, double dropout_p,
+                                                 bool is_causal, double scale);
+
+typedef enum tb_interpolate_mode {
+    TB_INTERPOLATE_NEAREST = 0, /* PyTorch's "nearest": source floor(dst * in / out) */
+    TB_INTERPOLATE_BILINEAR = 1 /* "bilinear" (4-D x) or "linear" (3-D x) */
+} tb_interpolate_mode;
+/* torch.nn.functional.interpolate to an output size: x [N, C, L] (size[0]) or [N, C, H, W]
+   (size[0], size[1]); align_corners as PyTorch's (bilinear only: false for nearest). The
+   gradient flows to x (gathers and weights, so it sums where sources repeat). */
+TBDEF tb_tensor *tb_interpolate(tb_tensor *x, const int64_t *size, size_t num_size,
+                                tb_interpolate_mode mode, bool align_corners);
+
 /* ---- src/conv.h ---- */
 /* ===========================================================================================
    Convolution and pooling (torch.nn.functional's, channels first: [N, C, L] for the 1-D
@@ -1897,6 +1972,23 @@ TBDEF tb_status tb_optimizer_set_lr(tb_optimizer *opt, double lr);
 TBDEF double tb_optimizer_lr(const tb_optimizer *opt);
 /* Steps taken so far (Adam's bias correction uses it). */
 TBDEF int64_t tb_optimizer_steps(const tb_optimizer *opt);
+/* The optimizer's state, for resuming training (torch.optim's state_dict): its entries are
+   added to `set` (the model's parameters may be in it too; tb_safetensors_save writes both):
+   "<prefix>state.<i>.momentum_buffer" (SGD with momentum), "<prefix>state.<i>.exp_avg" and
+   "<prefix>state.<i>.exp_avg_sq" (Adam, AdamW) of parameter i's shape and dtype,
+   "<prefix>state.<i>.step" (i64 scalar), and the metadata "<prefix>kind" ("sgd", "adam",
+   "adamw"), "<prefix>steps" (tb_optimizer_steps) and "<prefix>lr". The state tensors are
+   snapshots (later steps do not change them). prefix may be NULL (""). A name already in the
+   set is TB_ERR_DUPLICATE and nothing is added. */
+TBDEF tb_status tb_optimizer_state_save(const tb_optimizer *opt, tb_tensor_set *set,
+                                        const char *prefix);
+/* Restores what tb_optimizer_state_save wrote (read back from a file, on any device: tensors
+   are moved to their parameter's device) into an optimizer of the same kind over parameters
+   of the same shapes and dtypes. Every entry is checked before anything changes: a missing
+   or mismatched entry or metadata value is an error naming it, and the optimizer keeps its
+   state. The learning rate is restored too (set another one after, if a schedule wants). */
+TBDEF tb_status tb_optimizer_state_load(tb_optimizer *opt, const tb_tensor_set *set,
+                                        const char *prefix);
 /* Frees the optimizer and its state; the parameters stay with their other owners. NULL is
    ignored. */
 TBDEF void tb_optimizer_free(tb_optimizer *opt);
@@ -2614,6 +2706,15 @@ static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t 
                               const int64_t *dilation);
 /* nn.c: the arena's result as a new reference (NULL when the arena failed); frees the arena */
 static tb_tensor *tb__nn_finish(tb__ag *a, tb_tensor *result);
+/* optim.c: an optimizer's insides, for the saving and loading of its state (files.c) */
+typedef struct tb__optim_view {
+    tb_optimizer_desc *d;
+    size_t n;
+    tb_tensor **params;
+    tb_tensor **state[2]; /* momentum buffer or exp_avg; exp_avg_sq (NULL arrays when unused) */
+    int64_t *steps, *total_steps;
+} tb__optim_view;
+static tb__optim_view tb__optim_view_of(tb_optimizer *opt);
 /* What a tensor holds, kept across assignments that may have to be undone (an optimizer step
    whose sync fails). Holding it does not keep a donation from happening: only live tensors
    count as readers. */
@@ -17847,6 +17948,594 @@ TBDEF tb_tensor *tb_dropout(tb_tensor *x, double p, bool training) {
     return tb__nn_finish(&a, y);
 }
 
+/* ---- src/layers.c ---- */
+/* ===========================================================================================
+   Layers of real models, built from the public ops (their gradients come from the ops'
+   rules): linear, embedding, the hard activations, masks, batch norm, attention and
+   interpolation.
+   =========================================================================================== */
+
+static bool tb__layer_float(const char *fn, const char *what, tb_tensor *t) {
+    tb_dtype dt = tb_tensor_shape(t).dtype;
+    if (tb_dtype_is_float(dt)) return true;
+    tb__error(TB_ERR_DTYPE, "%s: %s is %s; it must be floating point", fn, what, tb_dtype_name(dt));
+    return false;
+}
+
+/* `t` (named `what`) is a vector [n] of dtype dt on x's device. */
+static bool tb__layer_vector(const char *fn, const char *what, tb_tensor *t, int64_t n, tb_dtype dt,
+                             tb_tensor *x) {
+    tb_shape s = tb_tensor_shape(t);
+    tb_device dx = tb_tensor_device(x), dv = tb_tensor_device(t);
+    char b[96];
+    if (s.rank != 1 || s.dims[0] != n || s.dtype != dt) {
+        tb__shape_text(&s, b);
+        tb__error(s.dtype != dt ? TB_ERR_DTYPE : TB_ERR_SHAPE, "%s: %s is %s; it must be %s[%lld]",
+                  fn, what, b, tb_dtype_name(dt), (long long)n);
+        return false;
+    }
+    if (!tb_device_equal(&dx, &dv)) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is on another device than the input", fn, what);
+        return false;
+    }
+    return true;
+}
+
+static bool tb__layer_same_device(const char *fn, tb_tensor *a, const char *an, tb_tensor *b,
+                                  const char *bn) {
+    tb_device da = tb_tensor_device(a), db = tb_tensor_device(b);
+    if (tb_device_equal(&da, &db)) return true;
+    tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s and %s are on different devices", fn, an, bn);
+    return false;
+}
+
+static void tb__layer_start(tb__ag *a, const char *fn, tb_tensor *x) {
+    tb__ag_init(a, fn);
+    a->device = tb_tensor_device(x);
+}
+
+TBDEF tb_tensor *tb_linear(tb_tensor *x, tb_tensor *weight, tb_tensor *bias) {
+    const char *fn = "tb_linear";
+    tb_shape xs, ws;
+    tb_tensor *y;
+    tb__ag a;
+    char sa[96], sb[96];
+    tb__ensure_setup();
+    if (x == NULL) return tb__null_input(fn, "x");
+    if (weight == NULL) return tb__null_input(fn, "weight");
+    xs = tb_tensor_shape(x);
+    ws = tb_tensor_shape(weight);
+    if (!tb__layer_float(fn, "x", x)) return NULL;
+    if (ws.dtype != xs.dtype) {
+        tb__error(TB_ERR_DTYPE, "%s: weight is %s and x is %s; they must match", fn,
+                  tb_dtype_name(ws.dtype), tb_dtype_name(xs.dtype));
+        return NULL;
+    }
+    if (ws.rank != 2 || xs.rank < 1 || xs.dims[xs.rank - 1] != ws.dims[1]) {
+        tb__shape_text(&xs, sa);
+        tb__shape_text(&ws, sb);
+        tb__error(TB_ERR_SHAPE,
+                  "%s: x %s and weight %s do not fit: weight is [out, in] with in "
+                  "the last dim of x",
+                  fn, sa, sb);
+        return NULL;
+    }
+    if (!tb__layer_same_device(fn, x, "x", weight, "weight")) return NULL;
+    if (bias != NULL && !tb__layer_vector(fn, "bias", bias, ws.dims[0], xs.dtype, x)) return NULL;
+    tb__layer_start(&a, fn, x);
+    y = tb__ag_keep(&a, tb_matmul(x, tb__ag_keep(&a, tb_transpose(weight, 0, 1))));
+    if (bias != NULL && y != NULL) y = tb__ag_keep(&a, tb_add(y, bias));
+    return tb__nn_finish(&a, y);
+}
+
+TBDEF tb_tensor *tb_embedding(tb_tensor *indices, tb_tensor *weight) {
+    const char *fn = "tb_embedding";
+    tb_shape is, ws;
+    int64_t dims[TB_MAX_RANK], n;
+    tb_tensor *flat, *rows;
+    tb__ag a;
+    char sb[96];
+    tb__ensure_setup();
+    if (indices == NULL) return tb__null_input(fn, "indices");
+    if (weight == NULL) return tb__null_input(fn, "weight");
+    is = tb_tensor_shape(indices);
+    ws = tb_tensor_shape(weight);
+    if (is.dtype != TB_I32 && is.dtype != TB_I64) {
+        tb__error(TB_ERR_DTYPE, "%s: indices are %s; they must be i32 or i64", fn,
+                  tb_dtype_name(is.dtype));
+        return NULL;
+    }
+    if (ws.rank != 2) {
+        tb__shape_text(&ws, sb);
+        tb__error(TB_ERR_SHAPE, "%s: weight is %s; it must be [num, dim]", fn, sb);
+        return NULL;
+    }
+    if (is.rank + 1 > TB_MAX_RANK) {
+        tb__error(TB_ERR_SHAPE, "%s: indices of rank %d give a result above rank %d", fn,
+                  (int)is.rank, TB_MAX_RANK);
+        return NULL;
+    }
+    if (!tb__layer_same_device(fn, indices, "indices", weight, "weight")) return NULL;
+    n = tb__shape_numel(&is);
+    memcpy(dims, is.dims, sizeof(int64_t) * (size_t)is.rank);
+    dims[is.rank] = ws.dims[1];
+    tb__layer_start(&a, fn, weight);
+    flat = tb__ag_keep(&a, tb_reshape(indices, &n, 1));
+    rows = flat != NULL ? tb__ag_keep(&a, tb_index_select(weight, 0, flat)) : NULL;
+    rows = rows != NULL ? tb__ag_keep(&a, tb_reshape(rows, dims, is.rank + 1)) : NULL;
+    return tb__nn_finish(&a, rows);
+}
+
+TBDEF tb_tensor *tb_hardtanh(tb_tensor *x, double min_val, double max_val) {
+    const char *fn = "tb_hardtanh";
+    tb__ensure_setup();
+    if (x == NULL) return tb__null_input(fn, "x");
+    if (!tb__layer_float(fn, "x", x)) return NULL;
+    if (!(min_val <= max_val)) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: min_val %g is above max_val %g", fn, min_val,
+                  max_val);
+        return NULL;
+    }
+    return tb_clamp(x, min_val, max_val);
+}
+
+TBDEF tb_tensor *tb_relu6(tb_tensor *x) {
+    tb__ensure_setup();
+    if (x == NULL) return tb__null_input("tb_relu6", "x");
+    if (!tb__layer_float("tb_relu6", "x", x)) return NULL;
+    return tb_clamp(x, 0.0, 6.0);
+}
+
+/* relu6(x + 3) / 6 */
+static tb_tensor *tb__layer_hardsigmoid(tb__ag *a, tb_tensor *x) {
+    tb_tensor *t = tb__ag_keep(a, tb_add_scalar(x, 3.0));
+    t = t != NULL ? tb__ag_keep(a, tb_clamp(t, 0.0, 6.0)) : NULL;
+    return t != NULL ? tb__ag_keep(a, tb_div_scalar(t, 6.0)) : NULL;
+}
+
+TBDEF tb_tensor *tb_hardsigmoid(tb_tensor *x) {
+    const char *fn = "tb_hardsigmoid";
+    tb__ag a;
+    tb__ensure_setup();
+    if (x == NULL) return tb__null_input(fn, "x");
+    if (!tb__layer_float(fn, "x", x)) return NULL;
+    tb__layer_start(&a, fn, x);
+    return tb__nn_finish(&a, tb__layer_hardsigmoid(&a, x));
+}
+
+TBDEF tb_tensor *tb_hardswish(tb_tensor *x) {
+    const char *fn = "tb_hardswish";
+    tb_tensor *s;
+    tb__ag a;
+    tb__ensure_setup();
+    if (x == NULL) return tb__null_input(fn, "x");
+    if (!tb__layer_float(fn, "x", x)) return NULL;
+    tb__layer_start(&a, fn, x);
+    s = tb__layer_hardsigmoid(&a, x);
+    return tb__nn_finish(&a, s != NULL ? tb__ag_keep(&a, tb_mul(x, s)) : NULL);
+}
+
+/* Where j - i <= diagonal (lower) or >= diagonal (upper) over [rows, cols], as a bool matrix. */
+static tb_tensor *tb__layer_band(tb__ag *a, int64_t rows, int64_t cols, int64_t diagonal,
+                                 bool lower) {
+    int64_t col_dims[2] = {1, cols}, row_dims[2] = {rows, 1}, lim = rows + cols;
+    tb_tensor *i = tb__ag_keep(a, tb_arange(0.0, (double)rows, 1.0, TB_I64, &a->device));
+    tb_tensor *j = tb__ag_keep(a, tb_arange(0.0, (double)cols, 1.0, TB_I64, &a->device));
+    tb_tensor *d, *k;
+    if (diagonal > lim) diagonal = lim; /* the same mask, and exact as a double */
+    if (diagonal < -lim) diagonal = -lim;
+    i = i != NULL ? tb__ag_keep(a, tb_reshape(i, row_dims, 2)) : NULL;
+    j = j != NULL ? tb__ag_keep(a, tb_reshape(j, col_dims, 2)) : NULL;
+    d = i != NULL && j != NULL ? tb__ag_keep(a, tb_sub(j, i)) : NULL;
+    k = tb__ag_const(a, TB_I64, (double)diagonal);
+    if (d == NULL || k == NULL) return NULL;
+    return tb__ag_keep(a, lower ? tb_le(d, k) : tb_ge(d, k));
+}
+
+static tb_tensor *tb__layer_tri(const char *fn, tb_tensor *x, int64_t diagonal, bool lower) {
+    tb_shape xs;
+    tb_tensor *keep, *zero;
+    tb__ag a;
+    char sb[96];
+    tb__ensure_setup();
+    if (x == NULL) return tb__null_input(fn, "x");
+    xs = tb_tensor_shape(x);
+    if (xs.rank < 2) {
+        tb__shape_text(&xs, sb);
+        tb__error(TB_ERR_SHAPE, "%s: x is %s; it needs rank 2 or more", fn, sb);
+        return NULL;
+    }
+    tb__layer_start(&a, fn, x);
+    keep = tb__layer_band(&a, xs.dims[xs.rank - 2], xs.dims[xs.rank - 1], diagonal, lower);
+    zero = tb__ag_const(&a, xs.dtype, 0.0);
+    return tb__nn_finish(&a, keep != NULL && zero != NULL ? tb__ag_keep(&a, tb_where(keep, x, zero))
+                                                          : NULL);
+}
+
+TBDEF tb_tensor *tb_tril(tb_tensor *x, int64_t diagonal) {
+    return tb__layer_tri("tb_tril", x, diagonal, true);
+}
+
+TBDEF tb_tensor *tb_triu(tb_tensor *x, int64_t diagonal) {
+    return tb__layer_tri("tb_triu", x, diagonal, false);
+}
+
+TBDEF tb_tensor *tb_masked_fill(tb_tensor *x, tb_tensor *mask, double value) {
+    const char *fn = "tb_masked_fill";
+    tb_shape xs, ms, bs;
+    tb_tensor *fill;
+    tb__ag a;
+    char sa[96], sb[96];
+    tb__ensure_setup();
+    if (x == NULL) return tb__null_input(fn, "x");
+    if (mask == NULL) return tb__null_input(fn, "mask");
+    xs = tb_tensor_shape(x);
+    ms = tb_tensor_shape(mask);
+    if (ms.dtype != TB_BOOL) {
+        tb__error(TB_ERR_DTYPE, "%s: mask is %s; it must be bool", fn, tb_dtype_name(ms.dtype));
+        return NULL;
+    }
+    if (tb_shape_broadcast(&xs, &ms, &bs) != TB_OK || !tb_shape_equal(&bs, &xs)) {
+        tb_clear_error();
+        tb__shape_text(&ms, sa);
+        tb__shape_text(&xs, sb);
+        tb__error(TB_ERR_SHAPE, "%s: mask %s does not broadcast to x %s", fn, sa, sb);
+        return NULL;
+    }
+    if (!tb__layer_same_device(fn, x, "x", mask, "mask")) return NULL;
+    tb__layer_start(&a, fn, x);
+    fill = tb__ag_const(&a, xs.dtype, value);
+    return tb__nn_finish(&a, fill != NULL ? tb__ag_keep(&a, tb_where(mask, fill, x)) : NULL);
+}
+
+/* x's statistics vector [C] as [1, C, 1, ...] for x of rank r. */
+static tb_tensor *tb__layer_per_channel(tb__ag *a, tb_tensor *v, int32_t r) {
+    int64_t dims[TB_MAX_RANK];
+    int32_t i;
+    for (i = 0; i < r; i++)
+        dims[i] = 1;
+    dims[1] = tb_tensor_shape(v).dims[0];
+    return tb__ag_keep(a, tb_reshape(v, dims, r));
+}
+
+/* (1 - m) * running + m * batch (batch [1, C, 1...] made [C]) */
+static tb_tensor *tb__layer_running(tb__ag *a, tb_tensor *running, tb_tensor *batch, double m,
+                                    double factor) {
+    int64_t c = tb_tensor_shape(running).dims[0];
+    tb_tensor *b = tb__ag_keep(a, tb_reshape(batch, &c, 1));
+    tb_tensor *r = tb__ag_keep(a, tb_mul_scalar(running, 1.0 - m));
+    b = b != NULL ? tb__ag_keep(a, tb_mul_scalar(b, m * factor)) : NULL;
+    return r != NULL && b != NULL ? tb__ag_keep(a, tb_add(r, b)) : NULL;
+}
+
+static bool tb__layer_bn_args(const char *fn, tb_tensor *x, tb_tensor *rm, tb_tensor *rv,
+                              tb_tensor *w, tb_tensor *b, bool training, double momentum,
+                              double eps) {
+    tb_shape xs = tb_tensor_shape(x);
+    int64_t c, per;
+    char sb[96];
+    if (!tb__layer_float(fn, "x", x)) return false;
+    if (xs.rank < 2) {
+        tb__shape_text(&xs, sb);
+        tb__error(TB_ERR_SHAPE, "%s: x is %s; it must be [N, C, ...]", fn, sb);
+        return false;
+    }
+    if (!(momentum >= 0.0 && momentum <= 1.0) || !(eps > 0.0)) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: momentum %g must be in [0, 1] and eps %g above 0",
+                  fn, momentum, eps);
+        return false;
+    }
+    if ((rm == NULL) != (rv == NULL) || (!training && rm == NULL)) {
+        tb__error(TB_ERR_INVALID_ARGUMENT,
+                  "%s: running_mean and running_var are given together (and are required when "
+                  "not training)",
+                  fn);
+        return false;
+    }
+    c = xs.dims[1];
+    per = c > 0 ? tb__shape_numel(&xs) / c : 0;
+    if (training && per <= 1) {
+        tb__shape_text(&xs, sb);
+        tb__error(TB_ERR_SHAPE, "%s: training needs more than one value per channel (x is %s)", fn,
+                  sb);
+        return false;
+    }
+    return (rm == NULL || tb__layer_vector(fn, "running_mean", rm, c, xs.dtype, x)) &&
+           (rv == NULL || tb__layer_vector(fn, "running_var", rv, c, xs.dtype, x)) &&
+           (w == NULL || tb__layer_vector(fn, "weight", w, c, xs.dtype, x)) &&
+           (b == NULL || tb__layer_vector(fn, "bias", b, c, xs.dtype, x));
+}
+
+TBDEF tb_tensor *tb_batch_norm(tb_tensor *x, tb_tensor *running_mean, tb_tensor *running_var,
+                               tb_tensor *weight, tb_tensor *bias, bool training, double momentum,
+                               double eps) {
+    const char *fn = "tb_batch_norm";
+    tb_shape xs;
+    int32_t axes[TB_MAX_RANK], r, i, n = 0;
+    tb_tensor *mean, *var, *d, *y, *new_m = NULL, *new_v = NULL;
+    tb__ag a;
+    double per;
+    tb__ensure_setup();
+    if (x == NULL) return tb__null_input(fn, "x");
+    if (!tb__layer_bn_args(fn, x, running_mean, running_var, weight, bias, training, momentum, eps))
+        return NULL;
+    xs = tb_tensor_shape(x);
+    r = xs.rank;
+    for (i = 0; i < r; i++)
+        if (i != 1) axes[n++] = i;
+    per = (double)(tb__shape_numel(&xs) / xs.dims[1]);
+    tb__layer_start(&a, fn, x);
+    if (training) {
+        mean = tb__ag_keep(&a, tb_mean(x, axes, (size_t)n, true));
+        d = mean != NULL ? tb__ag_keep(&a, tb_sub(x, mean)) : NULL;
+        var = d != NULL ? tb__ag_keep(&a, tb_mul(d, d)) : NULL;
+        var = var != NULL ? tb__ag_keep(&a, tb_mean(var, axes, (size_t)n, true)) : NULL;
+        if (running_mean != NULL && var != NULL) {
+            new_m = tb__layer_running(&a, running_mean, mean, momentum, 1.0);
+            new_v = tb__layer_running(&a, running_var, var, momentum, per / (per - 1.0));
+        }
+    } else {
+        mean = tb__layer_per_channel(&a, running_mean, r);
+        var = tb__layer_per_channel(&a, running_var, r);
+        d = mean != NULL ? tb__ag_keep(&a, tb_sub(x, mean)) : NULL;
+    }
+    y = var != NULL ? tb__ag_keep(&a, tb_add_scalar(var, eps)) : NULL;
+    y = y != NULL ? tb__ag_keep(&a, tb_rsqrt(y)) : NULL;
+    y = y != NULL && d != NULL ? tb__ag_keep(&a, tb_mul(d, y)) : NULL;
+    if (weight != NULL && y != NULL)
+        y = tb__ag_keep(&a, tb_mul(y, tb__layer_per_channel(&a, weight, r)));
+    if (bias != NULL && y != NULL)
+        y = tb__ag_keep(&a, tb_add(y, tb__layer_per_channel(&a, bias, r)));
+    if (y != NULL && !a.failed && new_m != NULL && new_v != NULL) {
+        /* the statistics only once everything else was recorded: an error leaves them */
+        if (tb_assign(running_mean, new_m) != TB_OK || tb_assign(running_var, new_v) != TB_OK)
+            a.failed = true;
+    } else if (training && running_mean != NULL) {
+        a.failed = true;
+    }
+    return tb__nn_finish(&a, y);
+}
+
+TBDEF tb_status tb_batch_norm_fold(tb_tensor *conv_weight, tb_tensor *conv_bias,
+                                   tb_tensor *running_mean, tb_tensor *running_var,
+                                   tb_tensor *bn_weight, tb_tensor *bn_bias, double eps,
+                                   tb_tensor **weight_out, tb_tensor **bias_out) {
+    const char *fn = "tb_batch_norm_fold";
+    tb_shape ws;
+    int64_t dims[TB_MAX_RANK], c;
+    int32_t i;
+    tb_tensor *s, *w, *b;
+    tb__ag a;
+    tb__ensure_setup();
+    if (weight_out != NULL) *weight_out = NULL;
+    if (bias_out != NULL) *bias_out = NULL;
+    if (weight_out == NULL || bias_out == NULL)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: weight_out and bias_out are required", fn);
+    if (conv_weight == NULL || running_mean == NULL || running_var == NULL)
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "%s: conv_weight, running_mean and running_var are required", fn);
+    ws = tb_tensor_shape(conv_weight);
+    if (!tb__layer_float(fn, "conv_weight", conv_weight)) return tb_last_status();
+    if (ws.rank < 1 || !(eps > 0.0))
+        return tb__error(ws.rank < 1 ? TB_ERR_SHAPE : TB_ERR_INVALID_ARGUMENT,
+                         "%s: conv_weight needs rank 1 or more and eps (%g) must be above 0", fn,
+                         eps);
+    c = ws.dims[0];
+    if (!tb__layer_vector(fn, "running_mean", running_mean, c, ws.dtype, conv_weight) ||
+        !tb__layer_vector(fn, "running_var", running_var, c, ws.dtype, conv_weight) ||
+        (conv_bias != NULL &&
+         !tb__layer_vector(fn, "conv_bias", conv_bias, c, ws.dtype, conv_weight)) ||
+        (bn_weight != NULL &&
+         !tb__layer_vector(fn, "bn_weight", bn_weight, c, ws.dtype, conv_weight)) ||
+        (bn_bias != NULL && !tb__layer_vector(fn, "bn_bias", bn_bias, c, ws.dtype, conv_weight)))
+        return tb_last_status();
+    for (i = 0; i < ws.rank; i++)
+        dims[i] = i == 0 ? c : 1;
+    tb__layer_start(&a, fn, conv_weight);
+    s = tb__ag_keep(&a, tb_add_scalar(running_var, eps));
+    s = s != NULL ? tb__ag_keep(&a, tb_rsqrt(s)) : NULL;
+    if (bn_weight != NULL && s != NULL) s = tb__ag_keep(&a, tb_mul(s, bn_weight));
+    w = s != NULL ? tb__ag_keep(&a, tb_reshape(s, dims, ws.rank)) : NULL;
+    w = w != NULL ? tb__ag_keep(&a, tb_mul(conv_weight, w)) : NULL;
+    b = tb__ag_keep(&a, conv_bias != NULL ? tb_sub(conv_bias, running_mean) : tb_neg(running_mean));
+    b = b != NULL && s != NULL ? tb__ag_keep(&a, tb_mul(b, s)) : NULL;
+    if (bn_bias != NULL && b != NULL) b = tb__ag_keep(&a, tb_add(b, bn_bias));
+    if (w == NULL || b == NULL || a.failed) {
+        tb__ag_free(&a);
+        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+    }
+    *weight_out = tb_tensor_retain(w);
+    *bias_out = tb_tensor_retain(b);
+    tb__ag_free(&a);
+    return TB_OK;
+}
+
+static bool tb__layer_sdpa_args(const char *fn, tb_tensor *q, tb_tensor *k, tb_tensor *v,
+                                tb_tensor *mask, double dropout_p, bool is_causal) {
+    tb_shape qs = tb_tensor_shape(q), ks = tb_tensor_shape(k), vs = tb_tensor_shape(v);
+    char sa[96], sb[96], sc[96];
+    if (!tb__layer_float(fn, "q", q)) return false;
+    if (ks.dtype != qs.dtype || vs.dtype != qs.dtype) {
+        tb__error(TB_ERR_DTYPE, "%s: q, k and v must have one dtype (%s, %s, %s)", fn,
+                  tb_dtype_name(qs.dtype), tb_dtype_name(ks.dtype), tb_dtype_name(vs.dtype));
+        return false;
+    }
+    if (qs.rank < 2 || ks.rank < 2 || vs.rank < 2 || qs.dims[qs.rank - 1] != ks.dims[ks.rank - 1] ||
+        ks.dims[ks.rank - 2] != vs.dims[vs.rank - 2]) {
+        tb__shape_text(&qs, sa);
+        tb__shape_text(&ks, sb);
+        tb__shape_text(&vs, sc);
+        tb__error(TB_ERR_SHAPE,
+                  "%s: q %s, k %s and v %s must be [..., L, E], [..., S, E] and "
+                  "[..., S, Ev]",
+                  fn, sa, sb, sc);
+        return false;
+    }
+    if (!(dropout_p >= 0.0 && dropout_p < 1.0)) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: dropout_p %g is not in [0, 1)", fn, dropout_p);
+        return false;
+    }
+    if (mask != NULL && is_causal) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: attn_mask and is_causal exclude each other", fn);
+        return false;
+    }
+    if (mask != NULL && tb_tensor_shape(mask).dtype != TB_BOOL &&
+        tb_tensor_shape(mask).dtype != qs.dtype) {
+        tb__error(TB_ERR_DTYPE, "%s: attn_mask is %s; it must be bool or q's dtype %s", fn,
+                  tb_dtype_name(tb_tensor_shape(mask).dtype), tb_dtype_name(qs.dtype));
+        return false;
+    }
+    return tb__layer_same_device(fn, q, "q", k, "k") && tb__layer_same_device(fn, q, "q", v, "v") &&
+           (mask == NULL || tb__layer_same_device(fn, q, "q", mask, "attn_mask"));
+}
+
+TBDEF tb_tensor *tb_scaled_dot_product_attention(tb_tensor *q, tb_tensor *k, tb_tensor *v,
+                                                 tb_tensor *attn_mask, double dropout_p,
+                                                 bool is_causal, double scale) {
+    const char *fn = "tb_scaled_dot_product_attention";
+    tb_shape qs, ks;
+    tb_tensor *s, *p, *keep = attn_mask;
+    tb__ag a;
+    tb__ensure_setup();
+    if (q == NULL) return tb__null_input(fn, "q");
+    if (k == NULL) return tb__null_input(fn, "k");
+    if (v == NULL) return tb__null_input(fn, "v");
+    if (!tb__layer_sdpa_args(fn, q, k, v, attn_mask, dropout_p, is_causal)) return NULL;
+    if (!(scale >= 0.0) || scale == INFINITY) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: scale %g must be finite and not negative", fn,
+                  scale);
+        return NULL;
+    }
+    qs = tb_tensor_shape(q);
+    ks = tb_tensor_shape(k);
+    if (scale == 0.0) scale = 1.0 / sqrt((double)qs.dims[qs.rank - 1]);
+    tb__layer_start(&a, fn, q);
+    s = tb__ag_keep(&a, tb_transpose(k, ks.rank - 2, ks.rank - 1));
+    s = s != NULL ? tb__ag_keep(&a, tb_matmul(q, s)) : NULL;
+    s = s != NULL ? tb__ag_keep(&a, tb_mul_scalar(s, scale)) : NULL;
+    if (is_causal) keep = tb__layer_band(&a, qs.dims[qs.rank - 2], ks.dims[ks.rank - 2], 0, true);
+    if (keep != NULL && tb_tensor_shape(keep).dtype != TB_BOOL)
+        s = s != NULL ? tb__ag_keep(&a, tb_add(s, keep)) : NULL;
+    else if (keep != NULL && s != NULL)
+        s = tb__ag_keep(&a, tb_where(keep, s, tb__ag_const(&a, qs.dtype, -INFINITY)));
+    p = s != NULL ? tb__ag_keep(&a, tb_softmax(s, -1)) : NULL;
+    if (dropout_p > 0.0 && p != NULL) p = tb__ag_keep(&a, tb_dropout(p, dropout_p, true));
+    return tb__nn_finish(&a, p != NULL && !a.failed ? tb__ag_keep(&a, tb_matmul(p, v)) : NULL);
+}
+
+/* A host array of `n` i64 indices or doubles of dtype dt shaped [n, 1, ...] (trailing ones)
+   as a tensor on the arena's device. */
+static tb_tensor *tb__layer_host(tb__ag *a, const void *data, int64_t n, tb_dtype dt,
+                                 int32_t trailing) {
+    tb_shape s;
+    int32_t i;
+    memset(&s, 0, sizeof s);
+    s.dtype = dt;
+    s.rank = 1 + trailing;
+    s.dims[0] = n;
+    for (i = 1; i <= trailing; i++)
+        s.dims[i] = 1;
+    return tb__ag_keep(a, tb_tensor_from_host(data, &s, &a->device));
+}
+
+/* One spatial axis `ax` of x (rank r) resampled from `in` to `out`. */
+static tb_tensor *tb__layer_resample(tb__ag *a, tb_tensor *x, int32_t ax, int32_t r, int64_t in,
+                                     int64_t out, tb_interpolate_mode mode, bool align) {
+    int64_t *i0 = (int64_t *)malloc(sizeof(int64_t) * 2 * (size_t)out), *i1 = i0 + out, o;
+    double *w = (double *)malloc(sizeof(double) * 2 * (size_t)out), scale;
+    tb_dtype dt = tb_tensor_shape(x).dtype;
+    tb_tensor *y = NULL, *t0, *t1, *w0, *w1;
+    if (i0 == NULL || w == NULL) {
+        free(i0);
+        free(w);
+        tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices", a->fn, (long long)out);
+        a->failed = true;
+        return NULL;
+    }
+    if (mode == TB_INTERPOLATE_NEAREST) { /* PyTorch's: in single precision */
+        float fs = (float)in / (float)out;
+        for (o = 0; o < out; o++) {
+            int64_t src = out == in ? o : (out == 2 * in ? o >> 1 : (int64_t)((float)o * fs));
+            i0[o] = src < in - 1 ? src : in - 1;
+        }
+        t0 = tb__layer_host(a, i0, out, TB_I64, 0);
+        y = t0 != NULL ? tb__ag_keep(a, tb_index_select(x, ax, t0)) : NULL;
+    } else {
+        scale = align ? (out > 1 ? (double)(in - 1) / (double)(out - 1) : 0.0)
+                      : (double)in / (double)out;
+        for (o = 0; o < out; o++) {
+            double src = align ? scale * (double)o : scale * ((double)o + 0.5) - 0.5;
+            if (src < 0.0) src = 0.0;
+            i0[o] = (int64_t)src;
+            if (i0[o] > in - 1) i0[o] = in - 1;
+            i1[o] = i0[o] < in - 1 ? i0[o] + 1 : i0[o];
+            w[out + o] = src - (double)i0[o];
+            w[o] = 1.0 - w[out + o];
+        }
+        t0 = tb__layer_host(a, i0, out, TB_I64, 0);
+        t1 = tb__layer_host(a, i1, out, TB_I64, 0);
+        w0 = tb__layer_host(a, w, out, TB_F64, r - 1 - ax);
+        w1 = tb__layer_host(a, w + out, out, TB_F64, r - 1 - ax);
+        w0 = w0 != NULL ? tb__ag_keep(a, tb_cast(w0, dt)) : NULL;
+        w1 = w1 != NULL ? tb__ag_keep(a, tb_cast(w1, dt)) : NULL;
+        t0 = t0 != NULL ? tb__ag_keep(a, tb_index_select(x, ax, t0)) : NULL;
+        t1 = t1 != NULL ? tb__ag_keep(a, tb_index_select(x, ax, t1)) : NULL;
+        t0 = t0 != NULL && w0 != NULL ? tb__ag_keep(a, tb_mul(t0, w0)) : NULL;
+        t1 = t1 != NULL && w1 != NULL ? tb__ag_keep(a, tb_mul(t1, w1)) : NULL;
+        y = t0 != NULL && t1 != NULL ? tb__ag_keep(a, tb_add(t0, t1)) : NULL;
+    }
+    free(i0);
+    free(w);
+    return y;
+}
+
+TBDEF tb_tensor *tb_interpolate(tb_tensor *x, const int64_t *size, size_t num_size,
+                                tb_interpolate_mode mode, bool align_corners) {
+    const char *fn = "tb_interpolate";
+    tb_shape xs;
+    tb_tensor *y;
+    tb__ag a;
+    size_t i;
+    char sb[96];
+    tb__ensure_setup();
+    if (x == NULL) return tb__null_input(fn, "x");
+    if (size == NULL) return tb__null_input(fn, "size");
+    if (!tb__layer_float(fn, "x", x)) return NULL;
+    xs = tb_tensor_shape(x);
+    if ((xs.rank != 3 && xs.rank != 4) || num_size != (size_t)xs.rank - 2) {
+        tb__shape_text(&xs, sb);
+        tb__error(TB_ERR_SHAPE,
+                  "%s: x %s with %zu sizes; x is [N, C, L] with one size or "
+                  "[N, C, H, W] with two",
+                  fn, sb, num_size);
+        return NULL;
+    }
+    if (mode != TB_INTERPOLATE_NEAREST && mode != TB_INTERPOLATE_BILINEAR) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: mode %d is not a tb_interpolate_mode", fn,
+                  (int)mode);
+        return NULL;
+    }
+    if (mode == TB_INTERPOLATE_NEAREST && align_corners) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: align_corners is for bilinear only", fn);
+        return NULL;
+    }
+    for (i = 0; i < num_size; i++)
+        if (size[i] <= 0 || size[i] > ((int64_t)1 << 40) || xs.dims[2 + i] == 0) {
+            tb__error(TB_ERR_INVALID_ARGUMENT,
+                      "%s: size %lld of axis %zu must be in [1, 2^40] and the input's size "
+                      "above 0",
+                      fn, (long long)size[i], 2 + i);
+            return NULL;
+        }
+    tb__layer_start(&a, fn, x);
+    y = x;
+    for (i = 0; i < num_size && y != NULL; i++)
+        y = tb__layer_resample(&a, y, (int32_t)(2 + i), xs.rank, xs.dims[2 + i], size[i], mode,
+                               align_corners);
+    if (y == x) y = tb__ag_keep(&a, tb_tensor_retain(x));
+    return tb__nn_finish(&a, y);
+}
+
 /* ---- src/conv.c ---- */
 /* ===========================================================================================
    Convolution and pooling, recorded from tb_window, tb_pad and tb_matmul (their gradients
@@ -18741,6 +19430,18 @@ TBDEF tb_status tb_optimizer_set_lr(tb_optimizer *opt, double lr) {
 
 TBDEF double tb_optimizer_lr(const tb_optimizer *opt) {
     return opt != NULL ? opt->d.lr : 0.0;
+}
+
+static tb__optim_view tb__optim_view_of(tb_optimizer *opt) {
+    tb__optim_view v;
+    v.d = &opt->d;
+    v.n = opt->n;
+    v.params = opt->params;
+    v.state[0] = opt->s1;
+    v.state[1] = opt->s2;
+    v.steps = opt->steps;
+    v.total_steps = &opt->total_steps;
+    return v;
 }
 
 TBDEF int64_t tb_optimizer_steps(const tb_optimizer *opt) {
@@ -35701,6 +36402,199 @@ static tb_status tb__tensor_le_bytes(tb_tensor *t, const unsigned char **bytes, 
     if (width > 1 && !tb__host_is_little_endian()) tb__swap_bytes(*copy, *nbytes / width, width);
     *bytes = *copy;
     return TB_OK;
+}
+
+/* ---- optimizer state (a checkpoint's second half) ---- */
+
+static const char *const tb__optim_state_names[3][2] = {
+    {"momentum_buffer", NULL}, {"exp_avg", "exp_avg_sq"}, {"exp_avg", "exp_avg_sq"}};
+static const char *const tb__optim_kind_names[3] = {"sgd", "adam", "adamw"};
+
+/* "<prefix><middle><i><suffix>" into buf; false when it does not fit */
+static bool tb__optim_key(char *buf, size_t cap, const char *prefix, const char *middle, size_t i,
+                          const char *suffix) {
+    int n = i == (size_t)-1 ? snprintf(buf, cap, "%s%s", prefix, middle)
+                            : snprintf(buf, cap, "%s%s%zu.%s", prefix, middle, i, suffix);
+    return n >= 0 && (size_t)n < cap;
+}
+
+static tb_status tb__optim_prefix_ok(const char *fn, const void *opt, const void *set,
+                                     const char *prefix) {
+    if (opt == NULL || set == NULL)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                         opt == NULL ? "opt" : "set");
+    if (prefix != NULL && strlen(prefix) > TB_TENSOR_SET_MAX_NAME - 64)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: prefix is longer than %d bytes", fn,
+                         TB_TENSOR_SET_MAX_NAME - 64);
+    return TB_OK;
+}
+
+TBDEF tb_status tb_optimizer_state_save(const tb_optimizer *opt, tb_tensor_set *set,
+                                        const char *prefix) {
+    const char *fn = "tb_optimizer_state_save";
+    tb__optim_view v;
+    char key[256 + TB_TENSOR_SET_MAX_NAME], num[64];
+    size_t i;
+    int pass, s, kind;
+    tb_status st = tb__optim_prefix_ok(fn, opt, set, prefix);
+    if (st != TB_OK) return st;
+    if (prefix == NULL) prefix = "";
+    v = tb__optim_view_of((tb_optimizer *)opt);
+    kind = (int)v.d->kind - 1;
+    /* pass 0: every name is free; pass 1: add */
+    for (pass = 0; pass < 2; pass++)
+        for (i = 0; i < v.n; i++)
+            for (s = 0; s < 3; s++) {
+                const char *what = s < 2 ? tb__optim_state_names[kind][s] : "step";
+                tb_tensor *t;
+                if (s < 2 && (what == NULL || v.state[s] == NULL)) continue;
+                tb__optim_key(key, sizeof key, prefix, "state.", i, what);
+                if (pass == 0) {
+                    if (tb__set_find(set, key) != TB__SET_NONE)
+                        return tb__error(TB_ERR_DUPLICATE, "%s: the set already has \"%s\"", fn,
+                                         key);
+                    continue;
+                }
+                if (s < 2) {
+                    t = tb_detach(v.state[s][i]);
+                } else {
+                    tb_device dev = tb_tensor_device(v.params[i]);
+                    t = tb_scalar_tensor(tb_scalar_i(TB_I64, v.steps[i]), &dev);
+                }
+                st = t != NULL ? tb_tensor_set_add(set, key, t) : tb_last_status();
+                tb_tensor_release(t);
+                if (st != TB_OK) return st;
+            }
+    tb__optim_key(key, sizeof key, prefix, "kind", (size_t)-1, NULL);
+    st = tb_tensor_set_set_metadata(set, key, tb__optim_kind_names[kind]);
+    snprintf(num, sizeof num, "%lld", (long long)*v.total_steps);
+    if (st == TB_OK && tb__optim_key(key, sizeof key, prefix, "steps", (size_t)-1, NULL))
+        st = tb_tensor_set_set_metadata(set, key, num);
+    snprintf(num, sizeof num, "%.17g", v.d->lr);
+    if (st == TB_OK && tb__optim_key(key, sizeof key, prefix, "lr", (size_t)-1, NULL))
+        st = tb_tensor_set_set_metadata(set, key, num);
+    return st;
+}
+
+/* The entry `key` of the set as a tensor like `like` (shape, dtype) on like's device: a new
+   reference, or NULL with the error set. */
+static tb_tensor *tb__optim_entry(const char *fn, const tb_tensor_set *set, const char *key,
+                                  tb_tensor *like, const tb_shape *want) {
+    size_t at = tb__set_find(set, key);
+    tb_tensor *t;
+    tb_shape ts;
+    tb_device dl = tb_tensor_device(like), dt;
+    char sa[96], sb[96];
+    if (at == TB__SET_NONE) {
+        tb__error(TB_ERR_NOT_FOUND, "%s: the set has no \"%s\"", fn, key);
+        return NULL;
+    }
+    t = set->entries[at].tensor;
+    ts = tb_tensor_shape(t);
+    if (!tb_shape_equal(&ts, want)) {
+        tb__shape_text(&ts, sa);
+        tb__shape_text(want, sb);
+        tb__error(TB_ERR_SHAPE, "%s: \"%s\" is %s; the optimizer's is %s", fn, key, sa, sb);
+        return NULL;
+    }
+    dt = tb_tensor_device(t);
+    return tb_device_equal(&dt, &dl) ? tb_tensor_retain(t) : tb_to_device(t, &dl);
+}
+
+static bool tb__optim_meta(const char *fn, const tb_tensor_set *set, const char *prefix,
+                           const char *name, char *key, size_t cap, const char **value) {
+    size_t at;
+    tb__optim_key(key, cap, prefix, name, (size_t)-1, NULL);
+    at = tb__set_meta_find(set, key);
+    if (at == TB__SET_NONE) {
+        tb__error(TB_ERR_NOT_FOUND, "%s: the set has no metadata \"%s\"", fn, key);
+        return false;
+    }
+    *value = set->meta[at].value;
+    return true;
+}
+
+/* The metadata of a saved state: kind (checked), total steps and lr. */
+static tb_status tb__optim_load_meta(const char *fn, const tb_tensor_set *set, const char *prefix,
+                                     int kind, int64_t *total, double *lr) {
+    char key[256 + TB_TENSOR_SET_MAX_NAME], *end;
+    const char *v;
+    long long n;
+    if (!tb__optim_meta(fn, set, prefix, "kind", key, sizeof key, &v)) return tb_last_status();
+    if (strcmp(v, tb__optim_kind_names[kind]) != 0)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: \"%s\" is \"%.32s\"; this optimizer is %s",
+                         fn, key, v, tb__optim_kind_names[kind]);
+    if (!tb__optim_meta(fn, set, prefix, "steps", key, sizeof key, &v)) return tb_last_status();
+    errno = 0;
+    n = strtoll(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || n < 0)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: \"%s\" is \"%.32s\", not a step count", fn,
+                         key, v);
+    *total = (int64_t)n;
+    if (!tb__optim_meta(fn, set, prefix, "lr", key, sizeof key, &v)) return tb_last_status();
+    *lr = strtod(v, &end);
+    if (end == v || *end != '\0' || !(*lr > 0.0) || isinf(*lr))
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: \"%s\" is \"%.32s\", not a learning rate",
+                         fn, key, v);
+    return TB_OK;
+}
+
+TBDEF tb_status tb_optimizer_state_load(tb_optimizer *opt, const tb_tensor_set *set,
+                                        const char *prefix) {
+    const char *fn = "tb_optimizer_state_load";
+    tb__optim_view v;
+    char key[256 + TB_TENSOR_SET_MAX_NAME];
+    tb_tensor **got = NULL;
+    int64_t *steps = NULL, total = 0;
+    double lr = 0;
+    size_t i, n;
+    int s, kind;
+    tb_status st = tb__optim_prefix_ok(fn, opt, set, prefix);
+    if (st != TB_OK) return st;
+    if (prefix == NULL) prefix = "";
+    v = tb__optim_view_of(opt);
+    kind = (int)v.d->kind - 1;
+    st = tb__optim_load_meta(fn, set, prefix, kind, &total, &lr);
+    if (st != TB_OK) return st;
+    n = v.n;
+    got = n > 0 ? (tb_tensor **)tb__calloc(2 * n, sizeof(tb_tensor *)) : NULL;
+    steps = n > 0 ? (int64_t *)tb__calloc(n, sizeof(int64_t)) : NULL;
+    if (n > 0 && (got == NULL || steps == NULL)) {
+        st = tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+        n = 0;
+    }
+    for (i = 0; st == TB_OK && i < n; i++) {
+        tb_shape ps = tb_tensor_shape(v.params[i]), ss;
+        tb_tensor *step;
+        for (s = 0; st == TB_OK && s < 2; s++) {
+            if (v.state[s] == NULL) continue;
+            tb__optim_key(key, sizeof key, prefix, "state.", i, tb__optim_state_names[kind][s]);
+            got[2 * i + (size_t)s] = tb__optim_entry(fn, set, key, v.params[i], &ps);
+            if (got[2 * i + (size_t)s] == NULL) st = tb_last_status();
+        }
+        if (st != TB_OK) break;
+        tb__optim_key(key, sizeof key, prefix, "state.", i, "step");
+        tb_shape_make(&ss, TB_I64, 0, NULL);
+        step = tb__optim_entry(fn, set, key, v.params[i], &ss);
+        st = step != NULL ? tb_tensor_to_host(step, &steps[i], sizeof steps[i]) : tb_last_status();
+        tb_tensor_release(step);
+        if (st == TB_OK && steps[i] < 0)
+            st = tb__error(TB_ERR_INVALID_ARGUMENT, "%s: \"%s\" is negative", fn, key);
+    }
+    for (i = 0; st == TB_OK && i < n; i++) /* assignments between equal shapes cannot fail */
+        for (s = 0; s < 2; s++)
+            if (got[2 * i + (size_t)s] != NULL)
+                st = tb_assign(v.state[s][i], got[2 * i + (size_t)s]);
+    if (st == TB_OK) {
+        if (n > 0) memcpy(v.steps, steps, sizeof(int64_t) * n);
+        *v.total_steps = total;
+        v.d->lr = lr;
+    }
+    for (i = 0; got != NULL && i < 2 * n; i++)
+        tb_tensor_release(got[i]);
+    tb__free(got);
+    tb__free(steps);
+    return st;
 }
 
 /* ---- src/safetensors.c ---- */

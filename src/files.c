@@ -545,3 +545,196 @@ static tb_status tb__tensor_le_bytes(tb_tensor *t, const unsigned char **bytes, 
     *bytes = *copy;
     return TB_OK;
 }
+
+/* ---- optimizer state (a checkpoint's second half) ---- */
+
+static const char *const tb__optim_state_names[3][2] = {
+    {"momentum_buffer", NULL}, {"exp_avg", "exp_avg_sq"}, {"exp_avg", "exp_avg_sq"}};
+static const char *const tb__optim_kind_names[3] = {"sgd", "adam", "adamw"};
+
+/* "<prefix><middle><i><suffix>" into buf; false when it does not fit */
+static bool tb__optim_key(char *buf, size_t cap, const char *prefix, const char *middle, size_t i,
+                          const char *suffix) {
+    int n = i == (size_t)-1 ? snprintf(buf, cap, "%s%s", prefix, middle)
+                            : snprintf(buf, cap, "%s%s%zu.%s", prefix, middle, i, suffix);
+    return n >= 0 && (size_t)n < cap;
+}
+
+static tb_status tb__optim_prefix_ok(const char *fn, const void *opt, const void *set,
+                                     const char *prefix) {
+    if (opt == NULL || set == NULL)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                         opt == NULL ? "opt" : "set");
+    if (prefix != NULL && strlen(prefix) > TB_TENSOR_SET_MAX_NAME - 64)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: prefix is longer than %d bytes", fn,
+                         TB_TENSOR_SET_MAX_NAME - 64);
+    return TB_OK;
+}
+
+TBDEF tb_status tb_optimizer_state_save(const tb_optimizer *opt, tb_tensor_set *set,
+                                        const char *prefix) {
+    const char *fn = "tb_optimizer_state_save";
+    tb__optim_view v;
+    char key[256 + TB_TENSOR_SET_MAX_NAME], num[64];
+    size_t i;
+    int pass, s, kind;
+    tb_status st = tb__optim_prefix_ok(fn, opt, set, prefix);
+    if (st != TB_OK) return st;
+    if (prefix == NULL) prefix = "";
+    v = tb__optim_view_of((tb_optimizer *)opt);
+    kind = (int)v.d->kind - 1;
+    /* pass 0: every name is free; pass 1: add */
+    for (pass = 0; pass < 2; pass++)
+        for (i = 0; i < v.n; i++)
+            for (s = 0; s < 3; s++) {
+                const char *what = s < 2 ? tb__optim_state_names[kind][s] : "step";
+                tb_tensor *t;
+                if (s < 2 && (what == NULL || v.state[s] == NULL)) continue;
+                tb__optim_key(key, sizeof key, prefix, "state.", i, what);
+                if (pass == 0) {
+                    if (tb__set_find(set, key) != TB__SET_NONE)
+                        return tb__error(TB_ERR_DUPLICATE, "%s: the set already has \"%s\"", fn,
+                                         key);
+                    continue;
+                }
+                if (s < 2) {
+                    t = tb_detach(v.state[s][i]);
+                } else {
+                    tb_device dev = tb_tensor_device(v.params[i]);
+                    t = tb_scalar_tensor(tb_scalar_i(TB_I64, v.steps[i]), &dev);
+                }
+                st = t != NULL ? tb_tensor_set_add(set, key, t) : tb_last_status();
+                tb_tensor_release(t);
+                if (st != TB_OK) return st;
+            }
+    tb__optim_key(key, sizeof key, prefix, "kind", (size_t)-1, NULL);
+    st = tb_tensor_set_set_metadata(set, key, tb__optim_kind_names[kind]);
+    snprintf(num, sizeof num, "%lld", (long long)*v.total_steps);
+    if (st == TB_OK && tb__optim_key(key, sizeof key, prefix, "steps", (size_t)-1, NULL))
+        st = tb_tensor_set_set_metadata(set, key, num);
+    snprintf(num, sizeof num, "%.17g", v.d->lr);
+    if (st == TB_OK && tb__optim_key(key, sizeof key, prefix, "lr", (size_t)-1, NULL))
+        st = tb_tensor_set_set_metadata(set, key, num);
+    return st;
+}
+
+/* The entry `key` of the set as a tensor like `like` (shape, dtype) on like's device: a new
+   reference, or NULL with the error set. */
+static tb_tensor *tb__optim_entry(const char *fn, const tb_tensor_set *set, const char *key,
+                                  tb_tensor *like, const tb_shape *want) {
+    size_t at = tb__set_find(set, key);
+    tb_tensor *t;
+    tb_shape ts;
+    tb_device dl = tb_tensor_device(like), dt;
+    char sa[96], sb[96];
+    if (at == TB__SET_NONE) {
+        tb__error(TB_ERR_NOT_FOUND, "%s: the set has no \"%s\"", fn, key);
+        return NULL;
+    }
+    t = set->entries[at].tensor;
+    ts = tb_tensor_shape(t);
+    if (!tb_shape_equal(&ts, want)) {
+        tb__shape_text(&ts, sa);
+        tb__shape_text(want, sb);
+        tb__error(TB_ERR_SHAPE, "%s: \"%s\" is %s; the optimizer's is %s", fn, key, sa, sb);
+        return NULL;
+    }
+    dt = tb_tensor_device(t);
+    return tb_device_equal(&dt, &dl) ? tb_tensor_retain(t) : tb_to_device(t, &dl);
+}
+
+static bool tb__optim_meta(const char *fn, const tb_tensor_set *set, const char *prefix,
+                           const char *name, char *key, size_t cap, const char **value) {
+    size_t at;
+    tb__optim_key(key, cap, prefix, name, (size_t)-1, NULL);
+    at = tb__set_meta_find(set, key);
+    if (at == TB__SET_NONE) {
+        tb__error(TB_ERR_NOT_FOUND, "%s: the set has no metadata \"%s\"", fn, key);
+        return false;
+    }
+    *value = set->meta[at].value;
+    return true;
+}
+
+/* The metadata of a saved state: kind (checked), total steps and lr. */
+static tb_status tb__optim_load_meta(const char *fn, const tb_tensor_set *set, const char *prefix,
+                                     int kind, int64_t *total, double *lr) {
+    char key[256 + TB_TENSOR_SET_MAX_NAME], *end;
+    const char *v;
+    long long n;
+    if (!tb__optim_meta(fn, set, prefix, "kind", key, sizeof key, &v)) return tb_last_status();
+    if (strcmp(v, tb__optim_kind_names[kind]) != 0)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: \"%s\" is \"%.32s\"; this optimizer is %s",
+                         fn, key, v, tb__optim_kind_names[kind]);
+    if (!tb__optim_meta(fn, set, prefix, "steps", key, sizeof key, &v)) return tb_last_status();
+    errno = 0;
+    n = strtoll(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || n < 0)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: \"%s\" is \"%.32s\", not a step count", fn,
+                         key, v);
+    *total = (int64_t)n;
+    if (!tb__optim_meta(fn, set, prefix, "lr", key, sizeof key, &v)) return tb_last_status();
+    *lr = strtod(v, &end);
+    if (end == v || *end != '\0' || !(*lr > 0.0) || isinf(*lr))
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: \"%s\" is \"%.32s\", not a learning rate",
+                         fn, key, v);
+    return TB_OK;
+}
+
+TBDEF tb_status tb_optimizer_state_load(tb_optimizer *opt, const tb_tensor_set *set,
+                                        const char *prefix) {
+    const char *fn = "tb_optimizer_state_load";
+    tb__optim_view v;
+    char key[256 + TB_TENSOR_SET_MAX_NAME];
+    tb_tensor **got = NULL;
+    int64_t *steps = NULL, total = 0;
+    double lr = 0;
+    size_t i, n;
+    int s, kind;
+    tb_status st = tb__optim_prefix_ok(fn, opt, set, prefix);
+    if (st != TB_OK) return st;
+    if (prefix == NULL) prefix = "";
+    v = tb__optim_view_of(opt);
+    kind = (int)v.d->kind - 1;
+    st = tb__optim_load_meta(fn, set, prefix, kind, &total, &lr);
+    if (st != TB_OK) return st;
+    n = v.n;
+    got = n > 0 ? (tb_tensor **)tb__calloc(2 * n, sizeof(tb_tensor *)) : NULL;
+    steps = n > 0 ? (int64_t *)tb__calloc(n, sizeof(int64_t)) : NULL;
+    if (n > 0 && (got == NULL || steps == NULL)) {
+        st = tb__error(TB_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+        n = 0;
+    }
+    for (i = 0; st == TB_OK && i < n; i++) {
+        tb_shape ps = tb_tensor_shape(v.params[i]), ss;
+        tb_tensor *step;
+        for (s = 0; st == TB_OK && s < 2; s++) {
+            if (v.state[s] == NULL) continue;
+            tb__optim_key(key, sizeof key, prefix, "state.", i, tb__optim_state_names[kind][s]);
+            got[2 * i + (size_t)s] = tb__optim_entry(fn, set, key, v.params[i], &ps);
+            if (got[2 * i + (size_t)s] == NULL) st = tb_last_status();
+        }
+        if (st != TB_OK) break;
+        tb__optim_key(key, sizeof key, prefix, "state.", i, "step");
+        tb_shape_make(&ss, TB_I64, 0, NULL);
+        step = tb__optim_entry(fn, set, key, v.params[i], &ss);
+        st = step != NULL ? tb_tensor_to_host(step, &steps[i], sizeof steps[i]) : tb_last_status();
+        tb_tensor_release(step);
+        if (st == TB_OK && steps[i] < 0)
+            st = tb__error(TB_ERR_INVALID_ARGUMENT, "%s: \"%s\" is negative", fn, key);
+    }
+    for (i = 0; st == TB_OK && i < n; i++) /* assignments between equal shapes cannot fail */
+        for (s = 0; s < 2; s++)
+            if (got[2 * i + (size_t)s] != NULL)
+                st = tb_assign(v.state[s][i], got[2 * i + (size_t)s]);
+    if (st == TB_OK) {
+        if (n > 0) memcpy(v.steps, steps, sizeof(int64_t) * n);
+        *v.total_steps = total;
+        v.d->lr = lr;
+    }
+    for (i = 0; got != NULL && i < 2 * n; i++)
+        tb_tensor_release(got[i]);
+    tb__free(got);
+    tb__free(steps);
+    return st;
+}

@@ -439,6 +439,15 @@ static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t 
                               const int64_t *dilation);
 /* nn.c: the arena's result as a new reference (NULL when the arena failed); frees the arena */
 static tb_tensor *tb__nn_finish(tb__ag *a, tb_tensor *result);
+/* optim.c: an optimizer's insides, for the saving and loading of its state (files.c) */
+typedef struct tb__optim_view {
+    tb_optimizer_desc *d;
+    size_t n;
+    tb_tensor **params;
+    tb_tensor **state[2]; /* momentum buffer or exp_avg; exp_avg_sq (NULL arrays when unused) */
+    int64_t *steps, *total_steps;
+} tb__optim_view;
+static tb__optim_view tb__optim_view_of(tb_optimizer *opt);
 /* What a tensor holds, kept across assignments that may have to be undone (an optimizer step
    whose sync fails). Holding it does not keep a donation from happening: only live tensors
    count as readers. */

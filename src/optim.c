@@ -189,6 +189,18 @@ TBDEF double tb_optimizer_lr(const tb_optimizer *opt) {
     return opt != NULL ? opt->d.lr : 0.0;
 }
 
+static tb__optim_view tb__optim_view_of(tb_optimizer *opt) {
+    tb__optim_view v;
+    v.d = &opt->d;
+    v.n = opt->n;
+    v.params = opt->params;
+    v.state[0] = opt->s1;
+    v.state[1] = opt->s2;
+    v.steps = opt->steps;
+    v.total_steps = &opt->total_steps;
+    return v;
+}
+
 TBDEF int64_t tb_optimizer_steps(const tb_optimizer *opt) {
     return opt != NULL ? opt->total_steps : 0;
 }

@@ -55,6 +55,23 @@ TBDEF tb_status tb_optimizer_set_lr(tb_optimizer *opt, double lr);
 TBDEF double tb_optimizer_lr(const tb_optimizer *opt);
 /* Steps taken so far (Adam's bias correction uses it). */
 TBDEF int64_t tb_optimizer_steps(const tb_optimizer *opt);
+/* The optimizer's state, for resuming training (torch.optim's state_dict): its entries are
+   added to `set` (the model's parameters may be in it too; tb_safetensors_save writes both):
+   "<prefix>state.<i>.momentum_buffer" (SGD with momentum), "<prefix>state.<i>.exp_avg" and
+   "<prefix>state.<i>.exp_avg_sq" (Adam, AdamW) of parameter i's shape and dtype,
+   "<prefix>state.<i>.step" (i64 scalar), and the metadata "<prefix>kind" ("sgd", "adam",
+   "adamw"), "<prefix>steps" (tb_optimizer_steps) and "<prefix>lr". The state tensors are
+   snapshots (later steps do not change them). prefix may be NULL (""). A name already in the
+   set is TB_ERR_DUPLICATE and nothing is added. */
+TBDEF tb_status tb_optimizer_state_save(const tb_optimizer *opt, tb_tensor_set *set,
+                                        const char *prefix);
+/* Restores what tb_optimizer_state_save wrote (read back from a file, on any device: tensors
+   are moved to their parameter's device) into an optimizer of the same kind over parameters
+   of the same shapes and dtypes. Every entry is checked before anything changes: a missing
+   or mismatched entry or metadata value is an error naming it, and the optimizer keeps its
+   state. The learning rate is restored too (set another one after, if a schedule wants). */
+TBDEF tb_status tb_optimizer_state_load(tb_optimizer *opt, const tb_tensor_set *set,
+                                        const char *prefix);
 /* Frees the optimizer and its state; the parameters stay with their other owners. NULL is
    ignored. */
 TBDEF void tb_optimizer_free(tb_optimizer *opt);
