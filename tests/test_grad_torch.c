@@ -2107,7 +2107,7 @@ static bool graph_grads(const graph *g, const tb_device *dev, grads *out, bool *
         const gval *v = &g->v[id];
         t[id] = v->op < 0 ? upload(v, dev) : run_op(&g->op[v->op], t);
         if (t[id] == NULL) {
-            snprintf(err, errcap, "building %%%d (%s): %s", id,
+            snprintf(err, errcap, "building %%%d (%s): %.400s", id,
                      v->op < 0 ? "input" : g_op_names[g->op[v->op].code], tb_last_error());
             ok = false;
             break;
@@ -2139,7 +2139,7 @@ static bool graph_grads(const graph *g, const tb_device *dev, grads *out, bool *
         sv.data = (double *)g->seedv;
         seed = upload(&sv, dev);
         if (tb_grad(t[g->out], seed, ins, (size_t)n, gr) != TB_OK) {
-            snprintf(err, errcap, "tb_grad: %s", tb_last_error());
+            snprintf(err, errcap, "tb_grad: %.400s", tb_last_error());
             ok = false;
         }
         tb_tensor_release(seed);
@@ -2151,13 +2151,13 @@ static bool graph_grads(const graph *g, const tb_device *dev, grads *out, bool *
         for (i = 0; i < n; i++)
             if (gr[i] != NULL) live[nlive++] = gr[i];
         if (nlive > 0 && tb_sync(live, nlive) != TB_OK) {
-            snprintf(err, errcap, "tb_sync of the gradients: %s", tb_last_error());
+            snprintf(err, errcap, "tb_sync of the gradients: %.400s", tb_last_error());
             ok = false;
         }
     }
     for (i = 0; ok && i < n; i++) {
         tb_shape s;
-        int64_t cnt, k;
+        int64_t cnt = 0, k;
         void *buf;
         if (gr[i] == NULL) continue;
         s = tb_tensor_shape(gr[i]);
@@ -2174,7 +2174,7 @@ static bool graph_grads(const graph *g, const tb_device *dev, grads *out, bool *
         assert_non_null(out->g[ids[i]]);
         assert_non_null(buf);
         if (tb_tensor_to_host(gr[i], buf, (size_t)cnt * tb_dtype_size(s.dtype)) != TB_OK) {
-            snprintf(err, errcap, "reading the gradient of %%%d: %s", ids[i], tb_last_error());
+            snprintf(err, errcap, "reading the gradient of %%%d: %.400s", ids[i], tb_last_error());
             ok = false;
         }
         for (k = 0; ok && k < cnt; k++)

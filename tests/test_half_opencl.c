@@ -27,7 +27,7 @@ static void test_ops_against_torch_and_reference(void **state) {
     tb_device cpu;
     void **on_ocl = NULL, **on_cpu = NULL;
     size_t ci;
-    int64_t n, i;
+    int64_t n = 0, i;
     int differ = 0;
     char why[160];
     (void)state;
