@@ -784,7 +784,9 @@ typedef enum tb_op_kind {
      axes as size 1, 0 removes them. Output dtype = operand dtype.
      SUM PROD: T not bool (the op functions cast bool and integers to i64 first); over an empty
        set: 0 and 1.  MEAN: float T only; empty: NaN.  MAX MIN: any T; every reduced axis has
-       size >= 1.
+       size >= 1; an optional third attr `first` (0 or 1; 1 needs exactly one reduced axis)
+       changes the gradient only: it goes to the first extreme element alone (as a max-pool's
+       does in PyTorch) instead of being shared evenly between ties.
    ARGMAX ARGMIN: one operand of rank >= 1, not bool; attrs [axis, keepdim]; dims[axis] >= 1;
      output i64, the index along axis of the first extreme element. (The op functions reshape a
      rank-0 input to [1].)
@@ -2685,6 +2687,9 @@ static tb_status tb__ref_run_graph(const tb_graph *graph, const void *const *par
                                    void *const *results);
 
 /* the built-in backends' registrations, which the wiring lists */
+/* ops.c: max over one axis whose gradient goes to the first largest element alone (PyTorch's
+   max-pool), not shared between ties as tb_max's */
+static tb_tensor *tb__max_first(tb_tensor *x, int32_t axis, bool keepdim);
 /* autograd.c: the arena of tensors a rule makes, released together (nn.c and optim.c build
    on it), and what a tensor holds across an assignment that may have to be undone */
 typedef struct tb__ag {
@@ -7279,11 +7284,19 @@ static tb_status tb__infer_binary(const char *fn, tb_op op, const tb_shape *in, 
 
 static tb_status tb__infer_reduce(const char *fn, tb_op op, const tb_shape *x, const int64_t *attrs,
                                   size_t num_attrs, tb_shape *out) {
-    tb_status st = tb__want_attrs(fn, num_attrs, 2, "[axes bitmask, keepdim]");
+    bool first = (op == TB_OP_MAX || op == TB_OP_MIN) && num_attrs == 3;
+    tb_status st =
+        tb__want_attrs(fn, num_attrs, first ? 3 : 2,
+                       first ? "[axes bitmask, keepdim, first]" : "[axes bitmask, keepdim]");
     int64_t mask;
     int32_t i;
     if (st != TB_OK) return st;
     mask = attrs[0];
+    if (first && ((st = tb__check_flag(fn, "first", attrs[2])) != TB_OK)) return st;
+    if (first && attrs[2] != 0 && (mask <= 0 || (mask & (mask - 1)) != 0))
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "%s: `first` needs exactly one reduced axis (mask %lld)", fn,
+                         (long long)mask);
     if ((st = tb__check_mask(fn, mask, x)) != TB_OK) return st;
     if ((st = tb__check_flag(fn, "keepdim", attrs[1])) != TB_OK) return st;
     if (op == TB_OP_SUM || op == TB_OP_PROD) st = tb__need_not_bool(fn, x);
@@ -11891,6 +11904,31 @@ TBDEF tb_tensor *tb_mean(tb_tensor *x, const int32_t *axes, size_t num_axes, boo
 TBDEF tb_tensor *tb_max(tb_tensor *x, const int32_t *axes, size_t num_axes, bool keepdim) {
     return tb__reduce("tb_max", TB_OP_MAX, x, axes, num_axes, keepdim);
 }
+/* max or min over one axis whose gradient goes to the first extreme alone (a max-pool's) */
+static tb_tensor *tb__extreme_first(const char *fn, tb_op op, tb_tensor *x, int32_t axis,
+                                    bool keepdim) {
+    tb__arg arg;
+    tb_device device;
+    tb_node *node;
+    int64_t attrs[3];
+    tb__ensure_setup();
+    if (x == NULL) return tb__null_input(fn, "x");
+    if (tb__args_get(fn, &x, 1, &arg, &device) != TB_OK) return NULL;
+    if (tb__axes_mask(fn, &arg.shape, &axis, 1, &attrs[0]) != TB_OK) {
+        tb__args_release(&arg, 1);
+        return NULL;
+    }
+    attrs[1] = keepdim ? 1 : 0;
+    attrs[2] = 1;
+    node = tb__record(fn, op, &device, &arg.node, 1, attrs, 3, NULL);
+    tb__args_release(&arg, 1);
+    return tb__finish(node);
+}
+
+static tb_tensor *tb__max_first(tb_tensor *x, int32_t axis, bool keepdim) {
+    return tb__extreme_first("tb_max", TB_OP_MAX, x, axis, keepdim);
+}
+
 TBDEF tb_tensor *tb_min(tb_tensor *x, const int32_t *axes, size_t num_axes, bool keepdim) {
     return tb__reduce("tb_min", TB_OP_MIN, x, axes, num_axes, keepdim);
 }
@@ -16709,7 +16747,21 @@ static void tb__vjp_reduce(const tb__vjp *v) {
     }
     case TB_OP_MAX:
     case TB_OP_MIN: { /* (g / count of the extremes) at each extreme */
-        tb_tensor *y = tb__ag_restore(v->a, v->y, xs, mask, keep);
+        tb_tensor *y;
+        if (v->node->num_attrs >= 3 && v->node->attrs[2] != 0) { /* g at the first extreme */
+            int32_t ax = axes[0];
+            tb_tensor *at =
+                TB__K(v->node->op == TB_OP_MAX ? tb_argmax(x, ax, true) : tb_argmin(x, ax, true));
+            tb_tensor *k = TB__K(tb_arange(0.0, (double)xs->dims[ax], 1.0, TB_I64, &v->a->device));
+            int64_t kd[TB_MAX_RANK];
+            int32_t j;
+            for (j = 0; j < xs->rank; j++)
+                kd[j] = j == ax ? xs->dims[ax] : 1;
+            k = TB__K(tb_reshape(k, kd, xs->rank));
+            v->out[0] = tb__ag_mask(v->a, TB__K(tb_eq(k, at)), g);
+            break;
+        }
+        y = tb__ag_restore(v->a, v->y, xs, mask, keep);
         tb_tensor *hit = TB__K(tb_cast(TB__K(tb_eq(x, y)), v->dt));
         tb_tensor *count = TB__K(tb_sum(hit, axes, n, true));
         v->out[0] = TB__K(tb_mul(TB__K(tb_div(g, count)), hit));
@@ -18727,6 +18779,10 @@ static tb_tensor *tb__conv_finish_out(tb__ag *a, tb_tensor *y, tb_tensor *bias, 
     return y;
 }
 
+/* The largest window a depthwise convolution sums where it is read (the planner's
+   TB__PLAN_INLINE_REDUCE: 5 x 5) */
+#define TB__CONV_DEPTHWISE_MAX 25
+
 /* x [N, C, L..] as windows [N, G, C / G * K.., O..] multiplied by the weight [G, O / G, C / G *
    K..] (broadcast over the batch): one matmul per image and group, whose [N, G, O / G, O..]
    result is already the output's layout [N, O, O..] (nothing to transpose after it). */
@@ -18739,6 +18795,23 @@ static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor 
     for (i = 0; i < c->n; i++) {
         kk *= c->k[i];
         oo *= c->out[i];
+    }
+    if (groups == ch && outc == ch && kk <= TB__CONV_DEPTHWISE_MAX &&
+        (xs.dtype == TB_F32 || xs.dtype == TB_F64)) {
+        /* depthwise: each channel's windows times its kernel, summed over the window (a few
+           elements per output: computed where it is read, fused with what comes before and
+           after) rather than a matmul of one row per channel */
+        int32_t axes[2];
+        dims[0] = 1;
+        dims[1] = ch;
+        for (i = 0; i < c->n; i++) {
+            dims[2 + i] = 1;
+            dims[2 + c->n + i] = c->k[i];
+            axes[i] = 2 + c->n + i;
+        }
+        m = tb__ag_keep(a, tb_reshape(weight, dims, 2 + 2 * c->n));
+        t = w != NULL && m != NULL ? tb__ag_keep(a, tb_mul(w, m)) : NULL;
+        return t != NULL ? tb__ag_keep(a, tb_sum(t, axes, (size_t)c->n, false)) : NULL;
     }
     /* [N, C, O.., K..] -> [N, G, C/G, O.., K..] -> [N, G, C/G, K.., O..] */
     dims[0] = n;
@@ -18969,29 +19042,20 @@ static tb_tensor *tb__max_pool(const char *fn, int32_t n, tb_tensor *x, const in
                                const int64_t *stride, const int64_t *padding,
                                const int64_t *dilation, bool ceil_mode) {
     tb__conv_args c;
-    tb_tensor *w, *idx, *k, *pick, *y;
-    tb_shape xs;
+    tb_tensor *w, *y;
     tb__ag a;
     int32_t last;
     memset(&c, 0, sizeof c);
     c.fn = fn;
     c.n = n;
     if (!tb__pool_setup(&c, x, kernel, stride, padding, dilation, ceil_mode)) return NULL;
-    xs = tb_tensor_shape(x);
     tb__ag_init(&a, fn);
     a.device = tb_tensor_device(x);
     w = tb__pool_windows(&a, &c, x, -INFINITY);
     last = w != NULL ? tb_tensor_shape(w).rank - 1 : 0;
-    /* the first largest (or first NaN) element of each window, picked by a mask so that the
-       gradient goes to it alone, as PyTorch's: sum(where(k == argmax, w, 0)), whose backward is
-       elementwise */
-    idx = w != NULL ? tb__ag_keep(&a, tb_argmax(w, last, true)) : NULL;
-    k = idx != NULL ? tb__ag_keep(&a, tb_arange(0, (double)tb_tensor_shape(w).dims[last], 1, TB_I64,
-                                                &a.device))
-                    : NULL;
-    pick = k != NULL ? tb__ag_keep(&a, tb_eq(k, idx)) : NULL;
-    y = pick != NULL ? tb__ag_keep(&a, tb_where(pick, w, tb__ag_const(&a, xs.dtype, 0.0))) : NULL;
-    y = y != NULL ? tb__ag_keep(&a, tb_sum(y, &last, 1, false)) : NULL;
+    /* the window's max, whose gradient goes to its first largest (or first NaN) element
+       alone, as PyTorch's */
+    y = w != NULL ? tb__ag_keep(&a, tb__max_first(w, last, false)) : NULL;
     return tb__nn_finish(&a, y);
 }
 
@@ -20101,6 +20165,8 @@ typedef struct tb__plan_kernel {
     int32_t cat_first, cat_count, cat_form;
     int64_t cat_start, cat_len;
     char name[64];
+    char fn[64]; /* the program's function that runs it: its own name, or the name of an
+                    earlier kernel of the program whose code is the same (set by the renderer) */
     tb__plan_arg *args;
     size_t num_args;
     /* layout */
@@ -20109,6 +20175,7 @@ typedef struct tb__plan_kernel {
     bool lane_parts;    /* reductions with vectors: each accumulator runs over its own part of
                            the item's range (a stream through memory each), else they take turns */
     bool suffix;        /* reductions: the reduced axes are the trailing ones (rows contiguous) */
+    bool inline_reduce; /* holds a reduction computed where it is read (planner) */
     tb_dtype acc;       /* reductions, norms: the accumulator dtype */
     int32_t vec;        /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
     int32_t vec_axes;   /* the row's trailing axes the vectors run along */
@@ -20242,6 +20309,8 @@ static const tb_shape *tb__plan_shape(const tb__pgraph *G, int32_t node);
 static int64_t tb__plan_numel(const tb_shape *s);
 static bool tb__plan_same_dims(const tb_shape *a, const tb_shape *b);
 static bool tb__plan_is_elementwise(tb_op op);
+/* a reduction computed where it is read (unrolled): its elements per output, else 0 */
+static int64_t tb__plan_inline_reduce(const tb_node *n);
 static tb__plan_mm tb__plan_mm_of(const tb__pgraph *G, int32_t core);
 /* batch, M, N, K, panel count and panel width of a packed matmul's operand */
 static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]);
@@ -21261,8 +21330,29 @@ static bool tb__plan_cat_many(const tb_node *n) {
     return n->op == TB_OP_CONCAT && n->num_operands > TB__PLAN_CAT_INLINE;
 }
 
-static int32_t tb__plan_core_kind(tb_op op) {
-    switch (tb_op_get_kind(op)) {
+/* A reduction over at most this many elements per output is computed where it is read, as an
+   elementwise op (unrolled; pools and depthwise convolutions up to 5 x 5 windows): a kernel of
+   its own would run one short loop per work item. */
+#define TB__PLAN_INLINE_REDUCE 25
+
+/* The elements per output of a reduction computed where it is read (tb__plan_inline_reduce),
+   else 0. */
+static int64_t tb__plan_inline_reduce(const tb_node *n) {
+    int64_t m = 1;
+    int32_t a;
+    if (n->op != TB_OP_SUM && n->op != TB_OP_MEAN && n->op != TB_OP_MAX && n->op != TB_OP_MIN)
+        return 0;
+    if ((n->shape.dtype != TB_F32 && n->shape.dtype != TB_F64) || n->num_operands != 1 ||
+        n->operands[0]->shape.dtype != n->shape.dtype || n->attrs[0] == 0)
+        return 0;
+    for (a = 0; a < n->operands[0]->shape.rank; a++)
+        if (((uint64_t)n->attrs[0] >> a) & 1u) m *= n->operands[0]->shape.dims[a];
+    return m >= 2 && m <= TB__PLAN_INLINE_REDUCE && tb__plan_numel(&n->shape) >= 2 ? m : 0;
+}
+
+static int32_t tb__plan_core_kind(const tb_node *n) {
+    if (tb__plan_inline_reduce(n) > 0) return -1;
+    switch (tb_op_get_kind(n->op)) {
     case TB_KIND_REDUCE:
         return TB__K_REDUCE;
     case TB_KIND_MATMUL:
@@ -21546,10 +21636,18 @@ static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits
                     tb__keyset_add(set, tb__plan_key_mix(TB__PLAN_KEY_ROOT, u, k, lane),
                                    t->positions_per_node);
             } else {
+                /* an inlined reduction reads its operand at m positions per position */
+                int32_t reads = (int32_t)tb__plan_inline_reduce(ui->node), r;
                 for (q = 0; q < ui->keys_count; q++) {
                     uint64_t key = G->keys[ui->keys_first + q];
-                    tb__keyset_add(set, aligned ? key : tb__plan_key_mix(key, u, k, 0),
-                                   t->positions_per_node);
+                    if (reads > 0) {
+                        for (r = 0; r < reads; r++)
+                            tb__keyset_add(set, tb__plan_key_mix(key, u, k, r),
+                                           t->positions_per_node);
+                    } else {
+                        tb__keyset_add(set, aligned ? key : tb__plan_key_mix(key, u, k, 0),
+                                       t->positions_per_node);
+                    }
                 }
             }
         }
@@ -21624,6 +21722,7 @@ static tb_status tb__plan_make_root(tb__pgraph *G, int32_t i, int32_t kind, int3
     in->ctx = k;
     in->ident = true;
     in->depth = 0;
+    if (tb__plan_inline_reduce(in->node) > 0) G->plan->kernels[k].inline_reduce = true;
     return tb__plan_keys_store(G, i, &root_key, 1);
 }
 
@@ -21692,7 +21791,7 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
         const tb_node *node = in->node;
         bool must_root =
             in->result >= 0 || in->force_root || in->num_users == 0 || tb__plan_cat_many(node);
-        int32_t core_kind = tb__plan_core_kind(node->op);
+        int32_t core_kind = tb__plan_core_kind(node);
         if (in->param >= 0) {
             /* a parameter returned as a result: a copy */
             if (in->result >= 0) {
@@ -21724,7 +21823,7 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
             if (st != TB_OK) return st;
             continue;
         }
-        if (!tb__plan_is_inlinable(node->op)) {
+        if (!tb__plan_is_inlinable(node->op) && tb__plan_inline_reduce(node) == 0) {
             const char *name = tb_op_name(node->op);
             return tb__error(TB_ERR_UNSUPPORTED, "planner: op '%s' cannot be lowered",
                              name != NULL ? name : "?");
@@ -21759,6 +21858,27 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
                 in->cat_free = true;
                 continue;
             }
+            /* a computed value under a pad or window that an inlined reduction reads would be
+               computed again at every position of each window: materialised instead (it then
+               joins the epilogue of the matmul or reduction below it) */
+            /* a reduction computed where it is read only where each of its values is read
+               once (elementwise users of its own dims, in a kernel over as many elements): a
+               broadcast of it would repeat its work at every position it reaches */
+            if (ok && tb__plan_inline_reduce(node) > 0) {
+                ok = tb__plan_numel(tb__plan_shape(G, p->kernels[common].root)) ==
+                     tb__plan_numel(&node->shape);
+                for (e = 0; e < in->num_users && ok; e++) {
+                    const tb_node *un = G->info[G->users[in->first_user + e]].node;
+                    ok = tb__plan_is_elementwise(un->op) &&
+                         tb__plan_same_dims(&un->shape, &node->shape);
+                }
+            }
+            if (ok && !movement && node->op != TB_OP_PAD && p->kernels[common].inline_reduce) {
+                for (e = 0; e < in->num_users && ok; e++) {
+                    tb_op uop = G->info[G->users[in->first_user + e]].node->op;
+                    if (uop == TB_OP_PAD || uop == TB_OP_WINDOW) ok = false;
+                }
+            }
             if (ok) {
                 st = tb__plan_fits(G, i, common, &ok);
                 if (st != TB_OK) return st;
@@ -21766,6 +21886,7 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
             if (ok) {
                 in->ctx = common;
                 in->in_mm = in_mm;
+                if (tb__plan_inline_reduce(node) > 0) p->kernels[common].inline_reduce = true;
                 if (in->num_users == 1 && in->uses == 1) {
                     const tb__pnode *ui = &G->info[u];
                     in->ident = ui->ident && tb__plan_is_elementwise(ui->node->op) &&
@@ -22836,7 +22957,12 @@ static void tb__plan_layout(tb__pgraph *G) {
                 k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
                 k->stream_out = k->kind == TB__K_ELEMENTWISE &&
                                 G->target->tuning->stream_elementwise && tb__plan_streams(G, k);
-            } else if (k->kind == TB__K_ELEMENTWISE && G->target->tuning->elem_row_loops) {
+            } else if (k->kind == TB__K_ELEMENTWISE &&
+                       (G->target->tuning->elem_row_loops ||
+                        (k->inline_reduce && G->target->tuning->gpu_rows == 0))) {
+                /* (on CPU devices of OpenCL too where a reduction is unrolled in the kernel:
+                   MobileNetV2's depthwise convolutions on PoCL, batch 2 at 224 x 224, ran the
+                   network's forward in 16 ms against 35 ms with an item per element) */
                 const tb_shape *rs = tb__plan_shape(G, k->root);
                 int64_t len = rs->rank >= 2 ? rs->dims[rs->rank - 1] : 0;
                 if (len >= 2 && k->items / (uint64_t)len >= (uint64_t)G->target->compute_units) {
@@ -24789,6 +24915,59 @@ static int32_t tb__cg_generator(tb__cg *g, int32_t node, int32_t pos) {
 
 /* Nodes that are not computed from operand values at the same kind of position: leaves,
    other kernels' outputs and the ops with their own control flow. */
+/* A reduction over a few elements, unrolled where it is read: its operand at each of the m
+   positions the output position spans, combined as the reduction kernels do (sums in the
+   planner's accumulator type, extremes keeping NaN). */
+static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
+    const tb_node *n = g->G->info[node].node;
+    int32_t x = tb__plan_operand(g->G, node, 0), a, v, xp, acc = -1;
+    const tb_shape *xs = tb__plan_shape(g->G, x);
+    uint64_t mask = (uint64_t)n->attrs[0];
+    bool keep = n->attrs[1] != 0, sums = n->op == TB_OP_SUM || n->op == TB_OP_MEAN;
+    int64_t m = tb__plan_inline_reduce(n), r;
+    const char *t = tb__cg_ctype(n->shape.dtype);
+    const char *at = sums && n->shape.dtype == TB_F32 && g->G->target->acc_f64 ? "double" : t;
+    tb__lf dims[TB_MAX_RANK];
+    tb__pos p;
+    if (!tb__ix_need_multi(&g->ix, pos)) return -1;
+    p = g->ix.pos[pos];
+    for (r = 0; r < m; r++) {
+        int64_t rest = r;
+        int32_t o = n->shape.rank;
+        for (a = xs->rank - 1; a >= 0; a--) { /* the last reduced axis runs fastest */
+            if ((mask >> a) & 1u) {
+                tb__lf_const(&dims[a], rest % xs->dims[a]);
+                rest /= xs->dims[a];
+                if (keep) o--;
+            } else {
+                dims[a] = p.dim[--o];
+            }
+        }
+        xp = tb__ix_pos_multi(&g->ix, xs, dims);
+        v = xp >= 0 ? tb__cg_eval(g, x, xp) : -1;
+        if (v < 0) return -1;
+        if (r == 0) {
+            acc = tb__cg_new_val(g, n->shape.dtype);
+            if (acc < 0) return -1;
+            tb__ix_line(&g->ix, "%s v%d = (%s)v%d;", at, (int)acc, at, (int)v);
+        } else if (sums) {
+            tb__ix_line(&g->ix, "v%d += (%s)v%d;", (int)acc, at, (int)v);
+        } else {
+            tb__ix_line(&g->ix, "if (v%d %s v%d || isnan(v%d)) v%d = v%d;", (int)v,
+                        n->op == TB_OP_MAX ? ">" : "<", (int)acc, (int)v, (int)acc, (int)v);
+        }
+    }
+    v = tb__cg_new_val(g, n->shape.dtype);
+    if (v < 0) return -1;
+    if (n->op == TB_OP_MEAN) {
+        tb__ix_line(&g->ix, "const %s v%d = (%s)(v%d / (%s)%lld);", t, (int)v, t, (int)acc, at,
+                    (long long)m);
+    } else {
+        tb__ix_line(&g->ix, "const %s v%d = (%s)v%d;", t, (int)v, t, (int)acc);
+    }
+    return v;
+}
+
 static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handled) {
     const tb__pnode *in = &g->G->info[node];
     const tb__plan_kernel *k = tb__cg_kernel(g);
@@ -24846,6 +25025,7 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
                                       (int)node, (int)g->kernel, (int)in->ctx));
         return -1;
     }
+    if (tb__plan_inline_reduce(in->node) > 0) return tb__cg_inline_reduce(g, node, pos);
     switch (in->node->op) {
     case TB_OP_PAD:
     case TB_OP_CONCAT:
@@ -27159,10 +27339,83 @@ static tb_status tb__cg_run_error(const tb__plan *p, const char *who,
 
 /* Renders every kernel of the plan (those with work) after the dialect's head and the shared
    prelude, as one program; *out (caller frees) and its length. */
+#define TB__CG_FN_TOKEN "tb_kfn_"
+
+static bool tb__cg_ident_char(char c, bool first) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+           (!first && c >= '0' && c <= '9');
+}
+
+/* `text` (a kernel rendered under the name TB__CG_FN_TOKEN) with its parameters renamed by
+   position (tb_q<j>), so that kernels doing the same work on other buffers read the same. */
+static tb_status tb__cg_canonical(const char *text, const tb__cg_param *params, size_t n,
+                                  tb__str *out) {
+    const char *s = text;
+    while (*s != '\0') {
+        if (tb__cg_ident_char(*s, true)) {
+            const char *e = s;
+            size_t j, len;
+            bool done = false;
+            while (tb__cg_ident_char(*e, false))
+                e++;
+            len = (size_t)(e - s);
+            for (j = 0; j < n && !done; j++)
+                if (strlen(params[j].name) == len && memcmp(params[j].name, s, len) == 0) {
+                    tb__str_append(out, "tb_q%d", (int)j);
+                    done = true;
+                }
+            if (!done) tb__str_append(out, "%.*s", (int)len, s);
+            s = e;
+        } else {
+            const char *e = s;
+            while (*e != '\0' && !tb__cg_ident_char(*e, true))
+                e++;
+            tb__str_append(out, "%.*s", (int)(e - s), s);
+            s = e;
+        }
+    }
+    return out->failed ? TB_ERR_OUT_OF_MEMORY : TB_OK;
+}
+
+/* Appends a kernel's text with its own name in place of the token. */
+static void tb__cg_emit_named(tb__str *src, const char *text, const char *name) {
+    const char *s = text, *at;
+    size_t tl = strlen(TB__CG_FN_TOKEN);
+    while ((at = strstr(s, TB__CG_FN_TOKEN)) != NULL) {
+        tb__str_append(src, "%.*s%s", (int)(at - s), s, name);
+        s = at + tl;
+    }
+    tb__str_append(src, "%s", s);
+}
+
+/* Renders kernel i under the token name into *one, and into *canon with its parameters
+   renamed by position (what kernels doing the same work on other buffers share). */
+static tb_status tb__cg_render_one(tb__cg *g, const tb__dialect *d, size_t i, tb__str *one,
+                                   tb__str *canon) {
+    tb__plan_kernel *k = &g->P->kernels[i];
+    tb__cg_param *params = NULL;
+    size_t num_params = 0;
+    char saved[64];
+    tb_status st = tb__cg_kernel_body(g, i);
+    if (st == TB_OK) st = tb__cg_params(g, k, &params, &num_params);
+    if (st == TB_OK) {
+        memcpy(saved, k->name, sizeof saved);
+        snprintf(k->name, sizeof k->name, "%s", TB__CG_FN_TOKEN);
+        d->kernel(one, k, params, num_params, g->ix.body.data != NULL ? g->ix.body.data : "");
+        memcpy(k->name, saved, sizeof saved);
+        st = one->failed
+                 ? TB_ERR_OUT_OF_MEMORY
+                 : tb__cg_canonical(one->data != NULL ? one->data : "", params, num_params, canon);
+    }
+    tb__free(params);
+    return st;
+}
+
 static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
                                size_t *len) {
     tb__cg *g = (tb__cg *)tb__calloc(1, sizeof *g);
-    tb__str src;
+    tb__str src, *canons = NULL;
+    uint64_t *hashes = NULL;
     size_t i;
     tb_status st = TB_OK;
     *out = NULL;
@@ -27193,17 +27446,41 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
                        d->global, d->err_claim);
     }
     tb__str_append(&src, "\n");
+    /* each distinct kernel once: a kernel whose code is an earlier one's (the same work on
+       other buffers, as a network's repeated blocks have) runs that kernel's function */
+    canons = (tb__str *)tb__calloc(P->num_kernels + 1, sizeof(tb__str));
+    hashes = (uint64_t *)tb__calloc(P->num_kernels + 1, sizeof(uint64_t));
+    if (canons == NULL || hashes == NULL) st = TB_ERR_OUT_OF_MEMORY;
     for (i = 0; i < P->num_kernels && st == TB_OK; i++) {
-        const tb__plan_kernel *k = &P->kernels[i];
-        tb__cg_param *params = NULL;
-        size_t num_params = 0;
+        tb__plan_kernel *k = &P->kernels[i];
+        tb__str one;
+        size_t j;
+        snprintf(k->fn, sizeof k->fn, "%s", k->name);
         if (k->empty) continue;
-        st = tb__cg_kernel_body(g, i);
-        if (st == TB_OK) st = tb__cg_params(g, k, &params, &num_params);
-        if (st == TB_OK)
-            d->kernel(&src, k, params, num_params, g->ix.body.data != NULL ? g->ix.body.data : "");
-        tb__free(params);
+        memset(&one, 0, sizeof one);
+        st = tb__cg_render_one(g, d, i, &one, &canons[i]);
+        if (st != TB_OK) {
+            tb__str_free(&one);
+            break;
+        }
+        hashes[i] = tb__hash_bytes(0x6b666eull, canons[i].data, canons[i].len);
+        for (j = 0; j < i; j++)
+            if (canons[j].data != NULL && hashes[j] == hashes[i] &&
+                canons[j].len == canons[i].len &&
+                memcmp(canons[j].data, canons[i].data, canons[i].len) == 0)
+                break;
+        if (j < i) {
+            snprintf(k->fn, sizeof k->fn, "%s", P->kernels[j].fn);
+            tb__str_free(&canons[i]);
+        } else {
+            tb__cg_emit_named(&src, one.data != NULL ? one.data : "", k->name);
+        }
+        tb__str_free(&one);
     }
+    for (i = 0; canons != NULL && i < P->num_kernels; i++)
+        tb__str_free(&canons[i]);
+    tb__free(canons);
+    tb__free(hashes);
     if (st == TB_OK && src.failed) st = TB_ERR_OUT_OF_MEMORY;
     if (st == TB_OK) {
         *len = src.len;
@@ -29365,11 +29642,11 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
         tb__plan_kernel *k = &p->plan->kernels[i];
         tb__cl_int err = TB__CL_SUCCESS;
         if (k->empty) continue;
-        p->cl[i] = TB__OCL_CALL(dev->rt, CreateKernel)(p->program->program, k->name, &err);
+        p->cl[i] = TB__OCL_CALL(dev->rt, CreateKernel)(p->program->program, k->fn, &err);
         if (p->cl[i] == NULL || err != TB__CL_SUCCESS) {
             p->cl[i] = NULL;
             st = tb__error(TB_ERR_COMPILE, "opencl:%d: clCreateKernel(%s) failed: %s (%d)",
-                           (int)p->ordinal, k->name, tb__cl_error_name(err), (int)err);
+                           (int)p->ordinal, k->fn, tb__cl_error_name(err), (int)err);
             break;
         }
         if (k->group_size[0] == 0) p->local[i] = tb__ocl_pick_local(dev, p->cl[i], k->items);
@@ -31718,8 +31995,8 @@ static tb__native_prog *tb__native_prog_find(tb__native_rt *rt, const uint64_t k
 static const char *tb__native_missing_kernel(void *handle, const tb__plan *plan) {
     size_t i;
     for (i = 0; i < plan->num_kernels; i++)
-        if (!plan->kernels[i].empty && dlsym(handle, plan->kernels[i].name) == NULL)
-            return plan->kernels[i].name;
+        if (!plan->kernels[i].empty && dlsym(handle, plan->kernels[i].fn) == NULL)
+            return plan->kernels[i].fn;
     return NULL;
 }
 
@@ -32065,10 +32342,10 @@ static tb_status tb__native_compile(void *user_data, void *context, void **compu
     for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
         void *sym;
         if (p->kernels[i].empty) continue;
-        sym = dlsym(c->prog->handle, p->kernels[i].name);
+        sym = dlsym(c->prog->handle, p->kernels[i].fn);
         if (sym == NULL) {
-            st = tb__error(TB_ERR_COMPILE, "native: the program has no kernel %s",
-                           p->kernels[i].name);
+            st =
+                tb__error(TB_ERR_COMPILE, "native: the program has no kernel %s", p->kernels[i].fn);
             break;
         }
         memcpy(&c->fns[i], &sym, sizeof sym);

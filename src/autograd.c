@@ -358,7 +358,21 @@ static void tb__vjp_reduce(const tb__vjp *v) {
     }
     case TB_OP_MAX:
     case TB_OP_MIN: { /* (g / count of the extremes) at each extreme */
-        tb_tensor *y = tb__ag_restore(v->a, v->y, xs, mask, keep);
+        tb_tensor *y;
+        if (v->node->num_attrs >= 3 && v->node->attrs[2] != 0) { /* g at the first extreme */
+            int32_t ax = axes[0];
+            tb_tensor *at =
+                TB__K(v->node->op == TB_OP_MAX ? tb_argmax(x, ax, true) : tb_argmin(x, ax, true));
+            tb_tensor *k = TB__K(tb_arange(0.0, (double)xs->dims[ax], 1.0, TB_I64, &v->a->device));
+            int64_t kd[TB_MAX_RANK];
+            int32_t j;
+            for (j = 0; j < xs->rank; j++)
+                kd[j] = j == ax ? xs->dims[ax] : 1;
+            k = TB__K(tb_reshape(k, kd, xs->rank));
+            v->out[0] = tb__ag_mask(v->a, TB__K(tb_eq(k, at)), g);
+            break;
+        }
+        y = tb__ag_restore(v->a, v->y, xs, mask, keep);
         tb_tensor *hit = TB__K(tb_cast(TB__K(tb_eq(x, y)), v->dt));
         tb_tensor *count = TB__K(tb_sum(hit, axes, n, true));
         v->out[0] = TB__K(tb_mul(TB__K(tb_div(g, count)), hit));

@@ -750,6 +750,59 @@ static int32_t tb__cg_generator(tb__cg *g, int32_t node, int32_t pos) {
 
 /* Nodes that are not computed from operand values at the same kind of position: leaves,
    other kernels' outputs and the ops with their own control flow. */
+/* A reduction over a few elements, unrolled where it is read: its operand at each of the m
+   positions the output position spans, combined as the reduction kernels do (sums in the
+   planner's accumulator type, extremes keeping NaN). */
+static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
+    const tb_node *n = g->G->info[node].node;
+    int32_t x = tb__plan_operand(g->G, node, 0), a, v, xp, acc = -1;
+    const tb_shape *xs = tb__plan_shape(g->G, x);
+    uint64_t mask = (uint64_t)n->attrs[0];
+    bool keep = n->attrs[1] != 0, sums = n->op == TB_OP_SUM || n->op == TB_OP_MEAN;
+    int64_t m = tb__plan_inline_reduce(n), r;
+    const char *t = tb__cg_ctype(n->shape.dtype);
+    const char *at = sums && n->shape.dtype == TB_F32 && g->G->target->acc_f64 ? "double" : t;
+    tb__lf dims[TB_MAX_RANK];
+    tb__pos p;
+    if (!tb__ix_need_multi(&g->ix, pos)) return -1;
+    p = g->ix.pos[pos];
+    for (r = 0; r < m; r++) {
+        int64_t rest = r;
+        int32_t o = n->shape.rank;
+        for (a = xs->rank - 1; a >= 0; a--) { /* the last reduced axis runs fastest */
+            if ((mask >> a) & 1u) {
+                tb__lf_const(&dims[a], rest % xs->dims[a]);
+                rest /= xs->dims[a];
+                if (keep) o--;
+            } else {
+                dims[a] = p.dim[--o];
+            }
+        }
+        xp = tb__ix_pos_multi(&g->ix, xs, dims);
+        v = xp >= 0 ? tb__cg_eval(g, x, xp) : -1;
+        if (v < 0) return -1;
+        if (r == 0) {
+            acc = tb__cg_new_val(g, n->shape.dtype);
+            if (acc < 0) return -1;
+            tb__ix_line(&g->ix, "%s v%d = (%s)v%d;", at, (int)acc, at, (int)v);
+        } else if (sums) {
+            tb__ix_line(&g->ix, "v%d += (%s)v%d;", (int)acc, at, (int)v);
+        } else {
+            tb__ix_line(&g->ix, "if (v%d %s v%d || isnan(v%d)) v%d = v%d;", (int)v,
+                        n->op == TB_OP_MAX ? ">" : "<", (int)acc, (int)v, (int)acc, (int)v);
+        }
+    }
+    v = tb__cg_new_val(g, n->shape.dtype);
+    if (v < 0) return -1;
+    if (n->op == TB_OP_MEAN) {
+        tb__ix_line(&g->ix, "const %s v%d = (%s)(v%d / (%s)%lld);", t, (int)v, t, (int)acc, at,
+                    (long long)m);
+    } else {
+        tb__ix_line(&g->ix, "const %s v%d = (%s)v%d;", t, (int)v, t, (int)acc);
+    }
+    return v;
+}
+
 static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handled) {
     const tb__pnode *in = &g->G->info[node];
     const tb__plan_kernel *k = tb__cg_kernel(g);
@@ -807,6 +860,7 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
                                       (int)node, (int)g->kernel, (int)in->ctx));
         return -1;
     }
+    if (tb__plan_inline_reduce(in->node) > 0) return tb__cg_inline_reduce(g, node, pos);
     switch (in->node->op) {
     case TB_OP_PAD:
     case TB_OP_CONCAT:

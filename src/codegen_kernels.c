@@ -1766,10 +1766,83 @@ static tb_status tb__cg_run_error(const tb__plan *p, const char *who,
 
 /* Renders every kernel of the plan (those with work) after the dialect's head and the shared
    prelude, as one program; *out (caller frees) and its length. */
+#define TB__CG_FN_TOKEN "tb_kfn_"
+
+static bool tb__cg_ident_char(char c, bool first) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+           (!first && c >= '0' && c <= '9');
+}
+
+/* `text` (a kernel rendered under the name TB__CG_FN_TOKEN) with its parameters renamed by
+   position (tb_q<j>), so that kernels doing the same work on other buffers read the same. */
+static tb_status tb__cg_canonical(const char *text, const tb__cg_param *params, size_t n,
+                                  tb__str *out) {
+    const char *s = text;
+    while (*s != '\0') {
+        if (tb__cg_ident_char(*s, true)) {
+            const char *e = s;
+            size_t j, len;
+            bool done = false;
+            while (tb__cg_ident_char(*e, false))
+                e++;
+            len = (size_t)(e - s);
+            for (j = 0; j < n && !done; j++)
+                if (strlen(params[j].name) == len && memcmp(params[j].name, s, len) == 0) {
+                    tb__str_append(out, "tb_q%d", (int)j);
+                    done = true;
+                }
+            if (!done) tb__str_append(out, "%.*s", (int)len, s);
+            s = e;
+        } else {
+            const char *e = s;
+            while (*e != '\0' && !tb__cg_ident_char(*e, true))
+                e++;
+            tb__str_append(out, "%.*s", (int)(e - s), s);
+            s = e;
+        }
+    }
+    return out->failed ? TB_ERR_OUT_OF_MEMORY : TB_OK;
+}
+
+/* Appends a kernel's text with its own name in place of the token. */
+static void tb__cg_emit_named(tb__str *src, const char *text, const char *name) {
+    const char *s = text, *at;
+    size_t tl = strlen(TB__CG_FN_TOKEN);
+    while ((at = strstr(s, TB__CG_FN_TOKEN)) != NULL) {
+        tb__str_append(src, "%.*s%s", (int)(at - s), s, name);
+        s = at + tl;
+    }
+    tb__str_append(src, "%s", s);
+}
+
+/* Renders kernel i under the token name into *one, and into *canon with its parameters
+   renamed by position (what kernels doing the same work on other buffers share). */
+static tb_status tb__cg_render_one(tb__cg *g, const tb__dialect *d, size_t i, tb__str *one,
+                                   tb__str *canon) {
+    tb__plan_kernel *k = &g->P->kernels[i];
+    tb__cg_param *params = NULL;
+    size_t num_params = 0;
+    char saved[64];
+    tb_status st = tb__cg_kernel_body(g, i);
+    if (st == TB_OK) st = tb__cg_params(g, k, &params, &num_params);
+    if (st == TB_OK) {
+        memcpy(saved, k->name, sizeof saved);
+        snprintf(k->name, sizeof k->name, "%s", TB__CG_FN_TOKEN);
+        d->kernel(one, k, params, num_params, g->ix.body.data != NULL ? g->ix.body.data : "");
+        memcpy(k->name, saved, sizeof saved);
+        st = one->failed
+                 ? TB_ERR_OUT_OF_MEMORY
+                 : tb__cg_canonical(one->data != NULL ? one->data : "", params, num_params, canon);
+    }
+    tb__free(params);
+    return st;
+}
+
 static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
                                size_t *len) {
     tb__cg *g = (tb__cg *)tb__calloc(1, sizeof *g);
-    tb__str src;
+    tb__str src, *canons = NULL;
+    uint64_t *hashes = NULL;
     size_t i;
     tb_status st = TB_OK;
     *out = NULL;
@@ -1800,17 +1873,41 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
                        d->global, d->err_claim);
     }
     tb__str_append(&src, "\n");
+    /* each distinct kernel once: a kernel whose code is an earlier one's (the same work on
+       other buffers, as a network's repeated blocks have) runs that kernel's function */
+    canons = (tb__str *)tb__calloc(P->num_kernels + 1, sizeof(tb__str));
+    hashes = (uint64_t *)tb__calloc(P->num_kernels + 1, sizeof(uint64_t));
+    if (canons == NULL || hashes == NULL) st = TB_ERR_OUT_OF_MEMORY;
     for (i = 0; i < P->num_kernels && st == TB_OK; i++) {
-        const tb__plan_kernel *k = &P->kernels[i];
-        tb__cg_param *params = NULL;
-        size_t num_params = 0;
+        tb__plan_kernel *k = &P->kernels[i];
+        tb__str one;
+        size_t j;
+        snprintf(k->fn, sizeof k->fn, "%s", k->name);
         if (k->empty) continue;
-        st = tb__cg_kernel_body(g, i);
-        if (st == TB_OK) st = tb__cg_params(g, k, &params, &num_params);
-        if (st == TB_OK)
-            d->kernel(&src, k, params, num_params, g->ix.body.data != NULL ? g->ix.body.data : "");
-        tb__free(params);
+        memset(&one, 0, sizeof one);
+        st = tb__cg_render_one(g, d, i, &one, &canons[i]);
+        if (st != TB_OK) {
+            tb__str_free(&one);
+            break;
+        }
+        hashes[i] = tb__hash_bytes(0x6b666eull, canons[i].data, canons[i].len);
+        for (j = 0; j < i; j++)
+            if (canons[j].data != NULL && hashes[j] == hashes[i] &&
+                canons[j].len == canons[i].len &&
+                memcmp(canons[j].data, canons[i].data, canons[i].len) == 0)
+                break;
+        if (j < i) {
+            snprintf(k->fn, sizeof k->fn, "%s", P->kernels[j].fn);
+            tb__str_free(&canons[i]);
+        } else {
+            tb__cg_emit_named(&src, one.data != NULL ? one.data : "", k->name);
+        }
+        tb__str_free(&one);
     }
+    for (i = 0; canons != NULL && i < P->num_kernels; i++)
+        tb__str_free(&canons[i]);
+    tb__free(canons);
+    tb__free(hashes);
     if (st == TB_OK && src.failed) st = TB_ERR_OUT_OF_MEMORY;
     if (st == TB_OK) {
         *len = src.len;

@@ -199,6 +199,8 @@ typedef struct tb__plan_kernel {
     int32_t cat_first, cat_count, cat_form;
     int64_t cat_start, cat_len;
     char name[64];
+    char fn[64]; /* the program's function that runs it: its own name, or the name of an
+                    earlier kernel of the program whose code is the same (set by the renderer) */
     tb__plan_arg *args;
     size_t num_args;
     /* layout */
@@ -207,6 +209,7 @@ typedef struct tb__plan_kernel {
     bool lane_parts;    /* reductions with vectors: each accumulator runs over its own part of
                            the item's range (a stream through memory each), else they take turns */
     bool suffix;        /* reductions: the reduced axes are the trailing ones (rows contiguous) */
+    bool inline_reduce; /* holds a reduction computed where it is read (planner) */
     tb_dtype acc;       /* reductions, norms: the accumulator dtype */
     int32_t vec;        /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
     int32_t vec_axes;   /* the row's trailing axes the vectors run along */
@@ -340,6 +343,8 @@ static const tb_shape *tb__plan_shape(const tb__pgraph *G, int32_t node);
 static int64_t tb__plan_numel(const tb_shape *s);
 static bool tb__plan_same_dims(const tb_shape *a, const tb_shape *b);
 static bool tb__plan_is_elementwise(tb_op op);
+/* a reduction computed where it is read (unrolled): its elements per output, else 0 */
+static int64_t tb__plan_inline_reduce(const tb_node *n);
 static tb__plan_mm tb__plan_mm_of(const tb__pgraph *G, int32_t core);
 /* batch, M, N, K, panel count and panel width of a packed matmul's operand */
 static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]);

@@ -189,6 +189,10 @@ static tb_tensor *tb__conv_finish_out(tb__ag *a, tb_tensor *y, tb_tensor *bias, 
     return y;
 }
 
+/* The largest window a depthwise convolution sums where it is read (the planner's
+   TB__PLAN_INLINE_REDUCE: 5 x 5) */
+#define TB__CONV_DEPTHWISE_MAX 25
+
 /* x [N, C, L..] as windows [N, G, C / G * K.., O..] multiplied by the weight [G, O / G, C / G *
    K..] (broadcast over the batch): one matmul per image and group, whose [N, G, O / G, O..]
    result is already the output's layout [N, O, O..] (nothing to transpose after it). */
@@ -201,6 +205,23 @@ static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor 
     for (i = 0; i < c->n; i++) {
         kk *= c->k[i];
         oo *= c->out[i];
+    }
+    if (groups == ch && outc == ch && kk <= TB__CONV_DEPTHWISE_MAX &&
+        (xs.dtype == TB_F32 || xs.dtype == TB_F64)) {
+        /* depthwise: each channel's windows times its kernel, summed over the window (a few
+           elements per output: computed where it is read, fused with what comes before and
+           after) rather than a matmul of one row per channel */
+        int32_t axes[2];
+        dims[0] = 1;
+        dims[1] = ch;
+        for (i = 0; i < c->n; i++) {
+            dims[2 + i] = 1;
+            dims[2 + c->n + i] = c->k[i];
+            axes[i] = 2 + c->n + i;
+        }
+        m = tb__ag_keep(a, tb_reshape(weight, dims, 2 + 2 * c->n));
+        t = w != NULL && m != NULL ? tb__ag_keep(a, tb_mul(w, m)) : NULL;
+        return t != NULL ? tb__ag_keep(a, tb_sum(t, axes, (size_t)c->n, false)) : NULL;
     }
     /* [N, C, O.., K..] -> [N, G, C/G, O.., K..] -> [N, G, C/G, K.., O..] */
     dims[0] = n;
@@ -431,29 +452,20 @@ static tb_tensor *tb__max_pool(const char *fn, int32_t n, tb_tensor *x, const in
                                const int64_t *stride, const int64_t *padding,
                                const int64_t *dilation, bool ceil_mode) {
     tb__conv_args c;
-    tb_tensor *w, *idx, *k, *pick, *y;
-    tb_shape xs;
+    tb_tensor *w, *y;
     tb__ag a;
     int32_t last;
     memset(&c, 0, sizeof c);
     c.fn = fn;
     c.n = n;
     if (!tb__pool_setup(&c, x, kernel, stride, padding, dilation, ceil_mode)) return NULL;
-    xs = tb_tensor_shape(x);
     tb__ag_init(&a, fn);
     a.device = tb_tensor_device(x);
     w = tb__pool_windows(&a, &c, x, -INFINITY);
     last = w != NULL ? tb_tensor_shape(w).rank - 1 : 0;
-    /* the first largest (or first NaN) element of each window, picked by a mask so that the
-       gradient goes to it alone, as PyTorch's: sum(where(k == argmax, w, 0)), whose backward is
-       elementwise */
-    idx = w != NULL ? tb__ag_keep(&a, tb_argmax(w, last, true)) : NULL;
-    k = idx != NULL ? tb__ag_keep(&a, tb_arange(0, (double)tb_tensor_shape(w).dims[last], 1, TB_I64,
-                                                &a.device))
-                    : NULL;
-    pick = k != NULL ? tb__ag_keep(&a, tb_eq(k, idx)) : NULL;
-    y = pick != NULL ? tb__ag_keep(&a, tb_where(pick, w, tb__ag_const(&a, xs.dtype, 0.0))) : NULL;
-    y = y != NULL ? tb__ag_keep(&a, tb_sum(y, &last, 1, false)) : NULL;
+    /* the window's max, whose gradient goes to its first largest (or first NaN) element
+       alone, as PyTorch's */
+    y = w != NULL ? tb__ag_keep(&a, tb__max_first(w, last, false)) : NULL;
     return tb__nn_finish(&a, y);
 }
 

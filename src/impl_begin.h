@@ -418,6 +418,9 @@ static tb_status tb__ref_run_graph(const tb_graph *graph, const void *const *par
                                    void *const *results);
 
 /* the built-in backends' registrations, which the wiring lists */
+/* ops.c: max over one axis whose gradient goes to the first largest element alone (PyTorch's
+   max-pool), not shared between ties as tb_max's */
+static tb_tensor *tb__max_first(tb_tensor *x, int32_t axis, bool keepdim);
 /* autograd.c: the arena of tensors a rule makes, released together (nn.c and optim.c build
    on it), and what a tensor holds across an assignment that may have to be undone */
 typedef struct tb__ag {

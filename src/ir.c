@@ -697,11 +697,19 @@ static tb_status tb__infer_binary(const char *fn, tb_op op, const tb_shape *in, 
 
 static tb_status tb__infer_reduce(const char *fn, tb_op op, const tb_shape *x, const int64_t *attrs,
                                   size_t num_attrs, tb_shape *out) {
-    tb_status st = tb__want_attrs(fn, num_attrs, 2, "[axes bitmask, keepdim]");
+    bool first = (op == TB_OP_MAX || op == TB_OP_MIN) && num_attrs == 3;
+    tb_status st =
+        tb__want_attrs(fn, num_attrs, first ? 3 : 2,
+                       first ? "[axes bitmask, keepdim, first]" : "[axes bitmask, keepdim]");
     int64_t mask;
     int32_t i;
     if (st != TB_OK) return st;
     mask = attrs[0];
+    if (first && ((st = tb__check_flag(fn, "first", attrs[2])) != TB_OK)) return st;
+    if (first && attrs[2] != 0 && (mask <= 0 || (mask & (mask - 1)) != 0))
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "%s: `first` needs exactly one reduced axis (mask %lld)", fn,
+                         (long long)mask);
     if ((st = tb__check_mask(fn, mask, x)) != TB_OK) return st;
     if ((st = tb__check_flag(fn, "keepdim", attrs[1])) != TB_OK) return st;
     if (op == TB_OP_SUM || op == TB_OP_PROD) st = tb__need_not_bool(fn, x);

@@ -58,7 +58,9 @@ typedef enum tb_op_kind {
      axes as size 1, 0 removes them. Output dtype = operand dtype.
      SUM PROD: T not bool (the op functions cast bool and integers to i64 first); over an empty
        set: 0 and 1.  MEAN: float T only; empty: NaN.  MAX MIN: any T; every reduced axis has
-       size >= 1.
+       size >= 1; an optional third attr `first` (0 or 1; 1 needs exactly one reduced axis)
+       changes the gradient only: it goes to the first extreme element alone (as a max-pool's
+       does in PyTorch) instead of being shared evenly between ties.
    ARGMAX ARGMIN: one operand of rank >= 1, not bool; attrs [axis, keepdim]; dims[axis] >= 1;
      output i64, the index along axis of the first extreme element. (The op functions reshape a
      rank-0 input to [1].)

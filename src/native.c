@@ -1279,8 +1279,8 @@ static tb__native_prog *tb__native_prog_find(tb__native_rt *rt, const uint64_t k
 static const char *tb__native_missing_kernel(void *handle, const tb__plan *plan) {
     size_t i;
     for (i = 0; i < plan->num_kernels; i++)
-        if (!plan->kernels[i].empty && dlsym(handle, plan->kernels[i].name) == NULL)
-            return plan->kernels[i].name;
+        if (!plan->kernels[i].empty && dlsym(handle, plan->kernels[i].fn) == NULL)
+            return plan->kernels[i].fn;
     return NULL;
 }
 
@@ -1626,10 +1626,10 @@ static tb_status tb__native_compile(void *user_data, void *context, void **compu
     for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
         void *sym;
         if (p->kernels[i].empty) continue;
-        sym = dlsym(c->prog->handle, p->kernels[i].name);
+        sym = dlsym(c->prog->handle, p->kernels[i].fn);
         if (sym == NULL) {
-            st = tb__error(TB_ERR_COMPILE, "native: the program has no kernel %s",
-                           p->kernels[i].name);
+            st =
+                tb__error(TB_ERR_COMPILE, "native: the program has no kernel %s", p->kernels[i].fn);
             break;
         }
         memcpy(&c->fns[i], &sym, sizeof sym);

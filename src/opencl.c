@@ -682,11 +682,11 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
         tb__plan_kernel *k = &p->plan->kernels[i];
         tb__cl_int err = TB__CL_SUCCESS;
         if (k->empty) continue;
-        p->cl[i] = TB__OCL_CALL(dev->rt, CreateKernel)(p->program->program, k->name, &err);
+        p->cl[i] = TB__OCL_CALL(dev->rt, CreateKernel)(p->program->program, k->fn, &err);
         if (p->cl[i] == NULL || err != TB__CL_SUCCESS) {
             p->cl[i] = NULL;
             st = tb__error(TB_ERR_COMPILE, "opencl:%d: clCreateKernel(%s) failed: %s (%d)",
-                           (int)p->ordinal, k->name, tb__cl_error_name(err), (int)err);
+                           (int)p->ordinal, k->fn, tb__cl_error_name(err), (int)err);
             break;
         }
         if (k->group_size[0] == 0) p->local[i] = tb__ocl_pick_local(dev, p->cl[i], k->items);

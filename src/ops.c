@@ -763,6 +763,31 @@ TBDEF tb_tensor *tb_mean(tb_tensor *x, const int32_t *axes, size_t num_axes, boo
 TBDEF tb_tensor *tb_max(tb_tensor *x, const int32_t *axes, size_t num_axes, bool keepdim) {
     return tb__reduce("tb_max", TB_OP_MAX, x, axes, num_axes, keepdim);
 }
+/* max or min over one axis whose gradient goes to the first extreme alone (a max-pool's) */
+static tb_tensor *tb__extreme_first(const char *fn, tb_op op, tb_tensor *x, int32_t axis,
+                                    bool keepdim) {
+    tb__arg arg;
+    tb_device device;
+    tb_node *node;
+    int64_t attrs[3];
+    tb__ensure_setup();
+    if (x == NULL) return tb__null_input(fn, "x");
+    if (tb__args_get(fn, &x, 1, &arg, &device) != TB_OK) return NULL;
+    if (tb__axes_mask(fn, &arg.shape, &axis, 1, &attrs[0]) != TB_OK) {
+        tb__args_release(&arg, 1);
+        return NULL;
+    }
+    attrs[1] = keepdim ? 1 : 0;
+    attrs[2] = 1;
+    node = tb__record(fn, op, &device, &arg.node, 1, attrs, 3, NULL);
+    tb__args_release(&arg, 1);
+    return tb__finish(node);
+}
+
+static tb_tensor *tb__max_first(tb_tensor *x, int32_t axis, bool keepdim) {
+    return tb__extreme_first("tb_max", TB_OP_MAX, x, axis, keepdim);
+}
+
 TBDEF tb_tensor *tb_min(tb_tensor *x, const int32_t *axes, size_t num_axes, bool keepdim) {
     return tb__reduce("tb_min", TB_OP_MIN, x, axes, num_axes, keepdim);
 }

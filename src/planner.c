@@ -78,8 +78,29 @@ static bool tb__plan_cat_many(const tb_node *n) {
     return n->op == TB_OP_CONCAT && n->num_operands > TB__PLAN_CAT_INLINE;
 }
 
-static int32_t tb__plan_core_kind(tb_op op) {
-    switch (tb_op_get_kind(op)) {
+/* A reduction over at most this many elements per output is computed where it is read, as an
+   elementwise op (unrolled; pools and depthwise convolutions up to 5 x 5 windows): a kernel of
+   its own would run one short loop per work item. */
+#define TB__PLAN_INLINE_REDUCE 25
+
+/* The elements per output of a reduction computed where it is read (tb__plan_inline_reduce),
+   else 0. */
+static int64_t tb__plan_inline_reduce(const tb_node *n) {
+    int64_t m = 1;
+    int32_t a;
+    if (n->op != TB_OP_SUM && n->op != TB_OP_MEAN && n->op != TB_OP_MAX && n->op != TB_OP_MIN)
+        return 0;
+    if ((n->shape.dtype != TB_F32 && n->shape.dtype != TB_F64) || n->num_operands != 1 ||
+        n->operands[0]->shape.dtype != n->shape.dtype || n->attrs[0] == 0)
+        return 0;
+    for (a = 0; a < n->operands[0]->shape.rank; a++)
+        if (((uint64_t)n->attrs[0] >> a) & 1u) m *= n->operands[0]->shape.dims[a];
+    return m >= 2 && m <= TB__PLAN_INLINE_REDUCE && tb__plan_numel(&n->shape) >= 2 ? m : 0;
+}
+
+static int32_t tb__plan_core_kind(const tb_node *n) {
+    if (tb__plan_inline_reduce(n) > 0) return -1;
+    switch (tb_op_get_kind(n->op)) {
     case TB_KIND_REDUCE:
         return TB__K_REDUCE;
     case TB_KIND_MATMUL:
@@ -363,10 +384,18 @@ static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits
                     tb__keyset_add(set, tb__plan_key_mix(TB__PLAN_KEY_ROOT, u, k, lane),
                                    t->positions_per_node);
             } else {
+                /* an inlined reduction reads its operand at m positions per position */
+                int32_t reads = (int32_t)tb__plan_inline_reduce(ui->node), r;
                 for (q = 0; q < ui->keys_count; q++) {
                     uint64_t key = G->keys[ui->keys_first + q];
-                    tb__keyset_add(set, aligned ? key : tb__plan_key_mix(key, u, k, 0),
-                                   t->positions_per_node);
+                    if (reads > 0) {
+                        for (r = 0; r < reads; r++)
+                            tb__keyset_add(set, tb__plan_key_mix(key, u, k, r),
+                                           t->positions_per_node);
+                    } else {
+                        tb__keyset_add(set, aligned ? key : tb__plan_key_mix(key, u, k, 0),
+                                       t->positions_per_node);
+                    }
                 }
             }
         }
@@ -441,6 +470,7 @@ static tb_status tb__plan_make_root(tb__pgraph *G, int32_t i, int32_t kind, int3
     in->ctx = k;
     in->ident = true;
     in->depth = 0;
+    if (tb__plan_inline_reduce(in->node) > 0) G->plan->kernels[k].inline_reduce = true;
     return tb__plan_keys_store(G, i, &root_key, 1);
 }
 
@@ -509,7 +539,7 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
         const tb_node *node = in->node;
         bool must_root =
             in->result >= 0 || in->force_root || in->num_users == 0 || tb__plan_cat_many(node);
-        int32_t core_kind = tb__plan_core_kind(node->op);
+        int32_t core_kind = tb__plan_core_kind(node);
         if (in->param >= 0) {
             /* a parameter returned as a result: a copy */
             if (in->result >= 0) {
@@ -541,7 +571,7 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
             if (st != TB_OK) return st;
             continue;
         }
-        if (!tb__plan_is_inlinable(node->op)) {
+        if (!tb__plan_is_inlinable(node->op) && tb__plan_inline_reduce(node) == 0) {
             const char *name = tb_op_name(node->op);
             return tb__error(TB_ERR_UNSUPPORTED, "planner: op '%s' cannot be lowered",
                              name != NULL ? name : "?");
@@ -576,6 +606,27 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
                 in->cat_free = true;
                 continue;
             }
+            /* a computed value under a pad or window that an inlined reduction reads would be
+               computed again at every position of each window: materialised instead (it then
+               joins the epilogue of the matmul or reduction below it) */
+            /* a reduction computed where it is read only where each of its values is read
+               once (elementwise users of its own dims, in a kernel over as many elements): a
+               broadcast of it would repeat its work at every position it reaches */
+            if (ok && tb__plan_inline_reduce(node) > 0) {
+                ok = tb__plan_numel(tb__plan_shape(G, p->kernels[common].root)) ==
+                     tb__plan_numel(&node->shape);
+                for (e = 0; e < in->num_users && ok; e++) {
+                    const tb_node *un = G->info[G->users[in->first_user + e]].node;
+                    ok = tb__plan_is_elementwise(un->op) &&
+                         tb__plan_same_dims(&un->shape, &node->shape);
+                }
+            }
+            if (ok && !movement && node->op != TB_OP_PAD && p->kernels[common].inline_reduce) {
+                for (e = 0; e < in->num_users && ok; e++) {
+                    tb_op uop = G->info[G->users[in->first_user + e]].node->op;
+                    if (uop == TB_OP_PAD || uop == TB_OP_WINDOW) ok = false;
+                }
+            }
             if (ok) {
                 st = tb__plan_fits(G, i, common, &ok);
                 if (st != TB_OK) return st;
@@ -583,6 +634,7 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
             if (ok) {
                 in->ctx = common;
                 in->in_mm = in_mm;
+                if (tb__plan_inline_reduce(node) > 0) p->kernels[common].inline_reduce = true;
                 if (in->num_users == 1 && in->uses == 1) {
                     const tb__pnode *ui = &G->info[u];
                     in->ident = ui->ident && tb__plan_is_elementwise(ui->node->op) &&
@@ -1653,7 +1705,12 @@ static void tb__plan_layout(tb__pgraph *G) {
                 k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
                 k->stream_out = k->kind == TB__K_ELEMENTWISE &&
                                 G->target->tuning->stream_elementwise && tb__plan_streams(G, k);
-            } else if (k->kind == TB__K_ELEMENTWISE && G->target->tuning->elem_row_loops) {
+            } else if (k->kind == TB__K_ELEMENTWISE &&
+                       (G->target->tuning->elem_row_loops ||
+                        (k->inline_reduce && G->target->tuning->gpu_rows == 0))) {
+                /* (on CPU devices of OpenCL too where a reduction is unrolled in the kernel:
+                   MobileNetV2's depthwise convolutions on PoCL, batch 2 at 224 x 224, ran the
+                   network's forward in 16 ms against 35 ms with an item per element) */
                 const tb_shape *rs = tb__plan_shape(G, k->root);
                 int64_t len = rs->rank >= 2 ? rs->dims[rs->rank - 1] : 0;
                 if (len >= 2 && k->items / (uint64_t)len >= (uint64_t)G->target->compute_units) {
