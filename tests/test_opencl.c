@@ -4637,6 +4637,113 @@ static void test_program_cache_key_collision(void **state) {
     cache_dir_end(old);
 }
 
+/* ---- reductions over a few elements, and repeated kernels ---- */
+
+/* The graph of y on both devices: y(cpu) against y(device), and the device's kernel count. */
+typedef tb_tensor *(*small_graph)(tb_tensor *const *in);
+
+static tb_tensor *g_pool_relu(tb_tensor *const *in) {
+    const int64_t k[2] = {3, 3}, st[2] = {2, 2}, pd[2] = {1, 1};
+    tb_tensor *p = tb_max_pool2d(in[0], k, st, pd, NULL, false), *y = tb_relu(p);
+    tb_tensor_release(p);
+    return y;
+}
+
+static tb_tensor *g_depthwise_relu6(tb_tensor *const *in) {
+    const int64_t pd[2] = {1, 1};
+    tb_tensor *c = tb_conv2d(in[0], in[1], in[2], NULL, pd, NULL, 8), *y = tb_clamp(c, 0, 6);
+    tb_tensor_release(c);
+    return y;
+}
+
+static tb_tensor *g_sum_broadcast(tb_tensor *const *in) {
+    int32_t ax = 3;
+    tb_tensor *s = tb_sum(in[0], &ax, 1, true), *e = tb_exp(s), *y = tb_mul(e, in[0]);
+    tb_tensor_release(e);
+    tb_tensor_release(s);
+    return y;
+}
+
+static void small_case(const char *what, small_graph f, int want_kernels, bool want_reduce_kernel) {
+    tb_shape xs = shp(TB_F32, 4, 2, 8, 13, 12), ws = shp(TB_F32, 4, 8, 1, 3, 3),
+             bs = shp(TB_F32, 1, 8, 0, 0, 0);
+    const tb_shape *shapes[3] = {&xs, &ws, &bs};
+    tb_tensor *in[2][3], *y[2];
+    char *text;
+    int d, j;
+    for (j = 0; j < 3; j++) {
+        size_t n = numel_of(shapes[j]), i;
+        float *v = (float *)malloc(n * sizeof(float));
+        assert_non_null(v);
+        for (i = 0; i < n; i++) /* small integers: ties in every window */
+            v[i] = (float)((int)(rnd_unit() * 7.0) - 3);
+        for (d = 0; d < 2; d++)
+            in[d][j] = tb_tensor_from_host(v, shapes[j], d ? &g_ocl : &g_cpu);
+        free(v);
+    }
+    for (d = 0; d < 2; d++) {
+        y[d] = f(in[d]);
+        assert_non_null(y[d]);
+    }
+    assert_int_equal(kernel_count(&y[1], 1), want_kernels);
+    text = tb_ir_backend_text(&y[1], 1);
+    assert_non_null(text);
+    if ((strstr(text, "void R_") != NULL) != want_reduce_kernel)
+        fail_msg("%s: a reduction kernel %s", what, want_reduce_kernel ? "missing" : "made");
+    tb_free(text);
+    compare_tensors(what, y[0], y[1]);
+    for (d = 0; d < 2; d++) {
+        tb_tensor_release(y[d]);
+        for (j = 0; j < 3; j++)
+            tb_tensor_release(in[d][j]);
+    }
+}
+
+static void test_small_reductions_inline(void **state) {
+    (void)state;
+    REQUIRE_OPENCL();
+    /* a 3 x 3 max-pool and the ReLU after it: one kernel, the window's max unrolled in it */
+    small_case("max-pool and relu", g_pool_relu, 1, false);
+    /* a depthwise convolution with bias and clamp, its padding read in place: one kernel */
+    small_case("depthwise convolution", g_depthwise_relu6, 1, false);
+    /* a sum of 12 broadcast back over its row: computed once per row in a kernel of its own
+       (inlined, each value would be summed again at every element of its row) */
+    small_case("sum broadcast", g_sum_broadcast, 2, false);
+}
+
+/* Two kernels doing the same work on other buffers: one function in the program. */
+static void test_repeated_kernels_once(void **state) {
+    tb_shape s = shp(TB_F32, 2, 64, 48, 0, 0);
+    tb_tensor *a[2], *b[2], *y[2][2];
+    int d;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (d = 0; d < 2; d++) {
+        const tb_device *dev = d ? &g_ocl : &g_cpu;
+        tb_tensor *ea, *eb;
+        tb_manual_seed(3);
+        a[d] = tb_rand(&s, dev);
+        b[d] = tb_rand(&s, dev);
+        assert_int_equal(tb_sync(a + d, 1), TB_OK);
+        assert_int_equal(tb_sync(b + d, 1), TB_OK);
+        ea = tb_exp(a[d]);
+        eb = tb_exp(b[d]);
+        y[d][0] = tb_mul_scalar(ea, 2.0);
+        y[d][1] = tb_mul_scalar(eb, 2.0);
+        tb_tensor_release(ea);
+        tb_tensor_release(eb);
+    }
+    assert_int_equal(kernel_count(y[1], 2), 1);
+    compare_tensors("first of two repeated kernels", y[0][0], y[1][0]);
+    compare_tensors("second of two repeated kernels", y[0][1], y[1][1]);
+    for (d = 0; d < 2; d++) {
+        tb_tensor_release(y[d][0]);
+        tb_tensor_release(y[d][1]);
+        tb_tensor_release(a[d]);
+        tb_tensor_release(b[d]);
+    }
+}
+
 /* ---- debug output ---- */
 
 static char g_log[16384];
@@ -5474,6 +5581,8 @@ int main(void) {
         cmocka_unit_test(test_scalar_feeds_every_kernel_kind),
         cmocka_unit_test(test_scalar_special_values),
         cmocka_unit_test(test_pad_allocation_failures),
+        cmocka_unit_test(test_small_reductions_inline),
+        cmocka_unit_test(test_repeated_kernels_once),
     };
     /* OpenCL's own machinery: devices, program caches, the loader */
     const struct CMUnitTest opencl_tests[] = {
