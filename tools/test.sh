@@ -13,6 +13,8 @@
 # tests/test_threads.c under clang's thread sanitizer, the test programs again under clang's
 # undefined-behaviour sanitizer (float-cast-overflow included), the examples (each must
 # compile; those with a "// test: run" line in their first 20 lines also run and must exit 0),
+# torchvision's ResNet-18/50, MobileNetV2, SqueezeNet and a Transformer encoder at small sizes
+# against PyTorch's outputs (examples/models.c on cpu, native and opencl),
 # the README's C blocks, the build integration (CMake package, tools/install.sh, pkg-config,
 # every example's build line: tools/test_integration.sh), a fuzz smoke run and a quick
 # benchmark. Every program's output stays visible. The last line of the output is always
@@ -48,7 +50,7 @@ while [ $# -gt 0 ]; do
     --filter=*) filter=${1#--filter=} ;;
     --no-install) install=0 ;;
     -h | --help)
-        sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
@@ -105,8 +107,9 @@ mkdir -p build/compile build/tests build/examples build/plugins
 # ---------------------------------------------------------------------------------------------
 step "install Debian packages"
 packages=(gcc g++ clang clang-format libclang-rt-14-dev libcmocka-dev pocl-opencl-icd
-    ocl-icd-opencl-dev opencl-headers clinfo python3-numpy python3-torch dataset-fashion-mnist
-    gzip valgrind cmake pkg-config openmpi-bin libopenmpi-dev mpich qemu-user oclgrind
+    ocl-icd-opencl-dev opencl-headers clinfo python3-numpy python3-torch python3-torchvision
+    dataset-fashion-mnist
+    gzip valgrind cmake pkg-config openmpi-bin libopenmpi-dev mpich qemu-user oclgrind fortunes
     gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 if [ "$install" -eq 0 ]; then
     echo "skipped (--no-install)"
@@ -668,6 +671,104 @@ train_example() {
 }
 train_example train_mnist 2560 1000 0.6
 train_example train_cnn 768 300 0.45
+
+# ---------------------------------------------------------------------------------------------
+step "real models against PyTorch"
+# tools/export_model.py writes a torchvision model's weights (random initialisation, seeded), an
+# input and PyTorch's output at a small size; examples/models.c (built above with the test
+# flags) rebuilds the model from the weights' names on cpu, native and opencl, and its output
+# must be PyTorch's within 1e-5 of the output's scale. Full sizes and timings: the models rows
+# of the README (./models FILE after tools/export_model.py MODEL FILE --time 5).
+model_check() {
+    local model=$1 size=$2 batch=$3 file backend log rc
+    selected examples/models.c || return 0
+    file=build/examples/$model.safetensors
+    if [ ! -f build/examples/models ]; then
+        echo "FAIL real models: build/examples/models was not built"
+        fail "real models: build"
+        return 0
+    fi
+    /usr/bin/python3 tools/export_model.py "$model" "$file" --size "$size" --batch "$batch"
+    rc=$?
+    if [ "$rc" -eq 2 ]; then
+        echo "skipped $model: no torch or torchvision for /usr/bin/python3"
+        return 0
+    elif [ "$rc" -ne 0 ]; then
+        echo "FAIL real models: tools/export_model.py $model (exit status $rc)"
+        fail "real models: export of $model"
+        return 0
+    fi
+    for backend in "${model_backends[@]}"; do
+        log=build/examples/models.$model.$backend.log
+        ASAN_OPTIONS=$asan_opencl LSAN_OPTIONS=$lsan_pocl \
+            timeout --foreground -k 10 "$timeout_s" build/examples/models "$file" \
+            --device "$backend:0" --reps 1 2>&1 | tee "$log"
+        rc=${PIPESTATUS[0]}
+        if [ "$rc" -eq 0 ]; then
+            echo "ok real models: $model (size $size, batch $batch) on $backend"
+            pass
+        else
+            echo "FAIL real models: $model on $backend (exit status $rc)"
+            fail "real models: $model on $backend"
+        fi
+    done
+}
+model_backends=("${backends[@]}")
+if command -v "${CC%% *}" >/dev/null 2>&1; then
+    model_backends+=(native)
+fi
+model_check resnet18 32 2
+model_check resnet50 32 1
+model_check mobilenet_v2 32 2
+model_check squeezenet1_0 64 2
+model_check encoder 16 2
+
+# examples/gpt.c: four iterations in one run, and two plus two resumed from the checkpoint of
+# the second, must print the same losses; its PyTorch twin (tools/bench/gpt_torch.py) from the
+# same initial weights must print the same losses within 1%.
+gpt_check() {
+    local dev=$1 dir=build/examples straight resumed twin
+    selected examples/gpt.c || return 0
+    if [ ! -d /usr/share/games/fortunes ]; then
+        echo "skipped gpt: no /usr/share/games/fortunes (Debian package fortunes)"
+        return 0
+    fi
+    straight=$(ASAN_OPTIONS=$asan_opencl LSAN_OPTIONS=$lsan_pocl timeout --foreground -k 10 \
+        "$timeout_s" $dir/gpt --iters 4 --eval-every 2 --device "$dev:0" \
+        --save-init $dir/gpt_init.safetensors | tail -n 1)
+    ASAN_OPTIONS=$asan_opencl LSAN_OPTIONS=$lsan_pocl timeout --foreground -k 10 "$timeout_s" \
+        $dir/gpt --iters 2 --eval-every 2 --device "$dev:0" --save $dir/gpt_ckpt.safetensors \
+        >/dev/null
+    resumed=$(ASAN_OPTIONS=$asan_opencl LSAN_OPTIONS=$lsan_pocl timeout --foreground -k 10 \
+        "$timeout_s" $dir/gpt --iters 4 --eval-every 2 --device "$dev:0" \
+        --resume $dir/gpt_ckpt.safetensors | tail -n 1)
+    echo "straight: $straight"
+    echo "resumed:  $resumed"
+    if [ -n "$straight" ] &&
+        [ "$(echo "$straight" | cut -d, -f1-2)" = "$(echo "$resumed" | cut -d, -f1-2)" ]; then
+        echo "ok gpt example on $dev: a resumed run gives the uninterrupted run's losses"
+        pass
+    else
+        echo "FAIL gpt example on $dev: the resumed run differs (or did not run)"
+        fail "gpt example on $dev"
+    fi
+    twin=$(/usr/bin/python3 tools/bench/gpt_torch.py --iters 4 --eval-every 2 \
+        --init $dir/gpt_init.safetensors 2>&1 | tail -n 1)
+    echo "PyTorch:  $twin"
+    if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+        echo "skipped the PyTorch twin: no torch"
+    elif awk -v a="$straight" -v b="$twin" 'BEGIN {
+            split(a, x, "held-out loss "); split(b, y, "held-out loss ");
+            u = x[2] + 0; v = y[2] + 0; d = u - v; if (d < 0) d = -d;
+            exit !(u > 0 && d <= 0.01 * v) }'; then
+        echo "ok gpt example on $dev: held-out loss within 1% of PyTorch's twin"
+        pass
+    else
+        echo "FAIL gpt example on $dev: held-out loss differs from PyTorch's twin"
+        fail "gpt example against PyTorch on $dev"
+    fi
+}
+gpt_check "${model_backends[-1]}"
 
 # ---------------------------------------------------------------------------------------------
 step "MPI collectives"
