@@ -21763,6 +21763,37 @@ static tb_status tb__plan_sort_kernels(tb__pgraph *G) {
 
 static bool tb__plan_mm_packs(const tb__pgraph *G, int32_t core);
 
+/* The rules of reductions computed where they are read (tb__plan_inline_reduce), for node i
+   about to join kernel `common`:
+   - such a reduction joins only where each of its values is read once (elementwise users of
+     its own dims, in a kernel over as many elements): a broadcast of it would repeat its work
+     at every position it reaches;
+   - a computed value under the pad or window such a kernel reads would be computed again at
+     every position of each window: it is materialised instead (it then joins the epilogue of
+     the matmul or reduction below it). */
+static bool tb__plan_inline_fits(const tb__pgraph *G, int32_t i, int32_t common) {
+    const tb__pnode *in = &G->info[i];
+    const tb_node *node = in->node;
+    const tb__plan_kernel *k = &G->plan->kernels[common];
+    int32_t e;
+    if (tb__plan_inline_reduce(node) > 0) {
+        if (tb__plan_numel(tb__plan_shape(G, k->root)) != tb__plan_numel(&node->shape))
+            return false;
+        for (e = 0; e < in->num_users; e++) {
+            const tb_node *un = G->info[G->users[in->first_user + e]].node;
+            if (!tb__plan_is_elementwise(un->op) || !tb__plan_same_dims(&un->shape, &node->shape))
+                return false;
+        }
+    }
+    if (k->inline_reduce && tb_op_get_kind(node->op) != TB_KIND_MOVEMENT && node->op != TB_OP_PAD) {
+        for (e = 0; e < in->num_users; e++) {
+            tb_op uop = G->info[G->users[in->first_user + e]].node->op;
+            if (uop == TB_OP_PAD || uop == TB_OP_WINDOW) return false;
+        }
+    }
+    return true;
+}
+
 /* Roots and contexts. Users come before their operands (reverse post-order), so a node knows
    the kernels of all its users when its turn comes: it is inlined when they all share one
    kernel (and, under a matmul, when it is index arithmetic or a pad of a packed operand) and it
@@ -21858,27 +21889,7 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
                 in->cat_free = true;
                 continue;
             }
-            /* a computed value under a pad or window that an inlined reduction reads would be
-               computed again at every position of each window: materialised instead (it then
-               joins the epilogue of the matmul or reduction below it) */
-            /* a reduction computed where it is read only where each of its values is read
-               once (elementwise users of its own dims, in a kernel over as many elements): a
-               broadcast of it would repeat its work at every position it reaches */
-            if (ok && tb__plan_inline_reduce(node) > 0) {
-                ok = tb__plan_numel(tb__plan_shape(G, p->kernels[common].root)) ==
-                     tb__plan_numel(&node->shape);
-                for (e = 0; e < in->num_users && ok; e++) {
-                    const tb_node *un = G->info[G->users[in->first_user + e]].node;
-                    ok = tb__plan_is_elementwise(un->op) &&
-                         tb__plan_same_dims(&un->shape, &node->shape);
-                }
-            }
-            if (ok && !movement && node->op != TB_OP_PAD && p->kernels[common].inline_reduce) {
-                for (e = 0; e < in->num_users && ok; e++) {
-                    tb_op uop = G->info[G->users[in->first_user + e]].node->op;
-                    if (uop == TB_OP_PAD || uop == TB_OP_WINDOW) ok = false;
-                }
-            }
+            if (ok) ok = tb__plan_inline_fits(G, i, common);
             if (ok) {
                 st = tb__plan_fits(G, i, common, &ok);
                 if (st != TB_OK) return st;
@@ -22960,9 +22971,8 @@ static void tb__plan_layout(tb__pgraph *G) {
             } else if (k->kind == TB__K_ELEMENTWISE &&
                        (G->target->tuning->elem_row_loops ||
                         (k->inline_reduce && G->target->tuning->gpu_rows == 0))) {
-                /* (on CPU devices of OpenCL too where a reduction is unrolled in the kernel:
-                   MobileNetV2's depthwise convolutions on PoCL, batch 2 at 224 x 224, ran the
-                   network's forward in 16 ms against 35 ms with an item per element) */
+                /* also on OpenCL CPUs where a reduction is unrolled in the kernel (MobileNetV2
+                   on PoCL, batch 2 at 224 x 224: 16 ms, against 35 with an item per element) */
                 const tb_shape *rs = tb__plan_shape(G, k->root);
                 int64_t len = rs->rank >= 2 ? rs->dims[rs->rank - 1] : 0;
                 if (len >= 2 && k->items / (uint64_t)len >= (uint64_t)G->target->compute_units) {
