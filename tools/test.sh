@@ -430,7 +430,7 @@ run_tests() {
             ;;
         # checked for leaks, but it runs on PoCL too: what PoCL's LLVM keeps when it compiles a
         # program its cache lacks is not ours (every frame of such a leak is in those libraries)
-        test_conv)
+        test_conv | test_layers)
             lsan=$lsan_pocl
             ;;
         esac
