@@ -58,13 +58,13 @@ static tb_tensor *weight(model *m, const char *fmt, ...) {
 static bool has(model *m, const char *fmt, ...) {
     char name[256];
     va_list ap;
-    size_t i, n = tb_tensor_set_count(m->weights);
+    bool found;
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    for (i = 0; i < n; i++)
-        if (strcmp(tb_tensor_set_name(m->weights, i), name) == 0) return true;
-    return false;
+    found = tb_tensor_set_get(m->weights, name) != NULL;
+    tb_clear_error();
+    return found;
 }
 
 /* conv `c` (weight, optional bias) then batch norm `bn`, folded into one convolution the first
@@ -102,12 +102,16 @@ static tb_tensor *conv(model *m, tb_tensor *x, const char *c, int64_t stride, in
     return tb_conv2d(x, weight(m, "%s.weight", c), weight(m, "%s.bias", c), st, pd, NULL, 1);
 }
 
-static tb_tensor *head(model *m, tb_tensor *x, const char *fc) {
+/* Global average pooling to [N, C]. */
+static tb_tensor *pool_flat(tb_tensor *x) {
     const int64_t one[2] = {1, 1};
     tb_tensor *p = tb_adaptive_avg_pool2d(x, one);
-    tb_shape s = p != NULL ? tb_tensor_shape(p) : tb_shape_of(TB_F32, 1, 1);
-    int64_t dims[2] = {s.dims[0], s.dims[1]};
-    return tb_linear(tb_reshape(p, dims, 2), weight(m, "%s.weight", fc), weight(m, "%s.bias", fc));
+    int64_t dims[2] = {p != NULL ? tb_tensor_shape(p).dims[0] : 1, -1};
+    return tb_reshape(p, dims, 2);
+}
+
+static tb_tensor *head(model *m, tb_tensor *x, const char *fc) {
+    return tb_linear(pool_flat(x), weight(m, "%s.weight", fc), weight(m, "%s.bias", fc));
 }
 
 /* ---- ResNet (BasicBlock for 18 and 34, Bottleneck for 50 and deeper) ---- */
@@ -203,19 +207,12 @@ static tb_tensor *fire(model *m, tb_tensor *x, int i) {
 }
 
 static tb_tensor *squeezenet(model *m, tb_tensor *x) {
-    const int64_t k[2] = {3, 3}, s[2] = {2, 2}, one[2] = {1, 1};
-    tb_tensor *p;
+    const int64_t k[2] = {3, 3}, s[2] = {2, 2};
     int i;
     x = tb_relu(conv(m, x, "features.0", 2, 0));
     for (i = 2; i <= 12; i++)
         x = i == 2 || i == 6 || i == 11 ? tb_max_pool2d(x, k, s, NULL, NULL, true) : fire(m, x, i);
-    x = tb_relu(conv(m, x, "classifier.1", 1, 0));
-    p = tb_adaptive_avg_pool2d(x, one);
-    {
-        tb_shape ps = p != NULL ? tb_tensor_shape(p) : tb_shape_of(TB_F32, 1, 1);
-        int64_t dims[2] = {ps.dims[0], ps.dims[1]};
-        return tb_reshape(p, dims, 2);
-    }
+    return pool_flat(tb_relu(conv(m, x, "classifier.1", 1, 0)));
 }
 
 /* ---- TransformerEncoder (post-norm, ReLU, batch first) ---- */

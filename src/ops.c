@@ -727,12 +727,13 @@ static tb_status tb__axes_mask(const char *fn, const tb_shape *x, const int32_t 
     return TB_OK;
 }
 
-static tb_tensor *tb__reduce(const char *fn, tb_op op, tb_tensor *x, const int32_t *axes,
-                             size_t num_axes, bool keepdim) {
+/* first: max/min whose gradient goes to the first extreme alone (a third attr) */
+static tb_tensor *tb__reduce_as(const char *fn, tb_op op, tb_tensor *x, const int32_t *axes,
+                                size_t num_axes, bool keepdim, bool first) {
     tb__arg arg;
     tb_device device;
     tb_node *in, *node;
-    int64_t attrs[2];
+    int64_t attrs[3];
     tb__ensure_setup();
     if (x == NULL) return tb__null_input(fn, "x");
     if (tb__args_get(fn, &x, 1, &arg, &device) != TB_OK) return NULL;
@@ -741,6 +742,7 @@ static tb_tensor *tb__reduce(const char *fn, tb_op op, tb_tensor *x, const int32
         return NULL;
     }
     attrs[1] = keepdim ? 1 : 0;
+    attrs[2] = 1;
     if ((op == TB_OP_SUM || op == TB_OP_PROD) && !tb_dtype_is_float(arg.shape.dtype)) {
         in = tb__cast_node(fn, arg.node, TB_I64); /* PyTorch accumulates integers in int64 */
     } else {
@@ -749,9 +751,14 @@ static tb_tensor *tb__reduce(const char *fn, tb_op op, tb_tensor *x, const int32
     }
     tb__args_release(&arg, 1);
     if (in == NULL) return NULL;
-    node = tb__record(fn, op, &device, &in, 1, attrs, 2, NULL);
+    node = tb__record(fn, op, &device, &in, 1, attrs, first ? 3 : 2, NULL);
     tb__node_release(in);
     return tb__finish(node);
+}
+
+static tb_tensor *tb__reduce(const char *fn, tb_op op, tb_tensor *x, const int32_t *axes,
+                             size_t num_axes, bool keepdim) {
+    return tb__reduce_as(fn, op, x, axes, num_axes, keepdim, false);
 }
 
 TBDEF tb_tensor *tb_sum(tb_tensor *x, const int32_t *axes, size_t num_axes, bool keepdim) {
@@ -763,29 +770,8 @@ TBDEF tb_tensor *tb_mean(tb_tensor *x, const int32_t *axes, size_t num_axes, boo
 TBDEF tb_tensor *tb_max(tb_tensor *x, const int32_t *axes, size_t num_axes, bool keepdim) {
     return tb__reduce("tb_max", TB_OP_MAX, x, axes, num_axes, keepdim);
 }
-/* max or min over one axis whose gradient goes to the first extreme alone (a max-pool's) */
-static tb_tensor *tb__extreme_first(const char *fn, tb_op op, tb_tensor *x, int32_t axis,
-                                    bool keepdim) {
-    tb__arg arg;
-    tb_device device;
-    tb_node *node;
-    int64_t attrs[3];
-    tb__ensure_setup();
-    if (x == NULL) return tb__null_input(fn, "x");
-    if (tb__args_get(fn, &x, 1, &arg, &device) != TB_OK) return NULL;
-    if (tb__axes_mask(fn, &arg.shape, &axis, 1, &attrs[0]) != TB_OK) {
-        tb__args_release(&arg, 1);
-        return NULL;
-    }
-    attrs[1] = keepdim ? 1 : 0;
-    attrs[2] = 1;
-    node = tb__record(fn, op, &device, &arg.node, 1, attrs, 3, NULL);
-    tb__args_release(&arg, 1);
-    return tb__finish(node);
-}
-
 static tb_tensor *tb__max_first(tb_tensor *x, int32_t axis, bool keepdim) {
-    return tb__extreme_first("tb_max", TB_OP_MAX, x, axis, keepdim);
+    return tb__reduce_as("tb_max", TB_OP_MAX, x, &axis, 1, keepdim, true);
 }
 
 TBDEF tb_tensor *tb_min(tb_tensor *x, const int32_t *axes, size_t num_axes, bool keepdim) {
