@@ -69,6 +69,7 @@ IMPLEMENTATION_PARTS = [
     "src/diskcache.c",
     "src/tuning.c",
     "src/planner.c",
+    "src/planner_layout.c",
     "src/index.c",
     "src/prelude.cl",
     "src/codegen.c",

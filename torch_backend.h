@@ -20155,6 +20155,13 @@ typedef struct tb__plan_kernel {
                     earlier kernel of the program whose code is the same (set by the renderer) */
     tb__plan_arg *args;
     size_t num_args;
+    /* graphs with a table of scalars: the parameters this kernel reads from it, which the
+       table holds for it at entries [table_at, table_at + num_table_params), in this order (the
+       kernel's code names its own entries, so kernels differing only in which scalars they
+       read share their code) */
+    int32_t *table_params;
+    size_t num_table_params;
+    int64_t table_at;
     /* layout */
     int32_t group;      /* reductions and norms: work items per row (1: one item per row) */
     int32_t lanes;      /* reductions: independent accumulators per item */
@@ -20226,7 +20233,9 @@ typedef struct tb__plan {
     size_t num_kernels, cap_kernels;
     tb__errsite *errsites;
     size_t num_errsites, cap_errsites;
-    bool scalar_table; /* scalars in a table buffer (8 bytes each, by parameter index) */
+    bool scalar_table; /* scalars in a table buffer (8 bytes each), a run of entries per kernel
+                          (tb__plan_kernel.table_at) */
+    size_t table_len;  /* the table's entries */
     /* per graph node (post-order): the kernel computing it, -1 for none (get_node_kernel) */
     int32_t *node_kernel;
     size_t num_nodes;
@@ -20304,6 +20313,19 @@ static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, in
 static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core);
 /* the error code a failing node writes (1 + its errsite), -1 for none */
 static int32_t tb__plan_errsite_code(const tb__plan *p, int32_t node);
+/* the steps of planning (planner.c) that planner_layout.c runs in order */
+static tb_status tb__pgraph_init(tb__pgraph *G);
+static int32_t tb__plan_index_of(const tb__pgraph *G, const tb_node *node);
+static tb_status tb__plan_partition(tb__pgraph *G);
+static tb_status tb__plan_split_reductions(tb__pgraph *G);
+static tb_status tb__plan_pack_matmuls(tb__pgraph *G);
+static tb_status tb__plan_split_concats(tb__pgraph *G);
+static tb_status tb__plan_assign_slots(tb__pgraph *G);
+static tb_status tb__plan_args(tb__pgraph *G, int32_t *over);
+static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick);
+static void tb__plan_reduce_sizes(const tb__pgraph *G, int32_t core, int64_t *n_out, int64_t *m);
+static tb_dtype tb__plan_reduce_acc(const tb__pgraph *G, int32_t core);
+static tb_dtype tb__plan_pack_dtype(tb_dtype dtype);
 
 /* ---- index.c: index arithmetic and the text of a kernel ---- */
 
@@ -21375,8 +21397,10 @@ static int32_t tb__plan_index_of(const tb__pgraph *G, const tb_node *node) {
 static void tb__plan_free(tb__plan *p) {
     size_t i;
     if (p == NULL) return;
-    for (i = 0; i < p->num_kernels; i++)
+    for (i = 0; i < p->num_kernels; i++) {
         tb__free(p->kernels[i].args);
+        tb__free(p->kernels[i].table_params);
+    }
     tb__free(p->kernels);
     tb__free(p->slots);
     tb__free(p->param_scalar);
@@ -21791,8 +21815,10 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
     int32_t i;
     size_t j;
     tb_status st;
-    for (j = 0; j < p->num_kernels; j++)
+    for (j = 0; j < p->num_kernels; j++) {
         tb__free(p->kernels[j].args);
+        tb__free(p->kernels[j].table_params);
+    }
     p->num_kernels = 0;
     G->num_keys = 0;
     for (j = 0; j < G->n; j++) {
@@ -22225,6 +22251,16 @@ static int32_t tb__plan_kernel_start(const tb__pgraph *G, const tb__plan_kernel 
 static tb_status tb__plan_arg_add(tb__plan *p, size_t ki, int32_t kind, int32_t index) {
     tb__plan_kernel *k = &p->kernels[ki];
     size_t i, cap = k->num_args;
+    if (kind == TB__ARG_TABLE) { /* one argument; the parameter takes an entry of the table */
+        size_t tcap = k->num_table_params;
+        for (i = 0; i < k->num_table_params; i++)
+            if (k->table_params[i] == index) return TB_OK;
+        if (tb__grow((void **)&k->table_params, &tcap, k->num_table_params + 1, sizeof(int32_t)) !=
+            TB_OK)
+            return TB_ERR_OUT_OF_MEMORY;
+        k->table_params[k->num_table_params++] = index;
+        index = 0;
+    }
     for (i = 0; i < k->num_args; i++)
         if (k->args[i].kind == kind && k->args[i].index == index) return TB_OK;
     if (tb__grow((void **)&k->args, &cap, k->num_args + 1, sizeof(tb__plan_arg)) != TB_OK)
@@ -22278,7 +22314,7 @@ static tb_status tb__plan_kernel_args(tb__pgraph *G, size_t ki, int32_t *stamp, 
     int32_t start = tb__plan_kernel_start(G, k), mark = (int32_t)ki + 1;
     bool errs = false;
     tb_status st = TB_OK;
-    k->num_args = 0;
+    k->num_args = k->num_table_params = 0;
     if (k->kind == TB__K_REDUCE && k->split > 0)
         st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->partial_slot);
     if (st == TB_OK && k->kind == TB__K_MATMUL && k->mm == TB__MM_PACKED) {
@@ -22295,7 +22331,7 @@ static tb_status tb__plan_kernel_args(tb__pgraph *G, size_t ki, int32_t *stamp, 
             if (in->node->op != TB_OP_SCALAR) {
                 st = tb__plan_arg_add(p, ki, TB__ARG_BUF, in->slot);
             } else if (p->scalar_table) {
-                st = tb__plan_arg_add(p, ki, TB__ARG_TABLE, 0);
+                st = tb__plan_arg_add(p, ki, TB__ARG_TABLE, in->param);
             } else {
                 st = tb__plan_arg_add(p, ki, TB__ARG_SCALAR, in->param);
             }
@@ -22346,7 +22382,9 @@ static tb_status tb__plan_args(tb__pgraph *G, int32_t *over) {
     if (stamp == NULL || stack == NULL) st = TB_ERR_OUT_OF_MEMORY;
     for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
         st = tb__plan_kernel_args(G, i, stamp, stack);
-        if (st == TB_OK && *over < 0 && p->kernels[i].num_args + 1 > G->target->max_args)
+        /* the output, the arguments, and the start of its run of a table of scalars */
+        if (st == TB_OK && *over < 0 &&
+            p->kernels[i].num_args + 1 + (p->kernels[i].num_table_params > 0) > G->target->max_args)
             *over = (int32_t)i;
         if (st == TB_OK) {
             /* panels made of one parameter's buffer only (through views): kept by backends */
@@ -22356,6 +22394,10 @@ static tb_status tb__plan_args(tb__pgraph *G, int32_t *over) {
                 k->args[0].kind == TB__ARG_BUF && p->slots[k->args[0].index].kind == TB__SLOT_PARAM)
                 k->pack_param = p->slots[k->args[0].index].index;
         }
+    }
+    for (i = 0, p->table_len = 0; i < p->num_kernels; i++) { /* each kernel's run of the table */
+        p->kernels[i].table_at = (int64_t)p->table_len;
+        p->table_len += p->kernels[i].num_table_params;
     }
     tb__free(stamp);
     tb__free(stack);
@@ -22544,6 +22586,16 @@ static tb_status tb__plan_split_concats(tb__pgraph *G) {
     tb__free(scratch);
     return st;
 }
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
+/* ---- src/planner_layout.c ---- */
+/* ===========================================================================================
+   Kernel planner, second half: the layout of the kernels planner.c formed (vectors along rows,
+   launch geometry, names), the plan of a graph from its steps in order, and buffer donation.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
 
 /* ---- vectors along rows ----
    A row kernel whose work item reads its row in order (one item per row, the row contiguous)
@@ -24595,10 +24647,22 @@ static void tb__cg_concat_table(tb__cg *g, const char *type, const char *name, c
 }
 
 /* The scalar parameter a concat operand is a view of (tb__plan_cat_class: TB__CAT_SCALARS). */
-static int32_t tb__cg_concat_scalar(const tb__cg *g, int32_t x) {
+/* The entry of the kernel's run of the table of scalars that holds parameter `param`. */
+static int32_t tb__cg_table_entry(tb__cg *g, int32_t param) {
+    const tb__plan_kernel *k = tb__cg_kernel(g);
+    size_t i;
+    for (i = 0; i < k->num_table_params; i++)
+        if (k->table_params[i] == param) return (int32_t)i;
+    tb__ix_fail(&g->ix,
+                tb__error(TB_ERR_INTERNAL, "codegen: kernel %s reads scalar %d, not in its table",
+                          k->name, (int)param));
+    return -1;
+}
+
+static int32_t tb__cg_concat_scalar(tb__cg *g, int32_t x) {
     while (g->G->info[x].param < 0)
         x = tb__plan_operand(g->G, x, 0);
-    return g->G->info[x].param;
+    return tb__cg_table_entry(g, g->G->info[x].param);
 }
 
 /* The element index in its operand of a table run's element at run coordinate i<r>: the
@@ -24694,9 +24758,11 @@ static bool tb__cg_concat_lookup(tb__cg *g, int32_t node, const tb__pos *p, int3
     if (vx < 0) goto done;
     if (k->cat_form == TB__CAT_SCALARS) {
         /* the scalars' parameters: their entries of the table of scalars */
-        for (j = 0; j < count; j++)
+        for (j = 0; j < count; j++) {
             vals[j] =
                 tb__cg_concat_scalar(g, tb__plan_operand(g->G, node, (size_t)(k->cat_first + j)));
+            if (vals[j] < 0) goto done;
+        }
         tb__cg_concat_select(g, "tb_cat_sc", vals, count, kv, sel, sizeof sel);
         if (!tb__cg_arg(g, TB__ARG_TABLE, 0)) goto done;
         if (tb__cg_is_half(xd)) {
@@ -24973,21 +25039,21 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
         if (in->node->op == TB_OP_SCALAR && tb__cg_plan(g)->scalar_table) {
             tb_dtype dt = in->node->shape.dtype;
             const char *ct = tb__cg_ctype(dt);
-            if (!tb__cg_arg(g, TB__ARG_TABLE, 0)) return -1;
+            int32_t e = tb__cg_table_entry(g, in->param);
+            if (e < 0 || !tb__cg_arg(g, TB__ARG_TABLE, 0)) return -1;
             v = tb__cg_new_val(g, dt);
             if (v < 0) return -1;
             if (tb__cg_is_half(dt)) {
                 tb__ix_line(&g->ix, "const float v%d = %s((uint)tb_sc[%d] & 0xffffu);", (int)v,
-                            dt == TB_F16 ? "tb_h2f" : "tb_bf2f", (int)in->param);
+                            dt == TB_F16 ? "tb_h2f" : "tb_bf2f", (int)e);
             } else if (dt == TB_F32 || (dt == TB_F64 && !g->d->f64)) {
                 tb__ix_line(&g->ix, "const %s v%d = (%s)%s((uint)tb_sc[%d]);", ct, (int)v, ct,
-                            g->d->bits_f32, (int)in->param);
+                            g->d->bits_f32, (int)e);
             } else if (dt == TB_F64) {
                 tb__ix_line(&g->ix, "const double v%d = %s(tb_sc[%d]);", (int)v, g->d->bits_f64,
-                            (int)in->param);
+                            (int)e);
             } else {
-                tb__ix_line(&g->ix, "const %s v%d = (%s)tb_sc[%d];", ct, (int)v, ct,
-                            (int)in->param);
+                tb__ix_line(&g->ix, "const %s v%d = (%s)tb_sc[%d];", ct, (int)v, ct, (int)e);
             }
             return v;
         }
@@ -29317,6 +29383,7 @@ static const char *tb__ocl_math(const char *fn, tb_dtype dtype) {
 /* `__kernel void NAME(__global T *restrict out, ...)`, with the work-group size the plan fixed. */
 static void tb__ocl_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
                                 size_t num_params, const char *body) {
+    const tb__cg_param *table = NULL;
     size_t i;
     tb__str_append(src, "__kernel ");
     if (k->group_size[0] > 0) {
@@ -29332,11 +29399,20 @@ static void tb__ocl_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb
             tb__str_append(src, "%sconst %s %s", sep, q->type, q->name);
         } else if (q->role == -1 || q->role == TB__ARG_ERR) {
             tb__str_append(src, "%s__global %s *restrict %s", sep, q->type, q->name);
+        } else if (q->role == TB__ARG_TABLE) {
+            /* the whole table and where the kernel's run of it starts */
+            tb__str_append(src, "%s__global const %s *restrict %s_all,\n    const long %s_at", sep,
+                           q->type, q->name, q->name);
+            table = q;
         } else {
             tb__str_append(src, "%s__global const %s *restrict %s", sep, q->type, q->name);
         }
     }
-    tb__str_append(src, ") {\n%s}\n\n", body);
+    tb__str_append(src, ") {\n");
+    if (table != NULL)
+        tb__str_append(src, "    __global const %s *restrict %s = %s_all + %s_at;\n", table->type,
+                       table->name, table->name, table->name);
+    tb__str_append(src, "%s}\n\n", body);
 }
 
 /* The dialect for a device (with or without double precision). */
@@ -29800,13 +29876,18 @@ static tb_status tb__ocl_run_init(tb__ocl_run *r, tb_backend_data *const *argume
         }
     }
     if (st == TB_OK && plan->scalar_table) {
-        size_t bytes = (plan->num_params + 1) * 8;
-        unsigned char *table = (unsigned char *)tb__calloc(plan->num_params + 1, 8);
+        /* each kernel's run of entries: the scalars it reads, in its order */
+        size_t bytes = (plan->table_len + 1) * 8, j;
+        unsigned char *table = (unsigned char *)tb__calloc(plan->table_len + 1, 8);
         if (table == NULL) st = TB_ERR_OUT_OF_MEMORY;
-        for (i = 0; i < plan->num_params && st == TB_OK; i++) {
-            if (plan->param_scalar[i] &&
-                tb__ocl_scalar_arg(dev, plan->param_dtype[i], arguments[i], table + 8 * i) == 0)
-                st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
+        for (i = 0; i < plan->num_kernels && st == TB_OK; i++) {
+            const tb__plan_kernel *k = &plan->kernels[i];
+            for (j = 0; j < k->num_table_params && st == TB_OK; j++) {
+                int32_t a = k->table_params[j];
+                if (tb__ocl_scalar_arg(dev, plan->param_dtype[a], arguments[a],
+                                       table + 8 * ((size_t)k->table_at + j)) == 0)
+                    st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
+            }
         }
         if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, bytes, &r->table_buf);
         if (st == TB_OK) st = tb__ocl_write(dev, r->table_buf, table, bytes);
@@ -29838,6 +29919,10 @@ static tb_status tb__ocl_set_args(tb__ocl_run *r, size_t i, tb_backend_data *con
         } else {
             tb__ocl_buffer *b = arg->kind == TB__ARG_TABLE ? r->table_buf : r->err_buf;
             err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof(tb__cl_mem), &b->mem);
+            if (err == TB__CL_SUCCESS && arg->kind == TB__ARG_TABLE) {
+                int64_t at = k->table_at; /* where the kernel's run of the table starts */
+                err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof at, &at);
+            }
         }
     }
     if (err == TB__CL_SUCCESS) return TB_OK;
@@ -32420,12 +32505,19 @@ static tb_status tb__native_run_init(tb__native_comp *c, tb_backend_data *const 
                 ((tb__native_buf *)arguments[p->result_alias[i]]->payload)->ptr;
     }
     if (p->scalar_table) {
-        *table = (unsigned char *)tb__calloc(p->num_params + 1, 8);
+        /* each kernel's run of entries: the scalars it reads, in its order */
+        *table = (unsigned char *)tb__calloc(p->table_len + 1, 8);
         if (*table == NULL) return TB_ERR_OUT_OF_MEMORY;
-        for (i = 0; i < p->num_params; i++) {
-            const tb__native_buf *b = (const tb__native_buf *)arguments[i]->payload;
-            if (p->param_scalar[i] && b != NULL)
-                memcpy(*table + 8 * i, b->ptr, tb_dtype_size(p->param_dtype[i]));
+        for (i = 0; i < p->num_kernels; i++) {
+            const tb__plan_kernel *k = &p->kernels[i];
+            size_t j;
+            for (j = 0; j < k->num_table_params; j++) {
+                int32_t a = k->table_params[j];
+                const tb__native_buf *b = (const tb__native_buf *)arguments[a]->payload;
+                if (b != NULL)
+                    memcpy(*table + 8 * ((size_t)k->table_at + j), b->ptr,
+                           tb_dtype_size(p->param_dtype[a]));
+            }
         }
     }
     return TB_OK;
@@ -32465,7 +32557,7 @@ static tb_status tb__native_run_kernel(tb__native_comp *c, size_t i,
         } else if (a->kind == TB__ARG_SCALAR) {
             s->argv[j + 1] = ((tb__native_buf *)arguments[a->index]->payload)->ptr;
         } else if (a->kind == TB__ARG_TABLE) {
-            s->argv[j + 1] = table;
+            s->argv[j + 1] = table + 8 * (size_t)k->table_at; /* the kernel's run of the table */
         } else {
             s->argv[j + 1] = s->err;
         }

@@ -434,10 +434,22 @@ static void tb__cg_concat_table(tb__cg *g, const char *type, const char *name, c
 }
 
 /* The scalar parameter a concat operand is a view of (tb__plan_cat_class: TB__CAT_SCALARS). */
-static int32_t tb__cg_concat_scalar(const tb__cg *g, int32_t x) {
+/* The entry of the kernel's run of the table of scalars that holds parameter `param`. */
+static int32_t tb__cg_table_entry(tb__cg *g, int32_t param) {
+    const tb__plan_kernel *k = tb__cg_kernel(g);
+    size_t i;
+    for (i = 0; i < k->num_table_params; i++)
+        if (k->table_params[i] == param) return (int32_t)i;
+    tb__ix_fail(&g->ix,
+                tb__error(TB_ERR_INTERNAL, "codegen: kernel %s reads scalar %d, not in its table",
+                          k->name, (int)param));
+    return -1;
+}
+
+static int32_t tb__cg_concat_scalar(tb__cg *g, int32_t x) {
     while (g->G->info[x].param < 0)
         x = tb__plan_operand(g->G, x, 0);
-    return g->G->info[x].param;
+    return tb__cg_table_entry(g, g->G->info[x].param);
 }
 
 /* The element index in its operand of a table run's element at run coordinate i<r>: the
@@ -533,9 +545,11 @@ static bool tb__cg_concat_lookup(tb__cg *g, int32_t node, const tb__pos *p, int3
     if (vx < 0) goto done;
     if (k->cat_form == TB__CAT_SCALARS) {
         /* the scalars' parameters: their entries of the table of scalars */
-        for (j = 0; j < count; j++)
+        for (j = 0; j < count; j++) {
             vals[j] =
                 tb__cg_concat_scalar(g, tb__plan_operand(g->G, node, (size_t)(k->cat_first + j)));
+            if (vals[j] < 0) goto done;
+        }
         tb__cg_concat_select(g, "tb_cat_sc", vals, count, kv, sel, sizeof sel);
         if (!tb__cg_arg(g, TB__ARG_TABLE, 0)) goto done;
         if (tb__cg_is_half(xd)) {
@@ -812,21 +826,21 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
         if (in->node->op == TB_OP_SCALAR && tb__cg_plan(g)->scalar_table) {
             tb_dtype dt = in->node->shape.dtype;
             const char *ct = tb__cg_ctype(dt);
-            if (!tb__cg_arg(g, TB__ARG_TABLE, 0)) return -1;
+            int32_t e = tb__cg_table_entry(g, in->param);
+            if (e < 0 || !tb__cg_arg(g, TB__ARG_TABLE, 0)) return -1;
             v = tb__cg_new_val(g, dt);
             if (v < 0) return -1;
             if (tb__cg_is_half(dt)) {
                 tb__ix_line(&g->ix, "const float v%d = %s((uint)tb_sc[%d] & 0xffffu);", (int)v,
-                            dt == TB_F16 ? "tb_h2f" : "tb_bf2f", (int)in->param);
+                            dt == TB_F16 ? "tb_h2f" : "tb_bf2f", (int)e);
             } else if (dt == TB_F32 || (dt == TB_F64 && !g->d->f64)) {
                 tb__ix_line(&g->ix, "const %s v%d = (%s)%s((uint)tb_sc[%d]);", ct, (int)v, ct,
-                            g->d->bits_f32, (int)in->param);
+                            g->d->bits_f32, (int)e);
             } else if (dt == TB_F64) {
                 tb__ix_line(&g->ix, "const double v%d = %s(tb_sc[%d]);", (int)v, g->d->bits_f64,
-                            (int)in->param);
+                            (int)e);
             } else {
-                tb__ix_line(&g->ix, "const %s v%d = (%s)tb_sc[%d];", ct, (int)v, ct,
-                            (int)in->param);
+                tb__ix_line(&g->ix, "const %s v%d = (%s)tb_sc[%d];", ct, (int)v, ct, (int)e);
             }
             return v;
         }

@@ -203,6 +203,13 @@ typedef struct tb__plan_kernel {
                     earlier kernel of the program whose code is the same (set by the renderer) */
     tb__plan_arg *args;
     size_t num_args;
+    /* graphs with a table of scalars: the parameters this kernel reads from it, which the
+       table holds for it at entries [table_at, table_at + num_table_params), in this order (the
+       kernel's code names its own entries, so kernels differing only in which scalars they
+       read share their code) */
+    int32_t *table_params;
+    size_t num_table_params;
+    int64_t table_at;
     /* layout */
     int32_t group;      /* reductions and norms: work items per row (1: one item per row) */
     int32_t lanes;      /* reductions: independent accumulators per item */
@@ -274,7 +281,9 @@ typedef struct tb__plan {
     size_t num_kernels, cap_kernels;
     tb__errsite *errsites;
     size_t num_errsites, cap_errsites;
-    bool scalar_table; /* scalars in a table buffer (8 bytes each, by parameter index) */
+    bool scalar_table; /* scalars in a table buffer (8 bytes each), a run of entries per kernel
+                          (tb__plan_kernel.table_at) */
+    size_t table_len;  /* the table's entries */
     /* per graph node (post-order): the kernel computing it, -1 for none (get_node_kernel) */
     int32_t *node_kernel;
     size_t num_nodes;
@@ -352,6 +361,19 @@ static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, in
 static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core);
 /* the error code a failing node writes (1 + its errsite), -1 for none */
 static int32_t tb__plan_errsite_code(const tb__plan *p, int32_t node);
+/* the steps of planning (planner.c) that planner_layout.c runs in order */
+static tb_status tb__pgraph_init(tb__pgraph *G);
+static int32_t tb__plan_index_of(const tb__pgraph *G, const tb_node *node);
+static tb_status tb__plan_partition(tb__pgraph *G);
+static tb_status tb__plan_split_reductions(tb__pgraph *G);
+static tb_status tb__plan_pack_matmuls(tb__pgraph *G);
+static tb_status tb__plan_split_concats(tb__pgraph *G);
+static tb_status tb__plan_assign_slots(tb__pgraph *G);
+static tb_status tb__plan_args(tb__pgraph *G, int32_t *over);
+static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick);
+static void tb__plan_reduce_sizes(const tb__pgraph *G, int32_t core, int64_t *n_out, int64_t *m);
+static tb_dtype tb__plan_reduce_acc(const tb__pgraph *G, int32_t core);
+static tb_dtype tb__plan_pack_dtype(tb_dtype dtype);
 
 /* ---- index.c: index arithmetic and the text of a kernel ---- */
 

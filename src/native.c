@@ -1708,12 +1708,19 @@ static tb_status tb__native_run_init(tb__native_comp *c, tb_backend_data *const 
                 ((tb__native_buf *)arguments[p->result_alias[i]]->payload)->ptr;
     }
     if (p->scalar_table) {
-        *table = (unsigned char *)tb__calloc(p->num_params + 1, 8);
+        /* each kernel's run of entries: the scalars it reads, in its order */
+        *table = (unsigned char *)tb__calloc(p->table_len + 1, 8);
         if (*table == NULL) return TB_ERR_OUT_OF_MEMORY;
-        for (i = 0; i < p->num_params; i++) {
-            const tb__native_buf *b = (const tb__native_buf *)arguments[i]->payload;
-            if (p->param_scalar[i] && b != NULL)
-                memcpy(*table + 8 * i, b->ptr, tb_dtype_size(p->param_dtype[i]));
+        for (i = 0; i < p->num_kernels; i++) {
+            const tb__plan_kernel *k = &p->kernels[i];
+            size_t j;
+            for (j = 0; j < k->num_table_params; j++) {
+                int32_t a = k->table_params[j];
+                const tb__native_buf *b = (const tb__native_buf *)arguments[a]->payload;
+                if (b != NULL)
+                    memcpy(*table + 8 * ((size_t)k->table_at + j), b->ptr,
+                           tb_dtype_size(p->param_dtype[a]));
+            }
         }
     }
     return TB_OK;
@@ -1753,7 +1760,7 @@ static tb_status tb__native_run_kernel(tb__native_comp *c, size_t i,
         } else if (a->kind == TB__ARG_SCALAR) {
             s->argv[j + 1] = ((tb__native_buf *)arguments[a->index]->payload)->ptr;
         } else if (a->kind == TB__ARG_TABLE) {
-            s->argv[j + 1] = table;
+            s->argv[j + 1] = table + 8 * (size_t)k->table_at; /* the kernel's run of the table */
         } else {
             s->argv[j + 1] = s->err;
         }

@@ -361,6 +361,7 @@ static const char *tb__ocl_math(const char *fn, tb_dtype dtype) {
 /* `__kernel void NAME(__global T *restrict out, ...)`, with the work-group size the plan fixed. */
 static void tb__ocl_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
                                 size_t num_params, const char *body) {
+    const tb__cg_param *table = NULL;
     size_t i;
     tb__str_append(src, "__kernel ");
     if (k->group_size[0] > 0) {
@@ -376,11 +377,20 @@ static void tb__ocl_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb
             tb__str_append(src, "%sconst %s %s", sep, q->type, q->name);
         } else if (q->role == -1 || q->role == TB__ARG_ERR) {
             tb__str_append(src, "%s__global %s *restrict %s", sep, q->type, q->name);
+        } else if (q->role == TB__ARG_TABLE) {
+            /* the whole table and where the kernel's run of it starts */
+            tb__str_append(src, "%s__global const %s *restrict %s_all,\n    const long %s_at", sep,
+                           q->type, q->name, q->name);
+            table = q;
         } else {
             tb__str_append(src, "%s__global const %s *restrict %s", sep, q->type, q->name);
         }
     }
-    tb__str_append(src, ") {\n%s}\n\n", body);
+    tb__str_append(src, ") {\n");
+    if (table != NULL)
+        tb__str_append(src, "    __global const %s *restrict %s = %s_all + %s_at;\n", table->type,
+                       table->name, table->name, table->name);
+    tb__str_append(src, "%s}\n\n", body);
 }
 
 /* The dialect for a device (with or without double precision). */
@@ -844,13 +854,18 @@ static tb_status tb__ocl_run_init(tb__ocl_run *r, tb_backend_data *const *argume
         }
     }
     if (st == TB_OK && plan->scalar_table) {
-        size_t bytes = (plan->num_params + 1) * 8;
-        unsigned char *table = (unsigned char *)tb__calloc(plan->num_params + 1, 8);
+        /* each kernel's run of entries: the scalars it reads, in its order */
+        size_t bytes = (plan->table_len + 1) * 8, j;
+        unsigned char *table = (unsigned char *)tb__calloc(plan->table_len + 1, 8);
         if (table == NULL) st = TB_ERR_OUT_OF_MEMORY;
-        for (i = 0; i < plan->num_params && st == TB_OK; i++) {
-            if (plan->param_scalar[i] &&
-                tb__ocl_scalar_arg(dev, plan->param_dtype[i], arguments[i], table + 8 * i) == 0)
-                st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
+        for (i = 0; i < plan->num_kernels && st == TB_OK; i++) {
+            const tb__plan_kernel *k = &plan->kernels[i];
+            for (j = 0; j < k->num_table_params && st == TB_OK; j++) {
+                int32_t a = k->table_params[j];
+                if (tb__ocl_scalar_arg(dev, plan->param_dtype[a], arguments[a],
+                                       table + 8 * ((size_t)k->table_at + j)) == 0)
+                    st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
+            }
         }
         if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, bytes, &r->table_buf);
         if (st == TB_OK) st = tb__ocl_write(dev, r->table_buf, table, bytes);
@@ -882,6 +897,10 @@ static tb_status tb__ocl_set_args(tb__ocl_run *r, size_t i, tb_backend_data *con
         } else {
             tb__ocl_buffer *b = arg->kind == TB__ARG_TABLE ? r->table_buf : r->err_buf;
             err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof(tb__cl_mem), &b->mem);
+            if (err == TB__CL_SUCCESS && arg->kind == TB__ARG_TABLE) {
+                int64_t at = k->table_at; /* where the kernel's run of the table starts */
+                err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof at, &at);
+            }
         }
     }
     if (err == TB__CL_SUCCESS) return TB_OK;

@@ -4744,6 +4744,41 @@ static void test_repeated_kernels_once(void **state) {
     }
 }
 
+/* Kernels that differ only in the scalars they read (more scalars than arguments take: a
+   table of them) share one function, each reading its own values. */
+static void test_repeated_kernels_other_scalars(void **state) {
+    enum { N = 20 };
+    tb_shape s = shp(TB_F32, 2, 8, 33, 0, 0);
+    tb_tensor *x[2][N], *y[2][N];
+    int d, i;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (d = 0; d < 2; d++) {
+        const tb_device *dev = d ? &g_ocl : &g_cpu;
+        tb_manual_seed(5);
+        for (i = 0; i < N; i++) {
+            tb_tensor *t;
+            x[d][i] = tb_rand(&s, dev);
+            assert_int_equal(tb_sync(&x[d][i], 1), TB_OK);
+            t = tb_mul_scalar(x[d][i], 0.25 + i); /* one scalar each: 20 in the graph */
+            y[d][i] = tb_add_scalar(t, -1.5 * i);
+            tb_tensor_release(t);
+        }
+    }
+    assert_int_equal(kernel_count(y[1], N), 1);
+    for (i = 0; i < N; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "kernel %d of %d with its own scalars", i, N);
+        compare_tensors(what, y[0][i], y[1][i]);
+    }
+    for (d = 0; d < 2; d++) {
+        for (i = 0; i < N; i++) {
+            tb_tensor_release(y[d][i]);
+            tb_tensor_release(x[d][i]);
+        }
+    }
+}
+
 /* ---- debug output ---- */
 
 static char g_log[16384];
@@ -5583,6 +5618,7 @@ int main(void) {
         cmocka_unit_test(test_pad_allocation_failures),
         cmocka_unit_test(test_small_reductions_inline),
         cmocka_unit_test(test_repeated_kernels_once),
+        cmocka_unit_test(test_repeated_kernels_other_scalars),
     };
     /* OpenCL's own machinery: devices, program caches, the loader */
     const struct CMUnitTest opencl_tests[] = {
