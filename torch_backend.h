@@ -195,6 +195,35 @@ typedef struct tb_logger {
     void *user_data;
 } tb_logger;
 
+/* What a graph's first compile is doing (tb_desc.progress). A graph whose kernels are not yet
+   compiled in this process reports TB_PROGRESS_BEGIN, then TB_PROGRESS_KERNELS as its distinct
+   kernels become ready (where the backend can tell: native as its compiler processes finish,
+   opencl as each kernel's first launch, when the driver compiles it, completes), then
+   TB_PROGRESS_END once its first run is done (with the time of both). A graph found in the
+   computation cache reports nothing. The hook runs on the thread that runs the graph, which
+   waits in it: keep it short (print a line, update a bar). */
+typedef enum tb_progress_stage {
+    TB_PROGRESS_BEGIN = 0,
+    TB_PROGRESS_KERNELS = 1,
+    TB_PROGRESS_END = 2
+} tb_progress_stage;
+
+typedef struct tb_progress {
+    tb_progress_stage stage;
+    const char *device;   /* "native:0", "opencl:1", ... */
+    uint64_t graph_hash;  /* as TB_DEBUG's lines name the graph */
+    size_t kernels_done;  /* distinct kernels ready so far */
+    size_t kernels_total; /* distinct kernels of the graph (0: the backend does not say) */
+    bool from_disk;       /* END: the compiled program came from the disk cache */
+    double seconds;       /* since TB_PROGRESS_BEGIN */
+    tb_status status;     /* END: TB_OK, or why the compile or the first run failed */
+} tb_progress;
+
+typedef struct tb_progress_hook {
+    void (*func)(const tb_progress *progress, void *user_data);
+    void *user_data;
+} tb_progress_hook;
+
 /* Setup options. Zero-initialise it; every 0 field means "the default".
        tb_desc desc = {0};
        desc.cache_size = 64;
@@ -202,14 +231,15 @@ typedef struct tb_logger {
 typedef struct tb_desc {
     tb_allocator allocator;
     tb_logger logger;
-    const char *backend;    /* default backend; NULL: $TB_BACKEND, else "cpu" */
-    const char *device;     /* default device "backend:ordinal"; NULL: $TB_DEVICE */
-    size_t cache_size;      /* computations kept in the LRU computation cache; 0: 1024 */
-    size_t max_graph_nodes; /* a pending graph larger than this is flushed; 0: 100000 */
-    int debug;              /* 0: $TB_DEBUG; 1..3 as TB_DEBUG; -1: off whatever $TB_DEBUG says */
-    int check;              /* 0: $TB_CHECK; 1: check every graph on the reference backend
-                               and log the first node that differs; 2: also fail the sync
-                               (TB_ERR_EXECUTE); -1: off */
+    const char *backend;       /* default backend; NULL: $TB_BACKEND, else "cpu" */
+    const char *device;        /* default device "backend:ordinal"; NULL: $TB_DEVICE */
+    size_t cache_size;         /* computations kept in the LRU computation cache; 0: 1024 */
+    size_t max_graph_nodes;    /* a pending graph larger than this is flushed; 0: 100000 */
+    int debug;                 /* 0: $TB_DEBUG; 1..3 as TB_DEBUG; -1: off whatever $TB_DEBUG says */
+    int check;                 /* 0: $TB_CHECK; 1: check every graph on the reference backend
+                                  and log the first node that differs; 2: also fail the sync
+                                  (TB_ERR_EXECUTE); -1: off */
+    tb_progress_hook progress; /* first compiles as they run (tb_progress); NULL func: none */
 } tb_desc;
 
 /* Optional: configures the library. Any other function called first sets the library up with a
@@ -2379,8 +2409,14 @@ static char *tb__format(const char *fmt, ...) TB_PRINTF_LIKE(1, 2); /* allocated
 static tb_status tb__error(tb_status status, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static void tb__mutex_lock(tb__mutex *m);
 static void tb__mutex_unlock(tb__mutex *m);
-static void tb__ensure_setup(void);              /* implicit setup with a zero desc */
-static const tb_desc *tb__desc(void);            /* the effective desc (defaults filled) */
+static void tb__ensure_setup(void);   /* implicit setup with a zero desc */
+static const tb_desc *tb__desc(void); /* the effective desc (defaults filled) */
+/* Progress of a first compile (executor.c; tb_desc.progress): whether this thread is in one
+   with a hook set (a backend may then wait for each kernel's first launch); kernels ready of
+   the graph's distinct kernels; the program came from the disk cache. */
+static bool tb__progress_wanted(void);
+static void tb__progress_kernels(size_t done, size_t total);
+static void tb__progress_from_disk(void);
 static const char *tb__getenv(const char *name); /* NULL when unset or empty */
 #if defined(__linux__)
 #define TB__CPU_WORDS 16 /* a CPU mask in unsigned longs: 1024 CPUs, as glibc's cpu_set_t */
@@ -8920,6 +8956,70 @@ static tb_backend_data *tb__exec_param_value(const tb__exec *ex, const tb_node *
 /* TB_DEBUG=1: a compile still running after this long logs a line saying so. */
 #define TB__SLOW_COMPILE_MS 1000u
 
+/* ---- progress of first compiles (tb_desc.progress) ---- */
+
+/* The first compile (and first run) this thread is in, while a progress hook is set. */
+typedef struct tb__progress_now {
+    bool active, from_disk;
+    char device[64];
+    uint64_t graph_hash, t0;
+    size_t done, total;
+} tb__progress_now;
+
+static TB__THREAD_LOCAL tb__progress_now tb__progress_state;
+
+static void tb__progress_emit(tb_progress_stage stage, tb_status status) {
+    const tb_progress_hook *hook = &tb__desc()->progress;
+    tb__progress_now *s = &tb__progress_state;
+    tb_progress p;
+    if (hook->func == NULL || !s->active) return;
+    memset(&p, 0, sizeof p);
+    p.stage = stage;
+    p.device = s->device;
+    p.graph_hash = s->graph_hash;
+    p.kernels_done = s->done;
+    p.kernels_total = s->total;
+    p.from_disk = s->from_disk;
+    p.seconds = (double)(tb__now_ns() - s->t0) / 1e9;
+    p.status = status;
+    hook->func(&p, hook->user_data);
+}
+
+static TB__UNUSED bool tb__progress_wanted(void) {
+    return tb__progress_state.active && tb__desc()->progress.func != NULL;
+}
+
+static TB__UNUSED void tb__progress_kernels(size_t done, size_t total) {
+    tb__progress_now *s = &tb__progress_state;
+    if (!tb__progress_wanted()) return;
+    s->done = done;
+    s->total = total;
+    tb__progress_emit(TB_PROGRESS_KERNELS, TB_OK);
+}
+
+static TB__UNUSED void tb__progress_from_disk(void) {
+    tb__progress_state.from_disk = true;
+}
+
+/* A first compile of graph `hash` on `device` starts on this thread (nothing without a hook). */
+static void tb__progress_begin(const tb_device *device, uint64_t hash) {
+    tb__progress_now *s = &tb__progress_state;
+    memset(s, 0, sizeof *s);
+    if (tb__desc()->progress.func == NULL) return;
+    tb__exec_device_text(device, s->device);
+    s->graph_hash = hash;
+    s->t0 = tb__now_ns();
+    s->active = true;
+    tb__progress_emit(TB_PROGRESS_BEGIN, TB_OK);
+}
+
+/* The first compile and run begun on this thread are over, with `status`. */
+static void tb__progress_end(tb_status status) {
+    if (!tb__progress_state.active) return;
+    tb__progress_emit(TB_PROGRESS_END, status);
+    tb__progress_state.active = false;
+}
+
 /* A computation for the graph (made from the walk `w`): from the cache, else lowered and
    compiled (and cached). */
 static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, const tb__exec_walk *w,
@@ -8938,6 +9038,7 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
         return TB_OK;
     }
     *hit = false;
+    tb__progress_begin(&ex->device, graph->hash);
     notice.armed = false;
     if (tb_debug_level() >= 1) {
         /* the graph's own line comes once the compile is done: a compile that takes seconds
@@ -9893,6 +9994,7 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
         }
         st = tb__exec_compile(ex, &g, &w, &entry, &hit, &compile_ns);
         if (st == TB_OK) st = tb__exec_run(ex, &g, entry->computation, values, &run_ns);
+        tb__progress_end(st); /* a first compile's, begun in tb__exec_compile */
         if (st != TB_OK) goto done;
         if (tb_debug_level() >= 1) tb__exec_log_graph(ex, &g, hit, compile_ns, run_ns);
         /* at check level 2 a failed check fails the sync: the results are released below */
@@ -20508,6 +20610,10 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
    1-2 and 3-4, the low word first): a report is one item's, whatever number fail at once. */
 #define TB__ERR_WORDS 8
 /* the error a run reports from its error flag (word 0 not 0) */
+/* the distinct functions of a rendered plan (kernels sharing code count once) */
+static size_t tb__plan_functions(const tb__plan *p);
+/* whether kernel i is the first of the plan to run its function */
+static bool tb__plan_first_of_function(const tb__plan *p, size_t i);
 static tb_status tb__cg_run_error(const tb__plan *p, const char *who,
                                   const uint32_t flag[TB__ERR_WORDS]);
 
@@ -27473,6 +27579,18 @@ static tb_status tb__cg_render_one(tb__cg *g, const tb__dialect *d, size_t i, tb
     return st;
 }
 
+static bool tb__plan_first_of_function(const tb__plan *p, size_t i) {
+    const tb__plan_kernel *k = &p->kernels[i];
+    return !k->empty && strcmp(k->fn, k->name) == 0; /* a kernel that runs another's has its name */
+}
+
+static size_t tb__plan_functions(const tb__plan *p) {
+    size_t i, n = 0;
+    for (i = 0; i < p->num_kernels; i++)
+        n += tb__plan_first_of_function(p, i);
+    return n;
+}
+
 static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
                                size_t *len) {
     tb__cg *g = (tb__cg *)tb__calloc(1, sizeof *g);
@@ -28892,6 +29010,7 @@ static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, si
     if (prog != NULL) {
         (void)TB__ATOMIC_ADD(&dev->disk_hits, 1);
         tb__ocl_metric(dev, "OpenCL::DiskCacheHit", 1);
+        tb__progress_from_disk();
     } else {
         (void)TB__ATOMIC_ADD(&dev->disk_misses, 1);
         tb__ocl_metric(dev, "OpenCL::DiskCacheMiss", 1);
@@ -29558,6 +29677,7 @@ typedef struct tb__ocl_comp {
     tb__cl_kernel *cl;
     size_t *local;      /* per kernel: the work-group size of kernels launched over items */
     tb__ocl_kept *kept; /* per kernel: kept panels */
+    int32_t ran; /* atomic: it ran once (the driver compiled its kernels at their first launch) */
 } tb__ocl_comp;
 
 typedef struct tb__ocl_context {
@@ -29709,6 +29829,7 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
     p->local = (size_t *)tb__calloc(p->plan->num_kernels + 1, sizeof(size_t));
     p->kept = (tb__ocl_kept *)tb__calloc(p->plan->num_kernels + 1, sizeof *p->kept);
     if (p->cl == NULL || p->local == NULL || p->kept == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK) tb__progress_kernels(0, tb__plan_functions(p->plan));
     if (st == TB_OK) st = tb__ocl_get_program(dev, p->source, p->source_len, &p->program);
     for (i = 0; i < p->plan->num_kernels && st == TB_OK; i++) {
         tb__plan_kernel *k = &p->plan->kernels[i];
@@ -30105,7 +30226,8 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
     tb__ocl_comp *p = (tb__ocl_comp *)computation;
     tb__ocl_run r;
     tb_status st;
-    size_t i, j;
+    size_t i, j, done = 0, total = 0;
+    bool watch; /* a first run reporting progress: each new function's first launch waited for */
     (void)user_data;
     if (p == NULL || num_arguments != p->plan->num_params || num_results != p->plan->num_results) {
         return tb__error(TB_ERR_INVALID_ARGUMENT,
@@ -30118,11 +30240,17 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
     r.p = p;
     r.dev = tb__ocl_comp_device(p);
     if (r.dev == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_STATE;
+    watch = TB__ATOMIC_LOAD(&p->ran) == 0 && tb__progress_wanted();
+    if (watch) total = tb__plan_functions(p->plan);
     tb__ocl_device_lock(r.dev);
     st = tb__ocl_run_init(&r, arguments);
     for (i = 0; i < p->plan->num_kernels && st == TB_OK; i++) {
         if ((int32_t)i == p->plan->first_alias) st = tb__ocl_run_consume(&r, arguments);
         if (st == TB_OK) st = tb__ocl_run_kernel(&r, i, arguments);
+        if (st == TB_OK && watch && tb__plan_first_of_function(p->plan, i)) {
+            TB__OCL_CALL(r.dev->rt, Finish)(r.dev->queue);
+            tb__progress_kernels(++done, total);
+        }
         /* temporaries nobody reads any more go back to the cache (the queue is in order) */
         for (j = 0; j < p->plan->num_slots && st == TB_OK; j++) {
             if (p->plan->slots[j].kind == TB__SLOT_TEMP && r.owned[j] != NULL &&
@@ -30145,6 +30273,7 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
         if (st == TB_OK && flag[0] != 0) st = tb__cg_run_error(p->plan, "opencl", flag);
     }
     if (st == TB_OK && tb_debug_level() >= 2) tb__ocl_profile(&r);
+    if (st == TB_OK && TB__ATOMIC_LOAD(&p->ran) == 0) (void)TB__ATOMIC_ADD(&p->ran, 1);
     tb__ocl_run_finish(&r, st, arguments, results);
     tb__ocl_device_release(r.dev);
     return st;
@@ -32122,6 +32251,7 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
     }
     if (handle != NULL) {
         (void)TB__ATOMIC_ADD(&rt->disk_hits, 1);
+        tb__progress_from_disk();
     } else {
         if (path != NULL) (void)TB__ATOMIC_ADD(&rt->disk_misses, 1);
         if (why != NULL) {
@@ -32419,7 +32549,9 @@ static tb_status tb__native_compile(void *user_data, void *context, void **compu
     c->fns = (tb__native_fn *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_fn));
     c->kept = (tb__native_kept *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_kept));
     if (c->fns == NULL || c->kept == NULL) return TB_ERR_OUT_OF_MEMORY;
+    tb__progress_kernels(0, tb__plan_functions(p));
     st = tb__native_get_program(c->rt, c->source, c->source_len, p, &c->prog);
+    if (st == TB_OK) tb__progress_kernels(tb__plan_functions(p), tb__plan_functions(p));
     for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
         void *sym;
         if (p->kernels[i].empty) continue;

@@ -309,6 +309,34 @@ static tb_status default_device(tb_device *dev) {
     return tb_device_parse("cpu:0", dev);
 }
 
+/* One line on stdout while a first compile takes more than a second (tb_desc.progress): what
+   is compiling once a second has passed, and how long it took. */
+static void show_compile(const tb_progress *p, void *user_data) {
+    int *shown = (int *)user_data; /* 1: the start of the line is out */
+    if (p->stage == TB_PROGRESS_BEGIN) *shown = 0;
+    if (p->stage == TB_PROGRESS_BEGIN || p->seconds < 1.0) return;
+    if (*shown == 0 && p->stage == TB_PROGRESS_KERNELS && p->kernels_done < p->kernels_total) {
+        printf("compiling %lu kernels for %s ...", (unsigned long)p->kernels_total, p->device);
+        fflush(stdout);
+        *shown = 1;
+    } else if (p->stage == TB_PROGRESS_END) {
+        if (*shown == 0)
+            printf("compiled %lu kernels for %s", (unsigned long)p->kernels_total, p->device);
+        printf(" in %.1f s%s\n", p->seconds, p->from_disk ? " (from the disk cache)" : "");
+        *shown = 0;
+    }
+}
+
+/* The library set up to show first compiles. */
+static tb_status setup_with_progress(void) {
+    static int shown;
+    tb_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.progress.func = show_compile;
+    desc.progress.user_data = &shown;
+    return tb_setup(&desc);
+}
+
 int main(int argc, char **argv) {
     const char *path = NULL, *device = NULL;
     int reps = 5, i;
@@ -321,6 +349,10 @@ int main(int argc, char **argv) {
     tb_status st;
     const char *torch_ms;
     char devname[64];
+    if (setup_with_progress() != TB_OK) {
+        fprintf(stderr, "models: %s\n", tb_last_error());
+        return 1;
+    }
     for (i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = argv[++i];

@@ -72,6 +72,35 @@ typedef struct tb_logger {
     void *user_data;
 } tb_logger;
 
+/* What a graph's first compile is doing (tb_desc.progress). A graph whose kernels are not yet
+   compiled in this process reports TB_PROGRESS_BEGIN, then TB_PROGRESS_KERNELS as its distinct
+   kernels become ready (where the backend can tell: native as its compiler processes finish,
+   opencl as each kernel's first launch, when the driver compiles it, completes), then
+   TB_PROGRESS_END once its first run is done (with the time of both). A graph found in the
+   computation cache reports nothing. The hook runs on the thread that runs the graph, which
+   waits in it: keep it short (print a line, update a bar). */
+typedef enum tb_progress_stage {
+    TB_PROGRESS_BEGIN = 0,
+    TB_PROGRESS_KERNELS = 1,
+    TB_PROGRESS_END = 2
+} tb_progress_stage;
+
+typedef struct tb_progress {
+    tb_progress_stage stage;
+    const char *device;   /* "native:0", "opencl:1", ... */
+    uint64_t graph_hash;  /* as TB_DEBUG's lines name the graph */
+    size_t kernels_done;  /* distinct kernels ready so far */
+    size_t kernels_total; /* distinct kernels of the graph (0: the backend does not say) */
+    bool from_disk;       /* END: the compiled program came from the disk cache */
+    double seconds;       /* since TB_PROGRESS_BEGIN */
+    tb_status status;     /* END: TB_OK, or why the compile or the first run failed */
+} tb_progress;
+
+typedef struct tb_progress_hook {
+    void (*func)(const tb_progress *progress, void *user_data);
+    void *user_data;
+} tb_progress_hook;
+
 /* Setup options. Zero-initialise it; every 0 field means "the default".
        tb_desc desc = {0};
        desc.cache_size = 64;
@@ -79,14 +108,15 @@ typedef struct tb_logger {
 typedef struct tb_desc {
     tb_allocator allocator;
     tb_logger logger;
-    const char *backend;    /* default backend; NULL: $TB_BACKEND, else "cpu" */
-    const char *device;     /* default device "backend:ordinal"; NULL: $TB_DEVICE */
-    size_t cache_size;      /* computations kept in the LRU computation cache; 0: 1024 */
-    size_t max_graph_nodes; /* a pending graph larger than this is flushed; 0: 100000 */
-    int debug;              /* 0: $TB_DEBUG; 1..3 as TB_DEBUG; -1: off whatever $TB_DEBUG says */
-    int check;              /* 0: $TB_CHECK; 1: check every graph on the reference backend
-                               and log the first node that differs; 2: also fail the sync
-                               (TB_ERR_EXECUTE); -1: off */
+    const char *backend;       /* default backend; NULL: $TB_BACKEND, else "cpu" */
+    const char *device;        /* default device "backend:ordinal"; NULL: $TB_DEVICE */
+    size_t cache_size;         /* computations kept in the LRU computation cache; 0: 1024 */
+    size_t max_graph_nodes;    /* a pending graph larger than this is flushed; 0: 100000 */
+    int debug;                 /* 0: $TB_DEBUG; 1..3 as TB_DEBUG; -1: off whatever $TB_DEBUG says */
+    int check;                 /* 0: $TB_CHECK; 1: check every graph on the reference backend
+                                  and log the first node that differs; 2: also fail the sync
+                                  (TB_ERR_EXECUTE); -1: off */
+    tb_progress_hook progress; /* first compiles as they run (tb_progress); NULL func: none */
 } tb_desc;
 
 /* Optional: configures the library. Any other function called first sets the library up with a

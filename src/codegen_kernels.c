@@ -1838,6 +1838,18 @@ static tb_status tb__cg_render_one(tb__cg *g, const tb__dialect *d, size_t i, tb
     return st;
 }
 
+static bool tb__plan_first_of_function(const tb__plan *p, size_t i) {
+    const tb__plan_kernel *k = &p->kernels[i];
+    return !k->empty && strcmp(k->fn, k->name) == 0; /* a kernel that runs another's has its name */
+}
+
+static size_t tb__plan_functions(const tb__plan *p) {
+    size_t i, n = 0;
+    for (i = 0; i < p->num_kernels; i++)
+        n += tb__plan_first_of_function(p, i);
+    return n;
+}
+
 static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
                                size_t *len) {
     tb__cg *g = (tb__cg *)tb__calloc(1, sizeof *g);

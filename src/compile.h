@@ -556,6 +556,10 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
    1-2 and 3-4, the low word first): a report is one item's, whatever number fail at once. */
 #define TB__ERR_WORDS 8
 /* the error a run reports from its error flag (word 0 not 0) */
+/* the distinct functions of a rendered plan (kernels sharing code count once) */
+static size_t tb__plan_functions(const tb__plan *p);
+/* whether kernel i is the first of the plan to run its function */
+static bool tb__plan_first_of_function(const tb__plan *p, size_t i);
 static tb_status tb__cg_run_error(const tb__plan *p, const char *who,
                                   const uint32_t flag[TB__ERR_WORDS]);
 

@@ -731,6 +731,70 @@ static tb_backend_data *tb__exec_param_value(const tb__exec *ex, const tb_node *
 /* TB_DEBUG=1: a compile still running after this long logs a line saying so. */
 #define TB__SLOW_COMPILE_MS 1000u
 
+/* ---- progress of first compiles (tb_desc.progress) ---- */
+
+/* The first compile (and first run) this thread is in, while a progress hook is set. */
+typedef struct tb__progress_now {
+    bool active, from_disk;
+    char device[64];
+    uint64_t graph_hash, t0;
+    size_t done, total;
+} tb__progress_now;
+
+static TB__THREAD_LOCAL tb__progress_now tb__progress_state;
+
+static void tb__progress_emit(tb_progress_stage stage, tb_status status) {
+    const tb_progress_hook *hook = &tb__desc()->progress;
+    tb__progress_now *s = &tb__progress_state;
+    tb_progress p;
+    if (hook->func == NULL || !s->active) return;
+    memset(&p, 0, sizeof p);
+    p.stage = stage;
+    p.device = s->device;
+    p.graph_hash = s->graph_hash;
+    p.kernels_done = s->done;
+    p.kernels_total = s->total;
+    p.from_disk = s->from_disk;
+    p.seconds = (double)(tb__now_ns() - s->t0) / 1e9;
+    p.status = status;
+    hook->func(&p, hook->user_data);
+}
+
+static TB__UNUSED bool tb__progress_wanted(void) {
+    return tb__progress_state.active && tb__desc()->progress.func != NULL;
+}
+
+static TB__UNUSED void tb__progress_kernels(size_t done, size_t total) {
+    tb__progress_now *s = &tb__progress_state;
+    if (!tb__progress_wanted()) return;
+    s->done = done;
+    s->total = total;
+    tb__progress_emit(TB_PROGRESS_KERNELS, TB_OK);
+}
+
+static TB__UNUSED void tb__progress_from_disk(void) {
+    tb__progress_state.from_disk = true;
+}
+
+/* A first compile of graph `hash` on `device` starts on this thread (nothing without a hook). */
+static void tb__progress_begin(const tb_device *device, uint64_t hash) {
+    tb__progress_now *s = &tb__progress_state;
+    memset(s, 0, sizeof *s);
+    if (tb__desc()->progress.func == NULL) return;
+    tb__exec_device_text(device, s->device);
+    s->graph_hash = hash;
+    s->t0 = tb__now_ns();
+    s->active = true;
+    tb__progress_emit(TB_PROGRESS_BEGIN, TB_OK);
+}
+
+/* The first compile and run begun on this thread are over, with `status`. */
+static void tb__progress_end(tb_status status) {
+    if (!tb__progress_state.active) return;
+    tb__progress_emit(TB_PROGRESS_END, status);
+    tb__progress_state.active = false;
+}
+
 /* A computation for the graph (made from the walk `w`): from the cache, else lowered and
    compiled (and cached). */
 static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, const tb__exec_walk *w,
@@ -749,6 +813,7 @@ static tb_status tb__exec_compile(const tb__exec *ex, const tb_graph *graph, con
         return TB_OK;
     }
     *hit = false;
+    tb__progress_begin(&ex->device, graph->hash);
     notice.armed = false;
     if (tb_debug_level() >= 1) {
         /* the graph's own line comes once the compile is done: a compile that takes seconds
@@ -1704,6 +1769,7 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
         }
         st = tb__exec_compile(ex, &g, &w, &entry, &hit, &compile_ns);
         if (st == TB_OK) st = tb__exec_run(ex, &g, entry->computation, values, &run_ns);
+        tb__progress_end(st); /* a first compile's, begun in tb__exec_compile */
         if (st != TB_OK) goto done;
         if (tb_debug_level() >= 1) tb__exec_log_graph(ex, &g, hit, compile_ns, run_ns);
         /* at check level 2 a failed check fails the sync: the results are released below */

@@ -110,8 +110,14 @@ static char *tb__format(const char *fmt, ...) TB_PRINTF_LIKE(1, 2); /* allocated
 static tb_status tb__error(tb_status status, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static void tb__mutex_lock(tb__mutex *m);
 static void tb__mutex_unlock(tb__mutex *m);
-static void tb__ensure_setup(void);              /* implicit setup with a zero desc */
-static const tb_desc *tb__desc(void);            /* the effective desc (defaults filled) */
+static void tb__ensure_setup(void);   /* implicit setup with a zero desc */
+static const tb_desc *tb__desc(void); /* the effective desc (defaults filled) */
+/* Progress of a first compile (executor.c; tb_desc.progress): whether this thread is in one
+   with a hook set (a backend may then wait for each kernel's first launch); kernels ready of
+   the graph's distinct kernels; the program came from the disk cache. */
+static bool tb__progress_wanted(void);
+static void tb__progress_kernels(size_t done, size_t total);
+static void tb__progress_from_disk(void);
 static const char *tb__getenv(const char *name); /* NULL when unset or empty */
 #if defined(__linux__)
 #define TB__CPU_WORDS 16 /* a CPU mask in unsigned longs: 1024 CPUs, as glibc's cpu_set_t */

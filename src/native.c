@@ -1325,6 +1325,7 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
     }
     if (handle != NULL) {
         (void)TB__ATOMIC_ADD(&rt->disk_hits, 1);
+        tb__progress_from_disk();
     } else {
         if (path != NULL) (void)TB__ATOMIC_ADD(&rt->disk_misses, 1);
         if (why != NULL) {
@@ -1622,7 +1623,9 @@ static tb_status tb__native_compile(void *user_data, void *context, void **compu
     c->fns = (tb__native_fn *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_fn));
     c->kept = (tb__native_kept *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_kept));
     if (c->fns == NULL || c->kept == NULL) return TB_ERR_OUT_OF_MEMORY;
+    tb__progress_kernels(0, tb__plan_functions(p));
     st = tb__native_get_program(c->rt, c->source, c->source_len, p, &c->prog);
+    if (st == TB_OK) tb__progress_kernels(tb__plan_functions(p), tb__plan_functions(p));
     for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
         void *sym;
         if (p->kernels[i].empty) continue;

@@ -536,6 +536,7 @@ typedef struct tb__ocl_comp {
     tb__cl_kernel *cl;
     size_t *local;      /* per kernel: the work-group size of kernels launched over items */
     tb__ocl_kept *kept; /* per kernel: kept panels */
+    int32_t ran; /* atomic: it ran once (the driver compiled its kernels at their first launch) */
 } tb__ocl_comp;
 
 typedef struct tb__ocl_context {
@@ -687,6 +688,7 @@ static tb_status tb__ocl_compile(void *user_data, void *context, void **computat
     p->local = (size_t *)tb__calloc(p->plan->num_kernels + 1, sizeof(size_t));
     p->kept = (tb__ocl_kept *)tb__calloc(p->plan->num_kernels + 1, sizeof *p->kept);
     if (p->cl == NULL || p->local == NULL || p->kept == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK) tb__progress_kernels(0, tb__plan_functions(p->plan));
     if (st == TB_OK) st = tb__ocl_get_program(dev, p->source, p->source_len, &p->program);
     for (i = 0; i < p->plan->num_kernels && st == TB_OK; i++) {
         tb__plan_kernel *k = &p->plan->kernels[i];
@@ -1083,7 +1085,8 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
     tb__ocl_comp *p = (tb__ocl_comp *)computation;
     tb__ocl_run r;
     tb_status st;
-    size_t i, j;
+    size_t i, j, done = 0, total = 0;
+    bool watch; /* a first run reporting progress: each new function's first launch waited for */
     (void)user_data;
     if (p == NULL || num_arguments != p->plan->num_params || num_results != p->plan->num_results) {
         return tb__error(TB_ERR_INVALID_ARGUMENT,
@@ -1096,11 +1099,17 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
     r.p = p;
     r.dev = tb__ocl_comp_device(p);
     if (r.dev == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_STATE;
+    watch = TB__ATOMIC_LOAD(&p->ran) == 0 && tb__progress_wanted();
+    if (watch) total = tb__plan_functions(p->plan);
     tb__ocl_device_lock(r.dev);
     st = tb__ocl_run_init(&r, arguments);
     for (i = 0; i < p->plan->num_kernels && st == TB_OK; i++) {
         if ((int32_t)i == p->plan->first_alias) st = tb__ocl_run_consume(&r, arguments);
         if (st == TB_OK) st = tb__ocl_run_kernel(&r, i, arguments);
+        if (st == TB_OK && watch && tb__plan_first_of_function(p->plan, i)) {
+            TB__OCL_CALL(r.dev->rt, Finish)(r.dev->queue);
+            tb__progress_kernels(++done, total);
+        }
         /* temporaries nobody reads any more go back to the cache (the queue is in order) */
         for (j = 0; j < p->plan->num_slots && st == TB_OK; j++) {
             if (p->plan->slots[j].kind == TB__SLOT_TEMP && r.owned[j] != NULL &&
@@ -1123,6 +1132,7 @@ static tb_status tb__ocl_execute(void *user_data, void *computation,
         if (st == TB_OK && flag[0] != 0) st = tb__cg_run_error(p->plan, "opencl", flag);
     }
     if (st == TB_OK && tb_debug_level() >= 2) tb__ocl_profile(&r);
+    if (st == TB_OK && TB__ATOMIC_LOAD(&p->ran) == 0) (void)TB__ATOMIC_ADD(&p->ran, 1);
     tb__ocl_run_finish(&r, st, arguments, results);
     tb__ocl_device_release(r.dev);
     return st;

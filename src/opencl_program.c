@@ -168,6 +168,7 @@ static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, si
     if (prog != NULL) {
         (void)TB__ATOMIC_ADD(&dev->disk_hits, 1);
         tb__ocl_metric(dev, "OpenCL::DiskCacheHit", 1);
+        tb__progress_from_disk();
     } else {
         (void)TB__ATOMIC_ADD(&dev->disk_misses, 1);
         tb__ocl_metric(dev, "OpenCL::DiskCacheMiss", 1);

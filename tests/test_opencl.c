@@ -4779,6 +4779,83 @@ static void test_repeated_kernels_other_scalars(void **state) {
     }
 }
 
+/* ---- progress of first compiles ---- */
+
+typedef struct progress_log {
+    int count, begins, ends;
+    tb_progress events[64];
+    char device[64];
+} progress_log;
+
+static void record_progress(const tb_progress *p, void *user_data) {
+    progress_log *log = (progress_log *)user_data;
+    if (log->count < 64) log->events[log->count] = *p;
+    log->count++;
+    log->begins += p->stage == TB_PROGRESS_BEGIN;
+    log->ends += p->stage == TB_PROGRESS_END;
+    snprintf(log->device, sizeof log->device, "%s", p->device);
+}
+
+/* A graph's first compile reports BEGIN, its kernels as they become ready (never fewer than
+   before, never more than its distinct kernels) and END once its first run is done; the same
+   graph again, from the computation cache, reports nothing. */
+static void test_compile_progress(void **state) {
+    static progress_log log;
+    tb_desc desc;
+    float a[120], got[120];
+    tb_shape s = shp(TB_F32, 2, 3, 40, 0, 0);
+    tb_tensor *x, *y;
+    char want[64];
+    int32_t ax = 1;
+    int rep, i;
+    (void)state;
+    REQUIRE_OPENCL();
+    tb_shutdown();
+    memset(&desc, 0, sizeof desc);
+    memset(&log, 0, sizeof log);
+    desc.progress.func = record_progress;
+    desc.progress.user_data = &log;
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    fill(a, &s, R_ANY, 0);
+    for (rep = 0; rep < 2; rep++) {
+        x = tb_tensor_from_host(a, &s, &g_ocl);
+        y = tb_exp(x);
+        y = take(y, tb_sum(y, &ax, 1, true));
+        y = take(y, tb_mul(y, x)); /* a reduction kernel, then an elementwise kernel */
+        assert_int_equal(tb_tensor_to_host(y, got, sizeof got), TB_OK);
+        if (rep == 0) {
+            const int kernels = 2; /* R_3_40 E_120, as in test_debug_lines */
+            const tb_progress *last = &log.events[log.count - 1];
+            assert_true(log.count >= 3 && log.count < 64);
+            assert_int_equal(log.begins, 1);
+            assert_int_equal(log.ends, 1);
+            assert_int_equal(log.events[0].stage, TB_PROGRESS_BEGIN);
+            assert_int_equal(last->stage, TB_PROGRESS_END);
+            assert_int_equal(last->status, TB_OK);
+            assert_int_equal(last->kernels_total, (size_t)kernels);
+            assert_int_equal(last->kernels_done, (size_t)kernels);
+            assert_true(last->seconds >= 0.0);
+            for (i = 1; i < log.count - 1; i++) {
+                assert_int_equal(log.events[i].stage, TB_PROGRESS_KERNELS);
+                assert_int_equal(log.events[i].kernels_total, (size_t)kernels);
+                assert_true(log.events[i].kernels_done >= log.events[i - 1].kernels_done);
+                assert_true(log.events[i].kernels_done <= (size_t)kernels);
+                assert_true(log.events[i].seconds >= log.events[i - 1].seconds);
+            }
+            assert_int_equal(log.events[0].graph_hash, last->graph_hash);
+            tb_device_format(&g_ocl, want, sizeof want);
+            assert_string_equal(log.device, want);
+        } else {
+            assert_int_equal(log.begins, 1); /* nothing more: the cache had it */
+            assert_int_equal(log.ends, 1);
+        }
+        tb_tensor_release(x);
+        tb_tensor_release(y);
+    }
+    restart_library();
+    probe();
+}
+
 /* ---- debug output ---- */
 
 static char g_log[16384];
@@ -5619,6 +5696,7 @@ int main(void) {
         cmocka_unit_test(test_small_reductions_inline),
         cmocka_unit_test(test_repeated_kernels_once),
         cmocka_unit_test(test_repeated_kernels_other_scalars),
+        cmocka_unit_test(test_compile_progress),
     };
     /* OpenCL's own machinery: devices, program caches, the loader */
     const struct CMUnitTest opencl_tests[] = {
