@@ -636,8 +636,8 @@ done
 step "training example"
 # examples/train_mnist.c and examples/train_cnn.c (built above with the test flags) train for
 # one short epoch on the first Fashion-MNIST images on each backend and must beat chance
-# clearly on the test images; the full runs (bash tools/demo.sh --train 5, ./train_cnn 10) are
-# manual checks.
+# clearly on the test images, and print nothing on stderr (no compiler output at the default
+# TB_DEBUG); the full runs (bash tools/demo.sh --train 5, ./train_cnn 10) are manual checks.
 # train_example NAME IMAGES TEST_IMAGES MIN_ACCURACY
 train_example() {
     local name=$1 images=$2 test_images=$3 min_acc=$4 fmnist=/usr/share/datasets/fashion-mnist
@@ -654,14 +654,19 @@ train_example() {
     fi
     for backend in "${backends[@]}"; do
         log=build/examples/$name.$backend.log
-        ASAN_OPTIONS=$asan_opencl \
+        env -u TB_DEBUG ASAN_OPTIONS=$asan_opencl \
             LSAN_OPTIONS=$lsan_pocl \
             timeout --foreground -k 10 "$timeout_s" "build/examples/$name" 1 \
-            --images "$images" --test-images "$test_images" --device "$backend:0" 2>&1 | tee "$log"
+            --images "$images" --test-images "$test_images" --device "$backend:0" \
+            2>"$log.stderr" | tee "$log"
         rc=${PIPESTATUS[0]}
         acc=$(sed -n 's/.*test accuracy \([0-9.]*\).*/\1/p' "$log" | tail -n 1)
-        if [ "$rc" -eq 0 ] && [ -n "$acc" ] && awk -v a="$acc" -v m="$min_acc" 'BEGIN { exit !(a >= m) }'; then
-            echo "ok training example $name on $backend (test accuracy $acc)"
+        if [ -s "$log.stderr" ]; then
+            echo "FAIL training example $name on $backend: it printed on stderr:"
+            indent <"$log.stderr"
+            fail "training example $name on $backend: output on stderr"
+        elif [ "$rc" -eq 0 ] && [ -n "$acc" ] && awk -v a="$acc" -v m="$min_acc" 'BEGIN { exit !(a >= m) }'; then
+            echo "ok training example $name on $backend (test accuracy $acc, nothing on stderr)"
             pass
         else
             echo "FAIL training example $name on $backend (exit status $rc, test accuracy '${acc}', need >= $min_acc)"
