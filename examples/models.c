@@ -15,8 +15,11 @@
    kernels unless a cache has them), the median of REPS cached forwards (default 5) beside
    PyTorch's time where the file has it ("torch_ms", measured by the exporter on its own
    threads), and the largest difference from PyTorch's output relative to the output's
-   largest magnitude; exit status 1 when it is above the tolerance (default 1e-5) or on any
-   error. The device defaults to opencl:0 when there is one, else native:0, else cpu:0. */
+   largest magnitude; then a second line: the time the batch norms took to fold (a graph of
+   its own, compiled first), the distinct kernels compiled for the forward and the kernels a
+   forward launches (the metrics' KernelLaunch; 0 on cpu). Exit status 1 when the difference
+   is above the tolerance (default 1e-5) or on any error. The device defaults to opencl:0 when there
+   is one, else native:0, else cpu:0. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
@@ -327,20 +330,42 @@ static void show_compile(const tb_progress *p, void *user_data) {
     }
 }
 
-/* The library set up to show first compiles. */
+/* The distinct kernels first compiles have compiled so far (what the summary line reports). */
+static size_t kernels_compiled;
+
+static void count_compile(const tb_progress *p, void *user_data) {
+    if (p->stage == TB_PROGRESS_END) kernels_compiled += p->kernels_total;
+    show_compile(p, user_data);
+}
+
+/* The library set up to show (and count) first compiles. */
 static tb_status setup_with_progress(void) {
     static int shown;
     tb_desc desc;
     memset(&desc, 0, sizeof desc);
-    desc.progress.func = show_compile;
+    desc.progress.func = count_compile;
     desc.progress.user_data = &shown;
     return tb_setup(&desc);
+}
+
+/* The kernels the device's backend has launched so far (its KernelLaunch metric; 0 where it
+   has none). */
+static unsigned long long kernel_launches(const tb_device *dev) {
+    char *report = tb_backend_metrics_report(dev->backend), *at;
+    unsigned long long total = 0;
+    for (at = report; at != NULL && (at = strstr(at, "::KernelLaunch: ")) != NULL; at++)
+        total += strtoull(at + strlen("::KernelLaunch: "), NULL, 10);
+    tb_free(report);
+    tb_clear_error();
+    return total;
 }
 
 int main(int argc, char **argv) {
     const char *path = NULL, *device = NULL;
     int reps = 5, i;
-    double tol = 1e-5, first, *times, worst = 0, scale = 0;
+    double tol = 1e-5, first, *times, worst = 0, scale = 0, fold_s;
+    size_t compiled;
+    unsigned long long launched = 0;
     tb_device dev;
     model m;
     tb_tensor *x, *want;
@@ -406,10 +431,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "models: no memory for the output\n");
         return 1;
     }
+    fold_s = now_s();
     st = prepare(&m, x);
+    fold_s = now_s() - fold_s;
+    compiled = kernels_compiled;
     first = st == TB_OK ? run_once(&m, x, out, n, &st) : 0.0;
-    for (i = 0; st == TB_OK && i < reps; i++)
+    compiled = kernels_compiled - compiled; /* the forward's own */
+    for (i = 0; st == TB_OK && i < reps; i++) {
+        unsigned long long before = kernel_launches(&dev);
         times[i] = run_once(&m, x, out, n, &st);
+        launched = kernel_launches(&dev) - before;
+    }
     if (st != TB_OK) {
         fprintf(stderr, "models: %s: %s\n", m.kind, tb_last_error());
         return 1;
@@ -430,6 +462,8 @@ int main(int argc, char **argv) {
         printf(", PyTorch %s ms (PyTorch / ours %.2f)", torch_ms,
                atof(torch_ms) / (times[reps / 2] * 1e3));
     printf("; error / output scale %.2g\n", worst);
+    printf("%s on %s: weights folded in %.3f s; the forward: %zu kernels compiled, %llu launched\n",
+           m.kind, devname, fold_s, compiled, launched);
     free(times);
     free(ref);
     free(out);

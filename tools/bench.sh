@@ -18,7 +18,16 @@
 #   --no-install    do not install missing Debian packages
 #   --only LIST     run only these cases (comma-separated): chain8 add sum max row_sums softmax
 #                   layer_norm matmul mlp mlp_train conv trace replay coldstart half
-#                   allreduce_devices allreduce_mpi
+#                   allreduce_devices models allreduce_mpi
+#
+# models (tools/bench/models.py; skipped with a note where /usr/bin/python3 cannot import torch
+# and torchvision): ResNet-18, ResNet-50, MobileNetV2, SqueezeNet 1.0 (batch 8, 224x224) and a
+# TransformerEncoder ([8, 64, 128]) from PyTorch's weights (examples/models.c): a cached forward
+# beside PyTorch eager's (rows models_<M>; PyTorch timed before and after ours), and the first
+# forward of a fresh process with empty caches (coldstart_<M>, with the kernels compiled and
+# launched in its note); the Fashion-MNIST CNN's epoch of 6,400 images (train_cnn_epoch) and a
+# step of the small GPT (gpt_step) beside their PyTorch twins. --quick: ResNet-18 at batch 1,
+# 64x64 only.
 #
 # half: chain8, axpy (2.5 x + y), sum and matmul (512) with f16 and bf16 storage (rows
 # chain8_f16, axpy_bf16, sum_bf16, matmul_f16_512, ...), each timed beside the same case in f32
@@ -276,15 +285,19 @@ if [ "$link" -eq 1 ]; then
 else
     echo "bench: build/bench/bench is up to date"
 fi
-# ---- the cases of build/bench/bench, then allreduce_mpi ----
+# ---- the cases of build/bench/bench, then models and allreduce_mpi ----
 run_mpi=1
+run_models=1
 if [ -n "$only" ]; then
     run_mpi=0
+    run_models=0
     rest=""
     IFS=, read -r -a cases <<<"$only"
     for c in "${cases[@]}"; do
         if [ "$c" = allreduce_mpi ]; then
             run_mpi=1
+        elif [ "$c" = models ]; then
+            run_models=1
         else
             rest=${rest:+$rest,}$c
         fi
@@ -301,6 +314,14 @@ if [ -z "$only" ] || [ -n "${rest:-}" ]; then
     build/bench/bench --torch-peer tools/bench/torch_peer.py "${args[@]+"${args[@]}"}" || rc=$?
 elif [ -n "$json" ]; then
     : >"$json"
+fi
+if [ "$run_models" -eq 1 ]; then
+    models_args=()
+    [ "$quick" -eq 1 ] && models_args+=(--quick)
+    [ -n "$json" ] && models_args+=(--json "$json")
+    # with --class the OpenCL device is left out (above)
+    [ -n "$class" ] && models_args+=(--backends native)
+    CC="$CC" python3 tools/bench/models.py "${models_args[@]+"${models_args[@]}"}" || rc=1
 fi
 if [ "$run_mpi" -eq 1 ]; then
     if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then

@@ -13,7 +13,8 @@ Usage: /usr/bin/python3 tools/export_model.py MODEL OUT.safetensors [--batch N] 
               initialisation, batch norm's running statistics drawn so that folding them
               matters); --time REPS: also time PyTorch's forward (median of REPS, after one
               warm-up) and store it as metadata "torch_ms"; --threads T: PyTorch's threads
-              (default: the CPUs online).
+              (default: the CPUs online); --time-only: time it (REPS of --time, default 5),
+              print "torch_ms X" and write nothing (OUT is not touched).
 Writes the tensors in f32 and the metadata "model", "batch", "size", "seed". Standard
 library and torch only; exit status 2 when torch or torchvision cannot be imported.
 """
@@ -82,7 +83,10 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time", type=int, default=0)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--time-only", action="store_true")
     a = ap.parse_args()
+    if a.time_only and a.time <= 0:
+        a.time = 5
     torch.set_num_threads(a.threads)
     size = a.size or (64 if a.model == "encoder" else 224)
     torch.manual_seed(a.seed)
@@ -100,6 +104,9 @@ def main():
             times = sorted(times[1:])
             meta["torch_ms"] = "%.3f" % (1e3 * times[len(times) // 2])
             meta["torch_threads"] = str(torch.get_num_threads())
+    if a.time_only:
+        print("torch_ms %s" % meta["torch_ms"])
+        return
     tensors = {k: v for k, v in model.state_dict().items() if v.dtype == torch.float32}
     tensors["input"] = x
     tensors["output"] = y
