@@ -80,6 +80,8 @@ IMPLEMENTATION_PARTS = [
     "src/opencl_program.c",
     "src/opencl.c",
     "src/native_dialect.c",
+    "src/native_internal.h",
+    "src/native_pool.c",
     "src/native.c",
     "src/distributed_internal.h",
     "src/mpi.c",

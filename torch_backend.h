@@ -20264,6 +20264,9 @@ typedef struct tb__plan_kernel {
     int32_t *table_params;
     size_t num_table_params;
     int64_t table_at;
+    /* where the renderer put its function in the program's text (0, 0 for a kernel that runs
+       an earlier kernel's function): after the plan's text_head, which every function uses */
+    size_t text_at, text_len;
     /* layout */
     int32_t group;      /* reductions and norms: work items per row (1: one item per row) */
     int32_t lanes;      /* reductions: independent accumulators per item */
@@ -20338,6 +20341,7 @@ typedef struct tb__plan {
     bool scalar_table; /* scalars in a table buffer (8 bytes each), a run of entries per kernel
                           (tb__plan_kernel.table_at) */
     size_t table_len;  /* the table's entries */
+    size_t text_head;  /* the program's text before its first function (the renderer's) */
     /* per graph node (post-order): the kernel computing it, -1 for none (get_node_kernel) */
     int32_t *node_kernel;
     size_t num_nodes;
@@ -27626,6 +27630,7 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
                        d->global, d->err_claim);
     }
     tb__str_append(&src, "\n");
+    P->text_head = src.len;
     /* each distinct kernel once: a kernel whose code is an earlier one's (the same work on
        other buffers, as a network's repeated blocks have) runs that kernel's function */
     canons = (tb__str *)tb__calloc(P->num_kernels + 1, sizeof(tb__str));
@@ -27636,6 +27641,7 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
         tb__str one;
         size_t j;
         snprintf(k->fn, sizeof k->fn, "%s", k->name);
+        k->text_at = k->text_len = 0;
         if (k->empty) continue;
         memset(&one, 0, sizeof one);
         st = tb__cg_render_one(g, d, i, &one, &canons[i]);
@@ -27653,7 +27659,9 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
             snprintf(k->fn, sizeof k->fn, "%s", P->kernels[j].fn);
             tb__str_free(&canons[i]);
         } else {
+            k->text_at = src.len;
             tb__cg_emit_named(&src, one.data != NULL ? one.data : "", k->name);
+            k->text_len = src.len - k->text_at;
         }
         tb__str_free(&one);
     }
@@ -30924,24 +30932,36 @@ static void tb__native_dialect(tb__dialect *d, int32_t vec_width) {
 
 #endif /* TB__HAVE_NATIVE */
 
-/* ---- src/native.c ---- */
+/* ---- src/native_internal.h ---- */
 /* ===========================================================================================
-   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c, codegen_kernels.c),
-   compiled at run time by the system C compiler ($CC, else cc) into a shared object, loaded with
-   dlopen and run on a pool of threads (one per core: a kernel's work items are split among them).
-   Programs are cached on disk as OpenCL's are (diskcache.c), keyed by the source, the compiler, its
-   options, the CPU and this library's version. Memory is host memory. Without a compiler the
-   backend has no device and says why, as OpenCL without a loader does.
+   Native backend: what native.c uses of its thread pool (native_pool.c).
    =========================================================================================== */
 
 #if defined(TB__HAVE_NATIVE)
 
-#include <sys/wait.h>
+/* a kernel's entry: work items [lo, hi) with its arguments */
+typedef void (*tb__native_fn)(void *const *args, long lo, long hi);
+typedef struct tb__native_pool tb__native_pool;
 
-/* ---- the thread pool ----
-   One job at a time: a kernel's work items split into chunks, taken by the pool's threads
-   and the caller from a shared counter.
-   On Linux the pool's threads are kept off the core the caller runs on (tb__native_place): the
+/* a pool of `threads` threads besides the caller's (NULL when none could start) */
+static tb__native_pool *tb__native_pool_new(size_t threads);
+static void tb__native_pool_free(tb__native_pool *p);
+/* runs fn over work items [0, total) on the pool and the caller; `work` (bytes and
+   operations) small: on the caller alone */
+static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *args, int64_t total,
+                           double work);
+
+#endif /* TB__HAVE_NATIVE */
+
+/* ---- src/native_pool.c ---- */
+/* ===========================================================================================
+   Native backend: its thread pool. One job at a time: a kernel's work items split into
+   chunks, taken by the pool's threads and the caller from a shared counter.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_NATIVE)
+
+/* On Linux the pool's threads are kept off the core the caller runs on (tb__native_place): the
    caller works on the job as soon as it has woken them, and when all have slept (a pause
    between calls) the scheduler may queue a woken thread on the caller's own core, where both
    then share that core for the whole job (and the next ones) while another sits idle. Each
@@ -30951,8 +30971,6 @@ static void tb__native_dialect(tb__dialect *d, int32_t vec_width) {
 #if defined(__linux__)
 typedef int (*tb__native_getcpu_fn)(void);
 #endif
-
-typedef void (*tb__native_fn)(void *const *args, long lo, long hi);
 
 typedef struct tb__native_pool {
     pthread_mutex_t lock;
@@ -31121,6 +31139,22 @@ static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *ar
         pthread_cond_wait(&p->done, &p->lock);
     pthread_mutex_unlock(&p->lock);
 }
+
+#endif /* TB__HAVE_NATIVE */
+
+/* ---- src/native.c ---- */
+/* ===========================================================================================
+   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c, codegen_kernels.c),
+   compiled at run time by the system C compiler ($CC, else cc) into a shared object, loaded with
+   dlopen and run on a pool of threads (one per core: a kernel's work items are split among them).
+   Programs are cached on disk as OpenCL's are (diskcache.c), keyed by the source, the compiler, its
+   options, the CPU and this library's version. Memory is host memory. Without a compiler the
+   backend has no device and says why, as OpenCL without a loader does.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_NATIVE)
+
+#include <sys/wait.h>
 
 /* ---- the runtime: the compiler, the device, memory, programs ---- */
 
@@ -32201,21 +32235,23 @@ static tb__native_prog *tb__native_prog_find(tb__native_rt *rt, const uint64_t k
     return NULL;
 }
 
-/* The first kernel of `plan` that the loaded program lacks, or NULL when it has them all. */
-static const char *tb__native_missing_kernel(void *handle, const tb__plan *plan) {
+/* The first of the functions `fns` that the loaded program lacks, or NULL when it has them
+   all. */
+static const char *tb__native_missing_kernel(void *handle, const char *const *fns, size_t n) {
     size_t i;
-    for (i = 0; i < plan->num_kernels; i++)
-        if (!plan->kernels[i].empty && dlsym(handle, plan->kernels[i].fn) == NULL)
-            return plan->kernels[i].fn;
+    for (i = 0; i < n; i++)
+        if (dlsym(handle, fns[i]) == NULL) return fns[i];
     return NULL;
 }
 
 /* The loaded program of a source: from memory, from the disk cache, or compiled now (the
-   compiler runs without any lock held). A program is used, and stored on disk, only when it
-   has every kernel of `plan`: a cache entry without them is removed and the source compiled
-   again, and a compile without them is an error that leaves no entry. */
+   compiler runs without any lock held; *from_disk set when the disk cache had it). A program
+   is used, and stored on disk, only when it has every function of `fns`: a cache entry
+   without them is removed and the source compiled again, and a compile without them is an
+   error that leaves no entry. */
 static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size_t len,
-                                        const tb__plan *plan, tb__native_prog **out) {
+                                        const char *const *fns, size_t num_fns, bool *from_disk,
+                                        tb__native_prog **out) {
     const char *why = NULL;
     tb__disk_key dkey;
     uint64_t key[2];
@@ -32238,7 +32274,7 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
                             &save_dir, &path, &why);
     if (bytes != NULL) {
         handle = tb__native_load_bytes(bytes, n);
-        if (handle == NULL || tb__native_missing_kernel(handle, plan) != NULL) {
+        if (handle == NULL || tb__native_missing_kernel(handle, fns, num_fns) != NULL) {
             why = handle == NULL ? "a shared object that does not load"
                                  : "a shared object that lacks a kernel of the program";
             if (handle != NULL) dlclose(handle);
@@ -32251,7 +32287,7 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
     }
     if (handle != NULL) {
         (void)TB__ATOMIC_ADD(&rt->disk_hits, 1);
-        tb__progress_from_disk();
+        *from_disk = true;
     } else {
         if (path != NULL) (void)TB__ATOMIC_ADD(&rt->disk_misses, 1);
         if (why != NULL) {
@@ -32262,11 +32298,11 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
             (void)TB__ATOMIC_ADD(&rt->disk_rejected, 1);
         }
         st = tb__native_compile_source(rt, src, len, &handle, &bytes, &n);
-        if (st == TB_OK && tb__native_missing_kernel(handle, plan) != NULL) {
+        if (st == TB_OK && tb__native_missing_kernel(handle, fns, num_fns) != NULL) {
             st = tb__error(TB_ERR_COMPILE,
                            "native: the compiled program has no kernel %s (do CC or "
                            "TB_NATIVE_CFLAGS hide or rename its symbols?)",
-                           tb__native_missing_kernel(handle, plan));
+                           tb__native_missing_kernel(handle, fns, num_fns));
             dlclose(handle);
             handle = NULL;
         }
@@ -32432,7 +32468,8 @@ typedef struct tb__native_comp {
     char *source;
     size_t source_len;
     tb__native_rt *rt;
-    tb__native_prog *prog;
+    tb__native_prog **progs; /* the program's parts (tb__native_compile_parts) */
+    size_t num_progs;
     tb__native_fn *fns;
     tb__native_kept *kept; /* per kernel */
 } tb__native_comp;
@@ -32447,7 +32484,11 @@ static void tb__native_comp_release(tb__native_comp *c) {
     if (c == NULL) return;
     rt = c->rt;
     tb__mutex_lock(&tb__native_mutex);
-    if (rt != NULL && c->prog != NULL) tb__native_prog_unref(rt, c->prog);
+    if (rt != NULL && c->progs != NULL) {
+        size_t i;
+        for (i = 0; i < c->num_progs; i++)
+            if (c->progs[i] != NULL) tb__native_prog_unref(rt, c->progs[i]);
+    }
     if (rt != NULL && c->kept != NULL) {
         size_t i;
         for (i = 0; i < c->plan->num_kernels; i++)
@@ -32457,6 +32498,7 @@ static void tb__native_comp_release(tb__native_comp *c) {
     tb__mutex_unlock(&tb__native_mutex);
     tb__free(c->kept);
     tb__free(c->fns);
+    tb__free(c->progs);
     tb__free(c->source);
     tb__plan_free(c->plan);
     tb__free(c);
@@ -32530,6 +32572,114 @@ static void tb__native_release_lowering_context(void *user_data, void *context) 
     tb__free(ctx);
 }
 
+/* ---- a program in parts, compiled at once ----
+   A graph's program of many functions is compiled as several parts, each the program's head
+   (the prelude every function uses) and a run of its functions, by one compiler process each,
+   one per core (at most TB__NATIVE_MAX_PARTS): a first compile takes about the time of its
+   largest part. Each part is cached, in memory and on disk, by its own source. */
+
+#define TB__NATIVE_MAX_PARTS 8
+/* functions per part at least: each part pays for the head once */
+#define TB__NATIVE_PART_MIN 6
+
+typedef struct tb__native_part {
+    tb__native_rt *rt;
+    tb__str source;
+    const char **fns; /* the functions it defines */
+    size_t num_fns;
+    bool from_disk;
+    tb__native_prog *prog;
+    tb_status status;
+    char why[TB__ERROR_CAP]; /* the error of a part compiled on a thread of its own */
+} tb__native_part;
+
+static void *tb__native_part_main(void *arg) {
+    tb__native_part *pt = (tb__native_part *)arg;
+    pt->status = tb__native_get_program(pt->rt, pt->source.data, pt->source.len,
+                                        (const char *const *)pt->fns, pt->num_fns, &pt->from_disk,
+                                        &pt->prog);
+    if (pt->status != TB_OK) snprintf(pt->why, sizeof pt->why, "%s", tb_last_error());
+    return NULL;
+}
+
+/* The parts of c's program: how many, and each one's functions (runs in order, of about
+   equal text); one part is the whole source. */
+static tb_status tb__native_make_parts(tb__native_comp *c, tb__native_part *parts, size_t n) {
+    const tb__plan *p = c->plan;
+    size_t i, at = 0, done = 0, total = 0;
+    for (i = 0; i < p->num_kernels; i++)
+        total += p->kernels[i].text_len;
+    for (at = 0; at < n; at++) {
+        parts[at].rt = c->rt;
+        parts[at].fns = (const char **)tb__calloc(p->num_kernels + 1, sizeof(const char *));
+        if (parts[at].fns == NULL) return TB_ERR_OUT_OF_MEMORY;
+        if (n > 1) tb__str_append(&parts[at].source, "%.*s", (int)p->text_head, c->source);
+    }
+    for (i = 0, at = 0; i < p->num_kernels; i++) {
+        const tb__plan_kernel *k = &p->kernels[i];
+        tb__native_part *pt;
+        if (!tb__plan_first_of_function(p, i)) continue;
+        /* the next part once this one holds its share of the text */
+        if (at + 1 < n && done >= total / n * (at + 1)) at++;
+        pt = &parts[at];
+        pt->fns[pt->num_fns++] = k->fn;
+        if (n > 1) tb__str_append(&pt->source, "%.*s", (int)k->text_len, c->source + k->text_at);
+        done += k->text_len;
+    }
+    if (n == 1) { /* the source as it is (and as the disk cache has known it) */
+        tb__str_append(&parts[0].source, "%.*s", (int)c->source_len, c->source);
+    }
+    for (at = 0; at < n; at++)
+        if (parts[at].source.failed) return TB_ERR_OUT_OF_MEMORY;
+    return TB_OK;
+}
+
+/* Compiles (or finds) the parts of c's program, one compiler process per part at once,
+   reporting progress as they are ready; c->progs holds them. */
+static tb_status tb__native_compile_parts(tb__native_comp *c) {
+    size_t functions = tb__plan_functions(c->plan), n, i, ready = 0;
+    tb__native_part *parts;
+    pthread_t *threads;
+    bool *started, all_disk = true;
+    tb_status st;
+    n = functions / TB__NATIVE_PART_MIN;
+    if (n > c->rt->info.compute_units) n = c->rt->info.compute_units;
+    if (n > TB__NATIVE_MAX_PARTS) n = TB__NATIVE_MAX_PARTS;
+    if (n < 1) n = 1;
+    parts = (tb__native_part *)tb__calloc(n, sizeof *parts);
+    threads = (pthread_t *)tb__calloc(n, sizeof *threads);
+    started = (bool *)tb__calloc(n, sizeof *started);
+    c->progs = (tb__native_prog **)tb__calloc(n, sizeof *c->progs);
+    st = parts == NULL || threads == NULL || started == NULL || c->progs == NULL
+             ? TB_ERR_OUT_OF_MEMORY
+             : tb__native_make_parts(c, parts, n);
+    tb__progress_kernels(0, functions);
+    for (i = 1; i < n && st == TB_OK; i++)
+        started[i] = pthread_create(&threads[i], NULL, tb__native_part_main, &parts[i]) == 0;
+    for (i = 0; i < n && st == TB_OK; i++) {
+        if (started[i]) {
+            (void)pthread_join(threads[i], NULL);
+        } else {
+            tb__native_part_main(&parts[i]); /* the first on this thread; any that did not start */
+        }
+        ready += parts[i].num_fns;
+        all_disk = all_disk && parts[i].from_disk;
+        if (parts[i].status == TB_OK) tb__progress_kernels(ready, functions);
+    }
+    for (i = 0; parts != NULL && i < n; i++) {
+        if (st == TB_OK && parts[i].status != TB_OK)
+            st = tb__error(parts[i].status, "%s", parts[i].why);
+        if (c->progs != NULL) c->progs[c->num_progs++] = parts[i].prog;
+        tb__str_free(&parts[i].source);
+        tb__free(parts[i].fns);
+    }
+    if (st == TB_OK && all_disk) tb__progress_from_disk();
+    tb__free(parts);
+    tb__free(threads);
+    tb__free(started);
+    return st;
+}
+
 /* Compiles (or finds) the program and looks its kernels up; the computation leaves the
    context. */
 static tb_status tb__native_compile(void *user_data, void *context, void **computation) {
@@ -32549,13 +32699,13 @@ static tb_status tb__native_compile(void *user_data, void *context, void **compu
     c->fns = (tb__native_fn *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_fn));
     c->kept = (tb__native_kept *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_kept));
     if (c->fns == NULL || c->kept == NULL) return TB_ERR_OUT_OF_MEMORY;
-    tb__progress_kernels(0, tb__plan_functions(p));
-    st = tb__native_get_program(c->rt, c->source, c->source_len, p, &c->prog);
-    if (st == TB_OK) tb__progress_kernels(tb__plan_functions(p), tb__plan_functions(p));
+    st = tb__native_compile_parts(c);
     for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
-        void *sym;
+        void *sym = NULL;
+        size_t j;
         if (p->kernels[i].empty) continue;
-        sym = dlsym(c->prog->handle, p->kernels[i].fn);
+        for (j = 0; j < c->num_progs && sym == NULL; j++)
+            sym = dlsym(c->progs[j]->handle, p->kernels[i].fn);
         if (sym == NULL) {
             st =
                 tb__error(TB_ERR_COMPILE, "native: the program has no kernel %s", p->kernels[i].fn);

@@ -334,7 +334,7 @@ static void show_compile(const tb_progress *p, void *user_data) {
 static size_t kernels_compiled;
 
 static void count_compile(const tb_progress *p, void *user_data) {
-    if (p->stage == TB_PROGRESS_END) kernels_compiled += p->kernels_total;
+    if (p->stage == TB_PROGRESS_END && !p->from_disk) kernels_compiled += p->kernels_total;
     show_compile(p, user_data);
 }
 

@@ -1885,6 +1885,7 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
                        d->global, d->err_claim);
     }
     tb__str_append(&src, "\n");
+    P->text_head = src.len;
     /* each distinct kernel once: a kernel whose code is an earlier one's (the same work on
        other buffers, as a network's repeated blocks have) runs that kernel's function */
     canons = (tb__str *)tb__calloc(P->num_kernels + 1, sizeof(tb__str));
@@ -1895,6 +1896,7 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
         tb__str one;
         size_t j;
         snprintf(k->fn, sizeof k->fn, "%s", k->name);
+        k->text_at = k->text_len = 0;
         if (k->empty) continue;
         memset(&one, 0, sizeof one);
         st = tb__cg_render_one(g, d, i, &one, &canons[i]);
@@ -1912,7 +1914,9 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
             snprintf(k->fn, sizeof k->fn, "%s", P->kernels[j].fn);
             tb__str_free(&canons[i]);
         } else {
+            k->text_at = src.len;
             tb__cg_emit_named(&src, one.data != NULL ? one.data : "", k->name);
+            k->text_len = src.len - k->text_at;
         }
         tb__str_free(&one);
     }

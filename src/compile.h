@@ -210,6 +210,9 @@ typedef struct tb__plan_kernel {
     int32_t *table_params;
     size_t num_table_params;
     int64_t table_at;
+    /* where the renderer put its function in the program's text (0, 0 for a kernel that runs
+       an earlier kernel's function): after the plan's text_head, which every function uses */
+    size_t text_at, text_len;
     /* layout */
     int32_t group;      /* reductions and norms: work items per row (1: one item per row) */
     int32_t lanes;      /* reductions: independent accumulators per item */
@@ -284,6 +287,7 @@ typedef struct tb__plan {
     bool scalar_table; /* scalars in a table buffer (8 bytes each), a run of entries per kernel
                           (tb__plan_kernel.table_at) */
     size_t table_len;  /* the table's entries */
+    size_t text_head;  /* the program's text before its first function (the renderer's) */
     /* per graph node (post-order): the kernel computing it, -1 for none (get_node_kernel) */
     int32_t *node_kernel;
     size_t num_nodes;

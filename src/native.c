@@ -12,190 +12,6 @@
 
 #include <sys/wait.h>
 
-/* ---- the thread pool ----
-   One job at a time: a kernel's work items split into chunks, taken by the pool's threads
-   and the caller from a shared counter.
-   On Linux the pool's threads are kept off the core the caller runs on (tb__native_place): the
-   caller works on the job as soon as it has woken them, and when all have slept (a pause
-   between calls) the scheduler may queue a woken thread on the caller's own core, where both
-   then share that core for the whole job (and the next ones) while another sits idle. Each
-   thread may run on the CPUs the caller may run on, less the caller's: a process or thread
-   that is pinned (taskset, sched_setaffinity) keeps its pool within its CPUs. */
-
-#if defined(__linux__)
-typedef int (*tb__native_getcpu_fn)(void);
-#endif
-
-typedef void (*tb__native_fn)(void *const *args, long lo, long hi);
-
-typedef struct tb__native_pool {
-    pthread_mutex_t lock;
-    pthread_cond_t wake, done;
-    pthread_t *threads;
-    size_t num_threads; /* besides the caller */
-    /* the job */
-    uint64_t generation;
-    tb__native_fn fn;
-    void *const *args;
-    int64_t total, chunk, chunks;
-    int64_t next;   /* the next chunk to take (atomic) */
-    size_t running; /* threads still working on this generation */
-    bool stop;
-#if defined(__linux__)
-    /* pthread_getaffinity_np, pthread_setaffinity_np and sched_getcpu (looked up, as they are
-       GNU extensions; NULL: the threads are left where the scheduler puts them), and the
-       caller's CPU and CPU mask the threads were last placed for */
-    tb__affinity_fn get_affinity, set_affinity;
-    tb__native_getcpu_fn getcpu;
-    int placed_cpu;
-    unsigned long placed_mask[TB__CPU_WORDS];
-#endif
-} tb__native_pool;
-
-static int64_t tb__native_take(tb__native_pool *p) {
-    return __atomic_fetch_add(&p->next, 1, __ATOMIC_ACQ_REL);
-}
-
-static void tb__native_work(tb__native_pool *p, tb__native_fn fn, void *const *args) {
-    int64_t c;
-    while ((c = tb__native_take(p)) < p->chunks) {
-        int64_t lo = c * p->chunk, hi = lo + p->chunk;
-        if (hi > p->total) hi = p->total;
-        fn(args, (long)lo, (long)hi);
-    }
-}
-
-static void *tb__native_thread(void *arg) {
-    tb__native_pool *p = (tb__native_pool *)arg;
-    uint64_t seen = 0;
-    pthread_mutex_lock(&p->lock);
-    for (;;) {
-        tb__native_fn fn;
-        void *const *args;
-        while (!p->stop && p->generation == seen)
-            pthread_cond_wait(&p->wake, &p->lock);
-        if (p->stop) break;
-        seen = p->generation;
-        fn = p->fn;
-        args = p->args;
-        pthread_mutex_unlock(&p->lock);
-        tb__native_work(p, fn, args);
-        pthread_mutex_lock(&p->lock);
-        if (--p->running == 0) pthread_cond_signal(&p->done);
-    }
-    pthread_mutex_unlock(&p->lock);
-    return NULL;
-}
-
-#if defined(__linux__)
-static void tb__native_place_init(tb__native_pool *p) {
-    void *self = dlopen(NULL, RTLD_LAZY), *cpu;
-    tb__affinity_fn get, set;
-    p->placed_cpu = -1;
-    if (self == NULL || !tb__affinity_calls(self, &get, &set)) return;
-    cpu = dlsym(self, "sched_getcpu");
-    if (cpu == NULL) return;
-    p->get_affinity = get;
-    p->set_affinity = set;
-    memcpy(&p->getcpu, &cpu, sizeof cpu); /* as tb__affinity_calls */
-}
-
-/* Before a job: the pool's threads may run on the caller's CPUs less the one it runs on (all of
-   the caller's where it has only that one). Two system calls when nothing changed. */
-static void tb__native_place(tb__native_pool *p) {
-    unsigned long mask[TB__CPU_WORDS];
-    int cpu;
-    size_t i, w = sizeof(unsigned long) * CHAR_BIT;
-    bool other = false;
-    if (p->set_affinity == NULL) return;
-    cpu = p->getcpu();
-    memset(mask, 0, sizeof mask);
-    if (cpu < 0 || (size_t)cpu >= TB__CPU_WORDS * w ||
-        p->get_affinity(pthread_self(), sizeof mask, mask) != 0)
-        return;
-    if (cpu == p->placed_cpu && memcmp(mask, p->placed_mask, sizeof mask) == 0) return;
-    p->placed_cpu = cpu;
-    memcpy(p->placed_mask, mask, sizeof mask);
-    mask[(size_t)cpu / w] &= ~(1ul << ((size_t)cpu % w));
-    for (i = 0; i < TB__CPU_WORDS; i++)
-        other = other || mask[i] != 0;
-    if (!other) memcpy(mask, p->placed_mask, sizeof mask);
-    for (i = 0; i < p->num_threads; i++)
-        (void)p->set_affinity(p->threads[i], sizeof mask, mask);
-}
-#endif
-
-/* A pool of `threads` threads besides the caller; NULL with the error set. */
-static tb__native_pool *tb__native_pool_new(size_t threads) {
-    tb__native_pool *p = (tb__native_pool *)tb__calloc(1, sizeof *p);
-    size_t i;
-    if (p == NULL) return NULL;
-    pthread_mutex_init(&p->lock, NULL);
-    pthread_cond_init(&p->wake, NULL);
-    pthread_cond_init(&p->done, NULL);
-    if (threads > 0) {
-        p->threads = (pthread_t *)tb__calloc(threads, sizeof(pthread_t));
-        if (p->threads == NULL) threads = 0;
-    }
-    for (i = 0; i < threads; i++) {
-        if (pthread_create(&p->threads[i], NULL, tb__native_thread, p) != 0) break;
-        p->num_threads++;
-    }
-#if defined(__linux__)
-    tb__native_place_init(p);
-#endif
-    return p;
-}
-
-static void tb__native_pool_free(tb__native_pool *p) {
-    size_t i;
-    if (p == NULL) return;
-    pthread_mutex_lock(&p->lock);
-    p->stop = true;
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->lock);
-    for (i = 0; i < p->num_threads; i++)
-        pthread_join(p->threads[i], NULL);
-    pthread_cond_destroy(&p->wake);
-    pthread_cond_destroy(&p->done);
-    pthread_mutex_destroy(&p->lock);
-    tb__free(p->threads);
-    tb__free(p);
-}
-
-/* Runs fn over work items [0, total). Small jobs (`work` bytes and operations below a few tens
-   of kilobytes) run on the caller alone: waking threads would cost more. */
-static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *args, int64_t total,
-                           double work) {
-    int64_t parts;
-    if (total <= 0) return;
-    if (p == NULL || p->num_threads == 0 || work < 65536.0 || total == 1) {
-        fn(args, 0, (long)total);
-        return;
-    }
-    parts = (int64_t)(p->num_threads + 1) * 4;
-    if (parts > total) parts = total;
-#if defined(__linux__)
-    tb__native_place(p);
-#endif
-    pthread_mutex_lock(&p->lock);
-    p->fn = fn;
-    p->args = args;
-    p->total = total;
-    p->chunk = (total + parts - 1) / parts;
-    p->chunks = (total + p->chunk - 1) / p->chunk;
-    __atomic_store_n(&p->next, 0, __ATOMIC_RELEASE);
-    p->running = p->num_threads;
-    p->generation++;
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->lock);
-    tb__native_work(p, fn, args);
-    pthread_mutex_lock(&p->lock);
-    while (p->running > 0)
-        pthread_cond_wait(&p->done, &p->lock);
-    pthread_mutex_unlock(&p->lock);
-}
-
 /* ---- the runtime: the compiler, the device, memory, programs ---- */
 
 #include <poll.h>
@@ -1275,21 +1091,23 @@ static tb__native_prog *tb__native_prog_find(tb__native_rt *rt, const uint64_t k
     return NULL;
 }
 
-/* The first kernel of `plan` that the loaded program lacks, or NULL when it has them all. */
-static const char *tb__native_missing_kernel(void *handle, const tb__plan *plan) {
+/* The first of the functions `fns` that the loaded program lacks, or NULL when it has them
+   all. */
+static const char *tb__native_missing_kernel(void *handle, const char *const *fns, size_t n) {
     size_t i;
-    for (i = 0; i < plan->num_kernels; i++)
-        if (!plan->kernels[i].empty && dlsym(handle, plan->kernels[i].fn) == NULL)
-            return plan->kernels[i].fn;
+    for (i = 0; i < n; i++)
+        if (dlsym(handle, fns[i]) == NULL) return fns[i];
     return NULL;
 }
 
 /* The loaded program of a source: from memory, from the disk cache, or compiled now (the
-   compiler runs without any lock held). A program is used, and stored on disk, only when it
-   has every kernel of `plan`: a cache entry without them is removed and the source compiled
-   again, and a compile without them is an error that leaves no entry. */
+   compiler runs without any lock held; *from_disk set when the disk cache had it). A program
+   is used, and stored on disk, only when it has every function of `fns`: a cache entry
+   without them is removed and the source compiled again, and a compile without them is an
+   error that leaves no entry. */
 static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size_t len,
-                                        const tb__plan *plan, tb__native_prog **out) {
+                                        const char *const *fns, size_t num_fns, bool *from_disk,
+                                        tb__native_prog **out) {
     const char *why = NULL;
     tb__disk_key dkey;
     uint64_t key[2];
@@ -1312,7 +1130,7 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
                             &save_dir, &path, &why);
     if (bytes != NULL) {
         handle = tb__native_load_bytes(bytes, n);
-        if (handle == NULL || tb__native_missing_kernel(handle, plan) != NULL) {
+        if (handle == NULL || tb__native_missing_kernel(handle, fns, num_fns) != NULL) {
             why = handle == NULL ? "a shared object that does not load"
                                  : "a shared object that lacks a kernel of the program";
             if (handle != NULL) dlclose(handle);
@@ -1325,7 +1143,7 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
     }
     if (handle != NULL) {
         (void)TB__ATOMIC_ADD(&rt->disk_hits, 1);
-        tb__progress_from_disk();
+        *from_disk = true;
     } else {
         if (path != NULL) (void)TB__ATOMIC_ADD(&rt->disk_misses, 1);
         if (why != NULL) {
@@ -1336,11 +1154,11 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
             (void)TB__ATOMIC_ADD(&rt->disk_rejected, 1);
         }
         st = tb__native_compile_source(rt, src, len, &handle, &bytes, &n);
-        if (st == TB_OK && tb__native_missing_kernel(handle, plan) != NULL) {
+        if (st == TB_OK && tb__native_missing_kernel(handle, fns, num_fns) != NULL) {
             st = tb__error(TB_ERR_COMPILE,
                            "native: the compiled program has no kernel %s (do CC or "
                            "TB_NATIVE_CFLAGS hide or rename its symbols?)",
-                           tb__native_missing_kernel(handle, plan));
+                           tb__native_missing_kernel(handle, fns, num_fns));
             dlclose(handle);
             handle = NULL;
         }
@@ -1506,7 +1324,8 @@ typedef struct tb__native_comp {
     char *source;
     size_t source_len;
     tb__native_rt *rt;
-    tb__native_prog *prog;
+    tb__native_prog **progs; /* the program's parts (tb__native_compile_parts) */
+    size_t num_progs;
     tb__native_fn *fns;
     tb__native_kept *kept; /* per kernel */
 } tb__native_comp;
@@ -1521,7 +1340,11 @@ static void tb__native_comp_release(tb__native_comp *c) {
     if (c == NULL) return;
     rt = c->rt;
     tb__mutex_lock(&tb__native_mutex);
-    if (rt != NULL && c->prog != NULL) tb__native_prog_unref(rt, c->prog);
+    if (rt != NULL && c->progs != NULL) {
+        size_t i;
+        for (i = 0; i < c->num_progs; i++)
+            if (c->progs[i] != NULL) tb__native_prog_unref(rt, c->progs[i]);
+    }
     if (rt != NULL && c->kept != NULL) {
         size_t i;
         for (i = 0; i < c->plan->num_kernels; i++)
@@ -1531,6 +1354,7 @@ static void tb__native_comp_release(tb__native_comp *c) {
     tb__mutex_unlock(&tb__native_mutex);
     tb__free(c->kept);
     tb__free(c->fns);
+    tb__free(c->progs);
     tb__free(c->source);
     tb__plan_free(c->plan);
     tb__free(c);
@@ -1604,6 +1428,114 @@ static void tb__native_release_lowering_context(void *user_data, void *context) 
     tb__free(ctx);
 }
 
+/* ---- a program in parts, compiled at once ----
+   A graph's program of many functions is compiled as several parts, each the program's head
+   (the prelude every function uses) and a run of its functions, by one compiler process each,
+   one per core (at most TB__NATIVE_MAX_PARTS): a first compile takes about the time of its
+   largest part. Each part is cached, in memory and on disk, by its own source. */
+
+#define TB__NATIVE_MAX_PARTS 8
+/* functions per part at least: each part pays for the head once */
+#define TB__NATIVE_PART_MIN 6
+
+typedef struct tb__native_part {
+    tb__native_rt *rt;
+    tb__str source;
+    const char **fns; /* the functions it defines */
+    size_t num_fns;
+    bool from_disk;
+    tb__native_prog *prog;
+    tb_status status;
+    char why[TB__ERROR_CAP]; /* the error of a part compiled on a thread of its own */
+} tb__native_part;
+
+static void *tb__native_part_main(void *arg) {
+    tb__native_part *pt = (tb__native_part *)arg;
+    pt->status = tb__native_get_program(pt->rt, pt->source.data, pt->source.len,
+                                        (const char *const *)pt->fns, pt->num_fns, &pt->from_disk,
+                                        &pt->prog);
+    if (pt->status != TB_OK) snprintf(pt->why, sizeof pt->why, "%s", tb_last_error());
+    return NULL;
+}
+
+/* The parts of c's program: how many, and each one's functions (runs in order, of about
+   equal text); one part is the whole source. */
+static tb_status tb__native_make_parts(tb__native_comp *c, tb__native_part *parts, size_t n) {
+    const tb__plan *p = c->plan;
+    size_t i, at = 0, done = 0, total = 0;
+    for (i = 0; i < p->num_kernels; i++)
+        total += p->kernels[i].text_len;
+    for (at = 0; at < n; at++) {
+        parts[at].rt = c->rt;
+        parts[at].fns = (const char **)tb__calloc(p->num_kernels + 1, sizeof(const char *));
+        if (parts[at].fns == NULL) return TB_ERR_OUT_OF_MEMORY;
+        if (n > 1) tb__str_append(&parts[at].source, "%.*s", (int)p->text_head, c->source);
+    }
+    for (i = 0, at = 0; i < p->num_kernels; i++) {
+        const tb__plan_kernel *k = &p->kernels[i];
+        tb__native_part *pt;
+        if (!tb__plan_first_of_function(p, i)) continue;
+        /* the next part once this one holds its share of the text */
+        if (at + 1 < n && done >= total / n * (at + 1)) at++;
+        pt = &parts[at];
+        pt->fns[pt->num_fns++] = k->fn;
+        if (n > 1) tb__str_append(&pt->source, "%.*s", (int)k->text_len, c->source + k->text_at);
+        done += k->text_len;
+    }
+    if (n == 1) { /* the source as it is (and as the disk cache has known it) */
+        tb__str_append(&parts[0].source, "%.*s", (int)c->source_len, c->source);
+    }
+    for (at = 0; at < n; at++)
+        if (parts[at].source.failed) return TB_ERR_OUT_OF_MEMORY;
+    return TB_OK;
+}
+
+/* Compiles (or finds) the parts of c's program, one compiler process per part at once,
+   reporting progress as they are ready; c->progs holds them. */
+static tb_status tb__native_compile_parts(tb__native_comp *c) {
+    size_t functions = tb__plan_functions(c->plan), n, i, ready = 0;
+    tb__native_part *parts;
+    pthread_t *threads;
+    bool *started, all_disk = true;
+    tb_status st;
+    n = functions / TB__NATIVE_PART_MIN;
+    if (n > c->rt->info.compute_units) n = c->rt->info.compute_units;
+    if (n > TB__NATIVE_MAX_PARTS) n = TB__NATIVE_MAX_PARTS;
+    if (n < 1) n = 1;
+    parts = (tb__native_part *)tb__calloc(n, sizeof *parts);
+    threads = (pthread_t *)tb__calloc(n, sizeof *threads);
+    started = (bool *)tb__calloc(n, sizeof *started);
+    c->progs = (tb__native_prog **)tb__calloc(n, sizeof *c->progs);
+    st = parts == NULL || threads == NULL || started == NULL || c->progs == NULL
+             ? TB_ERR_OUT_OF_MEMORY
+             : tb__native_make_parts(c, parts, n);
+    tb__progress_kernels(0, functions);
+    for (i = 1; i < n && st == TB_OK; i++)
+        started[i] = pthread_create(&threads[i], NULL, tb__native_part_main, &parts[i]) == 0;
+    for (i = 0; i < n && st == TB_OK; i++) {
+        if (started[i]) {
+            (void)pthread_join(threads[i], NULL);
+        } else {
+            tb__native_part_main(&parts[i]); /* the first on this thread; any that did not start */
+        }
+        ready += parts[i].num_fns;
+        all_disk = all_disk && parts[i].from_disk;
+        if (parts[i].status == TB_OK) tb__progress_kernels(ready, functions);
+    }
+    for (i = 0; parts != NULL && i < n; i++) {
+        if (st == TB_OK && parts[i].status != TB_OK)
+            st = tb__error(parts[i].status, "%s", parts[i].why);
+        if (c->progs != NULL) c->progs[c->num_progs++] = parts[i].prog;
+        tb__str_free(&parts[i].source);
+        tb__free(parts[i].fns);
+    }
+    if (st == TB_OK && all_disk) tb__progress_from_disk();
+    tb__free(parts);
+    tb__free(threads);
+    tb__free(started);
+    return st;
+}
+
 /* Compiles (or finds) the program and looks its kernels up; the computation leaves the
    context. */
 static tb_status tb__native_compile(void *user_data, void *context, void **computation) {
@@ -1623,13 +1555,13 @@ static tb_status tb__native_compile(void *user_data, void *context, void **compu
     c->fns = (tb__native_fn *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_fn));
     c->kept = (tb__native_kept *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_kept));
     if (c->fns == NULL || c->kept == NULL) return TB_ERR_OUT_OF_MEMORY;
-    tb__progress_kernels(0, tb__plan_functions(p));
-    st = tb__native_get_program(c->rt, c->source, c->source_len, p, &c->prog);
-    if (st == TB_OK) tb__progress_kernels(tb__plan_functions(p), tb__plan_functions(p));
+    st = tb__native_compile_parts(c);
     for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
-        void *sym;
+        void *sym = NULL;
+        size_t j;
         if (p->kernels[i].empty) continue;
-        sym = dlsym(c->prog->handle, p->kernels[i].fn);
+        for (j = 0; j < c->num_progs && sym == NULL; j++)
+            sym = dlsym(c->progs[j]->handle, p->kernels[i].fn);
         if (sym == NULL) {
             st =
                 tb__error(TB_ERR_COMPILE, "native: the program has no kernel %s", p->kernels[i].fn);

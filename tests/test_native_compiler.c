@@ -591,6 +591,73 @@ static void test_cache_cap(void **state) {
     assert_int_equal(cache_entries(NULL, 0, NULL), 3);
 }
 
+/* ---- a program in parts ---- */
+
+/* Runs 12 different unary ops of one input as one graph (12 kernels of different code) on
+   native; checked against the cpu backend. Its status. */
+static tb_status run_twelve(void) {
+    typedef tb_tensor *(*unary)(tb_tensor *);
+    static const unary ops[12] = {tb_exp,  tb_sin, tb_cos,  tb_tanh, tb_sigmoid, tb_abs,
+                                  tb_relu, tb_neg, tb_sqrt, tb_log,  tb_floor,   tb_ceil};
+    float v[6] = {0.5f, 1.0f, 2.0f, 3.0f, 0.25f, 4.5f}, got[6], want[6];
+    tb_shape s = tb_shape_of(TB_F32, 1, 6);
+    tb_device nat;
+    tb_tensor *x, *xc, *y[12], *yc[12];
+    tb_status st;
+    int i, k;
+    assert_int_equal(tb_device_parse("native:0", &nat), TB_OK);
+    x = tb_tensor_from_host(v, &s, &nat);
+    xc = tb_tensor_from_host(v, &s, NULL);
+    for (i = 0; i < 12; i++) {
+        y[i] = ops[i](x);
+        yc[i] = ops[i](xc);
+    }
+    st = tb_sync(y, 12);
+    for (i = 0; i < 12 && st == TB_OK; i++) {
+        assert_int_equal(tb_tensor_to_host(y[i], got, sizeof got), TB_OK);
+        assert_int_equal(tb_tensor_to_host(yc[i], want, sizeof want), TB_OK);
+        for (k = 0; k < 6; k++)
+            assert_true(fabsf(got[k] - want[k]) <= 1e-6f * (1.0f + fabsf(want[k])));
+    }
+    for (i = 0; i < 12; i++) {
+        tb_tensor_release(y[i]);
+        tb_tensor_release(yc[i]);
+    }
+    tb_tensor_release(x);
+    tb_tensor_release(xc);
+    return st;
+}
+
+/* A graph of 12 functions compiles as two parts with two threads (two cache entries, two
+   compiles) and as one with one; a later process finds both parts on disk; a compiler that
+   fails fails the sync with its message, from whichever part. */
+static void test_program_in_parts(void **state) {
+    char text[256];
+    (void)state;
+    REQUIRE_CC();
+    setenv("TB_NATIVE_THREADS", "2", 1);
+    restart(NULL);
+    assert_int_equal(run_twelve(), TB_OK);
+    assert_int_equal(cache_entries(NULL, 0, NULL), 2);
+    assert_int_equal(native_metric("ProgramCompile"), 2);
+    restart(g_cache);
+    assert_int_equal(run_twelve(), TB_OK);
+    assert_int_equal(native_metric("DiskCacheHit"), 2);
+    assert_int_equal(native_metric("ProgramCompile"), 0);
+    setenv("TB_NATIVE_THREADS", "1", 1);
+    restart(NULL);
+    assert_int_equal(run_twelve(), TB_OK);
+    assert_int_equal(cache_entries(NULL, 0, NULL), 1);
+    setenv("TB_NATIVE_THREADS", "2", 1);
+    snprintf(text, sizeof text, "#!/bin/sh\necho 'no compiling today' >&2\nexit 3\n");
+    write_text(path_in("failing-cc"), text, 0700);
+    setenv("CC", path_in("failing-cc"), 1);
+    restart(NULL);
+    assert_int_equal(run_twelve(), TB_ERR_COMPILE);
+    assert_non_null(strstr(tb_last_error(), "no compiling today"));
+    assert_int_equal(cache_entries(NULL, 0, NULL), 0);
+}
+
 /* ---- TB_NATIVE_THREADS ---- */
 
 static char g_log[4096];
@@ -651,6 +718,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup_teardown(test_entry_without_its_kernels, reset, reset),
         cmocka_unit_test_setup_teardown(test_compile_without_kernels, reset, reset),
         cmocka_unit_test_setup_teardown(test_cache_cap, reset, reset),
+        cmocka_unit_test_setup_teardown(test_program_in_parts, reset, reset),
         cmocka_unit_test_setup_teardown(test_native_threads_variable, reset, reset),
     };
     if (argc == 2 && strcmp(argv[1], "--compile") == 0) return compile_and_exit();
