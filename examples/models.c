@@ -16,10 +16,10 @@
    PyTorch's time where the file has it ("torch_ms", measured by the exporter on its own
    threads), and the largest difference from PyTorch's output relative to the output's
    largest magnitude; then a second line: the time the batch norms took to fold (a graph of
-   its own, compiled first), the distinct kernels compiled for the forward and the kernels a
-   forward launches (the metrics' KernelLaunch; 0 on cpu). Exit status 1 when the difference
-   is above the tolerance (default 1e-5) or on any error. The device defaults to opencl:0 when there
-   is one, else native:0, else cpu:0. */
+   its own, compiled first), the forward's distinct kernels (each compiled once, unless a cache
+   has it) and the kernels a forward launches (the metrics' KernelLaunch; 0 on cpu). Exit status 1
+   when the difference is above the tolerance (default 1e-5) or on any error. The device defaults to
+   opencl:0 when there is one, else native:0, else cpu:0. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
@@ -330,11 +330,12 @@ static void show_compile(const tb_progress *p, void *user_data) {
     }
 }
 
-/* The distinct kernels first compiles have compiled so far (what the summary line reports). */
+/* The distinct kernels of the graphs first compiled so far (what the summary line reports):
+   what their compiles built, unless a cache had them. */
 static size_t kernels_compiled;
 
 static void count_compile(const tb_progress *p, void *user_data) {
-    if (p->stage == TB_PROGRESS_END && !p->from_disk) kernels_compiled += p->kernels_total;
+    if (p->stage == TB_PROGRESS_END) kernels_compiled += p->kernels_total;
     show_compile(p, user_data);
 }
 
@@ -462,7 +463,7 @@ int main(int argc, char **argv) {
         printf(", PyTorch %s ms (PyTorch / ours %.2f)", torch_ms,
                atof(torch_ms) / (times[reps / 2] * 1e3));
     printf("; error / output scale %.2g\n", worst);
-    printf("%s on %s: weights folded in %.3f s; the forward: %zu kernels compiled, %llu launched\n",
+    printf("%s on %s: weights folded in %.3f s; the forward: %zu distinct kernels, %llu launched\n",
            m.kind, devname, fold_s, compiled, launched);
     free(times);
     free(ref);

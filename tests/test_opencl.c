@@ -4215,12 +4215,62 @@ static void restart_library(void) {
     assert_int_equal(tb_setup(NULL), TB_OK);
 }
 
+/* The tests of the library's own program cache: PoCL's kernel cache left to the library's
+   choice as if it were off (POCL_KERNEL_CACHE=0, which PoCL itself read at its start), so that
+   program binaries are written (tb__ocl_driver_caches). */
+#define REQUIRE_OUR_DISK_CACHE()                                                                   \
+    do {                                                                                           \
+        REQUIRE_OPENCL();                                                                          \
+        setenv("POCL_KERNEL_CACHE", "0", 1);                                                       \
+    } while (0)
+
+/* Whether opencl:0 is PoCL's (the library's own test of it). */
+static bool first_device_is_pocl(void) {
+    tb__ocl_runtime *rt;
+    bool pocl = false;
+    tb__mutex_lock(&tb__ocl_mutex);
+    rt = tb__ocl_runtime_get();
+    if (rt != NULL && rt->status == TB_OK && rt->num_devices > 0)
+        pocl = strstr(rt->devices[0].platform_name, "Portable Computing Language") != NULL;
+    tb__mutex_unlock(&tb__ocl_mutex);
+    return pocl;
+}
+
+/* With PoCL's kernel cache on, the library writes no binary of PoCL's programs to its own
+   cache (PoCL would compile every kernel again to serialise one); the results are the same. */
+static void test_disk_cache_left_to_pocl(void **state) {
+    char *old = getenv("TB_CACHE_DIR") != NULL ? strdup(getenv("TB_CACHE_DIR")) : NULL;
+    float first, again;
+    (void)state;
+    REQUIRE_OPENCL();
+    unsetenv("POCL_KERNEL_CACHE");
+    if (!first_device_is_pocl()) skip();
+    snprintf(g_cache_dir, sizeof g_cache_dir, "/tmp/tb_opencl_cache_XXXXXX");
+    assert_non_null(mkdtemp(g_cache_dir));
+    setenv("TB_CACHE_DIR", g_cache_dir, 1);
+    restart_library();
+    first = run_fixed_graph();
+    assert_int_equal(count_cache_files(g_cache_dir, NULL, 0), 0);
+    restart_library();
+    again = run_fixed_graph();
+    assert_true(first == again);
+    assert_int_equal(count_cache_files(g_cache_dir, NULL, 0), 0);
+    rmdir(g_cache_dir);
+    if (old != NULL) {
+        setenv("TB_CACHE_DIR", old, 1);
+        free(old);
+    } else {
+        unsetenv("TB_CACHE_DIR");
+    }
+    restart_library();
+}
+
 static void test_disk_cache(void **state) {
     char *old = getenv("TB_CACHE_DIR") != NULL ? strdup(getenv("TB_CACHE_DIR")) : NULL;
     char file[512];
     float first, again;
     (void)state;
-    REQUIRE_OPENCL();
+    REQUIRE_OUR_DISK_CACHE();
     snprintf(g_cache_dir, sizeof g_cache_dir, "/tmp/tb_opencl_cache_XXXXXX");
     assert_non_null(mkdtemp(g_cache_dir));
     setenv("TB_CACHE_DIR", g_cache_dir, 1);
@@ -4437,7 +4487,7 @@ static void test_disk_cache_forged_entry(void **state) {
     int half, i;
     char *old;
     (void)state;
-    REQUIRE_OPENCL();
+    REQUIRE_OUR_DISK_CACHE();
     old = cache_dir_begin(dir, sizeof dir, true);
     run_pair(1, got);
     only_entry(dir, sub_path, sizeof sub_path);
@@ -4488,7 +4538,7 @@ static void test_disk_cache_fifo_entry(void **state) {
     float got[16];
     char *old;
     (void)state;
-    REQUIRE_OPENCL();
+    REQUIRE_OUR_DISK_CACHE();
     old = cache_dir_begin(dir, sizeof dir, true);
     run_pair(0, got);
     only_entry(dir, path, sizeof path);
@@ -4519,7 +4569,7 @@ static void test_disk_cache_symlinks(void **state) {
     char *old;
     int i;
     (void)state;
-    REQUIRE_OPENCL();
+    REQUIRE_OUR_DISK_CACHE();
     snprintf(other, sizeof other, "/tmp/tb_opencl_victim_XXXXXX");
     assert_non_null(mkdtemp(other));
     snprintf(victim, sizeof victim, "%s/precious.txt", other);
@@ -4582,7 +4632,7 @@ static void test_disk_cache_private_folder(void **state) {
     int times = 0;
     char *old;
     (void)state;
-    REQUIRE_OPENCL();
+    REQUIRE_OUR_DISK_CACHE();
     snprintf(base, sizeof base, "/tmp/tb_opencl_cache_XXXXXX");
     assert_non_null(mkdtemp(base));
     snprintf(mid, sizeof mid, "%s/new", base);
@@ -5709,6 +5759,7 @@ int main(void) {
         cmocka_unit_test(test_allocation_too_large),
         cmocka_unit_test(test_two_devices),
         cmocka_unit_test(test_two_devices_run_at_once),
+        cmocka_unit_test(test_disk_cache_left_to_pocl),
         cmocka_unit_test(test_disk_cache),
         cmocka_unit_test(test_disk_cache_forged_entry),
         cmocka_unit_test(test_disk_cache_fifo_entry),
