@@ -12128,6 +12128,14 @@ TBDEF tb_tensor *tb_matmul(tb_tensor *a, tb_tensor *b) {
             goto done;
         }
     }
+    if (ra >= 3 && rb == 2) {
+        /* b has no batch: a's batch dims join its rows, one matmul of [batch.. * n, k] by
+           [k, m] (b read once, not once per batch), then [batch.., n, m] */
+        ba.rank = 0;
+        batch.rank = 0;
+        for (i = 0, n = 1; i < ra - 1; i++)
+            n *= sa.dims[i];
+    }
     nb = batch.rank;
     r = nb + 2;
     /* a: [1.., n, k] then expanded to [batch.., n, k]; b likewise with [k, m] */
@@ -12156,11 +12164,17 @@ TBDEF tb_tensor *tb_matmul(tb_tensor *a, tb_tensor *b) {
     operands[1] = tb__view_take(fn, TB_OP_EXPAND, operands[1], r, full);
     if (operands[1] == NULL) goto done;
     node = tb__record(fn, TB_OP_MATMUL, &device, operands, 2, NULL, 0, NULL);
-    /* drop the axes that 1-D operands added */
+    /* drop the axes that 1-D operands added; give a's batch dims back when they joined its
+       rows */
     out_rank = 0;
     for (i = 0; i < nb; i++)
         outdims[out_rank++] = batch.dims[i];
-    if (ra >= 2) outdims[out_rank++] = n;
+    if (ra >= 3 && rb == 2) {
+        for (i = 0; i < ra - 1; i++)
+            outdims[out_rank++] = sa.dims[i];
+    } else if (ra >= 2) {
+        outdims[out_rank++] = n;
+    }
     if (rb >= 2) outdims[out_rank++] = m;
     if (node != NULL) node = tb__view_take(fn, TB_OP_RESHAPE, node, out_rank, outdims);
 done:

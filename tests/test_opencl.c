@@ -4829,6 +4829,55 @@ static void test_repeated_kernels_other_scalars(void **state) {
     }
 }
 
+/* A batched left operand times a matrix is one matmul whose rows are the batch's rows (the
+   matrix read once, as PyTorch's matmul does), in values and in gradients. */
+static void test_batched_times_matrix_is_one_matmul(void **state) {
+    tb_shape sx = shp(TB_F32, 3, 3, 5, 8, 0), sw = shp(TB_F32, 2, 8, 6, 0, 0);
+    tb_tensor *x[2], *w[2], *y[2], *gx[2], *gw[2];
+    char *text;
+    int d;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (d = 0; d < 2; d++) {
+        const tb_device *dev = d ? &g_ocl : &g_cpu;
+        tb_tensor *loss, *params[2], *grads[2];
+        tb_manual_seed(11);
+        x[d] = tb_rand(&sx, dev);
+        w[d] = tb_rand(&sw, dev);
+        assert_int_equal(tb_set_requires_grad(x[d], true), TB_OK);
+        assert_int_equal(tb_set_requires_grad(w[d], true), TB_OK);
+        y[d] = tb_matmul(x[d], w[d]);
+        assert_non_null(y[d]);
+        assert_int_equal(tb_tensor_shape(y[d]).rank, 3);
+        assert_int_equal(tb_tensor_shape(y[d]).dims[1], 5);
+        assert_int_equal(tb_tensor_shape(y[d]).dims[2], 6);
+        if (d == 1) {
+            text = tb_ir_backend_text(&y[d], 1);
+            assert_non_null(text);
+            assert_non_null(strstr(text, "MM_15_6_8"));
+            assert_null(strstr(text, "_b3"));
+            tb_free(text);
+        }
+        loss = tb_sum(y[d], NULL, 0, false);
+        params[0] = x[d];
+        params[1] = w[d];
+        assert_int_equal(tb_grad(loss, NULL, params, 2, grads), TB_OK);
+        gx[d] = grads[0];
+        gw[d] = grads[1];
+        tb_tensor_release(loss);
+    }
+    compare_tensors("batched x times matrix", y[0], y[1]);
+    compare_tensors("its gradient for x", gx[0], gx[1]);
+    compare_tensors("its gradient for the matrix", gw[0], gw[1]);
+    for (d = 0; d < 2; d++) {
+        tb_tensor_release(x[d]);
+        tb_tensor_release(w[d]);
+        tb_tensor_release(y[d]);
+        tb_tensor_release(gx[d]);
+        tb_tensor_release(gw[d]);
+    }
+}
+
 /* ---- progress of first compiles ---- */
 
 typedef struct progress_log {
@@ -5747,6 +5796,7 @@ int main(void) {
         cmocka_unit_test(test_repeated_kernels_once),
         cmocka_unit_test(test_repeated_kernels_other_scalars),
         cmocka_unit_test(test_compile_progress),
+        cmocka_unit_test(test_batched_times_matrix_is_one_matmul),
     };
     /* OpenCL's own machinery: devices, program caches, the loader */
     const struct CMUnitTest opencl_tests[] = {
