@@ -4,8 +4,9 @@
    WHAT IT IS
      The C form of PyTorch's Lazy Tensor Core backend layer and of torch._dynamo's backend
      registry: a registry of backends, devices, shapes, an IR of lazy tensor nodes, an executor with
-     a computation cache, a CPU reference backend that is always present, and an OpenCL backend
-     that lowers IR graphs to generated OpenCL C kernels.
+     a computation cache, a CPU reference backend that is always present, and two compiled
+     backends that lower IR graphs to generated kernels: OpenCL C on any OpenCL device, and C
+     compiled at run time by the system's compiler on the host's cores ("native").
 
    USAGE
      Do this:
@@ -27,6 +28,7 @@
      TB_OPENCL_LINKED       call the OpenCL entry points directly (link with -lOpenCL) instead of
                             opening the ICD loader at run time
      TB_NO_OPENCL           leave the OpenCL backend out entirely
+     TB_NO_NATIVE           leave the native backend (C compiled at run time) out
      TB_NO_PLUGINS          leave plugin loading (dlopen) out
      TB_NO_MPI              leave the MPI loader out (the "mpi" process group then reports
                             TB_ERR_UNAVAILABLE)
@@ -57,6 +59,10 @@
                          it fails and the group becomes unusable (default 300; 0: no end)
      TB_OPENCL_BUILD_OPTIONS  extra options for every OpenCL program build (part of the disk
                          cache key), e.g. "-cl-fast-relaxed-math"
+     POCL_AFFINITY       PoCL's own; set to 1 (workers pinned) before the driver starts where it
+                         is unset and the process may run on every online CPU
+     POCL_KERNEL_CACHE   PoCL's own; while its kernel cache is on (the default), PoCL's programs
+                         are left to it and not written to TB_CACHE_DIR
      TB_DEBUG            1: one line per graph compile/run, and one while a compile is still
                          running after 1 s; 2: also one line per kernel with time, GB/s,
                          GFLOP/s; 3: also the IR and the generated OpenCL C

@@ -189,6 +189,16 @@ if selected "tools/check_layers.py"; then
         fail "tools/check_layers.py"
     fi
 fi
+# the documented environment variables and configuration macros are the ones the code reads
+if selected "tools/check_docs.py"; then
+    if python3 tools/check_docs.py; then
+        echo "ok docs: README.md and the header name every variable and macro the code reads"
+        pass
+    else
+        echo "FAIL docs: see tools/check_docs.py's findings above"
+        fail "tools/check_docs.py"
+    fi
+fi
 
 # ---------------------------------------------------------------------------------------------
 step "formatting"
