@@ -32689,6 +32689,12 @@ static tb_status tb__native_compile_parts(tb__native_comp *c) {
     st = parts == NULL || threads == NULL || started == NULL || c->progs == NULL
              ? TB_ERR_OUT_OF_MEMORY
              : tb__native_make_parts(c, parts, n);
+    while (st == TB_OK && n > 1 && parts[n - 1].num_fns == 0) { /* a large last function */
+        n--;
+        tb__str_free(&parts[n].source);
+        tb__free(parts[n].fns);
+        parts[n].fns = NULL;
+    }
     tb__progress_kernels(0, functions);
     for (i = 1; i < n && st == TB_OK; i++)
         started[i] = pthread_create(&threads[i], NULL, tb__native_part_main, &parts[i]) == 0;

@@ -15,8 +15,9 @@ when the system's BLAS alternative is OpenBLAS, which the first line says):
   coldstart_<M>   the same model's first forward in a fresh process with empty caches (our
                   TB_CACHE_DIR and PoCL's POCL_CACHE_DIR new folders): the compile of its kernels
                   and one run; the note gives the cached forward, the time its batch norms
-                  took to fold (compiled first, outside this row), the forward's distinct
-                  kernels (each compiled once) and the kernels a forward launches.
+                  took to fold (compiled first, outside this row), the forward's kernels,
+                  how many are distinct (each compiled once) and how many a cached forward
+                  launches.
   train_cnn_epoch examples/train_cnn.c's CNN on Fashion-MNIST, one epoch of 6,400 images
                   (kernels compiled beforehand by a short run that shares the cache), beside
                   tools/bench/train_cnn_torch.py: epoch seconds.
@@ -117,10 +118,11 @@ def parse_models(text):
     if m:
         r.update(first=float(m.group(1)), cached=float(m.group(2)) / 1e3,
                  torch=float(m.group(3)) / 1e3, error=m.group(4))
-    m = re.search(r"weights folded in ([0-9.]+) s; the forward: (\d+) distinct kernels, (\d+) "
-                  r"launched", text)
+    m = re.search(r"weights folded in ([0-9.]+) s; the forward: (\d+) kernels, (\d+) distinct, "
+                  r"(\d+) launched", text)
     if m:
-        r.update(fold=float(m.group(1)), compiled=int(m.group(2)), launched=int(m.group(3)))
+        r.update(fold=float(m.group(1)), kernels=int(m.group(2)), compiled=int(m.group(3)),
+                 launched=int(m.group(4)))
     return r
 
 
@@ -151,9 +153,10 @@ def model_rows(rows, work, binary, model, batch, size, reps, backends, nthreads)
             r["error"], r["torch"] * 1e3, "-" if again is None else "%.2f" % again)
         rows.add("models_" + model, b, r["cached"], pt, "ms", note, reps)
     for b, r in results.items():
-        note = ("cached forward %.2f ms; batch norms folded in %.2f s; %d distinct kernels "
-                "compiled, %d launched per forward" % (r["cached"] * 1e3, r.get("fold", 0),
-                                             r.get("compiled", 0), r.get("launched", 0)))
+        note = ("cached forward %.2f ms; batch norms folded in %.2f s; %d kernels, %d distinct "
+                "(each compiled once), %d launched per cached forward" % (
+                    r["cached"] * 1e3, r.get("fold", 0), r.get("kernels", 0),
+                    r.get("compiled", 0), r.get("launched", 0)))
         rows.add("coldstart_" + model, b, r["first"], None, "s", note, 1)
 
 
