@@ -17,7 +17,7 @@
 typedef int (*tb__native_getcpu_fn)(void);
 #endif
 
-typedef struct tb__native_pool {
+struct tb__native_pool { /* tb__native_pool (native_internal.h) */
     pthread_mutex_t lock;
     pthread_cond_t wake, done;
     pthread_t *threads;
@@ -39,7 +39,7 @@ typedef struct tb__native_pool {
     int placed_cpu;
     unsigned long placed_mask[TB__CPU_WORDS];
 #endif
-} tb__native_pool;
+};
 
 static int64_t tb__native_take(tb__native_pool *p) {
     return __atomic_fetch_add(&p->next, 1, __ATOMIC_ACQ_REL);
