@@ -207,7 +207,8 @@ typedef struct tb_logger {
    opencl as each kernel's first launch, when the driver compiles it, completes), then
    TB_PROGRESS_END once its first run is done (with the time of both). A graph found in the
    computation cache reports nothing. The hook runs on the thread that runs the graph, which
-   waits in it: keep it short (print a line, update a bar). */
+   waits in it, possibly holding the device's lock: keep it short (print a line, update a bar)
+   and call no function of the library's from it except tb_status_string. */
 typedef enum tb_progress_stage {
     TB_PROGRESS_BEGIN = 0,
     TB_PROGRESS_KERNELS = 1,
