@@ -30,6 +30,7 @@ JSON object per line, in the fields of tools/bench.sh's rows (unknown ones null)
 Exit status 1 when a run fails or a model's output is off; standard library only.
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -134,13 +135,8 @@ def model_rows(rows, work, binary, model, batch, size, reps, backends, nthreads)
         return
     results = {}
     for b in backends:
-        cache = tempfile.mkdtemp(prefix="tb_bench_models_")
-        try:
-            rc, so, se = run([binary, path, "--device", b + ":0", "--reps", str(reps)],
-                             {"TB_CACHE_DIR": os.path.join(cache, "tb"),
-                              "POCL_CACHE_DIR": os.path.join(cache, "pocl")})
-        finally:
-            shutil.rmtree(cache, ignore_errors=True)
+        with fresh_caches() as env:
+            rc, so, se = run([binary, path, "--device", b + ":0", "--reps", str(reps)], env)
         r = parse_models(so)
         if rc != 0 or "first" not in r:
             rows.fail("%s on %s: exit status %d: %s" % (model, b, rc, (se or so).strip()[-400:]))
@@ -160,6 +156,17 @@ def model_rows(rows, work, binary, model, batch, size, reps, backends, nthreads)
         rows.add("coldstart_" + model, b, r["first"], None, "s", note, 1)
 
 
+@contextlib.contextmanager
+def fresh_caches():
+    """The environment of runs with empty caches of their own (ours and PoCL's), removed after."""
+    folder = tempfile.mkdtemp(prefix="tb_bench_models_")
+    try:
+        yield {"TB_CACHE_DIR": os.path.join(folder, "tb"),
+               "POCL_CACHE_DIR": os.path.join(folder, "pocl")}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def last_float(pattern, text):
     found = re.findall(pattern, text)
     return float(found[-1]) if found else None
@@ -175,15 +182,11 @@ def train_cnn_rows(rows, work, backends, nthreads):
     if pt is None:
         rows.fail("train_cnn_torch.py: %s" % (se or so).strip()[-300:])
     for b in backends:
-        cache = tempfile.mkdtemp(prefix="tb_bench_cnn_")
-        try:
-            env = {"TB_CACHE_DIR": cache}
+        with fresh_caches() as env:
             run([binary, "1", "--images", "512", "--test-images", "128", "--device", b + ":0"],
                 env)
             rc, so, se = run([binary, "1", "--images", images, "--test-images", "128",
                               "--device", b + ":0"], env)
-        finally:
-            shutil.rmtree(cache, ignore_errors=True)
         ours = last_float(r"images/s\s+([0-9.]+) s", so) if rc == 0 else None
         if ours is None:
             rows.fail("train_cnn on %s: %s" % (b, (se or so).strip()[-300:]))
@@ -201,11 +204,8 @@ def gpt_rows(rows, work, backends, nthreads):
     if pt is None:
         rows.fail("gpt_torch.py: %s" % (se or so).strip()[-300:])
     for b in backends:
-        cache = tempfile.mkdtemp(prefix="tb_bench_gpt_")
-        try:
-            rc, so, se = run([binary, "--device", b + ":0"] + args, {"TB_CACHE_DIR": cache})
-        finally:
-            shutil.rmtree(cache, ignore_errors=True)
+        with fresh_caches() as env:
+            rc, so, se = run([binary, "--device", b + ":0"] + args, env)
         ours = last_float(r"([0-9.]+) ms per iteration", so) if rc == 0 else None
         if ours is None:
             rows.fail("gpt on %s: %s" % (b, (se or so).strip()[-300:]))
