@@ -22758,6 +22758,8 @@ static bool tb__plan_vec_op(const tb_node *n) {
     case TB_OP_NEG:
     case TB_OP_ABS:
     case TB_OP_EXP:
+    case TB_OP_ERF:
+    case TB_OP_GELU:
     case TB_OP_RECIPROCAL:
     case TB_OP_MAXIMUM:
     case TB_OP_MINIMUM:
@@ -24128,6 +24130,63 @@ static const char *const tb__cl_prelude[] = {
     "}\n",
     "#endif\n",
     "\n",
+    "/* erf of f32 values without calls or branches, so that a compiler or a device vectorises it\n",
+    "   (libm's and PoCL's erff are calls per element, 20-40x the cost of exp): within 1.5 ulp of\n",
+    "   the true value. |x| < 1: x + x R(x^2); from 1 on: 1 - exp(-a^2) S(1 / a) with a = |x|\n",
+    "   clamped to 4 (beyond 3.92 erf rounds to 1 in f32), the sign put back; NaN stays NaN. R and\n",
+    "   S are least-squares fits of erf(x) / x - 1 and erfc(a) exp(a^2), weighted to relative\n",
+    "   error; exp(-a^2) (between e^-16 and e^-1: no overflow, no denormal) as tb_vexp's. */\n",
+    "/* The fits by Horner's rule: F(a, b, c) is a * b + c with c a constant, L(c) the first\n",
+    "   constant as the value's type. */\n",
+    "#define TB_ERF_R(t, F, L)                                                                          \\\n",
+    "    F(F(F(F(F(F(L(7.853837559e-05f), t, -8.010181112e-04f), t, 5.188325515e-03f), t,              \\\n",
+    "              -2.685381027e-02f),                                                                  \\\n",
+    "            t, 1.128358509e-01f),                                                                  \\\n",
+    "          t, -3.761262582e-01f),                                                                   \\\n",
+    "        t, 1.28379166e-01f)\n",
+    "#define TB_ERF_S(u, F, L)                                                                          \\\n",
+    "    F(F(F(F(F(F(F(F(L(-1.136845029e-02f), u, 3.796893243e-02f), u, 4.091299455e-03f), u,           \\\n",
+    "                -2.191441179e-01f),                                                                \\\n",
+    "              u, 4.809923169e-01f),                                                                \\\n",
+    "            u, -4.646903700e-01f),                                                                 \\\n",
+    "          u, 4.016589794e-02f),                                                                    \\\n",
+    "        u, 5.593148879e-01f),                                                                      \\\n",
+    "      u, 2.531519238e-04f)\n",
+    "#define TB_EXP_P(r, F, L)                                                                          \\\n",
+    "    F(F(F(F(F(L(1.9875691500e-4f), r, 1.3981999507e-3f), r, 8.3334519073e-3f), r,                  \\\n",
+    "          4.1665795894e-2f),                                                                       \\\n",
+    "        r, 1.6666665459e-1f),                                                                      \\\n",
+    "      r, 5.0000001201e-1f)\n",
+    "#define TB_SAME(c) (c)\n",
+    "#define TB_MULADD(a, b, c) ((a) * (b) + (c))\n",
+    "\n",
+    "/* erfc(a) for a in [1, 4] (the argument clamped to it by the caller). */\n",
+    "TB_FN float tb_erfc_mid(float a) {\n",
+    "    float y = -(a * a), k, r, p;\n",
+    "    k = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to nearest */\n",
+    "    r = y - k * 0.693359375f + k * 2.12194440e-4f;\n",
+    "    p = TB_EXP_P(r, TB_MULADD, TB_SAME) * (r * r) + (r + 1.0f);\n",
+    "    p = p * TB_BITS_F32((uint)((int)k + 127) << 23);\n",
+    "    return p * TB_ERF_S(1.0f / a, TB_MULADD, TB_SAME);\n",
+    "}\n",
+    "\n",
+    "TB_FN float tb_erf_f32(float x) {\n",
+    "    float a = fabs(x), big;\n",
+    "    big = 1.0f - tb_erfc_mid(a > 4.0f ? 4.0f : (a < 1.0f ? 1.0f : a));\n",
+    "    big = x < 0.0f ? -big : big;\n",
+    "    return x != x ? x : (a < 1.0f ? x + x * TB_ERF_R(x * x, TB_MULADD, TB_SAME) : big);\n",
+    "}\n",
+    "\n",
+    "/* gelu of f32 values, x (1 + erf(x / sqrt 2)) / 2, with 1 + erf(z) for z <= -1 taken as\n",
+    "   erfc(-z) itself (no cancellation: a few ulp where PyTorch's f32 form loses all digits),\n",
+    "   and as 0 below -4 (as that form gives; -inf stays NaN as in the reference). */\n",
+    "TB_FN float tb_gelu_f32(float x) {\n",
+    "    float z = x * 0.707106769f, a = fabs(z), c, s;\n",
+    "    c = tb_erfc_mid(a > 4.0f ? 4.0f : (a < 1.0f ? 1.0f : a));\n",
+    "    s = z < 0.0f ? (a > 4.0f ? 0.0f : c) : 2.0f - c;\n",
+    "    return 0.5f * x * (a < 1.0f ? 1.0f + (z + z * TB_ERF_R(z * z, TB_MULADD, TB_SAME)) : s);\n",
+    "}\n",
+    "\n",
     "TB_FN float tb_bf2f(uint h) {\n",
     "    return TB_BITS_F32(h << 16);\n",
     "}\n",
@@ -24284,6 +24343,28 @@ static const char *const tb__cl_prelude[] = {
     "    return TB_VASF(TB_VASI(a) & 0x7fffffff);\n",
     "}\n",
     "\n",
+    "/* erf and gelu of each lane, as tb_erf_f32 and tb_gelu_f32 (exp through TB_VEXP). */\n",
+    "#define TB_VMA(a, b, c) TB_VFMA((a), (b), TB_VBC(c))\n",
+    "TB_FN tb_vf tb_verfc_mid(tb_vf a) {\n",
+    "    tb_vf c = TB_VSEL(a, TB_VBC(4.0f), a > 4.0f);\n",
+    "    c = TB_VSEL(c, TB_VBC(1.0f), c < 1.0f);\n",
+    "    return TB_VEXP(-(c * c)) * TB_ERF_S(TB_VBC(1.0f) / c, TB_VMA, TB_VBC);\n",
+    "}\n",
+    "\n",
+    "TB_FN tb_vf tb_verf(tb_vf x) {\n",
+    "    tb_vf a = tb_vabs(x), big = TB_VBC(1.0f) - tb_verfc_mid(a);\n",
+    "    big = TB_VSEL(big, -big, x < 0.0f);\n",
+    "    big = TB_VSEL(big, x + x * TB_ERF_R(x * x, TB_VMA, TB_VBC), a < 1.0f);\n",
+    "    return TB_VSEL(big, x, x != x);\n",
+    "}\n",
+    "\n",
+    "TB_FN tb_vf tb_vgelu(tb_vf x) {\n",
+    "    tb_vf z = x * 0.707106769f, a = tb_vabs(z), c = tb_verfc_mid(a);\n",
+    "    tb_vf s = TB_VSEL(TB_VBC(2.0f) - c, TB_VSEL(c, TB_VBC(0.0f), a > 4.0f), z < 0.0f);\n",
+    "    s = TB_VSEL(s, TB_VBC(1.0f) + (z + z * TB_ERF_R(z * z, TB_VMA, TB_VBC)), a < 1.0f);\n",
+    "    return 0.5f * x * s;\n",
+    "}\n",
+    "\n",
     "/* Each lane rounded to the nearest bf16 value, as tb_rnd_bf16 (the dialect loads and stores\n",
     "   16-bit floats: TB_VLDH, TB_VSTH and TB_VRNDH for f16, TB_VLDBF and TB_VSTBF for bf16). */\n",
     "TB_FN tb_vf tb_vrnd_bf16(tb_vf x) {\n",
@@ -24338,7 +24419,7 @@ static const char *const tb__cl_prelude[] = {
     "#endif\n",
     0
 };
-static const size_t tb__cl_prelude_count = 266;
+static const size_t tb__cl_prelude_count = 345;
 // clang-format on
 #endif
 
@@ -25359,7 +25440,9 @@ static bool tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e
                         : n->op == TB_OP_COS ? "cos"
                         : n->op == TB_OP_ERF ? "erf"
                                              : "tanh";
-        snprintf(e, cap, "(%s)%s((%s)%s)", t, tb__cg_math(g, f, od), m, a);
+        /* f32 erf: the prelude's, which vectorises (libm's and devices' are calls) */
+        if (n->op == TB_OP_ERF && strcmp(m, "float") == 0) f = "tb_erf_f32";
+        snprintf(e, cap, "(%s)%s((%s)%s)", t, f[0] == 't' ? f : tb__cg_math(g, f, od), m, a);
         break;
     }
     case TB_OP_SQRT:
@@ -25385,9 +25468,12 @@ static bool tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e
     }
     case TB_OP_GELU: {
         char half[32], r2[32];
-        tb_dtype lit = od == TB_F32 && !g->G->target->acc_f64 ? TB_F32 : TB_F64;
-        tb__cg_flit(lit, 0.5, half, sizeof half);
-        tb__cg_flit(lit, 0.70710678118654752440, r2, sizeof r2);
+        if (strcmp(m, "float") == 0) { /* the prelude's, which vectorises */
+            snprintf(e, cap, "(%s)tb_gelu_f32((float)%s)", t, a);
+            break;
+        }
+        tb__cg_flit(TB_F64, 0.5, half, sizeof half);
+        tb__cg_flit(TB_F64, 0.70710678118654752440, r2, sizeof r2);
         snprintf(e, cap, "(%s)(%s * (%s)%s * ((%s)1 + %s((%s)%s * %s)))", t, half, m, a, m,
                  tb__cg_math(g, "erf", od), m, a, r2);
         break;
@@ -25690,6 +25776,12 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
         break;
     case TB_OP_EXP: /* the dialect's: a device's built-in where it has a faster one */
         snprintf(e, sizeof e, "TB_VEXP(%s)", a);
+        break;
+    case TB_OP_ERF: /* the prelude's, as the scalar tb_erf_f32 */
+        snprintf(e, sizeof e, "tb_verf(%s)", a);
+        break;
+    case TB_OP_GELU: /* the prelude's, as the scalar tb_gelu_f32 */
+        snprintf(e, sizeof e, "tb_vgelu(%s)", a);
         break;
     case TB_OP_ABS:
     case TB_OP_RELU:

@@ -1015,7 +1015,9 @@ static bool tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e
                         : n->op == TB_OP_COS ? "cos"
                         : n->op == TB_OP_ERF ? "erf"
                                              : "tanh";
-        snprintf(e, cap, "(%s)%s((%s)%s)", t, tb__cg_math(g, f, od), m, a);
+        /* f32 erf: the prelude's, which vectorises (libm's and devices' are calls) */
+        if (n->op == TB_OP_ERF && strcmp(m, "float") == 0) f = "tb_erf_f32";
+        snprintf(e, cap, "(%s)%s((%s)%s)", t, f[0] == 't' ? f : tb__cg_math(g, f, od), m, a);
         break;
     }
     case TB_OP_SQRT:
@@ -1041,9 +1043,12 @@ static bool tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e
     }
     case TB_OP_GELU: {
         char half[32], r2[32];
-        tb_dtype lit = od == TB_F32 && !g->G->target->acc_f64 ? TB_F32 : TB_F64;
-        tb__cg_flit(lit, 0.5, half, sizeof half);
-        tb__cg_flit(lit, 0.70710678118654752440, r2, sizeof r2);
+        if (strcmp(m, "float") == 0) { /* the prelude's, which vectorises */
+            snprintf(e, cap, "(%s)tb_gelu_f32((float)%s)", t, a);
+            break;
+        }
+        tb__cg_flit(TB_F64, 0.5, half, sizeof half);
+        tb__cg_flit(TB_F64, 0.70710678118654752440, r2, sizeof r2);
         snprintf(e, cap, "(%s)(%s * (%s)%s * ((%s)1 + %s((%s)%s * %s)))", t, half, m, a, m,
                  tb__cg_math(g, "erf", od), m, a, r2);
         break;
@@ -1346,6 +1351,12 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
         break;
     case TB_OP_EXP: /* the dialect's: a device's built-in where it has a faster one */
         snprintf(e, sizeof e, "TB_VEXP(%s)", a);
+        break;
+    case TB_OP_ERF: /* the prelude's, as the scalar tb_erf_f32 */
+        snprintf(e, sizeof e, "tb_verf(%s)", a);
+        break;
+    case TB_OP_GELU: /* the prelude's, as the scalar tb_gelu_f32 */
+        snprintf(e, sizeof e, "tb_vgelu(%s)", a);
         break;
     case TB_OP_ABS:
     case TB_OP_RELU:

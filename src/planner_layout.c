@@ -36,6 +36,8 @@ static bool tb__plan_vec_op(const tb_node *n) {
     case TB_OP_NEG:
     case TB_OP_ABS:
     case TB_OP_EXP:
+    case TB_OP_ERF:
+    case TB_OP_GELU:
     case TB_OP_RECIPROCAL:
     case TB_OP_MAXIMUM:
     case TB_OP_MINIMUM:

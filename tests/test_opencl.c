@@ -2711,6 +2711,71 @@ static void test_vector_exp(void **state) {
     tb_tensor_release(x);
 }
 
+/* The distance from `got` to the double `want` in f32 units in the last place of want. */
+static double ulps_off(float got, double want) {
+    float w = (float)fabs(want);
+    double ulp = w < FLT_MIN ? ldexp(1.0, -149) : (double)nextafterf(w, INFINITY) - (double)w;
+    if (isnan(got) || isnan(want)) return isnan(got) && isnan(want) ? 0 : 1e30;
+    return fabs((double)got - want) / ulp;
+}
+
+/* f32 erf and gelu run the kernels' own polynomial (no call per element), as a vector where
+   rows are read in order and as scalars where they are not (a transposed read): erf within 2
+   ulp of double erf over [-6, 6], gelu within 10 ulp (1 + erf(z) cancels for z in (-1, 0):
+   PyTorch's f32 gelu loses more there) or 5e-8 (below -5.6, where it is 0 for -3e-8), and exact at
+   the edges: erf(+-inf) = +-1, gelu(inf) = inf, gelu(-inf) NaN (as the reference's -inf * 0), NaN
+   stays NaN, -0 stays -0. */
+static void test_erf_gelu_f32(void **state) {
+    enum { R = 256, C = 256, N = R * C };
+    static float in[N], got_e[N], got_g[N];
+    tb_shape s = shp(TB_F32, 2, R, C, 0, 0);
+    int i, t;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < N; i++)
+        in[i] = -6.0f + 12.0f * (float)i / (float)N;
+    in[11] = INFINITY;
+    in[12] = -INFINITY;
+    in[13] = NAN;
+    in[14] = -0.0f;
+    in[15] = 1e-40f;
+    for (t = 0; t < 2; t++) {
+        tb_tensor *x = tb_tensor_from_host(in, &s, &g_ocl), *v = t ? tb_transpose(x, 0, 1) : x;
+        tb_tensor *e = tb_erf(v), *g = tb_gelu(v);
+        double worst_e = 0, worst_g = 0;
+        char *text = tb_ir_backend_text(&e, 1);
+        assert_non_null(text);
+        assert_non_null(strstr(text, t ? "tb_erf_f32(" : "tb_verf(v"));
+        tb_free(text);
+        assert_int_equal(tb_tensor_to_host(e, got_e, sizeof got_e), TB_OK);
+        assert_int_equal(tb_tensor_to_host(g, got_g, sizeof got_g), TB_OK);
+        for (i = 0; i < N; i++) {
+            int at = t ? (i % R) * C + i / R : i; /* the input element of output i */
+            double xv = in[at], ge = 0.5 * xv * (1.0 + erf(xv / sqrt(2.0)));
+            double de = ulps_off(got_e[i], erf(xv)), dg = ulps_off(got_g[i], ge);
+            if (isinf(xv)) continue;
+            if (de > 2)
+                fail_msg("%s: erf(%.9g) = %.9g, want %.9g: %.1f ulp", t ? "scalar" : "vector", xv,
+                         (double)got_e[i], erf(xv), de);
+            if (dg > 10 && fabs((double)got_g[i] - ge) > 5e-8)
+                fail_msg("%s: gelu(%.9g) = %.9g, want %.9g: %.1f ulp", t ? "scalar" : "vector", xv,
+                         (double)got_g[i], ge, dg);
+            worst_e = de > worst_e ? de : worst_e;
+            if (fabs(ge) > 1e-6) worst_g = dg > worst_g ? dg : worst_g;
+        }
+        assert_true(got_e[t ? 11 * R : 11] == 1.0f && got_e[t ? 12 * R : 12] == -1.0f);
+        assert_true(isinf(got_g[t ? 11 * R : 11]) && isnan(got_g[t ? 12 * R : 12]));
+        assert_true(isnan(got_e[t ? 13 * R : 13]) && isnan(got_g[t ? 13 * R : 13]));
+        assert_true(got_e[t ? 14 * R : 14] == 0.0f && signbit(got_e[t ? 14 * R : 14]));
+        print_message("%s: erf within %.2f ulp, gelu %.2f\n", t ? "scalar" : "vector", worst_e,
+                      worst_g);
+        tb_tensor_release(e);
+        tb_tensor_release(g);
+        if (v != x) tb_tensor_release(v);
+        tb_tensor_release(x);
+    }
+}
+
 /* Whether generated code has a non-temporal store (not just the macro's definition). */
 static bool streams(const char *text) {
     const char *p;
@@ -4948,7 +5013,7 @@ static void test_compile_progress(void **state) {
 
 /* ---- debug output ---- */
 
-static char g_log[16384];
+static char g_log[65536];
 
 static void capture_log(tb_log_level level, const char *message, void *user_data) {
     size_t n = strlen(g_log);
@@ -5767,6 +5832,7 @@ int main(void) {
         cmocka_unit_test(test_dumps_under_allocation_failures),
         cmocka_unit_test(test_max_min_nan_large),
         cmocka_unit_test(test_vector_exp),
+        cmocka_unit_test(test_erf_gelu_f32),
         cmocka_unit_test(test_norm_rows_streamed),
         cmocka_unit_test(test_vector_reduce_broadcast_operand),
         cmocka_unit_test(test_vector_operand_relations),
