@@ -22765,6 +22765,8 @@ static bool tb__plan_vec_op(const tb_node *n) {
     case TB_OP_MINIMUM:
     case TB_OP_RELU:
         return true;
+    case TB_OP_WHERE: /* a condition of bytes read from a buffer (tb__plan_vec_subtree) */
+        return n->operands[0]->shape.dtype == TB_BOOL || n->operands[0]->shape.dtype == TB_U8;
     default:
         return false;
     }
@@ -22809,7 +22811,10 @@ static bool tb__plan_vec_subtree(const tb__pgraph *G, const tb__plan_kernel *k, 
         for (j = 0; j < in->node->num_operands; j++) {
             int32_t o = tb__plan_operand(G, n, j);
             int32_t rel = tb__plan_row_relation(&in->node->shape, tb__plan_shape(G, o), row_axes);
-            if (rel == TB__ROW_ALIGNED) {
+            if (rel == TB__ROW_ALIGNED && in->node->op == TB_OP_WHERE && j == 0) {
+                /* W bytes loaded as 0 or 1 each: only a buffer's */
+                if (G->info[o].param < 0 && !(G->info[o].root && o != k->root)) return false;
+            } else if (rel == TB__ROW_ALIGNED) {
                 if (sp >= TB__PLAN_VEC_NODES) return false;
                 stack[sp++] = o;
             } else if (rel == TB__ROW_OTHER) {
@@ -25747,6 +25752,8 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     char a[32], b[32], e[160];
     int32_t v;
     tb__cg_vec_operand(ops[0], is_vec[0], a, sizeof a);
+    if (n->op == TB_OP_WHERE && !is_vec[0]) /* a condition constant along the row */
+        snprintf(a, sizeof a, "TB_VBC(v%d != 0 ? 1.0f : 0.0f)", (int)ops[0]);
     if (n->num_operands > 1) tb__cg_vec_operand(ops[1], is_vec[1], b, sizeof b);
     switch (n->op) {
     case TB_OP_ADD:
@@ -25787,6 +25794,12 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     case TB_OP_RELU:
         snprintf(e, sizeof e, "tb_v%s(%s)", n->op == TB_OP_ABS ? "abs" : "relu", a);
         break;
+    case TB_OP_WHERE: { /* the condition as 0 or 1 in each lane (tb__cg_vcond) */
+        char c[32];
+        tb__cg_vec_operand(ops[2], is_vec[2], c, sizeof c);
+        snprintf(e, sizeof e, "TB_VSEL(%s, %s, %s != 0.0f)", c, b, a);
+        break;
+    }
     case TB_OP_MAXIMUM:
     case TB_OP_MINIMUM:
         snprintf(e, sizeof e, "tb_v%s(%s, %s)", n->op == TB_OP_MAXIMUM ? "max" : "min", a, b);
@@ -25811,6 +25824,23 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
 static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node) {
     const tb__pnode *in = &g->G->info[node];
     return in->param >= 0 || (in->root && node != tb__cg_kernel(g)->root);
+}
+
+/* W bytes of a buffer (a where's condition) at `pos` as a vector of 0 and 1. */
+static int32_t tb__cg_vcond(tb__cg *g, int32_t node, int32_t pos) {
+    const tb__pnode *in = &g->G->info[node];
+    char flat[TB__LF_TEXT];
+    int32_t v;
+    if (pos < 0 || g->ix.status != TB_OK) return -1;
+    v = tb__ix_memo_find(&g->ix, TB__MEMO_VECTOR, node, pos, 0);
+    if (v >= 0) return v;
+    if (!tb__cg_arg(g, TB__ARG_BUF, in->slot) || !tb__ix_need_flat(&g->ix, pos)) return -1;
+    tb__lf_text(&g->ix.pos[pos].flat, flat, sizeof flat);
+    v = tb__cg_new_vec(g);
+    if (v < 0) return -1;
+    tb__ix_line(&g->ix, "const tb_vf v%d = TB_VLDB(b%d + (%s));", (int)v, (int)in->slot, flat);
+    tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, node, pos, 0, v);
+    return v;
 }
 
 static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
@@ -25844,7 +25874,10 @@ static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
             op = tb__cg_operand_pos(g, node, pos, j);
             is_vec[j] = tb__plan_row_relation(&in->node->shape, tb__plan_shape(g->G, o),
                                               k->vec_axes) == TB__ROW_ALIGNED;
-            ops[j] = is_vec[j] ? tb__cg_veval(g, o, op) : tb__cg_eval(g, o, op);
+            if (is_vec[j] && in->node->op == TB_OP_WHERE && j == 0)
+                ops[j] = tb__cg_vcond(g, o, op);
+            else
+                ops[j] = is_vec[j] ? tb__cg_veval(g, o, op) : tb__cg_eval(g, o, op);
             if (ops[j] < 0) return -1;
         }
         v = tb__cg_vec_op(g, in->node, ops, is_vec);
@@ -29741,6 +29774,9 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "#define TB_VLDBF(p) TB_VN(as_float)(TB_VN(convert_uint)(TB_VLD(0, (p))) << 16)\n"             \
     "#define TB_VSTBF(v, p) TB_VST(TB_VN(convert_ushort)(TB_VN(as_uint)(tb_vrnd_bf16(v)) >> 16), " \
     "0, (p))\n"                                                                                    \
+    "/* W bytes (a where's condition) as 0 or 1 in each lane */\n"                                 \
+    "#define TB_VLDB(p) \\\n"                                                                      \
+    "    TB_VN(convert_float)(TB_VN(vload)(0, (const __global uchar *)(p)) != (uchar)0) * -1.0f\n" \
     "\n"
     d->head[0] = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
                                           "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
@@ -30942,7 +30978,13 @@ static const char tb__native_head3[] =
     "    tb_vus h = __builtin_convertvector((tb_vu)r >> 16, tb_vus); memcpy(p, &h, sizeof h);\n"
     "}\n"
     "#define TB_VLDBF(p) tb_vldbf(p)\n"
-    "#define TB_VSTBF(v, p) tb_vstbf(tb_vrnd_bf16(v), (p))\n";
+    "#define TB_VSTBF(v, p) tb_vstbf(tb_vrnd_bf16(v), (p))\n"
+    /* W bytes (a where's condition) as 0 or 1 in each lane */
+    "typedef uchar tb_vb __attribute__((vector_size(TB_VW)));\n"
+    "static inline tb_vf tb_vldb(const void *p) {\n"
+    "    tb_vb b; memcpy(&b, p, sizeof b); return __builtin_convertvector(b != 0, tb_vf) * -1.0f;\n"
+    "}\n"
+    "#define TB_VLDB(p) tb_vldb(p)\n";
 
 static const char *tb__native_math(const char *fn, tb_dtype dtype) {
     (void)dtype; /* <tgmath.h> picks the float or double function */

@@ -1322,6 +1322,8 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     char a[32], b[32], e[160];
     int32_t v;
     tb__cg_vec_operand(ops[0], is_vec[0], a, sizeof a);
+    if (n->op == TB_OP_WHERE && !is_vec[0]) /* a condition constant along the row */
+        snprintf(a, sizeof a, "TB_VBC(v%d != 0 ? 1.0f : 0.0f)", (int)ops[0]);
     if (n->num_operands > 1) tb__cg_vec_operand(ops[1], is_vec[1], b, sizeof b);
     switch (n->op) {
     case TB_OP_ADD:
@@ -1362,6 +1364,12 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     case TB_OP_RELU:
         snprintf(e, sizeof e, "tb_v%s(%s)", n->op == TB_OP_ABS ? "abs" : "relu", a);
         break;
+    case TB_OP_WHERE: { /* the condition as 0 or 1 in each lane (tb__cg_vcond) */
+        char c[32];
+        tb__cg_vec_operand(ops[2], is_vec[2], c, sizeof c);
+        snprintf(e, sizeof e, "TB_VSEL(%s, %s, %s != 0.0f)", c, b, a);
+        break;
+    }
     case TB_OP_MAXIMUM:
     case TB_OP_MINIMUM:
         snprintf(e, sizeof e, "tb_v%s(%s, %s)", n->op == TB_OP_MAXIMUM ? "max" : "min", a, b);
@@ -1386,6 +1394,23 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
 static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node) {
     const tb__pnode *in = &g->G->info[node];
     return in->param >= 0 || (in->root && node != tb__cg_kernel(g)->root);
+}
+
+/* W bytes of a buffer (a where's condition) at `pos` as a vector of 0 and 1. */
+static int32_t tb__cg_vcond(tb__cg *g, int32_t node, int32_t pos) {
+    const tb__pnode *in = &g->G->info[node];
+    char flat[TB__LF_TEXT];
+    int32_t v;
+    if (pos < 0 || g->ix.status != TB_OK) return -1;
+    v = tb__ix_memo_find(&g->ix, TB__MEMO_VECTOR, node, pos, 0);
+    if (v >= 0) return v;
+    if (!tb__cg_arg(g, TB__ARG_BUF, in->slot) || !tb__ix_need_flat(&g->ix, pos)) return -1;
+    tb__lf_text(&g->ix.pos[pos].flat, flat, sizeof flat);
+    v = tb__cg_new_vec(g);
+    if (v < 0) return -1;
+    tb__ix_line(&g->ix, "const tb_vf v%d = TB_VLDB(b%d + (%s));", (int)v, (int)in->slot, flat);
+    tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, node, pos, 0, v);
+    return v;
 }
 
 static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
@@ -1419,7 +1444,10 @@ static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
             op = tb__cg_operand_pos(g, node, pos, j);
             is_vec[j] = tb__plan_row_relation(&in->node->shape, tb__plan_shape(g->G, o),
                                               k->vec_axes) == TB__ROW_ALIGNED;
-            ops[j] = is_vec[j] ? tb__cg_veval(g, o, op) : tb__cg_eval(g, o, op);
+            if (is_vec[j] && in->node->op == TB_OP_WHERE && j == 0)
+                ops[j] = tb__cg_vcond(g, o, op);
+            else
+                ops[j] = is_vec[j] ? tb__cg_veval(g, o, op) : tb__cg_eval(g, o, op);
             if (ops[j] < 0) return -1;
         }
         v = tb__cg_vec_op(g, in->node, ops, is_vec);

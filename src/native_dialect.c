@@ -283,7 +283,13 @@ static const char tb__native_head3[] =
     "    tb_vus h = __builtin_convertvector((tb_vu)r >> 16, tb_vus); memcpy(p, &h, sizeof h);\n"
     "}\n"
     "#define TB_VLDBF(p) tb_vldbf(p)\n"
-    "#define TB_VSTBF(v, p) tb_vstbf(tb_vrnd_bf16(v), (p))\n";
+    "#define TB_VSTBF(v, p) tb_vstbf(tb_vrnd_bf16(v), (p))\n"
+    /* W bytes (a where's condition) as 0 or 1 in each lane */
+    "typedef uchar tb_vb __attribute__((vector_size(TB_VW)));\n"
+    "static inline tb_vf tb_vldb(const void *p) {\n"
+    "    tb_vb b; memcpy(&b, p, sizeof b); return __builtin_convertvector(b != 0, tb_vf) * -1.0f;\n"
+    "}\n"
+    "#define TB_VLDB(p) tb_vldb(p)\n";
 
 static const char *tb__native_math(const char *fn, tb_dtype dtype) {
     (void)dtype; /* <tgmath.h> picks the float or double function */

@@ -463,6 +463,9 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "#define TB_VLDBF(p) TB_VN(as_float)(TB_VN(convert_uint)(TB_VLD(0, (p))) << 16)\n"             \
     "#define TB_VSTBF(v, p) TB_VST(TB_VN(convert_ushort)(TB_VN(as_uint)(tb_vrnd_bf16(v)) >> 16), " \
     "0, (p))\n"                                                                                    \
+    "/* W bytes (a where's condition) as 0 or 1 in each lane */\n"                                 \
+    "#define TB_VLDB(p) \\\n"                                                                      \
+    "    TB_VN(convert_float)(TB_VN(vload)(0, (const __global uchar *)(p)) != (uchar)0) * -1.0f\n" \
     "\n"
     d->head[0] = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
                                           "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"

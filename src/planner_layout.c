@@ -43,6 +43,8 @@ static bool tb__plan_vec_op(const tb_node *n) {
     case TB_OP_MINIMUM:
     case TB_OP_RELU:
         return true;
+    case TB_OP_WHERE: /* a condition of bytes read from a buffer (tb__plan_vec_subtree) */
+        return n->operands[0]->shape.dtype == TB_BOOL || n->operands[0]->shape.dtype == TB_U8;
     default:
         return false;
     }
@@ -87,7 +89,10 @@ static bool tb__plan_vec_subtree(const tb__pgraph *G, const tb__plan_kernel *k, 
         for (j = 0; j < in->node->num_operands; j++) {
             int32_t o = tb__plan_operand(G, n, j);
             int32_t rel = tb__plan_row_relation(&in->node->shape, tb__plan_shape(G, o), row_axes);
-            if (rel == TB__ROW_ALIGNED) {
+            if (rel == TB__ROW_ALIGNED && in->node->op == TB_OP_WHERE && j == 0) {
+                /* W bytes loaded as 0 or 1 each: only a buffer's */
+                if (G->info[o].param < 0 && !(G->info[o].root && o != k->root)) return false;
+            } else if (rel == TB__ROW_ALIGNED) {
                 if (sp >= TB__PLAN_VEC_NODES) return false;
                 stack[sp++] = o;
             } else if (rel == TB__ROW_OTHER) {

@@ -2776,6 +2776,60 @@ static void test_erf_gelu_f32(void **state) {
     }
 }
 
+/* A where whose condition is a bool buffer reads it as W bytes at once in a row kernel (a
+   masked softmax, as attention's causal mask, and an elementwise where with the mask
+   broadcast down the rows), with the reference's values: masked lanes take the other
+   operand, also where it is -inf or NaN. */
+static void test_vector_where_mask(void **state) {
+    enum { R = 48, C = 128 };
+    static float xv[R * C], got[R * C], want[R * C];
+    static unsigned char m2[R * C], m1[C];
+    tb_shape xs = shp(TB_F32, 2, R, C, 0, 0), s2 = shp(TB_BOOL, 2, R, C, 0, 0);
+    tb_shape s1 = shp(TB_BOOL, 1, C, 0, 0, 0), one = shp(TB_F32, 0, 0, 0, 0, 0);
+    const tb_device *devs[2] = {&g_cpu, &g_ocl};
+    int i, c, d;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < R * C; i++) {
+        xv[i] = (float)((i * 37) % 101) / 25.0f - 2.0f;
+        m2[i] = (unsigned char)((i * 7) % 5 != 0);
+    }
+    for (i = 0; i < C; i++)
+        m1[i] = (unsigned char)(i % 3 != 1);
+    xv[5] = NAN;
+    m2[5] = 0;
+    for (c = 0; c < 2; c++) {
+        for (d = 0; d < 2; d++) {
+            float ninf = -INFINITY;
+            tb_tensor *x = tb_tensor_from_host(xv, &xs, devs[d]);
+            tb_tensor *m =
+                c ? tb_tensor_from_host(m1, &s1, devs[d]) : tb_tensor_from_host(m2, &s2, devs[d]);
+            tb_tensor *f = tb_tensor_from_host(&ninf, &one, devs[d]);
+            tb_tensor *sx = tb_mul_scalar(x, 0.5), *w = tb_where(m, sx, f), *y;
+            y = c ? tb_softmax(w, 1) : tb_relu(w);
+            assert_non_null(y);
+            if (d == 1) {
+                char *text = tb_ir_backend_text(&y, 1);
+                assert_non_null(text);
+                assert_non_null(strstr(text, "= TB_VLDB(b"));
+                tb_free(text);
+            }
+            assert_int_equal(tb_tensor_to_host(y, d ? got : want, sizeof got), TB_OK);
+            tb_tensor_release(y);
+            tb_tensor_release(w);
+            tb_tensor_release(sx);
+            tb_tensor_release(f);
+            tb_tensor_release(m);
+            tb_tensor_release(x);
+        }
+        for (i = 0; i < R * C; i++)
+            if (!(got[i] == want[i] || fabsf(got[i] - want[i]) <= 1e-6f * fabsf(want[i]) ||
+                  (isnan(got[i]) && isnan(want[i]))))
+                fail_msg("%s: element %d is %.9g, the reference's %.9g",
+                         c ? "masked softmax" : "where", i, (double)got[i], (double)want[i]);
+    }
+}
+
 /* Whether generated code has a non-temporal store (not just the macro's definition). */
 static bool streams(const char *text) {
     const char *p;
@@ -5833,6 +5887,7 @@ int main(void) {
         cmocka_unit_test(test_max_min_nan_large),
         cmocka_unit_test(test_vector_exp),
         cmocka_unit_test(test_erf_gelu_f32),
+        cmocka_unit_test(test_vector_where_mask),
         cmocka_unit_test(test_norm_rows_streamed),
         cmocka_unit_test(test_vector_reduce_broadcast_operand),
         cmocka_unit_test(test_vector_operand_relations),
