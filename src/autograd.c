@@ -168,6 +168,9 @@ typedef struct tb__vjp {
     tb_tensor **out;    /* their gradients */
     const tb_shape *xs; /* the operands' shapes */
     tb_dtype dt;        /* the node's dtype */
+    /* a gradient a rule gives a node below an operand (its expand's source) directly */
+    tb_node **past_node;
+    tb_tensor **past_grad;
 } tb__vjp;
 
 #define TB__K(expr)  tb__ag_keep(v->a, (expr))
@@ -399,9 +402,59 @@ static void tb__vjp_reduce(const tb__vjp *v) {
     }
 }
 
+/* How many leading batch axes A of a matmul is expanded along (its expand's source has 1
+   there) when the other batch axes are not expanded: 0 when it is not that shape. */
+static int32_t tb__ag_mm_lead(const tb_node *a) {
+    const tb_node *src = a->op == TB_OP_EXPAND ? a->operands[0] : NULL;
+    int32_t r = a->shape.rank, p = 0, i;
+    if (src == NULL || src->shape.rank != r) return 0;
+    while (p < r - 2 && src->shape.dims[p] == 1 && a->shape.dims[p] > 1)
+        p++;
+    for (i = p; i < r - 2; i++)
+        if (src->shape.dims[i] != a->shape.dims[i]) return 0;
+    return p;
+}
+
+/* A's gradient summed over the `p` leading batch axes it is expanded along, as one matmul
+   whose depth runs over those axes and B's columns (a convolution's weight gradient:
+   batch and positions contracted at once, no per-image product to sum): g [L.., A.., n, m]
+   as [A.., n, L * m] times B [L.., A.., k, m] as [A.., L * m, k], in the expand's source's
+   dims. */
+static tb_tensor *tb__ag_mm_folded(const tb__vjp *v, int32_t p) {
+    const tb_shape *as = &v->xs[0];
+    int32_t r = as->rank, q = r - 2 - p, i, pg[TB_MAX_RANK], pb[TB_MAX_RANK];
+    int64_t dg[TB_MAX_RANK], db[TB_MAX_RANK], lm = v->xs[1].dims[r - 1];
+    tb_tensor *gt, *bt;
+    for (i = 0; i < p; i++)
+        lm *= as->dims[i];
+    for (i = 0; i < q; i++) {
+        pg[i] = pb[i] = p + i;
+        dg[i] = db[i] = as->dims[p + i];
+    }
+    pg[q] = r - 2;
+    for (i = 0; i < p; i++)
+        pg[q + 1 + i] = pb[q + i] = i;
+    pg[r - 1] = pb[r - 2] = r - 1;
+    pb[r - 1] = r - 2;
+    dg[q] = as->dims[r - 2];
+    dg[q + 1] = db[q] = lm;
+    db[q + 1] = as->dims[r - 1];
+    gt = TB__K(tb_reshape(TB__K(tb_permute(v->g, pg, r)), dg, q + 2));
+    bt = TB__K(tb_reshape(TB__K(tb_permute(v->x[1], pb, r)), db, q + 2));
+    return TB__K(
+        tb_reshape(TB__K(tb_matmul(gt, bt)), v->node->operands[0]->operands[0]->shape.dims, r));
+}
+
 static void tb__vjp_matmul(const tb__vjp *v) {
     tb_tensor *a = v->x[0], *b = v->x[1], *g = v->g;
-    if (v->need[0]) v->out[0] = TB__K(tb_matmul(g, TB__K(tb_transpose(b, -2, -1))));
+    int32_t p = v->need[0] ? tb__ag_mm_lead(v->node->operands[0]) : 0;
+    if (p > 0) {
+        /* given to the expand's source past the expand (v->out[0] stays NULL) */
+        *v->past_node = v->node->operands[0]->operands[0];
+        *v->past_grad = tb__ag_mm_folded(v, p);
+    } else if (v->need[0]) {
+        v->out[0] = TB__K(tb_matmul(g, TB__K(tb_transpose(b, -2, -1))));
+    }
     if (v->need[1]) v->out[1] = TB__K(tb_matmul(TB__K(tb_transpose(a, -2, -1)), g));
 }
 
@@ -1011,6 +1064,8 @@ static void tb__ag_backward_node(tb__ag *a, const tb__ag_graph *w, const bool *l
     tb_shape sl[8], *xs = sl;
     bool nl[8], *need = nl, any = false;
     tb__vjp v;
+    tb_node *past_node = NULL;
+    tb_tensor *past_grad = NULL;
     size_t pos;
     if (n > 8) {
         x = (tb_tensor **)tb__calloc(n, sizeof *x);
@@ -1041,12 +1096,16 @@ static void tb__ag_backward_node(tb__ag *a, const tb__ag_graph *w, const bool *l
     v.out = out;
     v.xs = xs;
     v.dt = node->shape.dtype;
+    v.past_node = &past_node;
+    v.past_grad = &past_grad;
     if (!a->failed) tb__vjp_dispatch(&v);
     for (k = 0; k < n && !a->failed; k++) {
         if (!need[k] || out[k] == NULL) continue;
         if (tb__ag_find(w, node->operands[k], &pos))
             tb__ag_accumulate(a, grads, pos, out[k], node, &xs[k]);
     }
+    if (!a->failed && past_node != NULL && past_grad != NULL && tb__ag_find(w, past_node, &pos))
+        tb__ag_accumulate(a, grads, pos, past_grad, node, &past_node->shape);
 done:
     if (n > 8) {
         tb__free(x);

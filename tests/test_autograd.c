@@ -346,6 +346,9 @@ static const ag_case g_cases[] = {
     {"matmul", b_matmul, 2, {IN(2, NORMAL, 3, 4), IN(2, NORMAL, 4, 2)}},
     {"matmul_batched", b_matmul, 2, {IN(3, NORMAL, 2, 3, 4), IN(2, NORMAL, 4, 5)}},
     {"matmul_broadcast", b_matmul, 2, {IN(4, NORMAL, 2, 1, 2, 3), IN(3, NORMAL, 3, 3, 2)}},
+    /* a shared over leading batch axes (a convolution's weight): its gradient folded */
+    {"matmul_shared_a", b_matmul, 2, {IN(2, NORMAL, 3, 4), IN(3, NORMAL, 5, 4, 2)}},
+    {"matmul_shared_a_batch", b_matmul, 2, {IN(3, NORMAL, 2, 2, 3), IN(4, NORMAL, 3, 2, 3, 2)}},
     {"matmul_vec_mat", b_matmul, 2, {IN(1, NORMAL, 3), IN(2, NORMAL, 3, 2)}},
     {"matmul_dot", b_matmul, 2, {IN(1, NORMAL, 5), IN(1, NORMAL, 5)}},
     {"softmax", b_softmax, 1, {IN(2, NORMAL, 3, 5)}},
@@ -572,6 +575,44 @@ static void expect_grad(tb_tensor *out, tb_tensor *x, const double *want, size_t
         }
     }
     tb_tensor_release(g);
+}
+
+/* The gradient of a matmul's left operand shared over leading batch axes (a convolution's
+   weight times each image's windows) is one matmul contracting the batch with the columns, not
+   a product per batch element summed afterwards; equal to that sum. */
+static void test_shared_matmul_grad_folded(void **state) {
+    double wv[6], xv[2 * 4 * 3 * 5], want[6], got[6];
+    tb_tensor *w, *x, *y, *g = NULL, *ref;
+    char *text;
+    size_t j;
+    (void)state;
+    assert_int_equal(tb_device_make("cpu", 0, &g_dev), TB_OK);
+    for (j = 0; j < 6; j++)
+        wv[j] = 0.25 * (double)j - 0.6;
+    for (j = 0; j < sizeof xv / sizeof xv[0]; j++)
+        xv[j] = (double)((j * 7) % 11) / 5.0 - 1.0;
+    w = from(wv, 3, DIMS(1, 2, 3));
+    x = from(xv, 4, DIMS(2, 4, 3, 5));
+    y = tb_sum(K(tb_mul(K(tb_matmul(w, x)), K(tb_matmul(w, x)))), NULL, 0, false);
+    assert_int_equal(tb_grad(y, NULL, &w, 1, &g), TB_OK);
+    text = tb_ir_text(&g, 1);
+    assert_non_null(text);
+    assert_null(strstr(text, "= sum(")); /* no per-batch product summed */
+    assert_non_null(strstr(text, "matmul("));
+    tb_free(text);
+    /* sum over the batch of 2 (w x) x^T, per batch element */
+    ref = K(tb_matmul(K(tb_mul_scalar(K(tb_matmul(w, x)), 2.0)), K(tb_transpose(x, -2, -1))));
+    ref = K(tb_sum(ref, AXES(0, 1), 2, true));
+    ref = K(tb_reshape(ref, DIMS(1, 2, 3), 3));
+    read_f64(ref, want);
+    read_f64(g, got);
+    for (j = 0; j < 6; j++)
+        if (!(fabs(got[j] - want[j]) <= 1e-12 * (1 + fabs(want[j]))))
+            fail_msg("element %zu: %.17g, want %.17g", j, got[j], want[j]);
+    tb_tensor_release(g);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+    tb_tensor_release(w);
 }
 
 static void test_ties_split_evenly(void **state) {
@@ -1021,6 +1062,7 @@ static int teardown(void **state) {
 int main(void) {
     const struct CMUnitTest cpu[] = {
         cmocka_unit_test(test_finite_differences),
+        cmocka_unit_test(test_shared_matmul_grad_folded),
         cmocka_unit_test(test_ties_split_evenly),
         cmocka_unit_test(test_maximum_tie_halves),
         cmocka_unit_test(test_prod_with_zeros),
