@@ -24194,14 +24194,10 @@ static const char *const tb__cl_prelude[] = {
     "}\n",
     "#endif\n",
     "\n",
-    "/* erf of f32 values without calls or branches, so that a compiler or a device vectorises it\n",
-    "   (libm's and PoCL's erff are calls per element, 20-40x the cost of exp): within 1.5 ulp of\n",
-    "   the true value. |x| < 1: x + x R(x^2); from 1 on: 1 - exp(-a^2) S(1 / a) with a = |x|\n",
-    "   clamped to 4 (beyond 3.92 erf rounds to 1 in f32), the sign put back; NaN stays NaN. R and\n",
-    "   S are least-squares fits of erf(x) / x - 1 and erfc(a) exp(a^2), weighted to relative\n",
-    "   error; exp(-a^2) (between e^-16 and e^-1: no overflow, no denormal) as tb_vexp's. */\n",
-    "/* The fits by Horner's rule: F(a, b, c) is a * b + c with c a constant, L(c) the first\n",
-    "   constant as the value's type. */\n",
+    "\n",
+    "/* Polynomials by Horner's rule: F(a, b, c) is a * b + c with c a constant, L(c) the first\n",
+    "   constant as the value's type. TB_ERF_R and TB_ERF_S: tb_erf_f32's fits; TB_EXP_P: exp's\n",
+    "   (Cephes' polynomial). */\n",
     "#define TB_ERF_R(t, F, L)                                                                          \\\n",
     "    F(F(F(F(F(F(L(7.853837559e-05f), t, -8.010181112e-04f), t, 5.188325515e-03f), t,              \\\n",
     "              -2.685381027e-02f),                                                                  \\\n",
@@ -24224,14 +24220,32 @@ static const char *const tb__cl_prelude[] = {
     "#define TB_SAME(c) (c)\n",
     "#define TB_MULADD(a, b, c) ((a) * (b) + (c))\n",
     "\n",
-    "/* erfc(a) for a in [1, 4] (the argument clamped to it by the caller). */\n",
-    "TB_FN float tb_erfc_mid(float a) {\n",
-    "    float y = -(a * a), k, r, p;\n",
-    "    k = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to nearest */\n",
-    "    r = y - k * 0.693359375f + k * 2.12194440e-4f;\n",
+    "/* exp of an f32 value without calls or branches (the dialects' f32 exp: a loop around it\n",
+    "   vectorises where a call would not), as tb_vexp without TB_VSCALEF: about 1 ulp, overflow\n",
+    "   to +inf, underflow through the denormals to 0, NaN stays NaN. */\n",
+    "TB_FN float tb_exp_f32(float x) {\n",
+    "    float xc = x != x ? 0.0f : x, k, r, p;\n",
+    "    int ki, k1;\n",
+    "    xc = xc < -104.0f ? -104.0f : (xc > 89.0f ? 89.0f : xc);\n",
+    "    k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to nearest */\n",
+    "    r = xc - k * 0.693359375f + k * 2.12194440e-4f;\n",
     "    p = TB_EXP_P(r, TB_MULADD, TB_SAME) * (r * r) + (r + 1.0f);\n",
-    "    p = p * TB_BITS_F32((uint)((int)k + 127) << 23);\n",
-    "    return p * TB_ERF_S(1.0f / a, TB_MULADD, TB_SAME);\n",
+    "    ki = (int)k;\n",
+    "    k1 = ki >> 1; /* 2^k as two factors: denormal results are reached too */\n",
+    "    p = p * TB_BITS_F32((uint)(k1 + 127) << 23) * TB_BITS_F32((uint)(ki - k1 + 127) << 23);\n",
+    "    p = x > 88.72283935546875f ? INFINITY : p;\n",
+    "    p = x < -103.97208404541015625f ? 0.0f : p;\n",
+    "    return x != x ? x : p;\n",
+    "}\n",
+    "\n",
+    "/* erf of f32 values without calls or branches, so that a compiler or a device vectorises it\n",
+    "   (libm's and PoCL's erff are calls per element, 20-40x the cost of exp): within 1.5 ulp of\n",
+    "   the true value. |x| < 1: x + x R(x^2); from 1 on: 1 - exp(-a^2) S(1 / a) with a = |x|\n",
+    "   clamped to 4 (beyond 3.92 erf rounds to 1 in f32), the sign put back; NaN stays NaN. R and\n",
+    "   S are least-squares fits of erf(x) / x - 1 and erfc(a) exp(a^2), weighted to relative\n",
+    "   error. tb_erfc_mid: erfc(a) for a in [1, 4] (the caller clamps). */\n",
+    "TB_FN float tb_erfc_mid(float a) {\n",
+    "    return tb_exp_f32(-(a * a)) * TB_ERF_S(1.0f / a, TB_MULADD, TB_SAME);\n",
     "}\n",
     "\n",
     "TB_FN float tb_erf_f32(float x) {\n",
@@ -24483,7 +24497,7 @@ static const char *const tb__cl_prelude[] = {
     "#endif\n",
     0
 };
-static const size_t tb__cl_prelude_count = 345;
+static const size_t tb__cl_prelude_count = 359;
 // clang-format on
 #endif
 
@@ -29724,7 +29738,9 @@ static tb__cl_mem tb__ocl_data_mem(tb__ocl_device *dev, tb_backend_data *data) {
 /* ---- the OpenCL C dialect of the code generator ---- */
 
 static const char *tb__ocl_math(const char *fn, tb_dtype dtype) {
-    (void)dtype; /* OpenCL C's math functions are overloaded */
+    /* OpenCL C's math functions are overloaded (the built-in exp: on PoCL faster than the
+       prelude's tb_exp_f32, which the native dialect takes) */
+    (void)dtype;
     return fn;
 }
 
@@ -31046,7 +31062,9 @@ static const char tb__native_head3[] =
     "#define TB_VLDB(p) tb_vldb(p)\n";
 
 static const char *tb__native_math(const char *fn, tb_dtype dtype) {
-    (void)dtype; /* <tgmath.h> picks the float or double function */
+    /* f32 exp: the prelude's (no call: loops around it vectorise); the others: <tgmath.h> picks the
+     * float or double function */
+    if (dtype != TB_F64 && strcmp(fn, "exp") == 0) return "tb_exp_f32";
     return fn;
 }
 

@@ -292,7 +292,9 @@ static const char tb__native_head3[] =
     "#define TB_VLDB(p) tb_vldb(p)\n";
 
 static const char *tb__native_math(const char *fn, tb_dtype dtype) {
-    (void)dtype; /* <tgmath.h> picks the float or double function */
+    /* f32 exp: the prelude's (no call: loops around it vectorise); the others: <tgmath.h> picks the
+     * float or double function */
+    if (dtype != TB_F64 && strcmp(fn, "exp") == 0) return "tb_exp_f32";
     return fn;
 }
 

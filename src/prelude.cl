@@ -56,14 +56,10 @@ TB_FN float tb_rnd_f16(float x) {
 }
 #endif
 
-/* erf of f32 values without calls or branches, so that a compiler or a device vectorises it
-   (libm's and PoCL's erff are calls per element, 20-40x the cost of exp): within 1.5 ulp of
-   the true value. |x| < 1: x + x R(x^2); from 1 on: 1 - exp(-a^2) S(1 / a) with a = |x|
-   clamped to 4 (beyond 3.92 erf rounds to 1 in f32), the sign put back; NaN stays NaN. R and
-   S are least-squares fits of erf(x) / x - 1 and erfc(a) exp(a^2), weighted to relative
-   error; exp(-a^2) (between e^-16 and e^-1: no overflow, no denormal) as tb_vexp's. */
-/* The fits by Horner's rule: F(a, b, c) is a * b + c with c a constant, L(c) the first
-   constant as the value's type. */
+
+/* Polynomials by Horner's rule: F(a, b, c) is a * b + c with c a constant, L(c) the first
+   constant as the value's type. TB_ERF_R and TB_ERF_S: tb_erf_f32's fits; TB_EXP_P: exp's
+   (Cephes' polynomial). */
 #define TB_ERF_R(t, F, L)                                                                          \
     F(F(F(F(F(F(L(7.853837559e-05f), t, -8.010181112e-04f), t, 5.188325515e-03f), t,              \
               -2.685381027e-02f),                                                                  \
@@ -86,14 +82,32 @@ TB_FN float tb_rnd_f16(float x) {
 #define TB_SAME(c) (c)
 #define TB_MULADD(a, b, c) ((a) * (b) + (c))
 
-/* erfc(a) for a in [1, 4] (the argument clamped to it by the caller). */
-TB_FN float tb_erfc_mid(float a) {
-    float y = -(a * a), k, r, p;
-    k = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to nearest */
-    r = y - k * 0.693359375f + k * 2.12194440e-4f;
+/* exp of an f32 value without calls or branches (the dialects' f32 exp: a loop around it
+   vectorises where a call would not), as tb_vexp without TB_VSCALEF: about 1 ulp, overflow
+   to +inf, underflow through the denormals to 0, NaN stays NaN. */
+TB_FN float tb_exp_f32(float x) {
+    float xc = x != x ? 0.0f : x, k, r, p;
+    int ki, k1;
+    xc = xc < -104.0f ? -104.0f : (xc > 89.0f ? 89.0f : xc);
+    k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to nearest */
+    r = xc - k * 0.693359375f + k * 2.12194440e-4f;
     p = TB_EXP_P(r, TB_MULADD, TB_SAME) * (r * r) + (r + 1.0f);
-    p = p * TB_BITS_F32((uint)((int)k + 127) << 23);
-    return p * TB_ERF_S(1.0f / a, TB_MULADD, TB_SAME);
+    ki = (int)k;
+    k1 = ki >> 1; /* 2^k as two factors: denormal results are reached too */
+    p = p * TB_BITS_F32((uint)(k1 + 127) << 23) * TB_BITS_F32((uint)(ki - k1 + 127) << 23);
+    p = x > 88.72283935546875f ? INFINITY : p;
+    p = x < -103.97208404541015625f ? 0.0f : p;
+    return x != x ? x : p;
+}
+
+/* erf of f32 values without calls or branches, so that a compiler or a device vectorises it
+   (libm's and PoCL's erff are calls per element, 20-40x the cost of exp): within 1.5 ulp of
+   the true value. |x| < 1: x + x R(x^2); from 1 on: 1 - exp(-a^2) S(1 / a) with a = |x|
+   clamped to 4 (beyond 3.92 erf rounds to 1 in f32), the sign put back; NaN stays NaN. R and
+   S are least-squares fits of erf(x) / x - 1 and erfc(a) exp(a^2), weighted to relative
+   error. tb_erfc_mid: erfc(a) for a in [1, 4] (the caller clamps). */
+TB_FN float tb_erfc_mid(float a) {
+    return tb_exp_f32(-(a * a)) * TB_ERF_S(1.0f / a, TB_MULADD, TB_SAME);
 }
 
 TB_FN float tb_erf_f32(float x) {
