@@ -22807,8 +22807,12 @@ static bool tb__plan_vec_op(const tb_node *n) {
     switch (n->op) {
     case TB_OP_CAST: /* between the vector dtypes: a rounding at most */
         return tb__plan_vec_dtype(n->operands[0]->shape.dtype);
-    case TB_OP_RESHAPE: /* to the same dims (tb_detach, a leaf): the operand itself */
-        return tb__plan_same_dims(&n->shape, &n->operands[0]->shape);
+    case TB_OP_RESHAPE: /* to the same dims (tb_detach, a leaf), or to others with the same
+                           last dim (a row's W elements are consecutive in both): the operand */
+        return tb__plan_same_dims(&n->shape, &n->operands[0]->shape) ||
+               (n->shape.rank >= 1 && n->operands[0]->shape.rank >= 1 &&
+                n->shape.dims[n->shape.rank - 1] ==
+                    n->operands[0]->shape.dims[n->operands[0]->shape.rank - 1]);
     case TB_OP_SQRT:
     case TB_OP_ADD:
     case TB_OP_SUB:
@@ -23083,6 +23087,20 @@ static int32_t tb__plan_mm_group(const tb__pgraph *G, const tb__plan_kernel *k,
     return width < 1 ? 1 : (int32_t)width;
 }
 
+/* The vector width of a packed f32 matmul's epilogue (0: scalar stores): where each of the
+   block's rows is whole vectors of the row width and every node between the matmul and the
+   kernel's output is of the vector set, a row of the block runs through the epilogue W
+   columns at once (a call in it, such as exp, would keep a compiler from vectorising the
+   scalar loop). The epilogue may see the matmul through a reshape that keeps its last dim. */
+static int32_t tb__plan_mm_vec_epilogue(const tb__pgraph *G, const tb__plan_kernel *k) {
+    int32_t w = G->target->tuning->vec_width;
+    const tb_shape *cs = tb__plan_shape(G, k->core), *rs = tb__plan_shape(G, k->root);
+    if (w <= 0 || k->root == k->core || cs->dtype != TB_F32 || k->rn % w != 0 || rs->rank < 1 ||
+        rs->dims[rs->rank - 1] != cs->dims[cs->rank - 1] || !tb__plan_vec_dtype(rs->dtype))
+        return 0;
+    return tb__plan_vec_subtree(G, k, k->root, k->core, 1) ? w : 0;
+}
+
 static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
     const tb__tuning *t = G->target->tuning;
     tb__plan_mm mm = tb__plan_mm_of(G, k->core);
@@ -23093,6 +23111,8 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
         k->rm = (int32_t)za[5];
         k->rn = (int32_t)zb[5];
         k->mm_group = tb__plan_mm_group(G, k, zb);
+        k->vec = tb__plan_mm_vec_epilogue(G, k);
+        if (k->vec > 0) k->vec_axes = 1;
         tb__plan_launch_groups(k, 1, 1, (size_t)zb[4], (size_t)za[4], (size_t)za[0]);
     } else if (k->mm == TB__MM_REGISTERS) {
         int64_t lx = t->mm_reg_group_x, ly = t->mm_reg_group_y, bx, by;
@@ -27103,6 +27123,55 @@ static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__l
     return true;
 }
 
+/* The stores of a packed matmul's interior block through its vector epilogue (k->vec: the
+   planner checked it): for each of the block's rows, each run of W columns of acc[ii] as
+   the matmul's vector at (row0 + ii, col0 + c), the epilogue on it and one vector store. */
+static bool tb__cg_matmul_vstores(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core), *rs = tb__plan_shape(g->G, k->root);
+    int32_t r = cs->rank, nb = r - 2, d, c, w = k->vec;
+    int64_t M = cs->dims[r - 2], N = cs->dims[r - 1];
+    tb__lf dims[TB_MAX_RANK];
+    char loop[96];
+    snprintf(loop, sizeof loop, "for (int ii = 0; ii < %d; ii++) ", (int)k->rm);
+    tb__ix_open(&g->ix, loop);
+    for (c = 0; c < k->rn; c += w) {
+        int32_t vr = tb__ix_new_var(&g->ix, 0, M - 1), vc = tb__ix_new_var(&g->ix, 0, N - 1);
+        int32_t p, pr, v, vo;
+        char flat[TB__LF_TEXT], ptr[TB__LF_TEXT + 16];
+        if (vr < 0 || vc < 0) return false;
+        tb__ix_open(&g->ix, "");
+        tb__ix_line(&g->ix, "const long i%d = row0 + ii, i%d = col0 + %d;", (int)vr, (int)vc,
+                    (int)c);
+        for (d = 0; d < nb; d++)
+            dims[d] = bdims[d];
+        tb__lf_const(&dims[r - 2], 0);
+        tb__lf_add_term(&dims[r - 2], vr, 1);
+        tb__lf_const(&dims[r - 1], 0);
+        tb__lf_add_term(&dims[r - 1], vc, 1);
+        p = tb__ix_pos_multi(&g->ix, cs, dims);
+        v = tb__cg_new_vec(g);
+        if (p < 0 || v < 0 || !tb__ix_need_flat(&g->ix, p)) return false;
+        tb__ix_line(&g->ix, "const tb_vf v%d = TB_VLD(%d, acc[ii]);", (int)v, (int)(c / w));
+        tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, k->core, p, 0, v);
+        pr = p;
+        if (k->root != k->core) {
+            /* through a reshape that keeps the last dim: the same flat offsets */
+            int32_t pf = tb__ix_pos_flat(&g->ix, cs, &g->ix.pos[p].flat);
+            pr = tb__ix_pos_flat(&g->ix, rs, &g->ix.pos[p].flat);
+            if (pf < 0 || pr < 0) return false;
+            tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, k->core, pf, 0, v);
+        }
+        vo = tb__cg_veval(g, k->root, pr);
+        if (vo < 0) return false;
+        tb__lf_text(&g->ix.pos[p].flat, flat, sizeof flat);
+        snprintf(ptr, sizeof ptr, "out + (%s)", flat);
+        tb__cg_vstore(g, rs->dtype, vo, ptr, false);
+        tb__ix_close(&g->ix, "");
+    }
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
 /* The loops over a work item's block of rm x rn outputs at `rows`, `cols` (row0 + ii (+ step *
    ii), col0 + jj (+ step * jj)), storing the real ones through the epilogue. A block that lies
    within the output (its span_r x span_c extent from row0, col0) stores without the bounds
@@ -27123,6 +27192,11 @@ static bool tb__cg_matmul_stores(tb__cg *g, const tb__plan_kernel *k, const tb__
              (int)span_c, N);
     for (edge = 0; edge < (exact ? 1 : 2); edge++) {
         tb__ix_open(&g->ix, edge ? "else " : head);
+        if (!edge && k->vec > 0 && k->mm == TB__MM_PACKED) { /* the block's own columns */
+            if (!tb__cg_matmul_vstores(g, k, bdims)) return false;
+            tb__ix_close(&g->ix, "");
+            continue;
+        }
         tb__ix_open(&g->ix, loops);
         tb__ix_line(&g->ix, "const long gr = %s, gc = %s;", rows, cols);
         if (edge) {

@@ -1139,6 +1139,55 @@ static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__l
     return true;
 }
 
+/* The stores of a packed matmul's interior block through its vector epilogue (k->vec: the
+   planner checked it): for each of the block's rows, each run of W columns of acc[ii] as
+   the matmul's vector at (row0 + ii, col0 + c), the epilogue on it and one vector store. */
+static bool tb__cg_matmul_vstores(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core), *rs = tb__plan_shape(g->G, k->root);
+    int32_t r = cs->rank, nb = r - 2, d, c, w = k->vec;
+    int64_t M = cs->dims[r - 2], N = cs->dims[r - 1];
+    tb__lf dims[TB_MAX_RANK];
+    char loop[96];
+    snprintf(loop, sizeof loop, "for (int ii = 0; ii < %d; ii++) ", (int)k->rm);
+    tb__ix_open(&g->ix, loop);
+    for (c = 0; c < k->rn; c += w) {
+        int32_t vr = tb__ix_new_var(&g->ix, 0, M - 1), vc = tb__ix_new_var(&g->ix, 0, N - 1);
+        int32_t p, pr, v, vo;
+        char flat[TB__LF_TEXT], ptr[TB__LF_TEXT + 16];
+        if (vr < 0 || vc < 0) return false;
+        tb__ix_open(&g->ix, "");
+        tb__ix_line(&g->ix, "const long i%d = row0 + ii, i%d = col0 + %d;", (int)vr, (int)vc,
+                    (int)c);
+        for (d = 0; d < nb; d++)
+            dims[d] = bdims[d];
+        tb__lf_const(&dims[r - 2], 0);
+        tb__lf_add_term(&dims[r - 2], vr, 1);
+        tb__lf_const(&dims[r - 1], 0);
+        tb__lf_add_term(&dims[r - 1], vc, 1);
+        p = tb__ix_pos_multi(&g->ix, cs, dims);
+        v = tb__cg_new_vec(g);
+        if (p < 0 || v < 0 || !tb__ix_need_flat(&g->ix, p)) return false;
+        tb__ix_line(&g->ix, "const tb_vf v%d = TB_VLD(%d, acc[ii]);", (int)v, (int)(c / w));
+        tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, k->core, p, 0, v);
+        pr = p;
+        if (k->root != k->core) {
+            /* through a reshape that keeps the last dim: the same flat offsets */
+            int32_t pf = tb__ix_pos_flat(&g->ix, cs, &g->ix.pos[p].flat);
+            pr = tb__ix_pos_flat(&g->ix, rs, &g->ix.pos[p].flat);
+            if (pf < 0 || pr < 0) return false;
+            tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, k->core, pf, 0, v);
+        }
+        vo = tb__cg_veval(g, k->root, pr);
+        if (vo < 0) return false;
+        tb__lf_text(&g->ix.pos[p].flat, flat, sizeof flat);
+        snprintf(ptr, sizeof ptr, "out + (%s)", flat);
+        tb__cg_vstore(g, rs->dtype, vo, ptr, false);
+        tb__ix_close(&g->ix, "");
+    }
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
 /* The loops over a work item's block of rm x rn outputs at `rows`, `cols` (row0 + ii (+ step *
    ii), col0 + jj (+ step * jj)), storing the real ones through the epilogue. A block that lies
    within the output (its span_r x span_c extent from row0, col0) stores without the bounds
@@ -1159,6 +1208,11 @@ static bool tb__cg_matmul_stores(tb__cg *g, const tb__plan_kernel *k, const tb__
              (int)span_c, N);
     for (edge = 0; edge < (exact ? 1 : 2); edge++) {
         tb__ix_open(&g->ix, edge ? "else " : head);
+        if (!edge && k->vec > 0 && k->mm == TB__MM_PACKED) { /* the block's own columns */
+            if (!tb__cg_matmul_vstores(g, k, bdims)) return false;
+            tb__ix_close(&g->ix, "");
+            continue;
+        }
         tb__ix_open(&g->ix, loops);
         tb__ix_line(&g->ix, "const long gr = %s, gc = %s;", rows, cols);
         if (edge) {

@@ -26,8 +26,12 @@ static bool tb__plan_vec_op(const tb_node *n) {
     switch (n->op) {
     case TB_OP_CAST: /* between the vector dtypes: a rounding at most */
         return tb__plan_vec_dtype(n->operands[0]->shape.dtype);
-    case TB_OP_RESHAPE: /* to the same dims (tb_detach, a leaf): the operand itself */
-        return tb__plan_same_dims(&n->shape, &n->operands[0]->shape);
+    case TB_OP_RESHAPE: /* to the same dims (tb_detach, a leaf), or to others with the same
+                           last dim (a row's W elements are consecutive in both): the operand */
+        return tb__plan_same_dims(&n->shape, &n->operands[0]->shape) ||
+               (n->shape.rank >= 1 && n->operands[0]->shape.rank >= 1 &&
+                n->shape.dims[n->shape.rank - 1] ==
+                    n->operands[0]->shape.dims[n->operands[0]->shape.rank - 1]);
     case TB_OP_SQRT:
     case TB_OP_ADD:
     case TB_OP_SUB:
@@ -302,6 +306,20 @@ static int32_t tb__plan_mm_group(const tb__pgraph *G, const tb__plan_kernel *k,
     return width < 1 ? 1 : (int32_t)width;
 }
 
+/* The vector width of a packed f32 matmul's epilogue (0: scalar stores): where each of the
+   block's rows is whole vectors of the row width and every node between the matmul and the
+   kernel's output is of the vector set, a row of the block runs through the epilogue W
+   columns at once (a call in it, such as exp, would keep a compiler from vectorising the
+   scalar loop). The epilogue may see the matmul through a reshape that keeps its last dim. */
+static int32_t tb__plan_mm_vec_epilogue(const tb__pgraph *G, const tb__plan_kernel *k) {
+    int32_t w = G->target->tuning->vec_width;
+    const tb_shape *cs = tb__plan_shape(G, k->core), *rs = tb__plan_shape(G, k->root);
+    if (w <= 0 || k->root == k->core || cs->dtype != TB_F32 || k->rn % w != 0 || rs->rank < 1 ||
+        rs->dims[rs->rank - 1] != cs->dims[cs->rank - 1] || !tb__plan_vec_dtype(rs->dtype))
+        return 0;
+    return tb__plan_vec_subtree(G, k, k->root, k->core, 1) ? w : 0;
+}
+
 static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
     const tb__tuning *t = G->target->tuning;
     tb__plan_mm mm = tb__plan_mm_of(G, k->core);
@@ -312,6 +330,8 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
         k->rm = (int32_t)za[5];
         k->rn = (int32_t)zb[5];
         k->mm_group = tb__plan_mm_group(G, k, zb);
+        k->vec = tb__plan_mm_vec_epilogue(G, k);
+        if (k->vec > 0) k->vec_axes = 1;
         tb__plan_launch_groups(k, 1, 1, (size_t)zb[4], (size_t)za[4], (size_t)za[0]);
     } else if (k->mm == TB__MM_REGISTERS) {
         int64_t lx = t->mm_reg_group_x, ly = t->mm_reg_group_y, bx, by;

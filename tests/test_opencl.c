@@ -1272,6 +1272,56 @@ static void test_matmul_through_reshape(void **state) {
         assert_true(fabsf(got[i] - want[i]) <= 1e-3f * (1.0f + fabsf(want[i])));
 }
 
+/* A packed f32 matmul's epilogue runs W columns at once where each block row is whole
+   vectors: bias, gelu, exp (a call that kept the scalar loop from vectorising), seen through
+   a reshape that keeps the last axis ([90, 64] as [6, 15, 64]), with an edge block (rows
+   80..95 of 90 with 16-row blocks) stored as scalars; values as cpu's. */
+static void test_matmul_vector_epilogue(void **state) {
+    enum { M = 90, K = 72, N = 64 };
+    static float a[M * K], b[K * N], c[N], got[M * N], want[M * N];
+    tb_shape sa = shp(TB_F32, 2, M, K, 0, 0), sb = shp(TB_F32, 2, K, N, 0, 0);
+    tb_shape sc = shp(TB_F32, 1, N, 0, 0, 0);
+    const int64_t three[3] = {6, M / 6, N};
+    const tb_device *devs[2];
+    int k;
+    size_t i;
+    (void)state;
+    REQUIRE_OPENCL();
+    devs[0] = &g_ocl;
+    devs[1] = &g_cpu;
+    fill(a, &sa, R_ANY, 5);
+    fill(b, &sb, R_ANY, 6);
+    fill(c, &sc, R_ANY, 7);
+    for (k = 0; k < 2; k++) {
+        tb_tensor *x = tb_tensor_from_host(a, &sa, devs[k]);
+        tb_tensor *w = tb_tensor_from_host(b, &sb, devs[k]);
+        tb_tensor *bias = tb_tensor_from_host(c, &sc, devs[k]);
+        tb_tensor *m = tb_matmul(x, w), *r = tb_reshape(m, three, 3), *h = tb_add(r, bias);
+        tb_tensor *gl = tb_gelu(h), *hs = tb_mul_scalar(gl, -0.5), *y = tb_exp(hs);
+        assert_non_null(y);
+        if (k == 0) {
+            char *text = tb_ir_backend_text(&y, 1);
+            assert_non_null(text);
+            assert_non_null(strstr(text, "PB_"));
+            assert_non_null(strstr(text, "= TB_VLD(0, acc[ii]);"));
+            tb_free(text);
+        }
+        assert_int_equal(tb_tensor_to_host(y, k == 0 ? got : want, sizeof got), TB_OK);
+        tb_tensor_release(y);
+        tb_tensor_release(hs);
+        tb_tensor_release(gl);
+        tb_tensor_release(h);
+        tb_tensor_release(r);
+        tb_tensor_release(m);
+        tb_tensor_release(bias);
+        tb_tensor_release(w);
+        tb_tensor_release(x);
+    }
+    for (i = 0; i < M * N; i++)
+        if (!(fabsf(got[i] - want[i]) <= 1e-4f * (1.0f + fabsf(want[i]))))
+            fail_msg("element %zu: %.9g, cpu's %.9g", i, (double)got[i], (double)want[i]);
+}
+
 /* An elementwise kernel over rows the vectors cannot take (a last axis of 28): on the native
    backend a work item runs a row, its leading dims' positions once per row; values as cpu's
    with a transposed and a row-broadcast operand, a max-pool-like gather and a select. */
@@ -5894,6 +5944,7 @@ int main(void) {
         cmocka_unit_test(test_argmax_nan_and_ties),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_through_reshape),
+        cmocka_unit_test(test_matmul_vector_epilogue),
         cmocka_unit_test(test_elementwise_rows),
         cmocka_unit_test(test_softmax_layer_norm),
         cmocka_unit_test(test_movement),
