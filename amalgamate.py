@@ -73,6 +73,7 @@ IMPLEMENTATION_PARTS = [
     "src/index.c",
     "src/prelude.cl",
     "src/codegen.c",
+    "src/codegen_matmul.c",
     "src/codegen_kernels.c",
     "src/opencl_internal.h",
     "src/opencl_api.c",

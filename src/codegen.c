@@ -1457,4 +1457,16 @@ static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
     return v;
 }
 
+/* Work-group memory of `count` elements of `type` named `name`. */
+static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t count) {
+    if (g->d->local == NULL) {
+        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
+                                      "codegen: kernel %s needs work-group memory, which %s has "
+                                      "not",
+                                      tb__cg_kernel(g)->name, g->d->name));
+        return;
+    }
+    tb__ix_line(&g->ix, "%s%s %s[%lld];", g->d->local, type, name, (long long)count);
+}
+
 #endif /* TB__HAVE_COMPILED_BACKENDS */

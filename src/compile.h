@@ -630,6 +630,14 @@ static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos);
 static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos);
 /* whether the current kernel reads node from a buffer (b<slot>) at its own flat index */
 static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node);
+/* work-group memory of `count` elements of `type` named `name` */
+static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t count);
+
+/* ---- codegen_matmul.c: the matmul kernels, for the program of codegen_kernels.c ---- */
+
+/* a matmul kernel (packed, registers or tiles, as the plan chose), and a pack kernel */
+static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k);
+static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k);
 
 /* ---- native_dialect.c: the C99 dialect of the native backend ---- */
 
