@@ -24271,14 +24271,15 @@ static const char *const tb__cl_prelude[] = {
     "   the true value. |x| < 1: x + x R(x^2); from 1 on: 1 - exp(-a^2) S(1 / a) with a = |x|\n",
     "   clamped to 4 (beyond 3.92 erf rounds to 1 in f32), the sign put back; NaN stays NaN. R and\n",
     "   S are least-squares fits of erf(x) / x - 1 and erfc(a) exp(a^2), weighted to relative\n",
-    "   error. tb_erfc_mid: erfc(a) for a in [1, 4] (the caller clamps). */\n",
+    "   error. tb_erfc_mid: erfc(a) with a >= 0 clamped to [1, 4]. */\n",
     "TB_FN float tb_erfc_mid(float a) {\n",
-    "    return tb_exp_f32(-(a * a)) * TB_ERF_S(1.0f / a, TB_MULADD, TB_SAME);\n",
+    "    float c = a > 4.0f ? 4.0f : (a < 1.0f ? 1.0f : a);\n",
+    "    return tb_exp_f32(-(c * c)) * TB_ERF_S(1.0f / c, TB_MULADD, TB_SAME);\n",
     "}\n",
     "\n",
     "TB_FN float tb_erf_f32(float x) {\n",
     "    float a = fabs(x), big;\n",
-    "    big = 1.0f - tb_erfc_mid(a > 4.0f ? 4.0f : (a < 1.0f ? 1.0f : a));\n",
+    "    big = 1.0f - tb_erfc_mid(a);\n",
     "    big = x < 0.0f ? -big : big;\n",
     "    return x != x ? x : (a < 1.0f ? x + x * TB_ERF_R(x * x, TB_MULADD, TB_SAME) : big);\n",
     "}\n",
@@ -24288,7 +24289,7 @@ static const char *const tb__cl_prelude[] = {
     "   and as 0 below -4 (as that form gives; -inf stays NaN as in the reference). */\n",
     "TB_FN float tb_gelu_f32(float x) {\n",
     "    float z = x * 0.707106769f, a = fabs(z), c, s;\n",
-    "    c = tb_erfc_mid(a > 4.0f ? 4.0f : (a < 1.0f ? 1.0f : a));\n",
+    "    c = tb_erfc_mid(a);\n",
     "    s = z < 0.0f ? (a > 4.0f ? 0.0f : c) : 2.0f - c;\n",
     "    return 0.5f * x * (a < 1.0f ? 1.0f + (z + z * TB_ERF_R(z * z, TB_MULADD, TB_SAME)) : s);\n",
     "}\n",
@@ -24525,7 +24526,7 @@ static const char *const tb__cl_prelude[] = {
     "#endif\n",
     0
 };
-static const size_t tb__cl_prelude_count = 359;
+static const size_t tb__cl_prelude_count = 360;
 // clang-format on
 #endif
 
@@ -25547,8 +25548,8 @@ static bool tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e
                         : n->op == TB_OP_ERF ? "erf"
                                              : "tanh";
         /* f32 erf: the prelude's, which vectorises (libm's and devices' are calls) */
-        if (n->op == TB_OP_ERF && strcmp(m, "float") == 0) f = "tb_erf_f32";
-        snprintf(e, cap, "(%s)%s((%s)%s)", t, f[0] == 't' ? f : tb__cg_math(g, f, od), m, a);
+        bool own = n->op == TB_OP_ERF && strcmp(m, "float") == 0;
+        snprintf(e, cap, "(%s)%s((%s)%s)", t, own ? "tb_erf_f32" : tb__cg_math(g, f, od), m, a);
         break;
     }
     case TB_OP_SQRT:
@@ -26017,41 +26018,49 @@ static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t 
    has emitted both and opened the bounds check): the kernel's fused consumers run on the value
    and the result goes to out. Shared by every matmul kernel. False when code generation
    stopped (g->ix.status says why, if it failed). */
-static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
+/* The position p of the matmul's output at (row var vr, column var vc) of the block, with the
+   core's value there (`memo`: TB__MEMO_VALUE or TB__MEMO_VECTOR, value or vector v) noted at
+   p, and *pr the root's position at the same flat offset (the consumers may see the matmul
+   through a reshape, to other dims or its own). -1 when code generation stopped. */
+static int32_t tb__cg_matmul_at(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                int32_t vr, int32_t vc, int memo, int32_t v, int32_t *pr) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core), *rs = tb__plan_shape(g->G, k->root);
-    int32_t r = cs->rank, nb = r - 2, d;
-    int64_t M = cs->dims[r - 2], N = cs->dims[r - 1];
-    tb_dtype od = cs->dtype;
-    const char *t = tb__cg_ctype(od);
+    int32_t r = cs->rank, d, p, pf;
     tb__lf dims[TB_MAX_RANK];
-    char flat[TB__LF_TEXT];
-    int32_t vr = tb__ix_new_var(&g->ix, 0, M - 1), vc = tb__ix_new_var(&g->ix, 0, N - 1), p, pr, vf,
-            v;
-    if (vr < 0 || vc < 0) return false;
-    tb__ix_line(&g->ix, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
-    for (d = 0; d < nb; d++)
+    for (d = 0; d < r - 2; d++)
         dims[d] = bdims[d];
     tb__lf_const(&dims[r - 2], 0);
     tb__lf_add_term(&dims[r - 2], vr, 1);
     tb__lf_const(&dims[r - 1], 0);
     tb__lf_add_term(&dims[r - 1], vc, 1);
     p = tb__ix_pos_multi(&g->ix, cs, dims);
-    vf = tb__cg_new_val(g, od);
-    if (p < 0 || vf < 0) return false;
-    tb__ix_line(&g->ix, "const %s v%d = (%s)acc[ii][jj];", t, (int)vf, t);
-    vf = tb__cg_round(g, od, vf);
-    if (vf < 0) return false;
-    tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, p, 0, vf);
-    if (!tb__ix_need_flat(&g->ix, p)) return false;
-    pr = p;
+    if (p < 0 || !tb__ix_need_flat(&g->ix, p)) return -1;
+    tb__ix_memo_add(&g->ix, memo, k->core, p, 0, v);
+    *pr = p;
     if (k->root != k->core) {
-        /* the consumers may see the matmul through a reshape (to other dims or its own):
-           the same flat offset in both */
-        int32_t pf = tb__ix_pos_flat(&g->ix, cs, &g->ix.pos[p].flat);
-        pr = tb__ix_pos_flat(&g->ix, rs, &g->ix.pos[p].flat);
-        if (pf < 0 || pr < 0) return false;
-        tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, pf, 0, vf);
+        pf = tb__ix_pos_flat(&g->ix, cs, &g->ix.pos[p].flat);
+        *pr = tb__ix_pos_flat(&g->ix, rs, &g->ix.pos[p].flat);
+        if (pf < 0 || *pr < 0) return -1;
+        tb__ix_memo_add(&g->ix, memo, k->core, pf, 0, v);
     }
+    return p;
+}
+
+static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core), *rs = tb__plan_shape(g->G, k->root);
+    int32_t r = cs->rank, vr = tb__ix_new_var(&g->ix, 0, cs->dims[r - 2] - 1),
+            vc = tb__ix_new_var(&g->ix, 0, cs->dims[r - 1] - 1), p, pr, vf, v;
+    const char *t = tb__cg_ctype(cs->dtype);
+    char flat[TB__LF_TEXT];
+    if (vr < 0 || vc < 0) return false;
+    tb__ix_line(&g->ix, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
+    vf = tb__cg_new_val(g, cs->dtype);
+    if (vf < 0) return false;
+    tb__ix_line(&g->ix, "const %s v%d = (%s)acc[ii][jj];", t, (int)vf, t);
+    vf = tb__cg_round(g, cs->dtype, vf);
+    if (vf < 0) return false;
+    p = tb__cg_matmul_at(g, k, bdims, vr, vc, TB__MEMO_VALUE, vf, &pr);
+    if (p < 0) return false;
     v = tb__cg_eval(g, k->root, pr);
     if (v < 0) return false;
     tb__lf_text(&g->ix.pos[p].flat, flat, sizeof flat);
@@ -26064,39 +26073,23 @@ static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__l
    the matmul's vector at (row0 + ii, col0 + c), the epilogue on it and one vector store. */
 static bool tb__cg_matmul_vstores(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core), *rs = tb__plan_shape(g->G, k->root);
-    int32_t r = cs->rank, nb = r - 2, d, c, w = k->vec;
-    int64_t M = cs->dims[r - 2], N = cs->dims[r - 1];
-    tb__lf dims[TB_MAX_RANK];
+    int32_t r = cs->rank, c, w = k->vec;
     char loop[96];
     snprintf(loop, sizeof loop, "for (int ii = 0; ii < %d; ii++) ", (int)k->rm);
     tb__ix_open(&g->ix, loop);
     for (c = 0; c < k->rn; c += w) {
-        int32_t vr = tb__ix_new_var(&g->ix, 0, M - 1), vc = tb__ix_new_var(&g->ix, 0, N - 1);
-        int32_t p, pr, v, vo;
+        int32_t vr = tb__ix_new_var(&g->ix, 0, cs->dims[r - 2] - 1),
+                vc = tb__ix_new_var(&g->ix, 0, cs->dims[r - 1] - 1), p, pr, v, vo;
         char flat[TB__LF_TEXT], ptr[TB__LF_TEXT + 16];
         if (vr < 0 || vc < 0) return false;
         tb__ix_open(&g->ix, "");
         tb__ix_line(&g->ix, "const long i%d = row0 + ii, i%d = col0 + %d;", (int)vr, (int)vc,
                     (int)c);
-        for (d = 0; d < nb; d++)
-            dims[d] = bdims[d];
-        tb__lf_const(&dims[r - 2], 0);
-        tb__lf_add_term(&dims[r - 2], vr, 1);
-        tb__lf_const(&dims[r - 1], 0);
-        tb__lf_add_term(&dims[r - 1], vc, 1);
-        p = tb__ix_pos_multi(&g->ix, cs, dims);
         v = tb__cg_new_vec(g);
-        if (p < 0 || v < 0 || !tb__ix_need_flat(&g->ix, p)) return false;
+        if (v < 0) return false;
         tb__ix_line(&g->ix, "const tb_vf v%d = TB_VLD(%d, acc[ii]);", (int)v, (int)(c / w));
-        tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, k->core, p, 0, v);
-        pr = p;
-        if (k->root != k->core) {
-            /* through a reshape that keeps the last dim: the same flat offsets */
-            int32_t pf = tb__ix_pos_flat(&g->ix, cs, &g->ix.pos[p].flat);
-            pr = tb__ix_pos_flat(&g->ix, rs, &g->ix.pos[p].flat);
-            if (pf < 0 || pr < 0) return false;
-            tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, k->core, pf, 0, v);
-        }
+        p = tb__cg_matmul_at(g, k, bdims, vr, vc, TB__MEMO_VECTOR, v, &pr);
+        if (p < 0) return false;
         vo = tb__cg_veval(g, k->root, pr);
         if (vo < 0) return false;
         tb__lf_text(&g->ix.pos[p].flat, flat, sizeof flat);

@@ -1016,8 +1016,8 @@ static bool tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e
                         : n->op == TB_OP_ERF ? "erf"
                                              : "tanh";
         /* f32 erf: the prelude's, which vectorises (libm's and devices' are calls) */
-        if (n->op == TB_OP_ERF && strcmp(m, "float") == 0) f = "tb_erf_f32";
-        snprintf(e, cap, "(%s)%s((%s)%s)", t, f[0] == 't' ? f : tb__cg_math(g, f, od), m, a);
+        bool own = n->op == TB_OP_ERF && strcmp(m, "float") == 0;
+        snprintf(e, cap, "(%s)%s((%s)%s)", t, own ? "tb_erf_f32" : tb__cg_math(g, f, od), m, a);
         break;
     }
     case TB_OP_SQRT:

@@ -105,14 +105,15 @@ TB_FN float tb_exp_f32(float x) {
    the true value. |x| < 1: x + x R(x^2); from 1 on: 1 - exp(-a^2) S(1 / a) with a = |x|
    clamped to 4 (beyond 3.92 erf rounds to 1 in f32), the sign put back; NaN stays NaN. R and
    S are least-squares fits of erf(x) / x - 1 and erfc(a) exp(a^2), weighted to relative
-   error. tb_erfc_mid: erfc(a) for a in [1, 4] (the caller clamps). */
+   error. tb_erfc_mid: erfc(a) with a >= 0 clamped to [1, 4]. */
 TB_FN float tb_erfc_mid(float a) {
-    return tb_exp_f32(-(a * a)) * TB_ERF_S(1.0f / a, TB_MULADD, TB_SAME);
+    float c = a > 4.0f ? 4.0f : (a < 1.0f ? 1.0f : a);
+    return tb_exp_f32(-(c * c)) * TB_ERF_S(1.0f / c, TB_MULADD, TB_SAME);
 }
 
 TB_FN float tb_erf_f32(float x) {
     float a = fabs(x), big;
-    big = 1.0f - tb_erfc_mid(a > 4.0f ? 4.0f : (a < 1.0f ? 1.0f : a));
+    big = 1.0f - tb_erfc_mid(a);
     big = x < 0.0f ? -big : big;
     return x != x ? x : (a < 1.0f ? x + x * TB_ERF_R(x * x, TB_MULADD, TB_SAME) : big);
 }
@@ -122,7 +123,7 @@ TB_FN float tb_erf_f32(float x) {
    and as 0 below -4 (as that form gives; -inf stays NaN as in the reference). */
 TB_FN float tb_gelu_f32(float x) {
     float z = x * 0.707106769f, a = fabs(z), c, s;
-    c = tb_erfc_mid(a > 4.0f ? 4.0f : (a < 1.0f ? 1.0f : a));
+    c = tb_erfc_mid(a);
     s = z < 0.0f ? (a > 4.0f ? 0.0f : c) : 2.0f - c;
     return 0.5f * x * (a < 1.0f ? 1.0f + (z + z * TB_ERF_R(z * z, TB_MULADD, TB_SAME)) : s);
 }
