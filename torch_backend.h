@@ -25301,10 +25301,11 @@ static int32_t tb__cg_generator(tb__cg *g, int32_t node, int32_t pos) {
    planner's accumulator type, extremes keeping NaN). */
 static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
     const tb_node *n = g->G->info[node].node;
-    int32_t x = tb__plan_operand(g->G, node, 0), a, v, xp, acc = -1;
+    int32_t x = tb__plan_operand(g->G, node, 0), a, v, xp, acc = -1, nan = 0;
     const tb_shape *xs = tb__plan_shape(g->G, x);
     uint64_t mask = (uint64_t)n->attrs[0];
     bool keep = n->attrs[1] != 0, sums = n->op == TB_OP_SUM || n->op == TB_OP_MEAN;
+    bool fx = !sums;
     int64_t m = tb__plan_inline_reduce(n), r;
     const char *t = tb__cg_ctype(n->shape.dtype);
     const char *at = sums && n->shape.dtype == TB_F32 && g->G->target->acc_f64 ? "double" : t;
@@ -25329,15 +25330,20 @@ static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
         if (v < 0) return -1;
         if (r == 0) {
             acc = tb__cg_new_val(g, n->shape.dtype);
-            if (acc < 0) return -1;
+            nan = fx ? tb__cg_new_val(g, n->shape.dtype) : 0;
+            if (acc < 0 || nan < 0) return -1;
             tb__ix_line(&g->ix, "%s v%d = (%s)v%d;", at, (int)acc, at, (int)v);
+            if (fx) tb__ix_line(&g->ix, "%s v%d = v%d;", at, (int)nan, (int)acc);
         } else if (sums) {
             tb__ix_line(&g->ix, "v%d += (%s)v%d;", (int)acc, at, (int)v);
-        } else {
-            tb__ix_line(&g->ix, "if (v%d %s v%d || isnan(v%d)) v%d = v%d;", (int)v,
-                        n->op == TB_OP_MAX ? ">" : "<", (int)acc, (int)v, (int)acc, (int)v);
+        } else { /* no branch on the data (f32 and f64 only); the last NaN seen kept apart */
+            tb__ix_line(&g->ix, "v%d = %s(v%d, v%d);", (int)acc,
+                        n->op == TB_OP_MAX ? "TB_MAXS" : "TB_MINS", (int)acc, (int)v);
+            tb__ix_line(&g->ix, "if (v%d != v%d) v%d = v%d;", (int)v, (int)v, (int)nan, (int)v);
         }
     }
+    if (fx)
+        tb__ix_line(&g->ix, "if (v%d != v%d) v%d = v%d;", (int)nan, (int)nan, (int)acc, (int)nan);
     v = tb__cg_new_val(g, n->shape.dtype);
     if (v < 0) return -1;
     if (n->op == TB_OP_MEAN) {
@@ -29876,6 +29882,8 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "/* a * b + c stays two roundings, as in the reference */\n"                                   \
     "#pragma OPENCL FP_CONTRACT OFF\n"                                                             \
     "#define TB_FN\n"                                                                              \
+    "#define TB_MAXS(a, b) ((a) > (b) ? (a) : (b))\n"                                              \
+    "#define TB_MINS(a, b) ((a) < (b) ? (a) : (b))\n"                                              \
     "/* the row vectors: TB_VW lanes (the program's first line), built-in names by pasting */\n"   \
     "#define TB_CAT(a, b) a##b\n"                                                                  \
     "#define TB_XCAT(a, b) TB_CAT(a, b)\n"                                                         \
@@ -30881,6 +30889,15 @@ static const char tb__native_head[] =
     "#define TB_EXPORT __attribute__((visibility(\"default\"))) /* whatever the flags say */\n"
     "#define TB_HAS_F64 1\n"
     "static inline long tb_min_l(long a, long b) { return a < b ? a : b; }\n"
+    /* a window's extremes: a select the compiler keeps free of branches (their outcome is
+       data, which a branch predictor cannot learn); NaN is kept apart by the caller */
+    "#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 9)\n"
+    "#define TB_UNPRED(c) __builtin_expect_with_probability((c), 1, 0.5)\n"
+    "#else\n"
+    "#define TB_UNPRED(c) (c)\n"
+    "#endif\n"
+    "#define TB_MAXS(a, b) (TB_UNPRED((a) > (b)) ? (a) : (b))\n"
+    "#define TB_MINS(a, b) (TB_UNPRED((a) < (b)) ? (a) : (b))\n"
     "static inline float tb_as_f32(uint b) { float f; memcpy(&f, &b, sizeof f); return f; }\n"
     "static inline uint tb_as_u32(float f) { uint b; memcpy(&b, &f, sizeof b); return b; }\n"
     "typedef unsigned short ushort;\n"

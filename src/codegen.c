@@ -769,10 +769,11 @@ static int32_t tb__cg_generator(tb__cg *g, int32_t node, int32_t pos) {
    planner's accumulator type, extremes keeping NaN). */
 static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
     const tb_node *n = g->G->info[node].node;
-    int32_t x = tb__plan_operand(g->G, node, 0), a, v, xp, acc = -1;
+    int32_t x = tb__plan_operand(g->G, node, 0), a, v, xp, acc = -1, nan = 0;
     const tb_shape *xs = tb__plan_shape(g->G, x);
     uint64_t mask = (uint64_t)n->attrs[0];
     bool keep = n->attrs[1] != 0, sums = n->op == TB_OP_SUM || n->op == TB_OP_MEAN;
+    bool fx = !sums;
     int64_t m = tb__plan_inline_reduce(n), r;
     const char *t = tb__cg_ctype(n->shape.dtype);
     const char *at = sums && n->shape.dtype == TB_F32 && g->G->target->acc_f64 ? "double" : t;
@@ -797,15 +798,20 @@ static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
         if (v < 0) return -1;
         if (r == 0) {
             acc = tb__cg_new_val(g, n->shape.dtype);
-            if (acc < 0) return -1;
+            nan = fx ? tb__cg_new_val(g, n->shape.dtype) : 0;
+            if (acc < 0 || nan < 0) return -1;
             tb__ix_line(&g->ix, "%s v%d = (%s)v%d;", at, (int)acc, at, (int)v);
+            if (fx) tb__ix_line(&g->ix, "%s v%d = v%d;", at, (int)nan, (int)acc);
         } else if (sums) {
             tb__ix_line(&g->ix, "v%d += (%s)v%d;", (int)acc, at, (int)v);
-        } else {
-            tb__ix_line(&g->ix, "if (v%d %s v%d || isnan(v%d)) v%d = v%d;", (int)v,
-                        n->op == TB_OP_MAX ? ">" : "<", (int)acc, (int)v, (int)acc, (int)v);
+        } else { /* no branch on the data (f32 and f64 only); the last NaN seen kept apart */
+            tb__ix_line(&g->ix, "v%d = %s(v%d, v%d);", (int)acc,
+                        n->op == TB_OP_MAX ? "TB_MAXS" : "TB_MINS", (int)acc, (int)v);
+            tb__ix_line(&g->ix, "if (v%d != v%d) v%d = v%d;", (int)v, (int)v, (int)nan, (int)v);
         }
     }
+    if (fx)
+        tb__ix_line(&g->ix, "if (v%d != v%d) v%d = v%d;", (int)nan, (int)nan, (int)acc, (int)nan);
     v = tb__cg_new_val(g, n->shape.dtype);
     if (v < 0) return -1;
     if (n->op == TB_OP_MEAN) {

@@ -404,6 +404,8 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
     "/* a * b + c stays two roundings, as in the reference */\n"                                   \
     "#pragma OPENCL FP_CONTRACT OFF\n"                                                             \
     "#define TB_FN\n"                                                                              \
+    "#define TB_MAXS(a, b) ((a) > (b) ? (a) : (b))\n"                                              \
+    "#define TB_MINS(a, b) ((a) < (b) ? (a) : (b))\n"                                              \
     "/* the row vectors: TB_VW lanes (the program's first line), built-in names by pasting */\n"   \
     "#define TB_CAT(a, b) a##b\n"                                                                  \
     "#define TB_XCAT(a, b) TB_CAT(a, b)\n"                                                         \

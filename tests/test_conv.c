@@ -723,6 +723,86 @@ static void test_diagonal_window(void **state) {
     }
 }
 
+/* The values of f32 y on `dev`'s copy of x against the cpu's: equal bit for bit, NaN where
+   the cpu has NaN. */
+static void extremes_case(const char *what, const char *backend, tb_tensor *ycpu, tb_tensor *ydev) {
+    float want[64], got[64];
+    size_t n, i;
+    if (ycpu == NULL || ydev == NULL) fail_msg("%s on %s: %s", what, backend, tb_last_error());
+    n = numel_of_shape(tb_tensor_shape(ycpu));
+    assert_true(n <= 64);
+    assert_int_equal(tb_tensor_to_host(ycpu, want, n * 4), TB_OK);
+    assert_int_equal(tb_tensor_to_host(ydev, got, n * 4), TB_OK);
+    for (i = 0; i < n; i++)
+        if (isnan(want[i]) ? !isnan(got[i]) : got[i] != want[i])
+            fail_msg("%s on %s: [%zu] is %g, the cpu says %g", what, backend, i, (double)got[i],
+                     (double)want[i]);
+    tb_tensor_release(ycpu);
+    tb_tensor_release(ydev);
+}
+
+/* 2 * max (or min) over x's last axis. */
+static tb_tensor *twice_extreme(tb_tensor *x, bool is_max) {
+    const int32_t last[1] = {2};
+    tb_tensor *m = is_max ? tb_max(x, last, 1, false) : tb_min(x, last, 1, false);
+    tb_tensor *y = tb_mul_scalar(m, 2.0);
+    tb_tensor_release(m);
+    return y;
+}
+
+/* NaN and infinities through a max pool and through small max and min reductions (both
+   computed where they are read, with no branch on the data): a window with a NaN anywhere in it
+   gives NaN, first, middle or last; +inf and -inf are ordinary values; on every backend against
+   the cpu. */
+static void test_extremes_keep_nan(void **state) {
+    const char *backends[2] = {"opencl", "native"};
+    const int64_t k3[2] = {3, 3}, k2[2] = {2, 2}, pad[2] = {1, 1};
+    const tb_shape xs = {TB_F32, 4, {1, 2, 6, 6}}, rs = {TB_F32, 3, {4, 4, 3}};
+    float xv[72], rv[48];
+    int b, i;
+    (void)state;
+    for (i = 0; i < 72; i++)
+        xv[i] = (float)next_value(false);
+    xv[0] = NAN;       /* a corner: the first of its windows */
+    xv[14] = NAN;      /* inside */
+    xv[35] = NAN;      /* the last of the first plane */
+    xv[40] = INFINITY; /* the second plane: infinities but no NaN */
+    xv[50] = -INFINITY;
+    for (i = 0; i < 48; i++)
+        rv[i] = (float)next_value(false);
+    rv[0] = NAN; /* row 0: first */
+    rv[4] = NAN; /* row 1: middle */
+    rv[8] = NAN; /* row 2: last */
+    rv[9] = -INFINITY, rv[10] = INFINITY;
+    for (b = 0; b < 2; b++) {
+        tb_device dev;
+        tb_tensor *x, *r, *xd, *rd;
+        if (tb_device_make(backends[b], 0, &dev) != TB_OK) {
+            tb_clear_error();
+            continue;
+        }
+        x = tb_tensor_from_host(xv, &xs, NULL);
+        r = tb_tensor_from_host(rv, &rs, NULL);
+        xd = tb_to_device(x, &dev);
+        rd = tb_to_device(r, &dev);
+        extremes_case("max_pool2d k3 s2 p1", backends[b],
+                      tb_max_pool2d(x, k3, k2, pad, NULL, false),
+                      tb_max_pool2d(xd, k3, k2, pad, NULL, false));
+        extremes_case("max_pool2d k2 s1", backends[b],
+                      tb_max_pool2d(x, k2, NULL, NULL, NULL, false),
+                      tb_max_pool2d(xd, k2, NULL, NULL, NULL, false));
+        /* a reduction of 3 read by a multiply: unrolled inside the multiply's kernel */
+        extremes_case("max of 3, times 2", backends[b], twice_extreme(r, true),
+                      twice_extreme(rd, true));
+        extremes_case("min of 3, times 2", backends[b], twice_extreme(r, false),
+                      twice_extreme(rd, false));
+        tb_tensor_release(rd);
+        tb_tensor_release(xd);
+        tb_tensor_release(r);
+        tb_tensor_release(x);
+    }
+}
+
 /* 16-bit inputs: each op in f16 and bf16 against the same op in f32 on the cpu (inputs
    rounded to 16 bits first), on every backend, within the 16-bit rounding of the result. */
 static void test_half_precision(void **state) {
@@ -1170,6 +1250,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_window_and_fold),
         cmocka_unit_test(test_diagonal_window),
+        cmocka_unit_test(test_extremes_keep_nan),
         cmocka_unit_test(test_half_precision),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_against_torch),
