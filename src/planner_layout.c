@@ -442,11 +442,9 @@ static void tb__plan_layout(tb__pgraph *G) {
                 k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
                 k->stream_out = k->kind == TB__K_ELEMENTWISE &&
                                 G->target->tuning->stream_elementwise && tb__plan_streams(G, k);
-            } else if (k->kind == TB__K_ELEMENTWISE &&
-                       (G->target->tuning->elem_row_loops ||
-                        (k->inline_reduce && G->target->tuning->gpu_rows == 0))) {
-                /* also on OpenCL CPUs where a reduction is unrolled in the kernel (MobileNetV2
-                   on PoCL, batch 2 at 224 x 224: 16 ms, against 35 with an item per element) */
+            } else if (k->kind == TB__K_ELEMENTWISE && G->target->tuning->elem_row_loops) {
+                /* (MobileNetV2 on PoCL, batch 2 at 224 x 224, where a reduction is unrolled in
+                   the kernel: 16 ms, against 35 with an item per element) */
                 const tb_shape *rs = tb__plan_shape(G, k->root);
                 int64_t len = rs->rank >= 2 ? rs->dims[rs->rank - 1] : 0;
                 if (len >= 2 && k->items / (uint64_t)len >= (uint64_t)G->target->compute_units) {
