@@ -18951,6 +18951,57 @@ static tb_tensor *tb__conv_finish_out(tb__ag *a, tb_tensor *y, tb_tensor *bias, 
    TB__PLAN_INLINE_REDUCE: 5 x 5) */
 #define TB__CONV_DEPTHWISE_MAX 25
 
+/* Whether a 2-D convolution takes tb__conv_rows: stride 1, one group, a kernel of more than one
+   element, a float input, nothing to differentiate (training keeps the windows whose gradients
+   are folds), and rows wide enough that the padding columns it also computes cost at most an
+   eighth more. */
+static bool tb__conv_rows_fit(const tb__conv_args *c, tb_tensor *x, tb_tensor *weight,
+                              int64_t groups) {
+    tb_dtype dt = tb_tensor_shape(x).dtype;
+    int64_t wp = c->lo[1] + c->p[1] + c->right[1];
+    return c->n == 2 && c->s[0] == 1 && c->s[1] == 1 && groups == 1 && c->k[0] * c->k[1] > 1 &&
+           (dt == TB_F32 || dt == TB_F64) && !tb_requires_grad(x) && !tb_requires_grad(weight) &&
+           (wp - c->out[1]) * 8 <= c->out[1];
+}
+
+/* A stride-1 2-D convolution over whole padded rows: x padded (one row more at the bottom) and
+   flattened to [N, C, Hp * Wp], so that window element (c, i, j) of output position y * Wp + x'
+   is flat element y * Wp + x' + i * d0 * Wp + j * d1 of channel c. Each depth row of the
+   matmul's B is then one contiguous run of the padded input (its packing a plain copy, no test
+   of the padding at each read); the matmul computes Wp - W_out columns per row that are cut
+   away after it. */
+static tb_tensor *tb__conv_rows(tb__ag *a, const tb__conv_args *c, tb_tensor *x, tb_tensor *weight,
+                                int64_t outc) {
+    tb_shape xs = tb_tensor_shape(x);
+    int64_t n = xs.dims[0], ch = xs.dims[1], wp = c->lo[1] + c->p[1] + c->right[1];
+    int64_t hp = c->lo[0] + c->p[0] + c->right[0] + 1, rows = c->out[0] * wp;
+    int64_t pads[4] = {c->p[1], c->right[1], c->p[0], c->right[0] + 1};
+    int64_t d0 = c->d[0] * wp, dims[4];
+    const int32_t swap[4] = {0, 1, 3, 2}, order[5] = {0, 1, 4, 2, 3};
+    tb_tensor *t = tb__ag_keep(a, tb_pad(x, pads, 4, 0.0)), *m;
+    dims[0] = n;
+    dims[1] = ch;
+    dims[2] = hp * wp;
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 3)) : NULL;
+    t = t != NULL ? tb__ag_keep(a, tb_window(t, 1, &c->k[1], NULL, &c->d[1])) : NULL;
+    t = t != NULL ? tb__ag_keep(a, tb_permute(t, swap, 4)) : NULL; /* [N, C, K1, L] */
+    t = t != NULL ? tb__ag_keep(a, tb_window(t, 1, &c->k[0], NULL, &d0)) : NULL;
+    t = t != NULL ? tb__ag_keep(a, tb_permute(t, order, 5)) : NULL; /* [N, C, K0, K1, L] */
+    t = t != NULL ? tb__ag_keep(a, tb_slice(t, 4, 0, rows, 1)) : NULL;
+    dims[1] = ch * c->k[0] * c->k[1];
+    dims[2] = rows;
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 3)) : NULL;
+    dims[0] = outc;
+    m = tb__ag_keep(a, tb_reshape(weight, dims, 2));
+    t = t != NULL && m != NULL ? tb__ag_keep(a, tb_matmul(m, t)) : NULL; /* [N, O, H * Wp] */
+    dims[0] = n;
+    dims[1] = outc;
+    dims[2] = c->out[0];
+    dims[3] = wp;
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 4)) : NULL;
+    return t != NULL ? tb__ag_keep(a, tb_slice(t, 3, 0, c->out[1], 1)) : NULL;
+}
+
 /* x [N, C, L..] as windows [N, G, C / G * K.., O..] multiplied by the weight [G, O / G, C / G *
    K..] (broadcast over the batch): one matmul per image and group, whose [N, G, O / G, O..]
    result is already the output's layout [N, O, O..] (nothing to transpose after it). */
@@ -18959,7 +19010,9 @@ static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor 
     tb_shape xs = tb_tensor_shape(x);
     int64_t n = xs.dims[0], ch = xs.dims[1], kk = 1, oo = 1, dims[TB_MAX_RANK];
     int32_t perm[TB_MAX_RANK], i, r;
-    tb_tensor *w = tb__conv_windows(a, c, x, 0.0), *t, *m;
+    tb_tensor *w, *t, *m;
+    if (tb__conv_rows_fit(c, x, weight, groups)) return tb__conv_rows(a, c, x, weight, outc);
+    w = tb__conv_windows(a, c, x, 0.0);
     for (i = 0; i < c->n; i++) {
         kk *= c->k[i];
         oo *= c->out[i];
@@ -21409,9 +21462,11 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->nesting = 64;
     t->item_group = gpu ? 256 : (host ? 1 : 128);
     t->vec_width = gpu ? 0 : 16;
-    /* host threads run a work item as a function call: a row of elements each amortises the
-       leading dims' divisions (OpenCL CPU devices vectorise across work items instead) */
-    t->elem_row_loops = host;
+    /* CPUs: a row of elements per work item amortises the leading dims' divisions. Host
+       threads run a work item as a function call; an OpenCL CPU device would vectorise across
+       work items, but not the 64-bit divisions of a view's index (a pad, a slice: ResNet-18 on
+       PoCL, batch 8 at 224 x 224, 2.5 -> 0.5 ms per padded copy; SqueezeNet 97 -> 67 ms) */
+    t->elem_row_loops = !gpu;
     t->stream_min_bytes = 65536;
     /* four streams per core read faster than two on the EPYC VMs (sum, max, row sums: 5-8% on
        PoCL, paired), eight slower again */
@@ -22084,9 +22139,12 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
                 if (ui->node->op == TB_OP_MATMUL || (ui->in_mm && !ui->root)) in_mm = true;
             }
             if (common < 0) ok = false;
-            /* a pad is a test at each read: a packed operand reads once, so it may pay it */
+            /* a pad is a test at each read: a packed operand reads once, so it may pay it,
+               unless the pad is read through a reshape (rows merged: the test would need the
+               divisions that unravel them, at each read) */
             if (ok && in_mm && !tb__plan_is_view_like(node->op) &&
-                !(node->op == TB_OP_PAD && tb__plan_mm_packs(G, p->kernels[common].core)))
+                !(node->op == TB_OP_PAD && tb__plan_mm_packs(G, p->kernels[common].core) &&
+                  G->info[u].node->op != TB_OP_RESHAPE))
                 ok = false;
             if (!ok && movement && (common >= 0 || common == TB__CTX_ANY)) {
                 /* a view read by several kernels: each reads through it (index arithmetic),
@@ -23231,11 +23289,9 @@ static void tb__plan_layout(tb__pgraph *G) {
                 k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
                 k->stream_out = k->kind == TB__K_ELEMENTWISE &&
                                 G->target->tuning->stream_elementwise && tb__plan_streams(G, k);
-            } else if (k->kind == TB__K_ELEMENTWISE &&
-                       (G->target->tuning->elem_row_loops ||
-                        (k->inline_reduce && G->target->tuning->gpu_rows == 0))) {
-                /* also on OpenCL CPUs where a reduction is unrolled in the kernel (MobileNetV2
-                   on PoCL, batch 2 at 224 x 224: 16 ms, against 35 with an item per element) */
+            } else if (k->kind == TB__K_ELEMENTWISE && G->target->tuning->elem_row_loops) {
+                /* (MobileNetV2 on PoCL, batch 2 at 224 x 224, where a reduction is unrolled in
+                   the kernel: 16 ms, against 35 with an item per element) */
                 const tb_shape *rs = tb__plan_shape(G, k->root);
                 int64_t len = rs->rank >= 2 ? rs->dims[rs->rank - 1] : 0;
                 if (len >= 2 && k->items / (uint64_t)len >= (uint64_t)G->target->compute_units) {
@@ -24739,6 +24795,13 @@ static bool tb__cg_push_value(tb__cg *g, int32_t v) {
     return true;
 }
 
+/* Whether the current kernel reads node from a buffer (a parameter, or another kernel's
+   output): b<slot> at the node's own flat index. */
+static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node) {
+    const tb__pnode *in = &g->G->info[node];
+    return in->param >= 0 || (in->root && node != tb__cg_kernel(g)->root);
+}
+
 /* The position of operand k of an elementwise or movement node at position `pos`. */
 static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k) {
     const tb_node *n = g->G->info[node].node;
@@ -24753,8 +24816,10 @@ static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k
         return tb__ix_pos_flat(&g->ix, cs, &zero);
     }
     if (n->op == TB_OP_RESHAPE) {
-        /* per dim where the axes group (merged or split runs), else through the flat index */
+        /* per dim where the axes group (merged or split runs), else through the flat index;
+           a buffer is read at its flat index, which a reshape keeps (no digits to unravel) */
         if (g->ix.pos[pos].has_multi && !g->ix.pos[pos].has_flat &&
+            !tb__cg_reads_buffer(g, tb__plan_operand(g->G, node, k)) &&
             tb__ix_regroup(&g->ix, g->ix.pos[pos].dim, ns, cs, dims))
             return tb__ix_pos_multi(&g->ix, cs, dims);
         if (!tb__ix_need_flat(&g->ix, pos)) return -1;
@@ -25927,13 +25992,6 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
 /* The W consecutive elements of `node` from position `pos` on, as a vector: the planner
    checked that every node on the way is of the vector set, aligned with the row (consecutive
    elements), constant along it (evaluated as a scalar) or a buffer of the row's dims. */
-/* Whether the current kernel reads node from a buffer (a parameter, or another kernel's
-   output): b<slot> at the node's own flat index. */
-static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node) {
-    const tb__pnode *in = &g->G->info[node];
-    return in->param >= 0 || (in->root && node != tb__cg_kernel(g)->root);
-}
-
 /* W bytes of a buffer (a where's condition) at `pos` as a vector of 0 and 1. */
 static int32_t tb__cg_vcond(tb__cg *g, int32_t node, int32_t pos) {
     const tb__pnode *in = &g->G->info[node];
@@ -26342,17 +26400,55 @@ static int64_t tb__cg_pack_period(tb__cg *g, const tb__plan_kernel *k, const tb_
     return period > 0 && period < len ? period : len;
 }
 
+/* A pack kernel's rows pk0..pk1 of panel i0's run of lanes pr0.. (`count` of them: the text of
+   a variable, or "" for the whole panel width, a constant), lane iq * period + pr0 + r; the
+   loops' variables are its own (the kernel may emit the rows twice). */
+static bool tb__cg_pack_rows(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims, int32_t i0,
+                             int32_t iq, int64_t period, const char *count) {
+    char head[160], n[32];
+    int64_t z[6];
+    int32_t v, ik, ir;
+    tb__lf lane;
+    tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
+    ik = tb__ix_new_var(&g->ix, 0, z[3] - 1);
+    ir = tb__ix_new_var(&g->ix, 0, period - 1);
+    if (ik < 0 || ir < 0) return false;
+    if (count[0] == '\0') {
+        snprintf(n, sizeof n, "%lldL", (long long)z[5]);
+    } else {
+        snprintf(n, sizeof n, "%s", count);
+    }
+    snprintf(head, sizeof head, "for (long i%d = pk0; i%d < pk1; i%d++) ", (int)ik, (int)ik,
+             (int)ik);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long po = (i%d * %lldL + i%d) * %lldL + pj - pr0;", (int)i0,
+                (long long)z[3], (int)ik, (long long)z[5]);
+    snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + %s; i%d++) ", (int)ir, (int)ir, n,
+             (int)ir);
+    tb__ix_open(&g->ix, head);
+    tb__lf_const(&lane, 0);
+    tb__lf_add_term(&lane, iq, period);
+    tb__lf_add_term(&lane, ir, 1);
+    v = tb__cg_pack_value(g, k, bdims, ik, &lane);
+    if (v < 0) return false;
+    tb__ix_line(&g->ix, "out[po + i%d] = v%d;", (int)ir, (int)v);
+    tb__ix_close(&g->ix, "");
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
 /* A pack kernel: one work item per mm_pack_rows rows of a panel (batch b, panel, depths k),
    their lanes the operand at rows (A) or columns (B) panel * width + lane, zero past the last
    one (the matmul never stores what the padding computes). The lanes go in runs that stay
    within one period of the lane's unravelling (tb__cg_pack_period): within a run the
    operand's index is affine in the lane, so a window's run is a slice of an input row (only a
-   pad's edges test), and what depends on the run alone is computed once for all the rows. */
+   pad's edges test), and what depends on the run alone is computed once for all the rows; a
+   run as wide as the panel has a loop of its own with a constant count. */
 static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
-    int32_t i0, ib, ik, iq, ir, v;
+    int32_t i0, ib, ik, iq;
     int64_t z[6], len, K, blocks, width, period, rows = g->G->target->tuning->mm_pack_rows;
-    tb__lf bdims[TB_MAX_RANK], lane;
+    tb__lf bdims[TB_MAX_RANK];
     char id0[48], id1[48], head[160];
     tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
     K = z[3];
@@ -26376,8 +26472,7 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
     period = tb__cg_pack_period(g, k, bdims, ik, len);
     iq = tb__ix_new_var(&g->ix, 0, (len - 1) / period);
-    ir = tb__ix_new_var(&g->ix, 0, period - 1);
-    if (iq < 0 || ir < 0) return g->ix.status;
+    if (iq < 0) return g->ix.status;
     snprintf(head, sizeof head, "for (long pj = 0; pj < %lldL;) ", (long long)width);
     tb__ix_open(&g->ix, head);
     tb__ix_line(&g->ix, "const long pl = pl0 + pj;");
@@ -26395,22 +26490,17 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     tb__ix_line(&g->ix, "if (pn > %lldL - pj) pn = %lldL - pj;", (long long)width,
                 (long long)width);
     tb__ix_line(&g->ix, "if (pn > %lldL - pl) pn = %lldL - pl;", (long long)len, (long long)len);
-    snprintf(head, sizeof head, "for (long i%d = pk0; i%d < pk1; i%d++) ", (int)ik, (int)ik,
-             (int)ik);
-    tb__ix_open(&g->ix, head);
-    tb__ix_line(&g->ix, "const long po = (i%d * %lldL + i%d) * %lldL + pj - pr0;", (int)i0,
-                (long long)K, (int)ik, (long long)width);
-    snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + pn; i%d++) ", (int)ir, (int)ir,
-             (int)ir);
-    tb__ix_open(&g->ix, head);
-    tb__lf_const(&lane, 0);
-    tb__lf_add_term(&lane, iq, period);
-    tb__lf_add_term(&lane, ir, 1);
-    v = tb__cg_pack_value(g, k, bdims, ik, &lane);
-    if (v < 0) return g->ix.status;
-    tb__ix_line(&g->ix, "out[po + i%d] = v%d;", (int)ir, (int)v);
-    tb__ix_close(&g->ix, "");
-    tb__ix_close(&g->ix, "");
+    /* a whole panel in one run (the common case where the period is long): the same loops
+       with a constant count, which the compiler turns into vector copies */
+    if (period >= width) {
+        snprintf(head, sizeof head, "if (pn == %lldL) ", (long long)width);
+        tb__ix_open(&g->ix, head);
+        if (!tb__cg_pack_rows(g, k, bdims, i0, iq, period, "")) return g->ix.status;
+        tb__ix_close(&g->ix, " else");
+        tb__ix_open(&g->ix, "");
+    }
+    if (!tb__cg_pack_rows(g, k, bdims, i0, iq, period, "pn")) return g->ix.status;
+    if (period >= width) tb__ix_close(&g->ix, "");
     tb__ix_line(&g->ix, "pj += pn;");
     tb__ix_close(&g->ix, "");
     tb__ix_close(&g->ix, "");

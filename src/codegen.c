@@ -207,6 +207,13 @@ static bool tb__cg_push_value(tb__cg *g, int32_t v) {
     return true;
 }
 
+/* Whether the current kernel reads node from a buffer (a parameter, or another kernel's
+   output): b<slot> at the node's own flat index. */
+static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node) {
+    const tb__pnode *in = &g->G->info[node];
+    return in->param >= 0 || (in->root && node != tb__cg_kernel(g)->root);
+}
+
 /* The position of operand k of an elementwise or movement node at position `pos`. */
 static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k) {
     const tb_node *n = g->G->info[node].node;
@@ -221,8 +228,10 @@ static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k
         return tb__ix_pos_flat(&g->ix, cs, &zero);
     }
     if (n->op == TB_OP_RESHAPE) {
-        /* per dim where the axes group (merged or split runs), else through the flat index */
+        /* per dim where the axes group (merged or split runs), else through the flat index;
+           a buffer is read at its flat index, which a reshape keeps (no digits to unravel) */
         if (g->ix.pos[pos].has_multi && !g->ix.pos[pos].has_flat &&
+            !tb__cg_reads_buffer(g, tb__plan_operand(g->G, node, k)) &&
             tb__ix_regroup(&g->ix, g->ix.pos[pos].dim, ns, cs, dims))
             return tb__ix_pos_multi(&g->ix, cs, dims);
         if (!tb__ix_need_flat(&g->ix, pos)) return -1;
@@ -1395,13 +1404,6 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
 /* The W consecutive elements of `node` from position `pos` on, as a vector: the planner
    checked that every node on the way is of the vector set, aligned with the row (consecutive
    elements), constant along it (evaluated as a scalar) or a buffer of the row's dims. */
-/* Whether the current kernel reads node from a buffer (a parameter, or another kernel's
-   output): b<slot> at the node's own flat index. */
-static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node) {
-    const tb__pnode *in = &g->G->info[node];
-    return in->param >= 0 || (in->root && node != tb__cg_kernel(g)->root);
-}
-
 /* W bytes of a buffer (a where's condition) at `pos` as a vector of 0 and 1. */
 static int32_t tb__cg_vcond(tb__cg *g, int32_t node, int32_t pos) {
     const tb__pnode *in = &g->G->info[node];

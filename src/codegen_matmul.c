@@ -331,17 +331,55 @@ static int64_t tb__cg_pack_period(tb__cg *g, const tb__plan_kernel *k, const tb_
     return period > 0 && period < len ? period : len;
 }
 
+/* A pack kernel's rows pk0..pk1 of panel i0's run of lanes pr0.. (`count` of them: the text of
+   a variable, or "" for the whole panel width, a constant), lane iq * period + pr0 + r; the
+   loops' variables are its own (the kernel may emit the rows twice). */
+static bool tb__cg_pack_rows(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims, int32_t i0,
+                             int32_t iq, int64_t period, const char *count) {
+    char head[160], n[32];
+    int64_t z[6];
+    int32_t v, ik, ir;
+    tb__lf lane;
+    tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
+    ik = tb__ix_new_var(&g->ix, 0, z[3] - 1);
+    ir = tb__ix_new_var(&g->ix, 0, period - 1);
+    if (ik < 0 || ir < 0) return false;
+    if (count[0] == '\0') {
+        snprintf(n, sizeof n, "%lldL", (long long)z[5]);
+    } else {
+        snprintf(n, sizeof n, "%s", count);
+    }
+    snprintf(head, sizeof head, "for (long i%d = pk0; i%d < pk1; i%d++) ", (int)ik, (int)ik,
+             (int)ik);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long po = (i%d * %lldL + i%d) * %lldL + pj - pr0;", (int)i0,
+                (long long)z[3], (int)ik, (long long)z[5]);
+    snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + %s; i%d++) ", (int)ir, (int)ir, n,
+             (int)ir);
+    tb__ix_open(&g->ix, head);
+    tb__lf_const(&lane, 0);
+    tb__lf_add_term(&lane, iq, period);
+    tb__lf_add_term(&lane, ir, 1);
+    v = tb__cg_pack_value(g, k, bdims, ik, &lane);
+    if (v < 0) return false;
+    tb__ix_line(&g->ix, "out[po + i%d] = v%d;", (int)ir, (int)v);
+    tb__ix_close(&g->ix, "");
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
 /* A pack kernel: one work item per mm_pack_rows rows of a panel (batch b, panel, depths k),
    their lanes the operand at rows (A) or columns (B) panel * width + lane, zero past the last
    one (the matmul never stores what the padding computes). The lanes go in runs that stay
    within one period of the lane's unravelling (tb__cg_pack_period): within a run the
    operand's index is affine in the lane, so a window's run is a slice of an input row (only a
-   pad's edges test), and what depends on the run alone is computed once for all the rows. */
+   pad's edges test), and what depends on the run alone is computed once for all the rows; a
+   run as wide as the panel has a loop of its own with a constant count. */
 static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
-    int32_t i0, ib, ik, iq, ir, v;
+    int32_t i0, ib, ik, iq;
     int64_t z[6], len, K, blocks, width, period, rows = g->G->target->tuning->mm_pack_rows;
-    tb__lf bdims[TB_MAX_RANK], lane;
+    tb__lf bdims[TB_MAX_RANK];
     char id0[48], id1[48], head[160];
     tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
     K = z[3];
@@ -365,8 +403,7 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
     period = tb__cg_pack_period(g, k, bdims, ik, len);
     iq = tb__ix_new_var(&g->ix, 0, (len - 1) / period);
-    ir = tb__ix_new_var(&g->ix, 0, period - 1);
-    if (iq < 0 || ir < 0) return g->ix.status;
+    if (iq < 0) return g->ix.status;
     snprintf(head, sizeof head, "for (long pj = 0; pj < %lldL;) ", (long long)width);
     tb__ix_open(&g->ix, head);
     tb__ix_line(&g->ix, "const long pl = pl0 + pj;");
@@ -384,22 +421,17 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     tb__ix_line(&g->ix, "if (pn > %lldL - pj) pn = %lldL - pj;", (long long)width,
                 (long long)width);
     tb__ix_line(&g->ix, "if (pn > %lldL - pl) pn = %lldL - pl;", (long long)len, (long long)len);
-    snprintf(head, sizeof head, "for (long i%d = pk0; i%d < pk1; i%d++) ", (int)ik, (int)ik,
-             (int)ik);
-    tb__ix_open(&g->ix, head);
-    tb__ix_line(&g->ix, "const long po = (i%d * %lldL + i%d) * %lldL + pj - pr0;", (int)i0,
-                (long long)K, (int)ik, (long long)width);
-    snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + pn; i%d++) ", (int)ir, (int)ir,
-             (int)ir);
-    tb__ix_open(&g->ix, head);
-    tb__lf_const(&lane, 0);
-    tb__lf_add_term(&lane, iq, period);
-    tb__lf_add_term(&lane, ir, 1);
-    v = tb__cg_pack_value(g, k, bdims, ik, &lane);
-    if (v < 0) return g->ix.status;
-    tb__ix_line(&g->ix, "out[po + i%d] = v%d;", (int)ir, (int)v);
-    tb__ix_close(&g->ix, "");
-    tb__ix_close(&g->ix, "");
+    /* a whole panel in one run (the common case where the period is long): the same loops
+       with a constant count, which the compiler turns into vector copies */
+    if (period >= width) {
+        snprintf(head, sizeof head, "if (pn == %lldL) ", (long long)width);
+        tb__ix_open(&g->ix, head);
+        if (!tb__cg_pack_rows(g, k, bdims, i0, iq, period, "")) return g->ix.status;
+        tb__ix_close(&g->ix, " else");
+        tb__ix_open(&g->ix, "");
+    }
+    if (!tb__cg_pack_rows(g, k, bdims, i0, iq, period, "pn")) return g->ix.status;
+    if (period >= width) tb__ix_close(&g->ix, "");
     tb__ix_line(&g->ix, "pj += pn;");
     tb__ix_close(&g->ix, "");
     tb__ix_close(&g->ix, "");

@@ -193,6 +193,57 @@ static tb_tensor *tb__conv_finish_out(tb__ag *a, tb_tensor *y, tb_tensor *bias, 
    TB__PLAN_INLINE_REDUCE: 5 x 5) */
 #define TB__CONV_DEPTHWISE_MAX 25
 
+/* Whether a 2-D convolution takes tb__conv_rows: stride 1, one group, a kernel of more than one
+   element, a float input, nothing to differentiate (training keeps the windows whose gradients
+   are folds), and rows wide enough that the padding columns it also computes cost at most an
+   eighth more. */
+static bool tb__conv_rows_fit(const tb__conv_args *c, tb_tensor *x, tb_tensor *weight,
+                              int64_t groups) {
+    tb_dtype dt = tb_tensor_shape(x).dtype;
+    int64_t wp = c->lo[1] + c->p[1] + c->right[1];
+    return c->n == 2 && c->s[0] == 1 && c->s[1] == 1 && groups == 1 && c->k[0] * c->k[1] > 1 &&
+           (dt == TB_F32 || dt == TB_F64) && !tb_requires_grad(x) && !tb_requires_grad(weight) &&
+           (wp - c->out[1]) * 8 <= c->out[1];
+}
+
+/* A stride-1 2-D convolution over whole padded rows: x padded (one row more at the bottom) and
+   flattened to [N, C, Hp * Wp], so that window element (c, i, j) of output position y * Wp + x'
+   is flat element y * Wp + x' + i * d0 * Wp + j * d1 of channel c. Each depth row of the
+   matmul's B is then one contiguous run of the padded input (its packing a plain copy, no test
+   of the padding at each read); the matmul computes Wp - W_out columns per row that are cut
+   away after it. */
+static tb_tensor *tb__conv_rows(tb__ag *a, const tb__conv_args *c, tb_tensor *x, tb_tensor *weight,
+                                int64_t outc) {
+    tb_shape xs = tb_tensor_shape(x);
+    int64_t n = xs.dims[0], ch = xs.dims[1], wp = c->lo[1] + c->p[1] + c->right[1];
+    int64_t hp = c->lo[0] + c->p[0] + c->right[0] + 1, rows = c->out[0] * wp;
+    int64_t pads[4] = {c->p[1], c->right[1], c->p[0], c->right[0] + 1};
+    int64_t d0 = c->d[0] * wp, dims[4];
+    const int32_t swap[4] = {0, 1, 3, 2}, order[5] = {0, 1, 4, 2, 3};
+    tb_tensor *t = tb__ag_keep(a, tb_pad(x, pads, 4, 0.0)), *m;
+    dims[0] = n;
+    dims[1] = ch;
+    dims[2] = hp * wp;
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 3)) : NULL;
+    t = t != NULL ? tb__ag_keep(a, tb_window(t, 1, &c->k[1], NULL, &c->d[1])) : NULL;
+    t = t != NULL ? tb__ag_keep(a, tb_permute(t, swap, 4)) : NULL; /* [N, C, K1, L] */
+    t = t != NULL ? tb__ag_keep(a, tb_window(t, 1, &c->k[0], NULL, &d0)) : NULL;
+    t = t != NULL ? tb__ag_keep(a, tb_permute(t, order, 5)) : NULL; /* [N, C, K0, K1, L] */
+    t = t != NULL ? tb__ag_keep(a, tb_slice(t, 4, 0, rows, 1)) : NULL;
+    dims[1] = ch * c->k[0] * c->k[1];
+    dims[2] = rows;
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 3)) : NULL;
+    dims[0] = outc;
+    m = tb__ag_keep(a, tb_reshape(weight, dims, 2));
+    t = t != NULL && m != NULL ? tb__ag_keep(a, tb_matmul(m, t)) : NULL; /* [N, O, H * Wp] */
+    dims[0] = n;
+    dims[1] = outc;
+    dims[2] = c->out[0];
+    dims[3] = wp;
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 4)) : NULL;
+    return t != NULL ? tb__ag_keep(a, tb_slice(t, 3, 0, c->out[1], 1)) : NULL;
+}
+
 /* x [N, C, L..] as windows [N, G, C / G * K.., O..] multiplied by the weight [G, O / G, C / G *
    K..] (broadcast over the batch): one matmul per image and group, whose [N, G, O / G, O..]
    result is already the output's layout [N, O, O..] (nothing to transpose after it). */
@@ -201,7 +252,9 @@ static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor 
     tb_shape xs = tb_tensor_shape(x);
     int64_t n = xs.dims[0], ch = xs.dims[1], kk = 1, oo = 1, dims[TB_MAX_RANK];
     int32_t perm[TB_MAX_RANK], i, r;
-    tb_tensor *w = tb__conv_windows(a, c, x, 0.0), *t, *m;
+    tb_tensor *w, *t, *m;
+    if (tb__conv_rows_fit(c, x, weight, groups)) return tb__conv_rows(a, c, x, weight, outc);
+    w = tb__conv_windows(a, c, x, 0.0);
     for (i = 0; i < c->n; i++) {
         kk *= c->k[i];
         oo *= c->out[i];

@@ -626,9 +626,12 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
                 if (ui->node->op == TB_OP_MATMUL || (ui->in_mm && !ui->root)) in_mm = true;
             }
             if (common < 0) ok = false;
-            /* a pad is a test at each read: a packed operand reads once, so it may pay it */
+            /* a pad is a test at each read: a packed operand reads once, so it may pay it,
+               unless the pad is read through a reshape (rows merged: the test would need the
+               divisions that unravel them, at each read) */
             if (ok && in_mm && !tb__plan_is_view_like(node->op) &&
-                !(node->op == TB_OP_PAD && tb__plan_mm_packs(G, p->kernels[common].core)))
+                !(node->op == TB_OP_PAD && tb__plan_mm_packs(G, p->kernels[common].core) &&
+                  G->info[u].node->op != TB_OP_RESHAPE))
                 ok = false;
             if (!ok && movement && (common >= 0 || common == TB__CTX_ANY)) {
                 /* a view read by several kernels: each reads through it (index arithmetic),
