@@ -2648,6 +2648,8 @@ static tb_node *tb__node_device_data(tb_backend_data *data); /* retains data */
 static tb_node *tb__node_scalar(tb_scalar value, const tb_device *device, bool wrapped_number);
 static void tb__node_retain(tb_node *node);
 static void tb__node_release(tb_node *node); /* iterative: deep chains do not recurse */
+/* a node with no operands yet (refcount 1), or NULL when there is no memory */
+static tb_node *tb__node_alloc(tb_op op, const tb_shape *shape, const tb_device *device);
 /* A copy of a graph's structure that holds no values: parameters become leaves without data,
    every other node is copied with its op, shape and attributes. A backend keeps this for a cached
    computation so that the computation does not keep the first run's tensors alive. */
@@ -4940,7 +4942,7 @@ TBDEF bool tb_device_equal(const tb_device *a, const tb_device *b) {
 
 /* ---- src/backend.c ---- */
 /* ===========================================================================================
-   Backend registry, plugins and backend data
+   Backend registry and plugins (the backend data are backend_data.c's)
    =========================================================================================== */
 
 #if !defined(TB_NO_PLUGINS) && !defined(_WIN32)
@@ -6178,6 +6180,65 @@ static void tb__registry_shutdown(void) {
     if (TB__ATOMIC_LOAD(&tb__reg.builtins_done) != 0) TB__ATOMIC_ADD(&tb__reg.builtins_done, -1);
 }
 
+/* ---- built-in backends ---- */
+
+/* Whether an entry of that name exists (ready or not). */
+static bool tb__registered(const char *name) {
+    bool found;
+    tb__mutex_lock(&tb__reg_mutex);
+    found = tb__find_locked(name) != NULL;
+    tb__mutex_unlock(&tb__reg_mutex);
+    return found;
+}
+
+/* Keeps the first failure of a built-in's registration (its message is the thread's error). */
+static void tb__builtin_failed(tb__builtin_failure *why, const char *name, tb_status st) {
+    tb_log_message(TB_LOG_DEBUG,
+                   "the %s backend is not registered (tried again at the next use): %s", name,
+                   tb_last_error());
+    if (why->status != TB_OK) return;
+    why->status = st;
+    snprintf(why->name, sizeof why->name, "%s", name);
+    snprintf(why->reason, sizeof why->reason, "%s",
+             tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
+}
+
+static void tb__register_builtin_backends(tb__builtin_failure *why) {
+    const tb__wiring_table *w = tb__wiring();
+    size_t i;
+    for (i = 0; i < w->num_builtins; i++) {
+        const tb__builtin_backend *builtin = &w->builtins[i];
+        tb_status st;
+        if (tb__registered(builtin->name)) continue;
+        tb_clear_error();
+        st = builtin->register_backend();
+        if (st != TB_OK) tb__builtin_failed(why, builtin->name, st);
+    }
+}
+
+static void tb__registry_set_reference(const tb_backend *backend) {
+    tb__mutex_lock(&tb__reg_mutex);
+    tb__reg.reference = backend;
+    tb__mutex_unlock(&tb__reg_mutex);
+}
+
+static const tb_backend *tb__registry_reference(void) {
+    const tb_backend *reference;
+    tb__mutex_lock(&tb__reg_mutex);
+    reference = tb__reg.reference;
+    tb__mutex_unlock(&tb__reg_mutex);
+    return reference;
+}
+
+#undef TB__HAVE_PLUGINS
+#undef TB__QUOTE_CAP
+
+/* ---- src/backend_data.c ---- */
+/* ===========================================================================================
+   Backend data: the handles of backend values (host-mapped, borrowed, scalar), their
+   references and transfers, through the owning backend's entries.
+   =========================================================================================== */
+
 /* ---- backend data ---- */
 
 /* The host address of a data's values, from its backend when that keeps them in host memory
@@ -6423,59 +6484,6 @@ static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *
     tb__metric_sample("TransferFromDeviceTime", (double)(tb__now_ns() - t0));
     return TB_OK;
 }
-
-/* ---- built-in backends ---- */
-
-/* Whether an entry of that name exists (ready or not). */
-static bool tb__registered(const char *name) {
-    bool found;
-    tb__mutex_lock(&tb__reg_mutex);
-    found = tb__find_locked(name) != NULL;
-    tb__mutex_unlock(&tb__reg_mutex);
-    return found;
-}
-
-/* Keeps the first failure of a built-in's registration (its message is the thread's error). */
-static void tb__builtin_failed(tb__builtin_failure *why, const char *name, tb_status st) {
-    tb_log_message(TB_LOG_DEBUG,
-                   "the %s backend is not registered (tried again at the next use): %s", name,
-                   tb_last_error());
-    if (why->status != TB_OK) return;
-    why->status = st;
-    snprintf(why->name, sizeof why->name, "%s", name);
-    snprintf(why->reason, sizeof why->reason, "%s",
-             tb_last_error()[0] != '\0' ? tb_last_error() : tb_status_string(st));
-}
-
-static void tb__register_builtin_backends(tb__builtin_failure *why) {
-    const tb__wiring_table *w = tb__wiring();
-    size_t i;
-    for (i = 0; i < w->num_builtins; i++) {
-        const tb__builtin_backend *builtin = &w->builtins[i];
-        tb_status st;
-        if (tb__registered(builtin->name)) continue;
-        tb_clear_error();
-        st = builtin->register_backend();
-        if (st != TB_OK) tb__builtin_failed(why, builtin->name, st);
-    }
-}
-
-static void tb__registry_set_reference(const tb_backend *backend) {
-    tb__mutex_lock(&tb__reg_mutex);
-    tb__reg.reference = backend;
-    tb__mutex_unlock(&tb__reg_mutex);
-}
-
-static const tb_backend *tb__registry_reference(void) {
-    const tb_backend *reference;
-    tb__mutex_lock(&tb__reg_mutex);
-    reference = tb__reg.reference;
-    tb__mutex_unlock(&tb__reg_mutex);
-    return reference;
-}
-
-#undef TB__HAVE_PLUGINS
-#undef TB__QUOTE_CAP
 
 /* ---- src/device_resolve.c ---- */
 /* ===========================================================================================
@@ -7998,6 +8006,12 @@ static TB__UNUSED tb_status tb__op_infer_shape(tb_op op, const tb_shape *inputs,
 #undef TB__NODE_HASH_SEED
 #undef TB__ATOMIC_INC64
 
+/* ---- src/ir_graph.c ---- */
+/* ===========================================================================================
+   IR: detached graphs (tb__graph_detach): a copy of a graph's structure that holds no values
+   (parameters become leaves without data), which a backend can keep beyond the graph.
+   =========================================================================================== */
+
 /* ---- detached graphs ---- */
 
 /* Maps an original node to its position in the post-order (open addressing on the pointer). */
@@ -8229,14 +8243,27 @@ static tb_status tb__exec_walk_add(tb__exec_walk *w, const char *func, tb_node *
                                    size_t n);
 static void tb__exec_walk_free(tb__exec_walk *w);
 static int64_t tb__exec_walk_position(const tb__exec_walk *w, const tb_node *node);
+/* the computation cache (executor.c), used by the runs (executor_run.c) */
+static uint64_t tb__comp_cache_key(uint64_t graph_hash, const tb_device *device);
+/* the cached computation of the graph whose walk is `w` (a new reference), or NULL */
+static tb__comp_cache_entry *tb__comp_cache_lookup(uint64_t graph_hash, const tb__exec_walk *w,
+                                                   const tb_device *device,
+                                                   const tb_backend *backend);
+/* puts a new entry (refcount 1, the caller's) in the cache; the entry to use: `e`, or an
+   equal one another thread put first (then `e` is destroyed) */
+static tb__comp_cache_entry *tb__comp_cache_insert(tb__comp_cache_entry *e);
+static void tb__comp_cache_clear(void);
+/* whether the backend lowers node n itself (else the eager fallback runs it) */
+static bool tb__exec_supported(const tb_backend_impl *vt, const tb_node *n);
+static bool tb__exec_walk_is_param(const tb__exec_walk *w, const tb_node *node);
 
 /* ---- src/executor.c ---- */
 /* ===========================================================================================
    The graph executor: the C form of LTC's LazyGraphExecutor
    (torch/csrc/lazy/core/lazy_graph_executor.cpp) below the tensors: the post-order walk of a
-   pending graph with its canonical form and hash, dumps of a walked graph, the computation
-   cache, compiling and running on a backend, the eager fallback and TB_CHECK on the reference
-   backend. tensor.c's syncs drive it.
+   pending graph with its canonical form and hash, dumps of a walked graph and the computation
+   cache; compiling and running on a backend, the eager fallback and TB_CHECK on the reference
+   backend are executor_run.c's. tensor.c's syncs drive it.
    =========================================================================================== */
 
 static void tb__exec_device_text(const tb_device *device, char buf[64]) {
@@ -8907,6 +8934,13 @@ TBDEF size_t tb_computation_cache_size(void) {
     tb__mutex_unlock(&tb__comp_cache_mutex);
     return n;
 }
+
+/* ---- src/executor_run.c ---- */
+/* ===========================================================================================
+   The graph executor, its second half: compiling and running a walked graph on a backend (the
+   computation cache in front), the progress of first compiles, the eager fallback and
+   TB_CHECK on the reference backend. executor.c walks, hashes and caches.
+   =========================================================================================== */
 
 /* ---- the executor ---- */
 
@@ -11248,6 +11282,55 @@ static void tb__executor_shutdown(void) {
     tb__rng_reset();
 }
 
+/* ---- src/ops_internal.h ---- */
+/* ===========================================================================================
+   Ops: what the parts of the ops (ops.c, ops_movement.c, ops_create.c) share of ops.c's
+   plumbing: recording a node, operands, views, scalars, checks.
+   =========================================================================================== */
+
+/* An operand of an op: an owned reference to its node, with what type promotion needs. */
+typedef struct tb__arg {
+    tb_node *node;
+    tb_shape shape;
+    bool wrapped; /* a SCALAR made from a host number: weakest in promotion */
+} tb__arg;
+
+/* Tells the device's backend about a new node (LTC's IR builder hook); it may refuse it. */
+static tb_status tb__announce(const char *fn, const tb_node *node);
+/* Infers the shape, then creates and announces the node. */
+static tb_node *tb__record(const char *fn, tb_op op, const tb_device *device,
+                           tb_node *const *operands, size_t num_operands, const int64_t *attrs,
+                           size_t num_attrs, const double *fattrs);
+/* The tensor of a node (consumed; NULL stays NULL). */
+static tb_tensor *tb__finish(tb_node *node);
+/* x converted to `dtype` (x itself, retained, when it already has it). */
+static tb_node *tb__cast_node(const char *fn, tb_node *x, tb_dtype dtype);
+/* x reshaped (RESHAPE) or expanded (EXPAND) to `dims`; x itself, retained, when it has them;
+   tb__view_take consumes the caller's reference to x. */
+static tb_node *tb__view_node(const char *fn, tb_op op, tb_node *x, int32_t rank,
+                              const int64_t *dims);
+static tb_node *tb__view_take(const char *fn, tb_op op, tb_node *x, int32_t rank,
+                              const int64_t *dims);
+/* "[2,-1,3]" */
+static void tb__dims_text(const int64_t *dims, int32_t rank, char *buf, size_t cap);
+/* The operand nodes of `n` non-NULL tensors and the device the op runs on (that of the first
+   operand that is not a scalar); tb__args_release drops them. */
+static tb_status tb__args_get(const char *fn, tb_tensor *const *tensors, size_t n, tb__arg *args,
+                              tb_device *device);
+static void tb__args_release(tb__arg *args, size_t n);
+/* An axis in [-rank, rank) made non-negative; a rank-0 tensor takes 0 and -1, as PyTorch. */
+static tb_status tb__norm_axis(const char *fn, const char *what, int64_t axis, int32_t rank,
+                               const tb_shape *shape, int32_t *out);
+static bool tb__is_finite(double v);
+/* A scalar of a float dtype (the integer field set only where it is representable). */
+static tb_scalar tb__float_scalar(tb_dtype dtype, double v);
+/* A host double as a value of `dtype`, as PyTorch's fill. */
+static tb_status tb__scalar_from_double(const char *fn, double v, tb_dtype dtype, tb_scalar *out);
+/* A wrapped SCALAR node of `dtype` holding the host number v, announced. */
+static tb_node *tb__wrapped_scalar(const char *fn, tb_scalar value, const tb_device *device);
+/* Checks a shape given by the user (tb_full, tb_rand, ...). */
+static tb_status tb__check_user_shape(const char *fn, const tb_shape *shape);
+
 /* ---- src/ops.c ---- */
 /* ===========================================================================================
    Ops: the tensor functions that record IR nodes with PyTorch's semantics (type promotion,
@@ -11398,13 +11481,6 @@ static size_t tb__device_text(const tb_device *device, char *buf, size_t cap) {
 }
 
 /* ---- operands ---- */
-
-/* An operand of an op: an owned reference to its node, with what type promotion needs. */
-typedef struct tb__arg {
-    tb_node *node;
-    tb_shape shape;
-    bool wrapped; /* a SCALAR made from a host number: weakest in promotion */
-} tb__arg;
 
 static void tb__args_release(tb__arg *args, size_t n) {
     size_t i;
@@ -12262,6 +12338,12 @@ done:
     return tb__finish(node);
 }
 
+/* ---- src/ops_movement.c ---- */
+/* ===========================================================================================
+   Ops: movement (views: reshape, permute, expand, slice, window, ...) and copies (concat, pad,
+   gather, ...), recorded with the plumbing of ops.c.
+   =========================================================================================== */
+
 /* ---- movement ---- */
 
 TBDEF tb_tensor *tb_reshape(tb_tensor *x, const int64_t *dims, int32_t rank) {
@@ -12836,6 +12918,11 @@ TBDEF tb_tensor *tb_gather(tb_tensor *x, int32_t dim, tb_tensor *index) {
 TBDEF tb_tensor *tb_index_select(tb_tensor *x, int32_t dim, tb_tensor *index) {
     return tb__gather("tb_index_select", TB_OP_INDEX_SELECT, x, dim, index);
 }
+
+/* ---- src/ops_create.c ---- */
+/* ===========================================================================================
+   Ops: any op by its id (tb_call_op), and the creation functions (full, arange, eye, random).
+   =========================================================================================== */
 
 /* ---- any op by id ---- */
 
@@ -31377,7 +31464,8 @@ static void tb__native_dialect(tb__dialect *d, int32_t vec_width) {
 
 /* ---- src/native_internal.h ---- */
 /* ===========================================================================================
-   Native backend: what native.c uses of its thread pool (native_pool.c).
+   Native backend: what its parts share: the thread pool (native_pool.c), the runtime's types and
+   the functions one part uses of another.
    =========================================================================================== */
 
 #if defined(TB__HAVE_NATIVE)
@@ -31393,6 +31481,94 @@ static void tb__native_pool_free(tb__native_pool *p);
    operations) small: on the caller alone */
 static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *args, int64_t total,
                            double work);
+
+/* ---- what the parts of the backend share: native_runtime.c, native_programs.c, native.c ---- */
+
+/* A host buffer, 64-byte aligned (the payload of every native tb_backend_data). */
+typedef struct tb__native_buf {
+    void *base;
+    unsigned char *ptr;
+    size_t size;  /* bytes asked for */
+    size_t cap;   /* bytes it holds: the size class */
+    uint64_t gen; /* tb__next_generation when it was handed out or last written */
+} tb__native_buf;
+
+/* A loaded shared object, shared by every computation whose source is the same. */
+typedef struct tb__native_prog {
+    struct tb__native_prog *next;
+    uint64_t key[2];
+    char *source; /* confirms a hit on the key */
+    size_t source_len;
+    void *handle;
+    int32_t refcount; /* computations using it, plus one while it is in the cache */
+} tb__native_prog;
+
+typedef struct tb__native_rt {
+    int32_t refcount; /* the backend's reference, plus one per buffer and computation alive */
+    bool exited;
+    tb_status status; /* TB_OK, or why the backend cannot be used */
+    char reason[512];
+    tb_device_info info;
+    /* the compiler: its command words ($CC split at blanks, every word kept), the path of the
+       first, its options (as one text for the cache key, and as words), its identity (the
+       file it is) and the CPU's; a compile may take timeout_s seconds (0: no limit) */
+    char *cc_command, *cc_text, **cc_argv, cc_path[4096];
+    size_t cc_argc;
+    char *options, *options_text, **opt_argv;
+    size_t opt_argc;
+    double timeout_s;
+    /* the vector shape the programs are compiled for (tb__native_shape, at the first compile):
+       what both the CPU and the compiler's target have */
+    bool shaped;
+    tb__host_shape shape;
+    char cc_macros[24]; /* a hash of the compiler's predefined macros: its version and target */
+    char cc_id[4200 + 64];
+    char cpu[512];
+    uint64_t l2_bytes; /* a core's L2 cache as the C library reports it; 0: unknown */
+    tb__native_pool *pool;
+    /* the caching allocator: free buffers, oldest first */
+    tb__native_buf **cache;
+    size_t cache_count, cache_cap;
+    uint64_t cached_bytes, cache_limit, bytes_in_use, peak_bytes;
+    tb__native_prog *programs;
+    uint64_t compiles, disk_hits, disk_misses, disk_rejected, kernels_launched;
+    int32_t cache_dir_reported; /* atomic: why the cache folder is not used was said */
+} tb__native_rt;
+
+/* Guards the runtime, its allocator and its program cache (never held while the compiler
+   runs); runs are serialised by tb__native_run_mutex (one job in the pool at a time). */
+static tb__mutex tb__native_mutex = TB__MUTEX_INIT;
+static tb__mutex tb__native_run_mutex = TB__MUTEX_INIT;
+static tb__native_rt *tb__native_current;
+
+#define TB__NATIVE_MAX_PROGRAMS 256
+
+static const tb__disk_format tb__native_disk_format = {"native", "TBNATIVE", 1u, ".so"};
+
+/* The bits of a program key that count (all: the in-memory cache confirms hits by source). */
+static const uint64_t tb__native_key_mask = ~(uint64_t)0;
+
+/* native_runtime.c */
+static void tb__native_prog_free(tb__native_prog *prog);
+/* splits text at blanks into *words (pointers into text, which is changed) */
+static bool tb__native_split_words(char *text, char ***words, size_t *count);
+static tb__native_rt *tb__native_rt_get(void);
+static void tb__native_rt_unref(tb__native_rt *rt);
+/* the runtime of device `ordinal`, or NULL with the error set (func names the caller) */
+static tb__native_rt *tb__native_device(int32_t ordinal, const char *func);
+static void tb__native_buf_destroy(tb__native_buf *b);
+static void tb__native_cache_trim(tb__native_rt *rt, uint64_t keep);
+static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native_buf **out);
+static void tb__native_buf_free(tb__native_rt *rt, tb__native_buf *b);
+/* native_programs.c */
+static void tb__native_shape(tb__native_rt *rt);
+static void tb__native_prog_unref(tb__native_rt *rt, tb__native_prog *prog);
+static void tb__native_progs_trim(tb__native_rt *rt, size_t keep);
+/* the loaded program of a source (from memory, the disk cache or the compiler), holding every
+   function of fns; *from_disk set when the disk cache had it */
+static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size_t len,
+                                        const char *const *fns, size_t num_fns, bool *from_disk,
+                                        tb__native_prog **out);
 
 #endif /* TB__HAVE_NATIVE */
 
@@ -31585,14 +31761,10 @@ static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *ar
 
 #endif /* TB__HAVE_NATIVE */
 
-/* ---- src/native.c ---- */
+/* ---- src/native_runtime.c ---- */
 /* ===========================================================================================
-   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c, codegen_kernels.c),
-   compiled at run time by the system C compiler ($CC, else cc) into a shared object, loaded with
-   dlopen and run on a pool of threads (one per core: a kernel's work items are split among them).
-   Programs are cached on disk as OpenCL's are (diskcache.c), keyed by the source, the compiler, its
-   options, the CPU and this library's version. Memory is host memory. Without a compiler the
-   backend has no device and says why, as OpenCL without a loader does.
+   Native backend: its runtime. The compiler it runs (found, probed, its options), the device
+   it makes of the host CPU, and host memory: 64-byte aligned buffers from a caching allocator.
    =========================================================================================== */
 
 #if defined(TB__HAVE_NATIVE)
@@ -31614,70 +31786,6 @@ extern char **environ;
     (!defined(__GLIBC__) || !defined(__USE_POSIX))
 extern int kill(pid_t pid, int sig);
 #endif
-
-/* A host buffer, 64-byte aligned (the payload of every native tb_backend_data). */
-typedef struct tb__native_buf {
-    void *base;
-    unsigned char *ptr;
-    size_t size;  /* bytes asked for */
-    size_t cap;   /* bytes it holds: the size class */
-    uint64_t gen; /* tb__next_generation when it was handed out or last written */
-} tb__native_buf;
-
-/* A loaded shared object, shared by every computation whose source is the same. */
-typedef struct tb__native_prog {
-    struct tb__native_prog *next;
-    uint64_t key[2];
-    char *source; /* confirms a hit on the key */
-    size_t source_len;
-    void *handle;
-    int32_t refcount; /* computations using it, plus one while it is in the cache */
-} tb__native_prog;
-
-typedef struct tb__native_rt {
-    int32_t refcount; /* the backend's reference, plus one per buffer and computation alive */
-    bool exited;
-    tb_status status; /* TB_OK, or why the backend cannot be used */
-    char reason[512];
-    tb_device_info info;
-    /* the compiler: its command words ($CC split at blanks, every word kept), the path of the
-       first, its options (as one text for the cache key, and as words), its identity (the
-       file it is) and the CPU's; a compile may take timeout_s seconds (0: no limit) */
-    char *cc_command, *cc_text, **cc_argv, cc_path[4096];
-    size_t cc_argc;
-    char *options, *options_text, **opt_argv;
-    size_t opt_argc;
-    double timeout_s;
-    /* the vector shape the programs are compiled for (tb__native_shape, at the first compile):
-       what both the CPU and the compiler's target have */
-    bool shaped;
-    tb__host_shape shape;
-    char cc_macros[24]; /* a hash of the compiler's predefined macros: its version and target */
-    char cc_id[4200 + 64];
-    char cpu[512];
-    uint64_t l2_bytes; /* a core's L2 cache as the C library reports it; 0: unknown */
-    tb__native_pool *pool;
-    /* the caching allocator: free buffers, oldest first */
-    tb__native_buf **cache;
-    size_t cache_count, cache_cap;
-    uint64_t cached_bytes, cache_limit, bytes_in_use, peak_bytes;
-    tb__native_prog *programs;
-    uint64_t compiles, disk_hits, disk_misses, disk_rejected, kernels_launched;
-    int32_t cache_dir_reported; /* atomic: why the cache folder is not used was said */
-} tb__native_rt;
-
-/* Guards the runtime, its allocator and its program cache (never held while the compiler
-   runs); runs are serialised by tb__native_run_mutex (one job in the pool at a time). */
-static tb__mutex tb__native_mutex = TB__MUTEX_INIT;
-static tb__mutex tb__native_run_mutex = TB__MUTEX_INIT;
-static tb__native_rt *tb__native_current;
-
-#define TB__NATIVE_MAX_PROGRAMS 256
-
-static const tb__disk_format tb__native_disk_format = {"native", "TBNATIVE", 1u, ".so"};
-
-/* The bits of a program key that count (all: the in-memory cache confirms hits by source). */
-static const uint64_t tb__native_key_mask = ~(uint64_t)0;
 
 static void tb__native_prog_free(tb__native_prog *prog) {
     if (prog->handle != NULL) dlclose(prog->handle);
@@ -32010,6 +32118,18 @@ static void tb__native_buf_free(tb__native_rt *rt, tb__native_buf *b) {
     rt->cached_bytes += b->cap;
     tb__native_cache_trim(rt, rt->cache_limit);
 }
+
+#endif /* TB__HAVE_NATIVE */
+
+/* ---- src/native_programs.c ---- */
+/* ===========================================================================================
+   Native backend: programs. A kernel program's C source compiled by the system compiler in a
+   supervised child process (a time limit, its own temporary folder), loaded with dlopen and
+   cached in memory and on disk (diskcache.c); the host's vector shape the programs are
+   compiled for, from what both the CPU and the compiler's target have.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_NATIVE)
 
 /* ---- programs: compile, load, cache ---- */
 
@@ -32781,6 +32901,20 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
     *out = prog;
     return TB_OK;
 }
+
+#endif /* TB__HAVE_NATIVE */
+
+/* ---- src/native.c ---- */
+/* ===========================================================================================
+   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c, codegen_kernels.c),
+   compiled at run time by the system C compiler ($CC, else cc) into a shared object, loaded with
+   dlopen and run on a pool of threads (one per core: a kernel's work items are split among them).
+   Programs are cached on disk as OpenCL's are (diskcache.c), keyed by the source, the compiler, its
+   options, the CPU and this library's version. Memory is host memory. Without a compiler the
+   backend has no device and says why, as OpenCL without a loader does.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_NATIVE)
 
 /* ---- backend entries: devices and data ---- */
 

@@ -94,3 +94,16 @@ static tb_status tb__exec_walk_add(tb__exec_walk *w, const char *func, tb_node *
                                    size_t n);
 static void tb__exec_walk_free(tb__exec_walk *w);
 static int64_t tb__exec_walk_position(const tb__exec_walk *w, const tb_node *node);
+/* the computation cache (executor.c), used by the runs (executor_run.c) */
+static uint64_t tb__comp_cache_key(uint64_t graph_hash, const tb_device *device);
+/* the cached computation of the graph whose walk is `w` (a new reference), or NULL */
+static tb__comp_cache_entry *tb__comp_cache_lookup(uint64_t graph_hash, const tb__exec_walk *w,
+                                                   const tb_device *device,
+                                                   const tb_backend *backend);
+/* puts a new entry (refcount 1, the caller's) in the cache; the entry to use: `e`, or an
+   equal one another thread put first (then `e` is destroyed) */
+static tb__comp_cache_entry *tb__comp_cache_insert(tb__comp_cache_entry *e);
+static void tb__comp_cache_clear(void);
+/* whether the backend lowers node n itself (else the eager fallback runs it) */
+static bool tb__exec_supported(const tb_backend_impl *vt, const tb_node *n);
+static bool tb__exec_walk_is_param(const tb__exec_walk *w, const tb_node *node);

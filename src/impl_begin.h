@@ -342,6 +342,8 @@ static tb_node *tb__node_device_data(tb_backend_data *data); /* retains data */
 static tb_node *tb__node_scalar(tb_scalar value, const tb_device *device, bool wrapped_number);
 static void tb__node_retain(tb_node *node);
 static void tb__node_release(tb_node *node); /* iterative: deep chains do not recurse */
+/* a node with no operands yet (refcount 1), or NULL when there is no memory */
+static tb_node *tb__node_alloc(tb_op op, const tb_shape *shape, const tb_device *device);
 /* A copy of a graph's structure that holds no values: parameters become leaves without data,
    every other node is copied with its op, shape and attributes. A backend keeps this for a cached
    computation so that the computation does not keep the first run's tensors alive. */

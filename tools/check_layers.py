@@ -24,7 +24,7 @@ import os
 import re
 import sys
 
-MAX_PART_LINES = 2000
+MAX_PART_LINES = 1500
 MAX_FUNCTION_LINES = 120
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
