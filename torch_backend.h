@@ -126,7 +126,7 @@
 extern "C" {
 #endif
 
-/* ---- src/base.h ---- */
+/* ---- src/core/base.h ---- */
 /* ===========================================================================================
    Base: status codes, errors, allocation and logging hooks, setup
    =========================================================================================== */
@@ -272,7 +272,7 @@ TBDEF void tb_free(void *ptr);
 /* Sends a message through the logger. Thread-safe. */
 TBDEF void tb_log_message(tb_log_level level, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 
-/* ---- src/shape.h ---- */
+/* ---- src/core/shape.h ---- */
 /* ===========================================================================================
    Dtypes, scalars and shapes
    =========================================================================================== */
@@ -407,7 +407,7 @@ inline tb_shape tb_shape_of(tb_dtype dtype, int32_t rank, TbDims... dims) {
         (const int64_t[]){TB__SO_CAT(TB__SO_, TB__SO_COUNT(__VA_ARGS__))(__VA_ARGS__)})
 #endif
 
-/* ---- src/device.h ---- */
+/* ---- src/core/device.h ---- */
 /* ===========================================================================================
    Devices
    =========================================================================================== */
@@ -482,7 +482,7 @@ typedef struct tb_device_guard {
 TBDEF tb_status tb_device_guard_begin(tb_device_guard *guard, const tb_device *device);
 TBDEF void tb_device_guard_end(tb_device_guard *guard);
 
-/* ---- src/backend.h ---- */
+/* ---- src/core/backend.h ---- */
 /* ===========================================================================================
    Backend interface and registry
    The C form of LTC's BackendImplInterface (torch/csrc/lazy/backend/backend_interface.h) and of
@@ -760,7 +760,7 @@ TBDEF size_t tb_backend_list_plugins(char (*names)[TB_MAX_NAME + 1], size_t cap)
    call may load it). Thread-safe. */
 TBDEF tb_status tb_backend_load_plugin(const char *path);
 
-/* ---- src/ir.h ---- */
+/* ---- src/graph/ir.h ---- */
 /* ===========================================================================================
    IR: ops and nodes
    =========================================================================================== */
@@ -1043,7 +1043,7 @@ TBDEF tb_status tb_op_register(const tb_custom_op_desc *desc, tb_op *out);
    error is set). Valid until tb_shutdown. Thread-safe. */
 TBDEF const tb_custom_op_desc *tb_op_custom_desc(tb_op op);
 
-/* ---- src/tensor.h ---- */
+/* ---- src/graph/tensor.h ---- */
 /* ===========================================================================================
    Lazy tensors, ops, executor, metrics
    Ownership: every function that returns a tb_tensor * returns a new reference that the caller
@@ -1374,7 +1374,7 @@ TBDEF tb_tensor *tb_index_select(tb_tensor *x, int32_t dim, tb_tensor *index);
 TBDEF tb_tensor *tb_call_op(tb_op op, tb_tensor *const *inputs, size_t num_inputs,
                             const int64_t *attrs, size_t num_attrs);
 
-/* ---- src/print.h ---- */
+/* ---- src/graph/print.h ---- */
 /* ===========================================================================================
    Printing tensors
    The layout is PyTorch's repr with its default print options (precision 4, line width 80,
@@ -1402,7 +1402,7 @@ TBDEF tb_status tb_tensor_format(tb_tensor *tensor, char *buf, size_t cap, size_
    safety as tb_tensor_format; lines printed from several threads may interleave. */
 TBDEF tb_status tb_tensor_print(tb_tensor *tensor);
 
-/* ---- src/opencl.h ---- */
+/* ---- src/runtime/opencl/opencl.h ---- */
 /* ===========================================================================================
    OpenCL backend: availability and native objects
    The "opencl" backend is registered by default (unless built with TB_NO_OPENCL) and used
@@ -1452,7 +1452,7 @@ TBDEF tb_status tb_opencl_tensor_buffer(tb_tensor *tensor, void **mem, size_t *s
    every opencl device). Memory in use by tensors is not touched. Thread-safe. */
 TBDEF tb_status tb_opencl_trim_cache(const tb_device *device);
 
-/* ---- src/interop.h ---- */
+/* ---- src/formats/interop.h ---- */
 /* ===========================================================================================
    Interop: .npy files
    =========================================================================================== */
@@ -1604,7 +1604,7 @@ TBDEF tb_status tb_dlpack_export_versioned(tb_tensor *tensor, tb_dl_managed_tens
 TBDEF tb_tensor *tb_dlpack_import_versioned(tb_dl_managed_tensor_versioned *managed,
                                             const tb_device *device);
 
-/* ---- src/files.h ---- */
+/* ---- src/formats/files.h ---- */
 /* ===========================================================================================
    Model files: tensor sets, safetensors and .npz
    A tensor set is an ordered list of named tensors (what a model file holds) plus string
@@ -1728,7 +1728,7 @@ TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set);
    loads. */
 TBDEF tb_tensor *tb_idx_load(const char *path, const tb_device *device);
 
-/* ---- src/autograd.h ---- */
+/* ---- src/train/autograd.h ---- */
 /* ===========================================================================================
    Autograd: reverse-mode gradients over the lazy IR, and in-place assignment
    The recorded IR is the tape: a gradient is more IR, so a forward pass, its backward pass
@@ -1786,7 +1786,7 @@ TBDEF tb_tensor *tb_scatter_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_
    names; src has x's dims except dims[dim] = index's length. */
 TBDEF tb_tensor *tb_index_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_tensor *src);
 
-/* ---- src/nn.h ---- */
+/* ---- src/train/nn.h ---- */
 /* ===========================================================================================
    Losses and dropout (torch.nn.functional's): recorded from the public ops, so they fuse
    with the model, differentiate with tb_grad and run on every backend.
@@ -1820,7 +1820,7 @@ TBDEF tb_tensor *tb_mse_loss(tb_tensor *input, tb_tensor *target, tb_reduction r
    1]; p = 1 gives zeros. */
 TBDEF tb_tensor *tb_dropout(tb_tensor *x, double p, bool training);
 
-/* ---- src/layers.h ---- */
+/* ---- src/train/layers.h ---- */
 /* ===========================================================================================
    Layers of real models (torch.nn.functional's): linear, embedding, batch norm, attention,
    masks, the hard activations and interpolation. Each is recorded from the public ops, so it
@@ -1895,7 +1895,7 @@ typedef enum tb_interpolate_mode {
 TBDEF tb_tensor *tb_interpolate(tb_tensor *x, const int64_t *size, size_t num_size,
                                 tb_interpolate_mode mode, bool align_corners);
 
-/* ---- src/conv.h ---- */
+/* ---- src/train/conv.h ---- */
 /* ===========================================================================================
    Convolution and pooling (torch.nn.functional's, channels first: [N, C, L] for the 1-D
    forms, [N, C, H, W] for the 2-D ones; the batch axis may be left out as in PyTorch).
@@ -1953,7 +1953,7 @@ TBDEF tb_tensor *tb_adaptive_avg_pool1d(tb_tensor *x, const int64_t *output_size
 TBDEF tb_tensor *tb_fold(tb_tensor *g, size_t num_spatial, const int64_t *sizes,
                          const int64_t *kernel, const int64_t *stride, const int64_t *dilation);
 
-/* ---- src/optim.h ---- */
+/* ---- src/train/optim.h ---- */
 /* ===========================================================================================
    Optimizers: torch.optim's SGD, Adam and AdamW as lazy updates. A step records the update of
    every parameter and its state from the gradients, assigns the results in place (tb_assign)
@@ -2042,7 +2042,7 @@ TBDEF tb_status tb_clip_grad_norm(tb_tensor *const *grads, size_t n, double max_
    acc[i] NULL takes a new reference to grads[i]. Zeroing is releasing: set acc[i] to NULL. */
 TBDEF tb_status tb_accumulate_grads(tb_tensor **acc, tb_tensor *const *grads, size_t n);
 
-/* ---- src/distributed.h ---- */
+/* ---- src/distributed/distributed.h ---- */
 /* ===========================================================================================
    Distribution: process groups by name (the `mpi` group built in) and collectives on tensors
    with torch.distributed's semantics. The collectives are lazy like every op: each one records
@@ -2153,7 +2153,7 @@ TBDEF tb_tensor *tb_broadcast(tb_process_group *group, tb_tensor *x, int32_t roo
    recorded before it still runs when its graph is synced). */
 TBDEF tb_status tb_barrier(tb_process_group *group);
 
-/* ---- src/shard.h ---- */
+/* ---- src/distributed/shard.h ---- */
 /* ===========================================================================================
    Sharded tensors: one logical tensor over several devices of this process, placed as
    PyTorch's DTensor places it on a one-dimensional mesh: split along an axis (TB_SHARD), a whole
@@ -2806,7 +2806,7 @@ static char *tb__npy_header_text(const tb_shape *shape, size_t *len, unsigned *m
 static bool tb__host_is_little_endian(void);
 static void tb__swap_bytes(unsigned char *data, size_t count, size_t width);
 
-/* ---- src/base.c ---- */
+/* ---- src/core/base.c ---- */
 /* ===========================================================================================
    Base: errors, allocation, logging, setup, hashing, strings, mutexes, time
    =========================================================================================== */
@@ -3744,7 +3744,7 @@ static TB__UNUSED void tb__slow_notice_end(tb__slow_notice *n) {
     n->armed = false;
 }
 
-/* ---- src/metrics.c ---- */
+/* ---- src/core/metrics.c ---- */
 /* ===========================================================================================
    Metrics: LTC's counters and metrics (torch/csrc/lazy/core/metrics.h), by name
    =========================================================================================== */
@@ -4009,7 +4009,7 @@ TBDEF char *tb_metrics_report(void) {
 #undef TB__METRIC_RECENT
 #undef TB__METRIC_NAME_MAX
 
-/* ---- src/rng.c ---- */
+/* ---- src/core/rng.c ---- */
 /* ===========================================================================================
    RNG: Philox 4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC11), the
    same counter-based generator on every backend, so that a seed gives the same bits everywhere.
@@ -4121,7 +4121,7 @@ static void tb__rng_reset(void) {
 #undef TB__PHILOX_W0
 #undef TB__PHILOX_W1
 
-/* ---- src/shape.c ---- */
+/* ---- src/core/shape.c ---- */
 /* ===========================================================================================
    Dtypes, scalars and shapes
    =========================================================================================== */
@@ -4813,7 +4813,7 @@ TBDEF tb_status tb_shape_parse(const char *text, tb_shape *out) {
     return TB_OK;
 }
 
-/* ---- src/device.c ---- */
+/* ---- src/core/device.c ---- */
 /* ===========================================================================================
    Devices: types, the text form `backend:ordinal`, equality (resolution through the registry
    is device_resolve.c's)
@@ -4940,7 +4940,7 @@ TBDEF bool tb_device_equal(const tb_device *a, const tb_device *b) {
     return a->ordinal == b->ordinal && strncmp(a->backend, b->backend, sizeof a->backend) == 0;
 }
 
-/* ---- src/backend.c ---- */
+/* ---- src/core/backend.c ---- */
 /* ===========================================================================================
    Backend registry and plugins (the backend data are backend_data.c's)
    =========================================================================================== */
@@ -6233,7 +6233,7 @@ static const tb_backend *tb__registry_reference(void) {
 #undef TB__HAVE_PLUGINS
 #undef TB__QUOTE_CAP
 
-/* ---- src/backend_data.c ---- */
+/* ---- src/core/backend_data.c ---- */
 /* ===========================================================================================
    Backend data: the handles of backend values (host-mapped, borrowed, scalar), their
    references and transfers, through the owning backend's entries.
@@ -6485,7 +6485,7 @@ static TB__UNUSED tb_status tb__data_to_host(const tb_backend_data *data, void *
     return TB_OK;
 }
 
-/* ---- src/device_resolve.c ---- */
+/* ---- src/core/device_resolve.c ---- */
 /* ===========================================================================================
    Device resolution: a device's text or backend name and ordinal checked against the registry,
    the current device (guard, desc.device / $TB_DEVICE, else the current backend's default),
@@ -6636,7 +6636,7 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
     return TB_OK;
 }
 
-/* ---- src/ir.c ---- */
+/* ---- src/graph/ir.c ---- */
 /* ===========================================================================================
    IR: the op table, custom ops, nodes and shape inference
    =========================================================================================== */
@@ -8006,7 +8006,7 @@ static TB__UNUSED tb_status tb__op_infer_shape(tb_op op, const tb_shape *inputs,
 #undef TB__NODE_HASH_SEED
 #undef TB__ATOMIC_INC64
 
-/* ---- src/ir_graph.c ---- */
+/* ---- src/graph/ir_graph.c ---- */
 /* ===========================================================================================
    IR: detached graphs (tb__graph_detach): a copy of a graph's structure that holds no values
    (parameters become leaves without data), which a backend can keep beyond the graph.
@@ -8147,7 +8147,7 @@ done:
     return status;
 }
 
-/* ---- src/executor_internal.h ---- */
+/* ---- src/graph/executor_internal.h ---- */
 /* ===========================================================================================
    The internal contract between the executor (executor.c) and the lazy tensors (tensor.c):
    the walk of a pending graph, the computation cache's entries and what one sync works with.
@@ -8257,7 +8257,7 @@ static void tb__comp_cache_clear(void);
 static bool tb__exec_supported(const tb_backend_impl *vt, const tb_node *n);
 static bool tb__exec_walk_is_param(const tb__exec_walk *w, const tb_node *node);
 
-/* ---- src/executor.c ---- */
+/* ---- src/graph/executor.c ---- */
 /* ===========================================================================================
    The graph executor: the C form of LTC's LazyGraphExecutor
    (torch/csrc/lazy/core/lazy_graph_executor.cpp) below the tensors: the post-order walk of a
@@ -8935,7 +8935,7 @@ TBDEF size_t tb_computation_cache_size(void) {
     return n;
 }
 
-/* ---- src/executor_run.c ---- */
+/* ---- src/graph/executor_run.c ---- */
 /* ===========================================================================================
    The graph executor, its second half: compiling and running a walked graph on a backend (the
    computation cache in front), the progress of first compiles, the eager fallback and
@@ -10093,7 +10093,7 @@ static void tb__comp_cache_shutdown(void) {
     tb__mutex_unlock(&tb__comp_cache_mutex);
 }
 
-/* ---- src/tensor.c ---- */
+/* ---- src/graph/tensor.c ---- */
 /* ===========================================================================================
    Lazy tensors: the C form of LTC's LazyTensor and the sync half of its LazyGraphExecutor: a
    tensor holds either a pending IR node or a materialised backend data; a sync collects the
@@ -11282,7 +11282,7 @@ static void tb__executor_shutdown(void) {
     tb__rng_reset();
 }
 
-/* ---- src/ops_internal.h ---- */
+/* ---- src/graph/ops_internal.h ---- */
 /* ===========================================================================================
    Ops: what the parts of the ops (ops.c, ops_movement.c, ops_create.c) share of ops.c's
    plumbing: recording a node, operands, views, scalars, checks.
@@ -11331,7 +11331,7 @@ static tb_node *tb__wrapped_scalar(const char *fn, tb_scalar value, const tb_dev
 /* Checks a shape given by the user (tb_full, tb_rand, ...). */
 static tb_status tb__check_user_shape(const char *fn, const tb_shape *shape);
 
-/* ---- src/ops.c ---- */
+/* ---- src/graph/ops.c ---- */
 /* ===========================================================================================
    Ops: the tensor functions that record IR nodes with PyTorch's semantics (type promotion,
    broadcasting, negative axes), and the creation functions. The nodes follow the normal form
@@ -12338,7 +12338,7 @@ done:
     return tb__finish(node);
 }
 
-/* ---- src/ops_movement.c ---- */
+/* ---- src/graph/ops_movement.c ---- */
 /* ===========================================================================================
    Ops: movement (views: reshape, permute, expand, slice, window, ...) and copies (concat, pad,
    gather, ...), recorded with the plumbing of ops.c.
@@ -12919,7 +12919,7 @@ TBDEF tb_tensor *tb_index_select(tb_tensor *x, int32_t dim, tb_tensor *index) {
     return tb__gather("tb_index_select", TB_OP_INDEX_SELECT, x, dim, index);
 }
 
-/* ---- src/ops_create.c ---- */
+/* ---- src/graph/ops_create.c ---- */
 /* ===========================================================================================
    Ops: any op by its id (tb_call_op), and the creation functions (full, arange, eye, random).
    =========================================================================================== */
@@ -13197,7 +13197,346 @@ TBDEF tb_tensor *tb_randn(const tb_shape *shape, const tb_device *device) {
     return tb__random("tb_randn", TB_OP_RANDN, shape, device);
 }
 
-/* ---- src/reference_internal.h ---- */
+/* ---- src/graph/print.c ---- */
+/* ===========================================================================================
+   Printing tensors: PyTorch's repr (torch/_tensor_str.py) with its default print options
+   =========================================================================================== */
+
+#define TB__PRINT_THRESHOLD 1000 /* more elements than this: summarise */
+#define TB__PRINT_EDGE      3    /* elements shown at each end of a summarised dim */
+#define TB__PRINT_LINE      80   /* line width */
+#define TB__PRINT_INDENT    7    /* strlen("tensor(") */
+#define TB__PRINT_TEXT      400  /* room for any element's text (%.4f of DBL_MAX: 314) */
+
+/* The value being printed and PyTorch's _Formatter state for it. */
+typedef struct tb__printer {
+    tb_shape shape;
+    const unsigned char *data;
+    int64_t strides[TB_MAX_RANK];
+    bool summarize;
+    bool floating;
+    bool int_mode;
+    bool sci_mode;
+    bool any_finite; /* a finite non-zero value was seen */
+    double min_abs, max_abs;
+    int width;
+    tb__str *out;
+} tb__printer;
+
+static double tb__print_float_at(const tb__printer *p, int64_t index) {
+    if (p->shape.dtype == TB_F32) {
+        float f;
+        memcpy(&f, p->data + (size_t)index * 4, 4);
+        return (double)f;
+    } else if (p->shape.dtype == TB_F16 || p->shape.dtype == TB_BF16) {
+        uint16_t h;
+        memcpy(&h, p->data + (size_t)index * 2, 2);
+        return tb__half_to_f64(p->shape.dtype, h);
+    } else {
+        double v;
+        memcpy(&v, p->data + (size_t)index * 8, 8);
+        return v;
+    }
+}
+
+static int64_t tb__print_int_at(const tb__printer *p, int64_t index) {
+    int32_t i32;
+    int64_t i64;
+    switch (p->shape.dtype) {
+    case TB_I32:
+        memcpy(&i32, p->data + (size_t)index * 4, 4);
+        return i32;
+    case TB_I64:
+        memcpy(&i64, p->data + (size_t)index * 8, 8);
+        return i64;
+    default: /* u8 and bool: one byte */
+        return p->data[index];
+    }
+}
+
+/* Python's '{:.4f}' / '{:.0f}' / '{:.4e}' of a double (mode 'f', '0', 'e'); non-finite values
+   as Python writes them ("nan" never has a sign). Returns the length. */
+static int tb__print_float_text(char *buf, size_t cap, double v, char mode) {
+    if (v != v) return snprintf(buf, cap, "nan");
+    if (v > DBL_MAX) return snprintf(buf, cap, "inf");
+    if (v < -DBL_MAX) return snprintf(buf, cap, "-inf");
+    if (mode == 'e') return snprintf(buf, cap, "%.4e", v);
+    if (mode == '0') return snprintf(buf, cap, "%.0f", v);
+    return snprintf(buf, cap, "%.4f", v);
+}
+
+/* One element as _Formatter.format writes it, padded on the left to the common width. */
+static void tb__print_element(const tb__printer *p, int64_t index, char *buf, size_t cap) {
+    char text[TB__PRINT_TEXT];
+    int n, pad;
+    if (p->floating) {
+        double v = tb__print_float_at(p, index);
+        if (p->sci_mode) {
+            n = tb__print_float_text(text, sizeof text, v, 'e');
+        } else if (p->int_mode) {
+            n = tb__print_float_text(text, sizeof text, v, '0');
+            if (v == v && v <= DBL_MAX && v >= -DBL_MAX) {
+                text[n++] = '.';
+                text[n] = '\0';
+            }
+        } else {
+            n = tb__print_float_text(text, sizeof text, v, 'f');
+        }
+    } else if (p->shape.dtype == TB_BOOL) {
+        n = snprintf(text, sizeof text, "%s", tb__print_int_at(p, index) ? "True" : "False");
+    } else {
+        n = snprintf(text, sizeof text, "%lld", (long long)tb__print_int_at(p, index));
+    }
+    if (n < 0) n = 0;
+    if ((size_t)n >= sizeof text) n = (int)sizeof text - 1;
+    pad = p->width > n ? p->width - n : 0;
+    if ((size_t)(pad + n) >= cap) pad = 0; /* never: widths come from these same texts */
+    memset(buf, ' ', (size_t)pad);
+    memcpy(buf + pad, text, (size_t)n);
+    buf[pad + n] = '\0';
+}
+
+/* Calls `fn` on the flat index of every element shown (all, or the edges when summarised), in
+   row-major order. */
+static void tb__print_visit(tb__printer *p, int32_t dim, int64_t offset,
+                            void (*fn)(tb__printer *p, int64_t index)) {
+    int64_t n, i;
+    if (dim == p->shape.rank) {
+        fn(p, offset);
+        return;
+    }
+    n = p->shape.dims[dim];
+    for (i = 0; i < n; ++i) {
+        if (p->summarize && n > 2 * TB__PRINT_EDGE && i == TB__PRINT_EDGE) i = n - TB__PRINT_EDGE;
+        tb__print_visit(p, dim + 1, offset + i * p->strides[dim], fn);
+    }
+}
+
+/* First pass of _Formatter: the range of the finite non-zero floats and whether all are
+   integers. */
+static void tb__print_scan(tb__printer *p, int64_t index) {
+    double v, a;
+    if (!p->floating) return;
+    v = tb__print_float_at(p, index);
+    if (v != v || v > DBL_MAX || v < -DBL_MAX || v == 0) return;
+    a = fabs(v);
+    if (!p->any_finite || a < p->min_abs) p->min_abs = a;
+    if (!p->any_finite || a > p->max_abs) p->max_abs = a;
+    p->any_finite = true;
+    if (v != ceil(v)) p->int_mode = false;
+}
+
+/* Second pass: the widest element. */
+static void tb__print_measure(tb__printer *p, int64_t index) {
+    char text[TB__PRINT_TEXT];
+    int n;
+    if (p->floating) {
+        double v = tb__print_float_at(p, index);
+        if (v != v || v > DBL_MAX || v < -DBL_MAX || v == 0) return;
+        if (p->sci_mode)
+            n = tb__print_float_text(text, sizeof text, v, 'e');
+        else if (p->int_mode)
+            n = tb__print_float_text(text, sizeof text, v, '0') + 1;
+        else
+            n = tb__print_float_text(text, sizeof text, v, 'f');
+    } else {
+        tb__print_element(p, index, text, sizeof text); /* width is 1 here: no padding */
+        n = (int)strlen(text);
+    }
+    if (n > p->width) p->width = n;
+}
+
+static void tb__print_formatter(tb__printer *p) {
+    p->floating = tb_dtype_is_float(p->shape.dtype);
+    p->int_mode = true;
+    p->sci_mode = false;
+    p->any_finite = false;
+    p->width = 1;
+    tb__print_visit(p, 0, 0, tb__print_scan);
+    if (p->floating && !p->any_finite) return;
+    if (p->floating) {
+        bool wide = p->max_abs / p->min_abs > 1000.0 || p->max_abs > 1.0e8;
+        p->sci_mode = p->int_mode ? wide : (wide || p->min_abs < 1.0e-4);
+    }
+    tb__print_visit(p, 0, 0, tb__print_measure);
+}
+
+static void tb__print_spaces(tb__str *s, int count) {
+    if (count > 0) tb__str_append(s, "%*s", count, "");
+}
+
+/* _tensor_str_with_formatter for the sub-tensor at `dim` starting at flat index `offset`. */
+static void tb__print_emit(tb__printer *p, int32_t dim, int64_t offset, int indent) {
+    char text[TB__PRINT_TEXT];
+    int64_t n, i;
+    int32_t rank = p->shape.rank, k;
+    bool cut;
+    if (rank == 0) {
+        tb__print_element(p, 0, text, sizeof text);
+        tb__str_append(p->out, "%s", text);
+        return;
+    }
+    n = p->shape.dims[dim];
+    cut = p->summarize && n > 2 * TB__PRINT_EDGE;
+    tb__str_append(p->out, "[");
+    if (dim == rank - 1) {
+        int per_line = (TB__PRINT_LINE - indent) / (p->width + 2);
+        int64_t item = 0;
+        if (per_line < 1) per_line = 1;
+        for (i = 0; i < n; ++i, ++item) {
+            if (item > 0) {
+                if (item % per_line == 0) {
+                    tb__str_append(p->out, ",\n");
+                    tb__print_spaces(p->out, indent + 1);
+                } else {
+                    tb__str_append(p->out, ", ");
+                }
+            }
+            if (cut && i == TB__PRINT_EDGE) {
+                tb__str_append(p->out, " ...");
+                i = n - TB__PRINT_EDGE - 1;
+                continue;
+            }
+            tb__print_element(p, offset + i * p->strides[dim], text, sizeof text);
+            tb__str_append(p->out, "%s", text);
+        }
+    } else {
+        for (i = 0; i < n; ++i) {
+            if (i > 0) {
+                tb__str_append(p->out, ",");
+                for (k = 0; k < rank - dim - 1; ++k)
+                    tb__str_append(p->out, "\n");
+                tb__print_spaces(p->out, indent + 1);
+            }
+            if (cut && i == TB__PRINT_EDGE) {
+                tb__str_append(p->out, "...");
+                i = n - TB__PRINT_EDGE - 1;
+                continue;
+            }
+            tb__print_emit(p, dim + 1, offset + i * p->strides[dim], indent + 1);
+        }
+    }
+    tb__str_append(p->out, "]");
+}
+
+/* _add_suffixes: ", suffix", or a new line indented under the value when the line would pass
+   the line width. `last_line` carries PyTorch's count (including its off-by-two start). */
+static void tb__print_suffix(tb__str *s, size_t *last_line, const char *suffix) {
+    size_t len = strlen(suffix);
+    if (*last_line + len + 2 > TB__PRINT_LINE) {
+        tb__str_append(s, ",\n%*s%s", TB__PRINT_INDENT, "", suffix);
+        *last_line = TB__PRINT_INDENT + len;
+    } else {
+        tb__str_append(s, ", %s", suffix);
+        *last_line += len + 2;
+    }
+}
+
+/* The whole text into `s` (which the caller frees). */
+static tb_status tb__print_tensor(const char *fn, tb_tensor *tensor, tb__str *s) {
+    tb__printer p;
+    tb_device device;
+    char text[128], device_text[64];
+    size_t nbytes = 0, last_line, i;
+    int64_t numel = 0;
+    void *host;
+    tb_status st;
+    tb__ensure_setup();
+    if (tensor == NULL) {
+        if (tb_last_status() != TB_OK) return tb_last_status();
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: tensor is NULL", fn);
+    }
+    memset(&p, 0, sizeof p);
+    p.shape = tb_tensor_shape(tensor);
+    device = tb_tensor_device(tensor);
+    st = tb_shape_numel(&p.shape, &numel);
+    if (st == TB_OK) st = tb_shape_nbytes(&p.shape, &nbytes);
+    if (st != TB_OK) return st;
+    host = tb__alloc(nbytes ? nbytes : 1);
+    if (host == NULL) return tb_last_status();
+    st = tb_tensor_to_host(tensor, host, nbytes);
+    if (st != TB_OK) {
+        tb__free(host);
+        return st;
+    }
+    p.data = (const unsigned char *)host;
+    p.out = s;
+    tb_shape_strides(&p.shape, p.strides);
+    tb__str_append(s, "tensor(");
+    if (numel == 0) {
+        tb__str_append(s, "[]");
+    } else {
+        p.summarize = numel > TB__PRINT_THRESHOLD;
+        tb__print_formatter(&p);
+        tb__print_emit(&p, 0, 0, TB__PRINT_INDENT);
+    }
+    tb__free(host);
+    if (s->failed) return tb__error(TB_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    for (i = s->len; i > 0 && s->data[i - 1] != '\n'; --i)
+        ;
+    last_line = s->len - i + 2; /* PyTorch's len - rfind('\n') + 1 */
+    tb_device_format(&device, device_text, sizeof device_text);
+    snprintf(text, sizeof text, "device='%s'", device_text);
+    tb__print_suffix(s, &last_line, text);
+    if (numel == 0 && p.shape.rank != 1) {
+        size_t n = (size_t)snprintf(text, sizeof text, "size=(");
+        int32_t d;
+        for (d = 0; d < p.shape.rank; ++d)
+            n += (size_t)snprintf(text + n, sizeof text - n, "%s%lld", d ? ", " : "",
+                                  (long long)p.shape.dims[d]);
+        snprintf(text + n, sizeof text - n, ")");
+        tb__print_suffix(s, &last_line, text);
+    }
+    snprintf(text, sizeof text, "dtype=%s", tb_dtype_name(p.shape.dtype));
+    tb__print_suffix(s, &last_line, text);
+    tb__str_append(s, ")");
+    if (s->failed) return tb__error(TB_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    return TB_OK;
+}
+
+TBDEF tb_status tb_tensor_format(tb_tensor *tensor, char *buf, size_t cap, size_t *needed) {
+    tb__str s;
+    tb_status st;
+    if (needed != NULL) *needed = 0;
+    if (buf != NULL && cap > 0) buf[0] = '\0';
+    if (buf == NULL && cap > 0) {
+        tb__ensure_setup();
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_tensor_format: buf is NULL but cap is %lu",
+                         (unsigned long)cap);
+    }
+    memset(&s, 0, sizeof s);
+    st = tb__print_tensor("tb_tensor_format", tensor, &s);
+    if (st == TB_OK) {
+        if (cap > 0) {
+            size_t n = s.len < cap - 1 ? s.len : cap - 1;
+            memcpy(buf, s.data, n);
+            buf[n] = '\0';
+        }
+        if (needed != NULL) *needed = s.len;
+    }
+    tb__str_free(&s);
+    return st;
+}
+
+TBDEF tb_status tb_tensor_print(tb_tensor *tensor) {
+    tb__str s;
+    tb_status st;
+    memset(&s, 0, sizeof s);
+    st = tb__print_tensor("tb_tensor_print", tensor, &s);
+    if (st == TB_OK && (fwrite(s.data, 1, s.len, stdout) != s.len || fputc('\n', stdout) == EOF ||
+                        fflush(stdout) != 0))
+        st = tb__error(TB_ERR_IO, "tb_tensor_print: cannot write to stdout: %s", strerror(errno));
+    tb__str_free(&s);
+    return st;
+}
+
+#undef TB__PRINT_THRESHOLD
+#undef TB__PRINT_EDGE
+#undef TB__PRINT_LINE
+#undef TB__PRINT_INDENT
+#undef TB__PRINT_TEXT
+
+/* ---- src/reference/reference_internal.h ---- */
 /* ===========================================================================================
    The internal contract of the reference interpreter's parts (reference_elementwise.c, then
    reference.c): values as views over refcounted buffers, the buffer pool of a graph run, the
@@ -13301,7 +13640,7 @@ static tb_status tb__rview_to_host(const tb__rview *v, void *host);
 /* a unary, binary or ternary op's node computed from its operands' values into *out */
 static tb_status tb__ref_elementwise(const tb_node *node, const tb__rview *in, tb__rview *out);
 
-/* ---- src/reference_elementwise.c ---- */
+/* ---- src/reference/reference_elementwise.c ---- */
 /* ===========================================================================================
    Reference interpreter: every op in plain C on host arrays. The cpu backend executes graphs
    with it, the executor runs eager fallbacks with it and TB_CHECK compares against it.
@@ -14433,7 +14772,7 @@ static tb_status tb__ref_elementwise(const tb_node *node, const tb__rview *in, t
 
 #undef TB__REF_SQRT1_2
 
-/* ---- src/reference.c ---- */
+/* ---- src/reference/reference.c ---- */
 /* ===========================================================================================
    Reference interpreter, the ops beyond the elementwise ones (reductions, matmul, softmax and
    layer_norm, movement, concat, pad, gather and index_select, leaves and generators, custom
@@ -15825,7 +16164,7 @@ done:
 #undef TB__REF_POOL_SLOTS
 #undef TB__REF_POOL_MIN
 
-/* ---- src/cpu_backend.c ---- */
+/* ---- src/reference/cpu_backend.c ---- */
 /* ===========================================================================================
    The "cpu" backend: host memory plus the reference interpreter. Always present, needs
    nothing but the C library; the eager fallback and the correctness oracle of the others.
@@ -16244,346 +16583,7 @@ static tb_status tb__cpu_register(void) {
     return st;
 }
 
-/* ---- src/print.c ---- */
-/* ===========================================================================================
-   Printing tensors: PyTorch's repr (torch/_tensor_str.py) with its default print options
-   =========================================================================================== */
-
-#define TB__PRINT_THRESHOLD 1000 /* more elements than this: summarise */
-#define TB__PRINT_EDGE      3    /* elements shown at each end of a summarised dim */
-#define TB__PRINT_LINE      80   /* line width */
-#define TB__PRINT_INDENT    7    /* strlen("tensor(") */
-#define TB__PRINT_TEXT      400  /* room for any element's text (%.4f of DBL_MAX: 314) */
-
-/* The value being printed and PyTorch's _Formatter state for it. */
-typedef struct tb__printer {
-    tb_shape shape;
-    const unsigned char *data;
-    int64_t strides[TB_MAX_RANK];
-    bool summarize;
-    bool floating;
-    bool int_mode;
-    bool sci_mode;
-    bool any_finite; /* a finite non-zero value was seen */
-    double min_abs, max_abs;
-    int width;
-    tb__str *out;
-} tb__printer;
-
-static double tb__print_float_at(const tb__printer *p, int64_t index) {
-    if (p->shape.dtype == TB_F32) {
-        float f;
-        memcpy(&f, p->data + (size_t)index * 4, 4);
-        return (double)f;
-    } else if (p->shape.dtype == TB_F16 || p->shape.dtype == TB_BF16) {
-        uint16_t h;
-        memcpy(&h, p->data + (size_t)index * 2, 2);
-        return tb__half_to_f64(p->shape.dtype, h);
-    } else {
-        double v;
-        memcpy(&v, p->data + (size_t)index * 8, 8);
-        return v;
-    }
-}
-
-static int64_t tb__print_int_at(const tb__printer *p, int64_t index) {
-    int32_t i32;
-    int64_t i64;
-    switch (p->shape.dtype) {
-    case TB_I32:
-        memcpy(&i32, p->data + (size_t)index * 4, 4);
-        return i32;
-    case TB_I64:
-        memcpy(&i64, p->data + (size_t)index * 8, 8);
-        return i64;
-    default: /* u8 and bool: one byte */
-        return p->data[index];
-    }
-}
-
-/* Python's '{:.4f}' / '{:.0f}' / '{:.4e}' of a double (mode 'f', '0', 'e'); non-finite values
-   as Python writes them ("nan" never has a sign). Returns the length. */
-static int tb__print_float_text(char *buf, size_t cap, double v, char mode) {
-    if (v != v) return snprintf(buf, cap, "nan");
-    if (v > DBL_MAX) return snprintf(buf, cap, "inf");
-    if (v < -DBL_MAX) return snprintf(buf, cap, "-inf");
-    if (mode == 'e') return snprintf(buf, cap, "%.4e", v);
-    if (mode == '0') return snprintf(buf, cap, "%.0f", v);
-    return snprintf(buf, cap, "%.4f", v);
-}
-
-/* One element as _Formatter.format writes it, padded on the left to the common width. */
-static void tb__print_element(const tb__printer *p, int64_t index, char *buf, size_t cap) {
-    char text[TB__PRINT_TEXT];
-    int n, pad;
-    if (p->floating) {
-        double v = tb__print_float_at(p, index);
-        if (p->sci_mode) {
-            n = tb__print_float_text(text, sizeof text, v, 'e');
-        } else if (p->int_mode) {
-            n = tb__print_float_text(text, sizeof text, v, '0');
-            if (v == v && v <= DBL_MAX && v >= -DBL_MAX) {
-                text[n++] = '.';
-                text[n] = '\0';
-            }
-        } else {
-            n = tb__print_float_text(text, sizeof text, v, 'f');
-        }
-    } else if (p->shape.dtype == TB_BOOL) {
-        n = snprintf(text, sizeof text, "%s", tb__print_int_at(p, index) ? "True" : "False");
-    } else {
-        n = snprintf(text, sizeof text, "%lld", (long long)tb__print_int_at(p, index));
-    }
-    if (n < 0) n = 0;
-    if ((size_t)n >= sizeof text) n = (int)sizeof text - 1;
-    pad = p->width > n ? p->width - n : 0;
-    if ((size_t)(pad + n) >= cap) pad = 0; /* never: widths come from these same texts */
-    memset(buf, ' ', (size_t)pad);
-    memcpy(buf + pad, text, (size_t)n);
-    buf[pad + n] = '\0';
-}
-
-/* Calls `fn` on the flat index of every element shown (all, or the edges when summarised), in
-   row-major order. */
-static void tb__print_visit(tb__printer *p, int32_t dim, int64_t offset,
-                            void (*fn)(tb__printer *p, int64_t index)) {
-    int64_t n, i;
-    if (dim == p->shape.rank) {
-        fn(p, offset);
-        return;
-    }
-    n = p->shape.dims[dim];
-    for (i = 0; i < n; ++i) {
-        if (p->summarize && n > 2 * TB__PRINT_EDGE && i == TB__PRINT_EDGE) i = n - TB__PRINT_EDGE;
-        tb__print_visit(p, dim + 1, offset + i * p->strides[dim], fn);
-    }
-}
-
-/* First pass of _Formatter: the range of the finite non-zero floats and whether all are
-   integers. */
-static void tb__print_scan(tb__printer *p, int64_t index) {
-    double v, a;
-    if (!p->floating) return;
-    v = tb__print_float_at(p, index);
-    if (v != v || v > DBL_MAX || v < -DBL_MAX || v == 0) return;
-    a = fabs(v);
-    if (!p->any_finite || a < p->min_abs) p->min_abs = a;
-    if (!p->any_finite || a > p->max_abs) p->max_abs = a;
-    p->any_finite = true;
-    if (v != ceil(v)) p->int_mode = false;
-}
-
-/* Second pass: the widest element. */
-static void tb__print_measure(tb__printer *p, int64_t index) {
-    char text[TB__PRINT_TEXT];
-    int n;
-    if (p->floating) {
-        double v = tb__print_float_at(p, index);
-        if (v != v || v > DBL_MAX || v < -DBL_MAX || v == 0) return;
-        if (p->sci_mode)
-            n = tb__print_float_text(text, sizeof text, v, 'e');
-        else if (p->int_mode)
-            n = tb__print_float_text(text, sizeof text, v, '0') + 1;
-        else
-            n = tb__print_float_text(text, sizeof text, v, 'f');
-    } else {
-        tb__print_element(p, index, text, sizeof text); /* width is 1 here: no padding */
-        n = (int)strlen(text);
-    }
-    if (n > p->width) p->width = n;
-}
-
-static void tb__print_formatter(tb__printer *p) {
-    p->floating = tb_dtype_is_float(p->shape.dtype);
-    p->int_mode = true;
-    p->sci_mode = false;
-    p->any_finite = false;
-    p->width = 1;
-    tb__print_visit(p, 0, 0, tb__print_scan);
-    if (p->floating && !p->any_finite) return;
-    if (p->floating) {
-        bool wide = p->max_abs / p->min_abs > 1000.0 || p->max_abs > 1.0e8;
-        p->sci_mode = p->int_mode ? wide : (wide || p->min_abs < 1.0e-4);
-    }
-    tb__print_visit(p, 0, 0, tb__print_measure);
-}
-
-static void tb__print_spaces(tb__str *s, int count) {
-    if (count > 0) tb__str_append(s, "%*s", count, "");
-}
-
-/* _tensor_str_with_formatter for the sub-tensor at `dim` starting at flat index `offset`. */
-static void tb__print_emit(tb__printer *p, int32_t dim, int64_t offset, int indent) {
-    char text[TB__PRINT_TEXT];
-    int64_t n, i;
-    int32_t rank = p->shape.rank, k;
-    bool cut;
-    if (rank == 0) {
-        tb__print_element(p, 0, text, sizeof text);
-        tb__str_append(p->out, "%s", text);
-        return;
-    }
-    n = p->shape.dims[dim];
-    cut = p->summarize && n > 2 * TB__PRINT_EDGE;
-    tb__str_append(p->out, "[");
-    if (dim == rank - 1) {
-        int per_line = (TB__PRINT_LINE - indent) / (p->width + 2);
-        int64_t item = 0;
-        if (per_line < 1) per_line = 1;
-        for (i = 0; i < n; ++i, ++item) {
-            if (item > 0) {
-                if (item % per_line == 0) {
-                    tb__str_append(p->out, ",\n");
-                    tb__print_spaces(p->out, indent + 1);
-                } else {
-                    tb__str_append(p->out, ", ");
-                }
-            }
-            if (cut && i == TB__PRINT_EDGE) {
-                tb__str_append(p->out, " ...");
-                i = n - TB__PRINT_EDGE - 1;
-                continue;
-            }
-            tb__print_element(p, offset + i * p->strides[dim], text, sizeof text);
-            tb__str_append(p->out, "%s", text);
-        }
-    } else {
-        for (i = 0; i < n; ++i) {
-            if (i > 0) {
-                tb__str_append(p->out, ",");
-                for (k = 0; k < rank - dim - 1; ++k)
-                    tb__str_append(p->out, "\n");
-                tb__print_spaces(p->out, indent + 1);
-            }
-            if (cut && i == TB__PRINT_EDGE) {
-                tb__str_append(p->out, "...");
-                i = n - TB__PRINT_EDGE - 1;
-                continue;
-            }
-            tb__print_emit(p, dim + 1, offset + i * p->strides[dim], indent + 1);
-        }
-    }
-    tb__str_append(p->out, "]");
-}
-
-/* _add_suffixes: ", suffix", or a new line indented under the value when the line would pass
-   the line width. `last_line` carries PyTorch's count (including its off-by-two start). */
-static void tb__print_suffix(tb__str *s, size_t *last_line, const char *suffix) {
-    size_t len = strlen(suffix);
-    if (*last_line + len + 2 > TB__PRINT_LINE) {
-        tb__str_append(s, ",\n%*s%s", TB__PRINT_INDENT, "", suffix);
-        *last_line = TB__PRINT_INDENT + len;
-    } else {
-        tb__str_append(s, ", %s", suffix);
-        *last_line += len + 2;
-    }
-}
-
-/* The whole text into `s` (which the caller frees). */
-static tb_status tb__print_tensor(const char *fn, tb_tensor *tensor, tb__str *s) {
-    tb__printer p;
-    tb_device device;
-    char text[128], device_text[64];
-    size_t nbytes = 0, last_line, i;
-    int64_t numel = 0;
-    void *host;
-    tb_status st;
-    tb__ensure_setup();
-    if (tensor == NULL) {
-        if (tb_last_status() != TB_OK) return tb_last_status();
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: tensor is NULL", fn);
-    }
-    memset(&p, 0, sizeof p);
-    p.shape = tb_tensor_shape(tensor);
-    device = tb_tensor_device(tensor);
-    st = tb_shape_numel(&p.shape, &numel);
-    if (st == TB_OK) st = tb_shape_nbytes(&p.shape, &nbytes);
-    if (st != TB_OK) return st;
-    host = tb__alloc(nbytes ? nbytes : 1);
-    if (host == NULL) return tb_last_status();
-    st = tb_tensor_to_host(tensor, host, nbytes);
-    if (st != TB_OK) {
-        tb__free(host);
-        return st;
-    }
-    p.data = (const unsigned char *)host;
-    p.out = s;
-    tb_shape_strides(&p.shape, p.strides);
-    tb__str_append(s, "tensor(");
-    if (numel == 0) {
-        tb__str_append(s, "[]");
-    } else {
-        p.summarize = numel > TB__PRINT_THRESHOLD;
-        tb__print_formatter(&p);
-        tb__print_emit(&p, 0, 0, TB__PRINT_INDENT);
-    }
-    tb__free(host);
-    if (s->failed) return tb__error(TB_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-    for (i = s->len; i > 0 && s->data[i - 1] != '\n'; --i)
-        ;
-    last_line = s->len - i + 2; /* PyTorch's len - rfind('\n') + 1 */
-    tb_device_format(&device, device_text, sizeof device_text);
-    snprintf(text, sizeof text, "device='%s'", device_text);
-    tb__print_suffix(s, &last_line, text);
-    if (numel == 0 && p.shape.rank != 1) {
-        size_t n = (size_t)snprintf(text, sizeof text, "size=(");
-        int32_t d;
-        for (d = 0; d < p.shape.rank; ++d)
-            n += (size_t)snprintf(text + n, sizeof text - n, "%s%lld", d ? ", " : "",
-                                  (long long)p.shape.dims[d]);
-        snprintf(text + n, sizeof text - n, ")");
-        tb__print_suffix(s, &last_line, text);
-    }
-    snprintf(text, sizeof text, "dtype=%s", tb_dtype_name(p.shape.dtype));
-    tb__print_suffix(s, &last_line, text);
-    tb__str_append(s, ")");
-    if (s->failed) return tb__error(TB_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-    return TB_OK;
-}
-
-TBDEF tb_status tb_tensor_format(tb_tensor *tensor, char *buf, size_t cap, size_t *needed) {
-    tb__str s;
-    tb_status st;
-    if (needed != NULL) *needed = 0;
-    if (buf != NULL && cap > 0) buf[0] = '\0';
-    if (buf == NULL && cap > 0) {
-        tb__ensure_setup();
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_tensor_format: buf is NULL but cap is %lu",
-                         (unsigned long)cap);
-    }
-    memset(&s, 0, sizeof s);
-    st = tb__print_tensor("tb_tensor_format", tensor, &s);
-    if (st == TB_OK) {
-        if (cap > 0) {
-            size_t n = s.len < cap - 1 ? s.len : cap - 1;
-            memcpy(buf, s.data, n);
-            buf[n] = '\0';
-        }
-        if (needed != NULL) *needed = s.len;
-    }
-    tb__str_free(&s);
-    return st;
-}
-
-TBDEF tb_status tb_tensor_print(tb_tensor *tensor) {
-    tb__str s;
-    tb_status st;
-    memset(&s, 0, sizeof s);
-    st = tb__print_tensor("tb_tensor_print", tensor, &s);
-    if (st == TB_OK && (fwrite(s.data, 1, s.len, stdout) != s.len || fputc('\n', stdout) == EOF ||
-                        fflush(stdout) != 0))
-        st = tb__error(TB_ERR_IO, "tb_tensor_print: cannot write to stdout: %s", strerror(errno));
-    tb__str_free(&s);
-    return st;
-}
-
-#undef TB__PRINT_THRESHOLD
-#undef TB__PRINT_EDGE
-#undef TB__PRINT_LINE
-#undef TB__PRINT_INDENT
-#undef TB__PRINT_TEXT
-
-/* ---- src/autograd.c ---- */
+/* ---- src/train/autograd.c ---- */
 /* ===========================================================================================
    Autograd: tb_grad walks the recorded IR from the output back to the inputs and records, for
    each node on a path, its vector-Jacobian product as more IR built from the public ops (so
@@ -18032,7 +18032,7 @@ TBDEF tb_tensor *tb_index_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_te
     return tb__ag_scatter_op("tb_index_add", x, dim, index, src, true);
 }
 
-/* ---- src/nn.c ---- */
+/* ---- src/train/nn.c ---- */
 /* ===========================================================================================
    Losses and dropout, built from the public ops (their gradients come from the ops' rules).
    =========================================================================================== */
@@ -18255,7 +18255,7 @@ TBDEF tb_tensor *tb_dropout(tb_tensor *x, double p, bool training) {
     return tb__nn_finish(&a, y);
 }
 
-/* ---- src/layers.c ---- */
+/* ---- src/train/layers.c ---- */
 /* ===========================================================================================
    Layers of real models, built from the public ops (their gradients come from the ops'
    rules): linear, embedding, the hard activations, masks, batch norm, attention and
@@ -18843,7 +18843,7 @@ TBDEF tb_tensor *tb_interpolate(tb_tensor *x, const int64_t *size, size_t num_si
     return tb__nn_finish(&a, y);
 }
 
-/* ---- src/conv.c ---- */
+/* ---- src/train/conv.c ---- */
 /* ===========================================================================================
    Convolution and pooling, recorded from tb_window, tb_pad and tb_matmul (their gradients
    come from the ops' rules; the window's is the fold in autograd.c).
@@ -19613,7 +19613,7 @@ TBDEF tb_tensor *tb_fold(tb_tensor *g, size_t num_spatial, const int64_t *sizes,
     return tb__nn_finish(&a, tb__ag_fold(&a, g, n, sizes, k, s, d));
 }
 
-/* ---- src/optim.c ---- */
+/* ---- src/train/optim.c ---- */
 /* ===========================================================================================
    Optimizers: each step builds the new parameters and state as lazy tensors (PyTorch 1.13's
    formulas, operation for operation), syncs them with the caller's tensors in one graph, and
@@ -20272,7 +20272,7 @@ TBDEF tb_status tb_accumulate_grads(tb_tensor **acc, tb_tensor *const *grads, si
     return TB_OK;
 }
 
-/* ---- src/compile.h ---- */
+/* ---- src/compile/compile.h ---- */
 /* ===========================================================================================
    The internal contract of the compiled backends (OpenCL, native): what the planner, the index
    arithmetic, the code generator and the disk cache give the parts after them. The types are
@@ -20925,7 +20925,7 @@ static void tb__native_global_size(const tb__plan_kernel *k, uint64_t size[3]);
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
-/* ---- src/diskcache.c ---- */
+/* ---- src/compile/diskcache.c ---- */
 /* ===========================================================================================
    The disk cache of compiled programs, shared by the compiled backends (OpenCL program
    binaries, native shared objects). One folder ($TB_CACHE_DIR, else $XDG_CACHE_HOME or
@@ -21496,7 +21496,7 @@ static void tb__disk_store(const tb__disk_format *fmt, const char *dir, const tb
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
-/* ---- src/tuning.c ---- */
+/* ---- src/compile/tuning.c ---- */
 /* ===========================================================================================
    Tuning: the numbers that shape kernels, one table per class of device, and the register
    blocks and vector widths of a CPU's vector shape (its vector registers' width and count).
@@ -21598,7 +21598,7 @@ static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape) {
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
-/* ---- src/planner.c ---- */
+/* ---- src/compile/planner.c ---- */
 /* ===========================================================================================
    Kernel planner: turns a graph into a kernel plan, the only interface between scheduling and
    code generation. It knows nothing of OpenCL or of any language: it decides which nodes form
@@ -22932,7 +22932,7 @@ static tb_status tb__plan_split_concats(tb__pgraph *G) {
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
-/* ---- src/planner_layout.c ---- */
+/* ---- src/compile/planner_layout.c ---- */
 /* ===========================================================================================
    Kernel planner, second half: the layout of the kernels planner.c formed (vectors along rows,
    launch geometry, names), the plan of a graph from its steps in order, and buffer donation.
@@ -23657,7 +23657,7 @@ static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target,
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
-/* ---- src/index.c ---- */
+/* ---- src/compile/index.c ---- */
 /* ===========================================================================================
    Index arithmetic for generated kernels: which element of an array a kernel is at, as affine
    forms over the kernel's index variables (c + sum(coef * var)). A position holds a flat
@@ -24303,7 +24303,7 @@ static void tb__ix_free(tb__ix *g) {
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
-/* ---- src/prelude.cl ---- */
+/* ---- src/compile/prelude.cl ---- */
 #if !defined(TB_NO_OPENCL) || (!defined(TB_NO_NATIVE) && !defined(_WIN32))
 // clang-format off
 static const char *const tb__cl_prelude[] = {
@@ -24673,7 +24673,7 @@ static const size_t tb__cl_prelude_count = 360;
 // clang-format on
 #endif
 
-/* ---- src/codegen.c ---- */
+/* ---- src/compile/codegen.c ---- */
 /* ===========================================================================================
    C-family code generator: renders a kernel plan (planner.c) as source text through a
    dialect, a small description of what differs between OpenCL C and C99 (address-space
@@ -26154,7 +26154,7 @@ static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t 
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
-/* ---- src/codegen_matmul.c ---- */
+/* ---- src/compile/codegen_matmul.c ---- */
 /* ===========================================================================================
    C-family code generator, the matmul kernels: the stores every matmul kernel shares (its
    epilogue, by scalars or W columns at once), the register matmul (no work-group memory), the
@@ -26800,7 +26800,7 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k) {
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
-/* ---- src/codegen_kernels.c ---- */
+/* ---- src/compile/codegen_kernels.c ---- */
 /* ===========================================================================================
    C-family code generator, the row kernels and the program: each kernel of the plan
    (elementwise, reductions, norms; matmul and its pack kernels are codegen_matmul.c's) around
@@ -28176,7 +28176,7 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
-/* ---- src/opencl_internal.h ---- */
+/* ---- src/runtime/opencl/opencl_internal.h ---- */
 /* ===========================================================================================
    The internal contract of the OpenCL backend's parts (opencl_api.c, opencl_device.c,
    opencl_program.c, opencl.c): the part of the OpenCL API the backend uses, declared here so
@@ -28480,7 +28480,7 @@ static void tb__ocl_programs_trim(tb__ocl_device *dev, size_t keep);
 
 #endif /* TB_NO_OPENCL */
 
-/* ---- src/opencl_api.c ---- */
+/* ---- src/runtime/opencl/opencl_api.c ---- */
 /* ===========================================================================================
    OpenCL: the part of the API the backend uses, declared here so that no SDK is needed, and
    the ICD loader, opened at run time (no -lOpenCL) unless TB_OPENCL_LINKED is defined (the
@@ -28746,7 +28746,7 @@ static bool tb__ocl_load_library(tb__cl_api *api, char *reason, size_t cap) {
 
 #endif /* TB_NO_OPENCL */
 
-/* ---- src/opencl_device.c ---- */
+/* ---- src/runtime/opencl/opencl_device.c ---- */
 /* ===========================================================================================
    OpenCL runtime: the loaded library, its devices (every platform's; one context and one
    in-order profiling queue per device, created on first use), the caching buffer allocator and
@@ -29338,7 +29338,7 @@ static void tb__ocl_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[
 
 #endif /* TB_NO_OPENCL */
 
-/* ---- src/opencl_program.c ---- */
+/* ---- src/runtime/opencl/opencl_program.c ---- */
 /* ===========================================================================================
    OpenCL programs: the in-memory cache (shared by every computation with the same source), the
    disk cache of program binaries (diskcache.c), and the build.
@@ -29653,7 +29653,7 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
 
 #endif /* TB_NO_OPENCL */
 
-/* ---- src/opencl.c ---- */
+/* ---- src/runtime/opencl/opencl.c ---- */
 /* ===========================================================================================
    OpenCL backend ("opencl"): the backend's entries over the runtime (opencl_device.c) and the
    programs (opencl_program.c); a lowering that partitions a graph into fused kernels
@@ -31041,7 +31041,7 @@ TBDEF tb_status tb_opencl_trim_cache(const tb_device *device) {
 
 #endif /* TB_NO_OPENCL */
 
-/* ---- src/native_dialect.c ---- */
+/* ---- src/runtime/native/native_dialect.c ---- */
 /* ===========================================================================================
    The C99 dialect of the code generator, for the native backend (native.c): the head every
    program starts with (GNU vector extensions for the vector types, the CPU's own instructions
@@ -31462,7 +31462,7 @@ static void tb__native_dialect(tb__dialect *d, int32_t vec_width) {
 
 #endif /* TB__HAVE_NATIVE */
 
-/* ---- src/native_internal.h ---- */
+/* ---- src/runtime/native/native_internal.h ---- */
 /* ===========================================================================================
    Native backend: what its parts share: the thread pool (native_pool.c), the runtime's types and
    the functions one part uses of another.
@@ -31572,7 +31572,7 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
 
 #endif /* TB__HAVE_NATIVE */
 
-/* ---- src/native_pool.c ---- */
+/* ---- src/runtime/native/native_pool.c ---- */
 /* ===========================================================================================
    Native backend: its thread pool. One job at a time: a kernel's work items split into
    chunks, taken by the pool's threads and the caller from a shared counter.
@@ -31761,7 +31761,7 @@ static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *ar
 
 #endif /* TB__HAVE_NATIVE */
 
-/* ---- src/native_runtime.c ---- */
+/* ---- src/runtime/native/native_runtime.c ---- */
 /* ===========================================================================================
    Native backend: its runtime. The compiler it runs (found, probed, its options), the device
    it makes of the host CPU, and host memory: 64-byte aligned buffers from a caching allocator.
@@ -32121,7 +32121,7 @@ static void tb__native_buf_free(tb__native_rt *rt, tb__native_buf *b) {
 
 #endif /* TB__HAVE_NATIVE */
 
-/* ---- src/native_programs.c ---- */
+/* ---- src/runtime/native/native_programs.c ---- */
 /* ===========================================================================================
    Native backend: programs. A kernel program's C source compiled by the system compiler in a
    supervised child process (a time limit, its own temporary folder), loaded with dlopen and
@@ -32904,7 +32904,7 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
 
 #endif /* TB__HAVE_NATIVE */
 
-/* ---- src/native.c ---- */
+/* ---- src/runtime/native/native.c ---- */
 /* ===========================================================================================
    Native backend ("native"): the planner's kernels rendered as C99 (codegen.c, codegen_kernels.c),
    compiled at run time by the system C compiler ($CC, else cc) into a shared object, loaded with
@@ -33646,7 +33646,7 @@ static tb_status tb__native_register(void) {
 
 #endif /* TB__HAVE_NATIVE */
 
-/* ---- src/distributed_internal.h ---- */
+/* ---- src/distributed/distributed_internal.h ---- */
 /* ===========================================================================================
    Distribution: what the process-group registry (distributed.c) uses of the mpi part
    =========================================================================================== */
@@ -33666,7 +33666,7 @@ static tb_status tb__process_group_run(const tb_node *node, tb_status local, con
                                        void *dest, void **out, void (**release)(void *context),
                                        void **context);
 
-/* ---- src/mpi.c ---- */
+/* ---- src/distributed/mpi.c ---- */
 /* ===========================================================================================
    The `mpi` process group: the MPI library opened at run time (no -lmpi, no mpi.h), Open MPI's
    libmpi.so.40, MPICH's libmpich.so.12 or an MPI-5 standard ABI library. The three ABIs differ
@@ -34190,7 +34190,7 @@ static tb_process_group_impl tb__mpi_group_impl(void) {
 
 #endif /* TB__HAVE_MPI */
 
-/* ---- src/distributed.c ---- */
+/* ---- src/distributed/distributed.c ---- */
 /* ===========================================================================================
    Distribution: the process-group registry and the collectives on tensors. Each collective
    first exchanges a small record of what every rank is about to do, so that ranks that went
@@ -34898,7 +34898,7 @@ TBDEF tb_status tb_barrier(tb_process_group *group) {
     return st;
 }
 
-/* ---- src/shard.c ---- */
+/* ---- src/distributed/shard.c ---- */
 /* ===========================================================================================
    Sharded tensors: per-device tensors and their placement, ops per shard, and the collectives
    between the devices of this process (built on tb_sync, tb_to_device and the ops).
@@ -36101,7 +36101,7 @@ TBDEF tb_status tb_sharded_grad(tb_sharded *loss, tb_sharded *const *params, siz
     return st;
 }
 
-/* ---- src/interop.c ---- */
+/* ---- src/formats/interop.c ---- */
 /* ===========================================================================================
    Interop: .npy files
    =========================================================================================== */
@@ -36966,7 +36966,7 @@ TBDEF tb_tensor *tb_dlpack_import_versioned(tb_dl_managed_tensor_versioned *mana
                          tb__dl_call_deleter_versioned, managed);
 }
 
-/* ---- src/files_internal.h ---- */
+/* ---- src/formats/files_internal.h ---- */
 /* ===========================================================================================
    The internal contract of the model file parts (files.c, safetensors.c, inflate.c, npz.c,
    idx.c): tensor sets, a file's bytes, the file being written, CRC-32 and inflate, and the
@@ -37085,7 +37085,7 @@ typedef struct tb__inflater {
 /* inflates all of s->in into exactly s->out_len bytes: NULL on success, else the reason */
 static const char *tb__inflate(tb__inflater *s);
 
-/* ---- src/files.c ---- */
+/* ---- src/formats/files.c ---- */
 /* ===========================================================================================
    Model files: tensor sets, and what the file formats share: a file's bytes (memory-mapped,
    shared by the tensors that use them in place), little-endian reads, UTF-8 checks, writing
@@ -37827,7 +37827,7 @@ TBDEF tb_status tb_optimizer_state_load(tb_optimizer *opt, const tb_tensor_set *
     return st;
 }
 
-/* ---- src/safetensors.c ---- */
+/* ---- src/formats/safetensors.c ---- */
 /* ===========================================================================================
    Model files: safetensors (an 8-byte length, a JSON header, then the tensors' bytes), loaded
    and saved.
@@ -38581,7 +38581,7 @@ TBDEF tb_status tb_safetensors_save(const char *path, const tb_tensor_set *set) 
     return st;
 }
 
-/* ---- src/inflate.c ---- */
+/* ---- src/formats/inflate.c ---- */
 /* ===========================================================================================
    CRC-32 and inflate (RFC 1951): the checksums and decompression that .npz (zip) and gzipped
    IDX files share.
@@ -38860,7 +38860,7 @@ static const char *tb__inflate(tb__inflater *s) {
 
 #undef TB__HUFF_FAST
 
-/* ---- src/npz.c ---- */
+/* ---- src/formats/npz.c ---- */
 /* ===========================================================================================
    Model files: .npz (a zip of .npy files), loaded (stored or deflated entries) and saved
    (stored entries; zip64 records where the sizes need them).
@@ -39443,7 +39443,7 @@ TBDEF tb_status tb_npz_save(const char *path, const tb_tensor_set *set) {
 #undef TB__ZIP_MAX32
 #undef TB__ZIP_MAX16
 
-/* ---- src/idx.c ---- */
+/* ---- src/formats/idx.c ---- */
 /* ===========================================================================================
    Model files: IDX (MNIST's format), plain or gzip.
    =========================================================================================== */

@@ -271,9 +271,9 @@ static void compare_tensors(const char *what, tb_tensor *ref, tb_tensor *got) {
 
 /* ---- the names in generated kernels ---- */
 
-/* The naming rule of generated kernels (src/opencl.c, "Names in generated kernels"): a name of
-   one letter and digits is a numbered name of kind v, i, b, s or x; the arguments b<n> and
-   s<n> are declared in the signature only and never assigned; a value or index variable is
+/* The naming rule of generated kernels (src/runtime/opencl/opencl.c, "Names in generated kernels"):
+   a name of one letter and digits is a numbered name of kind v, i, b, s or x; the arguments b<n>
+   and s<n> are declared in the signature only and never assigned; a value or index variable is
    declared at most once in a kernel. A fixed name of a template that took that form could meet a
    numbered one in some graph. */
 #define NAME_LIMIT (1 << 17)

@@ -30,9 +30,14 @@ def read(path):
 
 
 def sources():
-    for name in sorted(os.listdir(os.path.join(ROOT, "src"))):
-        if name.endswith((".c", ".h")):
-            yield name, read(os.path.join("src", name))
+    """(path under src/, text) of every .c and .h file of src/ and its folders."""
+    top = os.path.join(ROOT, "src")
+    for folder, dirs, files in sorted(os.walk(top)):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith((".c", ".h")):
+                rel = os.path.relpath(os.path.join(folder, name), top)
+                yield rel, read(os.path.join("src", rel))
 
 
 def strip(text):

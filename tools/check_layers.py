@@ -14,6 +14,9 @@ Checks:
      headers listed in the manifest), so that what layers use of each other is written down.
   3. No part is longer than MAX_PART_LINES lines, and no function longer than MAX_FUNCTION_LINES
      (the budget of a part and of a function a reader can hold in mind).
+  4. The folders of src/ are layers: the parts of each folder come as one run in the manifest
+     (the top folder's own parts, which open and close the implementation, excepted), and
+     every part of src/ and its folders is in the manifest.
 
 Comments and string literals are ignored. Function definitions are found at the start of a
 line in the clang-format layout the sources keep.
@@ -66,6 +69,31 @@ def functions(text):
     return out
 
 
+def folder_problems(parts):
+    """Check 4: each folder's parts one run of the manifest; no part of src/ left out."""
+    problems, seen, last = [], set(), None
+    for p in parts:
+        folder = os.path.dirname(p)
+        if folder == "src" or folder == last:
+            continue
+        if folder in seen:
+            problems.append(f"{p}: {folder}/ is a layer, but its parts do not come together in "
+                            "the manifest")
+        seen.add(folder)
+        last = folder
+    spec = importlib.util.spec_from_file_location("amalgamate", os.path.join(ROOT, "amalgamate.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    listed = set(mod.PARTS)
+    for folder, dirs, files in os.walk(os.path.join(ROOT, "src")):
+        dirs.sort()
+        for name in sorted(files):
+            rel = os.path.relpath(os.path.join(folder, name), ROOT)
+            if name.endswith((".c", ".h", ".cl")) and rel not in listed:
+                problems.append(f"{rel}: a part of src/ that the manifest does not list")
+    return problems
+
+
 def main():
     parts = manifest()
     wiring_accessor = "tb__wiring"
@@ -108,6 +136,7 @@ def main():
             if n > MAX_FUNCTION_LINES:
                 problems.append(f"{p}:{first}: {name} is {n} lines, more than "
                                 f"{MAX_FUNCTION_LINES}")
+    problems += folder_problems(parts)
     for line in problems:
         print(line)
     total = sum(len(functions(stripped[p])) for p in c_parts)

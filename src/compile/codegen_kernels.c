@@ -1,0 +1,1375 @@
+/* ===========================================================================================
+   C-family code generator, the row kernels and the program: each kernel of the plan
+   (elementwise, reductions, norms; matmul and its pack kernels are codegen_matmul.c's) around
+   the values and expressions of codegen.c, and the program of all of them through the dialect
+   (tb__cg_render). The naming rules of generated kernels are in codegen.c.
+   =========================================================================================== */
+#include "../impl_begin.h"
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+/* ---- kernels ---- */
+
+/* The kernel's row index i<v>: one work item per row, or one work-group per row with the
+   item's index in the group as `lid` (the plan's layout). */
+static int32_t tb__cg_row_header(tb__cg *g, const tb__plan_kernel *k, int64_t rows) {
+    int32_t v = tb__ix_new_var(&g->ix, 0, rows > 0 ? rows - 1 : 0);
+    char id[48];
+    if (v < 0) return -1;
+    if (k->group <= 1) {
+        tb__cg_id(id, sizeof id, g->d->global_id, 0);
+        tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)v, id);
+        tb__ix_line(&g->ix, "if (i%d >= %lldL) return;", (int)v, (long long)rows);
+    } else {
+        tb__cg_id(id, sizeof id, g->d->group_id, 0);
+        tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)v, id);
+        tb__cg_id(id, sizeof id, g->d->local_id, 0);
+        tb__ix_line(&g->ix, "const int lid = (int)%s;", id);
+    }
+    return v;
+}
+
+/* The tree reduction of `var` over a work-group of `groups` items. */
+static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, const char *type,
+                                const char *combine) {
+    tb__ix_line(&g->ix, "red[lid] = %s;", var);
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+    tb__ix_line(&g->ix, "for (int s = %d; s > 0; s >>= 1) {", (int)(groups / 2));
+    tb__ix_line(&g->ix, "    if (lid < s) {");
+    tb__ix_line(&g->ix, "        const %s a = red[lid], b = red[lid + s];", type);
+    tb__ix_line(&g->ix, "        red[lid] = %s;", combine);
+    tb__ix_line(&g->ix, "    }");
+    tb__ix_line(&g->ix, "    %s", g->d->barrier);
+    tb__ix_line(&g->ix, "}");
+    tb__ix_line(&g->ix, "%s = red[0];", var);
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+}
+
+static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_shape *rs = tb__plan_shape(g->G, k->root);
+    int32_t i0, v;
+    char index[64];
+    if (k->vec > 0) {
+        /* a block of W consecutive elements per work item (W divides the last axis) */
+        i0 = tb__cg_row_header(g, k, (int64_t)k->items);
+        if (i0 < 0) return g->ix.status;
+        char ptr[48];
+        v = tb__cg_veval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->vec, -1));
+        if (v < 0) return g->ix.status;
+        snprintf(ptr, sizeof ptr, "out + i%d * %dL", (int)i0, (int)k->vec);
+        tb__cg_vstore(g, rs->dtype, v, ptr, k->stream_out); /* out + i0 * W: aligned */
+        return TB_OK;
+    }
+    if (k->row_len > 0) {
+        /* a row of the last axis per work item: the leading dims' positions once a row */
+        int32_t ic;
+        char head[96];
+        i0 = tb__cg_row_header(g, k, tb__plan_numel(rs) / k->row_len);
+        ic = tb__ix_new_var(&g->ix, 0, k->row_len - 1);
+        if (i0 < 0 || ic < 0) return g->ix.status;
+        snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)ic, (int)ic,
+                 (long long)k->row_len, (int)ic);
+        tb__ix_open(&g->ix, head);
+        v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->row_len, ic));
+        if (v < 0) return g->ix.status;
+        snprintf(index, sizeof index, "i%d * %lldL + i%d", (int)i0, (long long)k->row_len, (int)ic);
+        tb__cg_store(g, rs->dtype, "out", index, v);
+        tb__ix_close(&g->ix, "");
+        return g->ix.status;
+    }
+    i0 = tb__cg_row_header(g, k, tb__plan_numel(rs));
+    if (i0 < 0) return g->ix.status;
+    v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, 1, -1));
+    if (v < 0) return g->ix.status;
+    snprintf(index, sizeof index, "i%d", (int)i0);
+    tb__cg_store(g, rs->dtype, "out", index, v);
+    return TB_OK;
+}
+
+/* A run of a concat's operands (TB__K_CONCAT): a work item per element of its slice of the
+   output, the concat evaluated there (codegen.c: tb__cg_concat_run) and stored. */
+static tb_status tb__cg_kernel_concat(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_node *n = g->G->info[k->root].node;
+    const tb_shape *cs = &n->shape;
+    int32_t dim = (int32_t)n->attrs[0], i0, pp, qp, v;
+    tb_shape ps = *cs;
+    tb__lf dims[TB_MAX_RANK];
+    char index[TB__LF_TEXT];
+    ps.dims[dim] = k->cat_len;
+    i0 = tb__cg_row_header(g, k, tb__plan_numel(&ps));
+    if (i0 < 0) return g->ix.status;
+    /* the element of the slice, then of the output */
+    pp = tb__ix_var_pos_flat(&g->ix, &ps, i0, 1, -1);
+    if (pp < 0 || !tb__ix_need_multi(&g->ix, pp)) return g->ix.status;
+    memcpy(dims, g->ix.pos[pp].dim, sizeof dims);
+    dims[dim].c += k->cat_start;
+    qp = tb__ix_pos_multi(&g->ix, cs, dims);
+    v = qp >= 0 ? tb__cg_eval(g, k->root, qp) : -1;
+    if (v < 0 || !tb__ix_need_flat(&g->ix, qp)) return g->ix.status;
+    tb__lf_text(&g->ix.pos[qp].flat, index, sizeof index);
+    tb__cg_store(g, cs->dtype, "out", index, v);
+    return g->ix.status;
+}
+
+/* The operand's position of a reduction or norm: the output's dims for the kept axes, the
+   loop's index for the reduced ones. */
+static int32_t tb__cg_split_pos(tb__cg *g, const tb_shape *xs, uint64_t mask, bool keepdim,
+                                int32_t out_pos, const tb__lf *red) {
+    tb__lf dims[TB_MAX_RANK];
+    const tb__pos *p = &g->ix.pos[out_pos];
+    int32_t a, oi = 0, ri = 0;
+    for (a = 0; a < xs->rank; a++) {
+        if ((mask >> a) & 1u) {
+            dims[a] = red[ri++];
+            if (keepdim) oi++;
+        } else {
+            dims[a] = p->dim[oi++];
+        }
+    }
+    return tb__ix_pos_multi(&g->ix, xs, dims);
+}
+
+/* What a reduction kernel reads and how it folds: the operand x at (output row, reduction
+   index), the accumulator type and the combination of two partial results. */
+typedef struct tb__cg_red {
+    const tb__plan_kernel *k;
+    const tb_node *cn;
+    int32_t x, i0, row, chunk_var, out_pos;
+    const tb_shape *xs;
+    tb_shape red;
+    uint64_t mask;
+    bool keepdim, is_arg, is_max;
+    int64_t m, n_out, chunk;
+    tb_dtype xd, od;
+    const char *xt, *acc_t, *combine;
+} tb__cg_red;
+
+/* The value of x at reduction index i<r> + lane of the current row. */
+static int32_t tb__cg_red_value(tb__cg *g, const tb__cg_red *rd, int32_t r, int64_t lane) {
+    tb__lf lf;
+    int32_t xp;
+    tb__lf_const(&lf, lane);
+    if (rd->k->suffix) {
+        tb__lf_add_term(&lf, rd->row, rd->m);
+        tb__lf_add_term(&lf, r, 1);
+        xp = tb__ix_pos_flat(&g->ix, rd->xs, &lf);
+    } else {
+        tb__lf rl[TB_MAX_RANK];
+        int32_t rp;
+        tb__lf_add_term(&lf, r, 1);
+        rp = tb__ix_pos_flat(&g->ix, &rd->red, &lf);
+        if (rp < 0 || !tb__ix_need_multi(&g->ix, rp)) return -1;
+        memcpy(rl, g->ix.pos[rp].dim, sizeof rl);
+        xp = tb__cg_split_pos(g, rd->xs, rd->mask, rd->keepdim, rd->out_pos, rl);
+    }
+    if (xp < 0) return -1;
+    return tb__cg_eval(g, rd->x, xp);
+}
+
+/* Accumulator `lane` of a reduction loop: acc, acc1, acc2, ... */
+static void tb__cg_acc_name(char *buf, size_t cap, int32_t lane) {
+    if (lane == 0)
+        snprintf(buf, cap, "acc");
+    else
+        snprintf(buf, cap, "acc%d", (int)lane);
+}
+
+/* Folds value v<vx> (at reduction index i<r>) into the accumulator named `acc`. */
+static void tb__cg_red_step(tb__cg *g, const tb__cg_red *rd, int32_t vx, int32_t r,
+                            const char *acc) {
+    const char *cmp = rd->is_max ? ">" : "<";
+    switch (rd->cn->op) {
+    case TB_OP_SUM:
+    case TB_OP_MEAN:
+        tb__ix_line(&g->ix, "%s += (%s)v%d;", acc, rd->acc_t, (int)vx);
+        break;
+    case TB_OP_PROD:
+        tb__ix_line(&g->ix, "%s *= (%s)v%d;", acc, rd->acc_t, (int)vx);
+        break;
+    case TB_OP_MAX:
+    case TB_OP_MIN:
+        if (tb_dtype_is_float(rd->xd)) {
+            tb__ix_line(&g->ix, "if (v%d %s %s || isnan(v%d)) %s = v%d;", (int)vx, cmp, acc,
+                        (int)vx, acc, (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "if (v%d %s %s) %s = v%d;", (int)vx, cmp, acc, acc, (int)vx);
+        }
+        break;
+    default:
+        if (tb_dtype_is_float(rd->xd)) {
+            tb__ix_line(&g->ix,
+                        "if (bi < 0 || v%d %s best || (isnan(v%d) && !isnan(best))) { best = v%d; "
+                        "bi = i%d; }",
+                        (int)vx, cmp, (int)vx, (int)vx, (int)r);
+        } else {
+            tb__ix_line(&g->ix, "if (bi < 0 || v%d %s best) { best = v%d; bi = i%d; }", (int)vx,
+                        cmp, (int)vx, (int)r);
+        }
+        break;
+    }
+}
+
+/* The reduction's description, its row header and its accumulators' first values. */
+static bool tb__cg_red_begin(tb__cg *g, const tb__plan_kernel *k, tb__cg_red *rd) {
+    const tb_node *cn = g->G->info[k->core].node;
+    bool partial = k->kind == TB__K_PARTIAL, final = !partial && k->split > 0, sums;
+    int32_t a;
+    const char *init = "0";
+    memset(rd, 0, sizeof *rd);
+    rd->k = k;
+    rd->cn = cn;
+    rd->x = tb__plan_operand(g->G, k->core, 0);
+    rd->xs = tb__plan_shape(g->G, rd->x);
+    rd->is_arg = cn->op == TB_OP_ARGMAX || cn->op == TB_OP_ARGMIN;
+    rd->is_max = cn->op == TB_OP_MAX || cn->op == TB_OP_ARGMAX;
+    rd->mask = rd->is_arg ? ((uint64_t)1 << cn->attrs[0]) : (uint64_t)cn->attrs[0];
+    rd->keepdim = cn->attrs[1] != 0;
+    rd->xd = rd->xs->dtype;
+    rd->od = cn->shape.dtype;
+    rd->xt = tb__cg_ctype(rd->xd);
+    rd->n_out = tb__plan_numel(&cn->shape);
+    rd->m = 1;
+    rd->red.dtype = rd->xd;
+    for (a = 0; a < rd->xs->rank; a++) {
+        if ((rd->mask >> a) & 1u) {
+            rd->red.dims[rd->red.rank++] = rd->xs->dims[a];
+            rd->m *= rd->xs->dims[a];
+        }
+    }
+    sums = cn->op == TB_OP_SUM || cn->op == TB_OP_MEAN || cn->op == TB_OP_PROD;
+    rd->acc_t = sums ? tb__cg_acc_ctype(k->acc) : rd->xt;
+    rd->combine = cn->op == TB_OP_PROD ? "a * b" : "a + b";
+    if (cn->op == TB_OP_MAX)
+        rd->combine =
+            tb_dtype_is_float(rd->xd) ? "((b > a || isnan(b)) ? b : a)" : "(b > a ? b : a)";
+    if (cn->op == TB_OP_MIN)
+        rd->combine =
+            tb_dtype_is_float(rd->xd) ? "((b < a || isnan(b)) ? b : a)" : "(b < a ? b : a)";
+    rd->i0 = tb__cg_row_header(g, k, partial ? rd->n_out * k->split : rd->n_out);
+    if (rd->i0 < 0) return false;
+    if (k->group > 1) {
+        if (rd->is_arg) {
+            tb__cg_local(g, rd->xt, "redv", k->group);
+            tb__cg_local(g, "long", "redi", k->group);
+        } else {
+            tb__cg_local(g, rd->acc_t, "red", k->group);
+        }
+    }
+    rd->row = rd->i0;
+    if (partial) {
+        rd->chunk = (rd->m + k->split - 1) / k->split;
+        rd->row = tb__ix_new_var(&g->ix, 0, rd->n_out - 1);
+        rd->chunk_var = tb__ix_new_var(&g->ix, 0, k->split - 1);
+        if (rd->row < 0 || rd->chunk_var < 0) return false;
+        tb__ix_line(&g->ix, "const long i%d = i%d / %d, i%d = i%d %% %d;", (int)rd->row,
+                    (int)rd->i0, (int)k->split, (int)rd->chunk_var, (int)rd->i0, (int)k->split);
+    }
+    rd->out_pos = tb__ix_var_pos_flat(&g->ix, &cn->shape, rd->row, 1, -1);
+    if (rd->out_pos < 0) return false;
+    if (!final && !k->suffix && !tb__ix_need_multi(&g->ix, rd->out_pos)) return false;
+    if (rd->is_arg) {
+        tb__ix_line(&g->ix, "%s best = 0;", rd->xt);
+        tb__ix_line(&g->ix, "long bi = -1;");
+        return g->ix.status == TB_OK;
+    }
+    if (cn->op == TB_OP_PROD) init = "1";
+    if (cn->op == TB_OP_MAX || cn->op == TB_OP_MIN) {
+        if (tb_dtype_is_float(rd->xd)) {
+            init = rd->is_max ? "-INFINITY" : "INFINITY";
+        } else if (rd->xd == TB_I32) {
+            init = rd->is_max ? "INT_MIN" : "INT_MAX";
+        } else if (rd->xd == TB_I64) {
+            init = rd->is_max ? "LONG_MIN" : "LONG_MAX";
+        } else {
+            init = rd->is_max ? "0" : "255";
+        }
+    }
+    tb__ix_line(&g->ix, "%s acc = %s;", rd->acc_t, init);
+    return g->ix.status == TB_OK;
+}
+
+/* The vector part of a row's loop: `lanes` vector accumulators over [rs, rv), rv the last
+   multiple of W x lanes from rs, folded into acc; the caller loops over [rv, re) one element
+   at a time. */
+static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
+    const tb__plan_kernel *k = rd->k;
+    int32_t w = k->vec, lanes = k->lanes > 1 ? k->lanes : 1, lane, r;
+    const char *init, *fold;
+    char head[192], name[16], prev[16];
+    switch (rd->cn->op) {
+    case TB_OP_PROD:
+        init = "1.0f";
+        break;
+    case TB_OP_MAX:
+        init = "-INFINITY";
+        break;
+    case TB_OP_MIN:
+        init = "INFINITY";
+        break;
+    default:
+        init = "0.0f";
+        break;
+    }
+    for (lane = 0; lane < lanes; lane++)
+        tb__ix_line(&g->ix, "tb_vf accv%d = TB_VBC(%s);", (int)lane, init);
+    /* lane_parts: each accumulator its own part of the range (a stream through memory each,
+       which a core's prefetchers fetch ahead in parallel); else the accumulators take turns
+       along one stream */
+    if (k->lane_parts) {
+        tb__ix_line(&g->ix, "const long rn = (re - rs) / %dL * %dL, rv = rs + rn * %dL;",
+                    (int)(w * lanes), (int)w, (int)lanes);
+    } else {
+        tb__ix_line(&g->ix, "const long rv = rs + (re - rs) / %dL * %dL;", (int)(w * lanes),
+                    (int)(w * lanes));
+    }
+    r = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+    if (r < 0) return false;
+    if (k->lane_parts) {
+        snprintf(head, sizeof head, "for (long i%d = rs; i%d < rs + rn; i%d += %d) ", (int)r,
+                 (int)r, (int)r, (int)w);
+    } else {
+        snprintf(head, sizeof head, "for (long i%d = rs; i%d < rv; i%d += %d) ", (int)r, (int)r,
+                 (int)r, (int)(w * lanes));
+    }
+    tb__ix_open(&g->ix, head);
+    for (lane = 0; lane < lanes; lane++) {
+        tb__lf lf;
+        int32_t xp, vx, rl = r;
+        if (lane > 0 && k->lane_parts) {
+            rl = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+            if (rl < 0) return false;
+            tb__ix_line(&g->ix, "const long i%d = i%d + rn * %dL;", (int)rl, (int)r, (int)lane);
+        }
+        tb__lf_const(&lf, k->lane_parts ? 0 : (int64_t)lane * w);
+        tb__lf_add_term(&lf, rd->row, rd->m);
+        tb__lf_add_term(&lf, rl, 1);
+        xp = tb__ix_pos_flat(&g->ix, rd->xs, &lf);
+        vx = tb__cg_veval(g, rd->x, xp);
+        if (vx < 0) return false;
+        if (rd->cn->op == TB_OP_MAX || rd->cn->op == TB_OP_MIN) {
+            tb__ix_line(&g->ix, "accv%d = tb_v%s(v%d, accv%d);", (int)lane,
+                        rd->cn->op == TB_OP_MAX ? "max" : "min", (int)vx, (int)lane);
+        } else {
+            tb__ix_line(&g->ix, "accv%d %s= v%d;", (int)lane, rd->cn->op == TB_OP_PROD ? "*" : "+",
+                        (int)vx);
+        }
+    }
+    tb__ix_close(&g->ix, "");
+    /* the lanes' vectors into one, then into acc */
+    for (lane = 1; lane < lanes; lane++) {
+        snprintf(name, sizeof name, "accv%d", (int)lane);
+        if (rd->cn->op == TB_OP_MAX || rd->cn->op == TB_OP_MIN) {
+            tb__ix_line(&g->ix, "accv0 = tb_v%s(accv0, %s);",
+                        rd->cn->op == TB_OP_MAX ? "max" : "min", name);
+        } else {
+            tb__ix_line(&g->ix, "accv0 %s= %s;", rd->cn->op == TB_OP_PROD ? "*" : "+", name);
+        }
+    }
+    fold = rd->cn->op == TB_OP_PROD  ? "tb_hprod"
+           : rd->cn->op == TB_OP_MAX ? "tb_hmax"
+           : rd->cn->op == TB_OP_MIN ? "tb_hmin"
+                                     : "tb_hsum";
+    snprintf(prev, sizeof prev, "%s", "acc");
+    tb__ix_line(&g->ix, "%s = %s(accv0);", prev, fold);
+    return g->ix.status == TB_OK;
+}
+
+/* The loop over a row (or a chunk of one) with the plan's number of accumulators, combined
+   pairwise at the end. */
+static bool tb__cg_red_loop(tb__cg *g, const tb__cg_red *rd) {
+    const tb__plan_kernel *k = rd->k;
+    char head[384], from[64], to[96];
+    int32_t r, vx, lane, rt, lanes = k->lanes > 1 ? k->lanes : 1;
+    if (k->kind == TB__K_PARTIAL) {
+        snprintf(from, sizeof from, "i%d * %lldL", (int)rd->chunk_var, (long long)rd->chunk);
+        snprintf(to, sizeof to, "%s((i%d + 1) * %lldL, %lldL)", g->d->min_long, (int)rd->chunk_var,
+                 (long long)rd->chunk, (long long)rd->m);
+    } else {
+        snprintf(from, sizeof from, "0L");
+        snprintf(to, sizeof to, "%lldL", (long long)rd->m);
+    }
+    if (k->vec > 0) {
+        tb__ix_open(&g->ix, "");
+        tb__ix_line(&g->ix, "const long rs = %s, re = %s;", from, to);
+        if (!tb__cg_red_vloop(g, rd)) return false;
+        rt = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+        if (rt < 0) return false;
+        snprintf(head, sizeof head, "for (long i%d = rv; i%d < re; i%d++) ", (int)rt, (int)rt,
+                 (int)rt);
+        tb__ix_open(&g->ix, head);
+        vx = tb__cg_red_value(g, rd, rt, 0);
+        if (vx < 0) return false;
+        tb__cg_red_step(g, rd, vx, rt, "acc");
+        tb__ix_close(&g->ix, "");
+        tb__ix_close(&g->ix, "");
+        return g->ix.status == TB_OK;
+    }
+    if (lanes == 1) {
+        r = tb__ix_new_var(&g->ix, 0, rd->m > 0 ? rd->m - 1 : 0);
+        if (r < 0) return false;
+        if (k->group <= 1) {
+            snprintf(head, sizeof head, "for (long i%d = %s; i%d < %s; i%d++) ", (int)r, from,
+                     (int)r, to, (int)r);
+        } else {
+            snprintf(head, sizeof head, "for (long i%d = %s + lid; i%d < %s; i%d += %d) ", (int)r,
+                     from, (int)r, to, (int)r, (int)k->group);
+        }
+        tb__ix_open(&g->ix, head);
+        vx = tb__cg_red_value(g, rd, r, 0);
+        if (vx < 0) return false;
+        tb__cg_red_step(g, rd, vx, r, "acc");
+        tb__ix_close(&g->ix, "");
+        return g->ix.status == TB_OK;
+    }
+    tb__ix_open(&g->ix, "");
+    for (lane = 1; lane < lanes; lane++)
+        tb__ix_line(&g->ix, "%s acc%d = acc;", rd->acc_t, (int)lane);
+    tb__ix_line(&g->ix, "const long rs = %s, re = %s, rm = rs + ((re - rs) & ~%dL);", from, to,
+                (int)lanes - 1);
+    r = tb__ix_new_var(&g->ix, 0, rd->m - lanes);
+    if (r < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = rs; i%d < rm; i%d += %d) ", (int)r, (int)r, (int)r,
+             (int)lanes);
+    tb__ix_open(&g->ix, head);
+    for (lane = 0; lane < lanes; lane++) {
+        char name[16];
+        tb__cg_acc_name(name, sizeof name, lane);
+        vx = tb__cg_red_value(g, rd, r, lane);
+        if (vx < 0) return false;
+        tb__cg_red_step(g, rd, vx, r, name);
+    }
+    tb__ix_close(&g->ix, "");
+    rt = tb__ix_new_var(&g->ix, 0, rd->m - 1);
+    if (rt < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = rm; i%d < re; i%d++) ", (int)rt, (int)rt, (int)rt);
+    tb__ix_open(&g->ix, head);
+    vx = tb__cg_red_value(g, rd, rt, 0);
+    if (vx < 0) return false;
+    tb__cg_red_step(g, rd, vx, rt, "acc");
+    tb__ix_close(&g->ix, "");
+    /* pairwise: acc_j with acc_(j + half), halving */
+    for (lane = lanes / 2; lane >= 1; lane /= 2) {
+        int32_t j;
+        for (j = 0; j < lane; j++) {
+            char dst[16], src[16];
+            tb__cg_acc_name(dst, sizeof dst, j);
+            tb__cg_acc_name(src, sizeof src, j + lane);
+            tb__ix_line(&g->ix, "{ const %s a = %s, b = %s; %s = %s; }", rd->acc_t, dst, src, dst,
+                        rd->combine);
+        }
+    }
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
+/* Combines the work-group's results (a row per group): sums and extremes by a tree, argmax and
+   argmin keeping the first index of the extreme. Opens `if (lid == 0)`. */
+static void tb__cg_red_group(tb__cg *g, const tb__cg_red *rd) {
+    const char *cmp = rd->is_max ? ">" : "<";
+    if (!rd->is_arg) {
+        tb__cg_local_reduce(g, rd->k->group, "acc", rd->acc_t, rd->combine);
+        tb__ix_open(&g->ix, "if (lid == 0) ");
+        return;
+    }
+    tb__ix_line(&g->ix, "redv[lid] = best;");
+    tb__ix_line(&g->ix, "redi[lid] = bi;");
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+    tb__ix_line(&g->ix, "for (int s = %d; s > 0; s >>= 1) {", (int)(rd->k->group / 2));
+    tb__ix_line(&g->ix, "    if (lid < s) {");
+    tb__ix_line(&g->ix, "        const %s ov = redv[lid + s], cv = redv[lid];", rd->xt);
+    tb__ix_line(&g->ix, "        const long oi = redi[lid + s], ci = redi[lid];");
+    if (tb_dtype_is_float(rd->xd)) {
+        tb__ix_line(&g->ix,
+                    "        if (oi >= 0 && (ci < 0 || (isnan(ov) ? (!isnan(cv) || oi < "
+                    "ci) : (!isnan(cv) && (ov %s cv || (ov == cv && oi < ci)))))) {",
+                    cmp);
+    } else {
+        tb__ix_line(&g->ix,
+                    "        if (oi >= 0 && (ci < 0 || ov %s cv || (ov == cv && oi < "
+                    "ci))) {",
+                    cmp);
+    }
+    tb__ix_line(&g->ix, "            redv[lid] = ov;");
+    tb__ix_line(&g->ix, "            redi[lid] = oi;");
+    tb__ix_line(&g->ix, "        }");
+    tb__ix_line(&g->ix, "    }");
+    tb__ix_line(&g->ix, "    %s", g->d->barrier);
+    tb__ix_line(&g->ix, "}");
+    tb__ix_line(&g->ix, "bi = redi[0];");
+    tb__ix_open(&g->ix, "if (lid == 0) ");
+}
+
+/* A reduction: one work item or one work-group per output, or, when the reduction is split,
+   the partial stage (one per chunk of a row, raw accumulators out) or the final stage
+   (combines the chunks of its row, then finishes and runs the epilogue). */
+static tb_status tb__cg_kernel_reduce(tb__cg *g, const tb__plan_kernel *k) {
+    tb__cg_red rd;
+    bool partial = k->kind == TB__K_PARTIAL, final = !partial && k->split > 0;
+    const char *t;
+    int32_t vf, vr;
+    tb_dtype pd =
+        k->partial_slot >= 0 ? tb__cg_plan(g)->slots[k->partial_slot].shape.dtype : TB_F32;
+    char index[32];
+    if (!tb__cg_red_begin(g, k, &rd)) return g->ix.status;
+    t = tb__cg_ctype(rd.od);
+    if (final) {
+        /* the partial results of this row, in chunk order */
+        if (!tb__cg_arg(g, TB__ARG_BUF, k->partial_slot)) return g->ix.status;
+        tb__ix_line(&g->ix, "for (int c = 0; c < %d; c++) {", (int)k->split);
+        if (tb__cg_is_half(pd)) { /* max and min of 16-bit floats keep partials in them */
+            tb__ix_line(&g->ix, "    const float b = %s(b%d[i%d * %d + c]);",
+                        pd == TB_F16 ? "tb_h2f" : "tb_bf2f", (int)k->partial_slot, (int)rd.i0,
+                        (int)k->split);
+        } else {
+            tb__ix_line(&g->ix, "    const %s b = (%s)b%d[i%d * %d + c];", rd.acc_t, rd.acc_t,
+                        (int)k->partial_slot, (int)rd.i0, (int)k->split);
+        }
+        tb__ix_line(&g->ix, "    const %s a = acc;", rd.acc_t);
+        tb__ix_line(&g->ix, "    acc = %s;", rd.combine);
+        tb__ix_line(&g->ix, "}");
+    } else if (!tb__cg_red_loop(g, &rd)) {
+        return g->ix.status;
+    }
+    if (k->group > 1) tb__cg_red_group(g, &rd);
+    snprintf(index, sizeof index, "i%d", (int)rd.i0);
+    if (partial && tb__cg_is_half(tb__cg_plan(g)->slots[k->out_slot].shape.dtype)) {
+        vf = tb__cg_new_val(g, tb__cg_plan(g)->slots[k->out_slot].shape.dtype);
+        if (vf < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "const float v%d = (float)acc;", (int)vf);
+        tb__cg_store(g, tb__cg_plan(g)->slots[k->out_slot].shape.dtype, "out", index, vf);
+    } else if (partial) {
+        tb__ix_line(&g->ix, "out[i%d] = (%s)acc;", (int)rd.i0,
+                    tb__cg_ctype(tb__cg_plan(g)->slots[k->out_slot].shape.dtype));
+    } else {
+        vf = tb__cg_new_val(g, rd.od);
+        if (vf < 0) return g->ix.status;
+        if (rd.cn->op == TB_OP_MEAN) {
+            tb__ix_line(&g->ix, "const %s v%d = (%s)(acc / (%s)%lld);", t, (int)vf, t, rd.acc_t,
+                        (long long)rd.m);
+        } else if (rd.is_arg) {
+            tb__ix_line(&g->ix, "const %s v%d = (%s)bi;", t, (int)vf, t);
+        } else {
+            tb__ix_line(&g->ix, "const %s v%d = (%s)acc;", t, (int)vf, t);
+        }
+        vf = tb__cg_round(g, rd.od, vf);
+        if (vf < 0) return g->ix.status;
+        tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, rd.out_pos, 0, vf);
+        vr = tb__cg_eval(g, k->root, rd.out_pos);
+        if (vr < 0) return g->ix.status;
+        tb__cg_store(g, tb__plan_shape(g->G, k->root)->dtype, "out", index, vr);
+    }
+    if (k->group > 1) tb__ix_close(&g->ix, "");
+    return g->ix.status;
+}
+
+/* What a softmax, log_softmax or layer_norm kernel reads: x by rows of `len` elements (the
+   trailing axes, or one axis of a row shape for softmax over an inner axis), weight and bias. */
+typedef struct tb__cg_norm {
+    const tb__plan_kernel *k;
+    const tb_node *cn;
+    const tb_shape *xs;
+    int32_t x, w, b, axis, i0, row_pos;
+    int64_t len;
+    bool layer;
+    /* a softmax whose kernel ends with it (no epilogue): the second pass stores each exp in
+       out, the last scales out by 1 / sum in place, so each element's exp is computed once */
+    bool stash;
+    tb_dtype od;
+    const char *t, *ct; /* the output's type and the accumulators' */
+} tb__cg_norm;
+
+/* The position of x at element i<j> of the current row. */
+static int32_t tb__cg_norm_pos(tb__cg *g, const tb__cg_norm *nm, int32_t j) {
+    tb__lf dims[TB_MAX_RANK];
+    int32_t a, ri = 0;
+    if (nm->k->suffix) return tb__ix_var_pos_flat(&g->ix, nm->xs, nm->i0, nm->len, j);
+    for (a = 0; a < nm->xs->rank; a++) {
+        if (a == nm->axis) {
+            tb__lf_const(&dims[a], 0);
+            tb__lf_add_term(&dims[a], j, 1);
+        } else {
+            dims[a] = g->ix.pos[nm->row_pos].dim[ri++];
+        }
+    }
+    return tb__ix_pos_multi(&g->ix, nm->xs, dims);
+}
+
+/* The last pass: the normalised value of x at xp (v<vx>), then the epilogue and the store. */
+static bool tb__cg_norm_store(tb__cg *g, const tb__cg_norm *nm, int32_t j, int32_t xp, int32_t vx) {
+    const tb__pgraph *G = g->G;
+    int32_t vf = tb__cg_new_val(g, nm->od), vr;
+    char flat[TB__LF_TEXT];
+    const char *t = nm->t, *ct = nm->ct;
+    if (vf < 0) return false;
+    if (nm->layer) {
+        tb__ix_line(&g->ix, "%s y = ((%s)v%d - mean) * rstd;", ct, ct, (int)vx);
+        if (nm->w >= 0) {
+            int32_t vw = tb__cg_eval(
+                g, nm->w, tb__ix_var_pos_flat(&g->ix, tb__plan_shape(G, nm->w), j, 1, -1));
+            if (vw < 0) return false;
+            tb__ix_line(&g->ix, "y = y * (%s)v%d;", ct, (int)vw);
+        }
+        if (nm->b >= 0) {
+            int32_t vb = tb__cg_eval(
+                g, nm->b, tb__ix_var_pos_flat(&g->ix, tb__plan_shape(G, nm->b), j, 1, -1));
+            if (vb < 0) return false;
+            tb__ix_line(&g->ix, "y = y + (%s)v%d;", ct, (int)vb);
+        }
+        tb__ix_line(&g->ix, "const %s v%d = (%s)y;", t, (int)vf, t);
+    } else if (nm->cn->op == TB_OP_SOFTMAX) {
+        tb__ix_line(&g->ix, "const %s v%d = (%s)((%s)%s(v%d - (%s)mx) * rsm);", t, (int)vf, t, ct,
+                    tb__cg_math(g, "exp", nm->od), (int)vx, t);
+    } else {
+        tb__ix_line(&g->ix, "const %s v%d = (%s)((%s)v%d - mx - lse);", t, (int)vf, t, ct, (int)vx);
+    }
+    vf = tb__cg_round(g, nm->od, vf);
+    if (vf < 0) return false;
+    tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, nm->k->core, xp, 0, vf);
+    vr = tb__cg_eval(g, nm->k->root, xp);
+    if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
+    tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+    tb__cg_store(g, tb__plan_shape(g->G, nm->k->root)->dtype, "out", flat, vr);
+    return g->ix.status == TB_OK;
+}
+
+/* A stashing softmax's passes 1 and 2 read and write out at x's position: its flat index in
+   `flat`. False when code generation stopped. */
+static bool tb__cg_norm_stash_at(tb__cg *g, const tb__cg_norm *nm, int pass, int32_t xp,
+                                 char flat[TB__LF_TEXT]) {
+    if (!nm->stash || pass < 1) return true;
+    if (!tb__ix_need_flat(&g->ix, xp)) return false;
+    tb__lf_text(&g->ix.pos[xp].flat, flat, TB__LF_TEXT);
+    return true;
+}
+
+/* Whether a flat offset is a multiple of w wherever the vector loop variable j (a multiple
+   of w) is: every other term's coefficient and the constant are. */
+static bool tb__cg_vec_aligned(const tb__lf *flat, int32_t j, int32_t w) {
+    int32_t i;
+    if (flat->c % w != 0) return false;
+    for (i = 0; i < flat->n; i++)
+        if (flat->var[i] != j && flat->coef[i] % w != 0) return false;
+    return true;
+}
+
+/* The prefetch (`how`: the dialect's TB_PREFETCH or TB_PREFETCH_L2) of x's element one row
+   ahead of position xp, where x is read from a buffer (a parameter or another kernel's
+   output) along contiguous rows; nothing otherwise. False when code generation stopped. */
+static bool tb__cg_norm_prefetch(tb__cg *g, const tb__cg_norm *nm, int32_t xp, const char *how) {
+    char flat[TB__LF_TEXT];
+    if (!nm->k->suffix || !tb__cg_reads_buffer(g, nm->x)) return true;
+    if (!tb__ix_need_flat(&g->ix, xp)) return false;
+    tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+    tb__ix_line(&g->ix, "%s(b%d + (%s) + %lldL);", how, (int)g->G->info[nm->x].slot, flat,
+                (long long)nm->len);
+    return g->ix.status == TB_OK;
+}
+
+/* The accumulator of a norm's vector reduction pass (0: the sum or the maximum, 1: the squared
+   deviations or the sum of exponentials), accumulator `u` of the pass's chains (0: "mxv"). */
+static void tb__cg_norm_acc(const tb__cg_norm *nm, int pass, int u, char *buf, size_t cap) {
+    const char *base = pass == 0 ? (nm->layer ? "sumv" : "mxv") : (nm->layer ? "sqv" : "smv");
+    if (u == 0) {
+        snprintf(buf, cap, "%s", base);
+    } else {
+        snprintf(buf, cap, "%s%d", base, u);
+    }
+}
+
+/* Folds the W elements of x at the vector loop variable i<j> into accumulator `u` of a
+   reduction pass (a stashing softmax's pass 1 also stores its exponentials). */
+static bool tb__cg_norm_vfold(tb__cg *g, const tb__cg_norm *nm, int pass, int32_t j, int u) {
+    char acc[16], flat[TB__LF_TEXT];
+    int32_t xp = tb__cg_norm_pos(g, nm, j), vx;
+    tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+    if (!tb__cg_norm_stash_at(g, nm, pass, xp, flat)) return false;
+    vx = tb__cg_veval(g, nm->x, xp);
+    if (vx < 0) return false;
+    if (pass == 1 && nm->k->prefetch_rows && !tb__cg_norm_prefetch(g, nm, xp, "TB_PREFETCH"))
+        return false;
+    if (nm->stash && pass == 1) {
+        tb__ix_line(&g->ix, "const tb_vf evv%d = TB_VEXP(v%d - mx);", u, (int)vx);
+        tb__ix_line(&g->ix, "%s += evv%d;", acc, u);
+        tb__ix_line(&g->ix, "TB_VST(evv%d, 0, out + (%s));", u, flat);
+    } else if (pass == 0) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "%s += v%d;", acc, (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "%s = tb_vmax(v%d, %s);", acc, (int)vx, acc);
+        }
+    } else if (nm->layer) {
+        tb__ix_line(&g->ix, "const tb_vf dv%d = v%d - mean;", u, (int)vx);
+        tb__ix_line(&g->ix, "%s += dv%d * dv%d;", acc, u, u);
+    } else {
+        tb__ix_line(&g->ix, "%s += TB_VEXP(v%d - mx);", acc, (int)vx);
+    }
+    return g->ix.status == TB_OK;
+}
+
+/* The vector part of a reduction pass over the row (elements [0, rv), W at a time): where the
+   vectors are narrower than 16 lanes, 16 / W accumulators take turns (each its own chain of
+   dependent adds or maxima), so that a row's chain is as long whatever the vector width; then
+   they are combined, in a fixed order, and the result folded to a scalar. */
+static bool tb__cg_norm_vreduce(tb__cg *g, const tb__cg_norm *nm, int pass) {
+    int32_t w = nm->k->vec, lanes = w < 16 ? 16 / w : 1, j, u;
+    char head[160], acc[16], acc0[16];
+    tb__cg_norm_acc(nm, pass, 0, acc0, sizeof acc0);
+    for (u = 1; u < lanes; u++) {
+        tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+        tb__ix_line(&g->ix, "tb_vf %s = TB_VBC(%s);", acc,
+                    pass == 0 && !nm->layer ? "-INFINITY" : "0.0f");
+    }
+    if (lanes > 1) {
+        tb__ix_line(&g->ix, "const long ru%d = rv / %dL * %dL;", pass, (int)(lanes * w),
+                    (int)(lanes * w));
+        j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+        if (j < 0) return false;
+        snprintf(head, sizeof head, "for (long i%d = 0; i%d < ru%d; i%d += %d) ", (int)j, (int)j,
+                 pass, (int)j, (int)(lanes * w));
+        tb__ix_open(&g->ix, head);
+        if (!tb__cg_norm_vfold(g, nm, pass, j, 0)) return false;
+        for (u = 1; u < lanes; u++) {
+            int32_t ju = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+            if (ju < 0) return false;
+            tb__ix_line(&g->ix, "const long i%d = i%d + %dL;", (int)ju, (int)j, (int)(u * w));
+            if (!tb__cg_norm_vfold(g, nm, pass, ju, u)) return false;
+        }
+        tb__ix_close(&g->ix, "");
+    }
+    j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+    if (j < 0) return false;
+    if (lanes > 1) {
+        snprintf(head, sizeof head, "for (long i%d = ru%d; i%d < rv; i%d += %d) ", (int)j, pass,
+                 (int)j, (int)j, (int)w);
+    } else {
+        snprintf(head, sizeof head, "for (long i%d = 0; i%d < rv; i%d += %d) ", (int)j, (int)j,
+                 (int)j, (int)w);
+    }
+    tb__ix_open(&g->ix, head);
+    if (!tb__cg_norm_vfold(g, nm, pass, j, 0)) return false;
+    tb__ix_close(&g->ix, "");
+    for (u = 1; u < lanes; u++) {
+        tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+        if (pass == 0 && !nm->layer) {
+            tb__ix_line(&g->ix, "%s = tb_vmax(%s, %s);", acc0, acc, acc0);
+        } else {
+            tb__ix_line(&g->ix, "%s += %s;", acc0, acc);
+        }
+    }
+    if (pass == 0) {
+        tb__ix_line(&g->ix, "%s", nm->layer ? "sum = tb_hsum(sumv);" : "mx = tb_hmax(mxv);");
+    } else {
+        tb__ix_line(&g->ix, "%s", nm->layer ? "sqdev = tb_hsum(sqv);" : "sm = tb_hsum(smv);");
+    }
+    return g->ix.status == TB_OK;
+}
+
+/* The vector part of a pass over the row: elements [0, rv) W at a time, folded into the
+   vector accumulators (passes 0 and 1: tb__cg_norm_vreduce) or normalised and stored (pass 2);
+   the caller does the rest [rv, len) one element at a time. */
+static bool tb__cg_norm_vpass(tb__cg *g, const tb__cg_norm *nm, int pass) {
+    int32_t w = nm->k->vec, j, xp, vx, wp, vf, vr;
+    char head[128], flat[TB__LF_TEXT];
+    bool stream = false;
+    if (pass < 2) return tb__cg_norm_vreduce(g, nm, pass);
+    j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+    if (j < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < rv; i%d += %d) ", (int)j, (int)j, (int)j,
+             (int)w);
+    tb__ix_open(&g->ix, head);
+    xp = tb__cg_norm_pos(g, nm, j);
+    if (!tb__cg_norm_stash_at(g, nm, pass, xp, flat)) return false;
+    if (nm->stash) {
+        tb__ix_line(&g->ix, "TB_VST(TB_VLD(0, out + (%s)) * rsm, 0, out + (%s));", flat, flat);
+        tb__ix_close(&g->ix, "");
+        return g->ix.status == TB_OK;
+    }
+    vx = tb__cg_veval(g, nm->x, xp);
+    if (vx < 0) return false;
+    vf = tb__cg_new_vec(g);
+    if (vf < 0) return false;
+    if (nm->layer) {
+        tb__ix_line(&g->ix, "tb_vf y = (v%d - mean) * rstd;", (int)vx);
+        if (nm->w >= 0) {
+            wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->w), j, 1, -1);
+            vr = tb__cg_veval(g, nm->w, wp);
+            if (vr < 0) return false;
+            tb__ix_line(&g->ix, "y = y * v%d;", (int)vr);
+        }
+        if (nm->b >= 0) {
+            wp = tb__ix_var_pos_flat(&g->ix, tb__plan_shape(g->G, nm->b), j, 1, -1);
+            vr = tb__cg_veval(g, nm->b, wp);
+            if (vr < 0) return false;
+            tb__ix_line(&g->ix, "y = y + v%d;", (int)vr);
+        }
+        tb__ix_line(&g->ix, "const tb_vf v%d = y;", (int)vf);
+    } else if (nm->cn->op == TB_OP_SOFTMAX) {
+        tb__ix_line(&g->ix, "const tb_vf v%d = TB_VEXP(v%d - mx) * rsm;", (int)vf, (int)vx);
+    } else {
+        tb__ix_line(&g->ix, "const tb_vf v%d = v%d - mx - lse;", (int)vf, (int)vx);
+    }
+    vf = tb__cg_vround(g, nm->od, vf);
+    if (vf < 0) return false;
+    tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, nm->k->core, xp, 0, vf);
+    vr = tb__cg_veval(g, nm->k->root, xp);
+    if (vr < 0 || !tb__ix_need_flat(&g->ix, xp)) return false;
+    tb__lf_text(&g->ix.pos[xp].flat, flat, sizeof flat);
+    stream = nm->k->stream_out && tb__cg_vec_aligned(&g->ix.pos[xp].flat, j, w);
+    {
+        char ptr[TB__LF_TEXT + 16];
+        snprintf(ptr, sizeof ptr, "out + (%s)", flat);
+        tb__cg_vstore(g, tb__plan_shape(g->G, nm->k->root)->dtype, vr, ptr, stream);
+    }
+    tb__ix_close(&g->ix, "");
+    if (stream) tb__ix_line(&g->ix, "TB_VSTREAM_END();");
+    return g->ix.status == TB_OK;
+}
+
+/* One pass over the row: 0 the sum or the maximum, 1 the squared deviations or the sum of
+   exponentials, 2 the output. */
+static bool tb__cg_norm_pass(tb__cg *g, const tb__cg_norm *nm, int pass) {
+    const tb__plan_kernel *k = nm->k;
+    const char *ct = nm->ct;
+    char head[128], flat[TB__LF_TEXT];
+    int32_t j, xp, vx;
+    if (k->vec > 0 && !tb__cg_norm_vpass(g, nm, pass)) return false;
+    j = tb__ix_new_var(&g->ix, 0, nm->len > 0 ? nm->len - 1 : 0);
+    if (j < 0) return false;
+    if (k->group <= 1) {
+        snprintf(head, sizeof head, "for (long i%d = %s; i%d < %lldL; i%d++) ", (int)j,
+                 k->vec > 0 ? "rv" : "0", (int)j, (long long)nm->len, (int)j);
+    } else {
+        snprintf(head, sizeof head, "for (long i%d = lid; i%d < %lldL; i%d += %d) ", (int)j, (int)j,
+                 (long long)nm->len, (int)j, (int)k->group);
+    }
+    tb__ix_open(&g->ix, head);
+    xp = tb__cg_norm_pos(g, nm, j);
+    if (!tb__cg_norm_stash_at(g, nm, pass, xp, flat)) return false;
+    if (nm->stash && pass == 2) {
+        tb__ix_line(&g->ix, "out[%s] = (%s)((%s)out[%s] * rsm);", flat, nm->t, ct, flat);
+        tb__ix_close(&g->ix, "");
+        return g->ix.status == TB_OK;
+    }
+    vx = tb__cg_eval(g, nm->x, xp);
+    if (vx < 0) return false;
+    if (nm->stash && pass == 1) {
+        tb__ix_line(&g->ix, "const %s ev = (%s)%s(v%d - (%s)mx);", ct, ct,
+                    tb__cg_math(g, "exp", nm->od), (int)vx, nm->t);
+        tb__ix_line(&g->ix, "sm += ev;");
+        tb__ix_line(&g->ix, "out[%s] = (%s)ev;", flat, nm->t);
+    } else if (pass == 0) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "sum += (%s)v%d;", ct, (int)vx);
+        } else {
+            tb__ix_line(&g->ix, "if ((%s)v%d > mx || isnan(v%d)) mx = (%s)v%d;", ct, (int)vx,
+                        (int)vx, ct, (int)vx);
+        }
+    } else if (pass == 1) {
+        if (nm->layer) {
+            tb__ix_line(&g->ix, "const %s dv = (%s)v%d - mean;", ct, ct, (int)vx);
+            tb__ix_line(&g->ix, "sqdev += dv * dv;");
+        } else {
+            tb__ix_line(&g->ix, "sm += (%s)%s(v%d - (%s)mx);", ct, tb__cg_math(g, "exp", nm->od),
+                        (int)vx, nm->t);
+        }
+    } else if (!tb__cg_norm_store(g, nm, j, xp, vx)) {
+        return false;
+    }
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
+/* A pipelined softmax's store of elements [j, j + W) of row `row` (C expressions): that row's
+   half of tb_scr, scaled by its rsp, streamed to out. */
+static void tb__cg_softmax_pipe_store(tb__cg *g, const tb__cg_norm *nm, const char *row,
+                                      const char *j) {
+    tb__ix_line(
+        &g->ix, "TB_VSTREAM(tb_scr[((%s) & 1) * %lld + %s / %d] * rsp, out + (%s) * %lldL + %s);",
+        row, (long long)(nm->len / nm->k->vec), j, (int)nm->k->vec, row, (long long)nm->len, j);
+}
+
+/* Element vector at i<j> of one vector pass of a pipelined softmax over row i<row>, folded
+   into accumulator `u` (mxv, mxv1, ...: pass 0 the maximum; smv, smv1, ...: pass 1 the
+   exponentials, summed and kept in the row's half of tb_scr, and, where `drain`, the previous
+   row's (the other half) scaled by its rsp and streamed out). */
+static bool tb__cg_softmax_pipe_fold(tb__cg *g, const tb__cg_norm *nm, int32_t row, int pass,
+                                     bool drain, int32_t j, int u) {
+    long long nv = (long long)(nm->len / nm->k->vec); /* vectors per row */
+    int32_t xp = tb__cg_norm_pos(g, nm, j), vx;
+    char acc[16];
+    tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+    vx = tb__cg_veval(g, nm->x, xp);
+    if (vx < 0) return false;
+    if (pass == 0) {
+        tb__ix_line(&g->ix, "%s = tb_vmax(v%d, %s);", acc, (int)vx, acc);
+        return g->ix.status == TB_OK;
+    }
+    if (nm->k->prefetch_rows && !tb__cg_norm_prefetch(g, nm, xp, "TB_PREFETCH_L2")) return false;
+    tb__ix_line(&g->ix, "const tb_vf evv%d = TB_VEXP(v%d - mx);", u, (int)vx);
+    tb__ix_line(&g->ix, "%s += evv%d;", acc, u);
+    if (drain) {
+        char prev[32], jt[32];
+        snprintf(prev, sizeof prev, "i%d - 1", (int)row);
+        snprintf(jt, sizeof jt, "i%d", (int)j);
+        tb__cg_softmax_pipe_store(g, nm, prev, jt);
+    }
+    tb__ix_line(&g->ix, "tb_scr[(i%d & 1) * %lld + i%d / %d] = evv%d;", (int)row, nv, (int)j,
+                (int)nm->k->vec, u);
+    return g->ix.status == TB_OK;
+}
+
+/* One vector pass of a pipelined softmax over row i<row> (tb__cg_softmax_pipe_fold): where the
+   vectors are narrower than 16 lanes and the row a multiple of 16, 16 / W accumulators take
+   turns, so that the chain of a row is as long whatever the vector width (as in
+   tb__cg_norm_vreduce); then they are combined in a fixed order. */
+static bool tb__cg_softmax_pipe_pass(tb__cg *g, const tb__cg_norm *nm, int32_t row, int pass,
+                                     bool drain) {
+    int32_t w = nm->k->vec, lanes = w < 16 && nm->len % 16 == 0 ? 16 / w : 1, u;
+    int32_t j = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+    char head[128], acc[16], acc0[16];
+    if (j < 0) return false;
+    tb__cg_norm_acc(nm, pass, 0, acc0, sizeof acc0);
+    for (u = 1; u < lanes; u++) {
+        tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+        tb__ix_line(&g->ix, "tb_vf %s = TB_VBC(%s);", acc, pass == 0 ? "-INFINITY" : "0.0f");
+    }
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d += %d) ", (int)j, (int)j,
+             (long long)nm->len, (int)j, (int)(lanes * w));
+    tb__ix_open(&g->ix, head);
+    if (!tb__cg_softmax_pipe_fold(g, nm, row, pass, drain, j, 0)) return false;
+    for (u = 1; u < lanes; u++) {
+        int32_t ju = tb__ix_new_var(&g->ix, 0, nm->len - 1);
+        if (ju < 0) return false;
+        tb__ix_line(&g->ix, "const long i%d = i%d + %dL;", (int)ju, (int)j, (int)(u * w));
+        if (!tb__cg_softmax_pipe_fold(g, nm, row, pass, drain, ju, u)) return false;
+    }
+    tb__ix_close(&g->ix, "");
+    for (u = 1; u < lanes; u++) {
+        tb__cg_norm_acc(nm, pass, u, acc, sizeof acc);
+        if (pass == 0) {
+            tb__ix_line(&g->ix, "%s = tb_vmax(%s, %s);", acc0, acc, acc0);
+        } else {
+            tb__ix_line(&g->ix, "%s += %s;", acc0, acc);
+        }
+    }
+    return g->ix.status == TB_OK;
+}
+
+/* A softmax over contiguous rows with a streamed output, pipelined (k->chunk_rows): a work
+   item takes a chunk of consecutive rows; the pass that computes a row's exponentials keeps
+   them in a private buffer of two rows and streams the previous row out, scaled, so memory
+   reads the next row (prefetched) and writes the previous one while the exponentials are
+   computed, and no line of out is read before it is written. The values are those of the
+   kernel that keeps its exponentials in out: the same exp, sum and scaling. */
+static tb_status tb__cg_kernel_softmax_pipe(tb__cg *g, const tb__cg_norm *nm, int64_t rows) {
+    const tb__plan_kernel *k = nm->k;
+    long long len = (long long)nm->len, ch = (long long)k->chunk_rows;
+    int32_t i0 = nm->i0;
+    char id[48], head[128];
+    tb__cg_id(id, sizeof id, g->d->global_id, 0);
+    tb__ix_line(&g->ix, "const long tb_c = (long)%s;", id);
+    tb__ix_line(&g->ix, "if (tb_c >= %lldL) return;", (long long)k->items); /* the chunks */
+    tb__ix_line(&g->ix, "const long tb_r0 = tb_c * %lldL;", ch);
+    tb__ix_line(&g->ix, "const long tb_r1 = tb_r0 + %lldL < %lldL ? tb_r0 + %lldL : %lldL;", ch,
+                (long long)rows, ch, (long long)rows);
+    tb__ix_line(&g->ix, "tb_vf tb_scr[%lld];", 2 * len / k->vec);
+    tb__ix_line(&g->ix, "float rsp = 0;");
+    snprintf(head, sizeof head, "for (long i%d = tb_r0; i%d < tb_r1; i%d++) ", (int)i0, (int)i0,
+             (int)i0);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "tb_vf mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
+    if (!tb__cg_softmax_pipe_pass(g, nm, i0, 0, false)) return g->ix.status;
+    tb__ix_line(&g->ix, "const float mx = tb_hmax(mxv);");
+    snprintf(head, sizeof head, "if (i%d > tb_r0) ", (int)i0);
+    tb__ix_open(&g->ix, head);
+    if (!tb__cg_softmax_pipe_pass(g, nm, i0, 1, true)) return g->ix.status;
+    tb__ix_close(&g->ix, "");
+    tb__ix_open(&g->ix, "else ");
+    if (!tb__cg_softmax_pipe_pass(g, nm, i0, 1, false)) return g->ix.status;
+    tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "rsp = (float)1 / tb_hsum(smv);");
+    tb__ix_close(&g->ix, "");
+    snprintf(head, sizeof head, "for (long tb_j = 0; tb_j < %lldL; tb_j += %d) ", len, (int)k->vec);
+    tb__ix_open(&g->ix, head);
+    tb__cg_softmax_pipe_store(g, nm, "tb_r1 - 1", "tb_j");
+    tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "TB_VSTREAM_END();");
+    return g->ix.status;
+}
+
+static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
+    const tb__pgraph *G = g->G;
+    tb__cg_norm nm;
+    tb_shape rowshape;
+    int32_t a, pass;
+    memset(&nm, 0, sizeof nm);
+    nm.k = k;
+    nm.cn = G->info[k->core].node;
+    nm.x = tb__plan_operand(G, k->core, 0);
+    nm.xs = tb__plan_shape(G, nm.x);
+    nm.w = nm.b = nm.row_pos = -1;
+    nm.layer = nm.cn->op == TB_OP_LAYER_NORM;
+    /* a 16-bit output cannot hold the exponentials between passes: no stash there */
+    nm.stash =
+        nm.cn->op == TB_OP_SOFTMAX && k->root == k->core && !tb__cg_is_half(nm.cn->shape.dtype);
+    nm.axis = nm.layer ? nm.xs->rank - 1 : (int32_t)nm.cn->attrs[0];
+    nm.od = nm.cn->shape.dtype;
+    nm.t = tb__cg_ctype(nm.od);
+    nm.ct = tb__cg_ctype(k->acc);
+    nm.len = 1;
+    memset(&rowshape, 0, sizeof rowshape);
+    rowshape.dtype = nm.xs->dtype;
+    if (nm.layer) {
+        int32_t next = 1;
+        for (a = nm.xs->rank - (int32_t)nm.cn->attrs[0]; a < nm.xs->rank; a++)
+            nm.len *= nm.xs->dims[a];
+        if (nm.cn->attrs[1] != 0) nm.w = tb__plan_operand(G, k->core, (size_t)next++);
+        if (nm.cn->attrs[2] != 0) nm.b = tb__plan_operand(G, k->core, (size_t)next++);
+    } else {
+        nm.len = nm.xs->dims[nm.axis];
+        for (a = 0; a < nm.xs->rank; a++)
+            if (a != nm.axis) rowshape.dims[rowshape.rank++] = nm.xs->dims[a];
+    }
+    if (k->chunk_rows > 0) {
+        int64_t rows = tb__plan_numel(nm.xs) / nm.len; /* the planner's: len > 0 */
+        nm.i0 = tb__ix_new_var(&g->ix, 0, rows - 1);
+        if (nm.i0 < 0) return g->ix.status;
+        return tb__cg_kernel_softmax_pipe(g, &nm, rows);
+    }
+    nm.i0 = tb__cg_row_header(g, k, nm.len > 0 ? tb__plan_numel(nm.xs) / nm.len : 0);
+    if (nm.i0 < 0) return g->ix.status;
+    if (k->group > 1) tb__cg_local(g, nm.ct, "red", k->group);
+    if (!k->suffix) {
+        nm.row_pos = tb__ix_var_pos_flat(&g->ix, &rowshape, nm.i0, 1, -1);
+        if (nm.row_pos < 0 || !tb__ix_need_multi(&g->ix, nm.row_pos)) return g->ix.status;
+    }
+    if (nm.layer) {
+        tb__ix_line(&g->ix, "%s sum = 0, sqdev = 0;", nm.ct);
+    } else {
+        tb__ix_line(&g->ix, "%s mx = -INFINITY, sm = 0;", nm.ct);
+    }
+    if (k->vec > 0) {
+        tb__ix_line(&g->ix, "const long rv = %lldL;", (long long)(nm.len / k->vec * k->vec));
+        tb__ix_line(&g->ix, "%s",
+                    nm.layer ? "tb_vf sumv = TB_VBC(0.0f), sqv = TB_VBC(0.0f);"
+                             : "tb_vf mxv = TB_VBC(-INFINITY), smv = TB_VBC(0.0f);");
+    }
+    for (pass = 0; pass < 3; pass++) {
+        if (!tb__cg_norm_pass(g, &nm, pass)) return g->ix.status;
+        if (pass == 0) {
+            if (k->group > 1)
+                tb__cg_local_reduce(g, k->group, nm.layer ? "sum" : "mx", nm.ct,
+                                    nm.layer ? "a + b" : "((b > a || isnan(b)) ? b : a)");
+            if (nm.layer)
+                tb__ix_line(&g->ix, "const %s mean = sum / (%s)%lld;", nm.ct, nm.ct,
+                            (long long)nm.len);
+        } else if (pass == 1) {
+            char eps[64];
+            if (k->group > 1)
+                tb__cg_local_reduce(g, k->group, nm.layer ? "sqdev" : "sm", nm.ct, "a + b");
+            if (nm.layer) {
+                tb__cg_flit(k->acc, nm.cn->fattrs[0], eps, sizeof eps);
+                tb__ix_line(&g->ix, "const %s rstd = (%s)1 / %s(sqdev / (%s)%lld + %s);", nm.ct,
+                            nm.ct, tb__cg_math(g, "sqrt", k->acc), nm.ct, (long long)nm.len, eps);
+            } else if (nm.cn->op == TB_OP_LOG_SOFTMAX) {
+                tb__ix_line(&g->ix, "const %s lse = %s(sm);", nm.ct, tb__cg_math(g, "log", k->acc));
+            } else {
+                tb__ix_line(&g->ix, "const %s rsm = (%s)1 / sm;", nm.ct, nm.ct);
+            }
+        }
+    }
+    return g->ix.status;
+}
+
+/* ---- the program ---- */
+
+/* The entry point's parameters (*count of them): the output, then the kernel's arguments in
+   plan order; a concat's run read through the table of its arguments (TB__CAT_ARGS, whose
+   arguments are its operands' buffers) has that table instead (TB__CG_ARGS). */
+static tb_status tb__cg_params(const tb__cg *g, const tb__plan_kernel *k, tb__cg_param **out,
+                               size_t *count) {
+    const tb__plan *p = g->P;
+    tb__cg_param *params = (tb__cg_param *)tb__calloc(k->num_args + 1, sizeof *params);
+    size_t i;
+    if (params == NULL) return TB_ERR_OUT_OF_MEMORY;
+    params[0].role = -1;
+    params[0].type = tb__cg_btype(p->slots[k->out_slot].shape.dtype);
+    snprintf(params[0].name, sizeof params[0].name, "out");
+    for (i = 0; i < k->num_args; i++) {
+        const tb__plan_arg *a = &k->args[i];
+        tb__cg_param *q = &params[i + 1];
+        q->role = a->kind;
+        if (a->kind == TB__ARG_BUF) {
+            q->type = tb__cg_btype(p->slots[a->index].shape.dtype);
+            snprintf(q->name, sizeof q->name, "b%d", (int)a->index);
+        } else if (a->kind == TB__ARG_SCALAR) {
+            q->type = tb__cg_scalar_ctype(g, p->param_dtype[a->index]);
+            snprintf(q->name, sizeof q->name, "s%d", (int)a->index);
+        } else if (a->kind == TB__ARG_TABLE) {
+            q->type = "ulong";
+            snprintf(q->name, sizeof q->name, "tb_sc");
+        } else {
+            q->type = "uint"; /* TB__ERR_WORDS words */
+            snprintf(q->name, sizeof q->name, "tb_err");
+        }
+    }
+    *count = k->num_args + 1;
+    if (k->kind == TB__K_CONCAT && k->cat_form == TB__CAT_ARGS && k->num_args > 0) {
+        for (i = 0; i < k->num_args; i++) {
+            if (k->args[i].kind != TB__ARG_BUF) {
+                tb__free(params);
+                return tb__error(TB_ERR_INTERNAL, "codegen: kernel %s reads more than its table",
+                                 k->name);
+            }
+        }
+        params[1].role = TB__CG_ARGS;
+        params[1].type = "void";
+        snprintf(params[1].name, sizeof params[1].name, "tb_in");
+        *count = 2;
+    }
+    *out = params;
+    return TB_OK;
+}
+
+/* The body of kernel i into g->ix.body. */
+static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
+    const tb__plan_kernel *k = &g->P->kernels[i];
+    tb_status st;
+    tb__ix_reset(&g->ix);
+    g->kernel = (int32_t)i;
+    g->num_vals = g->num_frames = g->num_stack = 0;
+    g->depth = 0;
+    g->rounded = g->unrounded = -1;
+    switch (k->kind) {
+    case TB__K_REDUCE:
+    case TB__K_PARTIAL:
+        st = tb__cg_kernel_reduce(g, k);
+        break;
+    case TB__K_MATMUL:
+        st = tb__cg_kernel_matmul(g, k);
+        break;
+    case TB__K_PACK_A:
+    case TB__K_PACK_B:
+        st = tb__cg_kernel_pack(g, k);
+        break;
+    case TB__K_NORM:
+        st = tb__cg_kernel_norm(g, k);
+        break;
+    case TB__K_CONCAT:
+        st = tb__cg_kernel_concat(g, k);
+        break;
+    default:
+        st = tb__cg_kernel_elementwise(g, k);
+        break;
+    }
+    if (st == TB_OK) st = g->ix.status;
+    if (st == TB_OK && g->ix.body.failed) st = TB_ERR_OUT_OF_MEMORY;
+    return st;
+}
+
+/* A 64-bit value of an error report from its two words (low first). */
+static int64_t tb__cg_err_value(const uint32_t *words) {
+    uint64_t u = (uint64_t)words[0] | (uint64_t)words[1] << 32;
+    int64_t v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+/* The error a run reports from its error flag, as tb_report (tb__cg_render) writes it: word 0
+   is 1 + the errsite, words 1-2 and 3-4 the offending values of the one work item that
+   reported. */
+static tb_status tb__cg_run_error(const tb__plan *p, const char *who,
+                                  const uint32_t flag[TB__ERR_WORDS]) {
+    const tb__errsite *e;
+    int64_t a = tb__cg_err_value(&flag[1]), b = tb__cg_err_value(&flag[3]);
+    if (flag[0] == 0 || (size_t)flag[0] > p->num_errsites) {
+        return tb__error(TB_ERR_EXECUTE, "%s: a kernel reported error %lu", who,
+                         (unsigned long)flag[0]);
+    }
+    e = &p->errsites[flag[0] - 1];
+    if (e->op == TB_OP_POW) {
+        return tb__error(TB_ERR_EXECUTE,
+                         "tb_pow: integers to negative integer powers are not allowed (%lld ** "
+                         "%lld)",
+                         (long long)a, (long long)b);
+    }
+    return tb__error(TB_ERR_EXECUTE, "tb_%s: index %lld is out of range for dim %d of size %lld",
+                     tb_op_name(e->op), (long long)a, (int)e->dim, (long long)e->size);
+}
+
+/* Renders every kernel of the plan (those with work) after the dialect's head and the shared
+   prelude, as one program; *out (caller frees) and its length. */
+#define TB__CG_FN_TOKEN "tb_kfn_"
+
+static bool tb__cg_ident_char(char c, bool first) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+           (!first && c >= '0' && c <= '9');
+}
+
+/* `text` (a kernel rendered under the name TB__CG_FN_TOKEN) with its parameters renamed by
+   position (tb_q<j>), so that kernels doing the same work on other buffers read the same. */
+static tb_status tb__cg_canonical(const char *text, const tb__cg_param *params, size_t n,
+                                  tb__str *out) {
+    const char *s = text;
+    while (*s != '\0') {
+        if (tb__cg_ident_char(*s, true)) {
+            const char *e = s;
+            size_t j, len;
+            bool done = false;
+            while (tb__cg_ident_char(*e, false))
+                e++;
+            len = (size_t)(e - s);
+            for (j = 0; j < n && !done; j++)
+                if (strlen(params[j].name) == len && memcmp(params[j].name, s, len) == 0) {
+                    tb__str_append(out, "tb_q%d", (int)j);
+                    done = true;
+                }
+            if (!done) tb__str_append(out, "%.*s", (int)len, s);
+            s = e;
+        } else {
+            const char *e = s;
+            while (*e != '\0' && !tb__cg_ident_char(*e, true))
+                e++;
+            tb__str_append(out, "%.*s", (int)(e - s), s);
+            s = e;
+        }
+    }
+    return out->failed ? TB_ERR_OUT_OF_MEMORY : TB_OK;
+}
+
+/* Appends a kernel's text with its own name in place of the token. */
+static void tb__cg_emit_named(tb__str *src, const char *text, const char *name) {
+    const char *s = text, *at;
+    size_t tl = strlen(TB__CG_FN_TOKEN);
+    while ((at = strstr(s, TB__CG_FN_TOKEN)) != NULL) {
+        tb__str_append(src, "%.*s%s", (int)(at - s), s, name);
+        s = at + tl;
+    }
+    tb__str_append(src, "%s", s);
+}
+
+/* Renders kernel i under the token name into *one, and into *canon with its parameters
+   renamed by position (what kernels doing the same work on other buffers share). */
+static tb_status tb__cg_render_one(tb__cg *g, const tb__dialect *d, size_t i, tb__str *one,
+                                   tb__str *canon) {
+    tb__plan_kernel *k = &g->P->kernels[i];
+    tb__cg_param *params = NULL;
+    size_t num_params = 0;
+    char saved[64];
+    tb_status st = tb__cg_kernel_body(g, i);
+    if (st == TB_OK) st = tb__cg_params(g, k, &params, &num_params);
+    if (st == TB_OK) {
+        memcpy(saved, k->name, sizeof saved);
+        snprintf(k->name, sizeof k->name, "%s", TB__CG_FN_TOKEN);
+        d->kernel(one, k, params, num_params, g->ix.body.data != NULL ? g->ix.body.data : "");
+        memcpy(k->name, saved, sizeof saved);
+        st = one->failed
+                 ? TB_ERR_OUT_OF_MEMORY
+                 : tb__cg_canonical(one->data != NULL ? one->data : "", params, num_params, canon);
+    }
+    tb__free(params);
+    return st;
+}
+
+static bool tb__plan_first_of_function(const tb__plan *p, size_t i) {
+    const tb__plan_kernel *k = &p->kernels[i];
+    return !k->empty && strcmp(k->fn, k->name) == 0; /* a kernel that runs another's has its name */
+}
+
+static size_t tb__plan_functions(const tb__plan *p) {
+    size_t i, n = 0;
+    for (i = 0; i < p->num_kernels; i++)
+        n += tb__plan_first_of_function(p, i);
+    return n;
+}
+
+static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
+                               size_t *len) {
+    tb__cg *g = (tb__cg *)tb__calloc(1, sizeof *g);
+    tb__str src, *canons = NULL;
+    uint64_t *hashes = NULL;
+    size_t i;
+    tb_status st = TB_OK;
+    *out = NULL;
+    if (g == NULL) return TB_ERR_OUT_OF_MEMORY;
+    g->G = G;
+    g->P = P;
+    g->d = d;
+    memset(&src, 0, sizeof src);
+    tb__str_append(&src, "#define TB_VW %d\n", (int)(d->vec_width > 0 ? d->vec_width : 16));
+    for (i = 0; i < TB__DIALECT_HEADS && d->head[i] != NULL; i++)
+        tb__str_append(&src, "%s", d->head[i]);
+    for (i = 0; i < tb__cl_prelude_count; i++)
+        tb__str_append(&src, "%s", tb__cl_prelude[i]);
+    if (P->num_errsites > 0 && d->err_claim == NULL)
+        st = tb__error(TB_ERR_INTERNAL, "codegen: the %s dialect cannot report errors", d->name);
+    if (P->num_errsites > 0 && st == TB_OK) {
+        /* a run-time error report (compile.h: TB__ERR_WORDS): the one work item that claims
+           the flag writes its values, so that a report is one item's however many fail */
+        tb__str_append(&src,
+                       "\nTB_FN void tb_report(%suint *tb_err, uint code, long a, long b) {\n"
+                       "    if (%s) {\n"
+                       "        tb_err[1] = (uint)(ulong)a;\n"
+                       "        tb_err[2] = (uint)((ulong)a >> 32);\n"
+                       "        tb_err[3] = (uint)(ulong)b;\n"
+                       "        tb_err[4] = (uint)((ulong)b >> 32);\n"
+                       "    }\n"
+                       "}\n",
+                       d->global, d->err_claim);
+    }
+    tb__str_append(&src, "\n");
+    P->text_head = src.len;
+    /* each distinct kernel once: a kernel whose code is an earlier one's (the same work on
+       other buffers, as a network's repeated blocks have) runs that kernel's function */
+    canons = (tb__str *)tb__calloc(P->num_kernels + 1, sizeof(tb__str));
+    hashes = (uint64_t *)tb__calloc(P->num_kernels + 1, sizeof(uint64_t));
+    if (canons == NULL || hashes == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < P->num_kernels && st == TB_OK; i++) {
+        tb__plan_kernel *k = &P->kernels[i];
+        tb__str one;
+        size_t j;
+        snprintf(k->fn, sizeof k->fn, "%s", k->name);
+        k->text_at = k->text_len = 0;
+        if (k->empty) continue;
+        memset(&one, 0, sizeof one);
+        st = tb__cg_render_one(g, d, i, &one, &canons[i]);
+        if (st != TB_OK) {
+            tb__str_free(&one);
+            break;
+        }
+        hashes[i] = tb__hash_bytes(0x6b666eull, canons[i].data, canons[i].len);
+        for (j = 0; j < i; j++)
+            if (canons[j].data != NULL && hashes[j] == hashes[i] &&
+                canons[j].len == canons[i].len &&
+                memcmp(canons[j].data, canons[i].data, canons[i].len) == 0)
+                break;
+        if (j < i) {
+            snprintf(k->fn, sizeof k->fn, "%s", P->kernels[j].fn);
+            tb__str_free(&canons[i]);
+        } else {
+            k->text_at = src.len;
+            tb__cg_emit_named(&src, one.data != NULL ? one.data : "", k->name);
+            k->text_len = src.len - k->text_at;
+        }
+        tb__str_free(&one);
+    }
+    for (i = 0; canons != NULL && i < P->num_kernels; i++)
+        tb__str_free(&canons[i]);
+    tb__free(canons);
+    tb__free(hashes);
+    if (st == TB_OK && src.failed) st = TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK) {
+        *len = src.len;
+        *out = tb__str_take(&src);
+        if (*out == NULL) st = TB_ERR_OUT_OF_MEMORY;
+    }
+    tb__str_free(&src);
+    tb__ix_free(&g->ix);
+    tb__free(g->val_dtype);
+    tb__free(g->frames);
+    tb__free(g->stack);
+    tb__free(g);
+    return st;
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */

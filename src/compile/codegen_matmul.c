@@ -1,0 +1,645 @@
+/* ===========================================================================================
+   C-family code generator, the matmul kernels: the stores every matmul kernel shares (its
+   epilogue, by scalars or W columns at once), the register matmul (no work-group memory), the
+   pack kernels and the matmul from their panels (CPUs), and the work-group tile matmul (GPUs),
+   around the values and expressions of codegen.c; the program that runs them is
+   codegen_kernels.c's.
+   =========================================================================================== */
+#include "../impl_begin.h"
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+/* The store of one accumulator acc[ii][jj] of a matmul kernel at row gr, column gc (the caller
+   has emitted both and opened the bounds check): the kernel's fused consumers run on the value
+   and the result goes to out. Shared by every matmul kernel. False when code generation
+   stopped (g->ix.status says why, if it failed). */
+/* The position p of the matmul's output at (row var vr, column var vc) of the block, with the
+   core's value there (`memo`: TB__MEMO_VALUE or TB__MEMO_VECTOR, value or vector v) noted at
+   p, and *pr the root's position at the same flat offset (the consumers may see the matmul
+   through a reshape, to other dims or its own). -1 when code generation stopped. */
+static int32_t tb__cg_matmul_at(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                int32_t vr, int32_t vc, int memo, int32_t v, int32_t *pr) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core), *rs = tb__plan_shape(g->G, k->root);
+    int32_t r = cs->rank, d, p, pf;
+    tb__lf dims[TB_MAX_RANK];
+    for (d = 0; d < r - 2; d++)
+        dims[d] = bdims[d];
+    tb__lf_const(&dims[r - 2], 0);
+    tb__lf_add_term(&dims[r - 2], vr, 1);
+    tb__lf_const(&dims[r - 1], 0);
+    tb__lf_add_term(&dims[r - 1], vc, 1);
+    p = tb__ix_pos_multi(&g->ix, cs, dims);
+    if (p < 0 || !tb__ix_need_flat(&g->ix, p)) return -1;
+    tb__ix_memo_add(&g->ix, memo, k->core, p, 0, v);
+    *pr = p;
+    if (k->root != k->core) {
+        pf = tb__ix_pos_flat(&g->ix, cs, &g->ix.pos[p].flat);
+        *pr = tb__ix_pos_flat(&g->ix, rs, &g->ix.pos[p].flat);
+        if (pf < 0 || *pr < 0) return -1;
+        tb__ix_memo_add(&g->ix, memo, k->core, pf, 0, v);
+    }
+    return p;
+}
+
+static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core), *rs = tb__plan_shape(g->G, k->root);
+    int32_t r = cs->rank, vr = tb__ix_new_var(&g->ix, 0, cs->dims[r - 2] - 1),
+            vc = tb__ix_new_var(&g->ix, 0, cs->dims[r - 1] - 1), p, pr, vf, v;
+    const char *t = tb__cg_ctype(cs->dtype);
+    char flat[TB__LF_TEXT];
+    if (vr < 0 || vc < 0) return false;
+    tb__ix_line(&g->ix, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
+    vf = tb__cg_new_val(g, cs->dtype);
+    if (vf < 0) return false;
+    tb__ix_line(&g->ix, "const %s v%d = (%s)acc[ii][jj];", t, (int)vf, t);
+    vf = tb__cg_round(g, cs->dtype, vf);
+    if (vf < 0) return false;
+    p = tb__cg_matmul_at(g, k, bdims, vr, vc, TB__MEMO_VALUE, vf, &pr);
+    if (p < 0) return false;
+    v = tb__cg_eval(g, k->root, pr);
+    if (v < 0) return false;
+    tb__lf_text(&g->ix.pos[p].flat, flat, sizeof flat);
+    tb__cg_store(g, rs->dtype, "out", flat, v);
+    return true;
+}
+
+/* The stores of a packed matmul's interior block through its vector epilogue (k->vec: the
+   planner checked it): for each of the block's rows, each run of W columns of acc[ii] as
+   the matmul's vector at (row0 + ii, col0 + c), the epilogue on it and one vector store. */
+static bool tb__cg_matmul_vstores(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core), *rs = tb__plan_shape(g->G, k->root);
+    int32_t r = cs->rank, c, w = k->vec;
+    char loop[96];
+    snprintf(loop, sizeof loop, "for (int ii = 0; ii < %d; ii++) ", (int)k->rm);
+    tb__ix_open(&g->ix, loop);
+    for (c = 0; c < k->rn; c += w) {
+        int32_t vr = tb__ix_new_var(&g->ix, 0, cs->dims[r - 2] - 1),
+                vc = tb__ix_new_var(&g->ix, 0, cs->dims[r - 1] - 1), p, pr, v, vo;
+        char flat[TB__LF_TEXT], ptr[TB__LF_TEXT + 16];
+        if (vr < 0 || vc < 0) return false;
+        tb__ix_open(&g->ix, "");
+        tb__ix_line(&g->ix, "const long i%d = row0 + ii, i%d = col0 + %d;", (int)vr, (int)vc,
+                    (int)c);
+        v = tb__cg_new_vec(g);
+        if (v < 0) return false;
+        tb__ix_line(&g->ix, "const tb_vf v%d = TB_VLD(%d, acc[ii]);", (int)v, (int)(c / w));
+        p = tb__cg_matmul_at(g, k, bdims, vr, vc, TB__MEMO_VECTOR, v, &pr);
+        if (p < 0) return false;
+        vo = tb__cg_veval(g, k->root, pr);
+        if (vo < 0) return false;
+        tb__lf_text(&g->ix.pos[p].flat, flat, sizeof flat);
+        snprintf(ptr, sizeof ptr, "out + (%s)", flat);
+        tb__cg_vstore(g, rs->dtype, vo, ptr, false);
+        tb__ix_close(&g->ix, "");
+    }
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
+/* The loops over a work item's block of rm x rn outputs at `rows`, `cols` (row0 + ii (+ step *
+   ii), col0 + jj (+ step * jj)), storing the real ones through the epilogue. A block that lies
+   within the output (its span_r x span_c extent from row0, col0) stores without the bounds
+   test, in loops of a constant count the compiler can vectorise; only edge blocks test each
+   output (none when the block divides the output: a work item past the edge stores nothing). */
+static bool tb__cg_matmul_stores(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                 const char *rows, const char *cols, int32_t span_r,
+                                 int32_t span_c) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    long long M = (long long)cs->dims[cs->rank - 2], N = (long long)cs->dims[cs->rank - 1];
+    bool exact = M % span_r == 0 && N % span_c == 0;
+    char head[192], loops[192];
+    int edge;
+    snprintf(loops, sizeof loops,
+             "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ", (int)k->rm,
+             (int)k->rn);
+    snprintf(head, sizeof head, "if (row0 + %d <= %lldL && col0 + %d <= %lldL) ", (int)span_r, M,
+             (int)span_c, N);
+    for (edge = 0; edge < (exact ? 1 : 2); edge++) {
+        tb__ix_open(&g->ix, edge ? "else " : head);
+        if (!edge && k->vec > 0 && k->mm == TB__MM_PACKED) { /* the block's own columns */
+            if (!tb__cg_matmul_vstores(g, k, bdims)) return false;
+            tb__ix_close(&g->ix, "");
+            continue;
+        }
+        tb__ix_open(&g->ix, loops);
+        tb__ix_line(&g->ix, "const long gr = %s, gc = %s;", rows, cols);
+        if (edge) {
+            snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ", M, N);
+            tb__ix_open(&g->ix, head);
+        }
+        if (!tb__cg_matmul_store(g, k, bdims)) return false;
+        if (edge) tb__ix_close(&g->ix, "");
+        tb__ix_close(&g->ix, "");
+        tb__ix_close(&g->ix, "");
+    }
+    return g->ix.status == TB_OK;
+}
+
+/* The batch index variable of a matmul kernel's output (i<var> given) as per-dim forms of
+   the batch dims, in bdims. */
+static bool tb__cg_batch_dims(tb__cg *g, const tb_shape *cs, int32_t var, tb__lf *bdims) {
+    tb_shape bshape;
+    int32_t d, bpos;
+    if (cs->rank <= 2) return true;
+    memset(&bshape, 0, sizeof bshape);
+    bshape.dtype = cs->dtype;
+    for (d = 0; d + 2 < cs->rank; d++)
+        bshape.dims[bshape.rank++] = cs->dims[d];
+    bpos = tb__ix_var_pos_flat(&g->ix, &bshape, var, 1, -1);
+    if (bpos < 0 || !tb__ix_need_multi(&g->ix, bpos)) return false;
+    memcpy(bdims, g->ix.pos[bpos].dim, sizeof(tb__lf) * TB_MAX_RANK);
+    return true;
+}
+
+/* The value of a matmul operand (side 0: A, 1: B) at (row var, column var) of its matrix. */
+static int32_t tb__cg_matmul_operand(tb__cg *g, const tb__plan_kernel *k, int side,
+                                     const tb__lf *bdims, int32_t row, int32_t col) {
+    int32_t x = tb__plan_operand(g->G, k->core, (size_t)side);
+    const tb_shape *xs = tb__plan_shape(g->G, x);
+    int32_t r = xs->rank, d;
+    tb__lf dims[TB_MAX_RANK];
+    for (d = 0; d + 2 < r; d++)
+        dims[d] = bdims[d];
+    tb__lf_const(&dims[r - 2], 0);
+    tb__lf_add_term(&dims[r - 2], row, 1);
+    tb__lf_const(&dims[r - 1], 0);
+    tb__lf_add_term(&dims[r - 1], col, 1);
+    return tb__cg_eval(g, x, tb__ix_pos_multi(&g->ix, xs, dims));
+}
+
+/* Opens a register matmul's loop over the depth and reads B's values at the block's columns
+   in it (vb[j] for cols[j]); returns the depth variable, -1 if failed. */
+static int32_t tb__cg_matmul_depth_open(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                        const int32_t *cols, int32_t *vb) {
+    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
+    int32_t kv = tb__ix_new_var(&g->ix, 0, mm.k > 0 ? mm.k - 1 : 0), j;
+    char head[160];
+    if (kv < 0) return -1;
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)kv, (int)kv,
+             (long long)mm.k, (int)kv);
+    tb__ix_open(&g->ix, head);
+    for (j = 0; j < k->rn; j++) {
+        vb[j] = tb__cg_matmul_operand(g, k, 1, bdims, kv, cols[j]);
+        if (vb[j] < 0) return -1;
+    }
+    return kv;
+}
+
+/* The depth loop and stores of an f32 register matmul with one vector accumulator per row of
+   the block, of the narrowest of 4, 8 or 16 lanes that holds rn: each step of K makes B's rn
+   values one vector (lanes past rn zero) and adds it times each row's A value (the dialect's
+   vec_make; rn <= 16). */
+static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k,
+                                             const tb__lf *bdims, const int32_t *rows,
+                                             const int32_t *cols) {
+    int32_t kv, i, j, vb[16], w = k->rn <= 4 ? 4 : (k->rn <= 8 ? 8 : 16);
+    char list[16 * 16], vec[16 * 16 + 32], zero[48], tv[16];
+    size_t used = 0;
+    snprintf(tv, sizeof tv, "float%d", (int)w);
+    snprintf(zero, sizeof zero, g->d->vec_zero, tv);
+    for (i = 0; i < k->rm; i++)
+        tb__ix_line(&g->ix, "%s accv%d = %s;", tv, (int)i, zero);
+    kv = tb__cg_matmul_depth_open(g, k, bdims, cols, vb);
+    if (kv < 0) return g->ix.status;
+    for (j = 0; j < w; j++) { /* lanes past rn: zeros */
+        if (j < k->rn) {
+            used += (size_t)snprintf(list + used, sizeof list - used, "%sv%d", j ? ", " : "",
+                                     (int)vb[j]);
+        } else {
+            used += (size_t)snprintf(list + used, sizeof list - used, ", 0.0f");
+        }
+    }
+    snprintf(vec, sizeof vec, g->d->vec_make, tv, list);
+    tb__ix_line(&g->ix, "const %s bv = %s;", tv, vec);
+    for (i = 0; i < k->rm; i++) {
+        int32_t va = tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv);
+        if (va < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "accv%d += v%d * bv;", (int)i, (int)va);
+    }
+    tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "float acc[%d][%d];", (int)k->rm, (int)w);
+    for (i = 0; i < k->rm; i++)
+        tb__ix_line(&g->ix, "vstore%d(accv%d, 0, acc[%d]);", (int)w, (int)i, (int)i);
+    tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm, (int32_t)k->rn);
+    return g->ix.status;
+}
+
+/* Matmul from registers (CPU devices without packing: integers, small sizes): no work-group
+   memory (the caches tile), each work item an rm x rn block of the output, operands read at
+   clamped rows and columns (always in bounds; the epilogue writes only the real ones). */
+static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
+    int32_t i0, kv, i, j, rows[16], cols[16], va[16], vb[16];
+    tb_dtype od = cs->dtype;
+    const char *acc_t = tb__cg_acc_ctype(od);
+    tb__lf bdims[TB_MAX_RANK];
+    char id0[48], id1[48], id2[48];
+    if (k->rm > 16 || k->rn > 16) {
+        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: a register block of %dx%d",
+                                      (int)k->rm, (int)k->rn));
+        return g->ix.status;
+    }
+    tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
+    tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
+    tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
+    tb__ix_line(&g->ix, "const long col0 = (long)%s * %d, row0 = (long)%s * %d;", id0, (int)k->rn,
+                id1, (int)k->rm);
+    i0 = tb__ix_new_var(&g->ix, 0, mm.batch > 0 ? mm.batch - 1 : 0);
+    if (i0 < 0) return g->ix.status;
+    tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, id2);
+    if (!tb__cg_batch_dims(g, cs, i0, bdims)) return g->ix.status;
+    for (i = 0; i < k->rm; i++) {
+        rows[i] = tb__ix_new_var(&g->ix, 0, mm.m - 1);
+        if (rows[i] < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "const long i%d = %s(row0 + %d, %lldL);", (int)rows[i], g->d->min_long,
+                    (int)i, (long long)(mm.m - 1));
+    }
+    for (j = 0; j < k->rn; j++) {
+        cols[j] = tb__ix_new_var(&g->ix, 0, mm.n - 1);
+        if (cols[j] < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "const long i%d = %s(col0 + %d, %lldL);", (int)cols[j], g->d->min_long,
+                    (int)j, (long long)(mm.n - 1));
+    }
+    if (od == TB_F32 && g->d->vec_make != NULL && k->rn > 1)
+        return tb__cg_matmul_registers_vec(g, k, bdims, rows, cols);
+    tb__ix_line(&g->ix, "%s acc[%d][%d];", acc_t, (int)k->rm, (int)k->rn);
+    tb__ix_line(&g->ix, "for (int ii = 0; ii < %d; ii++)", (int)k->rm);
+    tb__ix_line(&g->ix, "    for (int jj = 0; jj < %d; jj++) acc[ii][jj] = 0;", (int)k->rn);
+    kv = tb__cg_matmul_depth_open(g, k, bdims, cols, vb);
+    if (kv < 0) return g->ix.status;
+    for (i = 0; i < k->rm; i++) {
+        va[i] = tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv);
+        if (va[i] < 0) return g->ix.status;
+    }
+    for (i = 0; i < k->rm; i++) {
+        for (j = 0; j < k->rn; j++) {
+            if (tb_dtype_is_float(od)) {
+                tb__ix_line(&g->ix, "acc[%d][%d] += v%d * v%d;", (int)i, (int)j, (int)va[i],
+                            (int)vb[j]);
+            } else {
+                tb__ix_line(&g->ix, "acc[%d][%d] += (%s)v%d * (%s)v%d;", (int)i, (int)j, acc_t,
+                            (int)va[i], acc_t, (int)vb[j]);
+            }
+        }
+    }
+    tb__ix_close(&g->ix, "");
+    tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm, (int32_t)k->rn);
+    return g->ix.status;
+}
+
+/* The value of a matmul operand at the position of a pack kernel's row (k) and lane (the
+   form `lane`): B at (k, lane), A at (lane, k). */
+static int32_t tb__cg_pack_value(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                 int32_t ik, const tb__lf *lane) {
+    bool is_a = k->kind == TB__K_PACK_A;
+    int32_t x = tb__plan_operand(g->G, k->core, is_a ? 0 : 1);
+    const tb_shape *xs = tb__plan_shape(g->G, x);
+    int32_t r = xs->rank, d;
+    tb__lf dims[TB_MAX_RANK];
+    for (d = 0; d + 2 < r; d++)
+        dims[d] = bdims[d];
+    tb__lf_const(&dims[is_a ? r - 1 : r - 2], 0);
+    tb__lf_add_term(&dims[is_a ? r - 1 : r - 2], ik, 1);
+    dims[is_a ? r - 2 : r - 1] = *lane;
+    return tb__cg_eval(g, x, tb__ix_pos_multi(&g->ix, xs, dims));
+}
+
+/* How many consecutive lanes a pack kernel can read as one affine run: the smallest period of
+   the divisions its operand's index takes of the lane (the innermost axis a view unravels the
+   lane into: a window's output row), `len` where there is none. Found by emitting the value
+   once in a block that is then dropped from the text. */
+static int64_t tb__cg_pack_period(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                  int32_t ik, int64_t len) {
+    size_t mark = g->ix.body.len;
+    int32_t lane = tb__ix_new_var(&g->ix, 0, len - 1);
+    int64_t period;
+    tb__lf lf;
+    if (lane < 0) return 1;
+    g->ix.vars[lane].traced = 1;
+    g->ix.period = 0;
+    tb__lf_const(&lf, 0);
+    tb__lf_add_term(&lf, lane, 1);
+    tb__ix_open(&g->ix, "");
+    tb__cg_pack_value(g, k, bdims, ik, &lf);
+    tb__ix_close(&g->ix, "");
+    if (!g->ix.body.failed && g->ix.body.data != NULL) {
+        g->ix.body.len = mark;
+        g->ix.body.data[mark] = '\0';
+    }
+    period = g->ix.period;
+    return period > 0 && period < len ? period : len;
+}
+
+/* A pack kernel's rows pk0..pk1 of panel i0's run of lanes pr0.. (`count` of them: the text of
+   a variable, or "" for the whole panel width, a constant), lane iq * period + pr0 + r; the
+   loops' variables are its own (the kernel may emit the rows twice). */
+static bool tb__cg_pack_rows(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims, int32_t i0,
+                             int32_t iq, int64_t period, const char *count) {
+    char head[160], n[32];
+    int64_t z[6];
+    int32_t v, ik, ir;
+    tb__lf lane;
+    tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
+    ik = tb__ix_new_var(&g->ix, 0, z[3] - 1);
+    ir = tb__ix_new_var(&g->ix, 0, period - 1);
+    if (ik < 0 || ir < 0) return false;
+    if (count[0] == '\0') {
+        snprintf(n, sizeof n, "%lldL", (long long)z[5]);
+    } else {
+        snprintf(n, sizeof n, "%s", count);
+    }
+    snprintf(head, sizeof head, "for (long i%d = pk0; i%d < pk1; i%d++) ", (int)ik, (int)ik,
+             (int)ik);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long po = (i%d * %lldL + i%d) * %lldL + pj - pr0;", (int)i0,
+                (long long)z[3], (int)ik, (long long)z[5]);
+    snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + %s; i%d++) ", (int)ir, (int)ir, n,
+             (int)ir);
+    tb__ix_open(&g->ix, head);
+    tb__lf_const(&lane, 0);
+    tb__lf_add_term(&lane, iq, period);
+    tb__lf_add_term(&lane, ir, 1);
+    v = tb__cg_pack_value(g, k, bdims, ik, &lane);
+    if (v < 0) return false;
+    tb__ix_line(&g->ix, "out[po + i%d] = v%d;", (int)ir, (int)v);
+    tb__ix_close(&g->ix, "");
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
+/* A pack kernel: one work item per mm_pack_rows rows of a panel (batch b, panel, depths k),
+   their lanes the operand at rows (A) or columns (B) panel * width + lane, zero past the last
+   one (the matmul never stores what the padding computes). The lanes go in runs that stay
+   within one period of the lane's unravelling (tb__cg_pack_period): within a run the
+   operand's index is affine in the lane, so a window's run is a slice of an input row (only a
+   pad's edges test), and what depends on the run alone is computed once for all the rows; a
+   run as wide as the panel has a loop of its own with a constant count. */
+static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    int32_t i0, ib, ik, iq;
+    int64_t z[6], len, K, blocks, width, period, rows = g->G->target->tuning->mm_pack_rows;
+    tb__lf bdims[TB_MAX_RANK];
+    char id0[48], id1[48], head[160];
+    tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
+    K = z[3];
+    blocks = z[4];
+    width = z[5];
+    len = k->kind == TB__K_PACK_A ? z[1] : z[2];
+    i0 = tb__ix_new_var(&g->ix, 0, z[0] * blocks - 1);
+    ib = tb__ix_new_var(&g->ix, 0, z[0] - 1);
+    ik = tb__ix_new_var(&g->ix, 0, K - 1);
+    if (i0 < 0 || ib < 0 || ik < 0) return g->ix.status;
+    tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
+    tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
+    tb__ix_line(&g->ix, "const long pk0 = (long)%s * %lldL, i%d = (long)%s;", id0, (long long)rows,
+                (int)i0, id1);
+    snprintf(head, sizeof head, "if (pk0 < %lldL) ", (long long)K);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long pk1 = pk0 + %lldL < %lldL ? pk0 + %lldL : %lldL;",
+                (long long)rows, (long long)K, (long long)rows, (long long)K);
+    tb__ix_line(&g->ix, "const long i%d = i%d / %lldL, pl0 = i%d %% %lldL * %lldL;", (int)ib,
+                (int)i0, (long long)blocks, (int)i0, (long long)blocks, (long long)width);
+    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
+    period = tb__cg_pack_period(g, k, bdims, ik, len);
+    iq = tb__ix_new_var(&g->ix, 0, (len - 1) / period);
+    if (iq < 0) return g->ix.status;
+    snprintf(head, sizeof head, "for (long pj = 0; pj < %lldL;) ", (long long)width);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long pl = pl0 + pj;");
+    tb__ix_line(&g->ix, "if (pl >= %lldL) {", (long long)len);
+    tb__ix_line(&g->ix, "    for (long pk = pk0; pk < pk1; pk++)");
+    tb__ix_line(
+        &g->ix,
+        "        for (long pz = pj; pz < %lldL; pz++) out[(i%d * %lldL + pk) * %lldL + pz] = 0;",
+        (long long)width, (int)i0, (long long)K, (long long)width);
+    tb__ix_line(&g->ix, "    break;");
+    tb__ix_line(&g->ix, "}");
+    tb__ix_line(&g->ix, "const long i%d = pl / %lldL, pr0 = pl %% %lldL;", (int)iq,
+                (long long)period, (long long)period);
+    tb__ix_line(&g->ix, "long pn = %lldL - pr0;", (long long)period);
+    tb__ix_line(&g->ix, "if (pn > %lldL - pj) pn = %lldL - pj;", (long long)width,
+                (long long)width);
+    tb__ix_line(&g->ix, "if (pn > %lldL - pl) pn = %lldL - pl;", (long long)len, (long long)len);
+    /* a whole panel in one run (the common case where the period is long): the same loops
+       with a constant count, which the compiler turns into vector copies */
+    if (period >= width) {
+        snprintf(head, sizeof head, "if (pn == %lldL) ", (long long)width);
+        tb__ix_open(&g->ix, head);
+        if (!tb__cg_pack_rows(g, k, bdims, i0, iq, period, "")) return g->ix.status;
+        tb__ix_close(&g->ix, " else");
+        tb__ix_open(&g->ix, "");
+    }
+    if (!tb__cg_pack_rows(g, k, bdims, i0, iq, period, "pn")) return g->ix.status;
+    if (period >= width) tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "pj += pn;");
+    tb__ix_close(&g->ix, "");
+    tb__ix_close(&g->ix, "");
+    return g->ix.status;
+}
+
+/* The offset of A's matrix for batch index `ib` of a matmul that reads A in place (A
+   contiguous, broadcast over the batch where its dims are 1), as C text. */
+static void tb__cg_matmul_a_offset(tb__cg *g, const tb__plan_kernel *k, int32_t ib, char *out,
+                                   size_t size) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    const tb_shape *as = tb__plan_shape(g->G, tb__plan_mm_a_buffer(g->G, k->core));
+    int64_t below = 1, stride = as->dims[as->rank - 1] * as->dims[as->rank - 2];
+    size_t used = (size_t)snprintf(out, size, "0");
+    int32_t d;
+    for (d = cs->rank - 3; d >= 0; d--) {
+        if (as->dims[d] != 1 && used < size)
+            used += (size_t)snprintf(out + used, size - used, " + (i%d / %lldL %% %lldL) * %lldL",
+                                     (int)ib, (long long)below, (long long)cs->dims[d],
+                                     (long long)stride);
+        below *= cs->dims[d];
+        stride *= as->dims[d];
+    }
+}
+
+/* Matmul from the panels of the pack kernels before it: each work item an rm x width block of
+   the output, rows of `width` lanes held as nb registers of the device's width (its row vectors'
+   lanes: f64 half as many) each; the inner loop reads nb vectors of B and rm values of A per
+   step of K: consecutive ones of A's panel, or (no panels of A: A is a contiguous buffer whose
+   rows fill whole panels) one from each of the block's rows of A itself, and adds each A value
+   times each B vector into its accumulator. */
+static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    int64_t za[6], zb[6], K;
+    int rm = (int)k->rm, vw = (int)k->rn, i, j, nb, rw;
+    const char *t = tb__cg_ctype(cs->dtype);
+    char tv[16], zero[48], head[160], id0[48], id1[48], id2[48], off[256];
+    int32_t ib, a_slot = k->pack_slot[0];
+    bool panels_a = a_slot >= 0;
+    tb__lf bdims[TB_MAX_RANK];
+    tb__plan_pack_sizes(g->G, k->core, true, za);
+    tb__plan_pack_sizes(g->G, k->core, false, zb);
+    K = za[3];
+    if (!panels_a) {
+        int32_t a = tb__plan_mm_a_buffer(g->G, k->core);
+        a_slot = a >= 0 ? g->G->info[a].slot : -1;
+    }
+    /* a register's lanes: the device's row vectors' (f64: half), at most the block's width */
+    rw = g->G->target->tuning->vec_width / (cs->dtype == TB_F64 ? 2 : 1);
+    if (rw < 2 || rw > vw || vw % rw != 0) rw = vw;
+    nb = vw / rw;
+    snprintf(tv, sizeof tv, "%s%d", t, rw);
+    if (!tb__cg_arg(g, TB__ARG_BUF, a_slot) || !tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[1]))
+        return g->ix.status;
+    ib = tb__ix_new_var(&g->ix, 0, za[0] - 1);
+    if (ib < 0) return g->ix.status;
+    tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
+    tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
+    tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
+    if (k->mm_group > 0) {
+        /* the items in groups of mm_group column panels, each group row panel by row panel
+           (the last group may be narrower) */
+        long long gw = k->mm_group, npc = zb[4], npr = za[4], last = npc - (npc - 1) / gw * gw;
+        tb__ix_line(&g->ix, "const long pw = (long)%s * %lldL + (long)%s;", id1, npc, id0);
+        tb__ix_line(&g->ix, "const long pg = pw / %lldL, pq = pw %% %lldL;", gw * npr, gw * npr);
+        tb__ix_line(&g->ix, "const long pgw = (pg + 1) * %lldL <= %lldL ? %lldL : %lldL;", gw, npc,
+                    gw, last);
+        tb__ix_line(&g->ix, "const long pr = pq / pgw, pc = pg * %lldL + pq %% pgw;", gw);
+    } else {
+        tb__ix_line(&g->ix, "const long pc = (long)%s, pr = (long)%s;", id0, id1);
+    }
+    tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)ib, id2);
+    tb__ix_line(&g->ix, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
+    if (panels_a) {
+        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", g->d->global, t,
+                    (int)a_slot, (int)ib, (long long)za[4], (long long)(K * rm));
+    } else {
+        tb__cg_matmul_a_offset(g, k, ib, off, sizeof off);
+        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (%s) + row0 * %lldL;", g->d->global, t,
+                    (int)a_slot, off, (long long)K);
+    }
+    tb__ix_line(&g->ix, "%sconst %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", g->d->global, t,
+                (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));
+    snprintf(zero, sizeof zero, g->d->vec_zero, tv);
+    for (i = 0; i < rm; i++)
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "%s accv%d_%d = %s;", tv, i, j, zero);
+    snprintf(head, sizeof head, "for (long kk = 0; kk < %lldL; kk++) ", (long long)K);
+    tb__ix_open(&g->ix, head);
+    for (j = 0; j < nb; j++)
+        tb__ix_line(&g->ix, "const %s bv%d = vload%d(kk * %d + %d, bp);", tv, j, rw, nb, j);
+    tb__ix_line(&g->ix, "%sconst %s *ak = ap + kk * %d;", g->d->global, t, panels_a ? rm : 1);
+    for (i = 0; i < rm; i++) {
+        tb__ix_line(&g->ix, "const %s am%d = ak[%lld];", t, i, (long long)(panels_a ? i : i * K));
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "accv%d_%d += am%d * bv%d;", i, j, i, j);
+    }
+    tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "%s acc[%d][%d];", t, rm, vw);
+    for (i = 0; i < rm; i++)
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "vstore%d(accv%d_%d, %d, acc[%d]);", rw, i, j, j, i);
+    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
+    tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm, (int32_t)k->rn);
+    return g->ix.status;
+}
+
+/* Loads the tiles of A and B of depth kt into work-group memory. */
+static bool tb__cg_matmul_tiles_load(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                     int32_t w, int32_t tm, int32_t tn) {
+    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
+    const char *t = tb__cg_ctype(tb__plan_shape(g->G, k->core)->dtype);
+    char head[160];
+    int side;
+    for (side = 0; side < 2; side++) {
+        int32_t vr, vc, v;
+        int tile_rows = side == 0 ? tm : k->tk, tile_cols = side == 0 ? k->tk : tn;
+        snprintf(head, sizeof head, "for (int l = ly * %d + lx; l < %d; l += %d) ", (int)w,
+                 tile_rows * tile_cols, (int)(w * w));
+        tb__ix_open(&g->ix, head);
+        tb__ix_line(&g->ix, "const int lr = l / %d, lc = l %% %d;", tile_cols, tile_cols);
+        if (side == 0) {
+            tb__ix_line(&g->ix, "const long gr = row0 + lr, gc = kt + lc;");
+        } else {
+            tb__ix_line(&g->ix, "const long gr = kt + lr, gc = col0 + lc;");
+        }
+        tb__ix_line(&g->ix, "%s e = 0;", t);
+        snprintf(head, sizeof head, "if (gr < %lldL && gc < %lldL) ",
+                 (long long)(side == 0 ? mm.m : mm.k), (long long)(side == 0 ? mm.k : mm.n));
+        tb__ix_open(&g->ix, head);
+        vr = tb__ix_new_var(&g->ix, 0, (side == 0 ? mm.m : mm.k) - 1);
+        vc = tb__ix_new_var(&g->ix, 0, (side == 0 ? mm.k : mm.n) - 1);
+        if (vr < 0 || vc < 0) return false;
+        tb__ix_line(&g->ix, "const long i%d = gr, i%d = gc;", (int)vr, (int)vc);
+        v = tb__cg_matmul_operand(g, k, side, bdims, vr, vc);
+        if (v < 0) return false;
+        tb__ix_line(&g->ix, "e = v%d;", (int)v);
+        tb__ix_close(&g->ix, "");
+        tb__ix_line(&g->ix, "%s", side == 0 ? "As[lc][lr] = e;" : "Bs[lr][lc] = e;");
+        tb__ix_close(&g->ix, "");
+    }
+    return g->ix.status == TB_OK;
+}
+
+/* Matmul in work-group memory tiles (GPUs): a w x w work-group computes a (w rm) x (w rn)
+   block, each item rm x rn outputs strided by w. */
+static tb_status tb__cg_kernel_matmul_tiles(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
+    int32_t w = (int32_t)k->group_size[0], tm = w * k->rm, tn = w * k->rn, i0;
+    tb_dtype od = cs->dtype;
+    const char *t = tb__cg_ctype(od), *acc_t = tb__cg_acc_ctype(od);
+    tb__lf bdims[TB_MAX_RANK];
+    char head[160], rows[64], cols[64], name[32], lx[48], ly[48], gx[48], gy[48], gz[48];
+    tb__cg_id(lx, sizeof lx, g->d->local_id, 0);
+    tb__cg_id(ly, sizeof ly, g->d->local_id, 1);
+    tb__cg_id(gx, sizeof gx, g->d->group_id, 0);
+    tb__cg_id(gy, sizeof gy, g->d->group_id, 1);
+    tb__cg_id(gz, sizeof gz, g->d->group_id, 2);
+    snprintf(name, sizeof name, "As[%d]", (int)k->tk);
+    tb__cg_local(g, t, name, tm);
+    snprintf(name, sizeof name, "Bs[%d]", (int)k->tk);
+    tb__cg_local(g, t, name, tn);
+    tb__ix_line(&g->ix, "const int lx = (int)%s, ly = (int)%s;", lx, ly);
+    tb__ix_line(&g->ix, "const long row0 = (long)%s * %d, col0 = (long)%s * %d;", gy, (int)tm, gx,
+                (int)tn);
+    i0 = tb__ix_new_var(&g->ix, 0, mm.batch > 0 ? mm.batch - 1 : 0);
+    if (i0 < 0) return g->ix.status;
+    tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, gz);
+    if (!tb__cg_batch_dims(g, cs, i0, bdims)) return g->ix.status;
+    tb__ix_line(&g->ix, "%s acc[%d][%d];", acc_t, (int)k->rm, (int)k->rn);
+    tb__ix_line(&g->ix, "for (int ii = 0; ii < %d; ii++)", (int)k->rm);
+    tb__ix_line(&g->ix, "    for (int jj = 0; jj < %d; jj++) acc[ii][jj] = 0;", (int)k->rn);
+    snprintf(head, sizeof head, "for (long kt = 0; kt < %lldL; kt += %d) ", (long long)mm.k,
+             (int)k->tk);
+    tb__ix_open(&g->ix, head);
+    if (!tb__cg_matmul_tiles_load(g, k, bdims, w, tm, tn)) return g->ix.status;
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+    tb__ix_line(&g->ix, "for (int kk = 0; kk < %d; kk++) {", (int)k->tk);
+    tb__ix_line(&g->ix, "    %s ra[%d], rb[%d];", t, (int)k->rm, (int)k->rn);
+    tb__ix_line(&g->ix, "    for (int ii = 0; ii < %d; ii++) ra[ii] = As[kk][ly + ii * %d];",
+                (int)k->rm, (int)w);
+    tb__ix_line(&g->ix, "    for (int jj = 0; jj < %d; jj++) rb[jj] = Bs[kk][lx + jj * %d];",
+                (int)k->rn, (int)w);
+    tb__ix_line(&g->ix, "    for (int ii = 0; ii < %d; ii++)", (int)k->rm);
+    if (tb_dtype_is_float(od)) {
+        tb__ix_line(&g->ix,
+                    "        for (int jj = 0; jj < %d; jj++) acc[ii][jj] += ra[ii] * rb[jj];",
+                    (int)k->rn);
+    } else {
+        tb__ix_line(&g->ix,
+                    "        for (int jj = 0; jj < %d; jj++) acc[ii][jj] += (%s)ra[ii] * "
+                    "(%s)rb[jj];",
+                    (int)k->rn, acc_t, acc_t);
+    }
+    tb__ix_line(&g->ix, "}");
+    tb__ix_line(&g->ix, "%s", g->d->barrier);
+    tb__ix_close(&g->ix, "");
+    snprintf(rows, sizeof rows, "row0 + ly + ii * %d", (int)w);
+    snprintf(cols, sizeof cols, "col0 + lx + jj * %d", (int)w);
+    tb__cg_matmul_stores(g, k, bdims, rows, cols, (int32_t)tm, (int32_t)tn);
+    return g->ix.status;
+}
+
+static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k) {
+    if (k->mm == TB__MM_PACKED) return tb__cg_kernel_matmul_packed(g, k);
+    if (k->mm == TB__MM_REGISTERS) return tb__cg_kernel_matmul_registers(g, k);
+    return tb__cg_kernel_matmul_tiles(g, k);
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */

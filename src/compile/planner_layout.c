@@ -1,0 +1,724 @@
+/* ===========================================================================================
+   Kernel planner, second half: the layout of the kernels planner.c formed (vectors along rows,
+   launch geometry, names), the plan of a graph from its steps in order, and buffer donation.
+   =========================================================================================== */
+#include "../impl_begin.h"
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+/* ---- vectors along rows ----
+   A row kernel whose work item reads its row in order (one item per row, the row contiguous)
+   evaluates the row W elements at a time when every node it evaluates along the row can be:
+   f32, f16 or bf16 ops of a small set over operands that are aligned with the row (equal dims: W
+   consecutive elements), constant along it (one element, or dims of 1 across the row's axes:
+   evaluated once per step as scalars) or loads of buffers of the row's dims. */
+
+#define TB__PLAN_VEC_NODES 256 /* nodes of a subtree evaluated as vectors, at most */
+
+/* The dtypes a vector holds: f32, and the 16-bit floats (loaded to f32 lanes, every op's
+   result rounded to them, stored rounded). */
+static bool tb__plan_vec_dtype(tb_dtype dtype) {
+    return dtype == TB_F32 || dtype == TB_F16 || dtype == TB_BF16;
+}
+
+static bool tb__plan_vec_op(const tb_node *n) {
+    if (!tb__plan_vec_dtype(n->shape.dtype)) return false;
+    switch (n->op) {
+    case TB_OP_CAST: /* between the vector dtypes: a rounding at most */
+        return tb__plan_vec_dtype(n->operands[0]->shape.dtype);
+    case TB_OP_RESHAPE: /* to the same dims (tb_detach, a leaf), or to others with the same
+                           last dim (a row's W elements are consecutive in both): the operand */
+        return tb__plan_same_dims(&n->shape, &n->operands[0]->shape) ||
+               (n->shape.rank >= 1 && n->operands[0]->shape.rank >= 1 &&
+                n->shape.dims[n->shape.rank - 1] ==
+                    n->operands[0]->shape.dims[n->operands[0]->shape.rank - 1]);
+    case TB_OP_SQRT:
+    case TB_OP_ADD:
+    case TB_OP_SUB:
+    case TB_OP_MUL:
+    case TB_OP_DIV:
+    case TB_OP_NEG:
+    case TB_OP_ABS:
+    case TB_OP_EXP:
+    case TB_OP_ERF:
+    case TB_OP_GELU:
+    case TB_OP_RECIPROCAL:
+    case TB_OP_MAXIMUM:
+    case TB_OP_MINIMUM:
+    case TB_OP_RELU:
+        return true;
+    case TB_OP_WHERE: /* a condition of bytes read from a buffer (tb__plan_vec_subtree) */
+        return n->operands[0]->shape.dtype == TB_BOOL || n->operands[0]->shape.dtype == TB_U8;
+    default:
+        return false;
+    }
+}
+
+/* How operand dims `os` run along the row of a node with dims `ds` (the last `row_axes` axes):
+   TB__ROW_ALIGNED when its dims there equal the node's (W consecutive elements: it is
+   broadcast along the leading axes at most), TB__ROW_CONSTANT when they are 1 or absent (one
+   value for the whole row), else TB__ROW_OTHER. */
+static int32_t tb__plan_row_relation(const tb_shape *ds, const tb_shape *os, int32_t row_axes) {
+    int32_t a, off = ds->rank - os->rank;
+    bool aligned = true, constant = true;
+    for (a = ds->rank - row_axes; a < ds->rank; a++) {
+        int32_t oa = a - off;
+        int64_t od = oa >= 0 ? os->dims[oa] : 1;
+        if (od != ds->dims[a]) aligned = false;
+        if (od != 1) constant = false;
+    }
+    if (aligned && tb__plan_numel(os) > 1) return TB__ROW_ALIGNED;
+    return constant ? TB__ROW_CONSTANT : TB__ROW_OTHER;
+}
+
+/* Whether the nodes kernel k evaluates from `start` (aligned with the row, whose last
+   `row_axes` axes run along it) can all be evaluated as vectors; `stop`, when >= 0, is a node
+   whose vector the kernel has already (the core under an epilogue). */
+static bool tb__plan_vec_subtree(const tb__pgraph *G, const tb__plan_kernel *k, int32_t start,
+                                 int32_t stop, int32_t row_axes) {
+    int32_t stack[TB__PLAN_VEC_NODES];
+    int32_t sp = 0, seen = 0;
+    stack[sp++] = start;
+    while (sp > 0) {
+        int32_t n = stack[--sp];
+        const tb__pnode *in = &G->info[n];
+        size_t j;
+        if (++seen > TB__PLAN_VEC_NODES) return false;
+        if (n == stop) continue;
+        if (in->param >= 0 || (in->root && n != k->root)) {
+            if (!tb__plan_vec_dtype(in->node->shape.dtype)) return false;
+            continue; /* a load of W elements */
+        }
+        if (in->ctx != k->owner || !tb__plan_vec_op(in->node)) return false;
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t o = tb__plan_operand(G, n, j);
+            int32_t rel = tb__plan_row_relation(&in->node->shape, tb__plan_shape(G, o), row_axes);
+            if (rel == TB__ROW_ALIGNED && in->node->op == TB_OP_WHERE && j == 0) {
+                /* W bytes loaded as 0 or 1 each: only a buffer's */
+                if (G->info[o].param < 0 && !(G->info[o].root && o != k->root)) return false;
+            } else if (rel == TB__ROW_ALIGNED) {
+                if (sp >= TB__PLAN_VEC_NODES) return false;
+                stack[sp++] = o;
+            } else if (rel == TB__ROW_OTHER) {
+                return false; /* broadcast along the row: not consecutive elements */
+            }
+        }
+    }
+    return true;
+}
+
+/* The vector width of a row kernel (0: scalar), after its layout is chosen. */
+/* The vector width of kernel k (0: scalar code); *row_axes gets how many trailing axes the
+   vectors run along, the count the code generator must use when it sorts operands into
+   aligned, constant and other. */
+static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k,
+                                  int32_t *row_axes) {
+    int32_t w = G->target->tuning->vec_width, x, axes;
+    const tb_node *cn;
+    const tb_shape *xs;
+    int64_t len;
+    if (w <= 0) return 0;
+    if (k->kind == TB__K_ELEMENTWISE) {
+        /* blocks of W along the last axis, which W divides (blocks never cross rows) */
+        const tb_shape *rs = tb__plan_shape(G, k->root);
+        if (!tb__plan_vec_dtype(rs->dtype) || rs->rank < 1 || rs->dims[rs->rank - 1] % w != 0 ||
+            tb__plan_numel(rs) < 64 * w || G->info[k->root].param >= 0)
+            return 0;
+        *row_axes = 1;
+        return tb__plan_vec_subtree(G, k, k->root, -1, 1) ? w : 0;
+    }
+    if (k->group > 1 || !k->suffix) return 0;
+    cn = G->info[k->core].node;
+    x = tb__plan_operand(G, k->core, 0);
+    xs = tb__plan_shape(G, x);
+    if (!tb__plan_vec_dtype(xs->dtype)) return 0;
+    if (k->kind == TB__K_NORM) {
+        size_t j;
+        axes = cn->op == TB_OP_LAYER_NORM ? (int32_t)cn->attrs[0] : 1;
+        len = 1;
+        for (j = (size_t)(xs->rank - axes); j < (size_t)xs->rank; j++)
+            len *= xs->dims[j];
+        *row_axes = axes;
+        if (len < 2 * w || !tb__plan_vec_subtree(G, k, x, -1, axes)) return 0;
+        for (j = 1; j < cn->num_operands; j++) /* weight and bias, along the row */
+            if (!tb__plan_vec_subtree(G, k, tb__plan_operand(G, k->core, j), -1, axes)) return 0;
+        /* the epilogue stores W outputs at once */
+        return tb__plan_vec_subtree(G, k, k->root, k->core, axes) ? w : 0;
+    }
+    if ((k->kind != TB__K_REDUCE && k->kind != TB__K_PARTIAL) ||
+        (k->kind == TB__K_REDUCE && k->split > 0))
+        return 0;
+    if (cn->op != TB_OP_SUM && cn->op != TB_OP_MEAN && cn->op != TB_OP_MAX && cn->op != TB_OP_MIN &&
+        cn->op != TB_OP_PROD)
+        return 0;
+    {
+        int64_t n_out, m;
+        int32_t a;
+        uint64_t mask = (uint64_t)cn->attrs[0];
+        tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+        if (k->kind == TB__K_PARTIAL) m = (m + k->split - 1) / k->split;
+        axes = 0;
+        for (a = 0; a < xs->rank; a++)
+            if ((mask >> a) & 1u) axes++;
+        if (m < 2 * w) return 0;
+    }
+    *row_axes = axes;
+    return tb__plan_vec_subtree(G, k, x, -1, axes) ? w : 0;
+}
+
+/* ---- layouts and launch geometry ---- */
+
+/* Work items per row for a kernel with `rows` rows of `len` elements (1: one work item per
+   row). `inner`: the row is contiguous (the items of a group read neighbours). */
+static int32_t tb__plan_pick_group(const tb__pgraph *G, int64_t rows, int64_t len, bool inner) {
+    const tb__tuning *t = G->target->tuning;
+    int64_t maxg = t->max_group, cu = (int64_t)G->target->compute_units, n = 1;
+    if (maxg > (int64_t)G->target->max_group) maxg = (int64_t)G->target->max_group;
+    if (maxg <= 1 || len < t->group_min_len) return 1;
+    if (t->item_rows_per_cu > 0 && rows >= cu * t->item_rows_per_cu) return 1;
+    if (t->gpu_rows > 0 && !inner && rows >= cu * t->gpu_rows) return 1;
+    while (n * 2 <= maxg && n * 2 <= len)
+        n *= 2;
+    return (int32_t)n;
+}
+
+static void tb__plan_launch_rows(tb__plan_kernel *k, int64_t rows, int32_t group) {
+    k->group = group;
+    k->work_dim = 1;
+    if (group == 1) {
+        k->items = (uint64_t)rows;
+    } else {
+        k->group_size[0] = (size_t)group;
+        k->group_size[1] = k->group_size[2] = 1;
+        k->groups[0] = (size_t)rows;
+        k->groups[1] = k->groups[2] = 1;
+    }
+}
+
+static void tb__plan_launch_groups(tb__plan_kernel *k, size_t gx, size_t gy, size_t nx, size_t ny,
+                                   size_t nz) {
+    k->work_dim = 3;
+    k->group_size[0] = gx;
+    k->group_size[1] = gy;
+    k->group_size[2] = 1;
+    k->groups[0] = nx;
+    k->groups[1] = ny;
+    k->groups[2] = nz;
+}
+
+static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
+    const tb_node *cn = G->info[k->core].node;
+    const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, k->core, 0));
+    bool is_arg = cn->op == TB_OP_ARGMAX || cn->op == TB_OP_ARGMIN, seen = false;
+    uint64_t mask = is_arg ? ((uint64_t)1 << cn->attrs[0]) : (uint64_t)cn->attrs[0];
+    int64_t n_out, m, rows, len;
+    int32_t a, lanes = G->target->tuning->reduce_lanes;
+    tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+    k->suffix = true;
+    for (a = 0; a < xs->rank; a++) {
+        if ((mask >> a) & 1u) {
+            seen = true;
+        } else if (seen) {
+            k->suffix = false;
+        }
+    }
+    k->acc = tb__plan_reduce_acc(G, k->core);
+    rows = k->kind == TB__K_PARTIAL ? n_out * k->split : n_out;
+    len = k->kind == TB__K_PARTIAL ? (m + k->split - 1) / k->split : m;
+    if (k->kind == TB__K_REDUCE && k->split > 0) {
+        tb__plan_launch_rows(k, rows, 1); /* the final stage: a work item per output */
+    } else {
+        tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
+    }
+    k->lanes = (k->group == 1 && !is_arg && lanes > 1 && m >= 4 * lanes) ? lanes : 1;
+    k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
+    if (k->vec > 0) {
+        k->acc = tb__plan_shape(G, k->core)->dtype;  /* f32 vectors, several lanes each */
+        k->lanes = G->target->tuning->red_vec_lanes; /* vector accumulators */
+        k->lane_parts = (double)len * (double)tb_dtype_size(xs->dtype) / k->lanes >=
+                        (double)G->target->tuning->stream_min_bytes;
+    }
+}
+
+/* Whether kernel k (with vectors) may write its output with non-temporal stores: an f32
+   output of at least the tuning's size, in buffers whose start is aligned to a vector. */
+static bool tb__plan_streams(const tb__pgraph *G, const tb__plan_kernel *k) {
+    const tb__tuning *t = G->target->tuning;
+    const tb_shape *rs = tb__plan_shape(G, k->root);
+    return t->stream_store_min_bytes > 0 && rs->dtype == TB_F32 &&
+           G->target->buffer_align >= (uint32_t)k->vec * (uint32_t)sizeof(float) &&
+           (double)tb__plan_numel(rs) * 4.0 >= (double)t->stream_store_min_bytes;
+}
+
+static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
+    const tb_node *cn = G->info[k->core].node;
+    const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, k->core, 0));
+    bool layer = cn->op == TB_OP_LAYER_NORM;
+    int64_t len = 1, numel = tb__plan_numel(xs), rows;
+    int32_t a;
+    if (layer) {
+        for (a = xs->rank - (int32_t)cn->attrs[0]; a < xs->rank; a++)
+            len *= xs->dims[a];
+    } else {
+        len = xs->dims[cn->attrs[0]];
+    }
+    rows = len > 0 ? numel / len : 0;
+    k->suffix = layer || cn->attrs[0] == xs->rank - 1;
+    k->acc = cn->shape.dtype == TB_F16 || cn->shape.dtype == TB_BF16 ? TB_F32 : cn->shape.dtype;
+    if (k->acc == TB_F32 && G->target->acc_f64) k->acc = TB_F64;
+    tb__plan_launch_rows(k, rows, tb__plan_pick_group(G, rows, len, k->suffix));
+    k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
+    if (k->vec > 0) {
+        k->acc = TB_F32;
+        k->prefetch_rows = G->target->tuning->row_prefetch;
+        /* whole vectors at aligned addresses: rows of a multiple of the width (the code
+           generator checks each store's offset) */
+        k->stream_out = len % k->vec == 0 && tb__plan_streams(G, k);
+        if (cn->op == TB_OP_SOFTMAX && k->root == k->core && k->stream_out && k->suffix &&
+            len > 0 && 2.0 * (double)len * 4.0 <= (double)G->target->tuning->row_scratch_bytes) {
+            int64_t items =
+                (int64_t)G->target->compute_units * G->target->tuning->pipe_items_per_cu;
+            if (items < 1) items = 1;
+            k->chunk_rows = (rows + items - 1) / items;
+            k->items = (uint64_t)((rows + k->chunk_rows - 1) / k->chunk_rows);
+            /* a work-group of one: the private buffer once per item, whatever the driver's
+               work-group loop would make of it */
+            tb__plan_launch_groups(k, 1, 1, (size_t)k->items, 1, 1);
+        }
+    }
+}
+
+/* The column panels of a packed matmul's group (tb__plan_kernel.mm_group): a row panel of A
+   is read once per group, the group's panels of B once per row panel, so the group is as wide
+   as the caches keep: every panel of B read in one sweep over the rows stays in a core's cache
+   (and the last-level cache next to it) until the next row panel reads it again. Without
+   groups a sweep reads all of B, which falls out of the caches once B outgrows them (2048 x
+   2048 floats: 16 MiB) and then streams from memory for every row panel. 0: one group. */
+static int32_t tb__plan_mm_group(const tb__pgraph *G, const tb__plan_kernel *k,
+                                 const int64_t zb[6]) {
+    const tb__tuning *t = G->target->tuning;
+    tb_dtype pd = tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype);
+    double cache =
+        G->target->cache_bytes > 0 ? (double)G->target->cache_bytes : (double)t->mm_cache_bytes;
+    double panel = (double)zb[3] * (double)zb[5] * (double)tb_dtype_size(pd);
+    double width = panel > 0 ? cache * (double)t->mm_group_caches / panel : (double)zb[4];
+    if (width >= (double)zb[4]) return 0;
+    return width < 1 ? 1 : (int32_t)width;
+}
+
+/* The vector width of a packed f32 matmul's epilogue (0: scalar stores): where each of the
+   block's rows is whole vectors of the row width and every node between the matmul and the
+   kernel's output is of the vector set, a row of the block runs through the epilogue W
+   columns at once (a call in it, such as exp, would keep a compiler from vectorising the
+   scalar loop). The epilogue may see the matmul through a reshape that keeps its last dim. */
+static int32_t tb__plan_mm_vec_epilogue(const tb__pgraph *G, const tb__plan_kernel *k) {
+    int32_t w = G->target->tuning->vec_width;
+    const tb_shape *cs = tb__plan_shape(G, k->core), *rs = tb__plan_shape(G, k->root);
+    if (w <= 0 || k->root == k->core || cs->dtype != TB_F32 || k->rn % w != 0 || rs->rank < 1 ||
+        rs->dims[rs->rank - 1] != cs->dims[cs->rank - 1] || !tb__plan_vec_dtype(rs->dtype))
+        return 0;
+    return tb__plan_vec_subtree(G, k, k->root, k->core, 1) ? w : 0;
+}
+
+static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
+    const tb__tuning *t = G->target->tuning;
+    tb__plan_mm mm = tb__plan_mm_of(G, k->core);
+    if (k->mm == TB__MM_PACKED) {
+        int64_t za[6], zb[6];
+        tb__plan_pack_sizes(G, k->core, true, za);
+        tb__plan_pack_sizes(G, k->core, false, zb);
+        k->rm = (int32_t)za[5];
+        k->rn = (int32_t)zb[5];
+        k->mm_group = tb__plan_mm_group(G, k, zb);
+        k->vec = tb__plan_mm_vec_epilogue(G, k);
+        if (k->vec > 0) k->vec_axes = 1;
+        tb__plan_launch_groups(k, 1, 1, (size_t)zb[4], (size_t)za[4], (size_t)za[0]);
+    } else if (k->mm == TB__MM_REGISTERS) {
+        int64_t lx = t->mm_reg_group_x, ly = t->mm_reg_group_y, bx, by;
+        k->rm = (int32_t)(mm.m < t->mm_reg_rows ? (mm.m > 0 ? mm.m : 1) : t->mm_reg_rows);
+        k->rn = (int32_t)(mm.n < t->mm_reg_cols ? (mm.n > 0 ? mm.n : 1) : t->mm_reg_cols);
+        /* few columns (the last layer of a classifier): one block of all of them */
+        if (mm.n > t->mm_reg_cols && mm.n <= t->mm_small_n) k->rn = (int32_t)mm.n;
+        /* f32, all the columns in one block: the loads of B's row at each step of K (made into
+           one vector where the dialect has vec_make) are shared by twice the rows where every
+           compute unit still gets blocks, and one block per work-group (a CPU driver's loop
+           over a group's items shares none of that work). 256x10x512: native 0.068 -> 0.063
+           ms, PoCL 0.137 -> 0.108 ms (8 rows and one block per group: 0.128). */
+        if (tb__plan_shape(G, k->core)->dtype == TB_F32 && k->rn == mm.n && mm.n > 1) {
+            if (mm.m >= 4 * t->mm_reg_rows * (int64_t)G->target->compute_units)
+                k->rm = 2 * t->mm_reg_rows;
+            lx = ly = 1;
+        }
+        /* no work-group wider than the blocks there are: padding items would compute
+           clamped copies */
+        bx = (mm.n + k->rn - 1) / k->rn;
+        by = (mm.m + k->rm - 1) / k->rm;
+        if (lx > bx) lx = bx > 0 ? bx : 1;
+        if (ly > by) ly = by > 0 ? by : 1;
+        tb__plan_launch_groups(
+            k, (size_t)lx, (size_t)ly, (size_t)(((mm.n + k->rn - 1) / k->rn + lx - 1) / lx),
+            (size_t)(((mm.m + k->rm - 1) / k->rm + ly - 1) / ly), (size_t)mm.batch);
+    } else {
+        int64_t w = t->mm_tile_group, tm, tn;
+        if (G->target->max_group < (uint32_t)(w * w)) w /= 2;
+        k->rm = k->rn = t->mm_tile_block;
+        if (mm.m * mm.n < 64 * 64 || mm.m < 32 || mm.n < 32) k->rm = k->rn = 1;
+        k->tk = t->mm_tile_k;
+        tm = w * k->rm;
+        tn = w * k->rn;
+        tb__plan_launch_groups(k, (size_t)w, (size_t)w, (size_t)((mm.n + tn - 1) / tn),
+                               (size_t)((mm.m + tm - 1) / tm), (size_t)mm.batch);
+    }
+    k->flops = 2.0 * (double)mm.m * (double)mm.n * (double)mm.k * (double)mm.batch;
+}
+
+/* Pack kernels: a work item per mm_pack_rows rows of a panel, the rows of a panel along dim 0
+   (neighbouring items write neighbouring rows), batch x panels along dim 1. */
+static void tb__plan_layout_pack(const tb__pgraph *G, tb__plan_kernel *k) {
+    const tb__tuning *t = G->target->tuning;
+    int64_t z[6], rows = t->mm_pack_rows, gk = t->mm_pack_group_k, items;
+    tb__plan_pack_sizes(G, k->core, k->kind == TB__K_PACK_A, z);
+    items = (z[3] + rows - 1) / rows;
+    if (gk > items) gk = items > 0 ? items : 1;
+    tb__plan_launch_groups(k, (size_t)gk, 1, (size_t)((items + gk - 1) / gk), (size_t)(z[0] * z[4]),
+                           1);
+}
+
+static void tb__plan_layout(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    double *ops = (double *)tb__calloc(p->num_kernels + 1, sizeof(double));
+    size_t i;
+    if (ops != NULL) {
+        /* values each kernel computes per element, for the GFLOP/s of TB_DEBUG=2 */
+        for (i = 0; i < G->n; i++) {
+            const tb__pnode *in = &G->info[i];
+            if (in->ctx >= 0 && in->param < 0 && tb__plan_is_elementwise(in->node->op))
+                ops[in->ctx] += 1;
+        }
+    }
+    for (i = 0; i < p->num_kernels; i++) {
+        tb__plan_kernel *k = &p->kernels[i];
+        double per = ops != NULL ? ops[k->owner] : 0;
+        switch (k->kind) {
+        case TB__K_REDUCE:
+        case TB__K_PARTIAL: {
+            int64_t n_out, m;
+            tb__plan_layout_reduce(G, k);
+            tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+            k->flops = k->split > 0 && k->kind == TB__K_REDUCE
+                           ? (double)k->split * (double)n_out
+                           : (per + 1) * (double)m * (double)n_out;
+            break;
+        }
+        case TB__K_NORM:
+            tb__plan_layout_norm(G, k);
+            k->flops = (per + 8) *
+                       (double)tb__plan_numel(tb__plan_shape(G, tb__plan_operand(G, k->core, 0)));
+            break;
+        case TB__K_MATMUL:
+            tb__plan_layout_matmul(G, k);
+            break;
+        case TB__K_PACK_A:
+        case TB__K_PACK_B:
+            tb__plan_layout_pack(G, k);
+            k->flops = per * (double)p->slots[k->out_slot].shape.dims[0];
+            break;
+        case TB__K_CONCAT: { /* an item per element of its slice */
+            const tb_shape *cs = tb__plan_shape(G, k->root);
+            int32_t d;
+            k->work_dim = 1;
+            k->items = (uint64_t)k->cat_len;
+            for (d = 0; d < cs->rank; d++)
+                if (d != (int32_t)G->info[k->root].node->attrs[0])
+                    k->items *= (uint64_t)cs->dims[d];
+            break;
+        }
+        default:
+            k->work_dim = 1;
+            k->items = (uint64_t)tb__plan_numel(tb__plan_shape(G, k->root));
+            k->flops = per * (double)k->items;
+            k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
+            if (k->vec > 0) {
+                k->items /= (uint64_t)k->vec; /* a block of W elements per work item */
+                k->stream_out = k->kind == TB__K_ELEMENTWISE &&
+                                G->target->tuning->stream_elementwise && tb__plan_streams(G, k);
+            } else if (k->kind == TB__K_ELEMENTWISE && G->target->tuning->elem_row_loops) {
+                /* (MobileNetV2 on PoCL, batch 2 at 224 x 224, where a reduction is unrolled in
+                   the kernel: 16 ms, against 35 with an item per element) */
+                const tb_shape *rs = tb__plan_shape(G, k->root);
+                int64_t len = rs->rank >= 2 ? rs->dims[rs->rank - 1] : 0;
+                if (len >= 2 && k->items / (uint64_t)len >= (uint64_t)G->target->compute_units) {
+                    k->row_len = len;
+                    k->items /= (uint64_t)len;
+                }
+            }
+            break;
+        }
+        if (k->group_size[0] > 0) {
+            k->empty = k->groups[0] == 0 || k->groups[1] == 0 || k->groups[2] == 0;
+        } else {
+            k->empty = k->items == 0;
+        }
+    }
+    tb__free(ops);
+}
+
+/* ---- names ---- */
+
+/* Names that say what a kernel is (tinygrad's habit): E_<elements> elementwise, C_<elements>
+   a run of a concat's operands,
+   R_<outputs>_<length> reductions (split ones by stage), S_<rows>_<length> softmax and norms,
+   MM_<M>_<N>_<K>[_b<batch>] matmuls, PA_/PB_<panels>_<K>_<width> their operand panels; a name
+   met before gets _n2, _n3, ... */
+static void tb__plan_kernel_name(const tb__pgraph *G, size_t index) {
+    tb__plan *p = G->plan;
+    tb__plan_kernel *k = &p->kernels[index];
+    char base[48];
+    size_t i;
+    int dup = 0;
+    if (k->kind == TB__K_MATMUL) {
+        tb__plan_mm mm = tb__plan_mm_of(G, k->core);
+        snprintf(base, sizeof base, "MM_%lld_%lld_%lld", (long long)mm.m, (long long)mm.n,
+                 (long long)mm.k);
+        if (mm.batch != 1) {
+            size_t n = strlen(base);
+            snprintf(base + n, sizeof base - n, "_b%lld", (long long)mm.batch);
+        }
+    } else if (k->kind == TB__K_PACK_A || k->kind == TB__K_PACK_B) {
+        int64_t z[6];
+        tb__plan_pack_sizes(G, k->core, k->kind == TB__K_PACK_A, z);
+        snprintf(base, sizeof base, "P%s_%lld_%lld_%lld", k->kind == TB__K_PACK_A ? "A" : "B",
+                 (long long)(z[0] * z[4]), (long long)z[3], (long long)z[5]);
+    } else if (k->kind == TB__K_REDUCE || k->kind == TB__K_PARTIAL) {
+        int64_t n_out, m;
+        tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+        if (k->kind == TB__K_PARTIAL) {
+            snprintf(base, sizeof base, "R_%lld_%lld", (long long)(n_out * k->split),
+                     (long long)((m + k->split - 1) / k->split));
+        } else if (k->split > 0) {
+            snprintf(base, sizeof base, "R_%lld_%lld", (long long)n_out, (long long)k->split);
+        } else {
+            snprintf(base, sizeof base, "R_%lld_%lld", (long long)n_out, (long long)m);
+        }
+    } else if (k->kind == TB__K_NORM) {
+        const tb_node *c = G->info[k->core].node;
+        const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, k->core, 0));
+        int64_t len = 1, numel = tb__plan_numel(xs);
+        int32_t a;
+        if (c->op == TB_OP_LAYER_NORM) {
+            for (a = xs->rank - (int32_t)c->attrs[0]; a < xs->rank; a++)
+                len *= xs->dims[a];
+        } else {
+            len = xs->dims[c->attrs[0]];
+        }
+        snprintf(base, sizeof base, "S_%lld_%lld", (long long)(len > 0 ? numel / len : 0),
+                 (long long)len);
+    } else if (k->kind == TB__K_CONCAT) {
+        snprintf(base, sizeof base, "C_%llu", (unsigned long long)k->items);
+    } else {
+        snprintf(base, sizeof base, "E_%lld",
+                 (long long)tb__plan_numel(tb__plan_shape(G, k->root)));
+    }
+    for (i = 0; i < index; i++) {
+        const char *other = p->kernels[i].name;
+        size_t n = strlen(base);
+        if (strncmp(other, base, n) == 0 && (other[n] == '\0' || other[n] == '_')) {
+            if (other[n] == '\0' || (other[n + 1] == 'n')) dup++;
+        }
+    }
+    if (dup > 0) {
+        snprintf(k->name, sizeof k->name, "%s_n%d", base, dup + 1);
+    } else {
+        snprintf(k->name, sizeof k->name, "%s", base);
+    }
+}
+
+/* Bytes a kernel moves: its output and every buffer it reads. */
+static double tb__plan_kernel_bytes(const tb__plan *p, const tb__plan_kernel *k) {
+    size_t i, n = 0;
+    double bytes = 0;
+    if (tb_shape_nbytes(&p->slots[k->out_slot].shape, &n) == TB_OK) /* a concat's: its slice */
+        bytes += k->kind == TB__K_CONCAT
+                     ? (double)k->items * (double)tb_dtype_size(p->slots[k->out_slot].shape.dtype)
+                     : (double)n;
+    for (i = 0; i < k->num_args; i++) {
+        if (k->args[i].kind != TB__ARG_BUF) continue;
+        if (tb_shape_nbytes(&p->slots[k->args[i].index].shape, &n) == TB_OK) bytes += (double)n;
+    }
+    return bytes;
+}
+
+/* ---- the plan of a graph ---- */
+
+static tb_status tb__plan_params(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    const tb_graph *g = G->graph;
+    size_t i, scalars = 0;
+    p->graph_hash = g->hash;
+    p->num_params = g->num_parameters;
+    p->num_results = g->num_results;
+    p->param_scalar = (int32_t *)tb__calloc(p->num_params + 1, sizeof(int32_t));
+    p->param_dtype = (tb_dtype *)tb__calloc(p->num_params + 1, sizeof(tb_dtype));
+    p->result_slot = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
+    p->result_source = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
+    p->result_alias = (int32_t *)tb__calloc(p->num_results + 1, sizeof(int32_t));
+    p->node_kernel = (int32_t *)tb__calloc(G->n + 1, sizeof(int32_t));
+    if (p->param_scalar == NULL || p->param_dtype == NULL || p->result_slot == NULL ||
+        p->result_source == NULL || p->result_alias == NULL || p->node_kernel == NULL)
+        return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < p->num_results; i++)
+        p->result_alias[i] = -1;
+    p->first_alias = -1;
+    for (i = 0; i < p->num_params; i++) {
+        p->param_scalar[i] = g->parameters[i]->op == TB_OP_SCALAR ? 1 : 0;
+        p->param_dtype[i] = g->parameters[i]->shape.dtype;
+        scalars += (size_t)p->param_scalar[i];
+    }
+    p->scalar_table = scalars > TB__PLAN_MAX_SCALAR_ARGS;
+    p->num_nodes = G->n;
+    return TB_OK;
+}
+
+/* ---- buffer donation ---- */
+
+/* Whether user u reads its operand o at the element it is evaluated at (flat, row-major): an
+   elementwise op over equal dims, or a reshape. */
+static bool tb__plan_same_element(const tb__pgraph *G, int32_t u, int32_t o) {
+    const tb_node *un = G->info[u].node;
+    if (un->op == TB_OP_RESHAPE) return true;
+    return tb__plan_is_elementwise(un->op) && tb__plan_same_dims(&un->shape, tb__plan_shape(G, o));
+}
+
+/* Whether every reader of node n in kernel kk is evaluated only at the kernel's output
+   element and reads n there; at_root holds the answer for the nodes after n. */
+static bool tb__plan_read_at_root(const tb__pgraph *G, int32_t n, int32_t kk, const bool *at_root) {
+    int32_t e;
+    for (e = 0; e < G->info[n].num_users; e++) {
+        int32_t u = G->users[G->info[n].first_user + e];
+        if (G->info[u].ctx != kk) continue; /* an earlier kernel: done before this one starts */
+        if (!at_root[u] || !tb__plan_same_element(G, u, n)) return false;
+    }
+    return true;
+}
+
+/* Whether result i may be computed into the buffer of parameter `param`: its kernel is
+   elementwise, every node of that kernel reading the parameter is evaluated only at the
+   kernel's own output element and reads the parameter there, no later kernel reads the
+   parameter and no later kernel can fail at run time. Returns the kernel, or -1. */
+static int32_t tb__plan_alias_kernel(const tb__pgraph *G, size_t i, int32_t param) {
+    const tb__plan *p = G->plan;
+    int32_t r, pn, kk = -1, n;
+    size_t j, a;
+    bool *at_root, ok;
+    const tb_shape *ps;
+    if (p->result_source[i] >= 0 || param < 0 || (size_t)param >= p->num_params ||
+        p->param_scalar[param])
+        return -1;
+    r = tb__plan_index_of(G, G->graph->results[i]);
+    pn = tb__plan_index_of(G, G->graph->parameters[param]);
+    if (r < 0 || pn < 0 || G->info[pn].slot < 0) return -1;
+    ps = tb__plan_shape(G, pn);
+    if (!tb__plan_same_dims(ps, tb__plan_shape(G, r)) || ps->dtype != tb__plan_shape(G, r)->dtype ||
+        tb__plan_numel(ps) <= 1)
+        return -1;
+    for (j = 0; j < p->num_kernels; j++)
+        if (p->kernels[j].root == r && p->kernels[j].owner == (int32_t)j) kk = (int32_t)j;
+    if (kk < 0 || p->kernels[kk].kind != TB__K_ELEMENTWISE || p->kernels[kk].core >= 0 ||
+        p->kernels[kk].empty || p->slots[G->info[pn].slot].last_use > kk)
+        return -1;
+    at_root = (bool *)tb__calloc(G->n + 1, sizeof(bool));
+    if (at_root == NULL) return -1; /* no memory: no donation */
+    /* users come after their operands: from the root down */
+    at_root[r] = true;
+    for (n = r - 1; n >= 0; n--)
+        if (G->info[n].ctx == kk && G->info[n].param < 0 && !G->info[n].root)
+            at_root[n] = G->info[n].num_users > 0 && tb__plan_read_at_root(G, n, kk, at_root);
+    ok = tb__plan_read_at_root(G, pn, kk, at_root);
+    tb__free(at_root);
+    if (!ok) return -1;
+    for (j = (size_t)kk; j < p->num_kernels; j++)
+        for (a = 0; a < p->kernels[j].num_args; a++)
+            if (p->kernels[j].args[a].kind == TB__ARG_ERR) return -1;
+    return kk;
+}
+
+/* The results computed into their donors' buffers (tb_graph.result_donors). */
+static void tb__plan_aliases(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    size_t i, j;
+    for (i = 0; G->graph->result_donors != NULL && i < p->num_results; i++) {
+        int32_t d = G->graph->result_donors[i], kk;
+        bool taken = false;
+        for (j = 0; j < i; j++)
+            taken = taken || p->result_alias[j] == d;
+        if (d < 0 || taken) continue;
+        kk = tb__plan_alias_kernel(G, i, d);
+        if (kk < 0) continue;
+        p->result_alias[i] = d;
+        if (p->first_alias < 0 || kk < p->first_alias) p->first_alias = kk;
+    }
+}
+
+/* Plans `graph` for `target`. On success *out is the plan (free with tb__plan_free) and G is
+   the graph view the renderer reads (free with tb__pgraph_free once the code is emitted). A
+   kernel with more arguments than the device takes gets producers materialised until it fits;
+   if that cannot help (one node reads too many arrays), the error says so. */
+static tb_status tb__plan_build(const tb_graph *graph, const tb__target *target, tb__pgraph *G,
+                                tb__plan **out) {
+    tb__plan *p;
+    tb_status st;
+    size_t i;
+    int32_t over = -1, pick = -1;
+    memset(G, 0, sizeof *G);
+    *out = NULL;
+    G->graph = graph;
+    G->target = target;
+    p = (tb__plan *)tb__calloc(1, sizeof *p);
+    if (p == NULL) return TB_ERR_OUT_OF_MEMORY;
+    G->plan = p;
+    st = tb__pgraph_init(G);
+    if (st == TB_OK) st = tb__plan_params(G);
+    while (st == TB_OK) {
+        st = tb__plan_partition(G);
+        if (st == TB_OK) st = tb__plan_split_reductions(G);
+        if (st == TB_OK) st = tb__plan_pack_matmuls(G);
+        if (st == TB_OK) st = tb__plan_split_concats(G);
+        if (st == TB_OK) st = tb__plan_assign_slots(G);
+        if (st == TB_OK) st = tb__plan_args(G, &over);
+        if (st != TB_OK || over < 0) break;
+        st = tb__plan_pick_cut(G, over, &pick);
+        if (st == TB_OK && pick < 0) {
+            tb__plan_kernel_name(G, (size_t)over);
+            st = tb__error(TB_ERR_UNSUPPORTED,
+                           "%s: kernel %s reads %zu arrays and scalars, more than the %zu "
+                           "arguments the device takes",
+                           target->tuning->name, p->kernels[over].name, p->kernels[over].num_args,
+                           target->max_args);
+        }
+        if (st == TB_OK) G->info[pick].force_root = true;
+    }
+    if (st == TB_OK) {
+        tb__plan_aliases(G);
+        tb__plan_layout(G);
+        for (i = 0; i < p->num_kernels; i++) {
+            tb__plan_kernel_name(G, i);
+            p->kernels[i].bytes = tb__plan_kernel_bytes(p, &p->kernels[i]);
+        }
+        for (i = 0; i < G->n; i++) {
+            int32_t k = G->info[i].ctx;
+            if (G->info[i].param >= 0 || k < 0 || (size_t)k >= p->num_kernels ||
+                p->kernels[k].empty)
+                k = -1;
+            p->node_kernel[i] = k;
+        }
+    }
+    if (st != TB_OK) {
+        tb__pgraph_free(G);
+        tb__plan_free(p);
+        return st;
+    }
+    *out = p;
+    return TB_OK;
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */

@@ -1,0 +1,101 @@
+/* ===========================================================================================
+   Tuning: the numbers that shape kernels, one table per class of device, and the register
+   blocks and vector widths of a CPU's vector shape (its vector registers' width and count).
+   The planner reads them (tb__target.tuning); nothing else decides a kernel's shape.
+   =========================================================================================== */
+#include "../impl_begin.h"
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+/* The table of a device class:
+   - TB__CLASS_CPU, CPU devices of OpenCL (PoCL and others): no local memory worth using; the
+     driver vectorises work items, so a row kernel gives each work item a row (or a chunk of
+     one) with several accumulators; matmuls read packed panels, and the caches tile them.
+     Measured on PoCL 3.1 on 2-core AVX-512 CPUs (README, Performance).
+   - TB__CLASS_GPU, GPUs and accelerators: a work-group per row with a local-memory reduction;
+     matmul in local-memory tiles.
+   - TB__CLASS_HOST, the native backend's threads: a thread runs a range of work items, so there
+     are no work-groups; otherwise as TB__CLASS_CPU. */
+static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
+    bool gpu = device_class == TB__CLASS_GPU, host = device_class == TB__CLASS_HOST;
+    memset(t, 0, sizeof *t);
+    t->name = gpu ? "gpu" : (host ? "host" : "cpu");
+    t->reduce_lanes = gpu ? 1 : 8;
+    t->max_group = gpu ? 256 : (host ? 1 : 64);
+    t->group_min_len = 32;
+    t->item_rows_per_cu = gpu ? 0 : 4;
+    t->gpu_rows = gpu ? 256 : 0;
+    t->split_min_len = 16384;
+    t->split_min_chunk = 4096;
+    t->split_chunks_per_cu = gpu ? 16 : 64;
+    t->split_max_chunks = 1024;
+    t->mm_kind = gpu ? TB__MM_TILES : TB__MM_PACKED;
+    t->mm_reg_rows = 8;
+    t->mm_reg_cols = 8;
+    t->mm_small_n = 16;
+    t->mm_reg_group_x = host ? 1 : 8;
+    t->mm_reg_group_y = host ? 1 : 4;
+    t->mm_panel_rows = 16;
+    t->mm_vec_f32 = 16;
+    t->mm_vec_f64 = 8;
+    t->mm_pack_rows = 8;
+    t->mm_pack_group_k = host ? 1 : 8;
+    t->mm_pack_min_work = 262144; /* 64^3 */
+    t->mm_cache_bytes = (int64_t)1 << 20;
+    t->mm_group_caches = 2;
+    t->mm_tile_group = 16;
+    t->mm_tile_block = 4;
+    t->mm_tile_k = 16;
+    t->values_per_kernel = 4096;
+    t->positions_per_node = 64;
+    t->nesting = 64;
+    t->item_group = gpu ? 256 : (host ? 1 : 128);
+    t->vec_width = gpu ? 0 : 16;
+    /* CPUs: a row of elements per work item amortises the leading dims' divisions. Host
+       threads run a work item as a function call; an OpenCL CPU device would vectorise across
+       work items, but not the 64-bit divisions of a view's index (a pad, a slice: ResNet-18 on
+       PoCL, batch 8 at 224 x 224, 2.5 -> 0.5 ms per padded copy; SqueezeNet 97 -> 67 ms) */
+    t->elem_row_loops = !gpu;
+    t->stream_min_bytes = 65536;
+    /* four streams per core read faster than two on the EPYC VMs (sum, max, row sums: 5-8% on
+       PoCL, paired), eight slower again */
+    t->red_vec_lanes = 4;
+    /* on the EPYC VMs, 4096 x 4096 f32: softmax 6.4 -> 5.3 ms, layer_norm 6.0 -> 3.5-4.0 ms
+       with both (PoCL and the native backend alike); a GPU's work-group per row has neither */
+    t->row_prefetch = !gpu;
+    t->stream_store_min_bytes = gpu ? 0 : (int64_t)32 << 20;
+    t->stream_elementwise = host;
+    /* softmax, 4096 x 4096 f32 on the EPYC VMs: a row's non-temporal stores during the next
+       row's exponentials, against exponentials kept in out and scaled in place: C on 2
+       threads 4.3-4.5 -> 3.5-4.2 ms, PoCL 5.3-5.6 -> 4.8-5.0 ms (16 to 64 items alike) */
+    t->row_scratch_bytes = gpu ? 0 : 65536;
+    t->pipe_items_per_cu = 8;
+}
+
+/* A CPU table (TB__CLASS_CPU or TB__CLASS_HOST) fitted to the CPU's vector shape, so that every
+   vector a kernel keeps is one register and no kernel keeps more of them than the CPU has
+   (a vector wider than the registers is kept in memory by the compiler, and some of its
+   operations, such as comparisons giving masks, are split into lanes):
+   - row vectors (elementwise, reductions, norms, softmax) of the register's width: 16 f32
+     lanes with AVX-512, 8 with AVX2, 4 with SSE and NEON;
+   - the packed matmul's register block: rm rows of A by a row of B's columns held in one or
+     two registers, an accumulator register per row and register of B, plus B's registers and
+     the broadcast of A's value:
+       AVX-512 (32 registers of 16 lanes): 16 x 16 f32, 16 x 8 f64 (16 + 1 + 1 registers);
+       AVX2 and SSE (16 registers): 6 x 2 registers (12 + 2 + 1): AVX2 6 x 16 f32, 6 x 8 f64,
+         SSE 6 x 8 and 6 x 4. AVX2 1024^3 on 2 cores (Zen 4, 256-bit code, mul and add): 6 x 16
+         gave 196-204 GFLOP/s, 4 x 24 203-207, 12 x 8 164-180, 7 x 16 (17 registers) 117-125;
+       NEON (32 registers of 4 lanes): 12 x 2 registers (24 + 2 + 1): 12 x 8 f32, 12 x 4 f64;
+   - the unpacked register matmul (small or integer matmuls): 8 x 8 where a row's 8 lanes are
+     one register, else 4 x 8 (8 registers of two halves each). */
+static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape) {
+    int32_t lanes = shape->vec_bytes >= 64 ? 16 : (shape->vec_bytes >= 32 ? 8 : 4);
+    int32_t b_regs = lanes == 16 ? 1 : 2;
+    t->vec_width = lanes;
+    t->mm_vec_f32 = b_regs * lanes;
+    t->mm_vec_f64 = b_regs * lanes / 2;
+    t->mm_panel_rows = lanes == 16 ? 16 : (shape->vec_regs >= 32 ? 12 : 6);
+    if (lanes < 8) t->mm_reg_rows = 4;
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
