@@ -1,0 +1,163 @@
+"""tools/tb_fx.py against PyTorch: torchvision models and small modules traced with torch.fx,
+compiled onto the library's devices (cpu, native, opencl where they exist), their outputs
+within 1e-5 of PyTorch's relative to the output's scale, a second call the same, parameters
+left on the device; a node without a lowering run in PyTorch (and an error with strict=True);
+bad arguments as errors with the library's message.
+
+    /usr/bin/python3 tests/fx_torch.py [--quick] [--devices cpu,native,opencl]
+
+Prints one line per check ("ok ..." or "FAIL ...") and last "N passed, N failed"; exit status 1
+on a failure, 0 (with "skipped: ...") when torch or torchvision cannot be imported.
+"""
+import argparse
+import os
+import sys
+import warnings
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tools"))
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    import torchvision
+except Exception as e:  # noqa: BLE001 (any failure to import: nothing to compare with)
+    print("skipped: torch or torchvision cannot be imported: %s" % e)
+    print("0 passed, 0 failed")
+    sys.exit(0)
+import tb_fx
+
+RESULTS = {"passed": 0, "failed": 0}
+
+
+def check(ok, what):
+    RESULTS["passed" if ok else "failed"] += 1
+    print(("ok " if ok else "FAIL ") + what, flush=True)
+    return ok
+
+
+def rel_err(got, want):
+    scale = want.abs().max().item() or 1.0
+    return (got - want).abs().max().item() / scale
+
+
+class Small(nn.Module):
+    """Functions and methods fx records as call_function/call_method nodes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 6)
+        self.norm = nn.LayerNorm(6)
+        self.register_buffer("offset", torch.linspace(-1, 1, 6))
+
+    def forward(self, x, y):
+        n = x.size(0)
+        h = torch.cat([x, y * 2.0], dim=1)            # [n, 12]
+        h = self.norm(F.gelu(self.fc(h))) + self.offset
+        h = h.view(n, 2, 3).permute(0, 2, 1).contiguous()
+        h = torch.flatten(h.transpose(1, 2), 1) - 0.5
+        s = torch.softmax(h, dim=-1) + h.mean(dim=1, keepdim=True)
+        return F.relu6(s * 3.0), torch.sigmoid(h).sum(1)
+
+
+class WithFallback(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(torch.relu(x), dim=1) + 1.0
+
+
+def run_case(name, model, inputs, device, tol=1e-5):
+    with torch.no_grad():
+        want = model(*inputs)
+    try:
+        f = tb_fx.compile(model, inputs, device=device)
+        got = f(*inputs)
+        again = f(*inputs)
+    except tb_fx.Error as e:
+        return check(False, "%s on %s: %s" % (name, device, e))
+    wants = want if isinstance(want, tuple) else (want,)
+    gots = got if isinstance(got, tuple) else (got,)
+    agains = again if isinstance(again, tuple) else (again,)
+    errs = [rel_err(g, w) for g, w in zip(gots, wants)]
+    same = all(torch.equal(a, g) for a, g in zip(agains, gots))
+    shapes = all(g.shape == w.shape and g.dtype == w.dtype for g, w in zip(gots, wants))
+    return check(len(gots) == len(wants) and shapes and max(errs) <= tol and same and
+                 not f.fallback,
+                 "%s on %s: error / output scale %s, second call %s, fallback %s" % (
+                     name, device, " ".join("%.1e" % e for e in errs),
+                     "the same" if same else "DIFFERENT", f.fallback or "none"))
+
+
+def errors(device):
+    m = torchvision.models.resnet18().train()
+    x = torch.randn(1, 3, 32, 32)
+    try:
+        tb_fx.compile(m, [x], device=device)(x)
+        check(False, "a batch norm in training mode on %s is refused" % device)
+    except tb_fx.Error as e:
+        check("training mode" in str(e), "a batch norm in training mode on %s is refused: %s" %
+              (device, e))
+    try:
+        tb_fx.compile(nn.Linear(3, 2), [torch.randn(1, 3)], device="nosuch:0")
+        check(False, "an unknown device is refused")
+    except tb_fx.Error as e:
+        check("nosuch" in str(e), "an unknown device is refused: %s" % e)
+    f = tb_fx.compile(nn.Linear(3, 2), [torch.randn(1, 3)], device=device)
+    try:
+        f(torch.randn(1, 4))
+        check(False, "an input of the wrong shape on %s is refused" % device)
+    except tb_fx.Error as e:
+        check("tb_linear" in str(e), "an input of the wrong shape on %s is refused: %s" %
+              (device, e))
+
+
+def fallback(device):
+    x = torch.randn(2, 5)
+    m = WithFallback()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        f = tb_fx.compile(m, [x], device=device)
+    got = f(x)
+    check(f.fallback == ["cumsum"] and any("cumsum" in str(w.message) for w in seen) and
+          rel_err(got, m(x)) <= 1e-6,
+          "a node without a lowering (cumsum) runs in PyTorch on %s, reported: %s" %
+          (device, f.fallback))
+    try:
+        tb_fx.compile(m, [x], device=device, strict=True)
+        check(False, "strict=True refuses a node without a lowering")
+    except tb_fx.Error as e:
+        check("cumsum" in str(e), "strict=True refuses a node without a lowering: %s" % e)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--devices", default="cpu,native,opencl")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    devices = []
+    for d in a.devices.split(","):
+        try:
+            tb_fx.compile(nn.Identity(), [torch.zeros(1)], device=d + ":0")(torch.zeros(1))
+            devices.append(d + ":0")
+        except tb_fx.Error as e:
+            print("skipped device %s: %s" % (d, e))
+    size = 32 if a.quick else 64
+    models = [("resnet18", size), ("mobilenet_v2", size), ("squeezenet1_0", 64),
+              ("vgg11", 32), ("alexnet", 64)]
+    if a.quick:
+        models = models[:3]
+    for device in devices:
+        for name, s in models:
+            torch.manual_seed(1)
+            m = getattr(torchvision.models, name)().eval()
+            run_case("%s (batch 2, %dx%d)" % (name, s, s), m, [torch.randn(2, 3, s, s)], device)
+        run_case("functions and methods", Small().eval(), [torch.randn(4, 6), torch.randn(4, 6)],
+                 device)
+        fallback(device)
+        errors(device)
+    print("%d passed, %d failed" % (RESULTS["passed"], RESULTS["failed"]))
+    return 1 if RESULTS["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

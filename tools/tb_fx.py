@@ -1,0 +1,664 @@
+"""torch_backend.h as a torch.fx compiler: PyTorch models on any OpenCL device or the CPU.
+
+    import sys; sys.path.insert(0, "tools")
+    import tb_fx
+    fast = tb_fx.compile(model.eval(), [x], device="opencl:0")
+    y = fast(x)                       # a torch.Tensor, computed by the library
+
+`compile(module_or_graph_module, example_inputs, device=..., strict=False)` has the signature of
+torch._dynamo's CompilerFn (a GraphModule and example inputs in, a callable out), so on
+PyTorch >= 2 `torch.compile(model, backend=tb_fx.compile)` takes it, and importing this module
+registers it there under the name "torch_backend". On PyTorch 1.13 a plain nn.Module is traced
+with torch.fx.symbolic_trace first.
+
+What it does: the graph's parameters and buffers go to the device once (a batch norm after a
+convolution in eval mode is folded into its weights); each call uploads the inputs, records
+the graph's ops on the library's lazy tensors (the library caches the compiled kernels by the
+graph's structure, so every call after the first runs them straight away) and downloads the
+outputs into torch tensors. Inference only (eval mode: dropout is the identity, batch norm uses
+its running statistics). A node the library has no lowering for runs in PyTorch on the host
+(its inputs downloaded, its result uploaded again), reported once with its name;
+strict=True makes such a node an error at compile time instead.
+
+The library is built as a shared object from the project's torch_backend.h at first use (the
+C compiler of $CC, else cc) and kept under $XDG_CACHE_HOME/torch_backend (else
+~/.cache/torch_backend), named by a hash of the header, so a changed header builds a new one.
+Standard library, torch and ctypes only.
+"""
+import ctypes
+import hashlib
+import operator
+import os
+import shlex
+import subprocess
+import tempfile
+import warnings
+
+import torch
+import torch.fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEADER = os.path.join(ROOT, "torch_backend.h")
+MAX_RANK = 8
+DTYPES = {torch.float32: 0, torch.float64: 1, torch.int32: 2, torch.int64: 3, torch.uint8: 4,
+          torch.bool: 5, torch.float16: 6, torch.bfloat16: 7}
+TORCH_OF = {v: k for k, v in DTYPES.items()}
+
+
+class Error(RuntimeError):
+    """A failure of the library (its message from tb_last_error) or of the lowering."""
+
+
+class _Shape(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_int), ("rank", ctypes.c_int32),
+                ("dims", ctypes.c_int64 * MAX_RANK)]
+
+
+class _Device(ctypes.Structure):
+    _fields_ = [("backend", ctypes.c_char * 32), ("type", ctypes.c_int), ("ordinal", ctypes.c_int32)]
+
+
+_T = ctypes.c_void_p
+_I64P = ctypes.POINTER(ctypes.c_int64)
+_I32P = ctypes.POINTER(ctypes.c_int32)
+_SIGNATURES = {
+    "tb_last_error": (ctypes.c_char_p, []),
+    "tb_clear_error": (None, []),
+    "tb_device_parse": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(_Device)]),
+    "tb_tensor_from_host": (_T, [ctypes.c_void_p, ctypes.POINTER(_Shape), ctypes.POINTER(_Device)]),
+    "tb_tensor_to_host": (ctypes.c_int, [_T, ctypes.c_void_p, ctypes.c_size_t]),
+    "tb_tensor_shape": (_Shape, [_T]),
+    "tb_tensor_release": (None, [_T]),
+    "tb_sync": (ctypes.c_int, [ctypes.POINTER(_T), ctypes.c_size_t]),
+    "tb_scope_begin": (ctypes.c_int, []),
+    "tb_scope_end": (ctypes.c_int, []),
+    "tb_scope_keep": (_T, [_T]),
+    "tb_conv2d": (_T, [_T, _T, _T, _I64P, _I64P, _I64P, ctypes.c_int64]),
+    "tb_batch_norm": (_T, [_T, _T, _T, _T, _T, ctypes.c_bool, ctypes.c_double, ctypes.c_double]),
+    "tb_batch_norm_fold": (ctypes.c_int, [_T, _T, _T, _T, _T, _T, ctypes.c_double,
+                                          ctypes.POINTER(_T), ctypes.POINTER(_T)]),
+    "tb_linear": (_T, [_T, _T, _T]),
+    "tb_max_pool2d": (_T, [_T, _I64P, _I64P, _I64P, _I64P, ctypes.c_bool]),
+    "tb_avg_pool2d": (_T, [_T, _I64P, _I64P, _I64P, ctypes.c_bool, ctypes.c_bool]),
+    "tb_adaptive_avg_pool2d": (_T, [_T, _I64P]),
+    "tb_layer_norm": (_T, [_T, ctypes.c_int32, _T, _T, ctypes.c_double]),
+    "tb_softmax": (_T, [_T, ctypes.c_int32]),
+    "tb_hardtanh": (_T, [_T, ctypes.c_double, ctypes.c_double]),
+    "tb_clamp": (_T, [_T, ctypes.c_double, ctypes.c_double]),
+    "tb_add_scalar": (_T, [_T, ctypes.c_double]),
+    "tb_mul_scalar": (_T, [_T, ctypes.c_double]),
+    "tb_reshape": (_T, [_T, _I64P, ctypes.c_int32]),
+    "tb_permute": (_T, [_T, _I32P, ctypes.c_int32]),
+    "tb_transpose": (_T, [_T, ctypes.c_int32, ctypes.c_int32]),
+    "tb_concat": (_T, [ctypes.POINTER(_T), ctypes.c_size_t, ctypes.c_int32]),
+    "tb_mean": (_T, [_T, _I32P, ctypes.c_size_t, ctypes.c_bool]),
+    "tb_sum": (_T, [_T, _I32P, ctypes.c_size_t, ctypes.c_bool]),
+    "tb_matmul": (_T, [_T, _T]),
+}
+for _name in ("relu", "relu6", "sigmoid", "tanh", "gelu", "silu", "hardswish", "hardsigmoid",
+              "neg", "exp", "sqrt"):
+    _SIGNATURES["tb_" + _name] = (_T, [_T])
+for _name in ("add", "sub", "mul", "div"):
+    _SIGNATURES["tb_" + _name] = (_T, [_T, _T])
+
+_lib = None
+
+
+def library():
+    """The library as a ctypes.CDLL, built from torch_backend.h on first use."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with open(HEADER, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(cache, "torch_backend")
+    path = os.path.join(folder, "libtorch_backend-%s.so" % digest)
+    if not os.path.exists(path):
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+        os.close(fd)
+        cmd = shlex.split(os.environ.get("CC", "cc")) + [
+            "-O2", "-shared", "-fPIC", "-DTB_IMPLEMENTATION", "-x", "c", HEADER, "-o", tmp,
+            "-ldl", "-lpthread", "-lm"]
+        built = subprocess.run(cmd, capture_output=True, text=True)
+        if built.returncode != 0:
+            os.unlink(tmp)
+            raise Error("building the library failed: %s\n%s" % (" ".join(cmd), built.stderr))
+        os.replace(tmp, path)  # atomic: a concurrent build leaves one whole file
+    lib = ctypes.CDLL(path)
+    for name, (res, args) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    _lib = lib
+    return lib
+
+
+def _err(what):
+    msg = library().tb_last_error()
+    return Error("%s: %s" % (what, msg.decode() if msg else "failed"))
+
+
+def _ints(values, ctype=ctypes.c_int64):
+    values = list(values)
+    return (ctype * max(len(values), 1))(*values)
+
+
+def _pair(v):
+    return list(v) if isinstance(v, (tuple, list)) else [v, v]
+
+
+class _Graph:
+    """One traced graph lowered onto the library for `device`."""
+
+    def __init__(self, gm, example_inputs, device, strict):
+        self.lib = library()
+        self.gm = gm
+        self.device = _Device()
+        if self.lib.tb_device_parse(device.encode(), ctypes.byref(self.device)) != 0:
+            raise _err("device %r" % device)
+        self.params = {}   # (module path, name) -> tensor handle on the device
+        self.folded = {}   # conv module path -> (weight, bias) with its batch norm folded in
+        self.skip = set()  # batch norm nodes folded into the convolution before them
+        self.fallback = []
+        self.modules = dict(gm.named_modules())
+        self.nodes = list(gm.graph.nodes)
+        for node in self.nodes:
+            if not self._lowerable(node):
+                if strict:
+                    raise Error("tb_fx: no lowering for node %s (%s %s)" % (
+                        node.name, node.op, _target_name(node.target)))
+                self.fallback.append(node.name)
+        if self.fallback:
+            warnings.warn("tb_fx: these nodes run in PyTorch on the host: %s" %
+                          ", ".join(self.fallback))
+        # every parameter and buffer on the device now, outside any call's scope: kept there
+        # for the life of the compiled graph
+        self.attrs = {}
+        for node in self.nodes:
+            if node.op == "call_module":
+                for name in ("weight", "bias", "running_mean", "running_var"):
+                    if isinstance(getattr(self.modules[node.target], name, None), torch.Tensor):
+                        self.param(node.target, name)
+            elif node.op == "get_attr":
+                value = _get_attr(gm, node.target)
+                if isinstance(value, torch.Tensor):
+                    self.attrs[node.target] = self._upload(value)
+        self._fold_batch_norms()
+
+    def __del__(self):
+        lib = getattr(self, "lib", None)
+        if lib is None:
+            return
+        held = list(getattr(self, "params", {}).values()) + list(getattr(self, "attrs", {}).values())
+        for t in held + [t for p in getattr(self, "folded", {}).values() for t in p]:
+            if t:
+                lib.tb_tensor_release(t)
+
+    # ---- parameters ----
+
+    def _upload(self, t):
+        t = t.detach().contiguous()
+        if t.dtype not in DTYPES:
+            raise Error("tb_fx: dtype %s is not supported" % t.dtype)
+        shape = _Shape(DTYPES[t.dtype], t.dim(), (ctypes.c_int64 * MAX_RANK)(*t.shape))
+        h = self.lib.tb_tensor_from_host(ctypes.c_void_p(t.data_ptr()), ctypes.byref(shape),
+                                         ctypes.byref(self.device))
+        if not h:
+            raise _err("tb_tensor_from_host")
+        return h
+
+    def param(self, path, name):
+        """The device copy of a module's parameter or buffer (None when it has none): uploaded
+        when the graph is compiled, kept until it is freed."""
+        key = (path, name)
+        if key not in self.params:
+            value = getattr(self.modules[path], name, None)
+            self.params[key] = self._upload(value) if isinstance(value, torch.Tensor) else None
+        return self.params[key]
+
+    def _fold_batch_norms(self):
+        """conv -> batch norm (eval, the conv's only user): the batch norm folded into it."""
+        for node in self.nodes:
+            if node.op != "call_module" or not isinstance(self.modules[node.target], nn.Conv2d):
+                continue
+            users = list(node.users)
+            if len(users) != 1 or users[0].op != "call_module":
+                continue
+            bn = self.modules[users[0].target]
+            if not isinstance(bn, nn.BatchNorm2d) or bn.training or bn.running_mean is None:
+                continue
+            w, b = _T(), _T()
+            st = self.lib.tb_batch_norm_fold(
+                self.param(node.target, "weight"), self.param(node.target, "bias"),
+                self.param(users[0].target, "running_mean"),
+                self.param(users[0].target, "running_var"),
+                self.param(users[0].target, "weight"), self.param(users[0].target, "bias"),
+                bn.eps, ctypes.byref(w), ctypes.byref(b))
+            if st != 0:
+                raise _err("tb_batch_norm_fold")
+            pair = (_T * 2)(w, b)
+            if self.lib.tb_sync(pair, 2) != 0:
+                raise _err("tb_sync")
+            self.folded[node.target] = (w.value, b.value)
+            self.skip.add(users[0].name)
+
+    # ---- lowering ----
+
+    def _lowerable(self, node):
+        if node.op in ("placeholder", "output", "get_attr"):
+            return True
+        if node.op == "call_module":
+            return type(self.modules[node.target]) in MODULES
+        if node.op == "call_function":
+            return node.target in FUNCTIONS
+        if node.op == "call_method":
+            return node.target in METHODS
+        return False
+
+    def run(self, inputs):
+        lib = self.lib
+        if lib.tb_scope_begin() != 0:
+            raise _err("tb_scope_begin")
+        try:
+            env = {}
+            args_iter = iter(inputs)
+            result = None
+            for node in self.nodes:
+                if node.op == "placeholder":
+                    value = next(args_iter)
+                    env[node.name] = (Value(self, self._upload(value))
+                                      if isinstance(value, torch.Tensor) else value)
+                elif node.op == "output":
+                    result = _map(node.args[0], lambda n: env[n.name])
+                elif node.name in self.skip:
+                    env[node.name] = env[node.args[0].name]
+                elif node.op == "get_attr":
+                    env[node.name] = (Value(self, self.attrs[node.target])
+                                      if node.target in self.attrs
+                                      else _get_attr(self.gm, node.target))
+                elif node.name in self.fallback:
+                    env[node.name] = self._in_torch(node, env)
+                else:
+                    args = _map(node.args, lambda n: env[n.name])
+                    kwargs = _map(node.kwargs, lambda n: env[n.name])
+                    if node.op == "call_module":
+                        env[node.name] = MODULES[type(self.modules[node.target])](
+                            self, node.target, self.modules[node.target], *args, **kwargs)
+                    elif node.op == "call_function":
+                        env[node.name] = FUNCTIONS[node.target](*args, **kwargs)
+                    else:
+                        env[node.name] = METHODS[node.target](*args, **kwargs)
+            kept = []
+            result = _map_values(result, lambda v: kept.append(v) or v)
+            handles = (_T * max(len(kept), 1))(*[lib.tb_scope_keep(v.h) for v in kept])
+        finally:
+            lib.tb_scope_end()
+        try:
+            if kept and lib.tb_sync(handles, len(kept)) != 0:
+                raise _err("tb_sync")
+            return _map_values(result, lambda v: v.to_torch())
+        finally:
+            for h in handles[:len(kept)]:
+                lib.tb_tensor_release(h)
+
+    def _in_torch(self, node, env):
+        """A node without a lowering, run by PyTorch on the host."""
+        to_torch = (lambda v: v.to_torch() if isinstance(v, Value) else v)
+        args = _map(node.args, lambda n: to_torch(env[n.name]))
+        kwargs = _map(node.kwargs, lambda n: to_torch(env[n.name]))
+        if node.op == "call_module":
+            out = self.modules[node.target](*args, **kwargs)
+        elif node.op == "call_function":
+            out = node.target(*args, **kwargs)
+        else:
+            out = getattr(args[0], node.target)(*args[1:], **kwargs)
+        return _map_torch(out, lambda t: Value(self, self._upload(t)))
+
+
+class Value:
+    """A lazy tensor of the library inside one call (owned by the call's scope)."""
+
+    def __init__(self, graph, handle):
+        if not handle:
+            raise _err("tb_fx")
+        self.g = graph
+        self.h = handle
+        s = graph.lib.tb_tensor_shape(handle)
+        self.shape = tuple(s.dims[:s.rank])
+        self.dtype = TORCH_OF[s.dtype]
+
+    def new(self, handle, what="tb_fx"):
+        if not handle:
+            raise _err(what)
+        return Value(self.g, handle)
+
+    def to_torch(self):
+        out = torch.empty(self.shape, dtype=self.dtype)
+        if self.g.lib.tb_tensor_to_host(self.h, ctypes.c_void_p(out.data_ptr()),
+                                        out.numel() * out.element_size()) != 0:
+            raise _err("tb_tensor_to_host")
+        return out
+
+    def dim(self):
+        return len(self.shape)
+
+    def size(self, d=None):
+        return torch.Size(self.shape) if d is None else self.shape[d]
+
+
+def _target_name(t):
+    return getattr(t, "__name__", str(t))
+
+
+def _get_attr(gm, target):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _map(a, fn):
+    """fx's map_arg over nested tuples, lists and dicts."""
+    return torch.fx.node.map_arg(a, fn)
+
+
+def _map_values(x, fn):
+    if isinstance(x, Value):
+        return fn(x)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_map_values(v, fn) for v in x)
+    if isinstance(x, dict):
+        return {k: _map_values(v, fn) for k, v in x.items()}
+    return x
+
+
+def _map_torch(x, fn):
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_map_torch(v, fn) for v in x)
+    return x
+
+
+# ---- ops on Values ----
+
+def _unary(name):
+    def op(x, *args, **kwargs):
+        return x.new(getattr(x.g.lib, "tb_" + name)(x.h), "tb_" + name)
+    return op
+
+
+def _binary(name, scalar_op):
+    def op(a, b, *, alpha=None):
+        lib = (a if isinstance(a, Value) else b).g.lib
+        if alpha is not None and alpha != 1:
+            b = b * alpha if not isinstance(b, Value) else b.new(lib.tb_mul_scalar(b.h, alpha))
+        if isinstance(a, Value) and isinstance(b, Value):
+            return a.new(getattr(lib, "tb_" + name)(a.h, b.h), "tb_" + name)
+        if isinstance(a, Value):
+            return scalar_op(a, float(b))
+        if name in ("add", "mul"):
+            return scalar_op(b, float(a))
+        if name == "sub":  # s - x
+            return b.new(lib.tb_add_scalar(b.new(lib.tb_neg(b.h)).h, float(a)))
+        raise Error("tb_fx: a number divided by a tensor is not lowered")
+    return op
+
+
+def _add_scalar(x, v):
+    return x.new(x.g.lib.tb_add_scalar(x.h, v), "tb_add_scalar")
+
+
+def _mul_scalar(x, v):
+    return x.new(x.g.lib.tb_mul_scalar(x.h, v), "tb_mul_scalar")
+
+
+add = _binary("add", _add_scalar)
+mul = _binary("mul", _mul_scalar)
+sub = _binary("sub", lambda x, v: _add_scalar(x, -v))
+div = _binary("div", lambda x, v: _mul_scalar(x, 1.0 / v))
+
+
+def reshape(x, *dims):
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list, torch.Size)):
+        dims = tuple(dims[0])
+    return x.new(x.g.lib.tb_reshape(x.h, _ints(dims), len(dims)), "tb_reshape")
+
+
+def flatten(x, start_dim=0, end_dim=-1):
+    n = x.dim()
+    s, e = start_dim % n if n else 0, end_dim % n if n else 0
+    dims = list(x.shape[:s]) + [-1] + list(x.shape[e + 1:])
+    return reshape(x, *dims)
+
+
+def permute(x, *dims):
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        dims = tuple(dims[0])
+    return x.new(x.g.lib.tb_permute(x.h, _ints(dims, ctypes.c_int32), len(dims)), "tb_permute")
+
+
+def transpose(x, d0, d1):
+    return x.new(x.g.lib.tb_transpose(x.h, d0, d1), "tb_transpose")
+
+
+def cat(tensors, dim=0):
+    tensors = list(tensors)
+    handles = (_T * len(tensors))(*[t.h for t in tensors])
+    return tensors[0].new(tensors[0].g.lib.tb_concat(handles, len(tensors), dim), "tb_concat")
+
+
+def _reduce(name):
+    def op(x, dim=None, keepdim=False, dtype=None):
+        if dim is None:
+            dim = list(range(x.dim()))
+        dims = list(dim) if isinstance(dim, (tuple, list)) else [dim]
+        return x.new(getattr(x.g.lib, "tb_" + name)(x.h, _ints(dims, ctypes.c_int32), len(dims),
+                                                     keepdim), "tb_" + name)
+    return op
+
+
+def adaptive_avg_pool2d(x, output_size):
+    size = [x.shape[-2 + i] if v is None else v for i, v in enumerate(_pair(output_size))]
+    return x.new(x.g.lib.tb_adaptive_avg_pool2d(x.h, _ints(size)), "tb_adaptive_avg_pool2d")
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    if return_indices:
+        raise Error("tb_fx: max_pool2d with return_indices is not lowered")
+    stride = kernel_size if stride is None or stride == [] else stride
+    return x.new(x.g.lib.tb_max_pool2d(x.h, _ints(_pair(kernel_size)), _ints(_pair(stride)),
+                                       _ints(_pair(padding)), _ints(_pair(dilation)),
+                                       bool(ceil_mode)), "tb_max_pool2d")
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    if divisor_override is not None:
+        raise Error("tb_fx: avg_pool2d with divisor_override is not lowered")
+    stride = kernel_size if stride is None or stride == [] else stride
+    return x.new(x.g.lib.tb_avg_pool2d(x.h, _ints(_pair(kernel_size)), _ints(_pair(stride)),
+                                       _ints(_pair(padding)), bool(ceil_mode),
+                                       bool(count_include_pad)), "tb_avg_pool2d")
+
+
+def softmax(x, dim=None, _stacklevel=3, dtype=None):
+    return x.new(x.g.lib.tb_softmax(x.h, -1 if dim is None else dim), "tb_softmax")
+
+
+def hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
+    return x.new(x.g.lib.tb_hardtanh(x.h, min_val, max_val), "tb_hardtanh")
+
+
+def clamp(x, min=None, max=None):
+    lo = -float("inf") if min is None else float(min)
+    hi = float("inf") if max is None else float(max)
+    return x.new(x.g.lib.tb_clamp(x.h, lo, hi), "tb_clamp")
+
+
+def matmul(a, b):
+    return a.new(a.g.lib.tb_matmul(a.h, b.h), "tb_matmul")
+
+
+def identity(x, *args, **kwargs):
+    return x
+
+
+def dropout(x, p=0.5, training=False, inplace=False):
+    if training:
+        raise Error("tb_fx: dropout in training mode is not lowered (call model.eval())")
+    return x
+
+
+def getattr_(x, name):
+    if isinstance(x, Value) and name == "shape":
+        return torch.Size(x.shape)
+    return getattr(x, name)
+
+
+def linear(x, weight, bias=None):
+    return x.new(x.g.lib.tb_linear(x.h, weight.h, bias.h if bias is not None else None),
+                 "tb_linear")
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    if isinstance(padding, str):
+        k = weight.shape[-2:]
+        d = _pair(dilation)
+        padding = [0, 0] if padding == "valid" else [d[i] * (k[i] - 1) // 2 for i in range(2)]
+    return x.new(x.g.lib.tb_conv2d(x.h, weight.h, bias.h if bias is not None else None,
+                                   _ints(_pair(stride)), _ints(_pair(padding)),
+                                   _ints(_pair(dilation)), groups), "tb_conv2d")
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    n = len(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else 1
+    return x.new(x.g.lib.tb_layer_norm(x.h, n, weight.h if weight is not None else None,
+                                       bias.h if bias is not None else None, eps),
+                 "tb_layer_norm")
+
+
+# ---- modules ----
+
+def _conv2d(g, path, m, x):
+    if m.padding_mode != "zeros":
+        raise Error("tb_fx: %s: padding_mode %r is not lowered" % (path, m.padding_mode))
+    if isinstance(m.padding, str):
+        if m.padding == "valid":
+            padding = [0, 0]
+        else:  # "same" with stride 1: dilation * (k - 1) / 2 each side (odd kernels)
+            padding = [m.dilation[i] * (m.kernel_size[i] - 1) // 2 for i in range(2)]
+    else:
+        padding = list(m.padding)
+    if path in g.folded:
+        w, b = g.folded[path]
+    else:
+        w, b = g.param(path, "weight"), g.param(path, "bias")
+    return x.new(g.lib.tb_conv2d(x.h, w, b, _ints(m.stride), _ints(padding), _ints(m.dilation),
+                                 m.groups), "tb_conv2d (%s)" % path)
+
+
+def _batch_norm(g, path, m, x):
+    if m.training or m.running_mean is None:
+        raise Error("tb_fx: %s: batch norm in training mode is not lowered (call model.eval())"
+                    % path)
+    return x.new(g.lib.tb_batch_norm(x.h, g.param(path, "running_mean"),
+                                     g.param(path, "running_var"), g.param(path, "weight"),
+                                     g.param(path, "bias"), False, 0.1, m.eps),
+                 "tb_batch_norm (%s)" % path)
+
+
+def _linear(g, path, m, x):
+    return x.new(g.lib.tb_linear(x.h, g.param(path, "weight"), g.param(path, "bias")),
+                 "tb_linear (%s)" % path)
+
+
+def _layer_norm(g, path, m, x):
+    return x.new(g.lib.tb_layer_norm(x.h, len(m.normalized_shape), g.param(path, "weight"),
+                                     g.param(path, "bias"), m.eps), "tb_layer_norm (%s)" % path)
+
+
+MODULES = {
+    nn.Conv2d: _conv2d,
+    nn.BatchNorm2d: _batch_norm,
+    nn.Linear: _linear,
+    nn.LayerNorm: _layer_norm,
+    nn.ReLU: lambda g, p, m, x: _unary("relu")(x),
+    nn.ReLU6: lambda g, p, m, x: _unary("relu6")(x),
+    nn.Hardtanh: lambda g, p, m, x: hardtanh(x, m.min_val, m.max_val),
+    nn.Hardswish: lambda g, p, m, x: _unary("hardswish")(x),
+    nn.Hardsigmoid: lambda g, p, m, x: _unary("hardsigmoid")(x),
+    nn.Sigmoid: lambda g, p, m, x: _unary("sigmoid")(x),
+    nn.Tanh: lambda g, p, m, x: _unary("tanh")(x),
+    nn.GELU: lambda g, p, m, x: _unary("gelu")(x),
+    nn.SiLU: lambda g, p, m, x: _unary("silu")(x),
+    nn.MaxPool2d: lambda g, p, m, x: max_pool2d(x, m.kernel_size, m.stride, m.padding, m.dilation,
+                                                m.ceil_mode, m.return_indices),
+    nn.AvgPool2d: lambda g, p, m, x: avg_pool2d(x, m.kernel_size, m.stride, m.padding,
+                                                m.ceil_mode, m.count_include_pad,
+                                                m.divisor_override),
+    nn.AdaptiveAvgPool2d: lambda g, p, m, x: adaptive_avg_pool2d(x, m.output_size),
+    nn.Flatten: lambda g, p, m, x: flatten(x, m.start_dim, m.end_dim),
+    nn.Dropout: lambda g, p, m, x: dropout(x, m.p, m.training),
+    nn.Identity: lambda g, p, m, x: x,
+    nn.Softmax: lambda g, p, m, x: softmax(x, m.dim),
+}
+
+FUNCTIONS = {
+    operator.add: add, torch.add: add, operator.iadd: add,
+    operator.mul: mul, torch.mul: mul, operator.imul: mul,
+    operator.sub: sub, torch.sub: sub,
+    operator.truediv: div, torch.div: div,
+    operator.getitem: lambda a, i: a[i],
+    F.linear: linear, F.conv2d: conv2d, F.layer_norm: layer_norm,
+    getattr: getattr_,
+    torch.flatten: flatten, torch.reshape: reshape, torch.cat: cat, torch.concat: cat,
+    torch.permute: permute, torch.transpose: transpose, torch.matmul: matmul,
+    torch.relu: _unary("relu"), F.relu: _unary("relu"), F.relu6: _unary("relu6"),
+    torch.sigmoid: _unary("sigmoid"), torch.tanh: _unary("tanh"), F.gelu: _unary("gelu"),
+    F.silu: _unary("silu"), F.hardswish: _unary("hardswish"),
+    F.hardsigmoid: _unary("hardsigmoid"), F.hardtanh: hardtanh, torch.clamp: clamp,
+    F.adaptive_avg_pool2d: adaptive_avg_pool2d, F.max_pool2d: max_pool2d,
+    F.avg_pool2d: avg_pool2d, F.dropout: dropout, F.softmax: softmax, torch.softmax: softmax,
+    torch.mean: _reduce("mean"), torch.sum: _reduce("sum"),
+}
+
+METHODS = {
+    "view": reshape, "reshape": reshape, "flatten": flatten, "permute": permute,
+    "transpose": transpose, "contiguous": identity, "size": lambda x, d=None: x.size(d),
+    "dim": lambda x: x.dim(), "mean": _reduce("mean"), "sum": _reduce("sum"),
+    "relu": _unary("relu"), "sigmoid": _unary("sigmoid"), "softmax": softmax,
+    "add": add, "mul": mul, "sub": sub, "div": div, "clamp": clamp, "matmul": matmul,
+}
+
+
+class Compiled:
+    """The callable compile() returns: runs the graph on the library for each call."""
+
+    def __init__(self, gm, example_inputs, device, strict):
+        self.graph = _Graph(gm, example_inputs, device, strict)
+        self.fallback = list(self.graph.fallback)
+
+    def __call__(self, *inputs):
+        out = self.graph.run(inputs)
+        return out
+
+
+def compile(model, example_inputs=(), device="opencl:0", strict=False):
+    """model (an nn.Module or fx.GraphModule) as a callable that runs on the library's `device`
+    ("opencl:0", "native:0", "cpu:0", ...); dynamo's CompilerFn signature."""
+    gm = model if isinstance(model, torch.fx.GraphModule) else torch.fx.symbolic_trace(model)
+    return Compiled(gm, list(example_inputs), device, strict)
+
+
+try:  # PyTorch >= 2: torch.compile(model, backend="torch_backend")
+    from torch._dynamo import register_backend as _register
+
+    _register(compiler_fn=compile, name="torch_backend")
+except Exception:  # noqa: BLE001 (no dynamo: PyTorch 1.13 has none, nothing to register)
+    pass
