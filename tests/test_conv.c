@@ -770,7 +770,7 @@ static void rows_case_run(const rows_case *c, const char *backend, tb_dtype dt) 
     tb_device dev;
     tb_shape xs = {dt, c->rank, {0}}, ws = {dt, 4, {0}}, bs = {dt, 1, {0}};
     size_t nx = 1, nw = 1, i;
-    double *xv, *wv, bv[16];
+    double *xv, *wv, bv[32];
     tb_tensor *x, *w, *b = NULL, *xg, *rows, *win;
     char what[128], *ir;
     if (tb_device_make(backend, 0, &dev) != TB_OK) {
@@ -833,11 +833,14 @@ static void rows_case_run(const rows_case *c, const char *backend, tb_dtype dt) 
 
 static void test_conv_rows(void **state) {
     static const rows_case cases[] = {
-        {4, {2, 3, 10, 20}, {5, 3, 3, 3}, {1, 1}, {1, 1}, true},  /* padding, bias */
-        {4, {1, 2, 12, 40}, {4, 2, 3, 3}, {2, 2}, {2, 2}, false}, /* dilation */
-        {4, {2, 2, 7, 48}, {3, 2, 3, 5}, {1, 2}, {1, 1}, true},   /* a 3 x 5 kernel */
-        {4, {2, 2, 8, 24}, {3, 2, 3, 3}, {0, 0}, {1, 1}, false},  /* no padding */
-        {3, {3, 9, 33, 0}, {2, 3, 2, 2}, {1, 0}, {1, 1}, true},   /* unbatched, even kernel */
+        {4, {2, 3, 10, 20}, {5, 3, 3, 3}, {1, 1}, {1, 1}, true},    /* padding, bias */
+        {4, {1, 2, 12, 40}, {4, 2, 3, 3}, {2, 2}, {2, 2}, false},   /* dilation */
+        {4, {2, 2, 7, 48}, {3, 2, 3, 5}, {1, 2}, {1, 1}, true},     /* a 3 x 5 kernel */
+        {4, {2, 2, 8, 24}, {3, 2, 3, 3}, {0, 0}, {1, 1}, false},    /* no padding */
+        {3, {3, 9, 33, 0}, {2, 3, 2, 2}, {1, 0}, {1, 1}, true},     /* unbatched, even kernel */
+        {4, {2, 16, 20, 40}, {32, 16, 3, 3}, {1, 1}, {1, 1}, true}, /* a packed matmul */
+        {4, {1, 3, 1, 48}, {4, 3, 1, 3}, {0, 1}, {1, 1}, false},    /* a row kernel, H_out 1 */
+        {4, {1, 2, 9, 64}, {3, 2, 3, 3}, {2, 1}, {2, 1}, false},    /* unequal dilations */
     };
     const char *backends[3] = {"cpu", "opencl", "native"};
     size_t i;
@@ -853,17 +856,21 @@ static void test_conv_rows(void **state) {
 /* The values of f32 y on `dev`'s copy of x against the cpu's: equal bit for bit, NaN where
    the cpu has NaN. */
 static void extremes_case(const char *what, const char *backend, tb_tensor *ycpu, tb_tensor *ydev) {
-    float want[64], got[64];
+    double want[64], got[64];
+    tb_tensor *w64 = tb_cast(ycpu, TB_F64), *g64 = tb_cast(ydev, TB_F64);
     size_t n, i;
-    if (ycpu == NULL || ydev == NULL) fail_msg("%s on %s: %s", what, backend, tb_last_error());
+    if (ycpu == NULL || ydev == NULL || w64 == NULL || g64 == NULL)
+        fail_msg("%s on %s: %s", what, backend, tb_last_error());
     n = numel_of_shape(tb_tensor_shape(ycpu));
     assert_true(n <= 64);
-    assert_int_equal(tb_tensor_to_host(ycpu, want, n * 4), TB_OK);
-    assert_int_equal(tb_tensor_to_host(ydev, got, n * 4), TB_OK);
-    for (i = 0; i < n; i++)
-        if (isnan(want[i]) ? !isnan(got[i]) : got[i] != want[i])
-            fail_msg("%s on %s: [%zu] is %g, the cpu says %g", what, backend, i, (double)got[i],
-                     (double)want[i]);
+    assert_int_equal(tb_tensor_to_host(w64, want, n * 8), TB_OK);
+    assert_int_equal(tb_tensor_to_host(g64, got, n * 8), TB_OK);
+    for (i = 0; i < n; i++) /* the same bits (-0 is not +0), or NaN where the cpu has NaN */
+        if (isnan(want[i]) ? !isnan(got[i]) : memcmp(&got[i], &want[i], sizeof got[i]) != 0)
+            fail_msg("%s on %s: [%zu] is %g (sign %d), the cpu says %g (sign %d)", what, backend, i,
+                     got[i], signbit(got[i]) != 0, want[i], signbit(want[i]) != 0);
+    tb_tensor_release(w64);
+    tb_tensor_release(g64);
     tb_tensor_release(ycpu);
     tb_tensor_release(ydev);
 }
@@ -877,56 +884,68 @@ static tb_tensor *twice_extreme(tb_tensor *x, bool is_max) {
     return y;
 }
 
-/* NaN and infinities through a max pool and through small max and min reductions (both
-   computed where they are read, with no branch on the data): a window with a NaN anywhere in it
-   gives NaN, first, middle or last; +inf and -inf are ordinary values; on every backend against
-   the cpu. */
+/* NaN, infinities and signed zeros through a max pool and through small max and min
+   reductions (both computed where they are read, with no branch on the data), in f32 and f64:
+   a window with a NaN anywhere in it gives NaN, first, middle or last, one NaN or two; +inf
+   and -inf are ordinary values; of equal values the first wins (+0 before -0 and -0 before
+   +0 keep their order); on every backend against the cpu, bit for bit. */
 static void test_extremes_keep_nan(void **state) {
     const char *backends[2] = {"opencl", "native"};
+    const tb_dtype dts[2] = {TB_F32, TB_F64};
     const int64_t k3[2] = {3, 3}, k2[2] = {2, 2}, pad[2] = {1, 1};
     const tb_shape xs = {TB_F32, 4, {1, 2, 6, 6}}, rs = {TB_F32, 3, {4, 4, 3}};
     float xv[72], rv[48];
-    int b, i;
+    int b, d, i;
     (void)state;
     for (i = 0; i < 72; i++)
         xv[i] = (float)next_value(false);
     xv[0] = NAN;       /* a corner: the first of its windows */
     xv[14] = NAN;      /* inside */
     xv[35] = NAN;      /* the last of the first plane */
-    xv[40] = INFINITY; /* the second plane: infinities but no NaN */
+    xv[40] = INFINITY; /* the second plane: infinities and signed zeros, no NaN */
     xv[50] = -INFINITY;
+    for (i = 54; i < 72; i++) /* its last three rows: zeros of both signs */
+        xv[i] = (i * 7) % 3 == 0 ? -0.0f : (i % 2 ? 0.0f : -0.0f);
     for (i = 0; i < 48; i++)
         rv[i] = (float)next_value(false);
     rv[0] = NAN; /* row 0: first */
     rv[4] = NAN; /* row 1: middle */
     rv[8] = NAN; /* row 2: last */
     rv[9] = -INFINITY, rv[10] = INFINITY;
+    rv[12] = NAN, rv[14] = -NAN;                /* row 4: two NaNs */
+    rv[15] = 0.0f, rv[16] = -0.0f, rv[17] = -1; /* row 5: +0 then -0 */
+    rv[18] = -0.0f, rv[19] = 0.0f, rv[20] = -1; /* row 6: -0 then +0 */
+    rv[21] = 1, rv[22] = 0.0f, rv[23] = -0.0f;  /* row 7: the zeros last */
     for (b = 0; b < 2; b++) {
         tb_device dev;
-        tb_tensor *x, *r, *xd, *rd;
         if (tb_device_make(backends[b], 0, &dev) != TB_OK) {
             tb_clear_error();
             continue;
         }
-        x = tb_tensor_from_host(xv, &xs, NULL);
-        r = tb_tensor_from_host(rv, &rs, NULL);
-        xd = tb_to_device(x, &dev);
-        rd = tb_to_device(r, &dev);
-        extremes_case("max_pool2d k3 s2 p1", backends[b],
-                      tb_max_pool2d(x, k3, k2, pad, NULL, false),
-                      tb_max_pool2d(xd, k3, k2, pad, NULL, false));
-        extremes_case("max_pool2d k2 s1", backends[b],
-                      tb_max_pool2d(x, k2, NULL, NULL, NULL, false),
-                      tb_max_pool2d(xd, k2, NULL, NULL, NULL, false));
-        /* a reduction of 3 read by a multiply: unrolled inside the multiply's kernel */
-        extremes_case("max of 3, times 2", backends[b], twice_extreme(r, true),
-                      twice_extreme(rd, true));
-        extremes_case("min of 3, times 2", backends[b], twice_extreme(r, false),
-                      twice_extreme(rd, false));
-        tb_tensor_release(rd);
-        tb_tensor_release(xd);
-        tb_tensor_release(r);
-        tb_tensor_release(x);
+        for (d = 0; d < 2; d++) {
+            tb_tensor *x32 = tb_tensor_from_host(xv, &xs, NULL);
+            tb_tensor *r32 = tb_tensor_from_host(rv, &rs, NULL);
+            tb_tensor *x = tb_cast(x32, dts[d]), *r = tb_cast(r32, dts[d]);
+            tb_tensor *xd = tb_to_device(x, &dev), *rd = tb_to_device(r, &dev);
+            char what[64];
+            snprintf(what, sizeof what, "max_pool2d k3 s2 p1, %s", tb_dtype_name(dts[d]));
+            extremes_case(what, backends[b], tb_max_pool2d(x, k3, k2, pad, NULL, false),
+                          tb_max_pool2d(xd, k3, k2, pad, NULL, false));
+            snprintf(what, sizeof what, "max_pool2d k2 s1, %s", tb_dtype_name(dts[d]));
+            extremes_case(what, backends[b], tb_max_pool2d(x, k2, NULL, NULL, NULL, false),
+                          tb_max_pool2d(xd, k2, NULL, NULL, NULL, false));
+            /* a reduction of 3 read by a multiply: unrolled inside the multiply's kernel */
+            snprintf(what, sizeof what, "max of 3, times 2, %s", tb_dtype_name(dts[d]));
+            extremes_case(what, backends[b], twice_extreme(r, true), twice_extreme(rd, true));
+            snprintf(what, sizeof what, "min of 3, times 2, %s", tb_dtype_name(dts[d]));
+            extremes_case(what, backends[b], twice_extreme(r, false), twice_extreme(rd, false));
+            tb_tensor_release(rd);
+            tb_tensor_release(xd);
+            tb_tensor_release(r);
+            tb_tensor_release(x);
+            tb_tensor_release(r32);
+            tb_tensor_release(x32);
+        }
     }
 }
 

@@ -813,9 +813,10 @@ static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
             if (fx) tb__ix_line(&g->ix, "%s v%d = v%d;", at, (int)nan, (int)acc);
         } else if (sums) {
             tb__ix_line(&g->ix, "v%d += (%s)v%d;", (int)acc, at, (int)v);
-        } else { /* no branch on the data (f32 and f64 only); the last NaN seen kept apart */
+        } else { /* no branch on the data (f32 and f64 only); ties keep the first (+0 before
+                    -0, as the reference); the last NaN seen kept apart */
             tb__ix_line(&g->ix, "v%d = %s(v%d, v%d);", (int)acc,
-                        n->op == TB_OP_MAX ? "TB_MAXS" : "TB_MINS", (int)acc, (int)v);
+                        n->op == TB_OP_MAX ? "TB_MAXS" : "TB_MINS", (int)v, (int)acc);
             tb__ix_line(&g->ix, "if (v%d != v%d) v%d = v%d;", (int)v, (int)v, (int)nan, (int)v);
         }
     }

@@ -23,15 +23,6 @@ static const char tb__native_head[] =
     "#define TB_EXPORT __attribute__((visibility(\"default\"))) /* whatever the flags say */\n"
     "#define TB_HAS_F64 1\n"
     "static inline long tb_min_l(long a, long b) { return a < b ? a : b; }\n"
-    /* a window's extremes: a select the compiler keeps free of branches (their outcome is
-       data, which a branch predictor cannot learn); NaN is kept apart by the caller */
-    "#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 9)\n"
-    "#define TB_UNPRED(c) __builtin_expect_with_probability((c), 1, 0.5)\n"
-    "#else\n"
-    "#define TB_UNPRED(c) (c)\n"
-    "#endif\n"
-    "#define TB_MAXS(a, b) (TB_UNPRED((a) > (b)) ? (a) : (b))\n"
-    "#define TB_MINS(a, b) (TB_UNPRED((a) < (b)) ? (a) : (b))\n"
     "static inline float tb_as_f32(uint b) { float f; memcpy(&f, &b, sizeof f); return f; }\n"
     "static inline uint tb_as_u32(float f) { uint b; memcpy(&b, &f, sizeof b); return b; }\n"
     "typedef unsigned short ushort;\n"
@@ -102,6 +93,20 @@ static const char tb__native_head[] =
 
 /* The head's second part: the CPU's own instructions for what C's operators do not say. */
 static const char tb__native_head2[] =
+    /* a window's extremes: a select the compiler keeps free of branches (their outcome is
+       data, which a branch predictor cannot learn); NaN is kept apart by the caller */
+    "#if defined(__has_builtin)\n"
+    "#if __has_builtin(__builtin_expect_with_probability)\n"
+    "#define TB_UNPRED(c) __builtin_expect_with_probability((c), 1, 0.5)\n"
+    "#endif\n"
+    "#elif !defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 9\n"
+    "#define TB_UNPRED(c) __builtin_expect_with_probability((c), 1, 0.5)\n"
+    "#endif\n"
+    "#if !defined(TB_UNPRED)\n"
+    "#define TB_UNPRED(c) (c)\n"
+    "#endif\n"
+    "#define TB_MAXS(a, b) (TB_UNPRED((a) > (b)) ? (a) : (b))\n"
+    "#define TB_MINS(a, b) (TB_UNPRED((a) < (b)) ? (a) : (b))\n"
     /* a * b + c rounded once where the target has it (else two roundings); the compiler's
        x86 builtins where it still has them (TB_HB), its generic ones where it has those */
     "#if defined(__has_builtin)\n"
