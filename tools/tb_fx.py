@@ -96,6 +96,9 @@ _SIGNATURES = {
     "tb_mean": (_T, [_T, _I32P, ctypes.c_size_t, ctypes.c_bool]),
     "tb_sum": (_T, [_T, _I32P, ctypes.c_size_t, ctypes.c_bool]),
     "tb_matmul": (_T, [_T, _T]),
+    "tb_set_requires_grad": (ctypes.c_int, [_T, ctypes.c_bool]),
+    "tb_grad": (ctypes.c_int, [_T, _T, ctypes.POINTER(_T), ctypes.c_size_t, ctypes.POINTER(_T)]),
+    "tb_dropout": (_T, [_T, ctypes.c_double, ctypes.c_bool]),
 }
 for _name in ("relu", "relu6", "sigmoid", "tanh", "gelu", "silu", "hardswish", "hardsigmoid",
               "neg", "exp", "sqrt"):
@@ -161,11 +164,16 @@ class _Graph:
         if self.lib.tb_device_parse(device.encode(), ctypes.byref(self.device)) != 0:
             raise _err("device %r" % device)
         self.params = {}   # (module path, name) -> tensor handle on the device
+        self.call_params = None  # training: this call's uploads of the same
         self.folded = {}   # conv module path -> (weight, bias) with its batch norm folded in
         self.skip = set()  # batch norm nodes folded into the convolution before them
         self.fallback = []
         self.modules = dict(gm.named_modules())
         self.nodes = list(gm.graph.nodes)
+        # training (the traced module, or a module a node calls, in training mode; not the
+        # containers fx makes to hold the hierarchy): parameters uploaded at every call (an
+        # optimizer changes them between calls), batch norms on the batch's statistics
+        self.training = self.mode() != []
         for node in self.nodes:
             if not self._lowerable(node):
                 if strict:
@@ -178,16 +186,35 @@ class _Graph:
         # every parameter and buffer on the device now, outside any call's scope: kept there
         # for the life of the compiled graph
         self.attrs = {}
+        self.param_keys = []  # (module path, name) of every parameter and buffer the graph reads
         for node in self.nodes:
             if node.op == "call_module":
                 for name in ("weight", "bias", "running_mean", "running_var"):
                     if isinstance(getattr(self.modules[node.target], name, None), torch.Tensor):
-                        self.param(node.target, name)
-            elif node.op == "get_attr":
-                value = _get_attr(gm, node.target)
-                if isinstance(value, torch.Tensor):
-                    self.attrs[node.target] = self._upload(value)
-        self._fold_batch_norms()
+                        self.param_keys.append((node.target, name))
+            elif node.op == "get_attr" and isinstance(_get_attr(gm, node.target), torch.Tensor):
+                if self.training:  # uploaded at each call, as the modules' parameters
+                    self.param_keys.append((None, node.target))
+                else:
+                    self.attrs[node.target] = self._upload(_get_attr(gm, node.target))
+        if not self.training:
+            for path, name in self.param_keys:
+                self.param(path, name)
+            self._fold_batch_norms()
+
+    def mode(self):
+        """The paths of the modules in training mode now ("" for the traced module itself)."""
+        paths = [""] if self.gm.training else []
+        for node in self.nodes:
+            if node.op == "call_module" and self.modules[node.target].training:
+                paths.append(node.target)
+        return paths
+
+    def param_values(self):
+        """The current values of param_keys (module parameters and buffers, tensor attributes
+        of the graph), in that order."""
+        return [getattr(self.modules[p], n) if p is not None else _get_attr(self.gm, n)
+                for p, n in self.param_keys]
 
     def __del__(self):
         lib = getattr(self, "lib", None)
@@ -215,6 +242,8 @@ class _Graph:
         """The device copy of a module's parameter or buffer (None when it has none): uploaded
         when the graph is compiled, kept until it is freed."""
         key = (path, name)
+        if self.call_params is not None:
+            return self.call_params.get(key)
         if key not in self.params:
             value = getattr(self.modules[path], name, None)
             self.params[key] = self._upload(value) if isinstance(value, torch.Tensor) else None
@@ -259,27 +288,53 @@ class _Graph:
             return node.target in METHODS
         return False
 
-    def run(self, inputs):
+    def _upload_leaf(self, t, keep):
+        """t on the device, requiring grad where t does (training), kept out of the call's
+        scope and listed in `keep` (released by the caller)."""
+        h = self._upload(t)
+        if t.requires_grad and t.is_floating_point():
+            if self.lib.tb_set_requires_grad(h, True) != 0:
+                raise _err("tb_set_requires_grad")
+        keep.append(self.lib.tb_scope_keep(h))
+        return h
+
+    def run(self, inputs, params=None):
+        """The graph's outputs for `inputs` as torch tensors. Training: `params` are the current
+        values of self.param_keys, and the result is (outputs, state) where state holds what
+        backward needs (release it with release_state)."""
         lib = self.lib
+        keep, leaves, kept = [], [], []
         if lib.tb_scope_begin() != 0:
             raise _err("tb_scope_begin")
         try:
+            if self.training:
+                self.call_params = {}
+                for key, value in zip(self.param_keys, params):
+                    self.call_params[key] = self._upload_leaf(value, keep)
             env = {}
             args_iter = iter(inputs)
             result = None
             for node in self.nodes:
                 if node.op == "placeholder":
                     value = next(args_iter)
-                    env[node.name] = (Value(self, self._upload(value))
-                                      if isinstance(value, torch.Tensor) else value)
+                    if isinstance(value, torch.Tensor):
+                        h = (self._upload_leaf(value, keep) if self.training
+                             else self._upload(value))
+                        leaves.append(h)
+                        env[node.name] = Value(self, h)
+                    else:
+                        env[node.name] = value
                 elif node.op == "output":
                     result = _map(node.args[0], lambda n: env[n.name])
                 elif node.name in self.skip:
                     env[node.name] = env[node.args[0].name]
                 elif node.op == "get_attr":
-                    env[node.name] = (Value(self, self.attrs[node.target])
-                                      if node.target in self.attrs
-                                      else _get_attr(self.gm, node.target))
+                    if self.training and (None, node.target) in self.call_params:
+                        env[node.name] = Value(self, self.call_params[(None, node.target)])
+                    elif node.target in self.attrs:
+                        env[node.name] = Value(self, self.attrs[node.target])
+                    else:
+                        env[node.name] = _get_attr(self.gm, node.target)
                 elif node.name in self.fallback:
                     env[node.name] = self._in_torch(node, env)
                 else:
@@ -292,18 +347,78 @@ class _Graph:
                         env[node.name] = FUNCTIONS[node.target](*args, **kwargs)
                     else:
                         env[node.name] = METHODS[node.target](*args, **kwargs)
-            kept = []
             result = _map_values(result, lambda v: kept.append(v) or v)
-            handles = (_T * max(len(kept), 1))(*[lib.tb_scope_keep(v.h) for v in kept])
-        finally:
+            for v in kept:
+                keep.append(lib.tb_scope_keep(v.h))
+        except BaseException:
             lib.tb_scope_end()
+            for h in keep:
+                lib.tb_tensor_release(h)
+            raise
+        finally:
+            call_params, self.call_params = self.call_params, None
+        lib.tb_scope_end()
+        state = {"keep": keep, "outputs": [v.h for v in kept], "leaves": leaves,
+                 "params": call_params}
         try:
+            handles = (_T * max(len(kept), 1))(*[v.h for v in kept])
             if kept and lib.tb_sync(handles, len(kept)) != 0:
                 raise _err("tb_sync")
-            return _map_values(result, lambda v: v.to_torch())
+            out = _map_values(result, lambda v: v.to_torch())
+            if self.training:
+                self._store_running_stats(call_params)
+                return out, state
+            return out
         finally:
-            for h in handles[:len(kept)]:
-                lib.tb_tensor_release(h)
+            if not self.training:
+                self.release_state(state)
+
+    def release_state(self, state):
+        for h in state["keep"]:
+            self.lib.tb_tensor_release(h)
+        state["keep"] = []
+
+    def _store_running_stats(self, call_params):
+        """Training: the batch norms' running statistics, updated on the device, back into the
+        modules' buffers (as PyTorch's batch norm updates them)."""
+        with torch.no_grad():
+            for (path, name), h in call_params.items():
+                if name in ("running_mean", "running_var"):
+                    buf = getattr(self.modules[path], name)
+                    v = Value(self, h).to_torch()
+                    buf.copy_(v)
+                    if name == "running_mean" and hasattr(self.modules[path],
+                                                          "num_batches_tracked"):
+                        self.modules[path].num_batches_tracked += 1
+
+    def grads(self, state, grad_outputs, wanted):
+        """The gradients of the call's outputs, seeded with grad_outputs (torch tensors or
+        None), with respect to the handles `wanted`: torch tensors (None where no path)."""
+        lib = self.lib
+        total = [None] * len(wanted)
+        arr = (_T * max(len(wanted), 1))(*wanted)
+        for out, seed in zip(state["outputs"], grad_outputs):
+            if seed is None:
+                continue
+            s = self._upload(seed)
+            got = (_T * max(len(wanted), 1))()
+            try:
+                if lib.tb_grad(out, s, arr, len(wanted), got) != 0:
+                    raise _err("tb_grad")
+                present = [(i, got[i]) for i in range(len(wanted)) if got[i]]
+                if present:
+                    hs = (_T * len(present))(*[h for _, h in present])
+                    if lib.tb_sync(hs, len(present)) != 0:
+                        raise _err("tb_sync")
+                for i, h in present:
+                    g = Value(self, h).to_torch()
+                    total[i] = g if total[i] is None else total[i] + g
+            finally:
+                lib.tb_tensor_release(s)
+                for i in range(len(wanted)):
+                    if got[i]:
+                        lib.tb_tensor_release(got[i])
+        return total
 
     def _in_torch(self, node, env):
         """A node without a lowering, run by PyTorch on the host."""
@@ -510,9 +625,10 @@ def identity(x, *args, **kwargs):
 
 
 def dropout(x, p=0.5, training=False, inplace=False):
-    if training:
-        raise Error("tb_fx: dropout in training mode is not lowered (call model.eval())")
-    return x
+    """Training: the library's dropout (its own random stream, not PyTorch's)."""
+    if not training or p == 0:
+        return x
+    return x.new(x.g.lib.tb_dropout(x.h, p, True), "tb_dropout")
 
 
 def getattr_(x, name):
@@ -564,12 +680,17 @@ def _conv2d(g, path, m, x):
 
 
 def _batch_norm(g, path, m, x):
-    if m.training or m.running_mean is None:
-        raise Error("tb_fx: %s: batch norm in training mode is not lowered (call model.eval())"
-                    % path)
+    training = m.training or m.running_mean is None
+    if training and not g.training:
+        raise Error("tb_fx: %s: batch norm in training mode inside a graph compiled for "
+                    "inference" % path)
+    if training and m.momentum is None:
+        raise Error("tb_fx: %s: batch norm with momentum=None (a cumulative average) is not "
+                    "lowered" % path)
     return x.new(g.lib.tb_batch_norm(x.h, g.param(path, "running_mean"),
                                      g.param(path, "running_var"), g.param(path, "weight"),
-                                     g.param(path, "bias"), False, 0.1, m.eps),
+                                     g.param(path, "bias"), training,
+                                     m.momentum if m.momentum is not None else 0.1, m.eps),
                  "tb_batch_norm (%s)" % path)
 
 
@@ -637,16 +758,57 @@ METHODS = {
 }
 
 
+class _Train(torch.autograd.Function):
+    """The library's forward as one autograd node: backward runs tb_grad on the recorded graph
+    for the inputs and parameters that require grad."""
+
+    @staticmethod
+    def forward(ctx, graph, n_inputs, *tensors):
+        inputs, params = tensors[:n_inputs], tensors[n_inputs:]
+        out, state = graph.run(inputs, params)
+        ctx.graph, ctx.state = graph, state
+        ctx.wanted = [i for i, t in enumerate(tensors) if t.requires_grad]
+        ctx.n = len(tensors)
+        leaves = state["leaves"] + [state["params"][k] for k in graph.param_keys]
+        ctx.handles = [leaves[i] for i in ctx.wanted]
+        outs = out if isinstance(out, tuple) else (out,)
+        ctx.single = not isinstance(out, tuple)
+        return outs if not ctx.single else outs[0]
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        try:
+            grads = ctx.graph.grads(ctx.state, grad_outputs, ctx.handles)
+        finally:
+            ctx.graph.release_state(ctx.state)
+        full = [None] * ctx.n
+        for i, g in zip(ctx.wanted, grads):
+            full[i] = g
+        return (None, None) + tuple(full)
+
+
 class Compiled:
-    """The callable compile() returns: runs the graph on the library for each call."""
+    """The callable compile() returns: runs the graph on the library for each call. A module
+    compiled in training mode gives outputs that backward() differentiates through the
+    library (tb_grad), the gradients landing in the module's parameters as PyTorch's would."""
 
     def __init__(self, gm, example_inputs, device, strict):
         self.graph = _Graph(gm, example_inputs, device, strict)
         self.fallback = list(self.graph.fallback)
+        self.training = self.graph.training
+        if self.training and self.fallback:
+            raise Error("tb_fx: training needs every node lowered; these are not: %s" %
+                        ", ".join(self.fallback))
 
     def __call__(self, *inputs):
-        out = self.graph.run(inputs)
-        return out
+        if not self.training:
+            switched = self.graph.mode()
+            if switched:
+                raise Error("tb_fx: %s is in training mode now, but the graph was compiled for "
+                            "inference: compile it again" % (switched[0] or "the model"))
+            return self.graph.run(inputs)
+        g = self.graph
+        return _Train.apply(g, len(inputs), *inputs, *g.param_values())
 
 
 def compile(model, example_inputs=(), device="opencl:0", strict=False):
