@@ -742,13 +742,15 @@ model_check encoder 16 2
 step "PyTorch models through the torch.fx compiler (tools/tb_fx.py)"
 # tests/fx_torch.py: torchvision models and small modules traced with torch.fx and compiled
 # onto cpu, native and opencl by tools/tb_fx.py (the library built as a shared object, kept
-# under build/fx_cache), each output within 1e-5 of PyTorch's scale; fallbacks and errors.
+# under build/fx_cache), each output within 1e-5 of PyTorch's scale; a training step; fallbacks
+# and errors. --quick here (three models, smaller inputs); VGG-11 and AlexNet by hand:
+# /usr/bin/python3 tests/fx_torch.py
 if selected tests/fx_torch.py || selected tools/tb_fx.py; then
     fx_devices=$(IFS=,; echo "${backends[*]}")
     if command -v "${CC%% *}" >/dev/null 2>&1; then fx_devices+=",native"; fi
     fx_log=build/fx_torch.log
     XDG_CACHE_HOME=$PWD/build/fx_cache timeout --foreground -k 10 1800 /usr/bin/python3 \
-        tests/fx_torch.py --devices "$fx_devices" 2>&1 | tee "$fx_log"
+        tests/fx_torch.py --quick --devices "$fx_devices" 2>&1 | tee "$fx_log"
     rc=${PIPESTATUS[0]}
     fx_summary=$(tail -n 1 "$fx_log")
     if [[ "$fx_summary" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
