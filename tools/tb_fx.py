@@ -157,7 +157,7 @@ def _pair(v):
 class _Graph:
     """One traced graph lowered onto the library for `device`."""
 
-    def __init__(self, gm, example_inputs, device, strict):
+    def __init__(self, gm, device, strict):
         self.lib = library()
         self.gm = gm
         self.device = _Device()
@@ -642,11 +642,17 @@ def linear(x, weight, bias=None):
                  "tb_linear")
 
 
+def _conv_padding(padding, kernel, dilation):
+    """A convolution's padding per side: "valid" none, "same" (stride 1) dilation * (k - 1) / 2
+    (odd kernels), else the numbers given."""
+    if not isinstance(padding, str):
+        return _pair(padding)
+    d = _pair(dilation)
+    return [0, 0] if padding == "valid" else [d[i] * (kernel[i] - 1) // 2 for i in range(2)]
+
+
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    if isinstance(padding, str):
-        k = weight.shape[-2:]
-        d = _pair(dilation)
-        padding = [0, 0] if padding == "valid" else [d[i] * (k[i] - 1) // 2 for i in range(2)]
+    padding = _conv_padding(padding, weight.shape[-2:], dilation)
     return x.new(x.g.lib.tb_conv2d(x.h, weight.h, bias.h if bias is not None else None,
                                    _ints(_pair(stride)), _ints(_pair(padding)),
                                    _ints(_pair(dilation)), groups), "tb_conv2d")
@@ -664,13 +670,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 def _conv2d(g, path, m, x):
     if m.padding_mode != "zeros":
         raise Error("tb_fx: %s: padding_mode %r is not lowered" % (path, m.padding_mode))
-    if isinstance(m.padding, str):
-        if m.padding == "valid":
-            padding = [0, 0]
-        else:  # "same" with stride 1: dilation * (k - 1) / 2 each side (odd kernels)
-            padding = [m.dilation[i] * (m.kernel_size[i] - 1) // 2 for i in range(2)]
-    else:
-        padding = list(m.padding)
+    padding = _conv_padding(m.padding, m.kernel_size, m.dilation)
     if path in g.folded:
         w, b = g.folded[path]
     else:
@@ -793,7 +793,7 @@ class Compiled:
     library (tb_grad), the gradients landing in the module's parameters as PyTorch's would."""
 
     def __init__(self, gm, example_inputs, device, strict):
-        self.graph = _Graph(gm, example_inputs, device, strict)
+        self.graph = _Graph(gm, device, strict)  # shapes come from each call's inputs
         self.fallback = list(self.graph.fallback)
         self.training = self.graph.training
         if self.training and self.fallback:
