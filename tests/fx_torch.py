@@ -89,14 +89,56 @@ def run_case(name, model, inputs, device, tol=1e-5):
                      "the same" if same else "DIFFERENT", f.fallback or "none"))
 
 
+def clear_of_kinks(model, shape, first_seed):
+    """The first input (torch.randn of `shape` from generator seeds first_seed, first_seed + 1,
+    ...) for which `model`, run in float64, has no ReLU input within 1e-5 of zero and no max-pool
+    window whose two largest values are that close (both relative to the tensor's standard
+    deviation). A gradient through such a point is not a continuous function of the forward
+    values: a float32 forward that rounds differently from PyTorch's (another summation order)
+    may send it the other way, and one such element moves whole gradients by percents. Exact
+    ties at zero (windows of ReLU zeros) are not counted: both sides keep the first and the
+    ReLU below stops the gradient anyway."""
+    probe = copy.deepcopy(model).double()
+    near = [0]
+
+    def relu_in(mod, inp):
+        v = inp[0]
+        near[0] += int((v.abs() < 1e-5 * v.std()).sum())
+
+    def pool_in(mod, inp):
+        v = inp[0]
+        k, st, pad = mod.kernel_size, mod.stride, mod.padding
+        rows = F.unfold(F.pad(v, (pad, pad, pad, pad), value=float("-inf")).flatten(0, 1)
+                        .unsqueeze(1), k, stride=st)
+        top = rows.topk(2, dim=1).values
+        near[0] += int(((top[:, 0] - top[:, 1] < 1e-5 * v.std()) & (top[:, 0] > 0)).sum())
+
+    hooks = [m.register_forward_pre_hook(relu_in) for m in probe.modules()
+             if isinstance(m, nn.ReLU)]
+    hooks += [m.register_forward_pre_hook(pool_in) for m in probe.modules()
+              if isinstance(m, nn.MaxPool2d)]
+    for seed in range(first_seed, first_seed + 500):
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+        near[0] = 0
+        with torch.no_grad():
+            probe(x.double())
+        if near[0] == 0:
+            break
+    for h in hooks:
+        h.remove()
+    return x, seed
+
+
 def training(device):
     """One step of ResNet-18 in training mode (batch norms on the batch's statistics): the
     gradients of every parameter and of the input, and the running statistics, against
-    PyTorch's; then an SGD step and a second forward through the same compiled callable."""
+    PyTorch's; then an SGD step and a second forward through the same compiled callable.
+    The input is one with no ReLU or max pool near a kink (clear_of_kinks)."""
     torch.manual_seed(2)
     ref = torchvision.models.resnet18().train()
     ours = copy.deepcopy(ref)
-    x = torch.randn(4, 3, 64, 64)
+    # the search from seed 0 stops at 401; starting there costs one float64 forward, not 400
+    x, seed = clear_of_kinks(ref, (4, 3, 64, 64), 401)
     label = torch.randint(0, 1000, (4,))
     xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
     F.cross_entropy(ref(xr), label).backward()
@@ -116,16 +158,10 @@ def training(device):
     tracked = all(int(a) == int(b) for (n, a), (_, b) in zip(ours.named_buffers(),
                                                              ref.named_buffers())
                   if n.endswith("num_batches_tracked"))
-    what = ("a training step of ResNet-18 (batch 4, 64x64) on %s: gradients within %.1e of "
-            "PyTorch's scale (worst: %s), running statistics within %.1e" %
-            (device, worst, where, stats))
-    if device != "cpu:0" and worst > 1e-4 and stats <= 1e-5 and tracked:
-        # A known difference of the compiled backends (native and opencl alike, the cpu
-        # backend exact): some gradients of this model are off by percents while smaller
-        # compositions of the same layers agree within 1e-5. Shown, not counted, until fixed.
-        print("KNOWN (not counted) " + what, flush=True)
-    else:
-        check(worst <= 1e-4 and stats <= 1e-5 and tracked, what)
+    check(worst <= 1e-4 and stats <= 1e-5 and tracked,
+          "a training step of ResNet-18 (batch 4, 64x64, input seed %d) on %s: gradients "
+          "within %.1e of PyTorch's scale (worst: %s), running statistics within %.1e" %
+          (seed, device, worst, where, stats))
     opt_r = torch.optim.SGD(ref.parameters(), lr=0.1)
     opt_o = torch.optim.SGD(ours.parameters(), lr=0.1)
     opt_r.step()
