@@ -89,6 +89,88 @@ def run_case(name, model, inputs, device, tol=1e-5):
                      "the same" if same else "DIFFERENT", f.fallback or "none"))
 
 
+class Attention(nn.Module):
+    """nn.MultiheadAttention on its own (sequence first), weights returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 2)
+
+    def forward(self, q, k):
+        r = self.attn(q, k, k)
+        return r[0], r[1]
+
+
+class Depth(nn.Module):
+    """torchvision's stochastic depth around a linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.drop = torchvision.ops.StochasticDepth(0.5, "row")
+
+    def forward(self, x):
+        return x + self.drop(self.fc(x))
+
+
+def encoder(norm_first):
+    """A TransformerEncoder (two layers, no dropout): post-norm ReLU batch-first, or norm_first
+    GELU sequence-first with a final norm."""
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=not norm_first,
+                                       norm_first=norm_first,
+                                       activation="gelu" if norm_first else "relu")
+    return nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(32) if norm_first else None,
+                                 enable_nested_tensor=False)
+
+
+def transformer(device):
+    """Encoders and attention lowered whole (their forward branches on tensor attributes):
+    values, and one training step's gradients of an encoder against PyTorch's."""
+    for norm_first in (False, True):
+        torch.manual_seed(3)
+        run_case("TransformerEncoder (%s)" % ("norm_first, GELU, sequence first" if norm_first
+                                               else "post-norm, ReLU, batch first"),
+                 encoder(norm_first).eval(), [torch.randn(3, 5, 32)], device)
+    torch.manual_seed(3)
+    run_case("MultiheadAttention with its weights", Attention().eval(),
+             [torch.randn(4, 2, 16), torch.randn(6, 2, 16)], device)
+    torch.manual_seed(4)
+    ref = encoder(True).train()
+    ours = copy.deepcopy(ref)
+    x, g = torch.randn(6, 2, 32), torch.randn(6, 2, 32)
+    xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    # a random projection of the output (the mean of its squares would be near constant
+    # through the final layer norm: a gradient of cancellations, ill-conditioned in float32)
+    (ref(xr) * g).sum().backward()
+    f = tb_fx.compile(ours, [xo], device=device)
+    (f(xo) * g).sum().backward()
+    worst, where = 0.0, "-"
+    pairs = list(zip(ours.named_parameters(), ref.named_parameters()))
+    pairs.append((("input", xo), ("input", xr)))
+    for (name, a), (_, b) in pairs:
+        e = rel_err(a.grad, b.grad) if a.grad is not None else float("inf")
+        if e > worst:
+            worst, where = e, name
+    check(worst <= 1e-4, "a training step of a TransformerEncoder on %s: gradients within "
+          "%.1e of PyTorch's scale (worst: %s)" % (device, worst, where))
+    # stochastic depth: the identity in eval; in training each row kept (scaled by 2) or not
+    torch.manual_seed(5)
+    m = Depth()
+    x = torch.randn(64, 8)
+    run_case("stochastic depth in eval mode", m.eval(), [x], device)
+    m.train()
+    f = tb_fx.compile(m, [x], device=device)
+    with torch.no_grad():
+        branch = m.fc(x)
+        got = f(x) - x
+    kept = [torch.allclose(r, 2 * b, rtol=1e-5, atol=1e-5) for r, b in zip(got, branch)]
+    dropped = [bool((r.abs() <= 1e-6).all()) for r in got]
+    rows = sum(kept)
+    check(all(k or d for k, d in zip(kept, dropped)) and 10 <= rows <= 54,
+          "stochastic depth in training on %s: each of 64 rows kept (x2) or dropped whole, "
+          "%d kept" % (device, rows))
+
+
 def clear_of_kinks(model, shape, first_seed):
     """The first input (torch.randn of `shape` from generator seeds first_seed, first_seed + 1,
     ...) for which `model`, run in float64, has no ReLU input within 1e-5 of zero and no max-pool
@@ -218,10 +300,64 @@ def fallback(device):
         check("cumsum" in str(e), "strict=True refuses a node without a lowering: %s" % e)
 
 
+# inputs of the sweep: 64x64 where a model takes it, else the smallest size it accepts
+SWEEP_SIZE = {"inception_v3": 80, "maxvit_t": 224, "vit_b_16": 224, "vit_b_32": 224,
+              "vit_h_14": 224, "vit_l_16": 224, "vit_l_32": 224}
+
+
+def sweep(devices, only, max_params):
+    """Every classification model of torchvision (batch 1): traced with torch.fx or not, and
+    where it is, compiled with strict=True (a node without a lowering is an error) on each
+    device and compared with PyTorch. Prints one line per model and device and a count."""
+    names = torchvision.models.list_models(module=torchvision.models)
+    if only:
+        names = [n for n in names if n in only.split(",")]
+    traced, big, untraceable = [], [], []
+    for name in names:
+        torch.manual_seed(1)
+        m = getattr(torchvision.models, name)().eval()
+        params = sum(p.numel() for p in m.parameters())
+        if params > max_params:
+            big.append("%s (%.0fM parameters)" % (name, params / 1e6))
+            continue
+        try:
+            torch.fx.symbolic_trace(m)
+        except Exception as e:  # noqa: BLE001 (whatever the tracer raises)
+            untraceable.append("%s (%s)" % (name, str(e).splitlines()[0][:80]))
+            print("untraceable %s: %s" % (name, str(e).splitlines()[0][:200]), flush=True)
+            continue
+        s = SWEEP_SIZE.get(name, 64)
+        x = torch.randn(1, 3, s, s)
+        with torch.no_grad():
+            want = m(x)
+        ok = True
+        for device in devices:
+            try:
+                f = tb_fx.compile(m, [x], device=device, strict=True)
+                err = rel_err(f(x), want)
+                ok = check(err <= 1e-5, "%s (1x3x%dx%d) on %s: error / output scale %.1e" %
+                           (name, s, s, device, err)) and ok
+            except tb_fx.Error as e:
+                ok = check(False, "%s (1x3x%dx%d) on %s: %s" % (name, s, s, device,
+                                                               str(e)[:300])) and ok
+        traced.append((name, ok))
+    good = [n for n, ok in traced if ok]
+    print("sweep: %d torchvision classification models; %d traced by torch.fx, %d of them "
+          "match PyTorch on %s with no graph break; not traceable: %s; not run (over %.0fM "
+          "parameters): %s" % (len(names), len(traced), len(good), ", ".join(devices),
+                               ", ".join(untraceable) or "none", max_params / 1e6,
+                               ", ".join(big) or "none"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--devices", default="cpu,native,opencl")
+    ap.add_argument("--all", action="store_true",
+                    help="instead of the checks: every torchvision classification model")
+    ap.add_argument("--only", default="", help="with --all: these models (comma-separated)")
+    ap.add_argument("--max-params", type=float, default=150e6,
+                    help="with --all: models with more parameters are listed, not run")
     a = ap.parse_args()
     torch.manual_seed(0)
     devices = []
@@ -231,6 +367,10 @@ def main():
             devices.append(d + ":0")
         except tb_fx.Error as e:
             print("skipped device %s: %s" % (d, e))
+    if a.all:
+        sweep(devices, a.only, a.max_params)
+        print("%d passed, %d failed" % (RESULTS["passed"], RESULTS["failed"]))
+        return 1 if RESULTS["failed"] else 0
     size = 32 if a.quick else 64
     models = [("resnet18", size), ("mobilenet_v2", size), ("squeezenet1_0", 64),
               ("vgg11", 32), ("alexnet", 64)]
@@ -244,6 +384,7 @@ def main():
         run_case("functions and methods", Small().eval(), [torch.randn(4, 6), torch.randn(4, 6)],
                  device)
         fallback(device)
+        transformer(device)
         training(device)
         errors(device)
     print("%d passed, %d failed" % (RESULTS["passed"], RESULTS["failed"]))

@@ -14,7 +14,11 @@ Usage: /usr/bin/python3 tools/export_model.py MODEL OUT.safetensors [--batch N] 
               matters); --time REPS: also time PyTorch's forward (median of REPS, after one
               warm-up) and store it as metadata "torch_ms"; --threads T: PyTorch's threads
               (default: the CPUs online); --time-only: time it (REPS of --time, default 5),
-              print "torch_ms X" and write nothing (OUT is not touched).
+              print "torch_ms X" and write nothing (OUT is not touched); --tb-fx DEVICE:
+              also run the model through tools/tb_fx.py on DEVICE (e.g. native:0), check its
+              output against PyTorch's and print "tb_fx_ms X first_s Y error Z" (the median
+              of the REPS of --time cached calls, the first call with its compile, the error
+              relative to the output's scale).
 Writes the tensors in f32 and the metadata "model", "batch", "size", "seed". Standard
 library and torch only; exit status 2 when torch or torchvision cannot be imported.
 """
@@ -54,6 +58,24 @@ def make(name, batch, size):
     return model, torch.rand(batch, 3, size, size)
 
 
+def tb_fx_time(model, x, want, device, reps):
+    """The model through tools/tb_fx.py on `device`: prints its times and error."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import tb_fx
+    t0 = time.perf_counter()
+    f = tb_fx.compile(model, [x], device=device, strict=True)
+    got = f(x)
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f(x)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    err = ((got - want).abs().max() / want.abs().max()).item()
+    print("tb_fx_ms %.3f first_s %.3f error %.1e" % (1e3 * times[len(times) // 2], first, err))
+
+
 def save(path, tensors, meta):
     """safetensors: an 8-byte little-endian header length, the JSON header, the data."""
     header, blobs, offset = {"__metadata__": meta}, [], 0
@@ -84,6 +106,7 @@ def main():
     ap.add_argument("--time", type=int, default=0)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--time-only", action="store_true")
+    ap.add_argument("--tb-fx", default="")
     a = ap.parse_args()
     if a.time_only and a.time <= 0:
         a.time = 5
@@ -104,6 +127,8 @@ def main():
             times = sorted(times[1:])
             meta["torch_ms"] = "%.3f" % (1e3 * times[len(times) // 2])
             meta["torch_threads"] = str(torch.get_num_threads())
+    if a.tb_fx:
+        tb_fx_time(model, x, y, a.tb_fx, max(a.time, 1))
     if a.time_only:
         print("torch_ms %s" % meta["torch_ms"])
         return

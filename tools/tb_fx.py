@@ -99,6 +99,10 @@ _SIGNATURES = {
     "tb_set_requires_grad": (ctypes.c_int, [_T, ctypes.c_bool]),
     "tb_grad": (ctypes.c_int, [_T, _T, ctypes.POINTER(_T), ctypes.c_size_t, ctypes.POINTER(_T)]),
     "tb_dropout": (_T, [_T, ctypes.c_double, ctypes.c_bool]),
+    "tb_ones": (_T, [ctypes.POINTER(_Shape), ctypes.POINTER(_Device)]),
+    "tb_slice": (_T, [_T, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]),
+    "tb_scaled_dot_product_attention": (_T, [_T, _T, _T, _T, ctypes.c_double, ctypes.c_bool,
+                                             ctypes.c_double]),
 }
 for _name in ("relu", "relu6", "sigmoid", "tanh", "gelu", "silu", "hardswish", "hardsigmoid",
               "neg", "exp", "sqrt"):
@@ -188,7 +192,14 @@ class _Graph:
         self.attrs = {}
         self.param_keys = []  # (module path, name) of every parameter and buffer the graph reads
         for node in self.nodes:
-            if node.op == "call_module":
+            if node.op == "call_module" and isinstance(self.modules[node.target], LEAVES):
+                # a module lowered whole: the tensors of its submodules too
+                for sub, m in self.modules[node.target].named_modules(prefix=node.target):
+                    for name, t in list(m.named_parameters(recurse=False)) + list(
+                            m.named_buffers(recurse=False)):
+                        if t.is_floating_point():
+                            self.param_keys.append((sub, name))
+            elif node.op == "call_module":
                 for name in ("weight", "bias", "running_mean", "running_var"):
                     if isinstance(getattr(self.modules[node.target], name, None), torch.Tensor):
                         self.param_keys.append((node.target, name))
@@ -283,7 +294,7 @@ class _Graph:
         if node.op == "call_module":
             return type(self.modules[node.target]) in MODULES
         if node.op == "call_function":
-            return node.target in FUNCTIONS
+            return _function(node.target) is not None
         if node.op == "call_method":
             return node.target in METHODS
         return False
@@ -344,7 +355,7 @@ class _Graph:
                         env[node.name] = MODULES[type(self.modules[node.target])](
                             self, node.target, self.modules[node.target], *args, **kwargs)
                     elif node.op == "call_function":
-                        env[node.name] = FUNCTIONS[node.target](*args, **kwargs)
+                        env[node.name] = _function(node.target)(*args, **kwargs)
                     else:
                         env[node.name] = METHODS[node.target](*args, **kwargs)
             result = _map_values(result, lambda v: kept.append(v) or v)
@@ -631,6 +642,21 @@ def dropout(x, p=0.5, training=False, inplace=False):
     return x.new(x.g.lib.tb_dropout(x.h, p, True), "tb_dropout")
 
 
+def stochastic_depth(x, p, mode, training=True):
+    """torchvision.ops.stochastic_depth: the identity in eval mode (or p 0); in training each
+    sample ("row") or the whole batch ("batch") kept with probability 1 - p and scaled by
+    1 / (1 - p), its mask the library's dropout of ones (its own random stream)."""
+    if mode not in ("row", "batch"):
+        raise Error("tb_fx: stochastic_depth mode %r is not lowered" % (mode,))
+    if not training or p == 0:
+        return x
+    dims = [x.shape[0] if mode == "row" else 1] + [1] * (len(x.shape) - 1)
+    shape = _Shape(DTYPES[x.dtype], len(dims), (ctypes.c_int64 * MAX_RANK)(*dims))
+    ones = x.new(x.g.lib.tb_ones(ctypes.byref(shape), ctypes.byref(x.g.device)), "tb_ones")
+    mask = ones.new(x.g.lib.tb_dropout(ones.h, p, True), "tb_dropout")
+    return mul(x, mask)
+
+
 def getattr_(x, name):
     if isinstance(x, Value) and name == "shape":
         return torch.Size(x.shape)
@@ -704,6 +730,102 @@ def _layer_norm(g, path, m, x):
                                      g.param(path, "bias"), m.eps), "tb_layer_norm (%s)" % path)
 
 
+def _activation(a, path):
+    """A transformer layer's activation (a function, a module or its name) as a lowering."""
+    name = a if isinstance(a, str) else getattr(a, "__name__", type(a).__name__).lower()
+    if name not in ("relu", "gelu"):
+        raise Error("tb_fx: %s: activation %r is not lowered" % (path, a))
+    return _unary(name)
+
+
+def _attention(g, path, m, q, k, v, key_padding_mask=None, need_weights=True, attn_mask=None,
+               average_attn_weights=True, is_causal=False):
+    """nn.MultiheadAttention (one in_proj, batch_first or not): the projections as linears,
+    the heads as a dim, the attention as the library's scaled dot-product attention (need_weights
+    False) or as softmax(q k^T / sqrt(d) + mask) and its matmul (the weights returned, averaged
+    over the heads or not). Masks: an additive float or a bool attn_mask of [L, S] or
+    [N * H, L, S]; key_padding_mask is not lowered."""
+    if m.in_proj_weight is None or m.bias_k is not None or m.add_zero_attn:
+        raise Error("tb_fx: %s: multi-head attention with separate projections, bias_k or "
+                    "add_zero_attn is not lowered" % path)
+    if key_padding_mask is not None:
+        raise Error("tb_fx: %s: key_padding_mask is not lowered" % path)
+    if not m.batch_first:
+        q, k, v = (transpose(t, 0, 1) for t in (q, k, v))
+    e, h = m.embed_dim, m.num_heads
+    w, b = g.param(path, "in_proj_weight"), g.param(path, "in_proj_bias")
+    if q is k and k is v:  # self-attention: one projection, cut in three
+        qkv = q.new(g.lib.tb_linear(q.h, w, b), "tb_linear (%s)" % path)
+        q, k, v = (qkv.new(g.lib.tb_slice(qkv.h, -1, i * e, (i + 1) * e, 1), "tb_slice")
+                   for i in range(3))
+    else:
+        ws = [q.new(g.lib.tb_slice(w, 0, i * e, (i + 1) * e, 1), "tb_slice") for i in range(3)]
+        bs = [q.new(g.lib.tb_slice(b, 0, i * e, (i + 1) * e, 1), "tb_slice") if b else None
+              for i in range(3)]
+        q, k, v = (t.new(g.lib.tb_linear(t.h, ws[i].h, bs[i].h if bs[i] else None),
+                         "tb_linear (%s)" % path) for i, t in enumerate((q, k, v)))
+
+    def heads(t):  # [N, L, E] -> [N, H, L, E / H]
+        return permute(reshape(t, t.shape[0], t.shape[1], h, e // h), 0, 2, 1, 3)
+
+    q, k, v = heads(q), heads(k), heads(v)
+    mask = None
+    if attn_mask is not None:
+        mask = attn_mask if attn_mask.dim() == 2 else reshape(
+            attn_mask, q.shape[0], h, attn_mask.shape[-2], attn_mask.shape[-1])
+    p = m.dropout if m.training else 0.0
+    weights = None
+    if need_weights:
+        scores = mul(matmul(q, transpose(k, -2, -1)), (e // h) ** -0.5)
+        if mask is not None and mask.dtype == torch.bool:
+            raise Error("tb_fx: %s: a bool attn_mask with need_weights=True is not lowered" %
+                        path)
+        weights = softmax(add(scores, mask) if mask is not None else scores, -1)
+        out = matmul(dropout(weights, p, m.training), v)
+        if average_attn_weights:
+            weights = _reduce("mean")(weights, 1)
+    else:
+        out = q.new(g.lib.tb_scaled_dot_product_attention(
+            q.h, k.h, v.h, mask.h if mask is not None else None, p, bool(is_causal), 0.0),
+            "tb_scaled_dot_product_attention (%s)" % path)
+    out = permute(out, 0, 2, 1, 3)
+    out = reshape(out, out.shape[0], out.shape[1], e)
+    out = out.new(g.lib.tb_linear(out.h, g.param(path + ".out_proj", "weight"),
+                                  g.param(path + ".out_proj", "bias")), "tb_linear (%s)" % path)
+    if not m.batch_first:
+        out = transpose(out, 0, 1)
+    return out, weights
+
+
+def _encoder_layer(g, path, m, x, src_mask=None, src_key_padding_mask=None, is_causal=False):
+    """nn.TransformerEncoderLayer (post-norm or norm_first), from its submodules."""
+    def sa(t):
+        y, _ = _attention(g, path + ".self_attn", m.self_attn, t, t, t, src_key_padding_mask,
+                          False, src_mask, True, is_causal)
+        return dropout(y, m.dropout1.p, m.training)
+
+    def ff(t):
+        t = _linear(g, path + ".linear1", m.linear1, t)
+        t = dropout(_activation(m.activation, path)(t), m.dropout.p, m.training)
+        return dropout(_linear(g, path + ".linear2", m.linear2, t), m.dropout2.p, m.training)
+
+    n1 = lambda t: _layer_norm(g, path + ".norm1", m.norm1, t)  # noqa: E731
+    n2 = lambda t: _layer_norm(g, path + ".norm2", m.norm2, t)  # noqa: E731
+    if m.norm_first:
+        x = add(x, sa(n1(x)))
+        return add(x, ff(n2(x)))
+    x = n1(add(x, sa(x)))
+    return n2(add(x, ff(x)))
+
+
+def _encoder(g, path, m, x, mask=None, src_key_padding_mask=None, is_causal=None):
+    """nn.TransformerEncoder: its layers in turn, then its norm."""
+    for i, layer in enumerate(m.layers):
+        x = _encoder_layer(g, "%s.layers.%d" % (path, i), layer, x, mask, src_key_padding_mask,
+                           bool(is_causal))
+    return _layer_norm(g, path + ".norm", m.norm, x) if m.norm is not None else x
+
+
 MODULES = {
     nn.Conv2d: _conv2d,
     nn.BatchNorm2d: _batch_norm,
@@ -728,7 +850,34 @@ MODULES = {
     nn.Dropout: lambda g, p, m, x: dropout(x, m.p, m.training),
     nn.Identity: lambda g, p, m, x: x,
     nn.Softmax: lambda g, p, m, x: softmax(x, m.dim),
+    nn.MultiheadAttention: _attention,
+    nn.TransformerEncoderLayer: _encoder_layer,
+    nn.TransformerEncoder: _encoder,
 }
+
+# modules traced as one node and lowered whole (their forward branches on tensor attributes,
+# which torch.fx cannot trace)
+LEAVES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
+
+
+class _Tracer(torch.fx.Tracer):
+    def is_leaf_module(self, m, qualname):
+        return isinstance(m, LEAVES) or super().is_leaf_module(m, qualname)
+
+
+def _trace(model, num_inputs):
+    """model as a GraphModule: torch.fx's symbolic tracing, the modules of LEAVES kept whole
+    (one of them as the model itself: a graph of one call of it, on num_inputs inputs)."""
+    if isinstance(model, LEAVES):
+        graph = torch.fx.Graph()
+        inputs = [graph.placeholder("input%d" % i) for i in range(num_inputs)]
+        graph.output(graph.call_module("model", tuple(inputs)))
+        holder = nn.Module()
+        holder.model = model
+        holder.train(model.training)
+        return torch.fx.GraphModule(holder, graph, type(model).__name__)
+    graph = _Tracer().trace(model)
+    return torch.fx.GraphModule(model, graph, type(model).__name__)
 
 FUNCTIONS = {
     operator.add: add, torch.add: add, operator.iadd: add,
@@ -748,6 +897,23 @@ FUNCTIONS = {
     F.avg_pool2d: avg_pool2d, F.dropout: dropout, F.softmax: softmax, torch.softmax: softmax,
     torch.mean: _reduce("mean"), torch.sum: _reduce("sum"),
 }
+
+# functions of other packages, by module and name (this module does not import them)
+FUNCTIONS_BY_NAME = {
+    "torchvision.ops.stochastic_depth.stochastic_depth": stochastic_depth,
+}
+
+
+def _function(target):
+    """The lowering of a call_function target, or None."""
+    try:
+        if target in FUNCTIONS:
+            return FUNCTIONS[target]
+    except TypeError:  # an unhashable target
+        return None
+    return FUNCTIONS_BY_NAME.get("%s.%s" % (getattr(target, "__module__", ""),
+                                            getattr(target, "__qualname__", "")))
+
 
 METHODS = {
     "view": reshape, "reshape": reshape, "flatten": flatten, "permute": permute,
@@ -814,7 +980,8 @@ class Compiled:
 def compile(model, example_inputs=(), device="opencl:0", strict=False):
     """model (an nn.Module or fx.GraphModule) as a callable that runs on the library's `device`
     ("opencl:0", "native:0", "cpu:0", ...); dynamo's CompilerFn signature."""
-    gm = model if isinstance(model, torch.fx.GraphModule) else torch.fx.symbolic_trace(model)
+    gm = (model if isinstance(model, torch.fx.GraphModule) else
+          _trace(model, len(list(example_inputs))))
     return Compiled(gm, list(example_inputs), device, strict)
 
 

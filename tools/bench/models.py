@@ -12,6 +12,10 @@ when the system's BLAS alternative is OpenBLAS, which the first line says):
                   beside the mean of two medians of PyTorch's (tools/export_model.py), one
                   taken before ours and one after; ours must match PyTorch's output within
                   1e-5 of its scale or the row fails.
+  fx_<M>          the same model, input and PyTorch run through tools/tb_fx.py (the module
+                  compiled by the library from PyTorch): its median cached call, inputs
+                  uploaded and outputs downloaded, beside PyTorch; the note (and the JSON's
+                  anchor) gives the C example's time and C / tb_fx.
   coldstart_<M>   the same model's first forward in a fresh process with empty caches (our
                   TB_CACHE_DIR and PoCL's POCL_CACHE_DIR new folders): the compile of its kernels
                   and one run; the note gives the cached forward, the time its batch norms
@@ -76,7 +80,7 @@ class Rows:
         print("%-22s %-7s %12s %12s %8s  %s" % ("case", "backend", "ours", "pytorch", "pt/ours",
                                               "note"))
 
-    def add(self, case, backend, ours, pytorch, unit, note, reps):
+    def add(self, case, backend, ours, pytorch, unit, note, reps, anchor=None):
         ratio = pytorch / ours if ours and pytorch else None
         show = (lambda v: "-" if v is None else
                 ("%.2f ms" % (v * 1e3) if unit == "ms" else "%.2f s" % v))
@@ -87,6 +91,9 @@ class Rows:
             row = dict.fromkeys(FIELDS)
             row.update(case=case, backend=backend, ours=ours, pytorch=pytorch,
                        ratio_pytorch=ratio, reps=reps, note=note)
+            if anchor is not None:
+                row.update(anchor_name=anchor[0], anchor=anchor[1],
+                           ratio_anchor=anchor[1] / ours if ours else None)
             with open(self.json_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
@@ -148,6 +155,28 @@ def model_rows(rows, work, binary, model, batch, size, reps, backends, nthreads)
         note = "error/scale %s; PyTorch %.2f and %s ms" % (
             r["error"], r["torch"] * 1e3, "-" if again is None else "%.2f" % again)
         rows.add("models_" + model, b, r["cached"], pt, "ms", note, reps)
+    for b, r in results.items():
+        # the same model and input through tools/tb_fx.py (PyTorch's module compiled by the
+        # library), beside the C example's cached forward
+        with fresh_caches() as env:
+            env.update(TORCH_ENV)
+            rc, so, se = run(["/usr/bin/python3", "tools/export_model.py", model, os.devnull,
+                              "--batch", str(batch), "--size", str(size), "--time", str(reps),
+                              "--threads", str(nthreads), "--time-only", "--tb-fx", b + ":0"],
+                             env)
+        m = re.search(r"tb_fx_ms ([0-9.]+) first_s ([0-9.]+) error (\S+)", so)
+        if rc != 0 or m is None:
+            rows.fail("fx_%s on %s: tools/export_model.py --tb-fx: %s" % (
+                model, b, (se or so).strip()[-400:]))
+            continue
+        fx, err = float(m.group(1)) / 1e3, float(m.group(3))
+        if err > 1e-5:
+            rows.fail("fx_%s on %s: error / output scale %.1e" % (model, b, err))
+        pt = r["torch"] if again is None else (r["torch"] + again / 1e3) / 2
+        rows.add("fx_" + model, b, fx, pt, "ms",
+                 "through tools/tb_fx.py: error/scale %.1e; the C example %.2f ms, C / tb_fx "
+                 "%.2f" % (err, r["cached"] * 1e3, r["cached"] / fx), reps,
+                 ("examples/models.c", r["cached"]))
     for b, r in results.items():
         note = ("cached forward %.2f ms; batch norms folded in %.2f s; %d kernels, %d distinct "
                 "(each compiled once), %d launched per cached forward" % (
