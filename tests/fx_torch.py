@@ -62,6 +62,25 @@ class Small(nn.Module):
         return F.relu6(s * 3.0), torch.sigmoid(h).sum(1)
 
 
+class Indexing(nn.Module):
+    """Shapes unpacked, sizes computed, chunk, einsum, a gather by an index tensor, basic
+    indexing, unsqueeze, expand and swapaxes."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(10, 3))
+        self.register_buffer("index", torch.tensor([[1, 4], [9, 0]]))
+
+    def forward(self, x, y):
+        n, c, length = x.shape
+        torch._assert(c % 2 == 0, "an even number of channels")
+        a, b = x.chunk(2, dim=1)
+        e = torch.einsum("n c l, n d l -> n c d", a, b) / (length // 2)
+        z = x[:, 0, 1:] - x[..., -1][:, None, 1]
+        u = torch.unsqueeze(z, 1).expand(n, 2, length - 1)
+        return e, self.table[self.index], u, torch.swapaxes(y, 1, 2)[None]
+
+
 class WithFallback(nn.Module):
     def forward(self, x):
         return torch.cumsum(torch.relu(x), dim=1) + 1.0
@@ -316,12 +335,16 @@ def sweep(devices, only, max_params):
     for name in names:
         torch.manual_seed(1)
         m = getattr(torchvision.models, name)().eval()
+        with torch.no_grad():  # weights initialised to zeros (ViT's head) would hide errors
+            for p in m.parameters():
+                if p.dim() >= 2 and not p.any():
+                    p.normal_(0, 0.02)
         params = sum(p.numel() for p in m.parameters())
         if params > max_params:
             big.append("%s (%.0fM parameters)" % (name, params / 1e6))
             continue
         try:
-            torch.fx.symbolic_trace(m)
+            tb_fx._trace(m, 1)
         except Exception as e:  # noqa: BLE001 (whatever the tracer raises)
             untraceable.append("%s (%s)" % (name, str(e).splitlines()[0][:80]))
             print("untraceable %s: %s" % (name, str(e).splitlines()[0][:200]), flush=True)
@@ -383,6 +406,8 @@ def main():
             run_case("%s (batch 2, %dx%d)" % (name, s, s), m, [torch.randn(2, 3, s, s)], device)
         run_case("functions and methods", Small().eval(), [torch.randn(4, 6), torch.randn(4, 6)],
                  device)
+        run_case("shapes, indexing, chunk and einsum", Indexing().eval(),
+                 [torch.randn(3, 4, 5), torch.randn(2, 3, 4)], device)
         fallback(device)
         transformer(device)
         training(device)

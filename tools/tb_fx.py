@@ -26,7 +26,9 @@ C compiler of $CC, else cc) and kept under $XDG_CACHE_HOME/torch_backend (else
 Standard library, torch and ctypes only.
 """
 import ctypes
+import dis
 import hashlib
+import inspect
 import operator
 import os
 import shlex
@@ -100,6 +102,9 @@ _SIGNATURES = {
     "tb_grad": (ctypes.c_int, [_T, _T, ctypes.POINTER(_T), ctypes.c_size_t, ctypes.POINTER(_T)]),
     "tb_dropout": (_T, [_T, ctypes.c_double, ctypes.c_bool]),
     "tb_ones": (_T, [ctypes.POINTER(_Shape), ctypes.POINTER(_Device)]),
+    "tb_expand": (_T, [_T, _I64P, ctypes.c_int32]),
+    "tb_squeeze": (_T, [_T, ctypes.c_int32]),
+    "tb_index_select": (_T, [_T, ctypes.c_int32, _T]),
     "tb_slice": (_T, [_T, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]),
     "tb_scaled_dot_product_attention": (_T, [_T, _T, _T, _T, ctypes.c_double, ctypes.c_bool,
                                              ctypes.c_double]),
@@ -472,6 +477,48 @@ class Value:
     def dim(self):
         return len(self.shape)
 
+    def __getitem__(self, index):
+        """Basic indexing: integers, slices (positive steps), None and Ellipsis."""
+        index = index if isinstance(index, tuple) else (index,)
+        if any(i is Ellipsis for i in index):
+            at = index.index(Ellipsis)
+            fill = len(self.shape) - sum(1 for i in index if i is not None and i is not Ellipsis)
+            index = index[:at] + (slice(None),) * fill + index[at + 1:]
+        out, dim, lib = self, 0, self.g.lib
+        for item in index:
+            if item is None:
+                shape = list(out.shape)
+                shape.insert(dim, 1)
+                out = reshape(out, shape)
+                dim += 1
+            elif isinstance(item, int):
+                n = out.shape[dim]
+                i = item + n if item < 0 else item
+                if not 0 <= i < n:
+                    raise Error("tb_fx: index %d is out of range for a dim of %d" % (item, n))
+                out = out.new(lib.tb_slice(out.h, dim, i, i + 1, 1), "tb_slice")
+                out = out.new(lib.tb_squeeze(out.h, dim), "tb_squeeze")
+            elif isinstance(item, slice):
+                start, stop, step = item.indices(out.shape[dim])
+                if step <= 0:
+                    raise Error("tb_fx: a slice with step %d is not lowered" % step)
+                if (start, stop, step) != (0, out.shape[dim], 1):
+                    out = out.new(lib.tb_slice(out.h, dim, start, max(stop, start), step),
+                                  "tb_slice")
+                dim += 1
+            elif isinstance(item, Value) and item.dtype in (torch.int32, torch.int64) and sum(
+                    isinstance(i, Value) for i in index) == 1:
+                # one tensor of indices: a gather along dim, its shape in the dim's place
+                flat = reshape(item, [-1])
+                picked = out.new(lib.tb_index_select(out.h, dim, flat.h), "tb_index_select")
+                out = reshape(picked, list(out.shape[:dim]) + list(item.shape) +
+                              list(out.shape[dim + 1:]))
+                dim += len(item.shape)
+            else:
+                raise Error("tb_fx: indexing with %s is not lowered" % (
+                    "several tensors" if isinstance(item, Value) else type(item).__name__))
+        return out
+
     def size(self, d=None):
         return torch.Size(self.shape) if d is None else self.shape[d]
 
@@ -519,7 +566,12 @@ def _unary(name):
 
 
 def _binary(name, scalar_op):
+    numbers = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+               "div": operator.truediv}[name]
+
     def op(a, b, *, alpha=None):
+        if not isinstance(a, Value) and not isinstance(b, Value):  # sizes, not tensors
+            return numbers(a, b if alpha is None else b * alpha)
         lib = (a if isinstance(a, Value) else b).g.lib
         if alpha is not None and alpha != 1:
             b = b * alpha if not isinstance(b, Value) else b.new(lib.tb_mul_scalar(b.h, alpha))
@@ -738,8 +790,8 @@ def _activation(a, path):
     return _unary(name)
 
 
-def _attention(g, path, m, q, k, v, key_padding_mask=None, need_weights=True, attn_mask=None,
-               average_attn_weights=True, is_causal=False):
+def _attention(g, path, m, query, key, value, key_padding_mask=None, need_weights=True,
+               attn_mask=None, average_attn_weights=True, is_causal=False):
     """nn.MultiheadAttention (one in_proj, batch_first or not): the projections as linears,
     the heads as a dim, the attention as the library's scaled dot-product attention (need_weights
     False) or as softmax(q k^T / sqrt(d) + mask) and its matmul (the weights returned, averaged
@@ -750,6 +802,7 @@ def _attention(g, path, m, q, k, v, key_padding_mask=None, need_weights=True, at
                     "add_zero_attn is not lowered" % path)
     if key_padding_mask is not None:
         raise Error("tb_fx: %s: key_padding_mask is not lowered" % path)
+    q, k, v = query, key, value
     if not m.batch_first:
         q, k, v = (transpose(t, 0, 1) for t in (q, k, v))
     e, h = m.embed_dim, m.num_heads
@@ -860,9 +913,39 @@ MODULES = {
 LEAVES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
 
 
+def _unpacked(frame):
+    """How many values the instruction `frame` is executing unpacks (UNPACK_SEQUENCE), or None.
+    Found by the instruction's offset: torch.fx's own lookup (f_lasti // 2 as an index into
+    the instructions) misses on Python >= 3.11, where instructions carry inline caches."""
+    for inst in dis.get_instructions(frame.f_code):
+        if inst.offset == frame.f_lasti:
+            return inst.argval if inst.opname == "UNPACK_SEQUENCE" else None
+    return None
+
+
+class _Proxy(torch.fx.Proxy):
+    """fx's Proxy whose unpacking (`n, c, h, w = x.shape`) works on every Python."""
+
+    def __iter__(self):
+        n = _unpacked(inspect.currentframe().f_back)
+        if n is None:
+            return self.tracer.iter(self)
+        return (self[i] for i in range(n))
+
+    def __getattr__(self, k):
+        return _Attribute(self, k)
+
+
+class _Attribute(torch.fx.proxy.Attribute, _Proxy):
+    pass
+
+
 class _Tracer(torch.fx.Tracer):
     def is_leaf_module(self, m, qualname):
         return isinstance(m, LEAVES) or super().is_leaf_module(m, qualname)
+
+    def proxy(self, node):
+        return _Proxy(node, self)
 
 
 def _trace(model, num_inputs):
@@ -898,6 +981,98 @@ FUNCTIONS = {
     torch.mean: _reduce("mean"), torch.sum: _reduce("sum"),
 }
 
+def chunk(x, chunks, dim=0):
+    """torch.chunk: pieces of ceil(size / chunks) along dim (the last may be smaller)."""
+    n = x.shape[dim]
+    step = -(-n // chunks)
+    return tuple(x.new(x.g.lib.tb_slice(x.h, dim, i, min(i + step, n), 1), "tb_slice")
+                 for i in range(0, n, step))
+
+
+def expand(x, *dims):
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list, torch.Size)):
+        dims = tuple(dims[0])
+    return x.new(x.g.lib.tb_expand(x.h, _ints(dims), len(dims)), "tb_expand")
+
+
+def unsqueeze(x, dim):
+    shape = list(x.shape)
+    shape.insert(dim if dim >= 0 else len(shape) + 1 + dim, 1)
+    return reshape(x, shape)
+
+
+def einsum(equation, *operands):
+    """torch.einsum of one or two operands (no ellipsis, no repeated letter in one operand):
+    letters only in one operand and not in the output summed first, then one batched matmul
+    (batch letters: in both and the output; contracted: in both, not the output) and a
+    permute to the output's order."""
+    if len(operands) == 1 and isinstance(operands[0], (tuple, list)):
+        operands = tuple(operands[0])
+    eq = equation.replace(" ", "")
+    if "->" not in eq or "." in eq or not 1 <= len(operands) <= 2:
+        raise Error("tb_fx: einsum %r is not lowered (one or two operands, an explicit "
+                    "output, no ellipsis)" % equation)
+    ins, out = eq.split("->")
+    ins = ins.split(",")
+    if any(len(set(t)) != len(t) for t in ins) or len(ins) != len(operands):
+        raise Error("tb_fx: einsum %r is not lowered" % equation)
+    ops = list(operands)
+    for i, t in enumerate(ins):  # letters nobody else has: summed away
+        other = "".join(ins[:i] + ins[i + 1:]) + out
+        gone = [d for d, c in enumerate(t) if c not in other]
+        if gone:
+            ops[i] = _reduce("sum")(ops[i], gone)
+            ins[i] = "".join(c for c in t if c in other)
+    if len(ops) == 1:
+        return permute(ops[0], [ins[0].index(c) for c in out])
+    (a, b), (ta, tb) = ops, ins
+    batch = [c for c in ta if c in tb and c in out]
+    contr = [c for c in ta if c in tb and c not in out]
+    left = [c for c in ta if c not in tb]
+    right = [c for c in tb if c not in ta]
+    size = dict(zip(ta, a.shape))
+    size.update(zip(tb, b.shape))
+
+    def prod(cs):
+        n = 1
+        for c in cs:
+            n *= size[c]
+        return n
+
+    a = reshape(permute(a, [ta.index(c) for c in batch + left + contr]),
+                prod(batch), prod(left), prod(contr))
+    b = reshape(permute(b, [tb.index(c) for c in batch + contr + right]),
+                prod(batch), prod(contr), prod(right))
+    y = reshape(matmul(a, b), [size[c] for c in batch + left + right])
+    order = batch + left + right
+    return permute(y, [order.index(c) for c in out])
+
+
+def _on_numbers(op):
+    """A Python operator on the numbers and shapes a graph computes (sizes, indices), not on
+    tensors."""
+    def run(*args):
+        if any(isinstance(a, Value) for a in args):
+            raise Error("tb_fx: %s of a tensor is not lowered" % _target_name(op))
+        return op(*args)
+    return run
+
+
+def _assert(condition, message=""):
+    """torch._assert on what the graph knows at the call (sizes)."""
+    if isinstance(condition, Value):
+        raise Error("tb_fx: torch._assert on a tensor is not lowered")
+    if not condition:
+        raise Error("tb_fx: the model's assertion failed: %s" % message)
+
+
+for _op in (operator.floordiv, operator.mod, operator.eq, operator.ne, operator.lt,
+            operator.le, operator.gt, operator.ge, operator.neg):
+    FUNCTIONS.setdefault(_op, _on_numbers(_op))
+FUNCTIONS[torch._assert] = _assert
+FUNCTIONS.update({torch.chunk: chunk, torch.einsum: einsum, torch.unsqueeze: unsqueeze,
+                  torch.swapaxes: transpose})
+
 # functions of other packages, by module and name (this module does not import them)
 FUNCTIONS_BY_NAME = {
     "torchvision.ops.stochastic_depth.stochastic_depth": stochastic_depth,
@@ -916,6 +1091,7 @@ def _function(target):
 
 
 METHODS = {
+    "chunk": chunk, "expand": expand, "unsqueeze": unsqueeze, "swapaxes": transpose,
     "view": reshape, "reshape": reshape, "flatten": flatten, "permute": permute,
     "transpose": transpose, "contiguous": identity, "size": lambda x, d=None: x.size(d),
     "dim": lambda x: x.dim(), "mean": _reduce("mean"), "sum": _reduce("sum"),
