@@ -20867,6 +20867,10 @@ typedef struct tb__cg {
        float), -1 if none; a store of v<rounded> stores v<unrounded> (the store rounds too) */
     int32_t rounded, unrounded;
     tb_dtype rounded_dtype;
+    /* where set, the next read of a buffer also leaves its slot and flat index here (a matmul
+       reading B in place takes the address of a row from it) */
+    char *capture;
+    int32_t capture_slot;
 } tb__cg;
 
 /* the C type of a dtype; of an accumulator dtype chosen by the planner (integers wrap:
@@ -22447,15 +22451,85 @@ static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
     return a;
 }
 
-/* Chooses each matmul's kernel and puts the pack kernels in front of those that pack (B's, and
-   A's unless the matmul reads A in place). */
+/* The dim of x that dim d of view node n reads, with the step it takes there per step of d
+   (*coef multiplied by it); -1 where d does not stay one strided dim of x (a reshape, unless it
+   keeps the last dim or reads a buffer at its flat index; a flip of d; a broadcast of d). */
+static int32_t tb__plan_view_dim(const tb__pgraph *G, int32_t node, int32_t d, int64_t *coef) {
+    const tb_node *n = G->info[node].node;
+    int32_t x = tb__plan_operand(G, node, 0);
+    const tb_shape *ns = &n->shape, *xs = tb__plan_shape(G, x);
+    int32_t nsp, lead, off;
+    switch (n->op) {
+    case TB_OP_RESHAPE:
+        if (d != ns->rank - 1) return -1;
+        /* a buffer is read at the flat index (stride 1 for the last dim of any shape) */
+        if (G->info[x].root) return xs->rank - 1;
+        return xs->dims[xs->rank - 1] == ns->dims[d] ? xs->rank - 1 : -1;
+    case TB_OP_PERMUTE:
+        return (int32_t)n->attrs[d];
+    case TB_OP_SLICE:
+        if (n->attrs[0] == d) *coef *= n->attrs[3];
+        return d;
+    case TB_OP_WINDOW:
+        nsp = (int32_t)n->attrs[0];
+        if (n->num_attrs != 1 + 4 * (size_t)nsp) return -1; /* the diagonal form */
+        lead = xs->rank - nsp;
+        if (d < lead) return d;
+        if (d < lead + nsp) {
+            *coef *= n->attrs[3 + 4 * (d - lead)];
+            return d;
+        }
+        *coef *= n->attrs[4 + 4 * (d - lead - nsp)];
+        return d - nsp;
+    case TB_OP_FLIP:
+        return ((uint64_t)n->attrs[0] >> d) & 1u ? -1 : d;
+    case TB_OP_EXPAND:
+        off = ns->rank - xs->rank;
+        return d - off >= 0 && xs->dims[d - off] != 1 ? d - off : -1;
+    default:
+        return -1;
+    }
+}
+
+/* The node whose buffer a packed matmul reads B from in place, or -1 (B is packed): B is views
+   (reshape, permute, slice, window, flip, expand: index arithmetic) of the whole output of
+   another kernel in the dtype the matmul computes in, along which B's last dim (the matmul's
+   columns) stays the buffer's last dim at stride 1, so that each depth row of a panel is one
+   contiguous run of that buffer, read from one address per step of K, and the views include
+   a window (B's rows overlap: each element of the buffer is in several of them). A
+   convolution over whole padded rows is such a B: its pack copied runs of the padded input,
+   a pass over K times the input through memory on every run, where reading the rows in place
+   reads the input from the caches. A B without a window is packed: its panel is the size of
+   the buffer, and reading rows one stride apart (a power of two, often) from a wide matrix
+   thrashes the cache sets. A parameter's panels are kept by the backends while its buffer
+   holds, so parameters are still packed; GPUs stage tiles instead. */
+static int32_t tb__plan_mm_b_buffer(const tb__pgraph *G, int32_t core) {
+    int32_t x = tb__plan_operand(G, core, 1), d = tb__plan_shape(G, x)->rank - 1;
+    tb_dtype od = tb__plan_shape(G, core)->dtype;
+    int64_t coef = 1;
+    bool window = false;
+    if (tb__plan_pack_dtype(od) != od) return -1;
+    while (!G->info[x].root && G->info[x].param < 0 && d >= 0) {
+        window = window || G->info[x].node->op == TB_OP_WINDOW;
+        d = tb__plan_view_dim(G, x, d, &coef);
+        x = tb__plan_operand(G, x, 0);
+    }
+    if (d < 0 || !window || !G->info[x].root || G->info[x].param >= 0 || coef != 1 ||
+        d != tb__plan_shape(G, x)->rank - 1 || tb__plan_shape(G, x)->dtype != od)
+        return -1;
+    return x;
+}
+
+/* Chooses each matmul's kernel and puts the pack kernels in front of those that pack (A's
+   unless the matmul reads A in place, B's unless it reads B in place). */
 static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
     tb__plan *p = G->plan;
     size_t i, j;
     for (i = 0; i < p->num_kernels; i++) {
         tb__plan_kernel *k = &p->kernels[i];
-        tb_status st;
+        tb_status st = TB_OK;
         size_t packs;
+        bool pack_a;
         if (k->kind != TB__K_MATMUL) continue;
         if (G->target->tuning->mm_kind == TB__MM_TILES) {
             k->mm = TB__MM_TILES;
@@ -22463,12 +22537,13 @@ static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
         }
         k->mm = TB__MM_REGISTERS;
         if (!tb__plan_mm_packs(G, k->core)) continue;
-        packs = tb__plan_mm_a_buffer(G, k->core) >= 0 ? 1 : 2;
-        st = tb__plan_insert_kernels(G, i, packs);
-        if (st != TB_OK) return st;
+        pack_a = tb__plan_mm_a_buffer(G, k->core) < 0;
+        packs = (size_t)pack_a + (tb__plan_mm_b_buffer(G, k->core) < 0);
+        if (packs > 0) st = tb__plan_insert_kernels(G, i, packs);
+        if (packs > 0 && st != TB_OK) return st;
         for (j = 0; j < packs; j++) {
             tb__plan_kernel *pk = &p->kernels[i + j];
-            pk->kind = j + 1 < packs ? TB__K_PACK_A : TB__K_PACK_B;
+            pk->kind = j == 0 && pack_a ? TB__K_PACK_A : TB__K_PACK_B;
             pk->root = p->kernels[i + packs].root;
             pk->core = p->kernels[i + packs].core;
             pk->owner = (int32_t)(i + packs);
@@ -22662,7 +22737,8 @@ static tb_status tb__plan_kernel_args(tb__pgraph *G, size_t ki, int32_t *stamp, 
         st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->partial_slot);
     if (st == TB_OK && k->kind == TB__K_MATMUL && k->mm == TB__MM_PACKED) {
         if (k->pack_slot[0] >= 0) st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->pack_slot[0]);
-        if (st == TB_OK) st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->pack_slot[1]);
+        if (st == TB_OK && k->pack_slot[1] >= 0)
+            st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->pack_slot[1]);
     }
     stack[sp++] = start;
     stamp[start] = mark;
@@ -22685,11 +22761,14 @@ static tb_status tb__plan_kernel_args(tb__pgraph *G, size_t ki, int32_t *stamp, 
             continue;
         }
         if (n == k->core && !tb__plan_reads_core_operands(k)) {
-            /* a packed matmul without A's panels reads A itself */
-            int32_t a = tb__plan_operand(G, n, 0);
-            if (k->kind == TB__K_MATMUL && k->pack_slot[0] < 0 && stamp[a] != mark) {
-                stamp[a] = mark;
-                stack[sp++] = a;
+            /* a packed matmul without A's (B's) panels reads A (B) itself */
+            int32_t side;
+            for (side = 1; side >= 0 && k->kind == TB__K_MATMUL; side--) {
+                int32_t x = tb__plan_operand(G, n, side);
+                if (k->pack_slot[side] < 0 && stamp[x] != mark) {
+                    stamp[x] = mark;
+                    stack[sp++] = x;
+                }
             }
             continue;
         }
@@ -24979,6 +25058,11 @@ static int32_t tb__cg_read_slot(tb__cg *g, int32_t slot, tb_dtype dtype, int32_t
     if (!tb__cg_arg(g, TB__ARG_BUF, slot)) return -1;
     if (!tb__ix_need_flat(&g->ix, pos)) return -1;
     tb__lf_text(&g->ix.pos[pos].flat, text, sizeof text);
+    if (g->capture != NULL) {
+        memcpy(g->capture, text, sizeof text);
+        g->capture_slot = slot;
+        g->capture = NULL;
+    }
     v = tb__cg_new_val(g, dtype);
     if (v < 0) return -1;
     if (dtype == TB_F16) {
@@ -26614,6 +26698,68 @@ static void tb__cg_matmul_a_offset(tb__cg *g, const tb__plan_kernel *k, int32_t 
     }
 }
 
+/* A packed matmul's loop over the depth, accumulating into accv<i>_<j> (declared before it):
+   B from its panel at bp (in_place 0), or read in place (1: the block's columns all within
+   B's `len`, each step of K one row of B from one address; 2: the last panel, its columns
+   past `len` read as zeros) at the column of the variable `lane`; A from its panels or itself
+   at ap. */
+static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                int32_t lane, int in_place, int rm, int nb, int rw, bool panels_a) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    const char *t = tb__cg_ctype(cs->dtype);
+    int64_t za[6];
+    char head[160], tv[16], flat[TB__LF_TEXT];
+    int32_t ik;
+    int i, j;
+    tb__plan_pack_sizes(g->G, k->core, true, za);
+    snprintf(tv, sizeof tv, "%s%d", t, rw);
+    ik = tb__ix_new_var(&g->ix, 0, za[3] - 1);
+    if (ik < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)ik, (int)ik,
+             (long long)za[3], (int)ik);
+    tb__ix_open(&g->ix, head);
+    if (in_place == 0) {
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "const %s bv%d = vload%d(i%d * %d + %d, bp);", tv, j, rw, (int)ik,
+                        nb, j);
+    } else {
+        /* the address of B's row: the flat index its first column is read at */
+        flat[0] = '\0';
+        g->capture = flat;
+        g->capture_slot = -1;
+        if (tb__cg_matmul_operand(g, k, 1, bdims, ik, lane) < 0) return false;
+        g->capture = NULL;
+        if (g->capture_slot < 0) {
+            tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
+                                          "codegen: %s reads B in place but "
+                                          "no buffer",
+                                          k->name));
+            return false;
+        }
+        tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s);", g->d->global, t, (int)g->capture_slot,
+                    flat);
+        if (in_place == 2) {
+            tb__ix_line(&g->ix, "%s bt[%d];", t, nb * rw);
+            tb__ix_line(&g->ix,
+                        "for (long l = 0; l < %dL; l++) bt[l] = i%d + l < %lldL ? br[l] : 0;",
+                        nb * rw, (int)lane, (long long)tb__plan_mm_of(g->G, k->core).n);
+        }
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "const %s bv%d = vload%d(%d, %s);", tv, j, rw, j,
+                        in_place == 2 ? "bt" : "br");
+    }
+    tb__ix_line(&g->ix, "%sconst %s *ak = ap + i%d * %d;", g->d->global, t, (int)ik,
+                panels_a ? rm : 1);
+    for (i = 0; i < rm; i++) {
+        tb__ix_line(&g->ix, "const %s am%d = ak[%lld];", t, i,
+                    (long long)(panels_a ? i : i * za[3]));
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "accv%d_%d += am%d * bv%d;", i, j, i, j);
+    }
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
 /* Matmul from the panels of the pack kernels before it: each work item an rm x width block of
    the output, rows of `width` lanes held as nb registers of the device's width (its row vectors'
    lanes: f64 half as many) each; the inner loop reads nb vectors of B and rm values of A per
@@ -26641,7 +26787,8 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     if (rw < 2 || rw > vw || vw % rw != 0) rw = vw;
     nb = vw / rw;
     snprintf(tv, sizeof tv, "%s%d", t, rw);
-    if (!tb__cg_arg(g, TB__ARG_BUF, a_slot) || !tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[1]))
+    if (!tb__cg_arg(g, TB__ARG_BUF, a_slot) ||
+        (k->pack_slot[1] >= 0 && !tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[1])))
         return g->ix.status;
     ib = tb__ix_new_var(&g->ix, 0, za[0] - 1);
     if (ib < 0) return g->ix.status;
@@ -26670,28 +26817,34 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (%s) + row0 * %lldL;", g->d->global, t,
                     (int)a_slot, off, (long long)K);
     }
-    tb__ix_line(&g->ix, "%sconst %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", g->d->global, t,
-                (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));
+    if (k->pack_slot[1] >= 0)
+        tb__ix_line(&g->ix, "%sconst %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", g->d->global, t,
+                    (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));
     snprintf(zero, sizeof zero, g->d->vec_zero, tv);
     for (i = 0; i < rm; i++)
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "%s accv%d_%d = %s;", tv, i, j, zero);
-    snprintf(head, sizeof head, "for (long kk = 0; kk < %lldL; kk++) ", (long long)K);
-    tb__ix_open(&g->ix, head);
-    for (j = 0; j < nb; j++)
-        tb__ix_line(&g->ix, "const %s bv%d = vload%d(kk * %d + %d, bp);", tv, j, rw, nb, j);
-    tb__ix_line(&g->ix, "%sconst %s *ak = ap + kk * %d;", g->d->global, t, panels_a ? rm : 1);
-    for (i = 0; i < rm; i++) {
-        tb__ix_line(&g->ix, "const %s am%d = ak[%lld];", t, i, (long long)(panels_a ? i : i * K));
-        for (j = 0; j < nb; j++)
-            tb__ix_line(&g->ix, "accv%d_%d += am%d * bv%d;", i, j, i, j);
+    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
+    if (k->pack_slot[1] >= 0) {
+        if (!tb__cg_matmul_depth(g, k, bdims, -1, 0, rm, nb, rw, panels_a)) return g->ix.status;
+    } else {
+        /* B in place: whole panels read rows of B; the last, partial one reads what is left */
+        int64_t n = tb__plan_mm_of(g->G, k->core).n;
+        int32_t lane = tb__ix_new_var(&g->ix, 0, n - 1);
+        if (lane < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "const long i%d = col0;", (int)lane);
+        snprintf(head, sizeof head, "if (col0 + %dL <= %lldL) ", vw, (long long)n);
+        tb__ix_open(&g->ix, head);
+        if (!tb__cg_matmul_depth(g, k, bdims, lane, 1, rm, nb, rw, panels_a)) return g->ix.status;
+        tb__ix_close(&g->ix, " else");
+        tb__ix_open(&g->ix, "");
+        if (!tb__cg_matmul_depth(g, k, bdims, lane, 2, rm, nb, rw, panels_a)) return g->ix.status;
+        tb__ix_close(&g->ix, "");
     }
-    tb__ix_close(&g->ix, "");
     tb__ix_line(&g->ix, "%s acc[%d][%d];", t, rm, vw);
     for (i = 0; i < rm; i++)
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "vstore%d(accv%d_%d, %d, acc[%d]);", rw, i, j, j, i);
-    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
     tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm, (int32_t)k->rn);
     return g->ix.status;
 }

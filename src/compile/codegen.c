@@ -304,6 +304,11 @@ static int32_t tb__cg_read_slot(tb__cg *g, int32_t slot, tb_dtype dtype, int32_t
     if (!tb__cg_arg(g, TB__ARG_BUF, slot)) return -1;
     if (!tb__ix_need_flat(&g->ix, pos)) return -1;
     tb__lf_text(&g->ix.pos[pos].flat, text, sizeof text);
+    if (g->capture != NULL) {
+        memcpy(g->capture, text, sizeof text);
+        g->capture_slot = slot;
+        g->capture = NULL;
+    }
     v = tb__cg_new_val(g, dtype);
     if (v < 0) return -1;
     if (dtype == TB_F16) {

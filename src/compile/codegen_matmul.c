@@ -457,6 +457,68 @@ static void tb__cg_matmul_a_offset(tb__cg *g, const tb__plan_kernel *k, int32_t 
     }
 }
 
+/* A packed matmul's loop over the depth, accumulating into accv<i>_<j> (declared before it):
+   B from its panel at bp (in_place 0), or read in place (1: the block's columns all within
+   B's `len`, each step of K one row of B from one address; 2: the last panel, its columns
+   past `len` read as zeros) at the column of the variable `lane`; A from its panels or itself
+   at ap. */
+static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                int32_t lane, int in_place, int rm, int nb, int rw, bool panels_a) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    const char *t = tb__cg_ctype(cs->dtype);
+    int64_t za[6];
+    char head[160], tv[16], flat[TB__LF_TEXT];
+    int32_t ik;
+    int i, j;
+    tb__plan_pack_sizes(g->G, k->core, true, za);
+    snprintf(tv, sizeof tv, "%s%d", t, rw);
+    ik = tb__ix_new_var(&g->ix, 0, za[3] - 1);
+    if (ik < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)ik, (int)ik,
+             (long long)za[3], (int)ik);
+    tb__ix_open(&g->ix, head);
+    if (in_place == 0) {
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "const %s bv%d = vload%d(i%d * %d + %d, bp);", tv, j, rw, (int)ik,
+                        nb, j);
+    } else {
+        /* the address of B's row: the flat index its first column is read at */
+        flat[0] = '\0';
+        g->capture = flat;
+        g->capture_slot = -1;
+        if (tb__cg_matmul_operand(g, k, 1, bdims, ik, lane) < 0) return false;
+        g->capture = NULL;
+        if (g->capture_slot < 0) {
+            tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
+                                          "codegen: %s reads B in place but "
+                                          "no buffer",
+                                          k->name));
+            return false;
+        }
+        tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s);", g->d->global, t, (int)g->capture_slot,
+                    flat);
+        if (in_place == 2) {
+            tb__ix_line(&g->ix, "%s bt[%d];", t, nb * rw);
+            tb__ix_line(&g->ix,
+                        "for (long l = 0; l < %dL; l++) bt[l] = i%d + l < %lldL ? br[l] : 0;",
+                        nb * rw, (int)lane, (long long)tb__plan_mm_of(g->G, k->core).n);
+        }
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "const %s bv%d = vload%d(%d, %s);", tv, j, rw, j,
+                        in_place == 2 ? "bt" : "br");
+    }
+    tb__ix_line(&g->ix, "%sconst %s *ak = ap + i%d * %d;", g->d->global, t, (int)ik,
+                panels_a ? rm : 1);
+    for (i = 0; i < rm; i++) {
+        tb__ix_line(&g->ix, "const %s am%d = ak[%lld];", t, i,
+                    (long long)(panels_a ? i : i * za[3]));
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "accv%d_%d += am%d * bv%d;", i, j, i, j);
+    }
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
 /* Matmul from the panels of the pack kernels before it: each work item an rm x width block of
    the output, rows of `width` lanes held as nb registers of the device's width (its row vectors'
    lanes: f64 half as many) each; the inner loop reads nb vectors of B and rm values of A per
@@ -484,7 +546,8 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     if (rw < 2 || rw > vw || vw % rw != 0) rw = vw;
     nb = vw / rw;
     snprintf(tv, sizeof tv, "%s%d", t, rw);
-    if (!tb__cg_arg(g, TB__ARG_BUF, a_slot) || !tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[1]))
+    if (!tb__cg_arg(g, TB__ARG_BUF, a_slot) ||
+        (k->pack_slot[1] >= 0 && !tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[1])))
         return g->ix.status;
     ib = tb__ix_new_var(&g->ix, 0, za[0] - 1);
     if (ib < 0) return g->ix.status;
@@ -513,28 +576,34 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (%s) + row0 * %lldL;", g->d->global, t,
                     (int)a_slot, off, (long long)K);
     }
-    tb__ix_line(&g->ix, "%sconst %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", g->d->global, t,
-                (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));
+    if (k->pack_slot[1] >= 0)
+        tb__ix_line(&g->ix, "%sconst %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", g->d->global, t,
+                    (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));
     snprintf(zero, sizeof zero, g->d->vec_zero, tv);
     for (i = 0; i < rm; i++)
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "%s accv%d_%d = %s;", tv, i, j, zero);
-    snprintf(head, sizeof head, "for (long kk = 0; kk < %lldL; kk++) ", (long long)K);
-    tb__ix_open(&g->ix, head);
-    for (j = 0; j < nb; j++)
-        tb__ix_line(&g->ix, "const %s bv%d = vload%d(kk * %d + %d, bp);", tv, j, rw, nb, j);
-    tb__ix_line(&g->ix, "%sconst %s *ak = ap + kk * %d;", g->d->global, t, panels_a ? rm : 1);
-    for (i = 0; i < rm; i++) {
-        tb__ix_line(&g->ix, "const %s am%d = ak[%lld];", t, i, (long long)(panels_a ? i : i * K));
-        for (j = 0; j < nb; j++)
-            tb__ix_line(&g->ix, "accv%d_%d += am%d * bv%d;", i, j, i, j);
+    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
+    if (k->pack_slot[1] >= 0) {
+        if (!tb__cg_matmul_depth(g, k, bdims, -1, 0, rm, nb, rw, panels_a)) return g->ix.status;
+    } else {
+        /* B in place: whole panels read rows of B; the last, partial one reads what is left */
+        int64_t n = tb__plan_mm_of(g->G, k->core).n;
+        int32_t lane = tb__ix_new_var(&g->ix, 0, n - 1);
+        if (lane < 0) return g->ix.status;
+        tb__ix_line(&g->ix, "const long i%d = col0;", (int)lane);
+        snprintf(head, sizeof head, "if (col0 + %dL <= %lldL) ", vw, (long long)n);
+        tb__ix_open(&g->ix, head);
+        if (!tb__cg_matmul_depth(g, k, bdims, lane, 1, rm, nb, rw, panels_a)) return g->ix.status;
+        tb__ix_close(&g->ix, " else");
+        tb__ix_open(&g->ix, "");
+        if (!tb__cg_matmul_depth(g, k, bdims, lane, 2, rm, nb, rw, panels_a)) return g->ix.status;
+        tb__ix_close(&g->ix, "");
     }
-    tb__ix_close(&g->ix, "");
     tb__ix_line(&g->ix, "%s acc[%d][%d];", t, rm, vw);
     for (i = 0; i < rm; i++)
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "vstore%d(accv%d_%d, %d, acc[%d]);", rw, i, j, j, i);
-    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
     tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm, (int32_t)k->rn);
     return g->ix.status;
 }

@@ -593,6 +593,10 @@ typedef struct tb__cg {
        float), -1 if none; a store of v<rounded> stores v<unrounded> (the store rounds too) */
     int32_t rounded, unrounded;
     tb_dtype rounded_dtype;
+    /* where set, the next read of a buffer also leaves its slot and flat index here (a matmul
+       reading B in place takes the address of a row from it) */
+    char *capture;
+    int32_t capture_slot;
 } tb__cg;
 
 /* the C type of a dtype; of an accumulator dtype chosen by the planner (integers wrap:

@@ -847,15 +847,85 @@ static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
     return a;
 }
 
-/* Chooses each matmul's kernel and puts the pack kernels in front of those that pack (B's, and
-   A's unless the matmul reads A in place). */
+/* The dim of x that dim d of view node n reads, with the step it takes there per step of d
+   (*coef multiplied by it); -1 where d does not stay one strided dim of x (a reshape, unless it
+   keeps the last dim or reads a buffer at its flat index; a flip of d; a broadcast of d). */
+static int32_t tb__plan_view_dim(const tb__pgraph *G, int32_t node, int32_t d, int64_t *coef) {
+    const tb_node *n = G->info[node].node;
+    int32_t x = tb__plan_operand(G, node, 0);
+    const tb_shape *ns = &n->shape, *xs = tb__plan_shape(G, x);
+    int32_t nsp, lead, off;
+    switch (n->op) {
+    case TB_OP_RESHAPE:
+        if (d != ns->rank - 1) return -1;
+        /* a buffer is read at the flat index (stride 1 for the last dim of any shape) */
+        if (G->info[x].root) return xs->rank - 1;
+        return xs->dims[xs->rank - 1] == ns->dims[d] ? xs->rank - 1 : -1;
+    case TB_OP_PERMUTE:
+        return (int32_t)n->attrs[d];
+    case TB_OP_SLICE:
+        if (n->attrs[0] == d) *coef *= n->attrs[3];
+        return d;
+    case TB_OP_WINDOW:
+        nsp = (int32_t)n->attrs[0];
+        if (n->num_attrs != 1 + 4 * (size_t)nsp) return -1; /* the diagonal form */
+        lead = xs->rank - nsp;
+        if (d < lead) return d;
+        if (d < lead + nsp) {
+            *coef *= n->attrs[3 + 4 * (d - lead)];
+            return d;
+        }
+        *coef *= n->attrs[4 + 4 * (d - lead - nsp)];
+        return d - nsp;
+    case TB_OP_FLIP:
+        return ((uint64_t)n->attrs[0] >> d) & 1u ? -1 : d;
+    case TB_OP_EXPAND:
+        off = ns->rank - xs->rank;
+        return d - off >= 0 && xs->dims[d - off] != 1 ? d - off : -1;
+    default:
+        return -1;
+    }
+}
+
+/* The node whose buffer a packed matmul reads B from in place, or -1 (B is packed): B is views
+   (reshape, permute, slice, window, flip, expand: index arithmetic) of the whole output of
+   another kernel in the dtype the matmul computes in, along which B's last dim (the matmul's
+   columns) stays the buffer's last dim at stride 1, so that each depth row of a panel is one
+   contiguous run of that buffer, read from one address per step of K, and the views include
+   a window (B's rows overlap: each element of the buffer is in several of them). A
+   convolution over whole padded rows is such a B: its pack copied runs of the padded input,
+   a pass over K times the input through memory on every run, where reading the rows in place
+   reads the input from the caches. A B without a window is packed: its panel is the size of
+   the buffer, and reading rows one stride apart (a power of two, often) from a wide matrix
+   thrashes the cache sets. A parameter's panels are kept by the backends while its buffer
+   holds, so parameters are still packed; GPUs stage tiles instead. */
+static int32_t tb__plan_mm_b_buffer(const tb__pgraph *G, int32_t core) {
+    int32_t x = tb__plan_operand(G, core, 1), d = tb__plan_shape(G, x)->rank - 1;
+    tb_dtype od = tb__plan_shape(G, core)->dtype;
+    int64_t coef = 1;
+    bool window = false;
+    if (tb__plan_pack_dtype(od) != od) return -1;
+    while (!G->info[x].root && G->info[x].param < 0 && d >= 0) {
+        window = window || G->info[x].node->op == TB_OP_WINDOW;
+        d = tb__plan_view_dim(G, x, d, &coef);
+        x = tb__plan_operand(G, x, 0);
+    }
+    if (d < 0 || !window || !G->info[x].root || G->info[x].param >= 0 || coef != 1 ||
+        d != tb__plan_shape(G, x)->rank - 1 || tb__plan_shape(G, x)->dtype != od)
+        return -1;
+    return x;
+}
+
+/* Chooses each matmul's kernel and puts the pack kernels in front of those that pack (A's
+   unless the matmul reads A in place, B's unless it reads B in place). */
 static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
     tb__plan *p = G->plan;
     size_t i, j;
     for (i = 0; i < p->num_kernels; i++) {
         tb__plan_kernel *k = &p->kernels[i];
-        tb_status st;
+        tb_status st = TB_OK;
         size_t packs;
+        bool pack_a;
         if (k->kind != TB__K_MATMUL) continue;
         if (G->target->tuning->mm_kind == TB__MM_TILES) {
             k->mm = TB__MM_TILES;
@@ -863,12 +933,13 @@ static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
         }
         k->mm = TB__MM_REGISTERS;
         if (!tb__plan_mm_packs(G, k->core)) continue;
-        packs = tb__plan_mm_a_buffer(G, k->core) >= 0 ? 1 : 2;
-        st = tb__plan_insert_kernels(G, i, packs);
-        if (st != TB_OK) return st;
+        pack_a = tb__plan_mm_a_buffer(G, k->core) < 0;
+        packs = (size_t)pack_a + (tb__plan_mm_b_buffer(G, k->core) < 0);
+        if (packs > 0) st = tb__plan_insert_kernels(G, i, packs);
+        if (packs > 0 && st != TB_OK) return st;
         for (j = 0; j < packs; j++) {
             tb__plan_kernel *pk = &p->kernels[i + j];
-            pk->kind = j + 1 < packs ? TB__K_PACK_A : TB__K_PACK_B;
+            pk->kind = j == 0 && pack_a ? TB__K_PACK_A : TB__K_PACK_B;
             pk->root = p->kernels[i + packs].root;
             pk->core = p->kernels[i + packs].core;
             pk->owner = (int32_t)(i + packs);
@@ -1062,7 +1133,8 @@ static tb_status tb__plan_kernel_args(tb__pgraph *G, size_t ki, int32_t *stamp, 
         st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->partial_slot);
     if (st == TB_OK && k->kind == TB__K_MATMUL && k->mm == TB__MM_PACKED) {
         if (k->pack_slot[0] >= 0) st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->pack_slot[0]);
-        if (st == TB_OK) st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->pack_slot[1]);
+        if (st == TB_OK && k->pack_slot[1] >= 0)
+            st = tb__plan_arg_add(p, ki, TB__ARG_BUF, k->pack_slot[1]);
     }
     stack[sp++] = start;
     stamp[start] = mark;
@@ -1085,11 +1157,14 @@ static tb_status tb__plan_kernel_args(tb__pgraph *G, size_t ki, int32_t *stamp, 
             continue;
         }
         if (n == k->core && !tb__plan_reads_core_operands(k)) {
-            /* a packed matmul without A's panels reads A itself */
-            int32_t a = tb__plan_operand(G, n, 0);
-            if (k->kind == TB__K_MATMUL && k->pack_slot[0] < 0 && stamp[a] != mark) {
-                stamp[a] = mark;
-                stack[sp++] = a;
+            /* a packed matmul without A's (B's) panels reads A (B) itself */
+            int32_t side;
+            for (side = 1; side >= 0 && k->kind == TB__K_MATMUL; side--) {
+                int32_t x = tb__plan_operand(G, n, side);
+                if (k->pack_slot[side] < 0 && stamp[x] != mark) {
+                    stamp[x] = mark;
+                    stack[sp++] = x;
+                }
             }
             continue;
         }
