@@ -15,10 +15,10 @@ Usage: /usr/bin/python3 tools/export_model.py MODEL OUT.safetensors [--batch N] 
               warm-up) and store it as metadata "torch_ms"; --threads T: PyTorch's threads
               (default: the CPUs online); --time-only: time it (REPS of --time, default 5),
               print "torch_ms X" and write nothing (OUT is not touched); --tb-fx DEVICE:
-              also run the model through tools/tb_fx.py on DEVICE (e.g. native:0), check its
-              output against PyTorch's and print "tb_fx_ms X first_s Y error Z" (the median
-              of the REPS of --time cached calls, the first call with its compile, the error
-              relative to the output's scale).
+              instead of timing PyTorch and writing OUT, run the model through tools/tb_fx.py
+              on DEVICE (e.g. native:0), check its output against PyTorch's and print
+              "tb_fx_ms X first_s Y error Z" (the median of the REPS of --time cached calls,
+              the first call with its compile, the error relative to the output's scale).
 Writes the tensors in f32 and the metadata "model", "batch", "size", "seed". Standard
 library and torch only; exit status 2 when torch or torchvision cannot be imported.
 """
@@ -118,7 +118,7 @@ def main():
     meta = {"model": a.model, "batch": str(a.batch), "size": str(size), "seed": str(a.seed)}
     with torch.no_grad():
         y = model(x)
-        if a.time > 0:
+        if a.time > 0 and not a.tb_fx:
             times = []
             for _ in range(a.time + 1):
                 t0 = time.perf_counter()
@@ -127,8 +127,9 @@ def main():
             times = sorted(times[1:])
             meta["torch_ms"] = "%.3f" % (1e3 * times[len(times) // 2])
             meta["torch_threads"] = str(torch.get_num_threads())
-    if a.tb_fx:
+    if a.tb_fx:  # instead of PyTorch's timing (its threads and memory would be ours' peers)
         tb_fx_time(model, x, y, a.tb_fx, max(a.time, 1))
+        return
     if a.time_only:
         print("torch_ms %s" % meta["torch_ms"])
         return
