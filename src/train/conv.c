@@ -244,70 +244,6 @@ static tb_tensor *tb__conv_rows(tb__ag *a, const tb__conv_args *c, tb_tensor *x,
     return t != NULL ? tb__ag_keep(a, tb_slice(t, 3, 0, c->out[1], 1)) : NULL;
 }
 
-/* A stride-2 2-D convolution with an odd kernel of 5 or more (a ResNet's 7 x 7 stem) as a
-   stride-1 one over the input's four 2 x 2 phases (space to depth), which then runs over whole
-   rows with its windows read in place instead of packed (the stem's pack wrote 147 times its
-   input to memory on every run). The input, padded to 2 (O - 1) + 2 K' per axis (K' = (K + 1)
-   / 2; what the windows read past the input is padding, as before), becomes [N, 4C, L / 2..]
-   with channel (c, row phase, column phase); the kernel, padded with zeros to 2 K', becomes
-   [O, 4C, K', K'] the same way: input element (2 (y + a) + u, 2 (x + b) + v) of window (y, x)
-   meets weight (2 a + u, 2 b + v). It computes (K + 1)^2 / K^2 of the products (31% more for
-   7 x 7). c2 receives the arguments of that convolution; false where it does not apply. */
-static bool tb__conv_phases_fit(const tb__conv_args *c, tb_tensor *x, tb_tensor *weight,
-                                int64_t groups, tb__conv_args *c2) {
-    int32_t i;
-    if (c->n != 2 || tb_tensor_shape(x).rank != 4 || groups != 1) return false;
-    *c2 = *c;
-    for (i = 0; i < 2; i++) {
-        if (c->s[i] != 2 || c->d[i] != 1 || c->k[i] < 5 || c->k[i] % 2 == 0) return false;
-        c2->k[i] = (c->k[i] + 1) / 2;
-        c2->lo[i] = c->out[i] - 1 + c2->k[i]; /* the padded length, halved */
-        c2->s[i] = c2->d[i] = 1;
-        c2->p[i] = c2->right[i] = 0;
-    }
-    return tb__conv_rows_fit(c2, x, weight, groups);
-}
-
-static tb_tensor *tb__conv_phases(tb__ag *a, const tb__conv_args *c, const tb__conv_args *c2,
-                                  tb_tensor *x, tb_tensor *weight, int64_t outc) {
-    tb_shape xs = tb_tensor_shape(x), ws = tb_tensor_shape(weight);
-    const int32_t order[6] = {0, 1, 3, 5, 2, 4};
-    int64_t pads[4], wpads[4] = {0, 0, 0, 0}, dims[6];
-    tb_tensor *t, *w;
-    pads[0] = c->p[1];
-    pads[1] = 2 * c2->lo[1] - c->lo[1] - c->p[1];
-    pads[2] = c->p[0];
-    pads[3] = 2 * c2->lo[0] - c->lo[0] - c->p[0];
-    wpads[1] = 2 * c2->k[1] - c->k[1];
-    wpads[3] = 2 * c2->k[0] - c->k[0];
-    t = tb__ag_keep(a, tb_pad(x, pads, 4, 0.0));
-    w = tb__ag_keep(a, tb_pad(weight, wpads, 4, 0.0));
-    dims[0] = xs.dims[0];
-    dims[1] = xs.dims[1];
-    dims[2] = c2->lo[0];
-    dims[3] = 2;
-    dims[4] = c2->lo[1];
-    dims[5] = 2;
-    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 6)) : NULL;
-    t = t != NULL ? tb__ag_keep(a, tb_permute(t, order, 6)) : NULL;
-    dims[1] = 4 * xs.dims[1];
-    dims[2] = c2->lo[0];
-    dims[3] = c2->lo[1];
-    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 4)) : NULL;
-    dims[0] = ws.dims[0];
-    dims[1] = ws.dims[1];
-    dims[2] = c2->k[0];
-    dims[3] = 2;
-    dims[4] = c2->k[1];
-    w = w != NULL ? tb__ag_keep(a, tb_reshape(w, dims, 6)) : NULL;
-    w = w != NULL ? tb__ag_keep(a, tb_permute(w, order, 6)) : NULL;
-    dims[1] = 4 * ws.dims[1];
-    dims[2] = c2->k[0];
-    dims[3] = c2->k[1];
-    w = w != NULL ? tb__ag_keep(a, tb_reshape(w, dims, 4)) : NULL;
-    return t != NULL && w != NULL ? tb__conv_rows(a, c2, t, w, outc) : NULL;
-}
-
 /* x [N, C, L..] as windows [N, G, C / G * K.., O..] multiplied by the weight [G, O / G, C / G *
    K..] (broadcast over the batch): one matmul per image and group, whose [N, G, O / G, O..]
    result is already the output's layout [N, O, O..] (nothing to transpose after it). */
@@ -317,10 +253,7 @@ static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor 
     int64_t n = xs.dims[0], ch = xs.dims[1], kk = 1, oo = 1, dims[TB_MAX_RANK];
     int32_t perm[TB_MAX_RANK], i, r;
     tb_tensor *w, *t, *m;
-    tb__conv_args c2;
     if (tb__conv_rows_fit(c, x, weight, groups)) return tb__conv_rows(a, c, x, weight, outc);
-    if (tb__conv_phases_fit(c, x, weight, groups, &c2))
-        return tb__conv_phases(a, c, &c2, x, weight, outc);
     w = tb__conv_windows(a, c, x, 0.0);
     for (i = 0; i < c->n; i++) {
         kk *= c->k[i];
