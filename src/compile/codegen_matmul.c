@@ -486,7 +486,10 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
         flat[0] = '\0';
         g->capture = flat;
         g->capture_slot = -1;
-        if (tb__cg_matmul_operand(g, k, 1, bdims, ik, lane) < 0) return false;
+        if (tb__cg_matmul_operand(g, k, 1, bdims, ik, lane) < 0) {
+            g->capture = NULL;
+            return false;
+        }
         g->capture = NULL;
         if (g->capture_slot < 0) {
             tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
