@@ -43,6 +43,19 @@ def rel_err(got, want):
     return (got - want).abs().max().item() / scale
 
 
+def worst_grad(ours, ref, xo, xr):
+    """The largest error / scale of a gradient of ours (parameters, then the input xo) against
+    ref's (xr), and whose it is; inf where ours has none."""
+    worst, where = 0.0, "-"
+    pairs = list(zip(ours.named_parameters(), ref.named_parameters()))
+    pairs.append((("input", xo), ("input", xr)))
+    for (name, a), (_, b) in pairs:
+        e = rel_err(a.grad, b.grad) if a.grad is not None else float("inf")
+        if e > worst:
+            worst, where = e, name
+    return worst, where
+
+
 class Small(nn.Module):
     """Functions and methods fx records as call_function/call_method nodes."""
 
@@ -163,13 +176,7 @@ def transformer(device):
     (ref(xr) * g).sum().backward()
     f = tb_fx.compile(ours, [xo], device=device)
     (f(xo) * g).sum().backward()
-    worst, where = 0.0, "-"
-    pairs = list(zip(ours.named_parameters(), ref.named_parameters()))
-    pairs.append((("input", xo), ("input", xr)))
-    for (name, a), (_, b) in pairs:
-        e = rel_err(a.grad, b.grad) if a.grad is not None else float("inf")
-        if e > worst:
-            worst, where = e, name
+    worst, where = worst_grad(ours, ref, xo, xr)
     check(worst <= 1e-4, "a training step of a TransformerEncoder on %s: gradients within "
           "%.1e of PyTorch's scale (worst: %s)" % (device, worst, where))
     # stochastic depth: the identity in eval; in training each row kept (scaled by 2) or not
@@ -246,13 +253,7 @@ def training(device):
     f = tb_fx.compile(ours, [xo], device=device)
     out = f(xo)
     F.cross_entropy(out, label).backward()
-    worst, where = 0.0, "-"
-    pairs = list(zip(ours.named_parameters(), ref.named_parameters()))
-    pairs.append((("input", xo), ("input", xr)))
-    for (name, a), (_, b) in pairs:
-        e = rel_err(a.grad, b.grad) if a.grad is not None else float("inf")
-        if e > worst:
-            worst, where = e, name
+    worst, where = worst_grad(ours, ref, xo, xr)
     stats = max(rel_err(a, b) for (n, a), (_, b) in zip(ours.named_buffers(),
                                                        ref.named_buffers())
                 if a.is_floating_point())

@@ -159,6 +159,11 @@ def _ints(values, ctype=ctypes.c_int64):
     return (ctype * max(len(values), 1))(*values)
 
 
+def _shape(dtype, dims):
+    """The library's tb_shape of a torch dtype and dims."""
+    return _Shape(DTYPES[dtype], len(dims), (ctypes.c_int64 * MAX_RANK)(*dims))
+
+
 def _pair(v):
     return list(v) if isinstance(v, (tuple, list)) else [v, v]
 
@@ -247,7 +252,7 @@ class _Graph:
         t = t.detach().contiguous()
         if t.dtype not in DTYPES:
             raise Error("tb_fx: dtype %s is not supported" % t.dtype)
-        shape = _Shape(DTYPES[t.dtype], t.dim(), (ctypes.c_int64 * MAX_RANK)(*t.shape))
+        shape = _shape(t.dtype, t.shape)
         h = self.lib.tb_tensor_from_host(ctypes.c_void_p(t.data_ptr()), ctypes.byref(shape),
                                          ctypes.byref(self.device))
         if not h:
@@ -487,9 +492,7 @@ class Value:
         out, dim, lib = self, 0, self.g.lib
         for item in index:
             if item is None:
-                shape = list(out.shape)
-                shape.insert(dim, 1)
-                out = reshape(out, shape)
+                out = unsqueeze(out, dim)
                 dim += 1
             elif isinstance(item, int):
                 n = out.shape[dim]
@@ -702,8 +705,7 @@ def stochastic_depth(x, p, mode, training=True):
         raise Error("tb_fx: stochastic_depth mode %r is not lowered" % (mode,))
     if not training or p == 0:
         return x
-    dims = [x.shape[0] if mode == "row" else 1] + [1] * (len(x.shape) - 1)
-    shape = _Shape(DTYPES[x.dtype], len(dims), (ctypes.c_int64 * MAX_RANK)(*dims))
+    shape = _shape(x.dtype, [x.shape[0] if mode == "row" else 1] + [1] * (len(x.shape) - 1))
     ones = x.new(x.g.lib.tb_ones(ctypes.byref(shape), ctypes.byref(x.g.device)), "tb_ones")
     mask = ones.new(x.g.lib.tb_dropout(ones.h, p, True), "tb_dropout")
     return mul(x, mask)
@@ -808,9 +810,7 @@ def _attention(g, path, m, query, key, value, key_padding_mask=None, need_weight
     e, h = m.embed_dim, m.num_heads
     w, b = g.param(path, "in_proj_weight"), g.param(path, "in_proj_bias")
     if q is k and k is v:  # self-attention: one projection, cut in three
-        qkv = q.new(g.lib.tb_linear(q.h, w, b), "tb_linear (%s)" % path)
-        q, k, v = (qkv.new(g.lib.tb_slice(qkv.h, -1, i * e, (i + 1) * e, 1), "tb_slice")
-                   for i in range(3))
+        q, k, v = chunk(q.new(g.lib.tb_linear(q.h, w, b), "tb_linear (%s)" % path), 3, -1)
     else:
         ws = [q.new(g.lib.tb_slice(w, 0, i * e, (i + 1) * e, 1), "tb_slice") for i in range(3)]
         bs = [q.new(g.lib.tb_slice(b, 0, i * e, (i + 1) * e, 1), "tb_slice") if b else None
@@ -962,24 +962,6 @@ def _trace(model, num_inputs):
     graph = _Tracer().trace(model)
     return torch.fx.GraphModule(model, graph, type(model).__name__)
 
-FUNCTIONS = {
-    operator.add: add, torch.add: add, operator.iadd: add,
-    operator.mul: mul, torch.mul: mul, operator.imul: mul,
-    operator.sub: sub, torch.sub: sub,
-    operator.truediv: div, torch.div: div,
-    operator.getitem: lambda a, i: a[i],
-    F.linear: linear, F.conv2d: conv2d, F.layer_norm: layer_norm,
-    getattr: getattr_,
-    torch.flatten: flatten, torch.reshape: reshape, torch.cat: cat, torch.concat: cat,
-    torch.permute: permute, torch.transpose: transpose, torch.matmul: matmul,
-    torch.relu: _unary("relu"), F.relu: _unary("relu"), F.relu6: _unary("relu6"),
-    torch.sigmoid: _unary("sigmoid"), torch.tanh: _unary("tanh"), F.gelu: _unary("gelu"),
-    F.silu: _unary("silu"), F.hardswish: _unary("hardswish"),
-    F.hardsigmoid: _unary("hardsigmoid"), F.hardtanh: hardtanh, torch.clamp: clamp,
-    F.adaptive_avg_pool2d: adaptive_avg_pool2d, F.max_pool2d: max_pool2d,
-    F.avg_pool2d: avg_pool2d, F.dropout: dropout, F.softmax: softmax, torch.softmax: softmax,
-    torch.mean: _reduce("mean"), torch.sum: _reduce("sum"),
-}
 
 def chunk(x, chunks, dim=0):
     """torch.chunk: pieces of ceil(size / chunks) along dim (the last may be smaller)."""
@@ -1066,12 +1048,30 @@ def _assert(condition, message=""):
         raise Error("tb_fx: the model's assertion failed: %s" % message)
 
 
-for _op in (operator.floordiv, operator.mod, operator.eq, operator.ne, operator.lt,
-            operator.le, operator.gt, operator.ge, operator.neg):
-    FUNCTIONS.setdefault(_op, _on_numbers(_op))
-FUNCTIONS[torch._assert] = _assert
-FUNCTIONS.update({torch.chunk: chunk, torch.einsum: einsum, torch.unsqueeze: unsqueeze,
-                  torch.swapaxes: transpose})
+FUNCTIONS = {
+    operator.add: add, torch.add: add, operator.iadd: add,
+    operator.mul: mul, torch.mul: mul, operator.imul: mul,
+    operator.sub: sub, torch.sub: sub,
+    operator.truediv: div, torch.div: div,
+    operator.getitem: lambda a, i: a[i],
+    F.linear: linear, F.conv2d: conv2d, F.layer_norm: layer_norm,
+    getattr: getattr_,
+    torch.flatten: flatten, torch.reshape: reshape, torch.cat: cat, torch.concat: cat,
+    torch.permute: permute, torch.transpose: transpose, torch.matmul: matmul,
+    torch.relu: _unary("relu"), F.relu: _unary("relu"), F.relu6: _unary("relu6"),
+    torch.sigmoid: _unary("sigmoid"), torch.tanh: _unary("tanh"), F.gelu: _unary("gelu"),
+    F.silu: _unary("silu"), F.hardswish: _unary("hardswish"),
+    F.hardsigmoid: _unary("hardsigmoid"), F.hardtanh: hardtanh, torch.clamp: clamp,
+    F.adaptive_avg_pool2d: adaptive_avg_pool2d, F.max_pool2d: max_pool2d,
+    F.avg_pool2d: avg_pool2d, F.dropout: dropout, F.softmax: softmax, torch.softmax: softmax,
+    torch.mean: _reduce("mean"), torch.sum: _reduce("sum"),
+    torch.chunk: chunk, torch.einsum: einsum, torch.unsqueeze: unsqueeze,
+    torch.swapaxes: transpose, torch._assert: _assert,
+}
+# Python's operators on sizes (the arithmetic ones above take sizes too)
+FUNCTIONS.update({op: _on_numbers(op) for op in (
+    operator.floordiv, operator.mod, operator.eq, operator.ne, operator.lt, operator.le,
+    operator.gt, operator.ge, operator.neg)})
 
 # functions of other packages, by module and name (this module does not import them)
 FUNCTIONS_BY_NAME = {

@@ -151,7 +151,7 @@ def model_rows(rows, work, binary, model, batch, size, reps, backends, nthreads)
         results[b] = r
     again, _ = torch_ms(model, batch, size, reps, nthreads)
     for b, r in results.items():
-        pt = r["torch"] if again is None else (r["torch"] + again / 1e3) / 2
+        pt = r["pt"] = r["torch"] if again is None else (r["torch"] + again / 1e3) / 2
         note = "error/scale %s; PyTorch %.2f and %s ms" % (
             r["error"], r["torch"] * 1e3, "-" if again is None else "%.2f" % again)
         rows.add("models_" + model, b, r["cached"], pt, "ms", note, reps)
@@ -172,8 +172,7 @@ def model_rows(rows, work, binary, model, batch, size, reps, backends, nthreads)
         fx, err = float(m.group(1)) / 1e3, float(m.group(3))
         if err > 1e-5:
             rows.fail("fx_%s on %s: error / output scale %.1e" % (model, b, err))
-        pt = r["torch"] if again is None else (r["torch"] + again / 1e3) / 2
-        rows.add("fx_" + model, b, fx, pt, "ms",
+        rows.add("fx_" + model, b, fx, r["pt"], "ms",
                  "through tools/tb_fx.py: error/scale %.1e; the C example %.2f ms, C / tb_fx "
                  "%.2f" % (err, r["cached"] * 1e3, r["cached"] / fx), reps,
                  ("examples/models.c", r["cached"]))
