@@ -22456,9 +22456,11 @@ static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
    keeps the last dim or reads a buffer at its flat index; a flip of d; a broadcast of d). */
 static int32_t tb__plan_view_dim(const tb__pgraph *G, int32_t node, int32_t d, int64_t *coef) {
     const tb_node *n = G->info[node].node;
-    int32_t x = tb__plan_operand(G, node, 0);
-    const tb_shape *ns = &n->shape, *xs = tb__plan_shape(G, x);
-    int32_t nsp, lead, off;
+    int32_t x, nsp, lead, off;
+    const tb_shape *ns = &n->shape, *xs;
+    if (n->num_operands != 1) return -1; /* not a view */
+    x = tb__plan_operand(G, node, 0);
+    xs = tb__plan_shape(G, x);
     switch (n->op) {
     case TB_OP_RESHAPE:
         if (d != ns->rank - 1) return -1;
@@ -22527,7 +22529,7 @@ static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
     size_t i, j;
     for (i = 0; i < p->num_kernels; i++) {
         tb__plan_kernel *k = &p->kernels[i];
-        tb_status st = TB_OK;
+        tb_status st;
         size_t packs;
         bool pack_a;
         if (k->kind != TB__K_MATMUL) continue;
@@ -22539,8 +22541,8 @@ static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
         if (!tb__plan_mm_packs(G, k->core)) continue;
         pack_a = tb__plan_mm_a_buffer(G, k->core) < 0;
         packs = (size_t)pack_a + (tb__plan_mm_b_buffer(G, k->core) < 0);
-        if (packs > 0) st = tb__plan_insert_kernels(G, i, packs);
-        if (packs > 0 && st != TB_OK) return st;
+        st = packs > 0 ? tb__plan_insert_kernels(G, i, packs) : TB_OK;
+        if (st != TB_OK) return st;
         for (j = 0; j < packs; j++) {
             tb__plan_kernel *pk = &p->kernels[i + j];
             pk->kind = j == 0 && pack_a ? TB__K_PACK_A : TB__K_PACK_B;
@@ -26734,9 +26736,7 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
         g->capture = NULL;
         if (g->capture_slot < 0) {
             tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
-                                          "codegen: %s reads B in place but "
-                                          "no buffer",
-                                          k->name));
+                                          "codegen: %s reads B in place but no buffer", k->name));
             return false;
         }
         tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s);", g->d->global, t, (int)g->capture_slot,

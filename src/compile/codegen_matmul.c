@@ -493,9 +493,7 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
         g->capture = NULL;
         if (g->capture_slot < 0) {
             tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
-                                          "codegen: %s reads B in place but "
-                                          "no buffer",
-                                          k->name));
+                                          "codegen: %s reads B in place but no buffer", k->name));
             return false;
         }
         tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s);", g->d->global, t, (int)g->capture_slot,
