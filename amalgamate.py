@@ -81,6 +81,8 @@ IMPLEMENTATION_PARTS = [
     "src/compile/codegen.c",
     "src/compile/codegen_matmul.c",
     "src/compile/codegen_kernels.c",
+    "src/runtime/kit.h",
+    "src/runtime/kit.c",
     "src/runtime/opencl/opencl_internal.h",
     "src/runtime/opencl/opencl_api.c",
     "src/runtime/opencl/opencl_device.c",

@@ -28333,6 +28333,986 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
+/* ---- src/runtime/kit.h ---- */
+/* ===========================================================================================
+   The compiled-backend kit: what every backend that compiles the planner's kernels shares
+   (kit.c), over a small table a runtime fills (OpenCL: opencl.c; native: native.c). The kit owns
+   the backend's entries: data in and out, plan and render, program and kernel lookup, the launch
+   loop with its buffers (lifetimes, donation, kept panels, the error flag, the scalar table),
+   profiling and metrics. A runtime gives devices, memory, program builds, kernel lookup, launch
+   and fence.
+   =========================================================================================== */
+
+/* A buffer of a compiled backend: the payload of its tb_backend_data. A runtime's own buffer
+   type starts with one. `mem` is what a kernel argument passes (a host address, a cl_mem); a
+   scalar made by data_from_scalar has none (NULL) until a kernel reads it from memory, its
+   value in tb_backend_data.scalar. */
+typedef struct tb__kbuf {
+    void *mem;
+    void *dev;    /* the runtime's device */
+    size_t size;  /* bytes asked for */
+    size_t cap;   /* bytes it holds: the size class */
+    uint64_t gen; /* tb__next_generation when it was handed out or last written */
+    /* a scalar's buffer (the kit's, holding a reference on the device): `real` is the runtime's
+       buffer that gives it memory once a kernel reads it as an array (mem is then real's) */
+    bool shell;
+    struct tb__kbuf *real;
+} tb__kbuf;
+
+/* A kernel argument, in the plan's order after the output (which is args[0], a buffer). */
+typedef struct tb__karg {
+    int32_t kind;           /* TB__ARG_BUF (the output too), _SCALAR, _TABLE or _ERR */
+    void *mem;              /* a buffer's, the table's or the error flag's tb__kbuf.mem */
+    size_t size;            /* a scalar's bytes */
+    unsigned char value[8]; /* a scalar's value as the kernel declares it */
+    int64_t at;             /* the table: the kernel's first entry */
+} tb__karg;
+
+/* A kernel the runtime found in a program: its handle and a number of its own (OpenCL: the
+   work-group size of a kernel launched over items). */
+typedef struct tb__kkernel {
+    void *handle;
+    size_t aux;
+} tb__kkernel;
+
+/* The counters every compiled backend reports (a device's; guarded by its lock, or atomic). */
+typedef struct tb__kit_stats {
+    uint64_t bytes_in_use, peak_bytes, cached_bytes;
+    uint64_t cache_limit; /* the most bytes the buffer cache keeps */
+    uint64_t builds, disk_hits, disk_misses, disk_rejected, launches;
+} tb__kit_stats;
+
+/* A runtime. `dev` is the runtime's device; entries marked (locked) are called between lock
+   and unlock of that device, the others without its lock. */
+typedef struct tb__kit_runtime {
+    const char *name;         /* the backend's name */
+    const char *metric;       /* its metrics' prefix ("OpenCL": "OpenCL::KernelLaunch") */
+    const char *build_metric; /* the name of its builds counter ("ProgramBuild") */
+    /* the driver compiles a kernel at its first launch: the first run reports progress */
+    bool lazy_build;
+    /* the devices (0 and *why set when there are none) */
+    size_t (*devices)(tb_device *out, size_t cap, char *why, size_t why_cap);
+    /* device `ordinal` with a reference on the runtime, ready for work unless `bare` (no
+       context or queue made: facts and counters only); NULL with the error set */
+    void *(*open)(int32_t ordinal, const char *func, bool bare);
+    void (*close)(void *dev);
+    bool (*alive)(void *dev); /* false once the backend exited */
+    int32_t (*ordinal)(void *dev);
+    void (*info)(void *dev, bool full, tb_device_info *out); /* full: facts that take time too */
+    tb__kit_stats *(*stats)(void *dev);
+    /* what the planner and the code generator need of the device */
+    void (*target)(void *dev, tb__tuning *tuning, tb__target *target, tb__dialect *dialect);
+    void (*lock)(void *dev);
+    void (*unlock)(void *dev);
+    /* memory (locked); `release` gives a buffer back (the kit locks its device) */
+    tb_status (*alloc)(void *dev, size_t bytes, tb__kbuf **out);
+    void (*release)(tb__kbuf *b);
+    tb_status (*write)(void *dev, tb__kbuf *b, const void *host, size_t bytes);
+    tb_status (*read)(void *dev, const tb__kbuf *b, void *host, size_t bytes);
+    tb_status (*copy)(void *dev, const tb__kbuf *from, tb__kbuf *to, size_t bytes);
+    /* (locked, optional) the buffer in the host's address space, NULL where it cannot be;
+       unmap ends that */
+    void *(*map)(void *dev, tb__kbuf *b, size_t bytes, bool write);
+    tb_status (*unmap)(void *dev, tb__kbuf *b, void *host);
+    /* programs: the built program of a plan's source (reporting progress), its kernels, and
+       (locked) its release */
+    tb_status (*build)(void *dev, const tb__plan *plan, const char *src, size_t len,
+                       void **program);
+    tb_status (*kernel)(void *dev, void *program, const tb__plan_kernel *k, tb__kkernel *out);
+    void (*kernel_release)(void *dev, tb__kkernel *kern); /* (optional) */
+    void (*drop)(void *dev, void *program);
+    /* (locked) a launch of kernel k with its arguments; `event` non-NULL: a token for
+       `elapsed` after `finish` */
+    tb_status (*launch)(void *dev, const tb__kkernel *kern, const tb__plan_kernel *k,
+                        const tb__karg *args, size_t num_args, uint64_t *event);
+    void (*finish)(void *dev);                    /* (locked) waits for the work enqueued */
+    double (*elapsed)(void *dev, uint64_t event); /* (locked) ns of a launch; frees the token */
+    /* (locked, optional) after each successful run, with the work done (a first run's program
+       may be worth saving now); after a run's last launch (submit what is enqueued) */
+    void (*ran)(void *dev, void *program);
+    void (*flush)(void *dev);
+    void (*report)(void *dev, tb__str *s); /* (locked, optional) more lines of its metrics */
+    bool (*supports)(const tb_node *node); /* (optional) a node it cannot lower */
+    void (*exit)(void);                    /* drops every cache: the backend is going away */
+} tb__kit_runtime;
+
+/* the backend entries of a runtime (impl->user_data is the runtime); the runtime sets its own
+   after (default devices and the like) */
+static void tb__kit_impl(const tb__kit_runtime *R, tb_backend_impl *impl);
+/* the device memory of a data (a host scalar gets its memory now); NULL with the error set.
+   Call with dev locked. */
+static void *tb__kit_data_mem(const tb__kit_runtime *R, void *dev, tb_backend_data *data);
+/* the value of a scalar as the bytes of `dtype` */
+static void tb__kit_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]);
+
+/* ---- src/runtime/kit.c ---- */
+/* ===========================================================================================
+   The compiled-backend kit (kit.h): the backend entries of every runtime that runs the
+   planner's kernels, written once over the runtime's table.
+   =========================================================================================== */
+
+static void tb__kit_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]) {
+    /* converted as the reference backend converts (NaN and out-of-range values defined), so
+       that a kernel sees the value the cpu backend computes with */
+    memset(out, 0, 8);
+    tb__scalar_store(s, dtype, out);
+}
+
+/* the value of a scalar stored as the bytes of `dtype` */
+static tb_scalar tb__kit_scalar_of(tb_dtype dtype, const unsigned char raw[8]) {
+    if (dtype == TB_F32) {
+        float f;
+        memcpy(&f, raw, sizeof f);
+        return tb_scalar_f(TB_F32, f);
+    }
+    if (dtype == TB_F64) {
+        double f;
+        memcpy(&f, raw, sizeof f);
+        return tb_scalar_f(TB_F64, f);
+    }
+    if (dtype == TB_F16 || dtype == TB_BF16) {
+        uint16_t h;
+        memcpy(&h, raw, sizeof h);
+        return tb_scalar_f(dtype, tb__half_to_f64(dtype, h));
+    }
+    if (dtype == TB_I32) {
+        int32_t x;
+        memcpy(&x, raw, sizeof x);
+        return tb_scalar_i(TB_I32, x);
+    }
+    if (dtype == TB_I64) {
+        int64_t x;
+        memcpy(&x, raw, sizeof x);
+        return tb_scalar_i(TB_I64, x);
+    }
+    return tb_scalar_i(dtype, raw[0]);
+}
+
+static tb_status tb__kit_failed(tb_status fallback) {
+    return tb_last_status() != TB_OK ? tb_last_status() : fallback;
+}
+
+/* ---- devices and data ---- */
+
+static size_t tb__kit_get_backend_devices(void *user_data, tb_device *out, size_t cap) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    char why[8];
+    return R->devices(out, cap, why, sizeof why);
+}
+
+static tb_status tb__kit_get_device_info(void *user_data, int32_t ordinal, tb_device_info *out) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    void *dev = R->open(ordinal, R->name, true);
+    if (dev == NULL) return tb__kit_failed(TB_ERR_UNAVAILABLE);
+    R->info(dev, true, out);
+    R->close(dev);
+    return TB_OK;
+}
+
+static tb_status tb__kit_data_from_host(void *user_data, tb_backend_data *data, const void *host) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kbuf *b = NULL;
+    size_t size;
+    void *dev;
+    tb_status st = tb_shape_nbytes(&data->shape, &size);
+    if (st != TB_OK) return st;
+    dev = R->open(data->device.ordinal, R->name, false);
+    if (dev == NULL) return tb__kit_failed(TB_ERR_UNAVAILABLE);
+    R->lock(dev);
+    st = R->alloc(dev, size, &b);
+    if (st == TB_OK) {
+        st = R->write(dev, b, host, size);
+        if (st != TB_OK) R->release(b);
+    }
+    R->unlock(dev);
+    R->close(dev);
+    if (st == TB_OK) data->payload = b;
+    return st;
+}
+
+/* The value stays on the host (kernels take scalars as arguments): a buffer without memory
+   that keeps the device's runtime. Memory is made only if a kernel reads it as an array. */
+static tb_status tb__kit_data_from_scalar(void *user_data, tb_backend_data *data, tb_scalar value) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kbuf *b = (tb__kbuf *)tb__calloc(1, sizeof *b);
+    if (b == NULL) return TB_ERR_OUT_OF_MEMORY;
+    b->dev = R->open(data->device.ordinal, R->name, false);
+    if (b->dev == NULL) {
+        tb__free(b);
+        return tb__kit_failed(TB_ERR_UNAVAILABLE);
+    }
+    b->shell = true;
+    data->is_scalar = true;
+    data->scalar = value;
+    data->payload = b;
+    return TB_OK;
+}
+
+/* a buffer of data_from_scalar given back (its memory, then its device's reference) */
+static void tb__kit_shell_free(const tb__kit_runtime *R, tb__kbuf *b) {
+    if (b->real != NULL) {
+        R->lock(b->dev);
+        R->release(b->real);
+        R->unlock(b->dev);
+    }
+    R->close(b->dev);
+    tb__free(b);
+}
+
+static tb_status tb__kit_data_to_host(void *user_data, const tb_backend_data *data, void *host) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb__kbuf *b = (const tb__kbuf *)data->payload;
+    size_t size;
+    tb_status st = tb_shape_nbytes(&data->shape, &size);
+    if (st != TB_OK) return st;
+    if (b == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: data_to_host of a data without a value",
+                         R->name);
+    }
+    if (b->shell) {
+        unsigned char bytes[8];
+        tb__kit_scalar_bytes(data->shape.dtype, data->scalar, bytes);
+        memcpy(host, bytes, size < 8 ? size : 8);
+        return TB_OK;
+    }
+    if (b->size < size) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "%s: data_to_host of %zu bytes from a buffer of %zu", R->name, size,
+                         b->size);
+    }
+    R->lock(b->dev);
+    if (!R->alive(b->dev)) {
+        st = tb__error(TB_ERR_STATE, "%s: the backend was shut down", R->name);
+    } else {
+        st = R->read(b->dev, b, host, size);
+    }
+    R->unlock(b->dev);
+    return st;
+}
+
+static void tb__kit_data_release(void *user_data, tb_backend_data *data) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kbuf *b = (tb__kbuf *)data->payload;
+    void *dev;
+    if (b == NULL) return;
+    data->payload = NULL;
+    if (b->shell) {
+        tb__kit_shell_free(R, b);
+        return;
+    }
+    dev = b->dev;
+    R->lock(dev);
+    R->release(b);
+    R->unlock(dev);
+}
+
+/* Where the runtime can: the buffer in the host's address space for one host step (read: the
+   data's buffer; write: a new one that becomes the data's), then unmapped. NULL: the library
+   copies instead. */
+static void *tb__kit_data_map_host(void *user_data, tb_backend_data *data, bool write) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kbuf *b = (tb__kbuf *)data->payload;
+    void *dev, *p = NULL;
+    size_t size;
+    if (R->map == NULL || tb_shape_nbytes(&data->shape, &size) != TB_OK || size == 0) return NULL;
+    if (!write) {
+        if (b == NULL || b->shell) return NULL;
+        R->lock(b->dev);
+        if (R->alive(b->dev)) p = R->map(b->dev, b, size, false);
+        R->unlock(b->dev);
+        return p;
+    }
+    dev = R->open(data->device.ordinal, R->name, false);
+    if (dev == NULL) return NULL;
+    R->lock(dev);
+    b = NULL;
+    if (R->alloc(dev, size, &b) == TB_OK) {
+        p = R->map(dev, b, size, true);
+        if (p != NULL) {
+            data->payload = b;
+        } else {
+            R->release(b);
+        }
+    }
+    R->unlock(dev);
+    R->close(dev);
+    return p;
+}
+
+static tb_status tb__kit_data_unmap_host(void *user_data, tb_backend_data *data, void *host) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kbuf *b = (tb__kbuf *)data->payload;
+    tb_status st = TB_OK;
+    if (R->unmap == NULL || b == NULL || b->shell) return TB_OK;
+    R->lock(b->dev);
+    if (R->alive(b->dev)) st = R->unmap(b->dev, b, host);
+    R->unlock(b->dev);
+    return st;
+}
+
+static void *tb__kit_data_mem(const tb__kit_runtime *R, void *dev, tb_backend_data *data) {
+    tb__kbuf *b = (tb__kbuf *)data->payload, *mem = NULL;
+    unsigned char bytes[8];
+    size_t size;
+    if (b == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: an argument has no value", R->name);
+        return NULL;
+    }
+    if (b->dev != dev) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: an argument lives on %s:%d, not %s:%d", R->name,
+                  R->name, (int)R->ordinal(b->dev), R->name, (int)R->ordinal(dev));
+        return NULL;
+    }
+    if (b->mem != NULL) return b->mem;
+    /* a host scalar that a kernel reads as an array: its memory now */
+    size = tb_dtype_size(data->shape.dtype);
+    tb__kit_scalar_bytes(data->shape.dtype, data->scalar, bytes);
+    if (R->alloc(dev, size, &mem) != TB_OK) return NULL;
+    if (R->write(dev, mem, bytes, size) != TB_OK) {
+        R->release(mem);
+        return NULL;
+    }
+    /* the payload stays the shell (another thread may be reading it) */
+    b->real = mem;
+    b->size = mem->size;
+    b->cap = mem->cap;
+    b->mem = mem->mem;
+    return b->mem;
+}
+
+/* ---- lowering and compiling ---- */
+
+/* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
+   of the same generation) comes again. */
+typedef struct tb__kit_kept {
+    const tb__kbuf *src;
+    uint64_t gen;
+    tb__kbuf *panels;
+} tb__kit_kept;
+
+/* A compiled graph: its plan, its source, its program and a kernel per kernel with work. */
+typedef struct tb__kit_comp {
+    const tb__kit_runtime *R;
+    void *dev; /* open: a reference on the runtime */
+    tb__plan *plan;
+    char *source;
+    size_t source_len;
+    bool f64; /* the device computes f64 (else f64 scalars are passed as f32) */
+    void *program;
+    tb__kkernel *kernels;
+    tb__kit_kept *kept;
+    int32_t ran; /* atomic: it ran once */
+} tb__kit_comp;
+
+typedef struct tb__kit_context {
+    tb__kit_comp *comp; /* moves to the computation on a successful compile */
+} tb__kit_context;
+
+static void tb__kit_comp_release(tb__kit_comp *c) {
+    const tb__kit_runtime *R;
+    size_t i;
+    if (c == NULL) return;
+    R = c->R;
+    if (c->dev != NULL) {
+        for (i = 0; c->kernels != NULL && R->kernel_release != NULL && i < c->plan->num_kernels;
+             i++)
+            if (c->kernels[i].handle != NULL) R->kernel_release(c->dev, &c->kernels[i]);
+        if (c->program != NULL || c->kept != NULL) {
+            R->lock(c->dev);
+            if (c->program != NULL) R->drop(c->dev, c->program);
+            for (i = 0; c->kept != NULL && i < c->plan->num_kernels; i++)
+                if (c->kept[i].panels != NULL) R->release(c->kept[i].panels);
+            R->unlock(c->dev);
+        }
+        R->close(c->dev);
+    }
+    tb__free(c->kernels);
+    tb__free(c->kept);
+    tb__free(c->source);
+    tb__plan_free(c->plan);
+    tb__free(c);
+}
+
+/* Plans the graph for the device and renders the plan in the runtime's dialect. */
+static tb_status tb__kit_create_lowering_context(void *user_data, const tb_graph *graph,
+                                                 void **context) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kit_comp *c;
+    tb__kit_context *ctx;
+    tb__pgraph G;
+    tb__tuning tuning;
+    tb__target target;
+    tb__dialect dialect;
+    tb_status st;
+    *context = NULL;
+    ctx = (tb__kit_context *)tb__calloc(1, sizeof *ctx);
+    c = (tb__kit_comp *)tb__calloc(1, sizeof *c);
+    if (ctx == NULL || c == NULL) {
+        tb__free(ctx);
+        tb__free(c);
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    c->R = R;
+    c->dev = R->open(graph->device.ordinal, R->name, false);
+    if (c->dev == NULL) {
+        tb__free(c);
+        tb__free(ctx);
+        return tb__kit_failed(TB_ERR_UNAVAILABLE);
+    }
+    memset(&target, 0, sizeof target);
+    memset(&dialect, 0, sizeof dialect);
+    R->target(c->dev, &tuning, &target, &dialect);
+    c->f64 = target.f64;
+    st = tb__plan_build(graph, &target, &G, &c->plan);
+    if (st == TB_OK) {
+        st = tb__cg_render(&G, c->plan, &dialect, &c->source, &c->source_len);
+        tb__pgraph_free(&G);
+    }
+    if (st != TB_OK) {
+        tb__kit_comp_release(c);
+        tb__free(ctx);
+        return st;
+    }
+    ctx->comp = c;
+    *context = ctx;
+    return TB_OK;
+}
+
+static void tb__kit_release_lowering_context(void *user_data, void *context) {
+    tb__kit_context *ctx = (tb__kit_context *)context;
+    (void)user_data;
+    if (ctx == NULL) return;
+    tb__kit_comp_release(ctx->comp);
+    tb__free(ctx);
+}
+
+/* TB_DEBUG=1: the graph's kernels, one line. */
+static void tb__kit_log_kernels(const tb__kit_comp *c) {
+    const tb__plan *p = c->plan;
+    size_t i, launched = 0;
+    tb__str names;
+    memset(&names, 0, sizeof names);
+    for (i = 0; i < p->num_kernels; i++) {
+        if (p->kernels[i].empty) continue;
+        tb__str_append(&names, "%s%s", names.len > 0 ? " " : "", p->kernels[i].name);
+        launched++;
+    }
+    tb_log_message(TB_LOG_INFO, "%s:%d: graph %016llx: %zu kernel%s: %s", c->R->name,
+                   (int)c->R->ordinal(c->dev), (unsigned long long)p->graph_hash, launched,
+                   launched == 1 ? "" : "s", names.data != NULL ? names.data : "");
+    tb__str_free(&names);
+}
+
+/* Builds (or finds) the program, then looks up a kernel per kernel with work; the computation
+   leaves the context. */
+static tb_status tb__kit_compile(void *user_data, void *context, void **computation) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kit_context *ctx = (tb__kit_context *)context;
+    tb__kit_comp *c = ctx != NULL ? ctx->comp : NULL;
+    tb_status st = TB_OK;
+    bool alive;
+    size_t i;
+    *computation = NULL;
+    if (c == NULL)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: compile without a context", R->name);
+    R->lock(c->dev);
+    alive = R->alive(c->dev);
+    R->unlock(c->dev);
+    if (!alive) return tb__error(TB_ERR_STATE, "%s: the computation outlived the backend", R->name);
+    if (tb_debug_level() >= 3) {
+        tb_log_message(TB_LOG_DEBUG, "%s:%d: program of graph %016llx:\n%s", R->name,
+                       (int)R->ordinal(c->dev), (unsigned long long)c->plan->graph_hash, c->source);
+    }
+    c->kernels = (tb__kkernel *)tb__calloc(c->plan->num_kernels + 1, sizeof *c->kernels);
+    c->kept = (tb__kit_kept *)tb__calloc(c->plan->num_kernels + 1, sizeof *c->kept);
+    if (c->kernels == NULL || c->kept == NULL) return TB_ERR_OUT_OF_MEMORY;
+    st = R->build(c->dev, c->plan, c->source, c->source_len, &c->program);
+    for (i = 0; i < c->plan->num_kernels && st == TB_OK; i++)
+        if (!c->plan->kernels[i].empty)
+            st = R->kernel(c->dev, c->program, &c->plan->kernels[i], &c->kernels[i]);
+    if (st != TB_OK) return st;
+    if (tb_debug_level() >= 1) tb__kit_log_kernels(c);
+    ctx->comp = NULL;
+    *computation = c;
+    return TB_OK;
+}
+
+static void tb__kit_release_computation(void *user_data, void *computation) {
+    (void)user_data;
+    tb__kit_comp_release((tb__kit_comp *)computation);
+}
+
+static const char *tb__kit_backend_text(void *user_data, const void *computation) {
+    (void)user_data;
+    return computation != NULL ? ((const tb__kit_comp *)computation)->source : NULL;
+}
+
+static int32_t tb__kit_get_node_kernel(void *user_data, const void *computation, size_t node_index,
+                                       const char **kernel_name) {
+    const tb__kit_comp *c = (const tb__kit_comp *)computation;
+    int32_t k;
+    (void)user_data;
+    if (kernel_name != NULL) *kernel_name = NULL;
+    if (c == NULL || c->plan->node_kernel == NULL || node_index >= c->plan->num_nodes) return -1;
+    k = c->plan->node_kernel[node_index];
+    if (k >= 0 && kernel_name != NULL) *kernel_name = c->plan->kernels[k].name;
+    return k;
+}
+
+/* ---- running ---- */
+
+/* The buffers of a run: the parameters' (borrowed) and the kernels' outputs (owned until they
+   are results or freed after their last use), the error flag and the scalar table. */
+typedef struct tb__kit_run {
+    tb__kit_comp *c;
+    const tb__kit_runtime *R;
+    void *dev;
+    tb__kbuf **owned, *err_buf, *table_buf;
+    void **mems;            /* per slot: what a kernel argument passes */
+    tb__karg *args;         /* a kernel's arguments */
+    uint64_t *events;       /* per kernel at TB_DEBUG >= 2: its launch's token */
+    bool *timed;            /* per kernel: events[i] holds one */
+    bool consumed;          /* the kernels writing into donated buffers were reached */
+    int64_t launches, kept; /* launches made, packs skipped (counted once, at the end) */
+} tb__kit_run;
+
+/* The bytes of a scalar argument as the kernel declares it; 0 with the error set. */
+static size_t tb__kit_scalar_arg(tb__kit_run *r, tb_dtype dtype, const tb_backend_data *data,
+                                 unsigned char out[8]) {
+    tb_scalar v;
+    if (data->is_scalar) {
+        v = data->scalar; /* no kernel writes a scalar's memory (donation skips them) */
+    } else {
+        /* a scalar parameter given as an array (not made by data_from_scalar) */
+        unsigned char raw[8];
+        const tb__kbuf *b = (const tb__kbuf *)data->payload;
+        memset(raw, 0, sizeof raw);
+        if (b == NULL) {
+            tb__error(TB_ERR_INVALID_ARGUMENT, "%s: an argument has no value", r->R->name);
+            return 0;
+        }
+        if (r->R->read(r->dev, b, raw, tb_dtype_size(dtype)) != TB_OK) return 0;
+        v = tb__kit_scalar_of(dtype, raw);
+    }
+    if (dtype == TB_F64 && !r->c->f64) {
+        tb__kit_scalar_bytes(TB_F32, v, out);
+        return 4;
+    }
+    tb__kit_scalar_bytes(dtype, v, out);
+    return tb_dtype_size(dtype);
+}
+
+/* The error flag, cleared; the scalar table, written. */
+static tb_status tb__kit_run_buffers(tb__kit_run *r, tb_backend_data *const *arguments) {
+    static const uint32_t zeros[TB__ERR_WORDS] = {0};
+    const tb__plan *plan = r->c->plan;
+    tb_status st = TB_OK;
+    size_t i, j, bytes;
+    unsigned char *table;
+    if (plan->num_errsites > 0) {
+        st = r->R->alloc(r->dev, sizeof zeros, &r->err_buf);
+        if (st == TB_OK) st = r->R->write(r->dev, r->err_buf, zeros, sizeof zeros);
+    }
+    if (st != TB_OK || !plan->scalar_table) return st;
+    /* each kernel's run of entries: the scalars it reads, in its order */
+    bytes = (plan->table_len + 1) * 8;
+    table = (unsigned char *)tb__calloc(plan->table_len + 1, 8);
+    if (table == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < plan->num_kernels && st == TB_OK; i++) {
+        const tb__plan_kernel *k = &plan->kernels[i];
+        for (j = 0; j < k->num_table_params && st == TB_OK; j++) {
+            int32_t a = k->table_params[j];
+            if (tb__kit_scalar_arg(r, plan->param_dtype[a], arguments[a],
+                                   table + 8 * ((size_t)k->table_at + j)) == 0)
+                st = tb__kit_failed(TB_ERR_EXECUTE);
+        }
+    }
+    if (st == TB_OK) st = r->R->alloc(r->dev, bytes, &r->table_buf);
+    if (st == TB_OK) st = r->R->write(r->dev, r->table_buf, table, bytes);
+    tb__free(table);
+    return st;
+}
+
+static tb_status tb__kit_run_init(tb__kit_run *r, tb_backend_data *const *arguments) {
+    const tb__plan *plan = r->c->plan;
+    size_t i, most = 1;
+    for (i = 0; i < plan->num_kernels; i++)
+        if (plan->kernels[i].num_args + 1 > most) most = plan->kernels[i].num_args + 1;
+    r->owned = (tb__kbuf **)tb__calloc(plan->num_slots + 1, sizeof *r->owned);
+    r->mems = (void **)tb__calloc(plan->num_slots + 1, sizeof *r->mems);
+    r->args = (tb__karg *)tb__calloc(most, sizeof *r->args);
+    if (r->owned == NULL || r->mems == NULL || r->args == NULL) return TB_ERR_OUT_OF_MEMORY;
+    if (tb_debug_level() >= 2) {
+        r->events = (uint64_t *)tb__calloc(plan->num_kernels + 1, sizeof *r->events);
+        r->timed = (bool *)tb__calloc(plan->num_kernels + 1, sizeof *r->timed);
+        if (r->events == NULL || r->timed == NULL) return TB_ERR_OUT_OF_MEMORY;
+    }
+    for (i = 0; i < plan->num_slots; i++) {
+        const tb__plan_slot *s = &plan->slots[i];
+        if (s->kind != TB__SLOT_PARAM) continue;
+        r->mems[i] = tb__kit_data_mem(r->R, r->dev, arguments[s->index]);
+        if (r->mems[i] == NULL) return tb__kit_failed(TB_ERR_INTERNAL);
+    }
+    for (i = 0; i < plan->num_results; i++) {
+        /* a result computed into a donated parameter's buffer */
+        if (plan->result_alias[i] >= 0)
+            r->mems[plan->result_slot[i]] =
+                ((tb__kbuf *)arguments[plan->result_alias[i]]->payload)->mem;
+    }
+    return tb__kit_run_buffers(r, arguments);
+}
+
+/* Kernel i's arguments in the plan's order, after its output. */
+static tb_status tb__kit_run_args(tb__kit_run *r, const tb__plan_kernel *k,
+                                  tb_backend_data *const *arguments) {
+    size_t j;
+    memset(r->args, 0, (k->num_args + 1) * sizeof *r->args);
+    r->args[0].kind = TB__ARG_BUF;
+    r->args[0].mem = r->mems[k->out_slot];
+    for (j = 0; j < k->num_args; j++) {
+        const tb__plan_arg *a = &k->args[j];
+        tb__karg *g = &r->args[j + 1];
+        g->kind = a->kind;
+        if (a->kind == TB__ARG_BUF) {
+            g->mem = r->mems[a->index];
+        } else if (a->kind == TB__ARG_SCALAR) {
+            g->size = tb__kit_scalar_arg(r, r->c->plan->param_dtype[a->index], arguments[a->index],
+                                         g->value);
+            if (g->size == 0) return tb__kit_failed(TB_ERR_EXECUTE);
+        } else if (a->kind == TB__ARG_TABLE) {
+            g->mem = r->table_buf->mem;
+            g->at = k->table_at; /* where the kernel's run of the table starts */
+        } else {
+            g->mem = r->err_buf->mem;
+        }
+    }
+    return TB_OK;
+}
+
+static void tb__kit_count(const tb__kit_runtime *R, void *dev, const char *what, int64_t delta) {
+    char name[64];
+    if (!R->alive(dev)) return;
+    snprintf(name, sizeof name, "%s::%s", R->metric, what);
+    tb__metric_count(name, delta);
+}
+
+/* Runs kernel i: its output allocated, its arguments gathered, its launch made. */
+static tb_status tb__kit_run_kernel(tb__kit_run *r, size_t i, tb_backend_data *const *arguments) {
+    const tb__kit_runtime *R = r->R;
+    const tb__plan_kernel *k = &r->c->plan->kernels[i];
+    const tb__kbuf *src =
+        k->pack_param >= 0 ? (const tb__kbuf *)arguments[k->pack_param]->payload : NULL;
+    tb__kit_kept *kp = &r->c->kept[i];
+    tb_status st;
+    if (src != NULL && kp->panels != NULL && kp->src == src && kp->gen == src->gen) {
+        r->mems[k->out_slot] = kp->panels->mem; /* the panels of this buffer, made before */
+        r->kept++;
+        return TB_OK;
+    }
+    if (r->mems[k->out_slot] == NULL) {
+        size_t size = 0;
+        st = tb_shape_nbytes(&r->c->plan->slots[k->out_slot].shape, &size);
+        if (st == TB_OK) st = R->alloc(r->dev, size, &r->owned[k->out_slot]);
+        if (st != TB_OK) return st;
+        r->mems[k->out_slot] = r->owned[k->out_slot]->mem;
+    }
+    if (k->empty) return TB_OK; /* nothing to compute */
+    st = tb__kit_run_args(r, k, arguments);
+    if (st == TB_OK)
+        st = R->launch(r->dev, &r->c->kernels[i], k, r->args, k->num_args + 1,
+                       r->events != NULL ? &r->events[i] : NULL);
+    if (st != TB_OK) return st;
+    if (r->timed != NULL) r->timed[i] = true;
+    r->launches++;
+    if (src != NULL && r->owned[k->out_slot] != NULL &&
+        (uint64_t)r->owned[k->out_slot]->cap <= R->stats(r->dev)->cache_limit) {
+        /* keep the panels with the computation (the next run of this buffer skips the pack) */
+        if (kp->panels != NULL) R->release(kp->panels);
+        kp->panels = r->owned[k->out_slot];
+        kp->src = src;
+        kp->gen = src->gen;
+        r->owned[k->out_slot] = NULL;
+    }
+    return TB_OK;
+}
+
+/* The error flag the kernels raise, as the run's status. */
+static tb_status tb__kit_run_flag(tb__kit_run *r) {
+    uint32_t flag[TB__ERR_WORDS];
+    tb_status st;
+    if (r->err_buf == NULL) return TB_OK;
+    st = r->R->read(r->dev, r->err_buf, flag, sizeof flag);
+    if (st == TB_OK && flag[0] != 0) st = tb__cg_run_error(r->c->plan, r->R->name, flag);
+    return st;
+}
+
+/* Before the first kernel that writes into a donated buffer: the error flag is read first
+   (no kernel from there on can fail), and the donated buffers count as written. */
+static tb_status tb__kit_run_consume(tb__kit_run *r, tb_backend_data *const *arguments) {
+    const tb__plan *plan = r->c->plan;
+    size_t i;
+    tb_status st = tb__kit_run_flag(r);
+    if (st != TB_OK) return st;
+    r->consumed = true;
+    for (i = 0; i < plan->num_results; i++) {
+        /* its panels, kept by pack kernels, are stale from here on */
+        if (plan->result_alias[i] >= 0)
+            ((tb__kbuf *)arguments[plan->result_alias[i]]->payload)->gen = tb__next_generation();
+    }
+    return TB_OK;
+}
+
+/* A result that repeats an earlier one gets a copy of its buffer. */
+static tb_status tb__kit_copy_results(tb__kit_run *r, tb_backend_data *const *results) {
+    const tb__plan *plan = r->c->plan;
+    size_t i;
+    for (i = 0; i < plan->num_results; i++) {
+        int32_t src = plan->result_source[i];
+        size_t size = 0;
+        tb__kbuf *copy = NULL, from;
+        tb_status st;
+        if (src < 0) continue;
+        /* the buffer it repeats may be a donated one: its size is the slot's */
+        st = tb_shape_nbytes(&plan->slots[plan->result_slot[src]].shape, &size);
+        if (st == TB_OK) st = r->R->alloc(r->dev, size, &copy);
+        if (st != TB_OK) return st;
+        memset(&from, 0, sizeof from);
+        from.mem = r->mems[plan->result_slot[src]];
+        from.dev = r->dev;
+        from.size = size;
+        st = size == 0 ? TB_OK : r->R->copy(r->dev, &from, copy, size);
+        if (st != TB_OK) {
+            r->R->release(copy);
+            return st;
+        }
+        results[i]->payload = copy;
+    }
+    return TB_OK;
+}
+
+/* TB_DEBUG=2: one line per kernel with its time, GB/s and GFLOP/s. */
+static void tb__kit_profile(tb__kit_run *r) {
+    const tb__plan *plan = r->c->plan;
+    size_t i;
+    r->R->finish(r->dev);
+    for (i = 0; i < plan->num_kernels; i++) {
+        double ns;
+        if (!r->timed[i]) continue;
+        ns = r->R->elapsed(r->dev, r->events[i]);
+        r->timed[i] = false;
+        if (ns < 1) ns = 1;
+        tb_log_message(TB_LOG_DEBUG, "%s:%d %-24s %10.3f ms %9.2f GB/s %9.2f GFLOP/s", r->R->name,
+                       (int)r->R->ordinal(r->dev), plan->kernels[i].name, ns / 1e6,
+                       plan->kernels[i].bytes / ns, plan->kernels[i].flops / ns);
+    }
+}
+
+/* Hands the results over (success) or drops the copies made for them (failure), then frees
+   everything the run still owns. Donated buffers become their results' (success), or are
+   freed once written (failure); either way their arguments lose them. */
+static void tb__kit_run_finish(tb__kit_run *r, tb_status st, tb_backend_data *const *arguments,
+                               tb_backend_data *const *results) {
+    const tb__plan *plan = r->c->plan;
+    const tb__kit_runtime *R = r->R;
+    size_t i;
+    for (i = 0; i < plan->num_results && r->owned != NULL; i++) {
+        int32_t d = plan->result_alias[i];
+        if (d >= 0) {
+            if (st == TB_OK) {
+                results[i]->payload = arguments[d]->payload;
+                arguments[d]->payload = NULL;
+            } else if (r->consumed) {
+                R->release((tb__kbuf *)arguments[d]->payload);
+                arguments[d]->payload = NULL;
+            }
+            continue;
+        }
+        if (plan->result_source[i] >= 0) {
+            if (st != TB_OK && results[i]->payload != NULL) {
+                R->release((tb__kbuf *)results[i]->payload);
+                results[i]->payload = NULL;
+            }
+        } else if (st == TB_OK) {
+            results[i]->payload = r->owned[plan->result_slot[i]];
+            r->owned[plan->result_slot[i]] = NULL;
+        }
+    }
+    if (st == TB_OK && R->flush != NULL) R->flush(r->dev);
+    for (i = 0; r->owned != NULL && i < plan->num_slots; i++)
+        if (r->owned[i] != NULL) R->release(r->owned[i]);
+    for (i = 0; r->timed != NULL && i < plan->num_kernels; i++)
+        if (r->timed[i]) (void)R->elapsed(r->dev, r->events[i]);
+    if (r->err_buf != NULL) R->release(r->err_buf);
+    if (r->table_buf != NULL) R->release(r->table_buf);
+    tb__free(r->owned);
+    tb__free(r->mems);
+    tb__free(r->args);
+    tb__free(r->events);
+    tb__free(r->timed);
+}
+
+/* The kernels in order; temporaries nobody reads any more go back to the cache (the runtime
+   runs its launches in order). A first run of a runtime whose driver compiles at the first
+   launch waits for each new function's first launch, to report progress. */
+static tb_status tb__kit_run_kernels(tb__kit_run *r, tb_backend_data *const *arguments) {
+    const tb__plan *p = r->c->plan;
+    bool watch = r->R->lazy_build && TB__ATOMIC_LOAD(&r->c->ran) == 0 && tb__progress_wanted();
+    size_t i, j, done = 0, total = watch ? tb__plan_functions(p) : 0;
+    tb_status st = TB_OK;
+    for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
+        if ((int32_t)i == p->first_alias) st = tb__kit_run_consume(r, arguments);
+        if (st == TB_OK) st = tb__kit_run_kernel(r, i, arguments);
+        if (st == TB_OK && watch && tb__plan_first_of_function(p, i)) {
+            r->R->finish(r->dev);
+            tb__progress_kernels(++done, total);
+        }
+        for (j = 0; j < p->num_slots && st == TB_OK; j++) {
+            if (p->slots[j].kind == TB__SLOT_TEMP && r->owned[j] != NULL &&
+                p->slots[j].last_use <= (int32_t)i) {
+                r->R->release(r->owned[j]);
+                r->owned[j] = NULL;
+                r->mems[j] = NULL;
+            }
+        }
+    }
+    return st;
+}
+
+/* Runs a computation under its device's lock (runs on other devices go on meanwhile). */
+static tb_status tb__kit_execute(void *user_data, void *computation,
+                                 tb_backend_data *const *arguments, size_t num_arguments,
+                                 tb_backend_data *const *results, size_t num_results) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kit_comp *c = (tb__kit_comp *)computation;
+    const tb__plan *p = c != NULL ? c->plan : NULL;
+    tb__kit_run r;
+    tb_status st;
+    if (p == NULL || num_arguments != p->num_params || num_results != p->num_results) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "%s: execute with %zu arguments and %zu results, the computation has "
+                         "%zu and %zu",
+                         R->name, num_arguments, num_results, p != NULL ? p->num_params : 0,
+                         p != NULL ? p->num_results : 0);
+    }
+    memset(&r, 0, sizeof r);
+    r.c = c;
+    r.R = R;
+    r.dev = c->dev;
+    R->lock(r.dev);
+    if (!R->alive(r.dev)) {
+        R->unlock(r.dev);
+        return tb__error(TB_ERR_STATE, "%s: the computation outlived the backend", R->name);
+    }
+    st = tb__kit_run_init(&r, arguments);
+    if (st == TB_OK) st = tb__kit_run_kernels(&r, arguments);
+    if (st == TB_OK) st = tb__kit_copy_results(&r, results);
+    if (st == TB_OK && R->ran != NULL) R->ran(r.dev, c->program);
+    if (st == TB_OK) st = tb__kit_run_flag(&r);
+    if (st == TB_OK && r.timed != NULL) tb__kit_profile(&r);
+    if (st == TB_OK && TB__ATOMIC_LOAD(&c->ran) == 0) (void)TB__ATOMIC_ADD(&c->ran, 1);
+    (void)TB__ATOMIC_ADD(&R->stats(r.dev)->launches, (uint64_t)r.launches);
+    if (r.launches > 0) tb__kit_count(R, r.dev, "KernelLaunch", r.launches);
+    if (r.kept > 0) tb__kit_count(R, r.dev, "PanelsKept", r.kept);
+    tb__kit_run_finish(&r, st, arguments, results);
+    R->unlock(r.dev);
+    return st;
+}
+
+/* ---- IR hooks, metrics, registration ---- */
+
+static bool tb__kit_supports_node(void *user_data, const tb_node *node) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    if (R->supports != NULL && !R->supports(node)) return false;
+    if (node->op >= TB_OP_BUILTIN_COUNT) {
+        /* custom ops with a kernel expression */
+        const tb_custom_op_desc *d = tb__plan_custom(node->op);
+        return d != NULL && d->opencl_expr != NULL && d->infer_shape == NULL;
+    }
+    return node->op >= 0;
+}
+
+static void tb__kit_report_device(const tb__kit_runtime *R, void *dev, const tb_device_info *info,
+                                  tb__str *s) {
+    const tb__kit_stats *k = R->stats(dev);
+    tb__str_append(s, "Device: %s:%d (%s, %s, %u compute units)\n", R->name, (int)R->ordinal(dev),
+                   info->name, tb_device_type_name(info->device.type),
+                   (unsigned)info->compute_units);
+#define TB__KIT_LINE(what, value)                                                                  \
+    tb__str_append(s, "  %s::%s: %llu\n", R->metric, what, (unsigned long long)(value))
+    TB__KIT_LINE("BytesInUse", k->bytes_in_use);
+    TB__KIT_LINE("PeakBytesInUse", k->peak_bytes);
+    TB__KIT_LINE("BytesCached", k->cached_bytes);
+    TB__KIT_LINE(R->build_metric, TB__ATOMIC_LOAD(&k->builds));
+    TB__KIT_LINE("DiskCacheHit", TB__ATOMIC_LOAD(&k->disk_hits));
+    TB__KIT_LINE("DiskCacheMiss", TB__ATOMIC_LOAD(&k->disk_misses));
+    TB__KIT_LINE("DiskCacheRejected", TB__ATOMIC_LOAD(&k->disk_rejected));
+    TB__KIT_LINE("KernelLaunch", TB__ATOMIC_LOAD(&k->launches));
+#undef TB__KIT_LINE
+    if (R->report != NULL) R->report(dev, s);
+}
+
+static size_t tb__kit_metrics_report(void *user_data, char *buf, size_t cap) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    char why[512];
+    size_t i, n, count;
+    tb__str s;
+    char *text;
+    memset(&s, 0, sizeof s);
+    why[0] = '\0';
+    count = R->devices(NULL, 0, why, sizeof why);
+    if (count == 0) tb__str_append(&s, "%s: unavailable: %s\n", R->metric, why);
+    for (i = 0; i < count; i++) {
+        void *dev = R->open((int32_t)i, R->name, true);
+        tb_device_info info;
+        if (dev == NULL) continue;
+        R->info(dev, false, &info);
+        R->lock(dev);
+        tb__kit_report_device(R, dev, &info, &s);
+        R->unlock(dev);
+        R->close(dev);
+    }
+    text = tb__str_take(&s);
+    if (text == NULL) {
+        if (cap > 0) buf[0] = '\0';
+        return 0;
+    }
+    n = strlen(text);
+    if (cap > 0) {
+        size_t k = n < cap - 1 ? n : cap - 1;
+        memcpy(buf, text, k);
+        buf[k] = '\0';
+    }
+    tb__free(text);
+    return n;
+}
+
+static void tb__kit_prepare_to_exit(void *user_data) {
+    ((const tb__kit_runtime *)user_data)->exit();
+}
+
+static void tb__kit_impl(const tb__kit_runtime *R, tb_backend_impl *impl) {
+    memset(impl, 0, sizeof *impl);
+    impl->user_data = (void *)(uintptr_t)R;
+    impl->prepare_to_exit = tb__kit_prepare_to_exit;
+    impl->supports_node = tb__kit_supports_node;
+    impl->data_from_host = tb__kit_data_from_host;
+    impl->data_from_scalar = tb__kit_data_from_scalar;
+    impl->data_to_host = tb__kit_data_to_host;
+    impl->data_release = tb__kit_data_release;
+    impl->data_map_host = tb__kit_data_map_host;
+    impl->data_unmap_host = tb__kit_data_unmap_host;
+    impl->create_lowering_context = tb__kit_create_lowering_context;
+    impl->release_lowering_context = tb__kit_release_lowering_context;
+    impl->compile = tb__kit_compile;
+    impl->execute = tb__kit_execute;
+    impl->release_computation = tb__kit_release_computation;
+    impl->computation_backend_text = tb__kit_backend_text;
+    impl->get_node_kernel = tb__kit_get_node_kernel;
+    impl->get_backend_devices = tb__kit_get_backend_devices;
+    impl->get_device_info = tb__kit_get_device_info;
+    impl->create_metrics_report = tb__kit_metrics_report;
+}
+
 /* ---- src/runtime/opencl/opencl_internal.h ---- */
 /* ===========================================================================================
    The internal contract of the OpenCL backend's parts (opencl_api.c, opencl_device.c,
@@ -28525,16 +29505,14 @@ static bool tb__ocl_load_library(tb__cl_api *api, char *reason, size_t cap);
 struct tb__ocl_runtime;
 struct tb__ocl_device;
 
-/* A device buffer: the payload of every opencl tb_backend_data. `mem` is NULL for a scalar made
-   by data_from_scalar (its value lives in tb_backend_data.scalar until a kernel needs it in
-   memory). */
+/* A device buffer: the payload of an opencl tb_backend_data with memory (k.mem its cl_mem, k.dev
+   its tb__ocl_device). */
 typedef struct tb__ocl_buffer {
-    struct tb__ocl_device *dev;
-    tb__cl_mem mem;
-    size_t size;  /* bytes asked for */
-    size_t cap;   /* bytes the cl_mem holds: the size class */
-    uint64_t gen; /* tb__next_generation when it was handed out or last written */
+    tb__kbuf k;
 } tb__ocl_buffer;
+
+#define TB__OCL_MEM(b) ((tb__cl_mem)(b)->k.mem)
+#define TB__OCL_DEV(b) ((tb__ocl_device *)(b)->k.dev)
 
 /* A built program shared by every computation whose source is the same. */
 typedef struct tb__ocl_program {
@@ -28576,12 +29554,10 @@ typedef struct tb__ocl_device {
     /* the caching allocator: free buffers, oldest first */
     tb__ocl_buffer **cache;
     size_t cache_count, cache_cap;
-    uint64_t cached_bytes, cache_limit;
-    uint64_t bytes_in_use, peak_bytes;
     uint64_t buffers_created, buffers_reused, cache_trims;
     /* programs and statistics */
     tb__ocl_program *programs;
-    uint64_t program_builds, disk_hits, disk_misses, disk_rejected, kernels_launched, kernel_ns;
+    tb__kit_stats stats;
 } tb__ocl_device;
 
 typedef struct tb__ocl_runtime {
@@ -28622,7 +29598,6 @@ static tb_status tb__ocl_write(tb__ocl_device *dev, tb__ocl_buffer *buf, const v
 static tb_status tb__ocl_read(tb__ocl_device *dev, const tb__ocl_buffer *buf, void *host,
                               size_t size);
 static void tb__ocl_metric(tb__ocl_device *dev, const char *name, int64_t delta);
-static void tb__ocl_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]);
 
 /* ---- opencl_program.c: programs ---- */
 
@@ -29116,9 +30091,9 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
              tb__getenv("TB_OPENCL_BUILD_OPTIONS") != NULL ? " " : "",
              tb__getenv("TB_OPENCL_BUILD_OPTIONS") != NULL ? tb__getenv("TB_OPENCL_BUILD_OPTIONS")
                                                            : "");
-    dev->cache_limit = info->global_memory / 4;
-    if (dev->cache_limit < ((uint64_t)64 << 20)) dev->cache_limit = (uint64_t)64 << 20;
-    if (dev->cache_limit > ((uint64_t)4 << 30)) dev->cache_limit = (uint64_t)4 << 30;
+    dev->stats.cache_limit = info->global_memory / 4;
+    if (dev->stats.cache_limit < ((uint64_t)64 << 20)) dev->stats.cache_limit = (uint64_t)64 << 20;
+    if (dev->stats.cache_limit > ((uint64_t)4 << 30)) dev->stats.cache_limit = (uint64_t)4 << 30;
 }
 
 /* Platform order, then device order; devices that are not available or have no compiler are
@@ -29318,8 +30293,8 @@ static void tb__ocl_metric(tb__ocl_device *dev, const char *name, int64_t delta)
 }
 
 static void tb__ocl_buffer_destroy(tb__ocl_buffer *buf) {
-    tb__ocl_runtime *rt = buf->dev->rt;
-    if (buf->mem != NULL) TB__OCL_CALL(rt, ReleaseMemObject)(buf->mem);
+    tb__ocl_runtime *rt = TB__OCL_DEV(buf)->rt;
+    if (TB__OCL_MEM(buf) != NULL) TB__OCL_CALL(rt, ReleaseMemObject)(TB__OCL_MEM(buf));
     tb__free(buf);
     tb__ocl_runtime_unref(rt);
 }
@@ -29327,11 +30302,11 @@ static void tb__ocl_buffer_destroy(tb__ocl_buffer *buf) {
 /* Releases cached buffers, oldest first, until at most `keep` bytes stay cached. */
 static void tb__ocl_cache_trim(tb__ocl_device *dev, uint64_t keep) {
     size_t i = 0, n;
-    if (dev->cached_bytes <= keep) return;
-    while (i < dev->cache_count && dev->cached_bytes > keep) {
+    if (dev->stats.cached_bytes <= keep) return;
+    while (i < dev->cache_count && dev->stats.cached_bytes > keep) {
         tb__ocl_buffer *buf = dev->cache[i++];
-        dev->cached_bytes -= buf->cap;
-        tb__ocl_metric(dev, "OpenCL::BytesCached", -(int64_t)buf->cap);
+        dev->stats.cached_bytes -= buf->k.cap;
+        tb__ocl_metric(dev, "OpenCL::BytesCached", -(int64_t)buf->k.cap);
         tb__ocl_buffer_destroy(buf);
     }
     n = dev->cache_count - i;
@@ -29356,17 +30331,18 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
     }
     if ((uint64_t)cap > dev->max_alloc) cap = size;
     for (i = dev->cache_count; i-- > 0;) {
-        if (dev->cache[i]->cap == cap) {
+        if (dev->cache[i]->k.cap == cap) {
             buf = dev->cache[i];
             memmove(dev->cache + i, dev->cache + i + 1,
                     (dev->cache_count - i - 1) * sizeof *dev->cache);
             dev->cache_count--;
-            dev->cached_bytes -= cap;
+            dev->stats.cached_bytes -= cap;
             dev->buffers_reused++;
-            buf->size = size;
-            buf->gen = tb__next_generation();
-            dev->bytes_in_use += cap;
-            if (dev->bytes_in_use > dev->peak_bytes) dev->peak_bytes = dev->bytes_in_use;
+            buf->k.size = size;
+            buf->k.gen = tb__next_generation();
+            dev->stats.bytes_in_use += cap;
+            if (dev->stats.bytes_in_use > dev->stats.peak_bytes)
+                dev->stats.peak_bytes = dev->stats.bytes_in_use;
             tb__ocl_metric(dev, "OpenCL::BytesCached", -(int64_t)cap);
             tb__ocl_metric(dev, "OpenCL::BytesInUse", (int64_t)cap);
             tb__ocl_metric(dev, "OpenCL::BufferReuse", 1);
@@ -29392,18 +30368,19 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
                          "opencl:%d: clCreateBuffer of %zu bytes failed: %s (%d); %llu bytes in "
                          "use, device memory %llu bytes",
                          (int)dev->ordinal, cap, tb__cl_error_name(err), (int)err,
-                         (unsigned long long)dev->bytes_in_use,
+                         (unsigned long long)dev->stats.bytes_in_use,
                          (unsigned long long)dev->info.global_memory);
     }
-    buf->dev = dev;
-    buf->mem = mem;
-    buf->size = size;
-    buf->cap = cap;
-    buf->gen = tb__next_generation();
+    buf->k.dev = dev;
+    buf->k.mem = (void *)mem;
+    buf->k.size = size;
+    buf->k.cap = cap;
+    buf->k.gen = tb__next_generation();
     (void)TB__ATOMIC_ADD(&rt->refcount, 1);
     dev->buffers_created++;
-    dev->bytes_in_use += cap;
-    if (dev->bytes_in_use > dev->peak_bytes) dev->peak_bytes = dev->bytes_in_use;
+    dev->stats.bytes_in_use += cap;
+    if (dev->stats.bytes_in_use > dev->stats.peak_bytes)
+        dev->stats.peak_bytes = dev->stats.bytes_in_use;
     tb__ocl_metric(dev, "OpenCL::BytesInUse", (int64_t)cap);
     tb__ocl_metric(dev, "OpenCL::BufferCreate", 1);
     *out = buf;
@@ -29415,23 +30392,23 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
 static void tb__ocl_buffer_free(tb__ocl_buffer *buf) {
     tb__ocl_device *dev;
     if (buf == NULL) return;
-    dev = buf->dev;
-    if (buf->mem == NULL) {
+    dev = TB__OCL_DEV(buf);
+    if (TB__OCL_MEM(buf) == NULL) {
         tb__ocl_buffer_destroy(buf);
         return;
     }
-    dev->bytes_in_use -= buf->cap;
-    tb__ocl_metric(dev, "OpenCL::BytesInUse", -(int64_t)buf->cap);
-    if (dev->rt->exited || (uint64_t)buf->cap > dev->cache_limit ||
+    dev->stats.bytes_in_use -= buf->k.cap;
+    tb__ocl_metric(dev, "OpenCL::BytesInUse", -(int64_t)buf->k.cap);
+    if (dev->rt->exited || (uint64_t)buf->k.cap > dev->stats.cache_limit ||
         tb__grow((void **)&dev->cache, &dev->cache_cap, dev->cache_count + 1, sizeof *dev->cache) !=
             TB_OK) {
         tb__ocl_buffer_destroy(buf);
         return;
     }
     dev->cache[dev->cache_count++] = buf;
-    dev->cached_bytes += buf->cap;
-    tb__ocl_metric(dev, "OpenCL::BytesCached", (int64_t)buf->cap);
-    tb__ocl_cache_trim(dev, dev->cache_limit);
+    dev->stats.cached_bytes += buf->k.cap;
+    tb__ocl_metric(dev, "OpenCL::BytesCached", (int64_t)buf->k.cap);
+    tb__ocl_cache_trim(dev, dev->stats.cache_limit);
 }
 
 /* ---- transfers ---- */
@@ -29442,17 +30419,19 @@ static tb_status tb__ocl_write(tb__ocl_device *dev, tb__ocl_buffer *buf, const v
     tb__cl_int err = TB__CL_SUCCESS;
     if (size == 0) return TB_OK;
     if (dev->info.unified_memory) {
-        void *p = TB__OCL_CALL(rt, EnqueueMapBuffer)(
-            dev->queue, buf->mem, TB__CL_TRUE, TB__CL_MAP_WRITE, 0, size, 0, NULL, NULL, &err);
+        void *p =
+            TB__OCL_CALL(rt, EnqueueMapBuffer)(dev->queue, TB__OCL_MEM(buf), TB__CL_TRUE,
+                                               TB__CL_MAP_WRITE, 0, size, 0, NULL, NULL, &err);
         if (p != NULL && err == TB__CL_SUCCESS) {
             memcpy(p, host, size);
-            err = TB__OCL_CALL(rt, EnqueueUnmapMemObject)(dev->queue, buf->mem, p, 0, NULL, NULL);
+            err = TB__OCL_CALL(rt, EnqueueUnmapMemObject)(dev->queue, TB__OCL_MEM(buf), p, 0, NULL,
+                                                          NULL);
             if (err == TB__CL_SUCCESS) return TB_OK;
         }
         /* fall through to an explicit write */
     }
-    err = TB__OCL_CALL(rt, EnqueueWriteBuffer)(dev->queue, buf->mem, TB__CL_TRUE, 0, size, host, 0,
-                                               NULL, NULL);
+    err = TB__OCL_CALL(rt, EnqueueWriteBuffer)(dev->queue, TB__OCL_MEM(buf), TB__CL_TRUE, 0, size,
+                                               host, 0, NULL, NULL);
     if (err != TB__CL_SUCCESS) {
         return tb__error(tb__cl_is_oom(err) ? TB_ERR_OUT_OF_MEMORY : TB_ERR_EXECUTE,
                          "opencl:%d: writing %zu bytes to the device failed: %s (%d)",
@@ -29467,30 +30446,23 @@ static tb_status tb__ocl_read(tb__ocl_device *dev, const tb__ocl_buffer *buf, vo
     tb__cl_int err = TB__CL_SUCCESS;
     if (size == 0) return TB_OK;
     if (dev->info.unified_memory) {
-        void *p = TB__OCL_CALL(rt, EnqueueMapBuffer)(dev->queue, buf->mem, TB__CL_TRUE,
+        void *p = TB__OCL_CALL(rt, EnqueueMapBuffer)(dev->queue, TB__OCL_MEM(buf), TB__CL_TRUE,
                                                      TB__CL_MAP_READ, 0, size, 0, NULL, NULL, &err);
         if (p != NULL && err == TB__CL_SUCCESS) {
             memcpy(host, p, size);
-            err = TB__OCL_CALL(rt, EnqueueUnmapMemObject)(dev->queue, buf->mem, p, 0, NULL, NULL);
+            err = TB__OCL_CALL(rt, EnqueueUnmapMemObject)(dev->queue, TB__OCL_MEM(buf), p, 0, NULL,
+                                                          NULL);
             if (err == TB__CL_SUCCESS) return TB_OK;
         }
     }
-    err = TB__OCL_CALL(rt, EnqueueReadBuffer)(dev->queue, buf->mem, TB__CL_TRUE, 0, size, host, 0,
-                                              NULL, NULL);
+    err = TB__OCL_CALL(rt, EnqueueReadBuffer)(dev->queue, TB__OCL_MEM(buf), TB__CL_TRUE, 0, size,
+                                              host, 0, NULL, NULL);
     if (err != TB__CL_SUCCESS) {
         return tb__error(TB_ERR_EXECUTE,
                          "opencl:%d: reading %zu bytes from the device failed: %s (%d)",
                          (int)dev->ordinal, size, tb__cl_error_name(err), (int)err);
     }
     return TB_OK;
-}
-
-/* A scalar's value as the bytes of its dtype, converted as the reference backend converts
-   it (tb__scalar_store: NaN and out-of-range values are defined, never a C cast's undefined
-   behaviour), so that a kernel sees the value the cpu backend computes with. */
-static void tb__ocl_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]) {
-    memset(out, 0, 8);
-    tb__scalar_store(s, dtype, out);
 }
 
 #endif /* TB_NO_OPENCL */
@@ -29675,11 +30647,11 @@ static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, si
         }
     }
     if (prog != NULL) {
-        (void)TB__ATOMIC_ADD(&dev->disk_hits, 1);
+        (void)TB__ATOMIC_ADD(&dev->stats.disk_hits, 1);
         tb__ocl_metric(dev, "OpenCL::DiskCacheHit", 1);
         tb__progress_from_disk();
     } else {
-        (void)TB__ATOMIC_ADD(&dev->disk_misses, 1);
+        (void)TB__ATOMIC_ADD(&dev->stats.disk_misses, 1);
         tb__ocl_metric(dev, "OpenCL::DiskCacheMiss", 1);
         if (why != NULL) {
             if (tb_debug_level() >= 1) {
@@ -29687,7 +30659,7 @@ static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, si
                                (int)dev->ordinal, path, why);
             }
             tb__disk_reject(path);
-            (void)TB__ATOMIC_ADD(&dev->disk_rejected, 1);
+            (void)TB__ATOMIC_ADD(&dev->stats.disk_rejected, 1);
             tb__ocl_metric(dev, "OpenCL::DiskCacheRejected", 1);
         }
     }
@@ -29732,7 +30704,7 @@ static tb__cl_program tb__ocl_build_source(tb__ocl_device *dev, const char *src,
                   (int)dev->ordinal, tb__cl_error_name(err), (int)err);
         return NULL;
     }
-    (void)TB__ATOMIC_ADD(&dev->program_builds, 1);
+    (void)TB__ATOMIC_ADD(&dev->stats.builds, 1);
     tb__ocl_metric(dev, "OpenCL::ProgramBuild", 1);
     err = TB__OCL_CALL(rt, BuildProgram)(prog, 1, &dev->id, dev->build_options, NULL, NULL);
     if (err == TB__CL_SUCCESS) return prog;
@@ -29812,26 +30784,27 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
 
 /* ---- src/runtime/opencl/opencl.c ---- */
 /* ===========================================================================================
-   OpenCL backend ("opencl"): the backend's entries over the runtime (opencl_device.c) and the
-   programs (opencl_program.c); a lowering that partitions a graph into fused kernels
-   (elementwise chains, reductions with their elementwise producers, matmul with an elementwise
-   epilogue, movement ops as index arithmetic), all kernels of a graph in one program.
+   OpenCL backend ("opencl"): the runtime's table for the kit (kit.c, which owns the backend's
+   entries) over the devices and buffers (opencl_device.c) and the programs (opencl_program.c),
+   the OpenCL C dialect of the code generator, the default device, and the public calls of
+   opencl.h. All kernels of a graph are one program.
    =========================================================================================== */
 
 #ifndef TB_NO_OPENCL
 
-/* ---- backend entries: devices ---- */
+/* ---- devices ---- */
 
-static size_t tb__ocl_get_backend_devices(void *user_data, tb_device *out, size_t cap) {
+static size_t tb__ocl_devices(tb_device *out, size_t cap, char *why, size_t why_cap) {
     tb__ocl_runtime *rt;
     size_t i, n = 0;
-    (void)user_data;
     tb__mutex_lock(&tb__ocl_mutex);
     rt = tb__ocl_runtime_get();
     if (rt != NULL && rt->status == TB_OK) {
         n = rt->num_devices;
         for (i = 0; i < n && i < cap; i++)
             out[i] = rt->devices[i].info.device;
+    } else if (why_cap > 0) {
+        snprintf(why, why_cap, "%s", rt != NULL ? rt->reason : "out of memory");
     }
     tb__mutex_unlock(&tb__ocl_mutex);
     return n;
@@ -29855,16 +30828,6 @@ static tb_status tb__ocl_get_backend_device(void *user_data, int32_t ordinal, tb
     }
     tb__mutex_unlock(&tb__ocl_mutex);
     return st;
-}
-
-static tb_status tb__ocl_get_device_info(void *user_data, int32_t ordinal, tb_device_info *out) {
-    tb_device dev;
-    tb_status st = tb__ocl_get_backend_device(user_data, ordinal, &dev);
-    if (st != TB_OK) return st;
-    tb__mutex_lock(&tb__ocl_mutex);
-    *out = tb__ocl_current->devices[ordinal].info;
-    tb__mutex_unlock(&tb__ocl_mutex);
-    return TB_OK;
 }
 
 static tb_device_type tb__ocl_get_default_device_type(void *user_data) {
@@ -29931,236 +30894,118 @@ static tb_device_type tb__ocl_eager_fallback_device_type(void *user_data) {
     return TB_DEVICE_CPU;
 }
 
-static size_t tb__ocl_metrics_report(void *user_data, char *buf, size_t cap) {
-    tb__str s;
+/* A device with a reference on its runtime: ready for work (its context and queue made) unless
+   `bare`. */
+static void *tb__ocl_open(int32_t ordinal, const char *func, bool bare) {
+    tb__ocl_device *dev = NULL;
     tb__ocl_runtime *rt;
-    size_t i, n;
-    char *text;
-    (void)user_data;
-    memset(&s, 0, sizeof s);
     tb__mutex_lock(&tb__ocl_mutex);
-    rt = tb__ocl_runtime_get();
-    if (rt == NULL || rt->status != TB_OK) {
-        tb__str_append(&s, "OpenCL: unavailable: %s\n", rt != NULL ? rt->reason : "out of memory");
+    if (!bare) {
+        dev = tb__ocl_device_get(ordinal, func);
+    } else if ((rt = tb__ocl_runtime_get()) == NULL) {
+        tb__error(TB_ERR_OUT_OF_MEMORY, "%s: out of memory", func);
+    } else if (rt->status != TB_OK) {
+        tb__error(rt->status, "%s", rt->reason);
+    } else if (ordinal < 0 || (size_t)ordinal >= rt->num_devices) {
+        tb__error(TB_ERR_NOT_FOUND, "%s: no device with ordinal %d (%zu device%s)", func,
+                  (int)ordinal, rt->num_devices, rt->num_devices == 1 ? "" : "s");
     } else {
-        for (i = 0; i < rt->num_devices; i++) {
-            tb__ocl_device *d = &rt->devices[i];
-            tb__mutex_lock(&d->lock);
-            tb__str_append(&s, "Device: opencl:%zu (%s, %s)\n", i, d->info.name,
-                           tb_device_type_name(d->info.device.type));
-            tb__str_append(&s, "  OpenCL::BytesInUse: %llu\n", (unsigned long long)d->bytes_in_use);
-            tb__str_append(&s, "  OpenCL::PeakBytesInUse: %llu\n",
-                           (unsigned long long)d->peak_bytes);
-            tb__str_append(&s, "  OpenCL::BytesCached: %llu\n",
-                           (unsigned long long)d->cached_bytes);
-            tb__str_append(&s, "  OpenCL::BufferCreate: %llu\n",
-                           (unsigned long long)d->buffers_created);
-            tb__str_append(&s, "  OpenCL::BufferReuse: %llu\n",
-                           (unsigned long long)d->buffers_reused);
-            tb__str_append(&s, "  OpenCL::CacheTrim: %llu\n", (unsigned long long)d->cache_trims);
-            tb__str_append(&s, "  OpenCL::ProgramBuild: %llu\n",
-                           (unsigned long long)TB__ATOMIC_LOAD(&d->program_builds));
-            tb__str_append(&s, "  OpenCL::DiskCacheHit: %llu\n",
-                           (unsigned long long)TB__ATOMIC_LOAD(&d->disk_hits));
-            tb__str_append(&s, "  OpenCL::DiskCacheMiss: %llu\n",
-                           (unsigned long long)TB__ATOMIC_LOAD(&d->disk_misses));
-            tb__str_append(&s, "  OpenCL::DiskCacheRejected: %llu\n",
-                           (unsigned long long)TB__ATOMIC_LOAD(&d->disk_rejected));
-            tb__str_append(&s, "  OpenCL::KernelLaunch: %llu\n",
-                           (unsigned long long)d->kernels_launched);
-            tb__mutex_unlock(&d->lock);
-        }
+        dev = &rt->devices[ordinal];
     }
+    if (dev != NULL) tb__ocl_runtime_ref(dev->rt);
     tb__mutex_unlock(&tb__ocl_mutex);
-    text = tb__str_take(&s);
-    if (text == NULL) {
-        if (cap > 0) buf[0] = '\0';
-        return 0;
-    }
-    n = strlen(text);
-    if (cap > 0) {
-        size_t k = n < cap - 1 ? n : cap - 1;
-        memcpy(buf, text, k);
-        buf[k] = '\0';
-    }
-    tb__free(text);
-    return n;
+    return dev;
 }
 
-/* ---- backend entries: data ---- */
+static void tb__ocl_close(void *dev) {
+    tb__ocl_runtime_unref(((tb__ocl_device *)dev)->rt);
+}
 
-static tb_status tb__ocl_data_from_host(void *user_data, tb_backend_data *data, const void *host) {
-    tb__ocl_device *dev;
-    tb__ocl_buffer *buf = NULL;
-    size_t size;
-    tb_status st;
-    (void)user_data;
-    st = tb_shape_nbytes(&data->shape, &size);
-    if (st != TB_OK) return st;
-    dev = tb__ocl_device_acquire(data->device.ordinal, "opencl");
-    if (dev == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
-    st = tb__ocl_buffer_alloc(dev, size, &buf);
-    if (st == TB_OK) {
-        st = tb__ocl_write(dev, buf, host, size);
-        if (st != TB_OK) {
-            tb__ocl_buffer_free(buf);
-            buf = NULL;
-        }
-    }
-    tb__ocl_device_release(dev);
-    if (st == TB_OK) data->payload = buf;
+static bool tb__ocl_alive(void *dev) {
+    return !((tb__ocl_device *)dev)->rt->exited;
+}
+
+static int32_t tb__ocl_ordinal(void *dev) {
+    return ((tb__ocl_device *)dev)->ordinal;
+}
+
+static void tb__ocl_info(void *dev, bool full, tb_device_info *out) {
+    (void)full;
+    *out = ((tb__ocl_device *)dev)->info; /* set once, when the runtime loaded */
+}
+
+static tb__kit_stats *tb__ocl_stats(void *dev) {
+    return &((tb__ocl_device *)dev)->stats;
+}
+
+/* The lock holds a reference on the runtime: a buffer's release may drop the last one
+   otherwise, and the device with it, before the unlock. */
+static void tb__ocl_lock(void *dev) {
+    tb__ocl_device_lock((tb__ocl_device *)dev);
+}
+
+static void tb__ocl_unlock(void *dev) {
+    tb__ocl_device_release((tb__ocl_device *)dev);
+}
+
+static void tb__ocl_report(void *dev, tb__str *s) {
+    tb__ocl_device *d = (tb__ocl_device *)dev;
+    tb__str_append(s, "  OpenCL::BufferCreate: %llu\n", (unsigned long long)d->buffers_created);
+    tb__str_append(s, "  OpenCL::BufferReuse: %llu\n", (unsigned long long)d->buffers_reused);
+    tb__str_append(s, "  OpenCL::CacheTrim: %llu\n", (unsigned long long)d->cache_trims);
+}
+
+/* ---- memory ---- */
+
+static tb_status tb__ocl_alloc(void *dev, size_t bytes, tb__kbuf **out) {
+    tb__ocl_buffer *b = NULL;
+    tb_status st = tb__ocl_buffer_alloc((tb__ocl_device *)dev, bytes, &b);
+    *out = b != NULL ? &b->k : NULL;
     return st;
 }
 
-/* The value stays on the host (kernels take scalars as arguments); device memory is made only
-   if a kernel reads it as an array. */
-static tb_status tb__ocl_data_from_scalar(void *user_data, tb_backend_data *data, tb_scalar value) {
-    tb__ocl_device *dev;
-    tb__ocl_buffer *buf;
-    (void)user_data;
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(data->device.ordinal, "opencl");
-    if (dev == NULL) {
-        tb__mutex_unlock(&tb__ocl_mutex);
-        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
-    }
-    buf = (tb__ocl_buffer *)tb__calloc(1, sizeof *buf);
-    if (buf == NULL) {
-        tb__mutex_unlock(&tb__ocl_mutex);
-        return TB_ERR_OUT_OF_MEMORY;
-    }
-    buf->dev = dev;
-    tb__ocl_runtime_ref(dev->rt);
-    tb__mutex_unlock(&tb__ocl_mutex);
-    data->is_scalar = true;
-    data->scalar = value;
-    data->payload = buf;
-    return TB_OK;
+static void tb__ocl_release(tb__kbuf *b) {
+    tb__ocl_buffer_free((tb__ocl_buffer *)b);
 }
 
-static tb_status tb__ocl_data_to_host(void *user_data, const tb_backend_data *data, void *host) {
-    tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
-    size_t size;
-    tb_status st;
-    (void)user_data;
-    st = tb_shape_nbytes(&data->shape, &size);
-    if (st != TB_OK) return st;
-    if (buf == NULL) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "opencl: data_to_host of a data without a value");
-    }
-    if (buf->mem == NULL) {
-        unsigned char bytes[8];
-        tb__ocl_scalar_bytes(data->shape.dtype, data->scalar, bytes);
-        memcpy(host, bytes, size < 8 ? size : 8);
-        return TB_OK;
-    }
-    tb__ocl_device_lock(buf->dev);
-    if (buf->dev->rt->exited) {
-        st = tb__error(TB_ERR_STATE, "opencl: the backend was shut down");
-    } else {
-        st = tb__ocl_read(buf->dev, buf, host, size);
-    }
-    tb__ocl_device_release(buf->dev);
-    return st;
+static tb_status tb__ocl_write_entry(void *dev, tb__kbuf *b, const void *host, size_t bytes) {
+    return tb__ocl_write((tb__ocl_device *)dev, (tb__ocl_buffer *)b, host, bytes);
 }
 
-static void tb__ocl_data_release(void *user_data, tb_backend_data *data) {
-    tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
-    tb__ocl_device *dev;
-    (void)user_data;
-    if (buf == NULL) return;
-    dev = buf->dev;
-    tb__ocl_device_lock(dev);
-    tb__ocl_buffer_free(buf);
-    tb__ocl_device_release(dev);
-    data->payload = NULL;
+static tb_status tb__ocl_read_entry(void *dev, const tb__kbuf *b, void *host, size_t bytes) {
+    return tb__ocl_read((tb__ocl_device *)dev, (const tb__ocl_buffer *)b, host, bytes);
 }
 
-/* On a device that shares the host's memory, a buffer mapped into the host's address space
-   (no copy where the buffer is host memory, as PoCL's are): the library reads or writes the
-   values there for one host step, then unmaps. Elsewhere NULL: the library copies. */
-static void *tb__ocl_data_map_host(void *user_data, tb_backend_data *data, bool write) {
-    tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
-    tb__ocl_device *dev;
+static tb_status tb__ocl_copy(void *dev, const tb__kbuf *from, tb__kbuf *to, size_t bytes) {
+    tb__ocl_device *d = (tb__ocl_device *)dev;
+    tb__cl_int err = TB__OCL_CALL(d->rt, EnqueueCopyBuffer)(
+        d->queue, (tb__cl_mem)from->mem, (tb__cl_mem)to->mem, 0, 0, bytes, 0, NULL, NULL);
+    if (err == TB__CL_SUCCESS) return TB_OK;
+    return tb__error(TB_ERR_EXECUTE, "opencl:%d: clEnqueueCopyBuffer failed: %s (%d)",
+                     (int)d->ordinal, tb__cl_error_name(err), (int)err);
+}
+
+/* On a device that shares the host's memory, the buffer mapped into the host's address space
+   (no copy where the buffer is host memory, as PoCL's are). Elsewhere NULL: the library
+   copies. */
+static void *tb__ocl_map(void *dev, tb__kbuf *b, size_t bytes, bool write) {
+    tb__ocl_device *d = (tb__ocl_device *)dev;
     tb__cl_int err = TB__CL_SUCCESS;
-    void *p = NULL;
-    size_t size;
-    (void)user_data;
-    if (tb_shape_nbytes(&data->shape, &size) != TB_OK || size == 0) return NULL;
-    if (write) {
-        dev = tb__ocl_device_acquire(data->device.ordinal, "opencl");
-        if (dev == NULL) return NULL;
-        if (dev->info.unified_memory && tb__ocl_buffer_alloc(dev, size, &buf) != TB_OK) buf = NULL;
-        if (!dev->info.unified_memory) buf = NULL;
-    } else {
-        if (buf == NULL || buf->mem == NULL || !buf->dev->info.unified_memory) return NULL;
-        dev = buf->dev;
-        tb__ocl_device_lock(dev);
-    }
-    if (buf != NULL && !dev->rt->exited) {
-        p = TB__OCL_CALL(dev->rt, EnqueueMapBuffer)(dev->queue, buf->mem, TB__CL_TRUE,
-                                                    write ? TB__CL_MAP_WRITE : TB__CL_MAP_READ, 0,
-                                                    size, 0, NULL, NULL, &err);
-        if (err != TB__CL_SUCCESS) p = NULL;
-    }
-    if (write && buf != NULL) {
-        if (p != NULL) {
-            data->payload = buf;
-        } else {
-            tb__ocl_buffer_free(buf);
-        }
-    }
-    tb__ocl_device_release(dev);
-    return p;
+    void *p;
+    if (!d->info.unified_memory) return NULL;
+    p = TB__OCL_CALL(d->rt, EnqueueMapBuffer)(d->queue, (tb__cl_mem)b->mem, TB__CL_TRUE,
+                                              write ? TB__CL_MAP_WRITE : TB__CL_MAP_READ, 0, bytes,
+                                              0, NULL, NULL, &err);
+    return err == TB__CL_SUCCESS ? p : NULL;
 }
 
-static tb_status tb__ocl_data_unmap_host(void *user_data, tb_backend_data *data, void *host) {
-    tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
-    tb__cl_int err;
-    (void)user_data;
-    if (buf == NULL || buf->mem == NULL) return TB_OK;
-    tb__ocl_device_lock(buf->dev);
-    err = buf->dev->rt->exited ? TB__CL_SUCCESS
-                               : TB__OCL_CALL(buf->dev->rt, EnqueueUnmapMemObject)(
-                                     buf->dev->queue, buf->mem, host, 0, NULL, NULL);
-    tb__ocl_device_release(buf->dev);
-    if (err != TB__CL_SUCCESS) {
-        return tb__error(TB_ERR_EXECUTE, "opencl:%d: unmapping a buffer failed: %s (%d)",
-                         (int)buf->dev->ordinal, tb__cl_error_name(err), (int)err);
-    }
-    return TB_OK;
-}
-
-/* Device memory for a data that may hold a host scalar; NULL with the error set. */
-static tb__cl_mem tb__ocl_data_mem(tb__ocl_device *dev, tb_backend_data *data) {
-    tb__ocl_buffer *buf = (tb__ocl_buffer *)data->payload;
-    if (buf == NULL) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "opencl: an argument has no value");
-        return NULL;
-    }
-    if (buf->dev != dev) {
-        tb__error(TB_ERR_INVALID_ARGUMENT, "opencl: an argument lives on opencl:%d, not opencl:%d",
-                  (int)buf->dev->ordinal, (int)dev->ordinal);
-        return NULL;
-    }
-    if (buf->mem == NULL) {
-        /* a host scalar that a kernel reads as an array: give it device memory now */
-        unsigned char bytes[8];
-        tb__ocl_buffer *mem_buf = NULL;
-        size_t size = tb_dtype_size(data->shape.dtype);
-        tb__ocl_scalar_bytes(data->shape.dtype, data->scalar, bytes);
-        if (tb__ocl_buffer_alloc(dev, size, &mem_buf) != TB_OK) return NULL;
-        if (tb__ocl_write(dev, mem_buf, bytes, size) != TB_OK) {
-            tb__ocl_buffer_free(mem_buf);
-            return NULL;
-        }
-        buf->mem = mem_buf->mem;
-        buf->size = mem_buf->size;
-        buf->cap = mem_buf->cap;
-        mem_buf->mem = NULL;
-        tb__ocl_buffer_destroy(mem_buf);
-    }
-    return buf->mem;
+static tb_status tb__ocl_unmap(void *dev, tb__kbuf *b, void *host) {
+    tb__ocl_device *d = (tb__ocl_device *)dev;
+    tb__cl_int err = TB__OCL_CALL(d->rt, EnqueueUnmapMemObject)(d->queue, (tb__cl_mem)b->mem, host,
+                                                                0, NULL, NULL);
+    if (err == TB__CL_SUCCESS) return TB_OK;
+    return tb__error(TB_ERR_EXECUTE, "opencl:%d: unmapping a buffer failed: %s (%d)",
+                     (int)d->ordinal, tb__cl_error_name(err), (int)err);
 }
 
 /* ---- the OpenCL C dialect of the code generator ---- */
@@ -30308,10 +31153,14 @@ static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
 
 /* Code generation as for a GPU whatever the device (a test hook: the GPU variants of matmul
    and of the reductions then run on a CPU device too). */
+/* Code generation as for a GPU whatever the device (a test hook: the GPU variants of matmul
+   and of the reductions then run on a CPU device too). */
 static int tb__ocl_codegen_as_gpu = 0;
 
-/* What the planner needs to know of a device. */
-static void tb__ocl_target(const tb__ocl_device *dev, tb__tuning *tuning, tb__target *target) {
+/* What the planner and the code generator need to know of a device. */
+static void tb__ocl_target(void *device, tb__tuning *tuning, tb__target *target,
+                           tb__dialect *dialect) {
+    const tb__ocl_device *dev = (const tb__ocl_device *)device;
     bool cpu = dev->info.device.type == TB_DEVICE_CPU && !tb__ocl_codegen_as_gpu;
     tb__tuning_of(cpu ? TB__CLASS_CPU : TB__CLASS_GPU, tuning);
     if (cpu) {
@@ -30323,7 +31172,6 @@ static void tb__ocl_target(const tb__ocl_device *dev, tb__tuning *tuning, tb__ta
         shape.vec_regs = shape.vec_bytes >= 64 ? 32 : 16;
         tb__tuning_fit(tuning, &shape);
     }
-    memset(target, 0, sizeof *target);
     target->tuning = tuning;
     target->compute_units = dev->info.compute_units;
     target->max_group = dev->info.max_work_group_size;
@@ -30332,121 +31180,36 @@ static void tb__ocl_target(const tb__ocl_device *dev, tb__tuning *tuning, tb__ta
     target->buffer_align = dev->base_align_bits / 8;
     target->f64 = dev->info.supports_f64;
     target->acc_f64 = dev->info.supports_f64 && dev->info.device.type == TB_DEVICE_CPU;
+    tb__ocl_dialect(dev, dialect);
+    dialect->vec_width = tuning->vec_width > 0 ? tuning->vec_width : 16;
 }
 
-/* ---- backend entries: lowering, compile, execute ---- */
+/* ---- programs and kernels ---- */
 
-/* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
-   of the same generation) comes again. */
-typedef struct tb__ocl_kept {
-    const tb__ocl_buffer *src;
-    uint64_t gen;
-    tb__ocl_buffer *panels;
-} tb__ocl_kept;
-
-/* A compiled graph: its plan, its program and a kernel object per kernel. */
-typedef struct tb__ocl_comp {
-    tb__plan *plan;
-    int32_t ordinal;
-    char *source;
-    size_t source_len;
-    tb__ocl_runtime *rt; /* a reference */
-    tb__ocl_program *program;
-    tb__cl_kernel *cl;
-    size_t *local;      /* per kernel: the work-group size of kernels launched over items */
-    tb__ocl_kept *kept; /* per kernel: kept panels */
-    int32_t ran; /* atomic: it ran once (the driver compiled its kernels at their first launch) */
-} tb__ocl_comp;
-
-typedef struct tb__ocl_context {
-    tb__ocl_comp *comp; /* moves to the computation on a successful compile */
-} tb__ocl_context;
-
-static void tb__ocl_comp_release(tb__ocl_comp *c) {
-    size_t i;
-    tb__ocl_runtime *rt;
-    if (c == NULL) return;
-    rt = c->rt;
-    if (rt != NULL) {
-        tb__ocl_device *dev =
-            (size_t)c->ordinal < rt->num_devices ? &rt->devices[c->ordinal] : NULL;
-        if (c->cl != NULL) {
-            for (i = 0; i < c->plan->num_kernels; i++)
-                if (c->cl[i] != NULL) TB__OCL_CALL(rt, ReleaseKernel)(c->cl[i]);
-        }
-        if (dev != NULL && (c->program != NULL || c->kept != NULL)) {
-            tb__ocl_device_lock(dev);
-            if (c->program != NULL) tb__ocl_program_unref(dev, c->program);
-            for (i = 0; c->kept != NULL && i < c->plan->num_kernels; i++)
-                tb__ocl_buffer_free(c->kept[i].panels);
-            tb__ocl_device_release(dev);
-        }
-    }
-    tb__free(c->cl);
-    tb__free(c->local);
-    tb__free(c->kept);
-    tb__free(c->source);
-    tb__plan_free(c->plan);
-    tb__free(c);
-    tb__ocl_runtime_unref(rt);
-}
-
-/* Plans the graph for the device and renders the plan as OpenCL C (no lock: the device's facts
-   do not change). */
-static tb_status tb__ocl_create_lowering_context(void *user_data, const tb_graph *graph,
-                                                 void **context) {
-    tb__ocl_device *dev;
-    tb__ocl_comp *c;
-    tb__ocl_context *ctx;
-    tb__pgraph G;
-    tb__tuning tuning;
-    tb__target target;
-    tb__dialect dialect;
+/* The built program of a plan's source (progress: the driver compiles the kernels at their
+   first launch, which the kit reports). */
+static tb_status tb__ocl_build(void *dev, const tb__plan *plan, const char *src, size_t len,
+                               void **program) {
+    tb__ocl_program *p = NULL;
     tb_status st;
-    (void)user_data;
-    *context = NULL;
-    ctx = (tb__ocl_context *)tb__calloc(1, sizeof *ctx);
-    c = (tb__ocl_comp *)tb__calloc(1, sizeof *c);
-    if (ctx == NULL || c == NULL) {
-        tb__free(ctx);
-        tb__free(c);
-        return TB_ERR_OUT_OF_MEMORY;
-    }
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(graph->device.ordinal, "opencl");
-    if (dev != NULL) tb__ocl_runtime_ref(dev->rt);
-    tb__mutex_unlock(&tb__ocl_mutex);
-    if (dev == NULL) {
-        tb__free(ctx);
-        tb__free(c);
-        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
-    }
-    c->rt = dev->rt;
-    c->ordinal = dev->ordinal;
-    tb__ocl_target(dev, &tuning, &target);
-    tb__ocl_dialect(dev, &dialect);
-    dialect.vec_width = tuning.vec_width > 0 ? tuning.vec_width : 16;
-    st = tb__plan_build(graph, &target, &G, &c->plan);
-    if (st == TB_OK) {
-        st = tb__cg_render(&G, c->plan, &dialect, &c->source, &c->source_len);
-        tb__pgraph_free(&G);
-    }
-    if (st != TB_OK) {
-        tb__ocl_comp_release(c);
-        tb__free(ctx);
-    } else {
-        ctx->comp = c;
-        *context = ctx;
-    }
+    tb__progress_kernels(0, tb__plan_functions(plan));
+    st = tb__ocl_get_program((tb__ocl_device *)dev, src, len, &p);
+    *program = p;
     return st;
 }
 
-static void tb__ocl_release_lowering_context(void *user_data, void *context) {
-    tb__ocl_context *ctx = (tb__ocl_context *)context;
-    (void)user_data;
-    if (ctx == NULL) return;
-    tb__ocl_comp_release(ctx->comp);
-    tb__free(ctx);
+static void tb__ocl_drop(void *dev, void *program) {
+    tb__ocl_program_unref((tb__ocl_device *)dev, (tb__ocl_program *)program);
+}
+
+/* the first successful run of a program built here: once its kernels ran, its binary is worth
+   the most to the disk cache */
+static void tb__ocl_ran(void *dev, void *program) {
+    tb__ocl_device *d = (tb__ocl_device *)dev;
+    tb__ocl_program *p = (tb__ocl_program *)program;
+    if (p->save_dir == NULL) return;
+    TB__OCL_CALL(d->rt, Finish)(d->queue);
+    tb__ocl_program_save(d, p);
 }
 
 /* A work-group size for a kernel launched over `items` work items: a multiple of the preferred
@@ -30473,99 +31236,30 @@ static size_t tb__ocl_pick_local(tb__ocl_device *dev, tb__cl_kernel kern, uint64
     return wg > 0 ? wg : 1;
 }
 
-/* The device of a computation, checked to be the one it was made for. NULL with the error set. */
-static tb__ocl_device *tb__ocl_comp_device(const tb__ocl_comp *c) {
-    tb__ocl_device *dev;
-    tb__mutex_lock(&tb__ocl_mutex);
-    dev = tb__ocl_device_get(c->ordinal, "opencl");
-    if (dev != NULL && (dev->rt != c->rt || dev->rt->exited)) {
-        tb__error(TB_ERR_STATE, "opencl: the computation outlived the backend");
-        dev = NULL;
+/* The kernel object of a kernel, with the work-group size of one launched over items. */
+static tb_status tb__ocl_kernel(void *device, void *program, const tb__plan_kernel *k,
+                                tb__kkernel *out) {
+    tb__ocl_device *dev = (tb__ocl_device *)device;
+    tb__cl_int err = TB__CL_SUCCESS;
+    tb__cl_kernel kern =
+        TB__OCL_CALL(dev->rt, CreateKernel)(((tb__ocl_program *)program)->program, k->fn, &err);
+    if (kern == NULL || err != TB__CL_SUCCESS) {
+        return tb__error(TB_ERR_COMPILE, "opencl:%d: clCreateKernel(%s) failed: %s (%d)",
+                         (int)dev->ordinal, k->fn, tb__cl_error_name(err), (int)err);
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
-    return dev;
+    out->handle = (void *)kern;
+    if (k->group_size[0] == 0) out->aux = tb__ocl_pick_local(dev, kern, k->items);
+    return TB_OK;
 }
 
-/* Builds (or finds) the program, then a kernel object per kernel with work. The device's lock
-   is not held while the driver builds. */
-static tb_status tb__ocl_compile(void *user_data, void *context, void **computation) {
-    tb__ocl_context *ctx = (tb__ocl_context *)context;
-    tb__ocl_comp *p = ctx != NULL ? ctx->comp : NULL;
-    tb__ocl_device *dev;
-    tb_status st = TB_OK;
-    size_t i, launched = 0;
-    (void)user_data;
-    *computation = NULL;
-    if (p == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "opencl: compile without a context");
-    dev = tb__ocl_comp_device(p);
-    if (dev == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
-    if (tb_debug_level() >= 3) {
-        tb_log_message(TB_LOG_DEBUG, "opencl:%d: program of graph %016llx:\n%s", (int)p->ordinal,
-                       (unsigned long long)p->plan->graph_hash, p->source);
-    }
-    p->cl = (tb__cl_kernel *)tb__calloc(p->plan->num_kernels + 1, sizeof(tb__cl_kernel));
-    p->local = (size_t *)tb__calloc(p->plan->num_kernels + 1, sizeof(size_t));
-    p->kept = (tb__ocl_kept *)tb__calloc(p->plan->num_kernels + 1, sizeof *p->kept);
-    if (p->cl == NULL || p->local == NULL || p->kept == NULL) st = TB_ERR_OUT_OF_MEMORY;
-    if (st == TB_OK) tb__progress_kernels(0, tb__plan_functions(p->plan));
-    if (st == TB_OK) st = tb__ocl_get_program(dev, p->source, p->source_len, &p->program);
-    for (i = 0; i < p->plan->num_kernels && st == TB_OK; i++) {
-        tb__plan_kernel *k = &p->plan->kernels[i];
-        tb__cl_int err = TB__CL_SUCCESS;
-        if (k->empty) continue;
-        p->cl[i] = TB__OCL_CALL(dev->rt, CreateKernel)(p->program->program, k->fn, &err);
-        if (p->cl[i] == NULL || err != TB__CL_SUCCESS) {
-            p->cl[i] = NULL;
-            st = tb__error(TB_ERR_COMPILE, "opencl:%d: clCreateKernel(%s) failed: %s (%d)",
-                           (int)p->ordinal, k->fn, tb__cl_error_name(err), (int)err);
-            break;
-        }
-        if (k->group_size[0] == 0) p->local[i] = tb__ocl_pick_local(dev, p->cl[i], k->items);
-        launched++;
-    }
-    if (st == TB_OK && tb_debug_level() >= 1) {
-        tb__str names;
-        memset(&names, 0, sizeof names);
-        for (i = 0; i < p->plan->num_kernels; i++)
-            if (!p->plan->kernels[i].empty)
-                tb__str_append(&names, "%s%s", names.len > 0 ? " " : "", p->plan->kernels[i].name);
-        tb_log_message(TB_LOG_INFO, "opencl:%d: graph %016llx: %zu kernel%s: %s", (int)p->ordinal,
-                       (unsigned long long)p->plan->graph_hash, launched, launched == 1 ? "" : "s",
-                       names.data != NULL ? names.data : "");
-        tb__str_free(&names);
-    }
-    if (st == TB_OK) {
-        *computation = p;
-        ctx->comp = NULL;
-    }
-    return st;
+static void tb__ocl_kernel_release(void *dev, tb__kkernel *kern) {
+    TB__OCL_CALL(((tb__ocl_device *)dev)->rt, ReleaseKernel)((tb__cl_kernel)kern->handle);
 }
 
-static void tb__ocl_release_computation(void *user_data, void *computation) {
-    (void)user_data;
-    tb__ocl_comp_release((tb__ocl_comp *)computation);
-}
+/* ---- launches ---- */
 
-static const char *tb__ocl_backend_text(void *user_data, const void *computation) {
-    (void)user_data;
-    return computation != NULL ? ((const tb__ocl_comp *)computation)->source : NULL;
-}
-
-static int32_t tb__ocl_get_node_kernel(void *user_data, const void *computation, size_t node_index,
-                                       const char **kernel_name) {
-    const tb__ocl_comp *p = (const tb__ocl_comp *)computation;
-    int32_t k;
-    (void)user_data;
-    if (kernel_name != NULL) *kernel_name = NULL;
-    if (p == NULL || p->plan->node_kernel == NULL || node_index >= p->plan->num_nodes) return -1;
-    k = p->plan->node_kernel[node_index];
-    if (k >= 0 && kernel_name != NULL) *kernel_name = p->plan->kernels[k].name;
-    return k;
-}
-
-static tb__cl_int tb__ocl_launch(tb__ocl_device *dev, const tb__ocl_comp *p, size_t i,
-                                 tb__cl_event *event) {
-    const tb__plan_kernel *k = &p->plan->kernels[i];
+static tb__cl_int tb__ocl_enqueue(tb__ocl_device *dev, const tb__kkernel *kern,
+                                  const tb__plan_kernel *k, tb__cl_event *event) {
     size_t gws[3], lws[3];
     tb__cl_uint dims;
     if (k->group_size[0] > 0) {
@@ -30576,401 +31270,99 @@ static tb__cl_int tb__ocl_launch(tb__ocl_device *dev, const tb__ocl_comp *p, siz
         }
         dims = 3;
     } else {
-        lws[0] = p->local[i];
+        lws[0] = kern->aux;
         gws[0] = (size_t)((k->items + lws[0] - 1) / lws[0] * lws[0]);
         dims = 1;
     }
-    return TB__OCL_CALL(dev->rt, EnqueueNDRangeKernel)(dev->queue, p->cl[i], dims, NULL, gws, lws,
-                                                       0, NULL, event);
+    return TB__OCL_CALL(dev->rt, EnqueueNDRangeKernel)(dev->queue, (tb__cl_kernel)kern->handle,
+                                                       dims, NULL, gws, lws, 0, NULL, event);
 }
 
-/* The bytes of a scalar argument as the kernel declares it. */
-static size_t tb__ocl_scalar_arg(tb__ocl_device *dev, tb_dtype dtype, const tb_backend_data *data,
-                                 unsigned char out[8]) {
-    tb_scalar v;
-    if (data->is_scalar) {
-        v = data->scalar;
-    } else {
-        /* a scalar parameter given as an array (not made by data_from_scalar) */
-        unsigned char raw[8];
-        memset(raw, 0, sizeof raw);
-        if (tb__ocl_read(dev, (const tb__ocl_buffer *)data->payload, raw, tb_dtype_size(dtype)) !=
-            TB_OK)
-            return 0;
-        if (dtype == TB_F32) {
-            float f;
-            memcpy(&f, raw, sizeof f);
-            v = tb_scalar_f(TB_F32, f);
-        } else if (dtype == TB_F64) {
-            double f;
-            memcpy(&f, raw, sizeof f);
-            v = tb_scalar_f(TB_F64, f);
-        } else if (dtype == TB_F16 || dtype == TB_BF16) {
-            uint16_t h;
-            memcpy(&h, raw, sizeof h);
-            v = tb_scalar_f(dtype, tb__half_to_f64(dtype, h));
-        } else if (dtype == TB_I32) {
-            int32_t x;
-            memcpy(&x, raw, sizeof x);
-            v = tb_scalar_i(TB_I32, x);
-        } else if (dtype == TB_I64) {
-            int64_t x;
-            memcpy(&x, raw, sizeof x);
-            v = tb_scalar_i(TB_I64, x);
-        } else {
-            v = tb_scalar_i(dtype, raw[0]);
-        }
-    }
-    if (dtype == TB_F64 && !dev->info.supports_f64) {
-        tb__ocl_scalar_bytes(TB_F32, v, out);
-        return 4;
-    }
-    tb__ocl_scalar_bytes(dtype, v, out);
-    return tb_dtype_size(dtype);
-}
-
-/* The buffers of a run: the parameters' (borrowed) and the kernels' outputs (owned until they
-   are results or freed after their last use), the error flag and the scalar table. */
-typedef struct tb__ocl_run {
-    tb__ocl_comp *p;
-    tb__ocl_device *dev;
-    tb__ocl_buffer **owned, *err_buf, *table_buf;
-    tb__cl_mem *mems;
-    tb__cl_event *events; /* per kernel at TB_DEBUG >= 2: its profiling event */
-    bool consumed;        /* the kernels writing into donated buffers were reached */
-} tb__ocl_run;
-
-static tb_status tb__ocl_run_init(tb__ocl_run *r, tb_backend_data *const *arguments) {
-    static const uint32_t zeros[TB__ERR_WORDS] = {0};
-    const tb__plan *plan = r->p->plan;
-    tb__ocl_device *dev = r->dev;
-    tb_status st = TB_OK;
-    size_t i;
-    r->owned = (tb__ocl_buffer **)tb__calloc(plan->num_slots + 1, sizeof *r->owned);
-    r->mems = (tb__cl_mem *)tb__calloc(plan->num_slots + 1, sizeof *r->mems);
-    r->events = (tb__cl_event *)tb__calloc(plan->num_kernels + 1, sizeof *r->events);
-    if (r->owned == NULL || r->mems == NULL || r->events == NULL) return TB_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < plan->num_slots && st == TB_OK; i++) {
-        const tb__plan_slot *s = &plan->slots[i];
-        if (s->kind != TB__SLOT_PARAM) continue;
-        r->mems[i] = tb__ocl_data_mem(dev, arguments[s->index]);
-        if (r->mems[i] == NULL) st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
-    }
-    for (i = 0; i < plan->num_results && st == TB_OK; i++) {
-        /* a result computed into a donated parameter's buffer */
-        if (plan->result_alias[i] >= 0)
-            r->mems[plan->result_slot[i]] =
-                ((tb__ocl_buffer *)arguments[plan->result_alias[i]]->payload)->mem;
-    }
-    if (st == TB_OK && plan->num_errsites > 0) {
-        tb__cl_int err;
-        st = tb__ocl_buffer_alloc(dev, sizeof zeros, &r->err_buf);
-        if (st == TB_OK) {
-            err = TB__OCL_CALL(dev->rt, EnqueueWriteBuffer)(
-                dev->queue, r->err_buf->mem, TB__CL_FALSE, 0, sizeof zeros, zeros, 0, NULL, NULL);
-            if (err != TB__CL_SUCCESS) {
-                st = tb__error(TB_ERR_EXECUTE, "opencl:%d: clEnqueueWriteBuffer failed: %s (%d)",
-                               (int)dev->ordinal, tb__cl_error_name(err), (int)err);
-            }
-        }
-    }
-    if (st == TB_OK && plan->scalar_table) {
-        /* each kernel's run of entries: the scalars it reads, in its order */
-        size_t bytes = (plan->table_len + 1) * 8, j;
-        unsigned char *table = (unsigned char *)tb__calloc(plan->table_len + 1, 8);
-        if (table == NULL) st = TB_ERR_OUT_OF_MEMORY;
-        for (i = 0; i < plan->num_kernels && st == TB_OK; i++) {
-            const tb__plan_kernel *k = &plan->kernels[i];
-            for (j = 0; j < k->num_table_params && st == TB_OK; j++) {
-                int32_t a = k->table_params[j];
-                if (tb__ocl_scalar_arg(dev, plan->param_dtype[a], arguments[a],
-                                       table + 8 * ((size_t)k->table_at + j)) == 0)
-                    st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
-            }
-        }
-        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, bytes, &r->table_buf);
-        if (st == TB_OK) st = tb__ocl_write(dev, r->table_buf, table, bytes);
-        tb__free(table);
-    }
-    return st;
-}
-
-/* Sets kernel i's arguments in the plan's order, after its output. */
-static tb_status tb__ocl_set_args(tb__ocl_run *r, size_t i, tb_backend_data *const *arguments) {
-    const tb__plan_kernel *k = &r->p->plan->kernels[i];
-    tb__ocl_runtime *rt = r->dev->rt;
-    tb__cl_kernel kern = r->p->cl[i];
-    tb__cl_int err;
-    tb__cl_uint a = 0;
+/* Sets the arguments in order (a table is its buffer and the kernel's first entry). */
+static tb__cl_int tb__ocl_set_args(tb__ocl_device *dev, tb__cl_kernel kern, const tb__karg *args,
+                                   size_t num_args) {
+    tb__cl_int err = TB__CL_SUCCESS;
+    tb__cl_uint at = 0;
     size_t j;
-    err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof(tb__cl_mem), &r->mems[k->out_slot]);
-    for (j = 0; j < k->num_args && err == TB__CL_SUCCESS; j++) {
-        const tb__plan_arg *arg = &k->args[j];
-        if (arg->kind == TB__ARG_BUF) {
-            err =
-                TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof(tb__cl_mem), &r->mems[arg->index]);
-        } else if (arg->kind == TB__ARG_SCALAR) {
-            unsigned char bytes[8];
-            size_t n = tb__ocl_scalar_arg(r->dev, r->p->plan->param_dtype[arg->index],
-                                          arguments[arg->index], bytes);
-            if (n == 0) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_EXECUTE;
-            err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, n, bytes);
-        } else {
-            tb__ocl_buffer *b = arg->kind == TB__ARG_TABLE ? r->table_buf : r->err_buf;
-            err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof(tb__cl_mem), &b->mem);
-            if (err == TB__CL_SUCCESS && arg->kind == TB__ARG_TABLE) {
-                int64_t at = k->table_at; /* where the kernel's run of the table starts */
-                err = TB__OCL_CALL(rt, SetKernelArg)(kern, a++, sizeof at, &at);
-            }
+    for (j = 0; j < num_args && err == TB__CL_SUCCESS; j++) {
+        const tb__karg *a = &args[j];
+        if (a->kind == TB__ARG_SCALAR) {
+            err = TB__OCL_CALL(dev->rt, SetKernelArg)(kern, at++, a->size, a->value);
+            continue;
         }
+        err = TB__OCL_CALL(dev->rt, SetKernelArg)(kern, at++, sizeof(tb__cl_mem), &a->mem);
+        if (err == TB__CL_SUCCESS && a->kind == TB__ARG_TABLE)
+            err = TB__OCL_CALL(dev->rt, SetKernelArg)(kern, at++, sizeof a->at, &a->at);
     }
-    if (err == TB__CL_SUCCESS) return TB_OK;
-    return tb__error(TB_ERR_EXECUTE, "opencl:%d: kernel %s: clSetKernelArg: %s (%d)",
-                     (int)r->p->ordinal, k->name, tb__cl_error_name(err), (int)err);
+    return err;
 }
 
-/* Runs kernel i: its output allocated, its arguments set, its launch enqueued (once more after
-   emptying the buffer cache when the device is out of memory). */
-static tb_status tb__ocl_run_kernel(tb__ocl_run *r, size_t i, tb_backend_data *const *arguments) {
-    const tb__plan_kernel *k = &r->p->plan->kernels[i];
-    tb__ocl_device *dev = r->dev;
-    tb__cl_event *event = tb_debug_level() >= 2 ? &r->events[i] : NULL;
-    tb__cl_int err;
-    tb_status st;
-    const tb__ocl_buffer *src =
-        k->pack_param >= 0 ? (const tb__ocl_buffer *)arguments[k->pack_param]->payload : NULL;
-    tb__ocl_kept *kp = &r->p->kept[i];
-    if (src != NULL && kp->panels != NULL && kp->src == src && kp->gen == src->gen) {
-        r->mems[k->out_slot] = kp->panels->mem; /* the panels of this buffer, made before */
-        tb__ocl_metric(dev, "OpenCL::PanelsKept", 1);
-        return TB_OK;
+/* A launch enqueued (once more after emptying the buffer cache when the device is out of
+   memory). */
+static tb_status tb__ocl_launch(void *device, const tb__kkernel *kern, const tb__plan_kernel *k,
+                                const tb__karg *args, size_t num_args, uint64_t *event) {
+    tb__ocl_device *dev = (tb__ocl_device *)device;
+    tb__cl_event ev = NULL;
+    tb__cl_int err = tb__ocl_set_args(dev, (tb__cl_kernel)kern->handle, args, num_args);
+    if (err != TB__CL_SUCCESS) {
+        return tb__error(TB_ERR_EXECUTE, "opencl:%d: kernel %s: clSetKernelArg: %s (%d)",
+                         (int)dev->ordinal, k->name, tb__cl_error_name(err), (int)err);
     }
-    if (r->mems[k->out_slot] == NULL) {
-        size_t size = 0;
-        st = tb_shape_nbytes(&r->p->plan->slots[k->out_slot].shape, &size);
-        if (st == TB_OK) st = tb__ocl_buffer_alloc(dev, size, &r->owned[k->out_slot]);
-        if (st != TB_OK) return st;
-        r->mems[k->out_slot] = r->owned[k->out_slot]->mem;
-    }
-    if (r->p->cl[i] == NULL) return TB_OK; /* nothing to compute */
-    st = tb__ocl_set_args(r, i, arguments);
-    if (st != TB_OK) return st;
-    err = tb__ocl_launch(dev, r->p, i, event);
+    err = tb__ocl_enqueue(dev, kern, k, event != NULL ? &ev : NULL);
     if (tb__cl_is_oom(err) && dev->cache_count > 0) {
         /* memory the cache holds may be what the launch is missing */
         dev->cache_trims++;
         tb__ocl_metric(dev, "OpenCL::CacheTrim", 1);
         tb__ocl_cache_trim(dev, 0);
-        err = tb__ocl_launch(dev, r->p, i, event);
+        err = tb__ocl_enqueue(dev, kern, k, event != NULL ? &ev : NULL);
     }
     if (err != TB__CL_SUCCESS) {
         return tb__error(tb__cl_is_oom(err) ? TB_ERR_OUT_OF_MEMORY : TB_ERR_EXECUTE,
-                         "opencl:%d: kernel %s: %s (%d)", (int)r->p->ordinal, k->name,
+                         "opencl:%d: kernel %s: %s (%d)", (int)dev->ordinal, k->name,
                          tb__cl_error_name(err), (int)err);
     }
-    dev->kernels_launched++;
-    tb__ocl_metric(dev, "OpenCL::KernelLaunch", 1);
-    if (src != NULL && r->owned[k->out_slot] != NULL &&
-        (uint64_t)r->owned[k->out_slot]->cap <= dev->cache_limit) {
-        /* keep the panels with the computation (the next run of this buffer skips the pack) */
-        tb__ocl_buffer_free(kp->panels);
-        kp->panels = r->owned[k->out_slot];
-        kp->src = src;
-        kp->gen = src->gen;
-        r->owned[k->out_slot] = NULL;
-    }
+    if (event != NULL) *event = (uint64_t)(uintptr_t)ev;
     return TB_OK;
 }
 
-/* A result that repeats an earlier one gets a copy of its buffer. */
-static tb_status tb__ocl_copy_results(tb__ocl_run *r, tb_backend_data *const *results) {
-    const tb__plan *plan = r->p->plan;
-    size_t i;
-    for (i = 0; i < plan->num_results; i++) {
-        int32_t src = plan->result_source[i];
-        size_t size = 0;
-        tb__ocl_buffer *copy = NULL;
-        tb__cl_int err;
-        tb_status st;
-        if (src < 0) continue;
-        st = tb_shape_nbytes(&plan->slots[plan->result_slot[src]].shape, &size);
-        if (st == TB_OK) st = tb__ocl_buffer_alloc(r->dev, size, &copy);
-        if (st != TB_OK) return st;
-        err = size == 0 ? TB__CL_SUCCESS
-                        : TB__OCL_CALL(r->dev->rt, EnqueueCopyBuffer)(
-                              r->dev->queue, r->mems[plan->result_slot[src]], copy->mem, 0, 0, size,
-                              0, NULL, NULL);
-        if (err != TB__CL_SUCCESS) {
-            tb__ocl_buffer_free(copy);
-            return tb__error(TB_ERR_EXECUTE, "opencl:%d: clEnqueueCopyBuffer failed: %s (%d)",
-                             (int)r->p->ordinal, tb__cl_error_name(err), (int)err);
-        }
-        results[i]->payload = copy;
-    }
-    return TB_OK;
+static void tb__ocl_finish(void *dev) {
+    tb__ocl_device *d = (tb__ocl_device *)dev;
+    TB__OCL_CALL(d->rt, Finish)(d->queue);
 }
 
-/* TB_DEBUG=2: one line per kernel with its time, GB/s and GFLOP/s. */
-static void tb__ocl_profile(tb__ocl_run *r) {
-    const tb__plan *plan = r->p->plan;
-    size_t i;
-    TB__OCL_CALL(r->dev->rt, Finish)(r->dev->queue);
-    for (i = 0; i < plan->num_kernels; i++) {
-        tb__cl_ulong t0 = 0, t1 = 0;
-        double ns;
-        if (r->events[i] == NULL) continue;
-        TB__OCL_CALL(r->dev->rt, GetEventProfilingInfo)
-        (r->events[i], TB__CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
-        TB__OCL_CALL(r->dev->rt, GetEventProfilingInfo)
-        (r->events[i], TB__CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
-        ns = t1 > t0 ? (double)(t1 - t0) : 1.0;
-        r->dev->kernel_ns += (uint64_t)ns;
-        tb_log_message(TB_LOG_DEBUG, "opencl:%d %-24s %10.3f ms %9.2f GB/s %9.2f GFLOP/s",
-                       (int)r->p->ordinal, plan->kernels[i].name, ns / 1e6,
-                       plan->kernels[i].bytes / ns, plan->kernels[i].flops / ns);
-    }
+static void tb__ocl_flush(void *dev) {
+    tb__ocl_device *d = (tb__ocl_device *)dev;
+    TB__OCL_CALL(d->rt, Flush)(d->queue);
 }
 
-/* Before the first kernel that writes into a donated buffer: the error flag is read first
-   (no kernel from there on can fail), and the donated buffers count as written. */
-static tb_status tb__ocl_run_consume(tb__ocl_run *r, tb_backend_data *const *arguments) {
-    const tb__plan *plan = r->p->plan;
-    size_t i;
-    if (r->err_buf != NULL) {
-        uint32_t flag[TB__ERR_WORDS];
-        tb_status st = tb__ocl_read(r->dev, r->err_buf, flag, sizeof flag);
-        if (st == TB_OK && flag[0] != 0) st = tb__cg_run_error(plan, "opencl", flag);
-        if (st != TB_OK) return st;
-    }
-    r->consumed = true;
-    for (i = 0; i < plan->num_results; i++) {
-        /* its panels, kept by pack kernels, are stale from here on */
-        if (plan->result_alias[i] >= 0)
-            ((tb__ocl_buffer *)arguments[plan->result_alias[i]]->payload)->gen =
-                tb__next_generation();
-    }
-    return TB_OK;
+/* The time of a launch from its profiling event, which is released. */
+static double tb__ocl_elapsed(void *dev, uint64_t event) {
+    tb__ocl_device *d = (tb__ocl_device *)dev;
+    tb__cl_event ev = (tb__cl_event)(uintptr_t)event;
+    tb__cl_ulong t0 = 0, t1 = 0;
+    if (ev == NULL) return 0;
+    TB__OCL_CALL(d->rt, GetEventProfilingInfo)
+    (ev, TB__CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
+    TB__OCL_CALL(d->rt, GetEventProfilingInfo)
+    (ev, TB__CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
+    TB__OCL_CALL(d->rt, ReleaseEvent)(ev);
+    return t1 > t0 ? (double)(t1 - t0) : 1.0;
 }
 
-/* Hands the results over (success) or drops the copies made for them (failure), then frees
-   everything the run still owns. Donated buffers become their results' (success), or are
-   freed once written (failure); either way their arguments lose them. */
-static void tb__ocl_run_finish(tb__ocl_run *r, tb_status st, tb_backend_data *const *arguments,
-                               tb_backend_data *const *results) {
-    const tb__plan *plan = r->p->plan;
-    size_t i;
-    for (i = 0; i < plan->num_results && r->owned != NULL; i++) {
-        int32_t d = plan->result_alias[i];
-        if (d >= 0) {
-            if (st == TB_OK) {
-                results[i]->payload = arguments[d]->payload;
-                arguments[d]->payload = NULL;
-            } else if (r->consumed) {
-                tb__ocl_buffer_free((tb__ocl_buffer *)arguments[d]->payload);
-                arguments[d]->payload = NULL;
-            }
-            continue;
-        }
-        if (plan->result_source[i] >= 0) {
-            if (st != TB_OK && results[i]->payload != NULL) {
-                tb__ocl_buffer_free((tb__ocl_buffer *)results[i]->payload);
-                results[i]->payload = NULL;
-            }
-        } else if (st == TB_OK) {
-            results[i]->payload = r->owned[plan->result_slot[i]];
-            r->owned[plan->result_slot[i]] = NULL;
-        }
-    }
-    if (st == TB_OK) TB__OCL_CALL(r->dev->rt, Flush)(r->dev->queue);
-    if (r->owned != NULL) {
-        for (i = 0; i < plan->num_slots; i++)
-            tb__ocl_buffer_free(r->owned[i]);
-    }
-    if (r->events != NULL) {
-        for (i = 0; i < plan->num_kernels; i++)
-            if (r->events[i] != NULL) TB__OCL_CALL(r->dev->rt, ReleaseEvent)(r->events[i]);
-    }
-    tb__ocl_buffer_free(r->err_buf);
-    tb__ocl_buffer_free(r->table_buf);
-    tb__free(r->owned);
-    tb__free(r->mems);
-    tb__free(r->events);
-}
-
-/* Runs a computation under its device's lock (runs on other devices go on meanwhile). */
-static tb_status tb__ocl_execute(void *user_data, void *computation,
-                                 tb_backend_data *const *arguments, size_t num_arguments,
-                                 tb_backend_data *const *results, size_t num_results) {
-    tb__ocl_comp *p = (tb__ocl_comp *)computation;
-    tb__ocl_run r;
-    tb_status st;
-    size_t i, j, done = 0, total = 0;
-    bool watch; /* a first run reporting progress: each new function's first launch waited for */
-    (void)user_data;
-    if (p == NULL || num_arguments != p->plan->num_params || num_results != p->plan->num_results) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT,
-                         "opencl: execute with %zu arguments and %zu results, the computation has "
-                         "%zu and %zu",
-                         num_arguments, num_results, p != NULL ? p->plan->num_params : 0,
-                         p != NULL ? p->plan->num_results : 0);
-    }
-    memset(&r, 0, sizeof r);
-    r.p = p;
-    r.dev = tb__ocl_comp_device(p);
-    if (r.dev == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_STATE;
-    watch = TB__ATOMIC_LOAD(&p->ran) == 0 && tb__progress_wanted();
-    if (watch) total = tb__plan_functions(p->plan);
-    tb__ocl_device_lock(r.dev);
-    st = tb__ocl_run_init(&r, arguments);
-    for (i = 0; i < p->plan->num_kernels && st == TB_OK; i++) {
-        if ((int32_t)i == p->plan->first_alias) st = tb__ocl_run_consume(&r, arguments);
-        if (st == TB_OK) st = tb__ocl_run_kernel(&r, i, arguments);
-        if (st == TB_OK && watch && tb__plan_first_of_function(p->plan, i)) {
-            TB__OCL_CALL(r.dev->rt, Finish)(r.dev->queue);
-            tb__progress_kernels(++done, total);
-        }
-        /* temporaries nobody reads any more go back to the cache (the queue is in order) */
-        for (j = 0; j < p->plan->num_slots && st == TB_OK; j++) {
-            if (p->plan->slots[j].kind == TB__SLOT_TEMP && r.owned[j] != NULL &&
-                p->plan->slots[j].last_use <= (int32_t)i) {
-                tb__ocl_buffer_free(r.owned[j]);
-                r.owned[j] = NULL;
-            }
-        }
-    }
-    if (st == TB_OK) st = tb__ocl_copy_results(&r, results);
-    if (st == TB_OK && p->program->save_dir != NULL) {
-        /* the first run of a program built here: once its kernels ran, its binary is worth
-           the most to the disk cache */
-        TB__OCL_CALL(r.dev->rt, Finish)(r.dev->queue);
-        tb__ocl_program_save(r.dev, p->program);
-    }
-    if (st == TB_OK && r.err_buf != NULL) {
-        uint32_t flag[TB__ERR_WORDS];
-        st = tb__ocl_read(r.dev, r.err_buf, flag, sizeof flag);
-        if (st == TB_OK && flag[0] != 0) st = tb__cg_run_error(p->plan, "opencl", flag);
-    }
-    if (st == TB_OK && tb_debug_level() >= 2) tb__ocl_profile(&r);
-    if (st == TB_OK && TB__ATOMIC_LOAD(&p->ran) == 0) (void)TB__ATOMIC_ADD(&p->ran, 1);
-    tb__ocl_run_finish(&r, st, arguments, results);
-    tb__ocl_device_release(r.dev);
-    return st;
-}
-
-/* ---- backend entries: IR hooks, lifetime, registration ---- */
+/* ---- IR hooks, lifetime, registration ---- */
 
 /* The ops whose OpenCL lowering takes floating operands only (integer forms fall back). */
 static bool tb__ocl_float_only(tb_op op) {
     return op == TB_OP_DIV || tb__op_float_only(op);
 }
 
-static bool tb__ocl_supports_node(void *user_data, const tb_node *node) {
+/* f64 only on a device with it; the ops OpenCL C lowers for floats only. */
+static bool tb__ocl_supports(const tb_node *node) {
     tb__ocl_runtime *rt;
     bool fp64 = false, known = false;
     bool uses_f64;
     uint32_t i;
     tb_op op = node->op;
-    (void)user_data;
     tb__mutex_lock(&tb__ocl_mutex);
     rt = tb__ocl_runtime_get();
     if (rt != NULL && rt->status == TB_OK && node->device.ordinal >= 0 &&
@@ -30985,11 +31377,7 @@ static bool tb__ocl_supports_node(void *user_data, const tb_node *node) {
     for (i = 0; i < node->num_operands; i++)
         uses_f64 = uses_f64 || node->operands[i]->shape.dtype == TB_F64;
     if (uses_f64 && !fp64) return false;
-    if (op >= TB_OP_BUILTIN_COUNT) {
-        const tb_custom_op_desc *d = tb__plan_custom(op);
-        return d != NULL && d->opencl_expr != NULL && d->infer_shape == NULL;
-    }
-    if (op < 0) return false;
+    if (op < 0 || op >= TB_OP_BUILTIN_COUNT) return true; /* the kit decides */
     /* randn uses log, sin and cos in double: bit-identical f64 output would need the C
        library's exact functions, so f64 runs on the reference */
     if (op == TB_OP_RANDN) return fp64 && node->shape.dtype == TB_F32;
@@ -30998,10 +31386,9 @@ static bool tb__ocl_supports_node(void *user_data, const tb_node *node) {
     return true;
 }
 
-static void tb__ocl_prepare_to_exit(void *user_data) {
+static void tb__ocl_exit(void) {
     tb__ocl_runtime *rt;
     size_t i;
-    (void)user_data;
     tb__mutex_lock(&tb__ocl_mutex);
     rt = tb__ocl_current;
     if (rt != NULL) {
@@ -31018,33 +31405,51 @@ static void tb__ocl_prepare_to_exit(void *user_data) {
     tb__mutex_unlock(&tb__ocl_mutex);
 }
 
+static const tb__kit_runtime tb__ocl_runtime_table = {
+    "opencl",
+    "OpenCL",
+    "ProgramBuild",
+    true,
+    tb__ocl_devices,
+    tb__ocl_open,
+    tb__ocl_close,
+    tb__ocl_alive,
+    tb__ocl_ordinal,
+    tb__ocl_info,
+    tb__ocl_stats,
+    tb__ocl_target,
+    tb__ocl_lock,
+    tb__ocl_unlock,
+    tb__ocl_alloc,
+    tb__ocl_release,
+    tb__ocl_write_entry,
+    tb__ocl_read_entry,
+    tb__ocl_copy,
+    tb__ocl_map,
+    tb__ocl_unmap,
+    tb__ocl_build,
+    tb__ocl_kernel,
+    tb__ocl_kernel_release,
+    tb__ocl_drop,
+    tb__ocl_launch,
+    tb__ocl_finish,
+    tb__ocl_elapsed,
+    tb__ocl_ran,
+    tb__ocl_flush,
+    tb__ocl_report,
+    tb__ocl_supports,
+    tb__ocl_exit,
+};
+
 static tb_status tb__opencl_register(void) {
     tb_backend_impl impl;
-    memset(&impl, 0, sizeof impl);
-    impl.prepare_to_exit = tb__ocl_prepare_to_exit;
-    impl.supports_node = tb__ocl_supports_node;
-    impl.data_from_host = tb__ocl_data_from_host;
-    impl.data_from_scalar = tb__ocl_data_from_scalar;
-    impl.data_to_host = tb__ocl_data_to_host;
-    impl.data_release = tb__ocl_data_release;
-    impl.data_map_host = tb__ocl_data_map_host;
-    impl.data_unmap_host = tb__ocl_data_unmap_host;
-    impl.create_lowering_context = tb__ocl_create_lowering_context;
-    impl.release_lowering_context = tb__ocl_release_lowering_context;
-    impl.compile = tb__ocl_compile;
-    impl.execute = tb__ocl_execute;
-    impl.release_computation = tb__ocl_release_computation;
-    impl.computation_backend_text = tb__ocl_backend_text;
-    impl.get_node_kernel = tb__ocl_get_node_kernel;
-    impl.get_backend_devices = tb__ocl_get_backend_devices;
+    tb__kit_impl(&tb__ocl_runtime_table, &impl);
     impl.get_backend_device = tb__ocl_get_backend_device;
-    impl.get_device_info = tb__ocl_get_device_info;
     impl.get_default_device_type = tb__ocl_get_default_device_type;
     impl.set_default_device_type = tb__ocl_set_default_device_type;
     impl.get_default_device_ordinal = tb__ocl_get_default_device_ordinal;
     impl.set_default_device_ordinal = tb__ocl_set_default_device_ordinal;
     impl.eager_fallback_device_type = tb__ocl_eager_fallback_device_type;
-    impl.create_metrics_report = tb__ocl_metrics_report;
     return tb_backend_register("opencl", &impl, "");
 }
 
@@ -31126,7 +31531,7 @@ TBDEF tb_status tb_opencl_tensor_buffer(tb_tensor *tensor, void **mem, size_t *s
     if (st != TB_OK) return st;
     dev = tb__ocl_device_acquire(data->device.ordinal, "tb_opencl_tensor_buffer");
     if (dev != NULL) {
-        m = tb__ocl_data_mem(dev, data);
+        m = (tb__cl_mem)tb__kit_data_mem(&tb__ocl_runtime_table, dev, data);
         tb__ocl_device_release(dev);
     }
     if (m == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
@@ -31646,13 +32051,11 @@ static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *ar
 
 /* ---- what the parts of the backend share: native_runtime.c, native_programs.c, native.c ---- */
 
-/* A host buffer, 64-byte aligned (the payload of every native tb_backend_data). */
+/* A host buffer, 64-byte aligned at k.mem (the payload of a native tb_backend_data with
+   memory); k.dev is the runtime. */
 typedef struct tb__native_buf {
-    void *base;
-    unsigned char *ptr;
-    size_t size;  /* bytes asked for */
-    size_t cap;   /* bytes it holds: the size class */
-    uint64_t gen; /* tb__next_generation when it was handed out or last written */
+    tb__kbuf k;
+    void *base; /* what was allocated */
 } tb__native_buf;
 
 /* A loaded shared object, shared by every computation whose source is the same. */
@@ -31691,16 +32094,14 @@ typedef struct tb__native_rt {
     /* the caching allocator: free buffers, oldest first */
     tb__native_buf **cache;
     size_t cache_count, cache_cap;
-    uint64_t cached_bytes, cache_limit, bytes_in_use, peak_bytes;
     tb__native_prog *programs;
-    uint64_t compiles, disk_hits, disk_misses, disk_rejected, kernels_launched;
+    tb__kit_stats stats;
     int32_t cache_dir_reported; /* atomic: why the cache folder is not used was said */
 } tb__native_rt;
 
 /* Guards the runtime, its allocator and its program cache (never held while the compiler
-   runs); runs are serialised by tb__native_run_mutex (one job in the pool at a time). */
+   runs), and serialises runs (one job in the pool at a time): the device's lock. */
 static tb__mutex tb__native_mutex = TB__MUTEX_INIT;
-static tb__mutex tb__native_run_mutex = TB__MUTEX_INIT;
 static tb__native_rt *tb__native_current;
 
 #define TB__NATIVE_MAX_PROGRAMS 256
@@ -32131,8 +32532,8 @@ static void tb__native_probe(tb__native_rt *rt) {
         rt->l2_bytes = l2 > 0 ? (uint64_t)l2 : 0;
     }
 #endif
-    rt->cache_limit = info->global_memory / 8;
-    if (rt->cache_limit < ((uint64_t)64 << 20)) rt->cache_limit = (uint64_t)64 << 20;
+    rt->stats.cache_limit = info->global_memory / 8;
+    if (rt->stats.cache_limit < ((uint64_t)64 << 20)) rt->stats.cache_limit = (uint64_t)64 << 20;
     rt->timeout_s = tb__native_env_timeout();
     if (sizeof(long) != 8) {
         rt->status = TB_ERR_UNAVAILABLE;
@@ -32214,11 +32615,11 @@ static void tb__native_buf_destroy(tb__native_buf *b) {
 }
 
 static void tb__native_cache_trim(tb__native_rt *rt, uint64_t keep) {
-    while (rt->cache_count > 0 && rt->cached_bytes > keep) {
+    while (rt->cache_count > 0 && rt->stats.cached_bytes > keep) {
         tb__native_buf *b = rt->cache[0];
         memmove(rt->cache, rt->cache + 1, (rt->cache_count - 1) * sizeof *rt->cache);
         rt->cache_count--;
-        rt->cached_bytes -= b->cap;
+        rt->stats.cached_bytes -= b->k.cap;
         tb__native_buf_destroy(b);
         tb__native_rt_unref(rt);
     }
@@ -32230,16 +32631,17 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
     size_t cap = tb__size_class(size), i;
     tb__native_buf *b;
     for (i = 0; i < rt->cache_count; i++) {
-        if (rt->cache[i]->cap == cap) {
+        if (rt->cache[i]->k.cap == cap) {
             b = rt->cache[i];
             memmove(rt->cache + i, rt->cache + i + 1,
                     (rt->cache_count - i - 1) * sizeof *rt->cache);
             rt->cache_count--;
-            rt->cached_bytes -= b->cap;
-            b->size = size;
-            b->gen = tb__next_generation();
-            rt->bytes_in_use += b->cap;
-            if (rt->bytes_in_use > rt->peak_bytes) rt->peak_bytes = rt->bytes_in_use;
+            rt->stats.cached_bytes -= b->k.cap;
+            b->k.size = size;
+            b->k.gen = tb__next_generation();
+            rt->stats.bytes_in_use += b->k.cap;
+            if (rt->stats.bytes_in_use > rt->stats.peak_bytes)
+                rt->stats.peak_bytes = rt->stats.bytes_in_use;
             *out = b;
             return TB_OK;
         }
@@ -32254,13 +32656,15 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
             return tb__error(TB_ERR_OUT_OF_MEMORY, "native: cannot allocate %zu bytes", size);
         }
     }
-    b->ptr = (unsigned char *)b->base + (64 - (uintptr_t)b->base % 64) % 64;
-    b->size = size;
-    b->cap = cap;
-    b->gen = tb__next_generation();
+    b->k.mem = (unsigned char *)b->base + (64 - (uintptr_t)b->base % 64) % 64;
+    b->k.dev = rt;
+    b->k.size = size;
+    b->k.cap = cap;
+    b->k.gen = tb__next_generation();
     rt->refcount++;
-    rt->bytes_in_use += cap;
-    if (rt->bytes_in_use > rt->peak_bytes) rt->peak_bytes = rt->bytes_in_use;
+    rt->stats.bytes_in_use += cap;
+    if (rt->stats.bytes_in_use > rt->stats.peak_bytes)
+        rt->stats.peak_bytes = rt->stats.bytes_in_use;
     *out = b;
     return TB_OK;
 }
@@ -32268,8 +32672,8 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
 /* Gives a buffer back: cached for reuse while the cache has room. Call with the mutex held. */
 static void tb__native_buf_free(tb__native_rt *rt, tb__native_buf *b) {
     if (b == NULL) return;
-    rt->bytes_in_use -= b->cap;
-    if (rt->exited || b->cap > rt->cache_limit ||
+    rt->stats.bytes_in_use -= b->k.cap;
+    if (rt->exited || b->k.cap > rt->stats.cache_limit ||
         tb__grow((void **)&rt->cache, &rt->cache_cap, rt->cache_count + 1, sizeof *rt->cache) !=
             TB_OK) {
         tb__native_buf_destroy(b);
@@ -32277,8 +32681,8 @@ static void tb__native_buf_free(tb__native_rt *rt, tb__native_buf *b) {
         return;
     }
     rt->cache[rt->cache_count++] = b;
-    rt->cached_bytes += b->cap;
-    tb__native_cache_trim(rt, rt->cache_limit);
+    rt->stats.cached_bytes += b->k.cap;
+    tb__native_cache_trim(rt, rt->stats.cache_limit);
 }
 
 #endif /* TB__HAVE_NATIVE */
@@ -33011,16 +33415,16 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
         bytes = NULL;
     }
     if (handle != NULL) {
-        (void)TB__ATOMIC_ADD(&rt->disk_hits, 1);
+        (void)TB__ATOMIC_ADD(&rt->stats.disk_hits, 1);
         *from_disk = true;
     } else {
-        if (path != NULL) (void)TB__ATOMIC_ADD(&rt->disk_misses, 1);
+        if (path != NULL) (void)TB__ATOMIC_ADD(&rt->stats.disk_misses, 1);
         if (why != NULL) {
             if (tb_debug_level() >= 1)
                 tb_log_message(TB_LOG_INFO, "native: program cache file %s not used: %s", path,
                                why);
             tb__disk_reject(path);
-            (void)TB__ATOMIC_ADD(&rt->disk_rejected, 1);
+            (void)TB__ATOMIC_ADD(&rt->stats.disk_rejected, 1);
         }
         st = tb__native_compile_source(rt, src, len, &handle, &bytes, &n);
         if (st == TB_OK && tb__native_missing_kernel(handle, fns, num_fns) != NULL) {
@@ -33032,7 +33436,7 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
             handle = NULL;
         }
         if (st == TB_OK) {
-            (void)TB__ATOMIC_ADD(&rt->compiles, 1);
+            (void)TB__ATOMIC_ADD(&rt->stats.builds, 1);
             tb__disk_store(&tb__native_disk_format, save_dir, &dkey, key, &rt->cache_dir_reported,
                            bytes, n);
         }
@@ -33073,243 +33477,152 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
    dlopen and run on a pool of threads (one per core: a kernel's work items are split among them).
    Programs are cached on disk as OpenCL's are (diskcache.c), keyed by the source, the compiler, its
    options, the CPU and this library's version. Memory is host memory. Without a compiler the
-   backend has no device and says why, as OpenCL without a loader does.
+   backend has no device and says why, as OpenCL without a loader does. The backend's entries
+   are the kit's (kit.c); this part is the runtime's table.
    =========================================================================================== */
 
 #if defined(TB__HAVE_NATIVE)
 
-/* ---- backend entries: devices and data ---- */
+/* ---- devices ---- */
 
-static size_t tb__native_get_backend_devices(void *user_data, tb_device *out, size_t cap) {
+static size_t tb__native_devices(tb_device *out, size_t cap, char *why, size_t why_cap) {
     tb__native_rt *rt;
     size_t n = 0;
-    (void)user_data;
     tb__mutex_lock(&tb__native_mutex);
     rt = tb__native_rt_get();
     if (rt != NULL && rt->status == TB_OK) {
         n = 1;
         if (cap > 0) out[0] = rt->info.device;
+    } else if (why_cap > 0) {
+        snprintf(why, why_cap, "%s", rt != NULL ? rt->reason : "out of memory");
     }
     tb__mutex_unlock(&tb__native_mutex);
     return n;
 }
 
-static tb_status tb__native_get_device_info(void *user_data, int32_t ordinal, tb_device_info *out) {
+/* The runtime is the one device; a reference on it. */
+static void *tb__native_open(int32_t ordinal, const char *func, bool bare) {
     tb__native_rt *rt;
-    (void)user_data;
+    (void)bare;
     tb__mutex_lock(&tb__native_mutex);
-    rt = tb__native_device(ordinal, "native");
+    rt = tb__native_device(ordinal, func);
     if (rt != NULL) rt->refcount++;
     tb__mutex_unlock(&tb__native_mutex);
-    if (rt == NULL) return tb_last_status();
-    /* the class its programs are built for (the compiler is asked once) */
-    tb__native_shape(rt);
+    return rt;
+}
+
+static void tb__native_close(void *dev) {
+    tb__mutex_lock(&tb__native_mutex);
+    tb__native_rt_unref((tb__native_rt *)dev);
+    tb__mutex_unlock(&tb__native_mutex);
+}
+
+static bool tb__native_alive(void *dev) {
+    return !((tb__native_rt *)dev)->exited;
+}
+
+static int32_t tb__native_ordinal(void *dev) {
+    (void)dev;
+    return 0;
+}
+
+/* The device's facts with the class its programs are built for (the compiler is asked once). */
+static void tb__native_info(void *dev, bool full, tb_device_info *out) {
+    tb__native_rt *rt = (tb__native_rt *)dev;
+    if (full) tb__native_shape(rt);
     tb__mutex_lock(&tb__native_mutex);
     snprintf(rt->info.language_version, sizeof rt->info.language_version,
              "C99, %.8s vectors (%u f32 lanes, %u registers)", rt->shape.name,
              (unsigned)(unsigned char)(rt->shape.vec_bytes / 4),
              (unsigned)(unsigned char)rt->shape.vec_regs);
     *out = rt->info;
-    tb__native_rt_unref(rt);
     tb__mutex_unlock(&tb__native_mutex);
-    return TB_OK;
 }
 
-static tb_status tb__native_data_from_host(void *user_data, tb_backend_data *data,
-                                           const void *host) {
-    tb__native_rt *rt;
-    tb__native_buf *b = NULL;
-    size_t size;
-    tb_status st;
-    (void)user_data;
-    st = tb_shape_nbytes(&data->shape, &size);
-    if (st != TB_OK) return st;
-    tb__mutex_lock(&tb__native_mutex);
-    rt = tb__native_device(data->device.ordinal, "native");
-    st = rt != NULL ? tb__native_buf_alloc(rt, size, &b) : tb_last_status();
-    tb__mutex_unlock(&tb__native_mutex);
-    if (st != TB_OK) return st;
-    if (size > 0) memcpy(b->ptr, host, size);
-    data->payload = b;
-    return TB_OK;
+static tb__kit_stats *tb__native_stats(void *dev) {
+    return &((tb__native_rt *)dev)->stats;
 }
 
-static tb_status tb__native_data_from_scalar(void *user_data, tb_backend_data *data,
-                                             tb_scalar value) {
-    unsigned char bytes[8];
-    memset(bytes, 0, sizeof bytes);
-    tb__scalar_store(value, data->shape.dtype, bytes);
-    return tb__native_data_from_host(user_data, data, bytes);
-}
-
-static tb_status tb__native_data_to_host(void *user_data, const tb_backend_data *data, void *host) {
-    const tb__native_buf *b = (const tb__native_buf *)data->payload;
-    size_t size;
-    tb_status st;
-    (void)user_data;
-    st = tb_shape_nbytes(&data->shape, &size);
-    if (st != TB_OK) return st;
-    if (b == NULL || b->size < size) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "native: data_to_host of a data without a value");
-    }
-    if (size > 0) memcpy(host, b->ptr, size);
-    return TB_OK;
-}
-
-static void tb__native_data_release(void *user_data, tb_backend_data *data) {
-    tb__native_buf *b = (tb__native_buf *)data->payload;
-    (void)user_data;
-    if (b == NULL) return;
-    tb__mutex_lock(&tb__native_mutex);
-    if (tb__native_current != NULL) {
-        tb__native_buf_free(tb__native_current, b);
-    } else {
-        tb__native_buf_destroy(b); /* the backend exited: nothing caches it */
-    }
-    tb__mutex_unlock(&tb__native_mutex);
-    data->payload = NULL;
-}
-
-/* The buffers are host memory: the library reads and writes them in place (a collective's
-   input and result), with nothing to do at the end. */
-static void *tb__native_data_map_host(void *user_data, tb_backend_data *data, bool write) {
-    tb__native_rt *rt;
-    tb__native_buf *b = NULL;
-    size_t size;
-    (void)user_data;
-    if (!write) {
-        b = (tb__native_buf *)data->payload;
-        return b != NULL ? b->ptr : NULL;
-    }
-    if (tb_shape_nbytes(&data->shape, &size) != TB_OK) return NULL;
-    tb__mutex_lock(&tb__native_mutex);
-    rt = tb__native_device(data->device.ordinal, "native");
-    if (rt != NULL && tb__native_buf_alloc(rt, size, &b) != TB_OK) b = NULL;
-    tb__mutex_unlock(&tb__native_mutex);
-    if (b == NULL) return NULL;
-    data->payload = b;
-    return b->ptr;
-}
-
-/* ---- backend entries: lowering, compile, execute ---- */
-
-/* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
-   of the same generation) comes again. */
-typedef struct tb__native_kept {
-    const tb__native_buf *src;
-    uint64_t gen;
-    tb__native_buf *panels;
-} tb__native_kept;
-
-/* A compiled graph: its plan, its source, its program and a function per kernel. */
-typedef struct tb__native_comp {
-    tb__plan *plan;
-    char *source;
-    size_t source_len;
-    tb__native_rt *rt;
-    tb__native_prog **progs; /* the program's parts (tb__native_compile_parts) */
-    size_t num_progs;
-    tb__native_fn *fns;
-    tb__native_kept *kept; /* per kernel */
-} tb__native_comp;
-
-/* A lowering context: the computation until compile takes it. */
-typedef struct tb__native_context {
-    tb__native_comp *comp;
-} tb__native_context;
-
-static void tb__native_comp_release(tb__native_comp *c) {
-    tb__native_rt *rt;
-    if (c == NULL) return;
-    rt = c->rt;
-    tb__mutex_lock(&tb__native_mutex);
-    if (rt != NULL && c->progs != NULL) {
-        size_t i;
-        for (i = 0; i < c->num_progs; i++)
-            if (c->progs[i] != NULL) tb__native_prog_unref(rt, c->progs[i]);
-    }
-    if (rt != NULL && c->kept != NULL) {
-        size_t i;
-        for (i = 0; i < c->plan->num_kernels; i++)
-            if (c->kept[i].panels != NULL) tb__native_buf_free(rt, c->kept[i].panels);
-    }
-    tb__native_rt_unref(rt);
-    tb__mutex_unlock(&tb__native_mutex);
-    tb__free(c->kept);
-    tb__free(c->fns);
-    tb__free(c->progs);
-    tb__free(c->source);
-    tb__plan_free(c->plan);
-    tb__free(c);
-}
-
-/* Plans the graph for the host's threads and renders the plan as C99. */
-static tb_status tb__native_create_lowering_context(void *user_data, const tb_graph *graph,
-                                                    void **context) {
-    tb__native_rt *rt;
-    tb__native_comp *c;
-    tb__native_context *ctx;
-    tb__pgraph G;
-    tb__tuning tuning;
-    tb__target target;
-    tb__dialect dialect;
-    tb_status st;
-    (void)user_data;
-    *context = NULL;
-    ctx = (tb__native_context *)tb__calloc(1, sizeof *ctx);
-    c = (tb__native_comp *)tb__calloc(1, sizeof *c);
-    if (ctx == NULL || c == NULL) {
-        tb__free(ctx);
-        tb__free(c);
-        return TB_ERR_OUT_OF_MEMORY;
-    }
-    tb__mutex_lock(&tb__native_mutex);
-    rt = tb__native_device(graph->device.ordinal, "native");
-    if (rt != NULL) rt->refcount++;
-    tb__mutex_unlock(&tb__native_mutex);
-    if (rt == NULL) {
-        tb__free(c);
-        tb__free(ctx);
-        return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_UNAVAILABLE;
-    }
+/* Plans for the host's threads and vector shape; renders C99. */
+static void tb__native_target(void *dev, tb__tuning *tuning, tb__target *target,
+                              tb__dialect *dialect) {
+    tb__native_rt *rt = (tb__native_rt *)dev;
     tb__native_shape(rt);
-    c->rt = rt;
-    tb__tuning_of(TB__CLASS_HOST, &tuning);
-    tb__tuning_fit(&tuning, &rt->shape);
-    memset(&target, 0, sizeof target);
-    target.tuning = &tuning;
-    target.compute_units = rt->info.compute_units;
-    target.max_group = 1;
-    target.max_allocation = rt->info.max_allocation;
-    target.max_args = 4096;
-    target.f64 = true;
-    target.acc_f64 = true;
-    target.cache_bytes = rt->l2_bytes;
-    target.buffer_align = 64; /* tb__native_buf_alloc */
-    target.arg_table = true;  /* tb__native_emit_kernel: TB__CG_ARGS */
-    tb__native_dialect(&dialect, tuning.vec_width);
-    st = tb__plan_build(graph, &target, &G, &c->plan);
-    if (st == TB_OK) {
-        st = tb__cg_render(&G, c->plan, &dialect, &c->source, &c->source_len);
-        tb__pgraph_free(&G);
-    }
-    if (st != TB_OK) {
-        tb__native_comp_release(c);
-        tb__free(ctx);
-        return st;
-    }
-    ctx->comp = c;
-    *context = ctx;
+    tb__tuning_of(TB__CLASS_HOST, tuning);
+    tb__tuning_fit(tuning, &rt->shape);
+    target->tuning = tuning;
+    target->compute_units = rt->info.compute_units;
+    target->max_group = 1;
+    target->max_allocation = rt->info.max_allocation;
+    target->max_args = 4096;
+    target->f64 = true;
+    target->acc_f64 = true;
+    target->cache_bytes = rt->l2_bytes;
+    target->buffer_align = 64; /* tb__native_buf_alloc */
+    target->arg_table = true;  /* tb__native_emit_kernel: TB__CG_ARGS */
+    tb__native_dialect(dialect, tuning->vec_width);
+}
+
+static void tb__native_lock(void *dev) {
+    (void)dev;
+    tb__mutex_lock(&tb__native_mutex);
+}
+
+static void tb__native_unlock(void *dev) {
+    (void)dev;
+    tb__mutex_unlock(&tb__native_mutex);
+}
+
+/* ---- memory: host memory, read and written in place ---- */
+
+static tb_status tb__native_alloc(void *dev, size_t bytes, tb__kbuf **out) {
+    tb__native_buf *b = NULL;
+    tb_status st = tb__native_buf_alloc((tb__native_rt *)dev, bytes, &b);
+    *out = b != NULL ? &b->k : NULL;
+    return st;
+}
+
+static void tb__native_release(tb__kbuf *b) {
+    tb__native_buf_free((tb__native_rt *)b->dev, (tb__native_buf *)b);
+}
+
+static tb_status tb__native_write(void *dev, tb__kbuf *b, const void *host, size_t bytes) {
+    (void)dev;
+    if (bytes > 0) memcpy(b->mem, host, bytes);
     return TB_OK;
 }
 
-static void tb__native_release_lowering_context(void *user_data, void *context) {
-    tb__native_context *ctx = (tb__native_context *)context;
-    (void)user_data;
-    if (ctx == NULL) return;
-    tb__native_comp_release(ctx->comp);
-    tb__free(ctx);
+static tb_status tb__native_read(void *dev, const tb__kbuf *b, void *host, size_t bytes) {
+    (void)dev;
+    if (bytes > 0) memcpy(host, b->mem, bytes);
+    return TB_OK;
 }
+
+static tb_status tb__native_copy(void *dev, const tb__kbuf *from, tb__kbuf *to, size_t bytes) {
+    (void)dev;
+    if (bytes > 0) memcpy(to->mem, from->mem, bytes);
+    return TB_OK;
+}
+
+/* The library reads and writes the buffers in place (a collective's input and result). */
+static void *tb__native_map(void *dev, tb__kbuf *b, size_t bytes, bool write) {
+    (void)dev;
+    (void)bytes;
+    (void)write;
+    return b->mem;
+}
+
+/* ---- programs ---- */
+
+/* A graph's program: its parts' loaded objects. */
+typedef struct tb__native_program {
+    tb__native_rt *rt;
+    const tb__plan *plan;
+    const char *source;
+    size_t source_len;
+    tb__native_prog **progs;
+    size_t num_progs;
+} tb__native_program;
 
 /* ---- a program in parts, compiled at once ----
    A graph's program of many functions is compiled as several parts, each the program's head
@@ -33343,7 +33656,7 @@ static void *tb__native_part_main(void *arg) {
 
 /* The parts of c's program: how many, and each one's functions (runs in order, of about
    equal text); one part is the whole source. */
-static tb_status tb__native_make_parts(tb__native_comp *c, tb__native_part *parts, size_t n) {
+static tb_status tb__native_make_parts(tb__native_program *c, tb__native_part *parts, size_t n) {
     const tb__plan *p = c->plan;
     size_t i, at = 0, done = 0, total = 0;
     for (i = 0; i < p->num_kernels; i++)
@@ -33375,7 +33688,7 @@ static tb_status tb__native_make_parts(tb__native_comp *c, tb__native_part *part
 
 /* Compiles (or finds) the parts of c's program, one compiler process per part at once,
    reporting progress as they are ready; c->progs holds them. */
-static tb_status tb__native_compile_parts(tb__native_comp *c) {
+static tb_status tb__native_compile_parts(tb__native_program *c) {
     size_t functions = tb__plan_functions(c->plan), n, i, ready = 0;
     tb__native_part *parts;
     pthread_t *threads;
@@ -33425,351 +33738,101 @@ static tb_status tb__native_compile_parts(tb__native_comp *c) {
     return st;
 }
 
-/* Compiles (or finds) the program and looks its kernels up; the computation leaves the
-   context. */
-static tb_status tb__native_compile(void *user_data, void *context, void **computation) {
-    tb__native_context *ctx = (tb__native_context *)context;
-    tb__native_comp *c = ctx != NULL ? ctx->comp : NULL;
-    tb__plan *p;
-    tb_status st;
+static void tb__native_drop(void *dev, void *program) {
+    tb__native_program *c = (tb__native_program *)program;
     size_t i;
-    (void)user_data;
-    *computation = NULL;
-    if (c == NULL) return tb__error(TB_ERR_INVALID_ARGUMENT, "native: compile without a context");
-    p = c->plan;
-    if (tb_debug_level() >= 3) {
-        tb_log_message(TB_LOG_DEBUG, "native: program of graph %016llx:\n%s",
-                       (unsigned long long)p->graph_hash, c->source);
-    }
-    c->fns = (tb__native_fn *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_fn));
-    c->kept = (tb__native_kept *)tb__calloc(p->num_kernels + 1, sizeof(tb__native_kept));
-    if (c->fns == NULL || c->kept == NULL) return TB_ERR_OUT_OF_MEMORY;
-    st = tb__native_compile_parts(c);
-    for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
-        void *sym = NULL;
-        size_t j;
-        if (p->kernels[i].empty) continue;
-        for (j = 0; j < c->num_progs && sym == NULL; j++)
-            sym = dlsym(c->progs[j]->handle, p->kernels[i].fn);
-        if (sym == NULL) {
-            st =
-                tb__error(TB_ERR_COMPILE, "native: the program has no kernel %s", p->kernels[i].fn);
-            break;
-        }
-        memcpy(&c->fns[i], &sym, sizeof sym);
-    }
-    if (st == TB_OK && tb_debug_level() >= 1) {
-        tb__str names;
-        memset(&names, 0, sizeof names);
-        for (i = 0; i < p->num_kernels; i++)
-            if (!p->kernels[i].empty)
-                tb__str_append(&names, "%s%s", names.len > 0 ? " " : "", p->kernels[i].name);
-        tb_log_message(TB_LOG_INFO, "native:0: graph %016llx: %s",
-                       (unsigned long long)p->graph_hash, names.data != NULL ? names.data : "");
-        tb__str_free(&names);
-    }
-    if (st != TB_OK) return st;
-    ctx->comp = NULL;
-    *computation = c;
-    return TB_OK;
+    for (i = 0; i < c->num_progs; i++)
+        if (c->progs[i] != NULL) tb__native_prog_unref((tb__native_rt *)dev, c->progs[i]);
+    tb__free(c->progs);
+    tb__free(c);
 }
 
-static void tb__native_release_computation(void *user_data, void *computation) {
-    (void)user_data;
-    tb__native_comp_release((tb__native_comp *)computation);
-}
-
-static const char *tb__native_backend_text(void *user_data, const void *computation) {
-    (void)user_data;
-    return computation != NULL ? ((const tb__native_comp *)computation)->source : NULL;
-}
-
-static int32_t tb__native_get_node_kernel(void *user_data, const void *computation,
-                                          size_t node_index, const char **kernel_name) {
-    const tb__native_comp *c = (const tb__native_comp *)computation;
-    int32_t k;
-    (void)user_data;
-    if (kernel_name != NULL) *kernel_name = NULL;
-    if (c == NULL || c->plan->node_kernel == NULL || node_index >= c->plan->num_nodes) return -1;
-    k = c->plan->node_kernel[node_index];
-    if (k >= 0 && kernel_name != NULL) *kernel_name = c->plan->kernels[k].name;
-    return k;
-}
-
-/* The buffers of a run: the parameters' (borrowed) and the kernels' outputs (owned until they
-   are results or freed after their last use). */
-typedef struct tb__native_run_state {
-    tb__native_buf **owned;
-    unsigned char **ptrs;
-    void **argv;
-    uint32_t err[TB__ERR_WORDS];
-} tb__native_run_state;
-
-static tb_status tb__native_run_init(tb__native_comp *c, tb_backend_data *const *arguments,
-                                     tb__native_run_state *s, unsigned char **table) {
-    const tb__plan *p = c->plan;
-    size_t i, most = 1;
-    *table = NULL;
-    memset(s, 0, sizeof *s);
-    for (i = 0; i < p->num_kernels; i++)
-        if (p->kernels[i].num_args + 1 > most) most = p->kernels[i].num_args + 1;
-    s->owned = (tb__native_buf **)tb__calloc(p->num_slots + 1, sizeof *s->owned);
-    s->ptrs = (unsigned char **)tb__calloc(p->num_slots + 1, sizeof *s->ptrs);
-    s->argv = (void **)tb__calloc(most, sizeof *s->argv);
-    if (s->owned == NULL || s->ptrs == NULL || s->argv == NULL) return TB_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < p->num_slots; i++) {
-        const tb__native_buf *b;
-        if (p->slots[i].kind != TB__SLOT_PARAM) continue;
-        b = (const tb__native_buf *)arguments[p->slots[i].index]->payload;
-        if (b == NULL)
-            return tb__error(TB_ERR_INVALID_ARGUMENT, "native: an argument has no value");
-        s->ptrs[i] = b->ptr;
-    }
-    for (i = 0; i < p->num_results; i++) {
-        /* a result computed into a donated parameter's buffer */
-        if (p->result_alias[i] >= 0)
-            s->ptrs[p->result_slot[i]] =
-                ((tb__native_buf *)arguments[p->result_alias[i]]->payload)->ptr;
-    }
-    if (p->scalar_table) {
-        /* each kernel's run of entries: the scalars it reads, in its order */
-        *table = (unsigned char *)tb__calloc(p->table_len + 1, 8);
-        if (*table == NULL) return TB_ERR_OUT_OF_MEMORY;
-        for (i = 0; i < p->num_kernels; i++) {
-            const tb__plan_kernel *k = &p->kernels[i];
-            size_t j;
-            for (j = 0; j < k->num_table_params; j++) {
-                int32_t a = k->table_params[j];
-                const tb__native_buf *b = (const tb__native_buf *)arguments[a]->payload;
-                if (b != NULL)
-                    memcpy(*table + 8 * ((size_t)k->table_at + j), b->ptr,
-                           tb_dtype_size(p->param_dtype[a]));
-            }
-        }
-    }
-    return TB_OK;
-}
-
-/* Runs kernel i: its output allocated, its arguments gathered, its work items on the pool. */
-static tb_status tb__native_run_kernel(tb__native_comp *c, size_t i,
-                                       tb_backend_data *const *arguments, tb__native_run_state *s,
-                                       unsigned char *table) {
-    const tb__plan *p = c->plan;
-    const tb__plan_kernel *k = &p->kernels[i];
-    uint64_t size[3], t0;
-    size_t j;
-    const tb__native_buf *src =
-        k->pack_param >= 0 ? (const tb__native_buf *)arguments[k->pack_param]->payload : NULL;
-    tb__native_kept *kp = &c->kept[i];
-    if (src != NULL && kp->panels != NULL && kp->src == src && kp->gen == src->gen) {
-        s->ptrs[k->out_slot] = kp->panels->ptr; /* the panels of this buffer, made before */
-        return TB_OK;
-    }
-    if (s->ptrs[k->out_slot] == NULL) {
-        size_t bytes = 0;
-        tb_status st = tb_shape_nbytes(&p->slots[k->out_slot].shape, &bytes);
-        if (st != TB_OK) return st;
-        tb__mutex_lock(&tb__native_mutex);
-        st = tb__native_buf_alloc(c->rt, bytes, &s->owned[k->out_slot]);
-        tb__mutex_unlock(&tb__native_mutex);
-        if (st != TB_OK) return st;
-        s->ptrs[k->out_slot] = s->owned[k->out_slot]->ptr;
-    }
-    if (k->empty) return TB_OK;
-    s->argv[0] = s->ptrs[k->out_slot];
-    for (j = 0; j < k->num_args; j++) {
-        const tb__plan_arg *a = &k->args[j];
-        if (a->kind == TB__ARG_BUF) {
-            s->argv[j + 1] = s->ptrs[a->index];
-        } else if (a->kind == TB__ARG_SCALAR) {
-            s->argv[j + 1] = ((tb__native_buf *)arguments[a->index]->payload)->ptr;
-        } else if (a->kind == TB__ARG_TABLE) {
-            s->argv[j + 1] = table + 8 * (size_t)k->table_at; /* the kernel's run of the table */
-        } else {
-            s->argv[j + 1] = s->err;
-        }
-    }
-    tb__native_global_size(k, size);
-    t0 = tb_debug_level() >= 2 ? tb__now_ns() : 0;
-    tb__native_run(c->rt->pool, c->fns[i], s->argv, (int64_t)(size[0] * size[1] * size[2]),
-                   k->bytes + k->flops);
-    (void)TB__ATOMIC_ADD(&c->rt->kernels_launched, 1);
-    if (src != NULL && s->owned[k->out_slot] != NULL &&
-        (uint64_t)s->owned[k->out_slot]->cap <= c->rt->cache_limit) {
-        /* keep the panels with the computation (the next run of this buffer skips the pack) */
-        tb__mutex_lock(&tb__native_mutex);
-        if (kp->panels != NULL) tb__native_buf_free(c->rt, kp->panels);
-        tb__mutex_unlock(&tb__native_mutex);
-        kp->panels = s->owned[k->out_slot];
-        kp->src = src;
-        kp->gen = src->gen;
-        s->owned[k->out_slot] = NULL;
-    }
-    if (tb_debug_level() >= 2) {
-        double ns = (double)(tb__now_ns() - t0);
-        if (ns < 1) ns = 1;
-        tb_log_message(TB_LOG_DEBUG, "native:0 %-24s %10.3f ms %9.2f GB/s %9.2f GFLOP/s", k->name,
-                       ns / 1e6, k->bytes / ns, k->flops / ns);
-    }
-    return TB_OK;
-}
-
-static tb_status tb__native_execute(void *user_data, void *computation,
-                                    tb_backend_data *const *arguments, size_t num_arguments,
-                                    tb_backend_data *const *results, size_t num_results) {
-    tb__native_comp *c = (tb__native_comp *)computation;
-    const tb__plan *p = c != NULL ? c->plan : NULL;
-    tb__native_run_state s;
-    unsigned char *table = NULL;
+/* Compiles (or finds) the parts of a plan's program. */
+static tb_status tb__native_build(void *dev, const tb__plan *plan, const char *src, size_t len,
+                                  void **program) {
+    tb__native_program *c = (tb__native_program *)tb__calloc(1, sizeof *c);
     tb_status st;
-    size_t i, j;
-    bool consumed = false;
-    (void)user_data;
-    if (p == NULL || num_arguments != p->num_params || num_results != p->num_results) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT,
-                         "native: execute with %zu arguments and %zu results, the computation has "
-                         "%zu and %zu",
-                         num_arguments, num_results, p != NULL ? p->num_params : 0,
-                         p != NULL ? p->num_results : 0);
+    *program = NULL;
+    if (c == NULL) return TB_ERR_OUT_OF_MEMORY;
+    c->rt = (tb__native_rt *)dev;
+    c->plan = plan;
+    c->source = src;
+    c->source_len = len;
+    st = tb__native_compile_parts(c);
+    c->plan = NULL;
+    c->source = NULL;
+    if (st != TB_OK) {
+        tb__native_lock(dev);
+        tb__native_drop(dev, c);
+        tb__native_unlock(dev);
+        return st;
     }
-    if (c->rt->exited)
-        return tb__error(TB_ERR_STATE, "native: the computation outlived the backend");
-    tb__mutex_lock(&tb__native_run_mutex);
-    st = tb__native_run_init(c, arguments, &s, &table);
-    for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
-        if ((int32_t)i == p->first_alias) {
-            /* the kernels from here on write into donated buffers and cannot fail: a flag
-               raised before them fails the run with the donated values intact */
-            if (s.err[0] != 0) {
-                st = tb__cg_run_error(p, "native", s.err);
-                break;
-            }
-            consumed = true;
-            for (j = 0; j < p->num_results; j++)
-                if (p->result_alias[j] >= 0) /* panels kept from it are stale from here on */
-                    ((tb__native_buf *)arguments[p->result_alias[j]]->payload)->gen =
-                        tb__next_generation();
-        }
-        st = tb__native_run_kernel(c, i, arguments, &s, table);
-        /* temporaries nobody reads any more go back to the cache */
-        tb__mutex_lock(&tb__native_mutex);
-        for (j = 0; j < p->num_slots; j++) {
-            if (p->slots[j].kind == TB__SLOT_TEMP && s.owned != NULL && s.owned[j] != NULL &&
-                p->slots[j].last_use <= (int32_t)i) {
-                tb__native_buf_free(c->rt, s.owned[j]);
-                s.owned[j] = NULL;
-                s.ptrs[j] = NULL;
-            }
-        }
-        tb__mutex_unlock(&tb__native_mutex);
-    }
-    if (st == TB_OK && s.err[0] != 0) st = tb__cg_run_error(p, "native", s.err);
-    tb__mutex_lock(&tb__native_mutex);
-    for (i = 0; i < p->num_results && st == TB_OK; i++) {
-        int32_t src = p->result_source[i];
-        tb__native_buf *copy = NULL;
-        size_t bytes = 0;
-        if (src < 0) continue;
-        /* the buffer it repeats may be a donated one: its size is the slot's */
-        st = tb_shape_nbytes(&p->slots[p->result_slot[src]].shape, &bytes);
-        if (st == TB_OK) st = tb__native_buf_alloc(c->rt, bytes, &copy);
-        if (st != TB_OK) break;
-        if (bytes > 0) memcpy(copy->ptr, s.ptrs[p->result_slot[src]], bytes);
-        results[i]->payload = copy;
-    }
-    for (i = 0; i < p->num_results; i++) {
-        int32_t d = p->result_alias[i];
-        if (d >= 0) {
-            /* the donated buffer is the result's (success), or freed once written (failure) */
-            if (st == TB_OK) {
-                results[i]->payload = arguments[d]->payload;
-                arguments[d]->payload = NULL;
-            } else if (consumed) {
-                tb__native_buf_free(c->rt, (tb__native_buf *)arguments[d]->payload);
-                arguments[d]->payload = NULL;
-            }
-            continue;
-        }
-        if (p->result_source[i] >= 0) {
-            if (st != TB_OK && results[i]->payload != NULL) {
-                tb__native_buf_free(c->rt, (tb__native_buf *)results[i]->payload);
-                results[i]->payload = NULL;
-            }
-        } else if (st == TB_OK) {
-            results[i]->payload = s.owned[p->result_slot[i]];
-            s.owned[p->result_slot[i]] = NULL;
-        }
-    }
-    if (s.owned != NULL) {
-        for (i = 0; i < p->num_slots; i++)
-            tb__native_buf_free(c->rt, s.owned[i]);
-    }
-    tb__mutex_unlock(&tb__native_mutex);
-    tb__mutex_unlock(&tb__native_run_mutex);
-    tb__free(s.owned);
-    tb__free(s.ptrs);
-    tb__free(s.argv);
-    tb__free(table);
-    return st;
+    *program = c;
+    return TB_OK;
 }
 
-/* ---- backend entries: IR hooks, lifetime, registration ---- */
-
-/* Every built-in op; custom ops with a kernel expression (compiled as C99 with <tgmath.h>). */
-static bool tb__native_supports_node(void *user_data, const tb_node *node) {
-    (void)user_data;
-    if (node->op >= TB_OP_BUILTIN_COUNT) {
-        const tb_custom_op_desc *d = tb__plan_custom(node->op);
-        return d != NULL && d->opencl_expr != NULL && d->infer_shape == NULL;
-    }
-    return node->op >= 0;
+static tb_status tb__native_kernel(void *dev, void *program, const tb__plan_kernel *k,
+                                   tb__kkernel *out) {
+    const tb__native_program *c = (const tb__native_program *)program;
+    void *sym = NULL;
+    size_t j;
+    (void)dev;
+    for (j = 0; j < c->num_progs && sym == NULL; j++)
+        sym = dlsym(c->progs[j]->handle, k->fn);
+    if (sym == NULL)
+        return tb__error(TB_ERR_COMPILE, "native: the program has no kernel %s", k->fn);
+    out->handle = sym;
+    return TB_OK;
 }
 
-static size_t tb__native_metrics_report(void *user_data, char *buf, size_t cap) {
-    tb__str s;
+/* ---- launches: the work items on the pool, the caller waiting ---- */
+
+static tb_status tb__native_launch(void *dev, const tb__kkernel *kern, const tb__plan_kernel *k,
+                                   const tb__karg *args, size_t num_args, uint64_t *event) {
+    tb__native_rt *rt = (tb__native_rt *)dev;
+    void *small[32], **argv = small;
+    uint64_t size[3], t0;
+    tb__native_fn fn;
+    size_t j;
+    if (num_args > sizeof small / sizeof small[0]) {
+        argv = (void **)tb__calloc(num_args, sizeof *argv);
+        if (argv == NULL) return TB_ERR_OUT_OF_MEMORY;
+    }
+    for (j = 0; j < num_args; j++) {
+        const tb__karg *a = &args[j];
+        if (a->kind == TB__ARG_SCALAR) {
+            argv[j] = (void *)(uintptr_t)a->value;
+        } else if (a->kind == TB__ARG_TABLE) {
+            argv[j] = (unsigned char *)a->mem + 8 * (size_t)a->at; /* the kernel's run */
+        } else {
+            argv[j] = a->mem;
+        }
+    }
+    memcpy(&fn, &kern->handle, sizeof fn);
+    tb__native_global_size(k, size);
+    t0 = event != NULL ? tb__now_ns() : 0;
+    tb__native_run(rt->pool, fn, argv, (int64_t)(size[0] * size[1] * size[2]), k->bytes + k->flops);
+    if (event != NULL) *event = tb__now_ns() - t0;
+    if (argv != small) tb__free(argv);
+    return TB_OK;
+}
+
+static void tb__native_finish(void *dev) {
+    (void)dev; /* a launch returns when its work is done */
+}
+
+static double tb__native_elapsed(void *dev, uint64_t event) {
+    (void)dev;
+    return (double)event;
+}
+
+static void tb__native_report(void *dev, tb__str *s) {
+    tb__native_rt *rt = (tb__native_rt *)dev;
+    tb__str_append(s, "  Native::Compiler: %s %s\n", rt->cc_command, rt->options);
+}
+
+static void tb__native_exit(void) {
     tb__native_rt *rt;
-    size_t n;
-    char *text;
-    (void)user_data;
-    memset(&s, 0, sizeof s);
-    tb__mutex_lock(&tb__native_mutex);
-    rt = tb__native_rt_get();
-    if (rt == NULL || rt->status != TB_OK) {
-        tb__str_append(&s, "Native: unavailable: %s\n", rt != NULL ? rt->reason : "out of memory");
-    } else {
-        tb__str_append(&s, "Device: native:0 (%s, %u threads)\n", rt->info.name,
-                       (unsigned)rt->info.compute_units);
-        tb__str_append(&s, "  Native::Compiler: %s %s\n", rt->cc_command, rt->options);
-        tb__str_append(&s, "  Native::BytesInUse: %llu\n", (unsigned long long)rt->bytes_in_use);
-        tb__str_append(&s, "  Native::PeakBytesInUse: %llu\n", (unsigned long long)rt->peak_bytes);
-        tb__str_append(&s, "  Native::BytesCached: %llu\n", (unsigned long long)rt->cached_bytes);
-        tb__str_append(&s, "  Native::ProgramCompile: %llu\n", (unsigned long long)rt->compiles);
-        tb__str_append(&s, "  Native::DiskCacheHit: %llu\n", (unsigned long long)rt->disk_hits);
-        tb__str_append(&s, "  Native::DiskCacheMiss: %llu\n", (unsigned long long)rt->disk_misses);
-        tb__str_append(&s, "  Native::DiskCacheRejected: %llu\n",
-                       (unsigned long long)rt->disk_rejected);
-        tb__str_append(&s, "  Native::KernelLaunch: %llu\n",
-                       (unsigned long long)rt->kernels_launched);
-    }
-    tb__mutex_unlock(&tb__native_mutex);
-    text = tb__str_take(&s);
-    if (text == NULL) {
-        if (cap > 0) buf[0] = '\0';
-        return 0;
-    }
-    n = strlen(text);
-    if (cap > 0) {
-        size_t k = n < cap - 1 ? n : cap - 1;
-        memcpy(buf, text, k);
-        buf[k] = '\0';
-    }
-    tb__free(text);
-    return n;
-}
-
-static void tb__native_prepare_to_exit(void *user_data) {
-    tb__native_rt *rt;
-    (void)user_data;
     tb__mutex_lock(&tb__native_mutex);
     rt = tb__native_current;
     if (rt != NULL) {
@@ -33782,27 +33845,46 @@ static void tb__native_prepare_to_exit(void *user_data) {
     tb__mutex_unlock(&tb__native_mutex);
 }
 
+static const tb__kit_runtime tb__native_runtime = {
+    "native",
+    "Native",
+    "ProgramCompile",
+    false,
+    tb__native_devices,
+    tb__native_open,
+    tb__native_close,
+    tb__native_alive,
+    tb__native_ordinal,
+    tb__native_info,
+    tb__native_stats,
+    tb__native_target,
+    tb__native_lock,
+    tb__native_unlock,
+    tb__native_alloc,
+    tb__native_release,
+    tb__native_write,
+    tb__native_read,
+    tb__native_copy,
+    tb__native_map,
+    NULL,
+    tb__native_build,
+    tb__native_kernel,
+    NULL,
+    tb__native_drop,
+    tb__native_launch,
+    tb__native_finish,
+    tb__native_elapsed,
+    NULL,
+    NULL,
+    tb__native_report,
+    NULL,
+    tb__native_exit,
+};
+
 /* registers the "native" backend (called by tb__register_builtin_backends) */
 static tb_status tb__native_register(void) {
     tb_backend_impl impl;
-    memset(&impl, 0, sizeof impl);
-    impl.prepare_to_exit = tb__native_prepare_to_exit;
-    impl.supports_node = tb__native_supports_node;
-    impl.data_from_host = tb__native_data_from_host;
-    impl.data_from_scalar = tb__native_data_from_scalar;
-    impl.data_to_host = tb__native_data_to_host;
-    impl.data_release = tb__native_data_release;
-    impl.data_map_host = tb__native_data_map_host;
-    impl.create_lowering_context = tb__native_create_lowering_context;
-    impl.release_lowering_context = tb__native_release_lowering_context;
-    impl.compile = tb__native_compile;
-    impl.execute = tb__native_execute;
-    impl.release_computation = tb__native_release_computation;
-    impl.computation_backend_text = tb__native_backend_text;
-    impl.get_node_kernel = tb__native_get_node_kernel;
-    impl.get_backend_devices = tb__native_get_backend_devices;
-    impl.get_device_info = tb__native_get_device_info;
-    impl.create_metrics_report = tb__native_metrics_report;
+    tb__kit_impl(&tb__native_runtime, &impl);
     return tb_backend_register("native", &impl, "");
 }
 

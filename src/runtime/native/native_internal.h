@@ -20,13 +20,11 @@ static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *ar
 
 /* ---- what the parts of the backend share: native_runtime.c, native_programs.c, native.c ---- */
 
-/* A host buffer, 64-byte aligned (the payload of every native tb_backend_data). */
+/* A host buffer, 64-byte aligned at k.mem (the payload of a native tb_backend_data with
+   memory); k.dev is the runtime. */
 typedef struct tb__native_buf {
-    void *base;
-    unsigned char *ptr;
-    size_t size;  /* bytes asked for */
-    size_t cap;   /* bytes it holds: the size class */
-    uint64_t gen; /* tb__next_generation when it was handed out or last written */
+    tb__kbuf k;
+    void *base; /* what was allocated */
 } tb__native_buf;
 
 /* A loaded shared object, shared by every computation whose source is the same. */
@@ -65,16 +63,14 @@ typedef struct tb__native_rt {
     /* the caching allocator: free buffers, oldest first */
     tb__native_buf **cache;
     size_t cache_count, cache_cap;
-    uint64_t cached_bytes, cache_limit, bytes_in_use, peak_bytes;
     tb__native_prog *programs;
-    uint64_t compiles, disk_hits, disk_misses, disk_rejected, kernels_launched;
+    tb__kit_stats stats;
     int32_t cache_dir_reported; /* atomic: why the cache folder is not used was said */
 } tb__native_rt;
 
 /* Guards the runtime, its allocator and its program cache (never held while the compiler
-   runs); runs are serialised by tb__native_run_mutex (one job in the pool at a time). */
+   runs), and serialises runs (one job in the pool at a time): the device's lock. */
 static tb__mutex tb__native_mutex = TB__MUTEX_INIT;
-static tb__mutex tb__native_run_mutex = TB__MUTEX_INIT;
 static tb__native_rt *tb__native_current;
 
 #define TB__NATIVE_MAX_PROGRAMS 256

@@ -726,16 +726,16 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
         bytes = NULL;
     }
     if (handle != NULL) {
-        (void)TB__ATOMIC_ADD(&rt->disk_hits, 1);
+        (void)TB__ATOMIC_ADD(&rt->stats.disk_hits, 1);
         *from_disk = true;
     } else {
-        if (path != NULL) (void)TB__ATOMIC_ADD(&rt->disk_misses, 1);
+        if (path != NULL) (void)TB__ATOMIC_ADD(&rt->stats.disk_misses, 1);
         if (why != NULL) {
             if (tb_debug_level() >= 1)
                 tb_log_message(TB_LOG_INFO, "native: program cache file %s not used: %s", path,
                                why);
             tb__disk_reject(path);
-            (void)TB__ATOMIC_ADD(&rt->disk_rejected, 1);
+            (void)TB__ATOMIC_ADD(&rt->stats.disk_rejected, 1);
         }
         st = tb__native_compile_source(rt, src, len, &handle, &bytes, &n);
         if (st == TB_OK && tb__native_missing_kernel(handle, fns, num_fns) != NULL) {
@@ -747,7 +747,7 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
             handle = NULL;
         }
         if (st == TB_OK) {
-            (void)TB__ATOMIC_ADD(&rt->compiles, 1);
+            (void)TB__ATOMIC_ADD(&rt->stats.builds, 1);
             tb__disk_store(&tb__native_disk_format, save_dir, &dkey, key, &rt->cache_dir_reported,
                            bytes, n);
         }

@@ -206,8 +206,8 @@ static void tb__native_probe(tb__native_rt *rt) {
         rt->l2_bytes = l2 > 0 ? (uint64_t)l2 : 0;
     }
 #endif
-    rt->cache_limit = info->global_memory / 8;
-    if (rt->cache_limit < ((uint64_t)64 << 20)) rt->cache_limit = (uint64_t)64 << 20;
+    rt->stats.cache_limit = info->global_memory / 8;
+    if (rt->stats.cache_limit < ((uint64_t)64 << 20)) rt->stats.cache_limit = (uint64_t)64 << 20;
     rt->timeout_s = tb__native_env_timeout();
     if (sizeof(long) != 8) {
         rt->status = TB_ERR_UNAVAILABLE;
@@ -289,11 +289,11 @@ static void tb__native_buf_destroy(tb__native_buf *b) {
 }
 
 static void tb__native_cache_trim(tb__native_rt *rt, uint64_t keep) {
-    while (rt->cache_count > 0 && rt->cached_bytes > keep) {
+    while (rt->cache_count > 0 && rt->stats.cached_bytes > keep) {
         tb__native_buf *b = rt->cache[0];
         memmove(rt->cache, rt->cache + 1, (rt->cache_count - 1) * sizeof *rt->cache);
         rt->cache_count--;
-        rt->cached_bytes -= b->cap;
+        rt->stats.cached_bytes -= b->k.cap;
         tb__native_buf_destroy(b);
         tb__native_rt_unref(rt);
     }
@@ -305,16 +305,17 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
     size_t cap = tb__size_class(size), i;
     tb__native_buf *b;
     for (i = 0; i < rt->cache_count; i++) {
-        if (rt->cache[i]->cap == cap) {
+        if (rt->cache[i]->k.cap == cap) {
             b = rt->cache[i];
             memmove(rt->cache + i, rt->cache + i + 1,
                     (rt->cache_count - i - 1) * sizeof *rt->cache);
             rt->cache_count--;
-            rt->cached_bytes -= b->cap;
-            b->size = size;
-            b->gen = tb__next_generation();
-            rt->bytes_in_use += b->cap;
-            if (rt->bytes_in_use > rt->peak_bytes) rt->peak_bytes = rt->bytes_in_use;
+            rt->stats.cached_bytes -= b->k.cap;
+            b->k.size = size;
+            b->k.gen = tb__next_generation();
+            rt->stats.bytes_in_use += b->k.cap;
+            if (rt->stats.bytes_in_use > rt->stats.peak_bytes)
+                rt->stats.peak_bytes = rt->stats.bytes_in_use;
             *out = b;
             return TB_OK;
         }
@@ -329,13 +330,15 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
             return tb__error(TB_ERR_OUT_OF_MEMORY, "native: cannot allocate %zu bytes", size);
         }
     }
-    b->ptr = (unsigned char *)b->base + (64 - (uintptr_t)b->base % 64) % 64;
-    b->size = size;
-    b->cap = cap;
-    b->gen = tb__next_generation();
+    b->k.mem = (unsigned char *)b->base + (64 - (uintptr_t)b->base % 64) % 64;
+    b->k.dev = rt;
+    b->k.size = size;
+    b->k.cap = cap;
+    b->k.gen = tb__next_generation();
     rt->refcount++;
-    rt->bytes_in_use += cap;
-    if (rt->bytes_in_use > rt->peak_bytes) rt->peak_bytes = rt->bytes_in_use;
+    rt->stats.bytes_in_use += cap;
+    if (rt->stats.bytes_in_use > rt->stats.peak_bytes)
+        rt->stats.peak_bytes = rt->stats.bytes_in_use;
     *out = b;
     return TB_OK;
 }
@@ -343,8 +346,8 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
 /* Gives a buffer back: cached for reuse while the cache has room. Call with the mutex held. */
 static void tb__native_buf_free(tb__native_rt *rt, tb__native_buf *b) {
     if (b == NULL) return;
-    rt->bytes_in_use -= b->cap;
-    if (rt->exited || b->cap > rt->cache_limit ||
+    rt->stats.bytes_in_use -= b->k.cap;
+    if (rt->exited || b->k.cap > rt->stats.cache_limit ||
         tb__grow((void **)&rt->cache, &rt->cache_cap, rt->cache_count + 1, sizeof *rt->cache) !=
             TB_OK) {
         tb__native_buf_destroy(b);
@@ -352,8 +355,8 @@ static void tb__native_buf_free(tb__native_rt *rt, tb__native_buf *b) {
         return;
     }
     rt->cache[rt->cache_count++] = b;
-    rt->cached_bytes += b->cap;
-    tb__native_cache_trim(rt, rt->cache_limit);
+    rt->stats.cached_bytes += b->k.cap;
+    tb__native_cache_trim(rt, rt->stats.cache_limit);
 }
 
 #endif /* TB__HAVE_NATIVE */

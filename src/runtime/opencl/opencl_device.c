@@ -211,9 +211,9 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
              tb__getenv("TB_OPENCL_BUILD_OPTIONS") != NULL ? " " : "",
              tb__getenv("TB_OPENCL_BUILD_OPTIONS") != NULL ? tb__getenv("TB_OPENCL_BUILD_OPTIONS")
                                                            : "");
-    dev->cache_limit = info->global_memory / 4;
-    if (dev->cache_limit < ((uint64_t)64 << 20)) dev->cache_limit = (uint64_t)64 << 20;
-    if (dev->cache_limit > ((uint64_t)4 << 30)) dev->cache_limit = (uint64_t)4 << 30;
+    dev->stats.cache_limit = info->global_memory / 4;
+    if (dev->stats.cache_limit < ((uint64_t)64 << 20)) dev->stats.cache_limit = (uint64_t)64 << 20;
+    if (dev->stats.cache_limit > ((uint64_t)4 << 30)) dev->stats.cache_limit = (uint64_t)4 << 30;
 }
 
 /* Platform order, then device order; devices that are not available or have no compiler are
@@ -413,8 +413,8 @@ static void tb__ocl_metric(tb__ocl_device *dev, const char *name, int64_t delta)
 }
 
 static void tb__ocl_buffer_destroy(tb__ocl_buffer *buf) {
-    tb__ocl_runtime *rt = buf->dev->rt;
-    if (buf->mem != NULL) TB__OCL_CALL(rt, ReleaseMemObject)(buf->mem);
+    tb__ocl_runtime *rt = TB__OCL_DEV(buf)->rt;
+    if (TB__OCL_MEM(buf) != NULL) TB__OCL_CALL(rt, ReleaseMemObject)(TB__OCL_MEM(buf));
     tb__free(buf);
     tb__ocl_runtime_unref(rt);
 }
@@ -422,11 +422,11 @@ static void tb__ocl_buffer_destroy(tb__ocl_buffer *buf) {
 /* Releases cached buffers, oldest first, until at most `keep` bytes stay cached. */
 static void tb__ocl_cache_trim(tb__ocl_device *dev, uint64_t keep) {
     size_t i = 0, n;
-    if (dev->cached_bytes <= keep) return;
-    while (i < dev->cache_count && dev->cached_bytes > keep) {
+    if (dev->stats.cached_bytes <= keep) return;
+    while (i < dev->cache_count && dev->stats.cached_bytes > keep) {
         tb__ocl_buffer *buf = dev->cache[i++];
-        dev->cached_bytes -= buf->cap;
-        tb__ocl_metric(dev, "OpenCL::BytesCached", -(int64_t)buf->cap);
+        dev->stats.cached_bytes -= buf->k.cap;
+        tb__ocl_metric(dev, "OpenCL::BytesCached", -(int64_t)buf->k.cap);
         tb__ocl_buffer_destroy(buf);
     }
     n = dev->cache_count - i;
@@ -451,17 +451,18 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
     }
     if ((uint64_t)cap > dev->max_alloc) cap = size;
     for (i = dev->cache_count; i-- > 0;) {
-        if (dev->cache[i]->cap == cap) {
+        if (dev->cache[i]->k.cap == cap) {
             buf = dev->cache[i];
             memmove(dev->cache + i, dev->cache + i + 1,
                     (dev->cache_count - i - 1) * sizeof *dev->cache);
             dev->cache_count--;
-            dev->cached_bytes -= cap;
+            dev->stats.cached_bytes -= cap;
             dev->buffers_reused++;
-            buf->size = size;
-            buf->gen = tb__next_generation();
-            dev->bytes_in_use += cap;
-            if (dev->bytes_in_use > dev->peak_bytes) dev->peak_bytes = dev->bytes_in_use;
+            buf->k.size = size;
+            buf->k.gen = tb__next_generation();
+            dev->stats.bytes_in_use += cap;
+            if (dev->stats.bytes_in_use > dev->stats.peak_bytes)
+                dev->stats.peak_bytes = dev->stats.bytes_in_use;
             tb__ocl_metric(dev, "OpenCL::BytesCached", -(int64_t)cap);
             tb__ocl_metric(dev, "OpenCL::BytesInUse", (int64_t)cap);
             tb__ocl_metric(dev, "OpenCL::BufferReuse", 1);
@@ -487,18 +488,19 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
                          "opencl:%d: clCreateBuffer of %zu bytes failed: %s (%d); %llu bytes in "
                          "use, device memory %llu bytes",
                          (int)dev->ordinal, cap, tb__cl_error_name(err), (int)err,
-                         (unsigned long long)dev->bytes_in_use,
+                         (unsigned long long)dev->stats.bytes_in_use,
                          (unsigned long long)dev->info.global_memory);
     }
-    buf->dev = dev;
-    buf->mem = mem;
-    buf->size = size;
-    buf->cap = cap;
-    buf->gen = tb__next_generation();
+    buf->k.dev = dev;
+    buf->k.mem = (void *)mem;
+    buf->k.size = size;
+    buf->k.cap = cap;
+    buf->k.gen = tb__next_generation();
     (void)TB__ATOMIC_ADD(&rt->refcount, 1);
     dev->buffers_created++;
-    dev->bytes_in_use += cap;
-    if (dev->bytes_in_use > dev->peak_bytes) dev->peak_bytes = dev->bytes_in_use;
+    dev->stats.bytes_in_use += cap;
+    if (dev->stats.bytes_in_use > dev->stats.peak_bytes)
+        dev->stats.peak_bytes = dev->stats.bytes_in_use;
     tb__ocl_metric(dev, "OpenCL::BytesInUse", (int64_t)cap);
     tb__ocl_metric(dev, "OpenCL::BufferCreate", 1);
     *out = buf;
@@ -510,23 +512,23 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
 static void tb__ocl_buffer_free(tb__ocl_buffer *buf) {
     tb__ocl_device *dev;
     if (buf == NULL) return;
-    dev = buf->dev;
-    if (buf->mem == NULL) {
+    dev = TB__OCL_DEV(buf);
+    if (TB__OCL_MEM(buf) == NULL) {
         tb__ocl_buffer_destroy(buf);
         return;
     }
-    dev->bytes_in_use -= buf->cap;
-    tb__ocl_metric(dev, "OpenCL::BytesInUse", -(int64_t)buf->cap);
-    if (dev->rt->exited || (uint64_t)buf->cap > dev->cache_limit ||
+    dev->stats.bytes_in_use -= buf->k.cap;
+    tb__ocl_metric(dev, "OpenCL::BytesInUse", -(int64_t)buf->k.cap);
+    if (dev->rt->exited || (uint64_t)buf->k.cap > dev->stats.cache_limit ||
         tb__grow((void **)&dev->cache, &dev->cache_cap, dev->cache_count + 1, sizeof *dev->cache) !=
             TB_OK) {
         tb__ocl_buffer_destroy(buf);
         return;
     }
     dev->cache[dev->cache_count++] = buf;
-    dev->cached_bytes += buf->cap;
-    tb__ocl_metric(dev, "OpenCL::BytesCached", (int64_t)buf->cap);
-    tb__ocl_cache_trim(dev, dev->cache_limit);
+    dev->stats.cached_bytes += buf->k.cap;
+    tb__ocl_metric(dev, "OpenCL::BytesCached", (int64_t)buf->k.cap);
+    tb__ocl_cache_trim(dev, dev->stats.cache_limit);
 }
 
 /* ---- transfers ---- */
@@ -537,17 +539,19 @@ static tb_status tb__ocl_write(tb__ocl_device *dev, tb__ocl_buffer *buf, const v
     tb__cl_int err = TB__CL_SUCCESS;
     if (size == 0) return TB_OK;
     if (dev->info.unified_memory) {
-        void *p = TB__OCL_CALL(rt, EnqueueMapBuffer)(
-            dev->queue, buf->mem, TB__CL_TRUE, TB__CL_MAP_WRITE, 0, size, 0, NULL, NULL, &err);
+        void *p =
+            TB__OCL_CALL(rt, EnqueueMapBuffer)(dev->queue, TB__OCL_MEM(buf), TB__CL_TRUE,
+                                               TB__CL_MAP_WRITE, 0, size, 0, NULL, NULL, &err);
         if (p != NULL && err == TB__CL_SUCCESS) {
             memcpy(p, host, size);
-            err = TB__OCL_CALL(rt, EnqueueUnmapMemObject)(dev->queue, buf->mem, p, 0, NULL, NULL);
+            err = TB__OCL_CALL(rt, EnqueueUnmapMemObject)(dev->queue, TB__OCL_MEM(buf), p, 0, NULL,
+                                                          NULL);
             if (err == TB__CL_SUCCESS) return TB_OK;
         }
         /* fall through to an explicit write */
     }
-    err = TB__OCL_CALL(rt, EnqueueWriteBuffer)(dev->queue, buf->mem, TB__CL_TRUE, 0, size, host, 0,
-                                               NULL, NULL);
+    err = TB__OCL_CALL(rt, EnqueueWriteBuffer)(dev->queue, TB__OCL_MEM(buf), TB__CL_TRUE, 0, size,
+                                               host, 0, NULL, NULL);
     if (err != TB__CL_SUCCESS) {
         return tb__error(tb__cl_is_oom(err) ? TB_ERR_OUT_OF_MEMORY : TB_ERR_EXECUTE,
                          "opencl:%d: writing %zu bytes to the device failed: %s (%d)",
@@ -562,30 +566,23 @@ static tb_status tb__ocl_read(tb__ocl_device *dev, const tb__ocl_buffer *buf, vo
     tb__cl_int err = TB__CL_SUCCESS;
     if (size == 0) return TB_OK;
     if (dev->info.unified_memory) {
-        void *p = TB__OCL_CALL(rt, EnqueueMapBuffer)(dev->queue, buf->mem, TB__CL_TRUE,
+        void *p = TB__OCL_CALL(rt, EnqueueMapBuffer)(dev->queue, TB__OCL_MEM(buf), TB__CL_TRUE,
                                                      TB__CL_MAP_READ, 0, size, 0, NULL, NULL, &err);
         if (p != NULL && err == TB__CL_SUCCESS) {
             memcpy(host, p, size);
-            err = TB__OCL_CALL(rt, EnqueueUnmapMemObject)(dev->queue, buf->mem, p, 0, NULL, NULL);
+            err = TB__OCL_CALL(rt, EnqueueUnmapMemObject)(dev->queue, TB__OCL_MEM(buf), p, 0, NULL,
+                                                          NULL);
             if (err == TB__CL_SUCCESS) return TB_OK;
         }
     }
-    err = TB__OCL_CALL(rt, EnqueueReadBuffer)(dev->queue, buf->mem, TB__CL_TRUE, 0, size, host, 0,
-                                              NULL, NULL);
+    err = TB__OCL_CALL(rt, EnqueueReadBuffer)(dev->queue, TB__OCL_MEM(buf), TB__CL_TRUE, 0, size,
+                                              host, 0, NULL, NULL);
     if (err != TB__CL_SUCCESS) {
         return tb__error(TB_ERR_EXECUTE,
                          "opencl:%d: reading %zu bytes from the device failed: %s (%d)",
                          (int)dev->ordinal, size, tb__cl_error_name(err), (int)err);
     }
     return TB_OK;
-}
-
-/* A scalar's value as the bytes of its dtype, converted as the reference backend converts
-   it (tb__scalar_store: NaN and out-of-range values are defined, never a C cast's undefined
-   behaviour), so that a kernel sees the value the cpu backend computes with. */
-static void tb__ocl_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]) {
-    memset(out, 0, 8);
-    tb__scalar_store(s, dtype, out);
 }
 
 #endif /* TB_NO_OPENCL */

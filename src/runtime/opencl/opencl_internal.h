@@ -190,16 +190,14 @@ static bool tb__ocl_load_library(tb__cl_api *api, char *reason, size_t cap);
 struct tb__ocl_runtime;
 struct tb__ocl_device;
 
-/* A device buffer: the payload of every opencl tb_backend_data. `mem` is NULL for a scalar made
-   by data_from_scalar (its value lives in tb_backend_data.scalar until a kernel needs it in
-   memory). */
+/* A device buffer: the payload of an opencl tb_backend_data with memory (k.mem its cl_mem, k.dev
+   its tb__ocl_device). */
 typedef struct tb__ocl_buffer {
-    struct tb__ocl_device *dev;
-    tb__cl_mem mem;
-    size_t size;  /* bytes asked for */
-    size_t cap;   /* bytes the cl_mem holds: the size class */
-    uint64_t gen; /* tb__next_generation when it was handed out or last written */
+    tb__kbuf k;
 } tb__ocl_buffer;
+
+#define TB__OCL_MEM(b) ((tb__cl_mem)(b)->k.mem)
+#define TB__OCL_DEV(b) ((tb__ocl_device *)(b)->k.dev)
 
 /* A built program shared by every computation whose source is the same. */
 typedef struct tb__ocl_program {
@@ -241,12 +239,10 @@ typedef struct tb__ocl_device {
     /* the caching allocator: free buffers, oldest first */
     tb__ocl_buffer **cache;
     size_t cache_count, cache_cap;
-    uint64_t cached_bytes, cache_limit;
-    uint64_t bytes_in_use, peak_bytes;
     uint64_t buffers_created, buffers_reused, cache_trims;
     /* programs and statistics */
     tb__ocl_program *programs;
-    uint64_t program_builds, disk_hits, disk_misses, disk_rejected, kernels_launched, kernel_ns;
+    tb__kit_stats stats;
 } tb__ocl_device;
 
 typedef struct tb__ocl_runtime {
@@ -287,7 +283,6 @@ static tb_status tb__ocl_write(tb__ocl_device *dev, tb__ocl_buffer *buf, const v
 static tb_status tb__ocl_read(tb__ocl_device *dev, const tb__ocl_buffer *buf, void *host,
                               size_t size);
 static void tb__ocl_metric(tb__ocl_device *dev, const char *name, int64_t delta);
-static void tb__ocl_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]);
 
 /* ---- opencl_program.c: programs ---- */
 

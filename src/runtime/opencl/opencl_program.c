@@ -178,11 +178,11 @@ static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, si
         }
     }
     if (prog != NULL) {
-        (void)TB__ATOMIC_ADD(&dev->disk_hits, 1);
+        (void)TB__ATOMIC_ADD(&dev->stats.disk_hits, 1);
         tb__ocl_metric(dev, "OpenCL::DiskCacheHit", 1);
         tb__progress_from_disk();
     } else {
-        (void)TB__ATOMIC_ADD(&dev->disk_misses, 1);
+        (void)TB__ATOMIC_ADD(&dev->stats.disk_misses, 1);
         tb__ocl_metric(dev, "OpenCL::DiskCacheMiss", 1);
         if (why != NULL) {
             if (tb_debug_level() >= 1) {
@@ -190,7 +190,7 @@ static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, si
                                (int)dev->ordinal, path, why);
             }
             tb__disk_reject(path);
-            (void)TB__ATOMIC_ADD(&dev->disk_rejected, 1);
+            (void)TB__ATOMIC_ADD(&dev->stats.disk_rejected, 1);
             tb__ocl_metric(dev, "OpenCL::DiskCacheRejected", 1);
         }
     }
@@ -235,7 +235,7 @@ static tb__cl_program tb__ocl_build_source(tb__ocl_device *dev, const char *src,
                   (int)dev->ordinal, tb__cl_error_name(err), (int)err);
         return NULL;
     }
-    (void)TB__ATOMIC_ADD(&dev->program_builds, 1);
+    (void)TB__ATOMIC_ADD(&dev->stats.builds, 1);
     tb__ocl_metric(dev, "OpenCL::ProgramBuild", 1);
     err = TB__OCL_CALL(rt, BuildProgram)(prog, 1, &dev->id, dev->build_options, NULL, NULL);
     if (err == TB__CL_SUCCESS) return prog;

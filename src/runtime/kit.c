@@ -1,0 +1,867 @@
+/* ===========================================================================================
+   The compiled-backend kit (kit.h): the backend entries of every runtime that runs the
+   planner's kernels, written once over the runtime's table.
+   =========================================================================================== */
+#include "../impl_begin.h"
+
+static void tb__kit_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]) {
+    /* converted as the reference backend converts (NaN and out-of-range values defined), so
+       that a kernel sees the value the cpu backend computes with */
+    memset(out, 0, 8);
+    tb__scalar_store(s, dtype, out);
+}
+
+/* the value of a scalar stored as the bytes of `dtype` */
+static tb_scalar tb__kit_scalar_of(tb_dtype dtype, const unsigned char raw[8]) {
+    if (dtype == TB_F32) {
+        float f;
+        memcpy(&f, raw, sizeof f);
+        return tb_scalar_f(TB_F32, f);
+    }
+    if (dtype == TB_F64) {
+        double f;
+        memcpy(&f, raw, sizeof f);
+        return tb_scalar_f(TB_F64, f);
+    }
+    if (dtype == TB_F16 || dtype == TB_BF16) {
+        uint16_t h;
+        memcpy(&h, raw, sizeof h);
+        return tb_scalar_f(dtype, tb__half_to_f64(dtype, h));
+    }
+    if (dtype == TB_I32) {
+        int32_t x;
+        memcpy(&x, raw, sizeof x);
+        return tb_scalar_i(TB_I32, x);
+    }
+    if (dtype == TB_I64) {
+        int64_t x;
+        memcpy(&x, raw, sizeof x);
+        return tb_scalar_i(TB_I64, x);
+    }
+    return tb_scalar_i(dtype, raw[0]);
+}
+
+static tb_status tb__kit_failed(tb_status fallback) {
+    return tb_last_status() != TB_OK ? tb_last_status() : fallback;
+}
+
+/* ---- devices and data ---- */
+
+static size_t tb__kit_get_backend_devices(void *user_data, tb_device *out, size_t cap) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    char why[8];
+    return R->devices(out, cap, why, sizeof why);
+}
+
+static tb_status tb__kit_get_device_info(void *user_data, int32_t ordinal, tb_device_info *out) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    void *dev = R->open(ordinal, R->name, true);
+    if (dev == NULL) return tb__kit_failed(TB_ERR_UNAVAILABLE);
+    R->info(dev, true, out);
+    R->close(dev);
+    return TB_OK;
+}
+
+static tb_status tb__kit_data_from_host(void *user_data, tb_backend_data *data, const void *host) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kbuf *b = NULL;
+    size_t size;
+    void *dev;
+    tb_status st = tb_shape_nbytes(&data->shape, &size);
+    if (st != TB_OK) return st;
+    dev = R->open(data->device.ordinal, R->name, false);
+    if (dev == NULL) return tb__kit_failed(TB_ERR_UNAVAILABLE);
+    R->lock(dev);
+    st = R->alloc(dev, size, &b);
+    if (st == TB_OK) {
+        st = R->write(dev, b, host, size);
+        if (st != TB_OK) R->release(b);
+    }
+    R->unlock(dev);
+    R->close(dev);
+    if (st == TB_OK) data->payload = b;
+    return st;
+}
+
+/* The value stays on the host (kernels take scalars as arguments): a buffer without memory
+   that keeps the device's runtime. Memory is made only if a kernel reads it as an array. */
+static tb_status tb__kit_data_from_scalar(void *user_data, tb_backend_data *data, tb_scalar value) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kbuf *b = (tb__kbuf *)tb__calloc(1, sizeof *b);
+    if (b == NULL) return TB_ERR_OUT_OF_MEMORY;
+    b->dev = R->open(data->device.ordinal, R->name, false);
+    if (b->dev == NULL) {
+        tb__free(b);
+        return tb__kit_failed(TB_ERR_UNAVAILABLE);
+    }
+    b->shell = true;
+    data->is_scalar = true;
+    data->scalar = value;
+    data->payload = b;
+    return TB_OK;
+}
+
+/* a buffer of data_from_scalar given back (its memory, then its device's reference) */
+static void tb__kit_shell_free(const tb__kit_runtime *R, tb__kbuf *b) {
+    if (b->real != NULL) {
+        R->lock(b->dev);
+        R->release(b->real);
+        R->unlock(b->dev);
+    }
+    R->close(b->dev);
+    tb__free(b);
+}
+
+static tb_status tb__kit_data_to_host(void *user_data, const tb_backend_data *data, void *host) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb__kbuf *b = (const tb__kbuf *)data->payload;
+    size_t size;
+    tb_status st = tb_shape_nbytes(&data->shape, &size);
+    if (st != TB_OK) return st;
+    if (b == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: data_to_host of a data without a value",
+                         R->name);
+    }
+    if (b->shell) {
+        unsigned char bytes[8];
+        tb__kit_scalar_bytes(data->shape.dtype, data->scalar, bytes);
+        memcpy(host, bytes, size < 8 ? size : 8);
+        return TB_OK;
+    }
+    if (b->size < size) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "%s: data_to_host of %zu bytes from a buffer of %zu", R->name, size,
+                         b->size);
+    }
+    R->lock(b->dev);
+    if (!R->alive(b->dev)) {
+        st = tb__error(TB_ERR_STATE, "%s: the backend was shut down", R->name);
+    } else {
+        st = R->read(b->dev, b, host, size);
+    }
+    R->unlock(b->dev);
+    return st;
+}
+
+static void tb__kit_data_release(void *user_data, tb_backend_data *data) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kbuf *b = (tb__kbuf *)data->payload;
+    void *dev;
+    if (b == NULL) return;
+    data->payload = NULL;
+    if (b->shell) {
+        tb__kit_shell_free(R, b);
+        return;
+    }
+    dev = b->dev;
+    R->lock(dev);
+    R->release(b);
+    R->unlock(dev);
+}
+
+/* Where the runtime can: the buffer in the host's address space for one host step (read: the
+   data's buffer; write: a new one that becomes the data's), then unmapped. NULL: the library
+   copies instead. */
+static void *tb__kit_data_map_host(void *user_data, tb_backend_data *data, bool write) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kbuf *b = (tb__kbuf *)data->payload;
+    void *dev, *p = NULL;
+    size_t size;
+    if (R->map == NULL || tb_shape_nbytes(&data->shape, &size) != TB_OK || size == 0) return NULL;
+    if (!write) {
+        if (b == NULL || b->shell) return NULL;
+        R->lock(b->dev);
+        if (R->alive(b->dev)) p = R->map(b->dev, b, size, false);
+        R->unlock(b->dev);
+        return p;
+    }
+    dev = R->open(data->device.ordinal, R->name, false);
+    if (dev == NULL) return NULL;
+    R->lock(dev);
+    b = NULL;
+    if (R->alloc(dev, size, &b) == TB_OK) {
+        p = R->map(dev, b, size, true);
+        if (p != NULL) {
+            data->payload = b;
+        } else {
+            R->release(b);
+        }
+    }
+    R->unlock(dev);
+    R->close(dev);
+    return p;
+}
+
+static tb_status tb__kit_data_unmap_host(void *user_data, tb_backend_data *data, void *host) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kbuf *b = (tb__kbuf *)data->payload;
+    tb_status st = TB_OK;
+    if (R->unmap == NULL || b == NULL || b->shell) return TB_OK;
+    R->lock(b->dev);
+    if (R->alive(b->dev)) st = R->unmap(b->dev, b, host);
+    R->unlock(b->dev);
+    return st;
+}
+
+static void *tb__kit_data_mem(const tb__kit_runtime *R, void *dev, tb_backend_data *data) {
+    tb__kbuf *b = (tb__kbuf *)data->payload, *mem = NULL;
+    unsigned char bytes[8];
+    size_t size;
+    if (b == NULL) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: an argument has no value", R->name);
+        return NULL;
+    }
+    if (b->dev != dev) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "%s: an argument lives on %s:%d, not %s:%d", R->name,
+                  R->name, (int)R->ordinal(b->dev), R->name, (int)R->ordinal(dev));
+        return NULL;
+    }
+    if (b->mem != NULL) return b->mem;
+    /* a host scalar that a kernel reads as an array: its memory now */
+    size = tb_dtype_size(data->shape.dtype);
+    tb__kit_scalar_bytes(data->shape.dtype, data->scalar, bytes);
+    if (R->alloc(dev, size, &mem) != TB_OK) return NULL;
+    if (R->write(dev, mem, bytes, size) != TB_OK) {
+        R->release(mem);
+        return NULL;
+    }
+    /* the payload stays the shell (another thread may be reading it) */
+    b->real = mem;
+    b->size = mem->size;
+    b->cap = mem->cap;
+    b->mem = mem->mem;
+    return b->mem;
+}
+
+/* ---- lowering and compiling ---- */
+
+/* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
+   of the same generation) comes again. */
+typedef struct tb__kit_kept {
+    const tb__kbuf *src;
+    uint64_t gen;
+    tb__kbuf *panels;
+} tb__kit_kept;
+
+/* A compiled graph: its plan, its source, its program and a kernel per kernel with work. */
+typedef struct tb__kit_comp {
+    const tb__kit_runtime *R;
+    void *dev; /* open: a reference on the runtime */
+    tb__plan *plan;
+    char *source;
+    size_t source_len;
+    bool f64; /* the device computes f64 (else f64 scalars are passed as f32) */
+    void *program;
+    tb__kkernel *kernels;
+    tb__kit_kept *kept;
+    int32_t ran; /* atomic: it ran once */
+} tb__kit_comp;
+
+typedef struct tb__kit_context {
+    tb__kit_comp *comp; /* moves to the computation on a successful compile */
+} tb__kit_context;
+
+static void tb__kit_comp_release(tb__kit_comp *c) {
+    const tb__kit_runtime *R;
+    size_t i;
+    if (c == NULL) return;
+    R = c->R;
+    if (c->dev != NULL) {
+        for (i = 0; c->kernels != NULL && R->kernel_release != NULL && i < c->plan->num_kernels;
+             i++)
+            if (c->kernels[i].handle != NULL) R->kernel_release(c->dev, &c->kernels[i]);
+        if (c->program != NULL || c->kept != NULL) {
+            R->lock(c->dev);
+            if (c->program != NULL) R->drop(c->dev, c->program);
+            for (i = 0; c->kept != NULL && i < c->plan->num_kernels; i++)
+                if (c->kept[i].panels != NULL) R->release(c->kept[i].panels);
+            R->unlock(c->dev);
+        }
+        R->close(c->dev);
+    }
+    tb__free(c->kernels);
+    tb__free(c->kept);
+    tb__free(c->source);
+    tb__plan_free(c->plan);
+    tb__free(c);
+}
+
+/* Plans the graph for the device and renders the plan in the runtime's dialect. */
+static tb_status tb__kit_create_lowering_context(void *user_data, const tb_graph *graph,
+                                                 void **context) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kit_comp *c;
+    tb__kit_context *ctx;
+    tb__pgraph G;
+    tb__tuning tuning;
+    tb__target target;
+    tb__dialect dialect;
+    tb_status st;
+    *context = NULL;
+    ctx = (tb__kit_context *)tb__calloc(1, sizeof *ctx);
+    c = (tb__kit_comp *)tb__calloc(1, sizeof *c);
+    if (ctx == NULL || c == NULL) {
+        tb__free(ctx);
+        tb__free(c);
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    c->R = R;
+    c->dev = R->open(graph->device.ordinal, R->name, false);
+    if (c->dev == NULL) {
+        tb__free(c);
+        tb__free(ctx);
+        return tb__kit_failed(TB_ERR_UNAVAILABLE);
+    }
+    memset(&target, 0, sizeof target);
+    memset(&dialect, 0, sizeof dialect);
+    R->target(c->dev, &tuning, &target, &dialect);
+    c->f64 = target.f64;
+    st = tb__plan_build(graph, &target, &G, &c->plan);
+    if (st == TB_OK) {
+        st = tb__cg_render(&G, c->plan, &dialect, &c->source, &c->source_len);
+        tb__pgraph_free(&G);
+    }
+    if (st != TB_OK) {
+        tb__kit_comp_release(c);
+        tb__free(ctx);
+        return st;
+    }
+    ctx->comp = c;
+    *context = ctx;
+    return TB_OK;
+}
+
+static void tb__kit_release_lowering_context(void *user_data, void *context) {
+    tb__kit_context *ctx = (tb__kit_context *)context;
+    (void)user_data;
+    if (ctx == NULL) return;
+    tb__kit_comp_release(ctx->comp);
+    tb__free(ctx);
+}
+
+/* TB_DEBUG=1: the graph's kernels, one line. */
+static void tb__kit_log_kernels(const tb__kit_comp *c) {
+    const tb__plan *p = c->plan;
+    size_t i, launched = 0;
+    tb__str names;
+    memset(&names, 0, sizeof names);
+    for (i = 0; i < p->num_kernels; i++) {
+        if (p->kernels[i].empty) continue;
+        tb__str_append(&names, "%s%s", names.len > 0 ? " " : "", p->kernels[i].name);
+        launched++;
+    }
+    tb_log_message(TB_LOG_INFO, "%s:%d: graph %016llx: %zu kernel%s: %s", c->R->name,
+                   (int)c->R->ordinal(c->dev), (unsigned long long)p->graph_hash, launched,
+                   launched == 1 ? "" : "s", names.data != NULL ? names.data : "");
+    tb__str_free(&names);
+}
+
+/* Builds (or finds) the program, then looks up a kernel per kernel with work; the computation
+   leaves the context. */
+static tb_status tb__kit_compile(void *user_data, void *context, void **computation) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kit_context *ctx = (tb__kit_context *)context;
+    tb__kit_comp *c = ctx != NULL ? ctx->comp : NULL;
+    tb_status st = TB_OK;
+    bool alive;
+    size_t i;
+    *computation = NULL;
+    if (c == NULL)
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: compile without a context", R->name);
+    R->lock(c->dev);
+    alive = R->alive(c->dev);
+    R->unlock(c->dev);
+    if (!alive) return tb__error(TB_ERR_STATE, "%s: the computation outlived the backend", R->name);
+    if (tb_debug_level() >= 3) {
+        tb_log_message(TB_LOG_DEBUG, "%s:%d: program of graph %016llx:\n%s", R->name,
+                       (int)R->ordinal(c->dev), (unsigned long long)c->plan->graph_hash, c->source);
+    }
+    c->kernels = (tb__kkernel *)tb__calloc(c->plan->num_kernels + 1, sizeof *c->kernels);
+    c->kept = (tb__kit_kept *)tb__calloc(c->plan->num_kernels + 1, sizeof *c->kept);
+    if (c->kernels == NULL || c->kept == NULL) return TB_ERR_OUT_OF_MEMORY;
+    st = R->build(c->dev, c->plan, c->source, c->source_len, &c->program);
+    for (i = 0; i < c->plan->num_kernels && st == TB_OK; i++)
+        if (!c->plan->kernels[i].empty)
+            st = R->kernel(c->dev, c->program, &c->plan->kernels[i], &c->kernels[i]);
+    if (st != TB_OK) return st;
+    if (tb_debug_level() >= 1) tb__kit_log_kernels(c);
+    ctx->comp = NULL;
+    *computation = c;
+    return TB_OK;
+}
+
+static void tb__kit_release_computation(void *user_data, void *computation) {
+    (void)user_data;
+    tb__kit_comp_release((tb__kit_comp *)computation);
+}
+
+static const char *tb__kit_backend_text(void *user_data, const void *computation) {
+    (void)user_data;
+    return computation != NULL ? ((const tb__kit_comp *)computation)->source : NULL;
+}
+
+static int32_t tb__kit_get_node_kernel(void *user_data, const void *computation, size_t node_index,
+                                       const char **kernel_name) {
+    const tb__kit_comp *c = (const tb__kit_comp *)computation;
+    int32_t k;
+    (void)user_data;
+    if (kernel_name != NULL) *kernel_name = NULL;
+    if (c == NULL || c->plan->node_kernel == NULL || node_index >= c->plan->num_nodes) return -1;
+    k = c->plan->node_kernel[node_index];
+    if (k >= 0 && kernel_name != NULL) *kernel_name = c->plan->kernels[k].name;
+    return k;
+}
+
+/* ---- running ---- */
+
+/* The buffers of a run: the parameters' (borrowed) and the kernels' outputs (owned until they
+   are results or freed after their last use), the error flag and the scalar table. */
+typedef struct tb__kit_run {
+    tb__kit_comp *c;
+    const tb__kit_runtime *R;
+    void *dev;
+    tb__kbuf **owned, *err_buf, *table_buf;
+    void **mems;            /* per slot: what a kernel argument passes */
+    tb__karg *args;         /* a kernel's arguments */
+    uint64_t *events;       /* per kernel at TB_DEBUG >= 2: its launch's token */
+    bool *timed;            /* per kernel: events[i] holds one */
+    bool consumed;          /* the kernels writing into donated buffers were reached */
+    int64_t launches, kept; /* launches made, packs skipped (counted once, at the end) */
+} tb__kit_run;
+
+/* The bytes of a scalar argument as the kernel declares it; 0 with the error set. */
+static size_t tb__kit_scalar_arg(tb__kit_run *r, tb_dtype dtype, const tb_backend_data *data,
+                                 unsigned char out[8]) {
+    tb_scalar v;
+    if (data->is_scalar) {
+        v = data->scalar; /* no kernel writes a scalar's memory (donation skips them) */
+    } else {
+        /* a scalar parameter given as an array (not made by data_from_scalar) */
+        unsigned char raw[8];
+        const tb__kbuf *b = (const tb__kbuf *)data->payload;
+        memset(raw, 0, sizeof raw);
+        if (b == NULL) {
+            tb__error(TB_ERR_INVALID_ARGUMENT, "%s: an argument has no value", r->R->name);
+            return 0;
+        }
+        if (r->R->read(r->dev, b, raw, tb_dtype_size(dtype)) != TB_OK) return 0;
+        v = tb__kit_scalar_of(dtype, raw);
+    }
+    if (dtype == TB_F64 && !r->c->f64) {
+        tb__kit_scalar_bytes(TB_F32, v, out);
+        return 4;
+    }
+    tb__kit_scalar_bytes(dtype, v, out);
+    return tb_dtype_size(dtype);
+}
+
+/* The error flag, cleared; the scalar table, written. */
+static tb_status tb__kit_run_buffers(tb__kit_run *r, tb_backend_data *const *arguments) {
+    static const uint32_t zeros[TB__ERR_WORDS] = {0};
+    const tb__plan *plan = r->c->plan;
+    tb_status st = TB_OK;
+    size_t i, j, bytes;
+    unsigned char *table;
+    if (plan->num_errsites > 0) {
+        st = r->R->alloc(r->dev, sizeof zeros, &r->err_buf);
+        if (st == TB_OK) st = r->R->write(r->dev, r->err_buf, zeros, sizeof zeros);
+    }
+    if (st != TB_OK || !plan->scalar_table) return st;
+    /* each kernel's run of entries: the scalars it reads, in its order */
+    bytes = (plan->table_len + 1) * 8;
+    table = (unsigned char *)tb__calloc(plan->table_len + 1, 8);
+    if (table == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < plan->num_kernels && st == TB_OK; i++) {
+        const tb__plan_kernel *k = &plan->kernels[i];
+        for (j = 0; j < k->num_table_params && st == TB_OK; j++) {
+            int32_t a = k->table_params[j];
+            if (tb__kit_scalar_arg(r, plan->param_dtype[a], arguments[a],
+                                   table + 8 * ((size_t)k->table_at + j)) == 0)
+                st = tb__kit_failed(TB_ERR_EXECUTE);
+        }
+    }
+    if (st == TB_OK) st = r->R->alloc(r->dev, bytes, &r->table_buf);
+    if (st == TB_OK) st = r->R->write(r->dev, r->table_buf, table, bytes);
+    tb__free(table);
+    return st;
+}
+
+static tb_status tb__kit_run_init(tb__kit_run *r, tb_backend_data *const *arguments) {
+    const tb__plan *plan = r->c->plan;
+    size_t i, most = 1;
+    for (i = 0; i < plan->num_kernels; i++)
+        if (plan->kernels[i].num_args + 1 > most) most = plan->kernels[i].num_args + 1;
+    r->owned = (tb__kbuf **)tb__calloc(plan->num_slots + 1, sizeof *r->owned);
+    r->mems = (void **)tb__calloc(plan->num_slots + 1, sizeof *r->mems);
+    r->args = (tb__karg *)tb__calloc(most, sizeof *r->args);
+    if (r->owned == NULL || r->mems == NULL || r->args == NULL) return TB_ERR_OUT_OF_MEMORY;
+    if (tb_debug_level() >= 2) {
+        r->events = (uint64_t *)tb__calloc(plan->num_kernels + 1, sizeof *r->events);
+        r->timed = (bool *)tb__calloc(plan->num_kernels + 1, sizeof *r->timed);
+        if (r->events == NULL || r->timed == NULL) return TB_ERR_OUT_OF_MEMORY;
+    }
+    for (i = 0; i < plan->num_slots; i++) {
+        const tb__plan_slot *s = &plan->slots[i];
+        if (s->kind != TB__SLOT_PARAM) continue;
+        r->mems[i] = tb__kit_data_mem(r->R, r->dev, arguments[s->index]);
+        if (r->mems[i] == NULL) return tb__kit_failed(TB_ERR_INTERNAL);
+    }
+    for (i = 0; i < plan->num_results; i++) {
+        /* a result computed into a donated parameter's buffer */
+        if (plan->result_alias[i] >= 0)
+            r->mems[plan->result_slot[i]] =
+                ((tb__kbuf *)arguments[plan->result_alias[i]]->payload)->mem;
+    }
+    return tb__kit_run_buffers(r, arguments);
+}
+
+/* Kernel i's arguments in the plan's order, after its output. */
+static tb_status tb__kit_run_args(tb__kit_run *r, const tb__plan_kernel *k,
+                                  tb_backend_data *const *arguments) {
+    size_t j;
+    memset(r->args, 0, (k->num_args + 1) * sizeof *r->args);
+    r->args[0].kind = TB__ARG_BUF;
+    r->args[0].mem = r->mems[k->out_slot];
+    for (j = 0; j < k->num_args; j++) {
+        const tb__plan_arg *a = &k->args[j];
+        tb__karg *g = &r->args[j + 1];
+        g->kind = a->kind;
+        if (a->kind == TB__ARG_BUF) {
+            g->mem = r->mems[a->index];
+        } else if (a->kind == TB__ARG_SCALAR) {
+            g->size = tb__kit_scalar_arg(r, r->c->plan->param_dtype[a->index], arguments[a->index],
+                                         g->value);
+            if (g->size == 0) return tb__kit_failed(TB_ERR_EXECUTE);
+        } else if (a->kind == TB__ARG_TABLE) {
+            g->mem = r->table_buf->mem;
+            g->at = k->table_at; /* where the kernel's run of the table starts */
+        } else {
+            g->mem = r->err_buf->mem;
+        }
+    }
+    return TB_OK;
+}
+
+static void tb__kit_count(const tb__kit_runtime *R, void *dev, const char *what, int64_t delta) {
+    char name[64];
+    if (!R->alive(dev)) return;
+    snprintf(name, sizeof name, "%s::%s", R->metric, what);
+    tb__metric_count(name, delta);
+}
+
+/* Runs kernel i: its output allocated, its arguments gathered, its launch made. */
+static tb_status tb__kit_run_kernel(tb__kit_run *r, size_t i, tb_backend_data *const *arguments) {
+    const tb__kit_runtime *R = r->R;
+    const tb__plan_kernel *k = &r->c->plan->kernels[i];
+    const tb__kbuf *src =
+        k->pack_param >= 0 ? (const tb__kbuf *)arguments[k->pack_param]->payload : NULL;
+    tb__kit_kept *kp = &r->c->kept[i];
+    tb_status st;
+    if (src != NULL && kp->panels != NULL && kp->src == src && kp->gen == src->gen) {
+        r->mems[k->out_slot] = kp->panels->mem; /* the panels of this buffer, made before */
+        r->kept++;
+        return TB_OK;
+    }
+    if (r->mems[k->out_slot] == NULL) {
+        size_t size = 0;
+        st = tb_shape_nbytes(&r->c->plan->slots[k->out_slot].shape, &size);
+        if (st == TB_OK) st = R->alloc(r->dev, size, &r->owned[k->out_slot]);
+        if (st != TB_OK) return st;
+        r->mems[k->out_slot] = r->owned[k->out_slot]->mem;
+    }
+    if (k->empty) return TB_OK; /* nothing to compute */
+    st = tb__kit_run_args(r, k, arguments);
+    if (st == TB_OK)
+        st = R->launch(r->dev, &r->c->kernels[i], k, r->args, k->num_args + 1,
+                       r->events != NULL ? &r->events[i] : NULL);
+    if (st != TB_OK) return st;
+    if (r->timed != NULL) r->timed[i] = true;
+    r->launches++;
+    if (src != NULL && r->owned[k->out_slot] != NULL &&
+        (uint64_t)r->owned[k->out_slot]->cap <= R->stats(r->dev)->cache_limit) {
+        /* keep the panels with the computation (the next run of this buffer skips the pack) */
+        if (kp->panels != NULL) R->release(kp->panels);
+        kp->panels = r->owned[k->out_slot];
+        kp->src = src;
+        kp->gen = src->gen;
+        r->owned[k->out_slot] = NULL;
+    }
+    return TB_OK;
+}
+
+/* The error flag the kernels raise, as the run's status. */
+static tb_status tb__kit_run_flag(tb__kit_run *r) {
+    uint32_t flag[TB__ERR_WORDS];
+    tb_status st;
+    if (r->err_buf == NULL) return TB_OK;
+    st = r->R->read(r->dev, r->err_buf, flag, sizeof flag);
+    if (st == TB_OK && flag[0] != 0) st = tb__cg_run_error(r->c->plan, r->R->name, flag);
+    return st;
+}
+
+/* Before the first kernel that writes into a donated buffer: the error flag is read first
+   (no kernel from there on can fail), and the donated buffers count as written. */
+static tb_status tb__kit_run_consume(tb__kit_run *r, tb_backend_data *const *arguments) {
+    const tb__plan *plan = r->c->plan;
+    size_t i;
+    tb_status st = tb__kit_run_flag(r);
+    if (st != TB_OK) return st;
+    r->consumed = true;
+    for (i = 0; i < plan->num_results; i++) {
+        /* its panels, kept by pack kernels, are stale from here on */
+        if (plan->result_alias[i] >= 0)
+            ((tb__kbuf *)arguments[plan->result_alias[i]]->payload)->gen = tb__next_generation();
+    }
+    return TB_OK;
+}
+
+/* A result that repeats an earlier one gets a copy of its buffer. */
+static tb_status tb__kit_copy_results(tb__kit_run *r, tb_backend_data *const *results) {
+    const tb__plan *plan = r->c->plan;
+    size_t i;
+    for (i = 0; i < plan->num_results; i++) {
+        int32_t src = plan->result_source[i];
+        size_t size = 0;
+        tb__kbuf *copy = NULL, from;
+        tb_status st;
+        if (src < 0) continue;
+        /* the buffer it repeats may be a donated one: its size is the slot's */
+        st = tb_shape_nbytes(&plan->slots[plan->result_slot[src]].shape, &size);
+        if (st == TB_OK) st = r->R->alloc(r->dev, size, &copy);
+        if (st != TB_OK) return st;
+        memset(&from, 0, sizeof from);
+        from.mem = r->mems[plan->result_slot[src]];
+        from.dev = r->dev;
+        from.size = size;
+        st = size == 0 ? TB_OK : r->R->copy(r->dev, &from, copy, size);
+        if (st != TB_OK) {
+            r->R->release(copy);
+            return st;
+        }
+        results[i]->payload = copy;
+    }
+    return TB_OK;
+}
+
+/* TB_DEBUG=2: one line per kernel with its time, GB/s and GFLOP/s. */
+static void tb__kit_profile(tb__kit_run *r) {
+    const tb__plan *plan = r->c->plan;
+    size_t i;
+    r->R->finish(r->dev);
+    for (i = 0; i < plan->num_kernels; i++) {
+        double ns;
+        if (!r->timed[i]) continue;
+        ns = r->R->elapsed(r->dev, r->events[i]);
+        r->timed[i] = false;
+        if (ns < 1) ns = 1;
+        tb_log_message(TB_LOG_DEBUG, "%s:%d %-24s %10.3f ms %9.2f GB/s %9.2f GFLOP/s", r->R->name,
+                       (int)r->R->ordinal(r->dev), plan->kernels[i].name, ns / 1e6,
+                       plan->kernels[i].bytes / ns, plan->kernels[i].flops / ns);
+    }
+}
+
+/* Hands the results over (success) or drops the copies made for them (failure), then frees
+   everything the run still owns. Donated buffers become their results' (success), or are
+   freed once written (failure); either way their arguments lose them. */
+static void tb__kit_run_finish(tb__kit_run *r, tb_status st, tb_backend_data *const *arguments,
+                               tb_backend_data *const *results) {
+    const tb__plan *plan = r->c->plan;
+    const tb__kit_runtime *R = r->R;
+    size_t i;
+    for (i = 0; i < plan->num_results && r->owned != NULL; i++) {
+        int32_t d = plan->result_alias[i];
+        if (d >= 0) {
+            if (st == TB_OK) {
+                results[i]->payload = arguments[d]->payload;
+                arguments[d]->payload = NULL;
+            } else if (r->consumed) {
+                R->release((tb__kbuf *)arguments[d]->payload);
+                arguments[d]->payload = NULL;
+            }
+            continue;
+        }
+        if (plan->result_source[i] >= 0) {
+            if (st != TB_OK && results[i]->payload != NULL) {
+                R->release((tb__kbuf *)results[i]->payload);
+                results[i]->payload = NULL;
+            }
+        } else if (st == TB_OK) {
+            results[i]->payload = r->owned[plan->result_slot[i]];
+            r->owned[plan->result_slot[i]] = NULL;
+        }
+    }
+    if (st == TB_OK && R->flush != NULL) R->flush(r->dev);
+    for (i = 0; r->owned != NULL && i < plan->num_slots; i++)
+        if (r->owned[i] != NULL) R->release(r->owned[i]);
+    for (i = 0; r->timed != NULL && i < plan->num_kernels; i++)
+        if (r->timed[i]) (void)R->elapsed(r->dev, r->events[i]);
+    if (r->err_buf != NULL) R->release(r->err_buf);
+    if (r->table_buf != NULL) R->release(r->table_buf);
+    tb__free(r->owned);
+    tb__free(r->mems);
+    tb__free(r->args);
+    tb__free(r->events);
+    tb__free(r->timed);
+}
+
+/* The kernels in order; temporaries nobody reads any more go back to the cache (the runtime
+   runs its launches in order). A first run of a runtime whose driver compiles at the first
+   launch waits for each new function's first launch, to report progress. */
+static tb_status tb__kit_run_kernels(tb__kit_run *r, tb_backend_data *const *arguments) {
+    const tb__plan *p = r->c->plan;
+    bool watch = r->R->lazy_build && TB__ATOMIC_LOAD(&r->c->ran) == 0 && tb__progress_wanted();
+    size_t i, j, done = 0, total = watch ? tb__plan_functions(p) : 0;
+    tb_status st = TB_OK;
+    for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
+        if ((int32_t)i == p->first_alias) st = tb__kit_run_consume(r, arguments);
+        if (st == TB_OK) st = tb__kit_run_kernel(r, i, arguments);
+        if (st == TB_OK && watch && tb__plan_first_of_function(p, i)) {
+            r->R->finish(r->dev);
+            tb__progress_kernels(++done, total);
+        }
+        for (j = 0; j < p->num_slots && st == TB_OK; j++) {
+            if (p->slots[j].kind == TB__SLOT_TEMP && r->owned[j] != NULL &&
+                p->slots[j].last_use <= (int32_t)i) {
+                r->R->release(r->owned[j]);
+                r->owned[j] = NULL;
+                r->mems[j] = NULL;
+            }
+        }
+    }
+    return st;
+}
+
+/* Runs a computation under its device's lock (runs on other devices go on meanwhile). */
+static tb_status tb__kit_execute(void *user_data, void *computation,
+                                 tb_backend_data *const *arguments, size_t num_arguments,
+                                 tb_backend_data *const *results, size_t num_results) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    tb__kit_comp *c = (tb__kit_comp *)computation;
+    const tb__plan *p = c != NULL ? c->plan : NULL;
+    tb__kit_run r;
+    tb_status st;
+    if (p == NULL || num_arguments != p->num_params || num_results != p->num_results) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "%s: execute with %zu arguments and %zu results, the computation has "
+                         "%zu and %zu",
+                         R->name, num_arguments, num_results, p != NULL ? p->num_params : 0,
+                         p != NULL ? p->num_results : 0);
+    }
+    memset(&r, 0, sizeof r);
+    r.c = c;
+    r.R = R;
+    r.dev = c->dev;
+    R->lock(r.dev);
+    if (!R->alive(r.dev)) {
+        R->unlock(r.dev);
+        return tb__error(TB_ERR_STATE, "%s: the computation outlived the backend", R->name);
+    }
+    st = tb__kit_run_init(&r, arguments);
+    if (st == TB_OK) st = tb__kit_run_kernels(&r, arguments);
+    if (st == TB_OK) st = tb__kit_copy_results(&r, results);
+    if (st == TB_OK && R->ran != NULL) R->ran(r.dev, c->program);
+    if (st == TB_OK) st = tb__kit_run_flag(&r);
+    if (st == TB_OK && r.timed != NULL) tb__kit_profile(&r);
+    if (st == TB_OK && TB__ATOMIC_LOAD(&c->ran) == 0) (void)TB__ATOMIC_ADD(&c->ran, 1);
+    (void)TB__ATOMIC_ADD(&R->stats(r.dev)->launches, (uint64_t)r.launches);
+    if (r.launches > 0) tb__kit_count(R, r.dev, "KernelLaunch", r.launches);
+    if (r.kept > 0) tb__kit_count(R, r.dev, "PanelsKept", r.kept);
+    tb__kit_run_finish(&r, st, arguments, results);
+    R->unlock(r.dev);
+    return st;
+}
+
+/* ---- IR hooks, metrics, registration ---- */
+
+static bool tb__kit_supports_node(void *user_data, const tb_node *node) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    if (R->supports != NULL && !R->supports(node)) return false;
+    if (node->op >= TB_OP_BUILTIN_COUNT) {
+        /* custom ops with a kernel expression */
+        const tb_custom_op_desc *d = tb__plan_custom(node->op);
+        return d != NULL && d->opencl_expr != NULL && d->infer_shape == NULL;
+    }
+    return node->op >= 0;
+}
+
+static void tb__kit_report_device(const tb__kit_runtime *R, void *dev, const tb_device_info *info,
+                                  tb__str *s) {
+    const tb__kit_stats *k = R->stats(dev);
+    tb__str_append(s, "Device: %s:%d (%s, %s, %u compute units)\n", R->name, (int)R->ordinal(dev),
+                   info->name, tb_device_type_name(info->device.type),
+                   (unsigned)info->compute_units);
+#define TB__KIT_LINE(what, value)                                                                  \
+    tb__str_append(s, "  %s::%s: %llu\n", R->metric, what, (unsigned long long)(value))
+    TB__KIT_LINE("BytesInUse", k->bytes_in_use);
+    TB__KIT_LINE("PeakBytesInUse", k->peak_bytes);
+    TB__KIT_LINE("BytesCached", k->cached_bytes);
+    TB__KIT_LINE(R->build_metric, TB__ATOMIC_LOAD(&k->builds));
+    TB__KIT_LINE("DiskCacheHit", TB__ATOMIC_LOAD(&k->disk_hits));
+    TB__KIT_LINE("DiskCacheMiss", TB__ATOMIC_LOAD(&k->disk_misses));
+    TB__KIT_LINE("DiskCacheRejected", TB__ATOMIC_LOAD(&k->disk_rejected));
+    TB__KIT_LINE("KernelLaunch", TB__ATOMIC_LOAD(&k->launches));
+#undef TB__KIT_LINE
+    if (R->report != NULL) R->report(dev, s);
+}
+
+static size_t tb__kit_metrics_report(void *user_data, char *buf, size_t cap) {
+    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    char why[512];
+    size_t i, n, count;
+    tb__str s;
+    char *text;
+    memset(&s, 0, sizeof s);
+    why[0] = '\0';
+    count = R->devices(NULL, 0, why, sizeof why);
+    if (count == 0) tb__str_append(&s, "%s: unavailable: %s\n", R->metric, why);
+    for (i = 0; i < count; i++) {
+        void *dev = R->open((int32_t)i, R->name, true);
+        tb_device_info info;
+        if (dev == NULL) continue;
+        R->info(dev, false, &info);
+        R->lock(dev);
+        tb__kit_report_device(R, dev, &info, &s);
+        R->unlock(dev);
+        R->close(dev);
+    }
+    text = tb__str_take(&s);
+    if (text == NULL) {
+        if (cap > 0) buf[0] = '\0';
+        return 0;
+    }
+    n = strlen(text);
+    if (cap > 0) {
+        size_t k = n < cap - 1 ? n : cap - 1;
+        memcpy(buf, text, k);
+        buf[k] = '\0';
+    }
+    tb__free(text);
+    return n;
+}
+
+static void tb__kit_prepare_to_exit(void *user_data) {
+    ((const tb__kit_runtime *)user_data)->exit();
+}
+
+static void tb__kit_impl(const tb__kit_runtime *R, tb_backend_impl *impl) {
+    memset(impl, 0, sizeof *impl);
+    impl->user_data = (void *)(uintptr_t)R;
+    impl->prepare_to_exit = tb__kit_prepare_to_exit;
+    impl->supports_node = tb__kit_supports_node;
+    impl->data_from_host = tb__kit_data_from_host;
+    impl->data_from_scalar = tb__kit_data_from_scalar;
+    impl->data_to_host = tb__kit_data_to_host;
+    impl->data_release = tb__kit_data_release;
+    impl->data_map_host = tb__kit_data_map_host;
+    impl->data_unmap_host = tb__kit_data_unmap_host;
+    impl->create_lowering_context = tb__kit_create_lowering_context;
+    impl->release_lowering_context = tb__kit_release_lowering_context;
+    impl->compile = tb__kit_compile;
+    impl->execute = tb__kit_execute;
+    impl->release_computation = tb__kit_release_computation;
+    impl->computation_backend_text = tb__kit_backend_text;
+    impl->get_node_kernel = tb__kit_get_node_kernel;
+    impl->get_backend_devices = tb__kit_get_backend_devices;
+    impl->get_device_info = tb__kit_get_device_info;
+    impl->create_metrics_report = tb__kit_metrics_report;
+}
