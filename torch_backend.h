@@ -7,7 +7,9 @@
      registry: a registry of backends, devices, shapes, an IR of lazy tensor nodes, an executor with
      a computation cache, a CPU reference backend that is always present, and two compiled
      backends that lower IR graphs to generated kernels: OpenCL C on any OpenCL device, and C
-     compiled at run time by the system's compiler on the host's cores ("native").
+     compiled at run time by the system's compiler on the host's cores ("native"). Both sit on
+     a public kit (tb_kit_register) with which a vendor's runtime becomes a compiled backend by
+     giving its memory, build and launch calls.
 
    USAGE
      Do this:
@@ -1451,6 +1453,181 @@ TBDEF tb_status tb_opencl_tensor_buffer(tb_tensor *tensor, void **mem, size_t *s
 /* Releases the device memory that the caching allocator keeps for reuse on `device` (NULL:
    every opencl device). Memory in use by tensors is not touched. Thread-safe. */
 TBDEF tb_status tb_opencl_trim_cache(const tb_device *device);
+
+/* ---- src/runtime/kit.h ---- */
+/* ===========================================================================================
+   Compiled backends: the kit
+   A backend that runs the library's generated kernels on its own device registers a runtime
+   table with tb_kit_register. The kit gives it everything between the graph and the launch,
+   as the built-in "opencl" and "native" backends (which are made this way) get it: fusion and
+   the kernel plan, code generation in C99 or OpenCL C for the device's facts, the computation
+   cache, buffer lifetimes and donation, kept matmul panels, run-time error reports, TB_DEBUG
+   profiling, metrics, TB_CHECK. The runtime gives devices, memory, program builds, kernel
+   lookup, launch and fence.
+
+   Entries marked (locked) are called between the runtime's lock and unlock of that device
+   (which may be one lock for all devices); the others without it. `dev` is the runtime's own
+   device object, as `open` returns it.
+
+   The kernels: a program is the source of one graph's kernels; each kernel is one function of
+   it (tb_kit_kernel.function). A launch passes the arguments of tb_kit_arg in order, the
+   output first. In OpenCL C a kernel is a __kernel function: a buffer argument is its cl_mem, a
+   scalar its bytes, a table its buffer followed by the kernel's first entry as a long. In C99
+   (GNU C: vector extensions, <tgmath.h>; built with -std=gnu99 -ffp-contract=off, as a shared
+   object) a kernel is `void NAME(void *const *args, long lo, long hi)` running work items
+   [lo, hi) of its tb_kit_work_items: args[i] is a buffer's address, the address of a scalar's
+   bytes, or a table's address plus 8 * at; work items may be split among threads as the
+   runtime likes.
+   =========================================================================================== */
+
+/* A buffer of a compiled backend (the payload of its data): a runtime's own buffer type starts
+   with one, which its `alloc` fills (mem, device, size, cap; the rest zero). */
+typedef struct tb_kit_buffer {
+    void *mem;    /* what a kernel argument passes: an address, a cl_mem, a handle */
+    void *device; /* the runtime's device */
+    size_t size;  /* bytes asked for */
+    size_t cap;   /* bytes it holds (at least size) */
+    /* the kit's own (its generation, a scalar's state): alloc leaves them zero */
+    uint64_t gen;
+    bool shell;
+    struct tb_kit_buffer *real;
+} tb_kit_buffer;
+
+typedef enum tb_kit_arg_kind {
+    TB_KIT_ARG_BUFFER = 0, /* a buffer (the output is one) */
+    TB_KIT_ARG_SCALAR = 1, /* a value passed by value */
+    TB_KIT_ARG_ERROR = 2,  /* the run's error flag: a buffer of 16 bytes */
+    TB_KIT_ARG_TABLE = 3   /* the run's scalar table (8 bytes an entry) and the kernel's first */
+} tb_kit_arg_kind;
+
+/* A kernel argument. */
+typedef struct tb_kit_arg {
+    int32_t kind;           /* tb_kit_arg_kind */
+    void *mem;              /* a buffer's, the error flag's or the table's tb_kit_buffer.mem */
+    size_t size;            /* a scalar's bytes (1 to 8) */
+    unsigned char value[8]; /* a scalar's value as the kernel declares it */
+    int64_t at;             /* a table: the kernel's first entry */
+} tb_kit_arg;
+
+/* What a runtime needs to know of a kernel to launch it. */
+typedef struct tb_kit_kernel {
+    const char *name;     /* for messages and profiles */
+    const char *function; /* its function in the program */
+    /* group_size[0] > 0: groups[d] work-groups of group_size[d] work items in 3 dimensions (the
+       kernel needs that size); else `items` work items in one, in groups of any size */
+    size_t group_size[3];
+    size_t groups[3];
+    uint64_t items;
+    double bytes, flops; /* its least traffic and arithmetic (a cost to split work by) */
+} tb_kit_kernel;
+
+/* The source of a graph's program: a head every function needs, then the functions, each a
+   run of text (function_at[i], function_len[i]) after it; a runtime may compile the head with
+   any run of functions apart (the native backend compiles in parts, in parallel). */
+typedef struct tb_kit_program {
+    const char *source; /* NUL-terminated */
+    size_t length;
+    size_t head; /* bytes of the head */
+    size_t num_functions;
+    const char *const *functions;
+    const size_t *function_at, *function_len;
+} tb_kit_program;
+
+typedef enum tb_kit_language {
+    TB_KIT_C99 = 0,     /* GNU C99 functions over work items (see above) */
+    TB_KIT_OPENCL_C = 1 /* OpenCL C 1.2 */
+} tb_kit_language;
+
+/* What code generation needs of a device. Zero is "unknown / none" in every field but
+   language and type. */
+typedef struct tb_kit_facts {
+    tb_kit_language language;
+    tb_device_type type;       /* CPU: the CPU tuning (kernels over rows); else the GPU's */
+    uint32_t vector_bytes;     /* a CPU's vector registers: 16 (SSE, NEON), 32 (AVX2), 64 */
+    uint32_t vector_registers; /* how many (16 or 32) */
+    uint32_t compute_units;
+    uint32_t max_group; /* the largest work-group (1: no groups, as C99 kernels) */
+    uint64_t max_allocation;
+    uint64_t cache_bytes;  /* a core's L2 */
+    uint32_t max_args;     /* kernel arguments it takes (8 bytes each) */
+    uint32_t buffer_align; /* every buffer's start is aligned to this many bytes */
+    bool f64;              /* it computes in double */
+    bool f64_accumulate;   /* float sums may accumulate in double (fast on CPUs) */
+} tb_kit_facts;
+
+/* Counters the kit reports for a device (its metrics report, under `metric`::NAME): the
+   runtime keeps them, the kit counts launches. Guarded by the device's lock or atomic. */
+typedef struct tb_kit_stats {
+    uint64_t bytes_in_use, peak_bytes, cached_bytes;
+    uint64_t cache_limit; /* the most bytes a cache of free buffers keeps: panels kept above it
+                             are not */
+    uint64_t builds, disk_hits, disk_misses, disk_rejected, launches;
+} tb_kit_stats;
+
+/* The runtime table. Every entry is required unless marked (optional). */
+typedef struct tb_kit_runtime {
+    const char *name;         /* the backend's name in messages */
+    const char *metric;       /* its metrics' prefix: "Native" gives "Native::KernelLaunch" */
+    const char *build_metric; /* the name of its builds counter ("ProgramBuild") */
+    bool lazy_build;          /* the driver compiles a kernel at its first launch: first runs report
+                                 progress by launches */
+    /* the devices: how many, the first cap of them in out; 0 with why filled when none */
+    size_t (*devices)(tb_device *out, size_t cap, char *why, size_t why_cap);
+    /* device `ordinal`, held until close; ready for work unless `bare` (facts and counters
+       only); NULL with the error set (tb_set_error) */
+    void *(*open)(int32_t ordinal, const char *func, bool bare);
+    void (*close)(void *dev);
+    bool (*alive)(void *dev); /* (locked) false once the backend shut down */
+    int32_t (*ordinal)(void *dev);
+    void (*info)(void *dev, bool full, tb_device_info *out); /* full: facts that take time too */
+    tb_kit_stats *(*stats)(void *dev);
+    void (*facts)(void *dev, tb_kit_facts *out);
+    void (*lock)(void *dev);
+    void (*unlock)(void *dev);
+    /* memory (locked) */
+    tb_status (*alloc)(void *dev, size_t bytes, tb_kit_buffer **out);
+    void (*release)(tb_kit_buffer *b);
+    tb_status (*write)(void *dev, tb_kit_buffer *b, const void *host, size_t bytes);
+    tb_status (*read)(void *dev, const tb_kit_buffer *b, void *host, size_t bytes);
+    tb_status (*copy)(void *dev, const tb_kit_buffer *from, tb_kit_buffer *to, size_t bytes);
+    /* (locked, optional) the buffer in the host's address space, NULL where it cannot be;
+       unmap (optional) ends that */
+    void *(*map)(void *dev, tb_kit_buffer *b, size_t bytes, bool write);
+    tb_status (*unmap)(void *dev, tb_kit_buffer *b, void *host);
+    /* programs: the built program of a source; a kernel of it (the handle and a number of the
+       runtime's own go back to launch); (locked) the program given back */
+    tb_status (*build)(void *dev, const tb_kit_program *source, void **program);
+    tb_status (*kernel)(void *dev, void *program, const tb_kit_kernel *k, void **handle,
+                        size_t *aux);
+    void (*kernel_release)(void *dev, void *handle); /* (optional) */
+    void (*drop)(void *dev, void *program);
+    /* (locked) a launch; `event` non-NULL: a token for `elapsed` once `finish` returned */
+    tb_status (*launch)(void *dev, void *handle, size_t aux, const tb_kit_kernel *k,
+                        const tb_kit_arg *args, size_t num_args, uint64_t *event);
+    void (*finish)(void *dev);                    /* (locked) waits for the work launched */
+    double (*elapsed)(void *dev, uint64_t event); /* (locked) ns of a launch; ends the token */
+    /* (locked, optional) after each successful run, the program's work done; at the end of a
+       run (submit what is queued) */
+    void (*ran)(void *dev, void *program);
+    void (*flush)(void *dev);
+    /* (locked, optional) more lines of its metrics report ("  Name::Counter: 12\n") */
+    void (*report)(void *dev, char *buf, size_t cap);
+    bool (*supports)(const tb_node *node); /* (optional) false: the node runs on the cpu */
+    void (*shutdown)(void);                /* drops every cache: the backend is going away */
+} tb_kit_runtime;
+
+/* Registers the compiled backend `name` (tags as tb_backend_register's) over `runtime`, which
+   must stay valid until tb_shutdown. Errors: NULL or incomplete tables (a required entry
+   NULL: TB_ERR_INVALID_ARGUMENT, the entry named), and those of tb_backend_register. */
+TBDEF tb_status tb_kit_register(const char *name, const tb_kit_runtime *runtime, const char *tags);
+
+/* The work-item space of a kernel: its global size in each dimension (items in C99 kernels
+   are the flattened product). */
+TBDEF void tb_kit_work_items(const tb_kit_kernel *k, uint64_t size[3]);
+
+/* For a runtime whose build takes a while: reports `done` of `total` functions built (the
+   library's progress line, shown when stderr is a terminal or TB_DEBUG >= 1). */
+TBDEF void tb_kit_progress(size_t done, size_t total);
 
 /* ---- src/formats/interop.h ---- */
 /* ===========================================================================================
@@ -3646,7 +3823,7 @@ static TB__UNUSED size_t tb__size_class(size_t size) {
    matmul panels) can tell whether it still holds. Never 0. Thread-safe. */
 static uint64_t tb__generation_counter = 0;
 
-static uint64_t tb__next_generation(void) {
+static TB__UNUSED uint64_t tb__next_generation(void) {
     return (uint64_t)TB__ATOMIC_ADD(&tb__generation_counter, 1);
 }
 
@@ -20917,15 +21094,19 @@ static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t 
 static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k);
 static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k);
 
-/* ---- native_dialect.c: the C99 dialect of the native backend ---- */
+/* ---- dialect_c99.c, dialect_opencl.c: the dialects ---- */
 
-#if defined(TB__HAVE_NATIVE)
-/* the dialect for row vectors of `vec_width` f32 lanes */
-static void tb__native_dialect(tb__dialect *d, int32_t vec_width);
-/* the work-item space of a kernel: its global size per dimension (the entry of a kernel runs
-   a range of its flattened items) */
-static void tb__native_global_size(const tb__plan_kernel *k, uint64_t size[3]);
-#endif
+/* A kernel's work-item space, its global size per dimension: groups of group_size work items
+   in 3 dimensions (group_size[0] > 0), else `items` in one */
+static void tb__work_items(const size_t group_size[3], const size_t groups[3], uint64_t items,
+                           uint64_t size[3]);
+/* C99 (GNU vectors) for row vectors of `vec_width` f32 lanes */
+static void tb__dialect_c99(tb__dialect *d, int32_t vec_width);
+/* the work-item space of a kernel: its global size per dimension (the entry of a C99 kernel
+   runs a range of its flattened items) */
+static void tb__c99_global_size(const tb__plan_kernel *k, uint64_t size[3]);
+/* OpenCL C 1.2, with double precision or without */
+static void tb__dialect_opencl(tb__dialect *d, bool f64);
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
@@ -28333,123 +28514,641 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
-/* ---- src/runtime/kit.h ---- */
+/* ---- src/compile/dialect_c99.c ---- */
 /* ===========================================================================================
-   The compiled-backend kit: what every backend that compiles the planner's kernels shares
-   (kit.c), over a small table a runtime fills (OpenCL: opencl.c; native: native.c). The kit owns
-   the backend's entries: data in and out, plan and render, program and kernel lookup, the launch
-   loop with its buffers (lifetimes, donation, kept panels, the error flag, the scalar table),
-   profiling and metrics. A runtime gives devices, memory, program builds, kernel lookup, launch
-   and fence.
+   The C99 dialect of the code generator, for the native backend (native.c): the head every
+   program starts with (GNU vector extensions for the vector types, the CPU's own instructions
+   where the compiler targets them), the math names, and a kernel's two functions (the body of
+   one work item, and the entry that runs a range of work items on one thread).
    =========================================================================================== */
 
-/* A buffer of a compiled backend: the payload of its tb_backend_data. A runtime's own buffer
-   type starts with one. `mem` is what a kernel argument passes (a host address, a cl_mem); a
-   scalar made by data_from_scalar has none (NULL) until a kernel reads it from memory, its
-   value in tb_backend_data.scalar. */
-typedef struct tb__kbuf {
-    void *mem;
-    void *dev;    /* the runtime's device */
-    size_t size;  /* bytes asked for */
-    size_t cap;   /* bytes it holds: the size class */
-    uint64_t gen; /* tb__next_generation when it was handed out or last written */
-    /* a scalar's buffer (the kit's, holding a reference on the device): `real` is the runtime's
-       buffer that gives it memory once a kernel reads it as an array (mem is then real's) */
-    bool shell;
-    struct tb__kbuf *real;
-} tb__kbuf;
+#if defined(TB__HAVE_COMPILED_BACKENDS)
 
-/* A kernel argument, in the plan's order after the output (which is args[0], a buffer). */
-typedef struct tb__karg {
-    int32_t kind;           /* TB__ARG_BUF (the output too), _SCALAR, _TABLE or _ERR */
-    void *mem;              /* a buffer's, the table's or the error flag's tb__kbuf.mem */
-    size_t size;            /* a scalar's bytes */
-    unsigned char value[8]; /* a scalar's value as the kernel declares it */
-    int64_t at;             /* the table: the kernel's first entry */
-} tb__karg;
+/* ---- the C99 dialect of the code generator ---- */
 
-/* A kernel the runtime found in a program: its handle and a number of its own (OpenCL: the
-   work-group size of a kernel launched over items). */
-typedef struct tb__kkernel {
-    void *handle;
-    size_t aux;
-} tb__kkernel;
+static const char tb__c99_head[] =
+    "/* torch_backend.h: C99 (GNU vector extensions) for the native backend */\n"
+    "#include <stdint.h>\n"
+    "#include <string.h>\n"
+    "#include <limits.h>\n"
+    "#include <tgmath.h>\n"
+    "typedef unsigned char uchar;\n"
+    "typedef uint32_t uint;\n"
+    "typedef uint64_t ulong;\n"
+    "#define TB_FN static inline\n"
+    "#define TB_EXPORT __attribute__((visibility(\"default\"))) /* whatever the flags say */\n"
+    "#define TB_HAS_F64 1\n"
+    "static inline long tb_min_l(long a, long b) { return a < b ? a : b; }\n"
+    "static inline float tb_as_f32(uint b) { float f; memcpy(&f, &b, sizeof f); return f; }\n"
+    "static inline uint tb_as_u32(float f) { uint b; memcpy(&b, &f, sizeof b); return b; }\n"
+    "typedef unsigned short ushort;\n"
+    "#define TB_BITS_F32(b) tb_as_f32(b)\n"
+    "#define TB_F32_BITS(f) tb_as_u32(f)\n"
+    "#define TB_LDH(p, i) tb_h2f((p)[i])\n"
+    "#define TB_STH(p, i, v) ((p)[i] = (ushort)tb_f2h(v))\n"
+    "#if defined(__FLT16_MAX__) /* the compiler's _Float16: F16C instructions where the CPU has "
+    "them */\n"
+    "#define TB_HAS_F16_CVT 1\n"
+    "static inline uint tb_f2h(float x) {\n"
+    "    _Float16 f = (_Float16)x; ushort b; memcpy(&b, &f, sizeof b); return b;\n"
+    "}\n"
+    "static inline float tb_rnd_f16(float x) { return (float)(_Float16)x; }\n"
+    "#endif\n"
+    "static inline double tb_as_f64(ulong b) { double f; memcpy(&f, &b, sizeof f); return f; }\n"
+    /* OpenCL's vector names: N lanes of a type, vloadN and vstoreN (overloaded on the
+       pointer's type, as OpenCL's are) */
+    "#define TB_VTYPES(T, N) typedef T T##N __attribute__((vector_size(N * sizeof(T))));\n"
+    "#define TB_VMOVES(T, N)                                                          \\\n"
+    "    static inline T##N tb_vload_##T##N(long i, const T *p) {                    \\\n"
+    "        T##N v; memcpy(&v, p + i * N, sizeof v); return v;                      \\\n"
+    "    }                                                                            \\\n"
+    "    static inline void tb_vstore_##T##N(T##N v, long i, T *p) {                 \\\n"
+    "        memcpy(p + i * N, &v, sizeof v);                                         \\\n"
+    "    }\n"
+    "#define TB_VMOVE2(N)                                                                   \\\n"
+    "    TB_VTYPES(float, N) TB_VTYPES(double, N) TB_VMOVES(float, N) TB_VMOVES(double, N)\n"
+    "TB_VMOVE2(2) TB_VMOVE2(4) TB_VMOVE2(8) TB_VMOVE2(16)\n"
+    "#define TB_VLOADN(N, i, p) \\\n"
+    "    _Generic(*(p), float: tb_vload_float##N, double: tb_vload_double##N)((i), (p))\n"
+    "#define TB_VSTOREN(N, v, i, p) \\\n"
+    "    _Generic(*(p), float: tb_vstore_float##N, double: tb_vstore_double##N)((v), (i), (p))\n"
+    "#define vload2(i, p) TB_VLOADN(2, i, p)\n"
+    "#define vload4(i, p) TB_VLOADN(4, i, p)\n"
+    "#define vload8(i, p) TB_VLOADN(8, i, p)\n"
+    "#define vload16(i, p) TB_VLOADN(16, i, p)\n"
+    "#define vstore2(v, i, p) TB_VSTOREN(2, v, i, p)\n"
+    "#define vstore4(v, i, p) TB_VSTOREN(4, v, i, p)\n"
+    "#define vstore8(v, i, p) TB_VSTOREN(8, v, i, p)\n"
+    "#define vstore16(v, i, p) TB_VSTOREN(16, v, i, p)\n"
+    "TB_VTYPES(int, 4) TB_VTYPES(int, 8) TB_VTYPES(int, 16)\n"
+    "TB_VTYPES(uint, 4) TB_VTYPES(uint, 8) TB_VTYPES(uint, 16)\n"
+    "TB_VTYPES(ushort, 4) TB_VTYPES(ushort, 8) TB_VTYPES(ushort, 16)\n"
+    /* the row vectors: TB_VW lanes (the program's first line), the width of the registers */
+    "#define TB_CAT(a, b) a##b\n"
+    "#define TB_XCAT(a, b) TB_CAT(a, b)\n"
+    "#define TB_VN(name) TB_XCAT(name, TB_VW)\n"
+    "typedef TB_VN(float) tb_vf;\n"
+    "typedef TB_VN(int) tb_vi;\n"
+    "typedef TB_VN(uint) tb_vu;\n"
+    "typedef TB_VN(ushort) tb_vus;\n"
+    "#define TB_HAS_VEC 1\n"
+    "#define TB_VLD(i, p) TB_VN(vload)((i), (p))\n"
+    "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"
+    "#define TB_VBC(c) ((tb_vf){0} + (c))\n"
+    "#define TB_VSEL(a, b, m) ((tb_vf)(((tb_vi)(a) & ~(m)) | ((tb_vi)(b) & (m))))\n"
+    "#define TB_VCVTI(x) __builtin_convertvector((x), tb_vi)\n"
+    "#define TB_VASF(x) ((tb_vf)(x))\n"
+    "#define TB_VASI(x) ((tb_vi)(x))\n"
+    "#define TB_VASU(x) ((tb_vu)(x))\n"
+    "#define TB_VASFU(x) ((tb_vf)(x))\n"
+    "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(tb_vf))\n"
+    "#define TB_VEXP(x) tb_vexp(x) /* the prelude's: C has no vector exp */\n"
+    "static inline tb_vf TB_VSQRT(tb_vf x) {\n"
+    "    tb_vf r; int i; for (i = 0; i < TB_VW; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
+    "}\n";
 
-/* The counters every compiled backend reports (a device's; guarded by its lock, or atomic). */
-typedef struct tb__kit_stats {
-    uint64_t bytes_in_use, peak_bytes, cached_bytes;
-    uint64_t cache_limit; /* the most bytes the buffer cache keeps */
-    uint64_t builds, disk_hits, disk_misses, disk_rejected, launches;
-} tb__kit_stats;
+/* The head's second part: the CPU's own instructions for what C's operators do not say. */
+static const char tb__c99_head2[] =
+    /* a window's extremes: a select the compiler keeps free of branches (their outcome is
+       data, which a branch predictor cannot learn); NaN is kept apart by the caller */
+    "#if defined(__has_builtin)\n"
+    "#if __has_builtin(__builtin_expect_with_probability)\n"
+    "#define TB_UNPRED(c) __builtin_expect_with_probability((c), 1, 0.5)\n"
+    "#endif\n"
+    "#elif !defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 9\n"
+    "#define TB_UNPRED(c) __builtin_expect_with_probability((c), 1, 0.5)\n"
+    "#endif\n"
+    "#if !defined(TB_UNPRED)\n"
+    "#define TB_UNPRED(c) (c)\n"
+    "#endif\n"
+    "#define TB_MAXS(a, b) (TB_UNPRED((a) > (b)) ? (a) : (b))\n"
+    "#define TB_MINS(a, b) (TB_UNPRED((a) < (b)) ? (a) : (b))\n"
+    /* a * b + c rounded once where the target has it (else two roundings); the compiler's
+       x86 builtins where it still has them (TB_HB), its generic ones where it has those */
+    "#if defined(__has_builtin)\n"
+    "#define TB_HB(x) __has_builtin(x)\n"
+    "#else\n"
+    "#define TB_HB(x) 1\n"
+    "#endif\n"
+    "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__)\n"
+    "#define TB_VFMA(a, b, c) __builtin_ia32_vfmaddps512_mask(a, b, c, (unsigned short)0xffff, 4)\n"
+    "#elif TB_VW == 8 && defined(__FMA__) && defined(__GNUC__) && "
+    "TB_HB(__builtin_ia32_vfmaddps256)\n"
+    "#define TB_VFMA(a, b, c) __builtin_ia32_vfmaddps256(a, b, c)\n"
+    "#elif TB_VW == 4 && defined(__FMA__) && defined(__GNUC__) && TB_HB(__builtin_ia32_vfmaddps)\n"
+    "#define TB_VFMA(a, b, c) __builtin_ia32_vfmaddps(a, b, c)\n"
+    "#elif defined(__FMA__) && defined(__clang__) && TB_HB(__builtin_elementwise_fma)\n"
+    "#define TB_VFMA(a, b, c) __builtin_elementwise_fma(a, b, c)\n"
+    "#elif defined(__aarch64__) /* fmla, lane by lane as the compiler vectorises it */\n"
+    "static inline tb_vf TB_VFMA(tb_vf a, tb_vf b, tb_vf c) {\n"
+    "    tb_vf r; int i; for (i = 0; i < TB_VW; i++) r[i] = __builtin_fmaf(a[i], b[i], c[i]);\n"
+    "    return r;\n"
+    "}\n"
+    "#else\n"
+    "#define TB_VFMA(a, b, c) ((a) * (b) + (c))\n"
+    "#endif\n"
+    "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__) /* p * 2^k rounded once */\n"
+    "#define TB_VSCALEF(p, k) __builtin_ia32_scalefps512_mask(p, k, p, (unsigned short)0xffff, 4)\n"
+    "#endif\n"
+    "/* rows streamed through the caches: the next row fetched ahead, outputs stored past the\n"
+    "   caches (the fence orders those stores before the kernel's end) */\n"
+    "#define TB_PREFETCH(p) __builtin_prefetch(p)\n"
+    "#define TB_PREFETCH_L2(p) __builtin_prefetch((p), 0, 1) /* to the outer caches only */\n"
+    "#if defined(__clang__)\n"
+    "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (tb_vf *)(p))\n"
+    "#elif TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__)\n"
+    "#define TB_VSTREAM(v, p) __builtin_ia32_movntps512((p), (v))\n"
+    "#elif TB_VW == 8 && defined(__AVX__) && defined(__GNUC__)\n"
+    "#define TB_VSTREAM(v, p) __builtin_ia32_movntps256((p), (v))\n"
+    "#elif TB_VW == 4 && defined(__SSE__) && defined(__GNUC__)\n"
+    "#define TB_VSTREAM(v, p) __builtin_ia32_movntps((p), (v))\n"
+    "#else\n"
+    "#define TB_VSTREAM(v, p) TB_VST((v), 0, (p))\n"
+    "#endif\n"
+    "#if defined(__SSE__) && defined(__GNUC__)\n"
+    "#define TB_VSTREAM_END() __builtin_ia32_sfence()\n"
+    "#else\n"
+    "#define TB_VSTREAM_END() ((void)0)\n"
+    "#endif\n"
+    "\n";
 
-/* A runtime. `dev` is the runtime's device; entries marked (locked) are called between lock
-   and unlock of that device, the others without its lock. */
-typedef struct tb__kit_runtime {
-    const char *name;         /* the backend's name */
-    const char *metric;       /* its metrics' prefix ("OpenCL": "OpenCL::KernelLaunch") */
-    const char *build_metric; /* the name of its builds counter ("ProgramBuild") */
-    /* the driver compiles a kernel at its first launch: the first run reports progress */
-    bool lazy_build;
-    /* the devices (0 and *why set when there are none) */
-    size_t (*devices)(tb_device *out, size_t cap, char *why, size_t why_cap);
-    /* device `ordinal` with a reference on the runtime, ready for work unless `bare` (no
-       context or queue made: facts and counters only); NULL with the error set */
-    void *(*open)(int32_t ordinal, const char *func, bool bare);
-    void (*close)(void *dev);
-    bool (*alive)(void *dev); /* false once the backend exited */
-    int32_t (*ordinal)(void *dev);
-    void (*info)(void *dev, bool full, tb_device_info *out); /* full: facts that take time too */
-    tb__kit_stats *(*stats)(void *dev);
-    /* what the planner and the code generator need of the device */
-    void (*target)(void *dev, tb__tuning *tuning, tb__target *target, tb__dialect *dialect);
-    void (*lock)(void *dev);
-    void (*unlock)(void *dev);
-    /* memory (locked); `release` gives a buffer back (the kit locks its device) */
-    tb_status (*alloc)(void *dev, size_t bytes, tb__kbuf **out);
-    void (*release)(tb__kbuf *b);
-    tb_status (*write)(void *dev, tb__kbuf *b, const void *host, size_t bytes);
-    tb_status (*read)(void *dev, const tb__kbuf *b, void *host, size_t bytes);
-    tb_status (*copy)(void *dev, const tb__kbuf *from, tb__kbuf *to, size_t bytes);
-    /* (locked, optional) the buffer in the host's address space, NULL where it cannot be;
-       unmap ends that */
-    void *(*map)(void *dev, tb__kbuf *b, size_t bytes, bool write);
-    tb_status (*unmap)(void *dev, tb__kbuf *b, void *host);
-    /* programs: the built program of a plan's source (reporting progress), its kernels, and
-       (locked) its release */
-    tb_status (*build)(void *dev, const tb__plan *plan, const char *src, size_t len,
-                       void **program);
-    tb_status (*kernel)(void *dev, void *program, const tb__plan_kernel *k, tb__kkernel *out);
-    void (*kernel_release)(void *dev, tb__kkernel *kern); /* (optional) */
-    void (*drop)(void *dev, void *program);
-    /* (locked) a launch of kernel k with its arguments; `event` non-NULL: a token for
-       `elapsed` after `finish` */
-    tb_status (*launch)(void *dev, const tb__kkernel *kern, const tb__plan_kernel *k,
-                        const tb__karg *args, size_t num_args, uint64_t *event);
-    void (*finish)(void *dev);                    /* (locked) waits for the work enqueued */
-    double (*elapsed)(void *dev, uint64_t event); /* (locked) ns of a launch; frees the token */
-    /* (locked, optional) after each successful run, with the work done (a first run's program
-       may be worth saving now); after a run's last launch (submit what is enqueued) */
-    void (*ran)(void *dev, void *program);
-    void (*flush)(void *dev);
-    void (*report)(void *dev, tb__str *s); /* (locked, optional) more lines of its metrics */
-    bool (*supports)(const tb_node *node); /* (optional) a node it cannot lower */
-    void (*exit)(void);                    /* drops every cache: the backend is going away */
-} tb__kit_runtime;
+/* The head's third part: the lanes of a row vector folded in halves in registers, in the
+   prelude's order: a row's sum, product, maximum (NaN first) or minimum (tb_hsum, ...). */
+static const char tb__c99_head_fold[] =
+    /* halves by a shuffle where the compiler has one (a copy through memory would keep the
+       vector, and the loop's accumulator it comes from, in memory) */
+    "#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)\n"
+    "#define TB_LO16(v) __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)\n"
+    "#define TB_HI16(v) __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)\n"
+    "#define TB_LO8(v) __builtin_shufflevector(v, v, 0, 1, 2, 3)\n"
+    "#define TB_HI8(v) __builtin_shufflevector(v, v, 4, 5, 6, 7)\n"
+    "#define TB_LO4(v) __builtin_shufflevector(v, v, 0, 1)\n"
+    "#define TB_HI4(v) __builtin_shufflevector(v, v, 2, 3)\n"
+    "#define TB_HALVES(T, N, H)                                                          \\\n"
+    "    static inline T##H tb_lo_##T##N(T##N v) { return TB_LO##N(v); }                \\\n"
+    "    static inline T##H tb_hi_##T##N(T##N v) { return TB_HI##N(v); }\n"
+    "#else\n"
+    "#define TB_HALVES(T, N, H)                                                          \\\n"
+    "    static inline T##H tb_lo_##T##N(T##N v) { T##H r; memcpy(&r, &v, sizeof r); return r; } "
+    "\\\n"
+    "    static inline T##H tb_hi_##T##N(T##N v) {                                      \\\n"
+    "        T##H r; memcpy(&r, (char *)&v + sizeof r, sizeof r); return r;              \\\n"
+    "    }\n"
+    "#endif\n"
+    "#define TB_FOLDOP(T, IT)                                                            \\\n"
+    "    static inline T tb_fold_##T(T a, T b, int op) {                                \\\n"
+    "        IT m;                                                                       \\\n"
+    "        if (op == 0) return a + b;                                                  \\\n"
+    "        if (op == 1) return a * b;                                                  \\\n"
+    "        m = (op == 2 ? b > a : b < a) | (b != b);                                   \\\n"
+    "        m &= ~(a != a);                                                             \\\n"
+    "        return (T)(((IT)a & ~m) | ((IT)b & m));                                     \\\n"
+    "    }\n"
+    "TB_VTYPES(int, 2) TB_HALVES(float, 16, 8) TB_HALVES(float, 8, 4) TB_HALVES(float, 4, 2)\n"
+    "TB_FOLDOP(float8, int8) TB_FOLDOP(float4, int4) TB_FOLDOP(float2, int2)\n"
+    "static inline float tb_hfold(tb_vf v, int op) {\n"
+    "    float a, b;\n"
+    "#if TB_VW == 16\n"
+    "    float8 v8 = tb_fold_float8(tb_lo_float16(v), tb_hi_float16(v), op);\n"
+    "#elif TB_VW == 8\n"
+    "    float8 v8 = v;\n"
+    "#endif\n"
+    "#if TB_VW >= 8\n"
+    "    float4 v4 = tb_fold_float4(tb_lo_float8(v8), tb_hi_float8(v8), op);\n"
+    "#else\n"
+    "    float4 v4 = v;\n"
+    "#endif\n"
+    "    float2 v2 = tb_fold_float2(tb_lo_float4(v4), tb_hi_float4(v4), op);\n"
+    "    a = v2[0], b = v2[1];\n"
+    "    if (op == 0) return a + b;\n"
+    "    if (op == 1) return a * b;\n"
+    "    return ((op == 2 ? b > a : b < a) || b != b) && a == a ? b : a;\n"
+    "}\n"
+    "#define TB_HAS_HFOLD 1\n"
+    "#define tb_hsum(v) tb_hfold((v), 0)\n"
+    "#define tb_hprod(v) tb_hfold((v), 1)\n"
+    "#define tb_hmax(v) tb_hfold((v), 2)\n"
+    "#define tb_hmin(v) tb_hfold((v), 3)\n"
+    "\n";
 
-/* the backend entries of a runtime (impl->user_data is the runtime); the runtime sets its own
-   after (default devices and the like) */
-static void tb__kit_impl(const tb__kit_runtime *R, tb_backend_impl *impl);
+/* The head's fourth part: TB_VW lanes of 16-bit floats. */
+static const char tb__c99_head3[] =
+    /* f16: the CPU's conversions where the target has them (AVX-512, F16C), else lane by
+       lane; bf16 as the top half of an f32 */
+    "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__)\n"
+    "typedef short tb_vhi __attribute__((vector_size(32)));\n"
+    "static inline tb_vf tb_vh2f(tb_vhi h) {\n"
+    "    return __builtin_ia32_vcvtph2ps512_mask(h, (tb_vf){0}, (unsigned short)0xffff, 4);\n"
+    "}\n"
+    "static inline tb_vhi tb_vf2h(tb_vf v) {\n"
+    "    return __builtin_ia32_vcvtps2ph512_mask(v, 0, (tb_vhi){0}, (unsigned short)0xffff);\n"
+    "}\n"
+    "#if !defined(__clang__) /* gcc's builtin: one widening load (clang has no such builtin) */\n"
+    "#define TB_HAS_VLDBF 1\n"
+    "static inline tb_vf tb_vldbf(const ushort *p) {\n"
+    "    tb_vhi h; memcpy(&h, p, sizeof h);\n"
+    "    return (tb_vf)(__builtin_ia32_pmovzxwd512_mask(h, (tb_vi){0}, (unsigned short)0xffff) "
+    "<< 16);\n"
+    "}\n"
+    "#endif\n"
+    "#elif TB_VW == 8 && defined(__F16C__) && defined(__GNUC__) && "
+    "TB_HB(__builtin_ia32_vcvtph2ps256)\n"
+    "typedef short tb_vhi __attribute__((vector_size(16)));\n"
+    "static inline tb_vf tb_vh2f(tb_vhi h) { return __builtin_ia32_vcvtph2ps256(h); }\n"
+    "static inline tb_vhi tb_vf2h(tb_vf v) { return __builtin_ia32_vcvtps2ph256(v, 0); }\n"
+    "#elif TB_VW == 4 && defined(__F16C__) && defined(__GNUC__) && "
+    "TB_HB(__builtin_ia32_vcvtph2ps)\n"
+    "typedef short tb_vhi __attribute__((vector_size(8)));\n"
+    "typedef short tb_v8hi __attribute__((vector_size(16)));\n"
+    "static inline tb_vf tb_vh2f(tb_vhi h) {\n"
+    "    tb_v8hi w = {0}; memcpy(&w, &h, sizeof h); return __builtin_ia32_vcvtph2ps(w);\n"
+    "}\n"
+    "static inline tb_vhi tb_vf2h(tb_vf v) {\n"
+    "    tb_v8hi w = __builtin_ia32_vcvtps2ph(v, 0); tb_vhi h; memcpy(&h, &w, sizeof h);\n"
+    "    return h;\n"
+    "}\n"
+    "#elif TB_VW == 16 && defined(__F16C__) && defined(__GNUC__) && "
+    "TB_HB(__builtin_ia32_vcvtph2ps256)\n"
+    "typedef short tb_vhi __attribute__((vector_size(32)));\n"
+    "typedef short tb_v8hi __attribute__((vector_size(16)));\n"
+    "static inline tb_vf tb_vh2f(tb_vhi h) {\n"
+    "    tb_v8hi a, b; float8 fa, fb; tb_vf r;\n"
+    "    memcpy(&a, &h, 16); memcpy(&b, (char *)&h + 16, 16);\n"
+    "    fa = __builtin_ia32_vcvtph2ps256(a); fb = __builtin_ia32_vcvtph2ps256(b);\n"
+    "    memcpy(&r, &fa, 32); memcpy((char *)&r + 32, &fb, 32); return r;\n"
+    "}\n"
+    "static inline tb_vhi tb_vf2h(tb_vf v) {\n"
+    "    float8 fa, fb; tb_v8hi a, b; tb_vhi h;\n"
+    "    memcpy(&fa, &v, 32); memcpy(&fb, (char *)&v + 32, 32);\n"
+    "    a = __builtin_ia32_vcvtps2ph256(fa, 0); b = __builtin_ia32_vcvtps2ph256(fb, 0);\n"
+    "    memcpy(&h, &a, 16); memcpy((char *)&h + 16, &b, 16); return h;\n"
+    "}\n"
+    "#else\n"
+    "typedef tb_vus tb_vhi;\n"
+    "static inline float tb_h2f(uint h);\n"
+    "static inline uint tb_f2h(float f);\n"
+    "static inline tb_vf tb_vh2f(tb_vhi h) {\n"
+    "    tb_vf r; int i; for (i = 0; i < TB_VW; i++) r[i] = tb_h2f(h[i]); return r;\n"
+    "}\n"
+    "static inline tb_vhi tb_vf2h(tb_vf v) {\n"
+    "    tb_vhi h; int i; for (i = 0; i < TB_VW; i++) h[i] = (ushort)tb_f2h(v[i]); return h;\n"
+    "}\n"
+    "#endif\n"
+    "static inline tb_vf tb_vldh(const ushort *p) {\n"
+    "    tb_vhi h; memcpy(&h, p, sizeof h); return tb_vh2f(h);\n"
+    "}\n"
+    "static inline void tb_vsth(tb_vf v, ushort *p) {\n"
+    "    tb_vhi h = tb_vf2h(v); memcpy(p, &h, sizeof h);\n"
+    "}\n"
+    "#define TB_VLDH(p) tb_vldh(p)\n"
+    "#define TB_VSTH(v, p) tb_vsth((v), (p))\n"
+    "#define TB_VRNDH(x) tb_vh2f(tb_vf2h(x))\n"
+    "#ifndef TB_HAS_VLDBF\n"
+    "static inline tb_vf tb_vldbf(const ushort *p) {\n"
+    "    tb_vus h; memcpy(&h, p, sizeof h);\n"
+    "    return (tb_vf)(__builtin_convertvector(h, tb_vu) << 16);\n"
+    "}\n"
+    "#endif\n"
+    "static inline void tb_vstbf(tb_vf r, ushort *p) {\n"
+    "    tb_vus h = __builtin_convertvector((tb_vu)r >> 16, tb_vus); memcpy(p, &h, sizeof h);\n"
+    "}\n"
+    "#define TB_VLDBF(p) tb_vldbf(p)\n"
+    "#define TB_VSTBF(v, p) tb_vstbf(tb_vrnd_bf16(v), (p))\n"
+    /* W bytes (a where's condition) as 0 or 1 in each lane */
+    "typedef uchar tb_vb __attribute__((vector_size(TB_VW)));\n"
+    "static inline tb_vf tb_vldb(const void *p) {\n"
+    "    tb_vb b; memcpy(&b, p, sizeof b); return __builtin_convertvector(b != 0, tb_vf) * -1.0f;\n"
+    "}\n"
+    "#define TB_VLDB(p) tb_vldb(p)\n";
+
+static const char *tb__c99_math(const char *fn, tb_dtype dtype) {
+    /* f32 exp: the prelude's (no call: loops around it vectorise); the others: <tgmath.h> picks the
+     * float or double function */
+    if (dtype != TB_F64 && strcmp(fn, "exp") == 0) return "tb_exp_f32";
+    return fn;
+}
+
+static void tb__work_items(const size_t group_size[3], const size_t groups[3], uint64_t items,
+                           uint64_t size[3]) {
+    int d;
+    if (group_size[0] > 0) {
+        for (d = 0; d < 3; d++)
+            size[d] = (uint64_t)groups[d] * (uint64_t)(group_size[d] > 0 ? group_size[d] : 1);
+    } else {
+        size[0] = items;
+        size[1] = size[2] = 1;
+    }
+}
+
+/* The work-item space of a kernel: its global size per dimension. */
+static void tb__c99_global_size(const tb__plan_kernel *k, uint64_t size[3]) {
+    tb__work_items(k->group_size, k->groups, k->items, size);
+}
+
+/* A kernel is two functions: NAME_item, the body for one work item (tb_g0..2 its ids), and
+   NAME(args, lo, hi), which runs work items [lo, hi) of the flattened space, the pointers and
+   scalars it reads taken from args in the plan's order (the output first). */
+static void tb__c99_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
+                                size_t num_params, const char *body) {
+    /* an elementwise kernel's non-temporal stores: one fence for the whole range */
+    const char *fence =
+        k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n" : "";
+    uint64_t size[3];
+    size_t i;
+    tb__c99_global_size(k, size);
+    tb__str_append(src, "static inline void %s_item(long tb_g0, long tb_g1, long tb_g2", k->name);
+    for (i = 0; i < num_params; i++) {
+        const tb__cg_param *q = &params[i];
+        if (q->role == TB__ARG_SCALAR) {
+            tb__str_append(src, ",\n    const %s %s", q->type, q->name);
+        } else if (q->role == TB__CG_ARGS) {
+            tb__str_append(src, ",\n    void *const *%s", q->name);
+        } else if (q->role == -1 || q->role == TB__ARG_ERR) {
+            tb__str_append(src, ",\n    %s *restrict %s", q->type, q->name);
+        } else {
+            tb__str_append(src, ",\n    const %s *restrict %s", q->type, q->name);
+        }
+    }
+    tb__str_append(src, ") {\n    (void)tb_g0, (void)tb_g1, (void)tb_g2;\n%s}\n\n", body);
+    tb__str_append(src, "TB_EXPORT void %s(void *const *tb_a, long tb_lo, long tb_hi) {\n",
+                   k->name);
+    for (i = 0; i < num_params; i++) {
+        const tb__cg_param *q = &params[i];
+        if (q->role == TB__ARG_SCALAR) {
+            tb__str_append(src, "    const %s %s = *(const %s *)tb_a[%zu];\n", q->type, q->name,
+                           q->type, i);
+        } else if (q->role == TB__CG_ARGS) {
+            tb__str_append(src, "    void *const *%s = tb_a + %zu;\n", q->name, i);
+        } else if (q->role == -1 || q->role == TB__ARG_ERR) {
+            tb__str_append(src, "    %s *restrict %s = (%s *)tb_a[%zu];\n", q->type, q->name,
+                           q->type, i);
+        } else {
+            tb__str_append(src, "    const %s *restrict %s = (const %s *)tb_a[%zu];\n", q->type,
+                           q->name, q->type, i);
+        }
+    }
+    /* the bound lets the compiler see that every item is in range */
+    tb__str_append(src, "    if (tb_hi > %lldL) tb_hi = %lldL;\n",
+                   (long long)(size[0] * size[1] * size[2]),
+                   (long long)(size[0] * size[1] * size[2]));
+    if (size[1] == 1 && size[2] == 1) {
+        tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi; tb_w++)\n");
+        tb__str_append(src, "        %s_item(tb_w, 0, 0", k->name);
+        for (i = 0; i < num_params; i++)
+            tb__str_append(src, ", %s", params[i].name);
+        tb__str_append(src, ");\n%s}\n\n", fence);
+        return;
+    }
+    /* runs of dimension 0 at fixed ids 1 and 2: one division per run, not per item */
+    tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi;) {\n");
+    tb__str_append(src,
+                   "        const long tb_r = tb_w / %lldL, tb_g1 = tb_r %% %lldL, tb_g2 = tb_r / "
+                   "%lldL;\n",
+                   (long long)size[0], (long long)size[1], (long long)size[1]);
+    tb__str_append(src, "        long tb_g0 = tb_w %% %lldL, tb_end = tb_w + (%lldL - tb_g0);\n",
+                   (long long)size[0], (long long)size[0]);
+    tb__str_append(src, "        if (tb_end > tb_hi) tb_end = tb_hi;\n");
+    tb__str_append(src, "        for (; tb_w < tb_end; tb_w++, tb_g0++)\n");
+    tb__str_append(src, "            %s_item(tb_g0, tb_g1, tb_g2", k->name);
+    for (i = 0; i < num_params; i++)
+        tb__str_append(src, ", %s", params[i].name);
+    tb__str_append(src, ");\n    }\n%s}\n\n", fence);
+}
+
+static void tb__dialect_c99(tb__dialect *d, int32_t vec_width) {
+    memset(d, 0, sizeof *d);
+    d->vec_width = vec_width;
+    d->name = "C99";
+    d->head[0] = tb__c99_head;
+    d->head[1] = tb__c99_head2;
+    d->head[2] = tb__c99_head_fold;
+    d->head[3] = tb__c99_head3;
+    d->vec_make = "(%s){%s}";
+    d->global = "";
+    d->local = NULL; /* a thread runs a range of work items: no work-groups */
+    d->barrier = "";
+    d->global_id = "tb_g%d";
+    d->group_id = "tb_g%d";
+    d->local_id = "0";
+    d->vec_zero = "(%s){0}";
+    d->min_long = "tb_min_l";
+    d->bits_f32 = "tb_as_f32";
+    d->bits_f64 = "tb_as_f64";
+    d->err_claim = "__sync_bool_compare_and_swap(tb_err, 0u, code)";
+    d->constant = "static const ";
+    d->f64 = true;
+    d->math = tb__c99_math;
+    d->kernel = tb__c99_emit_kernel;
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
+/* ---- src/compile/dialect_opencl.c ---- */
+/* ===========================================================================================
+   The OpenCL C dialect of the code generator (the opencl backend's, and any OpenCL runtime's
+   through the kit): the head every program starts with, the math names, and a kernel's
+   signature with the work-group size the plan fixed.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+/* ---- the OpenCL C dialect of the code generator ---- */
+
+static const char *tb__oclc_math(const char *fn, tb_dtype dtype) {
+    /* OpenCL C's math functions are overloaded (the built-in exp: on PoCL faster than the
+       prelude's tb_exp_f32, which the native dialect takes) */
+    (void)dtype;
+    return fn;
+}
+
+/* `__kernel void NAME(__global T *restrict out, ...)`, with the work-group size the plan fixed. */
+static void tb__oclc_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
+                                 size_t num_params, const char *body) {
+    const tb__cg_param *table = NULL;
+    size_t i;
+    tb__str_append(src, "__kernel ");
+    if (k->group_size[0] > 0) {
+        tb__str_append(src, "__attribute__((reqd_work_group_size(%zu, %zu, %zu))) ",
+                       k->group_size[0], k->group_size[1] > 0 ? k->group_size[1] : 1,
+                       k->group_size[2] > 0 ? k->group_size[2] : 1);
+    }
+    tb__str_append(src, "void %s(", k->name);
+    for (i = 0; i < num_params; i++) {
+        const tb__cg_param *q = &params[i];
+        const char *sep = i == 0 ? "" : ",\n    ";
+        if (q->role == TB__ARG_SCALAR) {
+            tb__str_append(src, "%sconst %s %s", sep, q->type, q->name);
+        } else if (q->role == -1 || q->role == TB__ARG_ERR) {
+            tb__str_append(src, "%s__global %s *restrict %s", sep, q->type, q->name);
+        } else if (q->role == TB__ARG_TABLE) {
+            /* the whole table and where the kernel's run of it starts */
+            tb__str_append(src, "%s__global const %s *restrict %s_all,\n    const long %s_at", sep,
+                           q->type, q->name, q->name);
+            table = q;
+        } else {
+            tb__str_append(src, "%s__global const %s *restrict %s", sep, q->type, q->name);
+        }
+    }
+    tb__str_append(src, ") {\n");
+    if (table != NULL)
+        tb__str_append(src, "    __global const %s *restrict %s = %s_all + %s_at;\n", table->type,
+                       table->name, table->name, table->name);
+    tb__str_append(src, "%s}\n\n", body);
+}
+
+/* The dialect for a device with or without double precision. */
+static void tb__dialect_opencl(tb__dialect *d, bool f64) {
+    memset(d, 0, sizeof *d);
+    d->name = "OpenCL C";
+    /* the lines after the fp64 switch are the same with or without it */
+#define TB__OCL_HEAD_REST                                                                          \
+    "/* a * b + c stays two roundings, as in the reference */\n"                                   \
+    "#pragma OPENCL FP_CONTRACT OFF\n"                                                             \
+    "#define TB_FN\n"                                                                              \
+    "#define TB_MAXS(a, b) ((a) > (b) ? (a) : (b))\n"                                              \
+    "#define TB_MINS(a, b) ((a) < (b) ? (a) : (b))\n"                                              \
+    "/* the row vectors: TB_VW lanes (the program's first line), built-in names by pasting */\n"   \
+    "#define TB_CAT(a, b) a##b\n"                                                                  \
+    "#define TB_XCAT(a, b) TB_CAT(a, b)\n"                                                         \
+    "#define TB_VN(name) TB_XCAT(name, TB_VW)\n"                                                   \
+    "typedef TB_VN(float) tb_vf;\n"                                                                \
+    "typedef TB_VN(int) tb_vi;\n"                                                                  \
+    "typedef TB_VN(uint) tb_vu;\n"                                                                 \
+    "#define TB_HAS_VEC 1\n"                                                                       \
+    "#define TB_VLD(i, p) TB_VN(vload)((i), (p))\n"                                                \
+    "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"                                       \
+    "#define TB_VBC(c) ((tb_vf)(c))\n"                                                             \
+    "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"                                             \
+    "#define TB_VCVTI(x) TB_VN(convert_int)(x)\n"                                                  \
+    "#define TB_VASF(x) TB_VN(as_float)(x)\n"                                                      \
+    "#define TB_VASI(x) TB_VN(as_int)(x)\n"                                                        \
+    "#define TB_VASU(x) TB_VN(as_uint)(x)\n"                                                       \
+    "#define TB_VASFU(x) TB_VN(as_float)(x)\n"                                                     \
+    "#define TB_VFMA(a, b, c) fma(a, b, c)\n"                                                      \
+    "#define TB_VSTORE(v, s) TB_VST((v), 0, (s))\n"                                                \
+    "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
+    "#define TB_VEXP(x) exp(x)\n"                                                                  \
+    "/* rows streamed through the caches (CPU devices): the next row fetched ahead, outputs */\n"  \
+    "/* stored past the caches, the fence that orders those stores before the kernel's end */\n"   \
+    "#if defined(__clang__)\n"                                                                     \
+    "#define TB_PREFETCH(p) __builtin_prefetch(p)\n"                                               \
+    "#define TB_PREFETCH_L2(p) __builtin_prefetch((p), 0, 1)\n"                                    \
+    "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (__global tb_vf *)(p))\n"           \
+    "#else\n"                                                                                      \
+    "#define TB_PREFETCH(p) prefetch((p), 1)\n"                                                    \
+    "#define TB_PREFETCH_L2(p) prefetch((p), 1)\n"                                                 \
+    "#define TB_VSTREAM(v, p) TB_VST((v), 0, (p))\n"                                               \
+    "#endif\n"                                                                                     \
+    "#if defined(__clang__) && defined(__SSE__)\n"                                                 \
+    "#define TB_VSTREAM_END() __builtin_ia32_sfence()\n"                                           \
+    "#else\n"                                                                                      \
+    "#define TB_VSTREAM_END()\n"                                                                   \
+    "#endif\n"                                                                                     \
+    "#define TB_BITS_F32(b) as_float(b)\n"                                                         \
+    "#define TB_F32_BITS(f) as_uint(f)\n"                                                          \
+    "/* f16 through the built-ins every OpenCL C device has (no cl_khr_fp16 needed) */\n"          \
+    "#define TB_LDH(p, i) vload_half((i), (const __global half *)(p))\n"                           \
+    "#define TB_STH(p, i, v) vstore_half_rte((v), (i), (__global half *)(p))\n"                    \
+    "#define TB_HAS_F16_CVT 1\n"                                                                   \
+    "uint tb_f2h(float x) {\n"                                                                     \
+    "    ushort h; vstore_half_rte(x, 0, (__private half *)&h); return h;\n"                       \
+    "}\n"                                                                                          \
+    "float tb_rnd_f16(float x) {\n"                                                                \
+    "    ushort h; vstore_half_rte(x, 0, (__private half *)&h);\n"                                 \
+    "    return vload_half(0, (const __private half *)&h);\n"                                      \
+    "}\n"                                                                                          \
+    "/* TB_VW lanes: f16 through the same built-ins, bf16 as the top half of an f32 */\n"          \
+    "#define TB_VLDH(p) TB_VN(vload_half)(0, (const __global half *)(p))\n"                        \
+    "#define TB_VSTH(v, p) TB_XCAT(TB_VN(vstore_half), _rte)((v), 0, (__global half *)(p))\n"      \
+    "#define TB_VRNDH(x) tb_vrnd_f16(x)\n"                                                         \
+    "tb_vf tb_vrnd_f16(tb_vf x) {\n"                                                               \
+    "    TB_VN(ushort) h; TB_XCAT(TB_VN(vstore_half), _rte)(x, 0, (__private half *)&h);\n"        \
+    "    return TB_VN(vload_half)(0, (const __private half *)&h);\n"                               \
+    "}\n"                                                                                          \
+    "#define TB_VLDBF(p) TB_VN(as_float)(TB_VN(convert_uint)(TB_VLD(0, (p))) << 16)\n"             \
+    "#define TB_VSTBF(v, p) TB_VST(TB_VN(convert_ushort)(TB_VN(as_uint)(tb_vrnd_bf16(v)) >> 16), " \
+    "0, (p))\n"                                                                                    \
+    "/* W bytes (a where's condition) as 0 or 1 in each lane */\n"                                 \
+    "#define TB_VLDB(p) \\\n"                                                                      \
+    "    TB_VN(convert_float)(TB_VN(vload)(0, (const __global uchar *)(p)) != (uchar)0) * -1.0f\n" \
+    "\n"
+    d->head[0] = f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
+                       "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+                       "#define TB_HAS_F64 1\n" TB__OCL_HEAD_REST
+                     : "/* torch_backend.h: OpenCL C 1.2 */\n" TB__OCL_HEAD_REST;
+#undef TB__OCL_HEAD_REST
+    d->global = "__global ";
+    d->local = "__local ";
+    d->barrier = "barrier(CLK_LOCAL_MEM_FENCE);";
+    d->global_id = "get_global_id(%d)";
+    d->group_id = "get_group_id(%d)";
+    d->local_id = "get_local_id(%d)";
+    d->vec_zero = "(%s)(0)";
+    d->min_long = "min";
+    d->bits_f32 = "as_float";
+    d->bits_f64 = "as_double";
+    d->err_claim = "atomic_cmpxchg((volatile __global uint *)tb_err, 0u, code) == 0u";
+    d->constant = "__constant ";
+    d->iabs = "abs";
+    d->f64 = f64;
+    d->math = tb__oclc_math;
+    d->kernel = tb__oclc_emit_kernel;
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
+/* ---- src/runtime/kit_internal.h ---- */
+/* ===========================================================================================
+   The compiled-backend kit's contract with the runtimes built on it (opencl.c, native.c): the
+   public kit (kit.h) and what the built-in runtimes use beyond it.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+/* the backend entries of a runtime (impl->user_data is the runtime); a built-in runtime sets
+   its own after (the default device and the like) */
+static void tb__kit_impl(const tb_kit_runtime *R, tb_backend_impl *impl);
 /* the device memory of a data (a host scalar gets its memory now); NULL with the error set.
    Call with dev locked. */
-static void *tb__kit_data_mem(const tb__kit_runtime *R, void *dev, tb_backend_data *data);
-/* the value of a scalar as the bytes of `dtype` */
-static void tb__kit_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]);
+static void *tb__kit_data_mem(const tb_kit_runtime *R, void *dev, tb_backend_data *data);
+
+/* A runtime just loaded with `status` (TB_OK, or why it cannot be used: `reason`): false (the
+   error set) when memory ran out, so that nothing is kept and the next use tries again; true
+   otherwise, the reason logged where the backend is unavailable. */
+static bool tb__kit_loaded(tb_status status, const char *reason);
+
+/* A program in a runtime's in-memory cache (a list, newest first), confirmed by its source: a
+   runtime's own program type starts with one. */
+typedef struct tb__kit_prog {
+    struct tb__kit_prog *next;
+    uint64_t key[2];
+    char *source;
+    size_t source_len;
+    int32_t refcount; /* computations using it, plus one while it is in the cache */
+} tb__kit_prog;
+
+/* frees a program that left the cache (ctx: the runtime's) */
+typedef void (*tb__kit_prog_free_fn)(void *ctx, tb__kit_prog *p);
+/* The program of a key and source, with a reference for the caller, or NULL; *collisions
+   (optional) counts the entries of that key with another source. */
+static tb__kit_prog *tb__kit_prog_find(tb__kit_prog *list, const uint64_t key[2], const char *src,
+                                       size_t len, int64_t *collisions);
+/* drops a reference: the last one unlinks the program and frees it */
+static void tb__kit_prog_unref(tb__kit_prog **list, tb__kit_prog *p, tb__kit_prog_free_fn free_fn,
+                               void *ctx);
+/* drops cached programs no computation uses, oldest first, until at most `keep` remain */
+static void tb__kit_progs_trim(tb__kit_prog **list, size_t keep, tb__kit_prog_free_fn free_fn,
+                               void *ctx);
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
 
 /* ---- src/runtime/kit.c ---- */
 /* ===========================================================================================
    The compiled-backend kit (kit.h): the backend entries of every runtime that runs the
    planner's kernels, written once over the runtime's table.
    =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
 
 static void tb__kit_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]) {
     /* converted as the reference backend converts (NaN and out-of-range values defined), so
@@ -28488,6 +29187,14 @@ static tb_scalar tb__kit_scalar_of(tb_dtype dtype, const unsigned char raw[8]) {
     return tb_scalar_i(dtype, raw[0]);
 }
 
+/* A buffer from the runtime, of a new generation (kept panels know their buffer by it). */
+static tb_status tb__kit_alloc(const tb_kit_runtime *R, void *dev, size_t bytes,
+                               tb_kit_buffer **out) {
+    tb_status st = R->alloc(dev, bytes, out);
+    if (st == TB_OK) (*out)->gen = tb__next_generation();
+    return st;
+}
+
 static tb_status tb__kit_failed(tb_status fallback) {
     return tb_last_status() != TB_OK ? tb_last_status() : fallback;
 }
@@ -28495,13 +29202,13 @@ static tb_status tb__kit_failed(tb_status fallback) {
 /* ---- devices and data ---- */
 
 static size_t tb__kit_get_backend_devices(void *user_data, tb_device *out, size_t cap) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
     char why[8];
     return R->devices(out, cap, why, sizeof why);
 }
 
 static tb_status tb__kit_get_device_info(void *user_data, int32_t ordinal, tb_device_info *out) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
     void *dev = R->open(ordinal, R->name, true);
     if (dev == NULL) return tb__kit_failed(TB_ERR_UNAVAILABLE);
     R->info(dev, true, out);
@@ -28510,8 +29217,8 @@ static tb_status tb__kit_get_device_info(void *user_data, int32_t ordinal, tb_de
 }
 
 static tb_status tb__kit_data_from_host(void *user_data, tb_backend_data *data, const void *host) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
-    tb__kbuf *b = NULL;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
+    tb_kit_buffer *b = NULL;
     size_t size;
     void *dev;
     tb_status st = tb_shape_nbytes(&data->shape, &size);
@@ -28519,7 +29226,7 @@ static tb_status tb__kit_data_from_host(void *user_data, tb_backend_data *data, 
     dev = R->open(data->device.ordinal, R->name, false);
     if (dev == NULL) return tb__kit_failed(TB_ERR_UNAVAILABLE);
     R->lock(dev);
-    st = R->alloc(dev, size, &b);
+    st = tb__kit_alloc(R, dev, size, &b);
     if (st == TB_OK) {
         st = R->write(dev, b, host, size);
         if (st != TB_OK) R->release(b);
@@ -28533,11 +29240,11 @@ static tb_status tb__kit_data_from_host(void *user_data, tb_backend_data *data, 
 /* The value stays on the host (kernels take scalars as arguments): a buffer without memory
    that keeps the device's runtime. Memory is made only if a kernel reads it as an array. */
 static tb_status tb__kit_data_from_scalar(void *user_data, tb_backend_data *data, tb_scalar value) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
-    tb__kbuf *b = (tb__kbuf *)tb__calloc(1, sizeof *b);
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
+    tb_kit_buffer *b = (tb_kit_buffer *)tb__calloc(1, sizeof *b);
     if (b == NULL) return TB_ERR_OUT_OF_MEMORY;
-    b->dev = R->open(data->device.ordinal, R->name, false);
-    if (b->dev == NULL) {
+    b->device = R->open(data->device.ordinal, R->name, false);
+    if (b->device == NULL) {
         tb__free(b);
         return tb__kit_failed(TB_ERR_UNAVAILABLE);
     }
@@ -28549,19 +29256,19 @@ static tb_status tb__kit_data_from_scalar(void *user_data, tb_backend_data *data
 }
 
 /* a buffer of data_from_scalar given back (its memory, then its device's reference) */
-static void tb__kit_shell_free(const tb__kit_runtime *R, tb__kbuf *b) {
+static void tb__kit_shell_free(const tb_kit_runtime *R, tb_kit_buffer *b) {
     if (b->real != NULL) {
-        R->lock(b->dev);
+        R->lock(b->device);
         R->release(b->real);
-        R->unlock(b->dev);
+        R->unlock(b->device);
     }
-    R->close(b->dev);
+    R->close(b->device);
     tb__free(b);
 }
 
 static tb_status tb__kit_data_to_host(void *user_data, const tb_backend_data *data, void *host) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
-    const tb__kbuf *b = (const tb__kbuf *)data->payload;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
+    const tb_kit_buffer *b = (const tb_kit_buffer *)data->payload;
     size_t size;
     tb_status st = tb_shape_nbytes(&data->shape, &size);
     if (st != TB_OK) return st;
@@ -28580,19 +29287,19 @@ static tb_status tb__kit_data_to_host(void *user_data, const tb_backend_data *da
                          "%s: data_to_host of %zu bytes from a buffer of %zu", R->name, size,
                          b->size);
     }
-    R->lock(b->dev);
-    if (!R->alive(b->dev)) {
+    R->lock(b->device);
+    if (!R->alive(b->device)) {
         st = tb__error(TB_ERR_STATE, "%s: the backend was shut down", R->name);
     } else {
-        st = R->read(b->dev, b, host, size);
+        st = R->read(b->device, b, host, size);
     }
-    R->unlock(b->dev);
+    R->unlock(b->device);
     return st;
 }
 
 static void tb__kit_data_release(void *user_data, tb_backend_data *data) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
-    tb__kbuf *b = (tb__kbuf *)data->payload;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
+    tb_kit_buffer *b = (tb_kit_buffer *)data->payload;
     void *dev;
     if (b == NULL) return;
     data->payload = NULL;
@@ -28600,7 +29307,7 @@ static void tb__kit_data_release(void *user_data, tb_backend_data *data) {
         tb__kit_shell_free(R, b);
         return;
     }
-    dev = b->dev;
+    dev = b->device;
     R->lock(dev);
     R->release(b);
     R->unlock(dev);
@@ -28610,23 +29317,23 @@ static void tb__kit_data_release(void *user_data, tb_backend_data *data) {
    data's buffer; write: a new one that becomes the data's), then unmapped. NULL: the library
    copies instead. */
 static void *tb__kit_data_map_host(void *user_data, tb_backend_data *data, bool write) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
-    tb__kbuf *b = (tb__kbuf *)data->payload;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
+    tb_kit_buffer *b = (tb_kit_buffer *)data->payload;
     void *dev, *p = NULL;
     size_t size;
     if (R->map == NULL || tb_shape_nbytes(&data->shape, &size) != TB_OK || size == 0) return NULL;
     if (!write) {
         if (b == NULL || b->shell) return NULL;
-        R->lock(b->dev);
-        if (R->alive(b->dev)) p = R->map(b->dev, b, size, false);
-        R->unlock(b->dev);
+        R->lock(b->device);
+        if (R->alive(b->device)) p = R->map(b->device, b, size, false);
+        R->unlock(b->device);
         return p;
     }
     dev = R->open(data->device.ordinal, R->name, false);
     if (dev == NULL) return NULL;
     R->lock(dev);
     b = NULL;
-    if (R->alloc(dev, size, &b) == TB_OK) {
+    if (tb__kit_alloc(R, dev, size, &b) == TB_OK) {
         p = R->map(dev, b, size, true);
         if (p != NULL) {
             data->payload = b;
@@ -28640,34 +29347,34 @@ static void *tb__kit_data_map_host(void *user_data, tb_backend_data *data, bool 
 }
 
 static tb_status tb__kit_data_unmap_host(void *user_data, tb_backend_data *data, void *host) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
-    tb__kbuf *b = (tb__kbuf *)data->payload;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
+    tb_kit_buffer *b = (tb_kit_buffer *)data->payload;
     tb_status st = TB_OK;
     if (R->unmap == NULL || b == NULL || b->shell) return TB_OK;
-    R->lock(b->dev);
-    if (R->alive(b->dev)) st = R->unmap(b->dev, b, host);
-    R->unlock(b->dev);
+    R->lock(b->device);
+    if (R->alive(b->device)) st = R->unmap(b->device, b, host);
+    R->unlock(b->device);
     return st;
 }
 
-static void *tb__kit_data_mem(const tb__kit_runtime *R, void *dev, tb_backend_data *data) {
-    tb__kbuf *b = (tb__kbuf *)data->payload, *mem = NULL;
+static void *tb__kit_data_mem(const tb_kit_runtime *R, void *dev, tb_backend_data *data) {
+    tb_kit_buffer *b = (tb_kit_buffer *)data->payload, *mem = NULL;
     unsigned char bytes[8];
     size_t size;
     if (b == NULL) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: an argument has no value", R->name);
         return NULL;
     }
-    if (b->dev != dev) {
+    if (b->device != dev) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: an argument lives on %s:%d, not %s:%d", R->name,
-                  R->name, (int)R->ordinal(b->dev), R->name, (int)R->ordinal(dev));
+                  R->name, (int)R->ordinal(b->device), R->name, (int)R->ordinal(dev));
         return NULL;
     }
     if (b->mem != NULL) return b->mem;
     /* a host scalar that a kernel reads as an array: its memory now */
     size = tb_dtype_size(data->shape.dtype);
     tb__kit_scalar_bytes(data->shape.dtype, data->scalar, bytes);
-    if (R->alloc(dev, size, &mem) != TB_OK) return NULL;
+    if (tb__kit_alloc(R, dev, size, &mem) != TB_OK) return NULL;
     if (R->write(dev, mem, bytes, size) != TB_OK) {
         R->release(mem);
         return NULL;
@@ -28685,21 +29392,23 @@ static void *tb__kit_data_mem(const tb__kit_runtime *R, void *dev, tb_backend_da
 /* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
    of the same generation) comes again. */
 typedef struct tb__kit_kept {
-    const tb__kbuf *src;
+    const tb_kit_buffer *src;
     uint64_t gen;
-    tb__kbuf *panels;
+    tb_kit_buffer *panels;
 } tb__kit_kept;
 
 /* A compiled graph: its plan, its source, its program and a kernel per kernel with work. */
 typedef struct tb__kit_comp {
-    const tb__kit_runtime *R;
+    const tb_kit_runtime *R;
     void *dev; /* open: a reference on the runtime */
     tb__plan *plan;
     char *source;
     size_t source_len;
     bool f64; /* the device computes f64 (else f64 scalars are passed as f32) */
     void *program;
-    tb__kkernel *kernels;
+    tb_kit_kernel *kernels; /* per kernel: what launches need */
+    void **handles;         /* per kernel with work: the runtime's */
+    size_t *aux;
     tb__kit_kept *kept;
     int32_t ran; /* atomic: it ran once */
 } tb__kit_comp;
@@ -28709,14 +29418,14 @@ typedef struct tb__kit_context {
 } tb__kit_context;
 
 static void tb__kit_comp_release(tb__kit_comp *c) {
-    const tb__kit_runtime *R;
+    const tb_kit_runtime *R;
     size_t i;
     if (c == NULL) return;
     R = c->R;
     if (c->dev != NULL) {
-        for (i = 0; c->kernels != NULL && R->kernel_release != NULL && i < c->plan->num_kernels;
+        for (i = 0; c->handles != NULL && R->kernel_release != NULL && i < c->plan->num_kernels;
              i++)
-            if (c->kernels[i].handle != NULL) R->kernel_release(c->dev, &c->kernels[i]);
+            if (c->handles[i] != NULL) R->kernel_release(c->dev, c->handles[i]);
         if (c->program != NULL || c->kept != NULL) {
             R->lock(c->dev);
             if (c->program != NULL) R->drop(c->dev, c->program);
@@ -28727,19 +29436,102 @@ static void tb__kit_comp_release(tb__kit_comp *c) {
         R->close(c->dev);
     }
     tb__free(c->kernels);
+    tb__free(c->handles);
+    tb__free(c->aux);
     tb__free(c->kept);
     tb__free(c->source);
     tb__plan_free(c->plan);
     tb__free(c);
 }
 
+/* The tuning, the planner's target and the dialect of a device's facts. */
+static void tb__kit_target(const tb_kit_facts *f, tb__tuning *tuning, tb__target *target,
+                           tb__dialect *dialect) {
+    bool c99 = f->language == TB_KIT_C99, cpu = c99 || f->type == TB_DEVICE_CPU;
+    tb__tuning_of(c99 ? TB__CLASS_HOST : (cpu ? TB__CLASS_CPU : TB__CLASS_GPU), tuning);
+    if (cpu) {
+        /* the CPU's vector shape: 64 bytes (AVX-512: 32 registers), 32 (AVX2), 16 (SSE,
+           NEON); registers unknown: 32 with 64-byte vectors, else 16 */
+        tb__host_shape shape;
+        memset(&shape, 0, sizeof shape);
+        shape.vec_bytes = f->vector_bytes >= 64 ? 64 : (f->vector_bytes >= 32 ? 32 : 16);
+        shape.vec_regs = f->vector_registers > 0 ? (int32_t)f->vector_registers
+                                                 : (shape.vec_bytes >= 64 ? 32 : 16);
+        tb__tuning_fit(tuning, &shape);
+    }
+    memset(target, 0, sizeof *target);
+    target->tuning = tuning;
+    target->compute_units = f->compute_units > 0 ? f->compute_units : 1;
+    target->max_group = c99 || f->max_group == 0 ? 1 : f->max_group;
+    target->max_allocation = f->max_allocation;
+    target->max_args = f->max_args > 0 ? f->max_args : 128;
+    target->f64 = f->f64;
+    target->acc_f64 = f->f64 && f->f64_accumulate;
+    target->cache_bytes = f->cache_bytes;
+    target->buffer_align = f->buffer_align;
+    target->arg_table = c99; /* a C99 kernel takes its arguments as one table */
+    if (c99) {
+        tb__dialect_c99(dialect, tuning->vec_width);
+    } else {
+        tb__dialect_opencl(dialect, f->f64);
+        dialect->vec_width = tuning->vec_width > 0 ? tuning->vec_width : 16;
+    }
+}
+
+/* The kernels as launches see them, the program's source as a runtime builds it. */
+static tb_status tb__kit_build(tb__kit_comp *c) {
+    const tb__plan *p = c->plan;
+    tb_kit_program prog;
+    const char **fns;
+    size_t i, n = 0, *at, *len;
+    tb_status st;
+    for (i = 0; i < p->num_kernels; i++) {
+        const tb__plan_kernel *k = &p->kernels[i];
+        tb_kit_kernel *q = &c->kernels[i];
+        int d;
+        q->name = k->name;
+        q->function = k->fn;
+        for (d = 0; d < 3; d++) {
+            q->group_size[d] = k->group_size[d];
+            q->groups[d] = k->groups[d];
+        }
+        q->items = k->items;
+        q->bytes = k->bytes;
+        q->flops = k->flops;
+    }
+    fns = (const char **)tb__calloc(p->num_kernels + 1, sizeof *fns);
+    at = (size_t *)tb__calloc(p->num_kernels + 1, sizeof *at);
+    len = (size_t *)tb__calloc(p->num_kernels + 1, sizeof *len);
+    st = fns == NULL || at == NULL || len == NULL ? TB_ERR_OUT_OF_MEMORY : TB_OK;
+    for (i = 0; st == TB_OK && i < p->num_kernels; i++) {
+        if (!tb__plan_first_of_function(p, i)) continue;
+        fns[n] = p->kernels[i].fn;
+        at[n] = p->kernels[i].text_at;
+        len[n++] = p->kernels[i].text_len;
+    }
+    memset(&prog, 0, sizeof prog);
+    prog.source = c->source;
+    prog.length = c->source_len;
+    prog.head = p->text_head;
+    prog.num_functions = n;
+    prog.functions = fns;
+    prog.function_at = at;
+    prog.function_len = len;
+    if (st == TB_OK) st = c->R->build(c->dev, &prog, &c->program);
+    tb__free(fns);
+    tb__free(at);
+    tb__free(len);
+    return st;
+}
+
 /* Plans the graph for the device and renders the plan in the runtime's dialect. */
 static tb_status tb__kit_create_lowering_context(void *user_data, const tb_graph *graph,
                                                  void **context) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
     tb__kit_comp *c;
     tb__kit_context *ctx;
     tb__pgraph G;
+    tb_kit_facts facts;
     tb__tuning tuning;
     tb__target target;
     tb__dialect dialect;
@@ -28759,9 +29551,9 @@ static tb_status tb__kit_create_lowering_context(void *user_data, const tb_graph
         tb__free(ctx);
         return tb__kit_failed(TB_ERR_UNAVAILABLE);
     }
-    memset(&target, 0, sizeof target);
-    memset(&dialect, 0, sizeof dialect);
-    R->target(c->dev, &tuning, &target, &dialect);
+    memset(&facts, 0, sizeof facts);
+    R->facts(c->dev, &facts);
+    tb__kit_target(&facts, &tuning, &target, &dialect);
     c->f64 = target.f64;
     st = tb__plan_build(graph, &target, &G, &c->plan);
     if (st == TB_OK) {
@@ -28806,7 +29598,7 @@ static void tb__kit_log_kernels(const tb__kit_comp *c) {
 /* Builds (or finds) the program, then looks up a kernel per kernel with work; the computation
    leaves the context. */
 static tb_status tb__kit_compile(void *user_data, void *context, void **computation) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
     tb__kit_context *ctx = (tb__kit_context *)context;
     tb__kit_comp *c = ctx != NULL ? ctx->comp : NULL;
     tb_status st = TB_OK;
@@ -28823,13 +29615,16 @@ static tb_status tb__kit_compile(void *user_data, void *context, void **computat
         tb_log_message(TB_LOG_DEBUG, "%s:%d: program of graph %016llx:\n%s", R->name,
                        (int)R->ordinal(c->dev), (unsigned long long)c->plan->graph_hash, c->source);
     }
-    c->kernels = (tb__kkernel *)tb__calloc(c->plan->num_kernels + 1, sizeof *c->kernels);
+    c->kernels = (tb_kit_kernel *)tb__calloc(c->plan->num_kernels + 1, sizeof *c->kernels);
+    c->handles = (void **)tb__calloc(c->plan->num_kernels + 1, sizeof *c->handles);
+    c->aux = (size_t *)tb__calloc(c->plan->num_kernels + 1, sizeof *c->aux);
     c->kept = (tb__kit_kept *)tb__calloc(c->plan->num_kernels + 1, sizeof *c->kept);
-    if (c->kernels == NULL || c->kept == NULL) return TB_ERR_OUT_OF_MEMORY;
-    st = R->build(c->dev, c->plan, c->source, c->source_len, &c->program);
+    if (c->kernels == NULL || c->handles == NULL || c->aux == NULL || c->kept == NULL)
+        return TB_ERR_OUT_OF_MEMORY;
+    st = tb__kit_build(c);
     for (i = 0; i < c->plan->num_kernels && st == TB_OK; i++)
         if (!c->plan->kernels[i].empty)
-            st = R->kernel(c->dev, c->program, &c->plan->kernels[i], &c->kernels[i]);
+            st = R->kernel(c->dev, c->program, &c->kernels[i], &c->handles[i], &c->aux[i]);
     if (st != TB_OK) return st;
     if (tb_debug_level() >= 1) tb__kit_log_kernels(c);
     ctx->comp = NULL;
@@ -28865,11 +29660,11 @@ static int32_t tb__kit_get_node_kernel(void *user_data, const void *computation,
    are results or freed after their last use), the error flag and the scalar table. */
 typedef struct tb__kit_run {
     tb__kit_comp *c;
-    const tb__kit_runtime *R;
+    const tb_kit_runtime *R;
     void *dev;
-    tb__kbuf **owned, *err_buf, *table_buf;
+    tb_kit_buffer **owned, *err_buf, *table_buf;
     void **mems;            /* per slot: what a kernel argument passes */
-    tb__karg *args;         /* a kernel's arguments */
+    tb_kit_arg *args;       /* a kernel's arguments */
     uint64_t *events;       /* per kernel at TB_DEBUG >= 2: its launch's token */
     bool *timed;            /* per kernel: events[i] holds one */
     bool consumed;          /* the kernels writing into donated buffers were reached */
@@ -28885,7 +29680,7 @@ static size_t tb__kit_scalar_arg(tb__kit_run *r, tb_dtype dtype, const tb_backen
     } else {
         /* a scalar parameter given as an array (not made by data_from_scalar) */
         unsigned char raw[8];
-        const tb__kbuf *b = (const tb__kbuf *)data->payload;
+        const tb_kit_buffer *b = (const tb_kit_buffer *)data->payload;
         memset(raw, 0, sizeof raw);
         if (b == NULL) {
             tb__error(TB_ERR_INVALID_ARGUMENT, "%s: an argument has no value", r->R->name);
@@ -28910,7 +29705,7 @@ static tb_status tb__kit_run_buffers(tb__kit_run *r, tb_backend_data *const *arg
     size_t i, j, bytes;
     unsigned char *table;
     if (plan->num_errsites > 0) {
-        st = r->R->alloc(r->dev, sizeof zeros, &r->err_buf);
+        st = tb__kit_alloc(r->R, r->dev, sizeof zeros, &r->err_buf);
         if (st == TB_OK) st = r->R->write(r->dev, r->err_buf, zeros, sizeof zeros);
     }
     if (st != TB_OK || !plan->scalar_table) return st;
@@ -28927,7 +29722,7 @@ static tb_status tb__kit_run_buffers(tb__kit_run *r, tb_backend_data *const *arg
                 st = tb__kit_failed(TB_ERR_EXECUTE);
         }
     }
-    if (st == TB_OK) st = r->R->alloc(r->dev, bytes, &r->table_buf);
+    if (st == TB_OK) st = tb__kit_alloc(r->R, r->dev, bytes, &r->table_buf);
     if (st == TB_OK) st = r->R->write(r->dev, r->table_buf, table, bytes);
     tb__free(table);
     return st;
@@ -28938,9 +29733,9 @@ static tb_status tb__kit_run_init(tb__kit_run *r, tb_backend_data *const *argume
     size_t i, most = 1;
     for (i = 0; i < plan->num_kernels; i++)
         if (plan->kernels[i].num_args + 1 > most) most = plan->kernels[i].num_args + 1;
-    r->owned = (tb__kbuf **)tb__calloc(plan->num_slots + 1, sizeof *r->owned);
+    r->owned = (tb_kit_buffer **)tb__calloc(plan->num_slots + 1, sizeof *r->owned);
     r->mems = (void **)tb__calloc(plan->num_slots + 1, sizeof *r->mems);
-    r->args = (tb__karg *)tb__calloc(most, sizeof *r->args);
+    r->args = (tb_kit_arg *)tb__calloc(most, sizeof *r->args);
     if (r->owned == NULL || r->mems == NULL || r->args == NULL) return TB_ERR_OUT_OF_MEMORY;
     if (tb_debug_level() >= 2) {
         r->events = (uint64_t *)tb__calloc(plan->num_kernels + 1, sizeof *r->events);
@@ -28957,7 +29752,7 @@ static tb_status tb__kit_run_init(tb__kit_run *r, tb_backend_data *const *argume
         /* a result computed into a donated parameter's buffer */
         if (plan->result_alias[i] >= 0)
             r->mems[plan->result_slot[i]] =
-                ((tb__kbuf *)arguments[plan->result_alias[i]]->payload)->mem;
+                ((tb_kit_buffer *)arguments[plan->result_alias[i]]->payload)->mem;
     }
     return tb__kit_run_buffers(r, arguments);
 }
@@ -28971,7 +29766,7 @@ static tb_status tb__kit_run_args(tb__kit_run *r, const tb__plan_kernel *k,
     r->args[0].mem = r->mems[k->out_slot];
     for (j = 0; j < k->num_args; j++) {
         const tb__plan_arg *a = &k->args[j];
-        tb__karg *g = &r->args[j + 1];
+        tb_kit_arg *g = &r->args[j + 1];
         g->kind = a->kind;
         if (a->kind == TB__ARG_BUF) {
             g->mem = r->mems[a->index];
@@ -28989,7 +29784,7 @@ static tb_status tb__kit_run_args(tb__kit_run *r, const tb__plan_kernel *k,
     return TB_OK;
 }
 
-static void tb__kit_count(const tb__kit_runtime *R, void *dev, const char *what, int64_t delta) {
+static void tb__kit_count(const tb_kit_runtime *R, void *dev, const char *what, int64_t delta) {
     char name[64];
     if (!R->alive(dev)) return;
     snprintf(name, sizeof name, "%s::%s", R->metric, what);
@@ -28998,10 +29793,10 @@ static void tb__kit_count(const tb__kit_runtime *R, void *dev, const char *what,
 
 /* Runs kernel i: its output allocated, its arguments gathered, its launch made. */
 static tb_status tb__kit_run_kernel(tb__kit_run *r, size_t i, tb_backend_data *const *arguments) {
-    const tb__kit_runtime *R = r->R;
+    const tb_kit_runtime *R = r->R;
     const tb__plan_kernel *k = &r->c->plan->kernels[i];
-    const tb__kbuf *src =
-        k->pack_param >= 0 ? (const tb__kbuf *)arguments[k->pack_param]->payload : NULL;
+    const tb_kit_buffer *src =
+        k->pack_param >= 0 ? (const tb_kit_buffer *)arguments[k->pack_param]->payload : NULL;
     tb__kit_kept *kp = &r->c->kept[i];
     tb_status st;
     if (src != NULL && kp->panels != NULL && kp->src == src && kp->gen == src->gen) {
@@ -29012,15 +29807,15 @@ static tb_status tb__kit_run_kernel(tb__kit_run *r, size_t i, tb_backend_data *c
     if (r->mems[k->out_slot] == NULL) {
         size_t size = 0;
         st = tb_shape_nbytes(&r->c->plan->slots[k->out_slot].shape, &size);
-        if (st == TB_OK) st = R->alloc(r->dev, size, &r->owned[k->out_slot]);
+        if (st == TB_OK) st = tb__kit_alloc(R, r->dev, size, &r->owned[k->out_slot]);
         if (st != TB_OK) return st;
         r->mems[k->out_slot] = r->owned[k->out_slot]->mem;
     }
     if (k->empty) return TB_OK; /* nothing to compute */
     st = tb__kit_run_args(r, k, arguments);
     if (st == TB_OK)
-        st = R->launch(r->dev, &r->c->kernels[i], k, r->args, k->num_args + 1,
-                       r->events != NULL ? &r->events[i] : NULL);
+        st = R->launch(r->dev, r->c->handles[i], r->c->aux[i], &r->c->kernels[i], r->args,
+                       k->num_args + 1, r->events != NULL ? &r->events[i] : NULL);
     if (st != TB_OK) return st;
     if (r->timed != NULL) r->timed[i] = true;
     r->launches++;
@@ -29057,7 +29852,8 @@ static tb_status tb__kit_run_consume(tb__kit_run *r, tb_backend_data *const *arg
     for (i = 0; i < plan->num_results; i++) {
         /* its panels, kept by pack kernels, are stale from here on */
         if (plan->result_alias[i] >= 0)
-            ((tb__kbuf *)arguments[plan->result_alias[i]]->payload)->gen = tb__next_generation();
+            ((tb_kit_buffer *)arguments[plan->result_alias[i]]->payload)->gen =
+                tb__next_generation();
     }
     return TB_OK;
 }
@@ -29069,16 +29865,16 @@ static tb_status tb__kit_copy_results(tb__kit_run *r, tb_backend_data *const *re
     for (i = 0; i < plan->num_results; i++) {
         int32_t src = plan->result_source[i];
         size_t size = 0;
-        tb__kbuf *copy = NULL, from;
+        tb_kit_buffer *copy = NULL, from;
         tb_status st;
         if (src < 0) continue;
         /* the buffer it repeats may be a donated one: its size is the slot's */
         st = tb_shape_nbytes(&plan->slots[plan->result_slot[src]].shape, &size);
-        if (st == TB_OK) st = r->R->alloc(r->dev, size, &copy);
+        if (st == TB_OK) st = tb__kit_alloc(r->R, r->dev, size, &copy);
         if (st != TB_OK) return st;
         memset(&from, 0, sizeof from);
         from.mem = r->mems[plan->result_slot[src]];
-        from.dev = r->dev;
+        from.device = r->dev;
         from.size = size;
         st = size == 0 ? TB_OK : r->R->copy(r->dev, &from, copy, size);
         if (st != TB_OK) {
@@ -29113,7 +29909,7 @@ static void tb__kit_profile(tb__kit_run *r) {
 static void tb__kit_run_finish(tb__kit_run *r, tb_status st, tb_backend_data *const *arguments,
                                tb_backend_data *const *results) {
     const tb__plan *plan = r->c->plan;
-    const tb__kit_runtime *R = r->R;
+    const tb_kit_runtime *R = r->R;
     size_t i;
     for (i = 0; i < plan->num_results && r->owned != NULL; i++) {
         int32_t d = plan->result_alias[i];
@@ -29122,14 +29918,14 @@ static void tb__kit_run_finish(tb__kit_run *r, tb_status st, tb_backend_data *co
                 results[i]->payload = arguments[d]->payload;
                 arguments[d]->payload = NULL;
             } else if (r->consumed) {
-                R->release((tb__kbuf *)arguments[d]->payload);
+                R->release((tb_kit_buffer *)arguments[d]->payload);
                 arguments[d]->payload = NULL;
             }
             continue;
         }
         if (plan->result_source[i] >= 0) {
             if (st != TB_OK && results[i]->payload != NULL) {
-                R->release((tb__kbuf *)results[i]->payload);
+                R->release((tb_kit_buffer *)results[i]->payload);
                 results[i]->payload = NULL;
             }
         } else if (st == TB_OK) {
@@ -29182,7 +29978,7 @@ static tb_status tb__kit_run_kernels(tb__kit_run *r, tb_backend_data *const *arg
 static tb_status tb__kit_execute(void *user_data, void *computation,
                                  tb_backend_data *const *arguments, size_t num_arguments,
                                  tb_backend_data *const *results, size_t num_results) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
     tb__kit_comp *c = (tb__kit_comp *)computation;
     const tb__plan *p = c != NULL ? c->plan : NULL;
     tb__kit_run r;
@@ -29221,7 +30017,7 @@ static tb_status tb__kit_execute(void *user_data, void *computation,
 /* ---- IR hooks, metrics, registration ---- */
 
 static bool tb__kit_supports_node(void *user_data, const tb_node *node) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
     if (R->supports != NULL && !R->supports(node)) return false;
     if (node->op >= TB_OP_BUILTIN_COUNT) {
         /* custom ops with a kernel expression */
@@ -29231,12 +30027,13 @@ static bool tb__kit_supports_node(void *user_data, const tb_node *node) {
     return node->op >= 0;
 }
 
-static void tb__kit_report_device(const tb__kit_runtime *R, void *dev, const tb_device_info *info,
+static void tb__kit_report_device(const tb_kit_runtime *R, void *dev, const tb_device_info *info,
                                   tb__str *s) {
-    const tb__kit_stats *k = R->stats(dev);
-    tb__str_append(s, "Device: %s:%d (%s, %s, %u compute units)\n", R->name, (int)R->ordinal(dev),
+    char more[1024];
+    const tb_kit_stats *k = R->stats(dev);
+    tb__str_append(s, "Device: %s:%d (%s, %s, %u compute unit%s)\n", R->name, (int)R->ordinal(dev),
                    info->name, tb_device_type_name(info->device.type),
-                   (unsigned)info->compute_units);
+                   (unsigned)info->compute_units, info->compute_units == 1 ? "" : "s");
 #define TB__KIT_LINE(what, value)                                                                  \
     tb__str_append(s, "  %s::%s: %llu\n", R->metric, what, (unsigned long long)(value))
     TB__KIT_LINE("BytesInUse", k->bytes_in_use);
@@ -29248,11 +30045,13 @@ static void tb__kit_report_device(const tb__kit_runtime *R, void *dev, const tb_
     TB__KIT_LINE("DiskCacheRejected", TB__ATOMIC_LOAD(&k->disk_rejected));
     TB__KIT_LINE("KernelLaunch", TB__ATOMIC_LOAD(&k->launches));
 #undef TB__KIT_LINE
-    if (R->report != NULL) R->report(dev, s);
+    more[0] = '\0';
+    if (R->report != NULL) R->report(dev, more, sizeof more);
+    tb__str_append(s, "%s", more);
 }
 
 static size_t tb__kit_metrics_report(void *user_data, char *buf, size_t cap) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
     char why[512];
     size_t i, n, count;
     tb__str s;
@@ -29287,10 +30086,10 @@ static size_t tb__kit_metrics_report(void *user_data, char *buf, size_t cap) {
 }
 
 static void tb__kit_prepare_to_exit(void *user_data) {
-    ((const tb__kit_runtime *)user_data)->exit();
+    ((const tb_kit_runtime *)user_data)->shutdown();
 }
 
-static void tb__kit_impl(const tb__kit_runtime *R, tb_backend_impl *impl) {
+static void tb__kit_impl(const tb_kit_runtime *R, tb_backend_impl *impl) {
     memset(impl, 0, sizeof *impl);
     impl->user_data = (void *)(uintptr_t)R;
     impl->prepare_to_exit = tb__kit_prepare_to_exit;
@@ -29312,6 +30111,149 @@ static void tb__kit_impl(const tb__kit_runtime *R, tb_backend_impl *impl) {
     impl->get_device_info = tb__kit_get_device_info;
     impl->create_metrics_report = tb__kit_metrics_report;
 }
+
+/* ---- what the runtimes share beneath the table ---- */
+
+static bool tb__kit_loaded(tb_status status, const char *reason) {
+    if (status == TB_ERR_OUT_OF_MEMORY) {
+        tb__error(status, "%s", reason);
+        return false;
+    }
+    if (status != TB_OK) tb_log_message(TB_LOG_INFO, "%s", reason);
+    return true;
+}
+
+/* ---- the runtimes' program caches ---- */
+
+static tb__kit_prog *tb__kit_prog_find(tb__kit_prog *list, const uint64_t key[2], const char *src,
+                                       size_t len, int64_t *collisions) {
+    tb__kit_prog *p;
+    for (p = list; p != NULL; p = p->next) {
+        if (p->key[0] != key[0] || p->key[1] != key[1]) continue;
+        if (p->source_len != len || memcmp(p->source, src, len) != 0) {
+            if (collisions != NULL) ++*collisions;
+            continue;
+        }
+        p->refcount++;
+        return p;
+    }
+    return NULL;
+}
+
+static void tb__kit_prog_unref(tb__kit_prog **list, tb__kit_prog *p, tb__kit_prog_free_fn free_fn,
+                               void *ctx) {
+    tb__kit_prog **link;
+    if (p == NULL || --p->refcount > 0) return;
+    for (link = list; *link != NULL; link = &(*link)->next) {
+        if (*link == p) {
+            *link = p->next;
+            break;
+        }
+    }
+    free_fn(ctx, p);
+}
+
+static void tb__kit_progs_trim(tb__kit_prog **list, size_t keep, tb__kit_prog_free_fn free_fn,
+                               void *ctx) {
+    size_t count = 0;
+    tb__kit_prog *p;
+    for (p = *list; p != NULL; p = p->next)
+        count++;
+    while (count > keep) {
+        tb__kit_prog *oldest = NULL;
+        for (p = *list; p != NULL; p = p->next)
+            if (p->refcount == 1) oldest = p; /* the list is newest first */
+        if (oldest == NULL) break;
+        tb__kit_prog_unref(list, oldest, free_fn, ctx);
+        count--;
+    }
+}
+
+/* ---- public: tb_kit_* ---- */
+
+/* The first required entry a table lacks, or NULL. */
+static const char *tb__kit_missing(const tb_kit_runtime *R) {
+    if (R->name == NULL || R->metric == NULL || R->build_metric == NULL) return "name";
+#define TB__KIT_NEED(entry)                                                                        \
+    if (R->entry == NULL) return #entry
+    TB__KIT_NEED(devices);
+    TB__KIT_NEED(open);
+    TB__KIT_NEED(close);
+    TB__KIT_NEED(alive);
+    TB__KIT_NEED(ordinal);
+    TB__KIT_NEED(info);
+    TB__KIT_NEED(stats);
+    TB__KIT_NEED(facts);
+    TB__KIT_NEED(lock);
+    TB__KIT_NEED(unlock);
+    TB__KIT_NEED(alloc);
+    TB__KIT_NEED(release);
+    TB__KIT_NEED(write);
+    TB__KIT_NEED(read);
+    TB__KIT_NEED(copy);
+    TB__KIT_NEED(build);
+    TB__KIT_NEED(kernel);
+    TB__KIT_NEED(drop);
+    TB__KIT_NEED(launch);
+    TB__KIT_NEED(finish);
+    TB__KIT_NEED(elapsed);
+    TB__KIT_NEED(shutdown);
+#undef TB__KIT_NEED
+    return NULL;
+}
+
+TBDEF tb_status tb_kit_register(const char *name, const tb_kit_runtime *runtime, const char *tags) {
+    tb_backend_impl impl;
+    const char *missing;
+    if (name == NULL || runtime == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_kit_register: %s is NULL",
+                         name == NULL ? "name" : "runtime");
+    }
+    missing = tb__kit_missing(runtime);
+    if (missing != NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_kit_register: backend '%s': the runtime table has no %s", name,
+                         missing);
+    }
+    tb__kit_impl(runtime, &impl);
+    return tb_backend_register(name, &impl, tags);
+}
+
+TBDEF void tb_kit_work_items(const tb_kit_kernel *k, uint64_t size[3]) {
+    if (size == NULL) return;
+    if (k == NULL) {
+        size[0] = size[1] = size[2] = 0;
+        return;
+    }
+    tb__work_items(k->group_size, k->groups, k->items, size);
+}
+
+TBDEF void tb_kit_progress(size_t done, size_t total) {
+    tb__progress_kernels(done, total);
+}
+
+#else /* !TB__HAVE_COMPILED_BACKENDS */
+
+TBDEF tb_status tb_kit_register(const char *name, const tb_kit_runtime *runtime, const char *tags) {
+    (void)name;
+    (void)runtime;
+    (void)tags;
+    return tb__error(TB_ERR_UNSUPPORTED,
+                     "tb_kit_register: built with TB_NO_OPENCL and TB_NO_NATIVE (no code "
+                     "generator)");
+}
+
+TBDEF void tb_kit_work_items(const tb_kit_kernel *k, uint64_t size[3]) {
+    (void)k;
+    if (size != NULL) size[0] = size[1] = size[2] = 0;
+}
+
+TBDEF void tb_kit_progress(size_t done, size_t total) {
+    (void)done;
+    (void)total;
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
 
 /* ---- src/runtime/opencl/opencl_internal.h ---- */
 /* ===========================================================================================
@@ -29505,23 +30447,19 @@ static bool tb__ocl_load_library(tb__cl_api *api, char *reason, size_t cap);
 struct tb__ocl_runtime;
 struct tb__ocl_device;
 
-/* A device buffer: the payload of an opencl tb_backend_data with memory (k.mem its cl_mem, k.dev
+/* A device buffer: the payload of an opencl tb_backend_data with memory (k.mem its cl_mem, k.device
    its tb__ocl_device). */
 typedef struct tb__ocl_buffer {
-    tb__kbuf k;
+    tb_kit_buffer k;
 } tb__ocl_buffer;
 
 #define TB__OCL_MEM(b) ((tb__cl_mem)(b)->k.mem)
-#define TB__OCL_DEV(b) ((tb__ocl_device *)(b)->k.dev)
+#define TB__OCL_DEV(b) ((tb__ocl_device *)(b)->k.device)
 
 /* A built program shared by every computation whose source is the same. */
 typedef struct tb__ocl_program {
-    struct tb__ocl_program *next;
-    uint64_t key[2]; /* tb__ocl_program_key */
-    char *source;    /* confirms a hit on the key */
-    size_t source_len;
+    tb__kit_prog base; /* in the device's list; base.key: tb__ocl_program_key */
     tb__cl_program program;
-    int32_t refcount; /* computations using it, plus one while it is in the cache */
     /* the disk cache folder to write the binary to after the first run: some drivers (PoCL)
        add the machine code of the kernels launched so far to the binary, so a later process
        skips that compile too; NULL when written, or when the disk cache is off */
@@ -29556,8 +30494,8 @@ typedef struct tb__ocl_device {
     size_t cache_count, cache_cap;
     uint64_t buffers_created, buffers_reused, cache_trims;
     /* programs and statistics */
-    tb__ocl_program *programs;
-    tb__kit_stats stats;
+    tb__kit_prog *programs;
+    tb_kit_stats stats;
 } tb__ocl_device;
 
 typedef struct tb__ocl_runtime {
@@ -30204,12 +31142,10 @@ static tb__ocl_runtime *tb__ocl_runtime_get(void) {
     } else {
         rt->status = TB_ERR_UNAVAILABLE;
     }
-    if (rt->status == TB_ERR_OUT_OF_MEMORY) {
-        tb__error(rt->status, "%s", rt->reason);
+    if (!tb__kit_loaded(rt->status, rt->reason)) {
         tb__ocl_runtime_destroy(rt);
         return NULL;
     }
-    if (rt->status != TB_OK) tb_log_message(TB_LOG_INFO, "%s", rt->reason);
     tb__ocl_current = rt;
     return rt;
 }
@@ -30371,7 +31307,7 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
                          (unsigned long long)dev->stats.bytes_in_use,
                          (unsigned long long)dev->info.global_memory);
     }
-    buf->k.dev = dev;
+    buf->k.device = dev;
     buf->k.mem = (void *)mem;
     buf->k.size = size;
     buf->k.cap = cap;
@@ -30571,8 +31507,8 @@ static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p) {
         size_t n = 0;
         unsigned char *bin = tb__ocl_program_binary(dev, p->program, &n);
         tb__disk_key key;
-        tb__ocl_program_disk_key(dev, p->source, p->source_len, &key);
-        tb__disk_store(&tb__ocl_disk_format, p->save_dir, &key, p->key,
+        tb__ocl_program_disk_key(dev, p->base.source, p->base.source_len, &key);
+        tb__disk_store(&tb__ocl_disk_format, p->save_dir, &key, p->base.key,
                        &dev->rt->cache_dir_reported, bin, n);
         tb__free(bin);
     }
@@ -30580,35 +31516,23 @@ static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p) {
     p->save_dir = NULL;
 }
 
-static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p) {
-    tb__ocl_program **link;
-    if (p == NULL || --p->refcount > 0) return;
-    for (link = &dev->programs; *link != NULL; link = &(*link)->next) {
-        if (*link == p) {
-            *link = p->next;
-            break;
-        }
-    }
+/* a program out of the cache: its binary saved if it was waiting for it, then released */
+static void tb__ocl_program_drop(void *ctx, tb__kit_prog *base) {
+    tb__ocl_device *dev = (tb__ocl_device *)ctx;
+    tb__ocl_program *p = (tb__ocl_program *)base;
     tb__ocl_program_save(dev, p);
     if (p->program != NULL) TB__OCL_CALL(dev->rt, ReleaseProgram)(p->program);
-    tb__free(p->source);
+    tb__free(p->base.source);
     tb__free(p);
+}
+
+static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p) {
+    if (p != NULL) tb__kit_prog_unref(&dev->programs, &p->base, tb__ocl_program_drop, dev);
 }
 
 /* Drops cached programs no computation uses, oldest first, until at most `keep` remain. */
 static void tb__ocl_programs_trim(tb__ocl_device *dev, size_t keep) {
-    size_t count = 0;
-    tb__ocl_program *p;
-    for (p = dev->programs; p != NULL; p = p->next)
-        count++;
-    while (count > keep) {
-        tb__ocl_program *oldest = NULL;
-        for (p = dev->programs; p != NULL; p = p->next)
-            if (p->refcount == 1) oldest = p; /* the list is newest first */
-        if (oldest == NULL) break;
-        tb__ocl_program_unref(dev, oldest);
-        count--;
-    }
+    tb__kit_progs_trim(&dev->programs, keep, tb__ocl_program_drop, dev);
 }
 
 /* Whether the device's driver keeps what it compiles on disk itself: PoCL with its kernel
@@ -30676,18 +31600,11 @@ static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, si
    lookup counts its hit or its key collisions. Call with the device's lock held. */
 static tb__ocl_program *tb__ocl_program_find(tb__ocl_device *dev, const uint64_t key[2],
                                              const char *src, size_t len, bool count) {
-    tb__ocl_program *p;
-    for (p = dev->programs; p != NULL; p = p->next) {
-        if (p->key[0] != key[0] || p->key[1] != key[1]) continue;
-        if (p->source_len != len || memcmp(p->source, src, len) != 0) {
-            if (count) tb__ocl_metric(dev, "OpenCL::ProgramKeyCollision", 1);
-            continue;
-        }
-        p->refcount++;
-        if (count) tb__ocl_metric(dev, "OpenCL::ProgramCacheHit", 1);
-        return p;
-    }
-    return NULL;
+    int64_t collisions = 0;
+    tb__kit_prog *p = tb__kit_prog_find(dev->programs, key, src, len, &collisions);
+    if (count && collisions > 0) tb__ocl_metric(dev, "OpenCL::ProgramKeyCollision", collisions);
+    if (count && p != NULL) tb__ocl_metric(dev, "OpenCL::ProgramCacheHit", 1);
+    return (tb__ocl_program *)p;
 }
 
 /* Builds a program from source; NULL with the error set (the build log in the message). */
@@ -30754,18 +31671,18 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
         tb__free(source);
         return st;
     }
-    p->key[0] = key[0];
-    p->key[1] = key[1];
-    p->source = source;
-    p->source_len = len;
+    p->base.key[0] = key[0];
+    p->base.key[1] = key[1];
+    p->base.source = source;
+    p->base.source_len = len;
     p->program = prog;
     p->save_dir = save_dir; /* written after the first run (tb__ocl_program_save) */
-    p->refcount = 2;        /* the cache and the caller */
+    p->base.refcount = 2;   /* the cache and the caller */
     tb__ocl_device_lock(dev);
     *out = tb__ocl_program_find(dev, key, src, len, false);
     if (*out == NULL) {
-        p->next = dev->programs;
-        dev->programs = p;
+        p->base.next = dev->programs;
+        dev->programs = &p->base;
         tb__ocl_programs_trim(dev, TB__OCL_MAX_PROGRAMS);
         *out = p;
         p = NULL;
@@ -30774,7 +31691,7 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
     if (p != NULL) { /* built meanwhile by another thread: theirs is kept */
         TB__OCL_CALL(dev->rt, ReleaseProgram)(p->program);
         tb__free(p->save_dir);
-        tb__free(p->source);
+        tb__free(p->base.source);
         tb__free(p);
     }
     return TB_OK;
@@ -30934,7 +31851,7 @@ static void tb__ocl_info(void *dev, bool full, tb_device_info *out) {
     *out = ((tb__ocl_device *)dev)->info; /* set once, when the runtime loaded */
 }
 
-static tb__kit_stats *tb__ocl_stats(void *dev) {
+static tb_kit_stats *tb__ocl_stats(void *dev) {
     return &((tb__ocl_device *)dev)->stats;
 }
 
@@ -30948,35 +31865,38 @@ static void tb__ocl_unlock(void *dev) {
     tb__ocl_device_release((tb__ocl_device *)dev);
 }
 
-static void tb__ocl_report(void *dev, tb__str *s) {
+static void tb__ocl_report(void *dev, char *buf, size_t cap) {
     tb__ocl_device *d = (tb__ocl_device *)dev;
-    tb__str_append(s, "  OpenCL::BufferCreate: %llu\n", (unsigned long long)d->buffers_created);
-    tb__str_append(s, "  OpenCL::BufferReuse: %llu\n", (unsigned long long)d->buffers_reused);
-    tb__str_append(s, "  OpenCL::CacheTrim: %llu\n", (unsigned long long)d->cache_trims);
+    snprintf(buf, cap,
+             "  OpenCL::BufferCreate: %llu\n  OpenCL::BufferReuse: %llu\n  OpenCL::CacheTrim: "
+             "%llu\n",
+             (unsigned long long)d->buffers_created, (unsigned long long)d->buffers_reused,
+             (unsigned long long)d->cache_trims);
 }
 
 /* ---- memory ---- */
 
-static tb_status tb__ocl_alloc(void *dev, size_t bytes, tb__kbuf **out) {
+static tb_status tb__ocl_alloc(void *dev, size_t bytes, tb_kit_buffer **out) {
     tb__ocl_buffer *b = NULL;
     tb_status st = tb__ocl_buffer_alloc((tb__ocl_device *)dev, bytes, &b);
     *out = b != NULL ? &b->k : NULL;
     return st;
 }
 
-static void tb__ocl_release(tb__kbuf *b) {
+static void tb__ocl_release(tb_kit_buffer *b) {
     tb__ocl_buffer_free((tb__ocl_buffer *)b);
 }
 
-static tb_status tb__ocl_write_entry(void *dev, tb__kbuf *b, const void *host, size_t bytes) {
+static tb_status tb__ocl_write_entry(void *dev, tb_kit_buffer *b, const void *host, size_t bytes) {
     return tb__ocl_write((tb__ocl_device *)dev, (tb__ocl_buffer *)b, host, bytes);
 }
 
-static tb_status tb__ocl_read_entry(void *dev, const tb__kbuf *b, void *host, size_t bytes) {
+static tb_status tb__ocl_read_entry(void *dev, const tb_kit_buffer *b, void *host, size_t bytes) {
     return tb__ocl_read((tb__ocl_device *)dev, (const tb__ocl_buffer *)b, host, bytes);
 }
 
-static tb_status tb__ocl_copy(void *dev, const tb__kbuf *from, tb__kbuf *to, size_t bytes) {
+static tb_status tb__ocl_copy(void *dev, const tb_kit_buffer *from, tb_kit_buffer *to,
+                              size_t bytes) {
     tb__ocl_device *d = (tb__ocl_device *)dev;
     tb__cl_int err = TB__OCL_CALL(d->rt, EnqueueCopyBuffer)(
         d->queue, (tb__cl_mem)from->mem, (tb__cl_mem)to->mem, 0, 0, bytes, 0, NULL, NULL);
@@ -30988,7 +31908,7 @@ static tb_status tb__ocl_copy(void *dev, const tb__kbuf *from, tb__kbuf *to, siz
 /* On a device that shares the host's memory, the buffer mapped into the host's address space
    (no copy where the buffer is host memory, as PoCL's are). Elsewhere NULL: the library
    copies. */
-static void *tb__ocl_map(void *dev, tb__kbuf *b, size_t bytes, bool write) {
+static void *tb__ocl_map(void *dev, tb_kit_buffer *b, size_t bytes, bool write) {
     tb__ocl_device *d = (tb__ocl_device *)dev;
     tb__cl_int err = TB__CL_SUCCESS;
     void *p;
@@ -30999,7 +31919,7 @@ static void *tb__ocl_map(void *dev, tb__kbuf *b, size_t bytes, bool write) {
     return err == TB__CL_SUCCESS ? p : NULL;
 }
 
-static tb_status tb__ocl_unmap(void *dev, tb__kbuf *b, void *host) {
+static tb_status tb__ocl_unmap(void *dev, tb_kit_buffer *b, void *host) {
     tb__ocl_device *d = (tb__ocl_device *)dev;
     tb__cl_int err = TB__OCL_CALL(d->rt, EnqueueUnmapMemObject)(d->queue, (tb__cl_mem)b->mem, host,
                                                                 0, NULL, NULL);
@@ -31008,192 +31928,38 @@ static tb_status tb__ocl_unmap(void *dev, tb__kbuf *b, void *host) {
                      (int)d->ordinal, tb__cl_error_name(err), (int)err);
 }
 
-/* ---- the OpenCL C dialect of the code generator ---- */
-
-static const char *tb__ocl_math(const char *fn, tb_dtype dtype) {
-    /* OpenCL C's math functions are overloaded (the built-in exp: on PoCL faster than the
-       prelude's tb_exp_f32, which the native dialect takes) */
-    (void)dtype;
-    return fn;
-}
-
-/* `__kernel void NAME(__global T *restrict out, ...)`, with the work-group size the plan fixed. */
-static void tb__ocl_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
-                                size_t num_params, const char *body) {
-    const tb__cg_param *table = NULL;
-    size_t i;
-    tb__str_append(src, "__kernel ");
-    if (k->group_size[0] > 0) {
-        tb__str_append(src, "__attribute__((reqd_work_group_size(%zu, %zu, %zu))) ",
-                       k->group_size[0], k->group_size[1] > 0 ? k->group_size[1] : 1,
-                       k->group_size[2] > 0 ? k->group_size[2] : 1);
-    }
-    tb__str_append(src, "void %s(", k->name);
-    for (i = 0; i < num_params; i++) {
-        const tb__cg_param *q = &params[i];
-        const char *sep = i == 0 ? "" : ",\n    ";
-        if (q->role == TB__ARG_SCALAR) {
-            tb__str_append(src, "%sconst %s %s", sep, q->type, q->name);
-        } else if (q->role == -1 || q->role == TB__ARG_ERR) {
-            tb__str_append(src, "%s__global %s *restrict %s", sep, q->type, q->name);
-        } else if (q->role == TB__ARG_TABLE) {
-            /* the whole table and where the kernel's run of it starts */
-            tb__str_append(src, "%s__global const %s *restrict %s_all,\n    const long %s_at", sep,
-                           q->type, q->name, q->name);
-            table = q;
-        } else {
-            tb__str_append(src, "%s__global const %s *restrict %s", sep, q->type, q->name);
-        }
-    }
-    tb__str_append(src, ") {\n");
-    if (table != NULL)
-        tb__str_append(src, "    __global const %s *restrict %s = %s_all + %s_at;\n", table->type,
-                       table->name, table->name, table->name);
-    tb__str_append(src, "%s}\n\n", body);
-}
-
-/* The dialect for a device (with or without double precision). */
-static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
-    memset(d, 0, sizeof *d);
-    d->name = "OpenCL C";
-    /* the lines after the fp64 switch are the same with or without it */
-#define TB__OCL_HEAD_REST                                                                          \
-    "/* a * b + c stays two roundings, as in the reference */\n"                                   \
-    "#pragma OPENCL FP_CONTRACT OFF\n"                                                             \
-    "#define TB_FN\n"                                                                              \
-    "#define TB_MAXS(a, b) ((a) > (b) ? (a) : (b))\n"                                              \
-    "#define TB_MINS(a, b) ((a) < (b) ? (a) : (b))\n"                                              \
-    "/* the row vectors: TB_VW lanes (the program's first line), built-in names by pasting */\n"   \
-    "#define TB_CAT(a, b) a##b\n"                                                                  \
-    "#define TB_XCAT(a, b) TB_CAT(a, b)\n"                                                         \
-    "#define TB_VN(name) TB_XCAT(name, TB_VW)\n"                                                   \
-    "typedef TB_VN(float) tb_vf;\n"                                                                \
-    "typedef TB_VN(int) tb_vi;\n"                                                                  \
-    "typedef TB_VN(uint) tb_vu;\n"                                                                 \
-    "#define TB_HAS_VEC 1\n"                                                                       \
-    "#define TB_VLD(i, p) TB_VN(vload)((i), (p))\n"                                                \
-    "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"                                       \
-    "#define TB_VBC(c) ((tb_vf)(c))\n"                                                             \
-    "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"                                             \
-    "#define TB_VCVTI(x) TB_VN(convert_int)(x)\n"                                                  \
-    "#define TB_VASF(x) TB_VN(as_float)(x)\n"                                                      \
-    "#define TB_VASI(x) TB_VN(as_int)(x)\n"                                                        \
-    "#define TB_VASU(x) TB_VN(as_uint)(x)\n"                                                       \
-    "#define TB_VASFU(x) TB_VN(as_float)(x)\n"                                                     \
-    "#define TB_VFMA(a, b, c) fma(a, b, c)\n"                                                      \
-    "#define TB_VSTORE(v, s) TB_VST((v), 0, (s))\n"                                                \
-    "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
-    "#define TB_VEXP(x) exp(x)\n"                                                                  \
-    "/* rows streamed through the caches (CPU devices): the next row fetched ahead, outputs */\n"  \
-    "/* stored past the caches, the fence that orders those stores before the kernel's end */\n"   \
-    "#if defined(__clang__)\n"                                                                     \
-    "#define TB_PREFETCH(p) __builtin_prefetch(p)\n"                                               \
-    "#define TB_PREFETCH_L2(p) __builtin_prefetch((p), 0, 1)\n"                                    \
-    "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (__global tb_vf *)(p))\n"           \
-    "#else\n"                                                                                      \
-    "#define TB_PREFETCH(p) prefetch((p), 1)\n"                                                    \
-    "#define TB_PREFETCH_L2(p) prefetch((p), 1)\n"                                                 \
-    "#define TB_VSTREAM(v, p) TB_VST((v), 0, (p))\n"                                               \
-    "#endif\n"                                                                                     \
-    "#if defined(__clang__) && defined(__SSE__)\n"                                                 \
-    "#define TB_VSTREAM_END() __builtin_ia32_sfence()\n"                                           \
-    "#else\n"                                                                                      \
-    "#define TB_VSTREAM_END()\n"                                                                   \
-    "#endif\n"                                                                                     \
-    "#define TB_BITS_F32(b) as_float(b)\n"                                                         \
-    "#define TB_F32_BITS(f) as_uint(f)\n"                                                          \
-    "/* f16 through the built-ins every OpenCL C device has (no cl_khr_fp16 needed) */\n"          \
-    "#define TB_LDH(p, i) vload_half((i), (const __global half *)(p))\n"                           \
-    "#define TB_STH(p, i, v) vstore_half_rte((v), (i), (__global half *)(p))\n"                    \
-    "#define TB_HAS_F16_CVT 1\n"                                                                   \
-    "uint tb_f2h(float x) {\n"                                                                     \
-    "    ushort h; vstore_half_rte(x, 0, (__private half *)&h); return h;\n"                       \
-    "}\n"                                                                                          \
-    "float tb_rnd_f16(float x) {\n"                                                                \
-    "    ushort h; vstore_half_rte(x, 0, (__private half *)&h);\n"                                 \
-    "    return vload_half(0, (const __private half *)&h);\n"                                      \
-    "}\n"                                                                                          \
-    "/* TB_VW lanes: f16 through the same built-ins, bf16 as the top half of an f32 */\n"          \
-    "#define TB_VLDH(p) TB_VN(vload_half)(0, (const __global half *)(p))\n"                        \
-    "#define TB_VSTH(v, p) TB_XCAT(TB_VN(vstore_half), _rte)((v), 0, (__global half *)(p))\n"      \
-    "#define TB_VRNDH(x) tb_vrnd_f16(x)\n"                                                         \
-    "tb_vf tb_vrnd_f16(tb_vf x) {\n"                                                               \
-    "    TB_VN(ushort) h; TB_XCAT(TB_VN(vstore_half), _rte)(x, 0, (__private half *)&h);\n"        \
-    "    return TB_VN(vload_half)(0, (const __private half *)&h);\n"                               \
-    "}\n"                                                                                          \
-    "#define TB_VLDBF(p) TB_VN(as_float)(TB_VN(convert_uint)(TB_VLD(0, (p))) << 16)\n"             \
-    "#define TB_VSTBF(v, p) TB_VST(TB_VN(convert_ushort)(TB_VN(as_uint)(tb_vrnd_bf16(v)) >> 16), " \
-    "0, (p))\n"                                                                                    \
-    "/* W bytes (a where's condition) as 0 or 1 in each lane */\n"                                 \
-    "#define TB_VLDB(p) \\\n"                                                                      \
-    "    TB_VN(convert_float)(TB_VN(vload)(0, (const __global uchar *)(p)) != (uchar)0) * -1.0f\n" \
-    "\n"
-    d->head[0] = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
-                                          "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
-                                          "#define TB_HAS_F64 1\n" TB__OCL_HEAD_REST
-                                        : "/* torch_backend.h: OpenCL C 1.2 */\n" TB__OCL_HEAD_REST;
-#undef TB__OCL_HEAD_REST
-    d->global = "__global ";
-    d->local = "__local ";
-    d->barrier = "barrier(CLK_LOCAL_MEM_FENCE);";
-    d->global_id = "get_global_id(%d)";
-    d->group_id = "get_group_id(%d)";
-    d->local_id = "get_local_id(%d)";
-    d->vec_zero = "(%s)(0)";
-    d->min_long = "min";
-    d->bits_f32 = "as_float";
-    d->bits_f64 = "as_double";
-    d->err_claim = "atomic_cmpxchg((volatile __global uint *)tb_err, 0u, code) == 0u";
-    d->constant = "__constant ";
-    d->iabs = "abs";
-    d->f64 = dev->info.supports_f64;
-    d->math = tb__ocl_math;
-    d->kernel = tb__ocl_emit_kernel;
-}
-
 /* Code generation as for a GPU whatever the device (a test hook: the GPU variants of matmul
    and of the reductions then run on a CPU device too). */
 /* Code generation as for a GPU whatever the device (a test hook: the GPU variants of matmul
    and of the reductions then run on a CPU device too). */
 static int tb__ocl_codegen_as_gpu = 0;
 
-/* What the planner and the code generator need to know of a device. */
-static void tb__ocl_target(void *device, tb__tuning *tuning, tb__target *target,
-                           tb__dialect *dialect) {
+/* What code generation needs to know of a device. */
+static void tb__ocl_facts(void *device, tb_kit_facts *f) {
     const tb__ocl_device *dev = (const tb__ocl_device *)device;
-    bool cpu = dev->info.device.type == TB_DEVICE_CPU && !tb__ocl_codegen_as_gpu;
-    tb__tuning_of(cpu ? TB__CLASS_CPU : TB__CLASS_GPU, tuning);
-    if (cpu) {
-        /* the vector shape of the CPU from the driver's native float width: 16 lanes (AVX-512,
-           32 registers), 8 (AVX2, 16 registers), 4 (SSE, NEON: 16 registers assumed) */
-        tb__host_shape shape;
-        memset(&shape, 0, sizeof shape);
-        shape.vec_bytes = dev->float_lanes >= 16 ? 64 : (dev->float_lanes >= 8 ? 32 : 16);
-        shape.vec_regs = shape.vec_bytes >= 64 ? 32 : 16;
-        tb__tuning_fit(tuning, &shape);
-    }
-    target->tuning = tuning;
-    target->compute_units = dev->info.compute_units;
-    target->max_group = dev->info.max_work_group_size;
-    target->max_allocation = dev->info.max_allocation;
-    target->max_args = dev->max_parameter_size / 8; /* pointers and the widest scalars */
-    target->buffer_align = dev->base_align_bits / 8;
-    target->f64 = dev->info.supports_f64;
-    target->acc_f64 = dev->info.supports_f64 && dev->info.device.type == TB_DEVICE_CPU;
-    tb__ocl_dialect(dev, dialect);
-    dialect->vec_width = tuning->vec_width > 0 ? tuning->vec_width : 16;
+    bool cpu = dev->info.device.type == TB_DEVICE_CPU;
+    f->language = TB_KIT_OPENCL_C;
+    f->type = cpu && !tb__ocl_codegen_as_gpu ? TB_DEVICE_CPU : TB_DEVICE_GPU;
+    /* a CPU's vectors from the driver's native float width: 16 lanes (AVX-512), 8 (AVX2), 4 */
+    f->vector_bytes = dev->float_lanes >= 16 ? 64 : (dev->float_lanes >= 8 ? 32 : 16);
+    f->compute_units = dev->info.compute_units;
+    f->max_group = (uint32_t)dev->info.max_work_group_size;
+    f->max_allocation = dev->info.max_allocation;
+    f->max_args = (uint32_t)(dev->max_parameter_size / 8); /* pointers, the widest scalars */
+    f->buffer_align = dev->base_align_bits / 8;
+    f->f64 = dev->info.supports_f64;
+    f->f64_accumulate = cpu;
 }
 
 /* ---- programs and kernels ---- */
 
 /* The built program of a plan's source (progress: the driver compiles the kernels at their
    first launch, which the kit reports). */
-static tb_status tb__ocl_build(void *dev, const tb__plan *plan, const char *src, size_t len,
-                               void **program) {
+static tb_status tb__ocl_build(void *dev, const tb_kit_program *src, void **program) {
     tb__ocl_program *p = NULL;
     tb_status st;
-    tb__progress_kernels(0, tb__plan_functions(plan));
-    st = tb__ocl_get_program((tb__ocl_device *)dev, src, len, &p);
+    tb_kit_progress(0, src->num_functions);
+    st = tb__ocl_get_program((tb__ocl_device *)dev, src->source, src->length, &p);
     *program = p;
     return st;
 }
@@ -31237,29 +32003,29 @@ static size_t tb__ocl_pick_local(tb__ocl_device *dev, tb__cl_kernel kern, uint64
 }
 
 /* The kernel object of a kernel, with the work-group size of one launched over items. */
-static tb_status tb__ocl_kernel(void *device, void *program, const tb__plan_kernel *k,
-                                tb__kkernel *out) {
+static tb_status tb__ocl_kernel(void *device, void *program, const tb_kit_kernel *k, void **handle,
+                                size_t *aux) {
     tb__ocl_device *dev = (tb__ocl_device *)device;
     tb__cl_int err = TB__CL_SUCCESS;
-    tb__cl_kernel kern =
-        TB__OCL_CALL(dev->rt, CreateKernel)(((tb__ocl_program *)program)->program, k->fn, &err);
+    tb__cl_kernel kern = TB__OCL_CALL(dev->rt, CreateKernel)(((tb__ocl_program *)program)->program,
+                                                             k->function, &err);
     if (kern == NULL || err != TB__CL_SUCCESS) {
         return tb__error(TB_ERR_COMPILE, "opencl:%d: clCreateKernel(%s) failed: %s (%d)",
-                         (int)dev->ordinal, k->fn, tb__cl_error_name(err), (int)err);
+                         (int)dev->ordinal, k->function, tb__cl_error_name(err), (int)err);
     }
-    out->handle = (void *)kern;
-    if (k->group_size[0] == 0) out->aux = tb__ocl_pick_local(dev, kern, k->items);
+    *handle = (void *)kern;
+    *aux = k->group_size[0] == 0 ? tb__ocl_pick_local(dev, kern, k->items) : 0;
     return TB_OK;
 }
 
-static void tb__ocl_kernel_release(void *dev, tb__kkernel *kern) {
-    TB__OCL_CALL(((tb__ocl_device *)dev)->rt, ReleaseKernel)((tb__cl_kernel)kern->handle);
+static void tb__ocl_kernel_release(void *dev, void *handle) {
+    TB__OCL_CALL(((tb__ocl_device *)dev)->rt, ReleaseKernel)((tb__cl_kernel)handle);
 }
 
 /* ---- launches ---- */
 
-static tb__cl_int tb__ocl_enqueue(tb__ocl_device *dev, const tb__kkernel *kern,
-                                  const tb__plan_kernel *k, tb__cl_event *event) {
+static tb__cl_int tb__ocl_enqueue(tb__ocl_device *dev, void *handle, size_t local,
+                                  const tb_kit_kernel *k, tb__cl_event *event) {
     size_t gws[3], lws[3];
     tb__cl_uint dims;
     if (k->group_size[0] > 0) {
@@ -31270,22 +32036,22 @@ static tb__cl_int tb__ocl_enqueue(tb__ocl_device *dev, const tb__kkernel *kern,
         }
         dims = 3;
     } else {
-        lws[0] = kern->aux;
+        lws[0] = local;
         gws[0] = (size_t)((k->items + lws[0] - 1) / lws[0] * lws[0]);
         dims = 1;
     }
-    return TB__OCL_CALL(dev->rt, EnqueueNDRangeKernel)(dev->queue, (tb__cl_kernel)kern->handle,
-                                                       dims, NULL, gws, lws, 0, NULL, event);
+    return TB__OCL_CALL(dev->rt, EnqueueNDRangeKernel)(dev->queue, (tb__cl_kernel)handle, dims,
+                                                       NULL, gws, lws, 0, NULL, event);
 }
 
 /* Sets the arguments in order (a table is its buffer and the kernel's first entry). */
-static tb__cl_int tb__ocl_set_args(tb__ocl_device *dev, tb__cl_kernel kern, const tb__karg *args,
+static tb__cl_int tb__ocl_set_args(tb__ocl_device *dev, tb__cl_kernel kern, const tb_kit_arg *args,
                                    size_t num_args) {
     tb__cl_int err = TB__CL_SUCCESS;
     tb__cl_uint at = 0;
     size_t j;
     for (j = 0; j < num_args && err == TB__CL_SUCCESS; j++) {
-        const tb__karg *a = &args[j];
+        const tb_kit_arg *a = &args[j];
         if (a->kind == TB__ARG_SCALAR) {
             err = TB__OCL_CALL(dev->rt, SetKernelArg)(kern, at++, a->size, a->value);
             continue;
@@ -31299,22 +32065,22 @@ static tb__cl_int tb__ocl_set_args(tb__ocl_device *dev, tb__cl_kernel kern, cons
 
 /* A launch enqueued (once more after emptying the buffer cache when the device is out of
    memory). */
-static tb_status tb__ocl_launch(void *device, const tb__kkernel *kern, const tb__plan_kernel *k,
-                                const tb__karg *args, size_t num_args, uint64_t *event) {
+static tb_status tb__ocl_launch(void *device, void *handle, size_t aux, const tb_kit_kernel *k,
+                                const tb_kit_arg *args, size_t num_args, uint64_t *event) {
     tb__ocl_device *dev = (tb__ocl_device *)device;
     tb__cl_event ev = NULL;
-    tb__cl_int err = tb__ocl_set_args(dev, (tb__cl_kernel)kern->handle, args, num_args);
+    tb__cl_int err = tb__ocl_set_args(dev, (tb__cl_kernel)handle, args, num_args);
     if (err != TB__CL_SUCCESS) {
         return tb__error(TB_ERR_EXECUTE, "opencl:%d: kernel %s: clSetKernelArg: %s (%d)",
                          (int)dev->ordinal, k->name, tb__cl_error_name(err), (int)err);
     }
-    err = tb__ocl_enqueue(dev, kern, k, event != NULL ? &ev : NULL);
+    err = tb__ocl_enqueue(dev, handle, aux, k, event != NULL ? &ev : NULL);
     if (tb__cl_is_oom(err) && dev->cache_count > 0) {
         /* memory the cache holds may be what the launch is missing */
         dev->cache_trims++;
         tb__ocl_metric(dev, "OpenCL::CacheTrim", 1);
         tb__ocl_cache_trim(dev, 0);
-        err = tb__ocl_enqueue(dev, kern, k, event != NULL ? &ev : NULL);
+        err = tb__ocl_enqueue(dev, handle, aux, k, event != NULL ? &ev : NULL);
     }
     if (err != TB__CL_SUCCESS) {
         return tb__error(tb__cl_is_oom(err) ? TB_ERR_OUT_OF_MEMORY : TB_ERR_EXECUTE,
@@ -31386,7 +32152,7 @@ static bool tb__ocl_supports(const tb_node *node) {
     return true;
 }
 
-static void tb__ocl_exit(void) {
+static void tb__ocl_shutdown(void) {
     tb__ocl_runtime *rt;
     size_t i;
     tb__mutex_lock(&tb__ocl_mutex);
@@ -31405,7 +32171,7 @@ static void tb__ocl_exit(void) {
     tb__mutex_unlock(&tb__ocl_mutex);
 }
 
-static const tb__kit_runtime tb__ocl_runtime_table = {
+static const tb_kit_runtime tb__ocl_runtime_table = {
     "opencl",
     "OpenCL",
     "ProgramBuild",
@@ -31417,7 +32183,7 @@ static const tb__kit_runtime tb__ocl_runtime_table = {
     tb__ocl_ordinal,
     tb__ocl_info,
     tb__ocl_stats,
-    tb__ocl_target,
+    tb__ocl_facts,
     tb__ocl_lock,
     tb__ocl_unlock,
     tb__ocl_alloc,
@@ -31438,7 +32204,7 @@ static const tb__kit_runtime tb__ocl_runtime_table = {
     tb__ocl_flush,
     tb__ocl_report,
     tb__ocl_supports,
-    tb__ocl_exit,
+    tb__ocl_shutdown,
 };
 
 static tb_status tb__opencl_register(void) {
@@ -31603,432 +32369,6 @@ TBDEF tb_status tb_opencl_trim_cache(const tb_device *device) {
 
 #endif /* TB_NO_OPENCL */
 
-/* ---- src/runtime/native/native_dialect.c ---- */
-/* ===========================================================================================
-   The C99 dialect of the code generator, for the native backend (native.c): the head every
-   program starts with (GNU vector extensions for the vector types, the CPU's own instructions
-   where the compiler targets them), the math names, and a kernel's two functions (the body of
-   one work item, and the entry that runs a range of work items on one thread).
-   =========================================================================================== */
-
-#if defined(TB__HAVE_NATIVE)
-
-/* ---- the C99 dialect of the code generator ---- */
-
-static const char tb__native_head[] =
-    "/* torch_backend.h: C99 (GNU vector extensions) for the native backend */\n"
-    "#include <stdint.h>\n"
-    "#include <string.h>\n"
-    "#include <limits.h>\n"
-    "#include <tgmath.h>\n"
-    "typedef unsigned char uchar;\n"
-    "typedef uint32_t uint;\n"
-    "typedef uint64_t ulong;\n"
-    "#define TB_FN static inline\n"
-    "#define TB_EXPORT __attribute__((visibility(\"default\"))) /* whatever the flags say */\n"
-    "#define TB_HAS_F64 1\n"
-    "static inline long tb_min_l(long a, long b) { return a < b ? a : b; }\n"
-    "static inline float tb_as_f32(uint b) { float f; memcpy(&f, &b, sizeof f); return f; }\n"
-    "static inline uint tb_as_u32(float f) { uint b; memcpy(&b, &f, sizeof b); return b; }\n"
-    "typedef unsigned short ushort;\n"
-    "#define TB_BITS_F32(b) tb_as_f32(b)\n"
-    "#define TB_F32_BITS(f) tb_as_u32(f)\n"
-    "#define TB_LDH(p, i) tb_h2f((p)[i])\n"
-    "#define TB_STH(p, i, v) ((p)[i] = (ushort)tb_f2h(v))\n"
-    "#if defined(__FLT16_MAX__) /* the compiler's _Float16: F16C instructions where the CPU has "
-    "them */\n"
-    "#define TB_HAS_F16_CVT 1\n"
-    "static inline uint tb_f2h(float x) {\n"
-    "    _Float16 f = (_Float16)x; ushort b; memcpy(&b, &f, sizeof b); return b;\n"
-    "}\n"
-    "static inline float tb_rnd_f16(float x) { return (float)(_Float16)x; }\n"
-    "#endif\n"
-    "static inline double tb_as_f64(ulong b) { double f; memcpy(&f, &b, sizeof f); return f; }\n"
-    /* OpenCL's vector names: N lanes of a type, vloadN and vstoreN (overloaded on the
-       pointer's type, as OpenCL's are) */
-    "#define TB_VTYPES(T, N) typedef T T##N __attribute__((vector_size(N * sizeof(T))));\n"
-    "#define TB_VMOVES(T, N)                                                          \\\n"
-    "    static inline T##N tb_vload_##T##N(long i, const T *p) {                    \\\n"
-    "        T##N v; memcpy(&v, p + i * N, sizeof v); return v;                      \\\n"
-    "    }                                                                            \\\n"
-    "    static inline void tb_vstore_##T##N(T##N v, long i, T *p) {                 \\\n"
-    "        memcpy(p + i * N, &v, sizeof v);                                         \\\n"
-    "    }\n"
-    "#define TB_VMOVE2(N)                                                                   \\\n"
-    "    TB_VTYPES(float, N) TB_VTYPES(double, N) TB_VMOVES(float, N) TB_VMOVES(double, N)\n"
-    "TB_VMOVE2(2) TB_VMOVE2(4) TB_VMOVE2(8) TB_VMOVE2(16)\n"
-    "#define TB_VLOADN(N, i, p) \\\n"
-    "    _Generic(*(p), float: tb_vload_float##N, double: tb_vload_double##N)((i), (p))\n"
-    "#define TB_VSTOREN(N, v, i, p) \\\n"
-    "    _Generic(*(p), float: tb_vstore_float##N, double: tb_vstore_double##N)((v), (i), (p))\n"
-    "#define vload2(i, p) TB_VLOADN(2, i, p)\n"
-    "#define vload4(i, p) TB_VLOADN(4, i, p)\n"
-    "#define vload8(i, p) TB_VLOADN(8, i, p)\n"
-    "#define vload16(i, p) TB_VLOADN(16, i, p)\n"
-    "#define vstore2(v, i, p) TB_VSTOREN(2, v, i, p)\n"
-    "#define vstore4(v, i, p) TB_VSTOREN(4, v, i, p)\n"
-    "#define vstore8(v, i, p) TB_VSTOREN(8, v, i, p)\n"
-    "#define vstore16(v, i, p) TB_VSTOREN(16, v, i, p)\n"
-    "TB_VTYPES(int, 4) TB_VTYPES(int, 8) TB_VTYPES(int, 16)\n"
-    "TB_VTYPES(uint, 4) TB_VTYPES(uint, 8) TB_VTYPES(uint, 16)\n"
-    "TB_VTYPES(ushort, 4) TB_VTYPES(ushort, 8) TB_VTYPES(ushort, 16)\n"
-    /* the row vectors: TB_VW lanes (the program's first line), the width of the registers */
-    "#define TB_CAT(a, b) a##b\n"
-    "#define TB_XCAT(a, b) TB_CAT(a, b)\n"
-    "#define TB_VN(name) TB_XCAT(name, TB_VW)\n"
-    "typedef TB_VN(float) tb_vf;\n"
-    "typedef TB_VN(int) tb_vi;\n"
-    "typedef TB_VN(uint) tb_vu;\n"
-    "typedef TB_VN(ushort) tb_vus;\n"
-    "#define TB_HAS_VEC 1\n"
-    "#define TB_VLD(i, p) TB_VN(vload)((i), (p))\n"
-    "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"
-    "#define TB_VBC(c) ((tb_vf){0} + (c))\n"
-    "#define TB_VSEL(a, b, m) ((tb_vf)(((tb_vi)(a) & ~(m)) | ((tb_vi)(b) & (m))))\n"
-    "#define TB_VCVTI(x) __builtin_convertvector((x), tb_vi)\n"
-    "#define TB_VASF(x) ((tb_vf)(x))\n"
-    "#define TB_VASI(x) ((tb_vi)(x))\n"
-    "#define TB_VASU(x) ((tb_vu)(x))\n"
-    "#define TB_VASFU(x) ((tb_vf)(x))\n"
-    "#define TB_VSTORE(v, s) memcpy((s), &(v), sizeof(tb_vf))\n"
-    "#define TB_VEXP(x) tb_vexp(x) /* the prelude's: C has no vector exp */\n"
-    "static inline tb_vf TB_VSQRT(tb_vf x) {\n"
-    "    tb_vf r; int i; for (i = 0; i < TB_VW; i++) r[i] = __builtin_sqrtf(x[i]); return r;\n"
-    "}\n";
-
-/* The head's second part: the CPU's own instructions for what C's operators do not say. */
-static const char tb__native_head2[] =
-    /* a window's extremes: a select the compiler keeps free of branches (their outcome is
-       data, which a branch predictor cannot learn); NaN is kept apart by the caller */
-    "#if defined(__has_builtin)\n"
-    "#if __has_builtin(__builtin_expect_with_probability)\n"
-    "#define TB_UNPRED(c) __builtin_expect_with_probability((c), 1, 0.5)\n"
-    "#endif\n"
-    "#elif !defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 9\n"
-    "#define TB_UNPRED(c) __builtin_expect_with_probability((c), 1, 0.5)\n"
-    "#endif\n"
-    "#if !defined(TB_UNPRED)\n"
-    "#define TB_UNPRED(c) (c)\n"
-    "#endif\n"
-    "#define TB_MAXS(a, b) (TB_UNPRED((a) > (b)) ? (a) : (b))\n"
-    "#define TB_MINS(a, b) (TB_UNPRED((a) < (b)) ? (a) : (b))\n"
-    /* a * b + c rounded once where the target has it (else two roundings); the compiler's
-       x86 builtins where it still has them (TB_HB), its generic ones where it has those */
-    "#if defined(__has_builtin)\n"
-    "#define TB_HB(x) __has_builtin(x)\n"
-    "#else\n"
-    "#define TB_HB(x) 1\n"
-    "#endif\n"
-    "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__)\n"
-    "#define TB_VFMA(a, b, c) __builtin_ia32_vfmaddps512_mask(a, b, c, (unsigned short)0xffff, 4)\n"
-    "#elif TB_VW == 8 && defined(__FMA__) && defined(__GNUC__) && "
-    "TB_HB(__builtin_ia32_vfmaddps256)\n"
-    "#define TB_VFMA(a, b, c) __builtin_ia32_vfmaddps256(a, b, c)\n"
-    "#elif TB_VW == 4 && defined(__FMA__) && defined(__GNUC__) && TB_HB(__builtin_ia32_vfmaddps)\n"
-    "#define TB_VFMA(a, b, c) __builtin_ia32_vfmaddps(a, b, c)\n"
-    "#elif defined(__FMA__) && defined(__clang__) && TB_HB(__builtin_elementwise_fma)\n"
-    "#define TB_VFMA(a, b, c) __builtin_elementwise_fma(a, b, c)\n"
-    "#elif defined(__aarch64__) /* fmla, lane by lane as the compiler vectorises it */\n"
-    "static inline tb_vf TB_VFMA(tb_vf a, tb_vf b, tb_vf c) {\n"
-    "    tb_vf r; int i; for (i = 0; i < TB_VW; i++) r[i] = __builtin_fmaf(a[i], b[i], c[i]);\n"
-    "    return r;\n"
-    "}\n"
-    "#else\n"
-    "#define TB_VFMA(a, b, c) ((a) * (b) + (c))\n"
-    "#endif\n"
-    "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__) /* p * 2^k rounded once */\n"
-    "#define TB_VSCALEF(p, k) __builtin_ia32_scalefps512_mask(p, k, p, (unsigned short)0xffff, 4)\n"
-    "#endif\n"
-    "/* rows streamed through the caches: the next row fetched ahead, outputs stored past the\n"
-    "   caches (the fence orders those stores before the kernel's end) */\n"
-    "#define TB_PREFETCH(p) __builtin_prefetch(p)\n"
-    "#define TB_PREFETCH_L2(p) __builtin_prefetch((p), 0, 1) /* to the outer caches only */\n"
-    "#if defined(__clang__)\n"
-    "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (tb_vf *)(p))\n"
-    "#elif TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__)\n"
-    "#define TB_VSTREAM(v, p) __builtin_ia32_movntps512((p), (v))\n"
-    "#elif TB_VW == 8 && defined(__AVX__) && defined(__GNUC__)\n"
-    "#define TB_VSTREAM(v, p) __builtin_ia32_movntps256((p), (v))\n"
-    "#elif TB_VW == 4 && defined(__SSE__) && defined(__GNUC__)\n"
-    "#define TB_VSTREAM(v, p) __builtin_ia32_movntps((p), (v))\n"
-    "#else\n"
-    "#define TB_VSTREAM(v, p) TB_VST((v), 0, (p))\n"
-    "#endif\n"
-    "#if defined(__SSE__) && defined(__GNUC__)\n"
-    "#define TB_VSTREAM_END() __builtin_ia32_sfence()\n"
-    "#else\n"
-    "#define TB_VSTREAM_END() ((void)0)\n"
-    "#endif\n"
-    "\n";
-
-/* The head's third part: the lanes of a row vector folded in halves in registers, in the
-   prelude's order: a row's sum, product, maximum (NaN first) or minimum (tb_hsum, ...). */
-static const char tb__native_head_fold[] =
-    /* halves by a shuffle where the compiler has one (a copy through memory would keep the
-       vector, and the loop's accumulator it comes from, in memory) */
-    "#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)\n"
-    "#define TB_LO16(v) __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)\n"
-    "#define TB_HI16(v) __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)\n"
-    "#define TB_LO8(v) __builtin_shufflevector(v, v, 0, 1, 2, 3)\n"
-    "#define TB_HI8(v) __builtin_shufflevector(v, v, 4, 5, 6, 7)\n"
-    "#define TB_LO4(v) __builtin_shufflevector(v, v, 0, 1)\n"
-    "#define TB_HI4(v) __builtin_shufflevector(v, v, 2, 3)\n"
-    "#define TB_HALVES(T, N, H)                                                          \\\n"
-    "    static inline T##H tb_lo_##T##N(T##N v) { return TB_LO##N(v); }                \\\n"
-    "    static inline T##H tb_hi_##T##N(T##N v) { return TB_HI##N(v); }\n"
-    "#else\n"
-    "#define TB_HALVES(T, N, H)                                                          \\\n"
-    "    static inline T##H tb_lo_##T##N(T##N v) { T##H r; memcpy(&r, &v, sizeof r); return r; } "
-    "\\\n"
-    "    static inline T##H tb_hi_##T##N(T##N v) {                                      \\\n"
-    "        T##H r; memcpy(&r, (char *)&v + sizeof r, sizeof r); return r;              \\\n"
-    "    }\n"
-    "#endif\n"
-    "#define TB_FOLDOP(T, IT)                                                            \\\n"
-    "    static inline T tb_fold_##T(T a, T b, int op) {                                \\\n"
-    "        IT m;                                                                       \\\n"
-    "        if (op == 0) return a + b;                                                  \\\n"
-    "        if (op == 1) return a * b;                                                  \\\n"
-    "        m = (op == 2 ? b > a : b < a) | (b != b);                                   \\\n"
-    "        m &= ~(a != a);                                                             \\\n"
-    "        return (T)(((IT)a & ~m) | ((IT)b & m));                                     \\\n"
-    "    }\n"
-    "TB_VTYPES(int, 2) TB_HALVES(float, 16, 8) TB_HALVES(float, 8, 4) TB_HALVES(float, 4, 2)\n"
-    "TB_FOLDOP(float8, int8) TB_FOLDOP(float4, int4) TB_FOLDOP(float2, int2)\n"
-    "static inline float tb_hfold(tb_vf v, int op) {\n"
-    "    float a, b;\n"
-    "#if TB_VW == 16\n"
-    "    float8 v8 = tb_fold_float8(tb_lo_float16(v), tb_hi_float16(v), op);\n"
-    "#elif TB_VW == 8\n"
-    "    float8 v8 = v;\n"
-    "#endif\n"
-    "#if TB_VW >= 8\n"
-    "    float4 v4 = tb_fold_float4(tb_lo_float8(v8), tb_hi_float8(v8), op);\n"
-    "#else\n"
-    "    float4 v4 = v;\n"
-    "#endif\n"
-    "    float2 v2 = tb_fold_float2(tb_lo_float4(v4), tb_hi_float4(v4), op);\n"
-    "    a = v2[0], b = v2[1];\n"
-    "    if (op == 0) return a + b;\n"
-    "    if (op == 1) return a * b;\n"
-    "    return ((op == 2 ? b > a : b < a) || b != b) && a == a ? b : a;\n"
-    "}\n"
-    "#define TB_HAS_HFOLD 1\n"
-    "#define tb_hsum(v) tb_hfold((v), 0)\n"
-    "#define tb_hprod(v) tb_hfold((v), 1)\n"
-    "#define tb_hmax(v) tb_hfold((v), 2)\n"
-    "#define tb_hmin(v) tb_hfold((v), 3)\n"
-    "\n";
-
-/* The head's fourth part: TB_VW lanes of 16-bit floats. */
-static const char tb__native_head3[] =
-    /* f16: the CPU's conversions where the target has them (AVX-512, F16C), else lane by
-       lane; bf16 as the top half of an f32 */
-    "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__)\n"
-    "typedef short tb_vhi __attribute__((vector_size(32)));\n"
-    "static inline tb_vf tb_vh2f(tb_vhi h) {\n"
-    "    return __builtin_ia32_vcvtph2ps512_mask(h, (tb_vf){0}, (unsigned short)0xffff, 4);\n"
-    "}\n"
-    "static inline tb_vhi tb_vf2h(tb_vf v) {\n"
-    "    return __builtin_ia32_vcvtps2ph512_mask(v, 0, (tb_vhi){0}, (unsigned short)0xffff);\n"
-    "}\n"
-    "#if !defined(__clang__) /* gcc's builtin: one widening load (clang has no such builtin) */\n"
-    "#define TB_HAS_VLDBF 1\n"
-    "static inline tb_vf tb_vldbf(const ushort *p) {\n"
-    "    tb_vhi h; memcpy(&h, p, sizeof h);\n"
-    "    return (tb_vf)(__builtin_ia32_pmovzxwd512_mask(h, (tb_vi){0}, (unsigned short)0xffff) "
-    "<< 16);\n"
-    "}\n"
-    "#endif\n"
-    "#elif TB_VW == 8 && defined(__F16C__) && defined(__GNUC__) && "
-    "TB_HB(__builtin_ia32_vcvtph2ps256)\n"
-    "typedef short tb_vhi __attribute__((vector_size(16)));\n"
-    "static inline tb_vf tb_vh2f(tb_vhi h) { return __builtin_ia32_vcvtph2ps256(h); }\n"
-    "static inline tb_vhi tb_vf2h(tb_vf v) { return __builtin_ia32_vcvtps2ph256(v, 0); }\n"
-    "#elif TB_VW == 4 && defined(__F16C__) && defined(__GNUC__) && "
-    "TB_HB(__builtin_ia32_vcvtph2ps)\n"
-    "typedef short tb_vhi __attribute__((vector_size(8)));\n"
-    "typedef short tb_v8hi __attribute__((vector_size(16)));\n"
-    "static inline tb_vf tb_vh2f(tb_vhi h) {\n"
-    "    tb_v8hi w = {0}; memcpy(&w, &h, sizeof h); return __builtin_ia32_vcvtph2ps(w);\n"
-    "}\n"
-    "static inline tb_vhi tb_vf2h(tb_vf v) {\n"
-    "    tb_v8hi w = __builtin_ia32_vcvtps2ph(v, 0); tb_vhi h; memcpy(&h, &w, sizeof h);\n"
-    "    return h;\n"
-    "}\n"
-    "#elif TB_VW == 16 && defined(__F16C__) && defined(__GNUC__) && "
-    "TB_HB(__builtin_ia32_vcvtph2ps256)\n"
-    "typedef short tb_vhi __attribute__((vector_size(32)));\n"
-    "typedef short tb_v8hi __attribute__((vector_size(16)));\n"
-    "static inline tb_vf tb_vh2f(tb_vhi h) {\n"
-    "    tb_v8hi a, b; float8 fa, fb; tb_vf r;\n"
-    "    memcpy(&a, &h, 16); memcpy(&b, (char *)&h + 16, 16);\n"
-    "    fa = __builtin_ia32_vcvtph2ps256(a); fb = __builtin_ia32_vcvtph2ps256(b);\n"
-    "    memcpy(&r, &fa, 32); memcpy((char *)&r + 32, &fb, 32); return r;\n"
-    "}\n"
-    "static inline tb_vhi tb_vf2h(tb_vf v) {\n"
-    "    float8 fa, fb; tb_v8hi a, b; tb_vhi h;\n"
-    "    memcpy(&fa, &v, 32); memcpy(&fb, (char *)&v + 32, 32);\n"
-    "    a = __builtin_ia32_vcvtps2ph256(fa, 0); b = __builtin_ia32_vcvtps2ph256(fb, 0);\n"
-    "    memcpy(&h, &a, 16); memcpy((char *)&h + 16, &b, 16); return h;\n"
-    "}\n"
-    "#else\n"
-    "typedef tb_vus tb_vhi;\n"
-    "static inline float tb_h2f(uint h);\n"
-    "static inline uint tb_f2h(float f);\n"
-    "static inline tb_vf tb_vh2f(tb_vhi h) {\n"
-    "    tb_vf r; int i; for (i = 0; i < TB_VW; i++) r[i] = tb_h2f(h[i]); return r;\n"
-    "}\n"
-    "static inline tb_vhi tb_vf2h(tb_vf v) {\n"
-    "    tb_vhi h; int i; for (i = 0; i < TB_VW; i++) h[i] = (ushort)tb_f2h(v[i]); return h;\n"
-    "}\n"
-    "#endif\n"
-    "static inline tb_vf tb_vldh(const ushort *p) {\n"
-    "    tb_vhi h; memcpy(&h, p, sizeof h); return tb_vh2f(h);\n"
-    "}\n"
-    "static inline void tb_vsth(tb_vf v, ushort *p) {\n"
-    "    tb_vhi h = tb_vf2h(v); memcpy(p, &h, sizeof h);\n"
-    "}\n"
-    "#define TB_VLDH(p) tb_vldh(p)\n"
-    "#define TB_VSTH(v, p) tb_vsth((v), (p))\n"
-    "#define TB_VRNDH(x) tb_vh2f(tb_vf2h(x))\n"
-    "#ifndef TB_HAS_VLDBF\n"
-    "static inline tb_vf tb_vldbf(const ushort *p) {\n"
-    "    tb_vus h; memcpy(&h, p, sizeof h);\n"
-    "    return (tb_vf)(__builtin_convertvector(h, tb_vu) << 16);\n"
-    "}\n"
-    "#endif\n"
-    "static inline void tb_vstbf(tb_vf r, ushort *p) {\n"
-    "    tb_vus h = __builtin_convertvector((tb_vu)r >> 16, tb_vus); memcpy(p, &h, sizeof h);\n"
-    "}\n"
-    "#define TB_VLDBF(p) tb_vldbf(p)\n"
-    "#define TB_VSTBF(v, p) tb_vstbf(tb_vrnd_bf16(v), (p))\n"
-    /* W bytes (a where's condition) as 0 or 1 in each lane */
-    "typedef uchar tb_vb __attribute__((vector_size(TB_VW)));\n"
-    "static inline tb_vf tb_vldb(const void *p) {\n"
-    "    tb_vb b; memcpy(&b, p, sizeof b); return __builtin_convertvector(b != 0, tb_vf) * -1.0f;\n"
-    "}\n"
-    "#define TB_VLDB(p) tb_vldb(p)\n";
-
-static const char *tb__native_math(const char *fn, tb_dtype dtype) {
-    /* f32 exp: the prelude's (no call: loops around it vectorise); the others: <tgmath.h> picks the
-     * float or double function */
-    if (dtype != TB_F64 && strcmp(fn, "exp") == 0) return "tb_exp_f32";
-    return fn;
-}
-
-/* The work-item space of a kernel: its global size per dimension. */
-static void tb__native_global_size(const tb__plan_kernel *k, uint64_t size[3]) {
-    int d;
-    if (k->group_size[0] > 0) {
-        for (d = 0; d < 3; d++)
-            size[d] =
-                (uint64_t)k->groups[d] * (uint64_t)(k->group_size[d] > 0 ? k->group_size[d] : 1);
-    } else {
-        size[0] = k->items;
-        size[1] = size[2] = 1;
-    }
-}
-
-/* A kernel is two functions: NAME_item, the body for one work item (tb_g0..2 its ids), and
-   NAME(args, lo, hi), which runs work items [lo, hi) of the flattened space, the pointers and
-   scalars it reads taken from args in the plan's order (the output first). */
-static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
-                                   const tb__cg_param *params, size_t num_params,
-                                   const char *body) {
-    /* an elementwise kernel's non-temporal stores: one fence for the whole range */
-    const char *fence =
-        k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n" : "";
-    uint64_t size[3];
-    size_t i;
-    tb__native_global_size(k, size);
-    tb__str_append(src, "static inline void %s_item(long tb_g0, long tb_g1, long tb_g2", k->name);
-    for (i = 0; i < num_params; i++) {
-        const tb__cg_param *q = &params[i];
-        if (q->role == TB__ARG_SCALAR) {
-            tb__str_append(src, ",\n    const %s %s", q->type, q->name);
-        } else if (q->role == TB__CG_ARGS) {
-            tb__str_append(src, ",\n    void *const *%s", q->name);
-        } else if (q->role == -1 || q->role == TB__ARG_ERR) {
-            tb__str_append(src, ",\n    %s *restrict %s", q->type, q->name);
-        } else {
-            tb__str_append(src, ",\n    const %s *restrict %s", q->type, q->name);
-        }
-    }
-    tb__str_append(src, ") {\n    (void)tb_g0, (void)tb_g1, (void)tb_g2;\n%s}\n\n", body);
-    tb__str_append(src, "TB_EXPORT void %s(void *const *tb_a, long tb_lo, long tb_hi) {\n",
-                   k->name);
-    for (i = 0; i < num_params; i++) {
-        const tb__cg_param *q = &params[i];
-        if (q->role == TB__ARG_SCALAR) {
-            tb__str_append(src, "    const %s %s = *(const %s *)tb_a[%zu];\n", q->type, q->name,
-                           q->type, i);
-        } else if (q->role == TB__CG_ARGS) {
-            tb__str_append(src, "    void *const *%s = tb_a + %zu;\n", q->name, i);
-        } else if (q->role == -1 || q->role == TB__ARG_ERR) {
-            tb__str_append(src, "    %s *restrict %s = (%s *)tb_a[%zu];\n", q->type, q->name,
-                           q->type, i);
-        } else {
-            tb__str_append(src, "    const %s *restrict %s = (const %s *)tb_a[%zu];\n", q->type,
-                           q->name, q->type, i);
-        }
-    }
-    /* the bound lets the compiler see that every item is in range */
-    tb__str_append(src, "    if (tb_hi > %lldL) tb_hi = %lldL;\n",
-                   (long long)(size[0] * size[1] * size[2]),
-                   (long long)(size[0] * size[1] * size[2]));
-    if (size[1] == 1 && size[2] == 1) {
-        tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi; tb_w++)\n");
-        tb__str_append(src, "        %s_item(tb_w, 0, 0", k->name);
-        for (i = 0; i < num_params; i++)
-            tb__str_append(src, ", %s", params[i].name);
-        tb__str_append(src, ");\n%s}\n\n", fence);
-        return;
-    }
-    /* runs of dimension 0 at fixed ids 1 and 2: one division per run, not per item */
-    tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi;) {\n");
-    tb__str_append(src,
-                   "        const long tb_r = tb_w / %lldL, tb_g1 = tb_r %% %lldL, tb_g2 = tb_r / "
-                   "%lldL;\n",
-                   (long long)size[0], (long long)size[1], (long long)size[1]);
-    tb__str_append(src, "        long tb_g0 = tb_w %% %lldL, tb_end = tb_w + (%lldL - tb_g0);\n",
-                   (long long)size[0], (long long)size[0]);
-    tb__str_append(src, "        if (tb_end > tb_hi) tb_end = tb_hi;\n");
-    tb__str_append(src, "        for (; tb_w < tb_end; tb_w++, tb_g0++)\n");
-    tb__str_append(src, "            %s_item(tb_g0, tb_g1, tb_g2", k->name);
-    for (i = 0; i < num_params; i++)
-        tb__str_append(src, ", %s", params[i].name);
-    tb__str_append(src, ");\n    }\n%s}\n\n", fence);
-}
-
-static void tb__native_dialect(tb__dialect *d, int32_t vec_width) {
-    memset(d, 0, sizeof *d);
-    d->vec_width = vec_width;
-    d->name = "C99";
-    d->head[0] = tb__native_head;
-    d->head[1] = tb__native_head2;
-    d->head[2] = tb__native_head_fold;
-    d->head[3] = tb__native_head3;
-    d->vec_make = "(%s){%s}";
-    d->global = "";
-    d->local = NULL; /* a thread runs a range of work items: no work-groups */
-    d->barrier = "";
-    d->global_id = "tb_g%d";
-    d->group_id = "tb_g%d";
-    d->local_id = "0";
-    d->vec_zero = "(%s){0}";
-    d->min_long = "tb_min_l";
-    d->bits_f32 = "tb_as_f32";
-    d->bits_f64 = "tb_as_f64";
-    d->err_claim = "__sync_bool_compare_and_swap(tb_err, 0u, code)";
-    d->constant = "static const ";
-    d->f64 = true;
-    d->math = tb__native_math;
-    d->kernel = tb__native_emit_kernel;
-}
-
-#endif /* TB__HAVE_NATIVE */
-
 /* ---- src/runtime/native/native_internal.h ---- */
 /* ===========================================================================================
    Native backend: what its parts share: the thread pool (native_pool.c), the runtime's types and
@@ -32054,18 +32394,14 @@ static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *ar
 /* A host buffer, 64-byte aligned at k.mem (the payload of a native tb_backend_data with
    memory); k.dev is the runtime. */
 typedef struct tb__native_buf {
-    tb__kbuf k;
+    tb_kit_buffer k;
     void *base; /* what was allocated */
 } tb__native_buf;
 
 /* A loaded shared object, shared by every computation whose source is the same. */
 typedef struct tb__native_prog {
-    struct tb__native_prog *next;
-    uint64_t key[2];
-    char *source; /* confirms a hit on the key */
-    size_t source_len;
+    tb__kit_prog base; /* in the runtime's list */
     void *handle;
-    int32_t refcount; /* computations using it, plus one while it is in the cache */
 } tb__native_prog;
 
 typedef struct tb__native_rt {
@@ -32094,8 +32430,8 @@ typedef struct tb__native_rt {
     /* the caching allocator: free buffers, oldest first */
     tb__native_buf **cache;
     size_t cache_count, cache_cap;
-    tb__native_prog *programs;
-    tb__kit_stats stats;
+    tb__kit_prog *programs;
+    tb_kit_stats stats;
     int32_t cache_dir_reported; /* atomic: why the cache folder is not used was said */
 } tb__native_rt;
 
@@ -32352,17 +32688,17 @@ extern int kill(pid_t pid, int sig);
 
 static void tb__native_prog_free(tb__native_prog *prog) {
     if (prog->handle != NULL) dlclose(prog->handle);
-    tb__free(prog->source);
+    tb__free(prog->base.source);
     tb__free(prog);
 }
 
 static void tb__native_rt_destroy(tb__native_rt *rt) {
-    tb__native_prog *prog, *next;
+    tb__kit_prog *prog, *next;
     size_t i;
     tb__native_pool_free(rt->pool);
     for (prog = rt->programs; prog != NULL; prog = next) {
         next = prog->next;
-        tb__native_prog_free(prog);
+        tb__native_prog_free((tb__native_prog *)prog);
     }
     for (i = 0; i < rt->cache_count; i++) {
         tb__free(rt->cache[i]->base);
@@ -32584,12 +32920,10 @@ static tb__native_rt *tb__native_rt_get(void) {
             snprintf(rt->reason, sizeof rt->reason, "native: out of memory");
         }
     }
-    if (rt->status == TB_ERR_OUT_OF_MEMORY) {
-        tb__error(rt->status, "%s", rt->reason);
+    if (!tb__kit_loaded(rt->status, rt->reason)) {
         tb__native_rt_destroy(rt);
         return NULL;
     }
-    if (rt->status != TB_OK) tb_log_message(TB_LOG_INFO, "%s", rt->reason);
     tb__native_current = rt;
     return rt;
 }
@@ -32657,7 +32991,7 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
         }
     }
     b->k.mem = (unsigned char *)b->base + (64 - (uintptr_t)b->base % 64) % 64;
-    b->k.dev = rt;
+    b->k.device = rt;
     b->k.size = size;
     b->k.cap = cap;
     b->k.gen = tb__next_generation();
@@ -33323,45 +33657,18 @@ static void tb__native_shape(tb__native_rt *rt) {
     tb__mutex_unlock(&tb__native_shape_mutex);
 }
 
+static void tb__native_prog_drop(void *ctx, tb__kit_prog *p) {
+    (void)ctx;
+    tb__native_prog_free((tb__native_prog *)p);
+}
+
 static void tb__native_prog_unref(tb__native_rt *rt, tb__native_prog *prog) {
-    tb__native_prog **link;
-    if (prog == NULL || --prog->refcount > 0) return;
-    for (link = &rt->programs; *link != NULL; link = &(*link)->next) {
-        if (*link == prog) {
-            *link = prog->next;
-            break;
-        }
-    }
-    tb__native_prog_free(prog);
+    if (prog != NULL) tb__kit_prog_unref(&rt->programs, &prog->base, tb__native_prog_drop, NULL);
 }
 
 /* Drops cached programs no computation uses, oldest first, until at most `keep` remain. */
 static void tb__native_progs_trim(tb__native_rt *rt, size_t keep) {
-    size_t count = 0;
-    tb__native_prog *prog;
-    for (prog = rt->programs; prog != NULL; prog = prog->next)
-        count++;
-    while (count > keep) {
-        tb__native_prog *oldest = NULL;
-        for (prog = rt->programs; prog != NULL; prog = prog->next)
-            if (prog->refcount == 1) oldest = prog; /* the list is newest first */
-        if (oldest == NULL) break;
-        tb__native_prog_unref(rt, oldest);
-        count--;
-    }
-}
-
-static tb__native_prog *tb__native_prog_find(tb__native_rt *rt, const uint64_t key[2],
-                                             const char *src, size_t len) {
-    tb__native_prog *prog;
-    for (prog = rt->programs; prog != NULL; prog = prog->next) {
-        if (prog->key[0] == key[0] && prog->key[1] == key[1] && prog->source_len == len &&
-            memcmp(prog->source, src, len) == 0) {
-            prog->refcount++;
-            return prog;
-        }
-    }
-    return NULL;
+    tb__kit_progs_trim(&rt->programs, keep, tb__native_prog_drop, NULL);
 }
 
 /* The first of the functions `fns` that the loaded program lacks, or NULL when it has them
@@ -33393,7 +33700,7 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
     tb__native_disk_key(rt, src, len, &dkey);
     tb__disk_key_hash(&dkey, tb__native_key_mask, key);
     tb__mutex_lock(&tb__native_mutex);
-    prog = tb__native_prog_find(rt, key, src, len);
+    prog = (tb__native_prog *)tb__kit_prog_find(rt->programs, key, src, len, NULL);
     tb__mutex_unlock(&tb__native_mutex);
     if (prog != NULL) {
         *out = prog;
@@ -33446,22 +33753,22 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
     tb__free(path);
     if (st != TB_OK) return st;
     prog = (tb__native_prog *)tb__calloc(1, sizeof *prog);
-    if (prog != NULL) prog->source = (char *)tb__alloc(len + 1);
-    if (prog == NULL || prog->source == NULL) {
+    if (prog != NULL) prog->base.source = (char *)tb__alloc(len + 1);
+    if (prog == NULL || prog->base.source == NULL) {
         tb__free(prog);
         dlclose(handle);
         return TB_ERR_OUT_OF_MEMORY;
     }
-    memcpy(prog->source, src, len);
-    prog->source[len] = '\0';
-    prog->source_len = len;
-    prog->key[0] = key[0];
-    prog->key[1] = key[1];
+    memcpy(prog->base.source, src, len);
+    prog->base.source[len] = '\0';
+    prog->base.source_len = len;
+    prog->base.key[0] = key[0];
+    prog->base.key[1] = key[1];
     prog->handle = handle;
-    prog->refcount = 2; /* the cache and the caller */
+    prog->base.refcount = 2; /* the cache and the caller */
     tb__mutex_lock(&tb__native_mutex);
-    prog->next = rt->programs;
-    rt->programs = prog;
+    prog->base.next = rt->programs;
+    rt->programs = &prog->base;
     tb__native_progs_trim(rt, TB__NATIVE_MAX_PROGRAMS);
     tb__mutex_unlock(&tb__native_mutex);
     *out = prog;
@@ -33539,28 +33846,27 @@ static void tb__native_info(void *dev, bool full, tb_device_info *out) {
     tb__mutex_unlock(&tb__native_mutex);
 }
 
-static tb__kit_stats *tb__native_stats(void *dev) {
+static tb_kit_stats *tb__native_stats(void *dev) {
     return &((tb__native_rt *)dev)->stats;
 }
 
-/* Plans for the host's threads and vector shape; renders C99. */
-static void tb__native_target(void *dev, tb__tuning *tuning, tb__target *target,
-                              tb__dialect *dialect) {
+/* C99 for the host's threads and vector shape (what both the CPU and the compiler's target
+   have). */
+static void tb__native_facts(void *dev, tb_kit_facts *f) {
     tb__native_rt *rt = (tb__native_rt *)dev;
     tb__native_shape(rt);
-    tb__tuning_of(TB__CLASS_HOST, tuning);
-    tb__tuning_fit(tuning, &rt->shape);
-    target->tuning = tuning;
-    target->compute_units = rt->info.compute_units;
-    target->max_group = 1;
-    target->max_allocation = rt->info.max_allocation;
-    target->max_args = 4096;
-    target->f64 = true;
-    target->acc_f64 = true;
-    target->cache_bytes = rt->l2_bytes;
-    target->buffer_align = 64; /* tb__native_buf_alloc */
-    target->arg_table = true;  /* tb__native_emit_kernel: TB__CG_ARGS */
-    tb__native_dialect(dialect, tuning->vec_width);
+    f->language = TB_KIT_C99;
+    f->type = TB_DEVICE_CPU;
+    f->vector_bytes = (uint32_t)rt->shape.vec_bytes;
+    f->vector_registers = (uint32_t)rt->shape.vec_regs;
+    f->compute_units = rt->info.compute_units;
+    f->max_group = 1;
+    f->max_allocation = rt->info.max_allocation;
+    f->cache_bytes = rt->l2_bytes;
+    f->max_args = 4096;
+    f->buffer_align = 64; /* tb__native_buf_alloc */
+    f->f64 = true;
+    f->f64_accumulate = true;
 }
 
 static void tb__native_lock(void *dev) {
@@ -33575,37 +33881,38 @@ static void tb__native_unlock(void *dev) {
 
 /* ---- memory: host memory, read and written in place ---- */
 
-static tb_status tb__native_alloc(void *dev, size_t bytes, tb__kbuf **out) {
+static tb_status tb__native_alloc(void *dev, size_t bytes, tb_kit_buffer **out) {
     tb__native_buf *b = NULL;
     tb_status st = tb__native_buf_alloc((tb__native_rt *)dev, bytes, &b);
     *out = b != NULL ? &b->k : NULL;
     return st;
 }
 
-static void tb__native_release(tb__kbuf *b) {
-    tb__native_buf_free((tb__native_rt *)b->dev, (tb__native_buf *)b);
+static void tb__native_release(tb_kit_buffer *b) {
+    tb__native_buf_free((tb__native_rt *)b->device, (tb__native_buf *)b);
 }
 
-static tb_status tb__native_write(void *dev, tb__kbuf *b, const void *host, size_t bytes) {
+static tb_status tb__native_write(void *dev, tb_kit_buffer *b, const void *host, size_t bytes) {
     (void)dev;
     if (bytes > 0) memcpy(b->mem, host, bytes);
     return TB_OK;
 }
 
-static tb_status tb__native_read(void *dev, const tb__kbuf *b, void *host, size_t bytes) {
+static tb_status tb__native_read(void *dev, const tb_kit_buffer *b, void *host, size_t bytes) {
     (void)dev;
     if (bytes > 0) memcpy(host, b->mem, bytes);
     return TB_OK;
 }
 
-static tb_status tb__native_copy(void *dev, const tb__kbuf *from, tb__kbuf *to, size_t bytes) {
+static tb_status tb__native_copy(void *dev, const tb_kit_buffer *from, tb_kit_buffer *to,
+                                 size_t bytes) {
     (void)dev;
     if (bytes > 0) memcpy(to->mem, from->mem, bytes);
     return TB_OK;
 }
 
 /* The library reads and writes the buffers in place (a collective's input and result). */
-static void *tb__native_map(void *dev, tb__kbuf *b, size_t bytes, bool write) {
+static void *tb__native_map(void *dev, tb_kit_buffer *b, size_t bytes, bool write) {
     (void)dev;
     (void)bytes;
     (void)write;
@@ -33617,9 +33924,7 @@ static void *tb__native_map(void *dev, tb__kbuf *b, size_t bytes, bool write) {
 /* A graph's program: its parts' loaded objects. */
 typedef struct tb__native_program {
     tb__native_rt *rt;
-    const tb__plan *plan;
-    const char *source;
-    size_t source_len;
+    const tb_kit_program *src; /* while it builds */
     tb__native_prog **progs;
     size_t num_progs;
 } tb__native_program;
@@ -33657,29 +33962,29 @@ static void *tb__native_part_main(void *arg) {
 /* The parts of c's program: how many, and each one's functions (runs in order, of about
    equal text); one part is the whole source. */
 static tb_status tb__native_make_parts(tb__native_program *c, tb__native_part *parts, size_t n) {
-    const tb__plan *p = c->plan;
+    const tb_kit_program *p = c->src;
     size_t i, at = 0, done = 0, total = 0;
-    for (i = 0; i < p->num_kernels; i++)
-        total += p->kernels[i].text_len;
+    for (i = 0; i < p->num_functions; i++)
+        total += p->function_len[i];
     for (at = 0; at < n; at++) {
         parts[at].rt = c->rt;
-        parts[at].fns = (const char **)tb__calloc(p->num_kernels + 1, sizeof(const char *));
+        parts[at].fns = (const char **)tb__calloc(p->num_functions + 1, sizeof(const char *));
         if (parts[at].fns == NULL) return TB_ERR_OUT_OF_MEMORY;
-        if (n > 1) tb__str_append(&parts[at].source, "%.*s", (int)p->text_head, c->source);
+        if (n > 1) tb__str_append(&parts[at].source, "%.*s", (int)p->head, p->source);
     }
-    for (i = 0, at = 0; i < p->num_kernels; i++) {
-        const tb__plan_kernel *k = &p->kernels[i];
+    for (i = 0, at = 0; i < p->num_functions; i++) {
         tb__native_part *pt;
-        if (!tb__plan_first_of_function(p, i)) continue;
         /* the next part once this one holds its share of the text */
         if (at + 1 < n && done >= total / n * (at + 1)) at++;
         pt = &parts[at];
-        pt->fns[pt->num_fns++] = k->fn;
-        if (n > 1) tb__str_append(&pt->source, "%.*s", (int)k->text_len, c->source + k->text_at);
-        done += k->text_len;
+        pt->fns[pt->num_fns++] = p->functions[i];
+        if (n > 1)
+            tb__str_append(&pt->source, "%.*s", (int)p->function_len[i],
+                           p->source + p->function_at[i]);
+        done += p->function_len[i];
     }
     if (n == 1) { /* the source as it is (and as the disk cache has known it) */
-        tb__str_append(&parts[0].source, "%.*s", (int)c->source_len, c->source);
+        tb__str_append(&parts[0].source, "%.*s", (int)p->length, p->source);
     }
     for (at = 0; at < n; at++)
         if (parts[at].source.failed) return TB_ERR_OUT_OF_MEMORY;
@@ -33689,7 +33994,7 @@ static tb_status tb__native_make_parts(tb__native_program *c, tb__native_part *p
 /* Compiles (or finds) the parts of c's program, one compiler process per part at once,
    reporting progress as they are ready; c->progs holds them. */
 static tb_status tb__native_compile_parts(tb__native_program *c) {
-    size_t functions = tb__plan_functions(c->plan), n, i, ready = 0;
+    size_t functions = c->src->num_functions, n, i, ready = 0;
     tb__native_part *parts;
     pthread_t *threads;
     bool *started, all_disk = true;
@@ -33748,19 +34053,15 @@ static void tb__native_drop(void *dev, void *program) {
 }
 
 /* Compiles (or finds) the parts of a plan's program. */
-static tb_status tb__native_build(void *dev, const tb__plan *plan, const char *src, size_t len,
-                                  void **program) {
+static tb_status tb__native_build(void *dev, const tb_kit_program *src, void **program) {
     tb__native_program *c = (tb__native_program *)tb__calloc(1, sizeof *c);
     tb_status st;
     *program = NULL;
     if (c == NULL) return TB_ERR_OUT_OF_MEMORY;
     c->rt = (tb__native_rt *)dev;
-    c->plan = plan;
-    c->source = src;
-    c->source_len = len;
+    c->src = src;
     st = tb__native_compile_parts(c);
-    c->plan = NULL;
-    c->source = NULL;
+    c->src = NULL;
     if (st != TB_OK) {
         tb__native_lock(dev);
         tb__native_drop(dev, c);
@@ -33771,24 +34072,25 @@ static tb_status tb__native_build(void *dev, const tb__plan *plan, const char *s
     return TB_OK;
 }
 
-static tb_status tb__native_kernel(void *dev, void *program, const tb__plan_kernel *k,
-                                   tb__kkernel *out) {
+static tb_status tb__native_kernel(void *dev, void *program, const tb_kit_kernel *k, void **handle,
+                                   size_t *aux) {
     const tb__native_program *c = (const tb__native_program *)program;
     void *sym = NULL;
     size_t j;
     (void)dev;
     for (j = 0; j < c->num_progs && sym == NULL; j++)
-        sym = dlsym(c->progs[j]->handle, k->fn);
+        sym = dlsym(c->progs[j]->handle, k->function);
     if (sym == NULL)
-        return tb__error(TB_ERR_COMPILE, "native: the program has no kernel %s", k->fn);
-    out->handle = sym;
+        return tb__error(TB_ERR_COMPILE, "native: the program has no kernel %s", k->function);
+    *handle = sym;
+    *aux = 0;
     return TB_OK;
 }
 
 /* ---- launches: the work items on the pool, the caller waiting ---- */
 
-static tb_status tb__native_launch(void *dev, const tb__kkernel *kern, const tb__plan_kernel *k,
-                                   const tb__karg *args, size_t num_args, uint64_t *event) {
+static tb_status tb__native_launch(void *dev, void *handle, size_t aux, const tb_kit_kernel *k,
+                                   const tb_kit_arg *args, size_t num_args, uint64_t *event) {
     tb__native_rt *rt = (tb__native_rt *)dev;
     void *small[32], **argv = small;
     uint64_t size[3], t0;
@@ -33799,7 +34101,7 @@ static tb_status tb__native_launch(void *dev, const tb__kkernel *kern, const tb_
         if (argv == NULL) return TB_ERR_OUT_OF_MEMORY;
     }
     for (j = 0; j < num_args; j++) {
-        const tb__karg *a = &args[j];
+        const tb_kit_arg *a = &args[j];
         if (a->kind == TB__ARG_SCALAR) {
             argv[j] = (void *)(uintptr_t)a->value;
         } else if (a->kind == TB__ARG_TABLE) {
@@ -33808,8 +34110,9 @@ static tb_status tb__native_launch(void *dev, const tb__kkernel *kern, const tb_
             argv[j] = a->mem;
         }
     }
-    memcpy(&fn, &kern->handle, sizeof fn);
-    tb__native_global_size(k, size);
+    (void)aux;
+    memcpy(&fn, &handle, sizeof fn);
+    tb_kit_work_items(k, size);
     t0 = event != NULL ? tb__now_ns() : 0;
     tb__native_run(rt->pool, fn, argv, (int64_t)(size[0] * size[1] * size[2]), k->bytes + k->flops);
     if (event != NULL) *event = tb__now_ns() - t0;
@@ -33826,12 +34129,12 @@ static double tb__native_elapsed(void *dev, uint64_t event) {
     return (double)event;
 }
 
-static void tb__native_report(void *dev, tb__str *s) {
+static void tb__native_report(void *dev, char *buf, size_t cap) {
     tb__native_rt *rt = (tb__native_rt *)dev;
-    tb__str_append(s, "  Native::Compiler: %s %s\n", rt->cc_command, rt->options);
+    snprintf(buf, cap, "  Native::Compiler: %s %s\n", rt->cc_command, rt->options);
 }
 
-static void tb__native_exit(void) {
+static void tb__native_shutdown(void) {
     tb__native_rt *rt;
     tb__mutex_lock(&tb__native_mutex);
     rt = tb__native_current;
@@ -33845,7 +34148,7 @@ static void tb__native_exit(void) {
     tb__mutex_unlock(&tb__native_mutex);
 }
 
-static const tb__kit_runtime tb__native_runtime = {
+static const tb_kit_runtime tb__native_runtime = {
     "native",
     "Native",
     "ProgramCompile",
@@ -33857,7 +34160,7 @@ static const tb__kit_runtime tb__native_runtime = {
     tb__native_ordinal,
     tb__native_info,
     tb__native_stats,
-    tb__native_target,
+    tb__native_facts,
     tb__native_lock,
     tb__native_unlock,
     tb__native_alloc,
@@ -33878,14 +34181,12 @@ static const tb__kit_runtime tb__native_runtime = {
     NULL,
     tb__native_report,
     NULL,
-    tb__native_exit,
+    tb__native_shutdown,
 };
 
 /* registers the "native" backend (called by tb__register_builtin_backends) */
 static tb_status tb__native_register(void) {
-    tb_backend_impl impl;
-    tb__kit_impl(&tb__native_runtime, &impl);
-    return tb_backend_register("native", &impl, "");
+    return tb_kit_register("native", &tb__native_runtime, "");
 }
 
 #endif /* TB__HAVE_NATIVE */

@@ -6,7 +6,9 @@
      registry: a registry of backends, devices, shapes, an IR of lazy tensor nodes, an executor with
      a computation cache, a CPU reference backend that is always present, and two compiled
      backends that lower IR graphs to generated kernels: OpenCL C on any OpenCL device, and C
-     compiled at run time by the system's compiler on the host's cores ("native").
+     compiled at run time by the system's compiler on the host's cores ("native"). Both sit on
+     a public kit (tb_kit_register) with which a vendor's runtime becomes a compiled backend by
+     giving its memory, build and launch calls.
 
    USAGE
      Do this:

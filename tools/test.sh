@@ -303,11 +303,18 @@ compile_check "tu_a.c as C++ + tu_b.c as C ($CXX, $CC)" \
      $CXX $out/tu_a_cxx.o $out/tu_b_c.o -o $out/tu_ab_mixed2 $libs
      $out/tu_ab_mixed2"
 # The configuration macros of the header's doc block, one at a time.
-for macro in TB_NO_OPENCL TB_NO_PLUGINS TB_NO_MPI; do
+for macro in TB_NO_OPENCL TB_NO_NATIVE TB_NO_PLUGINS TB_NO_MPI; do
     compile_check "impl.c with -D$macro ($CC -std=c99)" \
         "$CC -std=c99 $c_warnings -D$macro -I. tests/compile/impl.c -o $out/impl_$macro $libs
          $out/impl_$macro"
 done
+# With neither compiled backend there is no code generator: the cpu backend alone.
+compile_check "impl.c with -DTB_NO_OPENCL -DTB_NO_NATIVE ($CC -std=c99, $CXX -std=c++11)" \
+    "$CC -std=c99 $c_warnings -DTB_NO_OPENCL -DTB_NO_NATIVE -I. tests/compile/impl.c \
+         -o $out/impl_cpu_only $libs
+     $out/impl_cpu_only
+     $CXX -x c++ -std=c++11 $cxx_warnings -DTB_NO_OPENCL -DTB_NO_NATIVE -I. -c \
+         tests/compile/impl.c -o $out/impl_cpu_only_cxx.o"
 compile_check "impl.c with -DTB_OPENCL_LINKED and -lOpenCL ($CC -std=c99)" \
     "$CC -std=c99 $c_warnings -DTB_OPENCL_LINKED -I. tests/compile/impl.c -o $out/impl_linked \
      -lOpenCL $libs

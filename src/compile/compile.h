@@ -643,14 +643,18 @@ static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t 
 static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k);
 static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k);
 
-/* ---- native_dialect.c: the C99 dialect of the native backend ---- */
+/* ---- dialect_c99.c, dialect_opencl.c: the dialects ---- */
 
-#if defined(TB__HAVE_NATIVE)
-/* the dialect for row vectors of `vec_width` f32 lanes */
-static void tb__native_dialect(tb__dialect *d, int32_t vec_width);
-/* the work-item space of a kernel: its global size per dimension (the entry of a kernel runs
-   a range of its flattened items) */
-static void tb__native_global_size(const tb__plan_kernel *k, uint64_t size[3]);
-#endif
+/* A kernel's work-item space, its global size per dimension: groups of group_size work items
+   in 3 dimensions (group_size[0] > 0), else `items` in one */
+static void tb__work_items(const size_t group_size[3], const size_t groups[3], uint64_t items,
+                           uint64_t size[3]);
+/* C99 (GNU vectors) for row vectors of `vec_width` f32 lanes */
+static void tb__dialect_c99(tb__dialect *d, int32_t vec_width);
+/* the work-item space of a kernel: its global size per dimension (the entry of a C99 kernel
+   runs a range of its flattened items) */
+static void tb__c99_global_size(const tb__plan_kernel *k, uint64_t size[3]);
+/* OpenCL C 1.2, with double precision or without */
+static void tb__dialect_opencl(tb__dialect *d, bool f64);
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */

@@ -838,7 +838,7 @@ static TB__UNUSED size_t tb__size_class(size_t size) {
    matmul panels) can tell whether it still holds. Never 0. Thread-safe. */
 static uint64_t tb__generation_counter = 0;
 
-static uint64_t tb__next_generation(void) {
+static TB__UNUSED uint64_t tb__next_generation(void) {
     return (uint64_t)TB__ATOMIC_ADD(&tb__generation_counter, 1);
 }
 

@@ -4,6 +4,8 @@
    =========================================================================================== */
 #include "../impl_begin.h"
 
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
 static void tb__kit_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]) {
     /* converted as the reference backend converts (NaN and out-of-range values defined), so
        that a kernel sees the value the cpu backend computes with */
@@ -41,6 +43,14 @@ static tb_scalar tb__kit_scalar_of(tb_dtype dtype, const unsigned char raw[8]) {
     return tb_scalar_i(dtype, raw[0]);
 }
 
+/* A buffer from the runtime, of a new generation (kept panels know their buffer by it). */
+static tb_status tb__kit_alloc(const tb_kit_runtime *R, void *dev, size_t bytes,
+                               tb_kit_buffer **out) {
+    tb_status st = R->alloc(dev, bytes, out);
+    if (st == TB_OK) (*out)->gen = tb__next_generation();
+    return st;
+}
+
 static tb_status tb__kit_failed(tb_status fallback) {
     return tb_last_status() != TB_OK ? tb_last_status() : fallback;
 }
@@ -48,13 +58,13 @@ static tb_status tb__kit_failed(tb_status fallback) {
 /* ---- devices and data ---- */
 
 static size_t tb__kit_get_backend_devices(void *user_data, tb_device *out, size_t cap) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
     char why[8];
     return R->devices(out, cap, why, sizeof why);
 }
 
 static tb_status tb__kit_get_device_info(void *user_data, int32_t ordinal, tb_device_info *out) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
     void *dev = R->open(ordinal, R->name, true);
     if (dev == NULL) return tb__kit_failed(TB_ERR_UNAVAILABLE);
     R->info(dev, true, out);
@@ -63,8 +73,8 @@ static tb_status tb__kit_get_device_info(void *user_data, int32_t ordinal, tb_de
 }
 
 static tb_status tb__kit_data_from_host(void *user_data, tb_backend_data *data, const void *host) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
-    tb__kbuf *b = NULL;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
+    tb_kit_buffer *b = NULL;
     size_t size;
     void *dev;
     tb_status st = tb_shape_nbytes(&data->shape, &size);
@@ -72,7 +82,7 @@ static tb_status tb__kit_data_from_host(void *user_data, tb_backend_data *data, 
     dev = R->open(data->device.ordinal, R->name, false);
     if (dev == NULL) return tb__kit_failed(TB_ERR_UNAVAILABLE);
     R->lock(dev);
-    st = R->alloc(dev, size, &b);
+    st = tb__kit_alloc(R, dev, size, &b);
     if (st == TB_OK) {
         st = R->write(dev, b, host, size);
         if (st != TB_OK) R->release(b);
@@ -86,11 +96,11 @@ static tb_status tb__kit_data_from_host(void *user_data, tb_backend_data *data, 
 /* The value stays on the host (kernels take scalars as arguments): a buffer without memory
    that keeps the device's runtime. Memory is made only if a kernel reads it as an array. */
 static tb_status tb__kit_data_from_scalar(void *user_data, tb_backend_data *data, tb_scalar value) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
-    tb__kbuf *b = (tb__kbuf *)tb__calloc(1, sizeof *b);
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
+    tb_kit_buffer *b = (tb_kit_buffer *)tb__calloc(1, sizeof *b);
     if (b == NULL) return TB_ERR_OUT_OF_MEMORY;
-    b->dev = R->open(data->device.ordinal, R->name, false);
-    if (b->dev == NULL) {
+    b->device = R->open(data->device.ordinal, R->name, false);
+    if (b->device == NULL) {
         tb__free(b);
         return tb__kit_failed(TB_ERR_UNAVAILABLE);
     }
@@ -102,19 +112,19 @@ static tb_status tb__kit_data_from_scalar(void *user_data, tb_backend_data *data
 }
 
 /* a buffer of data_from_scalar given back (its memory, then its device's reference) */
-static void tb__kit_shell_free(const tb__kit_runtime *R, tb__kbuf *b) {
+static void tb__kit_shell_free(const tb_kit_runtime *R, tb_kit_buffer *b) {
     if (b->real != NULL) {
-        R->lock(b->dev);
+        R->lock(b->device);
         R->release(b->real);
-        R->unlock(b->dev);
+        R->unlock(b->device);
     }
-    R->close(b->dev);
+    R->close(b->device);
     tb__free(b);
 }
 
 static tb_status tb__kit_data_to_host(void *user_data, const tb_backend_data *data, void *host) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
-    const tb__kbuf *b = (const tb__kbuf *)data->payload;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
+    const tb_kit_buffer *b = (const tb_kit_buffer *)data->payload;
     size_t size;
     tb_status st = tb_shape_nbytes(&data->shape, &size);
     if (st != TB_OK) return st;
@@ -133,19 +143,19 @@ static tb_status tb__kit_data_to_host(void *user_data, const tb_backend_data *da
                          "%s: data_to_host of %zu bytes from a buffer of %zu", R->name, size,
                          b->size);
     }
-    R->lock(b->dev);
-    if (!R->alive(b->dev)) {
+    R->lock(b->device);
+    if (!R->alive(b->device)) {
         st = tb__error(TB_ERR_STATE, "%s: the backend was shut down", R->name);
     } else {
-        st = R->read(b->dev, b, host, size);
+        st = R->read(b->device, b, host, size);
     }
-    R->unlock(b->dev);
+    R->unlock(b->device);
     return st;
 }
 
 static void tb__kit_data_release(void *user_data, tb_backend_data *data) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
-    tb__kbuf *b = (tb__kbuf *)data->payload;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
+    tb_kit_buffer *b = (tb_kit_buffer *)data->payload;
     void *dev;
     if (b == NULL) return;
     data->payload = NULL;
@@ -153,7 +163,7 @@ static void tb__kit_data_release(void *user_data, tb_backend_data *data) {
         tb__kit_shell_free(R, b);
         return;
     }
-    dev = b->dev;
+    dev = b->device;
     R->lock(dev);
     R->release(b);
     R->unlock(dev);
@@ -163,23 +173,23 @@ static void tb__kit_data_release(void *user_data, tb_backend_data *data) {
    data's buffer; write: a new one that becomes the data's), then unmapped. NULL: the library
    copies instead. */
 static void *tb__kit_data_map_host(void *user_data, tb_backend_data *data, bool write) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
-    tb__kbuf *b = (tb__kbuf *)data->payload;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
+    tb_kit_buffer *b = (tb_kit_buffer *)data->payload;
     void *dev, *p = NULL;
     size_t size;
     if (R->map == NULL || tb_shape_nbytes(&data->shape, &size) != TB_OK || size == 0) return NULL;
     if (!write) {
         if (b == NULL || b->shell) return NULL;
-        R->lock(b->dev);
-        if (R->alive(b->dev)) p = R->map(b->dev, b, size, false);
-        R->unlock(b->dev);
+        R->lock(b->device);
+        if (R->alive(b->device)) p = R->map(b->device, b, size, false);
+        R->unlock(b->device);
         return p;
     }
     dev = R->open(data->device.ordinal, R->name, false);
     if (dev == NULL) return NULL;
     R->lock(dev);
     b = NULL;
-    if (R->alloc(dev, size, &b) == TB_OK) {
+    if (tb__kit_alloc(R, dev, size, &b) == TB_OK) {
         p = R->map(dev, b, size, true);
         if (p != NULL) {
             data->payload = b;
@@ -193,34 +203,34 @@ static void *tb__kit_data_map_host(void *user_data, tb_backend_data *data, bool 
 }
 
 static tb_status tb__kit_data_unmap_host(void *user_data, tb_backend_data *data, void *host) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
-    tb__kbuf *b = (tb__kbuf *)data->payload;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
+    tb_kit_buffer *b = (tb_kit_buffer *)data->payload;
     tb_status st = TB_OK;
     if (R->unmap == NULL || b == NULL || b->shell) return TB_OK;
-    R->lock(b->dev);
-    if (R->alive(b->dev)) st = R->unmap(b->dev, b, host);
-    R->unlock(b->dev);
+    R->lock(b->device);
+    if (R->alive(b->device)) st = R->unmap(b->device, b, host);
+    R->unlock(b->device);
     return st;
 }
 
-static void *tb__kit_data_mem(const tb__kit_runtime *R, void *dev, tb_backend_data *data) {
-    tb__kbuf *b = (tb__kbuf *)data->payload, *mem = NULL;
+static void *tb__kit_data_mem(const tb_kit_runtime *R, void *dev, tb_backend_data *data) {
+    tb_kit_buffer *b = (tb_kit_buffer *)data->payload, *mem = NULL;
     unsigned char bytes[8];
     size_t size;
     if (b == NULL) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: an argument has no value", R->name);
         return NULL;
     }
-    if (b->dev != dev) {
+    if (b->device != dev) {
         tb__error(TB_ERR_INVALID_ARGUMENT, "%s: an argument lives on %s:%d, not %s:%d", R->name,
-                  R->name, (int)R->ordinal(b->dev), R->name, (int)R->ordinal(dev));
+                  R->name, (int)R->ordinal(b->device), R->name, (int)R->ordinal(dev));
         return NULL;
     }
     if (b->mem != NULL) return b->mem;
     /* a host scalar that a kernel reads as an array: its memory now */
     size = tb_dtype_size(data->shape.dtype);
     tb__kit_scalar_bytes(data->shape.dtype, data->scalar, bytes);
-    if (R->alloc(dev, size, &mem) != TB_OK) return NULL;
+    if (tb__kit_alloc(R, dev, size, &mem) != TB_OK) return NULL;
     if (R->write(dev, mem, bytes, size) != TB_OK) {
         R->release(mem);
         return NULL;
@@ -238,21 +248,23 @@ static void *tb__kit_data_mem(const tb__kit_runtime *R, void *dev, tb_backend_da
 /* Panels a pack kernel made of one parameter's buffer, kept while that buffer (the same object,
    of the same generation) comes again. */
 typedef struct tb__kit_kept {
-    const tb__kbuf *src;
+    const tb_kit_buffer *src;
     uint64_t gen;
-    tb__kbuf *panels;
+    tb_kit_buffer *panels;
 } tb__kit_kept;
 
 /* A compiled graph: its plan, its source, its program and a kernel per kernel with work. */
 typedef struct tb__kit_comp {
-    const tb__kit_runtime *R;
+    const tb_kit_runtime *R;
     void *dev; /* open: a reference on the runtime */
     tb__plan *plan;
     char *source;
     size_t source_len;
     bool f64; /* the device computes f64 (else f64 scalars are passed as f32) */
     void *program;
-    tb__kkernel *kernels;
+    tb_kit_kernel *kernels; /* per kernel: what launches need */
+    void **handles;         /* per kernel with work: the runtime's */
+    size_t *aux;
     tb__kit_kept *kept;
     int32_t ran; /* atomic: it ran once */
 } tb__kit_comp;
@@ -262,14 +274,14 @@ typedef struct tb__kit_context {
 } tb__kit_context;
 
 static void tb__kit_comp_release(tb__kit_comp *c) {
-    const tb__kit_runtime *R;
+    const tb_kit_runtime *R;
     size_t i;
     if (c == NULL) return;
     R = c->R;
     if (c->dev != NULL) {
-        for (i = 0; c->kernels != NULL && R->kernel_release != NULL && i < c->plan->num_kernels;
+        for (i = 0; c->handles != NULL && R->kernel_release != NULL && i < c->plan->num_kernels;
              i++)
-            if (c->kernels[i].handle != NULL) R->kernel_release(c->dev, &c->kernels[i]);
+            if (c->handles[i] != NULL) R->kernel_release(c->dev, c->handles[i]);
         if (c->program != NULL || c->kept != NULL) {
             R->lock(c->dev);
             if (c->program != NULL) R->drop(c->dev, c->program);
@@ -280,19 +292,102 @@ static void tb__kit_comp_release(tb__kit_comp *c) {
         R->close(c->dev);
     }
     tb__free(c->kernels);
+    tb__free(c->handles);
+    tb__free(c->aux);
     tb__free(c->kept);
     tb__free(c->source);
     tb__plan_free(c->plan);
     tb__free(c);
 }
 
+/* The tuning, the planner's target and the dialect of a device's facts. */
+static void tb__kit_target(const tb_kit_facts *f, tb__tuning *tuning, tb__target *target,
+                           tb__dialect *dialect) {
+    bool c99 = f->language == TB_KIT_C99, cpu = c99 || f->type == TB_DEVICE_CPU;
+    tb__tuning_of(c99 ? TB__CLASS_HOST : (cpu ? TB__CLASS_CPU : TB__CLASS_GPU), tuning);
+    if (cpu) {
+        /* the CPU's vector shape: 64 bytes (AVX-512: 32 registers), 32 (AVX2), 16 (SSE,
+           NEON); registers unknown: 32 with 64-byte vectors, else 16 */
+        tb__host_shape shape;
+        memset(&shape, 0, sizeof shape);
+        shape.vec_bytes = f->vector_bytes >= 64 ? 64 : (f->vector_bytes >= 32 ? 32 : 16);
+        shape.vec_regs = f->vector_registers > 0 ? (int32_t)f->vector_registers
+                                                 : (shape.vec_bytes >= 64 ? 32 : 16);
+        tb__tuning_fit(tuning, &shape);
+    }
+    memset(target, 0, sizeof *target);
+    target->tuning = tuning;
+    target->compute_units = f->compute_units > 0 ? f->compute_units : 1;
+    target->max_group = c99 || f->max_group == 0 ? 1 : f->max_group;
+    target->max_allocation = f->max_allocation;
+    target->max_args = f->max_args > 0 ? f->max_args : 128;
+    target->f64 = f->f64;
+    target->acc_f64 = f->f64 && f->f64_accumulate;
+    target->cache_bytes = f->cache_bytes;
+    target->buffer_align = f->buffer_align;
+    target->arg_table = c99; /* a C99 kernel takes its arguments as one table */
+    if (c99) {
+        tb__dialect_c99(dialect, tuning->vec_width);
+    } else {
+        tb__dialect_opencl(dialect, f->f64);
+        dialect->vec_width = tuning->vec_width > 0 ? tuning->vec_width : 16;
+    }
+}
+
+/* The kernels as launches see them, the program's source as a runtime builds it. */
+static tb_status tb__kit_build(tb__kit_comp *c) {
+    const tb__plan *p = c->plan;
+    tb_kit_program prog;
+    const char **fns;
+    size_t i, n = 0, *at, *len;
+    tb_status st;
+    for (i = 0; i < p->num_kernels; i++) {
+        const tb__plan_kernel *k = &p->kernels[i];
+        tb_kit_kernel *q = &c->kernels[i];
+        int d;
+        q->name = k->name;
+        q->function = k->fn;
+        for (d = 0; d < 3; d++) {
+            q->group_size[d] = k->group_size[d];
+            q->groups[d] = k->groups[d];
+        }
+        q->items = k->items;
+        q->bytes = k->bytes;
+        q->flops = k->flops;
+    }
+    fns = (const char **)tb__calloc(p->num_kernels + 1, sizeof *fns);
+    at = (size_t *)tb__calloc(p->num_kernels + 1, sizeof *at);
+    len = (size_t *)tb__calloc(p->num_kernels + 1, sizeof *len);
+    st = fns == NULL || at == NULL || len == NULL ? TB_ERR_OUT_OF_MEMORY : TB_OK;
+    for (i = 0; st == TB_OK && i < p->num_kernels; i++) {
+        if (!tb__plan_first_of_function(p, i)) continue;
+        fns[n] = p->kernels[i].fn;
+        at[n] = p->kernels[i].text_at;
+        len[n++] = p->kernels[i].text_len;
+    }
+    memset(&prog, 0, sizeof prog);
+    prog.source = c->source;
+    prog.length = c->source_len;
+    prog.head = p->text_head;
+    prog.num_functions = n;
+    prog.functions = fns;
+    prog.function_at = at;
+    prog.function_len = len;
+    if (st == TB_OK) st = c->R->build(c->dev, &prog, &c->program);
+    tb__free(fns);
+    tb__free(at);
+    tb__free(len);
+    return st;
+}
+
 /* Plans the graph for the device and renders the plan in the runtime's dialect. */
 static tb_status tb__kit_create_lowering_context(void *user_data, const tb_graph *graph,
                                                  void **context) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
     tb__kit_comp *c;
     tb__kit_context *ctx;
     tb__pgraph G;
+    tb_kit_facts facts;
     tb__tuning tuning;
     tb__target target;
     tb__dialect dialect;
@@ -312,9 +407,9 @@ static tb_status tb__kit_create_lowering_context(void *user_data, const tb_graph
         tb__free(ctx);
         return tb__kit_failed(TB_ERR_UNAVAILABLE);
     }
-    memset(&target, 0, sizeof target);
-    memset(&dialect, 0, sizeof dialect);
-    R->target(c->dev, &tuning, &target, &dialect);
+    memset(&facts, 0, sizeof facts);
+    R->facts(c->dev, &facts);
+    tb__kit_target(&facts, &tuning, &target, &dialect);
     c->f64 = target.f64;
     st = tb__plan_build(graph, &target, &G, &c->plan);
     if (st == TB_OK) {
@@ -359,7 +454,7 @@ static void tb__kit_log_kernels(const tb__kit_comp *c) {
 /* Builds (or finds) the program, then looks up a kernel per kernel with work; the computation
    leaves the context. */
 static tb_status tb__kit_compile(void *user_data, void *context, void **computation) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
     tb__kit_context *ctx = (tb__kit_context *)context;
     tb__kit_comp *c = ctx != NULL ? ctx->comp : NULL;
     tb_status st = TB_OK;
@@ -376,13 +471,16 @@ static tb_status tb__kit_compile(void *user_data, void *context, void **computat
         tb_log_message(TB_LOG_DEBUG, "%s:%d: program of graph %016llx:\n%s", R->name,
                        (int)R->ordinal(c->dev), (unsigned long long)c->plan->graph_hash, c->source);
     }
-    c->kernels = (tb__kkernel *)tb__calloc(c->plan->num_kernels + 1, sizeof *c->kernels);
+    c->kernels = (tb_kit_kernel *)tb__calloc(c->plan->num_kernels + 1, sizeof *c->kernels);
+    c->handles = (void **)tb__calloc(c->plan->num_kernels + 1, sizeof *c->handles);
+    c->aux = (size_t *)tb__calloc(c->plan->num_kernels + 1, sizeof *c->aux);
     c->kept = (tb__kit_kept *)tb__calloc(c->plan->num_kernels + 1, sizeof *c->kept);
-    if (c->kernels == NULL || c->kept == NULL) return TB_ERR_OUT_OF_MEMORY;
-    st = R->build(c->dev, c->plan, c->source, c->source_len, &c->program);
+    if (c->kernels == NULL || c->handles == NULL || c->aux == NULL || c->kept == NULL)
+        return TB_ERR_OUT_OF_MEMORY;
+    st = tb__kit_build(c);
     for (i = 0; i < c->plan->num_kernels && st == TB_OK; i++)
         if (!c->plan->kernels[i].empty)
-            st = R->kernel(c->dev, c->program, &c->plan->kernels[i], &c->kernels[i]);
+            st = R->kernel(c->dev, c->program, &c->kernels[i], &c->handles[i], &c->aux[i]);
     if (st != TB_OK) return st;
     if (tb_debug_level() >= 1) tb__kit_log_kernels(c);
     ctx->comp = NULL;
@@ -418,11 +516,11 @@ static int32_t tb__kit_get_node_kernel(void *user_data, const void *computation,
    are results or freed after their last use), the error flag and the scalar table. */
 typedef struct tb__kit_run {
     tb__kit_comp *c;
-    const tb__kit_runtime *R;
+    const tb_kit_runtime *R;
     void *dev;
-    tb__kbuf **owned, *err_buf, *table_buf;
+    tb_kit_buffer **owned, *err_buf, *table_buf;
     void **mems;            /* per slot: what a kernel argument passes */
-    tb__karg *args;         /* a kernel's arguments */
+    tb_kit_arg *args;       /* a kernel's arguments */
     uint64_t *events;       /* per kernel at TB_DEBUG >= 2: its launch's token */
     bool *timed;            /* per kernel: events[i] holds one */
     bool consumed;          /* the kernels writing into donated buffers were reached */
@@ -438,7 +536,7 @@ static size_t tb__kit_scalar_arg(tb__kit_run *r, tb_dtype dtype, const tb_backen
     } else {
         /* a scalar parameter given as an array (not made by data_from_scalar) */
         unsigned char raw[8];
-        const tb__kbuf *b = (const tb__kbuf *)data->payload;
+        const tb_kit_buffer *b = (const tb_kit_buffer *)data->payload;
         memset(raw, 0, sizeof raw);
         if (b == NULL) {
             tb__error(TB_ERR_INVALID_ARGUMENT, "%s: an argument has no value", r->R->name);
@@ -463,7 +561,7 @@ static tb_status tb__kit_run_buffers(tb__kit_run *r, tb_backend_data *const *arg
     size_t i, j, bytes;
     unsigned char *table;
     if (plan->num_errsites > 0) {
-        st = r->R->alloc(r->dev, sizeof zeros, &r->err_buf);
+        st = tb__kit_alloc(r->R, r->dev, sizeof zeros, &r->err_buf);
         if (st == TB_OK) st = r->R->write(r->dev, r->err_buf, zeros, sizeof zeros);
     }
     if (st != TB_OK || !plan->scalar_table) return st;
@@ -480,7 +578,7 @@ static tb_status tb__kit_run_buffers(tb__kit_run *r, tb_backend_data *const *arg
                 st = tb__kit_failed(TB_ERR_EXECUTE);
         }
     }
-    if (st == TB_OK) st = r->R->alloc(r->dev, bytes, &r->table_buf);
+    if (st == TB_OK) st = tb__kit_alloc(r->R, r->dev, bytes, &r->table_buf);
     if (st == TB_OK) st = r->R->write(r->dev, r->table_buf, table, bytes);
     tb__free(table);
     return st;
@@ -491,9 +589,9 @@ static tb_status tb__kit_run_init(tb__kit_run *r, tb_backend_data *const *argume
     size_t i, most = 1;
     for (i = 0; i < plan->num_kernels; i++)
         if (plan->kernels[i].num_args + 1 > most) most = plan->kernels[i].num_args + 1;
-    r->owned = (tb__kbuf **)tb__calloc(plan->num_slots + 1, sizeof *r->owned);
+    r->owned = (tb_kit_buffer **)tb__calloc(plan->num_slots + 1, sizeof *r->owned);
     r->mems = (void **)tb__calloc(plan->num_slots + 1, sizeof *r->mems);
-    r->args = (tb__karg *)tb__calloc(most, sizeof *r->args);
+    r->args = (tb_kit_arg *)tb__calloc(most, sizeof *r->args);
     if (r->owned == NULL || r->mems == NULL || r->args == NULL) return TB_ERR_OUT_OF_MEMORY;
     if (tb_debug_level() >= 2) {
         r->events = (uint64_t *)tb__calloc(plan->num_kernels + 1, sizeof *r->events);
@@ -510,7 +608,7 @@ static tb_status tb__kit_run_init(tb__kit_run *r, tb_backend_data *const *argume
         /* a result computed into a donated parameter's buffer */
         if (plan->result_alias[i] >= 0)
             r->mems[plan->result_slot[i]] =
-                ((tb__kbuf *)arguments[plan->result_alias[i]]->payload)->mem;
+                ((tb_kit_buffer *)arguments[plan->result_alias[i]]->payload)->mem;
     }
     return tb__kit_run_buffers(r, arguments);
 }
@@ -524,7 +622,7 @@ static tb_status tb__kit_run_args(tb__kit_run *r, const tb__plan_kernel *k,
     r->args[0].mem = r->mems[k->out_slot];
     for (j = 0; j < k->num_args; j++) {
         const tb__plan_arg *a = &k->args[j];
-        tb__karg *g = &r->args[j + 1];
+        tb_kit_arg *g = &r->args[j + 1];
         g->kind = a->kind;
         if (a->kind == TB__ARG_BUF) {
             g->mem = r->mems[a->index];
@@ -542,7 +640,7 @@ static tb_status tb__kit_run_args(tb__kit_run *r, const tb__plan_kernel *k,
     return TB_OK;
 }
 
-static void tb__kit_count(const tb__kit_runtime *R, void *dev, const char *what, int64_t delta) {
+static void tb__kit_count(const tb_kit_runtime *R, void *dev, const char *what, int64_t delta) {
     char name[64];
     if (!R->alive(dev)) return;
     snprintf(name, sizeof name, "%s::%s", R->metric, what);
@@ -551,10 +649,10 @@ static void tb__kit_count(const tb__kit_runtime *R, void *dev, const char *what,
 
 /* Runs kernel i: its output allocated, its arguments gathered, its launch made. */
 static tb_status tb__kit_run_kernel(tb__kit_run *r, size_t i, tb_backend_data *const *arguments) {
-    const tb__kit_runtime *R = r->R;
+    const tb_kit_runtime *R = r->R;
     const tb__plan_kernel *k = &r->c->plan->kernels[i];
-    const tb__kbuf *src =
-        k->pack_param >= 0 ? (const tb__kbuf *)arguments[k->pack_param]->payload : NULL;
+    const tb_kit_buffer *src =
+        k->pack_param >= 0 ? (const tb_kit_buffer *)arguments[k->pack_param]->payload : NULL;
     tb__kit_kept *kp = &r->c->kept[i];
     tb_status st;
     if (src != NULL && kp->panels != NULL && kp->src == src && kp->gen == src->gen) {
@@ -565,15 +663,15 @@ static tb_status tb__kit_run_kernel(tb__kit_run *r, size_t i, tb_backend_data *c
     if (r->mems[k->out_slot] == NULL) {
         size_t size = 0;
         st = tb_shape_nbytes(&r->c->plan->slots[k->out_slot].shape, &size);
-        if (st == TB_OK) st = R->alloc(r->dev, size, &r->owned[k->out_slot]);
+        if (st == TB_OK) st = tb__kit_alloc(R, r->dev, size, &r->owned[k->out_slot]);
         if (st != TB_OK) return st;
         r->mems[k->out_slot] = r->owned[k->out_slot]->mem;
     }
     if (k->empty) return TB_OK; /* nothing to compute */
     st = tb__kit_run_args(r, k, arguments);
     if (st == TB_OK)
-        st = R->launch(r->dev, &r->c->kernels[i], k, r->args, k->num_args + 1,
-                       r->events != NULL ? &r->events[i] : NULL);
+        st = R->launch(r->dev, r->c->handles[i], r->c->aux[i], &r->c->kernels[i], r->args,
+                       k->num_args + 1, r->events != NULL ? &r->events[i] : NULL);
     if (st != TB_OK) return st;
     if (r->timed != NULL) r->timed[i] = true;
     r->launches++;
@@ -610,7 +708,8 @@ static tb_status tb__kit_run_consume(tb__kit_run *r, tb_backend_data *const *arg
     for (i = 0; i < plan->num_results; i++) {
         /* its panels, kept by pack kernels, are stale from here on */
         if (plan->result_alias[i] >= 0)
-            ((tb__kbuf *)arguments[plan->result_alias[i]]->payload)->gen = tb__next_generation();
+            ((tb_kit_buffer *)arguments[plan->result_alias[i]]->payload)->gen =
+                tb__next_generation();
     }
     return TB_OK;
 }
@@ -622,16 +721,16 @@ static tb_status tb__kit_copy_results(tb__kit_run *r, tb_backend_data *const *re
     for (i = 0; i < plan->num_results; i++) {
         int32_t src = plan->result_source[i];
         size_t size = 0;
-        tb__kbuf *copy = NULL, from;
+        tb_kit_buffer *copy = NULL, from;
         tb_status st;
         if (src < 0) continue;
         /* the buffer it repeats may be a donated one: its size is the slot's */
         st = tb_shape_nbytes(&plan->slots[plan->result_slot[src]].shape, &size);
-        if (st == TB_OK) st = r->R->alloc(r->dev, size, &copy);
+        if (st == TB_OK) st = tb__kit_alloc(r->R, r->dev, size, &copy);
         if (st != TB_OK) return st;
         memset(&from, 0, sizeof from);
         from.mem = r->mems[plan->result_slot[src]];
-        from.dev = r->dev;
+        from.device = r->dev;
         from.size = size;
         st = size == 0 ? TB_OK : r->R->copy(r->dev, &from, copy, size);
         if (st != TB_OK) {
@@ -666,7 +765,7 @@ static void tb__kit_profile(tb__kit_run *r) {
 static void tb__kit_run_finish(tb__kit_run *r, tb_status st, tb_backend_data *const *arguments,
                                tb_backend_data *const *results) {
     const tb__plan *plan = r->c->plan;
-    const tb__kit_runtime *R = r->R;
+    const tb_kit_runtime *R = r->R;
     size_t i;
     for (i = 0; i < plan->num_results && r->owned != NULL; i++) {
         int32_t d = plan->result_alias[i];
@@ -675,14 +774,14 @@ static void tb__kit_run_finish(tb__kit_run *r, tb_status st, tb_backend_data *co
                 results[i]->payload = arguments[d]->payload;
                 arguments[d]->payload = NULL;
             } else if (r->consumed) {
-                R->release((tb__kbuf *)arguments[d]->payload);
+                R->release((tb_kit_buffer *)arguments[d]->payload);
                 arguments[d]->payload = NULL;
             }
             continue;
         }
         if (plan->result_source[i] >= 0) {
             if (st != TB_OK && results[i]->payload != NULL) {
-                R->release((tb__kbuf *)results[i]->payload);
+                R->release((tb_kit_buffer *)results[i]->payload);
                 results[i]->payload = NULL;
             }
         } else if (st == TB_OK) {
@@ -735,7 +834,7 @@ static tb_status tb__kit_run_kernels(tb__kit_run *r, tb_backend_data *const *arg
 static tb_status tb__kit_execute(void *user_data, void *computation,
                                  tb_backend_data *const *arguments, size_t num_arguments,
                                  tb_backend_data *const *results, size_t num_results) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
     tb__kit_comp *c = (tb__kit_comp *)computation;
     const tb__plan *p = c != NULL ? c->plan : NULL;
     tb__kit_run r;
@@ -774,7 +873,7 @@ static tb_status tb__kit_execute(void *user_data, void *computation,
 /* ---- IR hooks, metrics, registration ---- */
 
 static bool tb__kit_supports_node(void *user_data, const tb_node *node) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
     if (R->supports != NULL && !R->supports(node)) return false;
     if (node->op >= TB_OP_BUILTIN_COUNT) {
         /* custom ops with a kernel expression */
@@ -784,12 +883,13 @@ static bool tb__kit_supports_node(void *user_data, const tb_node *node) {
     return node->op >= 0;
 }
 
-static void tb__kit_report_device(const tb__kit_runtime *R, void *dev, const tb_device_info *info,
+static void tb__kit_report_device(const tb_kit_runtime *R, void *dev, const tb_device_info *info,
                                   tb__str *s) {
-    const tb__kit_stats *k = R->stats(dev);
-    tb__str_append(s, "Device: %s:%d (%s, %s, %u compute units)\n", R->name, (int)R->ordinal(dev),
+    char more[1024];
+    const tb_kit_stats *k = R->stats(dev);
+    tb__str_append(s, "Device: %s:%d (%s, %s, %u compute unit%s)\n", R->name, (int)R->ordinal(dev),
                    info->name, tb_device_type_name(info->device.type),
-                   (unsigned)info->compute_units);
+                   (unsigned)info->compute_units, info->compute_units == 1 ? "" : "s");
 #define TB__KIT_LINE(what, value)                                                                  \
     tb__str_append(s, "  %s::%s: %llu\n", R->metric, what, (unsigned long long)(value))
     TB__KIT_LINE("BytesInUse", k->bytes_in_use);
@@ -801,11 +901,13 @@ static void tb__kit_report_device(const tb__kit_runtime *R, void *dev, const tb_
     TB__KIT_LINE("DiskCacheRejected", TB__ATOMIC_LOAD(&k->disk_rejected));
     TB__KIT_LINE("KernelLaunch", TB__ATOMIC_LOAD(&k->launches));
 #undef TB__KIT_LINE
-    if (R->report != NULL) R->report(dev, s);
+    more[0] = '\0';
+    if (R->report != NULL) R->report(dev, more, sizeof more);
+    tb__str_append(s, "%s", more);
 }
 
 static size_t tb__kit_metrics_report(void *user_data, char *buf, size_t cap) {
-    const tb__kit_runtime *R = (const tb__kit_runtime *)user_data;
+    const tb_kit_runtime *R = (const tb_kit_runtime *)user_data;
     char why[512];
     size_t i, n, count;
     tb__str s;
@@ -840,10 +942,10 @@ static size_t tb__kit_metrics_report(void *user_data, char *buf, size_t cap) {
 }
 
 static void tb__kit_prepare_to_exit(void *user_data) {
-    ((const tb__kit_runtime *)user_data)->exit();
+    ((const tb_kit_runtime *)user_data)->shutdown();
 }
 
-static void tb__kit_impl(const tb__kit_runtime *R, tb_backend_impl *impl) {
+static void tb__kit_impl(const tb_kit_runtime *R, tb_backend_impl *impl) {
     memset(impl, 0, sizeof *impl);
     impl->user_data = (void *)(uintptr_t)R;
     impl->prepare_to_exit = tb__kit_prepare_to_exit;
@@ -865,3 +967,146 @@ static void tb__kit_impl(const tb__kit_runtime *R, tb_backend_impl *impl) {
     impl->get_device_info = tb__kit_get_device_info;
     impl->create_metrics_report = tb__kit_metrics_report;
 }
+
+/* ---- what the runtimes share beneath the table ---- */
+
+static bool tb__kit_loaded(tb_status status, const char *reason) {
+    if (status == TB_ERR_OUT_OF_MEMORY) {
+        tb__error(status, "%s", reason);
+        return false;
+    }
+    if (status != TB_OK) tb_log_message(TB_LOG_INFO, "%s", reason);
+    return true;
+}
+
+/* ---- the runtimes' program caches ---- */
+
+static tb__kit_prog *tb__kit_prog_find(tb__kit_prog *list, const uint64_t key[2], const char *src,
+                                       size_t len, int64_t *collisions) {
+    tb__kit_prog *p;
+    for (p = list; p != NULL; p = p->next) {
+        if (p->key[0] != key[0] || p->key[1] != key[1]) continue;
+        if (p->source_len != len || memcmp(p->source, src, len) != 0) {
+            if (collisions != NULL) ++*collisions;
+            continue;
+        }
+        p->refcount++;
+        return p;
+    }
+    return NULL;
+}
+
+static void tb__kit_prog_unref(tb__kit_prog **list, tb__kit_prog *p, tb__kit_prog_free_fn free_fn,
+                               void *ctx) {
+    tb__kit_prog **link;
+    if (p == NULL || --p->refcount > 0) return;
+    for (link = list; *link != NULL; link = &(*link)->next) {
+        if (*link == p) {
+            *link = p->next;
+            break;
+        }
+    }
+    free_fn(ctx, p);
+}
+
+static void tb__kit_progs_trim(tb__kit_prog **list, size_t keep, tb__kit_prog_free_fn free_fn,
+                               void *ctx) {
+    size_t count = 0;
+    tb__kit_prog *p;
+    for (p = *list; p != NULL; p = p->next)
+        count++;
+    while (count > keep) {
+        tb__kit_prog *oldest = NULL;
+        for (p = *list; p != NULL; p = p->next)
+            if (p->refcount == 1) oldest = p; /* the list is newest first */
+        if (oldest == NULL) break;
+        tb__kit_prog_unref(list, oldest, free_fn, ctx);
+        count--;
+    }
+}
+
+/* ---- public: tb_kit_* ---- */
+
+/* The first required entry a table lacks, or NULL. */
+static const char *tb__kit_missing(const tb_kit_runtime *R) {
+    if (R->name == NULL || R->metric == NULL || R->build_metric == NULL) return "name";
+#define TB__KIT_NEED(entry)                                                                        \
+    if (R->entry == NULL) return #entry
+    TB__KIT_NEED(devices);
+    TB__KIT_NEED(open);
+    TB__KIT_NEED(close);
+    TB__KIT_NEED(alive);
+    TB__KIT_NEED(ordinal);
+    TB__KIT_NEED(info);
+    TB__KIT_NEED(stats);
+    TB__KIT_NEED(facts);
+    TB__KIT_NEED(lock);
+    TB__KIT_NEED(unlock);
+    TB__KIT_NEED(alloc);
+    TB__KIT_NEED(release);
+    TB__KIT_NEED(write);
+    TB__KIT_NEED(read);
+    TB__KIT_NEED(copy);
+    TB__KIT_NEED(build);
+    TB__KIT_NEED(kernel);
+    TB__KIT_NEED(drop);
+    TB__KIT_NEED(launch);
+    TB__KIT_NEED(finish);
+    TB__KIT_NEED(elapsed);
+    TB__KIT_NEED(shutdown);
+#undef TB__KIT_NEED
+    return NULL;
+}
+
+TBDEF tb_status tb_kit_register(const char *name, const tb_kit_runtime *runtime, const char *tags) {
+    tb_backend_impl impl;
+    const char *missing;
+    if (name == NULL || runtime == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_kit_register: %s is NULL",
+                         name == NULL ? "name" : "runtime");
+    }
+    missing = tb__kit_missing(runtime);
+    if (missing != NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_kit_register: backend '%s': the runtime table has no %s", name,
+                         missing);
+    }
+    tb__kit_impl(runtime, &impl);
+    return tb_backend_register(name, &impl, tags);
+}
+
+TBDEF void tb_kit_work_items(const tb_kit_kernel *k, uint64_t size[3]) {
+    if (size == NULL) return;
+    if (k == NULL) {
+        size[0] = size[1] = size[2] = 0;
+        return;
+    }
+    tb__work_items(k->group_size, k->groups, k->items, size);
+}
+
+TBDEF void tb_kit_progress(size_t done, size_t total) {
+    tb__progress_kernels(done, total);
+}
+
+#else /* !TB__HAVE_COMPILED_BACKENDS */
+
+TBDEF tb_status tb_kit_register(const char *name, const tb_kit_runtime *runtime, const char *tags) {
+    (void)name;
+    (void)runtime;
+    (void)tags;
+    return tb__error(TB_ERR_UNSUPPORTED,
+                     "tb_kit_register: built with TB_NO_OPENCL and TB_NO_NATIVE (no code "
+                     "generator)");
+}
+
+TBDEF void tb_kit_work_items(const tb_kit_kernel *k, uint64_t size[3]) {
+    (void)k;
+    if (size != NULL) size[0] = size[1] = size[2] = 0;
+}
+
+TBDEF void tb_kit_progress(size_t done, size_t total) {
+    (void)done;
+    (void)total;
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */

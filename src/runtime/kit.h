@@ -1,111 +1,173 @@
 /* ===========================================================================================
-   The compiled-backend kit: what every backend that compiles the planner's kernels shares
-   (kit.c), over a small table a runtime fills (OpenCL: opencl.c; native: native.c). The kit owns
-   the backend's entries: data in and out, plan and render, program and kernel lookup, the launch
-   loop with its buffers (lifetimes, donation, kept panels, the error flag, the scalar table),
-   profiling and metrics. A runtime gives devices, memory, program builds, kernel lookup, launch
-   and fence.
+   Compiled backends: the kit
+   A backend that runs the library's generated kernels on its own device registers a runtime
+   table with tb_kit_register. The kit gives it everything between the graph and the launch,
+   as the built-in "opencl" and "native" backends (which are made this way) get it: fusion and
+   the kernel plan, code generation in C99 or OpenCL C for the device's facts, the computation
+   cache, buffer lifetimes and donation, kept matmul panels, run-time error reports, TB_DEBUG
+   profiling, metrics, TB_CHECK. The runtime gives devices, memory, program builds, kernel
+   lookup, launch and fence.
+
+   Entries marked (locked) are called between the runtime's lock and unlock of that device
+   (which may be one lock for all devices); the others without it. `dev` is the runtime's own
+   device object, as `open` returns it.
+
+   The kernels: a program is the source of one graph's kernels; each kernel is one function of
+   it (tb_kit_kernel.function). A launch passes the arguments of tb_kit_arg in order, the
+   output first. In OpenCL C a kernel is a __kernel function: a buffer argument is its cl_mem, a
+   scalar its bytes, a table its buffer followed by the kernel's first entry as a long. In C99
+   (GNU C: vector extensions, <tgmath.h>; built with -std=gnu99 -ffp-contract=off, as a shared
+   object) a kernel is `void NAME(void *const *args, long lo, long hi)` running work items
+   [lo, hi) of its tb_kit_work_items: args[i] is a buffer's address, the address of a scalar's
+   bytes, or a table's address plus 8 * at; work items may be split among threads as the
+   runtime likes.
    =========================================================================================== */
-#include "../impl_begin.h"
 
-/* A buffer of a compiled backend: the payload of its tb_backend_data. A runtime's own buffer
-   type starts with one. `mem` is what a kernel argument passes (a host address, a cl_mem); a
-   scalar made by data_from_scalar has none (NULL) until a kernel reads it from memory, its
-   value in tb_backend_data.scalar. */
-typedef struct tb__kbuf {
-    void *mem;
-    void *dev;    /* the runtime's device */
+/* A buffer of a compiled backend (the payload of its data): a runtime's own buffer type starts
+   with one, which its `alloc` fills (mem, device, size, cap; the rest zero). */
+typedef struct tb_kit_buffer {
+    void *mem;    /* what a kernel argument passes: an address, a cl_mem, a handle */
+    void *device; /* the runtime's device */
     size_t size;  /* bytes asked for */
-    size_t cap;   /* bytes it holds: the size class */
-    uint64_t gen; /* tb__next_generation when it was handed out or last written */
-    /* a scalar's buffer (the kit's, holding a reference on the device): `real` is the runtime's
-       buffer that gives it memory once a kernel reads it as an array (mem is then real's) */
+    size_t cap;   /* bytes it holds (at least size) */
+    /* the kit's own (its generation, a scalar's state): alloc leaves them zero */
+    uint64_t gen;
     bool shell;
-    struct tb__kbuf *real;
-} tb__kbuf;
+    struct tb_kit_buffer *real;
+} tb_kit_buffer;
 
-/* A kernel argument, in the plan's order after the output (which is args[0], a buffer). */
-typedef struct tb__karg {
-    int32_t kind;           /* TB__ARG_BUF (the output too), _SCALAR, _TABLE or _ERR */
-    void *mem;              /* a buffer's, the table's or the error flag's tb__kbuf.mem */
-    size_t size;            /* a scalar's bytes */
+typedef enum tb_kit_arg_kind {
+    TB_KIT_ARG_BUFFER = 0, /* a buffer (the output is one) */
+    TB_KIT_ARG_SCALAR = 1, /* a value passed by value */
+    TB_KIT_ARG_ERROR = 2,  /* the run's error flag: a buffer of 16 bytes */
+    TB_KIT_ARG_TABLE = 3   /* the run's scalar table (8 bytes an entry) and the kernel's first */
+} tb_kit_arg_kind;
+
+/* A kernel argument. */
+typedef struct tb_kit_arg {
+    int32_t kind;           /* tb_kit_arg_kind */
+    void *mem;              /* a buffer's, the error flag's or the table's tb_kit_buffer.mem */
+    size_t size;            /* a scalar's bytes (1 to 8) */
     unsigned char value[8]; /* a scalar's value as the kernel declares it */
-    int64_t at;             /* the table: the kernel's first entry */
-} tb__karg;
+    int64_t at;             /* a table: the kernel's first entry */
+} tb_kit_arg;
 
-/* A kernel the runtime found in a program: its handle and a number of its own (OpenCL: the
-   work-group size of a kernel launched over items). */
-typedef struct tb__kkernel {
-    void *handle;
-    size_t aux;
-} tb__kkernel;
+/* What a runtime needs to know of a kernel to launch it. */
+typedef struct tb_kit_kernel {
+    const char *name;     /* for messages and profiles */
+    const char *function; /* its function in the program */
+    /* group_size[0] > 0: groups[d] work-groups of group_size[d] work items in 3 dimensions (the
+       kernel needs that size); else `items` work items in one, in groups of any size */
+    size_t group_size[3];
+    size_t groups[3];
+    uint64_t items;
+    double bytes, flops; /* its least traffic and arithmetic (a cost to split work by) */
+} tb_kit_kernel;
 
-/* The counters every compiled backend reports (a device's; guarded by its lock, or atomic). */
-typedef struct tb__kit_stats {
+/* The source of a graph's program: a head every function needs, then the functions, each a
+   run of text (function_at[i], function_len[i]) after it; a runtime may compile the head with
+   any run of functions apart (the native backend compiles in parts, in parallel). */
+typedef struct tb_kit_program {
+    const char *source; /* NUL-terminated */
+    size_t length;
+    size_t head; /* bytes of the head */
+    size_t num_functions;
+    const char *const *functions;
+    const size_t *function_at, *function_len;
+} tb_kit_program;
+
+typedef enum tb_kit_language {
+    TB_KIT_C99 = 0,     /* GNU C99 functions over work items (see above) */
+    TB_KIT_OPENCL_C = 1 /* OpenCL C 1.2 */
+} tb_kit_language;
+
+/* What code generation needs of a device. Zero is "unknown / none" in every field but
+   language and type. */
+typedef struct tb_kit_facts {
+    tb_kit_language language;
+    tb_device_type type;       /* CPU: the CPU tuning (kernels over rows); else the GPU's */
+    uint32_t vector_bytes;     /* a CPU's vector registers: 16 (SSE, NEON), 32 (AVX2), 64 */
+    uint32_t vector_registers; /* how many (16 or 32) */
+    uint32_t compute_units;
+    uint32_t max_group; /* the largest work-group (1: no groups, as C99 kernels) */
+    uint64_t max_allocation;
+    uint64_t cache_bytes;  /* a core's L2 */
+    uint32_t max_args;     /* kernel arguments it takes (8 bytes each) */
+    uint32_t buffer_align; /* every buffer's start is aligned to this many bytes */
+    bool f64;              /* it computes in double */
+    bool f64_accumulate;   /* float sums may accumulate in double (fast on CPUs) */
+} tb_kit_facts;
+
+/* Counters the kit reports for a device (its metrics report, under `metric`::NAME): the
+   runtime keeps them, the kit counts launches. Guarded by the device's lock or atomic. */
+typedef struct tb_kit_stats {
     uint64_t bytes_in_use, peak_bytes, cached_bytes;
-    uint64_t cache_limit; /* the most bytes the buffer cache keeps */
+    uint64_t cache_limit; /* the most bytes a cache of free buffers keeps: panels kept above it
+                             are not */
     uint64_t builds, disk_hits, disk_misses, disk_rejected, launches;
-} tb__kit_stats;
+} tb_kit_stats;
 
-/* A runtime. `dev` is the runtime's device; entries marked (locked) are called between lock
-   and unlock of that device, the others without its lock. */
-typedef struct tb__kit_runtime {
-    const char *name;         /* the backend's name */
-    const char *metric;       /* its metrics' prefix ("OpenCL": "OpenCL::KernelLaunch") */
+/* The runtime table. Every entry is required unless marked (optional). */
+typedef struct tb_kit_runtime {
+    const char *name;         /* the backend's name in messages */
+    const char *metric;       /* its metrics' prefix: "Native" gives "Native::KernelLaunch" */
     const char *build_metric; /* the name of its builds counter ("ProgramBuild") */
-    /* the driver compiles a kernel at its first launch: the first run reports progress */
-    bool lazy_build;
-    /* the devices (0 and *why set when there are none) */
+    bool lazy_build;          /* the driver compiles a kernel at its first launch: first runs report
+                                 progress by launches */
+    /* the devices: how many, the first cap of them in out; 0 with why filled when none */
     size_t (*devices)(tb_device *out, size_t cap, char *why, size_t why_cap);
-    /* device `ordinal` with a reference on the runtime, ready for work unless `bare` (no
-       context or queue made: facts and counters only); NULL with the error set */
+    /* device `ordinal`, held until close; ready for work unless `bare` (facts and counters
+       only); NULL with the error set (tb_set_error) */
     void *(*open)(int32_t ordinal, const char *func, bool bare);
     void (*close)(void *dev);
-    bool (*alive)(void *dev); /* false once the backend exited */
+    bool (*alive)(void *dev); /* (locked) false once the backend shut down */
     int32_t (*ordinal)(void *dev);
     void (*info)(void *dev, bool full, tb_device_info *out); /* full: facts that take time too */
-    tb__kit_stats *(*stats)(void *dev);
-    /* what the planner and the code generator need of the device */
-    void (*target)(void *dev, tb__tuning *tuning, tb__target *target, tb__dialect *dialect);
+    tb_kit_stats *(*stats)(void *dev);
+    void (*facts)(void *dev, tb_kit_facts *out);
     void (*lock)(void *dev);
     void (*unlock)(void *dev);
-    /* memory (locked); `release` gives a buffer back (the kit locks its device) */
-    tb_status (*alloc)(void *dev, size_t bytes, tb__kbuf **out);
-    void (*release)(tb__kbuf *b);
-    tb_status (*write)(void *dev, tb__kbuf *b, const void *host, size_t bytes);
-    tb_status (*read)(void *dev, const tb__kbuf *b, void *host, size_t bytes);
-    tb_status (*copy)(void *dev, const tb__kbuf *from, tb__kbuf *to, size_t bytes);
+    /* memory (locked) */
+    tb_status (*alloc)(void *dev, size_t bytes, tb_kit_buffer **out);
+    void (*release)(tb_kit_buffer *b);
+    tb_status (*write)(void *dev, tb_kit_buffer *b, const void *host, size_t bytes);
+    tb_status (*read)(void *dev, const tb_kit_buffer *b, void *host, size_t bytes);
+    tb_status (*copy)(void *dev, const tb_kit_buffer *from, tb_kit_buffer *to, size_t bytes);
     /* (locked, optional) the buffer in the host's address space, NULL where it cannot be;
-       unmap ends that */
-    void *(*map)(void *dev, tb__kbuf *b, size_t bytes, bool write);
-    tb_status (*unmap)(void *dev, tb__kbuf *b, void *host);
-    /* programs: the built program of a plan's source (reporting progress), its kernels, and
-       (locked) its release */
-    tb_status (*build)(void *dev, const tb__plan *plan, const char *src, size_t len,
-                       void **program);
-    tb_status (*kernel)(void *dev, void *program, const tb__plan_kernel *k, tb__kkernel *out);
-    void (*kernel_release)(void *dev, tb__kkernel *kern); /* (optional) */
+       unmap (optional) ends that */
+    void *(*map)(void *dev, tb_kit_buffer *b, size_t bytes, bool write);
+    tb_status (*unmap)(void *dev, tb_kit_buffer *b, void *host);
+    /* programs: the built program of a source; a kernel of it (the handle and a number of the
+       runtime's own go back to launch); (locked) the program given back */
+    tb_status (*build)(void *dev, const tb_kit_program *source, void **program);
+    tb_status (*kernel)(void *dev, void *program, const tb_kit_kernel *k, void **handle,
+                        size_t *aux);
+    void (*kernel_release)(void *dev, void *handle); /* (optional) */
     void (*drop)(void *dev, void *program);
-    /* (locked) a launch of kernel k with its arguments; `event` non-NULL: a token for
-       `elapsed` after `finish` */
-    tb_status (*launch)(void *dev, const tb__kkernel *kern, const tb__plan_kernel *k,
-                        const tb__karg *args, size_t num_args, uint64_t *event);
-    void (*finish)(void *dev);                    /* (locked) waits for the work enqueued */
-    double (*elapsed)(void *dev, uint64_t event); /* (locked) ns of a launch; frees the token */
-    /* (locked, optional) after each successful run, with the work done (a first run's program
-       may be worth saving now); after a run's last launch (submit what is enqueued) */
+    /* (locked) a launch; `event` non-NULL: a token for `elapsed` once `finish` returned */
+    tb_status (*launch)(void *dev, void *handle, size_t aux, const tb_kit_kernel *k,
+                        const tb_kit_arg *args, size_t num_args, uint64_t *event);
+    void (*finish)(void *dev);                    /* (locked) waits for the work launched */
+    double (*elapsed)(void *dev, uint64_t event); /* (locked) ns of a launch; ends the token */
+    /* (locked, optional) after each successful run, the program's work done; at the end of a
+       run (submit what is queued) */
     void (*ran)(void *dev, void *program);
     void (*flush)(void *dev);
-    void (*report)(void *dev, tb__str *s); /* (locked, optional) more lines of its metrics */
-    bool (*supports)(const tb_node *node); /* (optional) a node it cannot lower */
-    void (*exit)(void);                    /* drops every cache: the backend is going away */
-} tb__kit_runtime;
+    /* (locked, optional) more lines of its metrics report ("  Name::Counter: 12\n") */
+    void (*report)(void *dev, char *buf, size_t cap);
+    bool (*supports)(const tb_node *node); /* (optional) false: the node runs on the cpu */
+    void (*shutdown)(void);                /* drops every cache: the backend is going away */
+} tb_kit_runtime;
 
-/* the backend entries of a runtime (impl->user_data is the runtime); the runtime sets its own
-   after (default devices and the like) */
-static void tb__kit_impl(const tb__kit_runtime *R, tb_backend_impl *impl);
-/* the device memory of a data (a host scalar gets its memory now); NULL with the error set.
-   Call with dev locked. */
-static void *tb__kit_data_mem(const tb__kit_runtime *R, void *dev, tb_backend_data *data);
-/* the value of a scalar as the bytes of `dtype` */
-static void tb__kit_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[8]);
+/* Registers the compiled backend `name` (tags as tb_backend_register's) over `runtime`, which
+   must stay valid until tb_shutdown. Errors: NULL or incomplete tables (a required entry
+   NULL: TB_ERR_INVALID_ARGUMENT, the entry named), and those of tb_backend_register. */
+TBDEF tb_status tb_kit_register(const char *name, const tb_kit_runtime *runtime, const char *tags);
+
+/* The work-item space of a kernel: its global size in each dimension (items in C99 kernels
+   are the flattened product). */
+TBDEF void tb_kit_work_items(const tb_kit_kernel *k, uint64_t size[3]);
+
+/* For a runtime whose build takes a while: reports `done` of `total` functions built (the
+   library's progress line, shown when stderr is a terminal or TB_DEBUG >= 1). */
+TBDEF void tb_kit_progress(size_t done, size_t total);

@@ -67,28 +67,27 @@ static void tb__native_info(void *dev, bool full, tb_device_info *out) {
     tb__mutex_unlock(&tb__native_mutex);
 }
 
-static tb__kit_stats *tb__native_stats(void *dev) {
+static tb_kit_stats *tb__native_stats(void *dev) {
     return &((tb__native_rt *)dev)->stats;
 }
 
-/* Plans for the host's threads and vector shape; renders C99. */
-static void tb__native_target(void *dev, tb__tuning *tuning, tb__target *target,
-                              tb__dialect *dialect) {
+/* C99 for the host's threads and vector shape (what both the CPU and the compiler's target
+   have). */
+static void tb__native_facts(void *dev, tb_kit_facts *f) {
     tb__native_rt *rt = (tb__native_rt *)dev;
     tb__native_shape(rt);
-    tb__tuning_of(TB__CLASS_HOST, tuning);
-    tb__tuning_fit(tuning, &rt->shape);
-    target->tuning = tuning;
-    target->compute_units = rt->info.compute_units;
-    target->max_group = 1;
-    target->max_allocation = rt->info.max_allocation;
-    target->max_args = 4096;
-    target->f64 = true;
-    target->acc_f64 = true;
-    target->cache_bytes = rt->l2_bytes;
-    target->buffer_align = 64; /* tb__native_buf_alloc */
-    target->arg_table = true;  /* tb__native_emit_kernel: TB__CG_ARGS */
-    tb__native_dialect(dialect, tuning->vec_width);
+    f->language = TB_KIT_C99;
+    f->type = TB_DEVICE_CPU;
+    f->vector_bytes = (uint32_t)rt->shape.vec_bytes;
+    f->vector_registers = (uint32_t)rt->shape.vec_regs;
+    f->compute_units = rt->info.compute_units;
+    f->max_group = 1;
+    f->max_allocation = rt->info.max_allocation;
+    f->cache_bytes = rt->l2_bytes;
+    f->max_args = 4096;
+    f->buffer_align = 64; /* tb__native_buf_alloc */
+    f->f64 = true;
+    f->f64_accumulate = true;
 }
 
 static void tb__native_lock(void *dev) {
@@ -103,37 +102,38 @@ static void tb__native_unlock(void *dev) {
 
 /* ---- memory: host memory, read and written in place ---- */
 
-static tb_status tb__native_alloc(void *dev, size_t bytes, tb__kbuf **out) {
+static tb_status tb__native_alloc(void *dev, size_t bytes, tb_kit_buffer **out) {
     tb__native_buf *b = NULL;
     tb_status st = tb__native_buf_alloc((tb__native_rt *)dev, bytes, &b);
     *out = b != NULL ? &b->k : NULL;
     return st;
 }
 
-static void tb__native_release(tb__kbuf *b) {
-    tb__native_buf_free((tb__native_rt *)b->dev, (tb__native_buf *)b);
+static void tb__native_release(tb_kit_buffer *b) {
+    tb__native_buf_free((tb__native_rt *)b->device, (tb__native_buf *)b);
 }
 
-static tb_status tb__native_write(void *dev, tb__kbuf *b, const void *host, size_t bytes) {
+static tb_status tb__native_write(void *dev, tb_kit_buffer *b, const void *host, size_t bytes) {
     (void)dev;
     if (bytes > 0) memcpy(b->mem, host, bytes);
     return TB_OK;
 }
 
-static tb_status tb__native_read(void *dev, const tb__kbuf *b, void *host, size_t bytes) {
+static tb_status tb__native_read(void *dev, const tb_kit_buffer *b, void *host, size_t bytes) {
     (void)dev;
     if (bytes > 0) memcpy(host, b->mem, bytes);
     return TB_OK;
 }
 
-static tb_status tb__native_copy(void *dev, const tb__kbuf *from, tb__kbuf *to, size_t bytes) {
+static tb_status tb__native_copy(void *dev, const tb_kit_buffer *from, tb_kit_buffer *to,
+                                 size_t bytes) {
     (void)dev;
     if (bytes > 0) memcpy(to->mem, from->mem, bytes);
     return TB_OK;
 }
 
 /* The library reads and writes the buffers in place (a collective's input and result). */
-static void *tb__native_map(void *dev, tb__kbuf *b, size_t bytes, bool write) {
+static void *tb__native_map(void *dev, tb_kit_buffer *b, size_t bytes, bool write) {
     (void)dev;
     (void)bytes;
     (void)write;
@@ -145,9 +145,7 @@ static void *tb__native_map(void *dev, tb__kbuf *b, size_t bytes, bool write) {
 /* A graph's program: its parts' loaded objects. */
 typedef struct tb__native_program {
     tb__native_rt *rt;
-    const tb__plan *plan;
-    const char *source;
-    size_t source_len;
+    const tb_kit_program *src; /* while it builds */
     tb__native_prog **progs;
     size_t num_progs;
 } tb__native_program;
@@ -185,29 +183,29 @@ static void *tb__native_part_main(void *arg) {
 /* The parts of c's program: how many, and each one's functions (runs in order, of about
    equal text); one part is the whole source. */
 static tb_status tb__native_make_parts(tb__native_program *c, tb__native_part *parts, size_t n) {
-    const tb__plan *p = c->plan;
+    const tb_kit_program *p = c->src;
     size_t i, at = 0, done = 0, total = 0;
-    for (i = 0; i < p->num_kernels; i++)
-        total += p->kernels[i].text_len;
+    for (i = 0; i < p->num_functions; i++)
+        total += p->function_len[i];
     for (at = 0; at < n; at++) {
         parts[at].rt = c->rt;
-        parts[at].fns = (const char **)tb__calloc(p->num_kernels + 1, sizeof(const char *));
+        parts[at].fns = (const char **)tb__calloc(p->num_functions + 1, sizeof(const char *));
         if (parts[at].fns == NULL) return TB_ERR_OUT_OF_MEMORY;
-        if (n > 1) tb__str_append(&parts[at].source, "%.*s", (int)p->text_head, c->source);
+        if (n > 1) tb__str_append(&parts[at].source, "%.*s", (int)p->head, p->source);
     }
-    for (i = 0, at = 0; i < p->num_kernels; i++) {
-        const tb__plan_kernel *k = &p->kernels[i];
+    for (i = 0, at = 0; i < p->num_functions; i++) {
         tb__native_part *pt;
-        if (!tb__plan_first_of_function(p, i)) continue;
         /* the next part once this one holds its share of the text */
         if (at + 1 < n && done >= total / n * (at + 1)) at++;
         pt = &parts[at];
-        pt->fns[pt->num_fns++] = k->fn;
-        if (n > 1) tb__str_append(&pt->source, "%.*s", (int)k->text_len, c->source + k->text_at);
-        done += k->text_len;
+        pt->fns[pt->num_fns++] = p->functions[i];
+        if (n > 1)
+            tb__str_append(&pt->source, "%.*s", (int)p->function_len[i],
+                           p->source + p->function_at[i]);
+        done += p->function_len[i];
     }
     if (n == 1) { /* the source as it is (and as the disk cache has known it) */
-        tb__str_append(&parts[0].source, "%.*s", (int)c->source_len, c->source);
+        tb__str_append(&parts[0].source, "%.*s", (int)p->length, p->source);
     }
     for (at = 0; at < n; at++)
         if (parts[at].source.failed) return TB_ERR_OUT_OF_MEMORY;
@@ -217,7 +215,7 @@ static tb_status tb__native_make_parts(tb__native_program *c, tb__native_part *p
 /* Compiles (or finds) the parts of c's program, one compiler process per part at once,
    reporting progress as they are ready; c->progs holds them. */
 static tb_status tb__native_compile_parts(tb__native_program *c) {
-    size_t functions = tb__plan_functions(c->plan), n, i, ready = 0;
+    size_t functions = c->src->num_functions, n, i, ready = 0;
     tb__native_part *parts;
     pthread_t *threads;
     bool *started, all_disk = true;
@@ -276,19 +274,15 @@ static void tb__native_drop(void *dev, void *program) {
 }
 
 /* Compiles (or finds) the parts of a plan's program. */
-static tb_status tb__native_build(void *dev, const tb__plan *plan, const char *src, size_t len,
-                                  void **program) {
+static tb_status tb__native_build(void *dev, const tb_kit_program *src, void **program) {
     tb__native_program *c = (tb__native_program *)tb__calloc(1, sizeof *c);
     tb_status st;
     *program = NULL;
     if (c == NULL) return TB_ERR_OUT_OF_MEMORY;
     c->rt = (tb__native_rt *)dev;
-    c->plan = plan;
-    c->source = src;
-    c->source_len = len;
+    c->src = src;
     st = tb__native_compile_parts(c);
-    c->plan = NULL;
-    c->source = NULL;
+    c->src = NULL;
     if (st != TB_OK) {
         tb__native_lock(dev);
         tb__native_drop(dev, c);
@@ -299,24 +293,25 @@ static tb_status tb__native_build(void *dev, const tb__plan *plan, const char *s
     return TB_OK;
 }
 
-static tb_status tb__native_kernel(void *dev, void *program, const tb__plan_kernel *k,
-                                   tb__kkernel *out) {
+static tb_status tb__native_kernel(void *dev, void *program, const tb_kit_kernel *k, void **handle,
+                                   size_t *aux) {
     const tb__native_program *c = (const tb__native_program *)program;
     void *sym = NULL;
     size_t j;
     (void)dev;
     for (j = 0; j < c->num_progs && sym == NULL; j++)
-        sym = dlsym(c->progs[j]->handle, k->fn);
+        sym = dlsym(c->progs[j]->handle, k->function);
     if (sym == NULL)
-        return tb__error(TB_ERR_COMPILE, "native: the program has no kernel %s", k->fn);
-    out->handle = sym;
+        return tb__error(TB_ERR_COMPILE, "native: the program has no kernel %s", k->function);
+    *handle = sym;
+    *aux = 0;
     return TB_OK;
 }
 
 /* ---- launches: the work items on the pool, the caller waiting ---- */
 
-static tb_status tb__native_launch(void *dev, const tb__kkernel *kern, const tb__plan_kernel *k,
-                                   const tb__karg *args, size_t num_args, uint64_t *event) {
+static tb_status tb__native_launch(void *dev, void *handle, size_t aux, const tb_kit_kernel *k,
+                                   const tb_kit_arg *args, size_t num_args, uint64_t *event) {
     tb__native_rt *rt = (tb__native_rt *)dev;
     void *small[32], **argv = small;
     uint64_t size[3], t0;
@@ -327,7 +322,7 @@ static tb_status tb__native_launch(void *dev, const tb__kkernel *kern, const tb_
         if (argv == NULL) return TB_ERR_OUT_OF_MEMORY;
     }
     for (j = 0; j < num_args; j++) {
-        const tb__karg *a = &args[j];
+        const tb_kit_arg *a = &args[j];
         if (a->kind == TB__ARG_SCALAR) {
             argv[j] = (void *)(uintptr_t)a->value;
         } else if (a->kind == TB__ARG_TABLE) {
@@ -336,8 +331,9 @@ static tb_status tb__native_launch(void *dev, const tb__kkernel *kern, const tb_
             argv[j] = a->mem;
         }
     }
-    memcpy(&fn, &kern->handle, sizeof fn);
-    tb__native_global_size(k, size);
+    (void)aux;
+    memcpy(&fn, &handle, sizeof fn);
+    tb_kit_work_items(k, size);
     t0 = event != NULL ? tb__now_ns() : 0;
     tb__native_run(rt->pool, fn, argv, (int64_t)(size[0] * size[1] * size[2]), k->bytes + k->flops);
     if (event != NULL) *event = tb__now_ns() - t0;
@@ -354,12 +350,12 @@ static double tb__native_elapsed(void *dev, uint64_t event) {
     return (double)event;
 }
 
-static void tb__native_report(void *dev, tb__str *s) {
+static void tb__native_report(void *dev, char *buf, size_t cap) {
     tb__native_rt *rt = (tb__native_rt *)dev;
-    tb__str_append(s, "  Native::Compiler: %s %s\n", rt->cc_command, rt->options);
+    snprintf(buf, cap, "  Native::Compiler: %s %s\n", rt->cc_command, rt->options);
 }
 
-static void tb__native_exit(void) {
+static void tb__native_shutdown(void) {
     tb__native_rt *rt;
     tb__mutex_lock(&tb__native_mutex);
     rt = tb__native_current;
@@ -373,7 +369,7 @@ static void tb__native_exit(void) {
     tb__mutex_unlock(&tb__native_mutex);
 }
 
-static const tb__kit_runtime tb__native_runtime = {
+static const tb_kit_runtime tb__native_runtime = {
     "native",
     "Native",
     "ProgramCompile",
@@ -385,7 +381,7 @@ static const tb__kit_runtime tb__native_runtime = {
     tb__native_ordinal,
     tb__native_info,
     tb__native_stats,
-    tb__native_target,
+    tb__native_facts,
     tb__native_lock,
     tb__native_unlock,
     tb__native_alloc,
@@ -406,14 +402,12 @@ static const tb__kit_runtime tb__native_runtime = {
     NULL,
     tb__native_report,
     NULL,
-    tb__native_exit,
+    tb__native_shutdown,
 };
 
 /* registers the "native" backend (called by tb__register_builtin_backends) */
 static tb_status tb__native_register(void) {
-    tb_backend_impl impl;
-    tb__kit_impl(&tb__native_runtime, &impl);
-    return tb_backend_register("native", &impl, "");
+    return tb_kit_register("native", &tb__native_runtime, "");
 }
 
 #endif /* TB__HAVE_NATIVE */

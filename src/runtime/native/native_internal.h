@@ -23,18 +23,14 @@ static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *ar
 /* A host buffer, 64-byte aligned at k.mem (the payload of a native tb_backend_data with
    memory); k.dev is the runtime. */
 typedef struct tb__native_buf {
-    tb__kbuf k;
+    tb_kit_buffer k;
     void *base; /* what was allocated */
 } tb__native_buf;
 
 /* A loaded shared object, shared by every computation whose source is the same. */
 typedef struct tb__native_prog {
-    struct tb__native_prog *next;
-    uint64_t key[2];
-    char *source; /* confirms a hit on the key */
-    size_t source_len;
+    tb__kit_prog base; /* in the runtime's list */
     void *handle;
-    int32_t refcount; /* computations using it, plus one while it is in the cache */
 } tb__native_prog;
 
 typedef struct tb__native_rt {
@@ -63,8 +59,8 @@ typedef struct tb__native_rt {
     /* the caching allocator: free buffers, oldest first */
     tb__native_buf **cache;
     size_t cache_count, cache_cap;
-    tb__native_prog *programs;
-    tb__kit_stats stats;
+    tb__kit_prog *programs;
+    tb_kit_stats stats;
     int32_t cache_dir_reported; /* atomic: why the cache folder is not used was said */
 } tb__native_rt;
 

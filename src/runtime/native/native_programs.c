@@ -634,45 +634,18 @@ static void tb__native_shape(tb__native_rt *rt) {
     tb__mutex_unlock(&tb__native_shape_mutex);
 }
 
+static void tb__native_prog_drop(void *ctx, tb__kit_prog *p) {
+    (void)ctx;
+    tb__native_prog_free((tb__native_prog *)p);
+}
+
 static void tb__native_prog_unref(tb__native_rt *rt, tb__native_prog *prog) {
-    tb__native_prog **link;
-    if (prog == NULL || --prog->refcount > 0) return;
-    for (link = &rt->programs; *link != NULL; link = &(*link)->next) {
-        if (*link == prog) {
-            *link = prog->next;
-            break;
-        }
-    }
-    tb__native_prog_free(prog);
+    if (prog != NULL) tb__kit_prog_unref(&rt->programs, &prog->base, tb__native_prog_drop, NULL);
 }
 
 /* Drops cached programs no computation uses, oldest first, until at most `keep` remain. */
 static void tb__native_progs_trim(tb__native_rt *rt, size_t keep) {
-    size_t count = 0;
-    tb__native_prog *prog;
-    for (prog = rt->programs; prog != NULL; prog = prog->next)
-        count++;
-    while (count > keep) {
-        tb__native_prog *oldest = NULL;
-        for (prog = rt->programs; prog != NULL; prog = prog->next)
-            if (prog->refcount == 1) oldest = prog; /* the list is newest first */
-        if (oldest == NULL) break;
-        tb__native_prog_unref(rt, oldest);
-        count--;
-    }
-}
-
-static tb__native_prog *tb__native_prog_find(tb__native_rt *rt, const uint64_t key[2],
-                                             const char *src, size_t len) {
-    tb__native_prog *prog;
-    for (prog = rt->programs; prog != NULL; prog = prog->next) {
-        if (prog->key[0] == key[0] && prog->key[1] == key[1] && prog->source_len == len &&
-            memcmp(prog->source, src, len) == 0) {
-            prog->refcount++;
-            return prog;
-        }
-    }
-    return NULL;
+    tb__kit_progs_trim(&rt->programs, keep, tb__native_prog_drop, NULL);
 }
 
 /* The first of the functions `fns` that the loaded program lacks, or NULL when it has them
@@ -704,7 +677,7 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
     tb__native_disk_key(rt, src, len, &dkey);
     tb__disk_key_hash(&dkey, tb__native_key_mask, key);
     tb__mutex_lock(&tb__native_mutex);
-    prog = tb__native_prog_find(rt, key, src, len);
+    prog = (tb__native_prog *)tb__kit_prog_find(rt->programs, key, src, len, NULL);
     tb__mutex_unlock(&tb__native_mutex);
     if (prog != NULL) {
         *out = prog;
@@ -757,22 +730,22 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
     tb__free(path);
     if (st != TB_OK) return st;
     prog = (tb__native_prog *)tb__calloc(1, sizeof *prog);
-    if (prog != NULL) prog->source = (char *)tb__alloc(len + 1);
-    if (prog == NULL || prog->source == NULL) {
+    if (prog != NULL) prog->base.source = (char *)tb__alloc(len + 1);
+    if (prog == NULL || prog->base.source == NULL) {
         tb__free(prog);
         dlclose(handle);
         return TB_ERR_OUT_OF_MEMORY;
     }
-    memcpy(prog->source, src, len);
-    prog->source[len] = '\0';
-    prog->source_len = len;
-    prog->key[0] = key[0];
-    prog->key[1] = key[1];
+    memcpy(prog->base.source, src, len);
+    prog->base.source[len] = '\0';
+    prog->base.source_len = len;
+    prog->base.key[0] = key[0];
+    prog->base.key[1] = key[1];
     prog->handle = handle;
-    prog->refcount = 2; /* the cache and the caller */
+    prog->base.refcount = 2; /* the cache and the caller */
     tb__mutex_lock(&tb__native_mutex);
-    prog->next = rt->programs;
-    rt->programs = prog;
+    prog->base.next = rt->programs;
+    rt->programs = &prog->base;
     tb__native_progs_trim(rt, TB__NATIVE_MAX_PROGRAMS);
     tb__mutex_unlock(&tb__native_mutex);
     *out = prog;

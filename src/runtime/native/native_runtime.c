@@ -26,17 +26,17 @@ extern int kill(pid_t pid, int sig);
 
 static void tb__native_prog_free(tb__native_prog *prog) {
     if (prog->handle != NULL) dlclose(prog->handle);
-    tb__free(prog->source);
+    tb__free(prog->base.source);
     tb__free(prog);
 }
 
 static void tb__native_rt_destroy(tb__native_rt *rt) {
-    tb__native_prog *prog, *next;
+    tb__kit_prog *prog, *next;
     size_t i;
     tb__native_pool_free(rt->pool);
     for (prog = rt->programs; prog != NULL; prog = next) {
         next = prog->next;
-        tb__native_prog_free(prog);
+        tb__native_prog_free((tb__native_prog *)prog);
     }
     for (i = 0; i < rt->cache_count; i++) {
         tb__free(rt->cache[i]->base);
@@ -258,12 +258,10 @@ static tb__native_rt *tb__native_rt_get(void) {
             snprintf(rt->reason, sizeof rt->reason, "native: out of memory");
         }
     }
-    if (rt->status == TB_ERR_OUT_OF_MEMORY) {
-        tb__error(rt->status, "%s", rt->reason);
+    if (!tb__kit_loaded(rt->status, rt->reason)) {
         tb__native_rt_destroy(rt);
         return NULL;
     }
-    if (rt->status != TB_OK) tb_log_message(TB_LOG_INFO, "%s", rt->reason);
     tb__native_current = rt;
     return rt;
 }
@@ -331,7 +329,7 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
         }
     }
     b->k.mem = (unsigned char *)b->base + (64 - (uintptr_t)b->base % 64) % 64;
-    b->k.dev = rt;
+    b->k.device = rt;
     b->k.size = size;
     b->k.cap = cap;
     b->k.gen = tb__next_generation();

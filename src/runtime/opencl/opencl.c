@@ -150,7 +150,7 @@ static void tb__ocl_info(void *dev, bool full, tb_device_info *out) {
     *out = ((tb__ocl_device *)dev)->info; /* set once, when the runtime loaded */
 }
 
-static tb__kit_stats *tb__ocl_stats(void *dev) {
+static tb_kit_stats *tb__ocl_stats(void *dev) {
     return &((tb__ocl_device *)dev)->stats;
 }
 
@@ -164,35 +164,38 @@ static void tb__ocl_unlock(void *dev) {
     tb__ocl_device_release((tb__ocl_device *)dev);
 }
 
-static void tb__ocl_report(void *dev, tb__str *s) {
+static void tb__ocl_report(void *dev, char *buf, size_t cap) {
     tb__ocl_device *d = (tb__ocl_device *)dev;
-    tb__str_append(s, "  OpenCL::BufferCreate: %llu\n", (unsigned long long)d->buffers_created);
-    tb__str_append(s, "  OpenCL::BufferReuse: %llu\n", (unsigned long long)d->buffers_reused);
-    tb__str_append(s, "  OpenCL::CacheTrim: %llu\n", (unsigned long long)d->cache_trims);
+    snprintf(buf, cap,
+             "  OpenCL::BufferCreate: %llu\n  OpenCL::BufferReuse: %llu\n  OpenCL::CacheTrim: "
+             "%llu\n",
+             (unsigned long long)d->buffers_created, (unsigned long long)d->buffers_reused,
+             (unsigned long long)d->cache_trims);
 }
 
 /* ---- memory ---- */
 
-static tb_status tb__ocl_alloc(void *dev, size_t bytes, tb__kbuf **out) {
+static tb_status tb__ocl_alloc(void *dev, size_t bytes, tb_kit_buffer **out) {
     tb__ocl_buffer *b = NULL;
     tb_status st = tb__ocl_buffer_alloc((tb__ocl_device *)dev, bytes, &b);
     *out = b != NULL ? &b->k : NULL;
     return st;
 }
 
-static void tb__ocl_release(tb__kbuf *b) {
+static void tb__ocl_release(tb_kit_buffer *b) {
     tb__ocl_buffer_free((tb__ocl_buffer *)b);
 }
 
-static tb_status tb__ocl_write_entry(void *dev, tb__kbuf *b, const void *host, size_t bytes) {
+static tb_status tb__ocl_write_entry(void *dev, tb_kit_buffer *b, const void *host, size_t bytes) {
     return tb__ocl_write((tb__ocl_device *)dev, (tb__ocl_buffer *)b, host, bytes);
 }
 
-static tb_status tb__ocl_read_entry(void *dev, const tb__kbuf *b, void *host, size_t bytes) {
+static tb_status tb__ocl_read_entry(void *dev, const tb_kit_buffer *b, void *host, size_t bytes) {
     return tb__ocl_read((tb__ocl_device *)dev, (const tb__ocl_buffer *)b, host, bytes);
 }
 
-static tb_status tb__ocl_copy(void *dev, const tb__kbuf *from, tb__kbuf *to, size_t bytes) {
+static tb_status tb__ocl_copy(void *dev, const tb_kit_buffer *from, tb_kit_buffer *to,
+                              size_t bytes) {
     tb__ocl_device *d = (tb__ocl_device *)dev;
     tb__cl_int err = TB__OCL_CALL(d->rt, EnqueueCopyBuffer)(
         d->queue, (tb__cl_mem)from->mem, (tb__cl_mem)to->mem, 0, 0, bytes, 0, NULL, NULL);
@@ -204,7 +207,7 @@ static tb_status tb__ocl_copy(void *dev, const tb__kbuf *from, tb__kbuf *to, siz
 /* On a device that shares the host's memory, the buffer mapped into the host's address space
    (no copy where the buffer is host memory, as PoCL's are). Elsewhere NULL: the library
    copies. */
-static void *tb__ocl_map(void *dev, tb__kbuf *b, size_t bytes, bool write) {
+static void *tb__ocl_map(void *dev, tb_kit_buffer *b, size_t bytes, bool write) {
     tb__ocl_device *d = (tb__ocl_device *)dev;
     tb__cl_int err = TB__CL_SUCCESS;
     void *p;
@@ -215,7 +218,7 @@ static void *tb__ocl_map(void *dev, tb__kbuf *b, size_t bytes, bool write) {
     return err == TB__CL_SUCCESS ? p : NULL;
 }
 
-static tb_status tb__ocl_unmap(void *dev, tb__kbuf *b, void *host) {
+static tb_status tb__ocl_unmap(void *dev, tb_kit_buffer *b, void *host) {
     tb__ocl_device *d = (tb__ocl_device *)dev;
     tb__cl_int err = TB__OCL_CALL(d->rt, EnqueueUnmapMemObject)(d->queue, (tb__cl_mem)b->mem, host,
                                                                 0, NULL, NULL);
@@ -224,192 +227,38 @@ static tb_status tb__ocl_unmap(void *dev, tb__kbuf *b, void *host) {
                      (int)d->ordinal, tb__cl_error_name(err), (int)err);
 }
 
-/* ---- the OpenCL C dialect of the code generator ---- */
-
-static const char *tb__ocl_math(const char *fn, tb_dtype dtype) {
-    /* OpenCL C's math functions are overloaded (the built-in exp: on PoCL faster than the
-       prelude's tb_exp_f32, which the native dialect takes) */
-    (void)dtype;
-    return fn;
-}
-
-/* `__kernel void NAME(__global T *restrict out, ...)`, with the work-group size the plan fixed. */
-static void tb__ocl_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
-                                size_t num_params, const char *body) {
-    const tb__cg_param *table = NULL;
-    size_t i;
-    tb__str_append(src, "__kernel ");
-    if (k->group_size[0] > 0) {
-        tb__str_append(src, "__attribute__((reqd_work_group_size(%zu, %zu, %zu))) ",
-                       k->group_size[0], k->group_size[1] > 0 ? k->group_size[1] : 1,
-                       k->group_size[2] > 0 ? k->group_size[2] : 1);
-    }
-    tb__str_append(src, "void %s(", k->name);
-    for (i = 0; i < num_params; i++) {
-        const tb__cg_param *q = &params[i];
-        const char *sep = i == 0 ? "" : ",\n    ";
-        if (q->role == TB__ARG_SCALAR) {
-            tb__str_append(src, "%sconst %s %s", sep, q->type, q->name);
-        } else if (q->role == -1 || q->role == TB__ARG_ERR) {
-            tb__str_append(src, "%s__global %s *restrict %s", sep, q->type, q->name);
-        } else if (q->role == TB__ARG_TABLE) {
-            /* the whole table and where the kernel's run of it starts */
-            tb__str_append(src, "%s__global const %s *restrict %s_all,\n    const long %s_at", sep,
-                           q->type, q->name, q->name);
-            table = q;
-        } else {
-            tb__str_append(src, "%s__global const %s *restrict %s", sep, q->type, q->name);
-        }
-    }
-    tb__str_append(src, ") {\n");
-    if (table != NULL)
-        tb__str_append(src, "    __global const %s *restrict %s = %s_all + %s_at;\n", table->type,
-                       table->name, table->name, table->name);
-    tb__str_append(src, "%s}\n\n", body);
-}
-
-/* The dialect for a device (with or without double precision). */
-static void tb__ocl_dialect(const tb__ocl_device *dev, tb__dialect *d) {
-    memset(d, 0, sizeof *d);
-    d->name = "OpenCL C";
-    /* the lines after the fp64 switch are the same with or without it */
-#define TB__OCL_HEAD_REST                                                                          \
-    "/* a * b + c stays two roundings, as in the reference */\n"                                   \
-    "#pragma OPENCL FP_CONTRACT OFF\n"                                                             \
-    "#define TB_FN\n"                                                                              \
-    "#define TB_MAXS(a, b) ((a) > (b) ? (a) : (b))\n"                                              \
-    "#define TB_MINS(a, b) ((a) < (b) ? (a) : (b))\n"                                              \
-    "/* the row vectors: TB_VW lanes (the program's first line), built-in names by pasting */\n"   \
-    "#define TB_CAT(a, b) a##b\n"                                                                  \
-    "#define TB_XCAT(a, b) TB_CAT(a, b)\n"                                                         \
-    "#define TB_VN(name) TB_XCAT(name, TB_VW)\n"                                                   \
-    "typedef TB_VN(float) tb_vf;\n"                                                                \
-    "typedef TB_VN(int) tb_vi;\n"                                                                  \
-    "typedef TB_VN(uint) tb_vu;\n"                                                                 \
-    "#define TB_HAS_VEC 1\n"                                                                       \
-    "#define TB_VLD(i, p) TB_VN(vload)((i), (p))\n"                                                \
-    "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"                                       \
-    "#define TB_VBC(c) ((tb_vf)(c))\n"                                                             \
-    "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"                                             \
-    "#define TB_VCVTI(x) TB_VN(convert_int)(x)\n"                                                  \
-    "#define TB_VASF(x) TB_VN(as_float)(x)\n"                                                      \
-    "#define TB_VASI(x) TB_VN(as_int)(x)\n"                                                        \
-    "#define TB_VASU(x) TB_VN(as_uint)(x)\n"                                                       \
-    "#define TB_VASFU(x) TB_VN(as_float)(x)\n"                                                     \
-    "#define TB_VFMA(a, b, c) fma(a, b, c)\n"                                                      \
-    "#define TB_VSTORE(v, s) TB_VST((v), 0, (s))\n"                                                \
-    "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
-    "#define TB_VEXP(x) exp(x)\n"                                                                  \
-    "/* rows streamed through the caches (CPU devices): the next row fetched ahead, outputs */\n"  \
-    "/* stored past the caches, the fence that orders those stores before the kernel's end */\n"   \
-    "#if defined(__clang__)\n"                                                                     \
-    "#define TB_PREFETCH(p) __builtin_prefetch(p)\n"                                               \
-    "#define TB_PREFETCH_L2(p) __builtin_prefetch((p), 0, 1)\n"                                    \
-    "#define TB_VSTREAM(v, p) __builtin_nontemporal_store((v), (__global tb_vf *)(p))\n"           \
-    "#else\n"                                                                                      \
-    "#define TB_PREFETCH(p) prefetch((p), 1)\n"                                                    \
-    "#define TB_PREFETCH_L2(p) prefetch((p), 1)\n"                                                 \
-    "#define TB_VSTREAM(v, p) TB_VST((v), 0, (p))\n"                                               \
-    "#endif\n"                                                                                     \
-    "#if defined(__clang__) && defined(__SSE__)\n"                                                 \
-    "#define TB_VSTREAM_END() __builtin_ia32_sfence()\n"                                           \
-    "#else\n"                                                                                      \
-    "#define TB_VSTREAM_END()\n"                                                                   \
-    "#endif\n"                                                                                     \
-    "#define TB_BITS_F32(b) as_float(b)\n"                                                         \
-    "#define TB_F32_BITS(f) as_uint(f)\n"                                                          \
-    "/* f16 through the built-ins every OpenCL C device has (no cl_khr_fp16 needed) */\n"          \
-    "#define TB_LDH(p, i) vload_half((i), (const __global half *)(p))\n"                           \
-    "#define TB_STH(p, i, v) vstore_half_rte((v), (i), (__global half *)(p))\n"                    \
-    "#define TB_HAS_F16_CVT 1\n"                                                                   \
-    "uint tb_f2h(float x) {\n"                                                                     \
-    "    ushort h; vstore_half_rte(x, 0, (__private half *)&h); return h;\n"                       \
-    "}\n"                                                                                          \
-    "float tb_rnd_f16(float x) {\n"                                                                \
-    "    ushort h; vstore_half_rte(x, 0, (__private half *)&h);\n"                                 \
-    "    return vload_half(0, (const __private half *)&h);\n"                                      \
-    "}\n"                                                                                          \
-    "/* TB_VW lanes: f16 through the same built-ins, bf16 as the top half of an f32 */\n"          \
-    "#define TB_VLDH(p) TB_VN(vload_half)(0, (const __global half *)(p))\n"                        \
-    "#define TB_VSTH(v, p) TB_XCAT(TB_VN(vstore_half), _rte)((v), 0, (__global half *)(p))\n"      \
-    "#define TB_VRNDH(x) tb_vrnd_f16(x)\n"                                                         \
-    "tb_vf tb_vrnd_f16(tb_vf x) {\n"                                                               \
-    "    TB_VN(ushort) h; TB_XCAT(TB_VN(vstore_half), _rte)(x, 0, (__private half *)&h);\n"        \
-    "    return TB_VN(vload_half)(0, (const __private half *)&h);\n"                               \
-    "}\n"                                                                                          \
-    "#define TB_VLDBF(p) TB_VN(as_float)(TB_VN(convert_uint)(TB_VLD(0, (p))) << 16)\n"             \
-    "#define TB_VSTBF(v, p) TB_VST(TB_VN(convert_ushort)(TB_VN(as_uint)(tb_vrnd_bf16(v)) >> 16), " \
-    "0, (p))\n"                                                                                    \
-    "/* W bytes (a where's condition) as 0 or 1 in each lane */\n"                                 \
-    "#define TB_VLDB(p) \\\n"                                                                      \
-    "    TB_VN(convert_float)(TB_VN(vload)(0, (const __global uchar *)(p)) != (uchar)0) * -1.0f\n" \
-    "\n"
-    d->head[0] = dev->info.supports_f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
-                                          "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
-                                          "#define TB_HAS_F64 1\n" TB__OCL_HEAD_REST
-                                        : "/* torch_backend.h: OpenCL C 1.2 */\n" TB__OCL_HEAD_REST;
-#undef TB__OCL_HEAD_REST
-    d->global = "__global ";
-    d->local = "__local ";
-    d->barrier = "barrier(CLK_LOCAL_MEM_FENCE);";
-    d->global_id = "get_global_id(%d)";
-    d->group_id = "get_group_id(%d)";
-    d->local_id = "get_local_id(%d)";
-    d->vec_zero = "(%s)(0)";
-    d->min_long = "min";
-    d->bits_f32 = "as_float";
-    d->bits_f64 = "as_double";
-    d->err_claim = "atomic_cmpxchg((volatile __global uint *)tb_err, 0u, code) == 0u";
-    d->constant = "__constant ";
-    d->iabs = "abs";
-    d->f64 = dev->info.supports_f64;
-    d->math = tb__ocl_math;
-    d->kernel = tb__ocl_emit_kernel;
-}
-
 /* Code generation as for a GPU whatever the device (a test hook: the GPU variants of matmul
    and of the reductions then run on a CPU device too). */
 /* Code generation as for a GPU whatever the device (a test hook: the GPU variants of matmul
    and of the reductions then run on a CPU device too). */
 static int tb__ocl_codegen_as_gpu = 0;
 
-/* What the planner and the code generator need to know of a device. */
-static void tb__ocl_target(void *device, tb__tuning *tuning, tb__target *target,
-                           tb__dialect *dialect) {
+/* What code generation needs to know of a device. */
+static void tb__ocl_facts(void *device, tb_kit_facts *f) {
     const tb__ocl_device *dev = (const tb__ocl_device *)device;
-    bool cpu = dev->info.device.type == TB_DEVICE_CPU && !tb__ocl_codegen_as_gpu;
-    tb__tuning_of(cpu ? TB__CLASS_CPU : TB__CLASS_GPU, tuning);
-    if (cpu) {
-        /* the vector shape of the CPU from the driver's native float width: 16 lanes (AVX-512,
-           32 registers), 8 (AVX2, 16 registers), 4 (SSE, NEON: 16 registers assumed) */
-        tb__host_shape shape;
-        memset(&shape, 0, sizeof shape);
-        shape.vec_bytes = dev->float_lanes >= 16 ? 64 : (dev->float_lanes >= 8 ? 32 : 16);
-        shape.vec_regs = shape.vec_bytes >= 64 ? 32 : 16;
-        tb__tuning_fit(tuning, &shape);
-    }
-    target->tuning = tuning;
-    target->compute_units = dev->info.compute_units;
-    target->max_group = dev->info.max_work_group_size;
-    target->max_allocation = dev->info.max_allocation;
-    target->max_args = dev->max_parameter_size / 8; /* pointers and the widest scalars */
-    target->buffer_align = dev->base_align_bits / 8;
-    target->f64 = dev->info.supports_f64;
-    target->acc_f64 = dev->info.supports_f64 && dev->info.device.type == TB_DEVICE_CPU;
-    tb__ocl_dialect(dev, dialect);
-    dialect->vec_width = tuning->vec_width > 0 ? tuning->vec_width : 16;
+    bool cpu = dev->info.device.type == TB_DEVICE_CPU;
+    f->language = TB_KIT_OPENCL_C;
+    f->type = cpu && !tb__ocl_codegen_as_gpu ? TB_DEVICE_CPU : TB_DEVICE_GPU;
+    /* a CPU's vectors from the driver's native float width: 16 lanes (AVX-512), 8 (AVX2), 4 */
+    f->vector_bytes = dev->float_lanes >= 16 ? 64 : (dev->float_lanes >= 8 ? 32 : 16);
+    f->compute_units = dev->info.compute_units;
+    f->max_group = (uint32_t)dev->info.max_work_group_size;
+    f->max_allocation = dev->info.max_allocation;
+    f->max_args = (uint32_t)(dev->max_parameter_size / 8); /* pointers, the widest scalars */
+    f->buffer_align = dev->base_align_bits / 8;
+    f->f64 = dev->info.supports_f64;
+    f->f64_accumulate = cpu;
 }
 
 /* ---- programs and kernels ---- */
 
 /* The built program of a plan's source (progress: the driver compiles the kernels at their
    first launch, which the kit reports). */
-static tb_status tb__ocl_build(void *dev, const tb__plan *plan, const char *src, size_t len,
-                               void **program) {
+static tb_status tb__ocl_build(void *dev, const tb_kit_program *src, void **program) {
     tb__ocl_program *p = NULL;
     tb_status st;
-    tb__progress_kernels(0, tb__plan_functions(plan));
-    st = tb__ocl_get_program((tb__ocl_device *)dev, src, len, &p);
+    tb_kit_progress(0, src->num_functions);
+    st = tb__ocl_get_program((tb__ocl_device *)dev, src->source, src->length, &p);
     *program = p;
     return st;
 }
@@ -453,29 +302,29 @@ static size_t tb__ocl_pick_local(tb__ocl_device *dev, tb__cl_kernel kern, uint64
 }
 
 /* The kernel object of a kernel, with the work-group size of one launched over items. */
-static tb_status tb__ocl_kernel(void *device, void *program, const tb__plan_kernel *k,
-                                tb__kkernel *out) {
+static tb_status tb__ocl_kernel(void *device, void *program, const tb_kit_kernel *k, void **handle,
+                                size_t *aux) {
     tb__ocl_device *dev = (tb__ocl_device *)device;
     tb__cl_int err = TB__CL_SUCCESS;
-    tb__cl_kernel kern =
-        TB__OCL_CALL(dev->rt, CreateKernel)(((tb__ocl_program *)program)->program, k->fn, &err);
+    tb__cl_kernel kern = TB__OCL_CALL(dev->rt, CreateKernel)(((tb__ocl_program *)program)->program,
+                                                             k->function, &err);
     if (kern == NULL || err != TB__CL_SUCCESS) {
         return tb__error(TB_ERR_COMPILE, "opencl:%d: clCreateKernel(%s) failed: %s (%d)",
-                         (int)dev->ordinal, k->fn, tb__cl_error_name(err), (int)err);
+                         (int)dev->ordinal, k->function, tb__cl_error_name(err), (int)err);
     }
-    out->handle = (void *)kern;
-    if (k->group_size[0] == 0) out->aux = tb__ocl_pick_local(dev, kern, k->items);
+    *handle = (void *)kern;
+    *aux = k->group_size[0] == 0 ? tb__ocl_pick_local(dev, kern, k->items) : 0;
     return TB_OK;
 }
 
-static void tb__ocl_kernel_release(void *dev, tb__kkernel *kern) {
-    TB__OCL_CALL(((tb__ocl_device *)dev)->rt, ReleaseKernel)((tb__cl_kernel)kern->handle);
+static void tb__ocl_kernel_release(void *dev, void *handle) {
+    TB__OCL_CALL(((tb__ocl_device *)dev)->rt, ReleaseKernel)((tb__cl_kernel)handle);
 }
 
 /* ---- launches ---- */
 
-static tb__cl_int tb__ocl_enqueue(tb__ocl_device *dev, const tb__kkernel *kern,
-                                  const tb__plan_kernel *k, tb__cl_event *event) {
+static tb__cl_int tb__ocl_enqueue(tb__ocl_device *dev, void *handle, size_t local,
+                                  const tb_kit_kernel *k, tb__cl_event *event) {
     size_t gws[3], lws[3];
     tb__cl_uint dims;
     if (k->group_size[0] > 0) {
@@ -486,22 +335,22 @@ static tb__cl_int tb__ocl_enqueue(tb__ocl_device *dev, const tb__kkernel *kern,
         }
         dims = 3;
     } else {
-        lws[0] = kern->aux;
+        lws[0] = local;
         gws[0] = (size_t)((k->items + lws[0] - 1) / lws[0] * lws[0]);
         dims = 1;
     }
-    return TB__OCL_CALL(dev->rt, EnqueueNDRangeKernel)(dev->queue, (tb__cl_kernel)kern->handle,
-                                                       dims, NULL, gws, lws, 0, NULL, event);
+    return TB__OCL_CALL(dev->rt, EnqueueNDRangeKernel)(dev->queue, (tb__cl_kernel)handle, dims,
+                                                       NULL, gws, lws, 0, NULL, event);
 }
 
 /* Sets the arguments in order (a table is its buffer and the kernel's first entry). */
-static tb__cl_int tb__ocl_set_args(tb__ocl_device *dev, tb__cl_kernel kern, const tb__karg *args,
+static tb__cl_int tb__ocl_set_args(tb__ocl_device *dev, tb__cl_kernel kern, const tb_kit_arg *args,
                                    size_t num_args) {
     tb__cl_int err = TB__CL_SUCCESS;
     tb__cl_uint at = 0;
     size_t j;
     for (j = 0; j < num_args && err == TB__CL_SUCCESS; j++) {
-        const tb__karg *a = &args[j];
+        const tb_kit_arg *a = &args[j];
         if (a->kind == TB__ARG_SCALAR) {
             err = TB__OCL_CALL(dev->rt, SetKernelArg)(kern, at++, a->size, a->value);
             continue;
@@ -515,22 +364,22 @@ static tb__cl_int tb__ocl_set_args(tb__ocl_device *dev, tb__cl_kernel kern, cons
 
 /* A launch enqueued (once more after emptying the buffer cache when the device is out of
    memory). */
-static tb_status tb__ocl_launch(void *device, const tb__kkernel *kern, const tb__plan_kernel *k,
-                                const tb__karg *args, size_t num_args, uint64_t *event) {
+static tb_status tb__ocl_launch(void *device, void *handle, size_t aux, const tb_kit_kernel *k,
+                                const tb_kit_arg *args, size_t num_args, uint64_t *event) {
     tb__ocl_device *dev = (tb__ocl_device *)device;
     tb__cl_event ev = NULL;
-    tb__cl_int err = tb__ocl_set_args(dev, (tb__cl_kernel)kern->handle, args, num_args);
+    tb__cl_int err = tb__ocl_set_args(dev, (tb__cl_kernel)handle, args, num_args);
     if (err != TB__CL_SUCCESS) {
         return tb__error(TB_ERR_EXECUTE, "opencl:%d: kernel %s: clSetKernelArg: %s (%d)",
                          (int)dev->ordinal, k->name, tb__cl_error_name(err), (int)err);
     }
-    err = tb__ocl_enqueue(dev, kern, k, event != NULL ? &ev : NULL);
+    err = tb__ocl_enqueue(dev, handle, aux, k, event != NULL ? &ev : NULL);
     if (tb__cl_is_oom(err) && dev->cache_count > 0) {
         /* memory the cache holds may be what the launch is missing */
         dev->cache_trims++;
         tb__ocl_metric(dev, "OpenCL::CacheTrim", 1);
         tb__ocl_cache_trim(dev, 0);
-        err = tb__ocl_enqueue(dev, kern, k, event != NULL ? &ev : NULL);
+        err = tb__ocl_enqueue(dev, handle, aux, k, event != NULL ? &ev : NULL);
     }
     if (err != TB__CL_SUCCESS) {
         return tb__error(tb__cl_is_oom(err) ? TB_ERR_OUT_OF_MEMORY : TB_ERR_EXECUTE,
@@ -602,7 +451,7 @@ static bool tb__ocl_supports(const tb_node *node) {
     return true;
 }
 
-static void tb__ocl_exit(void) {
+static void tb__ocl_shutdown(void) {
     tb__ocl_runtime *rt;
     size_t i;
     tb__mutex_lock(&tb__ocl_mutex);
@@ -621,7 +470,7 @@ static void tb__ocl_exit(void) {
     tb__mutex_unlock(&tb__ocl_mutex);
 }
 
-static const tb__kit_runtime tb__ocl_runtime_table = {
+static const tb_kit_runtime tb__ocl_runtime_table = {
     "opencl",
     "OpenCL",
     "ProgramBuild",
@@ -633,7 +482,7 @@ static const tb__kit_runtime tb__ocl_runtime_table = {
     tb__ocl_ordinal,
     tb__ocl_info,
     tb__ocl_stats,
-    tb__ocl_target,
+    tb__ocl_facts,
     tb__ocl_lock,
     tb__ocl_unlock,
     tb__ocl_alloc,
@@ -654,7 +503,7 @@ static const tb__kit_runtime tb__ocl_runtime_table = {
     tb__ocl_flush,
     tb__ocl_report,
     tb__ocl_supports,
-    tb__ocl_exit,
+    tb__ocl_shutdown,
 };
 
 static tb_status tb__opencl_register(void) {

@@ -324,12 +324,10 @@ static tb__ocl_runtime *tb__ocl_runtime_get(void) {
     } else {
         rt->status = TB_ERR_UNAVAILABLE;
     }
-    if (rt->status == TB_ERR_OUT_OF_MEMORY) {
-        tb__error(rt->status, "%s", rt->reason);
+    if (!tb__kit_loaded(rt->status, rt->reason)) {
         tb__ocl_runtime_destroy(rt);
         return NULL;
     }
-    if (rt->status != TB_OK) tb_log_message(TB_LOG_INFO, "%s", rt->reason);
     tb__ocl_current = rt;
     return rt;
 }
@@ -491,7 +489,7 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
                          (unsigned long long)dev->stats.bytes_in_use,
                          (unsigned long long)dev->info.global_memory);
     }
-    buf->k.dev = dev;
+    buf->k.device = dev;
     buf->k.mem = (void *)mem;
     buf->k.size = size;
     buf->k.cap = cap;

@@ -190,23 +190,19 @@ static bool tb__ocl_load_library(tb__cl_api *api, char *reason, size_t cap);
 struct tb__ocl_runtime;
 struct tb__ocl_device;
 
-/* A device buffer: the payload of an opencl tb_backend_data with memory (k.mem its cl_mem, k.dev
+/* A device buffer: the payload of an opencl tb_backend_data with memory (k.mem its cl_mem, k.device
    its tb__ocl_device). */
 typedef struct tb__ocl_buffer {
-    tb__kbuf k;
+    tb_kit_buffer k;
 } tb__ocl_buffer;
 
 #define TB__OCL_MEM(b) ((tb__cl_mem)(b)->k.mem)
-#define TB__OCL_DEV(b) ((tb__ocl_device *)(b)->k.dev)
+#define TB__OCL_DEV(b) ((tb__ocl_device *)(b)->k.device)
 
 /* A built program shared by every computation whose source is the same. */
 typedef struct tb__ocl_program {
-    struct tb__ocl_program *next;
-    uint64_t key[2]; /* tb__ocl_program_key */
-    char *source;    /* confirms a hit on the key */
-    size_t source_len;
+    tb__kit_prog base; /* in the device's list; base.key: tb__ocl_program_key */
     tb__cl_program program;
-    int32_t refcount; /* computations using it, plus one while it is in the cache */
     /* the disk cache folder to write the binary to after the first run: some drivers (PoCL)
        add the machine code of the kernels launched so far to the binary, so a later process
        skips that compile too; NULL when written, or when the disk cache is off */
@@ -241,8 +237,8 @@ typedef struct tb__ocl_device {
     size_t cache_count, cache_cap;
     uint64_t buffers_created, buffers_reused, cache_trims;
     /* programs and statistics */
-    tb__ocl_program *programs;
-    tb__kit_stats stats;
+    tb__kit_prog *programs;
+    tb_kit_stats stats;
 } tb__ocl_device;
 
 typedef struct tb__ocl_runtime {

@@ -102,8 +102,8 @@ static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p) {
         size_t n = 0;
         unsigned char *bin = tb__ocl_program_binary(dev, p->program, &n);
         tb__disk_key key;
-        tb__ocl_program_disk_key(dev, p->source, p->source_len, &key);
-        tb__disk_store(&tb__ocl_disk_format, p->save_dir, &key, p->key,
+        tb__ocl_program_disk_key(dev, p->base.source, p->base.source_len, &key);
+        tb__disk_store(&tb__ocl_disk_format, p->save_dir, &key, p->base.key,
                        &dev->rt->cache_dir_reported, bin, n);
         tb__free(bin);
     }
@@ -111,35 +111,23 @@ static void tb__ocl_program_save(tb__ocl_device *dev, tb__ocl_program *p) {
     p->save_dir = NULL;
 }
 
-static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p) {
-    tb__ocl_program **link;
-    if (p == NULL || --p->refcount > 0) return;
-    for (link = &dev->programs; *link != NULL; link = &(*link)->next) {
-        if (*link == p) {
-            *link = p->next;
-            break;
-        }
-    }
+/* a program out of the cache: its binary saved if it was waiting for it, then released */
+static void tb__ocl_program_drop(void *ctx, tb__kit_prog *base) {
+    tb__ocl_device *dev = (tb__ocl_device *)ctx;
+    tb__ocl_program *p = (tb__ocl_program *)base;
     tb__ocl_program_save(dev, p);
     if (p->program != NULL) TB__OCL_CALL(dev->rt, ReleaseProgram)(p->program);
-    tb__free(p->source);
+    tb__free(p->base.source);
     tb__free(p);
+}
+
+static void tb__ocl_program_unref(tb__ocl_device *dev, tb__ocl_program *p) {
+    if (p != NULL) tb__kit_prog_unref(&dev->programs, &p->base, tb__ocl_program_drop, dev);
 }
 
 /* Drops cached programs no computation uses, oldest first, until at most `keep` remain. */
 static void tb__ocl_programs_trim(tb__ocl_device *dev, size_t keep) {
-    size_t count = 0;
-    tb__ocl_program *p;
-    for (p = dev->programs; p != NULL; p = p->next)
-        count++;
-    while (count > keep) {
-        tb__ocl_program *oldest = NULL;
-        for (p = dev->programs; p != NULL; p = p->next)
-            if (p->refcount == 1) oldest = p; /* the list is newest first */
-        if (oldest == NULL) break;
-        tb__ocl_program_unref(dev, oldest);
-        count--;
-    }
+    tb__kit_progs_trim(&dev->programs, keep, tb__ocl_program_drop, dev);
 }
 
 /* Whether the device's driver keeps what it compiles on disk itself: PoCL with its kernel
@@ -207,18 +195,11 @@ static tb__cl_program tb__ocl_disk_load(tb__ocl_device *dev, const char *src, si
    lookup counts its hit or its key collisions. Call with the device's lock held. */
 static tb__ocl_program *tb__ocl_program_find(tb__ocl_device *dev, const uint64_t key[2],
                                              const char *src, size_t len, bool count) {
-    tb__ocl_program *p;
-    for (p = dev->programs; p != NULL; p = p->next) {
-        if (p->key[0] != key[0] || p->key[1] != key[1]) continue;
-        if (p->source_len != len || memcmp(p->source, src, len) != 0) {
-            if (count) tb__ocl_metric(dev, "OpenCL::ProgramKeyCollision", 1);
-            continue;
-        }
-        p->refcount++;
-        if (count) tb__ocl_metric(dev, "OpenCL::ProgramCacheHit", 1);
-        return p;
-    }
-    return NULL;
+    int64_t collisions = 0;
+    tb__kit_prog *p = tb__kit_prog_find(dev->programs, key, src, len, &collisions);
+    if (count && collisions > 0) tb__ocl_metric(dev, "OpenCL::ProgramKeyCollision", collisions);
+    if (count && p != NULL) tb__ocl_metric(dev, "OpenCL::ProgramCacheHit", 1);
+    return (tb__ocl_program *)p;
 }
 
 /* Builds a program from source; NULL with the error set (the build log in the message). */
@@ -285,18 +266,18 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
         tb__free(source);
         return st;
     }
-    p->key[0] = key[0];
-    p->key[1] = key[1];
-    p->source = source;
-    p->source_len = len;
+    p->base.key[0] = key[0];
+    p->base.key[1] = key[1];
+    p->base.source = source;
+    p->base.source_len = len;
     p->program = prog;
     p->save_dir = save_dir; /* written after the first run (tb__ocl_program_save) */
-    p->refcount = 2;        /* the cache and the caller */
+    p->base.refcount = 2;   /* the cache and the caller */
     tb__ocl_device_lock(dev);
     *out = tb__ocl_program_find(dev, key, src, len, false);
     if (*out == NULL) {
-        p->next = dev->programs;
-        dev->programs = p;
+        p->base.next = dev->programs;
+        dev->programs = &p->base;
         tb__ocl_programs_trim(dev, TB__OCL_MAX_PROGRAMS);
         *out = p;
         p = NULL;
@@ -305,7 +286,7 @@ static tb_status tb__ocl_get_program(tb__ocl_device *dev, const char *src, size_
     if (p != NULL) { /* built meanwhile by another thread: theirs is kept */
         TB__OCL_CALL(dev->rt, ReleaseProgram)(p->program);
         tb__free(p->save_dir);
-        tb__free(p->source);
+        tb__free(p->base.source);
         tb__free(p);
     }
     return TB_OK;

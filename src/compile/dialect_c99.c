@@ -4,13 +4,13 @@
    where the compiler targets them), the math names, and a kernel's two functions (the body of
    one work item, and the entry that runs a range of work items on one thread).
    =========================================================================================== */
-#include "../../impl_begin.h"
+#include "../impl_begin.h"
 
-#if defined(TB__HAVE_NATIVE)
+#if defined(TB__HAVE_COMPILED_BACKENDS)
 
 /* ---- the C99 dialect of the code generator ---- */
 
-static const char tb__native_head[] =
+static const char tb__c99_head[] =
     "/* torch_backend.h: C99 (GNU vector extensions) for the native backend */\n"
     "#include <stdint.h>\n"
     "#include <string.h>\n"
@@ -92,7 +92,7 @@ static const char tb__native_head[] =
     "}\n";
 
 /* The head's second part: the CPU's own instructions for what C's operators do not say. */
-static const char tb__native_head2[] =
+static const char tb__c99_head2[] =
     /* a window's extremes: a select the compiler keeps free of branches (their outcome is
        data, which a branch predictor cannot learn); NaN is kept apart by the caller */
     "#if defined(__has_builtin)\n"
@@ -158,7 +158,7 @@ static const char tb__native_head2[] =
 
 /* The head's third part: the lanes of a row vector folded in halves in registers, in the
    prelude's order: a row's sum, product, maximum (NaN first) or minimum (tb_hsum, ...). */
-static const char tb__native_head_fold[] =
+static const char tb__c99_head_fold[] =
     /* halves by a shuffle where the compiler has one (a copy through memory would keep the
        vector, and the loop's accumulator it comes from, in memory) */
     "#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)\n"
@@ -216,7 +216,7 @@ static const char tb__native_head_fold[] =
     "\n";
 
 /* The head's fourth part: TB_VW lanes of 16-bit floats. */
-static const char tb__native_head3[] =
+static const char tb__c99_head3[] =
     /* f16: the CPU's conversions where the target has them (AVX-512, F16C), else lane by
        lane; bf16 as the top half of an f32 */
     "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__)\n"
@@ -305,38 +305,41 @@ static const char tb__native_head3[] =
     "}\n"
     "#define TB_VLDB(p) tb_vldb(p)\n";
 
-static const char *tb__native_math(const char *fn, tb_dtype dtype) {
+static const char *tb__c99_math(const char *fn, tb_dtype dtype) {
     /* f32 exp: the prelude's (no call: loops around it vectorise); the others: <tgmath.h> picks the
      * float or double function */
     if (dtype != TB_F64 && strcmp(fn, "exp") == 0) return "tb_exp_f32";
     return fn;
 }
 
-/* The work-item space of a kernel: its global size per dimension. */
-static void tb__native_global_size(const tb__plan_kernel *k, uint64_t size[3]) {
+static void tb__work_items(const size_t group_size[3], const size_t groups[3], uint64_t items,
+                           uint64_t size[3]) {
     int d;
-    if (k->group_size[0] > 0) {
+    if (group_size[0] > 0) {
         for (d = 0; d < 3; d++)
-            size[d] =
-                (uint64_t)k->groups[d] * (uint64_t)(k->group_size[d] > 0 ? k->group_size[d] : 1);
+            size[d] = (uint64_t)groups[d] * (uint64_t)(group_size[d] > 0 ? group_size[d] : 1);
     } else {
-        size[0] = k->items;
+        size[0] = items;
         size[1] = size[2] = 1;
     }
+}
+
+/* The work-item space of a kernel: its global size per dimension. */
+static void tb__c99_global_size(const tb__plan_kernel *k, uint64_t size[3]) {
+    tb__work_items(k->group_size, k->groups, k->items, size);
 }
 
 /* A kernel is two functions: NAME_item, the body for one work item (tb_g0..2 its ids), and
    NAME(args, lo, hi), which runs work items [lo, hi) of the flattened space, the pointers and
    scalars it reads taken from args in the plan's order (the output first). */
-static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
-                                   const tb__cg_param *params, size_t num_params,
-                                   const char *body) {
+static void tb__c99_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
+                                size_t num_params, const char *body) {
     /* an elementwise kernel's non-temporal stores: one fence for the whole range */
     const char *fence =
         k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n" : "";
     uint64_t size[3];
     size_t i;
-    tb__native_global_size(k, size);
+    tb__c99_global_size(k, size);
     tb__str_append(src, "static inline void %s_item(long tb_g0, long tb_g1, long tb_g2", k->name);
     for (i = 0; i < num_params; i++) {
         const tb__cg_param *q = &params[i];
@@ -396,14 +399,14 @@ static void tb__native_emit_kernel(tb__str *src, const tb__plan_kernel *k,
     tb__str_append(src, ");\n    }\n%s}\n\n", fence);
 }
 
-static void tb__native_dialect(tb__dialect *d, int32_t vec_width) {
+static void tb__dialect_c99(tb__dialect *d, int32_t vec_width) {
     memset(d, 0, sizeof *d);
     d->vec_width = vec_width;
     d->name = "C99";
-    d->head[0] = tb__native_head;
-    d->head[1] = tb__native_head2;
-    d->head[2] = tb__native_head_fold;
-    d->head[3] = tb__native_head3;
+    d->head[0] = tb__c99_head;
+    d->head[1] = tb__c99_head2;
+    d->head[2] = tb__c99_head_fold;
+    d->head[3] = tb__c99_head3;
     d->vec_make = "(%s){%s}";
     d->global = "";
     d->local = NULL; /* a thread runs a range of work items: no work-groups */
@@ -418,8 +421,8 @@ static void tb__native_dialect(tb__dialect *d, int32_t vec_width) {
     d->err_claim = "__sync_bool_compare_and_swap(tb_err, 0u, code)";
     d->constant = "static const ";
     d->f64 = true;
-    d->math = tb__native_math;
-    d->kernel = tb__native_emit_kernel;
+    d->math = tb__c99_math;
+    d->kernel = tb__c99_emit_kernel;
 }
 
-#endif /* TB__HAVE_NATIVE */
+#endif /* TB__HAVE_COMPILED_BACKENDS */
