@@ -1465,9 +1465,19 @@ TBDEF tb_status tb_opencl_trim_cache(const tb_device *device);
    profiling, metrics, TB_CHECK. The runtime gives devices, memory, program builds, kernel
    lookup, launch and fence.
 
-   Entries marked (locked) are called between the runtime's lock and unlock of that device
-   (which may be one lock for all devices); the others without it. `dev` is the runtime's own
-   device object, as `open` returns it.
+   The contract. `dev` is the runtime's device object as `open` returns it: the same pointer for
+   the same ordinal every time (the kit compares them), and the `device` of every buffer that
+   alloc makes there. Entries marked (locked) are called between the runtime's lock and unlock
+   of that device (one lock for all devices is fine); (unlocked) entries without it; (any)
+   entries either way, so they must not take the lock. Work on a device happens in the order
+   the kit asks for it (launches, copies, reads, writes), as on an in-order queue: `read`
+   returns once the bytes are in host memory, `write` is done with `host` when it returns, and
+   `release` may come while launches that use the buffer are still queued (the memory must stay
+   valid for them). `build` and `kernel` may run on several threads at once. An entry that
+   fails sets the error with tb_set_error (a status and a message the user sees) and leaves its
+   out-parameters NULL. After `shutdown` the kit may still call lock, unlock, alive, release,
+   drop, kernel_release and close (buffers and computations the user still holds). The table
+   is kept by pointer: it must outlive the backend (a static table), one table per backend.
 
    The kernels: a program is the source of one graph's kernels; each kernel is one function of
    it (tb_kit_kernel.function). A launch passes the arguments of tb_kit_arg in order, the
@@ -1476,12 +1486,13 @@ TBDEF tb_status tb_opencl_trim_cache(const tb_device *device);
    (GNU C: vector extensions, <tgmath.h>; built with -std=gnu99 -ffp-contract=off, as a shared
    object) a kernel is `void NAME(void *const *args, long lo, long hi)` running work items
    [lo, hi) of its tb_kit_work_items: args[i] is a buffer's address, the address of a scalar's
-   bytes, or a table's address plus 8 * at; work items may be split among threads as the
-   runtime likes.
+   bytes (tb_kit_arg.value.bytes: the arguments live until launch returns), or a table's
+   address plus 8 * at; work items may be split among threads as the runtime likes.
    =========================================================================================== */
 
 /* A buffer of a compiled backend (the payload of its data): a runtime's own buffer type starts
-   with one, which its `alloc` fills (mem, device, size, cap; the rest zero). */
+   with one, which its `alloc` fills (mem, device, size, cap; the rest zero). `mem` is never NULL
+   in a buffer alloc made, even of 0 bytes. */
 typedef struct tb_kit_buffer {
     void *mem;    /* what a kernel argument passes: an address, a cl_mem, a handle */
     void *device; /* the runtime's device */
@@ -1496,17 +1507,21 @@ typedef struct tb_kit_buffer {
 typedef enum tb_kit_arg_kind {
     TB_KIT_ARG_BUFFER = 0, /* a buffer (the output is one) */
     TB_KIT_ARG_SCALAR = 1, /* a value passed by value */
-    TB_KIT_ARG_ERROR = 2,  /* the run's error flag: a buffer of 16 bytes */
+    TB_KIT_ARG_ERROR = 2,  /* the run's error flag: a buffer of 32 bytes */
     TB_KIT_ARG_TABLE = 3   /* the run's scalar table (8 bytes an entry) and the kernel's first */
 } tb_kit_arg_kind;
 
 /* A kernel argument. */
 typedef struct tb_kit_arg {
-    int32_t kind;           /* tb_kit_arg_kind */
-    void *mem;              /* a buffer's, the error flag's or the table's tb_kit_buffer.mem */
-    size_t size;            /* a scalar's bytes (1 to 8) */
-    unsigned char value[8]; /* a scalar's value as the kernel declares it */
-    int64_t at;             /* a table: the kernel's first entry */
+    int32_t kind; /* tb_kit_arg_kind */
+    void *mem;    /* a buffer's, the error flag's or the table's tb_kit_buffer.mem */
+    size_t size;  /* a scalar's bytes (1 to 8) */
+    union {
+        unsigned char bytes[8]; /* a scalar's value as the kernel declares it (8-aligned) */
+        int64_t i;
+        double f;
+    } value;
+    int64_t at; /* a table: the kernel's first entry */
 } tb_kit_arg;
 
 /* What a runtime needs to know of a kernel to launch it. */
@@ -1522,8 +1537,9 @@ typedef struct tb_kit_kernel {
 } tb_kit_kernel;
 
 /* The source of a graph's program: a head every function needs, then the functions, each a
-   run of text (function_at[i], function_len[i]) after it; a runtime may compile the head with
-   any run of functions apart (the native backend compiles in parts, in parallel). */
+   run of text (function_at[i], function_len[i]: offsets into source) after it; a runtime may
+   compile the head with any run of functions apart (the native backend compiles in parts, in
+   parallel). Valid during `build` only. */
 typedef struct tb_kit_program {
     const char *source; /* NUL-terminated */
     size_t length;
@@ -1555,8 +1571,9 @@ typedef struct tb_kit_facts {
     bool f64_accumulate;   /* float sums may accumulate in double (fast on CPUs) */
 } tb_kit_facts;
 
-/* Counters the kit reports for a device (its metrics report, under `metric`::NAME): the
-   runtime keeps them, the kit counts launches. Guarded by the device's lock or atomic. */
+/* Counters the kit reports for a device (its metrics report, under `metric`::NAME). The runtime
+   keeps bytes_in_use, peak_bytes and cached_bytes under the lock, builds and disk_* with atomic
+   adds, and sets cache_limit (0: matmul panels are never kept); the kit counts launches. */
 typedef struct tb_kit_stats {
     uint64_t bytes_in_use, peak_bytes, cached_bytes;
     uint64_t cache_limit; /* the most bytes a cache of free buffers keeps: panels kept above it
@@ -1571,17 +1588,19 @@ typedef struct tb_kit_runtime {
     const char *build_metric; /* the name of its builds counter ("ProgramBuild") */
     bool lazy_build;          /* the driver compiles a kernel at its first launch: first runs report
                                  progress by launches */
-    /* the devices: how many, the first cap of them in out; 0 with why filled when none */
+    /* (unlocked) the devices: how many, the first cap of them in out; 0 with why filled when
+       none */
     size_t (*devices)(tb_device *out, size_t cap, char *why, size_t why_cap);
-    /* device `ordinal`, held until close; ready for work unless `bare` (facts and counters
-       only); NULL with the error set (tb_set_error) */
+    /* (unlocked) device `ordinal`, held until close (counted: a thread-safe reference); ready
+       for work unless `bare` (facts and counters only); NULL with the error set */
     void *(*open)(int32_t ordinal, const char *func, bool bare);
     void (*close)(void *dev);
-    bool (*alive)(void *dev); /* (locked) false once the backend shut down */
-    int32_t (*ordinal)(void *dev);
-    void (*info)(void *dev, bool full, tb_device_info *out); /* full: facts that take time too */
-    tb_kit_stats *(*stats)(void *dev);
-    void (*facts)(void *dev, tb_kit_facts *out);
+    bool (*alive)(void *dev);      /* (locked) false once the backend shut down */
+    int32_t (*ordinal)(void *dev); /* (any) */
+    /* (unlocked) full: with the facts that take time to learn */
+    void (*info)(void *dev, bool full, tb_device_info *out);
+    tb_kit_stats *(*stats)(void *dev);           /* (any) */
+    void (*facts)(void *dev, tb_kit_facts *out); /* (unlocked) */
     void (*lock)(void *dev);
     void (*unlock)(void *dev);
     /* memory (locked) */
@@ -1596,18 +1615,19 @@ typedef struct tb_kit_runtime {
     tb_status (*unmap)(void *dev, tb_kit_buffer *b, void *host);
     /* programs: the built program of a source; a kernel of it (the handle and a number of the
        runtime's own go back to launch); (locked) the program given back */
-    tb_status (*build)(void *dev, const tb_kit_program *source, void **program);
+    tb_status (*build)(void *dev, const tb_kit_program *source, void **program); /* (unlocked) */
+    /* (unlocked) */
     tb_status (*kernel)(void *dev, void *program, const tb_kit_kernel *k, void **handle,
                         size_t *aux);
-    void (*kernel_release)(void *dev, void *handle); /* (optional) */
-    void (*drop)(void *dev, void *program);
+    void (*kernel_release)(void *dev, void *handle); /* (unlocked, optional) before drop */
+    void (*drop)(void *dev, void *program);          /* once per successful build */
     /* (locked) a launch; `event` non-NULL: a token for `elapsed` once `finish` returned */
     tb_status (*launch)(void *dev, void *handle, size_t aux, const tb_kit_kernel *k,
                         const tb_kit_arg *args, size_t num_args, uint64_t *event);
     void (*finish)(void *dev);                    /* (locked) waits for the work launched */
     double (*elapsed)(void *dev, uint64_t event); /* (locked) ns of a launch; ends the token */
-    /* (locked, optional) after each successful run, the program's work done; at the end of a
-       run (submit what is queued) */
+    /* (locked, optional) after each successful run, its work done and its error flag read; at
+       the end of a run (submit what is queued) */
     void (*ran)(void *dev, void *program);
     void (*flush)(void *dev);
     /* (locked, optional) more lines of its metrics report ("  Name::Counter: 12\n") */
@@ -1617,9 +1637,14 @@ typedef struct tb_kit_runtime {
 } tb_kit_runtime;
 
 /* Registers the compiled backend `name` (tags as tb_backend_register's) over `runtime`, which
-   must stay valid until tb_shutdown. Errors: NULL or incomplete tables (a required entry
-   NULL: TB_ERR_INVALID_ARGUMENT, the entry named), and those of tb_backend_register. */
+   must stay valid as long as anything of the backend lives (a static table). Errors: NULL or
+   incomplete tables (a required entry NULL: TB_ERR_INVALID_ARGUMENT, the entry named), and
+   those of tb_backend_register. */
 TBDEF tb_status tb_kit_register(const char *name, const tb_kit_runtime *runtime, const char *tags);
+
+/* The backend table of a runtime, checked as tb_kit_register checks it, for a plugin's
+   descriptor (tb_plugin_desc) or to change entries before registering. */
+TBDEF tb_status tb_kit_backend_impl(const tb_kit_runtime *runtime, tb_backend_impl *out);
 
 /* The work-item space of a kernel: its global size in each dimension (items in C99 kernels
    are the flattened product). */
@@ -29108,9 +29133,10 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
 /* the backend entries of a runtime (impl->user_data is the runtime); a built-in runtime sets
    its own after (the default device and the like) */
 static void tb__kit_impl(const tb_kit_runtime *R, tb_backend_impl *impl);
-/* the device memory of a data (a host scalar gets its memory now); NULL with the error set.
-   Call with dev locked. */
-static void *tb__kit_data_mem(const tb_kit_runtime *R, void *dev, tb_backend_data *data);
+/* the buffer holding a data's value on dev (a host scalar gets its memory now); NULL with the
+   error set. Call with dev locked. */
+static tb_kit_buffer *tb__kit_data_buffer(const tb_kit_runtime *R, void *dev,
+                                          tb_backend_data *data);
 
 /* A runtime just loaded with `status` (TB_OK, or why it cannot be used: `reason`): false (the
    error set) when memory ran out, so that nothing is kept and the next use tries again; true
@@ -29198,6 +29224,15 @@ static tb_status tb__kit_alloc(const tb_kit_runtime *R, void *dev, size_t bytes,
 static tb_status tb__kit_failed(tb_status fallback) {
     return tb_last_status() != TB_OK ? tb_last_status() : fallback;
 }
+
+/* the plan's argument kinds are the public ones, and the error flag is 32 bytes */
+typedef char
+    tb__kit_arg_kinds_agree[((int)TB__ARG_BUF == (int)TB_KIT_ARG_BUFFER &&
+                             (int)TB__ARG_SCALAR == (int)TB_KIT_ARG_SCALAR &&
+                             (int)TB__ARG_ERR == (int)TB_KIT_ARG_ERROR &&
+                             (int)TB__ARG_TABLE == (int)TB_KIT_ARG_TABLE && TB__ERR_WORDS * 4 == 32)
+                                ? 1
+                                : -1];
 
 /* ---- devices and data ---- */
 
@@ -29357,7 +29392,8 @@ static tb_status tb__kit_data_unmap_host(void *user_data, tb_backend_data *data,
     return st;
 }
 
-static void *tb__kit_data_mem(const tb_kit_runtime *R, void *dev, tb_backend_data *data) {
+static tb_kit_buffer *tb__kit_data_buffer(const tb_kit_runtime *R, void *dev,
+                                          tb_backend_data *data) {
     tb_kit_buffer *b = (tb_kit_buffer *)data->payload, *mem = NULL;
     unsigned char bytes[8];
     size_t size;
@@ -29370,7 +29406,8 @@ static void *tb__kit_data_mem(const tb_kit_runtime *R, void *dev, tb_backend_dat
                   R->name, (int)R->ordinal(b->device), R->name, (int)R->ordinal(dev));
         return NULL;
     }
-    if (b->mem != NULL) return b->mem;
+    if (!b->shell) return b;
+    if (b->real != NULL) return b->real;
     /* a host scalar that a kernel reads as an array: its memory now */
     size = tb_dtype_size(data->shape.dtype);
     tb__kit_scalar_bytes(data->shape.dtype, data->scalar, bytes);
@@ -29381,10 +29418,7 @@ static void *tb__kit_data_mem(const tb_kit_runtime *R, void *dev, tb_backend_dat
     }
     /* the payload stays the shell (another thread may be reading it) */
     b->real = mem;
-    b->size = mem->size;
-    b->cap = mem->cap;
-    b->mem = mem->mem;
-    return b->mem;
+    return mem;
 }
 
 /* ---- lowering and compiling ---- */
@@ -29663,7 +29697,7 @@ typedef struct tb__kit_run {
     const tb_kit_runtime *R;
     void *dev;
     tb_kit_buffer **owned, *err_buf, *table_buf;
-    void **mems;            /* per slot: what a kernel argument passes */
+    tb_kit_buffer **bufs;   /* per slot: its buffer (borrowed, owned or kept) */
     tb_kit_arg *args;       /* a kernel's arguments */
     uint64_t *events;       /* per kernel at TB_DEBUG >= 2: its launch's token */
     bool *timed;            /* per kernel: events[i] holds one */
@@ -29734,9 +29768,9 @@ static tb_status tb__kit_run_init(tb__kit_run *r, tb_backend_data *const *argume
     for (i = 0; i < plan->num_kernels; i++)
         if (plan->kernels[i].num_args + 1 > most) most = plan->kernels[i].num_args + 1;
     r->owned = (tb_kit_buffer **)tb__calloc(plan->num_slots + 1, sizeof *r->owned);
-    r->mems = (void **)tb__calloc(plan->num_slots + 1, sizeof *r->mems);
+    r->bufs = (tb_kit_buffer **)tb__calloc(plan->num_slots + 1, sizeof *r->bufs);
     r->args = (tb_kit_arg *)tb__calloc(most, sizeof *r->args);
-    if (r->owned == NULL || r->mems == NULL || r->args == NULL) return TB_ERR_OUT_OF_MEMORY;
+    if (r->owned == NULL || r->bufs == NULL || r->args == NULL) return TB_ERR_OUT_OF_MEMORY;
     if (tb_debug_level() >= 2) {
         r->events = (uint64_t *)tb__calloc(plan->num_kernels + 1, sizeof *r->events);
         r->timed = (bool *)tb__calloc(plan->num_kernels + 1, sizeof *r->timed);
@@ -29745,14 +29779,14 @@ static tb_status tb__kit_run_init(tb__kit_run *r, tb_backend_data *const *argume
     for (i = 0; i < plan->num_slots; i++) {
         const tb__plan_slot *s = &plan->slots[i];
         if (s->kind != TB__SLOT_PARAM) continue;
-        r->mems[i] = tb__kit_data_mem(r->R, r->dev, arguments[s->index]);
-        if (r->mems[i] == NULL) return tb__kit_failed(TB_ERR_INTERNAL);
+        r->bufs[i] = tb__kit_data_buffer(r->R, r->dev, arguments[s->index]);
+        if (r->bufs[i] == NULL) return tb__kit_failed(TB_ERR_INTERNAL);
     }
     for (i = 0; i < plan->num_results; i++) {
         /* a result computed into a donated parameter's buffer */
         if (plan->result_alias[i] >= 0)
-            r->mems[plan->result_slot[i]] =
-                ((tb_kit_buffer *)arguments[plan->result_alias[i]]->payload)->mem;
+            r->bufs[plan->result_slot[i]] =
+                (tb_kit_buffer *)arguments[plan->result_alias[i]]->payload;
     }
     return tb__kit_run_buffers(r, arguments);
 }
@@ -29763,16 +29797,16 @@ static tb_status tb__kit_run_args(tb__kit_run *r, const tb__plan_kernel *k,
     size_t j;
     memset(r->args, 0, (k->num_args + 1) * sizeof *r->args);
     r->args[0].kind = TB__ARG_BUF;
-    r->args[0].mem = r->mems[k->out_slot];
+    r->args[0].mem = r->bufs[k->out_slot]->mem;
     for (j = 0; j < k->num_args; j++) {
         const tb__plan_arg *a = &k->args[j];
         tb_kit_arg *g = &r->args[j + 1];
         g->kind = a->kind;
         if (a->kind == TB__ARG_BUF) {
-            g->mem = r->mems[a->index];
+            g->mem = r->bufs[a->index]->mem;
         } else if (a->kind == TB__ARG_SCALAR) {
             g->size = tb__kit_scalar_arg(r, r->c->plan->param_dtype[a->index], arguments[a->index],
-                                         g->value);
+                                         g->value.bytes);
             if (g->size == 0) return tb__kit_failed(TB_ERR_EXECUTE);
         } else if (a->kind == TB__ARG_TABLE) {
             g->mem = r->table_buf->mem;
@@ -29800,16 +29834,16 @@ static tb_status tb__kit_run_kernel(tb__kit_run *r, size_t i, tb_backend_data *c
     tb__kit_kept *kp = &r->c->kept[i];
     tb_status st;
     if (src != NULL && kp->panels != NULL && kp->src == src && kp->gen == src->gen) {
-        r->mems[k->out_slot] = kp->panels->mem; /* the panels of this buffer, made before */
+        r->bufs[k->out_slot] = kp->panels; /* the panels of this buffer, made before */
         r->kept++;
         return TB_OK;
     }
-    if (r->mems[k->out_slot] == NULL) {
+    if (r->bufs[k->out_slot] == NULL) {
         size_t size = 0;
         st = tb_shape_nbytes(&r->c->plan->slots[k->out_slot].shape, &size);
         if (st == TB_OK) st = tb__kit_alloc(R, r->dev, size, &r->owned[k->out_slot]);
         if (st != TB_OK) return st;
-        r->mems[k->out_slot] = r->owned[k->out_slot]->mem;
+        r->bufs[k->out_slot] = r->owned[k->out_slot];
     }
     if (k->empty) return TB_OK; /* nothing to compute */
     st = tb__kit_run_args(r, k, arguments);
@@ -29865,18 +29899,14 @@ static tb_status tb__kit_copy_results(tb__kit_run *r, tb_backend_data *const *re
     for (i = 0; i < plan->num_results; i++) {
         int32_t src = plan->result_source[i];
         size_t size = 0;
-        tb_kit_buffer *copy = NULL, from;
+        tb_kit_buffer *copy = NULL;
         tb_status st;
         if (src < 0) continue;
         /* the buffer it repeats may be a donated one: its size is the slot's */
         st = tb_shape_nbytes(&plan->slots[plan->result_slot[src]].shape, &size);
         if (st == TB_OK) st = tb__kit_alloc(r->R, r->dev, size, &copy);
         if (st != TB_OK) return st;
-        memset(&from, 0, sizeof from);
-        from.mem = r->mems[plan->result_slot[src]];
-        from.device = r->dev;
-        from.size = size;
-        st = size == 0 ? TB_OK : r->R->copy(r->dev, &from, copy, size);
+        st = size == 0 ? TB_OK : r->R->copy(r->dev, r->bufs[plan->result_slot[src]], copy, size);
         if (st != TB_OK) {
             r->R->release(copy);
             return st;
@@ -29936,12 +29966,15 @@ static void tb__kit_run_finish(tb__kit_run *r, tb_status st, tb_backend_data *co
     if (st == TB_OK && R->flush != NULL) R->flush(r->dev);
     for (i = 0; r->owned != NULL && i < plan->num_slots; i++)
         if (r->owned[i] != NULL) R->release(r->owned[i]);
-    for (i = 0; r->timed != NULL && i < plan->num_kernels; i++)
-        if (r->timed[i]) (void)R->elapsed(r->dev, r->events[i]);
+    for (i = 0; r->timed != NULL && i < plan->num_kernels; i++) {
+        if (!r->timed[i]) continue;
+        R->finish(r->dev); /* a failed run's tokens: the work done, then each one ended */
+        (void)R->elapsed(r->dev, r->events[i]);
+    }
     if (r->err_buf != NULL) R->release(r->err_buf);
     if (r->table_buf != NULL) R->release(r->table_buf);
     tb__free(r->owned);
-    tb__free(r->mems);
+    tb__free(r->bufs);
     tb__free(r->args);
     tb__free(r->events);
     tb__free(r->timed);
@@ -29967,7 +30000,7 @@ static tb_status tb__kit_run_kernels(tb__kit_run *r, tb_backend_data *const *arg
                 p->slots[j].last_use <= (int32_t)i) {
                 r->R->release(r->owned[j]);
                 r->owned[j] = NULL;
-                r->mems[j] = NULL;
+                r->bufs[j] = NULL;
             }
         }
     }
@@ -30002,8 +30035,8 @@ static tb_status tb__kit_execute(void *user_data, void *computation,
     st = tb__kit_run_init(&r, arguments);
     if (st == TB_OK) st = tb__kit_run_kernels(&r, arguments);
     if (st == TB_OK) st = tb__kit_copy_results(&r, results);
-    if (st == TB_OK && R->ran != NULL) R->ran(r.dev, c->program);
     if (st == TB_OK) st = tb__kit_run_flag(&r);
+    if (st == TB_OK && R->ran != NULL) R->ran(r.dev, c->program);
     if (st == TB_OK && r.timed != NULL) tb__kit_profile(&r);
     if (st == TB_OK && TB__ATOMIC_LOAD(&c->ran) == 0) (void)TB__ATOMIC_ADD(&c->ran, 1);
     (void)TB__ATOMIC_ADD(&R->stats(r.dev)->launches, (uint64_t)r.launches);
@@ -30173,7 +30206,9 @@ static void tb__kit_progs_trim(tb__kit_prog **list, size_t keep, tb__kit_prog_fr
 
 /* The first required entry a table lacks, or NULL. */
 static const char *tb__kit_missing(const tb_kit_runtime *R) {
-    if (R->name == NULL || R->metric == NULL || R->build_metric == NULL) return "name";
+    if (R->name == NULL) return "name";
+    if (R->metric == NULL) return "metric";
+    if (R->build_metric == NULL) return "build_metric";
 #define TB__KIT_NEED(entry)                                                                        \
     if (R->entry == NULL) return #entry
     TB__KIT_NEED(devices);
@@ -30200,6 +30235,21 @@ static const char *tb__kit_missing(const tb_kit_runtime *R) {
     TB__KIT_NEED(shutdown);
 #undef TB__KIT_NEED
     return NULL;
+}
+
+TBDEF tb_status tb_kit_backend_impl(const tb_kit_runtime *runtime, tb_backend_impl *out) {
+    const char *missing;
+    if (runtime == NULL || out == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_kit_backend_impl: %s is NULL",
+                         runtime == NULL ? "runtime" : "out");
+    }
+    missing = tb__kit_missing(runtime);
+    if (missing != NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_kit_backend_impl: the runtime table has no %s", missing);
+    }
+    tb__kit_impl(runtime, out);
+    return TB_OK;
 }
 
 TBDEF tb_status tb_kit_register(const char *name, const tb_kit_runtime *runtime, const char *tags) {
@@ -30240,6 +30290,14 @@ TBDEF tb_status tb_kit_register(const char *name, const tb_kit_runtime *runtime,
     (void)tags;
     return tb__error(TB_ERR_UNSUPPORTED,
                      "tb_kit_register: built with TB_NO_OPENCL and TB_NO_NATIVE (no code "
+                     "generator)");
+}
+
+TBDEF tb_status tb_kit_backend_impl(const tb_kit_runtime *runtime, tb_backend_impl *out) {
+    (void)runtime;
+    (void)out;
+    return tb__error(TB_ERR_UNSUPPORTED,
+                     "tb_kit_backend_impl: built with TB_NO_OPENCL and TB_NO_NATIVE (no code "
                      "generator)");
 }
 
@@ -32053,7 +32111,7 @@ static tb__cl_int tb__ocl_set_args(tb__ocl_device *dev, tb__cl_kernel kern, cons
     for (j = 0; j < num_args && err == TB__CL_SUCCESS; j++) {
         const tb_kit_arg *a = &args[j];
         if (a->kind == TB__ARG_SCALAR) {
-            err = TB__OCL_CALL(dev->rt, SetKernelArg)(kern, at++, a->size, a->value);
+            err = TB__OCL_CALL(dev->rt, SetKernelArg)(kern, at++, a->size, a->value.bytes);
             continue;
         }
         err = TB__OCL_CALL(dev->rt, SetKernelArg)(kern, at++, sizeof(tb__cl_mem), &a->mem);
@@ -32297,7 +32355,8 @@ TBDEF tb_status tb_opencl_tensor_buffer(tb_tensor *tensor, void **mem, size_t *s
     if (st != TB_OK) return st;
     dev = tb__ocl_device_acquire(data->device.ordinal, "tb_opencl_tensor_buffer");
     if (dev != NULL) {
-        m = (tb__cl_mem)tb__kit_data_mem(&tb__ocl_runtime_table, dev, data);
+        tb_kit_buffer *buf = tb__kit_data_buffer(&tb__ocl_runtime_table, dev, data);
+        if (buf != NULL) m = (tb__cl_mem)buf->mem;
         tb__ocl_device_release(dev);
     }
     if (m == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
@@ -34103,7 +34162,7 @@ static tb_status tb__native_launch(void *dev, void *handle, size_t aux, const tb
     for (j = 0; j < num_args; j++) {
         const tb_kit_arg *a = &args[j];
         if (a->kind == TB__ARG_SCALAR) {
-            argv[j] = (void *)(uintptr_t)a->value;
+            argv[j] = (void *)(uintptr_t)a->value.bytes;
         } else if (a->kind == TB__ARG_TABLE) {
             argv[j] = (unsigned char *)a->mem + 8 * (size_t)a->at; /* the kernel's run */
         } else {

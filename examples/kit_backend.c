@@ -198,7 +198,9 @@ static tb_status kitc_build(void *dev, const tb_kit_program *src, void **program
         return tb_set_error(TB_ERR_COMPILE, "kitc: %s could not build the program (status %d)", cc,
                             rc);
     }
+    kitc_lock(dev); /* builds run on several threads at once */
     kitc_dev.stats.builds++;
+    kitc_unlock(dev);
     tb_kit_progress(src->num_functions, src->num_functions);
     *program = so;
     return TB_OK;
@@ -241,7 +243,7 @@ static tb_status kitc_launch(void *dev, void *handle, size_t aux, const tb_kit_k
         return tb_set_error(TB_ERR_OUT_OF_MEMORY, "kitc: out of memory");
     for (j = 0; j < num_args; j++) {
         if (args[j].kind == TB_KIT_ARG_SCALAR) {
-            argv[j] = (void *)args[j].value;
+            argv[j] = (void *)args[j].value.bytes;
         } else if (args[j].kind == TB_KIT_ARG_TABLE) {
             argv[j] = (unsigned char *)args[j].mem + 8 * (size_t)args[j].at;
         } else {
@@ -266,22 +268,47 @@ static double kitc_elapsed(void *dev, uint64_t event) {
 }
 
 static void kitc_shutdown(void) {
+    kitc_lock(&kitc_dev);
     kitc_dev.alive = false;
+    kitc_unlock(&kitc_dev);
 }
 
-static const tb_kit_runtime kitc_runtime = {
-    "kitc",     "Kitc",       "ProgramBuild", false,      kitc_devices,  kitc_open,   kitc_close,
-    kitc_alive, kitc_ordinal, kitc_info,      kitc_stats, kitc_facts,    kitc_lock,   kitc_unlock,
-    kitc_alloc, kitc_release, kitc_write,     kitc_read,  kitc_copy,     NULL,        NULL,
-    kitc_build, kitc_kernel,  NULL,           kitc_drop,  kitc_launch,   kitc_finish, kitc_elapsed,
-    NULL,       NULL,         NULL,           NULL,       kitc_shutdown,
-};
-
-/* Registers "kitc" (once a process; after tb_shutdown, again). */
+/* Registers "kitc" (once a process; after tb_shutdown, again). The table is filled by name, so
+   that entries the kit adds later stay NULL here. */
 static tb_status kitc_register(void) {
+    static tb_kit_runtime rt;
+    if (rt.name == NULL) {
+        rt.name = "kitc";
+        rt.metric = "Kitc";
+        rt.build_metric = "ProgramBuild";
+        rt.devices = kitc_devices;
+        rt.open = kitc_open;
+        rt.close = kitc_close;
+        rt.alive = kitc_alive;
+        rt.ordinal = kitc_ordinal;
+        rt.info = kitc_info;
+        rt.stats = kitc_stats;
+        rt.facts = kitc_facts;
+        rt.lock = kitc_lock;
+        rt.unlock = kitc_unlock;
+        rt.alloc = kitc_alloc;
+        rt.release = kitc_release;
+        rt.write = kitc_write;
+        rt.read = kitc_read;
+        rt.copy = kitc_copy;
+        rt.build = kitc_build;
+        rt.kernel = kitc_kernel;
+        rt.drop = kitc_drop;
+        rt.launch = kitc_launch;
+        rt.finish = kitc_finish;
+        rt.elapsed = kitc_elapsed;
+        rt.shutdown = kitc_shutdown;
+    }
+    kitc_lock(&kitc_dev);
     kitc_dev.alive = true;
+    kitc_unlock(&kitc_dev);
     if (tb_has_backend("kitc")) return TB_OK;
-    return tb_kit_register("kitc", &kitc_runtime, "");
+    return tb_kit_register("kitc", &rt, "");
 }
 
 #ifndef KITC_NO_MAIN

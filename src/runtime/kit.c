@@ -55,6 +55,15 @@ static tb_status tb__kit_failed(tb_status fallback) {
     return tb_last_status() != TB_OK ? tb_last_status() : fallback;
 }
 
+/* the plan's argument kinds are the public ones, and the error flag is 32 bytes */
+typedef char
+    tb__kit_arg_kinds_agree[((int)TB__ARG_BUF == (int)TB_KIT_ARG_BUFFER &&
+                             (int)TB__ARG_SCALAR == (int)TB_KIT_ARG_SCALAR &&
+                             (int)TB__ARG_ERR == (int)TB_KIT_ARG_ERROR &&
+                             (int)TB__ARG_TABLE == (int)TB_KIT_ARG_TABLE && TB__ERR_WORDS * 4 == 32)
+                                ? 1
+                                : -1];
+
 /* ---- devices and data ---- */
 
 static size_t tb__kit_get_backend_devices(void *user_data, tb_device *out, size_t cap) {
@@ -213,7 +222,8 @@ static tb_status tb__kit_data_unmap_host(void *user_data, tb_backend_data *data,
     return st;
 }
 
-static void *tb__kit_data_mem(const tb_kit_runtime *R, void *dev, tb_backend_data *data) {
+static tb_kit_buffer *tb__kit_data_buffer(const tb_kit_runtime *R, void *dev,
+                                          tb_backend_data *data) {
     tb_kit_buffer *b = (tb_kit_buffer *)data->payload, *mem = NULL;
     unsigned char bytes[8];
     size_t size;
@@ -226,7 +236,8 @@ static void *tb__kit_data_mem(const tb_kit_runtime *R, void *dev, tb_backend_dat
                   R->name, (int)R->ordinal(b->device), R->name, (int)R->ordinal(dev));
         return NULL;
     }
-    if (b->mem != NULL) return b->mem;
+    if (!b->shell) return b;
+    if (b->real != NULL) return b->real;
     /* a host scalar that a kernel reads as an array: its memory now */
     size = tb_dtype_size(data->shape.dtype);
     tb__kit_scalar_bytes(data->shape.dtype, data->scalar, bytes);
@@ -237,10 +248,7 @@ static void *tb__kit_data_mem(const tb_kit_runtime *R, void *dev, tb_backend_dat
     }
     /* the payload stays the shell (another thread may be reading it) */
     b->real = mem;
-    b->size = mem->size;
-    b->cap = mem->cap;
-    b->mem = mem->mem;
-    return b->mem;
+    return mem;
 }
 
 /* ---- lowering and compiling ---- */
@@ -519,7 +527,7 @@ typedef struct tb__kit_run {
     const tb_kit_runtime *R;
     void *dev;
     tb_kit_buffer **owned, *err_buf, *table_buf;
-    void **mems;            /* per slot: what a kernel argument passes */
+    tb_kit_buffer **bufs;   /* per slot: its buffer (borrowed, owned or kept) */
     tb_kit_arg *args;       /* a kernel's arguments */
     uint64_t *events;       /* per kernel at TB_DEBUG >= 2: its launch's token */
     bool *timed;            /* per kernel: events[i] holds one */
@@ -590,9 +598,9 @@ static tb_status tb__kit_run_init(tb__kit_run *r, tb_backend_data *const *argume
     for (i = 0; i < plan->num_kernels; i++)
         if (plan->kernels[i].num_args + 1 > most) most = plan->kernels[i].num_args + 1;
     r->owned = (tb_kit_buffer **)tb__calloc(plan->num_slots + 1, sizeof *r->owned);
-    r->mems = (void **)tb__calloc(plan->num_slots + 1, sizeof *r->mems);
+    r->bufs = (tb_kit_buffer **)tb__calloc(plan->num_slots + 1, sizeof *r->bufs);
     r->args = (tb_kit_arg *)tb__calloc(most, sizeof *r->args);
-    if (r->owned == NULL || r->mems == NULL || r->args == NULL) return TB_ERR_OUT_OF_MEMORY;
+    if (r->owned == NULL || r->bufs == NULL || r->args == NULL) return TB_ERR_OUT_OF_MEMORY;
     if (tb_debug_level() >= 2) {
         r->events = (uint64_t *)tb__calloc(plan->num_kernels + 1, sizeof *r->events);
         r->timed = (bool *)tb__calloc(plan->num_kernels + 1, sizeof *r->timed);
@@ -601,14 +609,14 @@ static tb_status tb__kit_run_init(tb__kit_run *r, tb_backend_data *const *argume
     for (i = 0; i < plan->num_slots; i++) {
         const tb__plan_slot *s = &plan->slots[i];
         if (s->kind != TB__SLOT_PARAM) continue;
-        r->mems[i] = tb__kit_data_mem(r->R, r->dev, arguments[s->index]);
-        if (r->mems[i] == NULL) return tb__kit_failed(TB_ERR_INTERNAL);
+        r->bufs[i] = tb__kit_data_buffer(r->R, r->dev, arguments[s->index]);
+        if (r->bufs[i] == NULL) return tb__kit_failed(TB_ERR_INTERNAL);
     }
     for (i = 0; i < plan->num_results; i++) {
         /* a result computed into a donated parameter's buffer */
         if (plan->result_alias[i] >= 0)
-            r->mems[plan->result_slot[i]] =
-                ((tb_kit_buffer *)arguments[plan->result_alias[i]]->payload)->mem;
+            r->bufs[plan->result_slot[i]] =
+                (tb_kit_buffer *)arguments[plan->result_alias[i]]->payload;
     }
     return tb__kit_run_buffers(r, arguments);
 }
@@ -619,16 +627,16 @@ static tb_status tb__kit_run_args(tb__kit_run *r, const tb__plan_kernel *k,
     size_t j;
     memset(r->args, 0, (k->num_args + 1) * sizeof *r->args);
     r->args[0].kind = TB__ARG_BUF;
-    r->args[0].mem = r->mems[k->out_slot];
+    r->args[0].mem = r->bufs[k->out_slot]->mem;
     for (j = 0; j < k->num_args; j++) {
         const tb__plan_arg *a = &k->args[j];
         tb_kit_arg *g = &r->args[j + 1];
         g->kind = a->kind;
         if (a->kind == TB__ARG_BUF) {
-            g->mem = r->mems[a->index];
+            g->mem = r->bufs[a->index]->mem;
         } else if (a->kind == TB__ARG_SCALAR) {
             g->size = tb__kit_scalar_arg(r, r->c->plan->param_dtype[a->index], arguments[a->index],
-                                         g->value);
+                                         g->value.bytes);
             if (g->size == 0) return tb__kit_failed(TB_ERR_EXECUTE);
         } else if (a->kind == TB__ARG_TABLE) {
             g->mem = r->table_buf->mem;
@@ -656,16 +664,16 @@ static tb_status tb__kit_run_kernel(tb__kit_run *r, size_t i, tb_backend_data *c
     tb__kit_kept *kp = &r->c->kept[i];
     tb_status st;
     if (src != NULL && kp->panels != NULL && kp->src == src && kp->gen == src->gen) {
-        r->mems[k->out_slot] = kp->panels->mem; /* the panels of this buffer, made before */
+        r->bufs[k->out_slot] = kp->panels; /* the panels of this buffer, made before */
         r->kept++;
         return TB_OK;
     }
-    if (r->mems[k->out_slot] == NULL) {
+    if (r->bufs[k->out_slot] == NULL) {
         size_t size = 0;
         st = tb_shape_nbytes(&r->c->plan->slots[k->out_slot].shape, &size);
         if (st == TB_OK) st = tb__kit_alloc(R, r->dev, size, &r->owned[k->out_slot]);
         if (st != TB_OK) return st;
-        r->mems[k->out_slot] = r->owned[k->out_slot]->mem;
+        r->bufs[k->out_slot] = r->owned[k->out_slot];
     }
     if (k->empty) return TB_OK; /* nothing to compute */
     st = tb__kit_run_args(r, k, arguments);
@@ -721,18 +729,14 @@ static tb_status tb__kit_copy_results(tb__kit_run *r, tb_backend_data *const *re
     for (i = 0; i < plan->num_results; i++) {
         int32_t src = plan->result_source[i];
         size_t size = 0;
-        tb_kit_buffer *copy = NULL, from;
+        tb_kit_buffer *copy = NULL;
         tb_status st;
         if (src < 0) continue;
         /* the buffer it repeats may be a donated one: its size is the slot's */
         st = tb_shape_nbytes(&plan->slots[plan->result_slot[src]].shape, &size);
         if (st == TB_OK) st = tb__kit_alloc(r->R, r->dev, size, &copy);
         if (st != TB_OK) return st;
-        memset(&from, 0, sizeof from);
-        from.mem = r->mems[plan->result_slot[src]];
-        from.device = r->dev;
-        from.size = size;
-        st = size == 0 ? TB_OK : r->R->copy(r->dev, &from, copy, size);
+        st = size == 0 ? TB_OK : r->R->copy(r->dev, r->bufs[plan->result_slot[src]], copy, size);
         if (st != TB_OK) {
             r->R->release(copy);
             return st;
@@ -792,12 +796,15 @@ static void tb__kit_run_finish(tb__kit_run *r, tb_status st, tb_backend_data *co
     if (st == TB_OK && R->flush != NULL) R->flush(r->dev);
     for (i = 0; r->owned != NULL && i < plan->num_slots; i++)
         if (r->owned[i] != NULL) R->release(r->owned[i]);
-    for (i = 0; r->timed != NULL && i < plan->num_kernels; i++)
-        if (r->timed[i]) (void)R->elapsed(r->dev, r->events[i]);
+    for (i = 0; r->timed != NULL && i < plan->num_kernels; i++) {
+        if (!r->timed[i]) continue;
+        R->finish(r->dev); /* a failed run's tokens: the work done, then each one ended */
+        (void)R->elapsed(r->dev, r->events[i]);
+    }
     if (r->err_buf != NULL) R->release(r->err_buf);
     if (r->table_buf != NULL) R->release(r->table_buf);
     tb__free(r->owned);
-    tb__free(r->mems);
+    tb__free(r->bufs);
     tb__free(r->args);
     tb__free(r->events);
     tb__free(r->timed);
@@ -823,7 +830,7 @@ static tb_status tb__kit_run_kernels(tb__kit_run *r, tb_backend_data *const *arg
                 p->slots[j].last_use <= (int32_t)i) {
                 r->R->release(r->owned[j]);
                 r->owned[j] = NULL;
-                r->mems[j] = NULL;
+                r->bufs[j] = NULL;
             }
         }
     }
@@ -858,8 +865,8 @@ static tb_status tb__kit_execute(void *user_data, void *computation,
     st = tb__kit_run_init(&r, arguments);
     if (st == TB_OK) st = tb__kit_run_kernels(&r, arguments);
     if (st == TB_OK) st = tb__kit_copy_results(&r, results);
-    if (st == TB_OK && R->ran != NULL) R->ran(r.dev, c->program);
     if (st == TB_OK) st = tb__kit_run_flag(&r);
+    if (st == TB_OK && R->ran != NULL) R->ran(r.dev, c->program);
     if (st == TB_OK && r.timed != NULL) tb__kit_profile(&r);
     if (st == TB_OK && TB__ATOMIC_LOAD(&c->ran) == 0) (void)TB__ATOMIC_ADD(&c->ran, 1);
     (void)TB__ATOMIC_ADD(&R->stats(r.dev)->launches, (uint64_t)r.launches);
@@ -1029,7 +1036,9 @@ static void tb__kit_progs_trim(tb__kit_prog **list, size_t keep, tb__kit_prog_fr
 
 /* The first required entry a table lacks, or NULL. */
 static const char *tb__kit_missing(const tb_kit_runtime *R) {
-    if (R->name == NULL || R->metric == NULL || R->build_metric == NULL) return "name";
+    if (R->name == NULL) return "name";
+    if (R->metric == NULL) return "metric";
+    if (R->build_metric == NULL) return "build_metric";
 #define TB__KIT_NEED(entry)                                                                        \
     if (R->entry == NULL) return #entry
     TB__KIT_NEED(devices);
@@ -1056,6 +1065,21 @@ static const char *tb__kit_missing(const tb_kit_runtime *R) {
     TB__KIT_NEED(shutdown);
 #undef TB__KIT_NEED
     return NULL;
+}
+
+TBDEF tb_status tb_kit_backend_impl(const tb_kit_runtime *runtime, tb_backend_impl *out) {
+    const char *missing;
+    if (runtime == NULL || out == NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_kit_backend_impl: %s is NULL",
+                         runtime == NULL ? "runtime" : "out");
+    }
+    missing = tb__kit_missing(runtime);
+    if (missing != NULL) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_kit_backend_impl: the runtime table has no %s", missing);
+    }
+    tb__kit_impl(runtime, out);
+    return TB_OK;
 }
 
 TBDEF tb_status tb_kit_register(const char *name, const tb_kit_runtime *runtime, const char *tags) {
@@ -1096,6 +1120,14 @@ TBDEF tb_status tb_kit_register(const char *name, const tb_kit_runtime *runtime,
     (void)tags;
     return tb__error(TB_ERR_UNSUPPORTED,
                      "tb_kit_register: built with TB_NO_OPENCL and TB_NO_NATIVE (no code "
+                     "generator)");
+}
+
+TBDEF tb_status tb_kit_backend_impl(const tb_kit_runtime *runtime, tb_backend_impl *out) {
+    (void)runtime;
+    (void)out;
+    return tb__error(TB_ERR_UNSUPPORTED,
+                     "tb_kit_backend_impl: built with TB_NO_OPENCL and TB_NO_NATIVE (no code "
                      "generator)");
 }
 

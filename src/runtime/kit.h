@@ -8,9 +8,19 @@
    profiling, metrics, TB_CHECK. The runtime gives devices, memory, program builds, kernel
    lookup, launch and fence.
 
-   Entries marked (locked) are called between the runtime's lock and unlock of that device
-   (which may be one lock for all devices); the others without it. `dev` is the runtime's own
-   device object, as `open` returns it.
+   The contract. `dev` is the runtime's device object as `open` returns it: the same pointer for
+   the same ordinal every time (the kit compares them), and the `device` of every buffer that
+   alloc makes there. Entries marked (locked) are called between the runtime's lock and unlock
+   of that device (one lock for all devices is fine); (unlocked) entries without it; (any)
+   entries either way, so they must not take the lock. Work on a device happens in the order
+   the kit asks for it (launches, copies, reads, writes), as on an in-order queue: `read`
+   returns once the bytes are in host memory, `write` is done with `host` when it returns, and
+   `release` may come while launches that use the buffer are still queued (the memory must stay
+   valid for them). `build` and `kernel` may run on several threads at once. An entry that
+   fails sets the error with tb_set_error (a status and a message the user sees) and leaves its
+   out-parameters NULL. After `shutdown` the kit may still call lock, unlock, alive, release,
+   drop, kernel_release and close (buffers and computations the user still holds). The table
+   is kept by pointer: it must outlive the backend (a static table), one table per backend.
 
    The kernels: a program is the source of one graph's kernels; each kernel is one function of
    it (tb_kit_kernel.function). A launch passes the arguments of tb_kit_arg in order, the
@@ -19,12 +29,13 @@
    (GNU C: vector extensions, <tgmath.h>; built with -std=gnu99 -ffp-contract=off, as a shared
    object) a kernel is `void NAME(void *const *args, long lo, long hi)` running work items
    [lo, hi) of its tb_kit_work_items: args[i] is a buffer's address, the address of a scalar's
-   bytes, or a table's address plus 8 * at; work items may be split among threads as the
-   runtime likes.
+   bytes (tb_kit_arg.value.bytes: the arguments live until launch returns), or a table's
+   address plus 8 * at; work items may be split among threads as the runtime likes.
    =========================================================================================== */
 
 /* A buffer of a compiled backend (the payload of its data): a runtime's own buffer type starts
-   with one, which its `alloc` fills (mem, device, size, cap; the rest zero). */
+   with one, which its `alloc` fills (mem, device, size, cap; the rest zero). `mem` is never NULL
+   in a buffer alloc made, even of 0 bytes. */
 typedef struct tb_kit_buffer {
     void *mem;    /* what a kernel argument passes: an address, a cl_mem, a handle */
     void *device; /* the runtime's device */
@@ -39,17 +50,21 @@ typedef struct tb_kit_buffer {
 typedef enum tb_kit_arg_kind {
     TB_KIT_ARG_BUFFER = 0, /* a buffer (the output is one) */
     TB_KIT_ARG_SCALAR = 1, /* a value passed by value */
-    TB_KIT_ARG_ERROR = 2,  /* the run's error flag: a buffer of 16 bytes */
+    TB_KIT_ARG_ERROR = 2,  /* the run's error flag: a buffer of 32 bytes */
     TB_KIT_ARG_TABLE = 3   /* the run's scalar table (8 bytes an entry) and the kernel's first */
 } tb_kit_arg_kind;
 
 /* A kernel argument. */
 typedef struct tb_kit_arg {
-    int32_t kind;           /* tb_kit_arg_kind */
-    void *mem;              /* a buffer's, the error flag's or the table's tb_kit_buffer.mem */
-    size_t size;            /* a scalar's bytes (1 to 8) */
-    unsigned char value[8]; /* a scalar's value as the kernel declares it */
-    int64_t at;             /* a table: the kernel's first entry */
+    int32_t kind; /* tb_kit_arg_kind */
+    void *mem;    /* a buffer's, the error flag's or the table's tb_kit_buffer.mem */
+    size_t size;  /* a scalar's bytes (1 to 8) */
+    union {
+        unsigned char bytes[8]; /* a scalar's value as the kernel declares it (8-aligned) */
+        int64_t i;
+        double f;
+    } value;
+    int64_t at; /* a table: the kernel's first entry */
 } tb_kit_arg;
 
 /* What a runtime needs to know of a kernel to launch it. */
@@ -65,8 +80,9 @@ typedef struct tb_kit_kernel {
 } tb_kit_kernel;
 
 /* The source of a graph's program: a head every function needs, then the functions, each a
-   run of text (function_at[i], function_len[i]) after it; a runtime may compile the head with
-   any run of functions apart (the native backend compiles in parts, in parallel). */
+   run of text (function_at[i], function_len[i]: offsets into source) after it; a runtime may
+   compile the head with any run of functions apart (the native backend compiles in parts, in
+   parallel). Valid during `build` only. */
 typedef struct tb_kit_program {
     const char *source; /* NUL-terminated */
     size_t length;
@@ -98,8 +114,9 @@ typedef struct tb_kit_facts {
     bool f64_accumulate;   /* float sums may accumulate in double (fast on CPUs) */
 } tb_kit_facts;
 
-/* Counters the kit reports for a device (its metrics report, under `metric`::NAME): the
-   runtime keeps them, the kit counts launches. Guarded by the device's lock or atomic. */
+/* Counters the kit reports for a device (its metrics report, under `metric`::NAME). The runtime
+   keeps bytes_in_use, peak_bytes and cached_bytes under the lock, builds and disk_* with atomic
+   adds, and sets cache_limit (0: matmul panels are never kept); the kit counts launches. */
 typedef struct tb_kit_stats {
     uint64_t bytes_in_use, peak_bytes, cached_bytes;
     uint64_t cache_limit; /* the most bytes a cache of free buffers keeps: panels kept above it
@@ -114,17 +131,19 @@ typedef struct tb_kit_runtime {
     const char *build_metric; /* the name of its builds counter ("ProgramBuild") */
     bool lazy_build;          /* the driver compiles a kernel at its first launch: first runs report
                                  progress by launches */
-    /* the devices: how many, the first cap of them in out; 0 with why filled when none */
+    /* (unlocked) the devices: how many, the first cap of them in out; 0 with why filled when
+       none */
     size_t (*devices)(tb_device *out, size_t cap, char *why, size_t why_cap);
-    /* device `ordinal`, held until close; ready for work unless `bare` (facts and counters
-       only); NULL with the error set (tb_set_error) */
+    /* (unlocked) device `ordinal`, held until close (counted: a thread-safe reference); ready
+       for work unless `bare` (facts and counters only); NULL with the error set */
     void *(*open)(int32_t ordinal, const char *func, bool bare);
     void (*close)(void *dev);
-    bool (*alive)(void *dev); /* (locked) false once the backend shut down */
-    int32_t (*ordinal)(void *dev);
-    void (*info)(void *dev, bool full, tb_device_info *out); /* full: facts that take time too */
-    tb_kit_stats *(*stats)(void *dev);
-    void (*facts)(void *dev, tb_kit_facts *out);
+    bool (*alive)(void *dev);      /* (locked) false once the backend shut down */
+    int32_t (*ordinal)(void *dev); /* (any) */
+    /* (unlocked) full: with the facts that take time to learn */
+    void (*info)(void *dev, bool full, tb_device_info *out);
+    tb_kit_stats *(*stats)(void *dev);           /* (any) */
+    void (*facts)(void *dev, tb_kit_facts *out); /* (unlocked) */
     void (*lock)(void *dev);
     void (*unlock)(void *dev);
     /* memory (locked) */
@@ -139,18 +158,19 @@ typedef struct tb_kit_runtime {
     tb_status (*unmap)(void *dev, tb_kit_buffer *b, void *host);
     /* programs: the built program of a source; a kernel of it (the handle and a number of the
        runtime's own go back to launch); (locked) the program given back */
-    tb_status (*build)(void *dev, const tb_kit_program *source, void **program);
+    tb_status (*build)(void *dev, const tb_kit_program *source, void **program); /* (unlocked) */
+    /* (unlocked) */
     tb_status (*kernel)(void *dev, void *program, const tb_kit_kernel *k, void **handle,
                         size_t *aux);
-    void (*kernel_release)(void *dev, void *handle); /* (optional) */
-    void (*drop)(void *dev, void *program);
+    void (*kernel_release)(void *dev, void *handle); /* (unlocked, optional) before drop */
+    void (*drop)(void *dev, void *program);          /* once per successful build */
     /* (locked) a launch; `event` non-NULL: a token for `elapsed` once `finish` returned */
     tb_status (*launch)(void *dev, void *handle, size_t aux, const tb_kit_kernel *k,
                         const tb_kit_arg *args, size_t num_args, uint64_t *event);
     void (*finish)(void *dev);                    /* (locked) waits for the work launched */
     double (*elapsed)(void *dev, uint64_t event); /* (locked) ns of a launch; ends the token */
-    /* (locked, optional) after each successful run, the program's work done; at the end of a
-       run (submit what is queued) */
+    /* (locked, optional) after each successful run, its work done and its error flag read; at
+       the end of a run (submit what is queued) */
     void (*ran)(void *dev, void *program);
     void (*flush)(void *dev);
     /* (locked, optional) more lines of its metrics report ("  Name::Counter: 12\n") */
@@ -160,9 +180,14 @@ typedef struct tb_kit_runtime {
 } tb_kit_runtime;
 
 /* Registers the compiled backend `name` (tags as tb_backend_register's) over `runtime`, which
-   must stay valid until tb_shutdown. Errors: NULL or incomplete tables (a required entry
-   NULL: TB_ERR_INVALID_ARGUMENT, the entry named), and those of tb_backend_register. */
+   must stay valid as long as anything of the backend lives (a static table). Errors: NULL or
+   incomplete tables (a required entry NULL: TB_ERR_INVALID_ARGUMENT, the entry named), and
+   those of tb_backend_register. */
 TBDEF tb_status tb_kit_register(const char *name, const tb_kit_runtime *runtime, const char *tags);
+
+/* The backend table of a runtime, checked as tb_kit_register checks it, for a plugin's
+   descriptor (tb_plugin_desc) or to change entries before registering. */
+TBDEF tb_status tb_kit_backend_impl(const tb_kit_runtime *runtime, tb_backend_impl *out);
 
 /* The work-item space of a kernel: its global size in each dimension (items in C99 kernels
    are the flattened product). */

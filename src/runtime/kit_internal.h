@@ -9,9 +9,10 @@
 /* the backend entries of a runtime (impl->user_data is the runtime); a built-in runtime sets
    its own after (the default device and the like) */
 static void tb__kit_impl(const tb_kit_runtime *R, tb_backend_impl *impl);
-/* the device memory of a data (a host scalar gets its memory now); NULL with the error set.
-   Call with dev locked. */
-static void *tb__kit_data_mem(const tb_kit_runtime *R, void *dev, tb_backend_data *data);
+/* the buffer holding a data's value on dev (a host scalar gets its memory now); NULL with the
+   error set. Call with dev locked. */
+static tb_kit_buffer *tb__kit_data_buffer(const tb_kit_runtime *R, void *dev,
+                                          tb_backend_data *data);
 
 /* A runtime just loaded with `status` (TB_OK, or why it cannot be used: `reason`): false (the
    error set) when memory ran out, so that nothing is kept and the next use tries again; true

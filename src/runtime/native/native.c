@@ -324,7 +324,7 @@ static tb_status tb__native_launch(void *dev, void *handle, size_t aux, const tb
     for (j = 0; j < num_args; j++) {
         const tb_kit_arg *a = &args[j];
         if (a->kind == TB__ARG_SCALAR) {
-            argv[j] = (void *)(uintptr_t)a->value;
+            argv[j] = (void *)(uintptr_t)a->value.bytes;
         } else if (a->kind == TB__ARG_TABLE) {
             argv[j] = (unsigned char *)a->mem + 8 * (size_t)a->at; /* the kernel's run */
         } else {

@@ -352,7 +352,7 @@ static tb__cl_int tb__ocl_set_args(tb__ocl_device *dev, tb__cl_kernel kern, cons
     for (j = 0; j < num_args && err == TB__CL_SUCCESS; j++) {
         const tb_kit_arg *a = &args[j];
         if (a->kind == TB__ARG_SCALAR) {
-            err = TB__OCL_CALL(dev->rt, SetKernelArg)(kern, at++, a->size, a->value);
+            err = TB__OCL_CALL(dev->rt, SetKernelArg)(kern, at++, a->size, a->value.bytes);
             continue;
         }
         err = TB__OCL_CALL(dev->rt, SetKernelArg)(kern, at++, sizeof(tb__cl_mem), &a->mem);
@@ -596,7 +596,8 @@ TBDEF tb_status tb_opencl_tensor_buffer(tb_tensor *tensor, void **mem, size_t *s
     if (st != TB_OK) return st;
     dev = tb__ocl_device_acquire(data->device.ordinal, "tb_opencl_tensor_buffer");
     if (dev != NULL) {
-        m = (tb__cl_mem)tb__kit_data_mem(&tb__ocl_runtime_table, dev, data);
+        tb_kit_buffer *buf = tb__kit_data_buffer(&tb__ocl_runtime_table, dev, data);
+        if (buf != NULL) m = (tb__cl_mem)buf->mem;
         tb__ocl_device_release(dev);
     }
     if (m == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
