@@ -13,23 +13,9 @@ static void tb__kit_scalar_bytes(tb_dtype dtype, tb_scalar s, unsigned char out[
     tb__scalar_store(s, dtype, out);
 }
 
-/* the value of a scalar stored as the bytes of `dtype` */
+/* the value of a scalar stored as the bytes of `dtype` (integers exact, not through a double) */
 static tb_scalar tb__kit_scalar_of(tb_dtype dtype, const unsigned char raw[8]) {
-    if (dtype == TB_F32) {
-        float f;
-        memcpy(&f, raw, sizeof f);
-        return tb_scalar_f(TB_F32, f);
-    }
-    if (dtype == TB_F64) {
-        double f;
-        memcpy(&f, raw, sizeof f);
-        return tb_scalar_f(TB_F64, f);
-    }
-    if (dtype == TB_F16 || dtype == TB_BF16) {
-        uint16_t h;
-        memcpy(&h, raw, sizeof h);
-        return tb_scalar_f(dtype, tb__half_to_f64(dtype, h));
-    }
+    if (tb_dtype_is_float(dtype)) return tb_scalar_f(dtype, tb__exec_host_to_double(raw, dtype));
     if (dtype == TB_I32) {
         int32_t x;
         memcpy(&x, raw, sizeof x);
