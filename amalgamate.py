@@ -52,6 +52,7 @@ IMPLEMENTATION_PARTS = [
     "src/core/backend.c",
     "src/core/backend_data.c",
     "src/core/device_resolve.c",
+    "src/graph/ops_table.h",
     "src/graph/ir.c",
     "src/graph/ir_graph.c",
     "src/graph/executor_internal.h",

@@ -6838,6 +6838,160 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
     return TB_OK;
 }
 
+/* ---- src/graph/ops_table.h ---- */
+/* ===========================================================================================
+   The elementwise math ops, one row each: everything the library knows of such an op besides
+   its id (ir.h's TB_OP_LIST) and its public declaration (tensor.h). The parts that need a
+   column expand the table with a macro of their own:
+     ir.c          the dtype rule (float only; integer operands cast to f32 or refused)
+     ops.c         the public function tb_NAME(x)
+     reference_elementwise.c   the reference kernel, in double
+     codegen.c and planner_layout.c   the generated code, scalar and vector
+     autograd.c    the gradient rule
+   =========================================================================================== */
+
+/* What an op does with integer and bool operands: cast them to f32 first (as PyTorch's exp),
+   or refuse them with TB_ERR_DTYPE (as PyTorch's gelu, which has no integer kernel). */
+#define TB__INT_CAST   1
+#define TB__INT_REFUSE 0
+
+/* The columns of a row, X(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD):
+   ID        the op's id without TB_OP_ (ir.h's TB_OP_LIST lists it)
+   name      the public function's name without tb_: tb_NAME(tb_tensor *x) is defined from the
+             row and declared in tensor.h
+   ints      TB__INT_CAST or TB__INT_REFUSE
+   REF       the reference value: a C expression of double x (<math.h>, and the reference's
+             helpers tb__ref_*)
+   CODE      the generated code's expression, a template: $a is the operand's value, $x the
+             same cast to the compute type ($t), $NAME the dialect's math function NAME for
+             that type ($exp, $log1p, ...); any other text is copied
+   CODE_F32  the template where the compute type is float (f32, f16, bf16), or NULL for CODE:
+             a prelude function that vectorises, say
+   VEC       the template on a vector of floats, $a the vector (the prelude's TB_V* and tb_v*
+             functions), or NULL: the op then ends the vector form of a row
+   GRAD      the gradient of x: an expression of the tensors g (the gradient of the result),
+             x, y (the result) and s (a scratch tensor pointer, for a value used twice), where
+             each new tensor is wrapped in TB__K(...) and TB__C(v) is a constant of x's dtype;
+             built from differentiable ops, so that it has a gradient of its own */
+/* clang-format off */
+#define TB__MATH_OPS(X)                                                                            \
+    X(EXP, exp, TB__INT_CAST,                                                                      \
+      /* reference */ exp(x),                                                                      \
+      /* code      */ "($t)$exp(($t)$a)",                                                          \
+      /* float     */ NULL,                                                                        \
+      /* vector    */ "TB_VEXP($a)",                                                               \
+      /* gradient: g y */                                                                          \
+      TB__K(tb_mul(g, y)))                                                                         \
+    X(LOG, log, TB__INT_CAST,                                                                      \
+      /* reference */ log(x),                                                                      \
+      /* code      */ "($t)$log(($t)$a)",                                                          \
+      /* float     */ NULL,                                                                        \
+      /* vector    */ NULL,                                                                        \
+      /* gradient: g / x */                                                                        \
+      TB__K(tb_div(g, x)))                                                                         \
+    X(SQRT, sqrt, TB__INT_CAST,                                                                    \
+      /* reference */ sqrt(x),                                                                     \
+      /* code      */ "$sqrt($a)",                                                                 \
+      /* float     */ NULL,                                                                        \
+      /* vector    */ "TB_VSQRT($a)",                                                              \
+      /* gradient: g / 2y */                                                                       \
+      TB__K(tb_div(g, TB__K(tb_mul_scalar(y, 2.0)))))                                              \
+    X(RSQRT, rsqrt, TB__INT_CAST,                                                                  \
+      /* reference */ 1.0 / sqrt(x),                                                               \
+      /* code      */ "($t)(($t)1 / $sqrt(($t)$a))",                                               \
+      /* float     */ NULL,                                                                        \
+      /* vector    */ NULL,                                                                        \
+      /* gradient: -0.5 g y^3 */                                                                   \
+      TB__K(tb_mul(TB__K(tb_mul_scalar(g, -0.5)), TB__K(tb_mul(y, TB__K(tb_mul(y, y)))))))         \
+    X(SIN, sin, TB__INT_CAST,                                                                      \
+      /* reference */ sin(x),                                                                      \
+      /* code      */ "($t)$sin(($t)$a)",                                                          \
+      /* float     */ NULL,                                                                        \
+      /* vector    */ NULL,                                                                        \
+      /* gradient: g cos(x) */                                                                     \
+      TB__K(tb_mul(g, TB__K(tb_cos(x)))))                                                          \
+    X(COS, cos, TB__INT_CAST,                                                                      \
+      /* reference */ cos(x),                                                                      \
+      /* code      */ "($t)$cos(($t)$a)",                                                          \
+      /* float     */ NULL,                                                                        \
+      /* vector    */ NULL,                                                                        \
+      /* gradient: -g sin(x) */                                                                    \
+      TB__K(tb_neg(TB__K(tb_mul(g, TB__K(tb_sin(x)))))))                                           \
+    X(TANH, tanh, TB__INT_CAST,                                                                    \
+      /* reference */ tanh(x),                                                                     \
+      /* code      */ "($t)$tanh(($t)$a)",                                                         \
+      /* float     */ NULL,                                                                        \
+      /* vector    */ NULL,                                                                        \
+      /* gradient: g (1 - y^2) */                                                                  \
+      TB__K(tb_mul(g, TB__K(tb_sub(TB__C(1.0), TB__K(tb_mul(y, y)))))))                            \
+    X(SIGMOID, sigmoid, TB__INT_CAST,                                                              \
+      /* reference */ tb__ref_sigmoid(x),                                                          \
+      /* code: exp of a negative argument only, as the reference */                                \
+      "($t)($x >= 0 ? ($t)1 / (($t)1 + $exp(-$x)) : $exp($x) / (($t)1 + $exp($x)))",               \
+      /* float     */ NULL,                                                                        \
+      /* vector    */ NULL,                                                                        \
+      /* gradient: g y (1 - y) */                                                                  \
+      TB__K(tb_mul(g, TB__K(tb_mul(y, TB__K(tb_sub(TB__C(1.0), y)))))))                            \
+    X(GELU, gelu, TB__INT_REFUSE,                                                                  \
+      /* reference */ 0.5 * x * (1.0 + erf(x * 0.70710678118654752440)),                           \
+      /* code      */ "($t)(0.5 * ($t)$a * (($t)1 + $erf(($t)$a * 0.70710678118654757)))",         \
+      /* float     */ "(float)tb_gelu_f32((float)$a)",                                             \
+      /* vector    */ "tb_vgelu($a)",                                                              \
+      /* gradient: g (Phi(x) + x phi(x)), s = Phi(x) */                                            \
+      (s = TB__K(tb_mul_scalar(                                                                    \
+           TB__K(tb_add_scalar(TB__K(tb_erf(TB__K(tb_mul_scalar(x, 0.70710678118654752)))), 1.0)), \
+           0.5)),                                                                                  \
+       TB__K(tb_mul(g, TB__K(tb_add(s, TB__K(tb_mul(x, TB__K(tb_mul_scalar(                        \
+           TB__K(tb_exp(TB__K(tb_mul_scalar(TB__K(tb_mul(x, x)), -0.5)))),                         \
+           0.39894228040143268))))))))))                                                           \
+    X(SILU, silu, TB__INT_REFUSE,                                                                  \
+      /* reference */ x * tb__ref_sigmoid(x),                                                      \
+      /* code      */                                                                              \
+      "($t)($x * ($x >= 0 ? ($t)1 / (($t)1 + $exp(-$x)) : $exp($x) / (($t)1 + $exp($x))))",        \
+      /* float     */ NULL,                                                                        \
+      /* vector    */ NULL,                                                                        \
+      /* gradient: g s (1 + x (1 - s)), s = sigmoid(x) */                                          \
+      (s = TB__K(tb_sigmoid(x)),                                                                   \
+       TB__K(tb_mul(g, TB__K(tb_mul(s, TB__K(tb_add_scalar(                                        \
+           TB__K(tb_mul(x, TB__K(tb_sub(TB__C(1.0), s)))), 1.0))))))))                             \
+    X(RECIPROCAL, reciprocal, TB__INT_CAST,                                                        \
+      /* reference */ 1.0 / x,                                                                     \
+      /* code      */ "($t)1 / $a",                                                                \
+      /* float     */ NULL,                                                                        \
+      /* vector    */ "1.0f / $a",                                                                 \
+      /* gradient: -g y^2 */                                                                       \
+      TB__K(tb_neg(TB__K(tb_mul(g, TB__K(tb_mul(y, y)))))))                                        \
+    X(ERF, erf, TB__INT_CAST,                                                                      \
+      /* reference */ erf(x),                                                                      \
+      /* code      */ "($t)$erf(($t)$a)",                                                          \
+      /* float     */ "(float)tb_erf_f32((float)$a)",                                              \
+      /* vector    */ "tb_verf($a)",                                                               \
+      /* gradient: g 2/sqrt(pi) exp(-x^2) */                                                       \
+      TB__K(tb_mul(g, TB__K(tb_mul_scalar(TB__K(tb_exp(TB__K(tb_neg(TB__K(tb_mul(x, x)))))),       \
+                                          1.1283791670955126)))))
+/* clang-format on */
+
+/* The code templates of an elementwise math op (for the code generator and the planner). */
+typedef struct tb__math_code {
+    tb_op op;
+    const char *code, *code_f32, *vec;
+} tb__math_code;
+
+static const tb__math_code tb__math_codes[] = {
+#define TB__MATH_CODE(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                              \
+    {TB_OP_##ID, CODE, CODE_F32, VEC},
+    TB__MATH_OPS(TB__MATH_CODE)
+#undef TB__MATH_CODE
+};
+
+/* The row of `op`, NULL when it is not an elementwise math op. */
+TB__UNUSED static const tb__math_code *tb__math_code_of(tb_op op) {
+    size_t i;
+    for (i = 0; i < sizeof tb__math_codes / sizeof tb__math_codes[0]; i++)
+        if (tb__math_codes[i].op == op) return &tb__math_codes[i];
+    return NULL;
+}
+
 /* ---- src/graph/ir.c ---- */
 /* ===========================================================================================
    IR: the op table, custom ops, nodes and shape inference
@@ -7461,18 +7615,9 @@ static tb_status tb__check_rank1(const char *fn, const tb_shape *shape) {
 
 static bool tb__op_float_only(tb_op op) {
     switch (op) {
-    case TB_OP_EXP:
-    case TB_OP_LOG:
-    case TB_OP_SQRT:
-    case TB_OP_RSQRT:
-    case TB_OP_SIN:
-    case TB_OP_COS:
-    case TB_OP_TANH:
-    case TB_OP_SIGMOID:
-    case TB_OP_GELU:
-    case TB_OP_SILU:
-    case TB_OP_RECIPROCAL:
-    case TB_OP_ERF:
+#define TB__FLOAT_ONLY(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD) case TB_OP_##ID:
+        TB__MATH_OPS(TB__FLOAT_ONLY)
+#undef TB__FLOAT_ONLY
         return true;
     default:
         return false;
@@ -11901,6 +12046,19 @@ static tb_status tb__norm_axis(const char *fn, const char *what, int64_t axis, i
 
 /* ---- unary ---- */
 
+/* A math op that refuses integer operands (TB__INT_REFUSE in ops_table.h) */
+static bool tb__op_refuses_ints(tb_op op) {
+    switch (op) {
+#define TB__REFUSES(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                                \
+    case TB_OP_##ID:                                                                               \
+        return (ints) == TB__INT_REFUSE;
+        TB__MATH_OPS(TB__REFUSES)
+#undef TB__REFUSES
+    default:
+        return false;
+    }
+}
+
 static tb_tensor *tb__unary(const char *fn, tb_op op, tb_tensor *x) {
     tb__arg arg;
     tb_device device;
@@ -11909,8 +12067,7 @@ static tb_tensor *tb__unary(const char *fn, tb_op op, tb_tensor *x) {
     if (x == NULL) return tb__null_input(fn, "x");
     if (tb__args_get(fn, &x, 1, &arg, &device) != TB_OK) return NULL;
     if (tb__op_float_only(op) && !tb_dtype_is_float(arg.shape.dtype)) {
-        if (op == TB_OP_GELU || op == TB_OP_SILU) {
-            /* PyTorch has no integer kernels for these (and does not promote) */
+        if (tb__op_refuses_ints(op)) {
             tb__need_float(fn, &arg.shape);
             tb__args_release(&arg, 1);
             return NULL;
@@ -11935,46 +12092,18 @@ TBDEF tb_tensor *tb_neg(tb_tensor *x) {
 TBDEF tb_tensor *tb_abs(tb_tensor *x) {
     return tb__unary("tb_abs", TB_OP_ABS, x);
 }
-TBDEF tb_tensor *tb_exp(tb_tensor *x) {
-    return tb__unary("tb_exp", TB_OP_EXP, x);
-}
-TBDEF tb_tensor *tb_log(tb_tensor *x) {
-    return tb__unary("tb_log", TB_OP_LOG, x);
-}
-TBDEF tb_tensor *tb_sqrt(tb_tensor *x) {
-    return tb__unary("tb_sqrt", TB_OP_SQRT, x);
-}
-TBDEF tb_tensor *tb_rsqrt(tb_tensor *x) {
-    return tb__unary("tb_rsqrt", TB_OP_RSQRT, x);
-}
-TBDEF tb_tensor *tb_sin(tb_tensor *x) {
-    return tb__unary("tb_sin", TB_OP_SIN, x);
-}
-TBDEF tb_tensor *tb_cos(tb_tensor *x) {
-    return tb__unary("tb_cos", TB_OP_COS, x);
-}
-TBDEF tb_tensor *tb_tanh(tb_tensor *x) {
-    return tb__unary("tb_tanh", TB_OP_TANH, x);
-}
-TBDEF tb_tensor *tb_sigmoid(tb_tensor *x) {
-    return tb__unary("tb_sigmoid", TB_OP_SIGMOID, x);
-}
+/* tb_exp, tb_log, ..., one for each row of ops_table.h */
+#define TB__MATH_FN(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                                \
+    TBDEF tb_tensor *tb_##name(tb_tensor *x) {                                                     \
+        return tb__unary("tb_" #name, TB_OP_##ID, x);                                              \
+    }
+TB__MATH_OPS(TB__MATH_FN)
+#undef TB__MATH_FN
+
 TBDEF tb_tensor *tb_relu(tb_tensor *x) {
     return tb__unary("tb_relu", TB_OP_RELU, x);
 }
-TBDEF tb_tensor *tb_gelu(tb_tensor *x) {
-    return tb__unary("tb_gelu", TB_OP_GELU, x);
-}
 
-TBDEF tb_tensor *tb_erf(tb_tensor *x) {
-    return tb__unary("tb_erf", TB_OP_ERF, x);
-}
-TBDEF tb_tensor *tb_silu(tb_tensor *x) {
-    return tb__unary("tb_silu", TB_OP_SILU, x);
-}
-TBDEF tb_tensor *tb_reciprocal(tb_tensor *x) {
-    return tb__unary("tb_reciprocal", TB_OP_RECIPROCAL, x);
-}
 TBDEF tb_tensor *tb_floor(tb_tensor *x) {
     return tb__unary("tb_floor", TB_OP_FLOOR, x);
 }
@@ -14449,8 +14578,6 @@ static tb_status tb__rview_to_host(const tb__rview *v, void *host) {
 
 /* ---- elementwise ops ---- */
 
-#define TB__REF_SQRT1_2 0.70710678118654752440
-
 static double tb__ref_sigmoid(double x) {
     /* exp of a negative argument only: no overflow for large |x| */
     if (x >= 0) return 1.0 / (1.0 + exp(-x));
@@ -14474,36 +14601,17 @@ static double tb__ref_minf(double a, double b) {
 
 static double tb__ref_unary_f(tb_op op, double x) {
     switch (op) {
+#define TB__REF_MATH(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                               \
+    case TB_OP_##ID:                                                                               \
+        return REF;
+        TB__MATH_OPS(TB__REF_MATH)
+#undef TB__REF_MATH
     case TB_OP_NEG:
         return -x;
     case TB_OP_ABS:
         return fabs(x);
-    case TB_OP_EXP:
-        return exp(x);
-    case TB_OP_LOG:
-        return log(x);
-    case TB_OP_SQRT:
-        return sqrt(x);
-    case TB_OP_RSQRT:
-        return 1.0 / sqrt(x);
-    case TB_OP_SIN:
-        return sin(x);
-    case TB_OP_COS:
-        return cos(x);
-    case TB_OP_TANH:
-        return tanh(x);
-    case TB_OP_SIGMOID:
-        return tb__ref_sigmoid(x);
     case TB_OP_RELU:
         return x < 0 ? 0.0 : x; /* NaN stays NaN */
-    case TB_OP_GELU:
-        return 0.5 * x * (1.0 + erf(x * TB__REF_SQRT1_2));
-    case TB_OP_ERF:
-        return erf(x);
-    case TB_OP_SILU:
-        return x * tb__ref_sigmoid(x);
-    case TB_OP_RECIPROCAL:
-        return 1.0 / x;
     case TB_OP_FLOOR:
         return floor(x);
     case TB_OP_CEIL:
@@ -14757,42 +14865,26 @@ static tb_status tb__ref_ew_generic_run(void *ctx, int64_t n, char *const *p, co
         }                                                                                          \
     } while (0)
 
+/* A math op's loop: the row's reference expression inlined (TB__UN_T is the element type) */
+#define TB__UN_MATH(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                                \
+    case TB_OP_##ID:                                                                               \
+        TB__UN_LOOP(TB__UN_T, REF);                                                                \
+        break;
+
 #define TB__UN_FUNC(NAME, T)                                                                       \
     static tb_status NAME(void *ctx, int64_t n, char *const *p, const int64_t *s) {                \
+        typedef T TB__UN_T;                                                                        \
         int64_t i;                                                                                 \
         switch (((const tb__ew_ctx *)ctx)->op) {                                                   \
+            TB__MATH_OPS(TB__UN_MATH)                                                              \
         case TB_OP_NEG:                                                                            \
             TB__UN_LOOP(T, -x);                                                                    \
             break;                                                                                 \
         case TB_OP_ABS:                                                                            \
             TB__UN_LOOP(T, fabs(x));                                                               \
             break;                                                                                 \
-        case TB_OP_EXP:                                                                            \
-            TB__UN_LOOP(T, exp(x));                                                                \
-            break;                                                                                 \
-        case TB_OP_LOG:                                                                            \
-            TB__UN_LOOP(T, log(x));                                                                \
-            break;                                                                                 \
-        case TB_OP_SQRT:                                                                           \
-            TB__UN_LOOP(T, sqrt(x));                                                               \
-            break;                                                                                 \
-        case TB_OP_RSQRT:                                                                          \
-            TB__UN_LOOP(T, 1.0 / sqrt(x));                                                         \
-            break;                                                                                 \
-        case TB_OP_SIN:                                                                            \
-            TB__UN_LOOP(T, sin(x));                                                                \
-            break;                                                                                 \
-        case TB_OP_COS:                                                                            \
-            TB__UN_LOOP(T, cos(x));                                                                \
-            break;                                                                                 \
-        case TB_OP_TANH:                                                                           \
-            TB__UN_LOOP(T, tanh(x));                                                               \
-            break;                                                                                 \
         case TB_OP_RELU:                                                                           \
             TB__UN_LOOP(T, x < 0 ? 0.0 : x);                                                       \
-            break;                                                                                 \
-        case TB_OP_RECIPROCAL:                                                                     \
-            TB__UN_LOOP(T, 1.0 / x);                                                               \
             break;                                                                                 \
         case TB_OP_FLOOR:                                                                          \
             TB__UN_LOOP(T, floor(x));                                                              \
@@ -14895,6 +14987,7 @@ TB__BIN_FUNC(tb__ref_binary_f64_run, double)
 
 #undef TB__UN_LOOP
 #undef TB__UN_FUNC
+#undef TB__UN_MATH
 #undef TB__BIN_LOOP
 #undef TB__BIN_FUNC
 
@@ -14971,8 +15064,6 @@ static tb_status tb__ref_elementwise(const tb_node *node, const tb__rview *in, t
     if (st != TB_OK) tb__rview_clear(out);
     return st;
 }
-
-#undef TB__REF_SQRT1_2
 
 /* ---- src/reference/reference.c ---- */
 /* ===========================================================================================
@@ -16964,65 +17055,24 @@ typedef struct tb__vjp {
 #define TB__C(value) tb__ag_const(v->a, v->dt, (value))
 
 static void tb__vjp_unary(const tb__vjp *v) {
-    tb_tensor *g = v->g, *x = v->x[0], *y = v->y, *r = NULL;
-    tb_dtype dt = v->dt;
+    tb_tensor *g = v->g, *x = v->x[0], *y = v->y, *r = NULL, *s = NULL;
     switch (v->node->op) {
+#define TB__VJP_MATH(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                               \
+    case TB_OP_##ID:                                                                               \
+        r = (GRAD);                                                                                \
+        break;
+        TB__MATH_OPS(TB__VJP_MATH)
+#undef TB__VJP_MATH
     case TB_OP_NEG:
         r = TB__K(tb_neg(g));
         break;
     case TB_OP_ABS:
         r = TB__K(tb_mul(g, TB__K(tb_sign(x))));
         break;
-    case TB_OP_EXP:
-        r = TB__K(tb_mul(g, y));
-        break;
-    case TB_OP_LOG:
-        r = TB__K(tb_div(g, x));
-        break;
-    case TB_OP_SQRT:
-        r = TB__K(tb_div(g, TB__K(tb_mul_scalar(y, 2.0))));
-        break;
-    case TB_OP_RSQRT: /* -0.5 g y^3 */
-        r = TB__K(tb_mul(TB__K(tb_mul_scalar(g, -0.5)), TB__K(tb_mul(y, TB__K(tb_mul(y, y))))));
-        break;
-    case TB_OP_SIN:
-        r = TB__K(tb_mul(g, TB__K(tb_cos(x))));
-        break;
-    case TB_OP_COS:
-        r = TB__K(tb_neg(TB__K(tb_mul(g, TB__K(tb_sin(x))))));
-        break;
-    case TB_OP_TANH: /* g (1 - y^2) */
-        r = TB__K(tb_mul(g, TB__K(tb_sub(TB__C(1.0), TB__K(tb_mul(y, y))))));
-        break;
-    case TB_OP_SIGMOID: /* g y (1 - y) */
-        r = TB__K(tb_mul(g, TB__K(tb_mul(y, TB__K(tb_sub(TB__C(1.0), y))))));
-        break;
     case TB_OP_RELU: /* the mask from the result (y > 0 exactly where x > 0), as PyTorch's
                         threshold_backward: x has no reader left but the ReLU, so it is not
                         materialised beside y (a matmul's bias and ReLU stay its epilogue) */
         r = tb__ag_mask(v->a, TB__K(tb_gt(y, TB__C(0.0))), g);
-        break;
-    case TB_OP_GELU: { /* g (Phi(x) + x phi(x)) */
-        tb_tensor *cdf = TB__K(tb_mul_scalar(
-            TB__K(tb_add_scalar(TB__K(tb_erf(TB__K(tb_mul_scalar(x, 0.70710678118654752)))), 1.0)),
-            0.5));
-        tb_tensor *pdf = TB__K(tb_mul_scalar(
-            TB__K(tb_exp(TB__K(tb_mul_scalar(TB__K(tb_mul(x, x)), -0.5)))), 0.39894228040143268));
-        r = TB__K(tb_mul(g, TB__K(tb_add(cdf, TB__K(tb_mul(x, pdf))))));
-        break;
-    }
-    case TB_OP_SILU: { /* g s (1 + x (1 - s)) */
-        tb_tensor *s = TB__K(tb_sigmoid(x));
-        tb_tensor *t = TB__K(tb_add_scalar(TB__K(tb_mul(x, TB__K(tb_sub(TB__C(1.0), s)))), 1.0));
-        r = TB__K(tb_mul(g, TB__K(tb_mul(s, t))));
-        break;
-    }
-    case TB_OP_RECIPROCAL:
-        r = TB__K(tb_neg(TB__K(tb_mul(g, TB__K(tb_mul(y, y))))));
-        break;
-    case TB_OP_ERF: /* g 2/sqrt(pi) exp(-x^2) */
-        r = TB__K(tb_mul(g, TB__K(tb_mul_scalar(TB__K(tb_exp(TB__K(tb_neg(TB__K(tb_mul(x, x)))))),
-                                                1.1283791670955126))));
         break;
     case TB_OP_CAST:
         if (tb_dtype_is_float(v->xs[0].dtype)) r = TB__K(tb_cast(g, v->xs[0].dtype));
@@ -17031,7 +17081,7 @@ static void tb__vjp_unary(const tb__vjp *v) {
         r = NULL;
         break;
     }
-    (void)dt;
+    (void)s;
     v->out[0] = r;
 }
 
@@ -23253,25 +23303,22 @@ static bool tb__plan_vec_op(const tb_node *n) {
                (n->shape.rank >= 1 && n->operands[0]->shape.rank >= 1 &&
                 n->shape.dims[n->shape.rank - 1] ==
                     n->operands[0]->shape.dims[n->operands[0]->shape.rank - 1]);
-    case TB_OP_SQRT:
     case TB_OP_ADD:
     case TB_OP_SUB:
     case TB_OP_MUL:
     case TB_OP_DIV:
     case TB_OP_NEG:
     case TB_OP_ABS:
-    case TB_OP_EXP:
-    case TB_OP_ERF:
-    case TB_OP_GELU:
-    case TB_OP_RECIPROCAL:
     case TB_OP_MAXIMUM:
     case TB_OP_MINIMUM:
     case TB_OP_RELU:
         return true;
     case TB_OP_WHERE: /* a condition of bytes read from a buffer (tb__plan_vec_subtree) */
         return n->operands[0]->shape.dtype == TB_BOOL || n->operands[0]->shape.dtype == TB_U8;
-    default:
-        return false;
+    default: { /* a math op of ops_table.h with a vector form */
+        const tb__math_code *c = tb__math_code_of(n->op);
+        return c != NULL && c->vec != NULL;
+    }
     }
 }
 
@@ -25936,9 +25983,6 @@ static bool tb__cg_expr_unary(tb__cg *g, const tb_node *n, tb_dtype ad, const ch
             snprintf(e, cap, "(%s < (%s)0 ? (%s)0 : %s)", a, t, t, a);
         }
         break;
-    case TB_OP_RECIPROCAL:
-        snprintf(e, cap, "(%s)1 / %s", t, a);
-        break;
     case TB_OP_FLOOR:
     case TB_OP_CEIL:
     case TB_OP_ROUND:
@@ -25980,66 +26024,58 @@ static bool tb__cg_expr_unary(tb__cg *g, const tb_node *n, tb_dtype ad, const ch
     return true;
 }
 
-/* The expression of a math function (exp, log, sin, cos, tanh, sqrt, rsqrt, sigmoid, silu,
-   gelu) in the dialect's names; false when `n` is not one. */
-static bool tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e, size_t cap) {
-    tb_dtype od = n->shape.dtype;
-    const char *t = tb__cg_ctype(od), *m = t;
-    switch (n->op) {
-    case TB_OP_EXP:
-    case TB_OP_LOG:
-    case TB_OP_SIN:
-    case TB_OP_COS:
-    case TB_OP_TANH:
-    case TB_OP_ERF: {
-        const char *f = n->op == TB_OP_EXP   ? "exp"
-                        : n->op == TB_OP_LOG ? "log"
-                        : n->op == TB_OP_SIN ? "sin"
-                        : n->op == TB_OP_COS ? "cos"
-                        : n->op == TB_OP_ERF ? "erf"
-                                             : "tanh";
-        /* f32 erf: the prelude's, which vectorises (libm's and devices' are calls) */
-        bool own = n->op == TB_OP_ERF && strcmp(m, "float") == 0;
-        snprintf(e, cap, "(%s)%s((%s)%s)", t, own ? "tb_erf_f32" : tb__cg_math(g, f, od), m, a);
-        break;
-    }
-    case TB_OP_SQRT:
-        snprintf(e, cap, "%s(%s)", tb__cg_math(g, "sqrt", od), a);
-        break;
-    case TB_OP_RSQRT:
-        snprintf(e, cap, "(%s)((%s)1 / %s((%s)%s))", t, m, tb__cg_math(g, "sqrt", od), m, a);
-        break;
-    case TB_OP_SIGMOID:
-    case TB_OP_SILU: {
-        /* exp of a negative argument only, as the reference */
-        char x[64], sg[512];
-        const char *ex = tb__cg_math(g, "exp", od);
-        snprintf(x, sizeof x, "((%s)%s)", m, a);
-        snprintf(sg, sizeof sg, "(%s >= 0 ? (%s)1 / ((%s)1 + %s(-%s)) : %s(%s) / ((%s)1 + %s(%s)))",
-                 x, m, m, ex, x, ex, x, m, ex, x);
-        if (n->op == TB_OP_SILU) {
-            snprintf(e, cap, "(%s)(%s * %s)", t, x, sg);
+/* Expands a code template of ops_table.h: $a the operand, $t the compute type, $x the operand
+   cast to it, $NAME the dialect's math function NAME for `dtype`. False when the text does not
+   fit in `cap` bytes. */
+static bool tb__cg_template(const tb__cg *g, const char *tpl, tb_dtype dtype, const char *a,
+                            char *e, size_t cap) {
+    const char *t = tb__cg_ctype(dtype);
+    size_t len = 0;
+    e[0] = '\0';
+    while (*tpl != '\0') {
+        char name[32], text[64];
+        const char *piece = text;
+        size_t k = 0, n;
+        if (*tpl != '$') {
+            text[0] = *tpl++;
+            text[1] = '\0';
         } else {
-            snprintf(e, cap, "(%s)%s", t, sg);
+            for (tpl++;
+                 ((*tpl >= 'a' && *tpl <= 'z') || (*tpl >= '0' && *tpl <= '9') || *tpl == '_') &&
+                 k + 1 < sizeof name;
+                 tpl++)
+                name[k++] = *tpl;
+            name[k] = '\0';
+            if (strcmp(name, "a") == 0) {
+                piece = a;
+            } else if (strcmp(name, "t") == 0) {
+                piece = t;
+            } else if (strcmp(name, "x") == 0) {
+                snprintf(text, sizeof text, "((%s)%s)", t, a);
+            } else {
+                piece = tb__cg_math(g, name, dtype);
+            }
         }
-        break;
-    }
-    case TB_OP_GELU: {
-        char half[32], r2[32];
-        if (strcmp(m, "float") == 0) { /* the prelude's, which vectorises */
-            snprintf(e, cap, "(%s)tb_gelu_f32((float)%s)", t, a);
-            break;
-        }
-        tb__cg_flit(TB_F64, 0.5, half, sizeof half);
-        tb__cg_flit(TB_F64, 0.70710678118654752440, r2, sizeof r2);
-        snprintf(e, cap, "(%s)(%s * (%s)%s * ((%s)1 + %s((%s)%s * %s)))", t, half, m, a, m,
-                 tb__cg_math(g, "erf", od), m, a, r2);
-        break;
-    }
-    default:
-        return false;
+        n = strlen(piece);
+        if (len + n + 1 > cap) return false;
+        memcpy(e + len, piece, n + 1);
+        len += n;
     }
     return true;
+}
+
+/* The expression of an elementwise math op (a row of ops_table.h); 0 when `n` is not one, -1
+   on error. */
+static int tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e, size_t cap) {
+    const tb__math_code *c = tb__math_code_of(n->op);
+    const char *t = tb__cg_ctype(n->shape.dtype);
+    if (c == NULL) return 0;
+    if (tb__cg_template(g, c->code_f32 != NULL && strcmp(t, "float") == 0 ? c->code_f32 : c->code,
+                        n->shape.dtype, a, e, cap))
+        return 1;
+    tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: the code of op %s is too long",
+                                  tb_op_name(n->op)));
+    return -1;
 }
 
 /* The expression of a binary or ternary op: 1, 0 when `n` is not one, -1 on error (an op may
@@ -26153,10 +26189,9 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
         snprintf(e, sizeof e, "tb_%s_%s((ulong)%s, (ulong)%s, (ulong)(%s))",
                  n->op == TB_OP_RAND ? "rand" : "randn", od == TB_F64 ? "f64" : "f32", a, b, flat);
         handled = 1;
-    } else if (tb__cg_expr_unary(g, n, ad, a, e, sizeof e) ||
-               tb__cg_expr_math(g, n, a, e, sizeof e)) {
+    } else if (tb__cg_expr_unary(g, n, ad, a, e, sizeof e)) {
         handled = 1;
-    } else {
+    } else if ((handled = tb__cg_expr_math(g, n, a, e, sizeof e)) == 0) {
         handled = tb__cg_expr_binary(g, node, a, b, c, e, sizeof e);
     }
     if (handled < 0) return -1;
@@ -26325,23 +26360,8 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
         if (is_vec[0] && (n->op == TB_OP_RESHAPE || !tb__cg_is_half(n->shape.dtype))) return ops[0];
         snprintf(e, sizeof e, "%s", a);
         break;
-    case TB_OP_SQRT:
-        snprintf(e, sizeof e, "TB_VSQRT(%s)", a);
-        break;
     case TB_OP_NEG:
         snprintf(e, sizeof e, "-%s", a);
-        break;
-    case TB_OP_RECIPROCAL:
-        snprintf(e, sizeof e, "1.0f / %s", a);
-        break;
-    case TB_OP_EXP: /* the dialect's: a device's built-in where it has a faster one */
-        snprintf(e, sizeof e, "TB_VEXP(%s)", a);
-        break;
-    case TB_OP_ERF: /* the prelude's, as the scalar tb_erf_f32 */
-        snprintf(e, sizeof e, "tb_verf(%s)", a);
-        break;
-    case TB_OP_GELU: /* the prelude's, as the scalar tb_gelu_f32 */
-        snprintf(e, sizeof e, "tb_vgelu(%s)", a);
         break;
     case TB_OP_ABS:
     case TB_OP_RELU:
@@ -26357,10 +26377,16 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     case TB_OP_MINIMUM:
         snprintf(e, sizeof e, "tb_v%s(%s, %s)", n->op == TB_OP_MAXIMUM ? "max" : "min", a, b);
         break;
-    default:
+    default: {
+        /* a math op of ops_table.h with a vector form (TB_VEXP is the dialect's: a device's
+           built-in where it has a faster one; tb_verf and tb_vgelu the prelude's) */
+        const tb__math_code *c = tb__math_code_of(n->op);
+        if (c != NULL && c->vec != NULL && tb__cg_template(g, c->vec, TB_F32, a, e, sizeof e))
+            break;
         tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: no vector code for op %s",
                                       tb_op_name(n->op) != NULL ? tb_op_name(n->op) : "?"));
         return -1;
+    }
     }
     v = tb__cg_new_vec(g);
     if (v < 0) return -1;

@@ -974,9 +974,6 @@ static bool tb__cg_expr_unary(tb__cg *g, const tb_node *n, tb_dtype ad, const ch
             snprintf(e, cap, "(%s < (%s)0 ? (%s)0 : %s)", a, t, t, a);
         }
         break;
-    case TB_OP_RECIPROCAL:
-        snprintf(e, cap, "(%s)1 / %s", t, a);
-        break;
     case TB_OP_FLOOR:
     case TB_OP_CEIL:
     case TB_OP_ROUND:
@@ -1018,66 +1015,58 @@ static bool tb__cg_expr_unary(tb__cg *g, const tb_node *n, tb_dtype ad, const ch
     return true;
 }
 
-/* The expression of a math function (exp, log, sin, cos, tanh, sqrt, rsqrt, sigmoid, silu,
-   gelu) in the dialect's names; false when `n` is not one. */
-static bool tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e, size_t cap) {
-    tb_dtype od = n->shape.dtype;
-    const char *t = tb__cg_ctype(od), *m = t;
-    switch (n->op) {
-    case TB_OP_EXP:
-    case TB_OP_LOG:
-    case TB_OP_SIN:
-    case TB_OP_COS:
-    case TB_OP_TANH:
-    case TB_OP_ERF: {
-        const char *f = n->op == TB_OP_EXP   ? "exp"
-                        : n->op == TB_OP_LOG ? "log"
-                        : n->op == TB_OP_SIN ? "sin"
-                        : n->op == TB_OP_COS ? "cos"
-                        : n->op == TB_OP_ERF ? "erf"
-                                             : "tanh";
-        /* f32 erf: the prelude's, which vectorises (libm's and devices' are calls) */
-        bool own = n->op == TB_OP_ERF && strcmp(m, "float") == 0;
-        snprintf(e, cap, "(%s)%s((%s)%s)", t, own ? "tb_erf_f32" : tb__cg_math(g, f, od), m, a);
-        break;
-    }
-    case TB_OP_SQRT:
-        snprintf(e, cap, "%s(%s)", tb__cg_math(g, "sqrt", od), a);
-        break;
-    case TB_OP_RSQRT:
-        snprintf(e, cap, "(%s)((%s)1 / %s((%s)%s))", t, m, tb__cg_math(g, "sqrt", od), m, a);
-        break;
-    case TB_OP_SIGMOID:
-    case TB_OP_SILU: {
-        /* exp of a negative argument only, as the reference */
-        char x[64], sg[512];
-        const char *ex = tb__cg_math(g, "exp", od);
-        snprintf(x, sizeof x, "((%s)%s)", m, a);
-        snprintf(sg, sizeof sg, "(%s >= 0 ? (%s)1 / ((%s)1 + %s(-%s)) : %s(%s) / ((%s)1 + %s(%s)))",
-                 x, m, m, ex, x, ex, x, m, ex, x);
-        if (n->op == TB_OP_SILU) {
-            snprintf(e, cap, "(%s)(%s * %s)", t, x, sg);
+/* Expands a code template of ops_table.h: $a the operand, $t the compute type, $x the operand
+   cast to it, $NAME the dialect's math function NAME for `dtype`. False when the text does not
+   fit in `cap` bytes. */
+static bool tb__cg_template(const tb__cg *g, const char *tpl, tb_dtype dtype, const char *a,
+                            char *e, size_t cap) {
+    const char *t = tb__cg_ctype(dtype);
+    size_t len = 0;
+    e[0] = '\0';
+    while (*tpl != '\0') {
+        char name[32], text[64];
+        const char *piece = text;
+        size_t k = 0, n;
+        if (*tpl != '$') {
+            text[0] = *tpl++;
+            text[1] = '\0';
         } else {
-            snprintf(e, cap, "(%s)%s", t, sg);
+            for (tpl++;
+                 ((*tpl >= 'a' && *tpl <= 'z') || (*tpl >= '0' && *tpl <= '9') || *tpl == '_') &&
+                 k + 1 < sizeof name;
+                 tpl++)
+                name[k++] = *tpl;
+            name[k] = '\0';
+            if (strcmp(name, "a") == 0) {
+                piece = a;
+            } else if (strcmp(name, "t") == 0) {
+                piece = t;
+            } else if (strcmp(name, "x") == 0) {
+                snprintf(text, sizeof text, "((%s)%s)", t, a);
+            } else {
+                piece = tb__cg_math(g, name, dtype);
+            }
         }
-        break;
-    }
-    case TB_OP_GELU: {
-        char half[32], r2[32];
-        if (strcmp(m, "float") == 0) { /* the prelude's, which vectorises */
-            snprintf(e, cap, "(%s)tb_gelu_f32((float)%s)", t, a);
-            break;
-        }
-        tb__cg_flit(TB_F64, 0.5, half, sizeof half);
-        tb__cg_flit(TB_F64, 0.70710678118654752440, r2, sizeof r2);
-        snprintf(e, cap, "(%s)(%s * (%s)%s * ((%s)1 + %s((%s)%s * %s)))", t, half, m, a, m,
-                 tb__cg_math(g, "erf", od), m, a, r2);
-        break;
-    }
-    default:
-        return false;
+        n = strlen(piece);
+        if (len + n + 1 > cap) return false;
+        memcpy(e + len, piece, n + 1);
+        len += n;
     }
     return true;
+}
+
+/* The expression of an elementwise math op (a row of ops_table.h); 0 when `n` is not one, -1
+   on error. */
+static int tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e, size_t cap) {
+    const tb__math_code *c = tb__math_code_of(n->op);
+    const char *t = tb__cg_ctype(n->shape.dtype);
+    if (c == NULL) return 0;
+    if (tb__cg_template(g, c->code_f32 != NULL && strcmp(t, "float") == 0 ? c->code_f32 : c->code,
+                        n->shape.dtype, a, e, cap))
+        return 1;
+    tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: the code of op %s is too long",
+                                  tb_op_name(n->op)));
+    return -1;
 }
 
 /* The expression of a binary or ternary op: 1, 0 when `n` is not one, -1 on error (an op may
@@ -1191,10 +1180,9 @@ static int32_t tb__cg_emit_op(tb__cg *g, int32_t node, int32_t pos, const int32_
         snprintf(e, sizeof e, "tb_%s_%s((ulong)%s, (ulong)%s, (ulong)(%s))",
                  n->op == TB_OP_RAND ? "rand" : "randn", od == TB_F64 ? "f64" : "f32", a, b, flat);
         handled = 1;
-    } else if (tb__cg_expr_unary(g, n, ad, a, e, sizeof e) ||
-               tb__cg_expr_math(g, n, a, e, sizeof e)) {
+    } else if (tb__cg_expr_unary(g, n, ad, a, e, sizeof e)) {
         handled = 1;
-    } else {
+    } else if ((handled = tb__cg_expr_math(g, n, a, e, sizeof e)) == 0) {
         handled = tb__cg_expr_binary(g, node, a, b, c, e, sizeof e);
     }
     if (handled < 0) return -1;
@@ -1363,23 +1351,8 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
         if (is_vec[0] && (n->op == TB_OP_RESHAPE || !tb__cg_is_half(n->shape.dtype))) return ops[0];
         snprintf(e, sizeof e, "%s", a);
         break;
-    case TB_OP_SQRT:
-        snprintf(e, sizeof e, "TB_VSQRT(%s)", a);
-        break;
     case TB_OP_NEG:
         snprintf(e, sizeof e, "-%s", a);
-        break;
-    case TB_OP_RECIPROCAL:
-        snprintf(e, sizeof e, "1.0f / %s", a);
-        break;
-    case TB_OP_EXP: /* the dialect's: a device's built-in where it has a faster one */
-        snprintf(e, sizeof e, "TB_VEXP(%s)", a);
-        break;
-    case TB_OP_ERF: /* the prelude's, as the scalar tb_erf_f32 */
-        snprintf(e, sizeof e, "tb_verf(%s)", a);
-        break;
-    case TB_OP_GELU: /* the prelude's, as the scalar tb_gelu_f32 */
-        snprintf(e, sizeof e, "tb_vgelu(%s)", a);
         break;
     case TB_OP_ABS:
     case TB_OP_RELU:
@@ -1395,10 +1368,16 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     case TB_OP_MINIMUM:
         snprintf(e, sizeof e, "tb_v%s(%s, %s)", n->op == TB_OP_MAXIMUM ? "max" : "min", a, b);
         break;
-    default:
+    default: {
+        /* a math op of ops_table.h with a vector form (TB_VEXP is the dialect's: a device's
+           built-in where it has a faster one; tb_verf and tb_vgelu the prelude's) */
+        const tb__math_code *c = tb__math_code_of(n->op);
+        if (c != NULL && c->vec != NULL && tb__cg_template(g, c->vec, TB_F32, a, e, sizeof e))
+            break;
         tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: no vector code for op %s",
                                       tb_op_name(n->op) != NULL ? tb_op_name(n->op) : "?"));
         return -1;
+    }
     }
     v = tb__cg_new_vec(g);
     if (v < 0) return -1;

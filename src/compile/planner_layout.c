@@ -32,25 +32,22 @@ static bool tb__plan_vec_op(const tb_node *n) {
                (n->shape.rank >= 1 && n->operands[0]->shape.rank >= 1 &&
                 n->shape.dims[n->shape.rank - 1] ==
                     n->operands[0]->shape.dims[n->operands[0]->shape.rank - 1]);
-    case TB_OP_SQRT:
     case TB_OP_ADD:
     case TB_OP_SUB:
     case TB_OP_MUL:
     case TB_OP_DIV:
     case TB_OP_NEG:
     case TB_OP_ABS:
-    case TB_OP_EXP:
-    case TB_OP_ERF:
-    case TB_OP_GELU:
-    case TB_OP_RECIPROCAL:
     case TB_OP_MAXIMUM:
     case TB_OP_MINIMUM:
     case TB_OP_RELU:
         return true;
     case TB_OP_WHERE: /* a condition of bytes read from a buffer (tb__plan_vec_subtree) */
         return n->operands[0]->shape.dtype == TB_BOOL || n->operands[0]->shape.dtype == TB_U8;
-    default:
-        return false;
+    default: { /* a math op of ops_table.h with a vector form */
+        const tb__math_code *c = tb__math_code_of(n->op);
+        return c != NULL && c->vec != NULL;
+    }
     }
 }
 

@@ -621,18 +621,9 @@ static tb_status tb__check_rank1(const char *fn, const tb_shape *shape) {
 
 static bool tb__op_float_only(tb_op op) {
     switch (op) {
-    case TB_OP_EXP:
-    case TB_OP_LOG:
-    case TB_OP_SQRT:
-    case TB_OP_RSQRT:
-    case TB_OP_SIN:
-    case TB_OP_COS:
-    case TB_OP_TANH:
-    case TB_OP_SIGMOID:
-    case TB_OP_GELU:
-    case TB_OP_SILU:
-    case TB_OP_RECIPROCAL:
-    case TB_OP_ERF:
+#define TB__FLOAT_ONLY(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD) case TB_OP_##ID:
+        TB__MATH_OPS(TB__FLOAT_ONLY)
+#undef TB__FLOAT_ONLY
         return true;
     default:
         return false;

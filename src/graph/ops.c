@@ -366,6 +366,19 @@ static tb_status tb__norm_axis(const char *fn, const char *what, int64_t axis, i
 
 /* ---- unary ---- */
 
+/* A math op that refuses integer operands (TB__INT_REFUSE in ops_table.h) */
+static bool tb__op_refuses_ints(tb_op op) {
+    switch (op) {
+#define TB__REFUSES(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                                \
+    case TB_OP_##ID:                                                                               \
+        return (ints) == TB__INT_REFUSE;
+        TB__MATH_OPS(TB__REFUSES)
+#undef TB__REFUSES
+    default:
+        return false;
+    }
+}
+
 static tb_tensor *tb__unary(const char *fn, tb_op op, tb_tensor *x) {
     tb__arg arg;
     tb_device device;
@@ -374,8 +387,7 @@ static tb_tensor *tb__unary(const char *fn, tb_op op, tb_tensor *x) {
     if (x == NULL) return tb__null_input(fn, "x");
     if (tb__args_get(fn, &x, 1, &arg, &device) != TB_OK) return NULL;
     if (tb__op_float_only(op) && !tb_dtype_is_float(arg.shape.dtype)) {
-        if (op == TB_OP_GELU || op == TB_OP_SILU) {
-            /* PyTorch has no integer kernels for these (and does not promote) */
+        if (tb__op_refuses_ints(op)) {
             tb__need_float(fn, &arg.shape);
             tb__args_release(&arg, 1);
             return NULL;
@@ -400,46 +412,18 @@ TBDEF tb_tensor *tb_neg(tb_tensor *x) {
 TBDEF tb_tensor *tb_abs(tb_tensor *x) {
     return tb__unary("tb_abs", TB_OP_ABS, x);
 }
-TBDEF tb_tensor *tb_exp(tb_tensor *x) {
-    return tb__unary("tb_exp", TB_OP_EXP, x);
-}
-TBDEF tb_tensor *tb_log(tb_tensor *x) {
-    return tb__unary("tb_log", TB_OP_LOG, x);
-}
-TBDEF tb_tensor *tb_sqrt(tb_tensor *x) {
-    return tb__unary("tb_sqrt", TB_OP_SQRT, x);
-}
-TBDEF tb_tensor *tb_rsqrt(tb_tensor *x) {
-    return tb__unary("tb_rsqrt", TB_OP_RSQRT, x);
-}
-TBDEF tb_tensor *tb_sin(tb_tensor *x) {
-    return tb__unary("tb_sin", TB_OP_SIN, x);
-}
-TBDEF tb_tensor *tb_cos(tb_tensor *x) {
-    return tb__unary("tb_cos", TB_OP_COS, x);
-}
-TBDEF tb_tensor *tb_tanh(tb_tensor *x) {
-    return tb__unary("tb_tanh", TB_OP_TANH, x);
-}
-TBDEF tb_tensor *tb_sigmoid(tb_tensor *x) {
-    return tb__unary("tb_sigmoid", TB_OP_SIGMOID, x);
-}
+/* tb_exp, tb_log, ..., one for each row of ops_table.h */
+#define TB__MATH_FN(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                                \
+    TBDEF tb_tensor *tb_##name(tb_tensor *x) {                                                     \
+        return tb__unary("tb_" #name, TB_OP_##ID, x);                                              \
+    }
+TB__MATH_OPS(TB__MATH_FN)
+#undef TB__MATH_FN
+
 TBDEF tb_tensor *tb_relu(tb_tensor *x) {
     return tb__unary("tb_relu", TB_OP_RELU, x);
 }
-TBDEF tb_tensor *tb_gelu(tb_tensor *x) {
-    return tb__unary("tb_gelu", TB_OP_GELU, x);
-}
 
-TBDEF tb_tensor *tb_erf(tb_tensor *x) {
-    return tb__unary("tb_erf", TB_OP_ERF, x);
-}
-TBDEF tb_tensor *tb_silu(tb_tensor *x) {
-    return tb__unary("tb_silu", TB_OP_SILU, x);
-}
-TBDEF tb_tensor *tb_reciprocal(tb_tensor *x) {
-    return tb__unary("tb_reciprocal", TB_OP_RECIPROCAL, x);
-}
 TBDEF tb_tensor *tb_floor(tb_tensor *x) {
     return tb__unary("tb_floor", TB_OP_FLOOR, x);
 }

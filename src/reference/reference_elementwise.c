@@ -604,8 +604,6 @@ static tb_status tb__rview_to_host(const tb__rview *v, void *host) {
 
 /* ---- elementwise ops ---- */
 
-#define TB__REF_SQRT1_2 0.70710678118654752440
-
 static double tb__ref_sigmoid(double x) {
     /* exp of a negative argument only: no overflow for large |x| */
     if (x >= 0) return 1.0 / (1.0 + exp(-x));
@@ -629,36 +627,17 @@ static double tb__ref_minf(double a, double b) {
 
 static double tb__ref_unary_f(tb_op op, double x) {
     switch (op) {
+#define TB__REF_MATH(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                               \
+    case TB_OP_##ID:                                                                               \
+        return REF;
+        TB__MATH_OPS(TB__REF_MATH)
+#undef TB__REF_MATH
     case TB_OP_NEG:
         return -x;
     case TB_OP_ABS:
         return fabs(x);
-    case TB_OP_EXP:
-        return exp(x);
-    case TB_OP_LOG:
-        return log(x);
-    case TB_OP_SQRT:
-        return sqrt(x);
-    case TB_OP_RSQRT:
-        return 1.0 / sqrt(x);
-    case TB_OP_SIN:
-        return sin(x);
-    case TB_OP_COS:
-        return cos(x);
-    case TB_OP_TANH:
-        return tanh(x);
-    case TB_OP_SIGMOID:
-        return tb__ref_sigmoid(x);
     case TB_OP_RELU:
         return x < 0 ? 0.0 : x; /* NaN stays NaN */
-    case TB_OP_GELU:
-        return 0.5 * x * (1.0 + erf(x * TB__REF_SQRT1_2));
-    case TB_OP_ERF:
-        return erf(x);
-    case TB_OP_SILU:
-        return x * tb__ref_sigmoid(x);
-    case TB_OP_RECIPROCAL:
-        return 1.0 / x;
     case TB_OP_FLOOR:
         return floor(x);
     case TB_OP_CEIL:
@@ -912,42 +891,26 @@ static tb_status tb__ref_ew_generic_run(void *ctx, int64_t n, char *const *p, co
         }                                                                                          \
     } while (0)
 
+/* A math op's loop: the row's reference expression inlined (TB__UN_T is the element type) */
+#define TB__UN_MATH(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                                \
+    case TB_OP_##ID:                                                                               \
+        TB__UN_LOOP(TB__UN_T, REF);                                                                \
+        break;
+
 #define TB__UN_FUNC(NAME, T)                                                                       \
     static tb_status NAME(void *ctx, int64_t n, char *const *p, const int64_t *s) {                \
+        typedef T TB__UN_T;                                                                        \
         int64_t i;                                                                                 \
         switch (((const tb__ew_ctx *)ctx)->op) {                                                   \
+            TB__MATH_OPS(TB__UN_MATH)                                                              \
         case TB_OP_NEG:                                                                            \
             TB__UN_LOOP(T, -x);                                                                    \
             break;                                                                                 \
         case TB_OP_ABS:                                                                            \
             TB__UN_LOOP(T, fabs(x));                                                               \
             break;                                                                                 \
-        case TB_OP_EXP:                                                                            \
-            TB__UN_LOOP(T, exp(x));                                                                \
-            break;                                                                                 \
-        case TB_OP_LOG:                                                                            \
-            TB__UN_LOOP(T, log(x));                                                                \
-            break;                                                                                 \
-        case TB_OP_SQRT:                                                                           \
-            TB__UN_LOOP(T, sqrt(x));                                                               \
-            break;                                                                                 \
-        case TB_OP_RSQRT:                                                                          \
-            TB__UN_LOOP(T, 1.0 / sqrt(x));                                                         \
-            break;                                                                                 \
-        case TB_OP_SIN:                                                                            \
-            TB__UN_LOOP(T, sin(x));                                                                \
-            break;                                                                                 \
-        case TB_OP_COS:                                                                            \
-            TB__UN_LOOP(T, cos(x));                                                                \
-            break;                                                                                 \
-        case TB_OP_TANH:                                                                           \
-            TB__UN_LOOP(T, tanh(x));                                                               \
-            break;                                                                                 \
         case TB_OP_RELU:                                                                           \
             TB__UN_LOOP(T, x < 0 ? 0.0 : x);                                                       \
-            break;                                                                                 \
-        case TB_OP_RECIPROCAL:                                                                     \
-            TB__UN_LOOP(T, 1.0 / x);                                                               \
             break;                                                                                 \
         case TB_OP_FLOOR:                                                                          \
             TB__UN_LOOP(T, floor(x));                                                              \
@@ -1050,6 +1013,7 @@ TB__BIN_FUNC(tb__ref_binary_f64_run, double)
 
 #undef TB__UN_LOOP
 #undef TB__UN_FUNC
+#undef TB__UN_MATH
 #undef TB__BIN_LOOP
 #undef TB__BIN_FUNC
 
@@ -1126,5 +1090,3 @@ static tb_status tb__ref_elementwise(const tb_node *node, const tb__rview *in, t
     if (st != TB_OK) tb__rview_clear(out);
     return st;
 }
-
-#undef TB__REF_SQRT1_2

@@ -177,65 +177,24 @@ typedef struct tb__vjp {
 #define TB__C(value) tb__ag_const(v->a, v->dt, (value))
 
 static void tb__vjp_unary(const tb__vjp *v) {
-    tb_tensor *g = v->g, *x = v->x[0], *y = v->y, *r = NULL;
-    tb_dtype dt = v->dt;
+    tb_tensor *g = v->g, *x = v->x[0], *y = v->y, *r = NULL, *s = NULL;
     switch (v->node->op) {
+#define TB__VJP_MATH(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                               \
+    case TB_OP_##ID:                                                                               \
+        r = (GRAD);                                                                                \
+        break;
+        TB__MATH_OPS(TB__VJP_MATH)
+#undef TB__VJP_MATH
     case TB_OP_NEG:
         r = TB__K(tb_neg(g));
         break;
     case TB_OP_ABS:
         r = TB__K(tb_mul(g, TB__K(tb_sign(x))));
         break;
-    case TB_OP_EXP:
-        r = TB__K(tb_mul(g, y));
-        break;
-    case TB_OP_LOG:
-        r = TB__K(tb_div(g, x));
-        break;
-    case TB_OP_SQRT:
-        r = TB__K(tb_div(g, TB__K(tb_mul_scalar(y, 2.0))));
-        break;
-    case TB_OP_RSQRT: /* -0.5 g y^3 */
-        r = TB__K(tb_mul(TB__K(tb_mul_scalar(g, -0.5)), TB__K(tb_mul(y, TB__K(tb_mul(y, y))))));
-        break;
-    case TB_OP_SIN:
-        r = TB__K(tb_mul(g, TB__K(tb_cos(x))));
-        break;
-    case TB_OP_COS:
-        r = TB__K(tb_neg(TB__K(tb_mul(g, TB__K(tb_sin(x))))));
-        break;
-    case TB_OP_TANH: /* g (1 - y^2) */
-        r = TB__K(tb_mul(g, TB__K(tb_sub(TB__C(1.0), TB__K(tb_mul(y, y))))));
-        break;
-    case TB_OP_SIGMOID: /* g y (1 - y) */
-        r = TB__K(tb_mul(g, TB__K(tb_mul(y, TB__K(tb_sub(TB__C(1.0), y))))));
-        break;
     case TB_OP_RELU: /* the mask from the result (y > 0 exactly where x > 0), as PyTorch's
                         threshold_backward: x has no reader left but the ReLU, so it is not
                         materialised beside y (a matmul's bias and ReLU stay its epilogue) */
         r = tb__ag_mask(v->a, TB__K(tb_gt(y, TB__C(0.0))), g);
-        break;
-    case TB_OP_GELU: { /* g (Phi(x) + x phi(x)) */
-        tb_tensor *cdf = TB__K(tb_mul_scalar(
-            TB__K(tb_add_scalar(TB__K(tb_erf(TB__K(tb_mul_scalar(x, 0.70710678118654752)))), 1.0)),
-            0.5));
-        tb_tensor *pdf = TB__K(tb_mul_scalar(
-            TB__K(tb_exp(TB__K(tb_mul_scalar(TB__K(tb_mul(x, x)), -0.5)))), 0.39894228040143268));
-        r = TB__K(tb_mul(g, TB__K(tb_add(cdf, TB__K(tb_mul(x, pdf))))));
-        break;
-    }
-    case TB_OP_SILU: { /* g s (1 + x (1 - s)) */
-        tb_tensor *s = TB__K(tb_sigmoid(x));
-        tb_tensor *t = TB__K(tb_add_scalar(TB__K(tb_mul(x, TB__K(tb_sub(TB__C(1.0), s)))), 1.0));
-        r = TB__K(tb_mul(g, TB__K(tb_mul(s, t))));
-        break;
-    }
-    case TB_OP_RECIPROCAL:
-        r = TB__K(tb_neg(TB__K(tb_mul(g, TB__K(tb_mul(y, y))))));
-        break;
-    case TB_OP_ERF: /* g 2/sqrt(pi) exp(-x^2) */
-        r = TB__K(tb_mul(g, TB__K(tb_mul_scalar(TB__K(tb_exp(TB__K(tb_neg(TB__K(tb_mul(x, x)))))),
-                                                1.1283791670955126))));
         break;
     case TB_OP_CAST:
         if (tb_dtype_is_float(v->xs[0].dtype)) r = TB__K(tb_cast(g, v->xs[0].dtype));
@@ -244,7 +203,7 @@ static void tb__vjp_unary(const tb__vjp *v) {
         r = NULL;
         break;
     }
-    (void)dt;
+    (void)s;
     v->out[0] = r;
 }
 
