@@ -885,6 +885,8 @@ typedef enum tb_op_kind {
        tb_broadcast only (tb_call_op refuses it). No backend lowers it: the executor runs it on
        the host through the group when the graph runs (whatever the backend's supports_node
        says), and the graph below it and the graph above it are computations of their own.
+     SOFTPLUS MISH: unary elementwise, float T only (the op functions refuse integers and bool,
+       as PyTorch).
    Custom ops: the registered number of operands, as recorded (no CAST is inserted); attrs as
    given to tb_call_op; output from infer_shape, or else the broadcast of the operands with the
    tb_dtype_promote of their dtypes.
@@ -957,7 +959,9 @@ typedef enum tb_op_kind {
     X(INDEX_SELECT, "index_select", TB_KIND_OTHER, 2)                                              \
     X(ERF, "erf", TB_KIND_UNARY, 1)                                                                \
     X(WINDOW, "window", TB_KIND_MOVEMENT, 1)                                                       \
-    X(COLLECTIVE, "collective", TB_KIND_OTHER, 1)
+    X(COLLECTIVE, "collective", TB_KIND_OTHER, 1)                                                  \
+    X(SOFTPLUS, "softplus", TB_KIND_UNARY, 1)                                                      \
+    X(MISH, "mish", TB_KIND_UNARY, 1)
 
 /* An op id: a built-in TB_OP_* or an id returned by tb_op_register. */
 typedef int32_t tb_op;
@@ -1285,6 +1289,10 @@ TBDEF tb_tensor *tb_relu(tb_tensor *x);
 TBDEF tb_tensor *tb_gelu(tb_tensor *x); /* the exact (erf) form */
 TBDEF tb_tensor *tb_erf(tb_tensor *x);  /* the error function */
 TBDEF tb_tensor *tb_silu(tb_tensor *x);
+/* PyTorch's softplus with its defaults (beta 1, threshold 20): log(1 + exp(x)), x above 20;
+   and mish, x tanh(log(1 + exp(x))). Float dtypes only (TB_ERR_DTYPE), as PyTorch. */
+TBDEF tb_tensor *tb_softplus(tb_tensor *x);
+TBDEF tb_tensor *tb_mish(tb_tensor *x);
 TBDEF tb_tensor *tb_reciprocal(tb_tensor *x);
 TBDEF tb_tensor *tb_floor(tb_tensor *x);
 TBDEF tb_tensor *tb_ceil(tb_tensor *x);
@@ -6968,7 +6976,24 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
       /* vector    */ "tb_verf($a)",                                                               \
       /* gradient: g 2/sqrt(pi) exp(-x^2) */                                                       \
       TB__K(tb_mul(g, TB__K(tb_mul_scalar(TB__K(tb_exp(TB__K(tb_neg(TB__K(tb_mul(x, x)))))),       \
-                                          1.1283791670955126)))))
+                                          1.1283791670955126)))))                                  \
+    X(SOFTPLUS, softplus, TB__INT_REFUSE,                                                          \
+      /* reference */ x > 20.0 ? x : log1p(exp(x)),                                                \
+      /* code      */ "($t)($x > ($t)20 ? $x : $log1p($exp($x)))",                                 \
+      /* float     */ NULL,                                                                        \
+      /* vector    */ NULL,                                                                        \
+      /* gradient: g where x > 20, else g sigmoid(x) */                                            \
+      TB__K(tb_where(TB__K(tb_gt(x, TB__C(20.0))), g, TB__K(tb_mul(g, TB__K(tb_sigmoid(x)))))))    \
+    X(MISH, mish, TB__INT_REFUSE,                                                                  \
+      /* reference */ x * tanh(log1p(exp(x))),                                                     \
+      /* code      */ "($t)($x * $tanh($log1p($exp($x))))",                                        \
+      /* float     */ NULL,                                                                        \
+      /* vector    */ NULL,                                                                        \
+      /* gradient: g (s + x sigmoid(x) (1 - s^2)), s = tanh(softplus(x)) */                        \
+      (s = TB__K(tb_tanh(TB__K(tb_softplus(x)))),                                                  \
+       TB__K(tb_mul(g, TB__K(tb_add(s, TB__K(tb_mul(TB__K(tb_mul(x, TB__K(tb_sigmoid(x)))),        \
+           TB__K(tb_sub(TB__C(1.0), TB__K(tb_mul(s, s))))))))))))
+
 /* clang-format on */
 
 /* The code templates of an elementwise math op (for the code generator and the planner). */

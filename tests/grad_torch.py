@@ -97,6 +97,8 @@ UNARY = {
     "relu": torch.relu,
     "gelu": _Gelu.apply,
     "silu": F.silu,
+    "softplus": F.softplus,
+    "mish": F.mish,
     "reciprocal": torch.reciprocal,
     "floor": torch.floor,
     "ceil": torch.ceil,

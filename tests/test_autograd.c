@@ -148,6 +148,12 @@ static tb_tensor *b_gelu(tb_tensor *const *x) {
 static tb_tensor *b_silu(tb_tensor *const *x) {
     return tb_silu(x[0]);
 }
+static tb_tensor *b_softplus(tb_tensor *const *x) {
+    return tb_softplus(x[0]);
+}
+static tb_tensor *b_mish(tb_tensor *const *x) {
+    return tb_mish(x[0]);
+}
 static tb_tensor *b_recip(tb_tensor *const *x) {
     return tb_reciprocal(x[0]);
 }
@@ -322,6 +328,8 @@ static const ag_case g_cases[] = {
     {"relu", b_relu, 1, {IN(1, AWAY, 6)}},
     {"gelu", b_gelu, 1, {IN(1, NORMAL, 7)}},
     {"silu", b_silu, 1, {IN(1, NORMAL, 7)}},
+    {"softplus", b_softplus, 1, {IN(1, NORMAL, 7)}},
+    {"mish", b_mish, 1, {IN(1, NORMAL, 7)}},
     {"reciprocal", b_recip, 1, {IN(1, AWAY, 4)}},
     {"erf", b_erf, 1, {IN(1, NORMAL, 5)}},
     {"floor", b_floor, 1, {IN(1, AWAY, 5)}},

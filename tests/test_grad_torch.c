@@ -87,6 +87,8 @@ static bool rng_chance(rng *r, double p) {
     X(RELU, "relu", 1)                                                                             \
     X(GELU, "gelu", 1)                                                                             \
     X(SILU, "silu", 1)                                                                             \
+    X(SOFTPLUS, "softplus", 1)                                                                     \
+    X(MISH, "mish", 1)                                                                             \
     X(RECIPROCAL, "reciprocal", 1)                                                                 \
     X(FLOOR, "floor", 1)                                                                           \
     X(CEIL, "ceil", 1)                                                                             \
@@ -539,8 +541,13 @@ static bool gen_unary(graph *g, int code) {
         break;
     case OP_GELU:
     case OP_SILU:
-        lo = v->lo >= 0 ? 0 : code == OP_GELU ? -0.17 : -0.28;
+    case OP_MISH:
+        lo = v->lo >= 0 ? 0 : code == OP_GELU ? -0.17 : code == OP_SILU ? -0.28 : -0.31;
         hi = fmax(v->hi, 0);
+        break;
+    case OP_SOFTPLUS:
+        lo = log1p(exp(fmin(v->lo, 20)));
+        hi = v->hi > 20 ? v->hi : log1p(exp(v->hi));
         break;
     case OP_RELU:
         lo = fmax(v->lo, 0);
@@ -1595,6 +1602,8 @@ static bool gen_op(graph *g, int code) {
     case OP_RELU:
     case OP_GELU:
     case OP_SILU:
+    case OP_SOFTPLUS:
+    case OP_MISH:
     case OP_RECIPROCAL:
     case OP_FLOOR:
     case OP_CEIL:
@@ -1927,6 +1936,10 @@ static tb_tensor *run_op(const gop *o, tb_tensor *const *t) {
         return tb_gelu(a);
     case OP_SILU:
         return tb_silu(a);
+    case OP_SOFTPLUS:
+        return tb_softplus(a);
+    case OP_MISH:
+        return tb_mish(a);
     case OP_RECIPROCAL:
         return tb_reciprocal(a);
     case OP_FLOOR:
@@ -2470,16 +2483,16 @@ static void test_f32_against_torch(void **state) {
 static void test_every_op_covered(void **state) {
     bool seen[TB_OP_BUILTIN_COUNT];
     static const int needed[] = {
-        TB_OP_NEG,          TB_OP_ABS,        TB_OP_EXP,     TB_OP_LOG,        TB_OP_SQRT,
-        TB_OP_RSQRT,        TB_OP_SIN,        TB_OP_COS,     TB_OP_TANH,       TB_OP_SIGMOID,
-        TB_OP_RELU,         TB_OP_GELU,       TB_OP_SILU,    TB_OP_RECIPROCAL, TB_OP_FLOOR,
-        TB_OP_CEIL,         TB_OP_ROUND,      TB_OP_SIGN,    TB_OP_CAST,       TB_OP_ADD,
-        TB_OP_SUB,          TB_OP_MUL,        TB_OP_DIV,     TB_OP_POW,        TB_OP_MAXIMUM,
-        TB_OP_MINIMUM,      TB_OP_WHERE,      TB_OP_CLAMP,   TB_OP_SUM,        TB_OP_MEAN,
-        TB_OP_MAX,          TB_OP_MIN,        TB_OP_PROD,    TB_OP_MATMUL,     TB_OP_SOFTMAX,
-        TB_OP_LOG_SOFTMAX,  TB_OP_LAYER_NORM, TB_OP_RESHAPE, TB_OP_PERMUTE,    TB_OP_EXPAND,
-        TB_OP_SLICE,        TB_OP_FLIP,       TB_OP_CONCAT,  TB_OP_PAD,        TB_OP_GATHER,
-        TB_OP_INDEX_SELECT, TB_OP_ERF};
+        TB_OP_NEG,          TB_OP_ABS,        TB_OP_EXP,      TB_OP_LOG,        TB_OP_SQRT,
+        TB_OP_RSQRT,        TB_OP_SIN,        TB_OP_COS,      TB_OP_TANH,       TB_OP_SIGMOID,
+        TB_OP_RELU,         TB_OP_GELU,       TB_OP_SILU,     TB_OP_RECIPROCAL, TB_OP_FLOOR,
+        TB_OP_CEIL,         TB_OP_ROUND,      TB_OP_SIGN,     TB_OP_CAST,       TB_OP_ADD,
+        TB_OP_SUB,          TB_OP_MUL,        TB_OP_DIV,      TB_OP_POW,        TB_OP_MAXIMUM,
+        TB_OP_MINIMUM,      TB_OP_WHERE,      TB_OP_CLAMP,    TB_OP_SUM,        TB_OP_MEAN,
+        TB_OP_MAX,          TB_OP_MIN,        TB_OP_PROD,     TB_OP_MATMUL,     TB_OP_SOFTMAX,
+        TB_OP_LOG_SOFTMAX,  TB_OP_LAYER_NORM, TB_OP_RESHAPE,  TB_OP_PERMUTE,    TB_OP_EXPAND,
+        TB_OP_SLICE,        TB_OP_FLIP,       TB_OP_CONCAT,   TB_OP_PAD,        TB_OP_GATHER,
+        TB_OP_INDEX_SELECT, TB_OP_ERF,        TB_OP_SOFTPLUS, TB_OP_MISH};
     size_t k;
     int i, missing = 0;
     char err[600];

@@ -653,7 +653,8 @@ static const unary_entry unary_ops[] = {
     {"silu", tb_silu, R_ANY, false},      {"reciprocal", tb_reciprocal, R_AWAY, false},
     {"floor", tb_floor, R_ANY, true},     {"ceil", tb_ceil, R_ANY, true},
     {"round", tb_round, R_ANY, true},     {"sign", tb_sign, R_WHOLE, true},
-    {"erf", tb_erf, R_ANY, false},
+    {"erf", tb_erf, R_ANY, false},        {"softplus", tb_softplus, R_ANY, false},
+    {"mish", tb_mish, R_ANY, false},
 };
 
 typedef struct unary_arg {

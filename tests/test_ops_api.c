@@ -166,6 +166,8 @@ static const unary_case unary_cases[] = {
     {"tb_gelu", tb_gelu, 1},
     {"tb_erf", tb_erf, 0},
     {"tb_silu", tb_silu, 1},
+    {"tb_softplus", tb_softplus, 1},
+    {"tb_mish", tb_mish, 1},
     {"tb_reciprocal", tb_reciprocal, 0},
     {"tb_floor", tb_floor, 2},
     {"tb_ceil", tb_ceil, 2},

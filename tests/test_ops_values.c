@@ -212,15 +212,19 @@ static double ref_unary(int which, double x) {
         return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0);
     case 18:
         return erf(x);
+    case 19: /* PyTorch's softplus: beta 1, threshold 20 */
+        return x > 20.0 ? x : log1p(exp(x));
+    case 20:
+        return x * tanh(log1p(exp(x)));
     default:
         return 0.0;
     }
 }
 
-static const unary_fn unary_fns[] = {tb_neg,   tb_abs,   tb_exp,  tb_log,        tb_sqrt,
-                                     tb_rsqrt, tb_sin,   tb_cos,  tb_tanh,       tb_sigmoid,
-                                     tb_relu,  tb_gelu,  tb_silu, tb_reciprocal, tb_floor,
-                                     tb_ceil,  tb_round, tb_sign, tb_erf};
+static const unary_fn unary_fns[] = {
+    tb_neg,   tb_abs,  tb_exp,     tb_log,  tb_sqrt, tb_rsqrt,    tb_sin,
+    tb_cos,   tb_tanh, tb_sigmoid, tb_relu, tb_gelu, tb_silu,     tb_reciprocal,
+    tb_floor, tb_ceil, tb_round,   tb_sign, tb_erf,  tb_softplus, tb_mish};
 
 static void test_unary_float(void **state) {
     float a[35];
@@ -313,6 +317,19 @@ static void test_unary_special_values(void **state) {
         for (i = 0; i < 4; i++)
             want[i] = tanh(big[i]);
         check_float(tb_tanh(b), want, 4);
+        tb_tensor_release(b);
+    }
+    /* softplus: x above PyTorch's threshold 20, no overflow far below or above; mish saturates
+       to x and to 0 */
+    {
+        double v[6] = {-1000.0, -40.0, 19.5, 20.0, 20.5, 1000.0};
+        tb_tensor *b = make(TB_F64, v, 1, DIMS(6));
+        for (i = 0; i < 6; i++)
+            want[i] = v[i] > 20.0 ? v[i] : log1p(exp(v[i]));
+        check_float(tb_softplus(b), want, 6);
+        for (i = 0; i < 6; i++)
+            want[i] = v[i] * tanh(log1p(exp(v[i])));
+        check_float(tb_mish(b), want, 6);
         tb_tensor_release(b);
     }
     tb_tensor_release(x);

@@ -11,6 +11,10 @@ line in the ENVIRONMENT VARIABLES section of the header's comment (src/header_be
 system's (HOME, PATH, TMPDIR, XDG_CACHE_HOME, and the MPI launchers' rank variables) must be
 named somewhere in README.md. Every row of README.md's table must be a variable the code reads.
 
+The lines of README.md's diff blocks (```diff, each file opened by a "--- PATH" line) that
+are kept or added (" " or "+") must be lines of that file as it is now, so that an example of
+a change to the sources (adding an op) does not drift from them.
+
 Configuration macros are the TB_* names (not TB__*) that src/ tests with #if defined, #ifdef or
 #ifndef outside string literals (kernel code is text); each must be named in README.md and in
 the header's USAGE and CONFIGURATION MACROS sections. Standard library only.
@@ -90,11 +94,30 @@ def main():
         if not re.search(r"\b%s\b" % m, header_config):
             problems.append("configuration macro %s (src/%s) is not in src/header_begin.h's "
                             "USAGE or CONFIGURATION MACROS" % (m, where))
+    problems += diff_problems(readme)
     for p in problems:
         print("check_docs: " + p)
     print("check_docs: %d environment variables, %d configuration macros, %d problem(s)" %
           (len(read_vars), len(macros), len(problems)))
     return 1 if problems else 0
+
+
+def diff_problems(readme):
+    """Lines of README.md's diff blocks that are not (any longer) in the file they name."""
+    problems, path, lines = [], None, None
+    for block in re.findall(r"^```diff\n(.*?)^```", readme, re.M | re.S):
+        for line in block.split("\n"):
+            if line.startswith("--- "):
+                path = line[4:].strip()
+                try:
+                    lines = set(read(path).split("\n"))
+                except OSError:
+                    problems.append("README.md's diff names %s, which does not exist" % path)
+                    lines = None
+            elif line[:1] in (" ", "+") and lines is not None and line[1:] not in lines:
+                problems.append("README.md's diff of %s has a line that is not in it: %s" %
+                                (path, line[1:].strip()[:60]))
+    return problems
 
 
 def strip_comments(text):

@@ -192,7 +192,7 @@ fi
 # the documented environment variables and configuration macros are the ones the code reads
 if selected "tools/check_docs.py"; then
     if python3 tools/check_docs.py; then
-        echo "ok docs: README.md and the header name every variable and macro the code reads"
+        echo "ok docs: README.md and the header name every variable and macro the code reads; README's diffs match the sources"
         pass
     else
         echo "FAIL docs: see tools/check_docs.py's findings above"

@@ -120,6 +120,8 @@ typedef enum tb_op_kind {
        tb_broadcast only (tb_call_op refuses it). No backend lowers it: the executor runs it on
        the host through the group when the graph runs (whatever the backend's supports_node
        says), and the graph below it and the graph above it are computations of their own.
+     SOFTPLUS MISH: unary elementwise, float T only (the op functions refuse integers and bool,
+       as PyTorch).
    Custom ops: the registered number of operands, as recorded (no CAST is inserted); attrs as
    given to tb_call_op; output from infer_shape, or else the broadcast of the operands with the
    tb_dtype_promote of their dtypes.
@@ -192,7 +194,9 @@ typedef enum tb_op_kind {
     X(INDEX_SELECT, "index_select", TB_KIND_OTHER, 2)                                              \
     X(ERF, "erf", TB_KIND_UNARY, 1)                                                                \
     X(WINDOW, "window", TB_KIND_MOVEMENT, 1)                                                       \
-    X(COLLECTIVE, "collective", TB_KIND_OTHER, 1)
+    X(COLLECTIVE, "collective", TB_KIND_OTHER, 1)                                                  \
+    X(SOFTPLUS, "softplus", TB_KIND_UNARY, 1)                                                      \
+    X(MISH, "mish", TB_KIND_UNARY, 1)
 
 /* An op id: a built-in TB_OP_* or an id returned by tb_op_register. */
 typedef int32_t tb_op;

@@ -128,7 +128,24 @@
       /* vector    */ "tb_verf($a)",                                                               \
       /* gradient: g 2/sqrt(pi) exp(-x^2) */                                                       \
       TB__K(tb_mul(g, TB__K(tb_mul_scalar(TB__K(tb_exp(TB__K(tb_neg(TB__K(tb_mul(x, x)))))),       \
-                                          1.1283791670955126)))))
+                                          1.1283791670955126)))))                                  \
+    X(SOFTPLUS, softplus, TB__INT_REFUSE,                                                          \
+      /* reference */ x > 20.0 ? x : log1p(exp(x)),                                                \
+      /* code      */ "($t)($x > ($t)20 ? $x : $log1p($exp($x)))",                                 \
+      /* float     */ NULL,                                                                        \
+      /* vector    */ NULL,                                                                        \
+      /* gradient: g where x > 20, else g sigmoid(x) */                                            \
+      TB__K(tb_where(TB__K(tb_gt(x, TB__C(20.0))), g, TB__K(tb_mul(g, TB__K(tb_sigmoid(x)))))))    \
+    X(MISH, mish, TB__INT_REFUSE,                                                                  \
+      /* reference */ x * tanh(log1p(exp(x))),                                                     \
+      /* code      */ "($t)($x * $tanh($log1p($exp($x))))",                                        \
+      /* float     */ NULL,                                                                        \
+      /* vector    */ NULL,                                                                        \
+      /* gradient: g (s + x sigmoid(x) (1 - s^2)), s = tanh(softplus(x)) */                        \
+      (s = TB__K(tb_tanh(TB__K(tb_softplus(x)))),                                                  \
+       TB__K(tb_mul(g, TB__K(tb_add(s, TB__K(tb_mul(TB__K(tb_mul(x, TB__K(tb_sigmoid(x)))),        \
+           TB__K(tb_sub(TB__C(1.0), TB__K(tb_mul(s, s))))))))))))
+
 /* clang-format on */
 
 /* The code templates of an elementwise math op (for the code generator and the planner). */

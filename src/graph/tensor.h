@@ -237,6 +237,10 @@ TBDEF tb_tensor *tb_relu(tb_tensor *x);
 TBDEF tb_tensor *tb_gelu(tb_tensor *x); /* the exact (erf) form */
 TBDEF tb_tensor *tb_erf(tb_tensor *x);  /* the error function */
 TBDEF tb_tensor *tb_silu(tb_tensor *x);
+/* PyTorch's softplus with its defaults (beta 1, threshold 20): log(1 + exp(x)), x above 20;
+   and mish, x tanh(log(1 + exp(x))). Float dtypes only (TB_ERR_DTYPE), as PyTorch. */
+TBDEF tb_tensor *tb_softplus(tb_tensor *x);
+TBDEF tb_tensor *tb_mish(tb_tensor *x);
 TBDEF tb_tensor *tb_reciprocal(tb_tensor *x);
 TBDEF tb_tensor *tb_floor(tb_tensor *x);
 TBDEF tb_tensor *tb_ceil(tb_tensor *x);
