@@ -26966,6 +26966,9 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
                                 int32_t lane, int in_place, int rm, int nb, int rw, bool panels_a) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     const char *t = tb__cg_ctype(cs->dtype);
+    /* f32 rows of the dialect's vectors: each product added with one rounding (one instruction
+       where the target has it: a multiply and an add share the FMA units on most x86 cores) */
+    bool fma = cs->dtype == TB_F32 && rw == g->d->vec_width;
     int64_t za[6];
     char head[160], tv[16], flat[TB__LF_TEXT];
     int32_t ik;
@@ -27013,8 +27016,14 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
     for (i = 0; i < rm; i++) {
         tb__ix_line(&g->ix, "const %s am%d = ak[%lld];", t, i,
                     (long long)(panels_a ? i : i * za[3]));
-        for (j = 0; j < nb; j++)
-            tb__ix_line(&g->ix, "accv%d_%d += am%d * bv%d;", i, j, i, j);
+        for (j = 0; j < nb; j++) {
+            if (fma) {
+                tb__ix_line(&g->ix, "accv%d_%d = TB_VFMA(TB_VSPLAT(am%d), bv%d, accv%d_%d);", i, j,
+                            i, j, i, j);
+            } else {
+                tb__ix_line(&g->ix, "accv%d_%d += am%d * bv%d;", i, j, i, j);
+            }
+        }
     }
     tb__ix_close(&g->ix, "");
     return g->ix.status == TB_OK;
@@ -28671,6 +28680,16 @@ static const char tb__c99_head[] =
     "#define TB_VLD(i, p) TB_VN(vload)((i), (p))\n"
     "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"
     "#define TB_VBC(c) ((tb_vf){0} + (c))\n"
+    /* a value in every lane, with no arithmetic (a broadcast the compiler folds into the
+       instruction that reads it: an FMA's embedded broadcast of a load) */
+    "#if TB_VW == 16\n"
+    "#define TB_VSPLAT(c) ((tb_vf){(c), (c), (c), (c), (c), (c), (c), (c), (c), (c), (c), (c), "
+    "(c), (c), (c), (c)})\n"
+    "#elif TB_VW == 8\n"
+    "#define TB_VSPLAT(c) ((tb_vf){(c), (c), (c), (c), (c), (c), (c), (c)})\n"
+    "#else\n"
+    "#define TB_VSPLAT(c) ((tb_vf){(c), (c), (c), (c)})\n"
+    "#endif\n"
     "#define TB_VSEL(a, b, m) ((tb_vf)(((tb_vi)(a) & ~(m)) | ((tb_vi)(b) & (m))))\n"
     "#define TB_VCVTI(x) __builtin_convertvector((x), tb_vi)\n"
     "#define TB_VASF(x) ((tb_vf)(x))\n"
@@ -29094,6 +29113,7 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     "#define TB_VLD(i, p) TB_VN(vload)((i), (p))\n"                                                \
     "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"                                       \
     "#define TB_VBC(c) ((tb_vf)(c))\n"                                                             \
+    "#define TB_VSPLAT(c) ((tb_vf)(c))\n"                                                          \
     "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"                                             \
     "#define TB_VCVTI(x) TB_VN(convert_int)(x)\n"                                                  \
     "#define TB_VASF(x) TB_VN(as_float)(x)\n"                                                      \

@@ -79,6 +79,16 @@ static const char tb__c99_head[] =
     "#define TB_VLD(i, p) TB_VN(vload)((i), (p))\n"
     "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"
     "#define TB_VBC(c) ((tb_vf){0} + (c))\n"
+    /* a value in every lane, with no arithmetic (a broadcast the compiler folds into the
+       instruction that reads it: an FMA's embedded broadcast of a load) */
+    "#if TB_VW == 16\n"
+    "#define TB_VSPLAT(c) ((tb_vf){(c), (c), (c), (c), (c), (c), (c), (c), (c), (c), (c), (c), "
+    "(c), (c), (c), (c)})\n"
+    "#elif TB_VW == 8\n"
+    "#define TB_VSPLAT(c) ((tb_vf){(c), (c), (c), (c), (c), (c), (c), (c)})\n"
+    "#else\n"
+    "#define TB_VSPLAT(c) ((tb_vf){(c), (c), (c), (c)})\n"
+    "#endif\n"
     "#define TB_VSEL(a, b, m) ((tb_vf)(((tb_vi)(a) & ~(m)) | ((tb_vi)(b) & (m))))\n"
     "#define TB_VCVTI(x) __builtin_convertvector((x), tb_vi)\n"
     "#define TB_VASF(x) ((tb_vf)(x))\n"

@@ -73,6 +73,7 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     "#define TB_VLD(i, p) TB_VN(vload)((i), (p))\n"                                                \
     "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"                                       \
     "#define TB_VBC(c) ((tb_vf)(c))\n"                                                             \
+    "#define TB_VSPLAT(c) ((tb_vf)(c))\n"                                                          \
     "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"                                             \
     "#define TB_VCVTI(x) TB_VN(convert_int)(x)\n"                                                  \
     "#define TB_VASF(x) TB_VN(as_float)(x)\n"                                                      \
