@@ -19366,6 +19366,59 @@ static tb_tensor *tb__conv_rows(tb__ag *a, const tb__conv_args *c, tb_tensor *x,
     return t != NULL ? tb__ag_keep(a, tb_slice(t, 3, 0, c->out[1], 1)) : NULL;
 }
 
+/* Whether a convolution's matmul takes the images' positions side by side as its columns
+   (tb__conv_columns): one group, more than one image, and so few positions per image that
+   a matmul per image would leave more than an eighth of its last block of 16 columns (the
+   register width of the widest CPUs) empty: 7 x 7 outputs fill 49 of 64. */
+static bool tb__conv_columns_fit(const tb__conv_args *c, int64_t n, int64_t groups) {
+    int64_t oo = 1, waste;
+    int32_t i;
+    for (i = 0; i < c->n; i++)
+        oo *= c->out[i];
+    waste = (oo + 15) / 16 * 16 - oo;
+    return groups == 1 && n > 1 && waste * 8 > oo;
+}
+
+/* The windows [N, C, O.., K..] of x as one matmul of the weight [O, C * K..] by [C * K..,
+   N * O..] (the images' positions side by side), its [O, N, O..] result seen as [N, O, O..]:
+   every block of the matmul full where one matmul per image would fill a fraction of its
+   last. */
+static tb_tensor *tb__conv_columns(tb__ag *a, const tb__conv_args *c, tb_tensor *w,
+                                   tb_tensor *weight, int64_t n, int64_t ch, int64_t outc) {
+    int64_t kk = 1, oo = 1, dims[TB_MAX_RANK];
+    int32_t perm[TB_MAX_RANK], i, r = 2 + 2 * c->n;
+    tb_tensor *t, *m;
+    for (i = 0; i < c->n; i++) {
+        kk *= c->k[i];
+        oo *= c->out[i];
+    }
+    /* [N, C, O.., K..] -> [C, K.., N, O..] */
+    perm[0] = 1;
+    for (i = 0; i < c->n; i++) {
+        perm[1 + i] = 2 + c->n + i;
+        perm[2 + c->n + i] = 2 + i;
+    }
+    perm[1 + c->n] = 0;
+    t = w != NULL ? tb__ag_keep(a, tb_permute(w, perm, r)) : NULL;
+    dims[0] = ch * kk;
+    dims[1] = n * oo;
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 2)) : NULL;
+    dims[0] = outc;
+    dims[1] = ch * kk;
+    m = tb__ag_keep(a, tb_reshape(weight, dims, 2));
+    t = t != NULL && m != NULL ? tb__ag_keep(a, tb_matmul(m, t)) : NULL; /* [O, N * O..] */
+    dims[0] = outc;
+    dims[1] = n;
+    for (i = 0; i < c->n; i++)
+        dims[2 + i] = c->out[i];
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 2 + c->n)) : NULL;
+    perm[0] = 1;
+    perm[1] = 0;
+    for (i = 0; i < c->n; i++)
+        perm[2 + i] = 2 + i;
+    return t != NULL ? tb__ag_keep(a, tb_permute(t, perm, 2 + c->n)) : NULL;
+}
+
 /* x [N, C, L..] as windows [N, G, C / G * K.., O..] multiplied by the weight [G, O / G, C / G *
    K..] (broadcast over the batch): one matmul per image and group, whose [N, G, O / G, O..]
    result is already the output's layout [N, O, O..] (nothing to transpose after it). */
@@ -19398,6 +19451,7 @@ static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor 
         t = w != NULL && m != NULL ? tb__ag_keep(a, tb_mul(w, m)) : NULL;
         return t != NULL ? tb__ag_keep(a, tb_sum(t, axes, (size_t)c->n, false)) : NULL;
     }
+    if (tb__conv_columns_fit(c, n, groups)) return tb__conv_columns(a, c, w, weight, n, ch, outc);
     /* [N, C, O.., K..] -> [N, G, C/G, O.., K..] -> [N, G, C/G, K.., O..] */
     dims[0] = n;
     dims[1] = groups;
