@@ -440,11 +440,16 @@ int main(int argc, char **argv) {
     compiled = kernels_compiled;
     in_graph = kernel_launches(&dev);
     first = st == TB_OK ? run_once(&m, x, out, n, &st) : 0.0;
+    if (st != TB_OK) { /* before another call replaces the error */
+        fprintf(stderr, "models: %s: %s\n", m.kind, tb_last_error());
+        return 1;
+    }
     compiled = kernels_compiled - compiled;      /* the forward's own */
     in_graph = kernel_launches(&dev) - in_graph; /* a first run launches every kernel */
     for (i = 0; st == TB_OK && i < reps; i++) {
         unsigned long long before = kernel_launches(&dev);
         times[i] = run_once(&m, x, out, n, &st);
+        if (st != TB_OK) break;
         launched = kernel_launches(&dev) - before;
     }
     if (st != TB_OK) {
