@@ -63,6 +63,7 @@ class Small(nn.Module):
         super().__init__()
         self.fc = nn.Linear(12, 6)
         self.norm = nn.LayerNorm(6)
+        self.mish = nn.Mish()
         self.register_buffer("offset", torch.linspace(-1, 1, 6))
 
     def forward(self, x, y):
@@ -72,7 +73,7 @@ class Small(nn.Module):
         h = h.view(n, 2, 3).permute(0, 2, 1).contiguous()
         h = torch.flatten(h.transpose(1, 2), 1) - 0.5
         s = torch.softmax(h, dim=-1) + h.mean(dim=1, keepdim=True)
-        return F.relu6(s * 3.0), torch.sigmoid(h).sum(1)
+        return F.relu6(s * 3.0), torch.sigmoid(h).sum(1) + (self.mish(h) * F.softplus(h)).mean(1)
 
 
 class Indexing(nn.Module):
@@ -293,6 +294,11 @@ def errors(device):
         check(False, "an unknown device is refused")
     except tb_fx.Error as e:
         check("nosuch" in str(e), "an unknown device is refused: %s" % e)
+    try:
+        tb_fx.compile(nn.Softplus(beta=2.0), [torch.randn(3)], device=device)(torch.randn(3))
+        check(False, "softplus with beta 2 is refused on %s" % device)
+    except tb_fx.Error as e:
+        check("softplus" in str(e), "softplus with beta 2 is refused on %s: %s" % (device, e))
     f = tb_fx.compile(nn.Linear(3, 2), [torch.randn(1, 3)], device=device)
     try:
         f(torch.randn(1, 4))

@@ -110,7 +110,7 @@ _SIGNATURES = {
                                              ctypes.c_double]),
 }
 for _name in ("relu", "relu6", "sigmoid", "tanh", "gelu", "silu", "hardswish", "hardsigmoid",
-              "neg", "exp", "sqrt"):
+              "neg", "exp", "sqrt", "softplus", "mish"):
     _SIGNATURES["tb_" + _name] = (_T, [_T])
 for _name in ("add", "sub", "mul", "div"):
     _SIGNATURES["tb_" + _name] = (_T, [_T, _T])
@@ -676,6 +676,13 @@ def hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
     return x.new(x.g.lib.tb_hardtanh(x.h, min_val, max_val), "tb_hardtanh")
 
 
+def softplus(x, beta=1.0, threshold=20.0):
+    if beta != 1 or threshold != 20:
+        raise Error("tb_fx: softplus with beta %s and threshold %s is not lowered (PyTorch's "
+                    "defaults, 1 and 20, are)" % (beta, threshold))
+    return _unary("softplus")(x)
+
+
 def clamp(x, min=None, max=None):
     lo = -float("inf") if min is None else float(min)
     hi = float("inf") if max is None else float(max)
@@ -893,6 +900,8 @@ MODULES = {
     nn.Tanh: lambda g, p, m, x: _unary("tanh")(x),
     nn.GELU: lambda g, p, m, x: _unary("gelu")(x),
     nn.SiLU: lambda g, p, m, x: _unary("silu")(x),
+    nn.Mish: lambda g, p, m, x: _unary("mish")(x),
+    nn.Softplus: lambda g, p, m, x: softplus(x, m.beta, m.threshold),
     nn.MaxPool2d: lambda g, p, m, x: max_pool2d(x, m.kernel_size, m.stride, m.padding, m.dilation,
                                                 m.ceil_mode, m.return_indices),
     nn.AvgPool2d: lambda g, p, m, x: avg_pool2d(x, m.kernel_size, m.stride, m.padding,
@@ -1060,7 +1069,8 @@ FUNCTIONS = {
     torch.permute: permute, torch.transpose: transpose, torch.matmul: matmul,
     torch.relu: _unary("relu"), F.relu: _unary("relu"), F.relu6: _unary("relu6"),
     torch.sigmoid: _unary("sigmoid"), torch.tanh: _unary("tanh"), F.gelu: _unary("gelu"),
-    F.silu: _unary("silu"), F.hardswish: _unary("hardswish"),
+    F.silu: _unary("silu"), F.hardswish: _unary("hardswish"), F.mish: _unary("mish"),
+    F.softplus: softplus,
     F.hardsigmoid: _unary("hardsigmoid"), F.hardtanh: hardtanh, torch.clamp: clamp,
     F.adaptive_avg_pool2d: adaptive_avg_pool2d, F.max_pool2d: max_pool2d,
     F.avg_pool2d: avg_pool2d, F.dropout: dropout, F.softmax: softmax, torch.softmax: softmax,
