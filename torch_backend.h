@@ -26104,8 +26104,8 @@ static bool tb__cg_expr_unary(tb__cg *g, const tb_node *n, tb_dtype ad, const ch
 }
 
 /* Expands a code template of ops_table.h: $a the operand, $t the compute type, $x the operand
-   cast to it, $NAME the dialect's math function NAME for `dtype`. False when the text does not
-   fit in `cap` bytes. */
+   cast to it, $NAME the dialect's math function NAME for `dtype` (lower case, digits, _). False
+   when the text does not fit in `cap` bytes or a $ names nothing of these. */
 static bool tb__cg_template(const tb__cg *g, const char *tpl, tb_dtype dtype, const char *a,
                             char *e, size_t cap) {
     const char *t = tb__cg_ctype(dtype);
@@ -26125,6 +26125,7 @@ static bool tb__cg_template(const tb__cg *g, const char *tpl, tb_dtype dtype, co
                  tpl++)
                 name[k++] = *tpl;
             name[k] = '\0';
+            if (k == 0 || k + 1 == sizeof name) return false;
             if (strcmp(name, "a") == 0) {
                 piece = a;
             } else if (strcmp(name, "t") == 0) {
@@ -26152,7 +26153,8 @@ static int tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e,
     if (tb__cg_template(g, c->code_f32 != NULL && strcmp(t, "float") == 0 ? c->code_f32 : c->code,
                         n->shape.dtype, a, e, cap))
         return 1;
-    tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: the code of op %s is too long",
+    tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
+                                  "codegen: the code template of op %s is malformed or too long",
                                   tb_op_name(n->op)));
     return -1;
 }
@@ -27020,9 +27022,10 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
                                 int32_t lane, int in_place, int rm, int nb, int rw, bool panels_a) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     const char *t = tb__cg_ctype(cs->dtype);
-    /* f32 rows of the dialect's vectors: each product added with one rounding (one instruction
-       where the target has it: a multiply and an add share the FMA units on most x86 cores) */
-    bool fma = cs->dtype == TB_F32 && rw == g->d->vec_width;
+    /* rows of the dialect's float vectors (f32, and f16 and bf16 computed in f32): each
+       product added with one rounding where the target has FMA (one instruction: a multiply
+       and an add share the FMA units on Intel's cores) */
+    bool fma = strcmp(t, "float") == 0 && rw == g->d->vec_width;
     int64_t za[6];
     char head[160], tv[16], flat[TB__LF_TEXT];
     int32_t ik;
@@ -27072,7 +27075,7 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
                     (long long)(panels_a ? i : i * za[3]));
         for (j = 0; j < nb; j++) {
             if (fma) {
-                tb__ix_line(&g->ix, "accv%d_%d = TB_VFMA(TB_VSPLAT(am%d), bv%d, accv%d_%d);", i, j,
+                tb__ix_line(&g->ix, "accv%d_%d = TB_VMAD(TB_VSPLAT(am%d), bv%d, accv%d_%d);", i, j,
                             i, j, i, j);
             } else {
                 tb__ix_line(&g->ix, "accv%d_%d += am%d * bv%d;", i, j, i, j);
@@ -28734,6 +28737,8 @@ static const char tb__c99_head[] =
     "#define TB_VLD(i, p) TB_VN(vload)((i), (p))\n"
     "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"
     "#define TB_VBC(c) ((tb_vf){0} + (c))\n"
+    /* a * b + c where speed comes first (the matmul's products): the FMA above */
+    "#define TB_VMAD(a, b, c) TB_VFMA(a, b, c)\n"
     /* a value in every lane, with no arithmetic (a broadcast the compiler folds into the
        instruction that reads it: an FMA's embedded broadcast of a load) */
     "#if TB_VW == 16\n"
@@ -29151,7 +29156,8 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     d->name = "OpenCL C";
     /* the lines after the fp64 switch are the same with or without it */
 #define TB__OCL_HEAD_REST                                                                          \
-    "/* a * b + c stays two roundings, as in the reference */\n"                                   \
+    "/* a * b + c stays two roundings, as in the reference, but where a kernel asks for */"        \
+    "/* one (TB_VFMA, TB_VMAD: the packed matmul's products) */\n"                                 \
     "#pragma OPENCL FP_CONTRACT OFF\n"                                                             \
     "#define TB_FN\n"                                                                              \
     "#define TB_MAXS(a, b) ((a) > (b) ? (a) : (b))\n"                                              \
@@ -29168,6 +29174,13 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"                                       \
     "#define TB_VBC(c) ((tb_vf)(c))\n"                                                             \
     "#define TB_VSPLAT(c) ((tb_vf)(c))\n"                                                          \
+    "/* a * b + c where speed comes first: contracted, so fused where the device has FMA */"       \
+    "/* (fma would be a software call per lane on a device without it) */\n"                       \
+    "TB_FN tb_vf tb_vmad(tb_vf a, tb_vf b, tb_vf c) {\n"                                           \
+    "#pragma OPENCL FP_CONTRACT ON\n"                                                              \
+    "    return a * b + c;\n"                                                                      \
+    "}\n"                                                                                          \
+    "#define TB_VMAD(a, b, c) tb_vmad(a, b, c)\n"                                                  \
     "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"                                             \
     "#define TB_VCVTI(x) TB_VN(convert_int)(x)\n"                                                  \
     "#define TB_VASF(x) TB_VN(as_float)(x)\n"                                                      \
@@ -31191,7 +31204,8 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
     dev->correct_divide_sqrt = (tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_SINGLE_FP_CONFIG) &
                                 TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
     /* Division and square root as the reference computes them (correctly rounded), no
-       contraction of a * b + c (the kernels say FP_CONTRACT OFF). */
+       contraction of a * b + c (the kernels say FP_CONTRACT OFF: they fuse where they ask,
+       the packed matmul's products). */
     snprintf(dev->build_options, sizeof dev->build_options, "%s%s%s%s",
              tb__ocl_c_version(info->language_version) >= 102 ? "-cl-std=CL1.2" : "",
              dev->correct_divide_sqrt ? " -cl-fp32-correctly-rounded-divide-sqrt" : "",

@@ -1016,8 +1016,8 @@ static bool tb__cg_expr_unary(tb__cg *g, const tb_node *n, tb_dtype ad, const ch
 }
 
 /* Expands a code template of ops_table.h: $a the operand, $t the compute type, $x the operand
-   cast to it, $NAME the dialect's math function NAME for `dtype`. False when the text does not
-   fit in `cap` bytes. */
+   cast to it, $NAME the dialect's math function NAME for `dtype` (lower case, digits, _). False
+   when the text does not fit in `cap` bytes or a $ names nothing of these. */
 static bool tb__cg_template(const tb__cg *g, const char *tpl, tb_dtype dtype, const char *a,
                             char *e, size_t cap) {
     const char *t = tb__cg_ctype(dtype);
@@ -1037,6 +1037,7 @@ static bool tb__cg_template(const tb__cg *g, const char *tpl, tb_dtype dtype, co
                  tpl++)
                 name[k++] = *tpl;
             name[k] = '\0';
+            if (k == 0 || k + 1 == sizeof name) return false;
             if (strcmp(name, "a") == 0) {
                 piece = a;
             } else if (strcmp(name, "t") == 0) {
@@ -1064,7 +1065,8 @@ static int tb__cg_expr_math(tb__cg *g, const tb_node *n, const char *a, char *e,
     if (tb__cg_template(g, c->code_f32 != NULL && strcmp(t, "float") == 0 ? c->code_f32 : c->code,
                         n->shape.dtype, a, e, cap))
         return 1;
-    tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: the code of op %s is too long",
+    tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
+                                  "codegen: the code template of op %s is malformed or too long",
                                   tb_op_name(n->op)));
     return -1;
 }

@@ -466,9 +466,10 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
                                 int32_t lane, int in_place, int rm, int nb, int rw, bool panels_a) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     const char *t = tb__cg_ctype(cs->dtype);
-    /* f32 rows of the dialect's vectors: each product added with one rounding (one instruction
-       where the target has it: a multiply and an add share the FMA units on most x86 cores) */
-    bool fma = cs->dtype == TB_F32 && rw == g->d->vec_width;
+    /* rows of the dialect's float vectors (f32, and f16 and bf16 computed in f32): each
+       product added with one rounding where the target has FMA (one instruction: a multiply
+       and an add share the FMA units on Intel's cores) */
+    bool fma = strcmp(t, "float") == 0 && rw == g->d->vec_width;
     int64_t za[6];
     char head[160], tv[16], flat[TB__LF_TEXT];
     int32_t ik;
@@ -518,7 +519,7 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
                     (long long)(panels_a ? i : i * za[3]));
         for (j = 0; j < nb; j++) {
             if (fma) {
-                tb__ix_line(&g->ix, "accv%d_%d = TB_VFMA(TB_VSPLAT(am%d), bv%d, accv%d_%d);", i, j,
+                tb__ix_line(&g->ix, "accv%d_%d = TB_VMAD(TB_VSPLAT(am%d), bv%d, accv%d_%d);", i, j,
                             i, j, i, j);
             } else {
                 tb__ix_line(&g->ix, "accv%d_%d += am%d * bv%d;", i, j, i, j);

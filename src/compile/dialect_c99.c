@@ -79,6 +79,8 @@ static const char tb__c99_head[] =
     "#define TB_VLD(i, p) TB_VN(vload)((i), (p))\n"
     "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"
     "#define TB_VBC(c) ((tb_vf){0} + (c))\n"
+    /* a * b + c where speed comes first (the matmul's products): the FMA above */
+    "#define TB_VMAD(a, b, c) TB_VFMA(a, b, c)\n"
     /* a value in every lane, with no arithmetic (a broadcast the compiler folds into the
        instruction that reads it: an FMA's embedded broadcast of a load) */
     "#if TB_VW == 16\n"

@@ -57,7 +57,8 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     d->name = "OpenCL C";
     /* the lines after the fp64 switch are the same with or without it */
 #define TB__OCL_HEAD_REST                                                                          \
-    "/* a * b + c stays two roundings, as in the reference */\n"                                   \
+    "/* a * b + c stays two roundings, as in the reference, but where a kernel asks for */"        \
+    "/* one (TB_VFMA, TB_VMAD: the packed matmul's products) */\n"                                 \
     "#pragma OPENCL FP_CONTRACT OFF\n"                                                             \
     "#define TB_FN\n"                                                                              \
     "#define TB_MAXS(a, b) ((a) > (b) ? (a) : (b))\n"                                              \
@@ -74,6 +75,13 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     "#define TB_VST(v, i, p) TB_VN(vstore)((v), (i), (p))\n"                                       \
     "#define TB_VBC(c) ((tb_vf)(c))\n"                                                             \
     "#define TB_VSPLAT(c) ((tb_vf)(c))\n"                                                          \
+    "/* a * b + c where speed comes first: contracted, so fused where the device has FMA */"       \
+    "/* (fma would be a software call per lane on a device without it) */\n"                       \
+    "TB_FN tb_vf tb_vmad(tb_vf a, tb_vf b, tb_vf c) {\n"                                           \
+    "#pragma OPENCL FP_CONTRACT ON\n"                                                              \
+    "    return a * b + c;\n"                                                                      \
+    "}\n"                                                                                          \
+    "#define TB_VMAD(a, b, c) tb_vmad(a, b, c)\n"                                                  \
     "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"                                             \
     "#define TB_VCVTI(x) TB_VN(convert_int)(x)\n"                                                  \
     "#define TB_VASF(x) TB_VN(as_float)(x)\n"                                                      \

@@ -204,7 +204,8 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
     dev->correct_divide_sqrt = (tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_SINGLE_FP_CONFIG) &
                                 TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
     /* Division and square root as the reference computes them (correctly rounded), no
-       contraction of a * b + c (the kernels say FP_CONTRACT OFF). */
+       contraction of a * b + c (the kernels say FP_CONTRACT OFF: they fuse where they ask,
+       the packed matmul's products). */
     snprintf(dev->build_options, sizeof dev->build_options, "%s%s%s%s",
              tb__ocl_c_version(info->language_version) >= 102 ? "-cl-std=CL1.2" : "",
              dev->correct_divide_sqrt ? " -cl-fp32-correctly-rounded-divide-sqrt" : "",
