@@ -6996,15 +6996,17 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
 
 /* clang-format on */
 
-/* The code templates of an elementwise math op (for the code generator and the planner). */
+/* The data of an elementwise math op's row (its integer rule, for the ops; its code
+   templates, for the code generator and the planner). */
 typedef struct tb__math_code {
     tb_op op;
+    int32_t ints; /* TB__INT_CAST or TB__INT_REFUSE */
     const char *code, *code_f32, *vec;
 } tb__math_code;
 
 static const tb__math_code tb__math_codes[] = {
 #define TB__MATH_CODE(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                              \
-    {TB_OP_##ID, CODE, CODE_F32, VEC},
+    {TB_OP_##ID, ints, CODE, CODE_F32, VEC},
     TB__MATH_OPS(TB__MATH_CODE)
 #undef TB__MATH_CODE
 };
@@ -7639,14 +7641,7 @@ static tb_status tb__check_rank1(const char *fn, const tb_shape *shape) {
 }
 
 static bool tb__op_float_only(tb_op op) {
-    switch (op) {
-#define TB__FLOAT_ONLY(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD) case TB_OP_##ID:
-        TB__MATH_OPS(TB__FLOAT_ONLY)
-#undef TB__FLOAT_ONLY
-        return true;
-    default:
-        return false;
-    }
+    return tb__math_code_of(op) != NULL; /* the rows of ops_table.h */
 }
 
 static tb_status tb__infer_unary(const char *fn, tb_op op, const tb_shape *x) {
@@ -12071,19 +12066,6 @@ static tb_status tb__norm_axis(const char *fn, const char *what, int64_t axis, i
 
 /* ---- unary ---- */
 
-/* A math op that refuses integer operands (TB__INT_REFUSE in ops_table.h) */
-static bool tb__op_refuses_ints(tb_op op) {
-    switch (op) {
-#define TB__REFUSES(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                                \
-    case TB_OP_##ID:                                                                               \
-        return (ints) == TB__INT_REFUSE;
-        TB__MATH_OPS(TB__REFUSES)
-#undef TB__REFUSES
-    default:
-        return false;
-    }
-}
-
 static tb_tensor *tb__unary(const char *fn, tb_op op, tb_tensor *x) {
     tb__arg arg;
     tb_device device;
@@ -12092,7 +12074,8 @@ static tb_tensor *tb__unary(const char *fn, tb_op op, tb_tensor *x) {
     if (x == NULL) return tb__null_input(fn, "x");
     if (tb__args_get(fn, &x, 1, &arg, &device) != TB_OK) return NULL;
     if (tb__op_float_only(op) && !tb_dtype_is_float(arg.shape.dtype)) {
-        if (tb__op_refuses_ints(op)) {
+        const tb__math_code *row = tb__math_code_of(op);
+        if (row != NULL && row->ints == TB__INT_REFUSE) {
             tb__need_float(fn, &arg.shape);
             tb__args_release(&arg, 1);
             return NULL;
@@ -19369,29 +19352,23 @@ static tb_tensor *tb__conv_rows(tb__ag *a, const tb__conv_args *c, tb_tensor *x,
 /* Whether a convolution's matmul takes the images' positions side by side as its columns
    (tb__conv_columns): one group, more than one image, and so few positions per image that
    a matmul per image would leave more than an eighth of its last block of 16 columns (the
-   register width of the widest CPUs) empty: 7 x 7 outputs fill 49 of 64. */
-static bool tb__conv_columns_fit(const tb__conv_args *c, int64_t n, int64_t groups) {
-    int64_t oo = 1, waste;
-    int32_t i;
-    for (i = 0; i < c->n; i++)
-        oo *= c->out[i];
-    waste = (oo + 15) / 16 * 16 - oo;
+   register width of the widest CPUs) empty: 7 x 7 outputs fill 49 of 64. `oo`: the output
+   positions per image. */
+static bool tb__conv_columns_fit(int64_t oo, int64_t n, int64_t groups) {
+    int64_t waste = (oo + 15) / 16 * 16 - oo;
     return groups == 1 && n > 1 && waste * 8 > oo;
 }
 
 /* The windows [N, C, O.., K..] of x as one matmul of the weight [O, C * K..] by [C * K..,
    N * O..] (the images' positions side by side), its [O, N, O..] result seen as [N, O, O..]:
    every block of the matmul full where one matmul per image would fill a fraction of its
-   last. */
+   last. `kk` and `oo`: the window's elements and the output positions per image. */
 static tb_tensor *tb__conv_columns(tb__ag *a, const tb__conv_args *c, tb_tensor *w,
-                                   tb_tensor *weight, int64_t n, int64_t ch, int64_t outc) {
-    int64_t kk = 1, oo = 1, dims[TB_MAX_RANK];
+                                   tb_tensor *weight, int64_t n, int64_t ch, int64_t outc,
+                                   int64_t kk, int64_t oo) {
+    int64_t dims[TB_MAX_RANK];
     int32_t perm[TB_MAX_RANK], i, r = 2 + 2 * c->n;
     tb_tensor *t, *m;
-    for (i = 0; i < c->n; i++) {
-        kk *= c->k[i];
-        oo *= c->out[i];
-    }
     /* [N, C, O.., K..] -> [C, K.., N, O..] */
     perm[0] = 1;
     for (i = 0; i < c->n; i++) {
@@ -19451,7 +19428,8 @@ static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor 
         t = w != NULL && m != NULL ? tb__ag_keep(a, tb_mul(w, m)) : NULL;
         return t != NULL ? tb__ag_keep(a, tb_sum(t, axes, (size_t)c->n, false)) : NULL;
     }
-    if (tb__conv_columns_fit(c, n, groups)) return tb__conv_columns(a, c, w, weight, n, ch, outc);
+    if (tb__conv_columns_fit(oo, n, groups))
+        return tb__conv_columns(a, c, w, weight, n, ch, outc, kk, oo);
     /* [N, C, O.., K..] -> [N, G, C/G, O.., K..] -> [N, G, C/G, K.., O..] */
     dims[0] = n;
     dims[1] = groups;

@@ -620,14 +620,7 @@ static tb_status tb__check_rank1(const char *fn, const tb_shape *shape) {
 }
 
 static bool tb__op_float_only(tb_op op) {
-    switch (op) {
-#define TB__FLOAT_ONLY(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD) case TB_OP_##ID:
-        TB__MATH_OPS(TB__FLOAT_ONLY)
-#undef TB__FLOAT_ONLY
-        return true;
-    default:
-        return false;
-    }
+    return tb__math_code_of(op) != NULL; /* the rows of ops_table.h */
 }
 
 static tb_status tb__infer_unary(const char *fn, tb_op op, const tb_shape *x) {

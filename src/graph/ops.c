@@ -366,19 +366,6 @@ static tb_status tb__norm_axis(const char *fn, const char *what, int64_t axis, i
 
 /* ---- unary ---- */
 
-/* A math op that refuses integer operands (TB__INT_REFUSE in ops_table.h) */
-static bool tb__op_refuses_ints(tb_op op) {
-    switch (op) {
-#define TB__REFUSES(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                                \
-    case TB_OP_##ID:                                                                               \
-        return (ints) == TB__INT_REFUSE;
-        TB__MATH_OPS(TB__REFUSES)
-#undef TB__REFUSES
-    default:
-        return false;
-    }
-}
-
 static tb_tensor *tb__unary(const char *fn, tb_op op, tb_tensor *x) {
     tb__arg arg;
     tb_device device;
@@ -387,7 +374,8 @@ static tb_tensor *tb__unary(const char *fn, tb_op op, tb_tensor *x) {
     if (x == NULL) return tb__null_input(fn, "x");
     if (tb__args_get(fn, &x, 1, &arg, &device) != TB_OK) return NULL;
     if (tb__op_float_only(op) && !tb_dtype_is_float(arg.shape.dtype)) {
-        if (tb__op_refuses_ints(op)) {
+        const tb__math_code *row = tb__math_code_of(op);
+        if (row != NULL && row->ints == TB__INT_REFUSE) {
             tb__need_float(fn, &arg.shape);
             tb__args_release(&arg, 1);
             return NULL;

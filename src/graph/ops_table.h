@@ -148,15 +148,17 @@
 
 /* clang-format on */
 
-/* The code templates of an elementwise math op (for the code generator and the planner). */
+/* The data of an elementwise math op's row (its integer rule, for the ops; its code
+   templates, for the code generator and the planner). */
 typedef struct tb__math_code {
     tb_op op;
+    int32_t ints; /* TB__INT_CAST or TB__INT_REFUSE */
     const char *code, *code_f32, *vec;
 } tb__math_code;
 
 static const tb__math_code tb__math_codes[] = {
 #define TB__MATH_CODE(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD)                              \
-    {TB_OP_##ID, CODE, CODE_F32, VEC},
+    {TB_OP_##ID, ints, CODE, CODE_F32, VEC},
     TB__MATH_OPS(TB__MATH_CODE)
 #undef TB__MATH_CODE
 };

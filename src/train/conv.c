@@ -247,29 +247,23 @@ static tb_tensor *tb__conv_rows(tb__ag *a, const tb__conv_args *c, tb_tensor *x,
 /* Whether a convolution's matmul takes the images' positions side by side as its columns
    (tb__conv_columns): one group, more than one image, and so few positions per image that
    a matmul per image would leave more than an eighth of its last block of 16 columns (the
-   register width of the widest CPUs) empty: 7 x 7 outputs fill 49 of 64. */
-static bool tb__conv_columns_fit(const tb__conv_args *c, int64_t n, int64_t groups) {
-    int64_t oo = 1, waste;
-    int32_t i;
-    for (i = 0; i < c->n; i++)
-        oo *= c->out[i];
-    waste = (oo + 15) / 16 * 16 - oo;
+   register width of the widest CPUs) empty: 7 x 7 outputs fill 49 of 64. `oo`: the output
+   positions per image. */
+static bool tb__conv_columns_fit(int64_t oo, int64_t n, int64_t groups) {
+    int64_t waste = (oo + 15) / 16 * 16 - oo;
     return groups == 1 && n > 1 && waste * 8 > oo;
 }
 
 /* The windows [N, C, O.., K..] of x as one matmul of the weight [O, C * K..] by [C * K..,
    N * O..] (the images' positions side by side), its [O, N, O..] result seen as [N, O, O..]:
    every block of the matmul full where one matmul per image would fill a fraction of its
-   last. */
+   last. `kk` and `oo`: the window's elements and the output positions per image. */
 static tb_tensor *tb__conv_columns(tb__ag *a, const tb__conv_args *c, tb_tensor *w,
-                                   tb_tensor *weight, int64_t n, int64_t ch, int64_t outc) {
-    int64_t kk = 1, oo = 1, dims[TB_MAX_RANK];
+                                   tb_tensor *weight, int64_t n, int64_t ch, int64_t outc,
+                                   int64_t kk, int64_t oo) {
+    int64_t dims[TB_MAX_RANK];
     int32_t perm[TB_MAX_RANK], i, r = 2 + 2 * c->n;
     tb_tensor *t, *m;
-    for (i = 0; i < c->n; i++) {
-        kk *= c->k[i];
-        oo *= c->out[i];
-    }
     /* [N, C, O.., K..] -> [C, K.., N, O..] */
     perm[0] = 1;
     for (i = 0; i < c->n; i++) {
@@ -329,7 +323,8 @@ static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor 
         t = w != NULL && m != NULL ? tb__ag_keep(a, tb_mul(w, m)) : NULL;
         return t != NULL ? tb__ag_keep(a, tb_sum(t, axes, (size_t)c->n, false)) : NULL;
     }
-    if (tb__conv_columns_fit(c, n, groups)) return tb__conv_columns(a, c, w, weight, n, ch, outc);
+    if (tb__conv_columns_fit(oo, n, groups))
+        return tb__conv_columns(a, c, w, weight, n, ch, outc, kk, oo);
     /* [N, C, O.., K..] -> [N, G, C/G, O.., K..] -> [N, G, C/G, K.., O..] */
     dims[0] = n;
     dims[1] = groups;
