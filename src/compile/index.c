@@ -350,12 +350,14 @@ static void tb__ix_close(tb__ix *g, const char *tail) {
     tb__ix_line(g, "}%s", tail);
 }
 
-/* Makes sure the position has its flat form (sum of dim * contiguous stride). */
+/* Makes sure the position has its flat form (sum of dim * contiguous stride). False for the
+   -1 of a position that could not be made (code generation stopped). */
 static bool tb__ix_need_flat(tb__ix *g, int32_t id) {
     int64_t strides[TB_MAX_RANK];
     tb__lf flat;
     tb__pos p;
     int32_t i;
+    if (id < 0 || g->status != TB_OK) return false;
     if (g->pos[id].has_flat) return true;
     p = g->pos[id];
     tb__ix_contig(p.rank, p.dims, strides);
@@ -455,11 +457,13 @@ static bool tb__ix_group_split(tb__ix *g, const tb__lf *flat, int32_t rank, cons
 }
 
 /* Makes sure the position has its per-dim form: an affine split of the flat form, else
-   division and remainder by the contiguous strides. */
+   division and remainder by the contiguous strides. False for the -1 of a position that
+   could not be made. */
 static bool tb__ix_need_multi(tb__ix *g, int32_t id) {
     tb__pos p;
     tb__lf dims_lf[TB_MAX_RANK];
     int32_t i;
+    if (id < 0 || g->status != TB_OK) return false;
     if (g->pos[id].has_multi) return true;
     p = g->pos[id];
     if (!tb__ix_affine_split(g, &p.flat, p.rank, p.dims, dims_lf) &&
