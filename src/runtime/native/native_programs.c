@@ -221,6 +221,13 @@ static void tb__native_supervise(const tb__native_job *job) {
     _exit(0);
 }
 
+/* The descriptors the supervisor closes in the compiler's process: below the process's limit,
+   or below TB__NATIVE_FD_LIMIT where that limit is unknown, tiny or huge. */
+static long tb__native_fd_limit(void) {
+    long n = sysconf(_SC_OPEN_MAX);
+    return n < 64 || n > TB__NATIVE_FD_LIMIT ? TB__NATIVE_FD_LIMIT : n;
+}
+
 /* Runs the compiler (`argv`, argv[0] found at `path`) with its output into the file `log`,
    under a supervisor process (tb__native_supervise) that ends the compiler's whole process
    group when `timeout_s` seconds pass (0: no limit) or when this process ends, so that no
@@ -231,18 +238,10 @@ static void tb__native_supervise(const tb__native_job *job) {
 static int tb__native_spawn(const char *path, char *const *argv, const char *log, double timeout_s,
                             const char *const *files, const char *dir) {
     int logfd, null_fd, alive[2] = {-1, -1}, report[2] = {-1, -1}, done[2] = {-1, -1}, err = 0;
-    long fd_limit = sysconf(_SC_OPEN_MAX);
+    tb__native_job job = {path, argv, timeout_s, tb__native_fd_limit(), files, dir};
     tb__native_outcome out;
-    tb__native_job job;
     size_t got = 0;
     pid_t sup;
-    if (fd_limit < 64 || fd_limit > TB__NATIVE_FD_LIMIT) fd_limit = TB__NATIVE_FD_LIMIT;
-    job.path = path;
-    job.argv = argv;
-    job.timeout_s = timeout_s;
-    job.fd_limit = fd_limit;
-    job.files = files;
-    job.dir = dir;
     logfd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_NOCTTY | TB__DISK_O_CLOEXEC, 0600);
     null_fd = open("/dev/null", O_RDWR | O_NOCTTY | TB__DISK_O_CLOEXEC);
     if (logfd < 0 || null_fd < 0 || pipe(alive) != 0 || pipe(report) != 0 || pipe(done) != 0) {
@@ -279,7 +278,7 @@ static int tb__native_spawn(const char *path, char *const *argv, const char *log
             if (dup2(want[0], k) < 0) _exit(1);
         for (k = 1; k < 6; k++)
             if (dup2(want[k], 2 + k) < 0) _exit(1);
-        tb__native_close_from(8, fd_limit);
+        tb__native_close_from(8, job.fd_limit);
         tb__native_supervise(&job);
     }
     err = errno;
