@@ -5,8 +5,9 @@
 # would do silently: reads and writes out of bounds, data races between work items, work-group
 # divergence at barriers, API errors. The simulator is a GPU to the planner, so every kernel
 # runs in its GPU variant (work-group reductions and norms, matmul in local-memory tiles, split
-# reductions), at the small shapes of the op tests of tests/test_opencl.c (TB_TEST_SMALL=1
-# leaves out their cases of millions of elements), each result checked against the cpu backend.
+# reductions), at the small shapes of the op tests of the compiled-backend suite
+# (tests/backend_suite, built as tests/test_opencl.c; TB_TEST_SMALL=1 leaves out their cases of
+# millions of elements), each result checked against the cpu backend.
 #
 # Each test of the list below runs alone (TB_TEST_FILTER) with an ICD folder that holds only
 # Oclgrind's, OCLGRIND_DATA_RACES=1 and OCLGRIND_CHECK_API=1; it fails on a failed cmocka test,
@@ -49,7 +50,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-# The op tests of tests/test_opencl.c. Left out, with the reason: test_vector_exp,
+# The op tests of the compiled-backend suite (tests/backend_suite). Left out, with the reason: test_vector_exp,
 # test_norm_rows_streamed and test_elementwise_rows check the vector and streaming code only
 # CPU devices get; test_matmul_through_reshape is a matmul of 10 million multiply-adds (half a
 # minute simulated; test_matmul and test_gpu_code_paths run the tiled matmul); the random-graph

@@ -1127,7 +1127,7 @@ fi
 
 # ---------------------------------------------------------------------------------------------
 step "OpenCL kernels on Oclgrind"
-# The op tests of tests/test_opencl.c on Oclgrind's simulated device (tools/oclgrind.sh): the GPU
+# The op tests of tests/test_opencl.c (tests/backend_suite) on Oclgrind's simulated device (tools/oclgrind.sh): the GPU
 # code paths at small shapes against the cpu backend; out-of-bounds accesses, data races,
 # barrier divergence and API errors fail. Needs the Debian package oclgrind.
 if selected tools/oclgrind.sh; then

@@ -1,0 +1,274 @@
+/* The compiled-backend suite, reductions. Reductions: every reduction over every set of axes,
+   argmax/argmin with NaN and ties, and reductions over a few elements computed inside the kernel
+   that reads them. Part of tests/backend_suite/suite.c. */
+
+/* ---- reductions ---- */
+
+typedef struct reduce_arg {
+    int which; /* 0 sum 1 mean 2 max 3 min 4 prod 5 argmax 6 argmin */
+    int32_t axes[4];
+    size_t num_axes;
+    bool keepdim;
+    bool prologue; /* reduce exp(x) * 0.5 rather than x */
+} reduce_arg;
+
+static tb_tensor *build_reduce(tb_tensor **in, const void *arg) {
+    const reduce_arg *a = (const reduce_arg *)arg;
+    tb_tensor *x = tb_tensor_retain(in[0]), *y = NULL;
+    if (a->prologue) {
+        tb_tensor *e = tb_exp(x);
+        tb_tensor_release(x);
+        x = tb_mul_scalar(e, 0.5);
+        tb_tensor_release(e);
+    }
+    switch (a->which) {
+    case 0:
+        y = tb_sum(x, a->axes, a->num_axes, a->keepdim);
+        break;
+    case 1:
+        y = tb_mean(x, a->axes, a->num_axes, a->keepdim);
+        break;
+    case 2:
+        y = tb_max(x, a->axes, a->num_axes, a->keepdim);
+        break;
+    case 3:
+        y = tb_min(x, a->axes, a->num_axes, a->keepdim);
+        break;
+    case 4:
+        y = tb_prod(x, a->axes, a->num_axes, a->keepdim);
+        break;
+    case 5:
+        y = tb_argmax(x, a->axes[0], a->keepdim);
+        break;
+    default:
+        y = tb_argmin(x, a->axes[0], a->keepdim);
+        break;
+    }
+    tb_tensor_release(x);
+    return y;
+}
+
+static void test_reductions(void **state) {
+    static reduce_arg args[1024];
+    static const int32_t axis_sets[][3] = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {0, 2, 0},
+                                           {1, 2, 0}, {0, 1, 2}, {-1, 0, 0}};
+    static const size_t axis_counts[] = {1, 1, 1, 2, 2, 3, 1};
+    static const char *const names[] = {"sum", "mean", "max", "min", "prod", "argmax", "argmin"};
+    const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_I32, TB_I64, TB_U8, TB_BOOL};
+    size_t n = 0, s, d;
+    int which, keep;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (which = 0; which < 7; which++) {
+        for (d = 0; d < 6; d++) {
+            tb_dtype dt = dtypes[d];
+            if (which == 1 && !tb_dtype_is_float(dt)) continue;
+            if ((which == 0 || which == 4 || which >= 5) && dt == TB_BOOL) continue;
+            for (s = 0; s < sizeof axis_counts / sizeof axis_counts[0]; s++) {
+                for (keep = 0; keep < 2; keep++) {
+                    reduce_arg *a = &args[n++];
+                    input in;
+                    char name[128];
+                    if (which >= 5 && axis_counts[s] != 1) continue;
+                    /* every axis set for f32 (keepdim on two of them), one per other dtype */
+                    if (keep && (d != 0 || s != 4)) continue;
+                    if (d == 0 && which < 5 && s != 1 && s != 3 && s != 5 && s != 6) continue;
+                    if (d == 0 && which >= 5 && s != 0 && s != 6) continue;
+                    if (d != 0) {
+                        size_t pick = (size_t)(which + (int)d) % 7;
+                        if (which >= 5 && axis_counts[pick] != 1)
+                            pick = (size_t)(which + (int)d) % 3;
+                        if (s != pick) continue;
+                    }
+                    a->which = which;
+                    memcpy(a->axes, axis_sets[s], sizeof axis_sets[s]);
+                    a->num_axes = axis_counts[s];
+                    a->keepdim = keep != 0;
+                    a->prologue = false;
+                    in = in_of(shp(dt, 3, 3, 5, 7, 0), which >= 2 && which != 4 ? R_WHOLE : R_ANY);
+                    snprintf(name, sizeof name, "%s of %s[3,5,7] over %zu axes (set %zu)%s",
+                             names[which], tb_dtype_name(dt), axis_counts[s], s,
+                             keep ? " keepdim" : "");
+                    add_case(name, build_reduce, a, &in, 1);
+                }
+            }
+        }
+        flush_cases();
+    }
+    /* all axes, long rows (work-group reductions), an elementwise prologue, size-1 axes */
+    {
+        /* long rows, long columns, many rows; then rows so long the reduction is split into
+           chunks reduced in parallel and combined */
+        /* and ranges long enough per work item that each vector accumulator of CPU devices
+           reads its own part (rows of 40003; chunks of a split over 4200007) */
+        static const int64_t sizes[][3] = {{1, 5000, 1},   {5000, 3, 0},  {64, 700, 1},
+                                           {2, 40000, 1},  {50000, 1, 0}, {16, 40003, 1},
+                                           {1, 4200007, 1}};
+        size_t k;
+        for (k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            if (g_small && sizes[k][0] * sizes[k][1] > 50000) continue;
+            for (which = 0; which < 7; which++) {
+                reduce_arg *a;
+                input in = in_of(shp(TB_F32, 2, sizes[k][0], sizes[k][1], 0, 0), R_ANY);
+                if (which == 3 || which == 4 || which == 6) continue; /* as max, sum, argmax */
+                a = &args[n++];
+                char name[128];
+                a->which = which;
+                a->axes[0] = (int32_t)sizes[k][2];
+                a->num_axes = which == 0 && k == 1 ? 0 : 1; /* 0: every axis */
+                a->keepdim = false;
+                a->prologue = which < 5;
+                if (which == 4) in.range = R_POSITIVE;
+                snprintf(name, sizeof name, "%s over [%lld,%lld] axis %d%s", names[which],
+                         (long long)sizes[k][0], (long long)sizes[k][1], (int)a->axes[0],
+                         a->prologue ? " of exp(x)*0.5" : "");
+                add_case(name, build_reduce, a, &in, 1);
+            }
+        }
+        flush_cases();
+    }
+    /* every dtype over rows and columns whose length is not a multiple of the accumulator
+       lanes of CPU devices (the remainder loop), plain and split into chunks */
+    {
+        static const int64_t sizes[][3] = {{7, 1003, 1}, {1003, 7, 0}, {1, 70001, 1}};
+        const tb_dtype more[] = {TB_F64, TB_I32, TB_I64, TB_U8};
+        size_t k;
+        for (k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            if (g_small && sizes[k][0] * sizes[k][1] > 50000) continue;
+            for (d = 0; d < sizeof more / sizeof more[0]; d++) {
+                for (which = 0; which < 5; which++) {
+                    reduce_arg *a;
+                    input in;
+                    char name[128];
+                    if (which == 1 && !tb_dtype_is_float(more[d])) continue;
+                    /* a float product of 70001 factors overflows in any order */
+                    if (which == 4 && k == 2 && tb_dtype_is_float(more[d])) continue;
+                    assert_true(n < sizeof args / sizeof args[0]);
+                    in = in_of(shp(more[d], 2, sizes[k][0], sizes[k][1], 0, 0),
+                               which == 4 ? R_POSITIVE : R_ANY);
+                    a = &args[n++];
+                    a->which = which;
+                    a->axes[0] = (int32_t)sizes[k][2];
+                    a->num_axes = 1;
+                    a->keepdim = false;
+                    a->prologue = false;
+                    snprintf(name, sizeof name, "%s of %s[%lld,%lld] axis %d", names[which],
+                             tb_dtype_name(more[d]), (long long)sizes[k][0], (long long)sizes[k][1],
+                             (int)a->axes[0]);
+                    add_case(name, build_reduce, a, &in, 1);
+                }
+            }
+            flush_cases();
+        }
+    }
+}
+
+static void test_argmax_nan_and_ties(void **state) {
+    float x[12] = {1, 3, 3, 0, NAN, 2, NAN, 5, -1, -1, -1, -1};
+    tb_shape s = shp(TB_F32, 2, 3, 4, 0, 0);
+    tb_tensor *cx, *ox, *ca, *oa, *cm, *om;
+    (void)state;
+    REQUIRE_OPENCL();
+    cx = tb_tensor_from_host(x, &s, &g_cpu);
+    ox = tb_tensor_from_host(x, &s, &g_ocl);
+    ca = tb_argmax(cx, 1, false);
+    oa = tb_argmax(ox, 1, false);
+    cm = tb_max(cx, NULL, 0, false);
+    om = tb_max(ox, NULL, 0, false);
+    compare_tensors("argmax with NaN and ties", ca, oa);
+    compare_tensors("max with NaN", cm, om);
+    {
+        int64_t idx[3];
+        assert_int_equal(tb_tensor_to_host(oa, idx, sizeof idx), TB_OK);
+        assert_int_equal(idx[0], 1); /* first of the tied maxima */
+        assert_int_equal(idx[1], 0); /* NaN counts as the maximum */
+        assert_int_equal(idx[2], 0);
+    }
+    tb_tensor_release(cx);
+    tb_tensor_release(ox);
+    tb_tensor_release(ca);
+    tb_tensor_release(oa);
+    tb_tensor_release(cm);
+    tb_tensor_release(om);
+}
+
+/* ---- reductions over a few elements, and repeated kernels ---- */
+
+/* The graph of y on both devices: y(cpu) against y(device), and the device's kernel count. */
+typedef tb_tensor *(*small_graph)(tb_tensor *const *in);
+
+static tb_tensor *g_pool_relu(tb_tensor *const *in) {
+    const int64_t k[2] = {3, 3}, st[2] = {2, 2}, pd[2] = {1, 1};
+    tb_tensor *p = tb_max_pool2d(in[0], k, st, pd, NULL, false), *y = tb_relu(p);
+    tb_tensor_release(p);
+    return y;
+}
+
+static tb_tensor *g_depthwise_relu6(tb_tensor *const *in) {
+    const int64_t pd[2] = {1, 1};
+    tb_tensor *c = tb_conv2d(in[0], in[1], in[2], NULL, pd, NULL, 8), *y = tb_clamp(c, 0, 6);
+    tb_tensor_release(c);
+    return y;
+}
+
+static tb_tensor *g_sum_broadcast(tb_tensor *const *in) {
+    int32_t ax = 3;
+    tb_tensor *s = tb_sum(in[0], &ax, 1, true), *e = tb_exp(s), *y = tb_mul(e, in[0]);
+    tb_tensor_release(e);
+    tb_tensor_release(s);
+    return y;
+}
+
+static void small_case(const char *what, small_graph f, int want_kernels, bool want_reduce_kernel) {
+    tb_shape xs = shp(TB_F32, 4, 2, 8, 13, 12), ws = shp(TB_F32, 4, 8, 1, 3, 3),
+             bs = shp(TB_F32, 1, 8, 0, 0, 0);
+    const tb_shape *shapes[3] = {&xs, &ws, &bs};
+    tb_tensor *in[2][3], *y[2];
+    char *text;
+    int d, j;
+    for (j = 0; j < 3; j++) {
+        size_t n = numel_of(shapes[j]), i;
+        float *v = (float *)malloc(n * sizeof(float));
+        assert_non_null(v);
+        for (i = 0; i < n; i++) /* small integers: ties in every window */
+            v[i] = (float)((int)(rnd_unit() * 7.0) - 3);
+        for (d = 0; d < 2; d++)
+            in[d][j] = tb_tensor_from_host(v, shapes[j], d ? &g_ocl : &g_cpu);
+        free(v);
+    }
+    for (d = 0; d < 2; d++) {
+        y[d] = f(in[d]);
+        assert_non_null(y[d]);
+    }
+    assert_int_equal(kernel_count(&y[1], 1), want_kernels);
+    text = tb_ir_backend_text(&y[1], 1);
+    assert_non_null(text);
+    if ((strstr(text, "void R_") != NULL) != want_reduce_kernel)
+        fail_msg("%s: a reduction kernel %s", what, want_reduce_kernel ? "missing" : "made");
+    tb_free(text);
+    compare_tensors(what, y[0], y[1]);
+    for (d = 0; d < 2; d++) {
+        tb_tensor_release(y[d]);
+        for (j = 0; j < 3; j++)
+            tb_tensor_release(in[d][j]);
+    }
+}
+
+static void test_small_reductions_inline(void **state) {
+    (void)state;
+    REQUIRE_OPENCL();
+    /* a 3 x 3 max-pool and the ReLU after it: one kernel, the window's max unrolled in it */
+    small_case("max-pool and relu", g_pool_relu, 1, false);
+    /* a depthwise convolution with bias and clamp, its padding read in place: one kernel */
+    small_case("depthwise convolution", g_depthwise_relu6, 1, false);
+    /* a sum of 12 broadcast back over its row: computed once per row in a kernel of its own
+       (inlined, each value would be summed again at every element of its row) */
+    small_case("sum broadcast", g_sum_broadcast, 2, false);
+}
+
+/* in the order they run */
+static const struct CMUnitTest reductions_tests[] = {
+    cmocka_unit_test(test_reductions),
+    cmocka_unit_test(test_argmax_nan_and_ties),
+    cmocka_unit_test(test_small_reductions_inline),
+};

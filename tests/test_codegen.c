@@ -1,0 +1,333 @@
+/* The code generator (src/compile/codegen*.c with the dialects dialect_opencl.c and
+   dialect_c99.c) on its own: plans of lazy-tensor graphs rendered for described devices
+   (AVX-512 and AVX2 CPUs and a GPU in OpenCL C, the native backend's C99 host), without a
+   device or a compiler. What a program must be: one function per kernel in the dialect's form
+   with the class's vector width, a kernel whose code repeats an earlier one's run by that
+   function, fused products in the packed matmul, every math op's template filled in every
+   float dtype, an error where a dialect cannot report a run-time failure, the same text every
+   time, and an error (no leak) when memory runs out. Whether the programs compile and compute
+   right is the compiled-backend suite's part (tests/backend_suite). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#define TB_IMPLEMENTATION
+#include "torch_backend.h"
+
+#include "plan_graph.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ---- */
+
+static const char *const g_dev_names[] = {"AVX-512", "AVX2", "SSE", "GPU", "C99 host"};
+
+/* A host tensor of zeros on the cpu device. */
+static tb_tensor *input(tb_dtype dtype, int32_t rank, int64_t d0, int64_t d1) {
+    int64_t dims[2], n = 0;
+    tb_shape s;
+    void *buf;
+    tb_tensor *t;
+    dims[0] = d0;
+    dims[1] = d1;
+    assert_int_equal(tb_shape_make(&s, dtype, rank, dims), TB_OK);
+    assert_int_equal(tb_shape_numel(&s, &n), TB_OK);
+    buf = calloc((size_t)n, 8);
+    assert_non_null(buf);
+    t = tb_tensor_from_host(buf, &s, NULL);
+    free(buf);
+    assert_non_null(t);
+    return t;
+}
+
+/* The program of `roots` for `dev` (free()); *plan_out gets its plan unless NULL. */
+static char *program(int dev, tb_tensor *const *roots, size_t n, tb__plan **plan_out) {
+    plan_target t;
+    tb__plan *p = NULL;
+    char *text = NULL;
+    plan_target_of(&t, dev);
+    if (program_of(&t, roots, n, &p, &text) != TB_OK)
+        fail_msg("%s: %s", g_dev_names[dev], tb_last_error());
+    if (plan_out != NULL) {
+        *plan_out = p;
+    } else {
+        tb__plan_free(p);
+    }
+    return text;
+}
+
+static size_t count_of(const char *text, const char *what) {
+    size_t n = 0;
+    const char *p = text;
+    while ((p = strstr(p, what)) != NULL) {
+        n++;
+        p += strlen(what);
+    }
+    return n;
+}
+
+static void expect_text(const char *text, const char *what, const char *dev) {
+    if (strstr(text, what) == NULL) fail_msg("%s: the program lacks \"%s\"", dev, what);
+}
+
+/* ---- the dialects ---- */
+
+/* exp(x) * 2 over a 512 x 512 array: an OpenCL C kernel reading vectors of the CPU class's
+   width, a GPU kernel of one element per work item, a C99 function over work items. */
+static void test_dialects(void **state) {
+    tb_tensor *x = input(TB_F32, 2, 512, 512), *e = tb_exp(x), *y = tb_mul_scalar(e, 2.0);
+    tb__plan *p = NULL;
+    char *text;
+    (void)state;
+    text = program(DEV_AVX512, &y, 1, &p);
+    expect_text(text, "#define TB_VW 16\n", "AVX-512");
+    expect_text(text, "__kernel void E_262144(", "AVX-512");
+    expect_text(text, "TB_VEXP(", "AVX-512");
+    assert_string_equal(p->kernels[0].fn, "E_262144");
+    tb__plan_free(p);
+    free(text);
+
+    text = program(DEV_AVX2, &y, 1, NULL);
+    expect_text(text, "#define TB_VW 8\n", "AVX2");
+    expect_text(text, "TB_VEXP(", "AVX2");
+    free(text);
+
+    text = program(DEV_GPU, &y, 1, &p);
+    expect_text(text, "__kernel void E_262144(", "GPU");
+    assert_null(strstr(text + p->text_head, "TB_VEXP("));
+    tb__plan_free(p);
+    free(text);
+
+    text = program(DEV_C99, &y, 1, &p);
+    expect_text(text, "TB_EXPORT void E_262144(", "C99 host");
+    expect_text(text, "TB_VEXP(", "C99 host");
+    assert_null(strstr(text, "__kernel"));
+    tb__plan_free(p);
+    free(text);
+    tb_tensor_release(y);
+    tb_tensor_release(e);
+    tb_tensor_release(x);
+}
+
+/* Two kernels doing the same work on other arrays: one function, which both run. */
+static void test_repeated_kernel_is_one_function(void **state) {
+    tb_tensor *a = input(TB_F32, 2, 512, 512), *b = input(TB_F32, 2, 512, 512);
+    tb_tensor *ea = tb_exp(a), *eb = tb_exp(b), *y[2];
+    int dev;
+    (void)state;
+    y[0] = tb_mul_scalar(ea, 2.0);
+    y[1] = tb_mul_scalar(eb, 2.0);
+    for (dev = DEV_AVX512; dev <= DEV_C99; dev++) {
+        tb__plan *p = NULL;
+        char *text = program(dev, y, 2, &p), fn[80];
+        assert_int_equal(p->num_kernels, 2);
+        assert_string_not_equal(p->kernels[0].name, p->kernels[1].name);
+        assert_string_equal(p->kernels[1].fn, p->kernels[0].name);
+        snprintf(fn, sizeof fn, "void %s(", p->kernels[0].name);
+        assert_int_equal(count_of(text, fn), 1);
+        assert_null(strstr(text, p->kernels[1].name));
+        tb__plan_free(p);
+        free(text);
+    }
+    tb_tensor_release(y[1]);
+    tb_tensor_release(y[0]);
+    tb_tensor_release(eb);
+    tb_tensor_release(ea);
+    tb_tensor_release(b);
+    tb_tensor_release(a);
+}
+
+/* The packed matmul's inner loop is fused products of a broadcast of A and a vector of B
+   (TB_VMAD: fused where the device has FMA); the GPU's tiles are scalar. */
+static void test_packed_matmul_fused_products(void **state) {
+    tb_tensor *a = input(TB_F32, 2, 512, 512), *b = input(TB_F32, 2, 512, 512);
+    tb_tensor *y = tb_matmul(a, b);
+    char *text;
+    (void)state;
+    text = program(DEV_AVX512, &y, 1, NULL);
+    expect_text(text, "TB_VMAD(TB_VSPLAT(", "AVX-512");
+    free(text);
+    text = program(DEV_C99, &y, 1, NULL);
+    expect_text(text, "TB_VMAD(TB_VSPLAT(", "C99 host");
+    free(text);
+    text = program(DEV_GPU, &y, 1, NULL);
+    assert_null(strstr(text, "TB_VMAD(TB_VSPLAT("));
+    free(text);
+    tb_tensor_release(y);
+    tb_tensor_release(b);
+    tb_tensor_release(a);
+}
+
+/* ---- the op table's templates ---- */
+
+typedef tb_tensor *(*unary_fn)(tb_tensor *);
+
+#define MATH_FN(ID, name, ints, REF, CODE, CODE_F32, VEC, GRAD) {#name, tb_##name},
+static const struct {
+    const char *name;
+    unary_fn fn;
+} g_math[] = {TB__MATH_OPS(MATH_FN)};
+#undef MATH_FN
+
+/* Every math op of src/graph/ops_table.h in f32, f64, f16 and bf16, alone and with its
+   gradient, in each dialect: a program with no template text left in it ('$'). */
+static void test_every_math_op_renders(void **state) {
+    static const tb_dtype dtypes[] = {TB_F32, TB_F64, TB_F16, TB_BF16};
+    static const int devs[] = {DEV_AVX512, DEV_GPU, DEV_C99};
+    size_t o, d, v;
+    (void)state;
+    for (o = 0; o < sizeof g_math / sizeof g_math[0]; o++) {
+        for (d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
+            tb_tensor *x = input(dtypes[d], 2, 8, 24), *y = g_math[o].fn(x), *roots[2];
+            tb_tensor *g = NULL;
+            assert_non_null(y);
+            roots[0] = y;
+            /* x * dy/dx through the op's gradient rule (f32 for integer-free rules) */
+            if (tb_grad(y, x, &x, 1, &g) != TB_OK)
+                fail_msg("%s in %s: %s", g_math[o].name, tb_dtype_name(dtypes[d]), tb_last_error());
+            assert_non_null(g);
+            roots[1] = g;
+            for (v = 0; v < sizeof devs / sizeof devs[0]; v++) {
+                char *text = program(devs[v], roots, 2, NULL);
+                if (strchr(text, '$') != NULL)
+                    fail_msg("%s in %s on %s: a template was left unfilled near \"%.60s\"",
+                             g_math[o].name, tb_dtype_name(dtypes[d]), g_dev_names[devs[v]],
+                             strchr(text, '$'));
+                free(text);
+            }
+            tb_tensor_release(g);
+            tb_tensor_release(y);
+            tb_tensor_release(x);
+        }
+    }
+}
+
+/* ---- errors ---- */
+
+/* A graph that can fail at run time (an index out of range) needs a dialect that can claim
+   the error report; one without is an internal error, not a program that hides the failure. */
+static void test_error_report_needs_the_dialect(void **state) {
+    tb_tensor *x = input(TB_F32, 2, 5, 3), *idx = input(TB_I64, 1, 4, 0);
+    tb_tensor *y = tb_index_select(x, 0, idx);
+    plan_target t;
+    tb__plan *p = NULL;
+    char *text = NULL;
+    (void)state;
+    text = program(DEV_AVX512, &y, 1, NULL);
+    expect_text(text, "tb_report(", "AVX-512");
+    free(text);
+    plan_target_of(&t, DEV_AVX512);
+    t.dialect.err_claim = NULL;
+    assert_int_equal(program_of(&t, &y, 1, &p, &text), TB_ERR_INTERNAL);
+    assert_non_null(strstr(tb_last_error(), "cannot report errors"));
+    assert_null(text);
+    tb__plan_free(p);
+    tb_clear_error();
+    tb_tensor_release(y);
+    tb_tensor_release(idx);
+    tb_tensor_release(x);
+}
+
+/* ---- the same text every time; memory running out ---- */
+
+/* Renders the plan of `roots` for `dev` with each of its allocations failing in turn:
+   TB_ERR_OUT_OF_MEMORY and no text each time (the sanitizers' leak check holds the rest),
+   until it is `want`. */
+static void render_out_of_memory(int dev, tb_tensor *const *roots, size_t n, const char *want) {
+    plan_graph pg;
+    plan_target t;
+    long at;
+    plan_target_of(&t, dev);
+    plan_graph_of(&pg, roots, n);
+    for (at = 1;; at++) {
+        tb__pgraph G;
+        tb__plan *p = NULL;
+        char *out = NULL;
+        size_t len = 0;
+        tb_status st;
+        assert_int_equal(tb__plan_build(&pg.g, &t.target, &G, &p), TB_OK);
+        g_count = 0;
+        g_failed = false;
+        g_fail_at = at;
+        st = tb__cg_render(&G, p, &t.dialect, &out, &len);
+        g_fail_at = 0;
+        tb__pgraph_free(&G);
+        tb__plan_free(p);
+        if (!g_failed) {
+            assert_int_equal(st, TB_OK);
+            assert_int_equal(len, strlen(want));
+            assert_memory_equal(out, want, len);
+            tb__free(out);
+            break;
+        }
+        if (st != TB_ERR_OUT_OF_MEMORY)
+            fail_msg("%s: allocation %ld failed: status %d", g_dev_names[dev], at, (int)st);
+        assert_null(out);
+        tb_clear_error();
+    }
+    assert_true(at > 10);
+    plan_graph_free(&pg);
+}
+
+/* Three graphs that between them make every kind of kernel (a layer: matmul, bias, gelu,
+   softmax over rows; a packed matmul and a split sum; a concat of 40 arrays, an index_select
+   that can fail, a max over columns), each rendered twice for each device: the same program.
+   Then the same with every allocation failing in turn. */
+static void test_repeatable_and_out_of_memory(void **state) {
+    static const int devs[] = {DEV_AVX512, DEV_GPU, DEV_C99};
+    tb_tensor *x = input(TB_F32, 2, 64, 96), *w = input(TB_F32, 2, 96, 96);
+    tb_tensor *bias = input(TB_F32, 1, 96, 0), *big = input(TB_F32, 2, 512, 512);
+    tb_tensor *idx = input(TB_I64, 1, 7, 0), *in[40], *keep[8], *roots[3][2];
+    size_t counts[3] = {1, 2, 2}, c, v, i, nk = 0;
+    int32_t axis0 = 0;
+    (void)state;
+    for (i = 0; i < 40; i++)
+        in[i] = input(TB_F32, 2, 16, 3);
+    keep[nk++] = tb_matmul(x, w);
+    keep[nk++] = tb_add(keep[0], bias);
+    keep[nk++] = tb_gelu(keep[1]);
+    roots[0][0] = tb_softmax(keep[2], 1);
+    roots[1][0] = tb_matmul(big, big);
+    roots[1][1] = tb_sum(big, NULL, 0, false);
+    keep[nk++] = tb_concat(in, 40, 1);
+    roots[2][0] = tb_index_select(keep[3], 0, idx);
+    roots[2][1] = tb_max(keep[3], &axis0, 1, false);
+    for (c = 0; c < 3; c++) {
+        for (v = 0; v < sizeof devs / sizeof devs[0]; v++) {
+            char *want = program(devs[v], roots[c], counts[c], NULL);
+            char *again = program(devs[v], roots[c], counts[c], NULL);
+            assert_string_equal(want, again);
+            free(again);
+            render_out_of_memory(devs[v], roots[c], counts[c], want);
+            free(want);
+        }
+    }
+    for (c = 0; c < 3; c++)
+        for (i = 0; i < counts[c]; i++)
+            tb_tensor_release(roots[c][i]);
+    for (i = 0; i < nk; i++)
+        tb_tensor_release(keep[i]);
+    for (i = 0; i < 40; i++)
+        tb_tensor_release(in[i]);
+    tb_tensor_release(idx);
+    tb_tensor_release(big);
+    tb_tensor_release(bias);
+    tb_tensor_release(w);
+    tb_tensor_release(x);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dialects),
+        cmocka_unit_test(test_repeated_kernel_is_one_function),
+        cmocka_unit_test(test_packed_matmul_fused_products),
+        cmocka_unit_test(test_every_math_op_renders),
+        cmocka_unit_test(test_error_report_needs_the_dialect),
+        cmocka_unit_test(test_repeatable_and_out_of_memory),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
