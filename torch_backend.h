@@ -27638,6 +27638,114 @@ static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
     return g->ix.status == TB_OK;
 }
 
+/* Whether the reduction's reduced axes end with x's last axis but also take an axis before one
+   it keeps (the sum over N, H and W of [N, C, H, W] per channel): then the trailing run of
+   reduced axes, *len elements at stride 1 from axis *first on, is an inner loop of its own under
+   a loop over the other reduced axes, so that the inner loop reads x in order with no division
+   per element (tb__cg_red_nested). Scalar loops over one work item per output only; argmax and
+   argmin keep the flat loop (their index is the flat one). */
+static bool tb__cg_red_inner(const tb__cg_red *rd, int32_t *first, int64_t *len) {
+    int32_t a = rd->xs->rank - 1;
+    *len = 1;
+    if (rd->k->suffix || rd->is_arg || rd->k->group > 1 || rd->k->vec > 0 || a < 0 ||
+        !((rd->mask >> a) & 1u))
+        return false;
+    for (; a >= 0 && ((rd->mask >> a) & 1u); a--)
+        *len *= rd->xs->dims[a];
+    *first = a + 1;
+    return *len >= 8 && *len < rd->m;
+}
+
+/* The loop of tb__cg_red_inner's reductions over [from, to) of the reduced elements: for each
+   index of the outer reduced axes, the inner run's part in the range with the plan's
+   accumulators, combined pairwise at the end. x is read at its flat position: the kept axes' and
+   the outer reduced axes' terms, plus the inner index. */
+static bool tb__cg_red_nested(tb__cg *g, const tb__cg_red *rd, const char *from, const char *to,
+                              int32_t first, int64_t len) {
+    const tb_shape *xs = rd->xs;
+    int32_t lanes = rd->k->lanes > 1 ? rd->k->lanes : 1, lane, o, j, a, oi = 0, ri = 0, opos = -1;
+    int64_t strides[TB_MAX_RANK], s = 1;
+    tb__lf base, lf;
+    tb_shape outer;
+    char head[256], name[16];
+    for (a = xs->rank - 1; a >= 0; a--) {
+        strides[a] = s;
+        s *= xs->dims[a];
+    }
+    memset(&outer, 0, sizeof outer);
+    outer.dtype = xs->dtype;
+    for (a = 0; a < first; a++)
+        if ((rd->mask >> a) & 1u) outer.dims[outer.rank++] = xs->dims[a];
+    tb__ix_open(&g->ix, "");
+    for (lane = 1; lane < lanes; lane++)
+        tb__ix_line(&g->ix, "%s acc%d = acc;", rd->acc_t, (int)lane);
+    tb__ix_line(&g->ix, "const long rs = %s, re = %s;", from, to);
+    o = tb__ix_new_var(&g->ix, 0, rd->m / len - 1);
+    if (o < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = rs / %lldL; i%d * %lldL < re; i%d++) ", (int)o,
+             (long long)len, (int)o, (long long)len, (int)o);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long js = rs > i%d * %lldL ? rs - i%d * %lldL : 0L;", (int)o,
+                (long long)len, (int)o, (long long)len);
+    tb__ix_line(&g->ix, "const long je = re < (i%d + 1) * %lldL ? re - i%d * %lldL : %lldL;",
+                (int)o, (long long)len, (int)o, (long long)len, (long long)len);
+    tb__ix_line(&g->ix, "const long jm = js + ((je - js) & ~%dL);", (int)lanes - 1);
+    if (outer.rank > 0) {
+        opos = tb__ix_var_pos_flat(&g->ix, &outer, o, 1, -1);
+        if (!tb__ix_need_multi(&g->ix, opos)) return false;
+    }
+    tb__lf_const(&base, 0);
+    for (a = 0; a < xs->rank; a++) {
+        const tb__lf *d = NULL;
+        if ((rd->mask >> a) & 1u) {
+            if (a < first) d = &g->ix.pos[opos].dim[ri++];
+            if (rd->keepdim) oi++;
+        } else {
+            d = &g->ix.pos[rd->out_pos].dim[oi++];
+        }
+        if (d != NULL && !tb__ix_lf_addmul(&g->ix, &base, d, strides[a])) return false;
+    }
+    for (j = 0; j < 2; j++) {
+        /* the run in steps of `lanes` (one value per accumulator), then what is left */
+        int32_t r = tb__ix_new_var(&g->ix, 0, len - 1), n = j == 0 ? lanes : 1;
+        if (r < 0) return false;
+        if (j == 0) {
+            snprintf(head, sizeof head, "for (long i%d = js; i%d < jm; i%d += %d) ", (int)r, (int)r,
+                     (int)r, (int)lanes);
+        } else {
+            snprintf(head, sizeof head, "for (long i%d = jm; i%d < je; i%d++) ", (int)r, (int)r,
+                     (int)r);
+        }
+        tb__ix_open(&g->ix, head);
+        for (lane = 0; lane < n; lane++) {
+            int32_t xp, vx;
+            lf = base;
+            lf.c += lane;
+            if (!tb__lf_add_term(&lf, r, 1)) return false;
+            xp = tb__ix_pos_flat(&g->ix, xs, &lf);
+            vx = xp >= 0 ? tb__cg_eval(g, rd->x, xp) : -1;
+            if (vx < 0) return false;
+            tb__cg_acc_name(name, sizeof name, lane);
+            tb__cg_red_step(g, rd, vx, r, name);
+        }
+        tb__ix_close(&g->ix, "");
+    }
+    tb__ix_close(&g->ix, "");
+    /* pairwise: acc_j with acc_(j + half), halving */
+    for (lane = lanes / 2; lane >= 1; lane /= 2) {
+        int32_t i;
+        for (i = 0; i < lane; i++) {
+            char dst[16], src[16];
+            tb__cg_acc_name(dst, sizeof dst, i);
+            tb__cg_acc_name(src, sizeof src, i + lane);
+            tb__ix_line(&g->ix, "{ const %s a = %s, b = %s; %s = %s; }", rd->acc_t, dst, src, dst,
+                        rd->combine);
+        }
+    }
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
 /* The loop over a row (or a chunk of one) with the plan's number of accumulators, combined
    pairwise at the end. */
 static bool tb__cg_red_loop(tb__cg *g, const tb__cg_red *rd) {
@@ -27667,6 +27775,12 @@ static bool tb__cg_red_loop(tb__cg *g, const tb__cg_red *rd) {
         tb__ix_close(&g->ix, "");
         tb__ix_close(&g->ix, "");
         return g->ix.status == TB_OK;
+    }
+    {
+        int32_t first;
+        int64_t len;
+        if (tb__cg_red_inner(rd, &first, &len))
+            return tb__cg_red_nested(g, rd, from, to, first, len);
     }
     if (lanes == 1) {
         r = tb__ix_new_var(&g->ix, 0, rd->m > 0 ? rd->m - 1 : 0);

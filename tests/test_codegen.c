@@ -3,9 +3,10 @@
    (AVX-512 and AVX2 CPUs and a GPU in OpenCL C, the native backend's C99 host), without a
    device or a compiler. What a program must be: one function per kernel in the dialect's form
    with the class's vector width, a kernel whose code repeats an earlier one's run by that
-   function, fused products in the packed matmul, every math op's template filled in every
-   float dtype, an error where a dialect cannot report a run-time failure, the same text every
-   time, and an error (no leak) when memory runs out. Whether the programs compile and compute
+   function, fused products in the packed matmul, reductions per channel that read each image's
+   run in order, every math op's template filled in every float dtype, an error where a dialect
+   cannot report a run-time failure, the same text every time, and an error (no leak) when
+   memory runs out. Whether the programs compile and compute
    right is the compiled-backend suite's part (tests/backend_suite). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -160,6 +161,43 @@ static void test_packed_matmul_fused_products(void **state) {
     tb_tensor_release(y);
     tb_tensor_release(b);
     tb_tensor_release(a);
+}
+
+/* A sum per channel over N, H and W of [N, C, H, W] (a bias's gradient) loops over each
+   image's H x W run in order, with no division per element; a sum over the trailing axes reads
+   rows; a sum over N alone (a strided run) keeps the flat loop. */
+static void test_reduction_loops(void **state) {
+    tb_tensor *x = input(TB_F32, 2, 64 * 16, 28 * 28), *x4, *per_channel, *rows, *over_n;
+    int64_t dims[4] = {64, 16, 28, 28};
+    int32_t nhw[3] = {0, 2, 3}, hw[2] = {2, 3}, n0 = 0;
+    int dev;
+    (void)state;
+    x4 = tb_reshape(x, dims, 4);
+    per_channel = tb_sum(x4, nhw, 3, false);
+    rows = tb_sum(x4, hw, 2, false);
+    over_n = tb_sum(x4, &n0, 1, false);
+    for (dev = DEV_AVX512; dev <= DEV_C99; dev++) {
+        char *text = program(dev, &per_channel, 1, NULL);
+        if (dev == DEV_GPU) {
+            assert_null(strstr(text, "const long jm = js + "));
+        } else {
+            expect_text(text, "const long jm = js + ", g_dev_names[dev]);
+            expect_text(text, " < re; i", g_dev_names[dev]);
+            assert_null(strstr(text, " / 28L"));
+        }
+        free(text);
+        text = program(dev, &rows, 1, NULL);
+        assert_null(strstr(text, "const long jm = js + "));
+        free(text);
+        text = program(dev, &over_n, 1, NULL);
+        assert_null(strstr(text, "const long jm = js + "));
+        free(text);
+    }
+    tb_tensor_release(over_n);
+    tb_tensor_release(rows);
+    tb_tensor_release(per_channel);
+    tb_tensor_release(x4);
+    tb_tensor_release(x);
 }
 
 /* ---- the op table's templates ---- */
@@ -325,6 +363,7 @@ int main(void) {
         cmocka_unit_test(test_dialects),
         cmocka_unit_test(test_repeated_kernel_is_one_function),
         cmocka_unit_test(test_packed_matmul_fused_products),
+        cmocka_unit_test(test_reduction_loops),
         cmocka_unit_test(test_every_math_op_renders),
         cmocka_unit_test(test_error_report_needs_the_dialect),
         cmocka_unit_test(test_repeatable_and_out_of_memory),
