@@ -80,8 +80,9 @@ typedef struct tb__tuning {
     int64_t mm_pack_min_work; /* M x N x K below this: not packed */
     int64_t mm_cache_bytes;   /* packed: a core's own data cache (L2) where the target does not
                                  say (an OpenCL device reports only its last-level cache) */
-    int32_t mm_group_caches;  /* packed: the column panels one sweep over the row panels reuses
-                                 fill this many of those caches at most */
+    double mm_group_caches;   /* packed: the column panels one sweep over the row panels reuses
+                                 fill this share of those caches at most (a fraction: the
+                                 panels of A the sweep streams need the rest) */
     int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
     int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
     int32_t mm_tile_k;        /* tiles: depth of a tile */
