@@ -27643,6 +27643,21 @@ static bool tb__cg_red_vloop(tb__cg *g, const tb__cg_red *rd) {
     return g->ix.status == TB_OK;
 }
 
+/* The accumulators acc, acc1, .. acc<lanes - 1> combined pairwise into acc: acc_j with
+   acc_(j + half), halving. */
+static void tb__cg_red_pairwise(tb__cg *g, const tb__cg_red *rd, int32_t lanes) {
+    int32_t half, j;
+    for (half = lanes / 2; half >= 1; half /= 2) {
+        for (j = 0; j < half; j++) {
+            char dst[16], src[16];
+            tb__cg_acc_name(dst, sizeof dst, j);
+            tb__cg_acc_name(src, sizeof src, j + half);
+            tb__ix_line(&g->ix, "{ const %s a = %s, b = %s; %s = %s; }", rd->acc_t, dst, src, dst,
+                        rd->combine);
+        }
+    }
+}
+
 /* Whether the reduction's reduced axes end with x's last axis but also take an axis before one
    it keeps (the sum over N, H and W of [N, C, H, W] per channel): then the trailing run of
    reduced axes, *len elements at stride 1 from axis *first on, is an inner loop of its own under
@@ -27736,17 +27751,7 @@ static bool tb__cg_red_nested(tb__cg *g, const tb__cg_red *rd, const char *from,
         tb__ix_close(&g->ix, "");
     }
     tb__ix_close(&g->ix, "");
-    /* pairwise: acc_j with acc_(j + half), halving */
-    for (lane = lanes / 2; lane >= 1; lane /= 2) {
-        int32_t i;
-        for (i = 0; i < lane; i++) {
-            char dst[16], src[16];
-            tb__cg_acc_name(dst, sizeof dst, i);
-            tb__cg_acc_name(src, sizeof src, i + lane);
-            tb__ix_line(&g->ix, "{ const %s a = %s, b = %s; %s = %s; }", rd->acc_t, dst, src, dst,
-                        rd->combine);
-        }
-    }
+    tb__cg_red_pairwise(g, rd, lanes);
     tb__ix_close(&g->ix, "");
     return g->ix.status == TB_OK;
 }
@@ -27830,17 +27835,7 @@ static bool tb__cg_red_loop(tb__cg *g, const tb__cg_red *rd) {
     if (vx < 0) return false;
     tb__cg_red_step(g, rd, vx, rt, "acc");
     tb__ix_close(&g->ix, "");
-    /* pairwise: acc_j with acc_(j + half), halving */
-    for (lane = lanes / 2; lane >= 1; lane /= 2) {
-        int32_t j;
-        for (j = 0; j < lane; j++) {
-            char dst[16], src[16];
-            tb__cg_acc_name(dst, sizeof dst, j);
-            tb__cg_acc_name(src, sizeof src, j + lane);
-            tb__ix_line(&g->ix, "{ const %s a = %s, b = %s; %s = %s; }", rd->acc_t, dst, src, dst,
-                        rd->combine);
-        }
-    }
+    tb__cg_red_pairwise(g, rd, lanes);
     tb__ix_close(&g->ix, "");
     return g->ix.status == TB_OK;
 }
