@@ -12067,15 +12067,15 @@ static tb_status tb__norm_axis(const char *fn, const char *what, int64_t axis, i
 /* ---- unary ---- */
 
 static tb_tensor *tb__unary(const char *fn, tb_op op, tb_tensor *x) {
+    const tb__math_code *row = tb__math_code_of(op); /* NULL: not a float-only math op */
     tb__arg arg;
     tb_device device;
     tb_node *in, *node;
     tb__ensure_setup();
     if (x == NULL) return tb__null_input(fn, "x");
     if (tb__args_get(fn, &x, 1, &arg, &device) != TB_OK) return NULL;
-    if (tb__op_float_only(op) && !tb_dtype_is_float(arg.shape.dtype)) {
-        const tb__math_code *row = tb__math_code_of(op);
-        if (row != NULL && row->ints == TB__INT_REFUSE) {
+    if (row != NULL && !tb_dtype_is_float(arg.shape.dtype)) {
+        if (row->ints == TB__INT_REFUSE) {
             tb__need_float(fn, &arg.shape);
             tb__args_release(&arg, 1);
             return NULL;
@@ -21058,6 +21058,8 @@ static void tb__ix_open(tb__ix *g, const char *head);
 static void tb__ix_close(tb__ix *g, const char *tail);
 static bool tb__ix_need_flat(tb__ix *g, int32_t id);
 static bool tb__ix_need_multi(tb__ix *g, int32_t id);
+/* the row-major strides of `dims` (a dim of 0 counts as 1) */
+static void tb__ix_contig(int32_t rank, const int64_t *dims, int64_t *strides);
 static int32_t tb__ix_pos_multi(tb__ix *g, const tb_shape *shape, const tb__lf *dims);
 static int32_t tb__ix_pos_flat(tb__ix *g, const tb_shape *shape, const tb__lf *flat);
 /* The per-dim forms over `to` of a position over `from` given per dim (a reshape), when the
@@ -27684,14 +27686,11 @@ static bool tb__cg_red_nested(tb__cg *g, const tb__cg_red *rd, const char *from,
                               int32_t first, int64_t len) {
     const tb_shape *xs = rd->xs;
     int32_t lanes = rd->k->lanes > 1 ? rd->k->lanes : 1, lane, o, j, a, oi = 0, ri = 0, opos = -1;
-    int64_t strides[TB_MAX_RANK], s = 1;
+    int64_t strides[TB_MAX_RANK];
     tb__lf base, lf;
     tb_shape outer;
     char head[256], name[16];
-    for (a = xs->rank - 1; a >= 0; a--) {
-        strides[a] = s;
-        s *= xs->dims[a];
-    }
+    tb__ix_contig(xs->rank, xs->dims, strides);
     memset(&outer, 0, sizeof outer);
     outer.dtype = xs->dtype;
     for (a = 0; a < first; a++)

@@ -415,14 +415,11 @@ static bool tb__cg_red_nested(tb__cg *g, const tb__cg_red *rd, const char *from,
                               int32_t first, int64_t len) {
     const tb_shape *xs = rd->xs;
     int32_t lanes = rd->k->lanes > 1 ? rd->k->lanes : 1, lane, o, j, a, oi = 0, ri = 0, opos = -1;
-    int64_t strides[TB_MAX_RANK], s = 1;
+    int64_t strides[TB_MAX_RANK];
     tb__lf base, lf;
     tb_shape outer;
     char head[256], name[16];
-    for (a = xs->rank - 1; a >= 0; a--) {
-        strides[a] = s;
-        s *= xs->dims[a];
-    }
+    tb__ix_contig(xs->rank, xs->dims, strides);
     memset(&outer, 0, sizeof outer);
     outer.dtype = xs->dtype;
     for (a = 0; a < first; a++)

@@ -475,6 +475,8 @@ static void tb__ix_open(tb__ix *g, const char *head);
 static void tb__ix_close(tb__ix *g, const char *tail);
 static bool tb__ix_need_flat(tb__ix *g, int32_t id);
 static bool tb__ix_need_multi(tb__ix *g, int32_t id);
+/* the row-major strides of `dims` (a dim of 0 counts as 1) */
+static void tb__ix_contig(int32_t rank, const int64_t *dims, int64_t *strides);
 static int32_t tb__ix_pos_multi(tb__ix *g, const tb_shape *shape, const tb__lf *dims);
 static int32_t tb__ix_pos_flat(tb__ix *g, const tb_shape *shape, const tb__lf *flat);
 /* The per-dim forms over `to` of a position over `from` given per dim (a reshape), when the

@@ -367,15 +367,15 @@ static tb_status tb__norm_axis(const char *fn, const char *what, int64_t axis, i
 /* ---- unary ---- */
 
 static tb_tensor *tb__unary(const char *fn, tb_op op, tb_tensor *x) {
+    const tb__math_code *row = tb__math_code_of(op); /* NULL: not a float-only math op */
     tb__arg arg;
     tb_device device;
     tb_node *in, *node;
     tb__ensure_setup();
     if (x == NULL) return tb__null_input(fn, "x");
     if (tb__args_get(fn, &x, 1, &arg, &device) != TB_OK) return NULL;
-    if (tb__op_float_only(op) && !tb_dtype_is_float(arg.shape.dtype)) {
-        const tb__math_code *row = tb__math_code_of(op);
-        if (row != NULL && row->ints == TB__INT_REFUSE) {
+    if (row != NULL && !tb_dtype_is_float(arg.shape.dtype)) {
+        if (row->ints == TB__INT_REFUSE) {
             tb__need_float(fn, &arg.shape);
             tb__args_release(&arg, 1);
             return NULL;
