@@ -99,6 +99,31 @@ static tb_kit_facts plan_facts(int dev) {
     return f;
 }
 
+static const char *const plan_dev_names[] = {"AVX-512", "AVX2", "SSE", "GPU", "C99 host"};
+
+/* A host tensor on the cpu device (not yet read by anything: a parameter of the graphs made
+   from it), of `rank` of the dims d0, d1, d2; f32 values i * 0.001, other dtypes zeros. */
+static PLAN_GRAPH_UNUSED tb_tensor *plan_input(tb_dtype dtype, int32_t rank, int64_t d0, int64_t d1,
+                                               int64_t d2) {
+    int64_t dims[3], n = 0, i;
+    tb_shape s;
+    void *buf;
+    tb_tensor *t;
+    dims[0] = d0;
+    dims[1] = d1;
+    dims[2] = d2;
+    assert_int_equal(tb_shape_make(&s, dtype, rank, dims), TB_OK);
+    assert_int_equal(tb_shape_numel(&s, &n), TB_OK);
+    buf = calloc((size_t)n, 8);
+    assert_non_null(buf);
+    for (i = 0; i < n && dtype == TB_F32; i++)
+        ((float *)buf)[i] = (float)i * 0.001f;
+    t = tb_tensor_from_host(buf, &s, NULL);
+    free(buf);
+    assert_non_null(t);
+    return t;
+}
+
 /* A target of its own: a tuning the test may change before it plans. */
 typedef struct plan_target {
     tb__tuning tuning;

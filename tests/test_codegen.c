@@ -25,26 +25,6 @@
 
 /* ---- helpers ---- */
 
-static const char *const g_dev_names[] = {"AVX-512", "AVX2", "SSE", "GPU", "C99 host"};
-
-/* A host tensor of zeros on the cpu device. */
-static tb_tensor *input(tb_dtype dtype, int32_t rank, int64_t d0, int64_t d1) {
-    int64_t dims[2], n = 0;
-    tb_shape s;
-    void *buf;
-    tb_tensor *t;
-    dims[0] = d0;
-    dims[1] = d1;
-    assert_int_equal(tb_shape_make(&s, dtype, rank, dims), TB_OK);
-    assert_int_equal(tb_shape_numel(&s, &n), TB_OK);
-    buf = calloc((size_t)n, 8);
-    assert_non_null(buf);
-    t = tb_tensor_from_host(buf, &s, NULL);
-    free(buf);
-    assert_non_null(t);
-    return t;
-}
-
 /* The program of `roots` for `dev` (free()); *plan_out gets its plan unless NULL. */
 static char *program(int dev, tb_tensor *const *roots, size_t n, tb__plan **plan_out) {
     plan_target t;
@@ -52,7 +32,7 @@ static char *program(int dev, tb_tensor *const *roots, size_t n, tb__plan **plan
     char *text = NULL;
     plan_target_of(&t, dev);
     if (program_of(&t, roots, n, &p, &text) != TB_OK)
-        fail_msg("%s: %s", g_dev_names[dev], tb_last_error());
+        fail_msg("%s: %s", plan_dev_names[dev], tb_last_error());
     if (plan_out != NULL) {
         *plan_out = p;
     } else {
@@ -80,7 +60,7 @@ static void expect_text(const char *text, const char *what, const char *dev) {
 /* exp(x) * 2 over a 512 x 512 array: an OpenCL C kernel reading vectors of the CPU class's
    width, a GPU kernel of one element per work item, a C99 function over work items. */
 static void test_dialects(void **state) {
-    tb_tensor *x = input(TB_F32, 2, 512, 512), *e = tb_exp(x), *y = tb_mul_scalar(e, 2.0);
+    tb_tensor *x = plan_input(TB_F32, 2, 512, 512, 0), *e = tb_exp(x), *y = tb_mul_scalar(e, 2.0);
     tb__plan *p = NULL;
     char *text;
     (void)state;
@@ -116,7 +96,7 @@ static void test_dialects(void **state) {
 
 /* Two kernels doing the same work on other arrays: one function, which both run. */
 static void test_repeated_kernel_is_one_function(void **state) {
-    tb_tensor *a = input(TB_F32, 2, 512, 512), *b = input(TB_F32, 2, 512, 512);
+    tb_tensor *a = plan_input(TB_F32, 2, 512, 512, 0), *b = plan_input(TB_F32, 2, 512, 512, 0);
     tb_tensor *ea = tb_exp(a), *eb = tb_exp(b), *y[2];
     int dev;
     (void)state;
@@ -145,7 +125,7 @@ static void test_repeated_kernel_is_one_function(void **state) {
 /* The packed matmul's inner loop is fused products of a broadcast of A and a vector of B
    (TB_VMAD: fused where the device has FMA); the GPU's tiles are scalar. */
 static void test_packed_matmul_fused_products(void **state) {
-    tb_tensor *a = input(TB_F32, 2, 512, 512), *b = input(TB_F32, 2, 512, 512);
+    tb_tensor *a = plan_input(TB_F32, 2, 512, 512, 0), *b = plan_input(TB_F32, 2, 512, 512, 0);
     tb_tensor *y = tb_matmul(a, b);
     char *text;
     (void)state;
@@ -167,7 +147,7 @@ static void test_packed_matmul_fused_products(void **state) {
    image's H x W run in order, with no division per element; a sum over the trailing axes reads
    rows; a sum over N alone (a strided run) keeps the flat loop. */
 static void test_reduction_loops(void **state) {
-    tb_tensor *x = input(TB_F32, 2, 64 * 16, 28 * 28), *x4, *per_channel, *rows, *over_n;
+    tb_tensor *x = plan_input(TB_F32, 2, 64 * 16, 28 * 28, 0), *x4, *per_channel, *rows, *over_n;
     int64_t dims[4] = {64, 16, 28, 28};
     int32_t nhw[3] = {0, 2, 3}, hw[2] = {2, 3}, n0 = 0;
     int dev;
@@ -181,8 +161,8 @@ static void test_reduction_loops(void **state) {
         if (dev == DEV_GPU) {
             assert_null(strstr(text, "const long jm = js + "));
         } else {
-            expect_text(text, "const long jm = js + ", g_dev_names[dev]);
-            expect_text(text, " < re; i", g_dev_names[dev]);
+            expect_text(text, "const long jm = js + ", plan_dev_names[dev]);
+            expect_text(text, " < re; i", plan_dev_names[dev]);
             assert_null(strstr(text, " / 28L"));
         }
         free(text);
@@ -220,7 +200,7 @@ static void test_every_math_op_renders(void **state) {
     (void)state;
     for (o = 0; o < sizeof g_math / sizeof g_math[0]; o++) {
         for (d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
-            tb_tensor *x = input(dtypes[d], 2, 8, 24), *y = g_math[o].fn(x), *roots[2];
+            tb_tensor *x = plan_input(dtypes[d], 2, 8, 24, 0), *y = g_math[o].fn(x), *roots[2];
             tb_tensor *g = NULL;
             assert_non_null(y);
             roots[0] = y;
@@ -233,7 +213,7 @@ static void test_every_math_op_renders(void **state) {
                 char *text = program(devs[v], roots, 2, NULL);
                 if (strchr(text, '$') != NULL)
                     fail_msg("%s in %s on %s: a template was left unfilled near \"%.60s\"",
-                             g_math[o].name, tb_dtype_name(dtypes[d]), g_dev_names[devs[v]],
+                             g_math[o].name, tb_dtype_name(dtypes[d]), plan_dev_names[devs[v]],
                              strchr(text, '$'));
                 free(text);
             }
@@ -249,7 +229,7 @@ static void test_every_math_op_renders(void **state) {
 /* A graph that can fail at run time (an index out of range) needs a dialect that can claim
    the error report; one without is an internal error, not a program that hides the failure. */
 static void test_error_report_needs_the_dialect(void **state) {
-    tb_tensor *x = input(TB_F32, 2, 5, 3), *idx = input(TB_I64, 1, 4, 0);
+    tb_tensor *x = plan_input(TB_F32, 2, 5, 3, 0), *idx = plan_input(TB_I64, 1, 4, 0, 0);
     tb_tensor *y = tb_index_select(x, 0, idx);
     plan_target t;
     tb__plan *p = NULL;
@@ -303,7 +283,7 @@ static void render_out_of_memory(int dev, tb_tensor *const *roots, size_t n, con
             break;
         }
         if (st != TB_ERR_OUT_OF_MEMORY)
-            fail_msg("%s: allocation %ld failed: status %d", g_dev_names[dev], at, (int)st);
+            fail_msg("%s: allocation %ld failed: status %d", plan_dev_names[dev], at, (int)st);
         assert_null(out);
         tb_clear_error();
     }
@@ -317,14 +297,14 @@ static void render_out_of_memory(int dev, tb_tensor *const *roots, size_t n, con
    Then the same with every allocation failing in turn. */
 static void test_repeatable_and_out_of_memory(void **state) {
     static const int devs[] = {DEV_AVX512, DEV_GPU, DEV_C99};
-    tb_tensor *x = input(TB_F32, 2, 64, 96), *w = input(TB_F32, 2, 96, 96);
-    tb_tensor *bias = input(TB_F32, 1, 96, 0), *big = input(TB_F32, 2, 512, 512);
-    tb_tensor *idx = input(TB_I64, 1, 7, 0), *in[40], *keep[8], *roots[3][2];
+    tb_tensor *x = plan_input(TB_F32, 2, 64, 96, 0), *w = plan_input(TB_F32, 2, 96, 96, 0);
+    tb_tensor *bias = plan_input(TB_F32, 1, 96, 0, 0), *big = plan_input(TB_F32, 2, 512, 512, 0);
+    tb_tensor *idx = plan_input(TB_I64, 1, 7, 0, 0), *in[40], *keep[8], *roots[3][2];
     size_t counts[3] = {1, 2, 2}, c, v, i, nk = 0;
     int32_t axis0 = 0;
     (void)state;
     for (i = 0; i < 40; i++)
-        in[i] = input(TB_F32, 2, 16, 3);
+        in[i] = plan_input(TB_F32, 2, 16, 3, 0);
     keep[nk++] = tb_matmul(x, w);
     keep[nk++] = tb_add(keep[0], bias);
     keep[nk++] = tb_gelu(keep[1]);

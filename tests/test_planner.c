@@ -23,36 +23,14 @@
 /* ---- helpers ---- */
 
 static const int g_cpus[] = {DEV_AVX512, DEV_AVX2, DEV_SSE};
-static const char *const g_dev_names[] = {"AVX-512", "AVX2", "SSE", "GPU", "C99 host"};
-
-/* A host tensor of `rank` dims on the cpu device, values i * 0.001. */
-static tb_tensor *input(tb_dtype dtype, int32_t rank, int64_t d0, int64_t d1, int64_t d2) {
-    int64_t dims[3];
-    tb_shape s;
-    int64_t n = 0, i;
-    void *buf;
-    tb_tensor *t;
-    dims[0] = d0;
-    dims[1] = d1;
-    dims[2] = d2;
-    assert_int_equal(tb_shape_make(&s, dtype, rank, dims), TB_OK);
-    assert_int_equal(tb_shape_numel(&s, &n), TB_OK);
-    buf = calloc((size_t)n, 8);
-    assert_non_null(buf);
-    for (i = 0; i < n && dtype == TB_F32; i++)
-        ((float *)buf)[i] = (float)i * 0.001f;
-    t = tb_tensor_from_host(buf, &s, NULL);
-    free(buf);
-    assert_non_null(t);
-    return t;
-}
 
 /* the plan of one root for `dev` */
 static tb__plan *plan1(int dev, tb_tensor *root) {
     plan_target t;
     tb__plan *p = NULL;
     plan_target_of(&t, dev);
-    if (plan_of(&t, &root, 1, &p) != TB_OK) fail_msg("%s: %s", g_dev_names[dev], tb_last_error());
+    if (plan_of(&t, &root, 1, &p) != TB_OK)
+        fail_msg("%s: %s", plan_dev_names[dev], tb_last_error());
     return p;
 }
 
@@ -76,7 +54,7 @@ static const tb__plan_kernel *kernel_of_kind(const tb__plan *p, int32_t kind) {
 /* An elementwise chain is one kernel; on a CPU its rows go in vectors of the class's width
    (f32 lanes: 16, 8, 4), on a GPU a work item per element. Every computed node maps to it. */
 static void test_elementwise_chain_is_one_kernel(void **state) {
-    tb_tensor *x = input(TB_F32, 2, 64, 48, 0);
+    tb_tensor *x = plan_input(TB_F32, 2, 64, 48, 0);
     tb_tensor *a = tb_mul_scalar(x, 2.0), *b = tb_add_scalar(a, 1.0), *y = tb_exp(b);
     int dev;
     (void)state;
@@ -114,7 +92,7 @@ static void test_elementwise_chain_is_one_kernel(void **state) {
 /* A sum over rows with an exp before it and a scale after it is one reduction kernel: on a
    CPU a work item per row (independent accumulators), on a GPU a work-group per row. */
 static void test_reduction_takes_prologue_and_epilogue(void **state) {
-    tb_tensor *x = input(TB_F32, 2, 64, 48, 0);
+    tb_tensor *x = plan_input(TB_F32, 2, 64, 48, 0);
     int32_t axis = 1;
     tb_tensor *e = tb_exp(x), *s = tb_sum(e, &axis, 1, false), *y = tb_mul_scalar(s, 2.0);
     int dev;
@@ -143,7 +121,7 @@ static void test_reduction_takes_prologue_and_epilogue(void **state) {
 /* A sum of millions of elements into one is split: a stage of partial sums over chunks, and a
    final stage over them, both with the same chunk count, the final one reading the partials. */
 static void test_large_reduction_is_split(void **state) {
-    tb_tensor *x = input(TB_F32, 1, (int64_t)1 << 22, 0, 0);
+    tb_tensor *x = plan_input(TB_F32, 1, (int64_t)1 << 22, 0, 0);
     int32_t axis = 0;
     tb_tensor *y = tb_sum(x, &axis, 1, false);
     int dev;
@@ -170,8 +148,8 @@ static void test_large_reduction_is_split(void **state) {
    register block fits the class's registers: rm rows of rn / lanes accumulators, rn / lanes
    vectors of B and a broadcast of A. A GPU multiplies in tiles of work-group memory. */
 static void test_matmul_forms(void **state) {
-    tb_tensor *a = input(TB_F32, 2, 64, 48, 0), *w = input(TB_F32, 2, 48, 32, 0);
-    tb_tensor *big = input(TB_F32, 2, 512, 512, 0), *big2 = input(TB_F32, 2, 512, 512, 0);
+    tb_tensor *a = plan_input(TB_F32, 2, 64, 48, 0), *w = plan_input(TB_F32, 2, 48, 32, 0);
+    tb_tensor *big = plan_input(TB_F32, 2, 512, 512, 0), *big2 = plan_input(TB_F32, 2, 512, 512, 0);
     tb_tensor *mm = tb_matmul(a, w), *small = tb_relu(mm), *large = tb_matmul(big, big2);
     size_t c;
     (void)state;
@@ -194,7 +172,7 @@ static void test_matmul_forms(void **state) {
             vectors = k->rm * (k->rn / lanes) + k->rn / lanes + 1;
             if (vectors > (int32_t)f.vector_registers)
                 fail_msg("%s: a %d x %d block needs %d vector registers, the class has %u",
-                         g_dev_names[dev], (int)k->rm, (int)k->rn, (int)vectors,
+                         plan_dev_names[dev], (int)k->rm, (int)k->rn, (int)vectors,
                          (unsigned)f.vector_registers);
             /* and uses most of them: a block half the registers leaves speed behind */
             assert_true(2 * vectors > (int32_t)f.vector_registers);
@@ -219,7 +197,7 @@ static void test_matmul_forms(void **state) {
 
 /* The tuning decides: with mm_pack_min_work above the matmul's work it is not packed. */
 static void test_tuning_decides_packing(void **state) {
-    tb_tensor *a = input(TB_F32, 2, 512, 512, 0), *b = input(TB_F32, 2, 512, 512, 0);
+    tb_tensor *a = plan_input(TB_F32, 2, 512, 512, 0), *b = plan_input(TB_F32, 2, 512, 512, 0);
     tb_tensor *y = tb_matmul(a, b);
     plan_target t;
     tb__plan *p = NULL;
@@ -240,7 +218,7 @@ static void test_tuning_decides_packing(void **state) {
 /* A chain longer than one kernel's code budget is cut into several kernels, more for a smaller
    budget; the last computes the result. */
 static void test_long_chain_cut_to_budget(void **state) {
-    tb_tensor *x = input(TB_F32, 2, 16, 16, 0), *y = tb_tensor_retain(x);
+    tb_tensor *x = plan_input(TB_F32, 2, 16, 16, 0), *y = tb_tensor_retain(x);
     size_t budgets[3] = {0, 64, 16}, prev = 0;
     int i;
     (void)state;
@@ -276,7 +254,7 @@ static void test_kernels_fit_the_arguments(void **state) {
     size_t i;
     (void)state;
     for (i = 0; i < 24; i++)
-        in[i] = input(TB_F32, 1, 32, 0, 0);
+        in[i] = plan_input(TB_F32, 1, 32, 0, 0);
     y = tb_tensor_retain(in[0]);
     for (i = 1; i < 24; i++) {
         tb_tensor *n = tb_add(y, in[i]);
@@ -312,7 +290,7 @@ static void test_concat_of_many_inputs(void **state) {
     int32_t covered = 0;
     (void)state;
     for (i = 0; i < 300; i++)
-        in[i] = input(TB_F32, 2, 4, 3, 0);
+        in[i] = plan_input(TB_F32, 2, 4, 3, 0);
     y = tb_concat(in, 300, 1);
     p = plan1(DEV_AVX512, y);
     assert_true(count_kind(p, TB__K_CONCAT) >= 3);
@@ -332,7 +310,7 @@ static void test_concat_of_many_inputs(void **state) {
 /* An index_select can read out of range: the plan holds an error site for it (the op, the dim
    and its size), which the node's error code names; a graph without one has none. */
 static void test_error_sites(void **state) {
-    tb_tensor *x = input(TB_F32, 2, 5, 3, 0), *idx = input(TB_I64, 1, 4, 0, 0);
+    tb_tensor *x = plan_input(TB_F32, 2, 5, 3, 0), *idx = plan_input(TB_I64, 1, 4, 0, 0);
     tb_tensor *y = tb_index_select(x, 0, idx), *z = tb_exp(x);
     tb__plan *p = plan1(DEV_AVX512, y);
     size_t i;
@@ -357,7 +335,7 @@ static void test_error_sites(void **state) {
 /* ---- the same plan every time ---- */
 
 static void test_plans_are_repeatable(void **state) {
-    tb_tensor *x = input(TB_F32, 2, 64, 48, 0), *w = input(TB_F32, 2, 48, 48, 0);
+    tb_tensor *x = plan_input(TB_F32, 2, 64, 48, 0), *w = plan_input(TB_F32, 2, 48, 48, 0);
     tb_tensor *h = tb_matmul(x, w), *g = tb_gelu(h), *y = tb_softmax(g, 1);
     int dev;
     (void)state;
@@ -388,7 +366,7 @@ static void test_plans_are_repeatable(void **state) {
    TB_ERR_OUT_OF_MEMORY with no plan (the sanitizers' leak check holds the rest), or, where it
    can do without what it asked for, the plan made before. */
 static void test_allocation_failures(void **state) {
-    tb_tensor *x = input(TB_F32, 2, 64, 48, 0), *w = input(TB_F32, 2, 48, 512, 0);
+    tb_tensor *x = plan_input(TB_F32, 2, 64, 48, 0), *w = plan_input(TB_F32, 2, 48, 512, 0);
     tb_tensor *in[40], *parts[3], *y;
     int32_t axis = 1;
     tb__plan *p = NULL;
@@ -397,7 +375,7 @@ static void test_allocation_failures(void **state) {
     long at;
     (void)state;
     for (i = 0; i < 40; i++)
-        in[i] = input(TB_F32, 2, 64, 2, 0);
+        in[i] = plan_input(TB_F32, 2, 64, 2, 0);
     parts[0] = tb_matmul(x, w);
     parts[1] = tb_concat(in, 40, 1);
     parts[2] = tb_softmax(parts[0], 1);
