@@ -29371,10 +29371,37 @@ static void tb__kit_impl(const tb_kit_runtime *R, tb_backend_impl *impl);
 static tb_kit_buffer *tb__kit_data_buffer(const tb_kit_runtime *R, void *dev,
                                           tb_backend_data *data);
 
-/* A runtime just loaded with `status` (TB_OK, or why it cannot be used: `reason`): false (the
-   error set) when memory ran out, so that nothing is kept and the next use tries again; true
-   otherwise, the reason logged where the backend is unavailable. */
-static bool tb__kit_loaded(tb_status status, const char *reason);
+/* What a runtime keeps for the whole process, the first member of its own struct: counted
+   (atomically) by the backend and by each buffer, computation and device alive, marked exited
+   once tb_shutdown has retired it (nothing is cached after that), and why it cannot be used
+   (status != TB_OK: a runtime that cannot be used is kept, with no devices, so that the cause
+   is said once). `destroy` frees the whole runtime when the last reference goes. */
+typedef struct tb__kit_proc {
+    int32_t refcount;
+    bool exited;
+    tb_status status;
+    char reason[512];
+    void (*destroy)(struct tb__kit_proc *p);
+} tb__kit_proc;
+
+/* A new runtime's memory, `size` bytes zeroed with its tb__kit_proc first (status TB_OK, one
+   reference: the backend's, and `destroy`); NULL when memory ran out. */
+static void *tb__kit_proc_new(size_t size, void (*destroy)(tb__kit_proc *p));
+static void tb__kit_proc_ref(tb__kit_proc *p);
+static void tb__kit_proc_unref(tb__kit_proc *p); /* NULL: nothing */
+/* A runtime just made (its state p, status and reason filled) becomes *current, the process's;
+   where making it ran out of memory it is destroyed instead and NULL returned with the error
+   set, so that the next use tries again. A runtime that cannot be used logs why. Call with the
+   runtime's mutex held. */
+static tb__kit_proc *tb__kit_proc_keep(tb__kit_proc **current, tb__kit_proc *p);
+/* Whether the runtime p (NULL: it could not be made, the error is set) can be used; the error
+   set with its reason where it cannot. */
+static bool tb__kit_proc_usable(const tb__kit_proc *p);
+/* tb_shutdown's part of a runtime: under `mutex`, the current one (if any) has its caches
+   emptied by `trim`, is marked exited, stops being current and loses the backend's reference
+   (its buffers and computations still alive keep it). */
+static void tb__kit_proc_retire(tb__mutex *mutex, tb__kit_proc **current,
+                                void (*trim)(tb__kit_proc *p));
 
 /* A program in a runtime's in-memory cache (a list, newest first), confirmed by its source: a
    runtime's own program type starts with one. */
@@ -30366,13 +30393,55 @@ static void tb__kit_impl(const tb_kit_runtime *R, tb_backend_impl *impl) {
 
 /* ---- what the runtimes share beneath the table ---- */
 
-static bool tb__kit_loaded(tb_status status, const char *reason) {
-    if (status == TB_ERR_OUT_OF_MEMORY) {
-        tb__error(status, "%s", reason);
+static void *tb__kit_proc_new(size_t size, void (*destroy)(tb__kit_proc *p)) {
+    tb__kit_proc *p = (tb__kit_proc *)tb__calloc(1, size);
+    if (p == NULL) return NULL;
+    p->refcount = 1;
+    p->status = TB_OK;
+    p->destroy = destroy;
+    return p;
+}
+
+static void tb__kit_proc_ref(tb__kit_proc *p) {
+    (void)TB__ATOMIC_ADD(&p->refcount, 1);
+}
+
+static void tb__kit_proc_unref(tb__kit_proc *p) {
+    if (p != NULL && TB__ATOMIC_ADD(&p->refcount, -1) == 0) p->destroy(p);
+}
+
+static tb__kit_proc *tb__kit_proc_keep(tb__kit_proc **current, tb__kit_proc *p) {
+    if (p->status == TB_ERR_OUT_OF_MEMORY) {
+        tb__error(p->status, "%s", p->reason);
+        p->destroy(p);
+        return NULL;
+    }
+    if (p->status != TB_OK) tb_log_message(TB_LOG_INFO, "%s", p->reason);
+    *current = p;
+    return p;
+}
+
+static bool tb__kit_proc_usable(const tb__kit_proc *p) {
+    if (p == NULL) return false;
+    if (p->status != TB_OK) {
+        tb__error(p->status, "%s", p->reason);
         return false;
     }
-    if (status != TB_OK) tb_log_message(TB_LOG_INFO, "%s", reason);
     return true;
+}
+
+static void tb__kit_proc_retire(tb__mutex *mutex, tb__kit_proc **current,
+                                void (*trim)(tb__kit_proc *p)) {
+    tb__kit_proc *p;
+    tb__mutex_lock(mutex);
+    p = *current;
+    if (p != NULL) {
+        trim(p);
+        p->exited = true;
+        *current = NULL;
+        tb__kit_proc_unref(p);
+    }
+    tb__mutex_unlock(mutex);
 }
 
 /* ---- the runtimes' program caches ---- */
@@ -30776,22 +30845,19 @@ typedef struct tb__ocl_device {
 } tb__ocl_device;
 
 typedef struct tb__ocl_runtime {
-    int32_t refcount; /* atomic: the backend's, plus one per buffer, computation and device in
-                         use */
-    bool exited;      /* prepare_to_exit ran: nothing is cached any more */
+    tb__kit_proc proc; /* first: its count is the backend's, plus one per buffer, computation and
+                          device in use */
     tb__cl_api api;
     tb__ocl_device *devices;
     size_t num_devices;
     int32_t default_ordinal;
-    tb_status status; /* TB_OK, or why the backend cannot be used */
-    char reason[512];
     int32_t cache_dir_reported; /* atomic: why the cache folder is not used was said */
 } tb__ocl_runtime;
 
 /* Guards tb__ocl_current, the runtime's creation and its default device, and the creation of
    each device's context and queue. Taken before a device's lock, never after. */
 static tb__mutex tb__ocl_mutex = TB__MUTEX_INIT;
-static tb__ocl_runtime *tb__ocl_current;
+static tb__kit_proc *tb__ocl_current; /* a tb__ocl_runtime */
 
 /* the runtime (loaded on first use); call with tb__ocl_mutex held */
 static tb__ocl_runtime *tb__ocl_runtime_get(void);
@@ -31104,7 +31170,8 @@ static bool tb__ocl_load_library(tb__cl_api *api, char *reason, size_t cap) {
 
 /* Frees the runtime when its last reference goes: every computation (and so every program
    but the cache's, which prepare_to_exit dropped) and every buffer is gone by then. */
-static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
+static void tb__ocl_runtime_destroy(tb__kit_proc *p) {
+    tb__ocl_runtime *rt = (tb__ocl_runtime *)p;
     size_t i;
     for (i = 0; i < rt->num_devices; i++) {
         tb__ocl_device *dev = &rt->devices[i];
@@ -31118,18 +31185,18 @@ static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
 }
 
 static void tb__ocl_runtime_unref(tb__ocl_runtime *rt) {
-    if (rt != NULL && TB__ATOMIC_ADD(&rt->refcount, -1) == 0) tb__ocl_runtime_destroy(rt);
+    if (rt != NULL) tb__kit_proc_unref(&rt->proc);
 }
 
 static void tb__ocl_unavailable(tb__ocl_runtime *rt, tb_status status, const char *fmt, ...)
     TB_PRINTF_LIKE(3, 4);
 static void tb__ocl_unavailable(tb__ocl_runtime *rt, tb_status status, const char *fmt, ...) {
     va_list ap;
-    if (rt->status == TB_ERR_OUT_OF_MEMORY) return; /* the load is retried: keep that cause */
+    if (rt->proc.status == TB_ERR_OUT_OF_MEMORY) return; /* the load is retried: keep that cause */
     va_start(ap, fmt);
-    vsnprintf(rt->reason, sizeof rt->reason, fmt, ap);
+    vsnprintf(rt->proc.reason, sizeof rt->proc.reason, fmt, ap);
     va_end(ap);
-    rt->status = status;
+    rt->proc.status = status;
 }
 
 /* A query of the load that failed for want of host memory or resources: the load fails as out
@@ -31409,23 +31476,16 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
    memory ran out: nothing is kept, and the next call tries again. An unusable runtime has
    status != TB_OK and no devices. */
 static tb__ocl_runtime *tb__ocl_runtime_get(void) {
-    tb__ocl_runtime *rt = tb__ocl_current;
+    tb__ocl_runtime *rt = (tb__ocl_runtime *)tb__ocl_current;
     if (rt != NULL) return rt;
-    rt = (tb__ocl_runtime *)tb__calloc(1, sizeof *rt);
+    rt = (tb__ocl_runtime *)tb__kit_proc_new(sizeof *rt, tb__ocl_runtime_destroy);
     if (rt == NULL) return NULL;
-    rt->refcount = 1;
-    rt->status = TB_OK;
-    if (tb__ocl_load_library(&rt->api, rt->reason, sizeof rt->reason)) {
+    if (tb__ocl_load_library(&rt->api, rt->proc.reason, sizeof rt->proc.reason)) {
         tb__ocl_enumerate(rt);
     } else {
-        rt->status = TB_ERR_UNAVAILABLE;
+        rt->proc.status = TB_ERR_UNAVAILABLE;
     }
-    if (!tb__kit_loaded(rt->status, rt->reason)) {
-        tb__ocl_runtime_destroy(rt);
-        return NULL;
-    }
-    tb__ocl_current = rt;
-    return rt;
+    return (tb__ocl_runtime *)tb__kit_proc_keep(&tb__ocl_current, &rt->proc);
 }
 
 /* The device of an ordinal, with its context and queue created. Call with the mutex held. */
@@ -31433,11 +31493,7 @@ static tb__ocl_device *tb__ocl_device_get(int32_t ordinal, const char *func) {
     tb__ocl_runtime *rt = tb__ocl_runtime_get();
     tb__ocl_device *dev;
     tb__cl_int err = TB__CL_SUCCESS;
-    if (rt == NULL) return NULL;
-    if (rt->status != TB_OK) {
-        tb__error(rt->status, "%s", rt->reason);
-        return NULL;
-    }
+    if (!tb__kit_proc_usable(rt != NULL ? &rt->proc : NULL)) return NULL;
     if (ordinal < 0 || (size_t)ordinal >= rt->num_devices) {
         tb__error(TB_ERR_NOT_FOUND, "%s: no device opencl:%d (%zu device%s)", func, (int)ordinal,
                   rt->num_devices, rt->num_devices == 1 ? "" : "s");
@@ -31472,7 +31528,7 @@ static tb__ocl_device *tb__ocl_device_get(int32_t ordinal, const char *func) {
 }
 
 static void tb__ocl_runtime_ref(tb__ocl_runtime *rt) {
-    (void)TB__ATOMIC_ADD(&rt->refcount, 1);
+    tb__kit_proc_ref(&rt->proc);
 }
 
 /* The device of an ordinal, locked for the caller, with a reference on its runtime: every use
@@ -31503,7 +31559,7 @@ static void tb__ocl_device_release(tb__ocl_device *dev) {
 /* ---- the caching allocator ---- */
 
 static void tb__ocl_metric(tb__ocl_device *dev, const char *name, int64_t delta) {
-    if (!dev->rt->exited) tb__metric_count(name, delta);
+    if (!dev->rt->proc.exited) tb__metric_count(name, delta);
 }
 
 static void tb__ocl_buffer_destroy(tb__ocl_buffer *buf) {
@@ -31590,7 +31646,7 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
     buf->k.size = size;
     buf->k.cap = cap;
     buf->k.gen = tb__next_generation();
-    (void)TB__ATOMIC_ADD(&rt->refcount, 1);
+    tb__kit_proc_ref(&rt->proc);
     dev->buffers_created++;
     dev->stats.bytes_in_use += cap;
     if (dev->stats.bytes_in_use > dev->stats.peak_bytes)
@@ -31613,7 +31669,7 @@ static void tb__ocl_buffer_free(tb__ocl_buffer *buf) {
     }
     dev->stats.bytes_in_use -= buf->k.cap;
     tb__ocl_metric(dev, "OpenCL::BytesInUse", -(int64_t)buf->k.cap);
-    if (dev->rt->exited || (uint64_t)buf->k.cap > dev->stats.cache_limit ||
+    if (dev->rt->proc.exited || (uint64_t)buf->k.cap > dev->stats.cache_limit ||
         tb__grow((void **)&dev->cache, &dev->cache_cap, dev->cache_count + 1, sizeof *dev->cache) !=
             TB_OK) {
         tb__ocl_buffer_destroy(buf);
@@ -31994,12 +32050,12 @@ static size_t tb__ocl_devices(tb_device *out, size_t cap, char *why, size_t why_
     size_t i, n = 0;
     tb__mutex_lock(&tb__ocl_mutex);
     rt = tb__ocl_runtime_get();
-    if (rt != NULL && rt->status == TB_OK) {
+    if (rt != NULL && rt->proc.status == TB_OK) {
         n = rt->num_devices;
         for (i = 0; i < n && i < cap; i++)
             out[i] = rt->devices[i].info.device;
     } else if (why_cap > 0) {
-        snprintf(why, why_cap, "%s", rt != NULL ? rt->reason : "out of memory");
+        snprintf(why, why_cap, "%s", rt != NULL ? rt->proc.reason : "out of memory");
     }
     tb__mutex_unlock(&tb__ocl_mutex);
     return n;
@@ -32013,8 +32069,8 @@ static tb_status tb__ocl_get_backend_device(void *user_data, int32_t ordinal, tb
     rt = tb__ocl_runtime_get();
     if (rt == NULL) {
         st = TB_ERR_OUT_OF_MEMORY;
-    } else if (rt->status != TB_OK) {
-        st = tb__error(rt->status, "%s", rt->reason);
+    } else if (rt->proc.status != TB_OK) {
+        st = tb__error(rt->proc.status, "%s", rt->proc.reason);
     } else if (ordinal < 0 || (size_t)ordinal >= rt->num_devices) {
         st = tb__error(TB_ERR_NOT_FOUND, "opencl: no device with ordinal %d (%zu device%s)",
                        (int)ordinal, rt->num_devices, rt->num_devices == 1 ? "" : "s");
@@ -32031,7 +32087,8 @@ static tb_device_type tb__ocl_get_default_device_type(void *user_data) {
     (void)user_data;
     tb__mutex_lock(&tb__ocl_mutex);
     rt = tb__ocl_runtime_get();
-    if (rt != NULL && rt->status == TB_OK) type = rt->devices[rt->default_ordinal].info.device.type;
+    if (rt != NULL && rt->proc.status == TB_OK)
+        type = rt->devices[rt->default_ordinal].info.device.type;
     tb__mutex_unlock(&tb__ocl_mutex);
     return type;
 }
@@ -32042,7 +32099,7 @@ static int32_t tb__ocl_get_default_device_ordinal(void *user_data) {
     (void)user_data;
     tb__mutex_lock(&tb__ocl_mutex);
     rt = tb__ocl_runtime_get();
-    if (rt != NULL && rt->status == TB_OK) ordinal = rt->default_ordinal;
+    if (rt != NULL && rt->proc.status == TB_OK) ordinal = rt->default_ordinal;
     tb__mutex_unlock(&tb__ocl_mutex);
     return ordinal;
 }
@@ -32057,8 +32114,8 @@ static tb_status tb__ocl_set_default_device_type(void *user_data, tb_device_type
     rt = tb__ocl_runtime_get();
     if (rt == NULL) {
         st = TB_ERR_OUT_OF_MEMORY;
-    } else if (rt->status != TB_OK) {
-        st = tb__error(rt->status, "%s", rt->reason);
+    } else if (rt->proc.status != TB_OK) {
+        st = tb__error(rt->proc.status, "%s", rt->proc.reason);
     } else {
         for (i = 0; i < rt->num_devices; i++)
             if (rt->devices[i].info.device.type == type) break;
@@ -32079,7 +32136,7 @@ static tb_status tb__ocl_set_default_device_ordinal(void *user_data, int32_t ord
     tb_status st = tb__ocl_get_backend_device(user_data, ordinal, &dev);
     if (st != TB_OK) return st;
     tb__mutex_lock(&tb__ocl_mutex);
-    tb__ocl_current->default_ordinal = ordinal;
+    ((tb__ocl_runtime *)tb__ocl_current)->default_ordinal = ordinal;
     tb__mutex_unlock(&tb__ocl_mutex);
     return TB_OK;
 }
@@ -32099,8 +32156,8 @@ static void *tb__ocl_open(int32_t ordinal, const char *func, bool bare) {
         dev = tb__ocl_device_get(ordinal, func);
     } else if ((rt = tb__ocl_runtime_get()) == NULL) {
         tb__error(TB_ERR_OUT_OF_MEMORY, "%s: out of memory", func);
-    } else if (rt->status != TB_OK) {
-        tb__error(rt->status, "%s", rt->reason);
+    } else if (rt->proc.status != TB_OK) {
+        tb__error(rt->proc.status, "%s", rt->proc.reason);
     } else if (ordinal < 0 || (size_t)ordinal >= rt->num_devices) {
         tb__error(TB_ERR_NOT_FOUND, "%s: no device with ordinal %d (%zu device%s)", func,
                   (int)ordinal, rt->num_devices, rt->num_devices == 1 ? "" : "s");
@@ -32117,7 +32174,7 @@ static void tb__ocl_close(void *dev) {
 }
 
 static bool tb__ocl_alive(void *dev) {
-    return !((tb__ocl_device *)dev)->rt->exited;
+    return !((tb__ocl_device *)dev)->rt->proc.exited;
 }
 
 static int32_t tb__ocl_ordinal(void *dev) {
@@ -32409,7 +32466,7 @@ static bool tb__ocl_supports(const tb_node *node) {
     tb_op op = node->op;
     tb__mutex_lock(&tb__ocl_mutex);
     rt = tb__ocl_runtime_get();
-    if (rt != NULL && rt->status == TB_OK && node->device.ordinal >= 0 &&
+    if (rt != NULL && rt->proc.status == TB_OK && node->device.ordinal >= 0 &&
         (size_t)node->device.ordinal < rt->num_devices) {
         fp64 = rt->devices[node->device.ordinal].info.supports_f64;
         known = true;
@@ -32430,25 +32487,23 @@ static bool tb__ocl_supports(const tb_node *node) {
     return true;
 }
 
-static void tb__ocl_shutdown(void) {
-    tb__ocl_runtime *rt;
+/* tb_shutdown's part: every device's caches emptied */
+static void tb__ocl_trim_all(tb__kit_proc *p) {
+    tb__ocl_runtime *rt = (tb__ocl_runtime *)p;
     size_t i;
-    tb__mutex_lock(&tb__ocl_mutex);
-    rt = tb__ocl_current;
-    if (rt != NULL) {
-        for (i = 0; i < rt->num_devices; i++) {
-            tb__mutex_lock(&rt->devices[i].lock);
-            tb__ocl_cache_trim(&rt->devices[i], 0);
-            tb__ocl_programs_trim(&rt->devices[i], 0);
-            tb__mutex_unlock(&rt->devices[i].lock);
-        }
-        rt->exited = true;
-        tb__ocl_current = NULL;
-        tb__ocl_runtime_unref(rt);
+    for (i = 0; i < rt->num_devices; i++) {
+        tb__mutex_lock(&rt->devices[i].lock);
+        tb__ocl_cache_trim(&rt->devices[i], 0);
+        tb__ocl_programs_trim(&rt->devices[i], 0);
+        tb__mutex_unlock(&rt->devices[i].lock);
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
 }
 
+static void tb__ocl_shutdown(void) {
+    tb__kit_proc_retire(&tb__ocl_mutex, &tb__ocl_current, tb__ocl_trim_all);
+}
+
+/* The runtime's table: programs built by the OpenCL driver, run on its devices' queues. */
 static const tb_kit_runtime tb__ocl_runtime_table = {
     "opencl",
     "OpenCL",
@@ -32525,8 +32580,8 @@ TBDEF tb_status tb_opencl_available(void) {
     rt = tb__ocl_runtime_get();
     if (rt == NULL) {
         st = tb__error(TB_ERR_OUT_OF_MEMORY, "tb_opencl_available: out of memory");
-    } else if (rt->status != TB_OK) {
-        st = tb__error(rt->status, "%s", rt->reason);
+    } else if (rt->proc.status != TB_OK) {
+        st = tb__error(rt->proc.status, "%s", rt->proc.reason);
     }
     tb__mutex_unlock(&tb__ocl_mutex);
     return st;
@@ -32601,8 +32656,8 @@ TBDEF tb_status tb_opencl_trim_cache(const tb_device *device) {
     rt = tb__ocl_runtime_get();
     if (rt == NULL) {
         st = TB_ERR_OUT_OF_MEMORY;
-    } else if (rt->status != TB_OK) {
-        st = tb__error(rt->status, "%s", rt->reason);
+    } else if (rt->proc.status != TB_OK) {
+        st = tb__error(rt->proc.status, "%s", rt->proc.reason);
     } else if (device != NULL && (ordinal < 0 || (size_t)ordinal >= rt->num_devices)) {
         st = tb__error(TB_ERR_NOT_FOUND, "tb_opencl_trim_cache: no device opencl:%d (%zu device%s)",
                        (int)ordinal, rt->num_devices, rt->num_devices == 1 ? "" : "s");
@@ -32684,10 +32739,8 @@ typedef struct tb__native_prog {
 } tb__native_prog;
 
 typedef struct tb__native_rt {
-    int32_t refcount; /* the backend's reference, plus one per buffer and computation alive */
-    bool exited;
-    tb_status status; /* TB_OK, or why the backend cannot be used */
-    char reason[512];
+    tb__kit_proc proc; /* first: its count is the backend's reference, plus one per buffer and
+                          computation alive */
     tb_device_info info;
     /* the compiler: its command words ($CC split at blanks, every word kept), the path of the
        first, its options (as one text for the cache key, and as words), its identity (the
@@ -32717,7 +32770,7 @@ typedef struct tb__native_rt {
 /* Guards the runtime, its allocator and its program cache (never held while the compiler
    runs), and serialises runs (one job in the pool at a time): the device's lock. */
 static tb__mutex tb__native_mutex = TB__MUTEX_INIT;
-static tb__native_rt *tb__native_current;
+static tb__kit_proc *tb__native_current; /* a tb__native_rt */
 
 #define TB__NATIVE_MAX_PROGRAMS 256
 
@@ -32971,7 +33024,8 @@ static void tb__native_prog_free(tb__native_prog *prog) {
     tb__free(prog);
 }
 
-static void tb__native_rt_destroy(tb__native_rt *rt) {
+static void tb__native_rt_destroy(tb__kit_proc *p) {
+    tb__native_rt *rt = (tb__native_rt *)p;
     tb__kit_prog *prog, *next;
     size_t i;
     tb__native_pool_free(rt->pool);
@@ -32994,7 +33048,7 @@ static void tb__native_rt_destroy(tb__native_rt *rt) {
 }
 
 static void tb__native_rt_unref(tb__native_rt *rt) {
-    if (rt != NULL && --rt->refcount == 0) tb__native_rt_destroy(rt);
+    if (rt != NULL) tb__kit_proc_unref(&rt->proc);
 }
 
 /* Whether `name` is an executable file, found on $PATH when it has no slash; its path in
@@ -33151,8 +33205,9 @@ static void tb__native_probe(tb__native_rt *rt) {
     if (rt->stats.cache_limit < ((uint64_t)64 << 20)) rt->stats.cache_limit = (uint64_t)64 << 20;
     rt->timeout_s = tb__native_env_timeout();
     if (sizeof(long) != 8) {
-        rt->status = TB_ERR_UNAVAILABLE;
-        snprintf(rt->reason, sizeof rt->reason, "native: needs a 64-bit long (an LP64 system)");
+        rt->proc.status = TB_ERR_UNAVAILABLE;
+        snprintf(rt->proc.reason, sizeof rt->proc.reason,
+                 "native: needs a 64-bit long (an LP64 system)");
         return;
     }
     rt->cc_command = tb__strdup(cc != NULL ? cc : "cc");
@@ -33165,14 +33220,14 @@ static void tb__native_probe(tb__native_rt *rt) {
         rt->options_text == NULL ||
         !tb__native_split_words(rt->cc_text, &rt->cc_argv, &rt->cc_argc) ||
         !tb__native_split_words(rt->options_text, &rt->opt_argv, &rt->opt_argc)) {
-        rt->status = TB_ERR_OUT_OF_MEMORY;
-        snprintf(rt->reason, sizeof rt->reason, "native: out of memory");
+        rt->proc.status = TB_ERR_OUT_OF_MEMORY;
+        snprintf(rt->proc.reason, sizeof rt->proc.reason, "native: out of memory");
         return;
     }
     if (rt->cc_argc == 0 || !tb__native_find_program(rt->cc_argv[0], rt->cc_path) ||
         stat(rt->cc_path, &st) != 0) {
-        rt->status = TB_ERR_UNAVAILABLE;
-        snprintf(rt->reason, sizeof rt->reason,
+        rt->proc.status = TB_ERR_UNAVAILABLE;
+        snprintf(rt->proc.reason, sizeof rt->proc.reason,
                  "native: no C compiler: '%.200s' is not an executable on PATH (set CC)",
                  rt->cc_argc > 0 ? rt->cc_argv[0] : (cc != NULL ? cc : "cc"));
         return;
@@ -33186,35 +33241,25 @@ static void tb__native_probe(tb__native_rt *rt) {
 /* The runtime, made on first use. Call with tb__native_mutex held. NULL (the error set) when
    memory ran out: nothing is kept, and the next call tries again. */
 static tb__native_rt *tb__native_rt_get(void) {
-    tb__native_rt *rt = tb__native_current;
+    tb__native_rt *rt = (tb__native_rt *)tb__native_current;
     if (rt != NULL) return rt;
-    rt = (tb__native_rt *)tb__calloc(1, sizeof *rt);
+    rt = (tb__native_rt *)tb__kit_proc_new(sizeof *rt, tb__native_rt_destroy);
     if (rt == NULL) return NULL;
-    rt->refcount = 1;
     tb__native_probe(rt);
-    if (rt->status == TB_OK) {
+    if (rt->proc.status == TB_OK) {
         rt->pool = tb__native_pool_new(rt->info.compute_units > 1 ? rt->info.compute_units - 1 : 0);
         if (rt->pool == NULL) {
-            rt->status = TB_ERR_OUT_OF_MEMORY;
-            snprintf(rt->reason, sizeof rt->reason, "native: out of memory");
+            rt->proc.status = TB_ERR_OUT_OF_MEMORY;
+            snprintf(rt->proc.reason, sizeof rt->proc.reason, "native: out of memory");
         }
     }
-    if (!tb__kit_loaded(rt->status, rt->reason)) {
-        tb__native_rt_destroy(rt);
-        return NULL;
-    }
-    tb__native_current = rt;
-    return rt;
+    return (tb__native_rt *)tb__kit_proc_keep(&tb__native_current, &rt->proc);
 }
 
 /* The usable runtime for `ordinal`, or NULL with the error set. Call with the mutex held. */
 static tb__native_rt *tb__native_device(int32_t ordinal, const char *func) {
     tb__native_rt *rt = tb__native_rt_get();
-    if (rt == NULL) return NULL;
-    if (rt->status != TB_OK) {
-        tb__error(rt->status, "%s", rt->reason);
-        return NULL;
-    }
+    if (!tb__kit_proc_usable(rt != NULL ? &rt->proc : NULL)) return NULL;
     if (ordinal != 0) {
         tb__error(TB_ERR_NOT_FOUND, "%s: no device native:%d (1 device)", func, (int)ordinal);
         return NULL;
@@ -33274,7 +33319,7 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
     b->k.size = size;
     b->k.cap = cap;
     b->k.gen = tb__next_generation();
-    rt->refcount++;
+    tb__kit_proc_ref(&rt->proc);
     rt->stats.bytes_in_use += cap;
     if (rt->stats.bytes_in_use > rt->stats.peak_bytes)
         rt->stats.peak_bytes = rt->stats.bytes_in_use;
@@ -33286,7 +33331,7 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
 static void tb__native_buf_free(tb__native_rt *rt, tb__native_buf *b) {
     if (b == NULL) return;
     rt->stats.bytes_in_use -= b->k.cap;
-    if (rt->exited || b->k.cap > rt->stats.cache_limit ||
+    if (rt->proc.exited || b->k.cap > rt->stats.cache_limit ||
         tb__grow((void **)&rt->cache, &rt->cache_cap, rt->cache_count + 1, sizeof *rt->cache) !=
             TB_OK) {
         tb__native_buf_destroy(b);
@@ -34075,11 +34120,11 @@ static size_t tb__native_devices(tb_device *out, size_t cap, char *why, size_t w
     size_t n = 0;
     tb__mutex_lock(&tb__native_mutex);
     rt = tb__native_rt_get();
-    if (rt != NULL && rt->status == TB_OK) {
+    if (rt != NULL && rt->proc.status == TB_OK) {
         n = 1;
         if (cap > 0) out[0] = rt->info.device;
     } else if (why_cap > 0) {
-        snprintf(why, why_cap, "%s", rt != NULL ? rt->reason : "out of memory");
+        snprintf(why, why_cap, "%s", rt != NULL ? rt->proc.reason : "out of memory");
     }
     tb__mutex_unlock(&tb__native_mutex);
     return n;
@@ -34091,7 +34136,7 @@ static void *tb__native_open(int32_t ordinal, const char *func, bool bare) {
     (void)bare;
     tb__mutex_lock(&tb__native_mutex);
     rt = tb__native_device(ordinal, func);
-    if (rt != NULL) rt->refcount++;
+    if (rt != NULL) tb__kit_proc_ref(&rt->proc);
     tb__mutex_unlock(&tb__native_mutex);
     return rt;
 }
@@ -34103,7 +34148,7 @@ static void tb__native_close(void *dev) {
 }
 
 static bool tb__native_alive(void *dev) {
-    return !((tb__native_rt *)dev)->exited;
+    return !((tb__native_rt *)dev)->proc.exited;
 }
 
 static int32_t tb__native_ordinal(void *dev) {
@@ -34412,20 +34457,18 @@ static void tb__native_report(void *dev, char *buf, size_t cap) {
     snprintf(buf, cap, "  Native::Compiler: %s %s\n", rt->cc_command, rt->options);
 }
 
-static void tb__native_shutdown(void) {
-    tb__native_rt *rt;
-    tb__mutex_lock(&tb__native_mutex);
-    rt = tb__native_current;
-    if (rt != NULL) {
-        tb__native_cache_trim(rt, 0);
-        tb__native_progs_trim(rt, 0);
-        rt->exited = true;
-        tb__native_current = NULL;
-        tb__native_rt_unref(rt);
-    }
-    tb__mutex_unlock(&tb__native_mutex);
+/* tb_shutdown's part: the caches emptied */
+static void tb__native_trim_all(tb__kit_proc *p) {
+    tb__native_cache_trim((tb__native_rt *)p, 0);
+    tb__native_progs_trim((tb__native_rt *)p, 0);
 }
 
+static void tb__native_shutdown(void) {
+    tb__kit_proc_retire(&tb__native_mutex, &tb__native_current, tb__native_trim_all);
+}
+
+/* The runtime's table: programs compiled by the C compiler into shared objects, run on the
+   host's cores by the pool. */
 static const tb_kit_runtime tb__native_runtime = {
     "native",
     "Native",

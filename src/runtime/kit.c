@@ -963,13 +963,55 @@ static void tb__kit_impl(const tb_kit_runtime *R, tb_backend_impl *impl) {
 
 /* ---- what the runtimes share beneath the table ---- */
 
-static bool tb__kit_loaded(tb_status status, const char *reason) {
-    if (status == TB_ERR_OUT_OF_MEMORY) {
-        tb__error(status, "%s", reason);
+static void *tb__kit_proc_new(size_t size, void (*destroy)(tb__kit_proc *p)) {
+    tb__kit_proc *p = (tb__kit_proc *)tb__calloc(1, size);
+    if (p == NULL) return NULL;
+    p->refcount = 1;
+    p->status = TB_OK;
+    p->destroy = destroy;
+    return p;
+}
+
+static void tb__kit_proc_ref(tb__kit_proc *p) {
+    (void)TB__ATOMIC_ADD(&p->refcount, 1);
+}
+
+static void tb__kit_proc_unref(tb__kit_proc *p) {
+    if (p != NULL && TB__ATOMIC_ADD(&p->refcount, -1) == 0) p->destroy(p);
+}
+
+static tb__kit_proc *tb__kit_proc_keep(tb__kit_proc **current, tb__kit_proc *p) {
+    if (p->status == TB_ERR_OUT_OF_MEMORY) {
+        tb__error(p->status, "%s", p->reason);
+        p->destroy(p);
+        return NULL;
+    }
+    if (p->status != TB_OK) tb_log_message(TB_LOG_INFO, "%s", p->reason);
+    *current = p;
+    return p;
+}
+
+static bool tb__kit_proc_usable(const tb__kit_proc *p) {
+    if (p == NULL) return false;
+    if (p->status != TB_OK) {
+        tb__error(p->status, "%s", p->reason);
         return false;
     }
-    if (status != TB_OK) tb_log_message(TB_LOG_INFO, "%s", reason);
     return true;
+}
+
+static void tb__kit_proc_retire(tb__mutex *mutex, tb__kit_proc **current,
+                                void (*trim)(tb__kit_proc *p)) {
+    tb__kit_proc *p;
+    tb__mutex_lock(mutex);
+    p = *current;
+    if (p != NULL) {
+        trim(p);
+        p->exited = true;
+        *current = NULL;
+        tb__kit_proc_unref(p);
+    }
+    tb__mutex_unlock(mutex);
 }
 
 /* ---- the runtimes' program caches ---- */

@@ -14,10 +14,37 @@ static void tb__kit_impl(const tb_kit_runtime *R, tb_backend_impl *impl);
 static tb_kit_buffer *tb__kit_data_buffer(const tb_kit_runtime *R, void *dev,
                                           tb_backend_data *data);
 
-/* A runtime just loaded with `status` (TB_OK, or why it cannot be used: `reason`): false (the
-   error set) when memory ran out, so that nothing is kept and the next use tries again; true
-   otherwise, the reason logged where the backend is unavailable. */
-static bool tb__kit_loaded(tb_status status, const char *reason);
+/* What a runtime keeps for the whole process, the first member of its own struct: counted
+   (atomically) by the backend and by each buffer, computation and device alive, marked exited
+   once tb_shutdown has retired it (nothing is cached after that), and why it cannot be used
+   (status != TB_OK: a runtime that cannot be used is kept, with no devices, so that the cause
+   is said once). `destroy` frees the whole runtime when the last reference goes. */
+typedef struct tb__kit_proc {
+    int32_t refcount;
+    bool exited;
+    tb_status status;
+    char reason[512];
+    void (*destroy)(struct tb__kit_proc *p);
+} tb__kit_proc;
+
+/* A new runtime's memory, `size` bytes zeroed with its tb__kit_proc first (status TB_OK, one
+   reference: the backend's, and `destroy`); NULL when memory ran out. */
+static void *tb__kit_proc_new(size_t size, void (*destroy)(tb__kit_proc *p));
+static void tb__kit_proc_ref(tb__kit_proc *p);
+static void tb__kit_proc_unref(tb__kit_proc *p); /* NULL: nothing */
+/* A runtime just made (its state p, status and reason filled) becomes *current, the process's;
+   where making it ran out of memory it is destroyed instead and NULL returned with the error
+   set, so that the next use tries again. A runtime that cannot be used logs why. Call with the
+   runtime's mutex held. */
+static tb__kit_proc *tb__kit_proc_keep(tb__kit_proc **current, tb__kit_proc *p);
+/* Whether the runtime p (NULL: it could not be made, the error is set) can be used; the error
+   set with its reason where it cannot. */
+static bool tb__kit_proc_usable(const tb__kit_proc *p);
+/* tb_shutdown's part of a runtime: under `mutex`, the current one (if any) has its caches
+   emptied by `trim`, is marked exited, stops being current and loses the backend's reference
+   (its buffers and computations still alive keep it). */
+static void tb__kit_proc_retire(tb__mutex *mutex, tb__kit_proc **current,
+                                void (*trim)(tb__kit_proc *p));
 
 /* A program in a runtime's in-memory cache (a list, newest first), confirmed by its source: a
    runtime's own program type starts with one. */

@@ -103,7 +103,7 @@ static bool first_device_is_pocl(void) {
     bool pocl = false;
     tb__mutex_lock(&tb__ocl_mutex);
     rt = tb__ocl_runtime_get();
-    if (rt != NULL && rt->status == TB_OK && rt->num_devices > 0)
+    if (rt != NULL && rt->proc.status == TB_OK && rt->num_devices > 0)
         pocl = strstr(rt->devices[0].platform_name, "Portable Computing Language") != NULL;
     tb__mutex_unlock(&tb__ocl_mutex);
     return pocl;

@@ -18,11 +18,11 @@ static size_t tb__native_devices(tb_device *out, size_t cap, char *why, size_t w
     size_t n = 0;
     tb__mutex_lock(&tb__native_mutex);
     rt = tb__native_rt_get();
-    if (rt != NULL && rt->status == TB_OK) {
+    if (rt != NULL && rt->proc.status == TB_OK) {
         n = 1;
         if (cap > 0) out[0] = rt->info.device;
     } else if (why_cap > 0) {
-        snprintf(why, why_cap, "%s", rt != NULL ? rt->reason : "out of memory");
+        snprintf(why, why_cap, "%s", rt != NULL ? rt->proc.reason : "out of memory");
     }
     tb__mutex_unlock(&tb__native_mutex);
     return n;
@@ -34,7 +34,7 @@ static void *tb__native_open(int32_t ordinal, const char *func, bool bare) {
     (void)bare;
     tb__mutex_lock(&tb__native_mutex);
     rt = tb__native_device(ordinal, func);
-    if (rt != NULL) rt->refcount++;
+    if (rt != NULL) tb__kit_proc_ref(&rt->proc);
     tb__mutex_unlock(&tb__native_mutex);
     return rt;
 }
@@ -46,7 +46,7 @@ static void tb__native_close(void *dev) {
 }
 
 static bool tb__native_alive(void *dev) {
-    return !((tb__native_rt *)dev)->exited;
+    return !((tb__native_rt *)dev)->proc.exited;
 }
 
 static int32_t tb__native_ordinal(void *dev) {
@@ -355,20 +355,18 @@ static void tb__native_report(void *dev, char *buf, size_t cap) {
     snprintf(buf, cap, "  Native::Compiler: %s %s\n", rt->cc_command, rt->options);
 }
 
-static void tb__native_shutdown(void) {
-    tb__native_rt *rt;
-    tb__mutex_lock(&tb__native_mutex);
-    rt = tb__native_current;
-    if (rt != NULL) {
-        tb__native_cache_trim(rt, 0);
-        tb__native_progs_trim(rt, 0);
-        rt->exited = true;
-        tb__native_current = NULL;
-        tb__native_rt_unref(rt);
-    }
-    tb__mutex_unlock(&tb__native_mutex);
+/* tb_shutdown's part: the caches emptied */
+static void tb__native_trim_all(tb__kit_proc *p) {
+    tb__native_cache_trim((tb__native_rt *)p, 0);
+    tb__native_progs_trim((tb__native_rt *)p, 0);
 }
 
+static void tb__native_shutdown(void) {
+    tb__kit_proc_retire(&tb__native_mutex, &tb__native_current, tb__native_trim_all);
+}
+
+/* The runtime's table: programs compiled by the C compiler into shared objects, run on the
+   host's cores by the pool. */
 static const tb_kit_runtime tb__native_runtime = {
     "native",
     "Native",

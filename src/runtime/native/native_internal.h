@@ -34,10 +34,8 @@ typedef struct tb__native_prog {
 } tb__native_prog;
 
 typedef struct tb__native_rt {
-    int32_t refcount; /* the backend's reference, plus one per buffer and computation alive */
-    bool exited;
-    tb_status status; /* TB_OK, or why the backend cannot be used */
-    char reason[512];
+    tb__kit_proc proc; /* first: its count is the backend's reference, plus one per buffer and
+                          computation alive */
     tb_device_info info;
     /* the compiler: its command words ($CC split at blanks, every word kept), the path of the
        first, its options (as one text for the cache key, and as words), its identity (the
@@ -67,7 +65,7 @@ typedef struct tb__native_rt {
 /* Guards the runtime, its allocator and its program cache (never held while the compiler
    runs), and serialises runs (one job in the pool at a time): the device's lock. */
 static tb__mutex tb__native_mutex = TB__MUTEX_INIT;
-static tb__native_rt *tb__native_current;
+static tb__kit_proc *tb__native_current; /* a tb__native_rt */
 
 #define TB__NATIVE_MAX_PROGRAMS 256
 

@@ -30,7 +30,8 @@ static void tb__native_prog_free(tb__native_prog *prog) {
     tb__free(prog);
 }
 
-static void tb__native_rt_destroy(tb__native_rt *rt) {
+static void tb__native_rt_destroy(tb__kit_proc *p) {
+    tb__native_rt *rt = (tb__native_rt *)p;
     tb__kit_prog *prog, *next;
     size_t i;
     tb__native_pool_free(rt->pool);
@@ -53,7 +54,7 @@ static void tb__native_rt_destroy(tb__native_rt *rt) {
 }
 
 static void tb__native_rt_unref(tb__native_rt *rt) {
-    if (rt != NULL && --rt->refcount == 0) tb__native_rt_destroy(rt);
+    if (rt != NULL) tb__kit_proc_unref(&rt->proc);
 }
 
 /* Whether `name` is an executable file, found on $PATH when it has no slash; its path in
@@ -210,8 +211,9 @@ static void tb__native_probe(tb__native_rt *rt) {
     if (rt->stats.cache_limit < ((uint64_t)64 << 20)) rt->stats.cache_limit = (uint64_t)64 << 20;
     rt->timeout_s = tb__native_env_timeout();
     if (sizeof(long) != 8) {
-        rt->status = TB_ERR_UNAVAILABLE;
-        snprintf(rt->reason, sizeof rt->reason, "native: needs a 64-bit long (an LP64 system)");
+        rt->proc.status = TB_ERR_UNAVAILABLE;
+        snprintf(rt->proc.reason, sizeof rt->proc.reason,
+                 "native: needs a 64-bit long (an LP64 system)");
         return;
     }
     rt->cc_command = tb__strdup(cc != NULL ? cc : "cc");
@@ -224,14 +226,14 @@ static void tb__native_probe(tb__native_rt *rt) {
         rt->options_text == NULL ||
         !tb__native_split_words(rt->cc_text, &rt->cc_argv, &rt->cc_argc) ||
         !tb__native_split_words(rt->options_text, &rt->opt_argv, &rt->opt_argc)) {
-        rt->status = TB_ERR_OUT_OF_MEMORY;
-        snprintf(rt->reason, sizeof rt->reason, "native: out of memory");
+        rt->proc.status = TB_ERR_OUT_OF_MEMORY;
+        snprintf(rt->proc.reason, sizeof rt->proc.reason, "native: out of memory");
         return;
     }
     if (rt->cc_argc == 0 || !tb__native_find_program(rt->cc_argv[0], rt->cc_path) ||
         stat(rt->cc_path, &st) != 0) {
-        rt->status = TB_ERR_UNAVAILABLE;
-        snprintf(rt->reason, sizeof rt->reason,
+        rt->proc.status = TB_ERR_UNAVAILABLE;
+        snprintf(rt->proc.reason, sizeof rt->proc.reason,
                  "native: no C compiler: '%.200s' is not an executable on PATH (set CC)",
                  rt->cc_argc > 0 ? rt->cc_argv[0] : (cc != NULL ? cc : "cc"));
         return;
@@ -245,35 +247,25 @@ static void tb__native_probe(tb__native_rt *rt) {
 /* The runtime, made on first use. Call with tb__native_mutex held. NULL (the error set) when
    memory ran out: nothing is kept, and the next call tries again. */
 static tb__native_rt *tb__native_rt_get(void) {
-    tb__native_rt *rt = tb__native_current;
+    tb__native_rt *rt = (tb__native_rt *)tb__native_current;
     if (rt != NULL) return rt;
-    rt = (tb__native_rt *)tb__calloc(1, sizeof *rt);
+    rt = (tb__native_rt *)tb__kit_proc_new(sizeof *rt, tb__native_rt_destroy);
     if (rt == NULL) return NULL;
-    rt->refcount = 1;
     tb__native_probe(rt);
-    if (rt->status == TB_OK) {
+    if (rt->proc.status == TB_OK) {
         rt->pool = tb__native_pool_new(rt->info.compute_units > 1 ? rt->info.compute_units - 1 : 0);
         if (rt->pool == NULL) {
-            rt->status = TB_ERR_OUT_OF_MEMORY;
-            snprintf(rt->reason, sizeof rt->reason, "native: out of memory");
+            rt->proc.status = TB_ERR_OUT_OF_MEMORY;
+            snprintf(rt->proc.reason, sizeof rt->proc.reason, "native: out of memory");
         }
     }
-    if (!tb__kit_loaded(rt->status, rt->reason)) {
-        tb__native_rt_destroy(rt);
-        return NULL;
-    }
-    tb__native_current = rt;
-    return rt;
+    return (tb__native_rt *)tb__kit_proc_keep(&tb__native_current, &rt->proc);
 }
 
 /* The usable runtime for `ordinal`, or NULL with the error set. Call with the mutex held. */
 static tb__native_rt *tb__native_device(int32_t ordinal, const char *func) {
     tb__native_rt *rt = tb__native_rt_get();
-    if (rt == NULL) return NULL;
-    if (rt->status != TB_OK) {
-        tb__error(rt->status, "%s", rt->reason);
-        return NULL;
-    }
+    if (!tb__kit_proc_usable(rt != NULL ? &rt->proc : NULL)) return NULL;
     if (ordinal != 0) {
         tb__error(TB_ERR_NOT_FOUND, "%s: no device native:%d (1 device)", func, (int)ordinal);
         return NULL;
@@ -333,7 +325,7 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
     b->k.size = size;
     b->k.cap = cap;
     b->k.gen = tb__next_generation();
-    rt->refcount++;
+    tb__kit_proc_ref(&rt->proc);
     rt->stats.bytes_in_use += cap;
     if (rt->stats.bytes_in_use > rt->stats.peak_bytes)
         rt->stats.peak_bytes = rt->stats.bytes_in_use;
@@ -345,7 +337,7 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
 static void tb__native_buf_free(tb__native_rt *rt, tb__native_buf *b) {
     if (b == NULL) return;
     rt->stats.bytes_in_use -= b->k.cap;
-    if (rt->exited || b->k.cap > rt->stats.cache_limit ||
+    if (rt->proc.exited || b->k.cap > rt->stats.cache_limit ||
         tb__grow((void **)&rt->cache, &rt->cache_cap, rt->cache_count + 1, sizeof *rt->cache) !=
             TB_OK) {
         tb__native_buf_destroy(b);

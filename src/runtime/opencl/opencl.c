@@ -15,12 +15,12 @@ static size_t tb__ocl_devices(tb_device *out, size_t cap, char *why, size_t why_
     size_t i, n = 0;
     tb__mutex_lock(&tb__ocl_mutex);
     rt = tb__ocl_runtime_get();
-    if (rt != NULL && rt->status == TB_OK) {
+    if (rt != NULL && rt->proc.status == TB_OK) {
         n = rt->num_devices;
         for (i = 0; i < n && i < cap; i++)
             out[i] = rt->devices[i].info.device;
     } else if (why_cap > 0) {
-        snprintf(why, why_cap, "%s", rt != NULL ? rt->reason : "out of memory");
+        snprintf(why, why_cap, "%s", rt != NULL ? rt->proc.reason : "out of memory");
     }
     tb__mutex_unlock(&tb__ocl_mutex);
     return n;
@@ -34,8 +34,8 @@ static tb_status tb__ocl_get_backend_device(void *user_data, int32_t ordinal, tb
     rt = tb__ocl_runtime_get();
     if (rt == NULL) {
         st = TB_ERR_OUT_OF_MEMORY;
-    } else if (rt->status != TB_OK) {
-        st = tb__error(rt->status, "%s", rt->reason);
+    } else if (rt->proc.status != TB_OK) {
+        st = tb__error(rt->proc.status, "%s", rt->proc.reason);
     } else if (ordinal < 0 || (size_t)ordinal >= rt->num_devices) {
         st = tb__error(TB_ERR_NOT_FOUND, "opencl: no device with ordinal %d (%zu device%s)",
                        (int)ordinal, rt->num_devices, rt->num_devices == 1 ? "" : "s");
@@ -52,7 +52,8 @@ static tb_device_type tb__ocl_get_default_device_type(void *user_data) {
     (void)user_data;
     tb__mutex_lock(&tb__ocl_mutex);
     rt = tb__ocl_runtime_get();
-    if (rt != NULL && rt->status == TB_OK) type = rt->devices[rt->default_ordinal].info.device.type;
+    if (rt != NULL && rt->proc.status == TB_OK)
+        type = rt->devices[rt->default_ordinal].info.device.type;
     tb__mutex_unlock(&tb__ocl_mutex);
     return type;
 }
@@ -63,7 +64,7 @@ static int32_t tb__ocl_get_default_device_ordinal(void *user_data) {
     (void)user_data;
     tb__mutex_lock(&tb__ocl_mutex);
     rt = tb__ocl_runtime_get();
-    if (rt != NULL && rt->status == TB_OK) ordinal = rt->default_ordinal;
+    if (rt != NULL && rt->proc.status == TB_OK) ordinal = rt->default_ordinal;
     tb__mutex_unlock(&tb__ocl_mutex);
     return ordinal;
 }
@@ -78,8 +79,8 @@ static tb_status tb__ocl_set_default_device_type(void *user_data, tb_device_type
     rt = tb__ocl_runtime_get();
     if (rt == NULL) {
         st = TB_ERR_OUT_OF_MEMORY;
-    } else if (rt->status != TB_OK) {
-        st = tb__error(rt->status, "%s", rt->reason);
+    } else if (rt->proc.status != TB_OK) {
+        st = tb__error(rt->proc.status, "%s", rt->proc.reason);
     } else {
         for (i = 0; i < rt->num_devices; i++)
             if (rt->devices[i].info.device.type == type) break;
@@ -100,7 +101,7 @@ static tb_status tb__ocl_set_default_device_ordinal(void *user_data, int32_t ord
     tb_status st = tb__ocl_get_backend_device(user_data, ordinal, &dev);
     if (st != TB_OK) return st;
     tb__mutex_lock(&tb__ocl_mutex);
-    tb__ocl_current->default_ordinal = ordinal;
+    ((tb__ocl_runtime *)tb__ocl_current)->default_ordinal = ordinal;
     tb__mutex_unlock(&tb__ocl_mutex);
     return TB_OK;
 }
@@ -120,8 +121,8 @@ static void *tb__ocl_open(int32_t ordinal, const char *func, bool bare) {
         dev = tb__ocl_device_get(ordinal, func);
     } else if ((rt = tb__ocl_runtime_get()) == NULL) {
         tb__error(TB_ERR_OUT_OF_MEMORY, "%s: out of memory", func);
-    } else if (rt->status != TB_OK) {
-        tb__error(rt->status, "%s", rt->reason);
+    } else if (rt->proc.status != TB_OK) {
+        tb__error(rt->proc.status, "%s", rt->proc.reason);
     } else if (ordinal < 0 || (size_t)ordinal >= rt->num_devices) {
         tb__error(TB_ERR_NOT_FOUND, "%s: no device with ordinal %d (%zu device%s)", func,
                   (int)ordinal, rt->num_devices, rt->num_devices == 1 ? "" : "s");
@@ -138,7 +139,7 @@ static void tb__ocl_close(void *dev) {
 }
 
 static bool tb__ocl_alive(void *dev) {
-    return !((tb__ocl_device *)dev)->rt->exited;
+    return !((tb__ocl_device *)dev)->rt->proc.exited;
 }
 
 static int32_t tb__ocl_ordinal(void *dev) {
@@ -430,7 +431,7 @@ static bool tb__ocl_supports(const tb_node *node) {
     tb_op op = node->op;
     tb__mutex_lock(&tb__ocl_mutex);
     rt = tb__ocl_runtime_get();
-    if (rt != NULL && rt->status == TB_OK && node->device.ordinal >= 0 &&
+    if (rt != NULL && rt->proc.status == TB_OK && node->device.ordinal >= 0 &&
         (size_t)node->device.ordinal < rt->num_devices) {
         fp64 = rt->devices[node->device.ordinal].info.supports_f64;
         known = true;
@@ -451,25 +452,23 @@ static bool tb__ocl_supports(const tb_node *node) {
     return true;
 }
 
-static void tb__ocl_shutdown(void) {
-    tb__ocl_runtime *rt;
+/* tb_shutdown's part: every device's caches emptied */
+static void tb__ocl_trim_all(tb__kit_proc *p) {
+    tb__ocl_runtime *rt = (tb__ocl_runtime *)p;
     size_t i;
-    tb__mutex_lock(&tb__ocl_mutex);
-    rt = tb__ocl_current;
-    if (rt != NULL) {
-        for (i = 0; i < rt->num_devices; i++) {
-            tb__mutex_lock(&rt->devices[i].lock);
-            tb__ocl_cache_trim(&rt->devices[i], 0);
-            tb__ocl_programs_trim(&rt->devices[i], 0);
-            tb__mutex_unlock(&rt->devices[i].lock);
-        }
-        rt->exited = true;
-        tb__ocl_current = NULL;
-        tb__ocl_runtime_unref(rt);
+    for (i = 0; i < rt->num_devices; i++) {
+        tb__mutex_lock(&rt->devices[i].lock);
+        tb__ocl_cache_trim(&rt->devices[i], 0);
+        tb__ocl_programs_trim(&rt->devices[i], 0);
+        tb__mutex_unlock(&rt->devices[i].lock);
     }
-    tb__mutex_unlock(&tb__ocl_mutex);
 }
 
+static void tb__ocl_shutdown(void) {
+    tb__kit_proc_retire(&tb__ocl_mutex, &tb__ocl_current, tb__ocl_trim_all);
+}
+
+/* The runtime's table: programs built by the OpenCL driver, run on its devices' queues. */
 static const tb_kit_runtime tb__ocl_runtime_table = {
     "opencl",
     "OpenCL",
@@ -546,8 +545,8 @@ TBDEF tb_status tb_opencl_available(void) {
     rt = tb__ocl_runtime_get();
     if (rt == NULL) {
         st = tb__error(TB_ERR_OUT_OF_MEMORY, "tb_opencl_available: out of memory");
-    } else if (rt->status != TB_OK) {
-        st = tb__error(rt->status, "%s", rt->reason);
+    } else if (rt->proc.status != TB_OK) {
+        st = tb__error(rt->proc.status, "%s", rt->proc.reason);
     }
     tb__mutex_unlock(&tb__ocl_mutex);
     return st;
@@ -622,8 +621,8 @@ TBDEF tb_status tb_opencl_trim_cache(const tb_device *device) {
     rt = tb__ocl_runtime_get();
     if (rt == NULL) {
         st = TB_ERR_OUT_OF_MEMORY;
-    } else if (rt->status != TB_OK) {
-        st = tb__error(rt->status, "%s", rt->reason);
+    } else if (rt->proc.status != TB_OK) {
+        st = tb__error(rt->proc.status, "%s", rt->proc.reason);
     } else if (device != NULL && (ordinal < 0 || (size_t)ordinal >= rt->num_devices)) {
         st = tb__error(TB_ERR_NOT_FOUND, "tb_opencl_trim_cache: no device opencl:%d (%zu device%s)",
                        (int)ordinal, rt->num_devices, rt->num_devices == 1 ? "" : "s");

@@ -9,7 +9,8 @@
 
 /* Frees the runtime when its last reference goes: every computation (and so every program
    but the cache's, which prepare_to_exit dropped) and every buffer is gone by then. */
-static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
+static void tb__ocl_runtime_destroy(tb__kit_proc *p) {
+    tb__ocl_runtime *rt = (tb__ocl_runtime *)p;
     size_t i;
     for (i = 0; i < rt->num_devices; i++) {
         tb__ocl_device *dev = &rt->devices[i];
@@ -23,18 +24,18 @@ static void tb__ocl_runtime_destroy(tb__ocl_runtime *rt) {
 }
 
 static void tb__ocl_runtime_unref(tb__ocl_runtime *rt) {
-    if (rt != NULL && TB__ATOMIC_ADD(&rt->refcount, -1) == 0) tb__ocl_runtime_destroy(rt);
+    if (rt != NULL) tb__kit_proc_unref(&rt->proc);
 }
 
 static void tb__ocl_unavailable(tb__ocl_runtime *rt, tb_status status, const char *fmt, ...)
     TB_PRINTF_LIKE(3, 4);
 static void tb__ocl_unavailable(tb__ocl_runtime *rt, tb_status status, const char *fmt, ...) {
     va_list ap;
-    if (rt->status == TB_ERR_OUT_OF_MEMORY) return; /* the load is retried: keep that cause */
+    if (rt->proc.status == TB_ERR_OUT_OF_MEMORY) return; /* the load is retried: keep that cause */
     va_start(ap, fmt);
-    vsnprintf(rt->reason, sizeof rt->reason, fmt, ap);
+    vsnprintf(rt->proc.reason, sizeof rt->proc.reason, fmt, ap);
     va_end(ap);
-    rt->status = status;
+    rt->proc.status = status;
 }
 
 /* A query of the load that failed for want of host memory or resources: the load fails as out
@@ -314,23 +315,16 @@ static void tb__ocl_enumerate(tb__ocl_runtime *rt) {
    memory ran out: nothing is kept, and the next call tries again. An unusable runtime has
    status != TB_OK and no devices. */
 static tb__ocl_runtime *tb__ocl_runtime_get(void) {
-    tb__ocl_runtime *rt = tb__ocl_current;
+    tb__ocl_runtime *rt = (tb__ocl_runtime *)tb__ocl_current;
     if (rt != NULL) return rt;
-    rt = (tb__ocl_runtime *)tb__calloc(1, sizeof *rt);
+    rt = (tb__ocl_runtime *)tb__kit_proc_new(sizeof *rt, tb__ocl_runtime_destroy);
     if (rt == NULL) return NULL;
-    rt->refcount = 1;
-    rt->status = TB_OK;
-    if (tb__ocl_load_library(&rt->api, rt->reason, sizeof rt->reason)) {
+    if (tb__ocl_load_library(&rt->api, rt->proc.reason, sizeof rt->proc.reason)) {
         tb__ocl_enumerate(rt);
     } else {
-        rt->status = TB_ERR_UNAVAILABLE;
+        rt->proc.status = TB_ERR_UNAVAILABLE;
     }
-    if (!tb__kit_loaded(rt->status, rt->reason)) {
-        tb__ocl_runtime_destroy(rt);
-        return NULL;
-    }
-    tb__ocl_current = rt;
-    return rt;
+    return (tb__ocl_runtime *)tb__kit_proc_keep(&tb__ocl_current, &rt->proc);
 }
 
 /* The device of an ordinal, with its context and queue created. Call with the mutex held. */
@@ -338,11 +332,7 @@ static tb__ocl_device *tb__ocl_device_get(int32_t ordinal, const char *func) {
     tb__ocl_runtime *rt = tb__ocl_runtime_get();
     tb__ocl_device *dev;
     tb__cl_int err = TB__CL_SUCCESS;
-    if (rt == NULL) return NULL;
-    if (rt->status != TB_OK) {
-        tb__error(rt->status, "%s", rt->reason);
-        return NULL;
-    }
+    if (!tb__kit_proc_usable(rt != NULL ? &rt->proc : NULL)) return NULL;
     if (ordinal < 0 || (size_t)ordinal >= rt->num_devices) {
         tb__error(TB_ERR_NOT_FOUND, "%s: no device opencl:%d (%zu device%s)", func, (int)ordinal,
                   rt->num_devices, rt->num_devices == 1 ? "" : "s");
@@ -377,7 +367,7 @@ static tb__ocl_device *tb__ocl_device_get(int32_t ordinal, const char *func) {
 }
 
 static void tb__ocl_runtime_ref(tb__ocl_runtime *rt) {
-    (void)TB__ATOMIC_ADD(&rt->refcount, 1);
+    tb__kit_proc_ref(&rt->proc);
 }
 
 /* The device of an ordinal, locked for the caller, with a reference on its runtime: every use
@@ -408,7 +398,7 @@ static void tb__ocl_device_release(tb__ocl_device *dev) {
 /* ---- the caching allocator ---- */
 
 static void tb__ocl_metric(tb__ocl_device *dev, const char *name, int64_t delta) {
-    if (!dev->rt->exited) tb__metric_count(name, delta);
+    if (!dev->rt->proc.exited) tb__metric_count(name, delta);
 }
 
 static void tb__ocl_buffer_destroy(tb__ocl_buffer *buf) {
@@ -495,7 +485,7 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
     buf->k.size = size;
     buf->k.cap = cap;
     buf->k.gen = tb__next_generation();
-    (void)TB__ATOMIC_ADD(&rt->refcount, 1);
+    tb__kit_proc_ref(&rt->proc);
     dev->buffers_created++;
     dev->stats.bytes_in_use += cap;
     if (dev->stats.bytes_in_use > dev->stats.peak_bytes)
@@ -518,7 +508,7 @@ static void tb__ocl_buffer_free(tb__ocl_buffer *buf) {
     }
     dev->stats.bytes_in_use -= buf->k.cap;
     tb__ocl_metric(dev, "OpenCL::BytesInUse", -(int64_t)buf->k.cap);
-    if (dev->rt->exited || (uint64_t)buf->k.cap > dev->stats.cache_limit ||
+    if (dev->rt->proc.exited || (uint64_t)buf->k.cap > dev->stats.cache_limit ||
         tb__grow((void **)&dev->cache, &dev->cache_cap, dev->cache_count + 1, sizeof *dev->cache) !=
             TB_OK) {
         tb__ocl_buffer_destroy(buf);

@@ -242,22 +242,19 @@ typedef struct tb__ocl_device {
 } tb__ocl_device;
 
 typedef struct tb__ocl_runtime {
-    int32_t refcount; /* atomic: the backend's, plus one per buffer, computation and device in
-                         use */
-    bool exited;      /* prepare_to_exit ran: nothing is cached any more */
+    tb__kit_proc proc; /* first: its count is the backend's, plus one per buffer, computation and
+                          device in use */
     tb__cl_api api;
     tb__ocl_device *devices;
     size_t num_devices;
     int32_t default_ordinal;
-    tb_status status; /* TB_OK, or why the backend cannot be used */
-    char reason[512];
     int32_t cache_dir_reported; /* atomic: why the cache folder is not used was said */
 } tb__ocl_runtime;
 
 /* Guards tb__ocl_current, the runtime's creation and its default device, and the creation of
    each device's context and queue. Taken before a device's lock, never after. */
 static tb__mutex tb__ocl_mutex = TB__MUTEX_INIT;
-static tb__ocl_runtime *tb__ocl_current;
+static tb__kit_proc *tb__ocl_current; /* a tb__ocl_runtime */
 
 /* the runtime (loaded on first use); call with tb__ocl_mutex held */
 static tb__ocl_runtime *tb__ocl_runtime_get(void);
