@@ -20661,6 +20661,10 @@ typedef struct tb__tuning {
     int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
     int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work; /* M x N x K below this: not packed */
+    int64_t mm_own_b_bytes;   /* packed: the private buffer of a matmul's work item that packs
+                                 its own column panel of B, this panel's rows at a time (0:
+                                 never), */
+    int64_t mm_own_b_rows;    /* where the matmul has at most this many rows */
     int64_t mm_cache_bytes;   /* packed: a core's own data cache (L2) where the target does not
                                  say (an OpenCL device reports only its last-level cache) */
     double mm_group_caches;   /* packed: the column panels one sweep over the row panels reuses
@@ -20813,6 +20817,11 @@ typedef struct tb__plan_kernel {
     int32_t rm, rn;     /* matmul: outputs per work item (rows, columns); packed: rm x vector */
     int32_t mm_group;   /* packed matmul: the work items go over the output in groups of this many
                            column panels, each group row panel by row panel (0: row by row) */
+    bool own_b;         /* packed matmul: each work item packs one column panel of B into a
+                           private buffer and computes every row panel against it (no pack
+                           kernel for B), */
+    int64_t own_b_k;    /* own_b_k rows of the panel at a time (K or less: the accumulators of
+                           every row panel kept in a private tile between them) */
     int32_t tk;         /* matmul in tiles: depth of a tile */
     bool prefetch_rows; /* norms: the second pass prefetches the next row of x */
     bool stream_out;    /* norms: the last pass stores whole vectors with non-temporal stores
@@ -20943,7 +20952,8 @@ static bool tb__plan_is_elementwise(tb_op op);
 /* a reduction computed where it is read (unrolled): its elements per output, else 0 */
 static int64_t tb__plan_inline_reduce(const tb_node *n);
 static tb__plan_mm tb__plan_mm_of(const tb__pgraph *G, int32_t core);
-/* batch, M, N, K, panel count and panel width of a packed matmul's operand */
+/* batch (1: an A shared by every batch index), M, N, K, panel count and panel width of a
+   packed matmul's operand */
 static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]);
 /* the node whose buffer a packed matmul reads A from in place (no panels of A), or -1 */
 static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core);
@@ -21859,6 +21869,10 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->mm_pack_rows = 8;
     t->mm_pack_group_k = host ? 1 : 8;
     t->mm_pack_min_work = 262144; /* 64^3 */
+    /* the host's threads have stacks of megabytes; an OpenCL CPU driver's work items take the
+       64 KiB a softmax's scratch takes (row_scratch_bytes) */
+    t->mm_own_b_bytes = host ? (int64_t)160 << 10 : (gpu ? 0 : (int64_t)64 << 10);
+    t->mm_own_b_rows = 256;
     t->mm_cache_bytes = (int64_t)1 << 20;
     /* half a core's cache for the group's panels of B, the other half for the panels of A
        streaming past them: on a 2-core Intel Xeon (AVX-512, 2 MiB of L2 a core) 1024^3 on
@@ -22696,8 +22710,31 @@ static tb__plan_mm tb__plan_mm_of(const tb__pgraph *G, int32_t core) {
     return mm;
 }
 
-/* The panels of a packed matmul's operand: batch, M, N, K, the panel count and the panel
-   width (rows of A per panel, or one vector of columns of B). */
+/* Whether a batched matmul's A is one matrix for every batch index: an expand of a matrix whose
+   batch dims are all 1 (a convolution's weight against each image), or a permute of its last
+   two dims, whose panels are made once rather than once per batch index. */
+static bool tb__plan_mm_a_shared(const tb__pgraph *G, int32_t core) {
+    int32_t a = tb__plan_operand(G, core, 0), x, d;
+    const tb_shape *cs = tb__plan_shape(G, core), *xs;
+    if (cs->rank <= 2) return false;
+    while (G->info[a].node->op == TB_OP_PERMUTE && !G->info[a].root) {
+        for (d = 0; d < cs->rank - 2; d++)
+            if (G->info[a].node->attrs[d] != d) return false;
+        a = tb__plan_operand(G, a, 0);
+    }
+    if (G->info[a].node->op != TB_OP_EXPAND || G->info[a].root) return false;
+    x = tb__plan_operand(G, a, 0);
+    xs = tb__plan_shape(G, x);
+    if (xs->rank != cs->rank) return false;
+    for (d = 0; d < xs->rank; d++)
+        if (d < xs->rank - 2 ? xs->dims[d] != 1 : xs->dims[d] != tb__plan_shape(G, a)->dims[d])
+            return false;
+    return true;
+}
+
+/* The panels of a packed matmul's operand: batch (1 for an A that is the same for every
+   batch index), M, N, K, the panel count and the panel width (rows of A per panel, or one
+   vector of columns of B). */
 static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]) {
     const tb__tuning *t = G->target->tuning;
     tb__plan_mm mm = tb__plan_mm_of(G, core);
@@ -22705,7 +22742,7 @@ static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, in
         is_a ? t->mm_panel_rows
              : (tb__plan_shape(G, core)->dtype == TB_F64 ? t->mm_vec_f64 : t->mm_vec_f32);
     int64_t len = is_a ? mm.m : mm.n;
-    sizes[0] = mm.batch;
+    sizes[0] = is_a && tb__plan_mm_a_shared(G, core) ? 1 : mm.batch;
     sizes[1] = mm.m;
     sizes[2] = mm.n;
     sizes[3] = mm.k;
@@ -22842,8 +22879,38 @@ static int32_t tb__plan_mm_b_buffer(const tb__pgraph *G, int32_t core) {
     return x;
 }
 
+/* Whether a packed matmul packs B itself (tb__plan_kernel.own_b) rather than after a pack
+   kernel: B is computed or the windows of a buffer (a convolution's, K x N per image, many
+   times the input it is made of), so that a pack kernel would write every panel to memory for
+   the matmul to read back, where a work item can pack its one panel into a private buffer that
+   stays in its core's cache while every row panel of A passes it (a panel larger than the
+   buffer is packed as many rows at a time as it holds). Not for views of a parameter alone
+   (the backends keep those panels while the buffer holds), nor where one item per column panel
+   would leave compute units without work, nor for more rows than mm_own_b_rows: there the pack
+   kernel's pass is small beside the matmul's work, and an item's columns would run down too many
+   rows of the output (the input gradient of the Fashion-MNIST CNN's second convolution, 800 x 196 x
+   64 per image on a 2-core Intel Xeon with AVX-512: 17.5 -> 22.2 ms where its panels were its own).
+ */
+static bool tb__plan_mm_own_b(const tb__pgraph *G, int32_t core) {
+    const tb__target *T = G->target;
+    int32_t x = tb__plan_operand(G, core, 1);
+    tb_dtype od = tb__plan_shape(G, core)->dtype;
+    int64_t zb[6];
+    bool window = false;
+    tb__plan_pack_sizes(G, core, false, zb);
+    if (T->tuning->mm_own_b_bytes < zb[5] * (int64_t)tb_dtype_size(od) ||
+        tb__plan_pack_dtype(od) != od || zb[1] > T->tuning->mm_own_b_rows ||
+        zb[0] * zb[4] < 4 * (int64_t)T->compute_units)
+        return false;
+    while (!G->info[x].root && G->info[x].param < 0 && G->info[x].node->num_operands == 1) {
+        window = window || G->info[x].node->op == TB_OP_WINDOW;
+        x = tb__plan_operand(G, x, 0);
+    }
+    return window || G->info[x].param < 0 || G->info[x].node->num_operands > 1;
+}
+
 /* Chooses each matmul's kernel and puts the pack kernels in front of those that pack (A's
-   unless the matmul reads A in place, B's unless it reads B in place). */
+   unless the matmul reads A in place, B's unless it reads B in place or packs it itself). */
 static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
     tb__plan *p = G->plan;
     size_t i, j;
@@ -22860,7 +22927,16 @@ static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
         k->mm = TB__MM_REGISTERS;
         if (!tb__plan_mm_packs(G, k->core)) continue;
         pack_a = tb__plan_mm_a_buffer(G, k->core) < 0;
-        packs = (size_t)pack_a + (tb__plan_mm_b_buffer(G, k->core) < 0);
+        k->own_b = tb__plan_mm_b_buffer(G, k->core) < 0 && tb__plan_mm_own_b(G, k->core);
+        if (k->own_b) {
+            int64_t zb[6], rows;
+            tb__plan_pack_sizes(G, k->core, false, zb);
+            rows = G->target->tuning->mm_own_b_bytes /
+                   (zb[5] * (int64_t)tb_dtype_size(tb__plan_shape(G, k->core)->dtype));
+            rows = (zb[3] + rows - 1) / rows; /* the fills, then rows as even as they go */
+            k->own_b_k = (zb[3] + rows - 1) / rows;
+        }
+        packs = (size_t)pack_a + (tb__plan_mm_b_buffer(G, k->core) < 0 && !k->own_b);
         st = packs > 0 ? tb__plan_insert_kernels(G, i, packs) : TB_OK;
         if (st != TB_OK) return st;
         for (j = 0; j < packs; j++) {
@@ -23661,10 +23737,11 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
         tb__plan_pack_sizes(G, k->core, false, zb);
         k->rm = (int32_t)za[5];
         k->rn = (int32_t)zb[5];
-        k->mm_group = tb__plan_mm_group(G, k, zb);
+        /* an item packing its own panel of B computes every row panel against it */
+        k->mm_group = k->own_b ? 0 : tb__plan_mm_group(G, k, zb);
         k->vec = tb__plan_mm_vec_epilogue(G, k);
         if (k->vec > 0) k->vec_axes = 1;
-        tb__plan_launch_groups(k, 1, 1, (size_t)zb[4], (size_t)za[4], (size_t)za[0]);
+        tb__plan_launch_groups(k, 1, 1, (size_t)zb[4], k->own_b ? 1 : (size_t)za[4], (size_t)zb[0]);
     } else if (k->mm == TB__MM_REGISTERS) {
         int64_t lx = t->mm_reg_group_x, ly = t->mm_reg_group_y, bx, by;
         k->rm = (int32_t)(mm.m < t->mm_reg_rows ? (mm.m > 0 ? mm.m : 1) : t->mm_reg_rows);
@@ -26876,11 +26953,13 @@ static int64_t tb__cg_pack_period(tb__cg *g, const tb__plan_kernel *k, const tb_
     return period > 0 && period < len ? period : len;
 }
 
-/* A pack kernel's rows pk0..pk1 of panel i0's run of lanes pr0.. (`count` of them: the text of
-   a variable, or "" for the whole panel width, a constant), lane iq * period + pr0 + r; the
-   loops' variables are its own (the kernel may emit the rows twice). */
-static bool tb__cg_pack_rows(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims, int32_t i0,
-                             int32_t iq, int64_t period, const char *count) {
+/* A pack's rows pk0..pk1 of a panel's run of lanes pr0.. (`count` of them: the text of a
+   variable, or "" for the whole panel width, a constant), lane iq * period + pr0 + r, into
+   `dst` at panel `panel` (C text); the loops' variables are its own (the pack may emit the
+   rows twice). */
+static bool tb__cg_pack_rows(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                             const char *dst, const char *panel, const char *origin, int32_t iq,
+                             int64_t period, const char *count) {
     char head[160], n[32];
     int64_t z[6];
     int32_t v, ik, ir;
@@ -26897,8 +26976,13 @@ static bool tb__cg_pack_rows(tb__cg *g, const tb__plan_kernel *k, const tb__lf *
     snprintf(head, sizeof head, "for (long i%d = pk0; i%d < pk1; i%d++) ", (int)ik, (int)ik,
              (int)ik);
     tb__ix_open(&g->ix, head);
-    tb__ix_line(&g->ix, "const long po = (i%d * %lldL + i%d) * %lldL + pj - pr0;", (int)i0,
-                (long long)z[3], (int)ik, (long long)z[5]);
+    if (origin != NULL) {
+        tb__ix_line(&g->ix, "const long po = ((%s) * %lldL + i%d - %s) * %lldL + pj - pr0;", panel,
+                    (long long)z[3], (int)ik, origin, (long long)z[5]);
+    } else {
+        tb__ix_line(&g->ix, "const long po = ((%s) * %lldL + i%d) * %lldL + pj - pr0;", panel,
+                    (long long)z[3], (int)ik, (long long)z[5]);
+    }
     snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + %s; i%d++) ", (int)ir, (int)ir, n,
              (int)ir);
     tb__ix_open(&g->ix, head);
@@ -26907,57 +26991,45 @@ static bool tb__cg_pack_rows(tb__cg *g, const tb__plan_kernel *k, const tb__lf *
     tb__lf_add_term(&lane, ir, 1);
     v = tb__cg_pack_value(g, k, bdims, ik, &lane);
     if (v < 0) return false;
-    tb__ix_line(&g->ix, "out[po + i%d] = v%d;", (int)ir, (int)v);
+    tb__ix_line(&g->ix, "%s[po + i%d] = v%d;", dst, (int)ir, (int)v);
     tb__ix_close(&g->ix, "");
     tb__ix_close(&g->ix, "");
     return g->ix.status == TB_OK;
 }
 
-/* A pack kernel: one work item per mm_pack_rows rows of a panel (batch b, panel, depths k),
-   their lanes the operand at rows (A) or columns (B) panel * width + lane, zero past the last
-   one (the matmul never stores what the padding computes). The lanes go in runs that stay
-   within one period of the lane's unravelling (tb__cg_pack_period): within a run the
-   operand's index is affine in the lane, so a window's run is a slice of an input row (only a
-   pad's edges test), and what depends on the run alone is computed once for all the rows; a
-   run as wide as the panel has a loop of its own with a constant count. */
-static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
-    const tb_shape *cs = tb__plan_shape(g->G, k->core);
-    int32_t i0, ib, ik, iq;
-    int64_t z[6], len, K, blocks, width, period, rows = g->G->target->tuning->mm_pack_rows;
-    tb__lf bdims[TB_MAX_RANK];
-    char id0[48], id1[48], head[160];
+/* The rows pk0..pk1 of one panel of a pack (the kind of k's, or B's for a matmul that packs B
+   itself), its first lane pl0 (C variables declared before), into `dst` at panel `panel`
+   (C text): the operand at rows (A) or columns (B) pl0 + lane, zero past the last one (the
+   matmul never stores what the padding computes); `origin` (C text, or NULL: 0) is the row
+   written at the panel's first row. The lanes go in runs that stay within one
+   period of the lane's unravelling (tb__cg_pack_period): within a run the operand's index is
+   affine in the lane, so a window's run is a slice of an input row (only a pad's edges test),
+   and what depends on the run alone is computed once for all the rows; a run as wide as the
+   panel has a loop of its own with a constant count. */
+static bool tb__cg_pack_panel(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                              const char *dst, const char *panel, const char *origin) {
+    int32_t ik, iq;
+    int64_t z[6], len, K, width, period;
+    char head[160];
     tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
     K = z[3];
-    blocks = z[4];
     width = z[5];
     len = k->kind == TB__K_PACK_A ? z[1] : z[2];
-    i0 = tb__ix_new_var(&g->ix, 0, z[0] * blocks - 1);
-    ib = tb__ix_new_var(&g->ix, 0, z[0] - 1);
     ik = tb__ix_new_var(&g->ix, 0, K - 1);
-    if (i0 < 0 || ib < 0 || ik < 0) return g->ix.status;
-    tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
-    tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
-    tb__ix_line(&g->ix, "const long pk0 = (long)%s * %lldL, i%d = (long)%s;", id0, (long long)rows,
-                (int)i0, id1);
-    snprintf(head, sizeof head, "if (pk0 < %lldL) ", (long long)K);
-    tb__ix_open(&g->ix, head);
-    tb__ix_line(&g->ix, "const long pk1 = pk0 + %lldL < %lldL ? pk0 + %lldL : %lldL;",
-                (long long)rows, (long long)K, (long long)rows, (long long)K);
-    tb__ix_line(&g->ix, "const long i%d = i%d / %lldL, pl0 = i%d %% %lldL * %lldL;", (int)ib,
-                (int)i0, (long long)blocks, (int)i0, (long long)blocks, (long long)width);
-    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
+    if (ik < 0) return false;
     period = tb__cg_pack_period(g, k, bdims, ik, len);
     iq = tb__ix_new_var(&g->ix, 0, (len - 1) / period);
-    if (iq < 0) return g->ix.status;
+    if (iq < 0) return false;
     snprintf(head, sizeof head, "for (long pj = 0; pj < %lldL;) ", (long long)width);
     tb__ix_open(&g->ix, head);
     tb__ix_line(&g->ix, "const long pl = pl0 + pj;");
     tb__ix_line(&g->ix, "if (pl >= %lldL) {", (long long)len);
     tb__ix_line(&g->ix, "    for (long pk = pk0; pk < pk1; pk++)");
-    tb__ix_line(
-        &g->ix,
-        "        for (long pz = pj; pz < %lldL; pz++) out[(i%d * %lldL + pk) * %lldL + pz] = 0;",
-        (long long)width, (int)i0, (long long)K, (long long)width);
+    tb__ix_line(&g->ix,
+                "        for (long pz = pj; pz < %lldL; pz++) %s[((%s) * %lldL + pk%s%s) * %lldL + "
+                "pz] = 0;",
+                (long long)width, dst, panel, (long long)K, origin != NULL ? " - " : "",
+                origin != NULL ? origin : "", (long long)width);
     tb__ix_line(&g->ix, "    break;");
     tb__ix_line(&g->ix, "}");
     tb__ix_line(&g->ix, "const long i%d = pl / %lldL, pr0 = pl %% %lldL;", (int)iq,
@@ -26971,14 +27043,45 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     if (period >= width) {
         snprintf(head, sizeof head, "if (pn == %lldL) ", (long long)width);
         tb__ix_open(&g->ix, head);
-        if (!tb__cg_pack_rows(g, k, bdims, i0, iq, period, "")) return g->ix.status;
+        if (!tb__cg_pack_rows(g, k, bdims, dst, panel, origin, iq, period, "")) return false;
         tb__ix_close(&g->ix, " else");
         tb__ix_open(&g->ix, "");
     }
-    if (!tb__cg_pack_rows(g, k, bdims, i0, iq, period, "pn")) return g->ix.status;
+    if (!tb__cg_pack_rows(g, k, bdims, dst, panel, origin, iq, period, "pn")) return false;
     if (period >= width) tb__ix_close(&g->ix, "");
     tb__ix_line(&g->ix, "pj += pn;");
     tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
+/* A pack kernel: one work item per mm_pack_rows rows of a panel (batch b, panel, depths k)
+   (tb__cg_pack_panel). */
+static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    int32_t i0, ib;
+    int64_t z[6], K, blocks, width, rows = g->G->target->tuning->mm_pack_rows;
+    tb__lf bdims[TB_MAX_RANK];
+    char id0[48], id1[48], head[160], panel[32];
+    tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
+    K = z[3];
+    blocks = z[4];
+    width = z[5];
+    i0 = tb__ix_new_var(&g->ix, 0, z[0] * blocks - 1);
+    ib = tb__ix_new_var(&g->ix, 0, z[0] - 1);
+    if (i0 < 0 || ib < 0) return g->ix.status;
+    tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
+    tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
+    tb__ix_line(&g->ix, "const long pk0 = (long)%s * %lldL, i%d = (long)%s;", id0, (long long)rows,
+                (int)i0, id1);
+    snprintf(head, sizeof head, "if (pk0 < %lldL) ", (long long)K);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long pk1 = pk0 + %lldL < %lldL ? pk0 + %lldL : %lldL;",
+                (long long)rows, (long long)K, (long long)rows, (long long)K);
+    tb__ix_line(&g->ix, "const long i%d = i%d / %lldL, pl0 = i%d %% %lldL * %lldL;", (int)ib,
+                (int)i0, (long long)blocks, (int)i0, (long long)blocks, (long long)width);
+    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
+    snprintf(panel, sizeof panel, "i%d", (int)i0);
+    if (!tb__cg_pack_panel(g, k, bdims, "out", panel, NULL)) return g->ix.status;
     tb__ix_close(&g->ix, "");
     return g->ix.status;
 }
@@ -27008,7 +27111,8 @@ static void tb__cg_matmul_a_offset(tb__cg *g, const tb__plan_kernel *k, int32_t 
    past `len` read as zeros) at the column of the variable `lane`; A from its panels or itself
    at ap. */
 static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
-                                int32_t lane, int in_place, int rm, int nb, int rw, bool panels_a) {
+                                int32_t lane, int in_place, int rm, int nb, int rw, bool panels_a,
+                                const char *count) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     const char *t = tb__cg_ctype(cs->dtype);
     /* rows of the dialect's float vectors (f32, and f16 and bf16 computed in f32): each
@@ -27023,8 +27127,13 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
     snprintf(tv, sizeof tv, "%s%d", t, rw);
     ik = tb__ix_new_var(&g->ix, 0, za[3] - 1);
     if (ik < 0) return false;
-    snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)ik, (int)ik,
-             (long long)za[3], (int)ik);
+    if (count != NULL) {
+        snprintf(head, sizeof head, "for (long i%d = 0; i%d < %s; i%d++) ", (int)ik, (int)ik, count,
+                 (int)ik);
+    } else {
+        snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)ik, (int)ik,
+                 (long long)za[3], (int)ik);
+    }
     tb__ix_open(&g->ix, head);
     if (in_place == 0) {
         for (j = 0; j < nb; j++)
@@ -27075,6 +27184,70 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
     return g->ix.status == TB_OK;
 }
 
+/* The body of a packed matmul whose work item packs its own column panel of B own_b_k rows at
+   a time (fewer than K: tb__plan_kernel.own_b_k), after the item's column `pc` and batch index
+   (variable ib, bdims) are set: for each fill of the item's buffer bpk, each row panel's
+   accumulators come from its tile of ct, run over the fill's rows and go back; the epilogue
+   then stores every row panel from ct. */
+static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                      int32_t ib, int32_t a_slot, bool panels_a, int rw, int nb) {
+    const tb_shape *cs = tb__plan_shape(g->G, k->core);
+    const char *t = tb__cg_ctype(cs->dtype);
+    int64_t za[6], K, fill = k->own_b_k, npr;
+    int rm = (int)k->rm, vw = (int)k->rn, i, j;
+    char tv[16], head[192], off[256];
+    tb__plan_pack_sizes(g->G, k->core, true, za);
+    K = za[3];
+    npr = za[4];
+    snprintf(tv, sizeof tv, "%s%d", t, rw);
+    tb__ix_line(&g->ix, "const long col0 = pc * %d;", vw);
+    tb__ix_line(&g->ix, "%s bpk[%lld];", t, (long long)(fill * vw));
+    tb__ix_line(&g->ix, "%s ct[%lld][%d][%d];", t, (long long)npr, rm, vw);
+    tb__ix_line(&g->ix, "for (long l = 0; l < %lldL; l++) ((%s *)ct)[l] = 0;",
+                (long long)(npr * rm * vw), t);
+    snprintf(head, sizeof head, "for (long kc0 = 0; kc0 < %lldL; kc0 += %lldL) ", (long long)K,
+             (long long)fill);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long kn = %lldL - kc0 < %lldL ? %lldL - kc0 : %lldL;", (long long)K,
+                (long long)fill, (long long)K, (long long)fill);
+    tb__ix_open(&g->ix, "");
+    tb__ix_line(&g->ix, "const long pk0 = kc0, pk1 = kc0 + kn, pl0 = col0;");
+    if (!tb__cg_pack_panel(g, k, bdims, "bpk", "0", "kc0")) return false;
+    tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "const %s *bp = bpk;", t);
+    snprintf(head, sizeof head, "for (long pr = 0; pr < %lldL; pr++) ", (long long)npr);
+    tb__ix_open(&g->ix, head);
+    if (panels_a && za[0] == 1) {
+        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + pr * %lldL + kc0 * %d;", g->d->global, t,
+                    (int)a_slot, (long long)(K * rm), rm);
+    } else if (panels_a) {
+        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL + kc0 * %d;",
+                    g->d->global, t, (int)a_slot, (int)ib, (long long)npr, (long long)(K * rm), rm);
+    } else {
+        tb__cg_matmul_a_offset(g, k, ib, off, sizeof off);
+        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (%s) + pr * %lldL + kc0;", g->d->global, t,
+                    (int)a_slot, off, (long long)(rm * K));
+    }
+    for (i = 0; i < rm; i++)
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "%s accv%d_%d = vload%d(%d, ct[pr][%d]);", tv, i, j, rw, j, i);
+    if (!tb__cg_matmul_depth(g, k, bdims, -1, 0, rm, nb, rw, panels_a, "kn")) return false;
+    for (i = 0; i < rm; i++)
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "vstore%d(accv%d_%d, %d, ct[pr][%d]);", rw, i, j, j, i);
+    tb__ix_close(&g->ix, "");
+    tb__ix_close(&g->ix, "");
+    snprintf(head, sizeof head, "for (long pr = 0; pr < %lldL; pr++) ", (long long)npr);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long row0 = pr * %d;", rm);
+    tb__ix_line(&g->ix, "%s (*acc)[%d] = ct[pr];", t, vw);
+    if (!tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm,
+                              (int32_t)k->rn))
+        return false;
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
 /* Matmul from the panels of the pack kernels before it: each work item an rm x width block of
    the output, rows of `width` lanes held as nb registers of the device's width (its row vectors'
    lanes: f64 half as many) each; the inner loop reads nb vectors of B and rm values of A per
@@ -27105,12 +27278,14 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     if (!tb__cg_arg(g, TB__ARG_BUF, a_slot) ||
         (k->pack_slot[1] >= 0 && !tb__cg_arg(g, TB__ARG_BUF, k->pack_slot[1])))
         return g->ix.status;
-    ib = tb__ix_new_var(&g->ix, 0, za[0] - 1);
+    ib = tb__ix_new_var(&g->ix, 0, zb[0] - 1);
     if (ib < 0) return g->ix.status;
     tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
     tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
     tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
-    if (k->mm_group > 0) {
+    if (k->own_b) {
+        tb__ix_line(&g->ix, "const long pc = (long)%s;", id0);
+    } else if (k->mm_group > 0) {
         /* the items in groups of mm_group column panels, each group row panel by row panel
            (the last group may be narrower) */
         long long gw = k->mm_group, npc = zb[4], npr = za[4], last = npc - (npc - 1) / gw * gw;
@@ -27123,8 +27298,30 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         tb__ix_line(&g->ix, "const long pc = (long)%s, pr = (long)%s;", id0, id1);
     }
     tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)ib, id2);
-    tb__ix_line(&g->ix, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
-    if (panels_a) {
+    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
+    if (k->own_b && k->own_b_k < K) {
+        tb__cg_matmul_own_b_fills(g, k, bdims, ib, a_slot, panels_a, rw, nb);
+        return g->ix.status;
+    }
+    if (k->own_b) {
+        /* B's column panel packed into the item's own buffer, then every row panel */
+        tb__ix_line(&g->ix, "const long col0 = pc * %d;", vw);
+        tb__ix_line(&g->ix, "%s bpk[%lld];", t, (long long)(K * vw));
+        tb__ix_open(&g->ix, "");
+        tb__ix_line(&g->ix, "const long pk0 = 0, pk1 = %lldL, pl0 = col0;", (long long)K);
+        if (!tb__cg_pack_panel(g, k, bdims, "bpk", "0", NULL)) return g->ix.status;
+        tb__ix_close(&g->ix, "");
+        tb__ix_line(&g->ix, "const %s *bp = bpk;", t);
+        snprintf(head, sizeof head, "for (long pr = 0; pr < %lldL; pr++) ", (long long)za[4]);
+        tb__ix_open(&g->ix, head);
+        tb__ix_line(&g->ix, "const long row0 = pr * %d;", rm);
+    } else {
+        tb__ix_line(&g->ix, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
+    }
+    if (panels_a && za[0] == 1) { /* one matrix A for every batch index */
+        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + pr * %lldL;", g->d->global, t, (int)a_slot,
+                    (long long)(K * rm));
+    } else if (panels_a) {
         tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", g->d->global, t,
                     (int)a_slot, (int)ib, (long long)za[4], (long long)(K * rm));
     } else {
@@ -27139,9 +27336,9 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     for (i = 0; i < rm; i++)
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "%s accv%d_%d = %s;", tv, i, j, zero);
-    if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
-    if (k->pack_slot[1] >= 0) {
-        if (!tb__cg_matmul_depth(g, k, bdims, -1, 0, rm, nb, rw, panels_a)) return g->ix.status;
+    if (k->pack_slot[1] >= 0 || k->own_b) {
+        if (!tb__cg_matmul_depth(g, k, bdims, -1, 0, rm, nb, rw, panels_a, NULL))
+            return g->ix.status;
     } else {
         /* B in place: whole panels read rows of B; the last, partial one reads what is left */
         int64_t n = tb__plan_mm_of(g->G, k->core).n;
@@ -27150,10 +27347,12 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         tb__ix_line(&g->ix, "const long i%d = col0;", (int)lane);
         snprintf(head, sizeof head, "if (col0 + %dL <= %lldL) ", vw, (long long)n);
         tb__ix_open(&g->ix, head);
-        if (!tb__cg_matmul_depth(g, k, bdims, lane, 1, rm, nb, rw, panels_a)) return g->ix.status;
+        if (!tb__cg_matmul_depth(g, k, bdims, lane, 1, rm, nb, rw, panels_a, NULL))
+            return g->ix.status;
         tb__ix_close(&g->ix, " else");
         tb__ix_open(&g->ix, "");
-        if (!tb__cg_matmul_depth(g, k, bdims, lane, 2, rm, nb, rw, panels_a)) return g->ix.status;
+        if (!tb__cg_matmul_depth(g, k, bdims, lane, 2, rm, nb, rw, panels_a, NULL))
+            return g->ix.status;
         tb__ix_close(&g->ix, "");
     }
     tb__ix_line(&g->ix, "%s acc[%d][%d];", t, rm, vw);
@@ -27161,6 +27360,7 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "vstore%d(accv%d_%d, %d, acc[%d]);", rw, i, j, j, i);
     tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm, (int32_t)k->rn);
+    if (k->own_b) tb__ix_close(&g->ix, "");
     return g->ix.status;
 }
 

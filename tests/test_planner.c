@@ -195,6 +195,60 @@ static void test_matmul_forms(void **state) {
     tb_tensor_release(a);
 }
 
+/* A convolution's matmul (the weight against each image's windows): the weight's panels are
+   made once for all the images (a pack kernel of one batch index), and the windows' panels by
+   the matmul's own work items, each item one column panel into a private buffer (as many rows
+   at a time as the buffer holds) and every row panel against it, launched over the column
+   panels alone; with no private buffer (the tuning's mm_own_b_bytes 0), by a pack kernel. A
+   parameter's B is packed by a kernel everywhere: the backends keep those panels. */
+static void test_matmul_own_panels(void **state) {
+    tb_tensor *x = plan_input(TB_F32, 3, 8, 32, 196), *w = plan_input(TB_F32, 3, 64, 32, 25);
+    tb_tensor *b = plan_input(TB_F32, 3, 8, 800, 196);
+    int64_t xd[4] = {8, 32, 14, 14}, wd[4] = {64, 32, 5, 5}, one[2] = {1, 1}, two[2] = {2, 2};
+    int64_t w3d[3] = {1, 64, 800}, budgets[4] = {-1, 0, 16384, -1}, fill[4] = {800, 0, 200, 800};
+    int devs[4] = {DEV_AVX512, DEV_AVX512, DEV_AVX512, DEV_C99}, c;
+    tb_tensor *x4 = tb_reshape(x, xd, 4), *w4 = tb_reshape(w, wd, 4);
+    tb_tensor *y = tb_conv2d(x4, w4, NULL, one, two, one, 1), *w3 = tb_reshape(w, w3d, 3), *z;
+    (void)state;
+    assert_non_null(y);
+    z = tb_matmul(w3, b);
+    assert_non_null(z);
+    for (c = 0; c < 4; c++) {
+        plan_target t;
+        tb__plan *p = NULL;
+        const tb__plan_kernel *k, *pa;
+        plan_target_of(&t, devs[c]);
+        if (budgets[c] >= 0) t.tuning.mm_own_b_bytes = budgets[c];
+        assert_int_equal(plan_of(&t, &y, 1, &p), TB_OK);
+        k = kernel_of_kind(p, TB__K_MATMUL);
+        assert_int_equal(k->mm, TB__MM_PACKED);
+        assert_int_equal(count_kind(p, TB__K_PACK_A), 1);
+        pa = kernel_of_kind(p, TB__K_PACK_A);
+        assert_int_equal(p->slots[pa->out_slot].shape.dims[0], 64 * 800); /* one batch index */
+        assert_int_equal(k->own_b, fill[c] > 0);
+        assert_int_equal(count_kind(p, TB__K_PACK_B), fill[c] > 0 ? 0 : 1);
+        if (fill[c] > 0) {
+            assert_int_equal(k->own_b_k, fill[c]);
+            assert_int_equal(k->mm_group, 0);
+            assert_int_equal(k->groups[0] * k->groups[1] * k->groups[2],
+                             (size_t)(8 * ((196 + k->rn - 1) / k->rn)));
+        }
+        tb__plan_free(p);
+        assert_int_equal(plan_of(&t, &z, 1, &p), TB_OK);
+        assert_false(kernel_of_kind(p, TB__K_MATMUL)->own_b);
+        assert_int_equal(count_kind(p, TB__K_PACK_B), 1);
+        tb__plan_free(p);
+    }
+    tb_tensor_release(z);
+    tb_tensor_release(w3);
+    tb_tensor_release(y);
+    tb_tensor_release(w4);
+    tb_tensor_release(x4);
+    tb_tensor_release(b);
+    tb_tensor_release(w);
+    tb_tensor_release(x);
+}
+
 /* The tuning decides: with mm_pack_min_work above the matmul's work it is not packed. */
 static void test_tuning_decides_packing(void **state) {
     tb_tensor *a = plan_input(TB_F32, 2, 512, 512, 0), *b = plan_input(TB_F32, 2, 512, 512, 0);
@@ -425,6 +479,7 @@ int main(void) {
         cmocka_unit_test(test_reduction_takes_prologue_and_epilogue),
         cmocka_unit_test(test_large_reduction_is_split),
         cmocka_unit_test(test_matmul_forms),
+        cmocka_unit_test(test_matmul_own_panels),
         cmocka_unit_test(test_tuning_decides_packing),
         cmocka_unit_test(test_long_chain_cut_to_budget),
         cmocka_unit_test(test_kernels_fit_the_arguments),

@@ -78,6 +78,10 @@ typedef struct tb__tuning {
     int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
     int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work; /* M x N x K below this: not packed */
+    int64_t mm_own_b_bytes;   /* packed: the private buffer of a matmul's work item that packs
+                                 its own column panel of B, this panel's rows at a time (0:
+                                 never), */
+    int64_t mm_own_b_rows;    /* where the matmul has at most this many rows */
     int64_t mm_cache_bytes;   /* packed: a core's own data cache (L2) where the target does not
                                  say (an OpenCL device reports only its last-level cache) */
     double mm_group_caches;   /* packed: the column panels one sweep over the row panels reuses
@@ -230,6 +234,11 @@ typedef struct tb__plan_kernel {
     int32_t rm, rn;     /* matmul: outputs per work item (rows, columns); packed: rm x vector */
     int32_t mm_group;   /* packed matmul: the work items go over the output in groups of this many
                            column panels, each group row panel by row panel (0: row by row) */
+    bool own_b;         /* packed matmul: each work item packs one column panel of B into a
+                           private buffer and computes every row panel against it (no pack
+                           kernel for B), */
+    int64_t own_b_k;    /* own_b_k rows of the panel at a time (K or less: the accumulators of
+                           every row panel kept in a private tile between them) */
     int32_t tk;         /* matmul in tiles: depth of a tile */
     bool prefetch_rows; /* norms: the second pass prefetches the next row of x */
     bool stream_out;    /* norms: the last pass stores whole vectors with non-temporal stores
@@ -360,7 +369,8 @@ static bool tb__plan_is_elementwise(tb_op op);
 /* a reduction computed where it is read (unrolled): its elements per output, else 0 */
 static int64_t tb__plan_inline_reduce(const tb_node *n);
 static tb__plan_mm tb__plan_mm_of(const tb__pgraph *G, int32_t core);
-/* batch, M, N, K, panel count and panel width of a packed matmul's operand */
+/* batch (1: an A shared by every batch index), M, N, K, panel count and panel width of a
+   packed matmul's operand */
 static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]);
 /* the node whose buffer a packed matmul reads A from in place (no panels of A), or -1 */
 static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core);

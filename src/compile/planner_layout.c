@@ -326,10 +326,11 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
         tb__plan_pack_sizes(G, k->core, false, zb);
         k->rm = (int32_t)za[5];
         k->rn = (int32_t)zb[5];
-        k->mm_group = tb__plan_mm_group(G, k, zb);
+        /* an item packing its own panel of B computes every row panel against it */
+        k->mm_group = k->own_b ? 0 : tb__plan_mm_group(G, k, zb);
         k->vec = tb__plan_mm_vec_epilogue(G, k);
         if (k->vec > 0) k->vec_axes = 1;
-        tb__plan_launch_groups(k, 1, 1, (size_t)zb[4], (size_t)za[4], (size_t)za[0]);
+        tb__plan_launch_groups(k, 1, 1, (size_t)zb[4], k->own_b ? 1 : (size_t)za[4], (size_t)zb[0]);
     } else if (k->mm == TB__MM_REGISTERS) {
         int64_t lx = t->mm_reg_group_x, ly = t->mm_reg_group_y, bx, by;
         k->rm = (int32_t)(mm.m < t->mm_reg_rows ? (mm.m > 0 ? mm.m : 1) : t->mm_reg_rows);

@@ -41,6 +41,10 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->mm_pack_rows = 8;
     t->mm_pack_group_k = host ? 1 : 8;
     t->mm_pack_min_work = 262144; /* 64^3 */
+    /* the host's threads have stacks of megabytes; an OpenCL CPU driver's work items take the
+       64 KiB a softmax's scratch takes (row_scratch_bytes) */
+    t->mm_own_b_bytes = host ? (int64_t)160 << 10 : (gpu ? 0 : (int64_t)64 << 10);
+    t->mm_own_b_rows = 256;
     t->mm_cache_bytes = (int64_t)1 << 20;
     /* half a core's cache for the group's panels of B, the other half for the panels of A
        streaming past them: on a 2-core Intel Xeon (AVX-512, 2 MiB of L2 a core) 1024^3 on
