@@ -22026,6 +22026,14 @@ static bool tb__plan_cat_many(const tb_node *n) {
 static int64_t tb__plan_inline_reduce(const tb_node *n) {
     int64_t m = 1;
     int32_t a;
+    if (n->op == TB_OP_ARGMAX || n->op == TB_OP_ARGMIN) { /* of a float along one axis */
+        const tb_shape *xs = n->num_operands == 1 ? &n->operands[0]->shape : NULL;
+        if (xs == NULL || (xs->dtype != TB_F32 && xs->dtype != TB_F64) || n->num_attrs < 2 ||
+            n->attrs[0] < 0 || n->attrs[0] >= xs->rank)
+            return 0;
+        m = xs->dims[n->attrs[0]];
+        return m >= 2 && m <= TB__PLAN_INLINE_REDUCE && tb__plan_numel(&n->shape) >= 2 ? m : 0;
+    }
     if (n->op != TB_OP_SUM && n->op != TB_OP_MEAN && n->op != TB_OP_MAX && n->op != TB_OP_MIN)
         return 0;
     if ((n->shape.dtype != TB_F32 && n->shape.dtype != TB_F64) || n->num_operands != 1 ||
@@ -23855,7 +23863,11 @@ static void tb__plan_layout(tb__pgraph *G) {
                 /* (MobileNetV2 on PoCL, batch 2 at 224 x 224, where a reduction is unrolled in
                    the kernel: 16 ms, against 35 with an item per element) */
                 const tb_shape *rs = tb__plan_shape(G, k->root);
-                int64_t len = rs->rank >= 2 ? rs->dims[rs->rank - 1] : 0;
+                int32_t d = rs->rank - 1;
+                int64_t len;
+                while (d > 0 && rs->dims[d] == 1) /* kept dims of 1 (an argmax's): rows before */
+                    d--;
+                len = d >= 1 ? rs->dims[d] : 0;
                 if (len >= 2 && k->items / (uint64_t)len >= (uint64_t)G->target->compute_units) {
                     k->row_len = len;
                     k->items /= (uint64_t)len;
@@ -25932,19 +25944,36 @@ static int32_t tb__cg_generator(tb__cg *g, int32_t node, int32_t pos) {
 
 /* Nodes that are not computed from operand values at the same kind of position: leaves,
    other kernels' outputs and the ops with their own control flow. */
+/* The step r of an argmax or argmin unrolled where it is read: value v taken over the best
+   (acc, at index idx) when it is greater (smaller), or NaN where the best is not; no branch on
+   the data, ties keeping the first, as the reference. */
+static void tb__cg_inline_arg_step(tb__cg *g, const tb_node *n, int32_t v, int32_t acc, int32_t idx,
+                                   int64_t r) {
+    tb__ix_line(&g->ix, "{");
+    tb__ix_line(&g->ix, "    const int tk = (v%d %s v%d) | ((v%d != v%d) & (v%d == v%d));", (int)v,
+                n->op == TB_OP_ARGMAX ? ">" : "<", (int)acc, (int)v, (int)v, (int)acc, (int)acc);
+    tb__ix_line(&g->ix, "    v%d = tk ? v%d : v%d;", (int)acc, (int)v, (int)acc);
+    tb__ix_line(&g->ix, "    v%d = tk ? %lldL : v%d;", (int)idx, (long long)r, (int)idx);
+    tb__ix_line(&g->ix, "}");
+}
+
 /* A reduction over a few elements, unrolled where it is read: its operand at each of the m
    positions the output position spans, combined as the reduction kernels do (sums in the
-   planner's accumulator type, extremes keeping NaN). */
+   planner's accumulator type, extremes keeping NaN, argmax and argmin the first extreme or
+   NaN). */
 static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
     const tb_node *n = g->G->info[node].node;
-    int32_t x = tb__plan_operand(g->G, node, 0), a, v, xp, acc = -1, nan = 0;
+    int32_t x = tb__plan_operand(g->G, node, 0), a, v, xp, acc = -1, nan = 0, idx = -1;
     const tb_shape *xs = tb__plan_shape(g->G, x);
-    uint64_t mask = (uint64_t)n->attrs[0];
+    bool arg = n->op == TB_OP_ARGMAX || n->op == TB_OP_ARGMIN;
+    uint64_t mask = arg ? (uint64_t)1 << n->attrs[0] : (uint64_t)n->attrs[0];
     bool keep = n->attrs[1] != 0, sums = n->op == TB_OP_SUM || n->op == TB_OP_MEAN;
-    bool fx = !sums;
+    bool fx = !sums && !arg;
     int64_t m = tb__plan_inline_reduce(n), r;
     const char *t = tb__cg_ctype(n->shape.dtype);
-    const char *at = sums && n->shape.dtype == TB_F32 && g->G->target->acc_f64 ? "double" : t;
+    const char *at =
+        arg ? tb__cg_ctype(xs->dtype)
+            : (sums && n->shape.dtype == TB_F32 && g->G->target->acc_f64 ? "double" : t);
     tb__lf dims[TB_MAX_RANK];
     tb__pos p;
     if (!tb__ix_need_multi(&g->ix, pos)) return -1;
@@ -25965,11 +25994,15 @@ static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
         v = xp >= 0 ? tb__cg_eval(g, x, xp) : -1;
         if (v < 0) return -1;
         if (r == 0) {
-            acc = tb__cg_new_val(g, n->shape.dtype);
+            acc = tb__cg_new_val(g, arg ? xs->dtype : n->shape.dtype);
             nan = fx ? tb__cg_new_val(g, n->shape.dtype) : 0;
-            if (acc < 0 || nan < 0) return -1;
+            idx = arg ? tb__cg_new_val(g, n->shape.dtype) : 0;
+            if (acc < 0 || nan < 0 || idx < 0) return -1;
             tb__ix_line(&g->ix, "%s v%d = (%s)v%d;", at, (int)acc, at, (int)v);
             if (fx) tb__ix_line(&g->ix, "%s v%d = v%d;", at, (int)nan, (int)acc);
+            if (arg) tb__ix_line(&g->ix, "%s v%d = 0;", t, (int)idx);
+        } else if (arg) {
+            tb__cg_inline_arg_step(g, n, v, acc, idx, r);
         } else if (sums) {
             tb__ix_line(&g->ix, "v%d += (%s)v%d;", (int)acc, at, (int)v);
         } else { /* no branch on the data (f32 and f64 only); ties keep the first (+0 before
@@ -25986,6 +26019,8 @@ static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
     if (n->op == TB_OP_MEAN) {
         tb__ix_line(&g->ix, "const %s v%d = (%s)(v%d / (%s)%lld);", t, (int)v, t, (int)acc, at,
                     (long long)m);
+    } else if (arg) {
+        tb__ix_line(&g->ix, "const %s v%d = v%d;", t, (int)v, (int)idx);
     } else {
         tb__ix_line(&g->ix, "const %s v%d = (%s)v%d;", t, (int)v, t, (int)acc);
     }

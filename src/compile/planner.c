@@ -88,6 +88,14 @@ static bool tb__plan_cat_many(const tb_node *n) {
 static int64_t tb__plan_inline_reduce(const tb_node *n) {
     int64_t m = 1;
     int32_t a;
+    if (n->op == TB_OP_ARGMAX || n->op == TB_OP_ARGMIN) { /* of a float along one axis */
+        const tb_shape *xs = n->num_operands == 1 ? &n->operands[0]->shape : NULL;
+        if (xs == NULL || (xs->dtype != TB_F32 && xs->dtype != TB_F64) || n->num_attrs < 2 ||
+            n->attrs[0] < 0 || n->attrs[0] >= xs->rank)
+            return 0;
+        m = xs->dims[n->attrs[0]];
+        return m >= 2 && m <= TB__PLAN_INLINE_REDUCE && tb__plan_numel(&n->shape) >= 2 ? m : 0;
+    }
     if (n->op != TB_OP_SUM && n->op != TB_OP_MEAN && n->op != TB_OP_MAX && n->op != TB_OP_MIN)
         return 0;
     if ((n->shape.dtype != TB_F32 && n->shape.dtype != TB_F64) || n->num_operands != 1 ||

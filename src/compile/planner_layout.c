@@ -444,7 +444,11 @@ static void tb__plan_layout(tb__pgraph *G) {
                 /* (MobileNetV2 on PoCL, batch 2 at 224 x 224, where a reduction is unrolled in
                    the kernel: 16 ms, against 35 with an item per element) */
                 const tb_shape *rs = tb__plan_shape(G, k->root);
-                int64_t len = rs->rank >= 2 ? rs->dims[rs->rank - 1] : 0;
+                int32_t d = rs->rank - 1;
+                int64_t len;
+                while (d > 0 && rs->dims[d] == 1) /* kept dims of 1 (an argmax's): rows before */
+                    d--;
+                len = d >= 1 ? rs->dims[d] : 0;
                 if (len >= 2 && k->items / (uint64_t)len >= (uint64_t)G->target->compute_units) {
                     k->row_len = len;
                     k->items /= (uint64_t)len;
