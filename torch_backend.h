@@ -22887,34 +22887,39 @@ static int32_t tb__plan_mm_b_buffer(const tb__pgraph *G, int32_t core) {
     return x;
 }
 
-/* Whether a packed matmul packs B itself (tb__plan_kernel.own_b) rather than after a pack
-   kernel: B is computed or the windows of a buffer (a convolution's, K x N per image, many
-   times the input it is made of), so that a pack kernel would write every panel to memory for
-   the matmul to read back, where a work item can pack its one panel into a private buffer that
-   stays in its core's cache while every row panel of A passes it (a panel larger than the
-   buffer is packed as many rows at a time as it holds). Not for views of a parameter alone
-   (the backends keep those panels while the buffer holds), nor where one item per column panel
-   would leave compute units without work, nor for more rows than mm_own_b_rows: there the pack
-   kernel's pass is small beside the matmul's work, and an item's columns would run down too many
-   rows of the output (the input gradient of the Fashion-MNIST CNN's second convolution, 800 x 196 x
-   64 per image on a 2-core Intel Xeon with AVX-512: 17.5 -> 22.2 ms where its panels were its own).
+/* The rows of B a packed matmul's work item packs at a time where it packs B itself
+   (tb__plan_kernel.own_b, own_b_k), else 0 (a pack kernel does): B is computed or the windows of a
+   buffer (a convolution's, K x N per image, many times the input it is made of), so that a pack
+   kernel would write every panel to memory for the matmul to read back, where a work item can pack
+   its one panel into a private buffer that stays in its core's cache while every row panel of A
+   passes it (a panel larger than the buffer is packed as many rows at a time as it holds). Not for
+   views of a parameter alone (the backends keep those panels while the buffer holds), nor where one
+   item per column panel would leave compute units without work, nor for more rows than
+   mm_own_b_rows: there the pack kernel's pass is small beside the matmul's work, and an item's
+   columns would run down too many rows of the output (the input gradient of the Fashion-MNIST CNN's
+   second convolution, 800 x 196 x 64 per image on a 2-core Intel Xeon with AVX-512: 17.5 -> 22.2 ms
+   where its panels were its own).
  */
-static bool tb__plan_mm_own_b(const tb__pgraph *G, int32_t core) {
+static int64_t tb__plan_mm_own_b_rows(const tb__pgraph *G, int32_t core) {
     const tb__target *T = G->target;
     int32_t x = tb__plan_operand(G, core, 1);
     tb_dtype od = tb__plan_shape(G, core)->dtype;
-    int64_t zb[6];
+    int64_t zb[6], fills;
     bool window = false;
     tb__plan_pack_sizes(G, core, false, zb);
     if (T->tuning->mm_own_b_bytes < zb[5] * (int64_t)tb_dtype_size(od) ||
         tb__plan_pack_dtype(od) != od || zb[1] > T->tuning->mm_own_b_rows ||
         zb[0] * zb[4] < 4 * (int64_t)T->compute_units)
-        return false;
+        return 0;
     while (!G->info[x].root && G->info[x].param < 0 && G->info[x].node->num_operands == 1) {
         window = window || G->info[x].node->op == TB_OP_WINDOW;
         x = tb__plan_operand(G, x, 0);
     }
-    return window || G->info[x].param < 0 || G->info[x].node->num_operands > 1;
+    if (!window && G->info[x].param >= 0 && G->info[x].node->num_operands <= 1) return 0;
+    /* the fills the buffer takes, then rows as even as they go */
+    fills = T->tuning->mm_own_b_bytes / (zb[5] * (int64_t)tb_dtype_size(od));
+    fills = (zb[3] + fills - 1) / fills;
+    return (zb[3] + fills - 1) / fills;
 }
 
 /* Chooses each matmul's kernel and puts the pack kernels in front of those that pack (A's
@@ -22926,7 +22931,7 @@ static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
         tb__plan_kernel *k = &p->kernels[i];
         tb_status st;
         size_t packs;
-        bool pack_a;
+        bool pack_a, pack_b;
         if (k->kind != TB__K_MATMUL) continue;
         if (G->target->tuning->mm_kind == TB__MM_TILES) {
             k->mm = TB__MM_TILES;
@@ -22935,16 +22940,10 @@ static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
         k->mm = TB__MM_REGISTERS;
         if (!tb__plan_mm_packs(G, k->core)) continue;
         pack_a = tb__plan_mm_a_buffer(G, k->core) < 0;
-        k->own_b = tb__plan_mm_b_buffer(G, k->core) < 0 && tb__plan_mm_own_b(G, k->core);
-        if (k->own_b) {
-            int64_t zb[6], rows;
-            tb__plan_pack_sizes(G, k->core, false, zb);
-            rows = G->target->tuning->mm_own_b_bytes /
-                   (zb[5] * (int64_t)tb_dtype_size(tb__plan_shape(G, k->core)->dtype));
-            rows = (zb[3] + rows - 1) / rows; /* the fills, then rows as even as they go */
-            k->own_b_k = (zb[3] + rows - 1) / rows;
-        }
-        packs = (size_t)pack_a + (tb__plan_mm_b_buffer(G, k->core) < 0 && !k->own_b);
+        pack_b = tb__plan_mm_b_buffer(G, k->core) < 0;
+        k->own_b_k = pack_b ? tb__plan_mm_own_b_rows(G, k->core) : 0;
+        k->own_b = k->own_b_k > 0;
+        packs = (size_t)pack_a + (pack_b && !k->own_b);
         st = packs > 0 ? tb__plan_insert_kernels(G, i, packs) : TB_OK;
         if (st != TB_OK) return st;
         for (j = 0; j < packs; j++) {
@@ -27011,13 +27010,9 @@ static bool tb__cg_pack_rows(tb__cg *g, const tb__plan_kernel *k, const tb__lf *
     snprintf(head, sizeof head, "for (long i%d = pk0; i%d < pk1; i%d++) ", (int)ik, (int)ik,
              (int)ik);
     tb__ix_open(&g->ix, head);
-    if (origin != NULL) {
-        tb__ix_line(&g->ix, "const long po = ((%s) * %lldL + i%d - %s) * %lldL + pj - pr0;", panel,
-                    (long long)z[3], (int)ik, origin, (long long)z[5]);
-    } else {
-        tb__ix_line(&g->ix, "const long po = ((%s) * %lldL + i%d) * %lldL + pj - pr0;", panel,
-                    (long long)z[3], (int)ik, (long long)z[5]);
-    }
+    tb__ix_line(&g->ix, "const long po = ((%s) * %lldL + i%d%s%s) * %lldL + pj - pr0;", panel,
+                (long long)z[3], (int)ik, origin != NULL ? " - " : "", origin != NULL ? origin : "",
+                (long long)z[5]);
     snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + %s; i%d++) ", (int)ir, (int)ir, n,
              (int)ir);
     tb__ix_open(&g->ix, head);
@@ -27219,6 +27214,48 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
     return g->ix.status == TB_OK;
 }
 
+/* The pointer ap to a packed matmul's A at row panel pr (row0 = pr * rm declared), depth
+   `depth0` (C text, or NULL: 0) on: A's panels, one set for every batch index or one per index
+   (variable ib), or A itself read in place. */
+static void tb__cg_matmul_a_pointer(tb__cg *g, const tb__plan_kernel *k, int32_t ib, int32_t a_slot,
+                                    bool panels_a, const char *depth0) {
+    const char *t = tb__cg_ctype(tb__plan_shape(g->G, k->core)->dtype);
+    int64_t za[6], K;
+    int rm = (int)k->rm;
+    char off[256], at[64] = "";
+    tb__plan_pack_sizes(g->G, k->core, true, za);
+    K = za[3];
+    if (depth0 != NULL) {
+        if (panels_a) {
+            snprintf(at, sizeof at, " + %s * %d", depth0, rm);
+        } else {
+            snprintf(at, sizeof at, " + %s", depth0);
+        }
+    }
+    if (panels_a && za[0] == 1) { /* one matrix A for every batch index */
+        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + pr * %lldL%s;", g->d->global, t, (int)a_slot,
+                    (long long)(K * rm), at);
+    } else if (panels_a) {
+        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL%s;", g->d->global, t,
+                    (int)a_slot, (int)ib, (long long)za[4], (long long)(K * rm), at);
+    } else {
+        tb__cg_matmul_a_offset(g, k, ib, off, sizeof off);
+        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (%s) + row0 * %lldL%s;", g->d->global, t,
+                    (int)a_slot, off, (long long)K, at);
+    }
+}
+
+/* A work item's own column panel of B (column col0 on, declared), its rows `pk0` to `pk1`
+   (C text) into its buffer bpk, row `origin` (C text, or NULL: 0) at the buffer's start. */
+static bool tb__cg_matmul_own_b_pack(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                     const char *pk0, const char *pk1, const char *origin) {
+    tb__ix_open(&g->ix, "");
+    tb__ix_line(&g->ix, "const long pk0 = %s, pk1 = %s, pl0 = col0;", pk0, pk1);
+    if (!tb__cg_pack_panel(g, k, bdims, "bpk", "0", origin)) return false;
+    tb__ix_close(&g->ix, "");
+    return true;
+}
+
 /* The body of a packed matmul whose work item packs its own column panel of B own_b_k rows at
    a time (fewer than K: tb__plan_kernel.own_b_k), after the item's column `pc` and batch index
    (variable ib, bdims) are set: for each fill of the item's buffer bpk, each row panel's
@@ -27230,7 +27267,7 @@ static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const
     const char *t = tb__cg_ctype(cs->dtype);
     int64_t za[6], K, fill = k->own_b_k, npr;
     int rm = (int)k->rm, vw = (int)k->rn, i, j;
-    char tv[16], head[192], off[256];
+    char tv[16], head[192];
     tb__plan_pack_sizes(g->G, k->core, true, za);
     K = za[3];
     npr = za[4];
@@ -27245,24 +27282,12 @@ static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const
     tb__ix_open(&g->ix, head);
     tb__ix_line(&g->ix, "const long kn = %lldL - kc0 < %lldL ? %lldL - kc0 : %lldL;", (long long)K,
                 (long long)fill, (long long)K, (long long)fill);
-    tb__ix_open(&g->ix, "");
-    tb__ix_line(&g->ix, "const long pk0 = kc0, pk1 = kc0 + kn, pl0 = col0;");
-    if (!tb__cg_pack_panel(g, k, bdims, "bpk", "0", "kc0")) return false;
-    tb__ix_close(&g->ix, "");
+    if (!tb__cg_matmul_own_b_pack(g, k, bdims, "kc0", "kc0 + kn", "kc0")) return false;
     tb__ix_line(&g->ix, "const %s *bp = bpk;", t);
     snprintf(head, sizeof head, "for (long pr = 0; pr < %lldL; pr++) ", (long long)npr);
     tb__ix_open(&g->ix, head);
-    if (panels_a && za[0] == 1) {
-        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + pr * %lldL + kc0 * %d;", g->d->global, t,
-                    (int)a_slot, (long long)(K * rm), rm);
-    } else if (panels_a) {
-        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL + kc0 * %d;",
-                    g->d->global, t, (int)a_slot, (int)ib, (long long)npr, (long long)(K * rm), rm);
-    } else {
-        tb__cg_matmul_a_offset(g, k, ib, off, sizeof off);
-        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (%s) + pr * %lldL + kc0;", g->d->global, t,
-                    (int)a_slot, off, (long long)(rm * K));
-    }
+    if (!panels_a) tb__ix_line(&g->ix, "const long row0 = pr * %d;", rm);
+    tb__cg_matmul_a_pointer(g, k, ib, a_slot, panels_a, "kc0");
     for (i = 0; i < rm; i++)
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "%s accv%d_%d = vload%d(%d, ct[pr][%d]);", tv, i, j, rw, j, i);
@@ -27294,7 +27319,7 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     int64_t za[6], zb[6], K;
     int rm = (int)k->rm, vw = (int)k->rn, i, j, nb, rw;
     const char *t = tb__cg_ctype(cs->dtype);
-    char tv[16], zero[48], head[160], id0[48], id1[48], id2[48], off[256];
+    char tv[16], zero[48], head[160], id0[48], id1[48], id2[48], pk1[32];
     int32_t ib, a_slot = k->pack_slot[0];
     bool panels_a = a_slot >= 0;
     tb__lf bdims[TB_MAX_RANK];
@@ -27342,10 +27367,8 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         /* B's column panel packed into the item's own buffer, then every row panel */
         tb__ix_line(&g->ix, "const long col0 = pc * %d;", vw);
         tb__ix_line(&g->ix, "%s bpk[%lld];", t, (long long)(K * vw));
-        tb__ix_open(&g->ix, "");
-        tb__ix_line(&g->ix, "const long pk0 = 0, pk1 = %lldL, pl0 = col0;", (long long)K);
-        if (!tb__cg_pack_panel(g, k, bdims, "bpk", "0", NULL)) return g->ix.status;
-        tb__ix_close(&g->ix, "");
+        snprintf(pk1, sizeof pk1, "%lldL", (long long)K);
+        if (!tb__cg_matmul_own_b_pack(g, k, bdims, "0", pk1, NULL)) return g->ix.status;
         tb__ix_line(&g->ix, "const %s *bp = bpk;", t);
         snprintf(head, sizeof head, "for (long pr = 0; pr < %lldL; pr++) ", (long long)za[4]);
         tb__ix_open(&g->ix, head);
@@ -27353,17 +27376,7 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     } else {
         tb__ix_line(&g->ix, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
     }
-    if (panels_a && za[0] == 1) { /* one matrix A for every batch index */
-        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + pr * %lldL;", g->d->global, t, (int)a_slot,
-                    (long long)(K * rm));
-    } else if (panels_a) {
-        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", g->d->global, t,
-                    (int)a_slot, (int)ib, (long long)za[4], (long long)(K * rm));
-    } else {
-        tb__cg_matmul_a_offset(g, k, ib, off, sizeof off);
-        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (%s) + row0 * %lldL;", g->d->global, t,
-                    (int)a_slot, off, (long long)K);
-    }
+    tb__cg_matmul_a_pointer(g, k, ib, a_slot, panels_a, NULL);
     if (k->pack_slot[1] >= 0)
         tb__ix_line(&g->ix, "%sconst %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", g->d->global, t,
                     (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));

@@ -354,13 +354,9 @@ static bool tb__cg_pack_rows(tb__cg *g, const tb__plan_kernel *k, const tb__lf *
     snprintf(head, sizeof head, "for (long i%d = pk0; i%d < pk1; i%d++) ", (int)ik, (int)ik,
              (int)ik);
     tb__ix_open(&g->ix, head);
-    if (origin != NULL) {
-        tb__ix_line(&g->ix, "const long po = ((%s) * %lldL + i%d - %s) * %lldL + pj - pr0;", panel,
-                    (long long)z[3], (int)ik, origin, (long long)z[5]);
-    } else {
-        tb__ix_line(&g->ix, "const long po = ((%s) * %lldL + i%d) * %lldL + pj - pr0;", panel,
-                    (long long)z[3], (int)ik, (long long)z[5]);
-    }
+    tb__ix_line(&g->ix, "const long po = ((%s) * %lldL + i%d%s%s) * %lldL + pj - pr0;", panel,
+                (long long)z[3], (int)ik, origin != NULL ? " - " : "", origin != NULL ? origin : "",
+                (long long)z[5]);
     snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + %s; i%d++) ", (int)ir, (int)ir, n,
              (int)ir);
     tb__ix_open(&g->ix, head);
@@ -562,6 +558,48 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
     return g->ix.status == TB_OK;
 }
 
+/* The pointer ap to a packed matmul's A at row panel pr (row0 = pr * rm declared), depth
+   `depth0` (C text, or NULL: 0) on: A's panels, one set for every batch index or one per index
+   (variable ib), or A itself read in place. */
+static void tb__cg_matmul_a_pointer(tb__cg *g, const tb__plan_kernel *k, int32_t ib, int32_t a_slot,
+                                    bool panels_a, const char *depth0) {
+    const char *t = tb__cg_ctype(tb__plan_shape(g->G, k->core)->dtype);
+    int64_t za[6], K;
+    int rm = (int)k->rm;
+    char off[256], at[64] = "";
+    tb__plan_pack_sizes(g->G, k->core, true, za);
+    K = za[3];
+    if (depth0 != NULL) {
+        if (panels_a) {
+            snprintf(at, sizeof at, " + %s * %d", depth0, rm);
+        } else {
+            snprintf(at, sizeof at, " + %s", depth0);
+        }
+    }
+    if (panels_a && za[0] == 1) { /* one matrix A for every batch index */
+        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + pr * %lldL%s;", g->d->global, t, (int)a_slot,
+                    (long long)(K * rm), at);
+    } else if (panels_a) {
+        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL%s;", g->d->global, t,
+                    (int)a_slot, (int)ib, (long long)za[4], (long long)(K * rm), at);
+    } else {
+        tb__cg_matmul_a_offset(g, k, ib, off, sizeof off);
+        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (%s) + row0 * %lldL%s;", g->d->global, t,
+                    (int)a_slot, off, (long long)K, at);
+    }
+}
+
+/* A work item's own column panel of B (column col0 on, declared), its rows `pk0` to `pk1`
+   (C text) into its buffer bpk, row `origin` (C text, or NULL: 0) at the buffer's start. */
+static bool tb__cg_matmul_own_b_pack(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                     const char *pk0, const char *pk1, const char *origin) {
+    tb__ix_open(&g->ix, "");
+    tb__ix_line(&g->ix, "const long pk0 = %s, pk1 = %s, pl0 = col0;", pk0, pk1);
+    if (!tb__cg_pack_panel(g, k, bdims, "bpk", "0", origin)) return false;
+    tb__ix_close(&g->ix, "");
+    return true;
+}
+
 /* The body of a packed matmul whose work item packs its own column panel of B own_b_k rows at
    a time (fewer than K: tb__plan_kernel.own_b_k), after the item's column `pc` and batch index
    (variable ib, bdims) are set: for each fill of the item's buffer bpk, each row panel's
@@ -573,7 +611,7 @@ static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const
     const char *t = tb__cg_ctype(cs->dtype);
     int64_t za[6], K, fill = k->own_b_k, npr;
     int rm = (int)k->rm, vw = (int)k->rn, i, j;
-    char tv[16], head[192], off[256];
+    char tv[16], head[192];
     tb__plan_pack_sizes(g->G, k->core, true, za);
     K = za[3];
     npr = za[4];
@@ -588,24 +626,12 @@ static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const
     tb__ix_open(&g->ix, head);
     tb__ix_line(&g->ix, "const long kn = %lldL - kc0 < %lldL ? %lldL - kc0 : %lldL;", (long long)K,
                 (long long)fill, (long long)K, (long long)fill);
-    tb__ix_open(&g->ix, "");
-    tb__ix_line(&g->ix, "const long pk0 = kc0, pk1 = kc0 + kn, pl0 = col0;");
-    if (!tb__cg_pack_panel(g, k, bdims, "bpk", "0", "kc0")) return false;
-    tb__ix_close(&g->ix, "");
+    if (!tb__cg_matmul_own_b_pack(g, k, bdims, "kc0", "kc0 + kn", "kc0")) return false;
     tb__ix_line(&g->ix, "const %s *bp = bpk;", t);
     snprintf(head, sizeof head, "for (long pr = 0; pr < %lldL; pr++) ", (long long)npr);
     tb__ix_open(&g->ix, head);
-    if (panels_a && za[0] == 1) {
-        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + pr * %lldL + kc0 * %d;", g->d->global, t,
-                    (int)a_slot, (long long)(K * rm), rm);
-    } else if (panels_a) {
-        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL + kc0 * %d;",
-                    g->d->global, t, (int)a_slot, (int)ib, (long long)npr, (long long)(K * rm), rm);
-    } else {
-        tb__cg_matmul_a_offset(g, k, ib, off, sizeof off);
-        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (%s) + pr * %lldL + kc0;", g->d->global, t,
-                    (int)a_slot, off, (long long)(rm * K));
-    }
+    if (!panels_a) tb__ix_line(&g->ix, "const long row0 = pr * %d;", rm);
+    tb__cg_matmul_a_pointer(g, k, ib, a_slot, panels_a, "kc0");
     for (i = 0; i < rm; i++)
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "%s accv%d_%d = vload%d(%d, ct[pr][%d]);", tv, i, j, rw, j, i);
@@ -637,7 +663,7 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     int64_t za[6], zb[6], K;
     int rm = (int)k->rm, vw = (int)k->rn, i, j, nb, rw;
     const char *t = tb__cg_ctype(cs->dtype);
-    char tv[16], zero[48], head[160], id0[48], id1[48], id2[48], off[256];
+    char tv[16], zero[48], head[160], id0[48], id1[48], id2[48], pk1[32];
     int32_t ib, a_slot = k->pack_slot[0];
     bool panels_a = a_slot >= 0;
     tb__lf bdims[TB_MAX_RANK];
@@ -685,10 +711,8 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         /* B's column panel packed into the item's own buffer, then every row panel */
         tb__ix_line(&g->ix, "const long col0 = pc * %d;", vw);
         tb__ix_line(&g->ix, "%s bpk[%lld];", t, (long long)(K * vw));
-        tb__ix_open(&g->ix, "");
-        tb__ix_line(&g->ix, "const long pk0 = 0, pk1 = %lldL, pl0 = col0;", (long long)K);
-        if (!tb__cg_pack_panel(g, k, bdims, "bpk", "0", NULL)) return g->ix.status;
-        tb__ix_close(&g->ix, "");
+        snprintf(pk1, sizeof pk1, "%lldL", (long long)K);
+        if (!tb__cg_matmul_own_b_pack(g, k, bdims, "0", pk1, NULL)) return g->ix.status;
         tb__ix_line(&g->ix, "const %s *bp = bpk;", t);
         snprintf(head, sizeof head, "for (long pr = 0; pr < %lldL; pr++) ", (long long)za[4]);
         tb__ix_open(&g->ix, head);
@@ -696,17 +720,7 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     } else {
         tb__ix_line(&g->ix, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
     }
-    if (panels_a && za[0] == 1) { /* one matrix A for every batch index */
-        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + pr * %lldL;", g->d->global, t, (int)a_slot,
-                    (long long)(K * rm));
-    } else if (panels_a) {
-        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (i%d * %lldL + pr) * %lldL;", g->d->global, t,
-                    (int)a_slot, (int)ib, (long long)za[4], (long long)(K * rm));
-    } else {
-        tb__cg_matmul_a_offset(g, k, ib, off, sizeof off);
-        tb__ix_line(&g->ix, "%sconst %s *ap = b%d + (%s) + row0 * %lldL;", g->d->global, t,
-                    (int)a_slot, off, (long long)K);
-    }
+    tb__cg_matmul_a_pointer(g, k, ib, a_slot, panels_a, NULL);
     if (k->pack_slot[1] >= 0)
         tb__ix_line(&g->ix, "%sconst %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", g->d->global, t,
                     (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));

@@ -949,34 +949,39 @@ static int32_t tb__plan_mm_b_buffer(const tb__pgraph *G, int32_t core) {
     return x;
 }
 
-/* Whether a packed matmul packs B itself (tb__plan_kernel.own_b) rather than after a pack
-   kernel: B is computed or the windows of a buffer (a convolution's, K x N per image, many
-   times the input it is made of), so that a pack kernel would write every panel to memory for
-   the matmul to read back, where a work item can pack its one panel into a private buffer that
-   stays in its core's cache while every row panel of A passes it (a panel larger than the
-   buffer is packed as many rows at a time as it holds). Not for views of a parameter alone
-   (the backends keep those panels while the buffer holds), nor where one item per column panel
-   would leave compute units without work, nor for more rows than mm_own_b_rows: there the pack
-   kernel's pass is small beside the matmul's work, and an item's columns would run down too many
-   rows of the output (the input gradient of the Fashion-MNIST CNN's second convolution, 800 x 196 x
-   64 per image on a 2-core Intel Xeon with AVX-512: 17.5 -> 22.2 ms where its panels were its own).
+/* The rows of B a packed matmul's work item packs at a time where it packs B itself
+   (tb__plan_kernel.own_b, own_b_k), else 0 (a pack kernel does): B is computed or the windows of a
+   buffer (a convolution's, K x N per image, many times the input it is made of), so that a pack
+   kernel would write every panel to memory for the matmul to read back, where a work item can pack
+   its one panel into a private buffer that stays in its core's cache while every row panel of A
+   passes it (a panel larger than the buffer is packed as many rows at a time as it holds). Not for
+   views of a parameter alone (the backends keep those panels while the buffer holds), nor where one
+   item per column panel would leave compute units without work, nor for more rows than
+   mm_own_b_rows: there the pack kernel's pass is small beside the matmul's work, and an item's
+   columns would run down too many rows of the output (the input gradient of the Fashion-MNIST CNN's
+   second convolution, 800 x 196 x 64 per image on a 2-core Intel Xeon with AVX-512: 17.5 -> 22.2 ms
+   where its panels were its own).
  */
-static bool tb__plan_mm_own_b(const tb__pgraph *G, int32_t core) {
+static int64_t tb__plan_mm_own_b_rows(const tb__pgraph *G, int32_t core) {
     const tb__target *T = G->target;
     int32_t x = tb__plan_operand(G, core, 1);
     tb_dtype od = tb__plan_shape(G, core)->dtype;
-    int64_t zb[6];
+    int64_t zb[6], fills;
     bool window = false;
     tb__plan_pack_sizes(G, core, false, zb);
     if (T->tuning->mm_own_b_bytes < zb[5] * (int64_t)tb_dtype_size(od) ||
         tb__plan_pack_dtype(od) != od || zb[1] > T->tuning->mm_own_b_rows ||
         zb[0] * zb[4] < 4 * (int64_t)T->compute_units)
-        return false;
+        return 0;
     while (!G->info[x].root && G->info[x].param < 0 && G->info[x].node->num_operands == 1) {
         window = window || G->info[x].node->op == TB_OP_WINDOW;
         x = tb__plan_operand(G, x, 0);
     }
-    return window || G->info[x].param < 0 || G->info[x].node->num_operands > 1;
+    if (!window && G->info[x].param >= 0 && G->info[x].node->num_operands <= 1) return 0;
+    /* the fills the buffer takes, then rows as even as they go */
+    fills = T->tuning->mm_own_b_bytes / (zb[5] * (int64_t)tb_dtype_size(od));
+    fills = (zb[3] + fills - 1) / fills;
+    return (zb[3] + fills - 1) / fills;
 }
 
 /* Chooses each matmul's kernel and puts the pack kernels in front of those that pack (A's
@@ -988,7 +993,7 @@ static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
         tb__plan_kernel *k = &p->kernels[i];
         tb_status st;
         size_t packs;
-        bool pack_a;
+        bool pack_a, pack_b;
         if (k->kind != TB__K_MATMUL) continue;
         if (G->target->tuning->mm_kind == TB__MM_TILES) {
             k->mm = TB__MM_TILES;
@@ -997,16 +1002,10 @@ static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
         k->mm = TB__MM_REGISTERS;
         if (!tb__plan_mm_packs(G, k->core)) continue;
         pack_a = tb__plan_mm_a_buffer(G, k->core) < 0;
-        k->own_b = tb__plan_mm_b_buffer(G, k->core) < 0 && tb__plan_mm_own_b(G, k->core);
-        if (k->own_b) {
-            int64_t zb[6], rows;
-            tb__plan_pack_sizes(G, k->core, false, zb);
-            rows = G->target->tuning->mm_own_b_bytes /
-                   (zb[5] * (int64_t)tb_dtype_size(tb__plan_shape(G, k->core)->dtype));
-            rows = (zb[3] + rows - 1) / rows; /* the fills, then rows as even as they go */
-            k->own_b_k = (zb[3] + rows - 1) / rows;
-        }
-        packs = (size_t)pack_a + (tb__plan_mm_b_buffer(G, k->core) < 0 && !k->own_b);
+        pack_b = tb__plan_mm_b_buffer(G, k->core) < 0;
+        k->own_b_k = pack_b ? tb__plan_mm_own_b_rows(G, k->core) : 0;
+        k->own_b = k->own_b_k > 0;
+        packs = (size_t)pack_a + (pack_b && !k->own_b);
         st = packs > 0 ? tb__plan_insert_kernels(G, i, packs) : TB_OK;
         if (st != TB_OK) return st;
         for (j = 0; j < packs; j++) {
