@@ -20655,8 +20655,9 @@ typedef struct tb__tuning {
     int32_t mm_small_n;     /* up to this many columns: one register block of all of them */
     int32_t mm_reg_group_x; /* its work-group */
     int32_t mm_reg_group_y;
-    int32_t mm_panel_rows; /* packed: rows of A per panel and per work item */
-    int32_t mm_vec_f32;    /* packed: columns of B per panel (one vector) for f32 and f64 */
+    int32_t mm_panel_rows;     /* packed: rows of A per panel and per work item, at most */
+    int32_t mm_panel_rows_min; /* and at least: each matmul takes the count that pads M least */
+    int32_t mm_vec_f32;        /* packed: columns of B per panel (one vector) for f32 and f64 */
     int32_t mm_vec_f64;
     int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
     int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */
@@ -21864,6 +21865,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->mm_reg_group_x = host ? 1 : 8;
     t->mm_reg_group_y = host ? 1 : 4;
     t->mm_panel_rows = 16;
+    t->mm_panel_rows_min = 16;
     t->mm_vec_f32 = 16;
     t->mm_vec_f64 = 8;
     t->mm_pack_rows = 8;
@@ -21921,7 +21923,10 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
          On an Intel AVX-512 VM with two FMA units per core, a block's loop over panels in L2
          (K = 4608, one thread): 16 x 16 (one register of B, 16 + 1) 161-165 GFLOP/s, 12 x 32
          215, 14 x 32 216-217 (28 accumulators: the broadcasts of A are loads inside the FMAs);
-         1024^3 on 2 threads 267 -> 338 GFLOP/s, ResNet-18 (batch 8, 224 x 224) 164 -> 148 ms;
+         1024^3 on 2 threads 267 -> 338 GFLOP/s, ResNet-18 (batch 8, 224 x 224) 164 -> 148 ms.
+         12, 13 and 15 rows ran as fast as 14, so a matmul takes 12 to 14 rows, the count that
+         pads its M least: 13 for M = 64, 128 and 256 (1.6% of the rows padding, not 9.4%,
+         9.4% and 3.9% with 14);
        AVX2 and SSE (16 registers): 6 x 2 registers (12 + 2 + 1): AVX2 6 x 16 f32, 6 x 8 f64,
          SSE 6 x 8 and 6 x 4. AVX2 1024^3 on 2 cores (Zen 4, 256-bit code, mul and add): 6 x 16
          gave 196-204 GFLOP/s, 4 x 24 203-207, 12 x 8 164-180, 7 x 16 (17 registers) 117-125;
@@ -21935,6 +21940,7 @@ static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape) {
     t->mm_vec_f32 = b_regs * lanes;
     t->mm_vec_f64 = b_regs * lanes / 2;
     t->mm_panel_rows = lanes == 16 ? 14 : (shape->vec_regs >= 32 ? 12 : 6);
+    t->mm_panel_rows_min = lanes == 16 ? 12 : t->mm_panel_rows;
     if (lanes < 8) t->mm_reg_rows = 4;
 }
 
@@ -22744,6 +22750,15 @@ static bool tb__plan_mm_a_shared(const tb__pgraph *G, int32_t core) {
     return true;
 }
 
+/* The rows of A per panel for M rows: of the tuning's range, the count that pads M least (the
+   larger of equals). */
+static int64_t tb__plan_mm_panel_rows(const tb__tuning *t, int64_t m) {
+    int64_t best = t->mm_panel_rows, r;
+    for (r = best - 1; t->mm_panel_rows_min > 0 && r >= t->mm_panel_rows_min; r--)
+        if ((m + r - 1) / r * r < (m + best - 1) / best * best) best = r;
+    return best;
+}
+
 /* The panels of a packed matmul's operand: batch (1 for an A that is the same for every
    batch index), M, N, K, the panel count and the panel width (rows of A per panel, or one
    vector of columns of B). */
@@ -22751,7 +22766,7 @@ static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, in
     const tb__tuning *t = G->target->tuning;
     tb__plan_mm mm = tb__plan_mm_of(G, core);
     int64_t width =
-        is_a ? t->mm_panel_rows
+        is_a ? tb__plan_mm_panel_rows(t, mm.m)
              : (tb__plan_shape(G, core)->dtype == TB_F64 ? t->mm_vec_f64 : t->mm_vec_f32);
     int64_t len = is_a ? mm.m : mm.n;
     sizes[0] = is_a && tb__plan_mm_a_shared(G, core) ? 1 : mm.batch;
@@ -22815,7 +22830,10 @@ static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
     }
     as = tb__plan_shape(G, a);
     if (!G->info[a].root || G->info[a].param >= 0 || tb__plan_pack_dtype(od) != od ||
-        as->dtype != od || tb__plan_mm_of(G, core).m % G->target->tuning->mm_panel_rows != 0)
+        as->dtype != od ||
+        tb__plan_mm_of(G, core).m %
+                tb__plan_mm_panel_rows(G->target->tuning, tb__plan_mm_of(G, core).m) !=
+            0)
         return -1;
     return a;
 }

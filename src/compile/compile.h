@@ -72,8 +72,9 @@ typedef struct tb__tuning {
     int32_t mm_small_n;     /* up to this many columns: one register block of all of them */
     int32_t mm_reg_group_x; /* its work-group */
     int32_t mm_reg_group_y;
-    int32_t mm_panel_rows; /* packed: rows of A per panel and per work item */
-    int32_t mm_vec_f32;    /* packed: columns of B per panel (one vector) for f32 and f64 */
+    int32_t mm_panel_rows;     /* packed: rows of A per panel and per work item, at most */
+    int32_t mm_panel_rows_min; /* and at least: each matmul takes the count that pads M least */
+    int32_t mm_vec_f32;        /* packed: columns of B per panel (one vector) for f32 and f64 */
     int32_t mm_vec_f64;
     int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
     int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */

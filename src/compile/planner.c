@@ -802,6 +802,15 @@ static bool tb__plan_mm_a_shared(const tb__pgraph *G, int32_t core) {
     return true;
 }
 
+/* The rows of A per panel for M rows: of the tuning's range, the count that pads M least (the
+   larger of equals). */
+static int64_t tb__plan_mm_panel_rows(const tb__tuning *t, int64_t m) {
+    int64_t best = t->mm_panel_rows, r;
+    for (r = best - 1; t->mm_panel_rows_min > 0 && r >= t->mm_panel_rows_min; r--)
+        if ((m + r - 1) / r * r < (m + best - 1) / best * best) best = r;
+    return best;
+}
+
 /* The panels of a packed matmul's operand: batch (1 for an A that is the same for every
    batch index), M, N, K, the panel count and the panel width (rows of A per panel, or one
    vector of columns of B). */
@@ -809,7 +818,7 @@ static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, in
     const tb__tuning *t = G->target->tuning;
     tb__plan_mm mm = tb__plan_mm_of(G, core);
     int64_t width =
-        is_a ? t->mm_panel_rows
+        is_a ? tb__plan_mm_panel_rows(t, mm.m)
              : (tb__plan_shape(G, core)->dtype == TB_F64 ? t->mm_vec_f64 : t->mm_vec_f32);
     int64_t len = is_a ? mm.m : mm.n;
     sizes[0] = is_a && tb__plan_mm_a_shared(G, core) ? 1 : mm.batch;
@@ -873,7 +882,10 @@ static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
     }
     as = tb__plan_shape(G, a);
     if (!G->info[a].root || G->info[a].param >= 0 || tb__plan_pack_dtype(od) != od ||
-        as->dtype != od || tb__plan_mm_of(G, core).m % G->target->tuning->mm_panel_rows != 0)
+        as->dtype != od ||
+        tb__plan_mm_of(G, core).m %
+                tb__plan_mm_panel_rows(G->target->tuning, tb__plan_mm_of(G, core).m) !=
+            0)
         return -1;
     return a;
 }
