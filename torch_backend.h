@@ -19418,6 +19418,28 @@ static bool tb__conv_phases_fit(const tb__conv_args *c, tb_tensor *x, tb_tensor 
     return s * kp[0] * s * kp[1] * 3 <= c->k[0] * c->k[1] * 4;
 }
 
+/* t [A, B, s * h0, s * w0] after `pads` (tb_pad's order) as its s x s phases [A, B * s * s, h0,
+   w0]: element (b, i, j, y, x) is the padded t's (b, s * y + i, s * x + j). */
+static tb_tensor *tb__conv_phase_view(tb__ag *a, tb_tensor *t, const int64_t pads[4], int64_t s,
+                                      const int64_t h[2]) {
+    const int32_t perm[6] = {0, 1, 3, 5, 2, 4};
+    tb_shape ts = tb_tensor_shape(t);
+    int64_t dims[6];
+    dims[0] = ts.dims[0];
+    dims[1] = ts.dims[1];
+    dims[2] = h[0];
+    dims[3] = s;
+    dims[4] = h[1];
+    dims[5] = s;
+    t = tb__ag_keep(a, tb_pad(t, pads, 4, 0.0));
+    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 6)) : NULL;
+    t = t != NULL ? tb__ag_keep(a, tb_permute(t, perm, 6)) : NULL; /* [A, B, s, s, h0, w0] */
+    dims[1] *= s * s;
+    dims[2] = h[0];
+    dims[3] = h[1];
+    return t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 4)) : NULL;
+}
+
 /* A stride-s convolution as a stride-1 one over the input's s x s phases: x padded to whole
    phases and seen as [N, C * s * s, H / s, W / s] (element (c, i, j, h, w) is x's (c, s * h + i,
    s * w + j)), the weight padded with zeros to whole phases and seen alike as [O, C * s * s,
@@ -19428,11 +19450,8 @@ static bool tb__conv_phases_fit(const tb__conv_args *c, tb_tensor *x, tb_tensor 
    7.3, the padding columns cut away after it 2.0). Sets *cp to the stride-1 convolution's
    arguments and *weight to its weight; returns the phases, or NULL. */
 static tb_tensor *tb__conv_phases(tb__ag *a, const tb__conv_args *c, tb_tensor *x,
-                                  tb_tensor **weight, int64_t outc, tb__conv_args *cp) {
-    tb_shape xs = tb_tensor_shape(x);
-    int64_t s = c->s[0], n = xs.dims[0], ch = xs.dims[1], kp[2], hs[2], pads[4], dims[6];
-    const int32_t perm[6] = {0, 1, 3, 5, 2, 4};
-    tb_tensor *t, *w;
+                                  tb_tensor **weight, tb__conv_args *cp) {
+    int64_t s = c->s[0], kp[2], hs[2], xpads[4], wpads[4];
     int32_t i;
     *cp = *c;
     for (i = 0; i < 2; i++) {
@@ -19444,36 +19463,13 @@ static tb_tensor *tb__conv_phases(tb__ag *a, const tb__conv_args *c, tb_tensor *
         cp->right[i] = 0;
         cp->lo[i] = hs[i];
         /* pads run from the last dim backwards */
-        pads[2 * (1 - i)] = c->p[i];
-        pads[2 * (1 - i) + 1] = s * hs[i] - c->p[i] - c->lo[i];
+        xpads[2 * (1 - i)] = c->p[i];
+        xpads[2 * (1 - i) + 1] = s * hs[i] - c->p[i] - c->lo[i];
+        wpads[2 * (1 - i)] = 0;
+        wpads[2 * (1 - i) + 1] = s * kp[i] - c->k[i];
     }
-    t = tb__ag_keep(a, tb_pad(x, pads, 4, 0.0));
-    dims[0] = n;
-    dims[1] = ch;
-    dims[2] = hs[0];
-    dims[3] = s;
-    dims[4] = hs[1];
-    dims[5] = s;
-    t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 6)) : NULL;
-    t = t != NULL ? tb__ag_keep(a, tb_permute(t, perm, 6)) : NULL; /* [N, C, s, s, H/s, W/s] */
-    for (i = 0; i < 2; i++) {
-        pads[2 * (1 - i)] = 0;
-        pads[2 * (1 - i) + 1] = s * kp[i] - c->k[i];
-    }
-    w = tb__ag_keep(a, tb_pad(*weight, pads, 4, 0.0));
-    dims[0] = outc;
-    dims[2] = kp[0];
-    dims[4] = kp[1];
-    w = w != NULL ? tb__ag_keep(a, tb_reshape(w, dims, 6)) : NULL;
-    w = w != NULL ? tb__ag_keep(a, tb_permute(w, perm, 6)) : NULL; /* [O, C, s, s, KH/s, KW/s] */
-    dims[1] = ch * s * s;
-    dims[2] = kp[0];
-    dims[3] = kp[1];
-    *weight = w != NULL ? tb__ag_keep(a, tb_reshape(w, dims, 4)) : NULL;
-    dims[0] = n;
-    dims[2] = hs[0];
-    dims[3] = hs[1];
-    return t != NULL && *weight != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 4)) : NULL;
+    *weight = tb__conv_phase_view(a, *weight, wpads, s, kp);
+    return *weight != NULL ? tb__conv_phase_view(a, x, xpads, s, hs) : NULL;
 }
 
 /* x [N, C, L..] as windows [N, G, C / G * K.., O..] multiplied by the weight [G, O / G, C / G *
@@ -19487,7 +19483,7 @@ static tb_tensor *tb__conv_forward(tb__ag *a, const tb__conv_args *c, tb_tensor 
     int32_t perm[TB_MAX_RANK], i, r;
     tb_tensor *w, *t, *m;
     if (tb__conv_phases_fit(c, x, weight, groups)) {
-        x = tb__conv_phases(a, c, x, &weight, outc, &phased);
+        x = tb__conv_phases(a, c, x, &weight, &phased);
         if (x == NULL) return NULL;
         c = &phased;
     }
@@ -22908,6 +22904,7 @@ static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
     int32_t a = tb__plan_operand(G, core, 0);
     const tb_shape *cs = tb__plan_shape(G, core), *as;
     tb_dtype od = cs->dtype;
+    int64_t m;
     if (G->info[a].node->op == TB_OP_EXPAND && !G->info[a].root) {
         int32_t x = tb__plan_operand(G, a, 0);
         const tb_shape *xs = tb__plan_shape(G, x);
@@ -22918,11 +22915,9 @@ static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
         a = x;
     }
     as = tb__plan_shape(G, a);
+    m = tb__plan_mm_of(G, core).m;
     if (!G->info[a].root || G->info[a].param >= 0 || tb__plan_pack_dtype(od) != od ||
-        as->dtype != od ||
-        tb__plan_mm_of(G, core).m %
-                tb__plan_mm_panel_rows(G->target->tuning, tb__plan_mm_of(G, core).m) !=
-            0)
+        as->dtype != od || m % tb__plan_mm_panel_rows(G->target->tuning, m) != 0)
         return -1;
     return a;
 }

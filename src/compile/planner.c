@@ -871,6 +871,7 @@ static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
     int32_t a = tb__plan_operand(G, core, 0);
     const tb_shape *cs = tb__plan_shape(G, core), *as;
     tb_dtype od = cs->dtype;
+    int64_t m;
     if (G->info[a].node->op == TB_OP_EXPAND && !G->info[a].root) {
         int32_t x = tb__plan_operand(G, a, 0);
         const tb_shape *xs = tb__plan_shape(G, x);
@@ -881,11 +882,9 @@ static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
         a = x;
     }
     as = tb__plan_shape(G, a);
+    m = tb__plan_mm_of(G, core).m;
     if (!G->info[a].root || G->info[a].param >= 0 || tb__plan_pack_dtype(od) != od ||
-        as->dtype != od ||
-        tb__plan_mm_of(G, core).m %
-                tb__plan_mm_panel_rows(G->target->tuning, tb__plan_mm_of(G, core).m) !=
-            0)
+        as->dtype != od || m % tb__plan_mm_panel_rows(G->target->tuning, m) != 0)
         return -1;
     return a;
 }
