@@ -21106,9 +21106,17 @@ typedef struct tb__ix_scope {
     size_t memo, undo;
 } tb__ix_scope;
 
+/* An index variable: its range, and how its line computes it where that is index arithmetic
+   (def TB__IX_FORM: the form `form`; TB__IX_DIGIT: (src / q) % d, d 0 for no remainder), so
+   that its values can be worked out while the kernel is emitted (tb__ix_value). */
+enum { TB__IX_ROOT = 0, TB__IX_FORM = 1, TB__IX_DIGIT = 2 };
+
 typedef struct tb__ix_var {
     int64_t lo, hi;
     int32_t traced; /* derived from the traced variable (see tb__ix.period) */
+    int32_t def, src;
+    int64_t q, d;
+    tb__lf form;
 } tb__ix_var;
 
 /* The state of one kernel's code while it is emitted: its text (one builder whose failure is
@@ -21145,6 +21153,10 @@ static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap);
 static tb_status tb__ix_fail(tb__ix *g, tb_status st);
 static void tb__ix_line(tb__ix *g, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
+/* The value variable `var` takes where variable `root` is `value`: false where it depends on
+   another variable its lines do not compute from root (one declared before root, a loop's, a
+   value read from memory). */
+static bool tb__ix_value(const tb__ix *g, int32_t var, int32_t root, int64_t value, int64_t *out);
 static bool tb__ix_lf_addmul(tb__ix *g, tb__lf *dst, const tb__lf *src, int64_t scale);
 static int32_t tb__ix_memo_find(const tb__ix *g, int32_t kind, int32_t a, int32_t b,
                                 uint64_t extra);
@@ -21279,6 +21291,7 @@ typedef struct tb__cg {
        reading B in place takes the address of a row from it) */
     char *capture;
     int32_t capture_slot;
+    tb__lf capture_flat;
 } tb__cg;
 
 /* the C type of a dtype; of an accumulator dtype chosen by the planner (integers wrap:
@@ -21316,6 +21329,10 @@ static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos);
 static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos);
 /* whether the current kernel reads node from a buffer (b<slot>) at its own flat index */
 static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node);
+/* a constant table of the kernel (in the dialect's storage for them) named `name`: `count`
+   entries `vals` of type `type` */
+static void tb__cg_const_table(tb__cg *g, const char *type, const char *name, const int64_t *vals,
+                               int32_t count);
 /* work-group memory of `count` elements of `type` named `name` */
 static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t count);
 
@@ -24319,7 +24336,46 @@ static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi) {
     g->vars[g->num_vars].lo = lo;
     g->vars[g->num_vars].hi = hi;
     g->vars[g->num_vars].traced = 0;
+    g->vars[g->num_vars].def = TB__IX_ROOT;
     return (int32_t)g->num_vars++;
+}
+
+/* A new variable that is digit (src / q) % d of variable src (d 0: src / q); its line is the
+   caller's. */
+static int32_t tb__ix_new_digit(tb__ix *g, int64_t lo, int64_t hi, int32_t src, int64_t q,
+                                int64_t d) {
+    int32_t v = tb__ix_new_var(g, lo, hi);
+    if (v >= 0) {
+        g->vars[v].def = TB__IX_DIGIT;
+        g->vars[v].src = src;
+        g->vars[v].q = q;
+        g->vars[v].d = d;
+    }
+    return v;
+}
+
+static bool tb__ix_value(const tb__ix *g, int32_t var, int32_t root, int64_t value, int64_t *out) {
+    const tb__ix_var *v;
+    int64_t x;
+    int32_t i;
+    if (var == root) {
+        *out = value;
+        return true;
+    }
+    if (var < root) return false; /* declared before root: not computed from it */
+    v = &g->vars[var];
+    if (v->def == TB__IX_DIGIT) {
+        if (!tb__ix_value(g, v->src, root, value, &x) || v->q < 1) return false;
+        *out = v->d > 0 ? (x / v->q) % v->d : x / v->q;
+        return true;
+    }
+    if (v->def != TB__IX_FORM) return false;
+    *out = v->form.c;
+    for (i = 0; i < v->form.n; i++) {
+        if (!tb__ix_value(g, v->form.var[i], root, value, &x)) return false;
+        *out += v->form.coef[i] * x;
+    }
+    return true;
 }
 
 /* Notes that a line divides (or reduces) variable `src` with the given period: the number of
@@ -24412,6 +24468,8 @@ static int32_t tb__ix_spill(tb__ix *g, const tb__lf *lf) {
     tb__ix_lf_range(g, lf, &lo, &hi);
     v = tb__ix_new_var(g, lo, hi);
     if (v < 0) return -1;
+    g->vars[v].def = TB__IX_FORM;
+    g->vars[v].form = *lf;
     for (i = 0; i < lf->n; i++)
         g->vars[v].traced |= g->vars[lf->var[i]].traced;
     tb__lf_text(lf, text, sizeof text);
@@ -24689,7 +24747,7 @@ static bool tb__ix_group_split(tb__ix *g, const tb__lf *flat, int32_t rank, cons
                 tb__lf_add_term(&out[j], src, 1);
                 continue;
             }
-            v = tb__ix_new_var(g, 0, dims[j] - 1);
+            v = tb__ix_new_digit(g, 0, dims[j] - 1, src, q, top ? 0 : dims[j]);
             if (v < 0) return false;
             tb__ix_note_period(g, src, q > 1 ? q : dims[j]);
             if (top) {
@@ -24729,7 +24787,9 @@ static bool tb__ix_need_multi(tb__ix *g, int32_t id) {
             if (t < 0) return false;
             first = (int32_t)g->num_vars;
             for (i = 0; i < p.rank; i++) {
-                int32_t v = tb__ix_new_var(g, 0, p.dims[i] > 0 ? p.dims[i] - 1 : 0);
+                int32_t v = tb__ix_new_digit(g, 0, p.dims[i] > 0 ? p.dims[i] - 1 : 0, t,
+                                             p.dims[i] <= 1 ? INT64_MAX : strides[i],
+                                             leading ? 0 : p.dims[i]);
                 if (v < 0) return false;
                 if (p.dims[i] > 1 && (!leading || strides[i] > 1))
                     tb__ix_note_period(g, t, strides[i] > 1 ? strides[i] : p.dims[i]);
@@ -24800,7 +24860,7 @@ static bool tb__ix_regroup_run(tb__ix *g, const tb__lf *dims, const tb_shape *fr
     stride = 1;
     for (i = tb_ - 1; i >= ta; i--) {
         if (to->dims[i] <= 1) continue;
-        v = tb__ix_new_var(g, 0, to->dims[i] - 1);
+        v = tb__ix_new_digit(g, 0, to->dims[i] - 1, src, stride, to->dims[i]);
         if (v < 0) return false;
         tb__ix_note_period(g, src, stride > 1 ? stride : to->dims[i]);
         if (stride == 1) {
@@ -25578,6 +25638,7 @@ static int32_t tb__cg_read_slot(tb__cg *g, int32_t slot, tb_dtype dtype, int32_t
     if (g->capture != NULL) {
         memcpy(g->capture, text, sizeof text);
         g->capture_slot = slot;
+        g->capture_flat = g->ix.pos[pos].flat;
         g->capture = NULL;
     }
     v = tb__cg_new_val(g, dtype);
@@ -25701,8 +25762,8 @@ static bool tb__cg_concat_tree(tb__cg *g, int32_t node, const tb__pos *p, const 
 
 /* A constant table of the kernel (in the dialect's storage for them) named `name`: `count`
    entries `vals` of type `type`. */
-static void tb__cg_concat_table(tb__cg *g, const char *type, const char *name, const int64_t *vals,
-                                int32_t count) {
+static void tb__cg_const_table(tb__cg *g, const char *type, const char *name, const int64_t *vals,
+                               int32_t count) {
     tb__str t;
     int32_t i;
     memset(&t, 0, sizeof t);
@@ -25769,7 +25830,7 @@ static void tb__cg_concat_select(tb__cg *g, const char *name, const int64_t *val
     if (affine) {
         snprintf(buf, cap, "%lld + i%d", (long long)vals[0], (int)kv);
     } else {
-        tb__cg_concat_table(g, "int", name, vals, count);
+        tb__cg_const_table(g, "int", name, vals, count);
         snprintf(buf, cap, "%s[i%d]", name, (int)kv);
     }
 }
@@ -25815,7 +25876,7 @@ static bool tb__cg_concat_lookup(tb__cg *g, int32_t node, const tb__pos *p, int3
     } else {
         /* the last operand starting at or before the element (empty ones start where the
            next one does) */
-        tb__cg_concat_table(g, "long", "tb_cat_at", vals, count + 1);
+        tb__cg_const_table(g, "long", "tb_cat_at", vals, count + 1);
         tb__ix_line(&g->ix, "long i%d = 0;", (int)kv);
         tb__ix_line(&g->ix, "for (long tb_hi = %dL; tb_hi - i%d > 1L;) {", (int)count, (int)kv);
         tb__ix_line(&g->ix, "    const long tb_mid = (i%d + tb_hi) / 2L;", (int)kv);
@@ -27241,14 +27302,69 @@ static void tb__cg_matmul_a_offset(tb__cg *g, const tb__plan_kernel *k, int32_t 
     }
 }
 
+/* The most steps of K a table of B's row offsets holds (tb__cg_matmul_rows_table). */
+#define TB__CG_ROW_TABLE_MAX 16384
+
+/* Splits the flat index of B's row at depth variable `ik` (read in place) into a part that
+   does not change along the depth, as C text in `rest`, and a part that depends on the depth
+   alone, worked out for each of the K steps into rows[]: true where every term of the form is
+   a variable declared before the depth loop (the column, the batch index) or one the index
+   lines compute from the depth alone. A convolution's windows are such rows: the depth is
+   unravelled into channel, kernel row and kernel column (two divisions and three remainders a
+   step, as many scalar instructions as the step's FMAs take cycles, some on the port of the
+   vector units), where a table lookup is one load. */
+static bool tb__cg_matmul_rows_table(tb__cg *g, const tb__lf *flat, int32_t ik, int64_t K,
+                                     int64_t *rows, char *rest, size_t cap) {
+    tb__lf fixed;
+    int64_t x, s;
+    int32_t i;
+    if (K < 1 || K > TB__CG_ROW_TABLE_MAX) return false;
+    tb__lf_const(&fixed, flat->c);
+    for (i = 0; i < flat->n; i++)
+        if (flat->var[i] < ik && !tb__lf_add_term(&fixed, flat->var[i], flat->coef[i]))
+            return false;
+    for (x = 0; x < K; x++) {
+        rows[x] = 0;
+        for (i = 0; i < flat->n; i++) {
+            if (flat->var[i] < ik) continue;
+            if (!tb__ix_value(&g->ix, flat->var[i], ik, x, &s)) return false;
+            rows[x] += flat->coef[i] * s;
+        }
+    }
+    tb__lf_text(&fixed, rest, cap);
+    return true;
+}
+
+/* Puts the table of B's row offsets (tb_krow, K entries) into the kernel's text at `mark`. */
+static void tb__cg_insert_table(tb__cg *g, size_t mark, const int64_t *rows, int64_t K) {
+    bool narrow = true;
+    char *tail;
+    int64_t i;
+    for (i = 0; i < K; i++)
+        narrow = narrow && rows[i] >= INT32_MIN && rows[i] <= INT32_MAX;
+    if (g->ix.body.failed || g->ix.body.data == NULL || mark > g->ix.body.len) return;
+    tail = tb__strdup(g->ix.body.data + mark);
+    if (tail == NULL) {
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+        return;
+    }
+    g->ix.body.len = mark;
+    g->ix.body.data[mark] = '\0';
+    tb__cg_const_table(g, narrow ? "int" : "long", "tb_krow", rows, (int32_t)K);
+    tb__str_append(&g->ix.body, "%s", tail);
+    tb__free(tail);
+}
+
 /* A packed matmul's loop over the depth, accumulating into accv<i>_<j> (declared before it):
    B from its panel at bp (in_place 0), or read in place (1: the block's columns all within
    B's `len`, each step of K one row of B from one address; 2: the last panel, its columns
    past `len` read as zeros) at the column of the variable `lane`; A from its panels or itself
-   at ap. */
+   at ap. `rows` (in place; NULL: none): the table of the rows' offsets
+   (tb__cg_matmul_rows_table) the loop reads as tb_krow where *has_rows, else where the rows
+   split so: then filled in and *has_rows set, for the caller to put in the kernel. */
 static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
                                 int32_t lane, int in_place, int rm, int nb, int rw, bool panels_a,
-                                const char *count) {
+                                const char *count, int64_t *rows, bool *has_rows) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     const char *t = tb__cg_ctype(cs->dtype);
     /* rows of the dialect's float vectors (f32, and f16 and bf16 computed in f32): each
@@ -27256,7 +27372,7 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
        and an add share the FMA units on Intel's cores) */
     bool fma = strcmp(t, "float") == 0 && rw == g->d->vec_width;
     int64_t za[6];
-    char head[160], tv[16], flat[TB__LF_TEXT];
+    char head[160], tv[16], flat[TB__LF_TEXT], rest[TB__LF_TEXT];
     int32_t ik;
     int i, j;
     tb__plan_pack_sizes(g->G, k->core, true, za);
@@ -27290,8 +27406,21 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
                                           "codegen: %s reads B in place but no buffer", k->name));
             return false;
         }
-        tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s);", g->d->global, t, (int)g->capture_slot,
-                    flat);
+        if (rows != NULL && !*has_rows &&
+            tb__cg_matmul_rows_table(g, &g->capture_flat, ik, za[3], rows, rest, sizeof rest)) {
+            *has_rows = true;
+            tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s) + tb_krow[i%d];", g->d->global, t,
+                        (int)g->capture_slot, rest, (int)ik);
+        } else if (rows != NULL && *has_rows &&
+                   tb__cg_matmul_rows_table(g, &g->capture_flat, ik, za[3], rows + za[3], rest,
+                                            sizeof rest) &&
+                   memcmp(rows, rows + za[3], (size_t)za[3] * sizeof *rows) == 0) {
+            tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s) + tb_krow[i%d];", g->d->global, t,
+                        (int)g->capture_slot, rest, (int)ik);
+        } else {
+            tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s);", g->d->global, t,
+                        (int)g->capture_slot, flat);
+        }
         if (in_place == 2) {
             tb__ix_line(&g->ix, "%s bt[%d];", t, nb * rw);
             tb__ix_line(&g->ix,
@@ -27397,7 +27526,8 @@ static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const
     for (i = 0; i < rm; i++)
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "%s accv%d_%d = vload%d(%d, ct[pr][%d]);", tv, i, j, rw, j, i);
-    if (!tb__cg_matmul_depth(g, k, bdims, -1, 0, rm, nb, rw, panels_a, "kn")) return false;
+    if (!tb__cg_matmul_depth(g, k, bdims, -1, 0, rm, nb, rw, panels_a, "kn", NULL, NULL))
+        return false;
     for (i = 0; i < rm; i++)
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "vstore%d(accv%d_%d, %d, ct[pr][%d]);", rw, i, j, j, i);
@@ -27491,23 +27621,35 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "%s accv%d_%d = %s;", tv, i, j, zero);
     if (k->pack_slot[1] >= 0 || k->own_b) {
-        if (!tb__cg_matmul_depth(g, k, bdims, -1, 0, rm, nb, rw, panels_a, NULL))
+        if (!tb__cg_matmul_depth(g, k, bdims, -1, 0, rm, nb, rw, panels_a, NULL, NULL, NULL))
             return g->ix.status;
     } else {
         /* B in place: whole panels read rows of B; the last, partial one reads what is left */
         int64_t n = tb__plan_mm_of(g->G, k->core).n;
         int32_t lane = tb__ix_new_var(&g->ix, 0, n - 1);
         if (lane < 0) return g->ix.status;
+        size_t mark;
+        int64_t *rows = NULL;
+        bool has_rows = false, ok;
+        if (K <= TB__CG_ROW_TABLE_MAX) {
+            rows = (int64_t *)tb__calloc((size_t)(2 * K), sizeof *rows);
+            if (rows == NULL) return tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+        }
         tb__ix_line(&g->ix, "const long i%d = col0;", (int)lane);
+        mark = g->ix.body.len;
         snprintf(head, sizeof head, "if (col0 + %dL <= %lldL) ", vw, (long long)n);
         tb__ix_open(&g->ix, head);
-        if (!tb__cg_matmul_depth(g, k, bdims, lane, 1, rm, nb, rw, panels_a, NULL))
-            return g->ix.status;
+        ok = tb__cg_matmul_depth(g, k, bdims, lane, 1, rm, nb, rw, panels_a, NULL, rows, &has_rows);
         tb__ix_close(&g->ix, " else");
         tb__ix_open(&g->ix, "");
-        if (!tb__cg_matmul_depth(g, k, bdims, lane, 2, rm, nb, rw, panels_a, NULL))
-            return g->ix.status;
+        ok = ok &&
+             tb__cg_matmul_depth(g, k, bdims, lane, 2, rm, nb, rw, panels_a, NULL, rows, &has_rows);
         tb__ix_close(&g->ix, "");
+        /* the table in front of the loops, at the kernel's outermost scope (OpenCL's rule for
+           its constants) */
+        if (ok && has_rows) tb__cg_insert_table(g, mark, rows, K);
+        tb__free(rows);
+        if (!ok) return g->ix.status;
     }
     tb__ix_line(&g->ix, "%s acc[%d][%d];", t, rm, vw);
     for (i = 0; i < rm; i++)

@@ -825,7 +825,9 @@ static void rows_case_run(const rows_case *c, const char *backend, tb_dtype dt) 
     if (strstr(ir, "slice") != NULL) fail_msg("%s: the windows' form has a slice:\n%s", what, ir);
     tb_free(ir);
     if (strcmp(backend, "cpu") != 0 && c->w[0] >= 32 && !c->windows) {
-        /* the packed matmul on a CPU device reads B's rows in place: A's panels, none of B */
+        /* the packed matmul on a CPU device reads B's rows in place: A's panels, none of B,
+           each step of the depth at its row's offset in a table (tb_krow), not at the window's
+           digits divided out of it */
         tb_device_info info;
         char *text = tb_ir_backend_text(&rows, 1);
         assert_non_null(text);
@@ -833,6 +835,8 @@ static void rows_case_run(const rows_case *c, const char *backend, tb_dtype dt) 
         if (info.device.type == TB_DEVICE_CPU &&
             (strstr(text, "void PA_") == NULL || strstr(text, "void PB_") != NULL))
             fail_msg("%s: the matmul packs B, or is not packed:\n%s", what, text);
+        if (info.device.type == TB_DEVICE_CPU && strstr(text, "+ tb_krow[i") == NULL)
+            fail_msg("%s: B's rows not read at a table's offsets:\n%s", what, text);
         tb_free(text);
     }
     rows_compare(what, rows, win, dt == TB_F64 ? 1e-12 : 2e-6);

@@ -307,6 +307,7 @@ static int32_t tb__cg_read_slot(tb__cg *g, int32_t slot, tb_dtype dtype, int32_t
     if (g->capture != NULL) {
         memcpy(g->capture, text, sizeof text);
         g->capture_slot = slot;
+        g->capture_flat = g->ix.pos[pos].flat;
         g->capture = NULL;
     }
     v = tb__cg_new_val(g, dtype);
@@ -430,8 +431,8 @@ static bool tb__cg_concat_tree(tb__cg *g, int32_t node, const tb__pos *p, const 
 
 /* A constant table of the kernel (in the dialect's storage for them) named `name`: `count`
    entries `vals` of type `type`. */
-static void tb__cg_concat_table(tb__cg *g, const char *type, const char *name, const int64_t *vals,
-                                int32_t count) {
+static void tb__cg_const_table(tb__cg *g, const char *type, const char *name, const int64_t *vals,
+                               int32_t count) {
     tb__str t;
     int32_t i;
     memset(&t, 0, sizeof t);
@@ -498,7 +499,7 @@ static void tb__cg_concat_select(tb__cg *g, const char *name, const int64_t *val
     if (affine) {
         snprintf(buf, cap, "%lld + i%d", (long long)vals[0], (int)kv);
     } else {
-        tb__cg_concat_table(g, "int", name, vals, count);
+        tb__cg_const_table(g, "int", name, vals, count);
         snprintf(buf, cap, "%s[i%d]", name, (int)kv);
     }
 }
@@ -544,7 +545,7 @@ static bool tb__cg_concat_lookup(tb__cg *g, int32_t node, const tb__pos *p, int3
     } else {
         /* the last operand starting at or before the element (empty ones start where the
            next one does) */
-        tb__cg_concat_table(g, "long", "tb_cat_at", vals, count + 1);
+        tb__cg_const_table(g, "long", "tb_cat_at", vals, count + 1);
         tb__ix_line(&g->ix, "long i%d = 0;", (int)kv);
         tb__ix_line(&g->ix, "for (long tb_hi = %dL; tb_hi - i%d > 1L;) {", (int)count, (int)kv);
         tb__ix_line(&g->ix, "    const long tb_mid = (i%d + tb_hi) / 2L;", (int)kv);

@@ -479,14 +479,69 @@ static void tb__cg_matmul_a_offset(tb__cg *g, const tb__plan_kernel *k, int32_t 
     }
 }
 
+/* The most steps of K a table of B's row offsets holds (tb__cg_matmul_rows_table). */
+#define TB__CG_ROW_TABLE_MAX 16384
+
+/* Splits the flat index of B's row at depth variable `ik` (read in place) into a part that
+   does not change along the depth, as C text in `rest`, and a part that depends on the depth
+   alone, worked out for each of the K steps into rows[]: true where every term of the form is
+   a variable declared before the depth loop (the column, the batch index) or one the index
+   lines compute from the depth alone. A convolution's windows are such rows: the depth is
+   unravelled into channel, kernel row and kernel column (two divisions and three remainders a
+   step, as many scalar instructions as the step's FMAs take cycles, some on the port of the
+   vector units), where a table lookup is one load. */
+static bool tb__cg_matmul_rows_table(tb__cg *g, const tb__lf *flat, int32_t ik, int64_t K,
+                                     int64_t *rows, char *rest, size_t cap) {
+    tb__lf fixed;
+    int64_t x, s;
+    int32_t i;
+    if (K < 1 || K > TB__CG_ROW_TABLE_MAX) return false;
+    tb__lf_const(&fixed, flat->c);
+    for (i = 0; i < flat->n; i++)
+        if (flat->var[i] < ik && !tb__lf_add_term(&fixed, flat->var[i], flat->coef[i]))
+            return false;
+    for (x = 0; x < K; x++) {
+        rows[x] = 0;
+        for (i = 0; i < flat->n; i++) {
+            if (flat->var[i] < ik) continue;
+            if (!tb__ix_value(&g->ix, flat->var[i], ik, x, &s)) return false;
+            rows[x] += flat->coef[i] * s;
+        }
+    }
+    tb__lf_text(&fixed, rest, cap);
+    return true;
+}
+
+/* Puts the table of B's row offsets (tb_krow, K entries) into the kernel's text at `mark`. */
+static void tb__cg_insert_table(tb__cg *g, size_t mark, const int64_t *rows, int64_t K) {
+    bool narrow = true;
+    char *tail;
+    int64_t i;
+    for (i = 0; i < K; i++)
+        narrow = narrow && rows[i] >= INT32_MIN && rows[i] <= INT32_MAX;
+    if (g->ix.body.failed || g->ix.body.data == NULL || mark > g->ix.body.len) return;
+    tail = tb__strdup(g->ix.body.data + mark);
+    if (tail == NULL) {
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+        return;
+    }
+    g->ix.body.len = mark;
+    g->ix.body.data[mark] = '\0';
+    tb__cg_const_table(g, narrow ? "int" : "long", "tb_krow", rows, (int32_t)K);
+    tb__str_append(&g->ix.body, "%s", tail);
+    tb__free(tail);
+}
+
 /* A packed matmul's loop over the depth, accumulating into accv<i>_<j> (declared before it):
    B from its panel at bp (in_place 0), or read in place (1: the block's columns all within
    B's `len`, each step of K one row of B from one address; 2: the last panel, its columns
    past `len` read as zeros) at the column of the variable `lane`; A from its panels or itself
-   at ap. */
+   at ap. `rows` (in place; NULL: none): the table of the rows' offsets
+   (tb__cg_matmul_rows_table) the loop reads as tb_krow where *has_rows, else where the rows
+   split so: then filled in and *has_rows set, for the caller to put in the kernel. */
 static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
                                 int32_t lane, int in_place, int rm, int nb, int rw, bool panels_a,
-                                const char *count) {
+                                const char *count, int64_t *rows, bool *has_rows) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     const char *t = tb__cg_ctype(cs->dtype);
     /* rows of the dialect's float vectors (f32, and f16 and bf16 computed in f32): each
@@ -494,7 +549,7 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
        and an add share the FMA units on Intel's cores) */
     bool fma = strcmp(t, "float") == 0 && rw == g->d->vec_width;
     int64_t za[6];
-    char head[160], tv[16], flat[TB__LF_TEXT];
+    char head[160], tv[16], flat[TB__LF_TEXT], rest[TB__LF_TEXT];
     int32_t ik;
     int i, j;
     tb__plan_pack_sizes(g->G, k->core, true, za);
@@ -528,8 +583,21 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
                                           "codegen: %s reads B in place but no buffer", k->name));
             return false;
         }
-        tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s);", g->d->global, t, (int)g->capture_slot,
-                    flat);
+        if (rows != NULL && !*has_rows &&
+            tb__cg_matmul_rows_table(g, &g->capture_flat, ik, za[3], rows, rest, sizeof rest)) {
+            *has_rows = true;
+            tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s) + tb_krow[i%d];", g->d->global, t,
+                        (int)g->capture_slot, rest, (int)ik);
+        } else if (rows != NULL && *has_rows &&
+                   tb__cg_matmul_rows_table(g, &g->capture_flat, ik, za[3], rows + za[3], rest,
+                                            sizeof rest) &&
+                   memcmp(rows, rows + za[3], (size_t)za[3] * sizeof *rows) == 0) {
+            tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s) + tb_krow[i%d];", g->d->global, t,
+                        (int)g->capture_slot, rest, (int)ik);
+        } else {
+            tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s);", g->d->global, t,
+                        (int)g->capture_slot, flat);
+        }
         if (in_place == 2) {
             tb__ix_line(&g->ix, "%s bt[%d];", t, nb * rw);
             tb__ix_line(&g->ix,
@@ -635,7 +703,8 @@ static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const
     for (i = 0; i < rm; i++)
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "%s accv%d_%d = vload%d(%d, ct[pr][%d]);", tv, i, j, rw, j, i);
-    if (!tb__cg_matmul_depth(g, k, bdims, -1, 0, rm, nb, rw, panels_a, "kn")) return false;
+    if (!tb__cg_matmul_depth(g, k, bdims, -1, 0, rm, nb, rw, panels_a, "kn", NULL, NULL))
+        return false;
     for (i = 0; i < rm; i++)
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "vstore%d(accv%d_%d, %d, ct[pr][%d]);", rw, i, j, j, i);
@@ -729,23 +798,35 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "%s accv%d_%d = %s;", tv, i, j, zero);
     if (k->pack_slot[1] >= 0 || k->own_b) {
-        if (!tb__cg_matmul_depth(g, k, bdims, -1, 0, rm, nb, rw, panels_a, NULL))
+        if (!tb__cg_matmul_depth(g, k, bdims, -1, 0, rm, nb, rw, panels_a, NULL, NULL, NULL))
             return g->ix.status;
     } else {
         /* B in place: whole panels read rows of B; the last, partial one reads what is left */
         int64_t n = tb__plan_mm_of(g->G, k->core).n;
         int32_t lane = tb__ix_new_var(&g->ix, 0, n - 1);
         if (lane < 0) return g->ix.status;
+        size_t mark;
+        int64_t *rows = NULL;
+        bool has_rows = false, ok;
+        if (K <= TB__CG_ROW_TABLE_MAX) {
+            rows = (int64_t *)tb__calloc((size_t)(2 * K), sizeof *rows);
+            if (rows == NULL) return tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+        }
         tb__ix_line(&g->ix, "const long i%d = col0;", (int)lane);
+        mark = g->ix.body.len;
         snprintf(head, sizeof head, "if (col0 + %dL <= %lldL) ", vw, (long long)n);
         tb__ix_open(&g->ix, head);
-        if (!tb__cg_matmul_depth(g, k, bdims, lane, 1, rm, nb, rw, panels_a, NULL))
-            return g->ix.status;
+        ok = tb__cg_matmul_depth(g, k, bdims, lane, 1, rm, nb, rw, panels_a, NULL, rows, &has_rows);
         tb__ix_close(&g->ix, " else");
         tb__ix_open(&g->ix, "");
-        if (!tb__cg_matmul_depth(g, k, bdims, lane, 2, rm, nb, rw, panels_a, NULL))
-            return g->ix.status;
+        ok = ok &&
+             tb__cg_matmul_depth(g, k, bdims, lane, 2, rm, nb, rw, panels_a, NULL, rows, &has_rows);
         tb__ix_close(&g->ix, "");
+        /* the table in front of the loops, at the kernel's outermost scope (OpenCL's rule for
+           its constants) */
+        if (ok && has_rows) tb__cg_insert_table(g, mark, rows, K);
+        tb__free(rows);
+        if (!ok) return g->ix.status;
     }
     tb__ix_line(&g->ix, "%s acc[%d][%d];", t, rm, vw);
     for (i = 0; i < rm; i++)

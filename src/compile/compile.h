@@ -438,9 +438,17 @@ typedef struct tb__ix_scope {
     size_t memo, undo;
 } tb__ix_scope;
 
+/* An index variable: its range, and how its line computes it where that is index arithmetic
+   (def TB__IX_FORM: the form `form`; TB__IX_DIGIT: (src / q) % d, d 0 for no remainder), so
+   that its values can be worked out while the kernel is emitted (tb__ix_value). */
+enum { TB__IX_ROOT = 0, TB__IX_FORM = 1, TB__IX_DIGIT = 2 };
+
 typedef struct tb__ix_var {
     int64_t lo, hi;
     int32_t traced; /* derived from the traced variable (see tb__ix.period) */
+    int32_t def, src;
+    int64_t q, d;
+    tb__lf form;
 } tb__ix_var;
 
 /* The state of one kernel's code while it is emitted: its text (one builder whose failure is
@@ -477,6 +485,10 @@ static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap);
 static tb_status tb__ix_fail(tb__ix *g, tb_status st);
 static void tb__ix_line(tb__ix *g, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
+/* The value variable `var` takes where variable `root` is `value`: false where it depends on
+   another variable its lines do not compute from root (one declared before root, a loop's, a
+   value read from memory). */
+static bool tb__ix_value(const tb__ix *g, int32_t var, int32_t root, int64_t value, int64_t *out);
 static bool tb__ix_lf_addmul(tb__ix *g, tb__lf *dst, const tb__lf *src, int64_t scale);
 static int32_t tb__ix_memo_find(const tb__ix *g, int32_t kind, int32_t a, int32_t b,
                                 uint64_t extra);
@@ -611,6 +623,7 @@ typedef struct tb__cg {
        reading B in place takes the address of a row from it) */
     char *capture;
     int32_t capture_slot;
+    tb__lf capture_flat;
 } tb__cg;
 
 /* the C type of a dtype; of an accumulator dtype chosen by the planner (integers wrap:
@@ -648,6 +661,10 @@ static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos);
 static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos);
 /* whether the current kernel reads node from a buffer (b<slot>) at its own flat index */
 static bool tb__cg_reads_buffer(const tb__cg *g, int32_t node);
+/* a constant table of the kernel (in the dialect's storage for them) named `name`: `count`
+   entries `vals` of type `type` */
+static void tb__cg_const_table(tb__cg *g, const char *type, const char *name, const int64_t *vals,
+                               int32_t count);
 /* work-group memory of `count` elements of `type` named `name` */
 static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t count);
 

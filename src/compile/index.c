@@ -68,7 +68,46 @@ static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi) {
     g->vars[g->num_vars].lo = lo;
     g->vars[g->num_vars].hi = hi;
     g->vars[g->num_vars].traced = 0;
+    g->vars[g->num_vars].def = TB__IX_ROOT;
     return (int32_t)g->num_vars++;
+}
+
+/* A new variable that is digit (src / q) % d of variable src (d 0: src / q); its line is the
+   caller's. */
+static int32_t tb__ix_new_digit(tb__ix *g, int64_t lo, int64_t hi, int32_t src, int64_t q,
+                                int64_t d) {
+    int32_t v = tb__ix_new_var(g, lo, hi);
+    if (v >= 0) {
+        g->vars[v].def = TB__IX_DIGIT;
+        g->vars[v].src = src;
+        g->vars[v].q = q;
+        g->vars[v].d = d;
+    }
+    return v;
+}
+
+static bool tb__ix_value(const tb__ix *g, int32_t var, int32_t root, int64_t value, int64_t *out) {
+    const tb__ix_var *v;
+    int64_t x;
+    int32_t i;
+    if (var == root) {
+        *out = value;
+        return true;
+    }
+    if (var < root) return false; /* declared before root: not computed from it */
+    v = &g->vars[var];
+    if (v->def == TB__IX_DIGIT) {
+        if (!tb__ix_value(g, v->src, root, value, &x) || v->q < 1) return false;
+        *out = v->d > 0 ? (x / v->q) % v->d : x / v->q;
+        return true;
+    }
+    if (v->def != TB__IX_FORM) return false;
+    *out = v->form.c;
+    for (i = 0; i < v->form.n; i++) {
+        if (!tb__ix_value(g, v->form.var[i], root, value, &x)) return false;
+        *out += v->form.coef[i] * x;
+    }
+    return true;
 }
 
 /* Notes that a line divides (or reduces) variable `src` with the given period: the number of
@@ -161,6 +200,8 @@ static int32_t tb__ix_spill(tb__ix *g, const tb__lf *lf) {
     tb__ix_lf_range(g, lf, &lo, &hi);
     v = tb__ix_new_var(g, lo, hi);
     if (v < 0) return -1;
+    g->vars[v].def = TB__IX_FORM;
+    g->vars[v].form = *lf;
     for (i = 0; i < lf->n; i++)
         g->vars[v].traced |= g->vars[lf->var[i]].traced;
     tb__lf_text(lf, text, sizeof text);
@@ -438,7 +479,7 @@ static bool tb__ix_group_split(tb__ix *g, const tb__lf *flat, int32_t rank, cons
                 tb__lf_add_term(&out[j], src, 1);
                 continue;
             }
-            v = tb__ix_new_var(g, 0, dims[j] - 1);
+            v = tb__ix_new_digit(g, 0, dims[j] - 1, src, q, top ? 0 : dims[j]);
             if (v < 0) return false;
             tb__ix_note_period(g, src, q > 1 ? q : dims[j]);
             if (top) {
@@ -478,7 +519,9 @@ static bool tb__ix_need_multi(tb__ix *g, int32_t id) {
             if (t < 0) return false;
             first = (int32_t)g->num_vars;
             for (i = 0; i < p.rank; i++) {
-                int32_t v = tb__ix_new_var(g, 0, p.dims[i] > 0 ? p.dims[i] - 1 : 0);
+                int32_t v = tb__ix_new_digit(g, 0, p.dims[i] > 0 ? p.dims[i] - 1 : 0, t,
+                                             p.dims[i] <= 1 ? INT64_MAX : strides[i],
+                                             leading ? 0 : p.dims[i]);
                 if (v < 0) return false;
                 if (p.dims[i] > 1 && (!leading || strides[i] > 1))
                     tb__ix_note_period(g, t, strides[i] > 1 ? strides[i] : p.dims[i]);
@@ -549,7 +592,7 @@ static bool tb__ix_regroup_run(tb__ix *g, const tb__lf *dims, const tb_shape *fr
     stride = 1;
     for (i = tb_ - 1; i >= ta; i--) {
         if (to->dims[i] <= 1) continue;
-        v = tb__ix_new_var(g, 0, to->dims[i] - 1);
+        v = tb__ix_new_digit(g, 0, to->dims[i] - 1, src, stride, to->dims[i]);
         if (v < 0) return false;
         tb__ix_note_period(g, src, stride > 1 ? stride : to->dims[i]);
         if (stride == 1) {
