@@ -716,6 +716,80 @@ static void test_errors(void **state) {
     tb_tensor_release(x);
 }
 
+/* An embedding's gradient is one matmul (the index's one-hot rows transposed times the
+   gradient), on every backend: tokens that repeat sum into their row, rows no token reads stay
+   0, in f32 and f64 and with an i32 index. */
+static void embedding_grad_case(const char *device, tb_dtype dt, tb_dtype it) {
+    int64_t iv[7] = {0, 2, 2, 4, 0, 2, 4};
+    double wv[15], cv[21], want[15], got[15];
+    tb_shape ws = tb_shape_of(TB_F64, 2, 5, 3), cs = tb_shape_of(TB_F64, 2, 7, 3),
+             is = tb_shape_of(TB_I64, 1, 7);
+    tb_device dev;
+    tb_tensor *idx64, *idx, *w64, *w, *c64, *c, *y, *yc, *loss, *gw = NULL, *g64;
+    char *ir;
+    int i, d;
+    if (tb_device_make(device, 0, &dev) != TB_OK) {
+        tb_clear_error();
+        return;
+    }
+    for (i = 0; i < 15; i++) {
+        wv[i] = 0.1 * i - 0.7;
+        want[i] = 0;
+    }
+    for (i = 0; i < 21; i++)
+        cv[i] = 0.25 * (i % 5) - 0.5 + 0.01 * i;
+    for (i = 0; i < 7; i++)
+        for (d = 0; d < 3; d++)
+            want[iv[i] * 3 + d] += cv[i * 3 + d];
+    idx64 = tb_tensor_from_host(iv, &is, &dev);
+    w64 = tb_tensor_from_host(wv, &ws, &dev);
+    c64 = tb_tensor_from_host(cv, &cs, &dev);
+    idx = tb_cast(idx64, it);
+    w = tb_cast(w64, dt);
+    c = tb_cast(c64, dt);
+    assert_non_null(idx);
+    assert_non_null(w);
+    assert_non_null(c);
+    assert_int_equal(tb_set_requires_grad(w, true), TB_OK);
+    y = tb_embedding(idx, w);
+    yc = tb_mul(y, c);
+    loss = tb_sum(yc, NULL, 0, false);
+    assert_non_null(loss);
+    assert_int_equal(tb_grad(loss, NULL, &w, 1, &gw), TB_OK);
+    ir = tb_ir_text(&gw, 1);
+    assert_non_null(ir);
+    if (strstr(ir, "matmul") == NULL)
+        fail_msg("%s: the embedding's gradient has no matmul:\n%s", device, ir);
+    tb_free(ir);
+    g64 = tb_cast(gw, TB_F64);
+    assert_int_equal(tb_tensor_to_host(g64, got, sizeof got), TB_OK);
+    for (i = 0; i < 15; i++)
+        if (fabs(got[i] - want[i]) > (dt == TB_F64 ? 1e-12 : 1e-6))
+            fail_msg("%s %s: gradient[%d] %.9g, want %.9g", device, tb_dtype_name(dt), i, got[i],
+                     want[i]);
+    tb_tensor_release(g64);
+    tb_tensor_release(gw);
+    tb_tensor_release(loss);
+    tb_tensor_release(yc);
+    tb_tensor_release(y);
+    tb_tensor_release(c);
+    tb_tensor_release(w);
+    tb_tensor_release(idx);
+    tb_tensor_release(c64);
+    tb_tensor_release(w64);
+    tb_tensor_release(idx64);
+}
+
+static void test_embedding_grad(void **state) {
+    const char *devices[3] = {"cpu", "native", "opencl"};
+    int i;
+    (void)state;
+    for (i = 0; i < 3; i++) {
+        embedding_grad_case(devices[i], TB_F32, TB_I64);
+        embedding_grad_case(devices[i], TB_F64, TB_I32);
+    }
+}
+
 /* ---- optimizer state ---- */
 
 /* loss = sum((p0 @ data - 1)^2) + sum(p1^3): a few steps of opt. */
@@ -872,10 +946,11 @@ static void test_optimizer_state_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_against_torch),      cmocka_unit_test(test_native_against_cpu),
-        cmocka_unit_test(test_opencl_against_cpu), cmocka_unit_test(test_attention_dropout),
-        cmocka_unit_test(test_batch_norm_fold),    cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_optimizer_resume),   cmocka_unit_test(test_optimizer_state_errors),
+        cmocka_unit_test(test_against_torch),          cmocka_unit_test(test_native_against_cpu),
+        cmocka_unit_test(test_opencl_against_cpu),     cmocka_unit_test(test_attention_dropout),
+        cmocka_unit_test(test_batch_norm_fold),        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_embedding_grad),         cmocka_unit_test(test_optimizer_resume),
+        cmocka_unit_test(test_optimizer_state_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
