@@ -2960,6 +2960,22 @@ static void tb__ag_free(tb__ag *a);
    marks the arena failed and gives NULL */
 static tb_tensor *tb__ag_keep(tb__ag *a, tb_tensor *t);
 static tb_tensor *tb__ag_const(tb__ag *a, tb_dtype dtype, double value);
+/* the sums of src's slices (along dim) that index sends to each slice of x's shape: index of
+   src's shape (tb_scatter_add's layout), or 1-D along dim (tb_index_add's) */
+static tb_tensor *tb__ag_scatter(tb__ag *a, const tb_shape *xs, int32_t dim, tb_tensor *index,
+                                 tb_tensor *src);
+static tb_tensor *tb__ag_index_sum(tb__ag *a, const tb_shape *xs, int32_t dim, tb_tensor *index,
+                                   tb_tensor *src);
+/* a tensor of an IR node, kept by the arena */
+static tb_tensor *tb__ag_node(tb__ag *a, tb_node *node);
+/* the gradient of a stride-1 convolution's input where matmul `mm` reads the windows of x as
+   a convolution records them (*x set to x's node), else NULL: conv.c's rule, which it gives
+   the matmul's backward when it records a convolution */
+typedef tb_tensor *(*tb__ag_conv_grad_fn)(tb__ag *a, const tb_node *mm, tb_tensor *g, tb_node **x);
+static void tb__ag_set_conv_grad(tb__ag_conv_grad_fn fn);
+/* whether the calling thread records inside a backward rule (conv.c lets a convolution there,
+   the gradient of another's input, take the whole rows) */
+static bool tb__ag_in_rule(void);
 /* the adjoint of tb_window: g [..., O_1, .., O_n, K_1, .., K_n] summed onto [..., sizes] */
 static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *sizes,
                               const int64_t *kernel, const int64_t *stride,
@@ -17076,6 +17092,13 @@ static tb_tensor *tb__ag_index_grad(tb__ag *a, const tb_shape *xs, int32_t dim, 
 
 /* ---- the rules: out[k] gets operand k's gradient where need[k], else stays NULL ---- */
 
+/* how many rules the calling thread is inside (tb__ag_in_rule) */
+static TB__THREAD_LOCAL int tb__ag_rules = 0;
+
+static bool tb__ag_in_rule(void) {
+    return tb__ag_rules > 0;
+}
+
 typedef struct tb__vjp {
     tb__ag *a;
     tb_node *node;
@@ -17086,7 +17109,8 @@ typedef struct tb__vjp {
     tb_tensor **out;    /* their gradients */
     const tb_shape *xs; /* the operands' shapes */
     tb_dtype dt;        /* the node's dtype */
-    /* a gradient a rule gives a node below an operand (its expand's source) directly */
+    /* gradients a rule gives nodes below its operands directly (an expand's source, the input
+       of a convolution's windows): two at most */
     tb_node **past_node;
     tb_tensor **past_grad;
 } tb__vjp;
@@ -17322,15 +17346,33 @@ static tb_tensor *tb__ag_mm_folded(const tb__vjp *v, int32_t p) {
         tb_reshape(TB__K(tb_matmul(gt, bt)), v->node->operands[0]->operands[0]->shape.dims, r));
 }
 
+/* conv.c's rule for the gradient of a stride-1 convolution's input (tb__ag_set_conv_grad),
+   set once a convolution was recorded */
+static tb__ag_conv_grad_fn tb__ag_conv_grad = NULL;
+
+static void tb__ag_set_conv_grad(tb__ag_conv_grad_fn fn) {
+    __atomic_store_n(&tb__ag_conv_grad, fn, __ATOMIC_RELEASE);
+}
+
 static void tb__vjp_matmul(const tb__vjp *v) {
     tb_tensor *a = v->x[0], *b = v->x[1], *g = v->g;
     int32_t p = v->need[0] ? tb__ag_mm_lead(v->node->operands[0]) : 0;
     if (p > 0) {
         /* given to the expand's source past the expand (v->out[0] stays NULL) */
-        *v->past_node = v->node->operands[0]->operands[0];
-        *v->past_grad = tb__ag_mm_folded(v, p);
+        v->past_node[0] = v->node->operands[0]->operands[0];
+        v->past_grad[0] = tb__ag_mm_folded(v, p);
     } else if (v->need[0]) {
         v->out[0] = TB__K(tb_matmul(g, TB__K(tb_transpose(b, -2, -1))));
+    }
+    if (v->need[1] && v->node->operands[1]->op == TB_OP_RESHAPE && !v->a->failed) {
+        tb__saved_error before;
+        tb__error_save(&before);
+        tb__ag_conv_grad_fn fn = __atomic_load_n(&tb__ag_conv_grad, __ATOMIC_ACQUIRE);
+        v->past_grad[1] = fn != NULL ? fn(v->a, v->node, v->g, &v->past_node[1]) : NULL;
+        if (v->past_grad[1] != NULL) return;
+        v->past_node[1] = NULL; /* not a convolution's windows: the rules' fold */
+        v->a->failed = false;
+        tb__error_restore(&before);
     }
     if (v->need[1]) v->out[1] = TB__K(tb_matmul(TB__K(tb_transpose(a, -2, -1)), g));
 }
@@ -17941,8 +17983,8 @@ static void tb__ag_backward_node(tb__ag *a, const tb__ag_graph *w, const bool *l
     tb_shape sl[8], *xs = sl;
     bool nl[8], *need = nl, any = false;
     tb__vjp v;
-    tb_node *past_node = NULL;
-    tb_tensor *past_grad = NULL;
+    tb_node *past_node[2] = {NULL, NULL};
+    tb_tensor *past_grad[2] = {NULL, NULL};
     size_t pos;
     if (n > 8) {
         x = (tb_tensor **)tb__calloc(n, sizeof *x);
@@ -17973,16 +18015,21 @@ static void tb__ag_backward_node(tb__ag *a, const tb__ag_graph *w, const bool *l
     v.out = out;
     v.xs = xs;
     v.dt = node->shape.dtype;
-    v.past_node = &past_node;
-    v.past_grad = &past_grad;
-    if (!a->failed) tb__vjp_dispatch(&v);
+    v.past_node = past_node;
+    v.past_grad = past_grad;
+    if (!a->failed) {
+        tb__ag_rules++;
+        tb__vjp_dispatch(&v);
+        tb__ag_rules--;
+    }
     for (k = 0; k < n && !a->failed; k++) {
         if (!need[k] || out[k] == NULL) continue;
         if (tb__ag_find(w, node->operands[k], &pos))
             tb__ag_accumulate(a, grads, pos, out[k], node, &xs[k]);
     }
-    if (!a->failed && past_node != NULL && past_grad != NULL && tb__ag_find(w, past_node, &pos))
-        tb__ag_accumulate(a, grads, pos, past_grad, node, &past_node->shape);
+    for (k = 0; k < 2 && !a->failed; k++)
+        if (past_node[k] != NULL && past_grad[k] != NULL && tb__ag_find(w, past_node[k], &pos))
+            tb__ag_accumulate(a, grads, pos, past_grad[k], node, &past_node[k]->shape);
 done:
     if (n > 8) {
         tb__free(x);
@@ -18254,79 +18301,10 @@ TBDEF tb_status tb_assign(tb_tensor *dst, tb_tensor *value) {
     return TB_OK;
 }
 
-/* ---- composite ops ---- */
-
-static tb_tensor *tb__ag_scatter_op(const char *fn, tb_tensor *x, int32_t dim, tb_tensor *index,
-                                    tb_tensor *src, bool one_d) {
-    tb__ag a;
-    tb_shape xs, is, ss;
-    tb_tensor *sum, *r = NULL;
-    int32_t d;
-    tb__ensure_setup();
-    if (x == NULL || index == NULL || src == NULL)
-        return tb__null_input(fn, x == NULL ? "x" : index == NULL ? "index" : "src");
-    xs = tb_tensor_shape(x);
-    is = tb_tensor_shape(index);
-    ss = tb_tensor_shape(src);
-    if (xs.rank < 1) {
-        tb__error(TB_ERR_SHAPE, "%s: x must have rank >= 1", fn);
-        return NULL;
-    }
-    d = dim < 0 ? dim + xs.rank : dim;
-    if (d < 0 || d >= xs.rank) {
-        tb__error(TB_ERR_SHAPE, "%s: dim %d is out of range for rank %d", fn, (int)dim,
-                  (int)xs.rank);
-        return NULL;
-    }
-    if (is.dtype != TB_I32 && is.dtype != TB_I64) {
-        tb__error(TB_ERR_DTYPE, "%s: index is %s (i32 or i64 expected)", fn,
-                  tb_dtype_name(is.dtype));
-        return NULL;
-    }
-    {
-        /* the index and src layouts of the op, checked as its gather / index_select twin */
-        int32_t k;
-        bool ok =
-            one_d ? is.rank == 1 && ss.rank == xs.rank : is.rank == xs.rank && ss.rank == xs.rank;
-        for (k = 0; ok && k < xs.rank; k++) {
-            if (one_d) {
-                ok = ss.dims[k] == (k == d ? is.dims[0] : xs.dims[k]);
-            } else {
-                ok = ss.dims[k] == is.dims[k] && (k == d || is.dims[k] <= xs.dims[k]);
-            }
-        }
-        if (!ok) {
-            char b1[96], b2[96], b3[96];
-            tb__shape_text(&xs, b1);
-            tb__shape_text(&is, b2);
-            tb__shape_text(&ss, b3);
-            tb__error(TB_ERR_SHAPE, "%s: x %s, index %s and src %s do not fit (%s)", fn, b1, b2, b3,
-                      one_d ? "index 1-D; src of x's dims except dims[dim] = index's length"
-                            : "index and src of x's rank and index's dims; index.dims[d] <= "
-                              "x.dims[d] for d != dim");
-            return NULL;
-        }
-    }
-    tb__ag_init(&a, fn);
-    a.device = tb_tensor_device(x);
-    if (ss.dtype != xs.dtype) src = tb__ag_keep(&a, tb_cast(src, xs.dtype));
-    sum = one_d ? tb__ag_index_sum(&a, &xs, d, index, src) : tb__ag_scatter(&a, &xs, d, index, src);
-    if (sum != NULL) r = tb_add(x, sum);
-    tb__ag_free(&a);
-    return r;
-}
-
-TBDEF tb_tensor *tb_scatter_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_tensor *src) {
-    return tb__ag_scatter_op("tb_scatter_add", x, dim, index, src, false);
-}
-
-TBDEF tb_tensor *tb_index_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_tensor *src) {
-    return tb__ag_scatter_op("tb_index_add", x, dim, index, src, true);
-}
-
 /* ---- src/train/nn.c ---- */
 /* ===========================================================================================
-   Losses and dropout, built from the public ops (their gradients come from the ops' rules).
+   Losses, dropout and the scatter and index adds, built from the public ops (their gradients
+   come from the ops' rules).
    =========================================================================================== */
 
 static bool tb__nn_reduction_ok(const char *fn, tb_reduction reduction) {
@@ -18545,6 +18523,76 @@ TBDEF tb_tensor *tb_dropout(tb_tensor *x, double p, bool training) {
     zero = tb__ag_const(&a, xs.dtype, 0.0);
     y = a.failed ? NULL : tb__ag_keep(&a, tb_where(keep, scaled, zero));
     return tb__nn_finish(&a, y);
+}
+
+/* ---- the scatter and index adds (composite ops: a scatter sum of autograd.c added to x) ---- */
+
+static tb_tensor *tb__ag_scatter_op(const char *fn, tb_tensor *x, int32_t dim, tb_tensor *index,
+                                    tb_tensor *src, bool one_d) {
+    tb__ag a;
+    tb_shape xs, is, ss;
+    tb_tensor *sum, *r = NULL;
+    int32_t d;
+    tb__ensure_setup();
+    if (x == NULL || index == NULL || src == NULL)
+        return tb__null_input(fn, x == NULL ? "x" : index == NULL ? "index" : "src");
+    xs = tb_tensor_shape(x);
+    is = tb_tensor_shape(index);
+    ss = tb_tensor_shape(src);
+    if (xs.rank < 1) {
+        tb__error(TB_ERR_SHAPE, "%s: x must have rank >= 1", fn);
+        return NULL;
+    }
+    d = dim < 0 ? dim + xs.rank : dim;
+    if (d < 0 || d >= xs.rank) {
+        tb__error(TB_ERR_SHAPE, "%s: dim %d is out of range for rank %d", fn, (int)dim,
+                  (int)xs.rank);
+        return NULL;
+    }
+    if (is.dtype != TB_I32 && is.dtype != TB_I64) {
+        tb__error(TB_ERR_DTYPE, "%s: index is %s (i32 or i64 expected)", fn,
+                  tb_dtype_name(is.dtype));
+        return NULL;
+    }
+    {
+        /* the index and src layouts of the op, checked as its gather / index_select twin */
+        int32_t k;
+        bool ok =
+            one_d ? is.rank == 1 && ss.rank == xs.rank : is.rank == xs.rank && ss.rank == xs.rank;
+        for (k = 0; ok && k < xs.rank; k++) {
+            if (one_d) {
+                ok = ss.dims[k] == (k == d ? is.dims[0] : xs.dims[k]);
+            } else {
+                ok = ss.dims[k] == is.dims[k] && (k == d || is.dims[k] <= xs.dims[k]);
+            }
+        }
+        if (!ok) {
+            char b1[96], b2[96], b3[96];
+            tb__shape_text(&xs, b1);
+            tb__shape_text(&is, b2);
+            tb__shape_text(&ss, b3);
+            tb__error(TB_ERR_SHAPE, "%s: x %s, index %s and src %s do not fit (%s)", fn, b1, b2, b3,
+                      one_d ? "index 1-D; src of x's dims except dims[dim] = index's length"
+                            : "index and src of x's rank and index's dims; index.dims[d] <= "
+                              "x.dims[d] for d != dim");
+            return NULL;
+        }
+    }
+    tb__ag_init(&a, fn);
+    a.device = tb_tensor_device(x);
+    if (ss.dtype != xs.dtype) src = tb__ag_keep(&a, tb_cast(src, xs.dtype));
+    sum = one_d ? tb__ag_index_sum(&a, &xs, d, index, src) : tb__ag_scatter(&a, &xs, d, index, src);
+    if (sum != NULL) r = tb_add(x, sum);
+    tb__ag_free(&a);
+    return r;
+}
+
+TBDEF tb_tensor *tb_scatter_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_tensor *src) {
+    return tb__ag_scatter_op("tb_scatter_add", x, dim, index, src, false);
+}
+
+TBDEF tb_tensor *tb_index_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_tensor *src) {
+    return tb__ag_scatter_op("tb_index_add", x, dim, index, src, true);
 }
 
 /* ---- src/train/layers.c ---- */
@@ -19341,9 +19389,13 @@ static bool tb__conv_rows_fit(const tb__conv_args *c, tb_tensor *x, tb_tensor *w
                               int64_t groups) {
     tb_dtype dt = tb_tensor_shape(x).dtype;
     int64_t wp = c->lo[1] + c->p[1] + c->right[1];
+    /* in a backward rule, the gradient of an input: up to a third, where its other form is a
+       matmul of K.. times the input's size written and folded back (the Fashion-MNIST CNN's
+       second convolution, 5 x 5 over 14 x 14, 18 columns a row: 24 -> 15 ms a step) */
     return c->n == 2 && c->s[0] == 1 && c->s[1] == 1 && groups == 1 && c->k[0] * c->k[1] > 1 &&
-           (dt == TB_F32 || dt == TB_F64) && !tb_requires_grad(x) && !tb_requires_grad(weight) &&
-           (wp - c->out[1]) * 6 <= c->out[1];
+           (dt == TB_F32 || dt == TB_F64) &&
+           (tb__ag_in_rule() || (!tb_requires_grad(x) && !tb_requires_grad(weight))) &&
+           (wp - c->out[1]) * (tb__ag_in_rule() ? 3 : 6) <= c->out[1];
 }
 
 /* A stride-1 2-D convolution over whole padded rows: x padded (one row more at the bottom) and
@@ -19620,6 +19672,127 @@ static tb_tensor *tb__conv_record(const tb__conv_args *c, tb__conv_body body, tb
     return tb__nn_finish(&a, tb__conv_finish_out(&a, y, bias, batched));
 }
 
+/* Whether B of a matmul is the windows of a stride-1 convolution of one group as tb_conv2d and
+   tb_conv1d record them: x, padded alike on both sides or not, its windows [N, C, O.., K..],
+   then either a matmul per image (reshaped to [N, 1, C, O.., K..], permuted to [N, 1, C, K..,
+   O..] and reshaped to [N, 1, C * K.., O..]; the weight [1, O, C * K..] expanded over the
+   batch) or one of the images side by side (permuted to [C, K.., N, O..] and reshaped to [C *
+   K.., N * O..]; the weight [O, C * K..]). Sets x's node, the weight's (A's before its
+   expand), the windows' node, whether the images are side by side, padding and dilation. */
+static bool tb__conv_windows_of(const tb_node *mm, tb_node **x, tb_node **w, const tb_node **window,
+                                bool *columns, int64_t pad[2], int64_t dil[2]) {
+    const tb_node *b = mm->operands[1], *pm = b->operands[0], *win, *in;
+    int32_t n, i, j, r;
+    int64_t kk = 1, oo = 1, want;
+    if (b->op != TB_OP_RESHAPE || pm->op != TB_OP_PERMUTE) return false;
+    *columns = b->shape.rank == 2;
+    if (!*columns && (b->shape.rank != 4 || b->shape.dims[1] != 1 ||
+                      pm->operands[0]->op != TB_OP_RESHAPE || pm->shape.dims[1] != 1))
+        return false;
+    win = *columns ? pm->operands[0] : pm->operands[0]->operands[0];
+    if (win->op != TB_OP_WINDOW || win->num_attrs < 1) return false;
+    n = (int32_t)win->attrs[0];
+    in = win->operands[0];
+    r = pm->shape.rank;
+    if (n < 1 || n > 2 || win->num_attrs != 1 + 4 * (size_t)n || in->shape.rank != 2 + n ||
+        r != (*columns ? 2 : 3) + 2 * n)
+        return false;
+    for (j = 0; j < r; j++) {
+        if (*columns) { /* [1, 2 + n.., 0, 2..] */
+            want = j == 0 ? 1 : (j <= n ? 1 + n + j : (j == 1 + n ? 0 : j - n));
+        } else { /* [0, 1, 2, 3 + n.., 3..] */
+            want = j < 3 ? j : (j < 3 + n ? j + n : j - n);
+        }
+        if (pm->attrs[j] != want) return false;
+    }
+    for (i = 0; i < n; i++) {
+        if (win->attrs[3 + 4 * i] != 1) return false; /* stride */
+        oo *= win->attrs[1 + 4 * i];
+        kk *= win->attrs[2 + 4 * i];
+        dil[i] = win->attrs[4 + 4 * i];
+        pad[i] = 0;
+    }
+    if (*columns ? b->shape.dims[0] != in->shape.dims[1] * kk ||
+                       b->shape.dims[1] != in->shape.dims[0] * oo
+                 : b->shape.dims[2] != in->shape.dims[1] * kk || b->shape.dims[3] != oo)
+        return false;
+    if (in->op == TB_OP_PAD) {
+        for (i = 0; i < 4; i++)
+            if (in->attrs[i] != 0) return false; /* the batch and channel axes */
+        for (i = 0; i < n; i++) {
+            pad[i] = in->attrs[2 * (2 + i)];
+            if (in->attrs[2 * (2 + i) + 1] != pad[i] ||
+                pad[i] > dil[i] * (win->attrs[2 + 4 * i] - 1))
+                return false;
+        }
+        in = in->operands[0];
+    }
+    *x = (tb_node *)in;
+    *window = win;
+    *w = mm->operands[0]->op == TB_OP_EXPAND ? mm->operands[0]->operands[0] : mm->operands[0];
+    r = (*w)->shape.rank;
+    for (i = 0; i < r - 2; i++)
+        if ((*w)->shape.dims[i] != 1) return false;
+    return r >= 2 && (*w)->shape.dims[r - 1] == in->shape.dims[1] * kk &&
+           (*w)->shape.dims[r - 2] == mm->shape.dims[*columns ? 0 : 2];
+}
+
+/* g of a convolution's matmul of the images side by side, [O, N * O..], where it is the
+   gradient of the convolution's output [N, O, O..] seen through the permute and reshape the
+   convolution recorded (`dims`: [O, N, O..]): that gradient itself (no view of a view for the
+   kernels to index through). NULL otherwise. */
+static tb_tensor *tb__conv_columns_grad(tb__ag *a, tb_tensor *g, const int64_t *dims, int32_t r) {
+    const tb_node *gn = tb__tensor_ir(g), *pm, *y;
+    int32_t i;
+    if (gn == NULL || gn->op != TB_OP_RESHAPE || gn->operands[0]->op != TB_OP_PERMUTE) return NULL;
+    pm = gn->operands[0];
+    y = pm->operands[0];
+    if (pm->shape.rank != r || y->shape.rank != r || pm->attrs[0] != 1 || pm->attrs[1] != 0)
+        return NULL;
+    for (i = 0; i < r; i++)
+        if (pm->shape.dims[i] != dims[i] || (i >= 2 && pm->attrs[i] != i)) return NULL;
+    return tb__ag_node(a, (tb_node *)y);
+}
+
+/* The gradient of a stride-1 convolution's input (tb__conv_windows_of), given past the
+   windows to x: a convolution of g by the weight transposed and flipped, padded by dilation *
+   (k - 1) - padding (recorded inside the rule, so over whole rows where they add at most a
+   third: tb__conv_rows_fit), rather than A^T g (K.. times x's size, written and read again)
+   folded back onto x. NULL where the matmul is not that shape. The matmul's backward finds it
+   through tb__ag_set_conv_grad, set whenever a convolution is recorded. */
+static tb_tensor *tb__conv_input_grad(tb__ag *a, const tb_node *mm, tb_tensor *gv, tb_node **x) {
+    const tb_node *win;
+    tb_node *w;
+    int64_t pad[2], dil[2], one[2] = {1, 1}, dims[TB_MAX_RANK], outc;
+    int32_t n, i, perm[4] = {1, 0, 2, 3}, spatial[2] = {2, 3};
+    bool columns;
+    tb_tensor *wt, *g;
+    if (!tb__conv_windows_of(mm, x, &w, &win, &columns, pad, dil)) return NULL;
+    n = (*x)->shape.rank - 2;
+    outc = mm->shape.dims[columns ? 0 : 2];
+    dims[0] = outc;
+    dims[1] = (*x)->shape.dims[1];
+    for (i = 0; i < n; i++) {
+        dims[2 + i] = win->attrs[2 + 4 * i];
+        pad[i] = dil[i] * (dims[2 + i] - 1) - pad[i];
+    }
+    wt = tb__ag_keep(a, tb_reshape(tb__ag_node(a, w), dims, 2 + n)); /* [O, C, K..] */
+    wt = wt != NULL ? tb__ag_keep(a, tb_permute(wt, perm, 2 + n)) : NULL;
+    wt = wt != NULL ? tb__ag_keep(a, tb_flip(wt, spatial, (size_t)n)) : NULL; /* [C, O, K..] */
+    dims[0] = columns ? outc : (*x)->shape.dims[0];
+    dims[1] = columns ? (*x)->shape.dims[0] : outc;
+    for (i = 0; i < n; i++)
+        dims[2 + i] = win->attrs[1 + 4 * i];
+    g = columns ? tb__conv_columns_grad(a, gv, dims, 2 + n) : NULL; /* [N, O, O..] */
+    if (g == NULL) {
+        g = tb__ag_keep(a, tb_reshape(gv, dims, 2 + n)); /* [N, O, O..], or [O, N, O..] */
+        if (columns && g != NULL) g = tb__ag_keep(a, tb_permute(g, perm, 2 + n));
+    }
+    if (wt == NULL || g == NULL) return NULL;
+    return tb__ag_keep(a, n == 2 ? tb_conv2d(g, wt, NULL, one, pad, dil, 1)
+                                 : tb_conv1d(g, wt, NULL, one, pad, dil, 1));
+}
+
 static tb_tensor *tb__conv(const char *fn, int32_t n, tb_tensor *x, tb_tensor *weight,
                            tb_tensor *bias, const int64_t *stride, const int64_t *padding,
                            const int64_t *dilation, int64_t groups) {
@@ -19630,6 +19803,7 @@ static tb_tensor *tb__conv(const char *fn, int32_t n, tb_tensor *x, tb_tensor *w
     if (outc < 0) return NULL;
     for (i = 0; i < n; i++)
         if (!tb__conv_out_size(&c, i, false)) return NULL;
+    tb__ag_set_conv_grad(tb__conv_input_grad);
     return tb__conv_record(&c, tb__conv_forward, x, weight, bias, groups, outc);
 }
 

@@ -444,6 +444,22 @@ static void tb__ag_free(tb__ag *a);
    marks the arena failed and gives NULL */
 static tb_tensor *tb__ag_keep(tb__ag *a, tb_tensor *t);
 static tb_tensor *tb__ag_const(tb__ag *a, tb_dtype dtype, double value);
+/* the sums of src's slices (along dim) that index sends to each slice of x's shape: index of
+   src's shape (tb_scatter_add's layout), or 1-D along dim (tb_index_add's) */
+static tb_tensor *tb__ag_scatter(tb__ag *a, const tb_shape *xs, int32_t dim, tb_tensor *index,
+                                 tb_tensor *src);
+static tb_tensor *tb__ag_index_sum(tb__ag *a, const tb_shape *xs, int32_t dim, tb_tensor *index,
+                                   tb_tensor *src);
+/* a tensor of an IR node, kept by the arena */
+static tb_tensor *tb__ag_node(tb__ag *a, tb_node *node);
+/* the gradient of a stride-1 convolution's input where matmul `mm` reads the windows of x as
+   a convolution records them (*x set to x's node), else NULL: conv.c's rule, which it gives
+   the matmul's backward when it records a convolution */
+typedef tb_tensor *(*tb__ag_conv_grad_fn)(tb__ag *a, const tb_node *mm, tb_tensor *g, tb_node **x);
+static void tb__ag_set_conv_grad(tb__ag_conv_grad_fn fn);
+/* whether the calling thread records inside a backward rule (conv.c lets a convolution there,
+   the gradient of another's input, take the whole rows) */
+static bool tb__ag_in_rule(void);
 /* the adjoint of tb_window: g [..., O_1, .., O_n, K_1, .., K_n] summed onto [..., sizes] */
 static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *sizes,
                               const int64_t *kernel, const int64_t *stride,

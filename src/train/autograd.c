@@ -190,6 +190,13 @@ static tb_tensor *tb__ag_index_grad(tb__ag *a, const tb_shape *xs, int32_t dim, 
 
 /* ---- the rules: out[k] gets operand k's gradient where need[k], else stays NULL ---- */
 
+/* how many rules the calling thread is inside (tb__ag_in_rule) */
+static TB__THREAD_LOCAL int tb__ag_rules = 0;
+
+static bool tb__ag_in_rule(void) {
+    return tb__ag_rules > 0;
+}
+
 typedef struct tb__vjp {
     tb__ag *a;
     tb_node *node;
@@ -200,7 +207,8 @@ typedef struct tb__vjp {
     tb_tensor **out;    /* their gradients */
     const tb_shape *xs; /* the operands' shapes */
     tb_dtype dt;        /* the node's dtype */
-    /* a gradient a rule gives a node below an operand (its expand's source) directly */
+    /* gradients a rule gives nodes below its operands directly (an expand's source, the input
+       of a convolution's windows): two at most */
     tb_node **past_node;
     tb_tensor **past_grad;
 } tb__vjp;
@@ -436,15 +444,33 @@ static tb_tensor *tb__ag_mm_folded(const tb__vjp *v, int32_t p) {
         tb_reshape(TB__K(tb_matmul(gt, bt)), v->node->operands[0]->operands[0]->shape.dims, r));
 }
 
+/* conv.c's rule for the gradient of a stride-1 convolution's input (tb__ag_set_conv_grad),
+   set once a convolution was recorded */
+static tb__ag_conv_grad_fn tb__ag_conv_grad = NULL;
+
+static void tb__ag_set_conv_grad(tb__ag_conv_grad_fn fn) {
+    __atomic_store_n(&tb__ag_conv_grad, fn, __ATOMIC_RELEASE);
+}
+
 static void tb__vjp_matmul(const tb__vjp *v) {
     tb_tensor *a = v->x[0], *b = v->x[1], *g = v->g;
     int32_t p = v->need[0] ? tb__ag_mm_lead(v->node->operands[0]) : 0;
     if (p > 0) {
         /* given to the expand's source past the expand (v->out[0] stays NULL) */
-        *v->past_node = v->node->operands[0]->operands[0];
-        *v->past_grad = tb__ag_mm_folded(v, p);
+        v->past_node[0] = v->node->operands[0]->operands[0];
+        v->past_grad[0] = tb__ag_mm_folded(v, p);
     } else if (v->need[0]) {
         v->out[0] = TB__K(tb_matmul(g, TB__K(tb_transpose(b, -2, -1))));
+    }
+    if (v->need[1] && v->node->operands[1]->op == TB_OP_RESHAPE && !v->a->failed) {
+        tb__saved_error before;
+        tb__error_save(&before);
+        tb__ag_conv_grad_fn fn = __atomic_load_n(&tb__ag_conv_grad, __ATOMIC_ACQUIRE);
+        v->past_grad[1] = fn != NULL ? fn(v->a, v->node, v->g, &v->past_node[1]) : NULL;
+        if (v->past_grad[1] != NULL) return;
+        v->past_node[1] = NULL; /* not a convolution's windows: the rules' fold */
+        v->a->failed = false;
+        tb__error_restore(&before);
     }
     if (v->need[1]) v->out[1] = TB__K(tb_matmul(TB__K(tb_transpose(a, -2, -1)), g));
 }
@@ -1055,8 +1081,8 @@ static void tb__ag_backward_node(tb__ag *a, const tb__ag_graph *w, const bool *l
     tb_shape sl[8], *xs = sl;
     bool nl[8], *need = nl, any = false;
     tb__vjp v;
-    tb_node *past_node = NULL;
-    tb_tensor *past_grad = NULL;
+    tb_node *past_node[2] = {NULL, NULL};
+    tb_tensor *past_grad[2] = {NULL, NULL};
     size_t pos;
     if (n > 8) {
         x = (tb_tensor **)tb__calloc(n, sizeof *x);
@@ -1087,16 +1113,21 @@ static void tb__ag_backward_node(tb__ag *a, const tb__ag_graph *w, const bool *l
     v.out = out;
     v.xs = xs;
     v.dt = node->shape.dtype;
-    v.past_node = &past_node;
-    v.past_grad = &past_grad;
-    if (!a->failed) tb__vjp_dispatch(&v);
+    v.past_node = past_node;
+    v.past_grad = past_grad;
+    if (!a->failed) {
+        tb__ag_rules++;
+        tb__vjp_dispatch(&v);
+        tb__ag_rules--;
+    }
     for (k = 0; k < n && !a->failed; k++) {
         if (!need[k] || out[k] == NULL) continue;
         if (tb__ag_find(w, node->operands[k], &pos))
             tb__ag_accumulate(a, grads, pos, out[k], node, &xs[k]);
     }
-    if (!a->failed && past_node != NULL && past_grad != NULL && tb__ag_find(w, past_node, &pos))
-        tb__ag_accumulate(a, grads, pos, past_grad, node, &past_node->shape);
+    for (k = 0; k < 2 && !a->failed; k++)
+        if (past_node[k] != NULL && past_grad[k] != NULL && tb__ag_find(w, past_node[k], &pos))
+            tb__ag_accumulate(a, grads, pos, past_grad[k], node, &past_node[k]->shape);
 done:
     if (n > 8) {
         tb__free(x);
@@ -1366,74 +1397,4 @@ TBDEF tb_status tb_assign(tb_tensor *dst, tb_tensor *value) {
     dst->data = data;
     dst->donor = donor;
     return TB_OK;
-}
-
-/* ---- composite ops ---- */
-
-static tb_tensor *tb__ag_scatter_op(const char *fn, tb_tensor *x, int32_t dim, tb_tensor *index,
-                                    tb_tensor *src, bool one_d) {
-    tb__ag a;
-    tb_shape xs, is, ss;
-    tb_tensor *sum, *r = NULL;
-    int32_t d;
-    tb__ensure_setup();
-    if (x == NULL || index == NULL || src == NULL)
-        return tb__null_input(fn, x == NULL ? "x" : index == NULL ? "index" : "src");
-    xs = tb_tensor_shape(x);
-    is = tb_tensor_shape(index);
-    ss = tb_tensor_shape(src);
-    if (xs.rank < 1) {
-        tb__error(TB_ERR_SHAPE, "%s: x must have rank >= 1", fn);
-        return NULL;
-    }
-    d = dim < 0 ? dim + xs.rank : dim;
-    if (d < 0 || d >= xs.rank) {
-        tb__error(TB_ERR_SHAPE, "%s: dim %d is out of range for rank %d", fn, (int)dim,
-                  (int)xs.rank);
-        return NULL;
-    }
-    if (is.dtype != TB_I32 && is.dtype != TB_I64) {
-        tb__error(TB_ERR_DTYPE, "%s: index is %s (i32 or i64 expected)", fn,
-                  tb_dtype_name(is.dtype));
-        return NULL;
-    }
-    {
-        /* the index and src layouts of the op, checked as its gather / index_select twin */
-        int32_t k;
-        bool ok =
-            one_d ? is.rank == 1 && ss.rank == xs.rank : is.rank == xs.rank && ss.rank == xs.rank;
-        for (k = 0; ok && k < xs.rank; k++) {
-            if (one_d) {
-                ok = ss.dims[k] == (k == d ? is.dims[0] : xs.dims[k]);
-            } else {
-                ok = ss.dims[k] == is.dims[k] && (k == d || is.dims[k] <= xs.dims[k]);
-            }
-        }
-        if (!ok) {
-            char b1[96], b2[96], b3[96];
-            tb__shape_text(&xs, b1);
-            tb__shape_text(&is, b2);
-            tb__shape_text(&ss, b3);
-            tb__error(TB_ERR_SHAPE, "%s: x %s, index %s and src %s do not fit (%s)", fn, b1, b2, b3,
-                      one_d ? "index 1-D; src of x's dims except dims[dim] = index's length"
-                            : "index and src of x's rank and index's dims; index.dims[d] <= "
-                              "x.dims[d] for d != dim");
-            return NULL;
-        }
-    }
-    tb__ag_init(&a, fn);
-    a.device = tb_tensor_device(x);
-    if (ss.dtype != xs.dtype) src = tb__ag_keep(&a, tb_cast(src, xs.dtype));
-    sum = one_d ? tb__ag_index_sum(&a, &xs, d, index, src) : tb__ag_scatter(&a, &xs, d, index, src);
-    if (sum != NULL) r = tb_add(x, sum);
-    tb__ag_free(&a);
-    return r;
-}
-
-TBDEF tb_tensor *tb_scatter_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_tensor *src) {
-    return tb__ag_scatter_op("tb_scatter_add", x, dim, index, src, false);
-}
-
-TBDEF tb_tensor *tb_index_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_tensor *src) {
-    return tb__ag_scatter_op("tb_index_add", x, dim, index, src, true);
 }

@@ -204,9 +204,13 @@ static bool tb__conv_rows_fit(const tb__conv_args *c, tb_tensor *x, tb_tensor *w
                               int64_t groups) {
     tb_dtype dt = tb_tensor_shape(x).dtype;
     int64_t wp = c->lo[1] + c->p[1] + c->right[1];
+    /* in a backward rule, the gradient of an input: up to a third, where its other form is a
+       matmul of K.. times the input's size written and folded back (the Fashion-MNIST CNN's
+       second convolution, 5 x 5 over 14 x 14, 18 columns a row: 24 -> 15 ms a step) */
     return c->n == 2 && c->s[0] == 1 && c->s[1] == 1 && groups == 1 && c->k[0] * c->k[1] > 1 &&
-           (dt == TB_F32 || dt == TB_F64) && !tb_requires_grad(x) && !tb_requires_grad(weight) &&
-           (wp - c->out[1]) * 6 <= c->out[1];
+           (dt == TB_F32 || dt == TB_F64) &&
+           (tb__ag_in_rule() || (!tb_requires_grad(x) && !tb_requires_grad(weight))) &&
+           (wp - c->out[1]) * (tb__ag_in_rule() ? 3 : 6) <= c->out[1];
 }
 
 /* A stride-1 2-D convolution over whole padded rows: x padded (one row more at the bottom) and
@@ -483,6 +487,127 @@ static tb_tensor *tb__conv_record(const tb__conv_args *c, tb__conv_body body, tb
     return tb__nn_finish(&a, tb__conv_finish_out(&a, y, bias, batched));
 }
 
+/* Whether B of a matmul is the windows of a stride-1 convolution of one group as tb_conv2d and
+   tb_conv1d record them: x, padded alike on both sides or not, its windows [N, C, O.., K..],
+   then either a matmul per image (reshaped to [N, 1, C, O.., K..], permuted to [N, 1, C, K..,
+   O..] and reshaped to [N, 1, C * K.., O..]; the weight [1, O, C * K..] expanded over the
+   batch) or one of the images side by side (permuted to [C, K.., N, O..] and reshaped to [C *
+   K.., N * O..]; the weight [O, C * K..]). Sets x's node, the weight's (A's before its
+   expand), the windows' node, whether the images are side by side, padding and dilation. */
+static bool tb__conv_windows_of(const tb_node *mm, tb_node **x, tb_node **w, const tb_node **window,
+                                bool *columns, int64_t pad[2], int64_t dil[2]) {
+    const tb_node *b = mm->operands[1], *pm = b->operands[0], *win, *in;
+    int32_t n, i, j, r;
+    int64_t kk = 1, oo = 1, want;
+    if (b->op != TB_OP_RESHAPE || pm->op != TB_OP_PERMUTE) return false;
+    *columns = b->shape.rank == 2;
+    if (!*columns && (b->shape.rank != 4 || b->shape.dims[1] != 1 ||
+                      pm->operands[0]->op != TB_OP_RESHAPE || pm->shape.dims[1] != 1))
+        return false;
+    win = *columns ? pm->operands[0] : pm->operands[0]->operands[0];
+    if (win->op != TB_OP_WINDOW || win->num_attrs < 1) return false;
+    n = (int32_t)win->attrs[0];
+    in = win->operands[0];
+    r = pm->shape.rank;
+    if (n < 1 || n > 2 || win->num_attrs != 1 + 4 * (size_t)n || in->shape.rank != 2 + n ||
+        r != (*columns ? 2 : 3) + 2 * n)
+        return false;
+    for (j = 0; j < r; j++) {
+        if (*columns) { /* [1, 2 + n.., 0, 2..] */
+            want = j == 0 ? 1 : (j <= n ? 1 + n + j : (j == 1 + n ? 0 : j - n));
+        } else { /* [0, 1, 2, 3 + n.., 3..] */
+            want = j < 3 ? j : (j < 3 + n ? j + n : j - n);
+        }
+        if (pm->attrs[j] != want) return false;
+    }
+    for (i = 0; i < n; i++) {
+        if (win->attrs[3 + 4 * i] != 1) return false; /* stride */
+        oo *= win->attrs[1 + 4 * i];
+        kk *= win->attrs[2 + 4 * i];
+        dil[i] = win->attrs[4 + 4 * i];
+        pad[i] = 0;
+    }
+    if (*columns ? b->shape.dims[0] != in->shape.dims[1] * kk ||
+                       b->shape.dims[1] != in->shape.dims[0] * oo
+                 : b->shape.dims[2] != in->shape.dims[1] * kk || b->shape.dims[3] != oo)
+        return false;
+    if (in->op == TB_OP_PAD) {
+        for (i = 0; i < 4; i++)
+            if (in->attrs[i] != 0) return false; /* the batch and channel axes */
+        for (i = 0; i < n; i++) {
+            pad[i] = in->attrs[2 * (2 + i)];
+            if (in->attrs[2 * (2 + i) + 1] != pad[i] ||
+                pad[i] > dil[i] * (win->attrs[2 + 4 * i] - 1))
+                return false;
+        }
+        in = in->operands[0];
+    }
+    *x = (tb_node *)in;
+    *window = win;
+    *w = mm->operands[0]->op == TB_OP_EXPAND ? mm->operands[0]->operands[0] : mm->operands[0];
+    r = (*w)->shape.rank;
+    for (i = 0; i < r - 2; i++)
+        if ((*w)->shape.dims[i] != 1) return false;
+    return r >= 2 && (*w)->shape.dims[r - 1] == in->shape.dims[1] * kk &&
+           (*w)->shape.dims[r - 2] == mm->shape.dims[*columns ? 0 : 2];
+}
+
+/* g of a convolution's matmul of the images side by side, [O, N * O..], where it is the
+   gradient of the convolution's output [N, O, O..] seen through the permute and reshape the
+   convolution recorded (`dims`: [O, N, O..]): that gradient itself (no view of a view for the
+   kernels to index through). NULL otherwise. */
+static tb_tensor *tb__conv_columns_grad(tb__ag *a, tb_tensor *g, const int64_t *dims, int32_t r) {
+    const tb_node *gn = tb__tensor_ir(g), *pm, *y;
+    int32_t i;
+    if (gn == NULL || gn->op != TB_OP_RESHAPE || gn->operands[0]->op != TB_OP_PERMUTE) return NULL;
+    pm = gn->operands[0];
+    y = pm->operands[0];
+    if (pm->shape.rank != r || y->shape.rank != r || pm->attrs[0] != 1 || pm->attrs[1] != 0)
+        return NULL;
+    for (i = 0; i < r; i++)
+        if (pm->shape.dims[i] != dims[i] || (i >= 2 && pm->attrs[i] != i)) return NULL;
+    return tb__ag_node(a, (tb_node *)y);
+}
+
+/* The gradient of a stride-1 convolution's input (tb__conv_windows_of), given past the
+   windows to x: a convolution of g by the weight transposed and flipped, padded by dilation *
+   (k - 1) - padding (recorded inside the rule, so over whole rows where they add at most a
+   third: tb__conv_rows_fit), rather than A^T g (K.. times x's size, written and read again)
+   folded back onto x. NULL where the matmul is not that shape. The matmul's backward finds it
+   through tb__ag_set_conv_grad, set whenever a convolution is recorded. */
+static tb_tensor *tb__conv_input_grad(tb__ag *a, const tb_node *mm, tb_tensor *gv, tb_node **x) {
+    const tb_node *win;
+    tb_node *w;
+    int64_t pad[2], dil[2], one[2] = {1, 1}, dims[TB_MAX_RANK], outc;
+    int32_t n, i, perm[4] = {1, 0, 2, 3}, spatial[2] = {2, 3};
+    bool columns;
+    tb_tensor *wt, *g;
+    if (!tb__conv_windows_of(mm, x, &w, &win, &columns, pad, dil)) return NULL;
+    n = (*x)->shape.rank - 2;
+    outc = mm->shape.dims[columns ? 0 : 2];
+    dims[0] = outc;
+    dims[1] = (*x)->shape.dims[1];
+    for (i = 0; i < n; i++) {
+        dims[2 + i] = win->attrs[2 + 4 * i];
+        pad[i] = dil[i] * (dims[2 + i] - 1) - pad[i];
+    }
+    wt = tb__ag_keep(a, tb_reshape(tb__ag_node(a, w), dims, 2 + n)); /* [O, C, K..] */
+    wt = wt != NULL ? tb__ag_keep(a, tb_permute(wt, perm, 2 + n)) : NULL;
+    wt = wt != NULL ? tb__ag_keep(a, tb_flip(wt, spatial, (size_t)n)) : NULL; /* [C, O, K..] */
+    dims[0] = columns ? outc : (*x)->shape.dims[0];
+    dims[1] = columns ? (*x)->shape.dims[0] : outc;
+    for (i = 0; i < n; i++)
+        dims[2 + i] = win->attrs[1 + 4 * i];
+    g = columns ? tb__conv_columns_grad(a, gv, dims, 2 + n) : NULL; /* [N, O, O..] */
+    if (g == NULL) {
+        g = tb__ag_keep(a, tb_reshape(gv, dims, 2 + n)); /* [N, O, O..], or [O, N, O..] */
+        if (columns && g != NULL) g = tb__ag_keep(a, tb_permute(g, perm, 2 + n));
+    }
+    if (wt == NULL || g == NULL) return NULL;
+    return tb__ag_keep(a, n == 2 ? tb_conv2d(g, wt, NULL, one, pad, dil, 1)
+                                 : tb_conv1d(g, wt, NULL, one, pad, dil, 1));
+}
+
 static tb_tensor *tb__conv(const char *fn, int32_t n, tb_tensor *x, tb_tensor *weight,
                            tb_tensor *bias, const int64_t *stride, const int64_t *padding,
                            const int64_t *dilation, int64_t groups) {
@@ -493,6 +618,7 @@ static tb_tensor *tb__conv(const char *fn, int32_t n, tb_tensor *x, tb_tensor *w
     if (outc < 0) return NULL;
     for (i = 0; i < n; i++)
         if (!tb__conv_out_size(&c, i, false)) return NULL;
+    tb__ag_set_conv_grad(tb__conv_input_grad);
     return tb__conv_record(&c, tb__conv_forward, x, weight, bias, groups, outc);
 }
 

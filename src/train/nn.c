@@ -1,5 +1,6 @@
 /* ===========================================================================================
-   Losses and dropout, built from the public ops (their gradients come from the ops' rules).
+   Losses, dropout and the scatter and index adds, built from the public ops (their gradients
+   come from the ops' rules).
    =========================================================================================== */
 #include "../impl_begin.h"
 
@@ -219,4 +220,74 @@ TBDEF tb_tensor *tb_dropout(tb_tensor *x, double p, bool training) {
     zero = tb__ag_const(&a, xs.dtype, 0.0);
     y = a.failed ? NULL : tb__ag_keep(&a, tb_where(keep, scaled, zero));
     return tb__nn_finish(&a, y);
+}
+
+/* ---- the scatter and index adds (composite ops: a scatter sum of autograd.c added to x) ---- */
+
+static tb_tensor *tb__ag_scatter_op(const char *fn, tb_tensor *x, int32_t dim, tb_tensor *index,
+                                    tb_tensor *src, bool one_d) {
+    tb__ag a;
+    tb_shape xs, is, ss;
+    tb_tensor *sum, *r = NULL;
+    int32_t d;
+    tb__ensure_setup();
+    if (x == NULL || index == NULL || src == NULL)
+        return tb__null_input(fn, x == NULL ? "x" : index == NULL ? "index" : "src");
+    xs = tb_tensor_shape(x);
+    is = tb_tensor_shape(index);
+    ss = tb_tensor_shape(src);
+    if (xs.rank < 1) {
+        tb__error(TB_ERR_SHAPE, "%s: x must have rank >= 1", fn);
+        return NULL;
+    }
+    d = dim < 0 ? dim + xs.rank : dim;
+    if (d < 0 || d >= xs.rank) {
+        tb__error(TB_ERR_SHAPE, "%s: dim %d is out of range for rank %d", fn, (int)dim,
+                  (int)xs.rank);
+        return NULL;
+    }
+    if (is.dtype != TB_I32 && is.dtype != TB_I64) {
+        tb__error(TB_ERR_DTYPE, "%s: index is %s (i32 or i64 expected)", fn,
+                  tb_dtype_name(is.dtype));
+        return NULL;
+    }
+    {
+        /* the index and src layouts of the op, checked as its gather / index_select twin */
+        int32_t k;
+        bool ok =
+            one_d ? is.rank == 1 && ss.rank == xs.rank : is.rank == xs.rank && ss.rank == xs.rank;
+        for (k = 0; ok && k < xs.rank; k++) {
+            if (one_d) {
+                ok = ss.dims[k] == (k == d ? is.dims[0] : xs.dims[k]);
+            } else {
+                ok = ss.dims[k] == is.dims[k] && (k == d || is.dims[k] <= xs.dims[k]);
+            }
+        }
+        if (!ok) {
+            char b1[96], b2[96], b3[96];
+            tb__shape_text(&xs, b1);
+            tb__shape_text(&is, b2);
+            tb__shape_text(&ss, b3);
+            tb__error(TB_ERR_SHAPE, "%s: x %s, index %s and src %s do not fit (%s)", fn, b1, b2, b3,
+                      one_d ? "index 1-D; src of x's dims except dims[dim] = index's length"
+                            : "index and src of x's rank and index's dims; index.dims[d] <= "
+                              "x.dims[d] for d != dim");
+            return NULL;
+        }
+    }
+    tb__ag_init(&a, fn);
+    a.device = tb_tensor_device(x);
+    if (ss.dtype != xs.dtype) src = tb__ag_keep(&a, tb_cast(src, xs.dtype));
+    sum = one_d ? tb__ag_index_sum(&a, &xs, d, index, src) : tb__ag_scatter(&a, &xs, d, index, src);
+    if (sum != NULL) r = tb_add(x, sum);
+    tb__ag_free(&a);
+    return r;
+}
+
+TBDEF tb_tensor *tb_scatter_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_tensor *src) {
+    return tb__ag_scatter_op("tb_scatter_add", x, dim, index, src, false);
+}
+
+TBDEF tb_tensor *tb_index_add(tb_tensor *x, int32_t dim, tb_tensor *index, tb_tensor *src) {
+    return tb__ag_scatter_op("tb_index_add", x, dim, index, src, true);
 }
