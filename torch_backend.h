@@ -17356,6 +17356,7 @@ static void tb__ag_set_conv_grad(tb__ag_conv_grad_fn fn) {
 
 static void tb__vjp_matmul(const tb__vjp *v) {
     tb_tensor *a = v->x[0], *b = v->x[1], *g = v->g;
+    tb__ag_conv_grad_fn fn;
     int32_t p = v->need[0] ? tb__ag_mm_lead(v->node->operands[0]) : 0;
     if (p > 0) {
         /* given to the expand's source past the expand (v->out[0] stays NULL) */
@@ -17364,11 +17365,11 @@ static void tb__vjp_matmul(const tb__vjp *v) {
     } else if (v->need[0]) {
         v->out[0] = TB__K(tb_matmul(g, TB__K(tb_transpose(b, -2, -1))));
     }
-    if (v->need[1] && v->node->operands[1]->op == TB_OP_RESHAPE && !v->a->failed) {
+    fn = __atomic_load_n(&tb__ag_conv_grad, __ATOMIC_ACQUIRE);
+    if (fn != NULL && v->need[1] && v->node->operands[1]->op == TB_OP_RESHAPE && !v->a->failed) {
         tb__saved_error before;
         tb__error_save(&before);
-        tb__ag_conv_grad_fn fn = __atomic_load_n(&tb__ag_conv_grad, __ATOMIC_ACQUIRE);
-        v->past_grad[1] = fn != NULL ? fn(v->a, v->node, v->g, &v->past_node[1]) : NULL;
+        v->past_grad[1] = fn(v->a, v->node, v->g, &v->past_node[1]);
         if (v->past_grad[1] != NULL) return;
         v->past_node[1] = NULL; /* not a convolution's windows: the rules' fold */
         v->a->failed = false;
@@ -27615,15 +27616,12 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
                                           "codegen: %s reads B in place but no buffer", k->name));
             return false;
         }
-        if (rows != NULL && !*has_rows &&
-            tb__cg_matmul_rows_table(g, &g->capture_flat, ik, za[3], rows, rest, sizeof rest)) {
+        /* the first loop fills the table; a later one checks that its rows are the same */
+        int64_t *fill = rows == NULL ? NULL : (*has_rows ? rows + za[3] : rows);
+        if (fill != NULL &&
+            tb__cg_matmul_rows_table(g, &g->capture_flat, ik, za[3], fill, rest, sizeof rest) &&
+            (fill == rows || memcmp(rows, fill, (size_t)za[3] * sizeof *rows) == 0)) {
             *has_rows = true;
-            tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s) + tb_krow[i%d];", g->d->global, t,
-                        (int)g->capture_slot, rest, (int)ik);
-        } else if (rows != NULL && *has_rows &&
-                   tb__cg_matmul_rows_table(g, &g->capture_flat, ik, za[3], rows + za[3], rest,
-                                            sizeof rest) &&
-                   memcmp(rows, rows + za[3], (size_t)za[3] * sizeof *rows) == 0) {
             tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s) + tb_krow[i%d];", g->d->global, t,
                         (int)g->capture_slot, rest, (int)ik);
         } else {

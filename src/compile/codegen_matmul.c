@@ -583,15 +583,12 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
                                           "codegen: %s reads B in place but no buffer", k->name));
             return false;
         }
-        if (rows != NULL && !*has_rows &&
-            tb__cg_matmul_rows_table(g, &g->capture_flat, ik, za[3], rows, rest, sizeof rest)) {
+        /* the first loop fills the table; a later one checks that its rows are the same */
+        int64_t *fill = rows == NULL ? NULL : (*has_rows ? rows + za[3] : rows);
+        if (fill != NULL &&
+            tb__cg_matmul_rows_table(g, &g->capture_flat, ik, za[3], fill, rest, sizeof rest) &&
+            (fill == rows || memcmp(rows, fill, (size_t)za[3] * sizeof *rows) == 0)) {
             *has_rows = true;
-            tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s) + tb_krow[i%d];", g->d->global, t,
-                        (int)g->capture_slot, rest, (int)ik);
-        } else if (rows != NULL && *has_rows &&
-                   tb__cg_matmul_rows_table(g, &g->capture_flat, ik, za[3], rows + za[3], rest,
-                                            sizeof rest) &&
-                   memcmp(rows, rows + za[3], (size_t)za[3] * sizeof *rows) == 0) {
             tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s) + tb_krow[i%d];", g->d->global, t,
                         (int)g->capture_slot, rest, (int)ik);
         } else {

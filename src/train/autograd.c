@@ -454,6 +454,7 @@ static void tb__ag_set_conv_grad(tb__ag_conv_grad_fn fn) {
 
 static void tb__vjp_matmul(const tb__vjp *v) {
     tb_tensor *a = v->x[0], *b = v->x[1], *g = v->g;
+    tb__ag_conv_grad_fn fn;
     int32_t p = v->need[0] ? tb__ag_mm_lead(v->node->operands[0]) : 0;
     if (p > 0) {
         /* given to the expand's source past the expand (v->out[0] stays NULL) */
@@ -462,11 +463,11 @@ static void tb__vjp_matmul(const tb__vjp *v) {
     } else if (v->need[0]) {
         v->out[0] = TB__K(tb_matmul(g, TB__K(tb_transpose(b, -2, -1))));
     }
-    if (v->need[1] && v->node->operands[1]->op == TB_OP_RESHAPE && !v->a->failed) {
+    fn = __atomic_load_n(&tb__ag_conv_grad, __ATOMIC_ACQUIRE);
+    if (fn != NULL && v->need[1] && v->node->operands[1]->op == TB_OP_RESHAPE && !v->a->failed) {
         tb__saved_error before;
         tb__error_save(&before);
-        tb__ag_conv_grad_fn fn = __atomic_load_n(&tb__ag_conv_grad, __ATOMIC_ACQUIRE);
-        v->past_grad[1] = fn != NULL ? fn(v->a, v->node, v->g, &v->past_node[1]) : NULL;
+        v->past_grad[1] = fn(v->a, v->node, v->g, &v->past_node[1]);
         if (v->past_grad[1] != NULL) return;
         v->past_node[1] = NULL; /* not a convolution's windows: the rules' fold */
         v->a->failed = false;
