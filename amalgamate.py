@@ -83,6 +83,7 @@ IMPLEMENTATION_PARTS = [
     "src/compile/codegen.c",
     "src/compile/codegen_matmul.c",
     "src/compile/codegen_kernels.c",
+    "src/compile/codegen_program.c",
     "src/compile/dialect_c99.c",
     "src/compile/dialect_opencl.c",
     "src/runtime/kit_internal.h",

@@ -21107,6 +21107,7 @@ typedef struct tb__plan_kernel {
     tb_dtype acc;       /* reductions, norms: the accumulator dtype */
     int32_t vec;        /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
     int32_t vec_axes;   /* the row's trailing axes the vectors run along */
+    int32_t col_vec;    /* reductions over leading axes: outputs per work item, a vector (0: no) */
     int64_t row_len;    /* scalar elementwise: a work item per row of this many elements along
                            the last axis (0: per element), so the leading dims' index
                            arithmetic runs once per row */
@@ -21391,7 +21392,7 @@ static int32_t tb__ix_var_pos_flat(tb__ix *g, const tb_shape *shape, int32_t var
 static void tb__ix_reset(tb__ix *g);
 static void tb__ix_free(tb__ix *g);
 
-/* ---- codegen.c, codegen_kernels.c: the C-family code generator ---- */
+/* ---- codegen.c, codegen_kernels.c, codegen_program.c: the C-family code generator ---- */
 
 /* tb__cg_param.role of a table of the kernel's arguments from this parameter's position on
    (`void *const *`; targets with arg_table): the last parameter, in place of those arguments */
@@ -21454,7 +21455,7 @@ typedef struct tb__dialect {
                    size_t num_params, const char *body);
 } tb__dialect;
 
-/* codegen_kernels.c: renders every kernel of the plan through the dialect as one program
+/* codegen_program.c: renders every kernel of the plan through the dialect as one program
    (caller frees) */
 static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
                                size_t *len);
@@ -21546,11 +21547,18 @@ static void tb__cg_const_table(tb__cg *g, const char *type, const char *name, co
 /* work-group memory of `count` elements of `type` named `name` */
 static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t count);
 
-/* ---- codegen_matmul.c: the matmul kernels, for the program of codegen_kernels.c ---- */
+/* ---- codegen_matmul.c, codegen_kernels.c: the kernels, for the program of
+   codegen_program.c ---- */
 
 /* a matmul kernel (packed, registers or tiles, as the plan chose), and a pack kernel */
 static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k);
 static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k);
+/* an elementwise kernel, a run of a concat's operands, a reduction (either stage of a split
+   one), and a softmax, log_softmax or layer norm */
+static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k);
+static tb_status tb__cg_kernel_concat(tb__cg *g, const tb__plan_kernel *k);
+static tb_status tb__cg_kernel_reduce(tb__cg *g, const tb__plan_kernel *k);
+static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k);
 
 /* ---- dialect_c99.c, dialect_opencl.c: the dialects ---- */
 
@@ -23837,7 +23845,9 @@ static bool tb__plan_vec_subtree(const tb__pgraph *G, const tb__plan_kernel *k, 
             if (!tb__plan_vec_dtype(in->node->shape.dtype)) return false;
             continue; /* a load of W elements */
         }
-        if (in->ctx != k->owner || !tb__plan_vec_op(in->node)) return false;
+        /* its own nodes, and views that every kernel reading them evaluates itself */
+        if ((in->ctx != k->owner && in->ctx != TB__CTX_ANY) || !tb__plan_vec_op(in->node))
+            return false;
         for (j = 0; j < in->node->num_operands; j++) {
             int32_t o = tb__plan_operand(G, n, j);
             int32_t rel = tb__plan_row_relation(&in->node->shape, tb__plan_shape(G, o), row_axes);
@@ -23914,6 +23924,30 @@ static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k,
     return tb__plan_vec_subtree(G, k, x, -1, axes) ? w : 0;
 }
 
+/* The vector width of a reduction over leading axes of x that keeps its last ones (a bias's
+   gradient: the sum over the rows of [N, C] or [B, T, C]), as columns of W outputs per work
+   item read W at a time along each reduced row; 0 where it does not apply: other reductions,
+   a last axis that W does not divide, values or an epilogue that are not vectors. */
+static int32_t tb__plan_col_width(const tb__pgraph *G, const tb__plan_kernel *k) {
+    int32_t w = G->target->tuning->vec_width, x, p = 0;
+    const tb_node *cn = G->info[k->core].node;
+    const tb_shape *xs;
+    uint64_t mask = (uint64_t)cn->attrs[0];
+    if (w <= 0) return 0;
+    if (cn->op != TB_OP_SUM && cn->op != TB_OP_MEAN && cn->op != TB_OP_MAX && cn->op != TB_OP_MIN)
+        return 0;
+    x = tb__plan_operand(G, k->core, 0);
+    xs = tb__plan_shape(G, x);
+    while (p < xs->rank && ((mask >> p) & 1u))
+        p++;
+    if (p == 0 || p >= xs->rank || (mask >> p) != 0) return 0; /* a leading run, not all */
+    if (!tb__plan_vec_dtype(xs->dtype) || !tb__plan_vec_dtype(cn->shape.dtype) ||
+        xs->dims[xs->rank - 1] % w != 0)
+        return 0;
+    if (!tb__plan_vec_subtree(G, k, x, -1, 1)) return 0;
+    return tb__plan_vec_subtree(G, k, k->root, k->core, 1) ? w : 0;
+}
+
 /* ---- layouts and launch geometry ---- */
 
 /* Work items per row for a kernel with `rows` rows of `len` elements (1: one work item per
@@ -23980,6 +24014,14 @@ static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
     }
     k->lanes = (k->group == 1 && !is_arg && lanes > 1 && m >= 4 * lanes) ? lanes : 1;
     k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
+    if (k->vec == 0 && !is_arg && k->kind == TB__K_REDUCE && k->split == 0 && k->group == 1)
+        k->col_vec = tb__plan_col_width(G, k);
+    if (k->col_vec > 0) {
+        k->items = (uint64_t)(n_out / k->col_vec); /* a block of W outputs per work item */
+        k->vec_axes = 1;
+        k->acc = TB_F32; /* f32 vectors */
+        k->lanes = m >= 4 * G->target->tuning->red_vec_lanes ? G->target->tuning->red_vec_lanes : 1;
+    }
     if (k->vec > 0) {
         k->acc = tb__plan_shape(G, k->core)->dtype;  /* f32 vectors, several lanes each */
         k->lanes = G->target->tuning->red_vec_lanes; /* vector accumulators */
@@ -25559,7 +25601,8 @@ static const size_t tb__cl_prelude_count = 360;
      shows a collision among them.
 
    This part: the renderer's values and expressions (one node at a position, vectors along
-   rows); codegen_kernels.c writes the kernels and the program with them (compile.h).
+   rows); codegen_matmul.c and codegen_kernels.c write the kernels with them, codegen_program.c
+   the program (compile.h).
    =========================================================================================== */
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
@@ -27037,7 +27080,7 @@ static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t 
    epilogue, by scalars or W columns at once), the register matmul (no work-group memory), the
    pack kernels and the matmul from their panels (CPUs), and the work-group tile matmul (GPUs),
    around the values and expressions of codegen.c; the program that runs them is
-   codegen_kernels.c's.
+   codegen_program.c's.
    =========================================================================================== */
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
@@ -27974,10 +28017,10 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k) {
 
 /* ---- src/compile/codegen_kernels.c ---- */
 /* ===========================================================================================
-   C-family code generator, the row kernels and the program: each kernel of the plan
-   (elementwise, reductions, norms; matmul and its pack kernels are codegen_matmul.c's) around
-   the values and expressions of codegen.c, and the program of all of them through the dialect
-   (tb__cg_render). The naming rules of generated kernels are in codegen.c.
+   C-family code generator, the row kernels: each kernel of the plan that is not a matmul
+   (elementwise, concats, reductions, norms; matmul and its pack kernels are codegen_matmul.c's)
+   around the values and expressions of codegen.c; codegen_program.c renders the program of
+   all of them. The naming rules of generated kernels are in codegen.c.
    =========================================================================================== */
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
@@ -28579,6 +28622,84 @@ static void tb__cg_red_group(tb__cg *g, const tb__cg_red *rd) {
     tb__ix_open(&g->ix, "if (lid == 0) ");
 }
 
+/* A reduction over leading axes of x that keeps its trailing ones (plan: col_vec): a work item
+   per block of W consecutive outputs, x read W at a time along each reduced row (its flat index
+   is the reduced row's times the outputs' count plus the block's), `lanes` vector accumulators
+   taking turns along the rows and combined in order, then the epilogue on the block and one
+   vector store. */
+static tb_status tb__cg_kernel_reduce_cols(tb__cg *g, const tb__plan_kernel *k) {
+    const tb_node *cn = g->G->info[k->core].node;
+    int32_t x = tb__plan_operand(g->G, k->core, 0), w = k->col_vec, i0, op, r, j, lane, vx, vf;
+    int32_t lanes = k->lanes > 1 ? k->lanes : 1;
+    const tb_shape *rs = tb__plan_shape(g->G, k->root);
+    int64_t n_out = tb__plan_numel(&cn->shape),
+            m = n_out > 0 ? tb__plan_numel(tb__plan_shape(g->G, x)) / n_out : 0;
+    bool extreme = cn->op == TB_OP_MAX || cn->op == TB_OP_MIN;
+    const char *fold = cn->op == TB_OP_MAX ? "max" : "min";
+    char head[160], ptr[48];
+    i0 = tb__cg_row_header(g, k, (int64_t)k->items);
+    if (i0 < 0) return g->ix.status;
+    op = tb__ix_var_pos_flat(&g->ix, &cn->shape, i0, w, -1);
+    if (op < 0) return g->ix.status;
+    for (lane = 0; lane < lanes; lane++)
+        tb__ix_line(&g->ix, "tb_vf accv%d = TB_VBC(%s);", (int)lane,
+                    cn->op == TB_OP_MAX   ? "-INFINITY"
+                    : cn->op == TB_OP_MIN ? "INFINITY"
+                                          : "0.0f");
+    for (j = 0; j < 2; j++) {
+        /* the rows in steps of `lanes` (one per accumulator), then what is left */
+        int32_t n = j == 0 ? lanes : 1;
+        int64_t end = j == 0 ? m / lanes * lanes : m;
+        if (j == 1 && end == m / lanes * lanes) break;
+        r = tb__ix_new_var(&g->ix, 0, m > 0 ? m - 1 : 0);
+        if (r < 0) return g->ix.status;
+        snprintf(head, sizeof head, "for (long i%d = %lldL; i%d < %lldL; i%d += %d) ", (int)r,
+                 (long long)(j == 0 ? 0 : m / lanes * lanes), (int)r, (long long)end, (int)r,
+                 (int)n);
+        tb__ix_open(&g->ix, head);
+        for (lane = 0; lane < n; lane++) {
+            tb__lf lf;
+            tb__lf_const(&lf, (int64_t)lane * n_out);
+            if (!tb__lf_add_term(&lf, r, n_out) || !tb__lf_add_term(&lf, i0, w)) {
+                tb__ix_fail(&g->ix, TB_ERR_INTERNAL);
+                return g->ix.status;
+            }
+            vx = tb__cg_veval(g, x, tb__ix_pos_flat(&g->ix, tb__plan_shape(g->G, x), &lf));
+            if (vx < 0) return g->ix.status;
+            if (extreme) {
+                tb__ix_line(&g->ix, "accv%d = tb_v%s(v%d, accv%d);", (int)lane, fold, (int)vx,
+                            (int)lane);
+            } else {
+                tb__ix_line(&g->ix, "accv%d += v%d;", (int)lane, (int)vx);
+            }
+        }
+        tb__ix_close(&g->ix, "");
+    }
+    for (lane = 1; lane < lanes; lane++) {
+        if (extreme) {
+            tb__ix_line(&g->ix, "accv0 = tb_v%s(accv0, accv%d);", fold, (int)lane);
+        } else {
+            tb__ix_line(&g->ix, "accv0 += accv%d;", (int)lane);
+        }
+    }
+    vf = tb__cg_new_vec(g);
+    if (vf < 0) return g->ix.status;
+    if (cn->op == TB_OP_MEAN) {
+        tb__ix_line(&g->ix, "const tb_vf v%d = accv0 / TB_VBC((float)%lld);", (int)vf,
+                    (long long)m);
+    } else {
+        tb__ix_line(&g->ix, "const tb_vf v%d = accv0;", (int)vf);
+    }
+    vf = tb__cg_vround(g, cn->shape.dtype, vf);
+    if (vf < 0) return g->ix.status;
+    tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, k->core, op, 0, vf);
+    vf = tb__cg_veval(g, k->root, op);
+    if (vf < 0) return g->ix.status;
+    snprintf(ptr, sizeof ptr, "out + i%d * %dL", (int)i0, (int)w);
+    tb__cg_vstore(g, rs->dtype, vf, ptr, false); /* out + i0 * W */
+    return g->ix.status;
+}
+
 /* A reduction: one work item or one work-group per output, or, when the reduction is split,
    the partial stage (one per chunk of a row, raw accumulators out) or the final stage
    (combines the chunks of its row, then finishes and runs the epilogue). */
@@ -28590,6 +28711,7 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, const tb__plan_kernel *k) {
     tb_dtype pd =
         k->partial_slot >= 0 ? tb__cg_plan(g)->slots[k->partial_slot].shape.dtype : TB_F32;
     char index[32];
+    if (k->col_vec > 0) return tb__cg_kernel_reduce_cols(g, k);
     if (!tb__cg_red_begin(g, k, &rd)) return g->ix.status;
     t = tb__cg_ctype(rd.od);
     if (final) {
@@ -29160,6 +29282,18 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
     }
     return g->ix.status;
 }
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
+/* ---- src/compile/codegen_program.c ---- */
+/* ===========================================================================================
+   C-family code generator, the program: each kernel's entry point and parameters, the
+   canonical text that lets kernels with the same code share one function, the run's error
+   words, and the program of all of them through the dialect (tb__cg_render); the kernels
+   themselves are codegen_kernels.c's and codegen_matmul.c's.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
 
 /* ---- the program ---- */
 
@@ -34848,13 +34982,13 @@ static tb_status tb__native_get_program(tb__native_rt *rt, const char *src, size
 
 /* ---- src/runtime/native/native.c ---- */
 /* ===========================================================================================
-   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c, codegen_kernels.c),
-   compiled at run time by the system C compiler ($CC, else cc) into a shared object, loaded with
-   dlopen and run on a pool of threads (one per core: a kernel's work items are split among them).
-   Programs are cached on disk as OpenCL's are (diskcache.c), keyed by the source, the compiler, its
-   options, the CPU and this library's version. Memory is host memory. Without a compiler the
-   backend has no device and says why, as OpenCL without a loader does. The backend's entries
-   are the kit's (kit.c); this part is the runtime's table.
+   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c, codegen_kernels.c,
+   codegen_program.c), compiled at run time by the system C compiler ($CC, else cc) into a shared
+   object, loaded with dlopen and run on a pool of threads (one per core: a kernel's work items are
+   split among them). Programs are cached on disk as OpenCL's are (diskcache.c), keyed by the
+   source, the compiler, its options, the CPU and this library's version. Memory is host memory.
+   Without a compiler the backend has no device and says why, as OpenCL without a loader does. The
+   backend's entries are the kit's (kit.c); this part is the runtime's table.
    =========================================================================================== */
 
 #if defined(TB__HAVE_NATIVE)

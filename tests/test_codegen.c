@@ -4,10 +4,10 @@
    device or a compiler. What a program must be: one function per kernel in the dialect's form
    with the class's vector width, a kernel whose code repeats an earlier one's run by that
    function, fused products in the packed matmul, reductions per channel that read each image's
-   run in order, every math op's template filled in every float dtype, an error where a dialect
-   cannot report a run-time failure, the same text every time, and an error (no leak) when
-   memory runs out. Whether the programs compile and compute
-   right is the compiled-backend suite's part (tests/backend_suite). */
+   run in order, sums over leading axes as columns of vectors, every math op's template filled in
+   every float dtype, an error where a dialect cannot report a run-time failure, the same text every
+   time, and an error (no leak) when memory runs out. Whether the programs compile and compute right
+   is the compiled-backend suite's part (tests/backend_suite). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -180,6 +180,61 @@ static void test_reduction_loops(void **state) {
     tb_tensor_release(x);
 }
 
+/* A sum over the leading axes that keeps the last one (a bias's gradient: [768, 128] over
+   its rows, [12, 64, 128] over its first two axes) is columns of vectors on CPU devices: a work
+   item per 16 outputs, accumulators of whole vectors along the rows, one vector store; a GPU
+   keeps an item per output, and so does a last axis 16 does not divide or a sum over an axis
+   between kept ones. */
+static void test_reduction_columns(void **state) {
+    tb_tensor *x = plan_input(TB_F32, 2, 768, 128, 0), *x3, *part, *x4, *cols, *cols3, *odd, *mid;
+    int64_t d3[3] = {12, 64, 128}, d4[3] = {8, 96, 100};
+    int32_t lead[2] = {0, 1}, one = 1;
+    int dev;
+    (void)state;
+    x3 = tb_reshape(x, d3, 3);
+    part = tb_slice(x, 0, 0, 600, 1);
+    x4 = tb_reshape(part, d4, 3);
+    cols = tb_sum(x, lead, 1, false);
+    cols3 = tb_mean(x3, lead, 2, false);
+    odd = tb_sum(x4, lead, 2, false);
+    mid = tb_sum(x3, &one, 1, false);
+    for (dev = DEV_AVX512; dev <= DEV_C99; dev++) {
+        tb_tensor *const roots[2] = {cols, cols3};
+        tb__plan *p = NULL;
+        char *text = program(dev, roots, 2, &p);
+        size_t i, col = 0;
+        for (i = 0; i < p->num_kernels; i++)
+            if (p->kernels[i].col_vec > 0) col++;
+        if (dev == DEV_GPU) {
+            assert_int_equal(col, 0);
+            assert_null(strstr(text, "accv0 += v"));
+        } else {
+            if (col != 2) fail_msg("%s: %zu column kernels, not 2", plan_dev_names[dev], col);
+            expect_text(text, "accv0 += v", plan_dev_names[dev]);
+            expect_text(text, "accv3 += v", plan_dev_names[dev]);    /* four accumulators */
+            expect_text(text, " * 128 + 384)", plan_dev_names[dev]); /* the fourth's row */
+        }
+        tb__plan_free(p);
+        free(text);
+        text = program(dev, &odd, 1, &p);
+        assert_int_equal(p->kernels[p->num_kernels - 1].col_vec, 0);
+        tb__plan_free(p);
+        free(text);
+        text = program(dev, &mid, 1, &p);
+        assert_int_equal(p->kernels[p->num_kernels - 1].col_vec, 0);
+        tb__plan_free(p);
+        free(text);
+    }
+    tb_tensor_release(mid);
+    tb_tensor_release(odd);
+    tb_tensor_release(cols3);
+    tb_tensor_release(cols);
+    tb_tensor_release(x4);
+    tb_tensor_release(part);
+    tb_tensor_release(x3);
+    tb_tensor_release(x);
+}
+
 /* ---- the op table's templates ---- */
 
 typedef tb_tensor *(*unary_fn)(tb_tensor *);
@@ -344,6 +399,7 @@ int main(void) {
         cmocka_unit_test(test_repeated_kernel_is_one_function),
         cmocka_unit_test(test_packed_matmul_fused_products),
         cmocka_unit_test(test_reduction_loops),
+        cmocka_unit_test(test_reduction_columns),
         cmocka_unit_test(test_every_math_op_renders),
         cmocka_unit_test(test_error_report_needs_the_dialect),
         cmocka_unit_test(test_repeatable_and_out_of_memory),

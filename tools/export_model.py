@@ -139,4 +139,5 @@ def main():
     save(a.out, tensors, meta)
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -17,7 +17,8 @@
      shows a collision among them.
 
    This part: the renderer's values and expressions (one node at a position, vectors along
-   rows); codegen_kernels.c writes the kernels and the program with them (compile.h).
+   rows); codegen_matmul.c and codegen_kernels.c write the kernels with them, codegen_program.c
+   the program (compile.h).
    =========================================================================================== */
 #include "../impl_begin.h"
 

@@ -3,7 +3,7 @@
    epilogue, by scalars or W columns at once), the register matmul (no work-group memory), the
    pack kernels and the matmul from their panels (CPUs), and the work-group tile matmul (GPUs),
    around the values and expressions of codegen.c; the program that runs them is
-   codegen_kernels.c's.
+   codegen_program.c's.
    =========================================================================================== */
 #include "../impl_begin.h"
 

@@ -229,6 +229,7 @@ typedef struct tb__plan_kernel {
     tb_dtype acc;       /* reductions, norms: the accumulator dtype */
     int32_t vec;        /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
     int32_t vec_axes;   /* the row's trailing axes the vectors run along */
+    int32_t col_vec;    /* reductions over leading axes: outputs per work item, a vector (0: no) */
     int64_t row_len;    /* scalar elementwise: a work item per row of this many elements along
                            the last axis (0: per element), so the leading dims' index
                            arithmetic runs once per row */
@@ -513,7 +514,7 @@ static int32_t tb__ix_var_pos_flat(tb__ix *g, const tb_shape *shape, int32_t var
 static void tb__ix_reset(tb__ix *g);
 static void tb__ix_free(tb__ix *g);
 
-/* ---- codegen.c, codegen_kernels.c: the C-family code generator ---- */
+/* ---- codegen.c, codegen_kernels.c, codegen_program.c: the C-family code generator ---- */
 
 /* tb__cg_param.role of a table of the kernel's arguments from this parameter's position on
    (`void *const *`; targets with arg_table): the last parameter, in place of those arguments */
@@ -576,7 +577,7 @@ typedef struct tb__dialect {
                    size_t num_params, const char *body);
 } tb__dialect;
 
-/* codegen_kernels.c: renders every kernel of the plan through the dialect as one program
+/* codegen_program.c: renders every kernel of the plan through the dialect as one program
    (caller frees) */
 static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__dialect *d, char **out,
                                size_t *len);
@@ -668,11 +669,18 @@ static void tb__cg_const_table(tb__cg *g, const char *type, const char *name, co
 /* work-group memory of `count` elements of `type` named `name` */
 static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t count);
 
-/* ---- codegen_matmul.c: the matmul kernels, for the program of codegen_kernels.c ---- */
+/* ---- codegen_matmul.c, codegen_kernels.c: the kernels, for the program of
+   codegen_program.c ---- */
 
 /* a matmul kernel (packed, registers or tiles, as the plan chose), and a pack kernel */
 static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k);
 static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k);
+/* an elementwise kernel, a run of a concat's operands, a reduction (either stage of a split
+   one), and a softmax, log_softmax or layer norm */
+static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k);
+static tb_status tb__cg_kernel_concat(tb__cg *g, const tb__plan_kernel *k);
+static tb_status tb__cg_kernel_reduce(tb__cg *g, const tb__plan_kernel *k);
+static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k);
 
 /* ---- dialect_c99.c, dialect_opencl.c: the dialects ---- */
 

@@ -86,7 +86,9 @@ static bool tb__plan_vec_subtree(const tb__pgraph *G, const tb__plan_kernel *k, 
             if (!tb__plan_vec_dtype(in->node->shape.dtype)) return false;
             continue; /* a load of W elements */
         }
-        if (in->ctx != k->owner || !tb__plan_vec_op(in->node)) return false;
+        /* its own nodes, and views that every kernel reading them evaluates itself */
+        if ((in->ctx != k->owner && in->ctx != TB__CTX_ANY) || !tb__plan_vec_op(in->node))
+            return false;
         for (j = 0; j < in->node->num_operands; j++) {
             int32_t o = tb__plan_operand(G, n, j);
             int32_t rel = tb__plan_row_relation(&in->node->shape, tb__plan_shape(G, o), row_axes);
@@ -163,6 +165,30 @@ static int32_t tb__plan_vec_width(const tb__pgraph *G, const tb__plan_kernel *k,
     return tb__plan_vec_subtree(G, k, x, -1, axes) ? w : 0;
 }
 
+/* The vector width of a reduction over leading axes of x that keeps its last ones (a bias's
+   gradient: the sum over the rows of [N, C] or [B, T, C]), as columns of W outputs per work
+   item read W at a time along each reduced row; 0 where it does not apply: other reductions,
+   a last axis that W does not divide, values or an epilogue that are not vectors. */
+static int32_t tb__plan_col_width(const tb__pgraph *G, const tb__plan_kernel *k) {
+    int32_t w = G->target->tuning->vec_width, x, p = 0;
+    const tb_node *cn = G->info[k->core].node;
+    const tb_shape *xs;
+    uint64_t mask = (uint64_t)cn->attrs[0];
+    if (w <= 0) return 0;
+    if (cn->op != TB_OP_SUM && cn->op != TB_OP_MEAN && cn->op != TB_OP_MAX && cn->op != TB_OP_MIN)
+        return 0;
+    x = tb__plan_operand(G, k->core, 0);
+    xs = tb__plan_shape(G, x);
+    while (p < xs->rank && ((mask >> p) & 1u))
+        p++;
+    if (p == 0 || p >= xs->rank || (mask >> p) != 0) return 0; /* a leading run, not all */
+    if (!tb__plan_vec_dtype(xs->dtype) || !tb__plan_vec_dtype(cn->shape.dtype) ||
+        xs->dims[xs->rank - 1] % w != 0)
+        return 0;
+    if (!tb__plan_vec_subtree(G, k, x, -1, 1)) return 0;
+    return tb__plan_vec_subtree(G, k, k->root, k->core, 1) ? w : 0;
+}
+
 /* ---- layouts and launch geometry ---- */
 
 /* Work items per row for a kernel with `rows` rows of `len` elements (1: one work item per
@@ -229,6 +255,14 @@ static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
     }
     k->lanes = (k->group == 1 && !is_arg && lanes > 1 && m >= 4 * lanes) ? lanes : 1;
     k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
+    if (k->vec == 0 && !is_arg && k->kind == TB__K_REDUCE && k->split == 0 && k->group == 1)
+        k->col_vec = tb__plan_col_width(G, k);
+    if (k->col_vec > 0) {
+        k->items = (uint64_t)(n_out / k->col_vec); /* a block of W outputs per work item */
+        k->vec_axes = 1;
+        k->acc = TB_F32; /* f32 vectors */
+        k->lanes = m >= 4 * G->target->tuning->red_vec_lanes ? G->target->tuning->red_vec_lanes : 1;
+    }
     if (k->vec > 0) {
         k->acc = tb__plan_shape(G, k->core)->dtype;  /* f32 vectors, several lanes each */
         k->lanes = G->target->tuning->red_vec_lanes; /* vector accumulators */

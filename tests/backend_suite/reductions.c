@@ -10,6 +10,8 @@ typedef struct reduce_arg {
     size_t num_axes;
     bool keepdim;
     bool prologue; /* reduce exp(x) * 0.5 rather than x */
+    int operand;   /* 1: reduce x * in[1] (a row along x's last axis), 2: x * in[1] (a column) */
+    bool epilogue; /* sqrt(|y|) * 2 + 1 of the result */
 } reduce_arg;
 
 static tb_tensor *build_reduce(tb_tensor **in, const void *arg) {
@@ -20,6 +22,11 @@ static tb_tensor *build_reduce(tb_tensor **in, const void *arg) {
         tb_tensor_release(x);
         x = tb_mul_scalar(e, 0.5);
         tb_tensor_release(e);
+    }
+    if (a->operand > 0) {
+        tb_tensor *p = tb_mul(x, in[1]);
+        tb_tensor_release(x);
+        x = p;
     }
     switch (a->which) {
     case 0:
@@ -45,6 +52,14 @@ static tb_tensor *build_reduce(tb_tensor **in, const void *arg) {
         break;
     }
     tb_tensor_release(x);
+    if (a->epilogue && y != NULL) {
+        tb_tensor *m = tb_abs(y), *r = tb_sqrt(m), *t = tb_mul_scalar(r, 2.0);
+        tb_tensor_release(y);
+        y = tb_add_scalar(t, 1.0);
+        tb_tensor_release(t);
+        tb_tensor_release(r);
+        tb_tensor_release(m);
+    }
     return y;
 }
 
@@ -85,6 +100,8 @@ static void test_reductions(void **state) {
                     a->num_axes = axis_counts[s];
                     a->keepdim = keep != 0;
                     a->prologue = false;
+                    a->operand = 0;
+                    a->epilogue = false;
                     in = in_of(shp(dt, 3, 3, 5, 7, 0), which >= 2 && which != 4 ? R_WHOLE : R_ANY);
                     snprintf(name, sizeof name, "%s of %s[3,5,7] over %zu axes (set %zu)%s",
                              names[which], tb_dtype_name(dt), axis_counts[s], s,
@@ -118,6 +135,8 @@ static void test_reductions(void **state) {
                 a->num_axes = which == 0 && k == 1 ? 0 : 1; /* 0: every axis */
                 a->keepdim = false;
                 a->prologue = which < 5;
+                a->operand = 0;
+                a->epilogue = false;
                 if (which == 4) in.range = R_POSITIVE;
                 snprintf(name, sizeof name, "%s over [%lld,%lld] axis %d%s", names[which],
                          (long long)sizes[k][0], (long long)sizes[k][1], (int)a->axes[0],
@@ -152,10 +171,58 @@ static void test_reductions(void **state) {
                     a->num_axes = 1;
                     a->keepdim = false;
                     a->prologue = false;
+                    a->operand = 0;
+                    a->epilogue = false;
                     snprintf(name, sizeof name, "%s of %s[%lld,%lld] axis %d", names[which],
                              tb_dtype_name(more[d]), (long long)sizes[k][0], (long long)sizes[k][1],
                              (int)a->axes[0]);
                     add_case(name, build_reduce, a, &in, 1);
+                }
+            }
+            flush_cases();
+        }
+    }
+    /* over leading axes that keep a last axis of a multiple of 16 (a bias's gradient), which
+       CPU devices compute as columns of vectors: a count of rows that is not a multiple of the
+       accumulators (1003), two leading axes, fewer rows than accumulators, keepdim, a prologue
+       with an operand along the row or along the columns, an epilogue, the 16-bit floats */
+    {
+        static const int64_t cols[][4] = {{2, 1003, 32, 1}, {3, 6, 10, 48}, {3, 2, 3, 16}};
+        const tb_dtype fl[] = {TB_F32, TB_F16, TB_BF16};
+        size_t k;
+        for (k = 0; k < sizeof cols / sizeof cols[0]; k++) {
+            for (d = 0; d < sizeof fl / sizeof fl[0]; d++) {
+                for (which = 0; which < 4; which++) {
+                    int variant = (which + (int)k + (int)d) % 4;
+                    reduce_arg *a;
+                    input ins[2];
+                    size_t nin = 1;
+                    char name[160];
+                    int32_t rank = (int32_t)cols[k][0];
+                    assert_true(n < sizeof args / sizeof args[0]);
+                    a = &args[n++];
+                    a->which = which;
+                    a->axes[0] = 0;
+                    a->axes[1] = 1;
+                    a->num_axes = rank == 2 ? 1 : 2;
+                    a->keepdim = variant == 3;
+                    a->prologue = variant == 0;
+                    a->operand = variant == 1 ? 1 : variant == 2 ? 2 : 0;
+                    a->epilogue = variant != 0;
+                    ins[0] = in_of(shp(fl[d], rank, cols[k][1], cols[k][2], cols[k][3], 0), R_ANY);
+                    if (a->operand == 1) { /* [C]: along the row */
+                        ins[nin++] = in_of(shp(fl[d], 1, cols[k][rank], 0, 0, 0), R_ANY);
+                    } else if (a->operand == 2) { /* [.., 1]: one value per row, broadcast */
+                        ins[nin++] = in_of(
+                            shp(fl[d], rank, cols[k][1], rank == 2 ? 1 : cols[k][2], 1, 0), R_ANY);
+                    }
+                    snprintf(name, sizeof name, "%s of %s%s over the leading axes (variant %d)",
+                             names[which], tb_dtype_name(fl[d]),
+                             k == 0   ? "[1003,32]"
+                             : k == 1 ? "[6,10,48]"
+                                      : "[2,3,16]",
+                             variant);
+                    add_case(name, build_reduce, a, ins, nin);
                 }
             }
             flush_cases();

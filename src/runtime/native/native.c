@@ -1,11 +1,11 @@
 /* ===========================================================================================
-   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c, codegen_kernels.c),
-   compiled at run time by the system C compiler ($CC, else cc) into a shared object, loaded with
-   dlopen and run on a pool of threads (one per core: a kernel's work items are split among them).
-   Programs are cached on disk as OpenCL's are (diskcache.c), keyed by the source, the compiler, its
-   options, the CPU and this library's version. Memory is host memory. Without a compiler the
-   backend has no device and says why, as OpenCL without a loader does. The backend's entries
-   are the kit's (kit.c); this part is the runtime's table.
+   Native backend ("native"): the planner's kernels rendered as C99 (codegen.c, codegen_kernels.c,
+   codegen_program.c), compiled at run time by the system C compiler ($CC, else cc) into a shared
+   object, loaded with dlopen and run on a pool of threads (one per core: a kernel's work items are
+   split among them). Programs are cached on disk as OpenCL's are (diskcache.c), keyed by the
+   source, the compiler, its options, the CPU and this library's version. Memory is host memory.
+   Without a compiler the backend has no device and says why, as OpenCL without a loader does. The
+   backend's entries are the kit's (kit.c); this part is the runtime's table.
    =========================================================================================== */
 #include "../../impl_begin.h"
 
