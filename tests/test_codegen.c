@@ -3,11 +3,12 @@
    (AVX-512 and AVX2 CPUs and a GPU in OpenCL C, the native backend's C99 host), without a
    device or a compiler. What a program must be: one function per kernel in the dialect's form
    with the class's vector width, a kernel whose code repeats an earlier one's run by that
-   function, fused products in the packed matmul, reductions per channel that read each image's
-   run in order, sums over leading axes as columns of vectors, every math op's template filled in
-   every float dtype, an error where a dialect cannot report a run-time failure, the same text every
-   time, and an error (no leak) when memory runs out. Whether the programs compile and compute right
-   is the compiled-backend suite's part (tests/backend_suite). */
+   function, fused products in the packed matmul, B's row as one vector in the register
+   matmul, reductions per channel that read each image's run in order, sums over leading axes
+   as columns of vectors, every math op's template filled in every float dtype, an error where
+   a dialect cannot report a run-time failure, the same text every time, and an error (no
+   leak) when memory runs out. Whether the programs compile and compute right is the
+   compiled-backend suite's part (tests/backend_suite). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -138,6 +139,26 @@ static void test_packed_matmul_fused_products(void **state) {
     text = program(DEV_GPU, &y, 1, NULL);
     assert_null(strstr(text, "TB_VMAD(TB_VSPLAT("));
     free(text);
+    tb_tensor_release(y);
+    tb_tensor_release(b);
+    tb_tensor_release(a);
+}
+
+/* The register matmul of few columns (a classifier's last layer, 256x10x512) makes B's row one
+   vector per step of the depth, added times each row's value of A, in OpenCL C for CPU classes
+   as in the native backend's C (a vector of 16 lanes holds the 10 columns). */
+static void test_register_matmul_vectors(void **state) {
+    tb_tensor *a = plan_input(TB_F32, 2, 256, 512, 0), *b = plan_input(TB_F32, 2, 512, 10, 0);
+    tb_tensor *y = tb_matmul(a, b);
+    static const int devs[] = {DEV_AVX512, DEV_AVX2, DEV_C99};
+    size_t d;
+    (void)state;
+    for (d = 0; d < sizeof devs / sizeof devs[0]; d++) {
+        char *text = program(devs[d], &y, 1, NULL);
+        expect_text(text, "const float16 bv = ", plan_dev_names[devs[d]]);
+        expect_text(text, "accv0 += v", plan_dev_names[devs[d]]);
+        free(text);
+    }
     tb_tensor_release(y);
     tb_tensor_release(b);
     tb_tensor_release(a);
@@ -398,6 +419,7 @@ int main(void) {
         cmocka_unit_test(test_dialects),
         cmocka_unit_test(test_repeated_kernel_is_one_function),
         cmocka_unit_test(test_packed_matmul_fused_products),
+        cmocka_unit_test(test_register_matmul_vectors),
         cmocka_unit_test(test_reduction_loops),
         cmocka_unit_test(test_reduction_columns),
         cmocka_unit_test(test_every_math_op_renders),

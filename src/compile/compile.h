@@ -553,8 +553,10 @@ typedef struct tb__dialect {
        vector of zeros as a format of the vector type */
     const char *vec_zero;
     /* a vector made of listed floats, a printf format of its type (float4, float8, float16)
-       and the list (NULL: the register matmul keeps scalar accumulators; a dialect whose
-       compiler vectorises across work items leaves it NULL) */
+       and the list (NULL: the register matmul keeps scalar accumulators). OpenCL C has it too:
+       PoCL's vectors across a work-group's items read B's row as strided gathers, where a
+       vector of the row is one load per step (GPT's batched attention matmuls of 64x32x64 on
+       PoCL, 0.40 -> 0.29 ms each) */
     const char *vec_make;
     const char *min_long; /* min of two longs */
     const char *bits_f32; /* the float of 32 bits (uint) */

@@ -148,6 +148,7 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     d->group_id = "get_group_id(%d)";
     d->local_id = "get_local_id(%d)";
     d->vec_zero = "(%s)(0)";
+    d->vec_make = "(%s)(%s)";
     d->min_long = "min";
     d->bits_f32 = "as_float";
     d->bits_f64 = "as_double";
