@@ -509,6 +509,9 @@ typedef struct tb_backend_data {
     int32_t tb__refcount;
     const tb_backend *tb__backend;
     bool tb__donated; /* its buffer went to a result of an execute (tb_graph.result_donors) */
+    /* its memory is shared with the host (a caller's array it borrows, or lent to a DLPack
+       consumer): never a donor, whatever the tensors holding it do */
+    bool tb__shared;
 } tb_backend_data;
 
 /* What a backend lowers: the nodes of one graph in post-order (operands before their users),
@@ -1064,9 +1067,11 @@ TBDEF const tb_custom_op_desc *tb_op_custom_desc(tb_op op);
    `device` (NULL: the current device). The copy happens now. */
 TBDEF tb_tensor *tb_tensor_from_host(const void *data, const tb_shape *shape,
                                      const tb_device *device);
-/* Like tb_tensor_from_host, but on a device that shares host memory (the cpu backend) the
-   tensor borrows `data` without copying: the caller keeps it alive and unchanged until the last
-   reference to the tensor (and to tensors computed from it) is released. Other devices copy. */
+/* Like tb_tensor_from_host, but on a device that keeps host memory (the cpu backend; native,
+   for data aligned to 64 bytes) the tensor borrows `data` without copying: the caller keeps it
+   alive and unchanged until the last reference to the tensor (and to tensors computed from it)
+   is released. The library never writes into it (tb_assign gives the tensor a new buffer).
+   Other devices, and unaligned data on native, copy. */
 TBDEF tb_tensor *tb_tensor_from_host_borrowed(const void *data, const tb_shape *shape,
                                               const tb_device *device);
 /* A rank-0 tensor whose value is a parameter of the graph (changing it does not recompile).
@@ -1772,11 +1777,12 @@ typedef struct tb_dl_managed_tensor_versioned {
 } tb_dl_managed_tensor_versioned;
 
 /* Hands the tensor's value to a DLPack consumer. Syncs the tensor first. On a device that
-   shares host memory (the cpu backend) nothing is copied: the managed tensor points at the
-   tensor's own buffer and holds a reference to that buffer (the tensor's backend data), so the
-   tensor may be released first. On any other device the value is copied to a new host buffer
-   that the deleter frees. Either way the device is {TB_DL_CPU, 0} (the consumer gets host
-   memory), byte_offset is 0, and shape and strides (always set, in elements, C order) live in
+   keeps host memory (the cpu and native backends) nothing is copied: the managed tensor points
+   at the tensor's own buffer and holds a reference to that buffer (the tensor's backend data),
+   so the tensor may be released first; a new value given to the tensor (tb_assign) then goes
+   to a buffer of its own, never into the lent one. On any other device the value is copied to a new
+   host buffer that the deleter frees. Either way the device is {TB_DL_CPU, 0} (the consumer gets
+   host memory), byte_offset is 0, and shape and strides (always set, in elements, C order) live in
    the managed tensor. The consumer must not write through `data` (a tensor's value never
    changes) and calls deleter(*out) exactly once, from any thread, before tb_shutdown. Errors:
    NULL arguments (a NULL tensor keeps the error of the op that produced it), a failed sync, out
@@ -1789,8 +1795,10 @@ TBDEF tb_status tb_dlpack_export(tb_tensor *tensor, tb_dl_managed_tensor **out);
    Accepted: device type TB_DL_CPU (host memory), lanes 1, the library's eight dtypes (see
    tb_dl_data_type), ndim 0..TB_MAX_RANK, non-negative dims, any strides (NULL: C-contiguous)
    and byte_offset. On success the library owns `managed`:
-     - on a device that shares host memory (the cpu backend), a C-contiguous, suitably aligned
-       tensor (and, for bool, one holding only 0 and 1 bytes) is used in place, without a copy;
+     - on a device that keeps host memory (the cpu backend; native, for data aligned to 64
+       bytes), a C-contiguous, suitably aligned tensor (and, for bool, one holding only 0 and 1
+       bytes) is used in place, without a copy (and never written: tb_assign gives the tensor a
+       new buffer);
        managed->deleter runs exactly once, when the last reference to the buffer is dropped
        (possibly on another thread): the tensors using it, pending graphs that read it, and a
        cached computation compiled with it as an input (tb_computation_cache_clear drops
@@ -6621,6 +6629,7 @@ static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device,
         tb__error_restore(&saved);
         return NULL;
     }
+    d->tb__shared = true;
     tb__error_restore(&saved);
     tb__metric_count("CreateDataHandles", 1);
     return d;
@@ -10972,7 +10981,8 @@ static void tb__exec_donors(tb_tensor *const *tensors, size_t count, const tb__e
     for (i = 0; i < count; i++) {
         const int64_t *at;
         t = tensors[i];
-        if (t->donor == NULL || t->node == NULL || t->donor->tb__donated) continue;
+        if (t->donor == NULL || t->node == NULL || t->donor->tb__donated || t->donor->tb__shared)
+            continue;
         at = tb__exec_map_get(&roots->index, t->node);
         if (at == NULL || donors[*at] != NULL) continue;
         for (j = 0; j < roots->count; j++)
@@ -33566,10 +33576,14 @@ static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *ar
 /* ---- what the parts of the backend share: native_runtime.c, native_programs.c, native.c ---- */
 
 /* A host buffer, 64-byte aligned at k.mem (the payload of a native tb_backend_data with
-   memory); k.dev is the runtime. */
+   memory); k.dev is the runtime. A borrowed one is a caller's array (base NULL), given back by
+   release(context) rather than kept for reuse. */
 typedef struct tb__native_buf {
     tb_kit_buffer k;
     void *base; /* what was allocated */
+    bool borrowed;
+    void (*release)(void *context);
+    void *context;
 } tb__native_buf;
 
 /* A loaded shared object, shared by every computation whose source is the same. */
@@ -34210,9 +34224,18 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
     return TB_OK;
 }
 
-/* Gives a buffer back: cached for reuse while the cache has room. Call with the mutex held. */
+/* Gives a buffer back: cached for reuse while the cache has room; a borrowed one goes back to
+   its owner (release, called with the mutex held). Call with the mutex held. */
 static void tb__native_buf_free(tb__native_rt *rt, tb__native_buf *b) {
     if (b == NULL) return;
+    if (b->borrowed) {
+        void (*release)(void *context) = b->release;
+        void *context = b->context;
+        tb__free(b);
+        tb__native_rt_unref(rt);
+        if (release != NULL) release(context);
+        return;
+    }
     rt->stats.bytes_in_use -= b->k.cap;
     if (rt->proc.exited || b->k.cap > rt->stats.cache_limit ||
         tb__grow((void **)&rt->cache, &rt->cache_cap, rt->cache_count + 1, sizeof *rt->cache) !=
@@ -35388,9 +35411,58 @@ static const tb_kit_runtime tb__native_runtime = {
     tb__native_shutdown,
 };
 
-/* registers the "native" backend (called by tb__register_builtin_backends) */
+/* Host memory in place (tb_tensor_from_host_borrowed, DLPack imports, model files mapped from
+   disk): a buffer over the caller's array, which kernels only read (the library never lets a
+   result take a shared buffer); release(context) once the data goes. An array whose start is
+   not 64-byte aligned (every buffer's is: tb_kit_facts.buffer_align) is copied instead, as is
+   an empty one. */
+static tb_status tb__native_data_borrow_host(void *user_data, tb_backend_data *data, void *host,
+                                             void (*release)(void *context), void *context) {
+    tb__native_rt *rt;
+    tb__native_buf *b;
+    size_t nbytes = 0;
+    tb_status st = tb_shape_nbytes(&data->shape, &nbytes);
+    (void)user_data;
+    if (st != TB_OK) return st;
+    if (nbytes == 0 || (uintptr_t)host % 64 != 0) return TB_ERR_UNSUPPORTED;
+    b = (tb__native_buf *)tb__calloc(1, sizeof *b);
+    if (b == NULL) return TB_ERR_OUT_OF_MEMORY;
+    tb__mutex_lock(&tb__native_mutex);
+    rt = tb__native_device(data->device.ordinal, "native");
+    if (rt != NULL) tb__kit_proc_ref(&rt->proc);
+    tb__mutex_unlock(&tb__native_mutex);
+    if (rt == NULL) {
+        tb__free(b);
+        return TB_ERR_UNAVAILABLE;
+    }
+    b->k.mem = host;
+    b->k.device = rt;
+    b->k.size = b->k.cap = nbytes;
+    b->k.gen = tb__next_generation();
+    b->borrowed = true;
+    b->release = release;
+    b->context = context;
+    data->payload = &b->k;
+    return TB_OK;
+}
+
+/* The values of a data in place (DLPack exports, model files, the eager fallback's operands):
+   every buffer is host memory; a scalar's (a kit shell) has none. */
+static void *tb__native_data_host_pointer(void *user_data, const tb_backend_data *data) {
+    const tb_kit_buffer *b = (const tb_kit_buffer *)data->payload;
+    (void)user_data;
+    return b != NULL && !b->shell ? b->mem : NULL;
+}
+
+/* registers the "native" backend (called by tb__register_builtin_backends): the kit's table,
+   with host memory read and borrowed in place */
 static tb_status tb__native_register(void) {
-    return tb_kit_register("native", &tb__native_runtime, "");
+    tb_backend_impl impl;
+    tb_status st = tb_kit_backend_impl(&tb__native_runtime, &impl);
+    if (st != TB_OK) return st;
+    impl.data_borrow_host = tb__native_data_borrow_host;
+    impl.data_host_pointer = tb__native_data_host_pointer;
+    return tb_backend_register("native", &impl, "");
 }
 
 #endif /* TB__HAVE_NATIVE */
@@ -38443,6 +38515,7 @@ static tb_status tb__dl_export_begin(const char *fn, tb_tensor *tensor, tb__dl_e
     host = tb__host_data(data);
     if (host != NULL) {
         tb__data_retain(data);
+        data->tb__shared = true; /* the consumer reads it: no later result takes its buffer */
         e->lent = data;
     } else {
         e->copy = tb__alloc(nbytes ? nbytes : 1);

@@ -1,5 +1,6 @@
 /* DLPack export and import: the struct layout, zero-copy lending and borrowing on the cpu
-   backend, copies where needed, deleters run exactly once, every error path, and numpy through
+   backend and the native one (whose shared buffers never take a new value in place), copies
+   where needed, deleters run exactly once, every error path, and numpy through
    tests/dlpack_numpy.py. The OpenCL cases are in tests/test_dlpack_opencl.c. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
@@ -660,6 +661,113 @@ static void test_numpy_through_ctypes(void **state) {
     assert_int_equal(rc, 0);
 }
 
+/* ---- the native backend: host memory, borrowed and lent in place ---- */
+
+/* The native device, or a skip where this machine has no C compiler for it. */
+static tb_device native_or_skip(void) {
+    tb_device dev;
+    if (tb_device_make("native", 0, &dev) != TB_OK) {
+        printf("no native:0 here (%s): skipping\n", tb_last_error());
+        tb_clear_error();
+        skip();
+    }
+    return dev;
+}
+
+/* An aligned array is borrowed in place and lent back by an export; a computed value is lent
+   from the backend's own buffer; the deleter runs once, when the library lets go. An array that
+   is not 64-byte aligned is copied (its deleter runs at once). */
+static void test_native_borrows_and_lends(void **state) {
+    tb_device dev = native_or_skip();
+    float *host = (float *)aligned_alloc(64, 64 * sizeof(float)), out[64];
+    int64_t dims[2] = {4, 16};
+    producer p, q;
+    tb_dl_managed_tensor *m = NULL;
+    tb_tensor *t, *y, *u;
+    int i;
+    (void)state;
+    assert_non_null(host);
+    for (i = 0; i < 64; i++)
+        host[i] = (float)i * 0.5f - 3.0f;
+    producer_init(&p, host, TB_DL_FLOAT, 32, 2, dims, NULL);
+    t = tb_dlpack_import(&p.managed, &dev);
+    assert_non_null(t);
+    assert_ptr_equal(buffer_of(t), host); /* no copy */
+    u = tb_mul_scalar(t, 2.0);
+    y = tb_add_scalar(u, 1.0);
+    tb_tensor_release(u);
+    assert_non_null(y);
+    assert_int_equal(tb_dlpack_export(y, &m), TB_OK);
+    assert_true(m->dl_tensor.data != host);
+    for (i = 0; i < 64; i++)
+        assert_true(((const float *)m->dl_tensor.data)[i] == host[i] * 2.0f + 1.0f);
+    tb_tensor_release(y); /* the export keeps its buffer */
+    assert_true(((const float *)m->dl_tensor.data)[5] == host[5] * 2.0f + 1.0f);
+    m->deleter(m);
+    tb_tensor_release(t);
+    tb_computation_cache_clear();
+    assert_int_equal(p.deleter_calls, 1);
+    /* not aligned to 64 bytes: a copy */
+    producer_init(&q, host + 1, TB_DL_FLOAT, 32, 1, dims + 1, NULL);
+    u = tb_dlpack_import(&q.managed, &dev);
+    assert_non_null(u);
+    assert_int_equal(q.deleter_calls, 1);
+    assert_true(buffer_of(u) != (void *)(host + 1));
+    assert_int_equal(tb_tensor_to_host(u, out, 16 * sizeof(float)), TB_OK);
+    assert_memory_equal(out, host + 1, 16 * sizeof(float));
+    tb_tensor_release(u);
+    free(host);
+}
+
+/* A tensor over a borrowed array, or one whose buffer an export lends, takes a new value by
+   tb_assign: the new value goes to a buffer of its own, never into the shared memory. */
+static void test_native_shared_buffers_are_never_donated(void **state) {
+    tb_device dev = native_or_skip();
+    float *host = (float *)aligned_alloc(64, 1024 * sizeof(float)), *out;
+    tb_shape s = shape2(TB_F32, 32, 32);
+    tb_dl_managed_tensor *m = NULL;
+    tb_tensor *t, *v, *w;
+    int i, round;
+    (void)state;
+    out = (float *)malloc(1024 * sizeof(float));
+    assert_non_null(host);
+    assert_non_null(out);
+    for (i = 0; i < 1024; i++)
+        host[i] = (float)(i % 17);
+    t = tb_tensor_from_host_borrowed(host, &s, &dev);
+    assert_non_null(t);
+    assert_ptr_equal(buffer_of(t), host);
+    w = tb_tensor_from_host(host, &s, &dev);
+    assert_non_null(w);
+    assert_int_equal(tb_dlpack_export(w, &m), TB_OK); /* lends w's buffer */
+    for (round = 0; round < 3; round++) {
+        tb_tensor *const both[2] = {t, w};
+        v = tb_add_scalar(t, 1.0);
+        assert_int_equal(tb_assign(t, v), TB_OK);
+        tb_tensor_release(v);
+        v = tb_mul_scalar(w, 3.0);
+        assert_int_equal(tb_assign(w, v), TB_OK);
+        tb_tensor_release(v);
+        assert_int_equal(tb_sync(both, 2), TB_OK);
+    }
+    for (i = 0; i < 1024; i++) {
+        assert_true(host[i] == (float)(i % 17));
+        assert_true(((const float *)m->dl_tensor.data)[i] == (float)(i % 17));
+    }
+    assert_int_equal(tb_tensor_to_host(t, out, 1024 * sizeof(float)), TB_OK);
+    for (i = 0; i < 1024; i++)
+        assert_true(out[i] == (float)(i % 17) + 3.0f);
+    assert_int_equal(tb_tensor_to_host(w, out, 1024 * sizeof(float)), TB_OK);
+    for (i = 0; i < 1024; i++)
+        assert_true(out[i] == (float)(i % 17) * 27.0f);
+    m->deleter(m);
+    tb_tensor_release(w);
+    tb_tensor_release(t);
+    tb_computation_cache_clear();
+    free(out);
+    free(host);
+}
+
 static int setup(void **state) {
     (void)state;
     return tb_device_make("cpu", 0, &cpu) == TB_OK ? 0 : -1;
@@ -691,6 +799,8 @@ int main(void) {
         cmocka_unit_test(test_import_versioned),
         cmocka_unit_test(test_import_round_trip_of_our_export),
         cmocka_unit_test(test_import_errors),
+        cmocka_unit_test(test_native_borrows_and_lends),
+        cmocka_unit_test(test_native_shared_buffers_are_never_donated),
         cmocka_unit_test(test_numpy_through_ctypes),
     };
     return cmocka_run_group_tests_name("dlpack", tests, setup, teardown);

@@ -22,6 +22,9 @@ typedef struct tb_backend_data {
     int32_t tb__refcount;
     const tb_backend *tb__backend;
     bool tb__donated; /* its buffer went to a result of an execute (tb_graph.result_donors) */
+    /* its memory is shared with the host (a caller's array it borrows, or lent to a DLPack
+       consumer): never a donor, whatever the tensors holding it do */
+    bool tb__shared;
 } tb_backend_data;
 
 /* What a backend lowers: the nodes of one graph in post-order (operands before their users),

@@ -160,6 +160,7 @@ static TB__UNUSED tb_backend_data *tb__data_borrow_host(const tb_device *device,
         tb__error_restore(&saved);
         return NULL;
     }
+    d->tb__shared = true;
     tb__error_restore(&saved);
     tb__metric_count("CreateDataHandles", 1);
     return d;

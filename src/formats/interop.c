@@ -590,6 +590,7 @@ static tb_status tb__dl_export_begin(const char *fn, tb_tensor *tensor, tb__dl_e
     host = tb__host_data(data);
     if (host != NULL) {
         tb__data_retain(data);
+        data->tb__shared = true; /* the consumer reads it: no later result takes its buffer */
         e->lent = data;
     } else {
         e->copy = tb__alloc(nbytes ? nbytes : 1);

@@ -107,11 +107,12 @@ typedef struct tb_dl_managed_tensor_versioned {
 } tb_dl_managed_tensor_versioned;
 
 /* Hands the tensor's value to a DLPack consumer. Syncs the tensor first. On a device that
-   shares host memory (the cpu backend) nothing is copied: the managed tensor points at the
-   tensor's own buffer and holds a reference to that buffer (the tensor's backend data), so the
-   tensor may be released first. On any other device the value is copied to a new host buffer
-   that the deleter frees. Either way the device is {TB_DL_CPU, 0} (the consumer gets host
-   memory), byte_offset is 0, and shape and strides (always set, in elements, C order) live in
+   keeps host memory (the cpu and native backends) nothing is copied: the managed tensor points
+   at the tensor's own buffer and holds a reference to that buffer (the tensor's backend data),
+   so the tensor may be released first; a new value given to the tensor (tb_assign) then goes
+   to a buffer of its own, never into the lent one. On any other device the value is copied to a new
+   host buffer that the deleter frees. Either way the device is {TB_DL_CPU, 0} (the consumer gets
+   host memory), byte_offset is 0, and shape and strides (always set, in elements, C order) live in
    the managed tensor. The consumer must not write through `data` (a tensor's value never
    changes) and calls deleter(*out) exactly once, from any thread, before tb_shutdown. Errors:
    NULL arguments (a NULL tensor keeps the error of the op that produced it), a failed sync, out
@@ -124,8 +125,10 @@ TBDEF tb_status tb_dlpack_export(tb_tensor *tensor, tb_dl_managed_tensor **out);
    Accepted: device type TB_DL_CPU (host memory), lanes 1, the library's eight dtypes (see
    tb_dl_data_type), ndim 0..TB_MAX_RANK, non-negative dims, any strides (NULL: C-contiguous)
    and byte_offset. On success the library owns `managed`:
-     - on a device that shares host memory (the cpu backend), a C-contiguous, suitably aligned
-       tensor (and, for bool, one holding only 0 and 1 bytes) is used in place, without a copy;
+     - on a device that keeps host memory (the cpu backend; native, for data aligned to 64
+       bytes), a C-contiguous, suitably aligned tensor (and, for bool, one holding only 0 and 1
+       bytes) is used in place, without a copy (and never written: tb_assign gives the tensor a
+       new buffer);
        managed->deleter runs exactly once, when the last reference to the buffer is dropped
        (possibly on another thread): the tensors using it, pending graphs that read it, and a
        cached computation compiled with it as an input (tb_computation_cache_clear drops

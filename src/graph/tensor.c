@@ -494,7 +494,8 @@ static void tb__exec_donors(tb_tensor *const *tensors, size_t count, const tb__e
     for (i = 0; i < count; i++) {
         const int64_t *at;
         t = tensors[i];
-        if (t->donor == NULL || t->node == NULL || t->donor->tb__donated) continue;
+        if (t->donor == NULL || t->node == NULL || t->donor->tb__donated || t->donor->tb__shared)
+            continue;
         at = tb__exec_map_get(&roots->index, t->node);
         if (at == NULL || donors[*at] != NULL) continue;
         for (j = 0; j < roots->count; j++)

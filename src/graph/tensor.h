@@ -12,9 +12,11 @@
    `device` (NULL: the current device). The copy happens now. */
 TBDEF tb_tensor *tb_tensor_from_host(const void *data, const tb_shape *shape,
                                      const tb_device *device);
-/* Like tb_tensor_from_host, but on a device that shares host memory (the cpu backend) the
-   tensor borrows `data` without copying: the caller keeps it alive and unchanged until the last
-   reference to the tensor (and to tensors computed from it) is released. Other devices copy. */
+/* Like tb_tensor_from_host, but on a device that keeps host memory (the cpu backend; native,
+   for data aligned to 64 bytes) the tensor borrows `data` without copying: the caller keeps it
+   alive and unchanged until the last reference to the tensor (and to tensors computed from it)
+   is released. The library never writes into it (tb_assign gives the tensor a new buffer).
+   Other devices, and unaligned data on native, copy. */
 TBDEF tb_tensor *tb_tensor_from_host_borrowed(const void *data, const tb_shape *shape,
                                               const tb_device *device);
 /* A rank-0 tensor whose value is a parameter of the graph (changing it does not recompile).

@@ -403,9 +403,58 @@ static const tb_kit_runtime tb__native_runtime = {
     tb__native_shutdown,
 };
 
-/* registers the "native" backend (called by tb__register_builtin_backends) */
+/* Host memory in place (tb_tensor_from_host_borrowed, DLPack imports, model files mapped from
+   disk): a buffer over the caller's array, which kernels only read (the library never lets a
+   result take a shared buffer); release(context) once the data goes. An array whose start is
+   not 64-byte aligned (every buffer's is: tb_kit_facts.buffer_align) is copied instead, as is
+   an empty one. */
+static tb_status tb__native_data_borrow_host(void *user_data, tb_backend_data *data, void *host,
+                                             void (*release)(void *context), void *context) {
+    tb__native_rt *rt;
+    tb__native_buf *b;
+    size_t nbytes = 0;
+    tb_status st = tb_shape_nbytes(&data->shape, &nbytes);
+    (void)user_data;
+    if (st != TB_OK) return st;
+    if (nbytes == 0 || (uintptr_t)host % 64 != 0) return TB_ERR_UNSUPPORTED;
+    b = (tb__native_buf *)tb__calloc(1, sizeof *b);
+    if (b == NULL) return TB_ERR_OUT_OF_MEMORY;
+    tb__mutex_lock(&tb__native_mutex);
+    rt = tb__native_device(data->device.ordinal, "native");
+    if (rt != NULL) tb__kit_proc_ref(&rt->proc);
+    tb__mutex_unlock(&tb__native_mutex);
+    if (rt == NULL) {
+        tb__free(b);
+        return TB_ERR_UNAVAILABLE;
+    }
+    b->k.mem = host;
+    b->k.device = rt;
+    b->k.size = b->k.cap = nbytes;
+    b->k.gen = tb__next_generation();
+    b->borrowed = true;
+    b->release = release;
+    b->context = context;
+    data->payload = &b->k;
+    return TB_OK;
+}
+
+/* The values of a data in place (DLPack exports, model files, the eager fallback's operands):
+   every buffer is host memory; a scalar's (a kit shell) has none. */
+static void *tb__native_data_host_pointer(void *user_data, const tb_backend_data *data) {
+    const tb_kit_buffer *b = (const tb_kit_buffer *)data->payload;
+    (void)user_data;
+    return b != NULL && !b->shell ? b->mem : NULL;
+}
+
+/* registers the "native" backend (called by tb__register_builtin_backends): the kit's table,
+   with host memory read and borrowed in place */
 static tb_status tb__native_register(void) {
-    return tb_kit_register("native", &tb__native_runtime, "");
+    tb_backend_impl impl;
+    tb_status st = tb_kit_backend_impl(&tb__native_runtime, &impl);
+    if (st != TB_OK) return st;
+    impl.data_borrow_host = tb__native_data_borrow_host;
+    impl.data_host_pointer = tb__native_data_host_pointer;
+    return tb_backend_register("native", &impl, "");
 }
 
 #endif /* TB__HAVE_NATIVE */

@@ -21,10 +21,14 @@ static void tb__native_run(tb__native_pool *p, tb__native_fn fn, void *const *ar
 /* ---- what the parts of the backend share: native_runtime.c, native_programs.c, native.c ---- */
 
 /* A host buffer, 64-byte aligned at k.mem (the payload of a native tb_backend_data with
-   memory); k.dev is the runtime. */
+   memory); k.dev is the runtime. A borrowed one is a caller's array (base NULL), given back by
+   release(context) rather than kept for reuse. */
 typedef struct tb__native_buf {
     tb_kit_buffer k;
     void *base; /* what was allocated */
+    bool borrowed;
+    void (*release)(void *context);
+    void *context;
 } tb__native_buf;
 
 /* A loaded shared object, shared by every computation whose source is the same. */

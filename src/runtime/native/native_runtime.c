@@ -333,9 +333,18 @@ static tb_status tb__native_buf_alloc(tb__native_rt *rt, size_t size, tb__native
     return TB_OK;
 }
 
-/* Gives a buffer back: cached for reuse while the cache has room. Call with the mutex held. */
+/* Gives a buffer back: cached for reuse while the cache has room; a borrowed one goes back to
+   its owner (release, called with the mutex held). Call with the mutex held. */
 static void tb__native_buf_free(tb__native_rt *rt, tb__native_buf *b) {
     if (b == NULL) return;
+    if (b->borrowed) {
+        void (*release)(void *context) = b->release;
+        void *context = b->context;
+        tb__free(b);
+        tb__native_rt_unref(rt);
+        if (release != NULL) release(context);
+        return;
+    }
     rt->stats.bytes_in_use -= b->k.cap;
     if (rt->proc.exited || b->k.cap > rt->stats.cache_limit ||
         tb__grow((void **)&rt->cache, &rt->cache_cap, rt->cache_count + 1, sizeof *rt->cache) !=
