@@ -1,8 +1,9 @@
 """tools/tb_fx.py against PyTorch: torchvision models and small modules traced with torch.fx,
 compiled onto the library's devices (cpu, native, opencl where they exist), their outputs
-within 1e-5 of PyTorch's relative to the output's scale, a second call the same, parameters
-left on the device; a training step of ResNet-18 (gradients of every parameter and the input,
-running statistics, an optimizer step); a node without a lowering run in PyTorch (and an error
+within 1e-5 of PyTorch's relative to the output's scale, a second call the same (replaying
+the first's library calls), inputs of two shapes in turn, parameters left on the device; a
+training step of ResNet-18 (gradients of every parameter and the input, running statistics,
+an optimizer step); a node without a lowering run in PyTorch (and an error
 with strict=True); bad arguments as errors with the library's message.
 
     /usr/bin/python3 tests/fx_torch.py [--quick] [--devices cpu,native,opencl]
@@ -115,11 +116,31 @@ def run_case(name, model, inputs, device, tol=1e-5):
     errs = [rel_err(g, w) for g, w in zip(gots, wants)]
     same = all(torch.equal(a, g) for a, g in zip(agains, gots))
     shapes = all(g.shape == w.shape and g.dtype == w.dtype for g, w in zip(gots, wants))
+    # the second call replays the first's library calls (no walk over the graph)
+    replayed = len(f.graph.tapes) == 1
     return check(len(gots) == len(wants) and shapes and max(errs) <= tol and same and
-                 not f.fallback,
-                 "%s on %s: error / output scale %s, second call %s, fallback %s" % (
+                 not f.fallback and replayed,
+                 "%s on %s: error / output scale %s, second call %s%s, fallback %s" % (
                      name, device, " ".join("%.1e" % e for e in errs),
-                     "the same" if same else "DIFFERENT", f.fallback or "none"))
+                     "the same" if same else "DIFFERENT",
+                     " (replayed)" if replayed else " (NOT replayed)", f.fallback or "none"))
+
+
+def replays(device):
+    """Calls with inputs of another shape record a tape of their own; each replay computes
+    from its own inputs (new values, the shapes taking turns)."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(12, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4)).eval()
+    f = tb_fx.compile(model, [torch.randn(3, 12)], device=device)
+    worst = 0.0
+    for i in range(6):
+        x = torch.randn(3 if i % 2 == 0 else 5, 12)
+        with torch.no_grad():
+            want = model(x)
+        worst = max(worst, rel_err(f(x), want))
+    return check(worst <= 1e-5 and len(f.graph.tapes) == 2,
+                 "replays on %s: inputs of two shapes in turn, %d tapes, worst error / output "
+                 "scale %.1e" % (device, len(f.graph.tapes), worst))
 
 
 class Attention(nn.Module):
@@ -416,6 +437,7 @@ def main():
         run_case("shapes, indexing, chunk and einsum", Indexing().eval(),
                  [torch.randn(3, 4, 5), torch.randn(2, 3, 4)], device)
         fallback(device)
+        replays(device)
         transformer(device)
         training(device)
         errors(device)

@@ -12,10 +12,14 @@ registers it there under the name "torch_backend". On PyTorch 1.13 a plain nn.Mo
 with torch.fx.symbolic_trace first.
 
 What it does: the graph's parameters and buffers go to the device once (a batch norm after a
-convolution in eval mode is folded into its weights); each call uploads the inputs, records
-the graph's ops on the library's lazy tensors (the library caches the compiled kernels by the
-graph's structure, so every call after the first runs them straight away) and downloads the
-outputs into torch tensors. Inference only (eval mode: dropout is the identity, batch norm uses
+convolution in eval mode is folded into its weights); each call hands the inputs to the
+library, records the graph's ops on its lazy tensors (the library caches the compiled kernels
+by the graph's structure, so every call after the first runs them straight away) and hands the
+outputs back as torch tensors. Inputs and outputs go through DLPack: on devices that keep host
+memory (cpu, native) without a copy (an input is read in place while the library holds it; an
+output is the library's buffer), on others copied. The first inference call with inputs of
+a given shape records the library calls its walk over the graph makes; later calls with inputs
+of that shape replay them on the new inputs, without the walk. Inference only (eval mode: dropout is the identity, batch norm uses
 its running statistics). A node the library has no lowering for runs in PyTorch on the host
 (its inputs downloaded, its result uploaded again), reported once with its name;
 strict=True makes such a node an error at compile time instead.
@@ -39,6 +43,7 @@ import warnings
 import torch
 import torch.fx
 import torch.nn as nn
+import torch.utils.dlpack
 import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,6 +68,7 @@ class _Device(ctypes.Structure):
 
 
 _T = ctypes.c_void_p
+_TP = ctypes.POINTER(_T)
 _I64P = ctypes.POINTER(ctypes.c_int64)
 _I32P = ctypes.POINTER(ctypes.c_int32)
 _SIGNATURES = {
@@ -71,6 +77,8 @@ _SIGNATURES = {
     "tb_device_parse": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(_Device)]),
     "tb_tensor_from_host": (_T, [ctypes.c_void_p, ctypes.POINTER(_Shape), ctypes.POINTER(_Device)]),
     "tb_tensor_to_host": (ctypes.c_int, [_T, ctypes.c_void_p, ctypes.c_size_t]),
+    "tb_dlpack_import": (_T, [ctypes.c_void_p, ctypes.POINTER(_Device)]),
+    "tb_dlpack_export": (ctypes.c_int, [_T, ctypes.POINTER(ctypes.c_void_p)]),
     "tb_tensor_shape": (_Shape, [_T]),
     "tb_tensor_release": (None, [_T]),
     "tb_sync": (ctypes.c_int, [ctypes.POINTER(_T), ctypes.c_size_t]),
@@ -116,6 +124,17 @@ for _name in ("add", "sub", "mul", "div"):
     _SIGNATURES["tb_" + _name] = (_T, [_T, _T])
 
 _lib = None
+
+# DLPack capsules ("dltensor", renamed "used_dltensor" once a consumer owns the tensor)
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_rename = ctypes.pythonapi.PyCapsule_SetName
+_capsule_rename.restype = ctypes.c_int
+_capsule_rename.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 
 def library():
@@ -182,6 +201,7 @@ class _Graph:
         self.folded = {}   # conv module path -> (weight, bias) with its batch norm folded in
         self.skip = set()  # batch norm nodes folded into the convolution before them
         self.fallback = []
+        self.tapes = {}  # inference: the library calls of a call, per signature of its inputs
         self.modules = dict(gm.named_modules())
         self.nodes = list(gm.graph.nodes)
         # training (the traced module, or a module a node calls, in training mode; not the
@@ -257,6 +277,21 @@ class _Graph:
                                          ctypes.byref(self.device))
         if not h:
             raise _err("tb_tensor_from_host")
+        return h
+
+    def _import(self, t):
+        """A call's input through DLPack: used in place where the device keeps host memory
+        (cpu, native; the library holds the torch tensor until it lets go of it), copied
+        elsewhere."""
+        t = t.detach()
+        if t.dtype not in DTYPES or t.dtype == torch.bool or t.device.type != "cpu":
+            return self._upload(t)  # bool: torch's DLPack has none (1.13); others copied
+        capsule = torch.utils.dlpack.to_dlpack(t.contiguous())
+        h = self.lib.tb_dlpack_import(_capsule_pointer(capsule, b"dltensor"),
+                                      ctypes.byref(self.device))
+        if not h:
+            raise _err("tb_dlpack_import")  # the capsule still owns the tensor and frees it
+        _capsule_rename(capsule, b"used_dltensor")  # the library owns it now
         return h
 
     def param(self, path, name):
@@ -335,16 +370,27 @@ class _Graph:
             env = {}
             args_iter = iter(inputs)
             result = None
-            for node in self.nodes:
+            tape, key = None, None
+            if not self.training and not self.fallback:
+                key = _signature(inputs)
+                tape = self.tapes.get(key)
+            if tape is not None:  # the same calls as the first call of this signature
+                handles = [self._import(v) for v in inputs if isinstance(v, torch.Tensor)]
+                leaves.extend(handles)
+                kept = tape.replay(self, handles)
+                result = tape.rebuild(kept)
+            for node in self.nodes if tape is None else ():
                 if node.op == "placeholder":
                     value = next(args_iter)
                     if isinstance(value, torch.Tensor):
                         h = (self._upload_leaf(value, keep) if self.training
-                             else self._upload(value))
+                             else self._import(value))
                         leaves.append(h)
                         env[node.name] = Value(self, h)
                     else:
                         env[node.name] = value
+                    if key is not None and node.next.op != "placeholder":
+                        self.lib = _Recorder(lib, leaves)  # the graph's own calls from here
                 elif node.op == "output":
                     result = _map(node.args[0], lambda n: env[n.name])
                 elif node.name in self.skip:
@@ -368,7 +414,10 @@ class _Graph:
                         env[node.name] = _function(node.target)(*args, **kwargs)
                     else:
                         env[node.name] = METHODS[node.target](*args, **kwargs)
-            result = _map_values(result, lambda v: kept.append(v) or v)
+            if tape is None:
+                result = _map_values(result, lambda v: kept.append(v) or v)
+                if isinstance(self.lib, _Recorder) and self.lib.whole:
+                    self.tapes[key] = _Tape(self.lib, result, kept)
             for v in kept:
                 keep.append(lib.tb_scope_keep(v.h))
         except BaseException:
@@ -377,6 +426,7 @@ class _Graph:
                 lib.tb_tensor_release(h)
             raise
         finally:
+            self.lib = lib
             call_params, self.call_params = self.call_params, None
         lib.tb_scope_end()
         state = {"keep": keep, "outputs": [v.h for v in kept], "leaves": leaves,
@@ -455,6 +505,111 @@ class _Graph:
         return _map_torch(out, lambda t: Value(self, self._upload(t)))
 
 
+def _signature(inputs):
+    """What decides the library calls of an inference call: the inputs' shapes and dtypes, and
+    any other input's value."""
+    return tuple((tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else ("=", repr(v))
+                 for v in inputs)
+
+
+class _Recorder:
+    """The graph's library while the first inference call of a signature lowers its nodes:
+    each call goes through, and the calls that make tensors are noted with where their tensor
+    arguments come from (a call's input, an earlier noted call, or a handle the compiled graph
+    keeps: its parameters). `whole` turns false at a call that a replay could not repeat."""
+
+    QUERIES = ("tb_tensor_shape", "tb_last_error", "tb_clear_error")
+    OUTSIDE = ("tb_tensor_from_host", "tb_dlpack_import", "tb_dlpack_export", "tb_tensor_to_host",
+               "tb_sync", "tb_scope_begin", "tb_scope_end", "tb_scope_keep", "tb_tensor_release",
+               "tb_grad", "tb_set_requires_grad", "tb_batch_norm_fold")
+
+    def __init__(self, lib, inputs):
+        self.lib = lib
+        self.calls = []
+        self.where = {h: ("in", i) for i, h in enumerate(inputs)}
+        self.whole = True
+
+    def __getattr__(self, name):
+        fn = getattr(self.lib, name)
+        if name in self.QUERIES:
+            return fn
+        if name in self.OUTSIDE or name not in _SIGNATURES:
+            self.whole = False
+            return fn
+        res, argtypes = _SIGNATURES[name]
+
+        def call(*args):
+            r = fn(*args)
+            specs = []
+            for t, a in zip(argtypes, args):
+                if t is _T:
+                    specs.append(self.where.get(a, ("const", a)) if a else ("val", a))
+                elif t is _TP and isinstance(a, ctypes.Array):
+                    specs.append(("array", len(a), [self.where.get(h, ("const", h)) if h else
+                                                    ("val", h) for h in a]))
+                else:
+                    specs.append(("val", a))
+            if res is _T and r:
+                self.where[r] = ("ref", len(self.calls))
+            self.calls.append((fn, res is _T, specs))
+            return r
+        return call
+
+
+class _Tape:
+    """The recorded library calls of an inference call, replayed for later calls with inputs of
+    the same signature (the Python walk over the graph done once): the same ops on the new
+    inputs, the outputs at the same places."""
+
+    class Slot:
+        def __init__(self, i):
+            self.i = i
+
+    def __init__(self, recorder, result, kept):
+        self.calls = recorder.calls
+        self.outputs = [(recorder.where.get(v.h, ("const", v.h)), v.shape, v.dtype) for v in kept]
+        slots = {id(v): _Tape.Slot(i) for i, v in enumerate(kept)}
+        self.result = _map_values(result, lambda v: slots[id(v)])
+
+    @staticmethod
+    def _arg(spec, inputs, made):
+        kind = spec[0]
+        if kind == "in":
+            return inputs[spec[1]]
+        if kind == "ref":
+            return made[spec[1]]
+        if kind == "array":
+            return (_T * max(spec[1], 1))(*[_Tape._arg(s, inputs, made) for s in spec[2]])
+        return spec[1]  # a constant, or a handle the compiled graph keeps
+
+    def replay(self, graph, inputs):
+        """The outputs' Values for `inputs` (handles, in the order of the recording's)."""
+        made = []
+        for fn, makes, specs in self.calls:
+            r = fn(*[self._arg(s, inputs, made) for s in specs])
+            if makes and not r:
+                raise _err("tb_fx: %s" % fn.__name__)
+            made.append(r)
+        out = []
+        for spec, shape, dtype in self.outputs:
+            v = Value.__new__(Value)
+            v.g, v.h, v.shape, v.dtype = graph, self._arg(spec, inputs, made), shape, dtype
+            out.append(v)
+        return out
+
+    def rebuild(self, kept):
+        """The call's result (its structure as recorded) with these outputs."""
+        def walk(x):
+            if isinstance(x, _Tape.Slot):
+                return kept[x.i]
+            if isinstance(x, (tuple, list)):
+                return type(x)(walk(v) for v in x)
+            if isinstance(x, dict):
+                return {k: walk(v) for k, v in x.items()}
+            return x
+        return walk(self.result)
+
+
 class Value:
     """A lazy tensor of the library inside one call (owned by the call's scope)."""
 
@@ -473,11 +628,18 @@ class Value:
         return Value(self.g, handle)
 
     def to_torch(self):
-        out = torch.empty(self.shape, dtype=self.dtype)
-        if self.g.lib.tb_tensor_to_host(self.h, ctypes.c_void_p(out.data_ptr()),
-                                        out.numel() * out.element_size()) != 0:
-            raise _err("tb_tensor_to_host")
-        return out
+        """The value as a torch tensor through DLPack: the library's own buffer where the device
+        keeps host memory (cpu, native: no copy; the tensor holds the buffer), else a copy."""
+        if self.dtype == torch.bool:  # torch's DLPack has no bool (1.13)
+            out = torch.empty(self.shape, dtype=self.dtype)
+            if self.g.lib.tb_tensor_to_host(self.h, ctypes.c_void_p(out.data_ptr()),
+                                            out.numel() * out.element_size()) != 0:
+                raise _err("tb_tensor_to_host")
+            return out
+        managed = ctypes.c_void_p()
+        if self.g.lib.tb_dlpack_export(self.h, ctypes.byref(managed)) != 0:
+            raise _err("tb_dlpack_export")
+        return torch.utils.dlpack.from_dlpack(_capsule_new(managed, b"dltensor", None))
 
     def dim(self):
         return len(self.shape)
