@@ -28644,11 +28644,11 @@ static tb_status tb__cg_kernel_reduce_cols(tb__cg *g, const tb__plan_kernel *k) 
     int32_t x = tb__plan_operand(g->G, k->core, 0), w = k->col_vec, i0, op, r, j, lane, vx, vf;
     int32_t lanes = k->lanes > 1 ? k->lanes : 1;
     const tb_shape *rs = tb__plan_shape(g->G, k->root);
-    int64_t n_out = tb__plan_numel(&cn->shape),
-            m = n_out > 0 ? tb__plan_numel(tb__plan_shape(g->G, x)) / n_out : 0;
+    int64_t n_out, m;
     bool extreme = cn->op == TB_OP_MAX || cn->op == TB_OP_MIN;
     const char *fold = cn->op == TB_OP_MAX ? "max" : "min";
     char head[160], ptr[48];
+    tb__plan_reduce_sizes(g->G, k->core, &n_out, &m);
     i0 = tb__cg_row_header(g, k, (int64_t)k->items);
     if (i0 < 0) return g->ix.status;
     op = tb__ix_var_pos_flat(&g->ix, &cn->shape, i0, w, -1);
