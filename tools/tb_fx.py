@@ -29,6 +29,7 @@ C compiler of $CC, else cc) and kept under $XDG_CACHE_HOME/torch_backend (else
 ~/.cache/torch_backend), named by a hash of the header, so a changed header builds a new one.
 Standard library, torch and ctypes only.
 """
+import builtins
 import ctypes
 import dis
 import hashlib
@@ -566,34 +567,52 @@ class _Tape:
             self.i = i
 
     def __init__(self, recorder, result, kept):
-        self.calls = recorder.calls
         self.outputs = [(recorder.where.get(v.h, ("const", v.h)), v.shape, v.dtype) for v in kept]
         slots = {id(v): _Tape.Slot(i) for i, v in enumerate(kept)}
         self.result = _map_values(result, lambda v: slots[id(v)])
+        self.run = _Tape._compile(recorder.calls, [spec for spec, _, _ in self.outputs])
 
     @staticmethod
-    def _arg(spec, inputs, made):
-        kind = spec[0]
-        if kind == "in":
-            return inputs[spec[1]]
-        if kind == "ref":
-            return made[spec[1]]
-        if kind == "array":
-            return (_T * max(spec[1], 1))(*[_Tape._arg(s, inputs, made) for s in spec[2]])
-        return spec[1]  # a constant, or a handle the compiled graph keeps
+    def _compile(calls, outputs):
+        """The calls as one Python function of the inputs' handles that returns the outputs'
+        handles: each argument a local name or a constant bound once, so that a replay costs
+        the library's calls and little more."""
+        consts, lines = [], []
+
+        def const(value):
+            consts.append(value)
+            return "c%d" % (len(consts) - 1)
+
+        def arg(spec):
+            kind = spec[0]
+            if kind == "in":
+                return "i[%d]" % spec[1]
+            if kind == "ref":
+                return "r%d" % spec[1]
+            if kind == "array":
+                return "%s(%s)" % (const(_T * max(spec[1], 1)), ", ".join(arg(s) for s in spec[2]))
+            return const(spec[1])  # a constant, or a handle the compiled graph keeps
+
+        for n, (fn, makes, specs) in enumerate(calls):
+            call = "%s(%s)" % (const(fn), ", ".join(arg(s) for s in specs))
+            lines.append("    r%d = %s" % (n, call))
+            if makes:
+                lines.append("    if not r%d: raise fail(%r)" % (n, "tb_fx: " + fn.__name__))
+        lines.append("    return (%s)" % "".join(arg(s) + ", " for s in outputs))
+        # the constants as the closure's cells (bound once, read as fast as locals)
+        text = "def make(c):\n    %s = c\n    def run(i, fail):\n%s\n    return run\n" % (
+            "".join("c%d, " % k for k in range(len(consts))) or "_",
+            "\n".join("    " + line for line in lines))
+        scope = {}
+        exec(builtins.compile(text, "<tb_fx replay>", "exec"), scope)
+        return scope["make"](consts)
 
     def replay(self, graph, inputs):
         """The outputs' Values for `inputs` (handles, in the order of the recording's)."""
-        made = []
-        for fn, makes, specs in self.calls:
-            r = fn(*[self._arg(s, inputs, made) for s in specs])
-            if makes and not r:
-                raise _err("tb_fx: %s" % fn.__name__)
-            made.append(r)
         out = []
-        for spec, shape, dtype in self.outputs:
+        for h, (_, shape, dtype) in zip(self.run(inputs, _err), self.outputs):
             v = Value.__new__(Value)
-            v.g, v.h, v.shape, v.dtype = graph, self._arg(spec, inputs, made), shape, dtype
+            v.g, v.h, v.shape, v.dtype = graph, h, shape, dtype
             out.append(v)
         return out
 
