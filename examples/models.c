@@ -12,16 +12,17 @@
    bias, activations, pools and additions, recorded lazily and run as one graph.
 
    Prints the model, the device, the time of the first forward (which compiles the graph's
-   kernels unless a cache has them), the median of REPS cached forwards (default 5) beside
-   PyTorch's time where the file has it ("torch_ms", measured by the exporter on its own
-   threads), and the largest difference from PyTorch's output relative to the output's
-   largest magnitude; then a second line: the time the batch norms took to fold (a graph of
-   its own, compiled first), the kernels of the forward's graph (its first run launches each),
-   how many of them are distinct (each compiled once, unless a cache has it) and the kernels a
-   cached forward launches (weights' panels kept from the first run are not packed again) (the
-   metrics' KernelLaunch; 0 on cpu). Exit status 1 when the difference is above the tolerance
-   (default 1e-5) or on any error. The device defaults to opencl:0 when there is one, else native:0,
-   else cpu:0. */
+   kernels unless a cache has them), the median of REPS cached forwards (default 5; each
+   takes the input from host memory, as new data would come: borrowed in place where the
+   device keeps host memory, copied to it elsewhere) beside PyTorch's time where the file has it
+   ("torch_ms", measured by the exporter on its own threads), and the largest difference from
+   PyTorch's output relative to the output's largest magnitude; then a second line: the time the
+   batch norms took to fold (a graph of its own, compiled first), the kernels of the forward's graph
+   (its first run launches each), how many of them are distinct (each compiled once, unless a cache
+   has it) and the kernels a cached forward launches (weights' panels kept from the first run are
+   not packed again) (the metrics' KernelLaunch; 0 on cpu). Exit status 1 when the difference is
+   above the tolerance (default 1e-5) or on any error. The device defaults to opencl:0 when there is
+   one, else native:0, else cpu:0. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
@@ -265,12 +266,21 @@ static tb_tensor *forward(model *m, tb_tensor *x) {
 }
 
 /* One forward pass, synced; its output's values into out (n floats). Returns the seconds. */
-static double run_once(model *m, tb_tensor *x, float *out, size_t n, tb_status *st) {
+/* The input as a caller with new data each time has it: in host memory. */
+typedef struct host_input {
+    void *data; /* 64-byte aligned, so that a device that keeps host memory borrows it */
+    tb_shape shape;
+    tb_device device;
+} host_input;
+
+/* One forward, timed: the input taken from host memory (borrowed in place where the device
+   keeps host memory, else copied to it), the graph recorded and run, the output read back. */
+static double run_once(model *m, const host_input *in, float *out, size_t n, tb_status *st) {
     double t0 = now_s();
     tb_tensor *y;
     *st = tb_scope_begin();
     if (*st != TB_OK) return 0;
-    y = forward(m, x);
+    y = forward(m, tb_tensor_from_host_borrowed(in->data, &in->shape, &in->device));
     *st = y == NULL || m->failed ? (tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_NOT_FOUND)
                                  : tb_tensor_to_host(y, out, n * sizeof(float));
     tb_scope_end();
@@ -372,6 +382,7 @@ int main(int argc, char **argv) {
     tb_device dev;
     model m;
     tb_tensor *x, *want;
+    host_input in;
     size_t n, j;
     float *out, *ref;
     tb_status st;
@@ -426,6 +437,14 @@ int main(int argc, char **argv) {
             count *= ws.dims[d];
         n = (size_t)count;
     }
+    in.shape = tb_tensor_shape(x);
+    in.device = dev;
+    in.data = NULL;
+    if (tb_shape_nbytes(&in.shape, &j) != TB_OK || posix_memalign(&in.data, 64, j) != 0 ||
+        tb_tensor_to_host(x, in.data, j) != TB_OK) {
+        fprintf(stderr, "models: the input: %s\n", tb_last_error());
+        return 1;
+    }
     out = (float *)malloc(n * sizeof(float));
     ref = (float *)malloc(n * sizeof(float));
     times = (double *)malloc((size_t)reps * sizeof(double));
@@ -439,7 +458,7 @@ int main(int argc, char **argv) {
     fold_s = now_s() - fold_s;
     compiled = kernels_compiled;
     in_graph = kernel_launches(&dev);
-    first = st == TB_OK ? run_once(&m, x, out, n, &st) : 0.0;
+    first = st == TB_OK ? run_once(&m, &in, out, n, &st) : 0.0;
     if (st != TB_OK) { /* before another call replaces the error */
         fprintf(stderr, "models: %s: %s\n", m.kind, tb_last_error());
         return 1;
@@ -448,7 +467,7 @@ int main(int argc, char **argv) {
     in_graph = kernel_launches(&dev) - in_graph; /* a first run launches every kernel */
     for (i = 0; st == TB_OK && i < reps; i++) {
         unsigned long long before = kernel_launches(&dev);
-        times[i] = run_once(&m, x, out, n, &st);
+        times[i] = run_once(&m, &in, out, n, &st);
         if (st != TB_OK) break;
         launched = kernel_launches(&dev) - before;
     }
@@ -476,6 +495,7 @@ int main(int argc, char **argv) {
            "launched when cached\n",
            m.kind, devname, fold_s, in_graph, compiled, launched);
     free(times);
+    free(in.data);
     free(ref);
     free(out);
     tb_tensor_set_free(m.folded);
