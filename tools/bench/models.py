@@ -8,8 +8,9 @@ Rows (one per case and backend; PyTorch runs on the native backend's threads, wi
 when the system's BLAS alternative is OpenBLAS, which the first line says):
   models_<M>      a cached forward of torchvision's ResNet-18, ResNet-50, MobileNetV2,
                   SqueezeNet 1.0 (batch 8, 224x224) or a TransformerEncoder (d_model 128, 2
-                  layers, [8, 64, 128]): the median of our cached forwards (examples/models.c)
-                  beside the mean of two medians of PyTorch's (tools/export_model.py), one
+                  layers, [8, 64, 128]): the median of our cached forwards (examples/models.c;
+                  5 of each CNN, 50 of the encoder, whose 2-5 ms forward is within the noise
+                  of these machines over 5) beside the mean of two medians of PyTorch's (tools/export_model.py), one
                   taken before ours and one after; ours must match PyTorch's output within
                   1e-5 of its scale or the row fails.
   fx_<M>          the same model, input and PyTorch run through tools/tb_fx.py (the module
@@ -278,8 +279,8 @@ def main():
             model_rows(rows, work, binary, "resnet18", 1, 64, 2, backends, nthreads)
         else:
             for m in a.models.split(","):
-                batch, size = (8, 64) if m == "encoder" else (8, 224)
-                model_rows(rows, work, binary, m, batch, size, 5, backends, nthreads)
+                batch, size, reps = (8, 64, 50) if m == "encoder" else (8, 224, 5)
+                model_rows(rows, work, binary, m, batch, size, reps, backends, nthreads)
         if a.training if a.training is not None else not a.quick:
             train_cnn_rows(rows, work, backends, nthreads)
             gpt_rows(rows, work, backends, nthreads)
