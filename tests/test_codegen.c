@@ -164,6 +164,50 @@ static void test_register_matmul_vectors(void **state) {
     tb_tensor_release(a);
 }
 
+/* Selects on the data have no branch: an argmax over a few elements (a max pool's window, in
+   its backward) is unrolled with its best f32 value a blend of bits (tb_sel_f32) and its index
+   a select, and a where of f32 values (dropout's mask, relu's gradient) is a blend too; f64
+   values stay selects. */
+static void test_selects_blend(void **state) {
+    tb_tensor *x = plan_input(TB_F32, 2, 1024, 4, 0), *xd = plan_input(TB_F64, 2, 1024, 4, 0);
+    tb_tensor *y = tb_argmax(x, 1, false), *yd = tb_argmax(xd, 1, false);
+    tb_tensor *a = plan_input(TB_F32, 2, 1000, 14, 0), *ad = plan_input(TB_F64, 2, 1000, 14, 0);
+    tb_tensor *m = plan_input(TB_BOOL, 2, 1000, 14, 0),
+              *zero = tb_scalar_tensor(tb_scalar_f(TB_F32, 0.0), NULL);
+    tb_tensor *zd = tb_scalar_tensor(tb_scalar_f(TB_F64, 0.0), NULL);
+    tb_tensor *w = tb_where(m, a, zero), *wd = tb_where(m, ad, zd);
+    int dev;
+    (void)state;
+    for (dev = DEV_AVX512; dev <= DEV_C99; dev++) {
+        char *text = program(dev, &y, 1, NULL);
+        expect_text(text, "= tb_sel_f32(tk, v", plan_dev_names[dev]);
+        expect_text(text, "= tk ? 3L : v", plan_dev_names[dev]);
+        free(text);
+        text = program(dev, &yd, 1, NULL);
+        assert_null(strstr(text, "= tb_sel_f32(tk, v"));
+        expect_text(text, "= tk ? v", plan_dev_names[dev]);
+        free(text);
+        text = program(dev, &w, 1, NULL);
+        expect_text(text, "tb_sel_f32(v", plan_dev_names[dev]);
+        free(text);
+        text = program(dev, &wd, 1, NULL);
+        assert_null(strstr(text, "tb_sel_f32(v"));
+        expect_text(text, " != 0 ? v", plan_dev_names[dev]);
+        free(text);
+    }
+    tb_tensor_release(wd);
+    tb_tensor_release(w);
+    tb_tensor_release(zd);
+    tb_tensor_release(zero);
+    tb_tensor_release(m);
+    tb_tensor_release(ad);
+    tb_tensor_release(a);
+    tb_tensor_release(yd);
+    tb_tensor_release(y);
+    tb_tensor_release(xd);
+    tb_tensor_release(x);
+}
+
 /* A sum per channel over N, H and W of [N, C, H, W] (a bias's gradient) loops over each
    image's H x W run in order, with no division per element; a sum over the trailing axes reads
    rows; a sum over N alone (a strided run) keeps the flat loop. */
@@ -420,6 +464,7 @@ int main(void) {
         cmocka_unit_test(test_repeated_kernel_is_one_function),
         cmocka_unit_test(test_packed_matmul_fused_products),
         cmocka_unit_test(test_register_matmul_vectors),
+        cmocka_unit_test(test_selects_blend),
         cmocka_unit_test(test_reduction_loops),
         cmocka_unit_test(test_reduction_columns),
         cmocka_unit_test(test_every_math_op_renders),

@@ -82,6 +82,13 @@ TB_FN float tb_rnd_f16(float x) {
 #define TB_SAME(c) (c)
 #define TB_MULADD(a, b, c) ((a) * (b) + (c))
 
+/* a where c is set, else b, as a blend of their bits: no branch on c, which compilers make of
+   a ternary when the data (a dropout mask, a max pool's window) would mispredict it. */
+TB_FN float tb_sel_f32(int c, float a, float b) {
+    const uint m = 0u - (uint)(c != 0);
+    return TB_BITS_F32((TB_F32_BITS(a) & m) | (TB_F32_BITS(b) & ~m));
+}
+
 /* exp of an f32 value without calls or branches (the dialects' f32 exp: a loop around it
    vectorises where a call would not), as tb_vexp without TB_VSCALEF: about 1 ulp, overflow
    to +inf, underflow through the denormals to 0, NaN stays NaN. */
