@@ -23,7 +23,7 @@
    not packed again) (the metrics' KernelLaunch; 0 on cpu). Exit status 1 when the difference is
    above the tolerance (default 1e-5) or on any error. The device defaults to opencl:0 when there is
    one, else native:0, else cpu:0. */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, posix_memalign */
 #define TB_IMPLEMENTATION
 #include "torch_backend.h"
 
@@ -265,7 +265,6 @@ static tb_tensor *forward(model *m, tb_tensor *x) {
     return NULL;
 }
 
-/* One forward pass, synced; its output's values into out (n floats). Returns the seconds. */
 /* The input as a caller with new data each time has it: in host memory. */
 typedef struct host_input {
     void *data; /* 64-byte aligned, so that a device that keeps host memory borrows it */
@@ -274,7 +273,8 @@ typedef struct host_input {
 } host_input;
 
 /* One forward, timed: the input taken from host memory (borrowed in place where the device
-   keeps host memory, else copied to it), the graph recorded and run, the output read back. */
+   keeps host memory, else copied to it), the graph recorded and run, its output's values read
+   back into out (n floats). Returns the seconds. */
 static double run_once(model *m, const host_input *in, float *out, size_t n, tb_status *st) {
     double t0 = now_s();
     tb_tensor *y;
@@ -440,9 +440,17 @@ int main(int argc, char **argv) {
     in.shape = tb_tensor_shape(x);
     in.device = dev;
     in.data = NULL;
-    if (tb_shape_nbytes(&in.shape, &j) != TB_OK || posix_memalign(&in.data, 64, j) != 0 ||
-        tb_tensor_to_host(x, in.data, j) != TB_OK) {
+    if (tb_shape_nbytes(&in.shape, &j) != TB_OK) {
         fprintf(stderr, "models: the input: %s\n", tb_last_error());
+        return 1;
+    }
+    if (posix_memalign(&in.data, 64, j) != 0) {
+        fprintf(stderr, "models: no memory for the input\n");
+        return 1;
+    }
+    if (tb_tensor_to_host(x, in.data, j) != TB_OK) {
+        fprintf(stderr, "models: the input: %s\n", tb_last_error());
+        free(in.data);
         return 1;
     }
     out = (float *)malloc(n * sizeof(float));
