@@ -26385,8 +26385,7 @@ static int32_t tb__cg_generator(tb__cg *g, int32_t node, int32_t pos) {
 /* The step r of an argmax or argmin unrolled where it is read: value v taken over the best
    (acc, at index idx) when it is greater (smaller), or NaN where the best is not; no branch on
    the data, ties keeping the first, as the reference. A float best is a blend of bits
-   (tb_sel_f32): C compilers make the two updates under one condition a branch, which a max
-   pool's windows mispredict about half the time (ours 6x slower on a 2x2 pool's backward). */
+   (tb_sel_f32), where compilers made the two updates one branch that pools mispredict. */
 static void tb__cg_inline_arg_step(tb__cg *g, const tb_node *n, int32_t v, int32_t acc, int32_t idx,
                                    int64_t r, bool f32) {
     tb__ix_line(&g->ix, "{");
@@ -26770,8 +26769,7 @@ static int tb__cg_expr_binary(tb__cg *g, int32_t node, const char *a, const char
     case TB_OP_LOGICAL_OR:
         snprintf(e, cap, "(uchar)(%s != 0 || %s != 0)", a, b);
         break;
-    case TB_OP_WHERE: /* f32 values blended (tb_sel_f32): no branch on a mask such as
-                         dropout's, which C compilers would make of a ternary and mispredict */
+    case TB_OP_WHERE: /* f32 blended: no branch on a mask (dropout's) to mispredict */
         if (strcmp(t, "float") == 0)
             snprintf(e, cap, "tb_sel_f32(%s != 0, %s, %s)", a, b, c);
         else
