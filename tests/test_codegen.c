@@ -56,6 +56,14 @@ static void expect_text(const char *text, const char *what, const char *dev) {
     if (strstr(text, what) == NULL) fail_msg("%s: the program lacks \"%s\"", dev, what);
 }
 
+/* The program of `root` for `dev` has `has` and, unless NULL, lacks `lacks`. */
+static void expect_program(int dev, tb_tensor *root, const char *has, const char *lacks) {
+    char *text = program(dev, &root, 1, NULL);
+    expect_text(text, has, plan_dev_names[dev]);
+    if (lacks != NULL) assert_null(strstr(text, lacks));
+    free(text);
+}
+
 /* ---- the dialects ---- */
 
 /* exp(x) * 2 over a 512 x 512 array: an OpenCL C kernel reading vectors of the CPU class's
@@ -179,21 +187,11 @@ static void test_selects_blend(void **state) {
     int dev;
     (void)state;
     for (dev = DEV_AVX512; dev <= DEV_C99; dev++) {
-        char *text = program(dev, &y, 1, NULL);
-        expect_text(text, "= tb_sel_f32(tk, v", plan_dev_names[dev]);
-        expect_text(text, "= tk ? 3L : v", plan_dev_names[dev]);
-        free(text);
-        text = program(dev, &yd, 1, NULL);
-        assert_null(strstr(text, "= tb_sel_f32(tk, v"));
-        expect_text(text, "= tk ? v", plan_dev_names[dev]);
-        free(text);
-        text = program(dev, &w, 1, NULL);
-        expect_text(text, "tb_sel_f32(v", plan_dev_names[dev]);
-        free(text);
-        text = program(dev, &wd, 1, NULL);
-        assert_null(strstr(text, "tb_sel_f32(v"));
-        expect_text(text, " != 0 ? v", plan_dev_names[dev]);
-        free(text);
+        expect_program(dev, y, "= tb_sel_f32(tk, v", NULL);
+        expect_program(dev, y, "= tk ? 3L : v", NULL);
+        expect_program(dev, yd, "= tk ? v", "= tb_sel_f32(tk, v");
+        expect_program(dev, w, "tb_sel_f32(v", NULL);
+        expect_program(dev, wd, " != 0 ? v", "tb_sel_f32(v");
     }
     tb_tensor_release(wd);
     tb_tensor_release(w);
