@@ -81,6 +81,7 @@ IMPLEMENTATION_PARTS = [
     "src/compile/index.c",
     "src/compile/prelude.cl",
     "src/compile/codegen.c",
+    "src/compile/codegen_vector.c",
     "src/compile/codegen_matmul.c",
     "src/compile/codegen_kernels.c",
     "src/compile/codegen_program.c",

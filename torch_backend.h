@@ -21371,6 +21371,8 @@ typedef struct tb__ix {
 static void tb__lf_const(tb__lf *lf, int64_t c);
 static bool tb__lf_add_term(tb__lf *lf, int32_t var, int64_t coef);
 static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap);
+/* the least and greatest values of a form over its variables' ranges */
+static void tb__ix_lf_range(const tb__ix *g, const tb__lf *lf, int64_t *lo, int64_t *hi);
 static tb_status tb__ix_fail(tb__ix *g, tb_status st);
 static void tb__ix_line(tb__ix *g, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
@@ -21459,6 +21461,10 @@ typedef struct tb__dialect {
        (OpenCL's abs), or NULL: a select */
     const char *iabs;
     bool f64; /* the target has double precision */
+    /* the compiler vectorises a work item's own loops (C99 on gcc and clang; OpenCL's CPU
+       compilers vectorise across work items instead): a row loop's pads clamp and select,
+       and the loop splits at their edges (tb__cg_pad) */
+    bool item_loops;
     /* a math function's name for a dtype (exp, log, sin, cos, tanh, sqrt, erf, pow, fabs,
        floor, ceil, rint) */
     const char *(*math)(const char *fn, tb_dtype dtype);
@@ -21515,6 +21521,13 @@ typedef struct tb__cg {
     char *capture;
     int32_t capture_slot;
     tb__lf capture_flat;
+    /* an elementwise kernel's loop over a row where the dialect has item_loops: its variable
+       (-1: none) and what its pads saw,
+       the interior [row_lo, row_hi) where every pad's condition on it holds (row_pads of them;
+       row_mixed: one the loop cannot be split by). Pads clamp their other axes and select. */
+    int32_t row_var, row_pads;
+    bool row_mixed;
+    int64_t row_lo, row_hi;
 } tb__cg;
 
 /* the C type of a dtype; of an accumulator dtype chosen by the planner (integers wrap:
@@ -21530,6 +21543,10 @@ static bool tb__cg_is_half(tb_dtype dtype);
 static const char *tb__cg_btype(tb_dtype dtype);
 static void tb__cg_store(tb__cg *g, tb_dtype dtype, const char *buf, const char *index, int32_t v);
 static int32_t tb__cg_round(tb__cg *g, tb_dtype dtype, int32_t v);
+/* the rounding of v (`vector`: W lanes) to a 16-bit float dtype; the value a store of v as
+   `dtype` stores (before v's rounding where v was just rounded) */
+static int32_t tb__cg_round_as(tb__cg *g, tb_dtype dtype, int32_t v, bool vector);
+static int32_t tb__cg_unrounded(const tb__cg *g, tb_dtype dtype, int32_t v);
 /* the same for vectors of W lanes: the store of vector v<v> at `ptr` (f32: past the caches
    when `stream`), a rounding */
 static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr, bool stream);
@@ -21546,6 +21563,12 @@ static void tb__cg_flit(tb_dtype dtype, double v, char *buf, size_t cap);
 static bool tb__cg_arg(tb__cg *g, int32_t kind, int32_t index);
 /* the id of work item dimension d, as the dialect names it */
 static void tb__cg_id(char *buf, size_t cap, const char *fmt, int d);
+/* whether an op's result needs no rounding to its 16-bit dtype; the position of operand k of
+   an elementwise or movement node at `pos`; an ops_table.h template expanded into buf */
+static bool tb__cg_exact(const tb_node *n);
+static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k);
+static bool tb__cg_template(const tb__cg *g, const char *tpl, tb_dtype dtype, const char *a,
+                            char *e, size_t cap);
 /* the value of `node` at `pos` (each (node, position) emitted once per scope) */
 static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos);
 /* the W consecutive elements of `node` from position `pos` on, as a vector */
@@ -25619,9 +25642,9 @@ static const size_t tb__cl_prelude_count = 367;
      the graph; fixed names are the same in every kernel of a kind, so a test of that kind
      shows a collision among them.
 
-   This part: the renderer's values and expressions (one node at a position, vectors along
-   rows); codegen_matmul.c and codegen_kernels.c write the kernels with them, codegen_program.c
-   the program (compile.h).
+   This part: the renderer's values and expressions (one node at a position; codegen_vector.c
+   the same as vectors along rows); codegen_matmul.c and codegen_kernels.c write the kernels
+   with them, codegen_program.c the program (compile.h).
    =========================================================================================== */
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
@@ -25947,49 +25970,105 @@ static bool tb__cg_enter(tb__cg *g, int32_t node) {
     return true;
 }
 
+/* A pad's condition on the row loop's variable (form f within [before, end)): narrows the
+   interior where every such condition holds; a form other than k * row + c (k > 0) leaves the
+   loop unsplit. */
+static void tb__cg_row_note(tb__cg *g, const tb__lf *f, int64_t before, int64_t end) {
+    int64_t k = f->coef[0], lo, hi;
+    g->row_pads++;
+    if (f->n != 1 || k <= 0) {
+        g->row_mixed = true;
+        return;
+    }
+    /* the first r with k * r + c >= before, and with k * r + c >= end (rounding up) */
+    lo = before - f->c >= 0 ? (before - f->c + k - 1) / k : -((f->c - before) / k);
+    hi = end - f->c >= 0 ? (end - f->c + k - 1) / k : -((f->c - end) / k);
+    if (lo > g->row_lo) g->row_lo = lo;
+    if (hi < g->row_hi) g->row_hi = hi;
+}
+
+/* A pad (or crop) at position pos: x where pos falls inside it, else its value. An axis the
+   index ranges show inside x is not checked. In a row loop, the axes whose form does not hold
+   the row's variable are clamped into x and the result selected by them (no branch: the loop
+   vectorises), while a condition on the row's variable stays a branch and is noted
+   (tb__cg_row_note) for the loop's split into edges and an interior free of it. */
 static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
     const tb_node *n = g->G->info[node].node;
     int32_t x = tb__plan_operand(g->G, node, 0), val = tb__plan_operand(g->G, node, 1);
     const tb_shape *xs = &g->G->info[x].node->shape;
+    const char *t = tb__cg_ctype(n->shape.dtype);
     tb__lf zero, dims[TB_MAX_RANK];
-    tb__str cond;
-    int32_t vv, v, vx, i, qp;
+    tb__str cond, clamp; /* the whole head, and the clamped axes' test, built then checked */
+    uint64_t clamped = 0;
+    int32_t vv, v, vx, i, j, qp, ok = -1;
     tb__pos p;
     tb__lf_const(&zero, 0);
     vv = tb__cg_eval(g, val, tb__ix_pos_flat(&g->ix, &g->G->info[val].node->shape, &zero));
     if (vv < 0) return -1;
     v = tb__cg_new_val(g, n->shape.dtype);
     if (v < 0) return -1;
-    tb__ix_line(&g->ix, "%s v%d = (%s)v%d;", tb__cg_ctype(n->shape.dtype), (int)v,
-                tb__cg_ctype(n->shape.dtype), (int)vv);
+    tb__ix_line(&g->ix, "%s v%d = (%s)v%d;", t, (int)v, t, (int)vv);
     if (tb__plan_numel(xs) == 0) return v;
     if (!tb__ix_need_multi(&g->ix, pos)) return -1;
     p = g->ix.pos[pos];
-    /* the whole head in one builder, checked once: a head that lost its condition to a failed
-       allocation would copy x into the padding */
     memset(&cond, 0, sizeof cond);
+    memset(&clamp, 0, sizeof clamp);
     for (i = 0; i < xs->rank; i++) {
-        int64_t before = n->attrs[2 * i], after = n->attrs[2 * i + 1];
+        long long before = (long long)n->attrs[2 * i], end = before + (long long)xs->dims[i];
+        int64_t lo, hi;
+        bool row = false;
+        char text[TB__LF_TEXT];
         dims[i] = p.dim[i];
         dims[i].c -= before;
-        if (before > 0 || after > 0) {
-            char text[TB__LF_TEXT];
-            tb__lf_text(&p.dim[i], text, sizeof text);
-            tb__str_append(&cond, "%s(%s) >= %lldL && (%s) < %lldL", cond.len > 0 ? " && " : "if (",
-                           text, (long long)before, text, (long long)(before + xs->dims[i]));
+        tb__ix_lf_range(&g->ix, &p.dim[i], &lo, &hi);
+        if (lo >= before && hi < end) continue;
+        for (j = 0; j < p.dim[i].n; j++)
+            row |= p.dim[i].var[j] == g->row_var;
+        tb__lf_text(&p.dim[i], text, sizeof text);
+        if (g->row_var >= 0 && !row) {
+            clamped |= (uint64_t)1 << i;
+            tb__str_append(&clamp, "%s(%s) >= %lldL && (%s) < %lldL", clamp.len ? " && " : "", text,
+                           before, text, end);
+            continue;
         }
+        if (row) tb__cg_row_note(g, &p.dim[i], before, end);
+        tb__str_append(&cond, "%s(%s) >= %lldL && (%s) < %lldL", cond.len ? " && " : "if (", text,
+                       before, text, end);
     }
     if (cond.len > 0) tb__str_append(&cond, ") ");
-    if (cond.failed) {
+    if (clamped != 0 && !clamp.failed && (ok = tb__ix_new_var(&g->ix, 0, 1)) >= 0)
+        tb__ix_line(&g->ix, "const long i%d = %s;", (int)ok, clamp.data);
+    for (i = 0; i < xs->rank && ok >= 0; i++) {
+        char text[TB__LF_TEXT];
+        int32_t c;
+        if (!((clamped >> i) & 1u)) continue;
+        c = tb__ix_new_var(&g->ix, 0, xs->dims[i] - 1);
+        if (c < 0) {
+            ok = -1; /* failed: reported below, no read left unclamped */
+            break;
+        }
+        tb__lf_text(&dims[i], text, sizeof text);
+        tb__ix_line(&g->ix, "const long i%d = i%d ? %s : 0L;", (int)c, (int)ok, text);
+        tb__lf_const(&dims[i], 0);
+        tb__lf_add_term(&dims[i], c, 1);
+    }
+    if (cond.failed || clamp.failed || (clamped != 0 && ok < 0)) {
         tb__str_free(&cond);
+        tb__str_free(&clamp);
         tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
         return -1;
     }
     tb__ix_open(&g->ix, cond.len > 0 ? cond.data : "");
     tb__str_free(&cond);
+    tb__str_free(&clamp);
     qp = tb__ix_pos_multi(&g->ix, xs, dims);
     vx = qp >= 0 ? tb__cg_eval(g, x, qp) : -1;
-    if (vx >= 0) tb__ix_line(&g->ix, "v%d = v%d;", (int)v, (int)vx);
+    if (vx >= 0 && ok < 0) tb__ix_line(&g->ix, "v%d = v%d;", (int)v, (int)vx);
+    if (vx >= 0 && ok >= 0 && strcmp(t, "float") == 0)
+        tb__ix_line(&g->ix, "v%d = tb_sel_f32((int)i%d, v%d, v%d);", (int)v, (int)ok, (int)vx,
+                    (int)v);
+    else if (vx >= 0 && ok >= 0)
+        tb__ix_line(&g->ix, "v%d = i%d ? v%d : v%d;", (int)v, (int)ok, (int)vx, (int)v);
     tb__ix_close(&g->ix, "");
     return vx >= 0 ? v : -1;
 }
@@ -26923,7 +27002,28 @@ fail:
     return -1;
 }
 
-/* ---- vectors along rows ---- */
+/* Work-group memory of `count` elements of `type` named `name`. */
+static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t count) {
+    if (g->d->local == NULL) {
+        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
+                                      "codegen: kernel %s needs work-group memory, which %s has "
+                                      "not",
+                                      tb__cg_kernel(g)->name, g->d->name));
+        return;
+    }
+    tb__ix_line(&g->ix, "%s%s %s[%lld];", g->d->local, type, name, (long long)count);
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
+/* ---- src/compile/codegen_vector.c ---- */
+/* ===========================================================================================
+   C-family code generator, vectors along rows: the values of codegen.c as vectors of W lanes
+   (TB_VW) where the planner found a row kernel's ops all have a vector form (tb__cg_veval),
+   their stores and roundings.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
 
 /* A vector value of W f32 lanes (v<n> too; its dtype is f32; 16-bit floats are loaded to f32
    lanes). */
@@ -27084,18 +27184,6 @@ static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
     }
     tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, node, pos, 0, v);
     return v;
-}
-
-/* Work-group memory of `count` elements of `type` named `name`. */
-static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t count) {
-    if (g->d->local == NULL) {
-        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
-                                      "codegen: kernel %s needs work-group memory, which %s has "
-                                      "not",
-                                      tb__cg_kernel(g)->name, g->d->name));
-        return;
-    }
-    tb__ix_line(&g->ix, "%s%s %s[%lld];", g->d->local, type, name, (long long)count);
 }
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
@@ -28088,6 +28176,27 @@ static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, cons
     tb__ix_line(&g->ix, "%s", g->d->barrier);
 }
 
+/* The loop over a row's elements from..to (variable i<v> of that range), each evaluated and
+   stored at row i<i0>. */
+static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int64_t from,
+                            int64_t to) {
+    const tb_shape *rs = tb__plan_shape(g->G, k->root);
+    int32_t ic = to > from ? tb__ix_new_var(&g->ix, from, to - 1) : -1, v;
+    char head[112], index[64];
+    if (ic < 0) return;
+    g->row_var = g->d->item_loops ? ic : -1;
+    snprintf(head, sizeof head, "for (long i%d = %lld%s; i%d < %lldL; i%d++) ", (int)ic,
+             (long long)from, from != 0 ? "L" : "", (int)ic, (long long)to, (int)ic);
+    tb__ix_open(&g->ix, head);
+    v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->row_len, ic));
+    if (v >= 0) {
+        snprintf(index, sizeof index, "i%d * %lldL + i%d", (int)i0, (long long)k->row_len, (int)ic);
+        tb__cg_store(g, rs->dtype, "out", index, v);
+    }
+    tb__ix_close(&g->ix, "");
+    g->row_var = -1;
+}
+
 static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *rs = tb__plan_shape(g->G, k->root);
     int32_t i0, v;
@@ -28104,20 +28213,29 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
         return TB_OK;
     }
     if (k->row_len > 0) {
-        /* a row of the last axis per work item: the leading dims' positions once a row */
-        int32_t ic;
-        char head[96];
+        /* a row of the last axis per work item: the leading dims' positions once a row. Where
+           its pads have conditions on the row's index alone (a convolution's window at the
+           edges), the loop is emitted again as edges and an interior without them. */
+        size_t mark;
+        int64_t lo, hi;
         i0 = tb__cg_row_header(g, k, tb__plan_numel(rs) / k->row_len);
-        ic = tb__ix_new_var(&g->ix, 0, k->row_len - 1);
-        if (i0 < 0 || ic < 0) return g->ix.status;
-        snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)ic, (int)ic,
-                 (long long)k->row_len, (int)ic);
-        tb__ix_open(&g->ix, head);
-        v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->row_len, ic));
-        if (v < 0) return g->ix.status;
-        snprintf(index, sizeof index, "i%d * %lldL + i%d", (int)i0, (long long)k->row_len, (int)ic);
-        tb__cg_store(g, rs->dtype, "out", index, v);
-        tb__ix_close(&g->ix, "");
+        if (i0 < 0) return g->ix.status;
+        mark = g->ix.body.len;
+        g->row_pads = 0;
+        g->row_mixed = false;
+        g->row_lo = 0;
+        g->row_hi = k->row_len;
+        tb__cg_row_loop(g, k, i0, 0, k->row_len);
+        lo = g->row_lo;
+        hi = g->row_hi;
+        if (g->ix.status == TB_OK && !g->ix.body.failed && g->row_pads > 0 && !g->row_mixed &&
+            hi - lo >= 8 && (lo > 0 || hi < k->row_len)) {
+            g->ix.body.len = mark;
+            g->ix.body.data[mark] = '\0';
+            tb__cg_row_loop(g, k, i0, 0, lo);
+            tb__cg_row_loop(g, k, i0, lo, hi);
+            tb__cg_row_loop(g, k, i0, hi, k->row_len);
+        }
         return g->ix.status;
     }
     i0 = tb__cg_row_header(g, k, tb__plan_numel(rs));
@@ -29379,7 +29497,7 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
     g->kernel = (int32_t)i;
     g->num_vals = g->num_frames = g->num_stack = 0;
     g->depth = 0;
-    g->rounded = g->unrounded = -1;
+    g->rounded = g->unrounded = g->row_var = -1;
     switch (k->kind) {
     case TB__K_REDUCE:
     case TB__K_PARTIAL:
@@ -30049,6 +30167,7 @@ static void tb__dialect_c99(tb__dialect *d, int32_t vec_width) {
     d->err_claim = "__sync_bool_compare_and_swap(tb_err, 0u, code)";
     d->constant = "static const ";
     d->f64 = true;
+    d->item_loops = true;
     d->math = tb__c99_math;
     d->kernel = tb__c99_emit_kernel;
 }

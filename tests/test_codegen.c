@@ -206,6 +206,37 @@ static void test_selects_blend(void **state) {
     tb_tensor_release(x);
 }
 
+/* A depthwise convolution's kernel (a row of W per work item, its 3x3 window padded by 1) in
+   the native backend's C: the row loop splits into its two edges and an interior [1, 39) with
+   no test of the padding along W, where the test along H is a clamp and a blend of bits (no
+   branch: gcc vectorises the interior). OpenCL C keeps one loop with its tests (PoCL
+   vectorises across work items, where the split form ran slower). */
+static void test_pad_rows_split(void **state) {
+    tb_tensor *x3 = plan_input(TB_F32, 3, 16, 16, 40), *w3 = plan_input(TB_F32, 3, 8, 3, 3);
+    static const int64_t one[2] = {1, 1}, xd[4] = {2, 8, 16, 40}, wd[4] = {8, 1, 3, 3};
+    tb_tensor *x = tb_reshape(x3, xd, 4), *w = tb_reshape(w3, wd, 4);
+    tb_tensor *y = tb_conv2d(x, w, NULL, one, one, one, 8);
+    char *text;
+    int dev;
+    (void)state;
+    assert_non_null(y);
+    text = program(DEV_C99, &y, 1, NULL);
+    expect_text(text, "= 0; i", "C99 host");
+    expect_text(text, "= 1L; i", "C99 host");
+    expect_text(text, " < 39L; i", "C99 host");
+    expect_text(text, "= 39L; i", "C99 host");
+    expect_text(text, " < 40L; i", "C99 host");
+    expect_text(text, "tb_sel_f32((int)i", "C99 host");
+    free(text);
+    for (dev = DEV_AVX512; dev < DEV_C99; dev++)
+        expect_program(dev, y, "if ((i", "tb_sel_f32((int)i");
+    tb_tensor_release(y);
+    tb_tensor_release(w);
+    tb_tensor_release(x);
+    tb_tensor_release(w3);
+    tb_tensor_release(x3);
+}
+
 /* A sum per channel over N, H and W of [N, C, H, W] (a bias's gradient) loops over each
    image's H x W run in order, with no division per element; a sum over the trailing axes reads
    rows; a sum over N alone (a strided run) keeps the flat loop. */
@@ -463,6 +494,7 @@ int main(void) {
         cmocka_unit_test(test_packed_matmul_fused_products),
         cmocka_unit_test(test_register_matmul_vectors),
         cmocka_unit_test(test_selects_blend),
+        cmocka_unit_test(test_pad_rows_split),
         cmocka_unit_test(test_reduction_loops),
         cmocka_unit_test(test_reduction_columns),
         cmocka_unit_test(test_every_math_op_renders),

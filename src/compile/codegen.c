@@ -16,9 +16,9 @@
      the graph; fixed names are the same in every kernel of a kind, so a test of that kind
      shows a collision among them.
 
-   This part: the renderer's values and expressions (one node at a position, vectors along
-   rows); codegen_matmul.c and codegen_kernels.c write the kernels with them, codegen_program.c
-   the program (compile.h).
+   This part: the renderer's values and expressions (one node at a position; codegen_vector.c
+   the same as vectors along rows); codegen_matmul.c and codegen_kernels.c write the kernels
+   with them, codegen_program.c the program (compile.h).
    =========================================================================================== */
 #include "../impl_begin.h"
 
@@ -345,49 +345,105 @@ static bool tb__cg_enter(tb__cg *g, int32_t node) {
     return true;
 }
 
+/* A pad's condition on the row loop's variable (form f within [before, end)): narrows the
+   interior where every such condition holds; a form other than k * row + c (k > 0) leaves the
+   loop unsplit. */
+static void tb__cg_row_note(tb__cg *g, const tb__lf *f, int64_t before, int64_t end) {
+    int64_t k = f->coef[0], lo, hi;
+    g->row_pads++;
+    if (f->n != 1 || k <= 0) {
+        g->row_mixed = true;
+        return;
+    }
+    /* the first r with k * r + c >= before, and with k * r + c >= end (rounding up) */
+    lo = before - f->c >= 0 ? (before - f->c + k - 1) / k : -((f->c - before) / k);
+    hi = end - f->c >= 0 ? (end - f->c + k - 1) / k : -((f->c - end) / k);
+    if (lo > g->row_lo) g->row_lo = lo;
+    if (hi < g->row_hi) g->row_hi = hi;
+}
+
+/* A pad (or crop) at position pos: x where pos falls inside it, else its value. An axis the
+   index ranges show inside x is not checked. In a row loop, the axes whose form does not hold
+   the row's variable are clamped into x and the result selected by them (no branch: the loop
+   vectorises), while a condition on the row's variable stays a branch and is noted
+   (tb__cg_row_note) for the loop's split into edges and an interior free of it. */
 static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
     const tb_node *n = g->G->info[node].node;
     int32_t x = tb__plan_operand(g->G, node, 0), val = tb__plan_operand(g->G, node, 1);
     const tb_shape *xs = &g->G->info[x].node->shape;
+    const char *t = tb__cg_ctype(n->shape.dtype);
     tb__lf zero, dims[TB_MAX_RANK];
-    tb__str cond;
-    int32_t vv, v, vx, i, qp;
+    tb__str cond, clamp; /* the whole head, and the clamped axes' test, built then checked */
+    uint64_t clamped = 0;
+    int32_t vv, v, vx, i, j, qp, ok = -1;
     tb__pos p;
     tb__lf_const(&zero, 0);
     vv = tb__cg_eval(g, val, tb__ix_pos_flat(&g->ix, &g->G->info[val].node->shape, &zero));
     if (vv < 0) return -1;
     v = tb__cg_new_val(g, n->shape.dtype);
     if (v < 0) return -1;
-    tb__ix_line(&g->ix, "%s v%d = (%s)v%d;", tb__cg_ctype(n->shape.dtype), (int)v,
-                tb__cg_ctype(n->shape.dtype), (int)vv);
+    tb__ix_line(&g->ix, "%s v%d = (%s)v%d;", t, (int)v, t, (int)vv);
     if (tb__plan_numel(xs) == 0) return v;
     if (!tb__ix_need_multi(&g->ix, pos)) return -1;
     p = g->ix.pos[pos];
-    /* the whole head in one builder, checked once: a head that lost its condition to a failed
-       allocation would copy x into the padding */
     memset(&cond, 0, sizeof cond);
+    memset(&clamp, 0, sizeof clamp);
     for (i = 0; i < xs->rank; i++) {
-        int64_t before = n->attrs[2 * i], after = n->attrs[2 * i + 1];
+        long long before = (long long)n->attrs[2 * i], end = before + (long long)xs->dims[i];
+        int64_t lo, hi;
+        bool row = false;
+        char text[TB__LF_TEXT];
         dims[i] = p.dim[i];
         dims[i].c -= before;
-        if (before > 0 || after > 0) {
-            char text[TB__LF_TEXT];
-            tb__lf_text(&p.dim[i], text, sizeof text);
-            tb__str_append(&cond, "%s(%s) >= %lldL && (%s) < %lldL", cond.len > 0 ? " && " : "if (",
-                           text, (long long)before, text, (long long)(before + xs->dims[i]));
+        tb__ix_lf_range(&g->ix, &p.dim[i], &lo, &hi);
+        if (lo >= before && hi < end) continue;
+        for (j = 0; j < p.dim[i].n; j++)
+            row |= p.dim[i].var[j] == g->row_var;
+        tb__lf_text(&p.dim[i], text, sizeof text);
+        if (g->row_var >= 0 && !row) {
+            clamped |= (uint64_t)1 << i;
+            tb__str_append(&clamp, "%s(%s) >= %lldL && (%s) < %lldL", clamp.len ? " && " : "", text,
+                           before, text, end);
+            continue;
         }
+        if (row) tb__cg_row_note(g, &p.dim[i], before, end);
+        tb__str_append(&cond, "%s(%s) >= %lldL && (%s) < %lldL", cond.len ? " && " : "if (", text,
+                       before, text, end);
     }
     if (cond.len > 0) tb__str_append(&cond, ") ");
-    if (cond.failed) {
+    if (clamped != 0 && !clamp.failed && (ok = tb__ix_new_var(&g->ix, 0, 1)) >= 0)
+        tb__ix_line(&g->ix, "const long i%d = %s;", (int)ok, clamp.data);
+    for (i = 0; i < xs->rank && ok >= 0; i++) {
+        char text[TB__LF_TEXT];
+        int32_t c;
+        if (!((clamped >> i) & 1u)) continue;
+        c = tb__ix_new_var(&g->ix, 0, xs->dims[i] - 1);
+        if (c < 0) {
+            ok = -1; /* failed: reported below, no read left unclamped */
+            break;
+        }
+        tb__lf_text(&dims[i], text, sizeof text);
+        tb__ix_line(&g->ix, "const long i%d = i%d ? %s : 0L;", (int)c, (int)ok, text);
+        tb__lf_const(&dims[i], 0);
+        tb__lf_add_term(&dims[i], c, 1);
+    }
+    if (cond.failed || clamp.failed || (clamped != 0 && ok < 0)) {
         tb__str_free(&cond);
+        tb__str_free(&clamp);
         tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
         return -1;
     }
     tb__ix_open(&g->ix, cond.len > 0 ? cond.data : "");
     tb__str_free(&cond);
+    tb__str_free(&clamp);
     qp = tb__ix_pos_multi(&g->ix, xs, dims);
     vx = qp >= 0 ? tb__cg_eval(g, x, qp) : -1;
-    if (vx >= 0) tb__ix_line(&g->ix, "v%d = v%d;", (int)v, (int)vx);
+    if (vx >= 0 && ok < 0) tb__ix_line(&g->ix, "v%d = v%d;", (int)v, (int)vx);
+    if (vx >= 0 && ok >= 0 && strcmp(t, "float") == 0)
+        tb__ix_line(&g->ix, "v%d = tb_sel_f32((int)i%d, v%d, v%d);", (int)v, (int)ok, (int)vx,
+                    (int)v);
+    else if (vx >= 0 && ok >= 0)
+        tb__ix_line(&g->ix, "v%d = i%d ? v%d : v%d;", (int)v, (int)ok, (int)vx, (int)v);
     tb__ix_close(&g->ix, "");
     return vx >= 0 ? v : -1;
 }
@@ -1319,169 +1375,6 @@ fail:
     g->num_stack = sbase;
     if (g->ix.status == TB_OK) tb__ix_fail(&g->ix, TB_ERR_INTERNAL);
     return -1;
-}
-
-/* ---- vectors along rows ---- */
-
-/* A vector value of W f32 lanes (v<n> too; its dtype is f32; 16-bit floats are loaded to f32
-   lanes). */
-static int32_t tb__cg_new_vec(tb__cg *g) {
-    return tb__cg_new_val(g, TB_F32);
-}
-
-/* The statement that stores vector v<v> as the W elements of `dtype` at `ptr` (16-bit floats
-   rounded to nearest even: the dialect's TB_VSTH, TB_VSTBF; a value just rounded is stored
-   from before its rounding, which the store repeats). f32 with `stream`: the dialect's
-   non-temporal TB_VSTREAM (the caller has checked that ptr is aligned to a vector). */
-static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr, bool stream) {
-    v = tb__cg_unrounded(g, dtype, v);
-    if (dtype == TB_F16) {
-        tb__ix_line(&g->ix, "TB_VSTH(v%d, %s);", (int)v, ptr);
-    } else if (dtype == TB_BF16) {
-        tb__ix_line(&g->ix, "TB_VSTBF(v%d, %s);", (int)v, ptr);
-    } else if (stream) {
-        tb__ix_line(&g->ix, "TB_VSTREAM(v%d, %s);", (int)v, ptr);
-    } else {
-        tb__ix_line(&g->ix, "TB_VST(v%d, 0, %s);", (int)v, ptr);
-    }
-}
-
-/* A computed vector of a 16-bit float dtype rounded to it lane by lane. */
-static int32_t tb__cg_vround(tb__cg *g, tb_dtype dtype, int32_t v) {
-    return tb__cg_round_as(g, dtype, v, true);
-}
-
-/* The text of a value as a vector operand: vectors as they are, scalars widened. */
-static void tb__cg_vec_operand(int32_t v, bool is_vec, char *buf, size_t cap) {
-    if (is_vec) {
-        snprintf(buf, cap, "v%d", (int)v);
-    } else {
-        snprintf(buf, cap, "TB_VBC(v%d)", (int)v);
-    }
-}
-
-/* One op of the planner's vector set on vector (and scalar) operands. */
-static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, const bool *is_vec) {
-    char a[32], b[32], e[160];
-    int32_t v;
-    tb__cg_vec_operand(ops[0], is_vec[0], a, sizeof a);
-    if (n->op == TB_OP_WHERE && !is_vec[0]) /* a condition constant along the row */
-        snprintf(a, sizeof a, "TB_VBC(v%d != 0 ? 1.0f : 0.0f)", (int)ops[0]);
-    if (n->num_operands > 1) tb__cg_vec_operand(ops[1], is_vec[1], b, sizeof b);
-    switch (n->op) {
-    case TB_OP_ADD:
-    case TB_OP_SUB:
-    case TB_OP_MUL:
-    case TB_OP_DIV:
-        snprintf(e, sizeof e, "%s %s %s", a,
-                 n->op == TB_OP_ADD   ? "+"
-                 : n->op == TB_OP_SUB ? "-"
-                 : n->op == TB_OP_MUL ? "*"
-                                      : "/",
-                 b);
-        break;
-    case TB_OP_RESHAPE: /* to the same dims: nothing to compute */
-    case TB_OP_CAST:    /* between f32 and 16-bit floats: the rounding below at most */
-        if (is_vec[0] && (n->op == TB_OP_RESHAPE || !tb__cg_is_half(n->shape.dtype))) return ops[0];
-        snprintf(e, sizeof e, "%s", a);
-        break;
-    case TB_OP_NEG:
-        snprintf(e, sizeof e, "-%s", a);
-        break;
-    case TB_OP_ABS:
-    case TB_OP_RELU:
-        snprintf(e, sizeof e, "tb_v%s(%s)", n->op == TB_OP_ABS ? "abs" : "relu", a);
-        break;
-    case TB_OP_WHERE: { /* the condition as 0 or 1 in each lane (tb__cg_vcond) */
-        char c[32];
-        tb__cg_vec_operand(ops[2], is_vec[2], c, sizeof c);
-        snprintf(e, sizeof e, "TB_VSEL(%s, %s, %s != 0.0f)", c, b, a);
-        break;
-    }
-    case TB_OP_MAXIMUM:
-    case TB_OP_MINIMUM:
-        snprintf(e, sizeof e, "tb_v%s(%s, %s)", n->op == TB_OP_MAXIMUM ? "max" : "min", a, b);
-        break;
-    default: {
-        /* a math op of ops_table.h with a vector form (TB_VEXP is the dialect's: a device's
-           built-in where it has a faster one; tb_verf and tb_vgelu the prelude's) */
-        const tb__math_code *c = tb__math_code_of(n->op);
-        if (c != NULL && c->vec != NULL && tb__cg_template(g, c->vec, TB_F32, a, e, sizeof e))
-            break;
-        tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: no vector code for op %s",
-                                      tb_op_name(n->op) != NULL ? tb_op_name(n->op) : "?"));
-        return -1;
-    }
-    }
-    v = tb__cg_new_vec(g);
-    if (v < 0) return -1;
-    tb__ix_line(&g->ix, "const tb_vf v%d = %s;", (int)v, e);
-    /* a reshape widens an operand that is already of its dtype: nothing to round */
-    return tb__cg_exact(n) || n->op == TB_OP_RESHAPE ? v : tb__cg_vround(g, n->shape.dtype, v);
-}
-
-/* The W consecutive elements of `node` from position `pos` on, as a vector: the planner
-   checked that every node on the way is of the vector set, aligned with the row (consecutive
-   elements), constant along it (evaluated as a scalar) or a buffer of the row's dims. */
-/* W bytes of a buffer (a where's condition) at `pos` as a vector of 0 and 1. */
-static int32_t tb__cg_vcond(tb__cg *g, int32_t node, int32_t pos) {
-    const tb__pnode *in = &g->G->info[node];
-    char flat[TB__LF_TEXT];
-    int32_t v;
-    if (pos < 0 || g->ix.status != TB_OK) return -1;
-    v = tb__ix_memo_find(&g->ix, TB__MEMO_VECTOR, node, pos, 0);
-    if (v >= 0) return v;
-    if (!tb__cg_arg(g, TB__ARG_BUF, in->slot) || !tb__ix_need_flat(&g->ix, pos)) return -1;
-    tb__lf_text(&g->ix.pos[pos].flat, flat, sizeof flat);
-    v = tb__cg_new_vec(g);
-    if (v < 0) return -1;
-    tb__ix_line(&g->ix, "const tb_vf v%d = TB_VLDB(b%d + (%s));", (int)v, (int)in->slot, flat);
-    tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, node, pos, 0, v);
-    return v;
-}
-
-static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
-    const tb__pnode *in = &g->G->info[node];
-    const tb__plan_kernel *k = tb__cg_kernel(g);
-    int32_t v, ops[3];
-    bool is_vec[3];
-    size_t j;
-    if (pos < 0 || g->ix.status != TB_OK) return -1;
-    v = tb__ix_memo_find(&g->ix, TB__MEMO_VECTOR, node, pos, 0);
-    if (v >= 0) return v;
-    if (tb__cg_reads_buffer(g, node)) {
-        char flat[TB__LF_TEXT];
-        if (!tb__cg_arg(g, TB__ARG_BUF, in->slot) || !tb__ix_need_flat(&g->ix, pos)) return -1;
-        tb__lf_text(&g->ix.pos[pos].flat, flat, sizeof flat);
-        tb_dtype dt = in->node->shape.dtype;
-        v = tb__cg_new_vec(g);
-        if (v < 0) return -1;
-        tb__ix_line(&g->ix, "const tb_vf v%d = %s(%sb%d + (%s));", (int)v,
-                    dt == TB_F16    ? "TB_VLDH"
-                    : dt == TB_BF16 ? "TB_VLDBF"
-                                    : "TB_VLD",
-                    dt == TB_F32 ? "0, " : "", (int)in->slot, flat);
-    } else {
-        if (in->node->num_operands > 3) {
-            tb__ix_fail(&g->ix, TB_ERR_INTERNAL);
-            return -1;
-        }
-        for (j = 0; j < in->node->num_operands; j++) {
-            int32_t o = tb__plan_operand(g->G, node, j), op;
-            op = tb__cg_operand_pos(g, node, pos, j);
-            is_vec[j] = tb__plan_row_relation(&in->node->shape, tb__plan_shape(g->G, o),
-                                              k->vec_axes) == TB__ROW_ALIGNED;
-            if (is_vec[j] && in->node->op == TB_OP_WHERE && j == 0)
-                ops[j] = tb__cg_vcond(g, o, op);
-            else
-                ops[j] = is_vec[j] ? tb__cg_veval(g, o, op) : tb__cg_eval(g, o, op);
-            if (ops[j] < 0) return -1;
-        }
-        v = tb__cg_vec_op(g, in->node, ops, is_vec);
-        if (v < 0) return -1;
-    }
-    tb__ix_memo_add(&g->ix, TB__MEMO_VECTOR, node, pos, 0, v);
-    return v;
 }
 
 /* Work-group memory of `count` elements of `type` named `name`. */

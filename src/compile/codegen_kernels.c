@@ -45,6 +45,27 @@ static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, cons
     tb__ix_line(&g->ix, "%s", g->d->barrier);
 }
 
+/* The loop over a row's elements from..to (variable i<v> of that range), each evaluated and
+   stored at row i<i0>. */
+static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int64_t from,
+                            int64_t to) {
+    const tb_shape *rs = tb__plan_shape(g->G, k->root);
+    int32_t ic = to > from ? tb__ix_new_var(&g->ix, from, to - 1) : -1, v;
+    char head[112], index[64];
+    if (ic < 0) return;
+    g->row_var = g->d->item_loops ? ic : -1;
+    snprintf(head, sizeof head, "for (long i%d = %lld%s; i%d < %lldL; i%d++) ", (int)ic,
+             (long long)from, from != 0 ? "L" : "", (int)ic, (long long)to, (int)ic);
+    tb__ix_open(&g->ix, head);
+    v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->row_len, ic));
+    if (v >= 0) {
+        snprintf(index, sizeof index, "i%d * %lldL + i%d", (int)i0, (long long)k->row_len, (int)ic);
+        tb__cg_store(g, rs->dtype, "out", index, v);
+    }
+    tb__ix_close(&g->ix, "");
+    g->row_var = -1;
+}
+
 static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *rs = tb__plan_shape(g->G, k->root);
     int32_t i0, v;
@@ -61,20 +82,29 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
         return TB_OK;
     }
     if (k->row_len > 0) {
-        /* a row of the last axis per work item: the leading dims' positions once a row */
-        int32_t ic;
-        char head[96];
+        /* a row of the last axis per work item: the leading dims' positions once a row. Where
+           its pads have conditions on the row's index alone (a convolution's window at the
+           edges), the loop is emitted again as edges and an interior without them. */
+        size_t mark;
+        int64_t lo, hi;
         i0 = tb__cg_row_header(g, k, tb__plan_numel(rs) / k->row_len);
-        ic = tb__ix_new_var(&g->ix, 0, k->row_len - 1);
-        if (i0 < 0 || ic < 0) return g->ix.status;
-        snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)ic, (int)ic,
-                 (long long)k->row_len, (int)ic);
-        tb__ix_open(&g->ix, head);
-        v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->row_len, ic));
-        if (v < 0) return g->ix.status;
-        snprintf(index, sizeof index, "i%d * %lldL + i%d", (int)i0, (long long)k->row_len, (int)ic);
-        tb__cg_store(g, rs->dtype, "out", index, v);
-        tb__ix_close(&g->ix, "");
+        if (i0 < 0) return g->ix.status;
+        mark = g->ix.body.len;
+        g->row_pads = 0;
+        g->row_mixed = false;
+        g->row_lo = 0;
+        g->row_hi = k->row_len;
+        tb__cg_row_loop(g, k, i0, 0, k->row_len);
+        lo = g->row_lo;
+        hi = g->row_hi;
+        if (g->ix.status == TB_OK && !g->ix.body.failed && g->row_pads > 0 && !g->row_mixed &&
+            hi - lo >= 8 && (lo > 0 || hi < k->row_len)) {
+            g->ix.body.len = mark;
+            g->ix.body.data[mark] = '\0';
+            tb__cg_row_loop(g, k, i0, 0, lo);
+            tb__cg_row_loop(g, k, i0, lo, hi);
+            tb__cg_row_loop(g, k, i0, hi, k->row_len);
+        }
         return g->ix.status;
     }
     i0 = tb__cg_row_header(g, k, tb__plan_numel(rs));

@@ -483,6 +483,8 @@ typedef struct tb__ix {
 static void tb__lf_const(tb__lf *lf, int64_t c);
 static bool tb__lf_add_term(tb__lf *lf, int32_t var, int64_t coef);
 static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap);
+/* the least and greatest values of a form over its variables' ranges */
+static void tb__ix_lf_range(const tb__ix *g, const tb__lf *lf, int64_t *lo, int64_t *hi);
 static tb_status tb__ix_fail(tb__ix *g, tb_status st);
 static void tb__ix_line(tb__ix *g, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
@@ -571,6 +573,10 @@ typedef struct tb__dialect {
        (OpenCL's abs), or NULL: a select */
     const char *iabs;
     bool f64; /* the target has double precision */
+    /* the compiler vectorises a work item's own loops (C99 on gcc and clang; OpenCL's CPU
+       compilers vectorise across work items instead): a row loop's pads clamp and select,
+       and the loop splits at their edges (tb__cg_pad) */
+    bool item_loops;
     /* a math function's name for a dtype (exp, log, sin, cos, tanh, sqrt, erf, pow, fabs,
        floor, ceil, rint) */
     const char *(*math)(const char *fn, tb_dtype dtype);
@@ -627,6 +633,13 @@ typedef struct tb__cg {
     char *capture;
     int32_t capture_slot;
     tb__lf capture_flat;
+    /* an elementwise kernel's loop over a row where the dialect has item_loops: its variable
+       (-1: none) and what its pads saw,
+       the interior [row_lo, row_hi) where every pad's condition on it holds (row_pads of them;
+       row_mixed: one the loop cannot be split by). Pads clamp their other axes and select. */
+    int32_t row_var, row_pads;
+    bool row_mixed;
+    int64_t row_lo, row_hi;
 } tb__cg;
 
 /* the C type of a dtype; of an accumulator dtype chosen by the planner (integers wrap:
@@ -642,6 +655,10 @@ static bool tb__cg_is_half(tb_dtype dtype);
 static const char *tb__cg_btype(tb_dtype dtype);
 static void tb__cg_store(tb__cg *g, tb_dtype dtype, const char *buf, const char *index, int32_t v);
 static int32_t tb__cg_round(tb__cg *g, tb_dtype dtype, int32_t v);
+/* the rounding of v (`vector`: W lanes) to a 16-bit float dtype; the value a store of v as
+   `dtype` stores (before v's rounding where v was just rounded) */
+static int32_t tb__cg_round_as(tb__cg *g, tb_dtype dtype, int32_t v, bool vector);
+static int32_t tb__cg_unrounded(const tb__cg *g, tb_dtype dtype, int32_t v);
 /* the same for vectors of W lanes: the store of vector v<v> at `ptr` (f32: past the caches
    when `stream`), a rounding */
 static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr, bool stream);
@@ -658,6 +675,12 @@ static void tb__cg_flit(tb_dtype dtype, double v, char *buf, size_t cap);
 static bool tb__cg_arg(tb__cg *g, int32_t kind, int32_t index);
 /* the id of work item dimension d, as the dialect names it */
 static void tb__cg_id(char *buf, size_t cap, const char *fmt, int d);
+/* whether an op's result needs no rounding to its 16-bit dtype; the position of operand k of
+   an elementwise or movement node at `pos`; an ops_table.h template expanded into buf */
+static bool tb__cg_exact(const tb_node *n);
+static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k);
+static bool tb__cg_template(const tb__cg *g, const char *tpl, tb_dtype dtype, const char *a,
+                            char *e, size_t cap);
 /* the value of `node` at `pos` (each (node, position) emitted once per scope) */
 static int32_t tb__cg_eval(tb__cg *g, int32_t node, int32_t pos);
 /* the W consecutive elements of `node` from position `pos` on, as a vector */

@@ -433,6 +433,7 @@ static void tb__dialect_c99(tb__dialect *d, int32_t vec_width) {
     d->err_claim = "__sync_bool_compare_and_swap(tb_err, 0u, code)";
     d->constant = "static const ";
     d->f64 = true;
+    d->item_loops = true;
     d->math = tb__c99_math;
     d->kernel = tb__c99_emit_kernel;
 }
