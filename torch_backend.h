@@ -21522,9 +21522,9 @@ typedef struct tb__cg {
     int32_t capture_slot;
     tb__lf capture_flat;
     /* an elementwise kernel's loop over a row where the dialect has item_loops: its variable
-       (-1: none) and what its pads saw,
-       the interior [row_lo, row_hi) where every pad's condition on it holds (row_pads of them;
-       row_mixed: one the loop cannot be split by). Pads clamp their other axes and select. */
+       (-1: none), and what its pads saw: the interior [row_lo, row_hi) where every pad's test
+       on it holds (row_pads of them; row_mixed: one the loop cannot be split by). Pads clamp
+       their other axes and select. */
     int32_t row_var, row_pads;
     bool row_mixed;
     int64_t row_lo, row_hi;
