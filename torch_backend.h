@@ -21523,9 +21523,9 @@ typedef struct tb__cg {
     tb__lf capture_flat;
     /* an elementwise kernel's loop over a row where the dialect has item_loops: its variable
        (-1: none), and what its pads saw: the interior [row_lo, row_hi) where every pad's test
-       on it holds (row_pads of them; row_mixed: one the loop cannot be split by). Pads clamp
-       their other axes and select. */
-    int32_t row_var, row_pads;
+       on it holds (row_mixed: one the loop cannot be split by). Pads clamp their other axes
+       and select. */
+    int32_t row_var;
     bool row_mixed;
     int64_t row_lo, row_hi;
 } tb__cg;
@@ -25970,19 +25970,22 @@ static bool tb__cg_enter(tb__cg *g, int32_t node) {
     return true;
 }
 
+/* The first r with k * r >= a (k > 0). */
+static int64_t tb__cg_ceil_div(int64_t a, int64_t k) {
+    return a >= 0 ? (a + k - 1) / k : -((-a) / k);
+}
+
 /* A pad's condition on the row loop's variable (form f within [before, end)): narrows the
    interior where every such condition holds; a form other than k * row + c (k > 0) leaves the
    loop unsplit. */
 static void tb__cg_row_note(tb__cg *g, const tb__lf *f, int64_t before, int64_t end) {
     int64_t k = f->coef[0], lo, hi;
-    g->row_pads++;
     if (f->n != 1 || k <= 0) {
         g->row_mixed = true;
         return;
     }
-    /* the first r with k * r + c >= before, and with k * r + c >= end (rounding up) */
-    lo = before - f->c >= 0 ? (before - f->c + k - 1) / k : -((f->c - before) / k);
-    hi = end - f->c >= 0 ? (end - f->c + k - 1) / k : -((f->c - end) / k);
+    lo = tb__cg_ceil_div(before - f->c, k);
+    hi = tb__cg_ceil_div(end - f->c, k);
     if (lo > g->row_lo) g->row_lo = lo;
     if (hi < g->row_hi) g->row_hi = hi;
 }
@@ -26018,22 +26021,22 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
         int64_t lo, hi;
         bool row = false;
         char text[TB__LF_TEXT];
+        tb__str *to = &cond;
         dims[i] = p.dim[i];
         dims[i].c -= before;
         tb__ix_lf_range(&g->ix, &p.dim[i], &lo, &hi);
         if (lo >= before && hi < end) continue;
         for (j = 0; j < p.dim[i].n; j++)
             row |= p.dim[i].var[j] == g->row_var;
-        tb__lf_text(&p.dim[i], text, sizeof text);
         if (g->row_var >= 0 && !row) {
             clamped |= (uint64_t)1 << i;
-            tb__str_append(&clamp, "%s(%s) >= %lldL && (%s) < %lldL", clamp.len ? " && " : "", text,
-                           before, text, end);
-            continue;
+            to = &clamp;
+        } else if (row) {
+            tb__cg_row_note(g, &p.dim[i], before, end);
         }
-        if (row) tb__cg_row_note(g, &p.dim[i], before, end);
-        tb__str_append(&cond, "%s(%s) >= %lldL && (%s) < %lldL", cond.len ? " && " : "if (", text,
-                       before, text, end);
+        tb__lf_text(&p.dim[i], text, sizeof text);
+        tb__str_append(to, "%s(%s) >= %lldL && (%s) < %lldL",
+                       to->len > 0 ? " && " : (to == &cond ? "if (" : ""), text, before, text, end);
     }
     if (cond.len > 0) tb__str_append(&cond, ") ");
     if (clamped != 0 && !clamp.failed && (ok = tb__ix_new_var(&g->ix, 0, 1)) >= 0)
@@ -28220,15 +28223,15 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
         i0 = tb__cg_row_header(g, k, tb__plan_numel(rs) / k->row_len);
         if (i0 < 0) return g->ix.status;
         mark = g->ix.body.len;
-        g->row_pads = 0;
         g->row_mixed = false;
         g->row_lo = 0;
         g->row_hi = k->row_len;
         tb__cg_row_loop(g, k, i0, 0, k->row_len);
         lo = g->row_lo;
         hi = g->row_hi;
-        if (g->ix.status == TB_OK && !g->ix.body.failed && g->row_pads > 0 && !g->row_mixed &&
-            hi - lo >= 8 && (lo > 0 || hi < k->row_len)) {
+        /* an interior narrower than the row: some pad noted a test on the row's index */
+        if (g->ix.status == TB_OK && !g->ix.body.failed && !g->row_mixed && hi - lo >= 8 &&
+            (lo > 0 || hi < k->row_len)) {
             g->ix.body.len = mark;
             g->ix.body.data[mark] = '\0';
             tb__cg_row_loop(g, k, i0, 0, lo);

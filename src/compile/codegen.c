@@ -345,19 +345,22 @@ static bool tb__cg_enter(tb__cg *g, int32_t node) {
     return true;
 }
 
+/* The first r with k * r >= a (k > 0). */
+static int64_t tb__cg_ceil_div(int64_t a, int64_t k) {
+    return a >= 0 ? (a + k - 1) / k : -((-a) / k);
+}
+
 /* A pad's condition on the row loop's variable (form f within [before, end)): narrows the
    interior where every such condition holds; a form other than k * row + c (k > 0) leaves the
    loop unsplit. */
 static void tb__cg_row_note(tb__cg *g, const tb__lf *f, int64_t before, int64_t end) {
     int64_t k = f->coef[0], lo, hi;
-    g->row_pads++;
     if (f->n != 1 || k <= 0) {
         g->row_mixed = true;
         return;
     }
-    /* the first r with k * r + c >= before, and with k * r + c >= end (rounding up) */
-    lo = before - f->c >= 0 ? (before - f->c + k - 1) / k : -((f->c - before) / k);
-    hi = end - f->c >= 0 ? (end - f->c + k - 1) / k : -((f->c - end) / k);
+    lo = tb__cg_ceil_div(before - f->c, k);
+    hi = tb__cg_ceil_div(end - f->c, k);
     if (lo > g->row_lo) g->row_lo = lo;
     if (hi < g->row_hi) g->row_hi = hi;
 }
@@ -393,22 +396,22 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
         int64_t lo, hi;
         bool row = false;
         char text[TB__LF_TEXT];
+        tb__str *to = &cond;
         dims[i] = p.dim[i];
         dims[i].c -= before;
         tb__ix_lf_range(&g->ix, &p.dim[i], &lo, &hi);
         if (lo >= before && hi < end) continue;
         for (j = 0; j < p.dim[i].n; j++)
             row |= p.dim[i].var[j] == g->row_var;
-        tb__lf_text(&p.dim[i], text, sizeof text);
         if (g->row_var >= 0 && !row) {
             clamped |= (uint64_t)1 << i;
-            tb__str_append(&clamp, "%s(%s) >= %lldL && (%s) < %lldL", clamp.len ? " && " : "", text,
-                           before, text, end);
-            continue;
+            to = &clamp;
+        } else if (row) {
+            tb__cg_row_note(g, &p.dim[i], before, end);
         }
-        if (row) tb__cg_row_note(g, &p.dim[i], before, end);
-        tb__str_append(&cond, "%s(%s) >= %lldL && (%s) < %lldL", cond.len ? " && " : "if (", text,
-                       before, text, end);
+        tb__lf_text(&p.dim[i], text, sizeof text);
+        tb__str_append(to, "%s(%s) >= %lldL && (%s) < %lldL",
+                       to->len > 0 ? " && " : (to == &cond ? "if (" : ""), text, before, text, end);
     }
     if (cond.len > 0) tb__str_append(&cond, ") ");
     if (clamped != 0 && !clamp.failed && (ok = tb__ix_new_var(&g->ix, 0, 1)) >= 0)

@@ -635,9 +635,9 @@ typedef struct tb__cg {
     tb__lf capture_flat;
     /* an elementwise kernel's loop over a row where the dialect has item_loops: its variable
        (-1: none), and what its pads saw: the interior [row_lo, row_hi) where every pad's test
-       on it holds (row_pads of them; row_mixed: one the loop cannot be split by). Pads clamp
-       their other axes and select. */
-    int32_t row_var, row_pads;
+       on it holds (row_mixed: one the loop cannot be split by). Pads clamp their other axes
+       and select. */
+    int32_t row_var;
     bool row_mixed;
     int64_t row_lo, row_hi;
 } tb__cg;
