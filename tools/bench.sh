@@ -23,7 +23,8 @@
 # models (tools/bench/models.py; skipped with a note where /usr/bin/python3 cannot import torch
 # and torchvision): ResNet-18, ResNet-50, MobileNetV2, SqueezeNet 1.0 (batch 8, 224x224) and a
 # TransformerEncoder ([8, 64, 128]) from PyTorch's weights (examples/models.c): a cached forward
-# beside PyTorch eager's (rows models_<M>; PyTorch timed before and after ours), and the first
+# beside PyTorch eager's (rows models_<M>; 3 rounds of ours then PyTorch's, after a first
+# PyTorch run, each row the median over the rounds: tools/bench/models.py), and the first
 # forward of a fresh process with empty caches (coldstart_<M>, with the kernels compiled and
 # launched in its note); the Fashion-MNIST CNN's epoch of 6,400 images (train_cnn_epoch) and a
 # step of the small GPT (gpt_step) beside their PyTorch twins. --quick: ResNet-18 at batch 1,

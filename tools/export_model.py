@@ -12,13 +12,14 @@ Usage: /usr/bin/python3 tools/export_model.py MODEL OUT.safetensors [--batch N] 
               made (default 0; nothing is downloaded: weights are torchvision's random
               initialisation, batch norm's running statistics drawn so that folding them
               matters); --time REPS: also time PyTorch's forward (median of REPS, after one
-              warm-up) and store it as metadata "torch_ms"; --threads T: PyTorch's threads
-              (default: the CPUs online); --time-only: time it (REPS of --time, default 5),
-              print "torch_ms X" and write nothing (OUT is not touched); --tb-fx DEVICE:
-              instead of timing PyTorch and writing OUT, run the model through tools/tb_fx.py
-              on DEVICE (e.g. native:0), check its output against PyTorch's and print
-              "tb_fx_ms X first_s Y error Z" (the median of the REPS of --time cached calls,
-              the first call with its compile, the error relative to the output's scale).
+              warm-up), store it as metadata "torch_ms" and print "torch_ms X"; --threads T:
+              PyTorch's threads (default: the CPUs online); --time-only: time it (REPS of
+              --time, default 5), print "torch_ms X" and write nothing (OUT is not
+              touched); --tb-fx DEVICE: instead of timing PyTorch and writing OUT, run the
+              model through tools/tb_fx.py on DEVICE (e.g. native:0), check its output
+              against PyTorch's and print "tb_fx_ms X first_s Y error Z" (the median of the
+              REPS of --time cached calls, the first call with its compile, the error
+              relative to the output's scale).
 Writes the tensors in f32 and the metadata "model", "batch", "size", "seed". Standard
 library and torch only; exit status 2 when torch or torchvision cannot be imported.
 """
@@ -137,6 +138,8 @@ def main():
     tensors["input"] = x
     tensors["output"] = y
     save(a.out, tensors, meta)
+    if "torch_ms" in meta:
+        print("torch_ms %s" % meta["torch_ms"])
 
 
 if __name__ == "__main__":

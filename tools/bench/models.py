@@ -2,34 +2,41 @@
 """The benchmark's `models` family: real models and training runs, ours beside PyTorch eager.
 
     python3 tools/bench/models.py [--quick] [--json FILE] [--backends opencl,native]
-                                  [--models LIST] [--training | --no-training]
+                                  [--models LIST] [--training | --no-training] [--rounds N]
 
 Rows (one per case and backend; PyTorch runs on the native backend's threads, with OpenBLAS
-when the system's BLAS alternative is OpenBLAS, which the first line says):
+when the system's BLAS alternative is OpenBLAS, which the first line says). Every case runs
+in N rounds (--rounds, default 3): each round runs ours on each backend and then PyTorch, and
+PyTorch also runs once before the first round; a row is the median over the rounds of each
+run's time, and its note gives the runs' range. A slow stretch of a shared machine thus falls
+on every side alike, where one run of each side apart could differ by half.
   models_<M>      a cached forward of torchvision's ResNet-18, ResNet-50, MobileNetV2,
                   SqueezeNet 1.0 (batch 8, 224x224) or a TransformerEncoder (d_model 128, 2
-                  layers, [8, 64, 128]): the median of our cached forwards (examples/models.c;
-                  5 of each CNN, 50 of the encoder, whose 2-5 ms forward is within the noise
-                  of these machines over 5) beside the mean of two medians of PyTorch's (tools/export_model.py), one
-                  taken before ours and one after; ours must match PyTorch's output within
-                  1e-5 of its scale or the row fails.
+                  layers, [8, 64, 128]): a run's time is the median of its cached forwards
+                  (examples/models.c; 5 of each CNN, 300 of the encoder, whose 2-5 ms
+                  forward is within the noise of these machines over 5, and whose difference
+                  between the C example and tb_fx, about a tenth of a millisecond, within it
+                  over 50), PyTorch's the median of as many (tools/export_model.py); ours
+                  must match PyTorch's output within 1e-5 of its scale or the row fails.
   fx_<M>          the same model, input and PyTorch run through tools/tb_fx.py (the module
-                  compiled by the library from PyTorch): its median cached call, inputs
-                  uploaded and outputs downloaded, beside PyTorch; the note (and the JSON's
-                  anchor) gives the C example's time and C / tb_fx.
-  coldstart_<M>   the same model's first forward in a fresh process with empty caches (our
-                  TB_CACHE_DIR and PoCL's POCL_CACHE_DIR new folders): the compile of its kernels
-                  and one run; the note gives the cached forward, the time its batch norms
-                  took to fold (compiled first, outside this row), the forward's kernels,
-                  how many are distinct (each compiled once) and how many a cached forward
-                  launches.
+                  compiled by the library from PyTorch), in the same rounds: its median cached
+                  call, inputs uploaded and outputs downloaded, beside PyTorch; the note (and
+                  the JSON's anchor) gives the C example's time and C / tb_fx, also round by
+                  round (the C example and tb_fx of one round ran one after the other).
+  coldstart_<M>   the same model's first forward in the first round, a fresh process with
+                  empty caches (our TB_CACHE_DIR and PoCL's POCL_CACHE_DIR new folders, which
+                  the later rounds reuse): the compile of its kernels and one run; the note
+                  gives the cached forward, the time its batch norms took to fold (compiled
+                  first, outside this row), the forward's kernels, how many are distinct (each
+                  compiled once) and how many a cached forward launches.
   train_cnn_epoch examples/train_cnn.c's CNN on Fashion-MNIST, one epoch of 6,400 images
                   (kernels compiled beforehand by a short run that shares the cache), beside
                   tools/bench/train_cnn_torch.py: epoch seconds.
   gpt_step        examples/gpt.c's GPT (nanoGPT's CPU configuration), the mean step time of
-                  iterations 21-40 (the first 20 include the compile), beside
+                  iterations 21-40 (the first 20 include the first round's compile), beside
                   tools/bench/gpt_torch.py.
---quick: ResNet-18 only, batch 1 at 64x64, 2 repetitions, no training rows (a smoke run).
+--quick: ResNet-18 only, batch 1 at 64x64, 2 repetitions, one round, no training rows (a
+smoke run).
 Each row prints `case backend ours pytorch pytorch/ours note`; with --json each is also one
 JSON object per line, in the fields of tools/bench.sh's rows (unknown ones null) plus "note".
 Exit status 1 when a run fails or a model's output is off; standard library only.
@@ -103,20 +110,33 @@ class Rows:
         self.failed = True
 
 
+def median(values):
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def spread(values, scale, unit):
+    """'a-b unit over N runs' of values (seconds) times scale, or the one value."""
+    if len(values) == 1:
+        return "%.2f %s" % (values[0] * scale, unit)
+    return "%.2f-%.2f %s over %d runs" % (min(values) * scale, max(values) * scale, unit,
+                                          len(values))
+
+
 def torch_ms(model, batch, size, reps, nthreads, out=None):
-    """PyTorch's median forward in ms (exporting the model to `out` when given), or None."""
+    """(PyTorch's median forward in seconds, why not) (exporting the model to `out` when
+    given, with PyTorch's time and output stored in it)."""
     cmd = ["/usr/bin/python3", "tools/export_model.py", model, out or os.devnull,
            "--batch", str(batch), "--size", str(size), "--time", str(reps),
            "--threads", str(nthreads)]
     if out is None:
         cmd.append("--time-only")
     rc, so, se = run(cmd, TORCH_ENV)
-    if rc != 0:
-        return None, se.strip()[-300:]
-    if out is None:
-        m = re.search(r"torch_ms ([0-9.]+)", so)
-        return (float(m.group(1)) if m else None), ""
-    return -1.0, ""
+    m = re.search(r"torch_ms ([0-9.]+)", so)
+    if rc != 0 or m is None:
+        return None, (se or so).strip()[-300:]
+    return float(m.group(1)) / 1e3, ""
 
 
 def parse_models(text):
@@ -135,63 +155,92 @@ def parse_models(text):
     return r
 
 
-def model_rows(rows, work, binary, model, batch, size, reps, backends, nthreads):
+def model_rows(rows, work, binary, model, batch, size, reps, backends, nthreads, rounds):
+    """A model's rows. Each of `rounds` rounds runs, in turn, the C example on each backend, the
+    same through tools/tb_fx.py on each backend, and PyTorch (which also runs once before the
+    first): each row is the median over the rounds of each run's median, so that a stretch of
+    the machine's noise falls on every side alike. The first round starts from empty caches
+    (the coldstart rows); the later ones reuse them, as a user's second run would."""
     path = os.path.join(work, model + ".safetensors")
-    ok, why = torch_ms(model, batch, size, reps, nthreads, out=path)
-    if ok is None:
+    t, why = torch_ms(model, batch, size, reps, nthreads, out=path)
+    if t is None:
         rows.fail("%s: tools/export_model.py: %s" % (model, why))
         return
-    results = {}
+    pt, first, c_ms, fx_ms, fx_err = [t], {}, {}, {}, {}
+    live_c, live_fx = list(backends), list(backends)
+    with fresh_caches(["c_" + b for b in backends] + ["fx_" + b for b in backends]) as env:
+        for k in range(rounds):
+            for b in list(live_c):
+                rc, so, se = run([binary, path, "--device", b + ":0", "--reps", str(reps)],
+                                 env["c_" + b])
+                r = parse_models(so)
+                if rc != 0 or "first" not in r:
+                    rows.fail("%s on %s: exit status %d: %s" % (model, b, rc,
+                                                                (se or so).strip()[-400:]))
+                    live_c.remove(b)
+                    continue
+                first.setdefault(b, r)
+                c_ms.setdefault(b, []).append(r["cached"])
+            for b in list(live_fx):
+                fenv = dict(env["fx_" + b])
+                fenv.update(TORCH_ENV)
+                rc, so, se = run(["/usr/bin/python3", "tools/export_model.py", model,
+                                  os.devnull, "--batch", str(batch), "--size", str(size),
+                                  "--time", str(reps), "--threads", str(nthreads),
+                                  "--time-only", "--tb-fx", b + ":0"], fenv)
+                m = re.search(r"tb_fx_ms ([0-9.]+) first_s ([0-9.]+) error (\S+)", so)
+                if rc != 0 or m is None:
+                    rows.fail("fx_%s on %s: tools/export_model.py --tb-fx: %s" % (
+                        model, b, (se or so).strip()[-400:]))
+                    live_fx.remove(b)
+                    continue
+                fx_ms.setdefault(b, []).append(float(m.group(1)) / 1e3)
+                fx_err[b] = max(fx_err.get(b, 0.0), float(m.group(3)))
+            t, _ = torch_ms(model, batch, size, reps, nthreads)
+            if t is not None:
+                pt.append(t)
+    p = median(pt)
     for b in backends:
-        with fresh_caches() as env:
-            rc, so, se = run([binary, path, "--device", b + ":0", "--reps", str(reps)], env)
-        r = parse_models(so)
-        if rc != 0 or "first" not in r:
-            rows.fail("%s on %s: exit status %d: %s" % (model, b, rc, (se or so).strip()[-400:]))
+        if b in c_ms:
+            note = "error/scale %s; ours %s, PyTorch %s" % (
+                first[b]["error"], spread(c_ms[b], 1e3, "ms"), spread(pt, 1e3, "ms"))
+            rows.add("models_" + model, b, median(c_ms[b]), p, "ms", note, reps * len(c_ms[b]))
+    for b in backends:
+        if b not in fx_ms:
             continue
-        results[b] = r
-    again, _ = torch_ms(model, batch, size, reps, nthreads)
-    for b, r in results.items():
-        pt = r["pt"] = r["torch"] if again is None else (r["torch"] + again / 1e3) / 2
-        note = "error/scale %s; PyTorch %.2f and %s ms" % (
-            r["error"], r["torch"] * 1e3, "-" if again is None else "%.2f" % again)
-        rows.add("models_" + model, b, r["cached"], pt, "ms", note, reps)
-    for b, r in results.items():
-        # the same model and input through tools/tb_fx.py (PyTorch's module compiled by the
-        # library), beside the C example's cached forward
-        with fresh_caches() as env:
-            env.update(TORCH_ENV)
-            rc, so, se = run(["/usr/bin/python3", "tools/export_model.py", model, os.devnull,
-                              "--batch", str(batch), "--size", str(size), "--time", str(reps),
-                              "--threads", str(nthreads), "--time-only", "--tb-fx", b + ":0"],
-                             env)
-        m = re.search(r"tb_fx_ms ([0-9.]+) first_s ([0-9.]+) error (\S+)", so)
-        if rc != 0 or m is None:
-            rows.fail("fx_%s on %s: tools/export_model.py --tb-fx: %s" % (
-                model, b, (se or so).strip()[-400:]))
+        if fx_err[b] > 1e-5:
+            rows.fail("fx_%s on %s: error / output scale %.1e" % (model, b, fx_err[b]))
+        fx = median(fx_ms[b])
+        note = "through tools/tb_fx.py: error/scale %.1e; tb_fx %s" % (
+            fx_err[b], spread(fx_ms[b], 1e3, "ms"))
+        anchor = None
+        if b in c_ms:
+            c = median(c_ms[b])
+            note += "; the C example %.2f ms, C / tb_fx %.2f" % (c * 1e3, c / fx)
+            if len(c_ms[b]) == len(fx_ms[b]) > 1:
+                note += " (round by round: %s)" % ", ".join(
+                    "%.2f" % (x / y) for x, y in zip(c_ms[b], fx_ms[b]))
+            anchor = ("examples/models.c", c)
+        rows.add("fx_" + model, b, fx, p, "ms", note, reps * len(fx_ms[b]), anchor)
+    for b in backends:
+        if b not in first:
             continue
-        fx, err = float(m.group(1)) / 1e3, float(m.group(3))
-        if err > 1e-5:
-            rows.fail("fx_%s on %s: error / output scale %.1e" % (model, b, err))
-        rows.add("fx_" + model, b, fx, r["pt"], "ms",
-                 "through tools/tb_fx.py: error/scale %.1e; the C example %.2f ms, C / tb_fx "
-                 "%.2f" % (err, r["cached"] * 1e3, r["cached"] / fx), reps,
-                 ("examples/models.c", r["cached"]))
-    for b, r in results.items():
+        r = first[b]
         note = ("cached forward %.2f ms; batch norms folded in %.2f s; %d kernels, %d distinct "
                 "(each compiled once), %d launched per cached forward" % (
-                    r["cached"] * 1e3, r.get("fold", 0), r.get("kernels", 0),
+                    median(c_ms[b]) * 1e3, r.get("fold", 0), r.get("kernels", 0),
                     r.get("compiled", 0), r.get("launched", 0)))
         rows.add("coldstart_" + model, b, r["first"], None, "s", note, 1)
 
 
 @contextlib.contextmanager
-def fresh_caches():
-    """The environment of runs with empty caches of their own (ours and PoCL's), removed after."""
+def fresh_caches(names):
+    """{name: the environment of runs with empty caches of their own (ours and PoCL's)}, each
+    in a folder of its own, all removed after."""
     folder = tempfile.mkdtemp(prefix="tb_bench_models_")
     try:
-        yield {"TB_CACHE_DIR": os.path.join(folder, "tb"),
-               "POCL_CACHE_DIR": os.path.join(folder, "pocl")}
+        yield {n: {"TB_CACHE_DIR": os.path.join(folder, n, "tb"),
+                   "POCL_CACHE_DIR": os.path.join(folder, n, "pocl")} for n in names}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -201,46 +250,91 @@ def last_float(pattern, text):
     return float(found[-1]) if found else None
 
 
-def train_cnn_rows(rows, work, backends, nthreads):
+def train_rows(rows, case, backends, rounds, torch_run, ours_run, unit, note, reps):
+    """A training case's rows: PyTorch's run, then `rounds` rounds of ours on each backend and
+    PyTorch again; each row is the median over the rounds (caches shared by the rounds, so
+    only the first compiles)."""
+    pt, ours = [], {}
+    t = torch_run()
+    if t is not None:
+        pt.append(t)
+    live = list(backends)
+    with fresh_caches(live) as env:
+        for _ in range(rounds):
+            for b in list(live):
+                got = ours_run(b, env[b])
+                if got is None:
+                    live.remove(b)
+                    continue
+                ours.setdefault(b, []).append(got)
+            t = torch_run()
+            if t is not None:
+                pt.append(t)
+    scale, name = (1.0, "s") if unit == "s" else (1e3, "ms")
+    for b in backends:
+        if b in ours:
+            rows.add(case, b, median(ours[b]), median(pt) if pt else None, unit,
+                     "%s; ours %s, PyTorch %s" % (note, spread(ours[b], scale, name),
+                                                  spread(pt, scale, name) if pt else "-"),
+                     reps * len(ours[b]))
+
+
+def train_cnn_rows(rows, work, backends, nthreads, rounds):
     binary = os.path.join(work, "train_cnn")
     build("train_cnn", binary)
     images = "6400"
-    rc, so, se = run(["/usr/bin/python3", "tools/bench/train_cnn_torch.py", "1", "--images",
-                      images, "--threads", str(nthreads)], TORCH_ENV)
-    pt = last_float(r"images/s\s+([0-9.]+) s", so) if rc == 0 else None
-    if pt is None:
-        rows.fail("train_cnn_torch.py: %s" % (se or so).strip()[-300:])
-    for b in backends:
-        with fresh_caches() as env:
+    warm = set()
+
+    def torch_run():
+        rc, so, se = run(["/usr/bin/python3", "tools/bench/train_cnn_torch.py", "1",
+                          "--images", images, "--threads", str(nthreads)], TORCH_ENV)
+        t = last_float(r"images/s\s+([0-9.]+) s", so) if rc == 0 else None
+        if t is None:
+            rows.fail("train_cnn_torch.py: %s" % (se or so).strip()[-300:])
+        return t
+
+    def ours_run(b, env):
+        if b not in warm:  # compiles the kernels into the rounds' cache, untimed
+            warm.add(b)
             run([binary, "1", "--images", "512", "--test-images", "128", "--device", b + ":0"],
                 env)
-            rc, so, se = run([binary, "1", "--images", images, "--test-images", "128",
-                              "--device", b + ":0"], env)
-        ours = last_float(r"images/s\s+([0-9.]+) s", so) if rc == 0 else None
-        if ours is None:
+        rc, so, se = run([binary, "1", "--images", images, "--test-images", "128",
+                          "--device", b + ":0"], env)
+        t = last_float(r"images/s\s+([0-9.]+) s", so) if rc == 0 else None
+        if t is None:
             rows.fail("train_cnn on %s: %s" % (b, (se or so).strip()[-300:]))
-            continue
-        rows.add("train_cnn_epoch", b, ours, pt, "s", "%s images, batch 128, AdamW" % images, 1)
+        return t
+
+    train_rows(rows, "train_cnn_epoch", backends, rounds, torch_run, ours_run, "s",
+               "%s images, batch 128, AdamW" % images, 1)
 
 
-def gpt_rows(rows, work, backends, nthreads):
+def gpt_rows(rows, work, backends, nthreads, rounds):
     binary = os.path.join(work, "gpt")
     build("gpt", binary)
     args = ["--iters", "40", "--eval-every", "20"]
-    rc, so, se = run(["/usr/bin/python3", "tools/bench/gpt_torch.py", "--threads",
-                      str(nthreads)] + args, TORCH_ENV)
-    pt = last_float(r"([0-9.]+) ms per iteration", so) if rc == 0 else None
-    if pt is None:
-        rows.fail("gpt_torch.py: %s" % (se or so).strip()[-300:])
-    for b in backends:
-        with fresh_caches() as env:
-            rc, so, se = run([binary, "--device", b + ":0"] + args, env)
-        ours = last_float(r"([0-9.]+) ms per iteration", so) if rc == 0 else None
-        if ours is None:
+
+    def step_s(rc, so):
+        t = last_float(r"([0-9.]+) ms per iteration", so) if rc == 0 else None
+        return None if t is None else t / 1e3
+
+    def torch_run():
+        rc, so, se = run(["/usr/bin/python3", "tools/bench/gpt_torch.py", "--threads",
+                          str(nthreads)] + args, TORCH_ENV)
+        t = step_s(rc, so)
+        if t is None:
+            rows.fail("gpt_torch.py: %s" % (se or so).strip()[-300:])
+        return t
+
+    def ours_run(b, env):
+        rc, so, se = run([binary, "--device", b + ":0"] + args, env)
+        t = step_s(rc, so)
+        if t is None:
             rows.fail("gpt on %s: %s" % (b, (se or so).strip()[-300:]))
-            continue
-        rows.add("gpt_step", b, ours / 1e3, None if pt is None else pt / 1e3, "ms",
-                 "iterations 21-40 of a fresh run", 20)
+        return t
+
+    train_rows(rows, "gpt_step", backends, rounds, torch_run, ours_run, "ms",
+               "the mean of iterations 21-40 of a run", 20)
 
 
 def blas_of_torch():
@@ -261,7 +355,10 @@ def main():
     ap.add_argument("--models", default="resnet18,resnet50,mobilenet_v2,squeezenet1_0,encoder")
     ap.add_argument("--training", dest="training", action="store_true", default=None)
     ap.add_argument("--no-training", dest="training", action="store_false")
+    ap.add_argument("--rounds", type=int, default=0)
     a = ap.parse_args()
+    if a.rounds < 0:
+        ap.error("--rounds: a count of rounds, at least 1")
     rc, _, _ = run(["/usr/bin/python3", "-c", "import torch, torchvision"])
     if rc != 0:
         print("models: skipped: /usr/bin/python3 cannot import torch and torchvision "
@@ -275,15 +372,16 @@ def main():
         binary = os.path.join(work, "models")
         build("models", binary)
         backends = [b for b in a.backends.split(",") if b]
+        rounds = a.rounds or (1 if a.quick else 3)
         if a.quick:
-            model_rows(rows, work, binary, "resnet18", 1, 64, 2, backends, nthreads)
+            model_rows(rows, work, binary, "resnet18", 1, 64, 2, backends, nthreads, rounds)
         else:
             for m in a.models.split(","):
-                batch, size, reps = (8, 64, 50) if m == "encoder" else (8, 224, 5)
-                model_rows(rows, work, binary, m, batch, size, reps, backends, nthreads)
+                batch, size, reps = (8, 64, 300) if m == "encoder" else (8, 224, 5)
+                model_rows(rows, work, binary, m, batch, size, reps, backends, nthreads, rounds)
         if a.training if a.training is not None else not a.quick:
-            train_cnn_rows(rows, work, backends, nthreads)
-            gpt_rows(rows, work, backends, nthreads)
+            train_cnn_rows(rows, work, backends, nthreads, rounds)
+            gpt_rows(rows, work, backends, nthreads, rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if rows.failed else 0
