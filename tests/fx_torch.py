@@ -219,6 +219,43 @@ def transformer(device):
           "%d kept" % (device, rows))
 
 
+class SwinStage(nn.Module):
+    """torchvision's Swin blocks (V1, or V2 with cosine attention and its position-bias MLP):
+    one without and one with the cyclic shift, on a map whose sides are not whole windows
+    (padded), then the patch merging of odd sides (padded too)."""
+
+    def __init__(self, v2):
+        super().__init__()
+        sw = torchvision.models.swin_transformer
+        block = sw.SwinTransformerBlockV2 if v2 else sw.SwinTransformerBlock
+        self.blocks = nn.Sequential(block(32, 2, [4, 4], [0, 0]), block(32, 2, [4, 4], [2, 2]))
+        self.merge = (sw.PatchMergingV2 if v2 else sw.PatchMerging)(32)
+
+    def forward(self, x):
+        return self.merge(self.blocks(x))
+
+
+def swin(device):
+    """Swin's shifted-window attention, relative position bias and patch merging (functions
+    torch.fx keeps opaque, lowered by name): values of V1 and V2, and one training step's
+    gradients of V1 against PyTorch's."""
+    for v2 in (False, True):
+        torch.manual_seed(6)
+        run_case("Swin%s blocks, shifted windows, patch merging ([2, 9, 7, 32])" % (
+            " V2" if v2 else ""), SwinStage(v2).eval(), [torch.randn(2, 9, 7, 32)], device)
+    torch.manual_seed(7)
+    ref = SwinStage(False).train()
+    ours = copy.deepcopy(ref)
+    x, g = torch.randn(2, 9, 7, 32), torch.randn(2, 5, 4, 64)
+    xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (ref(xr) * g).sum().backward()
+    f = tb_fx.compile(ours, [xo], device=device)
+    (f(xo) * g).sum().backward()
+    worst, where = worst_grad(ours, ref, xo, xr)
+    check(worst <= 1e-4, "a training step of Swin blocks on %s: gradients within %.1e of "
+          "PyTorch's scale (worst: %s)" % (device, worst, where))
+
+
 def clear_of_kinks(model, shape, first_seed):
     """The first input (torch.randn of `shape` from generator seeds first_seed, first_seed + 1,
     ...) for which `model`, run in float64, has no ReLU input within 1e-5 of zero and no max-pool
@@ -439,6 +476,7 @@ def main():
         fallback(device)
         replays(device)
         transformer(device)
+        swin(device)
         training(device)
         errors(device)
     print("%d passed, %d failed" % (RESULTS["passed"], RESULTS["failed"]))

@@ -34,6 +34,7 @@ import ctypes
 import dis
 import hashlib
 import inspect
+import math
 import operator
 import os
 import shlex
@@ -115,6 +116,7 @@ _SIGNATURES = {
     "tb_squeeze": (_T, [_T, ctypes.c_int32]),
     "tb_index_select": (_T, [_T, ctypes.c_int32, _T]),
     "tb_slice": (_T, [_T, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]),
+    "tb_pad": (_T, [_T, _I64P, ctypes.c_size_t, ctypes.c_double]),
     "tb_scaled_dot_product_attention": (_T, [_T, _T, _T, _T, ctypes.c_double, ctypes.c_bool,
                                              ctypes.c_double]),
 }
@@ -203,6 +205,7 @@ class _Graph:
         self.skip = set()  # batch norm nodes folded into the convolution before them
         self.fallback = []
         self.tapes = {}  # inference: the library calls of a call, per signature of its inputs
+        self.consts = {}  # key -> a tensor a lowering made from sizes alone (constant())
         self.modules = dict(gm.named_modules())
         self.nodes = list(gm.graph.nodes)
         # training (the traced module, or a module a node calls, in training mode; not the
@@ -262,12 +265,31 @@ class _Graph:
         lib = getattr(self, "lib", None)
         if lib is None:
             return
-        held = list(getattr(self, "params", {}).values()) + list(getattr(self, "attrs", {}).values())
+        held = (list(getattr(self, "params", {}).values()) +
+                list(getattr(self, "attrs", {}).values()) +
+                list(getattr(self, "consts", {}).values()))
         for t in held + [t for p in getattr(self, "folded", {}).values() for t in p]:
             if t:
                 lib.tb_tensor_release(t)
 
     # ---- parameters ----
+
+    def constant(self, key, make):
+        """The tensor make() returns (torch, on the host; a function of sizes alone, such as a
+        mask), on the device once per key and kept for the life of the graph, outside the
+        call's scope: a later call, or a replay, reads it as it reads a parameter."""
+        h = self.consts.get(key)
+        if h is None:
+            lib = self.lib.lib if isinstance(self.lib, _Recorder) else self.lib
+            t = make().contiguous()
+            shape = _shape(t.dtype, t.shape)
+            h = lib.tb_tensor_from_host(ctypes.c_void_p(t.data_ptr()), ctypes.byref(shape),
+                                        ctypes.byref(self.device))
+            if not h:
+                raise _err("tb_tensor_from_host")
+            lib.tb_scope_keep(h)  # the graph's from now on, not the open scope's
+            self.consts[key] = h
+        return Value(self, h)
 
     def _upload(self, t):
         t = t.detach().contiguous()
@@ -910,6 +932,113 @@ def linear(x, weight, bias=None):
                  "tb_linear")
 
 
+_dropout = dropout  # for the lowerings below whose arguments are called `dropout`
+
+
+def _pad(x, pads):
+    """F.pad's constant mode with zeros; pads in F.pad's order (the last axis first)."""
+    if not any(pads):
+        return x
+    return x.new(x.g.lib.tb_pad(x.h, _ints(pads), len(pads), 0.0), "tb_pad")
+
+
+def _roll(x, shift, dim):
+    """torch.roll along one dim: the last shift (mod the size) elements moved to the front."""
+    n = x.shape[dim]
+    s = shift % n
+    if s == 0:
+        return x
+    lib = x.g.lib
+    tail = x.new(lib.tb_slice(x.h, dim, n - s, n, 1), "tb_slice")
+    head = x.new(lib.tb_slice(x.h, dim, 0, n - s, 1), "tb_slice")
+    return cat([tail, head], dim)
+
+
+def _normalize(x):
+    """F.normalize(x, dim=-1): x over its L2 norm along the last axis, at least 1e-12."""
+    norm = _unary("sqrt")(_reduce("sum")(mul(x, x), -1, True))
+    return div(x, clamp(norm, min=1e-12))
+
+
+def patch_merging_pad(x):
+    """torchvision's Swin _patch_merging_pad: [..., H, W, C] -> [..., H/2, W/2, 4C] (the
+    even-even, odd-even, even-odd and odd-odd positions side by side), an odd side padded
+    with zeros first."""
+    h, w = x.shape[-3], x.shape[-2]
+    x = _pad(x, [0, 0, 0, w % 2, 0, h % 2])
+    parts = [x[..., a::2, b::2, :] for a, b in ((0, 0), (1, 0), (0, 1), (1, 1))]
+    return cat(parts, len(x.shape) - 1)
+
+
+def relative_position_bias(table, index, window_size):
+    """torchvision's Swin _get_relative_position_bias: the table's rows picked by the index,
+    as [1, heads, N, N] for a window of N positions."""
+    n = window_size[0] * window_size[1]
+    return unsqueeze(permute(reshape(table[index], [n, n, -1]), 2, 0, 1), 0)
+
+
+def _shift_mask(ph, pw, wh, ww, sh, sw, dtype):
+    """Swin's attention mask of shifted windows, as torchvision makes it: [windows, N, N], 0
+    between positions of one region of the shifted map and -100 between others."""
+    m = torch.zeros(ph, pw, dtype=dtype)
+    count = 0
+    for h in ((0, -wh), (-wh, -sh), (-sh, None)):
+        for w in ((0, -ww), (-ww, -sw), (-sw, None)):
+            m[h[0]:h[1], w[0]:w[1]] = count
+            count += 1
+    m = m.view(ph // wh, wh, pw // ww, ww).permute(0, 2, 1, 3).reshape(-1, wh * ww)
+    m = m.unsqueeze(1) - m.unsqueeze(2)
+    return m.masked_fill(m != 0, -100.0)
+
+
+def shifted_window_attention(x, qkv_weight, proj_weight, relative_position_bias, window_size,
+                             num_heads, shift_size, attention_dropout=0.0, dropout=0.0,
+                             qkv_bias=None, proj_bias=None, logit_scale=None):
+    """torchvision's shifted_window_attention (Swin, and Swin V2's cosine attention with
+    logit_scale), op for op: padding to whole windows, the cyclic shift as two slices and a
+    cat per axis, the windows as a reshape and a permute, attention with the relative position
+    bias and the shifted windows' mask (a constant of the sizes, made once), and back."""
+    b, h, w, c = x.shape
+    wh, ww = window_size
+    pad_r, pad_b = (ww - w % ww) % ww, (wh - h % wh) % wh
+    x = _pad(x, [0, 0, 0, pad_r, 0, pad_b])
+    ph, pw = h + pad_b, w + pad_r
+    sh = 0 if wh >= ph else shift_size[0]
+    sw = 0 if ww >= pw else shift_size[1]
+    shifted = sh + sw > 0
+    if shifted:
+        x = _roll(_roll(x, -sh, 1), -sw, 2)
+    nw, n = (ph // wh) * (pw // ww), wh * ww
+    x = reshape(permute(reshape(x, [b, ph // wh, wh, pw // ww, ww, c]), 0, 1, 3, 2, 4, 5),
+                [b * nw, n, c])
+    if logit_scale is not None and qkv_bias is not None:  # V2: the keys' third of it is 0
+        third = qkv_bias.shape[0] // 3
+        qkv_bias = cat([qkv_bias[:third], _mul_scalar(qkv_bias[third:2 * third], 0.0),
+                        qkv_bias[2 * third:]], 0)
+    qkv = reshape(linear(x, qkv_weight, qkv_bias), [b * nw, n, 3, num_heads, c // num_heads])
+    qkv = permute(qkv, 2, 0, 3, 1, 4)
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    if logit_scale is not None:
+        attn = matmul(_normalize(q), transpose(_normalize(k), -2, -1))
+        attn = mul(attn, _unary("exp")(clamp(logit_scale, max=math.log(100.0))))
+    else:
+        attn = matmul(_mul_scalar(q, (c // num_heads) ** -0.5), transpose(k, -2, -1))
+    attn = add(attn, relative_position_bias)
+    if shifted:
+        mask = x.g.constant(("swin_mask", ph, pw, wh, ww, sh, sw, x.dtype),
+                            lambda: _shift_mask(ph, pw, wh, ww, sh, sw, x.dtype))
+        attn = add(reshape(attn, [b, nw, num_heads, n, n]), reshape(mask, [1, nw, 1, n, n]))
+        attn = reshape(attn, [b * nw, num_heads, n, n])
+    attn = _dropout(softmax(attn, -1), attention_dropout, True)  # F.dropout's default
+    x = reshape(transpose(matmul(attn, v), 1, 2), [b * nw, n, c])
+    x = _dropout(linear(x, proj_weight, proj_bias), dropout, True)
+    x = reshape(permute(reshape(x, [b, ph // wh, pw // ww, wh, ww, c]), 0, 1, 3, 2, 4, 5),
+                [b, ph, pw, c])
+    if shifted:
+        x = _roll(_roll(x, sh, 1), sw, 2)
+    return x[:, :h, :w, :]
+
+
 def _conv_padding(padding, kernel, dilation):
     """A convolution's padding per side: "valid" none, "same" (stride 1) dilation * (k - 1) / 2
     (odd kernels), else the numbers given."""
@@ -1267,6 +1396,9 @@ FUNCTIONS.update({op: _on_numbers(op) for op in (
 # functions of other packages, by module and name (this module does not import them)
 FUNCTIONS_BY_NAME = {
     "torchvision.ops.stochastic_depth.stochastic_depth": stochastic_depth,
+    "torchvision.models.swin_transformer.shifted_window_attention": shifted_window_attention,
+    "torchvision.models.swin_transformer._patch_merging_pad": patch_merging_pad,
+    "torchvision.models.swin_transformer._get_relative_position_bias": relative_position_bias,
 }
 
 
