@@ -177,6 +177,21 @@ def encoder(norm_first):
                                  enable_nested_tensor=False)
 
 
+def projected_step(name, ref, x, g, device):
+    """A training step of `ref` (a module in training mode) and of its copy compiled on
+    `device`, the loss the output's projection on g (the mean of its squares would be near
+    constant through a final layer norm: a gradient of cancellations, ill-conditioned in
+    float32): every parameter's gradient and the input's within 1e-4 of PyTorch's scale."""
+    ours = copy.deepcopy(ref)
+    xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (ref(xr) * g).sum().backward()
+    f = tb_fx.compile(ours, [xo], device=device)
+    (f(xo) * g).sum().backward()
+    worst, where = worst_grad(ours, ref, xo, xr)
+    return check(worst <= 1e-4, "a training step of %s on %s: gradients within %.1e of "
+                 "PyTorch's scale (worst: %s)" % (name, device, worst, where))
+
+
 def transformer(device):
     """Encoders and attention lowered whole (their forward branches on tensor attributes):
     values, and one training step's gradients of an encoder against PyTorch's."""
@@ -189,18 +204,8 @@ def transformer(device):
     run_case("MultiheadAttention with its weights", Attention().eval(),
              [torch.randn(4, 2, 16), torch.randn(6, 2, 16)], device)
     torch.manual_seed(4)
-    ref = encoder(True).train()
-    ours = copy.deepcopy(ref)
-    x, g = torch.randn(6, 2, 32), torch.randn(6, 2, 32)
-    xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
-    # a random projection of the output (the mean of its squares would be near constant
-    # through the final layer norm: a gradient of cancellations, ill-conditioned in float32)
-    (ref(xr) * g).sum().backward()
-    f = tb_fx.compile(ours, [xo], device=device)
-    (f(xo) * g).sum().backward()
-    worst, where = worst_grad(ours, ref, xo, xr)
-    check(worst <= 1e-4, "a training step of a TransformerEncoder on %s: gradients within "
-          "%.1e of PyTorch's scale (worst: %s)" % (device, worst, where))
+    projected_step("a TransformerEncoder", encoder(True).train(), torch.randn(6, 2, 32),
+                   torch.randn(6, 2, 32), device)
     # stochastic depth: the identity in eval; in training each row kept (scaled by 2) or not
     torch.manual_seed(5)
     m = Depth()
@@ -244,16 +249,8 @@ def swin(device):
         run_case("Swin%s blocks, shifted windows, patch merging ([2, 9, 7, 32])" % (
             " V2" if v2 else ""), SwinStage(v2).eval(), [torch.randn(2, 9, 7, 32)], device)
     torch.manual_seed(7)
-    ref = SwinStage(False).train()
-    ours = copy.deepcopy(ref)
-    x, g = torch.randn(2, 9, 7, 32), torch.randn(2, 5, 4, 64)
-    xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
-    (ref(xr) * g).sum().backward()
-    f = tb_fx.compile(ours, [xo], device=device)
-    (f(xo) * g).sum().backward()
-    worst, where = worst_grad(ours, ref, xo, xr)
-    check(worst <= 1e-4, "a training step of Swin blocks on %s: gradients within %.1e of "
-          "PyTorch's scale (worst: %s)" % (device, worst, where))
+    projected_step("Swin blocks", SwinStage(False).train(), torch.randn(2, 9, 7, 32),
+                   torch.randn(2, 5, 4, 64), device)
 
 
 def clear_of_kinks(model, shape, first_seed):

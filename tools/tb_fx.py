@@ -281,23 +281,19 @@ class _Graph:
         h = self.consts.get(key)
         if h is None:
             lib = self.lib.lib if isinstance(self.lib, _Recorder) else self.lib
-            t = make().contiguous()
-            shape = _shape(t.dtype, t.shape)
-            h = lib.tb_tensor_from_host(ctypes.c_void_p(t.data_ptr()), ctypes.byref(shape),
-                                        ctypes.byref(self.device))
-            if not h:
-                raise _err("tb_tensor_from_host")
+            h = self._upload(make(), lib)  # past a recorder: not one of the call's ops
             lib.tb_scope_keep(h)  # the graph's from now on, not the open scope's
             self.consts[key] = h
         return Value(self, h)
 
-    def _upload(self, t):
+    def _upload(self, t, lib=None):
+        """A copy of t on the device, through `lib` (default: the graph's)."""
         t = t.detach().contiguous()
         if t.dtype not in DTYPES:
             raise Error("tb_fx: dtype %s is not supported" % t.dtype)
         shape = _shape(t.dtype, t.shape)
-        h = self.lib.tb_tensor_from_host(ctypes.c_void_p(t.data_ptr()), ctypes.byref(shape),
-                                         ctypes.byref(self.device))
+        h = (lib or self.lib).tb_tensor_from_host(ctypes.c_void_p(t.data_ptr()),
+                                                  ctypes.byref(shape), ctypes.byref(self.device))
         if not h:
             raise _err("tb_tensor_from_host")
         return h

@@ -142,11 +142,10 @@ def torch_ms(model, batch, size, reps, nthreads, out=None):
 def parse_models(text):
     """What examples/models.c printed, as a dict."""
     r = {}
-    m = re.search(r"first forward ([0-9.]+) s, cached forward ([0-9.]+) ms.*?PyTorch ([0-9.]+) ms"
-                  r".*?error / output scale (\S+)", text)
+    m = re.search(r"first forward ([0-9.]+) s, cached forward ([0-9.]+) ms.*?"
+                  r"error / output scale (\S+)", text)
     if m:
-        r.update(first=float(m.group(1)), cached=float(m.group(2)) / 1e3,
-                 torch=float(m.group(3)) / 1e3, error=m.group(4))
+        r.update(first=float(m.group(1)), cached=float(m.group(2)) / 1e3, error=m.group(3))
     m = re.search(r"weights folded in ([0-9.]+) s; the forward: (\d+) kernels, (\d+) distinct, "
                   r"(\d+) launched", text)
     if m:
