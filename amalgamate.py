@@ -63,6 +63,7 @@ IMPLEMENTATION_PARTS = [
     "src/graph/ops.c",
     "src/graph/ops_movement.c",
     "src/graph/ops_create.c",
+    "src/graph/function.c",
     "src/graph/print.c",
     "src/reference/reference_internal.h",
     "src/reference/reference_elementwise.c",

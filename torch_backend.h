@@ -1225,6 +1225,53 @@ TBDEF void tb_computation_cache_clear(void);
 /* The computations in the cache. Thread-safe. */
 TBDEF size_t tb_computation_cache_size(void);
 
+/* ---- functions ----
+   A function is a pending graph recorded once as a function of some of its tensors, its inputs,
+   and replayed on new inputs: tb_function_call makes the same nodes over the new inputs in one
+   call, without the op calls, their checks and their shape inference (what torch.jit.trace does
+   for a model, done here for the lazy graph). A forward pass that runs many times with inputs of
+   one shape records its ops once and then costs one call to rebuild its graph. What the graph
+   computes from anything other than the inputs (parameters, constants, subgraphs that read no
+   input) is shared: the function keeps a reference to those nodes, every call's graph uses
+   them, and a sync still computes them as part of that graph (sync them first to compute them
+   once).
+
+       tb_tensor *y = tb_relu(tb_matmul(x, w));          (pending)
+       tb_function *f = tb_function_create(&x, 1, &y, 1);
+       tb_tensor *y2;
+       tb_function_call(f, &x2, 1, &y2, 1);             (y2: relu(x2 @ w), pending)
+       tb_function_release(f);
+
+   Calls are as the op calls they stand for: the outputs are new pending tensors (owned by the
+   calling thread's innermost scope, if any), gradients flow through them (an input that
+   requires grad makes the outputs require it), the backend sees each node made
+   (on_node_created), and the executor's cache serves their graphs as it serves the recorded
+   one. A function holds no tensor and no value of its inputs; it is immutable, so calls may run
+   on several threads at once. */
+typedef struct tb_function tb_function;
+/* Records the pending graphs of `outputs` as a function of `inputs` (NULL: no inputs when
+   num_inputs is 0). Inputs are any tensors, pending or not, each at most once; the graph is cut
+   at them. Every output must have a pending graph, and none may be an input itself
+   (TB_ERR_INVALID_ARGUMENT; a synced output is TB_ERR_STATE: record before syncing). A graph
+   that draws random numbers (tb_rand, tb_randn, tb_dropout when training) is TB_ERR_UNSUPPORTED:
+   each call would draw the same numbers again. NULL on error; nothing the arguments hold
+   changes. Release with tb_function_release. */
+TBDEF tb_function *tb_function_create(tb_tensor *const *inputs, size_t num_inputs,
+                                      tb_tensor *const *outputs, size_t num_outputs);
+/* Makes the recorded graph over new inputs and writes one new tensor per output. The counts
+   must be the function's (TB_ERR_INVALID_ARGUMENT), and each input must have the recorded
+   input's dtype (TB_ERR_DTYPE), dims (TB_ERR_SHAPE) and device (TB_ERR_INVALID_ARGUMENT). The
+   same tensor may be given as several inputs. On error every outputs[i] is NULL and nothing
+   leaks. */
+TBDEF tb_status tb_function_call(const tb_function *fn, tb_tensor *const *inputs, size_t num_inputs,
+                                 tb_tensor **outputs, size_t num_outputs);
+/* The number of inputs and of outputs (0 for NULL), and of the nodes a call makes. */
+TBDEF size_t tb_function_num_inputs(const tb_function *fn);
+TBDEF size_t tb_function_num_outputs(const tb_function *fn);
+TBDEF size_t tb_function_num_nodes(const tb_function *fn);
+/* Frees the function and drops its references to the shared nodes. NULL is ignored. */
+TBDEF void tb_function_release(tb_function *fn);
+
 /* ---- dumps (free the strings with tb_free; NULL on error) ----
    The graph behind the tensors (their pending graphs, or their values as device data), never
    syncing. Nodes are numbered in post-order. */
@@ -13561,6 +13608,466 @@ TBDEF tb_tensor *tb_rand(const tb_shape *shape, const tb_device *device) {
 TBDEF tb_tensor *tb_randn(const tb_shape *shape, const tb_device *device) {
     return tb__random("tb_randn", TB_OP_RANDN, shape, device);
 }
+
+/* ---- src/graph/function.c ---- */
+/* ===========================================================================================
+   Functions: a pending graph recorded as a function of some of its tensors and replayed on new
+   inputs (tb_function_create, tb_function_call).
+   =========================================================================================== */
+
+/* One node a call makes: the recorded node's op, shape, attributes and flags, and where each
+   operand comes from. */
+typedef struct tb__fn_step {
+    tb_op op;
+    tb_shape shape;
+    tb_device device;
+    uint32_t num_operands;
+    uint32_t num_attrs;
+    int64_t attrs[TB_MAX_ATTRS];
+    double fattrs[2];
+    bool stop_grad;     /* a tb_detach or tb_set_requires_grad node: its flag is its own */
+    bool requires_grad; /* that flag (for stop_grad nodes only) */
+    /* per operand: a value of the call (the inputs first, then the steps' nodes in order), or
+       -1: the shared node in consts */
+    int64_t *src;
+    tb_node **consts; /* per operand: the shared node (an owned reference) where src is -1 */
+} tb__fn_step;
+
+struct tb_function {
+    size_t num_inputs;
+    tb_shape *in_shapes;
+    tb_device *in_devices;
+    size_t num_steps;
+    tb__fn_step *steps;
+    size_t max_operands;
+    size_t num_outputs;
+    int64_t *out_src;    /* a value of the call, or -1: out_const */
+    tb_node **out_const; /* an owned reference where out_src is -1 */
+};
+
+TBDEF void tb_function_release(tb_function *fn) {
+    size_t i, j;
+    if (fn == NULL) return;
+    for (i = 0; i < fn->num_steps; i++) {
+        tb__fn_step *s = &fn->steps[i];
+        for (j = 0; s->consts != NULL && j < s->num_operands; j++)
+            tb__node_release(s->consts[j]);
+        tb__free(s->src);
+        tb__free(s->consts);
+    }
+    for (i = 0; fn->out_const != NULL && i < fn->num_outputs; i++)
+        tb__node_release(fn->out_const[i]);
+    tb__free(fn->steps);
+    tb__free(fn->in_shapes);
+    tb__free(fn->in_devices);
+    tb__free(fn->out_src);
+    tb__free(fn->out_const);
+    tb__free(fn);
+}
+
+TBDEF size_t tb_function_num_inputs(const tb_function *fn) {
+    return fn != NULL ? fn->num_inputs : 0;
+}
+
+TBDEF size_t tb_function_num_outputs(const tb_function *fn) {
+    return fn != NULL ? fn->num_outputs : 0;
+}
+
+TBDEF size_t tb_function_num_nodes(const tb_function *fn) {
+    return fn != NULL ? fn->num_steps : 0;
+}
+
+/* ---- recording ---- */
+
+#define TB__FN_VISITING (-3) /* on the walk's stack */
+#define TB__FN_SHARED   (-2) /* reads no input */
+
+typedef struct tb__fn_frame {
+    const tb_node *node;
+    uint32_t next;
+} tb__fn_frame;
+
+/* What a recording works with. */
+typedef struct tb__fn_build {
+    tb_function *fn;
+    size_t cap_steps;
+    /* node -> an input's index, TB__FN_SHARED, TB__FN_VISITING, or its step's value index */
+    tb__exec_map codes;
+    tb__fn_frame *stack;
+    size_t cap_stack;
+    tb_backend_data **in_data; /* the inputs' values (NULL: pending), borrowed */
+} tb__fn_build;
+
+/* Appends a step of `node`'s op, shape, attributes and flags with no operands yet. */
+static tb__fn_step *tb__fn_new_step(tb__fn_build *b, const tb_node *node, uint32_t num_operands) {
+    tb_function *fn = b->fn;
+    tb__fn_step *s;
+    size_t n = num_operands > 0 ? num_operands : 1;
+    if (tb__grow((void **)&fn->steps, &b->cap_steps, fn->num_steps + 1, sizeof *fn->steps) !=
+        TB_OK) {
+        return NULL;
+    }
+    s = &fn->steps[fn->num_steps];
+    memset(s, 0, sizeof *s);
+    s->src = (int64_t *)tb__calloc(n, sizeof(int64_t));
+    s->consts = (tb_node **)tb__calloc(n, sizeof(tb_node *));
+    if (s->src == NULL || s->consts == NULL) {
+        tb__free(s->src);
+        tb__free(s->consts);
+        return NULL;
+    }
+    fn->num_steps++; /* from here tb_function_release frees it */
+    s->op = node->op;
+    s->shape = node->shape;
+    s->device = node->device;
+    s->num_attrs = node->num_attrs;
+    memcpy(s->attrs, node->attrs, sizeof s->attrs);
+    s->fattrs[0] = node->fattrs[0];
+    s->fattrs[1] = node->fattrs[1];
+    s->stop_grad = node->stop_grad;
+    s->requires_grad = node->requires_grad;
+    s->num_operands = num_operands;
+    if (num_operands > fn->max_operands) fn->max_operands = num_operands;
+    return s;
+}
+
+/* The step of `node`, whose operands all have their codes. */
+static tb_status tb__fn_add_step(tb__fn_build *b, const tb_node *node) {
+    tb__fn_step *s = tb__fn_new_step(b, node, node->num_operands);
+    uint32_t j;
+    if (s == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (j = 0; j < node->num_operands; j++) {
+        int64_t code = *tb__exec_map_get(&b->codes, node->operands[j]);
+        s->src[j] = code >= 0 ? code : -1;
+        if (code < 0) {
+            s->consts[j] = node->operands[j];
+            tb__node_retain(node->operands[j]);
+        }
+    }
+    return TB_OK;
+}
+
+/* A device-data node over input k's value that is not the input's own node (tb_detach of the
+   input, for one) stands for that value with no gradient: an identity that stops gradients,
+   over the call's input. */
+static tb_status tb__fn_add_alias(tb__fn_build *b, const tb_node *node, size_t k) {
+    tb__fn_step *s = tb__fn_new_step(b, node, 1);
+    int32_t d;
+    if (s == NULL) return TB_ERR_OUT_OF_MEMORY;
+    s->op = TB_OP_RESHAPE;
+    s->num_attrs = (uint32_t)node->shape.rank;
+    for (d = 0; d < node->shape.rank; d++)
+        s->attrs[d] = node->shape.dims[d];
+    s->stop_grad = true;
+    s->src[0] = (int64_t)k;
+    return TB_OK;
+}
+
+/* What `node` is to the function, once its operands have their codes: shared, or a step. */
+static tb_status tb__fn_resolve(tb__fn_build *b, const tb_node *node) {
+    tb_function *fn = b->fn;
+    uint32_t j;
+    size_t k;
+    bool reads_input = false;
+    if (node->op == TB_OP_RAND || node->op == TB_OP_RANDN) {
+        return tb__error(TB_ERR_UNSUPPORTED,
+                         "tb_function_create: the graph draws random numbers (%s node %llu); each "
+                         "call would draw the same ones again",
+                         tb_op_name(node->op), (unsigned long long)node->id);
+    }
+    for (j = 0; j < node->num_operands; j++) {
+        if (*tb__exec_map_get(&b->codes, node->operands[j]) >= 0) reads_input = true;
+    }
+    if (node->op == TB_OP_DEVICE_DATA) {
+        for (k = 0; k < fn->num_inputs; k++) {
+            if (b->in_data[k] == NULL || b->in_data[k] != node->data) continue;
+            if (tb__fn_add_alias(b, node, k) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
+            return tb__exec_map_put(&b->codes, node, (int64_t)(fn->num_inputs + fn->num_steps - 1));
+        }
+    }
+    if (!reads_input) return tb__exec_map_put(&b->codes, node, TB__FN_SHARED);
+    if (tb__fn_add_step(b, node) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
+    return tb__exec_map_put(&b->codes, node, (int64_t)(fn->num_inputs + fn->num_steps - 1));
+}
+
+/* Walks the graph below `root` in post-order (iteratively), giving each node its code. */
+static tb_status tb__fn_walk(tb__fn_build *b, const tb_node *root) {
+    size_t sp = 0;
+    tb_status st;
+    if (tb__exec_map_get(&b->codes, root) != NULL) return TB_OK;
+    if (tb__exec_map_put(&b->codes, root, TB__FN_VISITING) != TB_OK ||
+        tb__grow((void **)&b->stack, &b->cap_stack, 1, sizeof *b->stack) != TB_OK) {
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    b->stack[sp].node = root;
+    b->stack[sp++].next = 0;
+    while (sp > 0) {
+        tb__fn_frame *f = &b->stack[sp - 1];
+        const tb_node *node = f->node;
+        if (f->next < node->num_operands) {
+            const tb_node *operand = node->operands[f->next++];
+            const int64_t *code = tb__exec_map_get(&b->codes, operand);
+            if (code != NULL) {
+                if (*code == TB__FN_VISITING) {
+                    return tb__error(TB_ERR_INTERNAL,
+                                     "tb_function_create: a loop through node %llu",
+                                     (unsigned long long)operand->id);
+                }
+                continue;
+            }
+            if (tb__exec_map_put(&b->codes, operand, TB__FN_VISITING) != TB_OK ||
+                tb__grow((void **)&b->stack, &b->cap_stack, sp + 1, sizeof *b->stack) != TB_OK) {
+                return TB_ERR_OUT_OF_MEMORY;
+            }
+            b->stack[sp].node = operand;
+            b->stack[sp++].next = 0;
+            continue;
+        }
+        st = tb__fn_resolve(b, node);
+        if (st != TB_OK) return st;
+        sp--;
+    }
+    return TB_OK;
+}
+
+static tb_status tb__fn_check_list(const char *what, tb_tensor *const *list, size_t n) {
+    size_t i;
+    if (list == NULL && n > 0) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_function_create: %s is NULL (count %lu)",
+                         what, (unsigned long)n);
+    }
+    for (i = 0; i < n; i++) {
+        if (list[i] == NULL) {
+            if (tb_last_status() == TB_OK) {
+                tb__error(TB_ERR_INVALID_ARGUMENT, "tb_function_create: %s[%lu] is NULL", what,
+                          (unsigned long)i);
+            }
+            return TB_ERR_INVALID_ARGUMENT;
+        }
+    }
+    return TB_OK;
+}
+
+/* The inputs' codes, their values, and what a call checks of them. */
+static tb_status tb__fn_inputs(tb__fn_build *b, tb_tensor *const *inputs) {
+    tb_function *fn = b->fn;
+    size_t i;
+    fn->in_shapes = (tb_shape *)tb__calloc(fn->num_inputs + 1, sizeof(tb_shape));
+    fn->in_devices = (tb_device *)tb__calloc(fn->num_inputs + 1, sizeof(tb_device));
+    b->in_data = (tb_backend_data **)tb__calloc(fn->num_inputs + 1, sizeof(tb_backend_data *));
+    if (fn->in_shapes == NULL || fn->in_devices == NULL || b->in_data == NULL) {
+        return TB_ERR_OUT_OF_MEMORY;
+    }
+    for (i = 0; i < fn->num_inputs; i++) {
+        const tb_node *node = tb__tensor_ir(inputs[i]);
+        const int64_t *seen;
+        if (node == NULL) return tb_last_status();
+        seen = tb__exec_map_get(&b->codes, node);
+        if (seen != NULL) {
+            return tb__error(TB_ERR_INVALID_ARGUMENT,
+                             "tb_function_create: inputs[%lu] is inputs[%lld] again",
+                             (unsigned long)i, (long long)*seen);
+        }
+        if (tb__exec_map_put(&b->codes, node, (int64_t)i) != TB_OK) return TB_ERR_OUT_OF_MEMORY;
+        /* a value (never a sync: a tensor with no pending graph holds its value) */
+        if (tb_tensor_node(inputs[i]) == NULL) b->in_data[i] = tb_tensor_data(inputs[i]);
+        fn->in_shapes[i] = tb_tensor_shape(inputs[i]);
+        fn->in_devices[i] = tb_tensor_device(inputs[i]);
+    }
+    return TB_OK;
+}
+
+/* Where each output comes from. */
+static tb_status tb__fn_outputs(tb__fn_build *b, tb_tensor *const *outputs) {
+    tb_function *fn = b->fn;
+    size_t i;
+    fn->out_src = (int64_t *)tb__calloc(fn->num_outputs, sizeof(int64_t));
+    fn->out_const = (tb_node **)tb__calloc(fn->num_outputs, sizeof(tb_node *));
+    if (fn->out_src == NULL || fn->out_const == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < fn->num_outputs; i++) {
+        tb_node *node = (tb_node *)tb_tensor_node(outputs[i]);
+        int64_t code = *tb__exec_map_get(&b->codes, node);
+        if (code >= 0 && (size_t)code < fn->num_inputs) {
+            return tb__error(TB_ERR_INVALID_ARGUMENT,
+                             "tb_function_create: outputs[%lu] is inputs[%lld] itself",
+                             (unsigned long)i, (long long)code);
+        }
+        fn->out_src[i] = code >= 0 ? code : -1;
+        if (code < 0) {
+            fn->out_const[i] = node;
+            tb__node_retain(node);
+        }
+    }
+    return TB_OK;
+}
+
+TBDEF tb_function *tb_function_create(tb_tensor *const *inputs, size_t num_inputs,
+                                      tb_tensor *const *outputs, size_t num_outputs) {
+    tb__fn_build b;
+    size_t i;
+    tb_status st;
+    if (tb__fn_check_list("inputs", inputs, num_inputs) != TB_OK ||
+        tb__fn_check_list("outputs", outputs, num_outputs) != TB_OK) {
+        return NULL;
+    }
+    if (num_outputs == 0) {
+        tb__error(TB_ERR_INVALID_ARGUMENT, "tb_function_create: no outputs");
+        return NULL;
+    }
+    for (i = 0; i < num_outputs; i++) {
+        if (tb_tensor_node(outputs[i]) == NULL) {
+            tb__error(TB_ERR_STATE,
+                      "tb_function_create: outputs[%lu] has no pending graph (it was synced or "
+                      "holds data); record the function before syncing",
+                      (unsigned long)i);
+            return NULL;
+        }
+    }
+    memset(&b, 0, sizeof b);
+    b.fn = (tb_function *)tb__calloc(1, sizeof *b.fn);
+    if (b.fn == NULL) return NULL;
+    b.fn->num_inputs = num_inputs;
+    b.fn->num_outputs = num_outputs;
+    st = tb__fn_inputs(&b, inputs);
+    for (i = 0; st == TB_OK && i < num_outputs; i++)
+        st = tb__fn_walk(&b, tb_tensor_node(outputs[i]));
+    if (st == TB_OK) st = tb__fn_outputs(&b, outputs);
+    tb__exec_map_free(&b.codes);
+    tb__free(b.stack);
+    tb__free(b.in_data);
+    if (st != TB_OK) {
+        if (st == TB_ERR_OUT_OF_MEMORY && tb_last_status() != TB_ERR_OUT_OF_MEMORY) {
+            tb__error(TB_ERR_OUT_OF_MEMORY, "tb_function_create: out of memory");
+        }
+        tb_function_release(b.fn);
+        return NULL;
+    }
+    return b.fn;
+}
+
+/* ---- calls ---- */
+
+static tb_status tb__fn_check_input(const tb_function *fn, size_t i, tb_tensor *input) {
+    tb_shape shape;
+    tb_device device;
+    tb__shape_buf a, b;
+    char da[64], db[64];
+    if (input == NULL) {
+        if (tb_last_status() == TB_OK) {
+            tb__error(TB_ERR_INVALID_ARGUMENT, "tb_function_call: inputs[%lu] is NULL",
+                      (unsigned long)i);
+        }
+        return TB_ERR_INVALID_ARGUMENT;
+    }
+    shape = tb_tensor_shape(input);
+    device = tb_tensor_device(input);
+    if (shape.dtype != fn->in_shapes[i].dtype) {
+        return tb__error(TB_ERR_DTYPE, "tb_function_call: inputs[%lu] is %s, the function takes %s",
+                         (unsigned long)i, tb__st(&shape, &a), tb__st(&fn->in_shapes[i], &b));
+    }
+    if (!tb_shape_equal(&shape, &fn->in_shapes[i])) {
+        return tb__error(TB_ERR_SHAPE, "tb_function_call: inputs[%lu] is %s, the function takes %s",
+                         (unsigned long)i, tb__st(&shape, &a), tb__st(&fn->in_shapes[i], &b));
+    }
+    if (!tb_device_equal(&device, &fn->in_devices[i])) {
+        tb__exec_device_text(&device, da);
+        tb__exec_device_text(&fn->in_devices[i], db);
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_function_call: inputs[%lu] is on %s, the function's is on %s",
+                         (unsigned long)i, da, db);
+    }
+    return TB_OK;
+}
+
+/* Makes the steps' nodes into values[num_inputs...] (owned references; *made counts them). */
+static tb_status tb__fn_make(const tb_function *fn, tb_node **values, tb_node **operands,
+                             size_t *made) {
+    size_t i;
+    uint32_t j;
+    for (i = 0; i < fn->num_steps; i++) {
+        const tb__fn_step *s = &fn->steps[i];
+        tb_node *node;
+        uint64_t bound = 1;
+        for (j = 0; j < s->num_operands; j++) {
+            tb_node *o = s->src[j] >= 0 ? values[s->src[j]] : s->consts[j];
+            uint64_t size = o->graph_size > 0 ? o->graph_size : 1;
+            operands[j] = o;
+            if (!tb__exec_is_param(o)) bound = bound + size < bound ? UINT64_MAX : bound + size;
+        }
+        node = tb__emit("tb_function_call", s->op, &s->shape, &s->device, operands, s->num_operands,
+                        s->attrs, s->num_attrs, s->fattrs);
+        if (node == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
+        if (s->stop_grad) {
+            node->stop_grad = true;
+            node->requires_grad = s->requires_grad;
+        }
+        node->graph_size = bound;
+        values[fn->num_inputs + i] = node;
+        (*made)++;
+    }
+    return TB_OK;
+}
+
+TBDEF tb_status tb_function_call(const tb_function *fn, tb_tensor *const *inputs, size_t num_inputs,
+                                 tb_tensor **outputs, size_t num_outputs) {
+    tb_node *local_values[64], *local_operands[8];
+    tb_node **values = local_values, **operands = local_operands;
+    size_t i, made = 0, done = 0, nv;
+    tb_status st = TB_OK;
+    if (outputs != NULL) {
+        for (i = 0; i < num_outputs; i++)
+            outputs[i] = NULL;
+    }
+    if (fn == NULL || outputs == NULL || (inputs == NULL && num_inputs > 0)) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_function_call: %s is NULL",
+                         fn == NULL        ? "fn"
+                         : outputs == NULL ? "outputs"
+                                           : "inputs");
+    }
+    if (num_inputs != fn->num_inputs || num_outputs != fn->num_outputs) {
+        return tb__error(TB_ERR_INVALID_ARGUMENT,
+                         "tb_function_call: %lu inputs and %lu outputs given, the function has %lu "
+                         "and %lu",
+                         (unsigned long)num_inputs, (unsigned long)num_outputs,
+                         (unsigned long)fn->num_inputs, (unsigned long)fn->num_outputs);
+    }
+    for (i = 0; i < num_inputs; i++) {
+        if (tb__fn_check_input(fn, i, inputs[i]) != TB_OK) return tb_last_status();
+    }
+    nv = fn->num_inputs + fn->num_steps;
+    if (nv > 64) values = (tb_node **)tb__calloc(nv, sizeof(tb_node *));
+    if (fn->max_operands > 8)
+        operands = (tb_node **)tb__calloc(fn->max_operands, sizeof(tb_node *));
+    if (values == NULL || operands == NULL) {
+        st = tb__error(TB_ERR_OUT_OF_MEMORY, "tb_function_call: out of memory");
+    }
+    for (i = 0; st == TB_OK && i < num_inputs; i++) {
+        values[i] = tb__tensor_ir(inputs[i]); /* borrowed from the input */
+        if (values[i] == NULL) st = tb_last_status();
+    }
+    if (st == TB_OK) st = tb__fn_make(fn, values, operands, &made);
+    for (done = 0; st == TB_OK && done < num_outputs; done++) {
+        tb_node *node = fn->out_src[done] >= 0 ? values[fn->out_src[done]] : fn->out_const[done];
+        tb__node_retain(node);
+        outputs[done] = tb__tensor_from_node(node); /* consumes the reference */
+        if (outputs[done] == NULL)
+            st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+    }
+    if (st != TB_OK) {
+        for (i = 0; i < num_outputs; i++) {
+            tb_tensor_release(outputs[i]);
+            outputs[i] = NULL;
+        }
+    }
+    for (i = 0; i < made; i++)
+        tb__node_release(values[fn->num_inputs + i]);
+    if (values != local_values) tb__free(values);
+    if (operands != local_operands) tb__free(operands);
+    return st;
+}
+
+#undef TB__FN_VISITING
+#undef TB__FN_SHARED
 
 /* ---- src/graph/print.c ---- */
 /* ===========================================================================================

@@ -1,12 +1,12 @@
 /* Eight threads use the library at once: graphs on the cpu backend and on both OpenCL devices
    (the same graph shapes in several threads, so that they share cached computations, which
-   another thread drops from the cache meanwhile, as it trims the OpenCL buffer cache), the
-   registry (registering, looking up and listing backends and custom ops), metrics (counters,
-   samples, reports), DLPack (exports whose deleters run on another thread, imports whose
-   buffers are released on another thread), and each thread's own errors. Every value is checked
-   against plain C. tools/test.sh runs it under the address sanitizer with the other tests and,
-   in a step of its own, built with clang -fsanitize=thread (PoCL's own races suppressed by
-   tools/tsan.supp, never the library's). */
+   another thread drops from the cache meanwhile, as it trims the OpenCL buffer cache; one
+   recorded function that two threads call at once), the registry (registering, looking up and
+   listing backends and custom ops), metrics (counters, samples, reports), DLPack (exports whose
+   deleters run on another thread, imports whose buffers are released on another thread), and each
+   thread's own errors. Every value is checked against plain C. tools/test.sh runs it under the
+   address sanitizer with the other tests and, in a step of its own, built with clang
+   -fsanitize=thread (PoCL's own races suppressed by tools/tsan.supp, never the library's). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
 #include <stddef.h>
@@ -149,14 +149,35 @@ static void host_inputs(int thread, int round, float *x) {
         x[i] = (float)(((i * 7 + thread * 3 + round) % 17) - 8) * 0.25f;
 }
 
+/* The graph of run_graph with a = 0.5 and b = 0 on the cpu, recorded once as a function that
+   the cpu threads call at once on odd rounds (NULL until the threads start). */
+static tb_function *g_fn;
+
+/* y = sum(relu(x * a + b) * x, 1) and z = x^T x; the intermediates into tmp[0..5] */
+static void record_graph(tb_tensor *tx, double a, double b, tb_tensor **ty, tb_tensor **tz,
+                         tb_tensor **tmp) {
+    int32_t axis = 1;
+    tmp[0] = tb_mul_scalar(tx, a);
+    tmp[1] = tb_add_scalar(tmp[0], b);
+    tmp[2] = tb_relu(tmp[1]);
+    tmp[3] = tb_mul(tmp[2], tx);
+    *ty = tb_sum(tmp[3], &axis, 1, false);
+    tmp[4] = tb_transpose(tx, 0, 1);
+    *tz = tb_matmul(tmp[4], tx);
+    tmp[5] = NULL;
+}
+
 static bool run_graph(int thread, int round, const tb_device *dev) {
     float x[ROWS * COLS], y[ROWS], want_y[ROWS], z[COLS * COLS], want_z[COLS * COLS];
     double a = 0.5 + 0.125 * (round % 4), b = -0.25 * (thread % 3);
     tb_shape s = tb_shape_of(TB_F32, 2, ROWS, COLS);
-    tb_tensor *tx, *t1, *t2, *t3, *t4, *ty, *tt, *tz, *pair[2];
-    int32_t axis = 1;
-    int r, c, k;
-    bool ok = true;
+    tb_tensor *tx, *tmp[6] = {NULL, NULL, NULL, NULL, NULL, NULL}, *ty = NULL, *tz = NULL, *pair[2];
+    bool by_fn = g_fn != NULL && round % 2 == 1 && strcmp(dev->backend, "cpu") == 0, ok = true;
+    int r, c, k, i;
+    if (by_fn) {
+        a = 0.5;
+        b = 0.0;
+    }
     host_inputs(thread, round, x);
     for (r = 0; r < ROWS; r++) {
         float acc = 0;
@@ -175,13 +196,15 @@ static bool run_graph(int thread, int round, const tb_device *dev) {
         }
     }
     tx = tb_tensor_from_host(x, &s, dev);
-    t1 = tb_mul_scalar(tx, a);
-    t2 = tb_add_scalar(t1, b);
-    t3 = tb_relu(t2);
-    t4 = tb_mul(t3, tx);
-    ty = tb_sum(t4, &axis, 1, false);
-    tt = tb_transpose(tx, 0, 1);
-    tz = tb_matmul(tt, tx);
+    if (!by_fn) {
+        record_graph(tx, a, b, &ty, &tz, tmp);
+    } else if (tx != NULL) {
+        tb_tensor *outs[2];
+        if (tb_function_call(g_fn, &tx, 1, outs, 2) == TB_OK) {
+            ty = outs[0];
+            tz = outs[1];
+        }
+    }
     pair[0] = ty;
     pair[1] = tz;
     if (ty == NULL || tz == NULL || tb_sync(pair, 2) != TB_OK ||
@@ -205,12 +228,9 @@ static bool run_graph(int thread, int round, const tb_device *dev) {
         }
     }
     tb_tensor_release(tx);
-    tb_tensor_release(t1);
-    tb_tensor_release(t2);
-    tb_tensor_release(t3);
-    tb_tensor_release(t4);
+    for (i = 0; i < 6; i++)
+        tb_tensor_release(tmp[i]);
     tb_tensor_release(ty);
-    tb_tensor_release(tt);
     tb_tensor_release(tz);
     return ok;
 }
@@ -439,11 +459,31 @@ static void test_eight_threads(void **state) {
     } else {
         print_message("no OpenCL device: the graphs run on the cpu backend only\n");
     }
+    {
+        float x[ROWS * COLS];
+        tb_shape s = tb_shape_of(TB_F32, 2, ROWS, COLS);
+        tb_device cpu;
+        tb_tensor *tx, *ty, *tz, *tmp[6];
+        int k;
+        memset(x, 0, sizeof x);
+        assert_int_equal(tb_device_make("cpu", 0, &cpu), TB_OK);
+        tx = tb_tensor_from_host(x, &s, &cpu);
+        record_graph(tx, 0.5, 0.0, &ty, &tz, tmp);
+        g_fn = tb_function_create(&tx, 1, (tb_tensor *[]){ty, tz}, 2);
+        assert_non_null(g_fn);
+        tb_tensor_release(tx);
+        tb_tensor_release(ty);
+        tb_tensor_release(tz);
+        for (k = 0; k < 6; k++)
+            tb_tensor_release(tmp[k]);
+    }
     g_producers_left = 1;
     for (i = 0; i < THREADS; i++)
         assert_int_equal(pthread_create(&threads[i], NULL, thread_main, (void *)i), 0);
     for (i = 0; i < THREADS; i++)
         assert_int_equal(pthread_join(threads[i], NULL), 0);
+    tb_function_release(g_fn);
+    g_fn = NULL;
     if (g_failures > 0) fail_msg("%d failures; the first: %s", g_failures, g_failure);
     tb_shutdown();
     /* every import's deleter ran once, on whichever thread dropped the last reference */

@@ -170,6 +170,53 @@ TBDEF void tb_computation_cache_clear(void);
 /* The computations in the cache. Thread-safe. */
 TBDEF size_t tb_computation_cache_size(void);
 
+/* ---- functions ----
+   A function is a pending graph recorded once as a function of some of its tensors, its inputs,
+   and replayed on new inputs: tb_function_call makes the same nodes over the new inputs in one
+   call, without the op calls, their checks and their shape inference (what torch.jit.trace does
+   for a model, done here for the lazy graph). A forward pass that runs many times with inputs of
+   one shape records its ops once and then costs one call to rebuild its graph. What the graph
+   computes from anything other than the inputs (parameters, constants, subgraphs that read no
+   input) is shared: the function keeps a reference to those nodes, every call's graph uses
+   them, and a sync still computes them as part of that graph (sync them first to compute them
+   once).
+
+       tb_tensor *y = tb_relu(tb_matmul(x, w));          (pending)
+       tb_function *f = tb_function_create(&x, 1, &y, 1);
+       tb_tensor *y2;
+       tb_function_call(f, &x2, 1, &y2, 1);             (y2: relu(x2 @ w), pending)
+       tb_function_release(f);
+
+   Calls are as the op calls they stand for: the outputs are new pending tensors (owned by the
+   calling thread's innermost scope, if any), gradients flow through them (an input that
+   requires grad makes the outputs require it), the backend sees each node made
+   (on_node_created), and the executor's cache serves their graphs as it serves the recorded
+   one. A function holds no tensor and no value of its inputs; it is immutable, so calls may run
+   on several threads at once. */
+typedef struct tb_function tb_function;
+/* Records the pending graphs of `outputs` as a function of `inputs` (NULL: no inputs when
+   num_inputs is 0). Inputs are any tensors, pending or not, each at most once; the graph is cut
+   at them. Every output must have a pending graph, and none may be an input itself
+   (TB_ERR_INVALID_ARGUMENT; a synced output is TB_ERR_STATE: record before syncing). A graph
+   that draws random numbers (tb_rand, tb_randn, tb_dropout when training) is TB_ERR_UNSUPPORTED:
+   each call would draw the same numbers again. NULL on error; nothing the arguments hold
+   changes. Release with tb_function_release. */
+TBDEF tb_function *tb_function_create(tb_tensor *const *inputs, size_t num_inputs,
+                                      tb_tensor *const *outputs, size_t num_outputs);
+/* Makes the recorded graph over new inputs and writes one new tensor per output. The counts
+   must be the function's (TB_ERR_INVALID_ARGUMENT), and each input must have the recorded
+   input's dtype (TB_ERR_DTYPE), dims (TB_ERR_SHAPE) and device (TB_ERR_INVALID_ARGUMENT). The
+   same tensor may be given as several inputs. On error every outputs[i] is NULL and nothing
+   leaks. */
+TBDEF tb_status tb_function_call(const tb_function *fn, tb_tensor *const *inputs, size_t num_inputs,
+                                 tb_tensor **outputs, size_t num_outputs);
+/* The number of inputs and of outputs (0 for NULL), and of the nodes a call makes. */
+TBDEF size_t tb_function_num_inputs(const tb_function *fn);
+TBDEF size_t tb_function_num_outputs(const tb_function *fn);
+TBDEF size_t tb_function_num_nodes(const tb_function *fn);
+/* Frees the function and drops its references to the shared nodes. NULL is ignored. */
+TBDEF void tb_function_release(tb_function *fn);
+
 /* ---- dumps (free the strings with tb_free; NULL on error) ----
    The graph behind the tensors (their pending graphs, or their values as device data), never
    syncing. Nodes are numbered in post-order. */
