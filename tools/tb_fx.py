@@ -29,7 +29,6 @@ C compiler of $CC, else cc) and kept under $XDG_CACHE_HOME/torch_backend (else
 ~/.cache/torch_backend), named by a hash of the header, so a changed header builds a new one.
 Standard library, torch and ctypes only.
 """
-import builtins
 import ctypes
 import dis
 import hashlib
@@ -117,6 +116,11 @@ _SIGNATURES = {
     "tb_index_select": (_T, [_T, ctypes.c_int32, _T]),
     "tb_slice": (_T, [_T, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]),
     "tb_pad": (_T, [_T, _I64P, ctypes.c_size_t, ctypes.c_double]),
+    "tb_function_create": (ctypes.c_void_p, [ctypes.POINTER(_T), ctypes.c_size_t,
+                                             ctypes.POINTER(_T), ctypes.c_size_t]),
+    "tb_function_call": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_T), ctypes.c_size_t,
+                                        ctypes.POINTER(_T), ctypes.c_size_t]),
+    "tb_function_release": (None, [ctypes.c_void_p]),
     "tb_scaled_dot_product_attention": (_T, [_T, _T, _T, _T, ctypes.c_double, ctypes.c_bool,
                                              ctypes.c_double]),
 }
@@ -204,7 +208,7 @@ class _Graph:
         self.folded = {}   # conv module path -> (weight, bias) with its batch norm folded in
         self.skip = set()  # batch norm nodes folded into the convolution before them
         self.fallback = []
-        self.tapes = {}  # inference: the library calls of a call, per signature of its inputs
+        self.tapes = {}  # inference: a call as a library function, per signature of its inputs
         self.consts = {}  # key -> a tensor a lowering made from sizes alone (constant())
         self.modules = dict(gm.named_modules())
         self.nodes = list(gm.graph.nodes)
@@ -268,6 +272,8 @@ class _Graph:
         held = (list(getattr(self, "params", {}).values()) +
                 list(getattr(self, "attrs", {}).values()) +
                 list(getattr(self, "consts", {}).values()))
+        for tape in getattr(self, "tapes", {}).values():
+            tape.release()
         for t in held + [t for p in getattr(self, "folded", {}).values() for t in p]:
             if t:
                 lib.tb_tensor_release(t)
@@ -393,7 +399,7 @@ class _Graph:
             if not self.training and not self.fallback:
                 key = _signature(inputs)
                 tape = self.tapes.get(key)
-            if tape is not None:  # the same calls as the first call of this signature
+            if tape is not None:  # the graph of the first call of this signature, in one call
                 handles = [self._import(v) for v in inputs if isinstance(v, torch.Tensor)]
                 leaves.extend(handles)
                 kept = tape.replay(self, handles)
@@ -409,7 +415,7 @@ class _Graph:
                     else:
                         env[node.name] = value
                     if key is not None and node.next.op != "placeholder":
-                        self.lib = _Recorder(lib, leaves)  # the graph's own calls from here
+                        self.lib = _Recorder(lib)  # the graph's own calls from here
                 elif node.op == "output":
                     result = _map(node.args[0], lambda n: env[n.name])
                 elif node.name in self.skip:
@@ -436,7 +442,9 @@ class _Graph:
             if tape is None:
                 result = _map_values(result, lambda v: kept.append(v) or v)
                 if isinstance(self.lib, _Recorder) and self.lib.whole:
-                    self.tapes[key] = _Tape(self.lib, result, kept)
+                    made = _Tape.make(lib, leaves, result, kept)
+                    if made is not None:
+                        self.tapes[key] = made
             for v in kept:
                 keep.append(lib.tb_scope_keep(v.h))
         except BaseException:
@@ -533,102 +541,66 @@ def _signature(inputs):
 
 class _Recorder:
     """The graph's library while the first inference call of a signature lowers its nodes:
-    each call goes through, and the calls that make tensors are noted with where their tensor
-    arguments come from (a call's input, an earlier noted call, or a handle the compiled graph
-    keeps: its parameters). `whole` turns false at a call that a replay could not repeat."""
+    each call goes through. `whole` turns false at a call that a replay could not repeat (one
+    that is not an op of the graph: an upload, a sync, a graph break's round trip through
+    PyTorch)."""
 
     QUERIES = ("tb_tensor_shape", "tb_last_error", "tb_clear_error")
     OUTSIDE = ("tb_tensor_from_host", "tb_dlpack_import", "tb_dlpack_export", "tb_tensor_to_host",
                "tb_sync", "tb_scope_begin", "tb_scope_end", "tb_scope_keep", "tb_tensor_release",
                "tb_grad", "tb_set_requires_grad", "tb_batch_norm_fold")
 
-    def __init__(self, lib, inputs):
+    def __init__(self, lib):
         self.lib = lib
-        self.calls = []
-        self.where = {h: ("in", i) for i, h in enumerate(inputs)}
         self.whole = True
 
     def __getattr__(self, name):
-        fn = getattr(self.lib, name)
-        if name in self.QUERIES:
-            return fn
-        if name in self.OUTSIDE or name not in _SIGNATURES:
+        if name not in self.QUERIES and (name in self.OUTSIDE or name not in _SIGNATURES):
             self.whole = False
-            return fn
-        res, argtypes = _SIGNATURES[name]
-
-        def call(*args):
-            r = fn(*args)
-            specs = []
-            for t, a in zip(argtypes, args):
-                if t is _T:
-                    specs.append(self.where.get(a, ("const", a)) if a else ("val", a))
-                elif t is _TP and isinstance(a, ctypes.Array):
-                    specs.append(("array", len(a), [self.where.get(h, ("const", h)) if h else
-                                                    ("val", h) for h in a]))
-                else:
-                    specs.append(("val", a))
-            if res is _T and r:
-                self.where[r] = ("ref", len(self.calls))
-            self.calls.append((fn, res is _T, specs))
-            return r
-        return call
+        return getattr(self.lib, name)
 
 
 class _Tape:
-    """The recorded library calls of an inference call, replayed for later calls with inputs of
-    the same signature (the Python walk over the graph done once): the same ops on the new
-    inputs, the outputs at the same places."""
+    """The first inference call of a signature as a library function of its inputs
+    (tb_function_create): a later call with inputs of that signature makes the same graph over
+    its own inputs in one library call (the Python walk over the graph and its op calls done
+    once), the outputs at the same places."""
 
     class Slot:
         def __init__(self, i):
             self.i = i
 
-    def __init__(self, recorder, result, kept):
-        self.outputs = [(recorder.where.get(v.h, ("const", v.h)), v.shape, v.dtype) for v in kept]
-        slots = {id(v): _Tape.Slot(i) for i, v in enumerate(kept)}
-        self.result = _map_values(result, lambda v: slots[id(v)])
-        self.run = _Tape._compile(recorder.calls, [spec for spec, _, _ in self.outputs])
-
     @staticmethod
-    def _compile(calls, outputs):
-        """The calls as one Python function of the inputs' handles that returns the outputs'
-        handles: each argument a local name or a constant bound once, so that a replay costs
-        the library's calls and little more."""
-        consts, lines = [], []
+    def make(lib, inputs, result, kept):
+        """The tape, or None where the library cannot record this graph as a function (an
+        output that is an input or a parameter itself, random numbers)."""
+        ins = (_T * max(len(inputs), 1))(*inputs)
+        outs = (_T * max(len(kept), 1))(*[v.h for v in kept])
+        fn = lib.tb_function_create(ins, len(inputs), outs, len(kept))
+        if not fn:
+            lib.tb_clear_error()
+            return None
+        tape = _Tape()
+        tape.lib, tape.fn = lib, fn
+        tape.outputs = [(v.shape, v.dtype) for v in kept]
+        tape.out_type = _T * max(len(kept), 1)
+        slots = {id(v): _Tape.Slot(i) for i, v in enumerate(kept)}
+        tape.result = _map_values(result, lambda v: slots[id(v)])
+        return tape
 
-        def const(value):
-            consts.append(value)
-            return "c%d" % (len(consts) - 1)
-
-        def arg(spec):
-            kind = spec[0]
-            if kind == "in":
-                return "i[%d]" % spec[1]
-            if kind == "ref":
-                return "r%d" % spec[1]
-            if kind == "array":
-                return "%s(%s)" % (const(_T * max(spec[1], 1)), ", ".join(arg(s) for s in spec[2]))
-            return const(spec[1])  # a constant, or a handle the compiled graph keeps
-
-        for n, (fn, makes, specs) in enumerate(calls):
-            call = "%s(%s)" % (const(fn), ", ".join(arg(s) for s in specs))
-            lines.append("    r%d = %s" % (n, call))
-            if makes:
-                lines.append("    if not r%d: raise fail(%r)" % (n, "tb_fx: " + fn.__name__))
-        lines.append("    return (%s)" % "".join(arg(s) + ", " for s in outputs))
-        # the constants as the closure's cells (bound once, read as fast as locals)
-        text = "def make(c):\n    %s = c\n    def run(i, fail):\n%s\n    return run\n" % (
-            "".join("c%d, " % k for k in range(len(consts))) or "_",
-            "\n".join("    " + line for line in lines))
-        scope = {}
-        exec(builtins.compile(text, "<tb_fx replay>", "exec"), scope)
-        return scope["make"](consts)
+    def release(self):
+        if self.fn:
+            self.lib.tb_function_release(self.fn)
+            self.fn = None
 
     def replay(self, graph, inputs):
         """The outputs' Values for `inputs` (handles, in the order of the recording's)."""
+        outs = self.out_type()
+        if self.lib.tb_function_call(self.fn, (_T * max(len(inputs), 1))(*inputs), len(inputs),
+                                     outs, len(self.outputs)) != 0:
+            raise _err("tb_function_call")
         out = []
-        for h, (_, shape, dtype) in zip(self.run(inputs, _err), self.outputs):
+        for h, (shape, dtype) in zip(outs, self.outputs):
             v = Value.__new__(Value)
             v.g, v.h, v.shape, v.dtype = graph, h, shape, dtype
             out.append(v)
