@@ -128,7 +128,8 @@ static void test_inputs_and_outputs(void **state) {
     in[2] = a; /* read below p only: unused once the graph is cut at p */
     f = tb_function_create(in, 3, (tb_tensor *[]){y, k}, 2);
     assert_non_null(f);
-    assert_int_equal(tb_function_num_nodes(f), 2);
+    /* sub and mul, and the call's own node over the shared exp */
+    assert_int_equal(tb_function_num_nodes(f), 3);
     in[0] = c;
     in[1] = c;
     in[2] = b;
@@ -373,6 +374,7 @@ static void test_large(void **state) {
             f = tb_function_create(&x, 1, &y, 1);
             assert_non_null(f);
             assert_int_equal(tb_function_num_nodes(f), 213);
+            x = from((const float[]){-1.5f, 3}, 1, DIMS(2));
             assert_int_equal(tb_function_call(f, &x, 1, &out, 1), TB_OK);
         } else {
             ry = y;
@@ -382,6 +384,158 @@ static void test_large(void **state) {
     read_f32(tb_sum(ry, NULL, 0, false), want, 1);
     assert_close(got, want, 1);
     tb_function_release(f);
+    assert_int_equal(tb_scope_end(), TB_OK);
+}
+
+/* An input synced after the outputs read it: their graph still reads its old node, which the
+   function takes for the input. */
+static void test_synced_input(void **state) {
+    const float v[] = {1, 2, 3}, v2[] = {10, 20, 30};
+    float got[3];
+    tb_tensor *x, *h, *y, *h2, *out;
+    tb_function *f;
+    (void)state;
+    assert_int_equal(tb_scope_begin(), TB_OK);
+    x = from(v, 1, DIMS(3));
+    h = tb_mul_scalar(x, 2);
+    y = tb_neg(h);
+    assert_int_equal(tb_sync(&h, 1), TB_OK);
+    f = tb_function_create(&h, 1, &y, 1);
+    assert_non_null(f);
+    assert_int_equal(tb_function_num_nodes(f), 1);
+    h2 = from(v2, 1, DIMS(3));
+    assert_int_equal(tb_function_call(f, &h2, 1, &out, 1), TB_OK);
+    read_f32(out, got, 3);
+    assert_close(got, (const float[]){-10, -20, -30}, 3);
+    tb_function_release(f);
+    assert_int_equal(tb_scope_end(), TB_OK);
+}
+
+/* An output given requires_grad keeps it in every call, past its sync. */
+static void test_output_flags(void **state) {
+    const float v[] = {1, -2, 3};
+    tb_tensor *x, *y, *out;
+    tb_function *f;
+    (void)state;
+    assert_int_equal(tb_scope_begin(), TB_OK);
+    x = from(v, 1, DIMS(3));
+    y = tb_relu(x);
+    assert_int_equal(tb_set_requires_grad(y, true), TB_OK);
+    f = tb_function_create(&x, 1, &y, 1);
+    assert_non_null(f);
+    assert_int_equal(tb_function_call(f, &x, 1, &out, 1), TB_OK);
+    assert_true(tb_requires_grad(out));
+    assert_int_equal(tb_sync(&out, 1), TB_OK);
+    assert_true(tb_requires_grad(out));
+    assert_int_equal(tb_sync(&y, 1), TB_OK);
+    assert_true(tb_requires_grad(y));
+    tb_function_release(f);
+    assert_int_equal(tb_scope_end(), TB_OK);
+}
+
+/* A call whose graph grows past desc.max_graph_nodes is flushed where the ops would flush it:
+   a chain of 30 recorded below the limit of 40, called on an input that is itself the end of
+   a pending chain of 15, syncs partway (as 45 op calls would) and computes what they do. */
+static void test_flush_in_call(void **state) {
+    tb_desc desc;
+    const float v[] = {1, 2};
+    float got[2], want[2];
+    tb_tensor *x, *y, *p, *out, *ry;
+    tb_function *f;
+    int i;
+    int64_t runs;
+    (void)state;
+    tb_shutdown();
+    memset(&desc, 0, sizeof desc);
+    desc.max_graph_nodes = 40;
+    assert_int_equal(tb_setup(&desc), TB_OK);
+    assert_int_equal(tb_device_make("cpu", 0, &cpu), TB_OK);
+    assert_int_equal(tb_scope_begin(), TB_OK);
+    x = from(v, 1, DIMS(2));
+    y = x;
+    for (i = 0; i < 30; i++)
+        y = tb_add_scalar(y, 1.0);
+    runs = tb_metrics_counter("ExecuteTime");
+    f = tb_function_create(&x, 1, &y, 1);
+    assert_non_null(f);
+    assert_int_equal(tb_function_num_nodes(f), 30);
+    assert_int_equal(tb_metrics_counter("ExecuteTime"), runs); /* recorded whole */
+    p = x;
+    for (i = 0; i < 15; i++)
+        p = tb_mul_scalar(p, 2.0);
+    assert_int_equal(tb_function_call(f, &p, 1, &out, 1), TB_OK);
+    assert_true(tb_metrics_counter("ExecuteTime") > runs); /* flushed on the way */
+    ry = p;
+    for (i = 0; i < 30; i++)
+        ry = tb_add_scalar(ry, 1.0);
+    /* the ops flushed at the 26th add, and so did the call: both end in a pending graph */
+    assert_non_null(tb_tensor_node(ry));
+    assert_non_null(tb_tensor_node(out));
+    assert_int_equal(tb_node_hash(tb_tensor_node(out)), tb_node_hash(tb_tensor_node(ry)));
+    read_f32(out, got, 2);
+    read_f32(ry, want, 2);
+    assert_close(got, want, 2);
+    assert_close(got, (const float[]){32768 + 30, 65536 + 30}, 2);
+    tb_function_release(f);
+    assert_int_equal(tb_scope_end(), TB_OK);
+    tb_shutdown();
+    assert_int_equal(tb_device_make("cpu", 0, &cpu), TB_OK);
+}
+
+/* a process group of one rank, for the refusal of collectives */
+static tb_status solo_init(void *u, int32_t *rank, int32_t *size) {
+    (void)u;
+    *rank = 0;
+    *size = 1;
+    return TB_OK;
+}
+static tb_status solo_all_reduce(void *u, const void *send, void *recv, size_t count,
+                                 tb_dtype dtype, tb_reduce_op op) {
+    (void)u;
+    (void)op;
+    memcpy(recv, send, count * tb_dtype_size(dtype));
+    return TB_OK;
+}
+static tb_status solo_all_gather(void *u, const void *send, void *recv, size_t bytes) {
+    (void)u;
+    memcpy(recv, send, bytes);
+    return TB_OK;
+}
+static tb_status solo_broadcast(void *u, void *buf, size_t bytes, int32_t root) {
+    (void)u;
+    (void)buf;
+    (void)bytes;
+    (void)root;
+    return TB_OK;
+}
+static tb_status solo_barrier(void *u) {
+    (void)u;
+    return TB_OK;
+}
+
+static void test_collective_refused(void **state) {
+    const float v[] = {1, 2};
+    tb_process_group_impl impl;
+    tb_process_group *g;
+    tb_tensor *x, *y;
+    (void)state;
+    memset(&impl, 0, sizeof impl);
+    impl.init = solo_init;
+    impl.all_reduce = solo_all_reduce;
+    impl.all_gather = solo_all_gather;
+    impl.broadcast = solo_broadcast;
+    impl.barrier = solo_barrier;
+    assert_int_equal(tb_process_group_register("solo", &impl), TB_OK);
+    g = tb_process_group_get("solo");
+    assert_non_null(g);
+    assert_int_equal(tb_scope_begin(), TB_OK);
+    x = from(v, 1, DIMS(2));
+    y = tb_all_reduce(g, tb_relu(x), TB_REDUCE_SUM);
+    assert_non_null(y);
+    assert_null(tb_function_create(&x, 1, &y, 1));
+    assert_int_equal(tb_last_status(), TB_ERR_UNSUPPORTED);
+    assert_non_null(strstr(tb_last_error(), "collective"));
+    tb_clear_error();
     assert_int_equal(tb_scope_end(), TB_OK);
 }
 
@@ -405,6 +559,10 @@ int main(void) {
         cmocka_unit_test(test_scopes),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_large),
+        cmocka_unit_test(test_synced_input),
+        cmocka_unit_test(test_output_flags),
+        cmocka_unit_test(test_flush_in_call),
+        cmocka_unit_test(test_collective_refused),
     };
     return cmocka_run_group_tests_name("function", tests, setup, teardown);
 }

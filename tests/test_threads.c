@@ -1,12 +1,13 @@
 /* Eight threads use the library at once: graphs on the cpu backend and on both OpenCL devices
    (the same graph shapes in several threads, so that they share cached computations, which
    another thread drops from the cache meanwhile, as it trims the OpenCL buffer cache; one
-   recorded function that two threads call at once), the registry (registering, looking up and
-   listing backends and custom ops), metrics (counters, samples, reports), DLPack (exports whose
-   deleters run on another thread, imports whose buffers are released on another thread), and each
-   thread's own errors. Every value is checked against plain C. tools/test.sh runs it under the
-   address sanitizer with the other tests and, in a step of its own, built with clang
-   -fsanitize=thread (PoCL's own races suppressed by tools/tsan.supp, never the library's). */
+   recorded function that two threads call at once, syncing the output their graphs share), the
+   registry (registering, looking up and listing backends and custom ops), metrics (counters,
+   samples, reports), DLPack (exports whose deleters run on another thread, imports whose
+   buffers are released on another thread), and each thread's own errors. Every value is checked
+   against plain C. tools/test.sh runs it under the address sanitizer with the other tests and,
+   in a step of its own, built with clang -fsanitize=thread (PoCL's own races suppressed by
+   tools/tsan.supp, never the library's). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
 #include <stddef.h>
@@ -199,10 +200,23 @@ static bool run_graph(int thread, int round, const tb_device *dev) {
     if (!by_fn) {
         record_graph(tx, a, b, &ty, &tz, tmp);
     } else if (tx != NULL) {
-        tb_tensor *outs[2];
-        if (tb_function_call(g_fn, &tx, 1, outs, 2) == TB_OK) {
+        /* the third output reads no input: every call's graph shares its exp and sum */
+        tb_tensor *outs[3];
+        float shared = 0;
+        if (tb_function_call(g_fn, &tx, 1, outs, 3) == TB_OK) {
             ty = outs[0];
             tz = outs[1];
+            tmp[5] = outs[2];
+            if (tb_sync(&tmp[5], 1) != TB_OK ||
+                tb_tensor_to_host(tmp[5], &shared, sizeof shared) != TB_OK) {
+                thread_fail("thread %d round %d: the shared output: %s", thread, round,
+                            tb_last_error());
+                ok = false;
+            } else if (fabsf(shared - 4 * expf(0.5f)) > 1e-5f) {
+                thread_fail("thread %d round %d: the shared output is %g", thread, round,
+                            (double)shared);
+                ok = false;
+            }
         }
     }
     pair[0] = ty;
@@ -463,14 +477,21 @@ static void test_eight_threads(void **state) {
         float x[ROWS * COLS];
         tb_shape s = tb_shape_of(TB_F32, 2, ROWS, COLS);
         tb_device cpu;
-        tb_tensor *tx, *ty, *tz, *tmp[6];
+        tb_shape ws = tb_shape_of(TB_F32, 1, 4);
+        tb_tensor *tx, *ty, *tz, *tmp[6], *w, *e, *tc;
         int k;
         memset(x, 0, sizeof x);
         assert_int_equal(tb_device_make("cpu", 0, &cpu), TB_OK);
         tx = tb_tensor_from_host(x, &s, &cpu);
         record_graph(tx, 0.5, 0.0, &ty, &tz, tmp);
-        g_fn = tb_function_create(&tx, 1, (tb_tensor *[]){ty, tz}, 2);
+        w = tb_full(&ws, 0.5, &cpu);
+        e = tb_exp(w);
+        tc = tb_sum(e, NULL, 0, false);
+        g_fn = tb_function_create(&tx, 1, (tb_tensor *[]){ty, tz, tc}, 3);
         assert_non_null(g_fn);
+        tb_tensor_release(w);
+        tb_tensor_release(e);
+        tb_tensor_release(tc);
         tb_tensor_release(tx);
         tb_tensor_release(ty);
         tb_tensor_release(tz);

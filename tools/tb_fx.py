@@ -74,6 +74,9 @@ _I64P = ctypes.POINTER(ctypes.c_int64)
 _I32P = ctypes.POINTER(ctypes.c_int32)
 _SIGNATURES = {
     "tb_last_error": (ctypes.c_char_p, []),
+    "tb_last_status": (ctypes.c_int, []),
+    "tb_metrics_counter": (ctypes.c_int64, [ctypes.c_char_p]),
+    "tb_tensor_retain": (_T, [_T]),
     "tb_clear_error": (None, []),
     "tb_device_parse": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(_Device)]),
     "tb_tensor_from_host": (_T, [ctypes.c_void_p, ctypes.POINTER(_Shape), ctypes.POINTER(_Device)]),
@@ -273,7 +276,8 @@ class _Graph:
                 list(getattr(self, "attrs", {}).values()) +
                 list(getattr(self, "consts", {}).values()))
         for tape in getattr(self, "tapes", {}).values():
-            tape.release()
+            if tape is not None:
+                tape.release()
         for t in held + [t for p in getattr(self, "folded", {}).values() for t in p]:
             if t:
                 lib.tb_tensor_release(t)
@@ -399,6 +403,8 @@ class _Graph:
             if not self.training and not self.fallback:
                 key = _signature(inputs)
                 tape = self.tapes.get(key)
+                if tape is None and key in self.tapes:
+                    key = None  # refused before: walk without recording
             if tape is not None:  # the graph of the first call of this signature, in one call
                 handles = [self._import(v) for v in inputs if isinstance(v, torch.Tensor)]
                 leaves.extend(handles)
@@ -416,6 +422,7 @@ class _Graph:
                         env[node.name] = value
                     if key is not None and node.next.op != "placeholder":
                         self.lib = _Recorder(lib)  # the graph's own calls from here
+                        runs = lib.tb_metrics_counter(b"ExecuteTime")
                 elif node.op == "output":
                     result = _map(node.args[0], lambda n: env[n.name])
                 elif node.name in self.skip:
@@ -441,12 +448,15 @@ class _Graph:
                         env[node.name] = METHODS[node.target](*args, **kwargs)
             if tape is None:
                 result = _map_values(result, lambda v: kept.append(v) or v)
-                if isinstance(self.lib, _Recorder) and self.lib.whole:
-                    made = _Tape.make(lib, leaves, result, kept)
-                    if made is not None:
-                        self.tapes[key] = made
-            for v in kept:
-                keep.append(lib.tb_scope_keep(v.h))
+                # a graph that ran while the walk made it (the library's automatic flush of
+                # a graph past its size limit) is cut there: not one a function can stand for
+                if (isinstance(self.lib, _Recorder) and self.lib.whole and
+                        lib.tb_metrics_counter(b"ExecuteTime") == runs):
+                    self.tapes[key] = _Tape.make(lib, leaves, result, kept)
+                elif key is not None:
+                    self.tapes[key] = None
+            for v in kept:  # a reference of the call's own (an output may be a parameter)
+                keep.append(lib.tb_tensor_retain(v.h))
         except BaseException:
             lib.tb_scope_end()
             for h in keep:
@@ -570,22 +580,31 @@ class _Tape:
         def __init__(self, i):
             self.i = i
 
+    # what tb_function_create says of a graph it cannot record (an output that is an input
+    # or a parameter itself, no output, random numbers): the call walks the graph every time
+    REFUSED = (1, 8, 15)  # TB_ERR_INVALID_ARGUMENT, TB_ERR_UNSUPPORTED, TB_ERR_STATE
+
     @staticmethod
     def make(lib, inputs, result, kept):
-        """The tape, or None where the library cannot record this graph as a function (an
-        output that is an input or a parameter itself, random numbers)."""
+        """The tape, or None where the library cannot record this graph as a function."""
         ins = (_T * max(len(inputs), 1))(*inputs)
         outs = (_T * max(len(kept), 1))(*[v.h for v in kept])
         fn = lib.tb_function_create(ins, len(inputs), outs, len(kept))
         if not fn:
+            if lib.tb_last_status() not in _Tape.REFUSED:
+                raise _err("tb_function_create")
             lib.tb_clear_error()
             return None
         tape = _Tape()
         tape.lib, tape.fn = lib, fn
-        tape.outputs = [(v.shape, v.dtype) for v in kept]
-        tape.out_type = _T * max(len(kept), 1)
-        slots = {id(v): _Tape.Slot(i) for i, v in enumerate(kept)}
-        tape.result = _map_values(result, lambda v: slots[id(v)])
+        try:
+            tape.outputs = [(v.shape, v.dtype) for v in kept]
+            tape.out_type = _T * max(len(kept), 1)
+            slots = {id(v): _Tape.Slot(i) for i, v in enumerate(kept)}
+            tape.result = _map_values(result, lambda v: slots[id(v)])
+        except BaseException:
+            tape.release()
+            raise
         return tape
 
     def release(self):

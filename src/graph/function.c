@@ -30,8 +30,9 @@ struct tb_function {
     tb__fn_step *steps;
     size_t max_operands;
     size_t num_outputs;
-    int64_t *out_src;    /* a value of the call, or -1: out_const */
-    tb_node **out_const; /* an owned reference where out_src is -1 */
+    int64_t *out_src;        /* a value of the call, or -1: out_const */
+    tb_node **out_const;     /* an owned reference where out_src is -1 */
+    bool *out_requires_grad; /* the output tensors' own flags (tb_set_requires_grad) */
 };
 
 TBDEF void tb_function_release(tb_function *fn) {
@@ -51,6 +52,7 @@ TBDEF void tb_function_release(tb_function *fn) {
     tb__free(fn->in_devices);
     tb__free(fn->out_src);
     tb__free(fn->out_const);
+    tb__free(fn->out_requires_grad);
     tb__free(fn);
 }
 
@@ -63,7 +65,13 @@ TBDEF size_t tb_function_num_outputs(const tb_function *fn) {
 }
 
 TBDEF size_t tb_function_num_nodes(const tb_function *fn) {
-    return fn != NULL ? fn->num_steps : 0;
+    size_t i, n;
+    if (fn == NULL) return 0;
+    n = fn->num_steps;
+    for (i = 0; i < fn->num_outputs; i++) {
+        if (fn->out_src[i] < 0) n++; /* the call's own node over a shared output */
+    }
+    return n;
 }
 
 /* ---- recording ---- */
@@ -163,6 +171,16 @@ static tb_status tb__fn_resolve(tb__fn_build *b, const tb_node *node) {
                          "tb_function_create: the graph draws random numbers (%s node %llu); each "
                          "call would draw the same ones again",
                          tb_op_name(node->op), (unsigned long long)node->id);
+    }
+    if (node->op == TB_OP_COLLECTIVE) {
+        return tb__error(TB_ERR_UNSUPPORTED,
+                         "tb_function_create: the graph has a collective (node %llu); every rank "
+                         "records its collectives with the ops, in step with the others",
+                         (unsigned long long)node->id);
+    }
+    for (k = 0; node->value != NULL && k < fn->num_inputs; k++) {
+        /* the node an input had before a sync gave the input this value: the input */
+        if (b->in_data[k] == node->value) return tb__exec_map_put(&b->codes, node, (int64_t)k);
     }
     for (j = 0; j < node->num_operands; j++) {
         if (*tb__exec_map_get(&b->codes, node->operands[j]) >= 0) reads_input = true;
@@ -272,8 +290,12 @@ static tb_status tb__fn_outputs(tb__fn_build *b, tb_tensor *const *outputs) {
     size_t i;
     fn->out_src = (int64_t *)tb__calloc(fn->num_outputs, sizeof(int64_t));
     fn->out_const = (tb_node **)tb__calloc(fn->num_outputs, sizeof(tb_node *));
-    if (fn->out_src == NULL || fn->out_const == NULL) return TB_ERR_OUT_OF_MEMORY;
+    fn->out_requires_grad = (bool *)tb__calloc(fn->num_outputs, sizeof(bool));
+    if (fn->out_src == NULL || fn->out_const == NULL || fn->out_requires_grad == NULL) {
+        return TB_ERR_OUT_OF_MEMORY;
+    }
     for (i = 0; i < fn->num_outputs; i++) {
+        fn->out_requires_grad[i] = outputs[i]->requires_grad;
         tb_node *node = (tb_node *)tb_tensor_node(outputs[i]);
         int64_t code = *tb__exec_map_get(&b->codes, node);
         if (code >= 0 && (size_t)code < fn->num_inputs) {
@@ -369,8 +391,31 @@ static tb_status tb__fn_check_input(const tb_function *fn, size_t i, tb_tensor *
 }
 
 /* Makes the steps' nodes into values[num_inputs...] (owned references; *made counts them). */
+/* What the op calls would do with a node whose graph has grown past the limit: a tensor over it
+   that the automatic flush may sync; *node becomes the tensor's operand node (its data node
+   after a sync). */
+static tb_status tb__fn_flush(tb_node **node) {
+    tb_tensor *t;
+    tb_node *ir;
+    tb__node_retain(*node);
+    t = tb__tensor_from_node(*node); /* consumes that reference; flushes where due */
+    if (t == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+    ir = tb__tensor_ir(t);
+    if (ir == NULL) {
+        tb_tensor_release(t);
+        return tb_last_status();
+    }
+    tb__node_retain(ir);
+    tb__node_release(*node);
+    *node = ir;
+    tb_tensor_release(t);
+    return TB_OK;
+}
+
 static tb_status tb__fn_make(const tb_function *fn, tb_node **values, tb_node **operands,
                              size_t *made) {
+    uint64_t limit =
+        tb__desc()->max_graph_nodes > 0 ? (uint64_t)tb__desc()->max_graph_nodes : 100000u;
     size_t i;
     uint32_t j;
     for (i = 0; i < fn->num_steps; i++) {
@@ -393,6 +438,10 @@ static tb_status tb__fn_make(const tb_function *fn, tb_node **values, tb_node **
         node->graph_size = bound;
         values[fn->num_inputs + i] = node;
         (*made)++;
+        if (bound > limit) {
+            tb_status st = tb__fn_flush(&values[fn->num_inputs + i]);
+            if (st != TB_OK) return st;
+        }
     }
     return TB_OK;
 }
@@ -437,10 +486,24 @@ TBDEF tb_status tb_function_call(const tb_function *fn, tb_tensor *const *inputs
     if (st == TB_OK) st = tb__fn_make(fn, values, operands, &made);
     for (done = 0; st == TB_OK && done < num_outputs; done++) {
         tb_node *node = fn->out_src[done] >= 0 ? values[fn->out_src[done]] : fn->out_const[done];
-        tb__node_retain(node);
+        if (fn->out_src[done] >= 0) {
+            tb__node_retain(node);
+        } else {
+            /* a node of the call's own over the shared one: the sync that computes this output
+               gives its value to that node, never to the node every call shares */
+            node = tb__emit("tb_function_call", TB_OP_RESHAPE, &node->shape, &node->device, &node,
+                            1, node->shape.dims, (size_t)node->shape.rank, NULL);
+            if (node == NULL) {
+                st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+                break;
+            }
+        }
         outputs[done] = tb__tensor_from_node(node); /* consumes the reference */
-        if (outputs[done] == NULL)
+        if (outputs[done] == NULL) {
             st = tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_OUT_OF_MEMORY;
+        } else {
+            outputs[done]->requires_grad = fn->out_requires_grad[done];
+        }
     }
     if (st != TB_OK) {
         for (i = 0; i < num_outputs; i++) {

@@ -188,19 +188,31 @@ TBDEF size_t tb_computation_cache_size(void);
        tb_function_release(f);
 
    Calls are as the op calls they stand for: the outputs are new pending tensors (owned by the
-   calling thread's innermost scope, if any), gradients flow through them (an input that
-   requires grad makes the outputs require it), the backend sees each node made
-   (on_node_created), and the executor's cache serves their graphs as it serves the recorded
-   one. A function holds no tensor and no value of its inputs; it is immutable, so calls may run
-   on several threads at once. */
+   calling thread's innermost scope, if any) with the flags the recorded ones had, gradients flow
+   through them (an input that requires grad makes the outputs require it), the backend sees
+   each node made (on_node_created), a graph that grows past desc.max_graph_nodes is flushed
+   where the ops would flush it, and the executor's cache serves the call's graph once it has
+   compiled it. A function holds no tensor and no value of its inputs; it is immutable, so calls
+   may run on several threads at once. Their graphs share the nodes that read no input: syncing
+   two calls' outputs on two threads at once is safe unless such a shared node runs through the
+   eager fallback (a node the backend does not support), which stores its value in the node.
+   What a function records is the graph as it stands at tb_function_create: record it right
+   after the ops. A sync between the inputs and the outputs (a tb_sync of an intermediate, the
+   automatic flush of a graph past desc.max_graph_nodes) cuts the graph there, and what it
+   computed becomes a shared value; tb_set_requires_grad or tb_assign on an input after the
+   outputs read it gives the input a new node that those outputs do not read. (A sync of an
+   input itself is recognised: its old node stands for it.) Release functions before
+   tb_shutdown, as tensors. */
 typedef struct tb_function tb_function;
 /* Records the pending graphs of `outputs` as a function of `inputs` (NULL: no inputs when
    num_inputs is 0). Inputs are any tensors, pending or not, each at most once; the graph is cut
    at them. Every output must have a pending graph, and none may be an input itself
    (TB_ERR_INVALID_ARGUMENT; a synced output is TB_ERR_STATE: record before syncing). A graph
-   that draws random numbers (tb_rand, tb_randn, tb_dropout when training) is TB_ERR_UNSUPPORTED:
-   each call would draw the same numbers again. NULL on error; nothing the arguments hold
-   changes. Release with tb_function_release. */
+   that draws random numbers (tb_rand, tb_randn, tb_dropout when training) is TB_ERR_UNSUPPORTED
+   (each call would draw the same numbers again), and so is a collective (ranks record theirs
+   with the ops, in step). Inputs the outputs do not read are allowed (a call checks them and
+   ignores them). NULL on error; nothing the arguments hold changes. Release with
+   tb_function_release. */
 TBDEF tb_function *tb_function_create(tb_tensor *const *inputs, size_t num_inputs,
                                       tb_tensor *const *outputs, size_t num_outputs);
 /* Makes the recorded graph over new inputs and writes one new tensor per output. The counts
@@ -210,7 +222,8 @@ TBDEF tb_function *tb_function_create(tb_tensor *const *inputs, size_t num_input
    leaks. */
 TBDEF tb_status tb_function_call(const tb_function *fn, tb_tensor *const *inputs, size_t num_inputs,
                                  tb_tensor **outputs, size_t num_outputs);
-/* The number of inputs and of outputs (0 for NULL), and of the nodes a call makes. */
+/* The number of inputs and of outputs (0 for NULL), and of the nodes a call makes (one for
+   each node that reads an input, and one for each output that reads none). */
 TBDEF size_t tb_function_num_inputs(const tb_function *fn);
 TBDEF size_t tb_function_num_outputs(const tb_function *fn);
 TBDEF size_t tb_function_num_nodes(const tb_function *fn);
