@@ -13802,10 +13802,6 @@ static tb_status tb__fn_resolve(tb__fn_build *b, const tb_node *node) {
                          "records its collectives with the ops, in step with the others",
                          (unsigned long long)node->id);
     }
-    for (k = 0; node->value != NULL && k < fn->num_inputs; k++) {
-        /* the node an input had before a sync gave the input this value: the input */
-        if (b->in_data[k] == node->value) return tb__exec_map_put(&b->codes, node, (int64_t)k);
-    }
     for (j = 0; j < node->num_operands; j++) {
         if (*tb__exec_map_get(&b->codes, node->operands[j]) >= 0) reads_input = true;
     }
@@ -13821,11 +13817,24 @@ static tb_status tb__fn_resolve(tb__fn_build *b, const tb_node *node) {
     return tb__exec_map_put(&b->codes, node, (int64_t)(fn->num_inputs + fn->num_steps - 1));
 }
 
+/* The input whose value `node` holds (the node an input had before a sync gave the input that
+   value: it stands for the input, and nothing below it is walked), or -1. */
+static int64_t tb__fn_old_input(const tb__fn_build *b, const tb_node *node) {
+    size_t k;
+    for (k = 0; node->value != NULL && k < b->fn->num_inputs; k++) {
+        if (b->in_data[k] == node->value) return (int64_t)k;
+    }
+    return -1;
+}
+
 /* Walks the graph below `root` in post-order (iteratively), giving each node its code. */
 static tb_status tb__fn_walk(tb__fn_build *b, const tb_node *root) {
     size_t sp = 0;
     tb_status st;
     if (tb__exec_map_get(&b->codes, root) != NULL) return TB_OK;
+    if (tb__fn_old_input(b, root) >= 0) {
+        return tb__exec_map_put(&b->codes, root, tb__fn_old_input(b, root));
+    }
     if (tb__exec_map_put(&b->codes, root, TB__FN_VISITING) != TB_OK ||
         tb__grow((void **)&b->stack, &b->cap_stack, 1, sizeof *b->stack) != TB_OK) {
         return TB_ERR_OUT_OF_MEMORY;
@@ -13843,6 +13852,12 @@ static tb_status tb__fn_walk(tb__fn_build *b, const tb_node *root) {
                     return tb__error(TB_ERR_INTERNAL,
                                      "tb_function_create: a loop through node %llu",
                                      (unsigned long long)operand->id);
+                }
+                continue;
+            }
+            if (tb__fn_old_input(b, operand) >= 0) {
+                if (tb__exec_map_put(&b->codes, operand, tb__fn_old_input(b, operand)) != TB_OK) {
+                    return TB_ERR_OUT_OF_MEMORY;
                 }
                 continue;
             }
@@ -14014,7 +14029,6 @@ static tb_status tb__fn_check_input(const tb_function *fn, size_t i, tb_tensor *
     return TB_OK;
 }
 
-/* Makes the steps' nodes into values[num_inputs...] (owned references; *made counts them). */
 /* What the op calls would do with a node whose graph has grown past the limit: a tensor over it
    that the automatic flush may sync; *node becomes the tensor's operand node (its data node
    after a sync). */
@@ -14036,6 +14050,7 @@ static tb_status tb__fn_flush(tb_node **node) {
     return TB_OK;
 }
 
+/* Makes the steps' nodes into values[num_inputs...] (owned references; *made counts them). */
 static tb_status tb__fn_make(const tb_function *fn, tb_node **values, tb_node **operands,
                              size_t *made) {
     uint64_t limit =
@@ -14062,7 +14077,7 @@ static tb_status tb__fn_make(const tb_function *fn, tb_node **values, tb_node **
         node->graph_size = bound;
         values[fn->num_inputs + i] = node;
         (*made)++;
-        if (bound > limit) {
+        if (bound > limit && !s->stop_grad) { /* the ops flush where an op's tensor is made */
             tb_status st = tb__fn_flush(&values[fn->num_inputs + i]);
             if (st != TB_OK) return st;
         }

@@ -392,6 +392,7 @@ static void test_large(void **state) {
 static void test_synced_input(void **state) {
     const float v[] = {1, 2, 3}, v2[] = {10, 20, 30};
     float got[3];
+    tb_shape s3;
     tb_tensor *x, *h, *y, *h2, *out;
     tb_function *f;
     (void)state;
@@ -407,6 +408,29 @@ static void test_synced_input(void **state) {
     assert_int_equal(tb_function_call(f, &h2, 1, &out, 1), TB_OK);
     read_f32(out, got, 3);
     assert_close(got, (const float[]){-10, -20, -30}, 3);
+    tb_function_release(f);
+    /* nothing below the old node is walked: h + x makes one node a call, not x * 2 again */
+    x = from(v, 1, DIMS(3));
+    h = tb_add_scalar(tb_mul_scalar(x, 2), 1);
+    y = tb_add(h, x);
+    assert_int_equal(tb_sync(&h, 1), TB_OK);
+    f = tb_function_create((tb_tensor *[]){h, x}, 2, &y, 1);
+    assert_non_null(f);
+    assert_int_equal(tb_function_num_nodes(f), 1);
+    assert_int_equal(tb_function_call(f, (tb_tensor *[]){h2, h2}, 2, &out, 1), TB_OK);
+    read_f32(out, got, 3);
+    assert_close(got, (const float[]){20, 40, 60}, 3);
+    tb_function_release(f);
+    /* a random draw synced before it became an input is a value like any other */
+    s3 = tb_shape_of(TB_F32, 1, 3);
+    h = tb_randn(&s3, &cpu);
+    y = tb_mul_scalar(h, 2);
+    assert_int_equal(tb_sync(&h, 1), TB_OK);
+    f = tb_function_create(&h, 1, &y, 1);
+    assert_non_null(f);
+    assert_int_equal(tb_function_call(f, &h2, 1, &out, 1), TB_OK);
+    read_f32(out, got, 3);
+    assert_close(got, (const float[]){20, 40, 60}, 3);
     tb_function_release(f);
     assert_int_equal(tb_scope_end(), TB_OK);
 }
@@ -476,6 +500,25 @@ static void test_flush_in_call(void **state) {
     read_f32(ry, want, 2);
     assert_close(got, want, 2);
     assert_close(got, (const float[]){32768 + 30, 65536 + 30}, 2);
+    tb_function_release(f);
+    /* a tb_set_requires_grad output whose graph passes the limit: the ops do not flush there
+       (the flag is set in place), and what is computed from the call's output still requires
+       grad as what is computed from the ops' does */
+    y = tb_add_scalar(x, 1.0);
+    assert_int_equal(tb_set_requires_grad(y, true), TB_OK);
+    f = tb_function_create(&x, 1, &y, 1);
+    assert_non_null(f);
+    p = x;
+    for (i = 0; i < 39; i++)
+        p = tb_mul_scalar(p, 1.0);
+    assert_non_null(tb_tensor_node(p)); /* 39 nodes: below the limit */
+    assert_int_equal(tb_function_call(f, &p, 1, &out, 1), TB_OK);
+    ry = tb_add_scalar(p, 1.0);
+    assert_int_equal(tb_set_requires_grad(ry, true), TB_OK);
+    assert_true(tb_requires_grad(tb_mul_scalar(ry, 3.0)));
+    assert_true(tb_requires_grad(tb_mul_scalar(out, 3.0)));
+    read_f32(out, got, 2);
+    assert_close(got, (const float[]){2, 3}, 2);
     tb_function_release(f);
     assert_int_equal(tb_scope_end(), TB_OK);
     tb_shutdown();
