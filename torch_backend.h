@@ -8691,6 +8691,10 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
                                       tb_backend_data *const *donors, tb_backend_data **out);
 static void tb__exec_text_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes,
                                  size_t n);
+/* TB_ERR_INVALID_ARGUMENT for a NULL list of count > 0 or a NULL tensor in it ("func: what[i]
+   is NULL"; a NULL tensor keeps an earlier error) */
+static tb_status tb__exec_check_list(const char *func, const char *what, tb_tensor *const *tensors,
+                                     size_t count);
 static tb_status tb__exec_walk_add(tb__exec_walk *w, const char *func, tb_node *const *roots,
                                    size_t n);
 static void tb__exec_walk_free(tb__exec_walk *w);
@@ -10970,16 +10974,17 @@ static tb_status tb__exec_roots_collect(tb__exec_roots *r, const char *func,
     return TB_OK;
 }
 
-static tb_status tb__exec_check_list(const char *func, tb_tensor *const *tensors, size_t count) {
+static tb_status tb__exec_check_list(const char *func, const char *what, tb_tensor *const *tensors,
+                                     size_t count) {
     size_t i;
     if (tensors == NULL && count > 0) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: tensors is NULL (count %lu)", func,
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL (count %lu)", func, what,
                          (unsigned long)count);
     }
     for (i = 0; i < count; i++) {
         if (tensors[i] == NULL) {
             if (tb_last_status() == TB_OK) {
-                tb__error(TB_ERR_INVALID_ARGUMENT, "%s: tensors[%lu] is NULL", func,
+                tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s[%lu] is NULL", func, what,
                           (unsigned long)i);
             }
             return TB_ERR_INVALID_ARGUMENT;
@@ -11167,7 +11172,7 @@ static tb_status tb__exec_sync(tb_tensor *const *tensors, size_t count, const ch
 TBDEF tb_status tb_sync(tb_tensor *const *tensors, size_t count) {
     tb_status st;
     tb__ensure_setup();
-    st = tb__exec_check_list("tb_sync", tensors, count);
+    st = tb__exec_check_list("tb_sync", "tensors", tensors, count);
     if (st != TB_OK) return st;
     return tb__exec_sync(tensors, count, "tb_sync");
 }
@@ -11592,7 +11597,7 @@ static char *tb__exec_dump(const char *func, tb_tensor *const *tensors, size_t c
     memset(&s, 0, sizeof(s));
     memset(&w, 0, sizeof(w));
     memset(&roots, 0, sizeof(roots));
-    st = tb__exec_check_list(func, tensors, count);
+    st = tb__exec_check_list(func, "tensors", tensors, count);
     if (st == TB_OK) st = tb__exec_roots_collect(&roots, func, tensors, count, true, false);
     if (st == TB_OK) st = tb__exec_walk_add(&w, func, roots.nodes, roots.count);
     if (st == TB_OK) {
@@ -11645,7 +11650,7 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
     tb_status st;
     tb__ensure_setup();
     memset(&w, 0, sizeof(w));
-    st = tb__exec_check_list("tb_ir_backend_text", tensors, count);
+    st = tb__exec_check_list("tb_ir_backend_text", "tensors", tensors, count);
     if (st == TB_OK) {
         st = tb__exec_roots_collect(&roots, "tb_ir_backend_text", tensors, count, true, true);
     } else {
@@ -13831,10 +13836,10 @@ static int64_t tb__fn_old_input(const tb__fn_build *b, const tb_node *node) {
 static tb_status tb__fn_walk(tb__fn_build *b, const tb_node *root) {
     size_t sp = 0;
     tb_status st;
+    int64_t old;
     if (tb__exec_map_get(&b->codes, root) != NULL) return TB_OK;
-    if (tb__fn_old_input(b, root) >= 0) {
-        return tb__exec_map_put(&b->codes, root, tb__fn_old_input(b, root));
-    }
+    old = tb__fn_old_input(b, root);
+    if (old >= 0) return tb__exec_map_put(&b->codes, root, old);
     if (tb__exec_map_put(&b->codes, root, TB__FN_VISITING) != TB_OK ||
         tb__grow((void **)&b->stack, &b->cap_stack, 1, sizeof *b->stack) != TB_OK) {
         return TB_ERR_OUT_OF_MEMORY;
@@ -13855,8 +13860,9 @@ static tb_status tb__fn_walk(tb__fn_build *b, const tb_node *root) {
                 }
                 continue;
             }
-            if (tb__fn_old_input(b, operand) >= 0) {
-                if (tb__exec_map_put(&b->codes, operand, tb__fn_old_input(b, operand)) != TB_OK) {
+            old = tb__fn_old_input(b, operand);
+            if (old >= 0) {
+                if (tb__exec_map_put(&b->codes, operand, old) != TB_OK) {
                     return TB_ERR_OUT_OF_MEMORY;
                 }
                 continue;
@@ -13872,24 +13878,6 @@ static tb_status tb__fn_walk(tb__fn_build *b, const tb_node *root) {
         st = tb__fn_resolve(b, node);
         if (st != TB_OK) return st;
         sp--;
-    }
-    return TB_OK;
-}
-
-static tb_status tb__fn_check_list(const char *what, tb_tensor *const *list, size_t n) {
-    size_t i;
-    if (list == NULL && n > 0) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_function_create: %s is NULL (count %lu)",
-                         what, (unsigned long)n);
-    }
-    for (i = 0; i < n; i++) {
-        if (list[i] == NULL) {
-            if (tb_last_status() == TB_OK) {
-                tb__error(TB_ERR_INVALID_ARGUMENT, "tb_function_create: %s[%lu] is NULL", what,
-                          (unsigned long)i);
-            }
-            return TB_ERR_INVALID_ARGUMENT;
-        }
     }
     return TB_OK;
 }
@@ -13956,8 +13944,8 @@ TBDEF tb_function *tb_function_create(tb_tensor *const *inputs, size_t num_input
     tb__fn_build b;
     size_t i;
     tb_status st;
-    if (tb__fn_check_list("inputs", inputs, num_inputs) != TB_OK ||
-        tb__fn_check_list("outputs", outputs, num_outputs) != TB_OK) {
+    if (tb__exec_check_list("tb_function_create", "inputs", inputs, num_inputs) != TB_OK ||
+        tb__exec_check_list("tb_function_create", "outputs", outputs, num_outputs) != TB_OK) {
         return NULL;
     }
     if (num_outputs == 0) {

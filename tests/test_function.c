@@ -57,19 +57,24 @@ static void model(tb_tensor *x, tb_tensor *w, tb_tensor *b, tb_tensor **y, tb_te
 
 static const float wv[] = {0.5f, -1, 0.25f, 2, 1, 0.5f, -0.5f, 0, -2, 1.5f, 1, -1};
 static const float bv[] = {0.1f, -0.2f, 0.3f, 0};
+static const float xv[] = {1, 2, 3, -1, 0, 4}, x2v[] = {-3, 1, 0.5f, 2, 2, -1};
+
+/* The model's parameters w, b, the input it is recorded on (x) and a second input (x2). */
+static void model_inputs(tb_tensor **x, tb_tensor **x2, tb_tensor **w, tb_tensor **b) {
+    *x = from(xv, 2, DIMS(2, 3));
+    *x2 = from(x2v, 2, DIMS(2, 3));
+    *w = from(wv, 2, DIMS(3, 4));
+    *b = from(bv, 1, DIMS(4));
+}
 
 static void test_values_and_structure(void **state) {
-    const float xv[] = {1, 2, 3, -1, 0, 4}, x2v[] = {-3, 1, 0.5f, 2, 2, -1};
     float got[8], want[8], gs, ws;
     tb_tensor *x, *x2, *w, *b, *y, *s, *out[2], *ry, *rs;
     tb_function *f;
     char *a, *c;
     (void)state;
     assert_int_equal(tb_scope_begin(), TB_OK);
-    x = from(xv, 2, DIMS(2, 3));
-    x2 = from(x2v, 2, DIMS(2, 3));
-    w = from(wv, 2, DIMS(3, 4));
-    b = from(bv, 1, DIMS(4));
+    model_inputs(&x, &x2, &w, &b);
     model(x, w, b, &y, &s);
     f = tb_function_create(&x, 1, (tb_tensor *[]){y, s}, 2);
     assert_non_null(f);
@@ -147,16 +152,12 @@ static void test_inputs_and_outputs(void **state) {
 }
 
 static void test_gradients(void **state) {
-    const float xv[] = {1, 2, 3, -1, 0, 4}, x2v[] = {-3, 1, 0.5f, 2, 2, -1};
     float got[12], want[12];
     tb_tensor *x, *x2, *w, *b, *y, *s, *out[2], *ry, *rs, *g[2], *h[2];
     tb_function *f;
     (void)state;
     assert_int_equal(tb_scope_begin(), TB_OK);
-    x = from(xv, 2, DIMS(2, 3));
-    x2 = from(x2v, 2, DIMS(2, 3));
-    w = from(wv, 2, DIMS(3, 4));
-    b = from(bv, 1, DIMS(4));
+    model_inputs(&x, &x2, &w, &b);
     assert_int_equal(tb_set_requires_grad(w, true), TB_OK);
     model(x, w, b, &y, &s);
     f = tb_function_create(&x, 1, (tb_tensor *[]){y, s}, 2);

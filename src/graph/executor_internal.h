@@ -90,6 +90,10 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
                                       tb_backend_data *const *donors, tb_backend_data **out);
 static void tb__exec_text_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes,
                                  size_t n);
+/* TB_ERR_INVALID_ARGUMENT for a NULL list of count > 0 or a NULL tensor in it ("func: what[i]
+   is NULL"; a NULL tensor keeps an earlier error) */
+static tb_status tb__exec_check_list(const char *func, const char *what, tb_tensor *const *tensors,
+                                     size_t count);
 static tb_status tb__exec_walk_add(tb__exec_walk *w, const char *func, tb_node *const *roots,
                                    size_t n);
 static void tb__exec_walk_free(tb__exec_walk *w);

@@ -207,10 +207,10 @@ static int64_t tb__fn_old_input(const tb__fn_build *b, const tb_node *node) {
 static tb_status tb__fn_walk(tb__fn_build *b, const tb_node *root) {
     size_t sp = 0;
     tb_status st;
+    int64_t old;
     if (tb__exec_map_get(&b->codes, root) != NULL) return TB_OK;
-    if (tb__fn_old_input(b, root) >= 0) {
-        return tb__exec_map_put(&b->codes, root, tb__fn_old_input(b, root));
-    }
+    old = tb__fn_old_input(b, root);
+    if (old >= 0) return tb__exec_map_put(&b->codes, root, old);
     if (tb__exec_map_put(&b->codes, root, TB__FN_VISITING) != TB_OK ||
         tb__grow((void **)&b->stack, &b->cap_stack, 1, sizeof *b->stack) != TB_OK) {
         return TB_ERR_OUT_OF_MEMORY;
@@ -231,8 +231,9 @@ static tb_status tb__fn_walk(tb__fn_build *b, const tb_node *root) {
                 }
                 continue;
             }
-            if (tb__fn_old_input(b, operand) >= 0) {
-                if (tb__exec_map_put(&b->codes, operand, tb__fn_old_input(b, operand)) != TB_OK) {
+            old = tb__fn_old_input(b, operand);
+            if (old >= 0) {
+                if (tb__exec_map_put(&b->codes, operand, old) != TB_OK) {
                     return TB_ERR_OUT_OF_MEMORY;
                 }
                 continue;
@@ -248,24 +249,6 @@ static tb_status tb__fn_walk(tb__fn_build *b, const tb_node *root) {
         st = tb__fn_resolve(b, node);
         if (st != TB_OK) return st;
         sp--;
-    }
-    return TB_OK;
-}
-
-static tb_status tb__fn_check_list(const char *what, tb_tensor *const *list, size_t n) {
-    size_t i;
-    if (list == NULL && n > 0) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "tb_function_create: %s is NULL (count %lu)",
-                         what, (unsigned long)n);
-    }
-    for (i = 0; i < n; i++) {
-        if (list[i] == NULL) {
-            if (tb_last_status() == TB_OK) {
-                tb__error(TB_ERR_INVALID_ARGUMENT, "tb_function_create: %s[%lu] is NULL", what,
-                          (unsigned long)i);
-            }
-            return TB_ERR_INVALID_ARGUMENT;
-        }
     }
     return TB_OK;
 }
@@ -332,8 +315,8 @@ TBDEF tb_function *tb_function_create(tb_tensor *const *inputs, size_t num_input
     tb__fn_build b;
     size_t i;
     tb_status st;
-    if (tb__fn_check_list("inputs", inputs, num_inputs) != TB_OK ||
-        tb__fn_check_list("outputs", outputs, num_outputs) != TB_OK) {
+    if (tb__exec_check_list("tb_function_create", "inputs", inputs, num_inputs) != TB_OK ||
+        tb__exec_check_list("tb_function_create", "outputs", outputs, num_outputs) != TB_OK) {
         return NULL;
     }
     if (num_outputs == 0) {

@@ -423,16 +423,17 @@ static tb_status tb__exec_roots_collect(tb__exec_roots *r, const char *func,
     return TB_OK;
 }
 
-static tb_status tb__exec_check_list(const char *func, tb_tensor *const *tensors, size_t count) {
+static tb_status tb__exec_check_list(const char *func, const char *what, tb_tensor *const *tensors,
+                                     size_t count) {
     size_t i;
     if (tensors == NULL && count > 0) {
-        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: tensors is NULL (count %lu)", func,
+        return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s is NULL (count %lu)", func, what,
                          (unsigned long)count);
     }
     for (i = 0; i < count; i++) {
         if (tensors[i] == NULL) {
             if (tb_last_status() == TB_OK) {
-                tb__error(TB_ERR_INVALID_ARGUMENT, "%s: tensors[%lu] is NULL", func,
+                tb__error(TB_ERR_INVALID_ARGUMENT, "%s: %s[%lu] is NULL", func, what,
                           (unsigned long)i);
             }
             return TB_ERR_INVALID_ARGUMENT;
@@ -620,7 +621,7 @@ static tb_status tb__exec_sync(tb_tensor *const *tensors, size_t count, const ch
 TBDEF tb_status tb_sync(tb_tensor *const *tensors, size_t count) {
     tb_status st;
     tb__ensure_setup();
-    st = tb__exec_check_list("tb_sync", tensors, count);
+    st = tb__exec_check_list("tb_sync", "tensors", tensors, count);
     if (st != TB_OK) return st;
     return tb__exec_sync(tensors, count, "tb_sync");
 }
@@ -1045,7 +1046,7 @@ static char *tb__exec_dump(const char *func, tb_tensor *const *tensors, size_t c
     memset(&s, 0, sizeof(s));
     memset(&w, 0, sizeof(w));
     memset(&roots, 0, sizeof(roots));
-    st = tb__exec_check_list(func, tensors, count);
+    st = tb__exec_check_list(func, "tensors", tensors, count);
     if (st == TB_OK) st = tb__exec_roots_collect(&roots, func, tensors, count, true, false);
     if (st == TB_OK) st = tb__exec_walk_add(&w, func, roots.nodes, roots.count);
     if (st == TB_OK) {
@@ -1098,7 +1099,7 @@ TBDEF char *tb_ir_backend_text(tb_tensor *const *tensors, size_t count) {
     tb_status st;
     tb__ensure_setup();
     memset(&w, 0, sizeof(w));
-    st = tb__exec_check_list("tb_ir_backend_text", tensors, count);
+    st = tb__exec_check_list("tb_ir_backend_text", "tensors", tensors, count);
     if (st == TB_OK) {
         st = tb__exec_roots_collect(&roots, "tb_ir_backend_text", tensors, count, true, true);
     } else {
