@@ -152,9 +152,11 @@ static void test_packed_matmul_fused_products(void **state) {
     tb_tensor_release(a);
 }
 
-/* The register matmul of few columns (a classifier's last layer, 256x10x512) makes B's row one
-   vector per step of the depth, added times each row's value of A, in OpenCL C for CPU classes
-   as in the native backend's C (a vector of 16 lanes holds the 10 columns). */
+/* The register matmul of few columns (a classifier's last layer, 256x10x512) makes B's row
+   vectors per step of the depth, added times each row's value of A, in OpenCL C for CPU
+   classes as in the native backend's C: one vector of 16 lanes holds the 10 columns where the
+   registers are of 16 lanes; with AVX2's 8 it is two vectors of 8 (one of 16 would be kept in
+   memory), and 4 rows (8 accumulator registers of 16), not 16. */
 static void test_register_matmul_vectors(void **state) {
     tb_tensor *a = plan_input(TB_F32, 2, 256, 512, 0), *b = plan_input(TB_F32, 2, 512, 10, 0);
     tb_tensor *y = tb_matmul(a, b);
@@ -163,13 +165,95 @@ static void test_register_matmul_vectors(void **state) {
     (void)state;
     for (d = 0; d < sizeof devs / sizeof devs[0]; d++) {
         char *text = program(devs[d], &y, 1, NULL);
-        expect_text(text, "const float16 bv = ", plan_dev_names[devs[d]]);
-        expect_text(text, "accv0 += v", plan_dev_names[devs[d]]);
+        const char *name = plan_dev_names[devs[d]];
+        if (devs[d] == DEV_AVX2) {
+            expect_text(text, "const float8 bv1 = ", name);
+            expect_text(text, "accv3_1 += v", name);
+            expect_text(text, "row0 = (long)get_global_id(1) * 4;", name);
+            assert_null(strstr(text, "float16"));
+        } else {
+            expect_text(text, "const float16 bv0 = ", name);
+            expect_text(text, "accv15_0 += v", name);
+        }
         free(text);
     }
     tb_tensor_release(y);
     tb_tensor_release(b);
     tb_tensor_release(a);
+}
+
+/* A batched matrix-vector product (64 x [1 x 256] @ [256 x 512]) takes blocks of 64 columns
+   (8 registers of AVX2's 8 lanes, 4 of AVX-512's 16) and reads B's row at each step of the
+   depth as vector loads from one address; with B transposed, or one column broadcast along
+   the row, its values are gathered one by one into the same vectors. */
+static void test_register_matmul_rows(void **state) {
+    static const int64_t wide[3] = {64, 256, 512};
+    tb_tensor *a = plan_input(TB_F32, 3, 64, 1, 256), *b = plan_input(TB_F32, 3, 64, 256, 512);
+    tb_tensor *bt = plan_input(TB_F32, 3, 64, 512, 256), *t = tb_transpose(bt, 1, 2);
+    tb_tensor *b1 = plan_input(TB_F32, 3, 64, 256, 1), *e = tb_expand(b1, wide, 3);
+    tb_tensor *y = tb_matmul(a, b), *yt = tb_matmul(a, t), *ye = tb_matmul(a, e);
+    static const int devs[] = {DEV_AVX512, DEV_AVX2, DEV_C99};
+    size_t d;
+    (void)state;
+    for (d = 0; d < sizeof devs / sizeof devs[0]; d++) {
+        const char *name = plan_dev_names[devs[d]];
+        bool avx2 = devs[d] == DEV_AVX2;
+        char *text = program(devs[d], &y, 1, NULL);
+        expect_text(text, " * 64, row0 = ", name);
+        expect_text(text, "const float *br = b", name);
+        expect_text(text,
+                    avx2 ? "const float8 bv7 = vload8(7, br);"
+                         : "const float16 bv3 = vload16(3, br);",
+                    name);
+        assert_null(strstr(text, avx2 ? "bv8" : "bv4"));
+        free(text);
+        text = program(devs[d], &yt, 1, NULL);
+        expect_text(text, " * 64, row0 = ", name);
+        assert_null(strstr(text, "*br = b"));
+        expect_text(text, avx2 ? "const float8 bv7 = (float8)" : "const float16 bv3 = (float16)",
+                    name);
+        free(text);
+        text = program(devs[d], &ye, 1, NULL);
+        assert_null(strstr(text, "*br = b"));
+        free(text);
+    }
+    tb_tensor_release(ye);
+    tb_tensor_release(e);
+    tb_tensor_release(b1);
+    tb_tensor_release(yt);
+    tb_tensor_release(y);
+    tb_tensor_release(t);
+    tb_tensor_release(bt);
+    tb_tensor_release(b);
+    tb_tensor_release(a);
+}
+
+/* A convolution's weight gradient (dY [32, N P] times the windows of x, [N P, C 3 3]) packs
+   B lane by lane: a panel's lanes are a window's 3 columns at a time, its rows an input row's
+   pixels, so each lane's rows are read in runs along the input (divided once per run); the
+   forward's B (lanes along an output row) keeps runs of lanes. */
+static void test_pack_lane_by_lane(void **state) {
+    static const int64_t pad[2] = {1, 1};
+    tb_tensor *x = plan_input(TB_F32, 3, 4, 16, 784), *w = plan_input(TB_F32, 3, 32, 16, 9);
+    const int64_t xd[4] = {4, 16, 28, 28}, wd[4] = {32, 16, 3, 3};
+    tb_tensor *x4 = tb_reshape(x, xd, 4), *w4 = tb_reshape(w, wd, 4), *y, *l, *g = NULL;
+    int dev;
+    (void)state;
+    assert_int_equal(tb_set_requires_grad(w4, true), TB_OK);
+    y = tb_conv2d(x4, w4, NULL, NULL, pad, NULL, 1);
+    l = tb_sum(y, NULL, 0, false);
+    assert_int_equal(tb_grad(l, NULL, &w4, 1, &g), TB_OK);
+    for (dev = DEV_AVX512; dev <= DEV_SSE; dev++) {
+        expect_program(dev, g, "pk += pn;", NULL);
+        expect_program(dev, y, "pj += pn;", "pk += pn;");
+    }
+    tb_tensor_release(g);
+    tb_tensor_release(l);
+    tb_tensor_release(y);
+    tb_tensor_release(w4);
+    tb_tensor_release(x4);
+    tb_tensor_release(w);
+    tb_tensor_release(x);
 }
 
 /* Selects on the data have no branch: an argmax over a few elements (a max pool's window, in
@@ -493,6 +577,8 @@ int main(void) {
         cmocka_unit_test(test_repeated_kernel_is_one_function),
         cmocka_unit_test(test_packed_matmul_fused_products),
         cmocka_unit_test(test_register_matmul_vectors),
+        cmocka_unit_test(test_register_matmul_rows),
+        cmocka_unit_test(test_pack_lane_by_lane),
         cmocka_unit_test(test_selects_blend),
         cmocka_unit_test(test_pad_rows_split),
         cmocka_unit_test(test_reduction_loops),

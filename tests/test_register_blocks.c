@@ -3,7 +3,9 @@
    bytes) are compiled to assembly with that class's compiler flags, and no innermost loop of
    a kernel may read or write a fixed stack slot (a spill: the compiler ran out of registers,
    or kept a vector wider than its registers in memory). Kernels: the packed matmul (f32 and
-   f64, with its pack kernels), an elementwise chain with exp, sums and maxima over rows,
+   f64, with its pack kernels), the register matmul (a batched matrix-vector product with B's
+   rows read as vectors and gathered, a classifier's 10 columns), a convolution's weight gradient
+   (its windows packed lane by lane), an elementwise chain with exp, sums and maxima over rows,
    softmax (pipelined too), log_softmax and layer_norm. The programs are planned for the class
    through the backend's test hook (tb__native_shape_override), on any machine; NEON's are
    compiled where Debian's cross compiler is installed (gcc-aarch64-linux-gnu). */
@@ -37,6 +39,8 @@ static const cpu_class g_classes[] = {
 };
 
 static char g_dir[256];
+
+#define NUM_GRAPHS 12
 
 /* The host's C compiler, when it compiles for x86-64. */
 static bool x86_host(void) {
@@ -111,6 +115,47 @@ static char *program_for(const cpu_class *c, int graph) {
         x = tb_zeros(&s, &nat);
         z = tb_log_softmax(x, 1);
         y = tb_layer_norm(z, 1, NULL, NULL, 1e-5);
+        break;
+    case 7: /* a batched matrix-vector product (the register matmul, B's rows read as
+               vectors) */
+        assert_int_equal(tb_shape_make(&s, TB_F32, 3, (const int64_t[]){64, 1, 256}), TB_OK);
+        x = tb_zeros(&s, &nat);
+        assert_int_equal(tb_shape_make(&s, TB_F32, 3, (const int64_t[]){64, 256, 512}), TB_OK);
+        z = tb_zeros(&s, &nat);
+        assert_int_equal(tb_sync(&z, 1), TB_OK); /* a buffer */
+        y = tb_matmul(x, z);
+        break;
+    case 8: /* the same with B transposed (its values gathered lane by lane) */
+        assert_int_equal(tb_shape_make(&s, TB_F32, 3, (const int64_t[]){64, 1, 256}), TB_OK);
+        x = tb_zeros(&s, &nat);
+        assert_int_equal(tb_shape_make(&s, TB_F32, 3, (const int64_t[]){64, 512, 256}), TB_OK);
+        z = tb_zeros(&s, &nat);
+        assert_int_equal(tb_sync(&z, 1), TB_OK);
+        y = tb_matmul(x, tb_transpose(z, 1, 2));
+        break;
+    case 9: /* a classifier's last layer: 10 columns in one block */
+        assert_int_equal(tb_shape_make(&s, TB_F32, 2, (const int64_t[]){256, 512}), TB_OK);
+        x = tb_zeros(&s, &nat);
+        assert_int_equal(tb_shape_make(&s, TB_F32, 2, (const int64_t[]){512, 10}), TB_OK);
+        z = tb_zeros(&s, &nat);
+        assert_int_equal(tb_sync(&z, 1), TB_OK);
+        y = tb_matmul(x, z);
+        break;
+    case 10: /* a convolution's weight gradient: B's windows packed lane by lane, each
+                lane's rows read along an input row */
+        assert_int_equal(tb_shape_make(&s, TB_F32, 4, (const int64_t[]){4, 16, 28, 28}), TB_OK);
+        x = tb_zeros(&s, &nat);
+        assert_int_equal(tb_sync(&x, 1), TB_OK);
+        assert_int_equal(tb_shape_make(&s, TB_F32, 4, (const int64_t[]){32, 16, 3, 3}), TB_OK);
+        z = tb_zeros(&s, &nat);
+        assert_int_equal(tb_sync(&z, 1), TB_OK);
+        assert_int_equal(tb_set_requires_grad(z, true), TB_OK);
+        {
+            const int64_t pad[2] = {1, 1};
+            tb_tensor *l = tb_sum(tb_conv2d(x, z, NULL, NULL, pad, NULL, 1), NULL, 0, false);
+            assert_int_equal(tb_grad(l, NULL, &z, 1, &y), TB_OK);
+            assert_non_null(y);
+        }
         break;
     default: /* layer_norm and softmax, unpipelined, over rows of 4096 */
         assert_int_equal(tb_shape_make(&s, TB_F32, 2, (const int64_t[]){64, 4096}), TB_OK);
@@ -251,7 +296,7 @@ static void test_classes(void **state) {
                           c->arm ? c->cc : "x86-64 compiler");
             continue;
         }
-        for (graph = 0; graph < 7; graph++) {
+        for (graph = 0; graph < NUM_GRAPHS; graph++) {
             char src[512], asm_path[512], cmd[2048];
             char *text = program_for(c, graph);
             FILE *f;
@@ -274,7 +319,8 @@ static void test_classes(void **state) {
             checked += loops;
             tb_free(text);
         }
-        print_message("class %s: the innermost loops of 7 programs keep to registers\n", c->name);
+        print_message("class %s: the innermost loops of %d programs keep to registers\n", c->name,
+                      NUM_GRAPHS);
     }
     assert_true(checked > 0);
 }

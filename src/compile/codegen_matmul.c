@@ -185,41 +185,125 @@ static int32_t tb__cg_matmul_depth_open(tb__cg *g, const tb__plan_kernel *k, con
     return kv;
 }
 
-/* The depth loop and stores of an f32 register matmul with one vector accumulator per row of
-   the block, of the narrowest of 4, 8 or 16 lanes that holds rn: each step of K makes B's rn
-   values one vector (lanes past rn zero) and adds it times each row's A value (the dialect's
-   vec_make; rn <= 16). */
+/* Whether a register matmul can read B's rn values at each step of K as one vector load: B is
+   an f32 buffer seen through views alone (no pad, nothing computed), the blocks divide N, and
+   its flat index is the column plus what does not depend on the column (no division of the
+   column, which would break the run). Found by emitting B's value once at a traced column in
+   a block then dropped from the text. */
+static bool tb__cg_matmul_b_runs(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
+    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
+    int32_t x = tb__plan_operand(g->G, k->core, 1), kv, col, i;
+    size_t mark = g->ix.body.len;
+    char flat[TB__LF_TEXT];
+    bool ok, unit = false;
+    if (tb__plan_shape(g->G, x)->dtype != TB_F32 || mm.n % k->rn != 0) return false;
+    while (!tb__cg_reads_buffer(g, x)) {
+        tb_op op = g->G->info[x].node->op;
+        if (op != TB_OP_RESHAPE && op != TB_OP_PERMUTE && op != TB_OP_SLICE && op != TB_OP_WINDOW &&
+            op != TB_OP_EXPAND && op != TB_OP_FLIP)
+            return false;
+        x = tb__plan_operand(g->G, x, 0);
+    }
+    kv = tb__ix_new_var(&g->ix, 0, mm.k > 0 ? mm.k - 1 : 0);
+    col = tb__ix_new_var(&g->ix, 0, mm.n - 1);
+    if (kv < 0 || col < 0) return false;
+    g->ix.vars[col].traced = 1;
+    g->ix.period = 0;
+    flat[0] = '\0';
+    g->capture = flat;
+    g->capture_slot = -1;
+    tb__ix_open(&g->ix, "");
+    ok = tb__cg_matmul_operand(g, k, 1, bdims, kv, col) >= 0;
+    tb__ix_close(&g->ix, "");
+    g->capture = NULL;
+    if (!g->ix.body.failed && g->ix.body.data != NULL) {
+        g->ix.body.len = mark;
+        g->ix.body.data[mark] = '\0';
+    }
+    ok = ok && g->ix.status == TB_OK && g->capture_slot >= 0 && g->ix.period == 0;
+    for (i = 0; ok && i < g->capture_flat.n; i++) {
+        int32_t v = g->capture_flat.var[i];
+        if (v == col) {
+            unit = g->capture_flat.coef[i] == 1;
+        } else {
+            ok = !g->ix.vars[v].traced;
+        }
+    }
+    return ok && unit; /* (a column broadcast along the row is no run) */
+}
+
+/* The depth loop and stores of an f32 register matmul with nb vector accumulators per row of
+   the block, of tb__plan_mm_reg_lanes lanes (rn <= 64): each
+   step of K makes B's rn values nb vectors (lanes past rn zero; loads where they lie in a
+   row of a buffer: tb__cg_matmul_b_runs, else the dialect's vec_make) and adds them times
+   each row's A value. */
 static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k,
                                              const tb__lf *bdims, const int32_t *rows,
                                              const int32_t *cols) {
-    int32_t kv, i, j, vb[16], w = k->rn <= 4 ? 4 : (k->rn <= 8 ? 8 : 16);
-    char list[16 * 16], vec[16 * 16 + 32], zero[48], tv[16];
-    size_t used = 0;
+    int32_t kv, i, j, l, vb[64], w = tb__plan_mm_reg_lanes(g->G->target->tuning, k->rn);
+    int32_t nb = (k->rn + w - 1) / w;
+    char list[16 * 16], vec[16 * 16 + 32], zero[48], tv[16], flat[TB__LF_TEXT];
+    bool runs = k->rn == nb * w && tb__cg_matmul_b_runs(g, k, bdims);
     snprintf(tv, sizeof tv, "float%d", (int)w);
     snprintf(zero, sizeof zero, g->d->vec_zero, tv);
     for (i = 0; i < k->rm; i++)
-        tb__ix_line(&g->ix, "%s accv%d = %s;", tv, (int)i, zero);
-    kv = tb__cg_matmul_depth_open(g, k, bdims, cols, vb);
-    if (kv < 0) return g->ix.status;
-    for (j = 0; j < w; j++) { /* lanes past rn: zeros */
-        if (j < k->rn) {
-            used += (size_t)snprintf(list + used, sizeof list - used, "%sv%d", j ? ", " : "",
-                                     (int)vb[j]);
-        } else {
-            used += (size_t)snprintf(list + used, sizeof list - used, ", 0.0f");
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "%s accv%d_%d = %s;", tv, (int)i, (int)j, zero);
+    if (runs) { /* B's value at the first column read for its flat index, then nb loads */
+        int64_t K = tb__plan_mm_of(g->G, k->core).k;
+        kv = tb__ix_new_var(&g->ix, 0, K > 0 ? K - 1 : 0);
+        if (kv < 0) return g->ix.status;
+        snprintf(vec, sizeof vec, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)kv, (int)kv,
+                 (long long)K, (int)kv);
+        tb__ix_open(&g->ix, vec);
+        flat[0] = '\0';
+        g->capture = flat;
+        g->capture_slot = -1;
+        j = tb__cg_matmul_operand(g, k, 1, bdims, kv, cols[0]);
+        g->capture = NULL;
+        if (j < 0) return g->ix.status;
+        if (g->capture_slot < 0) {
+            tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
+                                          "codegen: %s reads B by rows but no buffer", k->name));
+            return g->ix.status;
+        }
+        tb__ix_line(&g->ix, "%sconst float *br = b%d + (%s);", g->d->global, (int)g->capture_slot,
+                    flat);
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "const %s bv%d = vload%d(%d, br);", tv, (int)j, (int)w, (int)j);
+    } else {
+        kv = tb__cg_matmul_depth_open(g, k, bdims, cols, vb);
+        if (kv < 0) return g->ix.status;
+        for (j = 0; j < nb; j++) {
+            size_t used = 0;
+            for (l = j * w; l < (j + 1) * w; l++) { /* lanes past rn: zeros */
+                const char *sep = l > j * w ? ", " : "";
+                if (l < k->rn) {
+                    used +=
+                        (size_t)snprintf(list + used, sizeof list - used, "%sv%d", sep, (int)vb[l]);
+                } else {
+                    used += (size_t)snprintf(list + used, sizeof list - used, "%s0.0f", sep);
+                }
+            }
+            snprintf(vec, sizeof vec, g->d->vec_make, tv, list);
+            tb__ix_line(&g->ix, "const %s bv%d = %s;", tv, (int)j, vec);
         }
     }
-    snprintf(vec, sizeof vec, g->d->vec_make, tv, list);
-    tb__ix_line(&g->ix, "const %s bv = %s;", tv, vec);
     for (i = 0; i < k->rm; i++) {
         int32_t va = tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv);
         if (va < 0) return g->ix.status;
-        tb__ix_line(&g->ix, "accv%d += v%d * bv;", (int)i, (int)va);
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "accv%d_%d += v%d * bv%d;", (int)i, (int)j, (int)va, (int)j);
     }
     tb__ix_close(&g->ix, "");
-    tb__ix_line(&g->ix, "float acc[%d][%d];", (int)k->rm, (int)w);
+    /* rows of rn: a row's last vector writes its lanes past rn into the next row, which the
+       next row's stores then overwrite (the spare row takes the last one's); with rows of
+       nb * w, the compiler would copy the block out column by column */
+    tb__ix_line(&g->ix, "float acc[%d][%d];", (int)k->rm + 1, (int)k->rn);
     for (i = 0; i < k->rm; i++)
-        tb__ix_line(&g->ix, "vstore%d(accv%d, 0, acc[%d]);", (int)w, (int)i, (int)i);
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "vstore%d(accv%d_%d, 0, &acc[0][0] + %d);", (int)w, (int)i, (int)j,
+                        (int)(i * k->rn + j * w));
     tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm, (int32_t)k->rn);
     return g->ix.status;
 }
@@ -230,12 +314,13 @@ static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k
 static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
-    int32_t i0, kv, i, j, rows[16], cols[16], va[16], vb[16];
+    int32_t i0, kv, i, j, rows[16], cols[64], va[16], vb[64];
     tb_dtype od = cs->dtype;
     const char *acc_t = tb__cg_acc_ctype(od);
     tb__lf bdims[TB_MAX_RANK];
     char id0[48], id1[48], id2[48];
-    if (k->rm > 16 || k->rn > 16) {
+    bool vec = od == TB_F32 && g->d->vec_make != NULL && k->rn > 1;
+    if (k->rm > 16 || k->rn > (vec ? 64 : 16)) {
         tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: a register block of %dx%d",
                                       (int)k->rm, (int)k->rn));
         return g->ix.status;
@@ -252,17 +337,24 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     for (i = 0; i < k->rm; i++) {
         rows[i] = tb__ix_new_var(&g->ix, 0, mm.m - 1);
         if (rows[i] < 0) return g->ix.status;
-        tb__ix_line(&g->ix, "const long i%d = %s(row0 + %d, %lldL);", (int)rows[i], g->d->min_long,
-                    (int)i, (long long)(mm.m - 1));
+        if (mm.m % k->rm == 0) { /* every block whole: no clamp */
+            tb__ix_line(&g->ix, "const long i%d = row0 + %d;", (int)rows[i], (int)i);
+        } else {
+            tb__ix_line(&g->ix, "const long i%d = %s(row0 + %d, %lldL);", (int)rows[i],
+                        g->d->min_long, (int)i, (long long)(mm.m - 1));
+        }
     }
     for (j = 0; j < k->rn; j++) {
         cols[j] = tb__ix_new_var(&g->ix, 0, mm.n - 1);
         if (cols[j] < 0) return g->ix.status;
-        tb__ix_line(&g->ix, "const long i%d = %s(col0 + %d, %lldL);", (int)cols[j], g->d->min_long,
-                    (int)j, (long long)(mm.n - 1));
+        if (mm.n % k->rn == 0) { /* consecutive columns: the compiler may read them as one */
+            tb__ix_line(&g->ix, "const long i%d = col0 + %d;", (int)cols[j], (int)j);
+        } else {
+            tb__ix_line(&g->ix, "const long i%d = %s(col0 + %d, %lldL);", (int)cols[j],
+                        g->d->min_long, (int)j, (long long)(mm.n - 1));
+        }
     }
-    if (od == TB_F32 && g->d->vec_make != NULL && k->rn > 1)
-        return tb__cg_matmul_registers_vec(g, k, bdims, rows, cols);
+    if (vec) return tb__cg_matmul_registers_vec(g, k, bdims, rows, cols);
     tb__ix_line(&g->ix, "%s acc[%d][%d];", acc_t, (int)k->rm, (int)k->rn);
     tb__ix_line(&g->ix, "for (int ii = 0; ii < %d; ii++)", (int)k->rm);
     tb__ix_line(&g->ix, "    for (int jj = 0; jj < %d; jj++) acc[ii][jj] = 0;", (int)k->rn);
@@ -288,10 +380,10 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     return g->ix.status;
 }
 
-/* The value of a matmul operand at the position of a pack kernel's row (k) and lane (the
-   form `lane`): B at (k, lane), A at (lane, k). */
-static int32_t tb__cg_pack_value(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
-                                 int32_t ik, const tb__lf *lane) {
+/* The value of a matmul operand at the position of a pack kernel's row (the form `krow`) and
+   lane (the form `lane`): B at (k, lane), A at (lane, k). */
+static int32_t tb__cg_pack_value_at(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                    const tb__lf *krow, const tb__lf *lane) {
     bool is_a = k->kind == TB__K_PACK_A;
     int32_t x = tb__plan_operand(g->G, k->core, is_a ? 0 : 1);
     const tb_shape *xs = tb__plan_shape(g->G, x);
@@ -299,24 +391,36 @@ static int32_t tb__cg_pack_value(tb__cg *g, const tb__plan_kernel *k, const tb__
     tb__lf dims[TB_MAX_RANK];
     for (d = 0; d + 2 < r; d++)
         dims[d] = bdims[d];
-    tb__lf_const(&dims[is_a ? r - 1 : r - 2], 0);
-    tb__lf_add_term(&dims[is_a ? r - 1 : r - 2], ik, 1);
+    dims[is_a ? r - 1 : r - 2] = *krow;
     dims[is_a ? r - 2 : r - 1] = *lane;
     return tb__cg_eval(g, x, tb__ix_pos_multi(&g->ix, xs, dims));
 }
 
-/* How many consecutive lanes a pack kernel can read as one affine run: the smallest period of
-   the divisions its operand's index takes of the lane (the innermost axis a view unravels the
-   lane into: a window's output row), `len` where there is none. Found by emitting the value
-   once in a block that is then dropped from the text. */
+/* The same at row variable ik. */
+static int32_t tb__cg_pack_value(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                 int32_t ik, const tb__lf *lane) {
+    tb__lf krow;
+    tb__lf_const(&krow, 0);
+    tb__lf_add_term(&krow, ik, 1);
+    return tb__cg_pack_value_at(g, k, bdims, &krow, lane);
+}
+
+/* How many consecutive lanes (rows: `rows`) a pack kernel can read as one affine run: the
+   smallest period of the divisions its operand's index takes of the lane (the innermost axis
+   a view unravels the lane into: a window's output row), `len` (the lanes, or rows) where
+   there is none. Found by emitting the value once, at lane (row) variables of their own, in a
+   block that is then dropped from the text. */
 static int64_t tb__cg_pack_period(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
-                                  int32_t ik, int64_t len) {
+                                  bool rows, int64_t len) {
     size_t mark = g->ix.body.len;
-    int32_t lane = tb__ix_new_var(&g->ix, 0, len - 1);
-    int64_t period;
+    int64_t z[6], period;
+    int32_t lane, ik;
     tb__lf lf;
-    if (lane < 0) return 1;
-    g->ix.vars[lane].traced = 1;
+    tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
+    lane = tb__ix_new_var(&g->ix, 0, (k->kind == TB__K_PACK_A ? z[1] : z[2]) - 1);
+    ik = tb__ix_new_var(&g->ix, 0, z[3] - 1);
+    if (lane < 0 || ik < 0) return 1;
+    g->ix.vars[rows ? ik : lane].traced = 1;
     g->ix.period = 0;
     tb__lf_const(&lf, 0);
     tb__lf_add_term(&lf, lane, 1);
@@ -329,6 +433,62 @@ static int64_t tb__cg_pack_period(tb__cg *g, const tb__plan_kernel *k, const tb_
     }
     period = g->ix.period;
     return period > 0 && period < len ? period : len;
+}
+
+/* A pack's rows pk0..pk1 of a panel (as tb__cg_pack_panel) lane by lane, each lane's rows in
+   runs that stay within one period of the rows' unravelling (`period`): where a run of lanes
+   would be short and a run of rows long (a convolution's weight gradient: B's lanes are a
+   window's few columns, its rows an input row's pixels, read in place along that row). */
+static bool tb__cg_pack_lanes(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                              const char *dst, const char *panel, const char *origin,
+                              int64_t period) {
+    char head[160];
+    int64_t z[6], len, K, width;
+    int32_t il, iq, ir, v;
+    tb__lf lane, krow;
+    tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
+    K = z[3];
+    width = z[5];
+    len = k->kind == TB__K_PACK_A ? z[1] : z[2];
+    il = tb__ix_new_var(&g->ix, 0, len - 1);
+    iq = tb__ix_new_var(&g->ix, 0, (K - 1) / period);
+    ir = tb__ix_new_var(&g->ix, 0, period - 1);
+    if (il < 0 || iq < 0 || ir < 0) return false;
+    snprintf(head, sizeof head, "for (long pj = 0; pj < %lldL; pj++) ", (long long)width);
+    tb__ix_open(&g->ix, head);
+    tb__ix_line(&g->ix, "const long i%d = pl0 + pj;", (int)il);
+    tb__ix_line(&g->ix, "if (i%d >= %lldL) {", (int)il, (long long)len);
+    tb__ix_line(
+        &g->ix,
+        "    for (long pk = pk0; pk < pk1; pk++) %s[((%s) * %lldL + pk%s%s) * %lldL + pj] = 0;",
+        dst, panel, (long long)K, origin != NULL ? " - " : "", origin != NULL ? origin : "",
+        (long long)width);
+    tb__ix_line(&g->ix, "    continue;");
+    tb__ix_line(&g->ix, "}");
+    tb__ix_open(&g->ix, "for (long pk = pk0; pk < pk1;) ");
+    tb__ix_line(&g->ix, "const long i%d = pk / %lldL, pr0 = pk %% %lldL;", (int)iq,
+                (long long)period, (long long)period);
+    tb__ix_line(&g->ix, "long pn = %lldL - pr0;", (long long)period);
+    tb__ix_line(&g->ix, "if (pn > pk1 - pk) pn = pk1 - pk;");
+    tb__ix_line(&g->ix, "const long po = ((%s) * %lldL + i%d * %lldL%s%s) * %lldL + pj;", panel,
+                (long long)K, (int)iq, (long long)period, origin != NULL ? " - " : "",
+                origin != NULL ? origin : "", (long long)width);
+    snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + pn; i%d++) ", (int)ir, (int)ir,
+             (int)ir);
+    tb__ix_open(&g->ix, head);
+    tb__lf_const(&lane, 0);
+    tb__lf_add_term(&lane, il, 1);
+    tb__lf_const(&krow, 0);
+    tb__lf_add_term(&krow, iq, period);
+    tb__lf_add_term(&krow, ir, 1);
+    v = tb__cg_pack_value_at(g, k, bdims, &krow, &lane);
+    if (v < 0) return false;
+    tb__ix_line(&g->ix, "%s[po + i%d * %lldL] = v%d;", dst, (int)ir, (long long)width, (int)v);
+    tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "pk += pn;");
+    tb__ix_close(&g->ix, "");
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
 }
 
 /* A pack's rows pk0..pk1 of a panel's run of lanes pr0.. (`count` of them: the text of a
@@ -382,16 +542,20 @@ static bool tb__cg_pack_rows(tb__cg *g, const tb__plan_kernel *k, const tb__lf *
    panel has a loop of its own with a constant count. */
 static bool tb__cg_pack_panel(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
                               const char *dst, const char *panel, const char *origin) {
-    int32_t ik, iq;
+    int32_t iq;
     int64_t z[6], len, K, width, period;
     char head[160];
     tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
     K = z[3];
     width = z[5];
     len = k->kind == TB__K_PACK_A ? z[1] : z[2];
-    ik = tb__ix_new_var(&g->ix, 0, K - 1);
-    if (ik < 0) return false;
-    period = tb__cg_pack_period(g, k, bdims, ik, len);
+    period = tb__cg_pack_period(g, k, bdims, false, len);
+    /* runs of a few lanes, of many rows: lane by lane */
+    if (period < width && period < 8) {
+        int64_t rows = tb__cg_pack_period(g, k, bdims, true, K);
+        if (rows >= 16 && rows >= 4 * period)
+            return tb__cg_pack_lanes(g, k, bdims, dst, panel, origin, rows);
+    }
     iq = tb__ix_new_var(&g->ix, 0, (len - 1) / period);
     if (iq < 0) return false;
     snprintf(head, sizeof head, "for (long pj = 0; pj < %lldL;) ", (long long)width);

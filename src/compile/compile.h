@@ -70,6 +70,7 @@ typedef struct tb__tuning {
     int32_t mm_reg_rows; /* register block of the unpacked kernel: rows x columns */
     int32_t mm_reg_cols;
     int32_t mm_small_n;     /* up to this many columns: one register block of all of them */
+    int32_t mm_reg_accs;    /* f32: the vector accumulators its block may keep at most */
     int32_t mm_reg_group_x; /* its work-group */
     int32_t mm_reg_group_y;
     int32_t mm_panel_rows;     /* packed: rows of A per panel and per work item, at most */
@@ -371,6 +372,8 @@ static bool tb__plan_is_elementwise(tb_op op);
 /* a reduction computed where it is read (unrolled): its elements per output, else 0 */
 static int64_t tb__plan_inline_reduce(const tb_node *n);
 static tb__plan_mm tb__plan_mm_of(const tb__pgraph *G, int32_t core);
+/* the lanes of an f32 register matmul's vectors for a block row of rn columns */
+static int32_t tb__plan_mm_reg_lanes(const tb__tuning *t, int32_t rn);
 /* batch (1: an A shared by every batch index), M, N, K, panel count and panel width of a
    packed matmul's operand */
 static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]);

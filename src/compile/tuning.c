@@ -33,6 +33,7 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->mm_reg_rows = 8;
     t->mm_reg_cols = 8;
     t->mm_small_n = 16;
+    t->mm_reg_accs = 16;
     t->mm_reg_group_x = host ? 1 : 8;
     t->mm_reg_group_y = host ? 1 : 4;
     t->mm_panel_rows = 16;
@@ -103,7 +104,9 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
          gave 196-204 GFLOP/s, 4 x 24 203-207, 12 x 8 164-180, 7 x 16 (17 registers) 117-125;
        NEON (32 registers of 4 lanes): 12 x 2 registers (24 + 2 + 1): 12 x 8 f32, 12 x 4 f64;
    - the unpacked register matmul (small or integer matmuls): 8 x 8 where a row's 8 lanes are
-     one register, else 4 x 8 (8 registers of two halves each). */
+     one register, else 4 x 8 (8 registers of two halves each); wider blocks (a classifier's
+     columns, a matrix-vector product's) keep at most 24 accumulator registers of 32, 12 of
+     16 (the rest hold B's vectors and A's broadcast). */
 static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape) {
     int32_t lanes = shape->vec_bytes >= 64 ? 16 : (shape->vec_bytes >= 32 ? 8 : 4);
     int32_t b_regs = 2;
@@ -113,6 +116,7 @@ static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape) {
     t->mm_panel_rows = lanes == 16 ? 14 : (shape->vec_regs >= 32 ? 12 : 6);
     t->mm_panel_rows_min = lanes == 16 ? 12 : t->mm_panel_rows;
     if (lanes < 8) t->mm_reg_rows = 4;
+    t->mm_reg_accs = shape->vec_regs >= 32 ? 24 : 12;
 }
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */

@@ -108,6 +108,22 @@ static void test_matmul(void **state) {
     add_case("relu(matmul [41,64]x[64,10] + bias)", build_matmul, &relu_bias, in, 3);
     in[1] = in_of(shp(TB_F32, 2, 64, 2, 0, 0), R_ANY);
     add_case("matmul [41,64]x[64,2]", build_matmul, &plain, in, 2);
+    in[1] = in_of(shp(TB_F32, 2, 64, 3, 0, 0), R_ANY);
+    add_case("matmul [41,64]x[64,3]", build_matmul, &plain, in, 2);
+    /* fewer rows than a block (batched matrix-vector products): native takes blocks of up to
+       64 columns, B's row read as vectors from one address where it lies in a buffer, gathered
+       where B is a view (transposed), the epilogue on every column */
+    in[0] = in_of(shp(TB_F32, 3, 6, 1, 37, 0), R_ANY);
+    in[1] = in_of(shp(TB_F32, 3, 6, 37, 192, 0), R_ANY);
+    in[2] = in_of(shp(TB_F32, 1, 192, 0, 0, 0), R_ANY);
+    add_case("relu(matmul [6,1,37]x[6,37,192] + bias)", build_matmul, &relu_bias, in, 3);
+    in[0] = in_of(shp(TB_F32, 3, 6, 2, 37, 0), R_ANY);
+    in[1] = in_of(shp(TB_F32, 3, 6, 192, 37, 0), R_ANY);
+    add_case("relu(matmul(a, b^T) + bias) [6,2,37]x[6,37,192]", build_matmul, &transposed_bias, in,
+             3);
+    in[0] = in_of(shp(TB_F32, 3, 5, 3, 21, 0), R_ANY);
+    in[1] = in_of(shp(TB_F32, 3, 5, 21, 48, 0), R_ANY);
+    add_case("batched matmul [5,3,21]x[5,21,48]", build_matmul, &plain, in, 2);
     flush_cases();
     /* big enough for CPU devices to copy the operands into panels first: sizes that are not
        multiples of the panel widths, both float types, views and producers in the panels */
