@@ -235,6 +235,31 @@ if printf '#include <cblas.h>\nint openblas_get_num_threads(void);\nint main(voi
 else
     echo "bench: note: OpenBLAS not installed (libopenblas-dev): its host anchors are skipped"
 fi
+# OpenBLAS picks its kernels by the CPU's model. A model it does not know yet (Debian 12's
+# 0.3.21 on a Xeon of family 6, model 207) gets its oldest x86-64 kernels (Prescott: SSE3),
+# 4-5 times slower than its AVX-512 ones there, in the bound and under PyTorch alike. Where it
+# fell back so on a CPU with AVX2 or AVX-512, the bench names the core of the CPU's class
+# (OPENBLAS_CORETYPE, as a user of such a CPU would) and says so; one set by the caller is kept.
+if [ -z "$class" ] && [ -z "${OPENBLAS_CORETYPE:-}" ] && [[ " ${defs[*]-} " == *" -DBENCH_OPENBLAS "* ]] &&
+    printf '#include <stdio.h>\nchar *openblas_get_corename(void);\nint main(void) { puts(openblas_get_corename()); return 0; }\n' |
+    $CC -x c - -o "$probe" -lopenblas >/dev/null 2>&1; then
+    blas_core=$("$probe" 2>/dev/null)
+    cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null) "
+    blas_want=""
+    case "$cpu_flags" in
+    *" avx512f "*) blas_want=SkylakeX ;;
+    *" avx2 "*) blas_want=Haswell ;;
+    esac
+    case "${blas_core,,}" in
+    prescott | core2 | penryn | dunnington | nehalem | atom | katmai | coppermine | northwood | banias | sandybridge)
+        if [ -n "$blas_want" ]; then
+            export OPENBLAS_CORETYPE=$blas_want
+            echo "bench: note: OpenBLAS chose its $blas_core kernels for this CPU (a model it does" \
+                "not know); the anchors run its $blas_want kernels (OPENBLAS_CORETYPE=$blas_want)"
+        fi
+        ;;
+    esac
+fi
 rm -f "$probe"
 if ! /usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1; then
     echo "bench: note: /usr/bin/python3 cannot import torch and numpy (python3-torch," \
