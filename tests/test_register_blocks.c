@@ -175,7 +175,8 @@ static char *program_for(const cpu_class *c, int graph) {
 
 /* Whether a line of assembly moves a whole vector register to or from a fixed stack slot (a
    spill): x86 a packed move or operation on an xmm, ymm or zmm register with an "N(%rsp)"
-   operand that has no index (a private array indexed by a register is not a spill);
+   operand that has no index (a private array indexed by a register is not a spill), other than
+   a broadcast of a scalar;
    AArch64 a q register with "[sp, #N]" or "[sp]". Scalars that a kernel's epilogue reads back
    from its array of accumulators are not spills. */
 static bool vector_spill(const char *line, bool arm) {
@@ -188,6 +189,8 @@ static bool vector_spill(const char *line, bool arm) {
     if (strstr(line, "%xmm") == NULL && strstr(line, "%ymm") == NULL &&
         strstr(line, "%zmm") == NULL)
         return false;
+    /* a broadcast reads a scalar (an integer the loop reloads), not a vector */
+    if (strncmp(op, "vpbroadcast", 11) == 0 || strncmp(op, "vbroadcasts", 11) == 0) return false;
     /* scalar moves and operations end in "ss" or "sd" (vmovss, vaddss) */
     return !(end - op >= 2 && end[-1] == 's' && (end[-2] == 's')) &&
            !(end - op >= 2 && end[-1] == 'd' && end[-2] == 's');

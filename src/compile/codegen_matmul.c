@@ -435,16 +435,51 @@ static int64_t tb__cg_pack_period(tb__cg *g, const tb__plan_kernel *k, const tb_
     return period > 0 && period < len ? period : len;
 }
 
-/* A pack's rows pk0..pk1 of a panel (as tb__cg_pack_panel) lane by lane, each lane's rows in
-   runs that stay within one period of the rows' unravelling (`period`): where a run of lanes
-   would be short and a run of rows long (a convolution's weight gradient: B's lanes are a
-   window's few columns, its rows an input row's pixels, read in place along that row). */
+/* The period of the divisions a pack's operand takes of r in the row iq * period + r (r of
+   [0, period)), 0 for none: the runs within a run of rows (an image's pixels, then its rows).
+   Found as tb__cg_pack_period does. */
+static int64_t tb__cg_pack_subperiod(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                     int64_t period) {
+    size_t mark = g->ix.body.len;
+    int64_t z[6], sub;
+    int32_t lane, iq, ir;
+    tb__lf lf, krow;
+    tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
+    lane = tb__ix_new_var(&g->ix, 0, (k->kind == TB__K_PACK_A ? z[1] : z[2]) - 1);
+    iq = tb__ix_new_var(&g->ix, 0, (z[3] - 1) / period);
+    ir = tb__ix_new_var(&g->ix, 0, period - 1);
+    if (lane < 0 || iq < 0 || ir < 0) return 0;
+    g->ix.vars[ir].traced = 1;
+    g->ix.period = 0;
+    tb__lf_const(&lf, 0);
+    tb__lf_add_term(&lf, lane, 1);
+    tb__lf_const(&krow, 0);
+    tb__lf_add_term(&krow, iq, period);
+    tb__lf_add_term(&krow, ir, 1);
+    tb__ix_open(&g->ix, "");
+    tb__cg_pack_value_at(g, k, bdims, &krow, &lf);
+    tb__ix_close(&g->ix, "");
+    if (!g->ix.body.failed && g->ix.body.data != NULL) {
+        g->ix.body.len = mark;
+        g->ix.body.data[mark] = '\0';
+    }
+    sub = g->ix.period;
+    return sub > 1 && sub < period ? sub : 0;
+}
+
+/* A pack's rows pk0..pk1 of a panel (as tb__cg_pack_panel) in runs of rows that stay within
+   one period of the rows' unravelling (`period`, and within it one of tb__cg_pack_subperiod
+   where there is one: an image's pixels, then a row of them), each run lane by lane, so that
+   a lane's run is affine in the row and divides nothing, and the run's rows of the panel (a
+   few KiB) stay in the first-level cache while its lanes fill them: where a run of lanes would be
+   short and a run of rows long (a convolution's weight gradient: B's lanes are a window's few
+   columns, its rows an input row's pixels, read in place along that row). */
 static bool tb__cg_pack_lanes(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
                               const char *dst, const char *panel, const char *origin,
                               int64_t period) {
     char head[160];
-    int64_t z[6], len, K, width;
-    int32_t il, iq, ir, v;
+    int64_t z[6], len, K, width, sub = tb__cg_pack_subperiod(g, k, bdims, period);
+    int32_t il, iq, iq2 = -1, ir, v;
     tb__lf lane, krow;
     tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
     K = z[3];
@@ -452,27 +487,34 @@ static bool tb__cg_pack_lanes(tb__cg *g, const tb__plan_kernel *k, const tb__lf 
     len = k->kind == TB__K_PACK_A ? z[1] : z[2];
     il = tb__ix_new_var(&g->ix, 0, len - 1);
     iq = tb__ix_new_var(&g->ix, 0, (K - 1) / period);
-    ir = tb__ix_new_var(&g->ix, 0, period - 1);
-    if (il < 0 || iq < 0 || ir < 0) return false;
+    if (sub > 0) iq2 = tb__ix_new_var(&g->ix, 0, (period - 1) / sub);
+    ir = tb__ix_new_var(&g->ix, 0, (sub > 0 ? sub : period) - 1);
+    if (il < 0 || iq < 0 || ir < 0 || (sub > 0 && iq2 < 0)) return false;
+    tb__ix_open(&g->ix, "for (long pk = pk0; pk < pk1;) ");
+    tb__ix_line(&g->ix, "const long i%d = pk / %lldL, pq = pk %% %lldL;", (int)iq,
+                (long long)period, (long long)period);
+    if (sub > 0) {
+        tb__ix_line(&g->ix, "const long i%d = pq / %lldL, pr0 = pq %% %lldL;", (int)iq2,
+                    (long long)sub, (long long)sub);
+        tb__ix_line(&g->ix, "long pn = %lldL - pr0;", (long long)sub);
+        tb__ix_line(&g->ix, "if (pn > %lldL - pq) pn = %lldL - pq;", (long long)period,
+                    (long long)period);
+    } else {
+        tb__ix_line(&g->ix, "const long pr0 = pq;");
+        tb__ix_line(&g->ix, "long pn = %lldL - pr0;", (long long)period);
+    }
+    tb__ix_line(&g->ix, "if (pn > pk1 - pk) pn = pk1 - pk;");
     snprintf(head, sizeof head, "for (long pj = 0; pj < %lldL; pj++) ", (long long)width);
     tb__ix_open(&g->ix, head);
     tb__ix_line(&g->ix, "const long i%d = pl0 + pj;", (int)il);
+    tb__ix_line(&g->ix, "const long po = ((%s) * %lldL + pk - pr0%s%s) * %lldL + pj;", panel,
+                (long long)K, origin != NULL ? " - " : "", origin != NULL ? origin : "",
+                (long long)width);
     tb__ix_line(&g->ix, "if (i%d >= %lldL) {", (int)il, (long long)len);
-    tb__ix_line(
-        &g->ix,
-        "    for (long pk = pk0; pk < pk1; pk++) %s[((%s) * %lldL + pk%s%s) * %lldL + pj] = 0;",
-        dst, panel, (long long)K, origin != NULL ? " - " : "", origin != NULL ? origin : "",
-        (long long)width);
+    tb__ix_line(&g->ix, "    for (long pz = pr0; pz < pr0 + pn; pz++) %s[po + pz * %lldL] = 0;",
+                dst, (long long)width);
     tb__ix_line(&g->ix, "    continue;");
     tb__ix_line(&g->ix, "}");
-    tb__ix_open(&g->ix, "for (long pk = pk0; pk < pk1;) ");
-    tb__ix_line(&g->ix, "const long i%d = pk / %lldL, pr0 = pk %% %lldL;", (int)iq,
-                (long long)period, (long long)period);
-    tb__ix_line(&g->ix, "long pn = %lldL - pr0;", (long long)period);
-    tb__ix_line(&g->ix, "if (pn > pk1 - pk) pn = pk1 - pk;");
-    tb__ix_line(&g->ix, "const long po = ((%s) * %lldL + i%d * %lldL%s%s) * %lldL + pj;", panel,
-                (long long)K, (int)iq, (long long)period, origin != NULL ? " - " : "",
-                origin != NULL ? origin : "", (long long)width);
     snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + pn; i%d++) ", (int)ir, (int)ir,
              (int)ir);
     tb__ix_open(&g->ix, head);
@@ -480,13 +522,14 @@ static bool tb__cg_pack_lanes(tb__cg *g, const tb__plan_kernel *k, const tb__lf 
     tb__lf_add_term(&lane, il, 1);
     tb__lf_const(&krow, 0);
     tb__lf_add_term(&krow, iq, period);
+    if (sub > 0) tb__lf_add_term(&krow, iq2, sub);
     tb__lf_add_term(&krow, ir, 1);
     v = tb__cg_pack_value_at(g, k, bdims, &krow, &lane);
     if (v < 0) return false;
     tb__ix_line(&g->ix, "%s[po + i%d * %lldL] = v%d;", dst, (int)ir, (long long)width, (int)v);
     tb__ix_close(&g->ix, "");
-    tb__ix_line(&g->ix, "pk += pn;");
     tb__ix_close(&g->ix, "");
+    tb__ix_line(&g->ix, "pk += pn;");
     tb__ix_close(&g->ix, "");
     return g->ix.status == TB_OK;
 }
