@@ -217,6 +217,16 @@ static void test_register_matmul_rows(void **state) {
         assert_null(strstr(text, "*br = b"));
         free(text);
     }
+    /* blocks that divide the output read unclamped: the items an OpenCL CPU device's groups
+       pad the grid with (72 columns are 9 blocks, in groups of 8) return before reading */
+    {
+        tb_tensor *s = plan_input(TB_F32, 2, 40, 15, 0), *r = plan_input(TB_F32, 2, 15, 72, 0);
+        tb_tensor *sr = tb_matmul(s, r);
+        expect_program(DEV_AVX2, sr, "if (row0 >= 40L || col0 >= 72L) return;", "min(col0 + ");
+        tb_tensor_release(sr);
+        tb_tensor_release(r);
+        tb_tensor_release(s);
+    }
     tb_tensor_release(ye);
     tb_tensor_release(e);
     tb_tensor_release(b1);

@@ -243,8 +243,8 @@ fi
 if [ -z "$class" ] && [ -z "${OPENBLAS_CORETYPE:-}" ] && [[ " ${defs[*]-} " == *" -DBENCH_OPENBLAS "* ]] &&
     printf '#include <stdio.h>\nchar *openblas_get_corename(void);\nint main(void) { puts(openblas_get_corename()); return 0; }\n' |
     $CC -x c - -o "$probe" -lopenblas >/dev/null 2>&1; then
-    blas_core=$("$probe" 2>/dev/null)
-    cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null) "
+    blas_core=$("$probe" 2>/dev/null || true)
+    cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true) "
     blas_want=""
     case "$cpu_flags" in
     *" avx512f "*) blas_want=SkylakeX ;;

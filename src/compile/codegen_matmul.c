@@ -310,7 +310,8 @@ static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k
 
 /* Matmul from registers (CPU devices without packing: integers, small sizes): no work-group
    memory (the caches tile), each work item an rm x rn block of the output, operands read at
-   clamped rows and columns (always in bounds; the epilogue writes only the real ones). */
+   clamped rows and columns where the blocks do not divide the axis (always in bounds; the
+   epilogue writes only the real ones), a work item past the output returning at once. */
 static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel *k) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
@@ -330,6 +331,11 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
     tb__ix_line(&g->ix, "const long col0 = (long)%s * %d, row0 = (long)%s * %d;", id0, (int)k->rn,
                 id1, (int)k->rm);
+    /* where the blocks divide an axis its reads are not clamped, so the work items a group
+       pads the grid with (OpenCL CPU devices: groups of 8 x 4 items) read nothing */
+    if (mm.m % k->rm == 0 || mm.n % k->rn == 0)
+        tb__ix_line(&g->ix, "if (row0 >= %lldL || col0 >= %lldL) return;", (long long)mm.m,
+                    (long long)mm.n);
     i0 = tb__ix_new_var(&g->ix, 0, mm.batch > 0 ? mm.batch - 1 : 0);
     if (i0 < 0) return g->ix.status;
     tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, id2);

@@ -412,8 +412,8 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
             while (k->rm > 1 && k->rm * nb > t->mm_reg_accs)
                 k->rm = (k->rm + 1) / 2;
         }
-        /* no work-group wider than the blocks there are: padding items would compute
-           clamped copies */
+        /* no work-group wider than the blocks there are: padding items would do nothing
+           (they return at once) */
         bx = (mm.n + k->rn - 1) / k->rn;
         by = (mm.m + k->rm - 1) / k->rm;
         if (lx > bx) lx = bx > 0 ? bx : 1;

@@ -121,6 +121,13 @@ static void test_matmul(void **state) {
     in[1] = in_of(shp(TB_F32, 3, 6, 192, 37, 0), R_ANY);
     add_case("relu(matmul(a, b^T) + bias) [6,2,37]x[6,37,192]", build_matmul, &transposed_bias, in,
              3);
+    /* blocks that divide the output (unclamped reads) in a grid that groups pad */
+    in[0] = in_of(shp(TB_F32, 2, 40, 15, 0, 0), R_ANY);
+    in[1] = in_of(shp(TB_F32, 2, 15, 72, 0, 0), R_ANY);
+    add_case("matmul [40,15]x[15,72]", build_matmul, &plain, in, 2);
+    in[0] = in_of(shp(TB_I32, 2, 40, 64, 0, 0), R_ANY);
+    in[1] = in_of(shp(TB_I32, 2, 64, 8, 0, 0), R_ANY);
+    add_case("matmul i32 [40,64]x[64,8]", build_matmul, &plain, in, 2);
     in[0] = in_of(shp(TB_F32, 3, 5, 3, 21, 0), R_ANY);
     in[1] = in_of(shp(TB_F32, 3, 5, 21, 48, 0), R_ANY);
     add_case("batched matmul [5,3,21]x[5,21,48]", build_matmul, &plain, in, 2);
