@@ -21976,6 +21976,7 @@ static void tb__ix_memo_add(tb__ix *g, int32_t kind, int32_t a, int32_t b, uint6
                             int32_t value);
 static void tb__ix_open(tb__ix *g, const char *head);
 static void tb__ix_close(tb__ix *g, const char *tail);
+static void tb__ix_drop(tb__ix *g, size_t mark);
 static bool tb__ix_need_flat(tb__ix *g, int32_t id);
 static bool tb__ix_need_multi(tb__ix *g, int32_t id);
 /* the row-major strides of `dims` (a dim of 0 counts as 1) */
@@ -25546,6 +25547,14 @@ static void tb__ix_open(tb__ix *g, const char *head) {
     g->indent++;
 }
 
+/* Drops the text emitted since `mark` (an earlier body length): what a trial emission wrote to
+   learn something of the index (a period, a buffer's flat index) leaves no line behind. */
+static void tb__ix_drop(tb__ix *g, size_t mark) {
+    if (g->body.failed || g->body.data == NULL || mark > g->body.len) return;
+    g->body.len = mark;
+    g->body.data[mark] = '\0';
+}
+
 static void tb__ix_close(tb__ix *g, const char *tail) {
     tb__ix_scope sc;
     if (g->num_scopes == 0) return;
@@ -27983,10 +27992,10 @@ static int32_t tb__cg_matmul_operand(tb__cg *g, const tb__plan_kernel *k, int si
     return tb__cg_eval(g, x, tb__ix_pos_multi(&g->ix, xs, dims));
 }
 
-/* Opens a register matmul's loop over the depth and reads B's values at the block's columns
-   in it (vb[j] for cols[j]); returns the depth variable, -1 if failed. */
+/* Opens a register matmul's loop over the depth and reads B's values at the block's first
+   `ncols` columns in it (vb[j] for cols[j]); returns the depth variable, -1 if failed. */
 static int32_t tb__cg_matmul_depth_open(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
-                                        const int32_t *cols, int32_t *vb) {
+                                        const int32_t *cols, int32_t ncols, int32_t *vb) {
     tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
     int32_t kv = tb__ix_new_var(&g->ix, 0, mm.k > 0 ? mm.k - 1 : 0), j;
     char head[160];
@@ -27994,7 +28003,7 @@ static int32_t tb__cg_matmul_depth_open(tb__cg *g, const tb__plan_kernel *k, con
     snprintf(head, sizeof head, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)kv, (int)kv,
              (long long)mm.k, (int)kv);
     tb__ix_open(&g->ix, head);
-    for (j = 0; j < k->rn; j++) {
+    for (j = 0; j < ncols; j++) {
         vb[j] = tb__cg_matmul_operand(g, k, 1, bdims, kv, cols[j]);
         if (vb[j] < 0) return -1;
     }
@@ -28032,10 +28041,7 @@ static bool tb__cg_matmul_b_runs(tb__cg *g, const tb__plan_kernel *k, const tb__
     ok = tb__cg_matmul_operand(g, k, 1, bdims, kv, col) >= 0;
     tb__ix_close(&g->ix, "");
     g->capture = NULL;
-    if (!g->ix.body.failed && g->ix.body.data != NULL) {
-        g->ix.body.len = mark;
-        g->ix.body.data[mark] = '\0';
-    }
+    tb__ix_drop(&g->ix, mark);
     ok = ok && g->ix.status == TB_OK && g->capture_slot >= 0 && g->ix.period == 0;
     for (i = 0; ok && i < g->capture_flat.n; i++) {
         int32_t v = g->capture_flat.var[i];
@@ -28066,18 +28072,12 @@ static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "%s accv%d_%d = %s;", tv, (int)i, (int)j, zero);
     if (runs) { /* B's value at the first column read for its flat index, then nb loads */
-        int64_t K = tb__plan_mm_of(g->G, k->core).k;
-        kv = tb__ix_new_var(&g->ix, 0, K > 0 ? K - 1 : 0);
-        if (kv < 0) return g->ix.status;
-        snprintf(vec, sizeof vec, "for (long i%d = 0; i%d < %lldL; i%d++) ", (int)kv, (int)kv,
-                 (long long)K, (int)kv);
-        tb__ix_open(&g->ix, vec);
         flat[0] = '\0';
         g->capture = flat;
         g->capture_slot = -1;
-        j = tb__cg_matmul_operand(g, k, 1, bdims, kv, cols[0]);
+        kv = tb__cg_matmul_depth_open(g, k, bdims, cols, 1, vb);
         g->capture = NULL;
-        if (j < 0) return g->ix.status;
+        if (kv < 0) return g->ix.status;
         if (g->capture_slot < 0) {
             tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
                                           "codegen: %s reads B by rows but no buffer", k->name));
@@ -28088,7 +28088,7 @@ static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "const %s bv%d = vload%d(%d, br);", tv, (int)j, (int)w, (int)j);
     } else {
-        kv = tb__cg_matmul_depth_open(g, k, bdims, cols, vb);
+        kv = tb__cg_matmul_depth_open(g, k, bdims, cols, k->rn, vb);
         if (kv < 0) return g->ix.status;
         for (j = 0; j < nb; j++) {
             size_t used = 0;
@@ -28180,7 +28180,7 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     tb__ix_line(&g->ix, "%s acc[%d][%d];", acc_t, (int)k->rm, (int)k->rn);
     tb__ix_line(&g->ix, "for (int ii = 0; ii < %d; ii++)", (int)k->rm);
     tb__ix_line(&g->ix, "    for (int jj = 0; jj < %d; jj++) acc[ii][jj] = 0;", (int)k->rn);
-    kv = tb__cg_matmul_depth_open(g, k, bdims, cols, vb);
+    kv = tb__cg_matmul_depth_open(g, k, bdims, cols, k->rn, vb);
     if (kv < 0) return g->ix.status;
     for (i = 0; i < k->rm; i++) {
         va[i] = tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv);
@@ -28227,71 +28227,39 @@ static int32_t tb__cg_pack_value(tb__cg *g, const tb__plan_kernel *k, const tb__
     return tb__cg_pack_value_at(g, k, bdims, &krow, lane);
 }
 
-/* How many consecutive lanes (rows: `rows`) a pack kernel can read as one affine run: the
-   smallest period of the divisions its operand's index takes of the lane (the innermost axis
-   a view unravels the lane into: a window's output row), `len` (the lanes, or rows) where
-   there is none. Found by emitting the value once, at lane (row) variables of their own, in a
-   block that is then dropped from the text. */
-static int64_t tb__cg_pack_period(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
-                                  bool rows, int64_t len) {
+/* The smallest period of the divisions a pack's operand takes of its lane (`rows` false: the
+   innermost axis a view unravels the lane into, a window's output row) or of r in the row
+   iq * outer + r (`rows`: r of [0, outer); an outer of K traces the row itself), 0 for none:
+   how many consecutive lanes or rows can be read as one affine run. Found by emitting the
+   value once, at variables of its own, in a block that is then dropped from the text. */
+static int64_t tb__cg_pack_trace(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                 bool rows, int64_t outer) {
     size_t mark = g->ix.body.len;
-    int64_t z[6], period;
-    int32_t lane, ik;
-    tb__lf lf;
-    tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
-    lane = tb__ix_new_var(&g->ix, 0, (k->kind == TB__K_PACK_A ? z[1] : z[2]) - 1);
-    ik = tb__ix_new_var(&g->ix, 0, z[3] - 1);
-    if (lane < 0 || ik < 0) return 1;
-    g->ix.vars[rows ? ik : lane].traced = 1;
-    g->ix.period = 0;
-    tb__lf_const(&lf, 0);
-    tb__lf_add_term(&lf, lane, 1);
-    tb__ix_open(&g->ix, "");
-    tb__cg_pack_value(g, k, bdims, ik, &lf);
-    tb__ix_close(&g->ix, "");
-    if (!g->ix.body.failed && g->ix.body.data != NULL) {
-        g->ix.body.len = mark;
-        g->ix.body.data[mark] = '\0';
-    }
-    period = g->ix.period;
-    return period > 0 && period < len ? period : len;
-}
-
-/* The period of the divisions a pack's operand takes of r in the row iq * period + r (r of
-   [0, period)), 0 for none: the runs within a run of rows (an image's pixels, then its rows).
-   Found as tb__cg_pack_period does. */
-static int64_t tb__cg_pack_subperiod(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
-                                     int64_t period) {
-    size_t mark = g->ix.body.len;
-    int64_t z[6], sub;
+    int64_t z[6];
     int32_t lane, iq, ir;
     tb__lf lf, krow;
     tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
     lane = tb__ix_new_var(&g->ix, 0, (k->kind == TB__K_PACK_A ? z[1] : z[2]) - 1);
-    iq = tb__ix_new_var(&g->ix, 0, (z[3] - 1) / period);
-    ir = tb__ix_new_var(&g->ix, 0, period - 1);
+    iq = tb__ix_new_var(&g->ix, 0, rows ? (z[3] - 1) / outer : 0);
+    ir = tb__ix_new_var(&g->ix, 0, (rows ? outer : z[3]) - 1);
     if (lane < 0 || iq < 0 || ir < 0) return 0;
-    g->ix.vars[ir].traced = 1;
+    g->ix.vars[rows ? ir : lane].traced = 1;
     g->ix.period = 0;
     tb__lf_const(&lf, 0);
     tb__lf_add_term(&lf, lane, 1);
     tb__lf_const(&krow, 0);
-    tb__lf_add_term(&krow, iq, period);
+    if (rows && outer < z[3]) tb__lf_add_term(&krow, iq, outer);
     tb__lf_add_term(&krow, ir, 1);
     tb__ix_open(&g->ix, "");
     tb__cg_pack_value_at(g, k, bdims, &krow, &lf);
     tb__ix_close(&g->ix, "");
-    if (!g->ix.body.failed && g->ix.body.data != NULL) {
-        g->ix.body.len = mark;
-        g->ix.body.data[mark] = '\0';
-    }
-    sub = g->ix.period;
-    return sub > 1 && sub < period ? sub : 0;
+    tb__ix_drop(&g->ix, mark);
+    return g->ix.period > 1 ? g->ix.period : 0;
 }
 
 /* A pack's rows pk0..pk1 of a panel (as tb__cg_pack_panel) in runs of rows that stay within
-   one period of the rows' unravelling (`period`, and within it one of tb__cg_pack_subperiod
-   where there is one: an image's pixels, then a row of them), each run lane by lane, so that
+   one period of the rows' unravelling (`period`, and within it a shorter one where there is
+   one, tb__cg_pack_trace: an image's pixels, then a row of them), each run lane by lane, so that
    a lane's run is affine in the row and divides nothing, and the run's rows of the panel (a
    few KiB) stay in the first-level cache while its lanes fill them: where a run of lanes would be
    short and a run of rows long (a convolution's weight gradient: B's lanes are a window's few
@@ -28300,9 +28268,10 @@ static bool tb__cg_pack_lanes(tb__cg *g, const tb__plan_kernel *k, const tb__lf 
                               const char *dst, const char *panel, const char *origin,
                               int64_t period) {
     char head[160];
-    int64_t z[6], len, K, width, sub = tb__cg_pack_subperiod(g, k, bdims, period);
+    int64_t z[6], len, K, width, sub = tb__cg_pack_trace(g, k, bdims, true, period);
     int32_t il, iq, iq2 = -1, ir, v;
     tb__lf lane, krow;
+    if (sub >= period) sub = 0;
     tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
     K = z[3];
     width = z[5];
@@ -28401,7 +28370,7 @@ static bool tb__cg_pack_rows(tb__cg *g, const tb__plan_kernel *k, const tb__lf *
    (C text): the operand at rows (A) or columns (B) pl0 + lane, zero past the last one (the
    matmul never stores what the padding computes); `origin` (C text, or NULL: 0) is the row
    written at the panel's first row. The lanes go in runs that stay within one
-   period of the lane's unravelling (tb__cg_pack_period): within a run the operand's index is
+   period of the lane's unravelling (tb__cg_pack_trace): within a run the operand's index is
    affine in the lane, so a window's run is a slice of an input row (only a pad's edges test),
    and what depends on the run alone is computed once for all the rows; a run as wide as the
    panel has a loop of its own with a constant count. */
@@ -28414,10 +28383,12 @@ static bool tb__cg_pack_panel(tb__cg *g, const tb__plan_kernel *k, const tb__lf 
     K = z[3];
     width = z[5];
     len = k->kind == TB__K_PACK_A ? z[1] : z[2];
-    period = tb__cg_pack_period(g, k, bdims, false, len);
+    period = tb__cg_pack_trace(g, k, bdims, false, 0);
+    if (period == 0 || period > len) period = len;
     /* runs of a few lanes, of many rows: lane by lane */
     if (period < width && period < 8) {
-        int64_t rows = tb__cg_pack_period(g, k, bdims, true, K);
+        int64_t rows = tb__cg_pack_trace(g, k, bdims, true, K);
+        if (rows == 0 || rows > K) rows = K;
         if (rows >= 16 && rows >= 4 * period)
             return tb__cg_pack_lanes(g, k, bdims, dst, panel, origin, rows);
     }
@@ -28554,8 +28525,7 @@ static void tb__cg_insert_table(tb__cg *g, size_t mark, const int64_t *rows, int
         tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
         return;
     }
-    g->ix.body.len = mark;
-    g->ix.body.data[mark] = '\0';
+    tb__ix_drop(&g->ix, mark);
     tb__cg_const_table(g, narrow ? "int" : "long", "tb_krow", rows, (int32_t)K);
     tb__str_append(&g->ix.body, "%s", tail);
     tb__free(tail);
@@ -29069,8 +29039,7 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
         /* an interior narrower than the row: some pad noted a test on the row's index */
         if (g->ix.status == TB_OK && !g->ix.body.failed && !g->row_mixed && hi - lo >= 8 &&
             (lo > 0 || hi < k->row_len)) {
-            g->ix.body.len = mark;
-            g->ix.body.data[mark] = '\0';
+            tb__ix_drop(&g->ix, mark);
             tb__cg_row_loop(g, k, i0, 0, lo);
             tb__cg_row_loop(g, k, i0, lo, hi);
             tb__cg_row_loop(g, k, i0, hi, k->row_len);

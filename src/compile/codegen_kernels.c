@@ -99,8 +99,7 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
         /* an interior narrower than the row: some pad noted a test on the row's index */
         if (g->ix.status == TB_OK && !g->ix.body.failed && !g->row_mixed && hi - lo >= 8 &&
             (lo > 0 || hi < k->row_len)) {
-            g->ix.body.len = mark;
-            g->ix.body.data[mark] = '\0';
+            tb__ix_drop(&g->ix, mark);
             tb__cg_row_loop(g, k, i0, 0, lo);
             tb__cg_row_loop(g, k, i0, lo, hi);
             tb__cg_row_loop(g, k, i0, hi, k->row_len);

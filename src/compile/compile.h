@@ -502,6 +502,7 @@ static void tb__ix_memo_add(tb__ix *g, int32_t kind, int32_t a, int32_t b, uint6
                             int32_t value);
 static void tb__ix_open(tb__ix *g, const char *head);
 static void tb__ix_close(tb__ix *g, const char *tail);
+static void tb__ix_drop(tb__ix *g, size_t mark);
 static bool tb__ix_need_flat(tb__ix *g, int32_t id);
 static bool tb__ix_need_multi(tb__ix *g, int32_t id);
 /* the row-major strides of `dims` (a dim of 0 counts as 1) */

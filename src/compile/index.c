@@ -367,6 +367,14 @@ static void tb__ix_open(tb__ix *g, const char *head) {
     g->indent++;
 }
 
+/* Drops the text emitted since `mark` (an earlier body length): what a trial emission wrote to
+   learn something of the index (a period, a buffer's flat index) leaves no line behind. */
+static void tb__ix_drop(tb__ix *g, size_t mark) {
+    if (g->body.failed || g->body.data == NULL || mark > g->body.len) return;
+    g->body.len = mark;
+    g->body.data[mark] = '\0';
+}
+
 static void tb__ix_close(tb__ix *g, const char *tail) {
     tb__ix_scope sc;
     if (g->num_scopes == 0) return;
