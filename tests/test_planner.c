@@ -257,6 +257,50 @@ static void test_matmul_own_panels(void **state) {
     tb_tensor_release(x);
 }
 
+/* A matmul read through a reshape that splits its columns into rows of 40 and a slice of
+   columns 1..30 of each (a convolution over whole padded rows), then a residual and a relu: one
+   matmul kernel on every class, storing the slice's 30 columns of each row of 40 through that
+   epilogue (no kernel of its own reading the matmul's output again). A slice of every other
+   column is not a crop: it keeps its own kernel. */
+static void test_matmul_crop(void **state) {
+    tb_tensor *a = plan_input(TB_F32, 3, 2, 64, 72), *b = plan_input(TB_F32, 3, 2, 72, 480);
+    tb_tensor *e = plan_input(TB_F32, 3, 2, 64, 360);
+    const int64_t split[4] = {2, 64, 12, 40}, rows[4] = {2, 64, 12, 30};
+    const int devs[5] = {DEV_AVX512, DEV_AVX2, DEV_SSE, DEV_GPU, DEV_C99};
+    tb_tensor *m = tb_matmul(a, b), *r = tb_reshape(m, split, 4), *er = tb_reshape(e, rows, 4);
+    tb_tensor *s = tb_slice(r, 3, 1, 31, 1), *sum = tb_add(s, er), *y = tb_relu(sum);
+    tb_tensor *s2 = tb_slice(r, 3, 0, 40, 2), *y2 = tb_relu(s2);
+    int c;
+    (void)state;
+    assert_non_null(y);
+    assert_non_null(y2);
+    for (c = 0; c < 5; c++) {
+        tb__plan *p = plan1(devs[c], y);
+        const tb__plan_kernel *k = kernel_of_kind(p, TB__K_MATMUL);
+        assert_int_equal(count_kind(p, TB__K_ELEMENTWISE), 0);
+        assert_int_equal(k->crop_wp, 40);
+        assert_int_equal(k->crop_at, 1);
+        assert_int_equal(k->crop_w, 30);
+        assert_int_equal(k->vec, 0); /* the epilogue's vectors would cross the rows */
+        tb__plan_free(p);
+        p = plan1(devs[c], y2);
+        assert_int_equal(count_kind(p, TB__K_ELEMENTWISE), 1);
+        assert_int_equal(kernel_of_kind(p, TB__K_MATMUL)->crop_wp, 0);
+        tb__plan_free(p);
+    }
+    tb_tensor_release(y2);
+    tb_tensor_release(s2);
+    tb_tensor_release(y);
+    tb_tensor_release(sum);
+    tb_tensor_release(s);
+    tb_tensor_release(er);
+    tb_tensor_release(r);
+    tb_tensor_release(m);
+    tb_tensor_release(e);
+    tb_tensor_release(b);
+    tb_tensor_release(a);
+}
+
 /* The tuning decides: with mm_pack_min_work above the matmul's work it is not packed. */
 static void test_tuning_decides_packing(void **state) {
     tb_tensor *a = plan_input(TB_F32, 2, 512, 512, 0), *b = plan_input(TB_F32, 2, 512, 512, 0);
@@ -488,6 +532,7 @@ int main(void) {
         cmocka_unit_test(test_large_reduction_is_split),
         cmocka_unit_test(test_matmul_forms),
         cmocka_unit_test(test_matmul_own_panels),
+        cmocka_unit_test(test_matmul_crop),
         cmocka_unit_test(test_tuning_decides_packing),
         cmocka_unit_test(test_long_chain_cut_to_budget),
         cmocka_unit_test(test_kernels_fit_the_arguments),

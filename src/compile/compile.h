@@ -235,6 +235,10 @@ typedef struct tb__plan_kernel {
                            the last axis (0: per element), so the leading dims' index
                            arithmetic runs once per row */
     int32_t rm, rn;     /* matmul: outputs per work item (rows, columns); packed: rm x vector */
+    int64_t crop_wp;    /* matmul read through a reshape that splits its columns into rows of
+                           crop_wp and a slice of each: the output keeps columns [crop_at,
+                           crop_at + crop_w) of each such row (tb__plan_mm_crop); 0: every column */
+    int64_t crop_at, crop_w;
     int32_t mm_group;   /* packed matmul: the work items go over the output in groups of this many
                            column panels, each group row panel by row panel (0: row by row) */
     bool own_b;         /* packed matmul: each work item packs one column panel of B into a
@@ -387,7 +391,11 @@ static int32_t tb__plan_index_of(const tb__pgraph *G, const tb_node *node);
 static tb_status tb__plan_partition(tb__pgraph *G);
 static tb_status tb__plan_split_reductions(tb__pgraph *G);
 static tb_status tb__plan_pack_matmuls(tb__pgraph *G);
-static tb_status tb__plan_split_concats(tb__pgraph *G);
+/* what the concats' step (planner_layout.c) asks of planner.c: whether a node can fail at run
+   time, whether a concat takes kernels of its own, and room for kernels at a position */
+static bool tb__plan_can_fail(const tb_node *n);
+static bool tb__plan_cat_many(const tb_node *n);
+static tb_status tb__plan_insert_kernels(tb__pgraph *G, size_t at, size_t count);
 static tb_status tb__plan_assign_slots(tb__pgraph *G);
 static tb_status tb__plan_args(tb__pgraph *G, int32_t *over);
 static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick);

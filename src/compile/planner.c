@@ -552,6 +552,69 @@ static bool tb__plan_inline_fits(const tb__pgraph *G, int32_t i, int32_t common)
     return true;
 }
 
+/* Whether two shapes have the same dims but for axes of one element. */
+static bool tb__plan_same_big_dims(const tb_shape *a, const tb_shape *b) {
+    int32_t i = 0, j = 0;
+    for (;;) {
+        while (i < a->rank && a->dims[i] == 1)
+            i++;
+        while (j < b->rank && b->dims[j] == 1)
+            j++;
+        if (i == a->rank || j == b->rank) return i == a->rank && j == b->rank;
+        if (a->dims[i++] != b->dims[j++]) return false;
+    }
+}
+
+/* Whether node s reaches its kernel's output through nodes that each read it at their own
+   position: elementwise nodes of its dims and reshapes that add or drop axes of one element
+   (an unbatched convolution's), each the only reader of the one before. */
+static bool tb__plan_at_output(const tb__pgraph *G, int32_t s) {
+    while (!G->info[s].root) {
+        const tb__pnode *in = &G->info[s];
+        int32_t u = in->num_users == 1 && in->uses == 1 ? G->users[in->first_user] : -1;
+        const tb_node *un = u >= 0 ? G->info[u].node : NULL;
+        if (un == NULL || G->info[u].ctx != in->ctx ||
+            !((tb__plan_is_elementwise(un->op) &&
+               tb__plan_same_dims(&un->shape, &in->node->shape)) ||
+              (un->op == TB_OP_RESHAPE && tb__plan_same_big_dims(&un->shape, &in->node->shape))))
+            return false;
+        s = u;
+    }
+    return true;
+}
+
+/* Whether matmul i may be the core of the kernel of its only user u: a reshape that splits the
+   matmul's last axis into rows of Wp columns, read only by a slice of each row (step 1) that
+   reaches the kernel's output at its own positions (tb__plan_at_output). The kernel then stores, of
+   each row of Wp columns, only the columns the slice keeps, its epilogue at the slice's positions:
+   a convolution over whole padded rows (tb__conv_rows) cuts its padding columns away in its
+   matmul's stores rather than in a kernel of its own that reads and writes the output again.
+   Sets the kernel's crop_* when it fits. */
+static bool tb__plan_mm_crop(tb__pgraph *G, int32_t i, int32_t u) {
+    const tb__pnode *ui = &G->info[u], *si;
+    const tb_shape *cs = tb__plan_shape(G, i), *rsh = &ui->node->shape;
+    const tb_node *sn;
+    tb__plan_kernel *k;
+    int32_t r = cs->rank, d, s;
+    if (ui->node->op != TB_OP_RESHAPE || ui->ctx < 0 || ui->num_users != 1 || ui->uses != 1 ||
+        r < 2 || rsh->rank != r + 1)
+        return false;
+    k = &G->plan->kernels[ui->ctx];
+    s = G->users[ui->first_user];
+    si = &G->info[s];
+    sn = si->node;
+    if (k->core >= 0 || sn->op != TB_OP_SLICE || si->ctx != ui->ctx || !tb__plan_at_output(G, s) ||
+        sn->attrs[0] != r || sn->attrs[3] != 1 || sn->attrs[2] <= sn->attrs[1])
+        return false;
+    for (d = 0; d + 1 < r; d++)
+        if (rsh->dims[d] != cs->dims[d]) return false;
+    if (rsh->dims[r] < 1 || rsh->dims[r - 1] * rsh->dims[r] != cs->dims[r - 1]) return false;
+    k->crop_wp = rsh->dims[r];
+    k->crop_at = sn->attrs[1];
+    k->crop_w = sn->attrs[2] - sn->attrs[1];
+    return true;
+}
+
 /* Roots and contexts. Users come before their operands (reverse post-order), so a node knows
    the kernels of all its users when its turn comes: it is inlined when they all share one
    kernel (and, under a matmul, when it is index arithmetic or a pad of a packed operand) and it
@@ -595,11 +658,13 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
             if (!must_root && in->num_users == 1 && in->uses == 1) {
                 int32_t u = G->users[in->first_user];
                 const tb__pnode *ui = &G->info[u];
-                /* a matmul also under a reshape: its stores go to the same flat offsets */
-                if (ui->ident && ui->ctx >= 0 && p->kernels[ui->ctx].core < 0 &&
-                    ((tb__plan_is_elementwise(ui->node->op) &&
-                      tb__plan_same_dims(&ui->node->shape, &node->shape)) ||
-                     (core_kind == TB__K_MATMUL && ui->node->op == TB_OP_RESHAPE))) {
+                /* a matmul also under a reshape: its stores go to the same flat offsets (or,
+                   under a slice of the reshape's rows, to the slice's) */
+                if ((ui->ident && ui->ctx >= 0 && p->kernels[ui->ctx].core < 0 &&
+                     ((tb__plan_is_elementwise(ui->node->op) &&
+                       tb__plan_same_dims(&ui->node->shape, &node->shape)) ||
+                      (core_kind == TB__K_MATMUL && ui->node->op == TB_OP_RESHAPE))) ||
+                    (core_kind == TB__K_MATMUL && tb__plan_mm_crop(G, i, u))) {
                     p->kernels[ui->ctx].core = i;
                     p->kernels[ui->ctx].kind = core_kind;
                     in->ctx = ui->ctx;
@@ -1355,136 +1420,6 @@ static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
     tb__free(bits);
     *pick = best;
     return TB_OK;
-}
-
-/* ---- concats of many operands ----
-   A concat of more than TB__PLAN_CAT_INLINE operands is one TB__K_CONCAT kernel per run of
-   its operands, each writing its slice: buffers of one dtype read through the table of the
-   kernel's arguments (arg_table targets), scalars of one dtype from the table of scalars (their
-   code does not grow with the run), or others, one leaf each of a balanced tree of tests. */
-
-#define TB__PLAN_CAT_RUN   8    /* operands of a table run, at least */
-#define TB__PLAN_CAT_TABLE 2048 /* operands of a table run (entries of its tables), at most */
-
-/* The table form operand o of a concat may be read in: TB__CAT_ARGS a buffer (arg_table
-   targets), TB__CAT_SCALARS a view of a scalar parameter (each element the scalar) where
-   scalars travel in a table; else TB__CAT_TREE. */
-static int32_t tb__plan_cat_class(const tb__pgraph *G, int32_t o) {
-    const tb__pnode *oi = &G->info[o];
-    if ((oi->param >= 0 && oi->node->op != TB_OP_SCALAR) || oi->root)
-        return G->target->arg_table ? TB__CAT_ARGS : TB__CAT_TREE;
-    for (; oi->param < 0 && !oi->root && tb_op_get_kind(oi->node->op) == TB_KIND_MOVEMENT &&
-           oi->node->num_operands == 1;
-         oi = &G->info[o])
-        o = tb__plan_operand(G, o, 0);
-    return oi->param >= 0 && oi->node->op == TB_OP_SCALAR && G->plan->scalar_table ? TB__CAT_SCALARS
-                                                                                   : TB__CAT_TREE;
-}
-
-/* The arguments operand o of a concat reads, bounded above (past TB__PLAN_CAT_TREE nodes, an
-   estimate: tb__plan_build still cuts a kernel that reads too many): its nodes' leaves, the
-   error flag. `stamp` and `stack`: scratch of one int per node; `mark` new for each call. */
-static int32_t tb__plan_cat_reads(const tb__pgraph *G, int32_t o, int32_t *stamp, int32_t mark,
-                                  int32_t *stack) {
-    int32_t sp = 1, count = 0, walked = 0;
-    bool fails = false;
-    stack[0] = o;
-    stamp[o] = mark;
-    while (sp > 0) {
-        int32_t n = stack[--sp];
-        const tb__pnode *in = &G->info[n];
-        size_t j;
-        if (in->param >= 0 || in->root) {
-            count++;
-            continue;
-        }
-        if (++walked > TB__PLAN_CAT_TREE) return count + sp + 1;
-        fails = fails || tb__plan_can_fail(in->node);
-        for (j = 0; j < in->node->num_operands; j++) {
-            int32_t x = tb__plan_operand(G, n, j);
-            if (stamp[x] == mark) continue;
-            stamp[x] = mark;
-            stack[sp++] = x;
-        }
-    }
-    return count + (fails ? 1 : 0);
-}
-
-/* The end of the run of concat c's operands from `first` on, its form in *form: a table run
-   of TB__PLAN_CAT_RUN operands or more of one form and dtype (tail[j]: how many follow from j),
-   else a tree within the target's arguments. `scratch`: tb__plan_cat_reads's, and a mark. */
-static int32_t tb__plan_cat_run_end(const tb__pgraph *G, int32_t c, int32_t first,
-                                    const int32_t *cls, const int32_t *tail, int32_t *scratch,
-                                    int32_t *form) {
-    int32_t n = (int32_t)G->info[c].node->num_operands, j = first, args = 0, limit;
-    size_t most_args = G->target->max_args < 65536 ? G->target->max_args : 65536;
-    limit = most_args > 4 ? (int32_t)most_args - 2 : 2; /* arguments besides the output */
-    *form = TB__CAT_TREE;
-    if (tail[j] >= TB__PLAN_CAT_RUN) {
-        int32_t most =
-            cls[j] == TB__CAT_ARGS && limit < TB__PLAN_CAT_TABLE ? limit : TB__PLAN_CAT_TABLE;
-        *form = cls[j];
-        return j + (tail[j] < most ? tail[j] : most);
-    }
-    while (j < n && j - first < TB__PLAN_CAT_TREE && (j == first || tail[j] < TB__PLAN_CAT_RUN)) {
-        int32_t a = tb__plan_cat_reads(G, tb__plan_operand(G, c, (size_t)j), scratch,
-                                       ++scratch[2 * G->n], scratch + G->n);
-        if (j > first && args + a > limit - 1) break; /* and the table of scalars */
-        args += a;
-        j++;
-    }
-    return j;
-}
-
-/* Turns the kernel of each concat of many operands into one TB__K_CONCAT kernel per run of
-   its operands (the last the owner of the others and of the nodes they evaluate). */
-static tb_status tb__plan_split_concats(tb__pgraph *G) {
-    tb__plan *p = G->plan;
-    int32_t *scratch = (int32_t *)tb__calloc(2 * G->n + 1, sizeof(int32_t)), *cls = NULL;
-    size_t i;
-    tb_status st = scratch != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
-        int32_t c = p->kernels[i].root, n, j, end, form, runs = 0, r;
-        const tb_node *cn = G->info[c].node;
-        int64_t at = 0;
-        if (p->kernels[i].kind != TB__K_ELEMENTWISE || !tb__plan_cat_many(cn)) continue;
-        n = (int32_t)cn->num_operands;
-        cls = (int32_t *)tb__calloc(2 * (size_t)n + 2, sizeof(int32_t));
-        if (cls == NULL) {
-            st = TB_ERR_OUT_OF_MEMORY;
-            break;
-        }
-        for (j = n - 1; j >= 0; j--) { /* cls[n + 1 + j]: the table run from j on */
-            const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, c, (size_t)j));
-            cls[j] = tb__plan_cat_class(G, tb__plan_operand(G, c, (size_t)j));
-            cls[n + 1 + j] = cls[j] == TB__CAT_TREE ? 0 : 1;
-            if (cls[j] != TB__CAT_TREE && j + 1 < n && cls[j + 1] == cls[j] &&
-                tb__plan_shape(G, tb__plan_operand(G, c, (size_t)j + 1))->dtype == xs->dtype)
-                cls[n + 1 + j] += cls[n + 2 + j];
-        }
-        for (j = 0; j < n; j = end, runs++)
-            end = tb__plan_cat_run_end(G, c, j, cls, cls + n + 1, scratch, &form);
-        if (runs > 1) st = tb__plan_insert_kernels(G, i, (size_t)runs - 1);
-        for (j = 0, r = 0; st == TB_OK && j < n; j = end, r++) {
-            tb__plan_kernel *k = &p->kernels[i + (size_t)r];
-            end = tb__plan_cat_run_end(G, c, j, cls, cls + n + 1, scratch, &form);
-            k->kind = TB__K_CONCAT;
-            k->root = c;
-            k->core = -1;
-            k->owner = (int32_t)i + runs - 1;
-            k->cat_first = j;
-            k->cat_count = end - j;
-            k->cat_form = form;
-            k->cat_start = at;
-            for (k->cat_len = 0; j < end; j++)
-                k->cat_len += cn->operands[j]->shape.dims[cn->attrs[0]];
-            at += k->cat_len;
-        }
-        tb__free(cls);
-        i += (size_t)runs - 1;
-    }
-    tb__free(scratch);
-    return st;
 }
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */

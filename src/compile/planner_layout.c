@@ -1,10 +1,141 @@
 /* ===========================================================================================
-   Kernel planner, second half: the layout of the kernels planner.c formed (vectors along rows,
-   launch geometry, names), the plan of a graph from its steps in order, and buffer donation.
+   Kernel planner, second half: the kernels of a concat of many operands, the layout of the
+   kernels planner.c formed (vectors along rows, launch geometry, names), the plan of a graph
+   from its steps in order, and buffer donation.
    =========================================================================================== */
 #include "../impl_begin.h"
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
+
+/* ---- concats of many operands ----
+   A concat of more than TB__PLAN_CAT_INLINE operands is one TB__K_CONCAT kernel per run of
+   its operands, each writing its slice: buffers of one dtype read through the table of the
+   kernel's arguments (arg_table targets), scalars of one dtype from the table of scalars (their
+   code does not grow with the run), or others, one leaf each of a balanced tree of tests. */
+
+#define TB__PLAN_CAT_RUN   8    /* operands of a table run, at least */
+#define TB__PLAN_CAT_TABLE 2048 /* operands of a table run (entries of its tables), at most */
+
+/* The table form operand o of a concat may be read in: TB__CAT_ARGS a buffer (arg_table
+   targets), TB__CAT_SCALARS a view of a scalar parameter (each element the scalar) where
+   scalars travel in a table; else TB__CAT_TREE. */
+static int32_t tb__plan_cat_class(const tb__pgraph *G, int32_t o) {
+    const tb__pnode *oi = &G->info[o];
+    if ((oi->param >= 0 && oi->node->op != TB_OP_SCALAR) || oi->root)
+        return G->target->arg_table ? TB__CAT_ARGS : TB__CAT_TREE;
+    for (; oi->param < 0 && !oi->root && tb_op_get_kind(oi->node->op) == TB_KIND_MOVEMENT &&
+           oi->node->num_operands == 1;
+         oi = &G->info[o])
+        o = tb__plan_operand(G, o, 0);
+    return oi->param >= 0 && oi->node->op == TB_OP_SCALAR && G->plan->scalar_table ? TB__CAT_SCALARS
+                                                                                   : TB__CAT_TREE;
+}
+
+/* The arguments operand o of a concat reads, bounded above (past TB__PLAN_CAT_TREE nodes, an
+   estimate: tb__plan_build still cuts a kernel that reads too many): its nodes' leaves, the
+   error flag. `stamp` and `stack`: scratch of one int per node; `mark` new for each call. */
+static int32_t tb__plan_cat_reads(const tb__pgraph *G, int32_t o, int32_t *stamp, int32_t mark,
+                                  int32_t *stack) {
+    int32_t sp = 1, count = 0, walked = 0;
+    bool fails = false;
+    stack[0] = o;
+    stamp[o] = mark;
+    while (sp > 0) {
+        int32_t n = stack[--sp];
+        const tb__pnode *in = &G->info[n];
+        size_t j;
+        if (in->param >= 0 || in->root) {
+            count++;
+            continue;
+        }
+        if (++walked > TB__PLAN_CAT_TREE) return count + sp + 1;
+        fails = fails || tb__plan_can_fail(in->node);
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t x = tb__plan_operand(G, n, j);
+            if (stamp[x] == mark) continue;
+            stamp[x] = mark;
+            stack[sp++] = x;
+        }
+    }
+    return count + (fails ? 1 : 0);
+}
+
+/* The end of the run of concat c's operands from `first` on, its form in *form: a table run
+   of TB__PLAN_CAT_RUN operands or more of one form and dtype (tail[j]: how many follow from j),
+   else a tree within the target's arguments. `scratch`: tb__plan_cat_reads's, and a mark. */
+static int32_t tb__plan_cat_run_end(const tb__pgraph *G, int32_t c, int32_t first,
+                                    const int32_t *cls, const int32_t *tail, int32_t *scratch,
+                                    int32_t *form) {
+    int32_t n = (int32_t)G->info[c].node->num_operands, j = first, args = 0, limit;
+    size_t most_args = G->target->max_args < 65536 ? G->target->max_args : 65536;
+    limit = most_args > 4 ? (int32_t)most_args - 2 : 2; /* arguments besides the output */
+    *form = TB__CAT_TREE;
+    if (tail[j] >= TB__PLAN_CAT_RUN) {
+        int32_t most =
+            cls[j] == TB__CAT_ARGS && limit < TB__PLAN_CAT_TABLE ? limit : TB__PLAN_CAT_TABLE;
+        *form = cls[j];
+        return j + (tail[j] < most ? tail[j] : most);
+    }
+    while (j < n && j - first < TB__PLAN_CAT_TREE && (j == first || tail[j] < TB__PLAN_CAT_RUN)) {
+        int32_t a = tb__plan_cat_reads(G, tb__plan_operand(G, c, (size_t)j), scratch,
+                                       ++scratch[2 * G->n], scratch + G->n);
+        if (j > first && args + a > limit - 1) break; /* and the table of scalars */
+        args += a;
+        j++;
+    }
+    return j;
+}
+
+/* Turns the kernel of each concat of many operands into one TB__K_CONCAT kernel per run of
+   its operands (the last the owner of the others and of the nodes they evaluate). */
+static tb_status tb__plan_split_concats(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    int32_t *scratch = (int32_t *)tb__calloc(2 * G->n + 1, sizeof(int32_t)), *cls = NULL;
+    size_t i;
+    tb_status st = scratch != NULL ? TB_OK : TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < p->num_kernels && st == TB_OK; i++) {
+        int32_t c = p->kernels[i].root, n, j, end, form, runs = 0, r;
+        const tb_node *cn = G->info[c].node;
+        int64_t at = 0;
+        if (p->kernels[i].kind != TB__K_ELEMENTWISE || !tb__plan_cat_many(cn)) continue;
+        n = (int32_t)cn->num_operands;
+        cls = (int32_t *)tb__calloc(2 * (size_t)n + 2, sizeof(int32_t));
+        if (cls == NULL) {
+            st = TB_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        for (j = n - 1; j >= 0; j--) { /* cls[n + 1 + j]: the table run from j on */
+            const tb_shape *xs = tb__plan_shape(G, tb__plan_operand(G, c, (size_t)j));
+            cls[j] = tb__plan_cat_class(G, tb__plan_operand(G, c, (size_t)j));
+            cls[n + 1 + j] = cls[j] == TB__CAT_TREE ? 0 : 1;
+            if (cls[j] != TB__CAT_TREE && j + 1 < n && cls[j + 1] == cls[j] &&
+                tb__plan_shape(G, tb__plan_operand(G, c, (size_t)j + 1))->dtype == xs->dtype)
+                cls[n + 1 + j] += cls[n + 2 + j];
+        }
+        for (j = 0; j < n; j = end, runs++)
+            end = tb__plan_cat_run_end(G, c, j, cls, cls + n + 1, scratch, &form);
+        if (runs > 1) st = tb__plan_insert_kernels(G, i, (size_t)runs - 1);
+        for (j = 0, r = 0; st == TB_OK && j < n; j = end, r++) {
+            tb__plan_kernel *k = &p->kernels[i + (size_t)r];
+            end = tb__plan_cat_run_end(G, c, j, cls, cls + n + 1, scratch, &form);
+            k->kind = TB__K_CONCAT;
+            k->root = c;
+            k->core = -1;
+            k->owner = (int32_t)i + runs - 1;
+            k->cat_first = j;
+            k->cat_count = end - j;
+            k->cat_form = form;
+            k->cat_start = at;
+            for (k->cat_len = 0; j < end; j++)
+                k->cat_len += cn->operands[j]->shape.dims[cn->attrs[0]];
+            at += k->cat_len;
+        }
+        tb__free(cls);
+        i += (size_t)runs - 1;
+    }
+    tb__free(scratch);
+    return st;
+}
 
 /* ---- vectors along rows ----
    A row kernel whose work item reads its row in order (one item per row, the row contiguous)
@@ -345,8 +476,9 @@ static int32_t tb__plan_mm_group(const tb__pgraph *G, const tb__plan_kernel *k,
 static int32_t tb__plan_mm_vec_epilogue(const tb__pgraph *G, const tb__plan_kernel *k) {
     int32_t w = G->target->tuning->vec_width;
     const tb_shape *cs = tb__plan_shape(G, k->core), *rs = tb__plan_shape(G, k->root);
-    if (w <= 0 || k->root == k->core || cs->dtype != TB_F32 || k->rn % w != 0 || rs->rank < 1 ||
-        rs->dims[rs->rank - 1] != cs->dims[cs->rank - 1] || !tb__plan_vec_dtype(rs->dtype))
+    if (w <= 0 || k->root == k->core || k->crop_wp > 0 || cs->dtype != TB_F32 || k->rn % w != 0 ||
+        rs->rank < 1 || rs->dims[rs->rank - 1] != cs->dims[cs->rank - 1] ||
+        !tb__plan_vec_dtype(rs->dtype))
         return 0;
     return tb__plan_vec_subtree(G, k, k->root, k->core, 1) ? w : 0;
 }

@@ -217,8 +217,9 @@ static bool tb__conv_rows_fit(const tb__conv_args *c, tb_tensor *x, tb_tensor *w
    flattened to [N, C, Hp * Wp], so that window element (c, i, j) of output position y * Wp + x'
    is flat element y * Wp + x' + i * d0 * Wp + j * d1 of channel c. Each depth row of the
    matmul's B is then one contiguous run of the padded input (its packing a plain copy, no test
-   of the padding at each read); the matmul computes Wp - W_out columns per row that are cut
-   away after it. */
+   of the padding at each read); the matmul computes Wp - W_out columns per row, which its
+   stores leave out (the planner's crop, tb__plan_mm_crop: no kernel of its own reading the
+   output again). */
 static tb_tensor *tb__conv_rows(tb__ag *a, const tb__conv_args *c, tb_tensor *x, tb_tensor *weight,
                                 int64_t outc) {
     tb_shape xs = tb_tensor_shape(x);

@@ -1,7 +1,7 @@
 /* The compiled-backend suite, matmul. Matmul and row kernels: matmul in every dtype and layout with
-   its epilogues, a matmul through a reshape, rows of elementwise work, softmax and layer_norm, the
-   GPU code paths (OpenCL), and a batched left operand times a matrix as one matmul. Part of
-   tests/backend_suite/suite.c. */
+   its epilogues, a matmul through a reshape, a matmul whose stores keep part of each row, rows of
+   elementwise work, softmax and layer_norm, the GPU code paths (OpenCL), and a batched left
+   operand times a matrix as one matmul. Part of tests/backend_suite/suite.c. */
 
 /* ---- matmul, softmax, layer_norm ---- */
 
@@ -226,6 +226,108 @@ static void test_matmul_through_reshape(void **state) {
     }
     for (i = 0; i < 300 * 130; i++)
         assert_true(fabsf(got[i] - want[i]) <= 1e-3f * (1.0f + fabsf(want[i])));
+}
+
+/* A matmul read through a reshape that splits its columns into rows of wp and a slice of
+   columns [at, at + w) of each (a convolution over whole padded rows cuts its padding columns
+   away so): the kernel stores the kept columns alone, through the epilogue (relu of the slice
+   plus a tensor of its shape) at the slice's positions. */
+typedef struct crop_arg {
+    int64_t h, wp, at, w;
+    bool residual; /* relu(slice + in[2]), else the slice */
+} crop_arg;
+
+static tb_tensor *build_crop(tb_tensor **in, const void *arg) {
+    const crop_arg *c = (const crop_arg *)arg;
+    tb_tensor *m = tb_matmul(in[0], in[1]), *r, *s, *t, *y;
+    tb_shape ms = tb_tensor_shape(m);
+    int64_t dims[TB_MAX_RANK];
+    int32_t d;
+    for (d = 0; d + 1 < ms.rank; d++)
+        dims[d] = ms.dims[d];
+    dims[ms.rank - 1] = c->h;
+    dims[ms.rank] = c->wp;
+    r = tb_reshape(m, dims, ms.rank + 1);
+    s = tb_slice(r, ms.rank, c->at, c->at + c->w, 1);
+    tb_tensor_release(r);
+    tb_tensor_release(m);
+    if (!c->residual) return s;
+    t = tb_add(s, in[2]);
+    y = tb_relu(t);
+    tb_tensor_release(t);
+    tb_tensor_release(s);
+    return y;
+}
+
+/* The crop on the suite's device and on cpu from the same inputs, compared directly (not
+   stacked with other cases, whose concat would be the kernel's output), and the device's code:
+   one matmul kernel (no elementwise one after it) whose CPU form stores each row of wp it meets
+   as a run of the kept columns. `runs`: expect that form. */
+static void crop_run(const char *name, const crop_arg *c, const tb_shape *sh, size_t nin,
+                     bool runs) {
+    tb_tensor *in[2][3], *y[2];
+    void *host[3];
+    char *text;
+    size_t i;
+    int k;
+    for (i = 0; i < nin; i++) {
+        host[i] = host_alloc(&sh[i]);
+        fill(host[i], &sh[i], R_ANY, 0);
+    }
+    for (k = 0; k < 2; k++) {
+        for (i = 0; i < nin; i++) {
+            in[k][i] = tb_tensor_from_host(host[i], &sh[i], k ? &g_ocl : &g_cpu);
+            assert_non_null(in[k][i]);
+        }
+        y[k] = build_crop(in[k], c);
+        if (y[k] == NULL) fail_msg("%s: %s", name, tb_last_error());
+    }
+    text = tb_ir_backend_text(&y[1], 1);
+    if (text == NULL) fail_msg("%s: %s", name, tb_last_error());
+    if (strstr(text, "void E_") != NULL || strstr(text, "void MM_") == NULL ||
+        (runs && strstr(text, "for (long sy = col0 / ") == NULL))
+        fail_msg("%s: not one matmul kernel storing the kept columns:\n%s", name, text);
+    tb_free(text);
+    compare_tensors(name, y[0], y[1]);
+    for (k = 0; k < 2; k++) {
+        tb_tensor_release(y[k]);
+        for (i = 0; i < nin; i++)
+            tb_tensor_release(in[k][i]);
+    }
+    for (i = 0; i < nin; i++)
+        free(host[i]);
+}
+
+/* Packed (64 rows of 13 on AVX-512: a partial last row block) with a batch, the columns 1..30
+   of rows of 40, and a residual; a register matmul keeping 2..8 of 10; one row of columns
+   (h 1) and one row of the matmul (m 1) in a batch of 3; the last column alone of each row of
+   7. On a GPU's code (the test hook), the tiles' strided columns test each column. */
+static void crop_cases(bool runs) {
+    static const crop_arg packed = {12, 40, 1, 30, true}, regs = {3, 10, 2, 7, false},
+                          flat = {1, 16, 0, 9, true}, last = {5, 7, 6, 1, false};
+    tb_shape sh[3];
+    sh[0] = shp(TB_F32, 3, 2, 64, 72, 0);
+    sh[1] = shp(TB_F32, 3, 2, 72, 480, 0);
+    sh[2] = shp(TB_F32, 4, 2, 64, 12, 30);
+    crop_run("relu(matmul's columns 1..30 of each 40 + x), packed", &packed, sh, 3, runs);
+    sh[0] = shp(TB_F32, 2, 5, 7, 0, 0);
+    sh[1] = shp(TB_F32, 2, 7, 30, 0, 0);
+    crop_run("matmul's columns 2..8 of each 10", &regs, sh, 2, runs);
+    sh[0] = shp(TB_F32, 3, 3, 1, 6, 0);
+    sh[1] = shp(TB_F32, 3, 3, 6, 16, 0);
+    sh[2] = shp(TB_F32, 4, 3, 1, 1, 9);
+    crop_run("relu(one row's columns 0..8 of 16 + x)", &flat, sh, 3, runs);
+    sh[0] = shp(TB_F32, 2, 9, 4, 0, 0);
+    sh[1] = shp(TB_F32, 2, 4, 35, 0, 0);
+    crop_run("matmul's last column of each 7", &last, sh, 2, runs);
+}
+
+static void test_matmul_crop(void **state) {
+    tb_device_info info;
+    (void)state;
+    REQUIRE_OPENCL();
+    assert_int_equal(tb_backend_device_info(&g_ocl, &info), TB_OK);
+    crop_cases(info.device.type == TB_DEVICE_CPU);
 }
 
 /* A packed f32 matmul's epilogue runs W columns at once where each block row is whole
@@ -472,6 +574,7 @@ static void test_gpu_code_paths(void **state) {
     add_case("work-group softmax", build_norm, &norm[0], in, 1);
     add_case("work-group layer_norm", build_norm, &norm[1], in, 1);
     flush_cases();
+    crop_cases(false);
 #ifndef TB_NO_OPENCL
     tb__ocl_codegen_as_gpu = 0;
 #endif
@@ -532,6 +635,7 @@ static const struct CMUnitTest matmul_tests[] = {
     cmocka_unit_test(test_matmul),
     cmocka_unit_test(test_matmul_through_reshape),
     cmocka_unit_test(test_matmul_vector_epilogue),
+    cmocka_unit_test(test_matmul_crop),
     cmocka_unit_test(test_elementwise_rows),
     cmocka_unit_test(test_softmax_layer_norm),
     cmocka_unit_test(test_batched_times_matrix_is_one_matmul),
