@@ -28050,7 +28050,7 @@ static bool tb__cg_matmul_crop_stores(tb__cg *g, const tb__plan_kernel *k, const
         snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) ", (int)k->rm);
         tb__ix_open(&g->ix, head);
         tb__ix_line(&g->ix, "const long gr = %s;", rows);
-        if (M % k->rm != 0) tb__ix_line(&g->ix, "if (gr >= %lldL) break;", M);
+        tb__ix_line(&g->ix, "if (gr >= %lldL) break;", M); /* a padded grid's item too */
         snprintf(head, sizeof head, "for (long jj = 0; jj < %dL; jj++) if (jj >= ja && jj < jb) ",
                  (int)k->rn);
         tb__ix_open(&g->ix, head);
