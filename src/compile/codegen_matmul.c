@@ -63,13 +63,20 @@ static bool tb__cg_matmul_store(tb__cg *g, const tb__plan_kernel *k, const tb__l
     return true;
 }
 
+/* The form of an axis of `size` elements at var * coef + c, as the views under a kernel's root
+   make it: no term where the axis has one element. */
+static void tb__cg_axis_form(tb__lf *f, int64_t size, int32_t var, int64_t coef, int64_t c) {
+    tb__lf_const(f, c);
+    if (size > 1) tb__lf_add_term(f, var, coef);
+}
+
 /* The store of acc[ii][jj] of a matmul that keeps part of each row of crop_wp columns
-   (tb__plan_kernel.crop_wp): the slice's position is the matmul's batch dims, its row (C text
-   `gr`), the row of crop_wp columns (`sy`) and the place in it less crop_at (`sx`), the root's
-   the same but for axes of one element (tb__plan_at_output); the matmul's value is noted at
-   the column those make, where the slice and the reshape under it read it. */
+   (tb__plan_kernel.crop_wp): the slice's position is the matmul's batch dims, its row (C
+   variable `gr`), the row of crop_wp columns (`sy`) and the place in it less crop_at (`sx`),
+   the root's the same but for axes of one element (tb__plan_at_output); the matmul's value is
+   noted at the column those make, where the slice and the reshape under it read it. */
 static bool tb__cg_matmul_crop_store(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
-                                     const char *gr, const char *sy, const char *sx) {
+                                     const char *sy, const char *sx) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core), *rs = tb__plan_shape(g->G, k->root);
     int32_t r = cs->rank, d, j, vr, vy, vx, p, pf, pr, vf, v;
     const char *t = tb__cg_ctype(cs->dtype);
@@ -79,23 +86,21 @@ static bool tb__cg_matmul_crop_store(tb__cg *g, const tb__plan_kernel *k, const 
     ss.rank = r + 1;
     ss.dims[r - 1] = cs->dims[r - 1] / k->crop_wp;
     ss.dims[r] = k->crop_w;
-    vr = tb__ix_new_var(&g->ix, 0, cs->dims[r - 2] - 1);
-    vy = tb__ix_new_var(&g->ix, 0, cs->dims[r - 1] / k->crop_wp - 1);
-    vx = tb__ix_new_var(&g->ix, 0, k->crop_w - 1);
+    vr = tb__ix_new_var(&g->ix, 0, ss.dims[r - 2] - 1);
+    vy = tb__ix_new_var(&g->ix, 0, ss.dims[r - 1] - 1);
+    vx = tb__ix_new_var(&g->ix, 0, ss.dims[r] - 1);
     vf = tb__cg_new_val(g, cs->dtype);
     if (vr < 0 || vy < 0 || vx < 0 || vf < 0) return false;
-    tb__ix_line(&g->ix, "const long i%d = %s, i%d = %s, i%d = %s;", (int)vr, gr, (int)vy, sy,
-                (int)vx, sx);
+    tb__ix_line(&g->ix, "const long i%d = gr, i%d = %s, i%d = %s;", (int)vr, (int)vy, sy, (int)vx,
+                sx);
     tb__ix_line(&g->ix, "const %s v%d = (%s)acc[ii][jj];", t, (int)vf, t);
     vf = tb__cg_round(g, cs->dtype, vf);
     if (vf < 0) return false;
-    /* the forms as the views under the root make them: no term for an axis of one element */
+    /* the matmul's position: its column crop_at + sy * crop_wp + sx */
     for (d = 0; d < r - 2; d++)
         dims[d] = bdims[d];
-    tb__lf_const(&dims[r - 2], 0);
-    if (cs->dims[r - 2] > 1) tb__lf_add_term(&dims[r - 2], vr, 1);
-    tb__lf_const(&dims[r - 1], k->crop_at);
-    if (ss.dims[r - 1] > 1) tb__lf_add_term(&dims[r - 1], vy, k->crop_wp);
+    tb__cg_axis_form(&dims[r - 2], ss.dims[r - 2], vr, 1, 0);
+    tb__cg_axis_form(&dims[r - 1], ss.dims[r - 1], vy, k->crop_wp, k->crop_at);
     if (ss.dims[r] > 1) tb__lf_add_term(&dims[r - 1], vx, 1);
     p = tb__ix_pos_multi(&g->ix, cs, dims);
     if (p < 0 || !tb__ix_need_flat(&g->ix, p)) return false;
@@ -103,11 +108,9 @@ static bool tb__cg_matmul_crop_store(tb__cg *g, const tb__plan_kernel *k, const 
     if (pf < 0) return false;
     tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, p, 0, vf);
     tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, k->core, pf, 0, vf);
-    tb__lf_const(&dims[r - 1], 0);
-    if (ss.dims[r - 1] > 1) tb__lf_add_term(&dims[r - 1], vy, 1);
-    tb__lf_const(&dims[r], 0);
-    if (ss.dims[r] > 1) tb__lf_add_term(&dims[r], vx, 1);
-    /* the slice's forms on the root's axes of more than one element, in order */
+    /* the slice's, then its forms on the root's axes of more than one element, in order */
+    tb__cg_axis_form(&dims[r - 1], ss.dims[r - 1], vy, 1, 0);
+    tb__cg_axis_form(&dims[r], ss.dims[r], vx, 1, 0);
     for (d = 0, j = 0; d < rs->rank; d++) {
         tb__lf_const(&rdims[d], 0);
         if (rs->dims[d] == 1) continue;
@@ -154,7 +157,7 @@ static bool tb__cg_matmul_crop_stores(tb__cg *g, const tb__plan_kernel *k, const
                  (int)k->rn);
         tb__ix_open(&g->ix, head);
         snprintf(sx, sizeof sx, "col0 + jj - sy * %lldL - %lldL", wp, at);
-        if (!tb__cg_matmul_crop_store(g, k, bdims, "gr", "sy", sx)) return false;
+        if (!tb__cg_matmul_crop_store(g, k, bdims, "sy", sx)) return false;
         tb__ix_close(&g->ix, "");
         tb__ix_close(&g->ix, "");
         tb__ix_close(&g->ix, "");
@@ -170,7 +173,7 @@ static bool tb__cg_matmul_crop_stores(tb__cg *g, const tb__plan_kernel *k, const
     tb__ix_open(&g->ix, head);
     snprintf(head, sizeof head, "gc / %lldL", wp);
     snprintf(sx, sizeof sx, "gc %% %lldL - %lldL", wp, at);
-    if (!tb__cg_matmul_crop_store(g, k, bdims, "gr", head, sx)) return false;
+    if (!tb__cg_matmul_crop_store(g, k, bdims, head, sx)) return false;
     tb__ix_close(&g->ix, "");
     tb__ix_close(&g->ix, "");
     return g->ix.status == TB_OK;

@@ -303,23 +303,33 @@ static void crop_run(const char *name, const crop_arg *c, const tb_shape *sh, si
    (h 1) and one row of the matmul (m 1) in a batch of 3; the last column alone of each row of
    7. On a GPU's code (the test hook), the tiles' strided columns test each column. */
 static void crop_cases(bool runs) {
-    static const crop_arg packed = {12, 40, 1, 30, true}, regs = {3, 10, 2, 7, false},
-                          flat = {1, 16, 0, 9, true}, last = {5, 7, 6, 1, false};
-    tb_shape sh[3];
-    sh[0] = shp(TB_F32, 3, 2, 64, 72, 0);
-    sh[1] = shp(TB_F32, 3, 2, 72, 480, 0);
-    sh[2] = shp(TB_F32, 4, 2, 64, 12, 30);
-    crop_run("relu(matmul's columns 1..30 of each 40 + x), packed", &packed, sh, 3, runs);
-    sh[0] = shp(TB_F32, 2, 5, 7, 0, 0);
-    sh[1] = shp(TB_F32, 2, 7, 30, 0, 0);
-    crop_run("matmul's columns 2..8 of each 10", &regs, sh, 2, runs);
-    sh[0] = shp(TB_F32, 3, 3, 1, 6, 0);
-    sh[1] = shp(TB_F32, 3, 3, 6, 16, 0);
-    sh[2] = shp(TB_F32, 4, 3, 1, 1, 9);
-    crop_run("relu(one row's columns 0..8 of 16 + x)", &flat, sh, 3, runs);
-    sh[0] = shp(TB_F32, 2, 9, 4, 0, 0);
-    sh[1] = shp(TB_F32, 2, 4, 35, 0, 0);
-    crop_run("matmul's last column of each 7", &last, sh, 2, runs);
+    static const struct {
+        const char *name;
+        crop_arg arg;
+        int32_t rank[3]; /* a, b, and the residual (rank 0: none) */
+        int64_t dims[3][4];
+    } cases[] = {
+        {"relu(matmul's columns 1..30 of each 40 + x), packed",
+         {12, 40, 1, 30, true},
+         {3, 3, 4},
+         {{2, 64, 72}, {2, 72, 480}, {2, 64, 12, 30}}},
+        {"matmul's columns 2..8 of each 10", {3, 10, 2, 7, false}, {2, 2, 0}, {{5, 7}, {7, 30}}},
+        {"relu(one row's columns 0..8 of 16 + x)",
+         {1, 16, 0, 9, true},
+         {3, 3, 4},
+         {{3, 1, 6}, {3, 6, 16}, {3, 1, 1, 9}}},
+        {"matmul's last column of each 7", {5, 7, 6, 1, false}, {2, 2, 0}, {{9, 4}, {4, 35}}},
+    };
+    size_t c, i;
+    for (c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        tb_shape sh[3];
+        size_t nin = cases[c].rank[2] > 0 ? 3 : 2;
+        for (i = 0; i < nin; i++) {
+            const int64_t *d = cases[c].dims[i];
+            sh[i] = shp(TB_F32, cases[c].rank[i], d[0], d[1], d[2], d[3]);
+        }
+        crop_run(cases[c].name, &cases[c].arg, sh, nin, runs);
+    }
 }
 
 static void test_matmul_crop(void **state) {
