@@ -21559,6 +21559,9 @@ typedef struct tb__tuning {
                                  its own column panel of B, this panel's rows at a time (0:
                                  never), */
     int64_t mm_own_b_rows;    /* where the matmul has at most this many rows */
+    bool mm_own_b_plain;      /* C: such an item's loops are not vectorised by the compiler (its
+                                 pack's vector constants would take the accumulators' registers
+                                 on a CPU with 16 of them) */
     int64_t mm_cache_bytes;   /* packed: a core's own data cache (L2) where the target does not
                                  say (an OpenCL device reports only its last-level cache) */
     double mm_group_caches;   /* packed: the column panels one sweep over the row panels reuses
@@ -21721,6 +21724,8 @@ typedef struct tb__plan_kernel {
                            kernel for B), */
     int64_t own_b_k;    /* own_b_k rows of the panel at a time (K or less: the accumulators of
                            every row panel kept in a private tile between them) */
+    bool plain_loops;   /* own_b on C: the compiler leaves the item's loops as written
+                           (tb__tuning.mm_own_b_plain) */
     int32_t tk;         /* matmul in tiles: depth of a tile */
     bool prefetch_rows; /* norms: the second pass prefetches the next row of x */
     bool stream_out;    /* norms: the last pass stores whole vectors with non-temporal stores
@@ -22899,6 +22904,12 @@ static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape) {
     t->mm_panel_rows = lanes == 16 ? 14 : (shape->vec_regs >= 32 ? 12 : 6);
     t->mm_panel_rows_min = lanes == 16 ? 12 : t->mm_panel_rows;
     if (lanes < 8) t->mm_reg_rows = 4;
+    /* the fills of a convolution's weight gradient in AVX2 code (-march=x86-64-v3; 32 x 64 x
+       56 x 56, 3 x 3, one thread of a 2-core Intel Xeon VM with AVX-512): gcc's vectorised pack
+       kept two vector constants across the loop of 12 accumulators, which then kept one of them on
+       the stack (each step a store and a reload): 173 -> 165 ms without the vectoriser. With 32
+       registers the vectorised pack (AVX-512's scatters) is the faster: 84 against 124-150 ms */
+    t->mm_own_b_plain = shape->vec_regs < 32;
     t->mm_reg_accs = shape->vec_regs >= 32 ? 24 : 12;
 }
 
@@ -23987,6 +23998,7 @@ static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
         pack_b = tb__plan_mm_b_buffer(G, k->core) < 0;
         k->own_b_k = pack_b ? tb__plan_mm_own_b_rows(G, k->core) : 0;
         k->own_b = k->own_b_k > 0;
+        k->plain_loops = k->own_b && G->target->tuning->mm_own_b_plain;
         packs = (size_t)pack_a + (pack_b && !k->own_b);
         st = packs > 0 ? tb__plan_insert_kernels(G, i, packs) : TB_OK;
         if (st != TB_OK) return st;
@@ -30962,8 +30974,14 @@ static const char tb__c99_head_fold[] =
     "#define tb_hmin(v) tb_hfold((v), 3)\n"
     "\n";
 
-/* The head's fourth part: TB_VW lanes of 16-bit floats. */
+/* The head's fourth part: TB_PLAIN_LOOPS (tb__plan_kernel.plain_loops), TB_VW lanes of 16-bit
+   floats. */
 static const char tb__c99_head3[] =
+    "#if defined(__GNUC__) && !defined(__clang__) /* loops left as written */\n"
+    "#define TB_PLAIN_LOOPS __attribute__((optimize(\"no-tree-vectorize\")))\n"
+    "#else\n"
+    "#define TB_PLAIN_LOOPS\n"
+    "#endif\n"
     /* f16: the CPU's conversions where the target has them (AVX-512, F16C), else lane by
        lane; bf16 as the top half of an f32 */
     "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__)\n"
@@ -31087,7 +31105,8 @@ static void tb__c99_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb
     uint64_t size[3];
     size_t i;
     tb__c99_global_size(k, size);
-    tb__str_append(src, "static inline void %s_item(long tb_g0, long tb_g1, long tb_g2", k->name);
+    tb__str_append(src, "%sstatic inline void %s_item(long tb_g0, long tb_g1, long tb_g2",
+                   k->plain_loops ? "TB_PLAIN_LOOPS " : "", k->name);
     for (i = 0; i < num_params; i++) {
         const tb__cg_param *q = &params[i];
         if (q->role == TB__ARG_SCALAR) {

@@ -40,7 +40,7 @@ static const cpu_class g_classes[] = {
 
 static char g_dir[256];
 
-#define NUM_GRAPHS 11 /* 0-5, 6 (the default), 7-10 */
+#define NUM_GRAPHS 12 /* 0-5, 6 (the default), 7-11 */
 
 /* The host's C compiler, when it compiles for x86-64. */
 static bool x86_host(void) {
@@ -143,10 +143,19 @@ static char *program_for(const cpu_class *c, int graph) {
         break;
     case 10: /* a convolution's weight gradient: B's windows packed lane by lane, each
                 lane's rows read along an input row */
-        assert_int_equal(tb_shape_make(&s, TB_F32, 4, (const int64_t[]){4, 16, 28, 28}), TB_OK);
+    case 11: /* the same for a ResNet-like layer: K of 100352 (32 x 56 x 56) in fills of the
+                item's buffer, the loop of each fill beside the packing of the next */
+        if (graph == 11)
+            assert_int_equal(tb_shape_make(&s, TB_F32, 4, (const int64_t[]){32, 64, 56, 56}),
+                             TB_OK);
+        else
+            assert_int_equal(tb_shape_make(&s, TB_F32, 4, (const int64_t[]){4, 16, 28, 28}), TB_OK);
         x = tb_zeros(&s, &nat);
         assert_int_equal(tb_sync(&x, 1), TB_OK);
-        assert_int_equal(tb_shape_make(&s, TB_F32, 4, (const int64_t[]){32, 16, 3, 3}), TB_OK);
+        assert_int_equal(
+            tb_shape_make(&s, TB_F32, 4,
+                          (const int64_t[]){graph == 11 ? 64 : 32, graph == 11 ? 64 : 16, 3, 3}),
+            TB_OK);
         z = tb_zeros(&s, &nat);
         assert_int_equal(tb_sync(&z, 1), TB_OK);
         assert_int_equal(tb_set_requires_grad(z, true), TB_OK);

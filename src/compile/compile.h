@@ -84,6 +84,9 @@ typedef struct tb__tuning {
                                  its own column panel of B, this panel's rows at a time (0:
                                  never), */
     int64_t mm_own_b_rows;    /* where the matmul has at most this many rows */
+    bool mm_own_b_plain;      /* C: such an item's loops are not vectorised by the compiler (its
+                                 pack's vector constants would take the accumulators' registers
+                                 on a CPU with 16 of them) */
     int64_t mm_cache_bytes;   /* packed: a core's own data cache (L2) where the target does not
                                  say (an OpenCL device reports only its last-level cache) */
     double mm_group_caches;   /* packed: the column panels one sweep over the row panels reuses
@@ -246,6 +249,8 @@ typedef struct tb__plan_kernel {
                            kernel for B), */
     int64_t own_b_k;    /* own_b_k rows of the panel at a time (K or less: the accumulators of
                            every row panel kept in a private tile between them) */
+    bool plain_loops;   /* own_b on C: the compiler leaves the item's loops as written
+                           (tb__tuning.mm_own_b_plain) */
     int32_t tk;         /* matmul in tiles: depth of a tile */
     bool prefetch_rows; /* norms: the second pass prefetches the next row of x */
     bool stream_out;    /* norms: the last pass stores whole vectors with non-temporal stores
