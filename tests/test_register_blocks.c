@@ -5,10 +5,12 @@
    or kept a vector wider than its registers in memory). Kernels: the packed matmul (f32 and
    f64, with its pack kernels), the register matmul (a batched matrix-vector product with B's
    rows read as vectors and gathered, a classifier's 10 columns), a convolution's weight gradient
-   (its windows packed lane by lane), an elementwise chain with exp, sums and maxima over rows,
-   softmax (pipelined too), log_softmax and layer_norm. The programs are planned for the class
-   through the backend's test hook (tb__native_shape_override), on any machine; NEON's are
-   compiled where Debian's cross compiler is installed (gcc-aarch64-linux-gnu). */
+   (its windows packed lane by lane; a small one, and a ResNet-like one whose items pack their
+   panels of B in fills, each fill's loop beside the packing of the next), an elementwise chain with
+   exp, sums and maxima over rows, softmax (pipelined too), log_softmax and layer_norm. The programs
+   are planned for the class through the backend's test hook (tb__native_shape_override), on any
+   machine; NEON's are compiled where Debian's cross compiler is installed (gcc-aarch64-linux-gnu).
+ */
 #define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
 #include <stddef.h>
