@@ -21559,9 +21559,6 @@ typedef struct tb__tuning {
                                  its own column panel of B, this panel's rows at a time (0:
                                  never), */
     int64_t mm_own_b_rows;    /* where the matmul has at most this many rows */
-    bool mm_own_b_plain;      /* C: such an item's loops are not vectorised by the compiler (its
-                                 pack's vector constants would take the accumulators' registers
-                                 on a CPU with 16 of them) */
     int64_t mm_cache_bytes;   /* packed: a core's own data cache (L2) where the target does not
                                  say (an OpenCL device reports only its last-level cache) */
     double mm_group_caches;   /* packed: the column panels one sweep over the row panels reuses
@@ -21724,8 +21721,6 @@ typedef struct tb__plan_kernel {
                            kernel for B), */
     int64_t own_b_k;    /* own_b_k rows of the panel at a time (K or less: the accumulators of
                            every row panel kept in a private tile between them) */
-    bool plain_loops;   /* own_b on C: the compiler leaves the item's loops as written
-                           (tb__tuning.mm_own_b_plain) */
     int32_t tk;         /* matmul in tiles: depth of a tile */
     bool prefetch_rows; /* norms: the second pass prefetches the next row of x */
     bool stream_out;    /* norms: the last pass stores whole vectors with non-temporal stores
@@ -22101,6 +22096,7 @@ typedef struct tb__cg_frame {
 } tb__cg_frame;
 
 /* The renderer's state for one graph. */
+#define TB__CG_ROW_FORMS 8 /* a run's pad tests on its row, at most (more: not split) */
 typedef struct tb__cg {
     tb__ix ix; /* the text, index variables and positions of the kernel being emitted */
     const tb__pgraph *G;
@@ -22132,6 +22128,14 @@ typedef struct tb__cg {
     int32_t row_var;
     bool row_mixed;
     int64_t row_lo, row_hi;
+    /* a pack's run of rows (tb__cg_pack_lanes): with row_rt the pads' tests on row_var (forms
+       row + terms of the run's other variables) are kept in row_forms for the run's interior,
+       computed at run time; row_inside >= 0: the variable of that interior, where a pad skips
+       such a test (row_skipped counts them) */
+    bool row_rt;
+    int32_t row_inside, num_row_forms, row_skipped;
+    tb__lf row_forms[TB__CG_ROW_FORMS];
+    int64_t row_before[TB__CG_ROW_FORMS], row_end[TB__CG_ROW_FORMS];
 } tb__cg;
 
 /* the C type of a dtype; of an accumulator dtype chosen by the planner (integers wrap:
@@ -22904,12 +22908,6 @@ static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape) {
     t->mm_panel_rows = lanes == 16 ? 14 : (shape->vec_regs >= 32 ? 12 : 6);
     t->mm_panel_rows_min = lanes == 16 ? 12 : t->mm_panel_rows;
     if (lanes < 8) t->mm_reg_rows = 4;
-    /* the fills of a convolution's weight gradient in AVX2 code (-march=x86-64-v3; 32 x 64 x
-       56 x 56, 3 x 3, one thread of a 2-core Intel Xeon VM with AVX-512): gcc's vectorised pack
-       kept two vector constants across the loop of 12 accumulators, which then kept one of them on
-       the stack (each step a store and a reload): 173 -> 165 ms without the vectoriser. With 32
-       registers the vectorised pack (AVX-512's scatters) is the faster: 84 against 124-150 ms */
-    t->mm_own_b_plain = shape->vec_regs < 32;
     t->mm_reg_accs = shape->vec_regs >= 32 ? 24 : 12;
 }
 
@@ -23998,7 +23996,6 @@ static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
         pack_b = tb__plan_mm_b_buffer(G, k->core) < 0;
         k->own_b_k = pack_b ? tb__plan_mm_own_b_rows(G, k->core) : 0;
         k->own_b = k->own_b_k > 0;
-        k->plain_loops = k->own_b && G->target->tuning->mm_own_b_plain;
         packs = (size_t)pack_a + (pack_b && !k->own_b);
         st = packs > 0 ? tb__plan_insert_kernels(G, i, packs) : TB_OK;
         if (st != TB_OK) return st;
@@ -26711,6 +26708,27 @@ static void tb__cg_row_note(tb__cg *g, const tb__lf *f, int64_t before, int64_t 
     if (hi < g->row_hi) g->row_hi = hi;
 }
 
+/* The coefficient of variable v in form f (0: none, or v < 0). */
+static int64_t tb__cg_lf_coef(const tb__lf *f, int32_t v) {
+    int32_t j;
+    for (j = 0; v >= 0 && j < f->n; j++)
+        if (f->var[j] == v) return f->coef[j];
+    return 0;
+}
+
+/* A pad's test on a pack run's row (tb__cg.row_rt): a form row + other terms is kept for the
+   run's interior; any other leaves the run unsplit. */
+static void tb__cg_row_form(tb__cg *g, const tb__lf *f, int64_t before, int64_t end) {
+    if (tb__cg_lf_coef(f, g->row_var) != 1 || g->num_row_forms >= TB__CG_ROW_FORMS) {
+        g->row_mixed = true;
+        return;
+    }
+    g->row_forms[g->num_row_forms] = *f;
+    g->row_before[g->num_row_forms] = before;
+    g->row_end[g->num_row_forms] = end;
+    g->num_row_forms++;
+}
+
 /* A pad (or crop) at position pos: x where pos falls inside it, else its value. An axis the
    index ranges show inside x is not checked. In a row loop, the axes whose form does not hold
    the row's variable are clamped into x and the result selected by them (no branch: the loop
@@ -26724,7 +26742,7 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
     tb__lf zero, dims[TB_MAX_RANK];
     tb__str cond, clamp; /* the whole head, and the clamped axes' test, built then checked */
     uint64_t clamped = 0;
-    int32_t vv, v, vx, i, j, qp, ok = -1;
+    int32_t vv, v, vx, i, qp, ok = -1;
     tb__pos p;
     tb__lf_const(&zero, 0);
     vv = tb__cg_eval(g, val, tb__ix_pos_flat(&g->ix, &g->G->info[val].node->shape, &zero));
@@ -26747,11 +26765,16 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
         dims[i].c -= before;
         tb__ix_lf_range(&g->ix, &p.dim[i], &lo, &hi);
         if (lo >= before && hi < end) continue;
-        for (j = 0; j < p.dim[i].n; j++)
-            row |= p.dim[i].var[j] == g->row_var;
-        if (g->row_var >= 0 && !row) {
+        if (tb__cg_lf_coef(&p.dim[i], g->row_inside) == 1) {
+            g->row_skipped++; /* the run's interior: its bounds hold this test */
+            continue;
+        }
+        row = tb__cg_lf_coef(&p.dim[i], g->row_var) != 0;
+        if (g->row_var >= 0 && !row && !g->row_rt) {
             clamped |= (uint64_t)1 << i;
             to = &clamp;
+        } else if (row && g->row_rt) {
+            tb__cg_row_form(g, &p.dim[i], before, end);
         } else if (row) {
             tb__cg_row_note(g, &p.dim[i], before, end);
         }
@@ -28462,6 +28485,105 @@ static int64_t tb__cg_pack_trace(tb__cg *g, const tb__plan_kernel *k, const tb__
     return g->ix.period > 1 ? g->ix.period : 0;
 }
 
+/* The loop over a run's rows from..to (C text) of one lane of a pack (tb__cg_pack_lanes): row
+   `krow` + r (r the loop's variable, of [0, rows)), lane `lane`, stored at po + r * width;
+   `inside`: the rows where the pads' tests on r hold (tb__cg.row_inside). */
+static bool tb__cg_pack_lane_loop(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                  const char *dst, int64_t width, const tb__lf *krow,
+                                  const tb__lf *lane, int64_t rows, const char *from,
+                                  const char *to, bool inside) {
+    char head[160];
+    tb__lf at = *krow;
+    int32_t ir = tb__ix_new_var(&g->ix, 0, rows - 1), v;
+    if (ir < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = %s; i%d < %s; i%d++) ", (int)ir, from, (int)ir, to,
+             (int)ir);
+    tb__ix_open(&g->ix, head);
+    tb__lf_add_term(&at, ir, 1);
+    g->row_inside = inside ? ir : -1;
+    v = tb__cg_pack_value_at(g, k, bdims, &at, lane);
+    g->row_inside = -1;
+    if (v < 0) return false;
+    tb__ix_line(&g->ix, "%s[po + i%d * %lldL] = v%d;", dst, (int)ir, (long long)width, (int)v);
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
+/* A lane's run of rows pr0..pr0 + pn of a pack (tb__cg_pack_lanes), krow + r for r of [0,
+   rows). Where the pads test the row (a window's left and right edges: forms r + the lane's
+   terms), the run is split at run time: a trial emission of the value finds those tests, then
+   the value at row pr0 (a probe the compiler drops) declares what their bounds read, and the
+   bounds give the interior plo..phi where all hold; its loop has no tests (no branch or select per
+   row, so that the compiler vectorises the copy of an input row), the rows before and after it keep
+   them. A test of another form leaves the run one loop. */
+static bool tb__cg_pack_lane_runs(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                  const char *dst, int64_t width, const tb__lf *krow,
+                                  const tb__lf *lane, int64_t rows) {
+    size_t mark = g->ix.body.len;
+    int32_t i, n = 0, pass, ip = -1;
+    bool split = true;
+    /* pass 0 a trial in a block of its own (dropped: what it declares goes with it), pass 1
+       the probe at the run's scope, whose variables the bounds read */
+    for (pass = 0; pass < 2 && split; pass++) {
+        tb__lf at = *krow;
+        int32_t v;
+        ip = tb__ix_new_var(&g->ix, 0, rows - 1);
+        if (ip < 0) return false;
+        if (pass == 0) tb__ix_open(&g->ix, "");
+        tb__ix_line(&g->ix, "const long i%d = pr0;", (int)ip);
+        tb__lf_add_term(&at, ip, 1);
+        g->row_var = ip;
+        g->row_rt = true;
+        g->row_mixed = false;
+        g->num_row_forms = 0;
+        v = tb__cg_pack_value_at(g, k, bdims, &at, lane);
+        g->row_var = -1;
+        g->row_rt = false;
+        if (pass == 0) {
+            tb__ix_close(&g->ix, "");
+            tb__ix_drop(&g->ix, mark);
+            n = g->num_row_forms;
+        }
+        if (v < 0) return false;
+        split = !g->row_mixed && g->num_row_forms > 0 && g->num_row_forms == n;
+    }
+    if (split) {
+        size_t probe = g->ix.body.len;
+        tb__ix_line(&g->ix, "long plo = pr0, phi = pr0 + pn;");
+        for (i = 0; i < n; i++) {
+            tb__lf rest = g->row_forms[i];
+            char text[TB__LF_TEXT];
+            int32_t j, m = 0;
+            for (j = 0; j < rest.n; j++) /* the form less its row */
+                if (rest.var[j] != ip) {
+                    rest.var[m] = rest.var[j];
+                    rest.coef[m++] = rest.coef[j];
+                }
+            rest.n = m;
+            tb__lf_text(&rest, text, sizeof text);
+            tb__ix_line(&g->ix, "if (plo < %lldL - (%s)) plo = %lldL - (%s);",
+                        (long long)g->row_before[i], text, (long long)g->row_before[i], text);
+            tb__ix_line(&g->ix, "if (phi > %lldL - (%s)) phi = %lldL - (%s);",
+                        (long long)g->row_end[i], text, (long long)g->row_end[i], text);
+        }
+        tb__ix_line(&g->ix, "if (plo > pr0 + pn) plo = pr0 + pn;");
+        tb__ix_line(&g->ix, "if (phi < plo) phi = plo;");
+        g->row_skipped = 0;
+        split =
+            tb__cg_pack_lane_loop(g, k, bdims, dst, width, krow, lane, rows, "pr0", "plo", false) &&
+            tb__cg_pack_lane_loop(g, k, bdims, dst, width, krow, lane, rows, "plo", "phi", true);
+        /* every test the interior left out is one whose bounds it has */
+        split = split && g->row_skipped == n &&
+                tb__cg_pack_lane_loop(g, k, bdims, dst, width, krow, lane, rows, "phi", "pr0 + pn",
+                                      false);
+        if (g->ix.status != TB_OK) return false;
+        if (split) return true;
+        tb__ix_drop(&g->ix, probe); /* the probe stays: the loop may read what it declared */
+    }
+    return tb__cg_pack_lane_loop(g, k, bdims, dst, width, krow, lane, rows, "pr0", "pr0 + pn",
+                                 false);
+}
+
 /* A pack's rows pk0..pk1 of a panel (as tb__cg_pack_panel) in runs of rows that stay within
    one period of the rows' unravelling (`period`, and within it a shorter one where there is
    one, tb__cg_pack_trace: an image's pixels, then a row of them), each run lane by lane, so that
@@ -28474,7 +28596,7 @@ static bool tb__cg_pack_lanes(tb__cg *g, const tb__plan_kernel *k, const tb__lf 
                               int64_t period) {
     char head[160];
     int64_t z[6], len, K, width, sub = tb__cg_pack_trace(g, k, bdims, true, period);
-    int32_t il, iq, iq2 = -1, ir, v;
+    int32_t il, iq, iq2 = -1;
     tb__lf lane, krow;
     if (sub >= period) sub = 0;
     tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
@@ -28484,8 +28606,7 @@ static bool tb__cg_pack_lanes(tb__cg *g, const tb__plan_kernel *k, const tb__lf 
     il = tb__ix_new_var(&g->ix, 0, len - 1);
     iq = tb__ix_new_var(&g->ix, 0, (K - 1) / period);
     if (sub > 0) iq2 = tb__ix_new_var(&g->ix, 0, (period - 1) / sub);
-    ir = tb__ix_new_var(&g->ix, 0, (sub > 0 ? sub : period) - 1);
-    if (il < 0 || iq < 0 || ir < 0 || (sub > 0 && iq2 < 0)) return false;
+    if (il < 0 || iq < 0 || (sub > 0 && iq2 < 0)) return false;
     tb__ix_open(&g->ix, "for (long pk = pk0; pk < pk1;) ");
     tb__ix_line(&g->ix, "const long i%d = pk / %lldL, pq = pk %% %lldL;", (int)iq,
                 (long long)period, (long long)period);
@@ -28511,19 +28632,13 @@ static bool tb__cg_pack_lanes(tb__cg *g, const tb__plan_kernel *k, const tb__lf 
                 dst, (long long)width);
     tb__ix_line(&g->ix, "    continue;");
     tb__ix_line(&g->ix, "}");
-    snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + pn; i%d++) ", (int)ir, (int)ir,
-             (int)ir);
-    tb__ix_open(&g->ix, head);
     tb__lf_const(&lane, 0);
     tb__lf_add_term(&lane, il, 1);
     tb__lf_const(&krow, 0);
     tb__lf_add_term(&krow, iq, period);
     if (sub > 0) tb__lf_add_term(&krow, iq2, sub);
-    tb__lf_add_term(&krow, ir, 1);
-    v = tb__cg_pack_value_at(g, k, bdims, &krow, &lane);
-    if (v < 0) return false;
-    tb__ix_line(&g->ix, "%s[po + i%d * %lldL] = v%d;", dst, (int)ir, (long long)width, (int)v);
-    tb__ix_close(&g->ix, "");
+    if (!tb__cg_pack_lane_runs(g, k, bdims, dst, width, &krow, &lane, sub > 0 ? sub : period))
+        return false;
     tb__ix_close(&g->ix, "");
     tb__ix_line(&g->ix, "pk += pn;");
     tb__ix_close(&g->ix, "");
@@ -30510,7 +30625,8 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
     g->kernel = (int32_t)i;
     g->num_vals = g->num_frames = g->num_stack = 0;
     g->depth = 0;
-    g->rounded = g->unrounded = g->row_var = -1;
+    g->rounded = g->unrounded = g->row_var = g->row_inside = -1;
+    g->row_rt = false;
     switch (k->kind) {
     case TB__K_REDUCE:
     case TB__K_PARTIAL:
@@ -30974,14 +31090,8 @@ static const char tb__c99_head_fold[] =
     "#define tb_hmin(v) tb_hfold((v), 3)\n"
     "\n";
 
-/* The head's fourth part: TB_PLAIN_LOOPS (tb__plan_kernel.plain_loops), TB_VW lanes of 16-bit
-   floats. */
+/* The head's fourth part: TB_VW lanes of 16-bit floats. */
 static const char tb__c99_head3[] =
-    "#if defined(__GNUC__) && !defined(__clang__) /* loops left as written */\n"
-    "#define TB_PLAIN_LOOPS __attribute__((optimize(\"no-tree-vectorize\")))\n"
-    "#else\n"
-    "#define TB_PLAIN_LOOPS\n"
-    "#endif\n"
     /* f16: the CPU's conversions where the target has them (AVX-512, F16C), else lane by
        lane; bf16 as the top half of an f32 */
     "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__)\n"
@@ -31105,8 +31215,7 @@ static void tb__c99_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb
     uint64_t size[3];
     size_t i;
     tb__c99_global_size(k, size);
-    tb__str_append(src, "%sstatic inline void %s_item(long tb_g0, long tb_g1, long tb_g2",
-                   k->plain_loops ? "TB_PLAIN_LOOPS " : "", k->name);
+    tb__str_append(src, "static inline void %s_item(long tb_g0, long tb_g1, long tb_g2", k->name);
     for (i = 0; i < num_params; i++) {
         const tb__cg_param *q = &params[i];
         if (q->role == TB__ARG_SCALAR) {

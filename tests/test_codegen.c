@@ -240,8 +240,9 @@ static void test_register_matmul_rows(void **state) {
 
 /* A convolution's weight gradient (dY [32, N P] times the windows of x, [N P, C 3 3]) packs
    B lane by lane: a panel's lanes are a window's 3 columns at a time, its rows an input row's
-   pixels, so each lane's rows are read in runs along the input (divided once per run); the
-   forward's B (lanes along an output row) keeps runs of lanes. */
+   pixels, so each lane's rows are read in runs along the input (divided once per run), each
+   run split where the padding's left and right edges fall (its interior has no test of the
+   column); the forward's B (lanes along an output row) keeps runs of lanes. */
 static void test_pack_lane_by_lane(void **state) {
     static const int64_t pad[2] = {1, 1};
     tb_tensor *x = plan_input(TB_F32, 3, 4, 16, 784), *w = plan_input(TB_F32, 3, 32, 16, 9);
@@ -255,6 +256,8 @@ static void test_pack_lane_by_lane(void **state) {
     assert_int_equal(tb_grad(l, NULL, &w4, 1, &g), TB_OK);
     for (dev = DEV_AVX512; dev <= DEV_SSE; dev++) {
         expect_program(dev, g, "pk += pn;", NULL);
+        expect_program(dev, g, "long plo = pr0, phi = pr0 + pn;", NULL);
+        expect_program(dev, g, " = plo; i", NULL); /* the interior's loop */
         expect_program(dev, y, "pj += pn;", "pk += pn;");
     }
     tb_tensor_release(g);

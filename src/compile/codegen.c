@@ -365,6 +365,27 @@ static void tb__cg_row_note(tb__cg *g, const tb__lf *f, int64_t before, int64_t 
     if (hi < g->row_hi) g->row_hi = hi;
 }
 
+/* The coefficient of variable v in form f (0: none, or v < 0). */
+static int64_t tb__cg_lf_coef(const tb__lf *f, int32_t v) {
+    int32_t j;
+    for (j = 0; v >= 0 && j < f->n; j++)
+        if (f->var[j] == v) return f->coef[j];
+    return 0;
+}
+
+/* A pad's test on a pack run's row (tb__cg.row_rt): a form row + other terms is kept for the
+   run's interior; any other leaves the run unsplit. */
+static void tb__cg_row_form(tb__cg *g, const tb__lf *f, int64_t before, int64_t end) {
+    if (tb__cg_lf_coef(f, g->row_var) != 1 || g->num_row_forms >= TB__CG_ROW_FORMS) {
+        g->row_mixed = true;
+        return;
+    }
+    g->row_forms[g->num_row_forms] = *f;
+    g->row_before[g->num_row_forms] = before;
+    g->row_end[g->num_row_forms] = end;
+    g->num_row_forms++;
+}
+
 /* A pad (or crop) at position pos: x where pos falls inside it, else its value. An axis the
    index ranges show inside x is not checked. In a row loop, the axes whose form does not hold
    the row's variable are clamped into x and the result selected by them (no branch: the loop
@@ -378,7 +399,7 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
     tb__lf zero, dims[TB_MAX_RANK];
     tb__str cond, clamp; /* the whole head, and the clamped axes' test, built then checked */
     uint64_t clamped = 0;
-    int32_t vv, v, vx, i, j, qp, ok = -1;
+    int32_t vv, v, vx, i, qp, ok = -1;
     tb__pos p;
     tb__lf_const(&zero, 0);
     vv = tb__cg_eval(g, val, tb__ix_pos_flat(&g->ix, &g->G->info[val].node->shape, &zero));
@@ -401,11 +422,16 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
         dims[i].c -= before;
         tb__ix_lf_range(&g->ix, &p.dim[i], &lo, &hi);
         if (lo >= before && hi < end) continue;
-        for (j = 0; j < p.dim[i].n; j++)
-            row |= p.dim[i].var[j] == g->row_var;
-        if (g->row_var >= 0 && !row) {
+        if (tb__cg_lf_coef(&p.dim[i], g->row_inside) == 1) {
+            g->row_skipped++; /* the run's interior: its bounds hold this test */
+            continue;
+        }
+        row = tb__cg_lf_coef(&p.dim[i], g->row_var) != 0;
+        if (g->row_var >= 0 && !row && !g->row_rt) {
             clamped |= (uint64_t)1 << i;
             to = &clamp;
+        } else if (row && g->row_rt) {
+            tb__cg_row_form(g, &p.dim[i], before, end);
         } else if (row) {
             tb__cg_row_note(g, &p.dim[i], before, end);
         }

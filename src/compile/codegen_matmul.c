@@ -549,6 +549,105 @@ static int64_t tb__cg_pack_trace(tb__cg *g, const tb__plan_kernel *k, const tb__
     return g->ix.period > 1 ? g->ix.period : 0;
 }
 
+/* The loop over a run's rows from..to (C text) of one lane of a pack (tb__cg_pack_lanes): row
+   `krow` + r (r the loop's variable, of [0, rows)), lane `lane`, stored at po + r * width;
+   `inside`: the rows where the pads' tests on r hold (tb__cg.row_inside). */
+static bool tb__cg_pack_lane_loop(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                  const char *dst, int64_t width, const tb__lf *krow,
+                                  const tb__lf *lane, int64_t rows, const char *from,
+                                  const char *to, bool inside) {
+    char head[160];
+    tb__lf at = *krow;
+    int32_t ir = tb__ix_new_var(&g->ix, 0, rows - 1), v;
+    if (ir < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = %s; i%d < %s; i%d++) ", (int)ir, from, (int)ir, to,
+             (int)ir);
+    tb__ix_open(&g->ix, head);
+    tb__lf_add_term(&at, ir, 1);
+    g->row_inside = inside ? ir : -1;
+    v = tb__cg_pack_value_at(g, k, bdims, &at, lane);
+    g->row_inside = -1;
+    if (v < 0) return false;
+    tb__ix_line(&g->ix, "%s[po + i%d * %lldL] = v%d;", dst, (int)ir, (long long)width, (int)v);
+    tb__ix_close(&g->ix, "");
+    return g->ix.status == TB_OK;
+}
+
+/* A lane's run of rows pr0..pr0 + pn of a pack (tb__cg_pack_lanes), krow + r for r of [0,
+   rows). Where the pads test the row (a window's left and right edges: forms r + the lane's
+   terms), the run is split at run time: a trial emission of the value finds those tests, then
+   the value at row pr0 (a probe the compiler drops) declares what their bounds read, and the
+   bounds give the interior plo..phi where all hold; its loop has no tests (no branch or select per
+   row, so that the compiler vectorises the copy of an input row), the rows before and after it keep
+   them. A test of another form leaves the run one loop. */
+static bool tb__cg_pack_lane_runs(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                  const char *dst, int64_t width, const tb__lf *krow,
+                                  const tb__lf *lane, int64_t rows) {
+    size_t mark = g->ix.body.len;
+    int32_t i, n = 0, pass, ip = -1;
+    bool split = true;
+    /* pass 0 a trial in a block of its own (dropped: what it declares goes with it), pass 1
+       the probe at the run's scope, whose variables the bounds read */
+    for (pass = 0; pass < 2 && split; pass++) {
+        tb__lf at = *krow;
+        int32_t v;
+        ip = tb__ix_new_var(&g->ix, 0, rows - 1);
+        if (ip < 0) return false;
+        if (pass == 0) tb__ix_open(&g->ix, "");
+        tb__ix_line(&g->ix, "const long i%d = pr0;", (int)ip);
+        tb__lf_add_term(&at, ip, 1);
+        g->row_var = ip;
+        g->row_rt = true;
+        g->row_mixed = false;
+        g->num_row_forms = 0;
+        v = tb__cg_pack_value_at(g, k, bdims, &at, lane);
+        g->row_var = -1;
+        g->row_rt = false;
+        if (pass == 0) {
+            tb__ix_close(&g->ix, "");
+            tb__ix_drop(&g->ix, mark);
+            n = g->num_row_forms;
+        }
+        if (v < 0) return false;
+        split = !g->row_mixed && g->num_row_forms > 0 && g->num_row_forms == n;
+    }
+    if (split) {
+        size_t probe = g->ix.body.len;
+        tb__ix_line(&g->ix, "long plo = pr0, phi = pr0 + pn;");
+        for (i = 0; i < n; i++) {
+            tb__lf rest = g->row_forms[i];
+            char text[TB__LF_TEXT];
+            int32_t j, m = 0;
+            for (j = 0; j < rest.n; j++) /* the form less its row */
+                if (rest.var[j] != ip) {
+                    rest.var[m] = rest.var[j];
+                    rest.coef[m++] = rest.coef[j];
+                }
+            rest.n = m;
+            tb__lf_text(&rest, text, sizeof text);
+            tb__ix_line(&g->ix, "if (plo < %lldL - (%s)) plo = %lldL - (%s);",
+                        (long long)g->row_before[i], text, (long long)g->row_before[i], text);
+            tb__ix_line(&g->ix, "if (phi > %lldL - (%s)) phi = %lldL - (%s);",
+                        (long long)g->row_end[i], text, (long long)g->row_end[i], text);
+        }
+        tb__ix_line(&g->ix, "if (plo > pr0 + pn) plo = pr0 + pn;");
+        tb__ix_line(&g->ix, "if (phi < plo) phi = plo;");
+        g->row_skipped = 0;
+        split =
+            tb__cg_pack_lane_loop(g, k, bdims, dst, width, krow, lane, rows, "pr0", "plo", false) &&
+            tb__cg_pack_lane_loop(g, k, bdims, dst, width, krow, lane, rows, "plo", "phi", true);
+        /* every test the interior left out is one whose bounds it has */
+        split = split && g->row_skipped == n &&
+                tb__cg_pack_lane_loop(g, k, bdims, dst, width, krow, lane, rows, "phi", "pr0 + pn",
+                                      false);
+        if (g->ix.status != TB_OK) return false;
+        if (split) return true;
+        tb__ix_drop(&g->ix, probe); /* the probe stays: the loop may read what it declared */
+    }
+    return tb__cg_pack_lane_loop(g, k, bdims, dst, width, krow, lane, rows, "pr0", "pr0 + pn",
+                                 false);
+}
+
 /* A pack's rows pk0..pk1 of a panel (as tb__cg_pack_panel) in runs of rows that stay within
    one period of the rows' unravelling (`period`, and within it a shorter one where there is
    one, tb__cg_pack_trace: an image's pixels, then a row of them), each run lane by lane, so that
@@ -561,7 +660,7 @@ static bool tb__cg_pack_lanes(tb__cg *g, const tb__plan_kernel *k, const tb__lf 
                               int64_t period) {
     char head[160];
     int64_t z[6], len, K, width, sub = tb__cg_pack_trace(g, k, bdims, true, period);
-    int32_t il, iq, iq2 = -1, ir, v;
+    int32_t il, iq, iq2 = -1;
     tb__lf lane, krow;
     if (sub >= period) sub = 0;
     tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
@@ -571,8 +670,7 @@ static bool tb__cg_pack_lanes(tb__cg *g, const tb__plan_kernel *k, const tb__lf 
     il = tb__ix_new_var(&g->ix, 0, len - 1);
     iq = tb__ix_new_var(&g->ix, 0, (K - 1) / period);
     if (sub > 0) iq2 = tb__ix_new_var(&g->ix, 0, (period - 1) / sub);
-    ir = tb__ix_new_var(&g->ix, 0, (sub > 0 ? sub : period) - 1);
-    if (il < 0 || iq < 0 || ir < 0 || (sub > 0 && iq2 < 0)) return false;
+    if (il < 0 || iq < 0 || (sub > 0 && iq2 < 0)) return false;
     tb__ix_open(&g->ix, "for (long pk = pk0; pk < pk1;) ");
     tb__ix_line(&g->ix, "const long i%d = pk / %lldL, pq = pk %% %lldL;", (int)iq,
                 (long long)period, (long long)period);
@@ -598,19 +696,13 @@ static bool tb__cg_pack_lanes(tb__cg *g, const tb__plan_kernel *k, const tb__lf 
                 dst, (long long)width);
     tb__ix_line(&g->ix, "    continue;");
     tb__ix_line(&g->ix, "}");
-    snprintf(head, sizeof head, "for (long i%d = pr0; i%d < pr0 + pn; i%d++) ", (int)ir, (int)ir,
-             (int)ir);
-    tb__ix_open(&g->ix, head);
     tb__lf_const(&lane, 0);
     tb__lf_add_term(&lane, il, 1);
     tb__lf_const(&krow, 0);
     tb__lf_add_term(&krow, iq, period);
     if (sub > 0) tb__lf_add_term(&krow, iq2, sub);
-    tb__lf_add_term(&krow, ir, 1);
-    v = tb__cg_pack_value_at(g, k, bdims, &krow, &lane);
-    if (v < 0) return false;
-    tb__ix_line(&g->ix, "%s[po + i%d * %lldL] = v%d;", dst, (int)ir, (long long)width, (int)v);
-    tb__ix_close(&g->ix, "");
+    if (!tb__cg_pack_lane_runs(g, k, bdims, dst, width, &krow, &lane, sub > 0 ? sub : period))
+        return false;
     tb__ix_close(&g->ix, "");
     tb__ix_line(&g->ix, "pk += pn;");
     tb__ix_close(&g->ix, "");

@@ -84,9 +84,6 @@ typedef struct tb__tuning {
                                  its own column panel of B, this panel's rows at a time (0:
                                  never), */
     int64_t mm_own_b_rows;    /* where the matmul has at most this many rows */
-    bool mm_own_b_plain;      /* C: such an item's loops are not vectorised by the compiler (its
-                                 pack's vector constants would take the accumulators' registers
-                                 on a CPU with 16 of them) */
     int64_t mm_cache_bytes;   /* packed: a core's own data cache (L2) where the target does not
                                  say (an OpenCL device reports only its last-level cache) */
     double mm_group_caches;   /* packed: the column panels one sweep over the row panels reuses
@@ -249,8 +246,6 @@ typedef struct tb__plan_kernel {
                            kernel for B), */
     int64_t own_b_k;    /* own_b_k rows of the panel at a time (K or less: the accumulators of
                            every row panel kept in a private tile between them) */
-    bool plain_loops;   /* own_b on C: the compiler leaves the item's loops as written
-                           (tb__tuning.mm_own_b_plain) */
     int32_t tk;         /* matmul in tiles: depth of a tile */
     bool prefetch_rows; /* norms: the second pass prefetches the next row of x */
     bool stream_out;    /* norms: the last pass stores whole vectors with non-temporal stores
@@ -626,6 +621,7 @@ typedef struct tb__cg_frame {
 } tb__cg_frame;
 
 /* The renderer's state for one graph. */
+#define TB__CG_ROW_FORMS 8 /* a run's pad tests on its row, at most (more: not split) */
 typedef struct tb__cg {
     tb__ix ix; /* the text, index variables and positions of the kernel being emitted */
     const tb__pgraph *G;
@@ -657,6 +653,14 @@ typedef struct tb__cg {
     int32_t row_var;
     bool row_mixed;
     int64_t row_lo, row_hi;
+    /* a pack's run of rows (tb__cg_pack_lanes): with row_rt the pads' tests on row_var (forms
+       row + terms of the run's other variables) are kept in row_forms for the run's interior,
+       computed at run time; row_inside >= 0: the variable of that interior, where a pad skips
+       such a test (row_skipped counts them) */
+    bool row_rt;
+    int32_t row_inside, num_row_forms, row_skipped;
+    tb__lf row_forms[TB__CG_ROW_FORMS];
+    int64_t row_before[TB__CG_ROW_FORMS], row_end[TB__CG_ROW_FORMS];
 } tb__cg;
 
 /* the C type of a dtype; of an accumulator dtype chosen by the planner (integers wrap:

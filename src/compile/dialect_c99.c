@@ -227,14 +227,8 @@ static const char tb__c99_head_fold[] =
     "#define tb_hmin(v) tb_hfold((v), 3)\n"
     "\n";
 
-/* The head's fourth part: TB_PLAIN_LOOPS (tb__plan_kernel.plain_loops), TB_VW lanes of 16-bit
-   floats. */
+/* The head's fourth part: TB_VW lanes of 16-bit floats. */
 static const char tb__c99_head3[] =
-    "#if defined(__GNUC__) && !defined(__clang__) /* loops left as written */\n"
-    "#define TB_PLAIN_LOOPS __attribute__((optimize(\"no-tree-vectorize\")))\n"
-    "#else\n"
-    "#define TB_PLAIN_LOOPS\n"
-    "#endif\n"
     /* f16: the CPU's conversions where the target has them (AVX-512, F16C), else lane by
        lane; bf16 as the top half of an f32 */
     "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__)\n"
@@ -358,8 +352,7 @@ static void tb__c99_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb
     uint64_t size[3];
     size_t i;
     tb__c99_global_size(k, size);
-    tb__str_append(src, "%sstatic inline void %s_item(long tb_g0, long tb_g1, long tb_g2",
-                   k->plain_loops ? "TB_PLAIN_LOOPS " : "", k->name);
+    tb__str_append(src, "static inline void %s_item(long tb_g0, long tb_g1, long tb_g2", k->name);
     for (i = 0; i < num_params; i++) {
         const tb__cg_param *q = &params[i];
         if (q->role == TB__ARG_SCALAR) {

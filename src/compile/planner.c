@@ -1081,7 +1081,6 @@ static tb_status tb__plan_pack_matmuls(tb__pgraph *G) {
         pack_b = tb__plan_mm_b_buffer(G, k->core) < 0;
         k->own_b_k = pack_b ? tb__plan_mm_own_b_rows(G, k->core) : 0;
         k->own_b = k->own_b_k > 0;
-        k->plain_loops = k->own_b && G->target->tuning->mm_own_b_plain;
         packs = (size_t)pack_a + (pack_b && !k->own_b);
         st = packs > 0 ? tb__plan_insert_kernels(G, i, packs) : TB_OK;
         if (st != TB_OK) return st;

@@ -116,12 +116,6 @@ static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape) {
     t->mm_panel_rows = lanes == 16 ? 14 : (shape->vec_regs >= 32 ? 12 : 6);
     t->mm_panel_rows_min = lanes == 16 ? 12 : t->mm_panel_rows;
     if (lanes < 8) t->mm_reg_rows = 4;
-    /* the fills of a convolution's weight gradient in AVX2 code (-march=x86-64-v3; 32 x 64 x
-       56 x 56, 3 x 3, one thread of a 2-core Intel Xeon VM with AVX-512): gcc's vectorised pack
-       kept two vector constants across the loop of 12 accumulators, which then kept one of them on
-       the stack (each step a store and a reload): 173 -> 165 ms without the vectoriser. With 32
-       registers the vectorised pack (AVX-512's scatters) is the faster: 84 against 124-150 ms */
-    t->mm_own_b_plain = shape->vec_regs < 32;
     t->mm_reg_accs = shape->vec_regs >= 32 ? 24 : 12;
 }
 
