@@ -579,13 +579,14 @@ static bool tb__cg_pack_lane_loop(tb__cg *g, const tb__plan_kernel *k, const tb_
    the value at row pr0 (a probe the compiler drops) declares what their bounds read, and the
    bounds give the interior plo..phi where all hold; its loop has no tests (no branch or select per
    row, so that the compiler vectorises the copy of an input row), the rows before and after it keep
-   them. A test of another form leaves the run one loop. */
+   them. A test of another form, or runs shorter than the tuning's pack_split_rows, leave the run
+   one loop. */
 static bool tb__cg_pack_lane_runs(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
                                   const char *dst, int64_t width, const tb__lf *krow,
                                   const tb__lf *lane, int64_t rows) {
     size_t mark = g->ix.body.len;
     int32_t i, n = 0, pass, ip = -1;
-    bool split = true;
+    bool split = rows >= g->G->target->tuning->pack_split_rows;
     /* pass 0 a trial in a block of its own (dropped: what it declares goes with it), pass 1
        the probe at the run's scope, whose variables the bounds read */
     for (pass = 0; pass < 2 && split; pass++) {

@@ -124,6 +124,8 @@ typedef struct tb__tuning {
        takes a chunk of rows, about pipe_items_per_cu items per compute unit */
     int64_t row_scratch_bytes;
     int32_t pipe_items_per_cu;
+    int64_t pack_split_rows; /* a pack's runs of rows this long or longer are split at the pads'
+                                edges (tb__cg_pack_lane_runs) */
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
