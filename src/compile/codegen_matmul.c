@@ -573,63 +573,106 @@ static bool tb__cg_pack_lane_loop(tb__cg *g, const tb__plan_kernel *k, const tb_
     return g->ix.status == TB_OK;
 }
 
+/* The C text of index variable v's value in variables declared before `first` (those of the
+   enclosing scopes): the later ones, a trial emission's, are expanded from their definitions (a
+   digit of a variable or a form of variables). False where one is neither, or is `row`: the
+   value would change along the row. */
+static bool tb__cg_var_text(const tb__ix *ix, int32_t v, int32_t first, int32_t row, tb__str *out) {
+    const tb__ix_var *x = &ix->vars[v];
+    int32_t j;
+    if (v == row) return false;
+    if (v < first) {
+        tb__str_append(out, "i%d", (int)v);
+        return true;
+    }
+    if (x->def == TB__IX_DIGIT) {
+        tb__str_append(out, "((");
+        if (!tb__cg_var_text(ix, x->src, first, row, out)) return false;
+        tb__str_append(out, ") / %lldL", (long long)x->q);
+        if (x->d > 0) tb__str_append(out, " %% %lldL", (long long)x->d);
+        tb__str_append(out, ")");
+        return true;
+    }
+    if (x->def != TB__IX_FORM) return false;
+    tb__str_append(out, "(%lldL", (long long)x->form.c);
+    for (j = 0; j < x->form.n; j++) {
+        tb__str_append(out, " + %lldL * ", (long long)x->form.coef[j]);
+        if (!tb__cg_var_text(ix, x->form.var[j], first, row, out)) return false;
+    }
+    tb__str_append(out, ")");
+    return true;
+}
+
 /* A lane's run of rows pr0..pr0 + pn of a pack (tb__cg_pack_lanes), krow + r for r of [0,
-   rows). Where the pads test the row (a window's left and right edges: forms r + the lane's
-   terms), the run is split at run time: a trial emission of the value finds those tests, then
-   the value at row pr0 (a probe the compiler drops) declares what their bounds read, and the
-   bounds give the interior plo..phi where all hold; its loop has no tests (no branch or select per
-   row, so that the compiler vectorises the copy of an input row), the rows before and after it keep
-   them. A test of another form, or runs shorter than the tuning's pack_split_rows, leave the run
-   one loop. */
+   rows). Where the pads test the row (a window's left and right edges: forms r + terms that do
+   not change along the run), the run is split at run time: a trial emission of the value (then
+   dropped) finds those tests, whose bounds give the interior plo..phi where all hold, in the
+   variables of the enclosing scopes; the interior's loop has no tests (no branch or select per
+   row, so that the compiler vectorises the copy of an input row), the rows before and after it
+   keep them. A test of another form, or runs shorter than the tuning's pack_split_rows, leave
+   the run one loop. */
 static bool tb__cg_pack_lane_runs(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
                                   const char *dst, int64_t width, const tb__lf *krow,
                                   const tb__lf *lane, int64_t rows) {
     size_t mark = g->ix.body.len;
-    int32_t i, n = 0, pass, ip = -1;
+    int32_t i, n, ip, first = (int32_t)g->ix.num_vars, v;
     bool split = rows >= g->G->target->tuning->pack_split_rows;
-    /* pass 0 a trial in a block of its own (dropped: what it declares goes with it), pass 1
-       the probe at the run's scope, whose variables the bounds read */
-    for (pass = 0; pass < 2 && split; pass++) {
-        tb__lf at = *krow;
-        int32_t v;
-        ip = tb__ix_new_var(&g->ix, 0, rows - 1);
-        if (ip < 0) return false;
-        if (pass == 0) tb__ix_open(&g->ix, "");
-        tb__ix_line(&g->ix, "const long i%d = pr0;", (int)ip);
-        tb__lf_add_term(&at, ip, 1);
-        g->row_var = ip;
-        g->row_rt = true;
-        g->row_mixed = false;
-        g->num_row_forms = 0;
-        v = tb__cg_pack_value_at(g, k, bdims, &at, lane);
-        g->row_var = -1;
-        g->row_rt = false;
-        if (pass == 0) {
-            tb__ix_close(&g->ix, "");
-            tb__ix_drop(&g->ix, mark);
-            n = g->num_row_forms;
+    tb__lf at = *krow;
+    tb__str bounds;
+    if (!split)
+        return tb__cg_pack_lane_loop(g, k, bdims, dst, width, krow, lane, rows, "pr0", "pr0 + pn",
+                                     false);
+    ip = tb__ix_new_var(&g->ix, 0, rows - 1);
+    if (ip < 0) return false;
+    tb__ix_open(&g->ix, "");
+    tb__ix_line(&g->ix, "const long i%d = pr0;", (int)ip);
+    tb__lf_add_term(&at, ip, 1);
+    g->row_var = ip;
+    g->row_rt = true;
+    g->row_mixed = false;
+    g->num_row_forms = 0;
+    v = tb__cg_pack_value_at(g, k, bdims, &at, lane);
+    g->row_var = -1;
+    g->row_rt = false;
+    n = g->num_row_forms;
+    split = v >= 0 && !g->row_mixed && n > 0;
+    /* the bounds, while the trial's variables are known */
+    memset(&bounds, 0, sizeof bounds);
+    tb__str_append(&bounds, "long plo = pr0, phi = pr0 + pn;\n");
+    for (i = 0; i < n && split; i++) {
+        const tb__lf *f = &g->row_forms[i];
+        tb__str rest;
+        int32_t j;
+        memset(&rest, 0, sizeof rest);
+        tb__str_append(&rest, "%lldL", (long long)f->c);
+        for (j = 0; j < f->n && split; j++) {
+            if (f->var[j] == ip) continue; /* the row's own term, of coefficient 1 */
+            tb__str_append(&rest, " + %lldL * ", (long long)f->coef[j]);
+            split = tb__cg_var_text(&g->ix, f->var[j], first, ip, &rest);
         }
-        if (v < 0) return false;
-        split = !g->row_mixed && g->num_row_forms > 0 && g->num_row_forms == n;
+        if (split && !rest.failed) {
+            tb__str_append(&bounds, "if (plo < %lldL - (%s)) plo = %lldL - (%s);\n",
+                           (long long)g->row_before[i], rest.data, (long long)g->row_before[i],
+                           rest.data);
+            tb__str_append(&bounds, "if (phi > %lldL - (%s)) phi = %lldL - (%s);\n",
+                           (long long)g->row_end[i], rest.data, (long long)g->row_end[i],
+                           rest.data);
+        }
+        split = split && !rest.failed;
+        tb__str_free(&rest);
+    }
+    tb__ix_close(&g->ix, "");
+    tb__ix_drop(&g->ix, mark);
+    if (v < 0 || bounds.failed) {
+        tb__str_free(&bounds);
+        return v < 0 ? false : (tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY), false);
     }
     if (split) {
-        size_t probe = g->ix.body.len;
-        tb__ix_line(&g->ix, "long plo = pr0, phi = pr0 + pn;");
-        for (i = 0; i < n; i++) {
-            tb__lf rest = g->row_forms[i];
-            char text[TB__LF_TEXT];
-            int32_t j, m = 0;
-            for (j = 0; j < rest.n; j++) /* the form less its row */
-                if (rest.var[j] != ip) {
-                    rest.var[m] = rest.var[j];
-                    rest.coef[m++] = rest.coef[j];
-                }
-            rest.n = m;
-            tb__lf_text(&rest, text, sizeof text);
-            tb__ix_line(&g->ix, "if (plo < %lldL - (%s)) plo = %lldL - (%s);",
-                        (long long)g->row_before[i], text, (long long)g->row_before[i], text);
-            tb__ix_line(&g->ix, "if (phi > %lldL - (%s)) phi = %lldL - (%s);",
-                        (long long)g->row_end[i], text, (long long)g->row_end[i], text);
+        const char *line = bounds.data;
+        while (*line != '\0') { /* one line at a time, at the run's indentation */
+            const char *end = strchr(line, '\n');
+            tb__ix_line(&g->ix, "%.*s", (int)(end - line), line);
+            line = end + 1;
         }
         tb__ix_line(&g->ix, "if (plo > pr0 + pn) plo = pr0 + pn;");
         tb__ix_line(&g->ix, "if (phi < plo) phi = plo;");
@@ -641,10 +684,14 @@ static bool tb__cg_pack_lane_runs(tb__cg *g, const tb__plan_kernel *k, const tb_
         split = split && g->row_skipped == n &&
                 tb__cg_pack_lane_loop(g, k, bdims, dst, width, krow, lane, rows, "phi", "pr0 + pn",
                                       false);
-        if (g->ix.status != TB_OK) return false;
-        if (split) return true;
-        tb__ix_drop(&g->ix, probe); /* the probe stays: the loop may read what it declared */
+        if (g->ix.status != TB_OK) {
+            tb__str_free(&bounds);
+            return false;
+        }
+        if (!split) tb__ix_drop(&g->ix, mark);
     }
+    tb__str_free(&bounds);
+    if (split) return true;
     return tb__cg_pack_lane_loop(g, k, bdims, dst, width, krow, lane, rows, "pr0", "pr0 + pn",
                                  false);
 }
