@@ -147,27 +147,22 @@ static char *program_for(const cpu_class *c, int graph) {
                 lane's rows read along an input row */
     case 11: /* the same for a ResNet-like layer: K of 100352 (32 x 56 x 56) in fills of the
                 item's buffer, the loop of each fill beside the packing of the next */
-        if (graph == 11)
-            assert_int_equal(tb_shape_make(&s, TB_F32, 4, (const int64_t[]){32, 64, 56, 56}),
-                             TB_OK);
-        else
-            assert_int_equal(tb_shape_make(&s, TB_F32, 4, (const int64_t[]){4, 16, 28, 28}), TB_OK);
+    {
+        static const int64_t xs[2][4] = {{4, 16, 28, 28}, {32, 64, 56, 56}};
+        static const int64_t ws[2][4] = {{32, 16, 3, 3}, {64, 64, 3, 3}}, pad[2] = {1, 1};
+        tb_tensor *l;
+        assert_int_equal(tb_shape_make(&s, TB_F32, 4, xs[graph - 10]), TB_OK);
         x = tb_zeros(&s, &nat);
         assert_int_equal(tb_sync(&x, 1), TB_OK);
-        assert_int_equal(
-            tb_shape_make(&s, TB_F32, 4,
-                          (const int64_t[]){graph == 11 ? 64 : 32, graph == 11 ? 64 : 16, 3, 3}),
-            TB_OK);
+        assert_int_equal(tb_shape_make(&s, TB_F32, 4, ws[graph - 10]), TB_OK);
         z = tb_zeros(&s, &nat);
         assert_int_equal(tb_sync(&z, 1), TB_OK);
         assert_int_equal(tb_set_requires_grad(z, true), TB_OK);
-        {
-            const int64_t pad[2] = {1, 1};
-            tb_tensor *l = tb_sum(tb_conv2d(x, z, NULL, NULL, pad, NULL, 1), NULL, 0, false);
-            assert_int_equal(tb_grad(l, NULL, &z, 1, &y), TB_OK);
-            assert_non_null(y);
-        }
+        l = tb_sum(tb_conv2d(x, z, NULL, NULL, pad, NULL, 1), NULL, 0, false);
+        assert_int_equal(tb_grad(l, NULL, &z, 1, &y), TB_OK);
+        assert_non_null(y);
         break;
+    }
     default: /* layer_norm and softmax, unpipelined, over rows of 4096 */
         assert_int_equal(tb_shape_make(&s, TB_F32, 2, (const int64_t[]){64, 4096}), TB_OK);
         x = tb_zeros(&s, &nat);

@@ -573,34 +573,35 @@ static bool tb__cg_pack_lane_loop(tb__cg *g, const tb__plan_kernel *k, const tb_
     return g->ix.status == TB_OK;
 }
 
-/* The C text of index variable v's value in variables declared before `first` (those of the
-   enclosing scopes): the later ones, a trial emission's, are expanded from their definitions (a
-   digit of a variable or a form of variables). False where one is neither, or is `row`: the
-   value would change along the row. */
-static bool tb__cg_var_text(const tb__ix *ix, int32_t v, int32_t first, int32_t row, tb__str *out) {
-    const tb__ix_var *x = &ix->vars[v];
+/* The C text of form f's value in variables declared before `first` (those of the enclosing
+   scopes): later ones, a trial emission's, are expanded from their definitions (a digit of a
+   variable or a form of variables). False where one is neither, or is `row`: the value would
+   change along the row. */
+static bool tb__cg_form_text(const tb__ix *ix, const tb__lf *f, int32_t first, int32_t row,
+                             tb__str *out) {
     int32_t j;
-    if (v == row) return false;
-    if (v < first) {
-        tb__str_append(out, "i%d", (int)v);
-        return true;
-    }
-    if (x->def == TB__IX_DIGIT) {
-        tb__str_append(out, "((");
-        if (!tb__cg_var_text(ix, x->src, first, row, out)) return false;
-        tb__str_append(out, ") / %lldL", (long long)x->q);
-        if (x->d > 0) tb__str_append(out, " %% %lldL", (long long)x->d);
-        tb__str_append(out, ")");
-        return true;
-    }
-    if (x->def != TB__IX_FORM) return false;
-    tb__str_append(out, "(%lldL", (long long)x->form.c);
-    for (j = 0; j < x->form.n; j++) {
-        tb__str_append(out, " + %lldL * ", (long long)x->form.coef[j]);
-        if (!tb__cg_var_text(ix, x->form.var[j], first, row, out)) return false;
+    tb__str_append(out, "(%lldL", (long long)f->c);
+    for (j = 0; j < f->n; j++) {
+        const tb__ix_var *x = &ix->vars[f->var[j]];
+        tb__str_append(out, " + %lldL * ", (long long)f->coef[j]);
+        if (f->var[j] == row) return false;
+        if (f->var[j] < first) {
+            tb__str_append(out, "i%d", (int)f->var[j]);
+        } else if (x->def == TB__IX_DIGIT) {
+            tb__lf src;
+            tb__lf_const(&src, 0);
+            tb__lf_add_term(&src, x->src, 1);
+            tb__str_append(out, "(");
+            if (!tb__cg_form_text(ix, &src, first, row, out)) return false;
+            tb__str_append(out, " / %lldL", (long long)x->q);
+            if (x->d > 0) tb__str_append(out, " %% %lldL", (long long)x->d);
+            tb__str_append(out, ")");
+        } else if (x->def != TB__IX_FORM || !tb__cg_form_text(ix, &x->form, first, row, out)) {
+            return false;
+        }
     }
     tb__str_append(out, ")");
-    return true;
+    return !out->failed;
 }
 
 /* A lane's run of rows pr0..pr0 + pn of a pack (tb__cg_pack_lanes), krow + r for r of [0,
@@ -618,62 +619,43 @@ static bool tb__cg_pack_lane_runs(tb__cg *g, const tb__plan_kernel *k, const tb_
     int32_t i, n, ip, first = (int32_t)g->ix.num_vars, v;
     bool split = rows >= g->G->target->tuning->pack_split_rows;
     tb__lf at = *krow;
-    tb__str bounds;
-    if (!split)
-        return tb__cg_pack_lane_loop(g, k, bdims, dst, width, krow, lane, rows, "pr0", "pr0 + pn",
-                                     false);
-    ip = tb__ix_new_var(&g->ix, 0, rows - 1);
-    if (ip < 0) return false;
-    tb__ix_open(&g->ix, "");
-    tb__ix_line(&g->ix, "const long i%d = pr0;", (int)ip);
-    tb__lf_add_term(&at, ip, 1);
-    g->row_var = ip;
-    g->row_rt = true;
-    g->row_mixed = false;
-    g->num_row_forms = 0;
-    v = tb__cg_pack_value_at(g, k, bdims, &at, lane);
-    g->row_var = -1;
-    g->row_rt = false;
-    n = g->num_row_forms;
-    split = v >= 0 && !g->row_mixed && n > 0;
-    /* the bounds, while the trial's variables are known */
-    memset(&bounds, 0, sizeof bounds);
-    tb__str_append(&bounds, "long plo = pr0, phi = pr0 + pn;\n");
-    for (i = 0; i < n && split; i++) {
-        const tb__lf *f = &g->row_forms[i];
-        tb__str rest;
-        int32_t j;
-        memset(&rest, 0, sizeof rest);
-        tb__str_append(&rest, "%lldL", (long long)f->c);
-        for (j = 0; j < f->n && split; j++) {
-            if (f->var[j] == ip) continue; /* the row's own term, of coefficient 1 */
-            tb__str_append(&rest, " + %lldL * ", (long long)f->coef[j]);
-            split = tb__cg_var_text(&g->ix, f->var[j], first, ip, &rest);
+    if (split) {
+        ip = tb__ix_new_var(&g->ix, 0, rows - 1);
+        if (ip < 0) return false;
+        tb__ix_open(&g->ix, "");
+        tb__ix_line(&g->ix, "const long i%d = pr0;", (int)ip);
+        tb__lf_add_term(&at, ip, 1);
+        g->row_var = ip;
+        g->row_rt = true;
+        g->row_mixed = false;
+        g->num_row_forms = 0;
+        v = tb__cg_pack_value_at(g, k, bdims, &at, lane);
+        g->row_var = -1;
+        g->row_rt = false;
+        tb__ix_close(&g->ix, "");
+        tb__ix_drop(&g->ix, mark); /* the trial's variables stay known */
+        if (v < 0) return false;
+        n = g->num_row_forms;
+        split = !g->row_mixed && n > 0;
+        if (split) tb__ix_line(&g->ix, "long plo = pr0, phi = pr0 + pn;");
+        for (i = 0; i < n && split; i++) {
+            tb__lf rest = g->row_forms[i]; /* the form less the row's own term (coefficient 1) */
+            tb__str text;
+            memset(&text, 0, sizeof text);
+            tb__lf_add_term(&rest, ip, -1);
+            split = tb__cg_form_text(&g->ix, &rest, first, ip, &text);
+            if (split) {
+                tb__ix_line(&g->ix, "if (plo < %lldL - %s) plo = %lldL - %s;",
+                            (long long)g->row_before[i], text.data, (long long)g->row_before[i],
+                            text.data);
+                tb__ix_line(&g->ix, "if (phi > %lldL - %s) phi = %lldL - %s;",
+                            (long long)g->row_end[i], text.data, (long long)g->row_end[i],
+                            text.data);
+            }
+            tb__str_free(&text);
         }
-        if (split && !rest.failed) {
-            tb__str_append(&bounds, "if (plo < %lldL - (%s)) plo = %lldL - (%s);\n",
-                           (long long)g->row_before[i], rest.data, (long long)g->row_before[i],
-                           rest.data);
-            tb__str_append(&bounds, "if (phi > %lldL - (%s)) phi = %lldL - (%s);\n",
-                           (long long)g->row_end[i], rest.data, (long long)g->row_end[i],
-                           rest.data);
-        }
-        split = split && !rest.failed;
-        tb__str_free(&rest);
-    }
-    tb__ix_close(&g->ix, "");
-    tb__ix_drop(&g->ix, mark);
-    if (v < 0 || bounds.failed) {
-        tb__str_free(&bounds);
-        return v < 0 ? false : (tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY), false);
     }
     if (split) {
-        const char *line = bounds.data;
-        while (*line != '\0') { /* one line at a time, at the run's indentation */
-            const char *end = strchr(line, '\n');
-            tb__ix_line(&g->ix, "%.*s", (int)(end - line), line);
-            line = end + 1;
-        }
         tb__ix_line(&g->ix, "if (plo > pr0 + pn) plo = pr0 + pn;");
         tb__ix_line(&g->ix, "if (phi < plo) phi = plo;");
         g->row_skipped = 0;
@@ -684,14 +666,10 @@ static bool tb__cg_pack_lane_runs(tb__cg *g, const tb__plan_kernel *k, const tb_
         split = split && g->row_skipped == n &&
                 tb__cg_pack_lane_loop(g, k, bdims, dst, width, krow, lane, rows, "phi", "pr0 + pn",
                                       false);
-        if (g->ix.status != TB_OK) {
-            tb__str_free(&bounds);
-            return false;
-        }
-        if (!split) tb__ix_drop(&g->ix, mark);
+        if (g->ix.status != TB_OK) return false;
+        if (split) return true;
     }
-    tb__str_free(&bounds);
-    if (split) return true;
+    tb__ix_drop(&g->ix, mark);
     return tb__cg_pack_lane_loop(g, k, bdims, dst, width, krow, lane, rows, "pr0", "pr0 + pn",
                                  false);
 }
