@@ -21601,6 +21601,9 @@ typedef struct tb__tuning {
     int32_t pipe_items_per_cu;
     int64_t pack_split_rows; /* a pack's runs of rows this long or longer are split at the pads'
                                 edges (tb__cg_pack_lane_runs) */
+    int64_t pack_lane_rows;  /* a pack whose runs of lanes are short (fewer than 8) goes lane by
+                                lane where its runs of rows are this long or longer, and at least
+                                twice its runs of lanes (tb__cg_pack_panel) */
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };
@@ -22880,6 +22883,12 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
        58.9 and 38.7 -> 40.1 ms; the Fashion-MNIST CNN's second one (rows of 14, 5 x 5,
        padding 2) 501 -> 564 ms over 20 steps on AVX-512: short runs keep one loop */
     t->pack_split_rows = 48;
+    /* the same weight gradients packed lane by lane against run by run of lanes (matmul
+       kernel time, best of three, 2-core Intel Xeon VM, AVX-512 / AVX2 code): rows of 14 with
+       5 x 5 windows (the Fashion-MNIST CNN's second convolution, 128 images) 26.1 -> 19.3 and
+       37.3 -> 30.5 ms, rows of 14 with 3 x 3 (256 channels, 32 images) 40.9 -> 32.1 and 65.1
+       -> 55.2 ms; rows of 7 with 3 x 3 (512 channels) 25.9 -> 27.0 and 47.8 -> 47.6 ms */
+    t->pack_lane_rows = 8;
 }
 
 /* A CPU table (TB__CLASS_CPU or TB__CLASS_HOST) fitted to the CPU's vector shape, so that every
@@ -28739,11 +28748,11 @@ static bool tb__cg_pack_panel(tb__cg *g, const tb__plan_kernel *k, const tb__lf 
     len = k->kind == TB__K_PACK_A ? z[1] : z[2];
     period = tb__cg_pack_trace(g, k, bdims, false, 0);
     if (period == 0 || period > len) period = len;
-    /* runs of a few lanes, of many rows: lane by lane */
+    /* runs of a few lanes, of more rows: lane by lane */
     if (period < width && period < 8) {
         int64_t rows = tb__cg_pack_trace(g, k, bdims, true, K);
         if (rows == 0 || rows > K) rows = K;
-        if (rows >= 16 && rows >= 4 * period)
+        if (rows >= g->G->target->tuning->pack_lane_rows && rows >= 2 * period)
             return tb__cg_pack_lanes(g, k, bdims, dst, panel, origin, rows);
     }
     iq = tb__ix_new_var(&g->ix, 0, (len - 1) / period);

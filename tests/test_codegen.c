@@ -242,41 +242,47 @@ static void test_register_matmul_rows(void **state) {
    B lane by lane: a panel's lanes are a window's 3 columns at a time, its rows an input row's
    pixels, so each lane's rows are read in runs along the input (divided once per run); runs
    of 56 (not 28) are split where the padding's left and right edges fall (the interior has no
-   test of the column); the forward's B (lanes along an output row) keeps runs of lanes. */
-static void test_pack_lane_by_lane(void **state) {
+   test of the column); the forward's B (lanes along an output row) keeps runs of lanes. Rows
+   of 14 go lane by lane too (the tuning's pack_lane_rows, 8), rows of 7 run by run of lanes. */
+static tb_tensor *weight_grad(int64_t n, int64_t hw, tb_tensor **y) {
     static const int64_t pad[2] = {1, 1};
-    tb_tensor *x = plan_input(TB_F32, 3, 4, 16, 784), *w = plan_input(TB_F32, 3, 32, 16, 9);
-    tb_tensor *x56 = plan_input(TB_F32, 3, 2, 16, 3136);
-    const int64_t xd[4] = {4, 16, 28, 28}, wd[4] = {32, 16, 3, 3}, xd56[4] = {2, 16, 56, 56};
-    tb_tensor *x4 = tb_reshape(x, xd, 4), *w4 = tb_reshape(w, wd, 4), *y, *l, *g = NULL;
-    tb_tensor *x4_56 = tb_reshape(x56, xd56, 4), *y56, *l56, *g56 = NULL;
+    const int64_t xd[4] = {n, 16, hw, hw}, wd[4] = {32, 16, 3, 3};
+    tb_tensor *x = plan_input(TB_F32, 3, n, 16, hw * hw), *w = plan_input(TB_F32, 3, 32, 16, 9);
+    tb_tensor *x4 = tb_reshape(x, xd, 4), *w4 = tb_reshape(w, wd, 4), *l, *g = NULL;
+    assert_int_equal(tb_set_requires_grad(w4, true), TB_OK);
+    *y = tb_conv2d(x4, w4, NULL, NULL, pad, NULL, 1);
+    l = tb_sum(*y, NULL, 0, false);
+    assert_int_equal(tb_grad(l, NULL, &w4, 1, &g), TB_OK);
+    tb_tensor_release(l);
+    tb_tensor_release(w4);
+    tb_tensor_release(x4);
+    tb_tensor_release(w);
+    tb_tensor_release(x);
+    return g;
+}
+
+static void test_pack_lane_by_lane(void **state) {
+    tb_tensor *y, *y56, *y14, *y7;
+    tb_tensor *g = weight_grad(4, 28, &y), *g56 = weight_grad(2, 56, &y56);
+    tb_tensor *g14 = weight_grad(8, 14, &y14), *g7 = weight_grad(16, 7, &y7);
     int dev;
     (void)state;
-    assert_int_equal(tb_set_requires_grad(w4, true), TB_OK);
-    y = tb_conv2d(x4, w4, NULL, NULL, pad, NULL, 1);
-    l = tb_sum(y, NULL, 0, false);
-    assert_int_equal(tb_grad(l, NULL, &w4, 1, &g), TB_OK);
-    y56 = tb_conv2d(x4_56, w4, NULL, NULL, pad, NULL, 1);
-    l56 = tb_sum(y56, NULL, 0, false);
-    assert_int_equal(tb_grad(l56, NULL, &w4, 1, &g56), TB_OK);
     for (dev = DEV_AVX512; dev <= DEV_SSE; dev++) {
         expect_program(dev, g, "pk += pn;", "long plo = pr0, phi = pr0 + pn;");
         expect_program(dev, g56, "long plo = pr0, phi = pr0 + pn;", NULL);
         expect_program(dev, g56, " = plo; i", NULL); /* the interior's loop */
         expect_program(dev, y, "pj += pn;", "pk += pn;");
+        expect_program(dev, g14, "pk += pn;", "long plo = pr0, phi = pr0 + pn;");
+        expect_program(dev, g7, "pj += pn;", "pk += pn;");
     }
+    tb_tensor_release(g7);
+    tb_tensor_release(y7);
+    tb_tensor_release(g14);
+    tb_tensor_release(y14);
     tb_tensor_release(g56);
-    tb_tensor_release(l56);
     tb_tensor_release(y56);
-    tb_tensor_release(x4_56);
-    tb_tensor_release(x56);
     tb_tensor_release(g);
-    tb_tensor_release(l);
     tb_tensor_release(y);
-    tb_tensor_release(w4);
-    tb_tensor_release(x4);
-    tb_tensor_release(w);
-    tb_tensor_release(x);
 }
 
 /* Selects on the data have no branch: an argmax over a few elements (a max pool's window, in

@@ -795,11 +795,11 @@ static bool tb__cg_pack_panel(tb__cg *g, const tb__plan_kernel *k, const tb__lf 
     len = k->kind == TB__K_PACK_A ? z[1] : z[2];
     period = tb__cg_pack_trace(g, k, bdims, false, 0);
     if (period == 0 || period > len) period = len;
-    /* runs of a few lanes, of many rows: lane by lane */
+    /* runs of a few lanes, of more rows: lane by lane */
     if (period < width && period < 8) {
         int64_t rows = tb__cg_pack_trace(g, k, bdims, true, K);
         if (rows == 0 || rows > K) rows = K;
-        if (rows >= 16 && rows >= 4 * period)
+        if (rows >= g->G->target->tuning->pack_lane_rows && rows >= 2 * period)
             return tb__cg_pack_lanes(g, k, bdims, dst, panel, origin, rows);
     }
     iq = tb__ix_new_var(&g->ix, 0, (len - 1) / period);

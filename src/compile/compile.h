@@ -126,6 +126,9 @@ typedef struct tb__tuning {
     int32_t pipe_items_per_cu;
     int64_t pack_split_rows; /* a pack's runs of rows this long or longer are split at the pads'
                                 edges (tb__cg_pack_lane_runs) */
+    int64_t pack_lane_rows;  /* a pack whose runs of lanes are short (fewer than 8) goes lane by
+                                lane where its runs of rows are this long or longer, and at least
+                                twice its runs of lanes (tb__cg_pack_panel) */
 } tb__tuning;
 
 enum { TB__MM_REGISTERS = 0, TB__MM_PACKED = 1, TB__MM_TILES = 2 };

@@ -86,6 +86,12 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
        58.9 and 38.7 -> 40.1 ms; the Fashion-MNIST CNN's second one (rows of 14, 5 x 5,
        padding 2) 501 -> 564 ms over 20 steps on AVX-512: short runs keep one loop */
     t->pack_split_rows = 48;
+    /* the same weight gradients packed lane by lane against run by run of lanes (matmul
+       kernel time, best of three, 2-core Intel Xeon VM, AVX-512 / AVX2 code): rows of 14 with
+       5 x 5 windows (the Fashion-MNIST CNN's second convolution, 128 images) 26.1 -> 19.3 and
+       37.3 -> 30.5 ms, rows of 14 with 3 x 3 (256 channels, 32 images) 40.9 -> 32.1 and 65.1
+       -> 55.2 ms; rows of 7 with 3 x 3 (512 channels) 25.9 -> 27.0 and 47.8 -> 47.6 ms */
+    t->pack_lane_rows = 8;
 }
 
 /* A CPU table (TB__CLASS_CPU or TB__CLASS_HOST) fitted to the CPU's vector shape, so that every
