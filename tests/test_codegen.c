@@ -238,12 +238,8 @@ static void test_register_matmul_rows(void **state) {
     tb_tensor_release(a);
 }
 
-/* A convolution's weight gradient (dY [32, N P] times the windows of x, [N P, C 3 3]) packs
-   B lane by lane: a panel's lanes are a window's 3 columns at a time, its rows an input row's
-   pixels, so each lane's rows are read in runs along the input (divided once per run); runs
-   of 56 (not 28) are split where the padding's left and right edges fall (the interior has no
-   test of the column); the forward's B (lanes along an output row) keeps runs of lanes. Rows
-   of 14 go lane by lane too (the tuning's pack_lane_rows, 8), rows of 7 run by run of lanes. */
+/* The weight gradient of a 3 x 3 convolution (padding 1, 16 -> 32 channels) of n images of
+   hw x hw, and its forward in *y. */
 static tb_tensor *weight_grad(int64_t n, int64_t hw, tb_tensor **y) {
     static const int64_t pad[2] = {1, 1};
     const int64_t xd[4] = {n, 16, hw, hw}, wd[4] = {32, 16, 3, 3};
@@ -261,6 +257,12 @@ static tb_tensor *weight_grad(int64_t n, int64_t hw, tb_tensor **y) {
     return g;
 }
 
+/* A convolution's weight gradient (dY [32, N P] times the windows of x, [N P, C 3 3]) packs
+   B lane by lane: a panel's lanes are a window's 3 columns at a time, its rows an input row's
+   pixels, so each lane's rows are read in runs along the input (divided once per run); runs
+   of 56 (not 28) are split where the padding's left and right edges fall (the interior has no
+   test of the column); the forward's B (lanes along an output row) keeps runs of lanes. Rows
+   of 14 go lane by lane too (the tuning's pack_lane_rows, 8), rows of 7 run by run of lanes. */
 static void test_pack_lane_by_lane(void **state) {
     tb_tensor *y, *y56, *y14, *y7;
     tb_tensor *g = weight_grad(4, 28, &y), *g56 = weight_grad(2, 56, &y56);
