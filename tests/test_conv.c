@@ -1328,7 +1328,7 @@ static void test_errors(void **state) {
    where that row is affine in the lane (the forward's windows), in runs of a kernel row for
    the weight's gradient; each case compares forward and both gradients with the cpu. */
 
-#define PACKED_MAX_Y 40000 /* output elements of the largest case */
+#define PACKED_MAX_Y 500000 /* output elements of the largest case */
 
 typedef struct packed_case {
     const char *name;
@@ -1338,7 +1338,8 @@ typedef struct packed_case {
     bool permuted; /* x read through the transpose of its last two dims */
     bool bias;     /* a bias added after the matmul (its epilogue, through a reshape) */
     tb_dtype dt;
-    const char *run; /* a line the forward's pack kernel has (its run length), or NULL */
+    const char *run;      /* a line the forward's pack kernel has (its run length), or NULL */
+    const char *grad_run; /* a line the gradient's program has on CPU devices, or NULL */
 } packed_case;
 
 static const packed_case g_packed[] = {
@@ -1353,7 +1354,8 @@ static const packed_case g_packed[] = {
      false,
      true,
      TB_F32,
-     "long pn = 35L - pr0;"},
+     "long pn = 35L - pr0;",
+     NULL},
     /* rows of 56: the weight gradient's runs split at the padding's edges */
     {"pad1_rows56",
      2,
@@ -1366,7 +1368,8 @@ static const packed_case g_packed[] = {
      false,
      false,
      TB_F32,
-     "long pn = 56L - pr0;"},
+     "long pn = 56L - pr0;",
+     NULL},
     /* rows of 14 and a 5 x 5 window (the Fashion-MNIST CNN's second convolution): the
        weight gradient's pack goes lane by lane in runs of 14 rows */
     {"pad2_rows14_k5",
@@ -1380,6 +1383,7 @@ static const packed_case g_packed[] = {
      false,
      false,
      TB_F32,
+     NULL,
      NULL},
     {"stride2",
      2,
@@ -1392,7 +1396,8 @@ static const packed_case g_packed[] = {
      false,
      false,
      TB_F32,
-     "long pn = 35L - pr0;"},
+     "long pn = 35L - pr0;",
+     NULL},
     {"dilation3",
      2,
      {2, 4, 37, 39},
@@ -1404,7 +1409,8 @@ static const packed_case g_packed[] = {
      false,
      false,
      TB_F32,
-     "long pn = 35L - pr0;"},
+     "long pn = 35L - pr0;",
+     NULL},
     {"pad_gt_kernel",
      2,
      {2, 8, 29, 31},
@@ -1416,7 +1422,8 @@ static const packed_case g_packed[] = {
      false,
      false,
      TB_F32,
-     "long pn = 36L - pr0;"},
+     "long pn = 36L - pr0;",
+     NULL},
     {"groups2",
      2,
      {2, 8, 33, 35},
@@ -1428,7 +1435,8 @@ static const packed_case g_packed[] = {
      false,
      true,
      TB_F32,
-     "long pn = 35L - pr0;"},
+     "long pn = 35L - pr0;",
+     NULL},
     {"permuted",
      2,
      {2, 4, 33, 35},
@@ -1440,7 +1448,8 @@ static const packed_case g_packed[] = {
      true,
      false,
      TB_F32,
-     "long pn = 35L - pr0;"},
+     "long pn = 35L - pr0;",
+     NULL},
     {"odd_kernel_stride",
      2,
      {1, 3, 61, 29},
@@ -1452,7 +1461,8 @@ static const packed_case g_packed[] = {
      false,
      false,
      TB_F32,
-     "long pn = 14L - pr0;"},
+     "long pn = 14L - pr0;",
+     NULL},
     {"conv1d",
      1,
      {2, 4, 2000},
@@ -1464,7 +1474,8 @@ static const packed_case g_packed[] = {
      false,
      true,
      TB_F32,
-     "long pn = 2000L - pr0;"},
+     "long pn = 2000L - pr0;",
+     NULL},
     {"pad1_f64",
      2,
      {2, 4, 33, 35},
@@ -1476,7 +1487,8 @@ static const packed_case g_packed[] = {
      false,
      false,
      TB_F64,
-     "long pn = 35L - pr0;"},
+     "long pn = 35L - pr0;",
+     NULL},
     /* the weight gradient contracts 6 x 28 x 29 positions: its panels of B, 135 columns (the
        last panel partial), outgrow a matmul's private buffer, which then takes them a part of
        the depth at a time */
@@ -1491,13 +1503,30 @@ static const packed_case g_packed[] = {
      false,
      false,
      TB_F32,
-     "long pn = 29L - pr0;"},
+     "long pn = 29L - pr0;",
+     NULL},
+    /* the weight gradient's A (the output's gradient, 16 x 31104) larger than a core's cache,
+       its B 288 columns: on CPU devices the matmul's work items each take several column
+       panels of B in turn, one fill of the depth at a time */
+    {"panels_per_item",
+     2,
+     {6, 32, 72, 72},
+     {16, 32, 3, 3},
+     {1, 1},
+     {1, 1},
+     {1, 1},
+     1,
+     false,
+     false,
+     TB_F32,
+     NULL,
+     "const long pc0 = pc * "},
 };
 
 /* y, grad x and grad w of sum(conv(x, w) * r) on `backend`, into out (y, then gx, then gw);
    the program's text in *text when text is not NULL (the caller frees it). */
 static void packed_run(const packed_case *c, const double *x, const double *w, const double *r,
-                       const char *backend, double *out, char **text) {
+                       const char *backend, double *out, char **text, char **gtext) {
     int rank = c->n + 2;
     int64_t xd[4], i, nx = numel(c->xd, rank), nw = numel(c->wd, rank);
     tb_device dev;
@@ -1552,6 +1581,7 @@ static void packed_run(const packed_case *c, const double *x, const double *w, c
     ins[1] = tw;
     if (tb_grad(loss, NULL, ins, 2, g) != TB_OK)
         fail_msg("%s on %s: grad: %s", c->name, backend, tb_last_error());
+    if (text != NULL && gtext != NULL) *gtext = tb_ir_backend_text(&g[1], 1);
     assert_int_equal(tb_tensor_to_host(y, buf, ny * es), TB_OK);
     for (i = 0; i < (int64_t)ny; i++)
         out[i] = c->dt == TB_F64 ? ((double *)buf)[i] : ((float *)buf)[i];
@@ -1590,7 +1620,7 @@ static void packed_against_cpu(const char *backend) {
         double *x = malloc((size_t)nx * 8), *w = malloc((size_t)nw * 8);
         double *r = malloc(PACKED_MAX_Y * 8), *want = malloc((size_t)total * 8);
         double *got = malloc((size_t)total * 8);
-        char *text = NULL, what[96];
+        char *text = NULL, *gtext = NULL, what[96];
         tb_device_info info;
         assert_non_null(x && w && r && want && got);
         g_rng = 3000 + i;
@@ -1600,9 +1630,10 @@ static void packed_against_cpu(const char *backend) {
             w[j] = next_value(false);
         for (j = 0; j < PACKED_MAX_Y; j++)
             r[j] = next_value(false);
-        packed_run(c, x, w, r, "cpu", want, NULL);
-        packed_run(c, x, w, r, backend, got, &text);
+        packed_run(c, x, w, r, "cpu", want, NULL, NULL);
+        packed_run(c, x, w, r, backend, got, &text, &gtext);
         assert_non_null(text);
+        assert_non_null(gtext);
         assert_int_equal(tb_backend_device_info(&dev, &info), TB_OK);
         if (info.device.type == TB_DEVICE_CPU) {
             /* packed operands: CPU devices only; a pack kernel, or (the host's threads) a
@@ -1611,6 +1642,9 @@ static void packed_against_cpu(const char *backend) {
                 fail_msg("%s on %s: no pack", c->name, backend);
             if (c->run != NULL && strstr(text, c->run) == NULL)
                 fail_msg("%s on %s: the pack kernel has no run `%s`", c->name, backend, c->run);
+            if (c->grad_run != NULL && strstr(gtext, c->grad_run) == NULL)
+                fail_msg("%s on %s: the gradient's program has no `%s`", c->name, backend,
+                         c->grad_run);
         }
         snprintf(what, sizeof what, "%s on %s", c->name, backend);
         {
@@ -1630,6 +1664,7 @@ static void packed_against_cpu(const char *backend) {
             }
         }
         free(text);
+        free(gtext);
         free(x);
         free(w);
         free(r);

@@ -257,6 +257,71 @@ static void test_matmul_own_panels(void **state) {
     tb_tensor_release(x);
 }
 
+/* A convolution's weight gradient whose A (the output's gradient: 16 x 31104, 6 images of 72 x
+   72) outgrows a core's cache (2 MiB): on the native backend's host each work item takes
+   several column panels of B (its windows, 288 columns: 9 panels of 32) in turn, one fill of
+   the depth at a time, as many as split the panels between the two compute units (5, then
+   4) and as the tuning's tile of accumulators holds; one panel an item where the tile is 0
+   or A fits the cache. */
+static void test_matmul_own_panels_per_item(void **state) {
+    tb_tensor *xf = plan_input(TB_F32, 2, 6 * 32, 72 * 72, 1),
+              *wf = plan_input(TB_F32, 2, 16, 288, 1);
+    tb_tensor *rf = plan_input(TB_F32, 2, 6 * 16, 70 * 70, 1);
+    int64_t xd[4] = {6, 32, 72, 72}, wd[4] = {16, 32, 3, 3}, rd[4] = {6, 16, 70, 70};
+    int64_t one[2] = {1, 1}, zero[2] = {0, 0};
+    tb_tensor *x = tb_reshape(xf, xd, 4), *w = tb_reshape(wf, wd, 4), *r = tb_reshape(rf, rd, 4);
+    tb_tensor *y, *prod, *loss, *ins[2], *g[2] = {NULL, NULL};
+    /* the tuning's tile: as it is, three panels' accumulators, none; the cache: as it is, 64 MiB */
+    int64_t tiles[4] = {-1, 3, 0, -1}, caches[4] = {-1, -1, -1, (int64_t)64 << 20};
+    int32_t want[4] = {5, 3, 1, 1};
+    int c;
+    (void)state;
+    assert_non_null(x && w && r);
+    assert_int_equal(tb_set_requires_grad(x, true), TB_OK);
+    assert_int_equal(tb_set_requires_grad(w, true), TB_OK);
+    y = tb_conv2d(x, w, NULL, one, zero, one, 1);
+    prod = tb_mul(y, r);
+    loss = tb_sum(prod, NULL, 0, false);
+    ins[0] = x;
+    ins[1] = w;
+    assert_int_equal(tb_grad(loss, NULL, ins, 2, g), TB_OK);
+    for (c = 0; c < 4; c++) {
+        plan_target t;
+        tb__plan *p = NULL;
+        const tb__plan_kernel *k;
+        int64_t tile;
+        plan_target_of(&t, DEV_C99);
+        assert_int_equal(plan_of(&t, &g[1], 1, &p), TB_OK);
+        k = kernel_of_kind(p, TB__K_MATMUL);
+        assert_non_null(k);
+        tile = (int64_t)((16 + k->rm - 1) / k->rm * k->rm) * k->rn * 4;
+        tb__plan_free(p);
+        if (tiles[c] >= 0) t.tuning.mm_own_b_tile = tiles[c] * tile;
+        if (caches[c] >= 0) t.target.cache_bytes = (uint64_t)caches[c];
+        assert_int_equal(plan_of(&t, &g[1], 1, &p), TB_OK);
+        k = kernel_of_kind(p, TB__K_MATMUL);
+        assert_int_equal(k->mm, TB__MM_PACKED);
+        assert_int_equal(k->rn, 32);
+        assert_true(k->own_b);
+        assert_true(k->own_b_k < 6 * 70 * 70);
+        assert_int_equal(k->own_b_span, want[c]);
+        assert_int_equal(k->groups[0] * k->groups[1] * k->groups[2],
+                         (size_t)((9 + want[c] - 1) / want[c]));
+        tb__plan_free(p);
+    }
+    tb_tensor_release(g[0]);
+    tb_tensor_release(g[1]);
+    tb_tensor_release(loss);
+    tb_tensor_release(prod);
+    tb_tensor_release(y);
+    tb_tensor_release(r);
+    tb_tensor_release(w);
+    tb_tensor_release(x);
+    tb_tensor_release(rf);
+    tb_tensor_release(wf);
+    tb_tensor_release(xf);
+}
+
 /* A matmul read through a reshape that splits its columns into rows of 40 and a slice of
    columns 1..30 of each (a convolution over whole padded rows), then a residual and a relu: one
    matmul kernel on every class, storing the slice's 30 columns of each row of 40 through that
@@ -532,6 +597,7 @@ int main(void) {
         cmocka_unit_test(test_large_reduction_is_split),
         cmocka_unit_test(test_matmul_forms),
         cmocka_unit_test(test_matmul_own_panels),
+        cmocka_unit_test(test_matmul_own_panels_per_item),
         cmocka_unit_test(test_matmul_crop),
         cmocka_unit_test(test_tuning_decides_packing),
         cmocka_unit_test(test_long_chain_cut_to_budget),

@@ -1078,28 +1078,44 @@ static bool tb__cg_matmul_own_b_pack(tb__cg *g, const tb__plan_kernel *k, const 
    a time (fewer than K: tb__plan_kernel.own_b_k), after the item's column `pc` and batch index
    (variable ib, bdims) are set: for each fill of the item's buffer bpk, each row panel's
    accumulators come from its tile of ct, run over the fill's rows and go back; the epilogue
-   then stores every row panel from ct. */
+   then stores every row panel from ct. An item of several column panels (own_b_span: item
+   pc takes panels pc * own_b_span on) packs and runs each in turn for each fill, with a
+   tile of ct per panel. */
 static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
                                       int32_t ib, int32_t a_slot, bool panels_a, int rw, int nb) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     const char *t = tb__cg_ctype(cs->dtype);
-    int64_t za[6], K, fill = k->own_b_k, npr;
+    int64_t za[6], zb[6], K, fill = k->own_b_k, npr, panels = k->own_b_span > 1 ? k->own_b_span : 1;
     int rm = (int)k->rm, vw = (int)k->rn, i, j;
-    char tv[16], head[192];
+    char tv[16], head[192], tile[32];
     tb__plan_pack_sizes(g->G, k->core, true, za);
+    tb__plan_pack_sizes(g->G, k->core, false, zb);
     K = za[3];
     npr = za[4];
     snprintf(tv, sizeof tv, "%s%d", t, rw);
-    tb__ix_line(&g->ix, "const long col0 = pc * %d;", vw);
+    snprintf(tile, sizeof tile, panels > 1 ? "ct[pq][pr]" : "ct[pr]");
+    if (panels > 1) {
+        tb__ix_line(&g->ix, "const long pc0 = pc * %lldL;", (long long)panels);
+        tb__ix_line(&g->ix, "const long pcn = %lldL - pc0 < %lldL ? %lldL - pc0 : %lldL;",
+                    (long long)zb[4], (long long)panels, (long long)zb[4], (long long)panels);
+        tb__ix_line(&g->ix, "%s ct[%lld][%lld][%d][%d];", t, (long long)panels, (long long)npr, rm,
+                    vw);
+    } else {
+        tb__ix_line(&g->ix, "const long col0 = pc * %d;", vw);
+        tb__ix_line(&g->ix, "%s ct[%lld][%d][%d];", t, (long long)npr, rm, vw);
+    }
     tb__ix_line(&g->ix, "%s bpk[%lld];", t, (long long)(fill * vw));
-    tb__ix_line(&g->ix, "%s ct[%lld][%d][%d];", t, (long long)npr, rm, vw);
     tb__ix_line(&g->ix, "for (long l = 0; l < %lldL; l++) ((%s *)ct)[l] = 0;",
-                (long long)(npr * rm * vw), t);
+                (long long)(panels * npr * rm * vw), t);
     snprintf(head, sizeof head, "for (long kc0 = 0; kc0 < %lldL; kc0 += %lldL) ", (long long)K,
              (long long)fill);
     tb__ix_open(&g->ix, head);
     tb__ix_line(&g->ix, "const long kn = %lldL - kc0 < %lldL ? %lldL - kc0 : %lldL;", (long long)K,
                 (long long)fill, (long long)K, (long long)fill);
+    if (panels > 1) {
+        tb__ix_open(&g->ix, "for (long pq = 0; pq < pcn; pq++) ");
+        tb__ix_line(&g->ix, "const long col0 = (pc0 + pq) * %d;", vw);
+    }
     if (!tb__cg_matmul_own_b_pack(g, k, bdims, "kc0", "kc0 + kn", "kc0")) return false;
     tb__ix_line(&g->ix, "const %s *bp = bpk;", t);
     snprintf(head, sizeof head, "for (long pr = 0; pr < %lldL; pr++) ", (long long)npr);
@@ -1108,22 +1124,28 @@ static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const
     tb__cg_matmul_a_pointer(g, k, ib, a_slot, panels_a, "kc0");
     for (i = 0; i < rm; i++)
         for (j = 0; j < nb; j++)
-            tb__ix_line(&g->ix, "%s accv%d_%d = vload%d(%d, ct[pr][%d]);", tv, i, j, rw, j, i);
+            tb__ix_line(&g->ix, "%s accv%d_%d = vload%d(%d, %s[%d]);", tv, i, j, rw, j, tile, i);
     if (!tb__cg_matmul_depth(g, k, bdims, -1, 0, rm, nb, rw, panels_a, "kn", NULL, NULL))
         return false;
     for (i = 0; i < rm; i++)
         for (j = 0; j < nb; j++)
-            tb__ix_line(&g->ix, "vstore%d(accv%d_%d, %d, ct[pr][%d]);", rw, i, j, j, i);
+            tb__ix_line(&g->ix, "vstore%d(accv%d_%d, %d, %s[%d]);", rw, i, j, j, tile, i);
     tb__ix_close(&g->ix, "");
+    if (panels > 1) tb__ix_close(&g->ix, "");
     tb__ix_close(&g->ix, "");
+    if (panels > 1) {
+        tb__ix_open(&g->ix, "for (long pq = 0; pq < pcn; pq++) ");
+        tb__ix_line(&g->ix, "const long col0 = (pc0 + pq) * %d;", vw);
+    }
     snprintf(head, sizeof head, "for (long pr = 0; pr < %lldL; pr++) ", (long long)npr);
     tb__ix_open(&g->ix, head);
     tb__ix_line(&g->ix, "const long row0 = pr * %d;", rm);
-    tb__ix_line(&g->ix, "%s (*acc)[%d] = ct[pr];", t, vw);
+    tb__ix_line(&g->ix, "%s (*acc)[%d] = %s;", t, vw, tile);
     if (!tb__cg_matmul_stores(g, k, bdims, "row0 + ii", "col0 + jj", (int32_t)k->rm,
                               (int32_t)k->rn))
         return false;
     tb__ix_close(&g->ix, "");
+    if (panels > 1) tb__ix_close(&g->ix, "");
     return g->ix.status == TB_OK;
 }
 

@@ -84,6 +84,8 @@ typedef struct tb__tuning {
                                  its own column panel of B, this panel's rows at a time (0:
                                  never), */
     int64_t mm_own_b_rows;    /* where the matmul has at most this many rows */
+    int64_t mm_own_b_tile;    /* and the bytes of accumulators an item of it keeps at most: as
+                                 many column panels as they hold, each item (0: one) */
     int64_t mm_cache_bytes;   /* packed: a core's own data cache (L2) where the target does not
                                  say (an OpenCL device reports only its last-level cache) */
     double mm_group_caches;   /* packed: the column panels one sweep over the row panels reuses
@@ -251,6 +253,8 @@ typedef struct tb__plan_kernel {
                            kernel for B), */
     int64_t own_b_k;    /* own_b_k rows of the panel at a time (K or less: the accumulators of
                            every row panel kept in a private tile between them) */
+    int32_t own_b_span; /* with fills of fewer rows than K, this many column panels an item
+                           packs and runs in turn for each fill (1: one) */
     int32_t tk;         /* matmul in tiles: depth of a tile */
     bool prefetch_rows; /* norms: the second pass prefetches the next row of x */
     bool stream_out;    /* norms: the last pass stores whole vectors with non-temporal stores
