@@ -24855,11 +24855,12 @@ static int32_t tb__plan_own_b_span(const tb__pgraph *G, const tb__plan_kernel *k
     double size = (double)tb_dtype_size(tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype));
     double rows = (double)za[4] * (double)za[5], tile = rows * (double)zb[5] * size;
     int64_t cu = G->target->compute_units > 0 ? (int64_t)G->target->compute_units : 1;
-    int64_t split = (cu + zb[0] - 1) / zb[0], panels, most, cap, fills;
+    int64_t split, panels, most, cap, fills;
     *fill = k->own_b_k;
-    if (!k->own_b || k->own_b_k >= za[3] || rows * (double)za[3] * size <= cache || tile <= 0 ||
-        (double)t->mm_own_b_tile < 2 * tile)
+    if (!k->own_b || k->own_b_k >= za[3] || zb[0] < 1 || zb[4] < 2 ||
+        rows * (double)za[3] * size <= cache || tile <= 0 || (double)t->mm_own_b_tile < 2 * tile)
         return 1;
+    split = (cu + zb[0] - 1) / zb[0];
     /* rows of the depth whose rows of A take half the cache; fewer than a few hundred leave
        each panel's pass too short beside its accumulators' loads and stores */
     cap = (int64_t)(cache / 2 / (rows * size));
@@ -29097,7 +29098,7 @@ static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const
     K = za[3];
     npr = za[4];
     snprintf(tv, sizeof tv, "%s%d", t, rw);
-    snprintf(tile, sizeof tile, panels > 1 ? "ct[pq][pr]" : "ct[pr]");
+    snprintf(tile, sizeof tile, panels > 1 ? "ct[pp][pr]" : "ct[pr]");
     if (panels > 1) {
         tb__ix_line(&g->ix, "const long pc0 = pc * %lldL;", (long long)panels);
         tb__ix_line(&g->ix, "const long pcn = %lldL - pc0 < %lldL ? %lldL - pc0 : %lldL;",
@@ -29117,8 +29118,8 @@ static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const
     tb__ix_line(&g->ix, "const long kn = %lldL - kc0 < %lldL ? %lldL - kc0 : %lldL;", (long long)K,
                 (long long)fill, (long long)K, (long long)fill);
     if (panels > 1) {
-        tb__ix_open(&g->ix, "for (long pq = 0; pq < pcn; pq++) ");
-        tb__ix_line(&g->ix, "const long col0 = (pc0 + pq) * %d;", vw);
+        tb__ix_open(&g->ix, "for (long pp = 0; pp < pcn; pp++) ");
+        tb__ix_line(&g->ix, "const long col0 = (pc0 + pp) * %d;", vw);
     }
     if (!tb__cg_matmul_own_b_pack(g, k, bdims, "kc0", "kc0 + kn", "kc0")) return false;
     tb__ix_line(&g->ix, "const %s *bp = bpk;", t);
@@ -29138,8 +29139,8 @@ static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const
     if (panels > 1) tb__ix_close(&g->ix, "");
     tb__ix_close(&g->ix, "");
     if (panels > 1) {
-        tb__ix_open(&g->ix, "for (long pq = 0; pq < pcn; pq++) ");
-        tb__ix_line(&g->ix, "const long col0 = (pc0 + pq) * %d;", vw);
+        tb__ix_open(&g->ix, "for (long pp = 0; pp < pcn; pp++) ");
+        tb__ix_line(&g->ix, "const long col0 = (pc0 + pp) * %d;", vw);
     }
     snprintf(head, sizeof head, "for (long pr = 0; pr < %lldL; pr++) ", (long long)npr);
     tb__ix_open(&g->ix, head);

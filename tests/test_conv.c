@@ -1328,7 +1328,7 @@ static void test_errors(void **state) {
    where that row is affine in the lane (the forward's windows), in runs of a kernel row for
    the weight's gradient; each case compares forward and both gradients with the cpu. */
 
-#define PACKED_MAX_Y 500000 /* output elements of the largest case */
+#define PACKED_MAX_Y 400000 /* output elements of the largest case */
 
 typedef struct packed_case {
     const char *name;
@@ -1505,13 +1505,15 @@ static const packed_case g_packed[] = {
      TB_F32,
      "long pn = 29L - pr0;",
      NULL},
-    /* the weight gradient's A (the output's gradient, 16 x 31104) larger than a core's cache,
-       its B 288 columns: on CPU devices the matmul's work items each take several column
-       panels of B in turn, one fill of the depth at a time */
+    /* the weight gradient's A (the output's gradient, 16 x 24576, in whole panels of rows:
+       2.4 MB or more) larger than a core's cache, its B 270 columns (the last panel partial): on
+       CPU devices of two compute units the matmul's work items each take several column panels of B
+       in turn, one fill of the depth at a time (more units take one panel each where the panels are
+       few) */
     {"panels_per_item",
      2,
-     {6, 32, 72, 72},
-     {16, 32, 3, 3},
+     {6, 30, 64, 64},
+     {16, 30, 3, 3},
      {1, 1},
      {1, 1},
      {1, 1},
@@ -1642,7 +1644,8 @@ static void packed_against_cpu(const char *backend) {
                 fail_msg("%s on %s: no pack", c->name, backend);
             if (c->run != NULL && strstr(text, c->run) == NULL)
                 fail_msg("%s on %s: the pack kernel has no run `%s`", c->name, backend, c->run);
-            if (c->grad_run != NULL && strstr(gtext, c->grad_run) == NULL)
+            if (c->grad_run != NULL && info.compute_units <= 2 &&
+                strstr(gtext, c->grad_run) == NULL)
                 fail_msg("%s on %s: the gradient's program has no `%s`", c->name, backend,
                          c->grad_run);
         }

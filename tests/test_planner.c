@@ -257,12 +257,13 @@ static void test_matmul_own_panels(void **state) {
     tb_tensor_release(x);
 }
 
-/* A convolution's weight gradient whose A (the output's gradient: 16 x 31104, 6 images of 72 x
-   72) outgrows a core's cache (2 MiB): on the native backend's host each work item takes
-   several column panels of B (its windows, 288 columns: 9 panels of 32) in turn, one fill of
-   the depth at a time, as many as split the panels between the two compute units (5, then
-   4) and as the tuning's tile of accumulators holds; one panel an item where the tile is 0
-   or A fits the cache. */
+/* A convolution's weight gradient whose A (the output's gradient: 16 x 29400, 6 images of 70 x
+   70 outputs, its rows padded to two panels of 12) outgrows a core's cache (2 MiB): on the
+   native backend's host each work item takes several column panels of B (its windows, 288
+   columns: 9 panels of 32) in turn, one fill of the depth at a time, as many as split the
+   panels between the two compute units (5, then 4) and as the tuning's tile of accumulators
+   holds; one panel an item where the tile is 0 or A fits the cache. A cache of 128 KiB keeps
+   682 rows of A in its half: fills of 669 rows (44 of them), not the buffer's 1279 (23). */
 static void test_matmul_own_panels_per_item(void **state) {
     tb_tensor *xf = plan_input(TB_F32, 2, 6 * 32, 72 * 72, 1),
               *wf = plan_input(TB_F32, 2, 16, 288, 1);
@@ -272,8 +273,10 @@ static void test_matmul_own_panels_per_item(void **state) {
     tb_tensor *x = tb_reshape(xf, xd, 4), *w = tb_reshape(wf, wd, 4), *r = tb_reshape(rf, rd, 4);
     tb_tensor *y, *prod, *loss, *ins[2], *g[2] = {NULL, NULL};
     /* the tuning's tile: as it is, three panels' accumulators, none; the cache: as it is, 64 MiB */
-    int64_t tiles[4] = {-1, 3, 0, -1}, caches[4] = {-1, -1, -1, (int64_t)64 << 20};
-    int32_t want[4] = {5, 3, 1, 1};
+    int64_t tiles[5] = {-1, 3, 0, -1, -1};
+    int64_t caches[5] = {-1, -1, -1, (int64_t)64 << 20, (int64_t)128 << 10};
+    int64_t fills[5] = {1279, 1279, 1279, 1279, 669};
+    int32_t want[5] = {5, 3, 1, 1, 5};
     int c;
     (void)state;
     assert_non_null(x && w && r);
@@ -285,7 +288,7 @@ static void test_matmul_own_panels_per_item(void **state) {
     ins[0] = x;
     ins[1] = w;
     assert_int_equal(tb_grad(loss, NULL, ins, 2, g), TB_OK);
-    for (c = 0; c < 4; c++) {
+    for (c = 0; c < 5; c++) {
         plan_target t;
         tb__plan *p = NULL;
         const tb__plan_kernel *k;
@@ -303,7 +306,8 @@ static void test_matmul_own_panels_per_item(void **state) {
         assert_int_equal(k->mm, TB__MM_PACKED);
         assert_int_equal(k->rn, 32);
         assert_true(k->own_b);
-        assert_true(k->own_b_k < 6 * 70 * 70);
+        assert_int_equal(k->rm, 12);
+        assert_int_equal(k->own_b_k, fills[c]);
         assert_int_equal(k->own_b_span, want[c]);
         assert_int_equal(k->groups[0] * k->groups[1] * k->groups[2],
                          (size_t)((9 + want[c] - 1) / want[c]));
@@ -320,6 +324,18 @@ static void test_matmul_own_panels_per_item(void **state) {
     tb_tensor_release(rf);
     tb_tensor_release(wf);
     tb_tensor_release(xf);
+    {
+        /* a batch of no matrices: planned (nothing to split between the compute units) */
+        tb_tensor *a = plan_input(TB_F32, 3, 0, 256, 256), *mm = tb_matmul(a, a);
+        plan_target t;
+        tb__plan *p = NULL;
+        assert_non_null(mm);
+        plan_target_of(&t, DEV_C99);
+        assert_int_equal(plan_of(&t, &mm, 1, &p), TB_OK);
+        tb__plan_free(p);
+        tb_tensor_release(mm);
+        tb_tensor_release(a);
+    }
 }
 
 /* A matmul read through a reshape that splits its columns into rows of 40 and a slice of

@@ -1093,7 +1093,7 @@ static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const
     K = za[3];
     npr = za[4];
     snprintf(tv, sizeof tv, "%s%d", t, rw);
-    snprintf(tile, sizeof tile, panels > 1 ? "ct[pq][pr]" : "ct[pr]");
+    snprintf(tile, sizeof tile, panels > 1 ? "ct[pp][pr]" : "ct[pr]");
     if (panels > 1) {
         tb__ix_line(&g->ix, "const long pc0 = pc * %lldL;", (long long)panels);
         tb__ix_line(&g->ix, "const long pcn = %lldL - pc0 < %lldL ? %lldL - pc0 : %lldL;",
@@ -1113,8 +1113,8 @@ static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const
     tb__ix_line(&g->ix, "const long kn = %lldL - kc0 < %lldL ? %lldL - kc0 : %lldL;", (long long)K,
                 (long long)fill, (long long)K, (long long)fill);
     if (panels > 1) {
-        tb__ix_open(&g->ix, "for (long pq = 0; pq < pcn; pq++) ");
-        tb__ix_line(&g->ix, "const long col0 = (pc0 + pq) * %d;", vw);
+        tb__ix_open(&g->ix, "for (long pp = 0; pp < pcn; pp++) ");
+        tb__ix_line(&g->ix, "const long col0 = (pc0 + pp) * %d;", vw);
     }
     if (!tb__cg_matmul_own_b_pack(g, k, bdims, "kc0", "kc0 + kn", "kc0")) return false;
     tb__ix_line(&g->ix, "const %s *bp = bpk;", t);
@@ -1134,8 +1134,8 @@ static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const
     if (panels > 1) tb__ix_close(&g->ix, "");
     tb__ix_close(&g->ix, "");
     if (panels > 1) {
-        tb__ix_open(&g->ix, "for (long pq = 0; pq < pcn; pq++) ");
-        tb__ix_line(&g->ix, "const long col0 = (pc0 + pq) * %d;", vw);
+        tb__ix_open(&g->ix, "for (long pp = 0; pp < pcn; pp++) ");
+        tb__ix_line(&g->ix, "const long col0 = (pc0 + pp) * %d;", vw);
     }
     snprintf(head, sizeof head, "for (long pr = 0; pr < %lldL; pr++) ", (long long)npr);
     tb__ix_open(&g->ix, head);

@@ -488,11 +488,12 @@ static int32_t tb__plan_own_b_span(const tb__pgraph *G, const tb__plan_kernel *k
     double size = (double)tb_dtype_size(tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype));
     double rows = (double)za[4] * (double)za[5], tile = rows * (double)zb[5] * size;
     int64_t cu = G->target->compute_units > 0 ? (int64_t)G->target->compute_units : 1;
-    int64_t split = (cu + zb[0] - 1) / zb[0], panels, most, cap, fills;
+    int64_t split, panels, most, cap, fills;
     *fill = k->own_b_k;
-    if (!k->own_b || k->own_b_k >= za[3] || rows * (double)za[3] * size <= cache || tile <= 0 ||
-        (double)t->mm_own_b_tile < 2 * tile)
+    if (!k->own_b || k->own_b_k >= za[3] || zb[0] < 1 || zb[4] < 2 ||
+        rows * (double)za[3] * size <= cache || tile <= 0 || (double)t->mm_own_b_tile < 2 * tile)
         return 1;
+    split = (cu + zb[0] - 1) / zb[0];
     /* rows of the depth whose rows of A take half the cache; fewer than a few hundred leave
        each panel's pass too short beside its accumulators' loads and stores */
     cap = (int64_t)(cache / 2 / (rows * size));
