@@ -24817,6 +24817,12 @@ static void tb__plan_layout_norm(const tb__pgraph *G, tb__plan_kernel *k) {
     }
 }
 
+/* A core's own data cache (L2) in bytes: the target's, else the tuning's. */
+static double tb__plan_core_cache(const tb__pgraph *G) {
+    return G->target->cache_bytes > 0 ? (double)G->target->cache_bytes
+                                      : (double)G->target->tuning->mm_cache_bytes;
+}
+
 /* The column panels of a packed matmul's group (tb__plan_kernel.mm_group): a row panel of A
    is read once per group, the group's panels of B once per row panel, so the group is as wide
    as the caches keep: every panel of B read in one sweep over the rows stays in a core's cache
@@ -24827,8 +24833,7 @@ static int32_t tb__plan_mm_group(const tb__pgraph *G, const tb__plan_kernel *k,
                                  const int64_t zb[6]) {
     const tb__tuning *t = G->target->tuning;
     tb_dtype pd = tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype);
-    double cache =
-        G->target->cache_bytes > 0 ? (double)G->target->cache_bytes : (double)t->mm_cache_bytes;
+    double cache = tb__plan_core_cache(G);
     double panel = (double)zb[3] * (double)zb[5] * (double)tb_dtype_size(pd);
     double width = panel > 0 ? cache * (double)t->mm_group_caches / panel : (double)zb[4];
     if (width >= (double)zb[4]) return 0;
@@ -24850,8 +24855,7 @@ static int32_t tb__plan_mm_group(const tb__pgraph *G, const tb__plan_kernel *k,
 static int32_t tb__plan_own_b_span(const tb__pgraph *G, const tb__plan_kernel *k,
                                    const int64_t za[6], const int64_t zb[6], int64_t *fill) {
     const tb__tuning *t = G->target->tuning;
-    double cache =
-        G->target->cache_bytes > 0 ? (double)G->target->cache_bytes : (double)t->mm_cache_bytes;
+    double cache = tb__plan_core_cache(G);
     double size = (double)tb_dtype_size(tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype));
     double rows = (double)za[4] * (double)za[5], tile = rows * (double)zb[5] * size;
     int64_t cu = G->target->compute_units > 0 ? (int64_t)G->target->compute_units : 1;
