@@ -28625,7 +28625,7 @@ static bool tb__cg_pack_lane_runs(tb__cg *g, const tb__plan_kernel *k, const tb_
                                   const char *dst, int64_t width, const tb__lf *krow,
                                   const tb__lf *lane, int64_t rows) {
     size_t mark = g->ix.body.len;
-    int32_t i, n, ip, first = (int32_t)g->ix.num_vars, v;
+    int32_t i, n = 0, ip, first = (int32_t)g->ix.num_vars, v;
     bool split = rows >= g->G->target->tuning->pack_split_rows;
     tb__lf at = *krow;
     if (split) {
