@@ -17,11 +17,15 @@
 # against PyTorch's outputs (examples/models.c on cpu, native and opencl),
 # the README's C blocks, the build integration (CMake package, tools/install.sh, pkg-config,
 # every example's build line: tools/test_integration.sh), a fuzz smoke run and a quick
-# benchmark. Every program's output stays visible. The last line of the output is always
-# "N passed, N failed"; the exit status is 1 if anything failed.
+# benchmark. Where steps are made of independent programs (the compile checks, the test
+# programs, the examples' builds, the torch.fx devices) as many run at a time as there are
+# cores, and each one's output is shown whole, in a fixed order, once it has ended. Every
+# program's output stays visible. The last line of the output is always "N passed, N failed";
+# the exit status is 1 if anything failed.
 #
 # Environment: CC and CXX pick the compilers (default gcc and g++; the compile checks also use
 # clang and clang++). TB_TEST_TIMEOUT limits each program's run in seconds (default 600).
+# TB_TEST_JOBS sets how many programs run at once (default: the cores, at most one per 2 GiB).
 # TB_TEST_OPENCL_LEAKS=1 turns leak detection on for the OpenCL tests (with tools/lsan.supp).
 # The tests run with POCL_DEVICES="pthread pthread" (two OpenCL devices on PoCL), a fresh
 # TB_CACHE_DIR, TB_BACKEND_PATH=build/plugins, and TB_BACKEND, TB_DEVICE, TB_CHECK unset.
@@ -65,7 +69,20 @@ done
 CC=${CC:-gcc}
 CXX=${CXX:-g++}
 timeout_s=${TB_TEST_TIMEOUT:-600}
+# programs run at once where a step runs several: TB_TEST_JOBS, else the cores, at most one per
+# 2 GiB of memory (a sanitized program with PoCL's compiler in it can take one)
 jobs_max=$(nproc 2>/dev/null || echo 2)
+mem_gib=$(awk '/^MemTotal:/ { print int($2 / 1048576) }' /proc/meminfo 2>/dev/null || echo 0)
+if [ "${mem_gib:-0}" -ge 2 ] && [ "$jobs_max" -gt $((mem_gib / 2)) ]; then
+    jobs_max=$((mem_gib / 2))
+fi
+if [ -n "${TB_TEST_JOBS:-}" ]; then
+    if ! [[ "$TB_TEST_JOBS" =~ ^[1-9][0-9]*$ ]]; then
+        echo "test.sh: TB_TEST_JOBS must be a positive whole number, not '$TB_TEST_JOBS'" >&2
+        exit 2
+    fi
+    jobs_max=$TB_TEST_JOBS
+fi
 
 passed=0
 failed=0
@@ -101,7 +118,21 @@ indent() {
 }
 
 cache_dir=$(mktemp -d "${TMPDIR:-/tmp}/tb_test_cache.XXXXXX")
-trap 'rm -rf "$cache_dir"' EXIT
+# kill_tree PID: ends a process and everything it started (the parent first, so that it
+# starts nothing more; timeout passes the signal on to its program).
+kill_tree() {
+    local child children
+    children=$(pgrep -P "$1" 2>/dev/null)
+    kill -TERM "$1" 2>/dev/null
+    for child in $children; do
+        kill_tree "$child"
+    done
+}
+# the pool of test programs running in the background (test_programs), ended with the script
+pool_pid=""
+trap '[ -n "$pool_pid" ] && kill_tree "$pool_pid"; rm -rf "$cache_dir"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 mkdir -p build/compile build/tests build/examples build/plugins
 
 # ---------------------------------------------------------------------------------------------
@@ -230,20 +261,44 @@ tag() {
     printf '%s' "$*" | tr -c 'A-Za-z0-9+' '_'
 }
 
-# compile_check NAME SCRIPT: runs SCRIPT (shell commands, stopping at the first failure, each
-# shown before it runs on failure) and prints "ok compile: NAME" or "FAIL compile: NAME".
+# compile_check NAME SCRIPT: queues SCRIPT (shell commands, stopping at the first failure, each
+# shown before it runs on failure); run_compile_checks runs the queue, as many at a time as there
+# are cores, and prints "ok compile: NAME" or "FAIL compile: NAME" for each in the queue's order.
+check_names=()
+check_scripts=()
 compile_check() {
-    local name=$1 script=$2 log
-    selected "tests/compile/$name" || return 0
-    log=$out/$(tag "$name").log
-    if bash -e -x -c "$script" >"$log" 2>&1; then
-        echo "ok compile: $name"
-        pass
-    else
-        echo "FAIL compile: $name"
-        indent <"$log"
-        fail "compile: $name"
-    fi
+    selected "tests/compile/$1" || return 0
+    check_names+=("$1")
+    check_scripts+=("$2")
+}
+run_compile_checks() {
+    local i log
+    for i in "${!check_names[@]}"; do
+        log=$out/$(tag "${check_names[$i]}").log
+        rm -f "$log.rc"
+        (
+            if bash -e -x -c "${check_scripts[$i]}" >"$log" 2>&1; then
+                echo 0 >"$log.rc"
+            else
+                echo 1 >"$log.rc"
+            fi
+        ) &
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+            wait -n
+        done
+    done
+    wait
+    for i in "${!check_names[@]}"; do
+        log=$out/$(tag "${check_names[$i]}").log
+        if [ "$(cat "$log.rc" 2>/dev/null)" = 0 ]; then
+            echo "ok compile: ${check_names[$i]}"
+            pass
+        else
+            echo "FAIL compile: ${check_names[$i]}"
+            indent <"$log"
+            fail "compile: ${check_names[$i]}"
+        fi
+    done
 }
 
 for cc in "${c_compilers[@]}"; do
@@ -255,14 +310,14 @@ for cc in "${c_compilers[@]}"; do
 done
 # Optimisers see more (inlining, value ranges) and warn about more: users build with -O2 -Werror.
 for cc in "${c_compilers[@]}"; do
-    for opt in -O2 -O3; do
+    for opt in -Og -O2 -O3; do
         compile_check "impl.c ($cc -std=c11 $opt)" \
-            "$cc -std=c11 $opt $c_warnings -I. -c tests/compile/impl.c -o $out/impl_opt.o"
+            "$cc -std=c11 $opt $c_warnings -I. -c tests/compile/impl.c -o $out/impl_opt_$(tag "$cc")$opt.o"
     done
 done
 for cxx in "${cxx_compilers[@]}"; do
     compile_check "impl.cpp ($cxx -std=c++17 -O2)" \
-        "$cxx -std=c++17 -O2 $cxx_warnings -I. -c tests/compile/impl.cpp -o $out/impl_opt_cxx.o"
+        "$cxx -std=c++17 -O2 $cxx_warnings -I. -c tests/compile/impl.cpp -o $out/impl_opt_$(tag "$cxx").o"
 done
 for cxx in "${cxx_compilers[@]}"; do
     for std in c++11 c++17; do
@@ -325,6 +380,7 @@ compile_check "impl.c links without -lOpenCL ($CC)" \
     "$CC -std=c11 $c_warnings -I. tests/compile/impl.c -o $out/no_opencl -ldl -lpthread -lm
      if readelf -d $out/no_opencl | grep -i 'NEEDED.*libOpenCL'; then exit 1; fi
      $out/no_opencl"
+run_compile_checks
 
 # ---------------------------------------------------------------------------------------------
 step "test programs"
@@ -337,8 +393,10 @@ if [ "$quick" -eq 1 ]; then
     test_flags="-std=c11 -g1 -O2 -Wall -Wextra -Werror -pedantic -I."
     echo "quick: -O2, no sanitizers"
 else
-    # -g1: line tables for the sanitizers' reports, at two thirds of -g's compile time
-    test_flags="-std=c11 -g1 -O1 -fsanitize=address,undefined -fno-omit-frame-pointer
+    # -g1: line tables for the sanitizers' reports, at two thirds of -g's compile time. -Og:
+    # the programs build in about half the time of -O1, and gcc's flow warnings (uninitialised
+    # values, bounds) still run.
+    test_flags="-std=c11 -g1 -Og -fsanitize=address,undefined -fno-omit-frame-pointer
         -fno-sanitize-recover=undefined -Wall -Wextra -Werror -pedantic -I."
 fi
 # stdbuf makes a program's stdout line-buffered so that it interleaves with stderr in the order
@@ -398,76 +456,109 @@ count_cmocka() {
     ' "$1"
 }
 
-# build_tests DIR COMPILER FLAGS: builds every selected test program into DIR, several at a
-# time; a failed build is reported when its turn comes (run_tests).
-build_tests() {
-    local dir=$1 compiler=$2 flags=$3 src name
+# test_job DIR COMPILER FLAGS SRC: builds one test program into DIR and runs it. The build's
+# output and status go to DIR/NAME.build.log and .build.rc; the run's output to DIR/NAME.log,
+# its exit status and seconds to DIR/NAME.rc and .secs; DIR/NAME.done comes last.
+test_job() {
+    local dir=$1 compiler=$2 flags=$3 src=$4 name bin asan lsan log rc n_ok n_fail started
+    name=$(basename "$src" .c)
+    bin=$dir/$name
+    log=$dir/$name.log
+    # shellcheck disable=SC2086
+    if ! $compiler $flags "$src" -o "$bin" -lcmocka -ldl -lpthread -lm \
+        >"$dir/$name.build.log" 2>&1; then
+        echo 1 >"$dir/$name.build.rc"
+        touch "$dir/$name.done"
+        return 0
+    fi
+    echo 0 >"$dir/$name.build.rc"
+    asan=$asan_default
+    lsan=""
+    case "$name" in
+    # these also run on PoCL, whose LLVM keeps allocations past exit
+    *opencl* | test_threads | test_train | test_distributed | test_shard)
+        asan=$asan_opencl
+        lsan=$lsan_pocl
+        ;;
+    # checked for leaks, but it runs on PoCL too: what PoCL's LLVM keeps when it compiles a
+    # program its cache lacks is not ours (every frame of such a leak is in those libraries)
+    test_conv | test_layers)
+        lsan=$lsan_pocl
+        ;;
+    esac
+    started=$SECONDS
+    ASAN_OPTIONS=$asan LSAN_OPTIONS=$lsan timeout -k 10 "$timeout_s" \
+        "${line_buffered[@]+"${line_buffered[@]}"}" "$bin" </dev/null >"$log" 2>&1
+    rc=$?
+    read -r n_ok n_fail < <(count_cmocka "$log")
+    # LeakSanitizer's own failure at exit (its tracer thread crashing while it stops the
+    # threads, "Tracer caught signal"), after every test passed, is no finding about the
+    # program: it runs once more, and that run's result counts, leak check included
+    if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ] && grep -q "^Tracer caught signal" "$log" &&
+        grep -q "LeakSanitizer has encountered a fatal error" "$log"; then
+        {
+            cat "$log"
+            echo "(LeakSanitizer's tracer failed at exit: running $name again)"
+        } >"$log.first"
+        ASAN_OPTIONS=$asan LSAN_OPTIONS=$lsan timeout -k 10 "$timeout_s" \
+            "${line_buffered[@]+"${line_buffered[@]}"}" "$bin" </dev/null >"$log" 2>&1
+        rc=$?
+    fi
+    echo "$rc" >"$dir/$name.rc"
+    echo $((SECONDS - started)) >"$dir/$name.secs"
+    touch "$dir/$name.done"
+}
+
+# test_programs DIR COMPILER FLAGS LABEL: builds and runs every selected test program, as many
+# at a time as there are cores (a program is built just before it runs), and reports each in
+# the order of the file names with its whole output once it has ended; counts cmocka's results.
+# LABEL goes into the report lines.
+test_programs() {
+    local dir=$1 compiler=$2 flags=$3 label=$4 src name log rc n_ok n_fail note pool
     mkdir -p "$dir"
     for src in "${tests[@]+"${tests[@]}"}"; do
         name=$(basename "$src" .c)
-        (
-            # shellcheck disable=SC2086
-            if $compiler $flags "$src" -o "$dir/$name" -lcmocka -ldl -lpthread -lm \
-                >"$dir/$name.build.log" 2>&1; then
-                echo 0 >"$dir/$name.build.rc"
-            else
-                echo 1 >"$dir/$name.build.rc"
-            fi
-        ) &
-        while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
-            wait -n
-        done
+        rm -f "$dir/$name".{done,rc,secs,build.rc,log,log.first,job.log}
     done
-    wait
-}
-
-# run_tests DIR COMPILER FLAGS LABEL: runs the programs build_tests made, one at a time, each
-# program's output visible; counts cmocka's results. LABEL goes into the failure lines.
-run_tests() {
-    local dir=$1 compiler=$2 flags=$3 label=$4 src name bin asan lsan log rc n_ok n_fail note
+    (
+        for src in "${tests[@]+"${tests[@]}"}"; do
+            # the shell's own word on a program killed by a signal goes to NAME.job.log: the
+            # report says it in its place
+            test_job "$dir" "$compiler" "$flags" "$src" 2>"$dir/$(basename "$src" .c).job.log" &
+            while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+                wait -n
+            done
+        done
+        wait
+    ) &
+    pool=$!
+    pool_pid=$pool
     for src in "${tests[@]+"${tests[@]}"}"; do
         name=$(basename "$src" .c)
-        bin=$dir/$name
+        log=$dir/$name.log
         echo
         echo "-- $src$label"
+        while [ ! -f "$dir/$name.done" ] && kill -0 "$pool" 2>/dev/null; do
+            sleep 1
+        done
+        if [ ! -f "$dir/$name.done" ]; then
+            echo "FAIL test: $src$label (its job ended without a result)"
+            fail "$src$label (no result)"
+            continue
+        fi
         if [ "$(cat "$dir/$name.build.rc" 2>/dev/null)" != 0 ]; then
             echo "FAIL build: $src$label"
-            echo "    $compiler $(echo $flags) $src -o $bin -lcmocka -ldl -lpthread -lm"
+            echo "    $compiler $(echo $flags) $src -o $dir/$name -lcmocka -ldl -lpthread -lm"
             indent <"$dir/$name.build.log"
             fail "build: $src$label"
             continue
         fi
-        asan=$asan_default
-        lsan=""
-        case "$name" in
-        # these also run on PoCL, whose LLVM keeps allocations past exit
-        *opencl* | test_threads | test_train | test_distributed | test_shard)
-            asan=$asan_opencl
-            lsan=$lsan_pocl
-            ;;
-        # checked for leaks, but it runs on PoCL too: what PoCL's LLVM keeps when it compiles a
-        # program its cache lacks is not ours (every frame of such a leak is in those libraries)
-        test_conv | test_layers)
-            lsan=$lsan_pocl
-            ;;
-        esac
-        log=$dir/$name.log
-        started=$SECONDS
-        ASAN_OPTIONS=$asan LSAN_OPTIONS=$lsan timeout --foreground -k 10 "$timeout_s" \
-            "${line_buffered[@]+"${line_buffered[@]}"}" "$bin" 2>&1 | tee "$log"
-        rc=${PIPESTATUS[0]}
+        [ -f "$log.first" ] && cat "$log.first"
+        cat "$log"
+        [ -s "$dir/$name.job.log" ] && cat "$dir/$name.job.log"
+        rc=$(cat "$dir/$name.rc" 2>/dev/null)
+        [[ "$rc" =~ ^[0-9]+$ ]] || rc=1 # no exit status written: a failure
         read -r n_ok n_fail < <(count_cmocka "$log")
-        # LeakSanitizer's own failure at exit (its tracer thread crashing while it stops the
-        # threads, "Tracer caught signal"), after every test passed, is no finding about the
-        # program: it runs once more, and that run's result counts, leak check included
-        if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ] && grep -q "^Tracer caught signal" "$log" &&
-            grep -q "LeakSanitizer has encountered a fatal error" "$log"; then
-            echo "(LeakSanitizer's tracer failed at exit: running $name again)"
-            ASAN_OPTIONS=$asan LSAN_OPTIONS=$lsan timeout --foreground -k 10 "$timeout_s" \
-                "${line_buffered[@]+"${line_buffered[@]}"}" "$bin" 2>&1 | tee "$log"
-            rc=${PIPESTATUS[0]}
-            read -r n_ok n_fail < <(count_cmocka "$log")
-        fi
         note=""
         if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
             note=", timed out after ${timeout_s}s"
@@ -482,16 +573,17 @@ run_tests() {
         fi
         pass "$n_ok"
         if [ "$n_fail" -gt 0 ]; then
-            echo "FAIL test: $src$label ($n_ok passed, $n_fail failed, exit status $rc$note, $((SECONDS - started)) s)"
+            echo "FAIL test: $src$label ($n_ok passed, $n_fail failed, exit status $rc$note, $(cat "$dir/$name.secs") s)"
             fail "$src$label ($n_fail)" "$n_fail"
         else
-            echo "ok test: $src$label ($n_ok passed, $((SECONDS - started)) s)"
+            echo "ok test: $src$label ($n_ok passed, $(cat "$dir/$name.secs") s)"
         fi
     done
+    wait "$pool"
+    pool_pid=""
 }
 
-build_tests build/tests "$CC" "$test_flags"
-run_tests build/tests "$CC" "$test_flags" ""
+test_programs build/tests "$CC" "$test_flags" ""
 
 # ---------------------------------------------------------------------------------------------
 step "threads (ThreadSanitizer)"
@@ -506,8 +598,7 @@ if selected tests/test_threads.c; then
         tests=(tests/test_threads.c)
         tsan_flags="-std=c11 -g1 -O1 -fsanitize=thread -Wall -Wextra -Werror -pedantic -I."
         export TSAN_OPTIONS="suppressions=$repo/tools/tsan.supp:halt_on_error=1:second_deadlock_stack=1"
-        build_tests build/tests-tsan clang "$tsan_flags"
-        run_tests build/tests-tsan clang "$tsan_flags" " (clang ThreadSanitizer)"
+        test_programs build/tests-tsan clang "$tsan_flags" " (clang ThreadSanitizer)"
         unset TSAN_OPTIONS
         tests=("${saved_tests[@]+"${saved_tests[@]}"}")
     fi
@@ -525,8 +616,7 @@ if [ "$quick" -eq 1 ] || [ "${TB_TEST_NO_UBSAN:-0}" = 1 ]; then
 elif [ "${#tests[@]}" -gt 0 ]; then
     ubsan_flags="-std=c11 -g1 -O0 -fsanitize=undefined,float-cast-overflow
         -fno-sanitize-recover=all -fno-omit-frame-pointer -Wall -Wextra -Werror -pedantic -I."
-    build_tests build/tests-ubsan clang "$ubsan_flags"
-    run_tests build/tests-ubsan clang "$ubsan_flags" " (clang UBSan)"
+    test_programs build/tests-ubsan clang "$ubsan_flags" " (clang UBSan)"
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -566,6 +656,17 @@ if selected tests/test_native.c || selected tools/test_arch.sh; then
     if grep -q -w avx2 /proc/cpuinfo 2>/dev/null; then
         classes+=("x86-64-v2:SSE4.2")
     fi
+    # tools/test_arch.sh runs beside the class runs; its output is shown after theirs
+    arch_pid=""
+    if selected tools/test_arch.sh || selected tests/test_native.c; then
+        rm -f build/test_arch.rc
+        (
+            CC="$CC" TB_CACHE_DIR="$cache_dir" bash tools/test_arch.sh </dev/null \
+                >build/test_arch.log 2>&1
+            echo $? >build/test_arch.rc
+        ) &
+        arch_pid=$!
+    fi
     if [ "${#classes[@]}" -gt 0 ] && selected tests/test_native.c; then
         mkdir -p build/tests-classes
         # shellcheck disable=SC2086
@@ -593,10 +694,11 @@ if selected tests/test_native.c || selected tools/test_arch.sh; then
             fail "build: tests/test_native.c (-O2)"
         fi
     fi
-    if selected tools/test_arch.sh || selected tests/test_native.c; then
+    if [ -n "$arch_pid" ]; then
+        wait "$arch_pid"
         log=build/test_arch.log
-        CC="$CC" TB_CACHE_DIR="$cache_dir" bash tools/test_arch.sh 2>&1 | tee "$log"
-        rc=${PIPESTATUS[0]}
+        cat "$log"
+        rc=$(cat build/test_arch.rc 2>/dev/null || echo 1)
         n_ok=$(grep -c '^ok arch: ' "$log")
         n_fail=$(grep -c '^FAIL ' "$log")
         if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
@@ -618,27 +720,55 @@ backends=(cpu)
 if command -v clinfo >/dev/null 2>&1 && [ "$(clinfo -l 2>/dev/null | grep -c 'Device')" -gt 0 ]; then
     backends+=(opencl)
 fi
+# build_example SRC: compiles SRC as C into build/examples and checks it as C++; the status
+# (0, "c" or "c++") goes to build/examples/NAME.build.log.rc. Several build at a time.
+build_example() {
+    local name bin log
+    name=$(basename "$1" .c)
+    bin=build/examples/$name
+    log=build/examples/$name.build.log
+    # shellcheck disable=SC2086
+    if ! $CC $test_flags "$1" -o "$bin" -ldl -lpthread -lm >"$log" 2>&1; then
+        echo c >"$log.rc"
+    # shellcheck disable=SC2086
+    elif ! $CXX -x c++ -std=c++11 $cxx_warnings -I. -fsyntax-only "$1" >"$log" 2>&1; then
+        echo c++ >"$log.rc"
+    else
+        echo 0 >"$log.rc"
+    fi
+}
+for src in examples/*.c; do
+    [ "$src" = "$plugin_src" ] && continue
+    selected "$src" || continue
+    rm -f "build/examples/$(basename "$src" .c).build.log.rc"
+    build_example "$src" &
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+        wait -n
+    done
+done
+wait
 for src in examples/*.c; do
     [ "$src" = "$plugin_src" ] && continue
     selected "$src" || continue
     name=$(basename "$src" .c)
     bin=build/examples/$name
     log=build/examples/$name.build.log
-    # shellcheck disable=SC2086
-    if ! $CC $test_flags "$src" -o "$bin" -ldl -lpthread -lm >"$log" 2>&1; then
+    case "$(cat "$log.rc" 2>/dev/null)" in
+    0) ;;
+    c++)
+        echo "FAIL example: $src (does not compile as C++)"
+        indent <"$log"
+        fail "example: $src as C++"
+        continue
+        ;;
+    *)
         echo "FAIL example: $src (does not compile as C)"
         echo "    $CC $(echo $test_flags) $src -o $bin -ldl -lpthread -lm"
         indent <"$log"
         fail "example: $src"
         continue
-    fi
-    # shellcheck disable=SC2086
-    if ! $CXX -x c++ -std=c++11 $cxx_warnings -I. -fsyntax-only "$src" >"$log" 2>&1; then
-        echo "FAIL example: $src (does not compile as C++)"
-        indent <"$log"
-        fail "example: $src as C++"
-        continue
-    fi
+        ;;
+    esac
     if ! head -n 20 "$src" | grep -q '^// test: run'; then
         echo "ok example: $src (compiles as C and C++; not marked '// test: run')"
         pass
@@ -763,22 +893,38 @@ step "PyTorch models through the torch.fx compiler (tools/tb_fx.py)"
 # under build/fx_cache), each output within 1e-5 of PyTorch's scale; a training step; fallbacks
 # and errors. --quick here (three models, smaller inputs); VGG-11 and AlexNet by hand:
 # /usr/bin/python3 tests/fx_torch.py
+# One process a device, as many at a time as there are cores; each one's output is shown whole
+# when it has ended, in the order of the devices.
 if selected tests/fx_torch.py || selected tools/tb_fx.py; then
-    fx_devices=$(IFS=,; echo "${backends[*]}")
-    if command -v "${CC%% *}" >/dev/null 2>&1; then fx_devices+=",native"; fi
-    fx_log=build/fx_torch.log
-    XDG_CACHE_HOME=$PWD/build/fx_cache timeout --foreground -k 10 1800 /usr/bin/python3 \
-        tests/fx_torch.py --quick --devices "$fx_devices" 2>&1 | tee "$fx_log"
-    rc=${PIPESTATUS[0]}
-    fx_summary=$(tail -n 1 "$fx_log")
-    if [[ "$fx_summary" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
-        pass "${BASH_REMATCH[1]}"
-        [ "${BASH_REMATCH[2]}" -gt 0 ] && fail "tests/fx_torch.py" "${BASH_REMATCH[2]}"
-    fi
-    if [ "$rc" -ne 0 ] && ! [[ "$fx_summary" =~ \ ([1-9][0-9]*)\ failed$ ]]; then
-        echo "FAIL tests/fx_torch.py (exit status $rc)"
-        fail "tests/fx_torch.py (exit status $rc)"
-    fi
+    fx_devices=("${backends[@]}")
+    if command -v "${CC%% *}" >/dev/null 2>&1; then fx_devices+=(native); fi
+    for d in "${fx_devices[@]}"; do
+        rm -f "build/fx_torch.$d.rc"
+        (
+            XDG_CACHE_HOME=$PWD/build/fx_cache timeout -k 10 1800 /usr/bin/python3 \
+                tests/fx_torch.py --quick --devices "$d" </dev/null >"build/fx_torch.$d.log" 2>&1
+            echo $? >"build/fx_torch.$d.rc"
+        ) &
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+            wait -n
+        done
+    done
+    wait
+    for d in "${fx_devices[@]}"; do
+        fx_log=build/fx_torch.$d.log
+        echo "-- tests/fx_torch.py --quick --devices $d"
+        cat "$fx_log"
+        rc=$(cat "build/fx_torch.$d.rc" 2>/dev/null || echo 1)
+        fx_summary=$(tail -n 1 "$fx_log")
+        if [[ "$fx_summary" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+            pass "${BASH_REMATCH[1]}"
+            [ "${BASH_REMATCH[2]}" -gt 0 ] && fail "tests/fx_torch.py on $d" "${BASH_REMATCH[2]}"
+        fi
+        if [ "$rc" -ne 0 ] && ! [[ "$fx_summary" =~ \ ([1-9][0-9]*)\ failed$ ]]; then
+            echo "FAIL tests/fx_torch.py on $d (exit status $rc)"
+            fail "tests/fx_torch.py on $d (exit status $rc)"
+        fi
+    done
 fi
 
 # examples/gpt.c: four iterations in one run, and two plus two resumed from the checkpoint of
