@@ -83,6 +83,12 @@ if [ -n "${TB_TEST_JOBS:-}" ]; then
     fi
     jobs_max=$TB_TEST_JOBS
 fi
+# wait_for_slot: returns once fewer than jobs_max of this shell's background jobs are running.
+wait_for_slot() {
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+        wait -n
+    done
+}
 
 passed=0
 failed=0
@@ -283,9 +289,7 @@ run_compile_checks() {
                 echo 1 >"$log.rc"
             fi
         ) &
-        while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
-            wait -n
-        done
+        wait_for_slot
     done
     wait
     for i in "${!check_names[@]}"; do
@@ -525,9 +529,7 @@ test_programs() {
             # the shell's own word on a program killed by a signal goes to NAME.job.log: the
             # report says it in its place
             test_job "$dir" "$compiler" "$flags" "$src" 2>"$dir/$(basename "$src" .c).job.log" &
-            while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
-                wait -n
-            done
+            wait_for_slot
         done
         wait
     ) &
@@ -742,9 +744,7 @@ for src in examples/*.c; do
     selected "$src" || continue
     rm -f "build/examples/$(basename "$src" .c).build.log.rc"
     build_example "$src" &
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
-        wait -n
-    done
+    wait_for_slot
 done
 wait
 for src in examples/*.c; do
@@ -905,9 +905,7 @@ if selected tests/fx_torch.py || selected tools/tb_fx.py; then
                 tests/fx_torch.py --quick --devices "$d" </dev/null >"build/fx_torch.$d.log" 2>&1
             echo $? >"build/fx_torch.$d.rc"
         ) &
-        while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
-            wait -n
-        done
+        wait_for_slot
     done
     wait
     for d in "${fx_devices[@]}"; do
@@ -1202,9 +1200,7 @@ if selected README.md; then
     while read -r file kind; do
         [ -n "$file" ] || continue
         build_readme_block "$file" "$kind" &
-        while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
-            wait -n
-        done
+        wait_for_slot
     done <<<"$blocks"
     wait
     while read -r file kind; do
