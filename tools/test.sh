@@ -19,9 +19,11 @@
 # every example's build line: tools/test_integration.sh), a fuzz smoke run and a quick
 # benchmark. Where steps are made of independent programs (the compile checks, the test
 # programs, the examples' builds, the torch.fx devices) as many run at a time as there are
-# cores, and each one's output is shown whole, in a fixed order, once it has ended. Every
-# program's output stays visible. The last line of the output is always "N passed, N failed";
-# the exit status is 1 if anything failed.
+# cores, and each one's output is shown whole, in a fixed order, once it has ended; the longest
+# test programs start first. The build integration, the fuzz smoke run and the Oclgrind run go
+# on in the background beside the steps from the 16-bit ops to the README's blocks, and report
+# at their place. Every program's output stays visible. The last line of the output is always
+# "N passed, N failed"; the exit status is 1 if anything failed.
 #
 # Environment: CC and CXX pick the compilers (default gcc and g++; the compile checks also use
 # clang and clang++). TB_TEST_TIMEOUT limits each program's run in seconds (default 600).
@@ -136,7 +138,10 @@ kill_tree() {
 }
 # the pool of test programs running in the background (test_programs), ended with the script
 pool_pid=""
-trap '[ -n "$pool_pid" ] && kill_tree "$pool_pid"; rm -rf "$cache_dir"' EXIT
+# the steps running beside the others (side_chain), ended with the script
+side_pid=""
+trap '[ -n "$pool_pid" ] && kill_tree "$pool_pid"; [ -n "$side_pid" ] && kill_tree "$side_pid"
+    rm -rf "$cache_dir"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 mkdir -p build/compile build/tests build/examples build/plugins
@@ -449,6 +454,11 @@ tests=()
 for src in tests/test_*.c; do
     selected "$src" && tests+=("$src")
 done
+# The programs that take longest (PoCL's and gcc's compiles of their kernels with the caches
+# empty, the kit backend's compiler calls) start first, so that no long one is left running
+# alone at the end of a step; the reports keep the order of the file names.
+long_programs=(test_opencl test_conv test_alloc_faults_opencl test_native test_kit test_train
+    test_layers test_half_opencl test_autograd_opencl test_opencl_faults)
 
 # count_cmocka LOG: prints "PASSED FAILED" summed over the groups cmocka reported.
 count_cmocka() {
@@ -514,18 +524,28 @@ test_job() {
 }
 
 # test_programs DIR COMPILER FLAGS LABEL: builds and runs every selected test program, as many
-# at a time as there are cores (a program is built just before it runs), and reports each in
-# the order of the file names with its whole output once it has ended; counts cmocka's results.
+# at a time as there are cores (a program is built just before it runs; the long ones first),
+# and reports each in the order of the file names with its whole output once it has ended;
+# counts cmocka's results.
 # LABEL goes into the report lines.
 test_programs() {
     local dir=$1 compiler=$2 flags=$3 label=$4 src name log rc n_ok n_fail note pool
+    local start_order=()
     mkdir -p "$dir"
+    for name in "${long_programs[@]}"; do
+        for src in "${tests[@]+"${tests[@]}"}"; do
+            [ "$(basename "$src" .c)" = "$name" ] && start_order+=("$src")
+        done
+    done
+    for src in "${tests[@]+"${tests[@]}"}"; do
+        [[ " ${long_programs[*]} " == *" $(basename "$src" .c) "* ]] || start_order+=("$src")
+    done
     for src in "${tests[@]+"${tests[@]}"}"; do
         name=$(basename "$src" .c)
         rm -f "$dir/$name".{done,rc,secs,build.rc,log,log.first,job.log}
     done
     (
-        for src in "${tests[@]+"${tests[@]}"}"; do
+        for src in "${start_order[@]+"${start_order[@]}"}"; do
             # the shell's own word on a program killed by a signal goes to NAME.job.log: the
             # report says it in its place
             test_job "$dir" "$compiler" "$flags" "$src" 2>"$dir/$(basename "$src" .c).job.log" &
@@ -620,6 +640,66 @@ elif [ "${#tests[@]}" -gt 0 ]; then
         -fno-sanitize-recover=all -fno-omit-frame-pointer -Wall -Wextra -Werror -pedantic -I."
     test_programs build/tests-ubsan clang "$ubsan_flags" " (clang UBSan)"
 fi
+
+# ---------------------------------------------------------------------------------------------
+# The build integration, the fuzz smoke run and the Oclgrind run need nothing from the steps
+# between here and their reports, and run on one core most of the time where those steps leave
+# cores idle: from here on they run one after the other in the background (side_chain). Each
+# writes its output to LOG, its exit status to LOG.rc and its seconds to LOG.secs; LOG.done
+# comes last. Their reports come at their places below (side_report).
+side_integration=0
+side_fuzz=0
+side_oclgrind=0
+selected tools/test_integration.sh && side_integration=1
+if selected tools/fuzz.sh && [ "$quick" -eq 0 ] && [ "${TB_TEST_NO_FUZZ:-0}" != 1 ]; then
+    side_fuzz=1
+fi
+if selected tools/oclgrind.sh && [ "$quick" -eq 0 ] && [ "${TB_TEST_NO_OCLGRIND:-0}" != 1 ]; then
+    side_oclgrind=1
+fi
+# side_run LOG COMMAND...: one step of the chain
+side_run() {
+    local log=$1 started
+    shift
+    rm -f "$log" "$log".{rc,secs,done}
+    started=$(date +%s)
+    "$@" >"$log" 2>&1
+    echo $? >"$log.rc"
+    echo $(($(date +%s) - started)) >"$log.secs"
+    touch "$log.done"
+}
+side_chain() {
+    if [ "$side_integration" = 1 ]; then
+        side_run build/test_integration.log env CC="$CC" bash tools/test_integration.sh
+    fi
+    # fuzz.sh and oclgrind.sh pick their devices and caches themselves
+    if [ "$side_fuzz" = 1 ]; then
+        side_run build/fuzz_smoke.log env -u POCL_DEVICES -u TB_CACHE_DIR -u TB_BACKEND_PATH \
+            bash tools/fuzz.sh --seconds 20
+    fi
+    if [ "$side_oclgrind" = 1 ]; then
+        side_run build/oclgrind.log env -u POCL_DEVICES -u TB_CACHE_DIR bash tools/oclgrind.sh
+    fi
+}
+# Started from a subshell, so that it is no job of this shell: the steps' own `wait` and job
+# slots (wait_for_slot) do not count it.
+side_pid=$( (side_chain </dev/null >/dev/null 2>&1 & echo $!))
+# side_report LOG: waits for LOG's step of the chain and shows its output; sets rc to its exit
+# status (1 if it ended without one) and adds its own time to the step's name.
+side_report() {
+    local log=$1
+    while [ ! -f "$log.done" ] && kill -0 "$side_pid" 2>/dev/null; do
+        sleep 1
+    done
+    [ -f "$log" ] || : >"$log"
+    cat "$log"
+    rc=$(cat "$log.rc" 2>/dev/null)
+    if [ ! -f "$log.done" ] || ! [[ "$rc" =~ ^[0-9]+$ ]]; then
+        echo "(its run in the background ended without an exit status)"
+        rc=1
+    fi
+    step_name+=" (beside the steps above: $(cat "$log.secs" 2>/dev/null || echo ?) s)"
+}
 
 # ---------------------------------------------------------------------------------------------
 step "16-bit ops against PyTorch on each x86 class"
@@ -732,7 +812,6 @@ build_example() {
     # shellcheck disable=SC2086
     if ! $CC $test_flags "$1" -o "$bin" -ldl -lpthread -lm >"$log" 2>&1; then
         echo c >"$log.rc"
-    # shellcheck disable=SC2086
     elif ! $CXX -x c++ -std=c++11 $cxx_warnings -I. -fsyntax-only "$1" >"$log" 2>&1; then
         echo c++ >"$log.rc"
     else
@@ -1234,10 +1313,9 @@ step "build integration"
 # The CMake package (find_package, add_subdirectory, FetchContent), tools/install.sh, pkg-config,
 # the README's recipe for the implementation compiled once, and every example's build line, each
 # built out of tree in a temporary folder (tools/test_integration.sh).
-if selected tools/test_integration.sh; then
+if [ "$side_integration" = 1 ]; then
     log=build/test_integration.log
-    CC="$CC" bash tools/test_integration.sh 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
+    side_report "$log"
     n_ok=$(grep -c '^ok ' "$log")
     n_fail=$(grep -c '^FAIL ' "$log")
     if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
@@ -1260,11 +1338,7 @@ if selected tools/fuzz.sh; then
         echo "skipped: --quick or TB_TEST_NO_FUZZ=1"
     else
         log=build/fuzz_smoke.log
-        (
-            unset POCL_DEVICES TB_CACHE_DIR TB_BACKEND_PATH
-            nice bash tools/fuzz.sh --seconds 20
-        ) 2>&1 | tee "$log"
-        rc=${PIPESTATUS[0]}
+        side_report "$log"
         n_ok=$(grep -c '^ok fuzz: ' "$log")
         n_fail=$(grep -c '^FAIL fuzz: ' "$log")
         if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
@@ -1288,11 +1362,7 @@ if selected tools/oclgrind.sh; then
         echo "skipped: --quick or TB_TEST_NO_OCLGRIND=1"
     else
         log=build/oclgrind.log
-        (
-            unset POCL_DEVICES TB_CACHE_DIR
-            bash tools/oclgrind.sh
-        ) 2>&1 | tee "$log"
-        rc=${PIPESTATUS[0]}
+        side_report "$log"
         n_ok=$(grep -c '^ok oclgrind: ' "$log")
         n_fail=$(grep -c '^FAIL ' "$log")
         if [ "$rc" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
