@@ -7,11 +7,11 @@
 #
 # Steps: install the Debian packages the suite needs, check that torch_backend.h matches src/,
 # test amalgamate.py, check the layering of src/ (tools/check_layers.py), check formatting,
-# compile checks (C99/C11/C++11/C++17, gcc and clang),
-# the cmocka test programs tests/test_*.c under gcc's address and undefined-behaviour
-# sanitizers (the plugins and the OpenCL fault stand-in they load are built first),
-# tests/test_threads.c under clang's thread sanitizer, the test programs again under clang's
-# undefined-behaviour sanitizer (float-cast-overflow included), the examples (each must
+# compile checks (C99/C11/C++11/C++17, gcc and clang), the plugins and the OpenCL fault
+# stand-in the test programs load, the cmocka test programs tests/test_*.c under clang's
+# undefined-behaviour sanitizer (float-cast-overflow included), the same programs under gcc's
+# address and undefined-behaviour sanitizers, tests/test_threads.c under clang's thread
+# sanitizer, the examples (each must
 # compile; those with a "// test: run" line in their first 20 lines also run and must exit 0),
 # torchvision's ResNet-18/50, MobileNetV2, SqueezeNet and a Transformer encoder at small sizes
 # against PyTorch's outputs (examples/models.c on cpu, native and opencl),
@@ -392,7 +392,7 @@ compile_check "impl.c links without -lOpenCL ($CC)" \
 run_compile_checks
 
 # ---------------------------------------------------------------------------------------------
-step "test programs"
+step "test plugins and the OpenCL fault stand-in"
 export POCL_DEVICES="pthread pthread"
 export TB_CACHE_DIR=$cache_dir
 export TB_BACKEND_PATH=$repo/build/plugins
@@ -470,6 +470,87 @@ count_cmocka() {
     ' "$1"
 }
 
+# The implementation is compiled once per compiler and flags (DIR/tb_impl.o) and linked into
+# each program that needs nothing else of it: a program whose translation unit names no
+# internal identifier (tb__..., the implementation's static functions) and sets no
+# configuration macro (#define TB_..., TB_IMPLEMENTATION aside) is compiled with
+# -DTB_IMPLEMENTATION_DONE, which leaves the implementation out of it. The others (the tests of
+# the internals) build whole, as before. That saves a compile of the whole library per program.
+#
+# shared_impl_ok SRC: whether SRC and the files it includes with quotes (torch_backend.h
+# aside) name no internal identifier and set no configuration macro.
+# The configuration macros: the TB_ names the header tests with #ifdef, #ifndef or defined().
+config_macros=$(grep -o -E '(#[[:space:]]*ifn?def[[:space:]]+|defined[[:space:]]*\(?[[:space:]]*)TB_[A-Z0-9_]+' \
+    torch_backend.h | grep -o -E 'TB_[A-Z0-9_]+' | grep -v -x TB_IMPLEMENTATION | sort -u)
+shared_impl_ok() {
+    local dir inc
+    grep -q -E '\b[tT][bB]__' "$1" && return 1
+    grep -o -E '^#[[:space:]]*define[[:space:]]+TB_[A-Z0-9_]+' "$1" | grep -o -E 'TB_[A-Z0-9_]+$' |
+        grep -q -x -F "$config_macros" && return 1
+    dir=$(dirname "$1")
+    while read -r inc; do
+        [ "$(basename "$inc")" = torch_backend.h ] && continue
+        [ -f "$dir/$inc" ] || continue
+        shared_impl_ok "$dir/$inc" || return 1
+    done < <(sed -n 's/^#[[:space:]]*include[[:space:]]*"\(.*\)".*$/\1/p' "$1")
+    return 0
+}
+# build_shared_impl DIR COMPILER FLAGS: compiles DIR/tb_impl.o; its status (0 or 1) goes to
+# DIR/tb_impl.rc, the compiler's output to DIR/tb_impl.log, the command to DIR/tb_impl.cmd;
+# DIR/tb_impl.done comes last. Nothing is done where the object was built with the same
+# compiler and flags.
+build_shared_impl() {
+    local dir=$1 compiler=$2 flags=$3 cmd
+    # shellcheck disable=SC2116,SC2086
+    cmd="$compiler $(echo $flags) -c $dir/tb_impl.c -o $dir/tb_impl.o"
+    if [ -f "$dir/tb_impl.done" ] && [ "$(cat "$dir/tb_impl.cmd" 2>/dev/null)" = "$cmd" ]; then
+        return 0
+    fi
+    mkdir -p "$dir"
+    rm -f "$dir"/tb_impl.{o,rc,log,cmd,done}
+    printf '#define TB_IMPLEMENTATION\n#include "torch_backend.h"\n' >"$dir/tb_impl.c"
+    echo "$cmd" >"$dir/tb_impl.cmd"
+    # shellcheck disable=SC2086
+    if $compiler $flags -c "$dir/tb_impl.c" -o "$dir/tb_impl.o" >"$dir/tb_impl.log" 2>&1; then
+        echo 0 >"$dir/tb_impl.rc"
+    else
+        echo 1 >"$dir/tb_impl.rc"
+    fi
+    touch "$dir/tb_impl.done"
+}
+# build_program IMPL_DIR COMPILER FLAGS SRC BIN LIBS...: compiles SRC into BIN, linked with
+# IMPL_DIR/tb_impl.o where shared_impl_ok (waiting for that object if it is being built);
+# false on a failure. The commands go to BIN.build.cmd, the compilers' output to stdout.
+build_program() {
+    local impl=$1 compiler=$2 flags=$3 src=$4 bin=$5 until
+    shift 5
+    if ! shared_impl_ok "$src"; then
+        # shellcheck disable=SC2116,SC2086
+        echo "$compiler $(echo $flags) $src -o $bin $*" >"$bin.build.cmd"
+        # shellcheck disable=SC2086
+        $compiler $flags "$src" -o "$bin" "$@"
+        return
+    fi
+    # shellcheck disable=SC2116,SC2086
+    {
+        echo "$compiler $(echo $flags) -DTB_IMPLEMENTATION_DONE -c $src -o $bin.o"
+        echo "$compiler $(echo $flags) $bin.o $impl/tb_impl.o -o $bin $*"
+    } >"$bin.build.cmd"
+    # shellcheck disable=SC2086
+    $compiler $flags -DTB_IMPLEMENTATION_DONE -c "$src" -o "$bin.o" || return 1
+    until=$((SECONDS + 1800))
+    while [ ! -f "$impl/tb_impl.done" ] && [ "$SECONDS" -lt "$until" ]; do
+        sleep 0.2
+    done
+    if [ "$(cat "$impl/tb_impl.rc" 2>/dev/null)" != 0 ]; then
+        echo "the implementation did not compile: $(cat "$impl/tb_impl.cmd")"
+        cat "$impl/tb_impl.log"
+        return 1
+    fi
+    # shellcheck disable=SC2086
+    $compiler $flags "$bin.o" "$impl/tb_impl.o" -o "$bin" "$@"
+}
+
 # test_job DIR COMPILER FLAGS SRC: builds one test program into DIR and runs it. The build's
 # output and status go to DIR/NAME.build.log and .build.rc; the run's output to DIR/NAME.log,
 # its exit status and seconds to DIR/NAME.rc and .secs; DIR/NAME.done comes last.
@@ -478,8 +559,7 @@ test_job() {
     name=$(basename "$src" .c)
     bin=$dir/$name
     log=$dir/$name.log
-    # shellcheck disable=SC2086
-    if ! $compiler $flags "$src" -o "$bin" -lcmocka -ldl -lpthread -lm \
+    if ! build_program "$dir" "$compiler" "$flags" "$src" "$bin" -lcmocka -ldl -lpthread -lm \
         >"$dir/$name.build.log" 2>&1; then
         echo 1 >"$dir/$name.build.rc"
         touch "$dir/$name.done"
@@ -542,9 +622,18 @@ test_programs() {
     done
     for src in "${tests[@]+"${tests[@]}"}"; do
         name=$(basename "$src" .c)
-        rm -f "$dir/$name".{done,rc,secs,build.rc,log,log.first,job.log}
+        rm -f "$dir/$name".{done,rc,secs,build.rc,build.cmd,log,log.first,job.log}
     done
+    rm -f "$dir"/tb_impl.*
     (
+        # the implementation for the programs that link it, built beside the first programs
+        for src in "${tests[@]+"${tests[@]}"}"; do
+            if shared_impl_ok "$src"; then
+                build_shared_impl "$dir" "$compiler" "$flags" &
+                wait_for_slot
+                break
+            fi
+        done
         for src in "${start_order[@]+"${start_order[@]}"}"; do
             # the shell's own word on a program killed by a signal goes to NAME.job.log: the
             # report says it in its place
@@ -570,7 +659,7 @@ test_programs() {
         fi
         if [ "$(cat "$dir/$name.build.rc" 2>/dev/null)" != 0 ]; then
             echo "FAIL build: $src$label"
-            echo "    $compiler $(echo $flags) $src -o $dir/$name -lcmocka -ldl -lpthread -lm"
+            indent <"$dir/$name.build.cmd"
             indent <"$dir/$name.build.log"
             fail "build: $src$label"
             continue
@@ -605,6 +694,26 @@ test_programs() {
     pool_pid=""
 }
 
+# ---------------------------------------------------------------------------------------------
+step "test programs (clang, undefined behaviour)"
+# The programs built with clang's undefined-behaviour sanitizer, float-to-integer overflow
+# included, every report fatal. At -O0: the checks are put in by the front end whatever the
+# optimisation level, and the programs build about four times faster than at -O1 (the
+# out-of-bounds accesses that -O1's object-size check would add are the address sanitizer's,
+# in the next step). They run first: with the caches empty, the kernels' compiles (PoCL's LLVM
+# in the program's own process) take about 1.4 times as long under the address sanitizer's
+# allocator; the next step finds them compiled (the cache tests make their own empty caches).
+if [ "$quick" -eq 1 ] || [ "${TB_TEST_NO_UBSAN:-0}" = 1 ]; then
+    echo "skipped: --quick or TB_TEST_NO_UBSAN=1"
+elif [ "${#tests[@]}" -gt 0 ]; then
+    ubsan_flags="-std=c11 -g1 -O0 -fsanitize=undefined,float-cast-overflow
+        -fno-sanitize-recover=all -fno-omit-frame-pointer -Wall -Wextra -Werror -pedantic -I."
+    test_programs build/tests-ubsan clang "$ubsan_flags" " (clang UBSan)"
+fi
+
+# ---------------------------------------------------------------------------------------------
+step "test programs"
+# gcc's address and undefined-behaviour sanitizers (in --quick: -O2, none).
 test_programs build/tests "$CC" "$test_flags" ""
 
 # ---------------------------------------------------------------------------------------------
@@ -624,21 +733,6 @@ if selected tests/test_threads.c; then
         unset TSAN_OPTIONS
         tests=("${saved_tests[@]+"${saved_tests[@]}"}")
     fi
-fi
-
-# ---------------------------------------------------------------------------------------------
-step "test programs (clang, undefined behaviour)"
-# The same programs built with clang's undefined-behaviour sanitizer, float-to-integer overflow
-# included, every report fatal. At -O0: the checks are put in by the front end whatever the
-# optimisation level, and the programs build about four times faster than at -O1 (the
-# out-of-bounds accesses that -O1's object-size check would add are the address sanitizer's,
-# in the step above).
-if [ "$quick" -eq 1 ] || [ "${TB_TEST_NO_UBSAN:-0}" = 1 ]; then
-    echo "skipped: --quick or TB_TEST_NO_UBSAN=1"
-elif [ "${#tests[@]}" -gt 0 ]; then
-    ubsan_flags="-std=c11 -g1 -O0 -fsanitize=undefined,float-cast-overflow
-        -fno-sanitize-recover=all -fno-omit-frame-pointer -Wall -Wextra -Werror -pedantic -I."
-    test_programs build/tests-ubsan clang "$ubsan_flags" " (clang UBSan)"
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -755,10 +849,18 @@ if selected tests/test_native.c || selected tools/test_arch.sh; then
         if $CC -std=c11 -g1 -O2 -Wall -Wextra -Werror -pedantic -I. tests/test_native.c \
             -o build/tests-classes/test_native -lcmocka -ldl -lpthread -lm \
             >build/tests-classes/build.log 2>&1; then
+            # the classes run at once (most of a run is the compiler's, one process at a time)
+            class_pids=()
             for c in "${classes[@]}"; do
                 log=build/tests-classes/test_native.${c%%:*}.log
-                TB_NATIVE_CFLAGS="-march=${c%%:*}" TB_TEST_SMALL=1 timeout --foreground -k 10 \
-                    "$timeout_s" build/tests-classes/test_native >"$log" 2>&1
+                TB_NATIVE_CFLAGS="-march=${c%%:*}" TB_TEST_SMALL=1 timeout -k 10 \
+                    "$timeout_s" build/tests-classes/test_native </dev/null >"$log" 2>&1 &
+                class_pids+=($!)
+            done
+            for i in "${!classes[@]}"; do
+                c=${classes[$i]}
+                log=build/tests-classes/test_native.${c%%:*}.log
+                wait "${class_pids[$i]}"
                 rc=$?
                 read -r n_ok n_fail < <(count_cmocka "$log")
                 if [ "$rc" -eq 0 ] && [ "$n_fail" -eq 0 ] && [ "$n_ok" -gt 0 ]; then
@@ -809,8 +911,8 @@ build_example() {
     name=$(basename "$1" .c)
     bin=build/examples/$name
     log=build/examples/$name.build.log
-    # shellcheck disable=SC2086
-    if ! $CC $test_flags "$1" -o "$bin" -ldl -lpthread -lm >"$log" 2>&1; then
+    if ! build_program build/tests "$CC" "$test_flags" "$1" "$bin" -ldl -lpthread -lm \
+        >"$log" 2>&1; then
         echo c >"$log.rc"
     elif ! $CXX -x c++ -std=c++11 $cxx_warnings -I. -fsyntax-only "$1" >"$log" 2>&1; then
         echo c++ >"$log.rc"
@@ -818,6 +920,9 @@ build_example() {
         echo 0 >"$log.rc"
     fi
 }
+# the implementation with the test flags, as the test programs have it (built there already
+# unless --filter left them out)
+build_shared_impl build/tests "$CC" "$test_flags"
 for src in examples/*.c; do
     [ "$src" = "$plugin_src" ] && continue
     selected "$src" || continue
@@ -842,7 +947,7 @@ for src in examples/*.c; do
         ;;
     *)
         echo "FAIL example: $src (does not compile as C)"
-        echo "    $CC $(echo $test_flags) $src -o $bin -ldl -lpthread -lm"
+        indent <"$bin.build.cmd"
         indent <"$log"
         fail "example: $src"
         continue
@@ -1264,8 +1369,8 @@ if selected README.md; then
     build_readme_block() {
         local src=build/readme/$1 rc=0
         if [ "$2" = program ]; then
-            # shellcheck disable=SC2086
-            $CC $test_flags "$src" -o "${src%.c}" -ldl -lpthread -lm >"$src.log" 2>&1 || rc=1
+            build_program build/tests "$CC" "$test_flags" "$src" "${src%.c}" -ldl -lpthread -lm \
+                >"$src.log" 2>&1 || rc=1
         else
             # shellcheck disable=SC2086
             $CC -std=c99 -Wall -Wextra -Werror -pedantic -I. -c "$src" -o "${src%.c}.o" \
@@ -1276,6 +1381,7 @@ if selected README.md; then
             >>"$src.log" 2>&1 || rc=1; }
         echo "$rc" >"$src.rc"
     }
+    build_shared_impl build/tests "$CC" "$test_flags"
     while read -r file kind; do
         [ -n "$file" ] || continue
         build_readme_block "$file" "$kind" &
@@ -1293,6 +1399,7 @@ if selected README.md; then
                 pass
             else
                 echo "FAIL README: $file (program)"
+                [ -f "${src%.c}.build.cmd" ] && indent <"${src%.c}.build.cmd"
                 indent <"$log"
                 [ -f "build/readme/${file%.c}.out" ] && indent <"build/readme/${file%.c}.out"
                 fail "README block $file"
