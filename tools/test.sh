@@ -36,7 +36,7 @@
 # sweeps (the suite runs samples of the OpenCL ones) are tools/fault_sweep.sh.
 set -uo pipefail
 shopt -s nullglob
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 repo=$PWD
 
 quick=0
@@ -140,7 +140,11 @@ kill_tree() {
 pool_pid=""
 # the steps running beside the others (side_chain), ended with the script
 side_pid=""
-trap '[ -n "$pool_pid" ] && kill_tree "$pool_pid"; [ -n "$side_pid" ] && kill_tree "$side_pid"
+# other programs a step runs in the background, ended with the script
+bg_pids=()
+trap '[ -n "$pool_pid" ] && kill_tree "$pool_pid"
+    [ -n "$side_pid" ] && [ ! -f build/side_chain.done ] && kill_tree "$side_pid"
+    for p in "${bg_pids[@]+"${bg_pids[@]}"}"; do kill_tree "$p"; done
     rm -rf "$cache_dir"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -470,61 +474,95 @@ count_cmocka() {
     ' "$1"
 }
 
-# The implementation is compiled once per compiler and flags (DIR/tb_impl.o) and linked into
-# each program that needs nothing else of it: a program whose translation unit names no
-# internal identifier (tb__..., the implementation's static functions) and sets no
-# configuration macro (#define TB_..., TB_IMPLEMENTATION aside) is compiled with
-# -DTB_IMPLEMENTATION_DONE, which leaves the implementation out of it. The others (the tests of
-# the internals) build whole, as before. That saves a compile of the whole library per program.
+# The implementation is compiled once per compiler, flags and feature-test macros, and linked
+# into each program that needs nothing else of it: a program whose translation unit defines
+# TB_IMPLEMENTATION, names no internal identifier (tb__..., the implementation's static
+# functions) and sets no configuration macro is compiled with -DTB_IMPLEMENTATION_DONE, which
+# leaves the implementation out of it, and linked with an object of the implementation built
+# with the feature-test macros (_POSIX_C_SOURCE, _GNU_SOURCE, ...) the program has in effect.
+# The others (the tests of the internals) build whole. That saves a compile of the whole
+# library per program.
 #
+# The configuration macros: the TB_ names the header tests with #ifdef, #ifndef or defined(),
+# and the ones it leaves to the user (TBDEF, the OpenCL headers' CL_ macros).
+config_macros=$(
+    grep -o -E '(#[[:space:]]*ifn?def[[:space:]]+|defined[[:space:]]*\(?[[:space:]]*)TB_[A-Z0-9_]+' \
+        torch_backend.h | grep -o -E 'TB_[A-Z0-9_]+' | grep -v -x TB_IMPLEMENTATION
+    printf '%s\n' TBDEF CL_TARGET_OPENCL_VERSION CL_USE_DEPRECATED_OPENCL_1_2_APIS
+)
 # shared_impl_ok SRC: whether SRC and the files it includes with quotes (torch_backend.h
 # aside) name no internal identifier and set no configuration macro.
-# The configuration macros: the TB_ names the header tests with #ifdef, #ifndef or defined().
-config_macros=$(grep -o -E '(#[[:space:]]*ifn?def[[:space:]]+|defined[[:space:]]*\(?[[:space:]]*)TB_[A-Z0-9_]+' \
-    torch_backend.h | grep -o -E 'TB_[A-Z0-9_]+' | grep -v -x TB_IMPLEMENTATION | sort -u)
 shared_impl_ok() {
     local dir inc
     grep -q -E '\b[tT][bB]__' "$1" && return 1
-    grep -o -E '^#[[:space:]]*define[[:space:]]+TB_[A-Z0-9_]+' "$1" | grep -o -E 'TB_[A-Z0-9_]+$' |
-        grep -q -x -F "$config_macros" && return 1
+    grep -o -E '^#[[:space:]]*define[[:space:]]+[A-Za-z_][A-Za-z0-9_]*' "$1" |
+        grep -o -E '[A-Za-z_][A-Za-z0-9_]*$' | grep -q -x -F "$config_macros" && return 1
     dir=$(dirname "$1")
     while read -r inc; do
         [ "$(basename "$inc")" = torch_backend.h ] && continue
-        [ -f "$dir/$inc" ] || continue
+        [ -f "$dir/$inc" ] || return 1
         shared_impl_ok "$dir/$inc" || return 1
     done < <(sed -n 's/^#[[:space:]]*include[[:space:]]*"\(.*\)".*$/\1/p' "$1")
     return 0
 }
-# build_shared_impl DIR COMPILER FLAGS: compiles DIR/tb_impl.o; its status (0 or 1) goes to
-# DIR/tb_impl.rc, the compiler's output to DIR/tb_impl.log, the command to DIR/tb_impl.cmd;
-# DIR/tb_impl.done comes last. Nothing is done where the object was built with the same
-# compiler and flags.
-build_shared_impl() {
-    local dir=$1 compiler=$2 flags=$3 cmd
-    # shellcheck disable=SC2116,SC2086
-    cmd="$compiler $(echo $flags) -c $dir/tb_impl.c -o $dir/tb_impl.o"
-    if [ -f "$dir/tb_impl.done" ] && [ "$(cat "$dir/tb_impl.cmd" 2>/dev/null)" = "$cmd" ]; then
-        return 0
-    fi
-    mkdir -p "$dir"
-    rm -f "$dir"/tb_impl.{o,rc,log,cmd,done}
-    printf '#define TB_IMPLEMENTATION\n#include "torch_backend.h"\n' >"$dir/tb_impl.c"
-    echo "$cmd" >"$dir/tb_impl.cmd"
+# feature_macros COMPILER FLAGS SRC: the feature-test macros SRC's translation unit defines, as
+# #define lines, then a line "--", then the macros of glibc's features.h in effect (__USE_...);
+# false unless the translation unit defines TB_IMPLEMENTATION.
+feature_macros() {
+    local dm
     # shellcheck disable=SC2086
-    if $compiler $flags -c "$dir/tb_impl.c" -o "$dir/tb_impl.o" >"$dir/tb_impl.log" 2>&1; then
-        echo 0 >"$dir/tb_impl.rc"
-    else
-        echo 1 >"$dir/tb_impl.rc"
-    fi
-    touch "$dir/tb_impl.done"
+    dm=$($1 $2 -DTB_IMPLEMENTATION_DONE -E -dM "$3" 2>/dev/null) || return 1
+    grep -q -E '^#define TB_IMPLEMENTATION ?$' <<<"$dm" || return 1
+    grep -E '^#define _(POSIX_C|XOPEN|XOPEN_SOURCE_EXTENDED|GNU|DEFAULT|BSD|SVID|ISOC99|ISOC11|LARGEFILE64)_SOURCE |^#define _(FILE_OFFSET|TIME)_BITS ' <<<"$dm" | sort
+    echo "--"
+    grep -E '^#define __USE_[A-Z0-9_]+ ' <<<"$dm" | sort
 }
-# build_program IMPL_DIR COMPILER FLAGS SRC BIN LIBS...: compiles SRC into BIN, linked with
-# IMPL_DIR/tb_impl.o where shared_impl_ok (waiting for that object if it is being built);
-# false on a failure. The commands go to BIN.build.cmd, the compilers' output to stdout.
+# build_program IMPL_DIR COMPILER FLAGS SRC BIN LIBS...: compiles SRC into BIN. Where
+# shared_impl_ok, SRC is compiled without the implementation and linked with
+# IMPL_DIR/tb_impl_KEY.o, the implementation built with SRC's compiler, flags and feature-test
+# macros (KEY); the first program that needs it builds it (its claim: IMPL_DIR/tb_impl_KEY.lock),
+# the others wait for IMPL_DIR/tb_impl_KEY.done. False on a failure; the commands go to
+# BIN.build.cmd, the compilers' output to stdout.
 build_program() {
-    local impl=$1 compiler=$2 flags=$3 src=$4 bin=$5 until
+    local impl=$1 compiler=$2 flags=$3 src=$4 bin=$5 features key obj impl_features until
     shift 5
-    if ! shared_impl_ok "$src"; then
+    if ! shared_impl_ok "$src" || ! features=$(feature_macros "$compiler" "$flags" "$src"); then
+        # shellcheck disable=SC2116,SC2086
+        echo "$compiler $(echo $flags) $src -o $bin $*" >"$bin.build.cmd"
+        # shellcheck disable=SC2086
+        $compiler $flags "$src" -o "$bin" "$@"
+        return
+    fi
+    key=$(printf '%s\n%s\n%s\n' "$compiler" "$flags" "$features" | cksum | cut -d ' ' -f 1)
+    obj=$impl/tb_impl_$key
+    if mkdir "$obj.lock" 2>/dev/null; then
+        {
+            sed -n '/^--$/q;p' <<<"$features"
+            printf '#define TB_IMPLEMENTATION\n#include "torch_backend.h"\n'
+        } >"$obj.c"
+        # shellcheck disable=SC2116,SC2086
+        echo "$compiler $(echo $flags) -c $obj.c -o $obj.o" >"$obj.cmd"
+        # shellcheck disable=SC2086
+        if $compiler $flags -c "$obj.c" -o "$obj.o" >"$obj.log" 2>&1; then
+            echo 0 >"$obj.rc"
+        else
+            echo 1 >"$obj.rc"
+        fi
+        touch "$obj.done"
+    fi
+    until=$((SECONDS + 1800))
+    while [ ! -f "$obj.done" ] && [ "$SECONDS" -lt "$until" ]; do
+        sleep 0.2
+    done
+    if [ "$(cat "$obj.rc" 2>/dev/null)" != 0 ]; then
+        echo "the implementation did not compile: $(cat "$obj.cmd" 2>/dev/null)"
+        cat "$obj.log" 2>/dev/null
+        return 1
+    fi
+    # the object has the program's features (a macro defined after a system header's include
+    # is no feature of the program): where not, the program builds whole
+    impl_features=$(feature_macros "$compiler" "$flags" "$obj.c")
+    if [ "$impl_features" != "$features" ]; then
         # shellcheck disable=SC2116,SC2086
         echo "$compiler $(echo $flags) $src -o $bin $*" >"$bin.build.cmd"
         # shellcheck disable=SC2086
@@ -534,21 +572,12 @@ build_program() {
     # shellcheck disable=SC2116,SC2086
     {
         echo "$compiler $(echo $flags) -DTB_IMPLEMENTATION_DONE -c $src -o $bin.o"
-        echo "$compiler $(echo $flags) $bin.o $impl/tb_impl.o -o $bin $*"
+        echo "$compiler $(echo $flags) $bin.o $obj.o -o $bin $*"
     } >"$bin.build.cmd"
     # shellcheck disable=SC2086
     $compiler $flags -DTB_IMPLEMENTATION_DONE -c "$src" -o "$bin.o" || return 1
-    until=$((SECONDS + 1800))
-    while [ ! -f "$impl/tb_impl.done" ] && [ "$SECONDS" -lt "$until" ]; do
-        sleep 0.2
-    done
-    if [ "$(cat "$impl/tb_impl.rc" 2>/dev/null)" != 0 ]; then
-        echo "the implementation did not compile: $(cat "$impl/tb_impl.cmd")"
-        cat "$impl/tb_impl.log"
-        return 1
-    fi
     # shellcheck disable=SC2086
-    $compiler $flags "$bin.o" "$impl/tb_impl.o" -o "$bin" "$@"
+    $compiler $flags "$bin.o" "$obj.o" -o "$bin" "$@"
 }
 
 # test_job DIR COMPILER FLAGS SRC: builds one test program into DIR and runs it. The build's
@@ -624,16 +653,8 @@ test_programs() {
         name=$(basename "$src" .c)
         rm -f "$dir/$name".{done,rc,secs,build.rc,build.cmd,log,log.first,job.log}
     done
-    rm -f "$dir"/tb_impl.*
+    rm -rf "$dir"/tb_impl_*
     (
-        # the implementation for the programs that link it, built beside the first programs
-        for src in "${tests[@]+"${tests[@]}"}"; do
-            if shared_impl_ok "$src"; then
-                build_shared_impl "$dir" "$compiler" "$flags" &
-                wait_for_slot
-                break
-            fi
-        done
         for src in "${start_order[@]+"${start_order[@]}"}"; do
             # the shell's own word on a program killed by a signal goes to NAME.job.log: the
             # report says it in its place
@@ -763,6 +784,7 @@ side_run() {
     touch "$log.done"
 }
 side_chain() {
+    renice -n 10 -p "$BASHPID" >/dev/null 2>&1
     if [ "$side_integration" = 1 ]; then
         side_run build/test_integration.log env CC="$CC" bash tools/test_integration.sh
     fi
@@ -774,15 +796,22 @@ side_chain() {
     if [ "$side_oclgrind" = 1 ]; then
         side_run build/oclgrind.log env -u POCL_DEVICES -u TB_CACHE_DIR bash tools/oclgrind.sh
     fi
+    touch build/side_chain.done
 }
 # Started from a subshell, so that it is no job of this shell: the steps' own `wait` and job
-# slots (wait_for_slot) do not count it.
+# slots (wait_for_slot) do not count it. Niced: the steps in the foreground (some of them
+# timed, the MPI rank-failure checks) keep the cores they ask for. It is ended only while
+# build/side_chain.done is missing (its process id is no child of this shell's to wait for).
+for log in build/test_integration.log build/fuzz_smoke.log build/oclgrind.log; do
+    rm -f "$log" "$log".{rc,secs,done}
+done
+rm -f build/side_chain.done
 side_pid=$( (side_chain </dev/null >/dev/null 2>&1 & echo $!))
 # side_report LOG: waits for LOG's step of the chain and shows its output; sets rc to its exit
 # status (1 if it ended without one) and adds its own time to the step's name.
 side_report() {
     local log=$1
-    while [ ! -f "$log.done" ] && kill -0 "$side_pid" 2>/dev/null; do
+    while [ ! -f "$log.done" ] && [ ! -f build/side_chain.done ] && kill -0 "$side_pid" 2>/dev/null; do
         sleep 1
     done
     [ -f "$log" ] || : >"$log"
@@ -842,6 +871,7 @@ if selected tests/test_native.c || selected tools/test_arch.sh; then
             echo $? >build/test_arch.rc
         ) &
         arch_pid=$!
+        bg_pids+=("$arch_pid")
     fi
     if [ "${#classes[@]}" -gt 0 ] && selected tests/test_native.c; then
         mkdir -p build/tests-classes
@@ -856,6 +886,7 @@ if selected tests/test_native.c || selected tools/test_arch.sh; then
                 TB_NATIVE_CFLAGS="-march=${c%%:*}" TB_TEST_SMALL=1 timeout -k 10 \
                     "$timeout_s" build/tests-classes/test_native </dev/null >"$log" 2>&1 &
                 class_pids+=($!)
+                bg_pids+=($!)
             done
             for i in "${!classes[@]}"; do
                 c=${classes[$i]}
@@ -894,6 +925,7 @@ if selected tests/test_native.c || selected tools/test_arch.sh; then
             fail "tools/test_arch.sh" "$n_fail"
         fi
     fi
+    bg_pids=()
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -911,6 +943,7 @@ build_example() {
     name=$(basename "$1" .c)
     bin=build/examples/$name
     log=build/examples/$name.build.log
+    # shellcheck disable=SC2086
     if ! build_program build/tests "$CC" "$test_flags" "$1" "$bin" -ldl -lpthread -lm \
         >"$log" 2>&1; then
         echo c >"$log.rc"
@@ -920,9 +953,6 @@ build_example() {
         echo 0 >"$log.rc"
     fi
 }
-# the implementation with the test flags, as the test programs have it (built there already
-# unless --filter left them out)
-build_shared_impl build/tests "$CC" "$test_flags"
 for src in examples/*.c; do
     [ "$src" = "$plugin_src" ] && continue
     selected "$src" || continue
@@ -996,8 +1026,8 @@ train_example() {
     fi
     for backend in "${backends[@]}"; do
         log=build/examples/$name.$backend.log
-        env -u TB_DEBUG ASAN_OPTIONS=$asan_opencl \
-            LSAN_OPTIONS=$lsan_pocl \
+        env -u TB_DEBUG ASAN_OPTIONS="$asan_opencl" \
+            LSAN_OPTIONS="$lsan_pocl" \
             timeout --foreground -k 10 "$timeout_s" "build/examples/$name" 1 \
             --images "$images" --test-images "$test_images" --device "$backend:0" \
             2>"$log.stderr" | tee "$log"
@@ -1381,7 +1411,6 @@ if selected README.md; then
             >>"$src.log" 2>&1 || rc=1; }
         echo "$rc" >"$src.rc"
     }
-    build_shared_impl build/tests "$CC" "$test_flags"
     while read -r file kind; do
         [ -n "$file" ] || continue
         build_readme_block "$file" "$kind" &
