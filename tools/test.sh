@@ -506,27 +506,40 @@ shared_impl_ok() {
     return 0
 }
 # feature_macros COMPILER FLAGS SRC: the feature-test macros SRC's translation unit defines, as
-# #define lines, then a line "--", then the macros of glibc's features.h in effect (__USE_...);
-# false unless the translation unit defines TB_IMPLEMENTATION.
+# #define lines, then a line "--", then the macros of glibc's features.h in effect (__USE_...,
+# __GLIBC_USE_...) and NDEBUG where defined; false unless the translation unit defines
+# TB_IMPLEMENTATION. SRC - reads the source from stdin.
 feature_macros() {
     local dm
     # shellcheck disable=SC2086
-    dm=$($1 $2 -DTB_IMPLEMENTATION_DONE -E -dM "$3" 2>/dev/null) || return 1
+    dm=$($1 $2 -DTB_IMPLEMENTATION_DONE -E -dM -x c "$3" 2>/dev/null) || return 1
     grep -q -E '^#define TB_IMPLEMENTATION ?$' <<<"$dm" || return 1
-    grep -E '^#define _(POSIX_C|XOPEN|XOPEN_SOURCE_EXTENDED|GNU|DEFAULT|BSD|SVID|ISOC99|ISOC11|LARGEFILE64)_SOURCE |^#define _(FILE_OFFSET|TIME)_BITS ' <<<"$dm" | sort
+    grep -E '^#define _((POSIX_C|XOPEN|GNU|DEFAULT|BSD|SVID|ISOC99|ISOC11|LARGEFILE64)_SOURCE|XOPEN_SOURCE_EXTENDED|(FILE_OFFSET|TIME)_BITS)( |$)' <<<"$dm" | sort
     echo "--"
-    grep -E '^#define __USE_[A-Z0-9_]+ ' <<<"$dm" | sort
+    grep -E '^#define (NDEBUG|__USE_[A-Z0-9_]+|__GLIBC_USE_[A-Z0-9_]+)( |$)' <<<"$dm" | sort
 }
 # build_program IMPL_DIR COMPILER FLAGS SRC BIN LIBS...: compiles SRC into BIN. Where
 # shared_impl_ok, SRC is compiled without the implementation and linked with
 # IMPL_DIR/tb_impl_KEY.o, the implementation built with SRC's compiler, flags and feature-test
-# macros (KEY); the first program that needs it builds it (its claim: IMPL_DIR/tb_impl_KEY.lock),
-# the others wait for IMPL_DIR/tb_impl_KEY.done. False on a failure; the commands go to
-# BIN.build.cmd, the compilers' output to stdout.
+# macros (KEY); the first program that needs it builds it (its claim: IMPL_DIR/tb_impl_KEY.lock,
+# with the builder's process id), the others wait for IMPL_DIR/tb_impl_KEY.done. False on a
+# failure; the commands go to BIN.build.cmd, the compilers' output to stdout.
 build_program() {
-    local impl=$1 compiler=$2 flags=$3 src=$4 bin=$5 features key obj impl_features until
+    local impl=$1 compiler=$2 flags=$3 src=$4 bin=$5 features="" prelude key obj holder until
     shift 5
-    if ! shared_impl_ok "$src" || ! features=$(feature_macros "$compiler" "$flags" "$src"); then
+    if shared_impl_ok "$src" && features=$(feature_macros "$compiler" "$flags" "$src"); then
+        # the object gets the program's feature-test macros and must end up with the same
+        # macros in effect (one the program defines after a system header's include is none
+        # of its features; NDEBUG is the program's alone): where not, the program builds whole
+        prelude=$(sed -n '/^--$/q;p' <<<"$features")
+        if [ "$(printf '%s\n#define TB_IMPLEMENTATION\n#include "torch_backend.h"\n' "$prelude" |
+            feature_macros "$compiler" "$flags" -)" != "$features" ]; then
+            features=""
+        fi
+    else
+        features=""
+    fi
+    if [ -z "$features" ]; then
         # shellcheck disable=SC2116,SC2086
         echo "$compiler $(echo $flags) $src -o $bin $*" >"$bin.build.cmd"
         # shellcheck disable=SC2086
@@ -535,11 +548,16 @@ build_program() {
     fi
     key=$(printf '%s\n%s\n%s\n' "$compiler" "$flags" "$features" | cksum | cut -d ' ' -f 1)
     obj=$impl/tb_impl_$key
+    # shellcheck disable=SC2116,SC2086
+    {
+        echo "$compiler $(echo $flags) -DTB_IMPLEMENTATION_DONE -c $src -o $bin.o"
+        echo "$compiler $(echo $flags) $bin.o $obj.o -o $bin $*"
+    } >"$bin.build.cmd"
+    # shellcheck disable=SC2086
+    $compiler $flags -DTB_IMPLEMENTATION_DONE -c "$src" -o "$bin.o" || return 1
     if mkdir "$obj.lock" 2>/dev/null; then
-        {
-            sed -n '/^--$/q;p' <<<"$features"
-            printf '#define TB_IMPLEMENTATION\n#include "torch_backend.h"\n'
-        } >"$obj.c"
+        echo "$BASHPID" >"$obj.lock/pid"
+        printf '%s\n#define TB_IMPLEMENTATION\n#include "torch_backend.h"\n' "$prelude" >"$obj.c"
         # shellcheck disable=SC2116,SC2086
         echo "$compiler $(echo $flags) -c $obj.c -o $obj.o" >"$obj.cmd"
         # shellcheck disable=SC2086
@@ -550,8 +568,11 @@ build_program() {
         fi
         touch "$obj.done"
     fi
+    # wait while the builder runs (a builder that ended without a result is a failure)
     until=$((SECONDS + 1800))
     while [ ! -f "$obj.done" ] && [ "$SECONDS" -lt "$until" ]; do
+        holder=$(cat "$obj.lock/pid" 2>/dev/null)
+        [ -n "$holder" ] && ! kill -0 "$holder" 2>/dev/null && [ ! -f "$obj.done" ] && break
         sleep 0.2
     done
     if [ "$(cat "$obj.rc" 2>/dev/null)" != 0 ]; then
@@ -559,23 +580,6 @@ build_program() {
         cat "$obj.log" 2>/dev/null
         return 1
     fi
-    # the object has the program's features (a macro defined after a system header's include
-    # is no feature of the program): where not, the program builds whole
-    impl_features=$(feature_macros "$compiler" "$flags" "$obj.c")
-    if [ "$impl_features" != "$features" ]; then
-        # shellcheck disable=SC2116,SC2086
-        echo "$compiler $(echo $flags) $src -o $bin $*" >"$bin.build.cmd"
-        # shellcheck disable=SC2086
-        $compiler $flags "$src" -o "$bin" "$@"
-        return
-    fi
-    # shellcheck disable=SC2116,SC2086
-    {
-        echo "$compiler $(echo $flags) -DTB_IMPLEMENTATION_DONE -c $src -o $bin.o"
-        echo "$compiler $(echo $flags) $bin.o $obj.o -o $bin $*"
-    } >"$bin.build.cmd"
-    # shellcheck disable=SC2086
-    $compiler $flags -DTB_IMPLEMENTATION_DONE -c "$src" -o "$bin.o" || return 1
     # shellcheck disable=SC2086
     $compiler $flags "$bin.o" "$obj.o" -o "$bin" "$@"
 }
@@ -893,6 +897,11 @@ if selected tests/test_native.c || selected tools/test_arch.sh; then
                 log=build/tests-classes/test_native.${c%%:*}.log
                 wait "${class_pids[$i]}"
                 rc=$?
+                kept=()
+                for p in "${bg_pids[@]}"; do
+                    [ "$p" = "${class_pids[$i]}" ] || kept+=("$p")
+                done
+                bg_pids=("${kept[@]+"${kept[@]}"}")
                 read -r n_ok n_fail < <(count_cmocka "$log")
                 if [ "$rc" -eq 0 ] && [ "$n_fail" -eq 0 ] && [ "$n_ok" -gt 0 ]; then
                     echo "ok test: tests/test_native.c with ${c#*:} kernels ($n_ok passed)"
