@@ -477,11 +477,11 @@ count_cmocka() {
 # The implementation is compiled once per compiler, flags and feature-test macros, and linked
 # into each program that needs nothing else of it: a program whose translation unit defines
 # TB_IMPLEMENTATION, names no internal identifier (tb__..., the implementation's static
-# functions) and sets no configuration macro is compiled with -DTB_IMPLEMENTATION_DONE, which
-# leaves the implementation out of it, and linked with an object of the implementation built
-# with the feature-test macros (_POSIX_C_SOURCE, _GNU_SOURCE, ...) the program has in effect.
-# The others (the tests of the internals) build whole. That saves a compile of the whole
-# library per program.
+# functions), sets no configuration macro and compiles without the implementation's part of the
+# header is compiled with -DTB_IMPLEMENTATION_DONE, which leaves that part out of it, and
+# linked with an object of the implementation built with the feature-test macros
+# (_POSIX_C_SOURCE, _GNU_SOURCE, ...) the program has in effect. The others (the tests of the
+# internals) build whole. That saves a compile of the whole library per program.
 #
 # The configuration macros: the TB_ names the header tests with #ifdef, #ifndef or defined(),
 # and the ones it leaves to the user (TBDEF, the OpenCL headers' CL_ macros).
@@ -519,7 +519,7 @@ feature_macros() {
     grep -E '^#define (NDEBUG|__USE_[A-Z0-9_]+|__GLIBC_USE_[A-Z0-9_]+)( |$)' <<<"$dm" | sort
 }
 # build_program IMPL_DIR COMPILER FLAGS SRC BIN LIBS...: compiles SRC into BIN. Where
-# shared_impl_ok, SRC is compiled without the implementation and linked with
+# shared_impl_ok and SRC compiles without the implementation, it is linked with
 # IMPL_DIR/tb_impl_KEY.o, the implementation built with SRC's compiler, flags and feature-test
 # macros (KEY); the first program that needs it builds it (its claim: IMPL_DIR/tb_impl_KEY.lock,
 # with the builder's process id), the others wait for IMPL_DIR/tb_impl_KEY.done. False on a
@@ -539,6 +539,14 @@ build_program() {
     else
         features=""
     fi
+    # a program that does not compile without the implementation uses what only that part of
+    # the header declares (its structures, the system headers it includes): it builds whole,
+    # and a program with an error of its own fails there
+    # shellcheck disable=SC2086
+    if [ -n "$features" ] &&
+        ! $compiler $flags -DTB_IMPLEMENTATION_DONE -c "$src" -o "$bin.o" >/dev/null 2>&1; then
+        features=""
+    fi
     if [ -z "$features" ]; then
         # shellcheck disable=SC2116,SC2086
         echo "$compiler $(echo $flags) $src -o $bin $*" >"$bin.build.cmd"
@@ -553,8 +561,6 @@ build_program() {
         echo "$compiler $(echo $flags) -DTB_IMPLEMENTATION_DONE -c $src -o $bin.o"
         echo "$compiler $(echo $flags) $bin.o $obj.o -o $bin $*"
     } >"$bin.build.cmd"
-    # shellcheck disable=SC2086
-    $compiler $flags -DTB_IMPLEMENTATION_DONE -c "$src" -o "$bin.o" || return 1
     if mkdir "$obj.lock" 2>/dev/null; then
         echo "$BASHPID" >"$obj.lock/pid"
         printf '%s\n#define TB_IMPLEMENTATION\n#include "torch_backend.h"\n' "$prelude" >"$obj.c"
