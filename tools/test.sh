@@ -782,11 +782,10 @@ fi
 if selected tools/oclgrind.sh && [ "$quick" -eq 0 ] && [ "${TB_TEST_NO_OCLGRIND:-0}" != 1 ]; then
     side_oclgrind=1
 fi
-# side_run LOG COMMAND...: one step of the chain
+# side_run LOG COMMAND...: one step of the chain (its files are removed before the chain starts)
 side_run() {
     local log=$1 started
     shift
-    rm -f "$log" "$log".{rc,secs,done}
     started=$(date +%s)
     "$@" >"$log" 2>&1
     echo $? >"$log.rc"
