@@ -164,7 +164,7 @@ elif ! command -v dpkg >/dev/null 2>&1; then
 else
     missing=()
     for p in "${packages[@]}"; do
-        if ! dpkg -s "$p" 2>/dev/null | grep -q '^Status: install ok installed'; then
+        if ! dpkg -s "$p" 2>/dev/null | grep '^Status: install ok installed' >/dev/null; then
             missing+=("$p")
         fi
     done
@@ -491,12 +491,14 @@ config_macros=$(
     printf '%s\n' TBDEF CL_TARGET_OPENCL_VERSION CL_USE_DEPRECATED_OPENCL_1_2_APIS
 )
 # shared_impl_ok SRC: whether SRC and the files it includes with quotes (torch_backend.h
-# aside) name no internal identifier and set no configuration macro.
+# aside) name no internal identifier and set no configuration macro. (Under pipefail a pipe
+# ends in grep without -q: grep -q stops reading at the first match, and the writer's SIGPIPE
+# would make the whole pipe false.)
 shared_impl_ok() {
     local dir inc
     grep -q -E '\b[tT][bB]__' "$1" && return 1
     grep -o -E '^#[[:space:]]*define[[:space:]]+[A-Za-z_][A-Za-z0-9_]*' "$1" |
-        grep -o -E '[A-Za-z_][A-Za-z0-9_]*$' | grep -q -x -F "$config_macros" && return 1
+        grep -o -E '[A-Za-z_][A-Za-z0-9_]*$' | grep -x -F "$config_macros" >/dev/null && return 1
     dir=$(dirname "$1")
     while read -r inc; do
         [ "$(basename "$inc")" = torch_backend.h ] && continue
@@ -1237,7 +1239,7 @@ if selected tests/mpi/collectives.c; then
             # MPICH's integer handles, where MPICH is installed too (Debian: mpich): its
             # launcher sets PMI_RANK, and the library opens libmpich.so.12 first then.
             if command -v mpiexec.hydra >/dev/null 2>&1 &&
-                ldconfig -p 2>/dev/null | grep -q 'libmpich\.so\.12'; then
+                ldconfig -p 2>/dev/null | grep 'libmpich\.so\.12' >/dev/null; then
                 log=build/mpi/collectives.mpich.log
                 timeout --foreground -k 10 120 mpiexec.hydra -np 3 build/mpi/collectives 2>&1 |
                     tee "$log"
@@ -1300,7 +1302,7 @@ if selected tests/mpi/rank_dies.c; then
             done
             # the same stall under MPICH (its integer handles, its nonblocking calls)
             if command -v mpiexec.hydra >/dev/null 2>&1 &&
-                ldconfig -p 2>/dev/null | grep -q 'libmpich\.so\.12'; then
+                ldconfig -p 2>/dev/null | grep 'libmpich\.so\.12' >/dev/null; then
                 log=build/mpi/rank_dies.stall.mpich.log
                 start=$(date +%s)
                 TB_COLLECTIVE_TIMEOUT=2 timeout --foreground -k 10 60 mpiexec.hydra -np 3 \
