@@ -527,15 +527,15 @@ feature_macros() {
 # with the builder's process id), the others wait for IMPL_DIR/tb_impl_KEY.done. False on a
 # failure; the commands go to BIN.build.cmd, the compilers' output to stdout.
 build_program() {
-    local impl=$1 compiler=$2 flags=$3 src=$4 bin=$5 features="" prelude key obj holder until
+    local impl=$1 compiler=$2 flags=$3 src=$4 bin=$5 features="" impl_src="" key obj holder until
     shift 5
     if shared_impl_ok "$src" && features=$(feature_macros "$compiler" "$flags" "$src"); then
         # the object gets the program's feature-test macros and must end up with the same
         # macros in effect (one the program defines after a system header's include is none
         # of its features; NDEBUG is the program's alone): where not, the program builds whole
-        prelude=$(sed -n '/^--$/q;p' <<<"$features")
-        if [ "$(printf '%s\n#define TB_IMPLEMENTATION\n#include "torch_backend.h"\n' "$prelude" |
-            feature_macros "$compiler" "$flags" -)" != "$features" ]; then
+        impl_src=$(printf '%s\n#define TB_IMPLEMENTATION\n#include "torch_backend.h"' \
+            "$(sed -n '/^--$/q;p' <<<"$features")")
+        if [ "$(feature_macros "$compiler" "$flags" - <<<"$impl_src")" != "$features" ]; then
             features=""
         fi
     else
@@ -565,7 +565,7 @@ build_program() {
     } >"$bin.build.cmd"
     if mkdir "$obj.lock" 2>/dev/null; then
         echo "$BASHPID" >"$obj.lock/pid"
-        printf '%s\n#define TB_IMPLEMENTATION\n#include "torch_backend.h"\n' "$prelude" >"$obj.c"
+        echo "$impl_src" >"$obj.c"
         # shellcheck disable=SC2116,SC2086
         echo "$compiler $(echo $flags) -c $obj.c -o $obj.o" >"$obj.cmd"
         # shellcheck disable=SC2086
