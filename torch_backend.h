@@ -33541,6 +33541,49 @@ static bool tb__ocl_has_extension(const char *list, const char *name) {
     return false;
 }
 
+/* The f32 lanes of the vectors of the CPU a driver compiles for, where its device version
+   names it: PoCL's ends in "HSTR: pthread-x86_64-pc-linux-gnu-haswell", the LLVM name of its
+   kernels' target. PoCL's vector width query reads the host's features instead, so on an
+   AVX-512 host with a narrower kernel library (POCL_KERNELLIB_NAME=avx2) it says 16 lanes for
+   code that has 8; kernels of 16 lanes would then keep their accumulators in memory. 0 where
+   the name is missing or not one of these. */
+static uint32_t tb__ocl_target_lanes(const char *device_version) {
+    static const char *const wide[] = {
+        "skylake-avx512", "cascadelake",    "cooperlake",    "cannonlake",
+        "icelake-client", "icelake-server", "tigerlake",     "sapphirerapids",
+        "rocketlake",     "graniterapids",  "emeraldrapids", "znver4",
+        "znver5",         "x86-64-v4",      "knl",           "knm"};
+    static const char *const avx[] = {
+        "sandybridge", "ivybridge",  "haswell",   "broadwell", "skylake", "alderlake",
+        "raptorlake",  "meteorlake", "arrowlake", "znver1",    "znver2",  "znver3",
+        "bdver1",      "bdver2",     "bdver3",    "bdver4",    "btver2",  "x86-64-v3",
+        "corei7-avx",  "core-avx-i", "core-avx2"};
+    static const char *const sse[] = {"x86-64",   "x86-64-v2", "core2",  "penryn",
+                                      "nehalem",  "westmere",  "corei7", "silvermont",
+                                      "goldmont", "tremont",   "btver1", "amdfam10"};
+    static const struct {
+        const char *const *names;
+        size_t count;
+        uint32_t lanes;
+    } classes[] = {{wide, sizeof wide / sizeof wide[0], 16},
+                   {avx, sizeof avx / sizeof avx[0], 8},
+                   {sse, sizeof sse / sizeof sse[0], 4}};
+    const char *hstr = device_version != NULL ? strstr(device_version, "HSTR: ") : NULL;
+    size_t len, c, i;
+    if (hstr == NULL) return 0;
+    hstr += 6;
+    len = strcspn(hstr, " ");
+    for (c = 0; c < sizeof classes / sizeof classes[0]; c++) {
+        for (i = 0; i < classes[c].count; i++) {
+            const char *name = classes[c].names[i];
+            size_t n = strlen(name);
+            if (len > n && hstr[len - n - 1] == '-' && memcmp(hstr + len - n, name, n) == 0)
+                return classes[c].lanes;
+        }
+    }
+    return 0;
+}
+
 static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
     tb_device_info *info = &dev->info;
     uint64_t type = tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_TYPE);
@@ -33594,6 +33637,11 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
     if (dev->max_parameter_size < 256) dev->max_parameter_size = 256; /* the spec's minimum */
     dev->base_align_bits = tb__ocl_info_u32(rt, dev->id, TB__CL_DEVICE_MEM_BASE_ADDR_ALIGN);
     dev->float_lanes = tb__ocl_info_u32(rt, dev->id, TB__CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT);
+    if (info->device.type == TB_DEVICE_CPU) {
+        uint32_t target = tb__ocl_target_lanes(dev->device_version);
+        if (target != 0 && (dev->float_lanes == 0 || target < dev->float_lanes))
+            dev->float_lanes = target;
+    }
     dev->max_alloc = info->max_allocation;
     if (dev->max_alloc == 0) dev->max_alloc = (uint64_t)128 << 20; /* the spec's minimum */
     dev->correct_divide_sqrt = (tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_SINGLE_FP_CONFIG) &
@@ -34496,8 +34544,6 @@ static tb_status tb__ocl_unmap(void *dev, tb_kit_buffer *b, void *host) {
                      (int)d->ordinal, tb__cl_error_name(err), (int)err);
 }
 
-/* Code generation as for a GPU whatever the device (a test hook: the GPU variants of matmul
-   and of the reductions then run on a CPU device too). */
 /* Code generation as for a GPU whatever the device (a test hook: the GPU variants of matmul
    and of the reductions then run on a CPU device too). */
 static int tb__ocl_codegen_as_gpu = 0;

@@ -602,6 +602,38 @@ static void test_repeatable_and_out_of_memory(void **state) {
     tb_tensor_release(x);
 }
 
+/* The vector width of an OpenCL CPU device is that of the code its driver compiles, where the
+   device version names the target CPU (PoCL's "HSTR: ..."): an AVX-512 host whose PoCL uses
+   its AVX2 kernel library (POCL_KERNELLIB_NAME=avx2) reports 16 lanes, and its kernels get 8.
+   A name that is only the end of another ("skylake" in "skylake-avx512"), a name the table
+   lacks and a version without the string give 0 (the width query stands). */
+static void test_opencl_target_lanes(void **state) {
+    (void)state;
+    assert_int_equal(
+        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-haswell"), 8);
+    assert_int_equal(
+        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-skylake-avx512"),
+        16);
+    assert_int_equal(
+        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-skylake"), 8);
+    assert_int_equal(tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: cpu-x86_64-pc-linux-gnu-znver3"),
+                     8);
+    assert_int_equal(
+        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-penryn"), 4);
+    assert_int_equal(
+        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-x86-64-v3"), 8);
+    assert_int_equal(
+        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-x86-64"), 4);
+    assert_int_equal(
+        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-znver3 extra"), 8);
+    assert_int_equal(
+        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-aarch64-linux-gnu-cortex-a72"), 0);
+    assert_int_equal(tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: haswell"), 0);
+    assert_int_equal(tb__ocl_target_lanes("OpenCL 3.0 CUDA"), 0);
+    assert_int_equal(tb__ocl_target_lanes(""), 0);
+    assert_int_equal(tb__ocl_target_lanes(NULL), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dialects),
@@ -617,6 +649,7 @@ int main(void) {
         cmocka_unit_test(test_every_math_op_renders),
         cmocka_unit_test(test_error_report_needs_the_dialect),
         cmocka_unit_test(test_repeatable_and_out_of_memory),
+        cmocka_unit_test(test_opencl_target_lanes),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -5,9 +5,10 @@
 #   --class C       measure a narrower x86 class than this CPU's on this CPU: the native backend's
 #                   kernels built for it (-march=x86-64-v3 for avx2, -v2 for sse), PyTorch on its
 #                   kernels of that class (ATEN_CPU_CAPABILITY, oneDNN's ISA cap) and OpenBLAS on
-#                   its (OPENBLAS_CORETYPE Haswell, Nehalem); the OpenCL device is left out (PoCL
-#                   compiles for the CPU it runs on). The machine line names the class the native
-#                   kernels were built for. A machine of that class is the real measurement.
+#                   its (OPENBLAS_CORETYPE Haswell, Nehalem) and PoCL on its kernel library of that
+#                   class (POCL_KERNELLIB_NAME avx2, sse41: its device is then named haswell or
+#                   penryn). The machine line names the class the native kernels were built for
+#                   and the OpenCL device. A machine of that class is the real measurement.
 #   --json FILE     also write to FILE one JSON object per (case, backend) row:
 #                   {"case", "backend", "ours", "pytorch", "ratio_pytorch", "bound", "bound_kind",
 #                    "frac_bound", "rate", "unit", "anchor_name", "anchor", "ratio_anchor",
@@ -156,20 +157,19 @@ case "$class" in
 "") ;;
 avx2 | sse)
     if [ "$class" = avx2 ]; then
-        march=x86-64-v3 aten=avx2 dnnl=AVX2 blas=Haswell
+        march=x86-64-v3 aten=avx2 dnnl=AVX2 blas=Haswell pocl=avx2
     else
-        march=x86-64-v2 aten=default dnnl=SSE41 blas=Nehalem
+        march=x86-64-v2 aten=default dnnl=SSE41 blas=Nehalem pocl=sse41
     fi
     export TB_NATIVE_CFLAGS="${TB_NATIVE_CFLAGS:+$TB_NATIVE_CFLAGS }-march=$march"
     export ATEN_CPU_CAPABILITY=$aten ONEDNN_MAX_CPU_ISA=$dnnl DNNL_MAX_CPU_ISA=$dnnl
     export OPENBLAS_CORETYPE=$blas
-    # PoCL compiles for the CPU it finds: its device is left out
-    empty_vendors=$(mktemp -d)
-    trap 'rm -rf "$empty_vendors"' EXIT
-    export OCL_ICD_VENDORS=$empty_vendors
+    # PoCL compiles for the target of its kernel library (the device's name says which); its
+    # vector width query still reads this CPU, and the library takes the narrower of the two
+    export POCL_KERNELLIB_NAME=$pocl
     echo "bench: class $class on this CPU: native kernels built with -march=$march," \
         "PyTorch's $aten kernels (ATEN_CPU_CAPABILITY, oneDNN $dnnl), OpenBLAS's $blas" \
-        "kernels; no OpenCL device (PoCL would compile for this CPU)"
+        "kernels, PoCL's $pocl kernel library (POCL_KERNELLIB_NAME)"
     ;;
 *)
     echo "bench.sh: unknown class: $class (avx2 or sse)" >&2
@@ -345,8 +345,6 @@ if [ "$run_models" -eq 1 ]; then
     models_args=()
     [ "$quick" -eq 1 ] && models_args+=(--quick)
     [ -n "$json" ] && models_args+=(--json "$json")
-    # with --class the OpenCL device is left out (above)
-    [ -n "$class" ] && models_args+=(--backends native)
     CC="$CC" python3 tools/bench/models.py "${models_args[@]+"${models_args[@]}"}" || rc=1
 fi
 if [ "$run_mpi" -eq 1 ]; then

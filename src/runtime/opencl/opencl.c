@@ -230,8 +230,6 @@ static tb_status tb__ocl_unmap(void *dev, tb_kit_buffer *b, void *host) {
 
 /* Code generation as for a GPU whatever the device (a test hook: the GPU variants of matmul
    and of the reductions then run on a CPU device too). */
-/* Code generation as for a GPU whatever the device (a test hook: the GPU variants of matmul
-   and of the reductions then run on a CPU device too). */
 static int tb__ocl_codegen_as_gpu = 0;
 
 /* What code generation needs to know of a device. */
