@@ -152,6 +152,55 @@ static void test_packed_matmul_fused_products(void **state) {
     tb_tensor_release(a);
 }
 
+/* A packed matmul of packed A (A transposed: 512 x 512) prefetches the next row panel of A as
+   it reads its own, on every CPU class; within A's panels: the last row panel prefetches its
+   own. One row panel (6 rows) and a GPU's tiles prefetch nothing. */
+static void test_packed_matmul_prefetches_a(void **state) {
+    tb_tensor *at = plan_input(TB_F32, 2, 512, 512, 0), *a = tb_transpose(at, 0, 1);
+    tb_tensor *b = plan_input(TB_F32, 2, 512, 512, 0), *y = tb_matmul(a, b);
+    tb_tensor *a6 = plan_input(TB_F32, 2, 6, 512, 0), *y6 = tb_matmul(a6, b);
+    static const int devs[] = {DEV_AVX512, DEV_AVX2, DEV_SSE, DEV_C99};
+    size_t d;
+    char *text;
+    (void)state;
+    for (d = 0; d < sizeof devs / sizeof devs[0]; d++) {
+        const char *name = plan_dev_names[devs[d]];
+        tb__plan *p = NULL;
+        size_t i;
+        int packed = 0;
+        text = program(devs[d], &y, 1, &p);
+        for (i = 0; i < p->num_kernels; i++) {
+            if (p->kernels[i].kind != TB__K_MATMUL) continue;
+            assert_int_equal(p->kernels[i].mm, TB__MM_PACKED);
+            assert_true(p->kernels[i].mm_prefetch_a);
+            packed++;
+        }
+        assert_int_equal(packed, 1);
+        expect_text(text, "*an = pr + 1 < ", name);
+        expect_text(text, "TB_PREFETCH_L2(an + ", name);
+        tb__plan_free(p);
+        free(text);
+        text = program(devs[d], &y6, 1, &p);
+        for (i = 0; i < p->num_kernels; i++)
+            if (p->kernels[i].kind == TB__K_MATMUL) {
+                assert_int_equal(p->kernels[i].mm, TB__MM_PACKED);
+                assert_false(p->kernels[i].mm_prefetch_a);
+            }
+        tb__plan_free(p);
+        assert_null(strstr(text, "TB_PREFETCH_L2(an"));
+        free(text);
+    }
+    text = program(DEV_GPU, &y, 1, NULL);
+    assert_null(strstr(text, "TB_PREFETCH_L2(an"));
+    free(text);
+    tb_tensor_release(y6);
+    tb_tensor_release(a6);
+    tb_tensor_release(y);
+    tb_tensor_release(b);
+    tb_tensor_release(a);
+    tb_tensor_release(at);
+}
+
 /* The register matmul of few columns (a classifier's last layer, 256x10x512) makes B's row
    vectors per step of the depth, added times each row's value of A, in OpenCL C for CPU
    classes as in the native backend's C: one vector of 16 lanes holds the 10 columns where the
@@ -639,6 +688,7 @@ int main(void) {
         cmocka_unit_test(test_dialects),
         cmocka_unit_test(test_repeated_kernel_is_one_function),
         cmocka_unit_test(test_packed_matmul_fused_products),
+        cmocka_unit_test(test_packed_matmul_prefetches_a),
         cmocka_unit_test(test_register_matmul_vectors),
         cmocka_unit_test(test_register_matmul_rows),
         cmocka_unit_test(test_pack_lane_by_lane),

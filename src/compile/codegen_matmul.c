@@ -951,6 +951,8 @@ static void tb__cg_insert_table(tb__cg *g, size_t mark, const int64_t *rows, int
 static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
                                 int32_t lane, int in_place, int rm, int nb, int rw, bool panels_a,
                                 const char *count, int64_t *rows, bool *has_rows) {
+    /* the next row panel of packed A (pointer an) along, where the plan says so */
+    bool prefetch_a = k->mm_prefetch_a && panels_a && count == NULL;
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     const char *t = tb__cg_ctype(cs->dtype);
     /* rows of the dialect's float vectors (f32, and f16 and bf16 computed in f32): each
@@ -1016,6 +1018,7 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
     }
     tb__ix_line(&g->ix, "%sconst %s *ak = ap + i%d * %d;", g->d->global, t, (int)ik,
                 panels_a ? rm : 1);
+    if (prefetch_a) tb__ix_line(&g->ix, "TB_PREFETCH_L2(an + i%d * %d);", (int)ik, rm);
     for (i = 0; i < rm; i++) {
         tb__ix_line(&g->ix, "const %s am%d = ak[%lld];", t, i,
                     (long long)(panels_a ? i : i * za[3]));
@@ -1218,6 +1221,9 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         tb__ix_line(&g->ix, "const long col0 = pc * %d, row0 = pr * %d;", vw, rm);
     }
     tb__cg_matmul_a_pointer(g, k, ib, a_slot, panels_a, NULL);
+    if (k->mm_prefetch_a && panels_a)
+        tb__ix_line(&g->ix, "%sconst %s *an = pr + 1 < %lldL ? ap + %lldL : ap;", g->d->global, t,
+                    (long long)za[4], (long long)(K * rm));
     if (k->pack_slot[1] >= 0)
         tb__ix_line(&g->ix, "%sconst %s *bp = b%d + (i%d * %lldL + pc) * %lldL;", g->d->global, t,
                     (int)k->pack_slot[1], (int)ib, (long long)zb[4], (long long)(K * vw));

@@ -91,6 +91,8 @@ typedef struct tb__tuning {
     double mm_group_caches;   /* packed: the column panels one sweep over the row panels reuses
                                  fill this share of those caches at most (a fraction: the
                                  panels of A the sweep streams need the rest) */
+    bool mm_prefetch_a;       /* packed: an item prefetches the next row panel of A (packed
+                                 A) into the outer caches as it reads its own */
     int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
     int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
     int32_t mm_tile_k;        /* tiles: depth of a tile */
@@ -255,6 +257,8 @@ typedef struct tb__plan_kernel {
                            every row panel kept in a private tile between them) */
     int32_t own_b_span; /* with fills of fewer rows than K, this many column panels an item
                            packs and runs in turn for each fill (1: one) */
+    bool mm_prefetch_a; /* packed matmul of packed A: each item prefetches the next row panel
+                           of A (the items after its own row panel's need it) */
     int32_t tk;         /* matmul in tiles: depth of a tile */
     bool prefetch_rows; /* norms: the second pass prefetches the next row of x */
     bool stream_out;    /* norms: the last pass stores whole vectors with non-temporal stores

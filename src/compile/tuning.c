@@ -58,6 +58,12 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
        native 208 -> 241-263 GFLOP/s, 2048^3 190 -> 222 (2048^3 on PoCL 200 -> 222), where
        groups of two caches' worth left B to the last-level cache */
     t->mm_group_caches = 0.5;
+    /* a group reads each row panel of A from memory (the row panels stream past its column
+       panels in the cache), and the first item of a row panel waited for it: 2048 x K x 2048
+       on 2 threads of a 2-core AMD EPYC Zen 5 VM, K = 1024 / 2048 / 4096, AVX2 code 175 /
+       168 / 142 -> 204 / 196 / 195 GFLOP/s, AVX-512 code at K = 2048 and 4096 280 / 230 ->
+       376 / 342 GFLOP/s (prefetches into all the caches: about the same) */
+    t->mm_prefetch_a = !gpu;
     t->mm_tile_group = 16;
     t->mm_tile_block = 4;
     t->mm_tile_k = 16;
