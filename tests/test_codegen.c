@@ -152,13 +152,16 @@ static void test_packed_matmul_fused_products(void **state) {
     tb_tensor_release(a);
 }
 
-/* A packed matmul of packed A (A transposed: 512 x 512) prefetches the next row panel of A as
-   it reads its own, on every CPU class; within A's panels: the last row panel prefetches its
-   own. One row panel (6 rows) and a GPU's tiles prefetch nothing. */
+/* A packed matmul of packed A (A transposed: 512 x 512, 1 MiB: more than half of a core's
+   cache) prefetches the next row panel of A as it reads its own, on every CPU class; within
+   A's panels: the last row panel prefetches its own. One row panel (6 rows), an A the cache
+   keeps (256 x 256: 256 KiB) and a GPU's tiles prefetch nothing. */
 static void test_packed_matmul_prefetches_a(void **state) {
     tb_tensor *at = plan_input(TB_F32, 2, 512, 512, 0), *a = tb_transpose(at, 0, 1);
     tb_tensor *b = plan_input(TB_F32, 2, 512, 512, 0), *y = tb_matmul(a, b);
     tb_tensor *a6 = plan_input(TB_F32, 2, 6, 512, 0), *y6 = tb_matmul(a6, b);
+    tb_tensor *st = plan_input(TB_F32, 2, 256, 256, 0), *s = tb_transpose(st, 0, 1);
+    tb_tensor *ys = tb_matmul(s, s);
     static const int devs[] = {DEV_AVX512, DEV_AVX2, DEV_SSE, DEV_C99};
     size_t d;
     char *text;
@@ -189,10 +192,22 @@ static void test_packed_matmul_prefetches_a(void **state) {
         tb__plan_free(p);
         assert_null(strstr(text, "TB_PREFETCH_L2(an"));
         free(text);
+        text = program(devs[d], &ys, 1, &p);
+        for (i = 0; i < p->num_kernels; i++)
+            if (p->kernels[i].kind == TB__K_MATMUL) {
+                assert_int_equal(p->kernels[i].mm, TB__MM_PACKED);
+                assert_false(p->kernels[i].mm_prefetch_a);
+            }
+        tb__plan_free(p);
+        assert_null(strstr(text, "TB_PREFETCH_L2(an"));
+        free(text);
     }
     text = program(DEV_GPU, &y, 1, NULL);
     assert_null(strstr(text, "TB_PREFETCH_L2(an"));
     free(text);
+    tb_tensor_release(ys);
+    tb_tensor_release(s);
+    tb_tensor_release(st);
     tb_tensor_release(y6);
     tb_tensor_release(a6);
     tb_tensor_release(y);

@@ -547,8 +547,12 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
         /* an item packing its own panel of B computes every row panel against it */
         k->mm_group = k->own_b ? 0 : tb__plan_mm_group(G, k, zb);
         k->own_b_span = tb__plan_own_b_span(G, k, za, zb, &k->own_b_k);
+        /* where A's panels outgrow half a core's cache (the rest holds B's group) */
         k->mm_prefetch_a =
-            t->mm_prefetch_a && !k->own_b && za[4] > 1 && tb__plan_mm_a_buffer(G, k->core) < 0;
+            t->mm_prefetch_a && !k->own_b && za[4] > 1 && tb__plan_mm_a_buffer(G, k->core) < 0 &&
+            (double)(za[4] * za[3] * za[5]) *
+                    (double)tb_dtype_size(tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype)) >
+                tb__plan_core_cache(G) / 2;
         k->vec = tb__plan_mm_vec_epilogue(G, k);
         if (k->vec > 0) k->vec_axes = 1;
         tb__plan_launch_groups(k, 1, 1, (size_t)((zb[4] + k->own_b_span - 1) / k->own_b_span),

@@ -62,7 +62,9 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
        panels in the cache), and the first item of a row panel waited for it: 2048 x K x 2048
        on 2 threads of a 2-core AMD EPYC Zen 5 VM, K = 1024 / 2048 / 4096, AVX2 code 175 /
        168 / 142 -> 204 / 196 / 195 GFLOP/s, AVX-512 code at K = 2048 and 4096 280 / 230 ->
-       376 / 342 GFLOP/s (prefetches into all the caches: about the same) */
+       376 / 342 GFLOP/s (prefetches into all the caches: about the same). Only where A's
+       panels outgrow half the core's cache: a ResNet convolution's weights (64 x 576) stay
+       in it, and its loop then had a load more per step for nothing. */
     t->mm_prefetch_a = !gpu;
     t->mm_tile_group = 16;
     t->mm_tile_block = 4;
