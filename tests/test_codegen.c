@@ -152,14 +152,16 @@ static void test_packed_matmul_fused_products(void **state) {
     tb_tensor_release(a);
 }
 
-/* A packed matmul of packed A (A transposed: 512 x 512, 1 MiB: more than half of a core's
-   cache) prefetches the next row panel of A as it reads its own, on every CPU class; within
-   A's panels: the last row panel prefetches its own. One row panel (6 rows), an A the cache
-   keeps (256 x 256: 256 KiB) and a GPU's tiles prefetch nothing. */
+/* A packed matmul of packed A (A transposed: 768 x 512, 1.5 MiB: more than half of the
+   described CPUs' 2 MiB caches) prefetches the next row panel of A as it reads its own, on
+   every CPU class; within A's panels: the last row panel prefetches its own. One row panel
+   (6 x 65536: 1.5 MiB too), an A the cache keeps (256 x 256: 256 KiB) and a GPU's tiles
+   prefetch nothing. */
 static void test_packed_matmul_prefetches_a(void **state) {
-    tb_tensor *at = plan_input(TB_F32, 2, 512, 512, 0), *a = tb_transpose(at, 0, 1);
+    tb_tensor *at = plan_input(TB_F32, 2, 512, 768, 0), *a = tb_transpose(at, 0, 1);
     tb_tensor *b = plan_input(TB_F32, 2, 512, 512, 0), *y = tb_matmul(a, b);
-    tb_tensor *a6 = plan_input(TB_F32, 2, 6, 512, 0), *y6 = tb_matmul(a6, b);
+    tb_tensor *a6t = plan_input(TB_F32, 2, 65536, 6, 0), *a6 = tb_transpose(a6t, 0, 1);
+    tb_tensor *b6 = plan_input(TB_F32, 2, 65536, 512, 0), *y6 = tb_matmul(a6, b6);
     tb_tensor *st = plan_input(TB_F32, 2, 256, 256, 0), *s = tb_transpose(st, 0, 1);
     tb_tensor *ys = tb_matmul(s, s);
     static const int devs[] = {DEV_AVX512, DEV_AVX2, DEV_SSE, DEV_C99};
@@ -209,7 +211,9 @@ static void test_packed_matmul_prefetches_a(void **state) {
     tb_tensor_release(s);
     tb_tensor_release(st);
     tb_tensor_release(y6);
+    tb_tensor_release(b6);
     tb_tensor_release(a6);
+    tb_tensor_release(a6t);
     tb_tensor_release(y);
     tb_tensor_release(b);
     tb_tensor_release(a);
@@ -669,33 +673,37 @@ static void test_repeatable_and_out_of_memory(void **state) {
 /* The vector width of an OpenCL CPU device is that of the code its driver compiles, where the
    device version names the target CPU (PoCL's "HSTR: ..."): an AVX-512 host whose PoCL uses
    its AVX2 kernel library (POCL_KERNELLIB_NAME=avx2) reports 16 lanes, and its kernels get 8.
-   A name that is only the end of another ("skylake" in "skylake-avx512"), a name the table
-   lacks and a version without the string give 0 (the width query stands). */
+   A name is matched whole after a '-' ("skylake-avx512" is not "skylake", "xpenryn" is not
+   "penryn"); a name the table lacks and a version without the string give 0 (the width query
+   stands). PoCL's SSE2 kernel library names athlon64. */
 static void test_opencl_target_lanes(void **state) {
+    static const struct {
+        const char *version;
+        uint32_t lanes;
+    } cases[] = {
+        {"OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-haswell", 8},
+        {"OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-skylake-avx512", 16},
+        {"OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-skylake", 8},
+        {"OpenCL 3.0 PoCL HSTR: cpu-x86_64-pc-linux-gnu-znver3", 8},
+        {"OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-penryn", 4},
+        {"OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-athlon64", 4},
+        {"OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-x86-64-v3", 8},
+        {"OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-x86-64", 4},
+        {"OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-znver3 extra", 8},
+        {"OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-xpenryn", 0},
+        {"OpenCL 3.0 PoCL HSTR: pthread-aarch64-linux-gnu-cortex-a72", 0},
+        {"OpenCL 3.0 PoCL HSTR: haswell", 0},
+        {"OpenCL 3.0 CUDA", 0},
+        {"", 0},
+        {NULL, 0},
+    };
+    size_t i;
     (void)state;
-    assert_int_equal(
-        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-haswell"), 8);
-    assert_int_equal(
-        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-skylake-avx512"),
-        16);
-    assert_int_equal(
-        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-skylake"), 8);
-    assert_int_equal(tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: cpu-x86_64-pc-linux-gnu-znver3"),
-                     8);
-    assert_int_equal(
-        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-penryn"), 4);
-    assert_int_equal(
-        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-x86-64-v3"), 8);
-    assert_int_equal(
-        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-x86-64"), 4);
-    assert_int_equal(
-        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-x86_64-pc-linux-gnu-znver3 extra"), 8);
-    assert_int_equal(
-        tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: pthread-aarch64-linux-gnu-cortex-a72"), 0);
-    assert_int_equal(tb__ocl_target_lanes("OpenCL 3.0 PoCL HSTR: haswell"), 0);
-    assert_int_equal(tb__ocl_target_lanes("OpenCL 3.0 CUDA"), 0);
-    assert_int_equal(tb__ocl_target_lanes(""), 0);
-    assert_int_equal(tb__ocl_target_lanes(NULL), 0);
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (tb__ocl_target_lanes(cases[i].version) != cases[i].lanes)
+            fail_msg("\"%s\": %u lanes, not %u",
+                     cases[i].version != NULL ? cases[i].version : "(null)",
+                     (unsigned)tb__ocl_target_lanes(cases[i].version), (unsigned)cases[i].lanes);
 }
 
 int main(void) {

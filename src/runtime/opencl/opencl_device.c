@@ -160,13 +160,18 @@ static uint32_t tb__ocl_target_lanes(const char *device_version) {
         "rocketlake",     "graniterapids",  "emeraldrapids", "znver4",
         "znver5",         "x86-64-v4",      "knl",           "knm"};
     static const char *const avx[] = {
-        "sandybridge", "ivybridge",  "haswell",   "broadwell", "skylake", "alderlake",
-        "raptorlake",  "meteorlake", "arrowlake", "znver1",    "znver2",  "znver3",
-        "bdver1",      "bdver2",     "bdver3",    "bdver4",    "btver2",  "x86-64-v3",
-        "corei7-avx",  "core-avx-i", "core-avx2"};
-    static const char *const sse[] = {"x86-64",   "x86-64-v2", "core2",  "penryn",
-                                      "nehalem",  "westmere",  "corei7", "silvermont",
-                                      "goldmont", "tremont",   "btver1", "amdfam10"};
+        "sandybridge", "ivybridge",    "haswell",    "broadwell",        "skylake",   "alderlake",
+        "raptorlake",  "meteorlake",   "arrowlake",  "arrowlake-s",      "lunarlake", "pantherlake",
+        "gracemont",   "sierraforest", "grandridge", "clearwaterforest", "znver1",    "znver2",
+        "znver3",      "bdver1",       "bdver2",     "bdver3",           "bdver4",    "btver2",
+        "x86-64-v3",   "corei7-avx",   "core-avx-i", "core-avx2"};
+    /* PoCL's SSE2 library targets athlon64 */
+    static const char *const sse[] = {
+        "x86-64",        "x86-64-v2",  "core2",   "penryn",   "nehalem",       "westmere",
+        "corei7",        "silvermont", "slm",     "goldmont", "goldmont-plus", "tremont",
+        "bonnell",       "atom",       "nocona",  "prescott", "btver1",        "amdfam10",
+        "barcelona",     "k8",         "k8-sse3", "opteron",  "opteron-sse3",  "athlon64",
+        "athlon64-sse3", "athlon-fx"};
     static const struct {
         const char *const *names;
         size_t count;
