@@ -7,8 +7,9 @@
 #                   kernels of that class (ATEN_CPU_CAPABILITY, oneDNN's ISA cap) and OpenBLAS on
 #                   its (OPENBLAS_CORETYPE Haswell, Nehalem) and PoCL on its kernel library of that
 #                   class (POCL_KERNELLIB_NAME avx2, sse41: its device is then named haswell or
-#                   penryn). The machine line names the class the native kernels were built for
-#                   and the OpenCL device. A machine of that class is the real measurement.
+#                   penryn; a warning where it is not). The table's machine line names the OpenCL
+#                   device; the first line says which kernels each side runs. A machine of that
+#                   class is the real measurement.
 #   --json FILE     also write to FILE one JSON object per (case, backend) row:
 #                   {"case", "backend", "ours", "pytorch", "ratio_pytorch", "bound", "bound_kind",
 #                    "frac_bound", "rate", "unit", "anchor_name", "anchor", "ratio_anchor",
@@ -157,9 +158,9 @@ case "$class" in
 "") ;;
 avx2 | sse)
     if [ "$class" = avx2 ]; then
-        march=x86-64-v3 aten=avx2 dnnl=AVX2 blas=Haswell pocl=avx2
+        march=x86-64-v3 aten=avx2 dnnl=AVX2 blas=Haswell pocl=avx2 pocl_cpu=haswell
     else
-        march=x86-64-v2 aten=default dnnl=SSE41 blas=Nehalem pocl=sse41
+        march=x86-64-v2 aten=default dnnl=SSE41 blas=Nehalem pocl=sse41 pocl_cpu=penryn
     fi
     export TB_NATIVE_CFLAGS="${TB_NATIVE_CFLAGS:+$TB_NATIVE_CFLAGS }-march=$march"
     export ATEN_CPU_CAPABILITY=$aten ONEDNN_MAX_CPU_ISA=$dnnl DNNL_MAX_CPU_ISA=$dnnl
@@ -170,6 +171,15 @@ avx2 | sse)
     echo "bench: class $class on this CPU: native kernels built with -march=$march," \
         "PyTorch's $aten kernels (ATEN_CPU_CAPABILITY, oneDNN $dnnl), OpenBLAS's $blas" \
         "kernels, PoCL's $pocl kernel library (POCL_KERNELLIB_NAME)"
+    # PoCL keeps its own library where it cannot use the one asked for
+    if command -v clinfo >/dev/null 2>&1; then
+        pocl_names=$(clinfo 2>/dev/null | grep -E '^ *Device Name .*pthread-' || true)
+        if [ -n "$pocl_names" ] && ! grep -e "pthread-$pocl_cpu-" <<<"$pocl_names" >/dev/null; then
+            echo "bench: warning: PoCL did not take POCL_KERNELLIB_NAME=$pocl (its device:" \
+                "$(head -n 1 <<<"$pocl_names" | sed 's/^ *Device Name *//')): its OpenCL rows" \
+                "are of this CPU's class"
+        fi
+    fi
     ;;
 *)
     echo "bench.sh: unknown class: $class (avx2 or sse)" >&2
