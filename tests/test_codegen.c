@@ -152,6 +152,32 @@ static void test_packed_matmul_fused_products(void **state) {
     tb_tensor_release(a);
 }
 
+/* y's plan for dev has one matmul, packed, prefetching A's next row panel or not. */
+static void expect_prefetch(int dev, tb_tensor *y, bool want) {
+    const char *name = plan_dev_names[dev];
+    tb__plan *p = NULL;
+    char *text = program(dev, &y, 1, &p);
+    size_t i;
+    int packed = 0;
+    for (i = 0; i < p->num_kernels; i++) {
+        if (p->kernels[i].kind != TB__K_MATMUL) continue;
+        assert_int_equal(p->kernels[i].mm, TB__MM_PACKED);
+        if (p->kernels[i].mm_prefetch_a != want)
+            fail_msg("%s: mm_prefetch_a is %d, not %d", name, (int)p->kernels[i].mm_prefetch_a,
+                     (int)want);
+        packed++;
+    }
+    assert_int_equal(packed, 1);
+    if (want) {
+        expect_text(text, "*an = pr + 1 < ", name);
+        expect_text(text, "TB_PREFETCH_L2(an + ", name);
+    } else {
+        assert_null(strstr(text, "TB_PREFETCH_L2(an"));
+    }
+    tb__plan_free(p);
+    free(text);
+}
+
 /* A packed matmul of packed A (A transposed: 768 x 512, 1.5 MiB: more than half of the
    described CPUs' 2 MiB caches) prefetches the next row panel of A as it reads its own, on
    every CPU class; within A's panels: the last row panel prefetches its own. One row panel
@@ -169,40 +195,9 @@ static void test_packed_matmul_prefetches_a(void **state) {
     char *text;
     (void)state;
     for (d = 0; d < sizeof devs / sizeof devs[0]; d++) {
-        const char *name = plan_dev_names[devs[d]];
-        tb__plan *p = NULL;
-        size_t i;
-        int packed = 0;
-        text = program(devs[d], &y, 1, &p);
-        for (i = 0; i < p->num_kernels; i++) {
-            if (p->kernels[i].kind != TB__K_MATMUL) continue;
-            assert_int_equal(p->kernels[i].mm, TB__MM_PACKED);
-            assert_true(p->kernels[i].mm_prefetch_a);
-            packed++;
-        }
-        assert_int_equal(packed, 1);
-        expect_text(text, "*an = pr + 1 < ", name);
-        expect_text(text, "TB_PREFETCH_L2(an + ", name);
-        tb__plan_free(p);
-        free(text);
-        text = program(devs[d], &y6, 1, &p);
-        for (i = 0; i < p->num_kernels; i++)
-            if (p->kernels[i].kind == TB__K_MATMUL) {
-                assert_int_equal(p->kernels[i].mm, TB__MM_PACKED);
-                assert_false(p->kernels[i].mm_prefetch_a);
-            }
-        tb__plan_free(p);
-        assert_null(strstr(text, "TB_PREFETCH_L2(an"));
-        free(text);
-        text = program(devs[d], &ys, 1, &p);
-        for (i = 0; i < p->num_kernels; i++)
-            if (p->kernels[i].kind == TB__K_MATMUL) {
-                assert_int_equal(p->kernels[i].mm, TB__MM_PACKED);
-                assert_false(p->kernels[i].mm_prefetch_a);
-            }
-        tb__plan_free(p);
-        assert_null(strstr(text, "TB_PREFETCH_L2(an"));
-        free(text);
+        expect_prefetch(devs[d], y, true);
+        expect_prefetch(devs[d], y6, false);
+        expect_prefetch(devs[d], ys, false);
     }
     text = program(DEV_GPU, &y, 1, NULL);
     assert_null(strstr(text, "TB_PREFETCH_L2(an"));
