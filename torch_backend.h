@@ -24835,6 +24835,11 @@ static double tb__plan_core_cache(const tb__pgraph *G) {
                                       : (double)G->target->tuning->mm_cache_bytes;
 }
 
+/* The bytes of one value of a packed matmul's panels (of its pack dtype). */
+static double tb__plan_pack_bytes(const tb__pgraph *G, const tb__plan_kernel *k) {
+    return (double)tb_dtype_size(tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype));
+}
+
 /* The column panels of a packed matmul's group (tb__plan_kernel.mm_group): a row panel of A
    is read once per group, the group's panels of B once per row panel, so the group is as wide
    as the caches keep: every panel of B read in one sweep over the rows stays in a core's cache
@@ -24844,9 +24849,8 @@ static double tb__plan_core_cache(const tb__pgraph *G) {
 static int32_t tb__plan_mm_group(const tb__pgraph *G, const tb__plan_kernel *k,
                                  const int64_t zb[6]) {
     const tb__tuning *t = G->target->tuning;
-    tb_dtype pd = tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype);
     double cache = tb__plan_core_cache(G);
-    double panel = (double)zb[3] * (double)zb[5] * (double)tb_dtype_size(pd);
+    double panel = (double)zb[3] * (double)zb[5] * tb__plan_pack_bytes(G, k);
     double width = panel > 0 ? cache * (double)t->mm_group_caches / panel : (double)zb[4];
     if (width >= (double)zb[4]) return 0;
     return width < 1 ? 1 : (int32_t)width;
@@ -24868,7 +24872,7 @@ static int32_t tb__plan_own_b_span(const tb__pgraph *G, const tb__plan_kernel *k
                                    const int64_t za[6], const int64_t zb[6], int64_t *fill) {
     const tb__tuning *t = G->target->tuning;
     double cache = tb__plan_core_cache(G);
-    double size = (double)tb_dtype_size(tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype));
+    double size = tb__plan_pack_bytes(G, k);
     double rows = (double)za[4] * (double)za[5], tile = rows * (double)zb[5] * size;
     int64_t cu = G->target->compute_units > 0 ? (int64_t)G->target->compute_units : 1;
     int64_t split, panels, most, cap, fills;
@@ -24890,6 +24894,17 @@ static int32_t tb__plan_own_b_span(const tb__pgraph *G, const tb__plan_kernel *k
         *fill = (za[3] + fills - 1) / fills;
     }
     return (int32_t)panels;
+}
+
+/* Whether a packed matmul's items prefetch the next row panel of A (tb__plan_kernel.
+   mm_prefetch_a): A packed by a pack kernel, in more than one row panel, whose panels outgrow
+   half a core's cache (the rest holds B's group), so that each row panel comes from memory. */
+static bool tb__plan_mm_prefetch_a(const tb__pgraph *G, const tb__plan_kernel *k,
+                                   const int64_t za[6]) {
+    return G->target->tuning->mm_prefetch_a && !k->own_b && za[4] > 1 &&
+           tb__plan_mm_a_buffer(G, k->core) < 0 &&
+           (double)za[4] * (double)za[3] * (double)za[5] * tb__plan_pack_bytes(G, k) >
+               tb__plan_core_cache(G) / 2;
 }
 
 /* The vector width of a packed f32 matmul's epilogue (0: scalar stores): where each of the
@@ -24926,12 +24941,7 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
         /* an item packing its own panel of B computes every row panel against it */
         k->mm_group = k->own_b ? 0 : tb__plan_mm_group(G, k, zb);
         k->own_b_span = tb__plan_own_b_span(G, k, za, zb, &k->own_b_k);
-        /* where A's panels outgrow half a core's cache (the rest holds B's group) */
-        k->mm_prefetch_a =
-            t->mm_prefetch_a && !k->own_b && za[4] > 1 && tb__plan_mm_a_buffer(G, k->core) < 0 &&
-            (double)(za[4] * za[3] * za[5]) *
-                    (double)tb_dtype_size(tb__plan_pack_dtype(tb__plan_shape(G, k->core)->dtype)) >
-                tb__plan_core_cache(G) / 2;
+        k->mm_prefetch_a = tb__plan_mm_prefetch_a(G, k, za);
         k->vec = tb__plan_mm_vec_epilogue(G, k);
         if (k->vec > 0) k->vec_axes = 1;
         tb__plan_launch_groups(k, 1, 1, (size_t)((zb[4] + k->own_b_span - 1) / k->own_b_span),
@@ -28979,7 +28989,7 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
                                 int32_t lane, int in_place, int rm, int nb, int rw, bool panels_a,
                                 const char *count, int64_t *rows, bool *has_rows) {
     /* the next row panel of packed A (pointer an) along, where the plan says so */
-    bool prefetch_a = k->mm_prefetch_a && panels_a && count == NULL;
+    bool prefetch_a = k->mm_prefetch_a && panels_a;
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     const char *t = tb__cg_ctype(cs->dtype);
     /* rows of the dialect's float vectors (f32, and f16 and bf16 computed in f32): each

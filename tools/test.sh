@@ -1211,6 +1211,11 @@ mpi_flags=(--oversubscribe)
 if [ "$(id -u)" -eq 0 ]; then
     mpi_flags+=(--allow-run-as-root)
 fi
+# have_mpich: MPICH's launcher and library are installed (Debian: mpich) beside Open MPI
+have_mpich() {
+    command -v mpiexec.hydra >/dev/null 2>&1 &&
+        ldconfig -p 2>/dev/null | grep 'libmpich\.so\.12' >/dev/null
+}
 if selected tests/mpi/collectives.c; then
     if ! command -v mpirun >/dev/null 2>&1; then
         echo "SKIPPED: no mpirun here (Debian: openmpi-bin libopenmpi-dev), the MPI collectives did not run"
@@ -1238,8 +1243,7 @@ if selected tests/mpi/collectives.c; then
             done
             # MPICH's integer handles, where MPICH is installed too (Debian: mpich): its
             # launcher sets PMI_RANK, and the library opens libmpich.so.12 first then.
-            if command -v mpiexec.hydra >/dev/null 2>&1 &&
-                ldconfig -p 2>/dev/null | grep 'libmpich\.so\.12' >/dev/null; then
+            if have_mpich; then
                 log=build/mpi/collectives.mpich.log
                 timeout --foreground -k 10 120 mpiexec.hydra -np 3 build/mpi/collectives 2>&1 |
                     tee "$log"
@@ -1301,8 +1305,7 @@ if selected tests/mpi/rank_dies.c; then
                 fi
             done
             # the same stall under MPICH (its integer handles, its nonblocking calls)
-            if command -v mpiexec.hydra >/dev/null 2>&1 &&
-                ldconfig -p 2>/dev/null | grep 'libmpich\.so\.12' >/dev/null; then
+            if have_mpich; then
                 log=build/mpi/rank_dies.stall.mpich.log
                 start=$(date +%s)
                 TB_COLLECTIVE_TIMEOUT=2 timeout --foreground -k 10 60 mpiexec.hydra -np 3 \

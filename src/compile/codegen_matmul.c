@@ -952,7 +952,7 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
                                 int32_t lane, int in_place, int rm, int nb, int rw, bool panels_a,
                                 const char *count, int64_t *rows, bool *has_rows) {
     /* the next row panel of packed A (pointer an) along, where the plan says so */
-    bool prefetch_a = k->mm_prefetch_a && panels_a && count == NULL;
+    bool prefetch_a = k->mm_prefetch_a && panels_a;
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     const char *t = tb__cg_ctype(cs->dtype);
     /* rows of the dialect's float vectors (f32, and f16 and bf16 computed in f32): each
