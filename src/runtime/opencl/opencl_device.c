@@ -16,7 +16,13 @@ static void tb__ocl_runtime_destroy(tb__kit_proc *p) {
         tb__ocl_device *dev = &rt->devices[i];
         TB_ASSERT(dev->programs == NULL);
         tb__free(dev->cache);
-        if (dev->queue != NULL) TB__OCL_CALL(rt, ReleaseCommandQueue)(dev->queue);
+        /* releasing a queue only flushes it: its kernels (PoCL compiles each at its first
+           launch, on a thread of its own) would still run while the process exits, and a
+           compile racing the exit's destructors crashed */
+        if (dev->queue != NULL) {
+            TB__OCL_CALL(rt, Finish)(dev->queue);
+            TB__OCL_CALL(rt, ReleaseCommandQueue)(dev->queue);
+        }
         if (dev->ctx != NULL) TB__OCL_CALL(rt, ReleaseContext)(dev->ctx);
     }
     tb__free(rt->devices);
