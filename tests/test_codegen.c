@@ -215,6 +215,44 @@ static void test_packed_matmul_prefetches_a(void **state) {
     tb_tensor_release(at);
 }
 
+/* A 3 x 3 convolution over whole padded rows (8 images, 64 -> 64 channels, 28 x 28, padding
+   1) is a packed matmul reading B's rows in place at a table's offsets; with blocks of 16 or
+   more vector FMAs a step (AVX-512 and the C99 host of 64-byte vectors: 13 rows of two
+   registers, 26 FMAs) each step prefetches the row 45 steps ahead (1152 FMAs / 26), its three
+   lines of 32 floats (the row may start inside a line); the row 45 steps past the last step
+   is the last row. AVX2's 6 x 16 (12 FMAs), SSE's and the GPU's tiles prefetch nothing. */
+static void test_conv_matmul_prefetches_b(void **state) {
+    static const int64_t pad[2] = {1, 1};
+    const int64_t xd[4] = {8, 64, 28, 28}, wd[4] = {64, 64, 3, 3};
+    tb_tensor *x = plan_input(TB_F32, 3, 8, 64, 28 * 28), *w = plan_input(TB_F32, 3, 64, 64, 9);
+    tb_tensor *x4 = tb_reshape(x, xd, 4), *w4 = tb_reshape(w, wd, 4);
+    tb_tensor *y = tb_conv2d(x4, w4, NULL, NULL, pad, NULL, 1);
+    static const int with[] = {DEV_AVX512, DEV_C99}, without[] = {DEV_AVX2, DEV_SSE, DEV_GPU};
+    size_t d;
+    (void)state;
+    assert_non_null(y);
+    for (d = 0; d < sizeof with / sizeof with[0]; d++) {
+        char *text = program(with[d], &y, 1, NULL);
+        const char *name = plan_dev_names[with[d]];
+        expect_text(text, "+ tb_krow[i", name);
+        expect_text(text, " < 531L ? i", name);
+        expect_text(text, " + 45 : 575L];", name);
+        if (count_of(text, "TB_PREFETCH(bf + ") != 3 ||
+            strstr(text, "TB_PREFETCH(bf + 0);") == NULL ||
+            strstr(text, "TB_PREFETCH(bf + 16);") == NULL ||
+            strstr(text, "TB_PREFETCH(bf + 31);") == NULL)
+            fail_msg("%s: not the row's three lines:\n%s", name, text);
+        free(text);
+    }
+    for (d = 0; d < sizeof without / sizeof without[0]; d++)
+        expect_program(without[d], y, "MM_64_", "TB_PREFETCH(bf");
+    tb_tensor_release(y);
+    tb_tensor_release(w4);
+    tb_tensor_release(x4);
+    tb_tensor_release(w);
+    tb_tensor_release(x);
+}
+
 /* The register matmul of few columns (a classifier's last layer, 256x10x512) makes B's row
    vectors per step of the depth, added times each row's value of A, in OpenCL C for CPU
    classes as in the native backend's C: one vector of 16 lanes holds the 10 columns where the
@@ -707,6 +745,7 @@ int main(void) {
         cmocka_unit_test(test_repeated_kernel_is_one_function),
         cmocka_unit_test(test_packed_matmul_fused_products),
         cmocka_unit_test(test_packed_matmul_prefetches_a),
+        cmocka_unit_test(test_conv_matmul_prefetches_b),
         cmocka_unit_test(test_register_matmul_vectors),
         cmocka_unit_test(test_register_matmul_rows),
         cmocka_unit_test(test_pack_lane_by_lane),

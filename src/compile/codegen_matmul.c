@@ -941,6 +941,23 @@ static void tb__cg_insert_table(tb__cg *g, size_t mark, const int64_t *rows, int
     tb__free(tail);
 }
 
+/* The prefetch, in a packed matmul's loop over the depth (variable ik, K steps) that reads B's
+   rows in place at the table's offsets (base `rest`), of the row k->mm_prefetch_b steps
+   ahead (the last row near the end): each 64-byte line of its `width` values at the block's
+   column, the last value's too (a row that starts inside a line ends in one more). Every
+   address is one the loop reads. */
+static void tb__cg_matmul_prefetch_b(tb__cg *g, const tb__plan_kernel *k, const char *t,
+                                     const char *rest, int32_t ik, int64_t K, int width) {
+    int per_line = 64 / (int)tb_dtype_size(tb__plan_shape(g->G, k->core)->dtype), off;
+    tb__ix_line(&g->ix, "%sconst %s *bf = b%d + (%s) + tb_krow[i%d < %lldL ? i%d + %d : %lldL];",
+                g->d->global, t, (int)g->capture_slot, rest, (int)ik,
+                (long long)(K - k->mm_prefetch_b), (int)ik, (int)k->mm_prefetch_b,
+                (long long)(K - 1));
+    for (off = 0; off < width; off += per_line)
+        tb__ix_line(&g->ix, "TB_PREFETCH(bf + %d);", off);
+    if ((width - 1) % per_line != 0) tb__ix_line(&g->ix, "TB_PREFETCH(bf + %d);", width - 1);
+}
+
 /* A packed matmul's loop over the depth, accumulating into accv<i>_<j> (declared before it):
    B from its panel at bp (in_place 0), or read in place (1: the block's columns all within
    B's `len`, each step of K one row of B from one address; 2: the last panel, its columns
@@ -1002,6 +1019,8 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
             *has_rows = true;
             tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s) + tb_krow[i%d];", g->d->global, t,
                         (int)g->capture_slot, rest, (int)ik);
+            if (in_place == 1 && k->mm_prefetch_b > 0)
+                tb__cg_matmul_prefetch_b(g, k, t, rest, ik, za[3], nb * rw);
         } else {
             tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s);", g->d->global, t,
                         (int)g->capture_slot, flat);

@@ -93,6 +93,10 @@ typedef struct tb__tuning {
                                  panels of A the sweep streams need the rest) */
     bool mm_prefetch_a;       /* packed: an item prefetches the next row panel of A (packed
                                  A) into the outer caches as it reads its own */
+    int64_t mm_prefetch_b;    /* packed, B read in place through a table of its rows'
+                                 offsets: each step of the depth fetches the row this many
+                                 vector FMAs of the block ahead into the first-level cache
+                                 (0: none) */
     int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
     int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
     int32_t mm_tile_k;        /* tiles: depth of a tile */
@@ -259,16 +263,19 @@ typedef struct tb__plan_kernel {
                            packs and runs in turn for each fill (1: one) */
     bool mm_prefetch_a; /* packed matmul of packed A: each item prefetches the next row panel
                            of A (the items after its own row panel's need it) */
-    int32_t tk;         /* matmul in tiles: depth of a tile */
-    bool prefetch_rows; /* norms: the second pass prefetches the next row of x */
-    bool stream_out;    /* norms: the last pass stores whole vectors with non-temporal stores
-                           (a softmax that keeps its exponentials in out scales them in place,
-                           unless chunk_rows pipelines it); elementwise kernels with vectors:
-                           every store */
-    int64_t chunk_rows; /* a softmax with stream_out that keeps its exponentials: a work item
-                           takes this many consecutive rows (the last item fewer), holds each
-                           row's exponentials in a private buffer of two rows and streams the
-                           previous row out while it computes the next (0: a row per item) */
+    int32_t mm_prefetch_b; /* packed matmul reading B in place through a table of its rows'
+                              offsets (tb_krow): each step of the depth prefetches B's row this
+                              many steps ahead (0: none) */
+    int32_t tk;            /* matmul in tiles: depth of a tile */
+    bool prefetch_rows;    /* norms: the second pass prefetches the next row of x */
+    bool stream_out;       /* norms: the last pass stores whole vectors with non-temporal stores
+                              (a softmax that keeps its exponentials in out scales them in place,
+                              unless chunk_rows pipelines it); elementwise kernels with vectors:
+                              every store */
+    int64_t chunk_rows;    /* a softmax with stream_out that keeps its exponentials: a work item
+                              takes this many consecutive rows (the last item fewer), holds each
+                              row's exponentials in a private buffer of two rows and streams the
+                              previous row out while it computes the next (0: a row per item) */
     /* launch: `items` work items along dim 0 (group_size[0] == 0: the runtime picks the
        work-group), or fixed work-group sizes and counts */
     uint32_t work_dim;

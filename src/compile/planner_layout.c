@@ -528,6 +528,26 @@ static bool tb__plan_mm_prefetch_a(const tb__pgraph *G, const tb__plan_kernel *k
                tb__plan_core_cache(G) / 2;
 }
 
+/* How many steps of the depth ahead a packed matmul's items prefetch B's rows where they read
+   them in place through a table of offsets (tb__plan_kernel.mm_prefetch_b; 0: none): the
+   steps whose vector FMAs (the block's rows times its registers of a row) make the tuning's
+   mm_prefetch_b, where that is less than the depth, for blocks of 16 vector FMAs a step
+   or more. Fewer leave too few cycles a step for the prefetch's own instructions (the table's
+   load and one prefetch a line): the ResNet-like convolution of tuning.c with AVX2 code (6 x
+   16 blocks: 12 FMAs) on 2 threads of the Zen 5 VM went from 52-53 to 55-56 ms with it. */
+static int32_t tb__plan_mm_prefetch_b(const tb__pgraph *G, const tb__plan_kernel *k,
+                                      const int64_t za[6]) {
+    const tb__tuning *t = G->target->tuning;
+    const tb_shape *cs = tb__plan_shape(G, k->core);
+    int64_t rw = t->vec_width / (cs->dtype == TB_F64 ? 2 : 1), fmas, steps;
+    if (t->mm_prefetch_b <= 0 || k->own_b || k->rm < 1 || k->rn < 1) return 0;
+    if (rw < 2 || rw > k->rn || k->rn % rw != 0) rw = k->rn;
+    fmas = (int64_t)k->rm * (k->rn / rw);
+    if (fmas < 16) return 0;
+    steps = (t->mm_prefetch_b + fmas - 1) / fmas;
+    return steps < za[3] ? (int32_t)steps : 0;
+}
+
 /* The vector width of a packed f32 matmul's epilogue (0: scalar stores): where each of the
    block's rows is whole vectors of the row width and every node between the matmul and the
    kernel's output is of the vector set, a row of the block runs through the epilogue W
@@ -563,6 +583,7 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
         k->mm_group = k->own_b ? 0 : tb__plan_mm_group(G, k, zb);
         k->own_b_span = tb__plan_own_b_span(G, k, za, zb, &k->own_b_k);
         k->mm_prefetch_a = tb__plan_mm_prefetch_a(G, k, za);
+        k->mm_prefetch_b = tb__plan_mm_prefetch_b(G, k, za);
         k->vec = tb__plan_mm_vec_epilogue(G, k);
         if (k->vec > 0) k->vec_axes = 1;
         tb__plan_launch_groups(k, 1, 1, (size_t)((zb[4] + k->own_b_span - 1) / k->own_b_span),
