@@ -21876,8 +21876,14 @@ static int32_t tb__plan_mm_reg_lanes(const tb__tuning *t, int32_t rn);
 /* batch (1: an A shared by every batch index), M, N, K, panel count and panel width of a
    packed matmul's operand */
 static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]);
-/* the node whose buffer a packed matmul reads A from in place (no panels of A), or -1 */
+/* the node whose buffer a packed matmul reads A from in place (no panels of A), or -1; the
+   same of B */
 static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core);
+static int32_t tb__plan_mm_b_buffer(const tb__pgraph *G, int32_t core);
+/* a packed matmul's bytes of one value of its panels, and the lanes of one register of its
+   block */
+static double tb__plan_pack_bytes(const tb__pgraph *G, const tb__plan_kernel *k);
+static int32_t tb__plan_mm_reg_width(const tb__pgraph *G, const tb__plan_kernel *k);
 /* the error code a failing node writes (1 + its errsite), -1 for none */
 static int32_t tb__plan_errsite_code(const tb__plan *p, int32_t node);
 /* the steps of planning (planner.c) that planner_layout.c runs in order */
@@ -24923,8 +24929,18 @@ static bool tb__plan_mm_prefetch_a(const tb__pgraph *G, const tb__plan_kernel *k
                tb__plan_core_cache(G) / 2;
 }
 
+/* The lanes of one register of a packed matmul's block (the block's row is rn / that many
+   registers): the device's row vectors' (f64: half as many), at most the block's width and
+   dividing it, else the width itself. */
+static int32_t tb__plan_mm_reg_width(const tb__pgraph *G, const tb__plan_kernel *k) {
+    int32_t rw =
+        G->target->tuning->vec_width / (tb__plan_shape(G, k->core)->dtype == TB_F64 ? 2 : 1);
+    return rw < 2 || rw > k->rn || k->rn % rw != 0 ? k->rn : rw;
+}
+
 /* How many steps of the depth ahead a packed matmul's items prefetch B's rows where they read
-   them in place through a table of offsets (tb__plan_kernel.mm_prefetch_b; 0: none): the
+   them in place (B not packed) through a table of offsets (tb__plan_kernel.mm_prefetch_b; 0:
+   none): the
    steps whose vector FMAs (the block's rows times its registers of a row) make the tuning's
    mm_prefetch_b, where that is less than the depth, for blocks of 16 vector FMAs a step
    or more. Fewer leave too few cycles a step for the prefetch's own instructions (the table's
@@ -24933,11 +24949,11 @@ static bool tb__plan_mm_prefetch_a(const tb__pgraph *G, const tb__plan_kernel *k
 static int32_t tb__plan_mm_prefetch_b(const tb__pgraph *G, const tb__plan_kernel *k,
                                       const int64_t za[6]) {
     const tb__tuning *t = G->target->tuning;
-    const tb_shape *cs = tb__plan_shape(G, k->core);
-    int64_t rw = t->vec_width / (cs->dtype == TB_F64 ? 2 : 1), fmas, steps;
-    if (t->mm_prefetch_b <= 0 || k->own_b || k->rm < 1 || k->rn < 1) return 0;
-    if (rw < 2 || rw > k->rn || k->rn % rw != 0) rw = k->rn;
-    fmas = (int64_t)k->rm * (k->rn / rw);
+    int64_t fmas, steps;
+    if (t->mm_prefetch_b <= 0 || k->own_b || k->rm < 1 || k->rn < 1 ||
+        tb__plan_mm_b_buffer(G, k->core) < 0)
+        return 0;
+    fmas = (int64_t)k->rm * (k->rn / tb__plan_mm_reg_width(G, k));
     if (fmas < 16) return 0;
     steps = (t->mm_prefetch_b + fmas - 1) / fmas;
     return steps < za[3] ? (int32_t)steps : 0;
@@ -29022,7 +29038,7 @@ static void tb__cg_insert_table(tb__cg *g, size_t mark, const int64_t *rows, int
    address is one the loop reads. */
 static void tb__cg_matmul_prefetch_b(tb__cg *g, const tb__plan_kernel *k, const char *t,
                                      const char *rest, int32_t ik, int64_t K, int width) {
-    int per_line = 64 / (int)tb_dtype_size(tb__plan_shape(g->G, k->core)->dtype), off;
+    int per_line = 64 / (int)tb__plan_pack_bytes(g->G, k), off;
     tb__ix_line(&g->ix, "%sconst %s *bf = b%d + (%s) + tb_krow[i%d < %lldL ? i%d + %d : %lldL];",
                 g->d->global, t, (int)g->capture_slot, rest, (int)ik,
                 (long long)(K - k->mm_prefetch_b), (int)ik, (int)k->mm_prefetch_b,
@@ -29267,9 +29283,7 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         int32_t a = tb__plan_mm_a_buffer(g->G, k->core);
         a_slot = a >= 0 ? g->G->info[a].slot : -1;
     }
-    /* a register's lanes: the device's row vectors' (f64: half), at most the block's width */
-    rw = g->G->target->tuning->vec_width / (cs->dtype == TB_F64 ? 2 : 1);
-    if (rw < 2 || rw > vw || vw % rw != 0) rw = vw;
+    rw = tb__plan_mm_reg_width(g->G, k);
     nb = vw / rw;
     snprintf(tv, sizeof tv, "%s%d", t, rw);
     if (!tb__cg_arg(g, TB__ARG_BUF, a_slot) ||

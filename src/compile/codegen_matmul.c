@@ -948,7 +948,7 @@ static void tb__cg_insert_table(tb__cg *g, size_t mark, const int64_t *rows, int
    address is one the loop reads. */
 static void tb__cg_matmul_prefetch_b(tb__cg *g, const tb__plan_kernel *k, const char *t,
                                      const char *rest, int32_t ik, int64_t K, int width) {
-    int per_line = 64 / (int)tb_dtype_size(tb__plan_shape(g->G, k->core)->dtype), off;
+    int per_line = 64 / (int)tb__plan_pack_bytes(g->G, k), off;
     tb__ix_line(&g->ix, "%sconst %s *bf = b%d + (%s) + tb_krow[i%d < %lldL ? i%d + %d : %lldL];",
                 g->d->global, t, (int)g->capture_slot, rest, (int)ik,
                 (long long)(K - k->mm_prefetch_b), (int)ik, (int)k->mm_prefetch_b,
@@ -1193,9 +1193,7 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         int32_t a = tb__plan_mm_a_buffer(g->G, k->core);
         a_slot = a >= 0 ? g->G->info[a].slot : -1;
     }
-    /* a register's lanes: the device's row vectors' (f64: half), at most the block's width */
-    rw = g->G->target->tuning->vec_width / (cs->dtype == TB_F64 ? 2 : 1);
-    if (rw < 2 || rw > vw || vw % rw != 0) rw = vw;
+    rw = tb__plan_mm_reg_width(g->G, k);
     nb = vw / rw;
     snprintf(tv, sizeof tv, "%s%d", t, rw);
     if (!tb__cg_arg(g, TB__ARG_BUF, a_slot) ||

@@ -401,8 +401,14 @@ static int32_t tb__plan_mm_reg_lanes(const tb__tuning *t, int32_t rn);
 /* batch (1: an A shared by every batch index), M, N, K, panel count and panel width of a
    packed matmul's operand */
 static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]);
-/* the node whose buffer a packed matmul reads A from in place (no panels of A), or -1 */
+/* the node whose buffer a packed matmul reads A from in place (no panels of A), or -1; the
+   same of B */
 static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core);
+static int32_t tb__plan_mm_b_buffer(const tb__pgraph *G, int32_t core);
+/* a packed matmul's bytes of one value of its panels, and the lanes of one register of its
+   block */
+static double tb__plan_pack_bytes(const tb__pgraph *G, const tb__plan_kernel *k);
+static int32_t tb__plan_mm_reg_width(const tb__pgraph *G, const tb__plan_kernel *k);
 /* the error code a failing node writes (1 + its errsite), -1 for none */
 static int32_t tb__plan_errsite_code(const tb__plan *p, int32_t node);
 /* the steps of planning (planner.c) that planner_layout.c runs in order */

@@ -528,8 +528,18 @@ static bool tb__plan_mm_prefetch_a(const tb__pgraph *G, const tb__plan_kernel *k
                tb__plan_core_cache(G) / 2;
 }
 
+/* The lanes of one register of a packed matmul's block (the block's row is rn / that many
+   registers): the device's row vectors' (f64: half as many), at most the block's width and
+   dividing it, else the width itself. */
+static int32_t tb__plan_mm_reg_width(const tb__pgraph *G, const tb__plan_kernel *k) {
+    int32_t rw =
+        G->target->tuning->vec_width / (tb__plan_shape(G, k->core)->dtype == TB_F64 ? 2 : 1);
+    return rw < 2 || rw > k->rn || k->rn % rw != 0 ? k->rn : rw;
+}
+
 /* How many steps of the depth ahead a packed matmul's items prefetch B's rows where they read
-   them in place through a table of offsets (tb__plan_kernel.mm_prefetch_b; 0: none): the
+   them in place (B not packed) through a table of offsets (tb__plan_kernel.mm_prefetch_b; 0:
+   none): the
    steps whose vector FMAs (the block's rows times its registers of a row) make the tuning's
    mm_prefetch_b, where that is less than the depth, for blocks of 16 vector FMAs a step
    or more. Fewer leave too few cycles a step for the prefetch's own instructions (the table's
@@ -538,11 +548,11 @@ static bool tb__plan_mm_prefetch_a(const tb__pgraph *G, const tb__plan_kernel *k
 static int32_t tb__plan_mm_prefetch_b(const tb__pgraph *G, const tb__plan_kernel *k,
                                       const int64_t za[6]) {
     const tb__tuning *t = G->target->tuning;
-    const tb_shape *cs = tb__plan_shape(G, k->core);
-    int64_t rw = t->vec_width / (cs->dtype == TB_F64 ? 2 : 1), fmas, steps;
-    if (t->mm_prefetch_b <= 0 || k->own_b || k->rm < 1 || k->rn < 1) return 0;
-    if (rw < 2 || rw > k->rn || k->rn % rw != 0) rw = k->rn;
-    fmas = (int64_t)k->rm * (k->rn / rw);
+    int64_t fmas, steps;
+    if (t->mm_prefetch_b <= 0 || k->own_b || k->rm < 1 || k->rn < 1 ||
+        tb__plan_mm_b_buffer(G, k->core) < 0)
+        return 0;
+    fmas = (int64_t)k->rm * (k->rn / tb__plan_mm_reg_width(G, k));
     if (fmas < 16) return 0;
     steps = (t->mm_prefetch_b + fmas - 1) / fmas;
     return steps < za[3] ? (int32_t)steps : 0;
