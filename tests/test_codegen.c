@@ -308,6 +308,7 @@ static void test_register_matmul_rows(void **state) {
                          : "const float16 bv3 = vload16(3, br);",
                     name);
         assert_null(strstr(text, avx2 ? "bv8" : "bv4"));
+        assert_null(strstr(text, "tb_krow")); /* rows one stride apart: no table */
         free(text);
         text = program(devs[d], &yt, 1, NULL);
         expect_text(text, " * 64, row0 = ", name);
@@ -338,6 +339,41 @@ static void test_register_matmul_rows(void **state) {
     tb_tensor_release(bt);
     tb_tensor_release(b);
     tb_tensor_release(a);
+}
+
+/* The input gradient of a LeNet-like convolution (4 images, 1 -> 32 channels, 28 x 28, 5 x
+   5) is a convolution over whole padded rows by the flipped weight: per image a register
+   matmul of 1 x 896 x 800 whose depth is a channel, a kernel row and a kernel column. B's
+   rows and A's values are read at tables of their offsets (tb_krow, tb_karow), not at the
+   depth's digits divided out at each step. */
+static void test_register_matmul_tables(void **state) {
+    const int64_t xd[4] = {4, 1, 28, 28}, wd[4] = {32, 1, 5, 5};
+    tb_tensor *x = plan_input(TB_F32, 3, 4, 1, 28 * 28), *w = plan_input(TB_F32, 3, 32, 1, 25);
+    tb_tensor *x4 = tb_reshape(x, xd, 4), *w4 = tb_reshape(w, wd, 4), *y, *l, *g = NULL;
+    static const int devs[] = {DEV_AVX512, DEV_AVX2, DEV_C99};
+    size_t d;
+    (void)state;
+    assert_int_equal(tb_set_requires_grad(x4, true), TB_OK);
+    y = tb_conv2d(x4, w4, NULL, NULL, NULL, NULL, 1);
+    l = tb_sum(y, NULL, 0, false);
+    assert_int_equal(tb_grad(l, NULL, &x4, 1, &g), TB_OK);
+    for (d = 0; d < sizeof devs / sizeof devs[0]; d++) {
+        const char *name = plan_dev_names[devs[d]];
+        char *text = program(devs[d], &g, 1, NULL);
+        expect_text(text, " * 64, row0 = ", name);
+        expect_text(text, "tb_krow[800] = {0, 1, 2, 3, 4, 32, ", name);
+        expect_text(text, "+ tb_krow[i", name);
+        expect_text(text, "tb_karow[800] = {0, -1, -2, -3, -4, -5, ", name);
+        expect_text(text, " + tb_karow[i", name);
+        free(text);
+    }
+    tb_tensor_release(g);
+    tb_tensor_release(l);
+    tb_tensor_release(y);
+    tb_tensor_release(w4);
+    tb_tensor_release(x4);
+    tb_tensor_release(w);
+    tb_tensor_release(x);
 }
 
 /* The weight gradient of a 3 x 3 convolution (padding 1, 16 -> 32 channels) of n images of
@@ -747,6 +783,7 @@ int main(void) {
         cmocka_unit_test(test_packed_matmul_fused_products),
         cmocka_unit_test(test_packed_matmul_prefetches_a),
         cmocka_unit_test(test_conv_matmul_prefetches_b),
+        cmocka_unit_test(test_register_matmul_tables),
         cmocka_unit_test(test_register_matmul_vectors),
         cmocka_unit_test(test_register_matmul_rows),
         cmocka_unit_test(test_pack_lane_by_lane),

@@ -302,18 +302,11 @@ static int32_t tb__cg_matmul_depth_open(tb__cg *g, const tb__plan_kernel *k, con
     return kv;
 }
 
-/* Whether a register matmul can read B's rn values at each step of K as one vector load: B is
-   an f32 buffer seen through views alone (no pad, nothing computed), the blocks divide N, and
-   its flat index is the column plus what does not depend on the column (no division of the
-   column, which would break the run). Found by emitting B's value once at a traced column in
-   a block then dropped from the text. */
-static bool tb__cg_matmul_b_runs(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
-    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
-    int32_t x = tb__plan_operand(g->G, k->core, 1), kv, col, i;
-    size_t mark = g->ix.body.len;
-    char flat[TB__LF_TEXT];
-    bool ok, unit = false;
-    if (tb__plan_shape(g->G, x)->dtype != TB_F32 || mm.n % k->rn != 0) return false;
+/* Whether operand `which` (0: A, 1: B) of a matmul is an f32 buffer seen through views alone
+   (no pad, nothing computed): its value is one read at a flat index. */
+static bool tb__cg_matmul_f32_view(tb__cg *g, const tb__plan_kernel *k, int which) {
+    int32_t x = tb__plan_operand(g->G, k->core, which);
+    if (tb__plan_shape(g->G, x)->dtype != TB_F32) return false;
     while (!tb__cg_reads_buffer(g, x)) {
         tb_op op = g->G->info[x].node->op;
         if (op != TB_OP_RESHAPE && op != TB_OP_PERMUTE && op != TB_OP_SLICE && op != TB_OP_WINDOW &&
@@ -321,6 +314,21 @@ static bool tb__cg_matmul_b_runs(tb__cg *g, const tb__plan_kernel *k, const tb__
             return false;
         x = tb__plan_operand(g->G, x, 0);
     }
+    return true;
+}
+
+/* Whether a register matmul can read B's rn values at each step of K as one vector load: B is
+   an f32 buffer seen through views alone (no pad, nothing computed), the blocks divide N, and
+   its flat index is the column plus what does not depend on the column (no division of the
+   column, which would break the run). Found by emitting B's value once at a traced column in
+   a block then dropped from the text. */
+static bool tb__cg_matmul_b_runs(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
+    tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
+    int32_t kv, col, i;
+    size_t mark = g->ix.body.len;
+    char flat[TB__LF_TEXT];
+    bool ok, unit = false;
+    if (mm.n % k->rn != 0 || !tb__cg_matmul_f32_view(g, k, 1)) return false;
     kv = tb__ix_new_var(&g->ix, 0, mm.k > 0 ? mm.k - 1 : 0);
     col = tb__ix_new_var(&g->ix, 0, mm.n - 1);
     if (kv < 0 || col < 0) return false;
@@ -346,6 +354,102 @@ static bool tb__cg_matmul_b_runs(tb__cg *g, const tb__plan_kernel *k, const tb__
     return ok && unit; /* (a column broadcast along the row is no run) */
 }
 
+/* The most steps of K a table of row offsets holds (tb__cg_matmul_rows_table). */
+#define TB__CG_ROW_TABLE_MAX 16384
+
+/* Splits the flat index of B's row at depth variable `ik` (read in place) into a part that
+   does not change along the depth, as C text in `rest`, and a part that depends on the depth
+   alone, worked out for each of the K steps into rows[]: true where every term of the form is
+   a variable declared before the depth loop (the column, the batch index) or one the index
+   lines compute from the depth alone. A convolution's windows are such rows: the depth is
+   unravelled into channel, kernel row and kernel column (two divisions and three remainders a
+   step, as many scalar instructions as the step's FMAs take cycles, some on the port of the
+   vector units), where a table lookup is one load. */
+static bool tb__cg_matmul_rows_table(tb__cg *g, const tb__lf *flat, int32_t ik, int64_t K,
+                                     int64_t *rows, char *rest, size_t cap) {
+    tb__lf fixed;
+    int64_t x, s;
+    int32_t i;
+    if (K < 1 || K > TB__CG_ROW_TABLE_MAX) return false;
+    tb__lf_const(&fixed, flat->c);
+    for (i = 0; i < flat->n; i++)
+        if (flat->var[i] < ik && !tb__lf_add_term(&fixed, flat->var[i], flat->coef[i]))
+            return false;
+    for (x = 0; x < K; x++) {
+        rows[x] = 0;
+        for (i = 0; i < flat->n; i++) {
+            if (flat->var[i] < ik) continue;
+            if (!tb__ix_value(&g->ix, flat->var[i], ik, x, &s)) return false;
+            rows[x] += flat->coef[i] * s;
+        }
+    }
+    tb__lf_text(&fixed, rest, cap);
+    return true;
+}
+
+/* Puts a table of an operand's row offsets (K entries, named `name`: tb_krow for B's) into
+   the kernel's text at `mark`. */
+static void tb__cg_insert_table(tb__cg *g, size_t mark, const char *name, const int64_t *rows,
+                                int64_t K) {
+    bool narrow = true;
+    char *tail;
+    int64_t i;
+    for (i = 0; i < K; i++)
+        narrow = narrow && rows[i] >= INT32_MIN && rows[i] <= INT32_MAX;
+    if (g->ix.body.failed || g->ix.body.data == NULL || mark > g->ix.body.len) return;
+    tail = tb__strdup(g->ix.body.data + mark);
+    if (tail == NULL) {
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+        return;
+    }
+    tb__ix_drop(&g->ix, mark);
+    tb__cg_const_table(g, narrow ? "int" : "long", name, rows, (int32_t)K);
+    tb__str_append(&g->ix.body, "%s", tail);
+    tb__free(tail);
+}
+
+/* Whether a register matmul whose B runs (its flat index at the block's first column in
+   g->capture_flat, at depth variable kv) reads B's rows and A's values at tables of their
+   offsets, one entry per step of K: B's into tab[0, K) (the part outside it as C text in
+   rest[0]) and, where A is an f32 buffer seen through views, A's into tab[K, 2K) (rest[1 +
+   i] for row i of the block; every row the same offsets, tab[2K, 3K) the check's), A's
+   buffer slot in *a_slot. A convolution's depth is its channel, kernel row and kernel column
+   (two divisions and three remainders a step), which the tables make one load each: the
+   input gradient of a LeNet-like convolution (1 x 896 x 800 per image, 4 vectors a step).
+   Only where an index divides the depth (one affine in it costs less than a load). */
+static bool tb__cg_matmul_reg_tables(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                     const int32_t *rows, int32_t kv, int64_t K, int64_t *tab,
+                                     char (*rest)[TB__LF_TEXT], int32_t *a_slot) {
+    tb__lf fb = g->capture_flat;
+    char flat[TB__LF_TEXT];
+    int32_t i, l;
+    bool digits = false; /* a term on a variable computed from the depth: a division */
+    for (i = 0; i < fb.n; i++)
+        digits = digits || fb.var[i] > kv;
+    if (!tb__cg_matmul_rows_table(g, &fb, kv, K, tab, rest[0], TB__LF_TEXT) ||
+        !tb__cg_matmul_f32_view(g, k, 0))
+        return false;
+    for (i = 0; i < k->rm; i++) {
+        int64_t *fill = i == 0 ? tab + K : tab + 2 * K;
+        flat[0] = '\0';
+        g->capture = flat;
+        g->capture_slot = -1;
+        if (tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv) < 0) {
+            g->capture = NULL;
+            return false;
+        }
+        g->capture = NULL;
+        if (g->capture_slot < 0 || (i > 0 && g->capture_slot != *a_slot)) return false;
+        *a_slot = g->capture_slot;
+        for (l = 0; l < g->capture_flat.n; l++)
+            digits = digits || g->capture_flat.var[l] > kv;
+        if (!tb__cg_matmul_rows_table(g, &g->capture_flat, kv, K, fill, rest[1 + i], TB__LF_TEXT) ||
+            (i > 0 && memcmp(tab + K, fill, (size_t)K * sizeof *tab) != 0))
+            return false;
+    }
+    return digits;
+}
+
 /* The depth loop and stores of an f32 register matmul with nb vector accumulators per row of
    the block, of tb__plan_mm_reg_lanes lanes (rn <= 64): each
    step of K makes B's rn values nb vectors (lanes past rn zero; loads where they lie in a
@@ -355,9 +459,12 @@ static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k
                                              const tb__lf *bdims, const int32_t *rows,
                                              const int32_t *cols) {
     int32_t kv, i, j, l, vb[64], w = tb__plan_mm_reg_lanes(g->G->target->tuning, k->rn);
-    int32_t nb = (k->rn + w - 1) / w;
+    int32_t nb = (k->rn + w - 1) / w, b_slot, a_slot = -1;
+    int64_t K = tb__plan_mm_of(g->G, k->core).k, *tab = NULL;
     char list[16 * 16], vec[16 * 16 + 32], zero[48], tv[16], flat[TB__LF_TEXT];
-    bool runs = k->rn == nb * w && tb__cg_matmul_b_runs(g, k, bdims);
+    char rest[17][TB__LF_TEXT]; /* with tables: B's part of the flat index outside them, A's */
+    bool runs = k->rn == nb * w && tb__cg_matmul_b_runs(g, k, bdims), tables = false;
+    size_t mark = 0;
     snprintf(tv, sizeof tv, "float%d", (int)w);
     snprintf(zero, sizeof zero, g->d->vec_zero, tv);
     for (i = 0; i < k->rm; i++)
@@ -367,16 +474,27 @@ static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k
         flat[0] = '\0';
         g->capture = flat;
         g->capture_slot = -1;
+        mark = g->ix.body.len;
         kv = tb__cg_matmul_depth_open(g, k, bdims, cols, 1, vb);
         g->capture = NULL;
         if (kv < 0) return g->ix.status;
-        if (g->capture_slot < 0) {
+        b_slot = g->capture_slot;
+        if (b_slot < 0) {
             tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
                                           "codegen: %s reads B by rows but no buffer", k->name));
             return g->ix.status;
         }
-        tb__ix_line(&g->ix, "%sconst float *br = b%d + (%s);", g->d->global, (int)g->capture_slot,
-                    flat);
+        if (K >= 1 && K <= TB__CG_ROW_TABLE_MAX) {
+            tab = (int64_t *)tb__calloc((size_t)(3 * K), sizeof *tab);
+            if (tab == NULL) return tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+            tables = tb__cg_matmul_reg_tables(g, k, bdims, rows, kv, K, tab, rest, &a_slot);
+        }
+        if (tables) {
+            tb__ix_line(&g->ix, "%sconst float *br = b%d + (%s) + tb_krow[i%d];", g->d->global,
+                        (int)b_slot, rest[0], (int)kv);
+        } else {
+            tb__ix_line(&g->ix, "%sconst float *br = b%d + (%s);", g->d->global, (int)b_slot, flat);
+        }
         for (j = 0; j < nb; j++)
             tb__ix_line(&g->ix, "const %s bv%d = vload%d(%d, br);", tv, (int)j, (int)w, (int)j);
     } else {
@@ -398,12 +516,31 @@ static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k
         }
     }
     for (i = 0; i < k->rm; i++) {
-        int32_t va = tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv);
-        if (va < 0) return g->ix.status;
-        for (j = 0; j < nb; j++)
-            tb__ix_line(&g->ix, "accv%d_%d += v%d * bv%d;", (int)i, (int)j, (int)va, (int)j);
+        int32_t va = -1;
+        if (tables) {
+            tb__ix_line(&g->ix, "const float am%d = b%d[(%s) + tb_karow[i%d]];", (int)i,
+                        (int)a_slot, rest[1 + i], (int)kv);
+        } else {
+            va = tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv);
+            if (va < 0) break;
+        }
+        for (j = 0; j < nb; j++) {
+            if (tables) {
+                tb__ix_line(&g->ix, "accv%d_%d += am%d * bv%d;", (int)i, (int)j, (int)i, (int)j);
+            } else {
+                tb__ix_line(&g->ix, "accv%d_%d += v%d * bv%d;", (int)i, (int)j, (int)va, (int)j);
+            }
+        }
     }
     tb__ix_close(&g->ix, "");
+    /* the tables in front of the loop, at the kernel's outermost scope (OpenCL's rule for its
+       constants) */
+    if (tables) {
+        tb__cg_insert_table(g, mark, "tb_karow", tab + K, K);
+        tb__cg_insert_table(g, mark, "tb_krow", tab, K);
+    }
+    tb__free(tab);
+    if (g->ix.status != TB_OK) return g->ix.status;
     /* rows of rn: a row's last vector writes its lanes past rn into the next row, which the
        next row's stores then overwrite (the spare row takes the last one's); with rows of
        nb * w, the compiler would copy the block out column by column */
@@ -889,58 +1026,6 @@ static void tb__cg_matmul_a_offset(tb__cg *g, const tb__plan_kernel *k, int32_t 
     }
 }
 
-/* The most steps of K a table of B's row offsets holds (tb__cg_matmul_rows_table). */
-#define TB__CG_ROW_TABLE_MAX 16384
-
-/* Splits the flat index of B's row at depth variable `ik` (read in place) into a part that
-   does not change along the depth, as C text in `rest`, and a part that depends on the depth
-   alone, worked out for each of the K steps into rows[]: true where every term of the form is
-   a variable declared before the depth loop (the column, the batch index) or one the index
-   lines compute from the depth alone. A convolution's windows are such rows: the depth is
-   unravelled into channel, kernel row and kernel column (two divisions and three remainders a
-   step, as many scalar instructions as the step's FMAs take cycles, some on the port of the
-   vector units), where a table lookup is one load. */
-static bool tb__cg_matmul_rows_table(tb__cg *g, const tb__lf *flat, int32_t ik, int64_t K,
-                                     int64_t *rows, char *rest, size_t cap) {
-    tb__lf fixed;
-    int64_t x, s;
-    int32_t i;
-    if (K < 1 || K > TB__CG_ROW_TABLE_MAX) return false;
-    tb__lf_const(&fixed, flat->c);
-    for (i = 0; i < flat->n; i++)
-        if (flat->var[i] < ik && !tb__lf_add_term(&fixed, flat->var[i], flat->coef[i]))
-            return false;
-    for (x = 0; x < K; x++) {
-        rows[x] = 0;
-        for (i = 0; i < flat->n; i++) {
-            if (flat->var[i] < ik) continue;
-            if (!tb__ix_value(&g->ix, flat->var[i], ik, x, &s)) return false;
-            rows[x] += flat->coef[i] * s;
-        }
-    }
-    tb__lf_text(&fixed, rest, cap);
-    return true;
-}
-
-/* Puts the table of B's row offsets (tb_krow, K entries) into the kernel's text at `mark`. */
-static void tb__cg_insert_table(tb__cg *g, size_t mark, const int64_t *rows, int64_t K) {
-    bool narrow = true;
-    char *tail;
-    int64_t i;
-    for (i = 0; i < K; i++)
-        narrow = narrow && rows[i] >= INT32_MIN && rows[i] <= INT32_MAX;
-    if (g->ix.body.failed || g->ix.body.data == NULL || mark > g->ix.body.len) return;
-    tail = tb__strdup(g->ix.body.data + mark);
-    if (tail == NULL) {
-        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
-        return;
-    }
-    tb__ix_drop(&g->ix, mark);
-    tb__cg_const_table(g, narrow ? "int" : "long", "tb_krow", rows, (int32_t)K);
-    tb__str_append(&g->ix.body, "%s", tail);
-    tb__free(tail);
-}
-
 /* The prefetch, in a packed matmul's loop over the depth (variable ik, K steps) that reads B's
    rows in place at the table's offsets (base `rest`), of the row k->mm_prefetch_b steps
    ahead (the last row near the end): each 64-byte line of its `width` values at the block's
@@ -1275,7 +1360,7 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         tb__ix_close(&g->ix, "");
         /* the table in front of the loops, at the kernel's outermost scope (OpenCL's rule for
            its constants) */
-        if (ok && has_rows) tb__cg_insert_table(g, mark, rows, K);
+        if (ok && has_rows) tb__cg_insert_table(g, mark, "tb_krow", rows, K);
         tb__free(rows);
         if (!ok) return g->ix.status;
     }
