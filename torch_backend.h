@@ -24940,10 +24940,9 @@ static int32_t tb__plan_mm_reg_width(const tb__pgraph *G, const tb__plan_kernel 
 
 /* How many steps of the depth ahead a packed matmul's items prefetch B's rows where they read
    them in place (B not packed) through a table of offsets (tb__plan_kernel.mm_prefetch_b; 0:
-   none): the
-   steps whose vector FMAs (the block's rows times its registers of a row) make the tuning's
-   mm_prefetch_b, where that is less than the depth, for blocks of 16 vector FMAs a step
-   or more. Fewer leave too few cycles a step for the prefetch's own instructions (the table's
+   none): the steps whose vector FMAs (the block's rows times its registers of a row) make the
+   tuning's mm_prefetch_b, where that is less than the depth, for blocks of 16 vector FMAs a
+   step or more. Fewer leave too few cycles a step for the prefetch's own instructions (the table's
    load and one prefetch a line): the ResNet-like convolution of tuning.c with AVX2 code (6 x
    16 blocks: 12 FMAs) on 2 threads of the Zen 5 VM went from 52-53 to 55-56 ms with it. */
 static int32_t tb__plan_mm_prefetch_b(const tb__pgraph *G, const tb__plan_kernel *k,
