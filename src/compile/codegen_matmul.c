@@ -357,14 +357,14 @@ static bool tb__cg_matmul_b_runs(tb__cg *g, const tb__plan_kernel *k, const tb__
 /* The most steps of K a table of row offsets holds (tb__cg_matmul_rows_table). */
 #define TB__CG_ROW_TABLE_MAX 16384
 
-/* Splits the flat index of B's row at depth variable `ik` (read in place) into a part that
-   does not change along the depth, as C text in `rest`, and a part that depends on the depth
-   alone, worked out for each of the K steps into rows[]: true where every term of the form is
-   a variable declared before the depth loop (the column, the batch index) or one the index
-   lines compute from the depth alone. A convolution's windows are such rows: the depth is
-   unravelled into channel, kernel row and kernel column (two divisions and three remainders a
-   step, as many scalar instructions as the step's FMAs take cycles, some on the port of the
-   vector units), where a table lookup is one load. */
+/* Splits the flat index of an operand read in place at depth variable `ik` (B's row, or A's
+   value in the register matmul) into a part that does not change along the depth, as C text in
+   `rest`, and a part that depends on the depth alone, worked out for each of the K steps into
+   rows[]: true where every term of the form is a variable declared before the depth loop (the
+   column, the batch index) or one the index lines compute from the depth alone. A convolution's
+   windows are such rows: the depth is unravelled into channel, kernel row and kernel column (two
+   divisions and three remainders a step, as many scalar instructions as the step's FMAs take
+   cycles, some on the port of the vector units), where a table lookup is one load. */
 static bool tb__cg_matmul_rows_table(tb__cg *g, const tb__lf *flat, int32_t ik, int64_t K,
                                      int64_t *rows, char *rest, size_t cap) {
     tb__lf fixed;
