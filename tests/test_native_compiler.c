@@ -156,8 +156,11 @@ static bool running(long pid) {
     n = fread(text, 1, sizeof text - 1, f);
     fclose(f);
     text[n] = '\0';
+    /* "pid (name) state ...": a process reaped between the open and the read leaves the read
+       empty; then whether the pid still exists decides */
     close_paren = strrchr(text, ')');
-    assert_non_null(close_paren); /* "pid (name) state ..." */
+    if (close_paren == NULL || close_paren[1] == '\0' || close_paren[2] == '\0')
+        return kill((pid_t)pid, 0) == 0;
     return close_paren[2] != 'Z' && close_paren[2] != 'X';
 }
 
