@@ -516,21 +516,18 @@ static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k
         }
     }
     for (i = 0; i < k->rm; i++) {
-        int32_t va = -1;
+        char av[24]; /* the row's value of A: read at the table's offset, or the operand's */
         if (tables) {
-            tb__ix_line(&g->ix, "const float am%d = b%d[(%s) + tb_karow[i%d]];", (int)i,
-                        (int)a_slot, rest[1 + i], (int)kv);
+            snprintf(av, sizeof av, "am%d", (int)i);
+            tb__ix_line(&g->ix, "const float %s = b%d[(%s) + tb_karow[i%d]];", av, (int)a_slot,
+                        rest[1 + i], (int)kv);
         } else {
-            va = tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv);
+            int32_t va = tb__cg_matmul_operand(g, k, 0, bdims, rows[i], kv);
             if (va < 0) break;
+            snprintf(av, sizeof av, "v%d", (int)va);
         }
-        for (j = 0; j < nb; j++) {
-            if (tables) {
-                tb__ix_line(&g->ix, "accv%d_%d += am%d * bv%d;", (int)i, (int)j, (int)i, (int)j);
-            } else {
-                tb__ix_line(&g->ix, "accv%d_%d += v%d * bv%d;", (int)i, (int)j, (int)va, (int)j);
-            }
-        }
+        for (j = 0; j < nb; j++)
+            tb__ix_line(&g->ix, "accv%d_%d += %s * bv%d;", (int)i, (int)j, av, (int)j);
     }
     tb__ix_close(&g->ix, "");
     /* the tables in front of the loop, at the kernel's outermost scope (OpenCL's rule for its
