@@ -29131,8 +29131,9 @@ static void tb__cg_matmul_prefetch_b(tb__cg *g, const tb__plan_kernel *k, const 
 
 /* A packed matmul's loop over the depth, accumulating into accv<i>_<j> (declared before it):
    B from its panel at bp (in_place 0), or read in place (1: the block's columns all within
-   B's `len`, each step of K one row of B from one address; 2: the last panel, its columns
-   past `len` read as zeros) at the column of the variable `lane`; A from its panels or itself
+   B's N, each step of K one row of B from one address; 2: the last panel, whose vectors past
+   N are neither read nor multiplied, their accumulators left at zero, and whose vector that N
+   cuts reads zeros past it) at the column of the variable `lane`; A from its panels or itself
    at ap. `rows` (in place; NULL: none): the table of the rows' offsets
    (tb__cg_matmul_rows_table) the loop reads as tb_krow where *has_rows, else where the rows
    split so: then filled in and *has_rows set, for the caller to put in the kernel. */
@@ -29147,7 +29148,9 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
        product added with one rounding where the target has FMA (one instruction: a multiply
        and an add share the FMA units on Intel's cores) */
     bool fma = strcmp(t, "float") == 0 && rw == g->d->vec_width;
-    int64_t za[6];
+    int64_t za[6], n = tb__plan_mm_of(g->G, k->core).n;
+    /* the columns of the block that hold B's: all but in the last panel read in place */
+    int64_t valid = in_place == 2 ? n - (n - 1) / (nb * rw) * (nb * rw) : (int64_t)nb * rw;
     char head[160], tv[16], flat[TB__LF_TEXT], rest[TB__LF_TEXT];
     int32_t ik;
     int i, j;
@@ -29196,15 +29199,18 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
             tb__ix_line(&g->ix, "%sconst %s *br = b%d + (%s);", g->d->global, t,
                         (int)g->capture_slot, flat);
         }
-        if (in_place == 2) {
-            tb__ix_line(&g->ix, "%s bt[%d];", t, nb * rw);
+        for (j = 0; j < nb && j * rw < valid; j++) {
+            if ((j + 1) * rw <= valid) {
+                tb__ix_line(&g->ix, "const %s bv%d = vload%d(%d, br);", tv, j, rw, j);
+                continue;
+            }
+            /* the vector that the last column cuts: its columns past it read as zeros */
+            tb__ix_line(&g->ix, "%s bt[%d];", t, rw);
             tb__ix_line(&g->ix,
-                        "for (long l = 0; l < %dL; l++) bt[l] = i%d + l < %lldL ? br[l] : 0;",
-                        nb * rw, (int)lane, (long long)tb__plan_mm_of(g->G, k->core).n);
+                        "for (long l = 0; l < %dL; l++) bt[l] = l < %lldL ? br[%d + l] : 0;", rw,
+                        (long long)(valid - j * rw), j * rw);
+            tb__ix_line(&g->ix, "const %s bv%d = vload%d(0, bt);", tv, j, rw);
         }
-        for (j = 0; j < nb; j++)
-            tb__ix_line(&g->ix, "const %s bv%d = vload%d(%d, %s);", tv, j, rw, j,
-                        in_place == 2 ? "bt" : "br");
     }
     tb__ix_line(&g->ix, "%sconst %s *ak = ap + i%d * %d;", g->d->global, t, (int)ik,
                 panels_a ? rm : 1);
@@ -29212,7 +29218,7 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
     for (i = 0; i < rm; i++) {
         tb__ix_line(&g->ix, "const %s am%d = ak[%lld];", t, i,
                     (long long)(panels_a ? i : i * za[3]));
-        for (j = 0; j < nb; j++) {
+        for (j = 0; j < nb && j * rw < valid; j++) {
             if (fma) {
                 tb__ix_line(&g->ix, "accv%d_%d = TB_VMAD(TB_VSPLAT(am%d), bv%d, accv%d_%d);", i, j,
                             i, j, i, j);

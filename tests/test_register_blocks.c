@@ -6,7 +6,9 @@
    f64, with its pack kernels), the register matmul (a batched matrix-vector product with B's
    rows read as vectors and gathered, a classifier's 10 columns), a convolution's weight gradient
    (its windows packed lane by lane; a small one, and a ResNet-like one whose items pack their
-   panels of B in fills, each fill's loop beside the packing of the next), an elementwise chain with
+   panels of B in fills, each fill's loop beside the packing of the next), a ResNet-like
+   convolution's forward (B's rows read in place, its last column panel too) and an f64 matmul
+   of 64 rows, an elementwise chain with
    exp, sums and maxima over rows, softmax (pipelined too), log_softmax and layer_norm. The programs
    are planned for the class through the backend's test hook (tb__native_shape_override), on any
    machine; NEON's are compiled where Debian's cross compiler is installed (gcc-aarch64-linux-gnu).
@@ -42,7 +44,7 @@ static const cpu_class g_classes[] = {
 
 static char g_dir[256];
 
-#define NUM_GRAPHS 12 /* 0-5, 6 (the default), 7-11 */
+#define NUM_GRAPHS 14 /* 0-5, 6 (the default), 7-13 */
 
 /* The host's C compiler, when it compiles for x86-64. */
 static bool x86_host(void) {
@@ -163,6 +165,26 @@ static char *program_for(const cpu_class *c, int graph) {
         assert_non_null(y);
         break;
     }
+    case 12: /* a ResNet-like convolution's forward: 64 output channels by the padded input's
+                rows of 58, read in place */
+    {
+        static const int64_t xs[4] = {2, 64, 56, 56}, ws[4] = {64, 64, 3, 3}, pad[2] = {1, 1};
+        assert_int_equal(tb_shape_make(&s, TB_F32, 4, xs), TB_OK);
+        x = tb_zeros(&s, &nat);
+        assert_int_equal(tb_sync(&x, 1), TB_OK);
+        assert_int_equal(tb_shape_make(&s, TB_F32, 4, ws), TB_OK);
+        z = tb_zeros(&s, &nat);
+        assert_int_equal(tb_sync(&z, 1), TB_OK);
+        y = tb_relu(tb_conv2d(x, z, NULL, NULL, pad, NULL, 1));
+        break;
+    }
+    case 13: /* packed f64 matmul of 64 rows */
+        assert_int_equal(tb_shape_make(&s, TB_F64, 2, (const int64_t[]){64, 256}), TB_OK);
+        x = tb_zeros(&s, &nat);
+        assert_int_equal(tb_shape_make(&s, TB_F64, 2, (const int64_t[]){256, 240}), TB_OK);
+        z = tb_add_scalar(tb_zeros(&s, &nat), 1.0);
+        y = tb_matmul(x, z);
+        break;
     default: /* layer_norm and softmax, unpipelined, over rows of 4096 */
         assert_int_equal(tb_shape_make(&s, TB_F32, 2, (const int64_t[]){64, 4096}), TB_OK);
         x = tb_zeros(&s, &nat);
