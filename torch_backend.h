@@ -1642,6 +1642,8 @@ typedef struct tb_kit_facts {
     uint32_t buffer_align; /* every buffer's start is aligned to this many bytes */
     bool f64;              /* it computes in double */
     bool f64_accumulate;   /* float sums may accumulate in double (fast on CPUs) */
+    bool fma; /* a CPU multiplies and adds in one instruction (x86's FMA, CL_FP_FMA): with
+                 32-byte vectors its matmul may keep a wider block in 16 registers */
 } tb_kit_facts;
 
 /* Counters the kit reports for a device (its metrics report, under `metric`::NAME). The runtime
@@ -21552,6 +21554,9 @@ typedef struct tb__tuning {
     int32_t mm_panel_rows_min; /* and at least: each matmul takes the count that pads M least */
     int32_t mm_vec_f32;        /* packed: columns of B per panel (one vector) for f32 and f64 */
     int32_t mm_vec_f64;
+    int32_t mm_wide_rows; /* packed: a second block, fewer rows by more columns of B (f32, */
+    int32_t mm_wide_f32;  /* f64); a matmul takes the one that pads its output least; 0: none */
+    int32_t mm_wide_f64;
     int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
     int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work; /* M x N x K below this: not packed */
@@ -22953,7 +22958,13 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
          9.4% and 3.9% with 14);
        AVX2 and SSE (16 registers): 6 x 2 registers (12 + 2 + 1): AVX2 6 x 16 f32, 6 x 8 f64,
          SSE 6 x 8 and 6 x 4. AVX2 1024^3 on 2 cores (Zen 4, 256-bit code, mul and add): 6 x 16
-         gave 196-204 GFLOP/s, 4 x 24 203-207, 12 x 8 164-180, 7 x 16 (17 registers) 117-125;
+         gave 196-204 GFLOP/s, 4 x 24 203-207, 12 x 8 164-180, 7 x 16 (17 registers) 117-125.
+         With FMA (without it each product takes a register of its own, the 17th) AVX2 also
+         has a wide block of 4 x 3 registers (12 + 3 + 1): 4 x 24 f32, 4 x 12 f64, which a
+         matmul takes where it pads its M x N output no more than the 6-row block does: a
+         ResNet-like convolution's 64 output channels (6 x 16 pads them to 66 rows). tb_conv2d
+         of 32 x 64 x 56 x 56, 3 x 3, padding 1, AVX2 code on 2 threads (Zen 5 VM, best of 8):
+         42.4-43.1 -> 40.4-40.6 ms;
        NEON (32 registers of 4 lanes): 12 x 2 registers (24 + 2 + 1): 12 x 8 f32, 12 x 4 f64;
    - the unpacked register matmul (small or integer matmuls): 8 x 8 where a row's 8 lanes are
      one register, else 4 x 8 (8 registers of two halves each); wider blocks (a classifier's
@@ -22967,6 +22978,11 @@ static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape) {
     t->mm_vec_f64 = b_regs * lanes / 2;
     t->mm_panel_rows = lanes == 16 ? 14 : (shape->vec_regs >= 32 ? 12 : 6);
     t->mm_panel_rows_min = lanes == 16 ? 12 : t->mm_panel_rows;
+    if (shape->vec_bytes == 32 && shape->vec_regs < 32 && shape->fma) { /* 12 + 3 + 1 */
+        t->mm_wide_rows = 4;
+        t->mm_wide_f32 = 3 * lanes;
+        t->mm_wide_f64 = 3 * lanes / 2;
+    }
     if (lanes < 8) t->mm_reg_rows = 4;
     t->mm_reg_accs = shape->vec_regs >= 32 ? 24 : 12;
 }
@@ -23851,16 +23867,32 @@ static int64_t tb__plan_mm_panel_rows(const tb__tuning *t, int64_t m) {
     return best;
 }
 
+/* A packed matmul's register block: rows of A per panel (block[0]) by columns of B per panel
+   (block[1]), the tuning's (tb__plan_mm_panel_rows by mm_vec_f32 or mm_vec_f64) or its wide
+   one where that pads the M x N output no more (it reads fewer values per FMA: AVX2's 4 x 24
+   loads 7 a step for 12 FMAs, 6 x 16 loads 8). */
+static void tb__plan_mm_block(const tb__tuning *t, const tb__plan_mm *mm, bool f64,
+                              int64_t block[2]) {
+    int64_t r = tb__plan_mm_panel_rows(t, mm->m), c = f64 ? t->mm_vec_f64 : t->mm_vec_f32;
+    int64_t wr = t->mm_wide_rows, wc = f64 ? t->mm_wide_f64 : t->mm_wide_f32;
+    block[0] = r;
+    block[1] = c;
+    if (wr > 0 && wc > 0 &&
+        (double)((mm->m + wr - 1) / wr * wr) * (double)((mm->n + wc - 1) / wc * wc) <=
+            (double)((mm->m + r - 1) / r * r) * (double)((mm->n + c - 1) / c * c)) {
+        block[0] = wr;
+        block[1] = wc;
+    }
+}
+
 /* The panels of a packed matmul's operand: batch (1 for an A that is the same for every
    batch index), M, N, K, the panel count and the panel width (rows of A per panel, or one
-   vector of columns of B). */
+   row of columns of B: tb__plan_mm_block). */
 static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]) {
-    const tb__tuning *t = G->target->tuning;
     tb__plan_mm mm = tb__plan_mm_of(G, core);
-    int64_t width =
-        is_a ? tb__plan_mm_panel_rows(t, mm.m)
-             : (tb__plan_shape(G, core)->dtype == TB_F64 ? t->mm_vec_f64 : t->mm_vec_f32);
-    int64_t len = is_a ? mm.m : mm.n;
+    int64_t block[2], width, len = is_a ? mm.m : mm.n;
+    tb__plan_mm_block(G->target->tuning, &mm, tb__plan_shape(G, core)->dtype == TB_F64, block);
+    width = block[is_a ? 0 : 1];
     sizes[0] = is_a && tb__plan_mm_a_shared(G, core) ? 1 : mm.batch;
     sizes[1] = mm.m;
     sizes[2] = mm.n;
@@ -23911,7 +23943,8 @@ static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
     int32_t a = tb__plan_operand(G, core, 0);
     const tb_shape *cs = tb__plan_shape(G, core), *as;
     tb_dtype od = cs->dtype;
-    int64_t m;
+    tb__plan_mm mm;
+    int64_t block[2];
     if (G->info[a].node->op == TB_OP_EXPAND && !G->info[a].root) {
         int32_t x = tb__plan_operand(G, a, 0);
         const tb_shape *xs = tb__plan_shape(G, x);
@@ -23922,9 +23955,10 @@ static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
         a = x;
     }
     as = tb__plan_shape(G, a);
-    m = tb__plan_mm_of(G, core).m;
+    mm = tb__plan_mm_of(G, core);
+    tb__plan_mm_block(G->target->tuning, &mm, od == TB_F64, block);
     if (!G->info[a].root || G->info[a].param >= 0 || tb__plan_pack_dtype(od) != od ||
-        as->dtype != od || m % tb__plan_mm_panel_rows(G->target->tuning, m) != 0)
+        as->dtype != od || mm.m % block[0] != 0)
         return -1;
     return a;
 }
@@ -32161,6 +32195,7 @@ static void tb__kit_target(const tb_kit_facts *f, tb__tuning *tuning, tb__target
         shape.vec_bytes = f->vector_bytes >= 64 ? 64 : (f->vector_bytes >= 32 ? 32 : 16);
         shape.vec_regs = f->vector_registers > 0 ? (int32_t)f->vector_registers
                                                  : (shape.vec_bytes >= 64 ? 32 : 16);
+        shape.fma = f->fma;
         tb__tuning_fit(tuning, &shape);
     }
     memset(target, 0, sizeof *target);
@@ -33122,6 +33157,7 @@ typedef intptr_t tb__cl_context_properties;
 #define TB__CL_DEVICE_HOST_UNIFIED_MEMORY                0x1035u
 #define TB__CL_DEVICE_OPENCL_C_VERSION                   0x103Du
 #define TB__CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT          0x103Au
+#define TB__CL_FP_FMA                                    (1u << 5)
 #define TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT          (1u << 7)
 #define TB__CL_DEVICE_TYPE_CPU                           (1u << 1)
 #define TB__CL_DEVICE_TYPE_GPU                           (1u << 2)
@@ -33255,6 +33291,7 @@ typedef struct tb__ocl_device {
     uint32_t float_lanes;      /* CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT: f32 lanes of its vectors */
     uint32_t clock_mhz;
     bool correct_divide_sqrt;
+    bool fma; /* CL_FP_FMA of its float config */
     char build_options[512];
     /* created on first use */
     tb__cl_context ctx;
@@ -33848,6 +33885,7 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
     if (dev->max_alloc == 0) dev->max_alloc = (uint64_t)128 << 20; /* the spec's minimum */
     dev->correct_divide_sqrt = (tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_SINGLE_FP_CONFIG) &
                                 TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
+    dev->fma = (tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_SINGLE_FP_CONFIG) & TB__CL_FP_FMA) != 0;
     /* Division and square root as the reference computes them (correctly rounded), no
        contraction of a * b + c (the kernels say FP_CONTRACT OFF: they fuse where they ask,
        the packed matmul's products). */
@@ -34765,6 +34803,7 @@ static void tb__ocl_facts(void *device, tb_kit_facts *f) {
     f->buffer_align = dev->base_align_bits / 8;
     f->f64 = dev->info.supports_f64;
     f->f64_accumulate = cpu;
+    f->fma = dev->fma;
 }
 
 /* ---- programs and kernels ---- */
@@ -36727,6 +36766,7 @@ static void tb__native_facts(void *dev, tb_kit_facts *f) {
     f->buffer_align = 64; /* tb__native_buf_alloc */
     f->f64 = true;
     f->f64_accumulate = true;
+    f->fma = rt->shape.fma;
 }
 
 static void tb__native_lock(void *dev) {

@@ -96,6 +96,7 @@ static tb_kit_facts plan_facts(int dev) {
     f.buffer_align = 128;
     f.f64 = true;
     f.f64_accumulate = dev != DEV_GPU;
+    f.fma = dev != DEV_SSE; /* an SSE-only CPU has none */
     return f;
 }
 

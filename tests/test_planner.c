@@ -195,6 +195,61 @@ static void test_matmul_forms(void **state) {
     tb_tensor_release(a);
 }
 
+/* The packed matmul's two register blocks where 16 registers hold 32-byte vectors and the CPU
+   has FMA: rows of 6 by two vectors of B (6 x 16 f32, 6 x 8 f64) or rows of 4 by three (4 x
+   24, 4 x 12), whichever pads the M x N output less, the wide one on a tie. A ResNet-like
+   layer's 64 x 576 (M by N) takes 4 x 24 (6 x 16 pads to 66 rows); 96 x 512 takes 6 x 16 (4 x
+   24 pads to 528 columns). Without FMA (a product's register the 17th), with SSE's 16-byte
+   vectors (no FMA) and with AVX-512's 32 registers (12 to 14 rows by 32) there is one block. */
+static void test_matmul_wide_block(void **state) {
+    static const struct {
+        int dev;
+        bool fma;
+        tb_dtype dtype;
+        int64_t m, n;
+        int32_t rm, rn;
+    } cases[] = {
+        {DEV_AVX2, true, TB_F32, 64, 576, 4, 24},  {DEV_AVX2, true, TB_F32, 96, 512, 6, 16},
+        {DEV_AVX2, true, TB_F64, 64, 240, 4, 12},  {DEV_AVX2, true, TB_F64, 96, 256, 6, 8},
+        {DEV_AVX2, true, TB_F32, 48, 384, 4, 24}, /* a tie: 48 x 384 either way */
+        {DEV_AVX2, false, TB_F32, 64, 576, 6, 16}, {DEV_SSE, false, TB_F32, 64, 576, 6, 8},
+        {DEV_SSE, true, TB_F32, 64, 576, 6, 8},    {DEV_AVX512, true, TB_F32, 64, 576, 13, 32},
+    };
+    size_t c;
+    (void)state;
+    for (c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        tb_tensor *a = plan_input(cases[c].dtype, 2, cases[c].m, 256, 0);
+        tb_tensor *b = plan_input(cases[c].dtype, 2, 256, cases[c].n, 0);
+        tb_tensor *y = tb_matmul(a, b);
+        tb_kit_facts f = plan_facts(cases[c].dev);
+        plan_target t;
+        tb__plan *p = NULL;
+        const tb__plan_kernel *k, *pb;
+        assert_non_null(y);
+        f.fma = cases[c].fma;
+        memset(&t, 0, sizeof t);
+        tb__kit_target(&f, &t.tuning, &t.target, &t.dialect);
+        t.target.tuning = &t.tuning;
+        assert_int_equal(plan_of(&t, &y, 1, &p), TB_OK);
+        k = kernel_of_kind(p, TB__K_MATMUL);
+        assert_int_equal(k->mm, TB__MM_PACKED);
+        if (k->rm != cases[c].rm || k->rn != cases[c].rn)
+            fail_msg("%s%s, %s %d x %d: a %d x %d block, not %d x %d", plan_dev_names[cases[c].dev],
+                     cases[c].fma ? "" : " without FMA", cases[c].dtype == TB_F64 ? "f64" : "f32",
+                     (int)cases[c].m, (int)cases[c].n, (int)k->rm, (int)k->rn, (int)cases[c].rm,
+                     (int)cases[c].rn);
+        /* B's panels are made in the block's width: N rounded up to whole panels, by K */
+        pb = kernel_of_kind(p, TB__K_PACK_B);
+        assert_non_null(pb);
+        assert_int_equal(p->slots[pb->out_slot].shape.dims[0],
+                         (cases[c].n + cases[c].rn - 1) / cases[c].rn * cases[c].rn * 256);
+        tb__plan_free(p);
+        tb_tensor_release(y);
+        tb_tensor_release(b);
+        tb_tensor_release(a);
+    }
+}
+
 /* A convolution's matmul (the weight against each image's windows, 16 x 16 of them: whole
    panels, so not the images side by side): the weight's panels are
    made once for all the images (a pack kernel of one batch index), and the windows' panels by
@@ -612,6 +667,7 @@ int main(void) {
         cmocka_unit_test(test_reduction_takes_prologue_and_epilogue),
         cmocka_unit_test(test_large_reduction_is_split),
         cmocka_unit_test(test_matmul_forms),
+        cmocka_unit_test(test_matmul_wide_block),
         cmocka_unit_test(test_matmul_own_panels),
         cmocka_unit_test(test_matmul_own_panels_per_item),
         cmocka_unit_test(test_matmul_crop),

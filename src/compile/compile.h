@@ -77,6 +77,9 @@ typedef struct tb__tuning {
     int32_t mm_panel_rows_min; /* and at least: each matmul takes the count that pads M least */
     int32_t mm_vec_f32;        /* packed: columns of B per panel (one vector) for f32 and f64 */
     int32_t mm_vec_f64;
+    int32_t mm_wide_rows; /* packed: a second block, fewer rows by more columns of B (f32, */
+    int32_t mm_wide_f32;  /* f64); a matmul takes the one that pads its output least; 0: none */
+    int32_t mm_wide_f64;
     int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
     int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work; /* M x N x K below this: not packed */

@@ -307,6 +307,7 @@ static void tb__kit_target(const tb_kit_facts *f, tb__tuning *tuning, tb__target
         shape.vec_bytes = f->vector_bytes >= 64 ? 64 : (f->vector_bytes >= 32 ? 32 : 16);
         shape.vec_regs = f->vector_registers > 0 ? (int32_t)f->vector_registers
                                                  : (shape.vec_bytes >= 64 ? 32 : 16);
+        shape.fma = f->fma;
         tb__tuning_fit(tuning, &shape);
     }
     memset(target, 0, sizeof *target);

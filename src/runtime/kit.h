@@ -112,6 +112,8 @@ typedef struct tb_kit_facts {
     uint32_t buffer_align; /* every buffer's start is aligned to this many bytes */
     bool f64;              /* it computes in double */
     bool f64_accumulate;   /* float sums may accumulate in double (fast on CPUs) */
+    bool fma; /* a CPU multiplies and adds in one instruction (x86's FMA, CL_FP_FMA): with
+                 32-byte vectors its matmul may keep a wider block in 16 registers */
 } tb_kit_facts;
 
 /* Counters the kit reports for a device (its metrics report, under `metric`::NAME). The runtime

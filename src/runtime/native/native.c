@@ -88,6 +88,7 @@ static void tb__native_facts(void *dev, tb_kit_facts *f) {
     f->buffer_align = 64; /* tb__native_buf_alloc */
     f->f64 = true;
     f->f64_accumulate = true;
+    f->fma = rt->shape.fma;
 }
 
 static void tb__native_lock(void *dev) {

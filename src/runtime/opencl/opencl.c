@@ -247,6 +247,7 @@ static void tb__ocl_facts(void *device, tb_kit_facts *f) {
     f->buffer_align = dev->base_align_bits / 8;
     f->f64 = dev->info.supports_f64;
     f->f64_accumulate = cpu;
+    f->fma = dev->fma;
 }
 
 /* ---- programs and kernels ---- */

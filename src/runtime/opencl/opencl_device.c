@@ -263,6 +263,7 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
     if (dev->max_alloc == 0) dev->max_alloc = (uint64_t)128 << 20; /* the spec's minimum */
     dev->correct_divide_sqrt = (tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_SINGLE_FP_CONFIG) &
                                 TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
+    dev->fma = (tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_SINGLE_FP_CONFIG) & TB__CL_FP_FMA) != 0;
     /* Division and square root as the reference computes them (correctly rounded), no
        contraction of a * b + c (the kernels say FP_CONTRACT OFF: they fuse where they ask,
        the packed matmul's products). */

@@ -95,6 +95,7 @@ typedef intptr_t tb__cl_context_properties;
 #define TB__CL_DEVICE_HOST_UNIFIED_MEMORY                0x1035u
 #define TB__CL_DEVICE_OPENCL_C_VERSION                   0x103Du
 #define TB__CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT          0x103Au
+#define TB__CL_FP_FMA                                    (1u << 5)
 #define TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT          (1u << 7)
 #define TB__CL_DEVICE_TYPE_CPU                           (1u << 1)
 #define TB__CL_DEVICE_TYPE_GPU                           (1u << 2)
@@ -228,6 +229,7 @@ typedef struct tb__ocl_device {
     uint32_t float_lanes;      /* CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT: f32 lanes of its vectors */
     uint32_t clock_mhz;
     bool correct_divide_sqrt;
+    bool fma; /* CL_FP_FMA of its float config */
     char build_options[512];
     /* created on first use */
     tb__cl_context ctx;
