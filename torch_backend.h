@@ -33825,7 +33825,7 @@ static uint32_t tb__ocl_target_lanes(const char *device_version) {
 
 static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
     tb_device_info *info = &dev->info;
-    uint64_t type = tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_TYPE);
+    uint64_t type = tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_TYPE), fp_config;
     char extensions[4096];
     size_t n;
     memset(info, 0, sizeof *info);
@@ -33883,9 +33883,9 @@ static void tb__ocl_fill_device(tb__ocl_runtime *rt, tb__ocl_device *dev) {
     }
     dev->max_alloc = info->max_allocation;
     if (dev->max_alloc == 0) dev->max_alloc = (uint64_t)128 << 20; /* the spec's minimum */
-    dev->correct_divide_sqrt = (tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_SINGLE_FP_CONFIG) &
-                                TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
-    dev->fma = (tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_SINGLE_FP_CONFIG) & TB__CL_FP_FMA) != 0;
+    fp_config = tb__ocl_info_u64(rt, dev->id, TB__CL_DEVICE_SINGLE_FP_CONFIG);
+    dev->correct_divide_sqrt = (fp_config & TB__CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
+    dev->fma = (fp_config & TB__CL_FP_FMA) != 0;
     /* Division and square root as the reference computes them (correctly rounded), no
        contraction of a * b + c (the kernels say FP_CONTRACT OFF: they fuse where they ask,
        the packed matmul's products). */
