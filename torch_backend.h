@@ -21552,34 +21552,34 @@ typedef struct tb__tuning {
     int32_t mm_reg_group_y;
     int32_t mm_panel_rows;     /* packed: rows of A per panel and per work item, at most */
     int32_t mm_panel_rows_min; /* and at least: each matmul takes the count that pads M least */
-    int32_t mm_vec_f32;        /* packed: columns of B per panel (one vector) for f32 and f64 */
-    int32_t mm_vec_f64;
-    int32_t mm_wide_rows; /* packed: a second block, fewer rows by more columns of B (f32, */
-    int32_t mm_wide_f32;  /* f64); a matmul takes the one that pads its output least; 0: none */
-    int32_t mm_wide_f64;
-    int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
-    int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */
-    int64_t mm_pack_min_work; /* M x N x K below this: not packed */
-    int64_t mm_own_b_bytes;   /* packed: the private buffer of a matmul's work item that packs
-                                 its own column panel of B, this panel's rows at a time (0:
-                                 never), */
-    int64_t mm_own_b_rows;    /* where the matmul has at most this many rows */
-    int64_t mm_own_b_tile;    /* and the bytes of accumulators an item of it keeps at most: as
-                                 many column panels as they hold, each item (0: one) */
-    int64_t mm_cache_bytes;   /* packed: a core's own data cache (L2) where the target does not
-                                 say (an OpenCL device reports only its last-level cache) */
-    double mm_group_caches;   /* packed: the column panels one sweep over the row panels reuses
-                                 fill this share of those caches at most (a fraction: the
-                                 panels of A the sweep streams need the rest) */
-    bool mm_prefetch_a;       /* packed: an item prefetches the next row panel of A (packed
-                                 A) into the outer caches as it reads its own */
-    int64_t mm_prefetch_b;    /* packed, B read in place through a table of its rows'
-                                 offsets: each step of the depth fetches the row this many
-                                 vector FMAs of the block ahead into the first-level cache
-                                 (0: none) */
-    int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
-    int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
-    int32_t mm_tile_k;        /* tiles: depth of a tile */
+    int32_t mm_vec_f32;        /* packed: columns of B per panel (a row of vectors) for f32 */
+    int32_t mm_vec_f64;        /* and f64 */
+    int32_t mm_wide_rows;      /* packed: a second block, fewer rows (below mm_panel_rows_min) by */
+    int32_t mm_wide_f32;       /* more columns of B (f32, f64), where it pads the output no more */
+    int32_t mm_wide_f64;       /* than the first block; 0: none */
+    int32_t mm_pack_rows;      /* pack kernels: rows of a panel per work item */
+    int32_t mm_pack_group_k;   /* pack kernels: work items per work-group */
+    int64_t mm_pack_min_work;  /* M x N x K below this: not packed */
+    int64_t mm_own_b_bytes;    /* packed: the private buffer of a matmul's work item that packs
+                                  its own column panel of B, this panel's rows at a time (0:
+                                  never), */
+    int64_t mm_own_b_rows;     /* where the matmul has at most this many rows */
+    int64_t mm_own_b_tile;     /* and the bytes of accumulators an item of it keeps at most: as
+                                  many column panels as they hold, each item (0: one) */
+    int64_t mm_cache_bytes;    /* packed: a core's own data cache (L2) where the target does not
+                                  say (an OpenCL device reports only its last-level cache) */
+    double mm_group_caches;    /* packed: the column panels one sweep over the row panels reuses
+                                  fill this share of those caches at most (a fraction: the
+                                  panels of A the sweep streams need the rest) */
+    bool mm_prefetch_a;        /* packed: an item prefetches the next row panel of A (packed
+                                  A) into the outer caches as it reads its own */
+    int64_t mm_prefetch_b;     /* packed, B read in place through a table of its rows'
+                                  offsets: each step of the depth fetches the row this many
+                                  vector FMAs of the block ahead into the first-level cache
+                                  (0: none) */
+    int32_t mm_tile_group;     /* tiles: work-group side (halved on small devices) */
+    int32_t mm_tile_block;     /* tiles: outputs per work item along each side */
+    int32_t mm_tile_k;         /* tiles: depth of a tile */
     /* budgets of one kernel's code */
     int64_t values_per_kernel;  /* values a kernel computes per output element */
     int32_t positions_per_node; /* positions one node is evaluated at in one kernel */
@@ -22960,7 +22960,8 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
          SSE 6 x 8 and 6 x 4. AVX2 1024^3 on 2 cores (Zen 4, 256-bit code, mul and add): 6 x 16
          gave 196-204 GFLOP/s, 4 x 24 203-207, 12 x 8 164-180, 7 x 16 (17 registers) 117-125.
          With FMA (without it each product takes a register of its own, the 17th) AVX2 also
-         has a wide block of 4 x 3 registers (12 + 3 + 1): 4 x 24 f32, 4 x 12 f64, which a
+         has a wide block of 4 x 3 registers (12 + 3 + 1) for f32, 4 x 24 (f64's products are
+         never fused, so it keeps 6 x 8), which a
          matmul takes where it pads its M x N output no more than the 6-row block does: a
          ResNet-like convolution's 64 output channels (6 x 16 pads them to 66 rows). tb_conv2d
          of 32 x 64 x 56 x 56, 3 x 3, padding 1, AVX2 code on 2 threads (Zen 5 VM, best of 8):
@@ -22980,8 +22981,7 @@ static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape) {
     t->mm_panel_rows_min = lanes == 16 ? 12 : t->mm_panel_rows;
     if (shape->vec_bytes == 32 && shape->vec_regs < 32 && shape->fma) { /* 12 + 3 + 1 */
         t->mm_wide_rows = 4;
-        t->mm_wide_f32 = 3 * lanes;
-        t->mm_wide_f64 = 3 * lanes / 2;
+        t->mm_wide_f32 = 3 * lanes; /* f64's products are not fused: none */
     }
     if (lanes < 8) t->mm_reg_rows = 4;
     t->mm_reg_accs = shape->vec_regs >= 32 ? 24 : 12;
@@ -23870,7 +23870,7 @@ static int64_t tb__plan_mm_panel_rows(const tb__tuning *t, int64_t m) {
 /* A packed matmul's register block: rows of A per panel (block[0]) by columns of B per panel
    (block[1]), the tuning's (tb__plan_mm_panel_rows by mm_vec_f32 or mm_vec_f64) or its wide
    one where that pads the M x N output no more (it reads fewer values per FMA: AVX2's 4 x 24
-   loads 7 a step for 12 FMAs, 6 x 16 loads 8). */
+   loads 7 a step for 12 FMAs, 6 x 16 loads 8; f32 only there). */
 static void tb__plan_mm_block(const tb__tuning *t, const tb__plan_mm *mm, bool f64,
                               int64_t block[2]) {
     int64_t r = tb__plan_mm_panel_rows(t, mm->m), c = f64 ? t->mm_vec_f64 : t->mm_vec_f32;
@@ -29167,8 +29167,8 @@ static void tb__cg_matmul_prefetch_b(tb__cg *g, const tb__plan_kernel *k, const 
    B from its panel at bp (in_place 0), or read in place (1: the block's columns all within
    B's N, each step of K one row of B from one address; 2: the last panel, whose vectors past
    N are neither read nor multiplied, their accumulators left at zero, and whose vector that N
-   cuts reads zeros past it) at the column of the variable `lane`; A from its panels or itself
-   at ap. `rows` (in place; NULL: none): the table of the rows' offsets
+   cuts is made of its lanes and zeros) at the column of the variable `lane`; A from its panels or
+   itself at ap. `rows` (in place; NULL: none): the table of the rows' offsets
    (tb__cg_matmul_rows_table) the loop reads as tb_krow where *has_rows, else where the rows
    split so: then filled in and *has_rows set, for the caller to put in the kernel. */
 static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
@@ -29185,9 +29185,10 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
     int64_t za[6], n = tb__plan_mm_of(g->G, k->core).n;
     /* the columns of the block that hold B's: all but in the last panel read in place */
     int64_t valid = in_place == 2 ? n - (n - 1) / (nb * rw) * (nb * rw) : (int64_t)nb * rw;
-    char head[160], tv[16], flat[TB__LF_TEXT], rest[TB__LF_TEXT];
+    char head[160], tv[16], flat[TB__LF_TEXT], rest[TB__LF_TEXT], lanes[512], made[600];
+    size_t at;
     int32_t ik;
-    int i, j;
+    int i, j, l;
     tb__plan_pack_sizes(g->G, k->core, true, za);
     snprintf(tv, sizeof tv, "%s%d", t, rw);
     ik = tb__ix_new_var(&g->ix, 0, za[3] - 1);
@@ -29238,12 +29239,17 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
                 tb__ix_line(&g->ix, "const %s bv%d = vload%d(%d, br);", tv, j, rw, j);
                 continue;
             }
-            /* the vector that the last column cuts: its columns past it read as zeros */
-            tb__ix_line(&g->ix, "%s bt[%d];", t, rw);
-            tb__ix_line(&g->ix,
-                        "for (long l = 0; l < %dL; l++) bt[l] = l < %lldL ? br[%d + l] : 0;", rw,
-                        (long long)(valid - j * rw), j * rw);
-            tb__ix_line(&g->ix, "const %s bv%d = vload%d(0, bt);", tv, j, rw);
+            /* the vector that N cuts: its lanes, those past N zeros (made in registers; a
+               copy through an array went through the stack every step) */
+            at = 0;
+            for (l = 0; l < rw; l++)
+                at += (size_t)(j * rw + l < valid
+                                   ? snprintf(lanes + at, sizeof lanes - at, "%sbr[%d]",
+                                              l > 0 ? ", " : "", j * rw + l)
+                                   : snprintf(lanes + at, sizeof lanes - at, "%s(%s)0",
+                                              l > 0 ? ", " : "", t));
+            snprintf(made, sizeof made, g->d->vec_make, tv, lanes);
+            tb__ix_line(&g->ix, "const %s bv%d = %s;", tv, j, made);
         }
     }
     tb__ix_line(&g->ix, "%sconst %s *ak = ap + i%d * %d;", g->d->global, t, (int)ik,

@@ -220,7 +220,7 @@ static void test_packed_matmul_prefetches_a(void **state) {
    more vector FMAs a step (AVX-512 and the C99 host of 64-byte vectors: 13 rows of two
    registers, 26 FMAs) each step prefetches the row 45 steps ahead (1152 FMAs / 26), its three
    lines of 32 floats (the row may start inside a line); the row 45 steps past the last step
-   is the last row. AVX2's 6 x 16 and SSE's 6 x 8 (12 FMAs), which read the same table, and
+   is the last row. AVX2's 4 x 24 and SSE's 6 x 8 (12 FMAs), which read the same table, and
    the GPU's tiles prefetch nothing. */
 static void test_conv_matmul_prefetches_b(void **state) {
     static const int64_t pad[2] = {1, 1};

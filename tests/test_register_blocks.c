@@ -7,8 +7,8 @@
    rows read as vectors and gathered, a classifier's 10 columns), a convolution's weight gradient
    (its windows packed lane by lane; a small one, and a ResNet-like one whose items pack their
    panels of B in fills, each fill's loop beside the packing of the next), a ResNet-like
-   convolution's forward and an f64 matmul of 64 rows (both in AVX2's wide block of 4 rows by 3
-   vectors), an elementwise chain with
+   convolution's forward (in AVX2's wide block of 4 rows by 3 vectors) and one whose last column
+   panel N cuts inside a vector, an f64 matmul of 64 rows, an elementwise chain with
    exp, sums and maxima over rows, softmax (pipelined too), log_softmax and layer_norm. The programs
    are planned for the class through the backend's test hook (tb__native_shape_override), on any
    machine; NEON's are compiled where Debian's cross compiler is installed (gcc-aarch64-linux-gnu).
@@ -44,7 +44,7 @@ static const cpu_class g_classes[] = {
 
 static char g_dir[256];
 
-#define NUM_GRAPHS 14 /* 0-5, 6 (the default), 7-13 */
+#define NUM_GRAPHS 15 /* 0-5, 6 (the default), 7-14 */
 
 /* The host's C compiler, when it compiles for x86-64. */
 static bool x86_host(void) {
@@ -178,7 +178,20 @@ static char *program_for(const cpu_class *c, int graph) {
         y = tb_relu(tb_conv2d(x, z, NULL, NULL, pad, NULL, 1));
         break;
     }
-    case 13: /* packed f64 matmul of 64 rows (with AVX2 the wide block) */
+    case 14: /* a convolution whose padded rows make N = 15 x 17 = 255 columns: the last
+                column panel's vector that N cuts (every class) */
+    {
+        static const int64_t xs[4] = {1, 64, 15, 15}, ws[4] = {64, 64, 3, 3}, pad[2] = {1, 1};
+        assert_int_equal(tb_shape_make(&s, TB_F32, 4, xs), TB_OK);
+        x = tb_zeros(&s, &nat);
+        assert_int_equal(tb_sync(&x, 1), TB_OK);
+        assert_int_equal(tb_shape_make(&s, TB_F32, 4, ws), TB_OK);
+        z = tb_zeros(&s, &nat);
+        assert_int_equal(tb_sync(&z, 1), TB_OK);
+        y = tb_conv2d(x, z, NULL, NULL, pad, NULL, 1);
+        break;
+    }
+    case 13: /* packed f64 matmul of 64 rows */
         assert_int_equal(tb_shape_make(&s, TB_F64, 2, (const int64_t[]){64, 256}), TB_OK);
         x = tb_zeros(&s, &nat);
         assert_int_equal(tb_shape_make(&s, TB_F64, 2, (const int64_t[]){256, 240}), TB_OK);

@@ -1044,8 +1044,8 @@ static void tb__cg_matmul_prefetch_b(tb__cg *g, const tb__plan_kernel *k, const 
    B from its panel at bp (in_place 0), or read in place (1: the block's columns all within
    B's N, each step of K one row of B from one address; 2: the last panel, whose vectors past
    N are neither read nor multiplied, their accumulators left at zero, and whose vector that N
-   cuts reads zeros past it) at the column of the variable `lane`; A from its panels or itself
-   at ap. `rows` (in place; NULL: none): the table of the rows' offsets
+   cuts is made of its lanes and zeros) at the column of the variable `lane`; A from its panels or
+   itself at ap. `rows` (in place; NULL: none): the table of the rows' offsets
    (tb__cg_matmul_rows_table) the loop reads as tb_krow where *has_rows, else where the rows
    split so: then filled in and *has_rows set, for the caller to put in the kernel. */
 static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
@@ -1062,9 +1062,10 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
     int64_t za[6], n = tb__plan_mm_of(g->G, k->core).n;
     /* the columns of the block that hold B's: all but in the last panel read in place */
     int64_t valid = in_place == 2 ? n - (n - 1) / (nb * rw) * (nb * rw) : (int64_t)nb * rw;
-    char head[160], tv[16], flat[TB__LF_TEXT], rest[TB__LF_TEXT];
+    char head[160], tv[16], flat[TB__LF_TEXT], rest[TB__LF_TEXT], lanes[512], made[600];
+    size_t at;
     int32_t ik;
-    int i, j;
+    int i, j, l;
     tb__plan_pack_sizes(g->G, k->core, true, za);
     snprintf(tv, sizeof tv, "%s%d", t, rw);
     ik = tb__ix_new_var(&g->ix, 0, za[3] - 1);
@@ -1115,12 +1116,17 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
                 tb__ix_line(&g->ix, "const %s bv%d = vload%d(%d, br);", tv, j, rw, j);
                 continue;
             }
-            /* the vector that the last column cuts: its columns past it read as zeros */
-            tb__ix_line(&g->ix, "%s bt[%d];", t, rw);
-            tb__ix_line(&g->ix,
-                        "for (long l = 0; l < %dL; l++) bt[l] = l < %lldL ? br[%d + l] : 0;", rw,
-                        (long long)(valid - j * rw), j * rw);
-            tb__ix_line(&g->ix, "const %s bv%d = vload%d(0, bt);", tv, j, rw);
+            /* the vector that N cuts: its lanes, those past N zeros (made in registers; a
+               copy through an array went through the stack every step) */
+            at = 0;
+            for (l = 0; l < rw; l++)
+                at += (size_t)(j * rw + l < valid
+                                   ? snprintf(lanes + at, sizeof lanes - at, "%sbr[%d]",
+                                              l > 0 ? ", " : "", j * rw + l)
+                                   : snprintf(lanes + at, sizeof lanes - at, "%s(%s)0",
+                                              l > 0 ? ", " : "", t));
+            snprintf(made, sizeof made, g->d->vec_make, tv, lanes);
+            tb__ix_line(&g->ix, "const %s bv%d = %s;", tv, j, made);
         }
     }
     tb__ix_line(&g->ix, "%sconst %s *ak = ap + i%d * %d;", g->d->global, t, (int)ik,

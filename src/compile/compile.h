@@ -75,34 +75,34 @@ typedef struct tb__tuning {
     int32_t mm_reg_group_y;
     int32_t mm_panel_rows;     /* packed: rows of A per panel and per work item, at most */
     int32_t mm_panel_rows_min; /* and at least: each matmul takes the count that pads M least */
-    int32_t mm_vec_f32;        /* packed: columns of B per panel (one vector) for f32 and f64 */
-    int32_t mm_vec_f64;
-    int32_t mm_wide_rows; /* packed: a second block, fewer rows by more columns of B (f32, */
-    int32_t mm_wide_f32;  /* f64); a matmul takes the one that pads its output least; 0: none */
-    int32_t mm_wide_f64;
-    int32_t mm_pack_rows;     /* pack kernels: rows of a panel per work item */
-    int32_t mm_pack_group_k;  /* pack kernels: work items per work-group */
-    int64_t mm_pack_min_work; /* M x N x K below this: not packed */
-    int64_t mm_own_b_bytes;   /* packed: the private buffer of a matmul's work item that packs
-                                 its own column panel of B, this panel's rows at a time (0:
-                                 never), */
-    int64_t mm_own_b_rows;    /* where the matmul has at most this many rows */
-    int64_t mm_own_b_tile;    /* and the bytes of accumulators an item of it keeps at most: as
-                                 many column panels as they hold, each item (0: one) */
-    int64_t mm_cache_bytes;   /* packed: a core's own data cache (L2) where the target does not
-                                 say (an OpenCL device reports only its last-level cache) */
-    double mm_group_caches;   /* packed: the column panels one sweep over the row panels reuses
-                                 fill this share of those caches at most (a fraction: the
-                                 panels of A the sweep streams need the rest) */
-    bool mm_prefetch_a;       /* packed: an item prefetches the next row panel of A (packed
-                                 A) into the outer caches as it reads its own */
-    int64_t mm_prefetch_b;    /* packed, B read in place through a table of its rows'
-                                 offsets: each step of the depth fetches the row this many
-                                 vector FMAs of the block ahead into the first-level cache
-                                 (0: none) */
-    int32_t mm_tile_group;    /* tiles: work-group side (halved on small devices) */
-    int32_t mm_tile_block;    /* tiles: outputs per work item along each side */
-    int32_t mm_tile_k;        /* tiles: depth of a tile */
+    int32_t mm_vec_f32;        /* packed: columns of B per panel (a row of vectors) for f32 */
+    int32_t mm_vec_f64;        /* and f64 */
+    int32_t mm_wide_rows;      /* packed: a second block, fewer rows (below mm_panel_rows_min) by */
+    int32_t mm_wide_f32;       /* more columns of B (f32, f64), where it pads the output no more */
+    int32_t mm_wide_f64;       /* than the first block; 0: none */
+    int32_t mm_pack_rows;      /* pack kernels: rows of a panel per work item */
+    int32_t mm_pack_group_k;   /* pack kernels: work items per work-group */
+    int64_t mm_pack_min_work;  /* M x N x K below this: not packed */
+    int64_t mm_own_b_bytes;    /* packed: the private buffer of a matmul's work item that packs
+                                  its own column panel of B, this panel's rows at a time (0:
+                                  never), */
+    int64_t mm_own_b_rows;     /* where the matmul has at most this many rows */
+    int64_t mm_own_b_tile;     /* and the bytes of accumulators an item of it keeps at most: as
+                                  many column panels as they hold, each item (0: one) */
+    int64_t mm_cache_bytes;    /* packed: a core's own data cache (L2) where the target does not
+                                  say (an OpenCL device reports only its last-level cache) */
+    double mm_group_caches;    /* packed: the column panels one sweep over the row panels reuses
+                                  fill this share of those caches at most (a fraction: the
+                                  panels of A the sweep streams need the rest) */
+    bool mm_prefetch_a;        /* packed: an item prefetches the next row panel of A (packed
+                                  A) into the outer caches as it reads its own */
+    int64_t mm_prefetch_b;     /* packed, B read in place through a table of its rows'
+                                  offsets: each step of the depth fetches the row this many
+                                  vector FMAs of the block ahead into the first-level cache
+                                  (0: none) */
+    int32_t mm_tile_group;     /* tiles: work-group side (halved on small devices) */
+    int32_t mm_tile_block;     /* tiles: outputs per work item along each side */
+    int32_t mm_tile_k;         /* tiles: depth of a tile */
     /* budgets of one kernel's code */
     int64_t values_per_kernel;  /* values a kernel computes per output element */
     int32_t positions_per_node; /* positions one node is evaluated at in one kernel */

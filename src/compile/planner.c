@@ -879,7 +879,7 @@ static int64_t tb__plan_mm_panel_rows(const tb__tuning *t, int64_t m) {
 /* A packed matmul's register block: rows of A per panel (block[0]) by columns of B per panel
    (block[1]), the tuning's (tb__plan_mm_panel_rows by mm_vec_f32 or mm_vec_f64) or its wide
    one where that pads the M x N output no more (it reads fewer values per FMA: AVX2's 4 x 24
-   loads 7 a step for 12 FMAs, 6 x 16 loads 8). */
+   loads 7 a step for 12 FMAs, 6 x 16 loads 8; f32 only there). */
 static void tb__plan_mm_block(const tb__tuning *t, const tb__plan_mm *mm, bool f64,
                               int64_t block[2]) {
     int64_t r = tb__plan_mm_panel_rows(t, mm->m), c = f64 ? t->mm_vec_f64 : t->mm_vec_f32;

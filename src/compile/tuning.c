@@ -137,7 +137,8 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
          SSE 6 x 8 and 6 x 4. AVX2 1024^3 on 2 cores (Zen 4, 256-bit code, mul and add): 6 x 16
          gave 196-204 GFLOP/s, 4 x 24 203-207, 12 x 8 164-180, 7 x 16 (17 registers) 117-125.
          With FMA (without it each product takes a register of its own, the 17th) AVX2 also
-         has a wide block of 4 x 3 registers (12 + 3 + 1): 4 x 24 f32, 4 x 12 f64, which a
+         has a wide block of 4 x 3 registers (12 + 3 + 1) for f32, 4 x 24 (f64's products are
+         never fused, so it keeps 6 x 8), which a
          matmul takes where it pads its M x N output no more than the 6-row block does: a
          ResNet-like convolution's 64 output channels (6 x 16 pads them to 66 rows). tb_conv2d
          of 32 x 64 x 56 x 56, 3 x 3, padding 1, AVX2 code on 2 threads (Zen 5 VM, best of 8):
@@ -157,8 +158,7 @@ static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape) {
     t->mm_panel_rows_min = lanes == 16 ? 12 : t->mm_panel_rows;
     if (shape->vec_bytes == 32 && shape->vec_regs < 32 && shape->fma) { /* 12 + 3 + 1 */
         t->mm_wide_rows = 4;
-        t->mm_wide_f32 = 3 * lanes;
-        t->mm_wide_f64 = 3 * lanes / 2;
+        t->mm_wide_f32 = 3 * lanes; /* f64's products are not fused: none */
     }
     if (lanes < 8) t->mm_reg_rows = 4;
     t->mm_reg_accs = shape->vec_regs >= 32 ? 24 : 12;
