@@ -820,7 +820,7 @@ static void rows_case_run(const rows_case *c, const char *backend, tb_dtype dt) 
     tb_device dev;
     tb_shape xs = {dt, c->rank, {0}}, ws = {dt, 4, {0}}, bs = {dt, 1, {0}};
     size_t nx = 1, nw = 1, i;
-    double *xv, *wv, bv[32];
+    double *xv, *wv, bv[64];
     tb_tensor *x, *w, *b = NULL, *xg, *rows, *win;
     char what[128], *ir;
     if (tb_device_make(backend, 0, &dev) != TB_OK) {
@@ -840,6 +840,7 @@ static void rows_case_run(const rows_case *c, const char *backend, tb_dtype dt) 
         xv[i] = next_value(false);
     for (i = 0; i < nw; i++)
         wv[i] = next_value(false);
+    assert_true(c->w[0] <= (int64_t)(sizeof bv / sizeof bv[0]));
     for (i = 0; i < (size_t)c->w[0]; i++)
         bv[i] = next_value(false);
     {
