@@ -21554,9 +21554,8 @@ typedef struct tb__tuning {
     int32_t mm_panel_rows_min; /* and at least: each matmul takes the count that pads M least */
     int32_t mm_vec_f32;        /* packed: columns of B per panel (a row of vectors) for f32 */
     int32_t mm_vec_f64;        /* and f64 */
-    int32_t mm_wide_rows;      /* packed: a second block, fewer rows (below mm_panel_rows_min) by */
-    int32_t mm_wide_f32;       /* more columns of B (f32, f64), where it pads the output no more */
-    int32_t mm_wide_f64;       /* than the first block; 0: none */
+    int32_t mm_wide_rows;      /* packed f32: a second block, fewer rows (below the minimum) */
+    int32_t mm_wide_cols;      /* by more columns, where it pads the output no more; 0: none */
     int32_t mm_pack_rows;      /* pack kernels: rows of a panel per work item */
     int32_t mm_pack_group_k;   /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work;  /* M x N x K below this: not packed */
@@ -22981,7 +22980,7 @@ static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape) {
     t->mm_panel_rows_min = lanes == 16 ? 12 : t->mm_panel_rows;
     if (shape->vec_bytes == 32 && shape->vec_regs < 32 && shape->fma) { /* 12 + 3 + 1 */
         t->mm_wide_rows = 4;
-        t->mm_wide_f32 = 3 * lanes; /* f64's products are not fused: none */
+        t->mm_wide_cols = 3 * lanes; /* f32 only: f64's products are not fused */
     }
     if (lanes < 8) t->mm_reg_rows = 4;
     t->mm_reg_accs = shape->vec_regs >= 32 ? 24 : 12;
@@ -23874,7 +23873,7 @@ static int64_t tb__plan_mm_panel_rows(const tb__tuning *t, int64_t m) {
 static void tb__plan_mm_block(const tb__tuning *t, const tb__plan_mm *mm, bool f64,
                               int64_t block[2]) {
     int64_t r = tb__plan_mm_panel_rows(t, mm->m), c = f64 ? t->mm_vec_f64 : t->mm_vec_f32;
-    int64_t wr = t->mm_wide_rows, wc = f64 ? t->mm_wide_f64 : t->mm_wide_f32;
+    int64_t wr = t->mm_wide_rows, wc = f64 ? 0 : t->mm_wide_cols;
     block[0] = r;
     block[1] = c;
     if (wr > 0 && wc > 0 &&
@@ -28573,6 +28572,32 @@ static bool tb__cg_matmul_reg_tables(tb__cg *g, const tb__plan_kernel *k, const 
     return digits;
 }
 
+/* The line "const <tv> bv<j> = <the dialect's vector of w lanes>;": lane l < live the text
+   of `lane` (a printf format of one int) with ids[l], the others `zero`. */
+static void tb__cg_vector_of_lanes(tb__cg *g, const char *tv, int32_t j, int32_t w, int32_t live,
+                                   const char *lane, const int32_t *ids, const char *zero) {
+    tb__str list, vec;
+    int32_t l;
+    memset(&list, 0, sizeof list);
+    memset(&vec, 0, sizeof vec);
+    for (l = 0; l < w; l++) {
+        if (l > 0) tb__str_append(&list, ", ");
+        if (l < live) {
+            tb__str_append(&list, lane, (int)ids[l]);
+        } else {
+            tb__str_append(&list, "%s", zero);
+        }
+    }
+    if (!list.failed) tb__str_append(&vec, g->d->vec_make, tv, list.data);
+    if (list.failed || vec.failed) {
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+    } else {
+        tb__ix_line(&g->ix, "const %s bv%d = %s;", tv, (int)j, vec.data);
+    }
+    tb__str_free(&vec);
+    tb__str_free(&list);
+}
+
 /* The depth loop and stores of an f32 register matmul with nb vector accumulators per row of
    the block, of tb__plan_mm_reg_lanes lanes (rn <= 64): each
    step of K makes B's rn values nb vectors (lanes past rn zero; loads where they lie in a
@@ -28581,10 +28606,10 @@ static bool tb__cg_matmul_reg_tables(tb__cg *g, const tb__plan_kernel *k, const 
 static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k,
                                              const tb__lf *bdims, const int32_t *rows,
                                              const int32_t *cols) {
-    int32_t kv, i, j, l, vb[64], w = tb__plan_mm_reg_lanes(g->G->target->tuning, k->rn);
+    int32_t kv, i, j, vb[64], w = tb__plan_mm_reg_lanes(g->G->target->tuning, k->rn);
     int32_t nb = (k->rn + w - 1) / w, b_slot, a_slot = -1;
     int64_t K = tb__plan_mm_of(g->G, k->core).k, *tab = NULL;
-    char list[16 * 16], vec[16 * 16 + 32], zero[48], tv[16], flat[TB__LF_TEXT];
+    char zero[48], tv[16], flat[TB__LF_TEXT];
     char rest[17][TB__LF_TEXT]; /* with tables: B's part of the flat index outside them, A's */
     bool runs = k->rn == nb * w && tb__cg_matmul_b_runs(g, k, bdims), tables = false;
     size_t mark = 0;
@@ -28623,20 +28648,8 @@ static tb_status tb__cg_matmul_registers_vec(tb__cg *g, const tb__plan_kernel *k
     } else {
         kv = tb__cg_matmul_depth_open(g, k, bdims, cols, k->rn, vb);
         if (kv < 0) return g->ix.status;
-        for (j = 0; j < nb; j++) {
-            size_t used = 0;
-            for (l = j * w; l < (j + 1) * w; l++) { /* lanes past rn: zeros */
-                const char *sep = l > j * w ? ", " : "";
-                if (l < k->rn) {
-                    used +=
-                        (size_t)snprintf(list + used, sizeof list - used, "%sv%d", sep, (int)vb[l]);
-                } else {
-                    used += (size_t)snprintf(list + used, sizeof list - used, "%s0.0f", sep);
-                }
-            }
-            snprintf(vec, sizeof vec, g->d->vec_make, tv, list);
-            tb__ix_line(&g->ix, "const %s bv%d = %s;", tv, (int)j, vec);
-        }
+        for (j = 0; j < nb; j++) /* lanes past rn: zeros */
+            tb__cg_vector_of_lanes(g, tv, j, w, k->rn - j * w, "v%d", vb + j * w, "0.0f");
     }
     for (i = 0; i < k->rm; i++) {
         char av[24]; /* the row's value of A: read at the table's offset, or the operand's */
@@ -29185,9 +29198,8 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
     int64_t za[6], n = tb__plan_mm_of(g->G, k->core).n;
     /* the columns of the block that hold B's: all but in the last panel read in place */
     int64_t valid = in_place == 2 ? n - (n - 1) / (nb * rw) * (nb * rw) : (int64_t)nb * rw;
-    char head[160], tv[16], flat[TB__LF_TEXT], rest[TB__LF_TEXT], lanes[512], made[600];
-    size_t at;
-    int32_t ik;
+    char head[160], tv[16], flat[TB__LF_TEXT], rest[TB__LF_TEXT], zero[24];
+    int32_t ik, offsets[16];
     int i, j, l;
     tb__plan_pack_sizes(g->G, k->core, true, za);
     snprintf(tv, sizeof tv, "%s%d", t, rw);
@@ -29241,15 +29253,11 @@ static bool tb__cg_matmul_depth(tb__cg *g, const tb__plan_kernel *k, const tb__l
             }
             /* the vector that N cuts: its lanes, those past N zeros (made in registers; a
                copy through an array went through the stack every step) */
-            at = 0;
             for (l = 0; l < rw; l++)
-                at += (size_t)(j * rw + l < valid
-                                   ? snprintf(lanes + at, sizeof lanes - at, "%sbr[%d]",
-                                              l > 0 ? ", " : "", j * rw + l)
-                                   : snprintf(lanes + at, sizeof lanes - at, "%s(%s)0",
-                                              l > 0 ? ", " : "", t));
-            snprintf(made, sizeof made, g->d->vec_make, tv, lanes);
-            tb__ix_line(&g->ix, "const %s bv%d = %s;", tv, j, made);
+                offsets[l] = j * rw + l;
+            snprintf(zero, sizeof zero, "(%s)0", t);
+            tb__cg_vector_of_lanes(g, tv, j, rw, (int32_t)(valid - j * rw), "br[%d]", offsets,
+                                   zero);
         }
     }
     tb__ix_line(&g->ix, "%sconst %s *ak = ap + i%d * %d;", g->d->global, t, (int)ik,

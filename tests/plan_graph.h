@@ -132,11 +132,16 @@ typedef struct plan_target {
     tb__dialect dialect;
 } plan_target;
 
+/* The target of facts f (plan_facts, perhaps changed). */
+static PLAN_GRAPH_UNUSED void plan_target_of_facts(plan_target *t, const tb_kit_facts *f) {
+    memset(t, 0, sizeof *t);
+    tb__kit_target(f, &t->tuning, &t->target, &t->dialect);
+    t->target.tuning = &t->tuning;
+}
+
 static void plan_target_of(plan_target *t, int dev) {
     tb_kit_facts f = plan_facts(dev);
-    memset(t, 0, sizeof *t);
-    tb__kit_target(&f, &t->tuning, &t->target, &t->dialect);
-    t->target.tuning = &t->tuning;
+    plan_target_of_facts(t, &f);
 }
 
 /* Plans `roots` for `t`: TB_OK with *plan set (plan_done frees it), or the planner's error. */

@@ -228,9 +228,7 @@ static void test_matmul_wide_block(void **state) {
         const tb__plan_kernel *k, *pb;
         assert_non_null(y);
         f.fma = cases[c].fma;
-        memset(&t, 0, sizeof t);
-        tb__kit_target(&f, &t.tuning, &t.target, &t.dialect);
-        t.target.tuning = &t.tuning;
+        plan_target_of_facts(&t, &f);
         assert_int_equal(plan_of(&t, &y, 1, &p), TB_OK);
         k = kernel_of_kind(p, TB__K_MATMUL);
         assert_int_equal(k->mm, TB__MM_PACKED);

@@ -77,9 +77,8 @@ typedef struct tb__tuning {
     int32_t mm_panel_rows_min; /* and at least: each matmul takes the count that pads M least */
     int32_t mm_vec_f32;        /* packed: columns of B per panel (a row of vectors) for f32 */
     int32_t mm_vec_f64;        /* and f64 */
-    int32_t mm_wide_rows;      /* packed: a second block, fewer rows (below mm_panel_rows_min) by */
-    int32_t mm_wide_f32;       /* more columns of B (f32, f64), where it pads the output no more */
-    int32_t mm_wide_f64;       /* than the first block; 0: none */
+    int32_t mm_wide_rows;      /* packed f32: a second block, fewer rows (below the minimum) */
+    int32_t mm_wide_cols;      /* by more columns, where it pads the output no more; 0: none */
     int32_t mm_pack_rows;      /* pack kernels: rows of a panel per work item */
     int32_t mm_pack_group_k;   /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work;  /* M x N x K below this: not packed */

@@ -883,7 +883,7 @@ static int64_t tb__plan_mm_panel_rows(const tb__tuning *t, int64_t m) {
 static void tb__plan_mm_block(const tb__tuning *t, const tb__plan_mm *mm, bool f64,
                               int64_t block[2]) {
     int64_t r = tb__plan_mm_panel_rows(t, mm->m), c = f64 ? t->mm_vec_f64 : t->mm_vec_f32;
-    int64_t wr = t->mm_wide_rows, wc = f64 ? t->mm_wide_f64 : t->mm_wide_f32;
+    int64_t wr = t->mm_wide_rows, wc = f64 ? 0 : t->mm_wide_cols;
     block[0] = r;
     block[1] = c;
     if (wr > 0 && wc > 0 &&

@@ -158,7 +158,7 @@ static void tb__tuning_fit(tb__tuning *t, const tb__host_shape *shape) {
     t->mm_panel_rows_min = lanes == 16 ? 12 : t->mm_panel_rows;
     if (shape->vec_bytes == 32 && shape->vec_regs < 32 && shape->fma) { /* 12 + 3 + 1 */
         t->mm_wide_rows = 4;
-        t->mm_wide_f32 = 3 * lanes; /* f64's products are not fused: none */
+        t->mm_wide_cols = 3 * lanes; /* f32 only: f64's products are not fused */
     }
     if (lanes < 8) t->mm_reg_rows = 4;
     t->mm_reg_accs = shape->vec_regs >= 32 ? 24 : 12;
