@@ -346,7 +346,12 @@ def training(device):
     xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
     F.cross_entropy(ref(xr), label).backward()
     f = tb_fx.compile(ours, [xo], device=device)
+    lib = tb_fx.library()
+    runs = lib.tb_metrics_counter(b"ExecuteTime")
     out = f(xo)
+    # the outputs and every batch norm's running statistics come from one graph (read one by
+    # one, each statistic would run a graph of the network up to its batch norm)
+    forward_graphs = lib.tb_metrics_counter(b"ExecuteTime") - runs
     F.cross_entropy(out, label).backward()
     worst, where = worst_grad(ours, ref, xo, xr)
     stats = max(rel_err(a, b) for (n, a), (_, b) in zip(ours.named_buffers(),
@@ -355,10 +360,11 @@ def training(device):
     tracked = all(int(a) == int(b) for (n, a), (_, b) in zip(ours.named_buffers(),
                                                              ref.named_buffers())
                   if n.endswith("num_batches_tracked"))
-    check(worst <= 1e-4 and stats <= 1e-5 and tracked,
+    check(worst <= 1e-4 and stats <= 1e-5 and tracked and forward_graphs == 1,
           "a training step of ResNet-18 (batch 4, 64x64, input seed %d) on %s: gradients "
-          "within %.1e of PyTorch's scale (worst: %s), running statistics within %.1e" %
-          (seed, device, worst, where, stats))
+          "within %.1e of PyTorch's scale (worst: %s), running statistics within %.1e, "
+          "graphs the forward ran: %d (1 wanted)" %
+          (seed, device, worst, where, stats, forward_graphs))
     opt_r = torch.optim.SGD(ref.parameters(), lr=0.1)
     opt_o = torch.optim.SGD(ours.parameters(), lr=0.1)
     opt_r.step()

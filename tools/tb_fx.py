@@ -469,8 +469,13 @@ class _Graph:
         state = {"keep": keep, "outputs": [v.h for v in kept], "leaves": leaves,
                  "params": call_params}
         try:
-            handles = (_T * max(len(kept), 1))(*[v.h for v in kept])
-            if kept and lib.tb_sync(handles, len(kept)) != 0:
+            # training: the batch norms' updated running statistics are computed in the same
+            # graph as the outputs (read one by one afterwards, each would be a graph of its
+            # own that computes the network again up to its batch norm)
+            synced = [v.h for v in kept] + (self._running_stats(call_params)
+                                            if self.training else [])
+            handles = (_T * max(len(synced), 1))(*synced)
+            if synced and lib.tb_sync(handles, len(synced)) != 0:
                 raise _err("tb_sync")
             out = _map_values(result, lambda v: v.to_torch())
             if self.training:
@@ -485,6 +490,12 @@ class _Graph:
         for h in state["keep"]:
             self.lib.tb_tensor_release(h)
         state["keep"] = []
+
+    @staticmethod
+    def _running_stats(call_params):
+        """The handles of the batch norms' running statistics among a call's parameters."""
+        return [h for (path, name), h in call_params.items()
+                if name in ("running_mean", "running_var") and h]
 
     def _store_running_stats(self, call_params):
         """Training: the batch norms' running statistics, updated on the device, back into the
