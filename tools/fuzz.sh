@@ -63,7 +63,8 @@ cc=${FUZZ_CC:-clang}
 flags=(-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -g -O1 -I.)
 out=build/fuzz
 mkdir -p "$out"
-export ASAN_OPTIONS=${FUZZ_ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+# intercept_tls_get_addr=0: see asan_default in tools/test.sh (LeakSanitizer's tracer crash)
+export ASAN_OPTIONS=${FUZZ_ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:intercept_tls_get_addr=0}
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 # Build every target first, several at a time (the header is large to compile).
