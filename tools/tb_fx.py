@@ -472,7 +472,7 @@ class _Graph:
             # training: the batch norms' updated running statistics are computed in the same
             # graph as the outputs (read one by one afterwards, each would be a graph of its
             # own that computes the network again up to its batch norm)
-            synced = [v.h for v in kept] + (self._running_stats(call_params)
+            synced = [v.h for v in kept] + ([h for _, h in self._running_stats(call_params)]
                                             if self.training else [])
             handles = (_T * max(len(synced), 1))(*synced)
             if synced and lib.tb_sync(handles, len(synced)) != 0:
@@ -493,22 +493,19 @@ class _Graph:
 
     @staticmethod
     def _running_stats(call_params):
-        """The handles of the batch norms' running statistics among a call's parameters."""
-        return [h for (path, name), h in call_params.items()
-                if name in ("running_mean", "running_var") and h]
+        """The batch norms' running statistics among a call's parameters: ((path, name),
+        handle) pairs."""
+        return [(key, h) for key, h in call_params.items()
+                if key[1] in ("running_mean", "running_var") and h]
 
     def _store_running_stats(self, call_params):
         """Training: the batch norms' running statistics, updated on the device, back into the
         modules' buffers (as PyTorch's batch norm updates them)."""
         with torch.no_grad():
-            for (path, name), h in call_params.items():
-                if name in ("running_mean", "running_var"):
-                    buf = getattr(self.modules[path], name)
-                    v = Value(self, h).to_torch()
-                    buf.copy_(v)
-                    if name == "running_mean" and hasattr(self.modules[path],
-                                                          "num_batches_tracked"):
-                        self.modules[path].num_batches_tracked += 1
+            for (path, name), h in self._running_stats(call_params):
+                getattr(self.modules[path], name).copy_(Value(self, h).to_torch())
+                if name == "running_mean" and hasattr(self.modules[path], "num_batches_tracked"):
+                    self.modules[path].num_batches_tracked += 1
 
     def grads(self, state, grad_outputs, wanted):
         """The gradients of the call's outputs, seeded with grad_outputs (torch tensors or

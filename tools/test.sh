@@ -424,8 +424,9 @@ fi
 # there by chance, and LeakSanitizer's tracer then crashes at exit ("Tracer caught signal 11")
 # after every test passed, on a second run as often as on the first. Without the interceptor,
 # blocks that dlopen'ed libraries allocate for their thread-locals are not scanned for pointers.
-asan_default="detect_leaks=1:abort_on_error=0:verify_asan_link_order=0:intercept_tls_get_addr=0"
-asan_opencl="detect_leaks=0:abort_on_error=0:verify_asan_link_order=0:intercept_tls_get_addr=0"
+asan_common="abort_on_error=0:verify_asan_link_order=0:intercept_tls_get_addr=0"
+asan_default="detect_leaks=1:$asan_common"
+asan_opencl="detect_leaks=0:$asan_common"
 # what PoCL, the OpenCL loader and LLVM keep past exit (every frame in those libraries)
 lsan_pocl="suppressions=$repo/tools/lsan.supp:print_suppressions=0"
 if [ "${TB_TEST_OPENCL_LEAKS:-0}" = 1 ]; then
