@@ -13,6 +13,7 @@ on a failure, 0 (with "skipped: ...") when torch or torchvision cannot be import
 """
 import argparse
 import copy
+import gc
 import os
 import sys
 import warnings
@@ -377,6 +378,49 @@ def training(device):
           "%.1e)" % (device, rel_err(again, want)))
 
 
+def released(device):
+    """A training call keeps its outputs, leaves and saved values for the backward: released by
+    the backward, or when the outputs go without one (under torch.no_grad at once), never
+    kept for the life of the process."""
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                      nn.Flatten(), nn.Linear(8 * 8 * 8, 4)).train()
+    x = torch.randn(2, 3, 8, 8)
+    f = tb_fx.compile(m, [x], device=device)
+    freed = []
+    release = tb_fx._State.release
+
+    def counting(state):
+        freed.append(len(state.get("keep", [])))
+        release(state)
+
+    tb_fx._State.release = counting
+    try:
+        with torch.no_grad():
+            for _ in range(3):
+                f(x)
+        no_grad = sum(1 for k in freed if k)
+        del freed[:]
+        for _ in range(3):
+            f(x)
+        gc.collect()
+        dropped = sum(1 for k in freed if k)
+        del freed[:]
+        y = f(x)
+        y.sum().backward()
+        by_backward = sum(1 for k in freed if k)
+        del y
+        gc.collect()
+        again = sum(1 for k in freed if k)
+    finally:
+        tb_fx._State.release = release
+    check(no_grad == 3 and dropped == 3 and by_backward == 1 and again == 1,
+          "a training call's kept tensors on %s are released: under torch.no_grad %d of 3, "
+          "outputs dropped without a backward %d of 3, by the backward %d of 1 (%d of 1 once its "
+          "outputs went too)"
+          % (device, no_grad, dropped, by_backward, again))
+
+
 def errors(device):
     m = torchvision.models.resnet18().eval()
     x = torch.randn(1, 3, 32, 32)
@@ -521,6 +565,7 @@ def main():
         transformer(device)
         swin(device)
         training(device)
+        released(device)
         errors(device)
     print("%d passed, %d failed" % (RESULTS["passed"], RESULTS["failed"]))
     return 1 if RESULTS["failed"] else 0

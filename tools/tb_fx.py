@@ -197,6 +197,27 @@ def _pair(v):
     return list(v) if isinstance(v, (tuple, list)) else [v, v]
 
 
+class _State(dict):
+    """What a call keeps (its outputs and leaves, and in training what its backward needs):
+    released by the backward, or else when the call's autograd node goes (outputs never
+    differentiated) so that a call without a backward leaks nothing."""
+
+    def __init__(self, lib, **fields):
+        super().__init__(**fields)
+        self.lib = lib
+
+    def release(self):
+        keep, self["keep"] = self.get("keep", []), []
+        for h in keep:
+            self.lib.tb_tensor_release(h)
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 (interpreter shutdown: the library may be gone)
+            pass
+
+
 class _Graph:
     """One traced graph lowered onto the library for `device`."""
 
@@ -466,8 +487,8 @@ class _Graph:
             self.lib = lib
             call_params, self.call_params = self.call_params, None
         lib.tb_scope_end()
-        state = {"keep": keep, "outputs": [v.h for v in kept], "leaves": leaves,
-                 "params": call_params}
+        state = _State(lib, keep=keep, outputs=[v.h for v in kept], leaves=leaves,
+                       params=call_params)
         try:
             # training: the batch norms' updated running statistics are computed in the same
             # graph as the outputs (read one by one afterwards, each would be a graph of its
@@ -486,10 +507,9 @@ class _Graph:
             if not self.training:
                 self.release_state(state)
 
-    def release_state(self, state):
-        for h in state["keep"]:
-            self.lib.tb_tensor_release(h)
-        state["keep"] = []
+    @staticmethod
+    def release_state(state):
+        state.release()
 
     @staticmethod
     def _running_stats(call_params):
@@ -1468,6 +1488,10 @@ class Compiled:
                             "inference: compile it again" % (switched[0] or "the model"))
             return self.graph.run(inputs)
         g = self.graph
+        if not torch.is_grad_enabled():  # no backward can follow: nothing to keep for one
+            out, state = g.run(inputs, g.param_values())
+            g.release_state(state)
+            return out
         return _Train.apply(g, len(inputs), *inputs, *g.param_values())
 
 
