@@ -28,9 +28,9 @@
 # beside PyTorch eager's (rows models_<M>; 3 rounds of ours then PyTorch's, after a first
 # PyTorch run, each row the median over the rounds: tools/bench/models.py), and the first
 # forward of a fresh process with empty caches (coldstart_<M>, with the kernels compiled and
-# launched in its note); the Fashion-MNIST CNN's epoch of 6,400 images (train_cnn_epoch) and a
-# step of the small GPT (gpt_step) beside their PyTorch twins. --quick: ResNet-18 at batch 1,
-# 64x64 only.
+# launched in its note); the Fashion-MNIST CNN's epoch of 6,400 images (train_cnn_epoch), a
+# step of the small GPT (gpt_step) and a training step of ResNet-18 through tools/tb_fx.py
+# (fx_train_resnet18) beside their PyTorch twins. --quick: ResNet-18 at batch 1, 64x64 only.
 #
 # half: chain8, axpy (2.5 x + y), sum and matmul (512) with f16 and bf16 storage (rows
 # chain8_f16, axpy_bf16, sum_bf16, matmul_f16_512, ...), each timed beside the same case in f32

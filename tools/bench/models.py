@@ -35,6 +35,10 @@ on every side alike, where one run of each side apart could differ by half.
   gpt_step        examples/gpt.c's GPT (nanoGPT's CPU configuration), the mean step time of
                   iterations 21-40 (the first 20 include the first round's compile), beside
                   tools/bench/gpt_torch.py.
+  fx_train_resnet18  a training step of ResNet-18 (batch 8, 224x224: forward, cross entropy,
+                  backward, SGD) through tools/tb_fx.py beside the same in PyTorch eager
+                  (tools/bench/fx_train.py): the median of 10 steps after 3 warm-up steps; the
+                  first step's loss must match PyTorch's or the row fails.
 --quick: ResNet-18 only, batch 1 at 64x64, 2 repetitions, one round, no training rows (a
 smoke run).
 Each row prints `case backend ours pytorch pytorch/ours note`; with --json each is also one
@@ -336,6 +340,32 @@ def gpt_rows(rows, work, backends, nthreads, rounds):
                "the mean of iterations 21-40 of a run", 20)
 
 
+def fx_train_rows(rows, backends, nthreads, rounds):
+    args = ["--batch", "8", "--size", "224", "--steps", "10", "--threads", str(nthreads)]
+
+    def step_s(rc, so):
+        t = last_float(r"step_ms ([0-9.]+)", so) if rc == 0 else None
+        return None if t is None else t / 1e3
+
+    def torch_run():
+        rc, so, se = run(["/usr/bin/python3", "tools/bench/fx_train.py", "torch"] + args,
+                         TORCH_ENV)
+        t = step_s(rc, so)
+        if t is None:
+            rows.fail("fx_train.py torch: %s" % (se or so).strip()[-300:])
+        return t
+
+    def ours_run(b, env):
+        rc, so, se = run(["/usr/bin/python3", "tools/bench/fx_train.py", b + ":0"] + args, env)
+        t = step_s(rc, so)
+        if t is None:
+            rows.fail("fx_train.py on %s: %s" % (b, (se or so).strip()[-300:]))
+        return t
+
+    train_rows(rows, "fx_train_resnet18", backends, rounds, torch_run, ours_run, "ms",
+               "batch 8, 224x224, SGD, the median of 10 steps", 10)
+
+
 def blas_of_torch():
     rc, so, _ = run(["/usr/bin/python3", "-c",
                      "import torch; print(torch.__config__.show())"], TORCH_ENV)
@@ -381,6 +411,7 @@ def main():
         if a.training if a.training is not None else not a.quick:
             train_cnn_rows(rows, work, backends, nthreads, rounds)
             gpt_rows(rows, work, backends, nthreads, rounds)
+            fx_train_rows(rows, backends, nthreads, rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if rows.failed else 0
