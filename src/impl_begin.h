@@ -419,6 +419,13 @@ static tb_tensor *tb__scope_claim(tb_tensor *t);
 static void tb__scope_take(tb_tensor *t);
 /* tensor.c: syncs tensors on several devices, one graph per device (tb_mark_step's way) */
 static tb_status tb__sync_by_device(tb_tensor *const *tensors, size_t n, const char *func);
+/* tensor.c: while > 0 on a thread, the automatic flush neither counts nor flushes the graphs
+   it records (a graph recorded only to be walked, never run) */
+static TB__THREAD_LOCAL int tb__no_auto_flush = 0;
+/* tensor.c: tb_sync of tensors (one device) whose graph also computes the nodes `extra` of
+   their history, each value kept in its node for later graphs to read */
+static tb_status tb__exec_sync_with(tb_tensor *const *tensors, size_t count, tb_node *const *extra,
+                                    size_t n_extra, const char *func);
 
 /* reference.c: the reference interpreter (the cpu backend runs it). A graph's parameter values
    and results are contiguous host arrays of the nodes' shapes. */
@@ -452,6 +459,10 @@ static tb_tensor *tb__ag_index_sum(tb__ag *a, const tb_shape *xs, int32_t dim, t
                                    tb_tensor *src);
 /* a tensor of an IR node, kept by the arena */
 static tb_tensor *tb__ag_node(tb__ag *a, tb_node *node);
+/* tb_grad's work without its checks: grads_out[i] the gradient of out for inputs[i] (NULL where
+   no path), the rules' tensors in the arena `a` (a->device out's device) */
+static tb_status tb__grad(tb__ag *a, tb_tensor *out, tb_tensor *seed, tb_tensor *const *inputs,
+                          size_t n, tb_tensor **grads_out);
 /* the gradient of a stride-1 convolution's input where matmul `mm` reads the windows of x as
    a convolution records them (*x set to x's node), else NULL: conv.c's rule, which it gives
    the matmul's backward when it records a convolution */

@@ -349,11 +349,16 @@ def training(device):
     f = tb_fx.compile(ours, [xo], device=device)
     lib = tb_fx.library()
     runs = lib.tb_metrics_counter(b"ExecuteTime")
+    saved = lib.tb_metrics_counter(b"SavedForGrad")
     out = f(xo)
     # the outputs and every batch norm's running statistics come from one graph (read one by
-    # one, each statistic would run a graph of the network up to its batch norm)
+    # one, each statistic would run a graph of the network up to its batch norm), which also
+    # keeps the values the backward reads (the convolutions' outputs, the batch statistics)
     forward_graphs = lib.tb_metrics_counter(b"ExecuteTime") - runs
+    saved = lib.tb_metrics_counter(b"SavedForGrad") - saved
+    runs = lib.tb_metrics_counter(b"ExecuteTime")
     F.cross_entropy(out, label).backward()
+    backward_graphs = lib.tb_metrics_counter(b"ExecuteTime") - runs
     worst, where = worst_grad(ours, ref, xo, xr)
     stats = max(rel_err(a, b) for (n, a), (_, b) in zip(ours.named_buffers(),
                                                        ref.named_buffers())
@@ -361,11 +366,13 @@ def training(device):
     tracked = all(int(a) == int(b) for (n, a), (_, b) in zip(ours.named_buffers(),
                                                              ref.named_buffers())
                   if n.endswith("num_batches_tracked"))
-    check(worst <= 1e-4 and stats <= 1e-5 and tracked and forward_graphs == 1,
+    check(worst <= 1e-4 and stats <= 1e-5 and tracked and forward_graphs == 1 and
+          backward_graphs == 1 and saved >= 20,
           "a training step of ResNet-18 (batch 4, 64x64, input seed %d) on %s: gradients "
           "within %.1e of PyTorch's scale (worst: %s), running statistics within %.1e, "
-          "graphs the forward ran: %d (1 wanted)" %
-          (seed, device, worst, where, stats, forward_graphs))
+          "graphs the forward and the backward ran: %d and %d (1 and 1 wanted), forward values "
+          "saved for the backward: %d (at least 20 wanted)" %
+          (seed, device, worst, where, stats, forward_graphs, backward_graphs, saved))
     opt_r = torch.optim.SGD(ref.parameters(), lr=0.1)
     opt_o = torch.optim.SGD(ours.parameters(), lr=0.1)
     opt_r.step()

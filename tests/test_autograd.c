@@ -980,6 +980,168 @@ static void test_custom_op_vjp(void **state) {
     tb_tensor_release(x);
 }
 
+/* ---- tb_sync_for_grad ---- */
+
+static int g_square_calls; /* runs of sq_counted's reference */
+
+static tb_status sq_counted(const void *const *inputs, const tb_shape *shapes, size_t n,
+                            void *output, const tb_shape *out_shape, const int64_t *attrs,
+                            size_t num_attrs, void *user) {
+    g_square_calls++;
+    return sq_ref(inputs, shapes, n, output, out_shape, attrs, num_attrs, user);
+}
+
+/* loss = sum(relu(0.5 * square(x w) - 1)), square a custom op that counts its runs (every
+   backend runs it through its reference). After tb_sync_for_grad the backward reads the saved
+   square and matmul: the square runs once for forward and backward together, where after a
+   plain tb_sync the backward runs it again. The gradient is x^T (mask * x w) either way. */
+static bool check_sync_for_grad(const char *backend) {
+    static const double wv[] = {0.5, -1.0, 2.0, 1.5, -0.25, 0.75};
+    static const double xv[] = {1, 2, 3, 0.5, -1, 2, -2, 1, 0.25, 1.5, 1, -0.5};
+    static tb_op op;
+    static bool registered;
+    double want[6] = {0}, got[6];
+    int mode, i, j, k, matmuls;
+    char *text;
+    const char *at;
+    if (tb_device_make(backend, 0, &g_dev) != TB_OK) {
+        print_message("no %s device, skipped\n", backend);
+        assert_int_equal(tb_device_make("cpu", 0, &g_dev), TB_OK);
+        return false;
+    }
+    if (!registered) {
+        tb_custom_op_desc desc;
+        memset(&desc, 0, sizeof desc);
+        desc.name = "ag_square_counted";
+        desc.num_inputs = 1;
+        desc.reference = sq_counted;
+        desc.vjp = sq_vjp;
+        assert_int_equal(tb_op_register(&desc, &op), TB_OK);
+        registered = true;
+    }
+    for (i = 0; i < 4; i++) { /* d loss / d h = mask * h, h = x w */
+        for (j = 0; j < 2; j++) {
+            double h = 0;
+            for (k = 0; k < 3; k++)
+                h += xv[i * 3 + k] * wv[k * 2 + j];
+            if (0.5 * h * h - 1 > 0) {
+                for (k = 0; k < 3; k++)
+                    want[k * 2 + j] += xv[i * 3 + k] * h;
+            }
+        }
+    }
+    for (mode = 0; mode < 2; mode++) {
+        tb_tensor *w = from(wv, 2, DIMS(3, 2)), *x = from(xv, 2, DIMS(4, 3)), *h, *loss, *g = NULL;
+        int64_t saved = tb_metrics_counter("SavedForGrad");
+        assert_int_equal(tb_set_requires_grad(w, true), TB_OK);
+        h = K(tb_matmul(x, w));
+        h = K(tb_call_op(op, &h, 1, NULL, 0));
+        loss = tb_sum(K(tb_relu(K(tb_add_scalar(K(tb_mul_scalar(h, 0.5)), -1.0)))), NULL, 0, false);
+        drop_kept();
+        g_square_calls = 0;
+        if (mode == 0) {
+            assert_int_equal(tb_sync_for_grad(&loss, 1, &w, 1), TB_OK);
+            assert_true(tb_metrics_counter("SavedForGrad") > saved);
+        } else {
+            assert_int_equal(tb_sync(&loss, 1), TB_OK);
+            assert_int_equal(tb_metrics_counter("SavedForGrad"), saved);
+        }
+        assert_int_equal(g_square_calls, 1);
+        assert_int_equal(tb_grad(loss, NULL, &w, 1, &g), TB_OK);
+        /* the gradient's graph: x^T (mask * h), and x w again where h was not saved */
+        text = tb_ir_text(&g, 1);
+        assert_non_null(text);
+        for (matmuls = 0, at = text; (at = strstr(at, " = matmul(")) != NULL; at++)
+            matmuls++;
+        tb_free(text);
+        assert_int_equal(matmuls, mode == 0 ? 1 : 2);
+        read_f64(g, got);
+        for (j = 0; j < 6; j++) {
+            if (fabs(got[j] - want[j]) > 1e-12 * (1 + fabs(want[j]))) {
+                fprintf(stderr, "%s, %s: element %d: %.17g, want %.17g\n", backend,
+                        mode == 0 ? "saved" : "recomputed", j, got[j], want[j]);
+                fail();
+            }
+        }
+        /* the square ran again only where nothing was saved (the compiled backends keep the
+           value of an op they run apart in any case) */
+        assert_int_equal(g_square_calls, mode == 0 || strcmp(backend, "cpu") != 0 ? 1 : 2);
+        tb_tensor_release(g);
+        tb_tensor_release(loss); /* and with it the saved values */
+        tb_tensor_release(x);
+        tb_tensor_release(w);
+    }
+    assert_int_equal(tb_device_make("cpu", 0, &g_dev), TB_OK);
+    return true;
+}
+
+static void test_sync_for_grad(void **state) {
+    static const double v[] = {1, 2, 3, 4};
+    static const int64_t iv[] = {1, 2};
+    tb_tensor *x, *i, *y, *n, *none[2] = {NULL, NULL};
+    int64_t saved;
+    double got[4];
+    (void)state;
+    assert_true(check_sync_for_grad("cpu"));
+    assert_int_equal(tb_device_make("cpu", 0, &g_dev), TB_OK);
+    x = from(v, 2, DIMS(2, 2));
+    i = from_i64(iv, 1, DIMS(2));
+    assert_int_equal(tb_set_requires_grad(x, true), TB_OK);
+    y = tb_exp(K(tb_matmul(x, x)));
+    /* bad input: an error, and y is still pending and right */
+    assert_int_equal(tb_sync_for_grad(NULL, 1, &x, 1), TB_ERR_INVALID_ARGUMENT);
+    assert_int_equal(tb_sync_for_grad(none, 2, &x, 1), TB_ERR_INVALID_ARGUMENT);
+    assert_int_equal(tb_sync_for_grad(&y, 1, NULL, 1), TB_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(tb_last_error(), "inputs is NULL"));
+    assert_int_equal(tb_sync_for_grad(&y, 1, none, 1), TB_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(tb_last_error(), "inputs[0] is NULL"));
+    assert_int_equal(tb_sync_for_grad(&y, 1, &i, 1), TB_ERR_DTYPE);
+    assert_non_null(strstr(tb_last_error(), "i64"));
+    assert_non_null(tb_tensor_node(y));
+    { /* a history tb_grad refuses (a custom op without a vjp): refused here, nothing synced */
+        tb_custom_op_desc desc;
+        tb_op op;
+        tb_tensor *z;
+        memset(&desc, 0, sizeof desc);
+        desc.name = "ag_square_unsaved";
+        desc.num_inputs = 1;
+        desc.reference = sq_ref;
+        assert_int_equal(tb_op_register(&desc, &op), TB_OK);
+        z = tb_sum(K(tb_call_op(op, &x, 1, NULL, 0)), NULL, 0, false);
+        assert_int_equal(tb_sync_for_grad(&z, 1, &x, 1), TB_ERR_UNSUPPORTED);
+        assert_non_null(strstr(tb_last_error(), "ag_square_unsaved"));
+        assert_non_null(tb_tensor_node(z));
+        assert_int_equal(tb_sync(&z, 1), TB_OK);
+        read_f64(z, got);
+        assert_true(got[0] == 30);
+        tb_tensor_release(z);
+    }
+    /* no inputs, or a tensor without history: a plain sync that saves nothing */
+    saved = tb_metrics_counter("SavedForGrad");
+    n = tb_sum(i, NULL, 0, false);
+    assert_int_equal(tb_sync_for_grad(&n, 1, &x, 1), TB_OK);
+    assert_null(tb_tensor_node(n));
+    assert_int_equal(tb_sync_for_grad(&y, 1, NULL, 0), TB_OK);
+    assert_null(tb_tensor_node(y));
+    assert_int_equal(tb_metrics_counter("SavedForGrad"), saved);
+    assert_int_equal(tb_sync_for_grad(NULL, 0, NULL, 0), TB_OK);
+    read_f64(y, got);
+    assert_true(fabs(got[0] - exp(7.0)) < 1e-9 * exp(7.0));
+    drop_kept();
+    tb_tensor_release(n);
+    tb_tensor_release(y);
+    tb_tensor_release(i);
+    tb_tensor_release(x);
+}
+
+static void test_sync_for_grad_devices(void **state) {
+    bool native, opencl;
+    (void)state;
+    native = check_sync_for_grad("native");
+    opencl = check_sync_for_grad("opencl");
+    if (!native && !opencl) skip();
+}
+
 /* ---- bad input ---- */
 
 static void test_bad_input(void **state) {
@@ -1052,6 +1214,14 @@ static void test_bad_input_devices(void **state) {
     assert_int_equal(tb_grad(K(tb_sum(x, NULL, 0, false)), NULL, &z, 1, &g),
                      TB_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(tb_last_error(), "inputs[0] is on"));
+    assert_int_equal(tb_set_requires_grad(x, true), TB_OK);
+    assert_int_equal(tb_sync_for_grad((tb_tensor *const[]){K(tb_exp(x))}, 1, &z, 1),
+                     TB_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(tb_last_error(), "inputs[0] is on"));
+    assert_int_equal(tb_sync_for_grad((tb_tensor *const[]){K(tb_exp(x)), K(tb_exp(z))}, 2, &x, 1),
+                     TB_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(tb_last_error(), "cannot be one graph"));
+    drop_kept();
     assert_int_equal(tb_assign(x, z), TB_ERR_INVALID_ARGUMENT);
     tb_tensor_release(x);
     tb_tensor_release(z);
@@ -1080,12 +1250,14 @@ int main(void) {
         cmocka_unit_test(test_history_survives_sync),
         cmocka_unit_test(test_assign),
         cmocka_unit_test(test_custom_op_vjp),
+        cmocka_unit_test(test_sync_for_grad),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_bad_input_devices),
     };
     const struct CMUnitTest devices[] = {
         cmocka_unit_test(test_opencl_matches_cpu),
         cmocka_unit_test(test_native_matches_cpu),
+        cmocka_unit_test(test_sync_for_grad_devices),
     };
 #if defined(AUTOGRAD_DEVICES)
     (void)cpu;

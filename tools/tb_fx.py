@@ -112,6 +112,8 @@ _SIGNATURES = {
     "tb_matmul": (_T, [_T, _T]),
     "tb_set_requires_grad": (ctypes.c_int, [_T, ctypes.c_bool]),
     "tb_grad": (ctypes.c_int, [_T, _T, ctypes.POINTER(_T), ctypes.c_size_t, ctypes.POINTER(_T)]),
+    "tb_sync_for_grad": (ctypes.c_int, [ctypes.POINTER(_T), ctypes.c_size_t, ctypes.POINTER(_T),
+                                        ctypes.c_size_t]),
     "tb_dropout": (_T, [_T, ctypes.c_double, ctypes.c_bool]),
     "tb_ones": (_T, [ctypes.POINTER(_Shape), ctypes.POINTER(_Device)]),
     "tb_expand": (_T, [_T, _I64P, ctypes.c_int32]),
@@ -198,7 +200,7 @@ def _pair(v):
 
 
 class _State(dict):
-    """What a call keeps (its outputs and leaves, and in training what its backward needs):
+    """What a call keeps (its outputs, leaves and, in training, the values its backward reads):
     released by the backward, or else when the call's autograd node goes (outputs never
     differentiated) so that a call without a backward leaks nothing."""
 
@@ -404,10 +406,11 @@ class _Graph:
         keep.append(self.lib.tb_scope_keep(h))
         return h
 
-    def run(self, inputs, params=None):
+    def run(self, inputs, params=None, grad_of=()):
         """The graph's outputs for `inputs` as torch tensors. Training: `params` are the current
-        values of self.param_keys, and the result is (outputs, state) where state holds what
-        backward needs (release it with release_state)."""
+        values of self.param_keys, grad_of the positions in inputs + params of the tensors
+        backward will want gradients of, and the result is (outputs, state) where state holds
+        what backward needs (release it with release_state)."""
         lib = self.lib
         keep, leaves, kept = [], [], []
         if lib.tb_scope_begin() != 0:
@@ -489,14 +492,23 @@ class _Graph:
         lib.tb_scope_end()
         state = _State(lib, keep=keep, outputs=[v.h for v in kept], leaves=leaves,
                        params=call_params)
+        if self.training:
+            every = leaves + [call_params[k] for k in self.param_keys]
+            state["wanted"] = [every[i] for i in grad_of]
         try:
             # training: the batch norms' updated running statistics are computed in the same
             # graph as the outputs (read one by one afterwards, each would be a graph of its
-            # own that computes the network again up to its batch norm)
+            # own that computes the network again up to its batch norm), and the values the
+            # backward reads are kept (else its graph would compute the forward again)
             synced = [v.h for v in kept] + ([h for _, h in self._running_stats(call_params)]
                                             if self.training else [])
             handles = (_T * max(len(synced), 1))(*synced)
-            if synced and lib.tb_sync(handles, len(synced)) != 0:
+            if self.training:
+                wanted = (_T * max(len(state["wanted"]), 1))(*state["wanted"])
+                if lib.tb_sync_for_grad(handles, len(synced), wanted,
+                                        len(state["wanted"])) != 0:
+                    raise _err("tb_sync_for_grad")
+            elif synced and lib.tb_sync(handles, len(synced)) != 0:
                 raise _err("tb_sync")
             out = _map_values(result, lambda v: v.to_torch())
             if self.training:
@@ -1445,12 +1457,11 @@ class _Train(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graph, n_inputs, *tensors):
         inputs, params = tensors[:n_inputs], tensors[n_inputs:]
-        out, state = graph.run(inputs, params)
-        ctx.graph, ctx.state = graph, state
         ctx.wanted = [i for i, t in enumerate(tensors) if t.requires_grad]
+        out, state = graph.run(inputs, params, ctx.wanted)
+        ctx.graph, ctx.state = graph, state
         ctx.n = len(tensors)
-        leaves = state["leaves"] + [state["params"][k] for k in graph.param_keys]
-        ctx.handles = [leaves[i] for i in ctx.wanted]
+        ctx.handles = state["wanted"]
         outs = out if isinstance(out, tuple) else (out,)
         ctx.single = not isinstance(out, tuple)
         return outs if not ctx.single else outs[0]

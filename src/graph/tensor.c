@@ -618,6 +618,34 @@ static tb_status tb__exec_sync(tb_tensor *const *tensors, size_t count, const ch
     return st;
 }
 
+static tb_status tb__exec_sync_with(tb_tensor *const *tensors, size_t count, tb_node *const *extra,
+                                    size_t n_extra, const char *func) {
+    tb_tensor **all;
+    size_t i, total = 0;
+    tb_status st = TB_OK;
+    if (n_extra == 0) return tb__exec_sync(tensors, count, func);
+    all = (tb_tensor **)tb__calloc(count + n_extra, sizeof *all);
+    if (all == NULL) return TB_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < count; i++)
+        all[total++] = tensors[i];
+    /* each extra node rides along as a tensor of its own: the sync gives its node the value */
+    for (i = 0; i < n_extra && st == TB_OK; i++) {
+        tb_tensor *t = tb__tensor_new(&extra[i]->device, &extra[i]->shape);
+        if (t == NULL) {
+            st = TB_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        tb__node_retain(extra[i]);
+        t->node = extra[i];
+        all[total++] = t;
+    }
+    if (st == TB_OK) st = tb__exec_sync(all, total, func);
+    for (i = count; i < total; i++)
+        tb_tensor_release(all[i]);
+    tb__free(all);
+    return st;
+}
+
 TBDEF tb_status tb_sync(tb_tensor *const *tensors, size_t count) {
     tb_status st;
     tb__ensure_setup();
@@ -719,7 +747,7 @@ static tb_status tb__tensor_auto_flush(tb_tensor *t) {
     }
     node->graph_size = bound;
     limit = tb__desc()->max_graph_nodes > 0 ? (uint64_t)tb__desc()->max_graph_nodes : 100000u;
-    if (bound <= limit) return TB_OK;
+    if (bound <= limit || tb__no_auto_flush > 0) return TB_OK;
     st = tb__exec_graph_count(node, &exact);
     if (st != TB_OK) return st;
     node->graph_size = exact;

@@ -21,6 +21,21 @@
    error grads_out is all NULL. */
 TBDEF tb_status tb_grad(tb_tensor *out, tb_tensor *seed, tb_tensor *const *inputs, size_t n,
                         tb_tensor **grads_out);
+/* tb_sync of `tensors` ahead of a backward in a graph of its own (PyTorch's saved tensors):
+   the sync also keeps on the device the values of the tensors' history that tb_grad of them
+   with respect to `inputs` reads, so that the gradients' graph reads those values instead of
+   computing the forward pass again. Use it when the forward's outputs must be read before the
+   backward is recorded (a loss computed elsewhere, a metric); a step whose forward, backward
+   and update are one sync needs nothing saved. What is saved: the value of each op of the
+   history that the backward's rules read, except views (reshape, permute, expand, slice,
+   window), whose operands are saved instead. The saved values are freed with the history
+   that holds them (when the tensors are released);
+   the metric SavedForGrad counts them. Tensors that do not require grad, and n == 0, sync as
+   tb_sync. Errors as tb_sync's and tb_grad's: inputs must be floating point on the tensors'
+   device, and a history tb_grad cannot differentiate (a custom op without a vjp) is refused
+   (TB_ERR_UNSUPPORTED naming the op) with nothing synced. */
+TBDEF tb_status tb_sync_for_grad(tb_tensor *const *tensors, size_t count, tb_tensor *const *inputs,
+                                 size_t n);
 /* A new tensor with x's value and no history: gradients do not flow through it. */
 TBDEF tb_tensor *tb_detach(tb_tensor *x);
 /* Whether the tensor's value keeps its history for tb_grad after a sync (PyTorch's
