@@ -1293,10 +1293,9 @@ TBDEF void tb_function_release(tb_function *fn);
        %1 = scalar f32[] (param 1, value 2)
        %2 = mul(%0, %1) f32[2,3] (result 0)
        %3 = sum(%2) f32[] attrs=[3, 0] (result 1)
-   "(result i)" marks the node of tensors[i] (a node may carry several); values
-   computed by the eager fallback or saved by tb_sync_for_grad show as "(param i, computed
-   apart)". The tensors may be on
-   different devices. */
+   "(result i)" marks the node of tensors[i] (a node may carry several); values computed by
+   the eager fallback or saved by tb_sync_for_grad show as "(param i, computed apart)". The
+   tensors may be on different devices. */
 TBDEF char *tb_ir_text(tb_tensor *const *tensors, size_t count);
 /* Graphviz DOT of the same graph: one box per node labelled with its number, op and shape,
    an edge per operand (fused kernels as clusters where a backend groups nodes). */
@@ -2041,11 +2040,11 @@ TBDEF tb_status tb_grad(tb_tensor *out, tb_tensor *seed, tb_tensor *const *input
    and update are one sync needs nothing saved. What is saved: the value of each op of the
    history that the backward's rules read, except views (reshape, permute, expand, slice,
    window), whose operands are saved instead. The saved values are freed with the history
-   that holds them (when the tensors are released);
-   the metric SavedForGrad counts them. Tensors that do not require grad, and n == 0, sync as
-   tb_sync. Errors as tb_sync's and tb_grad's: inputs must be floating point on the tensors'
-   device, and a history tb_grad cannot differentiate (a custom op without a vjp) is refused
-   (TB_ERR_UNSUPPORTED naming the op) with nothing synced. */
+   that holds them (when the tensors are released); the metric SavedForGrad counts them.
+   Tensors that do not require grad, and n == 0, sync as tb_sync. Errors as tb_sync's and
+   tb_grad's: inputs must be floating point on the tensors' device, and a history tb_grad
+   cannot differentiate (a custom op without a vjp) is refused (TB_ERR_UNSUPPORTED naming the
+   op) with nothing synced. */
 TBDEF tb_status tb_sync_for_grad(tb_tensor *const *tensors, size_t count, tb_tensor *const *inputs,
                                  size_t n);
 /* A new tensor with x's value and no history: gradients do not flow through it. */

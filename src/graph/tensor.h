@@ -238,10 +238,9 @@ TBDEF void tb_function_release(tb_function *fn);
        %1 = scalar f32[] (param 1, value 2)
        %2 = mul(%0, %1) f32[2,3] (result 0)
        %3 = sum(%2) f32[] attrs=[3, 0] (result 1)
-   "(result i)" marks the node of tensors[i] (a node may carry several); values
-   computed by the eager fallback or saved by tb_sync_for_grad show as "(param i, computed
-   apart)". The tensors may be on
-   different devices. */
+   "(result i)" marks the node of tensors[i] (a node may carry several); values computed by
+   the eager fallback or saved by tb_sync_for_grad show as "(param i, computed apart)". The
+   tensors may be on different devices. */
 TBDEF char *tb_ir_text(tb_tensor *const *tensors, size_t count);
 /* Graphviz DOT of the same graph: one box per node labelled with its number, op and shape,
    an edge per operand (fused kernels as clusters where a backend groups nodes). */
