@@ -2038,8 +2038,9 @@ TBDEF tb_status tb_grad(tb_tensor *out, tb_tensor *seed, tb_tensor *const *input
    computing the forward pass again. Use it when the forward's outputs must be read before the
    backward is recorded (a loss computed elsewhere, a metric); a step whose forward, backward
    and update are one sync needs nothing saved. What is saved: the value of each op of the
-   history that the backward's rules read, except views (reshape, permute, expand, slice,
-   window), whose operands are saved instead. The saved values are freed with the history
+   history that the backward's rules read, except views (reshape, permute, expand, slice, flip,
+   window), whose operands are saved instead; values an earlier sync computed, and tensors
+   synced already, need nothing saved. The saved values are freed with the history
    that holds them (when the tensors are released); the metric SavedForGrad counts them.
    Tensors that do not require grad, and n == 0, sync as tb_sync. Errors as tb_sync's and
    tb_grad's: inputs must be floating point on the tensors' device, and a history tb_grad
@@ -3020,9 +3021,8 @@ static tb_tensor *tb__scope_claim(tb_tensor *t);
 static void tb__scope_take(tb_tensor *t);
 /* tensor.c: syncs tensors on several devices, one graph per device (tb_mark_step's way) */
 static tb_status tb__sync_by_device(tb_tensor *const *tensors, size_t n, const char *func);
-/* tensor.c: while > 0 on a thread, the automatic flush neither counts nor flushes the graphs
-   it records (a graph recorded only to be walked, never run) */
-static TB__THREAD_LOCAL int tb__no_auto_flush = 0;
+/* tensor.c: tb__no_auto_flush, while > 0 on a thread, keeps the automatic flush from counting
+   or flushing the graphs it records (a graph recorded only to be walked, never run) */
 /* tensor.c: tb_sync of tensors (one device) whose graph also computes the nodes `extra` of
    their history, each value kept in its node for later graphs to read */
 static tb_status tb__exec_sync_with(tb_tensor *const *tensors, size_t count, tb_node *const *extra,
@@ -11312,6 +11312,8 @@ static tb_status tb__exec_graph_count(tb_node *node, uint64_t *out) {
    Only a bound above the limit costs a walk, and the walk's exact count replaces the bound.
    Flushing already when the exact count is above half the limit keeps graphs that share
    subgraphs heavily (x = x + x) from walking at every op once they come near the limit. */
+static TB__THREAD_LOCAL int tb__no_auto_flush = 0; /* see impl_begin.h */
+
 static tb_status tb__tensor_auto_flush(tb_tensor *t) {
     tb_node *node = t->node;
     uint64_t bound = 1, limit, exact = 0;
@@ -18968,7 +18970,7 @@ typedef struct tb__ag_saved {
 } tb__ag_saved;
 
 /* Adds the forward node `node` (one of `fwd`'s computed nodes that the backward reads) to the
-   saved list. A view (a movement op: reshape, permute, expand, slice, window) is computed
+   saved list. A view (a movement op: reshape, permute, expand, slice, flip, window) is computed
    again from its operand, which is saved in its place: storing a view would copy it, an
    expanded one at its full size. Every other op is saved as it is, elementwise ones too (as
    PyTorch saves tensors): a ResNet's backward that computed its batch norms and ReLUs again
@@ -19017,8 +19019,10 @@ static tb_status tb__ag_saved_of(tb__ag_saved *s, const char *fn, tb_tensor *out
     tb_status st;
     grads = (tb_tensor **)tb__calloc(n + 1, sizeof *grads);
     roots = (tb_node **)tb__calloc(n + 1, sizeof *roots);
+    tb__no_auto_flush++; /* walked only: the flush's exact counts would cost more than it */
     seed = tb_detach(out);
     if (grads == NULL || roots == NULL || seed == NULL) {
+        tb__no_auto_flush--;
         tb__free(grads);
         tb__free(roots);
         tb_tensor_release(seed);
@@ -19026,7 +19030,6 @@ static tb_status tb__ag_saved_of(tb__ag_saved *s, const char *fn, tb_tensor *out
     }
     tb__ag_init(&a, fn);
     a.device = tb_tensor_device(out);
-    tb__no_auto_flush++; /* walked only: the flush's exact counts would cost more than it */
     st = tb__grad(&a, out, seed, inputs, n, grads);
     tb__no_auto_flush--;
     tb__ag_free(&a);
@@ -19114,10 +19117,8 @@ TBDEF tb_status tb_sync_for_grad(tb_tensor *const *tensors, size_t count, tb_ten
             tb_dtype_is_float(t->shape.dtype))
             st = tb__ag_saved_of(&s, fn, t, inputs, n, &fwd);
     }
-    if (st == TB_OK) {
-        tb__metric_count("SavedForGrad", (int64_t)s.num);
-        st = tb__exec_sync_with(tensors, count, s.list, s.num, fn);
-    }
+    if (st == TB_OK) st = tb__exec_sync_with(tensors, count, s.list, s.num, fn);
+    if (st == TB_OK) tb__metric_count("SavedForGrad", (int64_t)s.num);
     tb__free(roots);
     tb__free(s.list);
     tb__free(s.stack);

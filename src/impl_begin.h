@@ -419,9 +419,8 @@ static tb_tensor *tb__scope_claim(tb_tensor *t);
 static void tb__scope_take(tb_tensor *t);
 /* tensor.c: syncs tensors on several devices, one graph per device (tb_mark_step's way) */
 static tb_status tb__sync_by_device(tb_tensor *const *tensors, size_t n, const char *func);
-/* tensor.c: while > 0 on a thread, the automatic flush neither counts nor flushes the graphs
-   it records (a graph recorded only to be walked, never run) */
-static TB__THREAD_LOCAL int tb__no_auto_flush = 0;
+/* tensor.c: tb__no_auto_flush, while > 0 on a thread, keeps the automatic flush from counting
+   or flushing the graphs it records (a graph recorded only to be walked, never run) */
 /* tensor.c: tb_sync of tensors (one device) whose graph also computes the nodes `extra` of
    their history, each value kept in its node for later graphs to read */
 static tb_status tb__exec_sync_with(tb_tensor *const *tensors, size_t count, tb_node *const *extra,

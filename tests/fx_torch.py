@@ -13,6 +13,7 @@ on a failure, 0 (with "skipped: ...") when torch or torchvision cannot be import
 """
 import argparse
 import copy
+import ctypes
 import gc
 import os
 import sys
@@ -333,6 +334,33 @@ def clear_of_kinks(model, shape, first_seed):
     return x, seed
 
 
+def read_apart(f, out):
+    """How many parameters of the gradient graph of a training call's output (out, before its
+    backward) are values computed apart from it: the forward's saved values it reads."""
+    lib, T = tb_fx.library(), tb_fx._T
+    ctx = out.grad_fn  # the call's autograd node: tb_fx._Train's ctx
+    wanted = ctx.handles
+    seed = f.graph._upload(torch.ones_like(out))
+    got = (T * len(wanted))()
+    try:
+        if lib.tb_grad(ctx.state["outputs"][0], seed, (T * len(wanted))(*wanted), len(wanted),
+                       got) != 0:
+            raise tb_fx.Error("tb_grad failed")
+        present = [got[i] for i in range(len(wanted)) if got[i]]
+        lib.tb_ir_text.restype = ctypes.c_void_p
+        lib.tb_ir_text.argtypes = [ctypes.POINTER(T), ctypes.c_size_t]
+        lib.tb_free.argtypes = [ctypes.c_void_p]
+        p = lib.tb_ir_text((T * len(present))(*present), len(present))
+        text = ctypes.string_at(p).decode()
+        lib.tb_free(p)
+    finally:
+        lib.tb_tensor_release(seed)
+        for i in range(len(wanted)):
+            if got[i]:
+                lib.tb_tensor_release(got[i])
+    return text.count("computed apart")
+
+
 def training(device):
     """One step of ResNet-18 in training mode (batch norms on the batch's statistics): the
     gradients of every parameter and of the input, and the running statistics, against
@@ -356,6 +384,7 @@ def training(device):
     # keeps the values the backward reads (the convolutions' outputs, the batch statistics)
     forward_graphs = lib.tb_metrics_counter(b"ExecuteTime") - runs
     saved = lib.tb_metrics_counter(b"SavedForGrad") - saved
+    read = read_apart(f, out)  # the values the backward's graph reads: those saved
     runs = lib.tb_metrics_counter(b"ExecuteTime")
     F.cross_entropy(out, label).backward()
     backward_graphs = lib.tb_metrics_counter(b"ExecuteTime") - runs
@@ -367,12 +396,12 @@ def training(device):
                                                              ref.named_buffers())
                   if n.endswith("num_batches_tracked"))
     check(worst <= 1e-4 and stats <= 1e-5 and tracked and forward_graphs == 1 and
-          backward_graphs == 1 and saved >= 20,
+          backward_graphs == 1 and saved >= 20 and read == saved,
           "a training step of ResNet-18 (batch 4, 64x64, input seed %d) on %s: gradients "
           "within %.1e of PyTorch's scale (worst: %s), running statistics within %.1e, "
           "graphs the forward and the backward ran: %d and %d (1 and 1 wanted), forward values "
-          "saved for the backward: %d (at least 20 wanted)" %
-          (seed, device, worst, where, stats, forward_graphs, backward_graphs, saved))
+          "saved for the backward: %d (at least 20 wanted), read by its graph: %d" %
+          (seed, device, worst, where, stats, forward_graphs, backward_graphs, saved, read))
     opt_r = torch.optim.SGD(ref.parameters(), lr=0.1)
     opt_o = torch.optim.SGD(ours.parameters(), lr=0.1)
     opt_r.step()
@@ -414,18 +443,51 @@ def released(device):
         dropped = sum(1 for k in freed if k)
         del freed[:]
         y = f(x)
-        y.sum().backward()
+        y.sum().backward(retain_graph=True)  # PyTorch keeps its graph: ours is what refuses
         by_backward = sum(1 for k in freed if k)
+        del freed[:]
+        try:
+            y.sum().backward()  # a second backward: refused (its tensors are gone)
+            second = "allowed"
+        except RuntimeError as e:
+            second = str(e)
         del y
         gc.collect()
-        again = sum(1 for k in freed if k)
+        again = freed == [0]  # the call's node went: one release, with nothing left to free
     finally:
         tb_fx._State.release = release
-    check(no_grad == 3 and dropped == 3 and by_backward == 1 and again == 1,
+    check(no_grad == 3 and dropped == 3 and by_backward == 1 and again and
+          "tb_fx" in second and "retain_graph" in second,
           "a training call's kept tensors on %s are released: under torch.no_grad %d of 3, "
-          "outputs dropped without a backward %d of 3, by the backward %d of 1 (%d of 1 once its "
-          "outputs went too)"
-          % (device, no_grad, dropped, by_backward, again))
+          "outputs dropped without a backward %d of 3, by the backward %d of 1 (nothing more "
+          "once its outputs went: %s); a second backward: %s"
+          % (device, no_grad, dropped, by_backward, again, second))
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x, k):
+        return self.lin(x) * k
+
+
+def number_input(device):
+    """Training with an input that is a number, not a tensor: gradients of the weights and of
+    the tensor input as PyTorch's."""
+    torch.manual_seed(4)
+    m = Scaled().train()
+    x = torch.randn(2, 4, requires_grad=True)
+    f = tb_fx.compile(m, [x, 2.0], device=device)
+    f(x, 2.0).sum().backward()
+    got = (m.lin.weight.grad.clone(), x.grad.clone())
+    m.zero_grad()
+    x.grad = None
+    m(x, 2.0).sum().backward()
+    err = max(rel_err(got[0], m.lin.weight.grad), rel_err(got[1], x.grad))
+    check(err <= 1e-6, "training with a number among the inputs on %s: gradients within %.1e of "
+          "PyTorch's" % (device, err))
 
 
 def errors(device):
@@ -573,6 +635,7 @@ def main():
         swin(device)
         training(device)
         released(device)
+        number_input(device)
         errors(device)
     print("%d passed, %d failed" % (RESULTS["passed"], RESULTS["failed"]))
     return 1 if RESULTS["failed"] else 0

@@ -993,8 +993,8 @@ static tb_status sq_counted(const void *const *inputs, const tb_shape *shapes, s
 
 /* loss = sum(relu(0.5 * square(x w) - 1)), square a custom op that counts its runs (every
    backend runs it through its reference). After tb_sync_for_grad the backward reads the saved
-   square and matmul: the square runs once for forward and backward together, where after a
-   plain tb_sync the backward runs it again. The gradient is x^T (mask * x w) either way. */
+   ReLU input and matmul: the square runs once for forward and backward together, where after
+   a plain tb_sync the backward runs it again. The gradient is x^T (mask * x w) either way. */
 static bool check_sync_for_grad(const char *backend) {
     static const double wv[] = {0.5, -1.0, 2.0, 1.5, -0.25, 0.75};
     static const double xv[] = {1, 2, 3, 0.5, -1, 2, -2, 1, 0.25, 1.5, 1, -0.5};

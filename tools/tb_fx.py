@@ -492,8 +492,10 @@ class _Graph:
         lib.tb_scope_end()
         state = _State(lib, keep=keep, outputs=[v.h for v in kept], leaves=leaves,
                        params=call_params)
-        if self.training:
-            every = leaves + [call_params[k] for k in self.param_keys]
+        if self.training:  # the handles of inputs + params by position (None: not a tensor)
+            handles = iter(leaves)
+            every = ([next(handles) if isinstance(v, torch.Tensor) else None for v in inputs] +
+                     [call_params[k] for k in self.param_keys])
             state["wanted"] = [every[i] for i in grad_of]
         try:
             # training: the batch norms' updated running statistics are computed in the same
@@ -1457,7 +1459,8 @@ class _Train(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graph, n_inputs, *tensors):
         inputs, params = tensors[:n_inputs], tensors[n_inputs:]
-        ctx.wanted = [i for i, t in enumerate(tensors) if t.requires_grad]
+        ctx.wanted = [i for i, t in enumerate(tensors)
+                      if isinstance(t, torch.Tensor) and t.requires_grad]
         out, state = graph.run(inputs, params, ctx.wanted)
         ctx.graph, ctx.state = graph, state
         ctx.n = len(tensors)
@@ -1468,6 +1471,9 @@ class _Train(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
+        if not ctx.state["keep"]:
+            raise Error("tb_fx: a second backward through one call (retain_graph=True) is not "
+                        "supported: the call's tensors went with the first")
         try:
             grads = ctx.graph.grads(ctx.state, grad_outputs, ctx.handles)
         finally:

@@ -733,6 +733,8 @@ static tb_status tb__exec_graph_count(tb_node *node, uint64_t *out) {
    Only a bound above the limit costs a walk, and the walk's exact count replaces the bound.
    Flushing already when the exact count is above half the limit keeps graphs that share
    subgraphs heavily (x = x + x) from walking at every op once they come near the limit. */
+static TB__THREAD_LOCAL int tb__no_auto_flush = 0; /* see impl_begin.h */
+
 static tb_status tb__tensor_auto_flush(tb_tensor *t) {
     tb_node *node = t->node;
     uint64_t bound = 1, limit, exact = 0;

@@ -27,8 +27,9 @@ TBDEF tb_status tb_grad(tb_tensor *out, tb_tensor *seed, tb_tensor *const *input
    computing the forward pass again. Use it when the forward's outputs must be read before the
    backward is recorded (a loss computed elsewhere, a metric); a step whose forward, backward
    and update are one sync needs nothing saved. What is saved: the value of each op of the
-   history that the backward's rules read, except views (reshape, permute, expand, slice,
-   window), whose operands are saved instead. The saved values are freed with the history
+   history that the backward's rules read, except views (reshape, permute, expand, slice, flip,
+   window), whose operands are saved instead; values an earlier sync computed, and tensors
+   synced already, need nothing saved. The saved values are freed with the history
    that holds them (when the tensors are released); the metric SavedForGrad counts them.
    Tensors that do not require grad, and n == 0, sync as tb_sync. Errors as tb_sync's and
    tb_grad's: inputs must be floating point on the tensors' device, and a history tb_grad

@@ -11,7 +11,7 @@ typedef struct tb__ag_saved {
 } tb__ag_saved;
 
 /* Adds the forward node `node` (one of `fwd`'s computed nodes that the backward reads) to the
-   saved list. A view (a movement op: reshape, permute, expand, slice, window) is computed
+   saved list. A view (a movement op: reshape, permute, expand, slice, flip, window) is computed
    again from its operand, which is saved in its place: storing a view would copy it, an
    expanded one at its full size. Every other op is saved as it is, elementwise ones too (as
    PyTorch saves tensors): a ResNet's backward that computed its batch norms and ReLUs again
@@ -60,8 +60,10 @@ static tb_status tb__ag_saved_of(tb__ag_saved *s, const char *fn, tb_tensor *out
     tb_status st;
     grads = (tb_tensor **)tb__calloc(n + 1, sizeof *grads);
     roots = (tb_node **)tb__calloc(n + 1, sizeof *roots);
+    tb__no_auto_flush++; /* walked only: the flush's exact counts would cost more than it */
     seed = tb_detach(out);
     if (grads == NULL || roots == NULL || seed == NULL) {
+        tb__no_auto_flush--;
         tb__free(grads);
         tb__free(roots);
         tb_tensor_release(seed);
@@ -69,7 +71,6 @@ static tb_status tb__ag_saved_of(tb__ag_saved *s, const char *fn, tb_tensor *out
     }
     tb__ag_init(&a, fn);
     a.device = tb_tensor_device(out);
-    tb__no_auto_flush++; /* walked only: the flush's exact counts would cost more than it */
     st = tb__grad(&a, out, seed, inputs, n, grads);
     tb__no_auto_flush--;
     tb__ag_free(&a);
@@ -157,10 +158,8 @@ TBDEF tb_status tb_sync_for_grad(tb_tensor *const *tensors, size_t count, tb_ten
             tb_dtype_is_float(t->shape.dtype))
             st = tb__ag_saved_of(&s, fn, t, inputs, n, &fwd);
     }
-    if (st == TB_OK) {
-        tb__metric_count("SavedForGrad", (int64_t)s.num);
-        st = tb__exec_sync_with(tensors, count, s.list, s.num, fn);
-    }
+    if (st == TB_OK) st = tb__exec_sync_with(tensors, count, s.list, s.num, fn);
+    if (st == TB_OK) tb__metric_count("SavedForGrad", (int64_t)s.num);
     tb__free(roots);
     tb__free(s.list);
     tb__free(s.stack);
