@@ -947,23 +947,28 @@ static tb_status sq_vjp(tb_tensor *const *inputs, size_t n, tb_tensor *output, t
     return grads[0] != NULL ? TB_OK : tb_last_status();
 }
 
+/* Registers the square (sq_ref or another reference) under `name`, with sq_vjp or without. */
+static tb_op register_square(const char *name, tb_custom_reference_fn reference, bool vjp) {
+    tb_custom_op_desc desc;
+    tb_op op;
+    memset(&desc, 0, sizeof desc);
+    desc.name = name;
+    desc.num_inputs = 1;
+    desc.reference = reference;
+    desc.vjp = vjp ? sq_vjp : NULL;
+    assert_int_equal(tb_op_register(&desc, &op), TB_OK);
+    return op;
+}
+
 static void test_custom_op_vjp(void **state) {
     static const double v[] = {1.5, -2.0};
-    tb_custom_op_desc desc;
     tb_op with, without;
     tb_tensor *x, *y, *g = NULL;
     double got[2];
     (void)state;
     assert_int_equal(tb_device_make("cpu", 0, &g_dev), TB_OK);
-    memset(&desc, 0, sizeof desc);
-    desc.name = "ag_square";
-    desc.num_inputs = 1;
-    desc.reference = sq_ref;
-    desc.vjp = sq_vjp;
-    assert_int_equal(tb_op_register(&desc, &with), TB_OK);
-    desc.name = "ag_square_novjp";
-    desc.vjp = NULL;
-    assert_int_equal(tb_op_register(&desc, &without), TB_OK);
+    with = register_square("ag_square", sq_ref, true);
+    without = register_square("ag_square_novjp", sq_ref, false);
     x = from(v, 1, DIMS(2));
     y = tb_sum(K(tb_call_op(with, &x, 1, NULL, 0)), NULL, 0, false);
     assert_int_equal(tb_grad(y, NULL, &x, 1, &g), TB_OK);
@@ -1010,13 +1015,7 @@ static bool check_sync_for_grad(const char *backend) {
         return false;
     }
     if (!registered) {
-        tb_custom_op_desc desc;
-        memset(&desc, 0, sizeof desc);
-        desc.name = "ag_square_counted";
-        desc.num_inputs = 1;
-        desc.reference = sq_counted;
-        desc.vjp = sq_vjp;
-        assert_int_equal(tb_op_register(&desc, &op), TB_OK);
+        op = register_square("ag_square_counted", sq_counted, true);
         registered = true;
     }
     for (i = 0; i < 4; i++) { /* d loss / d h = mask * h, h = x w */
@@ -1099,14 +1098,8 @@ static void test_sync_for_grad(void **state) {
     assert_non_null(strstr(tb_last_error(), "i64"));
     assert_non_null(tb_tensor_node(y));
     { /* a history tb_grad refuses (a custom op without a vjp): refused here, nothing synced */
-        tb_custom_op_desc desc;
-        tb_op op;
+        tb_op op = register_square("ag_square_unsaved", sq_ref, false);
         tb_tensor *z;
-        memset(&desc, 0, sizeof desc);
-        desc.name = "ag_square_unsaved";
-        desc.num_inputs = 1;
-        desc.reference = sq_ref;
-        assert_int_equal(tb_op_register(&desc, &op), TB_OK);
         z = tb_sum(K(tb_call_op(op, &x, 1, NULL, 0)), NULL, 0, false);
         assert_int_equal(tb_sync_for_grad(&z, 1, &x, 1), TB_ERR_UNSUPPORTED);
         assert_non_null(strstr(tb_last_error(), "ag_square_unsaved"));

@@ -90,6 +90,19 @@ static tb_status tb__exec_materialize(const tb__exec *ex, tb_node *const *roots,
                                       tb_backend_data *const *donors, tb_backend_data **out);
 static void tb__exec_text_append(tb__str *s, const tb__exec_walk *w, tb_node *const *nodes,
                                  size_t n);
+/* tensor.c: the distinct pending nodes of `tensors` (those with a node), checked to share one
+   device (collect with `ir` false and `one_device` true, as a sync does; free with
+   tb__exec_roots_free) */
+typedef struct tb__exec_roots {
+    tb_node **nodes;
+    size_t count;
+    tb__exec_map index; /* node -> index in nodes */
+    tb_device device;
+} tb__exec_roots;
+static tb_status tb__exec_roots_collect(tb__exec_roots *r, const char *func,
+                                        tb_tensor *const *tensors, size_t count, bool ir,
+                                        bool one_device);
+static void tb__exec_roots_free(tb__exec_roots *r);
 /* TB_ERR_INVALID_ARGUMENT for a NULL list of count > 0 or a NULL tensor in it ("func: what[i]
    is NULL"; a NULL tensor keeps an earlier error) */
 static tb_status tb__exec_check_list(const char *func, const char *what, tb_tensor *const *tensors,

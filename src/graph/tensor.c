@@ -360,14 +360,6 @@ TBDEF const tb_node *tb_tensor_node(const tb_tensor *tensor) {
     return tensor != NULL ? tensor->node : NULL;
 }
 
-/* The distinct pending nodes of `tensors` (those with a node), checked to share one device. */
-typedef struct tb__exec_roots {
-    tb_node **nodes;
-    size_t count;
-    tb__exec_map index; /* node -> index in nodes */
-    tb_device device;
-} tb__exec_roots;
-
 static void tb__exec_roots_free(tb__exec_roots *r) {
     size_t i;
     for (i = 0; i < r->count; i++)

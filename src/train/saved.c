@@ -102,56 +102,43 @@ TBDEF tb_status tb_sync_for_grad(tb_tensor *const *tensors, size_t count, tb_ten
     const char *fn = "tb_sync_for_grad";
     tb__ag_saved s;
     tb__exec_walk fwd;
-    tb_node **roots = NULL;
-    const tb_tensor *first = NULL;
-    size_t i, m = 0;
+    tb__exec_roots roots;
+    size_t i;
     tb_status st;
     tb__ensure_setup();
     st = tb__exec_check_list(fn, "tensors", tensors, count);
     if (st != TB_OK) return st;
     if (n > 0 && inputs == NULL)
         return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: inputs is NULL", fn);
-    for (i = 0; i < count; i++) {
-        if (tensors[i]->node == NULL) continue;
-        if (first == NULL) first = tensors[i];
-        if (!tb_device_equal(&first->device, &tensors[i]->device)) {
-            char a[64], b[64];
-            tb__exec_device_text(&first->device, a);
-            tb__exec_device_text(&tensors[i]->device, b);
-            return tb__error(TB_ERR_INVALID_ARGUMENT,
-                             "%s: tensors on %s and %s cannot be one graph (move them with "
-                             "tb_to_device)",
-                             fn, a, b);
-        }
-    }
-    for (i = 0; i < n; i++) {
+    /* the pending nodes, on one device (as the sync will check) */
+    st = tb__exec_roots_collect(&roots, fn, tensors, count, false, true);
+    if (st != TB_OK) return st;
+    for (i = 0; i < n && st == TB_OK; i++) {
         tb_device d;
-        if (inputs[i] == NULL)
-            return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: inputs[%zu] is NULL", fn, i);
+        char a[64], b[64];
+        if (inputs[i] == NULL) {
+            st = tb__error(TB_ERR_INVALID_ARGUMENT, "%s: inputs[%zu] is NULL", fn, i);
+            break;
+        }
         if (!tb_dtype_is_float(inputs[i]->shape.dtype)) {
-            return tb__error(TB_ERR_DTYPE,
-                             "%s: inputs[%zu] is %s; only floating-point tensors have gradients",
-                             fn, i, tb_dtype_name(inputs[i]->shape.dtype));
+            st = tb__error(TB_ERR_DTYPE,
+                           "%s: inputs[%zu] is %s; only floating-point tensors have gradients", fn,
+                           i, tb_dtype_name(inputs[i]->shape.dtype));
+            break;
         }
         d = tb_tensor_device(inputs[i]);
-        if (first != NULL && !tb_device_equal(&d, &first->device)) {
-            char a[64], b[64];
-            tb__exec_device_text(&first->device, a);
+        if (roots.count > 0 && !tb_device_equal(&d, &roots.device)) {
+            tb__exec_device_text(&roots.device, a);
             tb__exec_device_text(&d, b);
-            return tb__error(TB_ERR_INVALID_ARGUMENT, "%s: inputs[%zu] is on %s, the tensors on %s",
-                             fn, i, b, a);
+            st = tb__error(TB_ERR_INVALID_ARGUMENT, "%s: inputs[%zu] is on %s, the tensors on %s",
+                           fn, i, b, a);
         }
     }
     memset(&s, 0, sizeof s);
     memset(&fwd, 0, sizeof fwd);
-    roots = (tb_node **)tb__calloc(count + 1, sizeof *roots);
-    if (roots == NULL) return TB_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < count && st == TB_OK; i++) {
-        if (tensors[i]->node == NULL) continue;
-        roots[m++] = tensors[i]->node;
-        st = tb__exec_map_put(&s.seen, tensors[i]->node, 0); /* kept by the sync anyway */
-    }
-    if (st == TB_OK && n > 0) st = tb__exec_walk_add(&fwd, fn, roots, m);
+    for (i = 0; i < roots.count && st == TB_OK; i++) /* kept by the sync anyway */
+        st = tb__exec_map_put(&s.seen, roots.nodes[i], 0);
+    if (st == TB_OK && n > 0) st = tb__exec_walk_add(&fwd, fn, roots.nodes, roots.count);
     for (i = 0; i < count && st == TB_OK && n > 0; i++) {
         tb_tensor *t = tensors[i];
         if (t->node != NULL && t->node->requires_grad && !t->node->stop_grad &&
@@ -160,7 +147,7 @@ TBDEF tb_status tb_sync_for_grad(tb_tensor *const *tensors, size_t count, tb_ten
     }
     if (st == TB_OK) st = tb__exec_sync_with(tensors, count, s.list, s.num, fn);
     if (st == TB_OK) tb__metric_count("SavedForGrad", (int64_t)s.num);
-    tb__free(roots);
+    tb__exec_roots_free(&roots);
     tb__free(s.list);
     tb__free(s.stack);
     tb__exec_map_free(&s.seen);

@@ -253,6 +253,17 @@ def last_float(pattern, text):
     return float(found[-1]) if found else None
 
 
+def timed(rows, cmd, env, pattern, scale, what):
+    """The number `pattern` finds last in what cmd printed, times scale (seconds), or None
+    (the row then fails, naming `what` and the end of the output)."""
+    rc, so, se = run(cmd, env)
+    t = last_float(pattern, so) if rc == 0 else None
+    if t is None:
+        rows.fail("%s: %s" % (what, (se or so).strip()[-300:]))
+        return None
+    return t * scale
+
+
 def train_rows(rows, case, backends, rounds, torch_run, ours_run, unit, note, reps):
     """A training case's rows: PyTorch's run, then `rounds` rounds of ours on each backend and
     PyTorch again; each row is the median over the rounds (caches shared by the rounds, so
@@ -289,24 +300,18 @@ def train_cnn_rows(rows, work, backends, nthreads, rounds):
     warm = set()
 
     def torch_run():
-        rc, so, se = run(["/usr/bin/python3", "tools/bench/train_cnn_torch.py", "1",
-                          "--images", images, "--threads", str(nthreads)], TORCH_ENV)
-        t = last_float(r"images/s\s+([0-9.]+) s", so) if rc == 0 else None
-        if t is None:
-            rows.fail("train_cnn_torch.py: %s" % (se or so).strip()[-300:])
-        return t
+        return timed(rows, ["/usr/bin/python3", "tools/bench/train_cnn_torch.py", "1",
+                            "--images", images, "--threads", str(nthreads)], TORCH_ENV,
+                     r"images/s\s+([0-9.]+) s", 1.0, "train_cnn_torch.py")
 
     def ours_run(b, env):
         if b not in warm:  # compiles the kernels into the rounds' cache, untimed
             warm.add(b)
             run([binary, "1", "--images", "512", "--test-images", "128", "--device", b + ":0"],
                 env)
-        rc, so, se = run([binary, "1", "--images", images, "--test-images", "128",
-                          "--device", b + ":0"], env)
-        t = last_float(r"images/s\s+([0-9.]+) s", so) if rc == 0 else None
-        if t is None:
-            rows.fail("train_cnn on %s: %s" % (b, (se or so).strip()[-300:]))
-        return t
+        return timed(rows, [binary, "1", "--images", images, "--test-images", "128",
+                            "--device", b + ":0"], env, r"images/s\s+([0-9.]+) s", 1.0,
+                     "train_cnn on %s" % b)
 
     train_rows(rows, "train_cnn_epoch", backends, rounds, torch_run, ours_run, "s",
                "%s images, batch 128, AdamW" % images, 1)
@@ -316,25 +321,15 @@ def gpt_rows(rows, work, backends, nthreads, rounds):
     binary = os.path.join(work, "gpt")
     build("gpt", binary)
     args = ["--iters", "40", "--eval-every", "20"]
-
-    def step_s(rc, so):
-        t = last_float(r"([0-9.]+) ms per iteration", so) if rc == 0 else None
-        return None if t is None else t / 1e3
+    step = r"([0-9.]+) ms per iteration"
 
     def torch_run():
-        rc, so, se = run(["/usr/bin/python3", "tools/bench/gpt_torch.py", "--threads",
-                          str(nthreads)] + args, TORCH_ENV)
-        t = step_s(rc, so)
-        if t is None:
-            rows.fail("gpt_torch.py: %s" % (se or so).strip()[-300:])
-        return t
+        return timed(rows, ["/usr/bin/python3", "tools/bench/gpt_torch.py", "--threads",
+                            str(nthreads)] + args, TORCH_ENV, step, 1e-3, "gpt_torch.py")
 
     def ours_run(b, env):
-        rc, so, se = run([binary, "--device", b + ":0"] + args, env)
-        t = step_s(rc, so)
-        if t is None:
-            rows.fail("gpt on %s: %s" % (b, (se or so).strip()[-300:]))
-        return t
+        return timed(rows, [binary, "--device", b + ":0"] + args, env, step, 1e-3,
+                     "gpt on %s" % b)
 
     train_rows(rows, "gpt_step", backends, rounds, torch_run, ours_run, "ms",
                "the mean of iterations 21-40 of a run", 20)
@@ -342,25 +337,13 @@ def gpt_rows(rows, work, backends, nthreads, rounds):
 
 def fx_train_rows(rows, backends, nthreads, rounds):
     args = ["--batch", "8", "--size", "224", "--steps", "10", "--threads", str(nthreads)]
-
-    def step_s(rc, so):
-        t = last_float(r"step_ms ([0-9.]+)", so) if rc == 0 else None
-        return None if t is None else t / 1e3
+    script, step = ["/usr/bin/python3", "tools/bench/fx_train.py"], r"step_ms ([0-9.]+)"
 
     def torch_run():
-        rc, so, se = run(["/usr/bin/python3", "tools/bench/fx_train.py", "torch"] + args,
-                         TORCH_ENV)
-        t = step_s(rc, so)
-        if t is None:
-            rows.fail("fx_train.py torch: %s" % (se or so).strip()[-300:])
-        return t
+        return timed(rows, script + ["torch"] + args, TORCH_ENV, step, 1e-3, "fx_train.py torch")
 
     def ours_run(b, env):
-        rc, so, se = run(["/usr/bin/python3", "tools/bench/fx_train.py", b + ":0"] + args, env)
-        t = step_s(rc, so)
-        if t is None:
-            rows.fail("fx_train.py on %s: %s" % (b, (se or so).strip()[-300:]))
-        return t
+        return timed(rows, script + [b + ":0"] + args, env, step, 1e-3, "fx_train.py on %s" % b)
 
     train_rows(rows, "fx_train_resnet18", backends, rounds, torch_run, ours_run, "ms",
                "batch 8, 224x224, SGD, the median of 10 steps", 10)
