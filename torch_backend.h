@@ -1203,10 +1203,12 @@ TBDEF tb_tensor *tb_scope_keep(tb_tensor *tensor);
    graph as a parameter (counter Fallback::<op>); a collective (tb_all_reduce, ...) runs the
    same way on the host through its process group (counter CollectiveOnHost). Recording an op whose
    pending graph then computes more than desc.max_graph_nodes nodes syncs that tensor at once;
-   graphs that reuse subgraphs heavily may be synced from half that size. On any error the tensors
-   keep their pending graphs and nothing leaks. TB_DEBUG=1 logs one line per graph run: "graph
-   <hash> nodes=N params=P results=R device=D cache=hit|miss compile=Xms run=Yms"; TB_DEBUG=3 also
-   logs the IR before compiling. */
+   graphs that reuse subgraphs heavily may be synced from half that size. Where the flush's
+   cheap bound on a graph's size passes the limit, it counts the graph's nodes in a walk
+   (counter FlushCountWalks): ops on a graph that is far below the limit do not. On any error the
+   tensors keep their pending graphs and nothing leaks. TB_DEBUG=1 logs one line per graph run:
+   "graph <hash> nodes=N params=P results=R device=D cache=hit|miss compile=Xms run=Yms"; TB_DEBUG=3
+   also logs the IR before compiling. */
 
 /* Runs the pending graphs of these tensors as ONE computation on their device (LTC
    SyncTensorsGraph): collect the distinct pending nodes, walk them in post-order (iteratively:
@@ -2928,9 +2930,12 @@ struct tb_node {
     bool wrapped_number;   /* SCALAR from a host number: weak in type promotion */
     /* set by the executor when a node's value was computed apart (eager fallback); owned */
     tb_backend_data *value;
-    /* the executor's bound on the computed (non-parameter) nodes of this node's graph, for the
-       automatic flush; tb__node_new sets it to 0 and only tensor.c writes it */
+    /* the automatic flush's bound on the computed (non-parameter) nodes of this node's pending
+       graph (0: none yet), and the lowest id any of them can have; tensor.c sets both as the
+       node is made and lowers graph_size on nodes a count walked (relaxed atomic loads and
+       stores: the node may be shared by then) */
     uint64_t graph_size;
+    uint64_t first_id;
     /* autograd (set when the node is made, before anyone else sees it): requires_grad, the
        value keeps its history across a sync (an operand's flag passes to its users);
        stop_grad, gradients do not pass into the operands (tb_detach, leaves) */
@@ -3023,6 +3028,9 @@ static void tb__scope_take(tb_tensor *t);
 static tb_status tb__sync_by_device(tb_tensor *const *tensors, size_t n, const char *func);
 /* tensor.c: tb__no_auto_flush, while > 0 on a thread, keeps the automatic flush from counting
    or flushing the graphs it records (a graph recorded only to be walked, never run) */
+/* tensor.c: sets the automatic flush's bound of a node just made from its operands' (the node
+   not yet shared) and returns it; tb__emit sets it for every op's node */
+static uint64_t tb__node_flush_bound(tb_node *node);
 /* tensor.c: tb_sync of tensors (one device) whose graph also computes the nodes `extra` of
    their history, each value kept in its node for later graphs to read */
 static tb_status tb__exec_sync_with(tb_tensor *const *tensors, size_t count, tb_node *const *extra,
@@ -11301,42 +11309,77 @@ TBDEF tb_status tb_mark_step(void) {
 
 /* ---- the graph size estimate and the automatic flush ---- */
 
-/* The number of computed (non-parameter) nodes in the pending graph of `node`: a walk. */
+#if defined(_MSC_VER) && !defined(__clang__)
+#define TB__LOAD_U64(ptr)     ((uint64_t)InterlockedCompareExchange64((volatile LONG64 *)(ptr), 0, 0))
+#define TB__STORE_U64(ptr, v) ((void)InterlockedExchange64((volatile LONG64 *)(ptr), (LONG64)(v)))
+#else
+#define TB__LOAD_U64(ptr)     __atomic_load_n((ptr), __ATOMIC_RELAXED)
+#define TB__STORE_U64(ptr, v) __atomic_store_n((ptr), (v), __ATOMIC_RELAXED)
+#endif
+
+/* The number of computed (non-parameter) nodes in the pending graph of `node`: a walk. The
+   walk's post-order also bounds each node it passes: node i's graph is among the first i
+   (computed) nodes of the order, so a smaller bound is stored where a node had a larger one. */
 static tb_status tb__exec_graph_count(tb_node *node, uint64_t *out) {
     tb__exec_walk w;
     tb_status st;
+    size_t i;
+    uint64_t c = 0;
     memset(&w, 0, sizeof(w));
     st = tb__exec_walk_add(&w, "tb_sync", &node, 1);
     *out = w.num_order - w.num_params;
+    for (i = 0; st == TB_OK && i < w.num_order; i++) {
+        tb_node *n = (tb_node *)w.order[i]; /* the bound is the only field written */
+        if (tb__exec_is_param(n)) continue;
+        c++;
+        if (TB__LOAD_U64(&n->graph_size) > c) TB__STORE_U64(&n->graph_size, c);
+    }
     tb__exec_walk_free(&w);
     return st;
 }
 
-/* The automatic flush. Each node keeps an upper bound of its graph's computed nodes: 1 + the
-   operands' bounds (exact for chains; a subgraph reached through two operands counts twice).
-   Only a bound above the limit costs a walk, and the walk's exact count replaces the bound.
-   Flushing already when the exact count is above half the limit keeps graphs that share
-   subgraphs heavily (x = x + x) from walking at every op once they come near the limit. */
+/* The automatic flush. Each node keeps an upper bound of its graph's computed nodes, the
+   smaller of two: 1 + the operands' bounds (exact for chains; a subgraph reached through two
+   operands counts twice, so in graphs that read values often, as a normalisation does, it
+   grows exponentially), and the span of ids from the lowest id of a computed node in the
+   graph to the node's own (node ids only grow, so no node is counted twice; nodes made in
+   between for other graphs count too). Only a bound above the limit costs a walk; its exact
+   count replaces the bound, and the nodes it passed get smaller bounds where it can. Flushing
+   already when the exact count is above half the limit keeps graphs that share subgraphs heavily (x
+   = x + x) from walking at every op once they come near the limit. */
 static TB__THREAD_LOCAL int tb__no_auto_flush = 0; /* see impl_begin.h */
 
-static tb_status tb__tensor_auto_flush(tb_tensor *t) {
-    tb_node *node = t->node;
-    uint64_t bound = 1, limit, exact = 0;
+static uint64_t tb__node_flush_bound(tb_node *node) {
+    uint64_t sum = 1, first = node->id, span, f;
     uint32_t i;
-    tb_status st;
     for (i = 0; i < node->num_operands; i++) {
         const tb_node *operand = node->operands[i];
         uint64_t s;
         if (tb__exec_is_param(operand)) continue;
-        s = operand->graph_size > 0 ? operand->graph_size : 1;
-        bound = bound + s < bound ? UINT64_MAX : bound + s;
+        s = TB__LOAD_U64(&operand->graph_size);
+        s = s > 0 ? s : 1;
+        sum = sum + s < sum ? UINT64_MAX : sum + s;
+        /* 0: a node made without a bound (a graph's copy), whose graph may hold any older node */
+        f = operand->first_id > 0 ? operand->first_id : 1;
+        if (f < first) first = f;
     }
-    node->graph_size = bound;
+    span = node->id - first + 1;
+    node->first_id = first;
+    node->graph_size = sum < span ? sum : span;
+    return node->graph_size;
+}
+
+static tb_status tb__tensor_auto_flush(tb_tensor *t) {
+    tb_node *node = t->node;
+    uint64_t bound = TB__LOAD_U64(&node->graph_size), limit, exact = 0;
+    tb_status st;
+    if (bound == 0) bound = tb__node_flush_bound(node); /* a node tb__emit did not make */
     limit = tb__desc()->max_graph_nodes > 0 ? (uint64_t)tb__desc()->max_graph_nodes : 100000u;
     if (bound <= limit || tb__no_auto_flush > 0) return TB_OK;
+    tb__metric_count("FlushCountWalks", 1);
     st = tb__exec_graph_count(node, &exact);
     if (st != TB_OK) return st;
-    node->graph_size = exact;
+    TB__STORE_U64(&node->graph_size, exact);
     if (exact > limit / 2) {
         tb_tensor *list[1];
         char func[48];
@@ -11910,6 +11953,7 @@ static tb_node *tb__emit(const char *fn, tb_op op, const tb_shape *shape, const 
     tb_node *node =
         tb__node_new(op, shape, device, operands, num_operands, attrs, num_attrs, fattrs);
     if (node == NULL) return NULL;
+    tb__node_flush_bound(node);
     if (tb__announce(fn, node) != TB_OK) {
         tb__node_release(node);
         return NULL;
@@ -14111,13 +14155,8 @@ static tb_status tb__fn_make(const tb_function *fn, tb_node **values, tb_node **
     for (i = 0; i < fn->num_steps; i++) {
         const tb__fn_step *s = &fn->steps[i];
         tb_node *node;
-        uint64_t bound = 1;
-        for (j = 0; j < s->num_operands; j++) {
-            tb_node *o = s->src[j] >= 0 ? values[s->src[j]] : s->consts[j];
-            uint64_t size = o->graph_size > 0 ? o->graph_size : 1;
-            operands[j] = o;
-            if (!tb__exec_is_param(o)) bound = bound + size < bound ? UINT64_MAX : bound + size;
-        }
+        for (j = 0; j < s->num_operands; j++)
+            operands[j] = s->src[j] >= 0 ? values[s->src[j]] : s->consts[j];
         node = tb__emit("tb_function_call", s->op, &s->shape, &s->device, operands, s->num_operands,
                         s->attrs, s->num_attrs, s->fattrs);
         if (node == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
@@ -14125,10 +14164,10 @@ static tb_status tb__fn_make(const tb_function *fn, tb_node **values, tb_node **
             node->stop_grad = true;
             node->requires_grad = s->requires_grad;
         }
-        node->graph_size = bound;
         values[fn->num_inputs + i] = node;
         (*made)++;
-        if (bound > limit && !s->stop_grad) { /* the ops flush where an op's tensor is made */
+        if (node->graph_size > limit &&
+            !s->stop_grad) { /* the ops flush where an op's tensor is made */
             tb_status st = tb__fn_flush(&values[fn->num_inputs + i]);
             if (st != TB_OK) return st;
         }

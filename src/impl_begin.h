@@ -326,9 +326,12 @@ struct tb_node {
     bool wrapped_number;   /* SCALAR from a host number: weak in type promotion */
     /* set by the executor when a node's value was computed apart (eager fallback); owned */
     tb_backend_data *value;
-    /* the executor's bound on the computed (non-parameter) nodes of this node's graph, for the
-       automatic flush; tb__node_new sets it to 0 and only tensor.c writes it */
+    /* the automatic flush's bound on the computed (non-parameter) nodes of this node's pending
+       graph (0: none yet), and the lowest id any of them can have; tensor.c sets both as the
+       node is made and lowers graph_size on nodes a count walked (relaxed atomic loads and
+       stores: the node may be shared by then) */
     uint64_t graph_size;
+    uint64_t first_id;
     /* autograd (set when the node is made, before anyone else sees it): requires_grad, the
        value keeps its history across a sync (an operand's flag passes to its users);
        stop_grad, gradients do not pass into the operands (tb_detach, leaves) */
@@ -421,6 +424,9 @@ static void tb__scope_take(tb_tensor *t);
 static tb_status tb__sync_by_device(tb_tensor *const *tensors, size_t n, const char *func);
 /* tensor.c: tb__no_auto_flush, while > 0 on a thread, keeps the automatic flush from counting
    or flushing the graphs it records (a graph recorded only to be walked, never run) */
+/* tensor.c: sets the automatic flush's bound of a node just made from its operands' (the node
+   not yet shared) and returns it; tb__emit sets it for every op's node */
+static uint64_t tb__node_flush_bound(tb_node *node);
 /* tensor.c: tb_sync of tensors (one device) whose graph also computes the nodes `extra` of
    their history, each value kept in its node for later graphs to read */
 static tb_status tb__exec_sync_with(tb_tensor *const *tensors, size_t count, tb_node *const *extra,

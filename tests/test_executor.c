@@ -943,10 +943,61 @@ static void test_flush_counts_shared_nodes_once(void **state) {
         y = next;
     }
     assert_int_equal(cs.executes, 0);
+    /* the span of the nodes' ids bounds the graph at 41: it was never counted */
+    assert_int_equal(tb_metrics_counter("FlushCountWalks"), 0);
     read_vec(y, &out, 1);
     assert_true(out == ldexpf(1.0f, 40));
     assert_int_equal(cs.executes, 1);
     tb_tensor_release(y);
+    stop();
+}
+
+/* A graph that is older than many nodes made since (its id span is large) and reuses its values
+   (its operand sum is large too) is counted; the count lowers the bounds of every node it
+   passed, so later ops on those nodes are not counted again. */
+static void test_flush_count_lowers_bounds(void **state) {
+    tb_desc desc;
+    const float one = 1.0f;
+    float out = 0;
+    tb_tensor *x, *h[13], *other;
+    int64_t walks;
+    int i;
+    (void)state;
+    memset(&desc, 0, sizeof(desc));
+    desc.max_graph_nodes = 100;
+    start(&desc);
+    x = vec(&one, 1, NULL);
+    h[0] = tb_add(x, x); /* pending: 2 */
+    other = tb_tensor_retain(x);
+    for (i = 0; i < 300; i++) { /* 300 nodes of another graph, synced as it goes */
+        tb_tensor *next = tb_add(other, x);
+        assert_non_null(next);
+        tb_tensor_release(other);
+        other = next;
+        if (i % 20 == 19) assert_int_equal(tb_sync(&other, 1), TB_OK);
+    }
+    assert_int_equal(tb_metrics_counter("FlushCountWalks"), 0);
+    /* h[i] = h[i-1] + h[i-1]: the operand sums double; counted where they pass 100 (at h[6],
+       then h[10], each count lowering what it passed) */
+    for (i = 1; i < 13; i++)
+        assert_non_null(h[i] = tb_add(h[i - 1], h[i - 1]));
+    walks = tb_metrics_counter("FlushCountWalks");
+    assert_int_equal(walks, 2);
+    assert_int_equal(cs.executes, 15); /* the other graph's syncs only: 13 nodes, far below */
+    for (i = 0; i < 13; i++) {         /* each h[i] was passed by a count: no walk reading it */
+        tb_tensor *s = tb_add(h[i], h[12]);
+        assert_non_null(s);
+        read_vec(s, &out, 1);
+        assert_true(out == ldexpf(1.0f, i + 1) + ldexpf(1.0f, 13));
+        tb_tensor_release(s);
+    }
+    assert_int_equal(tb_metrics_counter("FlushCountWalks"), walks);
+    read_vec(other, &out, 1);
+    assert_true(out == 301.0f);
+    for (i = 0; i < 13; i++)
+        tb_tensor_release(h[i]);
+    tb_tensor_release(other);
+    tb_tensor_release(x);
     stop();
 }
 
@@ -1885,6 +1936,7 @@ int main(void) {
         cmocka_unit_test(test_deep_graph),
         cmocka_unit_test(test_max_graph_nodes_flush),
         cmocka_unit_test(test_flush_counts_shared_nodes_once),
+        cmocka_unit_test(test_flush_count_lowers_bounds),
         cmocka_unit_test(test_eager_fallback),
         cmocka_unit_test(test_metrics_report),
         cmocka_unit_test(test_ir_text_and_dot),

@@ -419,13 +419,8 @@ static tb_status tb__fn_make(const tb_function *fn, tb_node **values, tb_node **
     for (i = 0; i < fn->num_steps; i++) {
         const tb__fn_step *s = &fn->steps[i];
         tb_node *node;
-        uint64_t bound = 1;
-        for (j = 0; j < s->num_operands; j++) {
-            tb_node *o = s->src[j] >= 0 ? values[s->src[j]] : s->consts[j];
-            uint64_t size = o->graph_size > 0 ? o->graph_size : 1;
-            operands[j] = o;
-            if (!tb__exec_is_param(o)) bound = bound + size < bound ? UINT64_MAX : bound + size;
-        }
+        for (j = 0; j < s->num_operands; j++)
+            operands[j] = s->src[j] >= 0 ? values[s->src[j]] : s->consts[j];
         node = tb__emit("tb_function_call", s->op, &s->shape, &s->device, operands, s->num_operands,
                         s->attrs, s->num_attrs, s->fattrs);
         if (node == NULL) return tb_last_status() != TB_OK ? tb_last_status() : TB_ERR_INTERNAL;
@@ -433,10 +428,10 @@ static tb_status tb__fn_make(const tb_function *fn, tb_node **values, tb_node **
             node->stop_grad = true;
             node->requires_grad = s->requires_grad;
         }
-        node->graph_size = bound;
         values[fn->num_inputs + i] = node;
         (*made)++;
-        if (bound > limit && !s->stop_grad) { /* the ops flush where an op's tensor is made */
+        if (node->graph_size > limit &&
+            !s->stop_grad) { /* the ops flush where an op's tensor is made */
             tb_status st = tb__fn_flush(&values[fn->num_inputs + i]);
             if (st != TB_OK) return st;
         }

@@ -56,6 +56,7 @@ static tb_node *tb__emit(const char *fn, tb_op op, const tb_shape *shape, const 
     tb_node *node =
         tb__node_new(op, shape, device, operands, num_operands, attrs, num_attrs, fattrs);
     if (node == NULL) return NULL;
+    tb__node_flush_bound(node);
     if (tb__announce(fn, node) != TB_OK) {
         tb__node_release(node);
         return NULL;

@@ -709,42 +709,77 @@ TBDEF tb_status tb_mark_step(void) {
 
 /* ---- the graph size estimate and the automatic flush ---- */
 
-/* The number of computed (non-parameter) nodes in the pending graph of `node`: a walk. */
+#if defined(_MSC_VER) && !defined(__clang__)
+#define TB__LOAD_U64(ptr)     ((uint64_t)InterlockedCompareExchange64((volatile LONG64 *)(ptr), 0, 0))
+#define TB__STORE_U64(ptr, v) ((void)InterlockedExchange64((volatile LONG64 *)(ptr), (LONG64)(v)))
+#else
+#define TB__LOAD_U64(ptr)     __atomic_load_n((ptr), __ATOMIC_RELAXED)
+#define TB__STORE_U64(ptr, v) __atomic_store_n((ptr), (v), __ATOMIC_RELAXED)
+#endif
+
+/* The number of computed (non-parameter) nodes in the pending graph of `node`: a walk. The
+   walk's post-order also bounds each node it passes: node i's graph is among the first i
+   (computed) nodes of the order, so a smaller bound is stored where a node had a larger one. */
 static tb_status tb__exec_graph_count(tb_node *node, uint64_t *out) {
     tb__exec_walk w;
     tb_status st;
+    size_t i;
+    uint64_t c = 0;
     memset(&w, 0, sizeof(w));
     st = tb__exec_walk_add(&w, "tb_sync", &node, 1);
     *out = w.num_order - w.num_params;
+    for (i = 0; st == TB_OK && i < w.num_order; i++) {
+        tb_node *n = (tb_node *)w.order[i]; /* the bound is the only field written */
+        if (tb__exec_is_param(n)) continue;
+        c++;
+        if (TB__LOAD_U64(&n->graph_size) > c) TB__STORE_U64(&n->graph_size, c);
+    }
     tb__exec_walk_free(&w);
     return st;
 }
 
-/* The automatic flush. Each node keeps an upper bound of its graph's computed nodes: 1 + the
-   operands' bounds (exact for chains; a subgraph reached through two operands counts twice).
-   Only a bound above the limit costs a walk, and the walk's exact count replaces the bound.
-   Flushing already when the exact count is above half the limit keeps graphs that share
-   subgraphs heavily (x = x + x) from walking at every op once they come near the limit. */
+/* The automatic flush. Each node keeps an upper bound of its graph's computed nodes, the
+   smaller of two: 1 + the operands' bounds (exact for chains; a subgraph reached through two
+   operands counts twice, so in graphs that read values often, as a normalisation does, it
+   grows exponentially), and the span of ids from the lowest id of a computed node in the
+   graph to the node's own (node ids only grow, so no node is counted twice; nodes made in
+   between for other graphs count too). Only a bound above the limit costs a walk; its exact
+   count replaces the bound, and the nodes it passed get smaller bounds where it can. Flushing
+   already when the exact count is above half the limit keeps graphs that share subgraphs heavily (x
+   = x + x) from walking at every op once they come near the limit. */
 static TB__THREAD_LOCAL int tb__no_auto_flush = 0; /* see impl_begin.h */
 
-static tb_status tb__tensor_auto_flush(tb_tensor *t) {
-    tb_node *node = t->node;
-    uint64_t bound = 1, limit, exact = 0;
+static uint64_t tb__node_flush_bound(tb_node *node) {
+    uint64_t sum = 1, first = node->id, span, f;
     uint32_t i;
-    tb_status st;
     for (i = 0; i < node->num_operands; i++) {
         const tb_node *operand = node->operands[i];
         uint64_t s;
         if (tb__exec_is_param(operand)) continue;
-        s = operand->graph_size > 0 ? operand->graph_size : 1;
-        bound = bound + s < bound ? UINT64_MAX : bound + s;
+        s = TB__LOAD_U64(&operand->graph_size);
+        s = s > 0 ? s : 1;
+        sum = sum + s < sum ? UINT64_MAX : sum + s;
+        /* 0: a node made without a bound (a graph's copy), whose graph may hold any older node */
+        f = operand->first_id > 0 ? operand->first_id : 1;
+        if (f < first) first = f;
     }
-    node->graph_size = bound;
+    span = node->id - first + 1;
+    node->first_id = first;
+    node->graph_size = sum < span ? sum : span;
+    return node->graph_size;
+}
+
+static tb_status tb__tensor_auto_flush(tb_tensor *t) {
+    tb_node *node = t->node;
+    uint64_t bound = TB__LOAD_U64(&node->graph_size), limit, exact = 0;
+    tb_status st;
+    if (bound == 0) bound = tb__node_flush_bound(node); /* a node tb__emit did not make */
     limit = tb__desc()->max_graph_nodes > 0 ? (uint64_t)tb__desc()->max_graph_nodes : 100000u;
     if (bound <= limit || tb__no_auto_flush > 0) return TB_OK;
+    tb__metric_count("FlushCountWalks", 1);
     st = tb__exec_graph_count(node, &exact);
     if (st != TB_OK) return st;
-    node->graph_size = exact;
+    TB__STORE_U64(&node->graph_size, exact);
     if (exact > limit / 2) {
         tb_tensor *list[1];
         char func[48];

@@ -148,10 +148,12 @@ TBDEF tb_tensor *tb_scope_keep(tb_tensor *tensor);
    graph as a parameter (counter Fallback::<op>); a collective (tb_all_reduce, ...) runs the
    same way on the host through its process group (counter CollectiveOnHost). Recording an op whose
    pending graph then computes more than desc.max_graph_nodes nodes syncs that tensor at once;
-   graphs that reuse subgraphs heavily may be synced from half that size. On any error the tensors
-   keep their pending graphs and nothing leaks. TB_DEBUG=1 logs one line per graph run: "graph
-   <hash> nodes=N params=P results=R device=D cache=hit|miss compile=Xms run=Yms"; TB_DEBUG=3 also
-   logs the IR before compiling. */
+   graphs that reuse subgraphs heavily may be synced from half that size. Where the flush's
+   cheap bound on a graph's size passes the limit, it counts the graph's nodes in a walk
+   (counter FlushCountWalks): ops on a graph that is far below the limit do not. On any error the
+   tensors keep their pending graphs and nothing leaks. TB_DEBUG=1 logs one line per graph run:
+   "graph <hash> nodes=N params=P results=R device=D cache=hit|miss compile=Xms run=Yms"; TB_DEBUG=3
+   also logs the IR before compiling. */
 
 /* Runs the pending graphs of these tensors as ONE computation on their device (LTC
    SyncTensorsGraph): collect the distinct pending nodes, walk them in post-order (iteratively:
