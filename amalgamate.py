@@ -70,6 +70,7 @@ IMPLEMENTATION_PARTS = [
     "src/reference/reference.c",
     "src/reference/cpu_backend.c",
     "src/train/autograd.c",
+    "src/train/leaves.c",
     "src/train/saved.c",
     "src/train/nn.c",
     "src/train/layers.c",

@@ -3046,7 +3046,7 @@ static tb_status tb__ref_run_graph(const tb_graph *graph, const void *const *par
    max-pool), not shared between ties as tb_max's */
 static tb_tensor *tb__max_first(tb_tensor *x, int32_t axis, bool keepdim);
 /* autograd.c: the arena of tensors a rule makes, released together (nn.c and optim.c build
-   on it), and what a tensor holds across an assignment that may have to be undone */
+   on it) */
 typedef struct tb__ag {
     const char *fn;
     tb_device device;
@@ -3095,8 +3095,8 @@ typedef struct tb__optim_view {
     int64_t *steps, *total_steps;
 } tb__optim_view;
 static tb__optim_view tb__optim_view_of(tb_optimizer *opt);
-/* What a tensor holds, kept across assignments that may have to be undone (an optimizer step
-   whose sync fails). Holding it does not keep a donation from happening: only live tensors
+/* leaves.c: what a tensor holds, kept across assignments that may have to be undone (an optimizer
+   step whose sync fails). Holding it does not keep a donation from happening: only live tensors
    count as readers. */
 typedef struct tb__held {
     tb_tensor *t;
@@ -17605,7 +17605,8 @@ static tb_status tb__cpu_register(void) {
    every rule is itself differentiable, and gradients of gradients work). Rules follow
    PyTorch's derivatives (tools/autograd/derivatives.yaml): ties of max/min split the gradient
    evenly, clamp and pow mask as PyTorch does, integer-valued results carry no gradient.
-   Also here: tb_detach, requires_grad, tb_assign and the scatter/index adds the rules need.
+   Also here: the scatter/index adds the rules need (tb_detach, requires_grad and tb_assign
+   are in leaves.c).
    =========================================================================================== */
 
 /* ---- the arena: every tensor a rule makes is kept here and released at the end ---- */
@@ -18823,6 +18824,13 @@ TBDEF tb_status tb_grad(tb_tensor *out, tb_tensor *seed, tb_tensor *const *input
     tb__ag_free(&a);
     return st;
 }
+
+/* ---- src/train/leaves.c ---- */
+/* ===========================================================================================
+   Leaves of autograd: tb_set_requires_grad, tb_requires_grad, tb_detach, and tb_assign with
+   what a tensor holds across an assignment that may have to be undone (tb__held, which the
+   optimizers use).
+   =========================================================================================== */
 
 /* ---- requires_grad, detach, assign ---- */
 

@@ -442,7 +442,7 @@ static tb_status tb__ref_run_graph(const tb_graph *graph, const void *const *par
    max-pool), not shared between ties as tb_max's */
 static tb_tensor *tb__max_first(tb_tensor *x, int32_t axis, bool keepdim);
 /* autograd.c: the arena of tensors a rule makes, released together (nn.c and optim.c build
-   on it), and what a tensor holds across an assignment that may have to be undone */
+   on it) */
 typedef struct tb__ag {
     const char *fn;
     tb_device device;
@@ -491,8 +491,8 @@ typedef struct tb__optim_view {
     int64_t *steps, *total_steps;
 } tb__optim_view;
 static tb__optim_view tb__optim_view_of(tb_optimizer *opt);
-/* What a tensor holds, kept across assignments that may have to be undone (an optimizer step
-   whose sync fails). Holding it does not keep a donation from happening: only live tensors
+/* leaves.c: what a tensor holds, kept across assignments that may have to be undone (an optimizer
+   step whose sync fails). Holding it does not keep a donation from happening: only live tensors
    count as readers. */
 typedef struct tb__held {
     tb_tensor *t;
