@@ -18235,11 +18235,122 @@ static tb_tensor *tb__ag_unmerge(tb__ag *a, tb_tensor *t, const tb_shape *like, 
     return tb__ag_keep(a, tb_reshape(t, dims, lead + ts.rank - 1));
 }
 
+/* Whether a fold runs by phases (tb__ag_fold_phases): dilation 1, a stride above 1, at most 16
+   phases and 25 taps (each tap is a term of its own). */
+static bool tb__ag_fold_phased(int32_t n, const int64_t *kernel, const int64_t *stride,
+                               const int64_t *dilation) {
+    int64_t phases = 1, taps = 1;
+    int32_t i;
+    for (i = 0; i < n; i++) {
+        if (dilation[i] != 1 || stride[i] > 16 || kernel[i] > 25) return false;
+        phases *= stride[i];
+        taps *= kernel[i];
+    }
+    return phases > 1 && phases <= 16 && taps <= 25;
+}
+
+/* One phase r of a phased fold onto [L.., Q..]: the sum of its taps k = r + j * s (per axis),
+   tap j's [L.., O..] slice of g moved j along (padded), or zeros where the phase has no tap;
+   then seen as [L.., Q_1, 1, .., Q_n, 1] for the interleave. Sums of pads, not a reduction, so
+   that the interleave's kernel computes them (and what g is made of) where it reads them. */
+static tb_tensor *tb__ag_fold_phase(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *q,
+                                    const int64_t *kernel, const int64_t *stride,
+                                    const int64_t *r) {
+    tb_shape gs = tb_tensor_shape(g);
+    int64_t m[3], j[3] = {0, 0, 0}, dims[TB_MAX_RANK], pads[2 * TB_MAX_RANK];
+    int32_t lead = gs.rank - 2 * n, i;
+    int64_t taps = 1, tap;
+    tb_tensor *sum = NULL;
+    for (i = 0; i < n; i++) {
+        m[i] = r[i] < kernel[i] ? (kernel[i] - r[i] + stride[i] - 1) / stride[i] : 0;
+        taps *= m[i];
+    }
+    for (i = 0; i < lead + n; i++)
+        dims[i] = i < lead ? gs.dims[i] : q[i - lead];
+    if (taps == 0) { /* no window puts anything there */
+        tb_shape zs;
+        tb_device dev = tb_tensor_device(g);
+        sum = tb_shape_make(&zs, gs.dtype, lead + n, dims) == TB_OK
+                  ? tb__ag_keep(a, tb_zeros(&zs, &dev))
+                  : NULL;
+    }
+    memset(pads, 0, sizeof pads);
+    for (tap = 0; tap < taps && !a->failed; tap++) {
+        tb_tensor *t = g;
+        int64_t rest = tap;
+        for (i = n - 1; i >= 0; i--) {
+            j[i] = rest % m[i];
+            rest /= m[i];
+        }
+        for (i = 0; i < n && t != NULL; i++) {
+            int64_t k = r[i] + j[i] * stride[i];
+            t = tb__ag_keep(a, tb_slice(t, lead + n + i, k, k + 1, 1));
+            pads[2 * (n - 1 - i)] = j[i];
+            pads[2 * (n - 1 - i) + 1] = q[i] - gs.dims[lead + i] - j[i];
+        }
+        t = t != NULL ? tb__ag_keep(a, tb_reshape(t, gs.dims, lead + n)) : NULL;
+        t = t != NULL ? tb__ag_keep(a, tb_pad(t, pads, 2 * (size_t)n, 0.0)) : NULL;
+        sum = sum == NULL || t == NULL ? t : tb__ag_keep(a, tb_add(sum, t));
+    }
+    for (i = n - 1; i >= 0; i--) {
+        dims[lead + 2 * i] = q[i];
+        dims[lead + 2 * i + 1] = 1;
+    }
+    return sum != NULL && !a->failed ? tb__ag_keep(a, tb_reshape(sum, dims, lead + 2 * n)) : NULL;
+}
+
+/* The fold of strided windows (dilation 1) by phases: along each axis, output element
+   s * q + r gets the taps r, r + s, .. of windows q, q - 1, .., so each of the s_1 * .. * s_n
+   phases is a stride-1 fold of a few taps, and the phases interleave (concatenated on their
+   unit axes, merged, cut to sizes). The spread's way reads every tap of every window at each
+   output element, zeros included (9 for a 3 x 3 window at stride 2, where 2.25 count). */
+static tb_tensor *tb__ag_fold_phases(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *sizes,
+                                     const int64_t *kernel, const int64_t *stride) {
+    tb_shape gs = tb_tensor_shape(g);
+    tb_tensor *pieces[16];
+    int64_t q[3], r[3], dims[TB_MAX_RANK];
+    int32_t lead = gs.rank - 2 * n, i;
+    size_t count = 1, p, j;
+    bool ok = true;
+    for (i = 0; i < n; i++) {
+        q[i] = (sizes[i] + stride[i] - 1) / stride[i];
+        count *= (size_t)stride[i];
+    }
+    for (p = 0; p < count; p++) { /* phases in row-major order of r */
+        size_t rest = p;
+        for (i = n - 1; i >= 0; i--) {
+            r[i] = (int64_t)(rest % (size_t)stride[i]);
+            rest /= (size_t)stride[i];
+        }
+        pieces[p] = ok ? tb__ag_fold_phase(a, g, n, q, kernel, stride, r) : NULL;
+        ok = pieces[p] != NULL;
+    }
+    for (i = n - 1; i >= 0 && ok; i--) { /* the last axis's phases first */
+        size_t groups = count / (size_t)stride[i];
+        for (j = 0; j < groups && ok && stride[i] > 1; j++) {
+            pieces[j] = tb__ag_keep(
+                a, tb_concat(pieces + j * (size_t)stride[i], (size_t)stride[i], lead + 2 * i + 1));
+            ok = pieces[j] != NULL;
+        }
+        count = groups;
+    }
+    if (!ok) return NULL;
+    for (i = 0; i < lead; i++)
+        dims[i] = gs.dims[i];
+    for (i = 0; i < n; i++)
+        dims[lead + i] = q[i] * stride[i];
+    pieces[0] = tb__ag_keep(a, tb_reshape(pieces[0], dims, lead + n));
+    for (i = 0; i < n && pieces[0] != NULL; i++)
+        if (dims[lead + i] > sizes[i])
+            pieces[0] = tb__ag_keep(a, tb_slice(pieces[0], lead + i, 0, sizes[i], 1));
+    return pieces[0];
+}
+
 /* The adjoint of WINDOW (col2im): g [..., O_1, .., O_n, K_1, .., K_n] summed back onto
    [..., sizes]: element [..., o, k] adds to [..., o_i * stride_i + k_i * dilation_i]. Tiling
-   windows need a view only; others are spread by the strides, placed (tb__ag_place: one
-   diagonal window) and summed over the kernel axes: one reduction reading g through views,
-   whatever the kernel size. */
+   windows need a view only; strided ones run by phases (tb__ag_fold_phases); others are
+   spread by the strides, placed (tb__ag_place: one diagonal window) and summed over the kernel
+   axes: one reduction reading g through views, whatever the kernel size. */
 static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t *sizes,
                               const int64_t *kernel, const int64_t *stride,
                               const int64_t *dilation) {
@@ -18247,6 +18358,8 @@ static tb_tensor *tb__ag_fold(tb__ag *a, tb_tensor *g, int32_t n, const int64_t 
     int32_t lead = gs.rank - 2 * n, i, axes[3];
     tb_tensor *t;
     if (tb__ag_fold_tiles(n, kernel, stride, dilation)) return tb__ag_untile(a, g, n, sizes);
+    if (tb__ag_fold_phased(n, kernel, stride, dilation))
+        return tb__ag_fold_phases(a, g, n, sizes, kernel, stride);
     t = tb__ag_merge_spread(a, g, n, lead, stride);
     t = t != NULL ? tb__ag_place(a, t, n, sizes, kernel, dilation, false) : NULL;
     for (i = 0; i < n; i++)
