@@ -11349,8 +11349,9 @@ static tb_status tb__exec_graph_count(tb_node *node, uint64_t *out) {
    = x + x) from walking at every op once they come near the limit. */
 static TB__THREAD_LOCAL int tb__no_auto_flush = 0; /* see impl_begin.h */
 
-static uint64_t tb__node_flush_bound(tb_node *node) {
-    uint64_t sum = 1, first = node->id, span, f;
+/* The bound of `node` from its operands' (*first: the lowest id its graph can hold). */
+static uint64_t tb__node_bound_of(const tb_node *node, uint64_t *first_out) {
+    uint64_t sum = 1, first = node->id, f;
     uint32_t i;
     for (i = 0; i < node->num_operands; i++) {
         const tb_node *operand = node->operands[i];
@@ -11363,9 +11364,12 @@ static uint64_t tb__node_flush_bound(tb_node *node) {
         f = operand->first_id > 0 ? operand->first_id : 1;
         if (f < first) first = f;
     }
-    span = node->id - first + 1;
-    node->first_id = first;
-    node->graph_size = sum < span ? sum : span;
+    *first_out = first;
+    return sum < node->id - first + 1 ? sum : node->id - first + 1;
+}
+
+static uint64_t tb__node_flush_bound(tb_node *node) {
+    node->graph_size = tb__node_bound_of(node, &node->first_id);
     return node->graph_size;
 }
 
@@ -11373,7 +11377,8 @@ static tb_status tb__tensor_auto_flush(tb_tensor *t) {
     tb_node *node = t->node;
     uint64_t bound = TB__LOAD_U64(&node->graph_size), limit, exact = 0;
     tb_status st;
-    if (bound == 0) bound = tb__node_flush_bound(node); /* a node tb__emit did not make */
+    uint64_t first;
+    if (bound == 0) bound = tb__node_bound_of(node, &first); /* one tb__emit did not make */
     limit = tb__desc()->max_graph_nodes > 0 ? (uint64_t)tb__desc()->max_graph_nodes : 100000u;
     if (bound <= limit || tb__no_auto_flush > 0) return TB_OK;
     tb__metric_count("FlushCountWalks", 1);
@@ -18270,9 +18275,8 @@ static tb_tensor *tb__ag_fold_phase(tb__ag *a, tb_tensor *g, int32_t n, const in
     if (taps == 0) { /* no window puts anything there */
         tb_shape zs;
         tb_device dev = tb_tensor_device(g);
-        sum = tb_shape_make(&zs, gs.dtype, lead + n, dims) == TB_OK
-                  ? tb__ag_keep(a, tb_zeros(&zs, &dev))
-                  : NULL;
+        sum = tb__ag_keep(
+            a, tb_shape_make(&zs, gs.dtype, lead + n, dims) == TB_OK ? tb_zeros(&zs, &dev) : NULL);
     }
     memset(pads, 0, sizeof pads);
     for (tap = 0; tap < taps && !a->failed; tap++) {

@@ -943,7 +943,7 @@ static void test_flush_counts_shared_nodes_once(void **state) {
         y = next;
     }
     assert_int_equal(cs.executes, 0);
-    /* the span of the nodes' ids bounds the graph at 41: it was never counted */
+    /* the span of the adds' ids bounds the graph at 40: it was never counted */
     assert_int_equal(tb_metrics_counter("FlushCountWalks"), 0);
     read_vec(y, &out, 1);
     assert_true(out == ldexpf(1.0f, 40));
@@ -967,7 +967,7 @@ static void test_flush_count_lowers_bounds(void **state) {
     desc.max_graph_nodes = 100;
     start(&desc);
     x = vec(&one, 1, NULL);
-    h[0] = tb_add(x, x); /* pending: 2 */
+    h[0] = tb_add(x, x); /* pending: 2 (one computed node) */
     other = tb_tensor_retain(x);
     for (i = 0; i < 300; i++) { /* 300 nodes of another graph, synced as it goes */
         tb_tensor *next = tb_add(other, x);

@@ -670,9 +670,8 @@ static tb_tensor *tb__ag_fold_phase(tb__ag *a, tb_tensor *g, int32_t n, const in
     if (taps == 0) { /* no window puts anything there */
         tb_shape zs;
         tb_device dev = tb_tensor_device(g);
-        sum = tb_shape_make(&zs, gs.dtype, lead + n, dims) == TB_OK
-                  ? tb__ag_keep(a, tb_zeros(&zs, &dev))
-                  : NULL;
+        sum = tb__ag_keep(
+            a, tb_shape_make(&zs, gs.dtype, lead + n, dims) == TB_OK ? tb_zeros(&zs, &dev) : NULL);
     }
     memset(pads, 0, sizeof pads);
     for (tap = 0; tap < taps && !a->failed; tap++) {
