@@ -22480,10 +22480,22 @@ typedef struct tb__dialect {
     /* a math function's name for a dtype (exp, log, sin, cos, tanh, sqrt, erf, pow, fabs,
        floor, ceil, rint) */
     const char *(*math)(const char *fn, tb_dtype dtype);
-    /* writes one kernel: its entry point around `body` */
+    /* the attribute that keeps a function out of its callers ("__attribute__((noinline))"),
+       or NULL: a kernel's code stays in one function (tb__cg.helpers) */
+    const char *noinline;
+    /* writes one kernel: its entry point around `body`, after `helpers` (tb__cg.helpers: ""
+       for none) */
     void (*kernel)(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
-                   size_t num_params, const char *body);
+                   size_t num_params, const char *helpers, const char *body);
 } tb__dialect;
+
+/* Tokens of a kernel's text that the renderer and the dialect replace: the kernel's name (a
+   kernel is rendered under it, then emitted under its own or shares an earlier one's code),
+   and in a helper function (tb__cg.helpers) the kernel's parameter declarations after the
+   work-item ids, and in a call of one the kernel's parameters' names, each after a comma. */
+#define TB__CG_FN_TOKEN     "tb_kfn_"
+#define TB__CG_PARAMS_TOKEN "tb_kparams_"
+#define TB__CG_ARGS_TOKEN   "tb_kargs_"
 
 /* codegen_program.c: renders every kernel of the plan through the dialect as one program
    (caller frees) */
@@ -22510,8 +22522,24 @@ typedef struct tb__cg_frame {
 
 /* The renderer's state for one graph. */
 #define TB__CG_ROW_FORMS 8 /* a run's pad tests on its row, at most (more: not split) */
+/* the index variables of its caller that a helper function may read */
+#define TB__CG_HELPER_VARS 64
+
+/* A helper function being emitted (tb__cg_helper_begin): the caller's text and indent, and
+   its first index variable of its own. */
+typedef struct tb__cg_helper {
+    tb__str body;
+    int indent;
+    int32_t first;
+} tb__cg_helper;
+
 typedef struct tb__cg {
     tb__ix ix; /* the text, index variables and positions of the kernel being emitted */
+    /* functions of the kernel being emitted that its body calls (where the dialect has
+       noinline), each taking the work-item ids and the kernel's parameters first
+       (TB__CG_PARAMS_TOKEN, TB__CG_ARGS_TOKEN) */
+    tb__str helpers;
+    int32_t num_helpers;
     const tb__pgraph *G;
     tb__plan *P;
     const tb__dialect *d;
@@ -22572,6 +22600,10 @@ static int32_t tb__cg_unrounded(const tb__cg *g, tb_dtype dtype, int32_t v);
    when `stream`), a rounding */
 static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr, bool stream);
 static int32_t tb__cg_vround(tb__cg *g, tb_dtype dtype, int32_t v);
+/* the line "const <tv> bv<j> = <the dialect's vector of w lanes>;": lane l < live the text of
+   `lane` (a printf format of one int) with ids[l], the others `zero` */
+static void tb__cg_vector_of_lanes(tb__cg *g, const char *tv, int32_t j, int32_t w, int32_t live,
+                                   const char *lane, const int32_t *ids, const char *zero);
 static const tb__plan *tb__cg_plan(const tb__cg *g);      /* the plan being rendered */
 static tb__plan_kernel *tb__cg_kernel(const tb__cg *g);   /* the kernel being rendered */
 static int32_t tb__cg_new_val(tb__cg *g, tb_dtype dtype); /* a new value v<n>, -1 if failed */
@@ -22584,6 +22616,18 @@ static void tb__cg_flit(tb_dtype dtype, double v, char *buf, size_t cap);
 static bool tb__cg_arg(tb__cg *g, int32_t kind, int32_t index);
 /* the id of work item dimension d, as the dialect names it */
 static void tb__cg_id(char *buf, size_t cap, const char *fmt, int d);
+/* whether c can be a C identifier's character (first: its first); `text` with `repl` in place
+   of each `token` in it, appended to src (codegen_program.c) */
+static bool tb__cg_ident_char(char c, bool first);
+static void tb__cg_emit_replacing(tb__str *src, const char *text, const char *token,
+                                  const char *repl);
+/* a helper function of the kernel (where the dialect has noinline): its body is what is emitted
+   between begin and end, which puts a call of it in the caller's body (`params`: the helper's
+   parameters after the kernel's, `args` their values, each after a comma; `ok`: the body was
+   emitted whole) */
+static void tb__cg_helper_begin(tb__cg *g, tb__cg_helper *h);
+static bool tb__cg_helper_end(tb__cg *g, tb__cg_helper *h, bool ok, const char *params,
+                              const char *args);
 /* whether an op's result needs no rounding to its 16-bit dtype; the position of operand k of
    an elementwise or movement node at `pos`; an ops_table.h template expanded into buf */
 static bool tb__cg_exact(const tb_node *n);
@@ -27095,6 +27139,85 @@ static void tb__cg_id(char *buf, size_t cap, const char *fmt, int d) {
     snprintf(buf, cap, fmt, d);
 }
 
+/* ---- helper functions ---- */
+
+static bool tb__cg_ident_char(char c, bool first) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+           (!first && c >= '0' && c <= '9');
+}
+
+/* Starts a helper function of the kernel (where the dialect has noinline): what the kernel's
+   code emits until tb__cg_helper_end is its body, in a scope of its own (what it declares
+   stays in it). */
+static void tb__cg_helper_begin(tb__cg *g, tb__cg_helper *h) {
+    h->body = g->ix.body;
+    h->indent = g->ix.indent;
+    h->first = (int32_t)g->ix.num_vars;
+    memset(&g->ix.body, 0, sizeof g->ix.body);
+    g->ix.indent = 1;
+    tb__ix_open(&g->ix, "");
+}
+
+/* Appends to `list` (`*n` of at most `cap`) each index variable below `first` that `text`
+   names ("i<var>"): the variables a helper reads from the function that calls it. */
+static bool tb__cg_outer_vars(const char *text, int32_t first, int32_t *list, int32_t *n,
+                              int32_t cap) {
+    const char *s;
+    for (s = strchr(text, 'i'); s != NULL; s = strchr(s + 1, 'i')) {
+        long v = 0;
+        const char *e = s + 1;
+        int32_t j;
+        if ((s > text && tb__cg_ident_char(s[-1], false)) || *e < '0' || *e > '9') continue;
+        while (*e >= '0' && *e <= '9' && v < INT32_MAX / 10)
+            v = v * 10 + (*e++ - '0');
+        if (tb__cg_ident_char(*e, false) || v >= first) continue;
+        for (j = 0; j < *n && list[j] != (int32_t)v; j++) {
+        }
+        if (j < *n) continue;
+        if (*n == cap) return false;
+        list[(*n)++] = (int32_t)v;
+    }
+    return true;
+}
+
+/* Ends the helper that h began (`ok`: its body was emitted whole): it becomes a function of
+   the kernel, NAME_h<n>(ids, the kernel's parameters, `params`, the index variables of the
+   caller that its body reads), and the caller's body goes on with a call of it (`args`: the
+   values of `params`, each after a comma). */
+static bool tb__cg_helper_end(tb__cg *g, tb__cg_helper *h, bool ok, const char *params,
+                              const char *args) {
+    tb__str help;
+    int32_t outer[TB__CG_HELPER_VARS], n = 0, i;
+    char vars[TB__CG_HELPER_VARS * 16] = "";
+    size_t at = 0;
+    tb__ix_close(&g->ix, "");
+    help = g->ix.body;
+    g->ix.body = h->body;
+    g->ix.indent = h->indent;
+    if (help.failed) g->ix.body.failed = true;
+    if (ok && !tb__cg_outer_vars(help.data != NULL ? help.data : "", h->first, outer, &n,
+                                 TB__CG_HELPER_VARS)) {
+        tb__ix_fail(&g->ix, TB_ERR_INTERNAL);
+        ok = false;
+    }
+    if (ok) {
+        for (i = 0; i < n; i++)
+            at += (size_t)snprintf(vars + at, sizeof vars - at, ", i%d", (int)outer[i]);
+        tb__str_append(&g->helpers, "static %s void %s_h%d(long tb_g0, long tb_g1, long tb_g2%s%s",
+                       g->d->noinline, TB__CG_FN_TOKEN, (int)g->num_helpers, TB__CG_PARAMS_TOKEN,
+                       params);
+        for (i = 0; i < n; i++)
+            tb__str_append(&g->helpers, ", const long i%d", (int)outer[i]);
+        tb__str_append(&g->helpers, ") {\n    (void)tb_g0, (void)tb_g1, (void)tb_g2;\n%s}\n\n",
+                       help.data != NULL ? help.data : "");
+        tb__ix_line(&g->ix, "%s_h%d(tb_g0, tb_g1, tb_g2%s%s%s);", TB__CG_FN_TOKEN,
+                    (int)g->num_helpers, TB__CG_ARGS_TOKEN, args, vars);
+        g->num_helpers++;
+    }
+    tb__str_free(&help);
+    return ok && g->ix.status == TB_OK;
+}
+
 /* ---- values ---- */
 
 static bool tb__cg_push_frame(tb__cg *g, int32_t node, int32_t pos) {
@@ -28346,6 +28469,32 @@ static int32_t tb__cg_new_vec(tb__cg *g) {
     return tb__cg_new_val(g, TB_F32);
 }
 
+/* The line "const <tv> bv<j> = <the dialect's vector of w lanes>;": lane l < live the text
+   of `lane` (a printf format of one int) with ids[l], the others `zero`. */
+static void tb__cg_vector_of_lanes(tb__cg *g, const char *tv, int32_t j, int32_t w, int32_t live,
+                                   const char *lane, const int32_t *ids, const char *zero) {
+    tb__str list, vec;
+    int32_t l;
+    memset(&list, 0, sizeof list);
+    memset(&vec, 0, sizeof vec);
+    for (l = 0; l < w; l++) {
+        if (l > 0) tb__str_append(&list, ", ");
+        if (l < live) {
+            tb__str_append(&list, lane, (int)ids[l]);
+        } else {
+            tb__str_append(&list, "%s", zero);
+        }
+    }
+    if (!list.failed) tb__str_append(&vec, g->d->vec_make, tv, list.data);
+    if (list.failed || vec.failed) {
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+    } else {
+        tb__ix_line(&g->ix, "const %s bv%d = %s;", tv, (int)j, vec.data);
+    }
+    tb__str_free(&vec);
+    tb__str_free(&list);
+}
+
 /* The statement that stores vector v<v> as the W elements of `dtype` at `ptr` (16-bit floats
    rounded to nearest even: the dialect's TB_VSTH, TB_VSTBF; a value just rounded is stored
    from before its rounding, which the store repeats). f32 with `stream`: the dialect's
@@ -28953,32 +29102,6 @@ static bool tb__cg_matmul_reg_tables(tb__cg *g, const tb__plan_kernel *k, const 
             return false;
     }
     return digits;
-}
-
-/* The line "const <tv> bv<j> = <the dialect's vector of w lanes>;": lane l < live the text
-   of `lane` (a printf format of one int) with ids[l], the others `zero`. */
-static void tb__cg_vector_of_lanes(tb__cg *g, const char *tv, int32_t j, int32_t w, int32_t live,
-                                   const char *lane, const int32_t *ids, const char *zero) {
-    tb__str list, vec;
-    int32_t l;
-    memset(&list, 0, sizeof list);
-    memset(&vec, 0, sizeof vec);
-    for (l = 0; l < w; l++) {
-        if (l > 0) tb__str_append(&list, ", ");
-        if (l < live) {
-            tb__str_append(&list, lane, (int)ids[l]);
-        } else {
-            tb__str_append(&list, "%s", zero);
-        }
-    }
-    if (!list.failed) tb__str_append(&vec, g->d->vec_make, tv, list.data);
-    if (list.failed || vec.failed) {
-        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
-    } else {
-        tb__ix_line(&g->ix, "const %s bv%d = %s;", tv, (int)j, vec.data);
-    }
-    tb__str_free(&vec);
-    tb__str_free(&list);
 }
 
 /* The depth loop and stores of an f32 register matmul with nb vector accumulators per row of
@@ -29694,14 +29817,30 @@ static void tb__cg_matmul_a_pointer(tb__cg *g, const tb__plan_kernel *k, int32_t
 }
 
 /* A work item's own column panel of B (column col0 on, declared), its rows `pk0` to `pk1`
-   (C text) into its buffer bpk, row `origin` (C text, or NULL: 0) at the buffer's start. */
+   (C text) into its buffer bpk, row pk0 at the buffer's start where `from_pk0` (else row 0).
+   Where the dialect has noinline, the packing is a function of its own that the item calls:
+   with its loops in the same function as the matmul's, gcc tuned for AMD's cores (znver3,
+   what -march=native picks on Zen 3 to 5) keeps the packing's integers in vector registers
+   that the matmul's loop then lacks, and that loop reads B's vectors from the stack (Zen 5,
+   ResNet-18's weight gradient of 256 x 2304 x 1568 on 2 threads: 9.8 ms, 5.3 ms apart). */
 static bool tb__cg_matmul_own_b_pack(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
-                                     const char *pk0, const char *pk1, const char *origin) {
-    tb__ix_open(&g->ix, "");
-    tb__ix_line(&g->ix, "const long pk0 = %s, pk1 = %s, pl0 = col0;", pk0, pk1);
-    if (!tb__cg_pack_panel(g, k, bdims, "bpk", "0", origin)) return false;
-    tb__ix_close(&g->ix, "");
-    return true;
+                                     const char *pk0, const char *pk1, bool from_pk0) {
+    char params[160], args[160];
+    tb__cg_helper h;
+    bool ok, helper = g->d->noinline != NULL;
+    snprintf(params, sizeof params,
+             ", %s *restrict bpk, const long pk0, const long pk1, const long pl0",
+             tb__cg_ctype(tb__plan_shape(g->G, k->core)->dtype));
+    snprintf(args, sizeof args, ", bpk, %s, %s, col0", pk0, pk1);
+    if (helper) {
+        tb__cg_helper_begin(g, &h);
+    } else {
+        tb__ix_open(&g->ix, "");
+        tb__ix_line(&g->ix, "const long pk0 = %s, pk1 = %s, pl0 = col0;", pk0, pk1);
+    }
+    ok = tb__cg_pack_panel(g, k, bdims, "bpk", "0", from_pk0 ? "pk0" : NULL);
+    if (!helper) tb__ix_close(&g->ix, "");
+    return helper ? tb__cg_helper_end(g, &h, ok, params, args) : ok;
 }
 
 /* The body of a packed matmul whose work item packs its own column panel of B own_b_k rows at
@@ -29746,7 +29885,7 @@ static bool tb__cg_matmul_own_b_fills(tb__cg *g, const tb__plan_kernel *k, const
         tb__ix_open(&g->ix, "for (long pp = 0; pp < pcn; pp++) ");
         tb__ix_line(&g->ix, "const long col0 = (pc0 + pp) * %d;", vw);
     }
-    if (!tb__cg_matmul_own_b_pack(g, k, bdims, "kc0", "kc0 + kn", "kc0")) return false;
+    if (!tb__cg_matmul_own_b_pack(g, k, bdims, "kc0", "kc0 + kn", true)) return false;
     tb__ix_line(&g->ix, "const %s *bp = bpk;", t);
     snprintf(head, sizeof head, "for (long pr = 0; pr < %lldL; pr++) ", (long long)npr);
     tb__ix_open(&g->ix, head);
@@ -29837,7 +29976,7 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
         tb__ix_line(&g->ix, "const long col0 = pc * %d;", vw);
         tb__ix_line(&g->ix, "%s bpk[%lld];", t, (long long)(K * vw));
         snprintf(pk1, sizeof pk1, "%lldL", (long long)K);
-        if (!tb__cg_matmul_own_b_pack(g, k, bdims, "0", pk1, NULL)) return g->ix.status;
+        if (!tb__cg_matmul_own_b_pack(g, k, bdims, "0", pk1, false)) return g->ix.status;
         tb__ix_line(&g->ix, "const %s *bp = bpk;", t);
         snprintf(head, sizeof head, "for (long pr = 0; pr < %lldL; pr++) ", (long long)za[4]);
         tb__ix_open(&g->ix, head);
@@ -31365,6 +31504,9 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
     const tb__plan_kernel *k = &g->P->kernels[i];
     tb_status st;
     tb__ix_reset(&g->ix);
+    tb__str_free(&g->helpers);
+    memset(&g->helpers, 0, sizeof g->helpers);
+    g->num_helpers = 0;
     g->kernel = (int32_t)i;
     g->num_vals = g->num_frames = g->num_stack = 0;
     g->depth = 0;
@@ -31393,7 +31535,7 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
         break;
     }
     if (st == TB_OK) st = g->ix.status;
-    if (st == TB_OK && g->ix.body.failed) st = TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK && (g->ix.body.failed || g->helpers.failed)) st = TB_ERR_OUT_OF_MEMORY;
     return st;
 }
 
@@ -31429,11 +31571,18 @@ static tb_status tb__cg_run_error(const tb__plan *p, const char *who,
 
 /* Renders every kernel of the plan (those with work) after the dialect's head and the shared
    prelude, as one program; *out (caller frees) and its length. */
-#define TB__CG_FN_TOKEN "tb_kfn_"
 
-static bool tb__cg_ident_char(char c, bool first) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-           (!first && c >= '0' && c <= '9');
+/* Appends `text` with `repl` in place of each `token` in it (TB__CG_FN_TOKEN: a kernel's text
+   under its own name). */
+static void tb__cg_emit_replacing(tb__str *src, const char *text, const char *token,
+                                  const char *repl) {
+    const char *s = text, *at;
+    size_t tl = strlen(token);
+    while ((at = strstr(s, token)) != NULL) {
+        tb__str_append(src, "%.*s%s", (int)(at - s), s, repl);
+        s = at + tl;
+    }
+    tb__str_append(src, "%s", s);
 }
 
 /* `text` (a kernel rendered under the name TB__CG_FN_TOKEN) with its parameters renamed by
@@ -31467,17 +31616,6 @@ static tb_status tb__cg_canonical(const char *text, const tb__cg_param *params, 
     return out->failed ? TB_ERR_OUT_OF_MEMORY : TB_OK;
 }
 
-/* Appends a kernel's text with its own name in place of the token. */
-static void tb__cg_emit_named(tb__str *src, const char *text, const char *name) {
-    const char *s = text, *at;
-    size_t tl = strlen(TB__CG_FN_TOKEN);
-    while ((at = strstr(s, TB__CG_FN_TOKEN)) != NULL) {
-        tb__str_append(src, "%.*s%s", (int)(at - s), s, name);
-        s = at + tl;
-    }
-    tb__str_append(src, "%s", s);
-}
-
 /* Renders kernel i under the token name into *one, and into *canon with its parameters
    renamed by position (what kernels doing the same work on other buffers share). */
 static tb_status tb__cg_render_one(tb__cg *g, const tb__dialect *d, size_t i, tb__str *one,
@@ -31491,7 +31629,8 @@ static tb_status tb__cg_render_one(tb__cg *g, const tb__dialect *d, size_t i, tb
     if (st == TB_OK) {
         memcpy(saved, k->name, sizeof saved);
         snprintf(k->name, sizeof k->name, "%s", TB__CG_FN_TOKEN);
-        d->kernel(one, k, params, num_params, g->ix.body.data != NULL ? g->ix.body.data : "");
+        d->kernel(one, k, params, num_params, g->helpers.data != NULL ? g->helpers.data : "",
+                  g->ix.body.data != NULL ? g->ix.body.data : "");
         memcpy(k->name, saved, sizeof saved);
         st = one->failed
                  ? TB_ERR_OUT_OF_MEMORY
@@ -31578,7 +31717,7 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
             tb__str_free(&canons[i]);
         } else {
             k->text_at = src.len;
-            tb__cg_emit_named(&src, one.data != NULL ? one.data : "", k->name);
+            tb__cg_emit_replacing(&src, one.data != NULL ? one.data : "", TB__CG_FN_TOKEN, k->name);
             k->text_len = src.len - k->text_at;
         }
         tb__str_free(&one);
@@ -31595,6 +31734,7 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
     }
     tb__str_free(&src);
     tb__ix_free(&g->ix);
+    tb__str_free(&g->helpers);
     tb__free(g->val_dtype);
     tb__free(g->frames);
     tb__free(g->stack);
@@ -31947,18 +32087,9 @@ static void tb__c99_global_size(const tb__plan_kernel *k, uint64_t size[3]) {
     tb__work_items(k->group_size, k->groups, k->items, size);
 }
 
-/* A kernel is two functions: NAME_item, the body for one work item (tb_g0..2 its ids), and
-   NAME(args, lo, hi), which runs work items [lo, hi) of the flattened space, the pointers and
-   scalars it reads taken from args in the plan's order (the output first). */
-static void tb__c99_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
-                                size_t num_params, const char *body) {
-    /* an elementwise kernel's non-temporal stores: one fence for the whole range */
-    const char *fence =
-        k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n" : "";
-    uint64_t size[3];
+/* The declarations of a kernel's parameters, each after a comma. */
+static void tb__c99_param_decls(tb__str *src, const tb__cg_param *params, size_t num_params) {
     size_t i;
-    tb__c99_global_size(k, size);
-    tb__str_append(src, "static inline void %s_item(long tb_g0, long tb_g1, long tb_g2", k->name);
     for (i = 0; i < num_params; i++) {
         const tb__cg_param *q = &params[i];
         if (q->role == TB__ARG_SCALAR) {
@@ -31971,7 +32102,38 @@ static void tb__c99_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb
             tb__str_append(src, ",\n    const %s *restrict %s", q->type, q->name);
         }
     }
-    tb__str_append(src, ") {\n    (void)tb_g0, (void)tb_g1, (void)tb_g2;\n%s}\n\n", body);
+}
+
+/* A kernel is two functions: NAME_item, the body for one work item (tb_g0..2 its ids), and
+   NAME(args, lo, hi), which runs work items [lo, hi) of the flattened space, the pointers and
+   scalars it reads taken from args in the plan's order (the output first). The helpers that
+   NAME_item calls come first, with the kernel's parameters in place of their tokens. */
+static void tb__c99_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
+                                size_t num_params, const char *helpers, const char *body) {
+    /* an elementwise kernel's non-temporal stores: one fence for the whole range */
+    const char *fence =
+        k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n" : "";
+    uint64_t size[3];
+    size_t i;
+    tb__str decls, names;
+    tb__c99_global_size(k, size);
+    memset(&decls, 0, sizeof decls);
+    memset(&names, 0, sizeof names);
+    if (helpers[0] != '\0') {
+        tb__c99_param_decls(&decls, params, num_params);
+        for (i = 0; i < num_params; i++)
+            tb__str_append(&names, ", %s", params[i].name);
+        if (decls.failed || names.failed) src->failed = true;
+        tb__cg_emit_replacing(src, helpers, TB__CG_PARAMS_TOKEN,
+                              decls.data != NULL ? decls.data : "");
+    }
+    tb__str_append(src, "static inline void %s_item(long tb_g0, long tb_g1, long tb_g2", k->name);
+    tb__c99_param_decls(src, params, num_params);
+    tb__str_append(src, ") {\n    (void)tb_g0, (void)tb_g1, (void)tb_g2;\n");
+    tb__cg_emit_replacing(src, body, TB__CG_ARGS_TOKEN, names.data != NULL ? names.data : "");
+    tb__str_append(src, "}\n\n");
+    tb__str_free(&decls);
+    tb__str_free(&names);
     tb__str_append(src, "TB_EXPORT void %s(void *const *tb_a, long tb_lo, long tb_hi) {\n",
                    k->name);
     for (i = 0; i < num_params; i++) {
@@ -32040,6 +32202,7 @@ static void tb__dialect_c99(tb__dialect *d, int32_t vec_width) {
     d->constant = "static const ";
     d->f64 = true;
     d->item_loops = true;
+    d->noinline = "__attribute__((noinline))";
     d->math = tb__c99_math;
     d->kernel = tb__c99_emit_kernel;
 }
@@ -32066,9 +32229,10 @@ static const char *tb__oclc_math(const char *fn, tb_dtype dtype) {
 
 /* `__kernel void NAME(__global T *restrict out, ...)`, with the work-group size the plan fixed. */
 static void tb__oclc_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
-                                 size_t num_params, const char *body) {
+                                 size_t num_params, const char *helpers, const char *body) {
     const tb__cg_param *table = NULL;
     size_t i;
+    (void)helpers; /* none: the dialect has no noinline */
     tb__str_append(src, "__kernel ");
     if (k->group_size[0] > 0) {
         tb__str_append(src, "__attribute__((reqd_work_group_size(%zu, %zu, %zu))) ",

@@ -63,6 +63,9 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
     const tb__plan_kernel *k = &g->P->kernels[i];
     tb_status st;
     tb__ix_reset(&g->ix);
+    tb__str_free(&g->helpers);
+    memset(&g->helpers, 0, sizeof g->helpers);
+    g->num_helpers = 0;
     g->kernel = (int32_t)i;
     g->num_vals = g->num_frames = g->num_stack = 0;
     g->depth = 0;
@@ -91,7 +94,7 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
         break;
     }
     if (st == TB_OK) st = g->ix.status;
-    if (st == TB_OK && g->ix.body.failed) st = TB_ERR_OUT_OF_MEMORY;
+    if (st == TB_OK && (g->ix.body.failed || g->helpers.failed)) st = TB_ERR_OUT_OF_MEMORY;
     return st;
 }
 
@@ -127,11 +130,18 @@ static tb_status tb__cg_run_error(const tb__plan *p, const char *who,
 
 /* Renders every kernel of the plan (those with work) after the dialect's head and the shared
    prelude, as one program; *out (caller frees) and its length. */
-#define TB__CG_FN_TOKEN "tb_kfn_"
 
-static bool tb__cg_ident_char(char c, bool first) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-           (!first && c >= '0' && c <= '9');
+/* Appends `text` with `repl` in place of each `token` in it (TB__CG_FN_TOKEN: a kernel's text
+   under its own name). */
+static void tb__cg_emit_replacing(tb__str *src, const char *text, const char *token,
+                                  const char *repl) {
+    const char *s = text, *at;
+    size_t tl = strlen(token);
+    while ((at = strstr(s, token)) != NULL) {
+        tb__str_append(src, "%.*s%s", (int)(at - s), s, repl);
+        s = at + tl;
+    }
+    tb__str_append(src, "%s", s);
 }
 
 /* `text` (a kernel rendered under the name TB__CG_FN_TOKEN) with its parameters renamed by
@@ -165,17 +175,6 @@ static tb_status tb__cg_canonical(const char *text, const tb__cg_param *params, 
     return out->failed ? TB_ERR_OUT_OF_MEMORY : TB_OK;
 }
 
-/* Appends a kernel's text with its own name in place of the token. */
-static void tb__cg_emit_named(tb__str *src, const char *text, const char *name) {
-    const char *s = text, *at;
-    size_t tl = strlen(TB__CG_FN_TOKEN);
-    while ((at = strstr(s, TB__CG_FN_TOKEN)) != NULL) {
-        tb__str_append(src, "%.*s%s", (int)(at - s), s, name);
-        s = at + tl;
-    }
-    tb__str_append(src, "%s", s);
-}
-
 /* Renders kernel i under the token name into *one, and into *canon with its parameters
    renamed by position (what kernels doing the same work on other buffers share). */
 static tb_status tb__cg_render_one(tb__cg *g, const tb__dialect *d, size_t i, tb__str *one,
@@ -189,7 +188,8 @@ static tb_status tb__cg_render_one(tb__cg *g, const tb__dialect *d, size_t i, tb
     if (st == TB_OK) {
         memcpy(saved, k->name, sizeof saved);
         snprintf(k->name, sizeof k->name, "%s", TB__CG_FN_TOKEN);
-        d->kernel(one, k, params, num_params, g->ix.body.data != NULL ? g->ix.body.data : "");
+        d->kernel(one, k, params, num_params, g->helpers.data != NULL ? g->helpers.data : "",
+                  g->ix.body.data != NULL ? g->ix.body.data : "");
         memcpy(k->name, saved, sizeof saved);
         st = one->failed
                  ? TB_ERR_OUT_OF_MEMORY
@@ -276,7 +276,7 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
             tb__str_free(&canons[i]);
         } else {
             k->text_at = src.len;
-            tb__cg_emit_named(&src, one.data != NULL ? one.data : "", k->name);
+            tb__cg_emit_replacing(&src, one.data != NULL ? one.data : "", TB__CG_FN_TOKEN, k->name);
             k->text_len = src.len - k->text_at;
         }
         tb__str_free(&one);
@@ -293,6 +293,7 @@ static tb_status tb__cg_render(const tb__pgraph *G, tb__plan *P, const tb__diale
     }
     tb__str_free(&src);
     tb__ix_free(&g->ix);
+    tb__str_free(&g->helpers);
     tb__free(g->val_dtype);
     tb__free(g->frames);
     tb__free(g->stack);

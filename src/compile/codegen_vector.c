@@ -13,6 +13,32 @@ static int32_t tb__cg_new_vec(tb__cg *g) {
     return tb__cg_new_val(g, TB_F32);
 }
 
+/* The line "const <tv> bv<j> = <the dialect's vector of w lanes>;": lane l < live the text
+   of `lane` (a printf format of one int) with ids[l], the others `zero`. */
+static void tb__cg_vector_of_lanes(tb__cg *g, const char *tv, int32_t j, int32_t w, int32_t live,
+                                   const char *lane, const int32_t *ids, const char *zero) {
+    tb__str list, vec;
+    int32_t l;
+    memset(&list, 0, sizeof list);
+    memset(&vec, 0, sizeof vec);
+    for (l = 0; l < w; l++) {
+        if (l > 0) tb__str_append(&list, ", ");
+        if (l < live) {
+            tb__str_append(&list, lane, (int)ids[l]);
+        } else {
+            tb__str_append(&list, "%s", zero);
+        }
+    }
+    if (!list.failed) tb__str_append(&vec, g->d->vec_make, tv, list.data);
+    if (list.failed || vec.failed) {
+        tb__ix_fail(&g->ix, TB_ERR_OUT_OF_MEMORY);
+    } else {
+        tb__ix_line(&g->ix, "const %s bv%d = %s;", tv, (int)j, vec.data);
+    }
+    tb__str_free(&vec);
+    tb__str_free(&list);
+}
+
 /* The statement that stores vector v<v> as the W elements of `dtype` at `ptr` (16-bit floats
    rounded to nearest even: the dialect's TB_VSTH, TB_VSTBF; a value just rounded is stored
    from before its rounding, which the store repeats). f32 with `stream`: the dialect's

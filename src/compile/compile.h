@@ -620,10 +620,22 @@ typedef struct tb__dialect {
     /* a math function's name for a dtype (exp, log, sin, cos, tanh, sqrt, erf, pow, fabs,
        floor, ceil, rint) */
     const char *(*math)(const char *fn, tb_dtype dtype);
-    /* writes one kernel: its entry point around `body` */
+    /* the attribute that keeps a function out of its callers ("__attribute__((noinline))"),
+       or NULL: a kernel's code stays in one function (tb__cg.helpers) */
+    const char *noinline;
+    /* writes one kernel: its entry point around `body`, after `helpers` (tb__cg.helpers: ""
+       for none) */
     void (*kernel)(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
-                   size_t num_params, const char *body);
+                   size_t num_params, const char *helpers, const char *body);
 } tb__dialect;
+
+/* Tokens of a kernel's text that the renderer and the dialect replace: the kernel's name (a
+   kernel is rendered under it, then emitted under its own or shares an earlier one's code),
+   and in a helper function (tb__cg.helpers) the kernel's parameter declarations after the
+   work-item ids, and in a call of one the kernel's parameters' names, each after a comma. */
+#define TB__CG_FN_TOKEN     "tb_kfn_"
+#define TB__CG_PARAMS_TOKEN "tb_kparams_"
+#define TB__CG_ARGS_TOKEN   "tb_kargs_"
 
 /* codegen_program.c: renders every kernel of the plan through the dialect as one program
    (caller frees) */
@@ -650,8 +662,24 @@ typedef struct tb__cg_frame {
 
 /* The renderer's state for one graph. */
 #define TB__CG_ROW_FORMS 8 /* a run's pad tests on its row, at most (more: not split) */
+/* the index variables of its caller that a helper function may read */
+#define TB__CG_HELPER_VARS 64
+
+/* A helper function being emitted (tb__cg_helper_begin): the caller's text and indent, and
+   its first index variable of its own. */
+typedef struct tb__cg_helper {
+    tb__str body;
+    int indent;
+    int32_t first;
+} tb__cg_helper;
+
 typedef struct tb__cg {
     tb__ix ix; /* the text, index variables and positions of the kernel being emitted */
+    /* functions of the kernel being emitted that its body calls (where the dialect has
+       noinline), each taking the work-item ids and the kernel's parameters first
+       (TB__CG_PARAMS_TOKEN, TB__CG_ARGS_TOKEN) */
+    tb__str helpers;
+    int32_t num_helpers;
     const tb__pgraph *G;
     tb__plan *P;
     const tb__dialect *d;
@@ -712,6 +740,10 @@ static int32_t tb__cg_unrounded(const tb__cg *g, tb_dtype dtype, int32_t v);
    when `stream`), a rounding */
 static void tb__cg_vstore(tb__cg *g, tb_dtype dtype, int32_t v, const char *ptr, bool stream);
 static int32_t tb__cg_vround(tb__cg *g, tb_dtype dtype, int32_t v);
+/* the line "const <tv> bv<j> = <the dialect's vector of w lanes>;": lane l < live the text of
+   `lane` (a printf format of one int) with ids[l], the others `zero` */
+static void tb__cg_vector_of_lanes(tb__cg *g, const char *tv, int32_t j, int32_t w, int32_t live,
+                                   const char *lane, const int32_t *ids, const char *zero);
 static const tb__plan *tb__cg_plan(const tb__cg *g);      /* the plan being rendered */
 static tb__plan_kernel *tb__cg_kernel(const tb__cg *g);   /* the kernel being rendered */
 static int32_t tb__cg_new_val(tb__cg *g, tb_dtype dtype); /* a new value v<n>, -1 if failed */
@@ -724,6 +756,18 @@ static void tb__cg_flit(tb_dtype dtype, double v, char *buf, size_t cap);
 static bool tb__cg_arg(tb__cg *g, int32_t kind, int32_t index);
 /* the id of work item dimension d, as the dialect names it */
 static void tb__cg_id(char *buf, size_t cap, const char *fmt, int d);
+/* whether c can be a C identifier's character (first: its first); `text` with `repl` in place
+   of each `token` in it, appended to src (codegen_program.c) */
+static bool tb__cg_ident_char(char c, bool first);
+static void tb__cg_emit_replacing(tb__str *src, const char *text, const char *token,
+                                  const char *repl);
+/* a helper function of the kernel (where the dialect has noinline): its body is what is emitted
+   between begin and end, which puts a call of it in the caller's body (`params`: the helper's
+   parameters after the kernel's, `args` their values, each after a comma; `ok`: the body was
+   emitted whole) */
+static void tb__cg_helper_begin(tb__cg *g, tb__cg_helper *h);
+static bool tb__cg_helper_end(tb__cg *g, tb__cg_helper *h, bool ok, const char *params,
+                              const char *args);
 /* whether an op's result needs no rounding to its 16-bit dtype; the position of operand k of
    an elementwise or movement node at `pos`; an ops_table.h template expanded into buf */
 static bool tb__cg_exact(const tb_node *n);

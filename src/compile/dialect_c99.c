@@ -341,18 +341,9 @@ static void tb__c99_global_size(const tb__plan_kernel *k, uint64_t size[3]) {
     tb__work_items(k->group_size, k->groups, k->items, size);
 }
 
-/* A kernel is two functions: NAME_item, the body for one work item (tb_g0..2 its ids), and
-   NAME(args, lo, hi), which runs work items [lo, hi) of the flattened space, the pointers and
-   scalars it reads taken from args in the plan's order (the output first). */
-static void tb__c99_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
-                                size_t num_params, const char *body) {
-    /* an elementwise kernel's non-temporal stores: one fence for the whole range */
-    const char *fence =
-        k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n" : "";
-    uint64_t size[3];
+/* The declarations of a kernel's parameters, each after a comma. */
+static void tb__c99_param_decls(tb__str *src, const tb__cg_param *params, size_t num_params) {
     size_t i;
-    tb__c99_global_size(k, size);
-    tb__str_append(src, "static inline void %s_item(long tb_g0, long tb_g1, long tb_g2", k->name);
     for (i = 0; i < num_params; i++) {
         const tb__cg_param *q = &params[i];
         if (q->role == TB__ARG_SCALAR) {
@@ -365,7 +356,38 @@ static void tb__c99_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb
             tb__str_append(src, ",\n    const %s *restrict %s", q->type, q->name);
         }
     }
-    tb__str_append(src, ") {\n    (void)tb_g0, (void)tb_g1, (void)tb_g2;\n%s}\n\n", body);
+}
+
+/* A kernel is two functions: NAME_item, the body for one work item (tb_g0..2 its ids), and
+   NAME(args, lo, hi), which runs work items [lo, hi) of the flattened space, the pointers and
+   scalars it reads taken from args in the plan's order (the output first). The helpers that
+   NAME_item calls come first, with the kernel's parameters in place of their tokens. */
+static void tb__c99_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
+                                size_t num_params, const char *helpers, const char *body) {
+    /* an elementwise kernel's non-temporal stores: one fence for the whole range */
+    const char *fence =
+        k->stream_out && k->kind == TB__K_ELEMENTWISE ? "    TB_VSTREAM_END();\n" : "";
+    uint64_t size[3];
+    size_t i;
+    tb__str decls, names;
+    tb__c99_global_size(k, size);
+    memset(&decls, 0, sizeof decls);
+    memset(&names, 0, sizeof names);
+    if (helpers[0] != '\0') {
+        tb__c99_param_decls(&decls, params, num_params);
+        for (i = 0; i < num_params; i++)
+            tb__str_append(&names, ", %s", params[i].name);
+        if (decls.failed || names.failed) src->failed = true;
+        tb__cg_emit_replacing(src, helpers, TB__CG_PARAMS_TOKEN,
+                              decls.data != NULL ? decls.data : "");
+    }
+    tb__str_append(src, "static inline void %s_item(long tb_g0, long tb_g1, long tb_g2", k->name);
+    tb__c99_param_decls(src, params, num_params);
+    tb__str_append(src, ") {\n    (void)tb_g0, (void)tb_g1, (void)tb_g2;\n");
+    tb__cg_emit_replacing(src, body, TB__CG_ARGS_TOKEN, names.data != NULL ? names.data : "");
+    tb__str_append(src, "}\n\n");
+    tb__str_free(&decls);
+    tb__str_free(&names);
     tb__str_append(src, "TB_EXPORT void %s(void *const *tb_a, long tb_lo, long tb_hi) {\n",
                    k->name);
     for (i = 0; i < num_params; i++) {
@@ -434,6 +456,7 @@ static void tb__dialect_c99(tb__dialect *d, int32_t vec_width) {
     d->constant = "static const ";
     d->f64 = true;
     d->item_loops = true;
+    d->noinline = "__attribute__((noinline))";
     d->math = tb__c99_math;
     d->kernel = tb__c99_emit_kernel;
 }

@@ -18,9 +18,10 @@ static const char *tb__oclc_math(const char *fn, tb_dtype dtype) {
 
 /* `__kernel void NAME(__global T *restrict out, ...)`, with the work-group size the plan fixed. */
 static void tb__oclc_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb__cg_param *params,
-                                 size_t num_params, const char *body) {
+                                 size_t num_params, const char *helpers, const char *body) {
     const tb__cg_param *table = NULL;
     size_t i;
+    (void)helpers; /* none: the dialect has no noinline */
     tb__str_append(src, "__kernel ");
     if (k->group_size[0] > 0) {
         tb__str_append(src, "__attribute__((reqd_work_group_size(%zu, %zu, %zu))) ",
