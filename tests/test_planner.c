@@ -392,6 +392,60 @@ static void test_matmul_own_panels_per_item(void **state) {
     }
 }
 
+/* The same weight gradient with 128 input channels: B's 1152 columns are 36 panels. With a
+   tile of 12 panels' accumulators, 3 items of 12 would keep one of the two compute units idle
+   for a third of the kernel: 4 items of 9 (the fewest panels on the busier unit). With 4 units
+   and a tile of 6, 6 items of 6 leave 12 panels on two of them: 12 items of 3 leave 9 on each.
+   With 2 units and a tile of 3: 12 items of 3 (18 of 2 would leave as many on each unit and
+   read A from memory more often). */
+static void test_matmul_own_panels_balanced(void **state) {
+    tb_tensor *xf = plan_input(TB_F32, 2, 6 * 128, 72 * 72, 1),
+              *wf = plan_input(TB_F32, 2, 16, 1152, 1),
+              *rf = plan_input(TB_F32, 2, 6 * 16, 4900, 1);
+    int64_t xd[4] = {6, 128, 72, 72}, wd[4] = {16, 128, 3, 3}, rd[4] = {6, 16, 70, 70};
+    int64_t one[2] = {1, 1}, zero[2] = {0, 0};
+    tb_tensor *x = tb_reshape(xf, xd, 4), *w = tb_reshape(wf, wd, 4), *r = tb_reshape(rf, rd, 4);
+    tb_tensor *y, *prod, *loss, *g = NULL;
+    int64_t tiles[3] = {12, 6, 3}, units[3] = {2, 4, 2};
+    int32_t want[3] = {9, 3, 3}, c;
+    (void)state;
+    assert_non_null(x && w && r);
+    assert_int_equal(tb_set_requires_grad(w, true), TB_OK);
+    y = tb_conv2d(x, w, NULL, one, zero, one, 1);
+    prod = tb_mul(y, r);
+    loss = tb_sum(prod, NULL, 0, false);
+    assert_int_equal(tb_grad(loss, NULL, &w, 1, &g), TB_OK);
+    for (c = 0; c < 3; c++) {
+        plan_target t;
+        tb__plan *p = NULL;
+        const tb__plan_kernel *k;
+        plan_target_of(&t, DEV_C99);
+        t.target.compute_units = (uint32_t)units[c];
+        assert_int_equal(plan_of(&t, &g, 1, &p), TB_OK);
+        k = kernel_of_kind(p, TB__K_MATMUL);
+        assert_non_null(k);
+        t.tuning.mm_own_b_tile = tiles[c] * ((16 + k->rm - 1) / k->rm * k->rm) * k->rn * 4;
+        tb__plan_free(p);
+        assert_int_equal(plan_of(&t, &g, 1, &p), TB_OK);
+        k = kernel_of_kind(p, TB__K_MATMUL);
+        assert_true(k->own_b);
+        assert_int_equal(k->rn, 32);
+        assert_int_equal(k->own_b_span, want[c]);
+        assert_int_equal(k->groups[0] * k->groups[1] * k->groups[2], (size_t)(36 / want[c]));
+        tb__plan_free(p);
+    }
+    tb_tensor_release(g);
+    tb_tensor_release(loss);
+    tb_tensor_release(prod);
+    tb_tensor_release(y);
+    tb_tensor_release(r);
+    tb_tensor_release(w);
+    tb_tensor_release(x);
+    tb_tensor_release(rf);
+    tb_tensor_release(wf);
+    tb_tensor_release(xf);
+}
+
 /* A matmul read through a reshape that splits its columns into rows of 40 and a slice of
    columns 1..30 of each (a convolution over whole padded rows), then a residual and a relu: one
    matmul kernel on every class, storing the slice's 30 columns of each row of 40 through that
@@ -669,6 +723,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_wide_block),
         cmocka_unit_test(test_matmul_own_panels),
         cmocka_unit_test(test_matmul_own_panels_per_item),
+        cmocka_unit_test(test_matmul_own_panels_balanced),
         cmocka_unit_test(test_matmul_crop),
         cmocka_unit_test(test_tuning_decides_packing),
         cmocka_unit_test(test_long_chain_cut_to_budget),

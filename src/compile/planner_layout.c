@@ -507,8 +507,21 @@ static int32_t tb__plan_own_b_span(const tb__pgraph *G, const tb__plan_kernel *k
     cap = (int64_t)(cache / 2 / (rows * size));
     most = (int64_t)((double)t->mm_own_b_tile / tile);
     panels = (zb[4] + split - 1) / split;
-    if (panels > most)
-        panels = (zb[4] + (zb[4] + most - 1) / most - 1) / ((zb[4] + most - 1) / most);
+    if (panels > most) {
+        /* the span that leaves the fewest panels on the busiest compute unit (items of p
+           panels, ceil(items / cu) of them on it), from `most` down to half as many (fewer
+           would read A from memory twice as often), the largest of equals: 36 panels of which
+           12 fill the tile were 3 items, one of two cores idle for a third of the kernel
+           (ResNet-18's 128 x 1152 x 6272 weight gradient), and are 4 of 9 */
+        int64_t p, cost = -1, c;
+        for (p = most; p >= (most + 1) / 2 && p >= 1; p--) {
+            c = (zb[0] * ((zb[4] + p - 1) / p) + cu - 1) / cu * p;
+            if (cost < 0 || c < cost) {
+                cost = c;
+                panels = p;
+            }
+        }
+    }
     if (cap < 256 || panels < 2) return 1;
     if (cap < *fill) {
         fills = (za[3] + cap - 1) / cap;
