@@ -311,6 +311,47 @@ static void test_matmul_own_panels(void **state) {
     tb_tensor_release(x);
 }
 
+/* The gradients of sum(conv2d(x, w) * r) for x [6, ch, 72, 72] and w [16, ch, 3, 3] (3 x 3,
+   no padding: r [6, 16, 70, 70]), each an input of the plans: g[1] the weight's, g[0] x's
+   where `with_x` (else NULL); t holds what to release. */
+typedef struct wgrad_graph {
+    tb_tensor *t[9], *g[2];
+} wgrad_graph;
+
+static void wgrad_make(wgrad_graph *q, int64_t ch, bool with_x) {
+    int64_t xd[4] = {6, ch, 72, 72}, wd[4] = {16, ch, 3, 3}, rd[4] = {6, 16, 70, 70};
+    int64_t one[2] = {1, 1}, zero[2] = {0, 0};
+    tb_tensor *x, *w, *r, *ins[2];
+    memset(q, 0, sizeof *q);
+    q->t[0] = plan_input(TB_F32, 2, 6 * ch, 72 * 72, 1);
+    q->t[1] = plan_input(TB_F32, 2, 16, ch * 9, 1);
+    q->t[2] = plan_input(TB_F32, 2, 6 * 16, 70 * 70, 1);
+    q->t[3] = x = tb_reshape(q->t[0], xd, 4);
+    q->t[4] = w = tb_reshape(q->t[1], wd, 4);
+    q->t[5] = r = tb_reshape(q->t[2], rd, 4);
+    assert_non_null(x && w && r);
+    if (with_x) assert_int_equal(tb_set_requires_grad(x, true), TB_OK);
+    assert_int_equal(tb_set_requires_grad(w, true), TB_OK);
+    q->t[6] = tb_conv2d(x, w, NULL, one, zero, one, 1);
+    q->t[7] = tb_mul(q->t[6], r);
+    q->t[8] = tb_sum(q->t[7], NULL, 0, false);
+    ins[0] = x;
+    ins[1] = w;
+    if (with_x) {
+        assert_int_equal(tb_grad(q->t[8], NULL, ins, 2, q->g), TB_OK);
+    } else {
+        assert_int_equal(tb_grad(q->t[8], NULL, &w, 1, &q->g[1]), TB_OK);
+    }
+}
+
+static void wgrad_release(wgrad_graph *q) {
+    int i;
+    tb_tensor_release(q->g[0]);
+    tb_tensor_release(q->g[1]);
+    for (i = 8; i >= 0; i--)
+        tb_tensor_release(q->t[i]);
+}
+
 /* A convolution's weight gradient whose A (the output's gradient: 16 x 29400, 6 images of 70 x
    70 outputs, its rows padded to two panels of 12) outgrows a core's cache (2 MiB): on the
    native backend's host each work item takes several column panels of B (its windows, 288
@@ -319,13 +360,8 @@ static void test_matmul_own_panels(void **state) {
    holds; one panel an item where the tile is 0 or A fits the cache. A cache of 128 KiB keeps
    682 rows of A in its half: fills of 669 rows (44 of them), not the buffer's 1279 (23). */
 static void test_matmul_own_panels_per_item(void **state) {
-    tb_tensor *xf = plan_input(TB_F32, 2, 6 * 32, 72 * 72, 1),
-              *wf = plan_input(TB_F32, 2, 16, 288, 1);
-    tb_tensor *rf = plan_input(TB_F32, 2, 6 * 16, 70 * 70, 1);
-    int64_t xd[4] = {6, 32, 72, 72}, wd[4] = {16, 32, 3, 3}, rd[4] = {6, 16, 70, 70};
-    int64_t one[2] = {1, 1}, zero[2] = {0, 0};
-    tb_tensor *x = tb_reshape(xf, xd, 4), *w = tb_reshape(wf, wd, 4), *r = tb_reshape(rf, rd, 4);
-    tb_tensor *y, *prod, *loss, *ins[2], *g[2] = {NULL, NULL};
+    wgrad_graph q;
+    tb_tensor **g = q.g;
     /* the tuning's tile: as it is, three panels' accumulators, none; the cache: as it is, 64 MiB */
     int64_t tiles[5] = {-1, 3, 0, -1, -1};
     int64_t caches[5] = {-1, -1, -1, (int64_t)64 << 20, (int64_t)128 << 10};
@@ -333,15 +369,7 @@ static void test_matmul_own_panels_per_item(void **state) {
     int32_t want[5] = {5, 3, 1, 1, 5};
     int c;
     (void)state;
-    assert_non_null(x && w && r);
-    assert_int_equal(tb_set_requires_grad(x, true), TB_OK);
-    assert_int_equal(tb_set_requires_grad(w, true), TB_OK);
-    y = tb_conv2d(x, w, NULL, one, zero, one, 1);
-    prod = tb_mul(y, r);
-    loss = tb_sum(prod, NULL, 0, false);
-    ins[0] = x;
-    ins[1] = w;
-    assert_int_equal(tb_grad(loss, NULL, ins, 2, g), TB_OK);
+    wgrad_make(&q, 32, true);
     for (c = 0; c < 5; c++) {
         plan_target t;
         tb__plan *p = NULL;
@@ -367,17 +395,7 @@ static void test_matmul_own_panels_per_item(void **state) {
                          (size_t)((9 + want[c] - 1) / want[c]));
         tb__plan_free(p);
     }
-    tb_tensor_release(g[0]);
-    tb_tensor_release(g[1]);
-    tb_tensor_release(loss);
-    tb_tensor_release(prod);
-    tb_tensor_release(y);
-    tb_tensor_release(r);
-    tb_tensor_release(w);
-    tb_tensor_release(x);
-    tb_tensor_release(rf);
-    tb_tensor_release(wf);
-    tb_tensor_release(xf);
+    wgrad_release(&q);
     {
         /* a batch of no matrices: planned (nothing to split between the compute units) */
         tb_tensor *a = plan_input(TB_F32, 3, 0, 256, 256), *mm = tb_matmul(a, a);
@@ -399,34 +417,23 @@ static void test_matmul_own_panels_per_item(void **state) {
    With 2 units and a tile of 3: 12 items of 3 (18 of 2 would leave as many on each unit and
    read A from memory more often). */
 static void test_matmul_own_panels_balanced(void **state) {
-    tb_tensor *xf = plan_input(TB_F32, 2, 6 * 128, 72 * 72, 1),
-              *wf = plan_input(TB_F32, 2, 16, 1152, 1),
-              *rf = plan_input(TB_F32, 2, 6 * 16, 4900, 1);
-    int64_t xd[4] = {6, 128, 72, 72}, wd[4] = {16, 128, 3, 3}, rd[4] = {6, 16, 70, 70};
-    int64_t one[2] = {1, 1}, zero[2] = {0, 0};
-    tb_tensor *x = tb_reshape(xf, xd, 4), *w = tb_reshape(wf, wd, 4), *r = tb_reshape(rf, rd, 4);
-    tb_tensor *y, *prod, *loss, *g = NULL;
+    wgrad_graph q;
     int64_t tiles[3] = {12, 6, 3}, units[3] = {2, 4, 2};
     int32_t want[3] = {9, 3, 3}, c;
     (void)state;
-    assert_non_null(x && w && r);
-    assert_int_equal(tb_set_requires_grad(w, true), TB_OK);
-    y = tb_conv2d(x, w, NULL, one, zero, one, 1);
-    prod = tb_mul(y, r);
-    loss = tb_sum(prod, NULL, 0, false);
-    assert_int_equal(tb_grad(loss, NULL, &w, 1, &g), TB_OK);
+    wgrad_make(&q, 128, false);
     for (c = 0; c < 3; c++) {
         plan_target t;
         tb__plan *p = NULL;
         const tb__plan_kernel *k;
         plan_target_of(&t, DEV_C99);
         t.target.compute_units = (uint32_t)units[c];
-        assert_int_equal(plan_of(&t, &g, 1, &p), TB_OK);
+        assert_int_equal(plan_of(&t, &q.g[1], 1, &p), TB_OK);
         k = kernel_of_kind(p, TB__K_MATMUL);
         assert_non_null(k);
         t.tuning.mm_own_b_tile = tiles[c] * ((16 + k->rm - 1) / k->rm * k->rm) * k->rn * 4;
         tb__plan_free(p);
-        assert_int_equal(plan_of(&t, &g, 1, &p), TB_OK);
+        assert_int_equal(plan_of(&t, &q.g[1], 1, &p), TB_OK);
         k = kernel_of_kind(p, TB__K_MATMUL);
         assert_true(k->own_b);
         assert_int_equal(k->rn, 32);
@@ -434,16 +441,7 @@ static void test_matmul_own_panels_balanced(void **state) {
         assert_int_equal(k->groups[0] * k->groups[1] * k->groups[2], (size_t)(36 / want[c]));
         tb__plan_free(p);
     }
-    tb_tensor_release(g);
-    tb_tensor_release(loss);
-    tb_tensor_release(prod);
-    tb_tensor_release(y);
-    tb_tensor_release(r);
-    tb_tensor_release(w);
-    tb_tensor_release(x);
-    tb_tensor_release(rf);
-    tb_tensor_release(wf);
-    tb_tensor_release(xf);
+    wgrad_release(&q);
 }
 
 /* A matmul read through a reshape that splits its columns into rows of 40 and a slice of

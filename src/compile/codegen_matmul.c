@@ -1173,20 +1173,21 @@ static bool tb__cg_matmul_own_b_pack(tb__cg *g, const tb__plan_kernel *k, const 
                                      const char *pk0, const char *pk1, bool from_pk0) {
     char params[160], args[160];
     tb__cg_helper h;
-    bool ok, helper = g->d->noinline != NULL;
+    bool ok;
+    if (g->d->noinline == NULL) {
+        tb__ix_open(&g->ix, "");
+        tb__ix_line(&g->ix, "const long pk0 = %s, pk1 = %s, pl0 = col0;", pk0, pk1);
+        ok = tb__cg_pack_panel(g, k, bdims, "bpk", "0", from_pk0 ? "pk0" : NULL);
+        tb__ix_close(&g->ix, "");
+        return ok;
+    }
+    tb__cg_helper_begin(g, &h);
+    ok = tb__cg_pack_panel(g, k, bdims, "bpk", "0", from_pk0 ? "pk0" : NULL);
     snprintf(params, sizeof params,
              ", %s *restrict bpk, const long pk0, const long pk1, const long pl0",
              tb__cg_ctype(tb__plan_shape(g->G, k->core)->dtype));
     snprintf(args, sizeof args, ", bpk, %s, %s, col0", pk0, pk1);
-    if (helper) {
-        tb__cg_helper_begin(g, &h);
-    } else {
-        tb__ix_open(&g->ix, "");
-        tb__ix_line(&g->ix, "const long pk0 = %s, pk1 = %s, pl0 = col0;", pk0, pk1);
-    }
-    ok = tb__cg_pack_panel(g, k, bdims, "bpk", "0", from_pk0 ? "pk0" : NULL);
-    if (!helper) tb__ix_close(&g->ix, "");
-    return helper ? tb__cg_helper_end(g, &h, ok, params, args) : ok;
+    return tb__cg_helper_end(g, &h, ok, params, args);
 }
 
 /* The body of a packed matmul whose work item packs its own column panel of B own_b_k rows at
