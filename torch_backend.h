@@ -22384,6 +22384,7 @@ static bool tb__lf_add_term(tb__lf *lf, int32_t var, int64_t coef);
 static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap);
 /* the least and greatest values of a form over its variables' ranges */
 static void tb__ix_lf_range(const tb__ix *g, const tb__lf *lf, int64_t *lo, int64_t *hi);
+static int64_t tb__ix_ceil_div(int64_t a, int64_t k); /* the least q, q * k >= a (k > 0) */
 static tb_status tb__ix_fail(tb__ix *g, tb_status st);
 static void tb__ix_line(tb__ix *g, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
@@ -22521,6 +22522,7 @@ typedef struct tb__cg_frame {
 } tb__cg_frame;
 
 /* The renderer's state for one graph. */
+#define TB__CG_ROW_STEP  4 /* a row loop's group of elements of one period, at most */
 #define TB__CG_ROW_FORMS 8 /* a run's pad tests on its row, at most (more: not split) */
 /* the index variables of its caller that a helper function may read */
 #define TB__CG_HELPER_VARS 64
@@ -25951,6 +25953,11 @@ static int64_t tb__sat_mul(int64_t a, int64_t b) {
     return a * b;
 }
 
+/* The least q with q * k >= a (k > 0). */
+static int64_t tb__ix_ceil_div(int64_t a, int64_t k) {
+    return a >= 0 ? (a + k - 1) / k : -((-a) / k);
+}
+
 static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi) {
     if (tb__grow((void **)&g->vars, &g->cap_vars, g->num_vars + 1, sizeof(tb__ix_var)) != TB_OK) {
         tb__ix_fail(g, TB_ERR_OUT_OF_MEMORY);
@@ -26312,17 +26319,20 @@ static bool tb__ix_need_flat(tb__ix *g, int32_t id) {
 }
 
 /* Splits a flat form into per-dim affine forms when no term carries across a digit (merged
-   or contiguous dims); false when it cannot. */
+   or contiguous dims); false when it cannot. The constant goes by digits from the innermost dim
+   out, each digit the one value congruent to what is left that keeps its dim's form inside the
+   dim (a row read at column i - 1 for i >= 1 keeps its - 1 there); the outermost dim takes the
+   rest. */
 static bool tb__ix_affine_split(const tb__ix *g, const tb__lf *flat, int32_t rank,
                                 const int64_t *dims, tb__lf *out) {
-    int64_t strides[TB_MAX_RANK], numel = 1, lo, hi;
-    int32_t i, j;
+    int64_t strides[TB_MAX_RANK], rest = flat->c, lo, hi;
+    int32_t i, j, outer = -1;
     tb__ix_contig(rank, dims, strides);
-    for (i = 0; i < rank; i++)
-        numel *= dims[i];
-    if (flat->c < 0 || flat->c >= numel) return false;
-    for (j = 0; j < rank; j++)
-        tb__lf_const(&out[j], dims[j] > 1 ? (flat->c / strides[j]) % dims[j] : 0);
+    for (j = 0; j < rank; j++) {
+        if (dims[j] < 1) return false; /* no element */
+        tb__lf_const(&out[j], 0);
+        if (outer < 0 && dims[j] > 1) outer = j;
+    }
     for (i = 0; i < flat->n; i++) {
         int64_t f = flat->coef[i];
         for (j = 0; j < rank; j++) {
@@ -26331,11 +26341,22 @@ static bool tb__ix_affine_split(const tb__ix *g, const tb__lf *flat, int32_t ran
         if (j == rank) return false;
         if (!tb__lf_add_term(&out[j], flat->var[i], f / strides[j])) return false;
     }
-    for (j = 0; j < rank; j++) {
+    for (j = rank - 1; j >= 0; j--) {
+        int64_t d = dims[j], m, c;
+        if (d <= 1) continue;
         tb__ix_lf_range(g, &out[j], &lo, &hi);
-        if (lo < 0 || hi >= dims[j]) return false;
+        if (lo < -((int64_t)1 << 52) || hi > ((int64_t)1 << 52)) return false;
+        if (j == outer) {
+            c = rest;
+        } else {
+            m = (rest % d + d) % d;
+            c = m + tb__ix_ceil_div(-lo - m, d) * d; /* the least c = m (mod d), c + lo >= 0 */
+            rest = (rest - c) / d;
+        }
+        if (c + lo < 0 || c + hi >= d) return false;
+        out[j].c = c;
     }
-    return true;
+    return outer >= 0 || rest == 0;
 }
 
 /* Splits a flat form whose terms each cover whole digits of their own (a variable times the
@@ -27393,11 +27414,6 @@ static bool tb__cg_enter(tb__cg *g, int32_t node) {
     return true;
 }
 
-/* The first r with k * r >= a (k > 0). */
-static int64_t tb__cg_ceil_div(int64_t a, int64_t k) {
-    return a >= 0 ? (a + k - 1) / k : -((-a) / k);
-}
-
 /* A pad's condition on the row loop's variable (form f within [before, end)): narrows the
    interior where every such condition holds; a form other than k * row + c (k > 0) leaves the
    loop unsplit. */
@@ -27407,8 +27423,8 @@ static void tb__cg_row_note(tb__cg *g, const tb__lf *f, int64_t before, int64_t 
         g->row_mixed = true;
         return;
     }
-    lo = tb__cg_ceil_div(before - f->c, k);
-    hi = tb__cg_ceil_div(end - f->c, k);
+    lo = tb__ix_ceil_div(before - f->c, k);
+    hi = tb__ix_ceil_div(end - f->c, k);
     if (lo > g->row_lo) g->row_lo = lo;
     if (hi < g->row_hi) g->row_hi = hi;
 }
@@ -27801,10 +27817,12 @@ static int32_t tb__cg_concat_run(tb__cg *g, int32_t node, int32_t pos) {
     return ok ? v : -1;
 }
 
+/* A concat at pos: the operand its index along the axis is in, by a chain of tests on it; the
+   operands its range misses, and the test of the one it ends in, are left out. */
 static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
     const tb_node *n = g->G->info[node].node;
-    int32_t dim = (int32_t)n->attrs[0], v, i;
-    int64_t start = 0, last_nonempty = -1;
+    int32_t dim = (int32_t)n->attrs[0], v, i, emitted = 0;
+    int64_t start = 0, lo, hi;
     char text[TB__LF_TEXT];
     tb__pos p;
     if (tb__cg_kernel(g)->kind == TB__K_CONCAT && node == tb__cg_kernel(g)->root)
@@ -27815,22 +27833,24 @@ static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
     if (!tb__ix_need_multi(&g->ix, pos)) return -1;
     p = g->ix.pos[pos];
     tb__lf_text(&p.dim[dim], text, sizeof text);
-    for (i = 0; i < (int32_t)n->num_operands; i++)
-        if (g->G->info[tb__plan_operand(g->G, node, (size_t)i)].node->shape.dims[dim] > 0)
-            last_nonempty = i;
+    tb__ix_lf_range(&g->ix, &p.dim[dim], &lo, &hi);
     for (i = 0; i < (int32_t)n->num_operands; i++) {
         int32_t x = tb__plan_operand(g->G, node, (size_t)i), qp, vx;
         const tb_shape *xs = &g->G->info[x].node->shape;
+        int64_t end = start + xs->dims[dim];
         tb__lf dims[TB_MAX_RANK];
         char head[TB__LF_TEXT + 64];
         int32_t d;
         memset(dims, 0, sizeof dims); /* only rank entries are used; optimisers cannot tell */
-        if (xs->dims[dim] == 0) continue;
-        if (i == last_nonempty) {
-            snprintf(head, sizeof head, "%s", start == 0 ? "" : "else ");
+        if (xs->dims[dim] == 0 || end <= lo || start > hi) {
+            start = end;
+            continue;
+        }
+        if (hi < end) {
+            snprintf(head, sizeof head, "%s", emitted > 0 ? "else " : "");
         } else {
-            snprintf(head, sizeof head, "%sif ((%s) < %lldL) ", start == 0 ? "" : "else ", text,
-                     (long long)(start + xs->dims[dim]));
+            snprintf(head, sizeof head, "%sif ((%s) < %lldL) ", emitted > 0 ? "else " : "", text,
+                     (long long)end);
         }
         tb__ix_open(&g->ix, head);
         for (d = 0; d < xs->rank; d++)
@@ -27841,7 +27861,9 @@ static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
         if (vx >= 0) tb__ix_line(&g->ix, "v%d = v%d;", (int)v, (int)vx);
         tb__ix_close(&g->ix, "");
         if (vx < 0) return -1;
-        start += xs->dims[dim];
+        emitted++;
+        if (hi < end) break;
+        start = end;
     }
     return v;
 }
@@ -30202,24 +30224,90 @@ static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, cons
 }
 
 /* The loop over a row's elements from..to (variable i<v> of that range), each evaluated and
-   stored at row i<i0>. */
+   stored at row i<i0>. With step > 1 the loop's variable counts groups of `step` consecutive
+   elements (from..to in groups), each element of a group in a block of its own: element
+   step * i<v> + r, whose divisions by the step (a fold's phases, a view that splits the row)
+   are constants of the block. */
 static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int64_t from,
-                            int64_t to) {
+                            int64_t to, int64_t step) {
     const tb_shape *rs = tb__plan_shape(g->G, k->root);
-    int32_t ic = to > from ? tb__ix_new_var(&g->ix, from, to - 1) : -1, v;
-    char head[112], index[64];
+    int32_t ic = to > from ? tb__ix_new_var(&g->ix, from, to - 1) : -1, v, p0 = -1, d;
+    int64_t r;
+    char head[112], index[112];
     if (ic < 0) return;
     g->row_var = g->d->item_loops ? ic : -1;
+    g->ix.vars[ic].traced = 1; /* the row's period: the caller's choice of step */
     snprintf(head, sizeof head, "for (long i%d = %lld%s; i%d < %lldL; i%d++) ", (int)ic,
              (long long)from, from != 0 ? "L" : "", (int)ic, (long long)to, (int)ic);
     tb__ix_open(&g->ix, head);
-    v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->row_len, ic));
-    if (v >= 0) {
-        snprintf(index, sizeof index, "i%d * %lldL + i%d", (int)i0, (long long)k->row_len, (int)ic);
-        tb__cg_store(g, rs->dtype, "out", index, v);
+    /* in groups: the row's start by dims (divided once a row), each element then that plus its
+       offset along the row's axis (the last one other than trailing dims of 1) */
+    for (d = rs->rank - 1; d > 0 && rs->dims[d] == 1; d--) {
+    }
+    if (step > 1) {
+        p0 = tb__ix_var_pos_flat(&g->ix, rs, i0, k->row_len, -1);
+        if (!tb__ix_need_multi(&g->ix, p0)) p0 = -1;
+    }
+    for (r = 0; r < step && (step == 1 || p0 >= 0); r++) {
+        int32_t pos;
+        if (step == 1) {
+            pos = tb__ix_var_pos_flat(&g->ix, rs, i0, k->row_len, ic);
+        } else {
+            tb__lf dims[TB_MAX_RANK];
+            tb__ix_open(&g->ix, "");
+            memcpy(dims, g->ix.pos[p0].dim, sizeof dims);
+            dims[d].c += r;
+            pos = tb__lf_add_term(&dims[d], ic, step) ? tb__ix_pos_multi(&g->ix, rs, dims) : -1;
+        }
+        v = pos >= 0 ? tb__cg_eval(g, k->root, pos) : -1;
+        if (v >= 0) {
+            if (step > 1) {
+                snprintf(index, sizeof index, "i%d * %lldL + i%d * %lldL + %lldL", (int)i0,
+                         (long long)k->row_len, (int)ic, (long long)step, (long long)r);
+            } else {
+                snprintf(index, sizeof index, "i%d * %lldL + i%d", (int)i0, (long long)k->row_len,
+                         (int)ic);
+            }
+            tb__cg_store(g, rs->dtype, "out", index, v);
+        }
+        if (step > 1) tb__ix_close(&g->ix, "");
     }
     tb__ix_close(&g->ix, "");
     g->row_var = -1;
+}
+
+/* The row loop of an elementwise kernel, and its split into edges and an interior (see the
+   caller). A row whose elements the view divides by a small period (a strided pooling's
+   gradient, folded by phases; a pixel shuffle) is emitted again in groups of that period,
+   where the compiler finds no division and stores the group's elements together. */
+static void tb__cg_row_loops(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
+    size_t mark = g->ix.body.len;
+    int64_t lo, hi, step = 1, n = k->row_len;
+    g->row_mixed = false;
+    g->row_lo = 0;
+    g->row_hi = n;
+    g->ix.period = 0;
+    tb__cg_row_loop(g, k, i0, 0, n, 1);
+    if (g->ix.status == TB_OK && !g->ix.body.failed && g->ix.period >= 2 &&
+        g->ix.period <= TB__CG_ROW_STEP && n % g->ix.period == 0 && n / g->ix.period >= 4) {
+        step = g->ix.period;
+        n /= step;
+        tb__ix_drop(&g->ix, mark);
+        g->row_mixed = false;
+        g->row_lo = 0;
+        g->row_hi = n;
+        tb__cg_row_loop(g, k, i0, 0, n, step);
+    }
+    lo = g->row_lo;
+    hi = g->row_hi;
+    /* an interior narrower than the row: some pad noted a test on the row's index */
+    if (g->ix.status == TB_OK && !g->ix.body.failed && !g->row_mixed && hi - lo >= 8 &&
+        (lo > 0 || hi < n)) {
+        tb__ix_drop(&g->ix, mark);
+        tb__cg_row_loop(g, k, i0, 0, lo, step);
+        tb__cg_row_loop(g, k, i0, lo, hi, step);
+        tb__cg_row_loop(g, k, i0, hi, n, step);
+    }
 }
 
 static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {
@@ -30241,25 +30329,9 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
         /* a row of the last axis per work item: the leading dims' positions once a row. Where
            its pads have conditions on the row's index alone (a convolution's window at the
            edges), the loop is emitted again as edges and an interior without them. */
-        size_t mark;
-        int64_t lo, hi;
         i0 = tb__cg_row_header(g, k, tb__plan_numel(rs) / k->row_len);
         if (i0 < 0) return g->ix.status;
-        mark = g->ix.body.len;
-        g->row_mixed = false;
-        g->row_lo = 0;
-        g->row_hi = k->row_len;
-        tb__cg_row_loop(g, k, i0, 0, k->row_len);
-        lo = g->row_lo;
-        hi = g->row_hi;
-        /* an interior narrower than the row: some pad noted a test on the row's index */
-        if (g->ix.status == TB_OK && !g->ix.body.failed && !g->row_mixed && hi - lo >= 8 &&
-            (lo > 0 || hi < k->row_len)) {
-            tb__ix_drop(&g->ix, mark);
-            tb__cg_row_loop(g, k, i0, 0, lo);
-            tb__cg_row_loop(g, k, i0, lo, hi);
-            tb__cg_row_loop(g, k, i0, hi, k->row_len);
-        }
+        tb__cg_row_loops(g, k, i0);
         return g->ix.status;
     }
     i0 = tb__cg_row_header(g, k, tb__plan_numel(rs));

@@ -490,6 +490,34 @@ static void test_pad_rows_split(void **state) {
     tb_tensor_release(x3);
 }
 
+/* The input gradient of a 3 x 3 max-pool at stride 2, padded by 1 (ResNet's), folded by phases,
+   in the native backend's C: its rows of 40 run in 20 pairs, each pair's two elements stored
+   side by side. In pairs the fold's division of the column by 2 is a constant of each element,
+   so no index along the row is divided (the padded row's 21 phases: no "% 21L"), and the
+   edges split from an interior as for a padding. */
+static void test_pool_grad_rows_in_pairs(void **state) {
+    tb_tensor *x3 = plan_input(TB_F32, 3, 16, 16, 40), *x, *y, *s, *gx = NULL;
+    static const int64_t xd[4] = {2, 8, 16, 40}, k3[2] = {3, 3}, s2[2] = {2, 2}, p1[2] = {1, 1};
+    char *text;
+    (void)state;
+    assert_int_equal(tb_set_requires_grad(x3, true), TB_OK);
+    x = tb_reshape(x3, xd, 4);
+    y = tb_max_pool2d(x, k3, s2, p1, NULL, false);
+    s = tb_sum(y, NULL, 0, false);
+    assert_non_null(s);
+    assert_int_equal(tb_grad(s, NULL, &x3, 1, &gx), TB_OK);
+    text = program(DEV_C99, &gx, 1, NULL);
+    expect_text(text, " * 2L + 1L] = ", "C99 host");
+    expect_text(text, " < 20L; i", "C99 host");
+    if (strstr(text, "% 21L") != NULL) fail_msg("a division along the row in:\n%s", text);
+    free(text);
+    tb_tensor_release(gx);
+    tb_tensor_release(s);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+    tb_tensor_release(x3);
+}
+
 /* A sum per channel over N, H and W of [N, C, H, W] (a bias's gradient) loops over each
    image's H x W run in order, with no division per element; a sum over the trailing axes reads
    rows; a sum over N alone (a strided run) keeps the flat loop. */
@@ -789,6 +817,7 @@ int main(void) {
         cmocka_unit_test(test_pack_lane_by_lane),
         cmocka_unit_test(test_selects_blend),
         cmocka_unit_test(test_pad_rows_split),
+        cmocka_unit_test(test_pool_grad_rows_in_pairs),
         cmocka_unit_test(test_reduction_loops),
         cmocka_unit_test(test_reduction_columns),
         cmocka_unit_test(test_every_math_op_renders),

@@ -424,11 +424,6 @@ static bool tb__cg_enter(tb__cg *g, int32_t node) {
     return true;
 }
 
-/* The first r with k * r >= a (k > 0). */
-static int64_t tb__cg_ceil_div(int64_t a, int64_t k) {
-    return a >= 0 ? (a + k - 1) / k : -((-a) / k);
-}
-
 /* A pad's condition on the row loop's variable (form f within [before, end)): narrows the
    interior where every such condition holds; a form other than k * row + c (k > 0) leaves the
    loop unsplit. */
@@ -438,8 +433,8 @@ static void tb__cg_row_note(tb__cg *g, const tb__lf *f, int64_t before, int64_t 
         g->row_mixed = true;
         return;
     }
-    lo = tb__cg_ceil_div(before - f->c, k);
-    hi = tb__cg_ceil_div(end - f->c, k);
+    lo = tb__ix_ceil_div(before - f->c, k);
+    hi = tb__ix_ceil_div(end - f->c, k);
     if (lo > g->row_lo) g->row_lo = lo;
     if (hi < g->row_hi) g->row_hi = hi;
 }
@@ -832,10 +827,12 @@ static int32_t tb__cg_concat_run(tb__cg *g, int32_t node, int32_t pos) {
     return ok ? v : -1;
 }
 
+/* A concat at pos: the operand its index along the axis is in, by a chain of tests on it; the
+   operands its range misses, and the test of the one it ends in, are left out. */
 static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
     const tb_node *n = g->G->info[node].node;
-    int32_t dim = (int32_t)n->attrs[0], v, i;
-    int64_t start = 0, last_nonempty = -1;
+    int32_t dim = (int32_t)n->attrs[0], v, i, emitted = 0;
+    int64_t start = 0, lo, hi;
     char text[TB__LF_TEXT];
     tb__pos p;
     if (tb__cg_kernel(g)->kind == TB__K_CONCAT && node == tb__cg_kernel(g)->root)
@@ -846,22 +843,24 @@ static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
     if (!tb__ix_need_multi(&g->ix, pos)) return -1;
     p = g->ix.pos[pos];
     tb__lf_text(&p.dim[dim], text, sizeof text);
-    for (i = 0; i < (int32_t)n->num_operands; i++)
-        if (g->G->info[tb__plan_operand(g->G, node, (size_t)i)].node->shape.dims[dim] > 0)
-            last_nonempty = i;
+    tb__ix_lf_range(&g->ix, &p.dim[dim], &lo, &hi);
     for (i = 0; i < (int32_t)n->num_operands; i++) {
         int32_t x = tb__plan_operand(g->G, node, (size_t)i), qp, vx;
         const tb_shape *xs = &g->G->info[x].node->shape;
+        int64_t end = start + xs->dims[dim];
         tb__lf dims[TB_MAX_RANK];
         char head[TB__LF_TEXT + 64];
         int32_t d;
         memset(dims, 0, sizeof dims); /* only rank entries are used; optimisers cannot tell */
-        if (xs->dims[dim] == 0) continue;
-        if (i == last_nonempty) {
-            snprintf(head, sizeof head, "%s", start == 0 ? "" : "else ");
+        if (xs->dims[dim] == 0 || end <= lo || start > hi) {
+            start = end;
+            continue;
+        }
+        if (hi < end) {
+            snprintf(head, sizeof head, "%s", emitted > 0 ? "else " : "");
         } else {
-            snprintf(head, sizeof head, "%sif ((%s) < %lldL) ", start == 0 ? "" : "else ", text,
-                     (long long)(start + xs->dims[dim]));
+            snprintf(head, sizeof head, "%sif ((%s) < %lldL) ", emitted > 0 ? "else " : "", text,
+                     (long long)end);
         }
         tb__ix_open(&g->ix, head);
         for (d = 0; d < xs->rank; d++)
@@ -872,7 +871,9 @@ static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
         if (vx >= 0) tb__ix_line(&g->ix, "v%d = v%d;", (int)v, (int)vx);
         tb__ix_close(&g->ix, "");
         if (vx < 0) return -1;
-        start += xs->dims[dim];
+        emitted++;
+        if (hi < end) break;
+        start = end;
     }
     return v;
 }

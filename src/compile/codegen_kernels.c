@@ -46,24 +46,90 @@ static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, cons
 }
 
 /* The loop over a row's elements from..to (variable i<v> of that range), each evaluated and
-   stored at row i<i0>. */
+   stored at row i<i0>. With step > 1 the loop's variable counts groups of `step` consecutive
+   elements (from..to in groups), each element of a group in a block of its own: element
+   step * i<v> + r, whose divisions by the step (a fold's phases, a view that splits the row)
+   are constants of the block. */
 static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int64_t from,
-                            int64_t to) {
+                            int64_t to, int64_t step) {
     const tb_shape *rs = tb__plan_shape(g->G, k->root);
-    int32_t ic = to > from ? tb__ix_new_var(&g->ix, from, to - 1) : -1, v;
-    char head[112], index[64];
+    int32_t ic = to > from ? tb__ix_new_var(&g->ix, from, to - 1) : -1, v, p0 = -1, d;
+    int64_t r;
+    char head[112], index[112];
     if (ic < 0) return;
     g->row_var = g->d->item_loops ? ic : -1;
+    g->ix.vars[ic].traced = 1; /* the row's period: the caller's choice of step */
     snprintf(head, sizeof head, "for (long i%d = %lld%s; i%d < %lldL; i%d++) ", (int)ic,
              (long long)from, from != 0 ? "L" : "", (int)ic, (long long)to, (int)ic);
     tb__ix_open(&g->ix, head);
-    v = tb__cg_eval(g, k->root, tb__ix_var_pos_flat(&g->ix, rs, i0, k->row_len, ic));
-    if (v >= 0) {
-        snprintf(index, sizeof index, "i%d * %lldL + i%d", (int)i0, (long long)k->row_len, (int)ic);
-        tb__cg_store(g, rs->dtype, "out", index, v);
+    /* in groups: the row's start by dims (divided once a row), each element then that plus its
+       offset along the row's axis (the last one other than trailing dims of 1) */
+    for (d = rs->rank - 1; d > 0 && rs->dims[d] == 1; d--) {
+    }
+    if (step > 1) {
+        p0 = tb__ix_var_pos_flat(&g->ix, rs, i0, k->row_len, -1);
+        if (!tb__ix_need_multi(&g->ix, p0)) p0 = -1;
+    }
+    for (r = 0; r < step && (step == 1 || p0 >= 0); r++) {
+        int32_t pos;
+        if (step == 1) {
+            pos = tb__ix_var_pos_flat(&g->ix, rs, i0, k->row_len, ic);
+        } else {
+            tb__lf dims[TB_MAX_RANK];
+            tb__ix_open(&g->ix, "");
+            memcpy(dims, g->ix.pos[p0].dim, sizeof dims);
+            dims[d].c += r;
+            pos = tb__lf_add_term(&dims[d], ic, step) ? tb__ix_pos_multi(&g->ix, rs, dims) : -1;
+        }
+        v = pos >= 0 ? tb__cg_eval(g, k->root, pos) : -1;
+        if (v >= 0) {
+            if (step > 1) {
+                snprintf(index, sizeof index, "i%d * %lldL + i%d * %lldL + %lldL", (int)i0,
+                         (long long)k->row_len, (int)ic, (long long)step, (long long)r);
+            } else {
+                snprintf(index, sizeof index, "i%d * %lldL + i%d", (int)i0, (long long)k->row_len,
+                         (int)ic);
+            }
+            tb__cg_store(g, rs->dtype, "out", index, v);
+        }
+        if (step > 1) tb__ix_close(&g->ix, "");
     }
     tb__ix_close(&g->ix, "");
     g->row_var = -1;
+}
+
+/* The row loop of an elementwise kernel, and its split into edges and an interior (see the
+   caller). A row whose elements the view divides by a small period (a strided pooling's
+   gradient, folded by phases; a pixel shuffle) is emitted again in groups of that period,
+   where the compiler finds no division and stores the group's elements together. */
+static void tb__cg_row_loops(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
+    size_t mark = g->ix.body.len;
+    int64_t lo, hi, step = 1, n = k->row_len;
+    g->row_mixed = false;
+    g->row_lo = 0;
+    g->row_hi = n;
+    g->ix.period = 0;
+    tb__cg_row_loop(g, k, i0, 0, n, 1);
+    if (g->ix.status == TB_OK && !g->ix.body.failed && g->ix.period >= 2 &&
+        g->ix.period <= TB__CG_ROW_STEP && n % g->ix.period == 0 && n / g->ix.period >= 4) {
+        step = g->ix.period;
+        n /= step;
+        tb__ix_drop(&g->ix, mark);
+        g->row_mixed = false;
+        g->row_lo = 0;
+        g->row_hi = n;
+        tb__cg_row_loop(g, k, i0, 0, n, step);
+    }
+    lo = g->row_lo;
+    hi = g->row_hi;
+    /* an interior narrower than the row: some pad noted a test on the row's index */
+    if (g->ix.status == TB_OK && !g->ix.body.failed && !g->row_mixed && hi - lo >= 8 &&
+        (lo > 0 || hi < n)) {
+        tb__ix_drop(&g->ix, mark);
+        tb__cg_row_loop(g, k, i0, 0, lo, step);
+        tb__cg_row_loop(g, k, i0, lo, hi, step);
+        tb__cg_row_loop(g, k, i0, hi, n, step);
+    }
 }
 
 static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {
@@ -85,25 +151,9 @@ static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) 
         /* a row of the last axis per work item: the leading dims' positions once a row. Where
            its pads have conditions on the row's index alone (a convolution's window at the
            edges), the loop is emitted again as edges and an interior without them. */
-        size_t mark;
-        int64_t lo, hi;
         i0 = tb__cg_row_header(g, k, tb__plan_numel(rs) / k->row_len);
         if (i0 < 0) return g->ix.status;
-        mark = g->ix.body.len;
-        g->row_mixed = false;
-        g->row_lo = 0;
-        g->row_hi = k->row_len;
-        tb__cg_row_loop(g, k, i0, 0, k->row_len);
-        lo = g->row_lo;
-        hi = g->row_hi;
-        /* an interior narrower than the row: some pad noted a test on the row's index */
-        if (g->ix.status == TB_OK && !g->ix.body.failed && !g->row_mixed && hi - lo >= 8 &&
-            (lo > 0 || hi < k->row_len)) {
-            tb__ix_drop(&g->ix, mark);
-            tb__cg_row_loop(g, k, i0, 0, lo);
-            tb__cg_row_loop(g, k, i0, lo, hi);
-            tb__cg_row_loop(g, k, i0, hi, k->row_len);
-        }
+        tb__cg_row_loops(g, k, i0);
         return g->ix.status;
     }
     i0 = tb__cg_row_header(g, k, tb__plan_numel(rs));

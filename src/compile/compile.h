@@ -524,6 +524,7 @@ static bool tb__lf_add_term(tb__lf *lf, int32_t var, int64_t coef);
 static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap);
 /* the least and greatest values of a form over its variables' ranges */
 static void tb__ix_lf_range(const tb__ix *g, const tb__lf *lf, int64_t *lo, int64_t *hi);
+static int64_t tb__ix_ceil_div(int64_t a, int64_t k); /* the least q, q * k >= a (k > 0) */
 static tb_status tb__ix_fail(tb__ix *g, tb_status st);
 static void tb__ix_line(tb__ix *g, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
@@ -661,6 +662,7 @@ typedef struct tb__cg_frame {
 } tb__cg_frame;
 
 /* The renderer's state for one graph. */
+#define TB__CG_ROW_STEP  4 /* a row loop's group of elements of one period, at most */
 #define TB__CG_ROW_FORMS 8 /* a run's pad tests on its row, at most (more: not split) */
 /* the index variables of its caller that a helper function may read */
 #define TB__CG_HELPER_VARS 64

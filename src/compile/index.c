@@ -60,6 +60,11 @@ static int64_t tb__sat_mul(int64_t a, int64_t b) {
     return a * b;
 }
 
+/* The least q with q * k >= a (k > 0). */
+static int64_t tb__ix_ceil_div(int64_t a, int64_t k) {
+    return a >= 0 ? (a + k - 1) / k : -((-a) / k);
+}
+
 static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi) {
     if (tb__grow((void **)&g->vars, &g->cap_vars, g->num_vars + 1, sizeof(tb__ix_var)) != TB_OK) {
         tb__ix_fail(g, TB_ERR_OUT_OF_MEMORY);
@@ -421,17 +426,20 @@ static bool tb__ix_need_flat(tb__ix *g, int32_t id) {
 }
 
 /* Splits a flat form into per-dim affine forms when no term carries across a digit (merged
-   or contiguous dims); false when it cannot. */
+   or contiguous dims); false when it cannot. The constant goes by digits from the innermost dim
+   out, each digit the one value congruent to what is left that keeps its dim's form inside the
+   dim (a row read at column i - 1 for i >= 1 keeps its - 1 there); the outermost dim takes the
+   rest. */
 static bool tb__ix_affine_split(const tb__ix *g, const tb__lf *flat, int32_t rank,
                                 const int64_t *dims, tb__lf *out) {
-    int64_t strides[TB_MAX_RANK], numel = 1, lo, hi;
-    int32_t i, j;
+    int64_t strides[TB_MAX_RANK], rest = flat->c, lo, hi;
+    int32_t i, j, outer = -1;
     tb__ix_contig(rank, dims, strides);
-    for (i = 0; i < rank; i++)
-        numel *= dims[i];
-    if (flat->c < 0 || flat->c >= numel) return false;
-    for (j = 0; j < rank; j++)
-        tb__lf_const(&out[j], dims[j] > 1 ? (flat->c / strides[j]) % dims[j] : 0);
+    for (j = 0; j < rank; j++) {
+        if (dims[j] < 1) return false; /* no element */
+        tb__lf_const(&out[j], 0);
+        if (outer < 0 && dims[j] > 1) outer = j;
+    }
     for (i = 0; i < flat->n; i++) {
         int64_t f = flat->coef[i];
         for (j = 0; j < rank; j++) {
@@ -440,11 +448,22 @@ static bool tb__ix_affine_split(const tb__ix *g, const tb__lf *flat, int32_t ran
         if (j == rank) return false;
         if (!tb__lf_add_term(&out[j], flat->var[i], f / strides[j])) return false;
     }
-    for (j = 0; j < rank; j++) {
+    for (j = rank - 1; j >= 0; j--) {
+        int64_t d = dims[j], m, c;
+        if (d <= 1) continue;
         tb__ix_lf_range(g, &out[j], &lo, &hi);
-        if (lo < 0 || hi >= dims[j]) return false;
+        if (lo < -((int64_t)1 << 52) || hi > ((int64_t)1 << 52)) return false;
+        if (j == outer) {
+            c = rest;
+        } else {
+            m = (rest % d + d) % d;
+            c = m + tb__ix_ceil_div(-lo - m, d) * d; /* the least c = m (mod d), c + lo >= 0 */
+            rest = (rest - c) / d;
+        }
+        if (c + lo < 0 || c + hi >= d) return false;
+        out[j].c = c;
     }
-    return true;
+    return outer >= 0 || rest == 0;
 }
 
 /* Splits a flat form whose terms each cover whole digits of their own (a variable times the
