@@ -12,9 +12,9 @@
    exp, sums and maxima over rows, softmax (pipelined too), log_softmax and layer_norm, and two
    matmuls whose items pack B's windows themselves, in a function of their own (ResNet-18's
    third stage's weight gradient, items of several column panels, and a forward whose weight is
-   trained). The programs
-   are planned for the class through the backend's test hook (tb__native_shape_override), on any
-   machine; NEON's are compiled where Debian's cross compiler is installed (gcc-aarch64-linux-gnu).
+   trained). The programs are planned for the class through the backend's test hook
+   (tb__native_shape_override), on any machine; NEON's are compiled where Debian's cross compiler
+   is installed (gcc-aarch64-linux-gnu).
    The x86 classes compile twice: tuned for no CPU in particular, and for AMD's Zen 3 (what
    gcc's -march=native picks on Zen 3 to 5), whose tuning keeps integers in vector registers
    when a function runs short of general ones.
