@@ -30231,7 +30231,7 @@ static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, cons
 static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int64_t from,
                             int64_t to, int64_t step) {
     const tb_shape *rs = tb__plan_shape(g->G, k->root);
-    int32_t ic = to > from ? tb__ix_new_var(&g->ix, from, to - 1) : -1, v, p0 = -1, d;
+    int32_t ic = to > from ? tb__ix_new_var(&g->ix, from, to - 1) : -1, v, p0 = -1, d = 0;
     int64_t r;
     char head[112], index[112];
     if (ic < 0) return;
@@ -30242,9 +30242,9 @@ static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int
     tb__ix_open(&g->ix, head);
     /* in groups: the row's start by dims (divided once a row), each element then that plus its
        offset along the row's axis (the last one other than trailing dims of 1) */
-    for (d = rs->rank - 1; d > 0 && rs->dims[d] == 1; d--) {
-    }
     if (step > 1) {
+        for (d = rs->rank - 1; d > 0 && rs->dims[d] == 1; d--) {
+        }
         p0 = tb__ix_var_pos_flat(&g->ix, rs, i0, k->row_len, -1);
         if (!tb__ix_need_multi(&g->ix, p0)) p0 = -1;
     }
@@ -30261,13 +30261,11 @@ static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int
         }
         v = pos >= 0 ? tb__cg_eval(g, k->root, pos) : -1;
         if (v >= 0) {
-            if (step > 1) {
-                snprintf(index, sizeof index, "i%d * %lldL + i%d * %lldL + %lldL", (int)i0,
-                         (long long)k->row_len, (int)ic, (long long)step, (long long)r);
-            } else {
-                snprintf(index, sizeof index, "i%d * %lldL + i%d", (int)i0, (long long)k->row_len,
-                         (int)ic);
-            }
+            int n = snprintf(index, sizeof index, "i%d * %lldL + i%d", (int)i0,
+                             (long long)k->row_len, (int)ic);
+            if (step > 1)
+                snprintf(index + n, sizeof index - (size_t)n, " * %lldL + %lldL", (long long)step,
+                         (long long)r);
             tb__cg_store(g, rs->dtype, "out", index, v);
         }
         if (step > 1) tb__ix_close(&g->ix, "");
@@ -30283,19 +30281,21 @@ static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int
 static void tb__cg_row_loops(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
     size_t mark = g->ix.body.len;
     int64_t lo, hi, step = 1, n = k->row_len;
-    g->row_mixed = false;
-    g->row_lo = 0;
-    g->row_hi = n;
-    g->ix.period = 0;
-    tb__cg_row_loop(g, k, i0, 0, n, 1);
-    if (g->ix.status == TB_OK && !g->ix.body.failed && g->ix.period >= 2 &&
-        g->ix.period <= TB__CG_ROW_STEP && n % g->ix.period == 0 && n / g->ix.period >= 4) {
-        step = g->ix.period;
-        n /= step;
-        tb__ix_drop(&g->ix, mark);
+    int pass;
+    /* the whole row at step 1 (which learns its period), then at that period where it has one */
+    for (pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            if (g->ix.status != TB_OK || g->ix.body.failed || g->ix.period < 2 ||
+                g->ix.period > TB__CG_ROW_STEP || n % g->ix.period != 0 || n / g->ix.period < 4)
+                break;
+            step = g->ix.period;
+            n /= step;
+            tb__ix_drop(&g->ix, mark);
+        }
         g->row_mixed = false;
         g->row_lo = 0;
         g->row_hi = n;
+        g->ix.period = 0;
         tb__cg_row_loop(g, k, i0, 0, n, step);
     }
     lo = g->row_lo;
