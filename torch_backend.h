@@ -20360,39 +20360,57 @@ static tb_tensor *tb__conv_finish_out(tb__ag *a, tb_tensor *y, tb_tensor *bias, 
    TB__PLAN_INLINE_REDUCE: 5 x 5) */
 #define TB__CONV_DEPTHWISE_MAX 25
 
+/* Whether a convolution's matmul takes the images' positions side by side as its columns
+   (tb__conv_columns): one group, more than one image, and so few positions per image that
+   a matmul per image would leave more than an eighth of its last panel of 32 columns (the
+   widest CPUs' panel of B: AVX-512's two registers of f32) empty: 7 x 7 outputs fill 49 of
+   64, 14 x 14 196 of 224. `oo`: the output positions per image. The Fashion-MNIST CNN's
+   second convolution (14 x 14) on an Intel AVX-512 VM, an epoch of 6,400 images: 4.77-4.81 s
+   per image, 4.37-4.45 s side by side. */
+static bool tb__conv_columns_fit(int64_t oo, int64_t n, int64_t groups) {
+    int64_t waste = (oo + 31) / 32 * 32 - oo;
+    return groups == 1 && n > 1 && waste * 8 > oo;
+}
+
 /* Whether a 2-D convolution takes tb__conv_rows: stride 1, one group, a kernel of more than one
    element, a float input, nothing to differentiate (training keeps the windows whose gradients
-   are folds), and rows wide enough that the padding columns it also computes cost at most a
-   sixth more: a 3 x 3 over 14 x 14 (16 columns a row for 14) takes it, as its matmul then reads
-   B's rows in place where the windows' form packs them (ResNet-18's third stage on native, a
-   2-core Intel Xeon with AVX-512: about 8.5 -> 7.2 ms a convolution; on PoCL as fast as before),
-   a 7 x 7 (9 for 7) does not. */
+   are folds), rows wide enough that the padding columns it also computes cost at most a sixth
+   more, and an image's rows that fill the last panel of their matmul as tb__conv_columns_fit
+   asks. A 3 x 3 over 14 x 14 (15 columns a row for 14: 210 of 224) takes it, as its matmul
+   then reads B's rows in place where the windows' form packs them (ResNet-18's third stage on
+   native, a 2-core Intel Xeon with AVX-512: about 8.5 -> 7.2 ms a convolution; on PoCL as
+   fast as before); a 3 x 3 over 7 x 7 (8 for 7: 56 of 64) does not, its images side by side
+   (tb__conv_columns) were 6% faster with AVX2 code on a Zen 5 VM, as fast with AVX-512 code. */
 static bool tb__conv_rows_fit(const tb__conv_args *c, tb_tensor *x, tb_tensor *weight,
                               int64_t groups) {
     tb_dtype dt = tb_tensor_shape(x).dtype;
-    int64_t wp = c->lo[1] + c->p[1] + c->right[1];
+    int64_t wp = c->lo[1] + c->right[1], n = tb_tensor_shape(x).dims[0]; /* tb__conv_rows' */
     /* in a backward rule, the gradient of an input: up to a third, where its other form is a
        matmul of K.. times the input's size written and folded back (the Fashion-MNIST CNN's
-       second convolution, 5 x 5 over 14 x 14, 18 columns a row: 24 -> 15 ms a step) */
+       second convolution, 5 x 5 over 14 x 14, then 18 columns a row: 24 -> 15 ms a step) */
     return c->n == 2 && c->s[0] == 1 && c->s[1] == 1 && groups == 1 && c->k[0] * c->k[1] > 1 &&
            (dt == TB_F32 || dt == TB_F64) &&
-           (tb__ag_in_rule() || (!tb_requires_grad(x) && !tb_requires_grad(weight))) &&
+           (tb__ag_in_rule() || (!tb_requires_grad(x) && !tb_requires_grad(weight) &&
+                                 !tb__conv_columns_fit(c->out[0] * wp, n, 1))) &&
            (wp - c->out[1]) * (tb__ag_in_rule() ? 3 : 6) <= c->out[1];
 }
 
-/* A stride-1 2-D convolution over whole padded rows: x padded (one row more at the bottom) and
-   flattened to [N, C, Hp * Wp], so that window element (c, i, j) of output position y * Wp + x'
-   is flat element y * Wp + x' + i * d0 * Wp + j * d1 of channel c. Each depth row of the
-   matmul's B is then one contiguous run of the padded input (its packing a plain copy, no test
-   of the padding at each read); the matmul computes Wp - W_out columns per row, which its
-   stores leave out (the planner's crop, tb__plan_mm_crop: no kernel of its own reading the
-   output again). */
+/* A stride-1 2-D convolution over whole padded rows: x padded by its right padding on each row
+   (the zeros of a row's right also serve as the next row's left: a window's columns left of
+   column 0 read them), one row more at the top and one more at the bottom, and flattened to
+   [N, C, Hp * Wp], Wp = W + right; from flat element Wp - left on, window element (c, i, j) of
+   output position y * Wp + x' is flat element y * Wp + x' + i * d0 * Wp + j * d1 of channel c.
+   Each depth row of the matmul's B is then one contiguous run of the padded input (its packing
+   a plain copy, no test of the padding at each read); the matmul computes Wp - W_out columns
+   per row (1 for a 3 x 3 with padding 1, where padding both sides of each row made it 2),
+   which its stores leave out (the planner's crop, tb__plan_mm_crop: no kernel of its own
+   reading the output again). */
 static tb_tensor *tb__conv_rows(tb__ag *a, const tb__conv_args *c, tb_tensor *x, tb_tensor *weight,
                                 int64_t outc) {
     tb_shape xs = tb_tensor_shape(x);
-    int64_t n = xs.dims[0], ch = xs.dims[1], wp = c->lo[1] + c->p[1] + c->right[1];
-    int64_t hp = c->lo[0] + c->p[0] + c->right[0] + 1, rows = c->out[0] * wp;
-    int64_t pads[4] = {c->p[1], c->right[1], c->p[0], c->right[0] + 1};
+    int64_t n = xs.dims[0], ch = xs.dims[1], wp = c->lo[1] + c->right[1];
+    int64_t hp = c->p[0] + 1 + c->lo[0] + c->right[0] + 1, rows = c->out[0] * wp;
+    int64_t pads[4] = {0, c->right[1], c->p[0] + 1, c->right[0] + 1};
     int64_t d0 = c->d[0] * wp, dims[4];
     const int32_t swap[4] = {0, 1, 3, 2}, order[5] = {0, 1, 4, 2, 3};
     tb_tensor *t = tb__ag_keep(a, tb_pad(x, pads, 4, 0.0)), *m;
@@ -20400,6 +20418,7 @@ static tb_tensor *tb__conv_rows(tb__ag *a, const tb__conv_args *c, tb_tensor *x,
     dims[1] = ch;
     dims[2] = hp * wp;
     t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 3)) : NULL;
+    t = t != NULL ? tb__ag_keep(a, tb_slice(t, 2, wp - c->p[1], hp * wp, 1)) : NULL;
     t = t != NULL ? tb__ag_keep(a, tb_window(t, 1, &c->k[1], NULL, &c->d[1])) : NULL;
     t = t != NULL ? tb__ag_keep(a, tb_permute(t, swap, 4)) : NULL; /* [N, C, K1, L] */
     t = t != NULL ? tb__ag_keep(a, tb_window(t, 1, &c->k[0], NULL, &d0)) : NULL;
@@ -20417,18 +20436,6 @@ static tb_tensor *tb__conv_rows(tb__ag *a, const tb__conv_args *c, tb_tensor *x,
     dims[3] = wp;
     t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 4)) : NULL;
     return t != NULL ? tb__ag_keep(a, tb_slice(t, 3, 0, c->out[1], 1)) : NULL;
-}
-
-/* Whether a convolution's matmul takes the images' positions side by side as its columns
-   (tb__conv_columns): one group, more than one image, and so few positions per image that
-   a matmul per image would leave more than an eighth of its last panel of 32 columns (the
-   widest CPUs' panel of B: AVX-512's two registers of f32) empty: 7 x 7 outputs fill 49 of
-   64, 14 x 14 196 of 224. `oo`: the output positions per image. The Fashion-MNIST CNN's
-   second convolution (14 x 14) on an Intel AVX-512 VM, an epoch of 6,400 images: 4.77-4.81 s
-   per image, 4.37-4.45 s side by side. */
-static bool tb__conv_columns_fit(int64_t oo, int64_t n, int64_t groups) {
-    int64_t waste = (oo + 31) / 32 * 32 - oo;
-    return groups == 1 && n > 1 && waste * 8 > oo;
 }
 
 /* The windows [N, C, O.., K..] of x as one matmul of the weight [O, C * K..] by [C * K..,
@@ -22564,6 +22571,9 @@ typedef struct tb__cg {
     char *capture;
     int32_t capture_slot;
     tb__lf capture_flat;
+    /* a register matmul whose last block of columns is moved left to end at N (colb: where it
+       would start): its stores leave out the columns before colb, another block's */
+    bool mm_shifted;
     /* an elementwise kernel's loop over a row where the dialect has item_loops: its variable
        (-1: none), and what its pads saw: the interior [row_lo, row_hi) where every pad's test
        on it holds (row_mixed: one the loop cannot be split by). Pads clamp their other axes
@@ -25487,13 +25497,15 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
            While every compute unit keeps 4 blocks. The input gradient of a LeNet-like
            convolution (256 images, 1 -> 32 channels, 28 x 28, 5 x 5; 1 x 896 x 800 per image)
            on a 2-core Intel Xeon with AVX-512: 56 ms with 8 columns read one by one, 35 read
-           as one vector, 7 with 64 columns. */
+           as one vector, 7 with 64 columns. Where the block does not divide N, the last block
+           is moved left to end at N (the codegen: tb__cg_kernel_matmul_registers). */
         if (tb__plan_shape(G, k->core)->dtype == TB_F32 && mm.m < t->mm_reg_rows && k->rn < 16 &&
-            mm.n % 16 == 0) {
+            mm.n >= 16) {
             int64_t rn = 16, blocks_m = (mm.m + k->rm - 1) / k->rm;
             int64_t most = t->vec_width >= 4 && t->vec_width < 8 ? 8 * t->vec_width : 64;
-            while (rn * 2 * k->rm <= most && mm.n % (rn * 2) == 0 &&
-                   mm.n / (rn * 2) * blocks_m * mm.batch >= 4 * (int64_t)G->target->compute_units)
+            while (rn * 2 * k->rm <= most && rn * 2 <= mm.n &&
+                   (mm.n + rn * 2 - 1) / (rn * 2) * blocks_m * mm.batch >=
+                       4 * (int64_t)G->target->compute_units)
                 rn *= 2;
             k->rn = (int32_t)rn;
         }
@@ -28836,7 +28848,8 @@ static bool tb__cg_matmul_crop_stores(tb__cg *g, const tb__plan_kernel *k, const
                  N / wp, wp, (int)k->rn);
         tb__ix_open(&g->ix, head);
         tb__ix_line(&g->ix, "long ja = sy * %lldL + %lldL - col0, jb = ja + %lldL;", wp, at, w);
-        tb__ix_line(&g->ix, "if (ja < 0) ja = 0;");
+        tb__ix_line(&g->ix, "if (ja < %s) ja = %s;", g->mm_shifted ? "colb - col0" : "0",
+                    g->mm_shifted ? "colb - col0" : "0");
         tb__ix_line(&g->ix, "if (jb > %dL) jb = %dL;", (int)k->rn, (int)k->rn);
         snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) ", (int)k->rm);
         tb__ix_open(&g->ix, head);
@@ -28911,13 +28924,13 @@ static bool tb__cg_matmul_stores(tb__cg *g, const tb__plan_kernel *k, const tb__
                                  int32_t span_c) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     long long M = (long long)cs->dims[cs->rank - 2], N = (long long)cs->dims[cs->rank - 1];
-    bool exact = M % span_r == 0 && N % span_c == 0;
+    bool exact = M % span_r == 0 && (N % span_c == 0 || g->mm_shifted);
     char head[192], loops[192];
     int edge;
     if (k->crop_wp > 0) return tb__cg_matmul_crop_stores(g, k, bdims, rows, cols);
     snprintf(loops, sizeof loops,
-             "for (int ii = 0; ii < %d; ii++) for (int jj = 0; jj < %d; jj++) ", (int)k->rm,
-             (int)k->rn);
+             "for (int ii = 0; ii < %d; ii++) for (int jj = %s; jj < %d; jj++) ", (int)k->rm,
+             g->mm_shifted ? "(int)(colb - col0)" : "0", (int)k->rn);
     snprintf(head, sizeof head, "if (row0 + %d <= %lldL && col0 + %d <= %lldL) ", (int)span_r, M,
              (int)span_c, N);
     for (edge = 0; edge < (exact ? 1 : 2); edge++) {
@@ -29007,7 +29020,8 @@ static bool tb__cg_matmul_f32_view(tb__cg *g, const tb__plan_kernel *k, int whic
 }
 
 /* Whether a register matmul can read B's rn values at each step of K as one vector load: B is
-   an f32 buffer seen through views alone (no pad, nothing computed), the blocks divide N, and
+   an f32 buffer seen through views alone (no pad, nothing computed), the blocks divide N (or
+   the last is moved left to end at N: g->mm_shifted), and
    its flat index is the column plus what does not depend on the column (no division of the
    column, which would break the run). Found by emitting B's value once at a traced column in
    a block then dropped from the text. */
@@ -29017,7 +29031,7 @@ static bool tb__cg_matmul_b_runs(tb__cg *g, const tb__plan_kernel *k, const tb__
     size_t mark = g->ix.body.len;
     char flat[TB__LF_TEXT];
     bool ok, unit = false;
-    if (mm.n % k->rn != 0 || !tb__cg_matmul_f32_view(g, k, 1)) return false;
+    if ((mm.n % k->rn != 0 && !g->mm_shifted) || !tb__cg_matmul_f32_view(g, k, 1)) return false;
     kv = tb__ix_new_var(&g->ix, 0, mm.k > 0 ? mm.k - 1 : 0);
     col = tb__ix_new_var(&g->ix, 0, mm.n - 1);
     if (kv < 0 || col < 0) return false;
@@ -29248,13 +29262,19 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
     tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
     tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
-    tb__ix_line(&g->ix, "const long col0 = (long)%s * %d, row0 = (long)%s * %d;", id0, (int)k->rn,
-                id1, (int)k->rm);
-    /* where the blocks divide an axis its reads are not clamped, so the work items a group
-       pads the grid with (OpenCL CPU devices: groups of 8 x 4 items) read nothing */
-    if (mm.m % k->rm == 0 || mm.n % k->rn == 0)
-        tb__ix_line(&g->ix, "if (row0 >= %lldL || col0 >= %lldL) return;", (long long)mm.m,
-                    (long long)mm.n);
+    /* vectors of columns that do not divide N: the last block moved left to end at N, so
+       that every block reads consecutive columns (one load a vector) and stores its own */
+    g->mm_shifted = vec && mm.n % k->rn != 0 && mm.n > k->rn;
+    tb__ix_line(&g->ix, "const long %s = (long)%s * %d, row0 = (long)%s * %d;",
+                g->mm_shifted ? "colb" : "col0", id0, (int)k->rn, id1, (int)k->rm);
+    if (g->mm_shifted)
+        tb__ix_line(&g->ix, "const long col0 = colb < %lldL ? colb : %lldL;",
+                    (long long)(mm.n - k->rn), (long long)(mm.n - k->rn));
+    /* where the blocks divide an axis (or the last is moved) its reads are not clamped, so the
+       work items a group pads the grid with (OpenCL CPU devices: groups of 8 x 4) read nothing */
+    if (g->mm_shifted || mm.m % k->rm == 0 || mm.n % k->rn == 0)
+        tb__ix_line(&g->ix, "if (row0 >= %lldL || %s >= %lldL) return;", (long long)mm.m,
+                    g->mm_shifted ? "colb" : "col0", (long long)mm.n);
     i0 = tb__ix_new_var(&g->ix, 0, mm.batch > 0 ? mm.batch - 1 : 0);
     if (i0 < 0) return g->ix.status;
     tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, id2);
@@ -29272,7 +29292,7 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     for (j = 0; j < k->rn; j++) {
         cols[j] = tb__ix_new_var(&g->ix, 0, mm.n - 1);
         if (cols[j] < 0) return g->ix.status;
-        if (mm.n % k->rn == 0) { /* consecutive columns: the compiler may read them as one */
+        if (mm.n % k->rn == 0 || g->mm_shifted) { /* consecutive columns: read as one */
             tb__ix_line(&g->ix, "const long i%d = col0 + %d;", (int)cols[j], (int)j);
         } else {
             tb__ix_line(&g->ix, "const long i%d = %s(col0 + %d, %lldL);", (int)cols[j],
@@ -30170,7 +30190,11 @@ static tb_status tb__cg_kernel_matmul_tiles(tb__cg *g, const tb__plan_kernel *k)
 
 static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k) {
     if (k->mm == TB__MM_PACKED) return tb__cg_kernel_matmul_packed(g, k);
-    if (k->mm == TB__MM_REGISTERS) return tb__cg_kernel_matmul_registers(g, k);
+    if (k->mm == TB__MM_REGISTERS) {
+        tb_status st = tb__cg_kernel_matmul_registers(g, k);
+        g->mm_shifted = false;
+        return st;
+    }
     return tb__cg_kernel_matmul_tiles(g, k);
 }
 

@@ -1015,6 +1015,16 @@ static void rows_case_run(const rows_case *c, const char *backend, tb_dtype dt) 
             fail_msg("%s: the matmul packs B, or is not packed:\n%s", what, text);
         if (info.device.type == TB_DEVICE_CPU && strstr(text, "+ tb_krow[i") == NULL)
             fail_msg("%s: B's rows not read at a table's offsets:\n%s", what, text);
+        if (c->stride <= 1) {
+            /* a row of W values and its right padding, which the next row's left padding
+               shares: W + pad columns a row, not W + 2 pad */
+            int64_t oh = c->x[2] + 2 * c->pad[0] - c->dil[0] * (c->w[2] - 1);
+            char name[64];
+            snprintf(name, sizeof name, "MM_%lld_%lld_", (long long)c->w[0],
+                     (long long)(oh * (c->x[3] + c->pad[1])));
+            if (strstr(text, name) == NULL)
+                fail_msg("%s: no matmul %s..., rows of W + pad columns:\n%s", what, name, text);
+        }
         tb_free(text);
     }
     rows_compare(what, rows, win, dt == TB_F64 ? 1e-12 : 2e-6);
@@ -1049,9 +1059,10 @@ static void test_conv_rows(void **state) {
         {3, {3, 9, 33, 0}, {2, 3, 2, 2}, {1, 0}, {1, 1}, true, 1, false},
         /* a packed matmul, B in place (a partial last panel) */
         {4, {2, 16, 20, 40}, {32, 16, 3, 3}, {1, 1}, {1, 1}, true, 1, false},
-        /* the same with N = 15 x 17 = 255: the last panel's second vector cut (AVX-512 13 x 32,
-           AVX2 4 x 24, SSE and NEON x 8), a third past N (AVX2) */
-        {4, {1, 64, 15, 15}, {64, 64, 3, 3}, {1, 1}, {1, 1}, true, 1, false},
+        /* the same with N = 15 x 17 = 255 (rows of 16 and the zero column they share): the
+           last panel's second vector cut (AVX-512 13 x 32, AVX2 4 x 24, SSE and NEON x 8), a
+           third past N (AVX2) */
+        {4, {1, 64, 15, 16}, {64, 64, 3, 3}, {1, 1}, {1, 1}, true, 1, false},
         /* a row kernel, H_out 1; unequal dilations */
         {4, {1, 3, 1, 48}, {4, 3, 1, 3}, {0, 1}, {1, 1}, false, 1, false},
         {4, {1, 2, 9, 64}, {3, 2, 3, 3}, {2, 1}, {2, 1}, false, 1, false},

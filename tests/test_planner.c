@@ -250,22 +250,23 @@ static void test_matmul_wide_block(void **state) {
 }
 
 /* A convolution's matmul (the weight against each image's windows, 16 x 16 of them: whole
-   panels, so not the images side by side): the weight's panels are
+   panels, so not the images side by side; no padding, so that its rows of 20 for 16 outputs
+   keep it off the whole rows of tb__conv_rows): the weight's panels are
    made once for all the images (a pack kernel of one batch index), and the windows' panels by
    the matmul's own work items, each item one column panel into a private buffer (as many rows
    at a time as the buffer holds) and every row panel against it, launched over the column
    panels alone; with no private buffer (the tuning's mm_own_b_bytes 0), by a pack kernel. A
    parameter's B is packed by a kernel everywhere: the backends keep those panels. */
 static void test_matmul_own_panels(void **state) {
-    tb_tensor *x = plan_input(TB_F32, 3, 8, 32, 256), *w = plan_input(TB_F32, 3, 64, 32, 25);
+    tb_tensor *x = plan_input(TB_F32, 3, 8, 32, 400), *w = plan_input(TB_F32, 3, 64, 32, 25);
     tb_tensor *b = plan_input(TB_F32, 3, 8, 800, 196);
-    int64_t xd[4] = {8, 32, 16, 16}, wd[4] = {64, 32, 5, 5}, one[2] = {1, 1}, two[2] = {2, 2};
+    int64_t xd[4] = {8, 32, 20, 20}, wd[4] = {64, 32, 5, 5}, one[2] = {1, 1}, zero[2] = {0, 0};
     /* AVX-512's f32 panels are 32 columns: an OpenCL CPU's 64 KiB holds 512 rows of one (800
        rows in 2 fills of 400), 32 KiB 256 rows (4 fills of 200) */
     int64_t w3d[3] = {1, 64, 800}, budgets[4] = {-1, 0, 32768, -1}, fill[4] = {400, 0, 200, 800};
     int devs[4] = {DEV_AVX512, DEV_AVX512, DEV_AVX512, DEV_C99}, c, rm;
     tb_tensor *x4 = tb_reshape(x, xd, 4), *w4 = tb_reshape(w, wd, 4);
-    tb_tensor *y = tb_conv2d(x4, w4, NULL, one, two, one, 1), *w3 = tb_reshape(w, w3d, 3), *z;
+    tb_tensor *y = tb_conv2d(x4, w4, NULL, one, zero, one, 1), *w3 = tb_reshape(w, w3d, 3), *z;
     (void)state;
     assert_non_null(y);
     z = tb_matmul(w3, b);

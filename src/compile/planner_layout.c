@@ -624,13 +624,15 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
            While every compute unit keeps 4 blocks. The input gradient of a LeNet-like
            convolution (256 images, 1 -> 32 channels, 28 x 28, 5 x 5; 1 x 896 x 800 per image)
            on a 2-core Intel Xeon with AVX-512: 56 ms with 8 columns read one by one, 35 read
-           as one vector, 7 with 64 columns. */
+           as one vector, 7 with 64 columns. Where the block does not divide N, the last block
+           is moved left to end at N (the codegen: tb__cg_kernel_matmul_registers). */
         if (tb__plan_shape(G, k->core)->dtype == TB_F32 && mm.m < t->mm_reg_rows && k->rn < 16 &&
-            mm.n % 16 == 0) {
+            mm.n >= 16) {
             int64_t rn = 16, blocks_m = (mm.m + k->rm - 1) / k->rm;
             int64_t most = t->vec_width >= 4 && t->vec_width < 8 ? 8 * t->vec_width : 64;
-            while (rn * 2 * k->rm <= most && mm.n % (rn * 2) == 0 &&
-                   mm.n / (rn * 2) * blocks_m * mm.batch >= 4 * (int64_t)G->target->compute_units)
+            while (rn * 2 * k->rm <= most && rn * 2 <= mm.n &&
+                   (mm.n + rn * 2 - 1) / (rn * 2) * blocks_m * mm.batch >=
+                       4 * (int64_t)G->target->compute_units)
                 rn *= 2;
             k->rn = (int32_t)rn;
         }

@@ -193,39 +193,57 @@ static tb_tensor *tb__conv_finish_out(tb__ag *a, tb_tensor *y, tb_tensor *bias, 
    TB__PLAN_INLINE_REDUCE: 5 x 5) */
 #define TB__CONV_DEPTHWISE_MAX 25
 
+/* Whether a convolution's matmul takes the images' positions side by side as its columns
+   (tb__conv_columns): one group, more than one image, and so few positions per image that
+   a matmul per image would leave more than an eighth of its last panel of 32 columns (the
+   widest CPUs' panel of B: AVX-512's two registers of f32) empty: 7 x 7 outputs fill 49 of
+   64, 14 x 14 196 of 224. `oo`: the output positions per image. The Fashion-MNIST CNN's
+   second convolution (14 x 14) on an Intel AVX-512 VM, an epoch of 6,400 images: 4.77-4.81 s
+   per image, 4.37-4.45 s side by side. */
+static bool tb__conv_columns_fit(int64_t oo, int64_t n, int64_t groups) {
+    int64_t waste = (oo + 31) / 32 * 32 - oo;
+    return groups == 1 && n > 1 && waste * 8 > oo;
+}
+
 /* Whether a 2-D convolution takes tb__conv_rows: stride 1, one group, a kernel of more than one
    element, a float input, nothing to differentiate (training keeps the windows whose gradients
-   are folds), and rows wide enough that the padding columns it also computes cost at most a
-   sixth more: a 3 x 3 over 14 x 14 (16 columns a row for 14) takes it, as its matmul then reads
-   B's rows in place where the windows' form packs them (ResNet-18's third stage on native, a
-   2-core Intel Xeon with AVX-512: about 8.5 -> 7.2 ms a convolution; on PoCL as fast as before),
-   a 7 x 7 (9 for 7) does not. */
+   are folds), rows wide enough that the padding columns it also computes cost at most a sixth
+   more, and an image's rows that fill the last panel of their matmul as tb__conv_columns_fit
+   asks. A 3 x 3 over 14 x 14 (15 columns a row for 14: 210 of 224) takes it, as its matmul
+   then reads B's rows in place where the windows' form packs them (ResNet-18's third stage on
+   native, a 2-core Intel Xeon with AVX-512: about 8.5 -> 7.2 ms a convolution; on PoCL as
+   fast as before); a 3 x 3 over 7 x 7 (8 for 7: 56 of 64) does not, its images side by side
+   (tb__conv_columns) were 6% faster with AVX2 code on a Zen 5 VM, as fast with AVX-512 code. */
 static bool tb__conv_rows_fit(const tb__conv_args *c, tb_tensor *x, tb_tensor *weight,
                               int64_t groups) {
     tb_dtype dt = tb_tensor_shape(x).dtype;
-    int64_t wp = c->lo[1] + c->p[1] + c->right[1];
+    int64_t wp = c->lo[1] + c->right[1], n = tb_tensor_shape(x).dims[0]; /* tb__conv_rows' */
     /* in a backward rule, the gradient of an input: up to a third, where its other form is a
        matmul of K.. times the input's size written and folded back (the Fashion-MNIST CNN's
-       second convolution, 5 x 5 over 14 x 14, 18 columns a row: 24 -> 15 ms a step) */
+       second convolution, 5 x 5 over 14 x 14, then 18 columns a row: 24 -> 15 ms a step) */
     return c->n == 2 && c->s[0] == 1 && c->s[1] == 1 && groups == 1 && c->k[0] * c->k[1] > 1 &&
            (dt == TB_F32 || dt == TB_F64) &&
-           (tb__ag_in_rule() || (!tb_requires_grad(x) && !tb_requires_grad(weight))) &&
+           (tb__ag_in_rule() || (!tb_requires_grad(x) && !tb_requires_grad(weight) &&
+                                 !tb__conv_columns_fit(c->out[0] * wp, n, 1))) &&
            (wp - c->out[1]) * (tb__ag_in_rule() ? 3 : 6) <= c->out[1];
 }
 
-/* A stride-1 2-D convolution over whole padded rows: x padded (one row more at the bottom) and
-   flattened to [N, C, Hp * Wp], so that window element (c, i, j) of output position y * Wp + x'
-   is flat element y * Wp + x' + i * d0 * Wp + j * d1 of channel c. Each depth row of the
-   matmul's B is then one contiguous run of the padded input (its packing a plain copy, no test
-   of the padding at each read); the matmul computes Wp - W_out columns per row, which its
-   stores leave out (the planner's crop, tb__plan_mm_crop: no kernel of its own reading the
-   output again). */
+/* A stride-1 2-D convolution over whole padded rows: x padded by its right padding on each row
+   (the zeros of a row's right also serve as the next row's left: a window's columns left of
+   column 0 read them), one row more at the top and one more at the bottom, and flattened to
+   [N, C, Hp * Wp], Wp = W + right; from flat element Wp - left on, window element (c, i, j) of
+   output position y * Wp + x' is flat element y * Wp + x' + i * d0 * Wp + j * d1 of channel c.
+   Each depth row of the matmul's B is then one contiguous run of the padded input (its packing
+   a plain copy, no test of the padding at each read); the matmul computes Wp - W_out columns
+   per row (1 for a 3 x 3 with padding 1, where padding both sides of each row made it 2),
+   which its stores leave out (the planner's crop, tb__plan_mm_crop: no kernel of its own
+   reading the output again). */
 static tb_tensor *tb__conv_rows(tb__ag *a, const tb__conv_args *c, tb_tensor *x, tb_tensor *weight,
                                 int64_t outc) {
     tb_shape xs = tb_tensor_shape(x);
-    int64_t n = xs.dims[0], ch = xs.dims[1], wp = c->lo[1] + c->p[1] + c->right[1];
-    int64_t hp = c->lo[0] + c->p[0] + c->right[0] + 1, rows = c->out[0] * wp;
-    int64_t pads[4] = {c->p[1], c->right[1], c->p[0], c->right[0] + 1};
+    int64_t n = xs.dims[0], ch = xs.dims[1], wp = c->lo[1] + c->right[1];
+    int64_t hp = c->p[0] + 1 + c->lo[0] + c->right[0] + 1, rows = c->out[0] * wp;
+    int64_t pads[4] = {0, c->right[1], c->p[0] + 1, c->right[0] + 1};
     int64_t d0 = c->d[0] * wp, dims[4];
     const int32_t swap[4] = {0, 1, 3, 2}, order[5] = {0, 1, 4, 2, 3};
     tb_tensor *t = tb__ag_keep(a, tb_pad(x, pads, 4, 0.0)), *m;
@@ -233,6 +251,7 @@ static tb_tensor *tb__conv_rows(tb__ag *a, const tb__conv_args *c, tb_tensor *x,
     dims[1] = ch;
     dims[2] = hp * wp;
     t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 3)) : NULL;
+    t = t != NULL ? tb__ag_keep(a, tb_slice(t, 2, wp - c->p[1], hp * wp, 1)) : NULL;
     t = t != NULL ? tb__ag_keep(a, tb_window(t, 1, &c->k[1], NULL, &c->d[1])) : NULL;
     t = t != NULL ? tb__ag_keep(a, tb_permute(t, swap, 4)) : NULL; /* [N, C, K1, L] */
     t = t != NULL ? tb__ag_keep(a, tb_window(t, 1, &c->k[0], NULL, &d0)) : NULL;
@@ -250,18 +269,6 @@ static tb_tensor *tb__conv_rows(tb__ag *a, const tb__conv_args *c, tb_tensor *x,
     dims[3] = wp;
     t = t != NULL ? tb__ag_keep(a, tb_reshape(t, dims, 4)) : NULL;
     return t != NULL ? tb__ag_keep(a, tb_slice(t, 3, 0, c->out[1], 1)) : NULL;
-}
-
-/* Whether a convolution's matmul takes the images' positions side by side as its columns
-   (tb__conv_columns): one group, more than one image, and so few positions per image that
-   a matmul per image would leave more than an eighth of its last panel of 32 columns (the
-   widest CPUs' panel of B: AVX-512's two registers of f32) empty: 7 x 7 outputs fill 49 of
-   64, 14 x 14 196 of 224. `oo`: the output positions per image. The Fashion-MNIST CNN's
-   second convolution (14 x 14) on an Intel AVX-512 VM, an epoch of 6,400 images: 4.77-4.81 s
-   per image, 4.37-4.45 s side by side. */
-static bool tb__conv_columns_fit(int64_t oo, int64_t n, int64_t groups) {
-    int64_t waste = (oo + 31) / 32 * 32 - oo;
-    return groups == 1 && n > 1 && waste * 8 > oo;
 }
 
 /* The windows [N, C, O.., K..] of x as one matmul of the weight [O, C * K..] by [C * K..,
