@@ -1015,7 +1015,7 @@ static void rows_case_run(const rows_case *c, const char *backend, tb_dtype dt) 
             fail_msg("%s: the matmul packs B, or is not packed:\n%s", what, text);
         if (info.device.type == TB_DEVICE_CPU && strstr(text, "+ tb_krow[i") == NULL)
             fail_msg("%s: B's rows not read at a table's offsets:\n%s", what, text);
-        if (c->stride <= 1) {
+        if (c->stride <= 1 && c->rank == 4) {
             /* a row of W values and its right padding, which the next row's left padding
                shares: W + pad columns a row, not W + 2 pad */
             int64_t oh = c->x[2] + 2 * c->pad[0] - c->dil[0] * (c->w[2] - 1);
