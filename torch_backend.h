@@ -20383,15 +20383,15 @@ static bool tb__conv_columns_fit(int64_t oo, int64_t n, int64_t groups) {
    (tb__conv_columns) were 6% faster with AVX2 code on a Zen 5 VM, as fast with AVX-512 code. */
 static bool tb__conv_rows_fit(const tb__conv_args *c, tb_tensor *x, tb_tensor *weight,
                               int64_t groups) {
-    tb_dtype dt = tb_tensor_shape(x).dtype;
-    int64_t wp = c->lo[1] + c->right[1], n = tb_tensor_shape(x).dims[0]; /* tb__conv_rows' */
+    tb_shape xs = tb_tensor_shape(x);
+    int64_t wp = c->lo[1] + c->right[1]; /* tb__conv_rows' row */
     /* in a backward rule, the gradient of an input: up to a third, where its other form is a
        matmul of K.. times the input's size written and folded back (the Fashion-MNIST CNN's
        second convolution, 5 x 5 over 14 x 14, then 18 columns a row: 24 -> 15 ms a step) */
     return c->n == 2 && c->s[0] == 1 && c->s[1] == 1 && groups == 1 && c->k[0] * c->k[1] > 1 &&
-           (dt == TB_F32 || dt == TB_F64) &&
+           (xs.dtype == TB_F32 || xs.dtype == TB_F64) &&
            (tb__ag_in_rule() || (!tb_requires_grad(x) && !tb_requires_grad(weight) &&
-                                 !tb__conv_columns_fit(c->out[0] * wp, n, 1))) &&
+                                 !tb__conv_columns_fit(c->out[0] * wp, xs.dims[0], 1))) &&
            (wp - c->out[1]) * (tb__ag_in_rule() ? 3 : 6) <= c->out[1];
 }
 
@@ -22571,9 +22571,6 @@ typedef struct tb__cg {
     char *capture;
     int32_t capture_slot;
     tb__lf capture_flat;
-    /* a register matmul whose last block of columns is moved left to end at N (colb: where it
-       would start): its stores leave out the columns before colb, another block's */
-    bool mm_shifted;
     /* an elementwise kernel's loop over a row where the dialect has item_loops: its variable
        (-1: none), and what its pads saw: the interior [row_lo, row_hi) where every pad's test
        on it holds (row_mixed: one the loop cannot be split by). Pads clamp their other axes
@@ -28710,6 +28707,13 @@ static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
 
+/* Whether a register matmul's last block of vector columns is moved left to end at N (below). */
+static bool tb__cg_mm_shifted(const tb__cg *g, const tb__plan_kernel *k) {
+    int64_t n = tb__plan_mm_of(g->G, k->core).n;
+    return k->mm == TB__MM_REGISTERS && tb__plan_shape(g->G, k->core)->dtype == TB_F32 &&
+           g->d->vec_make != NULL && k->rn > 1 && n % k->rn != 0 && n > k->rn;
+}
+
 /* The store of one accumulator acc[ii][jj] of a matmul kernel at row gr, column gc (the caller
    has emitted both and opened the bounds check): the kernel's fused consumers run on the value
    and the result goes to out. Shared by every matmul kernel. False when code generation
@@ -28841,6 +28845,7 @@ static bool tb__cg_matmul_crop_stores(tb__cg *g, const tb__plan_kernel *k, const
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     long long M = (long long)cs->dims[cs->rank - 2], N = (long long)cs->dims[cs->rank - 1];
     long long wp = (long long)k->crop_wp, at = (long long)k->crop_at, w = (long long)k->crop_w;
+    const char *from = tb__cg_mm_shifted(g, k) ? "colb - col0" : "0"; /* the block's own */
     char head[192], sx[96];
     if (strcmp(cols, "col0 + jj") == 0) {
         snprintf(head, sizeof head,
@@ -28848,8 +28853,7 @@ static bool tb__cg_matmul_crop_stores(tb__cg *g, const tb__plan_kernel *k, const
                  N / wp, wp, (int)k->rn);
         tb__ix_open(&g->ix, head);
         tb__ix_line(&g->ix, "long ja = sy * %lldL + %lldL - col0, jb = ja + %lldL;", wp, at, w);
-        tb__ix_line(&g->ix, "if (ja < %s) ja = %s;", g->mm_shifted ? "colb - col0" : "0",
-                    g->mm_shifted ? "colb - col0" : "0");
+        tb__ix_line(&g->ix, "if (ja < %s) ja = %s;", from, from);
         tb__ix_line(&g->ix, "if (jb > %dL) jb = %dL;", (int)k->rn, (int)k->rn);
         snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) ", (int)k->rm);
         tb__ix_open(&g->ix, head);
@@ -28924,13 +28928,13 @@ static bool tb__cg_matmul_stores(tb__cg *g, const tb__plan_kernel *k, const tb__
                                  int32_t span_c) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     long long M = (long long)cs->dims[cs->rank - 2], N = (long long)cs->dims[cs->rank - 1];
-    bool exact = M % span_r == 0 && (N % span_c == 0 || g->mm_shifted);
+    bool shifted = tb__cg_mm_shifted(g, k), exact = M % span_r == 0 && (N % span_c == 0 || shifted);
     char head[192], loops[192];
     int edge;
     if (k->crop_wp > 0) return tb__cg_matmul_crop_stores(g, k, bdims, rows, cols);
     snprintf(loops, sizeof loops,
              "for (int ii = 0; ii < %d; ii++) for (int jj = %s; jj < %d; jj++) ", (int)k->rm,
-             g->mm_shifted ? "(int)(colb - col0)" : "0", (int)k->rn);
+             shifted ? "(int)(colb - col0)" : "0", (int)k->rn);
     snprintf(head, sizeof head, "if (row0 + %d <= %lldL && col0 + %d <= %lldL) ", (int)span_r, M,
              (int)span_c, N);
     for (edge = 0; edge < (exact ? 1 : 2); edge++) {
@@ -29021,17 +29025,16 @@ static bool tb__cg_matmul_f32_view(tb__cg *g, const tb__plan_kernel *k, int whic
 
 /* Whether a register matmul can read B's rn values at each step of K as one vector load: B is
    an f32 buffer seen through views alone (no pad, nothing computed), the blocks divide N (or
-   the last is moved left to end at N: g->mm_shifted), and
-   its flat index is the column plus what does not depend on the column (no division of the
-   column, which would break the run). Found by emitting B's value once at a traced column in
-   a block then dropped from the text. */
+   the last is moved: tb__cg_mm_shifted), and its flat index is the column plus what does not
+   depend on the column (no division of the column, which would break the run). Found by emitting
+   B's value once at a traced column in a block then dropped from the text. */
 static bool tb__cg_matmul_b_runs(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
     tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
     int32_t kv, col, i;
     size_t mark = g->ix.body.len;
     char flat[TB__LF_TEXT];
-    bool ok, unit = false;
-    if ((mm.n % k->rn != 0 && !g->mm_shifted) || !tb__cg_matmul_f32_view(g, k, 1)) return false;
+    bool ok, unit = false, whole = mm.n % k->rn == 0 || tb__cg_mm_shifted(g, k);
+    if (!whole || !tb__cg_matmul_f32_view(g, k, 1)) return false;
     kv = tb__ix_new_var(&g->ix, 0, mm.k > 0 ? mm.k - 1 : 0);
     col = tb__ix_new_var(&g->ix, 0, mm.n - 1);
     if (kv < 0 || col < 0) return false;
@@ -29254,6 +29257,7 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     tb__lf bdims[TB_MAX_RANK];
     char id0[48], id1[48], id2[48];
     bool vec = od == TB_F32 && g->d->vec_make != NULL && k->rn > 1;
+    bool shifted = tb__cg_mm_shifted(g, k);
     if (k->rm > 16 || k->rn > (vec ? 64 : 16)) {
         tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: a register block of %dx%d",
                                       (int)k->rm, (int)k->rn));
@@ -29262,19 +29266,16 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
     tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
     tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
-    /* vectors of columns that do not divide N: the last block moved left to end at N, so
-       that every block reads consecutive columns (one load a vector) and stores its own */
-    g->mm_shifted = vec && mm.n % k->rn != 0 && mm.n > k->rn;
     tb__ix_line(&g->ix, "const long %s = (long)%s * %d, row0 = (long)%s * %d;",
-                g->mm_shifted ? "colb" : "col0", id0, (int)k->rn, id1, (int)k->rm);
-    if (g->mm_shifted)
+                shifted ? "colb" : "col0", id0, (int)k->rn, id1, (int)k->rm);
+    if (shifted)
         tb__ix_line(&g->ix, "const long col0 = colb < %lldL ? colb : %lldL;",
                     (long long)(mm.n - k->rn), (long long)(mm.n - k->rn));
     /* where the blocks divide an axis (or the last is moved) its reads are not clamped, so the
        work items a group pads the grid with (OpenCL CPU devices: groups of 8 x 4) read nothing */
-    if (g->mm_shifted || mm.m % k->rm == 0 || mm.n % k->rn == 0)
+    if (shifted || mm.m % k->rm == 0 || mm.n % k->rn == 0)
         tb__ix_line(&g->ix, "if (row0 >= %lldL || %s >= %lldL) return;", (long long)mm.m,
-                    g->mm_shifted ? "colb" : "col0", (long long)mm.n);
+                    shifted ? "colb" : "col0", (long long)mm.n);
     i0 = tb__ix_new_var(&g->ix, 0, mm.batch > 0 ? mm.batch - 1 : 0);
     if (i0 < 0) return g->ix.status;
     tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, id2);
@@ -29292,7 +29293,7 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     for (j = 0; j < k->rn; j++) {
         cols[j] = tb__ix_new_var(&g->ix, 0, mm.n - 1);
         if (cols[j] < 0) return g->ix.status;
-        if (mm.n % k->rn == 0 || g->mm_shifted) { /* consecutive columns: read as one */
+        if (mm.n % k->rn == 0 || shifted) { /* consecutive columns: read as one */
             tb__ix_line(&g->ix, "const long i%d = col0 + %d;", (int)cols[j], (int)j);
         } else {
             tb__ix_line(&g->ix, "const long i%d = %s(col0 + %d, %lldL);", (int)cols[j],
@@ -30190,11 +30191,7 @@ static tb_status tb__cg_kernel_matmul_tiles(tb__cg *g, const tb__plan_kernel *k)
 
 static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k) {
     if (k->mm == TB__MM_PACKED) return tb__cg_kernel_matmul_packed(g, k);
-    if (k->mm == TB__MM_REGISTERS) {
-        tb_status st = tb__cg_kernel_matmul_registers(g, k);
-        g->mm_shifted = false;
-        return st;
-    }
+    if (k->mm == TB__MM_REGISTERS) return tb__cg_kernel_matmul_registers(g, k);
     return tb__cg_kernel_matmul_tiles(g, k);
 }
 
@@ -30251,14 +30248,16 @@ static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, cons
    stored at row i<i0>. With step > 1 the loop's variable counts groups of `step` consecutive
    elements (from..to in groups), each element of a group in a block of its own: element
    step * i<v> + r, whose divisions by the step (a fold's phases, a view that splits the row)
-   are constants of the block. */
-static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int64_t from,
+   are constants of the block. False where a group's element found no position though code
+   generation goes on (its form out of terms): the caller then emits the row at step 1. */
+static bool tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int64_t from,
                             int64_t to, int64_t step) {
     const tb_shape *rs = tb__plan_shape(g->G, k->root);
     int32_t ic = to > from ? tb__ix_new_var(&g->ix, from, to - 1) : -1, v, p0 = -1, d = 0;
     int64_t r;
     char head[112], index[112];
-    if (ic < 0) return;
+    bool formed = true;
+    if (ic < 0) return true;
     g->row_var = g->d->item_loops ? ic : -1;
     g->ix.vars[ic].traced = 1; /* the row's period: the caller's choice of step */
     snprintf(head, sizeof head, "for (long i%d = %lld%s; i%d < %lldL; i%d++) ", (int)ic,
@@ -30282,6 +30281,7 @@ static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int
             memcpy(dims, g->ix.pos[p0].dim, sizeof dims);
             dims[d].c += r;
             pos = tb__lf_add_term(&dims[d], ic, step) ? tb__ix_pos_multi(&g->ix, rs, dims) : -1;
+            formed = formed && (pos >= 0 || g->ix.status != TB_OK);
         }
         v = pos >= 0 ? tb__cg_eval(g, k->root, pos) : -1;
         if (v >= 0) {
@@ -30296,6 +30296,7 @@ static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int
     }
     tb__ix_close(&g->ix, "");
     g->row_var = -1;
+    return formed;
 }
 
 /* The row loop of an elementwise kernel, and its split into edges and an interior (see the
@@ -30304,13 +30305,13 @@ static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int
    where the compiler finds no division and stores the group's elements together. */
 static void tb__cg_row_loops(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
     size_t mark = g->ix.body.len;
-    int64_t lo, hi, step = 1, n = k->row_len;
+    int64_t lo, hi, step = 1, n = k->row_len, most = TB__CG_ROW_STEP;
     int pass;
     /* the whole row at step 1 (which learns its period), then at that period where it has one */
     for (pass = 0; pass < 2; pass++) {
         if (pass == 1) {
             if (g->ix.status != TB_OK || g->ix.body.failed || g->ix.period < 2 ||
-                g->ix.period > TB__CG_ROW_STEP || n % g->ix.period != 0 || n / g->ix.period < 4)
+                g->ix.period > most || n % g->ix.period != 0 || n / g->ix.period < 4)
                 break;
             step = g->ix.period;
             n /= step;
@@ -30320,7 +30321,12 @@ static void tb__cg_row_loops(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
         g->row_lo = 0;
         g->row_hi = n;
         g->ix.period = 0;
-        tb__cg_row_loop(g, k, i0, 0, n, step);
+        if (!tb__cg_row_loop(g, k, i0, 0, n, step)) { /* from the start, in no groups */
+            tb__ix_drop(&g->ix, mark);
+            step = most = 1;
+            n = k->row_len;
+            pass = -1;
+        }
     }
     lo = g->row_lo;
     hi = g->row_hi;

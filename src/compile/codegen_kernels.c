@@ -49,14 +49,16 @@ static void tb__cg_local_reduce(tb__cg *g, int64_t groups, const char *var, cons
    stored at row i<i0>. With step > 1 the loop's variable counts groups of `step` consecutive
    elements (from..to in groups), each element of a group in a block of its own: element
    step * i<v> + r, whose divisions by the step (a fold's phases, a view that splits the row)
-   are constants of the block. */
-static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int64_t from,
+   are constants of the block. False where a group's element found no position though code
+   generation goes on (its form out of terms): the caller then emits the row at step 1. */
+static bool tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int64_t from,
                             int64_t to, int64_t step) {
     const tb_shape *rs = tb__plan_shape(g->G, k->root);
     int32_t ic = to > from ? tb__ix_new_var(&g->ix, from, to - 1) : -1, v, p0 = -1, d = 0;
     int64_t r;
     char head[112], index[112];
-    if (ic < 0) return;
+    bool formed = true;
+    if (ic < 0) return true;
     g->row_var = g->d->item_loops ? ic : -1;
     g->ix.vars[ic].traced = 1; /* the row's period: the caller's choice of step */
     snprintf(head, sizeof head, "for (long i%d = %lld%s; i%d < %lldL; i%d++) ", (int)ic,
@@ -80,6 +82,7 @@ static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int
             memcpy(dims, g->ix.pos[p0].dim, sizeof dims);
             dims[d].c += r;
             pos = tb__lf_add_term(&dims[d], ic, step) ? tb__ix_pos_multi(&g->ix, rs, dims) : -1;
+            formed = formed && (pos >= 0 || g->ix.status != TB_OK);
         }
         v = pos >= 0 ? tb__cg_eval(g, k->root, pos) : -1;
         if (v >= 0) {
@@ -94,6 +97,7 @@ static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int
     }
     tb__ix_close(&g->ix, "");
     g->row_var = -1;
+    return formed;
 }
 
 /* The row loop of an elementwise kernel, and its split into edges and an interior (see the
@@ -102,13 +106,13 @@ static void tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int
    where the compiler finds no division and stores the group's elements together. */
 static void tb__cg_row_loops(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
     size_t mark = g->ix.body.len;
-    int64_t lo, hi, step = 1, n = k->row_len;
+    int64_t lo, hi, step = 1, n = k->row_len, most = TB__CG_ROW_STEP;
     int pass;
     /* the whole row at step 1 (which learns its period), then at that period where it has one */
     for (pass = 0; pass < 2; pass++) {
         if (pass == 1) {
             if (g->ix.status != TB_OK || g->ix.body.failed || g->ix.period < 2 ||
-                g->ix.period > TB__CG_ROW_STEP || n % g->ix.period != 0 || n / g->ix.period < 4)
+                g->ix.period > most || n % g->ix.period != 0 || n / g->ix.period < 4)
                 break;
             step = g->ix.period;
             n /= step;
@@ -118,7 +122,12 @@ static void tb__cg_row_loops(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
         g->row_lo = 0;
         g->row_hi = n;
         g->ix.period = 0;
-        tb__cg_row_loop(g, k, i0, 0, n, step);
+        if (!tb__cg_row_loop(g, k, i0, 0, n, step)) { /* from the start, in no groups */
+            tb__ix_drop(&g->ix, mark);
+            step = most = 1;
+            n = k->row_len;
+            pass = -1;
+        }
     }
     lo = g->row_lo;
     hi = g->row_hi;

@@ -9,6 +9,13 @@
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
 
+/* Whether a register matmul's last block of vector columns is moved left to end at N (below). */
+static bool tb__cg_mm_shifted(const tb__cg *g, const tb__plan_kernel *k) {
+    int64_t n = tb__plan_mm_of(g->G, k->core).n;
+    return k->mm == TB__MM_REGISTERS && tb__plan_shape(g->G, k->core)->dtype == TB_F32 &&
+           g->d->vec_make != NULL && k->rn > 1 && n % k->rn != 0 && n > k->rn;
+}
+
 /* The store of one accumulator acc[ii][jj] of a matmul kernel at row gr, column gc (the caller
    has emitted both and opened the bounds check): the kernel's fused consumers run on the value
    and the result goes to out. Shared by every matmul kernel. False when code generation
@@ -140,6 +147,7 @@ static bool tb__cg_matmul_crop_stores(tb__cg *g, const tb__plan_kernel *k, const
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     long long M = (long long)cs->dims[cs->rank - 2], N = (long long)cs->dims[cs->rank - 1];
     long long wp = (long long)k->crop_wp, at = (long long)k->crop_at, w = (long long)k->crop_w;
+    const char *from = tb__cg_mm_shifted(g, k) ? "colb - col0" : "0"; /* the block's own */
     char head[192], sx[96];
     if (strcmp(cols, "col0 + jj") == 0) {
         snprintf(head, sizeof head,
@@ -147,8 +155,7 @@ static bool tb__cg_matmul_crop_stores(tb__cg *g, const tb__plan_kernel *k, const
                  N / wp, wp, (int)k->rn);
         tb__ix_open(&g->ix, head);
         tb__ix_line(&g->ix, "long ja = sy * %lldL + %lldL - col0, jb = ja + %lldL;", wp, at, w);
-        tb__ix_line(&g->ix, "if (ja < %s) ja = %s;", g->mm_shifted ? "colb - col0" : "0",
-                    g->mm_shifted ? "colb - col0" : "0");
+        tb__ix_line(&g->ix, "if (ja < %s) ja = %s;", from, from);
         tb__ix_line(&g->ix, "if (jb > %dL) jb = %dL;", (int)k->rn, (int)k->rn);
         snprintf(head, sizeof head, "for (int ii = 0; ii < %d; ii++) ", (int)k->rm);
         tb__ix_open(&g->ix, head);
@@ -223,13 +230,13 @@ static bool tb__cg_matmul_stores(tb__cg *g, const tb__plan_kernel *k, const tb__
                                  int32_t span_c) {
     const tb_shape *cs = tb__plan_shape(g->G, k->core);
     long long M = (long long)cs->dims[cs->rank - 2], N = (long long)cs->dims[cs->rank - 1];
-    bool exact = M % span_r == 0 && (N % span_c == 0 || g->mm_shifted);
+    bool shifted = tb__cg_mm_shifted(g, k), exact = M % span_r == 0 && (N % span_c == 0 || shifted);
     char head[192], loops[192];
     int edge;
     if (k->crop_wp > 0) return tb__cg_matmul_crop_stores(g, k, bdims, rows, cols);
     snprintf(loops, sizeof loops,
              "for (int ii = 0; ii < %d; ii++) for (int jj = %s; jj < %d; jj++) ", (int)k->rm,
-             g->mm_shifted ? "(int)(colb - col0)" : "0", (int)k->rn);
+             shifted ? "(int)(colb - col0)" : "0", (int)k->rn);
     snprintf(head, sizeof head, "if (row0 + %d <= %lldL && col0 + %d <= %lldL) ", (int)span_r, M,
              (int)span_c, N);
     for (edge = 0; edge < (exact ? 1 : 2); edge++) {
@@ -320,17 +327,16 @@ static bool tb__cg_matmul_f32_view(tb__cg *g, const tb__plan_kernel *k, int whic
 
 /* Whether a register matmul can read B's rn values at each step of K as one vector load: B is
    an f32 buffer seen through views alone (no pad, nothing computed), the blocks divide N (or
-   the last is moved left to end at N: g->mm_shifted), and
-   its flat index is the column plus what does not depend on the column (no division of the
-   column, which would break the run). Found by emitting B's value once at a traced column in
-   a block then dropped from the text. */
+   the last is moved: tb__cg_mm_shifted), and its flat index is the column plus what does not
+   depend on the column (no division of the column, which would break the run). Found by emitting
+   B's value once at a traced column in a block then dropped from the text. */
 static bool tb__cg_matmul_b_runs(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
     tb__plan_mm mm = tb__plan_mm_of(g->G, k->core);
     int32_t kv, col, i;
     size_t mark = g->ix.body.len;
     char flat[TB__LF_TEXT];
-    bool ok, unit = false;
-    if ((mm.n % k->rn != 0 && !g->mm_shifted) || !tb__cg_matmul_f32_view(g, k, 1)) return false;
+    bool ok, unit = false, whole = mm.n % k->rn == 0 || tb__cg_mm_shifted(g, k);
+    if (!whole || !tb__cg_matmul_f32_view(g, k, 1)) return false;
     kv = tb__ix_new_var(&g->ix, 0, mm.k > 0 ? mm.k - 1 : 0);
     col = tb__ix_new_var(&g->ix, 0, mm.n - 1);
     if (kv < 0 || col < 0) return false;
@@ -553,6 +559,7 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     tb__lf bdims[TB_MAX_RANK];
     char id0[48], id1[48], id2[48];
     bool vec = od == TB_F32 && g->d->vec_make != NULL && k->rn > 1;
+    bool shifted = tb__cg_mm_shifted(g, k);
     if (k->rm > 16 || k->rn > (vec ? 64 : 16)) {
         tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL, "codegen: a register block of %dx%d",
                                       (int)k->rm, (int)k->rn));
@@ -561,19 +568,16 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
     tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
     tb__cg_id(id2, sizeof id2, g->d->global_id, 2);
-    /* vectors of columns that do not divide N: the last block moved left to end at N, so
-       that every block reads consecutive columns (one load a vector) and stores its own */
-    g->mm_shifted = vec && mm.n % k->rn != 0 && mm.n > k->rn;
     tb__ix_line(&g->ix, "const long %s = (long)%s * %d, row0 = (long)%s * %d;",
-                g->mm_shifted ? "colb" : "col0", id0, (int)k->rn, id1, (int)k->rm);
-    if (g->mm_shifted)
+                shifted ? "colb" : "col0", id0, (int)k->rn, id1, (int)k->rm);
+    if (shifted)
         tb__ix_line(&g->ix, "const long col0 = colb < %lldL ? colb : %lldL;",
                     (long long)(mm.n - k->rn), (long long)(mm.n - k->rn));
     /* where the blocks divide an axis (or the last is moved) its reads are not clamped, so the
        work items a group pads the grid with (OpenCL CPU devices: groups of 8 x 4) read nothing */
-    if (g->mm_shifted || mm.m % k->rm == 0 || mm.n % k->rn == 0)
+    if (shifted || mm.m % k->rm == 0 || mm.n % k->rn == 0)
         tb__ix_line(&g->ix, "if (row0 >= %lldL || %s >= %lldL) return;", (long long)mm.m,
-                    g->mm_shifted ? "colb" : "col0", (long long)mm.n);
+                    shifted ? "colb" : "col0", (long long)mm.n);
     i0 = tb__ix_new_var(&g->ix, 0, mm.batch > 0 ? mm.batch - 1 : 0);
     if (i0 < 0) return g->ix.status;
     tb__ix_line(&g->ix, "const long i%d = (long)%s;", (int)i0, id2);
@@ -591,7 +595,7 @@ static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel
     for (j = 0; j < k->rn; j++) {
         cols[j] = tb__ix_new_var(&g->ix, 0, mm.n - 1);
         if (cols[j] < 0) return g->ix.status;
-        if (mm.n % k->rn == 0 || g->mm_shifted) { /* consecutive columns: read as one */
+        if (mm.n % k->rn == 0 || shifted) { /* consecutive columns: read as one */
             tb__ix_line(&g->ix, "const long i%d = col0 + %d;", (int)cols[j], (int)j);
         } else {
             tb__ix_line(&g->ix, "const long i%d = %s(col0 + %d, %lldL);", (int)cols[j],
@@ -1489,11 +1493,7 @@ static tb_status tb__cg_kernel_matmul_tiles(tb__cg *g, const tb__plan_kernel *k)
 
 static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k) {
     if (k->mm == TB__MM_PACKED) return tb__cg_kernel_matmul_packed(g, k);
-    if (k->mm == TB__MM_REGISTERS) {
-        tb_status st = tb__cg_kernel_matmul_registers(g, k);
-        g->mm_shifted = false;
-        return st;
-    }
+    if (k->mm == TB__MM_REGISTERS) return tb__cg_kernel_matmul_registers(g, k);
     return tb__cg_kernel_matmul_tiles(g, k);
 }
 

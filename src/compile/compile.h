@@ -704,9 +704,6 @@ typedef struct tb__cg {
     char *capture;
     int32_t capture_slot;
     tb__lf capture_flat;
-    /* a register matmul whose last block of columns is moved left to end at N (colb: where it
-       would start): its stores leave out the columns before colb, another block's */
-    bool mm_shifted;
     /* an elementwise kernel's loop over a row where the dialect has item_loops: its variable
        (-1: none), and what its pads saw: the interior [row_lo, row_hi) where every pad's test
        on it holds (row_mixed: one the loop cannot be split by). Pads clamp their other axes
