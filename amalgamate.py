@@ -84,6 +84,7 @@ IMPLEMENTATION_PARTS = [
     "src/compile/index.c",
     "src/compile/prelude.cl",
     "src/compile/codegen.c",
+    "src/compile/codegen_helpers.c",
     "src/compile/codegen_vector.c",
     "src/compile/codegen_matmul.c",
     "src/compile/codegen_kernels.c",

@@ -22399,6 +22399,12 @@ static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
    another variable its lines do not compute from root (one declared before root, a loop's, a
    value read from memory). */
 static bool tb__ix_value(const tb__ix *g, int32_t var, int32_t root, int64_t value, int64_t *out);
+/* Form `lf` as a C expression of variable `root` alone, computed as the lines of its variables
+   compute it (their divisions and remainders), appended to buf (len bytes so far, cap in all):
+   a text that is the same wherever the same value is derived again. False where a variable
+   comes from another root (a loop's, a value read from memory) or the text does not fit. */
+static bool tb__ix_root_form(const tb__ix *g, const tb__lf *lf, int32_t root, char *buf, size_t cap,
+                             size_t *len);
 static bool tb__ix_lf_addmul(tb__ix *g, tb__lf *dst, const tb__lf *src, int64_t scale);
 static int32_t tb__ix_memo_find(const tb__ix *g, int32_t kind, int32_t a, int32_t b,
                                 uint64_t extra);
@@ -22531,6 +22537,7 @@ typedef struct tb__cg_frame {
 /* The renderer's state for one graph. */
 #define TB__CG_ROW_STEP  4 /* a row loop's group of elements of one period, at most */
 #define TB__CG_ROW_FORMS 8 /* a run's pad tests on its row, at most (more: not split) */
+#define TB__CG_ROW_CASES 4 /* a row loop's cases by a concat's operands, at most */
 /* the index variables of its caller that a helper function may read */
 #define TB__CG_HELPER_VARS 64
 
@@ -22586,6 +22593,14 @@ typedef struct tb__cg {
     int32_t row_inside, num_row_forms, row_skipped;
     tb__lf row_forms[TB__CG_ROW_FORMS];
     int64_t row_before[TB__CG_ROW_FORMS], row_end[TB__CG_ROW_FORMS];
+    /* an elementwise kernel's rows (tb__cg_row_loops): the row's index i<row_item> (-1: none)
+       and a concat whose test is on that index alone (case_text, as tb__ix_root_form writes
+       it), which splits the row's loop into cases, one per operand: case c covers the test's
+       values [case_at[c], case_at[c + 1]). row_case: the case being emitted, -1 while the
+       first loop looks for such a concat (num_cases of them: 0 none found), -2 neither. */
+    int32_t row_item, row_case, num_cases;
+    int64_t case_at[TB__CG_ROW_CASES + 1];
+    char case_text[TB__LF_TEXT];
 } tb__cg;
 
 /* the C type of a dtype; of an accumulator dtype chosen by the planner (integers wrap:
@@ -26017,6 +26032,55 @@ static bool tb__ix_value(const tb__ix *g, int32_t var, int32_t root, int64_t val
     return true;
 }
 
+/* Appends s to buf (len bytes so far, cap in all); false where it does not fit. */
+static bool tb__ix_cat(char *buf, size_t cap, size_t *len, const char *s) {
+    size_t n = strlen(s);
+    if (*len + n + 1 > cap) return false;
+    memcpy(buf + *len, s, n + 1);
+    *len += n;
+    return true;
+}
+
+static bool tb__ix_root_var(const tb__ix *g, int32_t var, int32_t root, char *buf, size_t cap,
+                            size_t *len) {
+    const tb__ix_var *v = &g->vars[var];
+    char t[64];
+    if (var == root) {
+        snprintf(t, sizeof t, "i%d", (int)var);
+        return tb__ix_cat(buf, cap, len, t);
+    }
+    if (var < root || v->def == TB__IX_ROOT) return false;
+    if (v->def == TB__IX_FORM) return tb__ix_root_form(g, &v->form, root, buf, cap, len);
+    if (v->q < 1 || !tb__ix_cat(buf, cap, len, "(") ||
+        !tb__ix_root_var(g, v->src, root, buf, cap, len))
+        return false;
+    if (v->q > 1) {
+        snprintf(t, sizeof t, " / %lldL", (long long)v->q);
+        if (!tb__ix_cat(buf, cap, len, t)) return false;
+    }
+    snprintf(t, sizeof t, " %% %lldL", (long long)v->d);
+    return tb__ix_cat(buf, cap, len, v->d > 0 ? t : "") && tb__ix_cat(buf, cap, len, ")");
+}
+
+static bool tb__ix_root_form(const tb__ix *g, const tb__lf *lf, int32_t root, char *buf, size_t cap,
+                             size_t *len) {
+    char t[64];
+    int32_t i;
+    if (lf->n == 1 && lf->coef[0] == 1 && lf->c == 0) /* a variable alone */
+        return tb__ix_root_var(g, lf->var[0], root, buf, cap, len);
+    if (!tb__ix_cat(buf, cap, len, "(")) return false;
+    for (i = 0; i < lf->n; i++) {
+        snprintf(t, sizeof t, "%lldL * ", (long long)lf->coef[i]);
+        if (!tb__ix_cat(buf, cap, len, i > 0 ? " + " : "") ||
+            !tb__ix_cat(buf, cap, len, lf->coef[i] != 1 ? t : "") ||
+            !tb__ix_root_var(g, lf->var[i], root, buf, cap, len))
+            return false;
+    }
+    snprintf(t, sizeof t, "%s%lldL", lf->n > 0 ? " + " : "", (long long)lf->c);
+    return tb__ix_cat(buf, cap, len, lf->c != 0 || lf->n == 0 ? t : "") &&
+           tb__ix_cat(buf, cap, len, ")");
+}
+
 /* Notes that a line divides (or reduces) variable `src` with the given period: the number of
    consecutive values of src over which the result changes by steps of 0 or 1 only. */
 static void tb__ix_note_period(tb__ix *g, int32_t src, int64_t period) {
@@ -27182,85 +27246,6 @@ static void tb__cg_id(char *buf, size_t cap, const char *fmt, int d) {
     snprintf(buf, cap, fmt, d);
 }
 
-/* ---- helper functions ---- */
-
-static bool tb__cg_ident_char(char c, bool first) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-           (!first && c >= '0' && c <= '9');
-}
-
-/* Starts a helper function of the kernel (where the dialect has noinline): what the kernel's
-   code emits until tb__cg_helper_end is its body, in a scope of its own (what it declares
-   stays in it). */
-static void tb__cg_helper_begin(tb__cg *g, tb__cg_helper *h) {
-    h->body = g->ix.body;
-    h->indent = g->ix.indent;
-    h->first = (int32_t)g->ix.num_vars;
-    memset(&g->ix.body, 0, sizeof g->ix.body);
-    g->ix.indent = 1;
-    tb__ix_open(&g->ix, "");
-}
-
-/* Appends to `list` (`*n` of at most `cap`) each index variable below `first` that `text`
-   names ("i<var>"): the variables a helper reads from the function that calls it. */
-static bool tb__cg_outer_vars(const char *text, int32_t first, int32_t *list, int32_t *n,
-                              int32_t cap) {
-    const char *s;
-    for (s = strchr(text, 'i'); s != NULL; s = strchr(s + 1, 'i')) {
-        long v = 0;
-        const char *e = s + 1;
-        int32_t j;
-        if ((s > text && tb__cg_ident_char(s[-1], false)) || *e < '0' || *e > '9') continue;
-        while (*e >= '0' && *e <= '9' && v < INT32_MAX / 10)
-            v = v * 10 + (*e++ - '0');
-        if (tb__cg_ident_char(*e, false) || v >= first) continue;
-        for (j = 0; j < *n && list[j] != (int32_t)v; j++) {
-        }
-        if (j < *n) continue;
-        if (*n == cap) return false;
-        list[(*n)++] = (int32_t)v;
-    }
-    return true;
-}
-
-/* Ends the helper that h began (`ok`: its body was emitted whole): it becomes a function of
-   the kernel, NAME_h<n>(ids, the kernel's parameters, `params`, the index variables of the
-   caller that its body reads), and the caller's body goes on with a call of it (`args`: the
-   values of `params`, each after a comma). */
-static bool tb__cg_helper_end(tb__cg *g, tb__cg_helper *h, bool ok, const char *params,
-                              const char *args) {
-    tb__str help;
-    int32_t outer[TB__CG_HELPER_VARS], n = 0, i;
-    char vars[TB__CG_HELPER_VARS * 16] = "";
-    size_t at = 0;
-    tb__ix_close(&g->ix, "");
-    help = g->ix.body;
-    g->ix.body = h->body;
-    g->ix.indent = h->indent;
-    if (help.failed) g->ix.body.failed = true;
-    if (ok && !tb__cg_outer_vars(help.data != NULL ? help.data : "", h->first, outer, &n,
-                                 TB__CG_HELPER_VARS)) {
-        tb__ix_fail(&g->ix, TB_ERR_INTERNAL);
-        ok = false;
-    }
-    if (ok) {
-        for (i = 0; i < n; i++)
-            at += (size_t)snprintf(vars + at, sizeof vars - at, ", i%d", (int)outer[i]);
-        tb__str_append(&g->helpers, "static %s void %s_h%d(long tb_g0, long tb_g1, long tb_g2%s%s",
-                       g->d->noinline, TB__CG_FN_TOKEN, (int)g->num_helpers, TB__CG_PARAMS_TOKEN,
-                       params);
-        for (i = 0; i < n; i++)
-            tb__str_append(&g->helpers, ", const long i%d", (int)outer[i]);
-        tb__str_append(&g->helpers, ") {\n    (void)tb_g0, (void)tb_g1, (void)tb_g2;\n%s}\n\n",
-                       help.data != NULL ? help.data : "");
-        tb__ix_line(&g->ix, "%s_h%d(tb_g0, tb_g1, tb_g2%s%s%s);", TB__CG_FN_TOKEN,
-                    (int)g->num_helpers, TB__CG_ARGS_TOKEN, args, vars);
-        g->num_helpers++;
-    }
-    tb__str_free(&help);
-    return ok && g->ix.status == TB_OK;
-}
-
 /* ---- values ---- */
 
 static bool tb__cg_push_frame(tb__cg *g, int32_t node, int32_t pos) {
@@ -27826,6 +27811,43 @@ static int32_t tb__cg_concat_run(tb__cg *g, int32_t node, int32_t pos) {
     return ok ? v : -1;
 }
 
+/* The values [*lo, *hi] of a concat's test along axis `dim` of its node n at form f: f's range;
+   in a row's loop (tb__cg_row_loops), where f is of the row's index alone, the first such
+   concat's operands are noted as the row's cases, and inside a case the range narrows to its
+   operand's. */
+static void tb__cg_concat_range(tb__cg *g, const tb_node *n, int32_t dim, const tb__lf *f,
+                                int64_t *lo, int64_t *hi) {
+    char text[TB__LF_TEXT];
+    size_t len = 0;
+    int64_t start = 0, at[TB__CG_ROW_CASES + 1];
+    int32_t i, m = 0;
+    tb__ix_lf_range(&g->ix, f, lo, hi);
+    if (g->row_item < 0 || g->row_case == -2 || *lo >= *hi ||
+        !tb__ix_root_form(&g->ix, f, g->row_item, text, sizeof text, &len))
+        return;
+    if (g->row_case >= 0) { /* in a case: its operand's values, where the test is the case's */
+        int64_t a = g->case_at[g->row_case], b = g->case_at[g->row_case + 1] - 1;
+        if (strcmp(text, g->case_text) != 0 || a > *hi || b < *lo) return;
+        if (a > *lo) *lo = a;
+        if (b < *hi) *hi = b;
+        return;
+    }
+    if (g->num_cases > 0) return; /* one concat's cases a row */
+    for (i = 0; i < (int32_t)n->num_operands; i++) {
+        int64_t end = start + n->operands[i]->shape.dims[dim];
+        if (end > start && end > *lo && start <= *hi) {
+            if (m == TB__CG_ROW_CASES) return;
+            at[m++] = start > *lo ? start : *lo;
+        }
+        start = end;
+    }
+    if (m < 2) return;
+    at[m] = *hi + 1;
+    memcpy(g->case_at, at, sizeof at);
+    memcpy(g->case_text, text, len + 1);
+    g->num_cases = m;
+}
+
 /* A concat at pos: the operand its index along the axis is in, by a chain of tests on it; the
    operands its range misses, and the test of the one it ends in, are left out. */
 static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
@@ -27842,7 +27864,7 @@ static int32_t tb__cg_concat(tb__cg *g, int32_t node, int32_t pos) {
     if (!tb__ix_need_multi(&g->ix, pos)) return -1;
     p = g->ix.pos[pos];
     tb__lf_text(&p.dim[dim], text, sizeof text);
-    tb__ix_lf_range(&g->ix, &p.dim[dim], &lo, &hi);
+    tb__cg_concat_range(g, n, dim, &p.dim[dim], &lo, &hi);
     for (i = 0; i < (int32_t)n->num_operands; i++) {
         int32_t x = tb__plan_operand(g->G, node, (size_t)i), qp, vx;
         const tb_shape *xs = &g->G->info[x].node->shape;
@@ -28494,6 +28516,94 @@ static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t 
         return;
     }
     tb__ix_line(&g->ix, "%s%s %s[%lld];", g->d->local, type, name, (long long)count);
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
+/* ---- src/compile/codegen_helpers.c ---- */
+/* ===========================================================================================
+   C-family code generator, helper functions: a part of a kernel's code emitted as a function of
+   its own that the kernel calls (where the dialect has noinline), with the index variables of
+   the caller that it reads as parameters. codegen_matmul.c makes its own packs of B so.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+static bool tb__cg_ident_char(char c, bool first) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+           (!first && c >= '0' && c <= '9');
+}
+
+/* Starts a helper function of the kernel (where the dialect has noinline): what the kernel's
+   code emits until tb__cg_helper_end is its body, in a scope of its own (what it declares
+   stays in it). */
+static void tb__cg_helper_begin(tb__cg *g, tb__cg_helper *h) {
+    h->body = g->ix.body;
+    h->indent = g->ix.indent;
+    h->first = (int32_t)g->ix.num_vars;
+    memset(&g->ix.body, 0, sizeof g->ix.body);
+    g->ix.indent = 1;
+    tb__ix_open(&g->ix, "");
+}
+
+/* Appends to `list` (`*n` of at most `cap`) each index variable below `first` that `text`
+   names ("i<var>"): the variables a helper reads from the function that calls it. */
+static bool tb__cg_outer_vars(const char *text, int32_t first, int32_t *list, int32_t *n,
+                              int32_t cap) {
+    const char *s;
+    for (s = strchr(text, 'i'); s != NULL; s = strchr(s + 1, 'i')) {
+        long v = 0;
+        const char *e = s + 1;
+        int32_t j;
+        if ((s > text && tb__cg_ident_char(s[-1], false)) || *e < '0' || *e > '9') continue;
+        while (*e >= '0' && *e <= '9' && v < INT32_MAX / 10)
+            v = v * 10 + (*e++ - '0');
+        if (tb__cg_ident_char(*e, false) || v >= first) continue;
+        for (j = 0; j < *n && list[j] != (int32_t)v; j++) {
+        }
+        if (j < *n) continue;
+        if (*n == cap) return false;
+        list[(*n)++] = (int32_t)v;
+    }
+    return true;
+}
+
+/* Ends the helper that h began (`ok`: its body was emitted whole): it becomes a function of
+   the kernel, NAME_h<n>(ids, the kernel's parameters, `params`, the index variables of the
+   caller that its body reads), and the caller's body goes on with a call of it (`args`: the
+   values of `params`, each after a comma). */
+static bool tb__cg_helper_end(tb__cg *g, tb__cg_helper *h, bool ok, const char *params,
+                              const char *args) {
+    tb__str help;
+    int32_t outer[TB__CG_HELPER_VARS], n = 0, i;
+    char vars[TB__CG_HELPER_VARS * 16] = "";
+    size_t at = 0;
+    tb__ix_close(&g->ix, "");
+    help = g->ix.body;
+    g->ix.body = h->body;
+    g->ix.indent = h->indent;
+    if (help.failed) g->ix.body.failed = true;
+    if (ok && !tb__cg_outer_vars(help.data != NULL ? help.data : "", h->first, outer, &n,
+                                 TB__CG_HELPER_VARS)) {
+        tb__ix_fail(&g->ix, TB_ERR_INTERNAL);
+        ok = false;
+    }
+    if (ok) {
+        for (i = 0; i < n; i++)
+            at += (size_t)snprintf(vars + at, sizeof vars - at, ", i%d", (int)outer[i]);
+        tb__str_append(&g->helpers, "static %s void %s_h%d(long tb_g0, long tb_g1, long tb_g2%s%s",
+                       g->d->noinline, TB__CG_FN_TOKEN, (int)g->num_helpers, TB__CG_PARAMS_TOKEN,
+                       params);
+        for (i = 0; i < n; i++)
+            tb__str_append(&g->helpers, ", const long i%d", (int)outer[i]);
+        tb__str_append(&g->helpers, ") {\n    (void)tb_g0, (void)tb_g1, (void)tb_g2;\n%s}\n\n",
+                       help.data != NULL ? help.data : "");
+        tb__ix_line(&g->ix, "%s_h%d(tb_g0, tb_g1, tb_g2%s%s%s);", TB__CG_FN_TOKEN,
+                    (int)g->num_helpers, TB__CG_ARGS_TOKEN, args, vars);
+        g->num_helpers++;
+    }
+    tb__str_free(&help);
+    return ok && g->ix.status == TB_OK;
 }
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
@@ -30303,7 +30413,7 @@ static bool tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int
    caller). A row whose elements the view divides by a small period (a strided pooling's
    gradient, folded by phases; a pixel shuffle) is emitted again in groups of that period,
    where the compiler finds no division and stores the group's elements together. */
-static void tb__cg_row_loops(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
+static void tb__cg_row_loops_once(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
     size_t mark = g->ix.body.len;
     int64_t lo, hi, step = 1, n = k->row_len, most = TB__CG_ROW_STEP;
     int pass;
@@ -30338,6 +30448,38 @@ static void tb__cg_row_loops(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
         tb__cg_row_loop(g, k, i0, lo, hi, step);
         tb__cg_row_loop(g, k, i0, hi, n, step);
     }
+}
+
+/* The row loops, where a concat's test is on the row's index alone (a strided pooling's
+   gradient, whose rows of even and odd index read different phases), once per operand of that
+   concat in a case of its own, tested once a row: the loop then holds no branch of it. */
+static void tb__cg_row_loops(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
+    size_t mark = g->ix.body.len;
+    int32_t c, v;
+    g->row_item = i0;
+    g->row_case = -1;
+    g->num_cases = 0;
+    tb__cg_row_loops_once(g, k, i0);
+    if (g->num_cases >= 2 && g->ix.status == TB_OK && !g->ix.body.failed) {
+        tb__ix_drop(&g->ix, mark);
+        v = tb__ix_new_var(&g->ix, g->case_at[0], g->case_at[g->num_cases] - 1);
+        if (v >= 0) tb__ix_line(&g->ix, "const long i%d = %s;", (int)v, g->case_text);
+        for (c = 0; c < g->num_cases && v >= 0; c++) {
+            char head[80];
+            if (c + 1 < g->num_cases) {
+                snprintf(head, sizeof head, "%sif (i%d < %lldL) ", c > 0 ? "else " : "", (int)v,
+                         (long long)g->case_at[c + 1]);
+            } else {
+                snprintf(head, sizeof head, "else ");
+            }
+            g->row_case = c;
+            tb__ix_open(&g->ix, head);
+            tb__cg_row_loops_once(g, k, i0);
+            tb__ix_close(&g->ix, "");
+        }
+    }
+    g->row_item = -1;
+    g->row_case = -2;
 }
 
 static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {
@@ -31626,7 +31768,8 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
     g->kernel = (int32_t)i;
     g->num_vals = g->num_frames = g->num_stack = 0;
     g->depth = 0;
-    g->rounded = g->unrounded = g->row_var = g->row_inside = -1;
+    g->rounded = g->unrounded = g->row_var = g->row_inside = g->row_item = -1;
+    g->row_case = -2;
     g->row_rt = false;
     switch (k->kind) {
     case TB__K_REDUCE:

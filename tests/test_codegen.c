@@ -496,11 +496,14 @@ static void test_pad_rows_split(void **state) {
    in the native backend's C: its rows of 40 run in 20 pairs, each pair's two elements stored
    side by side. In pairs the fold's division of the column by 2 is a constant of each element,
    so no index along the row is divided (the padded row's 21 phases: no "% 21L"), and the
-   edges split from an interior as for a padding. */
+   edges split from an interior as for a padding. The phase of the row (even rows read other
+   windows than odd ones: a concat of the two along the rows) is tested once a row, before its
+   loops, for every CPU: no loop holds that test. */
 static void test_pool_grad_rows_in_pairs(void **state) {
     tb_tensor *x3 = plan_input(TB_F32, 3, 16, 16, 40), *x, *y, *s, *gx = NULL;
     static const int64_t xd[4] = {2, 8, 16, 40}, k3[2] = {3, 3}, s2[2] = {2, 2}, p1[2] = {1, 1};
     char *text;
+    int dev;
     (void)state;
     assert_int_equal(tb_set_requires_grad(x3, true), TB_OK);
     x = tb_reshape(x3, xd, 4);
@@ -513,6 +516,19 @@ static void test_pool_grad_rows_in_pairs(void **state) {
     expect_text(text, " < 20L; i", "C99 host");
     if (strstr(text, "% 21L") != NULL) fail_msg("a division along the row in:\n%s", text);
     free(text);
+    for (dev = DEV_AVX512; dev <= DEV_C99; dev++) {
+        const char *kernel, *case_test, *loop;
+        if (dev == DEV_GPU) continue; /* an item per element there: no loop along the row */
+        text = program(dev, &gx, 1, NULL);
+        kernel = strstr(text, "E_10240"); /* the gradient's kernel (the argmax's is E_2560) */
+        case_test = kernel ? strstr(kernel, " = (((i0 % 16L) + 1L) % 2L);") : NULL;
+        loop = kernel ? strstr(kernel, "for (long i") : NULL;
+        if (case_test == NULL || loop == NULL || loop < case_test ||
+            strstr(text, ") < 1L) ") != NULL)
+            fail_msg("%s: the row's phase is not tested once before its loops in:\n%s",
+                     plan_dev_names[dev], text);
+        free(text);
+    }
     tb_tensor_release(gx);
     tb_tensor_release(s);
     tb_tensor_release(y);

@@ -104,7 +104,7 @@ static bool tb__cg_row_loop(tb__cg *g, const tb__plan_kernel *k, int32_t i0, int
    caller). A row whose elements the view divides by a small period (a strided pooling's
    gradient, folded by phases; a pixel shuffle) is emitted again in groups of that period,
    where the compiler finds no division and stores the group's elements together. */
-static void tb__cg_row_loops(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
+static void tb__cg_row_loops_once(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
     size_t mark = g->ix.body.len;
     int64_t lo, hi, step = 1, n = k->row_len, most = TB__CG_ROW_STEP;
     int pass;
@@ -139,6 +139,38 @@ static void tb__cg_row_loops(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
         tb__cg_row_loop(g, k, i0, lo, hi, step);
         tb__cg_row_loop(g, k, i0, hi, n, step);
     }
+}
+
+/* The row loops, where a concat's test is on the row's index alone (a strided pooling's
+   gradient, whose rows of even and odd index read different phases), once per operand of that
+   concat in a case of its own, tested once a row: the loop then holds no branch of it. */
+static void tb__cg_row_loops(tb__cg *g, const tb__plan_kernel *k, int32_t i0) {
+    size_t mark = g->ix.body.len;
+    int32_t c, v;
+    g->row_item = i0;
+    g->row_case = -1;
+    g->num_cases = 0;
+    tb__cg_row_loops_once(g, k, i0);
+    if (g->num_cases >= 2 && g->ix.status == TB_OK && !g->ix.body.failed) {
+        tb__ix_drop(&g->ix, mark);
+        v = tb__ix_new_var(&g->ix, g->case_at[0], g->case_at[g->num_cases] - 1);
+        if (v >= 0) tb__ix_line(&g->ix, "const long i%d = %s;", (int)v, g->case_text);
+        for (c = 0; c < g->num_cases && v >= 0; c++) {
+            char head[80];
+            if (c + 1 < g->num_cases) {
+                snprintf(head, sizeof head, "%sif (i%d < %lldL) ", c > 0 ? "else " : "", (int)v,
+                         (long long)g->case_at[c + 1]);
+            } else {
+                snprintf(head, sizeof head, "else ");
+            }
+            g->row_case = c;
+            tb__ix_open(&g->ix, head);
+            tb__cg_row_loops_once(g, k, i0);
+            tb__ix_close(&g->ix, "");
+        }
+    }
+    g->row_item = -1;
+    g->row_case = -2;
 }
 
 static tb_status tb__cg_kernel_elementwise(tb__cg *g, const tb__plan_kernel *k) {

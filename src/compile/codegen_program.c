@@ -69,7 +69,8 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
     g->kernel = (int32_t)i;
     g->num_vals = g->num_frames = g->num_stack = 0;
     g->depth = 0;
-    g->rounded = g->unrounded = g->row_var = g->row_inside = -1;
+    g->rounded = g->unrounded = g->row_var = g->row_inside = g->row_item = -1;
+    g->row_case = -2;
     g->row_rt = false;
     switch (k->kind) {
     case TB__K_REDUCE:

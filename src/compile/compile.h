@@ -532,6 +532,12 @@ static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
    another variable its lines do not compute from root (one declared before root, a loop's, a
    value read from memory). */
 static bool tb__ix_value(const tb__ix *g, int32_t var, int32_t root, int64_t value, int64_t *out);
+/* Form `lf` as a C expression of variable `root` alone, computed as the lines of its variables
+   compute it (their divisions and remainders), appended to buf (len bytes so far, cap in all):
+   a text that is the same wherever the same value is derived again. False where a variable
+   comes from another root (a loop's, a value read from memory) or the text does not fit. */
+static bool tb__ix_root_form(const tb__ix *g, const tb__lf *lf, int32_t root, char *buf, size_t cap,
+                             size_t *len);
 static bool tb__ix_lf_addmul(tb__ix *g, tb__lf *dst, const tb__lf *src, int64_t scale);
 static int32_t tb__ix_memo_find(const tb__ix *g, int32_t kind, int32_t a, int32_t b,
                                 uint64_t extra);
@@ -664,6 +670,7 @@ typedef struct tb__cg_frame {
 /* The renderer's state for one graph. */
 #define TB__CG_ROW_STEP  4 /* a row loop's group of elements of one period, at most */
 #define TB__CG_ROW_FORMS 8 /* a run's pad tests on its row, at most (more: not split) */
+#define TB__CG_ROW_CASES 4 /* a row loop's cases by a concat's operands, at most */
 /* the index variables of its caller that a helper function may read */
 #define TB__CG_HELPER_VARS 64
 
@@ -719,6 +726,14 @@ typedef struct tb__cg {
     int32_t row_inside, num_row_forms, row_skipped;
     tb__lf row_forms[TB__CG_ROW_FORMS];
     int64_t row_before[TB__CG_ROW_FORMS], row_end[TB__CG_ROW_FORMS];
+    /* an elementwise kernel's rows (tb__cg_row_loops): the row's index i<row_item> (-1: none)
+       and a concat whose test is on that index alone (case_text, as tb__ix_root_form writes
+       it), which splits the row's loop into cases, one per operand: case c covers the test's
+       values [case_at[c], case_at[c + 1]). row_case: the case being emitted, -1 while the
+       first loop looks for such a concat (num_cases of them: 0 none found), -2 neither. */
+    int32_t row_item, row_case, num_cases;
+    int64_t case_at[TB__CG_ROW_CASES + 1];
+    char case_text[TB__LF_TEXT];
 } tb__cg;
 
 /* the C type of a dtype; of an accumulator dtype chosen by the planner (integers wrap:
