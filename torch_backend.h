@@ -22399,12 +22399,13 @@ static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
    another variable its lines do not compute from root (one declared before root, a loop's, a
    value read from memory). */
 static bool tb__ix_value(const tb__ix *g, int32_t var, int32_t root, int64_t value, int64_t *out);
-/* Form `lf` as a C expression of variable `root` alone, computed as the lines of its variables
-   compute it (their divisions and remainders), appended to buf (len bytes so far, cap in all):
-   a text that is the same wherever the same value is derived again. False where a variable
-   comes from another root (a loop's, a value read from memory) or the text does not fit. */
-static bool tb__ix_root_form(const tb__ix *g, const tb__lf *lf, int32_t root, char *buf, size_t cap,
-                             size_t *len);
+/* Form f as C text (a long expression) in the variables declared before `first` (those of the
+   enclosing scopes): later ones are written out from their definitions (a digit of a variable,
+   a form of variables), as their lines compute them, so that the same value derived again
+   gives the same text. False where one is neither, or is `row` (a value that changes along a
+   row), or the text could not be stored. */
+static bool tb__ix_form_text(const tb__ix *ix, const tb__lf *f, int32_t first, int32_t row,
+                             tb__str *out);
 static bool tb__ix_lf_addmul(tb__ix *g, tb__lf *dst, const tb__lf *src, int64_t scale);
 static int32_t tb__ix_memo_find(const tb__ix *g, int32_t kind, int32_t a, int32_t b,
                                 uint64_t extra);
@@ -22594,7 +22595,7 @@ typedef struct tb__cg {
     tb__lf row_forms[TB__CG_ROW_FORMS];
     int64_t row_before[TB__CG_ROW_FORMS], row_end[TB__CG_ROW_FORMS];
     /* an elementwise kernel's rows (tb__cg_row_loops): the row's index i<row_item> (-1: none)
-       and a concat whose test is on that index alone (case_text, as tb__ix_root_form writes
+       and a concat whose test is on that index alone (case_text, as tb__ix_form_text writes
        it), which splits the row's loop into cases, one per operand: case c covers the test's
        values [case_at[c], case_at[c + 1]). row_case: the case being emitted, -1 while the
        first loop looks for such a concat (num_cases of them: 0 none found), -2 neither. */
@@ -26032,53 +26033,35 @@ static bool tb__ix_value(const tb__ix *g, int32_t var, int32_t root, int64_t val
     return true;
 }
 
-/* Appends s to buf (len bytes so far, cap in all); false where it does not fit. */
-static bool tb__ix_cat(char *buf, size_t cap, size_t *len, const char *s) {
-    size_t n = strlen(s);
-    if (*len + n + 1 > cap) return false;
-    memcpy(buf + *len, s, n + 1);
-    *len += n;
-    return true;
-}
-
-static bool tb__ix_root_var(const tb__ix *g, int32_t var, int32_t root, char *buf, size_t cap,
-                            size_t *len) {
-    const tb__ix_var *v = &g->vars[var];
-    char t[64];
-    if (var == root) {
-        snprintf(t, sizeof t, "i%d", (int)var);
-        return tb__ix_cat(buf, cap, len, t);
-    }
-    if (var < root || v->def == TB__IX_ROOT) return false;
-    if (v->def == TB__IX_FORM) return tb__ix_root_form(g, &v->form, root, buf, cap, len);
-    if (v->q < 1 || !tb__ix_cat(buf, cap, len, "(") ||
-        !tb__ix_root_var(g, v->src, root, buf, cap, len))
-        return false;
-    if (v->q > 1) {
-        snprintf(t, sizeof t, " / %lldL", (long long)v->q);
-        if (!tb__ix_cat(buf, cap, len, t)) return false;
-    }
-    snprintf(t, sizeof t, " %% %lldL", (long long)v->d);
-    return tb__ix_cat(buf, cap, len, v->d > 0 ? t : "") && tb__ix_cat(buf, cap, len, ")");
-}
-
-static bool tb__ix_root_form(const tb__ix *g, const tb__lf *lf, int32_t root, char *buf, size_t cap,
-                             size_t *len) {
-    char t[64];
-    int32_t i;
-    if (lf->n == 1 && lf->coef[0] == 1 && lf->c == 0) /* a variable alone */
-        return tb__ix_root_var(g, lf->var[0], root, buf, cap, len);
-    if (!tb__ix_cat(buf, cap, len, "(")) return false;
-    for (i = 0; i < lf->n; i++) {
-        snprintf(t, sizeof t, "%lldL * ", (long long)lf->coef[i]);
-        if (!tb__ix_cat(buf, cap, len, i > 0 ? " + " : "") ||
-            !tb__ix_cat(buf, cap, len, lf->coef[i] != 1 ? t : "") ||
-            !tb__ix_root_var(g, lf->var[i], root, buf, cap, len))
+static bool tb__ix_form_text(const tb__ix *ix, const tb__lf *f, int32_t first, int32_t row,
+                             tb__str *out) {
+    int32_t j;
+    bool alone = f->n == 1 && f->coef[0] == 1 && f->c == 0;
+    if (!alone) tb__str_append(out, "(");
+    for (j = 0; j < f->n; j++) {
+        const tb__ix_var *x = &ix->vars[f->var[j]];
+        if (f->var[j] == row) return false;
+        if (j > 0) tb__str_append(out, " + ");
+        if (f->coef[j] != 1) tb__str_append(out, "%lldL * ", (long long)f->coef[j]);
+        if (f->var[j] < first) {
+            tb__str_append(out, "i%d", (int)f->var[j]);
+        } else if (x->def == TB__IX_DIGIT && x->q >= 1) {
+            tb__lf src;
+            tb__lf_const(&src, 0);
+            tb__lf_add_term(&src, x->src, 1);
+            tb__str_append(out, "(");
+            if (!tb__ix_form_text(ix, &src, first, row, out)) return false;
+            if (x->q > 1) tb__str_append(out, " / %lldL", (long long)x->q);
+            if (x->d > 0) tb__str_append(out, " %% %lldL", (long long)x->d);
+            tb__str_append(out, ")");
+        } else if (x->def != TB__IX_FORM || !tb__ix_form_text(ix, &x->form, first, row, out)) {
             return false;
+        }
     }
-    snprintf(t, sizeof t, "%s%lldL", lf->n > 0 ? " + " : "", (long long)lf->c);
-    return tb__ix_cat(buf, cap, len, lf->c != 0 || lf->n == 0 ? t : "") &&
-           tb__ix_cat(buf, cap, len, ")");
+    if (f->c != 0 || f->n == 0)
+        tb__str_append(out, "%s%lldL", f->n > 0 ? " + " : "", (long long)f->c);
+    if (!alone) tb__str_append(out, ")");
+    return !out->failed;
 }
 
 /* Notes that a line divides (or reduces) variable `src` with the given period: the number of
@@ -27818,13 +27801,19 @@ static int32_t tb__cg_concat_run(tb__cg *g, int32_t node, int32_t pos) {
 static void tb__cg_concat_range(tb__cg *g, const tb_node *n, int32_t dim, const tb__lf *f,
                                 int64_t *lo, int64_t *hi) {
     char text[TB__LF_TEXT];
-    size_t len = 0;
     int64_t start = 0, at[TB__CG_ROW_CASES + 1];
     int32_t i, m = 0;
+    tb__str form;
+    bool of_row;
     tb__ix_lf_range(&g->ix, f, lo, hi);
-    if (g->row_item < 0 || g->row_case == -2 || *lo >= *hi ||
-        !tb__ix_root_form(&g->ix, f, g->row_item, text, sizeof text, &len))
-        return;
+    if (g->row_item < 0 || g->row_case == -2 || *lo >= *hi) return;
+    /* the form's text in the row's index and the variables before it (all declared before the
+       row's loops) */
+    memset(&form, 0, sizeof form);
+    of_row = tb__ix_form_text(&g->ix, f, g->row_item + 1, -1, &form) && form.len < sizeof text;
+    if (of_row) memcpy(text, form.data, form.len + 1);
+    tb__str_free(&form);
+    if (!of_row) return;
     if (g->row_case >= 0) { /* in a case: its operand's values, where the test is the case's */
         int64_t a = g->case_at[g->row_case], b = g->case_at[g->row_case + 1] - 1;
         if (strcmp(text, g->case_text) != 0 || a > *hi || b < *lo) return;
@@ -27844,7 +27833,7 @@ static void tb__cg_concat_range(tb__cg *g, const tb_node *n, int32_t dim, const 
     if (m < 2) return;
     at[m] = *hi + 1;
     memcpy(g->case_at, at, sizeof at);
-    memcpy(g->case_text, text, len + 1);
+    memcpy(g->case_text, text, strlen(text) + 1);
     g->num_cases = m;
 }
 
@@ -29515,37 +29504,6 @@ static bool tb__cg_pack_lane_loop(tb__cg *g, const tb__plan_kernel *k, const tb_
     return g->ix.status == TB_OK;
 }
 
-/* The C text of form f's value in variables declared before `first` (those of the enclosing
-   scopes): later ones, a trial emission's, are expanded from their definitions (a digit of a
-   variable or a form of variables). False where one is neither, or is `row`: the value would
-   change along the row. */
-static bool tb__cg_form_text(const tb__ix *ix, const tb__lf *f, int32_t first, int32_t row,
-                             tb__str *out) {
-    int32_t j;
-    tb__str_append(out, "(%lldL", (long long)f->c);
-    for (j = 0; j < f->n; j++) {
-        const tb__ix_var *x = &ix->vars[f->var[j]];
-        tb__str_append(out, " + %lldL * ", (long long)f->coef[j]);
-        if (f->var[j] == row) return false;
-        if (f->var[j] < first) {
-            tb__str_append(out, "i%d", (int)f->var[j]);
-        } else if (x->def == TB__IX_DIGIT) {
-            tb__lf src;
-            tb__lf_const(&src, 0);
-            tb__lf_add_term(&src, x->src, 1);
-            tb__str_append(out, "(");
-            if (!tb__cg_form_text(ix, &src, first, row, out)) return false;
-            tb__str_append(out, " / %lldL", (long long)x->q);
-            if (x->d > 0) tb__str_append(out, " %% %lldL", (long long)x->d);
-            tb__str_append(out, ")");
-        } else if (x->def != TB__IX_FORM || !tb__cg_form_text(ix, &x->form, first, row, out)) {
-            return false;
-        }
-    }
-    tb__str_append(out, ")");
-    return !out->failed;
-}
-
 /* A lane's run of rows pr0..pr0 + pn of a pack (tb__cg_pack_lanes), krow + r for r of [0,
    rows). Where the pads test the row (a window's left and right edges: forms r + terms that do
    not change along the run), the run is split at run time: a trial emission of the value (then
@@ -29585,7 +29543,7 @@ static bool tb__cg_pack_lane_runs(tb__cg *g, const tb__plan_kernel *k, const tb_
             tb__str text;
             memset(&text, 0, sizeof text);
             tb__lf_add_term(&rest, ip, -1);
-            split = tb__cg_form_text(&g->ix, &rest, first, ip, &text);
+            split = tb__ix_form_text(&g->ix, &rest, first, ip, &text);
             if (split) {
                 tb__ix_line(&g->ix, "if (plo < %lldL - %s) plo = %lldL - %s;",
                             (long long)g->row_before[i], text.data, (long long)g->row_before[i],

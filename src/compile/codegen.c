@@ -755,13 +755,19 @@ static int32_t tb__cg_concat_run(tb__cg *g, int32_t node, int32_t pos) {
 static void tb__cg_concat_range(tb__cg *g, const tb_node *n, int32_t dim, const tb__lf *f,
                                 int64_t *lo, int64_t *hi) {
     char text[TB__LF_TEXT];
-    size_t len = 0;
     int64_t start = 0, at[TB__CG_ROW_CASES + 1];
     int32_t i, m = 0;
+    tb__str form;
+    bool of_row;
     tb__ix_lf_range(&g->ix, f, lo, hi);
-    if (g->row_item < 0 || g->row_case == -2 || *lo >= *hi ||
-        !tb__ix_root_form(&g->ix, f, g->row_item, text, sizeof text, &len))
-        return;
+    if (g->row_item < 0 || g->row_case == -2 || *lo >= *hi) return;
+    /* the form's text in the row's index and the variables before it (all declared before the
+       row's loops) */
+    memset(&form, 0, sizeof form);
+    of_row = tb__ix_form_text(&g->ix, f, g->row_item + 1, -1, &form) && form.len < sizeof text;
+    if (of_row) memcpy(text, form.data, form.len + 1);
+    tb__str_free(&form);
+    if (!of_row) return;
     if (g->row_case >= 0) { /* in a case: its operand's values, where the test is the case's */
         int64_t a = g->case_at[g->row_case], b = g->case_at[g->row_case + 1] - 1;
         if (strcmp(text, g->case_text) != 0 || a > *hi || b < *lo) return;
@@ -781,7 +787,7 @@ static void tb__cg_concat_range(tb__cg *g, const tb_node *n, int32_t dim, const 
     if (m < 2) return;
     at[m] = *hi + 1;
     memcpy(g->case_at, at, sizeof at);
-    memcpy(g->case_text, text, len + 1);
+    memcpy(g->case_text, text, strlen(text) + 1);
     g->num_cases = m;
 }
 

@@ -707,37 +707,6 @@ static bool tb__cg_pack_lane_loop(tb__cg *g, const tb__plan_kernel *k, const tb_
     return g->ix.status == TB_OK;
 }
 
-/* The C text of form f's value in variables declared before `first` (those of the enclosing
-   scopes): later ones, a trial emission's, are expanded from their definitions (a digit of a
-   variable or a form of variables). False where one is neither, or is `row`: the value would
-   change along the row. */
-static bool tb__cg_form_text(const tb__ix *ix, const tb__lf *f, int32_t first, int32_t row,
-                             tb__str *out) {
-    int32_t j;
-    tb__str_append(out, "(%lldL", (long long)f->c);
-    for (j = 0; j < f->n; j++) {
-        const tb__ix_var *x = &ix->vars[f->var[j]];
-        tb__str_append(out, " + %lldL * ", (long long)f->coef[j]);
-        if (f->var[j] == row) return false;
-        if (f->var[j] < first) {
-            tb__str_append(out, "i%d", (int)f->var[j]);
-        } else if (x->def == TB__IX_DIGIT) {
-            tb__lf src;
-            tb__lf_const(&src, 0);
-            tb__lf_add_term(&src, x->src, 1);
-            tb__str_append(out, "(");
-            if (!tb__cg_form_text(ix, &src, first, row, out)) return false;
-            tb__str_append(out, " / %lldL", (long long)x->q);
-            if (x->d > 0) tb__str_append(out, " %% %lldL", (long long)x->d);
-            tb__str_append(out, ")");
-        } else if (x->def != TB__IX_FORM || !tb__cg_form_text(ix, &x->form, first, row, out)) {
-            return false;
-        }
-    }
-    tb__str_append(out, ")");
-    return !out->failed;
-}
-
 /* A lane's run of rows pr0..pr0 + pn of a pack (tb__cg_pack_lanes), krow + r for r of [0,
    rows). Where the pads test the row (a window's left and right edges: forms r + terms that do
    not change along the run), the run is split at run time: a trial emission of the value (then
@@ -777,7 +746,7 @@ static bool tb__cg_pack_lane_runs(tb__cg *g, const tb__plan_kernel *k, const tb_
             tb__str text;
             memset(&text, 0, sizeof text);
             tb__lf_add_term(&rest, ip, -1);
-            split = tb__cg_form_text(&g->ix, &rest, first, ip, &text);
+            split = tb__ix_form_text(&g->ix, &rest, first, ip, &text);
             if (split) {
                 tb__ix_line(&g->ix, "if (plo < %lldL - %s) plo = %lldL - %s;",
                             (long long)g->row_before[i], text.data, (long long)g->row_before[i],

@@ -532,12 +532,13 @@ static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
    another variable its lines do not compute from root (one declared before root, a loop's, a
    value read from memory). */
 static bool tb__ix_value(const tb__ix *g, int32_t var, int32_t root, int64_t value, int64_t *out);
-/* Form `lf` as a C expression of variable `root` alone, computed as the lines of its variables
-   compute it (their divisions and remainders), appended to buf (len bytes so far, cap in all):
-   a text that is the same wherever the same value is derived again. False where a variable
-   comes from another root (a loop's, a value read from memory) or the text does not fit. */
-static bool tb__ix_root_form(const tb__ix *g, const tb__lf *lf, int32_t root, char *buf, size_t cap,
-                             size_t *len);
+/* Form f as C text (a long expression) in the variables declared before `first` (those of the
+   enclosing scopes): later ones are written out from their definitions (a digit of a variable,
+   a form of variables), as their lines compute them, so that the same value derived again
+   gives the same text. False where one is neither, or is `row` (a value that changes along a
+   row), or the text could not be stored. */
+static bool tb__ix_form_text(const tb__ix *ix, const tb__lf *f, int32_t first, int32_t row,
+                             tb__str *out);
 static bool tb__ix_lf_addmul(tb__ix *g, tb__lf *dst, const tb__lf *src, int64_t scale);
 static int32_t tb__ix_memo_find(const tb__ix *g, int32_t kind, int32_t a, int32_t b,
                                 uint64_t extra);
@@ -727,7 +728,7 @@ typedef struct tb__cg {
     tb__lf row_forms[TB__CG_ROW_FORMS];
     int64_t row_before[TB__CG_ROW_FORMS], row_end[TB__CG_ROW_FORMS];
     /* an elementwise kernel's rows (tb__cg_row_loops): the row's index i<row_item> (-1: none)
-       and a concat whose test is on that index alone (case_text, as tb__ix_root_form writes
+       and a concat whose test is on that index alone (case_text, as tb__ix_form_text writes
        it), which splits the row's loop into cases, one per operand: case c covers the test's
        values [case_at[c], case_at[c + 1]). row_case: the case being emitted, -1 while the
        first loop looks for such a concat (num_cases of them: 0 none found), -2 neither. */

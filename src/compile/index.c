@@ -115,53 +115,35 @@ static bool tb__ix_value(const tb__ix *g, int32_t var, int32_t root, int64_t val
     return true;
 }
 
-/* Appends s to buf (len bytes so far, cap in all); false where it does not fit. */
-static bool tb__ix_cat(char *buf, size_t cap, size_t *len, const char *s) {
-    size_t n = strlen(s);
-    if (*len + n + 1 > cap) return false;
-    memcpy(buf + *len, s, n + 1);
-    *len += n;
-    return true;
-}
-
-static bool tb__ix_root_var(const tb__ix *g, int32_t var, int32_t root, char *buf, size_t cap,
-                            size_t *len) {
-    const tb__ix_var *v = &g->vars[var];
-    char t[64];
-    if (var == root) {
-        snprintf(t, sizeof t, "i%d", (int)var);
-        return tb__ix_cat(buf, cap, len, t);
-    }
-    if (var < root || v->def == TB__IX_ROOT) return false;
-    if (v->def == TB__IX_FORM) return tb__ix_root_form(g, &v->form, root, buf, cap, len);
-    if (v->q < 1 || !tb__ix_cat(buf, cap, len, "(") ||
-        !tb__ix_root_var(g, v->src, root, buf, cap, len))
-        return false;
-    if (v->q > 1) {
-        snprintf(t, sizeof t, " / %lldL", (long long)v->q);
-        if (!tb__ix_cat(buf, cap, len, t)) return false;
-    }
-    snprintf(t, sizeof t, " %% %lldL", (long long)v->d);
-    return tb__ix_cat(buf, cap, len, v->d > 0 ? t : "") && tb__ix_cat(buf, cap, len, ")");
-}
-
-static bool tb__ix_root_form(const tb__ix *g, const tb__lf *lf, int32_t root, char *buf, size_t cap,
-                             size_t *len) {
-    char t[64];
-    int32_t i;
-    if (lf->n == 1 && lf->coef[0] == 1 && lf->c == 0) /* a variable alone */
-        return tb__ix_root_var(g, lf->var[0], root, buf, cap, len);
-    if (!tb__ix_cat(buf, cap, len, "(")) return false;
-    for (i = 0; i < lf->n; i++) {
-        snprintf(t, sizeof t, "%lldL * ", (long long)lf->coef[i]);
-        if (!tb__ix_cat(buf, cap, len, i > 0 ? " + " : "") ||
-            !tb__ix_cat(buf, cap, len, lf->coef[i] != 1 ? t : "") ||
-            !tb__ix_root_var(g, lf->var[i], root, buf, cap, len))
+static bool tb__ix_form_text(const tb__ix *ix, const tb__lf *f, int32_t first, int32_t row,
+                             tb__str *out) {
+    int32_t j;
+    bool alone = f->n == 1 && f->coef[0] == 1 && f->c == 0;
+    if (!alone) tb__str_append(out, "(");
+    for (j = 0; j < f->n; j++) {
+        const tb__ix_var *x = &ix->vars[f->var[j]];
+        if (f->var[j] == row) return false;
+        if (j > 0) tb__str_append(out, " + ");
+        if (f->coef[j] != 1) tb__str_append(out, "%lldL * ", (long long)f->coef[j]);
+        if (f->var[j] < first) {
+            tb__str_append(out, "i%d", (int)f->var[j]);
+        } else if (x->def == TB__IX_DIGIT && x->q >= 1) {
+            tb__lf src;
+            tb__lf_const(&src, 0);
+            tb__lf_add_term(&src, x->src, 1);
+            tb__str_append(out, "(");
+            if (!tb__ix_form_text(ix, &src, first, row, out)) return false;
+            if (x->q > 1) tb__str_append(out, " / %lldL", (long long)x->q);
+            if (x->d > 0) tb__str_append(out, " %% %lldL", (long long)x->d);
+            tb__str_append(out, ")");
+        } else if (x->def != TB__IX_FORM || !tb__ix_form_text(ix, &x->form, first, row, out)) {
             return false;
+        }
     }
-    snprintf(t, sizeof t, "%s%lldL", lf->n > 0 ? " + " : "", (long long)lf->c);
-    return tb__ix_cat(buf, cap, len, lf->c != 0 || lf->n == 0 ? t : "") &&
-           tb__ix_cat(buf, cap, len, ")");
+    if (f->c != 0 || f->n == 0)
+        tb__str_append(out, "%s%lldL", f->n > 0 ? " + " : "", (long long)f->c);
+    if (!alone) tb__str_append(out, ")");
+    return !out->failed;
 }
 
 /* Notes that a line divides (or reduces) variable `src` with the given period: the number of
