@@ -754,41 +754,46 @@ static int32_t tb__cg_concat_run(tb__cg *g, int32_t node, int32_t pos) {
    operand's. */
 static void tb__cg_concat_range(tb__cg *g, const tb_node *n, int32_t dim, const tb__lf *f,
                                 int64_t *lo, int64_t *hi) {
-    char text[TB__LF_TEXT];
     int64_t start = 0, at[TB__CG_ROW_CASES + 1];
     int32_t i, m = 0;
     tb__str form;
-    bool of_row;
+    bool same, many = false;
     tb__ix_lf_range(&g->ix, f, lo, hi);
     if (g->row_item < 0 || g->row_case == -2 || *lo >= *hi) return;
+    if (g->row_case == -1 && g->num_cases > 0) return; /* one concat's cases a row */
     /* the form's text in the row's index and the variables before it (all declared before the
        row's loops) */
     memset(&form, 0, sizeof form);
-    of_row = tb__ix_form_text(&g->ix, f, g->row_item + 1, -1, &form) && form.len < sizeof text;
-    if (of_row) memcpy(text, form.data, form.len + 1);
-    tb__str_free(&form);
-    if (!of_row) return;
+    if (!tb__ix_form_text(&g->ix, f, g->row_item + 1, -1, &form) ||
+        form.len >= sizeof g->case_text) {
+        tb__str_free(&form);
+        return;
+    }
     if (g->row_case >= 0) { /* in a case: its operand's values, where the test is the case's */
         int64_t a = g->case_at[g->row_case], b = g->case_at[g->row_case + 1] - 1;
-        if (strcmp(text, g->case_text) != 0 || a > *hi || b < *lo) return;
+        same = strcmp(form.data, g->case_text) == 0;
+        tb__str_free(&form);
+        if (!same || a > *hi || b < *lo) return;
         if (a > *lo) *lo = a;
         if (b < *hi) *hi = b;
         return;
     }
-    if (g->num_cases > 0) return; /* one concat's cases a row */
     for (i = 0; i < (int32_t)n->num_operands; i++) {
         int64_t end = start + n->operands[i]->shape.dims[dim];
         if (end > start && end > *lo && start <= *hi) {
-            if (m == TB__CG_ROW_CASES) return;
+            many = m == TB__CG_ROW_CASES; /* more operands than cases: none */
+            if (many) break;
             at[m++] = start > *lo ? start : *lo;
         }
         start = end;
     }
-    if (m < 2) return;
-    at[m] = *hi + 1;
-    memcpy(g->case_at, at, sizeof at);
-    memcpy(g->case_text, text, strlen(text) + 1);
-    g->num_cases = m;
+    if (m >= 2 && !many) {
+        at[m] = *hi + 1;
+        memcpy(g->case_at, at, sizeof at);
+        memcpy(g->case_text, form.data, form.len + 1);
+        g->num_cases = m;
+    }
+    tb__str_free(&form);
 }
 
 /* A concat at pos: the operand its index along the axis is in, by a chain of tests on it; the
