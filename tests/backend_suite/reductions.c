@@ -251,6 +251,33 @@ static void test_argmax_nan_and_ties(void **state) {
         assert_int_equal(idx[1], 0); /* NaN counts as the maximum */
         assert_int_equal(idx[2], 0);
     }
+    {
+        /* a window of 9 (a 3 x 3 max pool's, unrolled where it is read): ties, a NaN last or
+           among ties, signed zeros; argmax and argmin, f32 and f64 */
+        static const float w[36] = {2,          7,    7,  1,   7,    0,     3,  0,  1,
+                                    /**/ 1,     2,    3,  4,   5,    6,     7,  8,  NAN,
+                                    /**/ 9,     1,    9,  NAN, 1,    NAN,   0,  9,  0,
+                                    /**/ -0.0f, 0.0f, -1, -1,  0.0f, -0.0f, -1, -5, -5};
+        static const int64_t want[2][4] = {{1, 8, 3, 0}, {5, 8, 3, 7}};
+        double wd[36];
+        tb_shape s9 = shp(TB_F32, 2, 4, 9, 0, 0), s9d = shp(TB_F64, 2, 4, 9, 0, 0);
+        int i, f, arg;
+        for (i = 0; i < 36; i++)
+            wd[i] = w[i];
+        for (f = 0; f < 2; f++) {
+            tb_tensor *t =
+                tb_tensor_from_host(f ? (const void *)wd : (const void *)w, f ? &s9d : &s9, &g_ocl);
+            for (arg = 0; arg < 2; arg++) {
+                tb_tensor *r = arg ? tb_argmin(t, 1, false) : tb_argmax(t, 1, false);
+                int64_t got[4];
+                assert_int_equal(tb_tensor_to_host(r, got, sizeof got), TB_OK);
+                for (i = 0; i < 4; i++)
+                    assert_int_equal(got[i], want[arg][i]);
+                tb_tensor_release(r);
+            }
+            tb_tensor_release(t);
+        }
+    }
     tb_tensor_release(cx);
     tb_tensor_release(ox);
     tb_tensor_release(ca);
