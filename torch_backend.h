@@ -22672,7 +22672,24 @@ static void tb__cg_const_table(tb__cg *g, const char *type, const char *name, co
 /* work-group memory of `count` elements of `type` named `name` */
 static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t count);
 
-/* ---- codegen_matmul.c, codegen_kernels.c: the kernels, for the program of
+/* ---- codegen_matmul.c, for the work-group tile matmul of codegen_tiles.c ---- */
+
+/* the batch index variable of a matmul kernel's output (i<var>) as per-dim forms of its batch
+   dims, in bdims (false: failed) */
+static bool tb__cg_batch_dims(tb__cg *g, const tb_shape *cs, int32_t var, tb__lf *bdims);
+/* the value of a matmul operand (side 0: A, 1: B) at (row var, column var) of its matrix */
+static int32_t tb__cg_matmul_operand(tb__cg *g, const tb__plan_kernel *k, int side,
+                                     const tb__lf *bdims, int32_t row, int32_t col);
+/* the stores of a block of outputs acc[ii][jj] at rows and columns `rows`, `cols` (C text of ii
+   and jj), span_r x span_c of them, through the epilogue */
+static bool tb__cg_matmul_stores(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                 const char *rows, const char *cols, int32_t span_r,
+                                 int32_t span_c);
+/* the packed and the register matmul kernels */
+static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k);
+static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel *k);
+
+/* ---- codegen_matmul.c, codegen_tiles.c, codegen_kernels.c: the kernels, for the program of
    codegen_program.c ---- */
 
 /* a matmul kernel (packed, registers or tiles, as the plan chose), and a pack kernel */
@@ -28834,9 +28851,9 @@ static int32_t tb__cg_veval(tb__cg *g, int32_t node, int32_t pos) {
 /* ===========================================================================================
    C-family code generator, the matmul kernels: the stores every matmul kernel shares (its
    epilogue, by scalars or W columns at once), the register matmul (no work-group memory), the
-   pack kernels and the matmul from their panels (CPUs), and the work-group tile matmul (GPUs),
-   around the values and expressions of codegen.c; the program that runs them is
-   codegen_program.c's.
+   pack kernels and the matmul from their panels (CPUs), around the values and expressions of
+   codegen.c; the work-group tile matmul (GPUs) is codegen_tiles.c's, the program that runs
+   them codegen_program.c's.
    =========================================================================================== */
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
@@ -30195,6 +30212,17 @@ static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k
     return g->ix.status;
 }
 
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
+/* ---- src/compile/codegen_tiles.c ---- */
+/* ===========================================================================================
+   C-family code generator, the work-group tile matmul (GPUs: tiles of A and B in work-group
+   memory, a block of outputs per work item) and the choice among a matmul's kernels, around
+   the stores of codegen_matmul.c.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
 /* Loads the tiles of A and B of depth kt into work-group memory. */
 static bool tb__cg_matmul_tiles_load(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
                                      int32_t w, int32_t tm, int32_t tn) {
@@ -30303,9 +30331,9 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k) {
 /* ---- src/compile/codegen_kernels.c ---- */
 /* ===========================================================================================
    C-family code generator, the row kernels: each kernel of the plan that is not a matmul
-   (elementwise, concats, reductions, norms; matmul and its pack kernels are codegen_matmul.c's)
-   around the values and expressions of codegen.c; codegen_program.c renders the program of
-   all of them. The naming rules of generated kernels are in codegen.c.
+   (elementwise, concats, reductions, norms; matmul and its pack kernels are codegen_matmul.c's and
+   codegen_tiles.c's) around the values and expressions of codegen.c; codegen_program.c renders the
+   program of all of them. The naming rules of generated kernels are in codegen.c.
    =========================================================================================== */
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)
@@ -31695,7 +31723,7 @@ static tb_status tb__cg_kernel_norm(tb__cg *g, const tb__plan_kernel *k) {
    C-family code generator, the program: each kernel's entry point and parameters, the
    canonical text that lets kernels with the same code share one function, the run's error
    words, and the program of all of them through the dialect (tb__cg_render); the kernels
-   themselves are codegen_kernels.c's and codegen_matmul.c's.
+   themselves are codegen_kernels.c's, codegen_matmul.c's and codegen_tiles.c's.
    =========================================================================================== */
 
 #if defined(TB__HAVE_COMPILED_BACKENDS)

@@ -1,8 +1,8 @@
 /* ===========================================================================================
    C-family code generator, the row kernels: each kernel of the plan that is not a matmul
-   (elementwise, concats, reductions, norms; matmul and its pack kernels are codegen_matmul.c's)
-   around the values and expressions of codegen.c; codegen_program.c renders the program of
-   all of them. The naming rules of generated kernels are in codegen.c.
+   (elementwise, concats, reductions, norms; matmul and its pack kernels are codegen_matmul.c's and
+   codegen_tiles.c's) around the values and expressions of codegen.c; codegen_program.c renders the
+   program of all of them. The naming rules of generated kernels are in codegen.c.
    =========================================================================================== */
 #include "../impl_begin.h"
 

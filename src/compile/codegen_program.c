@@ -2,7 +2,7 @@
    C-family code generator, the program: each kernel's entry point and parameters, the
    canonical text that lets kernels with the same code share one function, the run's error
    words, and the program of all of them through the dialect (tb__cg_render); the kernels
-   themselves are codegen_kernels.c's and codegen_matmul.c's.
+   themselves are codegen_kernels.c's, codegen_matmul.c's and codegen_tiles.c's.
    =========================================================================================== */
 #include "../impl_begin.h"
 

@@ -805,7 +805,24 @@ static void tb__cg_const_table(tb__cg *g, const char *type, const char *name, co
 /* work-group memory of `count` elements of `type` named `name` */
 static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t count);
 
-/* ---- codegen_matmul.c, codegen_kernels.c: the kernels, for the program of
+/* ---- codegen_matmul.c, for the work-group tile matmul of codegen_tiles.c ---- */
+
+/* the batch index variable of a matmul kernel's output (i<var>) as per-dim forms of its batch
+   dims, in bdims (false: failed) */
+static bool tb__cg_batch_dims(tb__cg *g, const tb_shape *cs, int32_t var, tb__lf *bdims);
+/* the value of a matmul operand (side 0: A, 1: B) at (row var, column var) of its matrix */
+static int32_t tb__cg_matmul_operand(tb__cg *g, const tb__plan_kernel *k, int side,
+                                     const tb__lf *bdims, int32_t row, int32_t col);
+/* the stores of a block of outputs acc[ii][jj] at rows and columns `rows`, `cols` (C text of ii
+   and jj), span_r x span_c of them, through the epilogue */
+static bool tb__cg_matmul_stores(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                 const char *rows, const char *cols, int32_t span_r,
+                                 int32_t span_c);
+/* the packed and the register matmul kernels */
+static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k);
+static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel *k);
+
+/* ---- codegen_matmul.c, codegen_tiles.c, codegen_kernels.c: the kernels, for the program of
    codegen_program.c ---- */
 
 /* a matmul kernel (packed, registers or tiles, as the plan chose), and a pack kernel */
