@@ -544,6 +544,52 @@ static void test_pool_grad_rows_in_pairs(void **state) {
     tb_tensor_release(x3);
 }
 
+/* The C entry point of a pack kernel that visits its items panel by panel at each block of
+   rows (tb__plan_kernel.panels_first), after the kernel named `name` in `text`: 1 yes, 0 block
+   by block, -1 no such kernel. */
+static int pack_panels_first(const char *text, const char *name) {
+    const char *at = strstr(text, name), *item;
+    while (at != NULL && strncmp(at - strlen("TB_EXPORT void "), "TB_EXPORT void ",
+                                 strlen("TB_EXPORT void ")) != 0)
+        at = strstr(at + 1, name);
+    if (at == NULL) return -1;
+    item = strstr(at, "_item(");
+    return item != NULL && strncmp(item, "_item(tb_w / ", strlen("_item(tb_w / ")) == 0;
+}
+
+/* A 3 x 3 convolution's input gradient packs the weight read transposed, A[ci, (co, kh, kw)]:
+   a block of rows reads a few values of each co, so the C entry point takes the panels in turn
+   at each block (reading on along ci); the forward's pack of the weight, rows in order, goes
+   block by block. (OpenCL C leaves the order of work items to the device.) */
+static void test_pack_panels_first(void **state) {
+    tb_tensor *x3 = plan_input(TB_F32, 3, 2 * 64, 14, 14), *w3 = plan_input(TB_F32, 3, 64, 64, 9);
+    static const int64_t xd[4] = {2, 64, 14, 14}, wd[4] = {64, 64, 3, 3}, p1[2] = {1, 1};
+    tb_tensor *x, *w = tb_reshape(w3, wd, 4), *y, *s, *gx = NULL;
+    char *text;
+    (void)state;
+    assert_int_equal(tb_set_requires_grad(x3, true), TB_OK);
+    x = tb_reshape(x3, xd, 4);
+    y = tb_conv2d(x, w, NULL, NULL, p1, NULL, 1);
+    s = tb_sum(y, NULL, 0, false);
+    assert_non_null(s);
+    assert_int_equal(tb_grad(s, NULL, &x3, 1, &gx), TB_OK);
+    text = program(DEV_C99, &gx, 1, NULL);
+    if (pack_panels_first(text, "PA_") != 1)
+        fail_msg("the weight's pack goes block by block in:\n%s", text);
+    free(text);
+    text = program(DEV_C99, &y, 1, NULL);
+    if (pack_panels_first(text, "PA_") != 0)
+        fail_msg("the forward's pack of the weight goes panel by panel in:\n%s", text);
+    free(text);
+    tb_tensor_release(gx);
+    tb_tensor_release(s);
+    tb_tensor_release(y);
+    tb_tensor_release(w);
+    tb_tensor_release(x);
+    tb_tensor_release(w3);
+    tb_tensor_release(x3);
+}
+
 /* A sum per channel over N, H and W of [N, C, H, W] (a bias's gradient) loops over each
    image's H x W run in order, with no division per element; a sum over the trailing axes reads
    rows; a sum over N alone (a strided run) keeps the flat loop. */
@@ -844,6 +890,7 @@ int main(void) {
         cmocka_unit_test(test_selects_blend),
         cmocka_unit_test(test_pad_rows_split),
         cmocka_unit_test(test_pool_grad_rows_in_pairs),
+        cmocka_unit_test(test_pack_panels_first),
         cmocka_unit_test(test_reduction_loops),
         cmocka_unit_test(test_reduction_columns),
         cmocka_unit_test(test_every_math_op_renders),

@@ -285,6 +285,10 @@ typedef struct tb__plan_kernel {
     size_t group_size[3];
     size_t groups[3];
     bool empty; /* no work item: not emitted, not launched */
+    /* a pack kernel whose work items the C dialect's entry point visits panel by panel at each
+       block of rows, not block by block along each panel (set by the renderer,
+       tb__cg_kernel_pack) */
+    bool panels_first;
     double flops, bytes;
 } tb__plan_kernel;
 

@@ -417,6 +417,15 @@ static void tb__c99_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb
         tb__str_append(src, ");\n%s}\n\n", fence);
         return;
     }
+    if (k->panels_first && size[2] == 1) { /* dimension 1 fastest (tb__plan_kernel) */
+        tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi; tb_w++)\n");
+        tb__str_append(src, "        %s_item(tb_w / %lldL, tb_w %% %lldL, 0", k->name,
+                       (long long)size[1], (long long)size[1]);
+        for (i = 0; i < num_params; i++)
+            tb__str_append(src, ", %s", params[i].name);
+        tb__str_append(src, ");\n%s}\n\n", fence);
+        return;
+    }
     /* runs of dimension 0 at fixed ids 1 and 2: one division per run, not per item */
     tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi;) {\n");
     tb__str_append(src,
