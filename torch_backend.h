@@ -29806,9 +29806,10 @@ static bool tb__cg_lf_delta(const tb__lf *a, const tb__lf *b, int64_t *d) {
 }
 
 /* The flat index of the operand's value a pack reads at row `krow` and lane `lane`
-   (constants), in *flat: false where it reads no buffer. Emitted in a block then dropped. */
+   (constants), in *flat, and its buffer's slot in *slot: false where it reads no buffer.
+   Emitted in a block then dropped. */
 static bool tb__cg_pack_flat_at(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
-                                int64_t krow, int64_t lane, tb__lf *flat) {
+                                int64_t krow, int64_t lane, tb__lf *flat, int32_t *slot) {
     size_t mark = g->ix.body.len;
     char text[TB__LF_TEXT];
     tb__lf kr, ln;
@@ -29824,6 +29825,7 @@ static bool tb__cg_pack_flat_at(tb__cg *g, const tb__plan_kernel *k, const tb__l
     g->capture = NULL;
     tb__ix_drop(&g->ix, mark);
     *flat = g->capture_flat;
+    *slot = g->capture_slot;
     return v >= 0 && g->ix.status == TB_OK && g->capture_slot >= 0;
 }
 
@@ -29838,14 +29840,16 @@ static bool tb__cg_pack_flat_at(tb__cg *g, const tb__plan_kernel *k, const tb__l
    in that step, as many ran slower as faster (by 0.1-0.2 ms). */
 static bool tb__cg_pack_panels_first(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims) {
     int64_t z[6], rows = g->G->target->tuning->mm_pack_rows, jump[15], lane, t;
-    int32_t n = 0, i, j;
+    int32_t n = 0, i, j, s0, s1;
     tb__lf f0, f1;
     tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
-    if (!tb__cg_pack_flat_at(g, k, bdims, 0, 0, &f0) ||
-        !tb__cg_pack_flat_at(g, k, bdims, 0, z[5], &f1) || !tb__cg_lf_delta(&f0, &f1, &lane))
+    /* every read of the same buffer (not parts of a concat), at a constant distance */
+    if (!tb__cg_pack_flat_at(g, k, bdims, 0, 0, &f0, &s0) ||
+        !tb__cg_pack_flat_at(g, k, bdims, 0, z[5], &f1, &s1) || s1 != s0 ||
+        !tb__cg_lf_delta(&f0, &f1, &lane))
         return false;
     for (i = 0; i < 15 && (i + 1) * rows < z[3]; i++) {
-        if (!tb__cg_pack_flat_at(g, k, bdims, (i + 1) * rows, 0, &f1) ||
+        if (!tb__cg_pack_flat_at(g, k, bdims, (i + 1) * rows, 0, &f1, &s1) || s1 != s0 ||
             !tb__cg_lf_delta(&f0, &f1, &t))
             return false;
         jump[n++] = t < 0 ? -t : t;
@@ -29886,8 +29890,9 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     tb__ix_line(&g->ix, "const long i%d = i%d / %lldL, pl0 = i%d %% %lldL * %lldL;", (int)ib,
                 (int)i0, (long long)blocks, (int)i0, (long long)blocks, (long long)width);
     if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
-    if (g->d->item_loops && k->kind == TB__K_PACK_A && K > rows && blocks > 1)
-        g->P->kernels[g->kernel].panels_first = tb__cg_pack_panels_first(g, k, bdims);
+    g->P->kernels[g->kernel].panels_first = g->d->item_loops && k->kind == TB__K_PACK_A &&
+                                            K > rows && blocks > 1 &&
+                                            tb__cg_pack_panels_first(g, k, bdims);
     snprintf(panel, sizeof panel, "i%d", (int)i0);
     if (!tb__cg_pack_panel(g, k, bdims, "out", panel, NULL)) return g->ix.status;
     tb__ix_close(&g->ix, "");

@@ -549,8 +549,9 @@ static void test_pool_grad_rows_in_pairs(void **state) {
    by block, -1 no such kernel. */
 static int pack_panels_first(const char *text, const char *name) {
     const char *at = strstr(text, name), *item;
-    while (at != NULL && strncmp(at - strlen("TB_EXPORT void "), "TB_EXPORT void ",
-                                 strlen("TB_EXPORT void ")) != 0)
+    const size_t head = strlen("TB_EXPORT void ");
+    while (at != NULL &&
+           ((size_t)(at - text) < head || strncmp(at - head, "TB_EXPORT void ", head) != 0))
         at = strstr(at + 1, name);
     if (at == NULL) return -1;
     item = strstr(at, "_item(");
