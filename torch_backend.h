@@ -25583,7 +25583,8 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
 }
 
 /* Pack kernels: a work item per mm_pack_rows rows of a panel, the rows of a panel along dim 0
-   (neighbouring items write neighbouring rows), batch x panels along dim 1. */
+   (neighbouring items write neighbouring rows), batch x panels along dim 1 (the C renderer may
+   visit dim 1 first where that reads memory in order: tb__plan_kernel.panels_first). */
 static void tb__plan_layout_pack(const tb__pgraph *G, tb__plan_kernel *k) {
     const tb__tuning *t = G->target->tuning;
     int64_t z[6], rows = t->mm_pack_rows, gk = t->mm_pack_group_k, items;
@@ -28037,7 +28038,7 @@ static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
     bool arg = n->op == TB_OP_ARGMAX || n->op == TB_OP_ARGMIN;
     uint64_t mask = arg ? (uint64_t)1 << n->attrs[0] : (uint64_t)n->attrs[0];
     bool keep = n->attrs[1] != 0, sums = n->op == TB_OP_SUM || n->op == TB_OP_MEAN;
-    bool fx = !sums && !arg;
+    bool fx = !sums && !arg, selects = arg && g->d->item_loops; /* tb__cg_inline_arg */
     int64_t m = tb__plan_inline_reduce(n), r;
     const char *t = tb__cg_ctype(n->shape.dtype);
     const char *at = arg ? tb__cg_ctype(xs->dtype) : t;
@@ -28060,7 +28061,7 @@ static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
         xp = tb__ix_pos_multi(&g->ix, xs, dims);
         v = xp >= 0 ? tb__cg_eval(g, x, xp) : -1;
         if (v < 0) return -1;
-        if (arg && g->d->item_loops) {
+        if (selects) {
             vals[r] = v; /* combined after the last */
         } else if (r == 0) {
             acc = tb__cg_new_val(g, arg ? xs->dtype : n->shape.dtype);
@@ -28081,7 +28082,7 @@ static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
             tb__ix_line(&g->ix, "if (v%d != v%d) v%d = v%d;", (int)v, (int)v, (int)nan, (int)v);
         }
     }
-    if (arg && g->d->item_loops) return tb__cg_inline_arg(g, n, vals, m, xs->dtype);
+    if (selects) return tb__cg_inline_arg(g, n, vals, m, xs->dtype);
     if (fx)
         tb__ix_line(&g->ix, "if (v%d != v%d) v%d = v%d;", (int)nan, (int)nan, (int)acc, (int)nan);
     v = tb__cg_new_val(g, n->shape.dtype);
@@ -32512,18 +32513,17 @@ static void tb__c99_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb
     tb__str_append(src, "    if (tb_hi > %lldL) tb_hi = %lldL;\n",
                    (long long)(size[0] * size[1] * size[2]),
                    (long long)(size[0] * size[1] * size[2]));
-    if (size[1] == 1 && size[2] == 1) {
+    /* one item per step: a single dimension, or dimension 1 fastest (tb__plan_kernel) */
+    if ((size[1] == 1 || k->panels_first) && size[2] == 1) {
+        char ids[96];
+        if (size[1] == 1) {
+            snprintf(ids, sizeof ids, "tb_w, 0, 0");
+        } else {
+            snprintf(ids, sizeof ids, "tb_w / %lldL, tb_w %% %lldL, 0", (long long)size[1],
+                     (long long)size[1]);
+        }
         tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi; tb_w++)\n");
-        tb__str_append(src, "        %s_item(tb_w, 0, 0", k->name);
-        for (i = 0; i < num_params; i++)
-            tb__str_append(src, ", %s", params[i].name);
-        tb__str_append(src, ");\n%s}\n\n", fence);
-        return;
-    }
-    if (k->panels_first && size[2] == 1) { /* dimension 1 fastest (tb__plan_kernel) */
-        tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi; tb_w++)\n");
-        tb__str_append(src, "        %s_item(tb_w / %lldL, tb_w %% %lldL, 0", k->name,
-                       (long long)size[1], (long long)size[1]);
+        tb__str_append(src, "        %s_item(%s", k->name, ids);
         for (i = 0; i < num_params; i++)
             tb__str_append(src, ", %s", params[i].name);
         tb__str_append(src, ");\n%s}\n\n", fence);

@@ -970,7 +970,7 @@ static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
     bool arg = n->op == TB_OP_ARGMAX || n->op == TB_OP_ARGMIN;
     uint64_t mask = arg ? (uint64_t)1 << n->attrs[0] : (uint64_t)n->attrs[0];
     bool keep = n->attrs[1] != 0, sums = n->op == TB_OP_SUM || n->op == TB_OP_MEAN;
-    bool fx = !sums && !arg;
+    bool fx = !sums && !arg, selects = arg && g->d->item_loops; /* tb__cg_inline_arg */
     int64_t m = tb__plan_inline_reduce(n), r;
     const char *t = tb__cg_ctype(n->shape.dtype);
     const char *at = arg ? tb__cg_ctype(xs->dtype) : t;
@@ -993,7 +993,7 @@ static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
         xp = tb__ix_pos_multi(&g->ix, xs, dims);
         v = xp >= 0 ? tb__cg_eval(g, x, xp) : -1;
         if (v < 0) return -1;
-        if (arg && g->d->item_loops) {
+        if (selects) {
             vals[r] = v; /* combined after the last */
         } else if (r == 0) {
             acc = tb__cg_new_val(g, arg ? xs->dtype : n->shape.dtype);
@@ -1014,7 +1014,7 @@ static int32_t tb__cg_inline_reduce(tb__cg *g, int32_t node, int32_t pos) {
             tb__ix_line(&g->ix, "if (v%d != v%d) v%d = v%d;", (int)v, (int)v, (int)nan, (int)v);
         }
     }
-    if (arg && g->d->item_loops) return tb__cg_inline_arg(g, n, vals, m, xs->dtype);
+    if (selects) return tb__cg_inline_arg(g, n, vals, m, xs->dtype);
     if (fx)
         tb__ix_line(&g->ix, "if (v%d != v%d) v%d = v%d;", (int)nan, (int)nan, (int)acc, (int)nan);
     v = tb__cg_new_val(g, n->shape.dtype);

@@ -409,18 +409,17 @@ static void tb__c99_emit_kernel(tb__str *src, const tb__plan_kernel *k, const tb
     tb__str_append(src, "    if (tb_hi > %lldL) tb_hi = %lldL;\n",
                    (long long)(size[0] * size[1] * size[2]),
                    (long long)(size[0] * size[1] * size[2]));
-    if (size[1] == 1 && size[2] == 1) {
+    /* one item per step: a single dimension, or dimension 1 fastest (tb__plan_kernel) */
+    if ((size[1] == 1 || k->panels_first) && size[2] == 1) {
+        char ids[96];
+        if (size[1] == 1) {
+            snprintf(ids, sizeof ids, "tb_w, 0, 0");
+        } else {
+            snprintf(ids, sizeof ids, "tb_w / %lldL, tb_w %% %lldL, 0", (long long)size[1],
+                     (long long)size[1]);
+        }
         tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi; tb_w++)\n");
-        tb__str_append(src, "        %s_item(tb_w, 0, 0", k->name);
-        for (i = 0; i < num_params; i++)
-            tb__str_append(src, ", %s", params[i].name);
-        tb__str_append(src, ");\n%s}\n\n", fence);
-        return;
-    }
-    if (k->panels_first && size[2] == 1) { /* dimension 1 fastest (tb__plan_kernel) */
-        tb__str_append(src, "    for (long tb_w = tb_lo; tb_w < tb_hi; tb_w++)\n");
-        tb__str_append(src, "        %s_item(tb_w / %lldL, tb_w %% %lldL, 0", k->name,
-                       (long long)size[1], (long long)size[1]);
+        tb__str_append(src, "        %s_item(%s", k->name, ids);
         for (i = 0; i < num_params; i++)
             tb__str_append(src, ", %s", params[i].name);
         tb__str_append(src, ");\n%s}\n\n", fence);
