@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fault_workload.h"
@@ -603,6 +604,55 @@ static void test_load_failures_retried(void **state) {
     }
 }
 
+/* tb_shutdown with tensors still alive (the caller's mistake, but not one to crash on): the
+   kernels they queued are finished before it returns, so that none runs, or is compiled by the
+   driver, while the process exits. The child (this program again, `--shutdown-alive`: a forked
+   copy of a process with threads cannot use the library) queues a matmul, leaves its tensors
+   alive and calls tb_shutdown; it exits with 0 where tb_shutdown called clFinish, 2 where it
+   did not, 1 where the work could not be queued. */
+static int shutdown_with_tensors_alive(void) {
+    tb_device dev;
+    tb_shape s = tb_shape_of(TB_F32, 2, 256, 256);
+    tb_tensor *a, *m, *y;
+    int finish = -1, i;
+    long before;
+    if (!shim_open() || tb_device_parse("opencl:0", &dev) != TB_OK) return 1;
+    for (i = 0; i < shim_entry_count(); i++)
+        if (strcmp(shim_entry_name(i), "clFinish") == 0) finish = i;
+    a = tb_randn(&s, &dev);
+    m = tb_matmul(a, a);
+    y = tb_exp(m);
+    if (finish < 0 || y == NULL || tb_sync(&y, 1) != TB_OK) return 1;
+    before = shim_calls(finish);
+    tb_shutdown(); /* a, m and y stay alive */
+    return shim_calls(finish) > before ? 0 : 2;
+}
+
+static void test_shutdown_with_tensors_alive(void **state) {
+    char self[1024];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    pid_t pid;
+    int status;
+    (void)state;
+    if (g_skip[0] != '\0') {
+        print_message("skipped: %s\n", g_skip);
+        skip();
+    }
+    assert_true(n > 0);
+    self[n] = '\0';
+    fflush(NULL);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char *const argv[] = {self, (char *)"--shutdown-alive", NULL};
+        execv(self, argv);
+        _exit(127);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 static void test_programs_from_source(void **state) {
     (void)state;
     sweep(false);
@@ -613,12 +663,14 @@ static void test_programs_from_disk_cache(void **state) {
     sweep(true);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load_failures_retried),
+        cmocka_unit_test(test_shutdown_with_tensors_alive),
         cmocka_unit_test(test_programs_from_source),
         cmocka_unit_test(test_programs_from_disk_cache),
     };
+    if (argc == 2 && strcmp(argv[1], "--shutdown-alive") == 0) return shutdown_with_tensors_alive();
     if (getenv("TB_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("TB_TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -451,12 +451,17 @@ static bool tb__ocl_supports(const tb_node *node) {
     return true;
 }
 
-/* tb_shutdown's part: every device's caches emptied */
+/* tb_shutdown's part: every device's queue finished and its caches emptied. Tensors the
+   caller left alive keep the runtime (it is destroyed, and its queues finished, with the last
+   of them), and the kernels they queued would still run while the process exits: PoCL
+   compiles a kernel at its first launch on a thread of its own, and that compile racing the
+   exit's destructors crashed (a 3 x 3 convolution's first run, 1 exit in about 16). */
 static void tb__ocl_trim_all(tb__kit_proc *p) {
     tb__ocl_runtime *rt = (tb__ocl_runtime *)p;
     size_t i;
     for (i = 0; i < rt->num_devices; i++) {
         tb__mutex_lock(&rt->devices[i].lock);
+        if (rt->devices[i].queue != NULL) TB__OCL_CALL(rt, Finish)(rt->devices[i].queue);
         tb__ocl_cache_trim(&rt->devices[i], 0);
         tb__ocl_programs_trim(&rt->devices[i], 0);
         tb__mutex_unlock(&rt->devices[i].lock);
