@@ -312,6 +312,60 @@ static void test_matmul_own_panels(void **state) {
     tb_tensor_release(x);
 }
 
+/* A matmul that reads B in place (a 3 x 3 convolution over whole padded rows, no pack kernel
+   of B and no panels of its own) runs its work items row panel by row panel at each column
+   panel (groups of one) where all of A fits the group's share of the cache (64 x 576 floats),
+   else in groups as wide as B's panels fit that share (256 x 2304); a matmul whose B is packed
+   keeps its groups whatever the size of A. */
+static void test_matmul_group_in_place(void **state) {
+    static const int devs[3] = {DEV_AVX512, DEV_AVX2, DEV_C99};
+    static const int64_t chans[2] = {64, 256}, sides[2] = {56, 14};
+    int64_t one[2] = {1, 1}, d, c;
+    (void)state;
+    for (c = 0; c < 2; c++) {
+        int64_t xd[4] = {2, chans[c], sides[c], sides[c]}, wd[4] = {chans[c], chans[c], 3, 3};
+        int64_t md[3] = {1, chans[c], chans[c] * 9};
+        tb_tensor *x = plan_input(TB_F32, 2, 2 * chans[c], sides[c] * sides[c], 1);
+        tb_tensor *w = plan_input(TB_F32, 2, chans[c], chans[c] * 9, 1);
+        tb_tensor *b = plan_input(TB_F32, 3, 2, chans[c] * 9, sides[c] * sides[c]);
+        tb_tensor *x4 = tb_reshape(x, xd, 4), *w4 = tb_reshape(w, wd, 4),
+                  *w3 = tb_reshape(w, md, 3);
+        tb_tensor *y = tb_conv2d(x4, w4, NULL, one, one, one, 1), *z = tb_matmul(w3, b);
+        assert_non_null(y);
+        assert_non_null(z);
+        for (d = 0; d < 3; d++) {
+            plan_target t;
+            tb__plan *p = NULL;
+            const tb__plan_kernel *k;
+            plan_target_of(&t, devs[d]);
+            assert_int_equal(plan_of(&t, &y, 1, &p), TB_OK);
+            k = kernel_of_kind(p, TB__K_MATMUL);
+            assert_int_equal(k->mm, TB__MM_PACKED);
+            assert_int_equal(count_kind(p, TB__K_PACK_B), 0);
+            assert_false(k->own_b);
+            if (c == 0) {
+                assert_int_equal(k->mm_group, 1);
+            } else {
+                assert_true(k->mm_group > 1);
+            }
+            tb__plan_free(p);
+            assert_int_equal(plan_of(&t, &z, 1, &p), TB_OK);
+            k = kernel_of_kind(p, TB__K_MATMUL);
+            assert_int_equal(count_kind(p, TB__K_PACK_B), 1);
+            assert_true(k->mm_group > 1);
+            tb__plan_free(p);
+        }
+        tb_tensor_release(z);
+        tb_tensor_release(y);
+        tb_tensor_release(w3);
+        tb_tensor_release(w4);
+        tb_tensor_release(x4);
+        tb_tensor_release(b);
+        tb_tensor_release(w);
+        tb_tensor_release(x);
+    }
+}
+
 /* The gradients of sum(conv2d(x, w) * r) for x [6, ch, 72, 72] and w [16, ch, 3, 3] (3 x 3,
    no padding: r [6, 16, 70, 70]), each an input of the plans: g[1] the weight's, g[0] x's
    where `with_x` (else NULL); t holds what to release. */
@@ -721,6 +775,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_forms),
         cmocka_unit_test(test_matmul_wide_block),
         cmocka_unit_test(test_matmul_own_panels),
+        cmocka_unit_test(test_matmul_group_in_place),
         cmocka_unit_test(test_matmul_own_panels_per_item),
         cmocka_unit_test(test_matmul_own_panels_balanced),
         cmocka_unit_test(test_matmul_crop),
