@@ -25375,7 +25375,7 @@ static double tb__plan_pack_bytes(const tb__pgraph *G, const tb__plan_kernel *k)
    groups a sweep reads all of B, which falls out of the caches once B outgrows them (2048 x
    2048 floats: 16 MiB) and then streams from memory for every row panel. 0: one group.
    Where B is read in place (a convolution's windows over whole padded rows), a column panel's
-   depth rows are a few runs of the input per channel, each the last one moved by a value, so
+   depth rows are a few runs of the input per channel, each the one before shifted by a value, so
    the panel is a small part of the first-level cache however deep it is: groups of one
    column panel keep it there while every row panel of A passes it, where all of A fits the
    group's share of the cache (a group of several reads each panel of B from the outer cache
