@@ -26951,8 +26951,12 @@ static const char *const tb__cl_prelude[] = {
     "/* exp of each lane (Cephes' polynomial after reduction by ln 2, about 1 ulp): overflow gives\n",
     "   +inf, underflow 0 through the denormals, NaN stays NaN. Where the dialect has TB_VSCALEF\n",
     "   (p * 2^k rounded once, to inf above the range and through the denormals to 0 below it),\n",
-    "   that one step scales; a NaN goes through every step as NaN. tb_vexp_poly: e^r 2^-k for the\n",
-    "   lanes' k (x / ln 2 rounded) of x. */\n",
+    "   that one step scales; a NaN goes through every step as NaN. tb_vexp_k: x / ln 2 rounded to\n",
+    "   nearest in each lane; tb_vexp_poly: e^r 2^-k for the lanes' k of x. */\n",
+    "TB_FN tb_vf tb_vexp_k(tb_vf x) {\n",
+    "    return (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;\n",
+    "}\n",
+    "\n",
     "TB_FN tb_vf tb_vexp_poly(tb_vf x, tb_vf k) {\n",
     "    tb_vf r = TB_VFMA(k, TB_VBC(-0.693359375f), x), p;\n",
     "    r = TB_VFMA(k, TB_VBC(2.12194440e-4f), r);\n",
@@ -26974,7 +26978,7 @@ static const char *const tb__cl_prelude[] = {
     "    xc = TB_VSEL(xc, TB_VBC(-104.0f), xc < -104.0f);\n",
     "#endif\n",
     "    xc = TB_VSEL(xc, TB_VBC(89.0f), xc > 89.0f);\n",
-    "    k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to nearest */\n",
+    "    k = tb_vexp_k(xc);\n",
     "    p = tb_vexp_poly(xc, k);\n",
     "#ifdef TB_VSCALEF\n",
     "    return TB_VSCALEF(p, k);\n",
@@ -26997,7 +27001,7 @@ static const char *const tb__cl_prelude[] = {
     "#if defined(TB_VANY) && !defined(TB_VSCALEF)\n",
     "    tb_vf k;\n",
     "    if (TB_VANY(~((x >= -87.0f) & (x <= 88.0f)))) return tb_vexp_all(x);\n",
-    "    k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;\n",
+    "    k = tb_vexp_k(x);\n",
     "    return tb_vexp_poly(x, k) * TB_VASF((TB_VCVTI(k) + 127) << 23);\n",
     "#else\n",
     "    return tb_vexp_all(x);\n",
@@ -27097,7 +27101,7 @@ static const char *const tb__cl_prelude[] = {
     "#endif\n",
     0
 };
-static const size_t tb__cl_prelude_count = 388;
+static const size_t tb__cl_prelude_count = 392;
 // clang-format on
 #endif
 

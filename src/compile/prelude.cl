@@ -242,8 +242,12 @@ TB_FN float tb_randn_f32(ulong seed, ulong offset, ulong index) {
 /* exp of each lane (Cephes' polynomial after reduction by ln 2, about 1 ulp): overflow gives
    +inf, underflow 0 through the denormals, NaN stays NaN. Where the dialect has TB_VSCALEF
    (p * 2^k rounded once, to inf above the range and through the denormals to 0 below it),
-   that one step scales; a NaN goes through every step as NaN. tb_vexp_poly: e^r 2^-k for the
-   lanes' k (x / ln 2 rounded) of x. */
+   that one step scales; a NaN goes through every step as NaN. tb_vexp_k: x / ln 2 rounded to
+   nearest in each lane; tb_vexp_poly: e^r 2^-k for the lanes' k of x. */
+TB_FN tb_vf tb_vexp_k(tb_vf x) {
+    return (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+}
+
 TB_FN tb_vf tb_vexp_poly(tb_vf x, tb_vf k) {
     tb_vf r = TB_VFMA(k, TB_VBC(-0.693359375f), x), p;
     r = TB_VFMA(k, TB_VBC(2.12194440e-4f), r);
@@ -265,7 +269,7 @@ TB_FN tb_vf tb_vexp_all(tb_vf x) {
     xc = TB_VSEL(xc, TB_VBC(-104.0f), xc < -104.0f);
 #endif
     xc = TB_VSEL(xc, TB_VBC(89.0f), xc > 89.0f);
-    k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to nearest */
+    k = tb_vexp_k(xc);
     p = tb_vexp_poly(xc, k);
 #ifdef TB_VSCALEF
     return TB_VSCALEF(p, k);
@@ -288,7 +292,7 @@ TB_FN tb_vf tb_vexp(tb_vf x) {
 #if defined(TB_VANY) && !defined(TB_VSCALEF)
     tb_vf k;
     if (TB_VANY(~((x >= -87.0f) & (x <= 88.0f)))) return tb_vexp_all(x);
-    k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    k = tb_vexp_k(x);
     return tb_vexp_poly(x, k) * TB_VASF((TB_VCVTI(k) + 127) << 23);
 #else
     return tb_vexp_all(x);
