@@ -7050,7 +7050,7 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
       /* reference */ tanh(x),                                                                     \
       /* code      */ "($t)$tanh(($t)$a)",                                                         \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "tb_vtanh($a)",                                                                        \
       /* gradient: g (1 - y^2) */                                                                  \
       TB__K(tb_mul(g, TB__K(tb_sub(TB__C(1.0), TB__K(tb_mul(y, y)))))))                            \
     X(SIGMOID, sigmoid, TB__INT_CAST,                                                              \
@@ -7058,7 +7058,7 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
       /* code: exp of a negative argument only, as the reference */                                \
       "($t)($x >= 0 ? ($t)1 / (($t)1 + $exp(-$x)) : $exp($x) / (($t)1 + $exp($x)))",               \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "tb_vsigmoid($a)",                                                                        \
       /* gradient: g y (1 - y) */                                                                  \
       TB__K(tb_mul(g, TB__K(tb_mul(y, TB__K(tb_sub(TB__C(1.0), y)))))))                            \
     X(GELU, gelu, TB__INT_REFUSE,                                                                  \
@@ -7078,7 +7078,7 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
       /* code      */                                                                              \
       "($t)($x * ($x >= 0 ? ($t)1 / (($t)1 + $exp(-$x)) : $exp($x) / (($t)1 + $exp($x))))",        \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "$a * tb_vsigmoid($a)",                                                                        \
       /* gradient: g s (1 + x (1 - s)), s = sigmoid(x) */                                          \
       (s = TB__K(tb_sigmoid(x)),                                                                   \
        TB__K(tb_mul(g, TB__K(tb_mul(s, TB__K(tb_add_scalar(                                        \
@@ -25079,6 +25079,7 @@ static bool tb__plan_vec_op(const tb_node *n) {
     case TB_OP_MAXIMUM:
     case TB_OP_MINIMUM:
     case TB_OP_RELU:
+    case TB_OP_CLAMP: /* its bounds are scalars, constant along the row */
         return true;
     case TB_OP_WHERE: /* a condition of bytes read from a buffer (tb__plan_vec_subtree) */
         return n->operands[0]->shape.dtype == TB_BOOL || n->operands[0]->shape.dtype == TB_U8;
@@ -27047,6 +27048,27 @@ static const char *const tb__cl_prelude[] = {
     "    return 0.5f * x * s;\n",
     "}\n",
     "\n",
+    "/* sigmoid of each lane, as the scalar code: exp of -|x| only, then 1 / (1 + e) where x's sign\n",
+    "   bit is clear (x >= 0, -0 and NaN of either sign alike) and e / (1 + e) where it is set. */\n",
+    "TB_FN tb_vf tb_vsigmoid(tb_vf x) {\n",
+    "    tb_vf e = TB_VEXP(-tb_vabs(x));\n",
+    "    return TB_VSEL(e, TB_VBC(1.0f), TB_VASI(x) >= 0) / (1.0f + e);\n",
+    "}\n",
+    "\n",
+    "/* tanh of each lane (Cephes' tanhf, within 2 ulp): an odd polynomial where |x| < 0.625,\n",
+    "   elsewhere 1 - 2 / (e^2|x| + 1) with x's sign (1 where e^2|x| overflows); -0 stays -0, NaN\n",
+    "   NaN. The test on |x| compares bits: no float compare of a widened 16-bit value. */\n",
+    "TB_FN tb_vf tb_vtanh(tb_vf x) {\n",
+    "    tb_vf a = tb_vabs(x), z = x * x, p, r;\n",
+    "    p = TB_VMA(TB_VBC(-5.70498872745e-3f), z, 2.06390887954e-2f);\n",
+    "    p = TB_VMA(p, z, -5.37397155531e-2f);\n",
+    "    p = TB_VMA(p, z, 1.33314422036e-1f);\n",
+    "    p = TB_VMA(p, z, -3.33332819422e-1f);\n",
+    "    r = TB_VSEL(TB_VBC(1.0f) - TB_VBC(2.0f) / (TB_VEXP(a + a) + 1.0f), TB_VFMA(p * z, a, a),\n",
+    "                TB_VASI(a) < 0x3f200000);\n",
+    "    return TB_VASF(TB_VASI(r) | (TB_VASI(x) & ~0x7fffffff)); /* x's sign */\n",
+    "}\n",
+    "\n",
     "/* Each lane rounded to the nearest bf16 value, as tb_rnd_bf16 (the dialect loads and stores\n",
     "   16-bit floats: TB_VLDH, TB_VSTH and TB_VRNDH for f16, TB_VLDBF and TB_VSTBF for bf16). */\n",
     "TB_FN tb_vf tb_vrnd_bf16(tb_vf x) {\n",
@@ -27101,7 +27123,7 @@ static const char *const tb__cl_prelude[] = {
     "#endif\n",
     0
 };
-static const size_t tb__cl_prelude_count = 392;
+static const size_t tb__cl_prelude_count = 413;
 // clang-format on
 #endif
 
@@ -28807,6 +28829,12 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     case TB_OP_MINIMUM:
         snprintf(e, sizeof e, "tb_v%s(%s, %s)", n->op == TB_OP_MAXIMUM ? "max" : "min", a, b);
         break;
+    case TB_OP_CLAMP: { /* as the scalar code: the lower bound, then the upper, NaN kept */
+        char c[32];
+        tb__cg_vec_operand(ops[2], is_vec[2], c, sizeof c);
+        snprintf(e, sizeof e, "tb_vmin(tb_vmax(%s, %s), %s)", a, b, c);
+        break;
+    }
     default: {
         /* a math op of ops_table.h with a vector form (TB_VEXP is the dialect's: a device's
            built-in where it has a faster one; tb_verf and tb_vgelu the prelude's) */

@@ -112,6 +112,12 @@ static int32_t tb__cg_vec_op(tb__cg *g, const tb_node *n, const int32_t *ops, co
     case TB_OP_MINIMUM:
         snprintf(e, sizeof e, "tb_v%s(%s, %s)", n->op == TB_OP_MAXIMUM ? "max" : "min", a, b);
         break;
+    case TB_OP_CLAMP: { /* as the scalar code: the lower bound, then the upper, NaN kept */
+        char c[32];
+        tb__cg_vec_operand(ops[2], is_vec[2], c, sizeof c);
+        snprintf(e, sizeof e, "tb_vmin(tb_vmax(%s, %s), %s)", a, b, c);
+        break;
+    }
     default: {
         /* a math op of ops_table.h with a vector form (TB_VEXP is the dialect's: a device's
            built-in where it has a faster one; tb_verf and tb_vgelu the prelude's) */

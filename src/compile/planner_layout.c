@@ -172,6 +172,7 @@ static bool tb__plan_vec_op(const tb_node *n) {
     case TB_OP_MAXIMUM:
     case TB_OP_MINIMUM:
     case TB_OP_RELU:
+    case TB_OP_CLAMP: /* its bounds are scalars, constant along the row */
         return true;
     case TB_OP_WHERE: /* a condition of bytes read from a buffer (tb__plan_vec_subtree) */
         return n->operands[0]->shape.dtype == TB_BOOL || n->operands[0]->shape.dtype == TB_U8;

@@ -338,6 +338,27 @@ TB_FN tb_vf tb_vgelu(tb_vf x) {
     return 0.5f * x * s;
 }
 
+/* sigmoid of each lane, as the scalar code: exp of -|x| only, then 1 / (1 + e) where x's sign
+   bit is clear (x >= 0, -0 and NaN of either sign alike) and e / (1 + e) where it is set. */
+TB_FN tb_vf tb_vsigmoid(tb_vf x) {
+    tb_vf e = TB_VEXP(-tb_vabs(x));
+    return TB_VSEL(e, TB_VBC(1.0f), TB_VASI(x) >= 0) / (1.0f + e);
+}
+
+/* tanh of each lane (Cephes' tanhf, within 2 ulp): an odd polynomial where |x| < 0.625,
+   elsewhere 1 - 2 / (e^2|x| + 1) with x's sign (1 where e^2|x| overflows); -0 stays -0, NaN
+   NaN. The test on |x| compares bits: no float compare of a widened 16-bit value. */
+TB_FN tb_vf tb_vtanh(tb_vf x) {
+    tb_vf a = tb_vabs(x), z = x * x, p, r;
+    p = TB_VMA(TB_VBC(-5.70498872745e-3f), z, 2.06390887954e-2f);
+    p = TB_VMA(p, z, -5.37397155531e-2f);
+    p = TB_VMA(p, z, 1.33314422036e-1f);
+    p = TB_VMA(p, z, -3.33332819422e-1f);
+    r = TB_VSEL(TB_VBC(1.0f) - TB_VBC(2.0f) / (TB_VEXP(a + a) + 1.0f), TB_VFMA(p * z, a, a),
+                TB_VASI(a) < 0x3f200000);
+    return TB_VASF(TB_VASI(r) | (TB_VASI(x) & ~0x7fffffff)); /* x's sign */
+}
+
 /* Each lane rounded to the nearest bf16 value, as tb_rnd_bf16 (the dialect loads and stores
    16-bit floats: TB_VLDH, TB_VSTH and TB_VRNDH for f16, TB_VLDBF and TB_VSTBF for bf16). */
 TB_FN tb_vf tb_vrnd_bf16(tb_vf x) {
