@@ -864,13 +864,39 @@ if selected tools/test_half_isa.sh || selected test_half; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-step "native kernels for each CPU class"
+step "kernels for each CPU class"
 # The native backend plans for the vector shape of the CPU (and of what the compiler targets):
 # AVX-512, AVX2, SSE4.2 or NEON. The test programs above ran this CPU's class. Here
 # tests/test_native.c (small shapes, built -O2 without sanitizers) runs with the programs
 # compiled for each narrower x86-64 class this CPU can run (TB_NATIVE_CFLAGS=-march=x86-64-v3,
 # -v2), and tests/native_arch_check.c under user-mode emulation as an AVX2 and an SSE4.2 CPU
 # and as an aarch64 one (tools/test_arch.sh: qemu-user, gcc-aarch64-linux-gnu).
+# On a CPU with AVX-512, tests/test_half_opencl.c (-O2) also runs on the code PoCL compiles for
+# an AVX2 CPU (its kernel library POCL_KERNELLIB_NAME=avx2, the device then named haswell),
+# where the OpenCL dialect hides widened f16 vectors from the optimiser (TB_VOPAQUE).
+pocl_avx2_pid=""
+if selected tests/test_half_opencl.c && grep -q -w avx512f /proc/cpuinfo 2>/dev/null &&
+    command -v clinfo >/dev/null 2>&1 &&
+    POCL_KERNELLIB_NAME=avx2 clinfo 2>/dev/null | grep -E '^ *Device Name .*pthread-haswell-' \
+        >/dev/null; then
+    mkdir -p build/tests-classes
+    rm -f build/tests-classes/test_half_opencl.avx2.rc
+    (
+        # shellcheck disable=SC2086
+        if $CC -std=c11 -g1 -O2 -Wall -Wextra -Werror -pedantic -I. tests/test_half_opencl.c \
+            -o build/tests-classes/test_half_opencl -lcmocka -ldl -lpthread -lm \
+            >build/tests-classes/test_half_opencl.avx2.log 2>&1; then
+            POCL_KERNELLIB_NAME=avx2 timeout -k 10 "$timeout_s" \
+                build/tests-classes/test_half_opencl </dev/null \
+                >build/tests-classes/test_half_opencl.avx2.log 2>&1
+            echo $? >build/tests-classes/test_half_opencl.avx2.rc
+        else
+            echo build >build/tests-classes/test_half_opencl.avx2.rc
+        fi
+    ) &
+    pocl_avx2_pid=$!
+    bg_pids+=("$pocl_avx2_pid")
+fi
 if selected tests/test_native.c || selected tools/test_arch.sh; then
     classes=()
     if grep -q -w avx512f /proc/cpuinfo 2>/dev/null; then
@@ -947,6 +973,21 @@ if selected tests/test_native.c || selected tools/test_arch.sh; then
         if [ "$n_fail" -gt 0 ]; then
             fail "tools/test_arch.sh" "$n_fail"
         fi
+    fi
+    bg_pids=()
+fi
+if [ -n "$pocl_avx2_pid" ]; then
+    wait "$pocl_avx2_pid"
+    log=build/tests-classes/test_half_opencl.avx2.log
+    rc=$(cat build/tests-classes/test_half_opencl.avx2.rc 2>/dev/null || echo 1)
+    read -r n_ok n_fail < <(count_cmocka "$log")
+    if [ "$rc" = 0 ] && [ "$n_fail" -eq 0 ]; then
+        echo "ok test: tests/test_half_opencl.c on PoCL's AVX2 kernel library ($n_ok passed)"
+        pass "$n_ok"
+    else
+        indent <"$log"
+        echo "FAIL test: tests/test_half_opencl.c on PoCL's AVX2 kernel library (exit status $rc)"
+        fail "tests/test_half_opencl.c on PoCL's AVX2 kernel library" "$((n_fail > 0 ? n_fail : 1))"
     fi
     bg_pids=()
 fi

@@ -122,13 +122,26 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     "    ushort h; vstore_half_rte(x, 0, (__private half *)&h);\n"                                 \
     "    return vload_half(0, (const __private half *)&h);\n"                                      \
     "}\n"                                                                                          \
-    "/* TB_VW lanes: f16 through the same built-ins, bf16 as the top half of an f32 */\n"          \
-    "#define TB_VLDH(p) TB_VN(vload_half)(0, (const __global half *)(p))\n"                        \
+    "/* TB_VW lanes: f16 through the same built-ins, bf16 as the top half of an f32. On x86 */"    \
+    "/* without AVX-512 a compare of a widened f16 lane (relu's, exp's range tests) would be */"   \
+    "/* narrowed to a half compare, which that target runs lane by lane with a branch each: */"    \
+    "/* the widened vector is hidden from the optimiser by an empty asm (no instruction) */\n"     \
+    "#if defined(__clang__) && defined(__AVX__) && !defined(__AVX512F__) && (TB_VW == 4 || TB_VW " \
+    "== 8)\n"                                                                                      \
+    "#define TB_VOPAQUE(x) tb_vopaque(x)\n"                                                        \
+    "tb_vf tb_vopaque(tb_vf x) {\n"                                                                \
+    "    __asm__(\"\" : \"+x\"(x));\n"                                                             \
+    "    return x;\n"                                                                              \
+    "}\n"                                                                                          \
+    "#else\n"                                                                                      \
+    "#define TB_VOPAQUE(x) (x)\n"                                                                  \
+    "#endif\n"                                                                                     \
+    "#define TB_VLDH(p) TB_VOPAQUE(TB_VN(vload_half)(0, (const __global half *)(p)))\n"            \
     "#define TB_VSTH(v, p) TB_XCAT(TB_VN(vstore_half), _rte)((v), 0, (__global half *)(p))\n"      \
     "#define TB_VRNDH(x) tb_vrnd_f16(x)\n"                                                         \
     "tb_vf tb_vrnd_f16(tb_vf x) {\n"                                                               \
     "    TB_VN(ushort) h; TB_XCAT(TB_VN(vstore_half), _rte)(x, 0, (__private half *)&h);\n"        \
-    "    return TB_VN(vload_half)(0, (const __private half *)&h);\n"                               \
+    "    return TB_VOPAQUE(TB_VN(vload_half)(0, (const __private half *)&h));\n"                   \
     "}\n"                                                                                          \
     "#define TB_VLDBF(p) TB_VN(as_float)(TB_VN(convert_uint)(TB_VLD(0, (p))) << 16)\n"             \
     "#define TB_VSTBF(v, p) TB_VST(TB_VN(convert_ushort)(TB_VN(as_uint)(tb_vrnd_bf16(v)) >> 16), " \
