@@ -18,8 +18,8 @@
 #                   frac_bound = bound / ours, ratio_anchor = anchor / ours), after a first object
 #                   {"case": "machine", ...} with the CPU, threads and measured bandwidths
 #   --no-install    do not install missing Debian packages
-#   --only LIST     run only these cases (comma-separated): chain8 add sum max row_sums softmax
-#                   layer_norm matmul mlp mlp_train conv trace replay coldstart half
+#   --only LIST     run only these cases (comma-separated): chain8 add gates sum max row_sums
+#                   softmax layer_norm matmul mlp mlp_train conv trace replay coldstart half
 #                   allreduce_devices models allreduce_mpi
 #
 # models (tools/bench/models.py; skipped with a note where /usr/bin/python3 cannot import torch

@@ -241,6 +241,7 @@ void hand_free(hand *h);
 
 void case_chain8(int64_t n);
 void case_add(int64_t n);
+void case_gates(int64_t n);
 void case_reduce(const char *name, int max, int64_t n, int64_t rows);
 void case_norm(const char *name, int layer_norm, int64_t rows, int64_t cols);
 void case_matmul(int n);

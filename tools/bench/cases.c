@@ -72,7 +72,7 @@ static int torch_prepare(side *s, const char *kase, const char *name, const torc
 }
 
 /* ======================================================================================
-   the bandwidth-bound cases: chain8, add, sum, max, row_sums, softmax, layer_norm
+   the bandwidth-bound cases: chain8, add, gates, sum, max, row_sums, softmax, layer_norm
    ====================================================================================== */
 
 typedef struct bw_case {
@@ -243,6 +243,40 @@ void case_add(int64_t n) {
     free(x);
     free(y);
     free(want);
+}
+
+/* gates: sigmoid(x) * tanh(y), the gating of an LSTM cell (two activations that need exp) */
+static tb_tensor *gates_build(tb_tensor *const *in) {
+    tb_tensor *s = tb_sigmoid(in[0]), *t = tb_tanh(in[1]), *y = tb_mul(s, t);
+    tb_tensor_release(s);
+    tb_tensor_release(t);
+    return y;
+}
+
+void case_gates(int64_t n) {
+    bw_case d;
+    tb_tensor *xy[2];
+    float *x = host_random((size_t)n, 4.0f), *y = host_random((size_t)n, 4.0f);
+    memset(&d, 0, sizeof d);
+    d.name = d.torch = "gates";
+    d.in[0] = (torch_input){"x", x, 1, {n, 0}};
+    d.in[1] = (torch_input){"y", y, 1, {n, 0}};
+    d.n_in = 2;
+    d.build = gates_build;
+    xy[0] = upload(x, 1, &n, &g_cpu);
+    xy[1] = upload(y, 1, &n, &g_cpu);
+    d.want = reference(gates_build(xy));
+    tb_tensor_release(xy[0]);
+    tb_tensor_release(xy[1]);
+    d.out_n = (size_t)n;
+    d.atol = d.peer_atol = 1e-6;
+    d.rtol = d.peer_rtol = 1e-5;
+    d.bytes = 12.0 * (double)n;
+    d.writes = 1;
+    run_bw_case(&d);
+    free(x);
+    free(y);
+    free((void *)d.want);
 }
 
 /* ---- reductions: sum and max of everything, row sums ---- */

@@ -24,10 +24,24 @@
 #include <unistd.h>
 
 static const char *const g_case_names[] = {
-    "chain8",   "add",       "sum",        "max",
-    "row_sums", "softmax",   "layer_norm", "matmul",
-    "mlp",      "mlp_train", "conv",       "trace",
-    "replay",   "coldstart", "half",       "allreduce_devices"};
+    "chain8",
+    "add",
+    "gates",
+    "sum",
+    "max",
+    "row_sums",
+    "softmax",
+    "layer_norm",
+    "matmul",
+    "mlp",
+    "mlp_train",
+    "conv",
+    "trace",
+    "replay",
+    "coldstart",
+    "half",
+    "allreduce_devices",
+};
 #define NUM_CASES (sizeof g_case_names / sizeof g_case_names[0])
 
 static const char *g_only; /* comma-separated case names, NULL: all */
@@ -162,7 +176,8 @@ static void json_facts(void) {
 static void usage(const char *self) {
     fprintf(stderr,
             "usage: %s [--quick] [--json FILE] [--only CASE,...] [--torch-peer SCRIPT]\n"
-            "cases: chain8 add sum max row_sums softmax layer_norm matmul mlp mlp_train conv trace "
+            "cases: chain8 add gates sum max row_sums softmax layer_norm matmul mlp mlp_train conv "
+            "trace "
             "replay coldstart half allreduce_devices\n",
             self);
 }
@@ -244,6 +259,7 @@ int main(int argc, char **argv) {
         bw_phase = 1;
         RUN_CASE("chain8", case_chain8(n))
         RUN_CASE("add", case_add(n))
+        RUN_CASE("gates", case_gates(n))
         RUN_CASE("sum", case_reduce("sum", 0, n, 0))
         RUN_CASE("max", case_reduce("max", 1, n, 0))
         RUN_CASE("row_sums", case_reduce("row_sums", 0, side * side, side))

@@ -44,6 +44,9 @@ def make_case(torch, name, t):
     if name == "add":
         x, y = t["x"], t["y"]
         return lambda: x + y
+    if name == "gates":
+        x, y = t["x"], t["y"]
+        return lambda: torch.sigmoid(x) * torch.tanh(y)
     if name == "sum":
         x = t["x"]
         return lambda: torch.sum(x)
