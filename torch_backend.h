@@ -7050,7 +7050,7 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
       /* reference */ tanh(x),                                                                     \
       /* code      */ "($t)$tanh(($t)$a)",                                                         \
       /* float     */ NULL,                                                                        \
-      /* vector    */ "tb_vtanh($a)",                                                                        \
+      /* vector    */ "tb_vtanh($a)",                                                              \
       /* gradient: g (1 - y^2) */                                                                  \
       TB__K(tb_mul(g, TB__K(tb_sub(TB__C(1.0), TB__K(tb_mul(y, y)))))))                            \
     X(SIGMOID, sigmoid, TB__INT_CAST,                                                              \
@@ -7058,7 +7058,7 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
       /* code: exp of a negative argument only, as the reference */                                \
       "($t)($x >= 0 ? ($t)1 / (($t)1 + $exp(-$x)) : $exp($x) / (($t)1 + $exp($x)))",               \
       /* float     */ NULL,                                                                        \
-      /* vector    */ "tb_vsigmoid($a)",                                                                        \
+      /* vector    */ "tb_vsigmoid($a)",                                                           \
       /* gradient: g y (1 - y) */                                                                  \
       TB__K(tb_mul(g, TB__K(tb_mul(y, TB__K(tb_sub(TB__C(1.0), y)))))))                            \
     X(GELU, gelu, TB__INT_REFUSE,                                                                  \
@@ -7078,7 +7078,7 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
       /* code      */                                                                              \
       "($t)($x * ($x >= 0 ? ($t)1 / (($t)1 + $exp(-$x)) : $exp($x) / (($t)1 + $exp($x))))",        \
       /* float     */ NULL,                                                                        \
-      /* vector    */ "$a * tb_vsigmoid($a)",                                                                        \
+      /* vector    */ "$a * tb_vsigmoid($a)",                                                      \
       /* gradient: g s (1 + x (1 - s)), s = sigmoid(x) */                                          \
       (s = TB__K(tb_sigmoid(x)),                                                                   \
        TB__K(tb_mul(g, TB__K(tb_mul(s, TB__K(tb_add_scalar(                                        \
@@ -27049,7 +27049,7 @@ static const char *const tb__cl_prelude[] = {
     "}\n",
     "\n",
     "/* sigmoid of each lane, as the scalar code: exp of -|x| only, then 1 / (1 + e) where x's sign\n",
-    "   bit is clear (x >= 0, -0 and NaN of either sign alike) and e / (1 + e) where it is set. */\n",
+    "   bit is clear and e / (1 + e) where it is set (-0 gives 0.5 either way, NaN stays NaN). */\n",
     "TB_FN tb_vf tb_vsigmoid(tb_vf x) {\n",
     "    tb_vf e = TB_VEXP(-tb_vabs(x));\n",
     "    return TB_VSEL(e, TB_VBC(1.0f), TB_VASI(x) >= 0) / (1.0f + e);\n",

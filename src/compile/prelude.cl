@@ -339,7 +339,7 @@ TB_FN tb_vf tb_vgelu(tb_vf x) {
 }
 
 /* sigmoid of each lane, as the scalar code: exp of -|x| only, then 1 / (1 + e) where x's sign
-   bit is clear (x >= 0, -0 and NaN of either sign alike) and e / (1 + e) where it is set. */
+   bit is clear and e / (1 + e) where it is set (-0 gives 0.5 either way, NaN stays NaN). */
 TB_FN tb_vf tb_vsigmoid(tb_vf x) {
     tb_vf e = TB_VEXP(-tb_vabs(x));
     return TB_VSEL(e, TB_VBC(1.0f), TB_VASI(x) >= 0) / (1.0f + e);

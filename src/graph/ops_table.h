@@ -81,7 +81,7 @@
       /* reference */ tanh(x),                                                                     \
       /* code      */ "($t)$tanh(($t)$a)",                                                         \
       /* float     */ NULL,                                                                        \
-      /* vector    */ "tb_vtanh($a)",                                                                        \
+      /* vector    */ "tb_vtanh($a)",                                                              \
       /* gradient: g (1 - y^2) */                                                                  \
       TB__K(tb_mul(g, TB__K(tb_sub(TB__C(1.0), TB__K(tb_mul(y, y)))))))                            \
     X(SIGMOID, sigmoid, TB__INT_CAST,                                                              \
@@ -89,7 +89,7 @@
       /* code: exp of a negative argument only, as the reference */                                \
       "($t)($x >= 0 ? ($t)1 / (($t)1 + $exp(-$x)) : $exp($x) / (($t)1 + $exp($x)))",               \
       /* float     */ NULL,                                                                        \
-      /* vector    */ "tb_vsigmoid($a)",                                                                        \
+      /* vector    */ "tb_vsigmoid($a)",                                                           \
       /* gradient: g y (1 - y) */                                                                  \
       TB__K(tb_mul(g, TB__K(tb_mul(y, TB__K(tb_sub(TB__C(1.0), y)))))))                            \
     X(GELU, gelu, TB__INT_REFUSE,                                                                  \
@@ -109,7 +109,7 @@
       /* code      */                                                                              \
       "($t)($x * ($x >= 0 ? ($t)1 / (($t)1 + $exp(-$x)) : $exp($x) / (($t)1 + $exp($x))))",        \
       /* float     */ NULL,                                                                        \
-      /* vector    */ "$a * tb_vsigmoid($a)",                                                                        \
+      /* vector    */ "$a * tb_vsigmoid($a)",                                                      \
       /* gradient: g s (1 + x (1 - s)), s = sigmoid(x) */                                          \
       (s = TB__K(tb_sigmoid(x)),                                                                   \
        TB__K(tb_mul(g, TB__K(tb_mul(s, TB__K(tb_add_scalar(                                        \
