@@ -7015,7 +7015,7 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
       /* reference */ log(x),                                                                      \
       /* code      */ "($t)$log(($t)$a)",                                                          \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "TB_VLOG($a)",                                                               \
       /* gradient: g / x */                                                                        \
       TB__K(tb_div(g, x)))                                                                         \
     X(SQRT, sqrt, TB__INT_CAST,                                                                    \
@@ -7029,21 +7029,21 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
       /* reference */ 1.0 / sqrt(x),                                                               \
       /* code      */ "($t)(($t)1 / $sqrt(($t)$a))",                                               \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "1.0f / TB_VSQRT($a)",                                                       \
       /* gradient: -0.5 g y^3 */                                                                   \
       TB__K(tb_mul(TB__K(tb_mul_scalar(g, -0.5)), TB__K(tb_mul(y, TB__K(tb_mul(y, y)))))))         \
     X(SIN, sin, TB__INT_CAST,                                                                      \
       /* reference */ sin(x),                                                                      \
       /* code      */ "($t)$sin(($t)$a)",                                                          \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "tb_vsincos($a, 0)",                                                         \
       /* gradient: g cos(x) */                                                                     \
       TB__K(tb_mul(g, TB__K(tb_cos(x)))))                                                          \
     X(COS, cos, TB__INT_CAST,                                                                      \
       /* reference */ cos(x),                                                                      \
       /* code      */ "($t)$cos(($t)$a)",                                                          \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "tb_vsincos($a, 1)",                                                         \
       /* gradient: -g sin(x) */                                                                    \
       TB__K(tb_neg(TB__K(tb_mul(g, TB__K(tb_sin(x)))))))                                           \
     X(TANH, tanh, TB__INT_CAST,                                                                    \
@@ -7102,14 +7102,14 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
       /* reference */ x > 20.0 ? x : log1p(exp(x)),                                                \
       /* code      */ "($t)($x > ($t)20 ? $x : $log1p($exp($x)))",                                 \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "tb_vsoftplus($a)",                                                          \
       /* gradient: g where x > 20, else g sigmoid(x) */                                            \
       TB__K(tb_where(TB__K(tb_gt(x, TB__C(20.0))), g, TB__K(tb_mul(g, TB__K(tb_sigmoid(x)))))))    \
     X(MISH, mish, TB__INT_REFUSE,                                                                  \
       /* reference */ x * tanh(log1p(exp(x))),                                                     \
       /* code      */ "($t)($x * $tanh($log1p($exp($x))))",                                        \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "tb_vmish($a)",                                                              \
       /* gradient: g (s + x sigmoid(x) (1 - s^2)), s = tanh(softplus(x)) */                        \
       (s = TB__K(tb_tanh(TB__K(tb_softplus(x)))),                                                  \
        TB__K(tb_mul(g, TB__K(tb_add(s, TB__K(tb_mul(TB__K(tb_mul(x, TB__K(tb_sigmoid(x)))),        \
@@ -26944,10 +26944,11 @@ static const char *const tb__cl_prelude[] = {
     "/* Vectors of TB_VW floats (4, 8 or 16: the device's own width) for rows read in order: the\n",
     "   dialect's head defines tb_vf, tb_vi and tb_vu (float, int and uint vectors of TB_VW lanes),\n",
     "   TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a), TB_VCVTI\n",
-    "   (float to int, lane by lane), TB_VASF (int bits as float; TB_VASU and TB_VASFU: float bits\n",
-    "   as uint and back), TB_VSTORE (the lanes into an array of floats) and TB_VEXP (exp of each\n",
-    "   lane: the device's built-in where it has a vector one, which on PoCL is faster than the\n",
-    "   polynomial below; tb_vexp where the dialect has none). */\n",
+    "   and TB_VCVTF (float to int and int to float, lane by lane), TB_VASF (int bits as float;\n",
+    "   TB_VASU and TB_VASFU: float bits as uint and back), TB_VSTORE (the lanes into an array of\n",
+    "   floats), TB_VEXP and TB_VLOG (exp and log of each lane: the device's built-ins where it has\n",
+    "   vector ones, which on PoCL are faster than the polynomials below; tb_vexp and tb_vlog where\n",
+    "   the dialect has none). */\n",
     "\n",
     "/* exp of each lane (Cephes' polynomial after reduction by ln 2, about 1 ulp): overflow gives\n",
     "   +inf, underflow 0 through the denormals, NaN stays NaN. Where the dialect has TB_VSCALEF\n",
@@ -27069,6 +27070,116 @@ static const char *const tb__cl_prelude[] = {
     "    return TB_VASF(TB_VASI(r) | (TB_VASI(x) & ~0x7fffffff)); /* x's sign */\n",
     "}\n",
     "\n",
+    "/* log of each lane (Cephes' logf, about 1 ulp): x = m 2^e with m in [sqrt(1/2), sqrt(2)),\n",
+    "   log(m) by a polynomial of m - 1, e ln 2 added in two parts; denormals scaled by 2^23 first.\n",
+    "   log(+-0) is -inf, below 0 NaN, log(inf) inf, NaN stays NaN. The special lanes are found by\n",
+    "   their bits: no float compare of a widened 16-bit value. */\n",
+    "TB_FN tb_vf tb_vlog(tb_vf x) {\n",
+    "    tb_vi bits = TB_VASI(x), ax = bits & 0x7fffffff, sub = bits < 0x00800000, b, e, lo;\n",
+    "    tb_vf m, z, p, fe, r;\n",
+    "    b = TB_VASI(TB_VSEL(x, x * 8388608.0f, sub));\n",
+    "    e = ((b >> 23) & 0xff) - 126 - (sub & 23);\n",
+    "    m = TB_VASF((b & 0x007fffff) | 0x3f000000); /* in [0.5, 1) */\n",
+    "    lo = m < 0.707106781f;\n",
+    "    fe = TB_VCVTF(e + lo); /* lo is -1 where set */\n",
+    "    m = m + TB_VSEL(TB_VBC(0.0f), m, lo) - 1.0f;\n",
+    "    z = m * m;\n",
+    "    p = TB_VMA(TB_VBC(7.0376836292e-2f), m, -1.1514610310e-1f);\n",
+    "    p = TB_VMA(p, m, 1.1676998740e-1f);\n",
+    "    p = TB_VMA(p, m, -1.2420140846e-1f);\n",
+    "    p = TB_VMA(p, m, 1.4249322787e-1f);\n",
+    "    p = TB_VMA(p, m, -1.6668057665e-1f);\n",
+    "    p = TB_VMA(p, m, 2.0000714765e-1f);\n",
+    "    p = TB_VMA(p, m, -2.4999993993e-1f);\n",
+    "    p = TB_VMA(p, m, 3.3333331174e-1f);\n",
+    "    p = TB_VFMA(fe, TB_VBC(-2.12194440e-4f), p * m * z);\n",
+    "    p = TB_VFMA(z, TB_VBC(-0.5f), p);\n",
+    "    r = TB_VFMA(fe, TB_VBC(0.693359375f), m + p);\n",
+    "    r = TB_VSEL(r, x, ax >= 0x7f800000); /* inf, NaN */\n",
+    "    r = TB_VSEL(r, TB_VBC(NAN), (bits < 0) & (ax != 0));\n",
+    "    return TB_VSEL(r, TB_VBC(-INFINITY), ax == 0);\n",
+    "}\n",
+    "\n",
+    "/* softplus of each lane, as the scalar code's log1p(exp(x)) (x itself above 20): max(x, 0) +\n",
+    "   log1p(e) with e = exp(-|x|) in (0, 1], log1p(e) as log(1 + e) e / ((1 + e) - 1), which\n",
+    "   cancels the rounding of 1 + e (e itself where 1 + e rounds to 1). -inf gives 0, inf inf,\n",
+    "   NaN NaN. */\n",
+    "TB_FN tb_vf tb_vsoftplus(tb_vf x) {\n",
+    "    tb_vf e = TB_VEXP(-tb_vabs(x)), u = 1.0f + e;\n",
+    "    tb_vf l = TB_VSEL(TB_VLOG(u) * (e / (u - 1.0f)), e, TB_VASI(u) == 0x3f800000);\n",
+    "    return TB_VSEL(tb_vrelu(x) + l, x, TB_VASI(x) > 0x41a00000); /* x > 20 */\n",
+    "}\n",
+    "\n",
+    "/* mish of each lane, x tanh(softplus(x)) with one exp: tanh(log(1 + e)) for e = exp(x) is\n",
+    "   n / (n + 2) with n = e (e + 2); x itself above 20 (where that is 1 and e would grow\n",
+    "   towards overflow). -inf gives NaN (-inf * 0, as the reference), NaN NaN. */\n",
+    "TB_FN tb_vf tb_vmish(tb_vf x) {\n",
+    "    tb_vi big = TB_VASI(x) > 0x41a00000; /* x > 20, NaN with its sign bit clear */\n",
+    "    tb_vf e = TB_VEXP(TB_VSEL(x, TB_VBC(20.0f), big)), n = e * (e + 2.0f);\n",
+    "    return TB_VSEL(x * (n / (n + 2.0f)), x, big);\n",
+    "}\n",
+    "\n",
+    "/* Whether any lane of the mask m is set. */\n",
+    "TB_FN int tb_vany(tb_vi m) {\n",
+    "#if defined(TB_VANY)\n",
+    "    return TB_VANY(m);\n",
+    "#elif defined(__OPENCL_VERSION__)\n",
+    "    return any(m);\n",
+    "#else\n",
+    "    float s[TB_VW];\n",
+    "    tb_vf f = TB_VCVTF(m);\n",
+    "    int i, r = 0;\n",
+    "    TB_VSTORE(f, s);\n",
+    "    for (i = 0; i < TB_VW; i++)\n",
+    "        r |= s[i] != 0.0f;\n",
+    "    return r;\n",
+    "#endif\n",
+    "}\n",
+    "\n",
+    "/* sin (c = 0) or cos (c = 1) of each lane: Cephes' sinf and cosf polynomials. |x| less j pi/4\n",
+    "   for j the even integer nearest |x| 4 / pi (pi/4 in four parts, the first three of at most\n",
+    "   10 bits: each product and difference exact for |x| <= 8192 with or without a fused\n",
+    "   multiply-add), then the sine or the cosine polynomial by j's second bit, the sign by its\n",
+    "   third (and x's, for sin). Lanes above 8192, infinities and NaNs take the dialect's scalar\n",
+    "   sin or cos. */\n",
+    "TB_FN tb_vf tb_vsincos(tb_vf x, int c) {\n",
+    "    tb_vi ax = TB_VASI(x) & 0x7fffffff, big = ax > 0x46000000, j; /* |x| > 8192 or NaN */\n",
+    "    tb_vf a = TB_VSEL(TB_VASF(ax), TB_VBC(0.0f), big), y, z, ps, pc, r;\n",
+    "    tb_vu sg;\n",
+    "    j = TB_VCVTI(a * 1.27323954473516f);\n",
+    "    j = (j + 1) & ~1;\n",
+    "    y = TB_VCVTF(j);\n",
+    "    a = TB_VFMA(y, TB_VBC(-0.78515625f), a);\n",
+    "    a = TB_VFMA(y, TB_VBC(-2.4175643920898437500e-4f), a);\n",
+    "    a = TB_VFMA(y, TB_VBC(-1.5692785382270812988e-7f), a);\n",
+    "    a = TB_VFMA(y, TB_VBC(-3.0385503141383551905e-11f), a);\n",
+    "    z = a * a;\n",
+    "    pc = TB_VMA(TB_VBC(2.443315711809948e-5f), z, -1.388731625493765e-3f);\n",
+    "    pc = TB_VMA(pc, z, 4.166664568298827e-2f);\n",
+    "    pc = TB_VFMA(pc * z, z, TB_VFMA(z, TB_VBC(-0.5f), TB_VBC(1.0f)));\n",
+    "    ps = TB_VMA(TB_VBC(-1.9515295891e-4f), z, 8.3321608736e-3f);\n",
+    "    ps = TB_VMA(ps, z, -1.6666654611e-1f);\n",
+    "    ps = TB_VFMA(ps * z, a, a);\n",
+    "    if (c) {\n",
+    "        r = TB_VSEL(pc, ps, (j & 2) != 0);\n",
+    "        sg = TB_VASU((j & 4) ^ ((j & 2) << 1)) << 29;\n",
+    "    } else {\n",
+    "        r = TB_VSEL(ps, pc, (j & 2) != 0);\n",
+    "        sg = (TB_VASU(j & 4) << 29) ^ (TB_VASU(x) & 0x80000000u);\n",
+    "    }\n",
+    "    r = TB_VASFU(TB_VASU(r) ^ sg);\n",
+    "    if (tb_vany(big)) {\n",
+    "        float xs[TB_VW], rs[TB_VW];\n",
+    "        int l;\n",
+    "        TB_VSTORE(x, xs);\n",
+    "        TB_VSTORE(r, rs);\n",
+    "        for (l = 0; l < TB_VW; l++)\n",
+    "            if (!(fabs(xs[l]) <= 8192.0f)) rs[l] = (float)(c ? cos(xs[l]) : sin(xs[l]));\n",
+    "        r = TB_VLD(0, rs);\n",
+    "    }\n",
+    "    return r;\n",
+    "}\n",
+    "\n",
     "/* Each lane rounded to the nearest bf16 value, as tb_rnd_bf16 (the dialect loads and stores\n",
     "   16-bit floats: TB_VLDH, TB_VSTH and TB_VRNDH for f16, TB_VLDBF and TB_VSTBF for bf16). */\n",
     "TB_FN tb_vf tb_vrnd_bf16(tb_vf x) {\n",
@@ -27123,7 +27234,7 @@ static const char *const tb__cl_prelude[] = {
     "#endif\n",
     0
 };
-static const size_t tb__cl_prelude_count = 413;
+static const size_t tb__cl_prelude_count = 524;
 // clang-format on
 #endif
 
@@ -32276,6 +32387,8 @@ static const char tb__c99_head[] =
 
 /* The head's second part: the CPU's own instructions for what C's operators do not say. */
 static const char tb__c99_head2[] =
+    "#define TB_VCVTF(x) __builtin_convertvector((x), tb_vf)\n"
+    "#define TB_VLOG(x) tb_vlog(x) /* the prelude's, as TB_VEXP */\n"
     /* a window's extremes: a select the compiler keeps free of branches (their outcome is
        data, which a branch predictor cannot learn); NaN is kept apart by the caller */
     "#if defined(__has_builtin)\n"
@@ -32701,11 +32814,10 @@ static void tb__oclc_emit_kernel(tb__str *src, const tb__plan_kernel *k, const t
     tb__str_append(src, "%s}\n\n", body);
 }
 
-/* The dialect for a device with or without double precision. */
-static void tb__dialect_opencl(tb__dialect *d, bool f64) {
-    memset(d, 0, sizeof *d);
-    d->name = "OpenCL C";
-    /* the lines after the fp64 switch are the same with or without it */
+/* The head of an OpenCL program after its fp64 switch (the same with or without it). On x86
+   without AVX-512, clang narrows a compare of a lane widened from f16 (relu's, exp's range
+   tests) to a half compare, which that target runs lane by lane with a branch each: TB_VOPAQUE
+   hides the widened vector from the optimiser by an empty asm (no instruction). */
 #define TB__OCL_HEAD_REST                                                                          \
     "/* a * b + c stays two roundings, as in the reference, but where a kernel asks for */"        \
     "/* one (TB_VFMA, TB_VMAD: the packed matmul's products) */\n"                                 \
@@ -32734,6 +32846,7 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     "#define TB_VMAD(a, b, c) tb_vmad(a, b, c)\n"                                                  \
     "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"                                             \
     "#define TB_VCVTI(x) TB_VN(convert_int)(x)\n"                                                  \
+    "#define TB_VCVTF(x) TB_VN(convert_float)(x)\n"                                                \
     "#define TB_VASF(x) TB_VN(as_float)(x)\n"                                                      \
     "#define TB_VASI(x) TB_VN(as_int)(x)\n"                                                        \
     "#define TB_VASU(x) TB_VN(as_uint)(x)\n"                                                       \
@@ -32742,6 +32855,7 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     "#define TB_VSTORE(v, s) TB_VST((v), 0, (s))\n"                                                \
     "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
     "#define TB_VEXP(x) exp(x)\n"                                                                  \
+    "#define TB_VLOG(x) log(x)\n"                                                                  \
     "/* rows streamed through the caches (CPU devices): the next row fetched ahead, outputs */\n"  \
     "/* stored past the caches, the fence that orders those stores before the kernel's end */\n"   \
     "#if defined(__clang__)\n"                                                                     \
@@ -32771,10 +32885,8 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     "    ushort h; vstore_half_rte(x, 0, (__private half *)&h);\n"                                 \
     "    return vload_half(0, (const __private half *)&h);\n"                                      \
     "}\n"                                                                                          \
-    "/* TB_VW lanes: f16 through the same built-ins, bf16 as the top half of an f32. On x86 */"    \
-    "/* without AVX-512 a compare of a widened f16 lane (relu's, exp's range tests) would be */"   \
-    "/* narrowed to a half compare, which that target runs lane by lane with a branch each: */"    \
-    "/* the widened vector is hidden from the optimiser by an empty asm (no instruction) */\n"     \
+    "/* TB_VW lanes: f16 through the same built-ins (on x86 without AVX-512 through an */"         \
+    "/* empty asm, TB_VOPAQUE: no compare in half), bf16 as the top half of an f32 */\n"           \
     "#if defined(__clang__) && defined(__AVX__) && !defined(__AVX512F__) && (TB_VW == 4 || TB_VW " \
     "== 8)\n"                                                                                      \
     "#define TB_VOPAQUE(x) tb_vopaque(x)\n"                                                        \
@@ -32799,6 +32911,11 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     "#define TB_VLDB(p) \\\n"                                                                      \
     "    TB_VN(convert_float)(TB_VN(vload)(0, (const __global uchar *)(p)) != (uchar)0) * -1.0f\n" \
     "\n"
+
+/* The dialect for a device with or without double precision. */
+static void tb__dialect_opencl(tb__dialect *d, bool f64) {
+    memset(d, 0, sizeof *d);
+    d->name = "OpenCL C";
     d->head[0] = f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
                        "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
                        "#define TB_HAS_F64 1\n" TB__OCL_HEAD_REST

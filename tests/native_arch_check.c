@@ -2,9 +2,9 @@
    cross compiler and linked statically, then run under user-mode emulation: see
    tools/test_arch.sh): a set of graphs that reaches every kind of kernel and every vector path
    (elementwise chains with exp, reductions, norms over rows and their streamed and pipelined
-   forms, packed f32 and f64 matmuls, f16 and bf16 storage, gathers and concats) runs on
-   native:0 and on the cpu backend, and each result must match within 1e-5 of its scale (of
-   what a sum adds, for sums).
+   forms, packed f32 and f64 matmuls, f16 and bf16 storage, the math functions' vector forms,
+   gathers and concats) runs on native:0 and on the cpu backend, and each result must match
+   within 1e-5 of its scale (of what a sum adds, for sums).
    Prints one line per graph and "N passed, N failed"; the exit status is 1 on any failure. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -55,6 +55,10 @@ static tb_tensor *graph(int which, tb_tensor *x, tb_tensor *y) {
         return tb_cast(tb_relu(tb_cast(x, TB_BF16)), TB_F32);
     case 10:
         return tb_sum(x, NULL, 0, false);
+    case 11: /* the math functions' vector forms; sin's argument past 8192 in some lanes */
+        t = tb_add(tb_log(tb_add_scalar(tb_abs(x), 0.5)), tb_softplus(x));
+        t = tb_add(tb_add(t, tb_mish(x)), tb_tanh(x));
+        return tb_add(tb_add(t, tb_sin(tb_mul_scalar(x, 4500.0))), tb_cos(tb_mul_scalar(x, 3.0)));
     default:
         for (i = 0; i < 12; i++)
             parts[i] = tb_slice(x, 0, i, i + 1, 1);
@@ -65,7 +69,8 @@ static tb_tensor *graph(int which, tb_tensor *x, tb_tensor *y) {
 
 static const char *const g_names[] = {"exp chain",   "row sums",   "row maxima", "softmax",
                                       "log_softmax", "layer_norm", "f32 matmul", "f64 matmul",
-                                      "f16 square",  "bf16 relu",  "sum of all", "concat of 12"};
+                                      "f16 square",  "bf16 relu",  "sum of all", "math functions",
+                                      "concat of 12"};
 
 int main(void) {
     static const int64_t shapes[][2] = {{64, 4100}, {96, 4096}, {16, 33}};
@@ -83,7 +88,7 @@ int main(void) {
         tb_shape sx, sy;
         tb_shape_make(&sx, TB_F32, 2, (const int64_t[]){r, c});
         tb_shape_make(&sy, TB_F32, 2, (const int64_t[]){c, r});
-        for (which = 0; which < 12; which++) {
+        for (which = 0; which < 13; which++) {
             tb_tensor *x[2], *y[2], *z[2];
             float *got[2] = {NULL, NULL};
             size_t m = 0, i;

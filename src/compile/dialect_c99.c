@@ -105,6 +105,8 @@ static const char tb__c99_head[] =
 
 /* The head's second part: the CPU's own instructions for what C's operators do not say. */
 static const char tb__c99_head2[] =
+    "#define TB_VCVTF(x) __builtin_convertvector((x), tb_vf)\n"
+    "#define TB_VLOG(x) tb_vlog(x) /* the prelude's, as TB_VEXP */\n"
     /* a window's extremes: a select the compiler keeps free of branches (their outcome is
        data, which a branch predictor cannot learn); NaN is kept apart by the caller */
     "#if defined(__has_builtin)\n"

@@ -52,11 +52,10 @@ static void tb__oclc_emit_kernel(tb__str *src, const tb__plan_kernel *k, const t
     tb__str_append(src, "%s}\n\n", body);
 }
 
-/* The dialect for a device with or without double precision. */
-static void tb__dialect_opencl(tb__dialect *d, bool f64) {
-    memset(d, 0, sizeof *d);
-    d->name = "OpenCL C";
-    /* the lines after the fp64 switch are the same with or without it */
+/* The head of an OpenCL program after its fp64 switch (the same with or without it). On x86
+   without AVX-512, clang narrows a compare of a lane widened from f16 (relu's, exp's range
+   tests) to a half compare, which that target runs lane by lane with a branch each: TB_VOPAQUE
+   hides the widened vector from the optimiser by an empty asm (no instruction). */
 #define TB__OCL_HEAD_REST                                                                          \
     "/* a * b + c stays two roundings, as in the reference, but where a kernel asks for */"        \
     "/* one (TB_VFMA, TB_VMAD: the packed matmul's products) */\n"                                 \
@@ -85,6 +84,7 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     "#define TB_VMAD(a, b, c) tb_vmad(a, b, c)\n"                                                  \
     "#define TB_VSEL(a, b, m) select((a), (b), (m))\n"                                             \
     "#define TB_VCVTI(x) TB_VN(convert_int)(x)\n"                                                  \
+    "#define TB_VCVTF(x) TB_VN(convert_float)(x)\n"                                                \
     "#define TB_VASF(x) TB_VN(as_float)(x)\n"                                                      \
     "#define TB_VASI(x) TB_VN(as_int)(x)\n"                                                        \
     "#define TB_VASU(x) TB_VN(as_uint)(x)\n"                                                       \
@@ -93,6 +93,7 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     "#define TB_VSTORE(v, s) TB_VST((v), 0, (s))\n"                                                \
     "#define TB_VSQRT(x) sqrt(x)\n"                                                                \
     "#define TB_VEXP(x) exp(x)\n"                                                                  \
+    "#define TB_VLOG(x) log(x)\n"                                                                  \
     "/* rows streamed through the caches (CPU devices): the next row fetched ahead, outputs */\n"  \
     "/* stored past the caches, the fence that orders those stores before the kernel's end */\n"   \
     "#if defined(__clang__)\n"                                                                     \
@@ -122,10 +123,8 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     "    ushort h; vstore_half_rte(x, 0, (__private half *)&h);\n"                                 \
     "    return vload_half(0, (const __private half *)&h);\n"                                      \
     "}\n"                                                                                          \
-    "/* TB_VW lanes: f16 through the same built-ins, bf16 as the top half of an f32. On x86 */"    \
-    "/* without AVX-512 a compare of a widened f16 lane (relu's, exp's range tests) would be */"   \
-    "/* narrowed to a half compare, which that target runs lane by lane with a branch each: */"    \
-    "/* the widened vector is hidden from the optimiser by an empty asm (no instruction) */\n"     \
+    "/* TB_VW lanes: f16 through the same built-ins (on x86 without AVX-512 through an */"         \
+    "/* empty asm, TB_VOPAQUE: no compare in half), bf16 as the top half of an f32 */\n"           \
     "#if defined(__clang__) && defined(__AVX__) && !defined(__AVX512F__) && (TB_VW == 4 || TB_VW " \
     "== 8)\n"                                                                                      \
     "#define TB_VOPAQUE(x) tb_vopaque(x)\n"                                                        \
@@ -150,6 +149,11 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     "#define TB_VLDB(p) \\\n"                                                                      \
     "    TB_VN(convert_float)(TB_VN(vload)(0, (const __global uchar *)(p)) != (uchar)0) * -1.0f\n" \
     "\n"
+
+/* The dialect for a device with or without double precision. */
+static void tb__dialect_opencl(tb__dialect *d, bool f64) {
+    memset(d, 0, sizeof *d);
+    d->name = "OpenCL C";
     d->head[0] = f64 ? "/* torch_backend.h: OpenCL C 1.2 */\n"
                        "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
                        "#define TB_HAS_F64 1\n" TB__OCL_HEAD_REST

@@ -234,10 +234,11 @@ TB_FN float tb_randn_f32(ulong seed, ulong offset, ulong index) {
 /* Vectors of TB_VW floats (4, 8 or 16: the device's own width) for rows read in order: the
    dialect's head defines tb_vf, tb_vi and tb_vu (float, int and uint vectors of TB_VW lanes),
    TB_VBC (a scalar widened), TB_VSEL(a, b, m) (b where the mask m is set, else a), TB_VCVTI
-   (float to int, lane by lane), TB_VASF (int bits as float; TB_VASU and TB_VASFU: float bits
-   as uint and back), TB_VSTORE (the lanes into an array of floats) and TB_VEXP (exp of each
-   lane: the device's built-in where it has a vector one, which on PoCL is faster than the
-   polynomial below; tb_vexp where the dialect has none). */
+   and TB_VCVTF (float to int and int to float, lane by lane), TB_VASF (int bits as float;
+   TB_VASU and TB_VASFU: float bits as uint and back), TB_VSTORE (the lanes into an array of
+   floats), TB_VEXP and TB_VLOG (exp and log of each lane: the device's built-ins where it has
+   vector ones, which on PoCL are faster than the polynomials below; tb_vexp and tb_vlog where
+   the dialect has none). */
 
 /* exp of each lane (Cephes' polynomial after reduction by ln 2, about 1 ulp): overflow gives
    +inf, underflow 0 through the denormals, NaN stays NaN. Where the dialect has TB_VSCALEF
@@ -357,6 +358,116 @@ TB_FN tb_vf tb_vtanh(tb_vf x) {
     r = TB_VSEL(TB_VBC(1.0f) - TB_VBC(2.0f) / (TB_VEXP(a + a) + 1.0f), TB_VFMA(p * z, a, a),
                 TB_VASI(a) < 0x3f200000);
     return TB_VASF(TB_VASI(r) | (TB_VASI(x) & ~0x7fffffff)); /* x's sign */
+}
+
+/* log of each lane (Cephes' logf, about 1 ulp): x = m 2^e with m in [sqrt(1/2), sqrt(2)),
+   log(m) by a polynomial of m - 1, e ln 2 added in two parts; denormals scaled by 2^23 first.
+   log(+-0) is -inf, below 0 NaN, log(inf) inf, NaN stays NaN. The special lanes are found by
+   their bits: no float compare of a widened 16-bit value. */
+TB_FN tb_vf tb_vlog(tb_vf x) {
+    tb_vi bits = TB_VASI(x), ax = bits & 0x7fffffff, sub = bits < 0x00800000, b, e, lo;
+    tb_vf m, z, p, fe, r;
+    b = TB_VASI(TB_VSEL(x, x * 8388608.0f, sub));
+    e = ((b >> 23) & 0xff) - 126 - (sub & 23);
+    m = TB_VASF((b & 0x007fffff) | 0x3f000000); /* in [0.5, 1) */
+    lo = m < 0.707106781f;
+    fe = TB_VCVTF(e + lo); /* lo is -1 where set */
+    m = m + TB_VSEL(TB_VBC(0.0f), m, lo) - 1.0f;
+    z = m * m;
+    p = TB_VMA(TB_VBC(7.0376836292e-2f), m, -1.1514610310e-1f);
+    p = TB_VMA(p, m, 1.1676998740e-1f);
+    p = TB_VMA(p, m, -1.2420140846e-1f);
+    p = TB_VMA(p, m, 1.4249322787e-1f);
+    p = TB_VMA(p, m, -1.6668057665e-1f);
+    p = TB_VMA(p, m, 2.0000714765e-1f);
+    p = TB_VMA(p, m, -2.4999993993e-1f);
+    p = TB_VMA(p, m, 3.3333331174e-1f);
+    p = TB_VFMA(fe, TB_VBC(-2.12194440e-4f), p * m * z);
+    p = TB_VFMA(z, TB_VBC(-0.5f), p);
+    r = TB_VFMA(fe, TB_VBC(0.693359375f), m + p);
+    r = TB_VSEL(r, x, ax >= 0x7f800000); /* inf, NaN */
+    r = TB_VSEL(r, TB_VBC(NAN), (bits < 0) & (ax != 0));
+    return TB_VSEL(r, TB_VBC(-INFINITY), ax == 0);
+}
+
+/* softplus of each lane, as the scalar code's log1p(exp(x)) (x itself above 20): max(x, 0) +
+   log1p(e) with e = exp(-|x|) in (0, 1], log1p(e) as log(1 + e) e / ((1 + e) - 1), which
+   cancels the rounding of 1 + e (e itself where 1 + e rounds to 1). -inf gives 0, inf inf,
+   NaN NaN. */
+TB_FN tb_vf tb_vsoftplus(tb_vf x) {
+    tb_vf e = TB_VEXP(-tb_vabs(x)), u = 1.0f + e;
+    tb_vf l = TB_VSEL(TB_VLOG(u) * (e / (u - 1.0f)), e, TB_VASI(u) == 0x3f800000);
+    return TB_VSEL(tb_vrelu(x) + l, x, TB_VASI(x) > 0x41a00000); /* x > 20 */
+}
+
+/* mish of each lane, x tanh(softplus(x)) with one exp: tanh(log(1 + e)) for e = exp(x) is
+   n / (n + 2) with n = e (e + 2); x itself above 20 (where that is 1 and e would grow
+   towards overflow). -inf gives NaN (-inf * 0, as the reference), NaN NaN. */
+TB_FN tb_vf tb_vmish(tb_vf x) {
+    tb_vi big = TB_VASI(x) > 0x41a00000; /* x > 20, NaN with its sign bit clear */
+    tb_vf e = TB_VEXP(TB_VSEL(x, TB_VBC(20.0f), big)), n = e * (e + 2.0f);
+    return TB_VSEL(x * (n / (n + 2.0f)), x, big);
+}
+
+/* Whether any lane of the mask m is set. */
+TB_FN int tb_vany(tb_vi m) {
+#if defined(TB_VANY)
+    return TB_VANY(m);
+#elif defined(__OPENCL_VERSION__)
+    return any(m);
+#else
+    float s[TB_VW];
+    tb_vf f = TB_VCVTF(m);
+    int i, r = 0;
+    TB_VSTORE(f, s);
+    for (i = 0; i < TB_VW; i++)
+        r |= s[i] != 0.0f;
+    return r;
+#endif
+}
+
+/* sin (c = 0) or cos (c = 1) of each lane: Cephes' sinf and cosf polynomials. |x| less j pi/4
+   for j the even integer nearest |x| 4 / pi (pi/4 in four parts, the first three of at most
+   10 bits: each product and difference exact for |x| <= 8192 with or without a fused
+   multiply-add), then the sine or the cosine polynomial by j's second bit, the sign by its
+   third (and x's, for sin). Lanes above 8192, infinities and NaNs take the dialect's scalar
+   sin or cos. */
+TB_FN tb_vf tb_vsincos(tb_vf x, int c) {
+    tb_vi ax = TB_VASI(x) & 0x7fffffff, big = ax > 0x46000000, j; /* |x| > 8192 or NaN */
+    tb_vf a = TB_VSEL(TB_VASF(ax), TB_VBC(0.0f), big), y, z, ps, pc, r;
+    tb_vu sg;
+    j = TB_VCVTI(a * 1.27323954473516f);
+    j = (j + 1) & ~1;
+    y = TB_VCVTF(j);
+    a = TB_VFMA(y, TB_VBC(-0.78515625f), a);
+    a = TB_VFMA(y, TB_VBC(-2.4175643920898437500e-4f), a);
+    a = TB_VFMA(y, TB_VBC(-1.5692785382270812988e-7f), a);
+    a = TB_VFMA(y, TB_VBC(-3.0385503141383551905e-11f), a);
+    z = a * a;
+    pc = TB_VMA(TB_VBC(2.443315711809948e-5f), z, -1.388731625493765e-3f);
+    pc = TB_VMA(pc, z, 4.166664568298827e-2f);
+    pc = TB_VFMA(pc * z, z, TB_VFMA(z, TB_VBC(-0.5f), TB_VBC(1.0f)));
+    ps = TB_VMA(TB_VBC(-1.9515295891e-4f), z, 8.3321608736e-3f);
+    ps = TB_VMA(ps, z, -1.6666654611e-1f);
+    ps = TB_VFMA(ps * z, a, a);
+    if (c) {
+        r = TB_VSEL(pc, ps, (j & 2) != 0);
+        sg = TB_VASU((j & 4) ^ ((j & 2) << 1)) << 29;
+    } else {
+        r = TB_VSEL(ps, pc, (j & 2) != 0);
+        sg = (TB_VASU(j & 4) << 29) ^ (TB_VASU(x) & 0x80000000u);
+    }
+    r = TB_VASFU(TB_VASU(r) ^ sg);
+    if (tb_vany(big)) {
+        float xs[TB_VW], rs[TB_VW];
+        int l;
+        TB_VSTORE(x, xs);
+        TB_VSTORE(r, rs);
+        for (l = 0; l < TB_VW; l++)
+            if (!(fabs(xs[l]) <= 8192.0f)) rs[l] = (float)(c ? cos(xs[l]) : sin(xs[l]));
+        r = TB_VLD(0, rs);
+    }
+    return r;
 }
 
 /* Each lane rounded to the nearest bf16 value, as tb_rnd_bf16 (the dialect loads and stores

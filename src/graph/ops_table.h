@@ -46,7 +46,7 @@
       /* reference */ log(x),                                                                      \
       /* code      */ "($t)$log(($t)$a)",                                                          \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "TB_VLOG($a)",                                                               \
       /* gradient: g / x */                                                                        \
       TB__K(tb_div(g, x)))                                                                         \
     X(SQRT, sqrt, TB__INT_CAST,                                                                    \
@@ -60,21 +60,21 @@
       /* reference */ 1.0 / sqrt(x),                                                               \
       /* code      */ "($t)(($t)1 / $sqrt(($t)$a))",                                               \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "1.0f / TB_VSQRT($a)",                                                       \
       /* gradient: -0.5 g y^3 */                                                                   \
       TB__K(tb_mul(TB__K(tb_mul_scalar(g, -0.5)), TB__K(tb_mul(y, TB__K(tb_mul(y, y)))))))         \
     X(SIN, sin, TB__INT_CAST,                                                                      \
       /* reference */ sin(x),                                                                      \
       /* code      */ "($t)$sin(($t)$a)",                                                          \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "tb_vsincos($a, 0)",                                                         \
       /* gradient: g cos(x) */                                                                     \
       TB__K(tb_mul(g, TB__K(tb_cos(x)))))                                                          \
     X(COS, cos, TB__INT_CAST,                                                                      \
       /* reference */ cos(x),                                                                      \
       /* code      */ "($t)$cos(($t)$a)",                                                          \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "tb_vsincos($a, 1)",                                                         \
       /* gradient: -g sin(x) */                                                                    \
       TB__K(tb_neg(TB__K(tb_mul(g, TB__K(tb_sin(x)))))))                                           \
     X(TANH, tanh, TB__INT_CAST,                                                                    \
@@ -133,14 +133,14 @@
       /* reference */ x > 20.0 ? x : log1p(exp(x)),                                                \
       /* code      */ "($t)($x > ($t)20 ? $x : $log1p($exp($x)))",                                 \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "tb_vsoftplus($a)",                                                          \
       /* gradient: g where x > 20, else g sigmoid(x) */                                            \
       TB__K(tb_where(TB__K(tb_gt(x, TB__C(20.0))), g, TB__K(tb_mul(g, TB__K(tb_sigmoid(x)))))))    \
     X(MISH, mish, TB__INT_REFUSE,                                                                  \
       /* reference */ x * tanh(log1p(exp(x))),                                                     \
       /* code      */ "($t)($x * $tanh($log1p($exp($x))))",                                        \
       /* float     */ NULL,                                                                        \
-      /* vector    */ NULL,                                                                        \
+      /* vector    */ "tb_vmish($a)",                                                              \
       /* gradient: g (s + x sigmoid(x) (1 - s^2)), s = tanh(softplus(x)) */                        \
       (s = TB__K(tb_tanh(TB__K(tb_softplus(x)))),                                                  \
        TB__K(tb_mul(g, TB__K(tb_add(s, TB__K(tb_mul(TB__K(tb_mul(x, TB__K(tb_sigmoid(x)))),        \

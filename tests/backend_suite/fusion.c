@@ -625,6 +625,128 @@ static void test_tanh_sigmoid_f32(void **state) {
     }
 }
 
+/* log, rsqrt, softplus, mish, sin and cos of f32 rows read in order run as vectors (log: the
+   dialect's vector log, on C the kernels' own; softplus and mish: the kernels' own, one exp
+   each; sin and cos: the kernels' own up to |x| = 8192, the dialect's scalar ones beyond), of
+   rows read out of order as scalars: log and rsqrt within 2 ulp of double, sin and cos within
+   3 (the OpenCL bound is 4), softplus within 4, mish within 5 (or 3e-45 (1 + |x|) where the result
+   is in the denormals), over
+   [-30, 30], [-9000, 9000] and every binade (random bits: negatives, denormals, infinities and
+   NaNs among them). The edges of the vector code: log(+-0) = -inf, log(-1) and log(-inf) NaN,
+   log(inf) = inf, rsqrt(0) = inf, softplus(x > 20) = x and softplus(-inf) = 0, mish(inf) =
+   inf, sin(-0) = -0, cos(0) = 1, sin and cos of +-inf NaN, NaN stays NaN. */
+static double ref_unary(int k, double x) {
+    switch (k) {
+    case 0:
+        return log(x);
+    case 1:
+        return 1.0 / sqrt(x);
+    case 2:
+        return x > 20.0 ? x : log1p(exp(x));
+    case 3:
+        return x * tanh(log1p(exp(x)));
+    case 4:
+        return sin(x);
+    default:
+        return cos(x);
+    }
+}
+
+static void test_log_softplus_sin_f32(void **state) {
+    enum { R = 256, C = 256, N = R * C, OPS = 6 };
+    static float in[N], got[OPS][N];
+    static const float edge[] = {0.0f,   -0.0f,   INFINITY,    -INFINITY,  NAN,   -1.0f,
+                                 1e-45f, 1e-40f,  0.70710677f, 0.7071068f, 20.0f, 20.000002f,
+                                 -88.8f, -104.5f, 3.4e38f,     1.0f};
+    static const char *const names[OPS] = {"log", "rsqrt", "softplus", "mish", "sin", "cos"};
+    static const char *const vec_text[OPS] = {"TB_VLOG(v",  "TB_VSQRT(v",   "tb_vsoftplus(v",
+                                              "tb_vmish(v", "tb_vsincos(v", "tb_vsincos(v"};
+    const double tol[OPS] = {2, 2, 4, 5, 3, 3};
+    const int nedge = (int)(sizeof edge / sizeof edge[0]);
+    tb_shape s = shp(TB_F32, 2, R, C, 0, 0);
+    uint32_t bits = 12345u;
+    int i, t, k;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (i = 0; i < N; i++) {
+        bits = bits * 1664525u + 1013904223u;
+        if (i % 4 == 0) {
+            in[i] = -30.0f + 60.0f * (float)i / (float)N;
+        } else if (i % 4 == 2) {
+            in[i] = -9000.0f + 18000.0f * (float)i / (float)N;
+        } else {
+            memcpy(&in[i], &bits, sizeof bits);
+        }
+    }
+    for (i = 0; i < nedge; i++)
+        in[100 + i] = edge[i];
+    for (t = 0; t < 2; t++) {
+        tb_tensor *x = tb_tensor_from_host(in, &s, &g_ocl), *v = t ? tb_transpose(x, 0, 1) : x;
+        tb_tensor *y[OPS];
+        double worst[OPS] = {0, 0, 0, 0, 0, 0};
+        char *text;
+        y[0] = tb_log(v);
+        y[1] = tb_rsqrt(v);
+        y[2] = tb_softplus(v);
+        y[3] = tb_mish(v);
+        y[4] = tb_sin(v);
+        y[5] = tb_cos(v);
+        text = tb_ir_backend_text(y, OPS);
+        assert_non_null(text);
+        for (k = 0; k < OPS; k++)
+            if ((strstr(text, vec_text[k]) != NULL) != !t)
+                fail_msg("%s: vector code %s where rows are read %s", names[k],
+                         t ? "present" : "missing", t ? "transposed" : "in order");
+        tb_free(text);
+        for (k = 0; k < OPS; k++)
+            assert_int_equal(tb_tensor_to_host(y[k], got[k], sizeof got[k]), TB_OK);
+        for (i = 0; i < N; i++) {
+            int at = t ? (i % R) * C + i / R : i; /* the input element of output i */
+            double xv = in[at];
+            for (k = 0; k < OPS; k++) {
+                double want = ref_unary(k, xv), d;
+                if (isnan(want) || isnan(got[k][i])) {
+                    if (isnan(want) != isnan(got[k][i]))
+                        fail_msg("%s %s(%.9g) = %.9g, want %.9g", t ? "scalar" : "vector", names[k],
+                                 xv, got[k][i], want);
+                    continue;
+                }
+                if (isinf(want)) {
+                    if ((double)got[k][i] != want)
+                        fail_msg("%s %s(%.9g) = %.9g, want %.9g", t ? "scalar" : "vector", names[k],
+                                 xv, got[k][i], want);
+                    continue;
+                }
+                d = ulps_off(got[k][i], want);
+                if (d > tol[k] && fabs(got[k][i] - want) > 3e-45 * (1.0 + fabs(xv)))
+                    fail_msg("%s %s(%.9g) = %.9g, want %.9g: %.1f ulp", t ? "scalar" : "vector",
+                             names[k], xv, got[k][i], want, d);
+                if (fabs(want) > 1e-30) worst[k] = d > worst[k] ? d : worst[k];
+            }
+        }
+        if (!t) {
+            assert_true(got[0][100] == -INFINITY && got[0][101] == -INFINITY);
+            assert_true(got[0][102] == INFINITY && isnan(got[0][103]) && isnan(got[0][105]));
+            assert_true(got[1][100] == INFINITY && got[1][102] == 0.0f);
+            assert_true(got[2][111] == 20.000002f && got[2][103] == 0.0f &&
+                        got[2][102] == INFINITY && got[2][114] == 3.4e38f);
+            assert_true(got[3][102] == INFINITY && got[3][114] == 3.4e38f);
+            assert_true(got[4][101] == 0.0f && signbit(got[4][101]) && got[5][100] == 1.0f);
+            assert_true(isnan(got[4][102]) && isnan(got[4][103]) && isnan(got[5][102]));
+            for (k = 0; k < OPS; k++)
+                assert_true(isnan(got[k][104]));
+        }
+        print_message("%s: log within %.2f ulp, rsqrt %.2f, softplus %.2f, mish %.2f, sin %.2f, "
+                      "cos %.2f\n",
+                      t ? "scalar" : "vector", worst[0], worst[1], worst[2], worst[3], worst[4],
+                      worst[5]);
+        for (k = 0; k < OPS; k++)
+            tb_tensor_release(y[k]);
+        if (v != x) tb_tensor_release(v);
+        tb_tensor_release(x);
+    }
+}
+
 /* clamp (hardtanh, relu6) of f32 and f16 rows read in order runs as a vector: the values of
    the cpu reference, NaN kept, -0 kept where it is within the bounds, infinities clamped. */
 static void test_vector_clamp(void **state) {
@@ -1239,6 +1361,7 @@ static const struct CMUnitTest fusion_tests[] = {
     cmocka_unit_test(test_vector_exp),
     cmocka_unit_test(test_erf_gelu_f32),
     cmocka_unit_test(test_tanh_sigmoid_f32),
+    cmocka_unit_test(test_log_softplus_sin_f32),
     cmocka_unit_test(test_vector_clamp),
     cmocka_unit_test(test_vector_where_mask),
     cmocka_unit_test(test_norm_rows_streamed),
