@@ -426,12 +426,12 @@ TB_FN int tb_vany(tb_vi m) {
 #endif
 }
 
-/* sin (c = 0) or cos (c = 1) of each lane: Cephes' sinf and cosf polynomials. |x| less j pi/4
-   for j the even integer nearest |x| 4 / pi (pi/4 in four parts, the first three of at most
-   10 bits: each product and difference exact for |x| <= 8192 with or without a fused
-   multiply-add), then the sine or the cosine polynomial by j's second bit, the sign by its
-   third (and x's, for sin). Lanes above 8192, infinities and NaNs take the dialect's scalar
-   sin or cos. */
+/* sin (c = 0) or cos (c = 1) of each lane: Cephes' sinf and cosf polynomials. |x| less j pi/4,
+   j the integer part of |x| 4 / pi made even (odd ones rounded up), so in [-pi/4, pi/4] (pi/4
+   in four parts, the first three of at most 10 bits: each product and difference exact for
+   |x| <= 8192 with or without a fused multiply-add), then the sine or the cosine polynomial by
+   j's second bit, the sign by its third (and x's, for sin). Lanes above 8192, infinities and
+   NaNs take the dialect's scalar sin or cos. */
 TB_FN tb_vf tb_vsincos(tb_vf x, int c) {
     tb_vi ax = TB_VASI(x) & 0x7fffffff, big = ax > 0x46000000, j; /* |x| > 8192 or NaN */
     tb_vf a = TB_VSEL(TB_VASF(ax), TB_VBC(0.0f), big), y, z, ps, pc, r;
