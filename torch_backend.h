@@ -7108,7 +7108,7 @@ TBDEF tb_status tb_backend_device_info(const tb_device *device, tb_device_info *
     X(MISH, mish, TB__INT_REFUSE,                                                                  \
       /* reference */ x * tanh(log1p(exp(x))),                                                     \
       /* code      */ "($t)($x * $tanh($log1p($exp($x))))",                                        \
-      /* float     */ NULL,                                                                        \
+      /* float     */ "(float)tb_mish_f32((float)$a)",                                             \
       /* vector    */ "tb_vmish($a)",                                                              \
       /* gradient: g (s + x sigmoid(x) (1 - s^2)), s = tanh(softplus(x)) */                        \
       (s = TB__K(tb_tanh(TB__K(tb_softplus(x)))),                                                  \
@@ -26845,6 +26845,16 @@ static const char *const tb__cl_prelude[] = {
     "    return 0.5f * x * (a < 1.0f ? 1.0f + (z + z * TB_ERF_R(z * z, TB_MULADD, TB_SAME)) : s);\n",
     "}\n",
     "\n",
+    "/* mish of f32 values without calls, as the vector form: x n / (n + 2) with n = e (e + 2), e =\n",
+    "   exp(x), and x itself above 20; below -80, where e would lose its bits in the denormals,\n",
+    "   x e^x (mish's value there to f32's precision) as (x exp(x + 40)) e^-40. NaN stays NaN, -inf\n",
+    "   gives NaN (-inf * 0, as the reference). */\n",
+    "TB_FN float tb_mish_f32(float x) {\n",
+    "    float e = tb_exp_f32(x > 20.0f ? 20.0f : (x < -80.0f ? x + 40.0f : x)), n = e * (e + 2.0f);\n",
+    "    float r = x < -80.0f ? (x * e) * 4.24835426e-18f : x * (n / (n + 2.0f));\n",
+    "    return x > 20.0f ? x : r;\n",
+    "}\n",
+    "\n",
     "TB_FN float tb_bf2f(uint h) {\n",
     "    return TB_BITS_F32(h << 16);\n",
     "}\n",
@@ -27110,15 +27120,6 @@ static const char *const tb__cl_prelude[] = {
     "    return TB_VSEL(tb_vrelu(x) + l, x, TB_VASI(x) > 0x41a00000); /* x > 20 */\n",
     "}\n",
     "\n",
-    "/* mish of each lane, x tanh(softplus(x)) with one exp: tanh(log(1 + e)) for e = exp(x) is\n",
-    "   n / (n + 2) with n = e (e + 2); x itself above 20 (where that is 1 and e would grow\n",
-    "   towards overflow). -inf gives NaN (-inf * 0, as the reference), NaN NaN. */\n",
-    "TB_FN tb_vf tb_vmish(tb_vf x) {\n",
-    "    tb_vi big = TB_VASI(x) > 0x41a00000; /* x > 20, NaN with its sign bit clear */\n",
-    "    tb_vf e = TB_VEXP(TB_VSEL(x, TB_VBC(20.0f), big)), n = e * (e + 2.0f);\n",
-    "    return TB_VSEL(x * (n / (n + 2.0f)), x, big);\n",
-    "}\n",
-    "\n",
     "/* Whether any lane of the mask m is set. */\n",
     "TB_FN int tb_vany(tb_vi m) {\n",
     "#if defined(TB_VANY)\n",
@@ -27136,10 +27137,23 @@ static const char *const tb__cl_prelude[] = {
     "#endif\n",
     "}\n",
     "\n",
+    "/* mish of each lane, as tb_mish_f32: x n / (n + 2) with n = e (e + 2), e = exp(x) (tanh of\n",
+    "   log(1 + e)), x itself above 20, (x exp(x + 40)) e^-40 below -80 (where e would lose its\n",
+    "   bits in the denormals). -inf gives NaN (-inf * 0, as the reference), NaN NaN. */\n",
+    "TB_FN tb_vf tb_vmish(tb_vf x) {\n",
+    "    tb_vi bits = TB_VASI(x), big = bits > 0x41a00000; /* x > 20, NaN with its sign bit clear */\n",
+    "    tb_vi low = (bits < 0) & (bits > -0x3d600000);  /* x < -80: the bits of -80 as an int */\n",
+    "    tb_vf e = TB_VEXP(TB_VSEL(TB_VSEL(x, TB_VBC(20.0f), big), x + 40.0f, low));\n",
+    "    tb_vf n = e * (e + 2.0f);\n",
+    "    tb_vf r = TB_VSEL(x * (n / (n + 2.0f)), (x * e) * 4.24835426e-18f, low);\n",
+    "    return TB_VSEL(r, x, big);\n",
+    "}\n",
+    "\n",
     "/* sin (c = 0) or cos (c = 1) of each lane: Cephes' sinf and cosf polynomials. |x| less j pi/4,\n",
-    "   j the integer part of |x| 4 / pi made even (odd ones rounded up), so in [-pi/4, pi/4] (pi/4\n",
-    "   in four parts, the first three of at most 10 bits: each product and difference exact for\n",
-    "   |x| <= 8192 with or without a fused multiply-add), then the sine or the cosine polynomial by\n",
+    "   j the integer part of |x| 4 / pi made even (odd ones rounded up), so in [-pi/4, pi/4] (Cody\n",
+    "   and Waite's reduction, pi/4 in four parts, the first three of at most 10 bits so that their\n",
+    "   products with j are exact for |x| <= 8192 with or without a fused multiply-add), then the\n",
+    "   sine or the cosine polynomial by\n",
     "   j's second bit, the sign by its third (and x's, for sin). Lanes above 8192, infinities and\n",
     "   NaNs take the dialect's scalar sin or cos. */\n",
     "TB_FN tb_vf tb_vsincos(tb_vf x, int c) {\n",
@@ -27234,7 +27248,7 @@ static const char *const tb__cl_prelude[] = {
     "#endif\n",
     0
 };
-static const size_t tb__cl_prelude_count = 524;
+static const size_t tb__cl_prelude_count = 538;
 // clang-format on
 #endif
 
@@ -32430,7 +32444,10 @@ static const char tb__c99_head2[] =
     "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__) /* p * 2^k rounded once */\n"
     "#define TB_VSCALEF(p, k) __builtin_ia32_scalefps512_mask(p, k, p, (unsigned short)0xffff, 4)\n"
     "#endif\n"
-    "#if TB_VW == 8 && defined(__AVX__) && defined(__GNUC__) /* whether any lane of m is set */\n"
+    "#if TB_VW == 16 && defined(__AVX512F__) && defined(__GNUC__) && "
+    "TB_HB(__builtin_ia32_ptestmd512) /* whether any lane of m is set */\n"
+    "#define TB_VANY(m) (__builtin_ia32_ptestmd512((m), (m), (unsigned short)0xffff) != 0)\n"
+    "#elif TB_VW == 8 && defined(__AVX__) && defined(__GNUC__)\n"
     "#define TB_VANY(m) (__builtin_ia32_movmskps256((tb_vf)(m)) != 0)\n"
     "#elif TB_VW == 4 && defined(__SSE__) && defined(__GNUC__)\n"
     "#define TB_VANY(m) (__builtin_ia32_movmskps((tb_vf)(m)) != 0)\n"

@@ -12,13 +12,12 @@
    exp, sums and maxima over rows, softmax (pipelined too), log_softmax and layer_norm, and two
    matmuls whose items pack B's windows themselves, in a function of their own (ResNet-18's
    third stage's weight gradient, items of several column panels, and a forward whose weight is
-   trained), and a chain of the activations' vector forms (tanh, sigmoid, gelu, log, softplus,
-   mish). The programs are planned for the class through the backend's test hook
-   (tb__native_shape_override), on any machine; NEON's are compiled where Debian's cross compiler
-   is installed (gcc-aarch64-linux-gnu).
-   The x86 classes compile twice: tuned for no CPU in particular, and for AMD's Zen 3 (what
-   gcc's -march=native picks on Zen 3 to 5), whose tuning keeps integers in vector registers
-   when a function runs short of general ones.
+   trained), and a chain of the math functions' vector forms (tanh, sigmoid, gelu, log,
+   softplus, mish, rsqrt, sin, cos). The programs are planned for the class through the backend's
+   test hook (tb__native_shape_override), on any machine; NEON's are compiled where Debian's cross
+   compiler is installed (gcc-aarch64-linux-gnu). The x86 classes compile twice: tuned for no CPU in
+   particular, and for AMD's Zen 3 (what gcc's -march=native picks on Zen 3 to 5), whose tuning
+   keeps integers in vector registers when a function runs short of general ones.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
@@ -214,12 +213,13 @@ static char *program_for(const cpu_class *c, int graph) {
         z = tb_add_scalar(tb_zeros(&s, &nat), 1.0);
         y = tb_matmul(x, z);
         break;
-    case 17: /* the activations' vector forms in one chain: tanh, sigmoid, gelu, log,
-                softplus and mish */
+    case 17: /* the math functions' vector forms in one chain: tanh, sigmoid, gelu, log,
+                softplus, mish, rsqrt, sin and cos */
         assert_int_equal(tb_shape_make(&s, TB_F32, 2, rows), TB_OK);
         x = tb_zeros(&s, &nat);
         z = tb_gelu(tb_sigmoid(tb_tanh(x)));
-        y = tb_mish(tb_softplus(tb_log(z)));
+        z = tb_mish(tb_softplus(tb_log(z)));
+        y = tb_cos(tb_sin(tb_rsqrt(z)));
         break;
     default: /* layer_norm and softmax, unpipelined, over rows of 4096 */
         assert_int_equal(tb_shape_make(&s, TB_F32, 2, (const int64_t[]){64, 4096}), TB_OK);

@@ -139,7 +139,7 @@
     X(MISH, mish, TB__INT_REFUSE,                                                                  \
       /* reference */ x * tanh(log1p(exp(x))),                                                     \
       /* code      */ "($t)($x * $tanh($log1p($exp($x))))",                                        \
-      /* float     */ NULL,                                                                        \
+      /* float     */ "(float)tb_mish_f32((float)$a)",                                             \
       /* vector    */ "tb_vmish($a)",                                                              \
       /* gradient: g (s + x sigmoid(x) (1 - s^2)), s = tanh(softplus(x)) */                        \
       (s = TB__K(tb_tanh(TB__K(tb_softplus(x)))),                                                  \

@@ -628,13 +628,14 @@ static void test_tanh_sigmoid_f32(void **state) {
 /* log, rsqrt, softplus, mish, sin and cos of f32 rows read in order run as vectors (log: the
    dialect's vector log, on C the kernels' own; softplus and mish: the kernels' own, one exp
    each; sin and cos: the kernels' own up to |x| = 8192, the dialect's scalar ones beyond), of
-   rows read out of order as scalars: log and rsqrt within 2 ulp of double, sin and cos within
-   3 (the OpenCL bound is 4), softplus within 4, mish within 5 (or 3e-45 (1 + |x|) where the result
-   is in the denormals), over
+   rows read out of order as scalars: within 2 ulp of double for rsqrt, 3 for log (OpenCL's
+   bound for its log), sin and cos (4 as scalars: the device's, whose OpenCL bound that is), 4
+   for softplus and 5 for mish, or 3e-45 (1 + |x|) where the result is a denormal, over
    [-30, 30], [-9000, 9000] and every binade (random bits: negatives, denormals, infinities and
    NaNs among them). The edges of the vector code: log(+-0) = -inf, log(-1) and log(-inf) NaN,
    log(inf) = inf, rsqrt(0) = inf, softplus(x > 20) = x and softplus(-inf) = 0, mish(inf) =
-   inf, sin(-0) = -0, cos(0) = 1, sin and cos of +-inf NaN, NaN stays NaN. */
+   inf, sin(-0) = -0, cos(0) = 1, sin and cos of +-inf NaN, NaN stays NaN; mish keeps its
+   digits where exp(x) is a denormal (x in [-104, -87]). */
 static double ref_unary(int k, double x) {
     switch (k) {
     case 0:
@@ -655,13 +656,14 @@ static double ref_unary(int k, double x) {
 static void test_log_softplus_sin_f32(void **state) {
     enum { R = 256, C = 256, N = R * C, OPS = 6 };
     static float in[N], got[OPS][N];
-    static const float edge[] = {0.0f,   -0.0f,   INFINITY,    -INFINITY,  NAN,   -1.0f,
-                                 1e-45f, 1e-40f,  0.70710677f, 0.7071068f, 20.0f, 20.000002f,
-                                 -88.8f, -104.5f, 3.4e38f,     1.0f};
+    static const float edge[] = {
+        0.0f,         -0.0f,      INFINITY, -INFINITY,  NAN,     -1.0f,      1e-45f,  1e-40f,
+        0.70710677f,  0.7071068f, 20.0f,    20.000002f, -88.8f,  -104.5f,    3.4e38f, 1.0f,
+        -91.4776764f, -87.5f,     -100.0f,  -103.5f,    8192.0f, -8192.0005f};
     static const char *const names[OPS] = {"log", "rsqrt", "softplus", "mish", "sin", "cos"};
     static const char *const vec_text[OPS] = {"TB_VLOG(v",  "TB_VSQRT(v",   "tb_vsoftplus(v",
                                               "tb_vmish(v", "tb_vsincos(v", "tb_vsincos(v"};
-    const double tol[OPS] = {2, 2, 4, 5, 3, 3};
+    const double tol[OPS] = {3, 2, 4, 5, 3, 3};
     const int nedge = (int)(sizeof edge / sizeof edge[0]);
     tb_shape s = shp(TB_F32, 2, R, C, 0, 0);
     uint32_t bits = 12345u;
@@ -718,10 +720,11 @@ static void test_log_softplus_sin_f32(void **state) {
                     continue;
                 }
                 d = ulps_off(got[k][i], want);
-                if (d > tol[k] && fabs(got[k][i] - want) > 3e-45 * (1.0 + fabs(xv)))
+                if (d > tol[k] + (t && k >= 4) &&
+                    !(fabs(want) < FLT_MIN && fabs(got[k][i] - want) <= 3e-45 * (1.0 + fabs(xv))))
                     fail_msg("%s %s(%.9g) = %.9g, want %.9g: %.1f ulp", t ? "scalar" : "vector",
                              names[k], xv, got[k][i], want, d);
-                if (fabs(want) > 1e-30) worst[k] = d > worst[k] ? d : worst[k];
+                if (fabs(want) >= FLT_MIN) worst[k] = d > worst[k] ? d : worst[k];
             }
         }
         if (!t) {
