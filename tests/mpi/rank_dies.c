@@ -7,7 +7,8 @@
    itself (`kill`) before the collective; every other rank records an all_reduce and syncs it.
    Each other rank must get an error that names TB_COLLECTIVE_TIMEOUT within the timeout and a
    few seconds, and then an error at once from the next collective (the group is unusable).
-   Each prints "rank_dies: rank R: timed out after S s as expected" when all of that held, and
+   Each prints "rank_dies: rank R: timed out after S s as expected" when all of that held, waits
+   the timeout's length again (so that no rank's end stops another before its own report), and
    ends with tb_shutdown, which leaves MPI_Finalize out then (the launcher ends the job, the
    sleeping rank too). Under
    `kill` the launcher may end the job before the timeout: the test script then checks only that
@@ -92,8 +93,17 @@ int main(int argc, char **argv) {
     tb_tensor_release(y);
     tb_tensor_release(x);
     if (ok) printf("rank_dies: rank %d: timed out after %.1f s as expected\n", rank, waited);
+    fflush(stdout);
     /* tb_shutdown leaves MPI_Finalize out (it would wait for the missing rank); a process that
-       ends without it makes the launcher end the job */
+       ends without it makes the launcher end the job, so each waiting rank first gives the
+       others the timeout's length to reach theirs (they started their collectives at slightly
+       different times) */
+    {
+        struct timespec ts;
+        ts.tv_sec = (time_t)limit;
+        ts.tv_nsec = (long)((limit - (double)ts.tv_sec) * 1e9);
+        nanosleep(&ts, NULL);
+    }
     tb_shutdown();
     return ok ? 0 : 1;
 }
