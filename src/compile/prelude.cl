@@ -410,6 +410,18 @@ TB_FN tb_vf tb_vsoftplus(tb_vf x) {
     return TB_VSEL(tb_vrelu(x) + l, x, TB_VASI(x) > 0x41a00000); /* x > 20 */
 }
 
+/* mish of each lane, as tb_mish_f32: x n / (n + 2) with n = e (e + 2), e = exp(x) (tanh of
+   log(1 + e)), x itself above 20, (x exp(x + 40)) e^-40 below -80 (where e would lose its
+   bits in the denormals). -inf gives NaN (-inf * 0, as the reference), NaN NaN. */
+TB_FN tb_vf tb_vmish(tb_vf x) {
+    tb_vi bits = TB_VASI(x), big = bits > 0x41a00000; /* x > 20, NaN with its sign bit clear */
+    tb_vi low = (bits < 0) & (bits > -0x3d600000);  /* x < -80: the bits of -80 as an int */
+    tb_vf e = TB_VEXP(TB_VSEL(TB_VSEL(x, TB_VBC(20.0f), big), x + 40.0f, low));
+    tb_vf n = e * (e + 2.0f);
+    tb_vf r = TB_VSEL(x * (n / (n + 2.0f)), (x * e) * 4.24835426e-18f, low);
+    return TB_VSEL(r, x, big);
+}
+
 /* Whether any lane of the mask m is set. */
 TB_FN int tb_vany(tb_vi m) {
 #if defined(TB_VANY)
@@ -427,25 +439,13 @@ TB_FN int tb_vany(tb_vi m) {
 #endif
 }
 
-/* mish of each lane, as tb_mish_f32: x n / (n + 2) with n = e (e + 2), e = exp(x) (tanh of
-   log(1 + e)), x itself above 20, (x exp(x + 40)) e^-40 below -80 (where e would lose its
-   bits in the denormals). -inf gives NaN (-inf * 0, as the reference), NaN NaN. */
-TB_FN tb_vf tb_vmish(tb_vf x) {
-    tb_vi bits = TB_VASI(x), big = bits > 0x41a00000; /* x > 20, NaN with its sign bit clear */
-    tb_vi low = (bits < 0) & (bits > -0x3d600000);  /* x < -80: the bits of -80 as an int */
-    tb_vf e = TB_VEXP(TB_VSEL(TB_VSEL(x, TB_VBC(20.0f), big), x + 40.0f, low));
-    tb_vf n = e * (e + 2.0f);
-    tb_vf r = TB_VSEL(x * (n / (n + 2.0f)), (x * e) * 4.24835426e-18f, low);
-    return TB_VSEL(r, x, big);
-}
-
 /* sin (c = 0) or cos (c = 1) of each lane: Cephes' sinf and cosf polynomials. |x| less j pi/4,
    j the integer part of |x| 4 / pi made even (odd ones rounded up), so in [-pi/4, pi/4] (Cody
    and Waite's reduction, pi/4 in four parts, the first three of at most 10 bits so that their
    products with j are exact for |x| <= 8192 with or without a fused multiply-add), then the
-   sine or the cosine polynomial by
-   j's second bit, the sign by its third (and x's, for sin). Lanes above 8192, infinities and
-   NaNs take the dialect's scalar sin or cos. */
+   sine or the cosine polynomial by j's second bit, the sign by its third (and x's, for sin).
+   Lanes above 8192, infinities and NaNs take the dialect's scalar sin or cos (tb_vany: the
+   test costs one instruction where the dialect has TB_VANY). */
 TB_FN tb_vf tb_vsincos(tb_vf x, int c) {
     tb_vi ax = TB_VASI(x) & 0x7fffffff, big = ax > 0x46000000, j; /* |x| > 8192 or NaN */
     tb_vf a = TB_VSEL(TB_VASF(ax), TB_VBC(0.0f), big), y, z, ps, pc, r;
