@@ -13,9 +13,11 @@
 # tests/test_fuzz_regress.c replays it in the normal test suite, and the exit status is 1.
 #
 # Environment: FUZZ_CC (default clang) must support -fsanitize=fuzzer (Debian:
-# libclang-rt-14-dev). Harnesses are built with
+# libclang-rt-14-dev). The harnesses are one program, built with
 #     clang -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -g -O1 -I.
-# Run it under nice on a shared machine; the targets run one at a time.
+# into build/fuzz/fuzz_harnesses; build/fuzz/fuzz_TARGET, a link to it, runs TARGET's harness
+# (as does TB_FUZZ_TARGET=TARGET). Run it under nice on a shared machine; the targets run one
+# at a time.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -40,7 +42,7 @@ while [ $# -gt 0 ]; do
         fi
         ;;
     -h | --help)
-        sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     -*)
@@ -48,7 +50,7 @@ while [ $# -gt 0 ]; do
         exit 2
         ;;
     *)
-        if [ ! -f "tests/fuzz/fuzz_$1.c" ]; then
+        if [[ " ${all_targets[*]} " != *" $1 "* ]]; then
             echo "fuzz.sh: unknown target: $1 (targets: ${all_targets[*]})" >&2
             exit 2
         fi
@@ -67,30 +69,25 @@ mkdir -p "$out"
 export ASAN_OPTIONS=${FUZZ_ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:intercept_tls_get_addr=0}
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-# Build every target first, several at a time (the header is large to compile).
-jobs_max=$(nproc 2>/dev/null || echo 2)
+# One program holds every harness (tests/fuzz/all_harnesses.c: the library, which is most of
+# the compile, is compiled once); build/fuzz/fuzz_TARGET is a link to it, whose name picks
+# the harness.
+prog=$out/fuzz_harnesses
+if "$cc" "${flags[@]}" tests/fuzz/all_harnesses.c -o "$prog" >"$prog.build.log" 2>&1; then
+    built=1
+else
+    built=0
+fi
 for t in "${targets[@]}"; do
-    (
-        if "$cc" "${flags[@]}" "tests/fuzz/fuzz_$t.c" -o "$out/fuzz_$t" >"$out/fuzz_$t.build.log" 2>&1
-        then
-            echo 0 >"$out/fuzz_$t.build.rc"
-        else
-            echo 1 >"$out/fuzz_$t.build.rc"
-        fi
-    ) &
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
-        wait -n
-    done
+    ln -sfn fuzz_harnesses "$out/fuzz_$t"
 done
-wait
-
 failed=0
 for t in "${targets[@]}"; do
     bin=$out/fuzz_$t
     log=$out/fuzz_$t.log
-    if [ "$(cat "$out/fuzz_$t.build.rc" 2>/dev/null)" != 0 ]; then
-        echo "FAIL fuzz: $t (does not build: $cc ${flags[*]} tests/fuzz/fuzz_$t.c)"
-        sed 's/^/    /' "$out/fuzz_$t.build.log"
+    if [ "$built" != 1 ]; then
+        echo "FAIL fuzz: $t (does not build: $cc ${flags[*]} tests/fuzz/all_harnesses.c)"
+        sed 's/^/    /' "$prog.build.log"
         failed=1
         continue
     fi
