@@ -64,7 +64,8 @@
      POCL_AFFINITY       PoCL's own; set to 1 (workers pinned) before the driver starts where it
                          is unset and the process may run on every online CPU
      POCL_KERNEL_CACHE   PoCL's own; while its kernel cache is on (the default), PoCL's programs
-                         are left to it and not written to TB_CACHE_DIR
+                         are left to it and not written to TB_CACHE_DIR; 0 writes them (a later
+                         process then loads each in about 1 ms, not PoCL's 24)
      TB_DEBUG            1: one line per graph compile/run, and one while a compile is still
                          running after 1 s; 2: also one line per kernel with time, GB/s,
                          GFLOP/s; 3: also the IR and the generated OpenCL C

@@ -133,8 +133,11 @@ static void tb__ocl_programs_trim(tb__ocl_device *dev, size_t keep) {
 /* Whether the device's driver keeps what it compiles on disk itself: PoCL with its kernel
    cache on (POCL_KERNEL_CACHE unset or not 0). Its programs' binaries are then not written to
    ours: PoCL compiles every kernel once more to serialise a program (a ResNet-18 forward's
-   first run took 9.2 s with that write and 3.9 s without), and a later process finds the
-   program and its kernels in PoCL's cache as fast as in ours. */
+   first run took 9.2 s with that write and 3.9 s without). A later process finds the
+   program and its kernels in PoCL's cache, but slower than in ours: PoCL preprocesses the
+   source to look it up, about 24 ms a program where a binary of ours loads in about 1 ms.
+   A model's graphs are few programs; a process of hundreds of small graphs is better served
+   by POCL_KERNEL_CACHE=0 (the README's "OpenCL"). */
 static bool tb__ocl_driver_caches(const tb__ocl_device *dev) {
     const char *v = tb__getenv("POCL_KERNEL_CACHE");
     return strstr(dev->platform_name, "Portable Computing Language") != NULL &&
