@@ -22400,6 +22400,8 @@ static int64_t tb__ix_ceil_div(int64_t a, int64_t k); /* the least q, q * k >= a
 static tb_status tb__ix_fail(tb__ix *g, tb_status st);
 static void tb__ix_line(tb__ix *g, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
+/* Inside a test that form f lies in [lo, hi]: f's variable given the range that follows. */
+static int32_t tb__ix_narrow_axis(tb__ix *ix, tb__lf *f, int64_t lo, int64_t hi);
 /* The value variable `var` takes where variable `root` is `value`: false where it depends on
    another variable its lines do not compute from root (one declared before root, a loop's, a
    value read from memory). */
@@ -26201,6 +26203,28 @@ static int32_t tb__ix_spill(tb__ix *g, const tb__lf *lf) {
     return v;
 }
 
+/* Inside a test that form `f` (one variable plus a constant) lies in [lo, hi]: its variable
+   becomes a copy with the range that gives it (the copy its line), so that the index
+   arithmetic under the test knows it (a flat offset of a padded axis then splits back into
+   dims without a division). Forms of other shapes, and ranges no narrower (or empty: the test
+   never holds), stay as they are. 0, or -1 on failure. */
+static int32_t tb__ix_narrow_axis(tb__ix *ix, tb__lf *f, int64_t lo, int64_t hi) {
+    int32_t var = f->var[0], v;
+    if (f->n != 1 || f->coef[0] != 1) return 0;
+    lo = lo - f->c > ix->vars[var].lo ? lo - f->c : ix->vars[var].lo;
+    hi = hi - f->c < ix->vars[var].hi ? hi - f->c : ix->vars[var].hi;
+    if (lo > hi || (lo == ix->vars[var].lo && hi == ix->vars[var].hi)) return 0;
+    v = tb__ix_new_var(ix, lo, hi);
+    if (v < 0) return -1;
+    ix->vars[v].def = TB__IX_FORM;
+    tb__lf_const(&ix->vars[v].form, 0);
+    tb__lf_add_term(&ix->vars[v].form, var, 1);
+    ix->vars[v].traced = ix->vars[var].traced;
+    tb__ix_line(ix, "const long i%d = i%d;", (int)v, (int)var);
+    f->var[0] = v;
+    return 0;
+}
+
 /* dst += scale * src, spilling into variables when the terms do not fit. */
 static bool tb__ix_lf_addmul(tb__ix *g, tb__lf *dst, const tb__lf *src, int64_t scale) {
     int32_t i;
@@ -27648,7 +27672,7 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
     const char *t = tb__cg_ctype(n->shape.dtype);
     tb__lf zero, dims[TB_MAX_RANK];
     tb__str cond, clamp; /* the whole head, and the clamped axes' test, built then checked */
-    uint64_t clamped = 0;
+    uint64_t clamped = 0, tested = 0;
     int32_t vv, v, vx, i, qp, ok = -1;
     tb__pos p;
     tb__lf_const(&zero, 0);
@@ -27685,6 +27709,7 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
         } else if (row) {
             tb__cg_row_note(g, &p.dim[i], before, end);
         }
+        if (to == &cond && !row) tested |= (uint64_t)1 << i;
         tb__lf_text(&p.dim[i], text, sizeof text);
         tb__str_append(to, "%s(%s) >= %lldL && (%s) < %lldL",
                        to->len > 0 ? " && " : (to == &cond ? "if (" : ""), text, before, text, end);
@@ -27697,10 +27722,8 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
         int32_t c;
         if (!((clamped >> i) & 1u)) continue;
         c = tb__ix_new_var(&g->ix, 0, xs->dims[i] - 1);
-        if (c < 0) {
-            ok = -1; /* failed: reported below, no read left unclamped */
-            break;
-        }
+        ok = c < 0 ? -1 : ok; /* failed: reported below, no read left unclamped */
+        if (ok < 0) break;
         tb__lf_text(&dims[i], text, sizeof text);
         tb__ix_line(&g->ix, "const long i%d = i%d ? %s : 0L;", (int)c, (int)ok, text);
         tb__lf_const(&dims[i], 0);
@@ -27715,7 +27738,9 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
     tb__ix_open(&g->ix, cond.len > 0 ? cond.data : "");
     tb__str_free(&cond);
     tb__str_free(&clamp);
-    qp = tb__ix_pos_multi(&g->ix, xs, dims);
+    for (i = 0, qp = 0; i < xs->rank && qp >= 0; i++) /* tested axes: the test's range */
+        if ((tested >> i) & 1u) qp = tb__ix_narrow_axis(&g->ix, &dims[i], 0, xs->dims[i] - 1);
+    if (qp >= 0) qp = tb__ix_pos_multi(&g->ix, xs, dims);
     vx = qp >= 0 ? tb__cg_eval(g, x, qp) : -1;
     if (vx >= 0 && ok < 0) tb__ix_line(&g->ix, "v%d = v%d;", (int)v, (int)vx);
     if (vx >= 0 && ok >= 0 && strcmp(t, "float") == 0)

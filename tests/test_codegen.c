@@ -5,7 +5,8 @@
    with the class's vector width, a kernel whose code repeats an earlier one's run by that
    function, fused products in the packed matmul, B's row as one vector in the register
    matmul, reductions per channel that read each image's run in order, sums over leading axes
-   as columns of vectors, every math op's template filled in every float dtype, an error where
+   as columns of vectors, the range a pad's test gives its axis used under it, every math op's
+   template filled in every float dtype, an error where
    a dialect cannot report a run-time failure, the same text every time, and an error (no
    leak) when memory runs out. Whether the programs compile and compute right is the
    compiled-backend suite's part (tests/backend_suite). */
@@ -500,6 +501,42 @@ static void test_pad_rows_split(void **state) {
     tb_tensor_release(x3);
 }
 
+/* A pad's test that an axis is inside x tells the index arithmetic under it that axis's range:
+   exp(a + b[..., :5]) for a of [2, 3, 4, 5] through a view of [6, 20], padded before its
+   second axis. Under the test the padded axis is a copy of its variable with the test's range,
+   so the reads of a and b take the four dims without splitting the view's row (3 channels)
+   back out by a division: no "/ 3L" or "% 3L" in the program of any device (the C host's
+   clamps the axis instead of testing it). ResNet-18's pool gradient on PoCL computed 64-bit
+   divisions per element so (25 -> 3 ms). */
+static void test_pad_test_narrows_the_axis(void **state) {
+    tb_tensor *a3 = plan_input(TB_F32, 3, 6, 4, 5), *b3 = plan_input(TB_F32, 3, 6, 4, 6);
+    static const int64_t rows[2] = {6, 20}, dims[4] = {2, 3, 4, 5}, bd[4] = {2, 3, 4, 6};
+    static const int64_t pads[8] = {0, 0, 0, 0, 1, 0, 0, 0};
+    tb_tensor *a = tb_reshape(a3, dims, 4), *b = tb_reshape(b3, bd, 4);
+    tb_tensor *s = tb_slice(b, 3, 0, 5, 1), *q = tb_add(a, s), *r = tb_reshape(q, rows, 2);
+    tb_tensor *e = tb_exp(r), *r2 = tb_reshape(e, dims, 4), *y = tb_pad(r2, pads, 8, 0.0);
+    int dev;
+    (void)state;
+    assert_non_null(y);
+    for (dev = DEV_AVX512; dev <= DEV_C99; dev++) {
+        char *text = program(dev, &y, 1, NULL);
+        if (dev != DEV_C99) expect_text(text, "if ((i", plan_dev_names[dev]); /* C: clamped */
+        if (strstr(text, "/ 3L") != NULL || strstr(text, "% 3L") != NULL)
+            fail_msg("%s: the padded read divides by the channels:\n%s", plan_dev_names[dev], text);
+        free(text);
+    }
+    tb_tensor_release(y);
+    tb_tensor_release(r2);
+    tb_tensor_release(e);
+    tb_tensor_release(r);
+    tb_tensor_release(q);
+    tb_tensor_release(s);
+    tb_tensor_release(b);
+    tb_tensor_release(a);
+    tb_tensor_release(b3);
+    tb_tensor_release(a3);
+}
+
 /* The input gradient of a 3 x 3 max-pool at stride 2, padded by 1 (ResNet's), folded by phases,
    in the native backend's C: its rows of 40 run in 20 pairs, each pair's two elements stored
    side by side. In pairs the fold's division of the column by 2 is a constant of each element,
@@ -890,6 +927,7 @@ int main(void) {
         cmocka_unit_test(test_pack_lane_by_lane),
         cmocka_unit_test(test_selects_blend),
         cmocka_unit_test(test_pad_rows_split),
+        cmocka_unit_test(test_pad_test_narrows_the_axis),
         cmocka_unit_test(test_pool_grad_rows_in_pairs),
         cmocka_unit_test(test_pack_panels_first),
         cmocka_unit_test(test_reduction_loops),

@@ -393,7 +393,7 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
     const char *t = tb__cg_ctype(n->shape.dtype);
     tb__lf zero, dims[TB_MAX_RANK];
     tb__str cond, clamp; /* the whole head, and the clamped axes' test, built then checked */
-    uint64_t clamped = 0;
+    uint64_t clamped = 0, tested = 0;
     int32_t vv, v, vx, i, qp, ok = -1;
     tb__pos p;
     tb__lf_const(&zero, 0);
@@ -430,6 +430,7 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
         } else if (row) {
             tb__cg_row_note(g, &p.dim[i], before, end);
         }
+        if (to == &cond && !row) tested |= (uint64_t)1 << i;
         tb__lf_text(&p.dim[i], text, sizeof text);
         tb__str_append(to, "%s(%s) >= %lldL && (%s) < %lldL",
                        to->len > 0 ? " && " : (to == &cond ? "if (" : ""), text, before, text, end);
@@ -442,10 +443,8 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
         int32_t c;
         if (!((clamped >> i) & 1u)) continue;
         c = tb__ix_new_var(&g->ix, 0, xs->dims[i] - 1);
-        if (c < 0) {
-            ok = -1; /* failed: reported below, no read left unclamped */
-            break;
-        }
+        ok = c < 0 ? -1 : ok; /* failed: reported below, no read left unclamped */
+        if (ok < 0) break;
         tb__lf_text(&dims[i], text, sizeof text);
         tb__ix_line(&g->ix, "const long i%d = i%d ? %s : 0L;", (int)c, (int)ok, text);
         tb__lf_const(&dims[i], 0);
@@ -460,7 +459,9 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
     tb__ix_open(&g->ix, cond.len > 0 ? cond.data : "");
     tb__str_free(&cond);
     tb__str_free(&clamp);
-    qp = tb__ix_pos_multi(&g->ix, xs, dims);
+    for (i = 0, qp = 0; i < xs->rank && qp >= 0; i++) /* tested axes: the test's range */
+        if ((tested >> i) & 1u) qp = tb__ix_narrow_axis(&g->ix, &dims[i], 0, xs->dims[i] - 1);
+    if (qp >= 0) qp = tb__ix_pos_multi(&g->ix, xs, dims);
     vx = qp >= 0 ? tb__cg_eval(g, x, qp) : -1;
     if (vx >= 0 && ok < 0) tb__ix_line(&g->ix, "v%d = v%d;", (int)v, (int)vx);
     if (vx >= 0 && ok >= 0 && strcmp(t, "float") == 0)

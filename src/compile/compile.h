@@ -532,6 +532,8 @@ static int64_t tb__ix_ceil_div(int64_t a, int64_t k); /* the least q, q * k >= a
 static tb_status tb__ix_fail(tb__ix *g, tb_status st);
 static void tb__ix_line(tb__ix *g, const char *fmt, ...) TB_PRINTF_LIKE(2, 3);
 static int32_t tb__ix_new_var(tb__ix *g, int64_t lo, int64_t hi);
+/* Inside a test that form f lies in [lo, hi]: f's variable given the range that follows. */
+static int32_t tb__ix_narrow_axis(tb__ix *ix, tb__lf *f, int64_t lo, int64_t hi);
 /* The value variable `var` takes where variable `root` is `value`: false where it depends on
    another variable its lines do not compute from root (one declared before root, a loop's, a
    value read from memory). */

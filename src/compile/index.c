@@ -245,6 +245,28 @@ static int32_t tb__ix_spill(tb__ix *g, const tb__lf *lf) {
     return v;
 }
 
+/* Inside a test that form `f` (one variable plus a constant) lies in [lo, hi]: its variable
+   becomes a copy with the range that gives it (the copy its line), so that the index
+   arithmetic under the test knows it (a flat offset of a padded axis then splits back into
+   dims without a division). Forms of other shapes, and ranges no narrower (or empty: the test
+   never holds), stay as they are. 0, or -1 on failure. */
+static int32_t tb__ix_narrow_axis(tb__ix *ix, tb__lf *f, int64_t lo, int64_t hi) {
+    int32_t var = f->var[0], v;
+    if (f->n != 1 || f->coef[0] != 1) return 0;
+    lo = lo - f->c > ix->vars[var].lo ? lo - f->c : ix->vars[var].lo;
+    hi = hi - f->c < ix->vars[var].hi ? hi - f->c : ix->vars[var].hi;
+    if (lo > hi || (lo == ix->vars[var].lo && hi == ix->vars[var].hi)) return 0;
+    v = tb__ix_new_var(ix, lo, hi);
+    if (v < 0) return -1;
+    ix->vars[v].def = TB__IX_FORM;
+    tb__lf_const(&ix->vars[v].form, 0);
+    tb__lf_add_term(&ix->vars[v].form, var, 1);
+    ix->vars[v].traced = ix->vars[var].traced;
+    tb__ix_line(ix, "const long i%d = i%d;", (int)v, (int)var);
+    f->var[0] = v;
+    return 0;
+}
+
 /* dst += scale * src, spilling into variables when the terms do not fit. */
 static bool tb__ix_lf_addmul(tb__ix *g, tb__lf *dst, const tb__lf *src, int64_t scale) {
     int32_t i;
