@@ -26185,14 +26185,10 @@ static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap) {
     }
 }
 
-/* A new variable holding the form's value. */
-static int32_t tb__ix_spill(tb__ix *g, const tb__lf *lf) {
+/* A new variable holding form lf's value, with range [lo, hi]; its line is written here. */
+static int32_t tb__ix_form_var(tb__ix *g, const tb__lf *lf, int64_t lo, int64_t hi) {
     char text[TB__LF_TEXT];
-    int64_t lo, hi;
-    int32_t v, i;
-    if (lf->n == 1 && lf->c == 0 && lf->coef[0] == 1) return lf->var[0];
-    tb__ix_lf_range(g, lf, &lo, &hi);
-    v = tb__ix_new_var(g, lo, hi);
+    int32_t v = tb__ix_new_var(g, lo, hi), i;
     if (v < 0) return -1;
     g->vars[v].def = TB__IX_FORM;
     g->vars[v].form = *lf;
@@ -26203,26 +26199,30 @@ static int32_t tb__ix_spill(tb__ix *g, const tb__lf *lf) {
     return v;
 }
 
+/* A new variable holding the form's value. */
+static int32_t tb__ix_spill(tb__ix *g, const tb__lf *lf) {
+    int64_t lo, hi;
+    if (lf->n == 1 && lf->c == 0 && lf->coef[0] == 1) return lf->var[0];
+    tb__ix_lf_range(g, lf, &lo, &hi);
+    return tb__ix_form_var(g, lf, lo, hi);
+}
+
 /* Inside a test that form `f` (one variable plus a constant) lies in [lo, hi]: its variable
-   becomes a copy with the range that gives it (the copy its line), so that the index
+   becomes a copy with the range that gives it (tb__ix_form_var), so that the index
    arithmetic under the test knows it (a flat offset of a padded axis then splits back into
    dims without a division). Forms of other shapes, and ranges no narrower (or empty: the test
    never holds), stay as they are. 0, or -1 on failure. */
 static int32_t tb__ix_narrow_axis(tb__ix *ix, tb__lf *f, int64_t lo, int64_t hi) {
-    int32_t var = f->var[0], v;
+    int32_t var = f->var[0];
+    tb__lf copy;
     if (f->n != 1 || f->coef[0] != 1) return 0;
     lo = lo - f->c > ix->vars[var].lo ? lo - f->c : ix->vars[var].lo;
     hi = hi - f->c < ix->vars[var].hi ? hi - f->c : ix->vars[var].hi;
     if (lo > hi || (lo == ix->vars[var].lo && hi == ix->vars[var].hi)) return 0;
-    v = tb__ix_new_var(ix, lo, hi);
-    if (v < 0) return -1;
-    ix->vars[v].def = TB__IX_FORM;
-    tb__lf_const(&ix->vars[v].form, 0);
-    tb__lf_add_term(&ix->vars[v].form, var, 1);
-    ix->vars[v].traced = ix->vars[var].traced;
-    tb__ix_line(ix, "const long i%d = i%d;", (int)v, (int)var);
-    f->var[0] = v;
-    return 0;
+    tb__lf_const(&copy, 0);
+    tb__lf_add_term(&copy, var, 1);
+    f->var[0] = tb__ix_form_var(ix, &copy, lo, hi);
+    return f->var[0] < 0 ? -1 : 0;
 }
 
 /* dst += scale * src, spilling into variables when the terms do not fit. */
