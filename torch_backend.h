@@ -22155,7 +22155,7 @@ typedef struct tb__plan_kernel {
     bool empty; /* no work item: not emitted, not launched */
     /* a pack kernel whose work items the C dialect's entry point visits panel by panel at each
        block of rows, not block by block along each panel (set by the renderer,
-       tb__cg_kernel_pack) */
+       tb__cg_kernel_pack, which in OpenCL exchanges the groups' dims 0 and 1 instead) */
     bool panels_first;
     double flops, bytes;
 } tb__plan_kernel;
@@ -23338,8 +23338,14 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
     t->mm_panel_rows_min = 16;
     t->mm_vec_f32 = 16;
     t->mm_vec_f64 = 8;
-    t->mm_pack_rows = 8;
-    t->mm_pack_group_k = host ? 1 : 8;
+    /* an OpenCL CPU driver runs a pack's work-group of 8 items of 8 rows each as scalar code
+       (the items' loops differ), so its runs of rows were 8 long; items of 64 rows, one to a
+       group, give a lane's run of an input row 64 (ResNet-18's training step through
+       tools/tb_fx.py on PoCL, 2-core AMD EPYC Zen 5 VM: the 7 x 7 stem's weight gradient's
+       pack of B 21.8 -> 13.8 ms, the step's packs 63 -> 53 ms). The host keeps 8: there a
+       thread runs its items in order, and 64 made as many packs slower as faster. */
+    t->mm_pack_rows = host || gpu ? 8 : 64;
+    t->mm_pack_group_k = gpu ? 8 : 1;
     t->mm_pack_min_work = 262144; /* 64^3 */
     /* the host's threads have stacks of megabytes; an OpenCL CPU driver's work items take the
        64 KiB a softmax's scratch takes (row_scratch_bytes) */
@@ -25601,8 +25607,8 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
 }
 
 /* Pack kernels: a work item per mm_pack_rows rows of a panel, the rows of a panel along dim 0
-   (neighbouring items write neighbouring rows), batch x panels along dim 1 (the C renderer may
-   visit dim 1 first where that reads memory in order: tb__plan_kernel.panels_first). */
+   (neighbouring items write neighbouring rows), batch x panels along dim 1 (the renderer may
+   visit the panels first where that reads memory in order: tb__plan_kernel.panels_first). */
 static void tb__plan_layout_pack(const tb__pgraph *G, tb__plan_kernel *k) {
     const tb__tuning *t = G->target->tuning;
     int64_t z[6], rows = t->mm_pack_rows, gk = t->mm_pack_group_k, items;
@@ -30090,6 +30096,8 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     int32_t i0, ib;
     int64_t z[6], K, blocks, width, rows = g->G->target->tuning->mm_pack_rows;
     tb__lf bdims[TB_MAX_RANK];
+    tb__plan_kernel *pk;
+    bool swap = false;
     char id0[48], id1[48], head[160], panel[32];
     tb__plan_pack_sizes(g->G, k->core, k->kind == TB__K_PACK_A, z);
     K = z[3];
@@ -30098,8 +30106,27 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     i0 = tb__ix_new_var(&g->ix, 0, z[0] * blocks - 1);
     ib = tb__ix_new_var(&g->ix, 0, z[0] - 1);
     if (i0 < 0 || ib < 0) return g->ix.status;
-    tb__cg_id(id0, sizeof id0, g->d->global_id, 0);
-    tb__cg_id(id1, sizeof id1, g->d->global_id, 1);
+    /* panel by panel (tb__cg_pack_panels_first): the C dialect's entry point visits dim 1
+       first; an OpenCL kernel whose work-groups are one item each (a CPU driver's, which runs
+       groups in the order of dim 0) takes the panels along dim 0 instead: ResNet-18's training
+       step on PoCL, the input gradients' packs of the 512-channel weight 9.1 -> 4.6 ms */
+    pk = &g->P->kernels[g->kernel];
+    if (k->kind == TB__K_PACK_A && K > rows && blocks > 1 &&
+        (g->d->item_loops || (pk->group_size[0] == 1 && pk->group_size[1] == 1))) {
+        size_t mark = g->ix.body.len; /* a trial: its lines are dropped */
+        tb__ix_open(&g->ix, "");
+        swap = tb__cg_batch_dims(g, cs, ib, bdims) && tb__cg_pack_panels_first(g, k, bdims);
+        tb__ix_close(&g->ix, "");
+        tb__ix_drop(&g->ix, mark);
+    }
+    pk->panels_first = swap && g->d->item_loops;
+    swap = swap && !g->d->item_loops;
+    if (swap) { /* the layout's groups, dims 0 and 1 exchanged (tb__plan_layout_pack) */
+        pk->groups[0] = (size_t)(z[0] * blocks);
+        pk->groups[1] = (size_t)((K + rows - 1) / rows);
+    }
+    tb__cg_id(id0, sizeof id0, g->d->global_id, swap ? 1 : 0);
+    tb__cg_id(id1, sizeof id1, g->d->global_id, swap ? 0 : 1);
     tb__ix_line(&g->ix, "const long pk0 = (long)%s * %lldL, i%d = (long)%s;", id0, (long long)rows,
                 (int)i0, id1);
     snprintf(head, sizeof head, "if (pk0 < %lldL) ", (long long)K);
@@ -30109,9 +30136,6 @@ static tb_status tb__cg_kernel_pack(tb__cg *g, const tb__plan_kernel *k) {
     tb__ix_line(&g->ix, "const long i%d = i%d / %lldL, pl0 = i%d %% %lldL * %lldL;", (int)ib,
                 (int)i0, (long long)blocks, (int)i0, (long long)blocks, (long long)width);
     if (!tb__cg_batch_dims(g, cs, ib, bdims)) return g->ix.status;
-    g->P->kernels[g->kernel].panels_first = g->d->item_loops && k->kind == TB__K_PACK_A &&
-                                            K > rows && blocks > 1 &&
-                                            tb__cg_pack_panels_first(g, k, bdims);
     snprintf(panel, sizeof panel, "i%d", (int)i0);
     if (!tb__cg_pack_panel(g, k, bdims, "out", panel, NULL)) return g->ix.status;
     tb__ix_close(&g->ix, "");

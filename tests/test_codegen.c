@@ -595,14 +595,38 @@ static int pack_panels_first(const char *text, const char *name) {
     return item != NULL && strncmp(item, "_item(tb_w / ", strlen("_item(tb_w / ")) == 0;
 }
 
+/* The OpenCL pack kernel named `name` in `text` and its plan: 1 where its work-groups take the
+   panels along dim 0 (get_global_id(0), and as many groups along dim 0 as the name's panels:
+   PA_<panels>_<K>_<width>), 0 where they take the rows along dim 0, -1 for neither. */
+static int pack_panels_dim0(const char *text, const tb__plan *p, const char *name) {
+    const char *at = strstr(text, name), *id;
+    long panels = 0;
+    size_t i;
+    if (at == NULL || sscanf(at + 3, "%ld", &panels) != 1) return -1;
+    id = strstr(at, "const long pk0 = (long)get_global_id(");
+    if (id == NULL) return -1;
+    id += strlen("const long pk0 = (long)get_global_id(");
+    for (i = 0; i < p->num_kernels; i++) {
+        const tb__plan_kernel *k = &p->kernels[i];
+        if (k->kind != TB__K_PACK_A || k->name == NULL ||
+            strncmp(k->name, at, strlen(k->name)) != 0)
+            continue;
+        if (*id == '1' && k->groups[0] == (size_t)panels && k->groups[1] > 1) return 1;
+        if (*id == '0' && k->groups[1] == (size_t)panels) return 0;
+    }
+    return -1;
+}
+
 /* A 3 x 3 convolution's input gradient packs the weight read transposed, A[ci, (co, kh, kw)]:
    a block of rows reads a few values of each co, so the C entry point takes the panels in turn
-   at each block (reading on along ci); the forward's pack of the weight, rows in order, goes
-   block by block. (OpenCL C leaves the order of work items to the device.) */
+   at each block (reading on along ci), and an OpenCL CPU device's kernel, whose work-groups
+   are one item each and run in the order of dim 0, takes the panels along dim 0; the forward's
+   pack of the weight, rows in order, goes block by block on both. */
 static void test_pack_panels_first(void **state) {
     tb_tensor *x3 = plan_input(TB_F32, 3, 2 * 64, 14, 14), *w3 = plan_input(TB_F32, 3, 64, 64, 9);
     static const int64_t xd[4] = {2, 64, 14, 14}, wd[4] = {64, 64, 3, 3}, p1[2] = {1, 1};
     tb_tensor *x, *w = tb_reshape(w3, wd, 4), *y, *s, *gx = NULL;
+    tb__plan *p = NULL;
     char *text;
     (void)state;
     assert_int_equal(tb_set_requires_grad(x3, true), TB_OK);
@@ -615,9 +639,19 @@ static void test_pack_panels_first(void **state) {
     if (pack_panels_first(text, "PA_") != 1)
         fail_msg("the weight's pack goes block by block in:\n%s", text);
     free(text);
+    text = program(DEV_AVX512, &gx, 1, &p);
+    if (pack_panels_dim0(text, p, "PA_") != 1)
+        fail_msg("AVX-512: the weight's pack takes rows along dim 0 in:\n%s", text);
+    tb__plan_free(p);
+    free(text);
     text = program(DEV_C99, &y, 1, NULL);
     if (pack_panels_first(text, "PA_") != 0)
         fail_msg("the forward's pack of the weight goes panel by panel in:\n%s", text);
+    free(text);
+    text = program(DEV_AVX512, &y, 1, &p);
+    if (pack_panels_dim0(text, p, "PA_") != 0)
+        fail_msg("AVX-512: the forward's pack of the weight goes panel by panel in:\n%s", text);
+    tb__plan_free(p);
     free(text);
     tb_tensor_release(gx);
     tb_tensor_release(s);

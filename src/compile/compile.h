@@ -287,7 +287,7 @@ typedef struct tb__plan_kernel {
     bool empty; /* no work item: not emitted, not launched */
     /* a pack kernel whose work items the C dialect's entry point visits panel by panel at each
        block of rows, not block by block along each panel (set by the renderer,
-       tb__cg_kernel_pack) */
+       tb__cg_kernel_pack, which in OpenCL exchanges the groups' dims 0 and 1 instead) */
     bool panels_first;
     double flops, bytes;
 } tb__plan_kernel;

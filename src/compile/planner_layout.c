@@ -691,8 +691,8 @@ static void tb__plan_layout_matmul(const tb__pgraph *G, tb__plan_kernel *k) {
 }
 
 /* Pack kernels: a work item per mm_pack_rows rows of a panel, the rows of a panel along dim 0
-   (neighbouring items write neighbouring rows), batch x panels along dim 1 (the C renderer may
-   visit dim 1 first where that reads memory in order: tb__plan_kernel.panels_first). */
+   (neighbouring items write neighbouring rows), batch x panels along dim 1 (the renderer may
+   visit the panels first where that reads memory in order: tb__plan_kernel.panels_first). */
 static void tb__plan_layout_pack(const tb__pgraph *G, tb__plan_kernel *k) {
     const tb__tuning *t = G->target->tuning;
     int64_t z[6], rows = t->mm_pack_rows, gk = t->mm_pack_group_k, items;
