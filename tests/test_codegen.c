@@ -699,6 +699,53 @@ static void test_reduction_loops(void **state) {
     tb_tensor_release(x);
 }
 
+/* A reduction over the trailing axes of a view that unravels its flat index (a slice of the
+   last axis: a convolution's output over whole padded rows) takes the view's last axis as an
+   inner loop, so that no element divides its index (the whole of it, split into chunks, and a
+   row of it per output); the same view copied first is read in order with no such loop. */
+static void test_reduction_through_view(void **state) {
+    tb_tensor *x = plan_input(TB_F32, 2, 128 * 8 * 36, 28, 0), *x4, *v, *vv, *all, *rows, *dense;
+    int64_t dims[4] = {128, 8, 36, 28};
+    int32_t trailing[3] = {1, 2, 3};
+    int dev;
+    (void)state;
+    x4 = tb_reshape(x, dims, 4);
+    v = tb_slice(x4, 3, 2, 26, 1);
+    vv = tb_mul(v, v);
+    all = tb_sum(vv, NULL, 0, false);
+    rows = tb_max(vv, trailing, 3, true);
+    dense = tb_sum(x4, NULL, 0, false);
+    assert_non_null(all);
+    assert_non_null(rows);
+    assert_non_null(dense);
+    for (dev = DEV_AVX512; dev <= DEV_C99; dev++) {
+        char *text;
+        if (dev == DEV_GPU) continue; /* a work-group per row: its items stride the row */
+        text = program(dev, &all, 1, NULL);
+        expect_text(text, "const long jm = js + ", plan_dev_names[dev]);
+        if (strstr(text, "% 24L") != NULL)
+            fail_msg("%s: the sum over the view divides per element:\n%s", plan_dev_names[dev],
+                     text);
+        free(text);
+        text = program(dev, &rows, 1, NULL);
+        expect_text(text, "const long jm = js + ", plan_dev_names[dev]);
+        if (strstr(text, "% 24L") != NULL)
+            fail_msg("%s: the rows' max over the view divides per element:\n%s",
+                     plan_dev_names[dev], text);
+        free(text);
+        text = program(dev, &dense, 1, NULL);
+        assert_null(strstr(text, "const long jm = js + "));
+        free(text);
+    }
+    tb_tensor_release(dense);
+    tb_tensor_release(rows);
+    tb_tensor_release(all);
+    tb_tensor_release(vv);
+    tb_tensor_release(v);
+    tb_tensor_release(x4);
+    tb_tensor_release(x);
+}
+
 /* A sum over the leading axes that keeps the last one (a bias's gradient: [768, 128] over
    its rows, [12, 64, 128] over its first two axes) is columns of vectors on CPU devices: a work
    item per 16 outputs, accumulators of whole vectors along the rows, one vector store; a GPU
@@ -964,6 +1011,7 @@ int main(void) {
         cmocka_unit_test(test_pad_test_narrows_the_axis),
         cmocka_unit_test(test_pool_grad_rows_in_pairs),
         cmocka_unit_test(test_pack_panels_first),
+        cmocka_unit_test(test_reduction_through_view),
         cmocka_unit_test(test_reduction_loops),
         cmocka_unit_test(test_reduction_columns),
         cmocka_unit_test(test_every_math_op_renders),

@@ -360,9 +360,74 @@ static void test_small_reductions_inline(void **state) {
     small_case("sum broadcast", g_sum_broadcast, 2, false);
 }
 
+/* Reductions over the trailing axes of a view whose flat index unravels with divisions: the
+   loop takes the view's last axis as an inner run (tb__cg_red_unravels). x[..., 2:26] of
+   [N, 4, 9, 28] (a convolution's output over whole padded rows), or a permutation of
+   [N, 4, 24, 9], times a second input of the view's shape. */
+typedef struct view_reduce_arg {
+    int which; /* 0 sum 1 max 2 mean */
+    bool permuted;
+    int32_t axes[3];
+    size_t num_axes; /* 0: all */
+    bool keepdim;
+} view_reduce_arg;
+
+static tb_tensor *build_view_reduce(tb_tensor **in, const void *arg) {
+    const view_reduce_arg *a = (const view_reduce_arg *)arg;
+    static const int32_t swap[4] = {0, 1, 3, 2};
+    tb_tensor *v = a->permuted ? tb_permute(in[0], swap, 4) : tb_slice(in[0], 3, 2, 26, 1);
+    tb_tensor *p = tb_mul(v, in[1]), *y;
+    const int32_t *axes = a->num_axes > 0 ? a->axes : NULL;
+    if (a->which == 0) {
+        y = tb_sum(p, axes, a->num_axes, a->keepdim);
+    } else if (a->which == 1) {
+        y = tb_max(p, axes, a->num_axes, a->keepdim);
+    } else {
+        y = tb_mean(p, axes, a->num_axes, a->keepdim);
+    }
+    tb_tensor_release(p);
+    tb_tensor_release(v);
+    return y;
+}
+
+static void test_reductions_through_views(void **state) {
+    static view_reduce_arg args[24];
+    static const char *const names[] = {"sum", "max", "mean"};
+    static const int64_t images[] = {6, 128}; /* 128: split into many chunks of one item each */
+    size_t n = 0, k;
+    int which, perm, set;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (k = 0; k < 2; k++) {
+        if (g_small && k > 0) continue;
+        for (which = 0; which < 3; which++)
+            for (perm = 0; perm < 2; perm++)
+                for (set = 0; set < 2; set++) {
+                    view_reduce_arg *a = &args[n++];
+                    input ins[2];
+                    char name[128];
+                    a->which = which;
+                    a->permuted = perm != 0;
+                    a->num_axes = set == 0 ? 0 : 3;
+                    a->axes[0] = 1, a->axes[1] = 2, a->axes[2] = 3;
+                    a->keepdim = set != 0;
+                    ins[0] = in_of(perm ? shp(TB_F32, 4, images[k], 4, 24, 9)
+                                        : shp(TB_F32, 4, images[k], 4, 9, 28),
+                                   R_ANY);
+                    ins[1] = in_of(shp(TB_F32, 4, images[k], 4, 9, 24), R_ANY);
+                    snprintf(name, sizeof name, "%s over %s of %s[%lld,...]", names[which],
+                             set == 0 ? "all axes" : "axes 1-3 (keepdim)",
+                             perm ? "a permutation" : "a slice", (long long)images[k]);
+                    add_case(name, build_view_reduce, a, ins, 2);
+                }
+        flush_cases();
+    }
+}
+
 /* in the order they run */
 static const struct CMUnitTest reductions_tests[] = {
     cmocka_unit_test(test_reductions),
     cmocka_unit_test(test_argmax_nan_and_ties),
     cmocka_unit_test(test_small_reductions_inline),
+    cmocka_unit_test(test_reductions_through_views),
 };
