@@ -608,9 +608,7 @@ static int pack_panels_dim0(const char *text, const tb__plan *p, const char *nam
     id += strlen("const long pk0 = (long)get_global_id(");
     for (i = 0; i < p->num_kernels; i++) {
         const tb__plan_kernel *k = &p->kernels[i];
-        if (k->kind != TB__K_PACK_A || k->name == NULL ||
-            strncmp(k->name, at, strlen(k->name)) != 0)
-            continue;
+        if (k->kind != TB__K_PACK_A || strncmp(k->name, at, strlen(k->name)) != 0) continue;
         if (*id == '1' && k->groups[0] == (size_t)panels && k->groups[1] > 1) return 1;
         if (*id == '0' && k->groups[1] == (size_t)panels) return 0;
     }
