@@ -623,6 +623,57 @@ static void test_shared_matmul_grad_folded(void **state) {
     tb_tensor_release(w);
 }
 
+/* Whether a line of an IR text has `a` and, after it, `b`. */
+static bool has_line(const char *text, const char *a, const char *b) {
+    const char *at = text;
+    while ((at = strstr(at, a)) != NULL) {
+        const char *end = strchr(at, '\n'), *hit = strstr(at, b);
+        if (hit != NULL && (end == NULL || hit < end)) return true;
+        at += strlen(a);
+    }
+    return false;
+}
+
+/* ... unless each batch element's product is small beside what it reads (a network's first
+   convolution: few output channels and window elements, many positions): then the products
+   per batch element, summed, so that the depth of each matmul is one element's. Both forms
+   are checked against the sum computed by hand; the folded one above stays folded. */
+static void test_shared_matmul_grad_per_batch(void **state) {
+    enum { B = 3, N = 2, KD = 3, M = 400 };
+    static double xv[B * KD * M];
+    double wv[N * KD], want[N * KD], got[N * KD];
+    tb_tensor *w, *x, *y, *g = NULL, *ref;
+    char *text;
+    size_t j;
+    (void)state;
+    assert_int_equal(tb_device_make("cpu", 0, &g_dev), TB_OK);
+    for (j = 0; j < N * KD; j++)
+        wv[j] = 0.25 * (double)j - 0.6;
+    for (j = 0; j < sizeof xv / sizeof xv[0]; j++)
+        xv[j] = (double)((j * 7) % 11) / 5.0 - 1.0;
+    w = from(wv, 3, DIMS(1, N, KD));
+    x = from(xv, 3, DIMS(B, KD, M));
+    y = tb_sum(K(tb_mul(K(tb_matmul(w, x)), K(tb_matmul(w, x)))), NULL, 0, false);
+    assert_int_equal(tb_grad(y, NULL, &w, 1, &g), TB_OK);
+    text = tb_ir_text(&g, 1);
+    assert_non_null(text);
+    /* a batched matmul of [3, 2, 400] by [3, 400, 3], then the sum over the batch */
+    if (!has_line(text, "= matmul(", ") f64[3,2,3]") || strstr(text, "= sum(") == NULL)
+        fail_msg("the weight's gradient is not a product per batch element summed:\n%s", text);
+    tb_free(text);
+    ref = K(tb_matmul(K(tb_mul_scalar(K(tb_matmul(w, x)), 2.0)), K(tb_transpose(x, -2, -1))));
+    ref = K(tb_sum(ref, AXES(0), 1, true));
+    read_f64(ref, want);
+    read_f64(g, got);
+    for (j = 0; j < N * KD; j++)
+        if (!(fabs(got[j] - want[j]) <= 1e-12 * (1 + fabs(want[j]))))
+            fail_msg("element %zu: %.17g, want %.17g", j, got[j], want[j]);
+    tb_tensor_release(g);
+    tb_tensor_release(y);
+    tb_tensor_release(x);
+    tb_tensor_release(w);
+}
+
 static void test_ties_split_evenly(void **state) {
     static const double v[] = {1, 3, 3, 2, 0, 0, 0, 5};
     tb_tensor *x, *y;
@@ -1234,6 +1285,7 @@ int main(void) {
     const struct CMUnitTest cpu[] = {
         cmocka_unit_test(test_finite_differences),
         cmocka_unit_test(test_shared_matmul_grad_folded),
+        cmocka_unit_test(test_shared_matmul_grad_per_batch),
         cmocka_unit_test(test_ties_split_evenly),
         cmocka_unit_test(test_maximum_tie_halves),
         cmocka_unit_test(test_prod_with_zeros),

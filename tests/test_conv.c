@@ -1464,7 +1464,7 @@ static void test_errors(void **state) {
    where that row is affine in the lane (the forward's windows), in runs of a kernel row for
    the weight's gradient; each case compares forward and both gradients with the cpu. */
 
-#define PACKED_MAX_Y 400000 /* output elements of the largest case */
+#define PACKED_MAX_Y 403200 /* output elements of the largest case */
 
 typedef struct packed_case {
     const char *name;
@@ -1641,12 +1641,28 @@ static const packed_case g_packed[] = {
      TB_F32,
      "long pn = 29L - pr0;",
      NULL},
-    /* the weight gradient's A (the output's gradient, 16 x 24576, in whole panels of rows:
+    /* the weight gradient's A (the output's gradient, 16 x 25200, in whole panels of rows:
        2.4 MB or more) larger than a core's cache, its B 270 columns (the last panel partial): on
        CPU devices of two compute units the matmul's work items each take several column panels of B
        in turn, one fill of the depth at a time (more units take one panel each where the panels are
        few) */
     {"panels_per_item",
+     2,
+     {28, 30, 30, 30},
+     {16, 30, 3, 3},
+     {1, 1},
+     {1, 1},
+     {1, 1},
+     1,
+     false,
+     false,
+     TB_F32,
+     NULL,
+     "const long pc0 = pc * "},
+    /* the same weight over 64 x 64 images: each image's product (16 x 270 from 4096 positions)
+       is small beside what it reads, so the weight gradient is a matmul per image (6 of them),
+       summed */
+    {"weight_grad_per_image",
      2,
      {6, 30, 64, 64},
      {16, 30, 3, 3},
@@ -1658,7 +1674,7 @@ static const packed_case g_packed[] = {
      false,
      TB_F32,
      NULL,
-     "const long pc0 = pc * "},
+     "MM_16_270_4096_b6"},
 };
 
 /* y, grad x and grad w of sum(conv(x, w) * r) on `backend`, into out (y, then gx, then gw);
