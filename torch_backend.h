@@ -1845,15 +1845,17 @@ typedef struct tb_dl_managed_tensor_versioned {
    keeps host memory (the cpu and native backends) nothing is copied: the managed tensor points
    at the tensor's own buffer and holds a reference to that buffer (the tensor's backend data),
    so the tensor may be released first; a new value given to the tensor (tb_assign) then goes
-   to a buffer of its own, never into the lent one. On any other device the value is copied to a new
-   host buffer that the deleter frees. Either way the device is {TB_DL_CPU, 0} (the consumer gets
-   host memory), byte_offset is 0, and shape and strides (always set, in elements, C order) live in
-   the managed tensor. The consumer must not write through `data` (a tensor's value never
-   changes) and calls deleter(*out) exactly once, from any thread, before tb_shutdown. Errors:
-   NULL arguments (a NULL tensor keeps the error of the op that produced it), a failed sync, out
-   of memory; *out is untouched on error. Not thread-safe with other calls on the same tensor.
-   Python: wrap *out in a PyCapsule named "dltensor" to hand it to numpy.from_dlpack and the
-   like (tests/dlpack_numpy.py shows it through ctypes). */
+   to a buffer of its own, never into the lent one. An OpenCL device that shares the host's
+   memory (PoCL's CPU devices) lends its buffer the same way, mapped to the host for reading
+   until the deleter (which ends the mapping; kernels may still read the buffer meanwhile). On
+   any other device the value is copied to a new host buffer that the deleter frees. Either way the
+   device is {TB_DL_CPU, 0} (the consumer gets host memory), byte_offset is 0, and shape and strides
+   (always set, in elements, C order) live in the managed tensor. The consumer must not write
+   through `data` (a tensor's value never changes) and calls deleter(*out) exactly once, from any
+   thread, before tb_shutdown. Errors: NULL arguments (a NULL tensor keeps the error of the op that
+   produced it), a failed sync, out of memory; *out is untouched on error. Not thread-safe with
+   other calls on the same tensor. Python: wrap *out in a PyCapsule named "dltensor" to hand it to
+   numpy.from_dlpack and the like (tests/dlpack_numpy.py shows it through ctypes). */
 TBDEF tb_status tb_dlpack_export(tb_tensor *tensor, tb_dl_managed_tensor **out);
 
 /* A new tensor on `device` (NULL: the current device) holding the value of a DLPack tensor.
@@ -41392,12 +41394,21 @@ typedef struct tb__dl_export {
     tb_dl_managed_tensor managed;
     tb_dl_managed_tensor_versioned versioned;
     tb_backend_data *lent; /* the tensor's own buffer (a reference), or NULL */
+    void *mapped;          /* lent's values mapped to the host (until the deleter), or NULL */
     void *copy;            /* a host copy (owned), or NULL */
     int64_t shape[TB_MAX_RANK];
     int64_t strides[TB_MAX_RANK];
 } tb__dl_export;
 
 static void tb__dl_export_free(tb__dl_export *e) {
+    if (e->mapped != NULL) { /* a deleter leaves the caller's last error as it was */
+        tb__saved_error saved;
+        tb__error_save(&saved);
+        if (tb__data_unmap_host(e->lent, e->mapped) != TB_OK)
+            tb_log_message(TB_LOG_WARN, "DLPack: ending the mapping of an exported buffer: %s",
+                           tb_last_error());
+        tb__error_restore(&saved);
+    }
     tb__data_release(e->lent);
     tb__free(e->copy);
     tb__free(e);
@@ -41439,7 +41450,10 @@ static tb_status tb__dl_export_begin(const char *fn, tb_tensor *tensor, tb__dl_e
     }
     e = (tb__dl_export *)tb__calloc(1, sizeof *e);
     if (e == NULL) return tb_last_status();
+    /* the buffer itself where the backend keeps host memory, or maps it there without a copy
+       (an OpenCL device that shares the host's memory: mapped for reading until the deleter) */
     host = tb__host_data(data);
+    if (host == NULL) host = e->mapped = tb__data_map_host(data);
     if (host != NULL) {
         tb__data_retain(data);
         data->tb__shared = true; /* the consumer reads it: no later result takes its buffer */

@@ -1,4 +1,5 @@
-/* DLPack with the OpenCL backend: exports copy to host memory, imports copy to the device, and
+/* DLPack with the OpenCL backend: exports are host memory (the buffer itself where the device
+   shares the host's memory, else a copy), imports copy to the device, and
    the producer's deleter runs at once. Skipped where no OpenCL device is usable. (Apart from
    tests/test_dlpack.c because the OpenCL runtime's own allocations are not leak-checked.) */
 #include <stdarg.h>
@@ -36,32 +37,60 @@ static void make_managed(tb_dl_managed_tensor *m, float *data, int64_t *shape, i
     m->deleter = counting_deleter;
 }
 
-static void test_export_copies_to_host(void **state) {
+/* An export is host memory the consumer reads: on a device that shares the host's memory
+   (PoCL's) the tensor's own buffer, mapped for reading until the deleter runs (no transfer;
+   marked read-only, and no later result writes that buffer), elsewhere a copy of the consumer's
+   own. Either way the tensor stays usable while exported, and an export outlives it. */
+static void test_export_to_host(void **state) {
     (void)state;
     if (ocl.backend[0] == '\0') skip();
-    float host[6] = {1, -2, 3.5f, 4, 0, -6};
+    float host[6] = {1, -2, 3.5f, 4, 0, -6}, out[6];
     int64_t dims[2] = {2, 3};
     tb_shape s;
-    tb_tensor *t, *y;
+    tb_tensor *t, *y, *z;
     tb_dl_managed_tensor *m = NULL;
     tb_dl_managed_tensor_versioned *v = NULL;
+    tb_device_info info;
+    int64_t moves;
     int i;
+    assert_int_equal(tb_backend_device_info(&ocl, &info), TB_OK);
     assert_int_equal(tb_shape_make(&s, TB_F32, 2, dims), TB_OK);
     t = tb_tensor_from_host(host, &s, &ocl);
     y = tb_neg(t);
     assert_non_null(y);
+    assert_int_equal(tb_sync(&y, 1), TB_OK);
+    moves = tb_metrics_counter("TransferFromDeviceTime");
     assert_int_equal(tb_dlpack_export(y, &m), TB_OK);
-    assert_int_equal(m->dl_tensor.device.device_type, TB_DL_CPU); /* the copy is host memory */
+    assert_int_equal(m->dl_tensor.device.device_type, TB_DL_CPU); /* host memory either way */
     assert_int_equal(m->dl_tensor.ndim, 2);
     assert_int_equal(m->dl_tensor.strides[0], 3);
     for (i = 0; i < 6; ++i)
         assert_true(((const float *)m->dl_tensor.data)[i] == -host[i]);
     assert_int_equal(tb_dlpack_export_versioned(y, &v), TB_OK);
-    assert_int_equal(v->flags, TB_DLPACK_FLAG_IS_COPIED); /* the consumer's own copy */
-    assert_ptr_not_equal(v->dl_tensor.data, m->dl_tensor.data);
+    if (info.unified_memory) {
+        assert_int_equal(v->flags, TB_DLPACK_FLAG_READ_ONLY); /* the tensor's own buffer */
+        assert_int_equal(tb_metrics_counter("TransferFromDeviceTime"), moves);
+    } else {
+        assert_int_equal(v->flags, TB_DLPACK_FLAG_IS_COPIED); /* the consumer's own copy */
+        assert_ptr_not_equal(v->dl_tensor.data, m->dl_tensor.data);
+        assert_int_equal(tb_metrics_counter("TransferFromDeviceTime"), moves + 2);
+    }
+    /* the exported tensor read by a kernel and assigned a new value meanwhile: the exports
+       keep what they had */
+    z = tb_add(y, y);
+    assert_non_null(z);
+    assert_int_equal(tb_tensor_to_host(z, out, sizeof out), TB_OK);
+    for (i = 0; i < 6; ++i)
+        assert_true(out[i] == -2 * host[i]);
+    assert_int_equal(tb_assign(y, t), TB_OK);
+    assert_int_equal(tb_sync(&y, 1), TB_OK);
+    tb_tensor_release(z);
     tb_tensor_release(t);
     tb_tensor_release(y);
-    assert_true(((const float *)v->dl_tensor.data)[1] == 2.0f);
+    for (i = 0; i < 6; ++i) {
+        assert_true(((const float *)m->dl_tensor.data)[i] == -host[i]);
+        assert_true(((const float *)v->dl_tensor.data)[i] == -host[i]);
+    }
     m->deleter(m);
     v->deleter(v);
 }
@@ -138,7 +167,7 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_export_copies_to_host),
+        cmocka_unit_test(test_export_to_host),
         cmocka_unit_test(test_import_copies_to_the_device),
         cmocka_unit_test(test_round_trip_cpu_to_opencl),
     };

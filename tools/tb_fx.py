@@ -699,7 +699,8 @@ class Value:
 
     def to_torch(self):
         """The value as a torch tensor through DLPack: the library's own buffer where the device
-        keeps host memory (cpu, native: no copy; the tensor holds the buffer), else a copy."""
+        keeps host memory or shares it (cpu, native, PoCL's OpenCL devices: no copy; the tensor
+        holds the buffer), else a copy."""
         if self.dtype == torch.bool:  # torch's DLPack has no bool (1.13)
             out = torch.empty(self.shape, dtype=self.dtype)
             if self.g.lib.tb_tensor_to_host(self.h, ctypes.c_void_p(out.data_ptr()),

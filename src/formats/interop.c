@@ -540,12 +540,21 @@ typedef struct tb__dl_export {
     tb_dl_managed_tensor managed;
     tb_dl_managed_tensor_versioned versioned;
     tb_backend_data *lent; /* the tensor's own buffer (a reference), or NULL */
+    void *mapped;          /* lent's values mapped to the host (until the deleter), or NULL */
     void *copy;            /* a host copy (owned), or NULL */
     int64_t shape[TB_MAX_RANK];
     int64_t strides[TB_MAX_RANK];
 } tb__dl_export;
 
 static void tb__dl_export_free(tb__dl_export *e) {
+    if (e->mapped != NULL) { /* a deleter leaves the caller's last error as it was */
+        tb__saved_error saved;
+        tb__error_save(&saved);
+        if (tb__data_unmap_host(e->lent, e->mapped) != TB_OK)
+            tb_log_message(TB_LOG_WARN, "DLPack: ending the mapping of an exported buffer: %s",
+                           tb_last_error());
+        tb__error_restore(&saved);
+    }
     tb__data_release(e->lent);
     tb__free(e->copy);
     tb__free(e);
@@ -587,7 +596,10 @@ static tb_status tb__dl_export_begin(const char *fn, tb_tensor *tensor, tb__dl_e
     }
     e = (tb__dl_export *)tb__calloc(1, sizeof *e);
     if (e == NULL) return tb_last_status();
+    /* the buffer itself where the backend keeps host memory, or maps it there without a copy
+       (an OpenCL device that shares the host's memory: mapped for reading until the deleter) */
     host = tb__host_data(data);
+    if (host == NULL) host = e->mapped = tb__data_map_host(data);
     if (host != NULL) {
         tb__data_retain(data);
         data->tb__shared = true; /* the consumer reads it: no later result takes its buffer */

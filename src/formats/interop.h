@@ -110,15 +110,17 @@ typedef struct tb_dl_managed_tensor_versioned {
    keeps host memory (the cpu and native backends) nothing is copied: the managed tensor points
    at the tensor's own buffer and holds a reference to that buffer (the tensor's backend data),
    so the tensor may be released first; a new value given to the tensor (tb_assign) then goes
-   to a buffer of its own, never into the lent one. On any other device the value is copied to a new
-   host buffer that the deleter frees. Either way the device is {TB_DL_CPU, 0} (the consumer gets
-   host memory), byte_offset is 0, and shape and strides (always set, in elements, C order) live in
-   the managed tensor. The consumer must not write through `data` (a tensor's value never
-   changes) and calls deleter(*out) exactly once, from any thread, before tb_shutdown. Errors:
-   NULL arguments (a NULL tensor keeps the error of the op that produced it), a failed sync, out
-   of memory; *out is untouched on error. Not thread-safe with other calls on the same tensor.
-   Python: wrap *out in a PyCapsule named "dltensor" to hand it to numpy.from_dlpack and the
-   like (tests/dlpack_numpy.py shows it through ctypes). */
+   to a buffer of its own, never into the lent one. An OpenCL device that shares the host's
+   memory (PoCL's CPU devices) lends its buffer the same way, mapped to the host for reading
+   until the deleter (which ends the mapping; kernels may still read the buffer meanwhile). On
+   any other device the value is copied to a new host buffer that the deleter frees. Either way the
+   device is {TB_DL_CPU, 0} (the consumer gets host memory), byte_offset is 0, and shape and strides
+   (always set, in elements, C order) live in the managed tensor. The consumer must not write
+   through `data` (a tensor's value never changes) and calls deleter(*out) exactly once, from any
+   thread, before tb_shutdown. Errors: NULL arguments (a NULL tensor keeps the error of the op that
+   produced it), a failed sync, out of memory; *out is untouched on error. Not thread-safe with
+   other calls on the same tensor. Python: wrap *out in a PyCapsule named "dltensor" to hand it to
+   numpy.from_dlpack and the like (tests/dlpack_numpy.py shows it through ctypes). */
 TBDEF tb_status tb_dlpack_export(tb_tensor *tensor, tb_dl_managed_tensor **out);
 
 /* A new tensor on `device` (NULL: the current device) holding the value of a DLPack tensor.
