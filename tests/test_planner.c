@@ -366,21 +366,23 @@ static void test_matmul_group_in_place(void **state) {
     }
 }
 
-/* The gradients of sum(conv2d(x, w) * r) for x [6, ch, 72, 72] and w [16, ch, 3, 3] (3 x 3,
-   no padding: r [6, 16, 70, 70]), each an input of the plans: g[1] the weight's, g[0] x's
-   where `with_x` (else NULL); t holds what to release. */
+/* The gradients of sum(conv2d(x, w) * r) for x [600, ch, 9, 9] and w [16, ch, 3, 3] (3 x 3,
+   no padding: r [600, 16, 7, 7]), each an input of the plans: g[1] the weight's, g[0] x's
+   where `with_x` (else NULL); t holds what to release. Each image's product is not small
+   beside what it reads (16 x 9 ch outputs from 49 positions), so the weight's gradient is one
+   matmul over the images' positions, 16 x 9 ch x 29400. */
 typedef struct wgrad_graph {
     tb_tensor *t[9], *g[2];
 } wgrad_graph;
 
 static void wgrad_make(wgrad_graph *q, int64_t ch, bool with_x) {
-    int64_t xd[4] = {6, ch, 72, 72}, wd[4] = {16, ch, 3, 3}, rd[4] = {6, 16, 70, 70};
+    int64_t xd[4] = {600, ch, 9, 9}, wd[4] = {16, ch, 3, 3}, rd[4] = {600, 16, 7, 7};
     int64_t one[2] = {1, 1}, zero[2] = {0, 0};
     tb_tensor *x, *w, *r, *ins[2];
     memset(q, 0, sizeof *q);
-    q->t[0] = plan_input(TB_F32, 2, 6 * ch, 72 * 72, 1);
+    q->t[0] = plan_input(TB_F32, 2, 600 * ch, 9 * 9, 1);
     q->t[1] = plan_input(TB_F32, 2, 16, ch * 9, 1);
-    q->t[2] = plan_input(TB_F32, 2, 6 * 16, 70 * 70, 1);
+    q->t[2] = plan_input(TB_F32, 2, 600 * 16, 7 * 7, 1);
     q->t[3] = x = tb_reshape(q->t[0], xd, 4);
     q->t[4] = w = tb_reshape(q->t[1], wd, 4);
     q->t[5] = r = tb_reshape(q->t[2], rd, 4);
@@ -407,8 +409,8 @@ static void wgrad_release(wgrad_graph *q) {
         tb_tensor_release(q->t[i]);
 }
 
-/* A convolution's weight gradient whose A (the output's gradient: 16 x 29400, 6 images of 70 x
-   70 outputs, its rows padded to two panels of 12) outgrows a core's cache (2 MiB): on the
+/* A convolution's weight gradient whose A (the output's gradient: 16 x 29400, 600 images of 7 x
+   7 outputs, its rows padded to two panels of 12) outgrows a core's cache (2 MiB): on the
    native backend's host each work item takes several column panels of B (its windows, 288
    columns: 9 panels of 32) in turn, one fill of the depth at a time, as many as split the
    panels between the two compute units (5, then 4) and as the tuning's tile of accumulators
