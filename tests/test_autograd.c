@@ -585,32 +585,57 @@ static void expect_grad(tb_tensor *out, tb_tensor *x, const double *want, size_t
     tb_tensor_release(g);
 }
 
-/* The gradient of a matmul's left operand shared over leading batch axes (a convolution's
-   weight times each image's windows) is one matmul contracting the batch with the columns, not
-   a product per batch element summed afterwards; equal to that sum. */
-static void test_shared_matmul_grad_folded(void **state) {
-    double wv[6], xv[2 * 4 * 3 * 5], want[6], got[6];
+/* Whether a line of an IR text has `a` and, after it, `b`. */
+static bool has_line(const char *text, const char *a, const char *b) {
+    const char *at = text;
+    while ((at = strstr(at, a)) != NULL) {
+        const char *end = strchr(at, '\n'), *hit = strstr(at, b);
+        if (hit != NULL && (end == NULL || hit < end)) return true;
+        at += strlen(a);
+    }
+    return false;
+}
+
+/* The gradient of w [1, 2, 3] in sum((w x)^2), w shared over x's leading batch axes (x of
+   rank xr, dims xd): the form of its graph (`per_batch`: a batched matmul per element of x's
+   one batch axis, then the sum; else one matmul and no sum), and its values against the sum
+   over the batch of 2 (w x) x^T computed by hand. */
+static void shared_matmul_grad_case(const int64_t *xd, int32_t xr, bool per_batch) {
+    double wv[6], want[6], got[6], *xv;
+    int32_t axes[TB_MAX_RANK], i;
+    size_t nx = 1, j;
     tb_tensor *w, *x, *y, *g = NULL, *ref;
-    char *text;
-    size_t j;
-    (void)state;
+    char *text, shape[32];
     assert_int_equal(tb_device_make("cpu", 0, &g_dev), TB_OK);
+    for (i = 0; i < xr; i++)
+        nx *= (size_t)xd[i];
+    xv = (double *)malloc(nx * sizeof *xv);
+    assert_non_null(xv);
     for (j = 0; j < 6; j++)
         wv[j] = 0.25 * (double)j - 0.6;
-    for (j = 0; j < sizeof xv / sizeof xv[0]; j++)
+    for (j = 0; j < nx; j++)
         xv[j] = (double)((j * 7) % 11) / 5.0 - 1.0;
     w = from(wv, 3, DIMS(1, 2, 3));
-    x = from(xv, 4, DIMS(2, 4, 3, 5));
+    x = from(xv, xr, xd);
+    free(xv);
     y = tb_sum(K(tb_mul(K(tb_matmul(w, x)), K(tb_matmul(w, x)))), NULL, 0, false);
     assert_int_equal(tb_grad(y, NULL, &w, 1, &g), TB_OK);
     text = tb_ir_text(&g, 1);
     assert_non_null(text);
-    assert_null(strstr(text, "= sum(")); /* no per-batch product summed */
-    assert_non_null(strstr(text, "matmul("));
+    if (per_batch) {
+        /* a batched matmul of [B, 2, M] by [B, M, 3], then the sum over the batch */
+        snprintf(shape, sizeof shape, ") f64[%lld,2,3]", (long long)xd[0]);
+        if (!has_line(text, "= matmul(", shape) || strstr(text, "= sum(") == NULL)
+            fail_msg("the weight's gradient is not a product per batch element summed:\n%s", text);
+    } else {
+        assert_null(strstr(text, "= sum(")); /* no per-batch product summed */
+        assert_non_null(strstr(text, "matmul("));
+    }
     tb_free(text);
-    /* sum over the batch of 2 (w x) x^T, per batch element */
+    for (i = 0; i < xr - 2; i++)
+        axes[i] = i;
     ref = K(tb_matmul(K(tb_mul_scalar(K(tb_matmul(w, x)), 2.0)), K(tb_transpose(x, -2, -1))));
-    ref = K(tb_sum(ref, AXES(0, 1), 2, true));
+    ref = K(tb_sum(ref, axes, (size_t)(xr - 2), true));
     ref = K(tb_reshape(ref, DIMS(1, 2, 3), 3));
     read_f64(ref, want);
     read_f64(g, got);
@@ -623,55 +648,20 @@ static void test_shared_matmul_grad_folded(void **state) {
     tb_tensor_release(w);
 }
 
-/* Whether a line of an IR text has `a` and, after it, `b`. */
-static bool has_line(const char *text, const char *a, const char *b) {
-    const char *at = text;
-    while ((at = strstr(at, a)) != NULL) {
-        const char *end = strchr(at, '\n'), *hit = strstr(at, b);
-        if (hit != NULL && (end == NULL || hit < end)) return true;
-        at += strlen(a);
-    }
-    return false;
+/* The gradient of a matmul's left operand shared over leading batch axes (a convolution's
+   weight times each image's windows) is one matmul contracting the batch with the columns, not
+   a product per batch element summed afterwards; equal to that sum. */
+static void test_shared_matmul_grad_folded(void **state) {
+    (void)state;
+    shared_matmul_grad_case(DIMS(2, 4, 3, 5), 4, false);
 }
 
 /* ... unless each batch element's product is small beside what it reads (a network's first
    convolution: few output channels and window elements, many positions): then the products
-   per batch element, summed, so that the depth of each matmul is one element's. Both forms
-   are checked against the sum computed by hand; the folded one above stays folded. */
+   per batch element, summed, so that the depth of each matmul is one element's. */
 static void test_shared_matmul_grad_per_batch(void **state) {
-    enum { B = 3, N = 2, KD = 3, M = 400 };
-    static double xv[B * KD * M];
-    double wv[N * KD], want[N * KD], got[N * KD];
-    tb_tensor *w, *x, *y, *g = NULL, *ref;
-    char *text;
-    size_t j;
     (void)state;
-    assert_int_equal(tb_device_make("cpu", 0, &g_dev), TB_OK);
-    for (j = 0; j < N * KD; j++)
-        wv[j] = 0.25 * (double)j - 0.6;
-    for (j = 0; j < sizeof xv / sizeof xv[0]; j++)
-        xv[j] = (double)((j * 7) % 11) / 5.0 - 1.0;
-    w = from(wv, 3, DIMS(1, N, KD));
-    x = from(xv, 3, DIMS(B, KD, M));
-    y = tb_sum(K(tb_mul(K(tb_matmul(w, x)), K(tb_matmul(w, x)))), NULL, 0, false);
-    assert_int_equal(tb_grad(y, NULL, &w, 1, &g), TB_OK);
-    text = tb_ir_text(&g, 1);
-    assert_non_null(text);
-    /* a batched matmul of [3, 2, 400] by [3, 400, 3], then the sum over the batch */
-    if (!has_line(text, "= matmul(", ") f64[3,2,3]") || strstr(text, "= sum(") == NULL)
-        fail_msg("the weight's gradient is not a product per batch element summed:\n%s", text);
-    tb_free(text);
-    ref = K(tb_matmul(K(tb_mul_scalar(K(tb_matmul(w, x)), 2.0)), K(tb_transpose(x, -2, -1))));
-    ref = K(tb_sum(ref, AXES(0), 1, true));
-    read_f64(ref, want);
-    read_f64(g, got);
-    for (j = 0; j < N * KD; j++)
-        if (!(fabs(got[j] - want[j]) <= 1e-12 * (1 + fabs(want[j]))))
-            fail_msg("element %zu: %.17g, want %.17g", j, got[j], want[j]);
-    tb_tensor_release(g);
-    tb_tensor_release(y);
-    tb_tensor_release(x);
-    tb_tensor_release(w);
+    shared_matmul_grad_case(DIMS(3, 3, 400), 3, true);
 }
 
 static void test_ties_split_evenly(void **state) {
