@@ -1862,14 +1862,17 @@ TBDEF tb_status tb_dlpack_export(tb_tensor *tensor, tb_dl_managed_tensor **out);
    Accepted: device type TB_DL_CPU (host memory), lanes 1, the library's eight dtypes (see
    tb_dl_data_type), ndim 0..TB_MAX_RANK, non-negative dims, any strides (NULL: C-contiguous)
    and byte_offset. On success the library owns `managed`:
-     - on a device that keeps host memory (the cpu backend; native, for data aligned to 64
-       bytes), a C-contiguous, suitably aligned tensor (and, for bool, one holding only 0 and 1
-       bytes) is used in place, without a copy (and never written: tb_assign gives the tensor a
-       new buffer);
+     - on a device that keeps or shares host memory (the cpu backend; native and an OpenCL
+       device with CL_DEVICE_HOST_UNIFIED_MEMORY, PoCL's, for data aligned to 64 bytes), a
+       C-contiguous, suitably aligned tensor (and, for bool, one holding only 0 and 1 bytes) is
+       used in place, without a copy (and never written: tb_assign gives the tensor a new
+       buffer);
        managed->deleter runs exactly once, when the last reference to the buffer is dropped
        (possibly on another thread): the tensors using it, pending graphs that read it, and a
        cached computation compiled with it as an input (tb_computation_cache_clear drops
-       those). The producer must keep the data alive and unchanged until then.
+       those); on OpenCL once the device's queue has also finished the kernels queued before
+       (the call that drops it waits for them). The producer must keep the data alive and
+       unchanged until then.
      - otherwise the value is copied (strided tensors into C order) and managed->deleter runs
        before this function returns.
    On ANY error NULL is returned, the deleter is not called and the caller still owns
@@ -1940,8 +1943,9 @@ TBDEF const char *tb_tensor_set_metadata_key(const tb_tensor_set *set, size_t in
    "__metadata__": {string: string}}, then the data) into a new set on `device` (NULL: the
    current device), tensors in the header's order. Dtypes F32 F64 F16 BF16 I32 I64 U8 BOOL
    load as f32 f64 f16 bf16 i32 i64 u8 bool.
-   The file is memory-mapped; on a device that shares host memory (the cpu backend) each
-   suitably aligned tensor uses the mapping in place, without a copy, and the mapping lives
+   The file is memory-mapped; on a device that keeps or shares host memory (the cpu backend;
+   native and an OpenCL device with unified memory, PoCL's, for tensors aligned to 64 bytes)
+   each suitably aligned tensor uses the mapping in place, without a copy, and the mapping lives
    until the last such tensor is released (the set may be freed first). Do not truncate or
    rewrite the file in place while those tensors live (replacing it, as tb_safetensors_save
    does through a rename, is safe). Other devices get copies and the file is closed on return.
@@ -34416,6 +34420,7 @@ typedef intptr_t tb__cl_context_properties;
 #define TB__CL_CONTEXT_PLATFORM                          0x1084
 #define TB__CL_QUEUE_PROFILING_ENABLE                    (1u << 1)
 #define TB__CL_MEM_READ_WRITE                            (1u << 0)
+#define TB__CL_MEM_USE_HOST_PTR                          (1u << 3)
 #define TB__CL_MEM_ALLOC_HOST_PTR                        (1u << 4)
 #define TB__CL_MAP_READ                                  (1u << 0)
 #define TB__CL_MAP_WRITE                                 (1u << 1)
@@ -34507,6 +34512,11 @@ struct tb__ocl_device;
    its tb__ocl_device). */
 typedef struct tb__ocl_buffer {
     tb_kit_buffer k;
+    /* over a caller's host array (tb__ocl_buffer_borrow): never cached, never counted in the
+       device's bytes; given back by release(context) once the device's queue is done with it */
+    bool borrowed;
+    void (*release)(void *context);
+    void *context;
 } tb__ocl_buffer;
 
 #define TB__OCL_MEM(b) ((tb__cl_mem)(b)->k.mem)
@@ -34583,6 +34593,9 @@ static void tb__ocl_device_release(tb__ocl_device *dev);
 /* the caching allocator and transfers; call with the device locked */
 static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_buffer **out);
 static void tb__ocl_buffer_free(tb__ocl_buffer *buf);
+static tb_status tb__ocl_buffer_borrow(tb__ocl_device *dev, void *host, size_t size,
+                                       void (*release)(void *context), void *context,
+                                       tb__ocl_buffer **out);
 static void tb__ocl_buffer_destroy(tb__ocl_buffer *buf);
 static void tb__ocl_cache_trim(tb__ocl_device *dev, uint64_t keep);
 static tb_status tb__ocl_write(tb__ocl_device *dev, tb__ocl_buffer *buf, const void *host,
@@ -35428,12 +35441,70 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
     return TB_OK;
 }
 
+/* A buffer over the caller's host array `host` of `size` bytes (CL_MEM_USE_HOST_PTR), for a
+   device that shares the host's memory: its kernels read the array in place, and
+   release(context) gives it back when the buffer goes (tb__ocl_buffer_free, after the device's
+   queue is done with it). TB_ERR_UNSUPPORTED, with nothing called, where the device has its
+   own memory, nothing is to be called when it goes (a caller's array without a release,
+   tb_tensor_from_host_borrowed, which the caller may free as soon as its tensors are released,
+   while the queue may still read it), the array is empty or starts off a 64-byte boundary (as
+   the native backend's: only outputs are assumed aligned beyond an element, and a borrowed
+   buffer is never one), or the driver refuses (the library then copies). Call with the device
+   locked. */
+static tb_status tb__ocl_buffer_borrow(tb__ocl_device *dev, void *host, size_t size,
+                                       void (*release)(void *context), void *context,
+                                       tb__ocl_buffer **out) {
+    tb__ocl_runtime *rt = dev->rt;
+    tb__cl_int err = TB__CL_SUCCESS;
+    tb__cl_mem mem;
+    tb__ocl_buffer *buf;
+    *out = NULL;
+    if (!dev->info.unified_memory || release == NULL || size == 0 ||
+        (uint64_t)size > dev->max_alloc || (uintptr_t)host % 64 != 0)
+        return TB_ERR_UNSUPPORTED;
+    buf = (tb__ocl_buffer *)tb__calloc(1, sizeof *buf);
+    if (buf == NULL) return TB_ERR_OUT_OF_MEMORY;
+    mem = TB__OCL_CALL(rt, CreateBuffer)(dev->ctx, TB__CL_MEM_READ_WRITE | TB__CL_MEM_USE_HOST_PTR,
+                                         size, host, &err);
+    if (mem == NULL || err != TB__CL_SUCCESS) {
+        tb__free(buf);
+        return TB_ERR_UNSUPPORTED;
+    }
+    buf->k.device = dev;
+    buf->k.mem = (void *)mem;
+    buf->k.size = buf->k.cap = size;
+    buf->k.gen = tb__next_generation();
+    buf->borrowed = true;
+    buf->release = release;
+    buf->context = context;
+    tb__kit_proc_ref(&rt->proc);
+    *out = buf;
+    return TB_OK;
+}
+
+/* A borrowed buffer goes: the queue finished first (commands enqueued before still read the
+   caller's array; a failed finish leaves a queue that runs nothing more), then the array given
+   back. Call with the mutex held; release runs with it held, as the native backend's. */
+static void tb__ocl_buffer_give_back(tb__ocl_buffer *buf) {
+    tb__ocl_device *dev = TB__OCL_DEV(buf);
+    void (*release)(void *context) = buf->release;
+    void *context = buf->context;
+    if (dev->queue != NULL && !dev->rt->proc.exited)
+        (void)TB__OCL_CALL(dev->rt, Finish)(dev->queue);
+    tb__ocl_buffer_destroy(buf);
+    if (release != NULL) release(context);
+}
+
 /* Gives a buffer back: cached for reuse while the cache has room, else released. Work already
    enqueued on the device's in-order queue that uses it still runs before any reuse. */
 static void tb__ocl_buffer_free(tb__ocl_buffer *buf) {
     tb__ocl_device *dev;
     if (buf == NULL) return;
     dev = TB__OCL_DEV(buf);
+    if (buf->borrowed) {
+        tb__ocl_buffer_give_back(buf);
+        return;
+    }
     if (TB__OCL_MEM(buf) == NULL) {
         tb__ocl_buffer_destroy(buf);
         return;
@@ -36318,6 +36389,28 @@ static const tb_kit_runtime tb__ocl_runtime_table = {
     tb__ocl_shutdown,
 };
 
+/* Host memory in place (tb_tensor_from_host_borrowed, DLPack imports, model files mapped from
+   disk) on a device that shares the host's memory (PoCL's CPU devices): a buffer over the
+   caller's array (tb__ocl_buffer_borrow), which kernels only read (the library never lets a
+   result take a shared buffer); release(context) when the data goes, once the queue finished
+   what it had of it. Elsewhere, without a release (tb_tensor_from_host_borrowed), and for an
+   array off a 64-byte boundary or an empty one, TB_ERR_UNSUPPORTED: the library copies. */
+static tb_status tb__ocl_data_borrow_host(void *user_data, tb_backend_data *data, void *host,
+                                          void (*release)(void *context), void *context) {
+    tb__ocl_device *dev;
+    tb__ocl_buffer *buf = NULL;
+    size_t nbytes = 0;
+    tb_status st = tb_shape_nbytes(&data->shape, &nbytes);
+    (void)user_data;
+    if (st != TB_OK) return st;
+    dev = tb__ocl_device_acquire(data->device.ordinal, "opencl");
+    if (dev == NULL) return TB_ERR_UNAVAILABLE;
+    st = tb__ocl_buffer_borrow(dev, host, nbytes, release, context, &buf);
+    tb__ocl_device_release(dev);
+    if (st == TB_OK) data->payload = &buf->k;
+    return st;
+}
+
 static tb_status tb__opencl_register(void) {
     tb_backend_impl impl;
     tb__kit_impl(&tb__ocl_runtime_table, &impl);
@@ -36327,6 +36420,7 @@ static tb_status tb__opencl_register(void) {
     impl.get_default_device_ordinal = tb__ocl_get_default_device_ordinal;
     impl.set_default_device_ordinal = tb__ocl_set_default_device_ordinal;
     impl.eager_fallback_device_type = tb__ocl_eager_fallback_device_type;
+    impl.data_borrow_host = tb__ocl_data_borrow_host;
     return tb_backend_register("opencl", &impl, "");
 }
 

@@ -1,13 +1,17 @@
 /* DLPack with the OpenCL backend: exports are host memory (the buffer itself where the device
-   shares the host's memory, else a copy), imports copy to the device, and
-   the producer's deleter runs at once. Skipped where no OpenCL device is usable. (Apart from
+   shares the host's memory, else a copy); imports read an aligned contiguous array in place
+   where the device shares the host's memory (its deleter runs once the library and the queue
+   are done with it), else copy it to the device (the deleter runs at once). Skipped where no
+   OpenCL device is usable. (Apart from
    tests/test_dlpack.c because the OpenCL runtime's own allocations are not leak-checked.) */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define TB_IMPLEMENTATION
@@ -95,34 +99,127 @@ static void test_export_to_host(void **state) {
     v->deleter(v);
 }
 
-static void test_import_copies_to_the_device(void **state) {
+/* An import on a device that shares the host's memory (PoCL's) reads a contiguous array that
+   starts on a 64-byte boundary in place: an export of it lends that same array, and the
+   producer's deleter runs once the library lets go. An unaligned or strided array, and any on a
+   device with memory of its own, is copied and its deleter runs at once. */
+static void test_import_borrows_or_copies(void **state) {
     (void)state;
     if (ocl.backend[0] == '\0') skip();
-    float host[6] = {1, 2, 3, 4, 5, 6}, out[6];
-    int64_t dims[2] = {3, 2}, strides[2] = {1, 3};
-    tb_dl_managed_tensor m, n;
-    tb_tensor *t, *u;
+    float *host = (float *)aligned_alloc(64, 64 * sizeof(float)), out[64];
+    int64_t dims[2] = {4, 16}, tdims[2] = {3, 2}, strides[2] = {1, 3};
+    tb_dl_managed_tensor m, n, q, *e = NULL;
+    tb_device_info info;
+    tb_tensor *t, *u, *y;
     int i, j;
+    assert_non_null(host);
+    assert_int_equal(tb_backend_device_info(&ocl, &info), TB_OK);
+    for (i = 0; i < 64; i++)
+        host[i] = (float)i * 0.5f - 3.0f;
     deleter_calls = 0;
     make_managed(&m, host, dims, 2, NULL);
     t = tb_dlpack_import(&m, &ocl);
     assert_non_null(t);
-    assert_int_equal(deleter_calls, 1); /* copied to the device: released at once */
     assert_string_equal(tb_tensor_device(t).backend, "opencl");
-    assert_int_equal(tb_tensor_to_host(t, out, sizeof out), TB_OK);
-    assert_memory_equal(out, host, sizeof out);
-    /* strided (a transpose of a 2x3 array) */
-    make_managed(&n, host, dims, 2, strides);
-    u = tb_dlpack_import(&n, &ocl);
-    assert_non_null(u);
+    assert_int_equal(deleter_calls, info.unified_memory ? 0 : 1);
+    assert_int_equal(tb_dlpack_export(t, &e), TB_OK);
+    if (info.unified_memory) assert_ptr_equal(e->dl_tensor.data, host); /* no copy either way */
+    assert_memory_equal(e->dl_tensor.data, host, 64 * sizeof(float));
+    u = tb_mul_scalar(t, 2.0);
+    y = tb_add_scalar(u, 1.0);
+    assert_non_null(y);
+    assert_int_equal(tb_tensor_to_host(y, out, sizeof out), TB_OK);
+    for (i = 0; i < 64; i++)
+        assert_true(out[i] == host[i] * 2.0f + 1.0f);
+    tb_tensor_release(y);
+    tb_tensor_release(u);
+    tb_tensor_release(t);
+    assert_int_equal(deleter_calls, info.unified_memory ? 0 : 1); /* the export still holds it */
+    e->deleter(e);
+    tb_computation_cache_clear();
+    assert_int_equal(deleter_calls, 1);
+    /* off a 64-byte boundary: a copy */
+    make_managed(&n, host + 1, dims + 1, 1, NULL);
+    t = tb_dlpack_import(&n, &ocl);
+    assert_non_null(t);
     assert_int_equal(deleter_calls, 2);
-    assert_int_equal(tb_tensor_to_host(u, out, sizeof out), TB_OK);
+    assert_int_equal(tb_tensor_to_host(t, out, 16 * sizeof(float)), TB_OK);
+    assert_memory_equal(out, host + 1, 16 * sizeof(float));
+    tb_tensor_release(t);
+    /* strided (a transpose of a 2x3 array): a copy */
+    make_managed(&q, host, tdims, 2, strides);
+    t = tb_dlpack_import(&q, &ocl);
+    assert_non_null(t);
+    assert_int_equal(deleter_calls, 3);
+    assert_int_equal(tb_tensor_to_host(t, out, 6 * sizeof(float)), TB_OK);
     for (i = 0; i < 3; ++i)
         for (j = 0; j < 2; ++j)
             assert_true(out[i * 2 + j] == host[j * 3 + i]);
     tb_tensor_release(t);
-    tb_tensor_release(u);
-    assert_int_equal(deleter_calls, 2);
+    assert_int_equal(deleter_calls, 3);
+    free(host);
+}
+
+/* The producer's array is given back only once the device's queue is done with it: kernels
+   still queued when the imported tensor goes read the array, not what its deleter leaves
+   there (NaN). */
+static float *poisoned;
+static size_t poisoned_count;
+
+static void poisoning_deleter(tb_dl_managed_tensor *self) {
+    size_t i;
+    (void)self;
+    for (i = 0; i < poisoned_count; i++)
+        poisoned[i] = NAN;
+    deleter_calls++;
+}
+
+static void test_import_given_back_after_the_queue(void **state) {
+    (void)state;
+    if (ocl.backend[0] == '\0') skip();
+    const int64_t rows = 64, cols = 1 << 18; /* 64 MiB: some milliseconds of kernels */
+    int64_t dims[2] = {rows, cols};
+    int32_t axis = 1;
+    tb_dl_managed_tensor m;
+    tb_tensor *t, *a, *b, *y;
+    float sums[64];
+    size_t i;
+    poisoned_count = (size_t)(rows * cols);
+    poisoned = (float *)aligned_alloc(64, poisoned_count * sizeof(float));
+    assert_non_null(poisoned);
+    for (i = 0; i < poisoned_count; i++)
+        poisoned[i] = (float)(i % 7) * 0.25f;
+    deleter_calls = 0;
+    make_managed(&m, poisoned, dims, 2, NULL);
+    m.deleter = poisoning_deleter;
+    t = tb_dlpack_import(&m, &ocl);
+    assert_non_null(t);
+    a = tb_exp(t);
+    b = tb_mul(a, t);
+    y = tb_sum(b, &axis, 1, false);
+    assert_non_null(y);
+    assert_int_equal(tb_sync(&y, 1), TB_OK); /* queued; the kernels may still run */
+    tb_tensor_release(b);
+    tb_tensor_release(a);
+    tb_tensor_release(t); /* where borrowed: given back here, after the queue */
+    tb_computation_cache_clear();
+    assert_int_equal(deleter_calls, 1);
+    assert_int_equal(tb_tensor_to_host(y, sums, sizeof sums), TB_OK);
+    for (i = 0; i < (size_t)rows; i++) {
+        /* row i: cols values (i * cols + j) % 7 * 0.25, each residue cols / 7 times or once more */
+        double want = 0;
+        int r;
+        for (r = 0; r < 7; r++) {
+            size_t first = (size_t)((7 - (int)((i * (size_t)cols) % 7) + r) % 7);
+            size_t count = first < (size_t)cols ? ((size_t)cols - 1 - first) / 7 + 1 : 0;
+            want += (double)count * exp(r * 0.25) * (r * 0.25);
+        }
+        assert_true(isfinite(sums[i]));
+        assert_true(fabs(sums[i] - want) <= 1e-4 * want);
+    }
+    tb_tensor_release(y);
+    free(poisoned);
+    poisoned = NULL;
 }
 
 static void test_round_trip_cpu_to_opencl(void **state) {
@@ -168,7 +265,8 @@ static int teardown(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_export_to_host),
-        cmocka_unit_test(test_import_copies_to_the_device),
+        cmocka_unit_test(test_import_borrows_or_copies),
+        cmocka_unit_test(test_import_given_back_after_the_queue),
         cmocka_unit_test(test_round_trip_cpu_to_opencl),
     };
     return cmocka_run_group_tests_name("dlpack_opencl", tests, setup, teardown);

@@ -15,8 +15,9 @@ What it does: the graph's parameters and buffers go to the device once (a batch 
 convolution in eval mode is folded into its weights); each call hands the inputs to the
 library, records the graph's ops on its lazy tensors (the library caches the compiled kernels
 by the graph's structure, so every call after the first runs them straight away) and hands the
-outputs back as torch tensors. Inputs and outputs go through DLPack: on devices that keep host
-memory (cpu, native) without a copy (an input is read in place while the library holds it; an
+outputs back as torch tensors. Inputs (and, in training, the parameters at each call) and
+outputs go through DLPack: on devices that keep or share host memory (cpu, native, PoCL's
+OpenCL devices) without a copy (an input is read in place while the library holds it; an
 output is the library's buffer), on others copied. The first inference call with inputs of
 a given shape records the library calls its walk over the graph makes; later calls with inputs
 of that shape replay them on the new inputs, without the walk. Inference only (eval mode: dropout is the identity, batch norm uses
@@ -332,9 +333,9 @@ class _Graph:
         return h
 
     def _import(self, t):
-        """A call's input through DLPack: used in place where the device keeps host memory
-        (cpu, native; the library holds the torch tensor until it lets go of it), copied
-        elsewhere."""
+        """A call's input through DLPack: used in place where the device keeps or shares host
+        memory (cpu, native, PoCL's OpenCL devices; the library holds the torch tensor until
+        it lets go of it), copied elsewhere."""
         t = t.detach()
         if t.dtype not in DTYPES or t.dtype == torch.bool or t.device.type != "cpu":
             return self._upload(t)  # bool: torch's DLPack has none (1.13); others copied
@@ -398,8 +399,9 @@ class _Graph:
 
     def _upload_leaf(self, t, keep):
         """t on the device, requiring grad where t does (training), kept out of the call's
-        scope and listed in `keep` (released by the caller)."""
-        h = self._upload(t)
+        scope and listed in `keep` (released by the caller, at the latest by the backward,
+        before an optimizer changes t in place). Through DLPack, as a call's inputs."""
+        h = self._import(t)
         if t.requires_grad and t.is_floating_point():
             if self.lib.tb_set_requires_grad(h, True) != 0:
                 raise _err("tb_set_requires_grad")

@@ -48,8 +48,9 @@ TBDEF const char *tb_tensor_set_metadata_key(const tb_tensor_set *set, size_t in
    "__metadata__": {string: string}}, then the data) into a new set on `device` (NULL: the
    current device), tensors in the header's order. Dtypes F32 F64 F16 BF16 I32 I64 U8 BOOL
    load as f32 f64 f16 bf16 i32 i64 u8 bool.
-   The file is memory-mapped; on a device that shares host memory (the cpu backend) each
-   suitably aligned tensor uses the mapping in place, without a copy, and the mapping lives
+   The file is memory-mapped; on a device that keeps or shares host memory (the cpu backend;
+   native and an OpenCL device with unified memory, PoCL's, for tensors aligned to 64 bytes)
+   each suitably aligned tensor uses the mapping in place, without a copy, and the mapping lives
    until the last such tensor is released (the set may be freed first). Do not truncate or
    rewrite the file in place while those tensors live (replacing it, as tb_safetensors_save
    does through a rename, is safe). Other devices get copies and the file is closed on return.

@@ -127,14 +127,17 @@ TBDEF tb_status tb_dlpack_export(tb_tensor *tensor, tb_dl_managed_tensor **out);
    Accepted: device type TB_DL_CPU (host memory), lanes 1, the library's eight dtypes (see
    tb_dl_data_type), ndim 0..TB_MAX_RANK, non-negative dims, any strides (NULL: C-contiguous)
    and byte_offset. On success the library owns `managed`:
-     - on a device that keeps host memory (the cpu backend; native, for data aligned to 64
-       bytes), a C-contiguous, suitably aligned tensor (and, for bool, one holding only 0 and 1
-       bytes) is used in place, without a copy (and never written: tb_assign gives the tensor a
-       new buffer);
+     - on a device that keeps or shares host memory (the cpu backend; native and an OpenCL
+       device with CL_DEVICE_HOST_UNIFIED_MEMORY, PoCL's, for data aligned to 64 bytes), a
+       C-contiguous, suitably aligned tensor (and, for bool, one holding only 0 and 1 bytes) is
+       used in place, without a copy (and never written: tb_assign gives the tensor a new
+       buffer);
        managed->deleter runs exactly once, when the last reference to the buffer is dropped
        (possibly on another thread): the tensors using it, pending graphs that read it, and a
        cached computation compiled with it as an input (tb_computation_cache_clear drops
-       those). The producer must keep the data alive and unchanged until then.
+       those); on OpenCL once the device's queue has also finished the kernels queued before
+       (the call that drops it waits for them). The producer must keep the data alive and
+       unchanged until then.
      - otherwise the value is copied (strided tensors into C order) and managed->deleter runs
        before this function returns.
    On ANY error NULL is returned, the deleter is not called and the caller still owns

@@ -509,6 +509,28 @@ static const tb_kit_runtime tb__ocl_runtime_table = {
     tb__ocl_shutdown,
 };
 
+/* Host memory in place (tb_tensor_from_host_borrowed, DLPack imports, model files mapped from
+   disk) on a device that shares the host's memory (PoCL's CPU devices): a buffer over the
+   caller's array (tb__ocl_buffer_borrow), which kernels only read (the library never lets a
+   result take a shared buffer); release(context) when the data goes, once the queue finished
+   what it had of it. Elsewhere, without a release (tb_tensor_from_host_borrowed), and for an
+   array off a 64-byte boundary or an empty one, TB_ERR_UNSUPPORTED: the library copies. */
+static tb_status tb__ocl_data_borrow_host(void *user_data, tb_backend_data *data, void *host,
+                                          void (*release)(void *context), void *context) {
+    tb__ocl_device *dev;
+    tb__ocl_buffer *buf = NULL;
+    size_t nbytes = 0;
+    tb_status st = tb_shape_nbytes(&data->shape, &nbytes);
+    (void)user_data;
+    if (st != TB_OK) return st;
+    dev = tb__ocl_device_acquire(data->device.ordinal, "opencl");
+    if (dev == NULL) return TB_ERR_UNAVAILABLE;
+    st = tb__ocl_buffer_borrow(dev, host, nbytes, release, context, &buf);
+    tb__ocl_device_release(dev);
+    if (st == TB_OK) data->payload = &buf->k;
+    return st;
+}
+
 static tb_status tb__opencl_register(void) {
     tb_backend_impl impl;
     tb__kit_impl(&tb__ocl_runtime_table, &impl);
@@ -518,6 +540,7 @@ static tb_status tb__opencl_register(void) {
     impl.get_default_device_ordinal = tb__ocl_get_default_device_ordinal;
     impl.set_default_device_ordinal = tb__ocl_set_default_device_ordinal;
     impl.eager_fallback_device_type = tb__ocl_eager_fallback_device_type;
+    impl.data_borrow_host = tb__ocl_data_borrow_host;
     return tb_backend_register("opencl", &impl, "");
 }
 

@@ -556,12 +556,70 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
     return TB_OK;
 }
 
+/* A buffer over the caller's host array `host` of `size` bytes (CL_MEM_USE_HOST_PTR), for a
+   device that shares the host's memory: its kernels read the array in place, and
+   release(context) gives it back when the buffer goes (tb__ocl_buffer_free, after the device's
+   queue is done with it). TB_ERR_UNSUPPORTED, with nothing called, where the device has its
+   own memory, nothing is to be called when it goes (a caller's array without a release,
+   tb_tensor_from_host_borrowed, which the caller may free as soon as its tensors are released,
+   while the queue may still read it), the array is empty or starts off a 64-byte boundary (as
+   the native backend's: only outputs are assumed aligned beyond an element, and a borrowed
+   buffer is never one), or the driver refuses (the library then copies). Call with the device
+   locked. */
+static tb_status tb__ocl_buffer_borrow(tb__ocl_device *dev, void *host, size_t size,
+                                       void (*release)(void *context), void *context,
+                                       tb__ocl_buffer **out) {
+    tb__ocl_runtime *rt = dev->rt;
+    tb__cl_int err = TB__CL_SUCCESS;
+    tb__cl_mem mem;
+    tb__ocl_buffer *buf;
+    *out = NULL;
+    if (!dev->info.unified_memory || release == NULL || size == 0 ||
+        (uint64_t)size > dev->max_alloc || (uintptr_t)host % 64 != 0)
+        return TB_ERR_UNSUPPORTED;
+    buf = (tb__ocl_buffer *)tb__calloc(1, sizeof *buf);
+    if (buf == NULL) return TB_ERR_OUT_OF_MEMORY;
+    mem = TB__OCL_CALL(rt, CreateBuffer)(dev->ctx, TB__CL_MEM_READ_WRITE | TB__CL_MEM_USE_HOST_PTR,
+                                         size, host, &err);
+    if (mem == NULL || err != TB__CL_SUCCESS) {
+        tb__free(buf);
+        return TB_ERR_UNSUPPORTED;
+    }
+    buf->k.device = dev;
+    buf->k.mem = (void *)mem;
+    buf->k.size = buf->k.cap = size;
+    buf->k.gen = tb__next_generation();
+    buf->borrowed = true;
+    buf->release = release;
+    buf->context = context;
+    tb__kit_proc_ref(&rt->proc);
+    *out = buf;
+    return TB_OK;
+}
+
+/* A borrowed buffer goes: the queue finished first (commands enqueued before still read the
+   caller's array; a failed finish leaves a queue that runs nothing more), then the array given
+   back. Call with the mutex held; release runs with it held, as the native backend's. */
+static void tb__ocl_buffer_give_back(tb__ocl_buffer *buf) {
+    tb__ocl_device *dev = TB__OCL_DEV(buf);
+    void (*release)(void *context) = buf->release;
+    void *context = buf->context;
+    if (dev->queue != NULL && !dev->rt->proc.exited)
+        (void)TB__OCL_CALL(dev->rt, Finish)(dev->queue);
+    tb__ocl_buffer_destroy(buf);
+    if (release != NULL) release(context);
+}
+
 /* Gives a buffer back: cached for reuse while the cache has room, else released. Work already
    enqueued on the device's in-order queue that uses it still runs before any reuse. */
 static void tb__ocl_buffer_free(tb__ocl_buffer *buf) {
     tb__ocl_device *dev;
     if (buf == NULL) return;
     dev = TB__OCL_DEV(buf);
+    if (buf->borrowed) {
+        tb__ocl_buffer_give_back(buf);
+        return;
+    }
     if (TB__OCL_MEM(buf) == NULL) {
         tb__ocl_buffer_destroy(buf);
         return;

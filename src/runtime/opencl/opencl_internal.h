@@ -104,6 +104,7 @@ typedef intptr_t tb__cl_context_properties;
 #define TB__CL_CONTEXT_PLATFORM                          0x1084
 #define TB__CL_QUEUE_PROFILING_ENABLE                    (1u << 1)
 #define TB__CL_MEM_READ_WRITE                            (1u << 0)
+#define TB__CL_MEM_USE_HOST_PTR                          (1u << 3)
 #define TB__CL_MEM_ALLOC_HOST_PTR                        (1u << 4)
 #define TB__CL_MAP_READ                                  (1u << 0)
 #define TB__CL_MAP_WRITE                                 (1u << 1)
@@ -195,6 +196,11 @@ struct tb__ocl_device;
    its tb__ocl_device). */
 typedef struct tb__ocl_buffer {
     tb_kit_buffer k;
+    /* over a caller's host array (tb__ocl_buffer_borrow): never cached, never counted in the
+       device's bytes; given back by release(context) once the device's queue is done with it */
+    bool borrowed;
+    void (*release)(void *context);
+    void *context;
 } tb__ocl_buffer;
 
 #define TB__OCL_MEM(b) ((tb__cl_mem)(b)->k.mem)
@@ -271,6 +277,9 @@ static void tb__ocl_device_release(tb__ocl_device *dev);
 /* the caching allocator and transfers; call with the device locked */
 static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_buffer **out);
 static void tb__ocl_buffer_free(tb__ocl_buffer *buf);
+static tb_status tb__ocl_buffer_borrow(tb__ocl_device *dev, void *host, size_t size,
+                                       void (*release)(void *context), void *context,
+                                       tb__ocl_buffer **out);
 static void tb__ocl_buffer_destroy(tb__ocl_buffer *buf);
 static void tb__ocl_cache_trim(tb__ocl_device *dev, uint64_t keep);
 static tb_status tb__ocl_write(tb__ocl_device *dev, tb__ocl_buffer *buf, const void *host,
