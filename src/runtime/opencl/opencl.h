@@ -39,8 +39,11 @@ TBDEF tb_status tb_opencl_native_device(const tb_device *device, tb_opencl_nativ
 /* The cl_mem holding a tensor's value, syncing the tensor first; *size gets the value's size
    in bytes (the buffer may be larger). The buffer stays owned by the tensor and holds this
    value as long as the tensor does: read or write it on the device's queue
-   (tb_opencl_native_device). Errors: NULL arguments, a tensor that is not on an "opencl"
-   device. Not thread-safe with other calls on the same tensor. */
+   (tb_opencl_native_device). A tensor that uses host memory in place (a DLPack import or a
+   model file's tensor on a device that shares the host's memory) has a buffer over that
+   memory: writing it writes the producer's array (a file's mapping is read-only). Errors: NULL
+   arguments, a tensor that is not on an "opencl" device. Not thread-safe with other calls on the
+   same tensor. */
 TBDEF tb_status tb_opencl_tensor_buffer(tb_tensor *tensor, void **mem, size_t *size);
 
 /* Releases the device memory that the caching allocator keeps for reuse on `device` (NULL:
