@@ -509,8 +509,8 @@ static const tb_kit_runtime tb__ocl_runtime_table = {
     tb__ocl_shutdown,
 };
 
-/* Host memory in place (tb_tensor_from_host_borrowed, DLPack imports, model files mapped from
-   disk) on a device that shares the host's memory (PoCL's CPU devices): a buffer over the
+/* Host memory in place (DLPack imports, model files mapped from disk, the eager fallback's
+   results) on a device that shares the host's memory (PoCL's CPU devices): a buffer over the
    caller's array (tb__ocl_buffer_borrow), which kernels only read (the library never lets a
    result take a shared buffer); release(context) when the data goes, once the queue finished
    what it had of it. Elsewhere, without a release (tb_tensor_from_host_borrowed), and for an
