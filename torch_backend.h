@@ -34515,9 +34515,8 @@ struct tb__ocl_device;
    its tb__ocl_device). */
 typedef struct tb__ocl_buffer {
     tb_kit_buffer k;
-    /* over a caller's host array (tb__ocl_buffer_borrow): never cached, never counted in the
-       device's bytes; given back by release(context) once the device's queue is done with it */
-    bool borrowed;
+    /* set: over a caller's host array (tb__ocl_buffer_borrow), never cached, never counted in
+       the device's bytes, given back by release(context) once the device's queue is done */
     void (*release)(void *context);
     void *context;
 } tb__ocl_buffer;
@@ -35371,6 +35370,18 @@ static void tb__ocl_cache_trim(tb__ocl_device *dev, uint64_t keep) {
     dev->cache_count = n;
 }
 
+/* buf (zeroed) as the buffer `mem` of dev, of a new generation, holding a reference on the
+   runtime (tb__ocl_buffer_destroy drops it). */
+static void tb__ocl_buffer_over(tb__ocl_buffer *buf, tb__ocl_device *dev, tb__cl_mem mem,
+                                size_t size, size_t cap) {
+    buf->k.device = dev;
+    buf->k.mem = (void *)mem;
+    buf->k.size = size;
+    buf->k.cap = cap;
+    buf->k.gen = tb__next_generation();
+    tb__kit_proc_ref(&dev->rt->proc);
+}
+
 /* A buffer of at least `size` bytes. Call with the mutex held and the device ready. */
 static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_buffer **out) {
     tb__ocl_runtime *rt = dev->rt;
@@ -35428,12 +35439,7 @@ static tb_status tb__ocl_buffer_alloc(tb__ocl_device *dev, size_t size, tb__ocl_
                          (unsigned long long)dev->stats.bytes_in_use,
                          (unsigned long long)dev->info.global_memory);
     }
-    buf->k.device = dev;
-    buf->k.mem = (void *)mem;
-    buf->k.size = size;
-    buf->k.cap = cap;
-    buf->k.gen = tb__next_generation();
-    tb__kit_proc_ref(&rt->proc);
+    tb__ocl_buffer_over(buf, dev, mem, size, cap);
     dev->buffers_created++;
     dev->stats.bytes_in_use += cap;
     if (dev->stats.bytes_in_use > dev->stats.peak_bytes)
@@ -35473,14 +35479,9 @@ static tb_status tb__ocl_buffer_borrow(tb__ocl_device *dev, void *host, size_t s
         tb__free(buf);
         return TB_ERR_UNSUPPORTED;
     }
-    buf->k.device = dev;
-    buf->k.mem = (void *)mem;
-    buf->k.size = buf->k.cap = size;
-    buf->k.gen = tb__next_generation();
-    buf->borrowed = true;
+    tb__ocl_buffer_over(buf, dev, mem, size, size);
     buf->release = release;
     buf->context = context;
-    tb__kit_proc_ref(&rt->proc);
     *out = buf;
     return TB_OK;
 }
@@ -35495,7 +35496,7 @@ static void tb__ocl_buffer_give_back(tb__ocl_buffer *buf) {
     if (dev->queue != NULL && !dev->rt->proc.exited)
         (void)TB__OCL_CALL(dev->rt, Finish)(dev->queue);
     tb__ocl_buffer_destroy(buf);
-    if (release != NULL) release(context);
+    release(context);
 }
 
 /* Gives a buffer back: cached for reuse while the cache has room, else released. Work already
@@ -35504,7 +35505,7 @@ static void tb__ocl_buffer_free(tb__ocl_buffer *buf) {
     tb__ocl_device *dev;
     if (buf == NULL) return;
     dev = TB__OCL_DEV(buf);
-    if (buf->borrowed) {
+    if (buf->release != NULL) {
         tb__ocl_buffer_give_back(buf);
         return;
     }

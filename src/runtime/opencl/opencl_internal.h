@@ -196,9 +196,8 @@ struct tb__ocl_device;
    its tb__ocl_device). */
 typedef struct tb__ocl_buffer {
     tb_kit_buffer k;
-    /* over a caller's host array (tb__ocl_buffer_borrow): never cached, never counted in the
-       device's bytes; given back by release(context) once the device's queue is done with it */
-    bool borrowed;
+    /* set: over a caller's host array (tb__ocl_buffer_borrow), never cached, never counted in
+       the device's bytes, given back by release(context) once the device's queue is done */
     void (*release)(void *context);
     void *context;
 } tb__ocl_buffer;
