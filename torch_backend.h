@@ -22420,7 +22420,10 @@ typedef struct tb__ix {
 
 static void tb__lf_const(tb__lf *lf, int64_t c);
 static bool tb__lf_add_term(tb__lf *lf, int32_t var, int64_t coef);
+static int64_t tb__lf_coef(const tb__lf *f, int32_t v);
 static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap);
+static bool tb__ix_split_text(const tb__ix *g, const tb__lf *f, int32_t inner, int slot, char *buf,
+                              size_t cap);
 /* the least and greatest values of a form over its variables' ranges */
 static void tb__ix_lf_range(const tb__ix *g, const tb__lf *lf, int64_t *lo, int64_t *hi);
 static int64_t tb__ix_ceil_div(int64_t a, int64_t k); /* the least q, q * k >= a (k > 0) */
@@ -22618,6 +22621,11 @@ typedef struct tb__cg {
        on it holds (row_mixed: one the loop cannot be split by). Pads clamp their other axes
        and select. */
     int32_t row_var;
+    /* the variable of the innermost loop being emitted where a loop of the kernel's own runs
+       along it (a pack's lanes or rows), else -1: a buffer read whose index is that
+       variable's term plus terms that do not change along the loop is written as the
+       address of the invariant part indexed by the variable's (tb__cg_read_slot) */
+    int32_t inner_var;
     bool row_mixed;
     int64_t row_lo, row_hi;
     /* a pack's run of rows (tb__cg_pack_lanes): with row_rt the pads' tests on row_var (forms
@@ -26192,6 +26200,14 @@ static void tb__ix_lf_range(const tb__ix *g, const tb__lf *lf, int64_t *lo, int6
     }
 }
 
+/* The coefficient of variable v in form f (0: none, or v < 0). */
+static int64_t tb__lf_coef(const tb__lf *f, int32_t v) {
+    int32_t j;
+    for (j = 0; v >= 0 && j < f->n; j++)
+        if (f->var[j] == v) return f->coef[j];
+    return 0;
+}
+
 /* The form as OpenCL C (a long expression). */
 static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap) {
     size_t len = 0;
@@ -26217,6 +26233,38 @@ static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap) {
         snprintf(buf + len, cap - len, "%s%llu%s", sign, (unsigned long long)mag,
                  mag > 2147483647u ? "L" : "");
     }
+}
+
+/* Buffer bN's element at flat index `f` as the address of the terms that do not change along
+   the loop of variable `inner` indexed by the rest, as C text in `buf`: `(bN + (R))[V]`. Only
+   where `inner` has a term and both parts are never negative (the address then stays inside
+   the buffer wherever the read does); false otherwise. PoCL's compiler vectorises a pack's copy
+   of a strided run in that form, not as one sum (ResNet's first convolution, trained, its
+   windows at stride 2 packed by the matmul's items: 10.1 -> 7.0 ms); C compilers take
+   either. */
+static bool tb__ix_split_text(const tb__ix *g, const tb__lf *f, int32_t inner, int slot, char *buf,
+                              size_t cap) {
+    char rt[TB__LF_TEXT], vt[TB__LF_TEXT];
+    tb__lf r, v;
+    int64_t lo, hi;
+    int32_t i;
+    bool has = false;
+    if (inner < 0) return false;
+    tb__lf_const(&r, 0);
+    tb__lf_const(&v, f->c);
+    for (i = 0; i < f->n; i++) {
+        if (f->var[i] == inner) has = true;
+        if (!tb__lf_add_term(f->var[i] == inner || f->coef[i] < 0 ? &v : &r, f->var[i], f->coef[i]))
+            return false;
+    }
+    if (!has || r.n == 0) return false;
+    tb__ix_lf_range(g, &r, &lo, &hi);
+    if (lo < 0) return false;
+    tb__ix_lf_range(g, &v, &lo, &hi);
+    if (lo < 0) return false;
+    tb__lf_text(&r, rt, sizeof rt);
+    tb__lf_text(&v, vt, sizeof vt);
+    return snprintf(buf, cap, "(b%d + (%s))[%s]", slot, rt, vt) < (int)cap;
 }
 
 /* A new variable holding form lf's value, with range [lo, hi]; its line is written here. */
@@ -27613,7 +27661,7 @@ static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k
 
 /* Reads element `pos` of a buffer slot. */
 static int32_t tb__cg_read_slot(tb__cg *g, int32_t slot, tb_dtype dtype, int32_t pos) {
-    char text[TB__LF_TEXT];
+    char text[TB__LF_TEXT], split[2 * TB__LF_TEXT + 32];
     int32_t v;
     if (!tb__cg_arg(g, TB__ARG_BUF, slot)) return -1;
     if (!tb__ix_need_flat(&g->ix, pos)) return -1;
@@ -27630,6 +27678,9 @@ static int32_t tb__cg_read_slot(tb__cg *g, int32_t slot, tb_dtype dtype, int32_t
         tb__ix_line(&g->ix, "const float v%d = TB_LDH(b%d, %s);", (int)v, (int)slot, text);
     } else if (dtype == TB_BF16) {
         tb__ix_line(&g->ix, "const float v%d = tb_bf2f(b%d[%s]);", (int)v, (int)slot, text);
+    } else if (tb__ix_split_text(&g->ix, &g->ix.pos[pos].flat, g->inner_var, (int)slot, split,
+                                 sizeof split)) {
+        tb__ix_line(&g->ix, "const %s v%d = %s;", tb__cg_ctype(dtype), (int)v, split);
     } else {
         tb__ix_line(&g->ix, "const %s v%d = b%d[%s];", tb__cg_ctype(dtype), (int)v, (int)slot,
                     text);
@@ -27673,18 +27724,10 @@ static void tb__cg_row_note(tb__cg *g, const tb__lf *f, int64_t before, int64_t 
     if (hi < g->row_hi) g->row_hi = hi;
 }
 
-/* The coefficient of variable v in form f (0: none, or v < 0). */
-static int64_t tb__cg_lf_coef(const tb__lf *f, int32_t v) {
-    int32_t j;
-    for (j = 0; v >= 0 && j < f->n; j++)
-        if (f->var[j] == v) return f->coef[j];
-    return 0;
-}
-
 /* A pad's test on a pack run's row (tb__cg.row_rt): a form row + other terms is kept for the
    run's interior; any other leaves the run unsplit. */
 static void tb__cg_row_form(tb__cg *g, const tb__lf *f, int64_t before, int64_t end) {
-    if (tb__cg_lf_coef(f, g->row_var) != 1 || g->num_row_forms >= TB__CG_ROW_FORMS) {
+    if (tb__lf_coef(f, g->row_var) != 1 || g->num_row_forms >= TB__CG_ROW_FORMS) {
         g->row_mixed = true;
         return;
     }
@@ -27730,11 +27773,11 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
         dims[i].c -= before;
         tb__ix_lf_range(&g->ix, &p.dim[i], &lo, &hi);
         if (lo >= before && hi < end) continue;
-        if (tb__cg_lf_coef(&p.dim[i], g->row_inside) == 1) {
+        if (tb__lf_coef(&p.dim[i], g->row_inside) == 1) {
             g->row_skipped++; /* the run's interior: its bounds hold this test */
             continue;
         }
-        row = tb__cg_lf_coef(&p.dim[i], g->row_var) != 0;
+        row = tb__lf_coef(&p.dim[i], g->row_var) != 0;
         if (g->row_var >= 0 && !row && !g->row_rt) {
             clamped |= (uint64_t)1 << i;
             to = &clamp;
@@ -29805,8 +29848,9 @@ static bool tb__cg_pack_lane_loop(tb__cg *g, const tb__plan_kernel *k, const tb_
     tb__ix_open(&g->ix, head);
     tb__lf_add_term(&at, ir, 1);
     g->row_inside = inside ? ir : -1;
+    g->inner_var = ir;
     v = tb__cg_pack_value_at(g, k, bdims, &at, lane);
-    g->row_inside = -1;
+    g->row_inside = g->inner_var = -1;
     if (v < 0) return false;
     tb__ix_line(&g->ix, "%s[po + i%d * %lldL] = v%d;", dst, (int)ir, (long long)width, (int)v);
     tb__ix_close(&g->ix, "");
@@ -29976,7 +30020,9 @@ static bool tb__cg_pack_rows(tb__cg *g, const tb__plan_kernel *k, const tb__lf *
     tb__lf_const(&lane, 0);
     tb__lf_add_term(&lane, iq, period);
     tb__lf_add_term(&lane, ir, 1);
+    g->inner_var = ir;
     v = tb__cg_pack_value(g, k, bdims, ik, &lane);
+    g->inner_var = -1;
     if (v < 0) return false;
     tb__ix_line(&g->ix, "%s[po + i%d] = v%d;", dst, (int)ir, (int)v);
     tb__ix_close(&g->ix, "");
@@ -32171,6 +32217,7 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
     g->num_vals = g->num_frames = g->num_stack = 0;
     g->depth = 0;
     g->rounded = g->unrounded = g->row_var = g->row_inside = g->row_item = -1;
+    g->inner_var = -1;
     g->row_case = -2;
     g->row_rt = false;
     switch (k->kind) {

@@ -428,6 +428,53 @@ static void test_pack_lane_by_lane(void **state) {
     tb_tensor_release(y);
 }
 
+/* Whether a line of `text` reads a buffer at an address of what stays along the loop, indexed
+   by the loop's variable times `step` ("= (b3 + (...))[i9 * 2];"), as tb__cg_read_slot writes
+   it (PoCL's compiler vectorises that form of a strided run, not one sum). */
+static bool reads_split(const char *text, const char *step) {
+    const char *line = text;
+    while (line != NULL && *line != '\0') {
+        const char *end = strchr(line, '\n'), *at = strstr(line, "= (b"), *idx;
+        size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
+        idx = at != NULL ? strstr(at, "))[i") : NULL;
+        if (at != NULL && idx != NULL && idx < line + len && (size_t)(idx - line) + 4 < len) {
+            const char *mul = strstr(idx, step);
+            if (mul != NULL && mul < line + len && mul[strlen(step)] == ']') return true;
+        }
+        line = end != NULL ? end + 1 : NULL;
+    }
+    return false;
+}
+
+/* The windows of a 7 x 7 convolution at stride 2 (ResNet's first, its input padded before),
+   trained: the matmul packs B from the input every second element along an output row. The
+   pack's copy reads each run as the address of its start and the lane times 2, on every
+   class and in C (where both parts are never negative: a padded read, whose index has a
+   constant below 0, keeps one sum). */
+static void test_pack_strided_run(void **state) {
+    static const int64_t stride[2] = {2, 2};
+    const int64_t xd[4] = {2, 3, 38, 38}, wd[4] = {16, 3, 7, 7};
+    tb_tensor *x = plan_input(TB_F32, 3, 2, 3, 38 * 38), *w = plan_input(TB_F32, 3, 16, 3, 49);
+    tb_tensor *x4 = tb_reshape(x, xd, 4), *w4 = tb_reshape(w, wd, 4), *y;
+    int dev;
+    (void)state;
+    assert_int_equal(tb_set_requires_grad(w4, true), TB_OK);
+    y = tb_conv2d(x4, w4, NULL, stride, NULL, NULL, 1);
+    assert_non_null(y);
+    for (dev = DEV_AVX512; dev <= DEV_C99; dev++) {
+        char *text = program(dev, &y, 1, NULL);
+        if (dev != DEV_GPU && !reads_split(text, " * 2"))
+            fail_msg("%s: no strided run read as address and index in:\n%s", plan_dev_names[dev],
+                     text);
+        free(text);
+    }
+    tb_tensor_release(y);
+    tb_tensor_release(w4);
+    tb_tensor_release(x4);
+    tb_tensor_release(w);
+    tb_tensor_release(x);
+}
+
 /* Selects on the data have no branch: an argmax over a few elements (a max pool's window, in
    its backward) is unrolled. In OpenCL C each step takes the best f32 value as a blend of bits
    (tb_sel_f32) and its index as a select; in the native backend's C the maximum comes first
@@ -994,6 +1041,7 @@ int main(void) {
         cmocka_unit_test(test_register_matmul_vectors),
         cmocka_unit_test(test_register_matmul_rows),
         cmocka_unit_test(test_pack_lane_by_lane),
+        cmocka_unit_test(test_pack_strided_run),
         cmocka_unit_test(test_selects_blend),
         cmocka_unit_test(test_pad_rows_split),
         cmocka_unit_test(test_pad_test_narrows_the_axis),

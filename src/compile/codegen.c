@@ -300,7 +300,7 @@ static int32_t tb__cg_operand_pos(tb__cg *g, int32_t node, int32_t pos, size_t k
 
 /* Reads element `pos` of a buffer slot. */
 static int32_t tb__cg_read_slot(tb__cg *g, int32_t slot, tb_dtype dtype, int32_t pos) {
-    char text[TB__LF_TEXT];
+    char text[TB__LF_TEXT], split[2 * TB__LF_TEXT + 32];
     int32_t v;
     if (!tb__cg_arg(g, TB__ARG_BUF, slot)) return -1;
     if (!tb__ix_need_flat(&g->ix, pos)) return -1;
@@ -317,6 +317,9 @@ static int32_t tb__cg_read_slot(tb__cg *g, int32_t slot, tb_dtype dtype, int32_t
         tb__ix_line(&g->ix, "const float v%d = TB_LDH(b%d, %s);", (int)v, (int)slot, text);
     } else if (dtype == TB_BF16) {
         tb__ix_line(&g->ix, "const float v%d = tb_bf2f(b%d[%s]);", (int)v, (int)slot, text);
+    } else if (tb__ix_split_text(&g->ix, &g->ix.pos[pos].flat, g->inner_var, (int)slot, split,
+                                 sizeof split)) {
+        tb__ix_line(&g->ix, "const %s v%d = %s;", tb__cg_ctype(dtype), (int)v, split);
     } else {
         tb__ix_line(&g->ix, "const %s v%d = b%d[%s];", tb__cg_ctype(dtype), (int)v, (int)slot,
                     text);
@@ -360,18 +363,10 @@ static void tb__cg_row_note(tb__cg *g, const tb__lf *f, int64_t before, int64_t 
     if (hi < g->row_hi) g->row_hi = hi;
 }
 
-/* The coefficient of variable v in form f (0: none, or v < 0). */
-static int64_t tb__cg_lf_coef(const tb__lf *f, int32_t v) {
-    int32_t j;
-    for (j = 0; v >= 0 && j < f->n; j++)
-        if (f->var[j] == v) return f->coef[j];
-    return 0;
-}
-
 /* A pad's test on a pack run's row (tb__cg.row_rt): a form row + other terms is kept for the
    run's interior; any other leaves the run unsplit. */
 static void tb__cg_row_form(tb__cg *g, const tb__lf *f, int64_t before, int64_t end) {
-    if (tb__cg_lf_coef(f, g->row_var) != 1 || g->num_row_forms >= TB__CG_ROW_FORMS) {
+    if (tb__lf_coef(f, g->row_var) != 1 || g->num_row_forms >= TB__CG_ROW_FORMS) {
         g->row_mixed = true;
         return;
     }
@@ -417,11 +412,11 @@ static int32_t tb__cg_pad(tb__cg *g, int32_t node, int32_t pos) {
         dims[i].c -= before;
         tb__ix_lf_range(&g->ix, &p.dim[i], &lo, &hi);
         if (lo >= before && hi < end) continue;
-        if (tb__cg_lf_coef(&p.dim[i], g->row_inside) == 1) {
+        if (tb__lf_coef(&p.dim[i], g->row_inside) == 1) {
             g->row_skipped++; /* the run's interior: its bounds hold this test */
             continue;
         }
-        row = tb__cg_lf_coef(&p.dim[i], g->row_var) != 0;
+        row = tb__lf_coef(&p.dim[i], g->row_var) != 0;
         if (g->row_var >= 0 && !row && !g->row_rt) {
             clamped |= (uint64_t)1 << i;
             to = &clamp;

@@ -699,8 +699,9 @@ static bool tb__cg_pack_lane_loop(tb__cg *g, const tb__plan_kernel *k, const tb_
     tb__ix_open(&g->ix, head);
     tb__lf_add_term(&at, ir, 1);
     g->row_inside = inside ? ir : -1;
+    g->inner_var = ir;
     v = tb__cg_pack_value_at(g, k, bdims, &at, lane);
-    g->row_inside = -1;
+    g->row_inside = g->inner_var = -1;
     if (v < 0) return false;
     tb__ix_line(&g->ix, "%s[po + i%d * %lldL] = v%d;", dst, (int)ir, (long long)width, (int)v);
     tb__ix_close(&g->ix, "");
@@ -870,7 +871,9 @@ static bool tb__cg_pack_rows(tb__cg *g, const tb__plan_kernel *k, const tb__lf *
     tb__lf_const(&lane, 0);
     tb__lf_add_term(&lane, iq, period);
     tb__lf_add_term(&lane, ir, 1);
+    g->inner_var = ir;
     v = tb__cg_pack_value(g, k, bdims, ik, &lane);
+    g->inner_var = -1;
     if (v < 0) return false;
     tb__ix_line(&g->ix, "%s[po + i%d] = v%d;", dst, (int)ir, (int)v);
     tb__ix_close(&g->ix, "");

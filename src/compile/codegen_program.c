@@ -70,6 +70,7 @@ static tb_status tb__cg_kernel_body(tb__cg *g, size_t i) {
     g->num_vals = g->num_frames = g->num_stack = 0;
     g->depth = 0;
     g->rounded = g->unrounded = g->row_var = g->row_inside = g->row_item = -1;
+    g->inner_var = -1;
     g->row_case = -2;
     g->row_rt = false;
     switch (k->kind) {

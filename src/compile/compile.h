@@ -525,7 +525,10 @@ typedef struct tb__ix {
 
 static void tb__lf_const(tb__lf *lf, int64_t c);
 static bool tb__lf_add_term(tb__lf *lf, int32_t var, int64_t coef);
+static int64_t tb__lf_coef(const tb__lf *f, int32_t v);
 static void tb__lf_text(const tb__lf *lf, char *buf, size_t cap);
+static bool tb__ix_split_text(const tb__ix *g, const tb__lf *f, int32_t inner, int slot, char *buf,
+                              size_t cap);
 /* the least and greatest values of a form over its variables' ranges */
 static void tb__ix_lf_range(const tb__ix *g, const tb__lf *lf, int64_t *lo, int64_t *hi);
 static int64_t tb__ix_ceil_div(int64_t a, int64_t k); /* the least q, q * k >= a (k > 0) */
@@ -723,6 +726,11 @@ typedef struct tb__cg {
        on it holds (row_mixed: one the loop cannot be split by). Pads clamp their other axes
        and select. */
     int32_t row_var;
+    /* the variable of the innermost loop being emitted where a loop of the kernel's own runs
+       along it (a pack's lanes or rows), else -1: a buffer read whose index is that
+       variable's term plus terms that do not change along the loop is written as the
+       address of the invariant part indexed by the variable's (tb__cg_read_slot) */
+    int32_t inner_var;
     bool row_mixed;
     int64_t row_lo, row_hi;
     /* a pack's run of rows (tb__cg_pack_lanes): with row_rt the pads' tests on row_var (forms
