@@ -21974,6 +21974,7 @@ typedef struct tb__tuning {
     int32_t mm_vec_f64;        /* and f64 */
     int32_t mm_wide_rows;      /* packed f32: a second block, fewer rows (below the minimum) */
     int32_t mm_wide_cols;      /* by more columns, where it pads the output no more; 0: none */
+    bool mm_wide_in_place;     /* the wide block only where the matmul reads B in place */
     int32_t mm_pack_rows;      /* pack kernels: rows of a panel per work item */
     int32_t mm_pack_group_k;   /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work;  /* M x N x K below this: not packed */
@@ -23482,7 +23483,8 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
          matmul takes where it pads its M x N output no more than the 6-row block does: a
          ResNet-like convolution's 64 output channels (6 x 16 pads them to 66 rows). tb_conv2d
          of 32 x 64 x 56 x 56, 3 x 3, padding 1, AVX2 code on 2 threads (Zen 5 VM, best of 8):
-         42.4-43.1 -> 40.4-40.6 ms;
+         42.4-43.1 -> 40.4-40.6 ms. In OpenCL C only for a matmul that reads B in place
+         (tb__kit_target: PoCL's LLVM spills the wide block's 16 registers elsewhere);
        NEON (32 registers of 4 lanes): 12 x 2 registers (24 + 2 + 1): 12 x 8 f32, 12 x 4 f64;
    - the unpacked register matmul (small or integer matmuls): 8 x 8 where a row's 8 lanes are
      one register, else 4 x 8 (8 registers of two halves each); wider blocks (a classifier's
@@ -24384,19 +24386,24 @@ static int64_t tb__plan_mm_panel_rows(const tb__tuning *t, int64_t m) {
     return best;
 }
 
+static int32_t tb__plan_mm_b_buffer(const tb__pgraph *G, int32_t core);
+
 /* A packed matmul's register block: rows of A per panel (block[0]) by columns of B per panel
    (block[1]), the tuning's (tb__plan_mm_panel_rows by mm_vec_f32 or mm_vec_f64) or its wide
    one where that pads the M x N output no more (it reads fewer values per FMA: AVX2's 4 x 24
-   loads 7 a step for 12 FMAs, 6 x 16 loads 8; f32 only there). */
-static void tb__plan_mm_block(const tb__tuning *t, const tb__plan_mm *mm, bool f64,
-                              int64_t block[2]) {
-    int64_t r = tb__plan_mm_panel_rows(t, mm->m), c = f64 ? t->mm_vec_f64 : t->mm_vec_f32;
+   loads 7 a step for 12 FMAs, 6 x 16 loads 8; f32 only there), and, with mm_wide_in_place,
+   where the matmul reads B in place (tb__plan_mm_b_buffer). */
+static void tb__plan_mm_block(const tb__pgraph *G, int32_t core, int64_t block[2]) {
+    const tb__tuning *t = G->target->tuning;
+    tb__plan_mm mm = tb__plan_mm_of(G, core);
+    bool f64 = tb__plan_shape(G, core)->dtype == TB_F64;
+    int64_t r = tb__plan_mm_panel_rows(t, mm.m), c = f64 ? t->mm_vec_f64 : t->mm_vec_f32;
     int64_t wr = t->mm_wide_rows, wc = f64 ? 0 : t->mm_wide_cols;
     block[0] = r;
     block[1] = c;
-    if (wr > 0 && wc > 0 &&
-        (double)((mm->m + wr - 1) / wr * wr) * (double)((mm->n + wc - 1) / wc * wc) <=
-            (double)((mm->m + r - 1) / r * r) * (double)((mm->n + c - 1) / c * c)) {
+    if (wr > 0 && wc > 0 && (!t->mm_wide_in_place || tb__plan_mm_b_buffer(G, core) >= 0) &&
+        (double)((mm.m + wr - 1) / wr * wr) * (double)((mm.n + wc - 1) / wc * wc) <=
+            (double)((mm.m + r - 1) / r * r) * (double)((mm.n + c - 1) / c * c)) {
         block[0] = wr;
         block[1] = wc;
     }
@@ -24408,7 +24415,7 @@ static void tb__plan_mm_block(const tb__tuning *t, const tb__plan_mm *mm, bool f
 static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]) {
     tb__plan_mm mm = tb__plan_mm_of(G, core);
     int64_t block[2], width, len = is_a ? mm.m : mm.n;
-    tb__plan_mm_block(G->target->tuning, &mm, tb__plan_shape(G, core)->dtype == TB_F64, block);
+    tb__plan_mm_block(G, core, block);
     width = block[is_a ? 0 : 1];
     sizes[0] = is_a && tb__plan_mm_a_shared(G, core) ? 1 : mm.batch;
     sizes[1] = mm.m;
@@ -24473,7 +24480,7 @@ static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
     }
     as = tb__plan_shape(G, a);
     mm = tb__plan_mm_of(G, core);
-    tb__plan_mm_block(G->target->tuning, &mm, od == TB_F64, block);
+    tb__plan_mm_block(G, core, block);
     if (!G->info[a].root || G->info[a].param >= 0 || tb__plan_pack_dtype(od) != od ||
         as->dtype != od || mm.m % block[0] != 0)
         return -1;
@@ -33501,6 +33508,13 @@ static void tb__kit_target(const tb_kit_facts *f, tb__tuning *tuning, tb__target
                                                  : (shape.vec_bytes >= 64 ? 32 : 16);
         shape.fma = f->fma;
         tb__tuning_fit(tuning, &shape);
+        /* the wide block's 12 accumulators, 3 of B and the broadcast take all 16 registers:
+           C compilers keep them there; PoCL's LLVM does in a matmul reading B in place (a
+           convolution over whole rows), but where B's panel is packed it spills one and moves
+           the other eleven through registers at every step (ResNet's first convolution, trained,
+           on PoCL's AVX2 library: 20 ms, 90 GFLOP/s; 11.7 ms with the 6-row block's 12 + 2 +
+           1): in OpenCL C the wide block is only for B in place */
+        tuning->mm_wide_in_place = !c99;
     }
     memset(target, 0, sizeof *target);
     target->tuning = tuning;

@@ -1060,8 +1060,8 @@ static void test_conv_rows(void **state) {
         /* a packed matmul, B in place (a partial last panel) */
         {4, {2, 16, 20, 40}, {32, 16, 3, 3}, {1, 1}, {1, 1}, true, 1, false},
         /* the same with N = 15 x 17 = 255 (rows of 16 and the zero column they share): the
-           last panel's second vector cut (AVX-512 13 x 32, AVX2 4 x 24, SSE and NEON x 8), a
-           third past N (AVX2) */
+           last panel's second vector cut (AVX-512 13 x 32, AVX2 4 x 24 in the native
+           backend's C, SSE and NEON x 8), a third past N (AVX2) */
         {4, {1, 64, 15, 16}, {64, 64, 3, 3}, {1, 1}, {1, 1}, true, 1, false},
         /* a row kernel, H_out 1; unequal dilations */
         {4, {1, 3, 1, 48}, {4, 3, 1, 3}, {0, 1}, {1, 1}, false, 1, false},

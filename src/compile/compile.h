@@ -79,6 +79,7 @@ typedef struct tb__tuning {
     int32_t mm_vec_f64;        /* and f64 */
     int32_t mm_wide_rows;      /* packed f32: a second block, fewer rows (below the minimum) */
     int32_t mm_wide_cols;      /* by more columns, where it pads the output no more; 0: none */
+    bool mm_wide_in_place;     /* the wide block only where the matmul reads B in place */
     int32_t mm_pack_rows;      /* pack kernels: rows of a panel per work item */
     int32_t mm_pack_group_k;   /* pack kernels: work items per work-group */
     int64_t mm_pack_min_work;  /* M x N x K below this: not packed */

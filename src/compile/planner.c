@@ -876,19 +876,24 @@ static int64_t tb__plan_mm_panel_rows(const tb__tuning *t, int64_t m) {
     return best;
 }
 
+static int32_t tb__plan_mm_b_buffer(const tb__pgraph *G, int32_t core);
+
 /* A packed matmul's register block: rows of A per panel (block[0]) by columns of B per panel
    (block[1]), the tuning's (tb__plan_mm_panel_rows by mm_vec_f32 or mm_vec_f64) or its wide
    one where that pads the M x N output no more (it reads fewer values per FMA: AVX2's 4 x 24
-   loads 7 a step for 12 FMAs, 6 x 16 loads 8; f32 only there). */
-static void tb__plan_mm_block(const tb__tuning *t, const tb__plan_mm *mm, bool f64,
-                              int64_t block[2]) {
-    int64_t r = tb__plan_mm_panel_rows(t, mm->m), c = f64 ? t->mm_vec_f64 : t->mm_vec_f32;
+   loads 7 a step for 12 FMAs, 6 x 16 loads 8; f32 only there), and, with mm_wide_in_place,
+   where the matmul reads B in place (tb__plan_mm_b_buffer). */
+static void tb__plan_mm_block(const tb__pgraph *G, int32_t core, int64_t block[2]) {
+    const tb__tuning *t = G->target->tuning;
+    tb__plan_mm mm = tb__plan_mm_of(G, core);
+    bool f64 = tb__plan_shape(G, core)->dtype == TB_F64;
+    int64_t r = tb__plan_mm_panel_rows(t, mm.m), c = f64 ? t->mm_vec_f64 : t->mm_vec_f32;
     int64_t wr = t->mm_wide_rows, wc = f64 ? 0 : t->mm_wide_cols;
     block[0] = r;
     block[1] = c;
-    if (wr > 0 && wc > 0 &&
-        (double)((mm->m + wr - 1) / wr * wr) * (double)((mm->n + wc - 1) / wc * wc) <=
-            (double)((mm->m + r - 1) / r * r) * (double)((mm->n + c - 1) / c * c)) {
+    if (wr > 0 && wc > 0 && (!t->mm_wide_in_place || tb__plan_mm_b_buffer(G, core) >= 0) &&
+        (double)((mm.m + wr - 1) / wr * wr) * (double)((mm.n + wc - 1) / wc * wc) <=
+            (double)((mm.m + r - 1) / r * r) * (double)((mm.n + c - 1) / c * c)) {
         block[0] = wr;
         block[1] = wc;
     }
@@ -900,7 +905,7 @@ static void tb__plan_mm_block(const tb__tuning *t, const tb__plan_mm *mm, bool f
 static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]) {
     tb__plan_mm mm = tb__plan_mm_of(G, core);
     int64_t block[2], width, len = is_a ? mm.m : mm.n;
-    tb__plan_mm_block(G->target->tuning, &mm, tb__plan_shape(G, core)->dtype == TB_F64, block);
+    tb__plan_mm_block(G, core, block);
     width = block[is_a ? 0 : 1];
     sizes[0] = is_a && tb__plan_mm_a_shared(G, core) ? 1 : mm.batch;
     sizes[1] = mm.m;
@@ -965,7 +970,7 @@ static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
     }
     as = tb__plan_shape(G, a);
     mm = tb__plan_mm_of(G, core);
-    tb__plan_mm_block(G->target->tuning, &mm, od == TB_F64, block);
+    tb__plan_mm_block(G, core, block);
     if (!G->info[a].root || G->info[a].param >= 0 || tb__plan_pack_dtype(od) != od ||
         as->dtype != od || mm.m % block[0] != 0)
         return -1;

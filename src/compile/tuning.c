@@ -149,7 +149,8 @@ static void tb__tuning_of(int32_t device_class, tb__tuning *t) {
          matmul takes where it pads its M x N output no more than the 6-row block does: a
          ResNet-like convolution's 64 output channels (6 x 16 pads them to 66 rows). tb_conv2d
          of 32 x 64 x 56 x 56, 3 x 3, padding 1, AVX2 code on 2 threads (Zen 5 VM, best of 8):
-         42.4-43.1 -> 40.4-40.6 ms;
+         42.4-43.1 -> 40.4-40.6 ms. In OpenCL C only for a matmul that reads B in place
+         (tb__kit_target: PoCL's LLVM spills the wide block's 16 registers elsewhere);
        NEON (32 registers of 4 lanes): 12 x 2 registers (24 + 2 + 1): 12 x 8 f32, 12 x 4 f64;
    - the unpacked register matmul (small or integer matmuls): 8 x 8 where a row's 8 lanes are
      one register, else 4 x 8 (8 registers of two halves each); wider blocks (a classifier's

@@ -309,6 +309,13 @@ static void tb__kit_target(const tb_kit_facts *f, tb__tuning *tuning, tb__target
                                                  : (shape.vec_bytes >= 64 ? 32 : 16);
         shape.fma = f->fma;
         tb__tuning_fit(tuning, &shape);
+        /* the wide block's 12 accumulators, 3 of B and the broadcast take all 16 registers:
+           C compilers keep them there; PoCL's LLVM does in a matmul reading B in place (a
+           convolution over whole rows), but where B's panel is packed it spills one and moves
+           the other eleven through registers at every step (ResNet's first convolution, trained,
+           on PoCL's AVX2 library: 20 ms, 90 GFLOP/s; 11.7 ms with the 6-row block's 12 + 2 +
+           1): in OpenCL C the wide block is only for B in place */
+        tuning->mm_wide_in_place = !c99;
     }
     memset(target, 0, sizeof *target);
     target->tuning = tuning;
