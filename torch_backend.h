@@ -24392,18 +24392,19 @@ static int32_t tb__plan_mm_b_buffer(const tb__pgraph *G, int32_t core);
    (block[1]), the tuning's (tb__plan_mm_panel_rows by mm_vec_f32 or mm_vec_f64) or its wide
    one where that pads the M x N output no more (it reads fewer values per FMA: AVX2's 4 x 24
    loads 7 a step for 12 FMAs, 6 x 16 loads 8; f32 only there), and, with mm_wide_in_place,
-   where the matmul reads B in place (tb__plan_mm_b_buffer). */
-static void tb__plan_mm_block(const tb__pgraph *G, int32_t core, int64_t block[2]) {
+   where the matmul reads B in place (tb__plan_mm_b_buffer); `m` is the matmul's sizes
+   (tb__plan_mm_of), which its callers have. */
+static void tb__plan_mm_block(const tb__pgraph *G, int32_t core, const tb__plan_mm *m,
+                              int64_t block[2]) {
     const tb__tuning *t = G->target->tuning;
-    tb__plan_mm mm = tb__plan_mm_of(G, core);
     bool f64 = tb__plan_shape(G, core)->dtype == TB_F64;
-    int64_t r = tb__plan_mm_panel_rows(t, mm.m), c = f64 ? t->mm_vec_f64 : t->mm_vec_f32;
+    int64_t r = tb__plan_mm_panel_rows(t, m->m), c = f64 ? t->mm_vec_f64 : t->mm_vec_f32;
     int64_t wr = t->mm_wide_rows, wc = f64 ? 0 : t->mm_wide_cols;
     block[0] = r;
     block[1] = c;
     if (wr > 0 && wc > 0 && (!t->mm_wide_in_place || tb__plan_mm_b_buffer(G, core) >= 0) &&
-        (double)((mm.m + wr - 1) / wr * wr) * (double)((mm.n + wc - 1) / wc * wc) <=
-            (double)((mm.m + r - 1) / r * r) * (double)((mm.n + c - 1) / c * c)) {
+        (double)((m->m + wr - 1) / wr * wr) * (double)((m->n + wc - 1) / wc * wc) <=
+            (double)((m->m + r - 1) / r * r) * (double)((m->n + c - 1) / c * c)) {
         block[0] = wr;
         block[1] = wc;
     }
@@ -24415,7 +24416,7 @@ static void tb__plan_mm_block(const tb__pgraph *G, int32_t core, int64_t block[2
 static void tb__plan_pack_sizes(const tb__pgraph *G, int32_t core, bool is_a, int64_t sizes[6]) {
     tb__plan_mm mm = tb__plan_mm_of(G, core);
     int64_t block[2], width, len = is_a ? mm.m : mm.n;
-    tb__plan_mm_block(G, core, block);
+    tb__plan_mm_block(G, core, &mm, block);
     width = block[is_a ? 0 : 1];
     sizes[0] = is_a && tb__plan_mm_a_shared(G, core) ? 1 : mm.batch;
     sizes[1] = mm.m;
@@ -24480,7 +24481,7 @@ static int32_t tb__plan_mm_a_buffer(const tb__pgraph *G, int32_t core) {
     }
     as = tb__plan_shape(G, a);
     mm = tb__plan_mm_of(G, core);
-    tb__plan_mm_block(G, core, block);
+    tb__plan_mm_block(G, core, &mm, block);
     if (!G->info[a].root || G->info[a].param >= 0 || tb__plan_pack_dtype(od) != od ||
         as->dtype != od || mm.m % block[0] != 0)
         return -1;
@@ -26255,16 +26256,13 @@ static bool tb__ix_split_text(const tb__ix *g, const tb__lf *f, int32_t inner, i
     tb__lf r, v;
     int64_t lo, hi;
     int32_t i;
-    bool has = false;
-    if (inner < 0) return false;
+    if (tb__lf_coef(f, inner) == 0) return false; /* no term of the loop's (or no loop) */
     tb__lf_const(&r, 0);
     tb__lf_const(&v, f->c);
-    for (i = 0; i < f->n; i++) {
-        if (f->var[i] == inner) has = true;
+    for (i = 0; i < f->n; i++)
         if (!tb__lf_add_term(f->var[i] == inner || f->coef[i] < 0 ? &v : &r, f->var[i], f->coef[i]))
             return false;
-    }
-    if (!has || r.n == 0) return false;
+    if (r.n == 0) return false;
     tb__ix_lf_range(g, &r, &lo, &hi);
     if (lo < 0) return false;
     tb__ix_lf_range(g, &v, &lo, &hi);

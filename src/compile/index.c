@@ -248,16 +248,13 @@ static bool tb__ix_split_text(const tb__ix *g, const tb__lf *f, int32_t inner, i
     tb__lf r, v;
     int64_t lo, hi;
     int32_t i;
-    bool has = false;
-    if (inner < 0) return false;
+    if (tb__lf_coef(f, inner) == 0) return false; /* no term of the loop's (or no loop) */
     tb__lf_const(&r, 0);
     tb__lf_const(&v, f->c);
-    for (i = 0; i < f->n; i++) {
-        if (f->var[i] == inner) has = true;
+    for (i = 0; i < f->n; i++)
         if (!tb__lf_add_term(f->var[i] == inner || f->coef[i] < 0 ? &v : &r, f->var[i], f->coef[i]))
             return false;
-    }
-    if (!has || r.n == 0) return false;
+    if (r.n == 0) return false;
     tb__ix_lf_range(g, &r, &lo, &hi);
     if (lo < 0) return false;
     tb__ix_lf_range(g, &v, &lo, &hi);
