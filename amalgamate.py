@@ -88,6 +88,7 @@ IMPLEMENTATION_PARTS = [
     "src/compile/codegen_vector.c",
     "src/compile/codegen_matmul.c",
     "src/compile/codegen_tiles.c",
+    "src/compile/codegen_hoist.c",
     "src/compile/codegen_kernels.c",
     "src/compile/codegen_program.c",
     "src/compile/dialect_c99.c",

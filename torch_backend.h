@@ -22138,6 +22138,8 @@ typedef struct tb__plan_kernel {
                            the item's range (a stream through memory each), else they take turns */
     bool suffix;        /* reductions: the reduced axes are the trailing ones (rows contiguous) */
     bool inline_reduce; /* holds a reduction computed where it is read (planner) */
+    int32_t hoists;     /* reductions: the reductions it computes at the start of each row
+                           (tb__plan_hoist) */
     tb_dtype acc;       /* reductions, norms: the accumulator dtype */
     int32_t vec;        /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
     int32_t vec_axes;   /* the row's trailing axes the vectors run along */
@@ -22243,6 +22245,7 @@ typedef struct tb__pnode {
     int32_t param, result, slot;
     int32_t ctx; /* the kernel evaluating it (its own kernel when it is a root) */
     bool root, ident, in_mm, force_root;
+    bool hoist; /* a reduction its kernel (a reduction) computes at the start of each row */
     /* a view of a scalar read only by concats of many operands (tb__plan_cat_free): no budget */
     bool cat_free;
     int32_t depth;      /* pad/concat/gather above it in its kernel */
@@ -22317,7 +22320,6 @@ static int32_t tb__plan_errsite_code(const tb__plan *p, int32_t node);
 static tb_status tb__pgraph_init(tb__pgraph *G);
 static int32_t tb__plan_index_of(const tb__pgraph *G, const tb_node *node);
 static tb_status tb__plan_partition(tb__pgraph *G);
-static tb_status tb__plan_split_reductions(tb__pgraph *G);
 static tb_status tb__plan_pack_matmuls(tb__pgraph *G);
 /* what the concats' step (planner_layout.c) asks of planner.c: whether a node can fail at run
    time, whether a concat takes kernels of its own, and room for kernels at a position */
@@ -22326,9 +22328,12 @@ static bool tb__plan_cat_many(const tb_node *n);
 static tb_status tb__plan_insert_kernels(tb__pgraph *G, size_t at, size_t count);
 static tb_status tb__plan_assign_slots(tb__pgraph *G);
 static tb_status tb__plan_args(tb__pgraph *G, int32_t *over);
-static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick);
 static void tb__plan_reduce_sizes(const tb__pgraph *G, int32_t core, int64_t *n_out, int64_t *m);
 static tb_dtype tb__plan_reduce_acc(const tb__pgraph *G, int32_t core);
+/* the accumulators of the loop of a reduction hoisted into a reduction's kernel (tb__plan_hoist):
+   TB__HOIST_LANES where it is long, else 1 */
+#define TB__HOIST_LANES 4
+static int32_t tb__plan_hoist_lanes(const tb_node *n);
 static tb_dtype tb__plan_pack_dtype(tb_dtype dtype);
 
 /* ---- index.c: index arithmetic and the text of a kernel ---- */
@@ -22360,6 +22365,7 @@ typedef struct tb__pos {
 /* what the memo holds: a value v<n> of a node at a position (the renderer's), or the first of
    the variables an unravelled flat form was split into */
 enum { TB__MEMO_VALUE = 1, TB__MEMO_UNRAVEL = 2, TB__MEMO_VECTOR = 3 };
+#define TB__MEMO_HOIST (-2) /* the position of a hoisted reduction's value at the row */
 
 typedef struct tb__ix_memo {
     uint64_t key;
@@ -22714,6 +22720,16 @@ static void tb__cg_const_table(tb__cg *g, const char *type, const char *name, co
                                int32_t count);
 /* work-group memory of `count` elements of `type` named `name` */
 static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t count);
+
+/* ---- codegen_hoist.c, for the reduction kernels of codegen_kernels.c ---- */
+
+/* the position of x (dims xs), reduced over `mask` into an output at position out_pos, at
+   reduction index `red` (the reduced axes' forms, in order) */
+static int32_t tb__cg_split_pos(tb__cg *g, const tb_shape *xs, uint64_t mask, bool keepdim,
+                                int32_t out_pos, const tb__lf *red);
+/* the reductions hoisted into the current kernel (a reduction over `mask` whose row's output
+   is at out_pos), each computed at the row: what their reads in the row then find */
+static bool tb__cg_hoist_row(tb__cg *g, uint64_t mask, bool keepdim, int32_t out_pos);
 
 /* ---- codegen_matmul.c, for the work-group tile matmul of codegen_tiles.c ---- */
 
@@ -23616,6 +23632,15 @@ static int64_t tb__plan_inline_reduce(const tb_node *n) {
     return m >= 2 && m <= TB__PLAN_INLINE_REDUCE && tb__plan_numel(&n->shape) >= 2 ? m : 0;
 }
 
+/* The accumulators of a hoisted reduction's loop (tb__plan_hoist): several where it reduces
+   more than an inlined one may, else 1 (in order: ties keep the first, as there). */
+static int32_t tb__plan_hoist_lanes(const tb_node *n) {
+    int64_t out = tb__plan_numel(&n->shape);
+    return out > 0 && tb__plan_numel(&n->operands[0]->shape) / out > TB__PLAN_INLINE_REDUCE
+               ? TB__HOIST_LANES
+               : 1;
+}
+
 static int32_t tb__plan_core_kind(const tb_node *n) {
     if (tb__plan_inline_reduce(n) > 0) return -1;
     switch (tb_op_get_kind(n->op)) {
@@ -23904,8 +23929,11 @@ static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits
                     tb__keyset_add(set, tb__plan_key_mix(TB__PLAN_KEY_ROOT, u, k, lane),
                                    t->positions_per_node);
             } else {
-                /* an inlined reduction reads its operand at m positions per position */
-                int32_t reads = (int32_t)tb__plan_inline_reduce(ui->node), r;
+                /* an inlined reduction reads its operand at m positions per position (a hoisted
+                   one in its loops: tb__cg_hoist_lanes) */
+                int32_t reads = ui->hoist ? tb__plan_hoist_lanes(ui->node) + 1
+                                          : (int32_t)tb__plan_inline_reduce(ui->node),
+                        r;
                 for (q = 0; q < ui->keys_count; q++) {
                     uint64_t key = G->keys[ui->keys_first + q];
                     if (reads > 0) {
@@ -24062,6 +24090,101 @@ static bool tb__plan_inline_fits(const tb__pgraph *G, int32_t i, int32_t common)
     return true;
 }
 
+/* ---- reductions hoisted into the rows of a reduction ----
+   A reduction H that the kernel of a reduction R reads only at the row R is reducing (the max
+   under x - max(x) of a log-sum-exp, each step of a chain of row reductions over the last
+   one's result) is computed in R's kernel by a loop over H's elements at the start of each of
+   R's rows (before R's own loop), not by a kernel of its own: in graphs of small rows most of
+   the time is the launches. H is read at the row only where every node between it and R is
+   elementwise with R's operand's dims on the axes R keeps (no movement renumbers the rows).
+   The loop is scalar (four accumulators) and runs for each of R's rows: only small ones. */
+
+#define TB__PLAN_HOIST_ELEMS 16384 /* elements H reduces in all, at most, */
+#define TB__PLAN_HOIST_ROW   256   /* and per value */
+#define TB__PLAN_HOIST_MAX   128   /* hoisted reductions of one kernel, at most */
+#define TB__PLAN_HOIST_VISIT 64    /* nodes the walk from H to R may visit, at most */
+
+/* Whether shape s has R's operand's rank and its dims on the axes R keeps. */
+static bool tb__plan_row_dims(const tb_shape *s, const tb_shape *xs, uint64_t mask) {
+    int32_t a;
+    if (s->rank != xs->rank) return false;
+    for (a = 0; a < xs->rank; a++)
+        if (!((mask >> a) & 1u) && s->dims[a] != xs->dims[a]) return false;
+    return true;
+}
+
+/* Whether node n is evaluated in kernel ctx only at positions of the row its core reduces:
+   the core, its epilogue up to the root, a hoisted reduction, or an elementwise node of the
+   row's dims whose users all are (false once `visits` run out). */
+static bool tb__plan_row_local(const tb__pgraph *G, int32_t n, int32_t ctx, const tb_shape *xs,
+                               uint64_t mask, int32_t *visits) {
+    const tb__pnode *in = &G->info[n];
+    const tb__plan_kernel *k = &G->plan->kernels[ctx];
+    int32_t e;
+    if (n == k->core || (in->hoist && in->ctx == ctx)) return true;
+    if (in->ctx != ctx || in->param >= 0 || --*visits < 0 ||
+        !tb__plan_is_elementwise(in->node->op) || !tb__plan_row_dims(&in->node->shape, xs, mask))
+        return false;
+    if (n == k->root) return true;
+    for (e = 0; e < in->num_users; e++)
+        if (!tb__plan_row_local(G, G->users[in->first_user + e], ctx, xs, mask, visits))
+            return false;
+    return true;
+}
+
+/* Hoists reduction i into the kernel of a reduction where that applies (*done then true; never
+   where it must be a root). */
+static tb_status tb__plan_hoist(tb__pgraph *G, int32_t i, bool must_root, bool *done) {
+    tb__pnode *in = &G->info[i];
+    const tb_node *n = in->node, *cn;
+    const tb_shape *xs;
+    tb__plan_kernel *k;
+    int32_t ctx = -1, e, a, visits = TB__PLAN_HOIST_VISIT;
+    int64_t n_out, m;
+    uint64_t mask, key = tb__plan_key_mix(TB__PLAN_KEY_ROOT, i, 0, 0);
+    tb_status st;
+    *done = false;
+    if (must_root ||
+        (n->op != TB_OP_SUM && n->op != TB_OP_MEAN && n->op != TB_OP_MAX && n->op != TB_OP_MIN) ||
+        n->num_operands != 1 || (n->shape.dtype != TB_F32 && n->shape.dtype != TB_F64) ||
+        n->operands[0]->shape.dtype != n->shape.dtype || n->attrs[0] == 0 || in->num_users == 0 ||
+        tb__plan_numel(&n->operands[0]->shape) > TB__PLAN_HOIST_ELEMS ||
+        tb__plan_numel(&n->operands[0]->shape) > TB__PLAN_HOIST_ROW * tb__plan_numel(&n->shape))
+        return TB_OK;
+    for (e = 0; e < in->num_users; e++) {
+        int32_t c = G->info[G->users[in->first_user + e]].ctx;
+        if (c < 0 || (ctx >= 0 && c != ctx)) return TB_OK;
+        ctx = c;
+    }
+    k = &G->plan->kernels[ctx];
+    if (k->kind != TB__K_REDUCE || k->core < 0 || k->hoists >= TB__PLAN_HOIST_MAX) return TB_OK;
+    cn = G->info[k->core].node;
+    if (cn->op != TB_OP_SUM && cn->op != TB_OP_MEAN && cn->op != TB_OP_MAX && cn->op != TB_OP_MIN &&
+        cn->op != TB_OP_PROD)
+        return TB_OK;
+    tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+    if (m >= G->target->tuning->split_min_len) return TB_OK; /* R may be split into stages */
+    xs = tb__plan_shape(G, tb__plan_operand(G, k->core, 0));
+    mask = (uint64_t)cn->attrs[0];
+    if (!tb__plan_row_dims(&n->shape, xs, mask)) return TB_OK;
+    for (a = 0; a < xs->rank; a++) /* one value per row */
+        if (((mask >> a) & 1u) && n->shape.dims[a] != 1) return TB_OK;
+    for (e = 0; e < in->num_users; e++)
+        if (!tb__plan_row_local(G, G->users[in->first_user + e], ctx, xs, mask, &visits))
+            return TB_OK;
+    /* one position, the row's, however many read it */
+    if (G->kernel_values[ctx] >= G->target->tuning->values_per_kernel) return TB_OK;
+    st = tb__plan_keys_store(G, i, &key, 1);
+    if (st != TB_OK) return st;
+    G->kernel_values[ctx]++;
+    in->depth = 0;
+    in->ctx = ctx;
+    in->hoist = true;
+    k->hoists++;
+    *done = true;
+    return TB_OK;
+}
+
 /* Whether two shapes have the same dims but for axes of one element. */
 static bool tb__plan_same_big_dims(const tb_shape *a, const tb_shape *b) {
     int32_t i = 0, j = 0;
@@ -24144,7 +24267,7 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
     G->num_keys = 0;
     for (j = 0; j < G->n; j++) {
         tb__pnode *in = &G->info[j];
-        in->root = in->ident = in->in_mm = in->cat_free = false;
+        in->root = in->ident = in->in_mm = in->cat_free = in->hoist = false;
         in->ctx = -1;
         in->slot = -1;
         in->depth = 0;
@@ -24153,8 +24276,8 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
     for (i = (int32_t)G->n - 1; i >= 0; i--) {
         tb__pnode *in = &G->info[i];
         const tb_node *node = in->node;
-        bool must_root =
-            in->result >= 0 || in->force_root || in->num_users == 0 || tb__plan_cat_many(node);
+        bool hoisted, must_root = in->result >= 0 || in->force_root || in->num_users == 0 ||
+                                  tb__plan_cat_many(node);
         int32_t core_kind = tb__plan_core_kind(node);
         if (in->param >= 0) {
             /* a parameter returned as a result: a copy */
@@ -24164,6 +24287,8 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
             }
             continue;
         }
+        if ((st = tb__plan_hoist(G, i, must_root, &hoisted)) != TB_OK) return st;
+        if (hoisted) continue;
         if (core_kind >= 0) {
             if (!must_root && in->num_users == 1 && in->uses == 1) {
                 int32_t u = G->users[in->first_user];
@@ -24273,18 +24398,6 @@ static tb_dtype tb__plan_reduce_acc(const tb__pgraph *G, int32_t core) {
     return od == TB_I64 ? TB_I64 : TB_I32;
 }
 
-/* How many chunks a reduction with few outputs over many elements is split into, so that
-   every compute unit gets work; 1: not split. */
-static int64_t tb__plan_split_count(const tb__pgraph *G, int64_t n_out, int64_t m) {
-    const tb__tuning *t = G->target->tuning;
-    int64_t want = (int64_t)G->target->compute_units * t->split_chunks_per_cu, chunks;
-    if (n_out <= 0 || m < t->split_min_len || n_out >= want) return 1;
-    chunks = (want + n_out - 1) / n_out;
-    if (chunks > m / t->split_min_chunk) chunks = m / t->split_min_chunk;
-    if (chunks > t->split_max_chunks) chunks = t->split_max_chunks;
-    return chunks >= 2 ? chunks : 1;
-}
-
 /* Inserts `count` zeroed kernels at position `at`, keeping contexts and owners pointing at
    the kernels they pointed at. */
 static tb_status tb__plan_insert_kernels(tb__pgraph *G, size_t at, size_t count) {
@@ -24306,37 +24419,6 @@ static tb_status tb__plan_insert_kernels(tb__pgraph *G, size_t at, size_t count)
         p->kernels[j].out_slot = -1;
         p->kernels[j].partial_slot = -1;
         p->kernels[j].pack_slot[0] = p->kernels[j].pack_slot[1] = -1;
-    }
-    return TB_OK;
-}
-
-/* Splits reductions with few outputs into a partial stage (chunks of each row in parallel)
-   and a final stage (combines the chunks, then the epilogue). */
-static tb_status tb__plan_split_reductions(tb__pgraph *G) {
-    tb__plan *p = G->plan;
-    size_t i;
-    for (i = 0; i < p->num_kernels; i++)
-        p->kernels[i].owner = (int32_t)i;
-    for (i = 0; i < p->num_kernels; i++) {
-        tb__plan_kernel *k = &p->kernels[i];
-        const tb_node *c;
-        int64_t n_out, m, chunks;
-        tb_status st;
-        if (k->kind != TB__K_REDUCE) continue;
-        c = G->info[k->core].node;
-        if (c->op == TB_OP_ARGMAX || c->op == TB_OP_ARGMIN) continue;
-        tb__plan_reduce_sizes(G, k->core, &n_out, &m);
-        chunks = tb__plan_split_count(G, n_out, m);
-        if (chunks <= 1) continue;
-        st = tb__plan_insert_kernels(G, i, 1);
-        if (st != TB_OK) return st;
-        p->kernels[i].kind = TB__K_PARTIAL;
-        p->kernels[i].root = p->kernels[i + 1].root;
-        p->kernels[i].core = p->kernels[i + 1].core;
-        p->kernels[i].split = (int32_t)chunks;
-        p->kernels[i].owner = (int32_t)i + 1;
-        p->kernels[i + 1].split = (int32_t)chunks;
-        i++;
     }
     return TB_OK;
 }
@@ -24903,64 +24985,12 @@ static tb_status tb__plan_args(tb__pgraph *G, int32_t *over) {
     return st;
 }
 
-/* A node of kernel `ki` to materialise so that the kernel reads fewer arguments: the inlined
-   node whose operands reach the most distinct arguments while still fitting a kernel of its
-   own (at least two, so that the cut saves one). -1 when there is none. */
-static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
-    const tb__plan_kernel *k = &G->plan->kernels[ki];
-    size_t nargs = k->num_args, words = (nargs + 63) / 64, i, j, w;
-    int32_t owner = k->owner, best = -1, best_count = 1;
-    uint64_t *bits = (uint64_t *)tb__calloc(G->n * words + 1, sizeof(uint64_t));
-    if (bits == NULL) return TB_ERR_OUT_OF_MEMORY;
-    /* nodes are in post-order: operands before users */
-    for (i = 0; i < G->n; i++) {
-        const tb__pnode *in = &G->info[i];
-        uint64_t *mine = bits + i * words;
-        int32_t count = 0;
-        if (in->ctx != owner || in->param >= 0 || in->root) continue;
-        for (j = 0; j < in->node->num_operands; j++) {
-            int32_t o = tb__plan_operand(G, (int32_t)i, j);
-            const tb__pnode *oi = &G->info[o];
-            size_t a;
-            if (oi->ctx == owner && oi->param < 0 && !oi->root) {
-                for (w = 0; w < words; w++)
-                    mine[w] |= bits[(size_t)o * words + w];
-                continue;
-            }
-            for (a = 0; a < nargs; a++) {
-                const tb__plan_arg *arg = &k->args[a];
-                bool hit = false;
-                if (oi->param >= 0 && oi->node->op == TB_OP_SCALAR) {
-                    hit = (arg->kind == TB__ARG_SCALAR && arg->index == oi->param) ||
-                          arg->kind == TB__ARG_TABLE;
-                } else {
-                    hit = arg->kind == TB__ARG_BUF && arg->index == oi->slot;
-                }
-                if (hit) mine[a / 64] |= (uint64_t)1 << (a % 64);
-            }
-        }
-        for (w = 0; w < words; w++) {
-            uint64_t v = mine[w];
-            while (v != 0) {
-                v &= v - 1;
-                count++;
-            }
-        }
-        if (count > best_count && (size_t)count + 3 <= G->target->max_args) {
-            best = (int32_t)i;
-            best_count = count;
-        }
-    }
-    tb__free(bits);
-    *pick = best;
-    return TB_OK;
-}
-
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
 /* ---- src/compile/planner_layout.c ---- */
 /* ===========================================================================================
-   Kernel planner, second half: the kernels of a concat of many operands, the layout of the
+   Kernel planner, second half: the kernels of a concat of many operands, the node a kernel
+   with more arguments than the device takes is cut at, split reductions, the layout of the
    kernels planner.c formed (vectors along rows, launch geometry, names), the plan of a graph
    from its steps in order, and buffer donation.
    =========================================================================================== */
@@ -25281,6 +25311,106 @@ static int32_t tb__plan_col_width(const tb__pgraph *G, const tb__plan_kernel *k)
     return tb__plan_vec_subtree(G, k, k->root, k->core, 1) ? w : 0;
 }
 
+/* ---- kernels over the device's arguments ---- */
+
+/* A node of kernel `ki` to materialise so that the kernel reads fewer arguments: the inlined
+   node whose operands reach the most distinct arguments while still fitting a kernel of its
+   own (at least two, so that the cut saves one). -1 when there is none. */
+static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
+    const tb__plan_kernel *k = &G->plan->kernels[ki];
+    size_t nargs = k->num_args, words = (nargs + 63) / 64, i, j, w;
+    int32_t owner = k->owner, best = -1, best_count = 1;
+    uint64_t *bits = (uint64_t *)tb__calloc(G->n * words + 1, sizeof(uint64_t));
+    if (bits == NULL) return TB_ERR_OUT_OF_MEMORY;
+    /* nodes are in post-order: operands before users */
+    for (i = 0; i < G->n; i++) {
+        const tb__pnode *in = &G->info[i];
+        uint64_t *mine = bits + i * words;
+        int32_t count = 0;
+        if (in->ctx != owner || in->param >= 0 || in->root) continue;
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t o = tb__plan_operand(G, (int32_t)i, j);
+            const tb__pnode *oi = &G->info[o];
+            size_t a;
+            if (oi->ctx == owner && oi->param < 0 && !oi->root) {
+                for (w = 0; w < words; w++)
+                    mine[w] |= bits[(size_t)o * words + w];
+                continue;
+            }
+            for (a = 0; a < nargs; a++) {
+                const tb__plan_arg *arg = &k->args[a];
+                bool hit = false;
+                if (oi->param >= 0 && oi->node->op == TB_OP_SCALAR) {
+                    hit = (arg->kind == TB__ARG_SCALAR && arg->index == oi->param) ||
+                          arg->kind == TB__ARG_TABLE;
+                } else {
+                    hit = arg->kind == TB__ARG_BUF && arg->index == oi->slot;
+                }
+                if (hit) mine[a / 64] |= (uint64_t)1 << (a % 64);
+            }
+        }
+        for (w = 0; w < words; w++) {
+            uint64_t v = mine[w];
+            while (v != 0) {
+                v &= v - 1;
+                count++;
+            }
+        }
+        if (count > best_count && (size_t)count + 3 <= G->target->max_args) {
+            best = (int32_t)i;
+            best_count = count;
+        }
+    }
+    tb__free(bits);
+    *pick = best;
+    return TB_OK;
+}
+
+/* ---- split reductions ---- */
+
+/* How many chunks a reduction with few outputs over many elements is split into, so that
+   every compute unit gets work; 1: not split. */
+static int64_t tb__plan_split_count(const tb__pgraph *G, int64_t n_out, int64_t m) {
+    const tb__tuning *t = G->target->tuning;
+    int64_t want = (int64_t)G->target->compute_units * t->split_chunks_per_cu, chunks;
+    if (n_out <= 0 || m < t->split_min_len || n_out >= want) return 1;
+    chunks = (want + n_out - 1) / n_out;
+    if (chunks > m / t->split_min_chunk) chunks = m / t->split_min_chunk;
+    if (chunks > t->split_max_chunks) chunks = t->split_max_chunks;
+    return chunks >= 2 ? chunks : 1;
+}
+
+/* Splits reductions with few outputs into a partial stage (chunks of each row in parallel)
+   and a final stage (combines the chunks, then the epilogue). */
+static tb_status tb__plan_split_reductions(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    size_t i;
+    for (i = 0; i < p->num_kernels; i++)
+        p->kernels[i].owner = (int32_t)i;
+    for (i = 0; i < p->num_kernels; i++) {
+        tb__plan_kernel *k = &p->kernels[i];
+        const tb_node *c;
+        int64_t n_out, m, chunks;
+        tb_status st;
+        if (k->kind != TB__K_REDUCE || k->hoists > 0) continue;
+        c = G->info[k->core].node;
+        if (c->op == TB_OP_ARGMAX || c->op == TB_OP_ARGMIN) continue;
+        tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+        chunks = tb__plan_split_count(G, n_out, m);
+        if (chunks <= 1) continue;
+        st = tb__plan_insert_kernels(G, i, 1);
+        if (st != TB_OK) return st;
+        p->kernels[i].kind = TB__K_PARTIAL;
+        p->kernels[i].root = p->kernels[i + 1].root;
+        p->kernels[i].core = p->kernels[i + 1].core;
+        p->kernels[i].split = (int32_t)chunks;
+        p->kernels[i].owner = (int32_t)i + 1;
+        p->kernels[i + 1].split = (int32_t)chunks;
+        i++;
+    }
+    return TB_OK;
+}
+
 /* ---- layouts and launch geometry ---- */
 
 /* Work items per row for a kernel with `rows` rows of `len` elements (1: one work item per
@@ -25347,7 +25477,8 @@ static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
     }
     k->lanes = (k->group == 1 && !is_arg && lanes > 1 && m >= 4 * lanes) ? lanes : 1;
     k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
-    if (k->vec == 0 && !is_arg && k->kind == TB__K_REDUCE && k->split == 0 && k->group == 1)
+    if (k->vec == 0 && !is_arg && k->kind == TB__K_REDUCE && k->split == 0 && k->group == 1 &&
+        k->hoists == 0)
         k->col_vec = tb__plan_col_width(G, k);
     if (k->col_vec > 0) {
         k->items = (uint64_t)(n_out / k->col_vec); /* a block of W outputs per work item */
@@ -28449,6 +28580,11 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
                                       (int)node, (int)g->kernel, (int)in->ctx));
         return -1;
     }
+    if (in->hoist) { /* computed at the start of the row (tb__cg_hoist_row) */
+        v = tb__ix_memo_find(&g->ix, TB__MEMO_VALUE, node, TB__MEMO_HOIST, 0);
+        if (v < 0) tb__ix_fail(&g->ix, TB_ERR_INTERNAL);
+        return v;
+    }
     if (tb__plan_inline_reduce(in->node) > 0) return tb__cg_inline_reduce(g, node, pos);
     switch (in->node->op) {
     case TB_OP_PAD:
@@ -30727,6 +30863,161 @@ static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k) {
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */
 
+/* ---- src/compile/codegen_hoist.c ---- */
+/* ===========================================================================================
+   C-family code generator, reductions at the start of a row: the reductions the planner
+   hoisted into a reduction's kernel (tb__plan_hoist), each a loop over its elements at the row
+   the kernel is reducing, before the kernel's own loop over it (codegen_kernels.c), so that
+   every read of one in the row finds its value; and the positions of x of a reduction at a row
+   plus a reduction index, which both use.
+   =========================================================================================== */
+
+#if defined(TB__HAVE_COMPILED_BACKENDS)
+
+/* The operand's position of a reduction or norm: the output's dims for the kept axes, the
+   loop's index for the reduced ones. */
+static int32_t tb__cg_split_pos(tb__cg *g, const tb_shape *xs, uint64_t mask, bool keepdim,
+                                int32_t out_pos, const tb__lf *red) {
+    tb__lf dims[TB_MAX_RANK];
+    const tb__pos *p = &g->ix.pos[out_pos];
+    int32_t a, oi = 0, ri = 0;
+    for (a = 0; a < xs->rank; a++) {
+        if ((mask >> a) & 1u) {
+            dims[a] = red[ri++];
+            if (keepdim) oi++;
+        } else {
+            dims[a] = p->dim[oi++];
+        }
+    }
+    return tb__ix_pos_multi(&g->ix, xs, dims);
+}
+
+/* A reduction hoisted into a reduction's kernel (tb__plan_hoist): x, its operand, read at
+   position hp of the row plus a reduction index, into its accumulators. */
+typedef struct tb__cg_hoist {
+    const tb_node *n;
+    int32_t x, hp, acc[TB__HOIST_LANES], nan;
+    const tb_shape *xs;
+    tb_shape red;
+    uint64_t mask;
+    bool keep, sums;
+    const char *at;
+} tb__cg_hoist;
+
+/* Folds x at reduction index i<r> + lane into accumulator `lane`. */
+static bool tb__cg_hoist_step(tb__cg *g, const tb__cg_hoist *hs, int32_t r, int32_t lane) {
+    tb__lf lf, rl[TB_MAX_RANK];
+    int32_t rp, xp, vx, acc = hs->acc[lane];
+    tb__lf_const(&lf, lane);
+    tb__lf_add_term(&lf, r, 1);
+    rp = tb__ix_pos_flat(&g->ix, &hs->red, &lf);
+    if (rp < 0 || !tb__ix_need_multi(&g->ix, rp)) return false;
+    memcpy(rl, g->ix.pos[rp].dim, sizeof rl);
+    xp = tb__cg_split_pos(g, hs->xs, hs->mask, hs->keep, hs->hp, rl);
+    vx = xp >= 0 ? tb__cg_eval(g, hs->x, xp) : -1;
+    if (vx < 0) return false;
+    if (hs->sums) {
+        tb__ix_line(&g->ix, "v%d += (%s)v%d;", (int)acc, hs->at, (int)vx);
+    } else { /* no branch on the data; ties keep the first, a NaN seen wins at the end */
+        tb__ix_line(&g->ix, "v%d = %s(v%d, v%d);", (int)acc,
+                    hs->n->op == TB_OP_MAX ? "TB_MAXS" : "TB_MINS", (int)vx, (int)acc);
+        tb__ix_line(&g->ix, "if (v%d != v%d) v%d = v%d;", (int)vx, (int)vx, (int)hs->nan, (int)vx);
+    }
+    return true;
+}
+
+/* The value of hoisted reduction h at the current row: its loops (the lanes in turn, then
+   the rest one by one), the lanes combined in order. */
+static int32_t tb__cg_hoist_value(tb__cg *g, int32_t h, uint64_t mask, bool keepdim,
+                                  int32_t out_pos, const tb__lf *zero) {
+    tb__cg_hoist hs;
+    const char *t;
+    int32_t a, r, lane, lanes, v;
+    int64_t m = 1, m4;
+    char head[160];
+    memset(&hs, 0, sizeof hs);
+    hs.n = g->G->info[h].node;
+    hs.x = tb__plan_operand(g->G, h, 0);
+    hs.xs = tb__plan_shape(g->G, hs.x);
+    hs.mask = (uint64_t)hs.n->attrs[0];
+    hs.keep = hs.n->attrs[1] != 0;
+    hs.sums = hs.n->op == TB_OP_SUM || hs.n->op == TB_OP_MEAN;
+    t = tb__cg_ctype(hs.n->shape.dtype);
+    hs.at = hs.sums ? tb__cg_acc_ctype(tb__plan_reduce_acc(g->G, h)) : t;
+    hs.red.dtype = hs.xs->dtype;
+    for (a = 0; a < hs.xs->rank; a++)
+        if ((hs.mask >> a) & 1u) m *= (hs.red.dims[hs.red.rank++] = hs.xs->dims[a]);
+    lanes = tb__plan_hoist_lanes(hs.n);
+    m4 = m / lanes * lanes;
+    hs.hp = tb__cg_split_pos(g, &hs.n->shape, mask, keepdim, out_pos, zero);
+    if (hs.hp < 0 || !tb__ix_need_multi(&g->ix, hs.hp)) return -1;
+    for (lane = 0; lane <= lanes; lane++) { /* the accumulators, then the NaN seen */
+        if (lane == lanes && hs.sums) break;
+        v = tb__cg_new_val(g, hs.n->shape.dtype);
+        if (v < 0) return -1;
+        if (lane < lanes) hs.acc[lane] = v;
+        hs.nan = v;
+        tb__ix_line(&g->ix, "%s v%d = %s;", hs.at, (int)v,
+                    hs.sums                 ? "0"
+                    : hs.n->op == TB_OP_MAX ? "-INFINITY"
+                                            : "INFINITY");
+    }
+    for (a = 0; a < 2; a++) { /* [0, m4) by lanes, then [m4, m) */
+        int32_t step = a == 0 ? lanes : 1;
+        if ((a == 0 ? m4 : m - m4) == 0) continue;
+        r = tb__ix_new_var(&g->ix, a == 0 ? 0 : m4, a == 0 ? m4 - lanes : m - 1);
+        if (r < 0) return -1;
+        snprintf(head, sizeof head, "for (long i%d = %lldL; i%d < %lldL; i%d += %d) ", (int)r,
+                 (long long)(a == 0 ? 0 : m4), (int)r, (long long)(a == 0 ? m4 : m), (int)r,
+                 (int)step);
+        tb__ix_open(&g->ix, head);
+        for (lane = 0; lane < step; lane++)
+            if (!tb__cg_hoist_step(g, &hs, r, lane)) return -1;
+        tb__ix_close(&g->ix, "");
+    }
+    for (lane = 1; lane < lanes; lane++) {
+        if (hs.sums) {
+            tb__ix_line(&g->ix, "v%d += v%d;", (int)hs.acc[0], (int)hs.acc[lane]);
+        } else {
+            tb__ix_line(&g->ix, "v%d = %s(v%d, v%d);", (int)hs.acc[0],
+                        hs.n->op == TB_OP_MAX ? "TB_MAXS" : "TB_MINS", (int)hs.acc[lane],
+                        (int)hs.acc[0]);
+        }
+    }
+    if (!hs.sums)
+        tb__ix_line(&g->ix, "if (v%d != v%d) v%d = v%d;", (int)hs.nan, (int)hs.nan, (int)hs.acc[0],
+                    (int)hs.nan);
+    v = tb__cg_new_val(g, hs.n->shape.dtype);
+    if (v < 0) return -1;
+    if (hs.n->op == TB_OP_MEAN) {
+        tb__ix_line(&g->ix, "const %s v%d = (%s)(v%d / (%s)%lld);", t, (int)v, t, (int)hs.acc[0],
+                    hs.at, (long long)m);
+    } else {
+        tb__ix_line(&g->ix, "const %s v%d = (%s)v%d;", t, (int)v, t, (int)hs.acc[0]);
+    }
+    return v;
+}
+
+static bool tb__cg_hoist_row(tb__cg *g, uint64_t mask, bool keepdim, int32_t out_pos) {
+    tb__lf zero[TB_MAX_RANK];
+    int32_t h, a, v;
+    for (a = 0; a < TB_MAX_RANK; a++)
+        tb__lf_const(&zero[a], 0);
+    if (!tb__ix_need_multi(&g->ix, out_pos)) goto fail;
+    for (h = 0; h < (int32_t)g->G->n; h++) {
+        if (!g->G->info[h].hoist || g->G->info[h].ctx != tb__cg_kernel(g)->owner) continue;
+        v = tb__cg_hoist_value(g, h, mask, keepdim, out_pos, zero);
+        if (v < 0) goto fail;
+        tb__ix_memo_add(&g->ix, TB__MEMO_VALUE, h, TB__MEMO_HOIST, 0, v);
+    }
+    return g->ix.status == TB_OK;
+fail:
+    if (g->ix.status == TB_OK) tb__ix_fail(&g->ix, TB_ERR_INTERNAL);
+    return false;
+}
+
+#endif /* TB__HAVE_COMPILED_BACKENDS */
+
 /* ---- src/compile/codegen_kernels.c ---- */
 /* ===========================================================================================
    C-family code generator, the row kernels: each kernel of the plan that is not a matmul
@@ -30958,24 +31249,6 @@ static tb_status tb__cg_kernel_concat(tb__cg *g, const tb__plan_kernel *k) {
     tb__lf_text(&g->ix.pos[qp].flat, index, sizeof index);
     tb__cg_store(g, cs->dtype, "out", index, v);
     return g->ix.status;
-}
-
-/* The operand's position of a reduction or norm: the output's dims for the kept axes, the
-   loop's index for the reduced ones. */
-static int32_t tb__cg_split_pos(tb__cg *g, const tb_shape *xs, uint64_t mask, bool keepdim,
-                                int32_t out_pos, const tb__lf *red) {
-    tb__lf dims[TB_MAX_RANK];
-    const tb__pos *p = &g->ix.pos[out_pos];
-    int32_t a, oi = 0, ri = 0;
-    for (a = 0; a < xs->rank; a++) {
-        if ((mask >> a) & 1u) {
-            dims[a] = red[ri++];
-            if (keepdim) oi++;
-        } else {
-            dims[a] = p->dim[oi++];
-        }
-    }
-    return tb__ix_pos_multi(&g->ix, xs, dims);
 }
 
 /* What a reduction kernel reads and how it folds: the operand x at (output row, reduction
@@ -31577,7 +31850,9 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, const tb__plan_kernel *k) {
         k->partial_slot >= 0 ? tb__cg_plan(g)->slots[k->partial_slot].shape.dtype : TB_F32;
     char index[32];
     if (k->col_vec > 0) return tb__cg_kernel_reduce_cols(g, k);
-    if (!tb__cg_red_begin(g, k, &rd)) return g->ix.status;
+    if (!tb__cg_red_begin(g, k, &rd) ||
+        (k->hoists > 0 && !tb__cg_hoist_row(g, rd.mask, rd.keepdim, rd.out_pos)))
+        return g->ix.status;
     t = tb__cg_ctype(rd.od);
     if (final) {
         /* the partial results of this row, in chunk order */

@@ -104,6 +104,41 @@ static void test_dialects(void **state) {
     tb_tensor_release(x);
 }
 
+/* A log-sum-exp over rows of 203: one kernel that computes each row's max first, in four
+   accumulators over the first 200 elements and one over the last 3, on every class and the
+   GPU (where a work-group reduces a row: each of its items computes the max). */
+static void test_hoisted_reduction_loops(void **state) {
+    tb_tensor *x = plan_input(TB_F32, 2, 16, 203, 0);
+    int32_t axis = 1;
+    tb_tensor *m = tb_max(x, &axis, 1, true), *d = tb_sub(x, m), *e = tb_exp(d);
+    tb_tensor *s = tb_sum(e, &axis, 1, true), *l = tb_log(s), *y = tb_add(l, m);
+    int dev;
+    (void)state;
+    for (dev = DEV_AVX512; dev <= DEV_C99; dev++) {
+        tb__plan *p = NULL;
+        char *text = program(dev, &y, 1, &p), *lanes, *rest, *own;
+        assert_int_equal(p->num_kernels, 1);
+        assert_int_equal(p->kernels[0].hoists, 1);
+        lanes = strstr(text, "L; i1 < 200L; i1 += 4) ");
+        rest = strstr(text, "= 200L; i2 < 203L; i2 += 1) ");
+        if (lanes == NULL || rest == NULL || rest < lanes)
+            fail_msg("%s: no loop of four lanes then one over the row's max", plan_dev_names[dev]);
+        /* four lanes and the rest, then three combined */
+        assert_int_equal(count_of(text, " = TB_MAXS("), 8);
+        own = strstr(rest, "acc"); /* the sum's own accumulators after */
+        assert_non_null(own);
+        tb__plan_free(p);
+        free(text);
+    }
+    tb_tensor_release(y);
+    tb_tensor_release(l);
+    tb_tensor_release(s);
+    tb_tensor_release(e);
+    tb_tensor_release(d);
+    tb_tensor_release(m);
+    tb_tensor_release(x);
+}
+
 /* Two kernels doing the same work on other arrays: one function, which both run. */
 static void test_repeated_kernel_is_one_function(void **state) {
     tb_tensor *a = plan_input(TB_F32, 2, 512, 512, 0), *b = plan_input(TB_F32, 2, 512, 512, 0);
@@ -1036,6 +1071,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dialects),
         cmocka_unit_test(test_repeated_kernel_is_one_function),
+        cmocka_unit_test(test_hoisted_reduction_loops),
         cmocka_unit_test(test_packed_matmul_fused_products),
         cmocka_unit_test(test_packed_matmul_prefetches_a),
         cmocka_unit_test(test_conv_matmul_prefetches_b),

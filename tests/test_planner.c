@@ -141,6 +141,64 @@ static void test_large_reduction_is_split(void **state) {
     tb_tensor_release(x);
 }
 
+/* The row maxima of a chain, each over the last one's result plus a row of x (r = max(r + x),
+   from r = min(x)): one kernel, which computes the reductions it reads at the start of each of
+   its rows (hoisted), at most 128 of them a kernel (a chain of 200: two kernels). A sum whose
+   long row is split into stages keeps the reduction it reads in a kernel of its own. */
+static tb_tensor *max_chain(tb_tensor *x, int steps) {
+    int32_t axis = 1;
+    tb_tensor *r = tb_min(x, &axis, 1, true), *t, *u;
+    int i;
+    for (i = 0; i < steps; i++) {
+        t = tb_add(r, x);
+        u = tb_max(t, &axis, 1, true);
+        tb_tensor_release(t);
+        tb_tensor_release(r);
+        r = u;
+    }
+    return r;
+}
+
+static void test_row_reductions_hoisted(void **state) {
+    tb_tensor *x = plan_input(TB_F32, 2, 8, 32, 0), *small = plan_input(TB_F32, 2, 1, 1000, 0);
+    tb_tensor *big = plan_input(TB_F32, 2, 1, (int64_t)1 << 20, 0);
+    tb_tensor *c100 = max_chain(x, 100), *c200 = max_chain(x, 200), *m, *d, *s;
+    int32_t axis = 1;
+    int dev;
+    size_t i;
+    (void)state;
+    m = tb_max(small, &axis, 1, true);
+    d = tb_sub(big, m);
+    s = tb_sum(d, &axis, 1, true);
+    for (dev = DEV_AVX512; dev <= DEV_C99; dev++) {
+        tb__plan *p = plan1(dev, c100);
+        assert_int_equal(p->num_kernels, 1);
+        assert_int_equal(p->kernels[0].kind, TB__K_REDUCE);
+        assert_int_equal(p->kernels[0].hoists, 100);
+        assert_int_equal(p->kernels[0].split, 0);
+        assert_int_equal(p->kernels[0].col_vec, 0);
+        tb__plan_free(p);
+        p = plan1(dev, c200);
+        assert_int_equal(p->num_kernels, 2);
+        assert_int_equal(p->kernels[0].hoists, 71);
+        assert_int_equal(p->kernels[1].hoists, 128);
+        tb__plan_free(p);
+        p = plan1(dev, s);
+        assert_int_equal(count_kind(p, TB__K_PARTIAL), 1);
+        for (i = 0; i < p->num_kernels; i++)
+            assert_int_equal(p->kernels[i].hoists, 0);
+        tb__plan_free(p);
+    }
+    tb_tensor_release(s);
+    tb_tensor_release(d);
+    tb_tensor_release(m);
+    tb_tensor_release(c200);
+    tb_tensor_release(c100);
+    tb_tensor_release(big);
+    tb_tensor_release(small);
+    tb_tensor_release(x);
+}
+
 /* ---- matmul ---- */
 
 /* A small matmul is one kernel of register blocks with its epilogue; a large one on a CPU is
@@ -789,6 +847,7 @@ int main(void) {
         cmocka_unit_test(test_elementwise_chain_is_one_kernel),
         cmocka_unit_test(test_reduction_takes_prologue_and_epilogue),
         cmocka_unit_test(test_large_reduction_is_split),
+        cmocka_unit_test(test_row_reductions_hoisted),
         cmocka_unit_test(test_matmul_forms),
         cmocka_unit_test(test_matmul_wide_block),
         cmocka_unit_test(test_matmul_own_panels),

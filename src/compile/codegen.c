@@ -1083,6 +1083,11 @@ static int32_t tb__cg_special(tb__cg *g, int32_t node, int32_t pos, bool *handle
                                       (int)node, (int)g->kernel, (int)in->ctx));
         return -1;
     }
+    if (in->hoist) { /* computed at the start of the row (tb__cg_hoist_row) */
+        v = tb__ix_memo_find(&g->ix, TB__MEMO_VALUE, node, TB__MEMO_HOIST, 0);
+        if (v < 0) tb__ix_fail(&g->ix, TB_ERR_INTERNAL);
+        return v;
+    }
     if (tb__plan_inline_reduce(in->node) > 0) return tb__cg_inline_reduce(g, node, pos);
     switch (in->node->op) {
     case TB_OP_PAD:

@@ -231,24 +231,6 @@ static tb_status tb__cg_kernel_concat(tb__cg *g, const tb__plan_kernel *k) {
     return g->ix.status;
 }
 
-/* The operand's position of a reduction or norm: the output's dims for the kept axes, the
-   loop's index for the reduced ones. */
-static int32_t tb__cg_split_pos(tb__cg *g, const tb_shape *xs, uint64_t mask, bool keepdim,
-                                int32_t out_pos, const tb__lf *red) {
-    tb__lf dims[TB_MAX_RANK];
-    const tb__pos *p = &g->ix.pos[out_pos];
-    int32_t a, oi = 0, ri = 0;
-    for (a = 0; a < xs->rank; a++) {
-        if ((mask >> a) & 1u) {
-            dims[a] = red[ri++];
-            if (keepdim) oi++;
-        } else {
-            dims[a] = p->dim[oi++];
-        }
-    }
-    return tb__ix_pos_multi(&g->ix, xs, dims);
-}
-
 /* What a reduction kernel reads and how it folds: the operand x at (output row, reduction
    index), the accumulator type and the combination of two partial results. */
 typedef struct tb__cg_red {
@@ -848,7 +830,9 @@ static tb_status tb__cg_kernel_reduce(tb__cg *g, const tb__plan_kernel *k) {
         k->partial_slot >= 0 ? tb__cg_plan(g)->slots[k->partial_slot].shape.dtype : TB_F32;
     char index[32];
     if (k->col_vec > 0) return tb__cg_kernel_reduce_cols(g, k);
-    if (!tb__cg_red_begin(g, k, &rd)) return g->ix.status;
+    if (!tb__cg_red_begin(g, k, &rd) ||
+        (k->hoists > 0 && !tb__cg_hoist_row(g, rd.mask, rd.keepdim, rd.out_pos)))
+        return g->ix.status;
     t = tb__cg_ctype(rd.od);
     if (final) {
         /* the partial results of this row, in chunk order */

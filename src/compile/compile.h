@@ -243,6 +243,8 @@ typedef struct tb__plan_kernel {
                            the item's range (a stream through memory each), else they take turns */
     bool suffix;        /* reductions: the reduced axes are the trailing ones (rows contiguous) */
     bool inline_reduce; /* holds a reduction computed where it is read (planner) */
+    int32_t hoists;     /* reductions: the reductions it computes at the start of each row
+                           (tb__plan_hoist) */
     tb_dtype acc;       /* reductions, norms: the accumulator dtype */
     int32_t vec;        /* f32 lanes per vector of a row loop or an elementwise block (0: scalar) */
     int32_t vec_axes;   /* the row's trailing axes the vectors run along */
@@ -348,6 +350,7 @@ typedef struct tb__pnode {
     int32_t param, result, slot;
     int32_t ctx; /* the kernel evaluating it (its own kernel when it is a root) */
     bool root, ident, in_mm, force_root;
+    bool hoist; /* a reduction its kernel (a reduction) computes at the start of each row */
     /* a view of a scalar read only by concats of many operands (tb__plan_cat_free): no budget */
     bool cat_free;
     int32_t depth;      /* pad/concat/gather above it in its kernel */
@@ -422,7 +425,6 @@ static int32_t tb__plan_errsite_code(const tb__plan *p, int32_t node);
 static tb_status tb__pgraph_init(tb__pgraph *G);
 static int32_t tb__plan_index_of(const tb__pgraph *G, const tb_node *node);
 static tb_status tb__plan_partition(tb__pgraph *G);
-static tb_status tb__plan_split_reductions(tb__pgraph *G);
 static tb_status tb__plan_pack_matmuls(tb__pgraph *G);
 /* what the concats' step (planner_layout.c) asks of planner.c: whether a node can fail at run
    time, whether a concat takes kernels of its own, and room for kernels at a position */
@@ -431,9 +433,12 @@ static bool tb__plan_cat_many(const tb_node *n);
 static tb_status tb__plan_insert_kernels(tb__pgraph *G, size_t at, size_t count);
 static tb_status tb__plan_assign_slots(tb__pgraph *G);
 static tb_status tb__plan_args(tb__pgraph *G, int32_t *over);
-static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick);
 static void tb__plan_reduce_sizes(const tb__pgraph *G, int32_t core, int64_t *n_out, int64_t *m);
 static tb_dtype tb__plan_reduce_acc(const tb__pgraph *G, int32_t core);
+/* the accumulators of the loop of a reduction hoisted into a reduction's kernel (tb__plan_hoist):
+   TB__HOIST_LANES where it is long, else 1 */
+#define TB__HOIST_LANES 4
+static int32_t tb__plan_hoist_lanes(const tb_node *n);
 static tb_dtype tb__plan_pack_dtype(tb_dtype dtype);
 
 /* ---- index.c: index arithmetic and the text of a kernel ---- */
@@ -465,6 +470,7 @@ typedef struct tb__pos {
 /* what the memo holds: a value v<n> of a node at a position (the renderer's), or the first of
    the variables an unravelled flat form was split into */
 enum { TB__MEMO_VALUE = 1, TB__MEMO_UNRAVEL = 2, TB__MEMO_VECTOR = 3 };
+#define TB__MEMO_HOIST (-2) /* the position of a hoisted reduction's value at the row */
 
 typedef struct tb__ix_memo {
     uint64_t key;
@@ -819,6 +825,16 @@ static void tb__cg_const_table(tb__cg *g, const char *type, const char *name, co
                                int32_t count);
 /* work-group memory of `count` elements of `type` named `name` */
 static void tb__cg_local(tb__cg *g, const char *type, const char *name, int64_t count);
+
+/* ---- codegen_hoist.c, for the reduction kernels of codegen_kernels.c ---- */
+
+/* the position of x (dims xs), reduced over `mask` into an output at position out_pos, at
+   reduction index `red` (the reduced axes' forms, in order) */
+static int32_t tb__cg_split_pos(tb__cg *g, const tb_shape *xs, uint64_t mask, bool keepdim,
+                                int32_t out_pos, const tb__lf *red);
+/* the reductions hoisted into the current kernel (a reduction over `mask` whose row's output
+   is at out_pos), each computed at the row: what their reads in the row then find */
+static bool tb__cg_hoist_row(tb__cg *g, uint64_t mask, bool keepdim, int32_t out_pos);
 
 /* ---- codegen_matmul.c, for the work-group tile matmul of codegen_tiles.c ---- */
 

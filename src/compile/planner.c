@@ -106,6 +106,15 @@ static int64_t tb__plan_inline_reduce(const tb_node *n) {
     return m >= 2 && m <= TB__PLAN_INLINE_REDUCE && tb__plan_numel(&n->shape) >= 2 ? m : 0;
 }
 
+/* The accumulators of a hoisted reduction's loop (tb__plan_hoist): several where it reduces
+   more than an inlined one may, else 1 (in order: ties keep the first, as there). */
+static int32_t tb__plan_hoist_lanes(const tb_node *n) {
+    int64_t out = tb__plan_numel(&n->shape);
+    return out > 0 && tb__plan_numel(&n->operands[0]->shape) / out > TB__PLAN_INLINE_REDUCE
+               ? TB__HOIST_LANES
+               : 1;
+}
+
 static int32_t tb__plan_core_kind(const tb_node *n) {
     if (tb__plan_inline_reduce(n) > 0) return -1;
     switch (tb_op_get_kind(n->op)) {
@@ -394,8 +403,11 @@ static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits
                     tb__keyset_add(set, tb__plan_key_mix(TB__PLAN_KEY_ROOT, u, k, lane),
                                    t->positions_per_node);
             } else {
-                /* an inlined reduction reads its operand at m positions per position */
-                int32_t reads = (int32_t)tb__plan_inline_reduce(ui->node), r;
+                /* an inlined reduction reads its operand at m positions per position (a hoisted
+                   one in its loops: tb__cg_hoist_lanes) */
+                int32_t reads = ui->hoist ? tb__plan_hoist_lanes(ui->node) + 1
+                                          : (int32_t)tb__plan_inline_reduce(ui->node),
+                        r;
                 for (q = 0; q < ui->keys_count; q++) {
                     uint64_t key = G->keys[ui->keys_first + q];
                     if (reads > 0) {
@@ -552,6 +564,101 @@ static bool tb__plan_inline_fits(const tb__pgraph *G, int32_t i, int32_t common)
     return true;
 }
 
+/* ---- reductions hoisted into the rows of a reduction ----
+   A reduction H that the kernel of a reduction R reads only at the row R is reducing (the max
+   under x - max(x) of a log-sum-exp, each step of a chain of row reductions over the last
+   one's result) is computed in R's kernel by a loop over H's elements at the start of each of
+   R's rows (before R's own loop), not by a kernel of its own: in graphs of small rows most of
+   the time is the launches. H is read at the row only where every node between it and R is
+   elementwise with R's operand's dims on the axes R keeps (no movement renumbers the rows).
+   The loop is scalar (four accumulators) and runs for each of R's rows: only small ones. */
+
+#define TB__PLAN_HOIST_ELEMS 16384 /* elements H reduces in all, at most, */
+#define TB__PLAN_HOIST_ROW   256   /* and per value */
+#define TB__PLAN_HOIST_MAX   128   /* hoisted reductions of one kernel, at most */
+#define TB__PLAN_HOIST_VISIT 64    /* nodes the walk from H to R may visit, at most */
+
+/* Whether shape s has R's operand's rank and its dims on the axes R keeps. */
+static bool tb__plan_row_dims(const tb_shape *s, const tb_shape *xs, uint64_t mask) {
+    int32_t a;
+    if (s->rank != xs->rank) return false;
+    for (a = 0; a < xs->rank; a++)
+        if (!((mask >> a) & 1u) && s->dims[a] != xs->dims[a]) return false;
+    return true;
+}
+
+/* Whether node n is evaluated in kernel ctx only at positions of the row its core reduces:
+   the core, its epilogue up to the root, a hoisted reduction, or an elementwise node of the
+   row's dims whose users all are (false once `visits` run out). */
+static bool tb__plan_row_local(const tb__pgraph *G, int32_t n, int32_t ctx, const tb_shape *xs,
+                               uint64_t mask, int32_t *visits) {
+    const tb__pnode *in = &G->info[n];
+    const tb__plan_kernel *k = &G->plan->kernels[ctx];
+    int32_t e;
+    if (n == k->core || (in->hoist && in->ctx == ctx)) return true;
+    if (in->ctx != ctx || in->param >= 0 || --*visits < 0 ||
+        !tb__plan_is_elementwise(in->node->op) || !tb__plan_row_dims(&in->node->shape, xs, mask))
+        return false;
+    if (n == k->root) return true;
+    for (e = 0; e < in->num_users; e++)
+        if (!tb__plan_row_local(G, G->users[in->first_user + e], ctx, xs, mask, visits))
+            return false;
+    return true;
+}
+
+/* Hoists reduction i into the kernel of a reduction where that applies (*done then true; never
+   where it must be a root). */
+static tb_status tb__plan_hoist(tb__pgraph *G, int32_t i, bool must_root, bool *done) {
+    tb__pnode *in = &G->info[i];
+    const tb_node *n = in->node, *cn;
+    const tb_shape *xs;
+    tb__plan_kernel *k;
+    int32_t ctx = -1, e, a, visits = TB__PLAN_HOIST_VISIT;
+    int64_t n_out, m;
+    uint64_t mask, key = tb__plan_key_mix(TB__PLAN_KEY_ROOT, i, 0, 0);
+    tb_status st;
+    *done = false;
+    if (must_root ||
+        (n->op != TB_OP_SUM && n->op != TB_OP_MEAN && n->op != TB_OP_MAX && n->op != TB_OP_MIN) ||
+        n->num_operands != 1 || (n->shape.dtype != TB_F32 && n->shape.dtype != TB_F64) ||
+        n->operands[0]->shape.dtype != n->shape.dtype || n->attrs[0] == 0 || in->num_users == 0 ||
+        tb__plan_numel(&n->operands[0]->shape) > TB__PLAN_HOIST_ELEMS ||
+        tb__plan_numel(&n->operands[0]->shape) > TB__PLAN_HOIST_ROW * tb__plan_numel(&n->shape))
+        return TB_OK;
+    for (e = 0; e < in->num_users; e++) {
+        int32_t c = G->info[G->users[in->first_user + e]].ctx;
+        if (c < 0 || (ctx >= 0 && c != ctx)) return TB_OK;
+        ctx = c;
+    }
+    k = &G->plan->kernels[ctx];
+    if (k->kind != TB__K_REDUCE || k->core < 0 || k->hoists >= TB__PLAN_HOIST_MAX) return TB_OK;
+    cn = G->info[k->core].node;
+    if (cn->op != TB_OP_SUM && cn->op != TB_OP_MEAN && cn->op != TB_OP_MAX && cn->op != TB_OP_MIN &&
+        cn->op != TB_OP_PROD)
+        return TB_OK;
+    tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+    if (m >= G->target->tuning->split_min_len) return TB_OK; /* R may be split into stages */
+    xs = tb__plan_shape(G, tb__plan_operand(G, k->core, 0));
+    mask = (uint64_t)cn->attrs[0];
+    if (!tb__plan_row_dims(&n->shape, xs, mask)) return TB_OK;
+    for (a = 0; a < xs->rank; a++) /* one value per row */
+        if (((mask >> a) & 1u) && n->shape.dims[a] != 1) return TB_OK;
+    for (e = 0; e < in->num_users; e++)
+        if (!tb__plan_row_local(G, G->users[in->first_user + e], ctx, xs, mask, &visits))
+            return TB_OK;
+    /* one position, the row's, however many read it */
+    if (G->kernel_values[ctx] >= G->target->tuning->values_per_kernel) return TB_OK;
+    st = tb__plan_keys_store(G, i, &key, 1);
+    if (st != TB_OK) return st;
+    G->kernel_values[ctx]++;
+    in->depth = 0;
+    in->ctx = ctx;
+    in->hoist = true;
+    k->hoists++;
+    *done = true;
+    return TB_OK;
+}
+
 /* Whether two shapes have the same dims but for axes of one element. */
 static bool tb__plan_same_big_dims(const tb_shape *a, const tb_shape *b) {
     int32_t i = 0, j = 0;
@@ -634,7 +741,7 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
     G->num_keys = 0;
     for (j = 0; j < G->n; j++) {
         tb__pnode *in = &G->info[j];
-        in->root = in->ident = in->in_mm = in->cat_free = false;
+        in->root = in->ident = in->in_mm = in->cat_free = in->hoist = false;
         in->ctx = -1;
         in->slot = -1;
         in->depth = 0;
@@ -643,8 +750,8 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
     for (i = (int32_t)G->n - 1; i >= 0; i--) {
         tb__pnode *in = &G->info[i];
         const tb_node *node = in->node;
-        bool must_root =
-            in->result >= 0 || in->force_root || in->num_users == 0 || tb__plan_cat_many(node);
+        bool hoisted, must_root = in->result >= 0 || in->force_root || in->num_users == 0 ||
+                                  tb__plan_cat_many(node);
         int32_t core_kind = tb__plan_core_kind(node);
         if (in->param >= 0) {
             /* a parameter returned as a result: a copy */
@@ -654,6 +761,8 @@ static tb_status tb__plan_partition(tb__pgraph *G) {
             }
             continue;
         }
+        if ((st = tb__plan_hoist(G, i, must_root, &hoisted)) != TB_OK) return st;
+        if (hoisted) continue;
         if (core_kind >= 0) {
             if (!must_root && in->num_users == 1 && in->uses == 1) {
                 int32_t u = G->users[in->first_user];
@@ -763,18 +872,6 @@ static tb_dtype tb__plan_reduce_acc(const tb__pgraph *G, int32_t core) {
     return od == TB_I64 ? TB_I64 : TB_I32;
 }
 
-/* How many chunks a reduction with few outputs over many elements is split into, so that
-   every compute unit gets work; 1: not split. */
-static int64_t tb__plan_split_count(const tb__pgraph *G, int64_t n_out, int64_t m) {
-    const tb__tuning *t = G->target->tuning;
-    int64_t want = (int64_t)G->target->compute_units * t->split_chunks_per_cu, chunks;
-    if (n_out <= 0 || m < t->split_min_len || n_out >= want) return 1;
-    chunks = (want + n_out - 1) / n_out;
-    if (chunks > m / t->split_min_chunk) chunks = m / t->split_min_chunk;
-    if (chunks > t->split_max_chunks) chunks = t->split_max_chunks;
-    return chunks >= 2 ? chunks : 1;
-}
-
 /* Inserts `count` zeroed kernels at position `at`, keeping contexts and owners pointing at
    the kernels they pointed at. */
 static tb_status tb__plan_insert_kernels(tb__pgraph *G, size_t at, size_t count) {
@@ -796,37 +893,6 @@ static tb_status tb__plan_insert_kernels(tb__pgraph *G, size_t at, size_t count)
         p->kernels[j].out_slot = -1;
         p->kernels[j].partial_slot = -1;
         p->kernels[j].pack_slot[0] = p->kernels[j].pack_slot[1] = -1;
-    }
-    return TB_OK;
-}
-
-/* Splits reductions with few outputs into a partial stage (chunks of each row in parallel)
-   and a final stage (combines the chunks, then the epilogue). */
-static tb_status tb__plan_split_reductions(tb__pgraph *G) {
-    tb__plan *p = G->plan;
-    size_t i;
-    for (i = 0; i < p->num_kernels; i++)
-        p->kernels[i].owner = (int32_t)i;
-    for (i = 0; i < p->num_kernels; i++) {
-        tb__plan_kernel *k = &p->kernels[i];
-        const tb_node *c;
-        int64_t n_out, m, chunks;
-        tb_status st;
-        if (k->kind != TB__K_REDUCE) continue;
-        c = G->info[k->core].node;
-        if (c->op == TB_OP_ARGMAX || c->op == TB_OP_ARGMIN) continue;
-        tb__plan_reduce_sizes(G, k->core, &n_out, &m);
-        chunks = tb__plan_split_count(G, n_out, m);
-        if (chunks <= 1) continue;
-        st = tb__plan_insert_kernels(G, i, 1);
-        if (st != TB_OK) return st;
-        p->kernels[i].kind = TB__K_PARTIAL;
-        p->kernels[i].root = p->kernels[i + 1].root;
-        p->kernels[i].core = p->kernels[i + 1].core;
-        p->kernels[i].split = (int32_t)chunks;
-        p->kernels[i].owner = (int32_t)i + 1;
-        p->kernels[i + 1].split = (int32_t)chunks;
-        i++;
     }
     return TB_OK;
 }
@@ -1391,59 +1457,6 @@ static tb_status tb__plan_args(tb__pgraph *G, int32_t *over) {
     tb__free(stamp);
     tb__free(stack);
     return st;
-}
-
-/* A node of kernel `ki` to materialise so that the kernel reads fewer arguments: the inlined
-   node whose operands reach the most distinct arguments while still fitting a kernel of its
-   own (at least two, so that the cut saves one). -1 when there is none. */
-static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
-    const tb__plan_kernel *k = &G->plan->kernels[ki];
-    size_t nargs = k->num_args, words = (nargs + 63) / 64, i, j, w;
-    int32_t owner = k->owner, best = -1, best_count = 1;
-    uint64_t *bits = (uint64_t *)tb__calloc(G->n * words + 1, sizeof(uint64_t));
-    if (bits == NULL) return TB_ERR_OUT_OF_MEMORY;
-    /* nodes are in post-order: operands before users */
-    for (i = 0; i < G->n; i++) {
-        const tb__pnode *in = &G->info[i];
-        uint64_t *mine = bits + i * words;
-        int32_t count = 0;
-        if (in->ctx != owner || in->param >= 0 || in->root) continue;
-        for (j = 0; j < in->node->num_operands; j++) {
-            int32_t o = tb__plan_operand(G, (int32_t)i, j);
-            const tb__pnode *oi = &G->info[o];
-            size_t a;
-            if (oi->ctx == owner && oi->param < 0 && !oi->root) {
-                for (w = 0; w < words; w++)
-                    mine[w] |= bits[(size_t)o * words + w];
-                continue;
-            }
-            for (a = 0; a < nargs; a++) {
-                const tb__plan_arg *arg = &k->args[a];
-                bool hit = false;
-                if (oi->param >= 0 && oi->node->op == TB_OP_SCALAR) {
-                    hit = (arg->kind == TB__ARG_SCALAR && arg->index == oi->param) ||
-                          arg->kind == TB__ARG_TABLE;
-                } else {
-                    hit = arg->kind == TB__ARG_BUF && arg->index == oi->slot;
-                }
-                if (hit) mine[a / 64] |= (uint64_t)1 << (a % 64);
-            }
-        }
-        for (w = 0; w < words; w++) {
-            uint64_t v = mine[w];
-            while (v != 0) {
-                v &= v - 1;
-                count++;
-            }
-        }
-        if (count > best_count && (size_t)count + 3 <= G->target->max_args) {
-            best = (int32_t)i;
-            best_count = count;
-        }
-    }
-    tb__free(bits);
-    *pick = best;
-    return TB_OK;
 }
 
 #endif /* TB__HAVE_COMPILED_BACKENDS */

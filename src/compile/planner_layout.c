@@ -1,5 +1,6 @@
 /* ===========================================================================================
-   Kernel planner, second half: the kernels of a concat of many operands, the layout of the
+   Kernel planner, second half: the kernels of a concat of many operands, the node a kernel
+   with more arguments than the device takes is cut at, split reductions, the layout of the
    kernels planner.c formed (vectors along rows, launch geometry, names), the plan of a graph
    from its steps in order, and buffer donation.
    =========================================================================================== */
@@ -321,6 +322,106 @@ static int32_t tb__plan_col_width(const tb__pgraph *G, const tb__plan_kernel *k)
     return tb__plan_vec_subtree(G, k, k->root, k->core, 1) ? w : 0;
 }
 
+/* ---- kernels over the device's arguments ---- */
+
+/* A node of kernel `ki` to materialise so that the kernel reads fewer arguments: the inlined
+   node whose operands reach the most distinct arguments while still fitting a kernel of its
+   own (at least two, so that the cut saves one). -1 when there is none. */
+static tb_status tb__plan_pick_cut(tb__pgraph *G, int32_t ki, int32_t *pick) {
+    const tb__plan_kernel *k = &G->plan->kernels[ki];
+    size_t nargs = k->num_args, words = (nargs + 63) / 64, i, j, w;
+    int32_t owner = k->owner, best = -1, best_count = 1;
+    uint64_t *bits = (uint64_t *)tb__calloc(G->n * words + 1, sizeof(uint64_t));
+    if (bits == NULL) return TB_ERR_OUT_OF_MEMORY;
+    /* nodes are in post-order: operands before users */
+    for (i = 0; i < G->n; i++) {
+        const tb__pnode *in = &G->info[i];
+        uint64_t *mine = bits + i * words;
+        int32_t count = 0;
+        if (in->ctx != owner || in->param >= 0 || in->root) continue;
+        for (j = 0; j < in->node->num_operands; j++) {
+            int32_t o = tb__plan_operand(G, (int32_t)i, j);
+            const tb__pnode *oi = &G->info[o];
+            size_t a;
+            if (oi->ctx == owner && oi->param < 0 && !oi->root) {
+                for (w = 0; w < words; w++)
+                    mine[w] |= bits[(size_t)o * words + w];
+                continue;
+            }
+            for (a = 0; a < nargs; a++) {
+                const tb__plan_arg *arg = &k->args[a];
+                bool hit = false;
+                if (oi->param >= 0 && oi->node->op == TB_OP_SCALAR) {
+                    hit = (arg->kind == TB__ARG_SCALAR && arg->index == oi->param) ||
+                          arg->kind == TB__ARG_TABLE;
+                } else {
+                    hit = arg->kind == TB__ARG_BUF && arg->index == oi->slot;
+                }
+                if (hit) mine[a / 64] |= (uint64_t)1 << (a % 64);
+            }
+        }
+        for (w = 0; w < words; w++) {
+            uint64_t v = mine[w];
+            while (v != 0) {
+                v &= v - 1;
+                count++;
+            }
+        }
+        if (count > best_count && (size_t)count + 3 <= G->target->max_args) {
+            best = (int32_t)i;
+            best_count = count;
+        }
+    }
+    tb__free(bits);
+    *pick = best;
+    return TB_OK;
+}
+
+/* ---- split reductions ---- */
+
+/* How many chunks a reduction with few outputs over many elements is split into, so that
+   every compute unit gets work; 1: not split. */
+static int64_t tb__plan_split_count(const tb__pgraph *G, int64_t n_out, int64_t m) {
+    const tb__tuning *t = G->target->tuning;
+    int64_t want = (int64_t)G->target->compute_units * t->split_chunks_per_cu, chunks;
+    if (n_out <= 0 || m < t->split_min_len || n_out >= want) return 1;
+    chunks = (want + n_out - 1) / n_out;
+    if (chunks > m / t->split_min_chunk) chunks = m / t->split_min_chunk;
+    if (chunks > t->split_max_chunks) chunks = t->split_max_chunks;
+    return chunks >= 2 ? chunks : 1;
+}
+
+/* Splits reductions with few outputs into a partial stage (chunks of each row in parallel)
+   and a final stage (combines the chunks, then the epilogue). */
+static tb_status tb__plan_split_reductions(tb__pgraph *G) {
+    tb__plan *p = G->plan;
+    size_t i;
+    for (i = 0; i < p->num_kernels; i++)
+        p->kernels[i].owner = (int32_t)i;
+    for (i = 0; i < p->num_kernels; i++) {
+        tb__plan_kernel *k = &p->kernels[i];
+        const tb_node *c;
+        int64_t n_out, m, chunks;
+        tb_status st;
+        if (k->kind != TB__K_REDUCE || k->hoists > 0) continue;
+        c = G->info[k->core].node;
+        if (c->op == TB_OP_ARGMAX || c->op == TB_OP_ARGMIN) continue;
+        tb__plan_reduce_sizes(G, k->core, &n_out, &m);
+        chunks = tb__plan_split_count(G, n_out, m);
+        if (chunks <= 1) continue;
+        st = tb__plan_insert_kernels(G, i, 1);
+        if (st != TB_OK) return st;
+        p->kernels[i].kind = TB__K_PARTIAL;
+        p->kernels[i].root = p->kernels[i + 1].root;
+        p->kernels[i].core = p->kernels[i + 1].core;
+        p->kernels[i].split = (int32_t)chunks;
+        p->kernels[i].owner = (int32_t)i + 1;
+        p->kernels[i + 1].split = (int32_t)chunks;
+        i++;
+    }
+    return TB_OK;
+}
+
 /* ---- layouts and launch geometry ---- */
 
 /* Work items per row for a kernel with `rows` rows of `len` elements (1: one work item per
@@ -387,7 +488,8 @@ static void tb__plan_layout_reduce(const tb__pgraph *G, tb__plan_kernel *k) {
     }
     k->lanes = (k->group == 1 && !is_arg && lanes > 1 && m >= 4 * lanes) ? lanes : 1;
     k->vec = tb__plan_vec_width(G, k, &k->vec_axes);
-    if (k->vec == 0 && !is_arg && k->kind == TB__K_REDUCE && k->split == 0 && k->group == 1)
+    if (k->vec == 0 && !is_arg && k->kind == TB__K_REDUCE && k->split == 0 && k->group == 1 &&
+        k->hoists == 0)
         k->col_vec = tb__plan_col_width(G, k);
     if (k->col_vec > 0) {
         k->items = (uint64_t)(n_out / k->col_vec); /* a block of W outputs per work item */

@@ -424,10 +424,148 @@ static void test_reductions_through_views(void **state) {
     }
 }
 
+/* ---- reductions computed at the start of another reduction's rows ---- */
+
+/* A reduction read by a reduction's kernel only at the row it reduces is computed there, by a
+   loop at the start of each row (tb__plan_hoist): a chain of row maxima (each over the last
+   one's result plus a row of x), a log-sum-exp, a variance over two axes, a log-sum-exp over
+   the columns, the max of rows of signed zeros (the first zero's sign, as in order); and where
+   it must not be: a reduction also returned, one read at another row (through a flip), one too
+   large. */
+typedef struct hoist_arg {
+    int which;
+    int want_kernels;
+} hoist_arg;
+
+/* max(x, axis, keepdim) then m + log(sum(exp(x - m))) over the same axis (keepdim) */
+static tb_tensor *logsumexp_of(tb_tensor *x, int32_t axis, tb_tensor **max_out) {
+    tb_tensor *m = tb_max(x, &axis, 1, true), *d = tb_sub(x, m), *e = tb_exp(d);
+    tb_tensor *s = tb_sum(e, &axis, 1, true), *l = tb_log(s), *y = tb_add(l, m);
+    tb_tensor_release(l);
+    tb_tensor_release(s);
+    tb_tensor_release(e);
+    tb_tensor_release(d);
+    if (max_out != NULL) {
+        *max_out = m;
+    } else {
+        tb_tensor_release(m);
+    }
+    return y;
+}
+
+static tb_tensor *build_hoist(tb_tensor **in, const void *arg) {
+    const hoist_arg *a = (const hoist_arg *)arg;
+    int32_t ax = 1, two[2] = {1, 2}, rows = 0;
+    tb_tensor *r, *t, *u, *y;
+    int i;
+    switch (a->which) {
+    case 0: /* 24 steps of r = max(r + x) along rows, from r = min(x) */
+        r = tb_min(in[0], &ax, 1, true);
+        for (i = 0; i < 24; i++) {
+            t = tb_add(r, in[0]);
+            u = tb_max(t, &ax, 1, true);
+            tb_tensor_release(t);
+            tb_tensor_release(r);
+            r = u;
+        }
+        return r;
+    case 1: /* log-sum-exp along rows */
+    case 4: /* the same, too large to hoist */
+        return logsumexp_of(in[0], 1, NULL);
+    case 2: { /* a variance over axes 1 and 2, its output without them */
+        tb_tensor *mu = tb_mean(in[0], two, 2, true), *d = tb_sub(in[0], mu), *q = tb_mul(d, d);
+        y = tb_mean(q, two, 2, false);
+        tb_tensor_release(q);
+        tb_tensor_release(d);
+        tb_tensor_release(mu);
+        return y;
+    }
+    case 3: /* log-sum-exp over the columns */
+        return logsumexp_of(in[0], rows, NULL);
+    case 5: { /* the row's max read flipped: another row's */
+        int32_t fl = 0;
+        tb_tensor *m = tb_max(in[0], &ax, 1, true), *f = tb_flip(m, &fl, 1), *d = tb_sub(in[0], f);
+        y = tb_sum(d, &ax, 1, true);
+        tb_tensor_release(d);
+        tb_tensor_release(f);
+        tb_tensor_release(m);
+        return y;
+    }
+    case 7: { /* sum(x + 1 / max(x[:, :20])): the sign of the first zero of the max's row */
+        tb_tensor *h = tb_slice(in[0], 1, 0, 20, 1), *m = tb_max(h, &ax, 1, true);
+        tb_tensor *q = tb_reciprocal(m), *p = tb_add(in[0], q);
+        y = tb_sum(p, &ax, 1, true);
+        tb_tensor_release(p);
+        tb_tensor_release(q);
+        tb_tensor_release(m);
+        tb_tensor_release(h);
+        return y;
+    }
+    default: { /* the max also a result: both returned, side by side */
+        tb_tensor *both[2];
+        both[0] = logsumexp_of(in[0], 1, &both[1]);
+        y = tb_concat(both, 2, 1);
+        tb_tensor_release(both[0]);
+        tb_tensor_release(both[1]);
+        return y;
+    }
+    }
+}
+
+static void test_reductions_hoisted(void **state) {
+    static const hoist_arg args[] = {{0, 1}, {1, 1}, {2, 1}, {3, 1},
+                                     {4, 2}, {5, 2}, {6, 3}, {7, 1}};
+    static const char *const names[] = {
+        "a chain of 24 row maxima", "log-sum-exp along rows",     "variance over axes 1 and 2",
+        "log-sum-exp over columns", "log-sum-exp of 64K",         "a row max read flipped",
+        "log-sum-exp and its max",  "1 / the max of signed zeros"};
+    size_t k;
+    (void)state;
+    REQUIRE_OPENCL();
+    for (k = 0; k < sizeof args / sizeof args[0]; k++) {
+        const hoist_arg *a = &args[k];
+        tb_shape xs = a->which == 2   ? shp(TB_F32, 3, 6, 5, 7, 0)
+                      : a->which == 4 ? shp(TB_F32, 2, 128, 512, 0, 0)
+                      : a->which == 1 ? shp(TB_F32, 2, 9, 80, 0, 0) /* vectors along rows */
+                      : a->which == 3 ? shp(TB_F32, 2, 40, 12, 0, 0)
+                      : a->which == 7 ? shp(TB_F32, 2, 8, 40, 0, 0)
+                                      : shp(TB_F32, 2, 8, 32, 0, 0);
+        tb_tensor *x[2], *y[2];
+        int d;
+        float *v;
+        size_t n = numel_of(&xs), i;
+        v = (float *)malloc(n * sizeof(float));
+        assert_non_null(v);
+        for (i = 0; i < n; i++)
+            v[i] = (float)((int)(rnd_unit() * 9.0) - 4) * 0.25f; /* ties in every row */
+        if (a->which == 1) v[5 * 80 + 17] = NAN;                 /* row 5: NaN throughout */
+        for (i = 0; a->which == 7 && i < n; i++) /* -1, +0 and -0: the max a zero of either sign */
+            v[i] = i % 40 == 0   ? -1.0f
+                   : i % 40 == 1 ? 0.0f
+                   : i % 40 == 4 ? -0.0f
+                                 : (i % 3 == 0 ? -1.0f : v[i] * 0.0f);
+        for (d = 0; d < 2; d++) {
+            x[d] = tb_tensor_from_host(v, &xs, d ? &g_ocl : &g_cpu);
+            y[d] = build_hoist(&x[d], a);
+            assert_non_null(y[d]);
+        }
+        free(v);
+        if (kernel_count(&y[1], 1) != a->want_kernels)
+            fail_msg("%s: %d kernels, expected %d", names[k], kernel_count(&y[1], 1),
+                     a->want_kernels);
+        compare_tensors(names[k], y[0], y[1]);
+        for (d = 0; d < 2; d++) {
+            tb_tensor_release(y[d]);
+            tb_tensor_release(x[d]);
+        }
+    }
+}
+
 /* in the order they run */
 static const struct CMUnitTest reductions_tests[] = {
     cmocka_unit_test(test_reductions),
     cmocka_unit_test(test_argmax_nan_and_ties),
     cmocka_unit_test(test_small_reductions_inline),
     cmocka_unit_test(test_reductions_through_views),
+    cmocka_unit_test(test_reductions_hoisted),
 };
