@@ -32,6 +32,11 @@
 # step of the small GPT (gpt_step) and a training step of ResNet-18 through tools/tb_fx.py
 # (fx_train_resnet18) beside their PyTorch twins. --quick: ResNet-18 at batch 1, 64x64 only.
 #
+# replay: a cached graph of 100 small steps (r = max(r + x, 1) on f32[8,32]) beside PyTorch
+# eager and, on OpenCL, the same steps enqueued by hand as 100 kernels; replay_overhead: the
+# chain with each step reading r's rows in reverse (one kernel per step), for the cost of a
+# launch (on OpenCL its paired difference with the same kernels enqueued by hand; target 5 us).
+#
 # half: chain8, axpy (2.5 x + y), sum and matmul (512) with f16 and bf16 storage (rows
 # chain8_f16, axpy_bf16, sum_bf16, matmul_f16_512, ...), each timed beside the same case in f32
 # on the same backend: the row's anchor is ours_f32, so an/ours is the speed-up of 16-bit

@@ -1,6 +1,6 @@
 /* The host-overhead cases: trace (recording a graph), replay (a cached graph of 100 small
-   kernels, and the cache-hit cost of a tiny graph), coldstart (the first MLP step in a new
-   process); and the child processes they and the mlp case start. */
+   steps, the cost of a kernel's launch, and the cache-hit cost of a tiny graph), coldstart (the
+   first MLP step in a new process); and the child processes they and the mlp case start. */
 #define _GNU_SOURCE
 #include "bench.h"
 
@@ -130,29 +130,36 @@ void case_trace(void) {
 }
 
 /* ======================================================================================
-   replay: a cached 100-kernel graph, and the cache-hit cost of a tiny graph
+   replay: a cached graph of 100 small steps, the cost of each kernel launched, and the
+   cache-hit cost of a tiny graph
    ====================================================================================== */
 
 #define REPLAY_KERNELS 100
 #define REPLAY_ROWS    8
 #define REPLAY_COLS    32
 
+/* One backend's side of the replay: the chain as it is (`flip` 0), or with each step reading
+   the last result's rows in reverse order (1), which no kernel can take from the step before:
+   one kernel per step, for the cost of a launch. */
 typedef struct replay_case {
     const bench_backend *be;
     tb_tensor *x, *r0;
+    int flip;
     double t_call, t_exec;
 } replay_case;
 
-/* r <- max over each row of (r + x): one small reduction kernel per step (the add is fused
-   into it), and nothing else */
-static tb_tensor *replay_record(tb_tensor *x, tb_tensor *r0) {
-    tb_tensor *r = tb_tensor_retain(r0), *t, *u;
-    int32_t axis = 1;
+/* r <- max over each row of (r + x): a small reduction per step (the add read in it); with
+   `flip`, r's rows reversed first */
+static tb_tensor *replay_record(tb_tensor *x, tb_tensor *r0, int flip) {
+    tb_tensor *r = tb_tensor_retain(r0), *t, *u, *f;
+    int32_t axis = 1, rows = 0;
     int i;
     for (i = 0; i < REPLAY_KERNELS; i++) {
-        t = tb_add(r, x);
+        f = flip ? tb_flip(r, &rows, 1) : tb_tensor_retain(r);
+        t = tb_add(f, x);
         u = tb_max(t, &axis, 1, true);
         tb_tensor_release(t);
+        tb_tensor_release(f);
         tb_tensor_release(r);
         r = u;
     }
@@ -162,7 +169,7 @@ static tb_tensor *replay_record(tb_tensor *x, tb_tensor *r0) {
 /* Records (not timed: that is the trace case's matter), then syncs and waits (timed). */
 static double replay_timed(void *p) {
     replay_case *c = (replay_case *)p;
-    tb_tensor *y = replay_record(c->x, c->r0);
+    tb_tensor *y = replay_record(c->x, c->r0, c->flip);
     double e0 = tb_metrics_total("ExecuteTime"), t0 = now_s(), t1;
     need_ok(tb_sync(&y, 1), "tb_sync (replay)");
     t1 = now_s();
@@ -177,6 +184,7 @@ static double replay_timed(void *p) {
 typedef struct replay_hand {
     cl_kernel k;
     cl_mem xm, r0m, ping, pong;
+    int flip;
 } replay_hand;
 
 static void replay_hand_run(void *p) {
@@ -190,6 +198,7 @@ static void replay_hand_run(void *p) {
         cl_need(clSetKernelArg(c->k, 1, sizeof(cl_mem), &c->xm), "clSetKernelArg");
         cl_need(clSetKernelArg(c->k, 2, sizeof(cl_mem), &dst), "clSetKernelArg");
         cl_need(clSetKernelArg(c->k, 3, sizeof(int), &cols), "clSetKernelArg");
+        cl_need(clSetKernelArg(c->k, 4, sizeof(int), &c->flip), "clSetKernelArg");
         cl_need(clEnqueueNDRangeKernel(g_queue, c->k, 1, NULL, &global, NULL, 0, NULL, NULL),
                 "clEnqueueNDRangeKernel");
     }
@@ -198,75 +207,97 @@ static void replay_hand_run(void *p) {
 
 static void case_cache_hit(void);
 
-void case_replay(void) {
+/* The reference result of the chain (flipped or not) */
+static float *replay_want(const float *h, const float *h0, int flip) {
     int64_t dims[2] = {REPLAY_ROWS, REPLAY_COLS}, rdims[2] = {REPLAY_ROWS, 1};
-    size_t n = REPLAY_ROWS * REPLAY_COLS;
-    float *h = host_random(n, 2.0f), h0[REPLAY_ROWS], *want, *got;
-    replay_case c[NUM_BACKENDS];
-    replay_hand rh;
-    side sides[NUM_BACKENDS + 2];
-    torch_input in[2];
-    tb_tensor *xc, *rc, *y;
-    int on[NUM_BACKENDS], ns = 0, b, i, reps, hand_i = -1, torch_i = -1;
-    int kernels[NUM_BACKENDS];
-    memset(sides, 0, sizeof sides);
-    memset(&rh, 0, sizeof rh);
-    for (i = 0; i < REPLAY_ROWS; i++)
-        h0[i] = 0.0f;
-    xc = upload(h, 2, dims, &g_cpu);
-    rc = upload(h0, 2, rdims, &g_cpu);
-    y = replay_record(xc, rc);
-    want = to_host(y);
+    tb_tensor *xc = upload(h, 2, dims, &g_cpu), *rc = upload(h0, 2, rdims, &g_cpu);
+    tb_tensor *y = replay_record(xc, rc, flip);
+    float *want = to_host(y);
     tb_tensor_release(y);
     tb_tensor_release(xc);
     tb_tensor_release(rc);
-    for (b = 0; b < NUM_BACKENDS; b++) {
-        const bench_backend *be = &g_backends[b];
-        char what[96], counter[32];
-        double k0;
-        on[b] = -1;
-        if (!be->ok) continue;
-        c[b].be = be;
-        c[b].x = upload(h, 2, dims, &be->dev);
-        c[b].r0 = upload(h0, 2, rdims, &be->dev);
-        y = replay_record(c[b].x, c[b].r0);
-        got = to_host(y);
-        snprintf(what, sizeof what, "replay graph (%s vs the reference)", be->name);
-        check_close(what, got, want, REPLAY_ROWS, 0, 1e-6);
-        free(got);
-        tb_tensor_release(y);
-        /* how many kernels one replay launches */
-        snprintf(counter, sizeof counter, "%s::KernelLaunch", be->opencl ? "OpenCL" : "Native");
-        k0 = backend_counter(be->name, counter);
-        replay_timed(&c[b]);
-        kernels[b] = (int)(backend_counter(be->name, counter) - k0);
-        if (kernels[b] <= 0) kernels[b] = REPLAY_KERNELS;
-        on[b] = ns;
-        sides[ns].name = be->name;
-        sides[ns].timed = replay_timed;
-        sides[ns++].ctx = &c[b];
-    }
-    if (g_backends[0].ok) {
-        rh.k = hand_kernel("rowmax_add");
-        rh.xm = tensor_mem(c[0].x);
-        rh.r0m = tensor_mem(c[0].r0);
-        rh.ping = cl_buffer(REPLAY_ROWS * sizeof(float));
-        rh.pong = cl_buffer(REPLAY_ROWS * sizeof(float));
-        replay_hand_run(&rh);
-        got = cl_read(REPLAY_KERNELS % 2 == 1 ? rh.ping : rh.pong, REPLAY_ROWS);
-        check_close("replay (hand-enqueued kernels vs the reference)", got, want, REPLAY_ROWS, 0,
-                    1e-6);
-        free(got);
-        hand_i = ns;
-        sides[ns].name = "hand_enqueue";
-        sides[ns].run = replay_hand_run;
-        sides[ns++].ctx = &rh;
+    return want;
+}
+
+/* Sets up backend b's side of the chain (flipped or not), checked against the reference;
+   returns the kernels one replay launches. */
+static int replay_setup(replay_case *c, const bench_backend *be, const float *h, const float *h0,
+                        int flip, const float *want) {
+    int64_t dims[2] = {REPLAY_ROWS, REPLAY_COLS}, rdims[2] = {REPLAY_ROWS, 1};
+    char what[96], counter[32];
+    tb_tensor *y;
+    float *got;
+    double k0;
+    int kernels;
+    c->be = be;
+    c->flip = flip;
+    c->x = upload(h, 2, dims, &be->dev);
+    c->r0 = upload(h0, 2, rdims, &be->dev);
+    y = replay_record(c->x, c->r0, flip);
+    got = to_host(y);
+    snprintf(what, sizeof what, "replay graph%s (%s vs the reference)", flip ? " (flipped)" : "",
+             be->name);
+    check_close(what, got, want, REPLAY_ROWS, 0, 1e-6);
+    free(got);
+    tb_tensor_release(y);
+    snprintf(counter, sizeof counter, "%s::KernelLaunch", be->opencl ? "OpenCL" : "Native");
+    k0 = backend_counter(be->name, counter);
+    replay_timed(c);
+    kernels = (int)(backend_counter(be->name, counter) - k0);
+    return kernels > 0 ? kernels : 1;
+}
+
+void case_replay(void) {
+    size_t n = REPLAY_ROWS * REPLAY_COLS;
+    float *h = host_random(n, 2.0f), h0[REPLAY_ROWS], *want[2], *got;
+    replay_case c[2][NUM_BACKENDS];
+    replay_hand rh[2];
+    side sides[2 * NUM_BACKENDS + 3];
+    torch_input in[2];
+    int on[2][NUM_BACKENDS], ns = 0, b, i, f, reps, hand_i[2] = {-1, -1}, torch_i = -1;
+    int kernels[2][NUM_BACKENDS];
+    memset(sides, 0, sizeof sides);
+    memset(rh, 0, sizeof rh);
+    for (i = 0; i < REPLAY_ROWS; i++)
+        h0[i] = 0.0f;
+    for (f = 0; f < 2; f++)
+        want[f] = replay_want(h, h0, f);
+    for (f = 0; f < 2; f++) {
+        for (b = 0; b < NUM_BACKENDS; b++) {
+            const bench_backend *be = &g_backends[b];
+            on[f][b] = -1;
+            if (!be->ok) continue;
+            kernels[f][b] = replay_setup(&c[f][b], be, h, h0, f, want[f]);
+            on[f][b] = ns;
+            sides[ns].name = f ? "flipped" : be->name;
+            sides[ns].timed = replay_timed;
+            sides[ns++].ctx = &c[f][b];
+        }
+        if (g_backends[0].ok) {
+            replay_hand *r = &rh[f];
+            r->k = hand_kernel("rowmax_add");
+            r->flip = f;
+            r->xm = tensor_mem(c[f][0].x);
+            r->r0m = tensor_mem(c[f][0].r0);
+            r->ping = cl_buffer(REPLAY_ROWS * sizeof(float));
+            r->pong = cl_buffer(REPLAY_ROWS * sizeof(float));
+            replay_hand_run(r);
+            got = cl_read(REPLAY_KERNELS % 2 == 1 ? r->ping : r->pong, REPLAY_ROWS);
+            check_close(f ? "replay flipped (hand-enqueued kernels vs the reference)"
+                          : "replay (hand-enqueued kernels vs the reference)",
+                        got, want[f], REPLAY_ROWS, 0, 1e-6);
+            free(got);
+            hand_i[f] = ns;
+            sides[ns].name = f ? "hand_flipped" : "hand_enqueue";
+            sides[ns].run = replay_hand_run;
+            sides[ns++].ctx = r;
+        }
     }
     in[0] = (torch_input){"x", h, 2, {REPLAY_ROWS, REPLAY_COLS}};
     in[1] = (torch_input){"r0", h0, 2, {REPLAY_ROWS, 1}};
     got = torch_setup("replay", in, 2, REPLAY_ROWS);
     if (got != NULL) {
-        check_close("replay (PyTorch vs the reference)", got, want, REPLAY_ROWS, 0, 1e-6);
+        check_close("replay (PyTorch vs the reference)", got, want[0], REPLAY_ROWS, 0, 1e-6);
         free(got);
         torch_i = ns;
         sides[ns].name = "pytorch";
@@ -277,28 +308,29 @@ void case_replay(void) {
     for (b = 0; b < NUM_BACKENDS; b++) {
         const bench_backend *be = &g_backends[b];
         double per_kernel, diff[64];
+        int fk = kernels[1][b];
         row r;
-        if (on[b] < 0) continue;
-        if (be->opencl && hand_i >= 0) {
+        if (on[0][b] < 0) continue;
+        r = row_new("replay", be->name);
+        r.ours = sides[on[0][b]].t;
+        if (torch_i >= 0 && torch_ok()) r.torch = sides[torch_i].t;
+        if (be->opencl && hand_i[0] >= 0) {
+            snprintf(r.anchor_name, sizeof r.anchor_name, "hand_enqueue");
+            r.anchor = sides[hand_i[0]].t;
+        }
+        snprintf(r.unit, sizeof r.unit, "us/step");
+        r.value = r.ours / REPLAY_KERNELS * 1e6;
+        r.reps = reps;
+        add_row(&r);
+        if (be->opencl && hand_i[1] >= 0) {
             /* the median of the paired differences: the sides ran in the same rounds, so a
                slow period of the machine hits both */
             for (i = 0; i < reps; i++)
-                diff[i] = sides[on[b]].samples[i] - sides[hand_i].samples[i];
-            per_kernel = median(diff, reps) / kernels[b];
+                diff[i] = sides[on[1][b]].samples[i] - sides[hand_i[1]].samples[i];
+            per_kernel = median(diff, reps) / fk;
         } else {
-            per_kernel = sides[on[b]].t / kernels[b];
+            per_kernel = sides[on[1][b]].t / fk;
         }
-        r = row_new("replay", be->name);
-        r.ours = sides[on[b]].t;
-        if (torch_i >= 0 && torch_ok()) r.torch = sides[torch_i].t;
-        if (be->opencl && hand_i >= 0) {
-            snprintf(r.anchor_name, sizeof r.anchor_name, "hand_enqueue");
-            r.anchor = sides[hand_i].t;
-        }
-        snprintf(r.unit, sizeof r.unit, "us/kernel");
-        r.value = per_kernel * 1e6;
-        r.reps = reps;
-        add_row(&r);
         r = row_new("replay_overhead", be->name);
         r.ours = per_kernel;
         snprintf(r.anchor_name, sizeof r.anchor_name, "target");
@@ -308,31 +340,36 @@ void case_replay(void) {
         r.reps = reps;
         add_row(&r);
         /* the split of a few more replays */
-        {
+        for (f = 0; f < 2; f++) {
             double call[9], exe[9];
             for (i = 0; i < 9; i++) {
-                replay_timed(&c[b]);
-                call[i] = c[b].t_call;
-                exe[i] = c[b].t_exec;
+                replay_timed(&c[f][b]);
+                call[i] = c[f][b].t_call;
+                exe[i] = c[f][b].t_exec;
             }
-            note("replay (%s): %d kernels per graph (r = max(r + x, 1) on f32[%d,%d], 100 "
+            note("replay%s (%s): %d kernel%s per graph (r = max(%s + x, 1) on f32[%d,%d], 100 "
                  "times): %.3f ms in all; tb_sync returns after %.3f ms, of which ExecuteTime "
-                 "%.3f ms; %s",
-                 be->name, kernels[b], REPLAY_ROWS, REPLAY_COLS, sides[on[b]].t * 1e3,
+                 "%.3f ms%s",
+                 f ? "_overhead" : "", be->name, kernels[f][b], kernels[f][b] == 1 ? "" : "s",
+                 f ? "flip(r, 0)" : "r", REPLAY_ROWS, REPLAY_COLS, sides[on[f][b]].t * 1e3,
                  median(call, 9) * 1e3, median(exe, 9) * 1e3,
-                 be->opencl ? "per kernel: the paired difference with the hand-enqueued kernels"
-                            : "per kernel: the whole time / kernels (their work is tiny)");
+                 !f           ? ""
+                 : be->opencl ? "; per kernel: the paired difference with the same kernels "
+                                "enqueued by hand"
+                              : "; per kernel: the whole time / kernels (their work is tiny)");
+            tb_tensor_release(c[f][b].x);
+            tb_tensor_release(c[f][b].r0);
         }
-        tb_tensor_release(c[b].x);
-        tb_tensor_release(c[b].r0);
     }
-    if (hand_i >= 0) {
-        clReleaseMemObject(rh.ping);
-        clReleaseMemObject(rh.pong);
-        clReleaseKernel(rh.k);
+    for (f = 0; f < 2; f++) {
+        if (hand_i[f] < 0) continue;
+        clReleaseMemObject(rh[f].ping);
+        clReleaseMemObject(rh[f].pong);
+        clReleaseKernel(rh[f].k);
     }
     free(h);
-    free(want);
+    free(want[0]);
+    free(want[1]);
     case_cache_hit();
 }
 
