@@ -23609,6 +23609,15 @@ static bool tb__plan_cat_many(const tb_node *n) {
    its own would run one short loop per work item. */
 #define TB__PLAN_INLINE_REDUCE 25
 
+/* Whether n is a sum, mean, max or min of f32 or f64 over some axes of one operand of its own
+   dtype: the reductions that may be computed where they are read, or hoisted. */
+static bool tb__plan_float_reduce(const tb_node *n) {
+    return (n->op == TB_OP_SUM || n->op == TB_OP_MEAN || n->op == TB_OP_MAX ||
+            n->op == TB_OP_MIN) &&
+           (n->shape.dtype == TB_F32 || n->shape.dtype == TB_F64) && n->num_operands == 1 &&
+           n->operands[0]->shape.dtype == n->shape.dtype && n->attrs[0] != 0;
+}
+
 /* The elements per output of a reduction computed where it is read (tb__plan_inline_reduce),
    else 0. */
 static int64_t tb__plan_inline_reduce(const tb_node *n) {
@@ -23622,11 +23631,7 @@ static int64_t tb__plan_inline_reduce(const tb_node *n) {
         m = xs->dims[n->attrs[0]];
         return m >= 2 && m <= TB__PLAN_INLINE_REDUCE && tb__plan_numel(&n->shape) >= 2 ? m : 0;
     }
-    if (n->op != TB_OP_SUM && n->op != TB_OP_MEAN && n->op != TB_OP_MAX && n->op != TB_OP_MIN)
-        return 0;
-    if ((n->shape.dtype != TB_F32 && n->shape.dtype != TB_F64) || n->num_operands != 1 ||
-        n->operands[0]->shape.dtype != n->shape.dtype || n->attrs[0] == 0)
-        return 0;
+    if (!tb__plan_float_reduce(n)) return 0;
     for (a = 0; a < n->operands[0]->shape.rank; a++)
         if (((uint64_t)n->attrs[0] >> a) & 1u) m *= n->operands[0]->shape.dims[a];
     return m >= 2 && m <= TB__PLAN_INLINE_REDUCE && tb__plan_numel(&n->shape) >= 2 ? m : 0;
@@ -23930,7 +23935,7 @@ static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits
                                    t->positions_per_node);
             } else {
                 /* an inlined reduction reads its operand at m positions per position (a hoisted
-                   one in its loops: tb__cg_hoist_lanes) */
+                   one at one per accumulator of its loop and one for the rest) */
                 int32_t reads = ui->hoist ? tb__plan_hoist_lanes(ui->node) + 1
                                           : (int32_t)tb__plan_inline_reduce(ui->node),
                         r;
@@ -24140,16 +24145,13 @@ static tb_status tb__plan_hoist(tb__pgraph *G, int32_t i, bool must_root, bool *
     const tb_shape *xs;
     tb__plan_kernel *k;
     int32_t ctx = -1, e, a, visits = TB__PLAN_HOIST_VISIT;
-    int64_t n_out, m;
+    int64_t n_out, m, elems;
     uint64_t mask, key = tb__plan_key_mix(TB__PLAN_KEY_ROOT, i, 0, 0);
     tb_status st;
     *done = false;
-    if (must_root ||
-        (n->op != TB_OP_SUM && n->op != TB_OP_MEAN && n->op != TB_OP_MAX && n->op != TB_OP_MIN) ||
-        n->num_operands != 1 || (n->shape.dtype != TB_F32 && n->shape.dtype != TB_F64) ||
-        n->operands[0]->shape.dtype != n->shape.dtype || n->attrs[0] == 0 || in->num_users == 0 ||
-        tb__plan_numel(&n->operands[0]->shape) > TB__PLAN_HOIST_ELEMS ||
-        tb__plan_numel(&n->operands[0]->shape) > TB__PLAN_HOIST_ROW * tb__plan_numel(&n->shape))
+    if (must_root || !tb__plan_float_reduce(n) || in->num_users == 0) return TB_OK;
+    elems = tb__plan_numel(&n->operands[0]->shape);
+    if (elems > TB__PLAN_HOIST_ELEMS || elems > TB__PLAN_HOIST_ROW * tb__plan_numel(&n->shape))
         return TB_OK;
     for (e = 0; e < in->num_users; e++) {
         int32_t c = G->info[G->users[in->first_user + e]].ctx;
@@ -30901,7 +30903,7 @@ typedef struct tb__cg_hoist {
     tb_shape red;
     uint64_t mask;
     bool keep, sums;
-    const char *at;
+    const char *at, *fold; /* the accumulators' C type; max and min: TB_MAXS or TB_MINS */
 } tb__cg_hoist;
 
 /* Folds x at reduction index i<r> + lane into accumulator `lane`. */
@@ -30919,10 +30921,27 @@ static bool tb__cg_hoist_step(tb__cg *g, const tb__cg_hoist *hs, int32_t r, int3
     if (hs->sums) {
         tb__ix_line(&g->ix, "v%d += (%s)v%d;", (int)acc, hs->at, (int)vx);
     } else { /* no branch on the data; ties keep the first, a NaN seen wins at the end */
-        tb__ix_line(&g->ix, "v%d = %s(v%d, v%d);", (int)acc,
-                    hs->n->op == TB_OP_MAX ? "TB_MAXS" : "TB_MINS", (int)vx, (int)acc);
+        tb__ix_line(&g->ix, "v%d = %s(v%d, v%d);", (int)acc, hs->fold, (int)vx, (int)acc);
         tb__ix_line(&g->ix, "if (v%d != v%d) v%d = v%d;", (int)vx, (int)vx, (int)hs->nan, (int)vx);
     }
+    return true;
+}
+
+/* The loop over reduction indices [from, to) in steps of `lanes`, each step folding one index
+   into each accumulator. */
+static bool tb__cg_hoist_loop(tb__cg *g, const tb__cg_hoist *hs, int64_t from, int64_t to,
+                              int32_t lanes) {
+    char head[160];
+    int32_t r, lane;
+    if (to == from) return true;
+    r = tb__ix_new_var(&g->ix, from, to - lanes);
+    if (r < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = %lldL; i%d < %lldL; i%d += %d) ", (int)r,
+             (long long)from, (int)r, (long long)to, (int)r, (int)lanes);
+    tb__ix_open(&g->ix, head);
+    for (lane = 0; lane < lanes; lane++)
+        if (!tb__cg_hoist_step(g, hs, r, lane)) return false;
+    tb__ix_close(&g->ix, "");
     return true;
 }
 
@@ -30931,10 +30950,9 @@ static bool tb__cg_hoist_step(tb__cg *g, const tb__cg_hoist *hs, int32_t r, int3
 static int32_t tb__cg_hoist_value(tb__cg *g, int32_t h, uint64_t mask, bool keepdim,
                                   int32_t out_pos, const tb__lf *zero) {
     tb__cg_hoist hs;
-    const char *t;
-    int32_t a, r, lane, lanes, v;
+    const char *t, *init;
+    int32_t a, lane, lanes, v;
     int64_t m = 1, m4;
-    char head[160];
     memset(&hs, 0, sizeof hs);
     hs.n = g->G->info[h].node;
     hs.x = tb__plan_operand(g->G, h, 0);
@@ -30942,8 +30960,10 @@ static int32_t tb__cg_hoist_value(tb__cg *g, int32_t h, uint64_t mask, bool keep
     hs.mask = (uint64_t)hs.n->attrs[0];
     hs.keep = hs.n->attrs[1] != 0;
     hs.sums = hs.n->op == TB_OP_SUM || hs.n->op == TB_OP_MEAN;
+    hs.fold = hs.n->op == TB_OP_MAX ? "TB_MAXS" : "TB_MINS";
     t = tb__cg_ctype(hs.n->shape.dtype);
     hs.at = hs.sums ? tb__cg_acc_ctype(tb__plan_reduce_acc(g->G, h)) : t;
+    init = hs.sums ? "0" : hs.n->op == TB_OP_MAX ? "-INFINITY" : "INFINITY";
     hs.red.dtype = hs.xs->dtype;
     for (a = 0; a < hs.xs->rank; a++)
         if ((hs.mask >> a) & 1u) m *= (hs.red.dims[hs.red.rank++] = hs.xs->dims[a]);
@@ -30951,36 +30971,19 @@ static int32_t tb__cg_hoist_value(tb__cg *g, int32_t h, uint64_t mask, bool keep
     m4 = m / lanes * lanes;
     hs.hp = tb__cg_split_pos(g, &hs.n->shape, mask, keepdim, out_pos, zero);
     if (hs.hp < 0 || !tb__ix_need_multi(&g->ix, hs.hp)) return -1;
-    for (lane = 0; lane <= lanes; lane++) { /* the accumulators, then the NaN seen */
-        if (lane == lanes && hs.sums) break;
+    /* the accumulators, then (max, min) the last NaN seen */
+    for (lane = 0; lane < lanes + (hs.sums ? 0 : 1); lane++) {
         v = tb__cg_new_val(g, hs.n->shape.dtype);
         if (v < 0) return -1;
-        if (lane < lanes) hs.acc[lane] = v;
-        hs.nan = v;
-        tb__ix_line(&g->ix, "%s v%d = %s;", hs.at, (int)v,
-                    hs.sums                 ? "0"
-                    : hs.n->op == TB_OP_MAX ? "-INFINITY"
-                                            : "INFINITY");
+        *(lane < lanes ? &hs.acc[lane] : &hs.nan) = v;
+        tb__ix_line(&g->ix, "%s v%d = %s;", hs.at, (int)v, init);
     }
-    for (a = 0; a < 2; a++) { /* [0, m4) by lanes, then [m4, m) */
-        int32_t step = a == 0 ? lanes : 1;
-        if ((a == 0 ? m4 : m - m4) == 0) continue;
-        r = tb__ix_new_var(&g->ix, a == 0 ? 0 : m4, a == 0 ? m4 - lanes : m - 1);
-        if (r < 0) return -1;
-        snprintf(head, sizeof head, "for (long i%d = %lldL; i%d < %lldL; i%d += %d) ", (int)r,
-                 (long long)(a == 0 ? 0 : m4), (int)r, (long long)(a == 0 ? m4 : m), (int)r,
-                 (int)step);
-        tb__ix_open(&g->ix, head);
-        for (lane = 0; lane < step; lane++)
-            if (!tb__cg_hoist_step(g, &hs, r, lane)) return -1;
-        tb__ix_close(&g->ix, "");
-    }
+    if (!tb__cg_hoist_loop(g, &hs, 0, m4, lanes) || !tb__cg_hoist_loop(g, &hs, m4, m, 1)) return -1;
     for (lane = 1; lane < lanes; lane++) {
         if (hs.sums) {
             tb__ix_line(&g->ix, "v%d += v%d;", (int)hs.acc[0], (int)hs.acc[lane]);
         } else {
-            tb__ix_line(&g->ix, "v%d = %s(v%d, v%d);", (int)hs.acc[0],
-                        hs.n->op == TB_OP_MAX ? "TB_MAXS" : "TB_MINS", (int)hs.acc[lane],
+            tb__ix_line(&g->ix, "v%d = %s(v%d, v%d);", (int)hs.acc[0], hs.fold, (int)hs.acc[lane],
                         (int)hs.acc[0]);
         }
     }

@@ -36,7 +36,7 @@ typedef struct tb__cg_hoist {
     tb_shape red;
     uint64_t mask;
     bool keep, sums;
-    const char *at;
+    const char *at, *fold; /* the accumulators' C type; max and min: TB_MAXS or TB_MINS */
 } tb__cg_hoist;
 
 /* Folds x at reduction index i<r> + lane into accumulator `lane`. */
@@ -54,10 +54,27 @@ static bool tb__cg_hoist_step(tb__cg *g, const tb__cg_hoist *hs, int32_t r, int3
     if (hs->sums) {
         tb__ix_line(&g->ix, "v%d += (%s)v%d;", (int)acc, hs->at, (int)vx);
     } else { /* no branch on the data; ties keep the first, a NaN seen wins at the end */
-        tb__ix_line(&g->ix, "v%d = %s(v%d, v%d);", (int)acc,
-                    hs->n->op == TB_OP_MAX ? "TB_MAXS" : "TB_MINS", (int)vx, (int)acc);
+        tb__ix_line(&g->ix, "v%d = %s(v%d, v%d);", (int)acc, hs->fold, (int)vx, (int)acc);
         tb__ix_line(&g->ix, "if (v%d != v%d) v%d = v%d;", (int)vx, (int)vx, (int)hs->nan, (int)vx);
     }
+    return true;
+}
+
+/* The loop over reduction indices [from, to) in steps of `lanes`, each step folding one index
+   into each accumulator. */
+static bool tb__cg_hoist_loop(tb__cg *g, const tb__cg_hoist *hs, int64_t from, int64_t to,
+                              int32_t lanes) {
+    char head[160];
+    int32_t r, lane;
+    if (to == from) return true;
+    r = tb__ix_new_var(&g->ix, from, to - lanes);
+    if (r < 0) return false;
+    snprintf(head, sizeof head, "for (long i%d = %lldL; i%d < %lldL; i%d += %d) ", (int)r,
+             (long long)from, (int)r, (long long)to, (int)r, (int)lanes);
+    tb__ix_open(&g->ix, head);
+    for (lane = 0; lane < lanes; lane++)
+        if (!tb__cg_hoist_step(g, hs, r, lane)) return false;
+    tb__ix_close(&g->ix, "");
     return true;
 }
 
@@ -66,10 +83,9 @@ static bool tb__cg_hoist_step(tb__cg *g, const tb__cg_hoist *hs, int32_t r, int3
 static int32_t tb__cg_hoist_value(tb__cg *g, int32_t h, uint64_t mask, bool keepdim,
                                   int32_t out_pos, const tb__lf *zero) {
     tb__cg_hoist hs;
-    const char *t;
-    int32_t a, r, lane, lanes, v;
+    const char *t, *init;
+    int32_t a, lane, lanes, v;
     int64_t m = 1, m4;
-    char head[160];
     memset(&hs, 0, sizeof hs);
     hs.n = g->G->info[h].node;
     hs.x = tb__plan_operand(g->G, h, 0);
@@ -77,8 +93,10 @@ static int32_t tb__cg_hoist_value(tb__cg *g, int32_t h, uint64_t mask, bool keep
     hs.mask = (uint64_t)hs.n->attrs[0];
     hs.keep = hs.n->attrs[1] != 0;
     hs.sums = hs.n->op == TB_OP_SUM || hs.n->op == TB_OP_MEAN;
+    hs.fold = hs.n->op == TB_OP_MAX ? "TB_MAXS" : "TB_MINS";
     t = tb__cg_ctype(hs.n->shape.dtype);
     hs.at = hs.sums ? tb__cg_acc_ctype(tb__plan_reduce_acc(g->G, h)) : t;
+    init = hs.sums ? "0" : hs.n->op == TB_OP_MAX ? "-INFINITY" : "INFINITY";
     hs.red.dtype = hs.xs->dtype;
     for (a = 0; a < hs.xs->rank; a++)
         if ((hs.mask >> a) & 1u) m *= (hs.red.dims[hs.red.rank++] = hs.xs->dims[a]);
@@ -86,36 +104,19 @@ static int32_t tb__cg_hoist_value(tb__cg *g, int32_t h, uint64_t mask, bool keep
     m4 = m / lanes * lanes;
     hs.hp = tb__cg_split_pos(g, &hs.n->shape, mask, keepdim, out_pos, zero);
     if (hs.hp < 0 || !tb__ix_need_multi(&g->ix, hs.hp)) return -1;
-    for (lane = 0; lane <= lanes; lane++) { /* the accumulators, then the NaN seen */
-        if (lane == lanes && hs.sums) break;
+    /* the accumulators, then (max, min) the last NaN seen */
+    for (lane = 0; lane < lanes + (hs.sums ? 0 : 1); lane++) {
         v = tb__cg_new_val(g, hs.n->shape.dtype);
         if (v < 0) return -1;
-        if (lane < lanes) hs.acc[lane] = v;
-        hs.nan = v;
-        tb__ix_line(&g->ix, "%s v%d = %s;", hs.at, (int)v,
-                    hs.sums                 ? "0"
-                    : hs.n->op == TB_OP_MAX ? "-INFINITY"
-                                            : "INFINITY");
+        *(lane < lanes ? &hs.acc[lane] : &hs.nan) = v;
+        tb__ix_line(&g->ix, "%s v%d = %s;", hs.at, (int)v, init);
     }
-    for (a = 0; a < 2; a++) { /* [0, m4) by lanes, then [m4, m) */
-        int32_t step = a == 0 ? lanes : 1;
-        if ((a == 0 ? m4 : m - m4) == 0) continue;
-        r = tb__ix_new_var(&g->ix, a == 0 ? 0 : m4, a == 0 ? m4 - lanes : m - 1);
-        if (r < 0) return -1;
-        snprintf(head, sizeof head, "for (long i%d = %lldL; i%d < %lldL; i%d += %d) ", (int)r,
-                 (long long)(a == 0 ? 0 : m4), (int)r, (long long)(a == 0 ? m4 : m), (int)r,
-                 (int)step);
-        tb__ix_open(&g->ix, head);
-        for (lane = 0; lane < step; lane++)
-            if (!tb__cg_hoist_step(g, &hs, r, lane)) return -1;
-        tb__ix_close(&g->ix, "");
-    }
+    if (!tb__cg_hoist_loop(g, &hs, 0, m4, lanes) || !tb__cg_hoist_loop(g, &hs, m4, m, 1)) return -1;
     for (lane = 1; lane < lanes; lane++) {
         if (hs.sums) {
             tb__ix_line(&g->ix, "v%d += v%d;", (int)hs.acc[0], (int)hs.acc[lane]);
         } else {
-            tb__ix_line(&g->ix, "v%d = %s(v%d, v%d);", (int)hs.acc[0],
-                        hs.n->op == TB_OP_MAX ? "TB_MAXS" : "TB_MINS", (int)hs.acc[lane],
+            tb__ix_line(&g->ix, "v%d = %s(v%d, v%d);", (int)hs.acc[0], hs.fold, (int)hs.acc[lane],
                         (int)hs.acc[0]);
         }
     }

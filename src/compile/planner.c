@@ -83,6 +83,15 @@ static bool tb__plan_cat_many(const tb_node *n) {
    its own would run one short loop per work item. */
 #define TB__PLAN_INLINE_REDUCE 25
 
+/* Whether n is a sum, mean, max or min of f32 or f64 over some axes of one operand of its own
+   dtype: the reductions that may be computed where they are read, or hoisted. */
+static bool tb__plan_float_reduce(const tb_node *n) {
+    return (n->op == TB_OP_SUM || n->op == TB_OP_MEAN || n->op == TB_OP_MAX ||
+            n->op == TB_OP_MIN) &&
+           (n->shape.dtype == TB_F32 || n->shape.dtype == TB_F64) && n->num_operands == 1 &&
+           n->operands[0]->shape.dtype == n->shape.dtype && n->attrs[0] != 0;
+}
+
 /* The elements per output of a reduction computed where it is read (tb__plan_inline_reduce),
    else 0. */
 static int64_t tb__plan_inline_reduce(const tb_node *n) {
@@ -96,11 +105,7 @@ static int64_t tb__plan_inline_reduce(const tb_node *n) {
         m = xs->dims[n->attrs[0]];
         return m >= 2 && m <= TB__PLAN_INLINE_REDUCE && tb__plan_numel(&n->shape) >= 2 ? m : 0;
     }
-    if (n->op != TB_OP_SUM && n->op != TB_OP_MEAN && n->op != TB_OP_MAX && n->op != TB_OP_MIN)
-        return 0;
-    if ((n->shape.dtype != TB_F32 && n->shape.dtype != TB_F64) || n->num_operands != 1 ||
-        n->operands[0]->shape.dtype != n->shape.dtype || n->attrs[0] == 0)
-        return 0;
+    if (!tb__plan_float_reduce(n)) return 0;
     for (a = 0; a < n->operands[0]->shape.rank; a++)
         if (((uint64_t)n->attrs[0] >> a) & 1u) m *= n->operands[0]->shape.dims[a];
     return m >= 2 && m <= TB__PLAN_INLINE_REDUCE && tb__plan_numel(&n->shape) >= 2 ? m : 0;
@@ -404,7 +409,7 @@ static tb_status tb__plan_fits(tb__pgraph *G, int32_t i, int32_t ctx, bool *fits
                                    t->positions_per_node);
             } else {
                 /* an inlined reduction reads its operand at m positions per position (a hoisted
-                   one in its loops: tb__cg_hoist_lanes) */
+                   one at one per accumulator of its loop and one for the rest) */
                 int32_t reads = ui->hoist ? tb__plan_hoist_lanes(ui->node) + 1
                                           : (int32_t)tb__plan_inline_reduce(ui->node),
                         r;
@@ -614,16 +619,13 @@ static tb_status tb__plan_hoist(tb__pgraph *G, int32_t i, bool must_root, bool *
     const tb_shape *xs;
     tb__plan_kernel *k;
     int32_t ctx = -1, e, a, visits = TB__PLAN_HOIST_VISIT;
-    int64_t n_out, m;
+    int64_t n_out, m, elems;
     uint64_t mask, key = tb__plan_key_mix(TB__PLAN_KEY_ROOT, i, 0, 0);
     tb_status st;
     *done = false;
-    if (must_root ||
-        (n->op != TB_OP_SUM && n->op != TB_OP_MEAN && n->op != TB_OP_MAX && n->op != TB_OP_MIN) ||
-        n->num_operands != 1 || (n->shape.dtype != TB_F32 && n->shape.dtype != TB_F64) ||
-        n->operands[0]->shape.dtype != n->shape.dtype || n->attrs[0] == 0 || in->num_users == 0 ||
-        tb__plan_numel(&n->operands[0]->shape) > TB__PLAN_HOIST_ELEMS ||
-        tb__plan_numel(&n->operands[0]->shape) > TB__PLAN_HOIST_ROW * tb__plan_numel(&n->shape))
+    if (must_root || !tb__plan_float_reduce(n) || in->num_users == 0) return TB_OK;
+    elems = tb__plan_numel(&n->operands[0]->shape);
+    if (elems > TB__PLAN_HOIST_ELEMS || elems > TB__PLAN_HOIST_ROW * tb__plan_numel(&n->shape))
         return TB_OK;
     for (e = 0; e < in->num_users; e++) {
         int32_t c = G->info[G->users[in->first_user + e]].ctx;

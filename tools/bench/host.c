@@ -256,6 +256,7 @@ void case_replay(void) {
     torch_input in[2];
     int on[2][NUM_BACKENDS], ns = 0, b, i, f, reps, hand_i[2] = {-1, -1}, torch_i = -1;
     int kernels[2][NUM_BACKENDS];
+    char flipped[NUM_BACKENDS][48];
     memset(sides, 0, sizeof sides);
     memset(rh, 0, sizeof rh);
     for (i = 0; i < REPLAY_ROWS; i++)
@@ -269,7 +270,8 @@ void case_replay(void) {
             if (!be->ok) continue;
             kernels[f][b] = replay_setup(&c[f][b], be, h, h0, f, want[f]);
             on[f][b] = ns;
-            sides[ns].name = f ? "flipped" : be->name;
+            snprintf(flipped[b], sizeof flipped[b], "%s_flipped", be->name);
+            sides[ns].name = f ? flipped[b] : be->name;
             sides[ns].timed = replay_timed;
             sides[ns++].ctx = &c[f][b];
         }
