@@ -86,6 +86,7 @@ IMPLEMENTATION_PARTS = [
     "src/compile/codegen.c",
     "src/compile/codegen_helpers.c",
     "src/compile/codegen_vector.c",
+    "src/compile/codegen_pack.c",
     "src/compile/codegen_matmul.c",
     "src/compile/codegen_tiles.c",
     "src/compile/codegen_hoist.c",

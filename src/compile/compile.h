@@ -836,11 +836,18 @@ static int32_t tb__cg_split_pos(tb__cg *g, const tb_shape *xs, uint64_t mask, bo
    is at out_pos), each computed at the row: what their reads in the row then find */
 static bool tb__cg_hoist_row(tb__cg *g, uint64_t mask, bool keepdim, int32_t out_pos);
 
-/* ---- codegen_matmul.c, for the work-group tile matmul of codegen_tiles.c ---- */
+/* ---- codegen_pack.c, for the matmul kernels of codegen_matmul.c and codegen_tiles.c ---- */
 
 /* the batch index variable of a matmul kernel's output (i<var>) as per-dim forms of its batch
    dims, in bdims (false: failed) */
 static bool tb__cg_batch_dims(tb__cg *g, const tb_shape *cs, int32_t var, tb__lf *bdims);
+/* the rows pk0..pk1 of one panel of a pack (the kind of k's, or B's for a matmul that packs B
+   itself), its first lane pl0 (C variables declared before), into `dst` at panel `panel` (C
+   text), row `origin` (C text, or NULL: 0) at the panel's first row */
+static bool tb__cg_pack_panel(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                              const char *dst, const char *panel, const char *origin);
+
+/* ---- codegen_matmul.c, for the work-group tile matmul of codegen_tiles.c ---- */
 /* the value of a matmul operand (side 0: A, 1: B) at (row var, column var) of its matrix */
 static int32_t tb__cg_matmul_operand(tb__cg *g, const tb__plan_kernel *k, int side,
                                      const tb__lf *bdims, int32_t row, int32_t col);
@@ -853,8 +860,8 @@ static bool tb__cg_matmul_stores(tb__cg *g, const tb__plan_kernel *k, const tb__
 static tb_status tb__cg_kernel_matmul_packed(tb__cg *g, const tb__plan_kernel *k);
 static tb_status tb__cg_kernel_matmul_registers(tb__cg *g, const tb__plan_kernel *k);
 
-/* ---- codegen_matmul.c, codegen_tiles.c, codegen_kernels.c: the kernels, for the program of
-   codegen_program.c ---- */
+/* ---- codegen_pack.c, codegen_matmul.c, codegen_tiles.c, codegen_kernels.c: the kernels, for
+   the program of codegen_program.c ---- */
 
 /* a matmul kernel (packed, registers or tiles, as the plan chose), and a pack kernel */
 static tb_status tb__cg_kernel_matmul(tb__cg *g, const tb__plan_kernel *k);
