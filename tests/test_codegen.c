@@ -465,6 +465,84 @@ static void test_pack_lane_by_lane(void **state) {
     tb_tensor_release(y);
 }
 
+/* The weight gradient of a 3 x 3 convolution without padding (16 -> 32 channels, n images of
+   h x w) of x + x (a buffer of its own), read with its last two dims exchanged where
+   `swapped`. */
+static tb_tensor *weight_grad_of_sum(int64_t n, int64_t h, int64_t w, bool swapped, tb_dtype dt) {
+    const int64_t xd[4] = {n, 16, swapped ? w : h, swapped ? h : w}, wd[4] = {32, 16, 3, 3};
+    tb_tensor *x = plan_input(dt, 3, n, 16, h * w), *k = plan_input(dt, 3, 32, 16, 9);
+    tb_tensor *x4 = tb_reshape(x, xd, 4), *k4 = tb_reshape(k, wd, 4), *xt, *x2, *y, *l, *g = NULL;
+    assert_non_null(x4);
+    assert_non_null(k4);
+    x2 = tb_add(x4, x4);
+    xt = swapped ? tb_transpose(x2, 2, 3) : x2;
+    assert_int_equal(tb_set_requires_grad(k4, true), TB_OK);
+    y = tb_conv2d(xt, k4, NULL, NULL, NULL, NULL, 1);
+    assert_non_null(y);
+    l = tb_sum(y, NULL, 0, false);
+    assert_int_equal(tb_grad(l, NULL, &k4, 1, &g), TB_OK);
+    tb_tensor_release(l);
+    tb_tensor_release(y);
+    tb_tensor_release(x2);
+    if (swapped) tb_tensor_release(xt);
+    tb_tensor_release(k4);
+    tb_tensor_release(x4);
+    tb_tensor_release(k);
+    tb_tensor_release(x);
+    return g;
+}
+
+/* Where a weight gradient's B is a buffer read through views alone, a CPU device's pack reads
+   each lane's run of rows as vectors and transposes blocks of lanes x lanes in registers: a
+   shuffle of two vectors per lane at each of log2(lanes) stages (C99's TB_SHUF, OpenCL's
+   shuffle2), a vector store per row. Rows of 54 in the matmul's own packing of B (per image):
+   blocks of the class's lanes (16 with AVX-512, 8 with AVX2); in the C99 host's pack kernel
+   (items of 8 rows) and for rows of 12 blocks of 8, where OpenCL C keeps lane by lane. Not with
+   SSE's 4 lanes, not on the GPU (no packs), not for f64, nor where a row's pixels are not
+   consecutive (x transposed) or the windows test the padding. */
+static void test_pack_blocks(void **state) {
+    tb_tensor *g54 = weight_grad_of_sum(2, 40, 56, false, TB_F32);
+    tb_tensor *gpk = weight_grad_of_sum(2, 16, 56, false, TB_F32);
+    tb_tensor *g12 = weight_grad_of_sum(2, 40, 14, false, TB_F32);
+    tb_tensor *gt = weight_grad_of_sum(2, 56, 16, true, TB_F32);
+    tb_tensor *g64 = weight_grad_of_sum(2, 16, 56, false, TB_F64), *yp,
+              *gp = weight_grad(2, 56, &yp);
+    int dev;
+    (void)state;
+    expect_program(DEV_C99, g54, "tb_src[pt] = b", NULL);
+    expect_program(DEV_C99, g54, "TB_SHUF(tb_t0_0, tb_t0_1, int16, 0, 16, 2, 18, 4, 20, ", NULL);
+    expect_program(DEV_C99, g54,
+                   "TB_SHUF(tb_t3_7, tb_t3_15, int16, 8, 9, 10, 11, 12, 13, 14, 15, "
+                   "24, 25, 26, 27, 28, 29, 30, 31)",
+                   NULL);
+    expect_program(DEV_C99, g54, "vstore16(tb_t4_15, 0, ", NULL);
+    expect_program(DEV_AVX512, g54, "shuffle2(tb_t0_0, tb_t0_1, (uint16)(0, 16, 2, 18, ", NULL);
+    expect_program(DEV_AVX2, g54, "shuffle2(tb_t0_0, tb_t0_1, (uint8)(0, 8, 2, 10, 4, 12, 6, 14))",
+                   NULL);
+    expect_program(DEV_AVX2, g54, "vstore8(tb_t3_7, 0, ", NULL);
+    expect_program(DEV_C99, gpk, "void PB_", NULL);
+    expect_program(DEV_C99, gpk, "if (pn >= 8L) ", NULL);
+    expect_program(DEV_C99, g12, "if (pn >= 8L) ", NULL);
+    expect_program(DEV_C99, g12, "TB_SHUF(tb_t0_0, tb_t0_1, int8, 0, 8, 2, 10, 4, 12, 6, 14)",
+                   NULL);
+    expect_program(DEV_AVX512, g12, "pk += pn;", "tb_src");
+    for (dev = DEV_SSE; dev <= DEV_GPU; dev++)
+        expect_program(dev, g54, "E_", "tb_src");
+    for (dev = DEV_AVX512; dev <= DEV_C99; dev++) {
+        if (dev == DEV_GPU) continue;
+        expect_program(dev, gt, "pk += pn;", "tb_src"); /* lane by lane */
+        expect_program(dev, g64, "pk += pn;", "tb_src");
+        expect_program(dev, gp, "long plo = pr0, phi = pr0 + pn;", "tb_src");
+    }
+    tb_tensor_release(gp);
+    tb_tensor_release(yp);
+    tb_tensor_release(g64);
+    tb_tensor_release(gt);
+    tb_tensor_release(g12);
+    tb_tensor_release(gpk);
+    tb_tensor_release(g54);
+}
+
 /* Whether a line of `text` reads a buffer at an address of what stays along the loop, indexed
    by the loop's variable times `step` ("= (b3 + (...))[i9 * 2];"), as tb__cg_read_slot writes
    it (PoCL's compiler vectorises that form of a strided run, not one sum). */
@@ -1079,6 +1157,7 @@ int main(void) {
         cmocka_unit_test(test_register_matmul_vectors),
         cmocka_unit_test(test_register_matmul_rows),
         cmocka_unit_test(test_pack_lane_by_lane),
+        cmocka_unit_test(test_pack_blocks),
         cmocka_unit_test(test_pack_strided_run),
         cmocka_unit_test(test_selects_blend),
         cmocka_unit_test(test_pad_rows_split),

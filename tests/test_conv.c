@@ -1838,6 +1838,138 @@ static void test_packed_native_against_cpu(void **state) {
     packed_against_cpu("native");
 }
 
+/* ---- packs that transpose blocks of lanes in registers (CPU devices) ----
+   A convolution's weight gradient packs B with a window's elements as its lanes and an input
+   row's pixels as its rows. Where x is a buffer read through views alone (here x + x, no
+   padding), a CPU device reads each lane's run of pixels as vectors and transposes blocks of
+   them in registers (tb__cg_pack_block), in a pack kernel or in the matmul's own packing of
+   B. The cases (on a CPU of 16 f32 lanes): rows of 54 and of 18 in blocks of 16 (a run's last
+   block ends at its end, over rows already written), of 12 in blocks of 8 in the matmul's own
+   packing, of 54 and of 10 in blocks of 8 in the native backend's pack kernels (items of 8
+   rows; in OpenCL C a block has the device's lanes, and runs shorter go lane by lane); 16,
+   32, 5 and 4 channels of 3 x 3 windows (the last panel of 32 lanes partly past
+   the window's elements: zeros there). Values of y, grad x and grad w against the cpu's, on
+   the native backend and on OpenCL. */
+
+/* y, grad x and grad w of sum(conv(x + x, w) * r) on `backend` (f32) into out; the gradient of
+   w's program text in *text (the caller frees it). */
+static void blocks_run(const int64_t *xd, const int64_t *wd, const double *x, const double *w,
+                       const double *r, const char *backend, double *out, char **text) {
+    int64_t yd[4] = {xd[0], wd[0], xd[2] - 2, xd[3] - 2}, one[2] = {1, 1}, zero[2] = {0, 0},
+            nx = numel(xd, 4), nw = numel(wd, 4), ny = numel(yd, 4), i;
+    float *buf = malloc((size_t)(nx > ny ? nx : ny) * sizeof(float));
+    tb_tensor *tx, *tw, *tr, *xx, *y, *prod, *loss, *ins[2], *g[2] = {NULL, NULL};
+    tb_device dev;
+    tb_shape s;
+    assert_non_null(buf);
+    assert_int_equal(tb_device_make(backend, 0, &dev), TB_OK);
+#define BLOCKS_TENSOR(t, v, dims, n)                                                               \
+    for (i = 0; i < (n); i++)                                                                      \
+        buf[i] = (float)(v)[i];                                                                    \
+    assert_int_equal(tb_shape_make(&s, TB_F32, 4, dims), TB_OK);                                   \
+    t = tb_tensor_from_host(buf, &s, &dev);                                                        \
+    assert_non_null(t);
+    BLOCKS_TENSOR(tx, x, xd, nx)
+    BLOCKS_TENSOR(tw, w, wd, nw)
+    BLOCKS_TENSOR(tr, r, yd, ny)
+#undef BLOCKS_TENSOR
+    tb_set_requires_grad(tx, true);
+    tb_set_requires_grad(tw, true);
+    xx = tb_add(tx, tx);
+    y = tb_conv2d(xx, tw, NULL, one, zero, one, 1);
+    assert_non_null(y);
+    prod = tb_mul(y, tr);
+    loss = tb_sum(prod, NULL, 0, false);
+    assert_non_null(loss);
+    ins[0] = tx;
+    ins[1] = tw;
+    assert_int_equal(tb_grad(loss, NULL, ins, 2, g), TB_OK);
+    *text = tb_ir_backend_text(&g[1], 1);
+    assert_int_equal(tb_tensor_to_host(y, buf, (size_t)ny * sizeof(float)), TB_OK);
+    for (i = 0; i < ny; i++)
+        out[i] = buf[i];
+    assert_int_equal(tb_tensor_to_host(g[0], buf, (size_t)nx * sizeof(float)), TB_OK);
+    for (i = 0; i < nx; i++)
+        out[ny + i] = buf[i];
+    assert_int_equal(tb_tensor_to_host(g[1], buf, (size_t)nw * sizeof(float)), TB_OK);
+    for (i = 0; i < nw; i++)
+        out[ny + nx + i] = buf[i];
+    tb_tensor_release(g[0]);
+    tb_tensor_release(g[1]);
+    tb_tensor_release(loss);
+    tb_tensor_release(prod);
+    tb_tensor_release(y);
+    tb_tensor_release(xx);
+    tb_tensor_release(tr);
+    tb_tensor_release(tw);
+    tb_tensor_release(tx);
+    free(buf);
+}
+
+static void pack_blocks_against_cpu(const char *backend) {
+    /* n, c, h, w of x; the weight [8, c, 3, 3] */
+    static const int64_t shapes[][4] = {
+        {2, 16, 16, 56}, {2, 16, 40, 20}, {2, 32, 20, 14}, {2, 5, 9, 56}, {12, 4, 12, 12}};
+    tb_device dev;
+    tb_device_info info;
+    size_t k;
+    if (tb_device_make(backend, 0, &dev) != TB_OK) {
+        print_message("no %s device, skipped: %s\n", backend, tb_last_error());
+        tb_clear_error();
+        skip();
+    }
+    for (k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int64_t *xd = shapes[k], wd[4] = {8, xd[1], 3, 3};
+        int64_t nx = numel(xd, 4), nw = numel(wd, 4), ny = xd[0] * 8 * (xd[2] - 2) * (xd[3] - 2), i;
+        double *x = malloc((size_t)nx * 8), *w = malloc((size_t)nw * 8),
+               *r = malloc((size_t)ny * 8);
+        double *want = malloc((size_t)(nx + nw + ny) * 8),
+               *got = malloc((size_t)(nx + nw + ny) * 8);
+        char *text = NULL, *gtext = NULL;
+        assert_non_null(x && w && r && want && got);
+        g_rng = 4000 + k;
+        for (i = 0; i < nx; i++)
+            x[i] = next_value(false);
+        for (i = 0; i < nw; i++)
+            w[i] = next_value(false);
+        for (i = 0; i < ny; i++)
+            r[i] = next_value(false);
+        blocks_run(xd, wd, x, w, r, "cpu", want, &text);
+        blocks_run(xd, wd, x, w, r, backend, got, &gtext);
+        assert_int_equal(tb_backend_device_info(&dev, &info), TB_OK);
+        /* the blocks on CPU devices whose vectors have 8 f32 lanes or more; in OpenCL C only
+           blocks of the device's lanes (runs of 16 rows or more here) */
+        if (info.device.type == TB_DEVICE_CPU && strstr(gtext, "#define TB_VW 4") == NULL &&
+            (strcmp(backend, "native") == 0 || xd[3] - 2 >= 16) &&
+            strstr(gtext, "tb_src[pt] = b") == NULL)
+            fail_msg("x %lld x %lld x %lld x %lld on %s: no pack transposes blocks of lanes",
+                     (long long)xd[0], (long long)xd[1], (long long)xd[2], (long long)xd[3],
+                     backend);
+        if (rel_err(got, want, ny) > 1e-5) fail_msg("case %d on %s: y differs", (int)k, backend);
+        if (rel_err(got + ny, want + ny, nx) > 1e-5)
+            fail_msg("case %d on %s: grad x differs", (int)k, backend);
+        if (rel_err(got + ny + nx, want + ny + nx, nw) > 1e-5)
+            fail_msg("case %d on %s: grad w differs", (int)k, backend);
+        tb_free(text);
+        tb_free(gtext);
+        free(x);
+        free(w);
+        free(r);
+        free(want);
+        free(got);
+    }
+}
+
+static void test_pack_blocks_native(void **state) {
+    (void)state;
+    pack_blocks_against_cpu("native");
+}
+
+static void test_pack_blocks_opencl(void **state) {
+    (void)state;
+    pack_blocks_against_cpu("opencl");
+}
+
 static int teardown(void **state) {
     (void)state;
     tb_shutdown();
@@ -1859,6 +1991,8 @@ int main(void) {
         cmocka_unit_test(test_native_against_cpu),
         cmocka_unit_test(test_packed_opencl_against_cpu),
         cmocka_unit_test(test_packed_native_against_cpu),
+        cmocka_unit_test(test_pack_blocks_native),
+        cmocka_unit_test(test_pack_blocks_opencl),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

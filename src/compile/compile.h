@@ -636,6 +636,10 @@ typedef struct tb__dialect {
     /* integer abs as a built-in function of the dialect that returns the unsigned type
        (OpenCL's abs), or NULL: a select */
     const char *iabs;
+    /* two vectors of N f32 lanes shuffled into one, a printf format of the two vectors, N and
+       the list of lanes (0 to 2N - 1), or NULL: none (a pack then copies its lanes one by one
+       where it would transpose blocks of them in registers) */
+    const char *shuffle;
     bool f64; /* the target has double precision */
     /* the compiler vectorises a work item's own loops (C99 on gcc and clang; OpenCL's CPU
        compilers vectorise across work items instead): a row loop's pads clamp and select,

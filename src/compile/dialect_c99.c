@@ -179,7 +179,10 @@ static const char tb__c99_head2[] =
     "\n";
 
 /* The head's third part: the lanes of a row vector folded in halves in registers, in the
-   prelude's order: a row's sum, product, maximum (NaN first) or minimum (tb_hsum, ...). */
+   prelude's order: a row's sum, product, maximum (NaN first) or minimum (tb_hsum, ...); and
+   TB_SHUF(a, b, intN, lanes...), two vectors of N lanes shuffled into one (the dialect's
+   `shuffle`: the packs' transposes of blocks of lanes), by gcc's older builtin where the
+   compiler has no __builtin_shufflevector. */
 static const char tb__c99_head_fold[] =
     /* halves by a shuffle where the compiler has one (a copy through memory would keep the
        vector, and the loop's accumulator it comes from, in memory) */
@@ -190,10 +193,12 @@ static const char tb__c99_head_fold[] =
     "#define TB_HI8(v) __builtin_shufflevector(v, v, 4, 5, 6, 7)\n"
     "#define TB_LO4(v) __builtin_shufflevector(v, v, 0, 1)\n"
     "#define TB_HI4(v) __builtin_shufflevector(v, v, 2, 3)\n"
+    "#define TB_SHUF(a, b, M, ...) __builtin_shufflevector(a, b, __VA_ARGS__)\n"
     "#define TB_HALVES(T, N, H)                                                          \\\n"
     "    static inline T##H tb_lo_##T##N(T##N v) { return TB_LO##N(v); }                \\\n"
     "    static inline T##H tb_hi_##T##N(T##N v) { return TB_HI##N(v); }\n"
     "#else\n"
+    "#define TB_SHUF(a, b, M, ...) __builtin_shuffle(a, b, (M){__VA_ARGS__})\n"
     "#define TB_HALVES(T, N, H)                                                          \\\n"
     "    static inline T##H tb_lo_##T##N(T##N v) { T##H r; memcpy(&r, &v, sizeof r); return r; } "
     "\\\n"
@@ -475,6 +480,7 @@ static void tb__dialect_c99(tb__dialect *d, int32_t vec_width) {
     d->f64 = true;
     d->item_loops = true;
     d->noinline = "__attribute__((noinline))";
+    d->shuffle = "TB_SHUF(%s, %s, int%d, %s)";
     d->math = tb__c99_math;
     d->kernel = tb__c99_emit_kernel;
 }

@@ -173,6 +173,7 @@ static void tb__dialect_opencl(tb__dialect *d, bool f64) {
     d->err_claim = "atomic_cmpxchg((volatile __global uint *)tb_err, 0u, code) == 0u";
     d->constant = "__constant ";
     d->iabs = "abs";
+    d->shuffle = "shuffle2(%s, %s, (uint%d)(%s))";
     d->f64 = f64;
     d->math = tb__oclc_math;
     d->kernel = tb__oclc_emit_kernel;
