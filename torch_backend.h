@@ -29351,6 +29351,38 @@ static int32_t tb__cg_pack_value(tb__cg *g, const tb__plan_kernel *k, const tb__
     return tb__cg_pack_value_at(g, k, bdims, &krow, lane);
 }
 
+/* The operand's value at (krow, lane) as tb__cg_pack_value_at, its read's index also left in
+   `text` (C text, TB__LF_TEXT long), g->capture_flat and g->capture_slot (-1: it reads no
+   buffer). */
+static int32_t tb__cg_pack_read(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                const tb__lf *krow, const tb__lf *lane, char *text) {
+    int32_t v;
+    text[0] = '\0';
+    g->capture = text;
+    g->capture_slot = -1;
+    v = tb__cg_pack_value_at(g, k, bdims, krow, lane);
+    g->capture = NULL;
+    return v;
+}
+
+/* The flat index of the operand's value a pack reads at row `krow` and lane `lane` (forms),
+   in *flat, and its buffer's slot in *slot: false where it reads no buffer. Emitted in a
+   block then dropped. */
+static bool tb__cg_pack_flat_of(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
+                                const tb__lf *krow, const tb__lf *lane, tb__lf *flat,
+                                int32_t *slot) {
+    size_t mark = g->ix.body.len;
+    char text[TB__LF_TEXT];
+    int32_t v;
+    tb__ix_open(&g->ix, "");
+    v = tb__cg_pack_read(g, k, bdims, krow, lane, text);
+    tb__ix_close(&g->ix, "");
+    tb__ix_drop(&g->ix, mark);
+    *flat = g->capture_flat;
+    *slot = g->capture_slot;
+    return v >= 0 && g->ix.status == TB_OK && *slot >= 0;
+}
+
 /* The smallest period of the divisions a pack's operand takes of its lane (`rows` false: the
    innermost axis a view unravels the lane into, a window's output row) or of r in the row
    iq * outer + r (`rows`: r of [0, outer); an outer of K traces the row itself), 0 for none:
@@ -29508,11 +29540,10 @@ static int32_t tb__cg_pack_block_lanes(tb__cg *g, const tb__plan_kernel *k, int6
    emission, then dropped, with r traced (tb__ix.period). */
 static bool tb__cg_pack_block_fits(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
                                    const tb__lf *krow, int64_t len, int64_t rows) {
-    size_t mark = g->ix.body.len;
     int64_t period = g->ix.period;
-    int32_t il = tb__ix_new_var(&g->ix, 0, len - 1), ir = tb__ix_new_var(&g->ix, 0, rows - 1), v, i;
-    char text[TB__LF_TEXT];
-    tb__lf at = *krow, lane;
+    int32_t il = tb__ix_new_var(&g->ix, 0, len - 1), ir = tb__ix_new_var(&g->ix, 0, rows - 1), slot,
+            i;
+    tb__lf at = *krow, lane, flat;
     bool plain, unit = false;
     if (il < 0 || ir < 0) return false;
     g->ix.vars[ir].traced = 1;
@@ -29520,21 +29551,12 @@ static bool tb__cg_pack_block_fits(tb__cg *g, const tb__plan_kernel *k, const tb
     tb__lf_const(&lane, 0);
     tb__lf_add_term(&lane, il, 1);
     tb__lf_add_term(&at, ir, 1);
-    text[0] = '\0';
-    g->capture = text;
-    g->capture_slot = -1;
-    tb__ix_open(&g->ix, "");
-    v = tb__cg_pack_value_at(g, k, bdims, &at, &lane);
-    tb__ix_close(&g->ix, "");
-    g->capture = NULL;
-    tb__ix_drop(&g->ix, mark);
     /* one read (the value is the read's), its index r plus what r does not change */
-    plain = v >= 0 && g->capture_slot >= 0 && g->ix.period == 0;
-    for (i = 0; plain && i < g->capture_flat.n; i++) {
-        int32_t var = g->capture_flat.var[i];
-        if (var == ir) {
-            unit = g->capture_flat.coef[i] == 1;
-        } else if (g->ix.vars[var].traced) {
+    plain = tb__cg_pack_flat_of(g, k, bdims, &at, &lane, &flat, &slot) && g->ix.period == 0;
+    for (i = 0; plain && i < flat.n; i++) {
+        if (flat.var[i] == ir) {
+            unit = flat.coef[i] == 1;
+        } else if (g->ix.vars[flat.var[i]].traced) {
             plain = false;
         }
     }
@@ -29604,11 +29626,7 @@ static bool tb__cg_pack_block(tb__cg *g, const tb__plan_kernel *k, const tb__lf 
     tb__lf_const(&lane, 0);
     tb__lf_add_term(&lane, il, 1);
     tb__lf_add_term(&at, ir, 1);
-    text[0] = '\0';
-    g->capture = text;
-    g->capture_slot = -1;
-    v = tb__cg_pack_value_at(g, k, bdims, &at, &lane);
-    g->capture = NULL;
+    v = tb__cg_pack_read(g, k, bdims, &at, &lane, text);
     if (v < 0) return false;
     if (g->capture_slot < 0) {
         tb__ix_fail(&g->ix, tb__error(TB_ERR_INTERNAL,
@@ -29825,28 +29843,13 @@ static bool tb__cg_lf_delta(const tb__lf *a, const tb__lf *b, int64_t *d) {
     return true;
 }
 
-/* The flat index of the operand's value a pack reads at row `krow` and lane `lane`
-   (constants), in *flat, and its buffer's slot in *slot: false where it reads no buffer.
-   Emitted in a block then dropped. */
+/* The same at row `krow` and lane `lane`, constants (tb__cg_pack_flat_of). */
 static bool tb__cg_pack_flat_at(tb__cg *g, const tb__plan_kernel *k, const tb__lf *bdims,
                                 int64_t krow, int64_t lane, tb__lf *flat, int32_t *slot) {
-    size_t mark = g->ix.body.len;
-    char text[TB__LF_TEXT];
     tb__lf kr, ln;
-    int32_t v;
     tb__lf_const(&kr, krow);
     tb__lf_const(&ln, lane);
-    text[0] = '\0';
-    g->capture = text;
-    g->capture_slot = -1;
-    tb__ix_open(&g->ix, "");
-    v = tb__cg_pack_value_at(g, k, bdims, &kr, &ln);
-    tb__ix_close(&g->ix, "");
-    g->capture = NULL;
-    tb__ix_drop(&g->ix, mark);
-    *flat = g->capture_flat;
-    *slot = g->capture_slot;
-    return v >= 0 && g->ix.status == TB_OK && g->capture_slot >= 0;
+    return tb__cg_pack_flat_of(g, k, bdims, &kr, &ln, flat, slot);
 }
 
 /* Whether a pack kernel's items go panel by panel at each block of rows
